@@ -1,0 +1,83 @@
+# grpod — one Makefile.
+#   make            ./grpod (CPU backend; CUDA joins when nvcc is found, CUDA=0 forces CPU only)
+#   make test       every test; ends with "N passed, N failed"
+#   make run        the daemon on the embedded default model
+#   make deps       Debian + Python packages the build and tests need (idempotent)
+#   make bench      CPU benchmarks
+#   make install    PREFIX=/usr/local DESTDIR=
+# Sources are found by wildcard: a new file in engine/, kernels/, api/, store/, daemon/ or
+# tests/unit/ joins the build without touching this file.
+
+CC       ?= cc
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+PREFIX   ?= /usr/local
+BUILD    := build
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -MMD -MP
+LDLIBS   := -fopenmp -pthread -lm
+APPLIBS  := -lmicrohttpd -ljson-c -luv -lsqlite3
+
+ifeq ($(CUDA),0)
+  NVCC :=
+endif
+ifneq ($(NVCC),)
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+  CFLAGS    += -DGRPOD_CUDA -I$(CUDA_HOME)/include
+  NVFLAGS   ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-fPIC -MMD -MP
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+  CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu)
+endif
+
+ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/*_cpu.c)
+APP_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c api/*.c store/*.c))
+TEST_SRC   := $(wildcard tests/unit/test_*.c)
+
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+.PHONY: all deps test run bench install clean gpu-tests
+all: grpod
+
+$(BUILD)/libengine.a: $(ENGINE_OBJ)
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/libapp.a: $(APP_OBJ)
+	@rm -f $@; ar rcs $@ $^
+
+grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
+	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+# Unit tests link the app and the engine; tests/unit/check.h is their harness.
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libapp.a $(BUILD)/libengine.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(APPLIBS) $(LDLIBS)
+
+deps:
+	@bash tools/deps.sh
+
+test: grpod $(TEST_BIN)
+	@bash tests/run.sh $(TEST_BIN)
+
+run: grpod
+	./grpod serve
+
+bench: grpod
+	@bash tests/bench/run.sh
+
+install: grpod
+	install -Dm755 grpod $(DESTDIR)$(PREFIX)/bin/grpod
+	install -Dm644 deploy/grpod.service $(DESTDIR)$(PREFIX)/lib/systemd/system/grpod.service
+	install -Dm644 deploy/grpod.conf $(DESTDIR)$(PREFIX)/share/doc/grpod/grpod.conf.example
+	install -Dm644 docs/grpod.1 $(DESTDIR)$(PREFIX)/share/man/man1/grpod.1
+
+clean:
+	rm -rf $(BUILD) grpod
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

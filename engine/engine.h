@@ -1,0 +1,128 @@
+/* engine.h — what the daemon calls: a loaded policy + frozen reference + tokenizer on one
+ * backend, and the jobs it runs (rollout, update, logprobs, checkpoint).
+ *
+ * Threading: every eng_* call except eng_get_info and the tokenizer helpers must come from
+ * the one engine thread that opened it (it owns the backend, and on CUDA the context).
+ * eng_get_info, eng_tokenize, eng_detokenize and eng_render_chat are safe from any thread.
+ * No HTTP, no SQL here. Arrays in results are malloc'd; the caller frees them with the
+ * matching *_free function. */
+#ifndef GRPOD_ENGINE_H
+#define GRPOD_ENGINE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/loss.h"
+
+typedef struct eng eng;
+
+typedef struct {
+    const char *model_dir;      /* HF checkpoint directory */
+    const char *backend;        /* "auto" | "cpu" | "cuda" */
+    const char *resume_dir;     /* NULL, or a checkpoint directory written by eng_checkpoint_save */
+    int n_threads;              /* CPU threads; 0 = all cores */
+} eng_open_opts;
+
+int eng_open(const eng_open_opts *o, eng **out);
+void eng_close(eng *e);
+
+typedef struct {
+    char arch[32];              /* "qwen3" */
+    char backend[16];           /* "cpu" | "cuda" */
+    char model_dir[512];
+    char dtype[16];             /* checkpoint dtype */
+    int n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab, max_pos;
+    long long n_params;
+    long long policy_version;   /* bumped by each update */
+    int eos_ids[8], n_eos;
+} eng_info;
+void eng_get_info(eng *e, eng_info *out);
+
+/* ---------------------------------------------------------------- text */
+
+int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n);
+int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len);
+typedef struct { const char *role, *content; } eng_message;
+int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prompt, char **text);
+
+/* ---------------------------------------------------------------- rollout */
+
+typedef struct {
+    float temperature;          /* 1.0; 0 = greedy */
+    float top_p;                /* 1.0 */
+    int top_k;                  /* 0 = off */
+    float min_p;                /* 0 = off */
+    int max_tokens, min_tokens;
+    int ignore_eos;
+    const char *const *stop; int n_stop;               /* stop strings */
+    const int *stop_token_ids; int n_stop_token_ids;
+    uint64_t seed;              /* same seed, same tokens */
+} eng_sampling;
+void eng_sampling_default(eng_sampling *s);
+
+typedef struct { const int *prompt; int P; int n; } eng_rollout_group;
+
+typedef enum { FINISH_STOP = 0, FINISH_LENGTH = 1 } eng_finish;
+typedef struct {
+    int *tokens; int n_tokens;  /* generated ids (a matched stop token is included) */
+    float *logprobs;            /* (n_tokens) log p(token | prefix) of logits / temperature */
+    char *text; size_t text_len;
+    eng_finish finish;
+} eng_response;
+typedef struct { eng_response *resp; int n; } eng_group_result;
+
+/* Optional progress report, called on the engine thread: done of total tokens. */
+typedef void (*eng_progress_cb)(void *ud, double fraction);
+
+/* Sample groups[g].n responses for each group. out[g] is filled (caller provides n_groups). */
+int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *s,
+                eng_group_result *out, eng_progress_cb cb, void *ud);
+void eng_group_result_free(eng_group_result *r);
+
+/* ---------------------------------------------------------------- update */
+
+typedef struct {
+    const int *prompt; int P;
+    int n;                      /* responses */
+    const int *const *resp; const int *R;
+    const float *reward;        /* (n) or NULL when advantages are given */
+    const float *advantage;     /* (n) or NULL: computed by the adv estimator from rewards */
+    const float *const *old_logprobs;  /* n arrays (R[i]) or NULL: recomputed by the old pass */
+    const int *truncated;       /* (n) 1 = cut by max_tokens, or NULL */
+} eng_update_group;
+
+typedef enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1 } eng_lr_schedule;
+typedef struct {
+    float lr, weight_decay, beta1, beta2, eps, grad_clip;
+    int warmup_steps;           /* linear warm-up over optimizer steps */
+    eng_lr_schedule schedule;
+    int total_steps;            /* cosine decay horizon */
+    float min_lr_ratio;
+} eng_optim;
+void eng_optim_default(eng_optim *o);
+
+typedef struct {
+    long long policy_version_before, policy_version_after;
+    double loss, pg_loss, kl, entropy, clip_frac, clip_frac_low, clip_frac_high;
+    double ratio_mean, ratio_max, grad_norm, lr;
+    long long tokens_packed, tokens_standard;   /* per forward pass over the batch */
+    int groups_filtered, optimizer_steps, micro_batches;
+    double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;
+} eng_update_result;
+
+int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *algo,
+               const eng_optim *opt, long long max_tokens_per_micro_batch,
+               eng_update_result *out, eng_progress_cb cb, void *ud);
+
+/* ---------------------------------------------------------------- scoring, checkpoints */
+
+/* Per-token logprobs of given responses under the policy (use_reference = 0) or the frozen
+ * reference, at a temperature; packed by prompt. out[g][i] is a malloc'd (R[i]) array;
+ * free with eng_logprobs_free. */
+int eng_logprobs(eng *e, const eng_update_group *g, int n_groups, int use_reference,
+                 float temperature, long long max_tokens_per_micro_batch, float ***out);
+void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
+
+/* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus
+ * optimizer state (optimizer.safetensors, grpod_state.json) to dir.tmp, then rename to dir. */
+int eng_checkpoint_save(eng *e, const char *dir);
+#endif

@@ -1,0 +1,41 @@
+/* err.c — names, messages and HTTP statuses of the error list, and the per-thread detail. */
+#include "engine/err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static const char *const names[] = {
+#define X_(N, s, h, m) s,
+    GE_ERRORS(X_)
+#undef X_
+};
+static const char *const msgs[] = {
+#define X_(N, s, h, m) m,
+    GE_ERRORS(X_)
+#undef X_
+};
+static const int statuses[] = {
+#define X_(N, s, h, m) h,
+    GE_ERRORS(X_)
+#undef X_
+};
+
+static _Thread_local char last_msg[1024];
+static _Thread_local int last_code;
+
+static int idx(int code) { return (code <= 0 && -code < GE_COUNT_) ? -code : GE_INTERNAL_I; }
+const char *err_name(int code) { return names[idx(code)]; }
+const char *err_default(int code) { return msgs[idx(code)]; }
+int err_http_status(int code) { return statuses[idx(code)]; }
+
+int err_set(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    va_end(ap);
+    last_code = code;
+    return code;
+}
+const char *err_msg(void) { return last_code ? last_msg : ""; }
+int err_code(void) { return last_code; }
+void err_clear(void) { last_code = 0; last_msg[0] = 0; }

@@ -1,0 +1,25 @@
+#!/bin/bash
+# make deps: install the Debian and Python packages grpod's build and tests need.
+# Idempotent: does nothing when everything is present.
+set -eu
+debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev pkg-config curl clang libclang-rt-14-dev systemd"
+pips="tokenizers pytest requests"
+missing=""
+for p in $debs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "deps: installing Debian packages:$missing"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+pmissing=""
+for p in $pips; do
+  python3 -c "import $p" 2>/dev/null || pmissing="$pmissing $p"
+done
+if [ -n "$pmissing" ]; then
+  echo "deps: installing Python packages:$pmissing"
+  python3 -m pip install -q $pmissing
+fi
+exit 0
