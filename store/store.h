@@ -1,0 +1,68 @@
+/* store.h — grpod's durable job queue and history in SQLite (WAL, synchronous=FULL).
+ *
+ * A job is committed before the client sees 202; at open, jobs left 'running' by a crash return
+ * to 'queued' (attempts counts how often a job was started). Payloads and results are JSON text
+ * (the api layer builds them); the store never parses them.
+ *
+ * Threading: one store handle per thread (each opens its own SQLite connection to the same
+ * file); SQLite serialises writers. Job ids are text ("j_" + 16 hex digits), unique. */
+#ifndef GRPOD_STORE_H
+#define GRPOD_STORE_H
+#include <stdint.h>
+
+typedef struct store store;
+
+typedef enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE, JOB_FAILED, JOB_CANCELLED } store_status;
+const char *store_status_name(store_status s);     /* "queued" ... */
+
+typedef struct {
+    char id[32];
+    char kind[16];              /* "rollout" | "update" | "checkpoint" | "logprobs" */
+    store_status status;
+    char *payload;              /* JSON text (malloc'd) */
+    char *result;               /* JSON text or NULL */
+    char *error;                /* JSON text {"code","message"} or NULL */
+    double created_at, started_at, finished_at;   /* unix seconds, 0 = not yet */
+    int attempts;
+    long long policy_version;   /* version the job ran against (or -1) */
+    double progress;            /* 0..1 */
+} store_job;
+void store_job_clear(store_job *j);                 /* frees payload/result/error */
+
+/* Opens (creating) DIR/grpod.db, migrates the schema to the current PRAGMA user_version, and
+ * when recover != 0 returns 'running' jobs to 'queued'. Errors: GE_STORE with the SQLite message. */
+int store_open(const char *path, int recover, store **out);
+void store_close(store *s);
+
+/* Inserts a queued job and commits durably; writes the new id into id_out (32 bytes).
+ * GE_BUSY when max_queued > 0 and that many jobs are already queued. */
+int store_submit(store *s, const char *kind, const char *payload, int max_queued, char *id_out);
+/* Claims the oldest queued job (FIFO): status running, started_at, attempts + 1.
+ * Returns 1 with *j filled, 0 when none is queued, or a negative error. */
+int store_claim(store *s, store_job *j);
+int store_finish(store *s, const char *id, const char *result, long long policy_version);
+int store_fail(store *s, const char *id, const char *error_json);
+int store_requeue(store *s, const char *id);        /* running -> queued (shutdown) */
+int store_progress(store *s, const char *id, double progress);
+/* Cancels a queued job (-> cancelled, returns 0); a running one is flagged and
+ * store_cancel_requested reports it; GE_CONFLICT when already finished; GE_NOT_FOUND. */
+int store_cancel(store *s, const char *id);
+int store_cancel_requested(store *s, const char *id);
+int store_get(store *s, const char *id, store_job *j);           /* GE_NOT_FOUND */
+/* Lists newest first; kind/status filters may be NULL. Caller frees with store_jobs_free. */
+int store_list(store *s, const char *kind, const char *status, int limit, store_job **jobs, int *n);
+void store_jobs_free(store_job *jobs, int n);
+/* Counts by kind and status for /metrics: calls cb for each (kind, status, count). */
+typedef void (*store_count_cb)(void *ud, const char *kind, const char *status, long long n);
+int store_counts(store *s, store_count_cb cb, void *ud);
+long long store_queue_depth(store *s);
+
+/* Key/value state that survives restarts (policy_version, latest checkpoint). */
+int store_kv_set(store *s, const char *key, const char *value);
+int store_kv_get(store *s, const char *key, char *buf, int buflen);  /* 1 found, 0 absent */
+
+/* Checkpoints index: (id, path, policy_version, created_at). */
+int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version);
+typedef struct { char id[64]; char path[512]; long long policy_version; double created_at; } store_ckpt;
+int store_checkpoint_list(store *s, store_ckpt **out, int *n);       /* newest first; free() */
+#endif
