@@ -26,6 +26,7 @@ typedef struct {
     int attempts;
     long long policy_version;   /* version the job ran against (or -1) */
     double progress;            /* 0..1 */
+    int cancel_requested;       /* DELETE arrived while it ran: the engine should stop it */
 } store_job;
 void store_job_clear(store_job *j);                 /* frees payload/result/error */
 
@@ -47,7 +48,9 @@ int store_progress(store *s, const char *id, double progress);
 /* Cancels a queued job (-> cancelled, returns 0); a running one is flagged and
  * store_cancel_requested reports it; GE_CONFLICT when already finished; GE_NOT_FOUND. */
 int store_cancel(store *s, const char *id);
-int store_cancel_requested(store *s, const char *id);
+int store_cancel_requested(store *s, const char *id);   /* 1 flagged, 0 not, <0 error */
+/* The engine stopped a flagged running job: running -> cancelled. GE_CONFLICT if not running. */
+int store_mark_cancelled(store *s, const char *id);
 int store_get(store *s, const char *id, store_job *j);           /* GE_NOT_FOUND */
 /* Lists newest first; kind/status filters may be NULL. Caller frees with store_jobs_free. */
 int store_list(store *s, const char *kind, const char *status, int limit, store_job **jobs, int *n);
