@@ -1,0 +1,78 @@
+/* backend.h — the op table every backend implements (ggml-style): memory, copies, and the
+ * forward/backward of each op family in kernels/. The model's layer composition (engine/model.c)
+ * is written once against this table; `cpu` (fp32 reference, backend_cpu.c) and `cuda` (bf16
+ * activations and weights with fp32 accumulation, fp32 master weights/grads/moments,
+ * backend_cuda.cu) implement it.
+ *
+ * Pointer kinds in the signatures: `act` (void *) is the backend's activation/weight element
+ * type (fp32 on cpu, bf16 on cuda; act_bytes says which); float * is fp32 and int * is int32,
+ * all in the backend's memory. Ops run in order on one stream; errors are sticky and reported
+ * by sync() (a failed CUDA call marks the backend failed with a message naming the call).
+ * Semantics of each op are those of the matching *_cpu function in kernels/NAME.h ("+=" there
+ * means accumulate here too). Only the engine thread calls a backend. */
+#ifndef GRPOD_BACKEND_H
+#define GRPOD_BACKEND_H
+#include <stddef.h>
+
+#include "kernels/attention.h"
+
+typedef struct eng_backend eng_backend;
+struct eng_backend {
+    const char *name;
+    int act_bytes;                       /* 4 (cpu) or 2 (cuda) */
+    void *impl;
+
+    /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
+    void *(*alloc)(eng_backend *b, size_t bytes);
+    void (*free)(eng_backend *b, void *p);
+    void (*zero)(eng_backend *b, void *p, size_t bytes);
+    int (*to_dev)(eng_backend *b, void *dst, const void *src, size_t bytes);     /* raw host -> dev */
+    int (*to_host)(eng_backend *b, void *dst, const void *src, size_t bytes);    /* raw dev -> host */
+    int (*act_from_f32)(eng_backend *b, void *dst, const float *src_host, size_t n);  /* host f32 -> dev act */
+    int (*act_to_f32)(eng_backend *b, float *dst_host, const void *src, size_t n);    /* dev act -> host f32 */
+    void (*f32_to_act)(eng_backend *b, void *dst, const float *src, size_t n);        /* dev f32 -> dev act */
+    /* copy rows: dst[slot[t]] = src[t] for t < T, rows of row_elems act elements (KV cache writes) */
+    void (*scatter_rows)(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row_elems);
+    int (*sync)(eng_backend *b);         /* wait for queued work; 0 or the sticky error */
+    void (*destroy)(eng_backend *b);
+
+    /* ops (kernels/NAME.h) */
+    void (*embedding_fwd)(eng_backend *b, void *out, const int *tokens, const void *wte, int T, int C);
+    void (*embedding_bwd)(eng_backend *b, float *dwte, const void *dout, const int *tokens, int T, int C);
+    void (*rmsnorm_fwd)(eng_backend *b, void *out, float *rstd, const void *inp, const void *w, int T, int C, float eps);
+    void (*rmsnorm_bwd)(eng_backend *b, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                        const float *rstd, int T, int C);
+    void (*matmul_fwd)(eng_backend *b, void *out, const void *inp, const void *w, const void *bias, int T, int I, int O);
+    void (*matmul_bwd)(eng_backend *b, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+                       const void *w, int T, int I, int O);
+    void (*rope_fwd)(eng_backend *b, void *x, const int *pos, const float *inv_freq, int T, int H, int D);
+    void (*rope_bwd)(eng_backend *b, void *dx, const int *pos, const float *inv_freq, int T, int H, int D);
+    void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v,
+                          attn_ranges r, int T, int H, int K, int D);
+    void (*attention_bwd)(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                          const void *k, const void *v, const void *out, const float *lse, attn_ranges r,
+                          int T, int H, int K, int D);
+    void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
+    void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                       long long n);
+    void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
+    void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos,
+                        const int *out_tok, const void *w, int M, int C, int V, float temperature);
+    void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
+                        const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
+    void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
+
+    /* optimizer on fp32 master weights; writes the act copy (NULL when the master is the act copy) */
+    void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n,
+                  float lr, float beta1, float beta2, float eps, float wd, int step);
+    double (*sumsq)(eng_backend *b, const float *x, long long n);   /* synchronous */
+    void (*scale)(eng_backend *b, float *x, long long n, float s);
+};
+
+/* Constructors. backend_cpu_create never fails; backend_cuda_create returns GE_CUDA / GE_UNSUPPORTED
+ * with a message when no GPU (or a build without CUDA). */
+int backend_cpu_create(eng_backend **out, int n_threads);
+int backend_cuda_create(eng_backend **out, int device);
+/* 1 when a CUDA device is usable (always 0 in a CPU-only build). */
+int backend_cuda_available(void);
+#endif

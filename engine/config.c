@@ -1,0 +1,138 @@
+/* config.c — reads and writes config.json (see config.h). */
+#include "engine/config.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "engine/json.h"
+
+static void add_eos(model_config *c, const js *v) {
+    if (!v) return;
+    if (v->type == JS_NUM) {
+        int id = (int)v->num;
+        for (int i = 0; i < c->n_eos; i++) if (c->eos_ids[i] == id) return;
+        if (c->n_eos < 8) c->eos_ids[c->n_eos++] = id;
+    } else if (v->type == JS_ARR) {
+        for (int i = 0; i < v->n; i++) add_eos(c, &v->items[i]);
+    }
+}
+
+static int need_int(const js *root, const char *key, const char *path, int *out) {
+    double v = js_get_num(root, key, -1);
+    if (v <= 0 || v != (double)(int)v) return err_set(GE_FORMAT, "%s: %s must be a positive integer", path, key);
+    *out = (int)v;
+    return 0;
+}
+
+int config_load(const char *dir, model_config *c) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(c, 0, sizeof *c);
+    js_doc *doc;
+    const js *r;
+    int rc = js_parse_file(path, &doc, &r);
+    if (rc) return rc;
+    const char *mt = js_get_str(r, "model_type");
+    if (!mt) { rc = err_set(GE_FORMAT, "%s: no model_type", path); goto out; }
+    if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
+    else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
+    else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
+    else {
+        rc = err_set(GE_UNSUPPORTED, "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, llama)", path, mt);
+        goto out;
+    }
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
+    if ((rc = need_int(r, "num_hidden_layers", path, &c->L)) || (rc = need_int(r, "hidden_size", path, &c->C)) ||
+        (rc = need_int(r, "num_attention_heads", path, &c->H)) || (rc = need_int(r, "intermediate_size", path, &c->F)) ||
+        (rc = need_int(r, "vocab_size", path, &c->V)))
+        goto out;
+    c->K = (int)js_get_num(r, "num_key_value_heads", c->H);
+    c->D = (int)js_get_num(r, "head_dim", (double)(c->C / c->H));
+    c->max_pos = (int)js_get_num(r, "max_position_embeddings", 4096);
+    c->eps = (float)js_get_num(r, "rms_norm_eps", 1e-6);
+    c->rope_theta = (float)js_get_num(r, "rope_theta", 10000.0);
+    c->tied = js_get_bool(r, "tie_word_embeddings", 0);
+    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qkv_bias = c->arch == ARCH_QWEN2 ? 1 : js_get_bool(r, "attention_bias", 0);
+    c->o_bias = c->arch == ARCH_QWEN2 ? 0 : c->qkv_bias;
+    c->bos_id = (int)js_get_num(r, "bos_token_id", -1);
+    add_eos(c, js_get(r, "eos_token_id"));
+    const char *dt = js_get_str(r, "torch_dtype");
+    if (!dt) dt = js_get_str(r, "dtype");
+    snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "float32");
+    if (c->K <= 0 || c->H % c->K) { rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K); goto out; }
+    if (c->D <= 0 || c->D % 2) { rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D); goto out; }
+    const char *act = js_get_str(r, "hidden_act");
+    if (act && strcmp(act, "silu")) { rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act); goto out; }
+    if (js_get_bool(r, "mlp_bias", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: mlp_bias is not supported", path); goto out; }
+    if (js_get_bool(r, "use_sliding_window", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path); goto out; }
+    double prf = js_get_num(r, "partial_rotary_factor", 1.0);
+    if (prf != 1.0) { rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf); goto out; }
+    const js *rs = js_get(r, "rope_scaling");
+    if (rs && rs->type == JS_OBJ) {
+        const char *t = js_get_str(rs, "rope_type");
+        if (!t) t = js_get_str(rs, "type");
+        if (t && !strcmp(t, "default")) {
+        } else if (t && !strcmp(t, "llama3")) {
+            c->rope_factor = (float)js_get_num(rs, "factor", 8.0);
+            c->rope_low = (float)js_get_num(rs, "low_freq_factor", 1.0);
+            c->rope_high = (float)js_get_num(rs, "high_freq_factor", 4.0);
+            c->rope_orig_max = (int)js_get_num(rs, "original_max_position_embeddings", 8192);
+        } else {
+            rc = err_set(GE_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", path, t ? t : "?");
+            goto out;
+        }
+    }
+    js_doc_free(doc);
+    doc = NULL;
+    /* generation_config.json may list more end-of-sequence ids (Qwen3 instruct models do). */
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (!js_parse_file(path, &doc, &r)) add_eos(c, js_get(r, "eos_token_id"));
+    err_clear();
+out:
+    js_doc_free(doc);
+    return rc;
+}
+
+long long config_n_params(const model_config *c) {
+    long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+    long long layer = 2 * C + C * HD + 2 * C * KD + HD * C + 3 * C * F;
+    if (c->qkv_bias) layer += HD + 2 * KD;
+    if (c->o_bias) layer += C;
+    if (c->qk_norm) layer += 2 * c->D;
+    return (long long)c->V * C * (c->tied ? 1 : 2) + C + c->L * layer;
+}
+
+int config_write(const char *dir, const model_config *c) {
+    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create", path);
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", arch_class[c->arch], c->arch_name);
+    fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->C, c->F, c->L);
+    fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->H, c->K, c->D);
+    fprintf(f, "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n", c->V, c->max_pos);
+    fprintf(f, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.9g,\n  \"hidden_act\": \"silu\",\n", c->eps, c->rope_theta);
+    fprintf(f, "  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n", c->qkv_bias ? "true" : "false", c->tied ? "true" : "false");
+    if (c->rope_factor > 0)
+        fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %g, \"low_freq_factor\": %g, "
+                   "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
+                c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
+    else
+        fprintf(f, "  \"rope_scaling\": null,\n");
+    if (c->bos_id >= 0) fprintf(f, "  \"bos_token_id\": %d,\n", c->bos_id);
+    fprintf(f, "  \"eos_token_id\": %d,\n", c->n_eos ? c->eos_ids[0] : 0);
+    fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", c->dtype);
+    if (fclose(f)) return err_set(GE_IO, "%s: write failed", path);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create", path);
+    fprintf(f, "{\n  \"eos_token_id\": [");
+    for (int i = 0; i < c->n_eos; i++) fprintf(f, "%s%d", i ? ", " : "", c->eos_ids[i]);
+    fprintf(f, "]\n}\n");
+    if (fclose(f)) return err_set(GE_IO, "%s: write failed", path);
+    return 0;
+}
