@@ -64,7 +64,7 @@ enum {
     Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_KV_SET, Q_KV_GET, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
-    Q_N
+    Q_FAIL_EXHAUSTED, Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -106,6 +106,10 @@ static const char *const sql_text[Q_N] = {
     [Q_RECOVER_CANCELLED] = "UPDATE jobs SET status = 'cancelled', finished_at = ?1 "
                             "WHERE status = 'running' AND cancel_requested != 0",
     [Q_RECOVER] = "UPDATE jobs SET status = 'queued', progress = 0 WHERE status = 'running'",
+    [Q_FAIL_EXHAUSTED] = "UPDATE jobs SET status = 'failed', finished_at = ?2, error = "
+                         "'{\"code\":\"internal\",\"message\":\"job interrupted ' || attempts || "
+                         "' times (daemon crash or shutdown while it ran); not retried\"}' "
+                         "WHERE status = 'queued' AND attempts >= ?1",
 };
 
 struct store {
@@ -397,6 +401,8 @@ void store_close(store *s) {
 /* ---------------------------------------------------------------- jobs */
 
 int store_submit(store *s, const char *kind, const char *payload, int max_queued, char *id_out) {
+    if (!kind || !kind[0] || strlen(kind) >= sizeof ((store_job *)0)->kind)
+        return err_set(GE_INVALID, "store: job kind '%.32s' is empty or too long", kind ? kind : "");
     int r = tx_begin(s, "starting submit");
     if (r) return r;
     sqlite3_stmt *st;
@@ -520,6 +526,13 @@ int store_requeue(store *s, const char *id) {
     sqlite3_stmt *st = q_get(s, Q_REQUEUE);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding requeue");
     return update_job(s, st, id, "requeue");
+}
+
+int store_fail_exhausted(store *s, int max_attempts) {
+    sqlite3_stmt *st = q_get(s, Q_FAIL_EXHAUSTED);
+    BIND_OK(s, sqlite3_bind_int(st, 1, max_attempts > 0 ? max_attempts : 1), "binding fail exhausted");
+    BIND_OK(s, sqlite3_bind_double(st, 2, now_s()), "binding fail exhausted");
+    return q_exec(s, st, "failing jobs interrupted too often");
 }
 
 int store_progress(store *s, const char *id, double progress) {

@@ -44,6 +44,10 @@ int store_claim(store *s, store_job *j);
 int store_finish(store *s, const char *id, const char *result, long long policy_version);
 int store_fail(store *s, const char *id, const char *error_json);
 int store_requeue(store *s, const char *id);        /* running -> queued (shutdown) */
+/* Crash-loop guard, for after store_open(recover=1): queued jobs already started max_attempts
+ * times (each start ended in a crash or a requeue) become failed with an "interrupted" error
+ * instead of running again. Returns how many, or a negative error. */
+int store_fail_exhausted(store *s, int max_attempts);
 int store_progress(store *s, const char *id, double progress);
 /* Cancels a queued job (-> cancelled, returns 0); a running one is flagged and
  * store_cancel_requested reports it; GE_CONFLICT when already finished; GE_NOT_FOUND. */

@@ -97,6 +97,12 @@ TEST(test_submit_get) {
     CHECK_EQ_INT(j.cancel_requested, 0);
     store_job_clear(&j);
     CHECK_EQ_INT(store_get(s, "j_0000000000000000", &j), GE_NOT_FOUND);
+    CHECK_EQ_INT(store_submit(s, "", "{}", 0, id), GE_INVALID);
+    CHECK_EQ_INT(store_submit(s, "a_kind_far_too_long", "{}", 0, id), GE_INVALID);
+    CHECK_EQ_INT(store_submit(s, "checkpoint", NULL, 0, id), 0);   /* NULL payload stores {} */
+    CHECK(store_get(s, id, &j) == 0);
+    CHECK_STR(j.payload, "{}");
+    store_job_clear(&j);
     CHECK_STR(store_status_name(JOB_CANCELLED), "cancelled");
     store_close(s);
 }
@@ -347,6 +353,32 @@ TEST(test_recovery) {
     store_close(s);
 }
 
+TEST(test_fail_exhausted) {
+    char dir[512], a[32], b[32];
+    store *s;
+    CHECK(store_open(fresh_dir(dir, sizeof dir, "exhaust"), 1, &s) == 0);
+    CHECK(store_submit(s, "update", "{}", 0, a) == 0);
+    CHECK(store_submit(s, "update", "{}", 0, b) == 0);
+    store_job j;
+    for (int crash = 0; crash < 3; crash++) {     /* a crashes the daemon three times */
+        CHECK_EQ_INT(store_claim(s, &j), 1);
+        CHECK_STR(j.id, a);
+        store_job_clear(&j);
+        store_close(s);
+        CHECK(store_open(dir, 1, &s) == 0);
+        CHECK_EQ_INT(store_fail_exhausted(s, 3), crash == 2 ? 1 : 0);
+    }
+    CHECK(store_get(s, a, &j) == 0);
+    CHECK_EQ_INT(j.status, JOB_FAILED);
+    CHECK_EQ_INT(j.attempts, 3);
+    CHECK_MSG(j.error && strstr(j.error, "interrupted 3 times"), "error %s", j.error ? j.error : "(null)");
+    store_job_clear(&j);
+    CHECK_EQ_INT(store_claim(s, &j), 1);          /* b was never started: unaffected */
+    CHECK_STR(j.id, b);
+    store_job_clear(&j);
+    store_close(s);
+}
+
 TEST(test_max_queued) {
     char dir[512], id[32];
     store *s;
@@ -504,6 +536,7 @@ int main(void) {
     RUN(test_list_counts);
     RUN(test_kv_checkpoints);
     RUN(test_recovery);
+    RUN(test_fail_exhausted);
     RUN(test_max_queued);
     RUN(test_concurrent_claims);
     RUN(test_sigkill_durability);
