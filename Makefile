@@ -71,10 +71,16 @@ run: grpod
 bench: grpod
 	@bash tests/bench/run.sh
 
+# The unit names /usr/local/bin/grpod; installed under another PREFIX it names that binary.
 install: grpod
 	install -Dm755 grpod $(DESTDIR)$(PREFIX)/bin/grpod
-	install -Dm644 deploy/grpod.service $(DESTDIR)$(PREFIX)/lib/systemd/system/grpod.service
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	sed 's#/usr/local/bin/grpod#$(PREFIX)/bin/grpod#g; s#/usr/local/share/#$(PREFIX)/share/#g' \
+	  deploy/grpod.service >$(DESTDIR)$(PREFIX)/lib/systemd/system/grpod.service
+	chmod 644 $(DESTDIR)$(PREFIX)/lib/systemd/system/grpod.service
+	install -Dm644 deploy/grpod.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/grpod.conf
 	install -Dm644 deploy/grpod.conf $(DESTDIR)$(PREFIX)/share/doc/grpod/grpod.conf.example
+	install -Dm644 docs/deploy.md $(DESTDIR)$(PREFIX)/share/doc/grpod/deploy.md
 	install -Dm644 docs/grpod.1 $(DESTDIR)$(PREFIX)/share/man/man1/grpod.1
 
 clean:
