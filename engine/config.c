@@ -70,7 +70,14 @@ int config_load(const char *dir, model_config *c) {
     if (js_get_bool(r, "use_sliding_window", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path); goto out; }
     double prf = js_get_num(r, "partial_rotary_factor", 1.0);
     if (prf != 1.0) { rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf); goto out; }
+    /* RoPE: older checkpoints have top-level rope_theta + rope_scaling; transformers >= 5
+     * writes one "rope_parameters" object holding rope_type, rope_theta and the scaling keys. */
     const js *rs = js_get(r, "rope_scaling");
+    const js *rp = js_get(r, "rope_parameters");
+    if (rp && rp->type == JS_OBJ) {
+        c->rope_theta = (float)js_get_num(rp, "rope_theta", c->rope_theta);
+        rs = rp;
+    }
     if (rs && rs->type == JS_OBJ) {
         const char *t = js_get_str(rs, "rope_type");
         if (!t) t = js_get_str(rs, "type");

@@ -1,31 +1,318 @@
-/* engine.c — the engine's public entry points (engine.h). Placeholder bodies until the
- * model, rollout and update paths land; each returns GE_UNSUPPORTED with a message. */
-#include "engine/engine.h"
-
+/* engine.c — opening a model on a backend, text helpers, scoring (eng_logprobs) and
+ * checkpoints. Rollout is rollout.c, the update step update.c. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "engine/chat.h"
+#include "engine/engine_internal.h"
 #include "engine/err.h"
+#include "engine/json.h"
+#include "engine/safetensors.h"
 
-int eng_open(const eng_open_opts *o, eng **out) { *out = NULL; return err_set(GE_UNSUPPORTED, "engine not built yet"); }
-void eng_close(eng *e) {}
-void eng_get_info(eng *e, eng_info *out) { memset(out, 0, sizeof *out); }
-int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n) { return err_set(GE_UNSUPPORTED, "not yet"); }
-int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len) { return err_set(GE_UNSUPPORTED, "not yet"); }
-int eng_render_chat(eng *e, const eng_message *m, int n, int agp, char **text) { return err_set(GE_UNSUPPORTED, "not yet"); }
-void eng_sampling_default(eng_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->temperature = 1.0f; s->top_p = 1.0f; s->max_tokens = 16;
+double eng_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
-int eng_rollout(eng *e, const eng_rollout_group *g, int ng, const eng_sampling *s, eng_group_result *out,
-                eng_progress_cb cb, void *ud) { return err_set(GE_UNSUPPORTED, "not yet"); }
-void eng_group_result_free(eng_group_result *r) {}
-void eng_optim_default(eng_optim *o) {
+
+/* ---------------------------------------------------------------- open / close */
+
+static int open_backend(const char *name, int n_threads, eng_backend **be) {
+    if (!name || !strcmp(name, "auto"))
+        return backend_cuda_available() ? backend_cuda_create(be, 0) : backend_cpu_create(be, n_threads);
+    if (!strcmp(name, "cpu")) return backend_cpu_create(be, n_threads);
+    if (!strcmp(name, "cuda")) return backend_cuda_create(be, 0);
+    return err_set(GE_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", name);
+}
+
+/* Reads grpod_state.json of a checkpoint: policy_version and optimizer step. */
+static void read_state(const char *dir, long long *version, int *step) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/grpod_state.json", dir);
+    js_doc *doc;
+    const js *r;
+    if (js_parse_file(path, &doc, &r)) { err_clear(); return; }
+    *version = (long long)js_get_num(r, "policy_version", 0);
+    *step = (int)js_get_num(r, "optimizer_step", 0);
+    js_doc_free(doc);
+}
+
+static int load_optimizer(eng *e, const char *dir);
+
+int eng_open(const eng_open_opts *o, eng **out) {
+    *out = NULL;
+    eng *e = calloc(1, sizeof *e);
+    if (!e) return err_set(GE_NOMEM, "engine: out of memory");
+    snprintf(e->model_dir, sizeof e->model_dir, "%s", o->model_dir);
+    model_config cfg;
+    float *host = NULL;
+    int rc = config_load(o->model_dir, &cfg);
+    if (rc) goto fail;
+    char tpath[PATH_MAX];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", o->model_dir);
+    if (access(tpath, R_OK) == 0 && (rc = tok_load(o->model_dir, &e->tok))) goto fail;
+    if ((rc = open_backend(o->backend, o->n_threads, &e->be))) goto fail;
+    if ((rc = model_init(&e->m, &cfg, e->be))) goto fail;
+    size_t n = (size_t)e->m.n_elems;
+    host = malloc(n * sizeof(float));
+    if (!host) { rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20); goto fail; }
+    /* The reference is always the model directory's weights; the policy resumes from a checkpoint. */
+    if ((rc = model_load_host(&e->m, o->model_dir, host))) goto fail;
+    eng_backend *be = e->be;
+    e->ref_act = be->alloc(be, n * (size_t)be->act_bytes);
+    if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
+    if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
+    if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
+    e->w_master = be->alloc(be, n * sizeof(float));
+    if (!e->w_master || (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+    if (be->act_bytes == 4) {
+        e->w_act = e->w_master;
+    } else {
+        e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+        if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+    }
+    if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
+        (rc = model_views_make(&e->m, e->w_master, 4, &e->mv)) ||
+        (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
+        goto fail;
+    if (o->resume_dir && *o->resume_dir) {
+        long long v = 0;
+        read_state(o->resume_dir, &v, &e->opt_step);
+        e->policy_version = v;
+        if ((rc = load_optimizer(e, o->resume_dir))) goto fail;
+    }
+    free(host);
+    *out = e;
+    return 0;
+fail:
+    free(host);
+    eng_close(e);
+    return rc;
+}
+
+void eng_close(eng *e) {
+    if (!e) return;
+    eng_backend *be = e->be;
+    if (be) {
+        model_acts_free(&e->m, &e->acts_ng);
+        model_acts_free(&e->m, &e->acts_g);
+        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->w_master, e->ref_act, e->grad, e->adam_m, e->adam_v };
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            if (bufs[i]) be->free(be, bufs[i]);
+        model_views_free(&e->wv); model_views_free(&e->mv); model_views_free(&e->rv); model_views_free(&e->gv);
+        if (e->m.params) model_free(&e->m);
+        be->destroy(be);
+    }
+    if (e->tok) tok_free(e->tok);
+    free(e);
+}
+
+void eng_get_info(eng *e, eng_info *o) {
+    const model_config *c = &e->m.cfg;
     memset(o, 0, sizeof *o);
-    o->lr = 1e-6f; o->weight_decay = 0.01f; o->beta1 = 0.9f; o->beta2 = 0.999f; o->eps = 1e-8f; o->grad_clip = 1.0f;
+    snprintf(o->arch, sizeof o->arch, "%s", c->arch_name);
+    snprintf(o->backend, sizeof o->backend, "%s", e->be->name);
+    snprintf(o->model_dir, sizeof o->model_dir, "%s", e->model_dir);
+    snprintf(o->dtype, sizeof o->dtype, "%s", c->dtype);
+    o->n_layers = c->L; o->d_model = c->C; o->n_heads = c->H; o->n_kv_heads = c->K; o->head_dim = c->D;
+    o->d_ff = c->F; o->vocab = c->V; o->max_pos = c->max_pos;
+    o->n_params = config_n_params(c);
+    o->policy_version = e->policy_version;
+    o->n_eos = c->n_eos;
+    memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
+    if (e->tok) {  /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
+        const char *eos = tok_eos(e->tok);
+        int id = eos ? tok_token_id(e->tok, eos) : -1, seen = 0;
+        for (int i = 0; i < o->n_eos; i++) seen |= o->eos_ids[i] == id;
+        if (id >= 0 && !seen && o->n_eos < 8) o->eos_ids[o->n_eos++] = id;
+    }
 }
-int eng_update(eng *e, const eng_update_group *g, int ng, const loss_config *a, const eng_optim *o, long long mt,
-               eng_update_result *out, eng_progress_cb cb, void *ud) { return err_set(GE_UNSUPPORTED, "not yet"); }
-int eng_logprobs(eng *e, const eng_update_group *g, int ng, int ref, float t, long long mt, float ***out) { return err_set(GE_UNSUPPORTED, "not yet"); }
-void eng_logprobs_free(float **out, const eng_update_group *g, int ng) {}
-int eng_checkpoint_save(eng *e, const char *dir) { return err_set(GE_UNSUPPORTED, "not yet"); }
+
+/* ---------------------------------------------------------------- text */
+
+static int need_tok(eng *e) {
+    return e->tok ? 0 : err_set(GE_UNSUPPORTED, "%s has no tokenizer.json: send token ids", e->model_dir);
+}
+int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n) {
+    int rc = need_tok(e);
+    return rc ? rc : tok_encode(e->tok, text, len, add_special, 1, ids, n);
+}
+int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len) {
+    int rc = need_tok(e);
+    return rc ? rc : tok_decode(e->tok, ids, n, skip_special, text, len);
+}
+int eng_render_chat(eng *e, const eng_message *m, int n, int agp, char **text) {
+    int rc = need_tok(e);
+    return rc ? rc : chat_render(e->tok, (const chat_msg *)m, n, agp, text);
+}
+
+/* ---------------------------------------------------------------- scoring */
+
+int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
+    if (a->mem && a->cap_T >= T && a->cap_M >= M) return 0;
+    int cT = a->cap_T > T ? a->cap_T : T, cM = a->cap_M > M ? a->cap_M : M;
+    model_acts_free(&e->m, a);
+    return model_acts_init(&e->m, a, cT, cM, grad);
+}
+
+int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,
+              float temperature, float *out, float *ent) {
+    pack_plan plan;
+    int rc = pack_plan_make(&plan, groups, n, max_tokens, PACK_PACKED);
+    if (rc) return rc;
+    long long done = 0;
+    for (int k = 0; k < plan.n_mb && !rc; k++) {
+        pack_batch b;
+        if ((rc = pack_build(&b, groups, plan.mb_first[k], plan.mb_count[k], PACK_PACKED))) break;
+        model_input in;
+        model_input_from_batch(&in, &b);
+        rc = eng_acts_reserve(e, &e->acts_ng, b.T, b.M, 0);
+        if (!rc) rc = model_forward(&e->m, w, &e->acts_ng, NULL, &in, temperature, ent != NULL);
+        if (!rc) rc = e->be->to_host(e->be, out + done, e->acts_ng.logp, (size_t)b.M * 4);
+        if (!rc && ent) rc = e->be->to_host(e->be, ent + done, e->acts_ng.ent, (size_t)b.M * 4);
+        done += b.M;
+        pack_batch_free(&b);
+    }
+    pack_plan_free(&plan);
+    return rc;
+}
+
+/* eng_update_group -> pack_group (shares the arrays). */
+static void to_pack_groups(const eng_update_group *g, int n, pack_group *pg) {
+    for (int i = 0; i < n; i++)
+        pg[i] = (pack_group){ .prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R };
+}
+
+int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, float temperature,
+                 long long max_tokens, float ***out) {
+    *out = NULL;
+    pack_group *pg = calloc((size_t)n, sizeof *pg);
+    long long M = 0, nresp = 0;
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < g[i].n; r++) { M += g[i].R[r]; nresp++; }
+    float *all = malloc((size_t)(M ? M : 1) * sizeof(float));
+    float **res = calloc((size_t)(nresp ? nresp : 1), sizeof *res);
+    int rc = pg && all && res ? 0 : err_set(GE_NOMEM, "logprobs: out of memory");
+    if (!rc) {
+        to_pack_groups(g, n, pg);
+        rc = eng_score(e, use_reference ? &e->rv : &e->wv, pg, n, max_tokens, temperature, all, NULL);
+    }
+    for (long long i = 0, k = 0, off = 0; !rc && i < n; i++)
+        for (int r = 0; r < g[i].n; r++, k++) {
+            res[k] = malloc((size_t)(g[i].R[r] ? g[i].R[r] : 1) * sizeof(float));
+            if (!res[k]) { rc = err_set(GE_NOMEM, "logprobs: out of memory"); break; }
+            memcpy(res[k], all + off, (size_t)g[i].R[r] * sizeof(float));
+            off += g[i].R[r];
+        }
+    free(pg);
+    free(all);
+    if (rc) { eng_logprobs_free(res, g, n); return rc; }
+    *out = res;
+    return 0;
+}
+
+void eng_logprobs_free(float **out, const eng_update_group *g, int n) {
+    if (!out) return;
+    long long k = 0;
+    for (int i = 0; i < n; i++) k += g[i].n;
+    for (long long i = 0; i < k; i++) free(out[i]);
+    free(out);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return 0;  /* optional files */
+    FILE *o = fopen(dst, "wb");
+    if (!o) { fclose(in); return err_set(GE_IO, "%s: cannot create", dst); }
+    char buf[65536];
+    size_t k;
+    int ok = 1;
+    while ((k = fread(buf, 1, sizeof buf, in)) > 0) ok &= fwrite(buf, 1, k, o) == k;
+    fclose(in);
+    if (fclose(o) || !ok) return err_set(GE_IO, "%s: write failed", dst);
+    return 0;
+}
+
+static int load_optimizer(eng *e, const char *dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (access(path, R_OK)) return 0;   /* a plain HF directory: fresh optimizer */
+    st_set s = {0};
+    int rc = st_open_file(&s, path);
+    if (rc) return rc;
+    size_t n = (size_t)e->m.n_elems;
+    eng_backend *be = e->be;
+    e->grad = be->alloc(be, n * 4);
+    e->adam_m = be->alloc(be, n * 4);
+    e->adam_v = be->alloc(be, n * 4);
+    float *host = malloc(n * 4);
+    if (!e->grad || !e->adam_m || !e->adam_v || !host) { free(host); st_close(&s); return GE_NOMEM; }
+    const char *names[2] = { "adam_m", "adam_v" };
+    float *dst[2] = { e->adam_m, e->adam_v };
+    for (int i = 0; i < 2 && !rc; i++) {
+        const st_tensor *t = st_find(&s, names[i]);
+        long long dims[1] = { (long long)n };
+        rc = t ? st_read_f32(t, host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        if (!rc) rc = be->to_dev(be, dst[i], host, n * 4);
+    }
+    free(host);
+    st_close(&s);
+    if (!rc) rc = model_views_make(&e->m, e->grad, 4, &e->gv);
+    return rc;
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create: %s", path, strerror(errno));
+    int ok = fputs(text, f) >= 0;
+    if (fclose(f) || !ok) return err_set(GE_IO, "%s: write failed", path);
+    return 0;
+}
+
+int eng_checkpoint_save(eng *e, const char *dir) {
+    char tmp[PATH_MAX], path[PATH_MAX + 64], src[PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    size_t n = (size_t)e->m.n_elems;
+    float *host = malloc(n * 4);
+    if (!host) return err_set(GE_NOMEM, "checkpoint: out of memory");
+    int rc = 0;
+    if (mkdir(tmp, 0755) && errno != EEXIST) rc = err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (!rc) rc = config_write(tmp, &e->m.cfg);
+    if (!rc) rc = e->be->to_host(e->be, host, e->w_master, n * 4);
+    if (!rc) rc = model_save_host(&e->m, tmp, host, 0);
+    static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
+    for (int i = 0; i < 3 && !rc; i++) {
+        snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
+        snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
+        rc = copy_file(src, path);
+    }
+    if (!rc && e->adam_m) {
+        float *v = malloc(n * 4);
+        rc = v ? 0 : GE_NOMEM;
+        if (!rc) rc = e->be->to_host(e->be, host, e->adam_m, n * 4);
+        if (!rc) rc = e->be->to_host(e->be, v, e->adam_v, n * 4);
+        st_out o[2] = { { .name = "adam_m", .data = host, .ndim = 1, .shape = { (long long)n } },
+                        { .name = "adam_v", .data = v, .ndim = 1, .shape = { (long long)n } } };
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+        if (!rc) rc = st_write(path, o, 2, ST_F32);
+        free(v);
+    }
+    if (!rc) {
+        char state[256];
+        snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
+                 (long long)e->policy_version, e->opt_step);
+        snprintf(path, sizeof path, "%s/grpod_state.json", tmp);
+        rc = write_text(path, state);
+    }
+    if (!rc && rename(tmp, dir)) rc = err_set(GE_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    free(host);
+    return rc;
+}

@@ -23,6 +23,10 @@ typedef struct {
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
+/* Create grpod's embedded default model in dir once (a tiny Qwen3 with a byte-level
+ * tokenizer, random weights from a fixed seed, written as an ordinary HF directory); does
+ * nothing when dir/config.json exists. Safe against a crash midway (written then renamed). */
+int eng_ensure_default_model(const char *dir);
 void eng_close(eng *e);
 
 typedef struct {

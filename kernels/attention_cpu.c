@@ -23,10 +23,14 @@ static inline float dotd(const float *a, const float *b, int D) {
 void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
                        attn_ranges r, int T, int H, int K, int D) {
     float scale = 1.0f / sqrtf((float)D);
-    int rep = H / K;
+    int rep = H / K, nmax = 1;
+    for (int t = 0; t < T; t++) {
+        int lo[2], hi[2], n = ranges_of(r, t, lo, hi);
+        if (n > nmax) nmax = n;
+    }
     #pragma omp parallel
     {
-        float *p = malloc((size_t)T * sizeof(float));
+        float *p = malloc((size_t)nmax * sizeof(float));
         #pragma omp for collapse(2) schedule(dynamic, 16)
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) {

@@ -1,0 +1,115 @@
+/* backend_cpu.c — the `cpu` backend: the fp32 reference ops of kernels/NAME_cpu.c behind the
+ * backend table. Memory is the host's; activations and weights are fp32, so the "act" copies
+ * are memcpy and the AdamW master is the weight itself. Never fails after creation. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/err.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/logprob.h"
+#include "kernels/matmul.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/swiglu.h"
+
+static void *cpu_alloc(eng_backend *b, size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) { err_set(GE_NOMEM, "cpu: cannot allocate %zu bytes", n); return NULL; }
+    return p;
+}
+static void cpu_free(eng_backend *b, void *p) { free(p); }
+static void cpu_zero(eng_backend *b, void *p, size_t n) { memset(p, 0, n); }
+static int cpu_copy(eng_backend *b, void *d, const void *s, size_t n) { memmove(d, s, n); return 0; }
+static int cpu_act_from(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); return 0; }
+static int cpu_act_to(eng_backend *b, float *d, const void *s, size_t n) { memmove(d, s, n * 4); return 0; }
+static void cpu_f32_to_act(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); }
+static void cpu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
+    for (int t = 0; t < T; t++)
+        memcpy((float *)dst + (size_t)slot[t] * row, (const float *)src + (size_t)t * row, (size_t)row * 4);
+}
+static int cpu_sync(eng_backend *b) { return 0; }
+static void cpu_destroy(eng_backend *b) { free(b); }
+
+static void emb_f(eng_backend *b, void *o, const int *t, const void *w, int T, int C) { embedding_fwd_cpu(o, t, w, T, C); }
+static void emb_b(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) { embedding_bwd_cpu(dw, d, t, T, C); }
+static void rms_f(eng_backend *b, void *o, float *r, const void *x, const void *w, int T, int C, float eps) {
+    rmsnorm_fwd_cpu(o, r, x, w, T, C, eps);
+}
+static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r, int T, int C) {
+    rmsnorm_bwd_cpu(dx, dw, dy, x, w, r, T, C);
+}
+static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
+    matmul_fwd_cpu(o, x, w, bias, T, I, O);
+}
+static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T, int I, int O) {
+    matmul_bwd_cpu(dx, dw, db, dy, x, w, T, I, O);
+}
+static void rope_f(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) { rope_fwd_cpu(x, p, f, T, H, D); }
+static void rope_b(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) { rope_bwd_cpu(x, p, f, T, H, D); }
+static void att_f(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
+                  int T, int H, int K, int D) {
+    attention_fwd_cpu(o, lse, q, k, v, r, T, H, K, D);
+}
+static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+    attention_bwd_cpu(dq, dk, dv, dout, q, k, v, out, lse, r, T, H, K, D);
+}
+static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }
+static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
+    swiglu_bwd_cpu(dg, du, dy, g, u, n);
+}
+static void add_f(eng_backend *b, void *o, const void *x, const void *y, long long n) {
+    float *out = o;
+    const float *a = x, *c = y;
+    #pragma omp parallel for schedule(static)
+    for (long long i = 0; i < n; i++) out[i] = a[i] + c[i];
+}
+static void lp_f(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
+                 int M, int C, int V, float t) {
+    logprob_fwd_cpu(lp, ent, h, op, ot, w, M, C, V, t);
+}
+static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h, const int *op,
+                 const int *ot, const void *w, int M, int C, int V, float t) {
+    logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
+}
+static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
+    lm_head_rows_cpu(lg, h, pos, w, R, C, V);
+}
+static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
+                    float b1, float b2, float eps, float wd, int step) {
+    adamw_cpu(p, g, m, v, n, lr, b1, b2, eps, wd, step);
+    if (act && act != p) memcpy(act, p, (size_t)n * 4);
+}
+static double sumsq_f(eng_backend *b, const float *x, long long n) { return sumsq_cpu(x, n); }
+static void scale_f(eng_backend *b, float *x, long long n, float s) { scale_cpu(x, n, s); }
+
+int backend_cpu_create(eng_backend **out, int n_threads) {
+    eng_backend *b = calloc(1, sizeof *b);
+    if (!b) return err_set(GE_NOMEM, "cpu backend: out of memory");
+    if (n_threads > 0) omp_set_num_threads(n_threads);
+    *b = (eng_backend){
+        .name = "cpu", .act_bytes = 4,
+        .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .to_dev = cpu_copy, .to_host = cpu_copy,
+        .act_from_f32 = cpu_act_from, .act_to_f32 = cpu_act_to, .f32_to_act = cpu_f32_to_act,
+        .scatter_rows = cpu_scatter_rows, .sync = cpu_sync, .destroy = cpu_destroy,
+        .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
+        .matmul_fwd = mm_f, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
+        .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .swiglu_bwd = swi_b,
+        .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f,
+        .adamw = adamw_f, .sumsq = sumsq_f, .scale = scale_f,
+    };
+    *out = b;
+    return 0;
+}
+
+#ifndef GRPOD_CUDA
+int backend_cuda_create(eng_backend **out, int device) {
+    *out = NULL;
+    return err_set(GE_UNSUPPORTED, "this grpod was built without CUDA (nvcc was not found at build time)");
+}
+int backend_cuda_available(void) { return 0; }
+#endif

@@ -1,0 +1,369 @@
+/* model.c — see model.h. The layer is written once against the backend table:
+ *
+ *   ln1 = rmsnorm(x)            q = ln1 Wq^T + bq, k = .., v = ..   (Qwen3: q, k per-head rmsnorm)
+ *   q, k = rope(q, k)           att = attention(q, k, v)            xm = x + att Wo^T
+ *   ln2 = rmsnorm(xm)           a = silu(ln2 Wg^T) * (ln2 Wu^T)     x' = xm + a Wd^T
+ *
+ * and backward walks it in reverse, carrying the residual-stream gradient dres. */
+#include "engine/model.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+#include "engine/safetensors.h"
+#include "kernels/rope.h"
+
+/* ---------------------------------------------------------------- parameters */
+
+static void add_param(model *m, const char *name, int ndim, long long d0, long long d1) {
+    model_param *p = &m->params[m->n_params++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = ndim == 1 ? d0 : d0 * d1;
+    p->off = m->n_elems;
+    m->n_elems += (p->numel + 15) & ~15LL;   /* 64-byte aligned starts */
+}
+
+int model_init(model *m, const model_config *c, eng_backend *be) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *c;
+    m->be = be;
+    m->params = calloc((size_t)(4 + 16 * c->L), sizeof *m->params);
+    if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
+    long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
+    add_param(m, "model.embed_tokens.weight", 2, c->V, C);
+    char n[96];
+    for (int l = 0; l < c->L; l++) {
+#define P(suffix, nd, a, b) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), add_param(m, n, nd, a, b))
+        P("input_layernorm.weight", 1, C, 0);
+        P("self_attn.q_proj.weight", 2, HD, C);
+        if (c->qkv_bias) P("self_attn.q_proj.bias", 1, HD, 0);
+        P("self_attn.k_proj.weight", 2, KD, C);
+        if (c->qkv_bias) P("self_attn.k_proj.bias", 1, KD, 0);
+        P("self_attn.v_proj.weight", 2, KD, C);
+        if (c->qkv_bias) P("self_attn.v_proj.bias", 1, KD, 0);
+        if (c->qk_norm) { P("self_attn.q_norm.weight", 1, c->D, 0); P("self_attn.k_norm.weight", 1, c->D, 0); }
+        P("self_attn.o_proj.weight", 2, C, HD);
+        if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
+        P("post_attention_layernorm.weight", 1, C, 0);
+        P("mlp.gate_proj.weight", 2, c->F, C);
+        P("mlp.up_proj.weight", 2, c->F, C);
+        P("mlp.down_proj.weight", 2, C, c->F);
+#undef P
+    }
+    add_param(m, "model.norm.weight", 1, C, 0);
+    if (!c->tied) add_param(m, "lm_head.weight", 2, c->V, C);
+
+    float *f = malloc((size_t)(c->D / 2) * sizeof(float));
+    if (!f) return err_set(GE_NOMEM, "model: out of memory");
+    rope_inv_freq(f, c->D, c->rope_theta, c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
+    m->inv_freq = be->alloc(be, (size_t)(c->D / 2) * sizeof(float));
+    int rc = m->inv_freq ? be->to_dev(be, m->inv_freq, f, (size_t)(c->D / 2) * sizeof(float)) : GE_NOMEM;
+    free(f);
+    return rc;
+}
+
+void model_free(model *m) {
+    if (m->inv_freq) m->be->free(m->be, m->inv_freq);
+    free(m->params);
+    memset(m, 0, sizeof *m);
+}
+
+static void *find_view(const model *m, void *base, size_t esize, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return (char *)base + (size_t)m->params[i].off * esize;
+    return NULL;
+}
+
+int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
+    const model_config *c = &m->cfg;
+    memset(v, 0, sizeof *v);
+    v->layers = calloc((size_t)c->L, sizeof *v->layers);
+    if (!v->layers) return err_set(GE_NOMEM, "model: out of memory");
+    v->embed = find_view(m, base, esize, "model.embed_tokens.weight");
+    v->final_norm = find_view(m, base, esize, "model.norm.weight");
+    v->lm_head = c->tied ? v->embed : find_view(m, base, esize, "lm_head.weight");
+    char n[96];
+    for (int l = 0; l < c->L; l++) {
+        model_layer_views *L = &v->layers[l];
+#define V(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), find_view(m, base, esize, n))
+        L->attn_norm = V("input_layernorm.weight");
+        L->wq = V("self_attn.q_proj.weight"); L->bq = V("self_attn.q_proj.bias");
+        L->wk = V("self_attn.k_proj.weight"); L->bk = V("self_attn.k_proj.bias");
+        L->wv = V("self_attn.v_proj.weight"); L->bv = V("self_attn.v_proj.bias");
+        L->q_norm = V("self_attn.q_norm.weight"); L->k_norm = V("self_attn.k_norm.weight");
+        L->wo = V("self_attn.o_proj.weight"); L->bo = V("self_attn.o_proj.bias");
+        L->mlp_norm = V("post_attention_layernorm.weight");
+        L->w_gate = V("mlp.gate_proj.weight"); L->w_up = V("mlp.up_proj.weight"); L->w_down = V("mlp.down_proj.weight");
+#undef V
+    }
+    return 0;
+}
+
+void model_views_free(model_views *v) { free(v->layers); v->layers = NULL; }
+
+int model_load_host(const model *m, const char *dir, float *host) {
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    if (rc) return rc;
+    memset(host, 0, (size_t)m->n_elems * sizeof(float));
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const model_param *p = &m->params[i];
+        const st_tensor *t = st_find(&s, p->name);
+        if (!t) {
+            rc = err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
+                         s.nfiles == 1 ? s.paths[0] : "the shards of model.safetensors.index.json");
+            break;
+        }
+        rc = st_read_f32(t, host + p->off, p->ndim, p->shape);
+    }
+    st_close(&s);
+    return rc;
+}
+
+int model_save_host(const model *m, const char *dir, const float *host, int bf16) {
+    st_out *o = calloc((size_t)m->n_params, sizeof *o);
+    if (!o) return err_set(GE_NOMEM, "model: out of memory");
+    for (int i = 0; i < m->n_params; i++) {
+        const model_param *p = &m->params[i];
+        o[i] = (st_out){ .name = p->name, .data = host + p->off, .ndim = p->ndim, .shape = { p->shape[0], p->shape[1] } };
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = st_write(path, o, m->n_params, bf16 ? ST_BF16 : ST_F32);
+    free(o);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* Carves a->* out of one allocation; with base == NULL only counts the bytes. */
+static size_t carve(const model *m, model_acts *a, char *base) {
+    const model_config *c = &m->cfg;
+    size_t off = 0, eb = (size_t)m->be->act_bytes;
+    long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+#define TAKE(ptr, n, es) do { (ptr) = base ? (void *)(base + off) : NULL; off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; } while (0)
+    int nl = a->grad ? c->L : 1;
+    for (int l = 0; l < c->L; l++) {
+        struct model_layer_acts *L = &a->l[l];
+        if (l >= nl) { *L = a->l[0]; continue; }
+        TAKE(L->x, T * C, eb); TAKE(L->ln1, T * C, eb);
+        if (c->qk_norm) { TAKE(L->q0, T * HD, eb); TAKE(L->k0, T * KD, eb); }
+        TAKE(L->q, T * HD, eb); TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb);
+        TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb); TAKE(L->ln2, T * C, eb);
+        TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb); TAKE(L->a, T * F, eb);
+        TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
+        TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
+    }
+    TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
+    TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
+    TAKE(a->ints, 7 * T + 2 * M, 4);
+    if (a->grad) {
+        TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
+        TAKE(a->dq, T * HD, eb); TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb);
+        TAKE(a->dq0, T * HD, eb); TAKE(a->dk0, T * KD, eb); TAKE(a->datt, T * HD, eb);
+        TAKE(a->da, T * F, eb); TAKE(a->dg, T * F, eb); TAKE(a->du, T * F, eb);
+    }
+#undef TAKE
+    return off;
+}
+
+int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad) {
+    memset(a, 0, sizeof *a);
+    a->cap_T = cap_T > 0 ? cap_T : 1;
+    a->cap_M = cap_M > 0 ? cap_M : 1;
+    a->grad = grad;
+    a->l = calloc((size_t)m->cfg.L, sizeof *a->l);
+    if (!a->l) return err_set(GE_NOMEM, "model: out of memory");
+    size_t bytes = carve(m, a, NULL);
+    a->mem = m->be->alloc(m->be, bytes);
+    if (!a->mem) {
+        free(a->l);
+        a->l = NULL;
+        return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB on %s: lower max_tokens_per_micro_batch",
+                       cap_T, bytes / 1048576.0, m->be->name);
+    }
+    carve(m, a, a->mem);
+    return 0;
+}
+
+void model_acts_free(const model *m, model_acts *a) {
+    if (a->mem) m->be->free(m->be, a->mem);
+    free(a->l);
+    memset(a, 0, sizeof *a);
+}
+
+int model_kv_init(const model *m, model_kv *kv, int cap_S) {
+    const model_config *c = &m->cfg;
+    memset(kv, 0, sizeof *kv);
+    size_t per = (size_t)cap_S * c->K * c->D * (size_t)m->be->act_bytes;
+    kv->cap_S = cap_S;
+    kv->k = calloc((size_t)c->L, sizeof(void *));
+    kv->v = calloc((size_t)c->L, sizeof(void *));
+    kv->mem = kv->k && kv->v ? m->be->alloc(m->be, per * 2 * (size_t)c->L) : NULL;
+    if (!kv->mem) {
+        free(kv->k); free(kv->v);
+        memset(kv, 0, sizeof *kv);
+        return err_set(GE_NOMEM, "KV cache of %d rows needs %.1f MiB on %s", cap_S, per * 2.0 * c->L / 1048576.0, m->be->name);
+    }
+    for (int l = 0; l < c->L; l++) {
+        kv->k[l] = (char *)kv->mem + per * (size_t)(2 * l);
+        kv->v[l] = (char *)kv->mem + per * (size_t)(2 * l + 1);
+    }
+    return 0;
+}
+
+void model_kv_free(const model *m, model_kv *kv) {
+    if (kv->mem) m->be->free(m->be, kv->mem);
+    free(kv->k); free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+void model_input_from_batch(model_input *in, const pack_batch *b) {
+    *in = (model_input){ .T = b->T, .tokens = b->tokens, .pos = b->pos, .a0 = b->kv_a0, .a1 = b->kv_a1,
+                         .b0 = b->kv_b0, .b1 = b->kv_b1, .slot = NULL, .M = b->M, .out_pos = b->out_pos,
+                         .out_tok = b->out_tok };
+}
+
+/* Device copies of the input's arrays, in a->ints. */
+typedef struct { int *tokens, *pos, *slot, *out_pos, *out_tok; attn_ranges r; } dev_input;
+
+static int upload_input(const model *m, model_acts *a, const model_input *in, dev_input *d) {
+    eng_backend *be = m->be;
+    if (in->T > a->cap_T || in->M > a->cap_M)
+        return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d",
+                       in->T, in->M, a->cap_T, a->cap_M);
+    int T = in->T, *p = a->ints, rc = 0;
+    const int *src[7] = { in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot };
+    int *dst[7];
+    for (int i = 0; i < 7; i++, p += a->cap_T) {
+        dst[i] = p;
+        if (src[i] && T && !rc) rc = be->to_dev(be, p, src[i], (size_t)T * sizeof(int));
+    }
+    int *op = p, *ot = p + a->cap_M;
+    if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
+    if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
+    *d = (dev_input){ .tokens = dst[0], .pos = dst[1], .slot = in->slot ? dst[6] : NULL, .out_pos = op, .out_tok = ot,
+                      .r = { dst[2], dst[3], dst[4], dst[5] } };
+    return rc;
+}
+
+int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
+                  float temperature, int want_entropy) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = in->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    dev_input d;
+    int rc = upload_input(m, a, in, &d);
+    if (rc) return rc;
+    if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
+    /* The residual stream: with grad each layer keeps its input (l[l].x, then xL); without,
+     * it ping-pongs between l[0].x and xL. */
+    void *x = a->l[0].x;
+    be->embedding_fwd(be, x, d.tokens, w->embed, T, C);
+    for (int l = 0; l < c->L; l++) {
+        struct model_layer_acts *A = &a->l[l];
+        const model_layer_views *W = &w->layers[l];
+        be->rmsnorm_fwd(be, A->ln1, A->rstd1, x, W->attn_norm, T, C, c->eps);
+        if (c->qk_norm) {
+            be->matmul_fwd(be, A->q0, A->ln1, W->wq, W->bq, T, C, HD);
+            be->matmul_fwd(be, A->k0, A->ln1, W->wk, W->bk, T, C, KD);
+            be->rmsnorm_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, T * H, D, c->eps);
+            be->rmsnorm_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, T * K, D, c->eps);
+        } else {
+            be->matmul_fwd(be, A->q, A->ln1, W->wq, W->bq, T, C, HD);
+            be->matmul_fwd(be, A->k, A->ln1, W->wk, W->bk, T, C, KD);
+        }
+        be->matmul_fwd(be, A->v, A->ln1, W->wv, W->bv, T, C, KD);
+        be->rope_fwd(be, A->q, d.pos, m->inv_freq, T, H, D);
+        be->rope_fwd(be, A->k, d.pos, m->inv_freq, T, K, D);
+        const void *keys = A->k, *vals = A->v;
+        if (kv) {
+            be->scatter_rows(be, kv->k[l], A->k, d.slot, T, KD);
+            be->scatter_rows(be, kv->v[l], A->v, d.slot, T, KD);
+            keys = kv->k[l];
+            vals = kv->v[l];
+        }
+        be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d.r, T, H, K, D);
+        be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
+        be->add(be, A->xm, A->xm, x, (long long)T * C);
+        be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+        be->matmul_fwd(be, A->g, A->ln2, W->w_gate, NULL, T, C, F);
+        be->matmul_fwd(be, A->u, A->ln2, W->w_up, NULL, T, C, F);
+        be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+        void *next = a->grad ? (l + 1 < c->L ? a->l[l + 1].x : a->xL) : (x == a->xL ? a->l[0].x : a->xL);
+        be->matmul_fwd(be, next, A->a, W->w_down, NULL, T, F, C);
+        be->add(be, next, next, A->xm, (long long)T * C);
+        x = next;
+    }
+    be->rmsnorm_fwd(be, a->lnf, a->rstdf, x, w->final_norm, T, C, c->eps);
+    if (in->M)
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d.out_pos, d.out_tok, w->lm_head, in->M, C,
+                        c->V, temperature);
+    return be->sync(be);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
+                   const float *dlogp, const float *dent, float temperature) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
+    int T = in->T, M = in->M, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    size_t eb = (size_t)be->act_bytes;
+    dev_input d;
+    int rc = upload_input(m, a, in, &d);
+    if (!rc && M) rc = be->to_dev(be, a->dlogp, dlogp, (size_t)M * 4);
+    if (!rc && M && dent) rc = be->to_dev(be, a->dent, dent, (size_t)M * 4);
+    if (rc) return rc;
+    be->zero(be, a->dlnf, (size_t)T * C * eb);
+    be->zero(be, a->dres, (size_t)T * C * eb);
+    if (M)
+        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok,
+                        w->lm_head, M, C, c->V, temperature);
+    be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
+    for (int l = c->L - 1; l >= 0; l--) {
+        struct model_layer_acts *A = &a->l[l];
+        const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
+        /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. */
+        be->zero(be, a->da, (size_t)T * F * eb);
+        be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
+        be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
+        be->zero(be, a->dln, (size_t)T * C * eb);
+        be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
+        be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
+        be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+        /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
+        be->zero(be, a->datt, (size_t)T * HD * eb);
+        be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
+        be->zero(be, a->dk, (size_t)T * KD * eb);
+        be->zero(be, a->dv, (size_t)T * KD * eb);
+        be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d.r, T, H, K, D);
+        be->rope_bwd(be, a->dq, d.pos, m->inv_freq, T, H, D);
+        be->rope_bwd(be, a->dk, d.pos, m->inv_freq, T, K, D);
+        void *dq = a->dq, *dk = a->dk;
+        if (c->qk_norm) {
+            be->zero(be, a->dq0, (size_t)T * HD * eb);
+            be->zero(be, a->dk0, (size_t)T * KD * eb);
+            be->rmsnorm_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, T * H, D);
+            be->rmsnorm_bwd(be, a->dk0, G->k_norm, a->dk, A->k0, W->k_norm, A->rstdk, T * K, D);
+            dq = a->dq0;
+            dk = a->dk0;
+        }
+        be->zero(be, a->dln, (size_t)T * C * eb);
+        be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
+        be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
+        be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
+        be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
+    }
+    be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
+    return be->sync(be);
+}

@@ -1,0 +1,102 @@
+/* model.h — the decoder (Qwen2/Qwen3/Llama) composed once from the backend table's ops:
+ * parameter layout, loading from safetensors, forward (training, prefill and decode through
+ * one function), and backward over a packed micro-batch.
+ *
+ * Parameters live in one flat buffer in a fixed order (model_param table); a model_views
+ * struct points into any buffer laid out that way: the act-typed weights, the fp32 master, the
+ * fp32 gradients, the AdamW moments. Tied models have no lm_head entry (views.lm_head ==
+ * views.embed), so the embedding's gradient collects both uses.
+ * Legend: T tokens, S key rows (KV cache), M predicted tokens, C, H, K, D, F, V as config.h. */
+#ifndef GRPOD_MODEL_H
+#define GRPOD_MODEL_H
+#include <stddef.h>
+
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "engine/pack.h"
+
+typedef struct {
+    char name[96];              /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;
+    long long shape[2];
+    long long off, numel;       /* elements into the flat buffer */
+} model_param;
+
+typedef struct {
+    void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo, *bo;
+    void *mlp_norm, *w_gate, *w_up, *w_down;   /* bq/bk/bv/bo, q_norm/k_norm NULL when absent */
+} model_layer_views;
+
+typedef struct {
+    void *embed;                /* (V,C) */
+    void *final_norm;           /* (C) */
+    void *lm_head;              /* (V,C), == embed when tied */
+    model_layer_views *layers;  /* (L) */
+} model_views;
+
+typedef struct {
+    model_config cfg;
+    eng_backend *be;
+    model_param *params; int n_params;
+    long long n_elems;          /* elements of a flat parameter buffer */
+    float *inv_freq;            /* (D/2) in backend memory */
+} model;
+
+int model_init(model *m, const model_config *cfg, eng_backend *be);
+void model_free(model *m);
+/* Views into a flat buffer whose elements are esize bytes (be->act_bytes or 4). */
+int model_views_make(const model *m, void *base, size_t esize, model_views *v);
+void model_views_free(model_views *v);
+/* Read every parameter from DIR's safetensors into host fp32 (n_elems floats). Missing,
+ * misshapen or unsupported tensors are errors naming the file and tensor. */
+int model_load_host(const model *m, const char *dir, float *host);
+/* Write the host fp32 buffer as DIR/model.safetensors (dtype ST_F32 or ST_BF16). */
+int model_save_host(const model *m, const char *dir, const float *host, int bf16);
+
+/* Activations for up to T tokens / M predictions, in backend memory, allocated once.
+ * grad = 0 keeps one layer's worth (no backward possible). */
+typedef struct {
+    int cap_T, cap_M, grad;
+    void *mem;                  /* one backend allocation */
+    struct model_layer_acts {
+        void *x, *ln1, *q0, *k0, *q, *k, *v, *att, *xm, *ln2, *g, *u, *a;
+        float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
+    } *l;                       /* (L) */
+    void *xL, *lnf; float *rstdf;
+    float *logp, *ent, *dlogp, *dent;   /* (M) */
+    int *ints;                  /* batch arrays: tokens, pos, a0, a1, b0, b1, slot (T each), out_pos, out_tok (M) */
+    /* backward scratch */
+    void *dres, *dlnf, *dln, *dq, *dk, *dv, *dq0, *dk0, *datt, *da, *dg, *du;
+} model_acts;
+
+int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad);
+void model_acts_free(const model *m, model_acts *a);
+
+/* A KV cache: per layer k, v (S,K,D) act-typed, in backend memory. */
+typedef struct { int cap_S; void *mem; void **k, **v; } model_kv;
+int model_kv_init(const model *m, model_kv *kv, int cap_S);
+void model_kv_free(const model *m, model_kv *kv);
+
+/* One forward input: T tokens with positions, key ranges and (with a KV cache) the cache
+ * slot each token's k/v is written to; ranges then index cache rows. Host arrays: they are
+ * uploaded into a->ints. Without kv, keys are the T tokens themselves. */
+typedef struct {
+    int T;
+    const int *tokens, *pos;                    /* (T) */
+    const int *a0, *a1, *b0, *b1;               /* (T) */
+    const int *slot;                            /* (T) or NULL */
+    int M; const int *out_pos, *out_tok;        /* (M) predictions (may be 0) */
+} model_input;
+
+/* Fill a model_input from a packed micro-batch (pointers into b). */
+void model_input_from_batch(model_input *in, const pack_batch *b);
+
+/* Forward: the final-norm hidden states land in a->lnf; with in->M > 0 also a->logp (and
+ * a->ent when want_entropy) at temperature. kv may be NULL. */
+int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
+                  float temperature, int want_entropy);
+/* Backward of sum(dlogp·logp + dent·ent) given host dlogp/dent (M, dent may be NULL) for the
+ * input of the last model_forward on a (grad mode); gradients are ADDED into the fp32 views g. */
+int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
+                   const float *dlogp, const float *dent, float temperature);
+#endif

@@ -1,0 +1,220 @@
+/* update.c — one GRPO-family update step (eng_update), on any backend:
+ *
+ *   advantages ─► filter groups ─► old pass (policy, no grad; or the rollout's logprobs)
+ *   ─► ref pass (frozen reference, no grad; skipped when kl_coef = 0)
+ *   ─► ppo_epochs × mini-batches: micro-batches fwd + loss + bwd (gradients accumulate)
+ *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
+ *   ─► policy_version + 1
+ *
+ * Micro-batches hold whole groups packed P + NR (engine/pack.h); the loss's aggregation
+ * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
+ * mini-batch's exact gradient. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/err.h"
+#include "kernels/adamw.h"
+
+void eng_optim_default(eng_optim *o) {
+    memset(o, 0, sizeof *o);
+    o->lr = 1e-6f; o->weight_decay = 0.01f; o->beta1 = 0.9f; o->beta2 = 0.999f; o->eps = 1e-8f;
+    o->grad_clip = 1.0f; o->schedule = SCHED_CONSTANT;
+}
+
+static int ensure_training_state(eng *e) {
+    if (e->grad) return 0;
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems * 4;
+    e->grad = be->alloc(be, n);
+    e->adam_m = be->alloc(be, n);
+    e->adam_v = be->alloc(be, n);
+    if (!e->grad || !e->adam_m || !e->adam_v)
+        return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s", 3 * n >> 20, be->name);
+    be->zero(be, e->adam_m, n);
+    be->zero(be, e->adam_v, n);
+    return model_views_make(&e->m, e->grad, 4, &e->gv);
+}
+
+/* Per-response bookkeeping of the kept groups, in pack order. */
+typedef struct {
+    pack_group *pg; int n_groups;
+    int *src;                   /* (n_groups) index into the caller's groups */
+    int S; int *off, *len, *mask; float *adv;   /* (S) responses */
+    long long M;                /* predicted tokens */
+    float *old, *ref, *logp, *ent, *dlogp, *dent;   /* (M) */
+    int *grp_resp0;             /* (n_groups) first response index of each kept group */
+} work;
+
+static void work_free(work *w) {
+    free(w->pg); free(w->src); free(w->off); free(w->len); free(w->mask); free(w->adv);
+    free(w->old); free(w->ref); free(w->logp); free(w->ent); free(w->dlogp); free(w->dent); free(w->grp_resp0);
+}
+
+static int work_make(work *w, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
+    memset(w, 0, sizeof *w);
+    int S = 0;
+    long long M = 0;
+    for (int i = 0; i < n; i++) { S += g[i].n; for (int r = 0; r < g[i].n; r++) M += g[i].R[r]; }
+    w->pg = calloc((size_t)n + 1, sizeof *w->pg);
+    w->src = calloc((size_t)n + 1, sizeof(int));
+    w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
+    w->off = calloc((size_t)S + 1, sizeof(int)); w->len = calloc((size_t)S + 1, sizeof(int));
+    w->mask = calloc((size_t)S + 1, sizeof(int)); w->adv = calloc((size_t)S + 1, sizeof(float));
+    float **arr[6] = { &w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent };
+    for (int i = 0; i < 6; i++) *arr[i] = calloc((size_t)M + 1, sizeof(float));
+    if (!w->pg || !w->src || !w->grp_resp0 || !w->off || !w->len || !w->mask || !w->adv || !w->old || !w->ref ||
+        !w->logp || !w->ent || !w->dlogp || !w->dent)
+        return err_set(GE_NOMEM, "update: out of memory");
+    *filtered = 0;
+    int s = 0;
+    long long off = 0;
+    for (int i = 0; i < n; i++) {
+        if (a->filter_groups && g[i].reward && !g[i].advantage && loss_group_uniform(g[i].reward, g[i].n)) {
+            (*filtered)++;
+            continue;
+        }
+        int k = w->n_groups++;
+        w->src[k] = i;
+        w->grp_resp0[k] = s;
+        w->pg[k] = (pack_group){ .prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R };
+        if (g[i].advantage) memcpy(w->adv + s, g[i].advantage, (size_t)g[i].n * sizeof(float));
+        else loss_group_advantages(a, g[i].reward, g[i].n, w->adv + s);
+        for (int r = 0; r < g[i].n; r++, s++) {
+            w->off[s] = (int)off;
+            w->len[s] = g[i].R[r];
+            w->mask[s] = !(a->mask_truncated && g[i].truncated && g[i].truncated[r]);
+            if (g[i].old_logprobs && a->use_rollout_logprobs)
+                memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
+            off += g[i].R[r];
+        }
+    }
+    w->S = s;
+    w->M = off;
+    return 0;
+}
+
+/* Forward + loss + backward of groups [g0, g1) of w, micro-batch by micro-batch. */
+static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, long long max_tokens,
+                         loss_metrics *met, int *n_micro) {
+    int s0 = w->grp_resp0[g0], s1 = g1 < w->n_groups ? w->grp_resp0[g1] : w->S;
+    double tok_denom = 0, seq_denom = 0;
+    int max_len = 0;
+    loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
+    if (seq_denom == 0) return 0;   /* every response masked: nothing to learn from */
+    loss_config c = *a;
+    if (c.agg_norm_len <= 0) c.agg_norm_len = max_len;   /* one normaliser for the whole mini-batch */
+    pack_plan plan;
+    int rc = pack_plan_make(&plan, w->pg + g0, g1 - g0, max_tokens, PACK_PACKED);
+    if (rc) return rc;
+    for (int k = 0; k < plan.n_mb && !rc; k++) {
+        int first = g0 + plan.mb_first[k], count = plan.mb_count[k];
+        pack_batch b;
+        if ((rc = pack_build(&b, w->pg, first, count, PACK_PACKED))) break;
+        model_input in;
+        model_input_from_batch(&in, &b);
+        int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
+        long long m0 = w->off[ms0];
+        rc = eng_acts_reserve(e, &e->acts_g, b.T, b.M, 1);
+        if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
+        if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
+        if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
+        if (!rc) {
+            /* loss_compute indexes by off[]: shift to this micro-batch's arrays. */
+            int S = ms1 - ms0;
+            int *off = malloc((size_t)S * sizeof(int));
+            if (!off) rc = err_set(GE_NOMEM, "update: out of memory");
+            for (int i = 0; !rc && i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
+            if (!rc) {
+                loss_compute(&c, S, off, w->len + ms0, w->logp + m0, w->old + m0, a->kl_coef > 0 ? w->ref + m0 : NULL,
+                             w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0,
+                             w->dent + m0, met);
+                rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
+                                    a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
+            }
+            free(off);
+        }
+        (*n_micro)++;
+        pack_batch_free(&b);
+    }
+    pack_plan_free(&plan);
+    return rc;
+}
+
+int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
+               long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
+    double t0 = eng_now_ms();
+    memset(out, 0, sizeof *out);
+    out->policy_version_before = e->policy_version;
+    work w;
+    int rc = ensure_training_state(e);
+    if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
+    if (rc) { work_free(&w); return rc; }
+    for (int i = 0; i < w.n_groups; i++) {
+        out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);
+        out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
+    }
+    /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
+    pack_plan plan;
+    if (w.n_groups && (rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) { work_free(&w); return rc; }
+    if (w.n_groups) pack_plan_free(&plan);
+
+    double t = eng_now_ms();
+    int need_old = !(a->use_rollout_logprobs);
+    for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
+    if (w.n_groups && need_old) rc = eng_score(e, &e->wv, w.pg, w.n_groups, max_tokens, a->temperature, w.old, NULL);
+    out->ms_old = eng_now_ms() - t;
+    t = eng_now_ms();
+    if (!rc && w.n_groups && a->kl_coef > 0)
+        rc = eng_score(e, &e->rv, w.pg, w.n_groups, max_tokens, a->temperature, w.ref, NULL);
+    out->ms_ref = eng_now_ms() - t;
+    if (cb) cb(ud, 0.2);
+
+    loss_metrics met = {0};
+    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
+    int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
+    size_t nbytes = (size_t)e->m.n_elems * 4;
+    double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
+    for (int ep = 0; ep < epochs && !rc; ep++) {
+        for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
+            int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
+            t = eng_now_ms();
+            e->be->zero(e->be, e->grad, nbytes);
+            rc = run_minibatch(e, &w, g0, g1, a, max_tokens, &met, &out->micro_batches);
+            if (!rc) rc = e->be->sync(e->be);
+            ms_policy += eng_now_ms() - t;
+            if (rc) break;
+            t = eng_now_ms();
+            double norm = sqrt(e->be->sumsq(e->be, e->grad, e->m.n_elems));
+            grad_norm_sum += norm;
+            if (!isfinite(norm)) { rc = err_set(GE_INTERNAL, "update: gradient norm is %g; step skipped", norm); break; }
+            if (opt->grad_clip > 0 && norm > opt->grad_clip)
+                e->be->scale(e->be, e->grad, e->m.n_elems, (float)(opt->grad_clip / (norm + 1e-6)));
+            e->opt_step++;
+            float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
+            out->lr = lr;
+            e->be->adamw(e->be, e->w_master, e->w_act == e->w_master ? NULL : e->w_act, e->grad, e->adam_m, e->adam_v,
+                         e->m.n_elems, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+            rc = e->be->sync(e->be);
+            ms_opt += eng_now_ms() - t;
+            steps++;
+            if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
+        }
+    }
+    if (!rc) {
+        loss_finish(&met, steps ? steps : 1);
+        out->loss = met.loss; out->pg_loss = met.pg_loss; out->kl = met.kl; out->entropy = met.entropy;
+        out->clip_frac = met.clip_frac; out->clip_frac_low = met.clip_frac_low; out->clip_frac_high = met.clip_frac_high;
+        out->ratio_mean = met.ratio_mean; out->ratio_max = met.ratio_max;
+        out->grad_norm = steps ? grad_norm_sum / steps : 0;
+        out->optimizer_steps = steps;
+        if (steps) e->policy_version++;
+        out->policy_version_after = e->policy_version;
+    }
+    out->ms_policy = ms_policy;
+    out->ms_optimizer = ms_opt;
+    out->ms_total = eng_now_ms() - t0;
+    work_free(&w);
+    return rc;
+}
