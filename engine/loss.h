@@ -41,7 +41,10 @@ int loss_parse_mode(const char *s, loss_mode *out);
 int loss_parse_kl(const char *s, kl_type *out);
 
 /* Advantages for one group of n responses from its rewards (grpo / drgrpo / rloo).
- * adv_out[i] is the advantage of response i, applied to every one of its tokens. */
+ * adv_out[i] is the advantage of response i, applied to every one of its tokens.
+ *   grpo: (r - mean) / (std + 1e-6) with the unbiased std (torch.std), or r - mean when
+ *   norm_adv_by_std is 0; drgrpo: r - mean; rloo: r - mean of the other n - 1; given: r itself.
+ *   A group of one (veRL): grpo and drgrpo use mean 0 and std 1, rloo leaves r as is. */
 void loss_group_advantages(const loss_config *c, const float *rewards, int n, float *adv_out);
 
 /* Metrics summed over the tokens that count; loss_finish turns sums into means. */
@@ -49,18 +52,56 @@ typedef struct {
     double loss, pg_loss, kl, entropy;
     double clip_frac, clip_frac_low, clip_frac_high, ratio_mean, ratio_max;
     double n_tokens;            /* tokens that counted (mask applied) */
+    double clip_frac_dual;      /* A < 0 tokens whose loss the dual clip (ratio > clip_ratio_c) bounded */
 } loss_metrics;
+
+/* Sums -> reported values. loss and pg_loss hold the sum of the aggregated losses of every
+ * mini-batch (optimizer step) that added to m; they are divided by n_steps. The per-token sums
+ * (kl, entropy, clip_frac*, ratio_mean) are divided by n_tokens; ratio_max is kept. */
+void loss_finish(loss_metrics *m, int n_steps);
+
+/* Global denominators of one mini-batch: call once per micro-batch (or once for all) with the
+ * same accumulators, starting from 0. Adds the tokens of responses that count (mask[s] != 0,
+ * len[s] > 0) to *tok_denom and their number to *seq_denom; raises *max_len to the longest such
+ * response (the seq-mean-token-sum-norm divisor when agg_norm_len is 0: set agg_norm_len to it
+ * before loss_compute, so every micro-batch of the mini-batch uses the same divisor). */
+void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom,
+                int *max_len);
+
+/* 1 when all n rewards are equal (a group DAPO's filter_groups drops: every advantage is 0). */
+int loss_group_uniform(const float *rewards, int n);
 
 /* The loss of a set of responses and its gradient.
  *   S responses; response s has len[s] tokens starting at off[s] in the per-token arrays.
  *   logp (M): current logprobs; old (M): old logprobs; ref (M) or NULL when kl_coef == 0;
- *   ent (M) entropies or NULL when entropy_coeff == 0; adv (S) advantages; mask (S) 0 drops a response.
- *   scale: multiplies the loss and gradients (e.g. 1 / number of micro-batches in a mini-batch
- *   is NOT applied here: aggregation normalisers are global, given as denominators below).
+ *   ent (M) entropies or NULL when entropy_coeff == 0; adv (S) advantages; mask (S) 0 drops a
+ *   response (or NULL: all count).
  *   tok_denom: the token count for token-mean over the whole mini-batch; seq_denom: number of
- *   sequences for seq-mean modes over the whole mini-batch (so micro-batches add up exactly).
- * Writes dlogp (M) and dent (M, or NULL) = d loss / d logp, d loss / d entropy; adds to *m.
- * Returns the (partial) loss of these responses. */
+ *   sequences for seq-mean modes over the whole mini-batch (so micro-batches add up exactly:
+ *   the sum of loss_compute over disjoint sets of responses with the same denominators is the
+ *   loss of their union, and so are the gradients). loss_count computes both.
+ *
+ * The loss (veRL's actor with use_kl_loss):  agg(pg) - entropy_coeff agg(ent) + kl_coef agg(kl),
+ * each agg with the weight w of every counted token t of response s (L = len[s]):
+ *   token-mean 1/tok_denom; token-sum 1; seq-mean-token-sum 1/seq_denom;
+ *   seq-mean-token-mean 1/(L seq_denom); seq-mean-token-sum-norm 1/(seq_denom agg_norm_len)
+ *   (agg_norm_len 0: the longest response of this call; see loss_count).
+ * vanilla: ratio r = exp(clamp(logp - old, -20, 20)); pg = max(-A r, -A clip(r, 1-lo, 1+hi)),
+ *   and for A < 0 min(that, -A clip_ratio_c) (dual clip).
+ * gspo: r = exp(min(mean over the response of (logp - old), 10)) for every token, with the
+ *   straight-through gradient d r_t / d logp_t = r_t (veRL's sg[s_i] pi_t / sg[pi_t]); the same
+ *   clipped pg and the same aggregation mode as vanilla (no dual clip).
+ * kl (x = logp - ref): k1 x; abs |x|; k2 x^2/2; k3 clamp(e^y - y - 1, -10, 10), y = clamp(-x, -20, 20).
+ * Gradients are those of the expressions above as autograd computes them (0 where a clamp or a
+ * clip is active, max/min ties resolved toward the unclipped branch).
+ * Writes dlogp and dent (or dent NULL) = d loss / d logp, d loss / d entropy at every token of
+ * the S responses (0 for dropped ones; other entries untouched).
+ * Adds to *m (NULL: no metrics): loss, pg_loss (this call's parts of the aggregated values);
+ * per counted token: kl (the kl_type value, when ref != NULL), entropy (when ent != NULL), ratio
+ * r; clip_frac counts tokens where the clip bound (-A clip(r) > -A r): clip_frac_low those with
+ * A < 0 and r < 1 - lo, clip_frac_high those with A > 0 and r > 1 + hi (clip_frac = low + high);
+ * clip_frac_dual those with A < 0 and max(r, 1 - lo) > clip_ratio_c (veRL's pg_clipfrac_lower).
+ * Returns this call's part of the loss. */
 double loss_compute(const loss_config *c, int S, const int *off, const int *len,
                     const float *logp, const float *old, const float *ref, const float *ent,
                     const float *adv, const int *mask, double tok_denom, double seq_denom,
