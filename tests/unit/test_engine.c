@@ -1,0 +1,181 @@
+/* test_engine.c — the engine end to end on the embedded default model (cpu): rollout
+ * determinism and its logprobs against the training path, greedy decoding against argmax of
+ * a teacher-forced forward, an update that moves logprobs the right way, and a checkpoint that
+ * reloads to identical logprobs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/engine.h"
+#include "engine/err.h"
+
+#define MODEL "/tmp/grpod_test_engine_model"
+
+static eng *open_default(void) {
+    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    eng *e;
+    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu" };
+    return eng_open(&o, &e) ? NULL : e;
+}
+
+static const int prompt[] = { 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100 };
+#define NP ((int)(sizeof prompt / sizeof prompt[0]))
+
+TEST(rollout_is_seeded_and_matches_training_logprobs) {
+    eng *e = open_default();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_rollout_group g[2] = { { prompt, NP, 4 }, { prompt + 3, NP - 3, 3 } };
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 12; s.seed = 7; s.top_k = 50; s.top_p = 0.9f;
+    eng_group_result a[2], b[2], c[2];
+    CHECK(eng_rollout(e, g, 2, &s, a, NULL, NULL) == 0);
+    CHECK(eng_rollout(e, g, 2, &s, b, NULL, NULL) == 0);
+    s.seed = 8;
+    CHECK(eng_rollout(e, g, 2, &s, c, NULL, NULL) == 0);
+    int same = 1, differs = 0;
+    double worst = 0;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < g[k].n; r++) {
+            eng_response *x = &a[k].resp[r], *y = &b[k].resp[r], *z = &c[k].resp[r];
+            same &= x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * 4);
+            differs |= x->n_tokens != z->n_tokens || memcmp(x->tokens, z->tokens, (size_t)x->n_tokens * 4);
+            /* teacher-forced logprobs of the sampled tokens */
+            const int *resp[1] = { x->tokens };
+            eng_update_group ug = { .prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = resp, .R = &x->n_tokens };
+            float **lp;
+            CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
+            for (int t = 0; t < x->n_tokens; t++) worst = fmax(worst, fabs(lp[0][t] - x->logprobs[t]));
+            eng_logprobs_free(lp, &ug, 1);
+        }
+    printf("  rollout vs training logprobs: max |Δ| %.2e\n", worst);
+    for (int k = 0; k < 2; k++) { eng_group_result_free(&a[k]); eng_group_result_free(&b[k]); eng_group_result_free(&c[k]); }
+    eng_close(e);
+    CHECK_MSG(same, "the same seed gave different tokens");
+    CHECK_MSG(differs, "another seed gave the same tokens");
+    CHECK_MSG(worst <= 1e-5, "rollout logprobs differ from the training path by %.3g", worst);
+}
+
+TEST(greedy_equals_teacher_forced_argmax) {
+    eng *e = open_default();
+    CHECK(e);
+    eng_rollout_group g = { prompt, NP, 2 };
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.temperature = 0; s.max_tokens = 10; s.ignore_eos = 1;
+    eng_group_result r;
+    CHECK(eng_rollout(e, &g, 1, &s, &r, NULL, NULL) == 0);
+    eng_info info;
+    eng_get_info(e, &info);
+    /* For every step, no other token scores higher than the chosen one under teacher forcing. */
+    eng_response *x = &r.resp[0];
+    CHECK_EQ_INT(x->n_tokens, 10);
+    CHECK(!memcmp(x->tokens, r.resp[1].tokens, 40));
+    int ok = 1;
+    /* One packed forward per step: V responses, prefix + each candidate token. */
+    int *cand = malloc((size_t)info.vocab * 16 * sizeof(int));
+    const int **resp = malloc((size_t)info.vocab * sizeof(int *));
+    int *R = malloc((size_t)info.vocab * sizeof(int));
+    for (int t = 0; t < x->n_tokens && ok; t++) {
+        for (int v = 0; v < info.vocab; v++) {
+            memcpy(cand + v * 16, x->tokens, (size_t)t * 4);
+            cand[v * 16 + t] = v;
+            resp[v] = cand + v * 16;
+            R[v] = t + 1;
+        }
+        eng_update_group ug = { .prompt = prompt, .P = NP, .n = info.vocab, .resp = resp, .R = R };
+        float **lp;
+        CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
+        int arg = 0;
+        for (int v = 1; v < info.vocab; v++) if (lp[v][t] > lp[arg][t]) arg = v;
+        eng_logprobs_free(lp, &ug, 1);
+        ok = arg == x->tokens[t];
+        if (!ok) printf("  step %d: greedy %d, argmax %d\n", t, x->tokens[t], arg);
+    }
+    free(cand); free(resp); free(R);
+    eng_group_result_free(&r);
+    eng_close(e);
+    CHECK_MSG(ok, "greedy decode disagrees with the teacher-forced argmax");
+}
+
+TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
+    eng *e = open_default();
+    CHECK(e);
+    int good[6] = { 65, 66, 67, 68, 69, 70 }, bad[5] = { 97, 98, 99, 100, 101 }, mid[4] = { 48, 49, 50, 51 };
+    const int *resp[3] = { good, bad, mid };
+    int R[3] = { 6, 5, 4 };
+    float rew[3] = { 1.0f, 0.0f, 0.5f };
+    eng_update_group g = { .prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew };
+    float **before, **after;
+    CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &before) == 0);
+    loss_config a;
+    loss_config_default(&a);
+    eng_optim o;
+    eng_optim_default(&o);
+    o.lr = 3e-3f;
+    eng_update_result u;
+    for (int i = 0; i < 3; i++) CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
+    CHECK_EQ_INT(u.policy_version_after, 3);
+    CHECK_EQ_INT(u.tokens_packed, NP + 15);
+    CHECK_EQ_INT(u.tokens_standard, 3 * NP + 15);
+    CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &after) == 0);
+    double d[3] = {0};
+    for (int r = 0; r < 3; r++)
+        for (int t = 0; t < R[r]; t++) d[r] += after[r][t] - before[r][t];
+    printf("  Δ sum logprob: good %+.3f bad %+.3f mid %+.3f; kl %.4f grad_norm %.3f\n", d[0], d[1], d[2], u.kl, u.grad_norm);
+    CHECK_MSG(d[0] > 0.5 && d[1] < -0.5, "good moved %+.3f, bad %+.3f", d[0], d[1]);
+    /* checkpoint, reopen from it: identical logprobs */
+    const char *ck = "/tmp/grpod_test_engine_ckpt";
+    CHECK(system("rm -rf /tmp/grpod_test_engine_ckpt") == 0);
+    CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
+    eng *e2;
+    eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu", .resume_dir = ck };
+    CHECK_MSG(eng_open(&oo, &e2) == 0, "%s", err_msg());
+    float **re;
+    CHECK(eng_logprobs(e2, &g, 1, 0, 1.0f, 1 << 20, &re) == 0);
+    int identical = 1;
+    for (int r = 0; r < 3; r++) identical &= !memcmp(re[r], after[r], (size_t)R[r] * 4);
+    eng_info i2;
+    eng_get_info(e2, &i2);
+    CHECK_EQ_INT(i2.policy_version, 3);
+    /* the reference stays the original weights */
+    float **ref;
+    CHECK(eng_logprobs(e2, &g, 1, 1, 1.0f, 1 << 20, &ref) == 0);
+    int ref_same = !memcmp(ref[0], before[0], (size_t)R[0] * 4);
+    eng_logprobs_free(before, &g, 1); eng_logprobs_free(after, &g, 1);
+    eng_logprobs_free(re, &g, 1); eng_logprobs_free(ref, &g, 1);
+    eng_close(e2);
+    eng_close(e);
+    CHECK_MSG(identical, "reloaded checkpoint gives different logprobs");
+    CHECK_MSG(ref_same, "the reference model moved");
+}
+
+TEST(group_over_budget_is_a_clear_error) {
+    eng *e = open_default();
+    CHECK(e);
+    int r0[40];
+    for (int i = 0; i < 40; i++) r0[i] = 50 + i;
+    const int *resp[1] = { r0 };
+    int R = 40;
+    float rew = 1;
+    float adv = 1;
+    eng_update_group g = { .prompt = prompt, .P = NP, .n = 1, .resp = resp, .R = &R, .reward = &rew, .advantage = &adv };
+    loss_config a;
+    loss_config_default(&a);
+    eng_optim o;
+    eng_optim_default(&o);
+    eng_update_result u;
+    int rc = eng_update(e, &g, 1, &a, &o, 16, &u, NULL, NULL);
+    eng_close(e);
+    CHECK_EQ_INT(rc, GE_TOO_LARGE);
+    CHECK_MSG(strstr(err_msg(), "max_tokens_per_micro_batch"), "message: %s", err_msg());
+}
+
+int main(void) {
+    system("rm -rf " MODEL);
+    RUN(rollout_is_seeded_and_matches_training_logprobs);
+    RUN(greedy_equals_teacher_forced_argmax);
+    RUN(update_moves_logprobs_by_advantage_and_checkpoint_reloads);
+    RUN(group_over_budget_is_a_clear_error);
+    return CHECK_DONE();
+}
