@@ -1,14 +1,16 @@
 /* unicode_data.h — Unicode tables the tokenizer needs (character classes for the pre-tokenizer
  * regexes, NFC), generated into engine/unicode_data.c by tools/gen_unicode.py from the Unicode
- * Character Database 16.0 (the version Hugging Face tokenizers 0.23 uses). Lookups are binary
- * searches over sorted ranges, with an ASCII fast path in the callers. */
+ * Character Database: classes at Unicode 16.0, NFC at 9.0, the versions Hugging Face tokenizers
+ * 0.23 uses. Lookups are binary searches over sorted ranges, with an ASCII fast path in the
+ * callers. */
 #ifndef GRPOD_UNICODE_DATA_H
 #define GRPOD_UNICODE_DATA_H
 #include <stdint.h>
 
 enum { UC_OTHER = 0, UC_L = 1, UC_N = 2, UC_WS = 3 };   /* \p{L}, \p{N}, \s */
 
-extern const char uc_unicode_version[];
+extern const char uc_unicode_version[];      /* of the class tables */
+extern const char uc_nfc_unicode_version[];  /* of the NFC tables (HF uses 9.0) */
 extern const uint32_t uc_class_ranges[][3];    /* lo, hi, class */
 extern const int uc_class_ranges_n;
 extern const uint32_t uc_ccc_ranges[][3];      /* lo, hi, canonical combining class */
