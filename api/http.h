@@ -1,0 +1,41 @@
+/* http.h — grpod's HTTP server: libmicrohttpd glue, routing, auth, the handlers of every
+ * endpoint, and long-polling (GET /v1/jobs/{id}?wait=S, POST /v1/logprobs) by suspending the
+ * connection until the engine thread reports a job change or the deadline passes.
+ *
+ * Lifecycle: api_start (listening; /healthz answers, /readyz says 503) → api_set_engine once the
+ * engine thread has opened the model → api_quiesce (stop accepting; SIGTERM) → api_stop.
+ * Threads: MHD's pool runs the handlers; each borrows a store handle from a small pool (one
+ * SQLite connection per handle). api_jobs_changed / api_tick / api_set_* may be called from any
+ * thread. Not here: request validation (validate.c), the engine loop (daemon/worker.c). */
+#ifndef GRPOD_API_HTTP_H
+#define GRPOD_API_HTTP_H
+#include "api/validate.h"
+#include "engine/engine.h"
+
+typedef struct api_server api_server;
+
+typedef struct {
+    const char *listen;         /* "127.0.0.1:8780", "[::1]:8780", "0.0.0.0:8780" */
+    const char *data_dir;       /* where grpod.db lives (store_open) */
+    const char *api_key;        /* NULL: no auth; else every /v1 request needs Bearer <key> */
+    api_limits limits;
+    int threads;                /* MHD thread pool size */
+    int max_wait_s;             /* cap of ?wait= (60) */
+    void (*job_submitted)(void *ud);   /* wakes the engine thread */
+    void *ud;
+} api_config;
+
+/* Parses "host:port" into a socket address; GE_INVALID naming the problem. is_loopback set. */
+int api_parse_listen(const char *listen, void *sockaddr_storage_out, int *len_out, int *is_loopback);
+
+int api_start(const api_config *c, api_server **out);
+int api_port(api_server *s);                       /* the bound port (listen ":0" picks one) */
+void api_set_engine(api_server *s, eng *e);        /* model loaded: /readyz 200, /v1 open */
+void api_set_failed(api_server *s, const char *why);   /* engine failed: /readyz 503 */
+void api_set_limits(api_server *s, const api_limits *l);   /* SIGHUP reload */
+void api_set_submit_hook(api_server *s, void (*job_submitted)(void *ud), void *ud);
+void api_jobs_changed(api_server *s);              /* a job changed state: wake long-pollers */
+void api_tick(api_server *s);                      /* resume long-pollers whose wait ran out */
+void api_quiesce(api_server *s);                   /* stop accepting; new /v1 posts get 503 */
+void api_stop(api_server *s);                      /* resumes waiters, stops MHD, frees */
+#endif

@@ -1,0 +1,102 @@
+/* metrics.c — counters and the Prometheus text exposition; see metrics.h. */
+#include "api/metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+
+#define MAX_HTTP_SERIES 256
+
+typedef struct { char method[8]; char route[40]; int status; long long n; } http_series;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static http_series http[MAX_HTTP_SERIES];
+static int n_http;
+static long long tokens[MT_N_TOKEN_PHASES];
+static double seconds[MS_N_PHASES];
+static long long groups_filtered;
+static long long policy_version;
+
+static const char *const token_names[] = {"rollout_prompt", "rollout_completion", "update_packed",
+                                          "update_standard", "logprobs"};
+static const char *const phase_names[] = {"rollout", "update_old", "update_ref", "update_policy",
+                                          "update_optimizer", "logprobs", "checkpoint"};
+
+void metrics_http(const char *method, const char *route, int status) {
+    pthread_mutex_lock(&mu);
+    int i;
+    for (i = 0; i < n_http; i++)
+        if (http[i].status == status && !strcmp(http[i].route, route) && !strcmp(http[i].method, method)) break;
+    if (i == n_http && n_http < MAX_HTTP_SERIES) {
+        snprintf(http[i].method, sizeof http[i].method, "%s", method);
+        snprintf(http[i].route, sizeof http[i].route, "%s", route);
+        http[i].status = status;
+        n_http++;
+    }
+    if (i < n_http) http[i].n++;
+    pthread_mutex_unlock(&mu);
+}
+void metrics_tokens(metrics_token_phase p, long long n) { pthread_mutex_lock(&mu); tokens[p] += n; pthread_mutex_unlock(&mu); }
+void metrics_seconds(metrics_seconds_phase p, double s) { pthread_mutex_lock(&mu); seconds[p] += s; pthread_mutex_unlock(&mu); }
+void metrics_groups_filtered(long long n) { pthread_mutex_lock(&mu); groups_filtered += n; pthread_mutex_unlock(&mu); }
+void metrics_policy_version(long long v) { pthread_mutex_lock(&mu); policy_version = v; pthread_mutex_unlock(&mu); }
+
+typedef struct { char *p; size_t len, cap; int oom; } sbuf;
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = b->oom ? 0 : vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (b->oom || k < 0) { b->oom = 1; return; }
+        if ((size_t)k < b->cap - b->len) { b->len += (size_t)k; return; }
+        size_t nc = b->cap * 2 + (size_t)k + 256;
+        char *np = realloc(b->p, nc);
+        if (!np) { b->oom = 1; return; }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_depth, int ready,
+                   int engine_failed, char **out, size_t *len) {
+    sbuf b = {malloc(4096), 0, 4096, 0};
+    if (!b.p) return err_set(GE_NOMEM, "metrics: out of memory");
+    b.p[0] = 0;
+    sb_printf(&b, "# HELP grpod_jobs Jobs in the store by kind and status.\n# TYPE grpod_jobs gauge\n");
+    for (int i = 0; i < n_jobs; i++)
+        sb_printf(&b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", jobs[i].kind, jobs[i].status, jobs[i].n);
+    sb_printf(&b, "# HELP grpod_queue_depth Jobs waiting to run.\n# TYPE grpod_queue_depth gauge\n"
+                  "grpod_queue_depth %lld\n", queue_depth);
+    sb_printf(&b, "# HELP grpod_ready 1 when the model is loaded and the engine healthy.\n# TYPE grpod_ready gauge\n"
+                  "grpod_ready %d\n", ready && !engine_failed);
+    sb_printf(&b, "# HELP grpod_engine_failed 1 when the engine hit a fatal error.\n# TYPE grpod_engine_failed gauge\n"
+                  "grpod_engine_failed %d\n", engine_failed);
+    pthread_mutex_lock(&mu);
+    sb_printf(&b, "# HELP grpod_policy_version Current policy version (updates applied).\n"
+                  "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n", policy_version);
+    sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
+    for (int i = 0; i < MT_N_TOKEN_PHASES; i++) sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
+    double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;
+    sb_printf(&b, "# HELP grpod_packed_token_ratio Standard N(P+R) over packed P+NR tokens, over all updates.\n"
+                  "# TYPE grpod_packed_token_ratio gauge\ngrpod_packed_token_ratio %.4f\n", ratio);
+    sb_printf(&b, "# HELP grpod_seconds_total Engine seconds by phase.\n# TYPE grpod_seconds_total counter\n");
+    for (int i = 0; i < MS_N_PHASES; i++) sb_printf(&b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
+    sb_printf(&b, "# HELP grpod_groups_filtered_total Groups dropped by filter_groups (all rewards equal).\n"
+                  "# TYPE grpod_groups_filtered_total counter\ngrpod_groups_filtered_total %lld\n", groups_filtered);
+    sb_printf(&b, "# HELP grpod_http_requests_total HTTP requests by method, route and status code.\n"
+                  "# TYPE grpod_http_requests_total counter\n");
+    for (int i = 0; i < n_http; i++)
+        sb_printf(&b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method,
+                  http[i].route, http[i].status, http[i].n);
+    pthread_mutex_unlock(&mu);
+    if (b.oom) { free(b.p); return err_set(GE_NOMEM, "metrics: out of memory"); }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}

@@ -1,0 +1,26 @@
+/* metrics.h — process-wide counters for GET /metrics (Prometheus text format 0.0.4).
+ *
+ * Counters live here; gauges that the store knows (jobs by kind/status, queue depth) are read
+ * at scrape time by the caller and passed to metrics_render. Any thread may add (one mutex;
+ * a handful of adds per request or job, never per token). */
+#ifndef GRPOD_API_METRICS_H
+#define GRPOD_API_METRICS_H
+#include <stddef.h>
+
+typedef enum { MT_ROLLOUT_PROMPT, MT_ROLLOUT_COMPLETION, MT_UPDATE_PACKED, MT_UPDATE_STANDARD,
+               MT_LOGPROBS, MT_N_TOKEN_PHASES } metrics_token_phase;
+typedef enum { MS_ROLLOUT, MS_OLD, MS_REF, MS_POLICY, MS_OPTIMIZER, MS_LOGPROBS, MS_CHECKPOINT,
+               MS_N_PHASES } metrics_seconds_phase;
+
+void metrics_http(const char *method, const char *route, int status);
+void metrics_tokens(metrics_token_phase p, long long n);
+void metrics_seconds(metrics_seconds_phase p, double s);
+void metrics_groups_filtered(long long n);
+void metrics_policy_version(long long v);
+
+/* Caller-supplied gauges from the store, plus engine state. */
+typedef struct { const char *kind, *status; long long n; } metrics_job_count;
+/* Appends the whole exposition to a malloc'd string (*out, *len). */
+int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_depth, int ready,
+                   int engine_failed, char **out, size_t *len);
+#endif

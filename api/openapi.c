@@ -1,0 +1,174 @@
+/* openapi.c — the route table and the OpenAPI 3.0 document built from it (paths from the
+ * table, request/response schemas from the static text below). */
+#include "api/openapi.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+const api_route api_routes[R_COUNT] = {
+    {R_HEALTHZ, "GET", "/healthz", "Liveness: 200 while the process serves HTTP", NULL, 200},
+    {R_READYZ, "GET", "/readyz", "Readiness: 200 once the model is loaded, 503 before or when the engine failed", NULL, 200},
+    {R_METRICS, "GET", "/metrics", "Prometheus text exposition", NULL, 200},
+    {R_OPENAPI, "GET", "/openapi.json", "This document", NULL, 200},
+    {R_ROLLOUTS, "POST", "/v1/rollouts", "Queue a rollout job: sample n responses per prompt group, score them", "RolloutRequest", 202},
+    {R_UPDATES, "POST", "/v1/updates", "Queue an update job: one policy-gradient step on scored groups", "UpdateRequest", 202},
+    {R_JOBS, "GET", "/v1/jobs", "List jobs, newest first (?kind=&status=&limit=)", NULL, 200},
+    {R_JOB_GET, "GET", "/v1/jobs/{id}", "A job with its result; ?wait=S long-polls up to S seconds (max 60) until it finishes", NULL, 200},
+    {R_JOB_DELETE, "DELETE", "/v1/jobs/{id}", "Cancel a job: 200 when it was queued, 202 when running (flagged)", NULL, 200},
+    {R_MODEL, "GET", "/v1/model", "Model shape, backend and policy_version", NULL, 200},
+    {R_CKPT_POST, "POST", "/v1/checkpoints", "Queue a checkpoint job (HF directory + optimizer state)", "CheckpointRequest", 202},
+    {R_CKPT_GET, "GET", "/v1/checkpoints", "List checkpoints, newest first", NULL, 200},
+    {R_LOGPROBS, "POST", "/v1/logprobs", "Score given responses under the policy or the reference (synchronous; 202 with job_id after 600 s)", "LogprobsRequest", 200},
+    {R_TOKENIZE, "POST", "/v1/tokenize", "Text or chat messages to token ids", "TokenizeRequest", 200},
+    {R_DETOKENIZE, "POST", "/v1/detokenize", "Token ids to text", "DetokenizeRequest", 200},
+};
+
+static const char schemas[] =
+"{"
+"\"Error\":{\"type\":\"object\",\"properties\":{\"error\":{\"type\":\"object\",\"properties\":{"
+"  \"code\":{\"type\":\"string\"},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\"}},"
+"  \"required\":[\"code\",\"message\"]}}},"
+"\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\",\"contains\",\"none\"]},"
+"  \"answer\":{\"type\":\"string\"},\"case_sensitive\":{\"type\":\"boolean\",\"default\":true}},\"required\":[\"type\"]},"
+"\"Sampling\":{\"type\":\"object\",\"properties\":{\"temperature\":{\"type\":\"number\",\"default\":1.0},"
+"  \"top_p\":{\"type\":\"number\",\"default\":1.0},\"top_k\":{\"type\":\"integer\",\"default\":0},\"min_p\":{\"type\":\"number\",\"default\":0},"
+"  \"max_tokens\":{\"type\":\"integer\",\"default\":16},\"min_tokens\":{\"type\":\"integer\",\"default\":0},"
+"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},"
+"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"seed\":{\"type\":\"integer\"},"
+"  \"ignore_eos\":{\"type\":\"boolean\"},\"logprobs\":{\"type\":\"integer\"}}},"
+"\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},\"content\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
+"\"RolloutGroup\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
+"  \"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
+"  \"n\":{\"type\":\"integer\",\"default\":1},\"reward\":{\"$ref\":\"#/components/schemas/Reward\"},\"metadata\":{}}},"
+"\"RolloutRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/RolloutGroup\"}},"
+"  \"sampling\":{\"$ref\":\"#/components/schemas/Sampling\"},"
+"  \"overlong_buffer\":{\"type\":\"object\",\"properties\":{\"len\":{\"type\":\"number\"},\"penalty_factor\":{\"type\":\"number\"}}},"
+"  \"metadata\":{}},\"required\":[\"groups\"]},"
+"\"ScoredResponse\":{\"type\":\"object\",\"properties\":{\"token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+"  \"reward\":{\"type\":\"number\"},\"advantage\":{\"type\":\"number\"},\"logprobs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
+"  \"finish_reason\":{\"type\":\"string\",\"enum\":[\"stop\",\"length\"]},\"text\":{\"type\":\"string\"}},\"required\":[\"token_ids\"]},"
+"\"ScoredGroup\":{\"type\":\"object\",\"properties\":{\"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+"  \"responses\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredResponse\"}},\"metadata\":{}},"
+"  \"required\":[\"prompt_ids\",\"responses\"]},"
+"\"Algorithm\":{\"type\":\"object\",\"properties\":{\"adv_estimator\":{\"type\":\"string\",\"enum\":[\"grpo\",\"drgrpo\",\"rloo\",\"given\"]},"
+"  \"norm_adv_by_std\":{\"type\":\"boolean\"},\"loss_mode\":{\"type\":\"string\",\"enum\":[\"vanilla\",\"gspo\"]},"
+"  \"clip_ratio_low\":{\"type\":\"number\"},\"clip_ratio_high\":{\"type\":\"number\"},\"clip_ratio_c\":{\"type\":\"number\"},"
+"  \"loss_agg_mode\":{\"type\":\"string\"},\"kl_coef\":{\"type\":\"number\"},\"kl_type\":{\"type\":\"string\"},"
+"  \"entropy_coeff\":{\"type\":\"number\"},\"ppo_epochs\":{\"type\":\"integer\"},\"ppo_mini_batch_size\":{\"type\":\"integer\"},"
+"  \"temperature\":{\"type\":\"number\"},\"old_logprobs\":{\"type\":\"string\",\"enum\":[\"recompute\",\"rollout\"]},"
+"  \"mask_truncated_completions\":{\"type\":\"boolean\"},\"filter_groups\":{\"type\":\"boolean\"}}},"
+"\"Optimizer\":{\"type\":\"object\",\"properties\":{\"lr\":{\"type\":\"number\"},\"weight_decay\":{\"type\":\"number\"},"
+"  \"betas\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},\"eps\":{\"type\":\"number\"},\"grad_clip\":{\"type\":\"number\"},"
+"  \"warmup_steps\":{\"type\":\"integer\"},\"lr_schedule\":{\"type\":\"string\",\"enum\":[\"constant\",\"cosine\"]},"
+"  \"total_steps\":{\"type\":\"integer\"},\"min_lr_ratio\":{\"type\":\"number\"}}},"
+"\"UpdateRequest\":{\"type\":\"object\",\"properties\":{\"rollout_job_id\":{\"type\":\"string\"},"
+"  \"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
+"  \"algorithm\":{\"$ref\":\"#/components/schemas/Algorithm\"},\"optimizer\":{\"$ref\":\"#/components/schemas/Optimizer\"},"
+"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\"},\"expected_policy_version\":{\"type\":\"integer\"}}},"
+"\"LogprobsRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
+"  \"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"]},\"temperature\":{\"type\":\"number\"},"
+"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\"}},\"required\":[\"groups\"]},"
+"\"CheckpointRequest\":{\"type\":\"object\"},"
+"\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
+"  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
+"  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"
+"\"DetokenizeRequest\":{\"type\":\"object\",\"properties\":{\"tokens\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+"  \"skip_special_tokens\":{\"type\":\"boolean\"}},\"required\":[\"tokens\"]},"
+"\"Job\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\"},\"kind\":{\"type\":\"string\"},"
+"  \"status\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]},"
+"  \"created_at\":{\"type\":\"number\"},\"started_at\":{\"type\":\"number\",\"nullable\":true},\"finished_at\":{\"type\":\"number\",\"nullable\":true},"
+"  \"progress\":{\"type\":\"number\"},\"attempts\":{\"type\":\"integer\"},\"policy_version\":{\"type\":\"integer\",\"nullable\":true},"
+"  \"error\":{\"type\":\"object\",\"nullable\":true},\"result\":{\"type\":\"object\",\"nullable\":true}}},"
+"\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
+"}";
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char *doc_text;
+
+static json_object *ref(const char *name) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "#/components/schemas/%s", name);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "$ref", json_object_new_string(buf));
+    return o;
+}
+
+static json_object *content(json_object *schema, const char *type) {
+    json_object *c = json_object_new_object(), *t = json_object_new_object();
+    json_object_object_add(t, "schema", schema);
+    json_object_object_add(c, type, t);
+    return c;
+}
+
+static void build(void) {
+    json_object *d = json_object_new_object(), *info = json_object_new_object(), *paths = json_object_new_object();
+    json_object_object_add(d, "openapi", json_object_new_string("3.0.3"));
+    json_object_object_add(info, "title", json_object_new_string("grpod"));
+    json_object_object_add(info, "version", json_object_new_string("1"));
+    json_object_object_add(info, "description", json_object_new_string(
+        "GRPO-family RL post-training daemon. /v1 routes need Authorization: Bearer <key> when grpod runs with --api-key-file."));
+    json_object_object_add(d, "info", info);
+    for (int i = 0; i < R_COUNT; i++) {
+        const api_route *r = &api_routes[i];
+        json_object *item = NULL, *op = json_object_new_object(), *resps = json_object_new_object();
+        if (!json_object_object_get_ex(paths, r->path, &item)) {
+            item = json_object_new_object();
+            json_object_object_add(paths, r->path, item);
+        }
+        char lower[8];
+        size_t k;
+        for (k = 0; r->method[k] && k < 7; k++) lower[k] = (char)(r->method[k] | 0x20);
+        lower[k] = 0;
+        json_object_object_add(op, "summary", json_object_new_string(r->summary));
+        if (strstr(r->path, "{id}")) {
+            json_object *params = json_object_new_array(), *p = json_object_new_object(), *sch = json_object_new_object();
+            json_object_object_add(p, "name", json_object_new_string("id"));
+            json_object_object_add(p, "in", json_object_new_string("path"));
+            json_object_object_add(p, "required", json_object_new_boolean(1));
+            json_object_object_add(sch, "type", json_object_new_string("string"));
+            json_object_object_add(p, "schema", sch);
+            json_object_array_add(params, p);
+            json_object_object_add(op, "parameters", params);
+        }
+        if (r->request_schema) {
+            json_object *rb = json_object_new_object();
+            json_object_object_add(rb, "required", json_object_new_boolean(r->id != R_CKPT_POST));
+            json_object_object_add(rb, "content", content(ref(r->request_schema), "application/json"));
+            json_object_object_add(op, "requestBody", rb);
+        }
+        json_object *ok = json_object_new_object();
+        json_object_object_add(ok, "description", json_object_new_string(r->ok_status == 202 ? "accepted" : "ok"));
+        if (r->id == R_METRICS) {
+            json_object *str = json_object_new_object();
+            json_object_object_add(str, "type", json_object_new_string("string"));
+            json_object_object_add(ok, "content", content(str, "text/plain"));
+        } else if (r->ok_status == 202) {
+            json_object_object_add(ok, "content", content(ref("Accepted"), "application/json"));
+        } else if (r->id == R_JOB_GET || r->id == R_JOB_DELETE) {
+            json_object_object_add(ok, "content", content(ref("Job"), "application/json"));
+        }
+        char code[8];
+        snprintf(code, sizeof code, "%d", r->ok_status);
+        json_object_object_add(resps, code, ok);
+        json_object *er = json_object_new_object();
+        json_object_object_add(er, "description", json_object_new_string("error"));
+        json_object_object_add(er, "content", content(ref("Error"), "application/json"));
+        json_object_object_add(resps, "default", er);
+        json_object_object_add(op, "responses", resps);
+        json_object_object_add(item, lower, op);
+    }
+    json_object_object_add(d, "paths", paths);
+    json_object *comp = json_object_new_object();
+    json_object_object_add(comp, "schemas", json_tokener_parse(schemas));
+    json_object_object_add(d, "components", comp);
+    doc_text = strdup(json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN));
+    json_object_put(d);
+}
+
+const char *api_openapi_json(void) {
+    pthread_once(&once, build);
+    return doc_text ? doc_text : "{}";
+}

@@ -1,0 +1,801 @@
+/* validate.c — request bodies → canonical job payloads, or a 4xx naming the field.
+ * See validate.h for the contract. Layers: field getters (low), then one function per
+ * request kind. Every getter treats an absent key as "use the default" and a present key of
+ * the wrong type or range as an error; unknown keys are errors (check_keys). */
+#include "api/validate.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/err.h"
+#include "engine/loss.h"
+#include "engine/reward.h"
+
+int api_fail(api_error *e, int code, const char *field, const char *fmt, ...) {
+    e->code = code;
+    e->status = err_http_status(code);
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void api_limits_default(api_limits *l) {
+    l->max_body_bytes = 8 << 20;
+    l->max_n = 64;
+    l->max_tokens = 4096;
+    l->max_queued_jobs = 1000;
+    l->max_groups = 1024;
+}
+
+int api_job_id_ok(const char *id) {
+    if (!id || strncmp(id, "j_", 2) != 0 || strlen(id) != 18) return 0;
+    for (int i = 2; i < 18; i++)
+        if (!isxdigit((unsigned char)id[i])) return 0;
+    return 1;
+}
+
+int api_parse_json_or_reply(const char *body, size_t len, json_object **out, api_error *e) {
+    *out = NULL;
+    if (len == 0) return api_fail(e, GE_BAD_JSON, "", "request body is empty; expected a JSON object");
+    if (len > 0x7fffffff) return api_fail(e, GE_TOO_LARGE, "", "request body too large");
+    json_tokener *t = json_tokener_new_ex(64);
+    if (!t) return api_fail(e, GE_NOMEM, "", "out of memory");
+    json_tokener_set_flags(t, JSON_TOKENER_STRICT);
+    json_object *o = json_tokener_parse_ex(t, body, (int)len);
+    enum json_tokener_error jerr = json_tokener_get_error(t);
+    size_t used = json_tokener_get_parse_end(t);
+    json_tokener_free(t);
+    if (!o || jerr != json_tokener_success) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body is not valid JSON at byte %zu: %s", used,
+                        jerr == json_tokener_continue ? "unexpected end of input" : json_tokener_error_desc(jerr));
+    }
+    while (used < len && isspace((unsigned char)body[used])) used++;
+    if (used < len) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body has trailing bytes after the JSON value at byte %zu", used);
+    }
+    if (!json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body must be a JSON object");
+    }
+    *out = o;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- field getters */
+
+static void path_join(char *out, size_t n, const char *base, const char *key) {
+    if (base && *base) snprintf(out, n, "%s.%s", base, key);
+    else snprintf(out, n, "%s", key);
+}
+
+/* Every key of obj must be in allowed (NULL-terminated). */
+static int check_keys(json_object *obj, const char *path, const char *const *allowed, api_error *e) {
+    json_object_object_foreach(obj, key, val) {
+        (void)val;
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0) { ok = 1; break; }
+        if (!ok) {
+            char f[128];
+            path_join(f, sizeof f, path, key);
+            return api_fail(e, GE_INVALID, f, "unknown field %s", f);
+        }
+    }
+    return 0;
+}
+
+static int is_num(json_object *v) {
+    return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
+}
+
+static int get_num(json_object *o, const char *path, const char *key, double lo, double hi,
+                   double dflt, double *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!is_num(v)) return api_fail(e, GE_INVALID, f, "%s must be a number", f);
+    double d = json_object_get_double(v);
+    if (!isfinite(d) || d < lo || d > hi) return api_fail(e, GE_INVALID, f, "%s must be %g..%g", f, lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int get_int(json_object *o, const char *path, const char *key, long long lo, long long hi,
+                   long long dflt, long long *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_int)) return api_fail(e, GE_INVALID, f, "%s must be an integer", f);
+    long long x = json_object_get_int64(v);
+    if (x < lo || x > hi) return api_fail(e, GE_INVALID, f, "%s must be %lld..%lld", f, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_object *o, const char *path, const char *key, int dflt, int *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_boolean)) return api_fail(e, GE_INVALID, f, "%s must be true or false", f);
+    *out = json_object_get_boolean(v);
+    return 0;
+}
+
+/* *out is NULL when absent (and not required). */
+static int get_str(json_object *o, const char *path, const char *key, int required, const char **out,
+                   api_error *e) {
+    json_object *v;
+    *out = NULL;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_object_get_ex(o, key, &v) || !v) {
+        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
+        return 0;
+    }
+    if (!json_object_is_type(v, json_type_string)) return api_fail(e, GE_INVALID, f, "%s must be a string", f);
+    *out = json_object_get_string(v);
+    if (strlen(*out) != (size_t)json_object_get_string_len(v))
+        return api_fail(e, GE_INVALID, f, "%s must not contain NUL characters", f);
+    return 0;
+}
+
+/* An object member that must be an object (or absent: *out NULL). */
+static int get_obj(json_object *o, const char *path, const char *key, json_object **out, api_error *e) {
+    json_object *v;
+    *out = NULL;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_object)) return api_fail(e, GE_INVALID, f, "%s must be an object", f);
+    *out = v;
+    return 0;
+}
+
+static int get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
+                   int max_len, json_object **out, api_error *e) {
+    json_object *v;
+    *out = NULL;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_object_get_ex(o, key, &v) || !v) {
+        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
+        return 0;
+    }
+    if (!json_object_is_type(v, json_type_array)) return api_fail(e, GE_INVALID, f, "%s must be an array", f);
+    int n = (int)json_object_array_length(v);
+    if (n < min_len || n > max_len)
+        return api_fail(e, GE_INVALID, f, "%s must have %d..%d elements (has %d)", f, min_len, max_len, n);
+    *out = v;
+    return 0;
+}
+
+/* Token ids: an array of integers in [0, vocab). Returns a new json array in *canon and the
+ * ids (malloc'd) in *ids when ids != NULL. */
+static int get_ids(json_object *o, const char *path, const char *key, int required, int min_len,
+                   int max_len, int vocab, json_object **canon, int **ids, int *n, api_error *e) {
+    json_object *a;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    *canon = NULL;
+    if (ids) *ids = NULL;
+    if (n) *n = 0;
+    int rc = get_arr(o, path, key, required, min_len, max_len, &a, e);
+    if (rc || !a) return rc;
+    int len = (int)json_object_array_length(a);
+    int *buf = malloc(sizeof(int) * (size_t)(len ? len : 1));
+    if (!buf) return api_fail(e, GE_NOMEM, f, "out of memory");
+    for (int i = 0; i < len; i++) {
+        json_object *x = json_object_array_get_idx(a, (size_t)i);
+        if (!json_object_is_type(x, json_type_int)) {
+            free(buf);
+            return api_fail(e, GE_INVALID, f, "%s[%d] must be an integer token id", f, i);
+        }
+        long long t = json_object_get_int64(x);
+        if (t < 0 || t >= vocab) {
+            free(buf);
+            return api_fail(e, GE_INVALID, f, "%s[%d] = %lld is outside the vocabulary 0..%d", f, i, t, vocab - 1);
+        }
+        buf[i] = (int)t;
+    }
+    *canon = json_object_new_array_ext(len);
+    for (int i = 0; i < len; i++) json_object_array_add(*canon, json_object_new_int(buf[i]));
+    if (ids) *ids = buf; else free(buf);
+    if (n) *n = len;
+    return 0;
+}
+
+static void put_num(json_object *o, const char *k, double v) { json_object_object_add(o, k, json_object_new_double(v)); }
+static void put_int(json_object *o, const char *k, long long v) { json_object_object_add(o, k, json_object_new_int64(v)); }
+static void put_bool(json_object *o, const char *k, int v) { json_object_object_add(o, k, json_object_new_boolean(v)); }
+static void put_str(json_object *o, const char *k, const char *v) { json_object_object_add(o, k, json_object_new_string(v)); }
+static void put_copy(json_object *o, const char *k, json_object *v) {
+    json_object *c = NULL;
+    if (json_object_deep_copy(v, &c, NULL) == 0) json_object_object_add(o, k, c);
+}
+
+/* ---------------------------------------------------------------- prompts */
+
+/* messages: [{"role","content"}] → chat-template text (add_generation_prompt) → ids. */
+static int messages_to_ids(json_object *arr, const char *path, const api_model *m, int agp, int add_special,
+                           int **ids, int *n, api_error *e) {
+    int cnt = (int)json_object_array_length(arr);
+    const char **roles = calloc((size_t)cnt + 1, sizeof *roles), **contents = calloc((size_t)cnt + 1, sizeof *contents);
+    int rc = 0;
+    if (!roles || !contents) { rc = api_fail(e, GE_NOMEM, path, "out of memory"); goto done; }
+    static const char *const keys[] = {"role", "content", "name", NULL};
+    static const char *const known_roles[] = {"system", "user", "assistant", "tool", NULL};
+    for (int i = 0; i < cnt; i++) {
+        char p[96];
+        snprintf(p, sizeof p, "%s[%d]", path, i);
+        json_object *msg = json_object_array_get_idx(arr, (size_t)i);
+        if (!json_object_is_type(msg, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto done; }
+        const char *name;
+        if ((rc = check_keys(msg, p, keys, e)) || (rc = get_str(msg, p, "role", 1, &roles[i], e)) ||
+            (rc = get_str(msg, p, "content", 1, &contents[i], e)) || (rc = get_str(msg, p, "name", 0, &name, e)))
+            goto done;
+        int ok = 0;
+        for (const char *const *r = known_roles; *r; r++) ok |= strcmp(*r, roles[i]) == 0;
+        if (!ok) {
+            char f[128];
+            snprintf(f, sizeof f, "%s.role", p);
+            rc = api_fail(e, GE_INVALID, f, "%s must be system|user|assistant|tool", f);
+            goto done;
+        }
+    }
+    char *text = NULL;
+    if (m->render_chat(m->ud, roles, contents, cnt, agp, &text)) {
+        rc = api_fail(e, GE_INVALID, path, "%s: cannot apply the chat template: %s", path, err_msg());
+        goto done;
+    }
+    if (m->tokenize(m->ud, text, strlen(text), add_special, ids, n))
+        rc = api_fail(e, GE_INVALID, path, "%s: cannot tokenize: %s", path, err_msg());
+    free(text);
+done:
+    free(roles);
+    free(contents);
+    return rc;
+}
+
+/* A group's prompt: exactly one of prompt | prompt_ids | messages. Returns the ids. */
+static int prompt_or_reply(json_object *g, const char *path, const api_model *m, int **ids, int *n,
+                           api_error *e) {
+    json_object *a;
+    int have = json_object_object_get_ex(g, "prompt", NULL) + json_object_object_get_ex(g, "prompt_ids", NULL) +
+               json_object_object_get_ex(g, "messages", NULL);
+    char f[128];
+    if (have != 1) {
+        snprintf(f, sizeof f, "%s.prompt", path);
+        return api_fail(e, GE_INVALID, f, "%s needs exactly one of prompt, prompt_ids, messages", path);
+    }
+    int rc;
+    const char *text;
+    if ((rc = get_str(g, path, "prompt", 0, &text, e))) return rc;
+    if (text) {
+        snprintf(f, sizeof f, "%s.prompt", path);
+        if (!*text) return api_fail(e, GE_INVALID, f, "%s must not be empty", f);
+        if (m->tokenize(m->ud, text, strlen(text), 1, ids, n))
+            return api_fail(e, GE_INVALID, f, "%s cannot be tokenized: %s", f, err_msg());
+    } else if (json_object_object_get_ex(g, "messages", NULL)) {
+        snprintf(f, sizeof f, "%s.messages", path);
+        if ((rc = get_arr(g, path, "messages", 1, 1, 4096, &a, e))) return rc;
+        if ((rc = messages_to_ids(a, f, m, 1, 0, ids, n, e))) return rc;
+    } else {
+        json_object *canon;
+        if ((rc = get_ids(g, path, "prompt_ids", 1, 1, m->max_pos, m->vocab, &canon, ids, n, e))) return rc;
+        json_object_put(canon);
+    }
+    snprintf(f, sizeof f, "%s.prompt", path);
+    if (*n < 1) { free(*ids); *ids = NULL; return api_fail(e, GE_INVALID, f, "%s tokenizes to no tokens", path); }
+    return 0;
+}
+
+static json_object *ids_json(const int *ids, int n) {
+    json_object *a = json_object_new_array_ext(n);
+    for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_int(ids[i]));
+    return a;
+}
+
+/* ---------------------------------------------------------------- rollouts */
+
+/* sampling → canonical sampling object (every field present). */
+static int sampling_or_reply(json_object *s, const api_limits *l, const api_model *m, json_object **out,
+                             api_error *e) {
+    static const char *const keys[] = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens",
+                                       "stop", "stop_token_ids", "seed", "ignore_eos", "logprobs", NULL};
+    json_object *empty = NULL;
+    if (!s) s = empty = json_object_new_object();
+    double temp, top_p, min_p;
+    long long top_k, max_tokens, min_tokens, seed, lp;
+    int ignore_eos, rc;
+    json_object *stop_ids = NULL, *stop = NULL, *v;
+    if ((rc = check_keys(s, "sampling", keys, e)) ||
+        (rc = get_num(s, "sampling", "temperature", 0, 100, 1.0, &temp, e)) ||
+        (rc = get_num(s, "sampling", "top_p", 0, 1, 1.0, &top_p, e)) ||
+        (rc = get_int(s, "sampling", "top_k", -1, m->vocab, 0, &top_k, e)) ||
+        (rc = get_num(s, "sampling", "min_p", 0, 1, 0.0, &min_p, e)) ||
+        (rc = get_int(s, "sampling", "max_tokens", 1, l->max_tokens, l->max_tokens < 16 ? l->max_tokens : 16, &max_tokens, e)) ||
+        (rc = get_bool(s, "sampling", "ignore_eos", 0, &ignore_eos, e)) ||
+        (rc = get_ids(s, "sampling", "stop_token_ids", 0, 0, 64, m->vocab, &stop_ids, NULL, NULL, e)))
+        goto done;
+    if ((rc = get_int(s, "sampling", "min_tokens", 0, max_tokens, 0, &min_tokens, e))) goto done;
+    if (top_p <= 0) { rc = api_fail(e, GE_INVALID, "sampling.top_p", "sampling.top_p must be > 0 and <= 1"); goto done; }
+    if (top_k < 0) top_k = 0;   /* vLLM: -1 means off */
+    /* logprobs: accepted for vLLM compatibility; the sampled token's logprob is always returned. */
+    if (json_object_object_get_ex(s, "logprobs", &v) && v && !json_object_is_type(v, json_type_boolean) &&
+        (rc = get_int(s, "sampling", "logprobs", 0, 1, 0, &lp, e)))
+        goto done;
+    /* No seed: draw one now and store it, so a job re-run after a crash samples the same tokens. */
+    if ((rc = get_int(s, "sampling", "seed", 0, 0x7fffffffffffffffLL, -1, &seed, e))) goto done;
+    if (seed < 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        seed = (long long)(((unsigned long long)ts.tv_nsec * 2654435761ull ^ (unsigned long long)ts.tv_sec) & 0x7fffffff);
+    }
+    stop = json_object_new_array();
+    v = NULL;
+    json_object_object_get_ex(s, "stop", &v);
+    if (v && json_object_is_type(v, json_type_string)) {
+        if (json_object_get_string_len(v) == 0) { rc = api_fail(e, GE_INVALID, "sampling.stop", "sampling.stop must not be empty"); goto done; }
+        json_object_array_add(stop, json_object_new_string(json_object_get_string(v)));
+    } else if (v) {
+        json_object *a;
+        if ((rc = get_arr(s, "sampling", "stop", 0, 0, 16, &a, e))) goto done;
+        for (int i = 0; i < (int)json_object_array_length(a); i++) {
+            json_object *x = json_object_array_get_idx(a, (size_t)i);
+            int len = json_object_is_type(x, json_type_string) ? json_object_get_string_len(x) : -1;
+            if (len < 1 || len > 256 || (int)strlen(json_object_get_string(x)) != len) {
+                char f[64];
+                snprintf(f, sizeof f, "sampling.stop[%d]", i);
+                rc = api_fail(e, GE_INVALID, f, "%s must be a non-empty string of at most 256 bytes", f);
+                goto done;
+            }
+            json_object_array_add(stop, json_object_new_string(json_object_get_string(x)));
+        }
+    }
+    json_object *c = json_object_new_object();
+    put_num(c, "temperature", temp);
+    put_num(c, "top_p", top_p);
+    put_int(c, "top_k", top_k);
+    put_num(c, "min_p", min_p);
+    put_int(c, "max_tokens", max_tokens);
+    put_int(c, "min_tokens", min_tokens);
+    json_object_object_add(c, "stop", stop);
+    stop = NULL;
+    json_object_object_add(c, "stop_token_ids", stop_ids ? stop_ids : json_object_new_array());
+    stop_ids = NULL;
+    put_int(c, "seed", seed);
+    put_bool(c, "ignore_eos", ignore_eos);
+    *out = c;
+done:
+    json_object_put(stop);
+    json_object_put(stop_ids);
+    json_object_put(empty);
+    return rc;
+}
+
+/* DAPO overlong shaping: {"len": L, "penalty_factor": f}. */
+static int overlong_or_reply(json_object *o, const char *path, double *len, double *pen, api_error *e) {
+    static const char *const keys[] = {"len", "penalty_factor", NULL};
+    int rc;
+    *len = 0; *pen = 0;
+    if (!o) return 0;
+    if ((rc = check_keys(o, path, keys, e)) || (rc = get_num(o, path, "len", 0, 1e7, 0, len, e)) ||
+        (rc = get_num(o, path, "penalty_factor", 0, 1e6, 1.0, pen, e)))
+        return rc;
+    return 0;
+}
+
+static int reward_or_reply(json_object *r, const char *path, double ol_len, double ol_pen, int max_tokens,
+                           json_object **out, api_error *e) {
+    static const char *const keys[] = {"type", "answer", "case_sensitive", NULL};
+    const char *type, *answer;
+    int cs, rc;
+    char f[128];
+    if ((rc = check_keys(r, path, keys, e)) || (rc = get_str(r, path, "type", 1, &type, e)) ||
+        (rc = get_str(r, path, "answer", 0, &answer, e)) || (rc = get_bool(r, path, "case_sensitive", 1, &cs, e)))
+        return rc;
+    reward_spec spec = {0};
+    snprintf(f, sizeof f, "%s.type", path);
+    if (reward_parse_type(type, &spec.type))
+        return api_fail(e, GE_INVALID, f, "%s '%.64s' is not a known reward type (exact|math|regex|contains|none)", f, type);
+    spec.answer = answer;
+    spec.case_sensitive = cs;
+    spec.overlong_len = (float)ol_len;
+    spec.overlong_penalty = (float)ol_pen;
+    spec.max_tokens = max_tokens;
+    char why[256] = "";
+    if (reward_check_spec(&spec, why, sizeof why)) {
+        snprintf(f, sizeof f, "%s.answer", path);
+        return api_fail(e, GE_INVALID, f, "%s: %s", path, why[0] ? why : "invalid reward spec");
+    }
+    json_object *c = json_object_new_object();
+    put_str(c, "type", type);
+    if (answer) put_str(c, "answer", answer);
+    put_bool(c, "case_sensitive", cs);
+    *out = c;
+    return 0;
+}
+
+int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
+                         api_error *e) {
+    static const char *const keys[] = {"groups", "sampling", "overlong_buffer", "metadata", NULL};
+    static const char *const gkeys[] = {"prompt", "prompt_ids", "messages", "n", "reward", "metadata", NULL};
+    json_object *groups, *samp_in, *ol, *sampling = NULL, *out_groups = NULL, *meta;
+    double ol_len, ol_pen;
+    int rc;
+    *payload = NULL;
+    if ((rc = check_keys(req, "", keys, e)) || (rc = get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e)) ||
+        (rc = get_obj(req, "", "sampling", &samp_in, e)) || (rc = get_obj(req, "", "overlong_buffer", &ol, e)) ||
+        (rc = overlong_or_reply(ol, "overlong_buffer", &ol_len, &ol_pen, e)) ||
+        (rc = sampling_or_reply(samp_in, l, m, &sampling, e)))
+        goto fail;
+    int max_tokens = json_object_get_int(json_object_object_get(sampling, "max_tokens"));
+    out_groups = json_object_new_array();
+    for (int i = 0; i < (int)json_object_array_length(groups); i++) {
+        char p[64];
+        snprintf(p, sizeof p, "groups[%d]", i);
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw, *reward = NULL;
+        if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
+        long long n;
+        if ((rc = check_keys(g, p, gkeys, e)) || (rc = get_int(g, p, "n", 1, l->max_n, 1, &n, e)) ||
+            (rc = get_obj(g, p, "reward", &rw, e)))
+            goto fail;
+        if (rw) {
+            char rp[80];
+            snprintf(rp, sizeof rp, "%s.reward", p);
+            if ((rc = reward_or_reply(rw, rp, ol_len, ol_pen, max_tokens, &reward, e))) goto fail;
+        }
+        int *ids = NULL, P = 0;
+        if ((rc = prompt_or_reply(g, p, m, &ids, &P, e))) { json_object_put(reward); goto fail; }
+        if ((long long)P + max_tokens > m->max_pos) {
+            free(ids);
+            json_object_put(reward);
+            rc = api_fail(e, GE_INVALID, p, "%s: prompt (%d tokens) + sampling.max_tokens (%d) exceeds the model context of %d tokens",
+                          p, P, max_tokens, m->max_pos);
+            goto fail;
+        }
+        json_object *cg = json_object_new_object();
+        json_object_object_add(cg, "prompt_ids", ids_json(ids, P));
+        free(ids);
+        put_int(cg, "n", n);
+        if (reward) json_object_object_add(cg, "reward", reward);
+        if (json_object_object_get_ex(g, "metadata", &meta)) put_copy(cg, "metadata", meta);
+        json_object_array_add(out_groups, cg);
+    }
+    json_object *c = json_object_new_object();
+    json_object_object_add(c, "groups", out_groups);
+    json_object_object_add(c, "sampling", sampling);
+    if (ol_len > 0) {
+        json_object *o = json_object_new_object();
+        put_num(o, "len", ol_len);
+        put_num(o, "penalty_factor", ol_pen);
+        json_object_object_add(c, "overlong_buffer", o);
+    }
+    if (json_object_object_get_ex(req, "metadata", &meta)) put_copy(c, "metadata", meta);
+    *payload = c;
+    return 0;
+fail:
+    json_object_put(out_groups);
+    json_object_put(sampling);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- updates */
+
+static int enum_or_reply(json_object *o, const char *path, const char *key, const char *dflt,
+                         int (*parse)(const char *, int *), const char *choices, json_object *c, api_error *e) {
+    const char *s;
+    int rc, dummy;
+    if ((rc = get_str(o, path, key, 0, &s, e))) return rc;
+    if (!s) s = dflt;
+    if (parse(s, &dummy)) {
+        char f[128];
+        path_join(f, sizeof f, path, key);
+        return api_fail(e, GE_INVALID, f, "%s '%.64s' must be one of %s", f, s, choices);
+    }
+    put_str(c, key, s);
+    return 0;
+}
+static int parse_adv(const char *s, int *o) { adv_estimator x; int rc = loss_parse_adv(s, &x); *o = (int)x; return rc; }
+static int parse_agg(const char *s, int *o) { loss_agg_mode x; int rc = loss_parse_agg(s, &x); *o = (int)x; return rc; }
+static int parse_mode(const char *s, int *o) { loss_mode x; int rc = loss_parse_mode(s, &x); *o = (int)x; return rc; }
+static int parse_kl(const char *s, int *o) { kl_type x; int rc = loss_parse_kl(s, &x); *o = (int)x; return rc; }
+static int parse_old(const char *s, int *o) { *o = strcmp(s, "rollout") == 0; return (*o || strcmp(s, "recompute") == 0) ? 0 : GE_INVALID; }
+static int parse_sched(const char *s, int *o) { *o = strcmp(s, "cosine") == 0; return (*o || strcmp(s, "constant") == 0) ? 0 : GE_INVALID; }
+
+static int algorithm_or_reply(json_object *a, json_object **out, api_error *e) {
+    static const char *const keys[] = {"adv_estimator", "norm_adv_by_std", "loss_mode", "clip_ratio_low",
+        "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "kl_coef", "kl_type", "entropy_coeff", "ppo_epochs",
+        "ppo_mini_batch_size", "temperature", "old_logprobs", "mask_truncated_completions", "filter_groups", NULL};
+    json_object *empty = NULL, *c = json_object_new_object();
+    if (!a) a = empty = json_object_new_object();
+    const char *P = "algorithm";
+    double lo, hi, cc, kl, ent, temp;
+    long long ep, mb;
+    int norm, mask, filt, rc;
+    if ((rc = check_keys(a, P, keys, e)) ||
+        (rc = enum_or_reply(a, P, "adv_estimator", "grpo", parse_adv, "grpo|drgrpo|rloo|given", c, e)) ||
+        (rc = enum_or_reply(a, P, "loss_mode", "vanilla", parse_mode, "vanilla|gspo", c, e)) ||
+        (rc = enum_or_reply(a, P, "loss_agg_mode", "token-mean", parse_agg,
+                            "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", c, e)) ||
+        (rc = enum_or_reply(a, P, "kl_type", "low_var_kl", parse_kl, "kl|abs|mse|low_var_kl", c, e)) ||
+        (rc = enum_or_reply(a, P, "old_logprobs", "recompute", parse_old, "recompute|rollout", c, e)) ||
+        (rc = get_bool(a, P, "norm_adv_by_std", 1, &norm, e)) ||
+        (rc = get_num(a, P, "clip_ratio_low", 0, 1, 0.2, &lo, e)) ||
+        (rc = get_num(a, P, "clip_ratio_high", 0, 10, 0.28, &hi, e)) ||
+        (rc = get_num(a, P, "clip_ratio_c", 1, 1000, 3.0, &cc, e)) ||
+        (rc = get_num(a, P, "kl_coef", 0, 1000, 0.001, &kl, e)) ||
+        (rc = get_num(a, P, "entropy_coeff", -10, 10, 0.0, &ent, e)) ||
+        (rc = get_int(a, P, "ppo_epochs", 1, 64, 1, &ep, e)) ||
+        (rc = get_int(a, P, "ppo_mini_batch_size", 0, 1 << 20, 0, &mb, e)) ||
+        (rc = get_num(a, P, "temperature", 1e-3, 100, 1.0, &temp, e)) ||
+        (rc = get_bool(a, P, "mask_truncated_completions", 0, &mask, e)) ||
+        (rc = get_bool(a, P, "filter_groups", 0, &filt, e))) {
+        json_object_put(c);
+        json_object_put(empty);
+        return rc;
+    }
+    put_bool(c, "norm_adv_by_std", norm);
+    put_num(c, "clip_ratio_low", lo);
+    put_num(c, "clip_ratio_high", hi);
+    put_num(c, "clip_ratio_c", cc);
+    put_num(c, "kl_coef", kl);
+    put_num(c, "entropy_coeff", ent);
+    put_int(c, "ppo_epochs", ep);
+    put_int(c, "ppo_mini_batch_size", mb);
+    put_num(c, "temperature", temp);
+    put_bool(c, "mask_truncated_completions", mask);
+    put_bool(c, "filter_groups", filt);
+    json_object_put(empty);
+    *out = c;
+    return 0;
+}
+
+static int optimizer_or_reply(json_object *o, json_object **out, api_error *e) {
+    static const char *const keys[] = {"lr", "weight_decay", "betas", "eps", "grad_clip", "warmup_steps",
+                                       "lr_schedule", "total_steps", "min_lr_ratio", NULL};
+    json_object *empty = NULL, *c = json_object_new_object(), *betas;
+    if (!o) o = empty = json_object_new_object();
+    const char *P = "optimizer";
+    double lr, wd, eps, clip, minr, b[2] = {0.9, 0.999};
+    long long warm, total;
+    int rc;
+    if ((rc = check_keys(o, P, keys, e)) || (rc = get_num(o, P, "lr", 0, 1, 1e-6, &lr, e)) ||
+        (rc = get_num(o, P, "weight_decay", 0, 10, 0.01, &wd, e)) || (rc = get_num(o, P, "eps", 1e-20, 1, 1e-8, &eps, e)) ||
+        (rc = get_num(o, P, "grad_clip", 0, 1e9, 1.0, &clip, e)) ||
+        (rc = get_int(o, P, "warmup_steps", 0, 1 << 30, 0, &warm, e)) ||
+        (rc = get_int(o, P, "total_steps", 0, 1 << 30, 0, &total, e)) ||
+        (rc = get_num(o, P, "min_lr_ratio", 0, 1, 0.0, &minr, e)) ||
+        (rc = enum_or_reply(o, P, "lr_schedule", "constant", parse_sched, "constant|cosine", c, e)) ||
+        (rc = get_arr(o, P, "betas", 0, 2, 2, &betas, e)))
+        goto fail;
+    for (int i = 0; betas && i < 2; i++) {
+        json_object *x = json_object_array_get_idx(betas, (size_t)i);
+        b[i] = is_num(x) ? json_object_get_double(x) : -1;
+        if (!(b[i] >= 0 && b[i] < 1)) {
+            char f[64];
+            snprintf(f, sizeof f, "optimizer.betas[%d]", i);
+            rc = api_fail(e, GE_INVALID, f, "%s must be a number in [0, 1)", f);
+            goto fail;
+        }
+    }
+    put_num(c, "lr", lr);
+    put_num(c, "weight_decay", wd);
+    json_object *ba = json_object_new_array();
+    json_object_array_add(ba, json_object_new_double(b[0]));
+    json_object_array_add(ba, json_object_new_double(b[1]));
+    json_object_object_add(c, "betas", ba);
+    put_num(c, "eps", eps);
+    put_num(c, "grad_clip", clip);
+    put_int(c, "warmup_steps", warm);
+    put_int(c, "total_steps", total);
+    put_num(c, "min_lr_ratio", minr);
+    json_object_put(empty);
+    *out = c;
+    return 0;
+fail:
+    json_object_put(c);
+    json_object_put(empty);
+    return rc;
+}
+
+/* groups of scored sequences (updates: with_scores = 1; logprobs: 0). */
+static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores,
+                               int need_logprobs, json_object **out, api_error *e) {
+    static const char *const gkeys[] = {"prompt_ids", "responses", "metadata", "reward_mean", "reward_std", NULL};
+    static const char *const rkeys[] = {"token_ids", "reward", "advantage", "logprobs", "finish_reason", "text", NULL};
+    static const char *const rkeys_lp[] = {"token_ids", NULL};
+    json_object *groups, *og = json_object_new_array();
+    int rc;
+    if ((rc = get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e))) goto fail;
+    for (int i = 0; i < (int)json_object_array_length(groups); i++) {
+        char p[64];
+        snprintf(p, sizeof p, "groups[%d]", i);
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *resps, *pid, *meta;
+        if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
+        int P;
+        if ((rc = check_keys(g, p, gkeys, e)) || (rc = get_ids(g, p, "prompt_ids", 1, 1, m->max_pos, m->vocab, &pid, NULL, &P, e)))
+            goto fail;
+        json_object *cg = json_object_new_object(), *cr = json_object_new_array();
+        json_object_object_add(cg, "prompt_ids", pid);
+        json_object_object_add(cg, "responses", cr);
+        json_object_array_add(og, cg);
+        if (with_scores && json_object_object_get_ex(g, "metadata", &meta)) put_copy(cg, "metadata", meta);
+        if ((rc = get_arr(g, p, "responses", 1, 1, l->max_n, &resps, e))) goto fail;
+        int uses_adv = -1;
+        for (int k = 0; k < (int)json_object_array_length(resps); k++) {
+            char rp[96], f[128];
+            snprintf(rp, sizeof rp, "%s.responses[%d]", p, k);
+            json_object *r = json_object_array_get_idx(resps, (size_t)k), *tid, *lpa;
+            if (!json_object_is_type(r, json_type_object)) { rc = api_fail(e, GE_INVALID, rp, "%s must be an object", rp); goto fail; }
+            int R;
+            if ((rc = check_keys(r, rp, with_scores ? rkeys : rkeys_lp, e)) ||
+                (rc = get_ids(r, rp, "token_ids", 1, 1, m->max_pos, m->vocab, &tid, NULL, &R, e)))
+                goto fail;
+            json_object *c = json_object_new_object();
+            json_object_object_add(c, "token_ids", tid);
+            json_object_array_add(cr, c);
+            if ((long long)P + R > m->max_pos) {
+                rc = api_fail(e, GE_INVALID, rp, "%s: prompt (%d) + response (%d) tokens exceed the model context of %d", rp, P, R, m->max_pos);
+                goto fail;
+            }
+            if (!with_scores) continue;
+            int has_r = json_object_object_get_ex(r, "reward", NULL), has_a = json_object_object_get_ex(r, "advantage", NULL);
+            snprintf(f, sizeof f, "%s.reward", rp);
+            if (has_r == has_a) { rc = api_fail(e, GE_INVALID, f, "%s needs exactly one of reward, advantage", rp); goto fail; }
+            if (uses_adv >= 0 && uses_adv != has_a) {
+                rc = api_fail(e, GE_INVALID, f, "%s: all responses of a group must give reward, or all advantage", rp);
+                goto fail;
+            }
+            uses_adv = has_a;
+            double x;
+            if ((rc = get_num(r, rp, has_a ? "advantage" : "reward", -1e9, 1e9, 0, &x, e))) goto fail;
+            put_num(c, has_a ? "advantage" : "reward", x);
+            const char *fin;
+            if ((rc = get_str(r, rp, "finish_reason", 0, &fin, e))) goto fail;
+            snprintf(f, sizeof f, "%s.finish_reason", rp);
+            if (fin && strcmp(fin, "stop") && strcmp(fin, "length"))
+                { rc = api_fail(e, GE_INVALID, f, "%s must be stop or length", f); goto fail; }
+            put_bool(c, "truncated", fin && strcmp(fin, "length") == 0);
+            if ((rc = get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
+            snprintf(f, sizeof f, "%s.logprobs", rp);
+            if (!lpa && need_logprobs)
+                { rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f); goto fail; }
+            if (lpa) {
+                json_object *cl = json_object_new_array_ext(R);
+                json_object_object_add(c, "logprobs", cl);
+                for (int t = 0; t < R; t++) {
+                    json_object *x1 = json_object_array_get_idx(lpa, (size_t)t);
+                    double d = is_num(x1) ? json_object_get_double(x1) : NAN;
+                    if (!(d <= 0 && d > -1e30)) { rc = api_fail(e, GE_INVALID, f, "%s[%d] must be a finite number <= 0", f, t); goto fail; }
+                    json_object_array_add(cl, json_object_new_double(d));
+                }
+            }
+        }
+    }
+    *out = og;
+    return 0;
+fail:
+    json_object_put(og);
+    return rc;
+}
+
+int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
+                        const char **rollout_job_id, long long *expected, api_error *e) {
+    static const char *const keys[] = {"groups", "rollout_job_id", "algorithm", "optimizer",
+                                       "max_tokens_per_micro_batch", "expected_policy_version", NULL};
+    json_object *a, *o, *algo = NULL, *opt = NULL, *groups = NULL;
+    const char *rid;
+    long long mtpmb;
+    int rc;
+    *payload = NULL;
+    *rollout_job_id = NULL;
+    if ((rc = check_keys(req, "", keys, e)) || (rc = get_obj(req, "", "algorithm", &a, e)) ||
+        (rc = get_obj(req, "", "optimizer", &o, e)) || (rc = algorithm_or_reply(a, &algo, e)) ||
+        (rc = optimizer_or_reply(o, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
+        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, 1LL << 32, 32768, &mtpmb, e)) ||
+        (rc = get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
+        goto fail;
+    int has_g = json_object_object_get_ex(req, "groups", NULL);
+    if ((rid != NULL) == has_g) { rc = api_fail(e, GE_INVALID, "groups", "give exactly one of groups, rollout_job_id"); goto fail; }
+    if (rid && !api_job_id_ok(rid))
+        { rc = api_fail(e, GE_INVALID, "rollout_job_id", "rollout_job_id must look like j_ + 16 hex digits"); goto fail; }
+    int need_lp = strcmp(json_object_get_string(json_object_object_get(algo, "old_logprobs")), "rollout") == 0;
+    if (has_g && (rc = seq_groups_or_reply(req, l, m, 1, need_lp, &groups, e))) goto fail;
+    json_object *c = json_object_new_object();
+    if (groups) json_object_object_add(c, "groups", groups);
+    if (rid) put_str(c, "rollout_job_id", rid);
+    json_object_object_add(c, "algorithm", algo);
+    json_object_object_add(c, "optimizer", opt);
+    put_int(c, "max_tokens_per_micro_batch", mtpmb);
+    if (*expected >= 0) put_int(c, "expected_policy_version", *expected);
+    if (rid) *rollout_job_id = json_object_get_string(json_object_object_get(c, "rollout_job_id"));
+    *payload = c;
+    return 0;
+fail:
+    json_object_put(algo);
+    json_object_put(opt);
+    return rc;
+}
+
+int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
+                          api_error *e) {
+    static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", NULL};
+    json_object *groups = NULL;
+    const char *model;
+    double temp;
+    long long mtpmb;
+    int rc;
+    *payload = NULL;
+    if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "model", 0, &model, e)) ||
+        (rc = get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
+        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, 1LL << 32, 32768, &mtpmb, e)))
+        return rc;
+    if (model && strcmp(model, "policy") && strcmp(model, "reference"))
+        return api_fail(e, GE_INVALID, "model", "model must be policy or reference");
+    if ((rc = seq_groups_or_reply(req, l, m, 0, 0, &groups, e))) return rc;
+    json_object *c = json_object_new_object();
+    json_object_object_add(c, "groups", groups);
+    put_str(c, "model", model ? model : "policy");
+    put_num(c, "temperature", temp);
+    put_int(c, "max_tokens_per_micro_batch", mtpmb);
+    *payload = c;
+    return 0;
+}
+
+int api_checkpoint_or_reply(json_object *req, json_object **payload, api_error *e) {
+    static const char *const keys[] = {NULL};
+    int rc = req ? check_keys(req, "", keys, e) : 0;
+    *payload = rc ? NULL : json_object_new_object();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- tokenizer endpoints */
+
+int api_tokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, api_error *e) {
+    static const char *const keys[] = {"prompt", "messages", "add_special_tokens", "add_generation_prompt", NULL};
+    const char *text;
+    json_object *msgs;
+    int add_special, agp, rc;
+    *ids = NULL;
+    *n = 0;
+    if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "prompt", 0, &text, e)) ||
+        (rc = get_arr(req, "", "messages", 0, 1, 4096, &msgs, e)) ||
+        (rc = get_bool(req, "", "add_special_tokens", text ? 1 : 0, &add_special, e)) ||
+        (rc = get_bool(req, "", "add_generation_prompt", 1, &agp, e)))
+        return rc;
+    if ((text != NULL) == (msgs != NULL)) return api_fail(e, GE_INVALID, "prompt", "give exactly one of prompt, messages");
+    if (msgs) return messages_to_ids(msgs, "messages", m, agp, add_special, ids, n, e);
+    if (m->tokenize(m->ud, text, strlen(text), add_special, ids, n))
+        return api_fail(e, GE_INVALID, "prompt", "prompt cannot be tokenized: %s", err_msg());
+    return 0;
+}
+
+int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, int *skip_special,
+                            api_error *e) {
+    static const char *const keys[] = {"tokens", "skip_special_tokens", NULL};
+    json_object *canon;
+    int rc;
+    *ids = NULL;
+    if ((rc = check_keys(req, "", keys, e)) || (rc = get_bool(req, "", "skip_special_tokens", 0, skip_special, e)) ||
+        (rc = get_ids(req, "", "tokens", 1, 0, 1 << 20, m->vocab, &canon, ids, n, e)))
+        return rc;
+    json_object_put(canon);
+    return 0;
+}

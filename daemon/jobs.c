@@ -1,0 +1,421 @@
+/* jobs.c — one job kind per function: rollout, update, logprobs, checkpoint; see jobs.h.
+ * Layers: payload → engine structs (owned by a seqs set), result writers, the four runners. */
+#include "daemon/jobs.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <json-c/json.h>
+
+#include "api/metrics.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+#include "engine/reward.h"
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static json_object *get(json_object *o, const char *k) {
+    json_object *v = NULL;
+    return json_object_object_get_ex(o, k, &v) ? v : NULL;
+}
+static double getd(json_object *o, const char *k, double d) { json_object *v = get(o, k); return v ? json_object_get_double(v) : d; }
+static long long geti(json_object *o, const char *k, long long d) { json_object *v = get(o, k); return v ? json_object_get_int64(v) : d; }
+static int getb(json_object *o, const char *k, int d) { json_object *v = get(o, k); return v ? json_object_get_boolean(v) : d; }
+static const char *gets(json_object *o, const char *k, const char *d) { json_object *v = get(o, k); return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : d; }
+
+static int *int_array(json_object *a, int *n) {
+    int len = a && json_object_is_type(a, json_type_array) ? (int)json_object_array_length(a) : 0;
+    int *out = malloc(sizeof(int) * (size_t)(len ? len : 1));
+    if (!out) return NULL;
+    for (int i = 0; i < len; i++) out[i] = json_object_get_int(json_object_array_get_idx(a, (size_t)i));
+    *n = len;
+    return out;
+}
+
+static json_object *ints_json(const int *x, int n) {
+    json_object *a = json_object_new_array_ext(n);
+    for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_int(x[i]));
+    return a;
+}
+static json_object *floats_json(const float *x, int n) {
+    json_object *a = json_object_new_array_ext(n);
+    for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_double(isfinite(x[i]) ? x[i] : -1e30));
+    return a;
+}
+
+static char *to_text(json_object *o) {
+    char *s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    if (!s) err_set(GE_NOMEM, "out of memory writing a result");
+    return s;
+}
+
+/* ---------------------------------------------------------------- scored sequences */
+
+/* Engine-side view of a groups array [{prompt_ids, responses:[{token_ids, reward|advantage,
+ * logprobs?, truncated? | finish_reason?}]}] — one allocation set, freed by seqs_free. */
+typedef struct {
+    eng_update_group *g;
+    int n;
+} seqs;
+
+static void seqs_free(seqs *s) {
+    for (int i = 0; s->g && i < s->n; i++) {
+        eng_update_group *g = &s->g[i];
+        for (int k = 0; k < g->n; k++) {
+            if (g->resp) free((void *)g->resp[k]);
+            if (g->old_logprobs) free((void *)g->old_logprobs[k]);
+        }
+        free((void *)g->prompt); free((void *)g->resp); free((void *)g->R); free((void *)g->reward);
+        free((void *)g->advantage); free((void *)g->old_logprobs); free((void *)g->truncated);
+    }
+    free(s->g);
+    s->g = NULL;
+}
+
+/* with_scores: rewards/advantages required (updates); use_lp: old logprobs wanted. */
+static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs *s) {
+    s->n = groups ? (int)json_object_array_length(groups) : 0;
+    s->g = calloc((size_t)(s->n ? s->n : 1), sizeof *s->g);
+    if (!s->g) return err_set(GE_NOMEM, "out of memory");
+    for (int i = 0; i < s->n; i++) {
+        json_object *jg = json_object_array_get_idx(groups, (size_t)i), *rs = get(jg, "responses");
+        eng_update_group *g = &s->g[i];
+        int n = rs ? (int)json_object_array_length(rs) : 0;
+        int **resp = calloc((size_t)n + 1, sizeof *resp), *R = calloc((size_t)n + 1, sizeof *R);
+        int *trunc = calloc((size_t)n + 1, sizeof *trunc);
+        float *score = calloc((size_t)n + 1, sizeof *score), **old = use_lp ? calloc((size_t)n + 1, sizeof *old) : NULL;
+        g->resp = (const int *const *)resp; g->R = R; g->truncated = trunc; g->old_logprobs = (const float *const *)old;
+        g->n = n;
+        g->prompt = int_array(get(jg, "prompt_ids"), &g->P);
+        if (!resp || !R || !trunc || !score || (use_lp && !old) || !g->prompt) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+        int adv = 0;
+        for (int k = 0; k < n; k++) {
+            json_object *r = json_object_array_get_idx(rs, (size_t)k), *lp = get(r, "logprobs");
+            if (!(resp[k] = int_array(get(r, "token_ids"), &R[k]))) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+            json_object *rw = get(r, "reward"), *ad = get(r, "advantage");
+            if (with_scores && !rw && !ad) {
+                free(score);
+                return err_set(GE_INVALID, "groups[%d].responses[%d] has no reward (the rollout had no reward spec?)", i, k);
+            }
+            adv = ad != NULL;
+            score[k] = (float)json_object_get_double(ad ? ad : rw);
+            trunc[k] = getb(r, "truncated", 0) || !strcmp(gets(r, "finish_reason", ""), "length");
+            if (use_lp) {
+                if (!lp || (int)json_object_array_length(lp) != R[k]) {
+                    free(score);
+                    return err_set(GE_INVALID, "groups[%d].responses[%d] has no logprobs for old_logprobs=rollout", i, k);
+                }
+                float *o = malloc(sizeof(float) * (size_t)(R[k] ? R[k] : 1));
+                if (!o) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+                for (int t = 0; t < R[k]; t++) o[t] = (float)json_object_get_double(json_object_array_get_idx(lp, (size_t)t));
+                old[k] = o;
+            }
+        }
+        if (!with_scores) free(score);
+        else if (adv) g->advantage = score;
+        else g->reward = score;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rollout */
+
+static int run_rollout(const jobs_env *env, json_object *p, char **result) {
+    json_object *groups = get(p, "groups"), *sp = get(p, "sampling"), *ol = get(p, "overlong_buffer");
+    int ng = groups ? (int)json_object_array_length(groups) : 0;
+    if (ng < 1 || !sp) return err_set(GE_INVALID, "rollout payload without groups or sampling");
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.temperature = (float)getd(sp, "temperature", 1.0);
+    s.top_p = (float)getd(sp, "top_p", 1.0);
+    s.top_k = (int)geti(sp, "top_k", 0);
+    s.min_p = (float)getd(sp, "min_p", 0);
+    s.max_tokens = (int)geti(sp, "max_tokens", 16);
+    s.min_tokens = (int)geti(sp, "min_tokens", 0);
+    s.ignore_eos = getb(sp, "ignore_eos", 0);
+    s.seed = (uint64_t)geti(sp, "seed", 0);
+    json_object *stop = get(sp, "stop");
+    int n_stop = stop ? (int)json_object_array_length(stop) : 0, n_stop_ids = 0;
+    const char **stops = calloc((size_t)n_stop + 1, sizeof *stops);
+    int *stop_ids = int_array(get(sp, "stop_token_ids"), &n_stop_ids);
+    eng_rollout_group *rg = calloc((size_t)ng, sizeof *rg);
+    eng_group_result *out = calloc((size_t)ng, sizeof *out);
+    int rc = 0;
+    if (!stops || !stop_ids || !rg || !out) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < n_stop; i++) stops[i] = json_object_get_string(json_object_array_get_idx(stop, (size_t)i));
+    s.stop = stops; s.n_stop = n_stop;
+    s.stop_token_ids = stop_ids; s.n_stop_token_ids = n_stop_ids;
+    long long prompt_tokens = 0;
+    for (int i = 0; i < ng; i++) {
+        json_object *g = json_object_array_get_idx(groups, (size_t)i);
+        if (!(rg[i].prompt = int_array(get(g, "prompt_ids"), &rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
+        rg[i].n = (int)geti(g, "n", 1);
+        prompt_tokens += rg[i].P;
+    }
+    eng_info info;
+    eng_get_info(env->e, &info);
+    double t0 = mono_ms();
+    if ((rc = eng_rollout(env->e, rg, ng, &s, out, env->progress, env->progress_ud))) goto done;
+    double ms = mono_ms() - t0;
+
+    json_object *res = json_object_new_object(), *rgs = json_object_new_array();
+    long long completion = 0;
+    for (int i = 0; i < ng; i++) {
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = get(g, "reward"), *meta = get(g, "metadata");
+        json_object *og = json_object_new_object(), *rs = json_object_new_array();
+        reward_spec spec = {0};
+        if (rw) {
+            reward_parse_type(gets(rw, "type", "none"), &spec.type);
+            spec.answer = gets(rw, "answer", NULL);
+            spec.case_sensitive = getb(rw, "case_sensitive", 1);
+            spec.overlong_len = (float)getd(ol, "len", 0);
+            spec.overlong_penalty = (float)getd(ol, "penalty_factor", 0);
+            spec.max_tokens = s.max_tokens;
+        }
+        double sum = 0, sq = 0;
+        for (int k = 0; k < out[i].n; k++) {
+            eng_response *r = &out[i].resp[k];
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "token_ids", ints_json(r->tokens, r->n_tokens));
+            json_object_object_add(o, "text", json_object_new_string_len(r->text ? r->text : "", r->text ? (int)r->text_len : 0));
+            json_object_object_add(o, "logprobs", floats_json(r->logprobs, r->n_tokens));
+            json_object_object_add(o, "finish_reason", json_object_new_string(r->finish == FINISH_LENGTH ? "length" : "stop"));
+            if (rw) {
+                float sc = reward_score(&spec, r->text ? r->text : "", r->n_tokens);
+                sum += sc;
+                sq += (double)sc * sc;
+                json_object_object_add(o, "reward", json_object_new_double(sc));
+            } else {
+                json_object_object_add(o, "reward", NULL);
+            }
+            completion += r->n_tokens;
+            json_object_array_add(rs, o);
+        }
+        json_object_object_add(og, "prompt_ids", ints_json(rg[i].prompt, rg[i].P));
+        int n = out[i].n;
+        if (rw && n > 0) {
+            double mean = sum / n, var = n > 1 ? (sq - n * mean * mean) / (n - 1) : 0;
+            json_object_object_add(og, "reward_mean", json_object_new_double(mean));
+            json_object_object_add(og, "reward_std", json_object_new_double(var > 0 ? sqrt(var) : 0));
+        } else {
+            json_object_object_add(og, "reward_mean", NULL);
+            json_object_object_add(og, "reward_std", NULL);
+        }
+        if (meta) { json_object *c = NULL; if (!json_object_deep_copy(meta, &c, NULL)) json_object_object_add(og, "metadata", c); }
+        json_object_object_add(og, "responses", rs);
+        json_object_array_add(rgs, og);
+    }
+    json_object *usage = json_object_new_object(), *tm = json_object_new_object();
+    json_object_object_add(usage, "prompt_tokens", json_object_new_int64(prompt_tokens));
+    json_object_object_add(usage, "completion_tokens", json_object_new_int64(completion));
+    json_object_object_add(tm, "total", json_object_new_double(ms));
+    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
+    json_object_object_add(res, "groups", rgs);
+    json_object_object_add(res, "usage", usage);
+    json_object_object_add(res, "timings_ms", tm);
+    metrics_tokens(MT_ROLLOUT_PROMPT, prompt_tokens);
+    metrics_tokens(MT_ROLLOUT_COMPLETION, completion);
+    metrics_seconds(MS_ROLLOUT, ms / 1e3);
+    if (!(*result = to_text(res))) rc = GE_NOMEM;
+done:
+    for (int i = 0; out && i < ng; i++) eng_group_result_free(&out[i]);
+    for (int i = 0; rg && i < ng; i++) free((void *)rg[i].prompt);
+    free(out); free(rg); free(stops); free(stop_ids);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- update */
+
+static int algo_from_json(json_object *a, loss_config *c) {
+    loss_config_default(c);
+    int rc = 0;
+    const char *adv = gets(a, "adv_estimator", "grpo"), *agg = gets(a, "loss_agg_mode", "token-mean");
+    const char *mode = gets(a, "loss_mode", "vanilla"), *kl = gets(a, "kl_type", "low_var_kl");
+    if ((rc = loss_parse_adv(adv, &c->adv)) || (rc = loss_parse_agg(agg, &c->agg)) ||
+        (rc = loss_parse_mode(mode, &c->mode)) || (rc = loss_parse_kl(kl, &c->kl)))
+        return rc;
+    c->norm_adv_by_std = getb(a, "norm_adv_by_std", 1);
+    c->clip_ratio_low = (float)getd(a, "clip_ratio_low", 0.2);
+    c->clip_ratio_high = (float)getd(a, "clip_ratio_high", 0.28);
+    c->clip_ratio_c = (float)getd(a, "clip_ratio_c", 3.0);
+    c->kl_coef = (float)getd(a, "kl_coef", 0.001);
+    c->entropy_coeff = (float)getd(a, "entropy_coeff", 0);
+    c->ppo_epochs = (int)geti(a, "ppo_epochs", 1);
+    c->ppo_mini_batch_size = (int)geti(a, "ppo_mini_batch_size", 0);
+    c->temperature = (float)getd(a, "temperature", 1.0);
+    c->use_rollout_logprobs = !strcmp(gets(a, "old_logprobs", "recompute"), "rollout");
+    c->mask_truncated = getb(a, "mask_truncated_completions", 0);
+    c->filter_groups = getb(a, "filter_groups", 0);
+    return 0;
+}
+
+static void optim_from_json(json_object *o, eng_optim *p) {
+    eng_optim_default(p);
+    p->lr = (float)getd(o, "lr", 1e-6);
+    p->weight_decay = (float)getd(o, "weight_decay", 0.01);
+    json_object *b = get(o, "betas");
+    if (b && json_object_array_length(b) == 2) {
+        p->beta1 = (float)json_object_get_double(json_object_array_get_idx(b, 0));
+        p->beta2 = (float)json_object_get_double(json_object_array_get_idx(b, 1));
+    }
+    p->eps = (float)getd(o, "eps", 1e-8);
+    p->grad_clip = (float)getd(o, "grad_clip", 1.0);
+    p->warmup_steps = (int)geti(o, "warmup_steps", 0);
+    p->schedule = !strcmp(gets(o, "lr_schedule", "constant"), "cosine") ? SCHED_COSINE : SCHED_CONSTANT;
+    p->total_steps = (int)geti(o, "total_steps", 0);
+    p->min_lr_ratio = (float)getd(o, "min_lr_ratio", 0);
+}
+
+static int run_update(const jobs_env *env, json_object *p, char **result) {
+    loss_config algo;
+    eng_optim opt;
+    int rc;
+    if ((rc = algo_from_json(get(p, "algorithm"), &algo))) return err_set(rc, "algorithm: %s", err_msg());
+    optim_from_json(get(p, "optimizer"), &opt);
+    eng_info info;
+    eng_get_info(env->e, &info);
+    long long expected = geti(p, "expected_policy_version", -1);
+    if (expected >= 0 && expected != info.policy_version)
+        return err_set(GE_CONFLICT, "expected_policy_version %lld does not match the policy_version %lld when the job ran",
+                       expected, info.policy_version);
+    json_object *src = NULL, *groups = get(p, "groups");
+    const char *rid = gets(p, "rollout_job_id", NULL);
+    if (rid) {
+        store_job rj = {0};
+        if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
+        src = rj.result && rj.status == JOB_DONE ? json_tokener_parse(rj.result) : NULL;
+        store_job_clear(&rj);
+        if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
+        groups = get(src, "groups");
+    }
+    seqs s = {0};
+    if ((rc = seqs_from_json(groups, 1, algo.use_rollout_logprobs, &s))) goto done;
+    if (algo.adv == ADV_GIVEN)
+        for (int i = 0; i < s.n; i++)
+            if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
+    eng_update_result u = {0};
+    long long mt = geti(p, "max_tokens_per_micro_batch", 32768);
+    if ((rc = eng_update(env->e, s.g, s.n, &algo, &opt, mt, &u, env->progress, env->progress_ud))) goto done;
+    json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
+                *tm = json_object_new_object();
+    json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
+    json_object_object_add(res, "policy_version_after", json_object_new_int64(u.policy_version_after));
+#define M_(k) json_object_object_add(m, #k, json_object_new_double(isfinite(u.k) ? u.k : 0))
+    M_(loss); M_(pg_loss); M_(kl); M_(entropy); M_(clip_frac); M_(clip_frac_low); M_(clip_frac_high);
+    M_(ratio_mean); M_(ratio_max); M_(grad_norm); M_(lr);
+#undef M_
+    json_object_object_add(m, "groups_filtered", json_object_new_int(u.groups_filtered));
+    json_object_object_add(m, "optimizer_steps", json_object_new_int(u.optimizer_steps));
+    json_object_object_add(m, "micro_batches", json_object_new_int(u.micro_batches));
+    json_object_object_add(res, "metrics", m);
+    json_object_object_add(t, "packed", json_object_new_int64(u.tokens_packed));
+    json_object_object_add(t, "standard", json_object_new_int64(u.tokens_standard));
+    json_object_object_add(t, "ratio", json_object_new_double(u.tokens_packed ? (double)u.tokens_standard / (double)u.tokens_packed : 0));
+    json_object_object_add(res, "tokens", t);
+    json_object_object_add(tm, "old", json_object_new_double(u.ms_old));
+    json_object_object_add(tm, "ref", json_object_new_double(u.ms_ref));
+    json_object_object_add(tm, "policy", json_object_new_double(u.ms_policy));
+    json_object_object_add(tm, "optimizer", json_object_new_double(u.ms_optimizer));
+    json_object_object_add(tm, "total", json_object_new_double(u.ms_total));
+    json_object_object_add(res, "timings_ms", tm);
+    metrics_tokens(MT_UPDATE_PACKED, u.tokens_packed);
+    metrics_tokens(MT_UPDATE_STANDARD, u.tokens_standard);
+    metrics_seconds(MS_OLD, u.ms_old / 1e3);
+    metrics_seconds(MS_REF, u.ms_ref / 1e3);
+    metrics_seconds(MS_POLICY, u.ms_policy / 1e3);
+    metrics_seconds(MS_OPTIMIZER, u.ms_optimizer / 1e3);
+    metrics_groups_filtered(u.groups_filtered);
+    metrics_policy_version(u.policy_version_after);
+    if (!(*result = to_text(res))) rc = GE_NOMEM;
+done:
+    seqs_free(&s);
+    json_object_put(src);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- logprobs, checkpoint */
+
+static int run_logprobs(const jobs_env *env, json_object *p, char **result) {
+    seqs s = {0};
+    float **lp = NULL;
+    int rc;
+    if ((rc = seqs_from_json(get(p, "groups"), 0, 0, &s))) goto done;
+    int ref = !strcmp(gets(p, "model", "policy"), "reference");
+    double t0 = mono_ms();
+    if ((rc = eng_logprobs(env->e, s.g, s.n, ref, (float)getd(p, "temperature", 1.0),
+                           geti(p, "max_tokens_per_micro_batch", 32768), &lp)))
+        goto done;
+    metrics_seconds(MS_LOGPROBS, (mono_ms() - t0) / 1e3);
+    eng_info info;
+    eng_get_info(env->e, &info);
+    json_object *res = json_object_new_object(), *gs = json_object_new_array();
+    long long toks = 0;
+    int idx = 0;
+    for (int i = 0; i < s.n; i++) {
+        json_object *g = json_object_new_object(), *rs = json_object_new_array();
+        for (int k = 0; k < s.g[i].n; k++, idx++) {
+            json_object *r = json_object_new_object();
+            json_object_object_add(r, "logprobs", floats_json(lp[idx], s.g[i].R[k]));
+            json_object_array_add(rs, r);
+            toks += s.g[i].R[k];
+        }
+        json_object_object_add(g, "responses", rs);
+        json_object_array_add(gs, g);
+    }
+    json_object_object_add(res, "groups", gs);
+    json_object_object_add(res, "model", json_object_new_string(ref ? "reference" : "policy"));
+    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
+    metrics_tokens(MT_LOGPROBS, toks);
+    eng_logprobs_free(lp, s.g, s.n);
+    lp = NULL;
+    if (!(*result = to_text(res))) rc = GE_NOMEM;
+done:
+    if (lp) eng_logprobs_free(lp, s.g, s.n);
+    seqs_free(&s);
+    return rc;
+}
+
+static int run_checkpoint(const jobs_env *env, const char *job_id, char **result) {
+    eng_info info;
+    eng_get_info(env->e, &info);
+    char dir[1200], id[96];
+    snprintf(dir, sizeof dir, "%s/checkpoints", env->data_dir);
+    if (mkdir(dir, 0755) && errno != EEXIST) return err_set(GE_IO, "mkdir %s: %s", dir, strerror(errno));
+    snprintf(id, sizeof id, "ckpt-%lld-%s", info.policy_version, job_id);
+    snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
+    double t0 = mono_ms();
+    int rc = eng_checkpoint_save(env->e, dir);
+    if (rc) return rc;
+    metrics_seconds(MS_CHECKPOINT, (mono_ms() - t0) / 1e3);
+    if ((rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
+    json_object *res = json_object_new_object();
+    json_object_object_add(res, "id", json_object_new_string(id));
+    json_object_object_add(res, "path", json_object_new_string(dir));
+    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
+    log_event(LOG_INFO, "checkpoint_saved", "\"id\":\"%s\",\"policy_version\":%lld", id, info.policy_version);
+    return (*result = to_text(res)) ? 0 : GE_NOMEM;
+}
+
+int jobs_run(const jobs_env *env, const store_job *j, char **result) {
+    *result = NULL;
+    json_object *p = j->payload ? json_tokener_parse(j->payload) : NULL;
+    if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
+    int rc;
+    if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, p, result);
+    else if (!strcmp(j->kind, "update")) rc = run_update(env, p, result);
+    else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, result);
+    else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, j->id, result);
+    else rc = err_set(GE_INVALID, "job %s: unknown kind %s", j->id, j->kind);
+    json_object_put(p);
+    return rc;
+}

@@ -1,0 +1,417 @@
+/* serve.c — `grpod serve`: options (flags > --config file > GRPOD_* environment > defaults),
+ * start-up checks, and the libuv main loop that owns signals (SIGTERM/SIGINT drain, SIGHUP
+ * reload), timers (long-poll deadlines, sd_notify STATUS and WATCHDOG) and the wake-ups from
+ * the engine thread. Not here: HTTP (api/http.c), the engine thread (daemon/worker.c). */
+#include "daemon/serve.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <json-c/json.h>
+#include <uv.h>
+
+#include "api/http.h"
+#include "daemon/log.h"
+#include "daemon/sdnotify.h"
+#include "daemon/worker.h"
+#include "engine/err.h"
+#include "store/store.h"
+
+/* ---------------------------------------------------------------- options */
+
+typedef struct {
+    char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
+    int insecure_no_auth, checkpoint_on_exit;
+    long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
+} serve_opts;
+
+typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
+typedef struct {
+    const char *name;           /* flag without "--", config key, GRPOD_ + upper(name) */
+    opt_kind kind;
+    size_t off, size;           /* field in serve_opts */
+    long long lo, hi;
+    int reloadable;             /* applied again on SIGHUP */
+    const char *dflt, *help;
+} opt_def;
+
+#define S_(f) offsetof(serve_opts, f), sizeof(((serve_opts *)0)->f)
+static const opt_def opts[] = {
+    {"config", O_STR, S_(config), 0, 0, 0, "", "FILE with `key = value` lines (keys are these flag names)"},
+    {"model", O_STR, S_(model), 0, 0, 0, "", "Hugging Face model DIR (default: the embedded tiny model, created in the data dir)"},
+    {"data-dir", O_STR, S_(data_dir), 0, 0, 0, "./grpod-data", "state DIR: grpod.db, checkpoints/, default-model/"},
+    {"listen", O_STR, S_(listen), 0, 0, 0, "127.0.0.1:8780", "HOST:PORT to serve HTTP on ([::1]:PORT for IPv6)"},
+    {"backend", O_STR, S_(backend), 0, 0, 0, "auto", "auto|cpu|cuda"},
+    {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "", "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
+    {"insecure-no-auth", O_BOOL, S_(insecure_no_auth), 0, 1, 0, "false", "allow a non-loopback --listen without --api-key-file"},
+    {"max-body-bytes", O_INT, S_(max_body_bytes), 1024, 1LL << 34, 1, "8388608", "largest request body"},
+    {"max-n", O_INT, S_(max_n), 1, 1 << 20, 1, "64", "largest n (responses per group)"},
+    {"max-tokens", O_INT, S_(max_tokens), 1, 1 << 24, 1, "4096", "largest sampling.max_tokens"},
+    {"max-queued-jobs", O_INT, S_(max_queued_jobs), 0, 1 << 30, 1, "1000", "queued jobs before POSTs get 429 (0 = no limit)"},
+    {"log-level", O_STR, S_(log_level), 0, 0, 1, "info", "debug|info|warn|error (JSON lines on stderr)"},
+    {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
+    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores)"},
+    {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
+};
+#define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: grpod serve [--flag VALUE | --flag=VALUE]...\n\n"
+               "Runs the grpod daemon: an HTTP+JSON API (see docs/api.md, GET /openapi.json) over a durable job\n"
+               "queue and one engine thread. Settings come from flags, then the --config file, then GRPOD_*\n"
+               "environment variables (GRPOD_ + the flag name in upper case with _ for -), then defaults.\n"
+               "SIGHUP re-reads the config file and environment for the settings marked (reloadable).\n\n");
+    for (int i = 0; i < N_OPTS; i++) {
+        char env[64];
+        snprintf(env, sizeof env, "GRPOD_");
+        for (const char *p = opts[i].name; *p; p++) {
+            size_t l = strlen(env);
+            env[l] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+            env[l + 1] = 0;
+        }
+        fprintf(f, "  --%-20s %s%s\n  %-22s   env %s%s%s%s\n", opts[i].name, opts[i].help,
+                opts[i].reloadable ? " (reloadable)" : "", "", env, opts[i].dflt[0] ? ", default " : "",
+                opts[i].dflt, opts[i].kind == O_BOOL ? " (flag alone = true)" : "");
+    }
+    fprintf(f, "  --%-20s this text\n", "help");
+}
+
+static int set_opt(serve_opts *o, const opt_def *d, const char *v, const char *src, char *why, size_t wl) {
+    char *dst = (char *)o + d->off;
+    if (d->kind == O_STR) {
+        if (strlen(v) >= d->size) { snprintf(why, wl, "%s: --%s is too long", src, d->name); return -1; }
+        memcpy(dst, v, strlen(v) + 1);
+    } else if (d->kind == O_BOOL) {
+        int b;
+        if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes")) b = 1;
+        else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no")) b = 0;
+        else { snprintf(why, wl, "%s: --%s must be true or false, not '%s'", src, d->name, v); return -1; }
+        *(int *)dst = b;
+    } else {
+        char *end;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end || x < d->lo || x > d->hi) {
+            snprintf(why, wl, "%s: --%s must be an integer %lld..%lld, not '%s'", src, d->name, d->lo, d->hi, v);
+            return -1;
+        }
+        *(long long *)dst = x;
+    }
+    return 0;
+}
+
+static const opt_def *find_opt(const char *name, size_t len) {
+    for (int i = 0; i < N_OPTS; i++)
+        if (strlen(opts[i].name) == len && !strncmp(opts[i].name, name, len)) return &opts[i];
+    return NULL;
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    return s;
+}
+
+static int apply_config_file(serve_opts *o, const char *path, char *why, size_t wl) {
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(why, wl, "--config %s: %s", path, strerror(errno)); return -1; }
+    char line[2048];
+    int ln = 0, rc = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        ln++;
+        char *s = trim(line);
+        if (!*s || *s == '#') continue;
+        char *eq = strchr(s, '=');
+        char src[1100];
+        snprintf(src, sizeof src, "%s:%d", path, ln);
+        if (!eq) { snprintf(why, wl, "%s: expected key = value", src); rc = -1; break; }
+        *eq = 0;
+        char *k = trim(s), *v = trim(eq + 1);
+        const opt_def *d = find_opt(k, strlen(k));
+        if (!d || !strcmp(k, "config")) { snprintf(why, wl, "%s: unknown key '%s'", src, k); rc = -1; break; }
+        rc = set_opt(o, d, v, src, why, wl);
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Resolves every option: defaults, then environment, then the config file, then flags. */
+static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *why, size_t wl) {
+    memset(o, 0, sizeof *o);
+    *help = 0;
+    for (int i = 0; i < N_OPTS; i++) set_opt(o, &opts[i], opts[i].dflt, "default", why, wl);
+    for (int i = 0; i < N_OPTS; i++) {
+        char env[64] = "GRPOD_";
+        for (const char *p = opts[i].name; *p; p++) {
+            size_t l = strlen(env);
+            env[l] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+            env[l + 1] = 0;
+        }
+        const char *v = getenv(env);
+        if (v && set_opt(o, &opts[i], v, env, why, wl)) return -1;
+    }
+    /* flags: first pass only to validate and find --config */
+    serve_opts fl;
+    memcpy(&fl, o, sizeof fl);
+    const char *config = o->config[0] ? o->config : NULL;
+    int nflags = 0;
+    struct { const opt_def *d; const char *v; } flags[128];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return 0; }
+        if (strncmp(a, "--", 2)) { snprintf(why, wl, "unexpected argument '%s' (flags start with --)", a); return -1; }
+        const char *eq = strchr(a + 2, '=');
+        const opt_def *d = find_opt(a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
+        if (!d) { snprintf(why, wl, "unknown flag '%s' (see grpod serve --help)", a); return -1; }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v && d->kind == O_BOOL) v = "true";
+        if (!v) {
+            if (i + 1 >= argc) { snprintf(why, wl, "--%s needs a value", d->name); return -1; }
+            v = argv[++i];
+        }
+        if (set_opt(&fl, d, v, "flag", why, wl)) return -1;
+        if (nflags == 128) { snprintf(why, wl, "too many flags"); return -1; }
+        flags[nflags].d = d;
+        flags[nflags++].v = v;
+        if (d == &opts[0]) config = v;
+    }
+    if (config && *config) {
+        char cfg[1024];
+        snprintf(cfg, sizeof cfg, "%s", config);
+        if (apply_config_file(o, cfg, why, wl)) return -1;
+        snprintf(o->config, sizeof o->config, "%s", cfg);
+    }
+    for (int i = 0; i < nflags; i++) set_opt(o, flags[i].d, flags[i].v, "flag", why, wl);
+    log_level lv;
+    if (log_parse_level(o->log_level, &lv)) { snprintf(why, wl, "--log-level '%s' must be debug|info|warn|error", o->log_level); return -1; }
+    if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
+        snprintf(why, wl, "--backend '%s' must be auto|cpu|cuda", o->backend);
+        return -1;
+    }
+    return 0;
+}
+
+static void limits_of(const serve_opts *o, api_limits *l) {
+    api_limits_default(l);
+    l->max_body_bytes = o->max_body_bytes;
+    l->max_n = (int)o->max_n;
+    l->max_tokens = (int)o->max_tokens;
+    l->max_queued_jobs = (int)o->max_queued_jobs;
+}
+
+/* ---------------------------------------------------------------- the main loop */
+
+typedef struct {
+    int argc;
+    char **argv;
+    serve_opts o;
+    uv_loop_t *loop;
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t tick, watchdog;
+    uv_async_t wake;                /* from the engine thread: ready / failed / job done */
+    api_server *api;
+    worker *w;
+    store *st;                      /* main-thread store handle (queue depth for STATUS) */
+    int ready_sent, stopping;
+    long long last_version, last_depth;
+    double watchdog_s;
+} serve_state;
+
+static void status_update(serve_state *s, int force) {
+    long long v = worker_policy_version(s->w), d = store_queue_depth(s->st);
+    if (!force && v == s->last_version && d == s->last_depth) return;
+    s->last_version = v;
+    s->last_depth = d;
+    sdn_notifyf("STATUS=policy_version=%lld queue=%lld%s", v, d < 0 ? 0 : d,
+                worker_ready(s->w) == 1 ? "" : worker_ready(s->w) < 0 ? " engine=failed" : " loading");
+}
+
+static void on_wake(uv_async_t *a) {
+    serve_state *s = a->data;
+    if (!s->ready_sent && worker_ready(s->w) == 1) {
+        s->ready_sent = 1;
+        sdn_notify("READY=1");
+        log_event(LOG_INFO, "ready", "\"port\":%d", api_port(s->api));
+    }
+    status_update(s, 0);
+}
+
+static void on_tick(uv_timer_t *t) {
+    serve_state *s = t->data;
+    api_tick(s->api);
+    status_update(s, 0);
+}
+
+/* WATCHDOG=1 only while the engine thread's heartbeat is recent: a wedged engine (a hung
+ * kernel, a deadlock) stops the pings and systemd restarts grpod. While the model loads the
+ * engine cannot beat; start-up is covered by systemd's TimeoutStartSec instead. */
+static void on_watchdog(uv_timer_t *t) {
+    serve_state *s = t->data;
+    if (worker_ready(s->w) == 0 || worker_heartbeat_age(s->w) < s->watchdog_s) sdn_notify("WATCHDOG=1");
+    else log_event(LOG_WARN, "watchdog_skipped", "\"heartbeat_age_s\":%.2f", worker_heartbeat_age(s->w));
+}
+
+static void close_cb(uv_handle_t *h) { (void)h; }
+
+static void on_term(uv_signal_t *sig, int signum) {
+    serve_state *s = sig->data;
+    if (s->stopping) {
+        log_event(LOG_WARN, "signal_again", "\"signal\":%d,\"note\":\"still draining the running job\"", signum);
+        return;
+    }
+    s->stopping = 1;
+    sdn_notify("STOPPING=1");
+    log_event(LOG_INFO, "stopping", "\"signal\":%d", signum);
+    api_quiesce(s->api);
+    worker_stop(s->w);
+    uv_stop(s->loop);   /* serve_main joins the engine thread (it finishes its job) */
+}
+
+static void on_hup(uv_signal_t *sig, int signum) {
+    serve_state *s = sig->data;
+    sdn_notify("RELOADING=1");
+    serve_opts n;
+    int help;
+    char why[1200];
+    if (resolve_opts(s->argc, s->argv, &n, &help, why, sizeof why)) {
+        char esc[1300];
+        log_event(LOG_ERROR, "reload_failed", "\"message\":%s", log_str(esc, sizeof esc, why));
+    } else {
+        log_level lv;
+        log_parse_level(n.log_level, &lv);
+        log_set_level(lv);
+        api_limits l;
+        limits_of(&n, &l);
+        api_set_limits(s->api, &l);
+        for (int i = 0; i < N_OPTS; i++)
+            if (opts[i].reloadable) memcpy((char *)&s->o + opts[i].off, (char *)&n + opts[i].off, opts[i].size);
+        log_event(LOG_INFO, "reloaded", "\"log_level\":\"%s\",\"max_n\":%lld,\"max_tokens\":%lld,\"max_queued_jobs\":%lld,\"max_body_bytes\":%lld",
+                  n.log_level, n.max_n, n.max_tokens, n.max_queued_jobs, n.max_body_bytes);
+    }
+    sdn_notify("READY=1");
+}
+
+static void on_job_submitted(void *ud) { worker_wake((worker *)ud); }
+static void on_worker_notify(void *ud) { uv_async_send((uv_async_t *)ud); }
+
+static int read_key_file(const char *path, char *key, size_t n, char *why, size_t wl) {
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(why, wl, "--api-key-file %s: %s", path, strerror(errno)); return -1; }
+    char buf[1024] = "";
+    if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+    fclose(f);
+    char *k = trim(buf);
+    if (strlen(k) < 8 || strlen(k) >= n) { snprintf(why, wl, "--api-key-file %s: the key must be 8..%zu characters on the first line", path, n - 1); return -1; }
+    snprintf(key, n, "%s", k);
+    return 0;
+}
+
+int serve_main(int argc, char **argv) {
+    serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
+    char why[1200], key[512] = "", esc[1300];
+    int help, rc = 1;
+    if (resolve_opts(argc, argv, &s.o, &help, why, sizeof why)) {
+        fprintf(stderr, "grpod serve: %s\n", why);
+        return 2;
+    }
+    if (help) { usage(stdout); return 0; }
+    log_level lv;
+    log_parse_level(s.o.log_level, &lv);
+    log_set_level(lv);
+
+    struct sockaddr_storage ss;
+    int sl, loopback;
+    if (api_parse_listen(s.o.listen, &ss, &sl, &loopback)) { fprintf(stderr, "grpod serve: %s\n", err_msg()); return 2; }
+    if (!loopback && !s.o.api_key_file[0] && !s.o.insecure_no_auth) {
+        fprintf(stderr, "grpod serve: refusing to listen on %s (not loopback) without authentication.\n"
+                        "  Fix: put a secret in a file and pass --api-key-file FILE (clients then send\n"
+                        "  Authorization: Bearer <key>), or listen on 127.0.0.1, or pass --insecure-no-auth\n"
+                        "  if something in front of grpod authenticates.\n", s.o.listen);
+        return 2;
+    }
+    if (s.o.api_key_file[0] && read_key_file(s.o.api_key_file, key, sizeof key, why, sizeof why)) {
+        fprintf(stderr, "grpod serve: %s\n", why);
+        return 2;
+    }
+    if (!loopback && !key[0]) log_event(LOG_WARN, "insecure_no_auth", "\"listen\":\"%s\",\"note\":\"serving a non-loopback address without an API key\"", s.o.listen);
+    json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
+    sdn_init();
+    if (sdn_init_note()[0]) log_event(LOG_WARN, "sd_notify", "\"note\":%s", log_str(esc, sizeof esc, sdn_init_note()));
+
+    if (mkdir(s.o.data_dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", s.o.data_dir, strerror(errno));
+        return 1;
+    }
+    /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
+    if (store_open(s.o.data_dir, 1, &s.st)) {
+        fprintf(stderr, "grpod serve: %s\n", err_msg());
+        return 1;
+    }
+    int exhausted = store_fail_exhausted(s.st, 3);
+    if (exhausted > 0) log_event(LOG_WARN, "jobs_failed_after_crashes", "\"count\":%d", exhausted);
+    log_event(LOG_INFO, "starting", "\"listen\":\"%s\",\"data_dir\":\"%s\",\"model\":\"%s\",\"backend\":\"%s\",\"queued\":%lld",
+              s.o.listen, s.o.data_dir, s.o.model[0] ? s.o.model : "(default)", s.o.backend, store_queue_depth(s.st));
+
+    s.loop = uv_default_loop();
+    uv_async_init(s.loop, &s.wake, on_wake);
+    s.wake.data = &s;
+    api_config ac = {.listen = s.o.listen, .data_dir = s.o.data_dir, .api_key = key[0] ? key : NULL,
+                     .threads = (int)s.o.http_threads, .max_wait_s = 60};
+    limits_of(&s.o, &ac.limits);
+    worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
+                        .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
+                        .notify = on_worker_notify, .ud = &s.wake};
+    if (api_start(&ac, &s.api)) {
+        log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
+        goto fail_api;
+    }
+    log_event(LOG_INFO, "listening", "\"listen\":\"%s\",\"port\":%d", s.o.listen, api_port(s.api));
+    wc.api = s.api;
+    if (worker_start(&wc, &s.w)) {
+        log_event(LOG_ERROR, "engine_thread_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
+        goto fail_worker;
+    }
+    /* the api's submit hook needs the worker, which needs the api: wire it now */
+    api_set_submit_hook(s.api, on_job_submitted, s.w);
+
+    uv_signal_init(s.loop, &s.sig_term); s.sig_term.data = &s; uv_signal_start(&s.sig_term, on_term, SIGTERM);
+    uv_signal_init(s.loop, &s.sig_int); s.sig_int.data = &s; uv_signal_start(&s.sig_int, on_term, SIGINT);
+    uv_signal_init(s.loop, &s.sig_hup); s.sig_hup.data = &s; uv_signal_start(&s.sig_hup, on_hup, SIGHUP);
+    uv_timer_init(s.loop, &s.tick); s.tick.data = &s; uv_timer_start(&s.tick, on_tick, 200, 200);
+    unsigned long long wd = sdn_watchdog_usec();
+    uv_timer_init(s.loop, &s.watchdog);
+    s.watchdog.data = &s;
+    if (wd) {
+        s.watchdog_s = (double)wd / 1e6;
+        uv_timer_start(&s.watchdog, on_watchdog, wd / 2000 ? wd / 2000 : 1, wd / 2000 ? wd / 2000 : 1);
+    }
+    status_update(&s, 1);
+    uv_run(s.loop, UV_RUN_DEFAULT);
+
+    /* drain: the engine thread finishes (or never started) its job, then everything closes */
+    worker_join(s.w);
+    s.w = NULL;
+    rc = 0;
+    uv_close((uv_handle_t *)&s.sig_term, close_cb);
+    uv_close((uv_handle_t *)&s.sig_int, close_cb);
+    uv_close((uv_handle_t *)&s.sig_hup, close_cb);
+    uv_close((uv_handle_t *)&s.tick, close_cb);
+    uv_close((uv_handle_t *)&s.watchdog, close_cb);
+fail_worker:
+    api_stop(s.api);
+fail_api:
+    uv_close((uv_handle_t *)&s.wake, close_cb);
+    uv_run(s.loop, UV_RUN_NOWAIT);
+    uv_loop_close(s.loop);
+    store_close(s.st);
+    log_event(LOG_INFO, "stopped", "\"status\":%d", rc);
+    return rc;
+}

@@ -1,0 +1,253 @@
+/* worker.c — the engine thread; see worker.h. */
+#include "daemon/worker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/jobs.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+#include "store/store.h"
+
+#define MAX_ATTEMPTS 3      /* a job whose run crashed the daemon this often fails instead */
+
+struct worker {
+    worker_config cfg;
+    char data_dir[1024], model_dir[1024], backend[16];
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;                    /* wakes since the last claim attempt */
+    _Atomic int stop, ready;
+    _Atomic long long beat_ns, policy_version;
+    eng *e;
+    store *st;
+    const char *cur_job;            /* engine thread only */
+    double last_progress_store;
+    long long saved_version;        /* policy version of the newest checkpoint */
+};
+
+static long long mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static void beat(worker *w) { atomic_store(&w->beat_ns, mono_ns()); }
+
+double worker_heartbeat_age(worker *w) { return (double)(mono_ns() - atomic_load(&w->beat_ns)) * 1e-9; }
+int worker_ready(worker *w) { return atomic_load(&w->ready); }
+long long worker_policy_version(worker *w) { return atomic_load(&w->policy_version); }
+
+/* Test hook (tests/deploy/test_notify.py): GRPOD_TEST_HANG_ENGINE_AFTER_MS=N makes this thread
+ * hang N ms after it starts, so the watchdog pings must stop. */
+static void maybe_hang(worker *w, long long t0) {
+    static long long hang_ms = -2;
+    if (hang_ms == -2) {
+        const char *h = getenv("GRPOD_TEST_HANG_ENGINE_AFTER_MS");
+        hang_ms = h && *h ? atoll(h) : -1;
+    }
+    if (hang_ms >= 0 && mono_ns() - t0 >= hang_ms * 1000000LL) {
+        log_event(LOG_WARN, "engine_test_hang", NULL);
+        for (;;) sleep(1000);
+    }
+}
+
+static void on_progress(void *ud, double fraction) {
+    worker *w = ud;
+    beat(w);
+    double now = (double)mono_ns() * 1e-9;
+    if (w->cur_job && now - w->last_progress_store > 0.5) {
+        w->last_progress_store = now;
+        store_progress(w->st, w->cur_job, fraction);
+    }
+}
+
+static void update_version(worker *w) {
+    eng_info in;
+    eng_get_info(w->e, &in);
+    atomic_store(&w->policy_version, in.policy_version);
+}
+
+/* The newest checkpoint directory that still exists, or "" (resume from the model). */
+static void latest_checkpoint(worker *w, char *out, size_t n, long long *version) {
+    store_ckpt *cks = NULL;
+    int nc = 0;
+    out[0] = 0;
+    *version = -1;
+    if (store_checkpoint_list(w->st, &cks, &nc)) return;
+    for (int i = 0; i < nc; i++) {
+        char cfg[1100];
+        struct stat sb;
+        snprintf(cfg, sizeof cfg, "%s/config.json", cks[i].path);
+        if (stat(cfg, &sb) == 0) {
+            snprintf(out, n, "%s", cks[i].path);
+            *version = cks[i].policy_version;
+            break;
+        }
+        log_event(LOG_WARN, "checkpoint_missing", "\"path\":\"%s\"", cks[i].path);
+    }
+    free(cks);
+}
+
+static int open_engine(worker *w) {
+    char model[1200], resume[600];
+    int rc;
+    if (w->model_dir[0]) {
+        snprintf(model, sizeof model, "%s", w->model_dir);
+    } else {
+        snprintf(model, sizeof model, "%s/default-model", w->data_dir);
+        if ((rc = eng_ensure_default_model(model))) return rc;
+    }
+    latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
+    eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
+                       .n_threads = w->cfg.n_threads};
+    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\"", model, w->backend, resume);
+    double t0 = (double)mono_ns();
+    if ((rc = eng_open(&o, &w->e))) return rc;
+    update_version(w);
+    if (w->saved_version < 0) w->saved_version = atomic_load(&w->policy_version);
+    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld", ((double)mono_ns() - t0) / 1e6,
+              (long long)atomic_load(&w->policy_version));
+    return 0;
+}
+
+static void run_one(worker *w, store_job *j) {
+    char *result = NULL, esc[700];
+    double t0 = (double)mono_ns();
+    w->cur_job = j->id;
+    w->last_progress_store = 0;
+    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
+    err_clear();
+    int rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, j, &result);
+    w->cur_job = NULL;
+    beat(w);
+    update_version(w);
+    double ms = ((double)mono_ns() - t0) / 1e6;
+    int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
+    int src;
+    if (cancelled) {
+        src = store_mark_cancelled(w->st, j->id);
+        log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
+    } else if (rc == 0) {
+        src = store_finish(w->st, j->id, result, atomic_load(&w->policy_version));
+        log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f", j->id, j->kind, ms);
+    } else {
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "code", json_object_new_string(err_name(rc)));
+        json_object_object_add(e, "message", json_object_new_string(err_msg()[0] ? err_msg() : err_default(rc)));
+        src = store_fail(w->st, j->id, json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN));
+        json_object_put(e);
+        log_event(LOG_WARN, "job_failed", "\"id\":\"%s\",\"kind\":\"%s\",\"code\":\"%s\",\"message\":%s", j->id, j->kind,
+                  err_name(rc), log_str(esc, sizeof esc, err_msg()));
+        if (rc == GE_CUDA) api_set_failed(w->cfg.api, err_msg());
+    }
+    if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+    free(result);
+    api_jobs_changed(w->cfg.api);
+    if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
+}
+
+static void save_on_exit(worker *w) {
+    long long v = atomic_load(&w->policy_version);
+    if (!w->cfg.checkpoint_on_exit || !w->e || v == w->saved_version) return;
+    store_job j = {0};
+    snprintf(j.id, sizeof j.id, "exit");
+    snprintf(j.kind, sizeof j.kind, "checkpoint");
+    j.payload = "{}";
+    char *res = NULL;
+    if (jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, &j, &res))
+        log_event(LOG_ERROR, "checkpoint_on_exit_failed", "\"code\":\"%s\"", err_name(err_code()));
+    free(res);
+}
+
+static void *thread_main(void *arg) {
+    worker *w = arg;
+    long long t0 = mono_ns();
+    beat(w);
+    int rc = store_open(w->data_dir, 0, &w->st);
+    if (!rc) rc = open_engine(w);
+    if (rc) {
+        char esc[700];
+        log_event(LOG_ERROR, "engine_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc), log_str(esc, sizeof esc, err_msg()));
+        api_set_failed(w->cfg.api, err_msg()[0] ? err_msg() : err_default(rc));
+        atomic_store(&w->ready, -1);
+    } else {
+        api_set_engine(w->cfg.api, w->e);
+        atomic_store(&w->ready, 1);
+    }
+    if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
+    while (!atomic_load(&w->stop)) {
+        beat(w);
+        maybe_hang(w, t0);
+        if (atomic_load(&w->ready) == 1) {
+            store_job j = {0};
+            int got = store_claim(w->st, &j);
+            if (got == 1) { run_one(w, &j); store_job_clear(&j); continue; }
+            if (got < 0) log_event(LOG_ERROR, "store_claim_failed", "\"code\":\"%s\"", err_name(got));
+        }
+        pthread_mutex_lock(&w->mu);
+        if (!w->pending && !atomic_load(&w->stop)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        }
+        w->pending = 0;
+        pthread_mutex_unlock(&w->mu);
+    }
+    save_on_exit(w);
+    eng_close(w->e);
+    w->e = NULL;
+    store_close(w->st);
+    w->st = NULL;
+    log_event(LOG_INFO, "engine_stopped", NULL);
+    return NULL;
+}
+
+int worker_start(const worker_config *c, worker **out) {
+    *out = NULL;
+    worker *w = calloc(1, sizeof *w);
+    if (!w) return err_set(GE_NOMEM, "worker: out of memory");
+    w->cfg = *c;
+    snprintf(w->data_dir, sizeof w->data_dir, "%s", c->data_dir);
+    snprintf(w->model_dir, sizeof w->model_dir, "%s", c->model_dir ? c->model_dir : "");
+    snprintf(w->backend, sizeof w->backend, "%s", c->backend ? c->backend : "auto");
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    beat(w);
+    if (pthread_create(&w->th, NULL, thread_main, w)) {
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        return err_set(GE_INTERNAL, "cannot start the engine thread");
+    }
+    *out = w;
+    return 0;
+}
+
+void worker_wake(worker *w) {
+    pthread_mutex_lock(&w->mu);
+    w->pending = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void worker_stop(worker *w) {
+    atomic_store(&w->stop, 1);
+    worker_wake(w);
+}
+
+void worker_join(worker *w) {
+    pthread_join(w->th, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}

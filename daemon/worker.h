@@ -1,0 +1,36 @@
+/* worker.h — the engine thread: opens the model (eng_open must run on this thread), then
+ * claims jobs from the store one at a time and runs them (daemon/jobs.c), waking long-pollers
+ * after each change. It beats a heartbeat at least every 100 ms while idle and from the
+ * engine's progress callback while busy, which the watchdog timer in serve.c reads.
+ *
+ * Lifecycle: worker_start → (worker_wake on every submit) → worker_stop (finish the running
+ * job, optionally checkpoint unsaved updates, close the engine) → worker_join. */
+#ifndef GRPOD_DAEMON_WORKER_H
+#define GRPOD_DAEMON_WORKER_H
+#include "api/http.h"
+
+typedef struct worker worker;
+
+typedef struct {
+    const char *data_dir;
+    const char *model_dir;          /* NULL or "": the embedded default model in data_dir */
+    const char *backend;
+    int n_threads;
+    int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
+    api_server *api;
+    /* Called on the engine thread: model loaded (ready), engine failed, state changed
+     * (policy version / queue). The callee must only signal (uv_async_send). */
+    void (*notify)(void *ud);
+    void *ud;
+} worker_config;
+
+int worker_start(const worker_config *c, worker **out);
+void worker_wake(worker *w);
+void worker_stop(worker *w);
+void worker_join(worker *w);        /* frees w */
+
+/* Read from any thread. */
+double worker_heartbeat_age(worker *w);     /* seconds since the last beat */
+int worker_ready(worker *w);                /* 1 loaded, 0 loading, -1 failed */
+long long worker_policy_version(worker *w);
+#endif
