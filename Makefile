@@ -62,10 +62,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libapp.a $(BUILD)/libengine.a
 deps:
 	@bash tools/deps.sh
 
-test: grpod $(TEST_BIN)
+# run and test install missing packages first (tools/deps.sh is a no-op when all are present),
+# then build in a second make so the build sees the installed headers.
+test: deps
+	@$(MAKE) --no-print-directory grpod $(TEST_BIN)
 	@bash tests/run.sh $(TEST_BIN)
 
-run: grpod
+run: deps
+	@$(MAKE) --no-print-directory grpod
 	./grpod serve
 
 bench: grpod
