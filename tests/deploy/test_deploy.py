@@ -47,7 +47,8 @@ def unit_get(entries, key, section="Service"):
 
 
 def help_flags(text):
-    return sorted(set(re.findall(r"--([a-z][a-z0-9-]+)", text)))
+    """The flags --help lists: lines that start (after indentation) with --name."""
+    return sorted(set(re.findall(r"^\s+--([a-z][a-z0-9-]+)", text, re.M)))
 
 
 def conf_keys(path):
