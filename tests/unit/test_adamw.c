@@ -160,10 +160,16 @@ TEST(test_torch_fixture) {
         const js *ref[3] = {&ps->items[t - 1], &ms->items[t - 1], &vs->items[t - 1]};
         float *got[3] = {p, m, v};
         const char *name[3] = {"param", "exp_avg", "exp_avg_sq"};
+        /* absolute slack: exp_avg = m + (1 - b1)(g - m) cancels when m << g, so an ulp of the
+         * gradient (torch's clip factor is an fp32 tensor, ours a double: 1 ulp apart) shows
+         * there; params are O(1). */
+        double gmax = 0;
+        for (int i = 0; i < n; i++) gmax = fmax(gmax, fabs(g[i]));
+        const double slack[3] = {2e-7, 2e-7 * gmax, 1e-12};
         for (int k = 0; k < 3; k++) {
             CHECK(js_floats(ref[k], want, n) == 0);
             for (int i = 0; i < n; i++)
-                CHECK_MSG(fabs(got[k][i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-12,
+                CHECK_MSG(fabs(got[k][i] - want[i]) <= 1e-6 * fabs(want[i]) + slack[k],
                           "step %d %s[%d] %.9g vs torch %.9g", t, name[k], i, got[k][i], want[i]);
         }
     }
