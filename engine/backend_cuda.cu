@@ -1,0 +1,214 @@
+/* backend_cuda.cu — the `cuda` backend: the launchers of kernels/NAME.cu behind the backend table
+ * (backend.h). Activations and weights are bf16 ("act"), master weights, gradients, moments and
+ * per-row statistics fp32. All work is queued on one stream owned by the engine thread.
+ *
+ * Memory: alloc is cudaMalloc (weights at load, activations at plan time, nothing per step;
+ * the kernels' scratch grows once to its largest size). Out of device memory is GE_NOMEM with
+ * the free/total bytes in the message, never a crash.
+ * Errors: every CUDA / cuBLAS call goes through kernels/common.cuh's check macros, which keep
+ * the first failure (call text, error string, file:line) in the context; ops after a failure
+ * are skipped, and sync() returns GE_CUDA with that message. A failed backend stays failed. */
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "engine/backend.h"
+#include "engine/err.h"
+}
+#include "kernels/cuda_ops.cuh"
+
+#define CTX(b) ((cu_ctx *)(b)->impl)
+typedef const bf16 cbf;
+
+/* ---------------------------------------------------------------- memory and copies */
+
+static void *cu_alloc(eng_backend *b, size_t n) {
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, n ? n : 256);
+    if (e != cudaSuccess) {
+        cudaGetLastError();   /* an allocation failure is not sticky: clear it */
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        err_set(e == cudaErrorMemoryAllocation ? GE_NOMEM : GE_CUDA,
+                "cuda: cannot allocate %.1f MiB (%s; %.1f of %.1f MiB free)", n / 1048576.0, cudaGetErrorString(e),
+                fr / 1048576.0, tot / 1048576.0);
+        return NULL;
+    }
+    return p;
+}
+static void cu_free_(eng_backend *b, void *p) {
+    if (!p) return;
+    CU_CK(CTX(b), cudaStreamSynchronize(CTX(b)->stream));
+    CU_CK(CTX(b), cudaFree(p));
+}
+static void cu_zero(eng_backend *b, void *p, size_t n) {
+    if (!CTX(b)->failed && n) CU_CK(CTX(b), cudaMemsetAsync(p, 0, n, CTX(b)->stream));
+}
+static int cu_status(eng_backend *b) {
+    return CTX(b)->failed ? err_set(GE_CUDA, "cuda backend failed: %s", CTX(b)->msg) : 0;
+}
+static int cu_to_dev(eng_backend *b, void *d, const void *s, size_t n) {
+    cu_ctx *c = CTX(b);
+    if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
+    if (!c->failed && n) CU_CK(c, cudaStreamSynchronize(c->stream));   /* the caller may reuse s at once */
+    return cu_status(b);
+}
+static int cu_to_host(eng_backend *b, void *d, const void *s, size_t n) {
+    cu_ctx *c = CTX(b);
+    if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToHost, c->stream));
+    if (!c->failed) CU_CK(c, cudaStreamSynchronize(c->stream));
+    return cu_status(b);
+}
+static int cu_act_from(eng_backend *b, void *d, const float *s, size_t n) {
+    bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
+    if (!h) return err_set(GE_NOMEM, "cuda: no host memory to convert %zu values", n);
+    for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(s[i]);
+    int rc = cu_to_dev(b, d, h, n * sizeof(bf16));
+    free(h);
+    return rc;
+}
+static int cu_act_to(eng_backend *b, float *d, const void *s, size_t n) {
+    bf16 *h = (bf16 *)malloc(n * sizeof(bf16) + 1);
+    if (!h) return err_set(GE_NOMEM, "cuda: no host memory to convert %zu values", n);
+    int rc = cu_to_host(b, h, s, n * sizeof(bf16));
+    if (!rc)
+        for (size_t i = 0; i < n; i++) d[i] = __bfloat162float(h[i]);
+    free(h);
+    return rc;
+}
+static void cu_f32_to_act(eng_backend *b, void *d, const float *s, size_t n) {
+    f32_to_bf16_cuda(CTX(b), (bf16 *)d, s, (long long)n);
+}
+static void cu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
+    scatter_rows_cuda(CTX(b), (bf16 *)dst, (cbf *)src, slot, T, row);
+}
+static int cu_sync(eng_backend *b) {
+    cu_ctx *c = CTX(b);
+    if (!c->failed) CU_CK(c, cudaStreamSynchronize(c->stream));
+    return cu_status(b);
+}
+static void cu_destroy(eng_backend *b) {
+    if (!b) return;
+    cu_ctx *c = CTX(b);
+    if (c) {
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->scratch) cudaFree(c->scratch);
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        if (c->red) cudaFree(c->red);
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(b);
+}
+
+/* ---------------------------------------------------------------- ops */
+
+static void emb_f(eng_backend *b, void *o, const int *t, const void *w, int T, int C) {
+    embedding_fwd_cuda(CTX(b), (bf16 *)o, t, (cbf *)w, T, C);
+}
+static void emb_b(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) {
+    embedding_bwd_cuda(CTX(b), dw, (cbf *)d, t, T, C);
+}
+static void rms_f(eng_backend *b, void *o, float *r, const void *x, const void *w, int T, int C, float eps) {
+    rmsnorm_fwd_cuda(CTX(b), (bf16 *)o, r, (cbf *)x, (cbf *)w, T, C, eps);
+}
+static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+                  int T, int C) {
+    rmsnorm_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, T, C);
+}
+static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
+    matmul_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)w, (cbf *)bias, T, I, O);
+}
+static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
+                 int I, int O) {
+    matmul_bwd_cuda(CTX(b), (bf16 *)dx, dw, db, (cbf *)dy, (cbf *)x, (cbf *)w, T, I, O);
+}
+static void rope_f(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+    rope_fwd_cuda(CTX(b), (bf16 *)x, p, f, T, H, D);
+}
+static void rope_b(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+    rope_bwd_cuda(CTX(b), (bf16 *)x, p, f, T, H, D);
+}
+static void att_f(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
+                  int T, int H, int K, int D) {
+    attention_fwd_cuda(CTX(b), (bf16 *)o, lse, (cbf *)q, (cbf *)k, (cbf *)v, r, T, H, K, D);
+}
+static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+    attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v,
+                       (cbf *)out, lse, r, T, H, K, D);
+}
+static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) {
+    swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
+}
+static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
+    swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
+}
+static void add_f(eng_backend *b, void *o, const void *x, const void *y, long long n) {
+    add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
+}
+static void lp_f(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
+                 int M, int C, int V, float t) {
+    logprob_fwd_cuda(CTX(b), lp, ent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
+}
+static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
+                 const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
+    logprob_bwd_cuda(CTX(b), (bf16 *)dh, dw, dlp, dent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
+}
+static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
+    lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
+}
+static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
+                    float b1, float b2, float eps, float wd, int step) {
+    adamw_cuda(CTX(b), p, (bf16 *)act, g, m, v, n, lr, b1, b2, eps, wd, step);
+}
+static double sumsq_f(eng_backend *b, const float *x, long long n) { return sumsq_cuda(CTX(b), x, n); }
+static void scale_f(eng_backend *b, float *x, long long n, float s) { scale_cuda(CTX(b), x, n, s); }
+
+/* ---------------------------------------------------------------- construction */
+
+extern "C" int backend_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n > 0;
+}
+
+extern "C" int backend_cuda_create(eng_backend **out, int device) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return err_set(GE_CUDA, "cuda: no usable GPU (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device < 0 || device >= n) return err_set(GE_CUDA, "cuda: device %d does not exist (%d devices)", device, n);
+    eng_backend *b = (eng_backend *)calloc(1, sizeof *b);
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!b || !c) { free(b); free(c); return err_set(GE_NOMEM, "cuda backend: out of host memory"); }
+    b->impl = c;
+    CU_CK(c, cudaSetDevice(device));
+    CU_CK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    LT_CK(c, cublasLtCreate(&c->lt));
+    c->lt_ws_bytes = 32u << 20;
+    CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    CU_CK(c, cudaMalloc(&c->red, sizeof(double)));
+    CU_CK(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
+    if (c->failed) {
+        int rc = err_set(GE_CUDA, "cuda backend: %s", c->msg);
+        cu_destroy(b);
+        return rc;
+    }
+    b->name = "cuda";
+    b->act_bytes = 2;
+    b->alloc = cu_alloc; b->free = cu_free_; b->zero = cu_zero; b->to_dev = cu_to_dev; b->to_host = cu_to_host;
+    b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
+    b->scatter_rows = cu_scatter_rows; b->sync = cu_sync; b->destroy = cu_destroy;
+    b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
+    b->matmul_fwd = mm_f; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
+    b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
+    b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f;
+    b->adamw = adamw_f; b->sumsq = sumsq_f; b->scale = scale_f;
+    *out = b;
+    return 0;
+}

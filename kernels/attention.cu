@@ -1,0 +1,394 @@
+/* attention.cu — CUDA attention with attention.h's two key ranges per query: a correct, plain
+ * first version (SIMT fp32 math, no tensor cores); the fast flash kernels are their own issue.
+ *
+ * Forward: a block is 16 consecutive queries of one head (4 warps x 4 queries). The keys that
+ * any of its queries sees, pass by pass (range a, then range b), are streamed through shared
+ * memory in tiles of 32; lane j scores key j for the warp's 4 queries, an online softmax in
+ * fp32 (log2 domain) keeps max and sum, and lanes split D to accumulate P·V. lse is saved.
+ * Backward, in three kernels and without atomics:
+ *   dq:    the forward's blocking; recomputes P from lse, writes dq and Dsum = dout·out;
+ *   tiles: for each 32-key tile, the first and last query that sees it (a scan of the ranges);
+ *   dk/dv: a block per (key tile, kv head) walks those queries for every head of the group,
+ *          lane j owning key j and warp w a quarter of D; dk/dv (bf16) get one += at the end,
+ *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
+ * A key inside both ranges of a query counts twice, as in the CPU reference.
+ * Backward assumes key rows == query rows (S == T: training, no KV cache). D is 64 or 128. */
+#include <limits.h>
+
+#include "kernels/cuda_ops.cuh"
+
+enum { QT = 16, KT = 32, NT = 128, QB = 8 };
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define FULL 0xffffffffu
+
+typedef __nv_bfloat162 bf162;
+
+/* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` zeroed.
+ * kp / vp: padded row strides in elements (D + 2 keeps lanes on distinct banks). */
+template <int D>
+__device__ __forceinline__ void load_tile(bf16 *k_s, int kp, bf16 *v_s, int vp, const bf16 *k, const bf16 *v,
+                                          int j0, int end, int K, int g) {
+    for (int i = threadIdx.x; i < KT * (D / 8); i += NT) {
+        int kk = i / (D / 8), c8 = i % (D / 8), j = j0 + kk;
+        uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+        if (j < end) {
+            size_t off = ((size_t)j * K + g) * D + c8 * 8;
+            a = *(const uint4 *)(k + off);
+            b = *(const uint4 *)(v + off);
+        }
+        unsigned *kd = (unsigned *)(k_s + kk * kp + c8 * 8), *vd = (unsigned *)(v_s + kk * vp + c8 * 8);
+        kd[0] = a.x; kd[1] = a.y; kd[2] = a.z; kd[3] = a.w;
+        vd[0] = b.x; vd[1] = b.y; vd[2] = b.z; vd[3] = b.w;
+    }
+}
+
+/* The block's queries' ranges into shared memory and, per pass, the union [blo, bhi). */
+__device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], int *blo, int *bhi, attn_ranges r,
+                                            int t0, int T) {
+    if (threadIdx.x < QT) {
+        int t = t0 + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+        if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
+        lo_s[0][threadIdx.x] = a0; hi_s[0][threadIdx.x] = a1;
+        lo_s[1][threadIdx.x] = b0; hi_s[1][threadIdx.x] = b1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2) {
+        int s = threadIdx.x, lo = INT_MAX, hi = INT_MIN;
+        for (int i = 0; i < QT; i++)
+            if (lo_s[s][i] < hi_s[s][i]) { lo = min(lo, lo_s[s][i]); hi = max(hi, hi_s[s][i]); }
+        blo[s] = lo;
+        bhi[s] = hi;
+    }
+    __syncthreads();
+}
+
+template <int D>
+__global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                      const bf16 *v, attn_ranges r, int T, int H, int K, float scale2) {
+    constexpr int KP = D + 2, NP = D / 64;
+    __shared__ float q_s[QT][D];
+    __shared__ __align__(16) bf16 k_s[KT * KP];
+    __shared__ __align__(16) bf16 v_s[KT * D];
+    __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+    int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < QT * D; i += NT) {
+        int qi = i / D, d = i % D, t = t0 + qi;
+        q_s[qi][d] = t < T ? __bfloat162float(q[((size_t)t * H + h) * D + d]) * scale2 : 0.0f;
+    }
+    load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
+    float m[4], l[4], acc[4][2 * NP];
+    #pragma unroll
+    for (int a = 0; a < 4; a++) {
+        m[a] = -INFINITY; l[a] = 0;
+        #pragma unroll
+        for (int e = 0; e < 2 * NP; e++) acc[a][e] = 0;
+    }
+    for (int s = 0; s < 2; s++) {
+        for (int j0 = blo[s]; j0 < bhi[s]; j0 += KT) {
+            load_tile<D>(k_s, KP, v_s, D, k, v, j0, bhi[s], K, g);
+            __syncthreads();
+            int j = j0 + lane;
+            bool valid[4], any = false;
+            #pragma unroll
+            for (int a = 0; a < 4; a++) {
+                int qi = warp * 4 + a;
+                valid[a] = j >= lo_s[s][qi] && j < hi_s[s][qi];
+                any |= valid[a];
+            }
+            if (__any_sync(FULL, any)) {
+                float sc[4] = { 0, 0, 0, 0 };
+                const bf162 *kr = (const bf162 *)(k_s + lane * KP);
+                #pragma unroll 8
+                for (int d2 = 0; d2 < D / 2; d2++) {
+                    float2 kf = __bfloat1622float2(kr[d2]);
+                    #pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        float2 qf = *(const float2 *)&q_s[warp * 4 + a][2 * d2];
+                        sc[a] += qf.x * kf.x + qf.y * kf.y;
+                    }
+                }
+                float p[4];
+                #pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    float sv = valid[a] ? sc[a] : -INFINITY;
+                    float mn = fmaxf(m[a], warp_max(sv));
+                    p[a] = mn == -INFINITY ? 0.0f : exp2f(sv - mn);
+                    float corr = mn == -INFINITY ? 1.0f : exp2f(m[a] - mn);
+                    l[a] = l[a] * corr + warp_sum(p[a]);
+                    m[a] = mn;
+                    #pragma unroll
+                    for (int e = 0; e < 2 * NP; e++) acc[a][e] *= corr;
+                }
+                #pragma unroll 4
+                for (int jj = 0; jj < KT; jj++) {
+                    const bf162 *vr = (const bf162 *)(v_s + jj * D);
+                    float2 vf[NP];
+                    #pragma unroll
+                    for (int pi = 0; pi < NP; pi++) vf[pi] = __bfloat1622float2(vr[lane + 32 * pi]);
+                    #pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        float pj = __shfl_sync(FULL, p[a], jj);
+                        #pragma unroll
+                        for (int pi = 0; pi < NP; pi++) {
+                            acc[a][2 * pi] += pj * vf[pi].x;
+                            acc[a][2 * pi + 1] += pj * vf[pi].y;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    #pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int t = t0 + warp * 4 + a;
+        if (t >= T) continue;
+        float inv = l[a] > 0 ? 1.0f / l[a] : 0.0f;
+        bf162 *o = (bf162 *)(out + ((size_t)t * H + h) * D);
+        #pragma unroll
+        for (int pi = 0; pi < NP; pi++) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * inv, acc[a][2 * pi + 1] * inv);
+        if (lane == 0) lse[(size_t)t * H + h] = l[a] > 0 ? (m[a] + log2f(l[a])) * LN2 : -INFINITY;
+    }
+}
+
+/* dq = scale Σ_j P_j (dP_j - Dsum) k_j, dP_j = dout·v_j; also writes Dsum (T,H) for dk/dv. */
+template <int D>
+__global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
+                                                         const bf16 *k, const bf16 *v, const bf16 *out,
+                                                         const float *lse, attn_ranges r, int T, int H, int K,
+                                                         float scale2, float scale) {
+    constexpr int KP = D + 2, NP = D / 64;
+    __shared__ float q_s[QT][D], do_s[QT][D];
+    __shared__ __align__(16) bf16 k_s[KT * KP];
+    __shared__ __align__(16) bf16 v_s[KT * KP];
+    __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+    int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < QT * D; i += NT) {
+        int qi = i / D, d = i % D, t = t0 + qi;
+        size_t off = ((size_t)t * H + h) * D + d;
+        q_s[qi][d] = t < T ? __bfloat162float(q[off]) * scale2 : 0.0f;
+        do_s[qi][d] = t < T ? __bfloat162float(dout[off]) : 0.0f;
+    }
+    float L2[4], Ds[4], acc[4][2 * NP];
+    #pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int t = t0 + warp * 4 + a;
+        float s = 0;
+        if (t < T) {
+            const bf16 *o = out + ((size_t)t * H + h) * D, *dd = dout + ((size_t)t * H + h) * D;
+            for (int d = lane; d < D; d += 32) s += __bfloat162float(o[d]) * __bfloat162float(dd[d]);
+        }
+        Ds[a] = warp_sum(s);
+        L2[a] = t < T ? lse[(size_t)t * H + h] * LOG2E : 0.0f;
+        if (t < T && lane == 0) dsum[(size_t)t * H + h] = Ds[a];
+        #pragma unroll
+        for (int e = 0; e < 2 * NP; e++) acc[a][e] = 0;
+    }
+    load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
+    for (int s = 0; s < 2; s++) {
+        for (int j0 = blo[s]; j0 < bhi[s]; j0 += KT) {
+            load_tile<D>(k_s, KP, v_s, KP, k, v, j0, bhi[s], K, g);
+            __syncthreads();
+            int j = j0 + lane;
+            bool valid[4], any = false;
+            #pragma unroll
+            for (int a = 0; a < 4; a++) {
+                int qi = warp * 4 + a;
+                valid[a] = j >= lo_s[s][qi] && j < hi_s[s][qi];
+                any |= valid[a];
+            }
+            if (__any_sync(FULL, any)) {
+                float sc[4] = { 0, 0, 0, 0 }, dp[4] = { 0, 0, 0, 0 };
+                const bf162 *kr = (const bf162 *)(k_s + lane * KP), *vr = (const bf162 *)(v_s + lane * KP);
+                #pragma unroll 8
+                for (int d2 = 0; d2 < D / 2; d2++) {
+                    float2 kf = __bfloat1622float2(kr[d2]), vf = __bfloat1622float2(vr[d2]);
+                    #pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        float2 qf = *(const float2 *)&q_s[warp * 4 + a][2 * d2];
+                        float2 of = *(const float2 *)&do_s[warp * 4 + a][2 * d2];
+                        sc[a] += qf.x * kf.x + qf.y * kf.y;
+                        dp[a] += of.x * vf.x + of.y * vf.y;
+                    }
+                }
+                float ds[4];
+                #pragma unroll
+                for (int a = 0; a < 4; a++) {
+                    float P = valid[a] ? exp2f(sc[a] - L2[a]) : 0.0f;
+                    ds[a] = P * (dp[a] - Ds[a]);
+                }
+                #pragma unroll 4
+                for (int jj = 0; jj < KT; jj++) {
+                    const bf162 *kk = (const bf162 *)(k_s + jj * KP);
+                    float2 kf[NP];
+                    #pragma unroll
+                    for (int pi = 0; pi < NP; pi++) kf[pi] = __bfloat1622float2(kk[lane + 32 * pi]);
+                    #pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        float dj = __shfl_sync(FULL, ds[a], jj);
+                        #pragma unroll
+                        for (int pi = 0; pi < NP; pi++) {
+                            acc[a][2 * pi] += dj * kf[pi].x;
+                            acc[a][2 * pi + 1] += dj * kf[pi].y;
+                        }
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    #pragma unroll
+    for (int a = 0; a < 4; a++) {
+        int t = t0 + warp * 4 + a;
+        if (t >= T) continue;
+        bf162 *o = (bf162 *)(dq + ((size_t)t * H + h) * D);
+        #pragma unroll
+        for (int pi = 0; pi < NP; pi++)
+            o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * scale, acc[a][2 * pi + 1] * scale);
+    }
+}
+
+/* qlo[kt], qhi[kt]: the first query, and one past the last, that sees a key of tile kt. */
+__global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T) {
+    __shared__ int lo_s, hi_s;
+    int j0 = blockIdx.x * KT, j1 = min(j0 + KT, T), lo = INT_MAX, hi = -1;
+    if (threadIdx.x == 0) { lo_s = INT_MAX; hi_s = -1; }
+    __syncthreads();
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        bool sees = max(r.a0[t], j0) < min(r.a1[t], j1) || max(r.b0[t], j0) < min(r.b1[t], j1);
+        if (sees) { lo = min(lo, t); hi = max(hi, t); }
+    }
+    lo = __reduce_min_sync(FULL, lo);
+    hi = __reduce_max_sync(FULL, hi);
+    if ((threadIdx.x & 31) == 0) { atomicMin(&lo_s, lo); atomicMax(&hi_s, hi); }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        qlo[blockIdx.x] = hi_s < 0 ? 0 : lo_s;
+        qhi[blockIdx.x] = hi_s < 0 ? 0 : hi_s + 1;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                           const bf16 *k, const bf16 *v, const float *lse,
+                                                           const float *dsum, const int *qlo, const int *qhi,
+                                                           attn_ranges r, int T, int H, int K, float scale2,
+                                                           float scale) {
+    constexpr int KP = D + 2, DW = D / 4;
+    __shared__ __align__(16) bf16 k_s[KT * KP];
+    __shared__ __align__(16) bf16 v_s[KT * KP];
+    __shared__ float q_s[QB][D], do_s[QB][D];
+    __shared__ float ps_s[4][QB][KT], pd_s[4][QB][KT];
+    __shared__ float lse_s[QB], ds_s[QB];
+    __shared__ int rg[QB][4];
+    int kt = blockIdx.x, g = blockIdx.y, j0 = kt * KT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int rep = H / K, d0 = warp * DW, j = j0 + lane, t_lo = qlo[kt], t_hi = qhi[kt];
+    load_tile<D>(k_s, KP, v_s, KP, k, v, j0, T, K, g);
+    float dk_acc[DW], dv_acc[DW];
+    #pragma unroll
+    for (int e = 0; e < DW; e++) { dk_acc[e] = 0; dv_acc[e] = 0; }
+    __syncthreads();
+    for (int h = g * rep; h < (g + 1) * rep; h++) {
+        for (int tb = t_lo; tb < t_hi; tb += QB) {
+            for (int i = threadIdx.x; i < QB * D; i += NT) {
+                int qb = i / D, d = i % D, t = tb + qb;
+                size_t off = ((size_t)t * H + h) * D + d;
+                q_s[qb][d] = t < t_hi ? __bfloat162float(q[off]) : 0.0f;
+                do_s[qb][d] = t < t_hi ? __bfloat162float(dout[off]) : 0.0f;
+            }
+            int flag = 0;
+            if (threadIdx.x < QB) {
+                int t = tb + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+                if (t < t_hi) {
+                    a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t];
+                    lse_s[threadIdx.x] = lse[(size_t)t * H + h] * LOG2E;
+                    ds_s[threadIdx.x] = dsum[(size_t)t * H + h];
+                    flag = max(a0, j0) < min(a1, j0 + KT) || max(b0, j0) < min(b1, j0 + KT);
+                }
+                rg[threadIdx.x][0] = a0; rg[threadIdx.x][1] = a1; rg[threadIdx.x][2] = b0; rg[threadIdx.x][3] = b1;
+            }
+            if (!__syncthreads_or(flag)) continue;
+            const bf162 *kr = (const bf162 *)(k_s + lane * KP + d0), *vr = (const bf162 *)(v_s + lane * KP + d0);
+            #pragma unroll
+            for (int qb = 0; qb < QB; qb++) {
+                float ps = 0, pd = 0;
+                #pragma unroll
+                for (int d2 = 0; d2 < DW / 2; d2++) {
+                    float2 kf = __bfloat1622float2(kr[d2]), vf = __bfloat1622float2(vr[d2]);
+                    float2 qf = *(const float2 *)&q_s[qb][d0 + 2 * d2], of = *(const float2 *)&do_s[qb][d0 + 2 * d2];
+                    ps += qf.x * kf.x + qf.y * kf.y;
+                    pd += of.x * vf.x + of.y * vf.y;
+                }
+                ps_s[warp][qb][lane] = ps;
+                pd_s[warp][qb][lane] = pd;
+            }
+            __syncthreads();
+            #pragma unroll
+            for (int qb = 0; qb < QB; qb++) {
+                int mult = (j >= rg[qb][0] && j < rg[qb][1]) + (j >= rg[qb][2] && j < rg[qb][3]);
+                if (!mult) continue;
+                float s = (ps_s[0][qb][lane] + ps_s[1][qb][lane] + ps_s[2][qb][lane] + ps_s[3][qb][lane]) * scale2;
+                float dp = pd_s[0][qb][lane] + pd_s[1][qb][lane] + pd_s[2][qb][lane] + pd_s[3][qb][lane];
+                float P = exp2f(s - lse_s[qb]) * mult;
+                float dS = P * (dp - ds_s[qb]) * scale;
+                #pragma unroll
+                for (int e = 0; e < DW; e++) {
+                    dv_acc[e] += P * do_s[qb][d0 + e];
+                    dk_acc[e] += dS * q_s[qb][d0 + e];
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (j < T) {
+        bf162 *dkr = (bf162 *)(dk + ((size_t)j * K + g) * D + d0), *dvr = (bf162 *)(dv + ((size_t)j * K + g) * D + d0);
+        #pragma unroll
+        for (int e = 0; e < DW / 2; e++) {
+            float2 a = __bfloat1622float2(dkr[e]), b = __bfloat1622float2(dvr[e]);
+            dkr[e] = __floats2bfloat162_rn(a.x + dk_acc[2 * e], a.y + dk_acc[2 * e + 1]);
+            dvr[e] = __floats2bfloat162_rn(b.x + dv_acc[2 * e], b.y + dv_acc[2 * e + 1]);
+        }
+    }
+}
+
+static int head_dim_ok(cu_ctx *c, int D) {
+    if (D == 64 || D == 128) return 1;
+    char what[64];
+    snprintf(what, sizeof what, "head dim %d (supported: 64, 128)", D);
+    cu_fail(c, "attention", what, __FILE__, __LINE__);
+    return 0;
+}
+
+void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                        attn_ranges r, int T, int H, int K, int D) {
+    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    float scale2 = LOG2E / sqrtf((float)D);
+    dim3 grid((T + QT - 1) / QT, H);
+    if (D == 64) attn_fwd_kernel<64><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
+    else attn_fwd_kernel<128><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
+    CU_LAUNCHED(c, "attn_fwd_kernel");
+}
+
+void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+                        const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    int ntiles = (T + KT - 1) / KT;
+    size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
+    char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
+    if (!s) return;
+    float *dsum = (float *)s;
+    int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
+    float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
+    dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
+    if (D == 64) attn_bwd_dq_kernel<64><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+    else attn_bwd_dq_kernel<128><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+    CU_LAUNCHED(c, "attn_bwd_dq_kernel");
+    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T);
+    CU_LAUNCHED(c, "attn_tile_bounds_kernel");
+    if (D == 64)
+        attn_bwd_dkdv_kernel<64><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, scale2, scale);
+    else
+        attn_bwd_dkdv_kernel<128><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, scale2, scale);
+    CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");
+}

@@ -1,0 +1,95 @@
+/* common.cuh — what every kernels/NAME.cu shares: the CUDA context the launchers run on (stream,
+ * cuBLASLt handle and workspace, a grow-only scratch buffer, the sticky error), the check
+ * macros that record a failed call with its text and file:line, bf16 helpers and warp/block
+ * reductions. Only the engine thread touches a cu_ctx (STYLE.md: one thread owns the context).
+ *
+ * Errors: a failed CUDA or cuBLAS call marks the context failed with a message naming the call;
+ * later launchers return early (the backend's sync() reports the first failure). Launchers
+ * check their launch with CU_LAUNCHED(ctx, "kernel_name"). */
+#ifndef GRPOD_KERNELS_COMMON_CUH
+#define GRPOD_KERNELS_COMMON_CUH
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+typedef __nv_bfloat16 bf16;
+
+typedef struct cu_ctx {
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;                 /* cuBLASLt workspace */
+    size_t lt_ws_bytes;
+    void *scratch;               /* grow-only; stream-ordered reuse by one op at a time */
+    size_t scratch_bytes;
+    double *red;                 /* one double for sumsq */
+    int n_sm;
+    int failed;
+    char msg[512];
+} cu_ctx;
+
+/* Records the first failure: "call -> error (file:line)". */
+static inline void cu_fail(cu_ctx *c, const char *call, const char *what, const char *file, int line) {
+    if (c->failed) return;
+    c->failed = 1;
+    snprintf(c->msg, sizeof c->msg, "%s -> %s (%s:%d)", call, what, file, line);
+}
+
+#define CU_CK(ctx, call) do { cudaError_t e_ = (call); \
+    if (e_ != cudaSuccess) cu_fail((ctx), #call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+#define LT_CK(ctx, call) do { cublasStatus_t s_ = (call); \
+    if (s_ != CUBLAS_STATUS_SUCCESS) cu_fail((ctx), #call, cublasGetStatusString(s_), __FILE__, __LINE__); } while (0)
+#define CU_LAUNCHED(ctx, name) do { cudaError_t e_ = cudaGetLastError(); \
+    if (e_ != cudaSuccess) cu_fail((ctx), "launch of " name, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+
+/* Scratch of at least `bytes`, 256-byte aligned; grows (synchronously) only when a larger size
+ * is first asked for, so steady-state steps allocate nothing. NULL (ctx failed) on failure. */
+static inline void *cu_scratch(cu_ctx *c, size_t bytes) {
+    if (c->failed) return NULL;
+    if (bytes <= c->scratch_bytes) return c->scratch;
+    if (c->scratch) { CU_CK(c, cudaStreamSynchronize(c->stream)); CU_CK(c, cudaFree(c->scratch)); }
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    size_t n = (bytes + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
+    CU_CK(c, cudaMalloc(&c->scratch, n));
+    if (c->failed) { c->scratch = NULL; return NULL; }
+    c->scratch_bytes = n;
+    return c->scratch;
+}
+
+static inline unsigned cu_blocks(long long n, int threads) {
+    long long b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 2147483647LL ? 2147483647LL : b);
+}
+
+#ifdef __CUDACC__
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+ * sh: 32 floats of shared memory. Contains __syncthreads(). */
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+#endif
+#endif

@@ -1,0 +1,134 @@
+/* logprob.cu — the CUDA logprob head over token chunks: never [M x V] at once.
+ * Per chunk of up to LOGPROB_CHUNK predictions: gather the hidden rows at out_pos (bf16), one
+ * GEMM against W into an fp32 logits chunk (alpha = 1/temperature), then one block per row for
+ * logsumexp, the target's logit and the entropy. Backward recomputes the chunk's logits, turns
+ * each row into dlogits (bf16) in the same row kernel, then two GEMMs: dh_chunk = dz · W (fp32,
+ * scattered with adds into the rows at out_pos) and dW += dz^T · h_chunk (fp32, beta = 1).
+ * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
+#include "kernels/cuda_ops.cuh"
+
+enum { CH = LOGPROB_CHUNK, ROW_THREADS = 1024 };
+
+__global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
+    int i = blockIdx.x;
+    const bf16 *src = h + (size_t)pos[i] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[(size_t)i * C + c] = src[c];
+}
+
+/* (lse, E[z]) of row z (V) over the block. */
+__device__ void row_stats(const float *z, int V, float *lse_out, float *ez_out) {
+    __shared__ float sh[32];
+    float mx = -INFINITY, s = 0, sz = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = z[j];
+        if (x > mx) { float c = __expf(mx - x); s *= c; sz *= c; mx = x; }
+        float e = __expf(x - mx);
+        s += e;
+        sz += e * x;
+    }
+    float M = block_max(mx, sh);
+    float c = mx == -INFINITY ? 0.0f : __expf(mx - M);
+    float S = block_sum(s * c, sh);
+    float SZ = block_sum(sz * c, sh);
+    *lse_out = M + logf(S);
+    *ez_out = SZ / S;
+}
+
+__global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, const int *tok, int V) {
+    int i = blockIdx.x;
+    const float *zr = z + (size_t)i * V;
+    float lse, ez;
+    row_stats(zr, V, &lse, &ez);
+    if (threadIdx.x == 0) {
+        logp[i] = zr[tok[i]] - lse;
+        if (ent) ent[i] = lse - ez;
+    }
+}
+
+/* dz_j = (dlogp (1[j = tok] - p_j) - dent p_j (z_j - E z)) / temperature, as bf16 for the GEMMs. */
+__global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok, const float *dlogp,
+                                       const float *dent, int V, float inv_t) {
+    int i = blockIdx.x;
+    const float *zr = z + (size_t)i * V;
+    float lse, ez;
+    row_stats(zr, V, &lse, &ez);
+    float gl = dlogp[i], ge = dent ? dent[i] : 0.0f;
+    int target = tok[i];
+    bf16 *d = dz + (size_t)i * V;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = zr[j], p = __expf(x - lse);
+        float g = -gl * p - ge * p * (x - ez);
+        if (j == target) g += gl;
+        d[j] = __float2bfloat16(g * inv_t);
+    }
+}
+
+__global__ void scatter_add_rows_kernel(bf16 *dh, const float *src, const int *pos, int C) {
+    int i = blockIdx.x;
+    bf16 *dst = dh + (size_t)pos[i] * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dst + c, __float2bfloat16(src[(size_t)i * C + c]));
+}
+
+typedef struct { bf16 *hc; float *z; bf16 *dz; float *dhc; } lp_scratch;
+
+static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
+    size_t a = (((size_t)CH * C * 2) + 255) & ~(size_t)255, b = (((size_t)CH * V * 4) + 255) & ~(size_t)255;
+    size_t d = grad ? (((size_t)CH * V * 2) + 255) & ~(size_t)255 : 0, e = grad ? (size_t)CH * C * 4 : 0;
+    char *p = (char *)cu_scratch(c, a + b + d + e);
+    if (!p) return 0;
+    s->hc = (bf16 *)p;
+    s->z = (float *)(p + a);
+    s->dz = grad ? (bf16 *)(p + a + b) : NULL;
+    s->dhc = grad ? (float *)(p + a + b + d) : NULL;
+    return 1;
+}
+
+/* logits chunk z (mc, V) = hc (mc, C) · W^T * alpha, after gathering hc from h at pos. */
+static void chunk_logits(cu_ctx *c, lp_scratch *s, const bf16 *h, const int *pos, const bf16 *w, int mc, int C,
+                         int V, float alpha, float *z) {
+    gather_rows_kernel<<<mc, 256, 0, c->stream>>>(s->hc, h, pos, mc, C);
+    CU_LAUNCHED(c, "gather_rows_kernel");
+    gemm_lt(c, 1, 0, V, mc, C, alpha, w, C, s->hc, C, 0.0f, z, V, 1, NULL);
+}
+
+void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const int *out_pos, const int *out_tok,
+                      const bf16 *w, int M, int C, int V, float temperature) {
+    lp_scratch s;
+    if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
+    for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
+        int mc = M - m0 < CH ? M - m0 : CH;
+        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
+        logprob_row_fwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(logp + m0, ent ? ent + m0 : NULL, s.z, out_tok + m0, V);
+        CU_LAUNCHED(c, "logprob_row_fwd_kernel");
+    }
+}
+
+void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const float *dent, const bf16 *h,
+                      const int *out_pos, const int *out_tok, const bf16 *w, int M, int C, int V, float temperature) {
+    lp_scratch s;
+    if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 1)) return;
+    float inv_t = 1.0f / temperature;
+    for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
+        int mc = M - m0 < CH ? M - m0 : CH;
+        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, inv_t, s.z);
+        logprob_row_bwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(s.dz, s.z, out_tok + m0, dlogp + m0,
+                                                                  dent ? dent + m0 : NULL, V, inv_t);
+        CU_LAUNCHED(c, "logprob_row_bwd_kernel");
+        /* dh_chunk^T (C, mc) = W^T (C, V) · dz^T (V, mc) */
+        gemm_lt(c, 0, 0, C, mc, V, 1.0f, w, C, s.dz, V, 0.0f, s.dhc, C, 1, NULL);
+        if (c->failed) return;
+        scatter_add_rows_kernel<<<mc, 256, 0, c->stream>>>(dh, s.dhc, out_pos + m0, C);
+        CU_LAUNCHED(c, "scatter_add_rows_kernel");
+        /* dW^T (C, V) += hc^T (C, mc) · dz (mc, V) */
+        if (dw) gemm_lt(c, 0, 1, C, V, mc, 1.0f, s.hc, C, s.dz, V, 1.0f, dw, C, 1, NULL);
+    }
+}
+
+void lm_head_rows_cuda(cu_ctx *c, float *logits, const bf16 *h, const int *pos, const bf16 *w, int R, int C, int V) {
+    lp_scratch s;
+    if (c->failed || R <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
+    for (int r0 = 0; r0 < R && !c->failed; r0 += CH) {
+        int rc = R - r0 < CH ? R - r0 : CH;
+        chunk_logits(c, &s, h, pos + r0, w, rc, C, V, 1.0f, logits + (size_t)r0 * V);
+    }
+}

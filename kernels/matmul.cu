@@ -1,0 +1,143 @@
+/* matmul.cu — the linear layer on cuBLASLt: y = x W^T + b with W (O,I) row-major as HF stores
+ * it, bf16 operands, fp32 accumulation; the bias rides the GEMM's epilogue. Backward adds dinp
+ * (bf16, beta = 1) and accumulates dW into fp32 (beta = 1); dbias is a column-sum kernel.
+ *
+ * Row-major <-> column-major: a row-major (r,c) matrix is a column-major (c,r) one, so
+ *   fwd   y^T (O,T)  = W^T' · x^T     : transa=T, m=O, n=T, k=I
+ *   dinp  dx^T (I,T) += W^T · dy^T    : m=I, n=T, k=O
+ *   dW    dW^T (I,O) += x^T · dy      : transb=T, m=I, n=O, k=T
+ * Matmul descriptors, layouts and the heuristic's algorithm are cached per shape (a few dozen
+ * distinct shapes per model), so a step runs no heuristic queries after the first. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda_ops.cuh"
+
+typedef struct {
+    int transa, transb, m, n, k, lda, ldb, ldd, d_f32, bias, align;
+} gemm_key;
+
+typedef struct {
+    gemm_key key;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+enum { GEMM_CACHE = 128 };
+static gemm_plan g_cache[GEMM_CACHE];   /* engine thread only (one CUDA context per process) */
+static int g_ncache;
+
+static int align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 2 && (a % (uintptr_t)al)) al >>= 1;
+    return al;
+}
+
+static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
+    for (int i = 0; i < g_ncache; i++)
+        if (!memcmp(&g_cache[i].key, key, sizeof *key)) return &g_cache[i];
+    gemm_plan p;
+    memset(&p, 0, sizeof p);
+    p.key = *key;
+    cublasOperation_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cudaDataType_t dt = key->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    LT_CK(c, cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (c->failed) return NULL;
+    LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (key->bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bt = CUDA_R_16BF;
+        LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+        LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    LT_CK(c, cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key->transa ? key->k : key->m,
+                                        key->transa ? key->m : key->k, key->lda));
+    LT_CK(c, cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key->transb ? key->n : key->k,
+                                        key->transb ? key->k : key->n, key->ldb));
+    LT_CK(c, cublasLtMatrixLayoutCreate(&p.d, dt, key->m, key->n, key->ldd));
+    cublasLtMatmulPreference_t pref;
+    LT_CK(c, cublasLtMatmulPreferenceCreate(&pref));
+    if (c->failed) return NULL;
+    uint32_t al = (uint32_t)key->align;
+    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
+                                                  sizeof c->lt_ws_bytes));
+    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    LT_CK(c, cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (!c->failed && found < 1) {
+        char what[160];
+        snprintf(what, sizeof what, "no algorithm for m=%d n=%d k=%d transa=%d transb=%d f32=%d bias=%d align=%d",
+                 key->m, key->n, key->k, key->transa, key->transb, key->d_f32, key->bias, key->align);
+        cu_fail(c, "cublasLtMatmulAlgoGetHeuristic", what, __FILE__, __LINE__);
+    }
+    if (c->failed) return NULL;
+    p.algo = h.algo;
+    if (g_ncache == GEMM_CACHE) {   /* full: drop the oldest half */
+        for (int i = 0; i < GEMM_CACHE / 2; i++) {
+            cublasLtMatmulDescDestroy(g_cache[i].op);
+            cublasLtMatrixLayoutDestroy(g_cache[i].a);
+            cublasLtMatrixLayoutDestroy(g_cache[i].b);
+            cublasLtMatrixLayoutDestroy(g_cache[i].d);
+        }
+        memmove(g_cache, g_cache + GEMM_CACHE / 2, sizeof(gemm_plan) * (GEMM_CACHE / 2));
+        g_ncache = GEMM_CACHE / 2;
+    }
+    g_cache[g_ncache] = p;
+    return &g_cache[g_ncache++];
+}
+
+void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
+             const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
+    if (c->failed || m <= 0 || n <= 0) return;
+    int al = align_of(A), x;
+    if ((x = align_of(B)) < al) al = x;
+    if ((x = align_of(D)) < al) al = x;
+    if (bias && (x = align_of(bias)) < al) al = x;
+    gemm_key key = { transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al };
+    gemm_plan *p = plan_get(c, &key);
+    if (!p) return;
+    if (bias) LT_CK(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    LT_CK(c, cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d, &p->algo, c->lt_ws,
+                            c->lt_ws_bytes, c->stream));
+}
+
+/* dbias (O) += column sums of dout (T,O): 32 columns x 8 row-strided threads per block. */
+__global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
+    __shared__ float part[8][33];
+    int o = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (o < O)
+        for (int t = blockIdx.y * 8 + threadIdx.y; t < T; t += gridDim.y * 8) s += __bfloat162float(dout[(size_t)t * O + o]);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && o < O) {
+        for (int y = 1; y < 8; y++) s += part[y][threadIdx.x];
+        atomicAdd(dbias + o, s);
+    }
+}
+
+void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
+    gemm_lt(c, 1, 0, O, T, I, 1.0f, w, I, inp, I, 0.0f, out, O, 0, bias);
+}
+
+void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
+                     const bf16 *w, int T, int I, int O) {
+    if (c->failed || T <= 0) return;
+    if (dinp) gemm_lt(c, 0, 0, I, T, O, 1.0f, w, I, dout, O, 1.0f, dinp, I, 0, NULL);
+    if (dw) gemm_lt(c, 0, 1, I, O, T, 1.0f, inp, I, dout, O, 1.0f, dw, I, 1, NULL);
+    if (dbias && !c->failed) {
+        int gy = (T + 255) / 256;
+        dim3 grid((O + 31) / 32, gy < 64 ? gy : 64);
+        bias_grad_kernel<<<grid, dim3(32, 8), 0, c->stream>>>(dbias, dout, T, O);
+        CU_LAUNCHED(c, "bias_grad_kernel");
+    }
+}
