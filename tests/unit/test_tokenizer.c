@@ -1,0 +1,197 @@
+/* test_tokenizer.c — engine/tokenizer.h and engine/chat.h on the shared Qwen3 and Llama 3
+ * tokenizer files (../shared/data/tokenizers, cwd = repo root): known ids (taken from HF
+ * tokenizers 0.23), round trips, special-token switches, invalid UTF-8 in decode, the default
+ * model's tokenizer, chat rendering, and refusal of what is not supported (WordPiece, Unigram,
+ * unknown regexes). The full HF parity run is tests/tokenizer/test_parity.py. */
+#include "engine/chat.h"
+#include "engine/err.h"
+#include "engine/tokenizer.h"
+#include "tests/unit/check.h"
+
+#define QWEN "../shared/data/tokenizers/qwen3"
+#define LLAMA "../shared/data/tokenizers/llama3"
+
+static tok *qwen, *llama;
+
+static int ids_eq(const tok *t, const char *text, int parse_special, const int *want, int nwant) {
+    int *ids, n;
+    if (tok_encode(t, text, strlen(text), 1, parse_special, &ids, &n)) return 0;
+    int ok = n == nwant && !memcmp(ids, want, (size_t)n * sizeof *ids);
+    if (!ok) {
+        printf("  got [");
+        for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+        printf("] for \"%s\"\n", text);
+    }
+    free(ids);
+    return ok;
+}
+
+TEST(loads_both) {
+    CHECK_EQ_INT(tok_load(QWEN, &qwen), 0);
+    CHECK_EQ_INT(tok_load(LLAMA, &llama), 0);
+    CHECK_EQ_INT(tok_vocab_size(qwen), 151669);
+    CHECK_EQ_INT(tok_vocab_size(llama), 128256);
+    CHECK_EQ_INT(tok_token_id(qwen, "<|im_end|>"), 151645);
+    CHECK_EQ_INT(tok_token_id(llama, "<|eot_id|>"), 128009);
+    CHECK_EQ_INT(tok_token_id(qwen, "<|no_such|>"), -1);
+    CHECK_STR(tok_eos(qwen), "<|im_end|>");
+    CHECK(tok_bos(qwen) == NULL);
+    CHECK_STR(tok_bos(llama), "<|begin_of_text|>");
+    CHECK(tok_is_special(qwen, 151645) && !tok_is_special(qwen, 151667) && !tok_is_special(qwen, 9707));
+}
+
+TEST(known_ids) {
+    CHECK(qwen && llama);
+    static const int q1[] = {9707, 1879, 0, 1084, 594, 220, 16, 17, 18, 19, 20, 220, 151645, 305, 18503, 385, 220, 108386};
+    CHECK(ids_eq(qwen, "Hello world! It's 12345 <|im_end|> h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", 1, q1, 18));
+    static const int l1[] = {9906, 1917, 0, 1102, 596, 220, 4513, 1774, 220, 128009, 305, 19010, 385, 118195, 53901};
+    CHECK(ids_eq(llama, "Hello world! It's 12345 <|eot_id|> h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", 1, l1, 15));
+    static const int q2[] = {27, 91, 318, 6213, 91, 29};   /* special token as plain text */
+    CHECK(ids_eq(qwen, "<|im_end|>", 0, q2, 6));
+    static const int q3[] = {151667};                      /* <think> is added, not special */
+    CHECK(ids_eq(qwen, "<think>", 0, q3, 1));
+    CHECK(ids_eq(qwen, "", 1, NULL, 0));
+}
+
+TEST(nfc_applies_to_qwen_only) {
+    CHECK(qwen && llama);
+    int *a, *b, na, nb;
+    CHECK_EQ_INT(tok_encode(qwen, "cafe\xcc\x81", 6, 1, 1, &a, &na), 0);   /* e + U+0301 */
+    CHECK_EQ_INT(tok_encode(qwen, "caf\xc3\xa9", 5, 1, 1, &b, &nb), 0);    /* U+00E9 */
+    int same = na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
+    free(a); free(b);
+    CHECK(same);
+    CHECK_EQ_INT(tok_encode(llama, "cafe\xcc\x81", 6, 1, 1, &a, &na), 0);
+    CHECK_EQ_INT(tok_encode(llama, "caf\xc3\xa9", 5, 1, 1, &b, &nb), 0);
+    same = na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
+    free(a); free(b);
+    CHECK(!same);
+}
+
+TEST(round_trip) {
+    CHECK(qwen && llama);
+    static const char *texts[] = {
+        "def f(x):\n    return x ** 2\n\n\n", "  lots   of\t\tspace \n\n ", "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 family",
+        "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d", "I'LL we'Re 12345678901234567890",
+        "<|im_start|>user\nhi<|im_end|>\n",
+    };
+    const tok *ts[] = {qwen, llama};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+            int *ids, n;
+            char *back;
+            size_t len;
+            CHECK_EQ_INT(tok_encode(ts[k], texts[i], strlen(texts[i]), 1, 1, &ids, &n), 0);
+            CHECK_EQ_INT(tok_decode(ts[k], ids, n, 0, &back, &len), 0);
+            free(ids);
+            int ok = len == strlen(texts[i]) && !strcmp(back, texts[i]);
+            free(back);
+            CHECK_MSG(ok, "model %d text %zu does not round-trip", k, i);
+        }
+}
+
+TEST(decode_invalid_utf8_and_skip_special) {
+    CHECK(qwen);
+    /* 151645 <|im_end|>; 30543 "ä½" = bytes E4 BD (a cut 3-byte sequence); 0 "!" */
+    int ids[] = {151645, 30543, 0, 999999};
+    char *s;
+    size_t n;
+    CHECK_EQ_INT(tok_decode(qwen, ids, 4, 0, &s, &n), 0);
+    CHECK_STR(s, "<|im_end|>\xef\xbf\xbd!");
+    free(s);
+    CHECK_EQ_INT(tok_decode(qwen, ids, 4, 1, &s, &n), 0);
+    CHECK_STR(s, "\xef\xbf\xbd!");
+    free(s);
+}
+
+TEST(invalid_utf8_input_refused) {
+    CHECK(qwen);
+    int *ids, n;
+    CHECK_EQ_INT(tok_encode(qwen, "ab\xff", 3, 1, 1, &ids, &n), GE_INVALID);
+}
+
+TEST(default_tokenizer) {
+    char *j = tok_default_tokenizer_json(), *c = tok_default_tokenizer_config_json();
+    tok *t = NULL;
+    CHECK(j && c);
+    int rc = tok_load_json_cfg(j, strlen(j), c, strlen(c), &t);
+    free(j); free(c);
+    CHECK_MSG(rc == 0, "%s", err_msg());
+    CHECK_EQ_INT(tok_vocab_size(t), 259);
+    CHECK_EQ_INT(tok_token_id(t, "<|im_end|>"), 258);
+    CHECK_STR(tok_eos(t), "<|im_end|>");
+    static const int want[] = {257, 'h', 'i', ' ', 0xc3, 0xa9, 258};
+    int ok = ids_eq(t, "<|im_start|>hi \xc3\xa9<|im_end|>", 1, want, 7);
+    chat_msg m[] = {{"user", "hi"}};
+    char *p = NULL;
+    int crc = chat_render(t, m, 1, 1, &p);
+    tok_free(t);
+    CHECK(ok);
+    CHECK_EQ_INT(crc, 0);
+    CHECK_STR(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(p);
+}
+
+TEST(chat_qwen3_and_llama3) {
+    CHECK(qwen && llama);
+    chat_msg m[] = {{"system", "S"}, {"user", "Q"}, {"assistant", "A"}};
+    char *p;
+    CHECK_EQ_INT(chat_render(qwen, m, 3, 0, &p), 0);
+    CHECK_STR(p, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+                 "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+    free(p);
+    CHECK_EQ_INT(chat_render(llama, m, 2, 1, &p), 0);
+    CHECK_STR(p, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                 "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(p);
+}
+
+static int load_text(const char *json) {
+    tok *t = NULL;
+    int rc = tok_load_json(json, strlen(json), &t);
+    tok_free(t);
+    return rc;
+}
+
+TEST(unsupported_refused) {
+    static const char wp[] = "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {\"[UNK]\": 0, \"a\": 1}}}";
+    CHECK_EQ_INT(load_text(wp), GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "model type WordPiece is not supported (only BPE)"), "message: %s", err_msg());
+    static const char ug[] = "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]]}}";
+    CHECK_EQ_INT(load_text(ug), GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "Unigram"), "message: %s", err_msg());
+    /* a BPE file whose Split regex is not one of the implemented ones */
+    char *j = tok_default_tokenizer_json();
+    CHECK(j);
+    char *at = strstr(j, "\\\\p{N}|");
+    CHECK(at);
+    memcpy(at, "\\\\p{N}+", 7);
+    int rc = load_text(j);
+    free(j);
+    CHECK_EQ_INT(rc, GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "not one of the supported regexes"), "message: %s", err_msg());
+    /* and from a directory on disk, as tok_load reads it */
+    FILE *f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w");
+    if (!f) { CHECK(system("mkdir -p /tmp/grpod_test_tok_wp") == 0); f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w"); }
+    CHECK(f);
+    fputs(wp, f);
+    fclose(f);
+    tok *t = NULL;
+    CHECK_EQ_INT(tok_load("/tmp/grpod_test_tok_wp", &t), GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "WordPiece") && strstr(err_msg(), "/tmp/grpod_test_tok_wp"), "message: %s", err_msg());
+}
+
+int main(void) {
+    RUN(loads_both);
+    RUN(known_ids);
+    RUN(nfc_applies_to_qwen_only);
+    RUN(round_trip);
+    RUN(decode_invalid_utf8_and_skip_special);
+    RUN(invalid_utf8_input_refused);
+    RUN(default_tokenizer);
+    RUN(chat_qwen3_and_llama3);
+    RUN(unsupported_refused);
+    tok_free(qwen);
+    tok_free(llama);
+    return CHECK_DONE();
+}
