@@ -367,7 +367,9 @@ static enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c
         json_object_object_add(k, "id", json_object_new_string(cks[i].id));
         json_object_object_add(k, "path", json_object_new_string(cks[i].path));
         json_object_object_add(k, "policy_version", json_object_new_int64(cks[i].policy_version));
-        json_object_object_add(k, "created_at", json_object_new_double(cks[i].created_at));
+        char ts[32];
+        snprintf(ts, sizeof ts, "%.3f", cks[i].created_at);
+        json_object_object_add(k, "created_at", json_object_new_double_s(cks[i].created_at, ts));
         json_object_array_add(a, k);
     }
     free(cks);
@@ -561,8 +563,12 @@ static enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, con
     free(ids);
     if (rc) return reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
     json_object *o = json_object_new_object();
-    json_object_object_add(o, "prompt", json_object_new_string_len(text, (int)len));
+    size_t sl = 0;
+    char *clean = api_utf8_sanitize(text ? text : "", text ? len : 0, &sl);
     free(text);
+    if (!clean) return reply_fail(c, x, GE_NOMEM, "", "out of memory");
+    json_object_object_add(o, "prompt", json_object_new_string_len(clean, (int)sl));
+    free(clean);
     return reply_obj(c, x, 200, o);
 }
 

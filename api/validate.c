@@ -799,3 +799,26 @@ int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int
     json_object_put(canon);
     return 0;
 }
+
+/* ---------------------------------------------------------------- text out */
+
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
+    char *o = malloc(len * 3 + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n > 0 && i + (size_t)n <= len && !(n == 1 && c == 0);
+        for (int t = 1; ok && t < n; t++) ok = (p[i + t] & 0xC0) == 0x80;
+        if (ok && n == 2) ok = c >= 0xC2;
+        if (ok && n == 3) ok = !(c == 0xE0 && p[i + 1] < 0xA0) && !(c == 0xED && p[i + 1] >= 0xA0);
+        if (ok && n == 4) ok = c <= 0xF4 && !(c == 0xF0 && p[i + 1] < 0x90) && !(c == 0xF4 && p[i + 1] >= 0x90);
+        if (ok) { memcpy(o + k, p + i, (size_t)n); k += (size_t)n; i += (size_t)n; }
+        else { memcpy(o + k, "\xEF\xBF\xBD", 3); k += 3; i++; }
+    }
+    o[k] = 0;
+    *out_len = k;
+    return o;
+}

@@ -64,6 +64,10 @@ int api_tokenize_or_reply(json_object *req, const api_model *m, int **ids, int *
 int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n,
                             int *skip_special, api_error *e);
 
+/* Text for JSON replies: invalid UTF-8 (a byte-level tokenizer can cut a character) and NUL
+ * become U+FFFD. Returns a malloc'd NUL-terminated copy, or NULL when out of memory. */
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len);
+
 /* Checks a job id's shape ("j_" + 16 hex digits). */
 int api_job_id_ok(const char *id);
 #endif

@@ -13,6 +13,7 @@
 #include <json-c/json.h>
 
 #include "api/metrics.h"
+#include "api/validate.h"
 #include "daemon/log.h"
 #include "engine/err.h"
 #include "engine/reward.h"
@@ -187,7 +188,10 @@ static int run_rollout(const jobs_env *env, json_object *p, char **result) {
             eng_response *r = &out[i].resp[k];
             json_object *o = json_object_new_object();
             json_object_object_add(o, "token_ids", ints_json(r->tokens, r->n_tokens));
-            json_object_object_add(o, "text", json_object_new_string_len(r->text ? r->text : "", r->text ? (int)r->text_len : 0));
+            size_t tl = 0;
+            char *txt = api_utf8_sanitize(r->text ? r->text : "", r->text ? r->text_len : 0, &tl);
+            json_object_object_add(o, "text", json_object_new_string_len(txt ? txt : "", (int)tl));
+            free(txt);
             json_object_object_add(o, "logprobs", floats_json(r->logprobs, r->n_tokens));
             json_object_object_add(o, "finish_reason", json_object_new_string(r->finish == FINISH_LENGTH ? "length" : "stop"));
             if (rw) {
