@@ -18,6 +18,17 @@ for bin in "$@"; do
   grep '^FAIL ' "$out" | sed 's/^/    /'
   [ "$rc" != 0 ] && [ "$f" != 0 ] && tail -5 "$out" | sed 's/^/    | /'
 done
+# Fuzz: the request-validation libFuzzer target, briefly (20000 inputs from the seed corpus).
+if command -v clang >/dev/null 2>&1 && make -s build/fuzz_request >"$log/fuzz-build.log" 2>&1; then
+  rm -rf build/fuzz-corpus; cp -r tests/fuzz/corpus build/fuzz-corpus
+  if timeout 300 build/fuzz_request -runs=20000 -max_len=4096 build/fuzz-corpus >"$log/fuzz.log" 2>&1; then
+    pass=$((pass + 1)); printf '%-28s %3d passed %3d failed\n' fuzz_request 1 0
+  else
+    fail=$((fail + 1)); printf '%-28s %3d passed %3d failed\n' fuzz_request 0 1; grep -m3 -E 'ERROR|SUMMARY' "$log/fuzz.log" | sed 's/^/    /'
+  fi
+else
+  echo "fuzz_request: skipped (no clang, or build failed: $log/fuzz-build.log)"
+fi
 # Python tests (integration, tokenizer parity, lint of deploy files): one pytest run.
 if ls tests/*/test_*.py >/dev/null 2>&1; then
   python3 -m pytest -q -p no:cacheprovider tests/ --junitxml="$log/pytest.xml" >"$log/pytest.log" 2>&1
