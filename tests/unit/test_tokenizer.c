@@ -16,7 +16,7 @@ static tok *qwen, *llama;
 static int ids_eq(const tok *t, const char *text, int parse_special, const int *want, int nwant) {
     int *ids, n;
     if (tok_encode(t, text, strlen(text), 1, parse_special, &ids, &n)) return 0;
-    int ok = n == nwant && !memcmp(ids, want, (size_t)n * sizeof *ids);
+    int ok = n == nwant && (n == 0 || !memcmp(ids, want, (size_t)n * sizeof *ids));
     if (!ok) {
         printf("  got [");
         for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
