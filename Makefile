@@ -57,7 +57,7 @@ $(BUILD)/%.cu.o: %.cu
 # Unit tests link the app and the engine; tests/unit/check.h is their harness.
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libapp.a $(BUILD)/libengine.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(APPLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.a,$^) $(APPLIBS) $(LDLIBS)
 
 deps:
 	@bash tools/deps.sh
