@@ -8,10 +8,12 @@
  *
  * Each alternative is tried in order at the current position; what each one matches after
  * backtracking is worked out in tt_match below. Character classes come from the generated
- * Unicode 16.0 tables (engine/unicode_data.c). */
+ * Unicode 16.0 tables (engine/unicode_data.c); NFC uses the Unicode 9.0 tables there, because the
+ * reference normalizes with Unicode 9.0 data (see tools/gen_unicode.py). */
 #include "engine/tok_text.h"
 #include "engine/err.h"
 #include "engine/unicode_data.h"
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -259,7 +261,8 @@ static int tt_match(const uint32_t *cp, const uint8_t *cl, int i, int n, int max
 }
 
 int tt_split(int pattern, const char *s, size_t n, tt_scratch *sc, int *bounds, int *npieces) {
-    if (!ascii_cl['\n']) ascii_init();    /* idempotent: racing threads write the same bytes */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, ascii_init);
     if (sc->cap < n + 1) {
         size_t cap = n + 1 > 2 * sc->cap ? n + 1 : 2 * sc->cap;
         uint32_t *cp = realloc(sc->cp, cap * sizeof *cp);
