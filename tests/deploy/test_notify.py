@@ -137,6 +137,9 @@ def test_ready_status_watchdog_stopping(daemon_factory):
     assert sd.wait_for("READY=1", 30), "no READY=1 within 30 s; stderr:\n" + d.stderr()
     t_ready = sd.times("READY=1")[0]
     # READY means usable: /readyz, asked the moment READY arrived, already says 200.
+    end = time.monotonic() + 10
+    while not sd.readyz_at_ready and time.monotonic() < end:
+        time.sleep(0.01)
     assert sd.readyz_at_ready[0] == 200, sd.readyz_at_ready
     # Let the watchdog run for ~5 intervals.
     time.sleep(5 * INTERVAL + 0.2)
@@ -153,6 +156,10 @@ def test_ready_status_watchdog_stopping(daemon_factory):
     status = [m for _, m in sd.msgs if m.startswith("STATUS=")]
     assert status, "no STATUS= line; got %s" % [m for _, m in sd.msgs][:20]
     assert any("policy" in s.lower() and "queue" in s.lower() for s in status), status
+    # ... and once READY, the current STATUS no longer says the model is loading.
+    after = [m for t, m in sd.msgs if m.startswith("STATUS=") and t >= t_ready]
+    current = after[-1] if after else status[-1]
+    assert "loading" not in current, "STATUS still says loading after READY=1: %s" % status
     # SIGTERM: STOPPING=1, then exit 0.
     d.proc.send_signal(signal.SIGTERM)
     assert sd.wait_for("STOPPING=1", 15), "no STOPPING=1 after SIGTERM; stderr:\n" + d.stderr()
