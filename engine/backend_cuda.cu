@@ -15,6 +15,8 @@ extern "C" {
 #include "engine/backend.h"
 #include "engine/err.h"
 }
+#include <cublas_v2.h>
+
 #include "kernels/cuda_ops.cuh"
 
 #define CTX(b) ((cu_ctx *)(b)->impl)
@@ -96,6 +98,7 @@ static void cu_destroy(eng_backend *b) {
         if (c->lt_ws) cudaFree(c->lt_ws);
         if (c->red) cudaFree(c->red);
         if (c->lt) cublasLtDestroy(c->lt);
+        if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }

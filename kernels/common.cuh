@@ -18,6 +18,7 @@ typedef __nv_bfloat16 bf16;
 typedef struct cu_ctx {
     cudaStream_t stream;
     cublasLtHandle_t lt;
+    void *blas;                  /* cublasHandle_t for GEMMs cuBLASLt has no algorithm for; lazy */
     void *lt_ws;                 /* cuBLASLt workspace */
     size_t lt_ws_bytes;
     void *scratch;               /* grow-only; stream-ordered reuse by one op at a time */

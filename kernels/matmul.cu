@@ -7,10 +7,14 @@
  *   dinp  dx^T (I,T) += W^T · dy^T    : m=I, n=T, k=O
  *   dW    dW^T (I,O) += x^T · dy      : transb=T, m=I, n=O, k=T
  * Matmul descriptors, layouts and the heuristic's algorithm are cached per shape (a few dozen
- * distinct shapes per model), so a step runs no heuristic queries after the first. */
+ * distinct shapes per model), so a step runs no heuristic queries after the first. A shape the
+ * heuristic has no algorithm for (leading dimensions that break its alignment rules, e.g. an
+ * odd vocabulary) falls back to cublasGemmEx, with the bias added by a kernel. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cublas_v2.h>
 
 #include "kernels/cuda_ops.cuh"
 
@@ -23,6 +27,7 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
+    int fallback;               /* no cuBLASLt algorithm: cublasGemmEx */
 } gemm_plan;
 
 enum { GEMM_CACHE = 128 };
@@ -73,14 +78,9 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     int found = 0;
     LT_CK(c, cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found));
     cublasLtMatmulPreferenceDestroy(pref);
-    if (!c->failed && found < 1) {
-        char what[160];
-        snprintf(what, sizeof what, "no algorithm for m=%d n=%d k=%d transa=%d transb=%d f32=%d bias=%d align=%d",
-                 key->m, key->n, key->k, key->transa, key->transb, key->d_f32, key->bias, key->align);
-        cu_fail(c, "cublasLtMatmulAlgoGetHeuristic", what, __FILE__, __LINE__);
-    }
     if (c->failed) return NULL;
-    p.algo = h.algo;
+    if (found < 1) p.fallback = 1;
+    else p.algo = h.algo;
     if (g_ncache == GEMM_CACHE) {   /* full: drop the oldest half */
         for (int i = 0; i < GEMM_CACHE / 2; i++) {
             cublasLtMatmulDescDestroy(g_cache[i].op);
@@ -95,6 +95,36 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     return &g_cache[g_ncache++];
 }
 
+__global__ void add_bias_kernel(bf16 *D, const bf16 *bias, int m, int n, int ldd) {
+    long long total = (long long)m * n;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        long long col = i / m, row = i - col * m;
+        bf16 *d = D + col * ldd + row;
+        *d = __float2bfloat16(__bfloat162float(*d) + __bfloat162float(bias[row]));
+    }
+}
+
+static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta,
+                          void *D, const bf16 *bias) {
+    if (!c->blas) {
+        cublasHandle_t h;
+        LT_CK(c, cublasCreate(&h));
+        if (c->failed) return;
+        c->blas = h;
+    }
+    cublasHandle_t h = (cublasHandle_t)c->blas;
+    LT_CK(c, cublasSetStream(h, c->stream));
+    LT_CK(c, cublasGemmEx(h, key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, key->transb ? CUBLAS_OP_T : CUBLAS_OP_N, key->m,
+                          key->n, key->k, &alpha, A, CUDA_R_16BF, key->lda, B, CUDA_R_16BF, key->ldb, &beta, D,
+                          key->d_f32 ? CUDA_R_32F : CUDA_R_16BF, key->ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias && !c->failed) {
+        long long n = (long long)key->m * key->n;
+        unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
+        add_bias_kernel<<<b < cap ? b : cap, 256, 0, c->stream>>>((bf16 *)D, bias, key->m, key->n, key->ldd);
+        CU_LAUNCHED(c, "add_bias_kernel");
+    }
+}
+
 void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
              const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
     if (c->failed || m <= 0 || n <= 0) return;
@@ -105,6 +135,7 @@ void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha
     gemm_key key = { transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al };
     gemm_plan *p = plan_get(c, &key);
     if (!p) return;
+    if (p->fallback) { gemm_fallback(c, &p->key, alpha, A, B, beta, D, bias); return; }
     if (bias) LT_CK(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     LT_CK(c, cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d, &p->algo, c->lt_ws,
                             c->lt_ws_bytes, c->stream));

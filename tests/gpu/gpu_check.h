@@ -1,0 +1,87 @@
+/* gpu_check.h — helpers the GPU test programs share: bf16 rounding on the host, uploads and
+ * downloads through a backend table, and the result rows tests/gpu/run.sh turns into its
+ * final table ("ROW|test|shape|value|tolerance|PASS or FAIL"). Comparisons are relative L2
+ * errors (tests/unit/check.h rel_l2) of the CUDA result, converted to fp32, against the CPU
+ * backend on the same bf16-rounded inputs. */
+#ifndef GRPOD_GPU_CHECK_H
+#define GRPOD_GPU_CHECK_H
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/err.h"
+#include "tests/unit/check.h"
+
+static int gc_failures;
+static inline void gc_unused_(void) { (void)check_failed_; (void)check_cur_failed_; }
+
+/* One result row; a NaN value fails. */
+static inline void gc_row(const char *test, const char *shape, double value, double tol) {
+    int ok = value <= tol;
+    if (!ok) gc_failures++;
+    printf("ROW|%s|%s|%.3e|%.0e|%s\n", test, shape, value, tol, ok ? "PASS" : "FAIL");
+    fflush(stdout);
+}
+
+/* Round to the nearest bf16 (ties to even), as __float2bfloat16 does. */
+static inline float gc_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return x;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* n random values in [-scale, scale), rounded to bf16 (so both backends see the same numbers). */
+static inline float *gc_rand(size_t n, float scale, unsigned long long seed) {
+    float *x = (float *)malloc(n * sizeof(float) + 4);
+    check_fill(x, n, seed, scale);
+    for (size_t i = 0; i < n; i++) x[i] = gc_bf16(x[i]);
+    return x;
+}
+static inline float *gc_copy(const float *x, size_t n) {
+    float *y = (float *)malloc(n * sizeof(float) + 4);
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static inline void gc_die(eng_backend *b, const char *what) {
+    fprintf(stderr, "FATAL %s: %s\n", what, err_msg());
+    exit(2);
+}
+static inline void *gc_act(eng_backend *g, const float *h, size_t n) {
+    void *p = g->alloc(g, n * 2 + 16);
+    if (!p || g->act_from_f32(g, p, h, n)) gc_die(g, "upload act");
+    return p;
+}
+static inline void *gc_dev(eng_backend *g, const void *h, size_t bytes) {
+    void *p = g->alloc(g, bytes + 16);
+    if (!p || g->to_dev(g, p, h, bytes)) gc_die(g, "upload");
+    return p;
+}
+static inline float *gc_get_act(eng_backend *g, const void *p, size_t n) {
+    float *h = (float *)malloc(n * sizeof(float) + 4);
+    if (g->sync(g) || g->act_to_f32(g, h, p, n)) gc_die(g, "download act");
+    return h;
+}
+static inline float *gc_get_f32(eng_backend *g, const void *p, size_t n) {
+    float *h = (float *)malloc(n * sizeof(float) + 4);
+    if (g->sync(g) || g->to_host(g, h, p, n * 4)) gc_die(g, "download");
+    return h;
+}
+/* Relative L2 error of the increments (a - a0) against (b - b0): for "+=" outputs, so that an
+ * op that overwrote instead of adding fails. */
+static inline double gc_rel_delta(const float *a, const float *a0, const float *b, const float *b0, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double da = (double)a[i] - a0[i], db = (double)b[i] - b0[i];
+        num += (da - db) * (da - db);
+        den += db * db;
+    }
+    return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
+}
+#endif

@@ -1,0 +1,78 @@
+#!/bin/bash
+# tests/gpu/run.sh — the GPU test suite in one command, run from the repository root on a
+# machine with an NVIDIA GPU (nvcc + cuBLASLt; no libmicrohttpd/json-c/libuv needed: only the
+# engine library and the test programs are built).
+#   (a) test_ops: every backend op, CUDA vs the CPU backend (relative L2 thresholds)
+#   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
+#       GPU, three AdamW steps on both backends
+#   (e) compute-sanitizer memcheck over the small op cases
+#   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
+#       PEER=path/to/peer_step.py the PyTorch peer in the same call
+# Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
+# Exit status: 0 when every row passed.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/gpu/logs}
+BUILD=build/gpu
+mkdir -p "$OUT" "$BUILD"
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+JOBS=$(nproc 2>/dev/null || echo 4)
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u +%FT%TZ; } >"$OUT/device.txt" 2>&1
+echo "device: $(head -1 "$OUT/device.txt")"
+
+# ---- build: engine library + test programs (fall back to binaries carried in .carry/bin)
+BIN=$BUILD
+{
+    make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
+    for t in test_ops test_model bench_step; do
+        ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
+            -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
+            -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
+    done
+} >"$OUT/build.log" 2>&1
+if [ $? -ne 0 ]; then
+    echo "build failed (see build.log); trying .carry/bin"
+    tail -5 "$OUT/build.log"
+    BIN=.carry/bin
+fi
+
+# ---- (a) ops, (b-d) model
+timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
+timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
+
+# ---- (e) compute-sanitizer memcheck on the small cases
+MC=$(command -v compute-sanitizer || ls "$CUDA_HOME"/bin/compute-sanitizer 2>/dev/null)
+if [ -n "$MC" ]; then
+    timeout ${T_MC:-150} "$MC" --tool memcheck "$BIN/test_ops" small >"$OUT/memcheck.log" 2>&1
+    echo "memcheck exit $?" >>"$OUT/memcheck.log"
+    errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$OUT/memcheck.log" | tail -1)
+    fails=$(grep -c '^ROW|.*|FAIL$' "$OUT/memcheck.log")
+    res=PASS; [ "${errs:-x}" = 0 ] && [ "$fails" = 0 ] || res=FAIL
+    echo "ROW|memcheck (test_ops small)|errors=${errs:-?} row-fails=$fails|${errs:-nan}|0|$res" >>"$OUT/memcheck.log"
+else
+    echo "ROW|memcheck|compute-sanitizer not found|nan|0|FAIL" >"$OUT/memcheck.log"
+fi
+
+# ---- (f) benchmark (optional)
+if [ "${BENCH:-0}" = 1 ]; then
+    {
+        for s in 0.6b 1.7b; do timeout ${T_BENCH:-100} "$BIN/bench_step" $s 4096 16 512; done
+        if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
+    } >"$OUT/bench.log" 2>&1
+    grep -v '^rep' "$OUT/bench.log"
+fi
+
+# ---- the table
+{
+    printf '%-38s %-52s %-10s %-6s %s\n' test shape value tol result
+    cat "$OUT/ops.log" "$OUT/model.log" "$OUT/memcheck.log" | grep '^ROW|' |
+        awk -F'|' '{ printf "%-38s %-52s %-10s %-6s %s\n", $2, $3, $4, $5, $6 }'
+    grep -h -E 'exit [1-9]|FATAL' "$OUT/ops.log" "$OUT/model.log" | sed 's/^/!! /'
+    p=$(cat "$OUT/ops.log" "$OUT/model.log" "$OUT/memcheck.log" | grep -c '^ROW|.*|PASS$')
+    f=$(cat "$OUT/ops.log" "$OUT/model.log" "$OUT/memcheck.log" | grep -c '^ROW|.*|FAIL$')
+    echo "$p passed, $f failed"
+} >"$OUT/table.txt"
+cat "$OUT/table.txt"
+grep -q -E ' 0 failed$' "$OUT/table.txt" && ! grep -q '^!! ' "$OUT/table.txt"

@@ -1,0 +1,396 @@
+/* test_ops.c — every op of the backend table on CUDA against the CPU backend, on random
+ * bf16-rounded inputs, odd shapes included (T not a multiple of any tile, GQA, D 64 and 128,
+ * two-range attention over several groups, a logprob head with several chunks, a vocabulary
+ * that is not a multiple of 8). "+=" outputs start from random values and their increments
+ * are compared. Tolerances: 1e-2 relative L2 for results that pass through bf16 activations
+ * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
+ * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
+ * Usage: test_ops [small]   (small: the compute-sanitizer subset) */
+#include "kernels/rope.h"
+#include "tests/gpu/gpu_check.h"
+
+static eng_backend *cpu, *gpu;
+static int small_run;
+
+static int *rand_ints(int n, int lo, int hi, unsigned long long seed) {
+    int *x = malloc((size_t)n * sizeof(int) + 4);
+    unsigned long long s = seed;
+    for (int i = 0; i < n; i++) x[i] = lo + (int)((check_randf(&s, 0.5f) + 0.5f) * (hi - lo)) % (hi - lo);
+    return x;
+}
+
+/* ---------------------------------------------------------------- simple ops */
+
+static void t_embedding(int T, int C, int V) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d C=%d V=%d", T, C, V);
+    float *wte = gc_rand((size_t)V * C, 1.0f, 1), *dout = gc_rand((size_t)T * C, 1.0f, 2);
+    float *dw0 = gc_rand((size_t)V * C, 1.0f, 3);
+    int *tok = rand_ints(T, 0, V / 4 + 1, 4);   /* repeats */
+    float *o_c = malloc((size_t)T * C * 4), *dw_c = gc_copy(dw0, (size_t)V * C);
+    cpu->embedding_fwd(cpu, o_c, tok, wte, T, C);
+    cpu->embedding_bwd(cpu, dw_c, dout, tok, T, C);
+    void *g_wte = gc_act(gpu, wte, (size_t)V * C), *g_out = gpu->alloc(gpu, (size_t)T * C * 2);
+    void *g_dout = gc_act(gpu, dout, (size_t)T * C);
+    float *g_dw = gc_dev(gpu, dw0, (size_t)V * C * 4);
+    int *g_tok = gc_dev(gpu, tok, (size_t)T * 4);
+    gpu->embedding_fwd(gpu, g_out, g_tok, g_wte, T, C);
+    gpu->embedding_bwd(gpu, g_dw, g_dout, g_tok, T, C);
+    float *o_g = gc_get_act(gpu, g_out, (size_t)T * C), *dw_g = gc_get_f32(gpu, g_dw, (size_t)V * C);
+    gc_row("embedding_fwd", sh, rel_l2(o_g, o_c, (size_t)T * C), 0);
+    gc_row("embedding_bwd", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)V * C), 1e-5);
+    gpu->free(gpu, g_wte); gpu->free(gpu, g_out); gpu->free(gpu, g_dout); gpu->free(gpu, g_dw); gpu->free(gpu, g_tok);
+    free(wte); free(dout); free(dw0); free(tok); free(o_c); free(dw_c); free(o_g); free(dw_g);
+}
+
+static void t_rmsnorm(int T, int C) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "rows=%d C=%d", T, C);
+    size_t n = (size_t)T * C;
+    float *x = gc_rand(n, 2.0f, 11), *w = gc_rand((size_t)C, 1.0f, 12), *dy = gc_rand(n, 1.0f, 13);
+    float *dx0 = gc_rand(n, 0.3f, 14), *dw0 = gc_rand((size_t)C, 1.0f, 15);
+    float *y_c = malloc(n * 4), *r_c = malloc((size_t)T * 4), *dx_c = gc_copy(dx0, n), *dw_c = gc_copy(dw0, (size_t)C);
+    cpu->rmsnorm_fwd(cpu, y_c, r_c, x, w, T, C, 1e-6f);
+    cpu->rmsnorm_bwd(cpu, dx_c, dw_c, dy, x, w, r_c, T, C);
+    void *gx = gc_act(gpu, x, n), *gw = gc_act(gpu, w, (size_t)C), *gdy = gc_act(gpu, dy, n), *gdx = gc_act(gpu, dx0, n);
+    void *gy = gpu->alloc(gpu, n * 2);
+    float *gr = gpu->alloc(gpu, (size_t)T * 4), *gdw = gc_dev(gpu, dw0, (size_t)C * 4);
+    gpu->rmsnorm_fwd(gpu, gy, gr, gx, gw, T, C, 1e-6f);
+    gpu->rmsnorm_bwd(gpu, gdx, gdw, gdy, gx, gw, gr, T, C);
+    float *y_g = gc_get_act(gpu, gy, n), *r_g = gc_get_f32(gpu, gr, (size_t)T), *dx_g = gc_get_act(gpu, gdx, n);
+    float *dw_g = gc_get_f32(gpu, gdw, (size_t)C);
+    gc_row("rmsnorm_fwd", sh, rel_l2(y_g, y_c, n), 1e-2);
+    gc_row("rmsnorm_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T), 1e-4);
+    gc_row("rmsnorm_bwd dinp", sh, gc_rel_delta(dx_g, dx0, dx_c, dx0, n), 1e-2);
+    gc_row("rmsnorm_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)C), 1e-2);
+    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gdx); gpu->free(gpu, gy);
+    gpu->free(gpu, gr); gpu->free(gpu, gdw);
+    free(x); free(w); free(dy); free(dx0); free(dw0); free(y_c); free(r_c); free(dx_c); free(dw_c);
+    free(y_g); free(r_g); free(dx_g); free(dw_g);
+}
+
+static void t_matmul(int T, int I, int O, int bias) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d I=%d O=%d%s", T, I, O, bias ? " +bias" : "");
+    float *x = gc_rand((size_t)T * I, 1.0f, 21), *w = gc_rand((size_t)O * I, 0.1f, 22), *b = gc_rand((size_t)O, 1.0f, 23);
+    float *dy = gc_rand((size_t)T * O, 1.0f, 24), *dx0 = gc_rand((size_t)T * I, 0.5f, 25);
+    float *dw0 = gc_rand((size_t)O * I, 5.0f, 26), *db0 = gc_rand((size_t)O, 5.0f, 27);
+    float *y_c = malloc((size_t)T * O * 4), *dx_c = gc_copy(dx0, (size_t)T * I), *dw_c = gc_copy(dw0, (size_t)O * I);
+    float *db_c = gc_copy(db0, (size_t)O);
+    cpu->matmul_fwd(cpu, y_c, x, w, bias ? b : NULL, T, I, O);
+    cpu->matmul_bwd(cpu, dx_c, dw_c, bias ? db_c : NULL, dy, x, w, T, I, O);
+    void *gx = gc_act(gpu, x, (size_t)T * I), *gw = gc_act(gpu, w, (size_t)O * I), *gb = gc_act(gpu, b, (size_t)O);
+    void *gdy = gc_act(gpu, dy, (size_t)T * O), *gdx = gc_act(gpu, dx0, (size_t)T * I), *gy = gpu->alloc(gpu, (size_t)T * O * 2);
+    float *gdw = gc_dev(gpu, dw0, (size_t)O * I * 4), *gdb = gc_dev(gpu, db0, (size_t)O * 4);
+    gpu->matmul_fwd(gpu, gy, gx, gw, bias ? gb : NULL, T, I, O);
+    gpu->matmul_bwd(gpu, gdx, gdw, bias ? gdb : NULL, gdy, gx, gw, T, I, O);
+    float *y_g = gc_get_act(gpu, gy, (size_t)T * O), *dx_g = gc_get_act(gpu, gdx, (size_t)T * I);
+    float *dw_g = gc_get_f32(gpu, gdw, (size_t)O * I), *db_g = gc_get_f32(gpu, gdb, (size_t)O);
+    gc_row("matmul_fwd", sh, rel_l2(y_g, y_c, (size_t)T * O), 1e-2);
+    gc_row("matmul_bwd dinp", sh, gc_rel_delta(dx_g, dx0, dx_c, dx0, (size_t)T * I), 1e-2);
+    gc_row("matmul_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)O * I), 1e-2);
+    if (bias) gc_row("matmul_bwd dbias", sh, gc_rel_delta(db_g, db0, db_c, db0, (size_t)O), 1e-2);
+    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gb); gpu->free(gpu, gdy); gpu->free(gpu, gdx);
+    gpu->free(gpu, gy); gpu->free(gpu, gdw); gpu->free(gpu, gdb);
+    free(x); free(w); free(b); free(dy); free(dx0); free(dw0); free(db0); free(y_c); free(dx_c); free(dw_c);
+    free(db_c); free(y_g); free(dx_g); free(dw_g); free(db_g);
+}
+
+static void t_rope(int T, int H, int D) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d H=%d D=%d", T, H, D);
+    size_t n = (size_t)T * H * D;
+    float *x = gc_rand(n, 1.0f, 31), *f = malloc((size_t)D / 2 * 4);
+    rope_inv_freq(f, D, 1000000.0f, 0, 0, 0, 0);
+    int *pos = rand_ints(T, 0, 20000, 32);
+    float *y_c = gc_copy(x, n), *b_c = gc_copy(x, n);
+    cpu->rope_fwd(cpu, y_c, pos, f, T, H, D);
+    cpu->rope_bwd(cpu, b_c, pos, f, T, H, D);
+    void *gy = gc_act(gpu, x, n), *gb = gc_act(gpu, x, n);
+    float *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
+    int *gp = gc_dev(gpu, pos, (size_t)T * 4);
+    gpu->rope_fwd(gpu, gy, gp, gf, T, H, D);
+    gpu->rope_bwd(gpu, gb, gp, gf, T, H, D);
+    float *y_g = gc_get_act(gpu, gy, n), *b_g = gc_get_act(gpu, gb, n);
+    gc_row("rope_fwd", sh, rel_l2(y_g, y_c, n), 1e-2);
+    gc_row("rope_bwd", sh, rel_l2(b_g, b_c, n), 1e-2);
+    gpu->free(gpu, gy); gpu->free(gpu, gb); gpu->free(gpu, gf); gpu->free(gpu, gp);
+    free(x); free(f); free(pos); free(y_c); free(b_c); free(y_g); free(b_g);
+}
+
+static void t_elementwise(long long n) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "n=%lld", n);
+    float *g = gc_rand((size_t)n, 4.0f, 41), *u = gc_rand((size_t)n, 2.0f, 42), *dy = gc_rand((size_t)n, 1.0f, 43);
+    float *o_c = malloc((size_t)n * 4), *dg_c = malloc((size_t)n * 4), *du_c = malloc((size_t)n * 4), *s_c = malloc((size_t)n * 4);
+    cpu->swiglu_fwd(cpu, o_c, g, u, n);
+    cpu->swiglu_bwd(cpu, dg_c, du_c, dy, g, u, n);
+    cpu->add(cpu, s_c, g, u, n);
+    void *gg = gc_act(gpu, g, (size_t)n), *gu = gc_act(gpu, u, (size_t)n), *gdy = gc_act(gpu, dy, (size_t)n);
+    void *go = gpu->alloc(gpu, (size_t)n * 2), *gdg = gpu->alloc(gpu, (size_t)n * 2), *gdu = gpu->alloc(gpu, (size_t)n * 2);
+    float *gf = gc_dev(gpu, g, (size_t)n * 4);
+    void *gconv = gpu->alloc(gpu, (size_t)n * 2);
+    gpu->swiglu_fwd(gpu, go, gg, gu, n);
+    gpu->swiglu_bwd(gpu, gdg, gdu, gdy, gg, gu, n);
+    gpu->f32_to_act(gpu, gconv, gf, (size_t)n);
+    gpu->add(gpu, gg, gg, gu, n);   /* in place, as the model uses it */
+    float *o_g = gc_get_act(gpu, go, (size_t)n), *dg_g = gc_get_act(gpu, gdg, (size_t)n), *du_g = gc_get_act(gpu, gdu, (size_t)n);
+    float *s_g = gc_get_act(gpu, gg, (size_t)n), *c_g = gc_get_act(gpu, gconv, (size_t)n);
+    gc_row("swiglu_fwd", sh, rel_l2(o_g, o_c, (size_t)n), 1e-2);
+    gc_row("swiglu_bwd dgate", sh, rel_l2(dg_g, dg_c, (size_t)n), 1e-2);
+    gc_row("swiglu_bwd dup", sh, rel_l2(du_g, du_c, (size_t)n), 1e-2);
+    gc_row("add (in place)", sh, rel_l2(s_g, s_c, (size_t)n), 1e-2);
+    gc_row("f32_to_act", sh, rel_l2(c_g, g, (size_t)n), 0);
+    gpu->free(gpu, gg); gpu->free(gpu, gu); gpu->free(gpu, gdy); gpu->free(gpu, go); gpu->free(gpu, gdg);
+    gpu->free(gpu, gdu); gpu->free(gpu, gf); gpu->free(gpu, gconv);
+    free(g); free(u); free(dy); free(o_c); free(dg_c); free(du_c); free(s_c); free(o_g); free(dg_g); free(du_g);
+    free(s_g); free(c_g);
+}
+
+static void t_scatter_rows(int T, int S, int row) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d S=%d row=%d", T, S, row);
+    float *src = gc_rand((size_t)T * row, 1.0f, 51), *dst = gc_rand((size_t)S * row, 1.0f, 52);
+    int *slot = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) slot[t] = (t * 7 + 3) % S;   /* distinct: 7 and S coprime */
+    float *d_c = gc_copy(dst, (size_t)S * row);
+    cpu->scatter_rows(cpu, d_c, src, slot, T, row);
+    void *gs = gc_act(gpu, src, (size_t)T * row), *gd = gc_act(gpu, dst, (size_t)S * row);
+    int *gslot = gc_dev(gpu, slot, (size_t)T * 4);
+    gpu->scatter_rows(gpu, gd, gs, gslot, T, row);
+    float *d_g = gc_get_act(gpu, gd, (size_t)S * row);
+    gc_row("scatter_rows", sh, rel_l2(d_g, d_c, (size_t)S * row), 0);
+    gpu->free(gpu, gs); gpu->free(gpu, gd); gpu->free(gpu, gslot);
+    free(src); free(dst); free(slot); free(d_c); free(d_g);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Key ranges of packed groups (engine/pack.h's layout): group g = [P; R_1 .. R_N]. */
+typedef struct { int T; int *a0, *a1, *b0, *b1; } ranges;
+static ranges make_ranges(int G, const int *P, const int *N, const int *const *R) {
+    int T = 0;
+    for (int g = 0; g < G; g++) { T += P[g]; for (int i = 0; i < N[g]; i++) T += R[g][i]; }
+    ranges r = { T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4) };
+    int t = 0;
+    for (int g = 0; g < G; g++) {
+        int p0 = t;
+        for (int i = 0; i < P[g]; i++, t++) { r.a0[t] = p0; r.a1[t] = p0 + i + 1; r.b0[t] = r.b1[t] = 0; }
+        for (int s = 0; s < N[g]; s++) {
+            int s0 = t;
+            for (int j = 0; j < R[g][s]; j++, t++) { r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = s0; r.b1[t] = s0 + j + 1; }
+        }
+    }
+    return r;
+}
+
+static void t_attention(const char *name, ranges rg, int S, int H, int K, int D, int bwd) {
+    char sh[96];
+    int T = rg.T;
+    snprintf(sh, sizeof sh, "%s T=%d H=%d K=%d D=%d", name, T, H, K, D);
+    size_t nq = (size_t)T * H * D, nk = (size_t)S * K * D;
+    float *q = gc_rand(nq, 2.0f, 61), *k = gc_rand(nk, 2.0f, 62), *v = gc_rand(nk, 1.0f, 63), *dout = gc_rand(nq, 1.0f, 64);
+    float *dk0 = gc_rand(nk, 0.1f, 65), *dv0 = gc_rand(nk, 0.1f, 66);
+    float *o_c = malloc(nq * 4), *l_c = malloc((size_t)T * H * 4), *dq_c = malloc(nq * 4);
+    float *dk_c = gc_copy(dk0, nk), *dv_c = gc_copy(dv0, nk);
+    attn_ranges rc = { rg.a0, rg.a1, rg.b0, rg.b1 };
+    cpu->attention_fwd(cpu, o_c, l_c, q, k, v, rc, T, H, K, D);
+    /* the backward reads the forward's output as bf16 storage would hold it */
+    for (size_t i = 0; i < nq; i++) o_c[i] = gc_bf16(o_c[i]);
+    if (bwd) cpu->attention_bwd(cpu, dq_c, dk_c, dv_c, dout, q, k, v, o_c, l_c, rc, T, H, K, D);
+    void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gdo = gc_act(gpu, dout, nq);
+    void *go = gpu->alloc(gpu, nq * 2), *gdq = gpu->alloc(gpu, nq * 2), *gdk = gc_act(gpu, dk0, nk), *gdv = gc_act(gpu, dv0, nk);
+    float *gl = gpu->alloc(gpu, (size_t)T * H * 4);
+    attn_ranges rg_g = { gc_dev(gpu, rg.a0, (size_t)T * 4), gc_dev(gpu, rg.a1, (size_t)T * 4),
+                         gc_dev(gpu, rg.b0, (size_t)T * 4), gc_dev(gpu, rg.b1, (size_t)T * 4) };
+    gpu->attention_fwd(gpu, go, gl, gq, gk, gv, rg_g, T, H, K, D);
+    if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
+    float *o_g = gc_get_act(gpu, go, nq), *l_g = gc_get_f32(gpu, gl, (size_t)T * H);
+    gc_row("attention_fwd out", sh, rel_l2(o_g, o_c, nq), 1e-2);
+    gc_row("attention_fwd lse", sh, rel_l2(l_g, l_c, (size_t)T * H), 1e-4);
+    if (bwd) {
+        float *dq_g = gc_get_act(gpu, gdq, nq), *dk_g = gc_get_act(gpu, gdk, nk), *dv_g = gc_get_act(gpu, gdv, nk);
+        gc_row("attention_bwd dq", sh, rel_l2(dq_g, dq_c, nq), 1e-2);
+        gc_row("attention_bwd dk", sh, gc_rel_delta(dk_g, dk0, dk_c, dk0, nk), 1e-2);
+        gc_row("attention_bwd dv", sh, gc_rel_delta(dv_g, dv0, dv_c, dv0, nk), 1e-2);
+        free(dq_g); free(dk_g); free(dv_g);
+    }
+    gpu->free(gpu, gq); gpu->free(gpu, gk); gpu->free(gpu, gv); gpu->free(gpu, gdo); gpu->free(gpu, go);
+    gpu->free(gpu, gdq); gpu->free(gpu, gdk); gpu->free(gpu, gdv); gpu->free(gpu, gl);
+    gpu->free(gpu, (void *)rg_g.a0); gpu->free(gpu, (void *)rg_g.a1); gpu->free(gpu, (void *)rg_g.b0); gpu->free(gpu, (void *)rg_g.b1);
+    free(q); free(k); free(v); free(dout); free(dk0); free(dv0); free(o_c); free(l_c); free(dq_c); free(dk_c); free(dv_c);
+    free(o_g); free(l_g);
+}
+
+static void free_ranges(ranges r) { free(r.a0); free(r.a1); free(r.b0); free(r.b1); }
+
+static void attention_suite(void) {
+    /* causal: one sequence, T not a multiple of 16 or 32 */
+    int P1[] = { 203 }, N1[] = { 0 };
+    const int *R1[] = { NULL };
+    ranges r = make_ranges(1, P1, N1, R1);
+    t_attention("causal", r, r.T, 4, 4, 64, 1);
+    free_ranges(r);
+    if (small_run) {
+        int P[] = { 21 }, N[] = { 2 }, Ra[] = { 9, 1 };
+        const int *R[] = { Ra };
+        r = make_ranges(1, P, N, R);
+        t_attention("shared-prefix", r, r.T, 4, 2, 128, 1);
+        free_ranges(r);
+        return;
+    }
+    /* two-range: several groups, ragged responses (R = 1), GQA, both head dims */
+    int P2[] = { 37, 5, 70 }, N2[] = { 3, 2, 4 }, Ra[] = { 20, 1, 45 }, Rb[] = { 33, 7 }, Rc[] = { 12, 64, 3, 29 };
+    const int *R2[] = { Ra, Rb, Rc };
+    r = make_ranges(3, P2, N2, R2);
+    t_attention("3 groups", r, r.T, 8, 2, 128, 1);
+    t_attention("3 groups", r, r.T, 6, 3, 64, 1);
+    free_ranges(r);
+    /* a long prompt shared by 16 responses: the dK/dV sum over many queries */
+    int P3[] = { 300 }, N3[] = { 16 }, Rd[16];
+    for (int i = 0; i < 16; i++) Rd[i] = 5 + 7 * i;
+    const int *R3[] = { Rd };
+    r = make_ranges(1, P3, N3, R3);
+    t_attention("P=300 N=16", r, r.T, 16, 8, 128, 1);
+    free_ranges(r);
+    /* decode-style forward: 5 queries over a KV cache of 200 rows */
+    ranges d = { 5, malloc(20), malloc(20), malloc(20), malloc(20) };
+    for (int i = 0; i < 5; i++) { d.a0[i] = 0; d.a1[i] = 120; d.b0[i] = 120 + 15 * i; d.b1[i] = 120 + 15 * i + 3 + i; }
+    t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
+    free_ranges(d);
+}
+
+/* ---------------------------------------------------------------- logprob head */
+
+static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d M=%d C=%d V=%d t=%.1f%s", T, M, C, V, temp, with_ent ? " +ent" : "");
+    float *h = gc_rand((size_t)T * C, 1.0f, 71), *w = gc_rand((size_t)V * C, 0.3f, 72);
+    int *pos = malloc((size_t)M * 4), *tok = rand_ints(M, 0, V, 73);
+    for (int m = 0; m < M; m++) pos[m] = (m * 5 + 1) % T;   /* distinct while M <= T, 5 and T coprime */
+    float *dlp = gc_rand((size_t)M, 1.0f, 74), *dent = gc_rand((size_t)M, 0.5f, 75);
+    float *dh0 = gc_rand((size_t)T * C, 0.05f, 76), *dw0 = gc_rand((size_t)V * C, 0.5f, 77);
+    float *lp_c = malloc((size_t)M * 4), *en_c = malloc((size_t)M * 4), *dh_c = gc_copy(dh0, (size_t)T * C);
+    float *dw_c = gc_copy(dw0, (size_t)V * C);
+    int R = 3;
+    float *lg_c = malloc((size_t)R * V * 4);
+    cpu->logprob_fwd(cpu, lp_c, with_ent ? en_c : NULL, h, pos, tok, w, M, C, V, temp);
+    cpu->logprob_bwd(cpu, dh_c, dw_c, dlp, with_ent ? dent : NULL, h, pos, tok, w, M, C, V, temp);
+    cpu->lm_head_rows(cpu, lg_c, h, pos, w, R, C, V);
+    void *gh = gc_act(gpu, h, (size_t)T * C), *gw = gc_act(gpu, w, (size_t)V * C), *gdh = gc_act(gpu, dh0, (size_t)T * C);
+    int *gpos = gc_dev(gpu, pos, (size_t)M * 4), *gtok = gc_dev(gpu, tok, (size_t)M * 4);
+    float *gdlp = gc_dev(gpu, dlp, (size_t)M * 4), *gdent = gc_dev(gpu, dent, (size_t)M * 4);
+    float *glp = gpu->alloc(gpu, (size_t)M * 4), *gen = gpu->alloc(gpu, (size_t)M * 4), *gdw = gc_dev(gpu, dw0, (size_t)V * C * 4);
+    float *glg = gpu->alloc(gpu, (size_t)R * V * 4);
+    gpu->logprob_fwd(gpu, glp, with_ent ? gen : NULL, gh, gpos, gtok, gw, M, C, V, temp);
+    gpu->logprob_bwd(gpu, gdh, gdw, gdlp, with_ent ? gdent : NULL, gh, gpos, gtok, gw, M, C, V, temp);
+    gpu->lm_head_rows(gpu, glg, gh, gpos, gw, R, C, V);
+    float *lp_g = gc_get_f32(gpu, glp, (size_t)M), *en_g = gc_get_f32(gpu, gen, (size_t)M);
+    float *dh_g = gc_get_act(gpu, gdh, (size_t)T * C), *dw_g = gc_get_f32(gpu, gdw, (size_t)V * C);
+    float *lg_g = gc_get_f32(gpu, glg, (size_t)R * V);
+    gc_row("logprob_fwd logp", sh, rel_l2(lp_g, lp_c, (size_t)M), 1e-4);
+    if (with_ent) gc_row("logprob_fwd entropy", sh, rel_l2(en_g, en_c, (size_t)M), 1e-4);
+    gc_row("logprob_bwd dh", sh, gc_rel_delta(dh_g, dh0, dh_c, dh0, (size_t)T * C), 1e-2);
+    gc_row("logprob_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)V * C), 1e-2);
+    gc_row("lm_head_rows", sh, rel_l2(lg_g, lg_c, (size_t)R * V), 1e-4);
+    gpu->free(gpu, gh); gpu->free(gpu, gw); gpu->free(gpu, gdh); gpu->free(gpu, gpos); gpu->free(gpu, gtok);
+    gpu->free(gpu, gdlp); gpu->free(gpu, gdent); gpu->free(gpu, glp); gpu->free(gpu, gen); gpu->free(gpu, gdw);
+    gpu->free(gpu, glg);
+    free(h); free(w); free(pos); free(tok); free(dlp); free(dent); free(dh0); free(dw0); free(lp_c); free(en_c);
+    free(dh_c); free(dw_c); free(lg_c); free(lp_g); free(en_g); free(dh_g); free(dw_g); free(lg_g);
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static void t_adamw(long long n, int steps) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "n=%lld steps=%d", n, steps);
+    float *p_c = gc_rand((size_t)n, 1.0f, 81), *m_c = calloc((size_t)n, 4), *v_c = calloc((size_t)n, 4);
+    float *gp = gc_dev(gpu, p_c, (size_t)n * 4), *gm = gpu->alloc(gpu, (size_t)n * 4), *gv = gpu->alloc(gpu, (size_t)n * 4);
+    float *gg = gpu->alloc(gpu, (size_t)n * 4);
+    void *gact = gpu->alloc(gpu, (size_t)n * 2);
+    gpu->zero(gpu, gm, (size_t)n * 4);
+    gpu->zero(gpu, gv, (size_t)n * 4);
+    double ss_c = 0, ss_g = 0;
+    for (int s = 1; s <= steps; s++) {
+        float *g = gc_rand((size_t)n, 0.01f * s, 90 + s);
+        if (gpu->to_dev(gpu, gg, g, (size_t)n * 4)) gc_die(gpu, "upload grad");
+        ss_c = cpu->sumsq(cpu, g, n);
+        ss_g = gpu->sumsq(gpu, gg, n);
+        cpu->scale(cpu, g, n, 0.5f);
+        gpu->scale(gpu, gg, n, 0.5f);
+        cpu->adamw(cpu, p_c, NULL, g, m_c, v_c, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, s);
+        gpu->adamw(gpu, gp, gact, gg, gm, gv, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, s);
+        free(g);
+    }
+    float *p_g = gc_get_f32(gpu, gp, (size_t)n), *m_g = gc_get_f32(gpu, gm, (size_t)n), *v_g = gc_get_f32(gpu, gv, (size_t)n);
+    float *a_g = gc_get_act(gpu, gact, (size_t)n), *p_bf = gc_copy(p_c, (size_t)n);
+    for (long long i = 0; i < n; i++) p_bf[i] = gc_bf16(p_bf[i]);
+    gc_row("adamw master", sh, rel_l2(p_g, p_c, (size_t)n), 1e-6);
+    gc_row("adamw m", sh, rel_l2(m_g, m_c, (size_t)n), 1e-6);
+    gc_row("adamw v", sh, rel_l2(v_g, v_c, (size_t)n), 1e-6);
+    gc_row("adamw bf16 copy", sh, rel_l2(a_g, p_bf, (size_t)n), 1e-6);
+    gc_row("sumsq", sh, fabs(ss_g - ss_c) / ss_c, 1e-6);
+    gpu->free(gpu, gp); gpu->free(gpu, gm); gpu->free(gpu, gv); gpu->free(gpu, gg); gpu->free(gpu, gact);
+    free(p_c); free(m_c); free(v_c); free(p_g); free(m_g); free(v_g); free(a_g); free(p_bf);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+/* A failed launch is sticky and named: attention with an unsupported head dim. */
+static void t_sticky_error(void) {
+    eng_backend *b;
+    if (backend_cuda_create(&b, 0)) gc_die(NULL, "backend_cuda_create");
+    int a[1] = { 0 };
+    attn_ranges r = { a, a, a, a };
+    b->attention_fwd(b, NULL, NULL, NULL, NULL, NULL, r, 1, 1, 1, 96);
+    int rc = b->sync(b);
+    const char *msg = err_msg();
+    int ok = rc == GE_CUDA && strstr(msg, "head dim 96") && b->sync(b) == GE_CUDA;
+    printf("  sticky error: rc=%d msg=\"%s\"\n", rc, msg);
+    gc_row("sticky error names the call", "attention D=96", ok ? 0 : 1, 0);
+    void *huge = b->alloc(b, (size_t)1 << 50);
+    int ok2 = huge == NULL && err_code() == GE_NOMEM;
+    printf("  out of memory: \"%s\"\n", err_msg());
+    gc_row("alloc 1 PiB -> GE_NOMEM", "-", ok2 ? 0 : 1, 0);
+    b->destroy(b);
+}
+
+int main(int argc, char **argv) {
+    small_run = argc > 1 && !strcmp(argv[1], "small");
+    backend_cpu_create(&cpu, 0);
+    if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
+    if (small_run) {
+        t_embedding(37, 40, 50);
+        t_rmsnorm(19, 136);
+        t_matmul(37, 64, 40, 1);
+        t_rope(7, 3, 64);
+        t_elementwise(1001);
+        t_scatter_rows(9, 13, 24);
+        attention_suite();
+        t_logprob(50, 30, 64, 300, 0.8f, 1);
+        t_adamw(999, 2);
+    } else {
+        t_embedding(333, 1024, 5000);
+        t_embedding(77, 257, 1000);
+        t_rmsnorm(333, 1024);
+        t_rmsnorm(333 * 8, 128);
+        t_rmsnorm(50, 5120);
+        t_matmul(333, 1024, 768, 1);
+        t_matmul(77, 200, 72, 0);
+        t_matmul(1000, 2048, 6144, 0);
+        t_rope(333, 16, 128);
+        t_rope(77, 6, 64);
+        t_elementwise(1000003);
+        t_scatter_rows(100, 301, 256);
+        attention_suite();
+        t_logprob(700, 600, 256, 5000, 0.7f, 1);
+        t_logprob(300, 257, 128, 1003, 1.0f, 0);
+        t_adamw(1000003, 5);
+        t_sticky_error();
+    }
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+    printf("%d failed\n", gc_failures);
+    return gc_failures ? 1 : 0;
+}
