@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from conftest import GRPOD, ROOT
+from deploy_util import GRPOD, ROOT
 
 UNIT = os.path.join(ROOT, "deploy", "grpod.service")
 DOCKERFILE = os.path.join(ROOT, "deploy", "Dockerfile")

@@ -23,7 +23,7 @@ import time
 import pytest
 import requests
 
-from conftest import GRPOD, ROOT
+from deploy_util import GRPOD, ROOT
 
 WATCHDOG_USEC = 400_000
 INTERVAL = WATCHDOG_USEC / 1e6
