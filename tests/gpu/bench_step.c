@@ -113,6 +113,26 @@ int main(int argc, char **argv) {
            med[2] * 1e3, med[3] * 1e3, used_peak / 1073741824.0);
     printf("grpod-cuda %s: %.0f packed tokens/s per pass-set; useful %.0f TFLOP -> %.0f TFLOP/s (%.0f%% of 793)\n",
            size, b.T / tot, flops / 1e12, flops / tot / 1e12, flops / tot / 793e12 * 100);
+    /* where the time goes: one layer's attention forward and backward on this batch */
+    {
+        int T = b.T;
+        struct model_layer_acts *A = &a.l[0];
+        attn_ranges rg;
+        int *ints = a.ints;
+        rg.a0 = ints + 2 * a.cap_T; rg.a1 = ints + 3 * a.cap_T; rg.b0 = ints + 4 * a.cap_T; rg.b1 = ints + 5 * a.cap_T;
+        double f0 = now();
+        for (int i = 0; i < 3; i++) be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, rg, T, H, K, 128);
+        be->sync(be);
+        double f1 = now();
+        for (int i = 0; i < 3; i++)
+            be->attention_bwd(be, a.dq, a.dk, a.dv, a.datt, A->q, A->k, A->v, A->att, A->lse, rg, T, H, K, 128);
+        if (be->sync(be)) gc_die(be, "attention");
+        double f2 = now();
+        double pairs = (double)P * (P + 1) / 2 + (double)N * R * P + (double)N * R * (R + 1) / 2;
+        printf("grpod-cuda %s: attention per layer: fwd %.1f ms, bwd %.1f ms (%.0f M query-key pairs x %d heads; "
+               "x%d layers = %.0f ms fwd, %.0f ms bwd)\n", size, (f1 - f0) / 3 * 1e3, (f2 - f1) / 3 * 1e3, pairs / 1e6, H,
+               L, (f1 - f0) / 3 * 1e3 * L, (f2 - f1) / 3 * 1e3 * L);
+    }
     model_acts_free(&m, &a);
     pack_batch_free(&b);
     be->destroy(be);
