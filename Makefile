@@ -80,7 +80,11 @@ run: deps
 	@$(MAKE) --no-print-directory grpod
 	./grpod serve
 
-bench: grpod
+$(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libengine.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS)
+
+bench: grpod $(patsubst tests/bench/%.c,$(BUILD)/bench/%,$(wildcard tests/bench/*.c))
 	@bash tests/bench/run.sh
 
 # The unit names /usr/local/bin/grpod; installed under another PREFIX it names that binary.

@@ -5,3 +5,6 @@ set -eu
 cd "$(dirname "$0")/../.."
 echo "== tokenizer (single-threaded encode, grpod vs HF tokenizers)"
 python3 tests/bench/tokenizer_bench.py "$@"
+echo
+echo "== one forward+backward pass, packed P+NR vs standard N(P+R) (cpu backend)"
+build/bench/step_bench 512 8 64
