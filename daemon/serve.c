@@ -222,12 +222,16 @@ typedef struct {
     store *st;                      /* main-thread store handle (queue depth for STATUS) */
     int ready_sent, stopping;
     long long last_version, last_depth;
+    int last_ready;                 /* worker_ready() at the last STATUS= */
     double watchdog_s;
 } serve_state;
 
 static void status_update(serve_state *s, int force) {
     long long v = worker_policy_version(s->w), d = store_queue_depth(s->st);
-    if (!force && v == s->last_version && d == s->last_depth) return;
+    int r = worker_ready(s->w);
+    /* resend when readiness changes too, or STATUS would say "loading" until the queue moves */
+    if (!force && v == s->last_version && d == s->last_depth && r == s->last_ready) return;
+    s->last_ready = r;
     s->last_version = v;
     s->last_depth = d;
     sdn_notifyf("STATUS=policy_version=%lld queue=%lld%s", v, d < 0 ? 0 : d,
