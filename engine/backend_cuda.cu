@@ -97,6 +97,7 @@ static void cu_destroy(eng_backend *b) {
         if (c->scratch) cudaFree(c->scratch);
         if (c->lt_ws) cudaFree(c->lt_ws);
         if (c->red) cudaFree(c->red);
+        gemm_cache_free(c);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
         if (c->stream) cudaStreamDestroy(c->stream);

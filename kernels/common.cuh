@@ -24,6 +24,8 @@ typedef struct cu_ctx {
     void *scratch;               /* grow-only; stream-ordered reuse by one op at a time */
     size_t scratch_bytes;
     double *red;                 /* one double for sumsq */
+    void *gemm_cache;            /* matmul.cu's plans for this context (gemm_cache_free) */
+    int rms_smem_raised;         /* rmsnorm_bwd_kernel's shared-memory limit raised */
     int n_sm;
     int failed;
     char msg[512];

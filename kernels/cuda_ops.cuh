@@ -23,6 +23,7 @@ void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const 
  * uses too: column-major D (m,n) = alpha op(A) op(B) + beta C, C == D, optional bf16 bias (m). */
 void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
              const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias);
+void gemm_cache_free(cu_ctx *c);   /* at context destruction */
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
                      const bf16 *w, int T, int I, int O);

@@ -31,8 +31,22 @@ typedef struct {
 } gemm_plan;
 
 enum { GEMM_CACHE = 128 };
-static gemm_plan g_cache[GEMM_CACHE];   /* engine thread only (one CUDA context per process) */
-static int g_ncache;
+typedef struct { gemm_plan p[GEMM_CACHE]; int n; } gemm_cache;   /* one per cu_ctx: its thread only */
+
+static void plan_destroy(gemm_plan *p) {
+    cublasLtMatmulDescDestroy(p->op);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->d);
+}
+
+void gemm_cache_free(cu_ctx *c) {
+    gemm_cache *gc = (gemm_cache *)c->gemm_cache;
+    if (!gc) return;
+    for (int i = 0; i < gc->n; i++) plan_destroy(&gc->p[i]);
+    free(gc);
+    c->gemm_cache = NULL;
+}
 
 static int align_of(const void *p) {
     uintptr_t a = (uintptr_t)p;
@@ -42,8 +56,13 @@ static int align_of(const void *p) {
 }
 
 static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
-    for (int i = 0; i < g_ncache; i++)
-        if (!memcmp(&g_cache[i].key, key, sizeof *key)) return &g_cache[i];
+    if (!c->gemm_cache && !(c->gemm_cache = calloc(1, sizeof(gemm_cache)))) {
+        cu_fail(c, "calloc(gemm_cache)", "out of host memory", __FILE__, __LINE__);
+        return NULL;
+    }
+    gemm_cache *gc = (gemm_cache *)c->gemm_cache;
+    for (int i = 0; i < gc->n; i++)
+        if (!memcmp(&gc->p[i].key, key, sizeof *key)) return &gc->p[i];
     gemm_plan p;
     memset(&p, 0, sizeof p);
     p.key = *key;
@@ -81,18 +100,13 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     if (c->failed) return NULL;
     if (found < 1) p.fallback = 1;
     else p.algo = h.algo;
-    if (g_ncache == GEMM_CACHE) {   /* full: drop the oldest half */
-        for (int i = 0; i < GEMM_CACHE / 2; i++) {
-            cublasLtMatmulDescDestroy(g_cache[i].op);
-            cublasLtMatrixLayoutDestroy(g_cache[i].a);
-            cublasLtMatrixLayoutDestroy(g_cache[i].b);
-            cublasLtMatrixLayoutDestroy(g_cache[i].d);
-        }
-        memmove(g_cache, g_cache + GEMM_CACHE / 2, sizeof(gemm_plan) * (GEMM_CACHE / 2));
-        g_ncache = GEMM_CACHE / 2;
+    if (gc->n == GEMM_CACHE) {   /* full: drop the oldest half */
+        for (int i = 0; i < GEMM_CACHE / 2; i++) plan_destroy(&gc->p[i]);
+        memmove(gc->p, gc->p + GEMM_CACHE / 2, sizeof(gemm_plan) * (GEMM_CACHE / 2));
+        gc->n = GEMM_CACHE / 2;
     }
-    g_cache[g_ncache] = p;
-    return &g_cache[g_ncache++];
+    gc->p[gc->n] = p;
+    return &gc->p[gc->n++];
 }
 
 __global__ void add_bias_kernel(bf16 *D, const bf16 *bias, int m, int n, int ldd) {

@@ -58,10 +58,9 @@ void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const 
                       const float *rstd, int T, int C) {
     if (c->failed || T <= 0) return;
     size_t smem = (size_t)C * sizeof(float);
-    if (smem > 48 * 1024) {
-        static int raised;   /* engine thread only */
-        if (!raised) CU_CK(c, cudaFuncSetAttribute(rmsnorm_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-        raised = 1;
+    if (smem > 48 * 1024 && !c->rms_smem_raised) {
+        CU_CK(c, cudaFuncSetAttribute(rmsnorm_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
+        c->rms_smem_raised = 1;
     }
     unsigned blocks = cu_blocks(T, RMS_WARPS), cap = (unsigned)c->n_sm * 4;
     if (blocks > cap) blocks = cap;
