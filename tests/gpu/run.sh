@@ -5,6 +5,8 @@
 #   (a) test_ops: every backend op, CUDA vs the CPU backend (relative L2 thresholds)
 #   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
 #       GPU, three AdamW steps on both backends
+#   test_fixtures: the committed HF transformers fixtures on the CUDA backend
+#   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
@@ -26,7 +28,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model bench_step; do
+    for t in test_ops test_model test_fixtures bench_step; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -41,6 +43,15 @@ fi
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
+# HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
+timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
+# the whole daemon on the GPU, when a grpod built elsewhere travels with its runtime libraries
+# (../shared/device/pack-libs.sh; carry grpod and .devlibs)
+if [ -x ./grpod ] && [ -d .devlibs ]; then
+    LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-} timeout ${T_E2E:-240} python3 tests/gpu/daemon_e2e.py ./grpod "$OUT" \
+        >>"$OUT/model.log" 2>&1
+    echo "daemon_e2e exit $?" >>"$OUT/model.log"
+fi
 
 # ---- (e) compute-sanitizer memcheck on the small cases
 MC=$(command -v compute-sanitizer || ls "$CUDA_HOME"/bin/compute-sanitizer 2>/dev/null)
