@@ -1,18 +1,24 @@
-/* attention.cu — CUDA attention with attention.h's two key ranges per query: a correct, plain
- * first version (SIMT fp32 math, no tensor cores); the fast flash kernels are their own issue.
+/* attention.cu — CUDA attention with attention.h's two key ranges per query.
  *
+ * Fast path (attention_flash.cuh): tensor-core flash kernels for D = 64 and 128, forward and a
+ * deterministic backward (dq pass + dk/dv pass, no atomics). Used for every call with those
+ * head dims (training and prefill; the forward reads key rows only inside the queries' ranges,
+ * so a KV cache with S != T works too). GRPOD_ATTN_SIMPLE=1 forces the simple path (tests).
+ *
+ * Simple path (below; every even D up to 128, zero-padded to DM = 16, 32, 64 or 128): plain
+ * SIMT fp32 kernels, the first version.
  * Forward: a block is 16 consecutive queries of one head (4 warps x 4 queries). The keys that
  * any of its queries sees, pass by pass (range a, then range b), are streamed through shared
  * memory in tiles of 32; lane j scores key j for the warp's 4 queries, an online softmax in
  * fp32 (log2 domain) keeps max and sum, and lanes split D to accumulate P·V. lse is saved.
  * Backward, in three kernels and without atomics:
  *   dq:    the forward's blocking; recomputes P from lse, writes dq and Dsum = dout·out;
- *   tiles: for each 32-key tile, the first and last query that sees it (a scan of the ranges);
+ *   tiles: for each key tile, the first and last query that sees it (a scan of the ranges);
  *   dk/dv: a block per (key tile, kv head) walks those queries for every head of the group,
  *          lane j owning key j and warp w a quarter of D; dk/dv (bf16) get one += at the end,
  *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
  * A key inside both ranges of a query counts twice, as in the CPU reference.
- * Backward assumes key rows == query rows (S == T: training, no KV cache). D is 64 or 128. */
+ * Backward assumes key rows == query rows (S == T: training, no KV cache). */
 #include <limits.h>
 
 #include "kernels/cuda_ops.cuh"
@@ -24,22 +30,24 @@ enum { QT = 16, KT = 32, NT = 128, QB = 8 };
 
 typedef __nv_bfloat162 bf162;
 
-/* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` zeroed.
- * kp / vp: padded row strides in elements (D + 2 keeps lanes on distinct banks). */
-template <int D>
+#include "kernels/attention_flash.cuh"
+
+/* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
+ * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
+ * distinct banks). */
+template <int DM>
 __device__ __forceinline__ void load_tile(bf16 *k_s, int kp, bf16 *v_s, int vp, const bf16 *k, const bf16 *v,
-                                          int j0, int end, int K, int g) {
-    for (int i = threadIdx.x; i < KT * (D / 8); i += NT) {
-        int kk = i / (D / 8), c8 = i % (D / 8), j = j0 + kk;
-        uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
-        if (j < end) {
-            size_t off = ((size_t)j * K + g) * D + c8 * 8;
-            a = *(const uint4 *)(k + off);
-            b = *(const uint4 *)(v + off);
+                                          int j0, int end, int K, int g, int D) {
+    for (int i = threadIdx.x; i < KT * (DM / 2); i += NT) {
+        int kk = i / (DM / 2), c2 = i % (DM / 2), j = j0 + kk;
+        bf162 a = __floats2bfloat162_rn(0.0f, 0.0f), b = a;
+        if (j < end && 2 * c2 < D) {
+            size_t off = ((size_t)j * K + g) * D + 2 * c2;
+            a = *(const bf162 *)(k + off);
+            b = *(const bf162 *)(v + off);
         }
-        unsigned *kd = (unsigned *)(k_s + kk * kp + c8 * 8), *vd = (unsigned *)(v_s + kk * vp + c8 * 8);
-        kd[0] = a.x; kd[1] = a.y; kd[2] = a.z; kd[3] = a.w;
-        vd[0] = b.x; vd[1] = b.y; vd[2] = b.z; vd[3] = b.w;
+        *(bf162 *)(k_s + kk * kp + 2 * c2) = a;
+        *(bf162 *)(v_s + kk * vp + 2 * c2) = b;
     }
 }
 
@@ -63,18 +71,18 @@ __device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], in
     __syncthreads();
 }
 
-template <int D>
+template <int DM>
 __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                      const bf16 *v, attn_ranges r, int T, int H, int K, float scale2) {
-    constexpr int KP = D + 2, NP = D / 64;
-    __shared__ float q_s[QT][D];
+                                                      const bf16 *v, attn_ranges r, int T, int H, int K, int D, float scale2) {
+    constexpr int KP = DM + 2, NP = (DM + 63) / 64;
+    __shared__ float q_s[QT][DM];
     __shared__ __align__(16) bf16 k_s[KT * KP];
-    __shared__ __align__(16) bf16 v_s[KT * D];
+    __shared__ __align__(16) bf16 v_s[KT * DM];
     __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
     int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < QT * D; i += NT) {
-        int qi = i / D, d = i % D, t = t0 + qi;
-        q_s[qi][d] = t < T ? __bfloat162float(q[((size_t)t * H + h) * D + d]) * scale2 : 0.0f;
+    for (int i = threadIdx.x; i < QT * DM; i += NT) {
+        int qi = i / DM, d = i % DM, t = t0 + qi;
+        q_s[qi][d] = t < T && d < D ? __bfloat162float(q[((size_t)t * H + h) * D + d]) * scale2 : 0.0f;
     }
     load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
     float m[4], l[4], acc[4][2 * NP];
@@ -86,7 +94,7 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
     }
     for (int s = 0; s < 2; s++) {
         for (int j0 = blo[s]; j0 < bhi[s]; j0 += KT) {
-            load_tile<D>(k_s, KP, v_s, D, k, v, j0, bhi[s], K, g);
+            load_tile<DM>(k_s, KP, v_s, DM, k, v, j0, bhi[s], K, g, D);
             __syncthreads();
             int j = j0 + lane;
             bool valid[4], any = false;
@@ -100,7 +108,7 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
                 float sc[4] = { 0, 0, 0, 0 };
                 const bf162 *kr = (const bf162 *)(k_s + lane * KP);
                 #pragma unroll 8
-                for (int d2 = 0; d2 < D / 2; d2++) {
+                for (int d2 = 0; d2 < DM / 2; d2++) {
                     float2 kf = __bfloat1622float2(kr[d2]);
                     #pragma unroll
                     for (int a = 0; a < 4; a++) {
@@ -122,10 +130,10 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
                 }
                 #pragma unroll 4
                 for (int jj = 0; jj < KT; jj++) {
-                    const bf162 *vr = (const bf162 *)(v_s + jj * D);
+                    const bf162 *vr = (const bf162 *)(v_s + jj * DM);
                     float2 vf[NP];
                     #pragma unroll
-                    for (int pi = 0; pi < NP; pi++) vf[pi] = __bfloat1622float2(vr[lane + 32 * pi]);
+                    for (int pi = 0; pi < NP; pi++) vf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(vr[lane + 32 * pi]) : make_float2(0, 0);
                     #pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float pj = __shfl_sync(FULL, p[a], jj);
@@ -147,28 +155,29 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
         float inv = l[a] > 0 ? 1.0f / l[a] : 0.0f;
         bf162 *o = (bf162 *)(out + ((size_t)t * H + h) * D);
         #pragma unroll
-        for (int pi = 0; pi < NP; pi++) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * inv, acc[a][2 * pi + 1] * inv);
+        for (int pi = 0; pi < NP; pi++)
+            if (2 * (lane + 32 * pi) < D) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * inv, acc[a][2 * pi + 1] * inv);
         if (lane == 0) lse[(size_t)t * H + h] = l[a] > 0 ? (m[a] + log2f(l[a])) * LN2 : -INFINITY;
     }
 }
 
 /* dq = scale Σ_j P_j (dP_j - Dsum) k_j, dP_j = dout·v_j; also writes Dsum (T,H) for dk/dv. */
-template <int D>
+template <int DM>
 __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
                                                          const bf16 *k, const bf16 *v, const bf16 *out,
                                                          const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float scale2, float scale) {
-    constexpr int KP = D + 2, NP = D / 64;
-    __shared__ float q_s[QT][D], do_s[QT][D];
+                                                         int D, float scale2, float scale) {
+    constexpr int KP = DM + 2, NP = (DM + 63) / 64;
+    __shared__ float q_s[QT][DM], do_s[QT][DM];
     __shared__ __align__(16) bf16 k_s[KT * KP];
     __shared__ __align__(16) bf16 v_s[KT * KP];
     __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
     int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < QT * D; i += NT) {
-        int qi = i / D, d = i % D, t = t0 + qi;
+    for (int i = threadIdx.x; i < QT * DM; i += NT) {
+        int qi = i / DM, d = i % DM, t = t0 + qi;
         size_t off = ((size_t)t * H + h) * D + d;
-        q_s[qi][d] = t < T ? __bfloat162float(q[off]) * scale2 : 0.0f;
-        do_s[qi][d] = t < T ? __bfloat162float(dout[off]) : 0.0f;
+        q_s[qi][d] = t < T && d < D ? __bfloat162float(q[off]) * scale2 : 0.0f;
+        do_s[qi][d] = t < T && d < D ? __bfloat162float(dout[off]) : 0.0f;
     }
     float L2[4], Ds[4], acc[4][2 * NP];
     #pragma unroll
@@ -188,7 +197,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
     load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
     for (int s = 0; s < 2; s++) {
         for (int j0 = blo[s]; j0 < bhi[s]; j0 += KT) {
-            load_tile<D>(k_s, KP, v_s, KP, k, v, j0, bhi[s], K, g);
+            load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, bhi[s], K, g, D);
             __syncthreads();
             int j = j0 + lane;
             bool valid[4], any = false;
@@ -202,7 +211,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
                 float sc[4] = { 0, 0, 0, 0 }, dp[4] = { 0, 0, 0, 0 };
                 const bf162 *kr = (const bf162 *)(k_s + lane * KP), *vr = (const bf162 *)(v_s + lane * KP);
                 #pragma unroll 8
-                for (int d2 = 0; d2 < D / 2; d2++) {
+                for (int d2 = 0; d2 < DM / 2; d2++) {
                     float2 kf = __bfloat1622float2(kr[d2]), vf = __bfloat1622float2(vr[d2]);
                     #pragma unroll
                     for (int a = 0; a < 4; a++) {
@@ -223,7 +232,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
                     const bf162 *kk = (const bf162 *)(k_s + jj * KP);
                     float2 kf[NP];
                     #pragma unroll
-                    for (int pi = 0; pi < NP; pi++) kf[pi] = __bfloat1622float2(kk[lane + 32 * pi]);
+                    for (int pi = 0; pi < NP; pi++) kf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(kk[lane + 32 * pi]) : make_float2(0, 0);
                     #pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float dj = __shfl_sync(FULL, ds[a], jj);
@@ -245,14 +254,14 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
         bf162 *o = (bf162 *)(dq + ((size_t)t * H + h) * D);
         #pragma unroll
         for (int pi = 0; pi < NP; pi++)
-            o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * scale, acc[a][2 * pi + 1] * scale);
+            if (2 * (lane + 32 * pi) < D) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * scale, acc[a][2 * pi + 1] * scale);
     }
 }
 
 /* qlo[kt], qhi[kt]: the first query, and one past the last, that sees a key of tile kt. */
-__global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T) {
+__global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T, int kt) {
     __shared__ int lo_s, hi_s;
-    int j0 = blockIdx.x * KT, j1 = min(j0 + KT, T), lo = INT_MAX, hi = -1;
+    int j0 = blockIdx.x * kt, j1 = min(j0 + kt, T), lo = INT_MAX, hi = -1;
     if (threadIdx.x == 0) { lo_s = INT_MAX; hi_s = -1; }
     __syncthreads();
     for (int t = threadIdx.x; t < T; t += blockDim.x) {
@@ -269,33 +278,33 @@ __global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T
     }
 }
 
-template <int D>
+template <int DM>
 __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *lse,
                                                            const float *dsum, const int *qlo, const int *qhi,
-                                                           attn_ranges r, int T, int H, int K, float scale2,
-                                                           float scale) {
-    constexpr int KP = D + 2, DW = D / 4;
+                                                           attn_ranges r, int T, int H, int K, int D,
+                                                           float scale2, float scale) {
+    constexpr int KP = DM + 2, DW = DM / 4;
     __shared__ __align__(16) bf16 k_s[KT * KP];
     __shared__ __align__(16) bf16 v_s[KT * KP];
-    __shared__ float q_s[QB][D], do_s[QB][D];
+    __shared__ float q_s[QB][DM], do_s[QB][DM];
     __shared__ float ps_s[4][QB][KT], pd_s[4][QB][KT];
     __shared__ float lse_s[QB], ds_s[QB];
     __shared__ int rg[QB][4];
     int kt = blockIdx.x, g = blockIdx.y, j0 = kt * KT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int rep = H / K, d0 = warp * DW, j = j0 + lane, t_lo = qlo[kt], t_hi = qhi[kt];
-    load_tile<D>(k_s, KP, v_s, KP, k, v, j0, T, K, g);
+    load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, T, K, g, D);
     float dk_acc[DW], dv_acc[DW];
     #pragma unroll
     for (int e = 0; e < DW; e++) { dk_acc[e] = 0; dv_acc[e] = 0; }
     __syncthreads();
     for (int h = g * rep; h < (g + 1) * rep; h++) {
         for (int tb = t_lo; tb < t_hi; tb += QB) {
-            for (int i = threadIdx.x; i < QB * D; i += NT) {
-                int qb = i / D, d = i % D, t = tb + qb;
+            for (int i = threadIdx.x; i < QB * DM; i += NT) {
+                int qb = i / DM, d = i % DM, t = tb + qb;
                 size_t off = ((size_t)t * H + h) * D + d;
-                q_s[qb][d] = t < t_hi ? __bfloat162float(q[off]) : 0.0f;
-                do_s[qb][d] = t < t_hi ? __bfloat162float(dout[off]) : 0.0f;
+                q_s[qb][d] = t < t_hi && d < D ? __bfloat162float(q[off]) : 0.0f;
+                do_s[qb][d] = t < t_hi && d < D ? __bfloat162float(dout[off]) : 0.0f;
             }
             int flag = 0;
             if (threadIdx.x < QB) {
@@ -345,6 +354,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
         bf162 *dkr = (bf162 *)(dk + ((size_t)j * K + g) * D + d0), *dvr = (bf162 *)(dv + ((size_t)j * K + g) * D + d0);
         #pragma unroll
         for (int e = 0; e < DW / 2; e++) {
+            if (d0 + 2 * e >= D) break;
             float2 a = __bfloat1622float2(dkr[e]), b = __bfloat1622float2(dvr[e]);
             dkr[e] = __floats2bfloat162_rn(a.x + dk_acc[2 * e], a.y + dk_acc[2 * e + 1]);
             dvr[e] = __floats2bfloat162_rn(b.x + dv_acc[2 * e], b.y + dv_acc[2 * e + 1]);
@@ -352,43 +362,99 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
     }
 }
 
+/* 0 when D is not an even head dim up to 128 (the context then holds the error). */
 static int head_dim_ok(cu_ctx *c, int D) {
-    if (D == 64 || D == 128) return 1;
-    char what[64];
-    snprintf(what, sizeof what, "head dim %d (supported: 64, 128)", D);
+    if (D >= 2 && D <= 128 && D % 2 == 0) return 1;
+    char what[80];
+    snprintf(what, sizeof what, "head dim %d (supported: even, at most 128)", D);
     cu_fail(c, "attention", what, __FILE__, __LINE__);
     return 0;
 }
+
+static int use_flash(int D) {
+    if (D != 64 && D != 128) return 0;
+    const char *e = getenv("GRPOD_ATTN_SIMPLE");
+    return !(e && e[0] == '1');
+}
+
+/* Dynamic shared memory of a flash kernel: `tiles` 64-row tiles of stride D + 8. */
+template <typename F>
+static size_t flash_smem(cu_ctx *c, F *kernel, int tiles, int D) {
+    size_t bytes = (size_t)tiles * FA_BM * (D + 8) * sizeof(bf16);
+    CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+#define SIMPLE_DM(D, launch) do { \
+    if ((D) <= 16) launch(16); else if ((D) <= 32) launch(32); else if ((D) <= 64) launch(64); else launch(128); \
+} while (0)
 
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
+    if (use_flash(D)) {
+        dim3 grid((T + FA_BM - 1) / FA_BM, H);
+        if (D == 64) {
+            size_t sm = flash_smem(c, fa_fwd_kernel<64>, 5, 64);
+            fa_fwd_kernel<64><<<grid, FA_NT, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
+        } else {
+            size_t sm = flash_smem(c, fa_fwd_kernel<128>, 5, 128);
+            fa_fwd_kernel<128><<<grid, FA_NT, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
+        }
+        CU_LAUNCHED(c, "fa_fwd_kernel");
+        return;
+    }
     dim3 grid((T + QT - 1) / QT, H);
-    if (D == 64) attn_fwd_kernel<64><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
-    else attn_fwd_kernel<128><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
+#define L_(DM) attn_fwd_kernel<DM><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, D, scale2)
+    SIMPLE_DM(D, L_);
+#undef L_
     CU_LAUNCHED(c, "attn_fwd_kernel");
 }
 
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int ntiles = (T + KT - 1) / KT;
+    int flash = use_flash(D), kt = flash ? (int)FA_BN : (int)KT, ntiles = (T + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;
     float *dsum = (float *)s;
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
+    if (flash) {
+        dim3 gq((T + FA_BM - 1) / FA_BM, H), gk(ntiles, K);
+        if (D == 64) {
+            size_t sm = flash_smem(c, fa_dq_kernel<64>, 6, 64);
+            fa_dq_kernel<64><<<gq, FA_NT, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+        } else {
+            size_t sm = flash_smem(c, fa_dq_kernel<128>, 6, 128);
+            fa_dq_kernel<128><<<gq, FA_NT, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+        }
+        CU_LAUNCHED(c, "fa_dq_kernel");
+        attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, kt);
+        CU_LAUNCHED(c, "attn_tile_bounds_kernel");
+        if (D == 64) {
+            size_t sm = flash_smem(c, fa_dkdv_kernel<64>, 6, 64);
+            fa_dkdv_kernel<64><<<gk, FA_NT, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K,
+                                                            scale2, scale);
+        } else {
+            size_t sm = flash_smem(c, fa_dkdv_kernel<128>, 6, 128);
+            fa_dkdv_kernel<128><<<gk, FA_NT, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K,
+                                                             scale2, scale);
+        }
+        CU_LAUNCHED(c, "fa_dkdv_kernel");
+        return;
+    }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
-    if (D == 64) attn_bwd_dq_kernel<64><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
-    else attn_bwd_dq_kernel<128><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+#define L_(DM) attn_bwd_dq_kernel<DM><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, D, scale2, scale)
+    SIMPLE_DM(D, L_);
+#undef L_
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
-    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T);
+    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, kt);
     CU_LAUNCHED(c, "attn_tile_bounds_kernel");
-    if (D == 64)
-        attn_bwd_dkdv_kernel<64><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, scale2, scale);
-    else
-        attn_bwd_dkdv_kernel<128><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, scale2, scale);
+#define L_(DM) attn_bwd_dkdv_kernel<DM><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, D, scale2, scale)
+    SIMPLE_DM(D, L_);
+#undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");
 }

@@ -184,6 +184,7 @@ static ranges make_ranges(int G, const int *P, const int *N, const int *const *R
     return r;
 }
 
+static int determ;   /* t_attention also checks that a second backward is bit-identical */
 static void t_attention(const char *name, ranges rg, int S, int H, int K, int D, int bwd) {
     char sh[96];
     int T = rg.T;
@@ -205,6 +206,19 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
                          gc_dev(gpu, rg.b0, (size_t)T * 4), gc_dev(gpu, rg.b1, (size_t)T * 4) };
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, rg_g, T, H, K, D);
     if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
+    if (bwd && determ) {   /* the same backward again into fresh buffers: bit-identical */
+        void *gdq2 = gpu->alloc(gpu, nq * 2), *gdk2 = gc_act(gpu, dk0, nk), *gdv2 = gc_act(gpu, dv0, nk);
+        gpu->attention_bwd(gpu, gdq2, gdk2, gdv2, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
+        float *a1 = gc_get_act(gpu, gdq, nq), *a2 = gc_get_act(gpu, gdq2, nq);
+        float *b1 = gc_get_act(gpu, gdk, nk), *b2 = gc_get_act(gpu, gdk2, nk);
+        float *c1 = gc_get_act(gpu, gdv, nk), *c2 = gc_get_act(gpu, gdv2, nk);
+        double diff = 0;
+        for (size_t i = 0; i < nq; i++) diff += a1[i] != a2[i];
+        for (size_t i = 0; i < nk; i++) diff += (b1[i] != b2[i]) + (c1[i] != c2[i]);
+        gc_row("attention_bwd deterministic (diffs)", sh, diff, 0);
+        gpu->free(gpu, gdq2); gpu->free(gpu, gdk2); gpu->free(gpu, gdv2);
+        free(a1); free(a2); free(b1); free(b2); free(c1); free(c2);
+    }
     float *o_g = gc_get_act(gpu, go, nq), *l_g = gc_get_f32(gpu, gl, (size_t)T * H);
     gc_row("attention_fwd out", sh, rel_l2(o_g, o_c, nq), 1e-2);
     gc_row("attention_fwd lse", sh, rel_l2(l_g, l_c, (size_t)T * H), 1e-4);
@@ -236,6 +250,12 @@ static void attention_suite(void) {
         const int *R[] = { Ra };
         r = make_ranges(1, P, N, R);
         t_attention("shared-prefix", r, r.T, 4, 2, 128, 1);
+        t_attention("shared-prefix", r, r.T, 4, 2, 16, 1);
+        free_ranges(r);
+        int Pb[] = { 70, 3 }, Nb[] = { 2, 1 }, Rb1[] = { 65, 1 }, Rb2[] = { 2 };
+        const int *Rb[] = { Rb1, Rb2 };
+        r = make_ranges(2, Pb, Nb, Rb);
+        t_attention("2 groups", r, r.T, 2, 1, 64, 1);
         free_ranges(r);
         return;
     }
@@ -257,7 +277,50 @@ static void attention_suite(void) {
     ranges d = { 5, malloc(20), malloc(20), malloc(20), malloc(20) };
     for (int i = 0; i < 5; i++) { d.a0[i] = 0; d.a1[i] = 120; d.b0[i] = 120 + 15 * i; d.b1[i] = 120 + 15 * i + 3 + i; }
     t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
+    t_attention("kv cache S=200", d, 200, 8, 2, 32, 0);
     free_ranges(d);
+    /* tensor-core path, odd shapes: N = 1 with R = 1 and a prompt not a multiple of 64 */
+    int P4[] = { 130 }, N4[] = { 1 }, Re[] = { 1 };
+    const int *R4[] = { Re };
+    r = make_ranges(1, P4, N4, R4);
+    t_attention("P=130 N=1 R=1", r, r.T, 4, 1, 128, 1);
+    free_ranges(r);
+    /* many groups with different P (smaller than, equal to, just over a 64-row tile) */
+    int P5[] = { 64, 1, 129, 200, 63, 17 }, N5[] = { 2, 1, 3, 1, 2, 4 };
+    int R5a[] = { 64, 65 }, R5b[] = { 1 }, R5c[] = { 3, 128, 40 }, R5d[] = { 77 }, R5e[] = { 1, 1 }, R5f[] = { 9, 70, 2, 31 };
+    const int *R5[] = { R5a, R5b, R5c, R5d, R5e, R5f };
+    r = make_ranges(6, P5, N5, R5);
+    determ = 1;
+    t_attention("6 groups", r, r.T, 8, 2, 64, 1);
+    t_attention("6 groups", r, r.T, 4, 4, 128, 1);
+    determ = 0;
+    /* the simple path: small head dims (fixture models), and forced at D = 128 */
+    t_attention("6 groups", r, r.T, 4, 2, 16, 1);
+    t_attention("6 groups", r, r.T, 4, 2, 32, 1);
+    t_attention("6 groups", r, r.T, 2, 1, 48, 1);
+    setenv("GRPOD_ATTN_SIMPLE", "1", 1);
+    t_attention("6 groups, simple path", r, r.T, 4, 4, 128, 1);
+    unsetenv("GRPOD_ATTN_SIMPLE");
+    free_ranges(r);
+    /* a longer prompt: whole tiles inside every query's range (the unmasked path) */
+    int P6[] = { 1000 }, N6[] = { 4 }, R6a[] = { 77, 200, 64, 128 };
+    const int *R6[] = { R6a };
+    r = make_ranges(1, P6, N6, R6);
+    t_attention("P=1000 N=4", r, r.T, 4, 2, 128, 1);
+    free_ranges(r);
+    /* random, overlapping ranges: a key inside both counts twice, as in the reference */
+    int T7 = 301;
+    ranges x = { T7, malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4) };
+    unsigned long long sd = 99;
+    for (int t = 0; t < T7; t++) {
+        int u = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7), w = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
+        x.a0[t] = u < w ? u : w; x.a1[t] = (u < w ? w : u) + 1;
+        if (x.a1[t] > T7) x.a1[t] = T7;
+        u = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7); w = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
+        x.b0[t] = u < w ? u : w; x.b1[t] = t % 3 ? (u < w ? w : u) : x.b0[t];   /* every third: b empty */
+    }
+    t_attention("random overlapping ranges", x, T7, 4, 2, 64, 1);
+    free_ranges(x);
 }
 
 /* ---------------------------------------------------------------- logprob head */
@@ -344,12 +407,12 @@ static void t_sticky_error(void) {
     if (backend_cuda_create(&b, 0)) gc_die(NULL, "backend_cuda_create");
     int a[1] = { 0 };
     attn_ranges r = { a, a, a, a };
-    b->attention_fwd(b, NULL, NULL, NULL, NULL, NULL, r, 1, 1, 1, 96);
+    b->attention_fwd(b, NULL, NULL, NULL, NULL, NULL, r, 1, 1, 1, 97);
     int rc = b->sync(b);
     const char *msg = err_msg();
-    int ok = rc == GE_CUDA && strstr(msg, "head dim 96") && b->sync(b) == GE_CUDA;
+    int ok = rc == GE_CUDA && strstr(msg, "head dim 97") && b->sync(b) == GE_CUDA;
     printf("  sticky error: rc=%d msg=\"%s\"\n", rc, msg);
-    gc_row("sticky error names the call", "attention D=96", ok ? 0 : 1, 0);
+    gc_row("sticky error names the call", "attention D=97", ok ? 0 : 1, 0);
     void *huge = b->alloc(b, (size_t)1 << 50);
     int ok2 = huge == NULL && err_code() == GE_NOMEM;
     printf("  out of memory: \"%s\"\n", err_msg());
