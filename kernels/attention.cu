@@ -377,12 +377,46 @@ static int use_flash(int D) {
     return !(e && e[0] == '1');
 }
 
-/* Dynamic shared memory of a flash kernel: `tiles` 64-row tiles of stride D + 8. */
+/* Warps per flash block: 8 (128-row tiles: half the K/V or Q/dO traffic of 4); 4 with
+ * GRPOD_ATTN_NW=4 (benchmark comparison). */
+static int flash_nw(void) {
+    const char *e = getenv("GRPOD_ATTN_NW");
+    return e && e[0] == '4' ? 4 : 8;
+}
+
+/* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
 template <typename F>
-static size_t flash_smem(cu_ctx *c, F *kernel, int tiles, int D) {
-    size_t bytes = (size_t)tiles * FA_BM * (D + 8) * sizeof(bf16);
+static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
+    size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16);
     CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return bytes;
+}
+
+template <int D, int NW>
+static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
+                      int T, int H, int K, float sc2) {
+    size_t sm = flash_smem(c, fa_fwd_kernel<D, NW>, 16 * NW + 4 * FA_BN, D);
+    dim3 grid((T + 16 * NW - 1) / (16 * NW), H);
+    fa_fwd_kernel<D, NW><<<grid, 32 * NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+    CU_LAUNCHED(c, "fa_fwd_kernel");
+}
+
+template <int D, int NW>
+static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
+                      const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
+                      int T, int H, int K, float sc2, float scale) {
+    constexpr int BR = 16 * NW;
+    size_t sm = flash_smem(c, fa_dq_kernel<D, NW>, 2 * BR + 4 * FA_BN, D);
+    fa_dq_kernel<D, NW><<<dim3((T + BR - 1) / BR, H), 32 * NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r,
+                                                                                T, H, K, sc2, scale);
+    CU_LAUNCHED(c, "fa_dq_kernel");
+    int ntiles = (T + BR - 1) / BR;
+    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, BR);
+    CU_LAUNCHED(c, "attn_tile_bounds_kernel");
+    sm = flash_smem(c, fa_dkdv_kernel<D, NW>, 2 * BR + 4 * FA_Q, D);
+    fa_dkdv_kernel<D, NW><<<dim3(ntiles, K), 32 * NW, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r,
+                                                                       T, H, K, sc2, scale);
+    CU_LAUNCHED(c, "fa_dkdv_kernel");
 }
 
 #define SIMPLE_DM(D, launch) do { \
@@ -394,15 +428,9 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(D)) {
-        dim3 grid((T + FA_BM - 1) / FA_BM, H);
-        if (D == 64) {
-            size_t sm = flash_smem(c, fa_fwd_kernel<64>, 5, 64);
-            fa_fwd_kernel<64><<<grid, FA_NT, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
-        } else {
-            size_t sm = flash_smem(c, fa_fwd_kernel<128>, 5, 128);
-            fa_fwd_kernel<128><<<grid, FA_NT, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, scale2);
-        }
-        CU_LAUNCHED(c, "fa_fwd_kernel");
+        int nw = flash_nw();
+        if (D == 64) (nw == 4 ? flash_fwd<64, 4> : flash_fwd<64, 8>)(c, out, lse, q, k, v, r, T, H, K, scale2);
+        else (nw == 4 ? flash_fwd<128, 4> : flash_fwd<128, 8>)(c, out, lse, q, k, v, r, T, H, K, scale2);
         return;
     }
     dim3 grid((T + QT - 1) / QT, H);
@@ -415,7 +443,7 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int flash = use_flash(D), kt = flash ? (int)FA_BN : (int)KT, ntiles = (T + kt - 1) / kt;
+    int flash = use_flash(D), nw = flash_nw(), kt = flash ? 16 * nw : (int)KT, ntiles = (T + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;
@@ -423,27 +451,12 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
-        dim3 gq((T + FA_BM - 1) / FA_BM, H), gk(ntiles, K);
-        if (D == 64) {
-            size_t sm = flash_smem(c, fa_dq_kernel<64>, 6, 64);
-            fa_dq_kernel<64><<<gq, FA_NT, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
-        } else {
-            size_t sm = flash_smem(c, fa_dq_kernel<128>, 6, 128);
-            fa_dq_kernel<128><<<gq, FA_NT, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
-        }
-        CU_LAUNCHED(c, "fa_dq_kernel");
-        attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, kt);
-        CU_LAUNCHED(c, "attn_tile_bounds_kernel");
-        if (D == 64) {
-            size_t sm = flash_smem(c, fa_dkdv_kernel<64>, 6, 64);
-            fa_dkdv_kernel<64><<<gk, FA_NT, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K,
-                                                            scale2, scale);
-        } else {
-            size_t sm = flash_smem(c, fa_dkdv_kernel<128>, 6, 128);
-            fa_dkdv_kernel<128><<<gk, FA_NT, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K,
-                                                             scale2, scale);
-        }
-        CU_LAUNCHED(c, "fa_dkdv_kernel");
+        if (D == 64)
+            (nw == 4 ? flash_bwd<64, 4> : flash_bwd<64, 8>)(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T,
+                                                             H, K, scale2, scale);
+        else
+            (nw == 4 ? flash_bwd<128, 4> : flash_bwd<128, 8>)(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r,
+                                                               T, H, K, scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);

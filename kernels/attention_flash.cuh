@@ -3,7 +3,9 @@
  *
  * Every product is mma.sync m16n8k16 (bf16 in, fp32 accumulate) on ldmatrix fragments from
  * shared memory with rows padded by 16 bytes (D + 8 elements: ldmatrix rows land on distinct
- * banks). A block is 4 warps; a warp owns 16 rows of a 64-row tile. Two helpers do all the math:
+ * banks). A block is NW warps (8; 4 with GRPOD_ATTN_NW=4); a warp owns 16 rows of
+ * the block's 16 NW-row tile (queries in fwd/dq, keys in dkdv); the other operand streams in
+ * 64-row tiles. Two helpers do all the math:
  *   mma_abt: acc (16 x 8NT) += A (16 x KD, smem rows) · B^T, B (8NT x KD, smem rows)
  *   mma_pb:  acc (16 x 8ND) += P (16 x 16KB, fp32 accumulators of an mma_abt, rounded to bf16)
  *            · B (16KB x 8ND, smem rows, read transposed by ldmatrix.trans)
@@ -12,17 +14,19 @@
  * vote), a tile inside every query's range needs no mask (a second vote), others are masked per
  * element with the query's own range — queries of one tile may belong to different responses
  * or groups. K/V tiles are double-buffered with cp.async.
- *   fwd:  block = 64 queries x one head; online softmax in fp32 (log2 domain); writes out, lse.
+ *   fwd:  block = 16 NW queries x one head; online softmax in fp32 (log2 domain); writes out, lse.
  *   dq:   same blocking; recomputes P from lse, dP = dO·V^T, dS = P(dP - Dsum), dq = scale dS·K;
  *         also writes Dsum = rowsum(dO∘O) for dkdv. No atomics: deterministic.
- *   dkdv: block = 64 keys x one kv head; walks every (query tile, head of the group) pair that
+ *   dkdv: block = 16 NW keys x one kv head; walks every (query tile, head of the group) pair that
  *         sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T, dV += P^T·dO,
  *         dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N responses
  *         and all H/K heads — then one += into the bf16 dk/dv. Deterministic.
  * Legend: T queries (== key rows in backward), H query heads, K kv heads, D head dim. */
 #include <limits.h>
 
-enum { FA_BM = 64, FA_BN = 64, FA_NT = 128 };
+/* FA_Q: query rows of a dkdv pair; FA_BN: keys of a fwd/dq tile. A block of NW warps owns
+ * 16 NW rows: queries in fwd/dq, keys in dkdv (NW = 8 unless GRPOD_ATTN_NW=4). */
+enum { FA_Q = 64, FA_BN = 64 };
 
 __device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -90,12 +94,12 @@ __device__ __forceinline__ void mma_pb(float (&acc)[ND][4], const float (&p)[2 *
     }
 }
 
-/* rows [r0, r0 + 64) of a (rows, heads, D) tensor at head `hd` into smem (stride D + 8);
+/* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into smem (stride D + 8);
  * rows >= end are zero-filled. */
-template <int D>
+template <int D, int ROWS>
 __device__ __forceinline__ void fa_load_rows(bf16 *dst, const bf16 *src, int r0, int end, int heads, int hd) {
     constexpr int C = D / 8;
-    for (int i = threadIdx.x; i < FA_BM * C; i += FA_NT) {
+    for (int i = threadIdx.x; i < ROWS * C; i += blockDim.x) {
         int row = i / C, c = i % C, j = r0 + row;
         bool ok = j < end;
         fa_cp16(dst + row * (D + 8) + c * 8, ok ? src + ((size_t)j * heads + hd) * D + c * 8 : src, ok);
@@ -106,11 +110,13 @@ __device__ __forceinline__ void fa_load_rows(bf16 *dst, const bf16 *src, int r0,
  * queries' ranges; row ranges lo/hi (64 per pass) in shared memory. fa_next advances (s, j0) to
  * the first tile at or after it that some query needs and says whether every query needs all
  * of it (no mask). Every thread calls it (block votes). */
+template <int BM>
 struct fa_sched {
-    int lo[2][FA_BM], hi[2][FA_BM], blo[2], bhi[2];
+    int lo[2][BM], hi[2][BM], blo[2], bhi[2];
 };
-__device__ __forceinline__ bool fa_next(const fa_sched &sc, int &s, int &j0, int &full) {
-    int row = threadIdx.x & (FA_BM - 1);
+template <int BM>
+__device__ __forceinline__ bool fa_next(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
+    int row = threadIdx.x & (BM - 1);   /* blockDim = 2 BM */
     while (s < 2) {
         if (j0 < sc.bhi[s]) {
             int lo = sc.lo[s][row], hi = sc.hi[s][row];
@@ -125,8 +131,9 @@ __device__ __forceinline__ bool fa_next(const fa_sched &sc, int &s, int &j0, int
     }
     return false;
 }
-__device__ __forceinline__ void fa_sched_load(fa_sched &sc, attn_ranges r, int t0, int T) {
-    if (threadIdx.x < FA_BM) {
+template <int BM>
+__device__ __forceinline__ void fa_sched_load(fa_sched<BM> &sc, attn_ranges r, int t0, int T) {
+    if (threadIdx.x < BM) {
         int t = t0 + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
         if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
         sc.lo[0][threadIdx.x] = a0; sc.hi[0][threadIdx.x] = a1;
@@ -135,7 +142,7 @@ __device__ __forceinline__ void fa_sched_load(fa_sched &sc, attn_ranges r, int t
     __syncthreads();
     if (threadIdx.x < 64) {   /* two warps: pass = warp, lanes split the 64 rows */
         int s = threadIdx.x >> 5, lane = threadIdx.x & 31, lo = INT_MAX, hi = INT_MIN;
-        for (int i = lane; i < FA_BM; i += 32)
+        for (int i = lane; i < BM; i += 32)
             if (sc.lo[s][i] < sc.hi[s][i]) { lo = min(lo, sc.lo[s][i]); hi = max(hi, sc.hi[s][i]); }
         lo = __reduce_min_sync(FULL, lo);
         hi = __reduce_max_sync(FULL, hi);
@@ -146,7 +153,8 @@ __device__ __forceinline__ void fa_sched_load(fa_sched &sc, attn_ranges r, int t
 
 /* Scale and mask one 16 x 64 score tile in place (log2 domain): keys outside the row's range of
  * pass s become -inf. Rows of this thread: 16w + g and 16w + g + 8. */
-__device__ __forceinline__ void fa_mask(float (&sacc)[8][4], const fa_sched &sc, int s, int j0, int full, float sc2) {
+template <int BM>
+__device__ __forceinline__ void fa_mask(float (&sacc)[8][4], const fa_sched<BM> &sc, int s, int j0, int full, float sc2) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, r0 = w * 16 + (lane >> 2), c2 = 2 * (lane & 3);
     int lo0 = sc.lo[s][r0], hi0 = sc.hi[s][r0], lo1 = sc.lo[s][r0 + 8], hi1 = sc.hi[s][r0 + 8];
     #pragma unroll
@@ -162,16 +170,16 @@ __device__ __forceinline__ void fa_mask(float (&sacc)[8][4], const fa_sched &sc,
         }
 }
 
-template <int D>
-__global__ void __launch_bounds__(FA_NT) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                                        const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
-    constexpr int ST = D + 8, TILE = FA_BM * ST;
+    constexpr int ST = D + 8, BM = 16 * NW, TILE = FA_BN * ST;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + TILE, *v_s = k_s + 2 * TILE;
-    __shared__ fa_sched sc;
-    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;
+    bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + 2 * TILE;
+    __shared__ fa_sched<BM> sc;
+    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    fa_load_rows<D>(q_s, q, t0, T, H, h);
+    fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
     fa_sched_load(sc, r, t0, T);
     float o[D / 8][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
     #pragma unroll
@@ -179,16 +187,16 @@ __global__ void __launch_bounds__(FA_NT) fa_fwd_kernel(bf16 *out, float *lse, co
     int s = 0, j0 = sc.blo[0], full = 0, buf = 0;
     bool have = fa_next(sc, s, j0, full);
     if (have) {
-        fa_load_rows<D>(k_s, k, j0, sc.bhi[s], K, g);
-        fa_load_rows<D>(v_s, v, j0, sc.bhi[s], K, g);
+        fa_load_rows<D, FA_BN>(k_s, k, j0, sc.bhi[s], K, g);
+        fa_load_rows<D, FA_BN>(v_s, v, j0, sc.bhi[s], K, g);
     }
     fa_commit();
     while (have) {
         int ns = s, nj = j0 + FA_BN, nfull = 0;
         bool nhave = fa_next(sc, ns, nj, nfull);
         if (nhave) {
-            fa_load_rows<D>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
-            fa_load_rows<D>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
+            fa_load_rows<D, FA_BN>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
+            fa_load_rows<D, FA_BN>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
         }
         fa_commit();
         fa_wait<1>();
@@ -249,20 +257,20 @@ __global__ void __launch_bounds__(FA_NT) fa_fwd_kernel(bf16 *out, float *lse, co
 }
 
 /* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
-template <int D>
-__global__ void __launch_bounds__(FA_NT) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
                                                       const bf16 *k, const bf16 *v, const bf16 *out,
                                                       const float *lse, attn_ranges r, int T, int H, int K,
                                                       float sc2, float scale) {
-    constexpr int ST = D + 8, TILE = FA_BM * ST;
+    constexpr int ST = D + 8, BM = 16 * NW, TILE = FA_BN * ST;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + TILE, *k_s = do_s + TILE, *v_s = k_s + 2 * TILE;
-    __shared__ fa_sched sc;
-    __shared__ float l2_s[FA_BM], ds_s[FA_BM];
-    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;
+    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + 2 * TILE;
+    __shared__ fa_sched<BM> sc;
+    __shared__ float l2_s[BM], ds_s[BM];
+    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    fa_load_rows<D>(q_s, q, t0, T, H, h);
-    fa_load_rows<D>(do_s, dout, t0, T, H, h);
+    fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
+    fa_load_rows<D, BM>(do_s, dout, t0, T, H, h);
     for (int i = 0; i < 16; i++) {   /* warp w: rows 16w .. 16w+15 */
         int row = w * 16 + i, t = t0 + row;
         float acc = 0;
@@ -290,16 +298,16 @@ __global__ void __launch_bounds__(FA_NT) fa_dq_kernel(bf16 *dq, float *dsum, con
     int s = 0, j0 = sc.blo[0], full = 0, buf = 0;
     bool have = fa_next(sc, s, j0, full);
     if (have) {
-        fa_load_rows<D>(k_s, k, j0, sc.bhi[s], K, g);
-        fa_load_rows<D>(v_s, v, j0, sc.bhi[s], K, g);
+        fa_load_rows<D, FA_BN>(k_s, k, j0, sc.bhi[s], K, g);
+        fa_load_rows<D, FA_BN>(v_s, v, j0, sc.bhi[s], K, g);
     }
     fa_commit();
     while (have) {
         int ns = s, nj = j0 + FA_BN, nfull = 0;
         bool nhave = fa_next(sc, ns, nj, nfull);
         if (nhave) {
-            fa_load_rows<D>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
-            fa_load_rows<D>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
+            fa_load_rows<D, FA_BN>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
+            fa_load_rows<D, FA_BN>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
         }
         fa_commit();
         fa_wait<1>();
@@ -335,24 +343,24 @@ __global__ void __launch_bounds__(FA_NT) fa_dq_kernel(bf16 *dq, float *dsum, con
 
 /* Per (query tile, head) pair of a dkdv block: row scalars (lse in log2 units, Dsum, ranges). */
 struct fa_qrows {
-    float l2[FA_BM], ds[FA_BM];
-    int rg[FA_BM][4];
+    float l2[FA_Q], ds[FA_Q];
+    int rg[FA_Q][4];
 };
 
-template <int D>
-__global__ void __launch_bounds__(FA_NT) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                         const bf16 *k, const bf16 *v, const float *lse,
                                                         const float *dsum, const int *qlo, const int *qhi,
                                                         attn_ranges r, int T, int H, int K, float sc2, float scale) {
-    constexpr int ST = D + 8, TILE = FA_BM * ST;
+    constexpr int ST = D + 8, BK = 16 * NW, TILE = FA_Q * ST;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + TILE, *q_s = v_s + TILE, *do_s = q_s + 2 * TILE;
+    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + 2 * TILE;
     __shared__ fa_qrows qr[2];
-    int kt = blockIdx.x, g = blockIdx.y, j0 = kt * FA_BN, rep = H / K;
+    int kt = blockIdx.x, g = blockIdx.y, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
-    int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_BM - 1) / FA_BM, npair = ntile * rep;
-    fa_load_rows<D>(k_s, k, j0, T, K, g);
-    fa_load_rows<D>(v_s, v, j0, T, K, g);
+    int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
+    fa_load_rows<D, BK>(k_s, k, j0, T, K, g);
+    fa_load_rows<D, BK>(v_s, v, j0, T, K, g);
     float dka[D / 8][4], dva[D / 8][4];
     #pragma unroll
     for (int n = 0; n < D / 8; n++)
@@ -361,11 +369,11 @@ __global__ void __launch_bounds__(FA_NT) fa_dkdv_kernel(bf16 *dk, bf16 *dv, cons
     /* pair i: query tile i / rep, head g*rep + i % rep; loads the Q/dO tile (cp.async) and the
      * row scalars; returns whether this thread's row covers the whole key tile. */
     auto load_pair = [&](int i, int b) -> int {
-        int tb = t_lo + (i / rep) * FA_BM, h = g * rep + i % rep;
-        fa_load_rows<D>(q_s + b * TILE, q, tb, t_hi, H, h);
-        fa_load_rows<D>(do_s + b * TILE, dout, tb, t_hi, H, h);
+        int tb = t_lo + (i / rep) * FA_Q, h = g * rep + i % rep;
+        fa_load_rows<D, FA_Q>(q_s + b * TILE, q, tb, t_hi, H, h);
+        fa_load_rows<D, FA_Q>(do_s + b * TILE, dout, tb, t_hi, H, h);
         int cover = 1;
-        if (threadIdx.x < FA_BM) {
+        if (threadIdx.x < FA_Q) {
             int t = tb + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
             float l2 = INFINITY, ds = 0;
             if (t < t_hi) {
@@ -376,8 +384,8 @@ __global__ void __launch_bounds__(FA_NT) fa_dkdv_kernel(bf16 *dk, bf16 *dv, cons
             fa_qrows &x = qr[b];
             x.l2[threadIdx.x] = l2; x.ds[threadIdx.x] = ds;
             x.rg[threadIdx.x][0] = a0; x.rg[threadIdx.x][1] = a1; x.rg[threadIdx.x][2] = b0; x.rg[threadIdx.x][3] = b1;
-            cover = (a0 <= j0 && j0 + FA_BN <= a1) != (b0 <= j0 && j0 + FA_BN <= b1) &&
-                    !(max(a0, j0) < min(a1, j0 + FA_BN) && max(b0, j0) < min(b1, j0 + FA_BN));
+            cover = (a0 <= j0 && j0 + BK <= a1) != (b0 <= j0 && j0 + BK <= b1) &&
+                    !(max(a0, j0) < min(a1, j0 + BK) && max(b0, j0) < min(b1, j0 + BK));
         }
         return cover;
     };
