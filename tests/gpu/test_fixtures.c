@@ -1,9 +1,14 @@
 /* test_fixtures.c — the CUDA backend against Hugging Face transformers on the committed tiny
  * random checkpoints (tests/fixtures/data, made by tests/fixtures/make_reference.py): the
  * engine opens each directory with --backend cuda (bf16 weights), scores the reference
- * sequences and back-propagates L = Σ w·logprob. Logprobs and every gradient against
- * transformers' fp32 numbers: relative L2 ≤ 1e-2 (DESIGN.md's bf16 contract); also the max
- * |Δ logprob| for the record. Prints ROW lines for tests/gpu/run.sh. */
+ * sequences and back-propagates L = Σ w·logprob. Two comparisons per model:
+ *   - against the CPU backend run on the same bf16-rounded weights (DESIGN.md's contract,
+ *     relative L2 ≤ 1e-2 for logprobs and gradients): the error of bf16 compute alone;
+ *   - against transformers' fp32 numbers (fp32 weights): logprobs ≤ 1e-2; gradients ≤ 3e-2,
+ *     because rounding these fixtures' large random weights (std 0.1-0.2) to bf16 already
+ *     moves the gradient by about 1e-2 before any kernel runs (the cpu-on-bf16-weights vs
+ *     autograd row prints how much).
+ * Prints ROW lines for tests/gpu/run.sh. */
 #include "tests/gpu/gpu_check.h"
 
 #include "engine/engine.h"
@@ -15,9 +20,40 @@
 
 static const char *models[] = { "qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded" };
 
+/* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
+static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl,
+                  float *lp, float *grad) {
+    model m;
+    if (model_init(&m, cfg, b)) return -1;
+    size_t n = (size_t)m.n_elems, eb = (size_t)b->act_bytes;
+    void *w = b->alloc(b, n * eb);
+    float *g = b->alloc(b, n * 4);
+    if (!w || !g || b->act_from_f32(b, w, host, n)) return -1;
+    b->zero(b, g, n * 4);
+    model_views wv, gv;
+    model_views_make(&m, w, eb, &wv);
+    model_views_make(&m, g, 4, &gv);
+    model_acts a;
+    model_input in;
+    model_input_from_batch(&in, pb);
+    int rc = model_acts_init(&m, &a, pb->T, pb->M, 1);
+    if (!rc) rc = model_forward(&m, &wv, &a, NULL, &in, 1.0f, 0);
+    if (!rc) rc = b->to_host(b, lp, a.logp, (size_t)pb->M * 4);
+    if (!rc) rc = model_backward(&m, &wv, &gv, &a, &in, dl, NULL, 1.0f);
+    if (!rc) rc = b->to_host(b, grad, g, n * 4);
+    model_acts_free(&m, &a);
+    b->free(b, w);
+    b->free(b, g);
+    model_views_free(&wv);
+    model_views_free(&gv);
+    model_free(&m);
+    return rc;
+}
+
 int main(void) {
-    eng_backend *be;
+    eng_backend *be, *cpu;
     if (backend_cuda_create(&be, 0)) { printf("FATAL cuda: %s\n", err_msg()); return 2; }
+    backend_cpu_create(&cpu, 0);
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
@@ -76,6 +112,12 @@ int main(void) {
             err_clear();
             continue;
         }
+        /* the CPU backend on the same bf16-rounded weights */
+        float *hb = malloc(n * 4), *lp_c = malloc((size_t)M * 4), *g_c = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) hb[i] = gc_bf16(host[i]);
+        if (run_on(cpu, &cfg, hb, &b, dl, lp_c, g_c)) { printf("FATAL cpu: %s\n", err_msg()); return 2; }
+        gc_row("hf model logprobs cuda vs cpu (bf16 w)", shape, rel_l2(lp, lp_c, (size_t)M), 1e-2);
+        gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), 1e-2);
         double worst = 0;
         for (long long k = 0; k < M; k++) worst = fmax(worst, fabs(lp[k] - lref[k]));
         gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M), 1e-2);
@@ -90,7 +132,10 @@ int main(void) {
             const st_tensor *t = st_find(&gs, m.params[p].name);
             if (t) st_read_f32(t, gref + m.params[p].off, m.params[p].ndim, m.params[p].shape);
         }
-        gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 1e-2);
+        printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi],
+               rel_l2(g_c, gref, n));
+        gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 3e-2);
+        free(hb); free(lp_c); free(g_c);
         st_close(&gs);
         free(gref);
         model_acts_free(&m, &a);
@@ -105,5 +150,6 @@ int main(void) {
         js_doc_free(doc);
     }
     be->destroy(be);
+    cpu->destroy(cpu);
     return gc_failures ? 1 : 0;
 }
