@@ -82,7 +82,7 @@ def main():
         mean = sum(diffs) / max(len(diffs), 1)
         print("# rollout vs trainer logprobs on cuda: mean |d| %.3e, max |d| %.3e over %d tokens" %
               (mean, max(diffs), len(diffs)))
-        row("rollout/trainer logprob mean |d|", "%d tokens" % len(diffs), mean, 1e-2)
+        row("rollout/trainer logprob mean abs diff", "%d tokens" % len(diffs), mean, 1e-2)
         # client-side reward: the fraction of ASCII letters in a response
         ugroups = [{"prompt_ids": prompts[g], "responses": [
             {"token_ids": r["token_ids"], "logprobs": r["logprobs"],
