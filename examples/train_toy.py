@@ -5,19 +5,21 @@
 # line per step, writes DIR/train_toy.csv and an SVG reward curve DIR/train_toy_curve.svg, and
 # ends with `final mean reward X.XXX` (the mean over the last few steps).
 #
-# The task ("repeat the letter"): the prompt is `Repeat: x` with x drawn from a small alphabet
-# (--letters, default "abcd"); the policy answers with --max-tokens tokens (default 1). Rewards are
-# computed here, client-side, per generated token, averaged over the response:
-#   1.0  the token is the prompt's letter
-#   0.1  the token is another letter of the alphabet (a format reward: it makes the signal dense
-#        enough for a random policy over 259 tokens to find the alphabet at all)
-#   0.0  anything else
-# A policy that ignores the prompt (always the same letter, or uniform over the alphabet) earns at
-# most 1/K + 0.1 (K-1)/K, 0.325 for K = 4, so a mean reward of 0.9 needs the prompt.
+# The task ("repeat the letter"): the prompt is `Repeat: x` with x one of the 26 lowercase letters
+# (--letters); the policy answers with one token (--max-tokens). Reward 1 when the token is x,
+# else 0 — grpod's built-in `exact` verifier, so each update just names its rollout
+# (rollout_job_id). From random weights over a 259-token byte vocab the first hits are rare
+# (~0.4 % per sample), so a step samples 16 prompts x 16 responses; a policy that ignores the
+# prompt earns at most 1/26, so a mean reward of 0.9 needs the prompt. `--rewards client` scores
+# here instead and sends the groups back (the way to train on any reward function).
 #
-# Each step: sample --batch prompts, POST /v1/rollouts (n = --n responses each, temperature 1),
-# wait for the job with ?wait=, score the responses, POST /v1/updates with the groups (token ids,
-# rewards, rollout logprobs), wait for it. GRPO advantages are computed by grpod per group.
+# Each step: draw --batch letters, POST /v1/rollouts (n = --n, temperature 1, a seed per step),
+# long-poll GET /v1/jobs/{id}?wait=, POST /v1/updates (GRPO advantages per group, computed by
+# grpod), long-poll it. The recipe that keeps every letter learnable: lr 1e-3 with a cosine decay
+# to 1e-4 (late steps have few groups with any reward variance, and Adam turns their small
+# gradients into full-size steps that knock other letters over), a KL penalty 0.05 against the
+# initial model and an entropy bonus 0.01 (both slow the collapse of a letter onto a wrong answer
+# before its right one has been sampled).
 #
 # Not a benchmark of grpod's throughput: the model is tiny and the HTTP round trips are a large
 # share of a step.
@@ -25,13 +27,14 @@ import argparse
 import json
 import os
 import random
+import string
 import sys
 import time
 import urllib.error
 import urllib.request
 
-CSV_FIELDS = ["step", "mean_reward", "exact_frac", "kl", "loss", "entropy", "grad_norm",
-              "tokens_packed", "tokens_standard", "policy_version", "seconds", "elapsed"]
+CSV_FIELDS = ["step", "mean_reward", "kl", "loss", "entropy", "lr", "tokens_packed", "tokens_standard",
+              "policy_version", "seconds", "elapsed"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,9 +68,8 @@ class Client:
     def post(self, path, body):
         return self._call("POST", path, body)
 
-    def run_job(self, path, body, timeout=600):
-        """POST a job, long-poll GET /v1/jobs/{id}?wait= until it ends; return its result."""
-        job_id = self.post(path, body)["job_id"]
+    def wait_job(self, job_id, timeout=600):
+        """Long-poll GET /v1/jobs/{id}?wait= until the job ends; return its result."""
         end = time.time() + timeout
         while time.time() < end:
             job = self.get("/v1/jobs/%s?wait=30" % job_id)
@@ -126,7 +128,7 @@ def _fmt(v):
 
 
 def write_svg(path, rows, title):
-    """Mean reward (and exact-letter fraction) against step, y in [0, 1]."""
+    """Mean reward per step and its 10-step moving average against step, y in [0, 1]."""
     W, H = 640, 400
     left, right, top, bottom = 60, 20, 40, 50
     pw, ph = W - left - right, H - top - bottom
@@ -157,15 +159,20 @@ def write_svg(path, rows, title):
     out.append('<text x="%d" y="%d" text-anchor="middle">step</text>' % (left + pw // 2, H - 10))
     out.append('<text x="16" y="%d" text-anchor="middle" transform="rotate(-90 16 %d)">reward</text>'
                % (top + ph // 2, top + ph // 2))
-    for key, color in (("exact_frac", "#f28e2b"), ("mean_reward", "#1f77b4")):
-        pts = " ".join("%.1f,%.1f" % (x(r["step"]), y(r[key])) for r in rows)
-        out.append('<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>' % (color, pts))
-    lx, ly = left + pw - 200, top + ph - 40
-    out.append('<rect x="%d" y="%d" width="190" height="36" fill="white" stroke="#ccc"/>' % (lx, ly))
-    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#1f77b4" stroke-width="2"/>' % (lx + 8, ly + 12, lx + 28, ly + 12))
-    out.append('<text x="%d" y="%d">mean reward</text>' % (lx + 34, ly + 16))
-    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#f28e2b" stroke-width="2"/>' % (lx + 8, ly + 28, lx + 28, ly + 28))
-    out.append('<text x="%d" y="%d">right letter (fraction)</text>' % (lx + 34, ly + 32))
+    out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#2ca02c" stroke-dasharray="6 4"/>'
+               % (left, y(0.9), left + pw, y(0.9)))
+    out.append('<text x="%d" y="%.1f" fill="#2ca02c" text-anchor="end">0.9</text>' % (left + pw - 4, y(0.9) + 14))
+    avg = [sum(r["mean_reward"] for r in rows[max(0, i - 9):i + 1]) / (i + 1 - max(0, i - 9))
+           for i in range(len(rows))]
+    for vals, color, width in (([r["mean_reward"] for r in rows], "#9ecae1", 1), (avg, "#08519c", 2.5)):
+        pts = " ".join("%.1f,%.1f" % (x(r["step"]), y(v)) for r, v in zip(rows, vals))
+        out.append('<polyline fill="none" stroke="%s" stroke-width="%s" points="%s"/>' % (color, width, pts))
+    lx, ly = left + pw - 230, top + ph - 44
+    out.append('<rect x="%d" y="%d" width="222" height="38" fill="white" stroke="#ccc"/>' % (lx, ly))
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#9ecae1" stroke-width="1"/>' % (lx + 8, ly + 13, lx + 28, ly + 13))
+    out.append('<text x="%d" y="%d">mean reward per step</text>' % (lx + 34, ly + 17))
+    out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#08519c" stroke-width="2.5"/>' % (lx + 8, ly + 29, lx + 28, ly + 29))
+    out.append('<text x="%d" y="%d">mean over the last 10 steps</text>' % (lx + 34, ly + 33))
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
@@ -187,21 +194,27 @@ def _xml(s):
 # ---------------------------------------------------------------------------------------------
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="GRPO on a toy task through a running grpod (see the file header).")
+    p = argparse.ArgumentParser(description="GRPO on a toy task (repeat the letter) through a running grpod; "
+                                            "see the file header.")
     p.add_argument("--url", default="http://127.0.0.1:8780", help="grpod base URL")
-    p.add_argument("--steps", type=int, default=100, help="training steps (rollout + update each)")
+    p.add_argument("--steps", type=int, default=300, help="training steps (one rollout + one update each)")
     p.add_argument("--out", default="train_toy_out", help="directory for train_toy.csv and train_toy_curve.svg")
-    p.add_argument("--seed", type=int, default=1, help="prompt order and sampling seeds")
-    p.add_argument("--letters", default="abcd", help="the alphabet the prompts draw from")
-    p.add_argument("--batch", type=int, default=8, help="prompts (groups) per step")
+    p.add_argument("--seed", type=int, default=1, help="seed of the prompt draws and of the sampling seeds")
+    p.add_argument("--letters", default=string.ascii_lowercase, help="the alphabet the prompts draw from")
+    p.add_argument("--batch", type=int, default=16, help="prompts (groups) per step")
     p.add_argument("--n", type=int, default=16, help="responses per prompt")
     p.add_argument("--max-tokens", type=int, default=1, help="tokens per response")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty against the reference model")
-    p.add_argument("--entropy-coeff", type=float, default=0.0, help="entropy bonus")
-    p.add_argument("--other-letter", type=float, default=0.1, help="reward for a wrong letter of the alphabet")
-    p.add_argument("--lr-schedule", default="constant", help="constant|cosine (cosine decays over --steps)")
-    p.add_argument("--min-lr-ratio", type=float, default=0.0, help="cosine floor, a fraction of --lr")
+    p.add_argument("--rewards", choices=("verifier", "client"), default="verifier",
+                   help="verifier: grpod's exact verifier + an update by rollout_job_id; "
+                        "client: scored here, groups sent back with the update")
+    p.add_argument("--other-letter", type=float, default=0.0,
+                   help="with --rewards client: reward for a letter of the alphabet that is not the prompt's")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (peak)")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="cosine",
+                   help="cosine decays the lr over --steps down to --min-lr-ratio")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor, a fraction of --lr")
+    p.add_argument("--kl-coef", type=float, default=0.05, help="KL penalty against the reference (initial) model")
+    p.add_argument("--entropy-coeff", type=float, default=0.01, help="entropy bonus")
     p.add_argument("--last", type=int, default=10, help="steps averaged for the final mean reward")
     p.add_argument("--api-key", default=os.environ.get("GRPOD_API_KEY"), help="Bearer key (env GRPOD_API_KEY)")
     return p.parse_args(argv)
@@ -215,10 +228,15 @@ def main(argv=None):
     rng = random.Random(args.seed)
     alphabet = set(ord(c) for c in args.letters)
     os.makedirs(args.out, exist_ok=True)
-    print("grpod %s: %s, %s backend, %d params, policy_version %d; task: repeat one of %r, "
-          "%d prompts x %d responses x %d tokens per step"
+    print("grpod %s: %s, %s backend, %d params, policy_version %d; task: repeat one of %d letters, "
+          "%d prompts x %d responses x %d tokens per step, rewards by %s"
           % (args.url, model["arch"], model["backend"], model["n_params"], model["policy_version"],
-             args.letters, args.batch, args.n, args.max_tokens), flush=True)
+             len(args.letters), args.batch, args.n, args.max_tokens,
+             "grpod's exact verifier" if args.rewards == "verifier" else "this script"), flush=True)
+    if model["policy_version"] != 0:
+        print("note: this policy has been trained before (policy_version %d); for a run from random "
+              "weights stop grpod, remove its data dir (rm -rf grpod-data) and start it again"
+              % model["policy_version"], flush=True)
 
     prompt_ids = {c: client.post("/v1/tokenize", {"prompt": make_prompt(c)})["tokens"] for c in args.letters}
     algorithm = {"adv_estimator": "grpo", "norm_adv_by_std": True, "kl_coef": args.kl_coef,
@@ -232,34 +250,42 @@ def main(argv=None):
     for step in range(1, args.steps + 1):
         t0 = time.time()
         letters = [rng.choice(args.letters) for _ in range(args.batch)]
-        rollout = client.run_job("/v1/rollouts", {
-            "groups": [{"prompt_ids": prompt_ids[c], "n": args.n} for c in letters],
-            "sampling": dict(sampling, seed=rng.randrange(1, 2**31))})
+        groups = [{"prompt_ids": prompt_ids[c], "n": args.n} for c in letters]
+        if args.rewards == "verifier":
+            for g, c in zip(groups, letters):
+                g["reward"] = {"type": "exact", "answer": c}
+        rollout_id = client.post("/v1/rollouts", {"groups": groups,
+                                                  "sampling": dict(sampling, seed=rng.randrange(1, 2**31))})["job_id"]
+        rollout = client.wait_job(rollout_id)
 
-        groups, rewards, exact, n_tok = [], [], 0, 0
-        for c, g in zip(letters, rollout["groups"]):
-            resps = []
-            for r in g["responses"]:
-                rw = score(r["token_ids"], ord(c), alphabet, args.other_letter)
-                rewards.append(rw)
-                exact += sum(1 for t in r["token_ids"] if t == ord(c))
-                n_tok += len(r["token_ids"])
-                resps.append({"token_ids": r["token_ids"], "reward": rw, "logprobs": r["logprobs"],
-                              "finish_reason": r["finish_reason"]})
-            groups.append({"prompt_ids": g["prompt_ids"], "responses": resps})
+        if args.rewards == "verifier":
+            # grpod scored the responses; the update takes the rollout (and its logprobs) by id
+            rewards = [r["reward"] for g in rollout["groups"] for r in g["responses"]]
+            update = {"rollout_job_id": rollout_id}
+        else:
+            # score here and send the groups back: the way to train on any reward function
+            rewards, scored = [], []
+            for c, g in zip(letters, rollout["groups"]):
+                resps = []
+                for r in g["responses"]:
+                    rw = score(r["token_ids"], ord(c), alphabet, args.other_letter)
+                    rewards.append(rw)
+                    resps.append({"token_ids": r["token_ids"], "reward": rw, "logprobs": r["logprobs"],
+                                  "finish_reason": r["finish_reason"]})
+                scored.append({"prompt_ids": g["prompt_ids"], "responses": resps})
+            update = {"groups": scored}
+        update.update(algorithm=algorithm, optimizer=optimizer)
+        upd = client.wait_job(client.post("/v1/updates", update)["job_id"])
 
-        upd = client.run_job("/v1/updates", {"groups": groups, "algorithm": algorithm, "optimizer": optimizer})
         m, tok = upd["metrics"], upd["tokens"]
         now = time.time()
-        row = {"step": step, "mean_reward": sum(rewards) / len(rewards), "exact_frac": exact / max(n_tok, 1),
+        row = {"step": step, "mean_reward": sum(rewards) / len(rewards),
                "kl": float(m["kl"]), "loss": float(m["loss"]), "entropy": float(m["entropy"]),
-               "grad_norm": float(m["grad_norm"]), "tokens_packed": tok["packed"],
-               "tokens_standard": tok["standard"], "policy_version": upd["policy_version_after"],
-               "seconds": now - t0, "elapsed": now - t_start}
+               "lr": float(m["lr"]), "tokens_packed": tok["packed"], "tokens_standard": tok["standard"],
+               "policy_version": upd["policy_version_after"], "seconds": now - t0, "elapsed": now - t_start}
         rows.append(row)
-        print("step %4d  mean reward %.3f  right %.3f  kl %.4f  loss %+.4f  entropy %.3f  "
-              "tokens packed %d / standard %d  %.2fs"
-              % (step, row["mean_reward"], row["exact_frac"], row["kl"], row["loss"], row["entropy"],
+        print("step %4d  mean reward %.3f  kl %.4f  loss %+.4f  entropy %.3f  tokens packed %d / standard %d  %.2fs"
+              % (step, row["mean_reward"], row["kl"], row["loss"], row["entropy"],
                  row["tokens_packed"], row["tokens_standard"], row["seconds"]), flush=True)
 
     csv_path = os.path.join(args.out, "train_toy.csv")
@@ -267,9 +293,9 @@ def main(argv=None):
     write_csv(csv_path, rows)
     last = rows[-args.last:]
     final = sum(r["mean_reward"] for r in last) / len(last)
-    write_svg(svg_path, rows, "grpod train_toy: repeat one of %r (%d steps, %.0f s, %s)"
-              % (args.letters, len(rows), rows[-1]["elapsed"], model["backend"]))
-    print("wrote %s and %s (%.1f s)" % (csv_path, svg_path, rows[-1]["elapsed"]))
+    write_svg(svg_path, rows, "grpod train_toy: repeat the letter, %d steps in %.0f s (%s backend)"
+              % (len(rows), rows[-1]["elapsed"], model["backend"]))
+    print("wrote %s and %s; %d steps in %.1f s" % (csv_path, svg_path, len(rows), rows[-1]["elapsed"]))
     print("final mean reward %.3f" % final)
     return 0
 
