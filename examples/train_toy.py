@@ -211,7 +211,9 @@ def parse_args(argv):
                    help="with --rewards client: reward for a letter of the alphabet that is not the prompt's")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (peak)")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="cosine",
-                   help="cosine decays the lr over --steps down to --min-lr-ratio")
+                   help="cosine decays the lr over --decay-steps down to --min-lr-ratio")
+    p.add_argument("--decay-steps", type=int, default=300,
+                   help="cosine horizon in optimizer steps (grpod counts them across runs)")
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor, a fraction of --lr")
     p.add_argument("--kl-coef", type=float, default=0.05, help="KL penalty against the reference (initial) model")
     p.add_argument("--entropy-coeff", type=float, default=0.01, help="entropy bonus")
@@ -242,7 +244,7 @@ def main(argv=None):
     algorithm = {"adv_estimator": "grpo", "norm_adv_by_std": True, "kl_coef": args.kl_coef,
                  "entropy_coeff": args.entropy_coeff, "old_logprobs": "rollout"}
     optimizer = {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "lr_schedule": args.lr_schedule,
-                 "total_steps": args.steps, "min_lr_ratio": args.min_lr_ratio}
+                 "total_steps": args.decay_steps, "min_lr_ratio": args.min_lr_ratio}
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "ignore_eos": True}
 
     rows = []

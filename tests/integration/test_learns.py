@@ -1,9 +1,9 @@
 # test_learns.py — "it learns": examples/train_toy.py, run as a user runs it against a fresh
 # daemon (temp data dir, the embedded tiny model with random weights, CPU backend), must lift the
-# mean reward clearly. Short versions of the README run: a constant lr (the README run's cosine
-# decay is stretched over its 300 steps), 100 steps of the 26-letter task through the exact
-# verifier + rollout_job_id (~15 s on 2 cores), and 40 steps of a 4-letter task with rewards
-# scored by the client and sent back as groups (~5 s).
+# mean reward clearly. Short versions of the README run (docs/train_toy.md, 300 steps): its first
+# 100 steps of the 26-letter task through the exact verifier + rollout_job_id (~15 s on 2
+# cores), and 40 steps of a 4-letter task with rewards scored by the client and sent back as
+# groups (~5 s).
 import csv
 import os
 import re
@@ -38,7 +38,7 @@ def check_rise(rewards, steps, margin=0.3):
 def test_learns_repeat_letter_verifier(make_daemon, tmp_path):
     d = make_daemon()
     out = tmp_path / "out"
-    stdout, rows, rewards, final = run_toy(d, out, "--steps", "100", "--lr-schedule", "constant")
+    stdout, rows, rewards, final = run_toy(d, out, "--steps", "100")
     print(stdout.splitlines()[0])
     print("\n".join(stdout.splitlines()[-3:]))
     check_rise(rewards, 100)
@@ -56,7 +56,7 @@ def test_learns_repeat_letter_verifier(make_daemon, tmp_path):
 def test_learns_client_rewards(make_daemon, tmp_path):
     d = make_daemon()
     stdout, rows, rewards, final = run_toy(d, tmp_path / "out", "--steps", "40", "--letters", "abcd",
-                                           "--rewards", "client", "--lr-schedule", "constant")
+                                           "--rewards", "client")
     print("\n".join(stdout.splitlines()[-2:]))
     check_rise(rewards, 40)
     assert d.stop() == 0
