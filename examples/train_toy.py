@@ -81,13 +81,16 @@ class Client:
 
 
 def wait_ready(client, timeout=120):
-    end = time.time() + timeout
+    end, said = time.time() + timeout, False
     while True:
         try:
             return client.get("/readyz")
         except (urllib.error.URLError, RuntimeError, ConnectionError) as e:
             if time.time() > end:
                 raise RuntimeError("grpod at %s not ready: %s" % (client.url, e))
+            if not said:
+                print("waiting for grpod at %s (start it with `make run`) ..." % client.url, flush=True)
+                said = True
             time.sleep(0.5)
 
 
@@ -99,8 +102,10 @@ def make_prompt(letter):
     return "Repeat: " + letter
 
 
-def score(token_ids, target, alphabet, other_letter=0.1):
-    """Mean per-token reward of one response (see the file header)."""
+def score(token_ids, target, alphabet, other_letter=0.0):
+    """--rewards client: per generated token 1 when it is the target letter, other_letter when it is
+    another letter of the alphabet, else 0; averaged over the response. Token ids are bytes here
+    (the built-in byte-level tokenizer); the verifier mode has no such assumption."""
     if not token_ids:
         return 0.0
     total = 0.0
