@@ -13,6 +13,7 @@
 #ifndef GRPOD_BACKEND_H
 #define GRPOD_BACKEND_H
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/attention.h"
 
@@ -61,6 +62,9 @@ struct eng_backend {
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
                         const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
+    /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): keys (R) */
+    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const uint64_t *keys, uint64_t counter,
+                   int R, int V, float temperature);
 
     /* optimizer on fp32 master weights; writes the act copy (NULL when the master is the act copy) */
     void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n,

@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/logprob.h"
+#include "kernels/sampling.h"
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
@@ -79,6 +80,10 @@ static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const fl
 static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
+static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const uint64_t *keys, uint64_t ctr, int R, int V,
+                   float t) {
+    sample_cpu(tok, lp, lg, keys, ctr, R, V, t);
+}
 static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
                     float b1, float b2, float eps, float wd, int step) {
     adamw_cpu(p, g, m, v, n, lr, b1, b2, eps, wd, step);
@@ -99,7 +104,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
         .matmul_fwd = mm_f, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
         .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .swiglu_bwd = swi_b,
-        .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f,
+        .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f, .sample = samp_f,
         .adamw = adamw_f, .sumsq = sumsq_f, .scale = scale_f,
     };
     *out = b;

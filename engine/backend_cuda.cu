@@ -163,6 +163,10 @@ static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const fl
 static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
 }
+static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const uint64_t *keys, uint64_t ctr, int R, int V,
+                   float t) {
+    sample_cuda(CTX(b), tok, lp, lg, keys, ctr, R, V, t);
+}
 static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
                     float b1, float b2, float eps, float wd, int step) {
     adamw_cuda(CTX(b), p, (bf16 *)act, g, m, v, n, lr, b1, b2, eps, wd, step);
@@ -211,7 +215,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
-    b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f;
+    b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
     b->adamw = adamw_f; b->sumsq = sumsq_f; b->scale = scale_f;
     *out = b;
     return 0;

@@ -6,7 +6,15 @@
  * top_p, min_p, with one RNG stream per response derived from the request seed, so the same
  * seed gives the same tokens. The logprob reported for a token is log softmax(logits / T) of
  * the untruncated distribution — what the update's old pass recomputes; top_k/top_p/min_p only
- * change which token is drawn. T = 0 is greedy, with logprobs at T = 1. */
+ * change which token is drawn. T = 0 is greedy, with logprobs at T = 1.
+ *
+ * The common RL case — plain temperature sampling or greedy, no top_k/top_p/min_p, no
+ * min_tokens ban in force at the step — samples on the device instead (backend op `sample`,
+ * kernels/sampling.h: Gumbel-max with a counter-based hash of (response stream, step, id)), so
+ * a step downloads R ints + R floats instead of R x V logits. Same seed, same tokens still holds
+ * on one backend; the device draw is a different function of the seed than the host draw, and
+ * CPU and CUDA logits differ by rounding, so tokens differ across paths and backends.
+ * GRPOD_HOST_SAMPLING=1 forces the host path (for comparison). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,20 +138,44 @@ static int hit_stop_string(eng *e, eng_response *r, const eng_sampling *s) {
     return 0;
 }
 
-/* Samples the next token of stream k from its logits row; records it and decides whether
- * the stream is done. */
-static void step_stream(eng *e, stream *k, const float *row, const eng_sampling *s, const eng_info *info,
-                        const int *banned, int n_banned, cand *scratch) {
+/* Records token id (logprob lp) of stream k and decides whether the stream is done. */
+static void record_token(eng *e, stream *k, int id, float lp, const eng_sampling *s, const eng_info *info) {
     eng_response *o = k->out;
-    int ban = o->n_tokens < s->min_tokens ? n_banned : 0;
-    float lp;
-    int id = sample(row, info->vocab, s, &k->rng, banned, ban, scratch, &lp);
     o->tokens[o->n_tokens] = id;
     o->logprobs[o->n_tokens] = lp;
     o->n_tokens++;
     int stop = (!s->ignore_eos && is_in(id, info->eos_ids, info->n_eos)) || is_in(id, s->stop_token_ids, s->n_stop_token_ids);
     if (stop || hit_stop_string(e, o, s)) { o->finish = FINISH_STOP; k->done = 1; }
     else if (o->n_tokens >= s->max_tokens) { o->finish = FINISH_LENGTH; k->done = 1; }
+}
+
+/* Samples the next token of stream k from its logits row on the host and records it. */
+static void step_stream(eng *e, stream *k, const float *row, const eng_sampling *s, const eng_info *info,
+                        const int *banned, int n_banned, cand *scratch) {
+    int ban = k->out->n_tokens < s->min_tokens ? n_banned : 0;
+    float lp;
+    int id = sample(row, info->vocab, s, &k->rng, banned, ban, scratch, &lp);
+    record_token(e, k, id, lp, s, info);
+}
+
+/* Device path: rows [0, B) of dlogits belong to streams live[0 .. B), all at token index
+ * step; draws on the device and downloads B ids + B logprobs. dsamp holds n_resp keys, ids
+ * and logprobs; hbuf the same on the host. */
+static int sample_on_device(eng *e, stream *st, const int *live, int B, int step, const float *dlogits,
+                            void *dsamp, void *hbuf, int n_resp, const eng_sampling *s, const eng_info *info) {
+    eng_backend *be = e->be;
+    uint64_t *hkeys = hbuf, *dkeys = dsamp;
+    int *htok = (int *)(hkeys + n_resp), *dtok = (int *)(dkeys + n_resp);
+    float *hlp = (float *)(htok + n_resp), *dlp = (float *)(dtok + n_resp);
+    for (int b = 0; b < B; b++) hkeys[b] = st[live[b]].rng;
+    int rc = be->to_dev(be, dkeys, hkeys, (size_t)B * sizeof(uint64_t));
+    if (rc) return rc;
+    be->sample(be, dtok, dlp, dlogits, dkeys, (uint64_t)step, B, info->vocab, s->temperature);
+    if ((rc = be->to_host(be, htok, dtok, (size_t)B * sizeof(int))) ||
+        (rc = be->to_host(be, hlp, dlp, (size_t)B * sizeof(float))))
+        return rc;
+    for (int b = 0; b < B; b++) record_token(e, &st[live[b]], htok[b], hlp[b], s, info);
+    return 0;
 }
 
 /* Runs groups[g0 .. g1) through prefill and decode. */
@@ -166,7 +198,9 @@ static int run_chunk(eng *e, const eng_rollout_group *groups, int g0, int g1, co
     int *banned = malloc((size_t)(info.n_eos + s->n_stop_token_ids + 1) * sizeof(int));
     float *dlogits = be->alloc(be, (size_t)n_resp * c->V * sizeof(float));
     int *drows = be->alloc(be, (size_t)T * sizeof(int));
-    if (!st || !ints || !logits || !scratch || !banned || !dlogits || !drows) {
+    void *dsamp = be->alloc(be, (size_t)n_resp * 16), *hsamp = malloc((size_t)n_resp * 16);
+    int *live = malloc((size_t)n_resp * sizeof(int));
+    if (!st || !ints || !logits || !scratch || !banned || !dlogits || !drows || !dsamp || !hsamp || !live) {
         rc = err_set(GE_NOMEM, "rollout: out of memory");
         goto out;
     }
@@ -175,6 +209,9 @@ static int run_chunk(eng *e, const eng_rollout_group *groups, int g0, int g1, co
     int n_banned = 0;
     if (!s->ignore_eos) for (int i = 0; i < info.n_eos; i++) banned[n_banned++] = info.eos_ids[i];
     for (int i = 0; i < s->n_stop_token_ids; i++) banned[n_banned++] = s->stop_token_ids[i];
+    const char *force_host = getenv("GRPOD_HOST_SAMPLING");
+    int dev_ok = be->sample && (s->top_k <= 0 || s->top_k >= c->V) && s->top_p >= 1.0f && s->min_p <= 0 &&
+                 !(force_host && force_host[0] == '1');
 
     /* Prefill: every prompt once, causal on itself; cache rows [0, P_tot) are the prompts. */
     int row = 0, k = 0, resp_row = P_tot;
@@ -205,19 +242,26 @@ static int run_chunk(eng *e, const eng_rollout_group *groups, int g0, int g1, co
         (rc = model_forward(&e->m, &e->wv, &e->acts_ng, &kv, &in, 1.0f, 0)))
         goto out;
     /* First tokens: one logits row per prompt (its last token), shared by its N responses. */
-    for (int g = g0, r0 = 0; g < g1; r0 += groups[g].P, g++) tok[g - g0] = r0 + groups[g].P - 1;
-    if ((rc = be->to_dev(be, drows, tok, (size_t)ng * sizeof(int)))) goto out;
-    be->lm_head_rows(be, dlogits, e->acts_ng.lnf, drows, e->wv.lm_head, ng, c->C, c->V);
-    if ((rc = be->sync(be)) || (rc = be->to_host(be, logits, dlogits, (size_t)ng * c->V * sizeof(float)))) goto out;
-    for (k = 0; k < n_resp; k++)
-        if (maxt > 0) step_stream(e, &st[k], logits + (size_t)(st[k].group - g0) * c->V, s, &info, banned, n_banned, scratch);
-        else st[k].done = 1, st[k].out->finish = FINISH_LENGTH;
+    if (maxt <= 0) {
+        for (k = 0; k < n_resp; k++) st[k].done = 1, st[k].out->finish = FINISH_LENGTH;
+    } else if (dev_ok && !(s->min_tokens > 0 && n_banned > 0)) {
+        /* one logits row per response (its prompt's last token), sampled on the device */
+        for (k = 0; k < n_resp; k++) { tok[k] = st[k].prompt0 + st[k].P - 1; live[k] = k; }
+        if ((rc = be->to_dev(be, drows, tok, (size_t)n_resp * sizeof(int)))) goto out;
+        be->lm_head_rows(be, dlogits, e->acts_ng.lnf, drows, e->wv.lm_head, n_resp, c->C, c->V);
+        if ((rc = sample_on_device(e, st, live, n_resp, 0, dlogits, dsamp, hsamp, n_resp, s, &info))) goto out;
+    } else {
+        for (int g = g0, r0 = 0; g < g1; r0 += groups[g].P, g++) tok[g - g0] = r0 + groups[g].P - 1;
+        if ((rc = be->to_dev(be, drows, tok, (size_t)ng * sizeof(int)))) goto out;
+        be->lm_head_rows(be, dlogits, e->acts_ng.lnf, drows, e->wv.lm_head, ng, c->C, c->V);
+        if ((rc = be->sync(be)) || (rc = be->to_host(be, logits, dlogits, (size_t)ng * c->V * sizeof(float)))) goto out;
+        for (k = 0; k < n_resp; k++)
+            step_stream(e, &st[k], logits + (size_t)(st[k].group - g0) * c->V, s, &info, banned, n_banned, scratch);
+    }
     *done_frac += frac_per_step;
     if (cb) cb(ud, *done_frac);
 
     /* Decode: each step feeds every live response's last token and samples its next. */
-    int *live = malloc((size_t)n_resp * sizeof(int));
-    if (!live) { rc = err_set(GE_NOMEM, "rollout: out of memory"); goto out; }
     for (int step = 1; step < maxt; step++) {
         int B = 0;
         for (k = 0; k < n_resp; k++) if (!st[k].done) live[B++] = k;
@@ -236,12 +280,17 @@ static int run_chunk(eng *e, const eng_rollout_group *groups, int g0, int g1, co
         for (int b = 0; b < B; b++) a0[b] = b;   /* row indices for the lm-head, after the forward */
         if ((rc = be->to_dev(be, drows, a0, (size_t)B * sizeof(int)))) break;
         be->lm_head_rows(be, dlogits, e->acts_ng.lnf, drows, e->wv.lm_head, B, c->C, c->V);
+        if (dev_ok && !(step < s->min_tokens && n_banned > 0)) {
+            if ((rc = sample_on_device(e, st, live, B, step, dlogits, dsamp, hsamp, n_resp, s, &info))) break;
+            *done_frac += frac_per_step;
+            if (cb) cb(ud, *done_frac);
+            continue;
+        }
         if ((rc = be->sync(be)) || (rc = be->to_host(be, logits, dlogits, (size_t)B * c->V * sizeof(float)))) break;
         for (int b = 0; b < B; b++) step_stream(e, &st[live[b]], logits + (size_t)b * c->V, s, &info, banned, n_banned, scratch);
         *done_frac += frac_per_step;
         if (cb) cb(ud, *done_frac);
     }
-    free(live);
     /* Text of every response (stop-string hits already hold their truncated text). */
     for (k = 0; k < n_resp && !rc; k++) {
         eng_response *o = st[k].out;
@@ -251,8 +300,9 @@ static int run_chunk(eng *e, const eng_rollout_group *groups, int g0, int g1, co
 out:
     if (dlogits) be->free(be, dlogits);
     if (drows) be->free(be, drows);
+    if (dsamp) be->free(be, dsamp);
     model_kv_free(&e->m, &kv);
-    free(st); free(ints); free(logits); free(scratch); free(banned);
+    free(st); free(ints); free(logits); free(scratch); free(banned); free(hsamp); free(live);
     return rc;
 }
 

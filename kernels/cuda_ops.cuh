@@ -54,6 +54,10 @@ void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const 
                       const int *out_pos, const int *out_tok, const bf16 *w, int M, int C, int V, float temperature);
 void lm_head_rows_cuda(cu_ctx *c, float *logits, const bf16 *h, const int *pos, const bf16 *w, int R, int C, int V);
 
+/* sampling.cu */
+void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const uint64_t *keys, uint64_t counter,
+                 int R, int V, float temperature);
+
 /* adamw.cu: AdamW (PyTorch's decoupled weight decay) on the fp32 master; writes act_copy
  * (bf16) when not NULL. sumsq blocks and returns sum(x^2) in double. */
 void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float *m, float *v, long long n,

@@ -5,11 +5,14 @@
 #   (a) test_ops: every backend op, CUDA vs the CPU backend (relative L2 thresholds)
 #   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
 #       GPU, three AdamW steps on both backends
+#   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
+#   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
+#       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
 # Exit status: 0 when every row passed.
 set -u
@@ -28,7 +31,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model test_fixtures bench_step; do
+    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -42,6 +45,7 @@ fi
 
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
+timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
 # HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
@@ -73,6 +77,18 @@ if [ "${BENCH:-0}" = 1 ]; then
         if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
     } >"$OUT/bench.log" 2>&1
     grep -v '^rep' "$OUT/bench.log"
+fi
+
+# ---- (g) rollout decode benchmark (optional): device sampling, the host path, 8 groups; with
+# PEER_ROLLOUT=path/to/peer_rollout.py the transformers generate() peer in the same call
+if [ "${BENCH_ROLLOUT:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b 1 1024 16 256
+        GRPOD_HOST_SAMPLING=1 timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b 1 1024 16 256
+        timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b 8 1024 16 256
+        if [ -n "${PEER_ROLLOUT:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ROLLOUT" 1.7b; fi
+    } >"$OUT/bench_rollout.log" 2>&1
+    cat "$OUT/bench_rollout.log"
 fi
 
 # ---- the table
