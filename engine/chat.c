@@ -8,22 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { char *s; size_t n, cap; int oom; } cbuf;
 
-static void put(cbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) { b->oom = 1; return; }
-        b->s = p; b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void puts_(cbuf *b, const char *s) { put(b, s, strlen(s)); }
 
 /* A view of a string: [p, p + n). */
 typedef struct { const char *p; size_t n; } view;
@@ -71,8 +56,8 @@ static int is(const char *a, const char *b) { return !strcmp(a, b); }
 
 /* Qwen3: system first; assistant turns after the last real user query get a <think> block
  * (content split at </think> as the template does). Messages of other roles render nothing. */
-static void render_qwen3(cbuf *b, const chat_msg *m, int n, int gen) {
-    if (is(m[0].role, "system")) { puts_(b, "<|im_start|>system\n"); puts_(b, m[0].content); puts_(b, "<|im_end|>\n"); }
+static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
+    if (is(m[0].role, "system")) { tt_str(b, "<|im_start|>system\n"); tt_str(b, m[0].content); tt_str(b, "<|im_end|>\n"); }
     int multi_step_tool = 1, last_query = n - 1;
     for (int i = n - 1; i >= 0; i--) {
         view c = V(m[i].content);
@@ -85,7 +70,7 @@ static void render_qwen3(cbuf *b, const chat_msg *m, int n, int gen) {
         const char *role = m[i].role;
         view c = V(m[i].content);
         if (is(role, "user") || (is(role, "system") && i > 0)) {
-            puts_(b, "<|im_start|>"); puts_(b, role); puts_(b, "\n"); put(b, c.p, c.n); puts_(b, "<|im_end|>\n");
+            tt_str(b, "<|im_start|>"); tt_str(b, role); tt_str(b, "\n"); tt_put(b, c.p, c.n); tt_str(b, "<|im_end|>\n");
         } else if (is(role, "assistant")) {
             view content = c, reasoning = {"", 0};
             long end = find(c, "</think>", 1);
@@ -95,45 +80,45 @@ static void render_qwen3(cbuf *b, const chat_msg *m, int n, int gen) {
                 long st = find(before, "<think>", 1);
                 reasoning = strip_nl(st >= 0 ? (view){before.p + st + 7, before.n - (size_t)st - 7} : before, 1, 0);
             }
-            puts_(b, "<|im_start|>assistant\n");
+            tt_str(b, "<|im_start|>assistant\n");
             if (i > last_query && (i == n - 1 || reasoning.n)) {
                 view r = strip_nl(reasoning, 1, 1);
-                puts_(b, "<think>\n"); put(b, r.p, r.n); puts_(b, "\n</think>\n\n");
+                tt_str(b, "<think>\n"); tt_put(b, r.p, r.n); tt_str(b, "\n</think>\n\n");
                 content = strip_nl(content, 1, 0);
             }
-            put(b, content.p, content.n);
-            puts_(b, "<|im_end|>\n");
+            tt_put(b, content.p, content.n);
+            tt_str(b, "<|im_end|>\n");
         } else if (is(role, "tool")) {
-            if (i == 0 || !is(m[i - 1].role, "tool")) puts_(b, "<|im_start|>user");
-            puts_(b, "\n<tool_response>\n"); put(b, c.p, c.n); puts_(b, "\n</tool_response>");
-            if (i == n - 1 || !is(m[i + 1].role, "tool")) puts_(b, "<|im_end|>\n");
+            if (i == 0 || !is(m[i - 1].role, "tool")) tt_str(b, "<|im_start|>user");
+            tt_str(b, "\n<tool_response>\n"); tt_put(b, c.p, c.n); tt_str(b, "\n</tool_response>");
+            if (i == n - 1 || !is(m[i + 1].role, "tool")) tt_str(b, "<|im_end|>\n");
         }
     }
-    if (gen) puts_(b, "<|im_start|>assistant\n");
+    if (gen) tt_str(b, "<|im_start|>assistant\n");
 }
 
 /* Plain ChatML, with the default system prompt of Qwen2 / Qwen2.5 when the template has one. */
-static void render_chatml(cbuf *b, const chat_msg *m, int n, int gen, const char *default_system) {
+static void render_chatml(tt_buf *b, const chat_msg *m, int n, int gen, const char *default_system) {
     if (default_system && !is(m[0].role, "system")) {
-        puts_(b, "<|im_start|>system\n"); puts_(b, default_system); puts_(b, "<|im_end|>\n");
+        tt_str(b, "<|im_start|>system\n"); tt_str(b, default_system); tt_str(b, "<|im_end|>\n");
     }
     for (int i = 0; i < n; i++) {
-        puts_(b, "<|im_start|>"); puts_(b, m[i].role); puts_(b, "\n"); puts_(b, m[i].content); puts_(b, "<|im_end|>\n");
+        tt_str(b, "<|im_start|>"); tt_str(b, m[i].role); tt_str(b, "\n"); tt_str(b, m[i].content); tt_str(b, "<|im_end|>\n");
     }
-    if (gen) puts_(b, "<|im_start|>assistant\n");
+    if (gen) tt_str(b, "<|im_start|>assistant\n");
 }
 
 /* Llama 3: bos before the first message; content trimmed (Jinja's trim = str.strip()). The
  * original Llama 3 template appends the assistant header unconditionally; templates that test
  * add_generation_prompt get it only when asked. */
-static void render_llama3(cbuf *b, const tok *t, const chat_msg *m, int n, int gen, int always_gen) {
+static void render_llama3(tt_buf *b, const tok *t, const chat_msg *m, int n, int gen, int always_gen) {
     for (int i = 0; i < n; i++) {
-        if (i == 0 && tok_bos(t)) puts_(b, tok_bos(t));
+        if (i == 0 && tok_bos(t)) tt_str(b, tok_bos(t));
         view c = strip_ws(V(m[i].content), 1, 1);
-        puts_(b, "<|start_header_id|>"); puts_(b, m[i].role); puts_(b, "<|end_header_id|>\n\n");
-        put(b, c.p, c.n); puts_(b, "<|eot_id|>");
+        tt_str(b, "<|start_header_id|>"); tt_str(b, m[i].role); tt_str(b, "<|end_header_id|>\n\n");
+        tt_put(b, c.p, c.n); tt_str(b, "<|eot_id|>");
     }
-    if (gen || always_gen) puts_(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (gen || always_gen) tt_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, char **out) {
@@ -143,7 +128,7 @@ int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_pr
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content) return err_set(GE_INVALID, "chat: message %d has no role or content", i);
     if (!tpl) return err_set(GE_UNSUPPORTED, "chat: the model has no chat_template in tokenizer_config.json");
-    cbuf b = {0};
+    tt_buf b = {0};
     if (strstr(tpl, "<|im_start|>")) {
         if (strstr(tpl, "reasoning_content")) render_qwen3(&b, msgs, n, add_generation_prompt);
         else if (strstr(tpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))

@@ -384,37 +384,22 @@ int tok_decode(const tok *t, const int *ids, int n, int skip_special, char **tex
 
 /* ---- default model's tokenizer files ---------------------------------------------------- */
 
-typedef struct { char *s; size_t n, cap; int oom; } sbuf;
 
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p) { b->oom = 1; return; }
-        b->s = p; b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
 /* s as a JSON string literal (quotes included). */
-static void sb_json(sbuf *b, const char *s) {
-    sb_put(b, "\"", 1);
+static void sb_json(tt_buf *b, const char *s) {
+    tt_put(b, "\"", 1);
     for (; *s; s++) {
         switch (*s) {
-        case '"': sb_str(b, "\\\""); break;
-        case '\\': sb_str(b, "\\\\"); break;
-        case '\n': sb_str(b, "\\n"); break;
-        case '\r': sb_str(b, "\\r"); break;
-        case '\t': sb_str(b, "\\t"); break;
-        default: sb_put(b, s, 1);
+        case '"': tt_str(b, "\\\""); break;
+        case '\\': tt_str(b, "\\\\"); break;
+        case '\n': tt_str(b, "\\n"); break;
+        case '\r': tt_str(b, "\\r"); break;
+        case '\t': tt_str(b, "\\t"); break;
+        default: tt_put(b, s, 1);
         }
     }
-    sb_put(b, "\"", 1);
+    tt_put(b, "\"", 1);
 }
 
 static const char *default_specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -424,26 +409,26 @@ char *tok_default_tokenizer_json(void) {
         " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     static const char bl[] = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, "
         "\"use_regex\": false}";
-    sbuf b = {0};
+    tt_buf b = {0};
     char tmp[64];
-    sb_str(&b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [");
+    tt_str(&b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [");
     for (int i = 0; i < 3; i++) {
         snprintf(tmp, sizeof tmp, "%s\n    {\"id\": %d, \"content\": ", i ? "," : "", 256 + i);
-        sb_str(&b, tmp);
+        tt_str(&b, tmp);
         sb_json(&b, default_specials[i]);
-        sb_str(&b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+        tt_str(&b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
                    "\"normalized\": false, \"special\": true}");
     }
-    sb_str(&b, "\n  ],\n  \"normalizer\": null,\n  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
+    tt_str(&b, "\n  ],\n  \"normalizer\": null,\n  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
                "[{\"type\": \"Split\", \"pattern\": {\"Regex\": ");
     sb_json(&b, qwen2_re);
-    sb_str(&b, "}, \"behavior\": \"Isolated\", \"invert\": false}, ");
-    sb_str(&b, bl);
-    sb_str(&b, "]},\n  \"post_processor\": ");
-    sb_str(&b, bl);
-    sb_str(&b, ",\n  \"decoder\": ");
-    sb_str(&b, bl);
-    sb_str(&b, ",\n  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
+    tt_str(&b, "}, \"behavior\": \"Isolated\", \"invert\": false}, ");
+    tt_str(&b, bl);
+    tt_str(&b, "]},\n  \"post_processor\": ");
+    tt_str(&b, bl);
+    tt_str(&b, ",\n  \"decoder\": ");
+    tt_str(&b, bl);
+    tt_str(&b, ",\n  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
                "\"continuing_subword_prefix\": null, \"end_of_word_suffix\": null, \"fuse_unk\": false, "
                "\"byte_fallback\": false, \"ignore_merges\": false, \"vocab\": {");
     uint32_t b2u[256]; int16_t u2b[324];
@@ -457,12 +442,12 @@ char *tok_default_tokenizer_json(void) {
     for (int c = 0; c < 256; c++) {
         char ch[5] = {0};
         ch[tt_utf8_encode(b2u[c], ch)] = 0;
-        sb_str(&b, c ? ", " : "");
+        tt_str(&b, c ? ", " : "");
         sb_json(&b, ch);
         snprintf(tmp, sizeof tmp, ": %d", c);
-        sb_str(&b, tmp);
+        tt_str(&b, tmp);
     }
-    sb_str(&b, "}, \"merges\": []}\n}\n");
+    tt_str(&b, "}, \"merges\": []}\n}\n");
     if (b.oom) { free(b.s); return NULL; }
     return b.s;
 }
@@ -471,13 +456,13 @@ char *tok_default_tokenizer_config_json(void) {
     static const char chatml[] =
         "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\\\n' + message['content'] + "
         "'<|im_end|>' + '\\\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\\\n' }}{% endif %}";
-    sbuf b = {0};
-    sb_str(&b, "{\n  \"add_bos_token\": false,\n  \"bos_token\": null,\n  \"eos_token\": \"<|im_end|>\",\n"
+    tt_buf b = {0};
+    tt_str(&b, "{\n  \"add_bos_token\": false,\n  \"bos_token\": null,\n  \"eos_token\": \"<|im_end|>\",\n"
                "  \"pad_token\": \"<|endoftext|>\",\n  \"unk_token\": null,\n"
                "  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n  \"model_max_length\": 131072,\n"
                "  \"chat_template\": \"");
-    sb_str(&b, chatml);
-    sb_str(&b, "\"\n}\n");
+    tt_str(&b, chatml);
+    tt_str(&b, "\"\n}\n");
     if (b.oom) { free(b.s); return NULL; }
     return b.s;
 }

@@ -306,3 +306,17 @@ void tt_scratch_free(tt_scratch *sc) {
     free(sc->cp); free(sc->cl); free(sc->off);
     memset(sc, 0, sizeof *sc);
 }
+
+void tt_put(tt_buf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 1024;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) { b->oom = 1; return; }
+        b->s = p; b->cap = cap;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
