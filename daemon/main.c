@@ -9,6 +9,7 @@
 #include "daemon/serve.h"
 #include "engine/engine.h"
 #include "engine/err.h"
+#include "engine/fsutil.h"
 #include "engine/tokenizer.h"
 
 #define DEFAULT_DATA_DIR "./grpod-data"
@@ -37,10 +38,8 @@ static int fail(const char *what) {
 static int resolve_model(const char *model, const char *data_dir, char *out, size_t n) {
     if (model) { snprintf(out, n, "%s", model); return 0; }
     snprintf(out, n, "%s/default-model", data_dir);
-    char mk[1024];
-    snprintf(mk, sizeof mk, "mkdir -p '%s'", data_dir);
-    if (system(mk) != 0) return err_set(GE_IO, "%s: cannot create the data directory", data_dir);
-    return eng_ensure_default_model(out);
+    int rc = fs_mkdirs(data_dir);
+    return rc ? rc : eng_ensure_default_model(out);
 }
 
 static const struct option model_opts[] = {
@@ -89,7 +88,11 @@ static int parse_ids(const char *s, int **ids, int *n) {
         char *end;
         long x = strtol(s, &end, 10);
         if (end == s || x < 0 || x > 1 << 30) { free(v); return err_set(GE_INVALID, "--ids must be comma-separated token ids"); }
-        if (k == cap) { int *w = realloc(v, (size_t)(cap *= 2) * sizeof *v); if (!w) break; v = w; }
+        if (k == cap) {
+            int *w = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!w) { free(v); return err_set(GE_NOMEM, "out of memory"); }
+            v = w;
+        }
         v[k++] = (int)x;
         s = *end == ',' ? end + 1 : end;
         if (*end && *end != ',') { free(v); return err_set(GE_INVALID, "--ids: unexpected '%c'", *end); }
@@ -121,7 +124,7 @@ static int cmd_logprobs(int argc, char **argv) {
     }
     if (!ids_s) { fprintf(stderr, "grpod logprobs: --ids is required\n"); return 2; }
     if (!(temp > 0)) { fprintf(stderr, "grpod logprobs: --temperature must be > 0\n"); return 2; }
-    int *ids, n;
+    int *ids = NULL, n = 0;
     if (parse_ids(ids_s, &ids, &n)) return fail("bad --ids");
     if (n < 2) { free(ids); fprintf(stderr, "grpod logprobs: need at least 2 ids\n"); return 2; }
     char dir[1024];

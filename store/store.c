@@ -13,6 +13,7 @@
  * Not here: JSON (payloads/results are opaque text), HTTP, CUDA. */
 #include "store/store.h"
 #include "engine/err.h"
+#include "engine/fsutil.h"
 
 #include <errno.h>
 #include <sqlite3.h>
@@ -262,27 +263,6 @@ static int new_job_id(char *out) {
     return 0;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path) {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return err_set(GE_INVALID, "store: data directory path too long");
-    for (char *p = buf + 1; ; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return err_set(GE_IO, "store: creating directory %s: %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return err_set(GE_IO, "store: %s is not a directory", path);
-    return 0;
-}
-
 /* ---------------------------------------------------------------- open, migrate, close */
 
 static int user_version(store *s, int *v) {
@@ -340,7 +320,7 @@ static int recover(store *s) {
 
 int store_open(const char *path, int recover_running, store **out) {
     *out = NULL;
-    int r = make_dirs(path);
+    int r = fs_mkdirs(path);
     if (r) return r;
     char file[4200];
     snprintf(file, sizeof file, "%s/grpod.db", path);
