@@ -13,6 +13,8 @@
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
+#   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
+#       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
 # Exit status: 0 when every row passed.
 set -u
@@ -31,7 +33,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout; do
+    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout bench_layer; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -89,6 +91,15 @@ if [ "${BENCH_ROLLOUT:-0}" = 1 ]; then
         if [ -n "${PEER_ROLLOUT:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ROLLOUT" 1.7b; fi
     } >"$OUT/bench_rollout.log" 2>&1
     cat "$OUT/bench_rollout.log"
+fi
+
+# ---- (h) decoder-layer benchmark (optional): Qwen3-8B layer shape, issue 7's configurations
+if [ "${BENCH_LAYER:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-100} "$BIN/bench_layer"
+        if [ -n "${PEER_LAYER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER_LAYER"; fi
+    } >"$OUT/bench_layer.log" 2>&1
+    cat "$OUT/bench_layer.log"
 fi
 
 # ---- the table
