@@ -213,6 +213,14 @@ static int hook_chat(void *ud, const char *const *roles, const char *const *cont
 }
 
 /* The engine when ready, else replies 503 and returns NULL. */
+/* The current limits (SIGHUP may replace them while requests run). */
+static api_limits limits_now(api_server *s) {
+    pthread_mutex_lock(&s->mu);
+    api_limits l = s->limits;
+    pthread_mutex_unlock(&s->mu);
+    return l;
+}
+
 static eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r) {
     eng *e = atomic_load(&s->engine);
     if (atomic_load(&s->failed)) {
@@ -264,9 +272,7 @@ static enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c,
     if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
     store *st = pool_get(s);
     if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    pthread_mutex_lock(&s->mu);
-    int max_q = s->limits.max_queued_jobs;
-    pthread_mutex_unlock(&s->mu);
+    int max_q = limits_now(s).max_queued_jobs;
     char id[32];
     int rc = store_submit(st, kind, json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN), max_q, id);
     pool_put(s, st);
@@ -290,10 +296,7 @@ static enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_
     enum MHD_Result r;
     json_object *payload;
     if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l;
-    pthread_mutex_lock(&s->mu);
-    l = s->limits;
-    pthread_mutex_unlock(&s->mu);
+    api_limits l = limits_now(s);
     if (api_rollout_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
     r = submit_and_reply(s, c, x, "rollout", payload, NULL);
     json_object_put(payload);
@@ -308,10 +311,7 @@ static enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_c
     const char *rid;
     long long expected;
     if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l;
-    pthread_mutex_lock(&s->mu);
-    l = s->limits;
-    pthread_mutex_unlock(&s->mu);
+    api_limits l = limits_now(s);
     if (api_update_or_reply(req, &l, &m, &payload, &rid, &expected, &e)) return reply_error(c, x, &e);
     long long pv = policy_version_now(s);
     if (expected >= 0 && expected != pv) {
@@ -491,10 +491,7 @@ static enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_
         enum MHD_Result r;
         json_object *payload;
         if (!engine_or_reply(s, c, x, &m, &r)) return r;
-        api_limits l;
-        pthread_mutex_lock(&s->mu);
-        l = s->limits;
-        pthread_mutex_unlock(&s->mu);
+        api_limits l = limits_now(s);
         if (api_logprobs_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
         x->job_id[0] = 0;
         char id[32] = "";
@@ -683,7 +680,7 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     if (!strncmp(url, "/v1/", 4) && !auth_ok(s, c))
         return reply_fail(c, x, GE_UNAUTHORIZED, "Authorization", "missing or wrong API key: send Authorization: Bearer <key>");
     if (x->too_large)
-        return reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)", s->limits.max_body_bytes);
+        return reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)", limits_now(s).max_body_bytes);
     json_object *req = NULL;
     if (rt->request_schema && !x->waiting) {
         api_error e;
@@ -724,14 +721,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = x;
         snprintf(x->method, sizeof x->method, "%s", method);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoll(cl, NULL, 10) > s->limits.max_body_bytes) x->too_large = 1;
+        if (cl && strtoll(cl, NULL, 10) > limits_now(s).max_body_bytes) x->too_large = 1;
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
         if (x->too_large) return MHD_YES;       /* drain, reply 413 at the end */
-        if ((long long)(x->len + n) > s->limits.max_body_bytes) {
+        if ((long long)(x->len + n) > limits_now(s).max_body_bytes) {
             x->too_large = 1;
             free(x->body);
             x->body = NULL;
