@@ -44,6 +44,7 @@ if [ $? -ne 0 ]; then
     tail -5 "$OUT/build.log"
     BIN=.carry/bin
 fi
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
