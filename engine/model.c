@@ -232,10 +232,7 @@ void model_input_from_batch(model_input *in, const pack_batch *b) {
                          .out_tok = b->out_tok };
 }
 
-/* Device copies of the input's arrays, in a->ints. */
-typedef struct { int *tokens, *pos, *slot, *out_pos, *out_tok; attn_ranges r; } dev_input;
-
-static int upload_input(const model *m, model_acts *a, const model_input *in, dev_input *d) {
+int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
     eng_backend *be = m->be;
     if (in->T > a->cap_T || in->M > a->cap_M)
         return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d",
@@ -250,20 +247,27 @@ static int upload_input(const model *m, model_acts *a, const model_input *in, de
     int *op = p, *ot = p + a->cap_M;
     if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
     if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
-    *d = (dev_input){ .tokens = dst[0], .pos = dst[1], .slot = in->slot ? dst[6] : NULL, .out_pos = op, .out_tok = ot,
+    *d = (model_dev_input){ .T = T, .M = in->M, .tokens = dst[0], .pos = dst[1], .slot = in->slot ? dst[6] : NULL, .out_pos = op, .out_tok = ot,
                       .r = { dst[2], dst[3], dst[4], dst[5] } };
     return rc;
 }
 
 int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
                   float temperature, int want_entropy) {
-    const model_config *c = &m->cfg;
-    eng_backend *be = m->be;
-    int T = in->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
-    dev_input d;
-    int rc = upload_input(m, a, in, &d);
+    model_dev_input d;
+    int rc = model_input_upload(m, a, in, &d);
     if (rc) return rc;
     if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
+    model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
+    return m->be->sync(m->be);
+}
+
+void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *dp,
+                       float temperature, int want_entropy) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    model_dev_input d = *dp;
+    int T = d.T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
     /* The residual stream: with grad each layer keeps its input (l[l].x, then xL); without,
      * it ping-pongs between l[0].x and xL. */
     void *x = a->l[0].x;
@@ -304,10 +308,9 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
         x = next;
     }
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, x, w->final_norm, T, C, c->eps);
-    if (in->M)
-        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d.out_pos, d.out_tok, w->lm_head, in->M, C,
+    if (d.M)
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d.out_pos, d.out_tok, w->lm_head, d.M, C,
                         c->V, temperature);
-    return be->sync(be);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -319,8 +322,8 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
     int T = in->T, M = in->M, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
     size_t eb = (size_t)be->act_bytes;
-    dev_input d;
-    int rc = upload_input(m, a, in, &d);
+    model_dev_input d;
+    int rc = model_input_upload(m, a, in, &d);
     if (!rc && M) rc = be->to_dev(be, a->dlogp, dlogp, (size_t)M * 4);
     if (!rc && M && dent) rc = be->to_dev(be, a->dent, dent, (size_t)M * 4);
     if (rc) return rc;

@@ -95,6 +95,14 @@ void model_input_from_batch(model_input *in, const pack_batch *b);
  * a->ent when want_entropy) at temperature. kv may be NULL. */
 int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
                   float temperature, int want_entropy);
+/* The same forward in two halves, for callers that keep inputs on the device or capture the
+ * forward in a CUDA graph: model_input_upload copies in's arrays into a->ints (synchronous
+ * host copies); model_forward_dev only queues the ops (no copies, no sync: errors surface at
+ * the next be->sync). A captured forward replays against whatever a->ints holds then. */
+typedef struct { int T, M; int *tokens, *pos, *slot, *out_pos, *out_tok; attn_ranges r; } model_dev_input;
+int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
+void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
+                       float temperature, int want_entropy);
 /* Backward of sum(dlogp·logp + dent·ent) given host dlogp/dent (M, dent may be NULL) for the
  * input of the last model_forward on a (grad mode); gradients are ADDED into the fp32 views g. */
 int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
