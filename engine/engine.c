@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine/chat.h"
+#include "engine/decode.h"
 #include "engine/engine_internal.h"
 #include "engine/err.h"
 #include "engine/json.h"
@@ -102,6 +103,7 @@ void eng_close(eng *e) {
     if (be) {
         model_acts_free(&e->m, &e->acts_ng);
         model_acts_free(&e->m, &e->acts_g);
+        dec_free(e);
         void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->w_master, e->ref_act, e->grad, e->adam_m, e->adam_v };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);

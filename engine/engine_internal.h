@@ -26,6 +26,7 @@ struct eng {
     _Atomic long long policy_version;
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
+    struct dec_state *dec;      /* generation step buffers (decode.c), made on first use */
 };
 
 /* Make sure acts has room for T tokens and M predictions (grad or not); reallocates to the
