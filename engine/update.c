@@ -1,6 +1,8 @@
 /* update.c — one GRPO-family update step (eng_update), on any backend:
  *
- *   advantages ─► filter groups ─► old pass (policy, no grad; or the rollout's logprobs)
+ *   advantages ─► filter groups ─► old pass (policy, no grad; or the rollout's logprobs; or,
+ *   on-policy — one epoch of one mini-batch — the policy pass's own logprobs, detached: the
+ *   same numbers, as veRL does, so the pass is skipped)
  *   ─► ref pass (frozen reference, no grad; skipped when kl_coef = 0)
  *   ─► ppo_epochs × mini-batches: micro-batches fwd + loss + bwd (gradients accumulate)
  *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
@@ -97,7 +99,7 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
 
 /* Forward + loss + backward of groups [g0, g1) of w, micro-batch by micro-batch. */
 static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, long long max_tokens,
-                         loss_metrics *met, int *n_micro) {
+                         int old_from_policy, loss_metrics *met, int *n_micro) {
     int s0 = w->grp_resp0[g0], s1 = g1 < w->n_groups ? w->grp_resp0[g1] : w->S;
     double tok_denom = 0, seq_denom = 0;
     int max_len = 0;
@@ -120,6 +122,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, 
         if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
         if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
         if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
+        if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);
         if (!rc) {
             /* loss_compute indexes by off[]: shift to this micro-batch's arrays. */
             int S = ms1 - ms0;
@@ -161,9 +164,12 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (w.n_groups) pack_plan_free(&plan);
 
     double t = eng_now_ms();
+    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
+    int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
     int need_old = !(a->use_rollout_logprobs);
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
-    if (w.n_groups && need_old) rc = eng_score(e, &e->wv, w.pg, w.n_groups, max_tokens, a->temperature, w.old, NULL);
+    int old_from_policy = need_old && steps_total == 1;
+    if (w.n_groups && need_old && !old_from_policy) rc = eng_score(e, &e->wv, w.pg, w.n_groups, max_tokens, a->temperature, w.old, NULL);
     out->ms_old = eng_now_ms() - t;
     t = eng_now_ms();
     if (!rc && w.n_groups && a->kl_coef > 0)
@@ -172,8 +178,6 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
-    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
-    int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
     size_t nbytes = (size_t)e->m.n_elems * 4;
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
@@ -181,7 +185,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
             t = eng_now_ms();
             e->be->zero(e->be, e->grad, nbytes);
-            rc = run_minibatch(e, &w, g0, g1, a, max_tokens, &met, &out->micro_batches);
+            rc = run_minibatch(e, &w, g0, g1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
             if (!rc) rc = e->be->sync(e->be);
             ms_policy += eng_now_ms() - t;
             if (rc) break;
