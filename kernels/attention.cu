@@ -377,13 +377,6 @@ static int use_flash(int D) {
     return !(e && e[0] == '1');
 }
 
-/* Warps per flash block: 8 (128-row tiles: half the K/V or Q/dO traffic of 4); 4 with
- * GRPOD_ATTN_NW=4 (benchmark comparison). */
-static int flash_nw(void) {
-    const char *e = getenv("GRPOD_ATTN_NW");
-    return e && e[0] == '4' ? 4 : 8;
-}
-
 /* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
 template <typename F>
 static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
@@ -392,30 +385,33 @@ static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
     return bytes;
 }
 
-template <int D, int NW>
+template <int D>
 static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
                       int T, int H, int K, float sc2) {
-    size_t sm = flash_smem(c, fa_fwd_kernel<D, NW>, 16 * NW + 4 * FA_BN, D);
-    dim3 grid((T + 16 * NW - 1) / (16 * NW), H);
-    fa_fwd_kernel<D, NW><<<grid, 32 * NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+    constexpr int BM = 16 * FA_MR * FA_NW;
+    auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN>;
+    size_t sm = flash_smem(c, kern, BM + 4 * FA_FWD_BN, D);
+    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
     CU_LAUNCHED(c, "fa_fwd_kernel");
 }
 
-template <int D, int NW>
+template <int D>
 static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
                       int T, int H, int K, float sc2, float scale) {
-    constexpr int BR = 16 * NW;
-    size_t sm = flash_smem(c, fa_dq_kernel<D, NW>, 2 * BR + 4 * FA_BN, D);
-    fa_dq_kernel<D, NW><<<dim3((T + BR - 1) / BR, H), 32 * NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r,
-                                                                                T, H, K, sc2, scale);
+    constexpr int BM = 16 * FA_MR * FA_NW;
+    auto dqk = fa_dq_kernel<D, FA_MR, FA_NW, FA_DQ_BN>;
+    size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
+    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2,
+                                                                   scale);
     CU_LAUNCHED(c, "fa_dq_kernel");
-    int ntiles = (T + BR - 1) / BR;
-    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, BR);
+    int ntiles = (T + FA_BK - 1) / FA_BK;
+    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, FA_BK);
     CU_LAUNCHED(c, "attn_tile_bounds_kernel");
-    sm = flash_smem(c, fa_dkdv_kernel<D, NW>, 2 * BR + 4 * FA_Q, D);
-    fa_dkdv_kernel<D, NW><<<dim3(ntiles, K), 32 * NW, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r,
-                                                                       T, H, K, sc2, scale);
+    auto dkv = fa_dkdv_kernel<D, FA_KW>;
+    sm = flash_smem(c, dkv, 2 * FA_BK + 4 * FA_Q, D);
+    dkv<<<dim3(ntiles, K), 32 * FA_KW, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2,
+                                                        scale);
     CU_LAUNCHED(c, "fa_dkdv_kernel");
 }
 
@@ -426,11 +422,12 @@ static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int 
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cuh) returns here
+     * before the training kernels below. */
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(D)) {
-        int nw = flash_nw();
-        if (D == 64) (nw == 4 ? flash_fwd<64, 4> : flash_fwd<64, 8>)(c, out, lse, q, k, v, r, T, H, K, scale2);
-        else (nw == 4 ? flash_fwd<128, 4> : flash_fwd<128, 8>)(c, out, lse, q, k, v, r, T, H, K, scale2);
+        if (D == 64) flash_fwd<64>(c, out, lse, q, k, v, r, T, H, K, scale2);
+        else flash_fwd<128>(c, out, lse, q, k, v, r, T, H, K, scale2);
         return;
     }
     dim3 grid((T + QT - 1) / QT, H);
@@ -443,7 +440,7 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int flash = use_flash(D), nw = flash_nw(), kt = flash ? 16 * nw : (int)KT, ntiles = (T + kt - 1) / kt;
+    int flash = use_flash(D), kt = flash ? (int)FA_BK : (int)KT, ntiles = (T + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;
@@ -452,11 +449,9 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
         if (D == 64)
-            (nw == 4 ? flash_bwd<64, 4> : flash_bwd<64, 8>)(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T,
-                                                             H, K, scale2, scale);
+            flash_bwd<64>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
         else
-            (nw == 4 ? flash_bwd<128, 4> : flash_bwd<128, 8>)(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r,
-                                                               T, H, K, scale2, scale);
+            flash_bwd<128>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
