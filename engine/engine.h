@@ -77,10 +77,74 @@ typedef struct { eng_response *resp; int n; } eng_group_result;
 /* Optional progress report, called on the engine thread: done of total tokens. */
 typedef void (*eng_progress_cb)(void *ud, double fraction);
 
-/* Sample groups[g].n responses for each group. out[g] is filled (caller provides n_groups). */
+/* Sample groups[g].n responses for each group. out[g] is filled (caller provides n_groups).
+ * A thin wrapper over the scheduler below (open with default options, add, step until done);
+ * GE_TOO_LARGE when a group can never fit the default KV pool. */
 int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *s,
                 eng_group_result *out, eng_progress_cb cb, void *ud);
 void eng_group_result_free(eng_group_result *r);
+
+/* ---------------------------------------------------------------- rollout scheduler
+ *
+ * Continuous batching (rollout.c): the groups of many rollout jobs decode together, one
+ * batch per step. A group is admitted (FIFO over all jobs; a group that does not fit blocks
+ * the ones behind it, so big groups never starve) when the KV pool has room for its prompt
+ * (P rows, prefilled once, shared by its N responses) and its N responses (max_tokens rows
+ * each, reserved up front so a running response never runs out). A step prefills the newly
+ * admitted groups (drawing their first tokens), then decodes every live response by one
+ * token; a finished response frees its rows at once, a group frees its prompt when its last
+ * response ends. Keys are dec_key(stream seed, token index) with the stream seed a function
+ * of (request seed, group index in its request, response index): a response's tokens do not
+ * depend on what else runs. Rows whose draw parameters differ (temperature, top_k, top_p,
+ * min_p, a min_tokens ban) go to separate dec_step calls of the same step, so each call is
+ * homogeneous — exactly what the job would see alone.
+ * Threading: the engine thread only, like every eng_* call. */
+typedef struct eng_sched eng_sched;
+typedef struct eng_sched_job eng_sched_job;
+
+typedef struct {
+    long long kv_bytes;         /* KV pool budget; 0 = default: cuda, half of the free device
+                                 * memory at open net of the training state an update will
+                                 * allocate; cpu, 1 << 18 rows capped at 8 GiB */
+    int kv_rows;                /* > 0: the pool's rows exactly (overrides kv_bytes) */
+    int max_prefill_tokens;     /* prompt tokens prefilled per step; 0 = 8192 (one group may exceed it) */
+    int max_running;            /* responses decoding per step; 0 = 1024 (one group may exceed it) */
+} eng_sched_opts;
+
+typedef struct {
+    int jobs;                   /* added and not released */
+    int running_groups, running_responses, waiting_groups;
+    long long rows_used, rows_cap, row_bytes;
+    long long steps, dec_calls; /* scheduler steps taken; dec_step calls they made */
+} eng_sched_stats;
+
+/* Sizes the pool (its device memory is allocated when the first group is admitted and given
+ * back whenever the scheduler runs empty, so an update between rollouts has it). */
+int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out);
+void eng_sched_close(eng_sched *s);        /* releases every job still in it */
+/* Queues a job's groups behind everything queued before. groups (and their prompts), the
+ * sampling (with its stop arrays) and out (n_groups, zeroed here) stay the caller's and must
+ * stay valid until the job is released. GE_TOO_LARGE, naming the pool size, when a group needs
+ * more rows than the whole pool (eng_sched_rows_needed); nothing is queued then. */
+int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp,
+                  eng_group_result *out, eng_sched_job **job);
+long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *sp);
+/* One step: admit, prefill, decode, retire. 0 when it ran (or had nothing to do); a negative
+ * code when a dec_step failed: the jobs it served have failed with that error (job_state),
+ * the others go on. */
+int eng_sched_step(eng_sched *s);
+int eng_sched_busy(const eng_sched *s);    /* 1 while some job has a group waiting or running */
+/* 1 when a group queued now would start at the next step: nothing waits for rows. */
+int eng_sched_can_admit(const eng_sched *s);
+void eng_sched_get_stats(const eng_sched *s, eng_sched_stats *st);
+
+/* 0 running, 1 done (out filled: free it with eng_group_result_free), or the negative GE_*
+ * code it failed with (out emptied; *msg says why). progress (may be NULL): 0..1 of its
+ * tokens; started (may be NULL): 1 once any of its groups was admitted. */
+int eng_sched_job_state(const eng_sched_job *j, double *progress, int *started, const char **msg);
+/* Drops the job: a running one is cancelled (its streams stop, their rows are freed, out is
+ * emptied); a done one keeps out for the caller. j is invalid afterwards. */
+void eng_sched_job_release(eng_sched *s, eng_sched_job *j);
 
 /* ---------------------------------------------------------------- update */
 
