@@ -57,6 +57,14 @@ struct eng_backend {
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
+    /* fused neighbours (kernels/rmsnorm.h): sum = x + y then out = rmsnorm(sum) (sum may alias x
+     * or y); q/k per-head norm then RoPE, and its backward (dinp written, not added) */
+    void (*add_rmsnorm_fwd)(eng_backend *b, void *sum, void *out, float *rstd, const void *x, const void *y,
+                            const void *w, int T, int C, float eps);
+    void (*qk_norm_rope_fwd)(eng_backend *b, void *out, float *rstd, const void *inp, const void *w, const int *pos,
+                             const float *inv_freq, int T, int H, int D, float eps);
+    void (*qk_norm_rope_bwd)(eng_backend *b, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                             const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos,
                         const int *out_tok, const void *w, int M, int C, int V, float temperature);
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,

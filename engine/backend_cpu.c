@@ -69,6 +69,18 @@ static void add_f(eng_backend *b, void *o, const void *x, const void *y, long lo
     #pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) out[i] = a[i] + c[i];
 }
+static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, const void *y, const void *w, int T,
+                   int C, float eps) {
+    add_rmsnorm_fwd_cpu(s, o, r, x, y, w, T, C, eps);
+}
+static void qkr_f(eng_backend *b, void *o, float *r, const void *x, const void *w, const int *p, const float *f, int T,
+                  int H, int D, float eps) {
+    qk_norm_rope_fwd_cpu(o, r, x, w, p, f, T, H, D, eps);
+}
+static void qkr_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+                  const int *p, const float *f, int T, int H, int D) {
+    qk_norm_rope_bwd_cpu(dx, dw, dy, x, w, r, p, f, T, H, D);
+}
 static void lp_f(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
                  int M, int C, int V, float t) {
     logprob_fwd_cpu(lp, ent, h, op, ot, w, M, C, V, t);
@@ -104,6 +116,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
         .matmul_fwd = mm_f, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
         .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .swiglu_bwd = swi_b,
+        .add_rmsnorm_fwd = arms_f, .qk_norm_rope_fwd = qkr_f, .qk_norm_rope_bwd = qkr_b,
         .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f, .sample = samp_f,
         .adamw = adamw_f, .sumsq = sumsq_f, .scale = scale_f,
     };

@@ -152,6 +152,18 @@ static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void
 static void add_f(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
 }
+static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, const void *y, const void *w, int T,
+                   int C, float eps) {
+    add_rmsnorm_fwd_cuda(CTX(b), (bf16 *)s, (bf16 *)o, r, (cbf *)x, (cbf *)y, (cbf *)w, T, C, eps);
+}
+static void qkr_f(eng_backend *b, void *o, float *r, const void *x, const void *w, const int *p, const float *f, int T,
+                  int H, int D, float eps) {
+    qk_norm_rope_fwd_cuda(CTX(b), (bf16 *)o, r, (cbf *)x, (cbf *)w, p, f, T, H, D, eps);
+}
+static void qkr_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+                  const int *p, const float *f, int T, int H, int D) {
+    qk_norm_rope_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, p, f, T, H, D);
+}
 static void lp_f(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
                  int M, int C, int V, float t) {
     logprob_fwd_cuda(CTX(b), lp, ent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
@@ -215,6 +227,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
+    b->add_rmsnorm_fwd = arms_f; b->qk_norm_rope_fwd = qkr_f; b->qk_norm_rope_bwd = qkr_b;
     b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
     b->adamw = adamw_f; b->sumsq = sumsq_f; b->scale = scale_f;
     *out = b;

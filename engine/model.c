@@ -4,7 +4,10 @@
  *   q, k = rope(q, k)           att = attention(q, k, v)            xm = x + att Wo^T
  *   ln2 = rmsnorm(xm)           a = silu(ln2 Wg^T) * (ln2 Wu^T)     x' = xm + a Wd^T
  *
- * and backward walks it in reverse, carrying the residual-stream gradient dres. */
+ * and backward walks it in reverse, carrying the residual-stream gradient dres. Fused ops
+ * (kernels/rmsnorm.h): each residual add runs with the norm that reads its sum (x' = xm + ..
+ * is the next layer's first op), and Qwen3's q/k norm with RoPE. model_layer_fwd/_bwd are one
+ * layer each; tests/gpu/bench_layer.c times them as training runs them. */
 #include "engine/model.h"
 
 #include <limits.h>
@@ -262,55 +265,62 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
     return m->be->sync(m->be);
 }
 
-void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *dp,
+void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
                        float temperature, int want_entropy) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
-    model_dev_input d = *dp;
-    int T = d.T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
-    /* The residual stream: with grad each layer keeps its input (l[l].x, then xL); without,
-     * it ping-pongs between l[0].x and xL. */
-    void *x = a->l[0].x;
-    be->embedding_fwd(be, x, d.tokens, w->embed, T, C);
+    int T = d->T, C = c->C;
+    /* Layer l reads its input from l[l].x and writes its MLP branch to the next layer's x (with
+     * grad every layer keeps its own; without, all share l[0]); the residual add that closes
+     * layer l is the first op of layer l + 1 (res = l[l].xm), or of the final norm. */
+    be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, T, C);
+    const void *res = NULL;
     for (int l = 0; l < c->L; l++) {
-        struct model_layer_acts *A = &a->l[l];
-        const model_layer_views *W = &w->layers[l];
-        be->rmsnorm_fwd(be, A->ln1, A->rstd1, x, W->attn_norm, T, C, c->eps);
-        if (c->qk_norm) {
-            be->matmul_fwd(be, A->q0, A->ln1, W->wq, W->bq, T, C, HD);
-            be->matmul_fwd(be, A->k0, A->ln1, W->wk, W->bk, T, C, KD);
-            be->rmsnorm_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, T * H, D, c->eps);
-            be->rmsnorm_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, T * K, D, c->eps);
-        } else {
-            be->matmul_fwd(be, A->q, A->ln1, W->wq, W->bq, T, C, HD);
-            be->matmul_fwd(be, A->k, A->ln1, W->wk, W->bk, T, C, KD);
-        }
-        be->matmul_fwd(be, A->v, A->ln1, W->wv, W->bv, T, C, KD);
-        be->rope_fwd(be, A->q, d.pos, m->inv_freq, T, H, D);
-        be->rope_fwd(be, A->k, d.pos, m->inv_freq, T, K, D);
-        const void *keys = A->k, *vals = A->v;
-        if (kv) {
-            be->scatter_rows(be, kv->k[l], A->k, d.slot, T, KD);
-            be->scatter_rows(be, kv->v[l], A->v, d.slot, T, KD);
-            keys = kv->k[l];
-            vals = kv->v[l];
-        }
-        be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d.r, T, H, K, D);
-        be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
-        be->add(be, A->xm, A->xm, x, (long long)T * C);
-        be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-        be->matmul_fwd(be, A->g, A->ln2, W->w_gate, NULL, T, C, F);
-        be->matmul_fwd(be, A->u, A->ln2, W->w_up, NULL, T, C, F);
-        be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
-        void *next = a->grad ? (l + 1 < c->L ? a->l[l + 1].x : a->xL) : (x == a->xL ? a->l[0].x : a->xL);
-        be->matmul_fwd(be, next, A->a, W->w_down, NULL, T, F, C);
-        be->add(be, next, next, A->xm, (long long)T * C);
-        x = next;
+        void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
+        model_layer_fwd(m, w, a, l, res, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
+        res = a->l[l].xm;
     }
-    be->rmsnorm_fwd(be, a->lnf, a->rstdf, x, w->final_norm, T, C, c->eps);
-    if (d.M)
-        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d.out_pos, d.out_tok, w->lm_head, d.M, C,
+    be->add_rmsnorm_fwd(be, a->xL, a->lnf, a->rstdf, a->xL, res, w->final_norm, T, C, c->eps);
+    if (d->M)
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, C,
                         c->V, temperature);
+}
+
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, const void *res, void *out,
+                     const model_dev_input *d, void *kv_k, void *kv_v) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l];
+    if (res) be->add_rmsnorm_fwd(be, A->x, A->ln1, A->rstd1, A->x, res, W->attn_norm, T, C, c->eps);
+    else be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
+    if (c->qk_norm) {
+        be->matmul_fwd(be, A->q0, A->ln1, W->wq, W->bq, T, C, HD);
+        be->matmul_fwd(be, A->k0, A->ln1, W->wk, W->bk, T, C, KD);
+        be->qk_norm_rope_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, d->pos, m->inv_freq, T, H, D, c->eps);
+        be->qk_norm_rope_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, d->pos, m->inv_freq, T, K, D, c->eps);
+    } else {
+        be->matmul_fwd(be, A->q, A->ln1, W->wq, W->bq, T, C, HD);
+        be->matmul_fwd(be, A->k, A->ln1, W->wk, W->bk, T, C, KD);
+        be->rope_fwd(be, A->q, d->pos, m->inv_freq, T, H, D);
+        be->rope_fwd(be, A->k, d->pos, m->inv_freq, T, K, D);
+    }
+    be->matmul_fwd(be, A->v, A->ln1, W->wv, W->bv, T, C, KD);
+    const void *keys = A->k, *vals = A->v;
+    if (kv_k) {
+        be->scatter_rows(be, kv_k, A->k, d->slot, T, KD);
+        be->scatter_rows(be, kv_v, A->v, d->slot, T, KD);
+        keys = kv_k;
+        vals = kv_v;
+    }
+    be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
+    be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
+    be->add_rmsnorm_fwd(be, A->xm, A->ln2, A->rstd2, A->xm, A->x, W->mlp_norm, T, C, c->eps);
+    be->matmul_fwd(be, A->g, A->ln2, W->w_gate, NULL, T, C, F);
+    be->matmul_fwd(be, A->u, A->ln2, W->w_up, NULL, T, C, F);
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    be->matmul_fwd(be, out, A->a, W->w_down, NULL, T, F, C);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -320,7 +330,7 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
-    int T = in->T, M = in->M, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    int T = in->T, M = in->M, C = c->C;
     size_t eb = (size_t)be->act_bytes;
     model_dev_input d;
     int rc = model_input_upload(m, a, in, &d);
@@ -333,40 +343,46 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
         be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok,
                         w->lm_head, M, C, c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
-    for (int l = c->L - 1; l >= 0; l--) {
-        struct model_layer_acts *A = &a->l[l];
-        const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
-        /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. */
-        be->zero(be, a->da, (size_t)T * F * eb);
-        be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
-        be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
-        be->zero(be, a->dln, (size_t)T * C * eb);
-        be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
-        be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
-        be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
-        /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
-        be->zero(be, a->datt, (size_t)T * HD * eb);
-        be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
-        be->zero(be, a->dk, (size_t)T * KD * eb);
-        be->zero(be, a->dv, (size_t)T * KD * eb);
-        be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d.r, T, H, K, D);
-        be->rope_bwd(be, a->dq, d.pos, m->inv_freq, T, H, D);
-        be->rope_bwd(be, a->dk, d.pos, m->inv_freq, T, K, D);
-        void *dq = a->dq, *dk = a->dk;
-        if (c->qk_norm) {
-            be->zero(be, a->dq0, (size_t)T * HD * eb);
-            be->zero(be, a->dk0, (size_t)T * KD * eb);
-            be->rmsnorm_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, T * H, D);
-            be->rmsnorm_bwd(be, a->dk0, G->k_norm, a->dk, A->k0, W->k_norm, A->rstdk, T * K, D);
-            dq = a->dq0;
-            dk = a->dk0;
-        }
-        be->zero(be, a->dln, (size_t)T * C * eb);
-        be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
-        be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
-        be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
-        be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
-    }
+    for (int l = c->L - 1; l >= 0; l--) model_layer_bwd(m, w, g, a, l, &d);
     be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
     return be->sync(be);
+}
+
+void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
+                     const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    size_t eb = (size_t)be->act_bytes;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
+    /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. */
+    be->zero(be, a->da, (size_t)T * F * eb);
+    be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
+    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
+    be->zero(be, a->dln, (size_t)T * C * eb);
+    be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
+    be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
+    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+    /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
+    be->zero(be, a->datt, (size_t)T * HD * eb);
+    be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
+    be->zero(be, a->dk, (size_t)T * KD * eb);
+    be->zero(be, a->dv, (size_t)T * KD * eb);
+    be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d->r, T, H, K, D);
+    void *dq = a->dq, *dk = a->dk;
+    if (c->qk_norm) {
+        be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);
+        be->qk_norm_rope_bwd(be, a->dk0, G->k_norm, a->dk, A->k0, W->k_norm, A->rstdk, d->pos, m->inv_freq, T, K, D);
+        dq = a->dq0;
+        dk = a->dk0;
+    } else {
+        be->rope_bwd(be, a->dq, d->pos, m->inv_freq, T, H, D);
+        be->rope_bwd(be, a->dk, d->pos, m->inv_freq, T, K, D);
+    }
+    be->zero(be, a->dln, (size_t)T * C * eb);
+    be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
+    be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
+    be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
+    be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
 }

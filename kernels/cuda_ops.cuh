@@ -18,6 +18,12 @@ void embedding_bwd_cuda(cu_ctx *c, float *dwte, const bf16 *dout, const int *tok
 void rmsnorm_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps);
 void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
                       const float *rstd, int T, int C);
+void add_rmsnorm_fwd_cuda(cu_ctx *c, bf16 *sum, bf16 *out, float *rstd, const bf16 *x, const bf16 *y, const bf16 *w,
+                          int T, int C, float eps);
+void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
+                           const float *inv_freq, int T, int H, int D, float eps);
+void qk_norm_rope_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                           const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
 
 /* matmul.cu: cuBLASLt, bf16 in, fp32 accumulate. gemm_lt is the general call the logprob head
  * uses too: column-major D (m,n) = alpha op(A) op(B) + beta C, C == D, optional bf16 bias (m). */

@@ -1,69 +1,312 @@
-/* rmsnorm.cu — CUDA RMSNorm (also Qwen3's per-head q/k norm: rows = T*H, C = D).
- * One warp per row, statistics in fp32. Backward adds into dinp (bf16) and accumulates dw in
- * fp32: each block sums its rows' dw in shared memory, then one atomicAdd per block and column
- * into the global dw (the order of the block sums varies, within fp32 rounding). */
+/* rmsnorm.cu — CUDA RMSNorm (also Qwen3's per-head q/k norm: rows = T*H, C = D) and its two
+ * fused neighbours of rmsnorm.h: the residual add + norm, and the q/k norm + RoPE.
+ * One warp per row, V-wide bf16 vector accesses (bf16_vec.cuh), statistics in fp32.
+ *
+ * Backward, the weight gradient: each warp sums its rows' dy*n into its own slice of shared
+ * memory (no atomics: a lane always owns the same columns; the slice is stored lane-major,
+ * [chunk][j][lane], so a warp's accesses hit 32 different banks), the block adds its warps'
+ * slices into one fp32 row of a (blocks, C) scratch, and a second kernel sums that over the
+ * blocks in a fixed order into dw. The result is deterministic for a given device.
+ * The q/k norm + RoPE backward keeps each lane's D/32 columns in registers instead. */
+#include "kernels/bf16_vec.cuh"
 #include "kernels/cuda_ops.cuh"
 
 enum { RMS_WARPS = 8 };
 
-__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
+/* ---------------------------------------------------------------- forward */
+
+/* out = w * s * rstd, s = inp, or with res: s = bf16(inp + res), also stored in sum (which may
+ * alias inp or res: each lane reads its own elements before it writes them). */
+template <int V>
+__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16 *inp, const bf16 *res, const bf16 *w,
+                                   int T, int C, float eps) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
     if (row >= T) return;
-    const bf16 *x = inp + (size_t)row * C;
-    bf16 *y = out + (size_t)row * C;
+    size_t o = (size_t)row * C;
     float ss = 0;
-    for (int i = lane; i < C; i += 32) { float v = __bfloat162float(x[i]); ss += v * v; }
-    ss = warp_sum(ss);
-    float r = rsqrtf(ss / C + eps);
+    for (int i = lane * V; i < C; i += 32 * V) {
+        float x[V];
+        vload<V>(x, inp + o + i);
+        if (res) {
+            float y[V];
+            vload<V>(y, res + o + i);
+#pragma unroll
+            for (int j = 0; j < V; j++) x[j] = bf16_round(x[j] + y[j]);
+            vstore<V>(sum + o + i, x);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += x[j] * x[j];
+    }
+    float r = rsqrtf(warp_sum(ss) / C + eps);
     if (rstd && lane == 0) rstd[row] = r;
-    for (int i = lane; i < C; i += 32)
-        y[i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(x[i]) * r));
+    const bf16 *src = res ? sum : inp;
+    for (int i = lane * V; i < C; i += 32 * V) {
+        float x[V], wv[V];
+        vload<V>(x, src + o + i);
+        vload<V>(wv, w + i);
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] = wv[j] * (x[j] * r);
+        vstore<V>(out + o + i, x);
+    }
 }
 
-/* dx = r (w dy - n mean(w dy n)), n = x r;  dw += dy n.  Shared memory: C floats. */
-__global__ void rmsnorm_bwd_kernel(bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                                   const float *rstd, int T, int C) {
-    extern __shared__ float dw_s[];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) dw_s[i] = 0;
-    __syncthreads();
-    for (int row = blockIdx.x * RMS_WARPS + warp; row < T; row += gridDim.x * RMS_WARPS) {
-        const bf16 *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
-        bf16 *dx = dinp + (size_t)row * C;
+/* The RoPE partner of a lane's element j (rotate_half: element i pairs with i + D/2, which is
+ * lane ^ 16 when D = 32 V) and the sign of the sin term: out = y cos + sgn * partner sin. */
+__device__ __forceinline__ float rope_sgn(int lane) { return lane < 16 ? -1.0f : 1.0f; }
+
+/* q/k norm + RoPE, D = 32 V: a lane holds one V-chunk of the row. */
+template <int V>
+__global__ void rmsnorm_rope_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
+                                        const float *inv_freq, int rows, int H, int D, float eps) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    size_t o = (size_t)row * D + lane * V;
+    float x[V], wv[V], ss = 0;
+    vload<V>(x, inp + o);
+    vload<V>(wv, w + lane * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) ss += x[j] * x[j];
+    float r = rsqrtf(warp_sum(ss) / D + eps);
+    if (rstd && lane == 0) rstd[row] = r;
+    float p = (float)pos[row / H], sgn = rope_sgn(lane), y[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        float n = wv[j] * (x[j] * r);
+        float q = __shfl_xor_sync(0xffffffffu, n, 16), s, co;
+        sincosf(p * inv_freq[(lane & 15) * V + j], &s, &co);
+        y[j] = n * co + sgn * q * s;
+    }
+    vstore<V>(out + o, y);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* dx = r (w dy - n mean(w dy n)), n = x r, added into dinp (accumulate) or written (dinp may
+ * then alias dout); partial[block] (C) = the block's sum of dy n.
+ * Shared memory: warps * cpad floats, cpad = C rounded up to 32 V. */
+template <int V>
+__global__ void rmsnorm_bwd_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                                   const float *rstd, int T, int C, int accumulate) {
+    extern __shared__ float acc[];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int cpad = (C + 32 * V - 1) / (32 * V) * (32 * V);
+    float *my = acc + (size_t)warp * cpad;   /* my[(k V + j) 32 + lane]: chunk k, element j */
+    for (int i = lane; i < cpad; i += 32) my[i] = 0;
+    __syncwarp();
+    for (int row = blockIdx.x * nw + warp; row < T; row += gridDim.x * nw) {
+        size_t o = (size_t)row * C;
         float r = rstd[row], dot = 0;
-        for (int i = lane; i < C; i += 32) {
-            float n = __bfloat162float(x[i]) * r, g = __bfloat162float(dy[i]);
-            atomicAdd(&dw_s[i], g * n);
-            dot += __bfloat162float(w[i]) * g * n;
+#pragma unroll 2
+        for (int i = lane * V, k = 0; i < C; i += 32 * V, k++) {
+            float x[V], g[V], wv[V];
+            vload<V>(x, inp + o + i);
+            vload<V>(g, dout + o + i);
+            vload<V>(wv, w + i);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float gn = g[j] * x[j] * r;
+                my[(k * V + j) * 32 + lane] += gn;
+                dot += wv[j] * gn;
+            }
         }
         float mean = warp_sum(dot) / C;
-        for (int i = lane; i < C; i += 32) {
-            float n = __bfloat162float(x[i]) * r;
-            float v = __bfloat162float(dx[i]) + r * (__bfloat162float(w[i]) * __bfloat162float(dy[i]) - n * mean);
-            dx[i] = __float2bfloat16(v);
+        for (int i = lane * V; i < C; i += 32 * V) {
+            float x[V], g[V], wv[V], d[V];
+            vload<V>(x, inp + o + i);
+            vload<V>(g, dout + o + i);
+            vload<V>(wv, w + i);
+            if (accumulate) vload<V>(d, dinp + o + i);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float v = r * (wv[j] * g[j] - x[j] * r * mean);
+                d[j] = accumulate ? d[j] + v : v;
+            }
+            vstore<V>(dinp + o + i, d);
         }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) atomicAdd(dw + i, dw_s[i]);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        int k = c / (32 * V), rem = c % (32 * V), idx = (k * V + rem % V) * 32 + rem / V;
+        float s = 0;
+        for (int q = 0; q < nw; q++) s += acc[(size_t)q * cpad + idx];
+        partial[(size_t)blockIdx.x * C + c] = s;
+    }
+}
+
+/* q/k norm + RoPE backward, D = 32 V: dout is the gradient of the rotated output; it is rotated
+ * back (angle -> -angle), then the norm's backward writes dinp. */
+template <int V>
+__global__ void rmsnorm_rope_bwd_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                                        const float *rstd, const int *pos, const float *inv_freq, int rows, int H,
+                                        int D) {
+    __shared__ float acc[RMS_WARPS][32 * V];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float wv[V], f[V], a[V], sgn = rope_sgn(lane);
+    vload<V>(wv, w + lane * V);
+#pragma unroll
+    for (int j = 0; j < V; j++) { f[j] = inv_freq[(lane & 15) * V + j]; a[j] = 0; }
+    for (int row = blockIdx.x * RMS_WARPS + warp; row < rows; row += gridDim.x * RMS_WARPS) {
+        size_t o = (size_t)row * D + lane * V;
+        float x[V], g[V], r = rstd[row], p = (float)pos[row / H], dot = 0;
+        vload<V>(x, inp + o);
+        vload<V>(g, dout + o);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float q = __shfl_xor_sync(0xffffffffu, g[j], 16), s, co;
+            sincosf(p * f[j], &s, &co);
+            g[j] = g[j] * co - sgn * q * s;
+            float gn = g[j] * x[j] * r;
+            a[j] += gn;
+            dot += wv[j] * gn;
+        }
+        float mean = warp_sum(dot) / D;
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] = r * (wv[j] * g[j] - x[j] * r * mean);
+        vstore<V>(dinp + o, x);
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) acc[warp][lane * V + j] = a[j];
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float s = 0;
+        for (int q = 0; q < RMS_WARPS; q++) s += acc[q][c];
+        partial[(size_t)blockIdx.x * D + c] = s;
+    }
+}
+
+/* dw (C) += sum over nb rows of partial (nb, C), in a fixed order. Block (32, 8). */
+__global__ void rmsnorm_dw_kernel(float *dw, const float *partial, int nb, int C) {
+    __shared__ float sh[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (c < C)
+        for (int b = threadIdx.y; b < nb; b += 8) s += partial[(size_t)b * C + c];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0;
+        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+        dw[c] += t;
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, bf16 *sum, const bf16 *inp, const bf16 *res, const bf16 *w,
+                       int T, int C, float eps) {
+    if (c->failed || T <= 0) return;
+    unsigned blocks = cu_blocks(T, RMS_WARPS);
+    switch (vec_width(C, out, sum, inp, res, w)) {
+    case 8: rmsnorm_fwd_kernel<8><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
+    case 4: rmsnorm_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
+    case 2: rmsnorm_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
+    default: rmsnorm_fwd_kernel<1><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps);
+    }
+    CU_LAUNCHED(c, "rmsnorm_fwd_kernel");
+}
+
+/* sum the partials of nb blocks into dw */
+static void dw_launch(cu_ctx *c, float *dw, const float *partial, int nb, int C) {
+    rmsnorm_dw_kernel<<<cu_blocks(C, 32), dim3(32, 8), 0, c->stream>>>(dw, partial, nb, C);
+    CU_LAUNCHED(c, "rmsnorm_dw_kernel");
+}
+
+template <int V>
+static void bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                         const float *rstd, int T, int C, int accumulate) {
+    int nw = 12288 / C;   /* warps per block: at most 48 KiB of shared memory where C allows */
+    nw = nw < 1 ? 1 : nw > RMS_WARPS ? RMS_WARPS : nw;
+    size_t cpad = (size_t)(C + 32 * V - 1) / (32 * V) * (32 * V), smem = (size_t)nw * cpad * sizeof(float);
+    if (smem > 48 * 1024)
+        CU_CK(c, cudaFuncSetAttribute(rmsnorm_bwd_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int occ = 0;
+    CU_CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rmsnorm_bwd_kernel<V>, nw * 32, smem));
+    unsigned blocks = cu_blocks(T, nw), cap = (unsigned)(c->n_sm * (occ > 0 ? occ : 1));
+    if (blocks > cap) blocks = cap;
+    float *partial = (float *)cu_scratch(c, (size_t)blocks * C * sizeof(float));
+    if (c->failed) return;
+    rmsnorm_bwd_kernel<V><<<blocks, nw * 32, smem, c->stream>>>(dinp, partial, dout, inp, w, rstd, T, C, accumulate);
+    CU_LAUNCHED(c, "rmsnorm_bwd_kernel");
+    dw_launch(c, dw, partial, (int)blocks, C);
+}
+
+static void bwd_launch(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                       const float *rstd, int T, int C, int accumulate) {
+    if (c->failed || T <= 0) return;
+    switch (vec_width(C, dinp, dout, inp, w, NULL)) {
+    case 8: bwd_launch_v<8>(c, dinp, dw, dout, inp, w, rstd, T, C, accumulate); break;
+    case 4: bwd_launch_v<4>(c, dinp, dw, dout, inp, w, rstd, T, C, accumulate); break;
+    case 2: bwd_launch_v<2>(c, dinp, dw, dout, inp, w, rstd, T, C, accumulate); break;
+    default: bwd_launch_v<1>(c, dinp, dw, dout, inp, w, rstd, T, C, accumulate);
+    }
 }
 
 void rmsnorm_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
-    if (c->failed || T <= 0) return;
-    rmsnorm_fwd_kernel<<<cu_blocks(T, RMS_WARPS), RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, T, C, eps);
-    CU_LAUNCHED(c, "rmsnorm_fwd_kernel");
+    fwd_launch(c, out, rstd, NULL, inp, NULL, w, T, C, eps);
 }
 
 void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
                       const float *rstd, int T, int C) {
+    bwd_launch(c, dinp, dw, dout, inp, w, rstd, T, C, 1);
+}
+
+void add_rmsnorm_fwd_cuda(cu_ctx *c, bf16 *sum, bf16 *out, float *rstd, const bf16 *x, const bf16 *y, const bf16 *w,
+                          int T, int C, float eps) {
+    fwd_launch(c, out, rstd, sum, x, y, w, T, C, eps);
+}
+
+/* The fused q/k kernels need D = 32 V with V-aligned rows (D = 32, 64, 128); other head dims
+ * run the two ops apart. */
+static int rope_v(int D, const void *a, const void *b, const void *d, const void *w) {
+    int v = D / 32;
+    return D % 32 == 0 && (v == 1 || v == 2 || v == 4) && vec_width(D, a, b, d, w, NULL) >= v ? v : 0;
+}
+
+void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
+                           const float *inv_freq, int T, int H, int D, float eps) {
     if (c->failed || T <= 0) return;
-    size_t smem = (size_t)C * sizeof(float);
-    if (smem > 48 * 1024 && !c->rms_smem_raised) {
-        CU_CK(c, cudaFuncSetAttribute(rmsnorm_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-        c->rms_smem_raised = 1;
+    int rows = T * H;
+    unsigned blocks = cu_blocks(rows, RMS_WARPS);
+    switch (rope_v(D, out, inp, NULL, w)) {
+    case 4: rmsnorm_rope_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    case 2: rmsnorm_rope_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    case 1: rmsnorm_rope_fwd_kernel<1><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    default:
+        rmsnorm_fwd_cuda(c, out, rstd, inp, w, rows, D, eps);
+        rope_fwd_cuda(c, out, pos, inv_freq, T, H, D);
+        return;
     }
-    unsigned blocks = cu_blocks(T, RMS_WARPS), cap = (unsigned)c->n_sm * 4;
+    CU_LAUNCHED(c, "rmsnorm_rope_fwd_kernel");
+}
+
+template <int V>
+static void rope_bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                              const float *rstd, const int *pos, const float *inv_freq, int rows, int H, int D) {
+    int occ = 0;
+    CU_CK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, rmsnorm_rope_bwd_kernel<V>, RMS_WARPS * 32, 0));
+    unsigned blocks = cu_blocks(rows, RMS_WARPS), cap = (unsigned)(c->n_sm * (occ > 0 ? occ : 1));
     if (blocks > cap) blocks = cap;
-    rmsnorm_bwd_kernel<<<blocks, RMS_WARPS * 32, smem, c->stream>>>(dinp, dw, dout, inp, w, rstd, T, C);
-    CU_LAUNCHED(c, "rmsnorm_bwd_kernel");
+    float *partial = (float *)cu_scratch(c, (size_t)blocks * D * sizeof(float));
+    if (c->failed) return;
+    rmsnorm_rope_bwd_kernel<V><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(dinp, partial, dout, inp, w, rstd, pos,
+                                                                          inv_freq, rows, H, D);
+    CU_LAUNCHED(c, "rmsnorm_rope_bwd_kernel");
+    dw_launch(c, dw, partial, (int)blocks, D);
+}
+
+void qk_norm_rope_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
+                           const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D) {
+    if (c->failed || T <= 0) return;
+    int rows = T * H;
+    switch (rope_v(D, dinp, dout, inp, w)) {
+    case 4: rope_bwd_launch_v<4>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
+    case 2: rope_bwd_launch_v<2>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
+    case 1: rope_bwd_launch_v<1>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
+    default:   /* rotate back in dinp, then the norm's backward in place (overwrite mode allows it) */
+        CU_CK(c, cudaMemcpyAsync(dinp, dout, (size_t)rows * D * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
+        rope_bwd_cuda(c, dinp, pos, inv_freq, T, H, D);
+        bwd_launch(c, dinp, dw, dinp, inp, w, rstd, rows, D, 0);
+    }
 }

@@ -1,6 +1,8 @@
 /* swiglu.cu — CUDA SwiGLU forward/backward on bf16 (math in fp32), plus the small elementwise
  * ops the backend table needs beside it: add, fp32 -> bf16 conversion, and the row scatter of
- * KV-cache writes. Grid-stride loops, one element per thread per step. */
+ * KV-cache writes. Grid-stride loops; SwiGLU and add move V elements per thread per step
+ * (16-byte accesses when n and the pointers allow, bf16_vec.cuh): they are memory-bound. */
+#include "kernels/bf16_vec.cuh"
 #include "kernels/cuda_ops.cuh"
 
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
@@ -11,25 +13,48 @@ static unsigned ew_blocks(cu_ctx *c, long long n) {
     return b < cap ? b : cap;
 }
 
+/* n / V vectors of V elements */
+template <int V>
 __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, long long n) {
-    GRID_STRIDE(i, n) {
-        float x = __bfloat162float(gate[i]);
-        out[i] = __float2bfloat16(x / (1.0f + expf(-x)) * __bfloat162float(up[i]));
+    GRID_STRIDE(i, n / V) {
+        float x[V], u[V];
+        vload<V>(x, gate + i * V);
+        vload<V>(u, up + i * V);
+#pragma unroll
+        for (int j = 0; j < V; j++) x[j] = x[j] / (1.0f + expf(-x[j])) * u[j];
+        vstore<V>(out + i * V, x);
     }
 }
 
+template <int V>
 __global__ void swiglu_bwd_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
                                   long long n) {
-    GRID_STRIDE(i, n) {
-        float x = __bfloat162float(gate[i]), u = __bfloat162float(up[i]), d = __bfloat162float(dout[i]);
-        float s = 1.0f / (1.0f + expf(-x));
-        dup[i] = __float2bfloat16(d * x * s);
-        dgate[i] = __float2bfloat16(d * u * (s + x * s * (1.0f - s)));
+    GRID_STRIDE(i, n / V) {
+        float x[V], u[V], d[V], dg[V], du[V];
+        vload<V>(x, gate + i * V);
+        vload<V>(u, up + i * V);
+        vload<V>(d, dout + i * V);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float s = 1.0f / (1.0f + expf(-x[j]));
+            du[j] = d[j] * x[j] * s;
+            dg[j] = d[j] * u[j] * (s + x[j] * s * (1.0f - s));
+        }
+        vstore<V>(dup + i * V, du);
+        vstore<V>(dgate + i * V, dg);
     }
 }
 
+template <int V>
 __global__ void add_kernel(bf16 *out, const bf16 *x, const bf16 *y, long long n) {
-    GRID_STRIDE(i, n) out[i] = __float2bfloat16(__bfloat162float(x[i]) + __bfloat162float(y[i]));
+    GRID_STRIDE(i, n / V) {
+        float a[V], b[V];
+        vload<V>(a, x + i * V);
+        vload<V>(b, y + i * V);
+#pragma unroll
+        for (int j = 0; j < V; j++) a[j] += b[j];
+        vstore<V>(out + i * V, a);
+    }
 }
 
 __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, long long n) {
@@ -44,23 +69,29 @@ __global__ void scatter_rows_kernel(bf16 *dst, const bf16 *src, const int *slot,
     }
 }
 
+#define VEC_LAUNCH(kernel, v, n, ...) do { \
+    switch (v) { \
+    case 8: kernel<8><<<ew_blocks(c, (n) / 8), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    case 4: kernel<4><<<ew_blocks(c, (n) / 4), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    case 2: kernel<2><<<ew_blocks(c, (n) / 2), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    default: kernel<1><<<ew_blocks(c, (n)), 256, 0, c->stream>>>(__VA_ARGS__); \
+    } \
+    CU_LAUNCHED(c, #kernel); } while (0)
+
 void swiglu_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *gate, const bf16 *up, long long n) {
     if (c->failed || n <= 0) return;
-    swiglu_fwd_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(out, gate, up, n);
-    CU_LAUNCHED(c, "swiglu_fwd_kernel");
+    VEC_LAUNCH(swiglu_fwd_kernel, vec_width(n, out, gate, up, NULL, NULL), n, out, gate, up, n);
 }
 
 void swiglu_bwd_cuda(cu_ctx *c, bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
                      long long n) {
     if (c->failed || n <= 0) return;
-    swiglu_bwd_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(dgate, dup, dout, gate, up, n);
-    CU_LAUNCHED(c, "swiglu_bwd_kernel");
+    VEC_LAUNCH(swiglu_bwd_kernel, vec_width(n, dgate, dup, dout, gate, up), n, dgate, dup, dout, gate, up, n);
 }
 
 void add_cuda(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *y, long long n) {
     if (c->failed || n <= 0) return;
-    add_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(out, x, y, n);
-    CU_LAUNCHED(c, "add_kernel");
+    VEC_LAUNCH(add_kernel, vec_width(n, out, x, y, NULL, NULL), n, out, x, y, n);
 }
 
 void f32_to_bf16_cuda(cu_ctx *c, bf16 *dst, const float *src, long long n) {

@@ -1,11 +1,15 @@
 /* bench_layer.c — one Qwen3-8B-shaped decoder layer (C=4096, H=32, K=8, D=128, F=12288, q/k
  * norm, RoPE) forward+backward on the CUDA backend, as ../shared/bench/peer_layer.py times its
  * PyTorch layer: one packed group [P; R_1..R_N] (P + NR tokens), a random bf16 input x and a
- * random upstream gradient dy, no embedding and no lm-head. The layer is the backend-table op
- * sequence of engine/model.c's model_forward/model_backward for one layer, called directly (a
- * 1-layer model with M = 0 would back-propagate an all-zero gradient from the final norm);
- * the parameter layout, activations and RoPE table come from a 1-layer model_init. Weight
- * gradients accumulate in fp32, as in training; dx is written like the peer's x.grad.
+ * random upstream gradient dy, no embedding and no lm-head. The layer is engine/model.c's
+ * model_layer_fwd / model_layer_bwd, the functions model_forward / model_backward run for every
+ * layer (a 1-layer model with M = 0 would back-propagate an all-zero gradient from the final
+ * norm); the parameter layout, activations and RoPE table come from a 1-layer model_init.
+ * As in training, the layer opens with the residual add that closes the previous layer (fused
+ * with its first norm: x += res, res a stand-in for the previous layer's xm: the dy tensor) and ends
+ * with its MLP branch, whose residual add the next layer opens with: one add per layer, as in
+ * the peer. Weight gradients accumulate in fp32, as in training; dx is written like the peer's
+ * x.grad.
  * Prints ms (median of REPS after a warm-up) and the peak device memory in use (cudaMemGetInfo
  * against the free memory after backend creation: weights, fp32 grads, activations, scratch).
  * Usage: bench_layer [P N R ...]   (default: the four configurations of issue 7) */
@@ -24,68 +28,6 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
-
-/* Forward of layer 0: x (T,C) -> y (T,C); activations saved in a->l[0]. */
-static void layer_fwd(const model *m, const model_views *w, model_acts *a, attn_ranges r, const int *pos,
-                      const void *x, void *y, int T) {
-    const model_config *c = &m->cfg;
-    eng_backend *be = m->be;
-    int C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
-    struct model_layer_acts *A = &a->l[0];
-    const model_layer_views *W = &w->layers[0];
-    be->rmsnorm_fwd(be, A->ln1, A->rstd1, x, W->attn_norm, T, C, c->eps);
-    be->matmul_fwd(be, A->q0, A->ln1, W->wq, W->bq, T, C, HD);
-    be->matmul_fwd(be, A->k0, A->ln1, W->wk, W->bk, T, C, KD);
-    be->rmsnorm_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, T * H, D, c->eps);
-    be->rmsnorm_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, T * K, D, c->eps);
-    be->matmul_fwd(be, A->v, A->ln1, W->wv, W->bv, T, C, KD);
-    be->rope_fwd(be, A->q, pos, m->inv_freq, T, H, D);
-    be->rope_fwd(be, A->k, pos, m->inv_freq, T, K, D);
-    be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, r, T, H, K, D);
-    be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
-    be->add(be, A->xm, A->xm, x, (long long)T * C);
-    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-    be->matmul_fwd(be, A->g, A->ln2, W->w_gate, NULL, T, C, F);
-    be->matmul_fwd(be, A->u, A->ln2, W->w_up, NULL, T, C, F);
-    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
-    be->matmul_fwd(be, y, A->a, W->w_down, NULL, T, F, C);
-    be->add(be, y, y, A->xm, (long long)T * C);
-}
-
-/* Backward of layer 0 given dy (T,C) in a->dres: on return a->dres holds dx; weight gradients
- * are added into g. */
-static void layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, attn_ranges r,
-                      const int *pos, const void *x, int T) {
-    const model_config *c = &m->cfg;
-    eng_backend *be = m->be;
-    int C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
-    size_t eb = (size_t)be->act_bytes;
-    struct model_layer_acts *A = &a->l[0];
-    const model_layer_views *W = &w->layers[0], *G = &g->layers[0];
-    be->zero(be, a->da, (size_t)T * F * eb);
-    be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
-    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
-    be->zero(be, a->dln, (size_t)T * C * eb);
-    be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
-    be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
-    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
-    be->zero(be, a->datt, (size_t)T * HD * eb);
-    be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
-    be->zero(be, a->dk, (size_t)T * KD * eb);
-    be->zero(be, a->dv, (size_t)T * KD * eb);
-    be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, r, T, H, K, D);
-    be->rope_bwd(be, a->dq, pos, m->inv_freq, T, H, D);
-    be->rope_bwd(be, a->dk, pos, m->inv_freq, T, K, D);
-    be->zero(be, a->dq0, (size_t)T * HD * eb);
-    be->zero(be, a->dk0, (size_t)T * KD * eb);
-    be->rmsnorm_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, T * H, D);
-    be->rmsnorm_bwd(be, a->dk0, G->k_norm, a->dk, A->k0, W->k_norm, A->rstdk, T * K, D);
-    be->zero(be, a->dln, (size_t)T * C * eb);
-    be->matmul_bwd(be, a->dln, G->wq, G->bq, a->dq0, A->ln1, W->wq, T, C, HD);
-    be->matmul_bwd(be, a->dln, G->wk, G->bk, a->dk0, A->ln1, W->wk, T, C, KD);
-    be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
-    be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, x, W->attn_norm, A->rstd1, T, C);
-}
 
 static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     model_config c = { .arch = ARCH_QWEN3, .L = 1, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 256,
@@ -117,26 +59,29 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     int T = b.T, C = c.C;
     model_acts a;
     if (model_acts_init(&m, &a, T, 1, 1)) gc_die(be, "model_acts_init");
-    /* positions and key ranges at model_forward's places in a->ints */
-    int *pos = a.ints + a.cap_T;
-    attn_ranges rg = { a.ints + 2 * a.cap_T, a.ints + 3 * a.cap_T, a.ints + 4 * a.cap_T, a.ints + 5 * a.cap_T };
-    const int *src[5] = { b.pos, b.kv_a0, b.kv_a1, b.kv_b0, b.kv_b1 };
-    for (int i = 0; i < 5; i++)
-        if (be->to_dev(be, a.ints + (size_t)(i + 1) * a.cap_T, src[i], (size_t)T * 4)) gc_die(be, "ints");
+    /* positions and key ranges in a->ints, as model_forward uploads them */
+    model_input in;
+    model_input_from_batch(&in, &b);
+    in.M = 0;
+    model_dev_input d;
+    if (model_input_upload(&m, &a, &in, &d)) gc_die(be, "model_input_upload");
     float *hx = gc_rand((size_t)T * C, 1.0f, 11), *hdy = gc_rand((size_t)T * C, 1e-3f, 13);
-    void *x = gc_act(be, hx, (size_t)T * C), *dy = gc_act(be, hdy, (size_t)T * C), *y = a.xL;
+    void *x = gc_act(be, hx, (size_t)T * C), *dy = gc_act(be, hdy, (size_t)T * C);
+    const void *res = dy;   /* any (T,C) tensor will do; no extra memory */
     free(hx); free(hdy);
-
     double t[REPS + 1], tf[REPS + 1];
     size_t used_peak = 0, total;
     for (int rep = 0; rep <= REPS; rep++) {
-        /* the upstream gradient, restored each rep (backward leaves dx in dres) */
-        if (cudaMemcpy(a.dres, dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be)) gc_die(be, "setup");
+        /* the layer input and the upstream gradient, restored each rep (the layer adds res into
+         * its input in place; backward leaves dx in dres) */
+        if (cudaMemcpy(a.l[0].x, x, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) ||
+            cudaMemcpy(a.dres, dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be))
+            gc_die(be, "setup");
         double t0 = now();
-        layer_fwd(&m, &wv, &a, rg, pos, x, y, T);
+        model_layer_fwd(&m, &wv, &a, 0, res, a.xL, &d, NULL, NULL);
         if (be->sync(be)) gc_die(be, "forward");
         double t1 = now();
-        layer_bwd(&m, &wv, &gv, &a, rg, pos, x, T);
+        model_layer_bwd(&m, &wv, &gv, &a, 0, &d);
         if (be->sync(be)) gc_die(be, "backward");
         double t2 = now();
         t[rep] = t2 - t0;

@@ -69,6 +69,87 @@ static void t_rmsnorm(int T, int C) {
     free(y_g); free(r_g); free(dx_g); free(dw_g);
 }
 
+/* residual add + norm, in place over x as the model runs it; the CPU sum is rounded to bf16
+ * before its norm, as the GPU stores it */
+static void t_add_rmsnorm(int T, int C) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "rows=%d C=%d", T, C);
+    size_t n = (size_t)T * C;
+    float *x = gc_rand(n, 2.0f, 16), *y = gc_rand(n, 1.0f, 17), *w = gc_rand((size_t)C, 1.0f, 18);
+    float *s_c = malloc(n * 4), *o_c = malloc(n * 4), *r_c = malloc((size_t)T * 4);
+    for (size_t i = 0; i < n; i++) s_c[i] = gc_bf16(x[i] + y[i]);
+    cpu->rmsnorm_fwd(cpu, o_c, r_c, s_c, w, T, C, 1e-6f);
+    void *gx = gc_act(gpu, x, n), *gy = gc_act(gpu, y, n), *gw = gc_act(gpu, w, (size_t)C), *go = gpu->alloc(gpu, n * 2);
+    float *gr = gpu->alloc(gpu, (size_t)T * 4);
+    gpu->add_rmsnorm_fwd(gpu, gx, go, gr, gx, gy, gw, T, C, 1e-6f);
+    float *s_g = gc_get_act(gpu, gx, n), *o_g = gc_get_act(gpu, go, n), *r_g = gc_get_f32(gpu, gr, (size_t)T);
+    gc_row("add_rmsnorm_fwd sum (in place)", sh, rel_l2(s_g, s_c, n), 0);
+    gc_row("add_rmsnorm_fwd out", sh, rel_l2(o_g, o_c, n), 1e-2);
+    gc_row("add_rmsnorm_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T), 1e-4);
+    /* and the CPU op itself against the unrounded composition */
+    float *s2 = malloc(n * 4), *o2 = malloc(n * 4), *r2 = malloc((size_t)T * 4);
+    cpu->add_rmsnorm_fwd(cpu, s2, o2, r2, x, y, w, T, C, 1e-6f);
+    gc_row("add_rmsnorm_fwd cpu vs bf16-rounded sum", sh, rel_l2(o2, o_c, n), 1e-2);
+    gpu->free(gpu, gx); gpu->free(gpu, gy); gpu->free(gpu, gw); gpu->free(gpu, go); gpu->free(gpu, gr);
+    free(x); free(y); free(w); free(s_c); free(o_c); free(r_c); free(s_g); free(o_g); free(r_g); free(s2); free(o2); free(r2);
+}
+
+/* rmsnorm_bwd twice on the same inputs: dinp and dw bit-identical (the dw reduction has a
+ * fixed order) */
+static void t_rmsnorm_determinism(int T, int C) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "rows=%d C=%d", T, C);
+    size_t n = (size_t)T * C;
+    float *x = gc_rand(n, 2.0f, 19), *w = gc_rand((size_t)C, 1.0f, 20), *dy = gc_rand(n, 1.0f, 21);
+    void *gx = gc_act(gpu, x, n), *gw = gc_act(gpu, w, (size_t)C), *gdy = gc_act(gpu, dy, n), *gy = gpu->alloc(gpu, n * 2);
+    void *d1 = gpu->alloc(gpu, n * 2), *d2 = gpu->alloc(gpu, n * 2);
+    float *gr = gpu->alloc(gpu, (size_t)T * 4), *w1 = gpu->alloc(gpu, (size_t)C * 4), *w2 = gpu->alloc(gpu, (size_t)C * 4);
+    gpu->zero(gpu, d1, n * 2); gpu->zero(gpu, d2, n * 2);
+    gpu->zero(gpu, w1, (size_t)C * 4); gpu->zero(gpu, w2, (size_t)C * 4);
+    gpu->rmsnorm_fwd(gpu, gy, gr, gx, gw, T, C, 1e-6f);
+    gpu->rmsnorm_bwd(gpu, d1, w1, gdy, gx, gw, gr, T, C);
+    gpu->rmsnorm_bwd(gpu, d2, w2, gdy, gx, gw, gr, T, C);
+    float *a1 = gc_get_act(gpu, d1, n), *a2 = gc_get_act(gpu, d2, n);
+    float *b1 = gc_get_f32(gpu, w1, (size_t)C), *b2 = gc_get_f32(gpu, w2, (size_t)C);
+    double diff = 0;
+    for (size_t i = 0; i < n; i++) diff += a1[i] != a2[i];
+    for (int i = 0; i < C; i++) diff += b1[i] != b2[i];
+    gc_row("rmsnorm_bwd deterministic (diffs)", sh, diff, 0);
+    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gy); gpu->free(gpu, d1);
+    gpu->free(gpu, d2); gpu->free(gpu, gr); gpu->free(gpu, w1); gpu->free(gpu, w2);
+    free(x); free(w); free(dy); free(a1); free(a2); free(b1); free(b2);
+}
+
+/* Qwen3's q/k norm + RoPE, forward and backward (dinp written over random contents) */
+static void t_qk_norm_rope(int T, int H, int D) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d H=%d D=%d", T, H, D);
+    size_t n = (size_t)T * H * D;
+    float *x = gc_rand(n, 2.0f, 33), *w = gc_rand((size_t)D, 1.0f, 34), *dy = gc_rand(n, 1.0f, 35);
+    float *dx0 = gc_rand(n, 1.0f, 36), *dw0 = gc_rand((size_t)D, 1.0f, 37), *f = malloc((size_t)D / 2 * 4);
+    rope_inv_freq(f, D, 1000000.0f, 0, 0, 0, 0);
+    int *pos = rand_ints(T, 0, 40000, 38);
+    float *y_c = malloc(n * 4), *r_c = malloc((size_t)T * H * 4), *dx_c = malloc(n * 4), *dw_c = gc_copy(dw0, (size_t)D);
+    cpu->qk_norm_rope_fwd(cpu, y_c, r_c, x, w, pos, f, T, H, D, 1e-6f);
+    cpu->qk_norm_rope_bwd(cpu, dx_c, dw_c, dy, x, w, r_c, pos, f, T, H, D);
+    void *gx = gc_act(gpu, x, n), *gw = gc_act(gpu, w, (size_t)D), *gdy = gc_act(gpu, dy, n), *gdx = gc_act(gpu, dx0, n);
+    void *gy = gpu->alloc(gpu, n * 2);
+    float *gr = gpu->alloc(gpu, (size_t)T * H * 4), *gdw = gc_dev(gpu, dw0, (size_t)D * 4), *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
+    int *gp = gc_dev(gpu, pos, (size_t)T * 4);
+    gpu->qk_norm_rope_fwd(gpu, gy, gr, gx, gw, gp, gf, T, H, D, 1e-6f);
+    gpu->qk_norm_rope_bwd(gpu, gdx, gdw, gdy, gx, gw, gr, gp, gf, T, H, D);
+    float *y_g = gc_get_act(gpu, gy, n), *r_g = gc_get_f32(gpu, gr, (size_t)T * H), *dx_g = gc_get_act(gpu, gdx, n);
+    float *dw_g = gc_get_f32(gpu, gdw, (size_t)D);
+    gc_row("qk_norm_rope_fwd", sh, rel_l2(y_g, y_c, n), 1e-2);
+    gc_row("qk_norm_rope_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T * H), 1e-4);
+    gc_row("qk_norm_rope_bwd dinp", sh, rel_l2(dx_g, dx_c, n), 1e-2);
+    gc_row("qk_norm_rope_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)D), 1e-2);
+    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gdx); gpu->free(gpu, gy);
+    gpu->free(gpu, gr); gpu->free(gpu, gdw); gpu->free(gpu, gf); gpu->free(gpu, gp);
+    free(x); free(w); free(dy); free(dx0); free(dw0); free(f); free(pos); free(y_c); free(r_c); free(dx_c); free(dw_c);
+    free(y_g); free(r_g); free(dx_g); free(dw_g);
+}
+
 static void t_matmul(int T, int I, int O, int bias) {
     char sh[64];
     snprintf(sh, sizeof sh, "T=%d I=%d O=%d%s", T, I, O, bias ? " +bias" : "");
@@ -323,6 +404,56 @@ static void attention_suite(void) {
     free_ranges(x);
 }
 
+/* Decode-step ranges over a KV cache: G groups (prompt P[g], N[g] responses), one query per
+ * response; a response sees its group's prompt rows and its own rows, own length random in
+ * [0, max_own] (0: the prompt only). Cache rows: the prompts, then max_own rows per response. */
+static ranges decode_ranges(int G, const int *P, const int *N, int max_own, unsigned long long seed, int *S) {
+    int T = 0, p_tot = 0;
+    for (int g = 0; g < G; g++) { T += N[g]; p_tot += P[g]; }
+    ranges r = { T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4) };
+    int t = 0, p0 = 0, base = p_tot;
+    for (int g = 0; g < G; g++) {
+        for (int i = 0; i < N[g]; i++, t++, base += max_own) {
+            int own = (int)((check_randf(&seed, 0.5f) + 0.5f) * (max_own + 1));
+            if (own > max_own) own = max_own;
+            if (i == 0) own = 0;
+            r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = base; r.b1[t] = base + own;
+        }
+        p0 += P[g];
+    }
+    *S = base;
+    return r;
+}
+
+/* The decode attention kernels (attention_decode.cuh): small T, groups sharing a prompt. */
+static void decode_attention_suite(void) {
+    int S;
+    int P1[] = { 1024 }, N1[] = { 16 };
+    ranges r = decode_ranges(1, P1, N1, 300, 71, &S);
+    t_attention("decode P=1024 N=16", r, S, 16, 8, 128, 0);
+    t_attention("decode P=1024 N=16", r, S, 32, 8, 128, 0);
+    t_attention("decode P=1024 N=16", r, S, 16, 8, 64, 0);
+    free_ranges(r);
+    if (small_run) return;
+    int P2[] = { 100, 37, 513, 1, 260 }, N2[] = { 16, 1, 5, 3, 16 };
+    r = decode_ranges(5, P2, N2, 300, 72, &S);
+    t_attention("decode 5 groups", r, S, 16, 8, 128, 0);
+    t_attention("decode 5 groups", r, S, 32, 8, 128, 0);
+    t_attention("decode 5 groups", r, S, 32, 8, 64, 0);
+    t_attention("decode 5 groups", r, S, 8, 8, 64, 0);
+    t_attention("decode 5 groups", r, S, 64, 8, 128, 0);
+    free_ranges(r);
+    int P3[] = { 700, 90, 33 }, N3[] = { 1, 1, 1 };
+    r = decode_ranges(3, P3, N3, 40, 73, &S);
+    t_attention("decode N=1", r, S, 16, 8, 128, 0);
+    free_ranges(r);
+    int P4[16], N4[16];
+    for (int g = 0; g < 16; g++) { P4[g] = 50 + 61 * g; N4[g] = 16; }
+    r = decode_ranges(16, P4, N4, 256, 74, &S);
+    t_attention("decode 16 groups T=256", r, S, 16, 8, 128, 0);
+    free_ranges(r);
+}
+
 /* ---------------------------------------------------------------- logprob head */
 
 static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
@@ -427,11 +558,15 @@ int main(int argc, char **argv) {
     if (small_run) {
         t_embedding(37, 40, 50);
         t_rmsnorm(19, 136);
+        t_add_rmsnorm(19, 136);
+        t_qk_norm_rope(7, 3, 64);
+        t_qk_norm_rope(5, 2, 48);
         t_matmul(37, 64, 40, 1);
         t_rope(7, 3, 64);
         t_elementwise(1001);
         t_scatter_rows(9, 13, 24);
         attention_suite();
+        decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
         t_adamw(999, 2);
     } else {
@@ -440,14 +575,32 @@ int main(int argc, char **argv) {
         t_rmsnorm(333, 1024);
         t_rmsnorm(333 * 8, 128);
         t_rmsnorm(50, 5120);
+        t_rmsnorm(2000, 2048);       /* the model's widths (1.7B, 8B) */
+        t_rmsnorm(777, 4096);
+        t_rmsnorm(4000 * 16, 128);   /* q norm rows of a long batch */
+        t_rmsnorm(37, 1001);         /* odd width: scalar path */
+        t_rmsnorm_determinism(3000, 2048);
+        t_rmsnorm_determinism(3000 * 8, 128);
+        t_add_rmsnorm(333, 1024);
+        t_add_rmsnorm(1000, 4096);
+        t_add_rmsnorm(41, 130);
+        t_qk_norm_rope(333, 16, 128);
+        t_qk_norm_rope(2000, 8, 128);
+        t_qk_norm_rope(77, 6, 64);
+        t_qk_norm_rope(50, 4, 32);
+        t_qk_norm_rope(50, 4, 16);   /* fallback: norm and rope apart */
+        t_qk_norm_rope(31, 3, 48);
         t_matmul(333, 1024, 768, 1);
         t_matmul(77, 200, 72, 0);
         t_matmul(1000, 2048, 6144, 0);
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
         t_elementwise(1000003);
+        t_elementwise(1 << 20);      /* 16-byte vector path */
+        t_elementwise(1000002);      /* 4-byte vector path */
         t_scatter_rows(100, 301, 256);
         attention_suite();
+        decode_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);
         t_logprob(300, 257, 128, 1003, 1.0f, 0);
         t_adamw(1000003, 5);
