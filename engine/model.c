@@ -145,33 +145,43 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
 
 /* ---------------------------------------------------------------- activations */
 
-/* Carves a->* out of one allocation; with base == NULL only counts the bytes. */
+/* Carves a->* out of one allocation; with base == NULL only counts the bytes.
+ * Without grad the layers share one set (l[l] = l[0]). With grad every layer keeps what its
+ * backward reads, except ln1, ln2 and the SwiGLU output a, which cost a cheap pass to recompute
+ * (model_layer_bwd does): the forward writes them into backward scratch that is free then
+ * (ln1, ln2 -> dlnf, a -> du). The backward scratch is shared the same way where lifetimes
+ * allow: dg over da (swiglu_bwd reads its dout before it writes dgate), dq0 over datt (read by
+ * attention_bwd before dq0 is written), dk0 over dq (read for dq0 before dk0 is written). */
 static size_t carve(const model *m, model_acts *a, char *base) {
     const model_config *c = &m->cfg;
     size_t off = 0, eb = (size_t)m->be->act_bytes;
     long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
 #define TAKE(ptr, n, es) do { (ptr) = base ? (void *)(base + off) : NULL; off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; } while (0)
+    if (a->grad) {
+        TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
+        TAKE(a->dq, T * HD, eb); TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb); TAKE(a->datt, T * HD, eb);
+        TAKE(a->da, T * F, eb); TAKE(a->du, T * F, eb);
+        a->dg = a->da;
+        a->dq0 = a->datt;
+        a->dk0 = a->dq;
+    }
     int nl = a->grad ? c->L : 1;
     for (int l = 0; l < c->L; l++) {
         struct model_layer_acts *L = &a->l[l];
         if (l >= nl) { *L = a->l[0]; continue; }
-        TAKE(L->x, T * C, eb); TAKE(L->ln1, T * C, eb);
+        TAKE(L->x, T * C, eb);
+        if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
+        else { TAKE(L->ln1, T * C, eb); TAKE(L->ln2, T * C, eb); TAKE(L->a, T * F, eb); }
         if (c->qk_norm) { TAKE(L->q0, T * HD, eb); TAKE(L->k0, T * KD, eb); }
         TAKE(L->q, T * HD, eb); TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb);
-        TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb); TAKE(L->ln2, T * C, eb);
-        TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb); TAKE(L->a, T * F, eb);
+        TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb);
+        TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb);
         TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
         TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
     }
     TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
     TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
     TAKE(a->ints, 7 * T + 2 * M, 4);
-    if (a->grad) {
-        TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
-        TAKE(a->dq, T * HD, eb); TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb);
-        TAKE(a->dq0, T * HD, eb); TAKE(a->dk0, T * KD, eb); TAKE(a->datt, T * HD, eb);
-        TAKE(a->da, T * F, eb); TAKE(a->dg, T * F, eb); TAKE(a->du, T * F, eb);
-    }
 #undef TAKE
     return off;
 }
@@ -356,7 +366,10 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     size_t eb = (size_t)be->act_bytes;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
-    /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. */
+    /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. ln2 and a are
+     * recomputed (carve()): the same kernels on the same inputs give the forward's values. */
+    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     be->zero(be, a->da, (size_t)T * F * eb);
     be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
     be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
@@ -380,6 +393,7 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
         be->rope_bwd(be, a->dq, d->pos, m->inv_freq, T, H, D);
         be->rope_bwd(be, a->dk, d->pos, m->inv_freq, T, K, D);
     }
+    be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
     be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);

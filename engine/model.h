@@ -54,7 +54,9 @@ int model_load_host(const model *m, const char *dir, float *host);
 int model_save_host(const model *m, const char *dir, const float *host, int bf16);
 
 /* Activations for up to T tokens / M predictions, in backend memory, allocated once.
- * grad = 0 keeps one layer's worth (no backward possible). */
+ * grad = 0 keeps one layer's worth (no backward possible). With grad, ln1, ln2 and a are not
+ * kept per layer (the backward recomputes them) and some backward scratch pointers share
+ * memory (model.c carve() lists which). */
 typedef struct {
     int cap_T, cap_M, grad;
     void *mem;                  /* one backend allocation */

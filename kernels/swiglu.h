@@ -6,5 +6,6 @@
 void swiglu_fwd_cpu(float *out, const float *gate, const float *up, long long n);
 /* out, gate, up (T,F) */
 void swiglu_bwd_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long long n);
-/* dgate, dup (T,F) overwritten */
+/* dgate, dup (T,F) overwritten; dgate may alias dout (each element's dout is read before its
+ * dgate is written; the model shares the two buffers) */
 #endif
