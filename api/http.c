@@ -35,6 +35,7 @@ struct api_server {
     api_limits limits;
     eng *_Atomic engine;
     int vocab, max_pos;             /* written once before engine is published */
+    long long kv_rows;              /* rollout KV pool rows (0 = unknown); set before the engine */
     _Atomic int failed, stopping;
     char fail_msg[256];
     store *pool[POOL_MAX];
@@ -231,6 +232,7 @@ static eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x
     if (m) {
         m->vocab = s->vocab;
         m->max_pos = s->max_pos;
+        m->kv_rows = s->kv_rows;
         m->tokenize = hook_tokenize;
         m->render_chat = hook_chat;
         m->ud = e;
@@ -844,6 +846,8 @@ fail:
 }
 
 int api_port(api_server *s) { return s->port; }
+
+void api_set_kv_rows(api_server *s, long long rows) { s->kv_rows = rows; }
 
 void api_set_engine(api_server *s, eng *e) {
     eng_info in;

@@ -31,6 +31,9 @@ int api_parse_listen(const char *listen, void *sockaddr_storage_out, int *len_ou
 int api_start(const api_config *c, api_server **out);
 int api_port(api_server *s);                       /* the bound port (listen ":0" picks one) */
 void api_set_engine(api_server *s, eng *e);        /* model loaded: /readyz 200, /v1 open */
+/* The rollout KV pool's rows: a group needing more (P + n x max_tokens) gets 413 at submit.
+ * Call before api_set_engine (which publishes it). */
+void api_set_kv_rows(api_server *s, long long rows);
 void api_set_failed(api_server *s, const char *why);   /* engine failed: /readyz 503 */
 void api_set_limits(api_server *s, const api_limits *l);   /* SIGHUP reload */
 void api_set_submit_hook(api_server *s, void (*job_submitted)(void *ud), void *ud);

@@ -20,6 +20,7 @@ static long long tokens[MT_N_TOKEN_PHASES];
 static double seconds[MS_N_PHASES];
 static long long groups_filtered;
 static long long policy_version;
+static metrics_sched_gauges sched;
 
 static const char *const token_names[] = {"rollout_prompt", "rollout_completion", "update_packed",
                                           "update_standard", "logprobs"};
@@ -44,6 +45,7 @@ void metrics_tokens(metrics_token_phase p, long long n) { pthread_mutex_lock(&mu
 void metrics_seconds(metrics_seconds_phase p, double s) { pthread_mutex_lock(&mu); seconds[p] += s; pthread_mutex_unlock(&mu); }
 void metrics_groups_filtered(long long n) { pthread_mutex_lock(&mu); groups_filtered += n; pthread_mutex_unlock(&mu); }
 void metrics_policy_version(long long v) { pthread_mutex_lock(&mu); policy_version = v; pthread_mutex_unlock(&mu); }
+void metrics_sched(const metrics_sched_gauges *g) { pthread_mutex_lock(&mu); sched = *g; pthread_mutex_unlock(&mu); }
 
 typedef struct { char *p; size_t len, cap; int oom; } sbuf;
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -80,6 +82,23 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
     pthread_mutex_lock(&mu);
     sb_printf(&b, "# HELP grpod_policy_version Current policy version (updates applied).\n"
                   "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n", policy_version);
+    sb_printf(&b, "# HELP grpod_rollout_jobs_running Rollout jobs in the continuous-batching scheduler.\n"
+                  "# TYPE grpod_rollout_jobs_running gauge\ngrpod_rollout_jobs_running %lld\n", sched.jobs);
+    sb_printf(&b, "# HELP grpod_rollout_running_groups Prompt groups admitted and decoding.\n"
+                  "# TYPE grpod_rollout_running_groups gauge\ngrpod_rollout_running_groups %lld\n", sched.running_groups);
+    sb_printf(&b, "# HELP grpod_rollout_running_responses Responses decoding in the batch.\n"
+                  "# TYPE grpod_rollout_running_responses gauge\ngrpod_rollout_running_responses %lld\n",
+              sched.running_responses);
+    sb_printf(&b, "# HELP grpod_rollout_waiting_groups Groups of running jobs waiting for KV rows.\n"
+                  "# TYPE grpod_rollout_waiting_groups gauge\ngrpod_rollout_waiting_groups %lld\n", sched.waiting_groups);
+    sb_printf(&b, "# HELP grpod_kv_rows_used KV cache rows held by running groups.\n"
+                  "# TYPE grpod_kv_rows_used gauge\ngrpod_kv_rows_used %lld\n", sched.kv_rows_used);
+    sb_printf(&b, "# HELP grpod_kv_rows_capacity Rows of the rollout KV pool.\n"
+                  "# TYPE grpod_kv_rows_capacity gauge\ngrpod_kv_rows_capacity %lld\n", sched.kv_rows_capacity);
+    sb_printf(&b, "# HELP grpod_kv_row_bytes Device bytes of one KV row (all layers, K and V).\n"
+                  "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n", sched.kv_row_bytes);
+    sb_printf(&b, "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
+                  "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n", sched.steps);
     sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
     for (int i = 0; i < MT_N_TOKEN_PHASES; i++) sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
     double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;

@@ -18,6 +18,16 @@ void metrics_seconds(metrics_seconds_phase p, double s);
 void metrics_groups_filtered(long long n);
 void metrics_policy_version(long long v);
 
+/* Rollout scheduler state, set by the engine thread after each scheduler step (and when a
+ * job joins or leaves); rendered as grpod_rollout_* / grpod_kv_rows_* gauges. */
+typedef struct {
+    long long jobs;                 /* rollout jobs in the scheduler */
+    long long running_groups, running_responses, waiting_groups;
+    long long kv_rows_used, kv_rows_capacity, kv_row_bytes;
+    long long steps;                /* scheduler steps so far (a counter) */
+} metrics_sched_gauges;
+void metrics_sched(const metrics_sched_gauges *g);
+
 /* Caller-supplied gauges from the store, plus engine state. */
 typedef struct { const char *kind, *status; long long n; } metrics_job_count;
 /* Appends the whole exposition to a malloc'd string (*out, *len). */

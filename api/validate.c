@@ -470,6 +470,14 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
                           p, P, max_tokens, m->max_pos);
             goto fail;
         }
+        if (m->kv_rows > 0 && (long long)P + n * max_tokens > m->kv_rows) {
+            free(ids);
+            json_object_put(reward);
+            rc = api_fail(e, GE_TOO_LARGE, p, "%s needs %lld KV cache rows (prompt %d + n %lld x sampling.max_tokens %d) "
+                          "but the rollout KV pool holds %lld; lower n or max_tokens, or raise --kv-budget-mib",
+                          p, (long long)P + n * max_tokens, P, n, max_tokens, m->kv_rows);
+            goto fail;
+        }
         json_object *cg = json_object_new_object();
         json_object_object_add(cg, "prompt_ids", ids_json(ids, P));
         free(ids);

@@ -40,6 +40,7 @@ void api_limits_default(api_limits *l);
  * eng_render_chat (0 or GE_*; malloc'd outputs). */
 typedef struct {
     int vocab, max_pos;
+    long long kv_rows;          /* rollout KV pool rows; 0 = no check */
     int (*tokenize)(void *ud, const char *text, size_t len, int add_special, int **ids, int *n);
     int (*render_chat)(void *ud, const char *const *roles, const char *const *contents, int n,
                        int add_generation_prompt, char **text);

@@ -131,47 +131,85 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
 
 /* ---------------------------------------------------------------- rollout */
 
-static int run_rollout(const jobs_env *env, json_object *p, char **result) {
-    json_object *groups = get(p, "groups"), *sp = get(p, "sampling"), *ol = get(p, "overlong_buffer");
-    int ng = groups ? (int)json_object_array_length(groups) : 0;
-    if (ng < 1 || !sp) return err_set(GE_INVALID, "rollout payload without groups or sampling");
+/* A rollout between its payload and its result: the engine structs it owns (and that the
+ * scheduler reads while the job runs), and its scheduler handle. */
+struct jobs_rollout {
+    json_object *p;             /* the parsed payload: groups, sampling, rewards, metadata */
+    int ng;
     eng_sampling s;
-    eng_sampling_default(&s);
-    s.temperature = (float)getd(sp, "temperature", 1.0);
-    s.top_p = (float)getd(sp, "top_p", 1.0);
-    s.top_k = (int)geti(sp, "top_k", 0);
-    s.min_p = (float)getd(sp, "min_p", 0);
-    s.max_tokens = (int)geti(sp, "max_tokens", 16);
-    s.min_tokens = (int)geti(sp, "min_tokens", 0);
-    s.ignore_eos = getb(sp, "ignore_eos", 0);
-    s.seed = (uint64_t)geti(sp, "seed", 0);
+    const char **stops;
+    int *stop_ids;
+    eng_rollout_group *rg;
+    eng_group_result *out;
+    long long prompt_tokens, policy_version;
+    double t0;
+    eng_sched *sched;
+    eng_sched_job *job;
+};
+
+void jobs_rollout_free(jobs_rollout *r) {
+    if (!r) return;
+    if (r->job) eng_sched_job_release(r->sched, r->job);
+    for (int i = 0; r->out && i < r->ng; i++) eng_group_result_free(&r->out[i]);
+    for (int i = 0; r->rg && i < r->ng; i++) free((void *)r->rg[i].prompt);
+    free(r->out); free(r->rg); free(r->stops); free(r->stop_ids);
+    json_object_put(r->p);
+    free(r);
+}
+
+/* Payload → engine structs (no engine call). */
+static int rollout_parse(const store_job *j, jobs_rollout **out) {
+    *out = NULL;
+    json_object *p = j->payload ? json_tokener_parse(j->payload) : NULL;
+    if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
+    jobs_rollout *r = calloc(1, sizeof *r);
+    if (!r) { json_object_put(p); return err_set(GE_NOMEM, "out of memory"); }
+    r->p = p;
+    json_object *groups = get(p, "groups"), *sp = get(p, "sampling");
+    int ng = r->ng = groups ? (int)json_object_array_length(groups) : 0;
+    int rc = 0;
+    if (ng < 1 || !sp) { rc = err_set(GE_INVALID, "rollout payload without groups or sampling"); goto fail; }
+    eng_sampling *s = &r->s;
+    eng_sampling_default(s);
+    s->temperature = (float)getd(sp, "temperature", 1.0);
+    s->top_p = (float)getd(sp, "top_p", 1.0);
+    s->top_k = (int)geti(sp, "top_k", 0);
+    s->min_p = (float)getd(sp, "min_p", 0);
+    s->max_tokens = (int)geti(sp, "max_tokens", 16);
+    s->min_tokens = (int)geti(sp, "min_tokens", 0);
+    s->ignore_eos = getb(sp, "ignore_eos", 0);
+    s->seed = (uint64_t)geti(sp, "seed", 0);
     json_object *stop = get(sp, "stop");
     int n_stop = stop ? (int)json_object_array_length(stop) : 0, n_stop_ids = 0;
-    const char **stops = calloc((size_t)n_stop + 1, sizeof *stops);
-    int *stop_ids = int_array(get(sp, "stop_token_ids"), &n_stop_ids);
-    eng_rollout_group *rg = calloc((size_t)ng, sizeof *rg);
-    eng_group_result *out = calloc((size_t)ng, sizeof *out);
-    int rc = 0;
-    if (!stops || !stop_ids || !rg || !out) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
-    for (int i = 0; i < n_stop; i++) stops[i] = json_object_get_string(json_object_array_get_idx(stop, (size_t)i));
-    s.stop = stops; s.n_stop = n_stop;
-    s.stop_token_ids = stop_ids; s.n_stop_token_ids = n_stop_ids;
-    long long prompt_tokens = 0;
+    r->stops = calloc((size_t)n_stop + 1, sizeof *r->stops);
+    r->stop_ids = int_array(get(sp, "stop_token_ids"), &n_stop_ids);
+    r->rg = calloc((size_t)ng, sizeof *r->rg);
+    r->out = calloc((size_t)ng, sizeof *r->out);
+    if (!r->stops || !r->stop_ids || !r->rg || !r->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+    for (int i = 0; i < n_stop; i++) r->stops[i] = json_object_get_string(json_object_array_get_idx(stop, (size_t)i));
+    s->stop = r->stops; s->n_stop = n_stop;
+    s->stop_token_ids = r->stop_ids; s->n_stop_token_ids = n_stop_ids;
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
-        if (!(rg[i].prompt = int_array(get(g, "prompt_ids"), &rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
-        rg[i].n = (int)geti(g, "n", 1);
-        prompt_tokens += rg[i].P;
+        if (!(r->rg[i].prompt = int_array(get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        r->rg[i].n = (int)geti(g, "n", 1);
+        r->prompt_tokens += r->rg[i].P;
     }
-    eng_info info;
-    eng_get_info(env->e, &info);
-    double t0 = mono_ms();
-    if ((rc = eng_rollout(env->e, rg, ng, &s, out, env->progress, env->progress_ud))) goto done;
-    double ms = mono_ms() - t0;
+    *out = r;
+    return 0;
+fail:
+    jobs_rollout_free(r);
+    return rc;
+}
 
+/* The result JSON of a finished rollout (rewards scored here). */
+static int rollout_result(jobs_rollout *r, char **result) {
+    json_object *groups = get(r->p, "groups"), *ol = get(r->p, "overlong_buffer");
+    const eng_sampling *s = &r->s;
+    double ms = mono_ms() - r->t0;
     json_object *res = json_object_new_object(), *rgs = json_object_new_array();
     long long completion = 0;
-    for (int i = 0; i < ng; i++) {
+    for (int i = 0; i < r->ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = get(g, "reward"), *meta = get(g, "metadata");
         json_object *og = json_object_new_object(), *rs = json_object_new_array();
         reward_spec spec = {0};
@@ -181,32 +219,33 @@ static int run_rollout(const jobs_env *env, json_object *p, char **result) {
             spec.case_sensitive = getb(rw, "case_sensitive", 1);
             spec.overlong_len = (float)getd(ol, "len", 0);
             spec.overlong_penalty = (float)getd(ol, "penalty_factor", 0);
-            spec.max_tokens = s.max_tokens;
+            spec.max_tokens = s->max_tokens;
         }
         double sum = 0, sq = 0;
-        for (int k = 0; k < out[i].n; k++) {
-            eng_response *r = &out[i].resp[k];
+        eng_group_result *out = &r->out[i];
+        for (int k = 0; k < out->n; k++) {
+            eng_response *x = &out->resp[k];
             json_object *o = json_object_new_object();
-            json_object_object_add(o, "token_ids", ints_json(r->tokens, r->n_tokens));
+            json_object_object_add(o, "token_ids", ints_json(x->tokens, x->n_tokens));
             size_t tl = 0;
-            char *txt = api_utf8_sanitize(r->text ? r->text : "", r->text ? r->text_len : 0, &tl);
+            char *txt = api_utf8_sanitize(x->text ? x->text : "", x->text ? x->text_len : 0, &tl);
             json_object_object_add(o, "text", json_object_new_string_len(txt ? txt : "", (int)tl));
             free(txt);
-            json_object_object_add(o, "logprobs", floats_json(r->logprobs, r->n_tokens));
-            json_object_object_add(o, "finish_reason", json_object_new_string(r->finish == FINISH_LENGTH ? "length" : "stop"));
+            json_object_object_add(o, "logprobs", floats_json(x->logprobs, x->n_tokens));
+            json_object_object_add(o, "finish_reason", json_object_new_string(x->finish == FINISH_LENGTH ? "length" : "stop"));
             if (rw) {
-                float sc = reward_score(&spec, r->text ? r->text : "", r->n_tokens);
+                float sc = reward_score(&spec, x->text ? x->text : "", x->n_tokens);
                 sum += sc;
                 sq += (double)sc * sc;
                 json_object_object_add(o, "reward", json_object_new_double(sc));
             } else {
                 json_object_object_add(o, "reward", NULL);
             }
-            completion += r->n_tokens;
+            completion += x->n_tokens;
             json_object_array_add(rs, o);
         }
-        json_object_object_add(og, "prompt_ids", ints_json(rg[i].prompt, rg[i].P));
-        int n = out[i].n;
+        json_object_object_add(og, "prompt_ids", ints_json(r->rg[i].prompt, r->rg[i].P));
+        int n = out->n;
         if (rw && n > 0) {
             double mean = sum / n, var = n > 1 ? (sq - n * mean * mean) / (n - 1) : 0;
             json_object_object_add(og, "reward_mean", json_object_new_double(mean));
@@ -220,21 +259,55 @@ static int run_rollout(const jobs_env *env, json_object *p, char **result) {
         json_object_array_add(rgs, og);
     }
     json_object *usage = json_object_new_object(), *tm = json_object_new_object();
-    json_object_object_add(usage, "prompt_tokens", json_object_new_int64(prompt_tokens));
+    json_object_object_add(usage, "prompt_tokens", json_object_new_int64(r->prompt_tokens));
     json_object_object_add(usage, "completion_tokens", json_object_new_int64(completion));
     json_object_object_add(tm, "total", json_object_new_double(ms));
-    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
+    json_object_object_add(res, "policy_version", json_object_new_int64(r->policy_version));
     json_object_object_add(res, "groups", rgs);
     json_object_object_add(res, "usage", usage);
     json_object_object_add(res, "timings_ms", tm);
-    metrics_tokens(MT_ROLLOUT_PROMPT, prompt_tokens);
+    metrics_tokens(MT_ROLLOUT_PROMPT, r->prompt_tokens);
     metrics_tokens(MT_ROLLOUT_COMPLETION, completion);
     metrics_seconds(MS_ROLLOUT, ms / 1e3);
-    if (!(*result = to_text(res))) rc = GE_NOMEM;
-done:
-    for (int i = 0; out && i < ng; i++) eng_group_result_free(&out[i]);
-    for (int i = 0; rg && i < ng; i++) free((void *)rg[i].prompt);
-    free(out); free(rg); free(stops); free(stop_ids);
+    return (*result = to_text(res)) ? 0 : GE_NOMEM;
+}
+
+int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out) {
+    jobs_rollout *r;
+    int rc = rollout_parse(j, &r);
+    if (rc) return rc;
+    eng_info info;
+    eng_get_info(env->e, &info);
+    r->policy_version = info.policy_version;
+    r->t0 = mono_ms();
+    r->sched = sched;
+    if ((rc = eng_sched_add(sched, r->rg, r->ng, &r->s, r->out, &r->job))) { jobs_rollout_free(r); return rc; }
+    *out = r;
+    return 0;
+}
+
+int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result) {
+    const char *msg;
+    *result = NULL;
+    int st = eng_sched_job_state(r->job, progress, started, &msg);
+    if (st < 0) return err_set(st, "%s", msg);
+    if (st == 0) return 0;
+    int rc = rollout_result(r, result);
+    return rc ? rc : 1;
+}
+
+/* The one-job path (jobs_run): the same parse and result around eng_rollout. */
+static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
+    jobs_rollout *r;
+    int rc = rollout_parse(j, &r);
+    if (rc) return rc;
+    eng_info info;
+    eng_get_info(env->e, &info);
+    r->policy_version = info.policy_version;
+    r->t0 = mono_ms();
+    if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud)))
+        rc = rollout_result(r, result);
+    jobs_rollout_free(r);
     return rc;
 }
 
@@ -415,7 +488,7 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result) {
     json_object *p = j->payload ? json_tokener_parse(j->payload) : NULL;
     if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     int rc;
-    if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, p, result);
+    if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, j, result);
     else if (!strcmp(j->kind, "update")) rc = run_update(env, p, result);
     else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, result);
     else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, j->id, result);

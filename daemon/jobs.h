@@ -1,7 +1,7 @@
 /* jobs.h — running one stored job on the engine thread: the canonical payload (JSON text
  * written by api/validate.c) → engine calls → the result JSON text the store keeps.
  *
- * Threading: engine thread only (it calls eng_rollout / eng_update / ...). The payload was
+ * Threading: engine thread only (it calls eng_rollout / eng_sched_* / eng_update / ...). The payload was
  * validated at submit; a payload that still fails to parse fails the job, never asserts. */
 #ifndef GRPOD_DAEMON_JOBS_H
 #define GRPOD_DAEMON_JOBS_H
@@ -19,4 +19,14 @@ typedef struct {
 /* Runs j. Returns 0 with *result (malloc'd JSON text) or a negative GE_* code with err_msg()
  * saying why (the caller stores {"code","message"}). */
 int jobs_run(const jobs_env *env, const store_job *j, char **result);
+
+/* A rollout job running in the continuous-batching scheduler next to others (worker.c):
+ * start parses the payload and queues its groups (GE_TOO_LARGE when a group can never fit
+ * the KV pool: the job fails at once); poll returns 0 while it runs, 1 when done with
+ * *result (malloc'd JSON), or a negative GE_* code with err_msg() saying why; free releases
+ * it (a running one is cancelled: its streams stop and their KV rows are freed). */
+typedef struct jobs_rollout jobs_rollout;
+int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out);
+int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result);
+void jobs_rollout_free(jobs_rollout *r);
 #endif

@@ -30,6 +30,7 @@ typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
     int insecure_no_auth, checkpoint_on_exit;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
+    long long kv_budget_mib;
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -58,6 +59,7 @@ static const opt_def opts[] = {
     {"log-level", O_STR, S_(log_level), 0, 0, 1, "info", "debug|info|warn|error (JSON lines on stderr)"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
     {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores)"},
+    {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
     {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
@@ -372,6 +374,7 @@ int serve_main(int argc, char **argv) {
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
                         .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
+                        .kv_budget_mib = s.o.kv_budget_mib,
                         .notify = on_worker_notify, .ud = &s.wake};
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));

@@ -1,4 +1,11 @@
-/* worker.c — the engine thread; see worker.h. */
+/* worker.c — the engine thread; see worker.h.
+ *
+ * Scheduling: jobs are claimed in FIFO order. A rollout joins the continuous-batching
+ * scheduler (eng_sched) and runs next to the rollouts claimed before it; the next job is
+ * claimed while the scheduler can admit (no group waits for KV rows), so a burst of rollouts
+ * shares every decode step. A logprobs job (read-only) runs between two steps. An update or
+ * checkpoint claimed while rollouts are in flight is held — nothing behind it is claimed —
+ * until they finish, then runs alone: a rollout's policy_version is the one it ran under. */
 #include "daemon/worker.h"
 
 #include <errno.h>
@@ -11,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/metrics.h"
 #include "daemon/jobs.h"
 #include "daemon/log.h"
 #include "engine/err.h"
@@ -31,6 +39,11 @@ struct worker {
     store *st;
     const char *cur_job;            /* engine thread only */
     double last_progress_store;
+    eng_sched *sched;               /* rollouts in flight (engine thread only) */
+    struct flight *flights;         /* their jobs, in claim order */
+    store_job held;                 /* an update/checkpoint waiting for the rollouts to finish */
+    int have_held;
+    long long kv_rows;              /* the pool's rows, for the API's size check */
     long long saved_version;        /* policy version of the newest checkpoint */
 };
 
@@ -154,6 +167,171 @@ static void run_one(worker *w, store_job *j) {
     if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
 }
 
+/* ---------------------------------------------------------------- rollouts in flight */
+
+typedef struct flight {
+    store_job job;
+    jobs_rollout *r;
+    double t0, next_progress, next_cancel_check;
+    struct flight *next;
+} flight;
+
+static double now_s(void) { return (double)mono_ns() * 1e-9; }
+
+static void publish_sched(worker *w) {
+    eng_sched_stats st;
+    eng_sched_get_stats(w->sched, &st);
+    metrics_sched(&(metrics_sched_gauges){ .jobs = st.jobs, .running_groups = st.running_groups,
+                                           .running_responses = st.running_responses, .waiting_groups = st.waiting_groups,
+                                           .kv_rows_used = st.rows_used, .kv_rows_capacity = st.rows_cap,
+                                           .kv_row_bytes = st.row_bytes, .steps = st.steps });
+}
+
+static void job_changed(worker *w) {
+    api_jobs_changed(w->cfg.api);
+    if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
+}
+
+/* Stores how job j ended: rc 0 with result, or the error err_msg() holds. */
+static void store_outcome(worker *w, const store_job *j, int rc, const char *result, double ms) {
+    char esc[700];
+    int src;
+    if (rc == 0) {
+        src = store_finish(w->st, j->id, result, atomic_load(&w->policy_version));
+        log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f", j->id, j->kind, ms);
+    } else {
+        json_object *e = json_object_new_object();
+        json_object_object_add(e, "code", json_object_new_string(err_name(rc)));
+        json_object_object_add(e, "message", json_object_new_string(err_msg()[0] ? err_msg() : err_default(rc)));
+        src = store_fail(w->st, j->id, json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN));
+        json_object_put(e);
+        log_event(LOG_WARN, "job_failed", "\"id\":\"%s\",\"kind\":\"%s\",\"code\":\"%s\",\"message\":%s", j->id, j->kind,
+                  err_name(rc), log_str(esc, sizeof esc, err_msg()));
+        if (rc == GE_CUDA) api_set_failed(w->cfg.api, err_msg());
+    }
+    if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+}
+
+/* A claimed rollout joins the scheduler (or fails at once: a group that can never fit). */
+static void flight_start(worker *w, store_job *j) {
+    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
+    err_clear();
+    flight *f = calloc(1, sizeof *f);
+    int rc = f ? jobs_rollout_start(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, w->sched, j, &f->r)
+               : err_set(GE_NOMEM, "worker: out of memory");
+    if (rc) {
+        store_outcome(w, j, rc, NULL, 0);
+        store_job_clear(j);
+        free(f);
+        job_changed(w);
+        return;
+    }
+    f->job = *j;                    /* takes over the payload */
+    memset(j, 0, sizeof *j);
+    f->t0 = now_s();
+    flight **pp = &w->flights;
+    while (*pp) pp = &(*pp)->next;
+    *pp = f;
+    publish_sched(w);
+}
+
+/* Polls every rollout in flight: stores finished ones and progress, drops cancelled ones. */
+static void flights_poll(worker *w) {
+    double now = now_s();
+    int changed = 0;
+    for (flight **pp = &w->flights; *pp;) {
+        flight *f = *pp;
+        char *result = NULL;
+        double progress;
+        int started;
+        err_clear();
+        int st = jobs_rollout_poll(f->r, &progress, &started, &result);
+        int cancel = 0;
+        if (st == 0 && now >= f->next_cancel_check) {
+            f->next_cancel_check = now + 0.2;
+            cancel = store_cancel_requested(w->st, f->job.id) == 1;
+        }
+        if (st == 0 && !cancel) {
+            if (now >= f->next_progress) {
+                f->next_progress = now + 0.5;
+                store_progress(w->st, f->job.id, progress);
+            }
+            pp = &f->next;
+            continue;
+        }
+        if (cancel) {
+            if (store_mark_cancelled(w->st, f->job.id)) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", f->job.id);
+            log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", f->job.id);
+        } else {
+            store_outcome(w, &f->job, st == 1 ? 0 : st, result, (now - f->t0) * 1e3);
+        }
+        free(result);
+        jobs_rollout_free(f->r);    /* a cancelled one stops here: its rows are freed */
+        store_job_clear(&f->job);
+        *pp = f->next;
+        free(f);
+        changed = 1;
+    }
+    if (changed) {
+        publish_sched(w);
+        job_changed(w);
+    }
+}
+
+/* SIGTERM: rollouts none of whose groups started go back to the queue, as does a held job;
+ * the others finish. */
+static void requeue_unstarted(worker *w) {
+    for (flight **pp = &w->flights; *pp;) {
+        flight *f = *pp;
+        double progress;
+        int started = 1;
+        char *result = NULL;
+        if (jobs_rollout_poll(f->r, &progress, &started, &result) == 0 && !started) {
+            jobs_rollout_free(f->r);
+            if (store_requeue(w->st, f->job.id)) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", f->job.id);
+            log_event(LOG_INFO, "job_requeued", "\"id\":\"%s\"", f->job.id);
+            store_job_clear(&f->job);
+            *pp = f->next;
+            free(f);
+            continue;
+        }
+        free(result);
+        pp = &f->next;
+    }
+    if (w->have_held) {
+        if (store_requeue(w->st, w->held.id)) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", w->held.id);
+        log_event(LOG_INFO, "job_requeued", "\"id\":\"%s\"", w->held.id);
+        store_job_clear(&w->held);
+        w->have_held = 0;
+    }
+    publish_sched(w);
+}
+
+/* Claims jobs while the scheduler can take more: rollouts join it, logprobs run now, an
+ * update/checkpoint runs now when nothing is in flight, else is held (nothing behind it is
+ * claimed). Returns 1 when it claimed something. */
+static int claim_more(worker *w) {
+    int did = 0;
+    while (!w->have_held && eng_sched_can_admit(w->sched) && !atomic_load(&w->stop)) {
+        store_job j = {0};
+        int got = store_claim(w->st, &j);
+        if (got < 0) log_event(LOG_ERROR, "store_claim_failed", "\"code\":\"%s\"", err_name(got));
+        if (got != 1) break;
+        did = 1;
+        if (!strcmp(j.kind, "rollout")) {
+            flight_start(w, &j);
+        } else if (!strcmp(j.kind, "logprobs") || !eng_sched_busy(w->sched)) {
+            run_one(w, &j);
+            store_job_clear(&j);
+        } else {
+            w->held = j;
+            w->have_held = 1;
+            log_event(LOG_INFO, "job_held", "\"id\":\"%s\",\"kind\":\"%s\"", j.id, j.kind);
+        }
+    }
+    return did;
+}
+
 static void save_on_exit(worker *w) {
     long long v = atomic_load(&w->policy_version);
     if (!w->cfg.checkpoint_on_exit || !w->e || v == w->saved_version) return;
@@ -173,24 +351,51 @@ static void *thread_main(void *arg) {
     beat(w);
     int rc = store_open(w->data_dir, 0, &w->st);
     if (!rc) rc = open_engine(w);
+    if (!rc) {
+        eng_sched_opts so = {.kv_bytes = w->cfg.kv_budget_mib << 20};
+        if (!(rc = eng_sched_open(w->e, &so, &w->sched))) {
+            eng_sched_stats st;
+            eng_sched_get_stats(w->sched, &st);
+            w->kv_rows = st.rows_cap;
+            publish_sched(w);
+            log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f", st.rows_cap, st.rows_cap * (double)st.row_bytes / 1048576.0);
+        }
+    }
     if (rc) {
         char esc[700];
         log_event(LOG_ERROR, "engine_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc), log_str(esc, sizeof esc, err_msg()));
         api_set_failed(w->cfg.api, err_msg()[0] ? err_msg() : err_default(rc));
         atomic_store(&w->ready, -1);
     } else {
+        api_set_kv_rows(w->cfg.api, w->kv_rows);
         api_set_engine(w->cfg.api, w->e);
         atomic_store(&w->ready, 1);
     }
     if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
-    while (!atomic_load(&w->stop)) {
+    int draining = 0;
+    for (;;) {
         beat(w);
         maybe_hang(w, t0);
+        if (atomic_load(&w->stop) && !draining) {
+            draining = 1;
+            if (w->sched) requeue_unstarted(w);
+        }
+        if (draining && !w->flights) break;
         if (atomic_load(&w->ready) == 1) {
-            store_job j = {0};
-            int got = store_claim(w->st, &j);
-            if (got == 1) { run_one(w, &j); store_job_clear(&j); continue; }
-            if (got < 0) log_event(LOG_ERROR, "store_claim_failed", "\"code\":\"%s\"", err_name(got));
+            int did = claim_more(w);
+            if (w->have_held && !eng_sched_busy(w->sched)) {
+                run_one(w, &w->held);
+                store_job_clear(&w->held);
+                w->have_held = 0;
+                continue;
+            }
+            if (eng_sched_busy(w->sched)) {
+                eng_sched_step(w->sched);
+                beat(w);
+                publish_sched(w);
+            }
+            if (w->flights) flights_poll(w);
+            if (did || eng_sched_busy(w->sched)) continue;
         }
         pthread_mutex_lock(&w->mu);
         if (!w->pending && !atomic_load(&w->stop)) {
@@ -204,6 +409,8 @@ static void *thread_main(void *arg) {
         pthread_mutex_unlock(&w->mu);
     }
     save_on_exit(w);
+    eng_sched_close(w->sched);
+    w->sched = NULL;
     eng_close(w->e);
     w->e = NULL;
     store_close(w->st);

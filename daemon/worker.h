@@ -1,10 +1,12 @@
 /* worker.h — the engine thread: opens the model (eng_open must run on this thread), then
- * claims jobs from the store one at a time and runs them (daemon/jobs.c), waking long-pollers
- * after each change. It beats a heartbeat at least every 100 ms while idle and from the
+ * claims jobs from the store in FIFO order and runs them (daemon/jobs.c): consecutive rollouts
+ * together in the continuous-batching scheduler, an update or checkpoint alone once the
+ * rollouts before it finished; it wakes long-pollers after each change. It beats a heartbeat at least every 100 ms while idle and from the
  * engine's progress callback while busy, which the watchdog timer in serve.c reads.
  *
- * Lifecycle: worker_start → (worker_wake on every submit) → worker_stop (finish the running
- * job, optionally checkpoint unsaved updates, close the engine) → worker_join. */
+ * Lifecycle: worker_start → (worker_wake on every submit) → worker_stop (rollouts that have
+ * started finish, the other claimed jobs go back to the queue; optionally checkpoint unsaved
+ * updates; close the engine) → worker_join. */
 #ifndef GRPOD_DAEMON_WORKER_H
 #define GRPOD_DAEMON_WORKER_H
 #include "api/http.h"
@@ -17,6 +19,7 @@ typedef struct {
     const char *backend;
     int n_threads;
     int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
+    long long kv_budget_mib;        /* rollout KV pool; 0 = the engine's default (eng_sched_opts) */
     api_server *api;
     /* Called on the engine thread: model loaded (ready), engine failed, state changed
      * (policy version / queue). The callee must only signal (uv_async_send). */
