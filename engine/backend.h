@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/attention.h"
+#include "kernels/sampling.h"
 
 typedef struct eng_backend eng_backend;
 struct eng_backend {
@@ -35,6 +36,17 @@ struct eng_backend {
     /* copy rows: dst[slot[t]] = src[t] for t < T, rows of row_elems act elements (KV cache writes) */
     void (*scatter_rows)(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row_elems);
     int (*sync)(eng_backend *b);         /* wait for queued work; 0 or the sticky error */
+    /* Optional (NULL on cpu): pinned host memory, a host -> device copy that does not wait (src
+     * must stay unchanged until the next sync), and CUDA graphs: graph_begin captures the ops
+     * queued until graph_end into *graph (nothing runs); graph_launch replays it, returning 1
+     * (nothing launched) when the backend's scratch moved since the capture: capture again. */
+    void *(*host_alloc)(eng_backend *b, size_t bytes);
+    void (*host_free)(eng_backend *b, void *p);
+    int (*to_dev_async)(eng_backend *b, void *dst, const void *src, size_t bytes);
+    int (*graph_begin)(eng_backend *b);
+    int (*graph_end)(eng_backend *b, void **graph);
+    int (*graph_launch)(eng_backend *b, void *graph);
+    void (*graph_free)(eng_backend *b, void *graph);
     void (*destroy)(eng_backend *b);
 
     /* ops (kernels/NAME.h) */
@@ -70,9 +82,10 @@ struct eng_backend {
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
                         const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
-    /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): keys (R) */
-    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const uint64_t *keys, uint64_t counter,
-                   int R, int V, float temperature);
+    /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): per-row params
+     * p (R); ban: ban[0] = n, then n ids (NULL: none) */
+    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const sample_params *p,
+                   const int *ban, int R, int V);
 
     /* optimizer on fp32 master weights; writes the act copy (NULL when the master is the act copy) */
     void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n,

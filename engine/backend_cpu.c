@@ -92,9 +92,9 @@ static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const fl
 static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
-static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const uint64_t *keys, uint64_t ctr, int R, int V,
-                   float t) {
-    sample_cpu(tok, lp, lg, keys, ctr, R, V, t);
+static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
+                   int V) {
+    sample_cpu(tok, lp, lg, p, ban, R, V);
 }
 static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
                     float b1, float b2, float eps, float wd, int step) {

@@ -175,9 +175,66 @@ static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const fl
 static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
 }
-static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const uint64_t *keys, uint64_t ctr, int R, int V,
-                   float t) {
-    sample_cuda(CTX(b), tok, lp, lg, keys, ctr, R, V, t);
+static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
+                   int V) {
+    sample_cuda(CTX(b), tok, lp, lg, p, ban, R, V);
+}
+
+/* ---------------------------------------------------------------- pinned copies and graphs */
+
+static void *cu_host_alloc(eng_backend *b, size_t n) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, n ? n : 256) != cudaSuccess) {
+        cudaGetLastError();
+        err_set(GE_NOMEM, "cuda: cannot allocate %zu bytes of pinned host memory", n);
+        return NULL;
+    }
+    return p;
+}
+static void cu_host_free(eng_backend *b, void *p) {
+    if (!p) return;
+    CU_CK(CTX(b), cudaStreamSynchronize(CTX(b)->stream));
+    CU_CK(CTX(b), cudaFreeHost(p));
+}
+static int cu_to_dev_async(eng_backend *b, void *d, const void *s, size_t n) {
+    cu_ctx *c = CTX(b);
+    if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
+    return cu_status(b);
+}
+typedef struct { cudaGraphExec_t exec; void *scratch; } cu_graph;
+static int cu_graph_begin(eng_backend *b) {
+    cu_ctx *c = CTX(b);
+    if (!c->failed) CU_CK(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    return cu_status(b);
+}
+static int cu_graph_end(eng_backend *b, void **out) {
+    cu_ctx *c = CTX(b);
+    cudaGraph_t g = NULL;
+    *out = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);   /* always: the stream leaves capture mode */
+    if (e != cudaSuccess) cu_fail(c, "cudaStreamEndCapture", cudaGetErrorString(e), __FILE__, __LINE__);
+    cu_graph *cg = (cu_graph *)calloc(1, sizeof *cg);
+    if (!c->failed && !cg) cu_fail(c, "calloc(cu_graph)", "out of host memory", __FILE__, __LINE__);
+    if (!c->failed) CU_CK(c, cudaGraphInstantiate(&cg->exec, g, 0));
+    if (g) cudaGraphDestroy(g);
+    if (c->failed) { free(cg); return cu_status(b); }
+    cg->scratch = c->scratch;
+    *out = cg;
+    return 0;
+}
+static int cu_graph_launch(eng_backend *b, void *gp) {
+    cu_ctx *c = CTX(b);
+    cu_graph *g = (cu_graph *)gp;
+    if (c->failed) return cu_status(b);
+    if (g->scratch != c->scratch) return 1;
+    CU_CK(c, cudaGraphLaunch(g->exec, c->stream));
+    return cu_status(b);
+}
+static void cu_graph_free(eng_backend *b, void *gp) {
+    cu_graph *g = (cu_graph *)gp;
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    free(g);
 }
 static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
                     float b1, float b2, float eps, float wd, int step) {
@@ -229,6 +286,9 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
     b->add_rmsnorm_fwd = arms_f; b->qk_norm_rope_fwd = qkr_f; b->qk_norm_rope_bwd = qkr_b;
     b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
+    b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
+    b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;
+    b->graph_free = cu_graph_free;
     b->adamw = adamw_f; b->sumsq = sumsq_f; b->scale = scale_f;
     *out = b;
     return 0;

@@ -31,6 +31,7 @@ enum { QT = 16, KT = 32, NT = 128, QB = 8 };
 typedef __nv_bfloat162 bf162;
 
 #include "kernels/attention_flash.cuh"
+#include "kernels/attention_decode.cuh"
 
 /* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
@@ -422,6 +423,7 @@ static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int 
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    if (use_flash(D) && attn_decode_fwd(c, out, lse, q, k, v, r, T, H, K, D)) return;   /* small T: attention_decode.cuh */
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cuh) returns here
      * before the training kernels below. */
     float scale2 = LOG2E / sqrtf((float)D);

@@ -9,6 +9,7 @@
 #define GRPOD_KERNELS_CUDA_OPS_CUH
 #include "kernels/attention.h"
 #include "kernels/common.cuh"
+#include "kernels/sampling.h"
 
 /* embedding.cu */
 void embedding_fwd_cuda(cu_ctx *c, bf16 *out, const int *tokens, const bf16 *wte, int T, int C);
@@ -61,8 +62,8 @@ void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const 
 void lm_head_rows_cuda(cu_ctx *c, float *logits, const bf16 *h, const int *pos, const bf16 *w, int R, int C, int V);
 
 /* sampling.cu */
-void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const uint64_t *keys, uint64_t counter,
-                 int R, int V, float temperature);
+void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R,
+                 int V);
 
 /* adamw.cu: AdamW (PyTorch's decoupled weight decay) on the fp32 master; writes act_copy
  * (bf16) when not NULL. sumsq blocks and returns sum(x^2) in double. */

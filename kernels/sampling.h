@@ -1,14 +1,27 @@
-/* sampling.h — drawing one token per row of full logits on the device side, for the common RL
- * case (plain temperature sampling, or greedy): row r of logits (R, V) gives tok[r] and
- * logprob[r] = log softmax(logits[r] / T)[tok[r]] (T = 1 when greedy, as the host path reports).
+/* sampling.h — one token per row of full logits, drawn on the backend with per-row parameters
+ * (temperature, top_k, top_p, min_p, a ban flag, a key), and its logprob.
  *
- * Temperature > 0 is the Gumbel-max trick: tok = argmax_j (logits[j] / T + g_j) with
- * g_j = -log(-log(u_j)), which draws j with probability softmax(logits / T)_j exactly. u_j comes
- * from a counter-based hash of (key[r], counter, j) — key is a response's stream, counter its
- * step — so a draw depends on nothing but those three: the same seed gives the same tokens on
- * a backend whatever the batch composition. Ties go to the lowest id. temperature <= 0 is
- * greedy (argmax of the logits, lowest id on ties). The CPU and CUDA backends share the hash,
- * but their logits differ by rounding, so the two may pick different tokens from one seed. */
+ * Row r of logits (R, V): z_j = logits_j / T with T = temperature (1 when greedy). The reported
+ * logprob is z_tok - logsumexp_j z_j over all V ids — the untruncated distribution, banned ids
+ * included — which is what the update's old pass recomputes. Eligible ids: all, minus the ban
+ * list when the row's ban flag is set.
+ *   greedy (temperature <= 0): tok = argmax over eligible z, lowest id on ties.
+ *   sampling: the kept set, in the order the host path applied them (sort eligible by z desc):
+ *     top_k (0 < k < V): ids whose z is >= the k-th largest eligible z (ties at that value are
+ *       all kept);
+ *     min_p (> 0): ids with w_j = exp(z_j - z_max) >= min_p (p_j >= min_p * p_max);
+ *     top_p (< 1): of what remains, ids with z >= tau, tau the largest value such that the
+ *       mass w of the remaining ids with z >= tau reaches top_p times the remaining mass
+ *       (the nucleus; ties at tau all kept);
+ *   then tok = argmax over the kept set of z_j + g_j (Gumbel-max), which draws j with
+ *   probability w_j / sum of kept w exactly. g_j = -log(-log(u_j)) with u_j from a counter-based
+ *   hash of (key, j), so a draw depends on its logits and key alone: the same seed gives the
+ *   same tokens whatever the batch composition. Ties go to the lowest id.
+ * The CPU and CUDA backends share the hash and the rules, but their logits differ by rounding
+ * (and their mass sums by order), so the two may pick different tokens from one key.
+ *
+ * The ban list: ban[0] = n, then n ids (so one buffer serves any n, inside a captured graph).
+ * Legend: R rows, V vocab. */
 #ifndef GRPOD_KERNELS_SAMPLING_H
 #define GRPOD_KERNELS_SAMPLING_H
 #include <math.h>
@@ -20,19 +33,34 @@
 #define SAMPLING_HD
 #endif
 
+typedef struct {
+    uint64_t key;               /* the draw's key (engine/decode.h dec_key) */
+    float temperature;          /* <= 0: greedy */
+    float top_p;                /* >= 1: off */
+    float min_p;                /* <= 0: off */
+    int top_k;                  /* <= 0 or >= V: off */
+    int ban;                    /* 1: the ban list's ids are not eligible */
+    int pad_;
+} sample_params;                /* 32 bytes */
+
 static inline SAMPLING_HD uint64_t sampling_mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
-/* Gumbel noise for (key, counter, j): u in (0, 1) with 52 random bits, in double. */
-static inline SAMPLING_HD double sampling_gumbel(uint64_t key, uint64_t counter, int j) {
-    uint64_t x = sampling_mix(key ^ sampling_mix(counter * 0x9E3779B97F4A7C15ULL + (uint64_t)(uint32_t)j + 1));
-    double u = ((double)(x >> 12) + 0.5) * (1.0 / 4503599627370496.0);
-    return -log(-log(u));
+/* Gumbel noise for (key, j) in fp32: v = 1 - u from 32 hash bits, E = -log(u) = -log1p(-v)
+ * (exact for small v: the top of the Gumbel tail), g = -log(E). */
+static inline SAMPLING_HD float sampling_gumbel(uint64_t key, int j) {
+    uint64_t x = sampling_mix(key ^ sampling_mix((uint64_t)(uint32_t)j * 0x9E3779B97F4A7C15ULL + 1));
+    float v = ((float)(uint32_t)(x >> 32) + 0.5f) * 2.3283064365386963e-10f;
+    v = fminf(v, 0.99999994f);
+    return -logf(-log1pf(-v));
+}
+/* 1 when the row draws from a truncated set (top_k, top_p or min_p active). */
+static inline SAMPLING_HD int sampling_truncates(const sample_params *p, int V) {
+    return p->temperature > 0 && ((p->top_k > 0 && p->top_k < V) || p->top_p < 1.0f || p->min_p > 0);
 }
 
-/* tok (R), logprob (R); logits (R, V) fp32; keys (R). */
-void sample_cpu(int *tok, float *logprob, const float *logits, const uint64_t *keys, uint64_t counter, int R, int V,
-                float temperature);
+/* tok (R), logprob (R); logits (R, V) fp32; p (R); ban as above (NULL: none). */
+void sample_cpu(int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V);
 #endif

@@ -114,11 +114,11 @@ int main(int argc, char **argv) {
     double wbytes = 2.0 * n;
     double kvbytes = 2.0 * L * K * D * 2 * ((double)G * P + (double)G * N * NEW / 2);
     double floor_ms = (wbytes + kvbytes) / bw * 1e3, floor3 = (wbytes + kvbytes) / 3.0e12 * 1e3;
-    const char *host = getenv("GRPOD_HOST_SAMPLING");
-    printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (sampling on %s): prefill %.1f ms, decode %.2f ms/step "
+    const char *ng = getenv("GRPOD_NO_GRAPHS");
+    printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (%s): prefill %.1f ms, decode %.2f ms/step "
            "(median; mean %.2f over %d steps), total %.0f ms, %.0f tok/s (decode only %.0f tok/s), "
            "%lld tokens, mean logprob %.3f\n",
-           size, G, P, N, NEW, host && *host == '1' ? "host" : "auto", prefill, dec_med, dec_mean, nd, t1 - t0,
+           size, G, P, N, NEW, ng && *ng ? "no graphs" : "graphs", prefill, dec_med, dec_mean, nd, t1 - t0,
            gen / ((t1 - t0) * 1e-3), (double)G * N / (dec_mean * 1e-3), gen, lp_sum / (gen ? gen : 1));
     printf("grpod-cuda rollout %s: HBM floor %.3f ms/step at the measured copy bandwidth %.2f TB/s "
            "(weights %.2f GB + KV %.2f GB), %.3f ms/step at 3.0 TB/s; decode/floor %.2fx\n",

@@ -562,6 +562,7 @@ int main(int argc, char **argv) {
         t_qk_norm_rope(7, 3, 64);
         t_qk_norm_rope(5, 2, 48);
         t_matmul(37, 64, 40, 1);
+        t_matmul(5, 64, 40, 1);
         t_rope(7, 3, 64);
         t_elementwise(1001);
         t_scatter_rows(9, 13, 24);
@@ -593,6 +594,12 @@ int main(int argc, char **argv) {
         t_matmul(333, 1024, 768, 1);
         t_matmul(77, 200, 72, 0);
         t_matmul(1000, 2048, 6144, 0);
+        /* decode rows (few-row GEMMs, T <= 32) */
+        t_matmul(1, 2048, 1024, 0);
+        t_matmul(16, 2048, 6144, 1);
+        t_matmul(13, 6144, 2048, 0);
+        t_matmul(32, 1024, 300, 1);
+        t_matmul(7, 200, 72, 0);
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
         t_elementwise(1000003);

@@ -1,81 +1,147 @@
-/* test_sampling.c (GPU) — the CUDA sample op (kernels/sampling.cu) against the distribution and
- * the CPU reference: chi-square of 20k draws from a small logits vector against softmax(x/T),
- * greedy = argmax over a Qwen-sized vocabulary, logprob and token agreement with sample_cpu on
- * the same fp32 logits (same hash; only double-log rounding could split a near tie).
+/* test_sampling.c (GPU) — the CUDA sample op (kernels/sampling.cu) against the kept distribution
+ * and the CPU reference: chi-square of 20k draws of a small logits row for plain temperature,
+ * top_k, top_p, min_p, a combination and a ban list (no draw outside the kept set; logprob of
+ * the untruncated softmax); on a Qwen-sized vocabulary, greedy = argmax of the eligible ids, and
+ * tokens / logprobs of plain and truncated rows against sample_cpu on the same fp32 logits.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include "kernels/sampling.h"
 #include "tests/gpu/gpu_check.h"
 
+enum { V = 10, NS = 20000, R = 64, VB = 151936 };
 
-static void run(eng_backend *g, int *tok, float *lp, const float *x, const uint64_t *keys, uint64_t ctr, int R, int V,
-                float T) {
-    float *dx = g->alloc(g, (size_t)R * V * 4);
-    uint64_t *dk = g->alloc(g, (size_t)R * 8);
-    int *dt = g->alloc(g, (size_t)R * 4);
-    float *dl = g->alloc(g, (size_t)R * 4);
-    if (!dx || !dk || !dt || !dl || g->to_dev(g, dx, x, (size_t)R * V * 4) || g->to_dev(g, dk, keys, (size_t)R * 8))
-        gc_die(g, "upload");
-    for (int i = 0; i < R; i++) tok[i] = -1;
-    g->sample(g, dt, dl, dx, dk, ctr, R, V, T);
-    if (g->to_host(g, tok, dt, (size_t)R * 4) || g->to_host(g, lp, dl, (size_t)R * 4) || g->sync(g)) gc_die(g, "sample");
-    g->free(g, dx); g->free(g, dk); g->free(g, dt); g->free(g, dl);
+static void run(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban, int n,
+                int nv) {
+    float *dx = gc_dev(g, x, (size_t)n * nv * 4);
+    sample_params *dp = gc_dev(g, p, (size_t)n * sizeof *p);
+    int *db = ban ? gc_dev(g, ban, (size_t)(ban[0] + 1) * 4) : NULL;
+    int *dt = g->alloc(g, (size_t)n * 4);
+    float *dl = g->alloc(g, (size_t)n * 4);
+    if (!dt || !dl) gc_die(g, "alloc");
+    g->sample(g, dt, dl, dx, dp, db, n, nv);
+    if (g->to_host(g, tok, dt, (size_t)n * 4) || g->to_host(g, lp, dl, (size_t)n * 4) || g->sync(g)) gc_die(g, "sample");
+    g->free(g, dx); g->free(g, dp); g->free(g, dt); g->free(g, dl);
+    if (db) g->free(g, db);
+}
+
+/* The kept distribution of sampling.h, computed by sorting: p (V), zero outside the set. */
+static void expected(const float *x, const sample_params *pr, const int *ban, double *p) {
+    double z[V], w[V], mx = -INFINITY;
+    int ord[V], n = 0;
+    for (int j = 0; j < V; j++) {
+        z[j] = x[j] / pr->temperature;
+        int b = 0;
+        for (int i = 1; pr->ban && ban && i <= ban[0]; i++) b |= ban[i] == j;
+        if (b) continue;
+        ord[n++] = j;
+        if (z[j] > mx) mx = z[j];
+    }
+    for (int a = 0; a < n; a++)
+        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) { int t = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = t; }
+    if (pr->top_k > 0 && pr->top_k < n) n = pr->top_k;
+    for (int i = 0; i < n; i++) w[i] = exp(z[ord[i]] - mx);
+    if (pr->min_p > 0) { int k = 0; while (k < n && w[k] >= pr->min_p) k++; n = k; }
+    if (pr->top_p < 1.0f) {
+        double tot = 0, acc = 0;
+        for (int i = 0; i < n; i++) tot += w[i];
+        int k = 0;
+        while (k < n) { acc += w[k++]; if (acc >= pr->top_p * tot) break; }
+        n = k;
+    }
+    double s = 0;
+    memset(p, 0, sizeof(double) * V);
+    for (int i = 0; i < n; i++) s += w[i];
+    for (int i = 0; i < n; i++) p[ord[i]] = w[i] / s;
 }
 
 int main(void) {
     eng_backend *g;
     if (backend_cuda_create(&g, 0)) gc_die(NULL, "backend_cuda_create");
-    enum { V = 8, NS = 20000, R = 64, VB = 151936 };
-    /* (1) distribution: 20k streams of one small logits row */
+    /* (1) distributions: 20k keys over one small logits row */
     float x[V];
     unsigned long long s = 11;
     for (int j = 0; j < V; j++) x[j] = check_randf(&s, 2.0f);
     float *rows = malloc(sizeof(float) * V * NS), *lp = malloc(sizeof(float) * NS);
     int *tok = malloc(sizeof(int) * NS);
-    uint64_t *keys = malloc(sizeof(uint64_t) * NS);
-    for (int i = 0; i < NS; i++) { memcpy(rows + (size_t)i * V, x, sizeof x); keys[i] = sampling_mix(i * 7919ULL + 1); }
-    const float temps[] = { 1.0f, 0.6f };
-    for (int t = 0; t < 2; t++) {
-        float T = temps[t];
-        run(g, tok, lp, rows, keys, 3, NS, V, T);
-        double p[V], mx = -INFINITY, sum = 0, c = 0, lerr = 0;
-        int cnt[V] = { 0 }, bad = 0;
+    sample_params *pr = malloc(sizeof *pr * NS);
+    for (int i = 0; i < NS; i++) memcpy(rows + (size_t)i * V, x, sizeof x);
+    int ban[] = { 2, 3, 7 };
+    struct { const char *name; float t, top_p, min_p; int top_k, ban; } cases[] = {
+        { "T=1", 1.0f, 1, 0, 0, 0 }, { "T=0.6", 0.6f, 1, 0, 0, 0 }, { "top_k=3", 1.0f, 1, 0, 3, 0 },
+        { "top_p=0.7", 1.0f, 0.7f, 0, 0, 0 }, { "min_p=0.2", 1.0f, 1, 0.2f, 0, 0 },
+        { "k=6 p=0.8 min_p=0.05 T=0.8", 0.8f, 0.8f, 0.05f, 6, 0 }, { "ban 2 ids", 1.0f, 1, 0, 0, 1 },
+        { "ban, k=4 p=0.9 T=1.3", 1.3f, 0.9f, 0, 4, 1 },
+    };
+    const double q[] = { 0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7 };   /* p = 1e-4 by df */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int i = 0; i < NS; i++)
+            pr[i] = (sample_params){ .key = sampling_mix(i * 7919ULL + 1 + 100000 * c), .temperature = cases[c].t,
+                                     .top_p = cases[c].top_p, .min_p = cases[c].min_p, .top_k = cases[c].top_k,
+                                     .ban = cases[c].ban };
+        run(g, tok, lp, rows, pr, ban, NS, V);
+        double p[V], c2 = 0, mx = -INFINITY, sum = 0, lerr = 0;
+        expected(x, &pr[0], ban, p);
+        int cnt[V] = { 0 }, out = 0, df = -1;
+        float T = cases[c].t;
         for (int j = 0; j < V; j++) mx = fmax(mx, x[j] / T);
-        for (int j = 0; j < V; j++) sum += p[j] = exp(x[j] / T - mx);
+        for (int j = 0; j < V; j++) sum += exp(x[j] / T - mx);
         for (int i = 0; i < NS; i++) {
-            if (tok[i] < 0 || tok[i] >= V) { bad++; continue; }
+            if (tok[i] < 0 || tok[i] >= V || p[tok[i]] == 0) { out++; continue; }
             cnt[tok[i]]++;
             lerr = fmax(lerr, fabs(lp[i] - (x[tok[i]] / T - mx - log(sum))));
         }
-        for (int j = 0; j < V; j++) c += (cnt[j] - NS * p[j] / sum) * (cnt[j] - NS * p[j] / sum) / (NS * p[j] / sum);
-        char name[64];
-        snprintf(name, sizeof name, "sample chi2 T=%.1f (df 7)", T);
-        gc_row(name, "20000 draws, V=8", bad ? NAN : c, 30);
-        snprintf(name, sizeof name, "sample logprob T=%.1f", T);
-        gc_row(name, "20000 draws, V=8", lerr, 1e-5);
+        for (int j = 0; j < V; j++)
+            if (p[j] > 0) { df++; c2 += (cnt[j] - NS * p[j]) * (cnt[j] - NS * p[j]) / (NS * p[j]); }
+        char name[96];
+        snprintf(name, sizeof name, "sample chi2/quantile(1e-4) %s", cases[c].name);
+        gc_row(name, "20000 draws, V=10", out ? NAN : c2 / q[df < 1 ? 1 : df], 1);
+        snprintf(name, sizeof name, "sample logprob %s", cases[c].name);
+        gc_row(name, "20000 draws, V=10", lerr, 1e-5);
     }
-    /* (2) Qwen-sized vocabulary: greedy = argmax; T=1 agreement with sample_cpu */
+    /* (2) Qwen-sized vocabulary: greedy (with bans) = argmax; rows vs sample_cpu */
     float *big = gc_rand((size_t)R * VB, 8.0f, 5);
-    int tc[R], tg[R];
+    int tc[R], tg[R], bb[3] = { 2, 0, 0 };
     float lc[R], lg[R];
-    run(g, tg, lg, big, keys, 0, R, VB, 0.0f);
-    int miss = 0;
-    for (int r = 0; r < R; r++) {
+    sample_params bp[R];
+    for (int r = 0; r < 2; r++) {
         int am = 0;
         for (int j = 1; j < VB; j++) if (big[(size_t)r * VB + j] > big[(size_t)r * VB + am]) am = j;
+        bb[1 + r] = am;
+    }
+    for (int r = 0; r < R; r++) bp[r] = (sample_params){ .key = sampling_mix(r + 17), .temperature = 0, .top_p = 1, .ban = r < 4 };
+    run(g, tg, lg, big, bp, bb, R, VB);
+    int miss = 0;
+    for (int r = 0; r < R; r++) {
+        int am = -1;
+        for (int j = 0; j < VB; j++) {
+            if (bp[r].ban && (j == bb[1] || j == bb[2])) continue;
+            if (am < 0 || big[(size_t)r * VB + j] > big[(size_t)r * VB + am]) am = j;
+        }
         miss += tg[r] != am;
     }
-    gc_row("sample greedy == argmax (mismatches)", "R=64 V=151936", miss, 0);
-    run(g, tg, lg, big, keys, 17, R, VB, 1.0f);
-    sample_cpu(tc, lc, big, keys, 17, R, VB, 1.0f);
-    double lerr = 0;
-    miss = 0;
-    for (int r = 0; r < R; r++) {
-        miss += tg[r] != tc[r];
-        if (tg[r] == tc[r]) lerr = fmax(lerr, fabs(lg[r] - lc[r]));
+    gc_row("sample greedy == argmax, bans (mismatches)", "R=64 V=151936", miss, 0);
+    struct { const char *name; float top_p, min_p; int top_k; } mix[] = {
+        { "T=1", 1, 0, 0 }, { "top_k=50", 1, 0, 50 }, { "top_p=0.9", 0.9f, 0, 0 }, { "min_p=0.05", 1, 0.05f, 0 },
+        { "k=1000 p=0.95 min_p=0.01", 0.95f, 0.01f, 1000 },
+    };
+    for (size_t c = 0; c < sizeof mix / sizeof mix[0]; c++) {
+        for (int r = 0; r < R; r++)
+            bp[r] = (sample_params){ .key = sampling_mix(r + 1000 * c), .temperature = 1.0f, .top_p = mix[c].top_p,
+                                     .min_p = mix[c].min_p, .top_k = mix[c].top_k, .ban = r % 5 == 0 };
+        run(g, tg, lg, big, bp, bb, R, VB);
+        sample_cpu(tc, lc, big, bp, bb, R, VB);
+        double lerr = 0;
+        miss = 0;
+        for (int r = 0; r < R; r++) {
+            miss += tg[r] != tc[r];
+            if (tg[r] == tc[r]) lerr = fmax(lerr, fabs(lg[r] - lc[r]));
+        }
+        char name[96];
+        snprintf(name, sizeof name, "sample %s tokens != sample_cpu (fraction)", mix[c].name);
+        gc_row(name, "R=64 V=151936", (double)miss / R, 0.05);
+        snprintf(name, sizeof name, "sample %s logprob vs sample_cpu", mix[c].name);
+        gc_row(name, "R=64 V=151936", lerr, 1e-4);
     }
-    gc_row("sample T=1 tokens != sample_cpu (fraction)", "R=64 V=151936", (double)miss / R, 0.02);
-    gc_row("sample T=1 logprob vs sample_cpu", "R=64 V=151936", lerr, 1e-4);
     g->destroy(g);
-    free(rows); free(lp); free(tok); free(keys); free(big);
+    free(rows); free(lp); free(tok); free(pr); free(big);
     return gc_failures ? 1 : 0;
 }

@@ -1,7 +1,8 @@
-/* test_sampling.c — kernels/sampling.h on the CPU: the Gumbel-max draw follows softmax(logits/T)
- * (chi-square over 20k draws, by stream key and by step counter), the reported logprob is log
- * softmax(logits/T) of the drawn token, greedy is the argmax, and draws are a function of
- * (key, counter) alone. */
+/* test_sampling.c — kernels/sampling.h on the CPU: per-row draws follow the kept distribution
+ * (chi-square over 20k keys for plain temperature, top_k, top_p, min_p, a combination and a ban
+ * list, against probabilities computed here by sorting), nothing outside the kept set is drawn,
+ * the logprob is that of the untruncated softmax(logits/T), greedy is the argmax of the eligible
+ * ids, and draws are a function of (logits, key) alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,82 +11,136 @@
 #include "kernels/sampling.h"
 #include "tests/unit/check.h"
 
-enum { V = 8, NS = 20000 };
+enum { V = 10, NS = 20000 };
 
 static uint64_t mix(uint64_t i) { return sampling_mix(i * 0x9E3779B97F4A7C15ULL + 12345); }
 
-/* Chi-square of counts against softmax(x / T); df = V - 1. */
-static double chi2(const int *tok, int n, const float *x, float T) {
-    double p[V], mx = -INFINITY, sum = 0, c = 0;
-    int cnt[V] = { 0 };
-    for (int j = 0; j < V; j++) mx = fmax(mx, x[j] / T);
-    for (int j = 0; j < V; j++) sum += p[j] = exp(x[j] / T - mx);
-    for (int i = 0; i < n; i++) cnt[tok[i]]++;
+/* The kept distribution of sampling.h, computed independently: p (V), zero outside the set. */
+static void expected(const float *x, const sample_params *pr, const int *ban, double *p) {
+    double z[V], w[V], mx = -INFINITY;
+    int ord[V], n = 0;
     for (int j = 0; j < V; j++) {
-        double e = n * p[j] / sum;
+        z[j] = x[j] / pr->temperature;
+        int b = 0;
+        for (int i = 1; pr->ban && ban && i <= ban[0]; i++) b |= ban[i] == j;
+        if (b) { z[j] = -INFINITY; continue; }
+        ord[n++] = j;
+        if (z[j] > mx) mx = z[j];
+    }
+    for (int a = 0; a < n; a++)   /* insertion sort, descending */
+        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) { int t = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = t; }
+    if (pr->top_k > 0 && pr->top_k < n) n = pr->top_k;
+    for (int i = 0; i < n; i++) w[i] = exp(z[ord[i]] - mx);
+    if (pr->min_p > 0) { int k = 0; while (k < n && w[k] >= pr->min_p) k++; n = k; }
+    if (pr->top_p < 1.0f) {
+        double tot = 0, acc = 0;
+        for (int i = 0; i < n; i++) tot += w[i];
+        int k = 0;
+        while (k < n) { acc += w[k++]; if (acc >= pr->top_p * tot) break; }
+        n = k;
+    }
+    double s = 0;
+    memset(p, 0, sizeof(double) * V);
+    for (int i = 0; i < n; i++) s += w[i];
+    for (int i = 0; i < n; i++) p[ord[i]] = w[i] / s;
+}
+
+/* Chi-square of the draws against p; *outside counts draws where p == 0; *df kept ids - 1. */
+static double chi2(const int *tok, int n, const double *p, int *outside, int *df) {
+    int cnt[V] = { 0 };
+    double c = 0;
+    *outside = 0; *df = -1;
+    for (int i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] >= V || p[tok[i]] == 0) (*outside)++;
+        else cnt[tok[i]]++;
+    }
+    for (int j = 0; j < V; j++) {
+        if (p[j] == 0) continue;
+        (*df)++;
+        double e = n * p[j];
         c += (cnt[j] - e) * (cnt[j] - e) / e;
     }
     return c;
 }
 
-TEST(test_distribution) {
+TEST(test_distributions) {
     float x[V];
     unsigned long long s = 11;
     for (int j = 0; j < V; j++) x[j] = check_randf(&s, 2.0f);
     float *rows = malloc(sizeof(float) * V * NS), *lp = malloc(sizeof(float) * NS);
     int *tok = malloc(sizeof(int) * NS);
-    uint64_t *keys = malloc(sizeof(uint64_t) * NS);
-    for (int i = 0; i < NS; i++) { memcpy(rows + (size_t)i * V, x, sizeof x); keys[i] = mix(i); }
-    const float temps[] = { 1.0f, 0.6f, 1.7f };
-    for (int t = 0; t < 3; t++) {
-        float T = temps[t];
-        sample_cpu(tok, lp, rows, keys, 3, NS, V, T);   /* 20k streams, one step */
-        double c = chi2(tok, NS, x, T);
-        CHECK_MSG(c < 30.0, "T=%g: chi-square %.2f over 20k draws (df 7, p=1e-4 at 29.9)", T, c);
+    sample_params *pr = malloc(sizeof *pr * NS);
+    for (int i = 0; i < NS; i++) memcpy(rows + (size_t)i * V, x, sizeof x);
+    int ban[] = { 2, 3, 7 };
+    struct { float t, top_p, min_p; int top_k, ban; } cases[] = {
+        { 1.0f, 1, 0, 0, 0 }, { 0.6f, 1, 0, 0, 0 }, { 1.0f, 1, 0, 3, 0 }, { 1.0f, 0.7f, 0, 0, 0 },
+        { 1.0f, 1, 0.2f, 0, 0 }, { 0.8f, 0.8f, 0.05f, 6, 0 }, { 1.0f, 1, 0, 0, 1 }, { 1.3f, 0.9f, 0, 4, 1 },
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int i = 0; i < NS; i++)
+            pr[i] = (sample_params){ .key = mix(i + 1000 * c), .temperature = cases[c].t, .top_p = cases[c].top_p,
+                                     .min_p = cases[c].min_p, .top_k = cases[c].top_k, .ban = cases[c].ban };
+        sample_cpu(tok, lp, rows, pr, ban, NS, V);
+        double p[V];
+        expected(x, &pr[0], ban, p);
+        int out, df;
+        double c2 = chi2(tok, NS, p, &out, &df);
+        /* p = 1e-4 quantiles: df 1..9 -> 15.1 18.4 21.1 23.5 25.7 27.9 29.9 31.8 33.7 */
+        const double q[] = { 0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7 };
+        CHECK_MSG(out == 0, "case %zu: %d draws outside the kept set", c, out);
+        CHECK_MSG(df >= 1 && c2 < q[df], "case %zu: chi-square %.2f (df %d) over 20k draws", c, c2, df);
         double mx = -INFINITY, sum = 0, err = 0;
+        float T = cases[c].t;
         for (int j = 0; j < V; j++) mx = fmax(mx, x[j] / T);
         for (int j = 0; j < V; j++) sum += exp(x[j] / T - mx);
         for (int i = 0; i < NS; i++) err = fmax(err, fabs(lp[i] - (x[tok[i]] / T - mx - log(sum))));
-        CHECK_MSG(err < 1e-5, "logprob error %.3g", err);
+        CHECK_MSG(err < 1e-5, "case %zu: logprob (untruncated) error %.3g", c, err);
     }
-    /* one stream, 20k steps */
-    uint64_t k1 = mix(99);
-    for (int i = 0; i < NS; i++) sample_cpu(tok + i, lp + i, x, &k1, (uint64_t)i, 1, V, 1.0f);
-    double c = chi2(tok, NS, x, 1.0f);
-    CHECK_MSG(c < 30.0, "one stream over 20k steps: chi-square %.2f", c);
-    free(rows); free(lp); free(tok); free(keys);
+    free(rows); free(lp); free(tok); free(pr);
 }
 
 TEST(test_greedy_and_determinism) {
     enum { R = 16, VB = 5000 };
     float *x = malloc(sizeof(float) * R * VB), lp[R], lp2[R];
     check_fill(x, (size_t)R * VB, 21, 4.0f);
-    uint64_t keys[R];
+    sample_params pr[R];
     int tok[R], tok2[R];
-    for (int r = 0; r < R; r++) keys[r] = mix(r);
-    sample_cpu(tok, lp, x, keys, 0, R, VB, 0.0f);
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; r++) pr[r] = (sample_params){ .key = mix(r), .temperature = 0, .top_p = 1 };
+    int ban[3] = { 2, 0, 0 };
+    for (int r = 0; r < 4; r++) {   /* rows 0..3 ban their own argmax */
         int am = 0;
         for (int j = 1; j < VB; j++) if (x[(size_t)r * VB + j] > x[(size_t)r * VB + am]) am = j;
+        if (r < 2) ban[1 + r] = am;
+    }
+    pr[0].ban = pr[1].ban = 1;
+    sample_cpu(tok, lp, x, pr, ban, R, VB);
+    for (int r = 0; r < R; r++) {
+        int am = -1;
+        for (int j = 0; j < VB; j++) {
+            if (pr[r].ban && (j == ban[1] || j == ban[2])) continue;
+            if (am < 0 || x[(size_t)r * VB + j] > x[(size_t)r * VB + am]) am = j;
+        }
         CHECK_EQ_INT(tok[r], am);
         CHECK(lp[r] <= 0 && lp[r] > -20);
     }
-    sample_cpu(tok, lp, x, keys, 7, R, VB, 1.0f);
-    sample_cpu(tok2, lp2, x, keys, 7, R, VB, 1.0f);
+    for (int r = 0; r < R; r++) pr[r].temperature = 1.0f, pr[r].top_k = r % 3 ? 0 : 50, pr[r].top_p = r % 2 ? 0.9f : 1;
+    sample_cpu(tok, lp, x, pr, ban, R, VB);
+    sample_cpu(tok2, lp2, x, pr, ban, R, VB);
     for (int r = 0; r < R; r++) { CHECK_EQ_INT(tok[r], tok2[r]); CHECK(lp[r] == lp2[r]); }
     /* a row's draw does not depend on the other rows: row 5 alone gives the same token */
-    sample_cpu(tok2, lp2, x + 5 * VB, keys + 5, 7, 1, VB, 1.0f);
+    sample_cpu(tok2, lp2, x + 5 * VB, pr + 5, ban, 1, VB);
     CHECK_EQ_INT(tok2[0], tok[5]);
-    /* another step (or key) draws differently somewhere */
+    /* other keys draw differently somewhere */
     int diff = 0;
-    sample_cpu(tok2, lp2, x, keys, 8, R, VB, 1.0f);
+    for (int r = 0; r < R; r++) pr[r].key = mix(r + 100);
+    sample_cpu(tok2, lp2, x, pr, ban, R, VB);
     for (int r = 0; r < R; r++) diff += tok[r] != tok2[r];
-    CHECK_MSG(diff > 0, "steps 7 and 8 drew the same %d tokens", R);
+    CHECK_MSG(diff > 0, "new keys drew the same %d tokens", R);
     free(x);
 }
 
 int main(void) {
-    RUN(test_distribution);
+    RUN(test_distributions);
     RUN(test_greedy_and_determinism);
     return CHECK_DONE();
 }
