@@ -4,7 +4,9 @@
  * Every product is mma.sync m16n8k16 (bf16 in, fp32 accumulate) on ldmatrix fragments from
  * shared memory with rows padded by 16 bytes (D + 8 elements: ldmatrix rows land on distinct
  * banks). A warp owns 16 MR rows (MR m16 atoms: every B fragment read from shared memory feeds
- * MR mmas); the other operand streams in BN-row tiles through a cp.async double buffer. Helpers:
+ * MR mmas); the other operand streams in BN-row tiles through an NS-stage cp.async pipeline with
+ * one barrier a tile (the loads of tile i + NS - 1 go out after the barrier that opens tile i,
+ * into the stage tile i - 1 used). Helpers:
  *   mma_abt: acc (16MR x 8NT) += A (16MR x KD, smem rows) · B^T, B (8NT x KD, smem rows)
  *   mma_pb:  acc (16MR x 8ND) += P (16MR x 16KB, fp32 accumulators of an mma_abt, rounded to
  *            bf16 in registers: the A operand) · B (16KB x 8ND, smem rows, ldmatrix.trans)
@@ -14,10 +16,11 @@
  * any other tile is kept only if some query needs it (a block vote), and each warp then checks
  * its own rows (skip / no mask / mask per element with the query's own range — queries of one
  * tile may belong to different responses or groups).
- *   fwd:  block = 128 queries x one head, 4 warps x 32 rows, 64-key tiles; online softmax in fp32
+ *   fwd:  block = 256 queries x one head, 8 warps x 32 rows, 64-key tiles; online softmax in fp32
  *         (log2 domain, scale folded into the exp2's FMA); writes out and lse.
- *   dq:   same blocking with 32-key tiles; recomputes P from lse, dP = dO·V^T, dS = P(dP - Dsum),
- *         dq = scale dS·K; also writes Dsum = rowsum(dO∘O) for dkdv. No atomics: deterministic.
+ *   dq:   block = 128 queries x one head, 4 warps x 32 rows, 32-key tiles; recomputes P from
+ *         lse, dP = dO·V^T, dS = P(dP - Dsum), dq = scale dS·K; also writes Dsum = rowsum(dO∘O)
+ *         for dkdv. No atomics: deterministic.
  *   dkdv: block = 128 keys x one kv head, 8 warps x 16 keys; walks every (64-query tile, head of
  *         the group) pair that sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T,
  *         dV += P^T·dO, dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N
@@ -25,9 +28,12 @@
  * Legend: T queries (== key rows in backward), H query heads, K kv heads, D head dim. */
 #include <limits.h>
 
-/* fwd: MR 2, 4 warps, 64-key tiles; dq: MR 2, 4 warps, 32-key tiles; dkdv: 8 warps x 16 keys
- * (FA_BK keys a block) against FA_Q-query tiles. */
-enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 4, FA_MR = 2, FA_BK = 128, FA_KW = 8, FA_Q = 64 };
+/* fwd: MR 2, 8 warps (256 queries), 64-key tiles, 2 stages; dq: MR 2, 4 warps (128 queries),
+ * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps x 16 keys (FA_BK keys a block) against
+ * FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 4 warps or 2
+ * stages were measured slower). */
+enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 8, FA_DQ_NW = 4, FA_MR = 2, FA_BK = 128, FA_KW = 8, FA_Q = 64,
+       FA_FWD_NS = 2, FA_DKDV_NS = 3 };
 
 __device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -229,12 +235,45 @@ __device__ __forceinline__ void fa_store_rows(bf16 *dst, bf16 *stage, const floa
     }
 }
 
-template <int D, int MR, int NW, int BN>
-__global__ void __launch_bounds__(32 * NW, 2) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+/* The K/V pipeline of fwd and dq, NS (2 or 3) stages, one barrier a tile: tile i sits in stage
+ * i % NS; after the barrier that opens tile i (every warp is done with tile i - 1) the loads of
+ * tile i + NS - 1 go into the stage tile i - 1 used. A: the tile being computed, B: the one after
+ * it (NS = 3). Every thread runs these (fa_next votes). */
+struct fa_tile { int s, j0, full; bool have; };
+#define FA_PIPE_LOAD(X, st) do { \
+    if ((X).have) { \
+        fa_load_rows<D, BN>(k_s + (st) * TILE, k, (X).j0, sc.bhi[(X).s], K, g); \
+        fa_load_rows<D, BN>(v_s + (st) * TILE, v, (X).j0, sc.bhi[(X).s], K, g); \
+    } \
+    fa_commit(); \
+} while (0)
+#define FA_PIPE_AFTER(X, Y) do { \
+    (Y) = (X); (Y).j0 += BN; \
+    (Y).have = (X).have && fa_next<BM, BN>(sc, (Y).s, (Y).j0, (Y).full); \
+} while (0)
+#define FA_PIPE_START() \
+    fa_tile A = { 0, sc.blo[0], 0, false }, B = A, N = A; \
+    int buf = 0; \
+    A.have = fa_next<BM, BN>(sc, A.s, A.j0, A.full); \
+    FA_PIPE_LOAD(A, 0); \
+    if (NS == 3) { FA_PIPE_AFTER(A, B); FA_PIPE_LOAD(B, 1); }
+#define FA_PIPE_NEXT() do { \
+    fa_wait<NS - 2>(); \
+    __syncthreads(); \
+    FA_PIPE_AFTER(NS == 3 ? B : A, N); \
+    FA_PIPE_LOAD(N, (buf + NS - 1) % NS); \
+} while (0)
+#define FA_PIPE_ADVANCE() do { \
+    if (NS == 3) { A = B; B = N; } else A = N; \
+    buf = buf + 1 == NS ? 0 : buf + 1; \
+} while (0)
+
+template <int D, int MR, int NW, int BN, int NS>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
                                                           const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + 2 * TILE;
+    bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + NS * TILE;
     __shared__ fa_sched<BM> sc;
     int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
@@ -244,23 +283,10 @@ __global__ void __launch_bounds__(32 * NW, 2) fa_fwd_kernel(bf16 *out, float *ls
     fa_zero(o);
     #pragma unroll
     for (int mi = 0; mi < MR; mi++) { m[mi][0] = m[mi][1] = -INFINITY; l[mi][0] = l[mi][1] = 0; }
-    int s = 0, j0 = sc.blo[0], full = 0, buf = 0;
-    bool have = fa_next<BM, BN>(sc, s, j0, full);
-    if (have) {
-        fa_load_rows<D, BN>(k_s, k, j0, sc.bhi[s], K, g);
-        fa_load_rows<D, BN>(v_s, v, j0, sc.bhi[s], K, g);
-    }
-    fa_commit();
-    while (have) {
-        int ns = s, nj = j0 + BN, nfull = 0;
-        bool nhave = fa_next<BM, BN>(sc, ns, nj, nfull);
-        if (nhave) {   /* buffer buf^1 was released by the last iteration's closing barrier */
-            fa_load_rows<D, BN>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
-            fa_load_rows<D, BN>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
-        }
-        fa_commit();
-        fa_wait<1>();
-        __syncthreads();
+    FA_PIPE_START();
+    while (A.have) {
+        FA_PIPE_NEXT();
+        int s = A.s, j0 = A.j0, full = A.full;
         int need = 1, wfull = 1;
         if (!full) fa_warp_vote<MR>(sc, s, row0, j0, j0 + BN, need, wfull);
         if (need) {
@@ -296,8 +322,7 @@ __global__ void __launch_bounds__(32 * NW, 2) fa_fwd_kernel(bf16 *out, float *ls
             }
             mma_pb<MR, NT / 2, D / 8>(o, sa, v_s + buf * TILE, ST);
         }
-        __syncthreads();
-        s = ns; j0 = nj; full = nfull; have = nhave; buf ^= 1;
+        FA_PIPE_ADVANCE();
     }
     fa_wait<0>();
     float inv[MR][2];
@@ -315,37 +340,52 @@ __global__ void __launch_bounds__(32 * NW, 2) fa_fwd_kernel(bf16 *out, float *ls
 }
 
 /* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
-template <int D, int MR, int NW, int BN>
-__global__ void __launch_bounds__(32 * NW, 2) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
+template <int D, int MR, int NW, int BN, int NS>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
                                                          const bf16 *k, const bf16 *v, const bf16 *out,
                                                          const float *lse, attn_ranges r, int T, int H, int K,
                                                          float sc2, float scale) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + 2 * TILE;
+    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
     __shared__ fa_sched<BM> sc;
     __shared__ float l2_s[BM], ds_s[BM];
     int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
     fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
     fa_load_rows<D, BM>(do_s, dout, t0, T, H, h);
-    for (int i = 0; i < 16 * MR; i++) {   /* the warp's own rows */
-        int row = row0 + i, t = t0 + row;
-        float acc = 0;
-        if (t < T) {
-            const bf162 *o2 = (const bf162 *)(out + ((size_t)t * H + h) * D), *d2 = (const bf162 *)(dout + ((size_t)t * H + h) * D);
-            for (int d = lane; d < D / 2; d += 32) {
-                float2 a = __bfloat1622float2(o2[d]), b = __bfloat1622float2(d2[d]);
-                acc += a.x * b.x + a.y * b.y;
+    /* Dsum = rowsum(dO ∘ O) over the warp's own rows, 8 rows' loads in flight at a time */
+    constexpr int CH = D / 64;   /* bf162 pairs a lane holds of one row */
+    #pragma unroll 1
+    for (int i0 = 0; i0 < 16 * MR; i0 += 8) {
+        bf162 a[8][CH], b[8][CH];
+        #pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int t = t0 + row0 + i0 + u;
+            const bf162 *o2 = (const bf162 *)(out + ((size_t)min(t, T - 1) * H + h) * D);
+            const bf162 *d2 = (const bf162 *)(dout + ((size_t)min(t, T - 1) * H + h) * D);
+            #pragma unroll
+            for (int c = 0; c < CH; c++) { a[u][c] = o2[lane + 32 * c]; b[u][c] = d2[lane + 32 * c]; }
+        }
+        #pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int row = row0 + i0 + u, t = t0 + row;
+            float acc = 0;
+            #pragma unroll
+            for (int c = 0; c < CH; c++) {
+                float2 x = __bfloat1622float2(a[u][c]), y = __bfloat1622float2(b[u][c]);
+                acc += x.x * y.x + x.y * y.y;
+            }
+            acc = t < T ? warp_sum(acc) : 0.0f;
+            if (lane == 0) {
+                ds_s[row] = acc;
+                if (t < T) dsum[(size_t)t * H + h] = acc;
             }
         }
-        acc = warp_sum(acc);
-        if (lane == 0) {
-            ds_s[row] = acc;
-            float L = t < T ? lse[(size_t)t * H + h] : 0.0f;
-            l2_s[row] = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
-            if (t < T) dsum[(size_t)t * H + h] = acc;
-        }
+    }
+    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+        float L = t0 + i < T ? lse[(size_t)(t0 + i) * H + h] : 0.0f;
+        l2_s[i] = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
     }
     fa_sched_load(sc, r, t0, T);
     float L[MR][2], Ds[MR][2];
@@ -358,23 +398,10 @@ __global__ void __launch_bounds__(32 * NW, 2) fa_dq_kernel(bf16 *dq, float *dsum
         }
     float acc[MR][D / 8][4];
     fa_zero(acc);
-    int s = 0, j0 = sc.blo[0], full = 0, buf = 0;
-    bool have = fa_next<BM, BN>(sc, s, j0, full);
-    if (have) {
-        fa_load_rows<D, BN>(k_s, k, j0, sc.bhi[s], K, g);
-        fa_load_rows<D, BN>(v_s, v, j0, sc.bhi[s], K, g);
-    }
-    fa_commit();
-    while (have) {
-        int ns = s, nj = j0 + BN, nfull = 0;
-        bool nhave = fa_next<BM, BN>(sc, ns, nj, nfull);
-        if (nhave) {
-            fa_load_rows<D, BN>(k_s + (buf ^ 1) * TILE, k, nj, sc.bhi[ns], K, g);
-            fa_load_rows<D, BN>(v_s + (buf ^ 1) * TILE, v, nj, sc.bhi[ns], K, g);
-        }
-        fa_commit();
-        fa_wait<1>();
-        __syncthreads();
+    FA_PIPE_START();
+    while (A.have) {
+        FA_PIPE_NEXT();
+        int s = A.s, j0 = A.j0, full = A.full;
         int need = 1, wfull = 1;
         if (!full) fa_warp_vote<MR>(sc, s, row0, j0, j0 + BN, need, wfull);
         if (need) {
@@ -395,8 +422,7 @@ __global__ void __launch_bounds__(32 * NW, 2) fa_dq_kernel(bf16 *dq, float *dsum
                     }
             mma_pb<MR, NT / 2, D / 8>(acc, sa, k_s + buf * TILE, ST);
         }
-        __syncthreads();
-        s = ns; j0 = nj; full = nfull; have = nhave; buf ^= 1;
+        FA_PIPE_ADVANCE();
     }
     fa_wait<0>();
     float sc_[MR][2];
@@ -411,15 +437,15 @@ struct fa_qrows {
     int rg[FA_Q][4];
 };
 
-template <int D, int NW>
-__global__ void __launch_bounds__(32 * NW, 1) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+template <int D, int NW, int NS>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *lse,
                                                            const float *dsum, const int *qlo, const int *qhi,
                                                            attn_ranges r, int T, int H, int K, float sc2, float scale) {
     constexpr int ST = D + 8, BK = 16 * NW, TILE = FA_Q * ST;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + 2 * TILE;
-    __shared__ fa_qrows qr[2];
+    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
+    __shared__ fa_qrows qr[NS];
     int kt = blockIdx.x, g = blockIdx.y, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
     int kw0 = j0 + w * 16;   /* the warp's keys: kw0 .. kw0 + 15 */
@@ -456,14 +482,20 @@ __global__ void __launch_bounds__(32 * NW, 1) fa_dkdv_kernel(bf16 *dk, bf16 *dv,
             x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
         }
     };
-    if (npair > 0) { load_pair(0, 0); store_rows(0); }
-    fa_commit();
-    for (int i = 0; i < npair; i++) {
-        int b = i & 1;
-        if (i + 1 < npair) load_pair(i + 1, b ^ 1);   /* buffer b^1 was released by the last barrier */
+    /* NS-stage pipeline, one barrier a pair: pair i sits in buffer i % NS; after the barrier
+     * that opens pair i (every warp is done with pair i - 1) pair i + NS - 1 is loaded into the
+     * buffer pair i - 1 used, its row scalars stored to qr[] after pair i's math. */
+    #pragma unroll
+    for (int p = 0; p < NS - 1; p++) {
+        if (p < npair) { load_pair(p, p); store_rows(p); }
         fa_commit();
-        fa_wait<1>();
+    }
+    for (int i = 0, b = 0; i < npair; i++, b = b + 1 == NS ? 0 : b + 1) {
+        int nx = i + NS - 1, nb = b == 0 ? NS - 1 : b - 1;
+        fa_wait<NS - 2>();
         __syncthreads();
+        if (nx < npair) load_pair(nx, nb);
+        fa_commit();
         const fa_qrows &x = qr[b];
         /* the warp's keys against the pair's queries (two a lane): skip, no mask, or mask */
         int need = 0, cover = 1;
@@ -497,8 +529,7 @@ __global__ void __launch_bounds__(32 * NW, 1) fa_dkdv_kernel(bf16 *dk, bf16 *dv,
             mma_pb<1, 4, D / 8>(dva, sa, do_s + b * TILE, ST);
             mma_pb<1, 4, D / 8>(dka, dp, q_s + b * TILE, ST);
         }
-        if (i + 1 < npair) store_rows(b ^ 1);   /* qr[b^1] was last read before the previous barrier */
-        __syncthreads();
+        if (nx < npair) store_rows(nb);
     }
     fa_wait<0>();
     #pragma unroll

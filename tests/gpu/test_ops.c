@@ -388,6 +388,7 @@ static void attention_suite(void) {
     const int *R6[] = { R6a };
     r = make_ranges(1, P6, N6, R6);
     t_attention("P=1000 N=4", r, r.T, 4, 2, 128, 1);
+    t_attention("P=1000 N=4", r, r.T, 4, 1, 64, 1);
     free_ranges(r);
     /* random, overlapping ranges: a key inside both counts twice, as in the reference */
     int T7 = 301;
