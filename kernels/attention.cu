@@ -31,6 +31,7 @@ enum { QT = 16, KT = 32, NT = 128, QB = 8 };
 typedef __nv_bfloat162 bf162;
 
 #include "kernels/attention_flash.cuh"
+#include "kernels/attention_decode.cuh"
 
 /* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
@@ -431,6 +432,7 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cuh) returns here
      * before the training kernels below. */
+    if (use_flash(D) && attn_decode_fwd(c, out, lse, q, k, v, r, T, H, K, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(D)) {
         if (D == 64) flash_fwd<64>(c, out, lse, q, k, v, r, T, H, K, scale2);
