@@ -15,6 +15,8 @@
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
+#   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
+#       1.7B heads at (4096, 16, 512)), with PEER_ATTN=path/to/peer_attention.py the peer
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
 # Exit status: 0 when every row passed.
 set -u
@@ -33,7 +35,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout bench_layer; do
+    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout bench_layer bench_attn; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -101,6 +103,16 @@ if [ "${BENCH_LAYER:-0}" = 1 ]; then
         if [ -n "${PEER_LAYER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER_LAYER"; fi
     } >"$OUT/bench_layer.log" 2>&1
     cat "$OUT/bench_layer.log"
+fi
+
+# ---- (i) attention alone (optional)
+if [ "${BENCH_ATTN:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-100} "$BIN/bench_attn" 8192 8 1024
+        timeout ${T_BENCH:-100} "$BIN/bench_attn" 4096 16 512 16 8 128
+        if [ -n "${PEER_ATTN:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ATTN" 8192,8,1024; fi
+    } >"$OUT/bench_attn.log" 2>&1
+    cat "$OUT/bench_attn.log"
 fi
 
 # ---- the table
