@@ -9,8 +9,9 @@
  * values; extra rows repeat the last row; their outputs are ignored) and the whole step —
  * model_forward_dev, lm head, sample — is captured once per bucket and replayed. The first step
  * of a bucket runs uncaptured (it grows the scratch, makes the GEMM plans); the second captures.
- * A graph is dropped when what it captured moves: the KV cache, the activations, the weights,
- * the logits buffer or the backend's scratch. Everything else runs the same ops directly. */
+ * A graph is dropped when what it captured moves or is laid out anew: the KV cache (address
+ * or rows), the activations (address or capacities), the weights, the logits buffer or the
+ * backend's scratch (checked by the backend). Everything else runs the same ops directly. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,7 +24,10 @@ enum { DEC_GRAPH_T = 512, DEC_BUCKETS = 10, DEC_BAN_CAP = 1024 };
 typedef struct {
     void *g;                    /* backend graph, or NULL */
     int warm;                   /* ran once uncaptured */
-    const void *kv, *acts, *w, *logits;   /* what the capture read */
+    const void *kv, *acts, *w, *lm, *logits;   /* what the capture read */
+    int kv_cap, acts_cap, acts_capm;   /* KV rows, activation tokens / predictions: the layouts
+                                          inside kv and acts (a freed and reallocated pool can
+                                          come back at the same address with another size) */
 } dec_graph;
 
 struct dec_state {
@@ -188,7 +192,10 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
         queue_step(e, kv, T, R);
     } else {
         dec_graph *g = &d->graph[bi];
-        if (g->g && (g->kv != kv->mem || g->acts != e->acts_ng.mem || g->w != e->wv.embed || g->logits != d->dlogits)) {
+        const model_acts *A = &e->acts_ng;
+        if (g->g && (g->kv != kv->mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
+                     g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head ||
+                     g->logits != d->dlogits)) {
             be->graph_free(be, g->g);
             g->g = NULL;
         }
@@ -208,7 +215,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
             queue_step(e, kv, Tb, Rb);
             if ((rc = be->graph_end(be, &g->g))) return rc;
             *g = (dec_graph){ .g = g->g, .warm = 1, .kv = kv->mem, .acts = e->acts_ng.mem, .w = e->wv.embed,
-                              .logits = d->dlogits };
+                              .lm = e->wv.lm_head, .logits = d->dlogits, .kv_cap = kv->cap_S,
+                              .acts_cap = e->acts_ng.cap_T, .acts_capm = e->acts_ng.cap_M };
             if ((rc = be->graph_launch(be, g->g))) return rc < 0 ? rc : err_set(GE_INTERNAL, "decode: fresh graph stale");
         }
     }

@@ -430,29 +430,25 @@ static void admit(eng_sched *s) {
 
 /* ---------------------------------------------------------------- the step */
 
-/* Rows that differ in draw parameters or in their ban go to separate dec_step calls, so each
- * call is homogeneous and a response is drawn exactly as it would be alone (decode.c picks
- * its draw path per call). The seed is not part of the class: keys are per row. */
-static int same_class(const stream *a, const stream *b) {
-    const eng_sched_job *x = a->grp->job, *y = b->grp->job;
-    const eng_sampling *p = &x->sp, *q = &y->sp;
-    if (p->temperature != q->temperature || p->top_k != q->top_k || p->top_p != q->top_p || p->min_p != q->min_p)
-        return 0;
-    int ba = a->out->n_tokens < p->min_tokens, bb = b->out->n_tokens < q->min_tokens;
-    if (ba != bb) return 0;
-    if (!ba || x == y) return 1;
-    return x->n_ban == y->n_ban && !memcmp(job_ban(x), job_ban(y), (size_t)x->n_ban * sizeof(int));
+/* Every row carries its own draw parameters and key (dec_row), so all of a step's rows share
+ * one dec_step; the only split left is the ban list, one per call: a row that bans (min_tokens
+ * not reached) joins a call whose list is unset or equal to its job's. *ban is the job whose
+ * list the call carries (NULL: none yet). */
+static int row_bans(const stream *k) { return k->out->n_tokens < k->grp->job->sp.min_tokens; }
+static int joins(const eng_sched_job **ban, const stream *k) {
+    if (!row_bans(k)) return 1;
+    const eng_sched_job *x = k->grp->job, *y = *ban;
+    if (!y) { *ban = x; return 1; }
+    return x == y || (x->n_ban == y->n_ban && !memcmp(job_ban(x), job_ban(y), (size_t)x->n_ban * sizeof(int)));
 }
 
 static int alive(const stream *k) { return !k->done && !k->grp->job->state; }
 
 /* Runs one dec_step over in (T tokens) drawing R rows for s->who; on failure every job in
  * the call fails. */
-static int run_call(eng_sched *s, const model_input *in, int R) {
-    const eng_sched_job *j0 = s->who[0]->grp->job;
-    int ban = s->rp[0].ban;
+static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_job *ban) {
     s->dec_calls++;
-    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(j0) : NULL, ban ? j0->n_ban : 0, s->ids, s->lps);
+    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->ids, s->lps);
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", err_msg());
@@ -488,9 +484,10 @@ static int prefill(eng_sched *s) {
         sgroup *lead = s->items[first];
         if (lead->dead || lead->job->state) continue;
         int t = 0, r = 0, err = 0;
+        const eng_sched_job *ban = NULL;
         for (int i = first; i < n; i++) {
             sgroup *G = s->items[i];
-            if (s->taken[i] || G->dead || G->job->state || !same_class(&lead->st[0], &G->st[0])) continue;
+            if (s->taken[i] || G->dead || G->job->state || !joins(&ban, &G->st[0])) continue;
             s->taken[i] = 1;
             for (int p = 0; p < G->P; p++, t++) {
                 tok[t] = G->job->groups[G->g].prompt[p]; pos[t] = p; slot[t] = G->prompt0 + p;
@@ -504,7 +501,7 @@ static int prefill(eng_sched *s) {
         }
         if (!t) continue;
         model_input in = { .T = t, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot };
-        if ((err = run_call(s, &in, r)) && !rc) rc = err;
+        if ((err = run_call(s, &in, r, ban)) && !rc) rc = err;
     }
     return rc;
 }
@@ -531,9 +528,10 @@ static int decode(eng_sched *s) {
         stream *lead = s->items[first];
         if (!alive(lead)) continue;
         int B = 0, err;
+        const eng_sched_job *ban = NULL;
         for (int i = first; i < n; i++) {
             stream *x = s->items[i];
-            if (s->taken[i] || !alive(x) || !same_class(lead, x)) continue;
+            if (s->taken[i] || !alive(x) || !joins(&ban, x)) continue;
             s->taken[i] = 1;
             int m = x->out->n_tokens;
             sgroup *G = x->grp;
@@ -549,7 +547,7 @@ static int decode(eng_sched *s) {
         }
         if (!B) continue;
         model_input d = { .T = B, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot };
-        if ((err = run_call(s, &d, B)) && !rc) rc = err;
+        if ((err = run_call(s, &d, B, ban)) && !rc) rc = err;
     }
     return rc;
 }

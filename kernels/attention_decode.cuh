@@ -6,16 +6,17 @@
  * share a0/a1) form one segment; a segment's keys are streamed through shared memory once for
  * all its rows, so a prompt's K/V is read once per step for the whole group. Split s takes the
  * s-th 32-key-aligned piece of every segment's range. Each query's own range [b0, b1) goes to a
- * second kernel: a block per (query, kv head), a warp per quarter of the range. Lane j scores key j; each warp owns the rows
+ * second kernel: a block per (query, kv head), a warp per eighth of the range. Lane j scores key j; each warp owns the rows
  * w, w + 4, ... and keeps their online softmax (log2 domain) and accumulators in registers.
- * Partials (max, sum, acc) per (slot, query, head) go to scratch (NS + 4 slots); a third kernel
- * merges them into out and lse (natural log of the scaled scores). Empty rows give out = 0,
+ * Partials (max, sum, acc) per (slot, query, head) go to scratch (NS + DEC_NW slots); a third kernel
+ * merges them into out and lse (two warps a block, spread over the SMs) (natural log of the scaled scores). Empty rows give out = 0,
  * lse = -inf, as the CPU reference.
  *
  * The grid depends only on T (and the model dims): ranges are read from device memory, so the
  * launch can be captured in a CUDA graph. Used for D = 64 / 128 and H/K in {1, 2, 4, 8}. */
 
-enum { DEC_MAX_T = 256, DEC_NW = 4, DEC_KC = 32 };
+enum { DEC_MAX_T = 256, DEC_NW = 8, DEC_KC = 32 };   /* 8 warps: half the rows per warp (the kernels
+                                                       are latency-bound, one block per SM) */
 
 template <int HPG>
 struct dec_shape {
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc,
     }
 }
 
-/* Own ranges [b0, b1): a block per (query, kv head), warp w takes the w-th quarter of the range
+/* Own ranges [b0, b1): a block per (query, kv head), warp w takes the w-th eighth of the range
  * for the H/K heads of the group, keys straight from global memory (lane j: key j of a 32-key
  * chunk), no shared memory or block syncs. Writes partial slots ns + w. */
 template <int D, int HPG>
@@ -301,7 +302,7 @@ static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, con
     attn_dec_own_kernel<D, HPG><<<dim3(T, K), 32 * DEC_NW, 0, c->stream>>>(pacc, pml, q, k, v, r, T, H, K, scale2, ns);
     CU_LAUNCHED(c, "attn_dec_own_kernel");
     int warps = T * H;
-    attn_dec_merge_kernel<D><<<(warps + 7) / 8, 256, 0, c->stream>>>(out, lse, pacc, pml, T, H, nsl);
+    attn_dec_merge_kernel<D><<<(warps + 1) / 2, 64, 0, c->stream>>>(out, lse, pacc, pml, T, H, nsl);
     CU_LAUNCHED(c, "attn_dec_merge_kernel");
 }
 

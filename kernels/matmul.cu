@@ -210,82 +210,189 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
 
 /* ---------------------------------------------------------------- few rows (decode) */
 
-/* y (T,O) = x (T,I) W^T + b for T <= TT rows: the weight-read-bound case cuBLASLt serves with
- * large tiles. A warp owns NO consecutive outputs o and all rows; lanes stride I in 8-element
- * (16-byte) pieces, so each weight row is read once, coalesced, and each x piece (L1-resident)
- * feeds NO outputs. Partials are summed through shared memory. */
-enum { SM_WARPS = 4 };
-template <int TT, int NO>
-__global__ void __launch_bounds__(32 * SM_WARPS) small_m_kernel(bf16 *out, const bf16 *x, const bf16 *w,
-                                                               const bf16 *bias, int T, int I, int O) {
-    __shared__ float red[SM_WARPS][NO * TT][33];
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, o0 = (blockIdx.x * SM_WARPS + wp) * NO;
-    float acc[NO][TT];
+/* y (T,O) = x (T,I) W^T + b for T <= 64 rows: reading W is the whole cost, so the kernel is a
+ * weight stream. A block owns 8 NT consecutive outputs and all of I; its SK_WARPS warps split I
+ * into 64-wide chunks. Per chunk a thread copies, with 16-byte cp.async, 2 NT pieces of W (row
+ * o0 + 8 n + lane/4, k = c + 8 (lane%4) and c + 32 + 8 (lane%4)) and 4 MT pieces of x (rows
+ * 16 m + lane/4 and + 8, same k) into its own slots of an S-stage ring in shared memory: each
+ * thread reads back only what it copied, so the stream needs no block barriers. The reduction
+ * order inside a chunk is permuted (a thread's 8 contiguous k feed two m16n8k16 k-steps), the
+ * same for both operands, so mma.sync's fragments come straight from those 16-byte pieces with
+ * the activation rows as the A operand (MT m16 tiles). The warps' fp32 partials are summed in a
+ * fixed order through shared memory (deterministic), plus the bias, into bf16. */
+enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16 };
+
+__device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                       unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int MT, int NT>
+struct sk_shape {
+    static constexpr int L = 2 * NT + 4 * MT;                      /* 16-byte slots per thread per stage */
+    static constexpr int S = 48 / L > 2 ? 48 / L : 2;              /* stages: ~48 slots per thread */
+    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16;
+};
+
+template <int MT, int NT>
+__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const bf16 *x, const bf16 *w,
+                                                              const bf16 *bias, int T, int I, int O) {
+    constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
+    extern __shared__ uint4 sk_ring[];   /* [S][L][NTH] */
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int o0 = blockIdx.x * 8 * NT, nch = I / SK_KC;
+    const int c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
+
+    auto issue = [&](int c, int st) {
+        const int k = c * SK_KC + q * 8;
+        uint4 *b = sk_ring + (size_t)st * L * NTH + tid;
 #pragma unroll
-    for (int a = 0; a < NO; a++)
-#pragma unroll
-        for (int t = 0; t < TT; t++) acc[a][t] = 0.0f;
-    for (int i = lane * 8; i < I; i += 256) {
-        float wf[NO][8];
-#pragma unroll
-        for (int a = 0; a < NO; a++) {
-            uint4 u = make_uint4(0, 0, 0, 0);
-            if (o0 + a < O) u = __ldg((const uint4 *)(w + (size_t)(o0 + a) * I + i));
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-            for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(h[e]); wf[a][2 * e] = f.x; wf[a][2 * e + 1] = f.y; }
+        for (int nt = 0; nt < NT; nt++) {
+            const int o = o0 + nt * 8 + g;
+            const bf16 *p = w + (size_t)(o < O ? o : 0) * I + k;
+            sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
+            sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
         }
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
-            if (t >= T) break;
-            uint4 u = *(const uint4 *)(x + (size_t)t * I + i);
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-            float xf[8];
-#pragma unroll
-            for (int e = 0; e < 4; e++) { float2 f = __bfloat1622float2(h[e]); xf[2 * e] = f.x; xf[2 * e + 1] = f.y; }
-#pragma unroll
-            for (int a = 0; a < NO; a++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[a][t] = fmaf(wf[a][e], xf[e], acc[a][t]);
+        for (int r = 0; r < 2 * MT; r++) {
+            const int t = (r >> 1) * 16 + g + 8 * (r & 1);
+            const bf16 *p = x + (size_t)(t < T ? t : 0) * I + k;
+            sk_cp16(b + (2 * NT + 2 * r) * NTH, p, t < T ? 16 : 0);
+            sk_cp16(b + (2 * NT + 2 * r + 1) * NTH, p + 32, t < T ? 16 : 0);
         }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
+
+#pragma unroll
+    for (int i = 0; i < S - 1; i++) {
+        if (i < n) issue(c0 + i, i);
+        asm volatile("cp.async.commit_group;\n" ::);
     }
+    for (int i = 0; i < n; i++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
+        const uint4 *b = sk_ring + (size_t)(i % S) * L * NTH + tid;
+        uint4 wv[NT][2], xv[2 * MT][2];
 #pragma unroll
-    for (int a = 0; a < NO; a++)
+        for (int nt = 0; nt < NT; nt++) { wv[nt][0] = b[(2 * nt) * NTH]; wv[nt][1] = b[(2 * nt + 1) * NTH]; }
 #pragma unroll
-        for (int t = 0; t < TT; t++) red[wp][a * TT + t][lane] = acc[a][t];
-    __syncwarp();
-    for (int k = lane; k < NO * TT; k += 32) {
-        int a = k / TT, t = k % TT, o = o0 + a;
-        float sum = 0.0f;
-#pragma unroll 8
-        for (int l = 0; l < 32; l++) sum += red[wp][k][l];
-        if (t < T && o < O) {
-            if (bias) sum += __bfloat162float(bias[o]);
-            out[(size_t)t * O + o] = __float2bfloat16(sum);
+        for (int r = 0; r < 2 * MT; r++) { xv[r][0] = b[(2 * NT + 2 * r) * NTH]; xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH]; }
+        /* the stage read in iteration i - 1 is free: its values were consumed by its mma */
+        if (i + S - 1 < n) issue(c0 + i + S - 1, (i + S - 1) % S);
+        asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const uint4 lo = xv[2 * m][h], hi = xv[2 * m + 1][h];
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, wv[nt][h].x, wv[nt][h].y);
+                    sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, wv[nt][h].z, wv[nt][h].w);
+                }
+            }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+
+    /* red[warp][row][col], rows 16 MT, cols 8 NT */
+    constexpr int RW = MT * 16, CW = NT * 8;
+    float *red = (float *)sk_ring;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float *r0 = red + ((size_t)wp * RW + m * 16 + g) * CW + nt * 8 + 2 * q;
+            r0[0] = acc[m][nt][0];
+            r0[1] = acc[m][nt][1];
+            r0[8 * CW] = acc[m][nt][2];
+            r0[8 * CW + 1] = acc[m][nt][3];
         }
+    __syncthreads();
+    for (int e = tid; e < RW * CW; e += NTH) {
+        const int t = e / CW, o = o0 + e % CW;
+        if (t >= T || o >= O) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
+        if (bias) s += __bfloat162float(bias[o]);
+        out[(size_t)t * O + o] = __float2bfloat16(s);
     }
 }
 
-/* 1 when the few-row kernel took y = x W^T + b (T <= 32, 16-byte aligned rows). Opt-in with
- * GRPOD_SMALL_M=1: on the H100 it measured 53-88 us per Qwen3-1.7B GEMM at T = 16, slower than
- * cuBLASLt's tuned choice (22-37 us), so it is off until it is made faster. */
-static int small_m(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
-    const char *e = getenv("GRPOD_SMALL_M");
-    if (!(e && e[0] == '1') || T > 32 || I % 8 || align_of(inp) < 16 || align_of(w) < 16) return 0;
-    if (T <= 8) {
-        small_m_kernel<8, 4><<<(O + 4 * SM_WARPS - 1) / (4 * SM_WARPS), 32 * SM_WARPS, 0, c->stream>>>(out, inp, w, bias, T, I, O);
-    } else if (T <= 16) {
-        small_m_kernel<16, 2><<<(O + 2 * SM_WARPS - 1) / (2 * SM_WARPS), 32 * SM_WARPS, 0, c->stream>>>(out, inp, w, bias, T, I, O);
-    } else {
-        small_m_kernel<32, 1><<<(O + SM_WARPS - 1) / SM_WARPS, 32 * SM_WARPS, 0, c->stream>>>(out, inp, w, bias, T, I, O);
+template <int MT, int NT>
+static void skinny_launch(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I,
+                          int O) {
+    const size_t smem = sk_shape<MT, NT>::SMEM;
+    static unsigned done;   /* per device ordinal: the attribute is set once, before any capture */
+    int dev = 0;
+    CU_CK(c, cudaGetDevice(&dev));
+    if (!(done & (1u << (dev & 31)))) {
+        CU_CK(c, cudaFuncSetAttribute(skinny_kernel<MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        done |= 1u << (dev & 31);
     }
-    CU_LAUNCHED(c, "small_m_kernel");
+    if (c->failed) return;
+    skinny_kernel<MT, NT><<<(O + 8 * NT - 1) / (8 * NT), 32 * SK_WARPS, smem, c->stream>>>(out, inp, w, bias, T, I, O);
+    CU_LAUNCHED(c, "skinny_kernel");
+}
+
+/* Outputs per block (8 NT): one block per SM runs (the ring fills its shared memory), so the
+ * time goes as waves x NT; the largest NT of the least such cost (fewer blocks re-read x less). */
+static int skinny_nt(int n_sm, int O, int MT) {
+    static const int cand[] = { 1, 2, 4, 6, 8 };
+    int best = 1;
+    long long bc = -1;
+    for (int i = 0; i < 5; i++) {
+        int nt = cand[i];
+        if (MT * nt > 8) break;
+        long long blocks = (O + 8 * nt - 1) / (8 * nt), cost = (blocks + n_sm - 1) / n_sm * nt;
+        if (bc < 0 || cost <= bc) { bc = cost; best = nt; }
+    }
+    return best;
+}
+
+/* 1 when the few-row kernel took y = x W^T + b: T <= SK_AUTO_T, I a multiple of 64, 16-byte
+ * aligned x and W, and W at most 64M values (the lm head stays on cuBLASLt, at its floor there).
+ * H100, Qwen3-1.7B shapes, us per call in a graph (bench_rollout gemm), skinny vs cuBLASLt tuned:
+ * T=16: 2048x2048 5.6 vs 6.4, 2048->1024 4.4 vs 5.6, 2048->6144 11.4 vs 11.4, 6144->2048 11.9
+ * vs 13.2; T=1 faster still; T=64 slower (9.8 vs 6.6, 25 vs 11: MT=4 limits NT to 2), so
+ * T > 16 goes to cuBLASLt. GRPOD_SKINNY=0 turns it off, =1 takes it up to T = 64 and any size. */
+static int skinny(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
+    const char *e = getenv("GRPOD_SKINNY");
+    if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16 || align_of(w) < 16 ||
+        ((long long)O * I > (64LL << 20) && !(e && e[0] == '1')))
+        return 0;
+    if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
+    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, O, MT);
+#define SK_L(M, N) skinny_launch<M, N>(c, out, inp, w, bias, T, I, O)
+    if (MT == 1) {
+        if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
+    } else if (MT == 2) {
+        if (nt == 1) SK_L(2, 1); else if (nt == 2) SK_L(2, 2); else SK_L(2, 4);
+    } else {
+        if (nt == 1) SK_L(4, 1); else SK_L(4, 2);
+    }
+#undef SK_L
     return 1;
 }
 
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
     if (c->failed || T <= 0) return;
-    if (small_m(c, out, inp, w, bias, T, I, O)) return;
+    if (skinny(c, out, inp, w, bias, T, I, O)) return;
     gemm_lt(c, 1, 0, O, T, I, 1.0f, w, I, inp, I, 0.0f, out, O, 0, bias);
 }
 

@@ -51,6 +51,53 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16
     }
 }
 
+/* Few rows (decode, T <= RMS_SMALL_T): the same contract with a block of RMS_SMALL_NT threads
+ * per row, so a step's handful of rows is spread over as many SMs instead of one warp each;
+ * the row's V-chunks stay in registers between the two passes (C <= RMS_SMALL_NT V RMS_SMALL_K). */
+enum { RMS_SMALL_T = 64, RMS_SMALL_NT = 256, RMS_SMALL_K = 4 };
+template <int V>
+__global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *out, float *rstd, bf16 *sum,
+                                                                        const bf16 *inp, const bf16 *res,
+                                                                        const bf16 *w, int C, float eps) {
+    __shared__ float part[RMS_SMALL_NT / 32];
+    const int row = blockIdx.x, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const size_t o = (size_t)row * C;
+    float x[RMS_SMALL_K][V], ss = 0;
+#pragma unroll
+    for (int k = 0; k < RMS_SMALL_K; k++) {
+        const int i = (k * RMS_SMALL_NT + threadIdx.x) * V;
+        if (i >= C) break;
+        vload<V>(x[k], inp + o + i);
+        if (res) {
+            float y[V];
+            vload<V>(y, res + o + i);
+#pragma unroll
+            for (int j = 0; j < V; j++) x[k][j] = bf16_round(x[k][j] + y[j]);
+            vstore<V>(sum + o + i, x[k]);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) ss += x[k][j] * x[k][j];
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part[wp] = ss;
+    __syncthreads();
+    ss = 0;
+#pragma unroll
+    for (int k = 0; k < RMS_SMALL_NT / 32; k++) ss += part[k];
+    const float r = rsqrtf(ss / C + eps);
+    if (rstd && threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+    for (int k = 0; k < RMS_SMALL_K; k++) {
+        const int i = (k * RMS_SMALL_NT + threadIdx.x) * V;
+        if (i >= C) break;
+        float wv[V];
+        vload<V>(wv, w + i);
+#pragma unroll
+        for (int j = 0; j < V; j++) x[k][j] = wv[j] * (x[k][j] * r);
+        vstore<V>(out + o + i, x[k]);
+    }
+}
+
 /* The RoPE partner of a lane's element j (rotate_half: element i pairs with i + D/2, which is
  * lane ^ 16 when D = 32 V) and the sign of the sin term: out = y cos + sgn * partner sin. */
 __device__ __forceinline__ float rope_sgn(int lane) { return lane < 16 ? -1.0f : 1.0f; }
@@ -197,8 +244,15 @@ __global__ void rmsnorm_dw_kernel(float *dw, const float *partial, int nb, int C
 static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, bf16 *sum, const bf16 *inp, const bf16 *res, const bf16 *w,
                        int T, int C, float eps) {
     if (c->failed || T <= 0) return;
+    int vw = vec_width(C, out, sum, inp, res, w);
+    if (T <= RMS_SMALL_T && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
+        if (vw == 8) rmsnorm_fwd_small_kernel<8><<<T, RMS_SMALL_NT, 0, c->stream>>>(out, rstd, sum, inp, res, w, C, eps);
+        else rmsnorm_fwd_small_kernel<4><<<T, RMS_SMALL_NT, 0, c->stream>>>(out, rstd, sum, inp, res, w, C, eps);
+        CU_LAUNCHED(c, "rmsnorm_fwd_small_kernel");
+        return;
+    }
     unsigned blocks = cu_blocks(T, RMS_WARPS);
-    switch (vec_width(C, out, sum, inp, res, w)) {
+    switch (vw) {
     case 8: rmsnorm_fwd_kernel<8><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
     case 4: rmsnorm_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
     case 2: rmsnorm_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;

@@ -7,9 +7,14 @@
  * (median and mean), tokens/s, and the HBM floor per step: bf16 weights + KV (each prompt's KV
  * once, each response's own KV at its mean length) over the device-to-device copy bandwidth
  * measured here (bytes read + written by cudaMemcpy), and at the issue's 3.0 TB/s.
- * Usage: bench_rollout [0.6b|1.7b] [G P N new] */
+ * Usage: bench_rollout [0.6b|1.7b] [G P N new]
+ *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
+ *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
+ *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (GRPOD_SKINNY=0), us per call
+ *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W. */
 #include <cuda_runtime_api.h>
 
+#include "engine/decode.h"
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -45,7 +50,125 @@ static double copy_bw(void) {
     return 2.0 * n / (t[4] * 1e-3);
 }
 
+
+/* us per matmul_fwd (T, I, O): 40 calls captured in one graph, each on another copy of W
+ * (together > L2), median of 5 replays. */
+static double gemm_us(eng_backend *be, char *wbuf, size_t wcap, void *x, void *y, int T, int I, int O) {
+    size_t wb = (size_t)O * I * 2;
+    int ncopy = (int)(wcap / wb);
+    if (ncopy > 40) ncopy = 40;
+    be->matmul_fwd(be, y, x, wbuf, NULL, T, I, O);   /* plans, tuning: uncaptured */
+    void *g = NULL;
+    if (be->sync(be) || be->graph_begin(be)) gc_die(be, "gemm capture");
+    for (int i = 0; i < 40; i++) be->matmul_fwd(be, y, x, wbuf + (size_t)(i % ncopy) * wb, NULL, T, I, O);
+    if (be->graph_end(be, &g)) gc_die(be, "gemm capture end");
+    double t[5];
+    for (int r = 0; r < 6; r++) {
+        double t0 = eng_now_ms();
+        if (be->graph_launch(be, g) || be->sync(be)) gc_die(be, "gemm replay");
+        if (r) t[r - 1] = (eng_now_ms() - t0) * 1e3 / 40;
+    }
+    be->graph_free(be, g);
+    qsort(t, 5, sizeof(double), cmpd);
+    return t[2];
+}
+
+static int bench_gemm(void) {
+    eng_backend *be;
+    if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
+    size_t wcap = (size_t)1 << 30;
+    char *w = be->alloc(be, wcap);
+    void *x = be->alloc(be, (size_t)64 * 6144 * 2), *y = be->alloc(be, (size_t)64 * 151936 * 2);
+    if (!w || !x || !y) gc_die(be, "alloc");
+    float *hb = gc_rand((size_t)1 << 24, 0.02f, 3);
+    for (size_t off = 0; off < wcap / 2; off += (size_t)1 << 24) be->act_from_f32(be, w + off * 2, hb, (size_t)1 << 24);
+    be->act_from_f32(be, x, hb, (size_t)64 * 6144);
+    free(hb);
+    static const int IO[][2] = { { 2048, 2048 }, { 2048, 1024 }, { 2048, 6144 }, { 6144, 2048 }, { 2048, 151936 } };
+    static const int Ts[] = { 1, 16, 64 };
+    for (int j = 0; j < 5; j++)
+        for (int i = 0; i < 3; i++) {
+            int T = Ts[i], I = IO[j][0], O = IO[j][1];
+            setenv("GRPOD_SKINNY", "0", 1);
+            double lt = gemm_us(be, w, wcap, x, y, T, I, O);
+            setenv("GRPOD_SKINNY", "1", 1);
+            double sk = gemm_us(be, w, wcap, x, y, T, I, O);
+            double gb = (double)O * I * 2 / 1e3;
+            printf("gemm T=%-3d I=%-5d O=%-6d  cuBLASLt %7.2f us (%5.0f GB/s)  skinny %7.2f us (%5.0f GB/s)  "
+                   "floor@3.0TB/s %6.2f us\n", T, I, O, lt, gb / lt, sk, gb / sk, gb / 3.0e3);
+        }
+    unsetenv("GRPOD_SKINNY");
+    be->destroy(be);
+    return 0;
+}
+
+/* An engine of random bf16 weights (one 16M-value random block tiled over the buffer). */
+static eng *random_engine(const model_config *c) {
+    eng *e = calloc(1, sizeof *e);
+    if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
+    eng_backend *be = e->be;
+    if (model_init(&e->m, c, be)) gc_die(be, "model_init");
+    size_t n = (size_t)e->m.n_elems;
+    e->w_act = be->alloc(be, n * 2);
+    if (!e->w_act) gc_die(be, "weights");
+    size_t blk = (size_t)1 << 24;
+    float *hb = gc_rand(blk, 0.02f, 7);
+    for (size_t off = 0; off < n; off += blk)
+        if (be->act_from_f32(be, (char *)e->w_act + off * 2, hb, n - off < blk ? n - off : blk)) gc_die(be, "upload");
+    free(hb);
+    model_views_make(&e->m, e->w_act, 2, &e->wv);
+    snprintf(e->model_dir, sizeof e->model_dir, "random");
+    return e;
+}
+
+/* Graph validity across KV pools: on one engine, rollouts A, B, A in a row (each frees its KV
+ * pool at the end; B's pool has another size, so A's second pool may come back at B's address
+ * with A's layout) give the same tokens as each run on fresh decode state (dec_free first). */
+static int one_rollout(eng *e, int P, int N, int new_tokens, unsigned long long seed, eng_group_result *res) {
+    int *prompt = malloc((size_t)P * 4);
+    unsigned long long s = seed;
+    for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+    eng_rollout_group g = { prompt, P, N };
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.temperature = 1.0f;
+    sp.top_p = 0.95f;
+    sp.ignore_eos = 1;
+    sp.seed = seed;
+    sp.max_tokens = new_tokens;
+    int rc = eng_rollout(e, &g, 1, &sp, res, NULL, NULL);
+    free(prompt);
+    return rc;
+}
+static int same_tokens(const eng_group_result *a, const eng_group_result *b) {
+    if (a->n != b->n) return 0;
+    for (int r = 0; r < a->n; r++) {
+        if (a->resp[r].n_tokens != b->resp[r].n_tokens) return 0;
+        if (memcmp(a->resp[r].tokens, b->resp[r].tokens, (size_t)a->resp[r].n_tokens * 4)) return 0;
+    }
+    return 1;
+}
+static int graph_check(const model_config *c) {
+    eng *e = random_engine(c);
+    eng_group_result fa, fb, sa, sb, sa2;
+    dec_free(e);
+    if (one_rollout(e, 100, 4, 40, 11, &fa)) gc_die(e->be, "fresh A");
+    dec_free(e);
+    if (one_rollout(e, 300, 8, 40, 12, &fb)) gc_die(e->be, "fresh B");
+    dec_free(e);
+    if (one_rollout(e, 100, 4, 40, 11, &sa) || one_rollout(e, 300, 8, 40, 12, &sb) ||
+        one_rollout(e, 100, 4, 40, 11, &sa2))
+        gc_die(e->be, "A B A");
+    int ok = same_tokens(&fa, &sa) && same_tokens(&fb, &sb) && same_tokens(&fa, &sa2);
+    printf("ROW|decode graphs: A, B, A on one engine (KV freed between) == fresh runs|P=100 N=4 / P=300 N=8, 40 tokens|%d|0|%s\n",
+           !ok, ok ? "PASS" : "FAIL");
+    eng_group_result_free(&fa); eng_group_result_free(&fb); eng_group_result_free(&sa);
+    eng_group_result_free(&sb); eng_group_result_free(&sa2);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gemm")) return bench_gemm();
     const char *size = argc > 1 ? argv[1] : "1.7b";
     int G = argc > 5 ? atoi(argv[2]) : 1, P = argc > 5 ? atoi(argv[3]) : 1024, N = argc > 5 ? atoi(argv[4]) : 16,
         NEW = argc > 5 ? atoi(argv[5]) : 256;
@@ -55,23 +178,12 @@ int main(int argc, char **argv) {
                        .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    if (argc > 2 && !strcmp(argv[2], "graphs")) return graph_check(&c);
     double bw = copy_bw();
 
-    eng *e = calloc(1, sizeof *e);
-    if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
+    eng *e = random_engine(&c);
     eng_backend *be = e->be;
-    if (model_init(&e->m, &c, be)) gc_die(be, "model_init");
     size_t n = (size_t)e->m.n_elems;
-    e->w_act = be->alloc(be, n * 2);
-    if (!e->w_act) gc_die(be, "weights");
-    /* random weights: one 16M-value random block tiled over the buffer */
-    size_t blk = (size_t)1 << 24;
-    float *hb = gc_rand(blk, 0.02f, 7);
-    for (size_t off = 0; off < n; off += blk)
-        if (be->act_from_f32(be, (char *)e->w_act + off * 2, hb, n - off < blk ? n - off : blk)) gc_die(be, "upload");
-    free(hb);
-    model_views_make(&e->m, e->w_act, 2, &e->wv);
-    snprintf(e->model_dir, sizeof e->model_dir, "random");
 
     int **prompt = malloc((size_t)G * sizeof(int *));
     eng_rollout_group *groups = malloc((size_t)G * sizeof *groups);

@@ -177,6 +177,24 @@ static void t_matmul(int T, int I, int O, int bias) {
     free(db_c); free(y_g); free(dx_g); free(dw_g); free(db_g);
 }
 
+/* Forward only, the few-row (decode) GEMM: the skinny kernel of matmul.cu, forced up to T = 64. */
+static void t_matmul_fwd(int T, int I, int O, int bias) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d I=%d O=%d%s", T, I, O, bias ? " +bias" : "");
+    float *x = gc_rand((size_t)T * I, 1.0f, 31 + T), *w = gc_rand((size_t)O * I, 0.1f, 32 + O);
+    float *b = gc_rand((size_t)O, 1.0f, 33), *y_c = malloc((size_t)T * O * 4);
+    cpu->matmul_fwd(cpu, y_c, x, w, bias ? b : NULL, T, I, O);
+    void *gx = gc_act(gpu, x, (size_t)T * I), *gw = gc_act(gpu, w, (size_t)O * I), *gb = gc_act(gpu, b, (size_t)O);
+    void *gy = gpu->alloc(gpu, (size_t)T * O * 2);
+    setenv("GRPOD_SKINNY", "1", 1);   /* the kernel up to T = 64 (by default T <= 16) */
+    gpu->matmul_fwd(gpu, gy, gx, gw, bias ? gb : NULL, T, I, O);
+    unsetenv("GRPOD_SKINNY");
+    float *y_g = gc_get_act(gpu, gy, (size_t)T * O);
+    gc_row("matmul_fwd few rows", sh, rel_l2(y_g, y_c, (size_t)T * O), 3e-3);
+    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gb); gpu->free(gpu, gy);
+    free(x); free(w); free(b); free(y_c); free(y_g);
+}
+
 static void t_rope(int T, int H, int D) {
     char sh[64];
     snprintf(sh, sizeof sh, "T=%d H=%d D=%d", T, H, D);
@@ -595,12 +613,22 @@ int main(int argc, char **argv) {
         t_matmul(333, 1024, 768, 1);
         t_matmul(77, 200, 72, 0);
         t_matmul(1000, 2048, 6144, 0);
-        /* decode rows (few-row GEMMs, T <= 32) */
+        /* decode rows (few-row skinny kernel, T <= 64): the model's shapes at Qwen3-1.7B
+         * (q/o, k/v, gate/up, down), odd T and O, I not a multiple of 512 */
         t_matmul(1, 2048, 1024, 0);
         t_matmul(16, 2048, 6144, 1);
         t_matmul(13, 6144, 2048, 0);
         t_matmul(32, 1024, 300, 1);
         t_matmul(7, 200, 72, 0);
+        {
+            static const int Ts[] = { 1, 3, 16, 33, 64 };
+            static const int IO[][2] = { { 2048, 2048 }, { 2048, 1024 }, { 2048, 6144 }, { 6144, 2048 } };
+            for (int i = 0; i < 5; i++)
+                for (int j = 0; j < 4; j++) t_matmul_fwd(Ts[i], IO[j][0], IO[j][1], (i + j) % 2);
+            t_matmul_fwd(5, 320, 100, 1);
+            t_matmul_fwd(64, 192, 1000, 0);
+            t_matmul_fwd(17, 4096, 77, 1);
+        }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
         t_elementwise(1000003);
