@@ -7,6 +7,7 @@
 #       GPU, three AdamW steps on both backends
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
+#   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
@@ -35,7 +36,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model test_fixtures test_sampling bench_step bench_rollout bench_layer bench_attn; do
+    for t in test_ops test_model test_fixtures test_sampling test_greedy bench_step bench_rollout bench_layer bench_attn; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -54,6 +55,8 @@ timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit 
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
 # HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
+# generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
+timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
 # the whole daemon on the GPU, when a grpod built elsewhere travels with its runtime libraries
 # (../shared/device/pack-libs.sh; carry grpod and .devlibs)
 if [ -x ./grpod ] && [ -d .devlibs ]; then
