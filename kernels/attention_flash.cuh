@@ -21,10 +21,15 @@
  *   dq:   block = 128 queries x one head, 4 warps x 32 rows, 32-key tiles; recomputes P from
  *         lse, dP = dO·V^T, dS = P(dP - Dsum), dq = scale dS·K; also writes Dsum = rowsum(dO∘O)
  *         for dkdv. No atomics: deterministic.
- *   dkdv: block = 128 keys x one kv head, 8 warps x 16 keys; walks every (64-query tile, head of
- *         the group) pair that sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T,
- *         dV += P^T·dO, dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N
- *         responses and all H/K heads — then one += into the bf16 dk/dv. Deterministic.
+ *   dkdv: block = 128 keys x one kv head; walks every (64-query tile, head of the group) pair
+ *         that sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T, dV += P^T·dO,
+ *         dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N responses and
+ *         all H/K heads — then one += into the bf16 dk/dv. Deterministic. fa_dkdv2_kernel (the
+ *         default, at the end of this file): 4 key groups of 32 x 2 warps, P^T / dS^T through
+ *         shared memory; fa_dkdv_kernel (GRPOD_ATTN_EXP bit 1): 8 warps x 16 keys, all in registers.
+ * Block order: a block's linear index (x fastest) is mapped query-block (fwd, dq) or key-tile
+ * (dkdv) major with the heads inside, heaviest blocks first, so every head's long blocks start
+ * before any short one (head-major order left a tail: 10-15% of dkdv at the step shape).
  * Legend: T queries (== key rows in backward), H query heads, K kv heads, D head dim. */
 #include <limits.h>
 
@@ -268,14 +273,22 @@ struct fa_tile { int s, j0, full; bool have; };
     buf = buf + 1 == NS ? 0 : buf + 1; \
 } while (0)
 
+/* The query block and head of a fwd / dq block. Blocks start in linear order (x fastest); the
+ * last query blocks see the most keys, so they go first. ord: query block major, heads inside
+ * (the longest blocks of every head before any short one: a shorter tail than head major). */
+#define FA_QBLOCK() \
+    int lin_ = blockIdx.x + blockIdx.y * gridDim.x, xb_ = ord ? lin_ / H : blockIdx.x; \
+    int h = ord ? lin_ % H : blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - xb_) * BM
+
 template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
+                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2,
+                                                          int ord) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + NS * TILE;
     __shared__ fa_sched<BM> sc;
-    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    FA_QBLOCK();
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
     fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
     fa_sched_load(sc, r, t0, T);
@@ -344,13 +357,13 @@ template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
                                                          const bf16 *k, const bf16 *v, const bf16 *out,
                                                          const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float sc2, float scale) {
+                                                         float sc2, float scale, int ord) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
     __shared__ fa_sched<BM> sc;
     __shared__ float l2_s[BM], ds_s[BM];
-    int h = blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    FA_QBLOCK();
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
     fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
     fa_load_rows<D, BM>(do_s, dout, t0, T, H, h);
@@ -441,12 +454,14 @@ template <int D, int NW, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *lse,
                                                            const float *dsum, const int *qlo, const int *qhi,
-                                                           attn_ranges r, int T, int H, int K, float sc2, float scale) {
+                                                           attn_ranges r, int T, int H, int K, float sc2, float scale,
+                                                           int ord) {
     constexpr int ST = D + 8, BK = 16 * NW, TILE = FA_Q * ST;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
     __shared__ fa_qrows qr[NS];
-    int kt = blockIdx.x, g = blockIdx.y, j0 = kt * BK, rep = H / K;
+    int lin = blockIdx.x + blockIdx.y * gridDim.x;
+    int kt = ord ? lin / K : blockIdx.x, g = ord ? lin % K : blockIdx.y, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
     int kw0 = j0 + w * 16;   /* the warp's keys: kw0 .. kw0 + 15 */
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
@@ -545,4 +560,160 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dkdv_kernel(bf16 *dk, bf16
             *pv = __floats2bfloat162_rn(bb.x + dva[0][n][2 * hf], bb.y + dva[0][n][2 * hf + 1]);
         }
     }
+}
+
+/* acc (16MR x 8ND) += A (16MR x 16KB, smem rows, stride sa) · B (16KB x 8ND, smem rows, stride sb,
+ * ldmatrix.trans): dkdv2's second phase, both operands from shared memory. */
+template <int MR, int KB, int ND>
+__device__ __forceinline__ void mma_ab(float (&acc)[MR][ND][4], const bf16 *a, int sa, const bf16 *b, int sb) {
+    int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
+    #pragma unroll
+    for (int kb = 0; kb < KB; kb++) {
+        unsigned af[MR][4];
+        #pragma unroll
+        for (int mi = 0; mi < MR; mi++) fa_ldsm4(af[mi], a + (mi * 16 + (lane & 15)) * sa + kb * 16 + (lane >> 4) * 8);
+        #pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+            unsigned bf[4];
+            fa_ldsm4t(bf, b + (kb * 16 + (m & 1) * 8 + rr) * sb + n * 8 + (m >> 1) * 8);
+            #pragma unroll
+            for (int mi = 0; mi < MR; mi++) {
+                fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
+                fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+/* dkdv, FlashAttention-2 layout: block = 128 keys x one kv head, 8 warps as 4 key groups (32
+ * keys) x 2 halves. Phase 1: warp (kg, hf) computes S^T and dP^T for its 32 keys x 32 queries
+ * (hf's half of the 64-query tile) and writes P^T and dS^T (bf16) to shared memory; a named
+ * barrier joins the two warps of the key group; phase 2: warp (kg, hf) accumulates dV and dK for
+ * its 32 keys x D/2 dims (hf's half) over all 64 queries. Every Q/dO fragment read from shared
+ * memory feeds 2 mmas (the one-warp-per-16-keys layout feeds 1), and the accumulators are half
+ * as many. Same pipeline, scalars and determinism as fa_dkdv_kernel. */
+template <int D, int NS>
+__global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                        const bf16 *k, const bf16 *v, const float *lse,
+                                                        const float *dsum, const int *qlo, const int *qhi,
+                                                        attn_ranges r, int T, int H, int K, float sc2, float scale,
+                                                        int ord, int bsync) {
+    constexpr int ST = D + 8, BK = FA_BK, TILE = FA_Q * ST, PS = FA_Q + 8;
+    extern __shared__ __align__(16) unsigned char fa_dyn[];
+    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
+    bf16 *pt_s = do_s + NS * TILE, *dst_s = pt_s + BK * PS;
+    __shared__ fa_qrows qr[NS];
+    int lin = blockIdx.x + blockIdx.y * gridDim.x;
+    int kt = ord ? lin / K : blockIdx.x, g = ord ? lin % K : blockIdx.y, j0 = kt * BK, rep = H / K;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
+    int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32;   /* the group's keys: kw0 .. kw0 + 31 */
+    int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
+    fa_load_rows<D, BK>(k_s, k, j0, T, K, g);
+    fa_load_rows<D, BK>(v_s, v, j0, T, K, g);
+    float dka[2][D / 16][4], dva[2][D / 16][4];
+    fa_zero(dka);
+    fa_zero(dva);
+    float xl2 = INFINITY, xds = 0;
+    int xa0 = 0, xa1 = 0, xb0 = 0, xb1 = 0;
+    auto load_pair = [&](int i, int b) {
+        int tb = t_lo + (i / rep) * FA_Q, h = g * rep + i % rep;
+        fa_load_rows<D, FA_Q>(q_s + b * TILE, q, tb, t_hi, H, h);
+        fa_load_rows<D, FA_Q>(do_s + b * TILE, dout, tb, t_hi, H, h);
+        if (threadIdx.x < FA_Q) {
+            int t = tb + threadIdx.x;
+            xl2 = INFINITY; xds = 0; xa0 = xa1 = xb0 = xb1 = 0;
+            if (t < t_hi) {
+                xa0 = r.a0[t]; xa1 = r.a1[t]; xb0 = r.b0[t]; xb1 = r.b1[t];
+                float L = lse[(size_t)t * H + h];
+                xl2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+                xds = dsum[(size_t)t * H + h];
+            }
+        }
+    };
+    auto store_rows = [&](int b) {
+        if (threadIdx.x < FA_Q) {
+            fa_qrows &x = qr[b];
+            x.l2[threadIdx.x] = xl2; x.ds[threadIdx.x] = xds;
+            x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
+        }
+    };
+    #pragma unroll
+    for (int p = 0; p < NS - 1; p++) {
+        if (p < npair) { load_pair(p, p); store_rows(p); }
+        fa_commit();
+    }
+    for (int i = 0, b = 0; i < npair; i++, b = b + 1 == NS ? 0 : b + 1) {
+        int nx = i + NS - 1, nb = b == 0 ? NS - 1 : b - 1;
+        fa_wait<NS - 2>();
+        __syncthreads();   /* also: every warp is done reading pt_s / dst_s of pair i - 1 */
+        if (nx < npair) load_pair(nx, nb);
+        fa_commit();
+        const fa_qrows &x = qr[b];
+        /* the group's 32 keys against the pair's 64 queries (two a lane): skip, no mask, or mask;
+         * both warps of the group reach the same verdict */
+        int need = 0, cover = 1;
+        #pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int qc = lane + 32 * u, a0 = x.rg[qc][0], a1 = x.rg[qc][1], b0 = x.rg[qc][2], b1 = x.rg[qc][3];
+            int ia = max(a0, kw0) < min(a1, kw0 + 32), ib = max(b0, kw0) < min(b1, kw0 + 32);
+            int ca = a0 <= kw0 && kw0 + 32 <= a1, cb = b0 <= kw0 && kw0 + 32 <= b1;
+            need |= ia | ib;
+            cover &= (ca && !ib) || (cb && !ia);
+        }
+        need = __any_sync(FULL, need);
+        int full = __all_sync(FULL, cover);
+        const bf16 *qt = q_s + b * TILE, *dt = do_s + b * TILE;
+        if (need) {
+            float sa[2][4][4], dp[2][4][4];
+            fa_zero(sa);
+            fa_zero(dp);
+            mma_abt<2, 4, D>(sa, k_s + kg * 32 * ST, qt + hf * 32 * ST, ST);    /* S^T: rows keys, cols queries */
+            mma_abt<2, 4, D>(dp, v_s + kg * 32 * ST, dt + hf * 32 * ST, ST);
+            #pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                #pragma unroll
+                for (int n = 0; n < 4; n++)
+                    #pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        int row = kg * 32 + mi * 16 + gr + e2 * 8, col = hf * 32 + n * 8 + c2, j = j0 + row;
+                        float pv[2], dv2[2];
+                        #pragma unroll
+                        for (int e1 = 0; e1 < 2; e1++) {
+                            int e = 2 * e2 + e1, qc = col + e1;
+                            float P = fa_ex2(fmaf(sa[mi][n][e], sc2, -x.l2[qc]));
+                            if (!full)
+                                P *= (float)((j >= x.rg[qc][0] && j < x.rg[qc][1]) + (j >= x.rg[qc][2] && j < x.rg[qc][3]));
+                            pv[e1] = P;
+                            dv2[e1] = P * (dp[mi][n][e] - x.ds[qc]);
+                        }
+                        *(bf162 *)(pt_s + row * PS + col) = __floats2bfloat162_rn(pv[0], pv[1]);
+                        *(bf162 *)(dst_s + row * PS + col) = __floats2bfloat162_rn(dv2[0], dv2[1]);
+                    }
+        }
+        /* P^T / dS^T written -> read: the group's two warps (named barrier 1 + kg), every pair
+         * whether or not the group needs it; bsync: the whole block instead */
+        if (bsync) __syncthreads();
+        else asm volatile("bar.sync %0, 64;\n" ::"r"(1 + kg) : "memory");
+        if (need) {
+            mma_ab<2, FA_Q / 16, D / 16>(dva, pt_s + kg * 32 * PS, PS, dt + hf * (D / 2), ST);
+            mma_ab<2, FA_Q / 16, D / 16>(dka, dst_s + kg * 32 * PS, PS, qt + hf * (D / 2), ST);
+        }
+        if (nx < npair) store_rows(nb);
+    }
+    fa_wait<0>();
+    #pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+        #pragma unroll
+        for (int e2 = 0; e2 < 2; e2++) {
+            int j = kw0 + mi * 16 + gr + e2 * 8;
+            if (j >= T) continue;
+            bf16 *dkr = dk + ((size_t)j * K + g) * D + hf * (D / 2), *dvr = dv + ((size_t)j * K + g) * D + hf * (D / 2);
+            #pragma unroll
+            for (int n = 0; n < D / 16; n++) {
+                bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
+                float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
+                *pk = __floats2bfloat162_rn(a.x + dka[mi][n][2 * e2] * scale, a.y + dka[mi][n][2 * e2 + 1] * scale);
+                *pv = __floats2bfloat162_rn(bb.x + dva[mi][n][2 * e2], bb.y + dva[mi][n][2 * e2 + 1]);
+            }
+        }
 }

@@ -343,6 +343,7 @@ static void attention_suite(void) {
     const int *R1[] = { NULL };
     ranges r = make_ranges(1, P1, N1, R1);
     t_attention("causal", r, r.T, 4, 4, 64, 1);
+    t_attention("causal", r, r.T, 4, 2, 128, 1);   /* several query tiles a dkdv block, GQA */
     free_ranges(r);
     if (small_run) {
         int P[] = { 21 }, N[] = { 2 }, Ra[] = { 9, 1 };
