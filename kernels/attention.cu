@@ -386,16 +386,6 @@ static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
     return bytes;
 }
 
-/* GRPOD_ATTN_EXP (timing experiments; unset = the defaults): bit 0 = the old head-major block
- * order, bit 1 = the old one-warp-per-16-keys dkdv kernel, bit 2 = dkdv2 joins its phases with a
- * block barrier instead of the key group's named barrier. */
-static int attn_exp(void) {
-    static int e = -1;
-    if (e < 0) { const char *s = getenv("GRPOD_ATTN_EXP"); e = s ? atoi(s) : 0; }
-    return e;
-}
-static int attn_ord(void) { return !(attn_exp() & 1); }
-
 /* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
 template <int D>
 static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
@@ -403,7 +393,7 @@ static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf1
     constexpr int BM = 16 * FA_MR * FA_NW;
     auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
     size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
-    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2, attn_ord());
+    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
     CU_LAUNCHED(c, "fa_fwd_kernel");
 }
 template <int D>
@@ -411,20 +401,11 @@ static void flash_dkdv(cu_ctx *c, bf16 *dk, bf16 *dv, const float *dsum, const i
                        const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, attn_ranges r,
                        int T, int H, int K, float sc2, float scale) {
     dim3 grid((T + FA_BK - 1) / FA_BK, K);
-    if (attn_exp() & 2) {
-        auto dkv = fa_dkdv_kernel<D, FA_KW, FA_DKDV_NS>;
-        size_t sm = flash_smem(c, dkv, 2 * FA_BK + 2 * FA_DKDV_NS * FA_Q, D);
-        dkv<<<grid, 32 * FA_KW, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale,
-                                                 attn_ord());
-        CU_LAUNCHED(c, "fa_dkdv_kernel");
-        return;
-    }
     /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
     auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
     size_t sm = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) + 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
     CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    dkv<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale, attn_ord(),
-                                      (attn_exp() & 4) != 0);
+    dkv<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
     CU_LAUNCHED(c, "fa_dkdv2_kernel");
 }
 
@@ -436,7 +417,7 @@ static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int 
     auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
     size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
     dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
-                                                                      sc2, scale, attn_ord());
+                                                                      sc2, scale);
     CU_LAUNCHED(c, "fa_dq_kernel");
     int ntiles = (T + FA_BK - 1) / FA_BK;
     attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, FA_BK);

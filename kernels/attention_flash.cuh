@@ -24,9 +24,9 @@
  *   dkdv: block = 128 keys x one kv head; walks every (64-query tile, head of the group) pair
  *         that sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T, dV += P^T·dO,
  *         dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N responses and
- *         all H/K heads — then one += into the bf16 dk/dv. Deterministic. fa_dkdv2_kernel (the
- *         default, at the end of this file): 4 key groups of 32 x 2 warps, P^T / dS^T through
- *         shared memory; fa_dkdv_kernel (GRPOD_ATTN_EXP bit 1): 8 warps x 16 keys, all in registers.
+ *         all H/K heads — then one += into the bf16 dk/dv. Deterministic. fa_dkdv2_kernel (at the
+ *         end of this file): 4 key groups of 32 x 2 warps, P^T / dS^T through shared memory
+ *         (measured faster than 8 warps x 16 keys with everything in registers).
  * Block order: a block's linear index (x fastest) is mapped query-block (fwd, dq) or key-tile
  * (dkdv) major with the heads inside, heaviest blocks first, so every head's long blocks start
  * before any short one (head-major order left a tail: 10-15% of dkdv at the step shape).
@@ -34,10 +34,10 @@
 #include <limits.h>
 
 /* fwd: MR 2, 8 warps (256 queries), 64-key tiles, 2 stages; dq: MR 2, 4 warps (128 queries),
- * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps x 16 keys (FA_BK keys a block) against
- * FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 4 warps or 2
+ * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps as 4 key groups x 2 (FA_BK keys a
+ * block) against FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 2
  * stages were measured slower). */
-enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 8, FA_DQ_NW = 4, FA_MR = 2, FA_BK = 128, FA_KW = 8, FA_Q = 64,
+enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 8, FA_DQ_NW = 4, FA_MR = 2, FA_BK = 128, FA_Q = 64,
        FA_FWD_NS = 2, FA_DKDV_NS = 3 };
 
 __device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -274,16 +274,15 @@ struct fa_tile { int s, j0, full; bool have; };
 } while (0)
 
 /* The query block and head of a fwd / dq block. Blocks start in linear order (x fastest); the
- * last query blocks see the most keys, so they go first. ord: query block major, heads inside
+ * last query blocks see the most keys, so they go first: query block major, heads inside
  * (the longest blocks of every head before any short one: a shorter tail than head major). */
 #define FA_QBLOCK() \
-    int lin_ = blockIdx.x + blockIdx.y * gridDim.x, xb_ = ord ? lin_ / H : blockIdx.x; \
-    int h = ord ? lin_ % H : blockIdx.y, g = h / (H / K), t0 = (gridDim.x - 1 - xb_) * BM
+    int lin_ = blockIdx.x + blockIdx.y * gridDim.x, xb_ = lin_ / H; \
+    int h = lin_ % H, g = h / (H / K), t0 = (gridDim.x - 1 - xb_) * BM
 
 template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2,
-                                                          int ord) {
+                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + NS * TILE;
@@ -357,7 +356,7 @@ template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
                                                          const bf16 *k, const bf16 *v, const bf16 *out,
                                                          const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float sc2, float scale, int ord) {
+                                                         float sc2, float scale) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
@@ -450,118 +449,6 @@ struct fa_qrows {
     int rg[FA_Q][4];
 };
 
-template <int D, int NW, int NS>
-__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                                                           const bf16 *k, const bf16 *v, const float *lse,
-                                                           const float *dsum, const int *qlo, const int *qhi,
-                                                           attn_ranges r, int T, int H, int K, float sc2, float scale,
-                                                           int ord) {
-    constexpr int ST = D + 8, BK = 16 * NW, TILE = FA_Q * ST;
-    extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
-    __shared__ fa_qrows qr[NS];
-    int lin = blockIdx.x + blockIdx.y * gridDim.x;
-    int kt = ord ? lin / K : blockIdx.x, g = ord ? lin % K : blockIdx.y, j0 = kt * BK, rep = H / K;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
-    int kw0 = j0 + w * 16;   /* the warp's keys: kw0 .. kw0 + 15 */
-    int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
-    fa_load_rows<D, BK>(k_s, k, j0, T, K, g);
-    fa_load_rows<D, BK>(v_s, v, j0, T, K, g);
-    float dka[1][D / 8][4], dva[1][D / 8][4];
-    fa_zero(dka);
-    fa_zero(dva);
-    /* pair i: query tile i / rep, head g*rep + i % rep. Q/dO tiles go by cp.async; the row
-     * scalars are read into registers early (x*) and stored to qr[] after the next pair's math,
-     * so their latency hides behind it. */
-    float xl2 = INFINITY, xds = 0;
-    int xa0 = 0, xa1 = 0, xb0 = 0, xb1 = 0;
-    auto load_pair = [&](int i, int b) {
-        int tb = t_lo + (i / rep) * FA_Q, h = g * rep + i % rep;
-        fa_load_rows<D, FA_Q>(q_s + b * TILE, q, tb, t_hi, H, h);
-        fa_load_rows<D, FA_Q>(do_s + b * TILE, dout, tb, t_hi, H, h);
-        if (threadIdx.x < FA_Q) {
-            int t = tb + threadIdx.x;
-            xl2 = INFINITY; xds = 0; xa0 = xa1 = xb0 = xb1 = 0;
-            if (t < t_hi) {
-                xa0 = r.a0[t]; xa1 = r.a1[t]; xb0 = r.b0[t]; xb1 = r.b1[t];
-                float L = lse[(size_t)t * H + h];
-                xl2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
-                xds = dsum[(size_t)t * H + h];
-            }
-        }
-    };
-    auto store_rows = [&](int b) {
-        if (threadIdx.x < FA_Q) {
-            fa_qrows &x = qr[b];
-            x.l2[threadIdx.x] = xl2; x.ds[threadIdx.x] = xds;
-            x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
-        }
-    };
-    /* NS-stage pipeline, one barrier a pair: pair i sits in buffer i % NS; after the barrier
-     * that opens pair i (every warp is done with pair i - 1) pair i + NS - 1 is loaded into the
-     * buffer pair i - 1 used, its row scalars stored to qr[] after pair i's math. */
-    #pragma unroll
-    for (int p = 0; p < NS - 1; p++) {
-        if (p < npair) { load_pair(p, p); store_rows(p); }
-        fa_commit();
-    }
-    for (int i = 0, b = 0; i < npair; i++, b = b + 1 == NS ? 0 : b + 1) {
-        int nx = i + NS - 1, nb = b == 0 ? NS - 1 : b - 1;
-        fa_wait<NS - 2>();
-        __syncthreads();
-        if (nx < npair) load_pair(nx, nb);
-        fa_commit();
-        const fa_qrows &x = qr[b];
-        /* the warp's keys against the pair's queries (two a lane): skip, no mask, or mask */
-        int need = 0, cover = 1;
-        #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            int qc = lane + 32 * u, a0 = x.rg[qc][0], a1 = x.rg[qc][1], b0 = x.rg[qc][2], b1 = x.rg[qc][3];
-            int ia = max(a0, kw0) < min(a1, kw0 + 16), ib = max(b0, kw0) < min(b1, kw0 + 16);
-            int ca = a0 <= kw0 && kw0 + 16 <= a1, cb = b0 <= kw0 && kw0 + 16 <= b1;
-            need |= ia | ib;
-            cover &= (ca && !ib) || (cb && !ia);
-        }
-        need = __any_sync(FULL, need);
-        int full = __all_sync(FULL, cover);
-        if (need) {
-            float sa[1][8][4], dp[1][8][4];
-            fa_zero(sa);
-            fa_zero(dp);
-            mma_abt<1, 8, D>(sa, k_s + w * 16 * ST, q_s + b * TILE, ST);    /* S^T: rows keys, cols queries */
-            mma_abt<1, 8, D>(dp, v_s + w * 16 * ST, do_s + b * TILE, ST);
-            #pragma unroll
-            for (int n = 0; n < 8; n++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int qc = n * 8 + c2 + (e & 1), j = kw0 + gr + (e >> 1) * 8;
-                    float P = fa_ex2(fmaf(sa[0][n][e], sc2, -x.l2[qc]));
-                    if (!full)
-                        P *= (float)((j >= x.rg[qc][0] && j < x.rg[qc][1]) + (j >= x.rg[qc][2] && j < x.rg[qc][3]));
-                    sa[0][n][e] = P;
-                    dp[0][n][e] = P * (dp[0][n][e] - x.ds[qc]);
-                }
-            mma_pb<1, 4, D / 8>(dva, sa, do_s + b * TILE, ST);
-            mma_pb<1, 4, D / 8>(dka, dp, q_s + b * TILE, ST);
-        }
-        if (nx < npair) store_rows(nb);
-    }
-    fa_wait<0>();
-    #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int j = kw0 + gr + hf * 8;
-        if (j >= T) continue;
-        bf16 *dkr = dk + ((size_t)j * K + g) * D, *dvr = dv + ((size_t)j * K + g) * D;
-        #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
-            float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
-            *pk = __floats2bfloat162_rn(a.x + dka[0][n][2 * hf] * scale, a.y + dka[0][n][2 * hf + 1] * scale);
-            *pv = __floats2bfloat162_rn(bb.x + dva[0][n][2 * hf], bb.y + dva[0][n][2 * hf + 1]);
-        }
-    }
-}
-
 /* acc (16MR x 8ND) += A (16MR x 16KB, smem rows, stride sa) · B (16KB x 8ND, smem rows, stride sb,
  * ldmatrix.trans): dkdv2's second phase, both operands from shared memory. */
 template <int MR, int KB, int ND>
@@ -591,20 +478,19 @@ __device__ __forceinline__ void mma_ab(float (&acc)[MR][ND][4], const bf16 *a, i
  * barrier joins the two warps of the key group; phase 2: warp (kg, hf) accumulates dV and dK for
  * its 32 keys x D/2 dims (hf's half) over all 64 queries. Every Q/dO fragment read from shared
  * memory feeds 2 mmas (the one-warp-per-16-keys layout feeds 1), and the accumulators are half
- * as many. Same pipeline, scalars and determinism as fa_dkdv_kernel. */
+ * as many. 3-stage Q/dO pipeline; deterministic. */
 template <int D, int NS>
 __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                         const bf16 *k, const bf16 *v, const float *lse,
                                                         const float *dsum, const int *qlo, const int *qhi,
-                                                        attn_ranges r, int T, int H, int K, float sc2, float scale,
-                                                        int ord, int bsync) {
+                                                        attn_ranges r, int T, int H, int K, float sc2, float scale) {
     constexpr int ST = D + 8, BK = FA_BK, TILE = FA_Q * ST, PS = FA_Q + 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
     bf16 *pt_s = do_s + NS * TILE, *dst_s = pt_s + BK * PS;
     __shared__ fa_qrows qr[NS];
     int lin = blockIdx.x + blockIdx.y * gridDim.x;
-    int kt = ord ? lin / K : blockIdx.x, g = ord ? lin % K : blockIdx.y, j0 = kt * BK, rep = H / K;
+    int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
     int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32;   /* the group's keys: kw0 .. kw0 + 31 */
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
@@ -691,9 +577,8 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
                     }
         }
         /* P^T / dS^T written -> read: the group's two warps (named barrier 1 + kg), every pair
-         * whether or not the group needs it; bsync: the whole block instead */
-        if (bsync) __syncthreads();
-        else asm volatile("bar.sync %0, 64;\n" ::"r"(1 + kg) : "memory");
+         * whether or not the group needs it */
+        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + kg) : "memory");
         if (need) {
             mma_ab<2, FA_Q / 16, D / 16>(dva, pt_s + kg * 32 * PS, PS, dt + hf * (D / 2), ST);
             mma_ab<2, FA_Q / 16, D / 16>(dka, dst_s + kg * 32 * PS, PS, qt + hf * (D / 2), ST);
