@@ -139,8 +139,8 @@ int main(void) {
         eng_group_result_free(&res[k]);
     }
     printf("rollout vs training-path logprobs (T=1, %lld tokens): mean |d| %.3e, max |d| %.3e\n", cnt, sum / cnt, mx);
-    snprintf(shape, sizeof shape, "%lld sampled tokens, max |d| %.2e", cnt, mx);
-    gc_row("rollout vs trainer logprob mean |d|", shape, sum / cnt, 1e-2);
+    snprintf(shape, sizeof shape, "%lld sampled tokens, max abs diff %.2e", cnt, mx);
+    gc_row("rollout vs trainer logprob mean abs diff", shape, sum / cnt, 1e-2);
     for (int k = 0; k < NG; k++) free(prompt[k]);
     model_acts_free(&e->m, &e->acts_ng);
     be->destroy(be);
