@@ -272,14 +272,21 @@ static int rollout_result(jobs_rollout *r, char **result) {
     return (*result = to_text(res)) ? 0 : GE_NOMEM;
 }
 
-int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out) {
-    jobs_rollout *r;
-    int rc = rollout_parse(j, &r);
+/* Parses job j into *r and stamps the policy version it runs under and its start time. */
+static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **r) {
+    int rc = rollout_parse(j, r);
     if (rc) return rc;
     eng_info info;
     eng_get_info(env->e, &info);
-    r->policy_version = info.policy_version;
-    r->t0 = mono_ms();
+    (*r)->policy_version = info.policy_version;
+    (*r)->t0 = mono_ms();
+    return 0;
+}
+
+int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out) {
+    jobs_rollout *r;
+    int rc = rollout_open(env, j, &r);
+    if (rc) return rc;
     r->sched = sched;
     if ((rc = eng_sched_add(sched, r->rg, r->ng, &r->s, r->out, &r->job))) { jobs_rollout_free(r); return rc; }
     *out = r;
@@ -299,12 +306,8 @@ int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **re
 /* The one-job path (jobs_run): the same parse and result around eng_rollout. */
 static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
     jobs_rollout *r;
-    int rc = rollout_parse(j, &r);
+    int rc = rollout_open(env, j, &r);
     if (rc) return rc;
-    eng_info info;
-    eng_get_info(env->e, &info);
-    r->policy_version = info.policy_version;
-    r->t0 = mono_ms();
     if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud)))
         rc = rollout_result(r, result);
     jobs_rollout_free(r);

@@ -131,62 +131,6 @@ static int open_engine(worker *w) {
     return 0;
 }
 
-static void run_one(worker *w, store_job *j) {
-    char *result = NULL, esc[700];
-    double t0 = (double)mono_ns();
-    w->cur_job = j->id;
-    w->last_progress_store = 0;
-    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
-    err_clear();
-    int rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, j, &result);
-    w->cur_job = NULL;
-    beat(w);
-    update_version(w);
-    double ms = ((double)mono_ns() - t0) / 1e6;
-    int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
-    int src;
-    if (cancelled) {
-        src = store_mark_cancelled(w->st, j->id);
-        log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
-    } else if (rc == 0) {
-        src = store_finish(w->st, j->id, result, atomic_load(&w->policy_version));
-        log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f", j->id, j->kind, ms);
-    } else {
-        json_object *e = json_object_new_object();
-        json_object_object_add(e, "code", json_object_new_string(err_name(rc)));
-        json_object_object_add(e, "message", json_object_new_string(err_msg()[0] ? err_msg() : err_default(rc)));
-        src = store_fail(w->st, j->id, json_object_to_json_string_ext(e, JSON_C_TO_STRING_PLAIN));
-        json_object_put(e);
-        log_event(LOG_WARN, "job_failed", "\"id\":\"%s\",\"kind\":\"%s\",\"code\":\"%s\",\"message\":%s", j->id, j->kind,
-                  err_name(rc), log_str(esc, sizeof esc, err_msg()));
-        if (rc == GE_CUDA) api_set_failed(w->cfg.api, err_msg());
-    }
-    if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
-    free(result);
-    api_jobs_changed(w->cfg.api);
-    if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
-}
-
-/* ---------------------------------------------------------------- rollouts in flight */
-
-typedef struct flight {
-    store_job job;
-    jobs_rollout *r;
-    double t0, next_progress, next_cancel_check;
-    struct flight *next;
-} flight;
-
-static double now_s(void) { return (double)mono_ns() * 1e-9; }
-
-static void publish_sched(worker *w) {
-    eng_sched_stats st;
-    eng_sched_get_stats(w->sched, &st);
-    metrics_sched(&(metrics_sched_gauges){ .jobs = st.jobs, .running_groups = st.running_groups,
-                                           .running_responses = st.running_responses, .waiting_groups = st.waiting_groups,
-                                           .kv_rows_used = st.rows_used, .kv_rows_capacity = st.rows_cap,
-                                           .kv_row_bytes = st.row_bytes, .steps = st.steps });
-}
-
 static void job_changed(worker *w) {
     api_jobs_changed(w->cfg.api);
     if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
@@ -210,6 +154,51 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
         if (rc == GE_CUDA) api_set_failed(w->cfg.api, err_msg());
     }
     if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+}
+
+static void run_one(worker *w, store_job *j) {
+    char *result = NULL, esc[700];
+    double t0 = (double)mono_ns();
+    w->cur_job = j->id;
+    w->last_progress_store = 0;
+    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
+    err_clear();
+    int rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, j, &result);
+    w->cur_job = NULL;
+    beat(w);
+    update_version(w);
+    double ms = ((double)mono_ns() - t0) / 1e6;
+    int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
+    if (cancelled) {
+        if (store_mark_cancelled(w->st, j->id))
+            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id,
+                      log_str(esc, sizeof esc, err_msg()));
+        log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
+    } else {
+        store_outcome(w, j, rc, result, ms);
+    }
+    free(result);
+    job_changed(w);
+}
+
+/* ---------------------------------------------------------------- rollouts in flight */
+
+typedef struct flight {
+    store_job job;
+    jobs_rollout *r;
+    double t0, next_progress, next_cancel_check;
+    struct flight *next;
+} flight;
+
+static double now_s(void) { return (double)mono_ns() * 1e-9; }
+
+static void publish_sched(worker *w) {
+    eng_sched_stats st;
+    eng_sched_get_stats(w->sched, &st);
+    metrics_sched(&(metrics_sched_gauges){ .jobs = st.jobs, .running_groups = st.running_groups,
+                                           .running_responses = st.running_responses, .waiting_groups = st.waiting_groups,
+                                           .kv_rows_used = st.rows_used, .kv_rows_capacity = st.rows_cap,
+                                           .kv_row_bytes = st.row_bytes, .steps = st.steps });
 }
 
 /* A claimed rollout joins the scheduler (or fails at once: a group that can never fit). */

@@ -6,6 +6,7 @@
  * Prints ROW lines for tests/gpu/run.sh. */
 #include "kernels/sampling.h"
 #include "tests/gpu/gpu_check.h"
+#include "tests/unit/sampling_expect.h"
 
 enum { V = 10, NS = 20000, R = 64, VB = 151936 };
 
@@ -21,36 +22,6 @@ static void run(eng_backend *g, int *tok, float *lp, const float *x, const sampl
     if (g->to_host(g, tok, dt, (size_t)n * 4) || g->to_host(g, lp, dl, (size_t)n * 4) || g->sync(g)) gc_die(g, "sample");
     g->free(g, dx); g->free(g, dp); g->free(g, dt); g->free(g, dl);
     if (db) g->free(g, db);
-}
-
-/* The kept distribution of sampling.h, computed by sorting: p (V), zero outside the set. */
-static void expected(const float *x, const sample_params *pr, const int *ban, double *p) {
-    double z[V], w[V], mx = -INFINITY;
-    int ord[V], n = 0;
-    for (int j = 0; j < V; j++) {
-        z[j] = x[j] / pr->temperature;
-        int b = 0;
-        for (int i = 1; pr->ban && ban && i <= ban[0]; i++) b |= ban[i] == j;
-        if (b) continue;
-        ord[n++] = j;
-        if (z[j] > mx) mx = z[j];
-    }
-    for (int a = 0; a < n; a++)
-        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) { int t = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = t; }
-    if (pr->top_k > 0 && pr->top_k < n) n = pr->top_k;
-    for (int i = 0; i < n; i++) w[i] = exp(z[ord[i]] - mx);
-    if (pr->min_p > 0) { int k = 0; while (k < n && w[k] >= pr->min_p) k++; n = k; }
-    if (pr->top_p < 1.0f) {
-        double tot = 0, acc = 0;
-        for (int i = 0; i < n; i++) tot += w[i];
-        int k = 0;
-        while (k < n) { acc += w[k++]; if (acc >= pr->top_p * tot) break; }
-        n = k;
-    }
-    double s = 0;
-    memset(p, 0, sizeof(double) * V);
-    for (int i = 0; i < n; i++) s += w[i];
-    for (int i = 0; i < n; i++) p[ord[i]] = w[i] / s;
 }
 
 int main(void) {
@@ -71,29 +42,24 @@ int main(void) {
         { "k=6 p=0.8 min_p=0.05 T=0.8", 0.8f, 0.8f, 0.05f, 6, 0 }, { "ban 2 ids", 1.0f, 1, 0, 0, 1 },
         { "ban, k=4 p=0.9 T=1.3", 1.3f, 0.9f, 0, 4, 1 },
     };
-    const double q[] = { 0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7 };   /* p = 1e-4 by df */
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         for (int i = 0; i < NS; i++)
             pr[i] = (sample_params){ .key = sampling_mix(i * 7919ULL + 1 + 100000 * c), .temperature = cases[c].t,
                                      .top_p = cases[c].top_p, .min_p = cases[c].min_p, .top_k = cases[c].top_k,
                                      .ban = cases[c].ban };
         run(g, tok, lp, rows, pr, ban, NS, V);
-        double p[V], c2 = 0, mx = -INFINITY, sum = 0, lerr = 0;
-        expected(x, &pr[0], ban, p);
-        int cnt[V] = { 0 }, out = 0, df = -1;
+        double p[V], mx = -INFINITY, sum = 0, lerr = 0;
+        sampling_expected(x, V, &pr[0], ban, p);
+        int out, df;
+        double c2 = sampling_chi2(tok, NS, p, V, &out, &df);
         float T = cases[c].t;
         for (int j = 0; j < V; j++) mx = fmax(mx, x[j] / T);
         for (int j = 0; j < V; j++) sum += exp(x[j] / T - mx);
-        for (int i = 0; i < NS; i++) {
-            if (tok[i] < 0 || tok[i] >= V || p[tok[i]] == 0) { out++; continue; }
-            cnt[tok[i]]++;
-            lerr = fmax(lerr, fabs(lp[i] - (x[tok[i]] / T - mx - log(sum))));
-        }
-        for (int j = 0; j < V; j++)
-            if (p[j] > 0) { df++; c2 += (cnt[j] - NS * p[j]) * (cnt[j] - NS * p[j]) / (NS * p[j]); }
+        for (int i = 0; i < NS; i++)
+            if (tok[i] >= 0 && tok[i] < V) lerr = fmax(lerr, fabs(lp[i] - (x[tok[i]] / T - mx - log(sum))));
         char name[96];
         snprintf(name, sizeof name, "sample chi2/quantile(1e-4) %s", cases[c].name);
-        gc_row(name, "20000 draws, V=10", out ? NAN : c2 / q[df < 1 ? 1 : df], 1);
+        gc_row(name, "20000 draws, V=10", out ? NAN : c2 / sampling_chi2_q4(df), 1);
         snprintf(name, sizeof name, "sample logprob %s", cases[c].name);
         gc_row(name, "20000 draws, V=10", lerr, 1e-5);
     }

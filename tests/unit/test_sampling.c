@@ -10,58 +10,11 @@
 
 #include "kernels/sampling.h"
 #include "tests/unit/check.h"
+#include "tests/unit/sampling_expect.h"
 
 enum { V = 10, NS = 20000 };
 
 static uint64_t mix(uint64_t i) { return sampling_mix(i * 0x9E3779B97F4A7C15ULL + 12345); }
-
-/* The kept distribution of sampling.h, computed independently: p (V), zero outside the set. */
-static void expected(const float *x, const sample_params *pr, const int *ban, double *p) {
-    double z[V], w[V], mx = -INFINITY;
-    int ord[V], n = 0;
-    for (int j = 0; j < V; j++) {
-        z[j] = x[j] / pr->temperature;
-        int b = 0;
-        for (int i = 1; pr->ban && ban && i <= ban[0]; i++) b |= ban[i] == j;
-        if (b) { z[j] = -INFINITY; continue; }
-        ord[n++] = j;
-        if (z[j] > mx) mx = z[j];
-    }
-    for (int a = 0; a < n; a++)   /* insertion sort, descending */
-        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) { int t = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = t; }
-    if (pr->top_k > 0 && pr->top_k < n) n = pr->top_k;
-    for (int i = 0; i < n; i++) w[i] = exp(z[ord[i]] - mx);
-    if (pr->min_p > 0) { int k = 0; while (k < n && w[k] >= pr->min_p) k++; n = k; }
-    if (pr->top_p < 1.0f) {
-        double tot = 0, acc = 0;
-        for (int i = 0; i < n; i++) tot += w[i];
-        int k = 0;
-        while (k < n) { acc += w[k++]; if (acc >= pr->top_p * tot) break; }
-        n = k;
-    }
-    double s = 0;
-    memset(p, 0, sizeof(double) * V);
-    for (int i = 0; i < n; i++) s += w[i];
-    for (int i = 0; i < n; i++) p[ord[i]] = w[i] / s;
-}
-
-/* Chi-square of the draws against p; *outside counts draws where p == 0; *df kept ids - 1. */
-static double chi2(const int *tok, int n, const double *p, int *outside, int *df) {
-    int cnt[V] = { 0 };
-    double c = 0;
-    *outside = 0; *df = -1;
-    for (int i = 0; i < n; i++) {
-        if (tok[i] < 0 || tok[i] >= V || p[tok[i]] == 0) (*outside)++;
-        else cnt[tok[i]]++;
-    }
-    for (int j = 0; j < V; j++) {
-        if (p[j] == 0) continue;
-        (*df)++;
-        double e = n * p[j];
-        c += (cnt[j] - e) * (cnt[j] - e) / e;
-    }
-    return c;
-}
 
 TEST(test_distributions) {
     float x[V];
@@ -82,13 +35,11 @@ TEST(test_distributions) {
                                      .min_p = cases[c].min_p, .top_k = cases[c].top_k, .ban = cases[c].ban };
         sample_cpu(tok, lp, rows, pr, ban, NS, V);
         double p[V];
-        expected(x, &pr[0], ban, p);
+        sampling_expected(x, V, &pr[0], ban, p);
         int out, df;
-        double c2 = chi2(tok, NS, p, &out, &df);
-        /* p = 1e-4 quantiles: df 1..9 -> 15.1 18.4 21.1 23.5 25.7 27.9 29.9 31.8 33.7 */
-        const double q[] = { 0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7 };
+        double c2 = sampling_chi2(tok, NS, p, V, &out, &df);
         CHECK_MSG(out == 0, "case %zu: %d draws outside the kept set", c, out);
-        CHECK_MSG(df >= 1 && c2 < q[df], "case %zu: chi-square %.2f (df %d) over 20k draws", c, c2, df);
+        CHECK_MSG(c2 < sampling_chi2_q4(df), "case %zu: chi-square %.2f (df %d) over 20k draws", c, c2, df);
         double mx = -INFINITY, sum = 0, err = 0;
         float T = cases[c].t;
         for (int j = 0; j < V; j++) mx = fmax(mx, x[j] / T);
