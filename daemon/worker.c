@@ -373,6 +373,8 @@ static void *thread_main(void *arg) {
         if (atomic_load(&w->ready) == 1) {
             int did = claim_more(w);
             if (w->have_held && !eng_sched_busy(w->sched)) {
+                if (store_mark_started(w->st, w->held.id))
+                    log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", w->held.id);
                 run_one(w, &w->held);
                 store_job_clear(&w->held);
                 w->have_held = 0;

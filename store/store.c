@@ -62,7 +62,7 @@ static const char *const migrations[] = {
 
 enum {
     Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
-    Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
+    Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_STARTED, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_KV_SET, Q_KV_GET, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
     Q_FAIL_EXHAUSTED, Q_N
@@ -78,6 +78,7 @@ static const char *const sql_text[Q_N] = {
     [Q_CLAIM] = "UPDATE jobs SET status = 'running', started_at = ?1, attempts = attempts + 1 "
                 "WHERE rowid = (SELECT rowid FROM jobs WHERE status = 'queued' "
                 "               ORDER BY created_at, rowid LIMIT 1) RETURNING " JOB_COLS,
+    [Q_STARTED] = "UPDATE jobs SET started_at = ?2 WHERE id = ?1 AND status = 'running'",
     [Q_FINISH] = "UPDATE jobs SET status = 'done', result = ?2, policy_version = ?3, "
                  "finished_at = ?4, progress = 1 WHERE id = ?1 AND status = 'running'",
     [Q_FAIL] = "UPDATE jobs SET status = 'failed', error = ?2, finished_at = ?3 "
@@ -481,6 +482,13 @@ static int update_job(store *s, sqlite3_stmt *st, const char *id, const char *ac
     int r = q_exec(s, st, action);
     if (r < 0) return r;
     return r == 0 ? no_change_err(s, id, action) : 0;
+}
+
+int store_mark_started(store *s, const char *id) {
+    sqlite3_stmt *st = q_get(s, Q_STARTED);
+    BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding started");
+    BIND_OK(s, sqlite3_bind_double(st, 2, now_s()), "binding started");
+    return update_job(s, st, id, "mark started");
 }
 
 int store_finish(store *s, const char *id, const char *result, long long policy_version) {

@@ -43,6 +43,8 @@ int store_submit(store *s, const char *kind, const char *payload, int max_queued
 int store_claim(store *s, store_job *j);
 int store_finish(store *s, const char *id, const char *result, long long policy_version);
 int store_fail(store *s, const char *id, const char *error_json);
+/* running: started_at = now (a claimed job held until its turn, then run) */
+int store_mark_started(store *s, const char *id);
 int store_requeue(store *s, const char *id);        /* running -> queued (shutdown) */
 /* Crash-loop guard, for after store_open(recover=1): queued jobs already started max_attempts
  * times (each start ended in a crash or a requeue) become failed with an "interrupted" error

@@ -152,6 +152,19 @@ TEST(test_fifo_claim_finish_fail) {
     CHECK(j.result == NULL);
     store_job_clear(&j);
 
+    /* a held job's start is stamped when it runs; only a running job can be */
+    CHECK(store_get(s, ids[3], &j) == 0);
+    double claimed_at = j.started_at;
+    store_job_clear(&j);
+    struct timespec pause = { 0, 20 * 1000 * 1000 };
+    nanosleep(&pause, NULL);
+    CHECK(store_mark_started(s, ids[3]) == 0);
+    CHECK(store_get(s, ids[3], &j) == 0);
+    CHECK_MSG(j.started_at >= claimed_at + 0.015, "started_at %.3f, claimed at %.3f", j.started_at, claimed_at);
+    CHECK_EQ_INT(j.status, JOB_RUNNING);
+    store_job_clear(&j);
+    CHECK_EQ_INT(store_mark_started(s, ids[0]), GE_CONFLICT);
+
     /* requeue (shutdown): the job goes back and is claimed again with attempts 2 */
     CHECK(store_requeue(s, ids[2]) == 0);
     CHECK_EQ_INT(store_claim(s, &j), 1);
