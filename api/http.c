@@ -1,14 +1,12 @@
-/* http.c — libmicrohttpd glue, routes and handlers; see http.h.
- * Layers: small buffers and replies, the store-handle pool, long-poll waiters, handlers (one
- * per route), the router and MHD callbacks, then start/stop. */
-#include "api/http.h"
+/* http.c — the server side of the HTTP layer: growable string and replies, the store-handle
+ * pool, long-poll waiters, the model hooks handed to validation, the router and MHD callbacks,
+ * then start/stop; see http.h. The endpoint handlers are in handlers.c, what the two share in
+ * http_internal.h. */
+#include "api/http_internal.h"
 
 #include <arpa/inet.h>
-#include <microhttpd.h>
 #include <netdb.h>
-#include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,42 +18,8 @@
 #include "api/openapi.h"
 #include "daemon/log.h"
 #include "engine/err.h"
-#include "store/store.h"
 
-#define POOL_MAX 64
-
-typedef struct waiter { struct MHD_Connection *conn; double deadline; struct waiter *next; } waiter;
-
-struct api_server {
-    api_config cfg;
-    char listen[256], data_dir[1024], api_key[512];
-    struct MHD_Daemon *mhd;
-    int port;
-    pthread_mutex_t mu;             /* limits, pool, fail_msg */
-    api_limits limits;
-    eng *_Atomic engine;
-    int vocab, max_pos;             /* written once before engine is published */
-    long long kv_rows;              /* rollout KV pool rows (0 = unknown); set before the engine */
-    _Atomic int failed, stopping;
-    char fail_msg[256];
-    store *pool[POOL_MAX];
-    int n_pool;
-    pthread_mutex_t wmu;            /* waiters */
-    waiter *waiters;
-};
-
-typedef struct {
-    char *body;
-    size_t len, cap;
-    int too_large;
-    int waiting;                    /* suspended at least once: a long-poll in progress */
-    double deadline;
-    char job_id[32];                /* POST /v1/logprobs: the job this request waits for */
-    const char *route;              /* template for metrics */
-    char method[8];
-} conn_ctx;
-
-static double now_s(void) {
+double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -63,7 +27,6 @@ static double now_s(void) {
 
 /* ---------------------------------------------------------------- growable string */
 
-typedef struct { char *p; size_t len, cap; int oom; } sbuf;
 static void sb_add(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
@@ -77,8 +40,7 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
     b->len += n;
     b->p[b->len] = 0;
 }
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+void sb_printf(sbuf *b, const char *fmt, ...) {
     char tmp[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -86,13 +48,13 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
     va_end(ap);
     if (k >= 0) sb_add(b, tmp, (size_t)(k < (int)sizeof tmp ? k : (int)sizeof tmp - 1));
 }
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-static void sb_num_or_null(sbuf *b, double v) { if (v > 0) sb_printf(b, "%.3f", v); else sb_str(b, "null"); }
+void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+void sb_num_or_null(sbuf *b, double v) { if (v > 0) sb_printf(b, "%.3f", v); else sb_str(b, "null"); }
 
 /* ---------------------------------------------------------------- replies */
 
-static enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, const char *ctype,
-                                 char *body, size_t len, int take) {
+enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, const char *ctype,
+                          char *body, size_t len, int take) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
     if (!r) { if (take) free(body); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", ctype);
@@ -102,19 +64,19 @@ static enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int stat
     return ok;
 }
 
-static enum MHD_Result reply_json(struct MHD_Connection *c, conn_ctx *x, int status, const char *text) {
+enum MHD_Result reply_json(struct MHD_Connection *c, conn_ctx *x, int status, const char *text) {
     return reply_raw(c, x, status, "application/json", (char *)text, strlen(text), 0);
 }
-static enum MHD_Result reply_sb(struct MHD_Connection *c, conn_ctx *x, int status, sbuf *b) {
+enum MHD_Result reply_sb(struct MHD_Connection *c, conn_ctx *x, int status, sbuf *b) {
     if (b->oom) { free(b->p); return reply_json(c, x, 507, "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\"}}"); }
     return reply_raw(c, x, status, "application/json", b->p, b->len, 1);
 }
-static enum MHD_Result reply_obj(struct MHD_Connection *c, conn_ctx *x, int status, json_object *o) {
+enum MHD_Result reply_obj(struct MHD_Connection *c, conn_ctx *x, int status, json_object *o) {
     enum MHD_Result r = reply_json(c, x, status, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return r;
 }
-static enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_error *e) {
+enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_error *e) {
     json_object *o = json_object_new_object(), *er = json_object_new_object();
     json_object_object_add(er, "code", json_object_new_string(err_name(e->code)));
     json_object_object_add(er, "message", json_object_new_string(e->message[0] ? e->message : err_default(e->code)));
@@ -123,9 +85,7 @@ static enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const 
     if (e->status >= 500) log_event(LOG_WARN, "http_error", "\"route\":\"%s\",\"status\":%d,\"code\":\"%s\"", x->route ? x->route : "other", e->status, err_name(e->code));
     return reply_obj(c, x, e->status ? e->status : err_http_status(e->code), o);
 }
-static enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...) {
+enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...) {
     api_error e;
     char msg[512];
     va_list ap;
@@ -138,7 +98,7 @@ static enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int cod
 
 /* ---------------------------------------------------------------- store-handle pool */
 
-static store *pool_get(api_server *s) {
+store *pool_get(api_server *s) {
     store *st = NULL;
     pthread_mutex_lock(&s->mu);
     if (s->n_pool > 0) st = s->pool[--s->n_pool];
@@ -149,7 +109,7 @@ static store *pool_get(api_server *s) {
     }
     return st;
 }
-static void pool_put(api_server *s, store *st) {
+void pool_put(api_server *s, store *st) {
     if (!st) return;
     pthread_mutex_lock(&s->mu);
     if (s->n_pool < POOL_MAX) { s->pool[s->n_pool++] = st; st = NULL; }
@@ -162,7 +122,7 @@ static void pool_put(api_server *s, store *st) {
 /* Called with the job not finished: suspend until api_jobs_changed or the deadline. The
  * status is re-read under wmu so that a change between the caller's read and the suspend
  * cannot be missed (api_jobs_changed takes wmu after the store commit). */
-static int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st, const char *id) {
+int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st, const char *id) {
     pthread_mutex_lock(&s->wmu);
     store_job j = {0};
     int rc = store_get(st, id, &j);
@@ -213,16 +173,16 @@ static int hook_chat(void *ud, const char *const *roles, const char *const *cont
     return rc;
 }
 
-/* The engine when ready, else replies 503 and returns NULL. */
 /* The current limits (SIGHUP may replace them while requests run). */
-static api_limits limits_now(api_server *s) {
+api_limits limits_now(api_server *s) {
     pthread_mutex_lock(&s->mu);
     api_limits l = s->limits;
     pthread_mutex_unlock(&s->mu);
     return l;
 }
 
-static eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r) {
+/* The engine when ready, else replies 503 and returns NULL. */
+eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r) {
     eng *e = atomic_load(&s->engine);
     if (atomic_load(&s->failed)) {
         *r = reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
@@ -240,402 +200,12 @@ static eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x
     return e;
 }
 
-static long long policy_version_now(api_server *s) {
+long long policy_version_now(api_server *s) {
     eng *e = atomic_load(&s->engine);
     if (!e) return -1;
     eng_info info;
     eng_get_info(e, &info);
     return info.policy_version;
-}
-
-/* ---------------------------------------------------------------- jobs */
-
-static void job_json(sbuf *b, const store_job *j, int full) {
-    sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind, store_status_name(j->status));
-    sb_num_or_null(b, j->created_at);
-    sb_str(b, ",\"started_at\":");
-    sb_num_or_null(b, j->started_at);
-    sb_str(b, ",\"finished_at\":");
-    sb_num_or_null(b, j->finished_at);
-    sb_printf(b, ",\"progress\":%.4f,\"attempts\":%d,\"policy_version\":", j->progress, j->attempts);
-    if (j->policy_version >= 0) sb_printf(b, "%lld", j->policy_version); else sb_str(b, "null");
-    sb_printf(b, ",\"cancel_requested\":%s,\"error\":", j->cancel_requested ? "true" : "false");
-    sb_str(b, j->error ? j->error : "null");
-    if (full) {
-        sb_str(b, ",\"result\":");
-        sb_str(b, j->result ? j->result : "null");
-    }
-    sb_str(b, "}");
-}
-
-/* Submits payload as a job of kind and replies 202 {"job_id","status"} (or the error). */
-static enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
-                                        json_object *payload, char *id_out) {
-    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    int max_q = limits_now(s).max_queued_jobs;
-    char id[32];
-    int rc = store_submit(st, kind, json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN), max_q, id);
-    pool_put(s, st);
-    if (rc == GE_BUSY) return reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
-    if (rc) return reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
-    log_event(LOG_INFO, "job_submitted", "\"id\":\"%s\",\"kind\":\"%s\"", id, kind);
-    pthread_mutex_lock(&s->mu);
-    void (*hook)(void *) = s->cfg.job_submitted;
-    void *hook_ud = s->cfg.ud;
-    pthread_mutex_unlock(&s->mu);
-    if (hook) hook(hook_ud);
-    if (id_out) { memcpy(id_out, id, sizeof id); return MHD_YES; }
-    char body[128];
-    snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"queued\"}", id);
-    return reply_json(c, x, 202, body);
-}
-
-static enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    json_object *payload;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l = limits_now(s);
-    if (api_rollout_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
-    r = submit_and_reply(s, c, x, "rollout", payload, NULL);
-    json_object_put(payload);
-    return r;
-}
-
-static enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    json_object *payload;
-    const char *rid;
-    long long expected;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l = limits_now(s);
-    if (api_update_or_reply(req, &l, &m, &payload, &rid, &expected, &e)) return reply_error(c, x, &e);
-    long long pv = policy_version_now(s);
-    if (expected >= 0 && expected != pv) {
-        json_object_put(payload);
-        return reply_fail(c, x, GE_CONFLICT, "expected_policy_version",
-                          "expected_policy_version %lld does not match the current policy_version %lld", expected, pv);
-    }
-    if (rid) {
-        store *st = pool_get(s);
-        store_job j = {0};
-        int rc = st ? store_get(st, rid, &j) : GE_STORE;
-        pool_put(s, st);
-        const char *why = NULL;
-        int code = GE_CONFLICT;
-        if (rc == GE_NOT_FOUND) { why = "no such job"; code = GE_NOT_FOUND; }
-        else if (rc) { why = "cannot read the store"; code = GE_STORE; }
-        else if (strcmp(j.kind, "rollout")) { why = "is not a rollout job"; code = GE_INVALID; }
-        else if (j.status != JOB_DONE) why = "has not finished successfully";
-        char id[32];
-        snprintf(id, sizeof id, "%s", rid);
-        store_job_clear(&j);
-        if (why) {
-            json_object_put(payload);
-            return reply_fail(c, x, code, "rollout_job_id", "rollout_job_id %s %s", id, why);
-        }
-    }
-    r = submit_and_reply(s, c, x, "update", payload, NULL);
-    json_object_put(payload);
-    return r;
-}
-
-static enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    api_error e;
-    enum MHD_Result r;
-    json_object *payload;
-    if (!engine_or_reply(s, c, x, NULL, &r)) return r;
-    if (api_checkpoint_or_reply(req, &payload, &e)) return reply_error(c, x, &e);
-    r = submit_and_reply(s, c, x, "checkpoint", payload, NULL);
-    json_object_put(payload);
-    return r;
-}
-
-static enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    store *st = pool_get(s);
-    store_ckpt *cks = NULL;
-    int n = 0;
-    int rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list checkpoints: %s", err_msg());
-    json_object *o = json_object_new_object(), *a = json_object_new_array();
-    for (int i = 0; i < n; i++) {
-        json_object *k = json_object_new_object();
-        json_object_object_add(k, "id", json_object_new_string(cks[i].id));
-        json_object_object_add(k, "path", json_object_new_string(cks[i].path));
-        json_object_object_add(k, "policy_version", json_object_new_int64(cks[i].policy_version));
-        char ts[32];
-        snprintf(ts, sizeof ts, "%.3f", cks[i].created_at);
-        json_object_object_add(k, "created_at", json_object_new_double_s(cks[i].created_at, ts));
-        json_object_array_add(a, k);
-    }
-    free(cks);
-    json_object_object_add(o, "checkpoints", a);
-    return reply_obj(c, x, 200, o);
-}
-
-static const char *query(struct MHD_Connection *c, const char *k) {
-    return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
-}
-
-static enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    static const char *const kinds[] = {"rollout", "update", "checkpoint", "logprobs", NULL};
-    static const char *const statuses[] = {"queued", "running", "done", "failed", "cancelled", NULL};
-    const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit");
-    int ok = !kind;
-    for (int i = 0; kind && kinds[i]; i++) ok |= !strcmp(kind, kinds[i]);
-    if (!ok) return reply_fail(c, x, GE_INVALID, "kind", "kind must be rollout|update|checkpoint|logprobs");
-    ok = !status;
-    for (int i = 0; status && statuses[i]; i++) ok |= !strcmp(status, statuses[i]);
-    if (!ok) return reply_fail(c, x, GE_INVALID, "status", "status must be queued|running|done|failed|cancelled");
-    int limit = 100;
-    if (lim) {
-        char *end;
-        long v = strtol(lim, &end, 10);
-        if (*end || end == lim || v < 1 || v > 1000) return reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
-        limit = (int)v;
-    }
-    store *st = pool_get(s);
-    store_job *jobs = NULL;
-    int n = 0;
-    int rc = st ? store_list(st, kind, status, limit, &jobs, &n) : GE_STORE;
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list jobs: %s", err_msg());
-    sbuf b = {0};
-    sb_str(&b, "{\"jobs\":[");
-    for (int i = 0; i < n; i++) {
-        if (i) sb_str(&b, ",");
-        job_json(&b, &jobs[i], 0);
-    }
-    sb_str(&b, "]}");
-    store_jobs_free(jobs, n);
-    return reply_sb(c, x, 200, &b);
-}
-
-/* GET /v1/jobs/{id}[?wait=S]: replies now, or suspends and is called again on resume. */
-static enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
-    if (!x->waiting) {
-        const char *w = query(c, "wait");
-        double wait = 0;
-        if (w) {
-            char *end;
-            wait = strtod(w, &end);
-            if (*end || end == w || !(wait >= 0)) return reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
-            if (wait > s->cfg.max_wait_s) wait = s->cfg.max_wait_s;
-        }
-        x->deadline = now_s() + wait;
-    }
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    store_job j = {0};
-    int rc = store_get(st, id, &j);
-    if (rc == GE_NOT_FOUND) { pool_put(s, st); return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id); }
-    if (rc) { pool_put(s, st); return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); }
-    if ((j.status == JOB_QUEUED || j.status == JOB_RUNNING) && wait_suspend(s, c, x, st, id)) {
-        store_job_clear(&j);
-        pool_put(s, st);
-        return MHD_YES;
-    }
-    /* the state may have moved on while suspending was refused: reply with the newest */
-    store_job_clear(&j);
-    rc = store_get(st, id, &j);
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
-    sbuf b = {0};
-    job_json(&b, &j, 1);
-    store_job_clear(&j);
-    return reply_sb(c, x, 200, &b);
-}
-
-static enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    int rc = store_cancel(st, id);
-    store_job j = {0};
-    int rc2 = rc ? rc : store_get(st, id, &j);
-    pool_put(s, st);
-    if (rc == GE_NOT_FOUND) return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
-    if (rc == GE_CONFLICT) return reply_fail(c, x, GE_CONFLICT, "id", "job %s has already finished", id);
-    if (rc || rc2) return reply_fail(c, x, GE_STORE, "", "cannot cancel: %s", err_msg());
-    log_event(LOG_INFO, "job_cancel", "\"id\":\"%s\",\"status\":\"%s\"", id, store_status_name(j.status));
-    api_jobs_changed(s);
-    sbuf b = {0};
-    job_json(&b, &j, 0);
-    store_job_clear(&j);
-    /* 200 when cancelled now; 202 when the running job was asked to stop */
-    return reply_sb(c, x, j.status == JOB_CANCELLED ? 200 : 202, &b);
-}
-
-/* ---------------------------------------------------------------- logprobs (synchronous) */
-
-/* {"code":"conflict",...} → the HTTP status of that code (500 when unknown). */
-static int status_of_error_json(const char *err) {
-    json_object *o = err ? json_tokener_parse(err) : NULL, *code;
-    int st = 500;
-    if (o && json_object_object_get_ex(o, "code", &code))
-        for (int i = 0; i < GE_COUNT_; i++)
-            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = err_http_status(-i); break; }
-    json_object_put(o);
-    return st;
-}
-
-/* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
- * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
-static enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    if (!x->waiting) {
-        api_model m;
-        api_error e;
-        enum MHD_Result r;
-        json_object *payload;
-        if (!engine_or_reply(s, c, x, &m, &r)) return r;
-        api_limits l = limits_now(s);
-        if (api_logprobs_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
-        x->job_id[0] = 0;
-        char id[32] = "";
-        r = submit_and_reply(s, c, x, "logprobs", payload, id);
-        json_object_put(payload);
-        if (!id[0]) return r;           /* the error was replied */
-        memcpy(x->job_id, id, sizeof id);
-        x->deadline = now_s() + 600;
-    }
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    store_job j = {0};
-    int rc = store_get(st, x->job_id, &j);
-    int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
-    store_job_clear(&j);
-    if (pending && wait_suspend(s, c, x, st, x->job_id)) { pool_put(s, st); return MHD_YES; }
-    rc = store_get(st, x->job_id, &j);
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
-    enum MHD_Result r;
-    if (j.status == JOB_DONE && j.result) {
-        r = reply_json(c, x, 200, j.result);
-    } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
-        sbuf b = {0};
-        sb_str(&b, "{\"error\":");
-        sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
-        sb_str(&b, "}");
-        r = reply_sb(c, x, j.error ? status_of_error_json(j.error) : 409, &b);
-    } else {
-        char body[160];
-        snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"%s\"}", j.id, store_status_name(j.status));
-        r = reply_json(c, x, 202, body);
-    }
-    store_job_clear(&j);
-    return r;
-}
-
-/* ---------------------------------------------------------------- tokenizer, model, health */
-
-static enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    int *ids, n;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    if (api_tokenize_or_reply(req, &m, &ids, &n, &e)) return reply_error(c, x, &e);
-    sbuf b = {0};
-    sb_str(&b, "{\"tokens\":[");
-    for (int i = 0; i < n; i++) sb_printf(&b, i ? ",%d" : "%d", ids[i]);
-    sb_printf(&b, "],\"count\":%d,\"max_model_len\":%d}", n, m.max_pos);
-    free(ids);
-    return reply_sb(c, x, 200, &b);
-}
-
-static enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    int *ids, n, skip;
-    eng *en = engine_or_reply(s, c, x, &m, &r);
-    if (!en) return r;
-    if (api_detokenize_or_reply(req, &m, &ids, &n, &skip, &e)) return reply_error(c, x, &e);
-    char *text = NULL;
-    size_t len = 0;
-    int rc = eng_detokenize(en, ids, n, skip, &text, &len);
-    free(ids);
-    if (rc) return reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
-    json_object *o = json_object_new_object();
-    size_t sl = 0;
-    char *clean = api_utf8_sanitize(text ? text : "", text ? len : 0, &sl);
-    free(text);
-    if (!clean) return reply_fail(c, x, GE_NOMEM, "", "out of memory");
-    json_object_object_add(o, "prompt", json_object_new_string_len(clean, (int)sl));
-    free(clean);
-    return reply_obj(c, x, 200, o);
-}
-
-static enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    enum MHD_Result r;
-    eng *e = engine_or_reply(s, c, x, NULL, &r);
-    if (!e) return r;
-    eng_info in;
-    eng_get_info(e, &in);
-    json_object *o = json_object_new_object(), *eos = json_object_new_array();
-    json_object_object_add(o, "arch", json_object_new_string(in.arch));
-    json_object_object_add(o, "backend", json_object_new_string(in.backend));
-    json_object_object_add(o, "model_dir", json_object_new_string(in.model_dir));
-    json_object_object_add(o, "dtype", json_object_new_string(in.dtype));
-    json_object_object_add(o, "n_layers", json_object_new_int(in.n_layers));
-    json_object_object_add(o, "d_model", json_object_new_int(in.d_model));
-    json_object_object_add(o, "n_heads", json_object_new_int(in.n_heads));
-    json_object_object_add(o, "n_kv_heads", json_object_new_int(in.n_kv_heads));
-    json_object_object_add(o, "head_dim", json_object_new_int(in.head_dim));
-    json_object_object_add(o, "d_ff", json_object_new_int(in.d_ff));
-    json_object_object_add(o, "vocab", json_object_new_int(in.vocab));
-    json_object_object_add(o, "max_model_len", json_object_new_int(in.max_pos));
-    json_object_object_add(o, "n_params", json_object_new_int64(in.n_params));
-    json_object_object_add(o, "policy_version", json_object_new_int64(in.policy_version));
-    for (int i = 0; i < in.n_eos && i < 8; i++) json_object_array_add(eos, json_object_new_int(in.eos_ids[i]));
-    json_object_object_add(o, "eos_token_ids", eos);
-    return reply_obj(c, x, 200, o);
-}
-
-static enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    if (atomic_load(&s->failed)) return reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
-    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
-    if (!atomic_load(&s->engine)) return reply_fail(c, x, GE_UNAVAILABLE, "", "model is loading");
-    char body[96];
-    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld}", policy_version_now(s));
-    return reply_json(c, x, 200, body);
-}
-
-typedef struct { metrics_job_count *a; int n, cap; } counts_acc;
-static void count_cb(void *ud, const char *kind, const char *status, long long n) {
-    counts_acc *c = ud;
-    if (c->n == c->cap) {
-        int nc = c->cap ? c->cap * 2 : 32;
-        metrics_job_count *na = realloc(c->a, sizeof *na * (size_t)nc);
-        if (!na) return;
-        c->a = na;
-        c->cap = nc;
-    }
-    c->a[c->n].kind = strdup(kind);
-    c->a[c->n].status = strdup(status);
-    c->a[c->n].n = n;
-    c->n++;
-}
-
-static enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    store *st = pool_get(s);
-    counts_acc acc = {0};
-    long long depth = 0;
-    if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); }
-    pool_put(s, st);
-    if (atomic_load(&s->engine)) metrics_policy_version(policy_version_now(s));
-    char *text;
-    size_t len;
-    int rc = metrics_render(acc.a, acc.n, depth < 0 ? 0 : depth, atomic_load(&s->engine) != NULL, atomic_load(&s->failed), &text, &len);
-    for (int i = 0; i < acc.n; i++) { free((char *)acc.a[i].kind); free((char *)acc.a[i].status); }
-    free(acc.a);
-    if (rc) return reply_fail(c, x, rc, "", "%s", err_msg());
-    return reply_raw(c, x, 200, "text/plain; version=0.0.4", text, len, 1);
 }
 
 /* ---------------------------------------------------------------- router */

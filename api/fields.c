@@ -1,0 +1,253 @@
+/* fields.c — the generic half of request validation: api_fail and the limits, strict JSON
+ * parsing of a body, the field getters that check one member of an object (type, range,
+ * NUL bytes) and name it in the error ("groups[0].n"), check_keys for unknown members, the
+ * put_* helpers for canonical payloads, and UTF-8 sanitizing for text going out. The
+ * request kinds built on them are in validate.c; see validate.h and fields.h. */
+#include "api/fields.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/err.h"
+
+/* ---------------------------------------------------------------- errors, limits, JSON bodies */
+
+int api_fail(api_error *e, int code, const char *field, const char *fmt, ...) {
+    e->code = code;
+    e->status = err_http_status(code);
+    snprintf(e->field, sizeof e->field, "%s", field ? field : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void api_limits_default(api_limits *l) {
+    l->max_body_bytes = 8 << 20;
+    l->max_n = 64;
+    l->max_tokens = 4096;
+    l->max_queued_jobs = 1000;
+    l->max_groups = 1024;
+}
+
+int api_job_id_ok(const char *id) {
+    if (!id || strncmp(id, "j_", 2) != 0 || strlen(id) != 18) return 0;
+    for (int i = 2; i < 18; i++)
+        if (!isxdigit((unsigned char)id[i])) return 0;
+    return 1;
+}
+
+int api_parse_json_or_reply(const char *body, size_t len, json_object **out, api_error *e) {
+    *out = NULL;
+    if (len == 0) return api_fail(e, GE_BAD_JSON, "", "request body is empty; expected a JSON object");
+    if (len > 0x7fffffff) return api_fail(e, GE_TOO_LARGE, "", "request body too large");
+    json_tokener *t = json_tokener_new_ex(64);
+    if (!t) return api_fail(e, GE_NOMEM, "", "out of memory");
+    json_tokener_set_flags(t, JSON_TOKENER_STRICT);
+    json_object *o = json_tokener_parse_ex(t, body, (int)len);
+    enum json_tokener_error jerr = json_tokener_get_error(t);
+    size_t used = json_tokener_get_parse_end(t);
+    json_tokener_free(t);
+    if (!o || jerr != json_tokener_success) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body is not valid JSON at byte %zu: %s", used,
+                        jerr == json_tokener_continue ? "unexpected end of input" : json_tokener_error_desc(jerr));
+    }
+    while (used < len && isspace((unsigned char)body[used])) used++;
+    if (used < len) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body has trailing bytes after the JSON value at byte %zu", used);
+    }
+    if (!json_object_is_type(o, json_type_object)) {
+        json_object_put(o);
+        return api_fail(e, GE_BAD_JSON, "", "request body must be a JSON object");
+    }
+    *out = o;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- field getters */
+
+void path_join(char *out, size_t n, const char *base, const char *key) {
+    if (base && *base) snprintf(out, n, "%s.%s", base, key);
+    else snprintf(out, n, "%s", key);
+}
+
+/* Every key of obj must be in allowed (NULL-terminated). */
+int check_keys(json_object *obj, const char *path, const char *const *allowed, api_error *e) {
+    json_object_object_foreach(obj, key, val) {
+        (void)val;
+        int ok = 0;
+        for (const char *const *a = allowed; *a; a++)
+            if (strcmp(*a, key) == 0) { ok = 1; break; }
+        if (!ok) {
+            char f[128];
+            path_join(f, sizeof f, path, key);
+            return api_fail(e, GE_INVALID, f, "unknown field %s", f);
+        }
+    }
+    return 0;
+}
+
+int is_num(json_object *v) {
+    return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
+}
+
+int get_num(json_object *o, const char *path, const char *key, double lo, double hi,
+            double dflt, double *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!is_num(v)) return api_fail(e, GE_INVALID, f, "%s must be a number", f);
+    double d = json_object_get_double(v);
+    if (!isfinite(d) || d < lo || d > hi) return api_fail(e, GE_INVALID, f, "%s must be %g..%g", f, lo, hi);
+    *out = d;
+    return 0;
+}
+
+int get_int(json_object *o, const char *path, const char *key, long long lo, long long hi,
+            long long dflt, long long *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_int)) return api_fail(e, GE_INVALID, f, "%s must be an integer", f);
+    long long x = json_object_get_int64(v);
+    if (x < lo || x > hi) return api_fail(e, GE_INVALID, f, "%s must be %lld..%lld", f, lo, hi);
+    *out = x;
+    return 0;
+}
+
+int get_bool(json_object *o, const char *path, const char *key, int dflt, int *out, api_error *e) {
+    json_object *v;
+    *out = dflt;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_boolean)) return api_fail(e, GE_INVALID, f, "%s must be true or false", f);
+    *out = json_object_get_boolean(v);
+    return 0;
+}
+
+/* *out is NULL when absent (and not required). */
+int get_str(json_object *o, const char *path, const char *key, int required, const char **out,
+            api_error *e) {
+    json_object *v;
+    *out = NULL;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_object_get_ex(o, key, &v) || !v) {
+        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
+        return 0;
+    }
+    if (!json_object_is_type(v, json_type_string)) return api_fail(e, GE_INVALID, f, "%s must be a string", f);
+    *out = json_object_get_string(v);
+    if (strlen(*out) != (size_t)json_object_get_string_len(v))
+        return api_fail(e, GE_INVALID, f, "%s must not contain NUL characters", f);
+    return 0;
+}
+
+/* An object member that must be an object (or absent: *out NULL). */
+int get_obj(json_object *o, const char *path, const char *key, json_object **out, api_error *e) {
+    json_object *v;
+    *out = NULL;
+    if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_is_type(v, json_type_object)) return api_fail(e, GE_INVALID, f, "%s must be an object", f);
+    *out = v;
+    return 0;
+}
+
+int get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
+            int max_len, json_object **out, api_error *e) {
+    json_object *v;
+    *out = NULL;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    if (!json_object_object_get_ex(o, key, &v) || !v) {
+        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
+        return 0;
+    }
+    if (!json_object_is_type(v, json_type_array)) return api_fail(e, GE_INVALID, f, "%s must be an array", f);
+    int n = (int)json_object_array_length(v);
+    if (n < min_len || n > max_len)
+        return api_fail(e, GE_INVALID, f, "%s must have %d..%d elements (has %d)", f, min_len, max_len, n);
+    *out = v;
+    return 0;
+}
+
+/* Token ids: an array of integers in [0, vocab). Returns a new json array in *canon and the
+ * ids (malloc'd) in *ids when ids != NULL. */
+int get_ids(json_object *o, const char *path, const char *key, int required, int min_len,
+            int max_len, int vocab, json_object **canon, int **ids, int *n, api_error *e) {
+    json_object *a;
+    char f[128];
+    path_join(f, sizeof f, path, key);
+    *canon = NULL;
+    if (ids) *ids = NULL;
+    if (n) *n = 0;
+    int rc = get_arr(o, path, key, required, min_len, max_len, &a, e);
+    if (rc || !a) return rc;
+    int len = (int)json_object_array_length(a);
+    int *buf = malloc(sizeof(int) * (size_t)(len ? len : 1));
+    if (!buf) return api_fail(e, GE_NOMEM, f, "out of memory");
+    for (int i = 0; i < len; i++) {
+        json_object *x = json_object_array_get_idx(a, (size_t)i);
+        if (!json_object_is_type(x, json_type_int)) {
+            free(buf);
+            return api_fail(e, GE_INVALID, f, "%s[%d] must be an integer token id", f, i);
+        }
+        long long t = json_object_get_int64(x);
+        if (t < 0 || t >= vocab) {
+            free(buf);
+            return api_fail(e, GE_INVALID, f, "%s[%d] = %lld is outside the vocabulary 0..%d", f, i, t, vocab - 1);
+        }
+        buf[i] = (int)t;
+    }
+    *canon = json_object_new_array_ext(len);
+    for (int i = 0; i < len; i++) json_object_array_add(*canon, json_object_new_int(buf[i]));
+    if (ids) *ids = buf; else free(buf);
+    if (n) *n = len;
+    return 0;
+}
+
+void put_num(json_object *o, const char *k, double v) { json_object_object_add(o, k, json_object_new_double(v)); }
+void put_int(json_object *o, const char *k, long long v) { json_object_object_add(o, k, json_object_new_int64(v)); }
+void put_bool(json_object *o, const char *k, int v) { json_object_object_add(o, k, json_object_new_boolean(v)); }
+void put_str(json_object *o, const char *k, const char *v) { json_object_object_add(o, k, json_object_new_string(v)); }
+void put_copy(json_object *o, const char *k, json_object *v) {
+    json_object *c = NULL;
+    if (json_object_deep_copy(v, &c, NULL) == 0) json_object_object_add(o, k, c);
+}
+
+/* ---------------------------------------------------------------- text out */
+
+char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
+    char *o = malloc(len * 3 + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    const unsigned char *p = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        unsigned c = p[i];
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n > 0 && i + (size_t)n <= len && !(n == 1 && c == 0);
+        for (int t = 1; ok && t < n; t++) ok = (p[i + t] & 0xC0) == 0x80;
+        if (ok && n == 2) ok = c >= 0xC2;
+        if (ok && n == 3) ok = !(c == 0xE0 && p[i + 1] < 0xA0) && !(c == 0xED && p[i + 1] >= 0xA0);
+        if (ok && n == 4) ok = c <= 0xF4 && !(c == 0xF0 && p[i + 1] < 0x90) && !(c == 0xF4 && p[i + 1] >= 0x90);
+        if (ok) { memcpy(o + k, p + i, (size_t)n); k += (size_t)n; i += (size_t)n; }
+        else { memcpy(o + k, "\xEF\xBF\xBD", 3); k += 3; i++; }
+    }
+    o[k] = 0;
+    *out_len = k;
+    return o;
+}

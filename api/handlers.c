@@ -1,0 +1,403 @@
+/* handlers.c — one handler per endpoint (jobs, logprobs, tokenizer, model, health, metrics):
+ * each validates through validate.h, talks to the store or the engine, and replies. Called by
+ * the router in http.c on MHD's threads; the replies, store pool and waiters they use are
+ * declared in http_internal.h. */
+#include "api/http_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/metrics.h"
+#include "daemon/log.h"
+#include "engine/err.h"
+
+/* ---------------------------------------------------------------- jobs */
+
+static void job_json(sbuf *b, const store_job *j, int full) {
+    sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind, store_status_name(j->status));
+    sb_num_or_null(b, j->created_at);
+    sb_str(b, ",\"started_at\":");
+    sb_num_or_null(b, j->started_at);
+    sb_str(b, ",\"finished_at\":");
+    sb_num_or_null(b, j->finished_at);
+    sb_printf(b, ",\"progress\":%.4f,\"attempts\":%d,\"policy_version\":", j->progress, j->attempts);
+    if (j->policy_version >= 0) sb_printf(b, "%lld", j->policy_version); else sb_str(b, "null");
+    sb_printf(b, ",\"cancel_requested\":%s,\"error\":", j->cancel_requested ? "true" : "false");
+    sb_str(b, j->error ? j->error : "null");
+    if (full) {
+        sb_str(b, ",\"result\":");
+        sb_str(b, j->result ? j->result : "null");
+    }
+    sb_str(b, "}");
+}
+
+/* Submits payload as a job of kind and replies 202 {"job_id","status"} (or the error). */
+static enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
+                                        json_object *payload, char *id_out) {
+    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
+    store *st = pool_get(s);
+    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    int max_q = limits_now(s).max_queued_jobs;
+    char id[32];
+    int rc = store_submit(st, kind, json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN), max_q, id);
+    pool_put(s, st);
+    if (rc == GE_BUSY) return reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
+    if (rc) return reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
+    log_event(LOG_INFO, "job_submitted", "\"id\":\"%s\",\"kind\":\"%s\"", id, kind);
+    pthread_mutex_lock(&s->mu);
+    void (*hook)(void *) = s->cfg.job_submitted;
+    void *hook_ud = s->cfg.ud;
+    pthread_mutex_unlock(&s->mu);
+    if (hook) hook(hook_ud);
+    if (id_out) { memcpy(id_out, id, sizeof id); return MHD_YES; }
+    char body[128];
+    snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"queued\"}", id);
+    return reply_json(c, x, 202, body);
+}
+
+enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    api_model m;
+    api_error e;
+    enum MHD_Result r;
+    json_object *payload;
+    if (!engine_or_reply(s, c, x, &m, &r)) return r;
+    api_limits l = limits_now(s);
+    if (api_rollout_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
+    r = submit_and_reply(s, c, x, "rollout", payload, NULL);
+    json_object_put(payload);
+    return r;
+}
+
+enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    api_model m;
+    api_error e;
+    enum MHD_Result r;
+    json_object *payload;
+    const char *rid;
+    long long expected;
+    if (!engine_or_reply(s, c, x, &m, &r)) return r;
+    api_limits l = limits_now(s);
+    if (api_update_or_reply(req, &l, &m, &payload, &rid, &expected, &e)) return reply_error(c, x, &e);
+    long long pv = policy_version_now(s);
+    if (expected >= 0 && expected != pv) {
+        json_object_put(payload);
+        return reply_fail(c, x, GE_CONFLICT, "expected_policy_version",
+                          "expected_policy_version %lld does not match the current policy_version %lld", expected, pv);
+    }
+    if (rid) {
+        store *st = pool_get(s);
+        store_job j = {0};
+        int rc = st ? store_get(st, rid, &j) : GE_STORE;
+        pool_put(s, st);
+        const char *why = NULL;
+        int code = GE_CONFLICT;
+        if (rc == GE_NOT_FOUND) { why = "no such job"; code = GE_NOT_FOUND; }
+        else if (rc) { why = "cannot read the store"; code = GE_STORE; }
+        else if (strcmp(j.kind, "rollout")) { why = "is not a rollout job"; code = GE_INVALID; }
+        else if (j.status != JOB_DONE) why = "has not finished successfully";
+        char id[32];
+        snprintf(id, sizeof id, "%s", rid);
+        store_job_clear(&j);
+        if (why) {
+            json_object_put(payload);
+            return reply_fail(c, x, code, "rollout_job_id", "rollout_job_id %s %s", id, why);
+        }
+    }
+    r = submit_and_reply(s, c, x, "update", payload, NULL);
+    json_object_put(payload);
+    return r;
+}
+
+enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    api_error e;
+    enum MHD_Result r;
+    json_object *payload;
+    if (!engine_or_reply(s, c, x, NULL, &r)) return r;
+    if (api_checkpoint_or_reply(req, &payload, &e)) return reply_error(c, x, &e);
+    r = submit_and_reply(s, c, x, "checkpoint", payload, NULL);
+    json_object_put(payload);
+    return r;
+}
+
+enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+    store *st = pool_get(s);
+    store_ckpt *cks = NULL;
+    int n = 0;
+    int rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
+    pool_put(s, st);
+    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list checkpoints: %s", err_msg());
+    json_object *o = json_object_new_object(), *a = json_object_new_array();
+    for (int i = 0; i < n; i++) {
+        json_object *k = json_object_new_object();
+        json_object_object_add(k, "id", json_object_new_string(cks[i].id));
+        json_object_object_add(k, "path", json_object_new_string(cks[i].path));
+        json_object_object_add(k, "policy_version", json_object_new_int64(cks[i].policy_version));
+        char ts[32];
+        snprintf(ts, sizeof ts, "%.3f", cks[i].created_at);
+        json_object_object_add(k, "created_at", json_object_new_double_s(cks[i].created_at, ts));
+        json_object_array_add(a, k);
+    }
+    free(cks);
+    json_object_object_add(o, "checkpoints", a);
+    return reply_obj(c, x, 200, o);
+}
+
+static const char *query(struct MHD_Connection *c, const char *k) {
+    return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
+}
+
+enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+    static const char *const kinds[] = {"rollout", "update", "checkpoint", "logprobs", NULL};
+    static const char *const statuses[] = {"queued", "running", "done", "failed", "cancelled", NULL};
+    const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit");
+    int ok = !kind;
+    for (int i = 0; kind && kinds[i]; i++) ok |= !strcmp(kind, kinds[i]);
+    if (!ok) return reply_fail(c, x, GE_INVALID, "kind", "kind must be rollout|update|checkpoint|logprobs");
+    ok = !status;
+    for (int i = 0; status && statuses[i]; i++) ok |= !strcmp(status, statuses[i]);
+    if (!ok) return reply_fail(c, x, GE_INVALID, "status", "status must be queued|running|done|failed|cancelled");
+    int limit = 100;
+    if (lim) {
+        char *end;
+        long v = strtol(lim, &end, 10);
+        if (*end || end == lim || v < 1 || v > 1000) return reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
+        limit = (int)v;
+    }
+    store *st = pool_get(s);
+    store_job *jobs = NULL;
+    int n = 0;
+    int rc = st ? store_list(st, kind, status, limit, &jobs, &n) : GE_STORE;
+    pool_put(s, st);
+    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list jobs: %s", err_msg());
+    sbuf b = {0};
+    sb_str(&b, "{\"jobs\":[");
+    for (int i = 0; i < n; i++) {
+        if (i) sb_str(&b, ",");
+        job_json(&b, &jobs[i], 0);
+    }
+    sb_str(&b, "]}");
+    store_jobs_free(jobs, n);
+    return reply_sb(c, x, 200, &b);
+}
+
+/* GET /v1/jobs/{id}[?wait=S]: replies now, or suspends and is called again on resume. */
+enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
+    if (!x->waiting) {
+        const char *w = query(c, "wait");
+        double wait = 0;
+        if (w) {
+            char *end;
+            wait = strtod(w, &end);
+            if (*end || end == w || !(wait >= 0)) return reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
+            if (wait > s->cfg.max_wait_s) wait = s->cfg.max_wait_s;
+        }
+        x->deadline = now_s() + wait;
+    }
+    store *st = pool_get(s);
+    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    store_job j = {0};
+    int rc = store_get(st, id, &j);
+    if (rc == GE_NOT_FOUND) { pool_put(s, st); return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id); }
+    if (rc) { pool_put(s, st); return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); }
+    if ((j.status == JOB_QUEUED || j.status == JOB_RUNNING) && wait_suspend(s, c, x, st, id)) {
+        store_job_clear(&j);
+        pool_put(s, st);
+        return MHD_YES;
+    }
+    /* the state may have moved on while suspending was refused: reply with the newest */
+    store_job_clear(&j);
+    rc = store_get(st, id, &j);
+    pool_put(s, st);
+    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+    sbuf b = {0};
+    job_json(&b, &j, 1);
+    store_job_clear(&j);
+    return reply_sb(c, x, 200, &b);
+}
+
+enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
+    store *st = pool_get(s);
+    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    int rc = store_cancel(st, id);
+    store_job j = {0};
+    int rc2 = rc ? rc : store_get(st, id, &j);
+    pool_put(s, st);
+    if (rc == GE_NOT_FOUND) return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
+    if (rc == GE_CONFLICT) return reply_fail(c, x, GE_CONFLICT, "id", "job %s has already finished", id);
+    if (rc || rc2) return reply_fail(c, x, GE_STORE, "", "cannot cancel: %s", err_msg());
+    log_event(LOG_INFO, "job_cancel", "\"id\":\"%s\",\"status\":\"%s\"", id, store_status_name(j.status));
+    api_jobs_changed(s);
+    sbuf b = {0};
+    job_json(&b, &j, 0);
+    store_job_clear(&j);
+    /* 200 when cancelled now; 202 when the running job was asked to stop */
+    return reply_sb(c, x, j.status == JOB_CANCELLED ? 200 : 202, &b);
+}
+
+/* ---------------------------------------------------------------- logprobs (synchronous) */
+
+/* {"code":"conflict",...} → the HTTP status of that code (500 when unknown). */
+static int status_of_error_json(const char *err) {
+    json_object *o = err ? json_tokener_parse(err) : NULL, *code;
+    int st = 500;
+    if (o && json_object_object_get_ex(o, "code", &code))
+        for (int i = 0; i < GE_COUNT_; i++)
+            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = err_http_status(-i); break; }
+    json_object_put(o);
+    return st;
+}
+
+/* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
+ * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
+enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    if (!x->waiting) {
+        api_model m;
+        api_error e;
+        enum MHD_Result r;
+        json_object *payload;
+        if (!engine_or_reply(s, c, x, &m, &r)) return r;
+        api_limits l = limits_now(s);
+        if (api_logprobs_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
+        x->job_id[0] = 0;
+        char id[32] = "";
+        r = submit_and_reply(s, c, x, "logprobs", payload, id);
+        json_object_put(payload);
+        if (!id[0]) return r;           /* the error was replied */
+        memcpy(x->job_id, id, sizeof id);
+        x->deadline = now_s() + 600;
+    }
+    store *st = pool_get(s);
+    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    store_job j = {0};
+    int rc = store_get(st, x->job_id, &j);
+    int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
+    store_job_clear(&j);
+    if (pending && wait_suspend(s, c, x, st, x->job_id)) { pool_put(s, st); return MHD_YES; }
+    rc = store_get(st, x->job_id, &j);
+    pool_put(s, st);
+    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+    enum MHD_Result r;
+    if (j.status == JOB_DONE && j.result) {
+        r = reply_json(c, x, 200, j.result);
+    } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
+        sbuf b = {0};
+        sb_str(&b, "{\"error\":");
+        sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
+        sb_str(&b, "}");
+        r = reply_sb(c, x, j.error ? status_of_error_json(j.error) : 409, &b);
+    } else {
+        char body[160];
+        snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"%s\"}", j.id, store_status_name(j.status));
+        r = reply_json(c, x, 202, body);
+    }
+    store_job_clear(&j);
+    return r;
+}
+
+/* ---------------------------------------------------------------- tokenizer, model, health */
+
+enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    api_model m;
+    api_error e;
+    enum MHD_Result r;
+    int *ids, n;
+    if (!engine_or_reply(s, c, x, &m, &r)) return r;
+    if (api_tokenize_or_reply(req, &m, &ids, &n, &e)) return reply_error(c, x, &e);
+    sbuf b = {0};
+    sb_str(&b, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) sb_printf(&b, i ? ",%d" : "%d", ids[i]);
+    sb_printf(&b, "],\"count\":%d,\"max_model_len\":%d}", n, m.max_pos);
+    free(ids);
+    return reply_sb(c, x, 200, &b);
+}
+
+enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+    api_model m;
+    api_error e;
+    enum MHD_Result r;
+    int *ids, n, skip;
+    eng *en = engine_or_reply(s, c, x, &m, &r);
+    if (!en) return r;
+    if (api_detokenize_or_reply(req, &m, &ids, &n, &skip, &e)) return reply_error(c, x, &e);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = eng_detokenize(en, ids, n, skip, &text, &len);
+    free(ids);
+    if (rc) return reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
+    json_object *o = json_object_new_object();
+    size_t sl = 0;
+    char *clean = api_utf8_sanitize(text ? text : "", text ? len : 0, &sl);
+    free(text);
+    if (!clean) return reply_fail(c, x, GE_NOMEM, "", "out of memory");
+    json_object_object_add(o, "prompt", json_object_new_string_len(clean, (int)sl));
+    free(clean);
+    return reply_obj(c, x, 200, o);
+}
+
+enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+    enum MHD_Result r;
+    eng *e = engine_or_reply(s, c, x, NULL, &r);
+    if (!e) return r;
+    eng_info in;
+    eng_get_info(e, &in);
+    json_object *o = json_object_new_object(), *eos = json_object_new_array();
+    json_object_object_add(o, "arch", json_object_new_string(in.arch));
+    json_object_object_add(o, "backend", json_object_new_string(in.backend));
+    json_object_object_add(o, "model_dir", json_object_new_string(in.model_dir));
+    json_object_object_add(o, "dtype", json_object_new_string(in.dtype));
+    json_object_object_add(o, "n_layers", json_object_new_int(in.n_layers));
+    json_object_object_add(o, "d_model", json_object_new_int(in.d_model));
+    json_object_object_add(o, "n_heads", json_object_new_int(in.n_heads));
+    json_object_object_add(o, "n_kv_heads", json_object_new_int(in.n_kv_heads));
+    json_object_object_add(o, "head_dim", json_object_new_int(in.head_dim));
+    json_object_object_add(o, "d_ff", json_object_new_int(in.d_ff));
+    json_object_object_add(o, "vocab", json_object_new_int(in.vocab));
+    json_object_object_add(o, "max_model_len", json_object_new_int(in.max_pos));
+    json_object_object_add(o, "n_params", json_object_new_int64(in.n_params));
+    json_object_object_add(o, "policy_version", json_object_new_int64(in.policy_version));
+    for (int i = 0; i < in.n_eos && i < 8; i++) json_object_array_add(eos, json_object_new_int(in.eos_ids[i]));
+    json_object_object_add(o, "eos_token_ids", eos);
+    return reply_obj(c, x, 200, o);
+}
+
+enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+    if (atomic_load(&s->failed)) return reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
+    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
+    if (!atomic_load(&s->engine)) return reply_fail(c, x, GE_UNAVAILABLE, "", "model is loading");
+    char body[96];
+    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld}", policy_version_now(s));
+    return reply_json(c, x, 200, body);
+}
+
+typedef struct { metrics_job_count *a; int n, cap; } counts_acc;
+static void count_cb(void *ud, const char *kind, const char *status, long long n) {
+    counts_acc *c = ud;
+    if (c->n == c->cap) {
+        int nc = c->cap ? c->cap * 2 : 32;
+        metrics_job_count *na = realloc(c->a, sizeof *na * (size_t)nc);
+        if (!na) return;
+        c->a = na;
+        c->cap = nc;
+    }
+    c->a[c->n].kind = strdup(kind);
+    c->a[c->n].status = strdup(status);
+    c->a[c->n].n = n;
+    c->n++;
+}
+
+enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+    store *st = pool_get(s);
+    counts_acc acc = {0};
+    long long depth = 0;
+    if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); }
+    pool_put(s, st);
+    if (atomic_load(&s->engine)) metrics_policy_version(policy_version_now(s));
+    char *text;
+    size_t len;
+    int rc = metrics_render(acc.a, acc.n, depth < 0 ? 0 : depth, atomic_load(&s->engine) != NULL, atomic_load(&s->failed), &text, &len);
+    for (int i = 0; i < acc.n; i++) { free((char *)acc.a[i].kind); free((char *)acc.a[i].status); }
+    free(acc.a);
+    if (rc) return reply_fail(c, x, rc, "", "%s", err_msg());
+    return reply_raw(c, x, 200, "text/plain; version=0.0.4", text, len, 1);
+}

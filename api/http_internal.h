@@ -1,0 +1,98 @@
+/* http_internal.h — what http.c (server, replies, router) and handlers.c (the endpoint
+ * handlers) share inside api/: the server and per-connection state, the growable string, the
+ * reply helpers, the store-handle pool and long-poll waiters, and the handlers the router calls.
+ * Not a public header: callers outside api/ use http.h. */
+#ifndef GRPOD_API_HTTP_INTERNAL_H
+#define GRPOD_API_HTTP_INTERNAL_H
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "api/http.h"
+#include "store/store.h"
+
+#define POOL_MAX 64
+
+typedef struct waiter { struct MHD_Connection *conn; double deadline; struct waiter *next; } waiter;
+
+struct api_server {
+    api_config cfg;
+    char listen[256], data_dir[1024], api_key[512];
+    struct MHD_Daemon *mhd;
+    int port;
+    pthread_mutex_t mu;             /* limits, pool, fail_msg */
+    api_limits limits;
+    eng *_Atomic engine;
+    int vocab, max_pos;             /* written once before engine is published */
+    long long kv_rows;              /* rollout KV pool rows (0 = unknown); set before the engine */
+    _Atomic int failed, stopping;
+    char fail_msg[256];
+    store *pool[POOL_MAX];
+    int n_pool;
+    pthread_mutex_t wmu;            /* waiters */
+    waiter *waiters;
+};
+
+typedef struct {
+    char *body;
+    size_t len, cap;
+    int too_large;
+    int waiting;                    /* suspended at least once: a long-poll in progress */
+    double deadline;
+    char job_id[32];                /* POST /v1/logprobs: the job this request waits for */
+    const char *route;              /* template for metrics */
+    char method[8];
+} conn_ctx;
+
+double now_s(void);                             /* wall-clock seconds (CLOCK_REALTIME) */
+
+/* ---------------------------------------------------------------- growable string */
+
+/* oom set: every later add is dropped and reply_sb answers 507. The caller frees p (reply_sb takes it). */
+typedef struct { char *p; size_t len, cap; int oom; } sbuf;
+void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_str(sbuf *b, const char *s);
+void sb_num_or_null(sbuf *b, double v);      /* "%.3f", or null when v <= 0 */
+
+/* ---------------------------------------------------------------- replies */
+
+/* Each queues one response and counts it in the HTTP metrics under x->route. take: body is
+ * malloc'd and the response frees it. reply_sb takes b->p; reply_obj puts o. */
+enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, const char *ctype,
+                          char *body, size_t len, int take);
+enum MHD_Result reply_json(struct MHD_Connection *c, conn_ctx *x, int status, const char *text);
+enum MHD_Result reply_sb(struct MHD_Connection *c, conn_ctx *x, int status, sbuf *b);
+enum MHD_Result reply_obj(struct MHD_Connection *c, conn_ctx *x, int status, json_object *o);
+enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_error *e);
+enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---------------------------------------------------------------- store handles, waiters, engine */
+
+/* A store handle for this request (NULL when none can be opened); give it back with pool_put. */
+store *pool_get(api_server *s);
+void pool_put(api_server *s, store *st);
+/* 1: the connection is suspended until the job changes or x->deadline (reply nothing now);
+ * 0: the job is already finished (or suspending failed): reply now. */
+int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st, const char *id);
+api_limits limits_now(api_server *s);
+/* The engine when ready (m filled with its hooks when not NULL), else replies 503 into *r and returns NULL. */
+eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r);
+long long policy_version_now(api_server *s);     /* -1 before the engine is set */
+
+/* ---------------------------------------------------------------- handlers (handlers.c) */
+
+enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
+enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
+enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
+enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+#endif
