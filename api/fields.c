@@ -137,17 +137,23 @@ int get_bool(json_object *o, const char *path, const char *key, int dflt, int *o
     return 0;
 }
 
+/* Member key of o into *v: 1 when present, 0 when absent and optional, the error when absent
+ * and required. f (128) receives the member's path for messages. */
+static int member(json_object *o, const char *path, const char *key, int required, char *f, json_object **v,
+                  api_error *e) {
+    path_join(f, 128, path, key);
+    if (json_object_object_get_ex(o, key, v) && *v) return 1;
+    return required ? api_fail(e, GE_INVALID, f, "%s is required", f) : 0;
+}
+
 /* *out is NULL when absent (and not required). */
 int get_str(json_object *o, const char *path, const char *key, int required, const char **out,
             api_error *e) {
     json_object *v;
     *out = NULL;
     char f[128];
-    path_join(f, sizeof f, path, key);
-    if (!json_object_object_get_ex(o, key, &v) || !v) {
-        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
-        return 0;
-    }
+    int rc = member(o, path, key, required, f, &v, e);
+    if (rc <= 0) return rc;
     if (!json_object_is_type(v, json_type_string)) return api_fail(e, GE_INVALID, f, "%s must be a string", f);
     *out = json_object_get_string(v);
     if (strlen(*out) != (size_t)json_object_get_string_len(v))
@@ -172,11 +178,8 @@ int get_arr(json_object *o, const char *path, const char *key, int required, int
     json_object *v;
     *out = NULL;
     char f[128];
-    path_join(f, sizeof f, path, key);
-    if (!json_object_object_get_ex(o, key, &v) || !v) {
-        if (required) return api_fail(e, GE_INVALID, f, "%s is required", f);
-        return 0;
-    }
+    int rc = member(o, path, key, required, f, &v, e);
+    if (rc <= 0) return rc;
     if (!json_object_is_type(v, json_type_array)) return api_fail(e, GE_INVALID, f, "%s must be an array", f);
     int n = (int)json_object_array_length(v);
     if (n < min_len || n > max_len)
