@@ -10,12 +10,6 @@
 #include "engine/pack.h"
 #include "tests/gpu/gpu_check.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 int main(int argc, char **argv) {
     int P = argc > 3 ? atoi(argv[1]) : 8192, N = argc > 3 ? atoi(argv[2]) : 8, R = argc > 3 ? atoi(argv[3]) : 1024;
@@ -45,18 +39,18 @@ int main(int argc, char **argv) {
     double tf[REPS], tb[REPS];
     for (int i = 0; i < WARM + REPS; i++) {
         if (be->sync(be)) gc_die(be, "attention");
-        double t0 = now();
+        double t0 = gc_now();
         be->attention_fwd(be, o, lse, q, k, v, rg, T, H, K, D);
         if (be->sync(be)) gc_die(be, "attention_fwd");
-        double t1 = now();
+        double t1 = gc_now();
         be->attention_fwd(be, o, lse, q, k, v, rg, T, H, K, D);
         be->attention_bwd(be, dq, dk, dv, dout, q, k, v, o, lse, rg, T, H, K, D);
         if (be->sync(be)) gc_die(be, "attention_bwd");
-        double t2 = now();
+        double t2 = gc_now();
         if (i >= WARM) { tf[i - WARM] = t1 - t0; tb[i - WARM] = t2 - t1; }
     }
-    qsort(tf, REPS, sizeof(double), cmpd);
-    qsort(tb, REPS, sizeof(double), cmpd);
+    qsort(tf, REPS, sizeof(double), gc_cmpd);
+    qsort(tb, REPS, sizeof(double), gc_cmpd);
     double pairs = (double)P * (P + 1) / 2 + (double)N * ((double)R * P + (double)R * (R + 1) / 2);
     double f = 4.0 * D * H * pairs, mf = tf[REPS / 2] * 1e3, mb = tb[REPS / 2] * 1e3;
     float *oh = gc_get_act(be, o, nq);

@@ -22,12 +22,6 @@
 
 enum { REPS = 7 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     model_config c = { .arch = ARCH_QWEN3, .L = 1, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 256,
@@ -77,21 +71,21 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
         if (cudaMemcpy(a.l[0].x, x, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) ||
             cudaMemcpy(a.dres, dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be))
             gc_die(be, "setup");
-        double t0 = now();
+        double t0 = gc_now();
         model_layer_fwd(&m, &wv, &a, 0, res, a.xL, &d, NULL, NULL);
         if (be->sync(be)) gc_die(be, "forward");
-        double t1 = now();
+        double t1 = gc_now();
         model_layer_bwd(&m, &wv, &gv, &a, 0, &d);
         if (be->sync(be)) gc_die(be, "backward");
-        double t2 = now();
+        double t2 = gc_now();
         t[rep] = t2 - t0;
         tf[rep] = t1 - t0;
         size_t fr;
         cudaMemGetInfo(&fr, &total);
         if (free0 - fr > used_peak) used_peak = free0 - fr;
     }
-    qsort(t + 1, REPS, sizeof(double), cmpd);
-    qsort(tf + 1, REPS, sizeof(double), cmpd);
+    qsort(t + 1, REPS, sizeof(double), gc_cmpd);
+    qsort(tf + 1, REPS, sizeof(double), gc_cmpd);
     float *dx = gc_get_act(be, a.dres, (size_t)T * C);
     double s = 0;
     for (size_t i = 0; i < (size_t)T * C; i++) s += (double)dx[i] * dx[i];

@@ -23,7 +23,6 @@ static void on_progress(void *ud, double frac) {
     stamps *s = ud;
     if (s->n < s->cap) s->t[s->n++] = eng_now_ms();
 }
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 /* Device-to-device copy bandwidth in bytes/s (read + write), median of 9 copies of 1 GiB. */
 static double copy_bw(void) {
@@ -44,7 +43,7 @@ static double copy_bw(void) {
         cudaEventElapsedTime(&ms, e0, e1);
         t[i] = ms;
     }
-    qsort(t, 9, sizeof(double), cmpd);
+    qsort(t, 9, sizeof(double), gc_cmpd);
     cudaFree(a); cudaFree(b);
     cudaEventDestroy(e0); cudaEventDestroy(e1);
     return 2.0 * n / (t[4] * 1e-3);
@@ -69,7 +68,7 @@ static double gemm_us(eng_backend *be, char *wbuf, size_t wcap, void *x, void *y
         if (r) t[r - 1] = (eng_now_ms() - t0) * 1e3 / 40;
     }
     be->graph_free(be, g);
-    qsort(t, 5, sizeof(double), cmpd);
+    qsort(t, 5, sizeof(double), gc_cmpd);
     return t[2];
 }
 
@@ -220,7 +219,7 @@ int main(int argc, char **argv) {
     int nd = st.n - 1;
     double *d = malloc((size_t)(nd > 0 ? nd : 1) * sizeof(double));
     for (int i = 0; i < nd; i++) d[i] = st.t[i + 1] - st.t[i];
-    qsort(d, (size_t)nd, sizeof(double), cmpd);
+    qsort(d, (size_t)nd, sizeof(double), gc_cmpd);
     double prefill = st.t[0] - t0, dec_mean = nd > 0 ? (st.t[st.n - 1] - st.t[0]) / nd : 0, dec_med = nd > 0 ? d[nd / 2] : 0;
 
     double wbytes = 2.0 * n;

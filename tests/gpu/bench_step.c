@@ -12,12 +12,6 @@
 #include "engine/pack.h"
 #include "tests/gpu/gpu_check.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static int cmpd(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return x < y ? -1 : x > y; }
 
 int main(int argc, char **argv) {
     const char *size = argc > 1 ? argv[1] : "1.7b";
@@ -75,20 +69,20 @@ int main(int argc, char **argv) {
     double t[REPS + 1][4];
     size_t used_peak = 0;
     for (int rep = 0; rep <= REPS; rep++) {
-        double t0 = now();
+        double t0 = gc_now();
         if (model_forward(&m, &wv, &a, NULL, &in, 1.0f, 0) || be->to_host(be, old, a.logp, (size_t)b.M * 4)) gc_die(be, "old");
-        double t1 = now();
+        double t1 = gc_now();
         if (model_forward(&m, &rv, &a, NULL, &in, 1.0f, 0)) gc_die(be, "ref");
-        double t2 = now();
+        double t2 = gc_now();
         be->zero(be, g, n * 4);
         if (model_forward(&m, &wv, &a, NULL, &in, 1.0f, 0)) gc_die(be, "policy fwd");
         if (model_backward(&m, &wv, &gv, &a, &in, dlogp, NULL, 1.0f)) gc_die(be, "policy bwd");
-        double t3 = now();
+        double t3 = gc_now();
         double norm = sqrt(be->sumsq(be, g, (long long)n));
         if (norm > 1.0) be->scale(be, g, (long long)n, (float)(1.0 / (norm + 1e-6)));
         be->adamw(be, master, w, g, mo, ve, (long long)n, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1);
         if (be->sync(be)) gc_die(be, "adamw");
-        double t4 = now();
+        double t4 = gc_now();
         t[rep][0] = t1 - t0; t[rep][1] = t2 - t1; t[rep][2] = t3 - t2; t[rep][3] = t4 - t3;
         size_t fr;
         cudaMemGetInfo(&fr, &total);
@@ -100,7 +94,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 4; k++) {
         double v[REPS];
         for (int r = 0; r < REPS; r++) v[r] = t[r + 1][k];
-        qsort(v, REPS, sizeof(double), cmpd);
+        qsort(v, REPS, sizeof(double), gc_cmpd);
         med[k] = v[REPS / 2];
         tot += med[k];
     }
@@ -120,14 +114,14 @@ int main(int argc, char **argv) {
         attn_ranges rg;
         int *ints = a.ints;
         rg.a0 = ints + 2 * a.cap_T; rg.a1 = ints + 3 * a.cap_T; rg.b0 = ints + 4 * a.cap_T; rg.b1 = ints + 5 * a.cap_T;
-        double f0 = now();
+        double f0 = gc_now();
         for (int i = 0; i < 3; i++) be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, rg, T, H, K, 128);
         be->sync(be);
-        double f1 = now();
+        double f1 = gc_now();
         for (int i = 0; i < 3; i++)
             be->attention_bwd(be, a.dq, a.dk, a.dv, a.datt, A->q, A->k, A->v, A->att, A->lse, rg, T, H, K, 128);
         if (be->sync(be)) gc_die(be, "attention");
-        double f2 = now();
+        double f2 = gc_now();
         double pairs = (double)P * (P + 1) / 2 + (double)N * R * P + (double)N * R * (R + 1) / 2;
         printf("grpod-cuda %s: attention per layer: fwd %.1f ms, bwd %.1f ms (%.0f M query-key pairs x %d heads; "
                "x%d layers = %.0f ms fwd, %.0f ms bwd)\n", size, (f1 - f0) / 3 * 1e3, (f2 - f1) / 3 * 1e3, pairs / 1e6, H,

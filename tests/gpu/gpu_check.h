@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/backend.h"
 #include "engine/err.h"
@@ -17,6 +18,18 @@
 
 static int gc_failures;
 static inline void gc_unused_(void) { (void)check_failed_; (void)check_cur_failed_; }
+
+/* Seconds on the monotonic clock (benchmarks). */
+static inline double gc_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+/* qsort comparator for doubles, ascending (medians). */
+static inline int gc_cmpd(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 /* One result row; a NaN value fails. */
 static inline void gc_row(const char *test, const char *shape, double value, double tol) {
