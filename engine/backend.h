@@ -19,6 +19,8 @@
 #include "kernels/sampling.h"
 
 typedef struct eng_backend eng_backend;
+/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias (bias may be NULL). */
+typedef struct { void *out; const void *w; const void *bias; int O; } mm_part;
 struct eng_backend {
     const char *name;
     int act_bytes;                       /* 4 (cpu) or 2 (cuda) */
@@ -58,6 +60,9 @@ struct eng_backend {
     void (*matmul_fwd)(eng_backend *b, void *out, const void *inp, const void *w, const void *bias, int T, int I, int O);
     void (*matmul_bwd)(eng_backend *b, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                        const void *w, int T, int I, int O);
+    /* n <= 3 linear layers sharing their input (q/k/v, gate/up): out_i = inp · w_i^T + bias_i,
+     * one launch on CUDA at decode sizes */
+    void (*matmul_fwd_n)(eng_backend *b, const mm_part *p, int n, const void *inp, int T, int I);
     void (*rope_fwd)(eng_backend *b, void *x, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*rope_bwd)(eng_backend *b, void *dx, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v,

@@ -46,6 +46,9 @@ static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const voi
 static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
     matmul_fwd_cpu(o, x, w, bias, T, I, O);
 }
+static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, int T, int I) {
+    for (int i = 0; i < n; i++) matmul_fwd_cpu(p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
+}
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T, int I, int O) {
     matmul_bwd_cpu(dx, dw, db, dy, x, w, T, I, O);
 }
@@ -114,7 +117,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .act_from_f32 = cpu_act_from, .act_to_f32 = cpu_act_to, .f32_to_act = cpu_f32_to_act,
         .scatter_rows = cpu_scatter_rows, .sync = cpu_sync, .destroy = cpu_destroy,
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
-        .matmul_fwd = mm_f, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
+        .matmul_fwd = mm_f, .matmul_fwd_n = mm_fn, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
         .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .swiglu_bwd = swi_b,
         .add_rmsnorm_fwd = arms_f, .qk_norm_rope_fwd = qkr_f, .qk_norm_rope_bwd = qkr_b,
         .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f, .sample = samp_f,

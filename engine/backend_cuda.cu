@@ -124,6 +124,17 @@ static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const voi
 static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
     matmul_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)w, (cbf *)bias, T, I, O);
 }
+static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, int T, int I) {
+    bf16 *o[3];
+    cbf *w[3], *bias[3];
+    int O[3];
+    if (n > 3) {
+        for (int i = 0; i < n; i++) mm_f(b, p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
+        return;
+    }
+    for (int i = 0; i < n; i++) { o[i] = (bf16 *)p[i].out; w[i] = (cbf *)p[i].w; bias[i] = (cbf *)p[i].bias; O[i] = p[i].O; }
+    matmul_fwd_n_cuda(CTX(b), o, w, bias, O, n, (cbf *)x, T, I);
+}
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
                  int I, int O) {
     matmul_bwd_cuda(CTX(b), (bf16 *)dx, dw, db, (cbf *)dy, (cbf *)x, (cbf *)w, T, I, O);
@@ -282,7 +293,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
     b->scatter_rows = cu_scatter_rows; b->sync = cu_sync; b->destroy = cu_destroy;
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
-    b->matmul_fwd = mm_f; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
+    b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
     b->add_rmsnorm_fwd = arms_f; b->qk_norm_rope_fwd = qkr_f; b->qk_norm_rope_bwd = qkr_b;
     b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;

@@ -305,18 +305,16 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     const model_layer_views *W = &w->layers[l];
     if (res) be->add_rmsnorm_fwd(be, A->x, A->ln1, A->rstd1, A->x, res, W->attn_norm, T, C, c->eps);
     else be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
+    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD }, { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD },
+                       { A->v, W->wv, W->bv, KD } };
+    be->matmul_fwd_n(be, qkv, 3, A->ln1, T, C);
     if (c->qk_norm) {
-        be->matmul_fwd(be, A->q0, A->ln1, W->wq, W->bq, T, C, HD);
-        be->matmul_fwd(be, A->k0, A->ln1, W->wk, W->bk, T, C, KD);
         be->qk_norm_rope_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, d->pos, m->inv_freq, T, H, D, c->eps);
         be->qk_norm_rope_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, d->pos, m->inv_freq, T, K, D, c->eps);
     } else {
-        be->matmul_fwd(be, A->q, A->ln1, W->wq, W->bq, T, C, HD);
-        be->matmul_fwd(be, A->k, A->ln1, W->wk, W->bk, T, C, KD);
         be->rope_fwd(be, A->q, d->pos, m->inv_freq, T, H, D);
         be->rope_fwd(be, A->k, d->pos, m->inv_freq, T, K, D);
     }
-    be->matmul_fwd(be, A->v, A->ln1, W->wv, W->bv, T, C, KD);
     const void *keys = A->k, *vals = A->v;
     if (kv_k) {
         be->scatter_rows(be, kv_k, A->k, d->slot, T, KD);
@@ -327,8 +325,8 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
     be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
     be->add_rmsnorm_fwd(be, A->xm, A->ln2, A->rstd2, A->xm, A->x, W->mlp_norm, T, C, c->eps);
-    be->matmul_fwd(be, A->g, A->ln2, W->w_gate, NULL, T, C, F);
-    be->matmul_fwd(be, A->u, A->ln2, W->w_up, NULL, T, C, F);
+    mm_part gu[2] = { { A->g, W->w_gate, NULL, F }, { A->u, W->w_up, NULL, F } };
+    be->matmul_fwd_n(be, gu, 2, A->ln2, T, C);
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     be->matmul_fwd(be, out, A->a, W->w_down, NULL, T, F, C);
 }

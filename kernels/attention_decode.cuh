@@ -1,283 +1,246 @@
-/* attention_decode.cuh — the small-T (decode) forward of attention.h, included by attention.cu.
+/* attention_decode.cuh — the small-T (decode) forward of attention.h, included by attention.cu
+ * after attention_flash.cuh (its mma / ldmatrix / cp.async helpers).
  *
- * Bifurcated split-KV ("flash-decoding"): a block owns a tile of QT consecutive queries, one kv
- * head g (all H/K query heads that read it: ROWS = QT * H/K query rows) and one split s of
- * NS. Inside the tile, consecutive queries with the same range (the N responses of a group
- * share a0/a1) form one segment; a segment's keys are streamed through shared memory once for
- * all its rows, so a prompt's K/V is read once per step for the whole group. Split s takes the
- * s-th 32-key-aligned piece of every segment's range. Each query's own range [b0, b1) goes to a
- * second kernel: a block per (query, kv head), a warp per eighth of the range. Lane j scores key j; each warp owns the rows
- * w, w + 4, ... and keeps their online softmax (log2 domain) and accumulators in registers.
- * Partials (max, sum, acc) per (slot, query, head) go to scratch (NS + DEC_NW slots); a third kernel
- * merges them into out and lse (two warps a block, spread over the SMs) (natural log of the scaled scores). Empty rows give out = 0,
- * lse = -inf, as the CPU reference.
+ * Bifurcated split-KV ("flash-decoding") on tensor cores. A block owns a tile of QT consecutive
+ * queries, one kv head g (all HPG = H/K query heads that read it: ROWS = QT * HPG query rows,
+ * padded to MT m16 tiles) and one split s. Shared pass (ranges [a0, a1)): consecutive queries of
+ * the tile with the same range form a segment (the N responses of a group), and a segment's keys
+ * stream through shared memory once for all its rows, so a prompt's K/V is read once per step
+ * for the whole group and all HPG heads; split s takes the s-th piece of every segment's range.
+ * Own pass ([b0, b1)): the same kernel with one query a tile. Keys come in 64-key chunks through
+ * a 2-stage cp.async ring; the 4 warps split a chunk WK ways (WK = 4 / MT) and each runs
+ * S = Q·K^T and O += P·V with mma.sync on its 16 rows, online softmax in fp32 (log2 domain); the
+ * WK partial states of a row are combined through shared memory at the end and written to the
+ * split's slot: (max, sum) in pml and the unnormalised accumulator in pacc, slots [0, ns) for
+ * the shared pass and [ns, ns + no) for the own pass. A merge kernel (two warps a block, spread
+ * over the SMs) folds the slots into out and lse (natural log of the scaled scores). Empty rows
+ * give out = 0, lse = -inf, as the CPU reference.
  *
  * The grid depends only on T (and the model dims): ranges are read from device memory, so the
  * launch can be captured in a CUDA graph. Used for D = 64 / 128 and H/K in {1, 2, 4, 8}. */
 
-enum { DEC_MAX_T = 256, DEC_NW = 8, DEC_KC = 32 };   /* 8 warps: half the rows per warp (the kernels
-                                                       are latency-bound, one block per SM) */
+enum { DEC_MAX_T = 256, DEC_BN = 64, DEC_NW = 4, DEC_SPLITS = 16, DEC_OWN_SPLITS = 8 };
 
-template <int HPG>
+template <int HPG, bool OWN>
 struct dec_shape {
-    static constexpr int QT = HPG >= 8 ? 8 : 16;           /* queries per tile */
-    static constexpr int ROWS = QT * HPG;                  /* query rows per block (<= 64) */
-    static constexpr int MR = ROWS / DEC_NW;               /* rows per warp */
+    static constexpr int QT = OWN ? 1 : HPG >= 8 ? 8 : 16;   /* queries per tile */
+    static constexpr int ROWS = QT * HPG;                      /* query rows per block (<= 64) */
+    static constexpr int MT = (ROWS + 15) / 16;                /* m16 tiles */
+    static constexpr int WK = DEC_NW / MT;                     /* warps per m16 tile (key split) */
+    static constexpr int KW = DEC_BN / WK;                     /* keys per warp per chunk */
 };
 
-/* Number of splits of the shared ranges for T queries: about one block per SM, at most 32. */
-static inline int dec_splits(int n_sm, int T, int K, int qt) {
-    int blocks = ((T + qt - 1) / qt) * K, ns = (n_sm + blocks - 1) / blocks;
-    return ns < 1 ? 1 : ns > 32 ? 32 : ns;
+template <int D, int HPG, bool OWN>
+struct dec_smem {
+    static constexpr int ST = D + 8;
+    static constexpr size_t Q = (size_t)dec_shape<HPG, OWN>::MT * 16 * ST * 2, KV = (size_t)DEC_BN * ST * 2;
+    static constexpr size_t RED = (size_t)DEC_NW * 16 * (D + 4) * 4;   /* combine buffer, over the ring */
+    static constexpr size_t BYTES = Q + (4 * KV > RED ? 4 * KV : RED);
+};
+
+/* Splits of a pass with `blocks` blocks a split: about two blocks an SM, at most cap. */
+static inline int dec_splits(int n_sm, int blocks, int cap) {
+    int ns = (2 * n_sm + blocks - 1) / blocks;
+    return ns < 1 ? 1 : ns > cap ? cap : ns;
 }
 
-template <int D, int HPG>
+template <int D, int HPG, bool OWN>
 __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc, float2 *pml, const bf16 *q,
                                                                    const bf16 *k, const bf16 *v, attn_ranges r,
-                                                                   int T, int H, int K, float scale2) {
-    using S = dec_shape<HPG>;
-    constexpr int QT = S::QT, ROWS = S::ROWS, MR = S::MR, DL = D / 32, KP = D + 8;
-    __shared__ __align__(16) bf16 q_s[ROWS][D];
-    __shared__ __align__(16) bf16 k_s[DEC_KC][KP];
-    __shared__ __align__(16) bf16 v_s[DEC_KC][D];
-    __shared__ float p_s[ROWS][DEC_KC + 1];
+                                                                   int T, int H, int K, float sc2, int slot0) {
+    using S = dec_shape<HPG, OWN>;
+    constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
+    constexpr int ST = D + 8, TILE = DEC_BN * ST;
+    extern __shared__ __align__(16) unsigned char dec_dyn[];
+    bf16 *q_s = (bf16 *)dec_dyn, *kv_s = q_s + MT * 16 * ST;   /* ring: k0 v0 k1 v1 */
     __shared__ int seg_s[QT][4];                  /* qa, qb (tile-relative), lo, hi */
-    __shared__ int rng_s[QT][4];
+    __shared__ int rng_s[QT][2];
     __shared__ int nseg_s;
+    __shared__ float m_s[DEC_NW][16], l_s[DEC_NW][16];
     const int s = blockIdx.x, ns = gridDim.x, t0 = blockIdx.y * QT, g = blockIdx.z;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w / WK, kw = w % WK;
+    pdl_wait();
+    pdl_trigger();
 
-    /* queries of the tile: their rows of q and their ranges */
-    for (int i = threadIdx.x; i < ROWS * (D / 8); i += blockDim.x) {
+    /* the tile's query rows (row = query * HPG + head of the group; padding rows zero) */
+    for (int i = threadIdx.x; i < MT * 16 * (D / 8); i += blockDim.x) {
         int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / HPG, h = g * HPG + row % HPG;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (t < T) val = *(const uint4 *)(q + ((size_t)t * H + h) * D + c8 * 8);
-        *(uint4 *)&q_s[row][c8 * 8] = val;
+        bool ok = row < ROWS && t < T;
+        fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)t * H + h) * D + c8 * 8 : q, ok);
     }
+    fa_commit();
     if (threadIdx.x < QT) {
-        int t = t0 + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-        if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
-        rng_s[threadIdx.x][0] = a0; rng_s[threadIdx.x][1] = a1;
-        rng_s[threadIdx.x][2] = b0; rng_s[threadIdx.x][3] = b1;
+        int t = t0 + threadIdx.x, lo = 0, hi = 0;
+        if (t < T) { lo = OWN ? r.b0[t] : r.a0[t]; hi = OWN ? r.b1[t] : r.a1[t]; }
+        rng_s[threadIdx.x][0] = lo; rng_s[threadIdx.x][1] = hi;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         int n = 0, nq = T - t0 < QT ? T - t0 : QT;
-        for (int pass = 0; pass < 1; pass++)
-            for (int i = 0; i < nq;) {
-                int lo = rng_s[i][2 * pass], hi = rng_s[i][2 * pass + 1], j = i + 1;
-                while (j < nq && rng_s[j][2 * pass] == lo && rng_s[j][2 * pass + 1] == hi) j++;
-                if (hi > lo) { seg_s[n][0] = i; seg_s[n][1] = j; seg_s[n][2] = lo; seg_s[n][3] = hi; n++; }
-                i = j;
-            }
+        for (int i = 0; i < nq;) {
+            int lo = rng_s[i][0], hi = rng_s[i][1], j = i + 1;
+            while (j < nq && rng_s[j][0] == lo && rng_s[j][1] == hi) j++;
+            if (hi > lo) { seg_s[n][0] = i; seg_s[n][1] = j; seg_s[n][2] = lo; seg_s[n][3] = hi; n++; }
+            i = j;
+        }
         nseg_s = n;
     }
     __syncthreads();
-
-    float m[MR], l[MR], acc[MR][DL];
-#pragma unroll
-    for (int i = 0; i < MR; i++) {
-        m[i] = -INFINITY; l[i] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < DL; d++) acc[i][d] = 0.0f;
-    }
     const int nseg = nseg_s;
-    for (int sg = 0; sg < nseg; sg++) {
-        const int qa = seg_s[sg][0], qb = seg_s[sg][1], lo0 = seg_s[sg][2], hi0 = seg_s[sg][3];
-        int per = (hi0 - lo0 + ns - 1) / ns;
-        per = (per + DEC_KC - 1) / DEC_KC * DEC_KC;
-        const int lo = lo0 + s * per, hi = min(hi0, lo + per);
-        for (int j0 = lo; j0 < hi; j0 += DEC_KC) {
-            __syncthreads();   /* previous chunk's readers are done */
-            for (int i = threadIdx.x; i < DEC_KC * (D / 8); i += blockDim.x) {
-                int kk = i / (D / 8), c8 = i % (D / 8), j = j0 + kk;
-                uint4 a = make_uint4(0, 0, 0, 0), b = a;
-                if (j < hi) {
-                    size_t off = ((size_t)j * K + g) * D + c8 * 8;
-                    a = *(const uint4 *)(k + off);
-                    b = *(const uint4 *)(v + off);
+
+    /* split s of segment sg: keys [lo, hi), pieces rounded up to 16 keys */
+    auto piece = [&](int sg, int &lo, int &hi) {
+        int a = seg_s[sg][2], b = seg_s[sg][3], per = ((b - a + ns - 1) / ns + 15) & ~15;
+        lo = a + s * per; hi = min(b, lo + per);
+    };
+    /* the next chunk after (sg, j0): advances within the piece, then to the next non-empty one */
+    auto next = [&](int &sg, int &j0, int &hi) {
+        int lo;
+        if (sg >= 0) { j0 += DEC_BN; if (j0 < hi) return; }
+        for (sg++; sg < nseg; sg++) { piece(sg, lo, hi); if (lo < hi) { j0 = lo; return; } }
+    };
+    auto issue = [&](int st, int j0, int hi) {
+        bf16 *ks = kv_s + 2 * st * TILE, *vs = ks + TILE;
+        for (int i = threadIdx.x; i < DEC_BN * (D / 8); i += blockDim.x) {
+            int kk = i / (D / 8), c8 = i % (D / 8), j = j0 + kk;
+            bool ok = j < hi;
+            size_t off = ok ? ((size_t)j * K + g) * D + c8 * 8 : 0;
+            fa_cp16(ks + kk * ST + c8 * 8, k + off, ok);
+            fa_cp16(vs + kk * ST + c8 * 8, v + off, ok);
+        }
+    };
+
+    float o[1][D / 8][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+    fa_zero(o);
+    int sg = -1, j0 = 0, hi = 0, st = 0;
+    next(sg, j0, hi);
+    if (sg < nseg) issue(0, j0, hi);
+    fa_commit();
+    while (sg < nseg) {
+        int sg2 = sg, j02 = j0, hi2 = hi;
+        next(sg2, j02, hi2);
+        if (sg2 < nseg) issue(st ^ 1, j02, hi2);
+        fa_commit();
+        fa_wait<1>();
+        __syncthreads();
+        const int qa = seg_s[sg][0], qb = seg_s[sg][1];
+        const int row0 = mt * 16, r_lo = row0 + (lane >> 2), kb = j0 + kw * KW;
+        const bool rows_in = row0 < ROWS && row0 / HPG < qb && (row0 + 15) / HPG >= qa;
+        if (rows_in && kb < hi) {
+            const bf16 *ks = kv_s + 2 * st * TILE + kw * KW * ST;
+            float sa[1][NT][4];
+            fa_zero(sa);
+            mma_abt<1, NT, D>(sa, q_s + row0 * ST, ks, ST);
+            const bool in0 = r_lo / HPG >= qa && r_lo / HPG < qb, in1 = (r_lo + 8) / HPG >= qa && (r_lo + 8) / HPG < qb;
+            float mx0 = m[0], mx1 = m[1];
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    bool kin = kb + n * 8 + 2 * (lane & 3) + e < hi;
+                    if (!(kin && in0)) sa[0][n][e] = -INFINITY;
+                    if (!(kin && in1)) sa[0][n][2 + e] = -INFINITY;
+                    mx0 = fmaxf(mx0, sa[0][n][e]);
+                    mx1 = fmaxf(mx1, sa[0][n][2 + e]);
                 }
-                *(uint4 *)&k_s[kk][c8 * 8] = a;
-                *(uint4 *)&v_s[kk][c8 * 8] = b;
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1)); mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1)); mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+            float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
+            float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
+            m[0] = mx0; m[1] = mx1;
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0)); sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
+                sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1)); sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
+                s0 += sa[0][n][0] + sa[0][n][1];
+                s1 += sa[0][n][2] + sa[0][n][3];
             }
-            __syncthreads();
-            const bool valid = j0 + lane < hi;
-            float sc[MR];
+            l[0] = l[0] * c0 + s0; l[1] = l[1] * c1 + s1;
 #pragma unroll
-            for (int i = 0; i < MR; i++) sc[i] = 0.0f;
-#pragma unroll 4
-            for (int d = 0; d < D; d += 8) {
-                uint4 kr = *(const uint4 *)&k_s[lane][d];
-                const bf162 *k2 = (const bf162 *)&kr;
-                float2 kf[4];
+            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c0; o[0][n][1] *= c0; o[0][n][2] *= c1; o[0][n][3] *= c1; }
+            mma_pb<1, NT / 2, D / 8>(o, sa, ks + TILE, ST);
+        }
+        __syncthreads();   /* stage st is free for the chunk after next */
+        sg = sg2; j0 = j02; hi = hi2; st ^= 1;
+    }
+    fa_wait<0>();
+
+    /* combine the WK warps of each m16 tile: (max, sum) through m_s / l_s, accumulators
+     * through red (over the ring), then each row of a real query goes to slot slot0 + s */
+    float *red = (float *)kv_s;
+    constexpr int RS = D + 4;
 #pragma unroll
-                for (int e = 0; e < 4; e++) kf[e] = __bfloat1622float2(k2[e]);
-#pragma unroll
-                for (int i = 0; i < MR; i++) {
-                    int row = w + DEC_NW * i, qi = row / HPG;
-                    if (qi < qa || qi >= qb) continue;
-                    uint4 qr = *(const uint4 *)&q_s[row][d];
-                    const bf162 *q2 = (const bf162 *)&qr;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float2 qf = __bfloat1622float2(q2[e]);
-                        sc[i] = fmaf(qf.x, kf[e].x, fmaf(qf.y, kf[e].y, sc[i]));
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < MR; i++) {
-                int row = w + DEC_NW * i, qi = row / HPG;
-                if (qi < qa || qi >= qb) continue;
-                float x = valid ? sc[i] * scale2 : -INFINITY;
-                float mn = fmaxf(m[i], warp_max(x));
-                float corr = exp2f(m[i] - mn), p = exp2f(x - mn);   /* mn is finite: a valid key exists */
-                l[i] = l[i] * corr + p;                             /* per lane; summed at the end */
-#pragma unroll
-                for (int d = 0; d < DL; d++) acc[i][d] *= corr;
-                m[i] = mn;
-                p_s[row][lane] = p;
-            }
-            __syncwarp();
-            for (int j = 0; j < DEC_KC && j0 + j < hi; j++) {
-                float vf[DL];
-                if (DL == 4) {
-                    uint2 vr = *(const uint2 *)&v_s[j][lane * 4];
-                    float2 a = __bfloat1622float2(*(const bf162 *)&vr.x), b = __bfloat1622float2(*(const bf162 *)&vr.y);
-                    vf[0] = a.x; vf[1] = a.y; vf[DL > 2 ? 2 : 0] = b.x; vf[DL > 3 ? 3 : 1] = b.y;
-                } else {
-                    float2 a = __bfloat1622float2(*(const bf162 *)&v_s[j][lane * 2]);
-                    vf[0] = a.x; vf[DL > 1 ? 1 : 0] = a.y;
-                }
-#pragma unroll
-                for (int i = 0; i < MR; i++) {
-                    int row = w + DEC_NW * i, qi = row / HPG;
-                    if (qi < qa || qi >= qb) continue;
-                    float p = p_s[row][j];
-#pragma unroll
-                    for (int d = 0; d < DL; d++) acc[i][d] = fmaf(p, vf[d], acc[i][d]);
-                }
-            }
+    for (int hf = 0; hf < 2; hf++) {
+        float L = l[hf];
+        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+        if ((lane & 3) == 0) {
+            m_s[w][(lane >> 2) + 8 * hf] = m[hf] == -INFINITY ? -INFINITY : m[hf] * sc2;
+            l_s[w][(lane >> 2) + 8 * hf] = L;
         }
     }
-    /* partials of this split: rows of real queries */
 #pragma unroll
-    for (int i = 0; i < MR; i++) {
-        int row = w + DEC_NW * i, t = t0 + row / HPG, h = g * HPG + row % HPG;
-        float lsum = warp_sum(l[i]);
+    for (int n = 0; n < D / 8; n++) {
+        float *r0 = red + ((size_t)w * 16 + (lane >> 2)) * RS + n * 8 + 2 * (lane & 3);
+        r0[0] = o[0][n][0]; r0[1] = o[0][n][1];
+        r0[8 * RS] = o[0][n][2]; r0[8 * RS + 1] = o[0][n][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ROWS * (D / 4); i += blockDim.x) {
+        const int row = i / (D / 4), d4 = (i % (D / 4)) * 4, t = t0 + row / HPG, h = g * HPG + row % HPG;
         if (t >= T) continue;
-        size_t o = ((size_t)s * T + t) * H + h;
-        if (lane == 0) pml[o] = make_float2(m[i], lsum);
+        const int tm = row / 16, rr = row % 16;
+        float M = -INFINITY;
 #pragma unroll
-        for (int d = 0; d < DL; d++) pacc[o * D + lane * DL + d] = acc[i][d];
+        for (int x = 0; x < WK; x++) M = fmaxf(M, m_s[tm * WK + x][rr]);
+        float L = 0.0f, a[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+        for (int x = 0; x < WK; x++) {
+            const int wx = tm * WK + x;
+            const float f = M == -INFINITY || m_s[wx][rr] == -INFINITY ? 0.0f : exp2f(m_s[wx][rr] - M);
+            L += l_s[wx][rr] * f;
+            const float4 v4 = *(const float4 *)(red + ((size_t)wx * 16 + rr) * RS + d4);
+            a[0] += v4.x * f; a[1] += v4.y * f; a[2] += v4.z * f; a[3] += v4.w * f;
+        }
+        const size_t oi = ((size_t)(slot0 + s) * T + t) * H + h;
+        if (d4 == 0) pml[oi] = make_float2(M, L);
+        *(float4 *)(pacc + oi * D + d4) = make_float4(a[0], a[1], a[2], a[3]);
     }
 }
 
-/* Own ranges [b0, b1): a block per (query, kv head), warp w takes the w-th eighth of the range
- * for the H/K heads of the group, keys straight from global memory (lane j: key j of a 32-key
- * chunk), no shared memory or block syncs. Writes partial slots ns + w. */
-template <int D, int HPG>
-__global__ void __launch_bounds__(32 * DEC_NW) attn_dec_own_kernel(float *pacc, float2 *pml, const bf16 *q,
-                                                                  const bf16 *k, const bf16 *v, attn_ranges r,
-                                                                  int T, int H, int K, float scale2, int ns) {
-    constexpr int DL = D / 32;
-    const int t = blockIdx.x, g = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int b0 = r.b0[t], b1 = r.b1[t], len = b1 > b0 ? b1 - b0 : 0, per = (len + DEC_NW - 1) / DEC_NW;
-    const int lo = b0 + w * per, hi = min(b1, lo + per);
-    float m[HPG], l[HPG], acc[HPG][DL];
-#pragma unroll
-    for (int i = 0; i < HPG; i++) {
-        m[i] = -INFINITY; l[i] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < DL; d++) acc[i][d] = 0.0f;
-    }
-    const bf16 *qt = q + ((size_t)t * H + g * HPG) * D;
-    for (int j0 = lo; j0 < hi; j0 += 32) {
-        const int j = j0 + lane;
-        const bool valid = j < hi;
-        float sc[HPG];
-#pragma unroll
-        for (int i = 0; i < HPG; i++) sc[i] = 0.0f;
-        if (valid) {
-            const bf16 *kr = k + ((size_t)j * K + g) * D;
-#pragma unroll 4
-            for (int d = 0; d < D; d += 8) {
-                uint4 kv = *(const uint4 *)(kr + d);
-                const bf162 *k2 = (const bf162 *)&kv;
-#pragma unroll
-                for (int i = 0; i < HPG; i++) {
-                    uint4 qv = *(const uint4 *)(qt + i * D + d);
-                    const bf162 *q2 = (const bf162 *)&qv;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float2 a = __bfloat1622float2(q2[e]), b = __bfloat1622float2(k2[e]);
-                        sc[i] = fmaf(a.x, b.x, fmaf(a.y, b.y, sc[i]));
-                    }
-                }
-            }
-        }
-        float p[HPG];
-#pragma unroll
-        for (int i = 0; i < HPG; i++) {
-            float x = valid ? sc[i] * scale2 : -INFINITY;
-            float mn = fmaxf(m[i], warp_max(x));
-            float corr = exp2f(m[i] - mn);
-            p[i] = exp2f(x - mn);
-            l[i] = l[i] * corr + p[i];
-#pragma unroll
-            for (int d = 0; d < DL; d++) acc[i][d] *= corr;
-            m[i] = mn;
-        }
-        const int n = min(32, hi - j0);
-        for (int jj = 0; jj < n; jj++) {
-            const bf16 *vr = v + ((size_t)(j0 + jj) * K + g) * D + lane * DL;
-            float vf[DL];
-#pragma unroll
-            for (int d = 0; d < DL; d += 2) {
-                float2 a = __bfloat1622float2(*(const bf162 *)(vr + d));
-                vf[d] = a.x; vf[d + 1] = a.y;
-            }
-#pragma unroll
-            for (int i = 0; i < HPG; i++) {
-                float pj = __shfl_sync(0xffffffffu, p[i], jj);
-#pragma unroll
-                for (int d = 0; d < DL; d++) acc[i][d] = fmaf(pj, vf[d], acc[i][d]);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < HPG; i++) {
-        float lsum = warp_sum(l[i]);
-        size_t o = ((size_t)(ns + w) * T + t) * H + g * HPG + i;
-        if (lane == 0) pml[o] = make_float2(m[i], lsum);
-#pragma unroll
-        for (int d = 0; d < DL; d++) pacc[o * D + lane * DL + d] = acc[i][d];
-    }
-}
-
-/* One warp per (query, head): merge the nsl partial slots (at most 64). */
+/* One warp per (query, head), a lane per D/32 columns: merge the nsl partial slots. Every slot
+ * was written (empty ones as max -inf, sum 0, accumulator 0); each lane reads the slots' (max,
+ * sum) itself (one broadcast load a slot), so the loops carry no shuffles and their loads go
+ * out eight slots at a time. */
 template <int D>
 __global__ void attn_dec_merge_kernel(bf16 *out, float *lse, const float *pacc, const float2 *pml, int T, int H,
                                       int nsl) {
     constexpr int DL = D / 32;
+    pdl_wait();
+    pdl_trigger();
     int wi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (wi >= T * H) return;
-    size_t TH = (size_t)T * H;
-    float2 a = lane < nsl ? pml[lane * TH + wi] : make_float2(-INFINITY, 0.0f);
-    float2 b = lane + 32 < nsl ? pml[(lane + 32) * TH + wi] : make_float2(-INFINITY, 0.0f);
-    float M = warp_max(fmaxf(a.x, b.x));
-    float fa = M == -INFINITY || a.x == -INFINITY ? 0.0f : exp2f(a.x - M);
-    float fb = M == -INFINITY || b.x == -INFINITY ? 0.0f : exp2f(b.x - M);
-    float L = warp_sum(a.y * fa + b.y * fb), o[DL];
+    const size_t TH = (size_t)T * H;
+    const float2 *ml = pml + wi;
+    float M = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < nsl; s++) M = fmaxf(M, ml[s * TH].x);
+    float L = 0.0f, o[DL];
 #pragma unroll
     for (int d = 0; d < DL; d++) o[d] = 0.0f;
-#pragma unroll 4
+    const float *src = pacc + wi * D + lane * DL;
+#pragma unroll 8
     for (int s = 0; s < nsl; s++) {
-        float f = __shfl_sync(0xffffffffu, s < 32 ? fa : fb, s & 31);
-        if (f == 0.0f) continue;
-        const float *src = pacc + (s * TH + wi) * D + lane * DL;
-#pragma unroll
-        for (int d = 0; d < DL; d++) o[d] += src[d] * f;
+        const float2 a = ml[s * TH];
+        const float f = a.x == -INFINITY ? 0.0f : exp2f(a.x - M);
+        L += a.y * f;
+        if (DL == 4) {
+            float4 x = *(const float4 *)(src + s * TH * D);
+            o[0] += x.x * f; o[DL > 1 ? 1 : 0] += x.y * f; o[DL > 2 ? 2 : 0] += x.z * f; o[DL > 3 ? 3 : 0] += x.w * f;
+        } else {
+            float2 x = *(const float2 *)(src + s * TH * D);
+            o[0] += x.x * f; o[DL > 1 ? 1 : 0] += x.y * f;
+        }
     }
     float inv = L > 0.0f ? 1.0f / L : 0.0f;
     bf16 *dst = out + (size_t)wi * D + lane * DL;
@@ -286,24 +249,41 @@ __global__ void attn_dec_merge_kernel(bf16 *out, float *lse, const float *pacc, 
     if (lane == 0) lse[wi] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * LN2;
 }
 
+template <int D, int HPG, bool OWN>
+static void attn_dec_part(cu_ctx *c, float *pacc, float2 *pml, const bf16 *q, const bf16 *k, const bf16 *v,
+                          attn_ranges r, int T, int H, int K, float sc2, int ns, int slot0) {
+    constexpr int QT = dec_shape<HPG, OWN>::QT;
+    const size_t smem = dec_smem<D, HPG, OWN>::BYTES;
+    static unsigned done;   /* per device ordinal: the attribute is set once, before any capture */
+    int dev = 0;
+    CU_CK(c, cudaGetDevice(&dev));
+    if (!(done & (1u << (dev & 31)))) {
+        CU_CK(c, cudaFuncSetAttribute(attn_dec_part_kernel<D, HPG, OWN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem));
+        done |= 1u << (dev & 31);
+    }
+    if (c->failed) return;
+    cu_launch_pdl(c, "attn_dec_part_kernel", attn_dec_part_kernel<D, HPG, OWN>, dim3(ns, (T + QT - 1) / QT, K),
+                  dim3(32 * DEC_NW), smem, pacc, pml, q, k, v, r, T, H, K, sc2, slot0);
+}
+
 template <int D, int HPG>
 static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                            attn_ranges r, int T, int H, int K, float scale2) {
-    constexpr int QT = dec_shape<HPG>::QT;
-    int ns = dec_splits(c->n_sm, T, K, QT), nsl = ns + DEC_NW;
+                            attn_ranges r, int T, int H, int K, float sc2) {
+    constexpr int QT = dec_shape<HPG, false>::QT;
+    int ns = dec_splits(c->n_sm, (T + QT - 1) / QT * K, DEC_SPLITS), no = dec_splits(c->n_sm, T * K, DEC_OWN_SPLITS);
+    int nsl = ns + no;
     size_t acc_bytes = ((size_t)nsl * T * H * D * sizeof(float) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, acc_bytes + (size_t)nsl * T * H * sizeof(float2));
     if (!s) return;
     float *pacc = (float *)s;
     float2 *pml = (float2 *)(s + acc_bytes);
-    attn_dec_part_kernel<D, HPG><<<dim3(ns, (T + QT - 1) / QT, K), 32 * DEC_NW, 0, c->stream>>>(
-        pacc, pml, q, k, v, r, T, H, K, scale2);
-    CU_LAUNCHED(c, "attn_dec_part_kernel");
-    attn_dec_own_kernel<D, HPG><<<dim3(T, K), 32 * DEC_NW, 0, c->stream>>>(pacc, pml, q, k, v, r, T, H, K, scale2, ns);
-    CU_LAUNCHED(c, "attn_dec_own_kernel");
+    attn_dec_part<D, HPG, false>(c, pacc, pml, q, k, v, r, T, H, K, sc2, ns, 0);
+    attn_dec_part<D, HPG, true>(c, pacc, pml, q, k, v, r, T, H, K, sc2, no, ns);
+    if (c->failed) return;
     int warps = T * H;
-    attn_dec_merge_kernel<D><<<(warps + 1) / 2, 64, 0, c->stream>>>(out, lse, pacc, pml, T, H, nsl);
-    CU_LAUNCHED(c, "attn_dec_merge_kernel");
+    cu_launch_pdl(c, "attn_dec_merge_kernel", attn_dec_merge_kernel<D>, dim3((warps + 1) / 2), dim3(64), 0, out, lse,
+                  (const float *)pacc, (const float2 *)pml, T, H, nsl);
 }
 
 /* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */

@@ -66,6 +66,36 @@ static inline unsigned cu_blocks(long long n, int threads) {
 }
 
 #ifdef __CUDACC__
+#include <stdlib.h>
+/* Programmatic dependent launch (sm_90): a kernel launched by cu_launch_pdl may start while
+ * the kernel before it in the stream is still running; it must call pdl_wait() before it reads
+ * anything an earlier kernel wrote (what it reads before, such as weights, must be written
+ * by nothing in flight) and before it exits, and calls pdl_trigger() to let the next kernel
+ * start early. Both are no-ops in a kernel launched the ordinary way. Used on the decode
+ * step's chain of short kernels (the few-row GEMM prefetches its weights before the wait), so
+ * each one's launch and prologue overlap the one before. GRPOD_PDL=0 launches them plainly. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+static inline int cu_pdl_on(void) {
+    static int on = -1;
+    if (on < 0) { const char *e = getenv("GRPOD_PDL"); on = !(e && e[0] == '0'); }
+    return on;
+}
+template <typename... KArgs, typename... Args>
+static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                 size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = c->stream;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at; cfg.numAttrs = cu_pdl_on();
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) cu_fail(c, name, cudaGetErrorString(e), __FILE__, __LINE__);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

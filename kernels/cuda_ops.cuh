@@ -32,6 +32,10 @@ void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha
              const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias);
 void gemm_cache_free(cu_ctx *c);   /* at context destruction */
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
+/* out[i] = inp · w[i]^T + bias[i] for n layers sharing inp: one launch when the few-row kernel
+ * takes them all. */
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const int *O, int n,
+                       const bf16 *inp, int T, int I);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
                      const bf16 *w, int T, int I, int O);
 

@@ -242,16 +242,28 @@ struct sk_shape {
     static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16;
 };
 
+/* Up to SK_PARTS weights sharing the input x, one launch: part i owns blocks [b0[i], b0[i + 1]). */
+enum { SK_PARTS = 3 };
+typedef struct {
+    bf16 *out[SK_PARTS];
+    const bf16 *w[SK_PARTS], *bias[SK_PARTS];
+    int O[SK_PARTS], b0[SK_PARTS + 1], n;
+} sk_args;
+
 template <int MT, int NT>
-__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const bf16 *x, const bf16 *w,
-                                                              const bf16 *bias, int T, int I, int O) {
+__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
     constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
     extern __shared__ uint4 sk_ring[];   /* [S][L][NTH] */
+    int pi = 0;
+    while (pi + 1 < a.n && (int)blockIdx.x >= a.b0[pi + 1]) pi++;
+    bf16 *const out = a.out[pi];
+    const bf16 *const w = a.w[pi], *const bias = a.bias[pi];
+    const int O = a.O[pi];
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int o0 = blockIdx.x * 8 * NT, nch = I / SK_KC;
+    const int o0 = ((int)blockIdx.x - a.b0[pi]) * 8 * NT, nch = I / SK_KC;
     const int c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
 
-    auto issue = [&](int c, int st) {
+    auto issue_w = [&](int c, int st) {
         const int k = c * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)st * L * NTH + tid;
 #pragma unroll
@@ -261,6 +273,10 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const 
             sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
             sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
         }
+    };
+    auto issue_x = [&](int c, int st) {
+        const int k = c * SK_KC + q * 8;
+        uint4 *b = sk_ring + (size_t)st * L * NTH + tid;
 #pragma unroll
         for (int r = 0; r < 2 * MT; r++) {
             const int t = (r >> 1) * 16 + g + 8 * (r & 1);
@@ -269,6 +285,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const 
             sk_cp16(b + (2 * NT + 2 * r + 1) * NTH, p + 32, t < T ? 16 : 0);
         }
     };
+    auto issue = [&](int c, int st) { issue_w(c, st); issue_x(c, st); };
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -278,9 +295,16 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const 
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
 
+    /* the weights of the first stages go out before the wait for the kernel before (x is its
+     * output; W is written by nothing in flight), so they stream in while it finishes */
+#pragma unroll
+    for (int i = 0; i < S - 1; i++)
+        if (i < n) issue_w(c0 + i, i);
+    pdl_wait();
+    pdl_trigger();
 #pragma unroll
     for (int i = 0; i < S - 1; i++) {
-        if (i < n) issue(c0 + i, i);
+        if (i < n) issue_x(c0 + i, i);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     for (int i = 0; i < n; i++) {
@@ -335,8 +359,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(bf16 *out, const 
 }
 
 template <int MT, int NT>
-static void skinny_launch(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I,
-                          int O) {
+static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
     static unsigned done;   /* per device ordinal: the attribute is set once, before any capture */
     int dev = 0;
@@ -346,8 +369,9 @@ static void skinny_launch(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, 
         done |= 1u << (dev & 31);
     }
     if (c->failed) return;
-    skinny_kernel<MT, NT><<<(O + 8 * NT - 1) / (8 * NT), 32 * SK_WARPS, smem, c->stream>>>(out, inp, w, bias, T, I, O);
-    CU_LAUNCHED(c, "skinny_kernel");
+    a.b0[0] = 0;
+    for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + 8 * NT - 1) / (8 * NT);
+    cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(a.b0[a.n]), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
 
 /* Outputs per block (8 NT): one block per SM runs (the ring fills its shared memory), so the
@@ -365,20 +389,24 @@ static int skinny_nt(int n_sm, int O, int MT) {
     return best;
 }
 
-/* 1 when the few-row kernel took y = x W^T + b: T <= SK_AUTO_T, I a multiple of 64, 16-byte
- * aligned x and W, and W at most 64M values (the lm head stays on cuBLASLt, at its floor there).
+/* 1 when the few-row kernel took y_i = x W_i^T + b_i for the a.n parts: T <= SK_AUTO_T, I a
+ * multiple of 64, 16-byte aligned x and W, and each W at most 64M values (the lm head stays on
+ * cuBLASLt, at its floor there).
  * H100, Qwen3-1.7B shapes, us per call in a graph (bench_rollout gemm), skinny vs cuBLASLt tuned:
  * T=16: 2048x2048 5.6 vs 6.4, 2048->1024 4.4 vs 5.6, 2048->6144 11.4 vs 11.4, 6144->2048 11.9
  * vs 13.2; T=1 faster still; T=64 slower (9.8 vs 6.6, 25 vs 11: MT=4 limits NT to 2), so
  * T > 16 goes to cuBLASLt. GRPOD_SKINNY=0 turns it off, =1 takes it up to T = 64 and any size. */
-static int skinny(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
+static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     const char *e = getenv("GRPOD_SKINNY");
-    if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16 || align_of(w) < 16 ||
-        ((long long)O * I > (64LL << 20) && !(e && e[0] == '1')))
-        return 0;
+    if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
-    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, O, MT);
-#define SK_L(M, N) skinny_launch<M, N>(c, out, inp, w, bias, T, I, O)
+    int Osum = 0;
+    for (int i = 0; i < a.n; i++) {
+        if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
+        Osum += a.O[i];
+    }
+    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, Osum, MT);
+#define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
     } else if (MT == 2) {
@@ -392,8 +420,22 @@ static int skinny(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf
 
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
     if (c->failed || T <= 0) return;
-    if (skinny(c, out, inp, w, bias, T, I, O)) return;
+    sk_args a = {};
+    a.n = 1; a.out[0] = out; a.w[0] = w; a.bias[0] = bias; a.O[0] = O;
+    if (skinny(c, a, inp, T, I)) return;
     gemm_lt(c, 1, 0, O, T, I, 1.0f, w, I, inp, I, 0.0f, out, O, 0, bias);
+}
+
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const int *O, int n,
+                       const bf16 *inp, int T, int I) {
+    if (c->failed || T <= 0) return;
+    if (n >= 1 && n <= SK_PARTS) {
+        sk_args a = {};
+        a.n = n;
+        for (int i = 0; i < n; i++) { a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.O[i] = O[i]; }
+        if (skinny(c, a, inp, T, I)) return;
+    }
+    for (int i = 0; i < n; i++) matmul_fwd_cuda(c, out[i], inp, w[i], bias[i], T, I, O[i]);
 }
 
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,

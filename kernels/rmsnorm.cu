@@ -60,6 +60,8 @@ __global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *o
                                                                         const bf16 *inp, const bf16 *res,
                                                                         const bf16 *w, int C, float eps) {
     __shared__ float part[RMS_SMALL_NT / 32];
+    pdl_wait();
+    pdl_trigger();
     const int row = blockIdx.x, lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const size_t o = (size_t)row * C;
     float x[RMS_SMALL_K][V], ss = 0;
@@ -106,6 +108,8 @@ __device__ __forceinline__ float rope_sgn(int lane) { return lane < 16 ? -1.0f :
 template <int V>
 __global__ void rmsnorm_rope_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
                                         const float *inv_freq, int rows, int H, int D, float eps) {
+    pdl_wait();
+    pdl_trigger();
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -246,9 +250,8 @@ static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, bf16 *sum, const bf16 
     if (c->failed || T <= 0) return;
     int vw = vec_width(C, out, sum, inp, res, w);
     if (T <= RMS_SMALL_T && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
-        if (vw == 8) rmsnorm_fwd_small_kernel<8><<<T, RMS_SMALL_NT, 0, c->stream>>>(out, rstd, sum, inp, res, w, C, eps);
-        else rmsnorm_fwd_small_kernel<4><<<T, RMS_SMALL_NT, 0, c->stream>>>(out, rstd, sum, inp, res, w, C, eps);
-        CU_LAUNCHED(c, "rmsnorm_fwd_small_kernel");
+        cu_launch_pdl(c, "rmsnorm_fwd_small_kernel", vw == 8 ? rmsnorm_fwd_small_kernel<8> : rmsnorm_fwd_small_kernel<4>,
+                      dim3(T), dim3(RMS_SMALL_NT), 0, out, rstd, sum, inp, res, w, C, eps);
         return;
     }
     unsigned blocks = cu_blocks(T, RMS_WARPS);
@@ -324,9 +327,9 @@ void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, c
     int rows = T * H;
     unsigned blocks = cu_blocks(rows, RMS_WARPS);
     switch (rope_v(D, out, inp, NULL, w)) {
-    case 4: rmsnorm_rope_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
-    case 2: rmsnorm_rope_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
-    case 1: rmsnorm_rope_fwd_kernel<1><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    case 4: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<4>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    case 2: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<2>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
+    case 1: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<1>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
     default:
         rmsnorm_fwd_cuda(c, out, rstd, inp, w, rows, D, eps);
         rope_fwd_cuda(c, out, pos, inv_freq, T, H, D);

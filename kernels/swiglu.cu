@@ -16,6 +16,8 @@ static unsigned ew_blocks(cu_ctx *c, long long n) {
 /* n / V vectors of V elements */
 template <int V>
 __global__ void swiglu_fwd_kernel(bf16 *out, const bf16 *gate, const bf16 *up, long long n) {
+    pdl_wait();
+    pdl_trigger();
     GRID_STRIDE(i, n / V) {
         float x[V], u[V];
         vload<V>(x, gate + i * V);
@@ -62,6 +64,8 @@ __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, long long n) {
 }
 
 __global__ void scatter_rows_kernel(bf16 *dst, const bf16 *src, const int *slot, int T, int row) {
+    pdl_wait();
+    pdl_trigger();
     long long n = (long long)T * row;
     GRID_STRIDE(i, n) {
         long long t = i / row, e = i - t * row;
@@ -80,7 +84,10 @@ __global__ void scatter_rows_kernel(bf16 *dst, const bf16 *src, const int *slot,
 
 void swiglu_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *gate, const bf16 *up, long long n) {
     if (c->failed || n <= 0) return;
-    VEC_LAUNCH(swiglu_fwd_kernel, vec_width(n, out, gate, up, NULL, NULL), n, out, gate, up, n);
+    int v = vec_width(n, out, gate, up, NULL, NULL);
+    void (*k)(bf16 *, const bf16 *, const bf16 *, long long) =
+        v == 8 ? swiglu_fwd_kernel<8> : v == 4 ? swiglu_fwd_kernel<4> : v == 2 ? swiglu_fwd_kernel<2> : swiglu_fwd_kernel<1>;
+    cu_launch_pdl(c, "swiglu_fwd_kernel", k, dim3(ew_blocks(c, n / v)), dim3(256), 0, out, gate, up, n);
 }
 
 void swiglu_bwd_cuda(cu_ctx *c, bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
@@ -102,6 +109,6 @@ void f32_to_bf16_cuda(cu_ctx *c, bf16 *dst, const float *src, long long n) {
 
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row) {
     if (c->failed || T <= 0 || row <= 0) return;
-    scatter_rows_kernel<<<ew_blocks(c, (long long)T * row), 256, 0, c->stream>>>(dst, src, slot, T, row);
-    CU_LAUNCHED(c, "scatter_rows_kernel");
+    cu_launch_pdl(c, "scatter_rows_kernel", scatter_rows_kernel, dim3(ew_blocks(c, (long long)T * row)), dim3(256), 0, dst,
+                  src, slot, T, row);
 }

@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is present.
 set -eu
 debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev pkg-config curl clang libclang-rt-14-dev systemd"
-pips="tokenizers pytest requests"
+pips="tokenizers pytest requests numpy"
 missing=""
 for p in $debs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

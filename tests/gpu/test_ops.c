@@ -195,6 +195,41 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
     free(x); free(w); free(b); free(y_c); free(y_g);
 }
 
+/* matmul_fwd_n: up to three layers sharing their input in one launch (q/k/v, gate/up), each
+ * part against the CPU backend; parts with odd O (a partial block at every part's end). */
+static void t_matmul_fwd_n(int T, int I, int n, const int *O, int bias) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d I=%d O=%d,%d,%d%s", T, I, O[0], n > 1 ? O[1] : 0, n > 2 ? O[2] : 0, bias ? " +bias" : "");
+    float *x = gc_rand((size_t)T * I, 1.0f, 41 + T);
+    mm_part pc[3], pg[3];
+    float *w[3], *b[3], *yc[3];
+    void *gw[3], *gb[3];
+    for (int i = 0; i < n; i++) {
+        w[i] = gc_rand((size_t)O[i] * I, 0.1f, 42 + i);
+        b[i] = gc_rand((size_t)O[i], 1.0f, 45 + i);
+        yc[i] = malloc((size_t)T * O[i] * 4);
+        pc[i] = (mm_part){ yc[i], w[i], bias ? b[i] : NULL, O[i] };
+        gw[i] = gc_act(gpu, w[i], (size_t)O[i] * I);
+        gb[i] = gc_act(gpu, b[i], (size_t)O[i]);
+        pg[i] = (mm_part){ gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], bias ? gb[i] : NULL, O[i] };
+    }
+    void *gx = gc_act(gpu, x, (size_t)T * I);
+    cpu->matmul_fwd_n(cpu, pc, n, x, T, I);
+    gpu->matmul_fwd_n(gpu, pg, n, gx, T, I);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        float *yg = gc_get_act(gpu, pg[i].out, (size_t)T * O[i]);
+        double e = rel_l2(yg, yc[i], (size_t)T * O[i]);
+        if (!(e <= worst)) worst = e;   /* NaN sticks */
+        free(yg);
+        gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]);
+        free(w[i]); free(b[i]); free(yc[i]);
+    }
+    gc_row("matmul_fwd_n", sh, worst, 3e-3);
+    gpu->free(gpu, gx);
+    free(x);
+}
+
 static void t_rope(int T, int H, int D) {
     char sh[64];
     snprintf(sh, sizeof sh, "T=%d H=%d D=%d", T, H, D);
@@ -583,6 +618,10 @@ int main(int argc, char **argv) {
         t_qk_norm_rope(5, 2, 48);
         t_matmul(37, 64, 40, 1);
         t_matmul(5, 64, 40, 1);
+        {
+            static const int odd[] = { 200, 72, 136 };
+            t_matmul_fwd_n(5, 320, 3, odd, 1);
+        }
         t_rope(7, 3, 64);
         t_elementwise(1001);
         t_scatter_rows(9, 13, 24);
@@ -629,6 +668,12 @@ int main(int argc, char **argv) {
             t_matmul_fwd(5, 320, 100, 1);
             t_matmul_fwd(64, 192, 1000, 0);
             t_matmul_fwd(17, 4096, 77, 1);
+            static const int qkv[] = { 2048, 1024, 1024 }, gu[] = { 6144, 6144 }, odd[] = { 200, 72, 136 };
+            t_matmul_fwd_n(16, 2048, 3, qkv, 1);
+            t_matmul_fwd_n(1, 2048, 3, qkv, 0);
+            t_matmul_fwd_n(9, 2048, 2, gu, 0);
+            t_matmul_fwd_n(5, 320, 3, odd, 1);
+            t_matmul_fwd_n(40, 320, 3, odd, 0);   /* above the few-row sizes: one GEMM a part */
         }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
