@@ -238,11 +238,15 @@ __device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, 
 template <int MT, int NT>
 struct sk_shape {
     static constexpr int L = 2 * NT + 4 * MT;                      /* 16-byte slots per thread per stage */
-    static constexpr int S = 48 / L > 2 ? 48 / L : 2;              /* stages: ~48 slots per thread */
-    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16;
+    static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4;   /* the warps' partial sums */
+    static constexpr int SFIT = (int)((227 * 1024 - RED) / ((size_t)L * 32 * SK_WARPS * 16));
+    static constexpr int S0 = 48 / L > 2 ? 48 / L : 2;            /* stages: ~48 slots per thread */
+    static constexpr int S = S0 < SFIT ? S0 : SFIT;
+    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED;
 };
 
-/* Up to SK_PARTS weights sharing the input x, one launch: part i owns blocks [b0[i], b0[i + 1]). */
+/* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
+ * of 8 NT outputs each. */
 enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
@@ -250,33 +254,47 @@ typedef struct {
     int O[SK_PARTS], b0[SK_PARTS + 1], n;
 } sk_args;
 
+/* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
+ * on across the block's tiles, so the loads of the next tile are in flight during a tile's
+ * reduction and no SM waits for a second wave to start. */
 template <int MT, int NT>
-__global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
+__global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
     constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
-    extern __shared__ uint4 sk_ring[];   /* [S][L][NTH] */
-    int pi = 0;
-    while (pi + 1 < a.n && (int)blockIdx.x >= a.b0[pi + 1]) pi++;
-    bf16 *const out = a.out[pi];
-    const bf16 *const w = a.w[pi], *const bias = a.bias[pi];
-    const int O = a.O[pi];
+    constexpr int RW = MT * 16, CW = NT * 8;
+    extern __shared__ uint4 sk_ring[];   /* [S][L][NTH], then red[warp][row RW][col CW] */
+    float *red = (float *)(sk_ring + (size_t)S * L * NTH);
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int o0 = ((int)blockIdx.x - a.b0[pi]) * 8 * NT, nch = I / SK_KC;
-    const int c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
+    const int nch = I / SK_KC, c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
+    const int ntiles = a.n == 1 ? a.b0[1] : a.n == 2 ? a.b0[2] : a.b0[3], mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
 
-    auto issue_w = [&](int c, int st) {
-        const int k = c * SK_KC + q * 8;
-        uint4 *b = sk_ring + (size_t)st * L * NTH + tid;
+    /* tile j of the block: its part, first output, weight rows */
+    /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
+    const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
+    const bf16 *const w_0 = a.w[0], *const w_1 = a.w[1], *const w_2 = a.w[2];
+    auto tile = [&](int j, int &pi, int &o0) {
+        const int tl = (int)blockIdx.x + j * (int)gridDim.x;
+        pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
+        o0 = (tl - (pi == 0 ? 0 : pi == 1 ? b1 : b2)) * 8 * NT;
+    };
+#define SK_SEL(v, pi) ((pi) == 0 ? v##0 : (pi) == 1 ? v##1 : v##2)
+    auto issue_w = [&](int f) {
+        int pi, o0;
+        tile(f / n, pi, o0);
+        const int k = (c0 + f % n) * SK_KC + q * 8, O = SK_SEL(O_, pi);
+        const bf16 *wp0 = SK_SEL(w_, pi);
+        uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int o = o0 + nt * 8 + g;
-            const bf16 *p = w + (size_t)(o < O ? o : 0) * I + k;
+            const bf16 *p = wp0 + (size_t)(o < O ? o : 0) * I + k;
             sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
             sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
         }
     };
-    auto issue_x = [&](int c, int st) {
-        const int k = c * SK_KC + q * 8;
-        uint4 *b = sk_ring + (size_t)st * L * NTH + tid;
+    auto issue_x = [&](int f) {
+        const int k = (c0 + f % n) * SK_KC + q * 8;
+        uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
 #pragma unroll
         for (int r = 0; r < 2 * MT; r++) {
             const int t = (r >> 1) * 16 + g + 8 * (r & 1);
@@ -285,78 +303,84 @@ __global__ void __launch_bounds__(32 * SK_WARPS) skinny_kernel(const sk_args a, 
             sk_cp16(b + (2 * NT + 2 * r + 1) * NTH, p + 32, t < T ? 16 : 0);
         }
     };
-    auto issue = [&](int c, int st) { issue_w(c, st); issue_x(c, st); };
-
-    float acc[MT][NT][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
 
     /* the weights of the first stages go out before the wait for the kernel before (x is its
      * output; W is written by nothing in flight), so they stream in while it finishes */
 #pragma unroll
-    for (int i = 0; i < S - 1; i++)
-        if (i < n) issue_w(c0 + i, i);
+    for (int f = 0; f < S - 1; f++)
+        if (f < total) issue_w(f);
     pdl_wait();
     pdl_trigger();
 #pragma unroll
-    for (int i = 0; i < S - 1; i++) {
-        if (i < n) issue_x(c0 + i, i);
+    for (int f = 0; f < S - 1; f++) {
+        if (f < total) issue_x(f);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    for (int i = 0; i < n; i++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
-        const uint4 *b = sk_ring + (size_t)(i % S) * L * NTH + tid;
-        uint4 wv[NT][2], xv[2 * MT][2];
+
+    float acc[MT][NT][4];
+    for (int j = 0; j < mine; j++) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) { wv[nt][0] = b[(2 * nt) * NTH]; wv[nt][1] = b[(2 * nt + 1) * NTH]; }
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int r = 0; r < 2 * MT; r++) { xv[r][0] = b[(2 * NT + 2 * r) * NTH]; xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH]; }
-        /* the stage read in iteration i - 1 is free: its values were consumed by its mma */
-        if (i + S - 1 < n) issue(c0 + i + S - 1, (i + S - 1) % S);
-        asm volatile("cp.async.commit_group;\n" ::);
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+                for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
+        for (int i = 0; i < n; i++) {
+            const int f = j * n + i;
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
+            const uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
+            uint4 wv[NT][2], xv[2 * MT][2];
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const uint4 lo = xv[2 * m][h], hi = xv[2 * m + 1][h];
+            for (int nt = 0; nt < NT; nt++) { wv[nt][0] = b[(2 * nt) * NTH]; wv[nt][1] = b[(2 * nt + 1) * NTH]; }
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, wv[nt][h].x, wv[nt][h].y);
-                    sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, wv[nt][h].z, wv[nt][h].w);
+            for (int r = 0; r < 2 * MT; r++) { xv[r][0] = b[(2 * NT + 2 * r) * NTH]; xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH]; }
+            /* the stage read for chunk f - 1 is free: its values were consumed by its mma */
+            if (f + S - 1 < total) { issue_w(f + S - 1); issue_x(f + S - 1); }
+            asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const uint4 lo = xv[2 * m][h], hi = xv[2 * m + 1][h];
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, wv[nt][h].x, wv[nt][h].y);
+                        sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, wv[nt][h].z, wv[nt][h].w);
+                    }
                 }
+        }
+
+        /* tile j: the warps' partials summed in a fixed order (deterministic), plus the bias */
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float *r0 = red + ((size_t)wp * RW + m * 16 + g) * CW + nt * 8 + 2 * q;
+                r0[0] = acc[m][nt][0];
+                r0[1] = acc[m][nt][1];
+                r0[8 * CW] = acc[m][nt][2];
+                r0[8 * CW + 1] = acc[m][nt][3];
             }
+        __syncthreads();
+        int pi, o0;
+        tile(j, pi, o0);
+        const int O = SK_SEL(O_, pi);
+        const bf16 *bias = pi == 0 ? a.bias[0] : pi == 1 ? a.bias[1] : a.bias[2];
+        bf16 *out = pi == 0 ? a.out[0] : pi == 1 ? a.out[1] : a.out[2];
+        for (int e = tid; e < RW * CW; e += NTH) {
+            const int t = e / CW, o = o0 + e % CW;
+            if (t >= T || o >= O) continue;
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
+            if (bias) s += __bfloat162float(bias[o]);
+            out[(size_t)t * O + o] = __float2bfloat16(s);
+        }
+        __syncthreads();   /* red is free for the next tile */
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-
-    /* red[warp][row][col], rows 16 MT, cols 8 NT */
-    constexpr int RW = MT * 16, CW = NT * 8;
-    float *red = (float *)sk_ring;
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float *r0 = red + ((size_t)wp * RW + m * 16 + g) * CW + nt * 8 + 2 * q;
-            r0[0] = acc[m][nt][0];
-            r0[1] = acc[m][nt][1];
-            r0[8 * CW] = acc[m][nt][2];
-            r0[8 * CW + 1] = acc[m][nt][3];
-        }
-    __syncthreads();
-    for (int e = tid; e < RW * CW; e += NTH) {
-        const int t = e / CW, o = o0 + e % CW;
-        if (t >= T || o >= O) continue;
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
-        if (bias) s += __bfloat162float(bias[o]);
-        out[(size_t)t * O + o] = __float2bfloat16(s);
-    }
 }
+#undef SK_SEL
 
 template <int MT, int NT>
 static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
@@ -371,7 +395,8 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     if (c->failed) return;
     a.b0[0] = 0;
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + 8 * NT - 1) / (8 * NT);
-    cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(a.b0[a.n]), dim3(32 * SK_WARPS), smem, a, inp, T, I);
+    const int blocks = a.b0[a.n] < c->n_sm ? a.b0[a.n] : c->n_sm;
+    cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
 
 /* Outputs per block (8 NT): one block per SM runs (the ring fills its shared memory), so the
