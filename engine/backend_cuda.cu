@@ -124,16 +124,18 @@ static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const voi
 static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
     matmul_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)w, (cbf *)bias, T, I, O);
 }
+/* three parts a call to matmul_fwd_n_cuda (more than the op promises still work) */
 static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, int T, int I) {
-    bf16 *o[3];
-    cbf *w[3], *bias[3];
-    int O[3];
-    if (n > 3) {
-        for (int i = 0; i < n; i++) mm_f(b, p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
-        return;
+    for (int i0 = 0; i0 < n; i0 += 3) {
+        bf16 *o[3];
+        cbf *w[3], *bias[3];
+        int O[3], m = n - i0 < 3 ? n - i0 : 3;
+        for (int i = 0; i < m; i++) {
+            const mm_part *q = &p[i0 + i];
+            o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; O[i] = q->O;
+        }
+        matmul_fwd_n_cuda(CTX(b), o, w, bias, O, m, (cbf *)x, T, I);
     }
-    for (int i = 0; i < n; i++) { o[i] = (bf16 *)p[i].out; w[i] = (cbf *)p[i].w; bias[i] = (cbf *)p[i].bias; O[i] = p[i].O; }
-    matmul_fwd_n_cuda(CTX(b), o, w, bias, O, n, (cbf *)x, T, I);
 }
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
                  int I, int O) {

@@ -254,14 +254,8 @@ static void attn_dec_part(cu_ctx *c, float *pacc, float2 *pml, const bf16 *q, co
                           attn_ranges r, int T, int H, int K, float sc2, int ns, int slot0) {
     constexpr int QT = dec_shape<HPG, OWN>::QT;
     const size_t smem = dec_smem<D, HPG, OWN>::BYTES;
-    static unsigned done;   /* per device ordinal: the attribute is set once, before any capture */
-    int dev = 0;
-    CU_CK(c, cudaGetDevice(&dev));
-    if (!(done & (1u << (dev & 31)))) {
-        CU_CK(c, cudaFuncSetAttribute(attn_dec_part_kernel<D, HPG, OWN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)smem));
-        done |= 1u << (dev & 31);
-    }
+    static unsigned done;
+    cu_raise_smem(c, attn_dec_part_kernel<D, HPG, OWN>, smem, &done);
     if (c->failed) return;
     cu_launch_pdl(c, "attn_dec_part_kernel", attn_dec_part_kernel<D, HPG, OWN>, dim3(ns, (T + QT - 1) / QT, K),
                   dim3(32 * DEC_NW), smem, pacc, pml, q, k, v, r, T, H, K, sc2, slot0);

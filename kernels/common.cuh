@@ -96,6 +96,17 @@ static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KAr
     if (e != cudaSuccess) cu_fail(c, name, cudaGetErrorString(e), __FILE__, __LINE__);
 }
 
+/* Raises kernel's dynamic shared-memory limit to bytes, once per device ordinal (done: the
+ * caller's static bit set, one per kernel), so it happens before any graph capture. */
+template <typename Kernel>
+static inline void cu_raise_smem(cu_ctx *c, Kernel kernel, size_t bytes, unsigned *done) {
+    int dev = 0;
+    CU_CK(c, cudaGetDevice(&dev));
+    if (c->failed || (*done & (1u << (dev & 31)))) return;
+    CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *done |= 1u << (dev & 31);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

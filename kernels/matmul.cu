@@ -211,7 +211,8 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
 /* ---------------------------------------------------------------- few rows (decode) */
 
 /* y (T,O) = x (T,I) W^T + b for T <= 64 rows: reading W is the whole cost, so the kernel is a
- * weight stream. A block owns 8 NT consecutive outputs and all of I; its SK_WARPS warps split I
+ * weight stream. A tile is 8 NT consecutive outputs and all of I (persistent blocks, one an SM,
+ * take the tiles round robin); a block's SK_WARPS warps split I
  * into 64-wide chunks. Per chunk a thread copies, with 16-byte cp.async, 2 NT pieces of W (row
  * o0 + 8 n + lane/4, k = c + 8 (lane%4) and c + 32 + 8 (lane%4)) and 4 MT pieces of x (rows
  * 16 m + lane/4 and + 8, same k) into its own slots of an S-stage ring in shared memory: each
@@ -265,13 +266,15 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int nch = I / SK_KC, c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
-    const int ntiles = a.n == 1 ? a.b0[1] : a.n == 2 ? a.b0[2] : a.b0[3], mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
-
-    /* tile j of the block: its part, first output, weight rows */
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
-    const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
+    const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], b3 = a.b0[3], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
     const bf16 *const w_0 = a.w[0], *const w_1 = a.w[1], *const w_2 = a.w[2];
+    const bf16 *const bias_0 = a.bias[0], *const bias_1 = a.bias[1], *const bias_2 = a.bias[2];
+    bf16 *const out_0 = a.out[0], *const out_1 = a.out[1], *const out_2 = a.out[2];
+    const int ntiles = np == 1 ? b1 : np == 2 ? b2 : b3;
+    const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
+    /* tile j of the block: its part and first output */
     auto tile = [&](int j, int &pi, int &o0) {
         const int tl = (int)blockIdx.x + j * (int)gridDim.x;
         pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
@@ -365,8 +368,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         int pi, o0;
         tile(j, pi, o0);
         const int O = SK_SEL(O_, pi);
-        const bf16 *bias = pi == 0 ? a.bias[0] : pi == 1 ? a.bias[1] : a.bias[2];
-        bf16 *out = pi == 0 ? a.out[0] : pi == 1 ? a.out[1] : a.out[2];
+        const bf16 *bias = SK_SEL(bias_, pi);
+        bf16 *out = SK_SEL(out_, pi);
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
             if (t >= T || o >= O) continue;
@@ -385,13 +388,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 template <int MT, int NT>
 static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
-    static unsigned done;   /* per device ordinal: the attribute is set once, before any capture */
-    int dev = 0;
-    CU_CK(c, cudaGetDevice(&dev));
-    if (!(done & (1u << (dev & 31)))) {
-        CU_CK(c, cudaFuncSetAttribute(skinny_kernel<MT, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        done |= 1u << (dev & 31);
-    }
+    static unsigned done;
+    cu_raise_smem(c, skinny_kernel<MT, NT>, smem, &done);
     if (c->failed) return;
     a.b0[0] = 0;
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + 8 * NT - 1) / (8 * NT);
@@ -399,8 +397,9 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
 
-/* Outputs per block (8 NT): one block per SM runs (the ring fills its shared memory), so the
- * time goes as waves x NT; the largest NT of the least such cost (fewer blocks re-read x less). */
+/* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the
+ * time goes as the most tiles a block takes x NT; the largest NT of the least such cost (fewer
+ * tiles re-read x less). */
 static int skinny_nt(int n_sm, int O, int MT) {
     static const int cand[] = { 1, 2, 4, 6, 8 };
     int best = 1;

@@ -325,17 +325,15 @@ void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, c
                            const float *inv_freq, int T, int H, int D, float eps) {
     if (c->failed || T <= 0) return;
     int rows = T * H;
-    unsigned blocks = cu_blocks(rows, RMS_WARPS);
-    switch (rope_v(D, out, inp, NULL, w)) {
-    case 4: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<4>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
-    case 2: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<2>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
-    case 1: cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel", rmsnorm_rope_fwd_kernel<1>, dim3(blocks), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps); break;
-    default:
+    int v = rope_v(D, out, inp, NULL, w);
+    if (!v) {
         rmsnorm_fwd_cuda(c, out, rstd, inp, w, rows, D, eps);
         rope_fwd_cuda(c, out, pos, inv_freq, T, H, D);
         return;
     }
-    CU_LAUNCHED(c, "rmsnorm_rope_fwd_kernel");
+    cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel",
+                  v == 4 ? rmsnorm_rope_fwd_kernel<4> : v == 2 ? rmsnorm_rope_fwd_kernel<2> : rmsnorm_rope_fwd_kernel<1>,
+                  dim3(cu_blocks(rows, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps);
 }
 
 template <int V>
