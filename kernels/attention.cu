@@ -32,6 +32,7 @@ typedef __nv_bfloat162 bf162;
 
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_decode.cuh"
+#include "kernels/attention_wgmma.cuh"
 
 /* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
@@ -386,10 +387,30 @@ static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
     return bytes;
 }
 
+/* The wgmma kernels (attention_wgmma.cuh) for head dim 128 unless GRPOD_WGMMA=0 (the mma.sync
+ * kernels: an A/B switch for benchmarks). */
+static int use_wgmma(int D) {
+    static int off = -1;
+    if (off < 0) {
+        const char *e = getenv("GRPOD_WGMMA");
+        off = e && e[0] == '0';
+    }
+    return D == 128 && !off;
+}
+
 /* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
 template <int D>
 static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
                       int T, int H, int K, float sc2) {
+    if (use_wgmma(D)) {
+        static unsigned raised;
+        auto kern = wg_fwd_kernel<128>;
+        size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
+        cu_raise_smem(c, kern, sm, &raised);
+        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 256, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+        CU_LAUNCHED(c, "wg_fwd_kernel");
+        return;
+    }
     constexpr int BM = 16 * FA_MR * FA_NW;
     auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
     size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);

@@ -456,6 +456,7 @@ static void attention_suite(void) {
         x.b0[t] = u < w ? u : w; x.b1[t] = t % 3 ? (u < w ? w : u) : x.b0[t];   /* every third: b empty */
     }
     t_attention("random overlapping ranges", x, T7, 4, 2, 64, 1);
+    t_attention("random overlapping ranges", x, T7, 4, 2, 128, 1);
     free_ranges(x);
 }
 

@@ -1,0 +1,246 @@
+/* attention_wgmma.cuh — Hopper warpgroup-MMA (wgmma, sm_90a) attention for attention.h's two key
+ * ranges per query, head dim 128; included by attention.cu after attention_flash.cuh, whose tile
+ * schedule (fa_sched / fa_next / fa_warp_vote / fa_mask) and row store it reuses.
+ *
+ * Shared-memory tiles: ROWS rows of D bf16 as D/64 column blocks of ROWS x 128 bytes, each row's
+ * eight 16-byte chunks XOR-swizzled by row % 8 (wgmma's 128-byte swizzle), every block 1024-byte
+ * aligned. One layout serves all three operand roles: K-major (A = Q, B = K: S = Q·K^T) with
+ * SBO = 1024 (eight rows); MN-major (B = V in O = P·V, "transposed") with LBO = the column
+ * block's size (next 64 dims) and SBO = 1024 (next eight keys). A k16 step advances the start
+ * address 32 bytes inside a K-major row (a new column block every 4 steps), or 16 rows (2048
+ * bytes) down an MN-major tile.
+ * Accumulator and register-A fragments of m64nNk16 are mma.sync's m16n8k16 ones, warp w % 4 of the
+ * warpgroup owning rows 16 (w % 4) .. + 15: d[n][0..1] row lane/4, cols 8n + 2 (lane % 4) + {0, 1};
+ * d[n][2..3] the same cols, row + 8. */
+
+/* byte offset of 16-byte chunk c of row `row` in a ROWS-row swizzled tile */
+template <int ROWS>
+__device__ __forceinline__ unsigned wg_off(int row, int c) {
+    return (c >> 3) * (ROWS * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4);
+}
+
+/* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into a swizzled tile, by a
+ * 256-thread block; rows >= end are zero-filled (cp.async: the caller commits and waits). A
+ * thread always copies the same chunk of rows 256 / (D / 8) apart, so its shared offset (same row
+ * % 8) and its source pointer just step. */
+template <int D, int ROWS>
+__device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf16 *src, int r0, int end, int heads, int hd) {
+    constexpr int C = D / 8, RPI = 256 / C;
+    int row = threadIdx.x / C, c = threadIdx.x % C;
+    unsigned char *d = dst + wg_off<ROWS>(row, c);
+    const bf16 *p = src + ((size_t)(r0 + row) * heads + hd) * D + c * 8;
+    size_t step = (size_t)RPI * heads * D;
+    #pragma unroll
+    for (int it = 0; it < ROWS / RPI; it++) {
+        bool ok = r0 + row + it * RPI < end;
+        fa_cp16((bf16 *)(d + it * RPI * 128), ok ? p + it * step : src, ok);
+    }
+}
+
+/* wgmma shared-memory matrix descriptor, 128-byte swizzle */
+__device__ __forceinline__ unsigned long long wg_desc(const void *p, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((fa_smem(p) & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
+           (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+}
+/* Descriptors of a tile's start; a k16 step adds a byte offset >> 4 to the address field:
+ * K-major (A = Q, B = K) step kk: column block kk / 4, 32 bytes a step inside it; MN-major (B = V,
+ * transposed) step kk: 16 rows (2048 bytes) down. */
+__device__ __forceinline__ unsigned long long wg_desc_k(const void *t) { return wg_desc(t, 16, 1024); }
+template <int ROWS>
+__device__ __forceinline__ unsigned long long wg_desc_mn(const void *t) { return wg_desc(t, ROWS * 128, 1024); }
+template <int ROWS>
+__device__ __forceinline__ unsigned wg_step_k(int kk) { return ((kk >> 2) * (ROWS * 128) + (kk & 3) * 32) >> 4; }
+__device__ __forceinline__ unsigned wg_step_mn(int kk) { return kk * 128; }
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+/* after a wait: the accumulators are (re)defined here for the compiler, so no use of them moves
+ * above the wait */
+template <int NT>
+__device__ __forceinline__ void wg_keep(float (&d)[NT][4]) {
+    #pragma unroll
+    for (int n = 0; n < NT; n++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+/* cp.async writes (generic proxy) -> wgmma reads (async proxy): each writer, before the barrier */
+__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* d (64 x N) (+)= A (64 x 16) · B (16 x N): ss = A and B from descriptors (both K-major), rs = A
+ * from registers (an m16n8k16 A fragment) and B MN-major. acc = 0: d = A·B. */
+__device__ __forceinline__ void wg_mma_ss64(float (&d)[8][4], unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void wg_mma_rs64(float (&d)[8][4], const unsigned (&a)[4], unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void wg_mma_ss128(float (&d)[16][4], unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void wg_mma_rs128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+
+/* One tile's online softmax for a warp's 16 rows (two a thread): sa (raw scores, masked) becomes
+ * P = exp2(sa sc2 - m sc2) with the running max m updated; returns the correction factors of the
+ * previous max in c, and adds the tile's row sums (thread-partial) into l after scaling it. */
+template <int NT>
+__device__ __forceinline__ void wg_softmax(float (&sa)[NT][4], float (&m)[2], float (&l)[2], float (&c)[2], float sc2) {
+    /* four partial maxima / sums a row: short dependency chains */
+    float a0[4], a1[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) { a0[i] = m[0]; a1[i] = m[1]; }
+    #pragma unroll
+    for (int n = 0; n < NT; n++) {
+        a0[n & 3] = fmaxf(a0[n & 3], fmaxf(sa[n][0], sa[n][1]));
+        a1[n & 3] = fmaxf(a1[n & 3], fmaxf(sa[n][2], sa[n][3]));
+    }
+    float mx0 = fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3])), mx1 = fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1)); mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1)); mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+    /* scaled maxima; a row with nothing yet keeps 0 so exp2 gives 0, never NaN */
+    float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
+    c[0] = fa_ex2(m[0] * sc2 - u0); c[1] = fa_ex2(m[1] * sc2 - u1);
+    m[0] = mx0; m[1] = mx1;
+    #pragma unroll
+    for (int i = 0; i < 4; i++) a0[i] = a1[i] = 0;
+    #pragma unroll
+    for (int n = 0; n < NT; n++) {
+        sa[n][0] = fa_ex2(fmaf(sa[n][0], sc2, -u0)); sa[n][1] = fa_ex2(fmaf(sa[n][1], sc2, -u0));
+        sa[n][2] = fa_ex2(fmaf(sa[n][2], sc2, -u1)); sa[n][3] = fa_ex2(fmaf(sa[n][3], sc2, -u1));
+        a0[n & 3] += sa[n][0] + sa[n][1];
+        a1[n & 3] += sa[n][2] + sa[n][3];
+    }
+    float s0 = (a0[0] + a0[1]) + (a0[2] + a0[3]), s1 = (a1[0] + a1[1]) + (a1[2] + a1[3]);
+    l[0] = l[0] * c[0] + s0; l[1] = l[1] * c[1] + s1;
+}
+
+/* fp32 accumulator fragments (16 x 8NT) -> bf16 register-A fragments of NT/2 k16 steps */
+template <int NT>
+__device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][4], const float (&sa)[NT][4]) {
+    #pragma unroll
+    for (int kb = 0; kb < NT / 2; kb++) {
+        p[kb][0] = fa_pack(sa[2 * kb][0], sa[2 * kb][1]);
+        p[kb][1] = fa_pack(sa[2 * kb][2], sa[2 * kb][3]);
+        p[kb][2] = fa_pack(sa[2 * kb + 1][0], sa[2 * kb + 1][1]);
+        p[kb][3] = fa_pack(sa[2 * kb + 1][2], sa[2 * kb + 1][3]);
+    }
+}
+
+/* fwd, D = 128: block = 128 queries x one head, two warpgroups of 64 rows (warp w: rows 16 w ..),
+ * 128-key tiles, K and V in two-stage rings of their own. Per tile j: S_j = Q·K_j^T is issued
+ * together with O += P_{j-1}·V_{j-1}, and the softmax of S_j runs while the second product is in
+ * flight (FlashAttention-3's intra-warpgroup overlap); O is rescaled once that product is done.
+ * The loads of K_{j+1} and V_j go out after the barrier that opens tile j (every warpgroup is then
+ * done with K_{j-1} and V_{j-2}, the stages they refill). Tiles no query of the block needs are
+ * skipped (fa_next, a block vote); a warp masks only a tile it does not fully see. The first
+ * tile is peeled (no P yet), so no wgmma sits under a branch inside the loop. */
+enum { WG_BM = 128, WG_BN = 128 };
+template <int D>
+__global__ void __launch_bounds__(256, 1) wg_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                       const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
+    static_assert(D == 128, "wgmma forward: head dim 128");
+    constexpr int BM = WG_BM, BN = WG_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2;
+    extern __shared__ unsigned char wg_dyn[];
+    unsigned char *q_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *k_s = q_s + TQ, *v_s = k_s + 2 * TK;
+    __shared__ fa_sched<BM> sc;
+    FA_QBLOCK();
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16, wrow = (w >> 2) * 64;
+    wg_load_rows<D, BM>(q_s, q, t0, T, H, h);
+    fa_sched_load(sc, r, t0, T);
+    fa_tile X = { 0, sc.blo[0], 0, false };
+    X.have = fa_next<BM, BN>(sc, X.s, X.j0, X.full);
+    if (X.have) wg_load_rows<D, BN>(k_s, k, X.j0, sc.bhi[X.s], K, g);
+    fa_commit();
+    float o[1][D / 8][4], sa[1][NT][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0, 0 }, c[2];
+    unsigned p[NT / 2][4];
+    fa_zero(o);
+    const unsigned long long dq = wg_desc_k(q_s + wrow * 128), dk = wg_desc_k(k_s), dv = wg_desc_mn<BN>(v_s);
+    /* tile j: wait for K_j and V_{j-1}, issue the loads of K_{j+1} and V_j, S_j = Q·K_j^T */
+    auto open_tile = [&](int j, fa_tile &Y) {
+        fa_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();
+        Y = X;
+        Y.j0 += BN;
+        Y.have = fa_next<BM, BN>(sc, Y.s, Y.j0, Y.full);
+        if (Y.have) wg_load_rows<D, BN>(k_s + ((j + 1) & 1) * TK, k, Y.j0, sc.bhi[Y.s], K, g);
+        wg_load_rows<D, BN>(v_s + (j & 1) * TK, v, X.j0, sc.bhi[X.s], K, g);
+        fa_commit();
+        wg_fence();
+        const unsigned long long dkj = dk + (j & 1) * (TK >> 4);
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss128(sa[0], dq + wg_step_k<BM>(kk), dkj + wg_step_k<BN>(kk), kk);
+        wg_commit();
+    };
+    auto mask_tile = [&]() {
+        int need = 1, wfull = 1;
+        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
+        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
+    };
+    auto pv = [&](int st) {
+        #pragma unroll
+        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(o[0], p[kb], dv + st * (TK >> 4) + wg_step_mn(kb), 1);
+        wg_commit();
+    };
+    int j = 0;
+    if (X.have) {
+        fa_tile Y;
+        open_tile(0, Y);
+        wg_wait<0>();
+        wg_keep(sa[0]);
+        mask_tile();
+        wg_softmax<NT>(sa[0], m, l, c, sc2);
+        wg_pack<NT>(p, sa[0]);
+        X = Y;
+        for (j = 1; X.have; j++) {
+            open_tile(j, Y);
+            pv((j - 1) & 1);
+            wg_wait<1>();
+            wg_keep(sa[0]);
+            mask_tile();
+            wg_softmax<NT>(sa[0], m, l, c, sc2);
+            wg_wait<0>();
+            wg_keep(o[0]);
+            #pragma unroll
+            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c[0]; o[0][n][1] *= c[0]; o[0][n][2] *= c[1]; o[0][n][3] *= c[1]; }
+            wg_pack<NT>(p, sa[0]);
+            X = Y;
+        }
+        fa_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();
+        wg_fence();
+        pv((j - 1) & 1);
+        wg_wait<0>();
+        wg_keep(o[0]);
+    }
+    float inv[1][2];
+    #pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float L = l[hf];
+        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+        inv[0][hf] = L > 0 ? 1.0f / L : 0.0f;
+        int t = t0 + row0 + (lane >> 2) + hf * 8;
+        if ((lane & 3) == 0 && t < T) lse[(size_t)t * H + h] = L > 0 ? (m[hf] * sc2 + log2f(L)) * LN2 : -INFINITY;
+    }
+    __syncthreads();   /* every warpgroup is done with k_s: it stages the output rows */
+    fa_store_rows<D, 1>(out, (bf16 *)k_s, o, inv, t0, row0, T, H, h);
+}
