@@ -434,12 +434,22 @@ template <int D>
 static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
                       int T, int H, int K, float sc2, float scale) {
-    constexpr int BM = 16 * FA_MR * FA_DQ_NW;
-    auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
-    size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
-    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
-                                                                      sc2, scale);
-    CU_LAUNCHED(c, "fa_dq_kernel");
+    if (use_wgmma(D)) {
+        static unsigned raised;
+        auto kern = wg_dq_kernel<128>;
+        size_t sm = 1024 + (size_t)(2 * WG_BM + 5 * WG_DQ_BN) * 128 * sizeof(bf16);
+        cu_raise_smem(c, kern, sm, &raised);
+        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 256, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
+                                                                       sc2, scale);
+        CU_LAUNCHED(c, "wg_dq_kernel");
+    } else {
+        constexpr int BM = 16 * FA_MR * FA_DQ_NW;
+        auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
+        size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
+        dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
+                                                                          sc2, scale);
+        CU_LAUNCHED(c, "fa_dq_kernel");
+    }
     int ntiles = (T + FA_BK - 1) / FA_BK;
     attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, FA_BK);
     CU_LAUNCHED(c, "attn_tile_bounds_kernel");

@@ -351,25 +351,15 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, floa
     fa_store_rows<D, MR>(out, q_s, o, inv, t0, row0, T, H, h);   /* the warp's own q_s rows */
 }
 
-/* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
-template <int D, int MR, int NW, int BN, int NS>
-__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
-                                                         const bf16 *k, const bf16 *v, const bf16 *out,
-                                                         const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float sc2, float scale) {
-    constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
-    extern __shared__ __align__(16) unsigned char fa_dyn[];
-    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
-    __shared__ fa_sched<BM> sc;
-    __shared__ float l2_s[BM], ds_s[BM];
-    FA_QBLOCK();
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
-    fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
-    fa_load_rows<D, BM>(do_s, dout, t0, T, H, h);
-    /* Dsum = rowsum(dO ∘ O) over the warp's own rows, 8 rows' loads in flight at a time */
+/* Dsum = rowsum(dO ∘ O) for the block's rows [row0, row0 + NR) (a warp's own rows), 8 rows'
+ * loads in flight at a time: into ds_s[row] and dsum (T, H). */
+template <int D, int NR>
+__device__ __forceinline__ void fa_dsum_rows(float *ds_s, float *dsum, const bf16 *out, const bf16 *dout, int t0,
+                                             int row0, int T, int H, int h) {
+    int lane = threadIdx.x & 31;
     constexpr int CH = D / 64;   /* bf162 pairs a lane holds of one row */
     #pragma unroll 1
-    for (int i0 = 0; i0 < 16 * MR; i0 += 8) {
+    for (int i0 = 0; i0 < NR; i0 += 8) {
         bf162 a[8][CH], b[8][CH];
         #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -395,6 +385,24 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
             }
         }
     }
+}
+
+/* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
+template <int D, int MR, int NW, int BN, int NS>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
+                                                         const bf16 *k, const bf16 *v, const bf16 *out,
+                                                         const float *lse, attn_ranges r, int T, int H, int K,
+                                                         float sc2, float scale) {
+    constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
+    extern __shared__ __align__(16) unsigned char fa_dyn[];
+    bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
+    __shared__ fa_sched<BM> sc;
+    __shared__ float l2_s[BM], ds_s[BM];
+    FA_QBLOCK();
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16 * MR;
+    fa_load_rows<D, BM>(q_s, q, t0, T, H, h);
+    fa_load_rows<D, BM>(do_s, dout, t0, T, H, h);
+    fa_dsum_rows<D, 16 * MR>(ds_s, dsum, out, dout, t0, row0, T, H, h);
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         float L = t0 + i < T ? lse[(size_t)(t0 + i) * H + h] : 0.0f;
         l2_s[i] = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
