@@ -422,6 +422,15 @@ static void flash_dkdv(cu_ctx *c, bf16 *dk, bf16 *dv, const float *dsum, const i
                        const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, attn_ranges r,
                        int T, int H, int K, float sc2, float scale) {
     dim3 grid((T + FA_BK - 1) / FA_BK, K);
+    if (use_wgmma(D)) {
+        static unsigned raised;
+        auto kern = wg_dkdv_kernel<128>;
+        size_t sm = 1024 + (size_t)(2 * WG_KB + 4 * FA_Q) * 128 * sizeof(bf16);
+        cu_raise_smem(c, kern, sm, &raised);
+        kern<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
+        CU_LAUNCHED(c, "wg_dkdv_kernel");
+        return;
+    }
     /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
     auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
     size_t sm = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) + 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);

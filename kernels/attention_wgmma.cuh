@@ -363,3 +363,141 @@ __global__ void __launch_bounds__(256, 1) wg_dq_kernel(bf16 *dq, float *dsum, co
     float sc_[1][2] = { { scale, scale } };
     fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
 }
+
+/* dkdv, D = 128: block = 128 keys x one kv head, two warpgroups of 64 keys (warp w: keys 16 w ..
+ * of the block). It walks every (64-query tile, head of the group) pair that sees its keys
+ * (qlo / qhi from attn_tile_bounds_kernel): S^T = K·Q^T and dP^T = V·dO^T (both operands from
+ * shared memory), P^T = exp2(S^T sc2 - lse2) with the query's ranges applied per key (a key in
+ * both ranges counts twice, as the reference does) unless the warp's keys lie wholly inside one
+ * range of every query; dV += P^T·dO is issued as soon as P^T is packed, and dS^T = P^T (dP^T -
+ * Dsum) is computed under it before dK += dS^T·Q. The prompt's dK/dV is the fp32 sum over all N
+ * responses and all H/K heads, added once to the bf16 dk/dv (deterministic). Q/dO in a
+ * two-stage ring; a pair's rows (lse, Dsum, ranges) beside it. */
+enum { WG_KB = 128 };
+template <int D>
+__global__ void __launch_bounds__(256, 1) wg_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+                                                        const bf16 *k, const bf16 *v, const float *lse,
+                                                        const float *dsum, const int *qlo, const int *qhi,
+                                                        attn_ranges r, int T, int H, int K, float sc2, float scale) {
+    static_assert(D == 128 && FA_Q == 64 && WG_KB == FA_BK, "wgmma dkdv: head dim 128, 64-query tiles, FA_BK keys");
+    constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2;
+    extern __shared__ unsigned char wg_dyn[];
+    unsigned char *k_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *v_s = k_s + TK;
+    unsigned char *q_s = v_s + TK, *do_s = q_s + 2 * TQ;
+    __shared__ fa_qrows qr[2];
+    int lin = blockIdx.x + blockIdx.y * gridDim.x;
+    int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, c2 = 2 * (lane & 3), krow0 = w * 16, kw0 = j0 + krow0;
+    int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + QT - 1) / QT, npair = ntile * rep;
+    wg_load_rows<D, BK>(k_s, k, j0, T, K, g);
+    wg_load_rows<D, BK>(v_s, v, j0, T, K, g);
+    float dka[1][D / 8][4], dva[1][D / 8][4];
+    fa_zero(dka);
+    fa_zero(dva);
+    float xl2 = INFINITY, xds = 0;
+    int xa0 = 0, xa1 = 0, xb0 = 0, xb1 = 0;
+    auto load_pair = [&](int i, int b) {
+        int tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
+        wg_load_rows<D, QT>(q_s + b * TQ, q, tb, t_hi, H, h);
+        wg_load_rows<D, QT>(do_s + b * TQ, dout, tb, t_hi, H, h);
+        if (threadIdx.x < QT) {
+            int t = tb + threadIdx.x;
+            xl2 = INFINITY; xds = 0; xa0 = xa1 = xb0 = xb1 = 0;
+            if (t < t_hi) {
+                xa0 = r.a0[t]; xa1 = r.a1[t]; xb0 = r.b0[t]; xb1 = r.b1[t];
+                float L = lse[(size_t)t * H + h];
+                xl2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+                xds = dsum[(size_t)t * H + h];
+            }
+        }
+    };
+    auto store_rows = [&](int b) {
+        if (threadIdx.x < QT) {
+            fa_qrows &x = qr[b];
+            x.l2[threadIdx.x] = xl2; x.ds[threadIdx.x] = xds;
+            x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
+        }
+    };
+    if (npair > 0) { load_pair(0, 0); store_rows(0); }
+    fa_commit();
+    const unsigned long long dkd = wg_desc_k(k_s + (w >> 2) * 64 * 128), dvd = wg_desc_k(v_s + (w >> 2) * 64 * 128);
+    const unsigned long long dqk = wg_desc_k(q_s), ddk = wg_desc_k(do_s), dqm = wg_desc_mn<QT>(q_s), ddm = wg_desc_mn<QT>(do_s);
+    for (int i = 0, b = 0; i < npair; i++, b ^= 1) {
+        fa_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();   /* also: every warp is done with stage b ^ 1 (pair i - 1) */
+        if (i + 1 < npair) load_pair(i + 1, b ^ 1);
+        fa_commit();
+        const fa_qrows &x = qr[b];
+        const unsigned so = b * (TQ >> 4);
+        float sa[NT][4], dp[NT][4];
+        wg_fence();
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(sa, dkd + wg_step_k<BK>(kk), dqk + so + wg_step_k<QT>(kk), kk);
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, dvd + wg_step_k<BK>(kk), ddk + so + wg_step_k<QT>(kk), kk);
+        wg_commit();
+        /* the warp's 16 keys inside one range of every query (and not in the other): no mask */
+        int cover = 1;
+        #pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int qc = lane + 32 * u, a0 = x.rg[qc][0], a1 = x.rg[qc][1], b0 = x.rg[qc][2], b1 = x.rg[qc][3];
+            int ia = max(a0, kw0) < min(a1, kw0 + 16), ib = max(b0, kw0) < min(b1, kw0 + 16);
+            int ca = a0 <= kw0 && kw0 + 16 <= a1, cb = b0 <= kw0 && kw0 + 16 <= b1;
+            cover &= (ca && !ib) || (cb && !ia);
+        }
+        int full = __all_sync(FULL, cover);
+        wg_wait<0>();
+        wg_keep(sa);
+        wg_keep(dp);
+        #pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int qc = n * 8 + c2;
+            float2 l2 = *(const float2 *)&x.l2[qc];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float P = fa_ex2(fmaf(sa[n][e], sc2, -(e & 1 ? l2.y : l2.x)));
+                if (!full) {
+                    int j = kw0 + (lane >> 2) + (e >> 1) * 8, c = qc + (e & 1);
+                    P *= (float)((j >= x.rg[c][0] && j < x.rg[c][1]) + (j >= x.rg[c][2] && j < x.rg[c][3]));
+                }
+                sa[n][e] = P;
+            }
+        }
+        unsigned pp[NT / 2][4], dsp[NT / 2][4];
+        wg_pack<NT>(pp, sa);
+        wg_fence();
+        #pragma unroll
+        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(dva[0], pp[kb], ddm + so + wg_step_mn(kb), 1);
+        wg_commit();
+        #pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float2 ds = *(const float2 *)&x.ds[n * 8 + c2];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) dp[n][e] = sa[n][e] * (dp[n][e] - (e & 1 ? ds.y : ds.x));
+        }
+        wg_pack<NT>(dsp, dp);
+        wg_fence();
+        #pragma unroll
+        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(dka[0], dsp[kb], dqm + so + wg_step_mn(kb), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(dva[0]);
+        wg_keep(dka[0]);
+        if (i + 1 < npair) store_rows(b ^ 1);
+    }
+    fa_wait<0>();
+    #pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int j = kw0 + (lane >> 2) + hf * 8;
+        if (j >= T) continue;
+        bf16 *dkr = dk + ((size_t)j * K + g) * D, *dvr = dv + ((size_t)j * K + g) * D;
+        #pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
+            float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
+            *pk = __floats2bfloat162_rn(a.x + dka[0][n][2 * hf] * scale, a.y + dka[0][n][2 * hf + 1] * scale);
+            *pv = __floats2bfloat162_rn(bb.x + dva[0][n][2 * hf], bb.y + dva[0][n][2 * hf + 1]);
+        }
+    }
+}
