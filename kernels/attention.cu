@@ -1,9 +1,10 @@
 /* attention.cu — CUDA attention with attention.h's two key ranges per query.
  *
- * Fast path (attention_flash.cuh): tensor-core flash kernels for D = 64 and 128, forward and a
- * deterministic backward (dq pass + dk/dv pass, no atomics). Used for every call with those
- * head dims (training and prefill; the forward reads key rows only inside the queries' ranges,
- * so a KV cache with S != T works too). GRPOD_ATTN_SIMPLE=1 forces the simple path (tests).
+ * Fast path: tensor-core flash kernels for D = 64 and 128, forward and a deterministic backward
+ * (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cuh) for D = 128, mma.sync
+ * (attention_flash.cuh) for D = 64 or with GRPOD_WGMMA=0. Used for every call with those head
+ * dims (training and prefill; the forward reads key rows only inside the queries' ranges, so a
+ * KV cache with S != T works too). GRPOD_ATTN_SIMPLE=1 forces the simple path (tests).
  *
  * Simple path (below; every even D up to 128, zero-padded to DM = 16, 32, 64 or 128): plain
  * SIMT fp32 kernels, the first version.
