@@ -8,6 +8,7 @@
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
+#   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
@@ -36,7 +37,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in test_ops test_model test_fixtures test_sampling test_greedy bench_step bench_rollout bench_layer bench_attn; do
+    for t in test_ops test_model test_fixtures test_sampling test_greedy bench_step bench_rollout bench_layer bench_attn attn_dump; do
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
             -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
@@ -59,6 +60,9 @@ timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_mod
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
+# packed attention vs PyTorch SDPA on the unpacked N(P+R) layout, output and every gradient
+timeout ${T_SDPA:-180} python3 tests/gpu/attn_vs_sdpa.py "$BIN" >>"$OUT/model.log" 2>&1
+echo "attn_vs_sdpa exit $?" >>"$OUT/model.log"
 # the whole daemon on the GPU, when a grpod built elsewhere travels with its runtime libraries
 # (../shared/device/pack-libs.sh; carry grpod and .devlibs)
 if [ -x ./grpod ] && [ -d .devlibs ]; then
