@@ -405,11 +405,11 @@ static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf1
                       int T, int H, int K, float sc2) {
     if (use_wgmma(D)) {
         static unsigned raised;
-        auto kern = wg_fwd_kernel<128>;
+        auto kern = wg_fwd_ws_kernel<128>;
         size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
         cu_raise_smem(c, kern, sm, &raised);
-        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 256, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
-        CU_LAUNCHED(c, "wg_fwd_kernel");
+        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+        CU_LAUNCHED(c, "wg_fwd_ws_kernel");
         return;
     }
     constexpr int BM = 16 * FA_MR * FA_NW;
@@ -425,11 +425,11 @@ static void flash_dkdv(cu_ctx *c, bf16 *dk, bf16 *dv, const float *dsum, const i
     dim3 grid((T + FA_BK - 1) / FA_BK, K);
     if (use_wgmma(D)) {
         static unsigned raised;
-        auto kern = wg_dkdv_kernel<128>;
-        size_t sm = 1024 + (size_t)(2 * WG_KB + 4 * FA_Q) * 128 * sizeof(bf16);
+        auto kern = wg_dkdv_ws_kernel<128>;
+        size_t sm = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
         cu_raise_smem(c, kern, sm, &raised);
-        kern<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
-        CU_LAUNCHED(c, "wg_dkdv_kernel");
+        kern<<<grid, 384, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
+        CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
         return;
     }
     /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */

@@ -19,14 +19,15 @@ __device__ __forceinline__ unsigned wg_off(int row, int c) {
     return (c >> 3) * (ROWS * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4);
 }
 
-/* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into a swizzled tile, by a
- * 256-thread block; rows >= end are zero-filled (cp.async: the caller commits and waits). A
- * thread always copies the same chunk of rows 256 / (D / 8) apart, so its shared offset (same row
- * % 8) and its source pointer just step. */
-template <int D, int ROWS>
+/* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into a swizzled tile, by NTH
+ * threads (threadIdx.x % NTH); rows >= end are zero-filled (cp.async: the caller commits and
+ * waits, or arrives on an mbarrier). A thread always copies the same chunk of rows NTH / (D / 8)
+ * apart (a multiple of 8), so its shared offset (same row % 8) and its source pointer just step. */
+template <int D, int ROWS, int NTH = 256>
 __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf16 *src, int r0, int end, int heads, int hd) {
-    constexpr int C = D / 8, RPI = 256 / C;
-    int row = threadIdx.x / C, c = threadIdx.x % C;
+    constexpr int C = D / 8, RPI = NTH / C;
+    static_assert(RPI % 8 == 0 && ROWS % RPI == 0, "wg_load_rows: whole 8-row groups a step");
+    int tid = threadIdx.x % NTH, row = tid / C, c = tid % C;
     unsigned char *d = dst + wg_off<ROWS>(row, c);
     const bf16 *p = src + ((size_t)(r0 + row) * heads + hd) * D + c * 8;
     size_t step = (size_t)RPI * heads * D;
@@ -144,106 +145,7 @@ __device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][4], const float (&
     }
 }
 
-/* fwd, D = 128: block = 128 queries x one head, two warpgroups of 64 rows (warp w: rows 16 w ..),
- * 128-key tiles, K and V in two-stage rings of their own. Per tile j: S_j = Q·K_j^T is issued
- * together with O += P_{j-1}·V_{j-1}, and the softmax of S_j runs while the second product is in
- * flight (FlashAttention-3's intra-warpgroup overlap); O is rescaled once that product is done.
- * The loads of K_{j+1} and V_j go out after the barrier that opens tile j (every warpgroup is then
- * done with K_{j-1} and V_{j-2}, the stages they refill). Tiles no query of the block needs are
- * skipped (fa_next, a block vote); a warp masks only a tile it does not fully see. The first
- * tile is peeled (no P yet), so no wgmma sits under a branch inside the loop. */
 enum { WG_BM = 128, WG_BN = 128 };
-template <int D>
-__global__ void __launch_bounds__(256, 1) wg_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                       const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
-    static_assert(D == 128, "wgmma forward: head dim 128");
-    constexpr int BM = WG_BM, BN = WG_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2;
-    extern __shared__ unsigned char wg_dyn[];
-    unsigned char *q_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *k_s = q_s + TQ, *v_s = k_s + 2 * TK;
-    __shared__ fa_sched<BM> sc;
-    FA_QBLOCK();
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16, wrow = (w >> 2) * 64;
-    wg_load_rows<D, BM>(q_s, q, t0, T, H, h);
-    fa_sched_load(sc, r, t0, T);
-    fa_tile X = { 0, sc.blo[0], 0, false };
-    X.have = fa_next<BM, BN>(sc, X.s, X.j0, X.full);
-    if (X.have) wg_load_rows<D, BN>(k_s, k, X.j0, sc.bhi[X.s], K, g);
-    fa_commit();
-    float o[1][D / 8][4], sa[1][NT][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0, 0 }, c[2];
-    unsigned p[NT / 2][4];
-    fa_zero(o);
-    const unsigned long long dq = wg_desc_k(q_s + wrow * 128), dk = wg_desc_k(k_s), dv = wg_desc_mn<BN>(v_s);
-    /* tile j: wait for K_j and V_{j-1}, issue the loads of K_{j+1} and V_j, S_j = Q·K_j^T */
-    auto open_tile = [&](int j, fa_tile &Y) {
-        fa_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        Y = X;
-        Y.j0 += BN;
-        Y.have = fa_next<BM, BN>(sc, Y.s, Y.j0, Y.full);
-        if (Y.have) wg_load_rows<D, BN>(k_s + ((j + 1) & 1) * TK, k, Y.j0, sc.bhi[Y.s], K, g);
-        wg_load_rows<D, BN>(v_s + (j & 1) * TK, v, X.j0, sc.bhi[X.s], K, g);
-        fa_commit();
-        wg_fence();
-        const unsigned long long dkj = dk + (j & 1) * (TK >> 4);
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss128(sa[0], dq + wg_step_k<BM>(kk), dkj + wg_step_k<BN>(kk), kk);
-        wg_commit();
-    };
-    auto mask_tile = [&]() {
-        int need = 1, wfull = 1;
-        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
-        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
-    };
-    auto pv = [&](int st) {
-        #pragma unroll
-        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(o[0], p[kb], dv + st * (TK >> 4) + wg_step_mn(kb), 1);
-        wg_commit();
-    };
-    int j = 0;
-    if (X.have) {
-        fa_tile Y;
-        open_tile(0, Y);
-        wg_wait<0>();
-        wg_keep(sa[0]);
-        mask_tile();
-        wg_softmax<NT>(sa[0], m, l, c, sc2);
-        wg_pack<NT>(p, sa[0]);
-        X = Y;
-        for (j = 1; X.have; j++) {
-            open_tile(j, Y);
-            pv((j - 1) & 1);
-            wg_wait<1>();
-            wg_keep(sa[0]);
-            mask_tile();
-            wg_softmax<NT>(sa[0], m, l, c, sc2);
-            wg_wait<0>();
-            wg_keep(o[0]);
-            #pragma unroll
-            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c[0]; o[0][n][1] *= c[0]; o[0][n][2] *= c[1]; o[0][n][3] *= c[1]; }
-            wg_pack<NT>(p, sa[0]);
-            X = Y;
-        }
-        fa_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        wg_fence();
-        pv((j - 1) & 1);
-        wg_wait<0>();
-        wg_keep(o[0]);
-    }
-    float inv[1][2];
-    #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float L = l[hf];
-        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
-        inv[0][hf] = L > 0 ? 1.0f / L : 0.0f;
-        int t = t0 + row0 + (lane >> 2) + hf * 8;
-        if ((lane & 3) == 0 && t < T) lse[(size_t)t * H + h] = L > 0 ? (m[hf] * sc2 + log2f(L)) * LN2 : -INFINITY;
-    }
-    __syncthreads();   /* every warpgroup is done with k_s: it stages the output rows */
-    fa_store_rows<D, 1>(out, (bf16 *)k_s, o, inv, t0, row0, T, H, h);
-}
 
 /* dq, D = 128: dq = scale Σ_j dS_j·K_j with dS = P (dP - Dsum), P from lse; writes Dsum (T, H) =
  * rowsum(dO ∘ O) first (for dkdv). Block = 128 queries x one head, two warpgroups, 64-key tiles.
@@ -364,72 +266,251 @@ __global__ void __launch_bounds__(256, 1) wg_dq_kernel(bf16 *dq, float *dsum, co
     fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
 }
 
-/* dkdv, D = 128: block = 128 keys x one kv head, two warpgroups of 64 keys (warp w: keys 16 w ..
- * of the block). It walks every (64-query tile, head of the group) pair that sees its keys
- * (qlo / qhi from attn_tile_bounds_kernel): S^T = K·Q^T and dP^T = V·dO^T (both operands from
- * shared memory), P^T = exp2(S^T sc2 - lse2) with the query's ranges applied per key (a key in
- * both ranges counts twice, as the reference does) unless the warp's keys lie wholly inside one
- * range of every query; dV += P^T·dO is issued as soon as P^T is packed, and dS^T = P^T (dP^T -
- * Dsum) is computed under it before dK += dS^T·Q. The prompt's dK/dV is the fp32 sum over all N
- * responses and all H/K heads, added once to the bf16 dk/dv (deterministic). Q/dO in a
- * two-stage ring; a pair's rows (lse, Dsum, ranges) beside it. */
-enum { WG_KB = 128 };
+enum { WG_KB = 128, WG_DKDV_NS = 3 };
+
+/* ---- warp-specialised forward: mbarriers, a producer warpgroup of cp.async loads */
+__device__ __forceinline__ void mb_init(unsigned long long *b, int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fa_smem(b)), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(unsigned long long *b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fa_smem(b)) : "memory");
+}
+/* one arrival on b once every cp.async this thread issued so far has landed */
+__device__ __forceinline__ void mb_arrive_cp(unsigned long long *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fa_smem(b)) : "memory");
+}
+/* waits until the phase of parity `ph` has completed (a fresh barrier: parity 1 passes at once) */
+__device__ __forceinline__ void mb_wait(unsigned long long *b, unsigned ph) {
+    asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
+                 ::"r"(fa_smem(b)), "r"(ph) : "memory");
+}
+
+/* fa_next with a warp vote instead of a block vote: every warp that walks the schedule gets
+ * the same tiles (the producer's and each consumer's walk agree without a barrier). */
+template <int BM, int BN>
+__device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
+    int lane = threadIdx.x & 31;
+    while (s < 2) {
+        if (j0 < sc.bhi[s]) {
+            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) { full = 1; return true; }
+            int any = 0;
+            for (int i = lane; i < BM; i += 32) any |= max(sc.lo[s][i], j0) < min(sc.hi[s][i], j0 + BN);
+            if (__any_sync(FULL, any)) { full = 0; return true; }
+            j0 += BN;
+        } else if (++s < 2) {
+            j0 = sc.blo[s];
+        }
+    }
+    return false;
+}
+
+/* fwd, D = 128, warp-specialised (FlashAttention-3's layout without TMA): warpgroup 0 is the
+ * producer — it walks the block's key tiles and streams Q, then K_i and V_i into two-stage rings
+ * with cp.async, each stage's arrival signalled on a "full" mbarrier (one arrival a producer
+ * thread when its copies land) and reused after the consumers' "empty" arrivals; warpgroups 1
+ * and 2 are the consumers (64 query rows each) and never meet at a block barrier, so one's
+ * softmax runs under the other's products. Per tile j a consumer issues S_j = Q·K_j^T together
+ * with O += P_{j-1}·V_{j-1}, and runs the softmax of S_j while the second product is in flight
+ * (FlashAttention-3's intra-warpgroup overlap); O is rescaled once that product is done. Tiles no
+ * query of the block needs are skipped (fa_next_warp); a warp masks only a tile it does not fully
+ * see. setmaxnreg gives the consumers 224 registers and the producer 56. */
 template <int D>
-__global__ void __launch_bounds__(256, 1) wg_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
+__global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
+    static_assert(D == 128, "wgmma forward: head dim 128");
+    constexpr int BM = WG_BM, BN = WG_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2;
+    extern __shared__ unsigned char wg_dyn[];
+    unsigned char *q_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *k_s = q_s + TQ, *v_s = k_s + 2 * TK;
+    __shared__ fa_sched<BM> sc;
+    /* q_full, k_full[2], v_full[2], k_empty[2], v_empty[2] */
+    __shared__ __align__(8) unsigned long long bar[9];
+    unsigned long long *q_full = bar, *k_full = bar + 1, *v_full = bar + 3, *k_empty = bar + 5, *v_empty = bar + 7;
+    FA_QBLOCK();
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 5; i++) mb_init(bar + i, 128);       /* producer threads */
+        for (int i = 5; i < 9; i++) mb_init(bar + i, 256);       /* consumer threads */
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    fa_sched_load(sc, r, t0, T);   /* ends with a block barrier: the mbarriers are ready too */
+    if (w < 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
+        mb_arrive_cp(q_full);
+        fa_tile X = { 0, sc.blo[0], 0, false };
+        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        for (int i = 0; X.have; i++) {
+            int st = i & 1;
+            unsigned ph = ((i >> 1) & 1) ^ 1;
+            mb_wait(k_empty + st, ph);
+            wg_load_rows<D, BN, 128>(k_s + st * TK, k, X.j0, sc.bhi[X.s], K, g);
+            mb_arrive_cp(k_full + st);
+            mb_wait(v_empty + st, ph);
+            wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
+            mb_arrive_cp(v_full + st);
+            X.j0 += BN;
+            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        }
+        fa_wait<0>();
+        return;
+    }
+    /* the block holds 168 x 384 registers: 128 x 56 + 256 x 224 fits exactly */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    int cw = w - 4, row0 = cw * 16, wrow = (cw >> 2) * 64;
+    float o[1][D / 8][4], sa[1][NT][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0, 0 }, c[2];
+    unsigned p[NT / 2][4];
+    fa_zero(o);
+    const unsigned long long dq = wg_desc_k(q_s + wrow * 128), dk = wg_desc_k(k_s), dv = wg_desc_mn<BN>(v_s);
+    mb_wait(q_full, 0);
+    auto s_issue = [&](int i) {
+        mb_wait(k_full + (i & 1), (i >> 1) & 1);
+        wg_proxy_fence();
+        wg_fence();
+        const unsigned long long dki = dk + (i & 1) * (TK >> 4);
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss128(sa[0], dq + wg_step_k<BM>(kk), dki + wg_step_k<BN>(kk), kk);
+        wg_commit();
+    };
+    auto pv_issue = [&](int i) {
+        mb_wait(v_full + (i & 1), (i >> 1) & 1);
+        wg_proxy_fence();
+        wg_fence();
+        #pragma unroll
+        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(o[0], p[kb], dv + (i & 1) * (TK >> 4) + wg_step_mn(kb), 1);
+        wg_commit();
+    };
+    fa_tile X = { 0, sc.blo[0], 0, false };
+    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    auto mask_tile = [&]() {
+        int need = 1, wfull = 1;
+        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
+        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
+    };
+    int i = 0;
+    if (X.have) {
+        s_issue(0);
+        wg_wait<0>();
+        wg_keep(sa[0]);
+        mb_arrive(k_empty);
+        mask_tile();
+        wg_softmax<NT>(sa[0], m, l, c, sc2);
+        wg_pack<NT>(p, sa[0]);
+        X.j0 += BN;
+        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        for (i = 1; X.have; i++) {
+            s_issue(i);
+            pv_issue(i - 1);
+            wg_wait<1>();
+            wg_keep(sa[0]);
+            mb_arrive(k_empty + (i & 1));
+            mask_tile();
+            wg_softmax<NT>(sa[0], m, l, c, sc2);
+            wg_wait<0>();
+            wg_keep(o[0]);
+            mb_arrive(v_empty + ((i - 1) & 1));
+            #pragma unroll
+            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c[0]; o[0][n][1] *= c[0]; o[0][n][2] *= c[1]; o[0][n][3] *= c[1]; }
+            wg_pack<NT>(p, sa[0]);
+            X.j0 += BN;
+            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        }
+        pv_issue(i - 1);
+        wg_wait<0>();
+        wg_keep(o[0]);
+    }
+    float inv[1][2];
+    #pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float L = l[hf];
+        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+        inv[0][hf] = L > 0 ? 1.0f / L : 0.0f;
+        int t = t0 + row0 + (lane >> 2) + hf * 8;
+        if ((lane & 3) == 0 && t < T) lse[(size_t)t * H + h] = L > 0 ? (m[hf] * sc2 + log2f(L)) * LN2 : -INFINITY;
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");   /* both consumers are done with k_s: it stages the rows */
+    fa_store_rows<D, 1>(out, (bf16 *)k_s, o, inv, t0, row0, T, H, h);
+}
+
+/* dkdv, D = 128: block = 128 keys x one kv head. It walks every (64-query tile, head of the
+ * group) pair that sees its keys (qlo / qhi from attn_tile_bounds_kernel). Warp-specialised like
+ * wg_fwd_ws_kernel: warpgroup 0 loads K and V once, then streams each pair's Q, dO and row scalars
+ * (lse, Dsum, ranges) into a WG_DKDV_NS-stage ring (full / empty mbarriers); warpgroups 1 and 2
+ * own 64 keys each (warp w: 16 keys) and never meet at a block barrier. Per pair: S^T = K·Q^T and
+ * dP^T = V·dO^T (both operands from shared memory), P^T = exp2(S^T sc2 - lse2) with the query's
+ * ranges applied per key (a key in both ranges counts twice, as the reference does) unless the
+ * warp's keys lie wholly inside one range of every query; dV += P^T·dO is issued as soon as P^T
+ * is packed, and dS^T = P^T (dP^T - Dsum) is computed under it before dK += dS^T·Q. The prompt's
+ * dK/dV is the fp32 sum over all N responses and all H/K heads, added once to the bf16 dk/dv
+ * (deterministic). */
+template <int D>
+__global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                         const bf16 *k, const bf16 *v, const float *lse,
                                                         const float *dsum, const int *qlo, const int *qhi,
                                                         attn_ranges r, int T, int H, int K, float sc2, float scale) {
     static_assert(D == 128 && FA_Q == 64 && WG_KB == FA_BK, "wgmma dkdv: head dim 128, 64-query tiles, FA_BK keys");
-    constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2;
+    constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2, NS = WG_DKDV_NS;
     extern __shared__ unsigned char wg_dyn[];
     unsigned char *k_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *v_s = k_s + TK;
-    unsigned char *q_s = v_s + TK, *do_s = q_s + 2 * TQ;
-    __shared__ fa_qrows qr[2];
+    unsigned char *q_s = v_s + TK, *do_s = q_s + NS * TQ;
+    __shared__ fa_qrows qr[NS];
+    /* kv_full, full[NS] (128 copy arrivals + 128 after the row scalars), empty[NS] (consumers) */
+    __shared__ __align__(8) unsigned long long bar[1 + 2 * NS];
+    unsigned long long *kv_full = bar, *full = bar + 1, *empty = bar + 1 + NS;
     int lin = blockIdx.x + blockIdx.y * gridDim.x;
     int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, c2 = 2 * (lane & 3), krow0 = w * 16, kw0 = j0 + krow0;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + QT - 1) / QT, npair = ntile * rep;
-    wg_load_rows<D, BK>(k_s, k, j0, T, K, g);
-    wg_load_rows<D, BK>(v_s, v, j0, T, K, g);
+    if (threadIdx.x == 0) {
+        mb_init(kv_full, 128);
+        for (int i = 0; i < NS; i++) { mb_init(full + i, 256); mb_init(empty + i, 256); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (w < 4) {   /* producer: K and V once, then each pair's Q, dO and row scalars */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        wg_load_rows<D, BK, 128>(k_s, k, j0, T, K, g);
+        wg_load_rows<D, BK, 128>(v_s, v, j0, T, K, g);
+        mb_arrive_cp(kv_full);
+        for (int i = 0; i < npair; i++) {
+            int st = i % NS, tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
+            mb_wait(empty + st, ((i / NS) & 1) ^ 1);
+            wg_load_rows<D, QT, 128>(q_s + st * TQ, q, tb, t_hi, H, h);
+            wg_load_rows<D, QT, 128>(do_s + st * TQ, dout, tb, t_hi, H, h);
+            mb_arrive_cp(full + st);
+            if (threadIdx.x < QT) {
+                int t = tb + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+                float l2 = INFINITY, ds = 0;
+                if (t < t_hi) {
+                    a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t];
+                    float L = lse[(size_t)t * H + h];
+                    l2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+                    ds = dsum[(size_t)t * H + h];
+                }
+                fa_qrows &x = qr[st];
+                x.l2[threadIdx.x] = l2; x.ds[threadIdx.x] = ds;
+                x.rg[threadIdx.x][0] = a0; x.rg[threadIdx.x][1] = a1; x.rg[threadIdx.x][2] = b0; x.rg[threadIdx.x][3] = b1;
+            }
+            mb_arrive(full + st);
+        }
+        fa_wait<0>();
+        return;
+    }
+    /* the block holds 168 x 384 registers: 128 x 24 + 256 x 240 fits exactly (asking for more
+     * than the producer gave back would wait forever) */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    int cw = w - 4, c2 = 2 * (lane & 3), kw0 = j0 + cw * 16;
     float dka[1][D / 8][4], dva[1][D / 8][4];
     fa_zero(dka);
     fa_zero(dva);
-    float xl2 = INFINITY, xds = 0;
-    int xa0 = 0, xa1 = 0, xb0 = 0, xb1 = 0;
-    auto load_pair = [&](int i, int b) {
-        int tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
-        wg_load_rows<D, QT>(q_s + b * TQ, q, tb, t_hi, H, h);
-        wg_load_rows<D, QT>(do_s + b * TQ, dout, tb, t_hi, H, h);
-        if (threadIdx.x < QT) {
-            int t = tb + threadIdx.x;
-            xl2 = INFINITY; xds = 0; xa0 = xa1 = xb0 = xb1 = 0;
-            if (t < t_hi) {
-                xa0 = r.a0[t]; xa1 = r.a1[t]; xb0 = r.b0[t]; xb1 = r.b1[t];
-                float L = lse[(size_t)t * H + h];
-                xl2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
-                xds = dsum[(size_t)t * H + h];
-            }
-        }
-    };
-    auto store_rows = [&](int b) {
-        if (threadIdx.x < QT) {
-            fa_qrows &x = qr[b];
-            x.l2[threadIdx.x] = xl2; x.ds[threadIdx.x] = xds;
-            x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
-        }
-    };
-    if (npair > 0) { load_pair(0, 0); store_rows(0); }
-    fa_commit();
-    const unsigned long long dkd = wg_desc_k(k_s + (w >> 2) * 64 * 128), dvd = wg_desc_k(v_s + (w >> 2) * 64 * 128);
+    const unsigned long long dkd = wg_desc_k(k_s + (cw >> 2) * 64 * 128), dvd = wg_desc_k(v_s + (cw >> 2) * 64 * 128);
     const unsigned long long dqk = wg_desc_k(q_s), ddk = wg_desc_k(do_s), dqm = wg_desc_mn<QT>(q_s), ddm = wg_desc_mn<QT>(do_s);
-    for (int i = 0, b = 0; i < npair; i++, b ^= 1) {
-        fa_wait<0>();
+    mb_wait(kv_full, 0);
+    for (int i = 0; i < npair; i++) {
+        int st = i % NS;
+        mb_wait(full + st, (i / NS) & 1);
         wg_proxy_fence();
-        __syncthreads();   /* also: every warp is done with stage b ^ 1 (pair i - 1) */
-        if (i + 1 < npair) load_pair(i + 1, b ^ 1);
-        fa_commit();
-        const fa_qrows &x = qr[b];
-        const unsigned so = b * (TQ >> 4);
+        const fa_qrows &x = qr[st];
+        const unsigned so = st * (TQ >> 4);
         float sa[NT][4], dp[NT][4];
         wg_fence();
         #pragma unroll
@@ -484,9 +565,8 @@ __global__ void __launch_bounds__(256, 1) wg_dkdv_kernel(bf16 *dk, bf16 *dv, con
         wg_wait<0>();
         wg_keep(dva[0]);
         wg_keep(dka[0]);
-        if (i + 1 < npair) store_rows(b ^ 1);
+        mb_arrive(empty + st);
     }
-    fa_wait<0>();
     #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int j = kw0 + (lane >> 2) + hf * 8;
@@ -501,3 +581,4 @@ __global__ void __launch_bounds__(256, 1) wg_dkdv_kernel(bf16 *dk, bf16 *dv, con
         }
     }
 }
+
