@@ -446,12 +446,12 @@ static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int 
                       int T, int H, int K, float sc2, float scale) {
     if (use_wgmma(D)) {
         static unsigned raised;
-        auto kern = wg_dq_kernel<128>;
-        size_t sm = 1024 + (size_t)(2 * WG_BM + 5 * WG_DQ_BN) * 128 * sizeof(bf16);
+        auto kern = wg_dq_ws_kernel<128>;
+        size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
         cu_raise_smem(c, kern, sm, &raised);
-        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 256, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
+        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
                                                                        sc2, scale);
-        CU_LAUNCHED(c, "wg_dq_kernel");
+        CU_LAUNCHED(c, "wg_dq_ws_kernel");
     } else {
         constexpr int BM = 16 * FA_MR * FA_DQ_NW;
         auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */

@@ -11,7 +11,13 @@
  * bytes) down an MN-major tile.
  * Accumulator and register-A fragments of m64nNk16 are mma.sync's m16n8k16 ones, warp w % 4 of the
  * warpgroup owning rows 16 (w % 4) .. + 15: d[n][0..1] row lane/4, cols 8n + 2 (lane % 4) + {0, 1};
- * d[n][2..3] the same cols, row + 8. */
+ * d[n][2..3] the same cols, row + 8.
+ * The three kernels (fwd, dq, dkdv) are warp-specialised, FlashAttention-3's layout with cp.async
+ * in place of TMA (the key rows a query may read are bounded by its ranges, not by a tensor
+ * extent the backend is given): 384 threads, warpgroup 0 the producer streaming tiles into
+ * shared-memory rings signalled by full / empty mbarriers, warpgroups 1 and 2 the consumers,
+ * which never meet at a block barrier, so one's elementwise work runs under the other's
+ * products. */
 
 /* byte offset of 16-byte chunk c of row `row` in a ROWS-row swizzled tile */
 template <int ROWS>
@@ -145,128 +151,9 @@ __device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][4], const float (&
     }
 }
 
-enum { WG_BM = 128, WG_BN = 128 };
-
-/* dq, D = 128: dq = scale Σ_j dS_j·K_j with dS = P (dP - Dsum), P from lse; writes Dsum (T, H) =
- * rowsum(dO ∘ O) first (for dkdv). Block = 128 queries x one head, two warpgroups, 64-key tiles.
- * Per tile j: S_j = Q·K_j^T and dP_j = dO·V_j^T are issued together with dQ += dS_{j-1}·K_{j-1},
- * and dS_j is computed while that product runs. The loads of K_{j+1} and V_{j+1} go out after
- * the barrier that opens tile j: a K ring of 3 stages (K_{j-1} is still read), V of 2. No
- * atomics: deterministic. */
-enum { WG_DQ_BN = 64 };
-template <int D>
-__global__ void __launch_bounds__(256, 1) wg_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
-                                                      const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                                                      attn_ranges r, int T, int H, int K, float sc2, float scale) {
-    static_assert(D == 128, "wgmma dq: head dim 128");
-    constexpr int BM = WG_BM, BN = WG_DQ_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2;
-    extern __shared__ unsigned char wg_dyn[];
-    unsigned char *q_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *do_s = q_s + TQ;
-    unsigned char *k_s = do_s + TQ, *v_s = k_s + 3 * TK;
-    __shared__ fa_sched<BM> sc;
-    __shared__ float l2_s[BM], ds_s[BM];
-    FA_QBLOCK();
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, row0 = w * 16, wrow = (w >> 2) * 64;
-    wg_load_rows<D, BM>(q_s, q, t0, T, H, h);
-    wg_load_rows<D, BM>(do_s, dout, t0, T, H, h);
-    fa_dsum_rows<D, 16>(ds_s, dsum, out, dout, t0, row0, T, H, h);
-    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
-        float L = t0 + i < T ? lse[(size_t)(t0 + i) * H + h] : 0.0f;
-        l2_s[i] = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
-    }
-    fa_sched_load(sc, r, t0, T);
-    float L[2], Ds[2];
-    #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        int rr = row0 + (lane >> 2) + hf * 8;
-        L[hf] = l2_s[rr]; Ds[hf] = ds_s[rr];
-    }
-    fa_tile X = { 0, sc.blo[0], 0, false };
-    X.have = fa_next<BM, BN>(sc, X.s, X.j0, X.full);
-    if (X.have) {
-        wg_load_rows<D, BN>(k_s, k, X.j0, sc.bhi[X.s], K, g);
-        wg_load_rows<D, BN>(v_s, v, X.j0, sc.bhi[X.s], K, g);
-    }
-    fa_commit();
-    float acc[1][D / 8][4], sa[1][NT][4], dp[NT][4];
-    unsigned ds[NT / 2][4];
-    fa_zero(acc);
-    const unsigned long long dqd = wg_desc_k(q_s + wrow * 128), ddo = wg_desc_k(do_s + wrow * 128);
-    const unsigned long long dk = wg_desc_k(k_s), dvk = wg_desc_k(v_s), dkmn = wg_desc_mn<BN>(k_s);
-    /* tile j (K in stage j % 3, V in j % 2): wait for it, issue the loads of tile j + 1, then
-     * S_j and dP_j */
-    auto open_tile = [&](int j, fa_tile &Y) {
-        fa_wait<0>();
-        wg_proxy_fence();
-        __syncthreads();
-        Y = X;
-        Y.j0 += BN;
-        Y.have = fa_next<BM, BN>(sc, Y.s, Y.j0, Y.full);
-        if (Y.have) {
-            wg_load_rows<D, BN>(k_s + ((j + 1) % 3) * TK, k, Y.j0, sc.bhi[Y.s], K, g);
-            wg_load_rows<D, BN>(v_s + ((j + 1) & 1) * TK, v, Y.j0, sc.bhi[Y.s], K, g);
-        }
-        fa_commit();
-        wg_fence();
-        const unsigned long long dkj = dk + (j % 3) * (TK >> 4), dvj = dvk + (j & 1) * (TK >> 4);
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(sa[0], dqd + wg_step_k<BM>(kk), dkj + wg_step_k<BN>(kk), kk);
-        #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, ddo + wg_step_k<BM>(kk), dvj + wg_step_k<BN>(kk), kk);
-        wg_commit();
-    };
-    /* dS_j = P_j (dP_j - Dsum) in sa */
-    auto dscore = [&]() {
-        int need = 1, wfull = 1;
-        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
-        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
-        #pragma unroll
-        for (int n = 0; n < NT; n++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float P = fa_ex2(fmaf(sa[0][n][e], sc2, -L[e >> 1]));
-                sa[0][n][e] = P * (dp[n][e] - Ds[e >> 1]);
-            }
-    };
-    auto dq_mma = [&](int st) {
-        #pragma unroll
-        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(acc[0], ds[kb], dkmn + st * (TK >> 4) + wg_step_mn(kb), 1);
-        wg_commit();
-    };
-    int j = 0;
-    if (X.have) {
-        fa_tile Y;
-        open_tile(0, Y);
-        wg_wait<0>();
-        wg_keep(sa[0]);
-        wg_keep(dp);
-        dscore();
-        wg_pack<NT>(ds, sa[0]);
-        X = Y;
-        for (j = 1; X.have; j++) {
-            open_tile(j, Y);
-            dq_mma((j - 1) % 3);
-            wg_wait<1>();
-            wg_keep(sa[0]);
-            wg_keep(dp);
-            dscore();
-            wg_wait<0>();
-            wg_keep(acc[0]);
-            wg_pack<NT>(ds, sa[0]);
-            X = Y;
-        }
-        wg_fence();
-        dq_mma((j - 1) % 3);
-        wg_wait<0>();
-        wg_keep(acc[0]);
-    }
-    fa_wait<0>();
-    __syncthreads();   /* every warpgroup is done with k_s: it stages the output rows */
-    float sc_[1][2] = { { scale, scale } };
-    fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
-}
-
-enum { WG_KB = 128, WG_DKDV_NS = 3 };
+/* fwd and dq: 128-query blocks; fwd 128-key tiles (two K and two V stages), dq 64-key tiles
+ * (WG_DQ_NS stages of K and V); dkdv: 128-key blocks, WG_DKDV_NS stages of 64-query Q/dO. */
+enum { WG_BM = 128, WG_BN = 128, WG_DQ_BN = 64, WG_DQ_NS = 3, WG_KB = 128, WG_DKDV_NS = 3 };
 
 /* ---- warp-specialised forward: mbarriers, a producer warpgroup of cp.async loads */
 __device__ __forceinline__ void mb_init(unsigned long long *b, int n) {
@@ -582,3 +469,136 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
     }
 }
 
+
+/* dq, D = 128, warp-specialised: warpgroup 0 loads Q and dO once, then streams 64-key tiles
+ * (K_i and V_i together) into a WG_DQ_NS-stage ring (full / empty mbarriers); warpgroups 1 and 2
+ * (64 query rows each) first write Dsum = rowsum(dO ∘ O) for their rows (for dkdv), then per tile
+ * i issue S_i = Q·K_i^T and dP_i = dO·V_i^T together with dQ += dS_{i-1}·K_{i-1}, and compute
+ * dS_i = P_i (dP_i - Dsum) while that product runs; a stage is released once its K has fed dQ.
+ * No atomics: deterministic. setmaxnreg 56 / 224, as the forward. */
+template <int D>
+__global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
+                                                         const bf16 *k, const bf16 *v, const bf16 *out,
+                                                         const float *lse, attn_ranges r, int T, int H, int K,
+                                                         float sc2, float scale) {
+    static_assert(D == 128, "wgmma dq: head dim 128");
+    constexpr int BM = WG_BM, BN = WG_DQ_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2, NS = WG_DQ_NS;
+    extern __shared__ unsigned char wg_dyn[];
+    unsigned char *q_s = (unsigned char *)(((size_t)wg_dyn + 1023) & ~(size_t)1023), *do_s = q_s + TQ;
+    unsigned char *k_s = do_s + TQ, *v_s = k_s + NS * TK;
+    __shared__ fa_sched<BM> sc;
+    __shared__ float ds_s[BM];
+    /* qd_full, full[NS] (producer copies), empty[NS] (consumers) */
+    __shared__ __align__(8) unsigned long long bar[1 + 2 * NS];
+    unsigned long long *qd_full = bar, *full = bar + 1, *empty = bar + 1 + NS;
+    FA_QBLOCK();
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        mb_init(qd_full, 128);
+        for (int i = 0; i < NS; i++) { mb_init(full + i, 128); mb_init(empty + i, 256); }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    fa_sched_load(sc, r, t0, T);   /* ends with a block barrier: the mbarriers are ready too */
+    if (w < 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
+        wg_load_rows<D, BM, 128>(do_s, dout, t0, T, H, h);
+        mb_arrive_cp(qd_full);
+        fa_tile X = { 0, sc.blo[0], 0, false };
+        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        for (int i = 0; X.have; i++) {
+            int st = i % NS;
+            mb_wait(empty + st, ((i / NS) & 1) ^ 1);
+            wg_load_rows<D, BN, 128>(k_s + st * TK, k, X.j0, sc.bhi[X.s], K, g);
+            wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
+            mb_arrive_cp(full + st);
+            X.j0 += BN;
+            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        }
+        fa_wait<0>();
+        return;
+    }
+    /* the block holds 168 x 384 registers: 128 x 56 + 256 x 224 fits exactly */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    int cw = w - 4, row0 = cw * 16, wrow = (cw >> 2) * 64;
+    fa_dsum_rows<D, 16>(ds_s, dsum, out, dout, t0, row0, T, H, h);
+    __syncwarp();
+    float L[2], Ds[2];
+    #pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        int rr = row0 + (lane >> 2) + hf * 8, t = t0 + rr;
+        float l = t < T ? lse[(size_t)t * H + h] : 0.0f;
+        L[hf] = l == -INFINITY ? INFINITY : l * LOG2E;   /* a query with no keys: P = 0 */
+        Ds[hf] = ds_s[rr];
+    }
+    float acc[1][D / 8][4], sa[1][NT][4], dp[NT][4];
+    unsigned ds[NT / 2][4];
+    fa_zero(acc);
+    const unsigned long long dqd = wg_desc_k(q_s + wrow * 128), ddo = wg_desc_k(do_s + wrow * 128);
+    const unsigned long long dk = wg_desc_k(k_s), dvk = wg_desc_k(v_s), dkmn = wg_desc_mn<BN>(k_s);
+    mb_wait(qd_full, 0);
+    auto open_tile = [&](int i) {
+        int st = i % NS;
+        mb_wait(full + st, (i / NS) & 1);
+        wg_proxy_fence();
+        wg_fence();
+        const unsigned long long dki = dk + st * (TK >> 4), dvi = dvk + st * (TK >> 4);
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(sa[0], dqd + wg_step_k<BM>(kk), dki + wg_step_k<BN>(kk), kk);
+        #pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, ddo + wg_step_k<BM>(kk), dvi + wg_step_k<BN>(kk), kk);
+        wg_commit();
+    };
+    fa_tile X = { 0, sc.blo[0], 0, false };
+    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    /* dS_i = P_i (dP_i - Dsum) in sa */
+    auto dscore = [&]() {
+        int need = 1, wfull = 1;
+        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
+        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
+        #pragma unroll
+        for (int n = 0; n < NT; n++)
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float P = fa_ex2(fmaf(sa[0][n][e], sc2, -L[e >> 1]));
+                sa[0][n][e] = P * (dp[n][e] - Ds[e >> 1]);
+            }
+    };
+    auto dq_mma = [&](int i) {
+        wg_fence();
+        #pragma unroll
+        for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(acc[0], ds[kb], dkmn + (i % NS) * (TK >> 4) + wg_step_mn(kb), 1);
+        wg_commit();
+    };
+    int i = 0;
+    if (X.have) {
+        open_tile(0);
+        wg_wait<0>();
+        wg_keep(sa[0]);
+        wg_keep(dp);
+        dscore();
+        wg_pack<NT>(ds, sa[0]);
+        X.j0 += BN;
+        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        for (i = 1; X.have; i++) {
+            open_tile(i);
+            dq_mma(i - 1);
+            wg_wait<1>();
+            wg_keep(sa[0]);
+            wg_keep(dp);
+            dscore();
+            wg_wait<0>();
+            wg_keep(acc[0]);
+            mb_arrive(empty + (i - 1) % NS);
+            wg_pack<NT>(ds, sa[0]);
+            X.j0 += BN;
+            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        }
+        dq_mma(i - 1);
+        wg_wait<0>();
+        wg_keep(acc[0]);
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");   /* both consumers are done with k_s: it stages the rows */
+    float sc_[1][2] = { { scale, scale } };
+    fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
+}
