@@ -191,6 +191,32 @@ __device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int
     return false;
 }
 
+/* The producer's walk (fwd and dq): every key tile the block needs, K_i into stage i % NS of k_s
+ * and V_i into v_s, each after its empty barrier's previous phase (consumers done with tile i -
+ * NS) and announced on its full barrier when the copies land. dq passes the same barriers for K
+ * and V (one stage = both; two arrivals a thread a phase). */
+template <int D, int BM, int BN, int NS>
+__device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned char *k_s, unsigned char *v_s,
+                                              const bf16 *k, const bf16 *v, int K, int g, unsigned long long *kf,
+                                              unsigned long long *ke, unsigned long long *vf, unsigned long long *ve) {
+    constexpr int TK = BN * D * 2;
+    fa_tile X = { 0, sc.blo[0], 0, false };
+    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    for (int i = 0; X.have; i++) {
+        int st = i % NS;
+        unsigned ph = ((i / NS) & 1) ^ 1;
+        mb_wait(ke + st, ph);
+        wg_load_rows<D, BN, 128>(k_s + st * TK, k, X.j0, sc.bhi[X.s], K, g);
+        mb_arrive_cp(kf + st);
+        mb_wait(ve + st, ph);
+        wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
+        mb_arrive_cp(vf + st);
+        X.j0 += BN;
+        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    }
+    fa_wait<0>();
+}
+
 /* fwd, D = 128, warp-specialised (FlashAttention-3's layout without TMA): warpgroup 0 is the
  * producer — it walks the block's key tiles and streams Q, then K_i and V_i into two-stage rings
  * with cp.async, each stage's arrival signalled on a "full" mbarrier (one arrival a producer
@@ -224,21 +250,7 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
         mb_arrive_cp(q_full);
-        fa_tile X = { 0, sc.blo[0], 0, false };
-        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
-        for (int i = 0; X.have; i++) {
-            int st = i & 1;
-            unsigned ph = ((i >> 1) & 1) ^ 1;
-            mb_wait(k_empty + st, ph);
-            wg_load_rows<D, BN, 128>(k_s + st * TK, k, X.j0, sc.bhi[X.s], K, g);
-            mb_arrive_cp(k_full + st);
-            mb_wait(v_empty + st, ph);
-            wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
-            mb_arrive_cp(v_full + st);
-            X.j0 += BN;
-            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
-        }
-        fa_wait<0>();
+        wg_produce_kv<D, BM, BN, 2>(sc, k_s, v_s, k, v, K, g, k_full, k_empty, v_full, v_empty);
         return;
     }
     /* the block holds 168 x 384 registers: 128 x 56 + 256 x 224 fits exactly */
@@ -488,14 +500,14 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     unsigned char *k_s = do_s + TQ, *v_s = k_s + NS * TK;
     __shared__ fa_sched<BM> sc;
     __shared__ float ds_s[BM];
-    /* qd_full, full[NS] (producer copies), empty[NS] (consumers) */
+    /* qd_full, full[NS] (producer copies of K and V), empty[NS] (consumers) */
     __shared__ __align__(8) unsigned long long bar[1 + 2 * NS];
     unsigned long long *qd_full = bar, *full = bar + 1, *empty = bar + 1 + NS;
     FA_QBLOCK();
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         mb_init(qd_full, 128);
-        for (int i = 0; i < NS; i++) { mb_init(full + i, 128); mb_init(empty + i, 256); }
+        for (int i = 0; i < NS; i++) { mb_init(full + i, 256); mb_init(empty + i, 256); }   /* full: K and V copies */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     fa_sched_load(sc, r, t0, T);   /* ends with a block barrier: the mbarriers are ready too */
@@ -504,18 +516,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
         wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
         wg_load_rows<D, BM, 128>(do_s, dout, t0, T, H, h);
         mb_arrive_cp(qd_full);
-        fa_tile X = { 0, sc.blo[0], 0, false };
-        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
-        for (int i = 0; X.have; i++) {
-            int st = i % NS;
-            mb_wait(empty + st, ((i / NS) & 1) ^ 1);
-            wg_load_rows<D, BN, 128>(k_s + st * TK, k, X.j0, sc.bhi[X.s], K, g);
-            wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
-            mb_arrive_cp(full + st);
-            X.j0 += BN;
-            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
-        }
-        fa_wait<0>();
+        wg_produce_kv<D, BM, BN, NS>(sc, k_s, v_s, k, v, K, g, full, empty, full, empty);
         return;
     }
     /* the block holds 168 x 384 registers: 128 x 56 + 256 x 224 fits exactly */
