@@ -17,23 +17,23 @@ static void put(const char *dir, const char *name, const float *x, size_t n) {
 int main(int argc, char **argv) {
     if (argc < 7) { fprintf(stderr, "usage: attn_dump OUTDIR H K D SEED G (P N R..)..\n"); return 2; }
     const char *dir = argv[1];
-    int H = atoi(argv[2]), K = atoi(argv[3]), D = atoi(argv[4]), G = atoi(argv[6]), ai = 7, T = 0;
+    int H = atoi(argv[2]), K = atoi(argv[3]), D = atoi(argv[4]), G = atoi(argv[6]), ai = 7;
     unsigned long long seed = strtoull(argv[5], NULL, 10);
-    int *a0 = NULL, *a1 = NULL, *b0 = NULL, *b1 = NULL;
+    int *P = calloc((size_t)G + 1, sizeof(int)), *N = calloc((size_t)G + 1, sizeof(int));
+    const int **R = calloc((size_t)G + 1, sizeof(int *));
     for (int g = 0; g < G; g++) {
         if (ai + 1 >= argc) { fprintf(stderr, "group %d: missing P N\n", g); return 2; }
-        int P = atoi(argv[ai++]), N = atoi(argv[ai++]), p0 = T;
-        a0 = realloc(a0, (T + P) * sizeof(int)); a1 = realloc(a1, (T + P) * sizeof(int));
-        b0 = realloc(b0, (T + P) * sizeof(int)); b1 = realloc(b1, (T + P) * sizeof(int));
-        for (int i = 0; i < P; i++, T++) { a0[T] = p0; a1[T] = p0 + i + 1; b0[T] = b1[T] = 0; }
-        for (int s = 0; s < N; s++) {
+        P[g] = atoi(argv[ai++]);
+        N[g] = atoi(argv[ai++]);
+        int *Rg = calloc((size_t)N[g] + 1, sizeof(int));
+        for (int s = 0; s < N[g]; s++) {
             if (ai >= argc) { fprintf(stderr, "group %d: missing R\n", g); return 2; }
-            int R = atoi(argv[ai++]), s0 = T;
-            a0 = realloc(a0, (T + R) * sizeof(int)); a1 = realloc(a1, (T + R) * sizeof(int));
-            b0 = realloc(b0, (T + R) * sizeof(int)); b1 = realloc(b1, (T + R) * sizeof(int));
-            for (int j = 0; j < R; j++, T++) { a0[T] = p0; a1[T] = p0 + P; b0[T] = s0; b1[T] = s0 + j + 1; }
+            Rg[s] = atoi(argv[ai++]);
         }
+        R[g] = Rg;
     }
+    ranges rg = make_ranges(G, P, N, R);
+    int T = rg.T;
     eng_backend *gpu = NULL;
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
     size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D;
@@ -42,8 +42,7 @@ int main(int argc, char **argv) {
     void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gdo = gc_act(gpu, dout, nq);
     void *go = gpu->alloc(gpu, nq * 2), *gdq = gpu->alloc(gpu, nq * 2), *gdk = gc_act(gpu, zero, nk), *gdv = gc_act(gpu, zero, nk);
     float *gl = gpu->alloc(gpu, (size_t)T * H * 4);
-    attn_ranges r = { gc_dev(gpu, a0, (size_t)T * 4), gc_dev(gpu, a1, (size_t)T * 4), gc_dev(gpu, b0, (size_t)T * 4),
-                      gc_dev(gpu, b1, (size_t)T * 4) };
+    attn_ranges r = gc_dev_ranges(gpu, rg);
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, r, T, H, K, D);
     gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, r, T, H, K, D);
     float *o = gc_get_act(gpu, go, nq), *l = gc_get_f32(gpu, gl, (size_t)T * H), *dq = gc_get_act(gpu, gdq, nq);

@@ -15,13 +15,10 @@ int main(int argc, char **argv) {
     int P = argc > 3 ? atoi(argv[1]) : 8192, N = argc > 3 ? atoi(argv[2]) : 8, R = argc > 3 ? atoi(argv[3]) : 1024;
     int H = argc > 6 ? atoi(argv[4]) : 32, K = argc > 6 ? atoi(argv[5]) : 8, D = argc > 6 ? atoi(argv[6]) : 128;
     int T = P + N * R;
-    int *a0 = malloc((size_t)T * 4), *a1 = malloc((size_t)T * 4), *b0 = malloc((size_t)T * 4), *b1 = malloc((size_t)T * 4);
-    for (int t = 0; t < P; t++) { a0[t] = 0; a1[t] = t + 1; b0[t] = b1[t] = 0; }
-    for (int s = 0; s < N; s++)
-        for (int j = 0; j < R; j++) {
-            int t = P + s * R + j;
-            a0[t] = 0; a1[t] = P; b0[t] = P + s * R; b1[t] = t + 1;
-        }
+    int Rs[N > 0 ? N : 1];
+    for (int s = 0; s < N; s++) Rs[s] = R;
+    const int *Rp[] = { Rs };
+    ranges rh = make_ranges(1, &P, &N, Rp);
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D;
@@ -30,8 +27,7 @@ int main(int argc, char **argv) {
     free(h);
     void *o = be->alloc(be, nq * 2), *dq = be->alloc(be, nq * 2), *dk = be->alloc(be, nk * 2), *dv = be->alloc(be, nk * 2);
     float *lse = be->alloc(be, (size_t)T * H * 4);
-    attn_ranges rg = { gc_dev(be, a0, (size_t)T * 4), gc_dev(be, a1, (size_t)T * 4), gc_dev(be, b0, (size_t)T * 4),
-                       gc_dev(be, b1, (size_t)T * 4) };
+    attn_ranges rg = gc_dev_ranges(be, rh);
     if (!o || !dq || !dk || !dv || !lse) gc_die(be, "alloc");
     be->zero(be, dk, nk * 2);
     be->zero(be, dv, nk * 2);
@@ -61,6 +57,6 @@ int main(int argc, char **argv) {
            f / 1e12, sum);
     free(oh);
     be->destroy(be);
-    free(a0); free(a1); free(b0); free(b1);
+    free_ranges(rh);
     return isfinite(sum) ? 0 : 1;
 }

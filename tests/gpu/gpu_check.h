@@ -86,6 +86,33 @@ static inline float *gc_get_f32(eng_backend *g, const void *p, size_t n) {
     if (g->sync(g) || g->to_host(g, h, p, n * 4)) gc_die(g, "download");
     return h;
 }
+/* Key ranges of packed groups (engine/pack.h's layout, built here independently of it): group
+ * g = [P; R_1 .. R_N], the prompt causal on itself, each response over its group's prompt and
+ * causally over itself. */
+typedef struct { int T; int *a0, *a1, *b0, *b1; } ranges;
+static inline ranges make_ranges(int G, const int *P, const int *N, const int *const *R) {
+    int T = 0;
+    for (int g = 0; g < G; g++) { T += P[g]; for (int i = 0; i < N[g]; i++) T += R[g][i]; }
+    ranges r = { T, (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4),
+                 (int *)malloc((size_t)T * 4 + 4) };
+    int t = 0;
+    for (int g = 0; g < G; g++) {
+        int p0 = t;
+        for (int i = 0; i < P[g]; i++, t++) { r.a0[t] = p0; r.a1[t] = p0 + i + 1; r.b0[t] = r.b1[t] = 0; }
+        for (int s = 0; s < N[g]; s++) {
+            int s0 = t;
+            for (int j = 0; j < R[g][s]; j++, t++) { r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = s0; r.b1[t] = s0 + j + 1; }
+        }
+    }
+    return r;
+}
+static inline void free_ranges(ranges r) { free(r.a0); free(r.a1); free(r.b0); free(r.b1); }
+/* the ranges uploaded for a backend's attention ops */
+static inline attn_ranges gc_dev_ranges(eng_backend *g, ranges r) {
+    attn_ranges d = { (const int *)gc_dev(g, r.a0, (size_t)r.T * 4), (const int *)gc_dev(g, r.a1, (size_t)r.T * 4),
+                      (const int *)gc_dev(g, r.b0, (size_t)r.T * 4), (const int *)gc_dev(g, r.b1, (size_t)r.T * 4) };
+    return d;
+}
 /* Relative L2 error of the increments (a - a0) against (b - b0): for "+=" outputs, so that an
  * op that overwrote instead of adding fails. */
 static inline double gc_rel_delta(const float *a, const float *a0, const float *b, const float *b0, size_t n) {

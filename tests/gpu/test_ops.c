@@ -300,24 +300,6 @@ static void t_scatter_rows(int T, int S, int row) {
 
 /* ---------------------------------------------------------------- attention */
 
-/* Key ranges of packed groups (engine/pack.h's layout): group g = [P; R_1 .. R_N]. */
-typedef struct { int T; int *a0, *a1, *b0, *b1; } ranges;
-static ranges make_ranges(int G, const int *P, const int *N, const int *const *R) {
-    int T = 0;
-    for (int g = 0; g < G; g++) { T += P[g]; for (int i = 0; i < N[g]; i++) T += R[g][i]; }
-    ranges r = { T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4) };
-    int t = 0;
-    for (int g = 0; g < G; g++) {
-        int p0 = t;
-        for (int i = 0; i < P[g]; i++, t++) { r.a0[t] = p0; r.a1[t] = p0 + i + 1; r.b0[t] = r.b1[t] = 0; }
-        for (int s = 0; s < N[g]; s++) {
-            int s0 = t;
-            for (int j = 0; j < R[g][s]; j++, t++) { r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = s0; r.b1[t] = s0 + j + 1; }
-        }
-    }
-    return r;
-}
-
 static int determ;   /* t_attention also checks that a second backward is bit-identical */
 static void t_attention(const char *name, ranges rg, int S, int H, int K, int D, int bwd) {
     char sh[96];
@@ -336,8 +318,7 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gdo = gc_act(gpu, dout, nq);
     void *go = gpu->alloc(gpu, nq * 2), *gdq = gpu->alloc(gpu, nq * 2), *gdk = gc_act(gpu, dk0, nk), *gdv = gc_act(gpu, dv0, nk);
     float *gl = gpu->alloc(gpu, (size_t)T * H * 4);
-    attn_ranges rg_g = { gc_dev(gpu, rg.a0, (size_t)T * 4), gc_dev(gpu, rg.a1, (size_t)T * 4),
-                         gc_dev(gpu, rg.b0, (size_t)T * 4), gc_dev(gpu, rg.b1, (size_t)T * 4) };
+    attn_ranges rg_g = gc_dev_ranges(gpu, rg);
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, rg_g, T, H, K, D);
     if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
     if (bwd && determ) {   /* the same backward again into fresh buffers: bit-identical */
@@ -369,8 +350,6 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     free(q); free(k); free(v); free(dout); free(dk0); free(dv0); free(o_c); free(l_c); free(dq_c); free(dk_c); free(dv_c);
     free(o_g); free(l_g);
 }
-
-static void free_ranges(ranges r) { free(r.a0); free(r.a1); free(r.b0); free(r.b1); }
 
 static void attention_suite(void) {
     /* causal: one sequence, T not a multiple of 16 or 32 */
