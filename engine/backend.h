@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/attention.h"
+#include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
 
 typedef struct eng_backend eng_backend;
@@ -71,15 +72,21 @@ struct eng_backend {
                           const void *k, const void *v, const void *out, const float *lse, attn_ranges r,
                           int T, int H, int K, int D);
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
+    /* gate/up projections and SwiGLU (kernels/swiglu.h mlp_in_fwd_cpu): all three written; one
+     * launch on CUDA at decode sizes */
+    void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const void *wg, const void *wu,
+                       int T, int I, int F);
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
     /* fused neighbours (kernels/rmsnorm.h): sum = x + y then out = rmsnorm(sum) (sum may alias x
-     * or y); q/k per-head norm then RoPE, and its backward (dinp written, not added) */
+     * or y); the backward of the q/k per-head norm then RoPE (dinp written, not added) */
     void (*add_rmsnorm_fwd)(eng_backend *b, void *sum, void *out, float *rstd, const void *x, const void *y,
                             const void *w, int T, int C, float eps);
-    void (*qk_norm_rope_fwd)(eng_backend *b, void *out, float *rstd, const void *inp, const void *w, const int *pos,
-                             const float *inv_freq, int T, int H, int D, float eps);
+    /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and
+     * RoPE, k and v into their KV-cache rows; one launch on CUDA */
+    void (*qkv_rope_fwd)(eng_backend *b, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H,
+                         int K, int D, float eps);
     void (*qk_norm_rope_bwd)(eng_backend *b, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                              const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos,

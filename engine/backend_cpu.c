@@ -63,6 +63,10 @@ static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout
     attention_bwd_cpu(dq, dk, dv, dout, q, k, v, out, lse, r, T, H, K, D);
 }
 static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }
+static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const void *wg, const void *wu, int T, int I,
+                  int F) {
+    mlp_in_fwd_cpu(a, g, u, x, wg, wu, T, I, F);
+}
 static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cpu(dg, du, dy, g, u, n);
 }
@@ -76,9 +80,9 @@ static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, co
                    int C, float eps) {
     add_rmsnorm_fwd_cpu(s, o, r, x, y, w, T, C, eps);
 }
-static void qkr_f(eng_backend *b, void *o, float *r, const void *x, const void *w, const int *p, const float *f, int T,
-                  int H, int D, float eps) {
-    qk_norm_rope_fwd_cpu(o, r, x, w, p, f, T, H, D, eps);
+static void qkv_f(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
+                  float eps) {
+    qkv_rope_fwd_cpu(io, p, f, T, H, K, D, eps);
 }
 static void qkr_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
                   const int *p, const float *f, int T, int H, int D) {
@@ -118,8 +122,8 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .scatter_rows = cpu_scatter_rows, .sync = cpu_sync, .destroy = cpu_destroy,
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
         .matmul_fwd = mm_f, .matmul_fwd_n = mm_fn, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
-        .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .swiglu_bwd = swi_b,
-        .add_rmsnorm_fwd = arms_f, .qk_norm_rope_fwd = qkr_f, .qk_norm_rope_bwd = qkr_b,
+        .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .mlp_in_fwd = mlp_f, .swiglu_bwd = swi_b,
+        .add_rmsnorm_fwd = arms_f, .qkv_rope_fwd = qkv_f, .qk_norm_rope_bwd = qkr_b,
         .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f, .sample = samp_f,
         .adamw = adamw_f, .sumsq = sumsq_f, .scale = scale_f,
     };

@@ -159,6 +159,10 @@ static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout
 static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
 }
+static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const void *wg, const void *wu, int T, int I,
+                  int F) {
+    mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, (cbf *)wg, (cbf *)wu, T, I, F);
+}
 static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
 }
@@ -169,9 +173,9 @@ static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, co
                    int C, float eps) {
     add_rmsnorm_fwd_cuda(CTX(b), (bf16 *)s, (bf16 *)o, r, (cbf *)x, (cbf *)y, (cbf *)w, T, C, eps);
 }
-static void qkr_f(eng_backend *b, void *o, float *r, const void *x, const void *w, const int *p, const float *f, int T,
-                  int H, int D, float eps) {
-    qk_norm_rope_fwd_cuda(CTX(b), (bf16 *)o, r, (cbf *)x, (cbf *)w, p, f, T, H, D, eps);
+static void qkv_f(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
+                  float eps) {
+    qkv_rope_fwd_cuda(CTX(b), io, p, f, T, H, K, D, eps);
 }
 static void qkr_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
                   const int *p, const float *f, int T, int H, int D) {
@@ -296,8 +300,8 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->scatter_rows = cu_scatter_rows; b->sync = cu_sync; b->destroy = cu_destroy;
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
-    b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->swiglu_bwd = swi_b;
-    b->add_rmsnorm_fwd = arms_f; b->qk_norm_rope_fwd = qkr_f; b->qk_norm_rope_bwd = qkr_b;
+    b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->mlp_in_fwd = mlp_f; b->swiglu_bwd = swi_b;
+    b->add_rmsnorm_fwd = arms_f; b->qkv_rope_fwd = qkv_f; b->qk_norm_rope_bwd = qkr_b;
     b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
     b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
     b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;

@@ -308,26 +308,17 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD }, { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD },
                        { A->v, W->wv, W->bv, KD } };
     be->matmul_fwd_n(be, qkv, 3, A->ln1, T, C);
-    if (c->qk_norm) {
-        be->qk_norm_rope_fwd(be, A->q, A->rstdq, A->q0, W->q_norm, d->pos, m->inv_freq, T, H, D, c->eps);
-        be->qk_norm_rope_fwd(be, A->k, A->rstdk, A->k0, W->k_norm, d->pos, m->inv_freq, T, K, D, c->eps);
-    } else {
-        be->rope_fwd(be, A->q, d->pos, m->inv_freq, T, H, D);
-        be->rope_fwd(be, A->k, d->pos, m->inv_freq, T, K, D);
-    }
-    const void *keys = A->k, *vals = A->v;
-    if (kv_k) {
-        be->scatter_rows(be, kv_k, A->k, d->slot, T, KD);
-        be->scatter_rows(be, kv_v, A->v, d->slot, T, KD);
-        keys = kv_k;
-        vals = kv_v;
-    }
+    /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
+    qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
+                       .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
+                       .k = c->qk_norm ? A->k0 : A->k, .v = A->v, .qw = c->qk_norm ? W->q_norm : NULL,
+                       .kw = c->qk_norm ? W->k_norm : NULL, .rows = kv_k ? d->slot : NULL };
+    be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
+    const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
     be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
     be->add_rmsnorm_fwd(be, A->xm, A->ln2, A->rstd2, A->xm, A->x, W->mlp_norm, T, C, c->eps);
-    mm_part gu[2] = { { A->g, W->w_gate, NULL, F }, { A->u, W->w_up, NULL, F } };
-    be->matmul_fwd_n(be, gu, 2, A->ln2, T, C);
-    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    be->mlp_in_fwd(be, A->a, A->g, A->u, A->ln2, W->w_gate, W->w_up, T, C, F);
     be->matmul_fwd(be, out, A->a, W->w_down, NULL, T, F, C);
 }
 

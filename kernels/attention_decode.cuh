@@ -1,68 +1,83 @@
 /* attention_decode.cuh — the small-T (decode) forward of attention.h, included by attention.cu
  * after attention_flash.cuh (its mma / ldmatrix / cp.async helpers).
  *
- * Bifurcated split-KV ("flash-decoding") on tensor cores. A block owns a tile of QT consecutive
- * queries, one kv head g (all HPG = H/K query heads that read it: ROWS = QT * HPG query rows,
- * padded to MT m16 tiles) and one split s. Shared pass (ranges [a0, a1)): consecutive queries of
- * the tile with the same range form a segment (the N responses of a group), and a segment's keys
- * stream through shared memory once for all its rows, so a prompt's K/V is read once per step
- * for the whole group and all HPG heads; split s takes the s-th piece of every segment's range.
- * Own pass ([b0, b1)): the same kernel with one query a tile. Keys come in 64-key chunks through
- * a 2-stage cp.async ring; the 4 warps split a chunk WK ways (WK = 4 / MT) and each runs
- * S = Q·K^T and O += P·V with mma.sync on its 16 rows, online softmax in fp32 (log2 domain); the
- * WK partial states of a row are combined through shared memory at the end and written to the
- * split's slot: (max, sum) in pml and the unnormalised accumulator in pacc, slots [0, ns) for
- * the shared pass and [ns, ns + no) for the own pass. A merge kernel (two warps a block, spread
- * over the SMs) folds the slots into out and lse (natural log of the scaled scores). Empty rows
- * give out = 0, lse = -inf, as the CPU reference.
+ * Bifurcated split-KV ("flash-decoding") on tensor cores, one launch. A cluster of CS = DEC_CS
+ * blocks owns a tile of CS consecutive queries and one kv head g: all HPG = H/K query heads that
+ * read it. Block `rank` runs two passes over 64-key chunks streamed through a 2-stage cp.async
+ * ring:
+ *   shared ([a0, a1)), the tile's ROWS = CS * HPG query rows (row = query * HPG + head, padded to
+ *     MT m16 tiles): consecutive queries with the same range form a segment (the responses of a
+ *     group in the tile) and split `rank` of each segment's keys is computed for all its rows at
+ *     once, so a prompt's K/V is read once per step per tile for all its responses and all HPG
+ *     heads (a group of N = 16 spans two tiles), spread over the cluster's blocks;
+ *   own ([b0, b1)): query t0 + rank's HPG rows over its own keys.
+ * In a pass the 4 warps split a chunk WK ways (WK = 4 / MT) and each runs S = Q·K^T and
+ * O += P·V with mma.sync on its 16 rows, online softmax in fp32 (log2 domain); the WK partial
+ * states of a row are combined through shared memory into the pass's state per row: (max, sum)
+ * and the unnormalised accumulator. The shared state waits in registers (a slice a thread)
+ * while the own pass runs, then both go to shared memory; after a cluster barrier block `rank`
+ * merges its query's rows: the CS shared states (distributed shared memory, ranks in order),
+ * then its own state, into out and lse (natural log of the scaled scores); a second barrier
+ * keeps every block's states alive until all have read them. Every query's rows go through the
+ * same sequence of operations whatever its place in the tile, so identical responses stay
+ * identical (greedy decoding of one prompt N times). No partials go through global memory and
+ * there is no merge kernel. Empty rows give out = 0, lse = -inf, as the CPU reference.
  *
  * The grid depends only on T (and the model dims): ranges are read from device memory, so the
  * launch can be captured in a CUDA graph. Used for D = 64 / 128 and H/K in {1, 2, 4, 8}. */
+#include <cooperative_groups.h>
 
-enum { DEC_MAX_T = 256, DEC_BN = 64, DEC_NW = 4, DEC_SPLITS = 16, DEC_OWN_SPLITS = 8 };
+/* DEC_CS blocks a cluster = queries a tile. Measured on the H200 (bench_attn decode, Qwen3-1.7B
+ * heads, P = 1024, N = 16): clusters of 16 (a group's 16 responses in one tile) and 3 or 4 ring
+ * stages were all slower than 8 and 2, which keep three blocks on an SM: the kernel is bound by
+ * latency, not by the prompt K/V that both tiles of a group read (the second read mostly hits L2). */
+enum { DEC_MAX_T = 256, DEC_BN = 64, DEC_NW = 4, DEC_CS = 8 };
 
 template <int HPG, bool OWN>
 struct dec_shape {
-    static constexpr int QT = OWN ? 1 : HPG >= 8 ? 8 : 16;   /* queries per tile */
-    static constexpr int ROWS = QT * HPG;                      /* query rows per block (<= 64) */
+    static constexpr int QT = OWN ? 1 : DEC_CS;                /* queries a pass covers */
+    static constexpr int ROWS = QT * HPG;                      /* query rows (<= 64) */
     static constexpr int MT = (ROWS + 15) / 16;                /* m16 tiles */
     static constexpr int WK = DEC_NW / MT;                     /* warps per m16 tile (key split) */
     static constexpr int KW = DEC_BN / WK;                     /* keys per warp per chunk */
 };
 
-template <int D, int HPG, bool OWN>
+/* Dynamic shared memory: Q rows, then the K/V ring. After a pass the ring holds the warps'
+ * combine buffer RED; after both, the shared state (SACC, SML, over RED) and the own state
+ * (OACC, OML, past both) that the cluster reads. ~74 KB at D = 128 with HPG <= 2: three blocks
+ * an SM. */
+template <int D, int HPG>
 struct dec_smem {
-    static constexpr int ST = D + 8;
-    static constexpr size_t Q = (size_t)dec_shape<HPG, OWN>::MT * 16 * ST * 2, KV = (size_t)DEC_BN * ST * 2;
-    static constexpr size_t RED = (size_t)DEC_NW * 16 * (D + 4) * 4;   /* combine buffer, over the ring */
-    static constexpr size_t BYTES = Q + (4 * KV > RED ? 4 * KV : RED);
+    static constexpr int ST = D + 8, RS = D + 4, ROWS = DEC_CS * HPG;
+    static constexpr size_t Q = (size_t)dec_shape<HPG, false>::MT * 16 * ST * 2, RING = (size_t)4 * DEC_BN * ST * 2;
+    static constexpr size_t RED = (size_t)DEC_NW * 16 * RS * 4;
+    static constexpr size_t SACC = (size_t)ROWS * RS * 4, SML = (size_t)ROWS * 8;
+    static constexpr size_t OACC_AT = ((RED > SACC + SML ? RED : SACC + SML) + 15) & ~(size_t)15;
+    static constexpr size_t OACC = (size_t)HPG * RS * 4, OML = (size_t)HPG * 8;
+    static constexpr size_t WORK = RING > OACC_AT + OACC + OML ? RING : OACC_AT + OACC + OML;
+    static constexpr size_t BYTES = Q + WORK;
 };
 
-/* Splits of a pass with `blocks` blocks a split: about two blocks an SM, at most cap. */
-static inline int dec_splits(int n_sm, int blocks, int cap) {
-    int ns = (2 * n_sm + blocks - 1) / blocks;
-    return ns < 1 ? 1 : ns > cap ? cap : ns;
-}
-
-template <int D, int HPG, bool OWN>
-__global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc, float2 *pml, const bf16 *q,
-                                                                   const bf16 *k, const bf16 *v, attn_ranges r,
-                                                                   int T, int H, int K, float sc2, int slot0) {
+/* One pass over the keys of queries [t0, t0 + QT) at kv head g (shared: ranges a, split s of
+ * DEC_CS; own: ranges b, QT = 1, the whole range): emit(k, row, d4, M, L, acc4) is called for
+ * every row < ROWS and column group d4, k = (the item's index - threadIdx.x) / blockDim.x, with
+ * the row's (max in log2 units, sum) and unnormalised accumulator (rows outside every range:
+ * -inf, 0, 0). Called by the whole block; begins and ends with a block barrier. */
+template <int D, int HPG, bool OWN, typename Emit>
+__device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v,
+                                         attn_ranges r, int T, int H, int K, float sc2, int t0, int s, int g,
+                                         Emit emit) {
     using S = dec_shape<HPG, OWN>;
     constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
-    constexpr int ST = D + 8, TILE = DEC_BN * ST;
-    extern __shared__ __align__(16) unsigned char dec_dyn[];
-    bf16 *q_s = (bf16 *)dec_dyn, *kv_s = q_s + MT * 16 * ST;   /* ring: k0 v0 k1 v1 */
+    constexpr int ST = D + 8, RS = D + 4, TILE = DEC_BN * ST, NS = OWN ? 1 : DEC_CS;
+    constexpr int NI = ROWS * (D / 4), NIT = (NI + 32 * DEC_NW - 1) / (32 * DEC_NW);
     __shared__ int seg_s[QT][4];                  /* qa, qb (tile-relative), lo, hi */
     __shared__ int rng_s[QT][2];
     __shared__ int nseg_s;
     __shared__ float m_s[DEC_NW][16], l_s[DEC_NW][16];
-    const int s = blockIdx.x, ns = gridDim.x, t0 = blockIdx.y * QT, g = blockIdx.z;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w / WK, kw = w % WK;
-    pdl_wait();
-    pdl_trigger();
 
-    /* the tile's query rows (row = query * HPG + head of the group; padding rows zero) */
+    __syncthreads();   /* q_s and the ring are free */
     for (int i = threadIdx.x; i < MT * 16 * (D / 8); i += blockDim.x) {
         int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / HPG, h = g * HPG + row % HPG;
         bool ok = row < ROWS && t < T;
@@ -90,7 +105,7 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc,
 
     /* split s of segment sg: keys [lo, hi), pieces rounded up to 16 keys */
     auto piece = [&](int sg, int &lo, int &hi) {
-        int a = seg_s[sg][2], b = seg_s[sg][3], per = ((b - a + ns - 1) / ns + 15) & ~15;
+        int a = seg_s[sg][2], b = seg_s[sg][3], per = ((b - a + NS - 1) / NS + 15) & ~15;
         lo = a + s * per; hi = min(b, lo + per);
     };
     /* the next chunk after (sg, j0): advances within the piece, then to the next non-empty one */
@@ -167,9 +182,8 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc,
     fa_wait<0>();
 
     /* combine the WK warps of each m16 tile: (max, sum) through m_s / l_s, accumulators
-     * through red (over the ring), then each row of a real query goes to slot slot0 + s */
+     * through red (over the ring) */
     float *red = (float *)kv_s;
-    constexpr int RS = D + 4;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float L = l[hf];
@@ -186,98 +200,109 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_part_kernel(float *pacc,
         r0[8 * RS] = o[0][n][2]; r0[8 * RS + 1] = o[0][n][3];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < ROWS * (D / 4); i += blockDim.x) {
-        const int row = i / (D / 4), d4 = (i % (D / 4)) * 4, t = t0 + row / HPG, h = g * HPG + row % HPG;
-        if (t >= T) continue;
-        const int tm = row / 16, rr = row % 16;
+#pragma unroll
+    for (int it = 0; it < NIT; it++) {
+        const int i = threadIdx.x + it * 32 * DEC_NW;
+        if (NI % (32 * DEC_NW) && i >= NI) break;
+        const int row = i / (D / 4), d4 = (i % (D / 4)) * 4, tm = row / 16, rr = row % 16;
         float M = -INFINITY;
 #pragma unroll
         for (int x = 0; x < WK; x++) M = fmaxf(M, m_s[tm * WK + x][rr]);
-        float L = 0.0f, a[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+        float L = 0.0f;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int x = 0; x < WK; x++) {
             const int wx = tm * WK + x;
             const float f = M == -INFINITY || m_s[wx][rr] == -INFINITY ? 0.0f : exp2f(m_s[wx][rr] - M);
             L += l_s[wx][rr] * f;
             const float4 v4 = *(const float4 *)(red + ((size_t)wx * 16 + rr) * RS + d4);
-            a[0] += v4.x * f; a[1] += v4.y * f; a[2] += v4.z * f; a[3] += v4.w * f;
+            a.x += v4.x * f; a.y += v4.y * f; a.z += v4.z * f; a.w += v4.w * f;
         }
-        const size_t oi = ((size_t)(slot0 + s) * T + t) * H + h;
-        if (d4 == 0) pml[oi] = make_float2(M, L);
-        *(float4 *)(pacc + oi * D + d4) = make_float4(a[0], a[1], a[2], a[3]);
+        emit(it, row, d4, M, L, a);
     }
+    __syncthreads();   /* red (the ring) is read */
 }
 
-/* One warp per (query, head), a lane per D/32 columns: merge the nsl partial slots. Every slot
- * was written (empty ones as max -inf, sum 0, accumulator 0); each lane reads the slots' (max,
- * sum) itself (one broadcast load a slot), so the loops carry no shuffles and their loads go
- * out eight slots at a time. */
-template <int D>
-__global__ void attn_dec_merge_kernel(bf16 *out, float *lse, const float *pacc, const float2 *pml, int T, int H,
-                                      int nsl) {
-    constexpr int DL = D / 32;
+template <int D, int HPG>
+__global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
+                                                              const bf16 *v, attn_ranges r, int T, int H, int K,
+                                                              float sc2) {
+    using SM = dec_smem<D, HPG>;
+    constexpr int CS = DEC_CS, RS = SM::RS, ROWS = SM::ROWS;
+    constexpr int NI = ROWS * (D / 4), NIT = (NI + 32 * DEC_NW - 1) / (32 * DEC_NW);
+    extern __shared__ __align__(16) unsigned char dec_dyn[];
+    bf16 *q_s = (bf16 *)dec_dyn, *kv_s = (bf16 *)(dec_dyn + SM::Q);
+    float *sacc = (float *)kv_s;
+    float2 *sml = (float2 *)((unsigned char *)kv_s + SM::SACC);
+    float *oacc = (float *)((unsigned char *)kv_s + SM::OACC_AT);
+    float2 *oml = (float2 *)((unsigned char *)kv_s + SM::OACC_AT + SM::OACC);
+    const int rank = blockIdx.x, t0 = blockIdx.y * CS, g = blockIdx.z, t = t0 + rank;
     pdl_wait();
     pdl_trigger();
-    int wi = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (wi >= T * H) return;
-    const size_t TH = (size_t)T * H;
-    const float2 *ml = pml + wi;
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < nsl; s++) M = fmaxf(M, ml[s * TH].x);
-    float L = 0.0f, o[DL];
+    /* shared pass: this thread's items of the state stay in registers through the own pass */
+    float4 sh_a[NIT];
+    float2 sh_ml[NIT];
+    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, r, T, H, K, sc2, t0, rank, g,
+                            [&](int it, int row, int d4, float M, float L, float4 a) {
+                                sh_a[it] = a;
+                                sh_ml[it] = make_float2(M, L);
+                            });
+    if (t < T)
+        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, r, T, H, K, sc2, t, 0, g,
+                               [&](int, int row, int d4, float M, float L, float4 a) {
+                                   if (d4 == 0) oml[row] = make_float2(M, L);
+                                   *(float4 *)(oacc + (size_t)row * RS + d4) = a;
+                               });
 #pragma unroll
-    for (int d = 0; d < DL; d++) o[d] = 0.0f;
-    const float *src = pacc + wi * D + lane * DL;
-#pragma unroll 8
-    for (int s = 0; s < nsl; s++) {
-        const float2 a = ml[s * TH];
-        const float f = a.x == -INFINITY ? 0.0f : exp2f(a.x - M);
-        L += a.y * f;
-        if (DL == 4) {
-            float4 x = *(const float4 *)(src + s * TH * D);
-            o[0] += x.x * f; o[DL > 1 ? 1 : 0] += x.y * f; o[DL > 2 ? 2 : 0] += x.z * f; o[DL > 3 ? 3 : 0] += x.w * f;
-        } else {
-            float2 x = *(const float2 *)(src + s * TH * D);
-            o[0] += x.x * f; o[DL > 1 ? 1 : 0] += x.y * f;
+    for (int it = 0; it < NIT; it++) {
+        const int i = threadIdx.x + it * 32 * DEC_NW;
+        if (NI % (32 * DEC_NW) && i >= NI) break;
+        const int row = i / (D / 4), d4 = (i % (D / 4)) * 4;
+        if (d4 == 0) sml[row] = sh_ml[it];
+        *(float4 *)(sacc + (size_t)row * RS + d4) = sh_a[it];
+    }
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    if (t < T) {
+        /* query t's HPG rows: the CS shared states (rows rank * HPG + hh of each block), then
+         * its own state, in that fixed order */
+        for (int i = threadIdx.x; i < HPG * (D / 4); i += blockDim.x) {
+            const int hh = i / (D / 4), d4 = (i % (D / 4)) * 4, row = rank * HPG + hh;
+            float M = oml[hh].x;
+#pragma unroll
+            for (int x = 0; x < CS; x++) M = fmaxf(M, cl.map_shared_rank(sml, x)[row].x);
+            float L = 0.0f, a[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+#pragma unroll
+            for (int x = 0; x <= CS; x++) {
+                const float2 ml = x < CS ? cl.map_shared_rank(sml, x)[row] : oml[hh];
+                const float f = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - M);
+                const float4 v4 = x < CS ? *(const float4 *)(cl.map_shared_rank(sacc, x) + (size_t)row * RS + d4)
+                                         : *(const float4 *)(oacc + (size_t)hh * RS + d4);
+                L += ml.y * f;
+                a[0] += v4.x * f; a[1] += v4.y * f; a[2] += v4.z * f; a[3] += v4.w * f;
+            }
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            const size_t oi = (size_t)t * H + g * HPG + hh;
+            bf16 *dst = out + oi * D + d4;
+            dst[0] = __float2bfloat16(a[0] * inv); dst[1] = __float2bfloat16(a[1] * inv);
+            dst[2] = __float2bfloat16(a[2] * inv); dst[3] = __float2bfloat16(a[3] * inv);
+            if (d4 == 0) lse[oi] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * LN2;
         }
     }
-    float inv = L > 0.0f ? 1.0f / L : 0.0f;
-    bf16 *dst = out + (size_t)wi * D + lane * DL;
-#pragma unroll
-    for (int d = 0; d < DL; d++) dst[d] = __float2bfloat16(o[d] * inv);
-    if (lane == 0) lse[wi] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * LN2;
-}
-
-template <int D, int HPG, bool OWN>
-static void attn_dec_part(cu_ctx *c, float *pacc, float2 *pml, const bf16 *q, const bf16 *k, const bf16 *v,
-                          attn_ranges r, int T, int H, int K, float sc2, int ns, int slot0) {
-    constexpr int QT = dec_shape<HPG, OWN>::QT;
-    const size_t smem = dec_smem<D, HPG, OWN>::BYTES;
-    static unsigned done;
-    cu_raise_smem(c, attn_dec_part_kernel<D, HPG, OWN>, smem, &done);
-    if (c->failed) return;
-    cu_launch_pdl(c, "attn_dec_part_kernel", attn_dec_part_kernel<D, HPG, OWN>, dim3(ns, (T + QT - 1) / QT, K),
-                  dim3(32 * DEC_NW), smem, pacc, pml, q, k, v, r, T, H, K, sc2, slot0);
+    cl.sync();   /* every block's states stay alive until the cluster has read them */
 }
 
 template <int D, int HPG>
 static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                             attn_ranges r, int T, int H, int K, float sc2) {
-    constexpr int QT = dec_shape<HPG, false>::QT;
-    int ns = dec_splits(c->n_sm, (T + QT - 1) / QT * K, DEC_SPLITS), no = dec_splits(c->n_sm, T * K, DEC_OWN_SPLITS);
-    int nsl = ns + no;
-    size_t acc_bytes = ((size_t)nsl * T * H * D * sizeof(float) + 255) & ~(size_t)255;
-    char *s = (char *)cu_scratch(c, acc_bytes + (size_t)nsl * T * H * sizeof(float2));
-    if (!s) return;
-    float *pacc = (float *)s;
-    float2 *pml = (float2 *)(s + acc_bytes);
-    attn_dec_part<D, HPG, false>(c, pacc, pml, q, k, v, r, T, H, K, sc2, ns, 0);
-    attn_dec_part<D, HPG, true>(c, pacc, pml, q, k, v, r, T, H, K, sc2, no, ns);
+    const size_t smem = dec_smem<D, HPG>::BYTES;
+    static unsigned done;
+    auto kern = attn_dec_kernel<D, HPG>;
+    cu_raise_smem(c, kern, smem, &done);
     if (c->failed) return;
-    int warps = T * H;
-    cu_launch_pdl(c, "attn_dec_merge_kernel", attn_dec_merge_kernel<D>, dim3((warps + 1) / 2), dim3(64), 0, out, lse,
-                  (const float *)pacc, (const float2 *)pml, T, H, nsl);
+    cu_launch_ex(c, "attn_dec_kernel", kern, dim3(DEC_CS, (T + DEC_CS - 1) / DEC_CS, K), dim3(32 * DEC_NW), smem, DEC_CS,
+                 out, lse, q, k, v, r, T, H, K, sc2);
 }
 
 /* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */

@@ -82,18 +82,34 @@ static inline int cu_pdl_on(void) {
     if (on < 0) { const char *e = getenv("GRPOD_PDL"); on = !(e && e[0] == '0'); }
     return on;
 }
+/* A launch with programmatic dependent launch (unless GRPOD_PDL=0) and, when cluster > 1, thread
+ * block clusters of `cluster` blocks along x (grid.x a multiple of it). */
 template <typename... KArgs, typename... Args>
-static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                 size_t smem, Args... args) {
+static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                size_t smem, int cluster, Args... args) {
     cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
     cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = c->stream;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at; cfg.numAttrs = cu_pdl_on();
+    if (cu_pdl_on()) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cluster;
+        at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
+        n++;
+    }
+    cfg.attrs = at; cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) cu_fail(c, name, cudaGetErrorString(e), __FILE__, __LINE__);
+}
+template <typename... KArgs, typename... Args>
+static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                                 size_t smem, Args... args) {
+    cu_launch_ex(c, name, kernel, grid, block, smem, 1, args...);
 }
 
 /* Raises kernel's dynamic shared-memory limit to bytes, once per device ordinal (done: the

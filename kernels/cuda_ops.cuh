@@ -9,6 +9,7 @@
 #define GRPOD_KERNELS_CUDA_OPS_CUH
 #include "kernels/attention.h"
 #include "kernels/common.cuh"
+#include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
 
 /* embedding.cu */
@@ -23,6 +24,8 @@ void add_rmsnorm_fwd_cuda(cu_ctx *c, bf16 *sum, bf16 *out, float *rstd, const bf
                           int T, int C, float eps);
 void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
                            const float *inv_freq, int T, int H, int D, float eps);
+void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K,
+                       int D, float eps);
 void qk_norm_rope_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
                            const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
 
@@ -50,6 +53,8 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D);
 
 /* swiglu.cu (also the elementwise add, conversions and row scatter the backend table needs) */
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const bf16 *wg, const bf16 *wu, int T,
+                     int I, int F);
 void swiglu_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *gate, const bf16 *up, long long n);
 void swiglu_bwd_cuda(cu_ctx *c, bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
                      long long n);

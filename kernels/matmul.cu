@@ -247,12 +247,16 @@ struct sk_shape {
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
- * of 8 NT outputs each. */
+ * of 8 NT outputs each. SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O,
+ * n = 1 tile range): a tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the
+ * rest the same up rows, so the epilogue writes g, u and act = silu(g) * u (swiglu_fwd's math on
+ * the bf16-rounded g, u) with no SwiGLU kernel after it. */
 enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
     const bf16 *w[SK_PARTS], *bias[SK_PARTS];
     int O[SK_PARTS], b0[SK_PARTS + 1], n;
+    bf16 *act;
 } sk_args;
 
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
@@ -270,7 +274,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], b3 = a.b0[3], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
     const bf16 *const w_0 = a.w[0], *const w_1 = a.w[1], *const w_2 = a.w[2];
     const bf16 *const bias_0 = a.bias[0], *const bias_1 = a.bias[1], *const bias_2 = a.bias[2];
-    bf16 *const out_0 = a.out[0], *const out_1 = a.out[1], *const out_2 = a.out[2];
+    bf16 *const out_0 = a.out[0], *const out_1 = a.out[1], *const out_2 = a.out[2], *const act = a.act;
+    const bool sw = act != nullptr;
     const int ntiles = np == 1 ? b1 : np == 2 ? b2 : b3;
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto tile = [&](int j, int &pi, int &o0) {
         const int tl = (int)blockIdx.x + j * (int)gridDim.x;
         pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
-        o0 = (tl - (pi == 0 ? 0 : pi == 1 ? b1 : b2)) * 8 * NT;
+        o0 = (tl - (pi == 0 ? 0 : pi == 1 ? b1 : b2)) * (sw ? 4 : 8) * NT;
     };
 #define SK_SEL(v, pi) ((pi) == 0 ? v##0 : (pi) == 1 ? v##1 : v##2)
     auto issue_w = [&](int f) {
@@ -289,8 +294,9 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            const int o = o0 + nt * 8 + g;
-            const bf16 *p = wp0 + (size_t)(o < O ? o : 0) * I + k;
+            const bool up = sw && nt >= NT / 2;
+            const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
+            const bf16 *p = (up ? w_1 : wp0) + (size_t)(o < O ? o : 0) * I + k;
             sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
             sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
         }
@@ -372,12 +378,22 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         bf16 *out = SK_SEL(out_, pi);
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
-            if (t >= T || o >= O) continue;
+            if (t >= T || o >= O || (sw && e % CW >= CW / 2)) continue;
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
             if (bias) s += __bfloat162float(bias[o]);
-            out[(size_t)t * O + o] = __float2bfloat16(s);
+            const bf16 y = __float2bfloat16(s);
+            out[(size_t)t * O + o] = y;
+            if (sw) {   /* the up projection of the same output, CW / 2 columns on */
+                float su = 0.0f;
+#pragma unroll
+                for (int k = 0; k < SK_WARPS; k++) su += red[(size_t)k * RW * CW + e + CW / 2];
+                const bf16 yu = __float2bfloat16(su);
+                out_1[(size_t)t * O + o] = yu;
+                const float x = __bfloat162float(y);
+                act[(size_t)t * O + o] = __float2bfloat16(x / (1.0f + expf(-x)) * __bfloat162float(yu));
+            }
         }
         __syncthreads();   /* red is free for the next tile */
     }
@@ -392,7 +408,7 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     cu_raise_smem(c, skinny_kernel<MT, NT>, smem, &done);
     if (c->failed) return;
     a.b0[0] = 0;
-    for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + 8 * NT - 1) / (8 * NT);
+    for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + (a.act ? 4 : 8) * NT - 1) / ((a.act ? 4 : 8) * NT);
     const int blocks = a.b0[a.n] < c->n_sm ? a.b0[a.n] : c->n_sm;
     cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
@@ -400,13 +416,14 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
 /* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the
  * time goes as the most tiles a block takes x NT; the largest NT of the least such cost (fewer
  * tiles re-read x less). */
-static int skinny_nt(int n_sm, int O, int MT) {
+static int skinny_nt(int n_sm, int O, int MT, int even) {
     static const int cand[] = { 1, 2, 4, 6, 8 };
-    int best = 1;
+    int best = 2;
     long long bc = -1;
     for (int i = 0; i < 5; i++) {
         int nt = cand[i];
         if (MT * nt > 8) break;
+        if (even && nt % 2) continue;
         long long blocks = (O + 8 * nt - 1) / (8 * nt), cost = (blocks + n_sm - 1) / n_sm * nt;
         if (bc < 0 || cost <= bc) { bc = cost; best = nt; }
     }
@@ -424,12 +441,12 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     const char *e = getenv("GRPOD_SKINNY");
     if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
-    int Osum = 0;
-    for (int i = 0; i < a.n; i++) {
+    int Osum = 0, np = a.act ? 2 : a.n;
+    for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
         Osum += a.O[i];
     }
-    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, Osum, MT);
+    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, Osum, MT, a.act != NULL);
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
@@ -460,6 +477,22 @@ void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const 
         if (skinny(c, a, inp, T, I)) return;
     }
     for (int i = 0; i < n; i++) matmul_fwd_cuda(c, out[i], inp, w[i], bias[i], T, I, O[i]);
+}
+
+/* g = inp wg^T, u = inp wu^T (T, F) and a = silu(g) u: one few-row launch (SwiGLU mode) when
+ * the skinny kernel takes the shape, else the two GEMMs and swiglu_fwd. */
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const bf16 *wg, const bf16 *wu, int T,
+                     int I, int F) {
+    if (c->failed || T <= 0) return;
+    sk_args a = {};
+    a.n = 1; a.act = act;
+    a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
+    if (skinny(c, a, inp, T, I)) return;
+    bf16 *const o[2] = { g, u };
+    const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };
+    const int O[2] = { F, F };
+    matmul_fwd_n_cuda(c, o, w, b, O, 2, inp, T, I);
+    swiglu_fwd_cuda(c, act, g, u, (long long)T * F);
 }
 
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,

@@ -132,6 +132,59 @@ __global__ void rmsnorm_rope_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp,
     vstore<V>(out + o, y);
 }
 
+/* qkv_rope_fwd, D = 32 V: one warp a row of D, rows t * per + j: j < H a q head, j < H + K a k
+ * head (into row rows[t] of k_out), then (per = H + 2K) the v heads copied to their row. The
+ * q/k math is rmsnorm_rope_fwd_kernel's (the same results), with the norm skipped when its
+ * weight is NULL. */
+template <int V>
+__global__ void qkv_rope_fwd_kernel(qkv_rope_io io, const int *pos, const float *inv_freq, int T, int H, int K,
+                                    int D, int per, float eps) {
+    pdl_wait();
+    pdl_trigger();
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
+    if (row >= T * per) return;
+    int t = row / per, j = row % per;
+    size_t r = io.rows ? (size_t)io.rows[t] : (size_t)t;
+    const bf16 *src, *w;
+    bf16 *dst;
+    float *rs;
+    if (j < H) {
+        src = (const bf16 *)io.q + ((size_t)t * H + j) * D; dst = (bf16 *)io.q_out + ((size_t)t * H + j) * D;
+        w = (const bf16 *)io.qw; rs = io.rstd_q ? io.rstd_q + (size_t)t * H + j : NULL;
+    } else if (j < H + K) {
+        j -= H;
+        src = (const bf16 *)io.k + ((size_t)t * K + j) * D; dst = (bf16 *)io.k_out + (r * K + j) * D;
+        w = (const bf16 *)io.kw; rs = io.rstd_k ? io.rstd_k + (size_t)t * K + j : NULL;
+    } else {
+        j -= H + K;
+        float x[V];
+        vload<V>(x, (const bf16 *)io.v + ((size_t)t * K + j) * D + lane * V);
+        vstore<V>((bf16 *)io.v_out + (r * K + j) * D + lane * V, x);
+        return;
+    }
+    float x[V], y[V];
+    vload<V>(x, src + lane * V);
+    if (w) {
+        float wv[V], ss = 0;
+        vload<V>(wv, w + lane * V);
+#pragma unroll
+        for (int i = 0; i < V; i++) ss += x[i] * x[i];
+        float rr = rsqrtf(warp_sum(ss) / D + eps);
+        if (rs && lane == 0) *rs = rr;
+#pragma unroll
+        for (int i = 0; i < V; i++) x[i] = wv[i] * (x[i] * rr);
+    }
+    float p = (float)pos[t], sgn = rope_sgn(lane);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+        float q = __shfl_xor_sync(0xffffffffu, x[i], 16), sn, co;
+        sincosf(p * inv_freq[(lane & 15) * V + i], &sn, &co);
+        y[i] = x[i] * co + sgn * q * sn;
+    }
+    vstore<V>(dst + lane * V, y);
+}
+
 /* ---------------------------------------------------------------- backward */
 
 /* dx = r (w dy - n mean(w dy n)), n = x r, added into dinp (accumulate) or written (dinp may
@@ -334,6 +387,41 @@ void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, c
     cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel",
                   v == 4 ? rmsnorm_rope_fwd_kernel<4> : v == 2 ? rmsnorm_rope_fwd_kernel<2> : rmsnorm_rope_fwd_kernel<1>,
                   dim3(cu_blocks(rows, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps);
+}
+
+/* One launch when D = 32 V with aligned rows; otherwise the ops apart (k through scratch when
+ * it goes to other rows). */
+void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K,
+                       int D, float eps) {
+    if (c->failed || T <= 0) return;
+    const int copy_v = io->rows || io->v_out != io->v, per = H + K + (copy_v ? K : 0);
+    int v = rope_v(D, io->q_out, io->q, io->k_out, io->k);
+    if (v && rope_v(D, io->v_out, io->v, io->qw, io->kw) < v) v = 0;
+    if (v) {
+        cu_launch_pdl(c, "qkv_rope_fwd_kernel",
+                      v == 4 ? qkv_rope_fwd_kernel<4> : v == 2 ? qkv_rope_fwd_kernel<2> : qkv_rope_fwd_kernel<1>,
+                      dim3(cu_blocks((long long)T * per, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, *io, pos, inv_freq, T, H,
+                      K, D, per, eps);
+        return;
+    }
+    size_t qn = (size_t)T * H * D, kn = (size_t)T * K * D;
+    bf16 *q_out = (bf16 *)io->q_out, *k_dst = io->rows ? (bf16 *)cu_scratch(c, kn * sizeof(bf16)) : (bf16 *)io->k_out;
+    if (c->failed) return;
+    if (io->qw) qk_norm_rope_fwd_cuda(c, q_out, io->rstd_q, (const bf16 *)io->q, (const bf16 *)io->qw, pos, inv_freq, T, H, D, eps);
+    else {
+        if (io->q_out != io->q) CU_CK(c, cudaMemcpyAsync(q_out, io->q, qn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
+        rope_fwd_cuda(c, q_out, pos, inv_freq, T, H, D);
+    }
+    if (io->kw) qk_norm_rope_fwd_cuda(c, k_dst, io->rstd_k, (const bf16 *)io->k, (const bf16 *)io->kw, pos, inv_freq, T, K, D, eps);
+    else {
+        if (k_dst != io->k) CU_CK(c, cudaMemcpyAsync(k_dst, io->k, kn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
+        rope_fwd_cuda(c, k_dst, pos, inv_freq, T, K, D);
+    }
+    if (io->rows) {
+        scatter_rows_cuda(c, (bf16 *)io->k_out, k_dst, io->rows, T, K * D);
+        scatter_rows_cuda(c, (bf16 *)io->v_out, (const bf16 *)io->v, io->rows, T, K * D);
+    } else if (copy_v)
+        CU_CK(c, cudaMemcpyAsync(io->v_out, io->v, kn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
 }
 
 template <int V>

@@ -6,6 +6,7 @@
 #include "kernels/rope.h"
 
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 
 void rmsnorm_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, int T, int C, float eps) {
@@ -58,6 +59,37 @@ void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float
                           const float *inv_freq, int T, int H, int D, float eps) {
     rmsnorm_fwd_cpu(out, rstd, inp, w, T * H, D, eps);
     rope_fwd_cpu(out, pos, inv_freq, T, H, D);
+}
+
+void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K, int D,
+                      float eps) {
+    size_t hd = (size_t)H * D, kd = (size_t)K * D;
+    const float *q = io->q, *k = io->k, *v = io->v;
+    float *qo = io->q_out, *ko = io->k_out, *vo = io->v_out;
+    if (io->qw) qk_norm_rope_fwd_cpu(qo, io->rstd_q, q, io->qw, pos, inv_freq, T, H, D, eps);
+    else {
+        if (qo != q) memcpy(qo, q, (size_t)T * hd * sizeof(float));
+        rope_fwd_cpu(qo, pos, inv_freq, T, H, D);
+    }
+    if (!io->rows) {   /* all of k at once */
+        if (io->kw) qk_norm_rope_fwd_cpu(ko, io->rstd_k, k, io->kw, pos, inv_freq, T, K, D, eps);
+        else {
+            if (ko != k) memcpy(ko, k, (size_t)T * kd * sizeof(float));
+            rope_fwd_cpu(ko, pos, inv_freq, T, K, D);
+        }
+        if (vo != v) memcpy(vo, v, (size_t)T * kd * sizeof(float));
+        return;
+    }
+    for (int t = 0; t < T; t++) {   /* a KV cache: token by token into its row */
+        float *kr = ko + (size_t)io->rows[t] * kd, *vr = vo + (size_t)io->rows[t] * kd;
+        float *rk = io->rstd_k ? io->rstd_k + (size_t)t * K : NULL;
+        if (io->kw) qk_norm_rope_fwd_cpu(kr, rk, k + t * kd, io->kw, pos + t, inv_freq, 1, K, D, eps);
+        else {
+            memmove(kr, k + t * kd, kd * sizeof(float));
+            rope_fwd_cpu(kr, pos + t, inv_freq, 1, K, D);
+        }
+        memmove(vr, v + t * kd, kd * sizeof(float));
+    }
 }
 
 /* Row by row (one head of one token): rotate dout back as rope_bwd_cpu does, then the

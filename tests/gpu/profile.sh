@@ -6,6 +6,8 @@
 #   step:   bench_step 1.7b P=4096 N=16 R=512, kernels of the first (warm-up) step
 #   layer:  bench_layer (8192, 8, 1024), one Qwen3-8B layer fwd+bwd
 # Usage: tests/gpu/profile.sh [decode] [step] [layer]
+# NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
+# wrote from L2, as they do in the step, instead of from a flushed cache).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu/logs}
@@ -14,7 +16,7 @@ mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prof() {   # name skip count cmd...
     local name=$1 skip=$2 count=$3; shift 3
-    timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    timeout 300 "$NCU" --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --print-summary per-kernel \
         --launch-skip "$skip" --launch-count "$count" "$@" >"$OUT/prof_$name.raw" 2>&1
     # name, calls, mean ns -> table sorted by total time
     python3 - "$OUT/prof_$name.raw" >"$OUT/prof_$name.txt" <<'PY'

@@ -130,13 +130,20 @@ static void t_qk_norm_rope(int T, int H, int D) {
     rope_inv_freq(f, D, 1000000.0f, 0, 0, 0, 0);
     int *pos = rand_ints(T, 0, 40000, 38);
     float *y_c = malloc(n * 4), *r_c = malloc((size_t)T * H * 4), *dx_c = malloc(n * 4), *dw_c = gc_copy(dw0, (size_t)D);
-    cpu->qk_norm_rope_fwd(cpu, y_c, r_c, x, w, pos, f, T, H, D, 1e-6f);
+    /* forward through qkv_rope_fwd with k = v = q (only q's outputs checked here) */
+    float *k_c = malloc(n * 4);
+    qkv_rope_io io = { .q_out = y_c, .k_out = k_c, .v_out = (void *)x, .rstd_q = r_c, .q = x, .k = x, .v = x, .qw = w, .kw = w };
+    cpu->qkv_rope_fwd(cpu, &io, pos, f, T, H, H, D, 1e-6f);
+    free(k_c);
     cpu->qk_norm_rope_bwd(cpu, dx_c, dw_c, dy, x, w, r_c, pos, f, T, H, D);
     void *gx = gc_act(gpu, x, n), *gw = gc_act(gpu, w, (size_t)D), *gdy = gc_act(gpu, dy, n), *gdx = gc_act(gpu, dx0, n);
     void *gy = gpu->alloc(gpu, n * 2);
     float *gr = gpu->alloc(gpu, (size_t)T * H * 4), *gdw = gc_dev(gpu, dw0, (size_t)D * 4), *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
     int *gp = gc_dev(gpu, pos, (size_t)T * 4);
-    gpu->qk_norm_rope_fwd(gpu, gy, gr, gx, gw, gp, gf, T, H, D, 1e-6f);
+    void *gk = gpu->alloc(gpu, n * 2);
+    qkv_rope_io gio = { .q_out = gy, .k_out = gk, .v_out = gx, .rstd_q = gr, .q = gx, .k = gx, .v = gx, .qw = gw, .kw = gw };
+    gpu->qkv_rope_fwd(gpu, &gio, gp, gf, T, H, H, D, 1e-6f);
+    gpu->free(gpu, gk);
     gpu->qk_norm_rope_bwd(gpu, gdx, gdw, gdy, gx, gw, gr, gp, gf, T, H, D);
     float *y_g = gc_get_act(gpu, gy, n), *r_g = gc_get_f32(gpu, gr, (size_t)T * H), *dx_g = gc_get_act(gpu, gdx, n);
     float *dw_g = gc_get_f32(gpu, gdw, (size_t)D);
@@ -228,6 +235,83 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int bias) {
     gc_row("matmul_fwd_n", sh, worst, 3e-3);
     gpu->free(gpu, gx);
     free(x);
+}
+
+/* qkv_rope_fwd into a KV cache: q/k norm (or none) and RoPE, k and v to distinct random rows of
+ * an S-row cache of random contents (the rows not written must come back unchanged) */
+static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d H=%d K=%d D=%d %s %s", T, H, K, D, norm ? "qk-norm" : "no norm",
+             cached ? "cache rows" : "in place");
+    int S = cached ? 2 * T + 3 : T;
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D, ns = (size_t)S * K * D;
+    float *q = gc_rand(nq, 2.0f, 51), *k = gc_rand(nk, 2.0f, 52), *v = gc_rand(nk, 1.0f, 53);
+    float *qw = gc_rand((size_t)D, 1.0f, 54), *kw = gc_rand((size_t)D, 1.0f, 55), *f = malloc((size_t)D / 2 * 4);
+    float *kc = cached ? gc_rand(ns, 1.0f, 56) : gc_copy(k, nk), *vc = cached ? gc_rand(ns, 1.0f, 57) : gc_copy(v, nk);
+    rope_inv_freq(f, D, 1000000.0f, 0, 0, 0, 0);
+    int *pos = rand_ints(T, 0, 40000, 58), *rows = NULL;
+    if (cached) {   /* a random permutation of [0, S), its first T entries */
+        int *perm = malloc((size_t)S * 4);
+        unsigned long long sd = 59;
+        for (int i = 0; i < S; i++) perm[i] = i;
+        for (int i = S - 1; i > 0; i--) {
+            int j = (int)((check_randf(&sd, 0.5f) + 0.5f) * (i + 1));
+            j = j > i ? i : j;
+            int x = perm[i]; perm[i] = perm[j]; perm[j] = x;
+        }
+        rows = perm;
+    }
+    float *q_c = malloc(nq * 4), *k_c = gc_copy(kc, cached ? ns : nk), *v_c = gc_copy(vc, cached ? ns : nk);
+    float *rq_c = malloc((size_t)T * H * 4), *rk_c = malloc((size_t)T * K * 4);
+    /* in place (no cache): k_out = k, v_out = v as the training forward without qk-norm */
+    qkv_rope_io io = { .q_out = q_c, .k_out = k_c, .v_out = v_c, .rstd_q = rq_c, .rstd_k = rk_c, .q = q,
+                       .k = cached ? (const void *)k : k_c, .v = cached ? (const void *)v : v_c,
+                       .qw = norm ? qw : NULL, .kw = norm ? kw : NULL, .rows = rows };
+    cpu->qkv_rope_fwd(cpu, &io, pos, f, T, H, K, D, 1e-6f);
+    size_t nkv = cached ? ns : nk;
+    void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gqo = gpu->alloc(gpu, nq * 2);
+    void *gkc = gc_act(gpu, kc, nkv), *gvc = gc_act(gpu, vc, nkv), *gqw = gc_act(gpu, qw, (size_t)D), *gkw = gc_act(gpu, kw, (size_t)D);
+    float *grq = gpu->alloc(gpu, (size_t)T * H * 4), *grk = gpu->alloc(gpu, (size_t)T * K * 4), *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
+    int *gp = gc_dev(gpu, pos, (size_t)T * 4), *gr = cached ? gc_dev(gpu, rows, (size_t)T * 4) : NULL;
+    qkv_rope_io gio = { .q_out = gqo, .k_out = gkc, .v_out = gvc, .rstd_q = grq, .rstd_k = grk, .q = gq,
+                        .k = cached ? gk : gkc, .v = cached ? gv : gvc, .qw = norm ? gqw : NULL, .kw = norm ? gkw : NULL,
+                        .rows = gr };
+    gpu->qkv_rope_fwd(gpu, &gio, gp, gf, T, H, K, D, 1e-6f);
+    float *q_g = gc_get_act(gpu, gqo, nq), *k_g = gc_get_act(gpu, gkc, nkv), *v_g = gc_get_act(gpu, gvc, nkv);
+    gc_row("qkv_rope_fwd q", sh, rel_l2(q_g, q_c, nq), 1e-2);
+    gc_row("qkv_rope_fwd k (whole cache)", sh, rel_l2(k_g, k_c, nkv), 1e-2);
+    gc_row("qkv_rope_fwd v (whole cache)", sh, rel_l2(v_g, v_c, nkv), 1e-2);
+    if (norm) {
+        float *rq_g = gc_get_f32(gpu, grq, (size_t)T * H), *rk_g = gc_get_f32(gpu, grk, (size_t)T * K);
+        gc_row("qkv_rope_fwd rstd q, k", sh, fmax(rel_l2(rq_g, rq_c, (size_t)T * H), rel_l2(rk_g, rk_c, (size_t)T * K)), 1e-4);
+        free(rq_g); free(rk_g);
+    }
+    gpu->free(gpu, gq); gpu->free(gpu, gk); gpu->free(gpu, gv); gpu->free(gpu, gqo); gpu->free(gpu, gkc);
+    gpu->free(gpu, gvc); gpu->free(gpu, gqw); gpu->free(gpu, gkw); gpu->free(gpu, grq); gpu->free(gpu, grk);
+    gpu->free(gpu, gf); gpu->free(gpu, gp); if (gr) gpu->free(gpu, gr);
+    free(q); free(k); free(v); free(qw); free(kw); free(f); free(kc); free(vc); free(pos); free(rows);
+    free(q_c); free(k_c); free(v_c); free(rq_c); free(rk_c); free(q_g); free(k_g); free(v_g);
+}
+
+/* mlp_in_fwd: gate/up projections and SwiGLU, the few-row kernel's SwiGLU mode at decode sizes
+ * (F not a multiple of a tile: the partial tile's outputs past F unwritten) and the GEMMs +
+ * swiglu_fwd above them; gate, up and act each against the CPU backend */
+static void t_mlp_in(int T, int I, int F) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d I=%d F=%d", T, I, F);
+    size_t nx = (size_t)T * I, nw = (size_t)F * I, ny = (size_t)T * F;
+    float *x = gc_rand(nx, 1.0f, 61), *wg = gc_rand(nw, 0.1f, 62), *wu = gc_rand(nw, 0.1f, 63);
+    float *a_c = malloc(ny * 4), *g_c = malloc(ny * 4), *u_c = malloc(ny * 4);
+    cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, wg, wu, T, I, F);
+    void *gx = gc_act(gpu, x, nx), *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw);
+    void *ga = gpu->alloc(gpu, ny * 2), *gg = gpu->alloc(gpu, ny * 2), *gu = gpu->alloc(gpu, ny * 2);
+    gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, gwg, gwu, T, I, F);
+    float *a_g = gc_get_act(gpu, ga, ny), *g_g = gc_get_act(gpu, gg, ny), *u_g = gc_get_act(gpu, gu, ny);
+    gc_row("mlp_in_fwd gate", sh, rel_l2(g_g, g_c, ny), 3e-3);
+    gc_row("mlp_in_fwd up", sh, rel_l2(u_g, u_c, ny), 3e-3);
+    gc_row("mlp_in_fwd act", sh, rel_l2(a_g, a_c, ny), 1e-2);
+    gpu->free(gpu, gx); gpu->free(gpu, gwg); gpu->free(gpu, gwu); gpu->free(gpu, ga); gpu->free(gpu, gg); gpu->free(gpu, gu);
+    free(x); free(wg); free(wu); free(a_c); free(g_c); free(u_c); free(a_g); free(g_g); free(u_g);
 }
 
 static void t_rope(int T, int H, int D) {
@@ -630,6 +714,11 @@ int main(int argc, char **argv) {
         t_qk_norm_rope(50, 4, 32);
         t_qk_norm_rope(50, 4, 16);   /* fallback: norm and rope apart */
         t_qk_norm_rope(31, 3, 48);
+        t_qkv_rope(16, 16, 8, 128, 1, 1);   /* a decode step of Qwen3-1.7B heads */
+        t_qkv_rope(37, 4, 2, 64, 0, 1);
+        t_qkv_rope(37, 4, 2, 64, 0, 0);     /* Llama training: in place */
+        t_qkv_rope(21, 4, 4, 32, 1, 0);
+        t_qkv_rope(9, 3, 1, 48, 1, 1);      /* fallback: the ops apart, k through scratch */
         t_matmul(333, 1024, 768, 1);
         t_matmul(77, 200, 72, 0);
         t_matmul(1000, 2048, 6144, 0);
@@ -654,6 +743,10 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(9, 2048, 2, gu, 0);
             t_matmul_fwd_n(5, 320, 3, odd, 1);
             t_matmul_fwd_n(40, 320, 3, odd, 0);   /* above the few-row sizes: one GEMM a part */
+            t_mlp_in(16, 2048, 6144);   /* a Qwen3-1.7B decode step */
+            t_mlp_in(1, 2048, 6144);
+            t_mlp_in(7, 320, 200);      /* a partial tile */
+            t_mlp_in(40, 320, 136);     /* GEMMs, then swiglu_fwd */
         }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);

@@ -94,15 +94,21 @@ def test_rollout_result_shape_and_seed(shared_daemon):
 
 def test_jobs_list_and_cancel(shared_daemon):
     d = shared_daemon
+    # a rollout of its own: the list must not depend on what earlier tests submitted (run alone,
+    # or after a test that failed before submitting, the list was empty)
+    mine = rollout(d)["id"]
     r = d.get("/v1/jobs?kind=rollout&limit=5")
     assert r.status_code == 200
     jobs = r.json()["jobs"]
     assert 0 < len(jobs) <= 5 and all(j["kind"] == "rollout" for j in jobs)
+    assert jobs[0]["id"] == mine, jobs   # newest first
     assert d.get("/v1/jobs?status=bogus").status_code == 400
-    # cancel: a long job runs, the one behind it is still queued and gets cancelled
+    # cancel: a long job runs; the second is queued or (continuous batching) running beside it,
+    # and long enough (256 tokens) that it has not finished when the DELETE arrives
     long = d.submit("/v1/rollouts", {"groups": [{"prompt": "x", "n": 8}],
                                      "sampling": {"max_tokens": 256, "ignore_eos": True, "seed": 1}})
-    queued = d.submit("/v1/rollouts", {"groups": [{"prompt": "y", "n": 1}], "sampling": {"max_tokens": 4}})
+    queued = d.submit("/v1/rollouts", {"groups": [{"prompt": "y", "n": 1}],
+                                       "sampling": {"max_tokens": 256, "ignore_eos": True}})
     r = d.delete("/v1/jobs/" + queued)
     assert r.status_code in (200, 202), r.text
     j = d.wait_job(queued)

@@ -4,7 +4,10 @@
  *   qk_norm_rope_fwd  = rmsnorm_fwd over T*H rows of D, then rope_fwd: bit-identical
  *   qk_norm_rope_bwd  = rope_bwd, then rmsnorm_bwd into zeros: rel L2 <= 1e-6 (dw is summed in
  *                       a different order); and <grad, u> vs finite differences <= 1e-3 (fp32
- *                       forward: the same floor as test_backward.c's FD_TOL). */
+ *                       forward: the same floor as test_backward.c's FD_TOL)
+ *   qkv_rope_fwd      = qk_norm_rope_fwd of q and of k (or rope_fwd alone without norm weights),
+ *                       k and v then copied to their cache rows: bit-identical, and the cache
+ *                       rows not named are untouched */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +111,59 @@ TEST(qk_norm_rope) {
     free(y_ref); free(r_ref); free(dy); free(dx_ref); free(dw_ref); free(dx); free(dw);
 }
 
+static void qkv_case(int norm) {
+    int T = 5, H = 4, K = 2, D = 16, S = 9, rows[5] = { 7, 0, 4, 8, 2 };
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D, kd = (size_t)K * D;
+    float *q = rnd(nq, 21, 1.5f), *k = rnd(nk, 22, 1.5f), *v = rnd(nk, 23, 1.0f), *qw = rnd((size_t)D, 24, 1.0f);
+    float *kw = rnd((size_t)D, 25, 1.0f), *f = malloc((size_t)D / 2 * 4);
+    float *kc = rnd((size_t)S * kd, 26, 1.0f), *vc = rnd((size_t)S * kd, 27, 1.0f);
+    int pos[5] = { 3, 90, 4, 17, 1000 };
+    rope_inv_freq(f, D, 10000.0f, 0, 0, 0, 0);
+    /* the reference: the ops apart, then each token's k and v into its row */
+    float *q_ref = malloc(nq * 4), *k_all = malloc(nk * 4), *rq_ref = malloc((size_t)T * H * 4), *rk_ref = malloc((size_t)T * K * 4);
+    float *kc_ref = malloc((size_t)S * kd * 4), *vc_ref = malloc((size_t)S * kd * 4);
+    memcpy(kc_ref, kc, (size_t)S * kd * 4);
+    memcpy(vc_ref, vc, (size_t)S * kd * 4);
+    if (norm) {
+        qk_norm_rope_fwd_cpu(q_ref, rq_ref, q, qw, pos, f, T, H, D, 1e-6f);
+        qk_norm_rope_fwd_cpu(k_all, rk_ref, k, kw, pos, f, T, K, D, 1e-6f);
+    } else {
+        memcpy(q_ref, q, nq * 4);
+        memcpy(k_all, k, nk * 4);
+        rope_fwd_cpu(q_ref, pos, f, T, H, D);
+        rope_fwd_cpu(k_all, pos, f, T, K, D);
+    }
+    for (int t = 0; t < T; t++) {
+        memcpy(kc_ref + rows[t] * kd, k_all + t * kd, kd * 4);
+        memcpy(vc_ref + rows[t] * kd, v + t * kd, kd * 4);
+    }
+    float *qo = malloc(nq * 4), *rq = malloc((size_t)T * H * 4), *rk = malloc((size_t)T * K * 4);
+    qkv_rope_io io = { .q_out = qo, .k_out = kc, .v_out = vc, .rstd_q = rq, .rstd_k = rk, .q = q, .k = k, .v = v,
+                       .qw = norm ? qw : NULL, .kw = norm ? kw : NULL, .rows = rows };
+    qkv_rope_fwd_cpu(&io, pos, f, T, H, K, D, 1e-6f);
+    CHECK(max_abs_diff(qo, q_ref, nq) == 0);
+    CHECK(max_abs_diff(kc, kc_ref, (size_t)S * kd) == 0 && max_abs_diff(vc, vc_ref, (size_t)S * kd) == 0);
+    if (norm) CHECK(max_abs_diff(rq, rq_ref, (size_t)T * H) == 0 && max_abs_diff(rk, rk_ref, (size_t)T * K) == 0);
+    /* without rows and with k_out == k (training without a cache): k rotated in place, v untouched */
+    float *k2 = malloc(nk * 4), *v2 = malloc(nk * 4);
+    memcpy(k2, norm ? k_all : k, nk * 4);
+    memcpy(v2, v, nk * 4);
+    qkv_rope_io io2 = { .q_out = qo, .k_out = k2, .v_out = v2, .q = q, .k = norm ? k : k2, .v = v2,
+                        .qw = norm ? qw : NULL, .kw = norm ? kw : NULL };
+    qkv_rope_fwd_cpu(&io2, pos, f, T, H, K, D, 1e-6f);
+    CHECK(max_abs_diff(k2, k_all, nk) == 0 && max_abs_diff(v2, v, nk) == 0 && max_abs_diff(qo, q_ref, nq) == 0);
+    free(q); free(k); free(v); free(qw); free(kw); free(f); free(kc); free(vc); free(q_ref); free(k_all);
+    free(rq_ref); free(rk_ref); free(kc_ref); free(vc_ref); free(qo); free(rq); free(rk); free(k2); free(v2);
+}
+
+TEST(qkv_rope_equals_parts) {
+    qkv_case(1);
+    qkv_case(0);
+}
+
 int main(void) {
     RUN(add_rmsnorm_equals_add_then_norm);
     RUN(qk_norm_rope);
+    RUN(qkv_rope_equals_parts);
     return CHECK_DONE();
 }
