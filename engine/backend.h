@@ -36,8 +36,6 @@ struct eng_backend {
     int (*act_from_f32)(eng_backend *b, void *dst, const float *src_host, size_t n);  /* host f32 -> dev act */
     int (*act_to_f32)(eng_backend *b, float *dst_host, const void *src, size_t n);    /* dev act -> host f32 */
     void (*f32_to_act)(eng_backend *b, void *dst, const float *src, size_t n);        /* dev f32 -> dev act */
-    /* copy rows: dst[slot[t]] = src[t] for t < T, rows of row_elems act elements (KV cache writes) */
-    void (*scatter_rows)(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row_elems);
     int (*sync)(eng_backend *b);         /* wait for queued work; 0 or the sticky error */
     /* Optional (NULL on cpu): pinned host memory, a host -> device copy that does not wait (src
      * must stay unchanged until the next sync), and CUDA graphs: graph_begin captures the ops

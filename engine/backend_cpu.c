@@ -28,10 +28,6 @@ static int cpu_copy(eng_backend *b, void *d, const void *s, size_t n) { memmove(
 static int cpu_act_from(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); return 0; }
 static int cpu_act_to(eng_backend *b, float *d, const void *s, size_t n) { memmove(d, s, n * 4); return 0; }
 static void cpu_f32_to_act(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); }
-static void cpu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
-    for (int t = 0; t < T; t++)
-        memcpy((float *)dst + (size_t)slot[t] * row, (const float *)src + (size_t)t * row, (size_t)row * 4);
-}
 static int cpu_sync(eng_backend *b) { return 0; }
 static void cpu_destroy(eng_backend *b) { free(b); }
 
@@ -119,7 +115,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .name = "cpu", .act_bytes = 4,
         .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .to_dev = cpu_copy, .to_host = cpu_copy,
         .act_from_f32 = cpu_act_from, .act_to_f32 = cpu_act_to, .f32_to_act = cpu_f32_to_act,
-        .scatter_rows = cpu_scatter_rows, .sync = cpu_sync, .destroy = cpu_destroy,
+        .sync = cpu_sync, .destroy = cpu_destroy,
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
         .matmul_fwd = mm_f, .matmul_fwd_n = mm_fn, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
         .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .mlp_in_fwd = mlp_f, .swiglu_bwd = swi_b,

@@ -81,9 +81,6 @@ static int cu_act_to(eng_backend *b, float *d, const void *s, size_t n) {
 static void cu_f32_to_act(eng_backend *b, void *d, const float *s, size_t n) {
     f32_to_bf16_cuda(CTX(b), (bf16 *)d, s, (long long)n);
 }
-static void cu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
-    scatter_rows_cuda(CTX(b), (bf16 *)dst, (cbf *)src, slot, T, row);
-}
 static int cu_sync(eng_backend *b) {
     cu_ctx *c = CTX(b);
     if (!c->failed) CU_CK(c, cudaStreamSynchronize(c->stream));
@@ -297,7 +294,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->act_bytes = 2;
     b->alloc = cu_alloc; b->free = cu_free_; b->zero = cu_zero; b->to_dev = cu_to_dev; b->to_host = cu_to_host;
     b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
-    b->scatter_rows = cu_scatter_rows; b->sync = cu_sync; b->destroy = cu_destroy;
+    b->sync = cu_sync; b->destroy = cu_destroy;
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->mlp_in_fwd = mlp_f; b->swiglu_bwd = swi_b;

@@ -1,6 +1,6 @@
 /* swiglu.cu — CUDA SwiGLU forward/backward on bf16 (math in fp32), plus the small elementwise
- * ops the backend table needs beside it: add, fp32 -> bf16 conversion, and the row scatter of
- * KV-cache writes. Grid-stride loops; SwiGLU and add move V elements per thread per step
+ * ops the backend table needs beside it: add, fp32 -> bf16 conversion, and the row scatter that
+ * writes KV-cache rows where qkv_rope_fwd (rmsnorm.cu) cannot do it in its own launch. Grid-stride loops; SwiGLU and add move V elements per thread per step
  * (16-byte accesses when n and the pointers allow, bf16_vec.cuh): they are memory-bound. */
 #include "kernels/bf16_vec.cuh"
 #include "kernels/cuda_ops.cuh"

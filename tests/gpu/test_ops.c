@@ -365,23 +365,6 @@ static void t_elementwise(long long n) {
     free(s_g); free(c_g);
 }
 
-static void t_scatter_rows(int T, int S, int row) {
-    char sh[64];
-    snprintf(sh, sizeof sh, "T=%d S=%d row=%d", T, S, row);
-    float *src = gc_rand((size_t)T * row, 1.0f, 51), *dst = gc_rand((size_t)S * row, 1.0f, 52);
-    int *slot = malloc((size_t)T * 4);
-    for (int t = 0; t < T; t++) slot[t] = (t * 11 + 3) % S;   /* distinct while T <= S: 11 and S coprime */
-    float *d_c = gc_copy(dst, (size_t)S * row);
-    cpu->scatter_rows(cpu, d_c, src, slot, T, row);
-    void *gs = gc_act(gpu, src, (size_t)T * row), *gd = gc_act(gpu, dst, (size_t)S * row);
-    int *gslot = gc_dev(gpu, slot, (size_t)T * 4);
-    gpu->scatter_rows(gpu, gd, gs, gslot, T, row);
-    float *d_g = gc_get_act(gpu, gd, (size_t)S * row);
-    gc_row("scatter_rows", sh, rel_l2(d_g, d_c, (size_t)S * row), 0);
-    gpu->free(gpu, gs); gpu->free(gpu, gd); gpu->free(gpu, gslot);
-    free(src); free(dst); free(slot); free(d_c); free(d_g);
-}
-
 /* ---------------------------------------------------------------- attention */
 
 static int determ;   /* t_attention also checks that a second backward is bit-identical */
@@ -688,7 +671,6 @@ int main(int argc, char **argv) {
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
-        t_scatter_rows(9, 13, 24);
         attention_suite();
         decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
@@ -753,7 +735,6 @@ int main(int argc, char **argv) {
         t_elementwise(1000003);
         t_elementwise(1 << 20);      /* 16-byte vector path */
         t_elementwise(1000002);      /* 4-byte vector path */
-        t_scatter_rows(100, 301, 256);
         attention_suite();
         decode_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);
