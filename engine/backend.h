@@ -20,8 +20,12 @@
 #include "kernels/sampling.h"
 
 typedef struct eng_backend eng_backend;
-/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias (bias may be NULL). */
-typedef struct { void *out; const void *w; const void *bias; int O; } mm_part;
+/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + res (bias, res (T, O) may be
+ * NULL; on CUDA the sum is rounded to bf16 once: the residual add that closes a sub-layer). */
+typedef struct { void *out; const void *w; const void *bias; int O; const void *res; } mm_part;
+/* The RMSNorm in front of matmul_fwd_n / mlp_in_fwd (NULL: none): the projections read
+ * rmsnorm(inp) · w (kernels/rmsnorm.h, eps); ln (T, I) is scratch the op may use. */
+typedef struct { const void *w; float eps; void *ln; } mm_norm;
 struct eng_backend {
     const char *name;
     int act_bytes;                       /* 4 (cpu) or 2 (cuda) */
@@ -59,9 +63,9 @@ struct eng_backend {
     void (*matmul_fwd)(eng_backend *b, void *out, const void *inp, const void *w, const void *bias, int T, int I, int O);
     void (*matmul_bwd)(eng_backend *b, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                        const void *w, int T, int I, int O);
-    /* n <= 3 linear layers sharing their input (q/k/v, gate/up): out_i = inp · w_i^T + bias_i,
-     * one launch on CUDA at decode sizes */
-    void (*matmul_fwd_n)(eng_backend *b, const mm_part *p, int n, const void *inp, int T, int I);
+    /* n <= 3 linear layers sharing their input (q/k/v; o and down with their residual), the
+     * input normed first when norm is set: one launch on CUDA at decode sizes */
+    void (*matmul_fwd_n)(eng_backend *b, const mm_part *p, int n, const void *inp, const mm_norm *norm, int T, int I);
     void (*rope_fwd)(eng_backend *b, void *x, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*rope_bwd)(eng_backend *b, void *dx, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v,
@@ -72,15 +76,13 @@ struct eng_backend {
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
     /* gate/up projections and SwiGLU (kernels/swiglu.h mlp_in_fwd_cpu): all three written; one
      * launch on CUDA at decode sizes */
-    void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const void *wg, const void *wu,
-                       int T, int I, int F);
+    void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const mm_norm *norm,
+                       const void *wg, const void *wu, int T, int I, int F);
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
-    /* fused neighbours (kernels/rmsnorm.h): sum = x + y then out = rmsnorm(sum) (sum may alias x
-     * or y); the backward of the q/k per-head norm then RoPE (dinp written, not added) */
-    void (*add_rmsnorm_fwd)(eng_backend *b, void *sum, void *out, float *rstd, const void *x, const void *y,
-                            const void *w, int T, int C, float eps);
+    /* fused neighbours (kernels/rmsnorm.h): the backward of the q/k per-head norm then RoPE
+     * (dinp written, not added) */
     /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and
      * RoPE, k and v into their KV-cache rows; one launch on CUDA */
     void (*qkv_rope_fwd)(eng_backend *b, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H,

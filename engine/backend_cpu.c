@@ -42,8 +42,24 @@ static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const voi
 static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
     matmul_fwd_cpu(o, x, w, bias, T, I, O);
 }
-static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, int T, int I) {
-    for (int i = 0; i < n; i++) matmul_fwd_cpu(p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
+/* the optional norm in front, then each part and its residual */
+static const void *normed(const mm_norm *nm, const void *x, int T, int I) {
+    if (!nm) return x;
+    rmsnorm_fwd_cpu(nm->ln, NULL, x, nm->w, T, I, nm->eps);
+    return nm->ln;
+}
+static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const mm_norm *nm, int T, int I) {
+    x = normed(nm, x, T, I);
+    for (int i = 0; i < n; i++) {
+        matmul_fwd_cpu(p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
+        if (p[i].res) {
+            float *o = p[i].out;
+            const float *r = p[i].res;
+            long long m = (long long)T * p[i].O;
+            #pragma omp parallel for schedule(static)
+            for (long long j = 0; j < m; j++) o[j] += r[j];
+        }
+    }
 }
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T, int I, int O) {
     matmul_bwd_cpu(dx, dw, db, dy, x, w, T, I, O);
@@ -59,9 +75,9 @@ static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout
     attention_bwd_cpu(dq, dk, dv, dout, q, k, v, out, lse, r, T, H, K, D);
 }
 static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }
-static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const void *wg, const void *wu, int T, int I,
-                  int F) {
-    mlp_in_fwd_cpu(a, g, u, x, wg, wu, T, I, F);
+static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
+                  const void *wu, int T, int I, int F) {
+    mlp_in_fwd_cpu(a, g, u, normed(nm, x, T, I), wg, wu, T, I, F);
 }
 static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cpu(dg, du, dy, g, u, n);
@@ -71,10 +87,6 @@ static void add_f(eng_backend *b, void *o, const void *x, const void *y, long lo
     const float *a = x, *c = y;
     #pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) out[i] = a[i] + c[i];
-}
-static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, const void *y, const void *w, int T,
-                   int C, float eps) {
-    add_rmsnorm_fwd_cpu(s, o, r, x, y, w, T, C, eps);
 }
 static void qkv_f(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                   float eps) {
@@ -119,7 +131,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .embedding_fwd = emb_f, .embedding_bwd = emb_b, .rmsnorm_fwd = rms_f, .rmsnorm_bwd = rms_b,
         .matmul_fwd = mm_f, .matmul_fwd_n = mm_fn, .matmul_bwd = mm_b, .rope_fwd = rope_f, .rope_bwd = rope_b,
         .attention_fwd = att_f, .attention_bwd = att_b, .swiglu_fwd = swi_f, .mlp_in_fwd = mlp_f, .swiglu_bwd = swi_b,
-        .add_rmsnorm_fwd = arms_f, .qkv_rope_fwd = qkv_f, .qk_norm_rope_bwd = qkr_b,
+        .qkv_rope_fwd = qkv_f, .qk_norm_rope_bwd = qkr_b,
         .add = add_f, .logprob_fwd = lp_f, .logprob_bwd = lp_b, .lm_head_rows = rows_f, .sample = samp_f,
         .adamw = adamw_f, .sumsq = sumsq_f, .scale = scale_f,
     };

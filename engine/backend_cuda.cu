@@ -122,16 +122,17 @@ static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const vo
     matmul_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)w, (cbf *)bias, T, I, O);
 }
 /* three parts a call to matmul_fwd_n_cuda (more than the op promises still work) */
-static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, int T, int I) {
+static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const mm_norm *nm, int T, int I) {
+    cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
     for (int i0 = 0; i0 < n; i0 += 3) {
         bf16 *o[3];
-        cbf *w[3], *bias[3];
+        cbf *w[3], *bias[3], *res[3];
         int O[3], m = n - i0 < 3 ? n - i0 : 3;
         for (int i = 0; i < m; i++) {
             const mm_part *q = &p[i0 + i];
-            o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; O[i] = q->O;
+            o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; res[i] = (cbf *)q->res; O[i] = q->O;
         }
-        matmul_fwd_n_cuda(CTX(b), o, w, bias, O, m, (cbf *)x, T, I);
+        matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I);
     }
 }
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
@@ -156,19 +157,16 @@ static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout
 static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
 }
-static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const void *wg, const void *wu, int T, int I,
-                  int F) {
-    mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, (cbf *)wg, (cbf *)wu, T, I, F);
+static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
+                  const void *wu, int T, int I, int F) {
+    cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
+    mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, nm ? &cn : NULL, (cbf *)wg, (cbf *)wu, T, I, F);
 }
 static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
 }
 static void add_f(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
-}
-static void arms_f(eng_backend *b, void *s, void *o, float *r, const void *x, const void *y, const void *w, int T,
-                   int C, float eps) {
-    add_rmsnorm_fwd_cuda(CTX(b), (bf16 *)s, (bf16 *)o, r, (cbf *)x, (cbf *)y, (cbf *)w, T, C, eps);
 }
 static void qkv_f(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                   float eps) {
@@ -298,7 +296,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->mlp_in_fwd = mlp_f; b->swiglu_bwd = swi_b;
-    b->add_rmsnorm_fwd = arms_f; b->qkv_rope_fwd = qkv_f; b->qk_norm_rope_bwd = qkr_b;
+    b->qkv_rope_fwd = qkv_f; b->qk_norm_rope_bwd = qkr_b;
     b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
     b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
     b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;

@@ -5,9 +5,11 @@
  *   ln2 = rmsnorm(xm)           a = silu(ln2 Wg^T) * (ln2 Wu^T)     x' = xm + a Wd^T
  *
  * and backward walks it in reverse, carrying the residual-stream gradient dres. Fused ops
- * (kernels/rmsnorm.h): each residual add runs with the norm that reads its sum (x' = xm + ..
- * is the next layer's first op), and Qwen3's q/k norm with RoPE. model_layer_fwd/_bwd are one
- * layer each; tests/gpu/bench_layer.c times them as training runs them. */
+ * (backend.h): each norm runs in front of the projections that read it (mm_norm), each
+ * residual add in the projection that closes its sub-layer (mm_part.res), q/k norm, RoPE and
+ * the KV-cache writes in one op, SwiGLU with the gate/up projections: at decode sizes the CUDA
+ * backend makes each of these one launch. model_layer_fwd/_bwd are one layer each;
+ * tests/gpu/bench_layer.c times them as training runs them. */
 #include "engine/model.h"
 
 #include <limits.h>
@@ -280,34 +282,32 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C;
-    /* Layer l reads its input from l[l].x and writes its MLP branch to the next layer's x (with
-     * grad every layer keeps its own; without, all share l[0]); the residual add that closes
-     * layer l is the first op of layer l + 1 (res = l[l].xm), or of the final norm. */
+    /* Layer l reads the residual stream from l[l].x and writes it, its two residual adds done,
+     * to the next layer's x (with grad every layer keeps its own; without, all share l[0]). */
     be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, T, C);
-    const void *res = NULL;
     for (int l = 0; l < c->L; l++) {
         void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
-        model_layer_fwd(m, w, a, l, res, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
-        res = a->l[l].xm;
+        model_layer_fwd(m, w, a, l, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
     }
-    be->add_rmsnorm_fwd(be, a->xL, a->lnf, a->rstdf, a->xL, res, w->final_norm, T, C, c->eps);
+    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, T, C, c->eps);
     if (d->M)
         be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, C,
                         c->V, temperature);
 }
 
-void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, const void *res, void *out,
-                     const model_dev_input *d, void *kv_k, void *kv_v) {
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
+                     void *kv_k, void *kv_v) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
-    if (res) be->add_rmsnorm_fwd(be, A->x, A->ln1, A->rstd1, A->x, res, W->attn_norm, T, C, c->eps);
-    else be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
-    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD }, { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD },
-                       { A->v, W->wv, W->bv, KD } };
-    be->matmul_fwd_n(be, qkv, 3, A->ln1, T, C);
+    /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
+     * recomputes them), the residual adds in the o and down projections */
+    mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
+    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL },
+                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL }, { A->v, W->wv, W->bv, KD, NULL } };
+    be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
     /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
     qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
                        .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
@@ -316,10 +316,11 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
     const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
-    be->matmul_fwd(be, A->xm, A->att, W->wo, W->bo, T, HD, C);
-    be->add_rmsnorm_fwd(be, A->xm, A->ln2, A->rstd2, A->xm, A->x, W->mlp_norm, T, C, c->eps);
-    be->mlp_in_fwd(be, A->a, A->g, A->u, A->ln2, W->w_gate, W->w_up, T, C, F);
-    be->matmul_fwd(be, out, A->a, W->w_down, NULL, T, F, C);
+    mm_part o = { A->xm, W->wo, W->bo, C, A->x };
+    be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
+    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
+    mm_part dn = { out, W->w_down, NULL, C, A->xm };
+    be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 
 /* ---------------------------------------------------------------- backward */

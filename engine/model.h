@@ -105,16 +105,14 @@ typedef struct { int T, M; int *tokens, *pos, *slot, *out_pos, *out_tok; attn_ra
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
                        float temperature, int want_entropy);
-/* One decoder layer l of model_forward_dev on a->l[l], queued (no sync). The residual add that
- * closes a layer is fused into the norm that reads its sum, so a layer is:
- *   res != NULL: A->x += res (the previous layer's A->xm); ln1 = rmsnorm(A->x)
- *   q, k, v, RoPE (q/k norm), attention; A->xm = A->x + att Wo^T (fused with ln2 = rmsnorm(A->xm))
- *   out (T,C) = (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T: the MLP branch only. The layer's output is
- *   out + A->xm, summed by the next reader (the next layer's res, or the final norm).
- * out may be A->x (read for the last time before out is written). kv_k, kv_v: this layer's cache
- * (d->slot set) or NULL. */
-void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, const void *res, void *out,
-                     const model_dev_input *d, void *kv_k, void *kv_v);
+/* One decoder layer l of model_forward_dev on a->l[l], queued (no sync): A->x (T,C) holds the
+ * residual stream, out (T,C) gets it after the layer:
+ *   q, k, v = rmsnorm(A->x) W^T (the norm fused into the projections), RoPE (q/k norm), attention;
+ *   A->xm = A->x + att Wo^T; out = A->xm + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T, ln2 = rmsnorm(A->xm).
+ * out may be A->x (not read once A->xm is made). ln1 / ln2 are scratch (the backward recomputes
+ * them and their rstd). kv_k, kv_v: this layer's cache (d->slot set) or NULL. */
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
+                     void *kv_k, void *kv_v);
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,

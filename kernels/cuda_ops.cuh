@@ -20,8 +20,6 @@ void embedding_bwd_cuda(cu_ctx *c, float *dwte, const bf16 *dout, const int *tok
 void rmsnorm_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps);
 void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
                       const float *rstd, int T, int C);
-void add_rmsnorm_fwd_cuda(cu_ctx *c, bf16 *sum, bf16 *out, float *rstd, const bf16 *x, const bf16 *y, const bf16 *w,
-                          int T, int C, float eps);
 void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
                            const float *inv_freq, int T, int H, int D, float eps);
 void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K,
@@ -37,8 +35,10 @@ void gemm_cache_free(cu_ctx *c);   /* at context destruction */
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
 /* out[i] = inp · w[i]^T + bias[i] for n layers sharing inp: one launch when the few-row kernel
  * takes them all. */
-void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const int *O, int n,
-                       const bf16 *inp, int T, int I);
+/* the RMSNorm in front of matmul_fwd_n_cuda / mlp_in_fwd_cuda: weight (C), eps, ln (T, C) scratch */
+typedef struct { const bf16 *w; float eps; bf16 *ln; } cu_norm;
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
+                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
                      const bf16 *w, int T, int I, int O);
 
@@ -53,8 +53,8 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D);
 
 /* swiglu.cu (also the elementwise add, conversions and row scatter the backend table needs) */
-void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const bf16 *wg, const bf16 *wu, int T,
-                     int I, int F);
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
+                     const bf16 *wu, int T, int I, int F);
 void swiglu_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *gate, const bf16 *up, long long n);
 void swiglu_bwd_cuda(cu_ctx *c, bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up,
                      long long n);

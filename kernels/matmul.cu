@@ -16,6 +16,7 @@
 
 #include <cublas_v2.h>
 
+#include "kernels/bf16_vec.cuh"
 #include "kernels/cuda_ops.cuh"
 
 typedef struct {
@@ -176,21 +177,34 @@ static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const voi
     }
 }
 
-void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
-             const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
+/* gemm_lt with C (the beta term) apart from D (NULL: D), laid out as D */
+static void gemm_lt_c(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
+                      const void *B, int ldb, float beta, const void *Cm, void *D, int ldd, int d_is_f32,
+                      const bf16 *bias) {
     if (c->failed || m <= 0 || n <= 0) return;
     int al = align_of(A), x;
     if ((x = align_of(B)) < al) al = x;
     if ((x = align_of(D)) < al) al = x;
     if (bias && (x = align_of(bias)) < al) al = x;
+    if (Cm && (x = align_of(Cm)) < al) al = x;
     gemm_key key = { transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al };
     gemm_plan *p = plan_get(c, &key);
     if (!p) return;
+    if (Cm && Cm != D && p->fallback) {   /* GemmEx takes C = D: the beta term copied in first */
+        CU_CK(c, cudaMemcpy2DAsync(D, (size_t)ldd * (d_is_f32 ? 4 : 2), Cm, (size_t)ldd * (d_is_f32 ? 4 : 2),
+                                   (size_t)m * (d_is_f32 ? 4 : 2), n, cudaMemcpyDeviceToDevice, c->stream));
+        Cm = NULL;
+    }
     if (p->fallback) { gemm_fallback(c, &p->key, alpha, A, B, beta, D, bias); return; }
     if (bias) LT_CK(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     if (p->n_algo && beta == 0.0f) tune(c, p, alpha, A, B, D);
-    LT_CK(c, cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, D, p->d, D, p->d, &p->algo, c->lt_ws,
-                            c->lt_ws_bytes, c->stream));
+    LT_CK(c, cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cm ? Cm : D, p->d, D, p->d, &p->algo,
+                            c->lt_ws, c->lt_ws_bytes, c->stream));
+}
+
+void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
+             const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
+    gemm_lt_c(c, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, NULL, D, ldd, d_is_f32, bias);
 }
 
 /* dbias (O) += column sums of dout (T,O): 32 columns x 8 row-strided threads per block. */
@@ -221,7 +235,7 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
  * same for both operands, so mma.sync's fragments come straight from those 16-byte pieces with
  * the activation rows as the A operand (MT m16 tiles). The warps' fp32 partials are summed in a
  * fixed order through shared memory (deterministic), plus the bias, into bf16. */
-enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16 };
+enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 4096 };
 
 __device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
@@ -236,14 +250,25 @@ __device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* 8 bf16 of x -> bf16(w * (x * r)) */
+__device__ __forceinline__ uint4 sk_norm8(uint4 xv, uint4 wv, float r) {
+    const bf16 *xe = (const bf16 *)&xv, *we = (const bf16 *)&wv;
+    uint4 y;
+    bf16 *ye = (bf16 *)&y;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ye[j] = __float2bfloat16(__bfloat162float(we[j]) * (__bfloat162float(xe[j]) * r));
+    return y;
+}
+
 template <int MT, int NT>
 struct sk_shape {
     static constexpr int L = 2 * NT + 4 * MT;                      /* 16-byte slots per thread per stage */
     static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4;   /* the warps' partial sums */
-    static constexpr int SFIT = (int)((227 * 1024 - RED) / ((size_t)L * 32 * SK_WARPS * 16));
+    static constexpr size_t NW = (size_t)SK_NORM_I * 2;                      /* the norm weight */
+    static constexpr int SFIT = (int)((227 * 1024 - RED - NW) / ((size_t)L * 32 * SK_WARPS * 16));
     static constexpr int S0 = 48 / L > 2 ? 48 / L : 2;            /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
-    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED;
+    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW;
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
@@ -255,8 +280,11 @@ enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
     const bf16 *w[SK_PARTS], *bias[SK_PARTS];
+    const bf16 *res[SK_PARTS];   /* the residual added before the one rounding (NULL: none) */
     int O[SK_PARTS], b0[SK_PARTS + 1], n;
     bf16 *act;
+    const bf16 *nw;              /* RMSNorm of x in front (NULL: none): weight (I), eps */
+    float eps;
 } sk_args;
 
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
@@ -268,6 +296,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     constexpr int RW = MT * 16, CW = NT * 8;
     extern __shared__ uint4 sk_ring[];   /* [S][L][NTH], then red[warp][row RW][col CW] */
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
+    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS);   /* [I] when nw */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int nch = I / SK_KC, c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
@@ -275,6 +304,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const w_0 = a.w[0], *const w_1 = a.w[1], *const w_2 = a.w[2];
     const bf16 *const bias_0 = a.bias[0], *const bias_1 = a.bias[1], *const bias_2 = a.bias[2];
     bf16 *const out_0 = a.out[0], *const out_1 = a.out[1], *const out_2 = a.out[2], *const act = a.act;
+    const bf16 *const res_0 = a.res[0], *const res_1 = a.res[1], *const res_2 = a.res[2], *const nw = a.nw;
     const bool sw = act != nullptr;
     const int ntiles = np == 1 ? b1 : np == 2 ? b2 : b3;
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -318,12 +348,38 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
     for (int f = 0; f < S - 1; f++)
         if (f < total) issue_w(f);
+    if (nw)   /* the norm weight too (first commit group): written by nothing in flight */
+        for (int i = tid; i < I / 8; i += NTH) sk_cp16((uint4 *)nw_s + i, nw + (size_t)i * 8, 16);
     pdl_wait();
     pdl_trigger();
 #pragma unroll
     for (int f = 0; f < S - 1; f++) {
         if (f < total) issue_x(f);
         asm volatile("cp.async.commit_group;\n" ::);
+    }
+    /* norm in front: each row's rstd, with rmsnorm_fwd_kernel's arithmetic (a warp a row, lanes
+     * on 8-wide chunks, the same sums), so the normed values are those the trainer's norm makes */
+    __shared__ float rstd_s[SK_MAX_T];
+    if (nw) {
+        for (int t = wp; t < T; t += SK_WARPS) {
+            constexpr int NC = SK_NORM_I / 256;   /* a lane's 8-wide chunks of a row, loaded at once */
+            uint4 v[NC];
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                if (lane * 8 + c * 256 < I) v[c] = *(const uint4 *)(x + (size_t)t * I + lane * 8 + c * 256);
+            float ss = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                if (lane * 8 + c * 256 >= I) break;
+                const bf16 *e = (const bf16 *)&v[c];
+#pragma unroll
+                for (int j = 0; j < 8; j++) { const float f = __bfloat162float(e[j]); ss += f * f; }
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) rstd_s[t] = rsqrtf(ss / I + a.eps);
+        }
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));   /* nw_s (the chunk loop waits as much) */
+        __syncthreads();
     }
 
     float acc[MT][NT][4];
@@ -343,6 +399,17 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             for (int nt = 0; nt < NT; nt++) { wv[nt][0] = b[(2 * nt) * NTH]; wv[nt][1] = b[(2 * nt + 1) * NTH]; }
 #pragma unroll
             for (int r = 0; r < 2 * MT; r++) { xv[r][0] = b[(2 * NT + 2 * r) * NTH]; xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH]; }
+            if (nw) {   /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
+                const int k = (c0 + i) * SK_KC + q * 8;
+                const uint4 w0 = *(const uint4 *)(nw_s + k), w1 = *(const uint4 *)(nw_s + k + 32);
+#pragma unroll
+                for (int r = 0; r < 2 * MT; r++) {
+                    const int t = (r >> 1) * 16 + g + 8 * (r & 1);
+                    const float rs = t < T ? rstd_s[t] : 0.0f;
+                    xv[r][0] = sk_norm8(xv[r][0], w0, rs);
+                    xv[r][1] = sk_norm8(xv[r][1], w1, rs);
+                }
+            }
             /* the stage read for chunk f - 1 is free: its values were consumed by its mma */
             if (f + S - 1 < total) { issue_w(f + S - 1); issue_x(f + S - 1); }
             asm volatile("cp.async.commit_group;\n" ::);
@@ -374,7 +441,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         int pi, o0;
         tile(j, pi, o0);
         const int O = SK_SEL(O_, pi);
-        const bf16 *bias = SK_SEL(bias_, pi);
+        const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi);
         bf16 *out = SK_SEL(out_, pi);
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
@@ -383,6 +450,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
             for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
             if (bias) s += __bfloat162float(bias[o]);
+            if (res) s += __bfloat162float(res[(size_t)t * O + o]);
             const bf16 y = __float2bfloat16(s);
             out[(size_t)t * O + o] = y;
             if (sw) {   /* the up projection of the same output, CW / 2 columns on */
@@ -441,6 +509,7 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     const char *e = getenv("GRPOD_SKINNY");
     if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
+    if (a.nw && I > SK_NORM_I) return 0;
     int Osum = 0, np = a.act ? 2 : a.n;
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
@@ -460,38 +529,57 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
 }
 
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
-    if (c->failed || T <= 0) return;
-    sk_args a = {};
-    a.n = 1; a.out[0] = out; a.w[0] = w; a.bias[0] = bias; a.O[0] = O;
-    if (skinny(c, a, inp, T, I)) return;
-    gemm_lt(c, 1, 0, O, T, I, 1.0f, w, I, inp, I, 0.0f, out, O, 0, bias);
+    const bf16 *const res = NULL;
+    matmul_fwd_n_cuda(c, &out, &w, &bias, &res, &O, 1, inp, NULL, T, I);
 }
 
-void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const int *O, int n,
-                       const bf16 *inp, int T, int I) {
+/* The unfused path's norm: ln = rmsnorm(inp) (rmsnorm_fwd_cuda), the projections then read ln. */
+static const bf16 *norm_apart(cu_ctx *c, const cu_norm *nm, const bf16 *inp, int T, int I) {
+    if (!nm) return inp;
+    rmsnorm_fwd_cuda(c, nm->ln, NULL, inp, nm->w, T, I, nm->eps);
+    return nm->ln;
+}
+
+/* The skinny kernel's norm in front needs I a multiple of 8 on 16-byte aligned rows (its 8-wide
+ * chunks are rmsnorm_fwd_kernel<8>'s). */
+static void sk_set_norm(sk_args &a, const cu_norm *nm) {
+    if (nm) { a.nw = nm->w; a.eps = nm->eps; }
+}
+
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
+                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I) {
     if (c->failed || T <= 0) return;
-    if (n >= 1 && n <= SK_PARTS) {
+    if (n >= 1 && n <= SK_PARTS && (!norm || align_of(norm->w) >= 16)) {
         sk_args a = {};
         a.n = n;
-        for (int i = 0; i < n; i++) { a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.O[i] = O[i]; }
+        sk_set_norm(a, norm);
+        for (int i = 0; i < n; i++) {
+            a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.res[i] = res[i]; a.O[i] = O[i];
+        }
         if (skinny(c, a, inp, T, I)) return;
     }
-    for (int i = 0; i < n; i++) matmul_fwd_cuda(c, out[i], inp, w[i], bias[i], T, I, O[i]);
+    inp = norm_apart(c, norm, inp, T, I);
+    for (int i = 0; i < n; i++)   /* the residual as the beta term: one rounding, as the few-row kernel */
+        gemm_lt_c(c, 1, 0, O[i], T, I, 1.0f, w[i], I, inp, I, res[i] ? 1.0f : 0.0f, res[i], out[i], O[i], 0, bias[i]);
 }
 
 /* g = inp wg^T, u = inp wu^T (T, F) and a = silu(g) u: one few-row launch (SwiGLU mode) when
  * the skinny kernel takes the shape, else the two GEMMs and swiglu_fwd. */
-void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const bf16 *wg, const bf16 *wu, int T,
-                     int I, int F) {
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
+                     const bf16 *wu, int T, int I, int F) {
     if (c->failed || T <= 0) return;
-    sk_args a = {};
-    a.n = 1; a.act = act;
-    a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
-    if (skinny(c, a, inp, T, I)) return;
+    if (!norm || align_of(norm->w) >= 16) {
+        sk_args a = {};
+        a.n = 1; a.act = act;
+        sk_set_norm(a, norm);
+        a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
+        if (skinny(c, a, inp, T, I)) return;
+    }
+    inp = norm_apart(c, norm, inp, T, I);
     bf16 *const o[2] = { g, u };
     const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };
     const int O[2] = { F, F };
-    matmul_fwd_n_cuda(c, o, w, b, O, 2, inp, T, I);
+    matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I);
     swiglu_fwd_cuda(c, act, g, u, (long long)T * F);
 }
 

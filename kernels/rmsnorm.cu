@@ -1,5 +1,5 @@
-/* rmsnorm.cu — CUDA RMSNorm (also Qwen3's per-head q/k norm: rows = T*H, C = D) and its two
- * fused neighbours of rmsnorm.h: the residual add + norm, and the q/k norm + RoPE.
+/* rmsnorm.cu — CUDA RMSNorm (also Qwen3's per-head q/k norm: rows = T*H, C = D) and its fused
+ * neighbours of rmsnorm.h: the q/k norm + RoPE, and qkv_rope_fwd (with the KV-cache writes).
  * One warp per row, V-wide bf16 vector accesses (bf16_vec.cuh), statistics in fp32.
  *
  * Backward, the weight gradient: each warp sums its rows' dy*n into its own slice of shared
@@ -15,11 +15,10 @@ enum { RMS_WARPS = 8 };
 
 /* ---------------------------------------------------------------- forward */
 
-/* out = w * s * rstd, s = inp, or with res: s = bf16(inp + res), also stored in sum (which may
- * alias inp or res: each lane reads its own elements before it writes them). */
+/* out = w * inp * rstd: a warp a row, lanes on V-wide chunks (the few-row GEMM of matmul.cu
+ * computes rstd with this same arithmetic when it norms its input itself). */
 template <int V>
-__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16 *inp, const bf16 *res, const bf16 *w,
-                                   int T, int C, float eps) {
+__global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
     if (row >= T) return;
@@ -28,22 +27,14 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16
     for (int i = lane * V; i < C; i += 32 * V) {
         float x[V];
         vload<V>(x, inp + o + i);
-        if (res) {
-            float y[V];
-            vload<V>(y, res + o + i);
-#pragma unroll
-            for (int j = 0; j < V; j++) x[j] = bf16_round(x[j] + y[j]);
-            vstore<V>(sum + o + i, x);
-        }
 #pragma unroll
         for (int j = 0; j < V; j++) ss += x[j] * x[j];
     }
     float r = rsqrtf(warp_sum(ss) / C + eps);
     if (rstd && lane == 0) rstd[row] = r;
-    const bf16 *src = res ? sum : inp;
     for (int i = lane * V; i < C; i += 32 * V) {
         float x[V], wv[V];
-        vload<V>(x, src + o + i);
+        vload<V>(x, inp + o + i);
         vload<V>(wv, w + i);
 #pragma unroll
         for (int j = 0; j < V; j++) x[j] = wv[j] * (x[j] * r);
@@ -56,8 +47,7 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, bf16 *sum, const bf16
  * the row's V-chunks stay in registers between the two passes (C <= RMS_SMALL_NT V RMS_SMALL_K). */
 enum { RMS_SMALL_T = 64, RMS_SMALL_NT = 256, RMS_SMALL_K = 4 };
 template <int V>
-__global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *out, float *rstd, bf16 *sum,
-                                                                        const bf16 *inp, const bf16 *res,
+__global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *out, float *rstd, const bf16 *inp,
                                                                         const bf16 *w, int C, float eps) {
     __shared__ float part[RMS_SMALL_NT / 32];
     pdl_wait();
@@ -70,13 +60,6 @@ __global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *o
         const int i = (k * RMS_SMALL_NT + threadIdx.x) * V;
         if (i >= C) break;
         vload<V>(x[k], inp + o + i);
-        if (res) {
-            float y[V];
-            vload<V>(y, res + o + i);
-#pragma unroll
-            for (int j = 0; j < V; j++) x[k][j] = bf16_round(x[k][j] + y[j]);
-            vstore<V>(sum + o + i, x[k]);
-        }
 #pragma unroll
         for (int j = 0; j < V; j++) ss += x[k][j] * x[k][j];
     }
@@ -298,21 +281,20 @@ __global__ void rmsnorm_dw_kernel(float *dw, const float *partial, int nb, int C
 
 /* ---------------------------------------------------------------- launchers */
 
-static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, bf16 *sum, const bf16 *inp, const bf16 *res, const bf16 *w,
-                       int T, int C, float eps) {
+static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
     if (c->failed || T <= 0) return;
-    int vw = vec_width(C, out, sum, inp, res, w);
+    int vw = vec_width(C, out, inp, w, NULL, NULL);
     if (T <= RMS_SMALL_T && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
         cu_launch_pdl(c, "rmsnorm_fwd_small_kernel", vw == 8 ? rmsnorm_fwd_small_kernel<8> : rmsnorm_fwd_small_kernel<4>,
-                      dim3(T), dim3(RMS_SMALL_NT), 0, out, rstd, sum, inp, res, w, C, eps);
+                      dim3(T), dim3(RMS_SMALL_NT), 0, out, rstd, inp, w, C, eps);
         return;
     }
     unsigned blocks = cu_blocks(T, RMS_WARPS);
     switch (vw) {
-    case 8: rmsnorm_fwd_kernel<8><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
-    case 4: rmsnorm_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
-    case 2: rmsnorm_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps); break;
-    default: rmsnorm_fwd_kernel<1><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, sum, inp, res, w, T, C, eps);
+    case 8: rmsnorm_fwd_kernel<8><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, T, C, eps); break;
+    case 4: rmsnorm_fwd_kernel<4><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, T, C, eps); break;
+    case 2: rmsnorm_fwd_kernel<2><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, T, C, eps); break;
+    default: rmsnorm_fwd_kernel<1><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(out, rstd, inp, w, T, C, eps);
     }
     CU_LAUNCHED(c, "rmsnorm_fwd_kernel");
 }
@@ -354,17 +336,12 @@ static void bwd_launch(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const
 }
 
 void rmsnorm_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
-    fwd_launch(c, out, rstd, NULL, inp, NULL, w, T, C, eps);
+    fwd_launch(c, out, rstd, inp, w, T, C, eps);
 }
 
 void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
                       const float *rstd, int T, int C) {
     bwd_launch(c, dinp, dw, dout, inp, w, rstd, T, C, 1);
-}
-
-void add_rmsnorm_fwd_cuda(cu_ctx *c, bf16 *sum, bf16 *out, float *rstd, const bf16 *x, const bf16 *y, const bf16 *w,
-                          int T, int C, float eps) {
-    fwd_launch(c, out, rstd, sum, x, y, w, T, C, eps);
 }
 
 /* The fused q/k kernels need D = 32 V with V-aligned rows (D = 32, 64, 128); other head dims

@@ -2,7 +2,6 @@
  * statistics in fp32. Also serves the per-head q/k norm of Qwen3 (rows = T*H, C = D).
  * Two fused neighbours save whole passes over the activations on the GPU; here they are the
  * plain composition of the ops they replace:
- *   add_rmsnorm_fwd   the residual add that closes a sub-layer, then the next norm
  *   qk_norm_rope_*    Qwen3's per-head q/k norm, then RoPE (rope.h), and its backward
  *   qkv_rope_fwd      what runs between the q/k/v projections and attention: q/k norm (if any)
  *                     and RoPE of q and k, k and v written to their (KV-cache) rows
@@ -15,11 +14,6 @@ void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp
                      const float *rstd, int T, int C);
 /* dinp (T,C) += d/dx; dw (C) += d/dw. dinp may not alias dout. */
 
-void add_rmsnorm_fwd_cpu(float *sum, float *out, float *rstd, const float *x, const float *y, const float *w,
-                         int T, int C, float eps);
-/* sum (T,C) = x + y (sum may alias x or y; on the GPU it is rounded to bf16 before the norm),
- * then out (T,C), rstd (T) = rmsnorm_fwd of sum. Its backward is rmsnorm_bwd on sum: the
- * add passes the gradient through. */
 void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, const int *pos,
                           const float *inv_freq, int T, int H, int D, float eps);
 /* out (T,H,D) = rope(rmsnorm over each head's D of inp (T,H,D), w (D)); rstd (T*H); pos (T) */

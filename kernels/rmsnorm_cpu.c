@@ -47,14 +47,6 @@ void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp
     }
 }
 
-void add_rmsnorm_fwd_cpu(float *sum, float *out, float *rstd, const float *x, const float *y, const float *w,
-                         int T, int C, float eps) {
-    long long n = (long long)T * C;
-    #pragma omp parallel for schedule(static)
-    for (long long i = 0; i < n; i++) sum[i] = x[i] + y[i];
-    rmsnorm_fwd_cpu(out, rstd, sum, w, T, C, eps);
-}
-
 void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, const int *pos,
                           const float *inv_freq, int T, int H, int D, float eps) {
     rmsnorm_fwd_cpu(out, rstd, inp, w, T * H, D, eps);

@@ -61,18 +61,17 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     if (model_input_upload(&m, &a, &in, &d)) gc_die(be, "model_input_upload");
     float *hx = gc_rand((size_t)T * C, 1.0f, 11), *hdy = gc_rand((size_t)T * C, 1e-3f, 13);
     void *x = gc_act(be, hx, (size_t)T * C), *dy = gc_act(be, hdy, (size_t)T * C);
-    const void *res = dy;   /* any (T,C) tensor will do; no extra memory */
     free(hx); free(hdy);
     double t[REPS + 1], tf[REPS + 1];
     size_t used_peak = 0, total;
     for (int rep = 0; rep <= REPS; rep++) {
-        /* the layer input and the upstream gradient, restored each rep (the layer adds res into
-         * its input in place; backward leaves dx in dres) */
+        /* the layer input and the upstream gradient, restored each rep (backward leaves dx in
+         * dres) */
         if (cudaMemcpy(a.l[0].x, x, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) ||
             cudaMemcpy(a.dres, dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be))
             gc_die(be, "setup");
         double t0 = gc_now();
-        model_layer_fwd(&m, &wv, &a, 0, res, a.xL, &d, NULL, NULL);
+        model_layer_fwd(&m, &wv, &a, 0, a.xL, &d, NULL, NULL);
         if (be->sync(be)) gc_die(be, "forward");
         double t1 = gc_now();
         model_layer_bwd(&m, &wv, &gv, &a, 0, &d);

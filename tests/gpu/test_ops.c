@@ -71,29 +71,6 @@ static void t_rmsnorm(int T, int C) {
 
 /* residual add + norm, in place over x as the model runs it; the CPU sum is rounded to bf16
  * before its norm, as the GPU stores it */
-static void t_add_rmsnorm(int T, int C) {
-    char sh[64];
-    snprintf(sh, sizeof sh, "rows=%d C=%d", T, C);
-    size_t n = (size_t)T * C;
-    float *x = gc_rand(n, 2.0f, 16), *y = gc_rand(n, 1.0f, 17), *w = gc_rand((size_t)C, 1.0f, 18);
-    float *s_c = malloc(n * 4), *o_c = malloc(n * 4), *r_c = malloc((size_t)T * 4);
-    for (size_t i = 0; i < n; i++) s_c[i] = gc_bf16(x[i] + y[i]);
-    cpu->rmsnorm_fwd(cpu, o_c, r_c, s_c, w, T, C, 1e-6f);
-    void *gx = gc_act(gpu, x, n), *gy = gc_act(gpu, y, n), *gw = gc_act(gpu, w, (size_t)C), *go = gpu->alloc(gpu, n * 2);
-    float *gr = gpu->alloc(gpu, (size_t)T * 4);
-    gpu->add_rmsnorm_fwd(gpu, gx, go, gr, gx, gy, gw, T, C, 1e-6f);
-    float *s_g = gc_get_act(gpu, gx, n), *o_g = gc_get_act(gpu, go, n), *r_g = gc_get_f32(gpu, gr, (size_t)T);
-    gc_row("add_rmsnorm_fwd sum (in place)", sh, rel_l2(s_g, s_c, n), 0);
-    gc_row("add_rmsnorm_fwd out", sh, rel_l2(o_g, o_c, n), 1e-2);
-    gc_row("add_rmsnorm_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T), 1e-4);
-    /* and the CPU op itself against the unrounded composition */
-    float *s2 = malloc(n * 4), *o2 = malloc(n * 4), *r2 = malloc((size_t)T * 4);
-    cpu->add_rmsnorm_fwd(cpu, s2, o2, r2, x, y, w, T, C, 1e-6f);
-    gc_row("add_rmsnorm_fwd cpu vs bf16-rounded sum", sh, rel_l2(o2, o_c, n), 1e-2);
-    gpu->free(gpu, gx); gpu->free(gpu, gy); gpu->free(gpu, gw); gpu->free(gpu, go); gpu->free(gpu, gr);
-    free(x); free(y); free(w); free(s_c); free(o_c); free(r_c); free(s_g); free(o_g); free(r_g); free(s2); free(o2); free(r2);
-}
-
 /* rmsnorm_bwd twice on the same inputs: dinp and dw bit-identical (the dw reduction has a
  * fixed order) */
 static void t_rmsnorm_determinism(int T, int C) {
@@ -203,38 +180,46 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
 }
 
 /* matmul_fwd_n: up to three layers sharing their input in one launch (q/k/v, gate/up), each
- * part against the CPU backend; parts with odd O (a partial block at every part's end). */
-static void t_matmul_fwd_n(int T, int I, int n, const int *O, int bias) {
-    char sh[96];
-    snprintf(sh, sizeof sh, "T=%d I=%d O=%d,%d,%d%s", T, I, O[0], n > 1 ? O[1] : 0, n > 2 ? O[2] : 0, bias ? " +bias" : "");
-    float *x = gc_rand((size_t)T * I, 1.0f, 41 + T);
+ * part against the CPU backend; parts with odd O (a partial block at every part's end); with
+ * MM_NORM the RMSNorm in front (x at scale 3, so the norm matters), with MM_RES each part's
+ * residual added. */
+enum { MM_BIAS = 1, MM_NORM = 2, MM_RES = 4 };
+static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
+    char sh[112];
+    snprintf(sh, sizeof sh, "T=%d I=%d O=%d,%d,%d%s%s%s", T, I, O[0], n > 1 ? O[1] : 0, n > 2 ? O[2] : 0,
+             flags & MM_BIAS ? " +bias" : "", flags & MM_NORM ? " +norm" : "", flags & MM_RES ? " +res" : "");
+    float *x = gc_rand((size_t)T * I, 3.0f, 41 + T), *nw = gc_rand((size_t)I, 1.0f, 49), *lnc = malloc((size_t)T * I * 4);
     mm_part pc[3], pg[3];
-    float *w[3], *b[3], *yc[3];
-    void *gw[3], *gb[3];
+    float *w[3], *b[3], *r[3], *yc[3];
+    void *gw[3], *gb[3], *gr[3];
     for (int i = 0; i < n; i++) {
         w[i] = gc_rand((size_t)O[i] * I, 0.1f, 42 + i);
         b[i] = gc_rand((size_t)O[i], 1.0f, 45 + i);
+        r[i] = gc_rand((size_t)T * O[i], 2.0f, 52 + i);
         yc[i] = malloc((size_t)T * O[i] * 4);
-        pc[i] = (mm_part){ yc[i], w[i], bias ? b[i] : NULL, O[i] };
+        pc[i] = (mm_part){ yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL };
         gw[i] = gc_act(gpu, w[i], (size_t)O[i] * I);
         gb[i] = gc_act(gpu, b[i], (size_t)O[i]);
-        pg[i] = (mm_part){ gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], bias ? gb[i] : NULL, O[i] };
+        gr[i] = gc_act(gpu, r[i], (size_t)T * O[i]);
+        pg[i] = (mm_part){ gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], flags & MM_BIAS ? gb[i] : NULL, O[i],
+                           flags & MM_RES ? gr[i] : NULL };
     }
-    void *gx = gc_act(gpu, x, (size_t)T * I);
-    cpu->matmul_fwd_n(cpu, pc, n, x, T, I);
-    gpu->matmul_fwd_n(gpu, pg, n, gx, T, I);
+    void *gx = gc_act(gpu, x, (size_t)T * I), *gnw = gc_act(gpu, nw, (size_t)I), *gln = gpu->alloc(gpu, (size_t)T * I * 2);
+    mm_norm nc = { nw, 1e-6f, lnc }, ng = { gnw, 1e-6f, gln };
+    cpu->matmul_fwd_n(cpu, pc, n, x, flags & MM_NORM ? &nc : NULL, T, I);
+    gpu->matmul_fwd_n(gpu, pg, n, gx, flags & MM_NORM ? &ng : NULL, T, I);
     double worst = 0;
     for (int i = 0; i < n; i++) {
         float *yg = gc_get_act(gpu, pg[i].out, (size_t)T * O[i]);
         double e = rel_l2(yg, yc[i], (size_t)T * O[i]);
         if (!(e <= worst)) worst = e;   /* NaN sticks */
         free(yg);
-        gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]);
-        free(w[i]); free(b[i]); free(yc[i]);
+        gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]); gpu->free(gpu, gr[i]);
+        free(w[i]); free(b[i]); free(r[i]); free(yc[i]);
     }
     gc_row("matmul_fwd_n", sh, worst, 3e-3);
-    gpu->free(gpu, gx);
-    free(x);
+    gpu->free(gpu, gx); gpu->free(gpu, gnw); gpu->free(gpu, gln);
+    free(x); free(nw); free(lnc);
 }
 
 /* qkv_rope_fwd into a KV cache: q/k norm (or none) and RoPE, k and v to distinct random rows of
@@ -296,22 +281,27 @@ static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
 /* mlp_in_fwd: gate/up projections and SwiGLU, the few-row kernel's SwiGLU mode at decode sizes
  * (F not a multiple of a tile: the partial tile's outputs past F unwritten) and the GEMMs +
  * swiglu_fwd above them; gate, up and act each against the CPU backend */
-static void t_mlp_in(int T, int I, int F) {
+static void t_mlp_in(int T, int I, int F, int norm) {
     char sh[64];
-    snprintf(sh, sizeof sh, "T=%d I=%d F=%d", T, I, F);
+    snprintf(sh, sizeof sh, "T=%d I=%d F=%d%s", T, I, F, norm ? " +norm" : "");
     size_t nx = (size_t)T * I, nw = (size_t)F * I, ny = (size_t)T * F;
-    float *x = gc_rand(nx, 1.0f, 61), *wg = gc_rand(nw, 0.1f, 62), *wu = gc_rand(nw, 0.1f, 63);
+    float *x = gc_rand(nx, 3.0f, 61), *wg = gc_rand(nw, 0.1f, 62), *wu = gc_rand(nw, 0.1f, 63);
     float *a_c = malloc(ny * 4), *g_c = malloc(ny * 4), *u_c = malloc(ny * 4);
-    cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, wg, wu, T, I, F);
+    float *lw = gc_rand((size_t)I, 1.0f, 64), *lnc = malloc(nx * 4);
+    mm_norm nc = { lw, 1e-6f, lnc };
+    cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, norm ? &nc : NULL, wg, wu, T, I, F);
     void *gx = gc_act(gpu, x, nx), *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw);
     void *ga = gpu->alloc(gpu, ny * 2), *gg = gpu->alloc(gpu, ny * 2), *gu = gpu->alloc(gpu, ny * 2);
-    gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, gwg, gwu, T, I, F);
+    void *glw = gc_act(gpu, lw, (size_t)I), *gln = gpu->alloc(gpu, nx * 2);
+    mm_norm ng = { glw, 1e-6f, gln };
+    gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, norm ? &ng : NULL, gwg, gwu, T, I, F);
     float *a_g = gc_get_act(gpu, ga, ny), *g_g = gc_get_act(gpu, gg, ny), *u_g = gc_get_act(gpu, gu, ny);
     gc_row("mlp_in_fwd gate", sh, rel_l2(g_g, g_c, ny), 3e-3);
     gc_row("mlp_in_fwd up", sh, rel_l2(u_g, u_c, ny), 3e-3);
     gc_row("mlp_in_fwd act", sh, rel_l2(a_g, a_c, ny), 1e-2);
     gpu->free(gpu, gx); gpu->free(gpu, gwg); gpu->free(gpu, gwu); gpu->free(gpu, ga); gpu->free(gpu, gg); gpu->free(gpu, gu);
-    free(x); free(wg); free(wu); free(a_c); free(g_c); free(u_c); free(a_g); free(g_g); free(u_g);
+    gpu->free(gpu, glw); gpu->free(gpu, gln);
+    free(x); free(wg); free(wu); free(a_c); free(g_c); free(u_c); free(a_g); free(g_g); free(u_g); free(lw); free(lnc);
 }
 
 static void t_rope(int T, int H, int D) {
@@ -660,14 +650,13 @@ int main(int argc, char **argv) {
     if (small_run) {
         t_embedding(37, 40, 50);
         t_rmsnorm(19, 136);
-        t_add_rmsnorm(19, 136);
         t_qk_norm_rope(7, 3, 64);
         t_qk_norm_rope(5, 2, 48);
         t_matmul(37, 64, 40, 1);
         t_matmul(5, 64, 40, 1);
         {
             static const int odd[] = { 200, 72, 136 };
-            t_matmul_fwd_n(5, 320, 3, odd, 1);
+            t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES);
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
@@ -687,9 +676,6 @@ int main(int argc, char **argv) {
         t_rmsnorm(37, 1001);         /* odd width: scalar path */
         t_rmsnorm_determinism(3000, 2048);
         t_rmsnorm_determinism(3000 * 8, 128);
-        t_add_rmsnorm(333, 1024);
-        t_add_rmsnorm(1000, 4096);
-        t_add_rmsnorm(41, 130);
         t_qk_norm_rope(333, 16, 128);
         t_qk_norm_rope(2000, 8, 128);
         t_qk_norm_rope(77, 6, 64);
@@ -720,15 +706,19 @@ int main(int argc, char **argv) {
             t_matmul_fwd(64, 192, 1000, 0);
             t_matmul_fwd(17, 4096, 77, 1);
             static const int qkv[] = { 2048, 1024, 1024 }, gu[] = { 6144, 6144 }, odd[] = { 200, 72, 136 };
-            t_matmul_fwd_n(16, 2048, 3, qkv, 1);
-            t_matmul_fwd_n(1, 2048, 3, qkv, 0);
+            t_matmul_fwd_n(16, 2048, 3, qkv, MM_BIAS);
+            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM);          /* a decode step's q/k/v */
+            t_matmul_fwd_n(1, 2048, 3, qkv, MM_NORM | MM_BIAS);
+            t_matmul_fwd_n(16, 2048, 1, qkv, MM_RES);           /* the o projection */
+            t_matmul_fwd_n(13, 6144, 1, qkv, MM_RES);           /* down, odd T */
             t_matmul_fwd_n(9, 2048, 2, gu, 0);
-            t_matmul_fwd_n(5, 320, 3, odd, 1);
+            t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
             t_matmul_fwd_n(40, 320, 3, odd, 0);   /* above the few-row sizes: one GEMM a part */
-            t_mlp_in(16, 2048, 6144);   /* a Qwen3-1.7B decode step */
-            t_mlp_in(1, 2048, 6144);
-            t_mlp_in(7, 320, 200);      /* a partial tile */
-            t_mlp_in(40, 320, 136);     /* GEMMs, then swiglu_fwd */
+            t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
+            t_mlp_in(16, 2048, 6144, 1);   /* a Qwen3-1.7B decode step */
+            t_mlp_in(1, 2048, 6144, 0);
+            t_mlp_in(7, 320, 200, 1);      /* a partial tile */
+            t_mlp_in(40, 320, 136, 1);     /* GEMMs, then swiglu_fwd */
         }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);

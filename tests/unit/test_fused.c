@@ -1,6 +1,5 @@
 /* test_fused.c — the fused CPU ops of kernels/rmsnorm.h against the ops they fuse, and the
  * q/k norm + RoPE backward against central finite differences of its own forward.
- *   add_rmsnorm_fwd   = add, then rmsnorm_fwd: bit-identical (same fp32 operations), in place too
  *   qk_norm_rope_fwd  = rmsnorm_fwd over T*H rows of D, then rope_fwd: bit-identical
  *   qk_norm_rope_bwd  = rope_bwd, then rmsnorm_bwd into zeros: rel L2 <= 1e-6 (dw is summed in
  *                       a different order); and <grad, u> vs finite differences <= 1e-3 (fp32
@@ -26,21 +25,6 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
     return m;
-}
-
-TEST(add_rmsnorm_equals_add_then_norm) {
-    int T = 7, C = 40;
-    size_t n = (size_t)T * C;
-    float *x = rnd(n, 1, 2.0f), *y = rnd(n, 2, 1.0f), *w = rnd((size_t)C, 3, 1.0f);
-    float *s_ref = malloc(n * 4), *o_ref = malloc(n * 4), *r_ref = malloc((size_t)T * 4);
-    for (size_t i = 0; i < n; i++) s_ref[i] = x[i] + y[i];
-    rmsnorm_fwd_cpu(o_ref, r_ref, s_ref, w, T, C, 1e-6f);
-    float *s = malloc(n * 4), *o = malloc(n * 4), *r = malloc((size_t)T * 4);
-    add_rmsnorm_fwd_cpu(s, o, r, x, y, w, T, C, 1e-6f);
-    CHECK(max_abs_diff(s, s_ref, n) == 0 && max_abs_diff(o, o_ref, n) == 0 && max_abs_diff(r, r_ref, (size_t)T) == 0);
-    add_rmsnorm_fwd_cpu(x, o, r, x, y, w, T, C, 1e-6f);   /* in place: sum over x, as the model uses it */
-    CHECK(max_abs_diff(x, s_ref, n) == 0 && max_abs_diff(o, o_ref, n) == 0);
-    free(x); free(y); free(w); free(s_ref); free(o_ref); free(r_ref); free(s); free(o); free(r);
 }
 
 typedef struct { float *x, *w, *y, *r, *wy, *f; int *pos; int T, H, D; } qk_ctx;
@@ -162,7 +146,6 @@ TEST(qkv_rope_equals_parts) {
 }
 
 int main(void) {
-    RUN(add_rmsnorm_equals_add_then_norm);
     RUN(qk_norm_rope);
     RUN(qkv_rope_equals_parts);
     return CHECK_DONE();
