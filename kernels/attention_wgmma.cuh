@@ -163,6 +163,12 @@ __device__ __forceinline__ void mb_wait(unsigned long long *b, unsigned ph) {
     asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
                  ::"r"(fa_smem(b)), "r"(ph) : "memory");
 }
+/* a consumer's wait on a full barrier: then the tile the producer's cp.async wrote (generic
+ * proxy) may be read by wgmma (async proxy) */
+__device__ __forceinline__ void mb_acquire(unsigned long long *b, unsigned ph) {
+    mb_wait(b, ph);
+    wg_proxy_fence();
+}
 
 /* fa_next with a warp vote instead of a block vote: every warp that walks the schedule gets
  * the same tiles (the producer's and each consumer's walk agree without a barrier). */
@@ -183,6 +189,19 @@ __device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int
     return false;
 }
 
+/* The first tile of a walk, and the next one after X (X.have false at the end). */
+template <int BM, int BN>
+__device__ __forceinline__ fa_tile wg_tile_first(const fa_sched<BM> &sc) {
+    fa_tile X = { 0, sc.blo[0], 0, false };
+    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    return X;
+}
+template <int BM, int BN>
+__device__ __forceinline__ void wg_tile_next(const fa_sched<BM> &sc, fa_tile &X) {
+    X.j0 += BN;
+    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+}
+
 /* The producer's walk (fwd and dq): every key tile the block needs, K_i into stage i % NS of k_s
  * and V_i into v_s, each after its empty barrier's previous phase (consumers done with tile i -
  * NS) and announced on its full barrier when the copies land. dq passes the same barriers for K
@@ -192,8 +211,7 @@ __device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned c
                                               const bf16 *k, const bf16 *v, int K, int g, unsigned long long *kf,
                                               unsigned long long *ke, unsigned long long *vf, unsigned long long *ve) {
     constexpr int TK = BN * D * 2;
-    fa_tile X = { 0, sc.blo[0], 0, false };
-    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    fa_tile X = wg_tile_first<BM, BN>(sc);
     for (int i = 0; X.have; i++) {
         int st = i % NS;
         unsigned ph = ((i / NS) & 1) ^ 1;
@@ -203,8 +221,7 @@ __device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned c
         mb_wait(ve + st, ph);
         wg_load_rows<D, BN, 128>(v_s + st * TK, v, X.j0, sc.bhi[X.s], K, g);
         mb_arrive_cp(vf + st);
-        X.j0 += BN;
-        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        wg_tile_next<BM, BN>(sc, X);
     }
     fa_wait<0>();
 }
@@ -252,10 +269,9 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
     unsigned p[NT / 2][4];
     fa_zero(o);
     const unsigned long long dq = wg_desc_k(q_s + wrow * 128), dk = wg_desc_k(k_s), dv = wg_desc_mn<BN>(v_s);
-    mb_wait(q_full, 0);
+    mb_acquire(q_full, 0);
     auto s_issue = [&](int i) {
-        mb_wait(k_full + (i & 1), (i >> 1) & 1);
-        wg_proxy_fence();
+        mb_acquire(k_full + (i & 1), (i >> 1) & 1);
         wg_fence();
         const unsigned long long dki = dk + (i & 1) * (TK >> 4);
         #pragma unroll
@@ -263,15 +279,13 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         wg_commit();
     };
     auto pv_issue = [&](int i) {
-        mb_wait(v_full + (i & 1), (i >> 1) & 1);
-        wg_proxy_fence();
+        mb_acquire(v_full + (i & 1), (i >> 1) & 1);
         wg_fence();
         #pragma unroll
         for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(o[0], p[kb], dv + (i & 1) * (TK >> 4) + wg_step_mn(kb), 1);
         wg_commit();
     };
-    fa_tile X = { 0, sc.blo[0], 0, false };
-    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    fa_tile X = wg_tile_first<BM, BN>(sc);
     auto mask_tile = [&]() {
         int need = 1, wfull = 1;
         if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
@@ -286,8 +300,7 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         mask_tile();
         wg_softmax<NT>(sa[0], m, l, c, sc2);
         wg_pack<NT>(p, sa[0]);
-        X.j0 += BN;
-        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        wg_tile_next<BM, BN>(sc, X);
         for (i = 1; X.have; i++) {
             s_issue(i);
             pv_issue(i - 1);
@@ -302,8 +315,7 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
             #pragma unroll
             for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c[0]; o[0][n][1] *= c[0]; o[0][n][2] *= c[1]; o[0][n][3] *= c[1]; }
             wg_pack<NT>(p, sa[0]);
-            X.j0 += BN;
-            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+            wg_tile_next<BM, BN>(sc, X);
         }
         pv_issue(i - 1);
         wg_wait<0>();
@@ -395,11 +407,10 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
     fa_zero(dva);
     const unsigned long long dkd = wg_desc_k(k_s + (cw >> 2) * 64 * 128), dvd = wg_desc_k(v_s + (cw >> 2) * 64 * 128);
     const unsigned long long dqk = wg_desc_k(q_s), ddk = wg_desc_k(do_s), dqm = wg_desc_mn<QT>(q_s), ddm = wg_desc_mn<QT>(do_s);
-    mb_wait(kv_full, 0);
+    mb_acquire(kv_full, 0);
     for (int i = 0; i < npair; i++) {
         int st = i % NS;
-        mb_wait(full + st, (i / NS) & 1);
-        wg_proxy_fence();
+        mb_acquire(full + st, (i / NS) & 1);
         const fa_qrows &x = qr[st];
         const unsigned so = st * (TQ >> 4);
         float sa[NT][4], dp[NT][4];
@@ -529,11 +540,10 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     fa_zero(acc);
     const unsigned long long dqd = wg_desc_k(q_s + wrow * 128), ddo = wg_desc_k(do_s + wrow * 128);
     const unsigned long long dk = wg_desc_k(k_s), dvk = wg_desc_k(v_s), dkmn = wg_desc_mn<BN>(k_s);
-    mb_wait(qd_full, 0);
+    mb_acquire(qd_full, 0);
     auto open_tile = [&](int i) {
         int st = i % NS;
-        mb_wait(full + st, (i / NS) & 1);
-        wg_proxy_fence();
+        mb_acquire(full + st, (i / NS) & 1);
         wg_fence();
         const unsigned long long dki = dk + st * (TK >> 4), dvi = dvk + st * (TK >> 4);
         #pragma unroll
@@ -542,8 +552,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, ddo + wg_step_k<BM>(kk), dvi + wg_step_k<BN>(kk), kk);
         wg_commit();
     };
-    fa_tile X = { 0, sc.blo[0], 0, false };
-    X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+    fa_tile X = wg_tile_first<BM, BN>(sc);
     /* dS_i = P_i (dP_i - Dsum) in sa */
     auto dscore = [&]() {
         int need = 1, wfull = 1;
@@ -571,8 +580,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
         wg_keep(dp);
         dscore();
         wg_pack<NT>(ds, sa[0]);
-        X.j0 += BN;
-        X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+        wg_tile_next<BM, BN>(sc, X);
         for (i = 1; X.have; i++) {
             open_tile(i);
             dq_mma(i - 1);
@@ -584,8 +592,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
             wg_keep(acc[0]);
             mb_arrive(empty + (i - 1) % NS);
             wg_pack<NT>(ds, sa[0]);
-            X.j0 += BN;
-            X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
+            wg_tile_next<BM, BN>(sc, X);
         }
         dq_mma(i - 1);
         wg_wait<0>();
