@@ -202,6 +202,15 @@ __device__ __forceinline__ void wg_tile_next(const fa_sched<BM> &sc, fa_tile &X)
     X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
 }
 
+/* A consumer warp's mask of tile X over its 16 rows from row0 (nothing when the tile, or this
+ * warp's part of it, is fully visible). */
+template <int NT, int BM, int BN>
+__device__ __forceinline__ void wg_mask_tile(float (&sa)[1][NT][4], const fa_sched<BM> &sc, const fa_tile &X, int row0) {
+    int need = 1, wfull = 1;
+    if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
+    if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
+}
+
 /* The producer's walk (fwd and dq): every key tile the block needs, K_i into stage i % NS of k_s
  * and V_i into v_s, each after its empty barrier's previous phase (consumers done with tile i -
  * NS) and announced on its full barrier when the copies land. dq passes the same barriers for K
@@ -286,18 +295,13 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         wg_commit();
     };
     fa_tile X = wg_tile_first<BM, BN>(sc);
-    auto mask_tile = [&]() {
-        int need = 1, wfull = 1;
-        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
-        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
-    };
     int i = 0;
     if (X.have) {
         s_issue(0);
         wg_wait<0>();
         wg_keep(sa[0]);
         mb_arrive(k_empty);
-        mask_tile();
+        wg_mask_tile<NT, BM, BN>(sa, sc, X, row0);
         wg_softmax<NT>(sa[0], m, l, c, sc2);
         wg_pack<NT>(p, sa[0]);
         wg_tile_next<BM, BN>(sc, X);
@@ -307,7 +311,7 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
             wg_wait<1>();
             wg_keep(sa[0]);
             mb_arrive(k_empty + (i & 1));
-            mask_tile();
+            wg_mask_tile<NT, BM, BN>(sa, sc, X, row0);
             wg_softmax<NT>(sa[0], m, l, c, sc2);
             wg_wait<0>();
             wg_keep(o[0]);
@@ -555,9 +559,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     fa_tile X = wg_tile_first<BM, BN>(sc);
     /* dS_i = P_i (dP_i - Dsum) in sa */
     auto dscore = [&]() {
-        int need = 1, wfull = 1;
-        if (!X.full) fa_warp_vote<1>(sc, X.s, row0, X.j0, X.j0 + BN, need, wfull);
-        if (!wfull) fa_mask<1, NT>(sa, sc, X.s, row0, X.j0);
+        wg_mask_tile<NT, BM, BN>(sa, sc, X, row0);
         #pragma unroll
         for (int n = 0; n < NT; n++)
             #pragma unroll

@@ -234,7 +234,8 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
  * order inside a chunk is permuted (a thread's 8 contiguous k feed two m16n8k16 k-steps), the
  * same for both operands, so mma.sync's fragments come straight from those 16-byte pieces with
  * the activation rows as the A operand (MT m16 tiles). The warps' fp32 partials are summed in a
- * fixed order through shared memory (deterministic), plus the bias, into bf16. */
+ * fixed order through shared memory (deterministic), plus the bias and the residual, into bf16
+ * (one rounding). */
 enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 4096 };
 
 __device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) {
@@ -509,7 +510,7 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     const char *e = getenv("GRPOD_SKINNY");
     if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
-    if (a.nw && I > SK_NORM_I) return 0;
+    if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0;   /* nw_s: 16-byte copies */
     int Osum = 0, np = a.act ? 2 : a.n;
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
@@ -540,8 +541,7 @@ static const bf16 *norm_apart(cu_ctx *c, const cu_norm *nm, const bf16 *inp, int
     return nm->ln;
 }
 
-/* The skinny kernel's norm in front needs I a multiple of 8 on 16-byte aligned rows (its 8-wide
- * chunks are rmsnorm_fwd_kernel<8>'s). */
+/* The norm in front, for the skinny kernel (skinny() checks what it needs). */
 static void sk_set_norm(sk_args &a, const cu_norm *nm) {
     if (nm) { a.nw = nm->w; a.eps = nm->eps; }
 }
@@ -549,7 +549,7 @@ static void sk_set_norm(sk_args &a, const cu_norm *nm) {
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
                        const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I) {
     if (c->failed || T <= 0) return;
-    if (n >= 1 && n <= SK_PARTS && (!norm || align_of(norm->w) >= 16)) {
+    if (n >= 1 && n <= SK_PARTS) {
         sk_args a = {};
         a.n = n;
         sk_set_norm(a, norm);
@@ -568,13 +568,11 @@ void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const 
 void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
                      const bf16 *wu, int T, int I, int F) {
     if (c->failed || T <= 0) return;
-    if (!norm || align_of(norm->w) >= 16) {
-        sk_args a = {};
-        a.n = 1; a.act = act;
-        sk_set_norm(a, norm);
-        a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
-        if (skinny(c, a, inp, T, I)) return;
-    }
+    sk_args a = {};
+    a.n = 1; a.act = act;
+    sk_set_norm(a, norm);
+    a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
+    if (skinny(c, a, inp, T, I)) return;
     inp = norm_apart(c, norm, inp, T, I);
     bf16 *const o[2] = { g, u };
     const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };

@@ -87,38 +87,9 @@ __global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *o
  * lane ^ 16 when D = 32 V) and the sign of the sin term: out = y cos + sgn * partner sin. */
 __device__ __forceinline__ float rope_sgn(int lane) { return lane < 16 ? -1.0f : 1.0f; }
 
-/* q/k norm + RoPE, D = 32 V: a lane holds one V-chunk of the row. */
-template <int V>
-__global__ void rmsnorm_rope_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
-                                        const float *inv_freq, int rows, int H, int D, float eps) {
-    pdl_wait();
-    pdl_trigger();
-    int lane = threadIdx.x & 31;
-    int row = blockIdx.x * RMS_WARPS + (threadIdx.x >> 5);
-    if (row >= rows) return;
-    size_t o = (size_t)row * D + lane * V;
-    float x[V], wv[V], ss = 0;
-    vload<V>(x, inp + o);
-    vload<V>(wv, w + lane * V);
-#pragma unroll
-    for (int j = 0; j < V; j++) ss += x[j] * x[j];
-    float r = rsqrtf(warp_sum(ss) / D + eps);
-    if (rstd && lane == 0) rstd[row] = r;
-    float p = (float)pos[row / H], sgn = rope_sgn(lane), y[V];
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-        float n = wv[j] * (x[j] * r);
-        float q = __shfl_xor_sync(0xffffffffu, n, 16), s, co;
-        sincosf(p * inv_freq[(lane & 15) * V + j], &s, &co);
-        y[j] = n * co + sgn * q * s;
-    }
-    vstore<V>(out + o, y);
-}
-
 /* qkv_rope_fwd, D = 32 V: one warp a row of D, rows t * per + j: j < H a q head, j < H + K a k
- * head (into row rows[t] of k_out), then (per = H + 2K) the v heads copied to their row. The
- * q/k math is rmsnorm_rope_fwd_kernel's (the same results), with the norm skipped when its
- * weight is NULL. */
+ * head (into row rows[t] of k_out), then (per = H + 2K) the v heads copied to their row; the
+ * norm (skipped when its weight is NULL) stays in fp32 into the rotation. */
 template <int V>
 __global__ void qkv_rope_fwd_kernel(qkv_rope_io io, const int *pos, const float *inv_freq, int T, int H, int K,
                                     int D, int per, float eps) {
@@ -345,25 +316,19 @@ void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const 
 }
 
 /* The fused q/k kernels need D = 32 V with V-aligned rows (D = 32, 64, 128); other head dims
- * run the two ops apart. */
+ * run the ops apart. */
 static int rope_v(int D, const void *a, const void *b, const void *d, const void *w) {
     int v = D / 32;
     return D % 32 == 0 && (v == 1 || v == 2 || v == 4) && vec_width(D, a, b, d, w, NULL) >= v ? v : 0;
 }
 
-void qk_norm_rope_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
-                           const float *inv_freq, int T, int H, int D, float eps) {
-    if (c->failed || T <= 0) return;
-    int rows = T * H;
-    int v = rope_v(D, out, inp, NULL, w);
-    if (!v) {
-        rmsnorm_fwd_cuda(c, out, rstd, inp, w, rows, D, eps);
-        rope_fwd_cuda(c, out, pos, inv_freq, T, H, D);
-        return;
-    }
-    cu_launch_pdl(c, "rmsnorm_rope_fwd_kernel",
-                  v == 4 ? rmsnorm_rope_fwd_kernel<4> : v == 2 ? rmsnorm_rope_fwd_kernel<2> : rmsnorm_rope_fwd_kernel<1>,
-                  dim3(cu_blocks(rows, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, out, rstd, inp, w, pos, inv_freq, rows, H, D, eps);
+/* The fallback's q or k: norm (when w) into out, or a copy, then RoPE in place. */
+static void norm_rope_apart(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, const int *pos,
+                            const float *inv_freq, int T, int heads, int D, float eps) {
+    if (w) rmsnorm_fwd_cuda(c, out, rstd, inp, w, T * heads, D, eps);
+    else if (out != inp)
+        CU_CK(c, cudaMemcpyAsync(out, inp, (size_t)T * heads * D * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
+    rope_fwd_cuda(c, out, pos, inv_freq, T, heads, D);
 }
 
 /* One launch when D = 32 V with aligned rows; otherwise the ops apart (k through scratch when
@@ -381,19 +346,11 @@ void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const f
                       K, D, per, eps);
         return;
     }
-    size_t qn = (size_t)T * H * D, kn = (size_t)T * K * D;
-    bf16 *q_out = (bf16 *)io->q_out, *k_dst = io->rows ? (bf16 *)cu_scratch(c, kn * sizeof(bf16)) : (bf16 *)io->k_out;
+    size_t kn = (size_t)T * K * D;
+    bf16 *k_dst = io->rows ? (bf16 *)cu_scratch(c, kn * sizeof(bf16)) : (bf16 *)io->k_out;
     if (c->failed) return;
-    if (io->qw) qk_norm_rope_fwd_cuda(c, q_out, io->rstd_q, (const bf16 *)io->q, (const bf16 *)io->qw, pos, inv_freq, T, H, D, eps);
-    else {
-        if (io->q_out != io->q) CU_CK(c, cudaMemcpyAsync(q_out, io->q, qn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
-        rope_fwd_cuda(c, q_out, pos, inv_freq, T, H, D);
-    }
-    if (io->kw) qk_norm_rope_fwd_cuda(c, k_dst, io->rstd_k, (const bf16 *)io->k, (const bf16 *)io->kw, pos, inv_freq, T, K, D, eps);
-    else {
-        if (k_dst != io->k) CU_CK(c, cudaMemcpyAsync(k_dst, io->k, kn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
-        rope_fwd_cuda(c, k_dst, pos, inv_freq, T, K, D);
-    }
+    norm_rope_apart(c, (bf16 *)io->q_out, io->rstd_q, (const bf16 *)io->q, (const bf16 *)io->qw, pos, inv_freq, T, H, D, eps);
+    norm_rope_apart(c, k_dst, io->rstd_k, (const bf16 *)io->k, (const bf16 *)io->kw, pos, inv_freq, T, K, D, eps);
     if (io->rows) {
         scatter_rows_cuda(c, (bf16 *)io->k_out, k_dst, io->rows, T, K * D);
         scatter_rows_cuda(c, (bf16 *)io->v_out, (const bf16 *)io->v, io->rows, T, K * D);
