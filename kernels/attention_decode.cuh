@@ -65,14 +65,13 @@ struct dec_smem {
  * -inf, 0, 0). Called by the whole block; begins and ends with a block barrier. */
 template <int D, int HPG, bool OWN, typename Emit>
 __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v,
-                                         attn_ranges r, int T, int H, int K, float sc2, int t0, int s, int g,
+                                         const int (*rng)[2], int T, int H, int K, float sc2, int t0, int s, int g,
                                          Emit emit) {
     using S = dec_shape<HPG, OWN>;
     constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
     constexpr int ST = D + 8, RS = D + 4, TILE = DEC_BN * ST, NS = OWN ? 1 : DEC_CS;
     constexpr int NI = ROWS * (D / 4), NIT = (NI + 32 * DEC_NW - 1) / (32 * DEC_NW);
     __shared__ int seg_s[QT][4];                  /* qa, qb (tile-relative), lo, hi */
-    __shared__ int rng_s[QT][2];
     __shared__ int nseg_s;
     __shared__ float m_s[DEC_NW][16], l_s[DEC_NW][16];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w / WK, kw = w % WK;
@@ -84,17 +83,11 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)t * H + h) * D + c8 * 8 : q, ok);
     }
     fa_commit();
-    if (threadIdx.x < QT) {
-        int t = t0 + threadIdx.x, lo = 0, hi = 0;
-        if (t < T) { lo = OWN ? r.b0[t] : r.a0[t]; hi = OWN ? r.b1[t] : r.a1[t]; }
-        rng_s[threadIdx.x][0] = lo; rng_s[threadIdx.x][1] = hi;
-    }
-    __syncthreads();
     if (threadIdx.x == 0) {
         int n = 0, nq = T - t0 < QT ? T - t0 : QT;
         for (int i = 0; i < nq;) {
-            int lo = rng_s[i][0], hi = rng_s[i][1], j = i + 1;
-            while (j < nq && rng_s[j][0] == lo && rng_s[j][1] == hi) j++;
+            int lo = rng[i][0], hi = rng[i][1], j = i + 1;
+            while (j < nq && rng[j][0] == lo && rng[j][1] == hi) j++;
             if (hi > lo) { seg_s[n][0] = i; seg_s[n][1] = j; seg_s[n][2] = lo; seg_s[n][3] = hi; n++; }
             i = j;
         }
@@ -237,18 +230,27 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
     float *oacc = (float *)((unsigned char *)kv_s + SM::OACC_AT);
     float2 *oml = (float2 *)((unsigned char *)kv_s + SM::OACC_AT + SM::OACC);
     const int rank = blockIdx.x, t0 = blockIdx.y * CS, g = blockIdx.z, t = t0 + rank;
+    /* The tile's shared and own ranges, read before the wait: they are written by nothing in
+     * flight (cuda_ops.cuh), so the round trip overlaps the kernel before. */
+    __shared__ int rng[2][CS][2];   /* [shared a0/a1, own b0/b1][query of the tile][lo, hi] */
+    if (threadIdx.x < 2 * CS) {
+        const int p = threadIdx.x / CS, i = threadIdx.x % CS, tt = t0 + i;
+        int lo = 0, hi = 0;
+        if (tt < T) { lo = p ? r.b0[tt] : r.a0[tt]; hi = p ? r.b1[tt] : r.a1[tt]; }
+        rng[p][i][0] = lo; rng[p][i][1] = hi;
+    }
     pdl_wait();
     pdl_trigger();
     /* shared pass: this thread's items of the state stay in registers through the own pass */
     float4 sh_a[NIT];
     float2 sh_ml[NIT];
-    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, r, T, H, K, sc2, t0, rank, g,
+    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g,
                             [&](int it, int row, int d4, float M, float L, float4 a) {
                                 sh_a[it] = a;
                                 sh_ml[it] = make_float2(M, L);
                             });
     if (t < T)
-        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, r, T, H, K, sc2, t, 0, g,
+        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, rng[1] + rank, T, H, K, sc2, t, 0, g,
                                [&](int, int row, int d4, float M, float L, float4 a) {
                                    if (d4 == 0) oml[row] = make_float2(M, L);
                                    *(float4 *)(oacc + (size_t)row * RS + d4) = a;

@@ -44,7 +44,9 @@ void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 
 void rope_fwd_cuda(cu_ctx *c, bf16 *x, const int *pos, const float *inv_freq, int T, int H, int D);
 void rope_bwd_cuda(cu_ctx *c, bf16 *dx, const int *pos, const float *inv_freq, int T, int H, int D);
 
-/* attention.cu: D even, <= 128. Backward assumes S == T (training: keys are the tokens). */
+/* attention.cu: D even, <= 128. Backward assumes S == T (training: keys are the tokens). The
+ * ranges must not be written by the kernel launched just before the forward: at decode sizes
+ * it reads them before its dependent-launch wait (they come from host uploads). */
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         attn_ranges r, int T, int H, int K, int D);
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
