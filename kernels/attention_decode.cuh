@@ -10,7 +10,9 @@
  *     group in the tile) and split `rank` of each segment's keys is computed for all its rows at
  *     once, so a prompt's K/V is read once per step per tile for all its responses and all HPG
  *     heads (a group of N = 16 spans two tiles), spread over the cluster's blocks;
- *   own ([b0, b1)): query t0 + rank's HPG rows over its own keys.
+ *   own ([b0, b1)): query t0 + rank's HPG rows over its own keys; the shared pass issues the
+ *     own pass's first chunk into the free stage as it runs out of its own, so the ring does
+ *     not drain between the passes.
  * In a pass the 4 warps split a chunk WK ways (WK = 4 / MT) and each runs S = Q·K^T and
  * O += P·V with mma.sync on its 16 rows, online softmax in fp32 (log2 domain); the WK partial
  * states of a row are combined through shared memory into the pass's state per row: (max, sum)
@@ -56,17 +58,21 @@ struct dec_smem {
     static constexpr size_t OACC = (size_t)HPG * RS * 4, OML = (size_t)HPG * 8;
     static constexpr size_t WORK = RING > OACC_AT + OACC + OML ? RING : OACC_AT + OACC + OML;
     static constexpr size_t BYTES = Q + WORK;
+    static_assert(RED <= RING / 2, "dec_smem: a pass combines in one ring stage");
 };
 
 /* One pass over the keys of queries [t0, t0 + QT) at kv head g (shared: ranges a, split s of
  * DEC_CS; own: ranges b, QT = 1, the whole range): emit(k, row, d4, M, L, acc4) is called for
  * every row < ROWS and column group d4, k = (the item's index - threadIdx.x) / blockDim.x, with
  * the row's (max in log2 units, sum) and unnormalised accumulator (rows outside every range:
- * -inf, 0, 0). Called by the whole block; begins and ends with a block barrier. */
+ * -inf, 0, 0). Called by the whole block; begins and ends with a block barrier. When the pass
+ * runs out of chunks it issues the next pass's first one (keys [nxt_lo, nxt_hi), if any) into
+ * the free ring stage, reported in *nxt_st, so its load overlaps this pass's last chunk and
+ * combine; the next pass is then called with pre_st = that stage (else -1). */
 template <int D, int HPG, bool OWN, typename Emit>
 __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v,
                                          const int (*rng)[2], int T, int H, int K, float sc2, int t0, int s, int g,
-                                         Emit emit) {
+                                         int nxt_lo, int nxt_hi, int pre_st, int *nxt_st, Emit emit) {
     using S = dec_shape<HPG, OWN>;
     constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
     constexpr int ST = D + 8, RS = D + 4, TILE = DEC_BN * ST, NS = OWN ? 1 : DEC_CS;
@@ -120,14 +126,17 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
 
     float o[1][D / 8][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
     fa_zero(o);
-    int sg = -1, j0 = 0, hi = 0, st = 0;
+    int sg = -1, j0 = 0, hi = 0, st = pre_st >= 0 ? pre_st : 0, issued = -1;
     next(sg, j0, hi);
-    if (sg < nseg) issue(0, j0, hi);
-    fa_commit();
+    if (pre_st < 0) {   /* else the pass before issued this pass's first chunk into stage pre_st */
+        if (sg < nseg) issue(0, j0, hi);
+        fa_commit();
+    }
     while (sg < nseg) {
         int sg2 = sg, j02 = j0, hi2 = hi;
         next(sg2, j02, hi2);
         if (sg2 < nseg) issue(st ^ 1, j02, hi2);
+        else if (nxt_lo < nxt_hi) { issue(st ^ 1, nxt_lo, nxt_hi); issued = st ^ 1; }   /* the next pass's first */
         fa_commit();
         fa_wait<1>();
         __syncthreads();
@@ -172,11 +181,12 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         __syncthreads();   /* stage st is free for the chunk after next */
         sg = sg2; j0 = j02; hi = hi2; st ^= 1;
     }
-    fa_wait<0>();
+    if (issued < 0) fa_wait<0>();   /* else all but that chunk's group are done */
+    if (nxt_st) *nxt_st = issued;
 
     /* combine the WK warps of each m16 tile: (max, sum) through m_s / l_s, accumulators
-     * through red (over the ring) */
-    float *red = (float *)kv_s;
+     * through red (over the ring stage the next pass's first chunk is not using) */
+    float *red = (float *)(kv_s + (issued == 0 ? 2 * TILE : 0));
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float L = l[hf];
@@ -239,18 +249,22 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
         if (tt < T) { lo = p ? r.b0[tt] : r.a0[tt]; hi = p ? r.b1[tt] : r.a1[tt]; }
         rng[p][i][0] = lo; rng[p][i][1] = hi;
     }
+    __syncthreads();
     pdl_wait();
     pdl_trigger();
     /* shared pass: this thread's items of the state stay in registers through the own pass */
     float4 sh_a[NIT];
     float2 sh_ml[NIT];
-    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g,
+    /* ... and issues the own pass's first chunk as it runs out of its own */
+    const int own_lo = t < T ? rng[1][rank][0] : 0, own_hi = t < T ? rng[1][rank][1] : 0;
+    int own_st = -1;
+    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g, own_lo, own_hi, -1, &own_st,
                             [&](int it, int row, int d4, float M, float L, float4 a) {
                                 sh_a[it] = a;
                                 sh_ml[it] = make_float2(M, L);
                             });
     if (t < T)
-        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, rng[1] + rank, T, H, K, sc2, t, 0, g,
+        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, rng[1] + rank, T, H, K, sc2, t, 0, g, 0, 0, own_st, nullptr,
                                [&](int, int row, int d4, float M, float L, float4 a) {
                                    if (d4 == 0) oml[row] = make_float2(M, L);
                                    *(float4 *)(oacc + (size_t)row * RS + d4) = a;
