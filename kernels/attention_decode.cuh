@@ -66,13 +66,14 @@ struct dec_smem {
  * every row < ROWS and column group d4, k = (the item's index - threadIdx.x) / blockDim.x, with
  * the row's (max in log2 units, sum) and unnormalised accumulator (rows outside every range:
  * -inf, 0, 0). Called by the whole block; begins and ends with a block barrier. When the pass
- * runs out of chunks it issues the next pass's first one (keys [nxt_lo, nxt_hi), if any) into
- * the free ring stage, reported in *nxt_st, so its load overlaps this pass's last chunk and
- * combine; the next pass is then called with pre_st = that stage (else -1). */
+ * runs out of chunks it issues the next pass's first one (keys [nxt[0], nxt[1]) in shared
+ * memory; nxt NULL: no next pass) into the free ring stage, reported in *nxt_st, so its load
+ * overlaps this pass's last chunk and combine; the next pass is then called with pre_st = that
+ * stage (else -1). */
 template <int D, int HPG, bool OWN, typename Emit>
 __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v,
                                          const int (*rng)[2], int T, int H, int K, float sc2, int t0, int s, int g,
-                                         int nxt_lo, int nxt_hi, int pre_st, int *nxt_st, Emit emit) {
+                                         const int *nxt, int pre_st, int *nxt_st, Emit emit) {
     using S = dec_shape<HPG, OWN>;
     constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
     constexpr int ST = D + 8, RS = D + 4, TILE = DEC_BN * ST, NS = OWN ? 1 : DEC_CS;
@@ -136,7 +137,7 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         int sg2 = sg, j02 = j0, hi2 = hi;
         next(sg2, j02, hi2);
         if (sg2 < nseg) issue(st ^ 1, j02, hi2);
-        else if (nxt_lo < nxt_hi) { issue(st ^ 1, nxt_lo, nxt_hi); issued = st ^ 1; }   /* the next pass's first */
+        else if (nxt && nxt[0] < nxt[1]) { issue(st ^ 1, nxt[0], nxt[1]); issued = st ^ 1; }   /* the next pass's first */
         fa_commit();
         fa_wait<1>();
         __syncthreads();
@@ -241,7 +242,8 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
     float2 *oml = (float2 *)((unsigned char *)kv_s + SM::OACC_AT + SM::OACC);
     const int rank = blockIdx.x, t0 = blockIdx.y * CS, g = blockIdx.z, t = t0 + rank;
     /* The tile's shared and own ranges, read before the wait: they are written by nothing in
-     * flight (cuda_ops.cuh), so the round trip overlaps the kernel before. */
+     * flight (cuda_ops.cuh), so the round trip overlaps the kernel before. Only dec_pass reads
+     * them, after its opening barrier. */
     __shared__ int rng[2][CS][2];   /* [shared a0/a1, own b0/b1][query of the tile][lo, hi] */
     if (threadIdx.x < 2 * CS) {
         const int p = threadIdx.x / CS, i = threadIdx.x % CS, tt = t0 + i;
@@ -249,22 +251,21 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
         if (tt < T) { lo = p ? r.b0[tt] : r.a0[tt]; hi = p ? r.b1[tt] : r.a1[tt]; }
         rng[p][i][0] = lo; rng[p][i][1] = hi;
     }
-    __syncthreads();
     pdl_wait();
     pdl_trigger();
     /* shared pass: this thread's items of the state stay in registers through the own pass */
     float4 sh_a[NIT];
     float2 sh_ml[NIT];
-    /* ... and issues the own pass's first chunk as it runs out of its own */
-    const int own_lo = t < T ? rng[1][rank][0] : 0, own_hi = t < T ? rng[1][rank][1] : 0;
+    /* (and it issues the own pass's first chunk as it runs out of its own) */
     int own_st = -1;
-    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g, own_lo, own_hi, -1, &own_st,
+    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g, t < T ? rng[1][rank] : nullptr, -1,
+                            &own_st,
                             [&](int it, int row, int d4, float M, float L, float4 a) {
                                 sh_a[it] = a;
                                 sh_ml[it] = make_float2(M, L);
                             });
     if (t < T)
-        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, rng[1] + rank, T, H, K, sc2, t, 0, g, 0, 0, own_st, nullptr,
+        dec_pass<D, HPG, true>(q_s, kv_s, q, k, v, rng[1] + rank, T, H, K, sc2, t, 0, g, nullptr, own_st, nullptr,
                                [&](int, int row, int d4, float M, float L, float4 a) {
                                    if (d4 == 0) oml[row] = make_float2(M, L);
                                    *(float4 *)(oacc + (size_t)row * RS + d4) = a;
