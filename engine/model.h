@@ -6,7 +6,9 @@
  * struct points into any buffer laid out that way: the act-typed weights, the fp32 master, the
  * fp32 gradients, the AdamW moments. Tied models have no lm_head entry (views.lm_head ==
  * views.embed), so the embedding's gradient collects both uses.
- * Legend: T tokens, S key rows (KV cache), M predicted tokens, C, H, K, D, F, V as config.h. */
+ * Legend: T tokens, S key rows (KV cache), M predicted tokens, L layers, C model dim, H heads,
+ * K kv heads, D head dim, F MLP dim, V vocab (config.h); HD = H*D, KD = K*D. Every tensor is
+ * row-major, the last letter fastest; weights are (out, in) as in HF's nn.Linear. */
 #ifndef GRPOD_MODEL_H
 #define GRPOD_MODEL_H
 #include <stddef.h>
@@ -22,9 +24,17 @@ typedef struct {
     long long off, numel;       /* elements into the flat buffer */
 } model_param;
 
+/* One layer's parameters; bq/bk/bv/bo and q_norm/k_norm are NULL when the config has none. */
 typedef struct {
-    void *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *q_norm, *k_norm, *wo, *bo;
-    void *mlp_norm, *w_gate, *w_up, *w_down;   /* bq/bk/bv/bo, q_norm/k_norm NULL when absent */
+    void *attn_norm;            /* (C) */
+    void *wq, *bq;              /* (HD,C), (HD) */
+    void *wk, *bk;              /* (KD,C), (KD) */
+    void *wv, *bv;              /* (KD,C), (KD) */
+    void *q_norm, *k_norm;      /* (D), (D) */
+    void *wo, *bo;              /* (C,HD), (C) */
+    void *mlp_norm;             /* (C) */
+    void *w_gate, *w_up;        /* (F,C), (F,C) */
+    void *w_down;               /* (C,F) */
 } model_layer_views;
 
 typedef struct {
@@ -60,22 +70,39 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
 typedef struct {
     int cap_T, cap_M, grad;
     void *mem;                  /* one backend allocation */
-    struct model_layer_acts {
-        void *x, *ln1, *q0, *k0, *q, *k, *v, *att, *xm, *ln2, *g, *u, *a;
-        float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
+    struct model_layer_acts {   /* act-typed (be->act_bytes) unless float */
+        void *x;                /* (T,C) the layer's input (residual stream) */
+        void *ln1;              /* (T,C) rmsnorm(x) */
+        void *q0, *k0;          /* (T,HD), (T,KD) before q/k norm and RoPE (qk_norm only) */
+        void *q, *k, *v;        /* (T,HD), (T,KD), (T,KD) after RoPE */
+        void *att;              /* (T,HD) attention output */
+        void *xm;               /* (T,C) x + att Wo^T */
+        void *ln2;              /* (T,C) rmsnorm(xm) */
+        void *g, *u, *a;        /* (T,F) gate, up, silu(g)*u */
+        float *rstd1, *rstd2;   /* (T) 1/rms of x, xm */
+        float *rstdq, *rstdk;   /* (T,H), (T,K) 1/rms of each q/k head */
+        float *lse;             /* (T,H) attention logsumexp */
     } *l;                       /* (L) */
-    void *xL, *lnf; float *rstdf;
+    void *xL, *lnf;             /* (T,C) last layer's output, final norm of it */
+    float *rstdf;               /* (T) */
     float *logp, *ent, *dlogp, *dent;   /* (M) */
     int *ints;                  /* batch arrays: tokens, pos, a0, a1, b0, b1, slot (T each), out_pos, out_tok (M) */
-    /* backward scratch */
-    void *dres, *dlnf, *dln, *dq, *dk, *dv, *dq0, *dk0, *datt, *da, *dg, *du;
+    /* backward scratch, act-typed */
+    void *dres, *dlnf, *dln;    /* (T,C) */
+    void *dq, *dq0, *datt;      /* (T,HD) */
+    void *dk, *dv, *dk0;        /* (T,KD) */
+    void *da, *dg, *du;         /* (T,F) */
 } model_acts;
 
 int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad);
 void model_acts_free(const model *m, model_acts *a);
 
 /* A KV cache: per layer k, v (S,K,D) act-typed, in backend memory. */
-typedef struct { int cap_S; void *mem; void **k, **v; } model_kv;
+typedef struct {
+    int cap_S;
+    void *mem;                  /* one backend allocation */
+    void **k, **v;              /* (L) each (S,K,D) */
+} model_kv;
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
 
