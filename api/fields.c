@@ -53,6 +53,12 @@ int api_parse_json_or_reply(const char *body, size_t len, json_object **out, api
     enum json_tokener_error jerr = json_tokener_get_error(t);
     size_t used = json_tokener_get_parse_end(t);
     json_tokener_free(t);
+    /* json-c waits for more after a bare literal at the end of the buffer ("null" could go on) */
+    size_t a = 0, b = len;
+    while (a < b && isspace((unsigned char)body[a])) a++;
+    while (b > a && isspace((unsigned char)body[b - 1])) b--;
+    if (!o && (jerr == json_tokener_success || (b - a == 4 && !memcmp(body + a, "null", 4))))
+        return api_fail(e, GE_BAD_JSON, "", "request body is null; expected a JSON object");
     if (!o || jerr != json_tokener_success) {
         json_object_put(o);
         return api_fail(e, GE_BAD_JSON, "", "request body is not valid JSON at byte %zu: %s", used,

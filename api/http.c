@@ -58,6 +58,10 @@ enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, con
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
     if (!r) { if (take) free(body); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", ctype);
+    /* RFC 9110: tell clients when to come back and how to authenticate */
+    if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    else if (status == 503) MHD_add_response_header(r, "Retry-After", "2");
+    else if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"grpod\"");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     metrics_http(x->method, x->route ? x->route : "other", status);
@@ -241,7 +245,9 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
         const char *tid = NULL;
         if (!route_match(api_routes[i].path, url, &tid)) continue;
         path_known = 1;
-        if (strcmp(api_routes[i].method, x->method) == 0) { rt = &api_routes[i]; id = tid; break; }
+        /* HEAD is GET without the body (MHD leaves the body out) */
+        const char *m = strcmp(x->method, "HEAD") ? x->method : "GET";
+        if (strcmp(api_routes[i].method, m) == 0) { rt = &api_routes[i]; id = tid; break; }
     }
     if (!rt) {
         x->route = "other";
@@ -261,7 +267,11 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     }
     enum MHD_Result r;
     switch (rt->id) {
-    case R_HEALTHZ: r = reply_json(c, x, 200, "{\"status\":\"ok\"}"); break;
+    case R_HEALTHZ:
+        /* deploy.md: open connections get 503 once the drain began */
+        r = atomic_load(&s->stopping) ? reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down")
+                                      : reply_json(c, x, 200, "{\"status\":\"ok\"}");
+        break;
     case R_READYZ: r = h_readyz(s, c, x); break;
     case R_METRICS: r = h_metrics(s, c, x); break;
     case R_OPENAPI: r = reply_json(c, x, 200, api_openapi_json()); break;

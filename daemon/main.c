@@ -13,6 +13,7 @@
 #include "engine/tokenizer.h"
 
 #define DEFAULT_DATA_DIR "./grpod-data"
+#define GRPOD_VERSION "0.1.0"
 
 static const char *usage_top =
     "grpod — GPU back end for GRPO-family RL post-training (C + CUDA)\n"
@@ -25,6 +26,7 @@ static const char *usage_top =
     "  logprobs     print the logprob of each token given the ones before it (JSON)\n"
     "  tokenize     print the token ids of a text (JSON array)\n"
     "  detokenize   print the text of token ids\n"
+    "  --version    print the version and the backends this binary has\n"
     "\n"
     "With no --model, commands use the embedded default (a tiny Qwen3 with a byte-level\n"
     "tokenizer), created once in DATA_DIR/default-model (DATA_DIR: --data-dir, default ./grpod-data).\n";
@@ -32,6 +34,30 @@ static const char *usage_top =
 static int fail(const char *what) {
     fprintf(stderr, "grpod: %s%s%s\n", what, *err_msg() ? ": " : "", err_msg());
     return 1;
+}
+
+/* tokenize/detokenize without --model: the default model's directory is appended as --model
+ * (--data-dir DIR picks where it lives, as for the other commands). */
+static int tok_cli_default(int (*cli)(int, char **), int argc, char **argv) {
+    const char *data = DEFAULT_DATA_DIR;
+    char **av = calloc((size_t)argc + 3, sizeof *av);
+    if (!av) return fail("out of memory");
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { free(av); return cli(argc, argv); }
+        if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) { data = argv[++i]; continue; }
+        av[n++] = argv[i];
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/default-model", data);
+    int rc = fs_mkdirs(data);
+    if (!rc) rc = eng_ensure_default_model(dir);
+    if (rc) { free(av); return fail("cannot create the default model"); }
+    av[n++] = "--model";
+    av[n++] = dir;
+    rc = cli(n, av);
+    free(av);
+    return rc;
 }
 
 /* --model DIR or the default model under --data-dir (created on first use). */
@@ -162,13 +188,21 @@ int main(int argc, char **argv) {
         fputs(usage_top, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+#ifdef GRPOD_CUDA
+        puts("grpod " GRPOD_VERSION " (backends: cpu, cuda)");
+#else
+        puts("grpod " GRPOD_VERSION " (backends: cpu)");
+#endif
+        return 0;
+    }
     const char *cmd = argv[1];
     argc--; argv++;
     if (!strcmp(cmd, "serve")) return serve_main(argc, argv);
     if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
     if (!strcmp(cmd, "logprobs")) return cmd_logprobs(argc, argv);
-    if (!strcmp(cmd, "tokenize")) return tok_cli_tokenize(argc, argv);
-    if (!strcmp(cmd, "detokenize")) return tok_cli_detokenize(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return tok_cli_default(tok_cli_tokenize, argc, argv);
+    if (!strcmp(cmd, "detokenize")) return tok_cli_default(tok_cli_detokenize, argc, argv);
     fprintf(stderr, "grpod: unknown command \"%s\"\n\n%s", cmd, usage_top);
     return 2;
 }

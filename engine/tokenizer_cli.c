@@ -197,11 +197,16 @@ static int parse_ids(const char *s, int **ids, int *n) {
     return 0;
 }
 
-static int detok_one(const tok *t, const char *list, int skip, int as_json) {
+/* vocab: the model's vocab_size (config.json) or 0 when the directory has none. As POST
+ * /v1/detokenize, an id at or above it is an error; below it, an id the tokenizer does not
+ * know decodes to nothing (Hugging Face tokenizers' rule, which the parity tests hold us to). */
+static int detok_one(const tok *t, const char *list, int skip, int as_json, int vocab) {
     int *ids = NULL, n;
     char *text;
     size_t len;
     int rc = parse_ids(list, &ids, &n);
+    for (int i = 0; !rc && vocab > 0 && i < n; i++)
+        if (ids[i] >= vocab) rc = err_set(GE_INVALID, "token id %d is outside the model's vocabulary (size %d)", ids[i], vocab);
     if (!rc) rc = tok_decode(t, ids, n, skip, &text, &len);
     free(ids);
     if (rc) return rc;
@@ -232,13 +237,20 @@ int tok_cli_detokenize(int argc, char **argv) {
     tok *t;
     int rc = tok_load(model, &t);
     if (rc) { fprintf(stderr, "grpod %s: %s\n", cmd, err_msg()); return 1; }
+    int vocab = 0;
+    char cfg[1100];
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    js_doc *doc;
+    const js *root;
+    if (!js_parse_file(cfg, &doc, &root)) { vocab = (int)js_get_num(root, "vocab_size", 0); js_doc_free(doc); }
+    err_clear();
     if (jsonl) {
         char *line = NULL;
         size_t cap = 0;
-        while (!rc && getline(&line, &cap, stdin) >= 0) rc = detok_one(t, line, skip, 1);
+        while (!rc && getline(&line, &cap, stdin) >= 0) rc = detok_one(t, line, skip, 1, vocab);
         free(line);
     } else {
-        rc = detok_one(t, idlist, skip, 0);
+        rc = detok_one(t, idlist, skip, 0, vocab);
         if (!rc) fputc('\n', stdout);
     }
     tok_free(t);
