@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/serve.h"
 #include "engine/engine.h"
@@ -183,7 +184,19 @@ static int cmd_logprobs(int argc, char **argv) {
     return 0;
 }
 
+/* The CPU backend's OpenMP threads wait passively (they sleep at barriers and between jobs
+ * instead of spinning), so grpod shares a machine with its client and other work: a spinning
+ * waiter burns the core that the thread it waits for needs. libgomp reads OMP_WAIT_POLICY when
+ * it loads, before main, so the default is set here and the binary re-executes itself once.
+ * Either variable set by the user wins (OMP_WAIT_POLICY=active for a dedicated machine). */
+static void omp_wait_passive(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1)) return;
+    execv("/proc/self/exe", argv);      /* on failure: carry on with the spinning default */
+}
+
 int main(int argc, char **argv) {
+    omp_wait_passive(argv);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         fputs(usage_top, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

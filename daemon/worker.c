@@ -6,10 +6,12 @@
  * shares every decode step. A logprobs job (read-only) runs between two steps. An update or
  * checkpoint claimed while rollouts are in flight is held — nothing behind it is claimed —
  * until they finish, then runs alone: a rollout's policy_version is the one it ran under. */
+#define _GNU_SOURCE                 /* sched_getaffinity */
 #include "daemon/worker.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +111,16 @@ static void latest_checkpoint(worker *w, char *out, size_t n, long long *version
     free(cks);
 }
 
+/* --engine-threads 0: every core this process may run on but one, which is left to the client
+ * (the training loop, the reward code) and the HTTP threads; at least one. On a 2-core machine
+ * that is one engine thread: with two, one busy neighbour makes every fork-join wait for a
+ * descheduled thread (docs/benchmarks.md, "sharing the machine"). */
+static int default_engine_threads(void) {
+    cpu_set_t set;
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 1 ? n - 1 : 1;
+}
+
 static int open_engine(worker *w) {
     char model[1200], resume[600];
     int rc;
@@ -120,8 +132,9 @@ static int open_engine(worker *w) {
     }
     latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
     eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
-                       .n_threads = w->cfg.n_threads};
-    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\"", model, w->backend, resume);
+                       .n_threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads()};
+    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d", model,
+              w->backend, resume, o.n_threads);
     double t0 = (double)mono_ns();
     if ((rc = eng_open(&o, &w->e))) return rc;
     update_version(w);
