@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # gsm8k_grpo.py — GRPO on GSM8K through a running grpod, scored by grpod's `math` verifier.
-# Standard library only; reuses the HTTP client of train_toy.py beside it. The recipe, what
+# Standard library and the repository's client package (clients/python). The recipe, what
 # to watch in its log and the knobs: examples/gsm8k.md. Smoke-tested against the tiny
 # CPU model (where every reward is 0); meant for a GPU machine and a real model directory.
 import argparse
@@ -10,8 +10,8 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_toy import Client, wait_ready  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
+from grpod_client import Client  # noqa: E402
 
 INSTRUCTION = " Let's think step by step and output the final answer after \"####\"."
 
@@ -45,7 +45,7 @@ def main():
     args = p.parse_args()
 
     client = Client(args.url, os.environ.get("GRPOD_API_KEY"), timeout=600)
-    wait_ready(client, timeout=1800)            # a large model takes a while to load
+    client.wait_ready(timeout=1800)             # a large model takes a while to load
     train, test = load(os.path.join(args.data, "train.jsonl")), load(os.path.join(args.data, "test.jsonl"))
     rng = random.Random(args.seed)
     algorithm = {"adv_estimator": "grpo", "norm_adv_by_std": True, "loss_mode": "vanilla",
@@ -58,9 +58,8 @@ def main():
 
     def evaluate(step):
         qs = test[:args.eval_size]
-        job = client.post("/v1/rollouts", {"groups": [group(q, a, 1) for q, a in qs],
-                                           "sampling": dict(sampling, temperature=0.0, seed=1)})["job_id"]
-        res = client.wait_job(job, timeout=3600)
+        res = client.rollouts([group(q, a, 1) for q, a in qs], dict(sampling, temperature=0.0, seed=1),
+                              timeout=3600)
         acc = sum(g["responses"][0]["reward"] for g in res["groups"]) / len(qs)
         print("step %4d  test accuracy %.3f (%d questions, greedy)" % (step, acc, len(qs)), flush=True)
         log.write(json.dumps({"step": step, "test_accuracy": acc}) + "\n")
@@ -70,13 +69,11 @@ def main():
     for step in range(1, args.steps + 1):
         t0 = time.time()
         batch = rng.sample(train, args.batch)
-        rollout_id = client.post("/v1/rollouts", {"groups": [group(q, a, args.n) for q, a in batch],
-                                                  "sampling": dict(sampling, seed=rng.randrange(1, 2**31))})["job_id"]
-        rollout = client.wait_job(rollout_id, timeout=3600)
+        rollout = client.rollouts([group(q, a, args.n) for q, a in batch],
+                                  dict(sampling, seed=rng.randrange(1, 2**31)), timeout=3600)
         rewards = [r["reward"] for g in rollout["groups"] for r in g["responses"]]
         lengths = [len(r["token_ids"]) for g in rollout["groups"] for r in g["responses"]]
-        upd = client.wait_job(client.post("/v1/updates", {"rollout_job_id": rollout_id, "algorithm": algorithm,
-                                                           "optimizer": optimizer})["job_id"], timeout=3600)
+        upd = client.update(rollout_job_id=rollout.job_id, algorithm=algorithm, optimizer=optimizer, timeout=3600)
         m, tok = upd["metrics"], upd["tokens"]
         row = {"step": step, "reward": sum(rewards) / len(rewards), "len": sum(lengths) / len(lengths),
                "kl": m["kl"], "entropy": m["entropy"], "clip_frac": m["clip_frac"],
@@ -92,7 +89,7 @@ def main():
         if step % args.eval_every == 0 or step == args.steps:
             evaluate(step)
         if step % args.checkpoint_every == 0 or step == args.steps:
-            client.wait_job(client.post("/v1/checkpoints", {})["job_id"], timeout=3600)
+            client.checkpoint(timeout=3600)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # train_toy.py — a GRPO training loop that drives a running grpod over its HTTP API alone
-# (Python standard library only). It is the "grpod is a trainer" proof: the daemon's built-in
+# (Python standard library and clients/python, the repository's client package). It is the "grpod is a trainer" proof: the daemon's built-in
 # tiny model (random weights, byte-level vocab) learns a toy task by RL, and this script prints a
 # line per step, writes DIR/train_toy.csv and an SVG reward curve DIR/train_toy_curve.svg, and
 # ends with `final mean reward X.XXX` (the mean over the last few steps).
@@ -30,68 +30,24 @@ import random
 import string
 import sys
 import time
-import urllib.error
-import urllib.request
 
 CSV_FIELDS = ["step", "mean_reward", "kl", "loss", "entropy", "lr", "tokens_packed", "tokens_standard",
               "policy_version", "seconds", "elapsed"]
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP
+# HTTP: the client package of this repository (clients/python), used in place when not installed
 # ---------------------------------------------------------------------------------------------
 
-class Client:
-    """Minimal JSON client for grpod: post/get return the decoded body, raise on HTTP errors."""
-
-    def __init__(self, url, api_key=None, timeout=120):
-        self.url = url.rstrip("/")
-        self.api_key = api_key
-        self.timeout = timeout
-
-    def _call(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        if self.api_key:
-            req.add_header("Authorization", "Bearer " + self.api_key)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise RuntimeError("%s %s -> %d %s" % (method, path, e.code, e.read().decode(errors="replace")))
-
-    def get(self, path):
-        return self._call("GET", path)
-
-    def post(self, path, body):
-        return self._call("POST", path, body)
-
-    def wait_job(self, job_id, timeout=600):
-        """Long-poll GET /v1/jobs/{id}?wait= until the job ends; return its result."""
-        end = time.time() + timeout
-        while time.time() < end:
-            job = self.get("/v1/jobs/%s?wait=30" % job_id)
-            if job["status"] == "done":
-                return job["result"]
-            if job["status"] in ("failed", "cancelled"):
-                raise RuntimeError("job %s %s: %s" % (job_id, job["status"], job.get("error")))
-        raise RuntimeError("job %s did not finish in %d s" % (job_id, timeout))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients", "python"))
+from grpod_client import Client  # noqa: E402
 
 
 def wait_ready(client, timeout=120):
-    end, said = time.time() + timeout, False
-    while True:
-        try:
-            return client.get("/readyz")
-        except (urllib.error.URLError, RuntimeError, ConnectionError) as e:
-            if time.time() > end:
-                raise RuntimeError("grpod at %s not ready: %s" % (client.url, e))
-            if not said:
-                print("waiting for grpod at %s (start it with `make run`) ..." % client.url, flush=True)
-                said = True
-            time.sleep(0.5)
+    if client.ready():
+        return
+    print("waiting for grpod at %s (start it with `make run`) ..." % client.url, flush=True)
+    client.wait_ready(timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,7 +187,7 @@ def main(argv=None):
     args = parse_args(argv)
     client = Client(args.url, args.api_key)
     wait_ready(client)
-    model = client.get("/v1/model")
+    model = client.model()
     rng = random.Random(args.seed)
     alphabet = set(ord(c) for c in args.letters)
     os.makedirs(args.out, exist_ok=True)
@@ -245,7 +201,7 @@ def main(argv=None):
               "weights stop grpod, remove its data dir (rm -rf grpod-data) and start it again"
               % model["policy_version"], flush=True)
 
-    prompt_ids = {c: client.post("/v1/tokenize", {"prompt": make_prompt(c)})["tokens"] for c in args.letters}
+    prompt_ids = {c: client.tokenize(make_prompt(c)) for c in args.letters}
     algorithm = {"adv_estimator": "grpo", "norm_adv_by_std": True, "kl_coef": args.kl_coef,
                  "entropy_coeff": args.entropy_coeff, "old_logprobs": "rollout"}
     optimizer = {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "lr_schedule": args.lr_schedule,
@@ -261,14 +217,12 @@ def main(argv=None):
         if args.rewards == "verifier":
             for g, c in zip(groups, letters):
                 g["reward"] = {"type": "exact", "answer": c}
-        rollout_id = client.post("/v1/rollouts", {"groups": groups,
-                                                  "sampling": dict(sampling, seed=rng.randrange(1, 2**31))})["job_id"]
-        rollout = client.wait_job(rollout_id)
+        rollout = client.rollouts(groups, dict(sampling, seed=rng.randrange(1, 2**31)))
 
         if args.rewards == "verifier":
             # grpod scored the responses; the update takes the rollout (and its logprobs) by id
             rewards = [r["reward"] for g in rollout["groups"] for r in g["responses"]]
-            update = {"rollout_job_id": rollout_id}
+            update = {"rollout_job_id": rollout.job_id}
         else:
             # score here and send the groups back: the way to train on any reward function
             rewards, scored = [], []
@@ -282,7 +236,7 @@ def main(argv=None):
                 scored.append({"prompt_ids": g["prompt_ids"], "responses": resps})
             update = {"groups": scored}
         update.update(algorithm=algorithm, optimizer=optimizer)
-        upd = client.wait_job(client.post("/v1/updates", update)["job_id"])
+        upd = client.update(**update)
 
         m, tok = upd["metrics"], upd["tokens"]
         now = time.time()
