@@ -33,8 +33,8 @@ static void job_json(sbuf *b, const store_job *j, int full) {
 }
 
 /* Submits payload as a job of kind and replies 202 {"job_id","status"} (or the error). */
-static enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
-                                        json_object *payload, char *id_out) {
+enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
+                                 json_object *payload, char *id_out) {
     if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
     store *st = pool_get(s);
     if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
@@ -238,7 +238,7 @@ enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *
 /* ---------------------------------------------------------------- logprobs (synchronous) */
 
 /* {"code":"conflict",...} → the HTTP status of that code (500 when unknown). */
-static int status_of_error_json(const char *err) {
+int status_of_error_json(const char *err) {
     json_object *o = err ? json_tokener_parse(err) : NULL, *code;
     int st = 500;
     if (o && json_object_object_get_ex(o, "code", &code))

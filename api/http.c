@@ -286,6 +286,9 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     case R_LOGPROBS: r = h_logprobs(s, c, x, req); break;
     case R_TOKENIZE: r = h_tokenize(s, c, x, req); break;
     case R_DETOKENIZE: r = h_detokenize(s, c, x, req); break;
+    case R_OA_MODELS: r = h_oa_models(s, c, x); break;
+    case R_OA_COMPLETIONS: r = h_oa_completions(s, c, x, req, 0); break;
+    case R_OA_CHAT: r = h_oa_completions(s, c, x, req, 1); break;
     default: r = reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
     }
     json_object_put(req);
@@ -335,6 +338,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
     conn_ctx *x = *con_cls;
     if (!x) return;
+    if (x->ext_free) x->ext_free(x->ext);
     free(x->body);
     free(x);
     *con_cls = NULL;

@@ -42,6 +42,8 @@ typedef struct {
     char job_id[32];                /* POST /v1/logprobs: the job this request waits for */
     const char *route;              /* template for metrics */
     char method[8];
+    void *ext;                      /* a handler's state across suspends (openai.c); freed by ext_free */
+    void (*ext_free)(void *ext);
 } conn_ctx;
 
 double now_s(void);                             /* wall-clock seconds (CLOCK_REALTIME) */
@@ -79,6 +81,13 @@ api_limits limits_now(api_server *s);
 /* The engine when ready (m filled with its hooks when not NULL), else replies 503 into *r and returns NULL. */
 eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r);
 long long policy_version_now(api_server *s);     /* -1 before the engine is set */
+/* Stores payload as a job of kind and wakes the engine thread. id_out NULL: replies 202
+ * {"job_id","status"}; else copies the id there and replies nothing (only errors are replied,
+ * leaving id_out[0] == 0). */
+enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
+                                 json_object *payload, char *id_out);
+/* A stored job error {"code",...} → the HTTP status of that code (500 when unknown). */
+int status_of_error_json(const char *err);
 
 /* ---------------------------------------------------------------- handlers (handlers.c) */
 
@@ -95,4 +104,9 @@ enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *
 enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+
+/* ---------------------------------------------------------------- OpenAI-compatible (openai.c) */
+
+enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req, int chat);
 #endif

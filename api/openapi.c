@@ -24,6 +24,9 @@ const api_route api_routes[R_COUNT] = {
     {R_LOGPROBS, "POST", "/v1/logprobs", "Score given responses under the policy or the reference (synchronous; 202 with job_id after 600 s)", "LogprobsRequest", 200},
     {R_TOKENIZE, "POST", "/v1/tokenize", "Text or chat messages to token ids", "TokenizeRequest", 200},
     {R_DETOKENIZE, "POST", "/v1/detokenize", "Token ids to text", "DetokenizeRequest", 200},
+    {R_OA_MODELS, "GET", "/v1/models", "OpenAI-compatible: the served policy", NULL, 200},
+    {R_OA_COMPLETIONS, "POST", "/v1/completions", "OpenAI-compatible completions from the live policy (through the rollout scheduler; stream: true answers as server-sent events)", "CompletionRequest", 200},
+    {R_OA_CHAT, "POST", "/v1/chat/completions", "OpenAI-compatible chat completions from the live policy (the model's chat template)", "ChatCompletionRequest", 200},
 };
 
 static const char schemas[] =
@@ -82,6 +85,28 @@ static const char schemas[] =
 "  \"created_at\":{\"type\":\"number\"},\"started_at\":{\"type\":\"number\",\"nullable\":true},\"finished_at\":{\"type\":\"number\",\"nullable\":true},"
 "  \"progress\":{\"type\":\"number\"},\"attempts\":{\"type\":\"integer\"},\"policy_version\":{\"type\":\"integer\",\"nullable\":true},"
 "  \"error\":{\"type\":\"object\",\"nullable\":true},\"result\":{\"type\":\"object\",\"nullable\":true}}},"
+"\"CompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
+"  \"prompt\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+"    {\"type\":\"array\",\"items\":{\"type\":\"string\"}},{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}]},"
+"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":16},\"temperature\":{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"default\":1},"
+"  \"top_p\":{\"type\":\"number\",\"default\":1},\"n\":{\"type\":\"integer\",\"minimum\":1,\"default\":1},"
+"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},\"seed\":{\"type\":\"integer\"},"
+"  \"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20,\"nullable\":true},\"echo\":{\"type\":\"boolean\"},\"stream\":{\"type\":\"boolean\"},"
+"  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"best_of\":{\"type\":\"integer\"},"
+"  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},"
+"  \"top_k\":{\"type\":\"integer\"},\"min_p\":{\"type\":\"number\"},\"min_tokens\":{\"type\":\"integer\"},\"ignore_eos\":{\"type\":\"boolean\"},"
+"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"prompt\"]},"
+"\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
+"  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
+"    \"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":[\"role\"]}},"
+"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
+"  \"temperature\":{\"type\":\"number\"},\"top_p\":{\"type\":\"number\"},\"n\":{\"type\":\"integer\",\"minimum\":1},"
+"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},\"seed\":{\"type\":\"integer\"},"
+"  \"logprobs\":{\"type\":\"boolean\"},\"top_logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20},\"stream\":{\"type\":\"boolean\"},"
+"  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},"
+"  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"},"
+"  \"top_k\":{\"type\":\"integer\"},\"min_p\":{\"type\":\"number\"},\"min_tokens\":{\"type\":\"integer\"},\"ignore_eos\":{\"type\":\"boolean\"},"
+"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"messages\"]},"
 "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
 "}";
 

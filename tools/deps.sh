@@ -3,7 +3,8 @@
 # Idempotent: does nothing when everything is present.
 set -eu
 debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev pkg-config curl clang libclang-rt-14-dev systemd"
-pips="tokenizers pytest requests numpy"
+# openai: the OpenAI-compatible routes are tested with the official client (test_openai.py)
+pips="tokenizers pytest requests numpy openai"
 missing=""
 for p in $debs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
