@@ -50,6 +50,9 @@ grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
+# api/dashboard.c embeds the page with .incbin, which -MMD does not see
+$(BUILD)/api/dashboard.o: api/dashboard.html
+
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<

@@ -289,6 +289,8 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     case R_OA_MODELS: r = h_oa_models(s, c, x); break;
     case R_OA_COMPLETIONS: r = h_oa_completions(s, c, x, req, 0); break;
     case R_OA_CHAT: r = h_oa_completions(s, c, x, req, 1); break;
+    case R_DASHBOARD: r = h_dashboard_page(s, c, x); break;
+    case R_DASHBOARD_DATA: r = h_dashboard_data(s, c, x); break;
     default: r = reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
     }
     json_object_put(req);

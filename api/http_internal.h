@@ -109,4 +109,9 @@ enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 
 enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req, int chat);
+
+/* ---------------------------------------------------------------- dashboard (dashboard.c) */
+
+enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 #endif

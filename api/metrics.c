@@ -46,6 +46,7 @@ void metrics_seconds(metrics_seconds_phase p, double s) { pthread_mutex_lock(&mu
 void metrics_groups_filtered(long long n) { pthread_mutex_lock(&mu); groups_filtered += n; pthread_mutex_unlock(&mu); }
 void metrics_policy_version(long long v) { pthread_mutex_lock(&mu); policy_version = v; pthread_mutex_unlock(&mu); }
 void metrics_sched(const metrics_sched_gauges *g) { pthread_mutex_lock(&mu); sched = *g; pthread_mutex_unlock(&mu); }
+void metrics_sched_get(metrics_sched_gauges *g) { pthread_mutex_lock(&mu); *g = sched; pthread_mutex_unlock(&mu); }
 
 typedef struct { char *p; size_t len, cap; int oom; } sbuf;
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

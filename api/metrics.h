@@ -27,6 +27,7 @@ typedef struct {
     long long steps;                /* scheduler steps so far (a counter) */
 } metrics_sched_gauges;
 void metrics_sched(const metrics_sched_gauges *g);
+void metrics_sched_get(metrics_sched_gauges *g);     /* the last values set (the dashboard) */
 
 /* Caller-supplied gauges from the store, plus engine state. */
 typedef struct { const char *kind, *status; long long n; } metrics_job_count;

@@ -27,6 +27,8 @@ const api_route api_routes[R_COUNT] = {
     {R_OA_MODELS, "GET", "/v1/models", "OpenAI-compatible: the served policy", NULL, 200},
     {R_OA_COMPLETIONS, "POST", "/v1/completions", "OpenAI-compatible completions from the live policy (through the rollout scheduler; stream: true answers as server-sent events)", "CompletionRequest", 200},
     {R_OA_CHAT, "POST", "/v1/chat/completions", "OpenAI-compatible chat completions from the live policy (the model's chat template)", "ChatCompletionRequest", 200},
+    {R_DASHBOARD, "GET", "/dashboard", "The training dashboard (an HTML page drawing GET /v1/dashboard)", NULL, 200},
+    {R_DASHBOARD_DATA, "GET", "/v1/dashboard", "The dashboard's data: history per policy version, queue, running jobs, model, memory (?after=ID: newer history only)", NULL, 200},
 };
 
 static const char schemas[] =

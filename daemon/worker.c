@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "api/metrics.h"
+#include "daemon/history.h"
 #include "daemon/jobs.h"
 #include "daemon/log.h"
 #include "engine/err.h"
@@ -156,6 +157,8 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
     if (rc == 0) {
         src = store_finish(w->st, j->id, result, atomic_load(&w->policy_version));
         log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f", j->id, j->kind, ms);
+        /* after the log line: a crash between the two loses a history row, not the job's record */
+        if (!src) history_record(w->st, j->kind, result, atomic_load(&w->policy_version));
     } else {
         json_object *e = json_object_new_object();
         json_object_object_add(e, "code", json_object_new_string(err_name(rc)));

@@ -52,6 +52,13 @@ static const char *const migrations[] = {
     "  path TEXT NOT NULL,"
     "  policy_version INTEGER NOT NULL,"
     "  created_at REAL NOT NULL);",
+    /* v2: training history for the dashboard, one row per finished rollout or update */
+    "CREATE TABLE history ("
+    "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  at REAL NOT NULL,"
+    "  kind TEXT NOT NULL,"
+    "  policy_version INTEGER NOT NULL,"
+    "  stats TEXT NOT NULL);",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -65,7 +72,7 @@ enum {
     Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_STARTED, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_KV_SET, Q_KV_GET, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
-    Q_FAIL_EXHAUSTED, Q_N
+    Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -112,6 +119,10 @@ static const char *const sql_text[Q_N] = {
                          "'{\"code\":\"internal\",\"message\":\"job interrupted ' || attempts || "
                          "' times (daemon crash or shutdown while it ran); not retried\"}' "
                          "WHERE status = 'queued' AND attempts >= ?1",
+    [Q_HIST_ADD] = "INSERT INTO history (at, kind, policy_version, stats) VALUES (?1, ?2, ?3, ?4)",
+    /* the newest ?2 rows after id ?1, oldest first */
+    [Q_HIST_LIST] = "SELECT id, at, kind, policy_version, stats FROM "
+                    "(SELECT * FROM history WHERE id > ?1 ORDER BY id DESC LIMIT ?2) ORDER BY id",
 };
 
 struct store {
@@ -707,4 +718,29 @@ int store_checkpoint_list(store *s, store_ckpt **out, int *n) {
     *out = v;
     *n = cnt;
     return 0;
+}
+
+/* ---------------------------------------------------------------- history */
+
+int store_history_add(store *s, const char *kind, long long policy_version, const char *stats) {
+    sqlite3_stmt *st = q_get(s, Q_HIST_ADD);
+    BIND_OK(s, sqlite3_bind_double(st, 1, now_s()), "binding history");
+    BIND_OK(s, sqlite3_bind_text(st, 2, kind, -1, SQLITE_STATIC), "binding history");
+    BIND_OK(s, sqlite3_bind_int64(st, 3, policy_version), "binding history");
+    BIND_OK(s, sqlite3_bind_text(st, 4, stats, -1, SQLITE_STATIC), "binding history");
+    int r = q_exec(s, st, "adding history");
+    return r < 0 ? r : 0;
+}
+
+int store_history_list(store *s, long long after_id, int limit, store_history_cb cb, void *ud) {
+    sqlite3_stmt *st = q_get(s, Q_HIST_LIST);
+    BIND_OK(s, sqlite3_bind_int64(st, 1, after_id), "binding history");
+    BIND_OK(s, sqlite3_bind_int(st, 2, limit), "binding history");
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        cb(ud, sqlite3_column_int64(st, 0), sqlite3_column_double(st, 1), (const char *)sqlite3_column_text(st, 2),
+           sqlite3_column_int64(st, 3), (const char *)sqlite3_column_text(st, 4));
+    int r = rc == SQLITE_DONE ? 0 : db_err(s, "listing history");
+    q_done(st);
+    return r;
 }

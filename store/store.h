@@ -74,4 +74,11 @@ int store_kv_get(store *s, const char *key, char *buf, int buflen);  /* 1 found,
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version);
 typedef struct { char id[64]; char path[512]; long long policy_version; double created_at; } store_ckpt;
 int store_checkpoint_list(store *s, store_ckpt **out, int *n);       /* newest first; free() */
+/* Training history (the dashboard's data): one row per finished rollout or update, stats a
+ * JSON object of its summary. list calls cb for the newest limit rows with id > after_id,
+ * oldest first; the strings are valid during the call only. */
+int store_history_add(store *s, const char *kind, long long policy_version, const char *stats);
+typedef void (*store_history_cb)(void *ud, long long id, double at, const char *kind, long long policy_version,
+                                 const char *stats);
+int store_history_list(store *s, long long after_id, int limit, store_history_cb cb, void *ud);
 #endif

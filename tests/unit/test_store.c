@@ -1,5 +1,5 @@
 /* test_store.c — the SQLite job queue: lifecycle of a job, FIFO claims, filters and counts,
- * key/value and checkpoint index, crash recovery, the queue limit, claims racing from two
+ * key/value and checkpoint index, the dashboard history, crash recovery, the queue limit, claims racing from two
  * threads, and durability of a submit against SIGKILL of the submitting process.
  * Each test works in its own fresh directory under /tmp. */
 #include "tests/unit/check.h"
@@ -52,7 +52,7 @@ TEST(test_open_creates_dir_and_schema) {
     snprintf(mode, sizeof mode, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ_INT(v, 1);
+    CHECK_EQ_INT(v, 2);                 /* migrations: v1 jobs/kv/checkpoints, v2 history */
     CHECK_STR(mode, "wal");
     /* reopening an up-to-date database migrates nothing and works */
     r = store_open(dir, 0, &s);
@@ -328,6 +328,46 @@ TEST(test_kv_checkpoints) {
     store_close(s);
 }
 
+typedef struct { long long id[8], pv[8]; char kind[8][16], stats[8][64]; int n; } hist_seen;
+static void hist_cb(void *ud, long long id, double at, const char *kind, long long pv, const char *stats) {
+    hist_seen *h = ud;
+    if (h->n == 8 || at < 1.6e9) return;
+    h->id[h->n] = id;
+    h->pv[h->n] = pv;
+    snprintf(h->kind[h->n], sizeof h->kind[0], "%s", kind);
+    snprintf(h->stats[h->n], sizeof h->stats[0], "%s", stats);
+    h->n++;
+}
+
+/* history rows come back oldest first; after skips, limit keeps the newest; they survive a reopen */
+TEST(test_history) {
+    char dir[512];
+    store *s;
+    CHECK(store_open(fresh_dir(dir, sizeof dir, "hist"), 1, &s) == 0);
+    CHECK(store_history_add(s, "rollout", 0, "{\"reward_mean\":0.25}") == 0);
+    CHECK(store_history_add(s, "update", 1, "{\"loss\":-0.5}") == 0);
+    CHECK(store_history_add(s, "rollout", 1, "{\"reward_mean\":0.5}") == 0);
+    store_close(s);
+    CHECK(store_open(dir, 1, &s) == 0);
+    hist_seen h = {0};
+    CHECK(store_history_list(s, 0, 100, hist_cb, &h) == 0);
+    CHECK_EQ_INT(h.n, 3);
+    CHECK_STR(h.kind[1], "update");
+    CHECK_EQ_INT(h.pv[1], 1);
+    CHECK_STR(h.stats[2], "{\"reward_mean\":0.5}");
+    CHECK(h.id[0] < h.id[1] && h.id[1] < h.id[2]);
+    long long first = h.id[0];
+    memset(&h, 0, sizeof h);
+    CHECK(store_history_list(s, first, 100, hist_cb, &h) == 0);     /* after the first */
+    CHECK_EQ_INT(h.n, 2);
+    CHECK_STR(h.kind[0], "update");
+    memset(&h, 0, sizeof h);
+    CHECK(store_history_list(s, 0, 1, hist_cb, &h) == 0);           /* the newest one */
+    CHECK_EQ_INT(h.n, 1);
+    CHECK_STR(h.stats[0], "{\"reward_mean\":0.5}");
+    store_close(s);
+}
+
 TEST(test_recovery) {
     char dir[512], ids[3][32];
     store *s;
@@ -548,6 +588,7 @@ int main(void) {
     RUN(test_cancel);
     RUN(test_list_counts);
     RUN(test_kv_checkpoints);
+    RUN(test_history);
     RUN(test_recovery);
     RUN(test_fail_exhausted);
     RUN(test_max_queued);
