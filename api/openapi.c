@@ -38,19 +38,22 @@ static const char schemas[] =
 "  \"required\":[\"code\",\"message\"]}}},"
 "\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\",\"contains\",\"none\"]},"
 "  \"answer\":{\"type\":\"string\"},\"case_sensitive\":{\"type\":\"boolean\",\"default\":true}},\"required\":[\"type\"]},"
-"\"Sampling\":{\"type\":\"object\",\"properties\":{\"temperature\":{\"type\":\"number\",\"default\":1.0},"
-"  \"top_p\":{\"type\":\"number\",\"default\":1.0},\"top_k\":{\"type\":\"integer\",\"default\":0},\"min_p\":{\"type\":\"number\",\"default\":0},"
-"  \"max_tokens\":{\"type\":\"integer\",\"default\":16},\"min_tokens\":{\"type\":\"integer\",\"default\":0},"
-"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},"
-"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"seed\":{\"type\":\"integer\"},"
-"  \"ignore_eos\":{\"type\":\"boolean\"},\"logprobs\":{\"type\":\"integer\"}}},"
-"\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},\"content\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
+"\"Sampling\":{\"type\":\"object\",\"properties\":{\"temperature\":{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"default\":1.0},"
+"  \"top_p\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1,\"default\":1.0},\"top_k\":{\"type\":\"integer\",\"minimum\":-1,\"default\":0},"
+"  \"min_p\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0},"
+"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"at most --max-tokens (4096)\",\"default\":16},"
+"  \"min_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},"
+"  \"stop\":{\"oneOf\":[{\"type\":\"string\",\"minLength\":1},{\"type\":\"array\",\"maxItems\":16,\"items\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":256}}]},"
+"  \"stop_token_ids\":{\"type\":\"array\",\"maxItems\":64,\"items\":{\"type\":\"integer\",\"minimum\":0}},\"seed\":{\"type\":\"integer\",\"minimum\":0},"
+"  \"ignore_eos\":{\"type\":\"boolean\",\"default\":false},\"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":1}}},"
+"\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\",\"enum\":[\"system\",\"user\",\"assistant\",\"tool\"]},"
+"  \"content\":{\"type\":\"string\"},\"name\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
 "\"RolloutGroup\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
 "  \"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
-"  \"n\":{\"type\":\"integer\",\"default\":1},\"reward\":{\"$ref\":\"#/components/schemas/Reward\"},\"metadata\":{}}},"
-"\"RolloutRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/RolloutGroup\"}},"
+"  \"n\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"at most --max-n (64)\",\"default\":1},\"reward\":{\"$ref\":\"#/components/schemas/Reward\"},\"metadata\":{}}},"
+"\"RolloutRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":1024,\"items\":{\"$ref\":\"#/components/schemas/RolloutGroup\"}},"
 "  \"sampling\":{\"$ref\":\"#/components/schemas/Sampling\"},"
-"  \"overlong_buffer\":{\"type\":\"object\",\"properties\":{\"len\":{\"type\":\"number\"},\"penalty_factor\":{\"type\":\"number\"}}},"
+"  \"overlong_buffer\":{\"type\":\"object\",\"properties\":{\"len\":{\"type\":\"number\",\"minimum\":0},\"penalty_factor\":{\"type\":\"number\",\"minimum\":0,\"default\":1}}},"
 "  \"metadata\":{}},\"required\":[\"groups\"]},"
 "\"ScoredResponse\":{\"type\":\"object\",\"properties\":{\"token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
 "  \"reward\":{\"type\":\"number\"},\"advantage\":{\"type\":\"number\"},\"logprobs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
@@ -60,23 +63,28 @@ static const char schemas[] =
 "  \"required\":[\"prompt_ids\",\"responses\"]},"
 "\"Algorithm\":{\"type\":\"object\",\"properties\":{\"adv_estimator\":{\"type\":\"string\",\"enum\":[\"grpo\",\"drgrpo\",\"rloo\",\"given\"]},"
 "  \"norm_adv_by_std\":{\"type\":\"boolean\"},\"loss_mode\":{\"type\":\"string\",\"enum\":[\"vanilla\",\"gspo\"]},"
-"  \"clip_ratio_low\":{\"type\":\"number\"},\"clip_ratio_high\":{\"type\":\"number\"},\"clip_ratio_c\":{\"type\":\"number\"},"
-"  \"loss_agg_mode\":{\"type\":\"string\"},\"kl_coef\":{\"type\":\"number\"},\"kl_type\":{\"type\":\"string\"},"
-"  \"entropy_coeff\":{\"type\":\"number\"},\"ppo_epochs\":{\"type\":\"integer\"},\"ppo_mini_batch_size\":{\"type\":\"integer\"},"
-"  \"temperature\":{\"type\":\"number\"},\"old_logprobs\":{\"type\":\"string\",\"enum\":[\"recompute\",\"rollout\"]},"
+"  \"clip_ratio_low\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0.2},\"clip_ratio_high\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10,\"default\":0.28},"
+"  \"clip_ratio_c\":{\"type\":\"number\",\"minimum\":1,\"maximum\":1000,\"default\":3},"
+"  \"loss_agg_mode\":{\"type\":\"string\",\"enum\":[\"token-mean\",\"token-sum\",\"seq-mean-token-sum\",\"seq-mean-token-mean\",\"seq-mean-token-sum-norm\"]},"
+"  \"kl_coef\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1000,\"default\":0.001},\"kl_type\":{\"type\":\"string\",\"enum\":[\"kl\",\"abs\",\"mse\",\"low_var_kl\"]},"
+"  \"entropy_coeff\":{\"type\":\"number\",\"minimum\":-10,\"maximum\":10,\"default\":0},\"ppo_epochs\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":64,\"default\":1},"
+"  \"ppo_mini_batch_size\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},"
+"  \"temperature\":{\"type\":\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},\"old_logprobs\":{\"type\":\"string\",\"enum\":[\"recompute\",\"rollout\"]},"
 "  \"mask_truncated_completions\":{\"type\":\"boolean\"},\"filter_groups\":{\"type\":\"boolean\"}}},"
-"\"Optimizer\":{\"type\":\"object\",\"properties\":{\"lr\":{\"type\":\"number\"},\"weight_decay\":{\"type\":\"number\"},"
-"  \"betas\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},\"eps\":{\"type\":\"number\"},\"grad_clip\":{\"type\":\"number\"},"
-"  \"warmup_steps\":{\"type\":\"integer\"},\"lr_schedule\":{\"type\":\"string\",\"enum\":[\"constant\",\"cosine\"]},"
-"  \"total_steps\":{\"type\":\"integer\"},\"min_lr_ratio\":{\"type\":\"number\"}}},"
+"\"Optimizer\":{\"type\":\"object\",\"properties\":{\"lr\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":1e-6},"
+"  \"weight_decay\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10,\"default\":0.01},"
+"  \"betas\":{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":{\"type\":\"number\",\"minimum\":0,\"exclusiveMaximum\":1}},"
+"  \"eps\":{\"type\":\"number\",\"minimum\":1e-20,\"maximum\":1,\"default\":1e-8},\"grad_clip\":{\"type\":\"number\",\"minimum\":0,\"default\":1},"
+"  \"warmup_steps\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},\"lr_schedule\":{\"type\":\"string\",\"enum\":[\"constant\",\"cosine\"]},"
+"  \"total_steps\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},\"min_lr_ratio\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0}}},"
 "\"UpdateRequest\":{\"type\":\"object\",\"properties\":{\"rollout_job_id\":{\"type\":\"string\"},"
 "  \"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
 "  \"algorithm\":{\"$ref\":\"#/components/schemas/Algorithm\"},\"optimizer\":{\"$ref\":\"#/components/schemas/Optimizer\"},"
-"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\"},\"expected_policy_version\":{\"type\":\"integer\"}}},"
+"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"default\":32768},\"expected_policy_version\":{\"type\":\"integer\",\"minimum\":0}}},"
 "\"LogprobsRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
-"  \"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"]},\"temperature\":{\"type\":\"number\"},"
-"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\"}},\"required\":[\"groups\"]},"
-"\"CheckpointRequest\":{\"type\":\"object\"},"
+"  \"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"],\"default\":\"policy\"},\"temperature\":{\"type\":\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},"
+"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"default\":32768}},\"required\":[\"groups\"]},"
+"\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{}},"
 "\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
 "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
 "  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"
@@ -100,7 +108,7 @@ static const char schemas[] =
 "  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"prompt\"]},"
 "\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
 "  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
-"    \"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":[\"role\"]}},"
+"    \"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":[\"role\"],\"additionalProperties\":true}},"
 "  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
 "  \"temperature\":{\"type\":\"number\"},\"top_p\":{\"type\":\"number\"},\"n\":{\"type\":\"integer\",\"minimum\":1},"
 "  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},\"seed\":{\"type\":\"integer\"},"
@@ -111,6 +119,30 @@ static const char schemas[] =
 "  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"messages\"]},"
 "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
 "}";
+
+/* Query parameters per route (what handlers.c and dashboard.c read with MHD_GET_ARGUMENT_KIND). */
+static const struct { api_route_id id; const char *params; } query_params[] = {
+    {R_JOBS, "[{\"name\":\"kind\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"rollout\",\"update\",\"checkpoint\",\"logprobs\"]}},"
+             "{\"name\":\"status\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]}},"
+             "{\"name\":\"limit\",\"in\":\"query\",\"schema\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":1000,\"default\":100}}]"},
+    {R_JOB_GET, "[{\"name\":\"wait\",\"in\":\"query\",\"description\":\"long-poll up to this many seconds (capped at 60)\","
+                "\"schema\":{\"type\":\"number\",\"minimum\":0,\"default\":0}}]"},
+    {R_DASHBOARD_DATA, "[{\"name\":\"after\",\"in\":\"query\",\"description\":\"only history rows with a larger id\","
+                       "\"schema\":{\"type\":\"integer\",\"minimum\":0,\"default\":0}}]"},
+};
+
+/* Request schemas reject unknown members (check_keys in api/): every object schema with
+ * properties says so, unless it says otherwise; the response schemas stay open. */
+static void close_objects(json_object *o) {
+    if (json_object_is_type(o, json_type_array)) {
+        for (size_t i = 0; i < json_object_array_length(o); i++) close_objects(json_object_array_get_idx(o, i));
+        return;
+    }
+    if (!json_object_is_type(o, json_type_object)) return;
+    if (json_object_object_get_ex(o, "properties", NULL) && !json_object_object_get_ex(o, "additionalProperties", NULL))
+        json_object_object_add(o, "additionalProperties", json_object_new_boolean(0));
+    json_object_object_foreach(o, k, v) { (void)k; close_objects(v); }
+}
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char *doc_text;
@@ -150,15 +182,30 @@ static void build(void) {
         for (k = 0; r->method[k] && k < 7; k++) lower[k] = (char)(r->method[k] | 0x20);
         lower[k] = 0;
         json_object_object_add(op, "summary", json_object_new_string(r->summary));
+        json_object *params = json_object_new_array();
         if (strstr(r->path, "{id}")) {
-            json_object *params = json_object_new_array(), *p = json_object_new_object(), *sch = json_object_new_object();
+            json_object *p = json_object_new_object(), *sch = json_object_new_object();
             json_object_object_add(p, "name", json_object_new_string("id"));
             json_object_object_add(p, "in", json_object_new_string("path"));
             json_object_object_add(p, "required", json_object_new_boolean(1));
             json_object_object_add(sch, "type", json_object_new_string("string"));
             json_object_object_add(p, "schema", sch);
             json_object_array_add(params, p);
-            json_object_object_add(op, "parameters", params);
+        }
+        for (size_t q = 0; q < sizeof query_params / sizeof query_params[0]; q++) {
+            if (query_params[q].id != r->id) continue;
+            json_object *qa = json_tokener_parse(query_params[q].params);
+            for (size_t k = 0; qa && k < json_object_array_length(qa); k++)
+                json_object_array_add(params, json_object_get(json_object_array_get_idx(qa, k)));
+            json_object_put(qa);
+        }
+        if (json_object_array_length(params)) json_object_object_add(op, "parameters", params);
+        else json_object_put(params);
+        if (!strncmp(r->path, "/v1/", 4)) {
+            json_object *sec = json_object_new_array(), *req = json_object_new_object();
+            json_object_object_add(req, "bearerAuth", json_object_new_array());
+            json_object_array_add(sec, req);
+            json_object_object_add(op, "security", sec);
         }
         if (r->request_schema) {
             json_object *rb = json_object_new_object();
@@ -188,8 +235,17 @@ static void build(void) {
         json_object_object_add(item, lower, op);
     }
     json_object_object_add(d, "paths", paths);
-    json_object *comp = json_object_new_object();
-    json_object_object_add(comp, "schemas", json_tokener_parse(schemas));
+    json_object *comp = json_object_new_object(), *sch = json_tokener_parse(schemas), *ss = json_object_new_object(),
+                *bearer = json_object_new_object();
+    json_object_object_foreach(sch, name, def) {
+        if (strcmp(name, "Error") && strcmp(name, "Job") && strcmp(name, "Accepted")) close_objects(def);
+    }
+    json_object_object_add(comp, "schemas", sch);
+    json_object_object_add(bearer, "type", json_object_new_string("http"));
+    json_object_object_add(bearer, "scheme", json_object_new_string("bearer"));
+    json_object_object_add(bearer, "description", json_object_new_string("the key of --api-key-file; needed when grpod runs with one"));
+    json_object_object_add(ss, "bearerAuth", bearer);
+    json_object_object_add(comp, "securitySchemes", ss);
     json_object_object_add(d, "components", comp);
     doc_text = strdup(json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN));
     json_object_put(d);
