@@ -1,7 +1,7 @@
 # grpod — one Makefile.
 #   make            ./grpod (CPU backend; CUDA joins when nvcc is found, CUDA=0 forces CPU only)
 #   make test       every test; ends with "N passed, N failed"
-#   make run        the daemon on the embedded default model
+#   make run        the daemon on the embedded default model (flags: make run ARGS="--listen 127.0.0.1:9000")
 #   make deps       Debian + Python packages the build and tests need (idempotent)
 #   make bench      CPU benchmarks
 #   make install    PREFIX=/usr/local DESTDIR=
@@ -81,7 +81,7 @@ fuzz: $(BUILD)/fuzz_request
 
 run: deps
 	@$(MAKE) --no-print-directory grpod
-	./grpod serve
+	./grpod serve $(ARGS)
 
 $(BUILD)/bench/%: tests/bench/%.c $(BUILD)/libengine.a
 	@mkdir -p $(dir $@)
