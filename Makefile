@@ -5,8 +5,9 @@
 #   make deps       Debian + Python packages the build and tests need (idempotent)
 #   make bench      CPU benchmarks
 #   make install    PREFIX=/usr/local DESTDIR=
-# Sources are found by wildcard: a new file in engine/, kernels/, api/, store/, daemon/ or
-# tests/unit/ joins the build without touching this file.
+# Sources are found by wildcard: a new file in common/, engine/, kernels/, api/, store/, daemon/
+# or tests/unit/ joins the build without touching this file. common/ (errors, log, clock, files)
+# is the bottom floor and joins the engine library, so programs linking only libengine.a build.
 
 CC       ?= cc
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -28,7 +29,7 @@ ifneq ($(NVCC),)
   CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu)
 endif
 
-ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/*_cpu.c)
+ENGINE_SRC := $(wildcard common/*.c engine/*.c) $(wildcard kernels/*_cpu.c)
 APP_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c api/*.c store/*.c))
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
 
@@ -73,8 +74,8 @@ test: deps
 
 # libFuzzer target over request parsing/validation (tests/fuzz/fuzz_request.c); needs clang.
 # tests/run.sh builds and runs it briefly; `make fuzz` then build/fuzz_request CORPUS for longer.
-FUZZ_SRC := tests/fuzz/fuzz_request.c api/validate.c api/fields.c engine/err.c engine/loss.c engine/reward.c
-$(BUILD)/fuzz_request: $(FUZZ_SRC) $(wildcard api/*.h engine/*.h)
+FUZZ_SRC := tests/fuzz/fuzz_request.c api/validate.c api/fields.c api/status.c common/err.c engine/loss.c engine/reward.c
+$(BUILD)/fuzz_request: $(FUZZ_SRC) $(wildcard api/*.h common/*.h engine/*.h)
 	@mkdir -p $(dir $@)
 	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -o $@ $(FUZZ_SRC) -ljson-c -lm
 fuzz: $(BUILD)/fuzz_request

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "api/metrics.h"
-#include "engine/err.h"
+#include "common/err.h"
 
 __asm__(".pushsection .rodata\n"
         ".global api_dashboard_html\n"

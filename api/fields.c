@@ -12,13 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "api/status.h"
+#include "common/err.h"
 
 /* ---------------------------------------------------------------- errors, limits, JSON bodies */
 
 int api_fail(api_error *e, int code, const char *field, const char *fmt, ...) {
     e->code = code;
-    e->status = err_http_status(code);
+    e->status = api_http_status(code);
     snprintf(e->field, sizeof e->field, "%s", field ? field : "");
     va_list ap;
     va_start(ap, fmt);

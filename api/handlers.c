@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "api/metrics.h"
-#include "daemon/log.h"
-#include "engine/err.h"
+#include "api/status.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -192,7 +194,7 @@ enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, 
             if (*end || end == w || !(wait >= 0)) return reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
             if (wait > s->cfg.max_wait_s) wait = s->cfg.max_wait_s;
         }
-        x->deadline = now_s() + wait;
+        x->deadline = clock_mono_s() + wait;
     }
     store *st = pool_get(s);
     if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
@@ -243,7 +245,7 @@ int status_of_error_json(const char *err) {
     int st = 500;
     if (o && json_object_object_get_ex(o, "code", &code))
         for (int i = 0; i < GE_COUNT_; i++)
-            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = err_http_status(-i); break; }
+            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = api_http_status(-i); break; }
     json_object_put(o);
     return st;
 }
@@ -265,7 +267,7 @@ enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x,
         json_object_put(payload);
         if (!id[0]) return r;           /* the error was replied */
         memcpy(x->job_id, id, sizeof id);
-        x->deadline = now_s() + 600;
+        x->deadline = clock_mono_s() + 600;
     }
     store *st = pool_get(s);
     if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");

@@ -16,14 +16,10 @@
 
 #include "api/metrics.h"
 #include "api/openapi.h"
-#include "daemon/log.h"
-#include "engine/err.h"
-
-double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "api/status.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
 
 /* ---------------------------------------------------------------- growable string */
 
@@ -87,7 +83,7 @@ enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_err
     if (e->field[0]) json_object_object_add(er, "field", json_object_new_string(e->field));
     json_object_object_add(o, "error", er);
     if (e->status >= 500) log_event(LOG_WARN, "http_error", "\"route\":\"%s\",\"status\":%d,\"code\":\"%s\"", x->route ? x->route : "other", e->status, err_name(e->code));
-    return reply_obj(c, x, e->status ? e->status : err_http_status(e->code), o);
+    return reply_obj(c, x, e->status ? e->status : api_http_status(e->code), o);
 }
 enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...) {
     api_error e;
@@ -132,7 +128,7 @@ int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st
     int rc = store_get(st, id, &j);
     int terminal = rc || (j.status != JOB_QUEUED && j.status != JOB_RUNNING);
     store_job_clear(&j);
-    if (terminal || atomic_load(&s->stopping) || now_s() >= x->deadline) { pthread_mutex_unlock(&s->wmu); return 0; }
+    if (terminal || atomic_load(&s->stopping) || clock_mono_s() >= x->deadline) { pthread_mutex_unlock(&s->wmu); return 0; }
     waiter *w = malloc(sizeof *w);
     if (!w) { pthread_mutex_unlock(&s->wmu); return 0; }
     w->conn = c;
@@ -146,7 +142,7 @@ int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st
 }
 
 static void resume_where(api_server *s, int all) {
-    double t = now_s();
+    double t = clock_mono_s();
     pthread_mutex_lock(&s->wmu);
     for (waiter **pw = &s->waiters; *pw;) {
         waiter *w = *pw;

@@ -46,7 +46,6 @@ typedef struct {
     void (*ext_free)(void *ext);
 } conn_ctx;
 
-double now_s(void);                             /* wall-clock seconds (CLOCK_REALTIME) */
 
 /* ---------------------------------------------------------------- growable string */
 

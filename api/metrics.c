@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 #define MAX_HTTP_SERIES 256
 

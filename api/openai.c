@@ -23,7 +23,8 @@
 #include <time.h>
 
 #include "api/fields.h"
-#include "engine/err.h"
+#include "common/clock.h"
+#include "common/err.h"
 
 #define OA_MAX_LOGPROBS 20
 
@@ -565,7 +566,7 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, co
 static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, conn_ctx *x, oa_req *q, int *submitted) {
     *submitted = 0;
     x->job_id[0] = 0;
-    x->deadline = now_s() + 600;
+    x->deadline = clock_mono_s() + 600;
     char id[32] = "";
     enum MHD_Result r = MHD_YES;
     if (q->stage == 0 && q->max_tokens > 0) {

@@ -12,7 +12,7 @@
 #include <time.h>
 
 #include "api/fields.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/loss.h"
 #include "engine/reward.h"
 

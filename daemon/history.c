@@ -9,8 +9,8 @@
 
 #include <json-c/json.h>
 
-#include "daemon/log.h"
-#include "engine/err.h"
+#include "common/err.h"
+#include "common/log.h"
 
 static double num(json_object *o, const char *k1, const char *k2) {
     json_object *v = NULL;

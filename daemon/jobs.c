@@ -14,15 +14,10 @@
 
 #include "api/metrics.h"
 #include "api/validate.h"
-#include "daemon/log.h"
-#include "engine/err.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
 #include "engine/reward.h"
-
-static double mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 
 static json_object *get(json_object *o, const char *k) {
     json_object *v = NULL;
@@ -206,7 +201,7 @@ fail:
 static int rollout_result(jobs_rollout *r, char **result) {
     json_object *groups = get(r->p, "groups"), *ol = get(r->p, "overlong_buffer");
     const eng_sampling *s = &r->s;
-    double ms = mono_ms() - r->t0;
+    double ms = clock_mono_ms() - r->t0;
     json_object *res = json_object_new_object(), *rgs = json_object_new_array();
     long long completion = 0;
     for (int i = 0; i < r->ng; i++) {
@@ -279,7 +274,7 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     eng_info info;
     eng_get_info(env->e, &info);
     (*r)->policy_version = info.policy_version;
-    (*r)->t0 = mono_ms();
+    (*r)->t0 = clock_mono_ms();
     return 0;
 }
 
@@ -431,11 +426,11 @@ static int run_logprobs(const jobs_env *env, json_object *p, char **result) {
     int rc;
     if ((rc = seqs_from_json(get(p, "groups"), 0, 0, &s))) goto done;
     int ref = !strcmp(gets(p, "model", "policy"), "reference");
-    double t0 = mono_ms();
+    double t0 = clock_mono_ms();
     if ((rc = eng_logprobs(env->e, s.g, s.n, ref, (float)getd(p, "temperature", 1.0),
                            geti(p, "max_tokens_per_micro_batch", 32768), &lp)))
         goto done;
-    metrics_seconds(MS_LOGPROBS, (mono_ms() - t0) / 1e3);
+    metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
     eng_info info;
     eng_get_info(env->e, &info);
     json_object *res = json_object_new_object(), *gs = json_object_new_array();
@@ -473,10 +468,10 @@ static int run_checkpoint(const jobs_env *env, const char *job_id, char **result
     if (mkdir(dir, 0755) && errno != EEXIST) return err_set(GE_IO, "mkdir %s: %s", dir, strerror(errno));
     snprintf(id, sizeof id, "ckpt-%lld-%s", info.policy_version, job_id);
     snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
-    double t0 = mono_ms();
+    double t0 = clock_mono_ms();
     int rc = eng_checkpoint_save(env->e, dir);
     if (rc) return rc;
-    metrics_seconds(MS_CHECKPOINT, (mono_ms() - t0) / 1e3);
+    metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
     if ((rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
     json_object *res = json_object_new_object();
     json_object_object_add(res, "id", json_object_new_string(id));

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/err.h"
+#include "common/fsutil.h"
 #include "daemon/serve.h"
 #include "engine/engine.h"
-#include "engine/err.h"
-#include "engine/fsutil.h"
 #include "engine/tokenizer.h"
 
 #define DEFAULT_DATA_DIR "./grpod-data"

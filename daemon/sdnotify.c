@@ -9,7 +9,7 @@
  * One datagram socket is opened at sdn_init() and reused: sendto() on a connectionless socket
  * is safe from several threads, and the watchdog ping then costs one syscall. */
 #include "daemon/sdnotify.h"
-#include "engine/err.h"
+#include "common/err.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -18,10 +18,10 @@
 #include <uv.h>
 
 #include "api/http.h"
-#include "daemon/log.h"
+#include "common/err.h"
+#include "common/log.h"
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
-#include "engine/err.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------- options */

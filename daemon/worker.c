@@ -21,10 +21,11 @@
 #include <unistd.h>
 
 #include "api/metrics.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
 #include "daemon/history.h"
 #include "daemon/jobs.h"
-#include "daemon/log.h"
-#include "engine/err.h"
 #include "store/store.h"
 
 #define MAX_ATTEMPTS 3      /* a job whose run crashed the daemon this often fails instead */
@@ -50,14 +51,9 @@ struct worker {
     long long saved_version;        /* policy version of the newest checkpoint */
 };
 
-static long long mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-static void beat(worker *w) { atomic_store(&w->beat_ns, mono_ns()); }
+static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
 
-double worker_heartbeat_age(worker *w) { return (double)(mono_ns() - atomic_load(&w->beat_ns)) * 1e-9; }
+double worker_heartbeat_age(worker *w) { return (double)(clock_mono_ns() - atomic_load(&w->beat_ns)) * 1e-9; }
 int worker_ready(worker *w) { return atomic_load(&w->ready); }
 long long worker_policy_version(worker *w) { return atomic_load(&w->policy_version); }
 
@@ -69,7 +65,7 @@ static void maybe_hang(worker *w, long long t0) {
         const char *h = getenv("GRPOD_TEST_HANG_ENGINE_AFTER_MS");
         hang_ms = h && *h ? atoll(h) : -1;
     }
-    if (hang_ms >= 0 && mono_ns() - t0 >= hang_ms * 1000000LL) {
+    if (hang_ms >= 0 && clock_mono_ns() - t0 >= hang_ms * 1000000LL) {
         log_event(LOG_WARN, "engine_test_hang", NULL);
         for (;;) sleep(1000);
     }
@@ -78,7 +74,7 @@ static void maybe_hang(worker *w, long long t0) {
 static void on_progress(void *ud, double fraction) {
     worker *w = ud;
     beat(w);
-    double now = (double)mono_ns() * 1e-9;
+    double now = clock_mono_s();
     if (w->cur_job && now - w->last_progress_store > 0.5) {
         w->last_progress_store = now;
         store_progress(w->st, w->cur_job, fraction);
@@ -136,11 +132,11 @@ static int open_engine(worker *w) {
                        .n_threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads()};
     log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d", model,
               w->backend, resume, o.n_threads);
-    double t0 = (double)mono_ns();
+    double t0 = (double)clock_mono_ns();
     if ((rc = eng_open(&o, &w->e))) return rc;
     update_version(w);
     if (w->saved_version < 0) w->saved_version = atomic_load(&w->policy_version);
-    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld", ((double)mono_ns() - t0) / 1e6,
+    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld", ((double)clock_mono_ns() - t0) / 1e6,
               (long long)atomic_load(&w->policy_version));
     return 0;
 }
@@ -174,7 +170,7 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
 
 static void run_one(worker *w, store_job *j) {
     char *result = NULL, esc[700];
-    double t0 = (double)mono_ns();
+    double t0 = (double)clock_mono_ns();
     w->cur_job = j->id;
     w->last_progress_store = 0;
     log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
@@ -183,7 +179,7 @@ static void run_one(worker *w, store_job *j) {
     w->cur_job = NULL;
     beat(w);
     update_version(w);
-    double ms = ((double)mono_ns() - t0) / 1e6;
+    double ms = ((double)clock_mono_ns() - t0) / 1e6;
     int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
     if (cancelled) {
         if (store_mark_cancelled(w->st, j->id))
@@ -205,8 +201,6 @@ typedef struct flight {
     double t0, next_progress, next_cancel_check;
     struct flight *next;
 } flight;
-
-static double now_s(void) { return (double)mono_ns() * 1e-9; }
 
 static void publish_sched(worker *w) {
     eng_sched_stats st;
@@ -233,7 +227,7 @@ static void flight_start(worker *w, store_job *j) {
     }
     f->job = *j;                    /* takes over the payload */
     memset(j, 0, sizeof *j);
-    f->t0 = now_s();
+    f->t0 = clock_mono_s();
     flight **pp = &w->flights;
     while (*pp) pp = &(*pp)->next;
     *pp = f;
@@ -242,7 +236,7 @@ static void flight_start(worker *w, store_job *j) {
 
 /* Polls every rollout in flight: stores finished ones and progress, drops cancelled ones. */
 static void flights_poll(worker *w) {
-    double now = now_s();
+    double now = clock_mono_s();
     int changed = 0;
     for (flight **pp = &w->flights; *pp;) {
         flight *f = *pp;
@@ -352,7 +346,7 @@ static void save_on_exit(worker *w) {
 
 static void *thread_main(void *arg) {
     worker *w = arg;
-    long long t0 = mono_ns();
+    long long t0 = clock_mono_ns();
     beat(w);
     int rc = store_open(w->data_dir, 0, &w->st);
     if (!rc) rc = open_engine(w);

@@ -5,16 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "engine/backend.h"
-#include "engine/err.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/logprob.h"
-#include "kernels/sampling.h"
 #include "kernels/matmul.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/sampling.h"
 #include "kernels/swiglu.h"
 
 static void *cpu_alloc(eng_backend *b, size_t n) {

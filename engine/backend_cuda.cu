@@ -12,8 +12,8 @@
 #include <string.h>
 
 extern "C" {
+#include "common/err.h"
 #include "engine/backend.h"
-#include "engine/err.h"
 }
 #include <cublas_v2.h>
 

@@ -2,7 +2,7 @@
  * Each renderer is the template's Jinja logic for plain {role, content} messages, line for line;
  * the string helpers reproduce Python's str.strip/lstrip/rstrip/split as Jinja calls them. */
 #include "engine/chat.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/tok_text.h"
 #include "engine/unicode_data.h"
 #include <stdlib.h>

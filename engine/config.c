@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/json.h"
 
 static void add_eos(model_config *c, const js *v) {

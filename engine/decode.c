@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "engine/decode.h"
+#include "common/err.h"
 #include "engine/engine_internal.h"
-#include "engine/err.h"
 
 enum { DEC_GRAPH_T = 512, DEC_BUCKETS = 10, DEC_BAN_CAP = 1024 };
 

@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/err.h"
 #include "engine/engine.h"
-#include "engine/err.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 

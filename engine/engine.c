@@ -9,18 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/err.h"
 #include "engine/chat.h"
 #include "engine/decode.h"
 #include "engine/engine_internal.h"
-#include "engine/err.h"
 #include "engine/json.h"
 #include "engine/safetensors.h"
-
-double eng_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* ---------------------------------------------------------------- open / close */
 

@@ -37,5 +37,4 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
  * token). */
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,
               float temperature, float *out, float *ent);
-double eng_now_ms(void);
 #endif

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 /* ---------------------------------------------------------------- arena */
 

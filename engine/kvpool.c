@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 int kvp_init(kvp *p, int cap) {
     memset(p, 0, sizeof *p);

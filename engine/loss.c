@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 /* ---------- configuration and names ---------- */
 

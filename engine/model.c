@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/safetensors.h"
 #include "kernels/rope.h"
 

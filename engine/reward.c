@@ -5,7 +5,7 @@
  * numerically, so "1,234", "1234.0" and "$1234." all equal 1234. Everything here is plain
  * byte-level C over NUL-terminated strings; no allocation. */
 #include "engine/reward.h"
-#include "engine/err.h"
+#include "common/err.h"
 
 #include <ctype.h>
 #include <math.h>

@@ -21,9 +21,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/err.h"
 #include "engine/decode.h"
 #include "engine/engine_internal.h"
-#include "engine/err.h"
 #include "engine/kvpool.h"
 
 void eng_sampling_default(eng_sampling *s) {

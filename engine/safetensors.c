@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/json.h"
 
 float f16_to_f32(unsigned short h) {

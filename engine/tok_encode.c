@@ -7,8 +7,8 @@
  * pick the same pair at every step, so they give the same ids.
  *
  * Layout: id vectors · word cache · BPE · encode · decode · default tokenizer files. */
+#include "common/err.h"
 #include "engine/tok_internal.h"
-#include "engine/err.h"
 #include "engine/tok_text.h"
 #include "engine/unicode_data.h"
 #include <limits.h>

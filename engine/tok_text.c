@@ -11,7 +11,7 @@
  * Unicode 16.0 tables (engine/unicode_data.c); NFC uses the Unicode 9.0 tables there, because the
  * reference normalizes with Unicode 9.0 data (see tools/gen_unicode.py). */
 #include "engine/tok_text.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/unicode_data.h"
 #include <pthread.h>
 #include <stdlib.h>

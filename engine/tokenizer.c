@@ -12,9 +12,9 @@
  *
  * Layout: hash maps · loading · BPE · encode · decode · lookups. */
 #include "engine/tokenizer.h"
-#include "engine/tok_internal.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/json.h"
+#include "engine/tok_internal.h"
 #include "engine/tok_text.h"
 #include "engine/unicode_data.h"
 #include <limits.h>

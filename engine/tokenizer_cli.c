@@ -6,9 +6,10 @@
  *   grpod detokenize --model DIR (--ids 1,2,3 | --jsonl) [--skip-special]
  *
  * Exit codes: 0 ok, 1 runtime error, 2 usage; errors are one line on stderr. */
-#include "engine/tokenizer.h"
-#include "engine/err.h"
+#include "common/clock.h"
+#include "common/err.h"
 #include "engine/json.h"
+#include "engine/tokenizer.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,12 +101,6 @@ static void lines_free(lines *L) {
     free(L->s); free(L->len);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int run_jsonl(const tok *t, int add_special, int parse_special, int bench) {
     lines L;
     int rc = read_jsonl_strings(&L);
@@ -114,14 +109,14 @@ static int run_jsonl(const tok *t, int add_special, int parse_special, int bench
         size_t bytes = 0;
         long long ntok = 0;
         for (int i = 0; i < L.n; i++) bytes += L.len[i];
-        double t0 = now_s();
+        double t0 = clock_mono_s();
         for (int r = 0; r < bench && !rc; r++)
             for (int i = 0; i < L.n && !rc; i++) {
                 int *ids, n;
                 rc = tok_encode(t, L.s[i], L.len[i], add_special, parse_special, &ids, &n);
                 if (!rc) { ntok += n; free(ids); }
             }
-        double dt = now_s() - t0;
+        double dt = clock_mono_s() - t0;
         if (!rc)
             printf("{\"lines\": %d, \"bytes\": %zu, \"repeats\": %d, \"tokens\": %lld, \"seconds\": %.4f, "
                    "\"mb_per_s\": %.3f}\n", L.n, bytes, bench, ntok, dt, (double)bytes * bench / dt / 1e6);

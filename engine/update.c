@@ -15,8 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
+#include "common/err.h"
 #include "engine/engine_internal.h"
-#include "engine/err.h"
 #include "kernels/adamw.h"
 
 void eng_optim_default(eng_optim *o) {
@@ -147,7 +148,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, 
 
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
                long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
-    double t0 = eng_now_ms();
+    double t0 = clock_mono_ms();
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
     work w;
@@ -163,18 +164,18 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (w.n_groups && (rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) { work_free(&w); return rc; }
     if (w.n_groups) pack_plan_free(&plan);
 
-    double t = eng_now_ms();
+    double t = clock_mono_ms();
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
     int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
     int need_old = !(a->use_rollout_logprobs);
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
     int old_from_policy = need_old && steps_total == 1;
     if (w.n_groups && need_old && !old_from_policy) rc = eng_score(e, &e->wv, w.pg, w.n_groups, max_tokens, a->temperature, w.old, NULL);
-    out->ms_old = eng_now_ms() - t;
-    t = eng_now_ms();
+    out->ms_old = clock_mono_ms() - t;
+    t = clock_mono_ms();
     if (!rc && w.n_groups && a->kl_coef > 0)
         rc = eng_score(e, &e->rv, w.pg, w.n_groups, max_tokens, a->temperature, w.ref, NULL);
-    out->ms_ref = eng_now_ms() - t;
+    out->ms_ref = clock_mono_ms() - t;
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
@@ -183,13 +184,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
-            t = eng_now_ms();
+            t = clock_mono_ms();
             e->be->zero(e->be, e->grad, nbytes);
             rc = run_minibatch(e, &w, g0, g1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
             if (!rc) rc = e->be->sync(e->be);
-            ms_policy += eng_now_ms() - t;
+            ms_policy += clock_mono_ms() - t;
             if (rc) break;
-            t = eng_now_ms();
+            t = clock_mono_ms();
             double norm = sqrt(e->be->sumsq(e->be, e->grad, e->m.n_elems));
             grad_norm_sum += norm;
             if (!isfinite(norm)) { rc = err_set(GE_INTERNAL, "update: gradient norm is %g; step skipped", norm); break; }
@@ -201,7 +202,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             e->be->adamw(e->be, e->w_master, e->w_act == e->w_master ? NULL : e->w_act, e->grad, e->adam_m, e->adam_v,
                          e->m.n_elems, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
             rc = e->be->sync(e->be);
-            ms_opt += eng_now_ms() - t;
+            ms_opt += clock_mono_ms() - t;
             steps++;
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
@@ -218,7 +219,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     }
     out->ms_policy = ms_policy;
     out->ms_optimizer = ms_opt;
-    out->ms_total = eng_now_ms() - t0;
+    out->ms_total = clock_mono_ms() - t0;
     work_free(&w);
     return rc;
 }

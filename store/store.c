@@ -12,8 +12,9 @@
  *
  * Not here: JSON (payloads/results are opaque text), HTTP, CUDA. */
 #include "store/store.h"
-#include "engine/err.h"
-#include "engine/fsutil.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
 #include <sqlite3.h>
@@ -143,12 +144,6 @@ static int status_parse(const char *name) {
 }
 
 /* ---------------------------------------------------------------- low-level helpers */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* GE_STORE with SQLite's own message and what we were doing. */
 static int db_err(store *s, const char *what) {
@@ -320,7 +315,7 @@ static int recover(store *s) {
     int r = tx_begin(s, "starting recovery");
     if (r) return r;
     sqlite3_stmt *st = q_get(s, Q_RECOVER_CANCELLED);
-    BIND_OK(s, sqlite3_bind_double(st, 1, now_s()), "recovering jobs");
+    BIND_OK(s, sqlite3_bind_double(st, 1, clock_wall_s()), "recovering jobs");
     if ((r = q_exec(s, st, "cancelling interrupted jobs")) < 0 ||
         (r = q_exec(s, q_get(s, Q_RECOVER), "requeueing interrupted jobs")) < 0 ||
         (r = tx_commit(s, "committing recovery")) < 0) {
@@ -417,7 +412,7 @@ int store_submit(store *s, const char *kind, const char *payload, int max_queued
         if (sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
             sqlite3_bind_text(st, 2, kind, -1, SQLITE_STATIC) != SQLITE_OK ||
             sqlite3_bind_text(st, 3, payload ? payload : "{}", -1, SQLITE_STATIC) != SQLITE_OK ||
-            sqlite3_bind_double(st, 4, now_s()) != SQLITE_OK) {
+            sqlite3_bind_double(st, 4, clock_wall_s()) != SQLITE_OK) {
             r = db_err(s, "binding a new job");
             q_done(st);
             goto fail;
@@ -443,7 +438,7 @@ int store_claim(store *s, store_job *j) {
     int r = tx_begin(s, "starting claim");
     if (r) return r;
     sqlite3_stmt *st = q_get(s, Q_CLAIM);
-    if (sqlite3_bind_double(st, 1, now_s()) != SQLITE_OK) {
+    if (sqlite3_bind_double(st, 1, clock_wall_s()) != SQLITE_OK) {
         r = db_err(s, "binding claim");
         q_done(st);
         goto fail;
@@ -498,7 +493,7 @@ static int update_job(store *s, sqlite3_stmt *st, const char *id, const char *ac
 int store_mark_started(store *s, const char *id) {
     sqlite3_stmt *st = q_get(s, Q_STARTED);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding started");
-    BIND_OK(s, sqlite3_bind_double(st, 2, now_s()), "binding started");
+    BIND_OK(s, sqlite3_bind_double(st, 2, clock_wall_s()), "binding started");
     return update_job(s, st, id, "mark started");
 }
 
@@ -508,7 +503,7 @@ int store_finish(store *s, const char *id, const char *result, long long policy_
     BIND_OK(s, result ? sqlite3_bind_text(st, 2, result, -1, SQLITE_STATIC)
                       : sqlite3_bind_null(st, 2), "binding finish");
     BIND_OK(s, sqlite3_bind_int64(st, 3, policy_version), "binding finish");
-    BIND_OK(s, sqlite3_bind_double(st, 4, now_s()), "binding finish");
+    BIND_OK(s, sqlite3_bind_double(st, 4, clock_wall_s()), "binding finish");
     return update_job(s, st, id, "finish");
 }
 
@@ -517,7 +512,7 @@ int store_fail(store *s, const char *id, const char *error_json) {
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding fail");
     BIND_OK(s, sqlite3_bind_text(st, 2, error_json ? error_json : "{}", -1, SQLITE_STATIC),
             "binding fail");
-    BIND_OK(s, sqlite3_bind_double(st, 3, now_s()), "binding fail");
+    BIND_OK(s, sqlite3_bind_double(st, 3, clock_wall_s()), "binding fail");
     return update_job(s, st, id, "fail");
 }
 
@@ -530,7 +525,7 @@ int store_requeue(store *s, const char *id) {
 int store_fail_exhausted(store *s, int max_attempts) {
     sqlite3_stmt *st = q_get(s, Q_FAIL_EXHAUSTED);
     BIND_OK(s, sqlite3_bind_int(st, 1, max_attempts > 0 ? max_attempts : 1), "binding fail exhausted");
-    BIND_OK(s, sqlite3_bind_double(st, 2, now_s()), "binding fail exhausted");
+    BIND_OK(s, sqlite3_bind_double(st, 2, clock_wall_s()), "binding fail exhausted");
     return q_exec(s, st, "failing jobs interrupted too often");
 }
 
@@ -547,7 +542,7 @@ int store_cancel(store *s, const char *id) {
     if (r) return r;
     sqlite3_stmt *st = q_get(s, Q_CANCEL_QUEUED);
     if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_double(st, 2, now_s()) != SQLITE_OK) {
+        sqlite3_bind_double(st, 2, clock_wall_s()) != SQLITE_OK) {
         r = db_err(s, "binding cancel");
         q_done(st);
         goto fail;
@@ -584,7 +579,7 @@ int store_cancel_requested(store *s, const char *id) {
 int store_mark_cancelled(store *s, const char *id) {
     sqlite3_stmt *st = q_get(s, Q_MARK_CANCELLED);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding mark cancelled");
-    BIND_OK(s, sqlite3_bind_double(st, 2, now_s()), "binding mark cancelled");
+    BIND_OK(s, sqlite3_bind_double(st, 2, clock_wall_s()), "binding mark cancelled");
     return update_job(s, st, id, "mark cancelled");
 }
 
@@ -687,7 +682,7 @@ int store_checkpoint_add(store *s, const char *id, const char *path, long long p
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding checkpoint");
     BIND_OK(s, sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC), "binding checkpoint");
     BIND_OK(s, sqlite3_bind_int64(st, 3, policy_version), "binding checkpoint");
-    BIND_OK(s, sqlite3_bind_double(st, 4, now_s()), "binding checkpoint");
+    BIND_OK(s, sqlite3_bind_double(st, 4, clock_wall_s()), "binding checkpoint");
     int r = q_exec(s, st, "adding a checkpoint");
     return r < 0 ? r : 0;
 }
@@ -724,7 +719,7 @@ int store_checkpoint_list(store *s, store_ckpt **out, int *n) {
 
 int store_history_add(store *s, const char *kind, long long policy_version, const char *stats) {
     sqlite3_stmt *st = q_get(s, Q_HIST_ADD);
-    BIND_OK(s, sqlite3_bind_double(st, 1, now_s()), "binding history");
+    BIND_OK(s, sqlite3_bind_double(st, 1, clock_wall_s()), "binding history");
     BIND_OK(s, sqlite3_bind_text(st, 2, kind, -1, SQLITE_STATIC), "binding history");
     BIND_OK(s, sqlite3_bind_int64(st, 3, policy_version), "binding history");
     BIND_OK(s, sqlite3_bind_text(st, 4, stats, -1, SQLITE_STATIC), "binding history");

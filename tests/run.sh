@@ -1,6 +1,7 @@
 #!/bin/bash
-# make test: runs every unit-test binary (given as arguments), then the Python tests under
-# tests/ (pytest), then prints the one closing line "N passed, N failed".
+# make test: runs every unit-test binary (given as arguments), the floors check
+# (tools/check_floors.sh), the fuzzer, then the Python tests under tests/ (pytest), then prints
+# the one closing line "N passed, N failed".
 # Unit binaries print "PASS name" / "FAIL name: why" lines; a binary that crashes or exits
 # non-zero without a FAIL line counts as one failure.
 set -u
@@ -18,6 +19,12 @@ for bin in "$@"; do
   grep '^FAIL ' "$out" | sed 's/^/    /'
   [ "$rc" != 0 ] && [ "$f" != 0 ] && tail -5 "$out" | sed 's/^/    | /'
 done
+# Floors: no file includes a floor above its own (tools/check_floors.sh); one row.
+if bash tools/check_floors.sh >"$log/floors.log" 2>&1; then
+  pass=$((pass + 1)); printf '%-28s %3d passed %3d failed\n' check_floors 1 0
+else
+  fail=$((fail + 1)); printf '%-28s %3d passed %3d failed\n' check_floors 0 1; sed 's/^/    /' "$log/floors.log"
+fi
 # Fuzz: the request-validation libFuzzer target, briefly (20000 inputs from the seed corpus).
 if command -v clang >/dev/null 2>&1 && make -s build/fuzz_request >"$log/fuzz-build.log" 2>&1; then
   rm -rf build/fuzz-corpus; cp -r tests/fuzz/corpus build/fuzz-corpus

@@ -26,7 +26,7 @@ import corpus as C  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 SOURCES = ["tests/tokenizer/tok_driver.c", "engine/tok_text.c", "engine/tok_encode.c", "engine/tokenizer.c",
-           "engine/tokenizer_cli.c", "engine/unicode_data.c", "engine/json.c", "engine/err.c", "engine/chat.c"]
+           "engine/tokenizer_cli.c", "engine/unicode_data.c", "engine/json.c", "common/err.c", "common/clock.c", "engine/chat.c"]
 
 
 def grpod_cmd(tmp):

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/err.h"
 #include "engine/backend.h"
-#include "engine/err.h"
 #include "tests/unit/check.h"
 
 static int gc_failures;

@@ -24,7 +24,7 @@ TOKDIR = os.path.join(C.SHARED, "tokenizers")
 MODELS = ["qwen3", "llama3"]
 SOURCES = ["tests/tokenizer/tok_driver.c", "engine/tok_text.c", "engine/tok_encode.c",
            "engine/tokenizer.c", "engine/tokenizer_cli.c", "engine/unicode_data.c",
-           "engine/json.c", "engine/err.c", "engine/chat.c"]
+           "engine/json.c", "common/err.c", "common/clock.c", "engine/chat.c"]
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
 /* tok_driver.c — a stand-alone `tokenize`/`detokenize` for the tokenizer tests, so they do not
  * depend on the daemon binary: `tok_driver tokenize ...` runs tok_cli_tokenize. Built by
  * tests/tokenizer/test_parity.py from the engine's tokenizer sources only. */
+#include "common/err.h"
 #include "engine/chat.h"
-#include "engine/err.h"
 #include "engine/json.h"
 #include "engine/tokenizer.h"
 #include <stdio.h>

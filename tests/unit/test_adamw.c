@@ -10,7 +10,7 @@
 
 #include <omp.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/json.h"
 #include "kernels/adamw.h"
 

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/model.h"
 #include "engine/pack.h"
 #include "kernels/attention.h"

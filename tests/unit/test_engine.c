@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/err.h"
 #include "engine/engine.h"
-#include "engine/err.h"
 
 #define MODEL "/tmp/grpod_test_engine_model"
 

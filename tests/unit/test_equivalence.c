@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/model.h"
 #include "engine/pack.h"
 

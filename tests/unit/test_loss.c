@@ -8,7 +8,7 @@
  * closed form. Additivity: micro-batches with global denominators sum to the one-call loss. */
 #include "tests/unit/check.h"
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/loss.h"
 #include "tests/fixtures/loss_reference.inc"
 

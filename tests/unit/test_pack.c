@@ -3,7 +3,7 @@
  * packed token sees exactly the (token id, position) context its standard-layout twin sees. */
 #include "tests/unit/check.h"
 
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/pack.h"
 
 /* ---------- a hand-built case ----------

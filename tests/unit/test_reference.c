@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/err.h"
 #include "engine/engine.h"
-#include "engine/err.h"
 #include "engine/json.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"

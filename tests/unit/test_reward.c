@@ -1,10 +1,10 @@
 /* test_reward.c — built-in verifiers: type names, spec checks, exact/contains/regex/math scores,
  * GSM8K answer extraction (hand-written cases and the real GSM8K test split from
  * ../shared/data/gsm8k/test.jsonl), numeric parsing, and DAPO overlong shaping. */
-#include "tests/unit/check.h"
-#include "engine/reward.h"
-#include "engine/err.h"
+#include "common/err.h"
 #include "engine/json.h"
+#include "engine/reward.h"
+#include "tests/unit/check.h"
 
 #define GSM8K_PATH "../shared/data/gsm8k/test.jsonl"
 

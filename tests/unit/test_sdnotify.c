@@ -2,9 +2,9 @@
  * systemd, binding the socket that NOTIFY_SOCKET names (a /tmp path, then an abstract name),
  * and checks every datagram byte for byte; then WATCHDOG_USEC / WATCHDOG_PID parsing and the
  * disabled and unreachable cases. */
-#include "tests/unit/check.h"
+#include "common/err.h"
 #include "daemon/sdnotify.h"
-#include "engine/err.h"
+#include "tests/unit/check.h"
 
 #include <errno.h>
 #include <poll.h>

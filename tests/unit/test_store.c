@@ -2,9 +2,9 @@
  * key/value and checkpoint index, the dashboard history, crash recovery, the queue limit, claims racing from two
  * threads, and durability of a submit against SIGKILL of the submitting process.
  * Each test works in its own fresh directory under /tmp. */
-#include "tests/unit/check.h"
+#include "common/err.h"
 #include "store/store.h"
-#include "engine/err.h"
+#include "tests/unit/check.h"
 
 #include <ctype.h>
 #include <pthread.h>

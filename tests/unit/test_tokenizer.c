@@ -3,8 +3,8 @@
  * tokenizers 0.23), round trips, special-token switches, invalid UTF-8 in decode, the default
  * model's tokenizer, chat rendering, and refusal of what is not supported (WordPiece, Unigram,
  * unknown regexes). The full HF parity run is tests/tokenizer/test_parity.py. */
+#include "common/err.h"
 #include "engine/chat.h"
-#include "engine/err.h"
 #include "engine/tokenizer.h"
 #include "tests/unit/check.h"
 

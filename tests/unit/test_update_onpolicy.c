@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "common/err.h"
 #include "engine/engine.h"
-#include "engine/err.h"
 
 #define MODEL "/tmp/grpod_test_onpolicy_model"
 

@@ -1,21 +1,16 @@
-/* err.c — names, messages and HTTP statuses of the error list, and the per-thread detail. */
-#include "engine/err.h"
+/* err.c — names and messages of the error list, and the per-thread detail. */
+#include "common/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 
 static const char *const names[] = {
-#define X_(N, s, h, m) s,
+#define X_(N, s, m) s,
     GE_ERRORS(X_)
 #undef X_
 };
 static const char *const msgs[] = {
-#define X_(N, s, h, m) m,
-    GE_ERRORS(X_)
-#undef X_
-};
-static const int statuses[] = {
-#define X_(N, s, h, m) h,
+#define X_(N, s, m) m,
     GE_ERRORS(X_)
 #undef X_
 };
@@ -26,7 +21,6 @@ static _Thread_local int last_code;
 static int idx(int code) { return (code <= 0 && -code < GE_COUNT_) ? -code : GE_INTERNAL_I; }
 const char *err_name(int code) { return names[idx(code)]; }
 const char *err_default(int code) { return msgs[idx(code)]; }
-int err_http_status(int code) { return statuses[idx(code)]; }
 
 int err_set(int code, const char *fmt, ...) {
     va_list ap;

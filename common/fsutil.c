@@ -1,12 +1,12 @@
 /* fsutil.c — see fsutil.h. */
-#include "engine/fsutil.h"
+#include "common/fsutil.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 int fs_mkdirs(const char *path) {
     char buf[4096];

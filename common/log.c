@@ -1,5 +1,5 @@
 /* log.c — JSON-lines events on stderr; see log.h. */
-#include "daemon/log.h"
+#include "common/log.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -8,7 +8,7 @@
 #include <sys/time.h>
 #include <time.h>
 
-#include "engine/err.h"
+#include "common/err.h"
 
 static _Atomic int cur_level = LOG_INFO;
 static const char *const level_names[] = {"debug", "info", "warn", "error"};

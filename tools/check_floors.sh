@@ -1,0 +1,41 @@
+#!/bin/bash
+# check_floors.sh — fails when a source file includes a floor above its own, or a library that
+# its floor must not see. The floors (DESIGN.md): daemon → api → store, daemon → engine → kernels,
+# all → common; api reads the engine's public types (engine.h, loss.h, reward.h) but never
+# kernels/. Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
+set -u
+cd "$(dirname "$0")/.."
+# floor: the project directories its files may include ("" = only itself and common/)
+declare -A may=(
+  [common]="common"
+  [kernels]="kernels common"
+  [engine]="engine kernels common"
+  [store]="store common"
+  [api]="api store engine common"
+  [daemon]="daemon api store engine common"
+)
+# floor: system headers it must not include (HTTP, SQL, JSON library, event loop stay up top)
+declare -A banned=(
+  [common]="microhttpd.h sqlite3.h json-c/ uv.h cuda"
+  [kernels]="microhttpd.h sqlite3.h json-c/ uv.h"
+  [engine]="microhttpd.h sqlite3.h json-c/ uv.h"
+  [store]="microhttpd.h json-c/ uv.h cuda"
+  [api]="sqlite3.h uv.h cuda"
+)
+bad=0
+for floor in "${!may[@]}"; do
+  for f in $(ls "$floor"/*.c "$floor"/*.h "$floor"/*.cu "$floor"/*.cuh 2>/dev/null); do
+    while IFS=: read -r n inc; do
+      dir=${inc%%/*}
+      [ "$dir" = "$inc" ] && continue             # "x.h" without a directory: same folder
+      case " ${may[$floor]} " in *" $dir "*) ;; *)
+        echo "$f:$n: $floor/ may not include $inc (allowed: ${may[$floor]})"; bad=1 ;; esac
+    done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" | sed -E 's/^([0-9]+):.*"([^"]+)".*/\1:\2/')
+    for lib in ${banned[$floor]:-}; do
+      grep -nE "^[[:space:]]*#[[:space:]]*include[[:space:]]+<$lib" "$f" | while IFS=: read -r n _; do
+        echo "$f:$n: $floor/ may not include <$lib…>"; done | grep . && bad=1
+    done
+  done
+done
+[ $bad = 0 ] && echo "floors: no upward include"
+exit $bad
