@@ -74,7 +74,7 @@ test: deps
 
 # libFuzzer target over request parsing/validation (tests/fuzz/fuzz_request.c); needs clang.
 # tests/run.sh builds and runs it briefly; `make fuzz` then build/fuzz_request CORPUS for longer.
-FUZZ_SRC := tests/fuzz/fuzz_request.c api/validate.c api/fields.c api/status.c common/err.c engine/loss.c engine/reward.c
+FUZZ_SRC := tests/fuzz/fuzz_request.c api/validate.c api/fields.c api/params.c api/status.c common/err.c engine/loss.c engine/params.c engine/reward.c
 $(BUILD)/fuzz_request: $(FUZZ_SRC) $(wildcard api/*.h common/*.h engine/*.h)
 	@mkdir -p $(dir $@)
 	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -o $@ $(FUZZ_SRC) -ljson-c -lm

@@ -1,5 +1,6 @@
 /* openapi.c — the route table and the OpenAPI 3.0 document built from it (paths from the
- * table, request/response schemas from the static text below). */
+ * table, request/response schemas from the static text below; Sampling, Algorithm and
+ * Optimizer from their rows in engine/params.c, through api_params_schema). */
 #include "api/openapi.h"
 
 #include <pthread.h>
@@ -7,6 +8,8 @@
 #include <string.h>
 
 #include <json-c/json.h>
+
+#include "api/params.h"
 
 const api_route api_routes[R_COUNT] = {
     {R_HEALTHZ, "GET", "/healthz", "Liveness: 200 while the process serves HTTP", NULL, 200},
@@ -38,14 +41,6 @@ static const char schemas[] =
 "  \"required\":[\"code\",\"message\"]}}},"
 "\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\",\"contains\",\"none\"]},"
 "  \"answer\":{\"type\":\"string\"},\"case_sensitive\":{\"type\":\"boolean\",\"default\":true}},\"required\":[\"type\"]},"
-"\"Sampling\":{\"type\":\"object\",\"properties\":{\"temperature\":{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"default\":1.0},"
-"  \"top_p\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":1,\"default\":1.0},\"top_k\":{\"type\":\"integer\",\"minimum\":-1,\"default\":0},"
-"  \"min_p\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0},"
-"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"at most --max-tokens (4096)\",\"default\":16},"
-"  \"min_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},"
-"  \"stop\":{\"oneOf\":[{\"type\":\"string\",\"minLength\":1},{\"type\":\"array\",\"maxItems\":16,\"items\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":256}}]},"
-"  \"stop_token_ids\":{\"type\":\"array\",\"maxItems\":64,\"items\":{\"type\":\"integer\",\"minimum\":0}},\"seed\":{\"type\":\"integer\",\"minimum\":0},"
-"  \"ignore_eos\":{\"type\":\"boolean\",\"default\":false},\"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":1}}},"
 "\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\",\"enum\":[\"system\",\"user\",\"assistant\",\"tool\"]},"
 "  \"content\":{\"type\":\"string\"},\"name\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
 "\"RolloutGroup\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
@@ -61,22 +56,6 @@ static const char schemas[] =
 "\"ScoredGroup\":{\"type\":\"object\",\"properties\":{\"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
 "  \"responses\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredResponse\"}},\"metadata\":{}},"
 "  \"required\":[\"prompt_ids\",\"responses\"]},"
-"\"Algorithm\":{\"type\":\"object\",\"properties\":{\"adv_estimator\":{\"type\":\"string\",\"enum\":[\"grpo\",\"drgrpo\",\"rloo\",\"given\"]},"
-"  \"norm_adv_by_std\":{\"type\":\"boolean\"},\"loss_mode\":{\"type\":\"string\",\"enum\":[\"vanilla\",\"gspo\"]},"
-"  \"clip_ratio_low\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0.2},\"clip_ratio_high\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10,\"default\":0.28},"
-"  \"clip_ratio_c\":{\"type\":\"number\",\"minimum\":1,\"maximum\":1000,\"default\":3},"
-"  \"loss_agg_mode\":{\"type\":\"string\",\"enum\":[\"token-mean\",\"token-sum\",\"seq-mean-token-sum\",\"seq-mean-token-mean\",\"seq-mean-token-sum-norm\"]},"
-"  \"kl_coef\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1000,\"default\":0.001},\"kl_type\":{\"type\":\"string\",\"enum\":[\"kl\",\"abs\",\"mse\",\"low_var_kl\"]},"
-"  \"entropy_coeff\":{\"type\":\"number\",\"minimum\":-10,\"maximum\":10,\"default\":0},\"ppo_epochs\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":64,\"default\":1},"
-"  \"ppo_mini_batch_size\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},"
-"  \"temperature\":{\"type\":\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},\"old_logprobs\":{\"type\":\"string\",\"enum\":[\"recompute\",\"rollout\"]},"
-"  \"mask_truncated_completions\":{\"type\":\"boolean\"},\"filter_groups\":{\"type\":\"boolean\"}}},"
-"\"Optimizer\":{\"type\":\"object\",\"properties\":{\"lr\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":1e-6},"
-"  \"weight_decay\":{\"type\":\"number\",\"minimum\":0,\"maximum\":10,\"default\":0.01},"
-"  \"betas\":{\"type\":\"array\",\"minItems\":2,\"maxItems\":2,\"items\":{\"type\":\"number\",\"minimum\":0,\"exclusiveMaximum\":1}},"
-"  \"eps\":{\"type\":\"number\",\"minimum\":1e-20,\"maximum\":1,\"default\":1e-8},\"grad_clip\":{\"type\":\"number\",\"minimum\":0,\"default\":1},"
-"  \"warmup_steps\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},\"lr_schedule\":{\"type\":\"string\",\"enum\":[\"constant\",\"cosine\"]},"
-"  \"total_steps\":{\"type\":\"integer\",\"minimum\":0,\"default\":0},\"min_lr_ratio\":{\"type\":\"number\",\"minimum\":0,\"maximum\":1,\"default\":0}}},"
 "\"UpdateRequest\":{\"type\":\"object\",\"properties\":{\"rollout_job_id\":{\"type\":\"string\"},"
 "  \"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
 "  \"algorithm\":{\"$ref\":\"#/components/schemas/Algorithm\"},\"optimizer\":{\"$ref\":\"#/components/schemas/Optimizer\"},"
@@ -237,6 +216,9 @@ static void build(void) {
     json_object_object_add(d, "paths", paths);
     json_object *comp = json_object_new_object(), *sch = json_tokener_parse(schemas), *ss = json_object_new_object(),
                 *bearer = json_object_new_object();
+    json_object_object_add(sch, "Sampling", api_params_schema(&eng_sampling_params));
+    json_object_object_add(sch, "Algorithm", api_params_schema(&eng_loss_params));
+    json_object_object_add(sch, "Optimizer", api_params_schema(&eng_optim_params));
     json_object_object_foreach(sch, name, def) {
         if (strcmp(name, "Error") && strcmp(name, "Job") && strcmp(name, "Accepted")) close_objects(def);
     }

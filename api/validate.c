@@ -9,11 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/fields.h"
+#include "api/params.h"
 #include "common/err.h"
-#include "engine/loss.h"
 #include "engine/reward.h"
 
 /* ---------------------------------------------------------------- prompts */
@@ -100,82 +99,6 @@ static json_object *ids_json(const int *ids, int n) {
 
 /* ---------------------------------------------------------------- rollouts */
 
-/* sampling → canonical sampling object (every field present). */
-static int sampling_or_reply(json_object *s, const api_limits *l, const api_model *m, json_object **out,
-                             api_error *e) {
-    static const char *const keys[] = {"temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens",
-                                       "stop", "stop_token_ids", "seed", "ignore_eos", "logprobs", NULL};
-    json_object *empty = NULL;
-    if (!s) s = empty = json_object_new_object();
-    double temp, top_p, min_p;
-    long long top_k, max_tokens, min_tokens, seed, lp;
-    int ignore_eos, rc;
-    json_object *stop_ids = NULL, *stop = NULL, *v;
-    if ((rc = check_keys(s, "sampling", keys, e)) ||
-        (rc = get_num(s, "sampling", "temperature", 0, 100, 1.0, &temp, e)) ||
-        (rc = get_num(s, "sampling", "top_p", 0, 1, 1.0, &top_p, e)) ||
-        (rc = get_int(s, "sampling", "top_k", -1, m->vocab, 0, &top_k, e)) ||
-        (rc = get_num(s, "sampling", "min_p", 0, 1, 0.0, &min_p, e)) ||
-        (rc = get_int(s, "sampling", "max_tokens", 1, l->max_tokens, l->max_tokens < 16 ? l->max_tokens : 16, &max_tokens, e)) ||
-        (rc = get_bool(s, "sampling", "ignore_eos", 0, &ignore_eos, e)) ||
-        (rc = get_ids(s, "sampling", "stop_token_ids", 0, 0, 64, m->vocab, &stop_ids, NULL, NULL, e)))
-        goto done;
-    if ((rc = get_int(s, "sampling", "min_tokens", 0, max_tokens, 0, &min_tokens, e))) goto done;
-    if (top_p <= 0) { rc = api_fail(e, GE_INVALID, "sampling.top_p", "sampling.top_p must be > 0 and <= 1"); goto done; }
-    if (top_k < 0) top_k = 0;   /* vLLM: -1 means off */
-    /* logprobs: accepted for vLLM compatibility; the sampled token's logprob is always returned. */
-    if (json_object_object_get_ex(s, "logprobs", &v) && v && !json_object_is_type(v, json_type_boolean) &&
-        (rc = get_int(s, "sampling", "logprobs", 0, 1, 0, &lp, e)))
-        goto done;
-    /* No seed: draw one now and store it, so a job re-run after a crash samples the same tokens. */
-    if ((rc = get_int(s, "sampling", "seed", 0, 0x7fffffffffffffffLL, -1, &seed, e))) goto done;
-    if (seed < 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        seed = (long long)(((unsigned long long)ts.tv_nsec * 2654435761ull ^ (unsigned long long)ts.tv_sec) & 0x7fffffff);
-    }
-    stop = json_object_new_array();
-    v = NULL;
-    json_object_object_get_ex(s, "stop", &v);
-    if (v && json_object_is_type(v, json_type_string)) {
-        if (json_object_get_string_len(v) == 0) { rc = api_fail(e, GE_INVALID, "sampling.stop", "sampling.stop must not be empty"); goto done; }
-        json_object_array_add(stop, json_object_new_string(json_object_get_string(v)));
-    } else if (v) {
-        json_object *a;
-        if ((rc = get_arr(s, "sampling", "stop", 0, 0, 16, &a, e))) goto done;
-        for (int i = 0; i < (int)json_object_array_length(a); i++) {
-            json_object *x = json_object_array_get_idx(a, (size_t)i);
-            int len = json_object_is_type(x, json_type_string) ? json_object_get_string_len(x) : -1;
-            if (len < 1 || len > 256 || (int)strlen(json_object_get_string(x)) != len) {
-                char f[64];
-                snprintf(f, sizeof f, "sampling.stop[%d]", i);
-                rc = api_fail(e, GE_INVALID, f, "%s must be a non-empty string of at most 256 bytes", f);
-                goto done;
-            }
-            json_object_array_add(stop, json_object_new_string(json_object_get_string(x)));
-        }
-    }
-    json_object *c = json_object_new_object();
-    put_num(c, "temperature", temp);
-    put_num(c, "top_p", top_p);
-    put_int(c, "top_k", top_k);
-    put_num(c, "min_p", min_p);
-    put_int(c, "max_tokens", max_tokens);
-    put_int(c, "min_tokens", min_tokens);
-    json_object_object_add(c, "stop", stop);
-    stop = NULL;
-    json_object_object_add(c, "stop_token_ids", stop_ids ? stop_ids : json_object_new_array());
-    stop_ids = NULL;
-    put_int(c, "seed", seed);
-    put_bool(c, "ignore_eos", ignore_eos);
-    *out = c;
-done:
-    json_object_put(stop);
-    json_object_put(stop_ids);
-    json_object_put(empty);
-    return rc;
-}
-
 /* DAPO overlong shaping: {"len": L, "penalty_factor": f}. */
 static int overlong_or_reply(json_object *o, const char *path, double *len, double *pen, api_error *e) {
     static const char *const keys[] = {"len", "penalty_factor", NULL};
@@ -230,7 +153,7 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
     if ((rc = check_keys(req, "", keys, e)) || (rc = get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e)) ||
         (rc = get_obj(req, "", "sampling", &samp_in, e)) || (rc = get_obj(req, "", "overlong_buffer", &ol, e)) ||
         (rc = overlong_or_reply(ol, "overlong_buffer", &ol_len, &ol_pen, e)) ||
-        (rc = sampling_or_reply(samp_in, l, m, &sampling, e)))
+        (rc = api_params_or_reply(&eng_sampling_params, samp_in, "sampling", NULL, l, m, &sampling, e)))
         goto fail;
     int max_tokens = json_object_get_int(json_object_object_get(sampling, "max_tokens"));
     out_groups = json_object_new_array();
@@ -292,123 +215,6 @@ fail:
 }
 
 /* ---------------------------------------------------------------- updates */
-
-static int enum_or_reply(json_object *o, const char *path, const char *key, const char *dflt,
-                         int (*parse)(const char *, int *), const char *choices, json_object *c, api_error *e) {
-    const char *s;
-    int rc, dummy;
-    if ((rc = get_str(o, path, key, 0, &s, e))) return rc;
-    if (!s) s = dflt;
-    if (parse(s, &dummy)) {
-        char f[128];
-        path_join(f, sizeof f, path, key);
-        return api_fail(e, GE_INVALID, f, "%s '%.64s' must be one of %s", f, s, choices);
-    }
-    put_str(c, key, s);
-    return 0;
-}
-static int parse_adv(const char *s, int *o) { adv_estimator x; int rc = loss_parse_adv(s, &x); *o = (int)x; return rc; }
-static int parse_agg(const char *s, int *o) { loss_agg_mode x; int rc = loss_parse_agg(s, &x); *o = (int)x; return rc; }
-static int parse_mode(const char *s, int *o) { loss_mode x; int rc = loss_parse_mode(s, &x); *o = (int)x; return rc; }
-static int parse_kl(const char *s, int *o) { kl_type x; int rc = loss_parse_kl(s, &x); *o = (int)x; return rc; }
-static int parse_old(const char *s, int *o) { *o = strcmp(s, "rollout") == 0; return (*o || strcmp(s, "recompute") == 0) ? 0 : GE_INVALID; }
-static int parse_sched(const char *s, int *o) { *o = strcmp(s, "cosine") == 0; return (*o || strcmp(s, "constant") == 0) ? 0 : GE_INVALID; }
-
-static int algorithm_or_reply(json_object *a, json_object **out, api_error *e) {
-    static const char *const keys[] = {"adv_estimator", "norm_adv_by_std", "loss_mode", "clip_ratio_low",
-        "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "kl_coef", "kl_type", "entropy_coeff", "ppo_epochs",
-        "ppo_mini_batch_size", "temperature", "old_logprobs", "mask_truncated_completions", "filter_groups", NULL};
-    json_object *empty = NULL, *c = json_object_new_object();
-    if (!a) a = empty = json_object_new_object();
-    const char *P = "algorithm";
-    double lo, hi, cc, kl, ent, temp;
-    long long ep, mb;
-    int norm, mask, filt, rc;
-    if ((rc = check_keys(a, P, keys, e)) ||
-        (rc = enum_or_reply(a, P, "adv_estimator", "grpo", parse_adv, "grpo|drgrpo|rloo|given", c, e)) ||
-        (rc = enum_or_reply(a, P, "loss_mode", "vanilla", parse_mode, "vanilla|gspo", c, e)) ||
-        (rc = enum_or_reply(a, P, "loss_agg_mode", "token-mean", parse_agg,
-                            "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", c, e)) ||
-        (rc = enum_or_reply(a, P, "kl_type", "low_var_kl", parse_kl, "kl|abs|mse|low_var_kl", c, e)) ||
-        (rc = enum_or_reply(a, P, "old_logprobs", "recompute", parse_old, "recompute|rollout", c, e)) ||
-        (rc = get_bool(a, P, "norm_adv_by_std", 1, &norm, e)) ||
-        (rc = get_num(a, P, "clip_ratio_low", 0, 1, 0.2, &lo, e)) ||
-        (rc = get_num(a, P, "clip_ratio_high", 0, 10, 0.28, &hi, e)) ||
-        (rc = get_num(a, P, "clip_ratio_c", 1, 1000, 3.0, &cc, e)) ||
-        (rc = get_num(a, P, "kl_coef", 0, 1000, 0.001, &kl, e)) ||
-        (rc = get_num(a, P, "entropy_coeff", -10, 10, 0.0, &ent, e)) ||
-        (rc = get_int(a, P, "ppo_epochs", 1, 64, 1, &ep, e)) ||
-        (rc = get_int(a, P, "ppo_mini_batch_size", 0, 1 << 20, 0, &mb, e)) ||
-        (rc = get_num(a, P, "temperature", 1e-3, 100, 1.0, &temp, e)) ||
-        (rc = get_bool(a, P, "mask_truncated_completions", 0, &mask, e)) ||
-        (rc = get_bool(a, P, "filter_groups", 0, &filt, e))) {
-        json_object_put(c);
-        json_object_put(empty);
-        return rc;
-    }
-    put_bool(c, "norm_adv_by_std", norm);
-    put_num(c, "clip_ratio_low", lo);
-    put_num(c, "clip_ratio_high", hi);
-    put_num(c, "clip_ratio_c", cc);
-    put_num(c, "kl_coef", kl);
-    put_num(c, "entropy_coeff", ent);
-    put_int(c, "ppo_epochs", ep);
-    put_int(c, "ppo_mini_batch_size", mb);
-    put_num(c, "temperature", temp);
-    put_bool(c, "mask_truncated_completions", mask);
-    put_bool(c, "filter_groups", filt);
-    json_object_put(empty);
-    *out = c;
-    return 0;
-}
-
-static int optimizer_or_reply(json_object *o, json_object **out, api_error *e) {
-    static const char *const keys[] = {"lr", "weight_decay", "betas", "eps", "grad_clip", "warmup_steps",
-                                       "lr_schedule", "total_steps", "min_lr_ratio", NULL};
-    json_object *empty = NULL, *c = json_object_new_object(), *betas;
-    if (!o) o = empty = json_object_new_object();
-    const char *P = "optimizer";
-    double lr, wd, eps, clip, minr, b[2] = {0.9, 0.999};
-    long long warm, total;
-    int rc;
-    if ((rc = check_keys(o, P, keys, e)) || (rc = get_num(o, P, "lr", 0, 1, 1e-6, &lr, e)) ||
-        (rc = get_num(o, P, "weight_decay", 0, 10, 0.01, &wd, e)) || (rc = get_num(o, P, "eps", 1e-20, 1, 1e-8, &eps, e)) ||
-        (rc = get_num(o, P, "grad_clip", 0, 1e9, 1.0, &clip, e)) ||
-        (rc = get_int(o, P, "warmup_steps", 0, 1 << 30, 0, &warm, e)) ||
-        (rc = get_int(o, P, "total_steps", 0, 1 << 30, 0, &total, e)) ||
-        (rc = get_num(o, P, "min_lr_ratio", 0, 1, 0.0, &minr, e)) ||
-        (rc = enum_or_reply(o, P, "lr_schedule", "constant", parse_sched, "constant|cosine", c, e)) ||
-        (rc = get_arr(o, P, "betas", 0, 2, 2, &betas, e)))
-        goto fail;
-    for (int i = 0; betas && i < 2; i++) {
-        json_object *x = json_object_array_get_idx(betas, (size_t)i);
-        b[i] = is_num(x) ? json_object_get_double(x) : -1;
-        if (!(b[i] >= 0 && b[i] < 1)) {
-            char f[64];
-            snprintf(f, sizeof f, "optimizer.betas[%d]", i);
-            rc = api_fail(e, GE_INVALID, f, "%s must be a number in [0, 1)", f);
-            goto fail;
-        }
-    }
-    put_num(c, "lr", lr);
-    put_num(c, "weight_decay", wd);
-    json_object *ba = json_object_new_array();
-    json_object_array_add(ba, json_object_new_double(b[0]));
-    json_object_array_add(ba, json_object_new_double(b[1]));
-    json_object_object_add(c, "betas", ba);
-    put_num(c, "eps", eps);
-    put_num(c, "grad_clip", clip);
-    put_int(c, "warmup_steps", warm);
-    put_int(c, "total_steps", total);
-    put_num(c, "min_lr_ratio", minr);
-    json_object_put(empty);
-    *out = c;
-    return 0;
-fail:
-    json_object_put(c);
-    json_object_put(empty);
-    return rc;
-}
 
 /* groups of scored sequences (updates: with_scores = 1; logprobs: 0). */
 static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores,
@@ -502,8 +308,9 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
     *payload = NULL;
     *rollout_job_id = NULL;
     if ((rc = check_keys(req, "", keys, e)) || (rc = get_obj(req, "", "algorithm", &a, e)) ||
-        (rc = get_obj(req, "", "optimizer", &o, e)) || (rc = algorithm_or_reply(a, &algo, e)) ||
-        (rc = optimizer_or_reply(o, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
+        (rc = get_obj(req, "", "optimizer", &o, e)) ||
+        (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
+        (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
         (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, 1LL << 32, 32768, &mtpmb, e)) ||
         (rc = get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
         goto fail;

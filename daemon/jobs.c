@@ -13,6 +13,7 @@
 #include <json-c/json.h>
 
 #include "api/metrics.h"
+#include "api/params.h"
 #include "api/validate.h"
 #include "common/clock.h"
 #include "common/err.h"
@@ -131,9 +132,7 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
 struct jobs_rollout {
     json_object *p;             /* the parsed payload: groups, sampling, rewards, metadata */
     int ng;
-    eng_sampling s;
-    const char **stops;
-    int *stop_ids;
+    eng_sampling s;             /* from the payload's sampling (api_params_to_struct) */
     eng_rollout_group *rg;
     eng_group_result *out;
     long long prompt_tokens, policy_version;
@@ -147,7 +146,8 @@ void jobs_rollout_free(jobs_rollout *r) {
     if (r->job) eng_sched_job_release(r->sched, r->job);
     for (int i = 0; r->out && i < r->ng; i++) eng_group_result_free(&r->out[i]);
     for (int i = 0; r->rg && i < r->ng; i++) free((void *)r->rg[i].prompt);
-    free(r->out); free(r->rg); free(r->stops); free(r->stop_ids);
+    free(r->out); free(r->rg);
+    api_params_free(&eng_sampling_params, &r->s);
     json_object_put(r->p);
     free(r);
 }
@@ -164,26 +164,10 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
     int ng = r->ng = groups ? (int)json_object_array_length(groups) : 0;
     int rc = 0;
     if (ng < 1 || !sp) { rc = err_set(GE_INVALID, "rollout payload without groups or sampling"); goto fail; }
-    eng_sampling *s = &r->s;
-    eng_sampling_default(s);
-    s->temperature = (float)getd(sp, "temperature", 1.0);
-    s->top_p = (float)getd(sp, "top_p", 1.0);
-    s->top_k = (int)geti(sp, "top_k", 0);
-    s->min_p = (float)getd(sp, "min_p", 0);
-    s->max_tokens = (int)geti(sp, "max_tokens", 16);
-    s->min_tokens = (int)geti(sp, "min_tokens", 0);
-    s->ignore_eos = getb(sp, "ignore_eos", 0);
-    s->seed = (uint64_t)geti(sp, "seed", 0);
-    json_object *stop = get(sp, "stop");
-    int n_stop = stop ? (int)json_object_array_length(stop) : 0, n_stop_ids = 0;
-    r->stops = calloc((size_t)n_stop + 1, sizeof *r->stops);
-    r->stop_ids = int_array(get(sp, "stop_token_ids"), &n_stop_ids);
+    if ((rc = api_params_to_struct(&eng_sampling_params, sp, &r->s))) goto fail;
     r->rg = calloc((size_t)ng, sizeof *r->rg);
     r->out = calloc((size_t)ng, sizeof *r->out);
-    if (!r->stops || !r->stop_ids || !r->rg || !r->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
-    for (int i = 0; i < n_stop; i++) r->stops[i] = json_object_get_string(json_object_array_get_idx(stop, (size_t)i));
-    s->stop = r->stops; s->n_stop = n_stop;
-    s->stop_token_ids = r->stop_ids; s->n_stop_token_ids = n_stop_ids;
+    if (!r->rg || !r->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
         if (!(r->rg[i].prompt = int_array(get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
@@ -311,52 +295,13 @@ static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
 
 /* ---------------------------------------------------------------- update */
 
-static int algo_from_json(json_object *a, loss_config *c) {
-    loss_config_default(c);
-    int rc = 0;
-    const char *adv = gets(a, "adv_estimator", "grpo"), *agg = gets(a, "loss_agg_mode", "token-mean");
-    const char *mode = gets(a, "loss_mode", "vanilla"), *kl = gets(a, "kl_type", "low_var_kl");
-    if ((rc = loss_parse_adv(adv, &c->adv)) || (rc = loss_parse_agg(agg, &c->agg)) ||
-        (rc = loss_parse_mode(mode, &c->mode)) || (rc = loss_parse_kl(kl, &c->kl)))
-        return rc;
-    c->norm_adv_by_std = getb(a, "norm_adv_by_std", 1);
-    c->clip_ratio_low = (float)getd(a, "clip_ratio_low", 0.2);
-    c->clip_ratio_high = (float)getd(a, "clip_ratio_high", 0.28);
-    c->clip_ratio_c = (float)getd(a, "clip_ratio_c", 3.0);
-    c->kl_coef = (float)getd(a, "kl_coef", 0.001);
-    c->entropy_coeff = (float)getd(a, "entropy_coeff", 0);
-    c->ppo_epochs = (int)geti(a, "ppo_epochs", 1);
-    c->ppo_mini_batch_size = (int)geti(a, "ppo_mini_batch_size", 0);
-    c->temperature = (float)getd(a, "temperature", 1.0);
-    c->use_rollout_logprobs = !strcmp(gets(a, "old_logprobs", "recompute"), "rollout");
-    c->mask_truncated = getb(a, "mask_truncated_completions", 0);
-    c->filter_groups = getb(a, "filter_groups", 0);
-    return 0;
-}
-
-static void optim_from_json(json_object *o, eng_optim *p) {
-    eng_optim_default(p);
-    p->lr = (float)getd(o, "lr", 1e-6);
-    p->weight_decay = (float)getd(o, "weight_decay", 0.01);
-    json_object *b = get(o, "betas");
-    if (b && json_object_array_length(b) == 2) {
-        p->beta1 = (float)json_object_get_double(json_object_array_get_idx(b, 0));
-        p->beta2 = (float)json_object_get_double(json_object_array_get_idx(b, 1));
-    }
-    p->eps = (float)getd(o, "eps", 1e-8);
-    p->grad_clip = (float)getd(o, "grad_clip", 1.0);
-    p->warmup_steps = (int)geti(o, "warmup_steps", 0);
-    p->schedule = !strcmp(gets(o, "lr_schedule", "constant"), "cosine") ? SCHED_COSINE : SCHED_CONSTANT;
-    p->total_steps = (int)geti(o, "total_steps", 0);
-    p->min_lr_ratio = (float)getd(o, "min_lr_ratio", 0);
-}
-
 static int run_update(const jobs_env *env, json_object *p, char **result) {
     loss_config algo;
     eng_optim opt;
     int rc;
-    if ((rc = algo_from_json(get(p, "algorithm"), &algo))) return err_set(rc, "algorithm: %s", err_msg());
-    optim_from_json(get(p, "optimizer"), &opt);
+    if ((rc = api_params_to_struct(&eng_loss_params, get(p, "algorithm"), &algo)) ||
+        (rc = api_params_to_struct(&eng_optim_params, get(p, "optimizer"), &opt)))
+        return err_set(rc, "job payload: %s", err_msg());
     eng_info info;
     eng_get_info(env->e, &info);
     long long expected = geti(p, "expected_policy_version", -1);

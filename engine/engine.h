@@ -50,9 +50,10 @@ int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prom
 
 /* ---------------------------------------------------------------- rollout */
 
+/* A rollout's sampling knobs; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
-    float temperature;          /* 1.0; 0 = greedy */
-    float top_p;                /* 1.0 */
+    float temperature;          /* 0 = greedy */
+    float top_p;
     int top_k;                  /* 0 = off */
     float min_p;                /* 0 = off */
     int max_tokens, min_tokens;
@@ -61,7 +62,7 @@ typedef struct {
     const int *stop_token_ids; int n_stop_token_ids;
     uint64_t seed;              /* same seed, same tokens */
 } eng_sampling;
-void eng_sampling_default(eng_sampling *s);
+void eng_sampling_default(eng_sampling *s);    /* the sampling rows' defaults (params.c) */
 
 typedef struct { const int *prompt; int P; int n; } eng_rollout_group;
 
@@ -159,6 +160,7 @@ typedef struct {
 } eng_update_group;
 
 typedef enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1 } eng_lr_schedule;
+/* AdamW and its schedule; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
     int warmup_steps;           /* linear warm-up over optimizer steps */
@@ -166,7 +168,7 @@ typedef struct {
     int total_steps;            /* cosine decay horizon */
     float min_lr_ratio;
 } eng_optim;
-void eng_optim_default(eng_optim *o);
+void eng_optim_default(eng_optim *o);          /* the optimizer rows' defaults (params.c) */
 
 typedef struct {
     long long policy_version_before, policy_version_after;

@@ -14,69 +14,41 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "engine/params.h"
 
 /* ---------- configuration and names ---------- */
 
-void loss_config_default(loss_config *c) {
-    memset(c, 0, sizeof *c);
-    c->adv = ADV_GRPO;
-    c->norm_adv_by_std = 1;
-    c->mode = LOSS_VANILLA;
-    /* DESIGN.md's values: DAPO clip-higher (veRL's own default is 0.2 for both). */
-    c->clip_ratio_low = 0.2f;
-    c->clip_ratio_high = 0.28f;
-    c->clip_ratio_c = 3.0f;
-    c->agg = AGG_TOKEN_MEAN;
-    c->kl_coef = 0.001f;
-    c->kl = KL_K3;
-    c->entropy_coeff = 0.0f;
-    c->ppo_epochs = 1;
-    c->ppo_mini_batch_size = 0;
-    c->temperature = 1.0f;
-}
-
-typedef struct { const char *name; int value; } name_value;
-
-static int parse_name(const char *what, const char *s, const name_value *t, int n, int *out) {
-    for (int i = 0; s && i < n; i++)
-        if (!strcmp(s, t[i].name)) { *out = t[i].value; return 0; }
+/* Names are the choices of the algorithm section's rows (params.c), in enum order. */
+static int parse_name(const char *what, const char *s, int *out) {
+    const eng_param *p = eng_param_find(&eng_loss_params, what);
+    int v = p ? eng_param_choice(p, s) : -1;
+    if (v >= 0) { *out = v; return 0; }
     char known[256] = "";
-    for (int i = 0; i < n; i++) {
-        strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
-        strncat(known, t[i].name, sizeof known - strlen(known) - 1);
+    for (const char *c = p ? p->choices : ""; *c && strlen(known) < sizeof known - 3; c++) {
+        size_t k = strlen(known);
+        if (*c == '|' || *c == ',') { known[k] = ','; known[k + 1] = ' '; known[k + 2] = 0; }
+        else { known[k] = *c; known[k + 1] = 0; }
     }
     return err_set(GE_INVALID, "%s \"%s\" is not one of: %s", what, s ? s : "(null)", known);
 }
 
 int loss_parse_adv(const char *s, adv_estimator *out) {
-    static const name_value t[] = {{"grpo", ADV_GRPO}, {"drgrpo", ADV_DRGRPO}, {"rloo", ADV_RLOO},
-                                   {"given", ADV_GIVEN}};
-    int v, rc = parse_name("adv_estimator", s, t, 4, &v);
+    int v, rc = parse_name("adv_estimator", s, &v);
     if (!rc) *out = (adv_estimator)v;
     return rc;
 }
-
 int loss_parse_agg(const char *s, loss_agg_mode *out) {
-    static const name_value t[] = {{"token-mean", AGG_TOKEN_MEAN}, {"token-sum", AGG_TOKEN_SUM},
-                                   {"seq-mean-token-sum", AGG_SEQ_MEAN_TOKEN_SUM},
-                                   {"seq-mean-token-mean", AGG_SEQ_MEAN_TOKEN_MEAN},
-                                   {"seq-mean-token-sum-norm", AGG_SEQ_MEAN_TOKEN_SUM_NORM}};
-    int v, rc = parse_name("loss_agg_mode", s, t, 5, &v);
+    int v, rc = parse_name("loss_agg_mode", s, &v);
     if (!rc) *out = (loss_agg_mode)v;
     return rc;
 }
-
 int loss_parse_mode(const char *s, loss_mode *out) {
-    static const name_value t[] = {{"vanilla", LOSS_VANILLA}, {"gspo", LOSS_GSPO}};
-    int v, rc = parse_name("loss_mode", s, t, 2, &v);
+    int v, rc = parse_name("loss_mode", s, &v);
     if (!rc) *out = (loss_mode)v;
     return rc;
 }
-
 int loss_parse_kl(const char *s, kl_type *out) {
-    static const name_value t[] = {{"kl", KL_K1}, {"k1", KL_K1}, {"abs", KL_ABS}, {"mse", KL_K2},
-                                   {"k2", KL_K2}, {"low_var_kl", KL_K3}, {"k3", KL_K3}};
-    int v, rc = parse_name("kl_type", s, t, 7, &v);
+    int v, rc = parse_name("kl_type", s, &v);
     if (!rc) *out = (kl_type)v;
     return rc;
 }

@@ -14,11 +14,12 @@ typedef enum { AGG_TOKEN_MEAN, AGG_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_ME
 typedef enum { LOSS_VANILLA, LOSS_GSPO } loss_mode;
 typedef enum { KL_K1, KL_ABS, KL_K2, KL_K3 } kl_type;   /* k1 = "kl", k2 = "mse", k3 = "low_var_kl" */
 
+/* The "algorithm" section; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
     adv_estimator adv;
     int norm_adv_by_std;        /* grpo: divide by group std (+1e-6) */
     loss_mode mode;
-    float clip_ratio_low, clip_ratio_high, clip_ratio_c;   /* 0.2, 0.28, 3.0 */
+    float clip_ratio_low, clip_ratio_high, clip_ratio_c;
     loss_agg_mode agg;
     float kl_coef;              /* 0: no reference pass */
     kl_type kl;
@@ -32,7 +33,7 @@ typedef struct {
     int agg_norm_len;           /* seq-mean-token-sum-norm divisor (Dr. GRPO); 0 = max response length */
 } loss_config;
 
-void loss_config_default(loss_config *c);
+void loss_config_default(loss_config *c);   /* the algorithm rows' defaults (params.c) */
 
 /* Parse veRL names ("grpo", "token-mean", "low_var_kl", ...). Return 0 or GE_INVALID. */
 int loss_parse_adv(const char *s, adv_estimator *out);

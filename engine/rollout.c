@@ -26,13 +26,6 @@
 #include "engine/engine_internal.h"
 #include "engine/kvpool.h"
 
-void eng_sampling_default(eng_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    s->max_tokens = 16;
-}
-
 void eng_group_result_free(eng_group_result *r) {
     if (!r || !r->resp) return;
     for (int i = 0; i < r->n; i++) { free(r->resp[i].tokens); free(r->resp[i].logprobs); free(r->resp[i].text); }

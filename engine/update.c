@@ -20,12 +20,6 @@
 #include "engine/engine_internal.h"
 #include "kernels/adamw.h"
 
-void eng_optim_default(eng_optim *o) {
-    memset(o, 0, sizeof *o);
-    o->lr = 1e-6f; o->weight_decay = 0.01f; o->beta1 = 0.9f; o->beta2 = 0.999f; o->eps = 1e-8f;
-    o->grad_clip = 1.0f; o->schedule = SCHED_CONSTANT;
-}
-
 static int ensure_training_state(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;

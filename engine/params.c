@@ -1,0 +1,146 @@
+/* params.c — the rows of params.h: sampling, algorithm (the loss), optimizer. A row's default
+ * is the only default the knob has; the engine structs take theirs from here. */
+#include "engine/params.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/loss.h"
+
+#define S_(f) (int)offsetof(eng_sampling, f)
+#define L_(f) (int)offsetof(loss_config, f)
+#define O_(f) (int)offsetof(eng_optim, f)
+
+/*  name, type, lo, hi, hi_from, dflt, dflt2, choices, flags, off, off2, doc */
+static const eng_param sampling_rows[] = {
+    {"temperature", PT_NUM, 0, 100, PB_ROW, 1.0, 0, NULL, 0, S_(temperature), -1,
+     "softmax temperature; 0 = greedy"},
+    {"top_p", PT_NUM, 0, 1, PB_ROW, 1.0, 0, NULL, PF_LO_OPEN, S_(top_p), -1,
+     "nucleus: keep the smallest set of tokens whose probability reaches top_p"},
+    {"top_k", PT_INT, -1, 0, PB_VOCAB, 0, 0, NULL, PF_NEG_OFF, S_(top_k), -1,
+     "keep the k most likely tokens; 0 or -1 = off"},
+    {"min_p", PT_NUM, 0, 1, PB_ROW, 0.0, 0, NULL, 0, S_(min_p), -1,
+     "drop tokens below min_p x the top token's probability; 0 = off"},
+    {"max_tokens", PT_INT, 1, 0, PB_MAX_TOKENS, 16, 0, NULL, 0, S_(max_tokens), -1,
+     "most tokens generated per response (up to --max-tokens)"},
+    {"min_tokens", PT_INT, 0, 0, PB_PREV, 0, 0, NULL, 0, S_(min_tokens), -1,
+     "EOS and stop tokens are banned before this many tokens (up to max_tokens)"},
+    {"stop", PT_STRS, 0, 16, PB_ROW, 0, 0, NULL, 0, S_(stop), S_(n_stop),
+     "a string or up to 16 strings that end a response (the match is kept in text)"},
+    {"stop_token_ids", PT_IDS, 0, 64, PB_ROW, 0, 0, NULL, 0, S_(stop_token_ids), S_(n_stop_token_ids),
+     "token ids that end a response besides the model's EOS (up to 64)"},
+    {"seed", PT_SEED, 0, 9223372036854775807.0, PB_ROW, 0, 0, NULL, 0, S_(seed), -1,
+     "same seed, same tokens (per backend); drawn at submit and stored when absent"},
+    {"ignore_eos", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(ignore_eos), -1,
+     "keep sampling past EOS until max_tokens"},
+    {"logprobs", PT_COMPAT, 0, 1, PB_ROW, 0, 0, NULL, 0, -1, -1,
+     "accepted for vLLM compatibility; the sampled token's logprob is always returned"},
+};
+
+static const eng_param loss_rows[] = {
+    {"adv_estimator", PT_ENUM, 0, 0, PB_ROW, ADV_GRPO, 0, "grpo|drgrpo|rloo|given", 0, L_(adv), -1,
+     "advantages from rewards: group-normalized (grpo), mean-centred (drgrpo), leave-one-out "
+     "(rloo), or given by the client"},
+    {"norm_adv_by_std", PT_BOOL, 0, 1, PB_ROW, 1, 0, NULL, 0, L_(norm_adv_by_std), -1,
+     "grpo: divide by the group's reward std (+1e-6)"},
+    {"loss_mode", PT_ENUM, 0, 0, PB_ROW, LOSS_VANILLA, 0, "vanilla|gspo", 0, L_(mode), -1,
+     "token-level PPO clip (vanilla) or sequence-level ratio (gspo)"},
+    {"clip_ratio_low", PT_NUM, 0, 1, PB_ROW, 0.2, 0, NULL, 0, L_(clip_ratio_low), -1,
+     "ratio clip below 1 - clip_ratio_low"},
+    {"clip_ratio_high", PT_NUM, 0, 10, PB_ROW, 0.28, 0, NULL, 0, L_(clip_ratio_high), -1,
+     "ratio clip above 1 + clip_ratio_high (DAPO clip-higher; veRL's default is 0.2)"},
+    {"clip_ratio_c", PT_NUM, 1, 1000, PB_ROW, 3.0, 0, NULL, 0, L_(clip_ratio_c), -1,
+     "dual-clip bound for negative advantages"},
+    {"loss_agg_mode", PT_ENUM, 0, 0, PB_ROW, AGG_TOKEN_MEAN, 0,
+     "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", 0, L_(agg), -1,
+     "how per-token losses make the batch loss (veRL's names)"},
+    {"kl_coef", PT_NUM, 0, 1000, PB_ROW, 0.001, 0, NULL, 0, L_(kl_coef), -1,
+     "weight of the KL penalty to the reference model; 0 = no reference pass"},
+    {"kl_type", PT_ENUM, 0, 0, PB_ROW, KL_K3, 0, "kl,k1|abs|mse,k2|low_var_kl,k3", 0, L_(kl), -1,
+     "KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl)"},
+    {"entropy_coeff", PT_NUM, -10, 10, PB_ROW, 0.0, 0, NULL, 0, L_(entropy_coeff), -1,
+     "weight of the entropy bonus"},
+    {"ppo_epochs", PT_INT, 1, 64, PB_ROW, 1, 0, NULL, 0, L_(ppo_epochs), -1,
+     "passes over the batch"},
+    {"ppo_mini_batch_size", PT_INT, 0, 1 << 20, PB_ROW, 0, 0, NULL, 0, L_(ppo_mini_batch_size), -1,
+     "groups per optimizer step; 0 = all groups in one step"},
+    {"temperature", PT_NUM, 1e-3, 100, PB_ROW, 1.0, 0, NULL, 0, L_(temperature), -1,
+     "logprobs of logits / temperature (match the rollout's)"},
+    {"old_logprobs", PT_ENUM, 0, 0, PB_ROW, 0, 0, "recompute|rollout", 0, L_(use_rollout_logprobs), -1,
+     "old logprobs from an old-policy pass (recompute) or from the responses (rollout)"},
+    {"mask_truncated_completions", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, L_(mask_truncated), -1,
+     "responses cut by max_tokens add no loss"},
+    {"filter_groups", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, L_(filter_groups), -1,
+     "drop groups whose rewards are all equal (DAPO dynamic sampling)"},
+};
+
+static const eng_param optim_rows[] = {
+    {"lr", PT_NUM, 0, 1, PB_ROW, 1e-6, 0, NULL, 0, O_(lr), -1, "AdamW peak learning rate"},
+    {"weight_decay", PT_NUM, 0, 10, PB_ROW, 0.01, 0, NULL, 0, O_(weight_decay), -1, "AdamW decoupled weight decay"},
+    {"betas", PT_PAIR, 0, 1, PB_ROW, 0.9, 0.999, NULL, 0, O_(beta1), O_(beta2), "AdamW beta1, beta2"},
+    {"eps", PT_NUM, 1e-20, 1, PB_ROW, 1e-8, 0, NULL, 0, O_(eps), -1, "AdamW epsilon"},
+    {"grad_clip", PT_NUM, 0, 1e9, PB_ROW, 1.0, 0, NULL, 0, O_(grad_clip), -1,
+     "clip the global gradient norm to this; 0 = off"},
+    {"warmup_steps", PT_INT, 0, 1 << 30, PB_ROW, 0, 0, NULL, 0, O_(warmup_steps), -1,
+     "linear warm-up over this many optimizer steps"},
+    {"lr_schedule", PT_ENUM, 0, 0, PB_ROW, SCHED_CONSTANT, 0, "constant|cosine", 0, O_(schedule), -1,
+     "after warm-up: constant, or cosine decay to min_lr_ratio x lr at total_steps"},
+    {"total_steps", PT_INT, 0, 1 << 30, PB_ROW, 0, 0, NULL, 0, O_(total_steps), -1, "cosine decay horizon"},
+    {"min_lr_ratio", PT_NUM, 0, 1, PB_ROW, 0.0, 0, NULL, 0, O_(min_lr_ratio), -1, "cosine floor as a fraction of lr"},
+};
+
+#define N_(a) (int)(sizeof a / sizeof a[0])
+const eng_params eng_sampling_params = {"sampling", sampling_rows, N_(sampling_rows), sizeof(eng_sampling)};
+const eng_params eng_loss_params = {"algorithm", loss_rows, N_(loss_rows), sizeof(loss_config)};
+const eng_params eng_optim_params = {"optimizer", optim_rows, N_(optim_rows), sizeof(eng_optim)};
+
+void eng_params_default(const eng_params *t, void *dst) {
+    char *d = dst;
+    memset(d, 0, t->size);
+    for (int i = 0; i < t->n; i++) {
+        const eng_param *p = &t->rows[i];
+        switch (p->type) {
+        case PT_NUM: *(float *)(d + p->off) = (float)p->dflt; break;
+        case PT_INT: case PT_BOOL: case PT_ENUM: *(int *)(d + p->off) = (int)p->dflt; break;
+        case PT_PAIR: *(float *)(d + p->off) = (float)p->dflt; *(float *)(d + p->off2) = (float)p->dflt2; break;
+        default: break;     /* PT_SEED, PT_STRS, PT_IDS: zero; PT_COMPAT: not stored */
+        }
+    }
+}
+
+void eng_sampling_default(eng_sampling *s) { eng_params_default(&eng_sampling_params, s); }
+void loss_config_default(loss_config *c) { eng_params_default(&eng_loss_params, c); }
+void eng_optim_default(eng_optim *o) { eng_params_default(&eng_optim_params, o); }
+
+int eng_param_choice(const eng_param *p, const char *s) {
+    if (p->type != PT_ENUM || !s) return -1;
+    size_t n = strlen(s);
+    int idx = 0;
+    for (const char *c = p->choices; *c;) {
+        size_t len = strcspn(c, ",|");
+        if (len == n && !strncmp(c, s, n)) return idx;
+        c += len;
+        if (*c == '|') idx++;
+        if (*c) c++;
+    }
+    return -1;
+}
+
+const char *eng_param_choice_name(const eng_param *p, int i, char *buf, size_t n) {
+    if (p->type != PT_ENUM || i < 0) return NULL;
+    const char *c = p->choices;
+    for (; i > 0 && c; i--) if ((c = strchr(c, '|'))) c++;
+    if (!c || !n) return NULL;
+    size_t len = strcspn(c, ",|");
+    if (len >= n) len = n - 1;
+    memcpy(buf, c, len);
+    buf[len] = 0;
+    return buf;
+}
+
+const eng_param *eng_param_find(const eng_params *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->rows[i].name, name)) return &t->rows[i];
+    return NULL;
+}
