@@ -20,14 +20,15 @@
 #include "common/log.h"
 #include "engine/reward.h"
 
+/* Readers of a stored payload or result: validated at submit, so absent → the default, no errors. */
 static json_object *get(json_object *o, const char *k) {
     json_object *v = NULL;
     return json_object_object_get_ex(o, k, &v) ? v : NULL;
 }
-static double getd(json_object *o, const char *k, double d) { json_object *v = get(o, k); return v ? json_object_get_double(v) : d; }
-static long long geti(json_object *o, const char *k, long long d) { json_object *v = get(o, k); return v ? json_object_get_int64(v) : d; }
-static int getb(json_object *o, const char *k, int d) { json_object *v = get(o, k); return v ? json_object_get_boolean(v) : d; }
-static const char *gets(json_object *o, const char *k, const char *d) { json_object *v = get(o, k); return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : d; }
+static double field_num(json_object *o, const char *k, double d) { json_object *v = get(o, k); return v ? json_object_get_double(v) : d; }
+static long long field_int(json_object *o, const char *k, long long d) { json_object *v = get(o, k); return v ? json_object_get_int64(v) : d; }
+static int field_bool(json_object *o, const char *k, int d) { json_object *v = get(o, k); return v ? json_object_get_boolean(v) : d; }
+static const char *field_str(json_object *o, const char *k, const char *d) { json_object *v = get(o, k); return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : d; }
 
 static int *int_array(json_object *a, int *n) {
     int len = a && json_object_is_type(a, json_type_array) ? (int)json_object_array_length(a) : 0;
@@ -106,7 +107,7 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
             }
             adv = ad != NULL;
             score[k] = (float)json_object_get_double(ad ? ad : rw);
-            trunc[k] = getb(r, "truncated", 0) || !strcmp(gets(r, "finish_reason", ""), "length");
+            trunc[k] = field_bool(r, "truncated", 0) || !strcmp(field_str(r, "finish_reason", ""), "length");
             if (use_lp) {
                 if (!lp || (int)json_object_array_length(lp) != R[k]) {
                     free(score);
@@ -171,7 +172,7 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
         if (!(r->rg[i].prompt = int_array(get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
-        r->rg[i].n = (int)geti(g, "n", 1);
+        r->rg[i].n = (int)field_int(g, "n", 1);
         r->prompt_tokens += r->rg[i].P;
     }
     *out = r;
@@ -193,11 +194,11 @@ static int rollout_result(jobs_rollout *r, char **result) {
         json_object *og = json_object_new_object(), *rs = json_object_new_array();
         reward_spec spec = {0};
         if (rw) {
-            reward_parse_type(gets(rw, "type", "none"), &spec.type);
-            spec.answer = gets(rw, "answer", NULL);
-            spec.case_sensitive = getb(rw, "case_sensitive", 1);
-            spec.overlong_len = (float)getd(ol, "len", 0);
-            spec.overlong_penalty = (float)getd(ol, "penalty_factor", 0);
+            reward_parse_type(field_str(rw, "type", "none"), &spec.type);
+            spec.answer = field_str(rw, "answer", NULL);
+            spec.case_sensitive = field_bool(rw, "case_sensitive", 1);
+            spec.overlong_len = (float)field_num(ol, "len", 0);
+            spec.overlong_penalty = (float)field_num(ol, "penalty_factor", 0);
             spec.max_tokens = s->max_tokens;
         }
         double sum = 0, sq = 0;
@@ -304,12 +305,12 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
         return err_set(rc, "job payload: %s", err_msg());
     eng_info info;
     eng_get_info(env->e, &info);
-    long long expected = geti(p, "expected_policy_version", -1);
+    long long expected = field_int(p, "expected_policy_version", -1);
     if (expected >= 0 && expected != info.policy_version)
         return err_set(GE_CONFLICT, "expected_policy_version %lld does not match the policy_version %lld when the job ran",
                        expected, info.policy_version);
     json_object *src = NULL, *groups = get(p, "groups");
-    const char *rid = gets(p, "rollout_job_id", NULL);
+    const char *rid = field_str(p, "rollout_job_id", NULL);
     if (rid) {
         store_job rj = {0};
         if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
@@ -324,7 +325,7 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
         for (int i = 0; i < s.n; i++)
             if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
     eng_update_result u = {0};
-    long long mt = geti(p, "max_tokens_per_micro_batch", 32768);
+    long long mt = field_int(p, "max_tokens_per_micro_batch", 32768);
     if ((rc = eng_update(env->e, s.g, s.n, &algo, &opt, mt, &u, env->progress, env->progress_ud))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
@@ -370,10 +371,10 @@ static int run_logprobs(const jobs_env *env, json_object *p, char **result) {
     float **lp = NULL;
     int rc;
     if ((rc = seqs_from_json(get(p, "groups"), 0, 0, &s))) goto done;
-    int ref = !strcmp(gets(p, "model", "policy"), "reference");
+    int ref = !strcmp(field_str(p, "model", "policy"), "reference");
     double t0 = clock_mono_ms();
-    if ((rc = eng_logprobs(env->e, s.g, s.n, ref, (float)getd(p, "temperature", 1.0),
-                           geti(p, "max_tokens_per_micro_batch", 32768), &lp)))
+    if ((rc = eng_logprobs(env->e, s.g, s.n, ref, (float)field_num(p, "temperature", 1.0),
+                           field_int(p, "max_tokens_per_micro_batch", 32768), &lp)))
         goto done;
     metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
     eng_info info;

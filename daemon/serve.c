@@ -361,7 +361,7 @@ int serve_main(int argc, char **argv) {
         fprintf(stderr, "grpod serve: %s\n", err_msg());
         return 1;
     }
-    int exhausted = store_fail_exhausted(s.st, 3);
+    int exhausted = store_fail_exhausted(s.st, STORE_MAX_ATTEMPTS);
     if (exhausted > 0) log_event(LOG_WARN, "jobs_failed_after_crashes", "\"count\":%d", exhausted);
     log_event(LOG_INFO, "starting", "\"listen\":\"%s\",\"data_dir\":\"%s\",\"model\":\"%s\",\"backend\":\"%s\",\"queued\":%lld",
               s.o.listen, s.o.data_dir, s.o.model[0] ? s.o.model : "(default)", s.o.backend, store_queue_depth(s.st));

@@ -28,8 +28,6 @@
 #include "daemon/jobs.h"
 #include "store/store.h"
 
-#define MAX_ATTEMPTS 3      /* a job whose run crashed the daemon this often fails instead */
-
 struct worker {
     worker_config cfg;
     char data_dir[1024], model_dir[1024], backend[16];

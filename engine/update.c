@@ -188,8 +188,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             double norm = sqrt(e->be->sumsq(e->be, e->grad, e->m.n_elems));
             grad_norm_sum += norm;
             if (!isfinite(norm)) { rc = err_set(GE_INTERNAL, "update: gradient norm is %g; step skipped", norm); break; }
-            if (opt->grad_clip > 0 && norm > opt->grad_clip)
-                e->be->scale(e->be, e->grad, e->m.n_elems, (float)(opt->grad_clip / (norm + 1e-6)));
+            double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
+            if (clip < 1.0) e->be->scale(e->be, e->grad, e->m.n_elems, (float)clip);
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
             out->lr = lr;

@@ -1,4 +1,4 @@
-/* store.c — grpod's durable job queue, key/value state and checkpoint index in SQLite.
+/* store.c — grpod's durable job queue and checkpoint index in SQLite.
  *
  * One file DIR/grpod.db in WAL mode with synchronous=FULL: a commit has reached the disk when
  * it returns, so a job the client saw 202 for survives kill -9 and power loss. The schema is
@@ -47,7 +47,7 @@ static const char *const migrations[] = {
     "  progress REAL NOT NULL DEFAULT 0,"
     "  cancel_requested INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX jobs_status_created ON jobs (status, created_at);"
-    "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);"
+    "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);"   /* unused; kept: schema v1 */
     "CREATE TABLE checkpoints ("
     "  id TEXT PRIMARY KEY NOT NULL,"
     "  path TEXT NOT NULL,"
@@ -72,7 +72,7 @@ enum {
     Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
     Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_STARTED, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
-    Q_COUNTS, Q_KV_SET, Q_KV_GET, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
+    Q_COUNTS, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
     Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_N
 };
 static const char *const sql_text[Q_N] = {
@@ -105,9 +105,6 @@ static const char *const sql_text[Q_N] = {
     [Q_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE (?1 IS NULL OR kind = ?1) "
                "AND (?2 IS NULL OR status = ?2) ORDER BY created_at DESC, rowid DESC LIMIT ?3",
     [Q_COUNTS] = "SELECT kind, status, count(*) FROM jobs GROUP BY kind, status ORDER BY 1, 2",
-    [Q_KV_SET] = "INSERT INTO kv (key, value) VALUES (?1, ?2) "
-                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    [Q_KV_GET] = "SELECT value FROM kv WHERE key = ?1",
     [Q_CKPT_ADD] = "INSERT INTO checkpoints (id, path, policy_version, created_at) "
                    "VALUES (?1, ?2, ?3, ?4)",
     [Q_CKPT_LIST] = "SELECT id, path, policy_version, created_at FROM checkpoints "
@@ -644,36 +641,7 @@ long long store_queue_depth(store *s) {
     return n;
 }
 
-/* ---------------------------------------------------------------- key/value, checkpoints */
-
-int store_kv_set(store *s, const char *key, const char *value) {
-    sqlite3_stmt *st = q_get(s, Q_KV_SET);
-    BIND_OK(s, sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC), "binding kv");
-    BIND_OK(s, sqlite3_bind_text(st, 2, value, -1, SQLITE_STATIC), "binding kv");
-    int r = q_exec(s, st, "writing a key");
-    return r < 0 ? r : 0;
-}
-
-int store_kv_get(store *s, const char *key, char *buf, int buflen) {
-    sqlite3_stmt *st = q_get(s, Q_KV_GET);
-    BIND_OK(s, sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC), "binding kv");
-    int rc = sqlite3_step(st), r;
-    if (rc == SQLITE_ROW) {
-        const char *v = (const char *)sqlite3_column_text(st, 0);
-        int len = sqlite3_column_bytes(st, 0);
-        if (len >= buflen) {
-            r = err_set(GE_INVALID, "store: value of %s is %d bytes, buffer holds %d", key, len,
-                        buflen - 1);
-        } else {
-            memcpy(buf, v ? v : "", (size_t)len + 1);
-            r = 1;
-        }
-    } else {
-        r = rc == SQLITE_DONE ? 0 : db_err(s, "reading a key");
-    }
-    q_done(st);
-    return r;
-}
+/* ---------------------------------------------------------------- checkpoints */
 
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version) {
     if (strlen(id) >= sizeof ((store_ckpt *)0)->id || strlen(path) >= sizeof ((store_ckpt *)0)->path)

@@ -50,6 +50,7 @@ int store_requeue(store *s, const char *id);        /* running -> queued (shutdo
  * times (each start ended in a crash or a requeue) become failed with an "interrupted" error
  * instead of running again. Returns how many, or a negative error. */
 int store_fail_exhausted(store *s, int max_attempts);
+#define STORE_MAX_ATTEMPTS 3    /* the daemon's max_attempts: a job that crashed it this often fails */
 int store_progress(store *s, const char *id, double progress);
 /* Cancels a queued job (-> cancelled, returns 0); a running one is flagged and
  * store_cancel_requested reports it; GE_CONFLICT when already finished; GE_NOT_FOUND. */
@@ -65,10 +66,6 @@ void store_jobs_free(store_job *jobs, int n);
 typedef void (*store_count_cb)(void *ud, const char *kind, const char *status, long long n);
 int store_counts(store *s, store_count_cb cb, void *ud);
 long long store_queue_depth(store *s);
-
-/* Key/value state that survives restarts (policy_version, latest checkpoint). */
-int store_kv_set(store *s, const char *key, const char *value);
-int store_kv_get(store *s, const char *key, char *buf, int buflen);  /* 1 found, 0 absent */
 
 /* Checkpoints index: (id, path, policy_version, created_at). */
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version);

@@ -290,19 +290,10 @@ TEST(test_list_counts) {
     store_close(s);
 }
 
-TEST(test_kv_checkpoints) {
-    char dir[512], buf[64];
+TEST(test_checkpoints) {
+    char dir[512];
     store *s;
-    CHECK(store_open(fresh_dir(dir, sizeof dir, "kv"), 1, &s) == 0);
-    CHECK_EQ_INT(store_kv_get(s, "policy_version", buf, sizeof buf), 0);
-    CHECK(store_kv_set(s, "policy_version", "3") == 0);
-    CHECK_EQ_INT(store_kv_get(s, "policy_version", buf, sizeof buf), 1);
-    CHECK_STR(buf, "3");
-    CHECK(store_kv_set(s, "policy_version", "12") == 0);
-    CHECK_EQ_INT(store_kv_get(s, "policy_version", buf, sizeof buf), 1);
-    CHECK_STR(buf, "12");
-    CHECK_EQ_INT(store_kv_get(s, "policy_version", buf, 2), GE_INVALID);  /* "12" needs 3 bytes */
-
+    CHECK(store_open(fresh_dir(dir, sizeof dir, "ckpt"), 1, &s) == 0);
     store_ckpt *c;
     int n;
     CHECK(store_checkpoint_list(s, &c, &n) == 0);
@@ -313,10 +304,8 @@ TEST(test_kv_checkpoints) {
     CHECK(store_checkpoint_add(s, "ckpt_a", "/x", 9) == GE_STORE);        /* ids are unique */
     store_close(s);
 
-    /* both survive a reopen */
+    /* they survive a reopen */
     CHECK(store_open(dir, 1, &s) == 0);
-    CHECK_EQ_INT(store_kv_get(s, "policy_version", buf, sizeof buf), 1);
-    CHECK_STR(buf, "12");
     CHECK(store_checkpoint_list(s, &c, &n) == 0);
     CHECK_EQ_INT(n, 2);
     CHECK_STR(c[0].id, "ckpt_b");
@@ -587,7 +576,7 @@ int main(void) {
     RUN(test_fifo_claim_finish_fail);
     RUN(test_cancel);
     RUN(test_list_counts);
-    RUN(test_kv_checkpoints);
+    RUN(test_checkpoints);
     RUN(test_history);
     RUN(test_recovery);
     RUN(test_fail_exhausted);
