@@ -147,7 +147,7 @@ static int bucket_of(int T, int *Tb) {
     return i;
 }
 
-int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const dec_row *p,
+int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p,
              const int *ban, int n_ban, int *ids, float *lps) {
     eng_backend *be = e->be;
     int T = in->T, rc;
@@ -177,10 +177,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     int *xr = (int *)(h + L.rows);
     sample_params *xp = (sample_params *)(h + L.prm);
     for (int i = 0; i < Rb; i++) {
-        const dec_row *q = &p[i < R ? i : R - 1];
         xr[i] = rows[i < R ? i : R - 1];
-        xp[i] = (sample_params){ .key = q->key, .temperature = q->temperature, .top_p = q->top_p, .min_p = q->min_p,
-                                 .top_k = q->top_k, .ban = q->ban };
+        xp[i] = p[i < R ? i : R - 1];
     }
     int *xb = (int *)(h + L.ban);
     xb[0] = ban ? n_ban : 0;

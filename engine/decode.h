@@ -17,24 +17,17 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "kernels/sampling.h"
 
 typedef struct eng eng;
 
-typedef struct {
-    float temperature;          /* 0 = greedy */
-    int top_k;                  /* <= 0 (or >= V): off */
-    float top_p;                /* >= 1: off */
-    float min_p;                /* <= 0: off */
-    int ban;                    /* 1: the step's ban ids get no mass (min_tokens not reached) */
-    uint64_t key;               /* the draw's key: dec_key(stream seed, token index) */
-} dec_row;
+/* A row's draw parameters and key are kernels/sampling.h's sample_params: the sampler reads
+ * them as the scheduler writes them (key: dec_key(stream seed, token index)). */
 
-/* The key of token `index` of a response whose stream seed is `stream`. */
+/* The key of token `index` of a response whose stream seed is `stream`: splitmix64's
+ * finalizer (sampling_mix) of the index-th step of the stream. */
 static inline uint64_t dec_key(uint64_t stream, int index) {
-    uint64_t z = stream + 0x9E3779B97F4A7C15ULL * (uint64_t)(index + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return sampling_mix(stream + 0x9E3779B97F4A7C15ULL * (uint64_t)(index + 1));
 }
 
 /* Device buffers (and, on cuda, captured graphs) for steps of up to cap_rows rows; grown on
@@ -45,6 +38,6 @@ void dec_free(eng *e);
 /* Forward of `in` (its tokens' K/V written to their cache rows in->slot; ranges index cache
  * rows) and one draw for each of R rows: rows[i] indexes in's tokens. ids and lps (R, host)
  * receive the tokens and their logprobs. ban (n_ban ids) applies to rows with p[i].ban. */
-int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const dec_row *p,
+int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p,
              const int *ban, int n_ban, int *ids, float *lps);
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 
 /* ---------------------------------------------------------------- arena */
 
@@ -92,17 +93,6 @@ static int hex4(const char *s, unsigned *out) {
     return 0;
 }
 
-static size_t put_utf8(char *o, unsigned cp) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F)); return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F)); return 4;
-}
-
 /* Parses a string at ps->p (on the opening quote) into the arena. */
 static int parse_string(parser *ps, char **out, int *outlen) {
     const char *q = ++ps->p;
@@ -139,7 +129,7 @@ static int parse_string(parser *ps, char **out, int *outlen) {
             } else if (cp >= 0xD800 && cp < 0xE000) {
                 cp = 0xFFFD;  /* lone surrogate: as Python's json with errors="replace" would not, but safely */
             }
-            n += put_utf8(o + n, cp);
+            n += (size_t)utf8_encode(cp, o + n);
             break;
         }
         default: ps->p = s; return fail(ps, "bad escape in string");

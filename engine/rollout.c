@@ -34,12 +34,8 @@ void eng_group_result_free(eng_group_result *r) {
     r->n = 0;
 }
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+/* splitmix64: the state steps by the golden gamma, the output is its finalizer (sampling_mix). */
+static uint64_t splitmix(uint64_t *s) { return sampling_mix(*s += 0x9E3779B97F4A7C15ULL); }
 
 /* ---------------------------------------------------------------- objects */
 
@@ -96,7 +92,7 @@ struct eng_sched {
     int *ints;                  /* tok, pos, a0, a1, b0, b1, slot (cap_T each) */
     int *rows, *ids;            /* (cap_R) */
     float *lps;                 /* (cap_R) */
-    dec_row *rp;                /* (cap_R) */
+    sample_params *rp;          /* (cap_R) */
     stream **who;               /* (cap_R) the stream each drawn row belongs to */
     void **items; char *taken; int cap_items;
 };
@@ -181,7 +177,7 @@ static int reserve(eng_sched *s, int T, int R, int I) {
         if (i) s->ids = i;
         float *l = i ? realloc(s->lps, (size_t)R * sizeof(float)) : NULL;
         if (l) s->lps = l;
-        dec_row *p = l ? realloc(s->rp, (size_t)R * sizeof(dec_row)) : NULL;
+        sample_params *p = l ? realloc(s->rp, (size_t)R * sizeof(sample_params)) : NULL;
         if (p) s->rp = p;
         stream **w = p ? realloc(s->who, (size_t)R * sizeof(stream *)) : NULL;
         if (!w) return err_set(GE_NOMEM, "scheduler: out of memory for %d rows", R);
@@ -227,10 +223,10 @@ static int hit_stop_string(eng *e, eng_response *r, const eng_sampling *s) {
 }
 
 /* The draw parameters of stream k's next token. */
-static dec_row row_of(const stream *k) {
+static sample_params row_of(const stream *k) {
     const eng_sampling *s = &k->grp->job->sp;
-    return (dec_row){ .temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .min_p = s->min_p,
-                      .ban = k->out->n_tokens < s->min_tokens, .key = dec_key(k->rng, k->out->n_tokens) };
+    return (sample_params){ .temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .min_p = s->min_p,
+                            .ban = k->out->n_tokens < s->min_tokens, .key = dec_key(k->rng, k->out->n_tokens) };
 }
 
 /* ---------------------------------------------------------------- retiring */
@@ -423,7 +419,7 @@ static void admit(eng_sched *s) {
 
 /* ---------------------------------------------------------------- the step */
 
-/* Every row carries its own draw parameters and key (dec_row), so all of a step's rows share
+/* Every row carries its own draw parameters and key (sample_params), so all of a step's rows share
  * one dec_step; the only split left is the ban list, one per call: a row that bans (min_tokens
  * not reached) joins a call whose list is unset or equal to its job's. *ban is the job whose
  * list the call carries (NULL: none yet). */

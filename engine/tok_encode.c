@@ -97,7 +97,7 @@ static int bpe_symbols(const tok *t, const unsigned char *s, int n, ivec *sym) {
         if (id >= 0) { sym->v[sym->n++] = id; last_unk = 0; continue; }
         if (t->byte_fallback) {
             char ch[4], name[8];
-            int k = tt_utf8_encode(t->b2u[s[i]], ch), ids[4], ok = 1;
+            int k = utf8_encode(t->b2u[s[i]], ch), ids[4], ok = 1;
             for (int j = 0; j < k && ok; j++) {
                 snprintf(name, sizeof name, "<0x%02X>", (unsigned char)ch[j]);
                 ids[j] = tok_vocab_lookup(t, name, strlen(name));
@@ -441,7 +441,7 @@ char *tok_default_tokenizer_json(void) {
     (void)u2b;
     for (int c = 0; c < 256; c++) {
         char ch[5] = {0};
-        ch[tt_utf8_encode(b2u[c], ch)] = 0;
+        ch[utf8_encode(b2u[c], ch)] = 0;
         tt_str(&b, c ? ", " : "");
         sb_json(&b, ch);
         snprintf(tmp, sizeof tmp, ": %d", c);

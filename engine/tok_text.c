@@ -12,6 +12,7 @@
  * reference normalizes with Unicode 9.0 data (see tools/gen_unicode.py). */
 #include "engine/tok_text.h"
 #include "common/err.h"
+#include "common/utf8.h"
 #include "engine/unicode_data.h"
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,18 +42,6 @@ int tt_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
         return 4;
     }
     return 0;
-}
-
-int tt_utf8_encode(uint32_t cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | cp >> 6); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | cp >> 12); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F)); return 3;
-    }
-    o[0] = (char)(0xF0 | cp >> 18); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 int tt_utf8_valid(const char *s, size_t n) {
@@ -174,7 +163,7 @@ int tt_nfc(const char *s, size_t n, char **out, size_t *out_len) {
     char *o = malloc(no * 4 + 1);
     if (!o) { free(d); free(cc); return err_set(GE_NOMEM, "nfc: out of memory"); }
     size_t ol = 0;
-    for (size_t j = 0; j < no; j++) ol += (size_t)tt_utf8_encode(d[j], o + ol);
+    for (size_t j = 0; j < no; j++) ol += (size_t)utf8_encode(d[j], o + ol);
     o[ol] = 0;
     free(d); free(cc);
     *out = o; *out_len = ol;

@@ -8,11 +8,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/utf8.h"   /* utf8_encode: the encoder (shared with engine/json.c) */
+
 /* Decode one UTF-8 code point at s[0..n), n >= 1. Returns its byte length, or 0 when the bytes
  * there are not well-formed UTF-8 (overlong, surrogate, beyond U+10FFFF, truncated). */
 int tt_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
-/* Encode cp into out (4 bytes room); returns the length. */
-int tt_utf8_encode(uint32_t cp, char *out);
 /* 1 if s[0..n) is well-formed UTF-8. */
 int tt_utf8_valid(const char *s, size_t n);
 
