@@ -360,6 +360,20 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
     json_object_object_add(o, "policy_version", json_object_new_int64(in.policy_version));
     for (int i = 0; i < in.n_eos && i < 8; i++) json_object_array_add(eos, json_object_new_int(in.eos_ids[i]));
     json_object_object_add(o, "eos_token_ids", eos);
+    json_object *lo = NULL;   /* null: full fine-tuning */
+    if (in.lora_rank) {
+        lo = json_object_new_object();
+        json_object *t = json_object_new_array();
+        char buf[sizeof in.lora_targets], *save = NULL;
+        snprintf(buf, sizeof buf, "%s", in.lora_targets);
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+            json_object_array_add(t, json_object_new_string(tok));
+        json_object_object_add(lo, "r", json_object_new_int(in.lora_rank));
+        json_object_object_add(lo, "lora_alpha", json_object_new_double(in.lora_alpha));
+        json_object_object_add(lo, "target_modules", t);
+        json_object_object_add(lo, "trainable_params", json_object_new_int64(in.lora_params));
+    }
+    json_object_object_add(o, "lora", lo);
     return reply_obj(c, x, 200, o);
 }
 

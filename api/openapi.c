@@ -63,7 +63,7 @@ static const char schemas[] =
 "\"LogprobsRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
 "  \"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"],\"default\":\"policy\"},\"temperature\":{\"type\":\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},"
 "  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"default\":32768}},\"required\":[\"groups\"]},"
-"\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{}},"
+"\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{\"merged\":{\"type\":\"boolean\",\"default\":false}}},"
 "\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
 "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
 "  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"

@@ -362,9 +362,12 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
 }
 
 int api_checkpoint_or_reply(json_object *req, json_object **payload, api_error *e) {
-    static const char *const keys[] = {NULL};
+    static const char *const keys[] = {"merged", NULL};
+    int merged = 0;
     int rc = req ? check_keys(req, "", keys, e) : 0;
+    if (!rc && req) rc = get_bool(req, "", "merged", 0, &merged, e);
     *payload = rc ? NULL : json_object_new_object();
+    if (merged) json_object_object_add(*payload, "merged", json_object_new_boolean(1));
     return rc;
 }
 

@@ -406,19 +406,23 @@ done:
     return rc;
 }
 
-static int run_checkpoint(const jobs_env *env, const char *job_id, char **result) {
+/* merged (LoRA only): an HF directory with the adapters merged into the base, for export; it is
+ * not a resume point (the run resumes from its adapter checkpoints), so the store does not list it. */
+static int run_checkpoint(const jobs_env *env, json_object *p, const char *job_id, char **result) {
     eng_info info;
     eng_get_info(env->e, &info);
+    json_object *mo;
+    int merged = json_object_object_get_ex(p, "merged", &mo) && json_object_get_boolean(mo) && info.lora_rank;
     char dir[1200], id[96];
     snprintf(dir, sizeof dir, "%s/checkpoints", env->data_dir);
     if (mkdir(dir, 0755) && errno != EEXIST) return err_set(GE_IO, "mkdir %s: %s", dir, strerror(errno));
-    snprintf(id, sizeof id, "ckpt-%lld-%s", info.policy_version, job_id);
+    snprintf(id, sizeof id, "ckpt-%lld-%s%s", info.policy_version, job_id, merged ? "-merged" : "");
     snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
     double t0 = clock_mono_ms();
-    int rc = eng_checkpoint_save(env->e, dir);
+    int rc = eng_checkpoint_save_ex(env->e, dir, merged);
     if (rc) return rc;
     metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
-    if ((rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
+    if (!merged && (rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
     json_object *res = json_object_new_object();
     json_object_object_add(res, "id", json_object_new_string(id));
     json_object_object_add(res, "path", json_object_new_string(dir));
@@ -435,7 +439,7 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result) {
     if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, j, result);
     else if (!strcmp(j->kind, "update")) rc = run_update(env, p, result);
     else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, result);
-    else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, j->id, result);
+    else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, p, j->id, result);
     else rc = err_set(GE_INVALID, "job %s: unknown kind %s", j->id, j->kind);
     json_object_put(p);
     return rc;

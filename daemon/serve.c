@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
+#include "engine/lora.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------- options */
@@ -31,6 +32,8 @@ typedef struct {
     int insecure_no_auth, checkpoint_on_exit;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
+    long long lora_rank, lora_alpha;
+    char lora_targets[128], lora_init[1024];
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -60,6 +63,10 @@ static const opt_def opts[] = {
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
     {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores but one, at least 1; they wait passively unless OMP_WAIT_POLICY=active)"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
+    {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
+    {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},
+    {"lora-targets", O_STR, S_(lora_targets), 0, 0, 0, "", "projections with adapters: q,k,v,o,gate,up,down (empty = all seven)"},
+    {"lora-init", O_STR, S_(lora_init), 0, 0, 0, "", "PEFT adapter DIR to start from (adapter_config.json gives rank, alpha, targets)"},
     {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
@@ -196,6 +203,11 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
     if (log_parse_level(o->log_level, &lv)) { snprintf(why, wl, "--log-level '%s' must be debug|info|warn|error", o->log_level); return -1; }
     if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
         snprintf(why, wl, "--backend '%s' must be auto|cpu|cuda", o->backend);
+        return -1;
+    }
+    unsigned targets;
+    if (o->lora_targets[0] && lora_parse_targets(o->lora_targets, &targets)) {
+        snprintf(why, wl, "--lora-targets: %s", err_msg());
         return -1;
     }
     return 0;
@@ -374,7 +386,8 @@ int serve_main(int argc, char **argv) {
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
                         .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
-                        .kv_budget_mib = s.o.kv_budget_mib,
+                        .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
+                        .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,
                         .notify = on_worker_notify, .ud = &s.wake};
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));

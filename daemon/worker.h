@@ -20,6 +20,8 @@ typedef struct {
     int n_threads;
     int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
     long long kv_budget_mib;        /* rollout KV pool; 0 = the engine's default (eng_sched_opts) */
+    int lora_rank; float lora_alpha;   /* LoRA (eng_open_opts); rank 0 = off */
+    const char *lora_targets, *lora_init;
     api_server *api;
     /* Called on the engine thread: model loaded (ready), engine failed, state changed
      * (policy version / queue). The callee must only signal (uv_async_send). */

@@ -14,6 +14,7 @@
 #include "engine/decode.h"
 #include "engine/engine_internal.h"
 #include "engine/json.h"
+#include "engine/lora.h"
 #include "engine/safetensors.h"
 
 /* ---------------------------------------------------------------- open / close */
@@ -40,6 +41,62 @@ static void read_state(const char *dir, long long *version, int *step) {
 
 static int load_optimizer(eng *e, const char *dir);
 
+static int has_file(const char *dir, const char *name) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return access(path, R_OK) == 0;
+}
+
+/* Rank, alpha and targets from the flags, or from the adapter the run starts from (which must
+ * then agree with any flag given). *from: that adapter's directory or NULL. */
+static int lora_settings(const eng_open_opts *o, int *r, float *alpha, unsigned *targets, const char **from) {
+    *from = o->resume_dir && *o->resume_dir && has_file(o->resume_dir, "adapter_model.safetensors") ? o->resume_dir
+            : o->lora_init && *o->lora_init ? o->lora_init : NULL;
+    *r = o->lora_rank;
+    *alpha = o->lora_alpha;
+    *targets = 0;
+    int rc = o->lora_targets && *o->lora_targets ? lora_parse_targets(o->lora_targets, targets) : 0;
+    if (rc || (!*r && !*from)) return rc;
+    if (o->resume_dir && *o->resume_dir && *from != o->resume_dir)
+        return err_set(GE_INVALID, "%s is a full checkpoint, not a LoRA adapter: resume it without --lora-rank, "
+                       "or use another --data-dir", o->resume_dir);
+    if (*from) {
+        int fr; float fa; unsigned ft;
+        if ((rc = lora_read_config(*from, &fr, &fa, &ft))) return rc;
+        if ((*r && *r != fr) || (*alpha > 0 && *alpha != fa) || (*targets && *targets != ft))
+            return err_set(GE_INVALID, "%s: the adapter has rank %d, alpha %g and other targets than the flags ask "
+                           "(--lora-rank %d --lora-alpha %g): drop the flags or match them", *from, fr, fa, *r, *alpha);
+        *r = fr; *alpha = fa; *targets = ft;
+    }
+    if (*alpha <= 0) *alpha = 2.0f * *r;
+    if (!*targets) *targets = (1u << LORA_N) - 1;
+    return 0;
+}
+
+/* Adapters on the device: from `from` (PEFT) or fresh (A seeded, B = 0); policy views. */
+static int open_adapters(eng *e, const char *from) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.l_elems;
+    float *host = malloc(n * sizeof(float));
+    if (!host) return err_set(GE_NOMEM, "engine: out of memory");
+    int rc = 0;
+    if (from) rc = lora_load_peft(&e->m, from, host);
+    else lora_init_host(&e->m, host, 0x10a5eedULL);
+    int CD = e->m.cfg.C > e->m.cfg.D ? e->m.cfg.C : e->m.cfg.D;
+    e->lora_master = rc ? NULL : be->alloc(be, n * sizeof(float));
+    e->lora_sink = rc ? NULL : be->alloc(be, (size_t)CD * sizeof(float));
+    if (!rc && (!e->lora_master || !e->lora_sink)) rc = GE_NOMEM;
+    if (!rc) rc = be->to_dev(be, e->lora_master, host, n * sizeof(float));
+    if (!rc && be->act_bytes == 4) e->lora_act = e->lora_master;
+    else if (!rc) {
+        e->lora_act = be->alloc(be, n * (size_t)be->act_bytes);
+        rc = e->lora_act ? be->act_from_f32(be, e->lora_act, host, n) : GE_NOMEM;
+    }
+    free(host);
+    if (!rc) lora_views(&e->m, e->lora_act, (size_t)be->act_bytes, &e->wv);
+    return rc;
+}
+
 int eng_open(const eng_open_opts *o, eng **out) {
     *out = NULL;
     eng *e = calloc(1, sizeof *e);
@@ -47,35 +104,48 @@ int eng_open(const eng_open_opts *o, eng **out) {
     snprintf(e->model_dir, sizeof e->model_dir, "%s", o->model_dir);
     model_config cfg;
     float *host = NULL;
-    int rc = config_load(o->model_dir, &cfg);
+    int lr_rank; float lr_alpha; unsigned lr_targets;
+    const char *lr_from;
+    int rc = lora_settings(o, &lr_rank, &lr_alpha, &lr_targets, &lr_from);
+    if (!rc) rc = config_load(o->model_dir, &cfg);
     if (rc) goto fail;
     char tpath[PATH_MAX];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", o->model_dir);
     if (access(tpath, R_OK) == 0 && (rc = tok_load(o->model_dir, &e->tok))) goto fail;
     if ((rc = open_backend(o->backend, o->n_threads, &e->be))) goto fail;
     if ((rc = model_init(&e->m, &cfg, e->be))) goto fail;
+    if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
     host = malloc(n * sizeof(float));
     if (!host) { rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20); goto fail; }
     /* The reference is always the model directory's weights; the policy resumes from a checkpoint. */
     if ((rc = model_load_host(&e->m, o->model_dir, host))) goto fail;
     eng_backend *be = e->be;
-    e->ref_act = be->alloc(be, n * (size_t)be->act_bytes);
-    if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
-    if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
-    if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-    e->w_master = be->alloc(be, n * sizeof(float));
-    if (!e->w_master || (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) { rc = rc ? rc : GE_NOMEM; goto fail; }
-    if (be->act_bytes == 4) {
-        e->w_act = e->w_master;
-    } else {
+    if (lr_rank) {
+        /* the base is frozen and is the reference: one act-typed copy, no fp32 master on cuda */
         e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
         if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        if (be->act_bytes == 4) e->w_master = e->w_act;
+        if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
+            (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
+            goto fail;
+    } else {
+        e->ref_act = be->alloc(be, n * (size_t)be->act_bytes);
+        if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
+        if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
+        if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
+        e->w_master = be->alloc(be, n * sizeof(float));
+        if (!e->w_master || (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        if (be->act_bytes == 4) {
+            e->w_act = e->w_master;
+        } else {
+            e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        }
+        if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
+            (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
+            goto fail;
     }
-    if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
-        (rc = model_views_make(&e->m, e->w_master, 4, &e->mv)) ||
-        (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
-        goto fail;
     if (o->resume_dir && *o->resume_dir) {
         long long v = 0;
         read_state(o->resume_dir, &v, &e->opt_step);
@@ -98,10 +168,11 @@ void eng_close(eng *e) {
         model_acts_free(&e->m, &e->acts_ng);
         model_acts_free(&e->m, &e->acts_g);
         dec_free(e);
-        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->w_master, e->ref_act, e->grad, e->adam_m, e->adam_v };
+        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->w_master, e->ref_act, e->grad, e->adam_m, e->adam_v,
+                         e->lora_act != e->lora_master ? e->lora_act : NULL, e->lora_master, e->lora_sink };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);
-        model_views_free(&e->wv); model_views_free(&e->mv); model_views_free(&e->rv); model_views_free(&e->gv);
+        model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         be->destroy(be);
     }
@@ -121,6 +192,12 @@ void eng_get_info(eng *e, eng_info *o) {
     o->n_params = config_n_params(c);
     o->policy_version = e->policy_version;
     o->n_eos = c->n_eos;
+    if (e->m.lora_r) {
+        o->lora_rank = e->m.lora_r;
+        o->lora_alpha = e->m.lora_alpha;
+        lora_targets_str(e->m.lora_targets, o->lora_targets, sizeof o->lora_targets);
+        for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
+    }
     memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
     if (e->tok) {  /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
         const char *eos = tok_eos(e->tok);
@@ -244,7 +321,7 @@ static int load_optimizer(eng *e, const char *dir) {
     st_set s = {0};
     int rc = st_open_file(&s, path);
     if (rc) return rc;
-    size_t n = (size_t)e->m.n_elems;
+    size_t n = (size_t)eng_train_n(e);
     eng_backend *be = e->be;
     e->grad = be->alloc(be, n * 4);
     e->adam_m = be->alloc(be, n * 4);
@@ -261,7 +338,7 @@ static int load_optimizer(eng *e, const char *dir) {
     }
     free(host);
     st_close(&s);
-    if (!rc) rc = model_views_make(&e->m, e->grad, 4, &e->gv);
+    if (!rc) rc = e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
     return rc;
 }
 
@@ -273,35 +350,58 @@ static int write_text(const char *path, const char *text) {
     return 0;
 }
 
-int eng_checkpoint_save(eng *e, const char *dir) {
+int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
+
+/* The policy's weights as host fp32 (m.n_elems): the master, or with LoRA the base with the
+ * adapters merged in. */
+static int policy_host(eng *e, float *host) {
+    size_t n = (size_t)e->m.n_elems;
+    if (!e->m.lora_r) return e->be->to_host(e->be, host, e->w_master, n * 4);
+    int rc = e->be->act_to_f32(e->be, host, e->w_act, n);
+    float *l = rc ? NULL : malloc((size_t)e->m.l_elems * 4);
+    if (!rc && !l) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
+    if (!rc) rc = e->be->to_host(e->be, l, e->lora_master, (size_t)e->m.l_elems * 4);
+    if (!rc) lora_merge_host(&e->m, host, l);
+    free(l);
+    return rc;
+}
+
+int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
     char tmp[PATH_MAX], path[PATH_MAX + 64], src[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    size_t n = (size_t)e->m.n_elems;
-    float *host = malloc(n * 4);
+    int adapter = e->m.lora_r && !merged;
+    size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
+    float *host = malloc((n > nt ? n : nt) * 4);
     if (!host) return err_set(GE_NOMEM, "checkpoint: out of memory");
     int rc = 0;
     if (mkdir(tmp, 0755) && errno != EEXIST) rc = err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    if (!rc) rc = config_write(tmp, &e->m.cfg);
-    if (!rc) rc = e->be->to_host(e->be, host, e->w_master, n * 4);
-    if (!rc) rc = model_save_host(&e->m, tmp, host, 0);
-    static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
-    for (int i = 0; i < 3 && !rc; i++) {
-        snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
-        snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
-        rc = copy_file(src, path);
+    if (adapter) {
+        if (!rc) rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
+        if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
+    } else {
+        if (!rc) rc = config_write(tmp, &e->m.cfg);
+        if (!rc) rc = policy_host(e, host);
+        if (!rc) rc = model_save_host(&e->m, tmp, host, 0);
+        static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
+        for (int i = 0; i < 3 && !rc; i++) {
+            snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
+            snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
+            rc = copy_file(src, path);
+        }
     }
-    if (!rc && e->adam_m) {
-        float *v = malloc(n * 4);
+    /* a merged LoRA checkpoint is for export: no optimizer state (its moments are the adapters') */
+    if (!rc && e->adam_m && !(merged && e->m.lora_r)) {
+        float *v = malloc(nt * 4);
         rc = v ? 0 : GE_NOMEM;
-        if (!rc) rc = e->be->to_host(e->be, host, e->adam_m, n * 4);
-        if (!rc) rc = e->be->to_host(e->be, v, e->adam_v, n * 4);
-        st_out o[2] = { { .name = "adam_m", .data = host, .ndim = 1, .shape = { (long long)n } },
-                        { .name = "adam_v", .data = v, .ndim = 1, .shape = { (long long)n } } };
+        if (!rc) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
+        if (!rc) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
+        st_out o[2] = { { .name = "adam_m", .data = host, .ndim = 1, .shape = { (long long)nt } },
+                        { .name = "adam_v", .data = v, .ndim = 1, .shape = { (long long)nt } } };
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         if (!rc) rc = st_write(path, o, 2, ST_F32);
         free(v);
     }
-    if (!rc) {
+    if (!rc && !(merged && e->m.lora_r)) {
         char state[256];
         snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
                  (long long)e->policy_version, e->opt_step);

@@ -20,6 +20,14 @@ typedef struct {
     const char *backend;        /* "auto" | "cpu" | "cuda" */
     const char *resume_dir;     /* NULL, or a checkpoint directory written by eng_checkpoint_save */
     int n_threads;              /* CPU threads; 0 = all cores */
+    /* LoRA (engine/lora.h): lora_rank > 0 or lora_init trains adapters over the frozen base,
+     * which is also the reference (no second copy). lora_alpha 0 = 2 * rank; lora_targets NULL =
+     * all seven ("q,k,v,o,gate,up,down"). lora_init: a PEFT adapter directory to start from (its
+     * adapter_config.json gives rank, alpha and targets). A resume_dir holding
+     * adapter_model.safetensors resumes the adapters from it. */
+    int lora_rank;
+    float lora_alpha;
+    const char *lora_targets, *lora_init;
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
@@ -38,6 +46,10 @@ typedef struct {
     long long n_params;
     long long policy_version;   /* bumped by each update */
     int eos_ids[8], n_eos;
+    int lora_rank;              /* 0: full fine-tuning */
+    float lora_alpha;
+    char lora_targets[96];      /* PEFT module names, comma-separated */
+    long long lora_params;      /* trainable adapter parameters */
 } eng_info;
 void eng_get_info(eng *e, eng_info *out);
 
@@ -195,4 +207,9 @@ void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
 /* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus
  * optimizer state (optimizer.safetensors, grpod_state.json) to dir.tmp, then rename to dir. */
 int eng_checkpoint_save(eng *e, const char *dir);
+/* With LoRA the checkpoint is the adapter in PEFT's layout (adapter_model.safetensors,
+ * adapter_config.json) plus optimizer.safetensors and grpod_state.json. merged = 1 writes an
+ * HF directory (config.json, model.safetensors with base + s B A, tokenizer files) instead;
+ * without LoRA both write the full checkpoint. */
+int eng_checkpoint_save_ex(eng *e, const char *dir, int merged);
 #endif

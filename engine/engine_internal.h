@@ -15,11 +15,14 @@ struct eng {
     char model_dir[512];
     /* policy: act-typed weights used by the ops, fp32 master (== act on the cpu backend) */
     void *w_act; float *w_master;
-    model_views wv;             /* views into w_act */
-    model_views mv;             /* views into w_master (fp32) */
-    /* frozen reference (act-typed) */
+    model_views wv;             /* views into w_act (and the adapters) */
+    /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */
     void *ref_act; model_views rv;
-    /* training state, allocated on the first update */
+    /* LoRA adapters (m.lora_r > 0): fp32 master, act copy (== master on cpu), the norm-gradient
+     * sink of lora_grad_views. The base has no fp32 master then on cuda (w_master NULL). */
+    float *lora_master; void *lora_act; float *lora_sink;
+    /* training state over the trainable parameters (eng_train_n: the adapters with LoRA),
+     * allocated on the first update */
     float *grad, *adam_m, *adam_v;
     model_views gv;             /* views into grad */
     int opt_step;               /* AdamW steps taken (1-based bias correction) */
@@ -37,4 +40,8 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
  * token). */
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,
               float temperature, float *out, float *ent);
+/* Trainable elements: m.l_elems with LoRA, else m.n_elems; their fp32 master and act copy. */
+static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_elems : e->m.n_elems; }
+static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }
+static inline void *eng_train_act(const eng *e) { return e->m.lora_r ? e->lora_act : e->w_act; }
 #endif

@@ -76,6 +76,7 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
 void model_free(model *m) {
     if (m->inv_freq) m->be->free(m->be, m->inv_freq);
     free(m->params);
+    free(m->lparams);
     memset(m, 0, sizeof *m);
 }
 
@@ -184,6 +185,10 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
     TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
     TAKE(a->ints, 7 * T + 2 * M, 4);
+    if (m->lora_r) {
+        long long y = HD + 2 * KD > 2 * F ? HD + 2 * KD : 2 * F;
+        TAKE(a->lu, T * m->lora_r, eb); TAKE(a->ldu, T * m->lora_r, eb); TAKE(a->ly, T * (y > C ? y : C), eb);
+    }
 #undef TAKE
     return off;
 }
@@ -295,6 +300,18 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
                         c->V, temperature);
 }
 
+/* The adapter term of one projection, queued: ly (T, O) = (X A^T) B^T + res, to be the base
+ * projection's res (so one rounding adds it on CUDA); res itself when the target has none. */
+static const void *lora_fwd(const model *m, model_acts *a, const model_layer_views *W, int t, const void *X,
+                            const void *res, void *ly, int T, int I, int O) {
+    if (!W->la[t]) return res;
+    eng_backend *be = m->be;
+    be->matmul_fwd(be, a->lu, X, W->la[t], NULL, T, I, m->lora_r);
+    mm_part p = { ly, W->lb[t], NULL, O, res };
+    be->matmul_fwd_n(be, &p, 1, a->lu, NULL, T, m->lora_r);
+    return ly;
+}
+
 void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
                      void *kv_k, void *kv_v) {
     const model_config *c = &m->cfg;
@@ -302,12 +319,24 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
+    char *ly = a->ly;
+    size_t eb = (size_t)be->act_bytes;
     /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
-     * recomputes them), the residual adds in the o and down projections */
+     * recomputes them), the residual adds in the o and down projections. With adapters on a
+     * group's projections the norm runs first (the adapters read it too) and each adapter's
+     * term is the res of its base projection. */
     mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
     mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL },
                        { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL }, { A->v, W->wv, W->bv, KD, NULL } };
-    be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
+    if (W->la[LORA_Q] || W->la[LORA_K] || W->la[LORA_V]) {
+        be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
+        qkv[0].res = lora_fwd(m, a, W, LORA_Q, A->ln1, NULL, ly, T, C, HD);
+        qkv[1].res = lora_fwd(m, a, W, LORA_K, A->ln1, NULL, ly + (size_t)T * HD * eb, T, C, KD);
+        qkv[2].res = lora_fwd(m, a, W, LORA_V, A->ln1, NULL, ly + (size_t)T * (HD + KD) * eb, T, C, KD);
+        be->matmul_fwd_n(be, qkv, 3, A->ln1, NULL, T, C);
+    } else {
+        be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
+    }
     /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
     qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
                        .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
@@ -316,10 +345,19 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
     const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
-    mm_part o = { A->xm, W->wo, W->bo, C, A->x };
+    mm_part o = { A->xm, W->wo, W->bo, C, lora_fwd(m, a, W, LORA_O, A->att, A->x, ly, T, HD, C) };
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
-    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
-    mm_part dn = { out, W->w_down, NULL, C, A->xm };
+    if (W->la[LORA_GATE] || W->la[LORA_UP]) {
+        be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+        mm_part gu[2] = { { A->g, W->w_gate, NULL, F, lora_fwd(m, a, W, LORA_GATE, A->ln2, NULL, ly, T, C, F) },
+                          { A->u, W->w_up, NULL, F,
+                            lora_fwd(m, a, W, LORA_UP, A->ln2, NULL, ly + (size_t)T * F * eb, T, C, F) } };
+        be->matmul_fwd_n(be, gu, 2, A->ln2, NULL, T, C);
+        be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    } else {
+        be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
+    }
+    mm_part dn = { out, W->w_down, NULL, C, lora_fwd(m, a, W, LORA_DOWN, A->a, A->xm, ly, T, F, C) };
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 
@@ -344,8 +382,21 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
                         w->lm_head, M, C, c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
     for (int l = c->L - 1; l >= 0; l--) model_layer_bwd(m, w, g, a, l, &d);
-    be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
+    if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
     return be->sync(be);
+}
+
+/* Backward of lora_fwd's term given dY (T, O): gA, gB += (their gradients), dX (T, I) += the
+ * input gradient through the adapter. X A^T is recomputed into lu. */
+static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t,
+                     const void *dY, const void *X, void *dX, int T, int I, int O) {
+    if (!W->la[t]) return;
+    eng_backend *be = m->be;
+    int r = m->lora_r;
+    be->matmul_fwd(be, a->lu, X, W->la[t], NULL, T, I, r);
+    be->zero(be, a->ldu, (size_t)T * r * be->act_bytes);
+    be->matmul_bwd(be, a->ldu, G->lb[t], NULL, dY, a->lu, W->lb[t], T, r, O);
+    be->matmul_bwd(be, dX, G->la[t], NULL, a->ldu, X, W->la[t], T, I, r);
 }
 
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
@@ -362,14 +413,18 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     be->zero(be, a->da, (size_t)T * F * eb);
     be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
+    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C);   /* before swiglu_bwd writes du = A->a */
     be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
     be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
+    lora_bwd(m, a, W, G, LORA_GATE, a->dg, A->ln2, a->dln, T, C, F);
+    lora_bwd(m, a, W, G, LORA_UP, a->du, A->ln2, a->dln, T, C, F);
     be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
     /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
+    lora_bwd(m, a, W, G, LORA_O, a->dres, A->att, a->datt, T, HD, C);
     be->zero(be, a->dk, (size_t)T * KD * eb);
     be->zero(be, a->dv, (size_t)T * KD * eb);
     be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d->r, T, H, K, D);
@@ -388,5 +443,8 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
     be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
     be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
+    lora_bwd(m, a, W, G, LORA_Q, dq, A->ln1, a->dln, T, C, HD);
+    lora_bwd(m, a, W, G, LORA_K, dk, A->ln1, a->dln, T, C, KD);
+    lora_bwd(m, a, W, G, LORA_V, a->dv, A->ln1, a->dln, T, C, KD);
     be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
 }

@@ -24,6 +24,9 @@ typedef struct {
     long long off, numel;       /* elements into the flat buffer */
 } model_param;
 
+/* LoRA targets (engine/lora.h): the seven projections an adapter can ride on. */
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N };
+
 /* One layer's parameters; bq/bk/bv/bo and q_norm/k_norm are NULL when the config has none. */
 typedef struct {
     void *attn_norm;            /* (C) */
@@ -35,6 +38,9 @@ typedef struct {
     void *mlp_norm;             /* (C) */
     void *w_gate, *w_up;        /* (F,C), (F,C) */
     void *w_down;               /* (C,F) */
+    /* low-rank adapters (NULL: none, the base alone): target t adds (X A^T) B^T to its
+     * projection's output, A (r, I) and B (O, r) with the LoRA scale folded into B (lora.h) */
+    void *la[LORA_N], *lb[LORA_N];
 } model_layer_views;
 
 typedef struct {
@@ -50,6 +56,10 @@ typedef struct {
     model_param *params; int n_params;
     long long n_elems;          /* elements of a flat parameter buffer */
     float *inv_freq;            /* (D/2) in backend memory */
+    /* LoRA adapters (engine/lora.c; lora_r = 0: none): their own flat buffer, all A then all B */
+    int lora_r; float lora_alpha; unsigned lora_targets;   /* bit t for target t */
+    model_param *lparams; int n_lparams;
+    long long l_elems, l_elems_a;   /* elements of the adapter buffer; of its A part (first) */
 } model;
 
 int model_init(model *m, const model_config *cfg, eng_backend *be);
@@ -83,6 +93,8 @@ typedef struct {
         float *rstdq, *rstdk;   /* (T,H), (T,K) 1/rms of each q/k head */
         float *lse;             /* (T,H) attention logsumexp */
     } *l;                       /* (L) */
+    void *lu, *ldu, *ly;        /* LoRA scratch (m->lora_r > 0): X A^T and its gradient (T, r);
+                                 * the adapter terms of one projection group (T, max(HD+2KD, 2F, C)) */
     void *xL, *lnf;             /* (T,C) last layer's output, final norm of it */
     float *rstdf;               /* (T) */
     float *logp, *ent, *dlogp, *dent;   /* (M) */

@@ -18,12 +18,13 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "engine/engine_internal.h"
+#include "engine/lora.h"
 #include "kernels/adamw.h"
 
 static int ensure_training_state(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
-    size_t n = (size_t)e->m.n_elems * 4;
+    size_t n = (size_t)eng_train_n(e) * 4;
     e->grad = be->alloc(be, n);
     e->adam_m = be->alloc(be, n);
     e->adam_v = be->alloc(be, n);
@@ -31,7 +32,25 @@ static int ensure_training_state(eng *e) {
         return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s", 3 * n >> 20, be->name);
     be->zero(be, e->adam_m, n);
     be->zero(be, e->adam_v, n);
-    return model_views_make(&e->m, e->grad, 4, &e->gv);
+    return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
+}
+
+/* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
+ * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
+ * the norm) is AdamW on B exactly. */
+static void optimizer_step(eng *e, const eng_optim *opt, float lr) {
+    eng_backend *be = e->be;
+    float *master = eng_train_master(e);
+    void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
+    long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
+    be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps,
+              opt->weight_decay, e->opt_step);
+    if (na < n) {
+        float s = e->m.lora_alpha / (float)e->m.lora_r;
+        size_t eb = (size_t)be->act_bytes;
+        be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
+                  e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
+    }
 }
 
 /* Per-response bookkeeping of the kept groups, in pack order. */
@@ -173,7 +192,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
-    size_t nbytes = (size_t)e->m.n_elems * 4;
+    long long n_train = eng_train_n(e);
+    size_t nbytes = (size_t)n_train * 4;
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
@@ -181,20 +201,22 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             t = clock_mono_ms();
             e->be->zero(e->be, e->grad, nbytes);
             rc = run_minibatch(e, &w, g0, g1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
+            if (!rc && e->m.lora_r)   /* dL/dB = s dL/dB' */
+                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
+                             e->m.lora_alpha / (float)e->m.lora_r);
             if (!rc) rc = e->be->sync(e->be);
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
-            double norm = sqrt(e->be->sumsq(e->be, e->grad, e->m.n_elems));
+            double norm = sqrt(e->be->sumsq(e->be, e->grad, n_train));
             grad_norm_sum += norm;
             if (!isfinite(norm)) { rc = err_set(GE_INTERNAL, "update: gradient norm is %g; step skipped", norm); break; }
             double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
-            if (clip < 1.0) e->be->scale(e->be, e->grad, e->m.n_elems, (float)clip);
+            if (clip < 1.0) e->be->scale(e->be, e->grad, n_train, (float)clip);
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
             out->lr = lr;
-            e->be->adamw(e->be, e->w_master, e->w_act == e->w_master ? NULL : e->w_act, e->grad, e->adam_m, e->adam_v,
-                         e->m.n_elems, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+            optimizer_step(e, opt, lr);
             rc = e->be->sync(e->be);
             ms_opt += clock_mono_ms() - t;
             steps++;
