@@ -227,11 +227,28 @@ int eng_render_chat(eng *e, const eng_message *m, int n, int agp, char **text) {
 
 /* ---------------------------------------------------------------- scoring */
 
+/* Device memory a training step needs beside its activations (kernel scratch, cuBLASLt
+ * workspace, the chunked logprob head): a grad allocation that leaves less falls back to
+ * recomputing layers. */
+#define ACTS_HEADROOM ((size_t)4 << 30)
+
 int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     if (a->mem && a->cap_T >= T && a->cap_M >= M) return 0;
     int cT = a->cap_T > T ? a->cap_T : T, cM = a->cap_M > M ? a->cap_M : M;
     model_acts_free(&e->m, a);
-    return model_acts_init(&e->m, a, cT, cM, grad);
+    const char *rc_env = getenv("GRPOD_RECOMPUTE");
+    if (grad && rc_env && *rc_env == '1') grad = MODEL_ACTS_RECOMPUTE;
+    int rc = model_acts_init(&e->m, a, cT, cM, grad);
+    if (!rc && grad == 1 && e->be->act_bytes == 2) {
+        void *probe = e->be->alloc(e->be, ACTS_HEADROOM);
+        if (probe) e->be->free(e->be, probe);
+        else { model_acts_free(&e->m, a); rc = GE_NOMEM; }
+    }
+    if (rc == GE_NOMEM && grad == 1) {   /* every layer's activations do not fit: keep inputs only */
+        err_clear();
+        rc = model_acts_init(&e->m, a, cT, cM, MODEL_ACTS_RECOMPUTE);
+    }
+    return rc;
 }
 
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,

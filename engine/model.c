@@ -168,10 +168,14 @@ static size_t carve(const model *m, model_acts *a, char *base) {
         a->dq0 = a->datt;
         a->dk0 = a->dq;
     }
-    int nl = a->grad ? c->L : 1;
+    int nl = a->grad == 1 ? c->L : 1;
     for (int l = 0; l < c->L; l++) {
         struct model_layer_acts *L = &a->l[l];
-        if (l >= nl) { *L = a->l[0]; continue; }
+        if (l >= nl) {
+            *L = a->l[0];
+            if (a->grad) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
+            continue;
+        }
         TAKE(L->x, T * C, eb);
         if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
         else { TAKE(L->ln1, T * C, eb); TAKE(L->ln2, T * C, eb); TAKE(L->a, T * F, eb); }
@@ -381,7 +385,12 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
         be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok,
                         w->lm_head, M, C, c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
-    for (int l = c->L - 1; l >= 0; l--) model_layer_bwd(m, w, g, a, l, &d);
+    for (int l = c->L - 1; l >= 0; l--) {
+        /* recompute: the shared set holds layer L-1's forward; the others are made again from
+         * their input (the output written is the next layer's input, whose backward is done) */
+        if (a->grad == MODEL_ACTS_RECOMPUTE && l < c->L - 1) model_layer_fwd(m, w, a, l, a->l[l + 1].x, &d, NULL, NULL);
+        model_layer_bwd(m, w, g, a, l, &d);
+    }
     if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
     return be->sync(be);
 }

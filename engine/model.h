@@ -77,8 +77,12 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
  * grad = 0 keeps one layer's worth (no backward possible). With grad, ln1, ln2 and a are not
  * kept per layer (the backward recomputes them) and some backward scratch pointers share
  * memory (model.c carve() lists which). */
+enum { MODEL_ACTS_RECOMPUTE = 2 };   /* grad mode keeping only each layer's input x */
 typedef struct {
-    int cap_T, cap_M, grad;
+    int cap_T, cap_M, grad;     /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE: every layer keeps only x
+                                 * (its input) and shares the rest; model_backward recomputes each
+                                 * layer's forward from x before its backward (one more forward,
+                                 * activations of one layer instead of L) */
     void *mem;                  /* one backend allocation */
     struct model_layer_acts {   /* act-typed (be->act_bytes) unless float */
         void *x;                /* (T,C) the layer's input (residual stream) */

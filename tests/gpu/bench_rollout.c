@@ -25,32 +25,6 @@ static void on_progress(void *ud, double frac) {
     if (s->n < s->cap) s->t[s->n++] = clock_mono_ms();
 }
 
-/* Device-to-device copy bandwidth in bytes/s (read + write), median of 9 copies of 1 GiB. */
-static double copy_bw(void) {
-    size_t n = (size_t)1 << 30;
-    void *a, *b;
-    if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
-    cudaMemset(a, 1, n);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
-    double t[9];
-    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
-    for (int i = 0; i < 9; i++) {
-        float ms;
-        cudaEventRecord(e0, 0);
-        cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        t[i] = ms;
-    }
-    qsort(t, 9, sizeof(double), gc_cmpd);
-    cudaFree(a); cudaFree(b);
-    cudaEventDestroy(e0); cudaEventDestroy(e1);
-    return 2.0 * n / (t[4] * 1e-3);
-}
-
-
 /* us per matmul_fwd (T, I, O): 40 calls captured in one graph, each on another copy of W
  * (together > L2; in_l2: all on one copy, which stays in L2: the latency part), median of 5
  * replays. */

@@ -124,4 +124,30 @@ static inline double gc_rel_delta(const float *a, const float *a0, const float *
     }
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
 }
+#ifdef CUDART_VERSION   /* programs that include cuda_runtime_api.h before this header */
+/* Device-to-device copy bandwidth in bytes/s (read + write), median of 9 copies of 1 GiB. */
+static inline double copy_bw(void) {
+    size_t n = (size_t)1 << 30;
+    void *a, *b;
+    if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
+    cudaMemset(a, 1, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    double t[9];
+    cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+    for (int i = 0; i < 9; i++) {
+        float ms;
+        cudaEventRecord(e0, 0);
+        cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[i] = ms;
+    }
+    qsort(t, 9, sizeof(double), gc_cmpd);
+    cudaFree(a); cudaFree(b);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    return 2.0 * n / (t[4] * 1e-3);
+}
+#endif
 #endif

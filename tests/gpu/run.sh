@@ -8,6 +8,7 @@
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
+#   test_lora + peft_roundtrip.py: LoRA CUDA vs CPU, engine LoRA on cuda, the PEFT round trip
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
@@ -17,6 +18,8 @@
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
+#   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
+#       Qwen3-32B dims on a device with room for it)
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
 #       1.7B heads at (4096, 16, 512)), with PEER_ATTN=path/to/peer_attention.py the peer
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
@@ -39,7 +42,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_fixtures test_sampling test_greedy bench_step bench_rollout bench_layer bench_attn attn_dump"
+PROGS="test_ops test_model test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
     for t in $PROGS; do
@@ -77,6 +80,10 @@ timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_mod
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
+# LoRA: CUDA vs CPU, the engine with adapters on cuda, then PEFT loading grpod's adapter
+timeout ${T_LORA:-120} "$BIN/test_lora" "$OUT/lora" >>"$OUT/model.log" 2>&1; echo "test_lora exit $?" >>"$OUT/model.log"
+timeout ${T_PEFT:-180} python3 tests/gpu/peft_roundtrip.py "$OUT/lora" >>"$OUT/model.log" 2>&1
+echo "peft_roundtrip exit $?" >>"$OUT/model.log"
 # packed attention vs PyTorch SDPA on the unpacked N(P+R) layout, output and every gradient
 timeout ${T_SDPA:-180} python3 tests/gpu/attn_vs_sdpa.py "$BIN" >>"$OUT/model.log" 2>&1
 echo "attn_vs_sdpa exit $?" >>"$OUT/model.log"
@@ -133,6 +140,17 @@ if [ "${BENCH_LAYER:-0}" = 1 ]; then
         if [ -n "${PEER_LAYER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER_LAYER"; fi
     } >"$OUT/bench_layer.log" 2>&1
     cat "$OUT/bench_layer.log"
+fi
+
+# ---- (j) LoRA benchmark (optional): 8B dims; 32B dims where the device has the memory
+if [ "${BENCH_LORA:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-200} "$BIN/bench_lora" 8b
+        if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 120000 ]; then
+            timeout ${T_BENCH:-300} "$BIN/bench_lora" 32b
+        fi
+    } >"$OUT/bench_lora.log" 2>&1
+    grep -v '^rep' "$OUT/bench_lora.log"
 fi
 
 # ---- (i) attention alone (optional)
