@@ -20,9 +20,12 @@
 #include "kernels/sampling.h"
 
 typedef struct eng_backend eng_backend;
-/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + res (bias, res (T, O) may be
- * NULL; on CUDA the sum is rounded to bf16 once: the residual add that closes a sub-layer). */
-typedef struct { void *out; const void *w; const void *bias; int O; const void *res; } mm_part;
+/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + lr.u · lr.b^T + res (bias,
+ * lr.u, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes: the
+ * residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
+/* A low-rank term added with it (LoRA, unmerged): + u (T, r) · b^T, b (O, r); u NULL: none. */
+typedef struct { const void *u, *b; int r; } mm_lowrank;
+typedef struct { void *out; const void *w; const void *bias; int O; const void *res; mm_lowrank lr; } mm_part;
 /* The RMSNorm in front of matmul_fwd_n / mlp_in_fwd (NULL: none): the projections read
  * rmsnorm(inp) · w (kernels/rmsnorm.h, eps); ln (T, I) is scratch the op may use. */
 typedef struct { const void *w; float eps; void *ln; } mm_norm;

@@ -52,6 +52,18 @@ static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const 
     x = normed(nm, x, T, I);
     for (int i = 0; i < n; i++) {
         matmul_fwd_cpu(p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
+        if (p[i].lr.u) {
+            float *o = p[i].out;
+            const float *u = p[i].lr.u, *bw = p[i].lr.b;
+            int O = p[i].O, r = p[i].lr.r;
+            #pragma omp parallel for schedule(static)
+            for (long long j = 0; j < (long long)T * O; j++) {
+                const float *ut = u + (j / O) * r, *bo = bw + (j % O) * r;
+                float s = 0;
+                for (int k = 0; k < r; k++) s += ut[k] * bo[k];
+                o[j] += s;
+            }
+        }
         if (p[i].res) {
             float *o = p[i].out;
             const float *r = p[i].res;

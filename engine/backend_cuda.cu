@@ -127,12 +127,15 @@ static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const 
     for (int i0 = 0; i0 < n; i0 += 3) {
         bf16 *o[3];
         cbf *w[3], *bias[3], *res[3];
-        int O[3], m = n - i0 < 3 ? n - i0 : 3;
+        cu_lowrank lr[3];
+        int O[3], m = n - i0 < 3 ? n - i0 : 3, any = 0;
         for (int i = 0; i < m; i++) {
             const mm_part *q = &p[i0 + i];
             o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; res[i] = (cbf *)q->res; O[i] = q->O;
+            lr[i] = (cu_lowrank){ (cbf *)q->lr.u, (cbf *)q->lr.b, q->lr.r };
+            any |= q->lr.u != NULL;
         }
-        matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I);
+        matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I, any ? lr : NULL);
     }
 }
 static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,

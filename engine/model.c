@@ -189,10 +189,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
     TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
     TAKE(a->ints, 7 * T + 2 * M, 4);
-    if (m->lora_r) {
-        long long y = HD + 2 * KD > 2 * F ? HD + 2 * KD : 2 * F;
-        TAKE(a->lu, T * m->lora_r, eb); TAKE(a->ldu, T * m->lora_r, eb); TAKE(a->ly, T * (y > C ? y : C), eb);
-    }
+    if (m->lora_r) { TAKE(a->lu, T * 3 * m->lora_r, eb); TAKE(a->ldu, T * m->lora_r, eb); }
 #undef TAKE
     return off;
 }
@@ -304,16 +301,22 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
                         c->V, temperature);
 }
 
-/* The adapter term of one projection, queued: ly (T, O) = (X A^T) B^T + res, to be the base
- * projection's res (so one rounding adds it on CUDA); res itself when the target has none. */
-static const void *lora_fwd(const model *m, model_acts *a, const model_layer_views *W, int t, const void *X,
-                            const void *res, void *ly, int T, int I, int O) {
-    if (!W->la[t]) return res;
+/* The adapters' first halves for up to three targets sharing the input X (T, I): lu + i T r
+ * gets X A_t^T (T, r), one launch at decode sizes (with X's norm in front when n is set). Returns
+ * each target's low-rank term for its base projection (u NULL: no adapter on it). */
+static void lora_a(const model *m, model_acts *a, const model_layer_views *W, const int *t, int k, const void *X,
+                   const mm_norm *n, int T, int I, mm_lowrank *lr) {
     eng_backend *be = m->be;
-    be->matmul_fwd(be, a->lu, X, W->la[t], NULL, T, I, m->lora_r);
-    mm_part p = { ly, W->lb[t], NULL, O, res };
-    be->matmul_fwd_n(be, &p, 1, a->lu, NULL, T, m->lora_r);
-    return ly;
+    int r = m->lora_r, np = 0;
+    mm_part p[3];
+    for (int i = 0; i < k; i++) {
+        lr[i] = (mm_lowrank){ 0 };
+        if (!W->la[t[i]]) continue;
+        void *u = (char *)a->lu + (size_t)i * T * r * be->act_bytes;
+        p[np++] = (mm_part){ u, W->la[t[i]], NULL, r, NULL, { NULL, NULL, 0 } };
+        lr[i] = (mm_lowrank){ u, W->lb[t[i]], r };
+    }
+    if (np) be->matmul_fwd_n(be, p, np, X, n, T, I);
 }
 
 void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
@@ -323,24 +326,18 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
-    char *ly = a->ly;
-    size_t eb = (size_t)be->act_bytes;
     /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
-     * recomputes them), the residual adds in the o and down projections. With adapters on a
-     * group's projections the norm runs first (the adapters read it too) and each adapter's
-     * term is the res of its base projection. */
+     * recomputes them), the residual adds in the o and down projections; adapters (lora_a) add
+     * their terms inside the base projections (mm_part.lr) */
     mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
-    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL },
-                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL }, { A->v, W->wv, W->bv, KD, NULL } };
-    if (W->la[LORA_Q] || W->la[LORA_K] || W->la[LORA_V]) {
-        be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
-        qkv[0].res = lora_fwd(m, a, W, LORA_Q, A->ln1, NULL, ly, T, C, HD);
-        qkv[1].res = lora_fwd(m, a, W, LORA_K, A->ln1, NULL, ly + (size_t)T * HD * eb, T, C, KD);
-        qkv[2].res = lora_fwd(m, a, W, LORA_V, A->ln1, NULL, ly + (size_t)T * (HD + KD) * eb, T, C, KD);
-        be->matmul_fwd_n(be, qkv, 3, A->ln1, NULL, T, C);
-    } else {
-        be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
-    }
+    static const int tqkv[3] = { LORA_Q, LORA_K, LORA_V }, tgu[2] = { LORA_GATE, LORA_UP }, to[1] = { LORA_O },
+                     td[1] = { LORA_DOWN };
+    mm_lowrank lq[3] = { { 0 } }, lg[2] = { { 0 } }, lo = { 0 }, ld = { 0 };
+    if (m->lora_r) lora_a(m, a, W, tqkv, 3, A->x, &n1, T, C, lq);
+    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lq[0] },
+                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lq[1] },
+                       { A->v, W->wv, W->bv, KD, NULL, lq[2] } };
+    be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
     /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
     qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
                        .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
@@ -349,19 +346,19 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
     const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
-    mm_part o = { A->xm, W->wo, W->bo, C, lora_fwd(m, a, W, LORA_O, A->att, A->x, ly, T, HD, C) };
+    if (m->lora_r) lora_a(m, a, W, to, 1, A->att, NULL, T, HD, &lo);
+    mm_part o = { A->xm, W->wo, W->bo, C, A->x, lo };
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
-    if (W->la[LORA_GATE] || W->la[LORA_UP]) {
-        be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-        mm_part gu[2] = { { A->g, W->w_gate, NULL, F, lora_fwd(m, a, W, LORA_GATE, A->ln2, NULL, ly, T, C, F) },
-                          { A->u, W->w_up, NULL, F,
-                            lora_fwd(m, a, W, LORA_UP, A->ln2, NULL, ly + (size_t)T * F * eb, T, C, F) } };
-        be->matmul_fwd_n(be, gu, 2, A->ln2, NULL, T, C);
+    if (m->lora_r) lora_a(m, a, W, tgu, 2, A->xm, &n2, T, C, lg);
+    if (lg[0].u || lg[1].u) {   /* the adapters' terms go in before SwiGLU */
+        mm_part gu[2] = { { A->g, W->w_gate, NULL, F, NULL, lg[0] }, { A->u, W->w_up, NULL, F, NULL, lg[1] } };
+        be->matmul_fwd_n(be, gu, 2, A->xm, &n2, T, C);
         be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     } else {
         be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
     }
-    mm_part dn = { out, W->w_down, NULL, C, lora_fwd(m, a, W, LORA_DOWN, A->a, A->xm, ly, T, F, C) };
+    if (m->lora_r) lora_a(m, a, W, td, 1, A->a, NULL, T, F, &ld);
+    mm_part dn = { out, W->w_down, NULL, C, A->xm, ld };
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 

@@ -97,8 +97,8 @@ typedef struct {
         float *rstdq, *rstdk;   /* (T,H), (T,K) 1/rms of each q/k head */
         float *lse;             /* (T,H) attention logsumexp */
     } *l;                       /* (L) */
-    void *lu, *ldu, *ly;        /* LoRA scratch (m->lora_r > 0): X A^T and its gradient (T, r);
-                                 * the adapter terms of one projection group (T, max(HD+2KD, 2F, C)) */
+    void *lu, *ldu;             /* LoRA scratch (m->lora_r > 0): X A^T of up to three targets
+                                 * (3, T, r); one's gradient (T, r) */
     void *xL, *lnf;             /* (T,C) last layer's output, final norm of it */
     float *rstdf;               /* (T) */
     float *logp, *ent, *dlogp, *dent;   /* (M) */

@@ -35,8 +35,11 @@ void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const
  * takes them all. */
 /* the RMSNorm in front of matmul_fwd_n_cuda / mlp_in_fwd_cuda: weight (C), eps, ln (T, C) scratch */
 typedef struct { const bf16 *w; float eps; bf16 *ln; } cu_norm;
+/* a low-rank term of one output (LoRA): + u (T, r) · b^T, b (O, r); u NULL: none */
+typedef struct { const bf16 *u, *b; int r; } cu_lowrank;
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
-                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I);
+                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
+                       const cu_lowrank *lr);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
                      const bf16 *w, int T, int I, int O);
 

@@ -273,6 +273,9 @@ struct sk_shape {
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
+ * of 8 NT outputs each; a part may carry a low-rank term (LoRA: + u B^T, rank lr, added in the
+ * epilogue before the one rounding: r multiply-adds an output, B read once, x A^T made by the
+ * launch before). Parts
  * of 8 NT outputs each. SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O,
  * n = 1 tile range): a tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the
  * rest the same up rows, so the epilogue writes g, u and act = silu(g) * u (swiglu_fwd's math on
@@ -286,6 +289,8 @@ typedef struct {
     bf16 *act;
     const bf16 *nw;              /* RMSNorm of x in front (NULL: none): weight (I), eps */
     float eps;
+    const bf16 *lu[SK_PARTS], *lb[SK_PARTS];   /* + lu (T, lr) · lb^T, lb (O, lr) (NULL: none) */
+    int lr;
 } sk_args;
 
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
@@ -306,6 +311,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const bias_0 = a.bias[0], *const bias_1 = a.bias[1], *const bias_2 = a.bias[2];
     bf16 *const out_0 = a.out[0], *const out_1 = a.out[1], *const out_2 = a.out[2], *const act = a.act;
     const bf16 *const res_0 = a.res[0], *const res_1 = a.res[1], *const res_2 = a.res[2], *const nw = a.nw;
+    const bf16 *const lu_0 = a.lu[0], *const lu_1 = a.lu[1], *const lu_2 = a.lu[2];
+    const bf16 *const lb_0 = a.lb[0], *const lb_1 = a.lb[1], *const lb_2 = a.lb[2];
     const bool sw = act != nullptr;
     const int ntiles = np == 1 ? b1 : np == 2 ? b2 : b3;
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -442,7 +449,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         int pi, o0;
         tile(j, pi, o0);
         const int O = SK_SEL(O_, pi);
-        const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi);
+        const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi), *lu = SK_SEL(lu_, pi), *lb = SK_SEL(lb_, pi);
+        const int lr = a.lr;
         bf16 *out = SK_SEL(out_, pi);
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
@@ -451,6 +459,15 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
             for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
             if (bias) s += __bfloat162float(bias[o]);
+            if (lb) {   /* 16-byte loads: a warp reads 32 consecutive B rows (coalesced), u rows broadcast */
+                const uint4 *ut = (const uint4 *)(lu + (size_t)t * lr), *bo = (const uint4 *)(lb + (size_t)o * lr);
+                for (int k = 0; k < lr / 8; k++) {
+                    const uint4 uv = ut[k], bv = bo[k];
+                    const bf16 *ue = (const bf16 *)&uv, *bw = (const bf16 *)&bv;
+#pragma unroll
+                    for (int q8 = 0; q8 < 8; q8++) s += __bfloat162float(ue[q8]) * __bfloat162float(bw[q8]);
+                }
+            }
             if (res) s += __bfloat162float(res[(size_t)t * O + o]);
             const bf16 y = __float2bfloat16(s);
             out[(size_t)t * O + o] = y;
@@ -511,6 +528,8 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
     if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0;   /* nw_s: 16-byte copies */
+    for (int i = 0; i < a.n; i++)   /* the low-rank term's 16-byte loads */
+        if (a.lb[i] && (a.act || a.lr % 8 || align_of(a.lu[i]) < 16 || align_of(a.lb[i]) < 16)) return 0;
     int Osum = 0, np = a.act ? 2 : a.n;
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
@@ -531,7 +550,7 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
 
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O) {
     const bf16 *const res = NULL;
-    matmul_fwd_n_cuda(c, &out, &w, &bias, &res, &O, 1, inp, NULL, T, I);
+    matmul_fwd_n_cuda(c, &out, &w, &bias, &res, &O, 1, inp, NULL, T, I, NULL);
 }
 
 /* The unfused path's norm: ln = rmsnorm(inp) (rmsnorm_fwd_cuda), the projections then read ln. */
@@ -547,20 +566,29 @@ static void sk_set_norm(sk_args &a, const cu_norm *nm) {
 }
 
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
-                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I) {
+                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
+                       const cu_lowrank *lr) {
     if (c->failed || T <= 0) return;
-    if (n >= 1 && n <= SK_PARTS) {
+    int same_r = 1;   /* the few-row kernel takes one rank for all its parts */
+    for (int i = 0; lr && i < n; i++)
+        if (lr[i].u) same_r &= lr[i].r == lr[0].r || !lr[0].u;
+    if (n >= 1 && n <= SK_PARTS && same_r) {
         sk_args a = {};
         a.n = n;
         sk_set_norm(a, norm);
         for (int i = 0; i < n; i++) {
             a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.res[i] = res[i]; a.O[i] = O[i];
+            if (lr && lr[i].u) { a.lu[i] = lr[i].u; a.lb[i] = lr[i].b; a.lr = lr[i].r; }
         }
         if (skinny(c, a, inp, T, I)) return;
     }
     inp = norm_apart(c, norm, inp, T, I);
-    for (int i = 0; i < n; i++)   /* the residual as the beta term: one rounding, as the few-row kernel */
+    for (int i = 0; i < n; i++) {   /* the residual as the beta term: one rounding, as the few-row kernel */
         gemm_lt_c(c, 1, 0, O[i], T, I, 1.0f, w[i], I, inp, I, res[i] ? 1.0f : 0.0f, res[i], out[i], O[i], 0, bias[i]);
+        if (lr && lr[i].u)   /* the low-rank term on top (a second rounding at these sizes) */
+            gemm_lt_c(c, 1, 0, O[i], T, lr[i].r, 1.0f, lr[i].b, lr[i].r, lr[i].u, lr[i].r, 1.0f, out[i], out[i], O[i], 0,
+                      NULL);
+    }
 }
 
 /* g = inp wg^T, u = inp wu^T (T, F) and a = silu(g) u: one few-row launch (SwiGLU mode) when
@@ -577,7 +605,7 @@ void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, co
     bf16 *const o[2] = { g, u };
     const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };
     const int O[2] = { F, F };
-    matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I);
+    matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I, NULL);
     swiglu_fwd_cuda(c, act, g, u, (long long)T * F);
 }
 

@@ -182,12 +182,16 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
 /* matmul_fwd_n: up to three layers sharing their input in one launch (q/k/v, gate/up), each
  * part against the CPU backend; parts with odd O (a partial block at every part's end); with
  * MM_NORM the RMSNorm in front (x at scale 3, so the norm matters), with MM_RES each part's
- * residual added. */
-enum { MM_BIAS = 1, MM_NORM = 2, MM_RES = 4 };
+ * residual added, with MM_LORA each part's low-rank term (rank 32; the second part has none). */
+enum { MM_BIAS = 1, MM_NORM = 2, MM_RES = 4, MM_LORA = 8 };
 static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
     char sh[112];
-    snprintf(sh, sizeof sh, "T=%d I=%d O=%d,%d,%d%s%s%s", T, I, O[0], n > 1 ? O[1] : 0, n > 2 ? O[2] : 0,
-             flags & MM_BIAS ? " +bias" : "", flags & MM_NORM ? " +norm" : "", flags & MM_RES ? " +res" : "");
+    snprintf(sh, sizeof sh, "T=%d I=%d O=%d,%d,%d%s%s%s%s", T, I, O[0], n > 1 ? O[1] : 0, n > 2 ? O[2] : 0,
+             flags & MM_BIAS ? " +bias" : "", flags & MM_NORM ? " +norm" : "", flags & MM_RES ? " +res" : "",
+             flags & MM_LORA ? " +lora" : "");
+    enum { LR = 32 };
+    float *lu[3] = { 0 }, *lb[3] = { 0 };
+    void *glu[3] = { 0 }, *glb[3] = { 0 };
     float *x = gc_rand((size_t)T * I, 3.0f, 41 + T), *nw = gc_rand((size_t)I, 1.0f, 49), *lnc = malloc((size_t)T * I * 4);
     mm_part pc[3], pg[3];
     float *w[3], *b[3], *r[3], *yc[3];
@@ -197,12 +201,21 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
         b[i] = gc_rand((size_t)O[i], 1.0f, 45 + i);
         r[i] = gc_rand((size_t)T * O[i], 2.0f, 52 + i);
         yc[i] = malloc((size_t)T * O[i] * 4);
-        pc[i] = (mm_part){ yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL };
+        mm_lowrank lc = { NULL, NULL, 0 }, lg = { NULL, NULL, 0 };
+        if ((flags & MM_LORA) && i != 1) {
+            lu[i] = gc_rand((size_t)T * LR, 1.0f, 61 + i);
+            lb[i] = gc_rand((size_t)O[i] * LR, 0.3f, 64 + i);
+            glu[i] = gc_act(gpu, lu[i], (size_t)T * LR);
+            glb[i] = gc_act(gpu, lb[i], (size_t)O[i] * LR);
+            lc = (mm_lowrank){ lu[i], lb[i], LR };
+            lg = (mm_lowrank){ glu[i], glb[i], LR };
+        }
+        pc[i] = (mm_part){ yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL, lc };
         gw[i] = gc_act(gpu, w[i], (size_t)O[i] * I);
         gb[i] = gc_act(gpu, b[i], (size_t)O[i]);
         gr[i] = gc_act(gpu, r[i], (size_t)T * O[i]);
         pg[i] = (mm_part){ gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], flags & MM_BIAS ? gb[i] : NULL, O[i],
-                           flags & MM_RES ? gr[i] : NULL };
+                           flags & MM_RES ? gr[i] : NULL, lg };
     }
     void *gx = gc_act(gpu, x, (size_t)T * I), *gnw = gc_act(gpu, nw, (size_t)I), *gln = gpu->alloc(gpu, (size_t)T * I * 2);
     mm_norm nc = { nw, 1e-6f, lnc }, ng = { gnw, 1e-6f, gln };
@@ -216,6 +229,7 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
         free(yg);
         gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]); gpu->free(gpu, gr[i]);
         free(w[i]); free(b[i]); free(r[i]); free(yc[i]);
+        if (glu[i]) { gpu->free(gpu, glu[i]); gpu->free(gpu, glb[i]); free(lu[i]); free(lb[i]); }
     }
     gc_row("matmul_fwd_n", sh, worst, 3e-3);
     gpu->free(gpu, gx); gpu->free(gpu, gnw); gpu->free(gpu, gln);
@@ -657,6 +671,8 @@ int main(int argc, char **argv) {
         {
             static const int odd[] = { 200, 72, 136 };
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES);
+            t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES | MM_LORA);
+            t_matmul_fwd_n(40, 320, 3, odd, MM_RES | MM_LORA);
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
@@ -715,6 +731,10 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
             t_matmul_fwd_n(40, 320, 3, odd, 0);   /* above the few-row sizes: one GEMM a part */
             t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
+            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM | MM_LORA);   /* LoRA: the term in the few-row epilogue */
+            t_matmul_fwd_n(1, 4096, 1, qkv, MM_RES | MM_LORA);
+            t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_LORA);
+            t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM | MM_LORA);   /* a second GEMM */
             t_mlp_in(16, 2048, 6144, 1);   /* a Qwen3-1.7B decode step */
             t_mlp_in(1, 2048, 6144, 0);
             t_mlp_in(7, 320, 200, 1);      /* a partial tile */
