@@ -21,6 +21,11 @@
 # initial model and an entropy bonus 0.01 (both slow the collapse of a letter onto a wrong answer
 # before its right one has been sampled).
 #
+# With LoRA (grpod serve --lora-rank 8) the embedding / lm head (tied, N(0, 0.02) rows of norm
+# ~0.23) and the final norm stay frozen: the best logit gap a frozen head allows is ~0.23 x
+# sqrt(128) = 2.6 nats at temperature 1, so p(answer) <= ~5 %; --temperature 0.2 (sampling and
+# training alike) makes the same head able to answer with certainty.
+#
 # Not a benchmark of grpod's throughput: the model is tiny and the HTTP round trips are a large
 # share of a step.
 import argparse
@@ -176,6 +181,8 @@ def parse_args(argv):
     p.add_argument("--decay-steps", type=int, default=300,
                    help="cosine horizon in optimizer steps (grpod counts them across runs)")
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor, a fraction of --lr")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling and training temperature (a policy with a frozen head, e.g. LoRA, needs < 1 here)")
     p.add_argument("--kl-coef", type=float, default=0.05, help="KL penalty against the reference (initial) model")
     p.add_argument("--entropy-coeff", type=float, default=0.01, help="entropy bonus")
     p.add_argument("--last", type=int, default=10, help="steps averaged for the final mean reward")
@@ -203,10 +210,10 @@ def main(argv=None):
 
     prompt_ids = {c: client.tokenize(make_prompt(c)) for c in args.letters}
     algorithm = {"adv_estimator": "grpo", "norm_adv_by_std": True, "kl_coef": args.kl_coef,
-                 "entropy_coeff": args.entropy_coeff, "old_logprobs": "rollout"}
+                 "entropy_coeff": args.entropy_coeff, "old_logprobs": "rollout", "temperature": args.temperature}
     optimizer = {"lr": args.lr, "weight_decay": 0.0, "grad_clip": 1.0, "lr_schedule": args.lr_schedule,
                  "total_steps": args.decay_steps, "min_lr_ratio": args.min_lr_ratio}
-    sampling = {"temperature": 1.0, "max_tokens": args.max_tokens, "ignore_eos": True}
+    sampling = {"temperature": args.temperature, "max_tokens": args.max_tokens, "ignore_eos": True}
 
     rows = []
     t_start = time.time()

@@ -18,6 +18,7 @@
  * Usage: bench_lora [8b|32b] [r] [P N R] [DP DN NEW] */
 #include <cuda_runtime_api.h>
 
+#include "common/clock.h"
 #include "engine/decode.h"
 #include "engine/engine_internal.h"
 #include "engine/lora.h"
@@ -26,7 +27,7 @@
 typedef struct { double *t; int n, cap; } stamps;
 static void on_progress(void *ud, double frac) {
     stamps *s = ud;
-    if (s->n < s->cap) s->t[s->n++] = eng_now_ms();
+    if (s->n < s->cap) s->t[s->n++] = clock_mono_ms();
 }
 
 /* An engine of random bf16 base weights (one 16M-value block tiled on the device) with
@@ -143,7 +144,7 @@ static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
     if (eng_rollout(e, &g, 1, &sp, &res, NULL, NULL)) gc_die(e->be, "warm-up rollout");
     eng_group_result_free(&res);
     sp.max_tokens = NEW;
-    double t0 = eng_now_ms();
+    double t0 = clock_mono_ms();
     if (eng_rollout(e, &g, 1, &sp, &res, on_progress, &st)) gc_die(e->be, "rollout");
     eng_group_result_free(&res);
     int nd = st.n - 1;
