@@ -5,9 +5,9 @@
  * projection becomes y = x W^T + s (x A^T) B^T with s = alpha / r. The adapters live in one flat
  * buffer of their own (m->lparams: every A first, then every B; PEFT's key names), so AdamW,
  * the gradient norm and the checkpoint see only them. The buffer holds B in its stored form
- * B' = s B: the forward is then two plain matmuls (model.c lora_fwd), and the optimizer is
- * exact on B' by stepping the B part with lr·s, weight decay wd/s on the true gradient
- * s·dL/dB' (eng_update). Host conversions here (init, PEFT load/save, merge) handle s; the
+ * B' = s B: the forward is then two plain matmuls (model.c lora_a, then the term inside the
+ * base projection: mm_part.lr), and the optimizer is exact on B' by stepping the B part with
+ * lr·s, weight decay wd/s on the true gradient s·dL/dB' (eng_update). Host conversions here (init, PEFT load/save, merge) handle s; the
  * model never sees it.
  * Legend: L layers, r rank, I/O a projection's input/output width. */
 #ifndef GRPOD_LORA_H

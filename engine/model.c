@@ -392,8 +392,8 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     return be->sync(be);
 }
 
-/* Backward of lora_fwd's term given dY (T, O): gA, gB += (their gradients), dX (T, I) += the
- * input gradient through the adapter. X A^T is recomputed into lu. */
+/* Backward of an adapter term (lora_a + mm_part.lr) given dY (T, O): gA, gB += their
+ * gradients, dX (T, I) += the input gradient through the adapter. X A^T is recomputed into lu. */
 static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t,
                      const void *dY, const void *X, void *dX, int T, int I, int O) {
     if (!W->la[t]) return;

@@ -1,4 +1,4 @@
-/* test_lora.c — LoRA adapters on the fp32 reference (engine/lora.h, model.c lora_fwd/_bwd):
+/* test_lora.c — LoRA adapters on the fp32 reference (engine/lora.h, model.c lora_a/lora_bwd):
  * packed ≡ standard with adapters on, B = 0 gives the base's logprobs bit for bit, targets
  * parse, and the PEFT files round-trip. Random weights, random A and B (B nonzero except where
  * B = 0 is the point). The adapters' gradients against finite differences are in
