@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "engine/json.h"
 #include "engine/safetensors.h"
+#include "kernels/sampling.h"
 
 static const char *const short_name[LORA_N] = { "q", "k", "v", "o", "gate", "up", "down" };
 static const char *const module[LORA_N] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
@@ -112,12 +113,7 @@ int lora_grad_views(const model *m, float *grad, float *sink, model_views *g) {
     return 0;
 }
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+static uint64_t splitmix(uint64_t *s) { return sampling_mix(*s += 0x9e3779b97f4a7c15ULL); }
 
 void lora_init_host(const model *m, float *host, uint64_t seed) {
     memset(host, 0, (size_t)m->l_elems * sizeof(float));
