@@ -141,6 +141,13 @@ int lora_read_config(const char *dir, int *r, float *alpha, unsigned *targets) {
     *targets = 0;
     if (type && strcmp(type, "LORA")) rc = err_set(GE_FORMAT, "%s: peft_type %s (only LORA adapters load)", path, type);
     else if (*r <= 0) rc = err_set(GE_FORMAT, "%s: r must be a positive integer", path);
+    else if (js_get_bool(root, "use_rslora", 0) || js_get_bool(root, "use_dora", 0))
+        rc = err_set(GE_FORMAT, "%s: use_rslora / use_dora adapters are not supported (plain LoRA only)", path);
+    else if (js_get_str(root, "bias") && strcmp(js_get_str(root, "bias"), "none"))
+        rc = err_set(GE_FORMAT, "%s: bias \"%s\" is not supported (\"none\" only)", path, js_get_str(root, "bias"));
+    else if ((js_get(root, "rank_pattern") && js_get(root, "rank_pattern")->type == JS_OBJ && js_get(root, "rank_pattern")->n) ||
+             (js_get(root, "alpha_pattern") && js_get(root, "alpha_pattern")->type == JS_OBJ && js_get(root, "alpha_pattern")->n))
+        rc = err_set(GE_FORMAT, "%s: per-module rank_pattern / alpha_pattern are not supported", path);
     else if (!tm || (tm->type != JS_ARR && tm->type != JS_STR))
         rc = err_set(GE_FORMAT, "%s: target_modules must be a list of module names", path);
     else if (tm->type == JS_STR) rc = lora_parse_targets(tm->str, targets);

@@ -9,6 +9,9 @@ import os
 import re
 import subprocess
 import sys
+import time
+
+import requests
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_toy.py")
 
@@ -82,4 +85,28 @@ def test_learns_with_lora(make_daemon, tmp_path):
     merged = d.wait_job(d.submit("/v1/checkpoints", {"merged": True}))
     assert merged["status"] == "done" and merged["result"]["path"].endswith("-merged"), merged
     assert os.path.exists(os.path.join(merged["result"]["path"], "model.safetensors"))
+    assert d.stop() == 0
+
+
+def test_lora_bad_settings(make_daemon, tmp_path):
+    """A bad --lora-targets is a one-line start-up error naming the flag; a --lora-init that is not
+    a PEFT adapter leaves the daemon up, not ready, saying why on /readyz."""
+    d = make_daemon(args=["--lora-rank", "8", "--lora-targets", "q,lm_head"], start=False)
+    d.start(wait_ready=False)
+    assert d.proc.wait(30) != 0
+    err = d.stderr()
+    assert "--lora-targets" in err and "lm_head" in err, err
+    d = make_daemon(data_dir=tmp_path / "data2", args=["--lora-init", str(tmp_path / "nope")], start=False)
+    d.start(wait_ready=False)
+    end, r = time.time() + 60, None
+    while time.time() < end:
+        try:
+            r = requests.get(d.url + "/readyz", timeout=2)
+            if r.status_code == 503 and "nope" in r.text:
+                break
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    assert r is not None and r.status_code == 503 and "adapter_config.json" in r.text, r and r.text
+    assert d.get("/healthz").status_code == 200
     assert d.stop() == 0

@@ -202,15 +202,24 @@ TEST(peft_files_round_trip) {
     CHECK(mkdtemp(dir) != NULL);
     CHECK(lora_save_peft(&f.m, dir, f.lw, "base/dir") == 0);
     int r; float alpha; unsigned t;
+    char path[256];
     CHECK(lora_read_config(dir, &r, &alpha, &t) == 0);
     CHECK_EQ_INT(r, 4);
     CHECK_CLOSE(alpha, 8.0, 0, 0);
     CHECK_EQ_INT(t, 1u << LORA_Q | 1u << LORA_UP);
+    /* adapters grpod cannot apply as written are refused, naming the field */
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *cf = fopen(path, "w");
+    fprintf(cf, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+                "\"use_rslora\": true}");
+    fclose(cf);
+    CHECK(lora_read_config(dir, &r, &alpha, &t) == GE_FORMAT);
+    CHECK(strstr(err_msg(), "use_rslora") != NULL);
+    CHECK(lora_save_peft(&f.m, dir, f.lw, "base/dir") == 0);
     float *back = malloc((size_t)f.m.l_elems * 4);
     CHECK(lora_load_peft(&f.m, dir, back) == 0);
     CHECK_MSG(rel_l2(back, f.lw, (size_t)f.m.l_elems) < 1e-7, "adapters changed on the round trip");
     st_set s = {0};
-    char path[256];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     CHECK(st_open_file(&s, path) == 0);
     const st_tensor *tb = st_find(&s, "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight");
