@@ -15,6 +15,9 @@
 #include "common/err.h"
 #include "engine/reward.h"
 
+/* Largest max_tokens_per_micro_batch: 16 Mi tokens, far above what activations fit, and an int. */
+#define MAX_TOKENS_PER_MICRO_BATCH (1LL << 24)
+
 /* ---------------------------------------------------------------- prompts */
 
 /* messages: [{"role","content"}] → chat-template text (add_generation_prompt) → ids. */
@@ -88,6 +91,13 @@ static int prompt_or_reply(json_object *g, const char *path, const api_model *m,
     }
     snprintf(f, sizeof f, "%s.prompt", path);
     if (*n < 1) { free(*ids); *ids = NULL; return api_fail(e, GE_INVALID, f, "%s tokenizes to no tokens", path); }
+    for (int i = 0; i < *n; i++)      /* the tokenizer's ids index the embedding: checked, not trusted */
+        if ((*ids)[i] < 0 || (*ids)[i] >= m->vocab) {
+            int id = (*ids)[i];
+            free(*ids);
+            *ids = NULL;
+            return api_fail(e, GE_INVALID, f, "%s tokenizes to id %d, outside the vocabulary (size %d)", path, id, m->vocab);
+        }
     return 0;
 }
 
@@ -311,7 +321,7 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
         (rc = get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
         (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
-        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, 1LL << 32, 32768, &mtpmb, e)) ||
+        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, 32768, &mtpmb, e)) ||
         (rc = get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
         goto fail;
     int has_g = json_object_object_get_ex(req, "groups", NULL);
@@ -347,7 +357,7 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     *payload = NULL;
     if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "model", 0, &model, e)) ||
         (rc = get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
-        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, 1LL << 32, 32768, &mtpmb, e)))
+        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, 32768, &mtpmb, e)))
         return rc;
     if (model && strcmp(model, "policy") && strcmp(model, "reference"))
         return api_fail(e, GE_INVALID, "model", "model must be policy or reference");

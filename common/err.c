@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static const char *const names[] = {
 #define X_(N, s, m) s,
@@ -22,11 +23,15 @@ static int idx(int code) { return (code <= 0 && -code < GE_COUNT_) ? -code : GE_
 const char *err_name(int code) { return names[idx(code)]; }
 const char *err_default(int code) { return msgs[idx(code)]; }
 
+/* Formats into a local buffer first: callers often wrap the last message,
+ * err_set(rc, "%s: %s", path, err_msg()), whose argument is last_msg itself. */
 int err_set(int code, const char *fmt, ...) {
+    char msg[sizeof last_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_msg, msg, sizeof msg);
     last_code = code;
     return code;
 }

@@ -112,6 +112,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
     char tpath[PATH_MAX];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", o->model_dir);
     if (access(tpath, R_OK) == 0 && (rc = tok_load(o->model_dir, &e->tok))) goto fail;
+    if (e->tok && tok_vocab_size(e->tok) > cfg.V) {    /* every id must index the embedding */
+        rc = err_set(GE_FORMAT, "%s: tokenizer.json has token id %d beyond the model's vocab_size %d",
+                     o->model_dir, tok_vocab_size(e->tok) - 1, cfg.V);
+        goto fail;
+    }
     if ((rc = open_backend(o->backend, o->n_threads, &e->be))) goto fail;
     if ((rc = model_init(&e->m, &cfg, e->be))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
@@ -214,7 +219,16 @@ static int need_tok(eng *e) {
 }
 int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n) {
     int rc = need_tok(e);
-    return rc ? rc : tok_encode(e->tok, text, len, add_special, 1, ids, n);
+    if (rc || (rc = tok_encode(e->tok, text, len, add_special, 1, ids, n))) return rc;
+    for (int i = 0; i < *n; i++)
+        if ((*ids)[i] < 0 || (*ids)[i] >= e->m.cfg.V) {
+            rc = err_set(GE_INVALID, "token id %d is outside the model's vocabulary (size %d)", (*ids)[i], e->m.cfg.V);
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return rc;
+        }
+    return 0;
 }
 int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len) {
     int rc = need_tok(e);

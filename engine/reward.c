@@ -16,6 +16,9 @@
 
 #define REWARD_MAX_PATTERN 4096
 #define MATH_BUF 256
+/* \frac nesting a math answer may use: each level rescans its braces, so the bound keeps
+ * normalisation linear in the text (at most MATH_MAX_NEST passes) and the recursion shallow. */
+#define MATH_MAX_NEST 16
 
 /* ---------------------------------------------------------------- small string helpers */
 
@@ -136,8 +139,8 @@ static int starts(const char *p, const char *end, const char *lit) {
 
 /* Writes [p, end) to out[*n..] without whitespace (but one space between digits), '$', "\$", "\%", '%', thin spaces, \left,
  * \right, braces and commas between digits, turning \frac{a}{b} (and \dfrac, \tfrac) into a/b.
- * Returns 0 if out would overflow. */
-static int normalize(const char *p, const char *end, char *out, int outlen, int *n) {
+ * Returns 0 if out would overflow or fractions nest deeper than MATH_MAX_NEST. */
+static int normalize_at(const char *p, const char *end, char *out, int outlen, int *n, int depth) {
     static const char *const drop[] = {"\\left", "\\right", "\\$", "\\%", "\\!", "\\,", "\\;", "\\ ", NULL};
     static const char *const fracs[] = {"\\frac", "\\dfrac", "\\tfrac", NULL};
     while (p < end) {
@@ -149,10 +152,10 @@ static int normalize(const char *p, const char *end, char *out, int outlen, int 
             if (!ae || ae >= end || *ae != '{') break;
             const char *be = brace_end(ae, end);
             if (!be) break;
-            if (!normalize(a + 1, ae - 1, out, outlen, n)) return 0;
+            if (depth >= MATH_MAX_NEST || !normalize_at(a + 1, ae - 1, out, outlen, n, depth + 1)) return 0;
             if (*n + 1 >= outlen) return 0;
             out[(*n)++] = '/';
-            if (!normalize(ae + 1, be - 1, out, outlen, n)) return 0;
+            if (!normalize_at(ae + 1, be - 1, out, outlen, n, depth + 1)) return 0;
             p = be;
             skipped = 1;
             break;
@@ -183,6 +186,10 @@ static int normalize(const char *p, const char *end, char *out, int outlen, int 
     }
     out[*n] = 0;
     return 1;
+}
+
+static int normalize(const char *p, const char *end, char *out, int outlen, int *n) {
+    return normalize_at(p, end, out, outlen, n, 0);
 }
 
 /* digits [. digits] | . digits, then [e[+-]digits]; returns the end or NULL. */

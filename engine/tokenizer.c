@@ -155,7 +155,7 @@ static int load_post_processor(tok *t, const js *pp) {
             const char *name = js_get_str(st, "id");
             const js *ids = js_get(js_get(sp, name ? name : ""), "ids");
             if (!name || !ids || ids->type != JS_ARR)
-                return err_set(GE_FORMAT, "tokenizer.json: post_processor special token %s has no ids",
+                return err_set(GE_FORMAT, "tokenizer.json: post_processor special token %.64s has no ids",
                                name ? name : "?");
             for (int k = 0; k < ids->n; k++) {
                 int *cnt = after ? &t->n_suffix : &t->n_prefix;
@@ -166,7 +166,7 @@ static int load_post_processor(tok *t, const js *pp) {
         }
         return 0;
     }
-    return err_set(GE_UNSUPPORTED, "tokenizer.json: post_processor type %s is not supported "
+    return err_set(GE_UNSUPPORTED, "tokenizer.json: post_processor type %.64s is not supported "
                    "(only ByteLevel, TemplateProcessing)", type ? type : "?");
 }
 
@@ -174,7 +174,7 @@ static int load_pre_tokenizer(tok *t, const js *pt) {
     const char *type = js_get_str(pt, "type");
     const js *list = js_get(pt, "pretokenizers");
     if (!type || strcmp(type, "Sequence") || !list || list->type != JS_ARR || list->n != 2)
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer %s is not supported (only "
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer %.64s is not supported (only "
                        "Sequence[Split(regex), ByteLevel(use_regex=false)] as Qwen2/3 and Llama 3 ship)",
                        type ? type : "null");
     const js *sp = &list->items[0], *bl = &list->items[1];
@@ -182,13 +182,13 @@ static int load_pre_tokenizer(tok *t, const js *pt) {
     const char *re = js_get_str(js_get(sp, "pattern"), "Regex");
     const char *beh = js_get_str(sp, "behavior");
     if (!t0 || strcmp(t0, "Split") || !t1 || strcmp(t1, "ByteLevel"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer Sequence[%s, %s] is not supported "
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer Sequence[%.64s, %.64s] is not supported "
                        "(only Split then ByteLevel)", t0 ? t0 : "?", t1 ? t1 : "?");
     if (!re || (t->pattern = tt_pattern_id(re)) < 0)
         return err_set(GE_UNSUPPORTED, "tokenizer.json: Split pattern %.80s is not one of the supported "
                        "regexes (Qwen2/3, Llama 3)", re ? re : "(not a Regex)");
     if (!beh || strcmp(beh, "Isolated") || js_get_bool(sp, "invert", 0))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: Split behavior %s/invert is not supported "
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: Split behavior %.64s/invert is not supported "
                        "(only Isolated)", beh ? beh : "?");
     if (js_get_bool(bl, "use_regex", 1) || js_get_bool(bl, "add_prefix_space", 1))
         return err_set(GE_UNSUPPORTED, "tokenizer.json: ByteLevel pre-tokenizer with use_regex or "
@@ -201,7 +201,7 @@ static int load_components(tok *t, const js *root) {
     const js *model = js_get(root, "model");
     const char *mt = js_get_str(model, "type");
     if (!mt || strcmp(mt, "BPE"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: model type %s is not supported (only BPE)",
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: model type %.64s is not supported (only BPE)",
                        mt ? mt : "(missing)");
     const js *drop = js_get(model, "dropout");
     if (drop && drop->type == JS_NUM && drop->num > 0)
@@ -217,7 +217,7 @@ static int load_components(tok *t, const js *root) {
     if (norm && norm->type != JS_NULL) {
         const char *nt = js_get_str(norm, "type");
         if (!nt || strcmp(nt, "NFC"))
-            return err_set(GE_UNSUPPORTED, "tokenizer.json: normalizer %s is not supported (only NFC)",
+            return err_set(GE_UNSUPPORTED, "tokenizer.json: normalizer %.64s is not supported (only NFC)",
                            nt ? nt : "?");
         t->nfc = 1;
     }
@@ -226,7 +226,7 @@ static int load_components(tok *t, const js *root) {
     const js *dec = js_get(root, "decoder");
     const char *dt = js_get_str(dec, "type");
     if (!dt || strcmp(dt, "ByteLevel"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: decoder %s is not supported (only ByteLevel)",
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: decoder %.64s is not supported (only ByteLevel)",
                        dt ? dt : "null");
     return load_post_processor(t, js_get(root, "post_processor"));
 }
@@ -299,7 +299,7 @@ static int load_merges(tok *t, const js *model, char *tmp) {
         size_t al, bl;
         if (m->type == JS_STR) {
             const char *sp = strchr(m->str, ' ');
-            if (!sp) return err_set(GE_FORMAT, "tokenizer.json: merge %d \"%s\" has no space", r, m->str);
+            if (!sp) return err_set(GE_FORMAT, "tokenizer.json: merge %d \"%.64s\" has no space", r, m->str);
             a = m->str; al = (size_t)(sp - a); b = sp + 1; bl = strlen(b);
         } else if (m->type == JS_ARR && m->n == 2 && js_str(&m->items[0]) && js_str(&m->items[1])) {
             a = m->items[0].str; al = (size_t)m->items[0].n; b = m->items[1].str; bl = (size_t)m->items[1].n;
@@ -314,7 +314,7 @@ static int load_merges(tok *t, const js *model, char *tmp) {
         int in = smap_get(&t->vocab, t->pool, t->model, tmp, (size_t)(ka + kb));
         if (ia < 0 || ib < 0 || in < 0)
             return err_set(GE_FORMAT, "tokenizer.json: merge %d (%.*s %.*s) uses a token missing from the vocab",
-                           r, (int)al, a, (int)bl, b);
+                           r, al > 64 ? 64 : (int)al, a, bl > 64 ? 64 : (int)bl, b);
         pmap_put(&t->merges, ia, ib, r, in);
     }
     return 0;
@@ -360,7 +360,7 @@ static int load_added(tok *t, const js *root, char *tmp) {
         if (!s || id < 0 || id > (1 << 24)) return err_set(GE_FORMAT, "tokenizer.json: added token %d is malformed", i);
         if (!*s) continue;
         if (js_get_bool(a, "single_word", 0))
-            return err_set(GE_UNSUPPORTED, "tokenizer.json: added token %s has single_word, which is not supported", s);
+            return err_set(GE_UNSUPPORTED, "tokenizer.json: added token %.64s has single_word, which is not supported", s);
         size_t n = strlen(s);
         int rc = grow_ids(t, id);
         if (rc || (rc = pool_add(t, s, n, &t->raw[id])) || (rc = set_decode_form(t, id, s, n, tmp))) return rc;
@@ -403,7 +403,7 @@ int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_
     byte_level_tables(t->b2u, t->u2b);
     if ((rc = load_components(t, root))) goto fail;
     const js *model = js_get(root, "model");
-    tmp = malloc(1 << 16);
+    tmp = malloc(len + 16);     /* scratch for any key or merge: each is a part of the text */
     if (!tmp) { rc = err_set(GE_NOMEM, "tokenizer: out of memory"); goto fail; }
     if ((rc = load_vocab(t, model, tmp))) goto fail;
     int n_model = t->n_vocab;
@@ -420,7 +420,7 @@ int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_
     if (unk) {
         int k = byte_level_decode(t->u2b, unk, strlen(unk), tmp);
         t->unk_id = k >= 0 ? smap_get(&t->vocab, t->pool, t->model, tmp, (size_t)k) : -1;
-        if (t->unk_id < 0) { rc = err_set(GE_FORMAT, "tokenizer.json: unk_token %s is not in the vocab", unk); goto fail; }
+        if (t->unk_id < 0) { rc = err_set(GE_FORMAT, "tokenizer.json: unk_token %.64s is not in the vocab", unk); goto fail; }
     }
     if ((rc = load_added(t, root, tmp))) goto fail;
     if ((rc = smap_init(&t->names, t->n_vocab))) goto fail;

@@ -267,6 +267,44 @@ TEST(test_gsm8k) {
     printf("# %d GSM8K answers extracted and scored (%d with thousands separators)\n", n, with_commas);
 }
 
+/* Issue 20: a 1 MB math answer nesting \frac (or braces) 100,000 deep crashed the HTTP thread
+ * (unbounded recursion in normalize and a quadratic brace scan). Now fractions nest at most 16
+ * deep and each input is scanned a bounded number of times: the spec is refused, not crashed. */
+static char *nested(const char *open, const char *mid, const char *close, int depth) {
+    size_t lo = strlen(open), lm = strlen(mid), lc = strlen(close);
+    char *s = malloc(lo * depth + lm + lc * depth + 1), *p = s;
+    for (int i = 0; i < depth; i++, p += lo) memcpy(p, open, lo);
+    memcpy(p, mid, lm); p += lm;
+    for (int i = 0; i < depth; i++, p += lc) memcpy(p, close, lc);
+    *p = 0;
+    return s;
+}
+
+TEST(test_math_nesting) {
+    double v;
+    CHECK(math_parse_number("\\frac{{1}}{4}", &v) && v == 0.25);
+    char *ok = nested("{", "3", "}", 100000);                 /* braces alone are dropped: still 3 */
+    CHECK_MSG(math_parse_number(ok, &v) && v == 3, "3 in 100000 braces: %g", v);
+    free(ok);
+    struct { const char *open, *mid, *close; int depth; } bombs[] = {
+        {"\\frac{", "1", "}{2}", 100000}, {"\\frac{", "1", "}", 100000}, {"\\frac{", "", "", 170000},
+        {"{", "1", "}", 500000}, {"\\boxed{", "1", "}", 100000}, {"\\boxed{\\frac{", "1", "}{2}}", 50000},
+        {"#### \\frac{", "1", "}{2}", 90000},
+    };
+    for (size_t i = 0; i < sizeof bombs / sizeof bombs[0]; i++) {
+        char *s = nested(bombs[i].open, bombs[i].mid, bombs[i].close, bombs[i].depth);
+        reward_spec r = spec(REWARD_MATH, s);
+        char why[256];
+        int rc = reward_check_spec(&r, why, sizeof why);
+        CHECK_MSG(rc == 0 || rc == GE_INVALID, "bomb %zu: rc %d", i, rc);
+        float sc = reward_score(&r, s, 10);
+        CHECK_MSG(sc == 0.0f || sc == 1.0f, "bomb %zu: score %g", i, sc);
+        char got[256];
+        math_extract_answer(s, got, sizeof got);
+        free(s);
+    }
+}
+
 int main(void) {
     RUN(test_parse_type);
     RUN(test_check_spec);
@@ -276,5 +314,6 @@ int main(void) {
     RUN(test_math_score);
     RUN(test_overlong);
     RUN(test_gsm8k);
+    RUN(test_math_nesting);
     return CHECK_DONE();
 }

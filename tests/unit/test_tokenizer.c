@@ -181,6 +181,33 @@ TEST(unsupported_refused) {
     CHECK_MSG(strstr(err_msg(), "WordPiece") && strstr(err_msg(), "/tmp/grpod_test_tok_wp"), "message: %s", err_msg());
 }
 
+/* Issue 20: a vocab key or merge over 64 KiB overflowed a fixed scratch buffer at load, and a
+ * message wrapping err_msg() ("%s: %s", dir, err_msg()) came out garbled. */
+TEST(long_keys_and_wrapped_messages) {
+    char *j = tok_default_tokenizer_json();
+    CHECK(j);
+    const char *v = strstr(j, "\"vocab\": {"), *m = strstr(j, "\"merges\": [");
+    CHECK(v && m && v < m);
+    size_t L = 100000, jl = strlen(j), vo = (size_t)(v - j) + 10, mo = (size_t)(m - j) + 11;
+    char *big = malloc(jl + 4 * L + 64), *p = big;
+    memcpy(p, j, vo); p += vo;
+    *p++ = '"'; memset(p, 'a', L); p += L; p += sprintf(p, "\": 300, ");
+    memcpy(p, j + vo, mo - vo); p += mo - vo;
+    *p++ = '"'; memset(p, 'b', L); p += L; *p++ = ' '; memset(p, 'c', L); p += L; *p++ = '"';      /* merges is [] there */
+    strcpy(p, j + mo);
+    free(j);
+    int rc = load_text(big);
+    free(big);
+    CHECK_EQ_INT(rc, GE_FORMAT);      /* the merge's tokens are not in the vocab: refused, no overflow */
+    CHECK_MSG(strstr(err_msg(), "missing from the vocab"), "message: %s", err_msg());
+    err_set(GE_FORMAT, "inner %d", 7);
+    err_set(GE_FORMAT, "outer %s: %s", "dir", err_msg());
+    CHECK_STR(err_msg(), "outer dir: inner 7");
+    CHECK(load_text("{\"model\": ") != 0);
+    CHECK_MSG(!strncmp(err_msg(), "tokenizer.json: ", 16) && !strstr(err_msg() + 16, "tokenizer.json"),
+              "message: %s", err_msg());
+}
+
 int main(void) {
     RUN(loads_both);
     RUN(known_ids);
@@ -191,6 +218,7 @@ int main(void) {
     RUN(default_tokenizer);
     RUN(chat_qwen3_and_llama3);
     RUN(unsupported_refused);
+    RUN(long_keys_and_wrapped_messages);
     tok_free(qwen);
     tok_free(llama);
     return CHECK_DONE();
