@@ -16,7 +16,7 @@ BUILD    := build
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -MMD -MP
 LDLIBS   := -fopenmp -pthread -lm
-APPLIBS  := -lmicrohttpd -ljson-c -luv -lsqlite3
+APPLIBS  := -lmicrohttpd -ljson-c -luv -lsqlite3 -lpcre2-8
 
 ifeq ($(CUDA),0)
   NVCC :=
@@ -37,7 +37,7 @@ ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps test run bench install clean gpu-tests
+.PHONY: all deps test run bench install clean gpu-tests fuzz
 all: grpod
 
 $(BUILD)/libengine.a: $(ENGINE_OBJ)
@@ -72,13 +72,27 @@ test: deps
 	@$(MAKE) --no-print-directory grpod $(TEST_BIN)
 	@bash tests/run.sh $(TEST_BIN)
 
-# libFuzzer target over request parsing/validation (tests/fuzz/fuzz_request.c); needs clang.
-# tests/run.sh builds and runs it briefly; `make fuzz` then build/fuzz_request CORPUS for longer.
-FUZZ_SRC := tests/fuzz/fuzz_request.c api/validate.c api/fields.c api/params.c api/status.c common/err.c engine/loss.c engine/params.c engine/reward.c
-$(BUILD)/fuzz_request: $(FUZZ_SRC) $(wildcard api/*.h common/*.h engine/*.h)
+# libFuzzer targets (tests/fuzz/fuzz_*.c; clang, ASan + UBSan), each with a seed corpus in
+# tests/fuzz/corpus/NAME: request validation, reward verifiers, safetensors, config.json,
+# tokenizer. tests/run.sh runs each briefly; `make fuzz` runs each for FUZZ_SECONDS (default 600).
+FUZZ_NAMES := request reward safetensors config tokenizer
+FUZZ_BIN   := $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
+FUZZ_CC    := clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.
+FUZZ_TOK   := engine/tokenizer.c engine/tok_encode.c engine/tok_text.c engine/unicode_data.c engine/chat.c engine/json.c
+FUZZ_SRC_request     := api/validate.c api/fields.c api/params.c api/status.c api/reward.c common/err.c engine/loss.c engine/params.c
+FUZZ_SRC_reward      := api/reward.c common/err.c
+FUZZ_SRC_safetensors := engine/safetensors.c engine/json.c common/err.c
+FUZZ_SRC_config      := engine/config.c engine/json.c common/err.c
+FUZZ_SRC_tokenizer   := $(FUZZ_TOK) common/err.c
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard api/*.c api/*.h common/*.c common/*.h engine/*.c engine/*.h) Makefile
 	@mkdir -p $(dir $@)
-	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -o $@ $(FUZZ_SRC) -ljson-c -lm
-fuzz: $(BUILD)/fuzz_request
+	$(FUZZ_CC) -o $@ $< $(FUZZ_SRC_$*) -ljson-c -lpcre2-8 -lm -lpthread
+FUZZ_SECONDS ?= 600
+fuzz: $(FUZZ_BIN)
+	@for n in $(FUZZ_NAMES); do mkdir -p $(BUILD)/fuzz-long/$$n; \
+	  echo "fuzz_$$n: $(FUZZ_SECONDS) s"; \
+	  $(BUILD)/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+	    $(BUILD)/fuzz-long/$$n tests/fuzz/corpus/$$n 2>&1 | grep -E '^(#[0-9]+ +DONE|==|SUMMARY)' ; done
 
 run: deps
 	@$(MAKE) --no-print-directory grpod

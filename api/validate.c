@@ -12,8 +12,8 @@
 
 #include "api/fields.h"
 #include "api/params.h"
+#include "api/reward.h"
 #include "common/err.h"
-#include "engine/reward.h"
 
 /* Largest max_tokens_per_micro_batch: 16 Mi tokens, far above what activations fit, and an int. */
 #define MAX_TOKENS_PER_MICRO_BATCH (1LL << 24)

@@ -15,10 +15,10 @@
 #include "api/metrics.h"
 #include "api/params.h"
 #include "api/validate.h"
+#include "api/reward.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/reward.h"
 
 /* Readers of a stored payload or result: validated at submit, so absent → the default, no errors. */
 static json_object *get(json_object *o, const char *k) {

@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is present.
 set -eu
 # chromium: the dashboard test's headless browser (tests/integration/test_dashboard.py)
-debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev pkg-config curl clang libclang-rt-14-dev systemd chromium"
+debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev libpcre2-dev pkg-config curl clang libclang-rt-14-dev systemd chromium"
 # openai: the OpenAI-compatible routes are tested with the official client (test_openai.py)
 pips="tokenizers pytest requests numpy openai"
 missing=""

@@ -1,10 +1,13 @@
 /* test_reward.c — built-in verifiers: type names, spec checks, exact/contains/regex/math scores,
  * GSM8K answer extraction (hand-written cases and the real GSM8K test split from
  * ../shared/data/gsm8k/test.jsonl), numeric parsing, and DAPO overlong shaping. */
+#include "api/reward.h"
 #include "common/err.h"
 #include "engine/json.h"
-#include "engine/reward.h"
 #include "tests/unit/check.h"
+
+#include <sys/resource.h>
+#include <time.h>
 
 #define GSM8K_PATH "../shared/data/gsm8k/test.jsonl"
 
@@ -305,6 +308,52 @@ TEST(test_math_nesting) {
     }
 }
 
+/* Issue 20: 25-37-byte patterns drove glibc regcomp to 4-7 GB; exponential backtracking is the
+ * other classic. With PCRE2 and its limits each pattern compiles or is refused, and each match
+ * ends (as a match or a 0 score) within the match/heap limits. Time and memory are printed
+ * (a benchmark figure for the notes, not asserted); the peak RSS is bounded loosely. */
+TEST(test_regex_bombs) {
+    static const char *const bombs[] = {
+        "((a{1,100}){1,100}){1,100}", "(((a{100}){100}){100}){100}", "((((((((((a*)*)*)*)*)*)*)*)*)*)*$",
+        "(a+)+$", "(a|aa)+$", "(.*a){20}", "(a|a?)+b", "(\\w+\\s?)+$", "^(a+)+b", "(x+x+)+y",
+        "(?:a|b|ab|ba)*c", "(a*)*b", "((a+)+)+c", "a{65535}", "(?R)", "(a(?1)?b)", "\\1(a)",
+    };
+    size_t tl = 16384;
+    char *text = malloc(tl + 2);
+    memset(text, 'a', tl);
+    text[tl] = '!';
+    text[tl + 1] = 0;
+    struct rusage u0, u1;
+    getrusage(RUSAGE_SELF, &u0);
+    double worst = 0;
+    int refused = 0;
+    for (size_t i = 0; i < sizeof bombs / sizeof *bombs; i++) {
+        reward_spec r = spec(REWARD_REGEX, bombs[i]);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        char why[256];
+        if (reward_check_spec(&r, why, sizeof why)) refused++;
+        float sc = reward_score(&r, text, 10);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) * 1e-6;
+        if (ms > worst) worst = ms;
+        CHECK_MSG(sc == 0.0f || sc == 1.0f, "pattern %s: score %g", bombs[i], sc);
+    }
+    free(text);
+    getrusage(RUSAGE_SELF, &u1);
+    printf("# %zu regex bombs (%d refused at compile) on a 16 KiB text: worst %.1f ms, max RSS %ld MiB\n",
+           sizeof bombs / sizeof *bombs, refused, worst, u1.ru_maxrss >> 10);
+    CHECK_MSG(u1.ru_maxrss < 512 * 1024, "max RSS %ld KiB", u1.ru_maxrss);
+    (void)u0;
+    reward_spec big = spec(REWARD_REGEX, NULL);          /* longer than the pattern limit: refused */
+    char *p = malloc(5000);
+    memset(p, 'a', 4999);
+    p[4999] = 0;
+    big.answer = p;
+    CHECK_EQ_INT(reward_check_spec(&big, NULL, 0), GE_INVALID);
+    free(p);
+}
+
 int main(void) {
     RUN(test_parse_type);
     RUN(test_check_spec);
@@ -315,5 +364,6 @@ int main(void) {
     RUN(test_overlong);
     RUN(test_gsm8k);
     RUN(test_math_nesting);
+    RUN(test_regex_bombs);
     return CHECK_DONE();
 }

@@ -4,12 +4,14 @@
  * fallbacks of math RL recipes (\boxed{}, "the answer is N", the last number), then compares
  * numerically, so "1,234", "1234.0" and "$1234." all equal 1234. Everything here is plain
  * byte-level C over NUL-terminated strings; no allocation. */
-#include "engine/reward.h"
+#include "api/reward.h"
 #include "common/err.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include <ctype.h>
 #include <math.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,6 +293,37 @@ static int math_expected(const char *answer, double *v) {
     return extract(answer, buf, sizeof buf, 1) && math_parse_number(buf, v);
 }
 
+/* ---------------------------------------------------------------- regular expressions */
+
+/* PCRE2 without JIT, on bytes (no UTF), with limits that bound any pattern of at most
+ * REWARD_MAX_PATTERN bytes against any response: compiled code is at most 64 KiB (link size 2),
+ * parentheses nest at most REGEX_NEST deep, and a match stops (as no match) after
+ * REGEX_MATCH_LIMIT backtracking steps or REGEX_HEAP_LIMIT_KIB of backtracking memory.
+ * glibc regcomp, used before, took 4-7 GB for some 30-byte patterns. */
+#define REGEX_NEST 64
+#define REGEX_MATCH_LIMIT 1000000
+#define REGEX_DEPTH_LIMIT 10000
+#define REGEX_HEAP_LIMIT_KIB 8192
+
+static pcre2_code *regex_compile(const reward_spec *r, char *why, int whylen) {
+    pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
+    if (!cc) { set_why(why, whylen, "out of memory"); return NULL; }
+    pcre2_set_max_pattern_length(cc, REWARD_MAX_PATTERN);
+    pcre2_set_parens_nest_limit(cc, REGEX_NEST);
+    int ec;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)r->answer, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_NEVER_UTF | PCRE2_NEVER_UCP | (r->case_sensitive ? 0 : PCRE2_CASELESS),
+                                   &ec, &off, cc);
+    pcre2_compile_context_free(cc);
+    if (!re && why && whylen > 0) {
+        PCRE2_UCHAR e[160];
+        pcre2_get_error_message(ec, e, sizeof e);
+        snprintf(why, (size_t)whylen, "%s at offset %zu", (const char *)e, (size_t)off);
+    }
+    return re;
+}
+
 /* ---------------------------------------------------------------- specs and scores */
 
 static const char *const type_names[] = {"none", "exact", "math", "regex", "contains"};
@@ -321,15 +354,10 @@ int reward_check_spec(const reward_spec *r, char *why, int whylen) {
         if (strlen(r->answer) > REWARD_MAX_PATTERN) {
             snprintf(msg, sizeof msg, "regex is longer than %d bytes", REWARD_MAX_PATTERN);
         } else {
-            regex_t re;
-            int rc = regcomp(&re, r->answer, REG_EXTENDED | REG_NOSUB | (r->case_sensitive ? 0 : REG_ICASE));
-            if (rc) {
-                char e[200];
-                regerror(rc, &re, e, sizeof e);
-                snprintf(msg, sizeof msg, "regex does not compile: %s", e);
-            } else {
-                regfree(&re);
-            }
+            char e[200];
+            pcre2_code *re = regex_compile(r, e, sizeof e);
+            if (!re) snprintf(msg, sizeof msg, "regex does not compile: %s", e);
+            pcre2_code_free(re);
         }
     } else if (r->type == REWARD_MATH) {
         double v;
@@ -372,11 +400,20 @@ static int score_exact(const reward_spec *r, const char *text) {
 }
 
 static int score_regex(const reward_spec *r, const char *text) {
-    regex_t re;
-    if (regcomp(&re, r->answer, REG_EXTENDED | REG_NOSUB | (r->case_sensitive ? 0 : REG_ICASE))) return 0;
-    int ok = regexec(&re, text, 0, NULL, 0) == 0;
-    regfree(&re);
-    return ok;
+    pcre2_code *re = regex_compile(r, NULL, 0);
+    pcre2_match_context *mc = re ? pcre2_match_context_create(NULL) : NULL;
+    pcre2_match_data *md = mc ? pcre2_match_data_create(1, NULL) : NULL;
+    int rc = -1;
+    if (md) {
+        pcre2_set_match_limit(mc, REGEX_MATCH_LIMIT);
+        pcre2_set_depth_limit(mc, REGEX_DEPTH_LIMIT);
+        pcre2_set_heap_limit(mc, REGEX_HEAP_LIMIT_KIB);
+        rc = pcre2_match(re, (PCRE2_SPTR)text, strlen(text), 0, 0, md, mc);
+    }
+    pcre2_match_data_free(md);
+    pcre2_match_context_free(mc);
+    pcre2_code_free(re);
+    return rc >= 0;     /* no match, and a match over its limits, score 0 */
 }
 
 static int score_math(const reward_spec *r, const char *text) {

@@ -1,24 +1,27 @@
 /* reward.h — grpod's built-in verifiers: score one response text against a group's reward spec.
+ * In api/, not engine/: the regex verifier links PCRE2, which the engine library must not need.
  *
  * Pure text functions: no JSON (the api layer passes parsed fields), no model, no allocation
  * that outlives a call; safe from any thread.
  *
  *   exact     the response, stripped of surrounding whitespace, equals the answer (also stripped)
  *   contains  the answer occurs in the response
- *   regex     the POSIX extended regular expression `answer` matches somewhere in the response
+ *   regex     the PCRE2 (Perl-compatible) pattern `answer` matches somewhere in the response's
+ *             bytes; a pattern is at most 4096 bytes, nests parentheses at most 64 deep, and a
+ *             match that passes PCRE2's match/depth/heap limits counts as no match
  *   math      GSM8K-style: math_extract_answer(response) compared numerically with the answer
  *             ("1,234" = 1234, "3.50" = 3.5, "3/4" = 0.75; integers exactly, others
  *             within a relative 1e-6)
  *   none      no verifier: the score is 0 (plus overlong shaping, if configured)
  *
- * case_sensitive applies to exact, contains and regex (REG_ICASE); ASCII letters only. A
+ * case_sensitive applies to exact, contains and regex (PCRE2_CASELESS); ASCII letters only. A
  * zero-initialised spec is case-insensitive: callers set it (the API's default is 1).
  *
  * Overlong shaping as DAPO / veRL's overlong_buffer: expected_len = max_tokens - overlong_len,
  * exceed = n_tokens - expected_len, score += min(-exceed / overlong_len * overlong_penalty, 0).
  * Off when overlong_len is 0. */
-#ifndef GRPOD_REWARD_H
-#define GRPOD_REWARD_H
+#ifndef GRPOD_API_REWARD_H
+#define GRPOD_API_REWARD_H
 
 typedef enum { REWARD_NONE, REWARD_EXACT, REWARD_MATH, REWARD_REGEX, REWARD_CONTAINS } reward_type;
 
