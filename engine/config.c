@@ -2,15 +2,19 @@
 #include "engine/config.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "common/err.h"
 #include "engine/json.h"
 
+/* Token ids from config files: integers in 0..CFG_MAX_VOCAB-1; others are ignored (an id
+ * that no vocabulary holds can never be sampled, and the vocab check below covers bos). */
 static void add_eos(model_config *c, const js *v) {
     if (!v) return;
     if (v->type == JS_NUM) {
+        if (!(v->num >= 0 && v->num < CFG_MAX_VOCAB) || v->num != floor(v->num)) return;
         int id = (int)v->num;
         for (int i = 0; i < c->n_eos; i++) if (c->eos_ids[i] == id) return;
         if (c->n_eos < 8) c->eos_ids[c->n_eos++] = id;
@@ -19,21 +23,32 @@ static void add_eos(model_config *c, const js *v) {
     }
 }
 
-static int need_int(const js *root, const char *key, const char *path, int *out) {
-    double v = js_get_num(root, key, -1);
-    if (v <= 0 || v != (double)(int)v) return err_set(GE_FORMAT, "%s: %s must be a positive integer", path, key);
+/* An integer setting in lo..hi: absent takes dflt (NAN: required). The range is checked on
+ * the double before the conversion, which is undefined for numbers an int cannot hold. */
+static int get_int(const js *o, const char *key, const char *path, double dflt, long long lo, long long hi,
+                   int *out) {
+    const js *e = js_get(o, key);
+    double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
+    if (isnan(dflt) && !e) return err_set(GE_FORMAT, "%s: %s is missing", path, key);
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v))
+        return err_set(GE_FORMAT, "%s: %s must be an integer in %lld..%lld", path, key, lo, hi);
     *out = (int)v;
     return 0;
 }
 
-int config_load(const char *dir, model_config *c) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/config.json", dir);
+/* A real setting in (lo, hi], finite. */
+static int get_real(const js *o, const char *key, const char *path, double dflt, double lo, double hi, float *out) {
+    const js *e = js_get(o, key);
+    double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
+    if (!(v > lo && v <= hi))
+        return err_set(GE_FORMAT, "%s: %s must be a number in (%g, %g]", path, key, lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
+int config_from_json(const js *r, const char *path, model_config *c) {
+    int rc = 0;
     memset(c, 0, sizeof *c);
-    js_doc *doc;
-    const js *r;
-    int rc = js_parse_file(path, &doc, &r);
-    if (rc) return rc;
     const char *mt = js_get_str(r, "model_type");
     if (!mt) { rc = err_set(GE_FORMAT, "%s: no model_type", path); goto out; }
     if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
@@ -44,26 +59,28 @@ int config_load(const char *dir, model_config *c) {
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
-    if ((rc = need_int(r, "num_hidden_layers", path, &c->L)) || (rc = need_int(r, "hidden_size", path, &c->C)) ||
-        (rc = need_int(r, "num_attention_heads", path, &c->H)) || (rc = need_int(r, "intermediate_size", path, &c->F)) ||
-        (rc = need_int(r, "vocab_size", path, &c->V)))
+    if ((rc = get_int(r, "num_hidden_layers", path, NAN, 1, CFG_MAX_LAYERS, &c->L)) ||
+        (rc = get_int(r, "hidden_size", path, NAN, 1, CFG_MAX_DIM, &c->C)) ||
+        (rc = get_int(r, "num_attention_heads", path, NAN, 1, CFG_MAX_HEADS, &c->H)) ||
+        (rc = get_int(r, "intermediate_size", path, NAN, 1, CFG_MAX_FF, &c->F)) ||
+        (rc = get_int(r, "vocab_size", path, NAN, 1, CFG_MAX_VOCAB, &c->V)) ||
+        (rc = get_int(r, "num_key_value_heads", path, c->H, 1, c->H, &c->K)) ||
+        (rc = get_int(r, "head_dim", path, c->C / c->H, 2, CFG_MAX_HEAD_DIM, &c->D)) ||
+        (rc = get_int(r, "max_position_embeddings", path, 4096, 1, CFG_MAX_POS, &c->max_pos)) ||
+        (rc = get_real(r, "rms_norm_eps", path, 1e-6, 0, 1, &c->eps)) ||
+        (rc = get_real(r, "rope_theta", path, 10000.0, 0, 1e12, &c->rope_theta)) ||
+        (rc = get_int(r, "bos_token_id", path, -1, -1, c->V - 1, &c->bos_id)))
         goto out;
-    c->K = (int)js_get_num(r, "num_key_value_heads", c->H);
-    c->D = (int)js_get_num(r, "head_dim", (double)(c->C / c->H));
-    c->max_pos = (int)js_get_num(r, "max_position_embeddings", 4096);
-    c->eps = (float)js_get_num(r, "rms_norm_eps", 1e-6);
-    c->rope_theta = (float)js_get_num(r, "rope_theta", 10000.0);
     c->tied = js_get_bool(r, "tie_word_embeddings", 0);
     c->qk_norm = c->arch == ARCH_QWEN3;
     c->qkv_bias = c->arch == ARCH_QWEN2 ? 1 : js_get_bool(r, "attention_bias", 0);
     c->o_bias = c->arch == ARCH_QWEN2 ? 0 : c->qkv_bias;
-    c->bos_id = (int)js_get_num(r, "bos_token_id", -1);
     add_eos(c, js_get(r, "eos_token_id"));
     const char *dt = js_get_str(r, "torch_dtype");
     if (!dt) dt = js_get_str(r, "dtype");
     snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "float32");
-    if (c->K <= 0 || c->H % c->K) { rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K); goto out; }
-    if (c->D <= 0 || c->D % 2) { rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D); goto out; }
+    if (c->H % c->K) { rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K); goto out; }
+    if (c->D % 2) { rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D); goto out; }
     const char *act = js_get_str(r, "hidden_act");
     if (act && strcmp(act, "silu")) { rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act); goto out; }
     if (js_get_bool(r, "mlp_bias", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: mlp_bias is not supported", path); goto out; }
@@ -75,7 +92,7 @@ int config_load(const char *dir, model_config *c) {
     const js *rs = js_get(r, "rope_scaling");
     const js *rp = js_get(r, "rope_parameters");
     if (rp && rp->type == JS_OBJ) {
-        c->rope_theta = (float)js_get_num(rp, "rope_theta", c->rope_theta);
+        if ((rc = get_real(rp, "rope_theta", path, c->rope_theta, 0, 1e12, &c->rope_theta))) goto out;
         rs = rp;
     }
     if (rs && rs->type == JS_OBJ) {
@@ -83,24 +100,43 @@ int config_load(const char *dir, model_config *c) {
         if (!t) t = js_get_str(rs, "type");
         if (t && !strcmp(t, "default")) {
         } else if (t && !strcmp(t, "llama3")) {
-            c->rope_factor = (float)js_get_num(rs, "factor", 8.0);
-            c->rope_low = (float)js_get_num(rs, "low_freq_factor", 1.0);
-            c->rope_high = (float)js_get_num(rs, "high_freq_factor", 4.0);
-            c->rope_orig_max = (int)js_get_num(rs, "original_max_position_embeddings", 8192);
+            if ((rc = get_real(rs, "factor", path, 8.0, 0, 1e6, &c->rope_factor)) ||
+                (rc = get_real(rs, "low_freq_factor", path, 1.0, 0, 1e6, &c->rope_low)) ||
+                (rc = get_real(rs, "high_freq_factor", path, 4.0, 0, 1e6, &c->rope_high)) ||
+                (rc = get_int(rs, "original_max_position_embeddings", path, 8192, 1, CFG_MAX_POS, &c->rope_orig_max)))
+                goto out;
+            if (!(c->rope_high > c->rope_low)) {
+                rc = err_set(GE_FORMAT, "%s: rope_scaling high_freq_factor must exceed low_freq_factor", path);
+                goto out;
+            }
         } else {
             rc = err_set(GE_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", path, t ? t : "?");
             goto out;
         }
     }
+out:
+    return rc;
+}
+
+int config_load(const char *dir, model_config *c) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(c, 0, sizeof *c);
+    js_doc *doc;
+    const js *r;
+    int rc = js_parse_file(path, &doc, &r);
+    if (rc) return rc;
+    rc = config_from_json(r, path, c);
     js_doc_free(doc);
-    doc = NULL;
+    if (rc) return rc;
     /* generation_config.json may list more end-of-sequence ids (Qwen3 instruct models do). */
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    if (!js_parse_file(path, &doc, &r)) add_eos(c, js_get(r, "eos_token_id"));
+    if (!js_parse_file(path, &doc, &r)) {
+        add_eos(c, js_get(r, "eos_token_id"));
+        js_doc_free(doc);
+    }
     err_clear();
-out:
-    js_doc_free(doc);
-    return rc;
+    return 0;
 }
 
 long long config_n_params(const model_config *c) {

@@ -4,6 +4,16 @@
 #ifndef GRPOD_CONFIG_H
 #define GRPOD_CONFIG_H
 
+/* Bounds config_load enforces (each value outside them is refused naming the field): far above
+ * any supported model, and low enough that every size computed from them fits its type. */
+#define CFG_MAX_LAYERS 1024
+#define CFG_MAX_DIM (1 << 16)       /* hidden_size */
+#define CFG_MAX_HEADS 1024
+#define CFG_MAX_HEAD_DIM 1024
+#define CFG_MAX_FF (1 << 18)        /* intermediate_size */
+#define CFG_MAX_VOCAB (1 << 24)     /* vocab_size; also the tokenizer's id bound */
+#define CFG_MAX_POS (1 << 24)       /* max_position_embeddings */
+
 typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA } model_arch;
 
 typedef struct {
@@ -25,6 +35,9 @@ typedef struct {
 } model_config;
 
 int config_load(const char *dir, model_config *c);
+/* config_load's checks on a parsed config.json (path names it in messages); no other file. */
+struct js;
+int config_from_json(const struct js *root, const char *path, model_config *c);
 /* Parameter count (tied embeddings counted once). */
 long long config_n_params(const model_config *c);
 /* Write config.json (and generation_config.json) describing c into dir. */

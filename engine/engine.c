@@ -118,7 +118,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
         goto fail;
     }
     if ((rc = open_backend(o->backend, o->n_threads, &e->be))) goto fail;
-    if ((rc = model_init(&e->m, &cfg, e->be))) goto fail;
+    if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
     host = malloc(n * sizeof(float));

@@ -13,6 +13,7 @@
 #include "engine/model.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,32 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
 
 void model_views_free(model_views *v) { free(v->layers); v->layers = NULL; }
 
+/* Every parameter present with its shape, before anything is allocated for them: a config.json
+ * that describes more than the files hold is refused here, not by a huge allocation. */
+int model_check_files(const model *m, const char *dir) {
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const model_param *p = &m->params[i];
+        const st_tensor *t = st_find(&s, p->name);
+        rc = t ? st_check_shape(t, p->ndim, p->shape)
+               : err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
+                         s.nfiles == 1 ? s.paths[0] : "the shards of model.safetensors.index.json");
+    }
+    st_close(&s);       /* safe after a failed open too: st_open_dir leaves the set empty */
+    return rc;
+}
+
+/* One pass over a converted tensor: NaN or Inf in weights makes every logprob -1e30 later. */
+static int check_finite(const float *x, long long n, const char *dir, const char *name) {
+    long long bad = 0, first = -1;
+    for (long long i = 0; i < n; i++)
+        if (!isfinite(x[i])) { if (!bad++) first = i; }
+    return bad ? err_set(GE_FORMAT, "%s: tensor %s has %lld non-finite values (the first at element %lld)", dir,
+                         name, bad, first)
+               : 0;
+}
+
 int model_load_host(const model *m, const char *dir, float *host) {
     st_set s;
     int rc = st_open_dir(dir, &s);
@@ -126,7 +153,8 @@ int model_load_host(const model *m, const char *dir, float *host) {
                          s.nfiles == 1 ? s.paths[0] : "the shards of model.safetensors.index.json");
             break;
         }
-        rc = st_read_f32(t, host + p->off, p->ndim, p->shape);
+        if (!(rc = st_read_f32(t, host + p->off, p->ndim, p->shape)))
+            rc = check_finite(host + p->off, p->numel, dir, p->name);
     }
     st_close(&s);
     return rc;

@@ -67,8 +67,11 @@ void model_free(model *m);
 /* Views into a flat buffer whose elements are esize bytes (be->act_bytes or 4). */
 int model_views_make(const model *m, void *base, size_t esize, model_views *v);
 void model_views_free(model_views *v);
+/* 0 when dir's safetensors hold every parameter with its shape (nothing is read or allocated). */
+int model_check_files(const model *m, const char *dir);
 /* Read every parameter from DIR's safetensors into host fp32 (n_elems floats). Missing,
- * misshapen or unsupported tensors are errors naming the file and tensor. */
+ * misshapen or unsupported tensors, and NaN or Inf weights, are errors naming the file and
+ * tensor. */
 int model_load_host(const model *m, const char *dir, float *host);
 /* Write the host fp32 buffer as DIR/model.safetensors (dtype ST_F32 or ST_BF16). */
 int model_save_host(const model *m, const char *dir, const float *host, int bf16);

@@ -39,6 +39,33 @@ static int dtype_of(const char *s, st_dtype *d, int *size) {
     return -1;
 }
 
+static int by_offset(const void *a, const void *b) {
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    return x->off < y->off ? -1 : x->off > y->off ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* The data buffer as the safetensors format defines it: the file's tensors, ordered by offset,
+ * tile it exactly — no overlap (two tensors sharing bytes), no hole, nothing after the last. */
+static int check_layout(const st_set *s, int first, const char *path, size_t dsize) {
+    int n = s->n - first;
+    const st_tensor **v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) return err_set(GE_NOMEM, "%s: out of memory", path);
+    for (int i = 0; i < n; i++) v[i] = &s->t[first + i];
+    qsort(v, (size_t)n, sizeof *v, by_offset);
+    size_t at = 0;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (v[i]->off != at)
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s starts at byte %zu of the data buffer, expected %zu (%s)", path,
+                         v[i]->name, v[i]->off, at, v[i]->off < at ? "overlaps the one before" : "a hole before it");
+        at = v[i]->end;
+    }
+    if (!rc && at != dsize)
+        rc = err_set(GE_FORMAT, "%s: the tensors cover %zu bytes of the %zu-byte data buffer", path, at, dsize);
+    free(v);
+    return rc;
+}
+
 int st_open_file(st_set *s, const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return err_set(GE_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -84,6 +111,7 @@ int st_open_file(st_set *s, const char *path) {
     s->sizes[s->nfiles] = size;
     s->nfiles++;
     map = NULL;  /* owned by the set now */
+    int first = s->n;
     for (int i = 0; i < root->n; i++) {
         const char *name = root->keys[i];
         const js *e = &root->items[i];
@@ -91,38 +119,47 @@ int st_open_file(st_set *s, const char *path) {
         const char *dt = js_get_str(e, "dtype");
         const js *shape = js_get(e, "shape"), *offs = js_get(e, "data_offsets");
         if (!dt || !shape || shape->type != JS_ARR || !offs || offs->type != JS_ARR || offs->n != 2) {
-            rc = err_set(GE_FORMAT, "%s: tensor %s: header entry needs dtype, shape and data_offsets", path, name);
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: header entry needs dtype, shape and data_offsets", path, name);
             goto out;
         }
         st_tensor *x = &s->t[s->n];
         memset(x, 0, sizeof *x);
         int esize;
         if (dtype_of(dt, &x->dtype, &esize)) {
-            rc = err_set(GE_FORMAT, "%s: tensor %s: unknown dtype \"%s\"", path, name, dt);
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: unknown dtype \"%.16s\"", path, name, dt);
             goto out;
         }
         snprintf(x->dtype_name, sizeof x->dtype_name, "%s", dt);
-        if (shape->n > 8) { rc = err_set(GE_FORMAT, "%s: tensor %s: %d dimensions", path, name, shape->n); goto out; }
+        if (shape->n > 8) { rc = err_set(GE_FORMAT, "%s: tensor %.128s: %d dimensions", path, name, shape->n); goto out; }
         x->ndim = shape->n;
         x->numel = 1;
         for (int d = 0; d < shape->n; d++) {
             double v = js_num(&shape->items[d], -1);
-            if (v < 0 || v != (double)(long long)v || v > 1e12) {
-                rc = err_set(GE_FORMAT, "%s: tensor %s: bad shape", path, name);
+            if (!(v >= 0 && v <= 1e12) || v != floor(v)) {
+                rc = err_set(GE_FORMAT, "%s: tensor %.128s: bad shape", path, name);
                 goto out;
             }
             x->shape[d] = (long long)v;
-            x->numel *= x->shape[d];
+            if (__builtin_mul_overflow(x->numel, x->shape[d], &x->numel) || x->numel > (long long)dsize) {
+                rc = err_set(GE_FORMAT, "%s: tensor %.128s: shape holds more elements than the file", path, name);
+                goto out;
+            }
         }
         double b0 = js_num(&offs->items[0], -1), b1 = js_num(&offs->items[1], -1);
-        if (b0 < 0 || b1 < b0 || b1 > (double)dsize) {
-            rc = err_set(GE_FORMAT, "%s: tensor %s: data_offsets [%.0f, %.0f] outside the %zu-byte data buffer",
+        if (!(b0 >= 0 && b1 >= b0 && b1 <= (double)dsize)) {
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: data_offsets [%.0f, %.0f] outside the %zu-byte data buffer",
                          path, name, b0, b1, dsize);
             goto out;
         }
-        if ((long long)(b1 - b0) != x->numel * esize) {
-            rc = err_set(GE_FORMAT, "%s: tensor %s: %.0f bytes for %lld elements of %s", path, name, b1 - b0,
-                         x->numel, dt);
+        if (b0 != floor(b0) || b1 != floor(b1)) {
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: data_offsets [%g, %g] are not whole numbers", path, name, b0, b1);
+            goto out;
+        }
+        x->off = (size_t)b0;
+        x->end = (size_t)b1;
+        if (x->end - x->off != (size_t)x->numel * (size_t)esize) {
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: %zu bytes for %lld elements of %s", path, name,
+                         x->end - x->off, x->numel, dt);
             goto out;
         }
         x->name = strdup(name);
@@ -130,6 +167,7 @@ int st_open_file(st_set *s, const char *path) {
         x->file = pathcopy;
         s->n++;
     }
+    rc = check_layout(s, first, path, dsize);
 out:
     js_doc_free(doc);
     if (map) munmap(map, size);
@@ -185,7 +223,7 @@ const st_tensor *st_find(const st_set *s, const char *name) {
     return NULL;
 }
 
-int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims) {
+int st_check_shape(const st_tensor *t, int ndim, const long long *dims) {
     int ok = t->ndim == ndim;
     for (int d = 0; ok && d < ndim; d++) ok = t->shape[d] == dims[d];
     if (!ok) {
@@ -194,6 +232,12 @@ int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims)
         for (int d = 0; d < t->ndim; d++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", t->shape[d]);
         return err_set(GE_FORMAT, "%s: tensor %s has shape (%s), expected (%s)", t->file, t->name, got, want);
     }
+    return 0;
+}
+
+int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims) {
+    int rc = st_check_shape(t, ndim, dims);
+    if (rc) return rc;
     const unsigned char *src = t->data;
     switch (t->dtype) {
     case ST_F32: memcpy(dst, src, (size_t)t->numel * 4); break;

@@ -2,7 +2,8 @@
  *
  * A set is one model.safetensors, or the shards named by model.safetensors.index.json. Opening
  * validates every header: 8-byte length within the file, JSON header, each tensor's dtype and
- * shape, offsets inside the data buffer, and size == numel × dtype size. Errors name the file
+ * shape (element counts overflow-checked), whole offsets inside the data buffer, size == numel ×
+ * dtype size, and the tensors tiling the buffer (no overlap, no hole). Errors name the file
  * and the problem (GE_FORMAT / GE_IO). Tensors stay mmapped until st_close. */
 #ifndef GRPOD_SAFETENSORS_H
 #define GRPOD_SAFETENSORS_H
@@ -17,6 +18,7 @@ typedef struct {
     int ndim;
     long long shape[8];
     long long numel;
+    size_t off, end;            /* [off, end) in the file's data buffer */
     const void *data;           /* into the mapping */
     const char *file;           /* path of the file holding it */
 } st_tensor;
@@ -32,6 +34,8 @@ int st_open_dir(const char *dir, st_set *s);
 int st_open_file(st_set *s, const char *path);
 void st_close(st_set *s);
 const st_tensor *st_find(const st_set *s, const char *name);
+/* GE_FORMAT naming the tensor unless its shape is exactly dims[0..ndim). */
+int st_check_shape(const st_tensor *t, int ndim, const long long *dims);
 /* Convert a tensor to fp32, checking its shape is exactly dims[0..ndim). */
 int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims);
 
