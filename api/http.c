@@ -10,10 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "api/guard.h"
 #include "api/metrics.h"
 #include "api/openapi.h"
 #include "api/status.h"
@@ -222,14 +224,23 @@ static int route_match(const char *tpl, const char *path, const char **id_out) {
     return 1;
 }
 
+/* Authorization: Bearer KEY (the scheme in any case, RFC 7235). The compare always runs over
+ * API_KEY_MAX bytes of both, zero-padded, so its time says nothing of the key or its length. */
 static int auth_ok(api_server *s, struct MHD_Connection *c) {
-    if (!s->api_key[0]) return 1;
+    char key[API_KEY_MAX] = {0}, got[API_KEY_MAX] = {0};
+    pthread_mutex_lock(&s->mu);
+    memcpy(key, s->api_key, sizeof key);
+    pthread_mutex_unlock(&s->mu);
+    if (!key[0]) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
     h += 7;
-    size_t a = strlen(h), b = strlen(s->api_key);
-    unsigned diff = (unsigned)(a ^ b);
-    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(h[i] ^ s->api_key[i]);
+    while (*h == ' ') h++;
+    size_t n = strlen(h);
+    if (n >= sizeof got) return 0;
+    memcpy(got, h, n);
+    volatile unsigned char diff = 0;
+    for (size_t i = 0; i < sizeof key; i++) diff |= (unsigned char)(got[i] ^ key[i]);
     return diff == 0;
 }
 
@@ -237,6 +248,10 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     const api_route *rt = NULL;
     const char *id = NULL;
     int path_known = 0;
+    if (x->refused) {
+        x->route = "other";
+        return reply_error(c, x, &x->refusal);
+    }
     for (int i = 0; i < R_COUNT; i++) {
         const char *tid = NULL;
         if (!route_match(api_routes[i].path, url, &tid)) continue;
@@ -305,12 +320,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(x->method, sizeof x->method, "%s", method);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoll(cl, NULL, 10) > limits_now(s).max_body_bytes) x->too_large = 1;
+        api_guard g = {s->allowed_hosts, s->allowed_origins};
+        api_request_head h = {
+            .method = method,
+            .host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST),
+            .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+            .content_type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
+            .has_body = (cl && strtoll(cl, NULL, 10) > 0) ||
+                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL,
+        };
+        x->refused = api_guard_or_reply(&g, &h, &x->refusal) != 0;
         return MHD_YES;
     }
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (x->too_large) return MHD_YES;       /* drain, reply 413 at the end */
+        if (x->too_large || x->refused) return MHD_YES;       /* drain, reply 413/403/415 at the end */
         if ((long long)(x->len + n) > limits_now(s).max_body_bytes) {
             x->too_large = 1;
             free(x->body);
@@ -397,6 +422,9 @@ int api_start(const api_config *cfg, api_server **out) {
     snprintf(s->listen, sizeof s->listen, "%s", cfg->listen);
     snprintf(s->data_dir, sizeof s->data_dir, "%s", cfg->data_dir);
     snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key ? cfg->api_key : "");
+    snprintf(s->allowed_hosts, sizeof s->allowed_hosts, "%s", cfg->allowed_hosts ? cfg->allowed_hosts : "");
+    snprintf(s->allowed_origins, sizeof s->allowed_origins, "%s", cfg->allowed_origins ? cfg->allowed_origins : "");
+    s->cfg.api_key = s->cfg.allowed_hosts = s->cfg.allowed_origins = NULL;   /* copied: the caller's may go */
     s->limits = cfg->limits;
     if (s->cfg.max_wait_s <= 0) s->cfg.max_wait_s = 60;
     pthread_mutex_init(&s->mu, NULL);
@@ -450,6 +478,12 @@ void api_set_failed(api_server *s, const char *why) {
 void api_set_limits(api_server *s, const api_limits *l) {
     pthread_mutex_lock(&s->mu);
     s->limits = *l;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void api_set_api_key(api_server *s, const char *key) {
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->api_key, sizeof s->api_key, "%s", key ? key : "");
     pthread_mutex_unlock(&s->mu);
 }
 

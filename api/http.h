@@ -18,6 +18,8 @@ typedef struct {
     const char *listen;         /* "127.0.0.1:8780", "[::1]:8780", "0.0.0.0:8780" */
     const char *data_dir;       /* where grpod.db lives (store_open) */
     const char *api_key;        /* NULL: no auth; else every /v1 request needs Bearer <key> */
+    const char *allowed_hosts;  /* Host names besides IP literals and localhost (guard.h) */
+    const char *allowed_origins;    /* Origins allowed to call (guard.h); NULL: none */
     api_limits limits;
     int threads;                /* MHD thread pool size */
     int max_wait_s;             /* cap of ?wait= (60) */
@@ -36,6 +38,7 @@ void api_set_engine(api_server *s, eng *e);        /* model loaded: /readyz 200,
 void api_set_kv_rows(api_server *s, long long rows);
 void api_set_failed(api_server *s, const char *why);   /* engine failed: /readyz 503 */
 void api_set_limits(api_server *s, const api_limits *l);   /* SIGHUP reload */
+void api_set_api_key(api_server *s, const char *key);      /* SIGHUP reload; NULL or "": no auth */
 void api_set_submit_hook(api_server *s, void (*job_submitted)(void *ud), void *ud);
 void api_jobs_changed(api_server *s);              /* a job changed state: wake long-pollers */
 void api_tick(api_server *s);                      /* resume long-pollers whose wait ran out */

@@ -15,9 +15,13 @@
 
 typedef struct waiter { struct MHD_Connection *conn; double deadline; struct waiter *next; } waiter;
 
+#define API_KEY_MAX 512
+
 struct api_server {
     api_config cfg;
-    char listen[256], data_dir[1024], api_key[512];
+    char listen[256], data_dir[1024];
+    char api_key[API_KEY_MAX];      /* under mu: SIGHUP replaces it (api_set_api_key) */
+    char allowed_hosts[1024], allowed_origins[1024];
     struct MHD_Daemon *mhd;
     int port;
     pthread_mutex_t mu;             /* limits, pool, fail_msg */
@@ -37,6 +41,8 @@ typedef struct {
     char *body;
     size_t len, cap;
     int too_large;
+    int refused;                    /* the guard refused the request head: reply `refusal` */
+    api_error refusal;
     int waiting;                    /* suspended at least once: a long-poll in progress */
     double deadline;
     char job_id[32];                /* POST /v1/logprobs: the job this request waits for */

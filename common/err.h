@@ -14,10 +14,12 @@
     X(INVALID,         "invalid_field",      "invalid request field") \
     X(BAD_JSON,        "invalid_json",       "request body is not valid JSON") \
     X(UNAUTHORIZED,    "unauthorized",       "missing or wrong API key") \
+    X(FORBIDDEN,       "forbidden",          "origin or host not allowed") \
     X(NOT_FOUND,       "not_found",          "not found") \
     X(METHOD,          "method_not_allowed", "method not allowed") \
     X(CONFLICT,        "conflict",           "conflict") \
     X(TOO_LARGE,       "too_large",          "request too large") \
+    X(MEDIA_TYPE,      "unsupported_media_type", "Content-Type must be application/json") \
     X(UNSUPPORTED,     "unsupported",        "unsupported") \
     X(BUSY,            "queue_full",         "too many queued jobs") \
     X(IO,              "io_error",           "i/o error") \

@@ -29,6 +29,7 @@
 
 typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
+    char allowed_hosts[1024], allowed_origins[1024];
     int insecure_no_auth, checkpoint_on_exit;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
@@ -54,6 +55,8 @@ static const opt_def opts[] = {
     {"listen", O_STR, S_(listen), 0, 0, 0, "127.0.0.1:8780", "HOST:PORT to serve HTTP on ([::1]:PORT for IPv6)"},
     {"backend", O_STR, S_(backend), 0, 0, 0, "auto", "auto|cpu|cuda"},
     {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "", "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
+    {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "", "Host header names accepted besides IP addresses and localhost (comma-separated; * = any): the names a proxy forwards"},
+    {"allowed-origins", O_STR, S_(allowed_origins), 0, 0, 0, "", "Origins (https://app.example, comma-separated; * = any) whose pages may call the API; by default requests carrying Origin are refused"},
     {"insecure-no-auth", O_BOOL, S_(insecure_no_auth), 0, 1, 0, "false", "allow a non-loopback --listen without --api-key-file"},
     {"max-body-bytes", O_INT, S_(max_body_bytes), 1024, 1LL << 34, 1, "8388608", "largest request body"},
     {"max-n", O_INT, S_(max_n), 1, 1 << 20, 1, "64", "largest n (responses per group)"},
@@ -293,6 +296,9 @@ static void on_term(uv_signal_t *sig, int signum) {
     uv_stop(s->loop);   /* serve_main joins the engine thread (it finishes its job) */
 }
 
+#define API_KEY_FILE_MAX 512        /* the key and its NUL: api/http's compare buffer */
+static int read_key_file(const char *path, char *key, size_t n, char *why, size_t wl);
+
 static void on_hup(uv_signal_t *sig, int signum) {
     serve_state *s = sig->data;
     sdn_notify("RELOADING=1");
@@ -311,6 +317,17 @@ static void on_hup(uv_signal_t *sig, int signum) {
         api_set_limits(s->api, &l);
         for (int i = 0; i < N_OPTS; i++)
             if (opts[i].reloadable) memcpy((char *)&s->o + opts[i].off, (char *)&n + opts[i].off, opts[i].size);
+        if (s->o.api_key_file[0]) {         /* a rotated key takes effect now; a bad file keeps the old */
+            char key[API_KEY_FILE_MAX];
+            if (read_key_file(s->o.api_key_file, key, sizeof key, why, sizeof why)) {
+                char esc[1300];
+                log_event(LOG_ERROR, "api_key_reload_failed", "\"message\":%s", log_str(esc, sizeof esc, why));
+            } else {
+                api_set_api_key(s->api, key);
+                log_event(LOG_INFO, "api_key_reloaded", NULL);
+            }
+            memset(key, 0, sizeof key);
+        }
         log_event(LOG_INFO, "reloaded", "\"log_level\":\"%s\",\"max_n\":%lld,\"max_tokens\":%lld,\"max_queued_jobs\":%lld,\"max_body_bytes\":%lld",
                   n.log_level, n.max_n, n.max_tokens, n.max_queued_jobs, n.max_body_bytes);
     }
@@ -334,7 +351,7 @@ static int read_key_file(const char *path, char *key, size_t n, char *why, size_
 
 int serve_main(int argc, char **argv) {
     serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
-    char why[1200], key[512] = "", esc[1300];
+    char why[1200], key[API_KEY_FILE_MAX] = "", esc[1300];
     int help, rc = 1;
     if (resolve_opts(argc, argv, &s.o, &help, why, sizeof why)) {
         fprintf(stderr, "grpod serve: %s\n", why);
@@ -382,6 +399,7 @@ int serve_main(int argc, char **argv) {
     uv_async_init(s.loop, &s.wake, on_wake);
     s.wake.data = &s;
     api_config ac = {.listen = s.o.listen, .data_dir = s.o.data_dir, .api_key = key[0] ? key : NULL,
+                     .allowed_hosts = s.o.allowed_hosts, .allowed_origins = s.o.allowed_origins,
                      .threads = (int)s.o.http_threads, .max_wait_s = 60};
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
@@ -416,7 +434,9 @@ int serve_main(int argc, char **argv) {
     status_update(&s, 1);
     uv_run(s.loop, UV_RUN_DEFAULT);
 
-    /* drain: the engine thread finishes (or never started) its job, then everything closes */
+    /* drain: the engine thread finishes (or never started) its job, then everything closes;
+     * the loop keeps turning meanwhile, so a second SIGTERM is logged (on_term) */
+    while (!worker_finished(s.w)) uv_run(s.loop, UV_RUN_ONCE);
     worker_join(s.w);
     s.w = NULL;
     rc = 0;

@@ -36,6 +36,7 @@ struct worker {
     pthread_cond_t cv;
     int pending;                    /* wakes since the last claim attempt */
     _Atomic int stop, ready;
+    _Atomic int finished;           /* thread_main returned (or is about to) */
     _Atomic long long beat_ns, policy_version;
     eng *e;
     store *st;
@@ -417,6 +418,8 @@ static void *thread_main(void *arg) {
     store_close(w->st);
     w->st = NULL;
     log_event(LOG_INFO, "engine_stopped", NULL);
+    atomic_store(&w->finished, 1);
+    if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
     return NULL;
 }
 
@@ -454,6 +457,8 @@ void worker_stop(worker *w) {
     atomic_store(&w->stop, 1);
     worker_wake(w);
 }
+
+int worker_finished(worker *w) { return atomic_load(&w->finished); }
 
 void worker_join(worker *w) {
     pthread_join(w->th, NULL);

@@ -33,6 +33,7 @@ int worker_start(const worker_config *c, worker **out);
 void worker_wake(worker *w);
 void worker_stop(worker *w);
 void worker_join(worker *w);        /* frees w */
+int worker_finished(worker *w);     /* the engine thread is done: worker_join will not block */
 
 /* Read from any thread. */
 double worker_heartbeat_age(worker *w);     /* seconds since the last beat */

@@ -97,6 +97,8 @@ class Daemon:
         return requests.get(self.url + path, timeout=kw.pop("timeout", 90), **kw)
 
     def post(self, path, body=None, **kw):
+        # POST needs Content-Type: application/json (api/guard.h); raw bodies get it too
+        kw["headers"] = dict({"Content-Type": "application/json"}, **kw.get("headers", {}))
         if body is not None and not isinstance(body, (bytes, str)):
             kw["json"] = body
         elif body is not None:
