@@ -191,7 +191,9 @@ static int normalize_at(const char *p, const char *end, char *out, int outlen, i
 }
 
 static int normalize(const char *p, const char *end, char *out, int outlen, int *n) {
-    return normalize_at(p, end, out, outlen, n, 0);
+    int ok = normalize_at(p, end, out, outlen, n, 0);
+    out[*n] = 0;                        /* terminated on failure too (*n < outlen always) */
+    return ok;
 }
 
 /* digits [. digits] | . digits, then [e[+-]digits]; returns the end or NULL. */
@@ -258,12 +260,17 @@ static int boxed_answer(const char *text, char *out, int outlen) {
     if (!be) return 0;              /* truncated: \boxed{ never closed */
     int n = 0;
     double v;
-    if (normalize(p + 1, be - 1, out, outlen, &n)) {
+    int whole = normalize(p + 1, be - 1, out, outlen, &n);
+    if (whole) {
         while (n > 0 && out[n - 1] == '.') out[--n] = 0;
         if (n > 0 && math_parse_number(out, &v)) return 1;
     }
     if (last_number(text, p + 1, be - 1, out, outlen)) return 1;
-    return n > 0 && n < outlen;
+    /* non-numeric content, normalised whole; a normalisation that stopped (too long, nested
+     * too deep) left a prefix that is no answer (found by fuzz_reward: it was unterminated) */
+    if (whole && n > 0) return 1;
+    out[0] = 0;
+    return 0;
 }
 
 /* strict: only the explicit markers (####, \boxed) — used for expected answers */

@@ -306,6 +306,17 @@ TEST(test_math_nesting) {
         math_extract_answer(s, got, sizeof got);
         free(s);
     }
+    /* found by fuzz_reward: \boxed{ with 17+ nested \frac (or 256+ bytes of content) stopped
+     * normalising and returned an unterminated answer, which strlen then read past */
+    char *in = nested("\\frac{", "1", "}{2}", 40), *deep = nested("\\boxed{", in, "}", 1);
+    free(in);
+    char got[64];
+    memset(got, 'x', sizeof got);
+    CHECK_EQ_INT(math_extract_answer(deep, got, sizeof got) ? (int)strlen(got) < (int)sizeof got : 1, 1);
+    reward_spec r = spec(REWARD_MATH, deep);
+    int rc = reward_check_spec(&r, NULL, 0);      /* falls back to the last number inside */
+    CHECK(rc == 0 || rc == GE_INVALID);
+    free(deep);
 }
 
 /* Issue 20: 25-37-byte patterns drove glibc regcomp to 4-7 GB; exponential backtracking is the
