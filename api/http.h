@@ -22,6 +22,9 @@ typedef struct {
     const char *allowed_origins;    /* Origins allowed to call (guard.h); NULL: none */
     api_limits limits;
     int threads;                /* MHD thread pool size */
+    int max_connections;        /* open connections in all (MHD's limit); 0 = 2048 */
+    int max_per_client;         /* from one client address (conns.h); 0 = 256 */
+    double request_timeout_s;   /* head + body of a request, not reset per byte; 0 = 30 */
     int max_wait_s;             /* cap of ?wait= (60) */
     void (*job_submitted)(void *ud);   /* wakes the engine thread */
     void *ud;

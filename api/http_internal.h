@@ -15,6 +15,8 @@
 
 typedef struct waiter { struct MHD_Connection *conn; double deadline; struct waiter *next; } waiter;
 
+#include "api/conns.h"
+
 #define API_KEY_MAX 512
 
 struct api_server {
@@ -23,6 +25,7 @@ struct api_server {
     char api_key[API_KEY_MAX];      /* under mu: SIGHUP replaces it (api_set_api_key) */
     char allowed_hosts[1024], allowed_origins[1024];
     struct MHD_Daemon *mhd;
+    api_conns *conns;               /* admission and request deadlines (conns.h) */
     int port;
     pthread_mutex_t mu;             /* limits, pool, fail_msg */
     api_limits limits;

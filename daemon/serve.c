@@ -35,6 +35,7 @@ typedef struct {
     long long kv_budget_mib;
     long long lora_rank, lora_alpha;
     char lora_targets[128], lora_init[1024];
+    long long max_connections, max_connections_per_client, request_timeout;
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -63,6 +64,9 @@ static const opt_def opts[] = {
     {"max-tokens", O_INT, S_(max_tokens), 1, 1 << 24, 1, "4096", "largest sampling.max_tokens"},
     {"max-queued-jobs", O_INT, S_(max_queued_jobs), 0, 1 << 30, 1, "1000", "queued jobs before POSTs get 429 (0 = no limit)"},
     {"log-level", O_STR, S_(log_level), 0, 0, 1, "info", "debug|info|warn|error (JSON lines on stderr)"},
+    {"max-connections", O_INT, S_(max_connections), 16, 1 << 20, 0, "2048", "open HTTP connections in all; when half of them wait for their request, the oldest waiting one is closed for each new one"},
+    {"max-connections-per-client", O_INT, S_(max_connections_per_client), 1, 1 << 20, 0, "256", "open connections from one client address (its oldest waiting one is closed beyond that)"},
+    {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30", "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
     {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores but one, at least 1; they wait passively unless OMP_WAIT_POLICY=active)"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
@@ -400,7 +404,9 @@ int serve_main(int argc, char **argv) {
     s.wake.data = &s;
     api_config ac = {.listen = s.o.listen, .data_dir = s.o.data_dir, .api_key = key[0] ? key : NULL,
                      .allowed_hosts = s.o.allowed_hosts, .allowed_origins = s.o.allowed_origins,
-                     .threads = (int)s.o.http_threads, .max_wait_s = 60};
+                     .threads = (int)s.o.http_threads, .max_wait_s = 60,
+                     .max_connections = (int)s.o.max_connections, .max_per_client = (int)s.o.max_connections_per_client,
+                     .request_timeout_s = (double)s.o.request_timeout};
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
                         .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,

@@ -291,3 +291,47 @@ def test_second_sigterm_logged(make_daemon):
     log = d.stderr()
     # the second signal lands while the rollout drains (it runs for seconds on the CPU backend)
     assert '"signal_again"' in log, log[-2000:]
+
+
+# ---------------------------------------------------------------- slow clients
+
+
+def test_slow_clients_cannot_take_it_offline(make_daemon):
+    import socket
+    import time
+    d = make_daemon(args=["--max-connections", "64", "--max-connections-per-client", "40", "--request-timeout", "3"])
+    slow = []
+    for _ in range(150):                     # far past both caps, all from 127.0.0.1
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+        slow.append(s)
+    for _ in range(5):                       # probes are served while the flood holds the caps
+        assert d.get("/healthz", timeout=20).status_code == 200
+        assert d.get("/readyz", timeout=20).status_code == 200
+    # a Content-Length larger than the body, and a client dribbling a byte every 0.3 s: both are
+    # closed once the request deadline (3 s, not reset per byte) passes
+    pinned = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+    pinned.sendall(b"POST /v1/tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 100\r\n\r\n{")
+    drip = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+    closed = False
+    end = time.time() + 60
+    while time.time() < end and not closed:
+        try:
+            drip.sendall(b"X")
+            drip.settimeout(0.3)
+            closed = drip.recv(64) == b""
+        except socket.timeout:
+            pass
+        except OSError:
+            closed = True
+    assert closed, "a dribbling client kept its connection for 60 s"
+    pinned.settimeout(60)
+    try:
+        got = pinned.recv(4096)
+    except OSError:
+        got = b""
+    assert got == b"" or got.startswith(b"HTTP/1.1 4"), got[:200]
+    for s in slow + [pinned, drip]:
+        s.close()
+    assert d.get("/healthz", timeout=20).status_code == 200
