@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "engine/json.h"
 #include "engine/tokenizer.h"
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,21 @@ static const char detokenize_usage[] =
 static int usage_error(const char *cmd, const char *usage, const char *what) {
     fprintf(stderr, "grpod %s: %s\n%s", cmd, what, usage);
     return 2;
+}
+
+/* getopt_long over argv (argv[0] is the command), as daemon/main.c's commands parse theirs.
+ * Returns the next option's val, -1 at the end, or '?' after printing the usage error for an
+ * unknown or incomplete option or a stray argument. */
+static int next_opt(int argc, char **argv, const struct option *lo, const char *cmd, const char *usage,
+                    int *status) {
+    opterr = 0;
+    int c = getopt_long(argc, argv, "h", lo, NULL);
+    const char *bad = c == '?' ? argv[optind - 1] : c == -1 && optind < argc ? argv[optind] : NULL;
+    if (!bad) return c;
+    char what[256];
+    snprintf(what, sizeof what, "unknown or incomplete option %s", bad);
+    *status = usage_error(cmd, usage, what);
+    return '?';
 }
 
 static void write_ids(FILE *f, const int *ids, int n) {
@@ -133,20 +149,23 @@ static int run_jsonl(const tok *t, int add_special, int parse_special, int bench
 
 int tok_cli_tokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "tokenize", *model = NULL, *text = NULL;
-    int jsonl = 0, parse_special = 1, add_special = 1, bench = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(tokenize_usage, stdout); return 0; }
-        else if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(a, "--text") && i + 1 < argc) text = argv[++i];
-        else if (!strcmp(a, "--bench") && i + 1 < argc) bench = atoi(argv[++i]);
-        else if (!strcmp(a, "--jsonl")) jsonl = 1;
-        else if (!strcmp(a, "--no-special")) parse_special = 0;
-        else if (!strcmp(a, "--no-add-special")) add_special = 0;
-        else {
-            char what[256];
-            snprintf(what, sizeof what, "unknown or incomplete option %s", a);
-            return usage_error(cmd, tokenize_usage, what);
+    int jsonl = 0, parse_special = 1, add_special = 1, bench = 0, c, st = 0;
+    static const struct option lo[] = {
+        {"help", no_argument, 0, 'h'}, {"model", required_argument, 0, 'm'}, {"text", required_argument, 0, 't'},
+        {"bench", required_argument, 0, 'b'}, {"jsonl", no_argument, 0, 'j'}, {"no-special", no_argument, 0, 's'},
+        {"no-add-special", no_argument, 0, 'a'}, {0, 0, 0, 0},
+    };
+    optind = 0;                 /* glibc: start over (tests call this more than once) */
+    while ((c = next_opt(argc, argv, lo, cmd, tokenize_usage, &st)) != -1) {
+        switch (c) {
+        case 'h': fputs(tokenize_usage, stdout); return 0;
+        case 'm': model = optarg; break;
+        case 't': text = optarg; break;
+        case 'b': bench = atoi(optarg); break;
+        case 'j': jsonl = 1; break;
+        case 's': parse_special = 0; break;
+        case 'a': add_special = 0; break;
+        default: return st;
         }
     }
     if (!model) return usage_error(cmd, tokenize_usage, "--model DIR is required");
@@ -213,18 +232,20 @@ static int detok_one(const tok *t, const char *list, int skip, int as_json, int 
 
 int tok_cli_detokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "detokenize", *model = NULL, *idlist = NULL;
-    int jsonl = 0, skip = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(detokenize_usage, stdout); return 0; }
-        else if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(a, "--ids") && i + 1 < argc) idlist = argv[++i];
-        else if (!strcmp(a, "--jsonl")) jsonl = 1;
-        else if (!strcmp(a, "--skip-special")) skip = 1;
-        else {
-            char what[256];
-            snprintf(what, sizeof what, "unknown or incomplete option %s", a);
-            return usage_error(cmd, detokenize_usage, what);
+    int jsonl = 0, skip = 0, c, st = 0;
+    static const struct option lo[] = {
+        {"help", no_argument, 0, 'h'}, {"model", required_argument, 0, 'm'}, {"ids", required_argument, 0, 'i'},
+        {"jsonl", no_argument, 0, 'j'}, {"skip-special", no_argument, 0, 's'}, {0, 0, 0, 0},
+    };
+    optind = 0;
+    while ((c = next_opt(argc, argv, lo, cmd, detokenize_usage, &st)) != -1) {
+        switch (c) {
+        case 'h': fputs(detokenize_usage, stdout); return 0;
+        case 'm': model = optarg; break;
+        case 'i': idlist = optarg; break;
+        case 'j': jsonl = 1; break;
+        case 's': skip = 1; break;
+        default: return st;
         }
     }
     if (!model) return usage_error(cmd, detokenize_usage, "--model DIR is required");
