@@ -223,8 +223,9 @@ int get_ids(json_object *o, const char *path, const char *key, int required, int
         }
         buf[i] = (int)t;
     }
-    *canon = json_object_new_array_ext(len);
-    for (int i = 0; i < len; i++) json_object_array_add(*canon, json_object_new_int(buf[i]));
+    /* every element is an int in range: the array is its own canonical form, shared (a copy of
+     * each id costs ~60 bytes, ~160 MB for an 8 MiB body of ids) */
+    *canon = json_object_get(a);
     if (ids) *ids = buf; else free(buf);
     if (n) *n = len;
     return 0;
