@@ -16,6 +16,7 @@
 #include "engine/json.h"
 #include "engine/lora.h"
 #include "engine/safetensors.h"
+#include "engine/split.h"
 
 /* ---------------------------------------------------------------- open / close */
 
@@ -272,6 +273,13 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
     if (rc) return rc;
     long long done = 0;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
+        if (plan.mb_split[k]) {   /* too large for a micro-batch: the prompt once (engine/split.h) */
+            const pack_group *g = &groups[plan.mb_first[k]];
+            split_opts so = { max_tokens, temperature, -1 };
+            rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);
+            for (int r = 0; r < g->N; r++) done += g->R[r];
+            continue;
+        }
         pack_batch b;
         if ((rc = pack_build(&b, groups, plan.mb_first[k], plan.mb_count[k], PACK_PACKED))) break;
         model_input in;

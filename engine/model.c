@@ -188,31 +188,38 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     size_t off = 0, eb = (size_t)m->be->act_bytes;
     long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
 #define TAKE(ptr, n, es) do { (ptr) = base ? (void *)(base + off) : NULL; off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; } while (0)
+    void *kv_k = NULL, *kv_v = NULL;   /* with a->kv: the projections' k, v scratch, shared by every layer */
     if (a->grad) {
         TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
-        TAKE(a->dq, T * HD, eb); TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb); TAKE(a->datt, T * HD, eb);
+        TAKE(a->dq, T * HD, eb); TAKE(a->datt, T * HD, eb);
+        if (a->kv) { TAKE(kv_k, T * KD, eb); TAKE(kv_v, T * KD, eb); }
+        else { TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb); }
         TAKE(a->da, T * F, eb); TAKE(a->du, T * F, eb);
         a->dg = a->da;
         a->dq0 = a->datt;
         a->dk0 = a->dq;
     }
-    int nl = a->grad == 1 ? c->L : 1;
+    int nl = a->grad == 1 ? (a->ring > 0 && a->ring < c->L ? a->ring : c->L) : 1;
     for (int l = 0; l < c->L; l++) {
         struct model_layer_acts *L = &a->l[l];
         if (l >= nl) {
-            *L = a->l[0];
-            if (a->grad) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
+            *L = a->l[l % nl];
+            if (a->grad == MODEL_ACTS_RECOMPUTE) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
             continue;
         }
+        size_t off0 = off;
         TAKE(L->x, T * C, eb);
         if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
         else { TAKE(L->ln1, T * C, eb); TAKE(L->ln2, T * C, eb); TAKE(L->a, T * F, eb); }
         if (c->qk_norm) { TAKE(L->q0, T * HD, eb); TAKE(L->k0, T * KD, eb); }
-        TAKE(L->q, T * HD, eb); TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb);
+        TAKE(L->q, T * HD, eb);
+        if (a->kv) { L->k = kv_k; L->v = kv_v; }
+        else { TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb); }
         TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb);
         TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb);
         TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
         TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
+        a->layer_bytes = off - off0;
     }
     TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
     TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
@@ -222,11 +229,24 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     return off;
 }
 
+static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M);
+
 int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad) {
     memset(a, 0, sizeof *a);
+    a->grad = grad;
+    return acts_alloc(m, a, cap_T, cap_M);
+}
+
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv,
+                       int row0, int ring) {
+    *a = (model_acts){ .grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring };
+    return acts_alloc(m, a, cap_T, cap_M);
+}
+
+/* carve() with a->grad, kv, ring set */
+static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M) {
     a->cap_T = cap_T > 0 ? cap_T : 1;
     a->cap_M = cap_M > 0 ? cap_M : 1;
-    a->grad = grad;
     a->l = calloc((size_t)m->cfg.L, sizeof *a->l);
     if (!a->l) return err_set(GE_NOMEM, "model: out of memory");
     size_t bytes = carve(m, a, NULL);
@@ -459,26 +479,34 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
     lora_bwd(m, a, W, G, LORA_O, a->dres, A->att, a->datt, T, HD, C);
-    be->zero(be, a->dk, (size_t)T * KD * eb);
-    be->zero(be, a->dv, (size_t)T * KD * eb);
-    be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d->r, T, H, K, D);
-    void *dq = a->dq, *dk = a->dk;
+    /* keys: the T tokens' own (dk, dv zeroed here), or KV-cache rows (model_acts_init_kv: the
+     * gradients of every row seen go to dkv, this micro-batch's own rows start at kv_row0) */
+    const void *keys = A->k, *vals = A->v;
+    void *dkeys = a->dk, *dvals = a->dv;
+    if (a->kv) {
+        keys = a->kv->k[l]; vals = a->kv->v[l]; dkeys = a->dkv->k[l]; dvals = a->dkv->v[l];
+    } else {
+        be->zero(be, a->dk, (size_t)T * KD * eb);
+        be->zero(be, a->dv, (size_t)T * KD * eb);
+    }
+    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, H, K, D);
+    void *dq = a->dq, *dk = (char *)dkeys + (size_t)a->kv_row0 * KD * eb, *dv = (char *)dvals + (size_t)a->kv_row0 * KD * eb;
     if (c->qk_norm) {
         be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);
-        be->qk_norm_rope_bwd(be, a->dk0, G->k_norm, a->dk, A->k0, W->k_norm, A->rstdk, d->pos, m->inv_freq, T, K, D);
+        be->qk_norm_rope_bwd(be, a->dk0, G->k_norm, dk, A->k0, W->k_norm, A->rstdk, d->pos, m->inv_freq, T, K, D);
         dq = a->dq0;
         dk = a->dk0;
     } else {
         be->rope_bwd(be, a->dq, d->pos, m->inv_freq, T, H, D);
-        be->rope_bwd(be, a->dk, d->pos, m->inv_freq, T, K, D);
+        be->rope_bwd(be, dk, d->pos, m->inv_freq, T, K, D);
     }
     be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
     be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
-    be->matmul_bwd(be, a->dln, G->wv, G->bv, a->dv, A->ln1, W->wv, T, C, KD);
+    be->matmul_bwd(be, a->dln, G->wv, G->bv, dv, A->ln1, W->wv, T, C, KD);
     lora_bwd(m, a, W, G, LORA_Q, dq, A->ln1, a->dln, T, C, HD);
     lora_bwd(m, a, W, G, LORA_K, dk, A->ln1, a->dln, T, C, KD);
-    lora_bwd(m, a, W, G, LORA_V, a->dv, A->ln1, a->dln, T, C, KD);
+    lora_bwd(m, a, W, G, LORA_V, dv, A->ln1, a->dln, T, C, KD);
     be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
 }

@@ -81,12 +81,16 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
  * kept per layer (the backward recomputes them) and some backward scratch pointers share
  * memory (model.c carve() lists which). */
 enum { MODEL_ACTS_RECOMPUTE = 2 };   /* grad mode keeping only each layer's input x */
+typedef struct model_kv model_kv;
 typedef struct {
     int cap_T, cap_M, grad;     /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE: every layer keeps only x
                                  * (its input) and shares the rest; model_backward recomputes each
                                  * layer's forward from x before its backward (one more forward,
                                  * activations of one layer instead of L) */
     void *mem;                  /* one backend allocation */
+    /* model_acts_init_kv only (else NULL / 0): keys and values in a KV cache, gradients into dkv */
+    const model_kv *kv; model_kv *dkv; int kv_row0, ring;
+    size_t layer_bytes;         /* one layer's saved activations: a block from l[l].x */
     struct model_layer_acts {   /* act-typed (be->act_bytes) unless float */
         void *x;                /* (T,C) the layer's input (residual stream) */
         void *ln1;              /* (T,C) rmsnorm(x) */
@@ -117,11 +121,23 @@ int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gra
 void model_acts_free(const model *m, model_acts *a);
 
 /* A KV cache: per layer k, v (S,K,D) act-typed, in backend memory. */
-typedef struct {
+struct model_kv {
     int cap_S;
     void *mem;                  /* one backend allocation */
     void **k, **v;              /* (L) each (S,K,D) */
-} model_kv;
+};
+
+/* Grad-mode activations whose tokens' keys and values live in rows row0 .. row0 + T of the KV
+ * cache kv (the forward's slots must be row0 + t), the key ranges indexing cache rows, so they
+ * may attend to rows other forwards wrote (engine/split.c: a response micro-batch attending to
+ * its cached prompt). model_layer_bwd reads kv's keys and ADDS the gradient of every key row
+ * the queries saw into dkv (same shape): the caller zeroes dkv's rows [row0, row0 + T) first
+ * unless they hold gradients to add to (a prompt's dK/dV collected from its responses).
+ * ring > 0 keeps the saved activations of `ring` layers only (l[l] aliases l[l % ring]): each
+ * layer's block (layer_bytes from l[l].x) must be moved out after its forward and back before
+ * its backward by the caller; 0 keeps every layer. */
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv,
+                       int row0, int ring);
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
 

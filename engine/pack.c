@@ -138,26 +138,37 @@ int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long lo
                    pack_layout layout) {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < n_groups; i++) {
-        long long need = pack_group_tokens(&groups[i], layout);
-        if (need > max_tokens)
+        const pack_group *g = &groups[i];
+        long long need = pack_group_tokens(g, layout);
+        if (need <= max_tokens) continue;
+        if (layout != PACK_PACKED)
             return err_set(GE_TOO_LARGE,
                            "group %d needs %lld tokens (P=%d, N=%d, R total %lld) > "
                            "max_tokens_per_micro_batch %lld",
-                           i, need, groups[i].P, groups[i].N, group_resp_tokens(&groups[i]), max_tokens);
+                           i, need, g->P, g->N, group_resp_tokens(g), max_tokens);
+        for (int r = 0; r < g->N; r++)
+            if (g->R[r] > max_tokens)
+                return err_set(GE_TOO_LARGE,
+                               "group %d response %d has %d tokens > max_tokens_per_micro_batch %lld "
+                               "(a response is never split across micro-batches)",
+                               i, r, g->R[r], max_tokens);
     }
     int cap = n_groups > 0 ? n_groups : 1;          /* at most one micro-batch per group */
     p->mb_first = malloc(sizeof(int) * cap);
     p->mb_count = malloc(sizeof(int) * cap);
-    if (!p->mb_first || !p->mb_count) {
+    p->mb_split = malloc(sizeof(int) * cap);
+    if (!p->mb_first || !p->mb_count || !p->mb_split) {
         pack_plan_free(p);
         return err_set(GE_NOMEM, "pack_plan_make: %d groups", n_groups);
     }
     long long used = 0;
     for (int i = 0; i < n_groups; i++) {
         long long need = pack_group_tokens(&groups[i], layout);
-        if (p->n_mb == 0 || used + need > max_tokens) {
+        int split = need > max_tokens;
+        if (p->n_mb == 0 || split || p->mb_split[p->n_mb - 1] || used + need > max_tokens) {
             p->mb_first[p->n_mb] = i;
             p->mb_count[p->n_mb] = 0;
+            p->mb_split[p->n_mb] = split;
             p->n_mb++;
             used = 0;
         }
@@ -171,5 +182,6 @@ void pack_plan_free(pack_plan *p) {
     if (!p) return;
     free(p->mb_first);
     free(p->mb_count);
+    free(p->mb_split);
     memset(p, 0, sizeof *p);
 }

@@ -53,9 +53,13 @@ void pack_batch_free(pack_batch *b);
 long long pack_group_tokens(const pack_group *g, pack_layout layout);
 
 /* Micro-batch plan: consecutive runs of whole groups whose tokens fit max_tokens.
- * mb_first[k], mb_count[k] for k < n_mb. A single group larger than max_tokens is GE_TOO_LARGE
- * with a message naming the group and its size. The plan owns its arrays: pack_plan_free. */
-typedef struct { int n_mb; int *mb_first, *mb_count; } pack_plan;
+ * mb_first[k], mb_count[k] for k < n_mb. A group larger than max_tokens is a micro-batch of its
+ * own with mb_split[k] = 1 (packed layout): engine/split.h runs it as its prompt once and its
+ * responses in micro-batches of at most max_tokens response tokens each, attending to the
+ * prompt's cached keys. A response longer than max_tokens (a response is never cut), or any
+ * group over max_tokens in the standard layout, is GE_TOO_LARGE with a message naming the group
+ * and its size. The plan owns its arrays: pack_plan_free. */
+typedef struct { int n_mb; int *mb_first, *mb_count, *mb_split; } pack_plan;
 int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens,
                    pack_layout layout);
 void pack_plan_free(pack_plan *p);

@@ -8,7 +8,8 @@
  *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
  *   ─► policy_version + 1
  *
- * Micro-batches hold whole groups packed P + NR (engine/pack.h); the loss's aggregation
+ * Micro-batches hold whole groups packed P + NR (engine/pack.h); a group larger than a micro-batch
+ * runs as its prompt once and its responses in micro-batches (engine/split.h). The loss's aggregation
  * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
  * mini-batch's exact gradient. */
 #include <math.h>
@@ -19,6 +20,7 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/lora.h"
+#include "engine/split.h"
 #include "kernels/adamw.h"
 
 static int ensure_training_state(eng *e) {
@@ -111,6 +113,36 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
     return 0;
 }
 
+/* The loss of responses [ms0, ms1) of w (their tokens contiguous from w->off[ms0]): dlogp, dent. */
+static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double tok_denom, double seq_denom,
+                      loss_metrics *met) {
+    long long m0 = w->off[ms0];
+    int S = ms1 - ms0;
+    /* loss_compute indexes by off[]: shift to these responses' arrays. */
+    int *off = malloc((size_t)(S ? S : 1) * sizeof(int));
+    if (!off) return err_set(GE_NOMEM, "update: out of memory");
+    for (int i = 0; i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
+    loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL,
+                 w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
+    free(off);
+    return 0;
+}
+
+/* A group too large for a micro-batch (engine/split.h): the loss of each response micro-batch. */
+typedef struct {
+    work *w; const loss_config *c; int s0, old_from_policy;
+    double tok_denom, seq_denom; loss_metrics *met;
+} split_loss_ud;
+
+static int split_loss(void *ud, int r0, int r1) {
+    split_loss_ud *u = ud;
+    work *w = u->w;
+    int ms0 = u->s0 + r0, ms1 = u->s0 + r1;
+    long long m0 = w->off[ms0], n = (ms1 < w->S ? w->off[ms1] : w->M) - m0;
+    if (u->old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)n * 4);
+    return loss_range(w, u->c, ms0, ms1, u->tok_denom, u->seq_denom, u->met);
+}
+
 /* Forward + loss + backward of groups [g0, g1) of w, micro-batch by micro-batch. */
 static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, long long max_tokens,
                          int old_from_policy, loss_metrics *met, int *n_micro) {
@@ -126,32 +158,30 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, 
     if (rc) return rc;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         int first = g0 + plan.mb_first[k], count = plan.mb_count[k];
+        int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
+        long long m0 = w->off[ms0];
+        if (plan.mb_split[k]) {
+            split_loss_ud u = { w, &c, ms0, old_from_policy, tok_denom, seq_denom, met };
+            split_opts so = { max_tokens, a->temperature, -1 };
+            split_stats st;
+            rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
+                             a->entropy_coeff != 0 ? w->dent + m0 : NULL, split_loss, &u, &st);
+            *n_micro += st.n_micro;
+            continue;
+        }
         pack_batch b;
         if ((rc = pack_build(&b, w->pg, first, count, PACK_PACKED))) break;
         model_input in;
         model_input_from_batch(&in, &b);
-        int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
-        long long m0 = w->off[ms0];
         rc = eng_acts_reserve(e, &e->acts_g, b.T, b.M, 1);
         if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
         if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
         if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
         if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);
-        if (!rc) {
-            /* loss_compute indexes by off[]: shift to this micro-batch's arrays. */
-            int S = ms1 - ms0;
-            int *off = malloc((size_t)S * sizeof(int));
-            if (!off) rc = err_set(GE_NOMEM, "update: out of memory");
-            for (int i = 0; !rc && i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
-            if (!rc) {
-                loss_compute(&c, S, off, w->len + ms0, w->logp + m0, w->old + m0, a->kl_coef > 0 ? w->ref + m0 : NULL,
-                             w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0,
-                             w->dent + m0, met);
-                rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
-                                    a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
-            }
-            free(off);
-        }
+        if (!rc) rc = loss_range(w, &c, ms0, ms1, tok_denom, seq_denom, met);
+        if (!rc)
+            rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
+                                a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
         (*n_micro)++;
         pack_batch_free(&b);
     }

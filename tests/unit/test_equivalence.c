@@ -1,10 +1,17 @@
 /* test_equivalence.c — grpod's core claim on the fp32 reference: training on [P; R_1 .. R_N]
  * (P + ΣR tokens) gives the same per-token logprobs and the same parameter gradients of the
- * same loss as N copies of [P; R_i] (NP + ΣR tokens). Random groups: different P per group,
- * N from 1 to 16, ragged R_i (R = 1 included), several groups per micro-batch, on a random
- * Qwen3-shaped model (q/k norm, GQA) and a Qwen2-shaped one (QKV bias).
- * Tolerance 1e-5 relative (L2 over all logprobs / all gradients): the two layouts sum the same
- * terms in different orders, so they differ by fp32 rounding only. */
+ * same loss as N copies of [P; R_i] (NP + ΣR tokens) — and so does the three-phase schedule of
+ * a group too large for a micro-batch (engine/split.h: the prompt once, the responses in 2..N
+ * micro-batches attending to its cached K/V, the prompt's backward once).
+ * Random groups: different P per group (P = 1 included), N from 1 to 16, ragged R_i (R = 1
+ * included), several groups per micro-batch, on a random Qwen3-shaped model (q/k norm, GQA) and
+ * a Qwen2-shaped one (QKV bias). The loss weighs every logprob (and, for the split schedule,
+ * every entropy) with random weights, so every path of the backward carries gradient; the split
+ * cases use 5 layers so that the dormant set's host round trip (a ring of 3 layers) moves real
+ * layers, and check the forward-only form too.
+ * Tolerance 1e-5 relative (L2 over all logprobs / all gradients): the layouts sum the same
+ * terms in different orders (a prompt key's gradient: a sum over micro-batches of partial
+ * sums), so they differ by fp32 rounding only. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,11 +19,14 @@
 #include "common/err.h"
 #include "engine/model.h"
 #include "engine/pack.h"
+#include "engine/split.h"
 
-typedef struct { float *logp, *grad; long long T; } run_out;
+typedef struct { float *logp, *ent, *grad; long long T; } run_out;
 
+/* One-graph run of groups [0, n) in a layout: logprobs (entropies when we != NULL) and the
+ * gradient of sum(wl·logp + we·ent). */
 static int run_layout(model *m, const model_views *wv, const pack_group *pg, int n, pack_layout lay,
-                      const float *weights, run_out *o) {
+                      const float *wl, const float *we, run_out *o) {
     pack_batch b;
     if (pack_build(&b, pg, 0, n, lay)) return -1;
     model_acts a;
@@ -25,12 +35,14 @@ static int run_layout(model *m, const model_views *wv, const pack_group *pg, int
     model_input_from_batch(&in, &b);
     o->grad = calloc((size_t)m->n_elems, 4);
     o->logp = malloc((size_t)b.M * 4);
+    o->ent = malloc((size_t)b.M * 4);
     model_views gv;
     model_views_make(m, o->grad, 4, &gv);
-    int rc = model_forward(m, wv, &a, NULL, &in, 0.8f, 0);
+    int rc = model_forward(m, wv, &a, NULL, &in, 0.8f, we != NULL);
     memcpy(o->logp, a.logp, (size_t)b.M * 4);
+    if (we) memcpy(o->ent, a.ent, (size_t)b.M * 4);
     /* out_* are in response order in both layouts, so the same weights apply. */
-    if (!rc) rc = model_backward(m, wv, &gv, &a, &in, weights, NULL, 0.8f);
+    if (!rc) rc = model_backward(m, wv, &gv, &a, &in, wl, we, 0.8f);
     o->T = b.T;
     model_views_free(&gv);
     model_acts_free(m, &a);
@@ -38,72 +50,172 @@ static int run_layout(model *m, const model_views *wv, const pack_group *pg, int
     return rc;
 }
 
-static void equivalence(model_arch arch, unsigned long long seed) {
-    model_config c = { .arch = arch, .L = 2, .C = 48, .H = 4, .K = 2, .D = 16, .F = 64, .V = 97, .max_pos = 512,
+static void run_free(run_out *o) { free(o->logp); free(o->ent); free(o->grad); }
+
+/* A random model of L layers and G random groups (group 0 has 16 responses, group 1 one — or,
+ * with nmin = 2, a one-token prompt — the others nmin..8; response 0 of each has R = 1). */
+enum { G = 5 };
+typedef struct {
+    model_config c; eng_backend *be; model m; float *w; model_views wv;
+    pack_group pg[G]; int *prompts[G], **resp[G], *R[G], maxR[G];
+    long long M, Mg[G + 1];     /* predicted tokens: all, and where each group's start */
+} fixture;
+
+static void fixture_make(fixture *f, model_arch arch, int L, unsigned long long seed, int nmin) {
+    memset(f, 0, sizeof *f);
+    model_config c = { .arch = arch, .L = L, .C = 48, .H = 4, .K = 2, .D = 16, .F = 64, .V = 97, .max_pos = 512,
                        .eps = 1e-6f, .rope_theta = 10000.0f, .bos_id = -1 };
     snprintf(c.arch_name, sizeof c.arch_name, arch == ARCH_QWEN3 ? "qwen3" : "qwen2");
     c.qk_norm = arch == ARCH_QWEN3;
     c.qkv_bias = arch == ARCH_QWEN2;
-    eng_backend *be;
-    backend_cpu_create(&be, 0);
-    model m;
-    CHECK(model_init(&m, &c, be) == 0);
-    float *w = malloc((size_t)m.n_elems * 4);
-    check_fill(w, (size_t)m.n_elems, seed, 0.2f);
-    model_views wv;
-    model_views_make(&m, w, 4, &wv);
-
-    /* Random groups. */
-    enum { G = 5 };
+    f->c = c;
+    backend_cpu_create(&f->be, 0);
+    CHECK(model_init(&f->m, &c, f->be) == 0);
+    f->w = malloc((size_t)f->m.n_elems * 4);
+    check_fill(f->w, (size_t)f->m.n_elems, seed, 0.2f);
+    model_views_make(&f->m, f->w, 4, &f->wv);
     unsigned long long s = seed;
-    pack_group pg[G];
-    int *prompts[G], **resp[G], *R[G];
-    long long M = 0;
     for (int g = 0; g < G; g++) {
-        int P = 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 20);
-        int N = g == 0 ? 16 : g == 1 ? 1 : 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 8);
-        prompts[g] = malloc((size_t)P * sizeof(int));
-        for (int i = 0; i < P; i++) prompts[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
-        resp[g] = malloc((size_t)N * sizeof(int *));
-        R[g] = malloc((size_t)N * sizeof(int));
+        int P = nmin > 1 && g == 1 ? 1 : 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 20);
+        int N = g == 0 ? 16 : g == 1 && nmin == 1 ? 1 : nmin + (int)((check_randf(&s, 0.5f) + 0.5f) * (9 - nmin));
+        f->prompts[g] = malloc((size_t)P * sizeof(int));
+        for (int i = 0; i < P; i++) f->prompts[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+        f->resp[g] = malloc((size_t)N * sizeof(int *));
+        f->R[g] = malloc((size_t)N * sizeof(int));
         for (int r = 0; r < N; r++) {
-            R[g][r] = r == 0 ? 1 : 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 12);
-            resp[g][r] = malloc((size_t)R[g][r] * sizeof(int));
-            for (int i = 0; i < R[g][r]; i++) resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
-            M += R[g][r];
+            f->R[g][r] = r == 0 ? 1 : 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 12);
+            if (f->R[g][r] > f->maxR[g]) f->maxR[g] = f->R[g][r];
+            f->resp[g][r] = malloc((size_t)f->R[g][r] * sizeof(int));
+            for (int i = 0; i < f->R[g][r]; i++) f->resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+            f->M += f->R[g][r];
         }
-        pg[g] = (pack_group){ prompts[g], P, N, (const int *const *)resp[g], R[g] };
+        f->Mg[g + 1] = f->M;
+        f->pg[g] = (pack_group){ f->prompts[g], P, N, (const int *const *)f->resp[g], f->R[g] };
     }
-    float *weights = malloc((size_t)M * 4);
-    check_fill(weights, (size_t)M, seed + 1, 1.0f);
+}
+
+static void fixture_free(fixture *f) {
+    for (int g = 0; g < G; g++) {
+        for (int r = 0; r < f->pg[g].N; r++) free(f->resp[g][r]);
+        free(f->resp[g]); free(f->R[g]); free(f->prompts[g]);
+    }
+    free(f->w);
+    model_views_free(&f->wv);
+    model_free(&f->m);
+    f->be->destroy(f->be);
+}
+
+static void equivalence(model_arch arch, unsigned long long seed) {
+    fixture f;
+    fixture_make(&f, arch, 2, seed, 1);
+    model *m = &f.m;
+    float *weights = malloc((size_t)f.M * 4);
+    check_fill(weights, (size_t)f.M, seed + 1, 1.0f);
     run_out pk = {0}, st = {0};
-    CHECK(run_layout(&m, &wv, pg, G, PACK_PACKED, weights, &pk) == 0);
-    CHECK(run_layout(&m, &wv, pg, G, PACK_STANDARD, weights, &st) == 0);
-    double el = rel_l2(pk.logp, st.logp, (size_t)M), eg = rel_l2(pk.grad, st.grad, (size_t)m.n_elems);
+    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_PACKED, weights, NULL, &pk) == 0);
+    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, weights, NULL, &st) == 0);
+    size_t M = (size_t)f.M;
+    double el = rel_l2(pk.logp, st.logp, M), eg = rel_l2(pk.grad, st.grad, (size_t)m->n_elems);
     printf("  %s: %lld packed vs %lld standard tokens (%.2fx); logprobs rel L2 %.2e, gradients rel L2 %.2e\n",
-           c.arch_name, pk.T, st.T, (double)st.T / pk.T, el, eg);
+           f.c.arch_name, pk.T, st.T, (double)st.T / pk.T, el, eg);
     CHECK_MSG(pk.T < st.T, "packing saved nothing");
     CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "logprobs %.3g gradients %.3g > 1e-5", el, eg);
     /* Each parameter tensor on its own too: no tensor hides behind a large one. */
-    for (int i = 0; i < m.n_params; i++) {
-        double e = rel_l2(pk.grad + m.params[i].off, st.grad + m.params[i].off, (size_t)m.params[i].numel);
-        CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", c.arch_name, m.params[i].name, e);
+    for (int i = 0; i < m->n_params; i++) {
+        double e = rel_l2(pk.grad + m->params[i].off, st.grad + m->params[i].off, (size_t)m->params[i].numel);
+        CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
     }
-    for (int g = 0; g < G; g++) {
-        for (int r = 0; r < pg[g].N; r++) free(resp[g][r]);
-        free(resp[g]); free(R[g]); free(prompts[g]);
-    }
-    free(pk.logp); free(pk.grad); free(st.logp); free(st.grad); free(weights); free(w);
-    model_views_free(&wv);
-    model_free(&m);
-    be->destroy(be);
+    run_free(&pk); run_free(&st); free(weights);
+    fixture_free(&f);
 }
 
 TEST(packed_equals_standard_qwen3) { equivalence(ARCH_QWEN3, 101); }
 TEST(packed_equals_standard_qwen2) { equivalence(ARCH_QWEN2, 202); }
 
+/* The loss callback: dlogp, dent of responses [r0, r1) are the fixed weights; checks that the
+ * logprobs of those responses are written (NaN-filled before). */
+typedef struct { const float *wl, *we, *logp; float *dlogp, *dent; const long long *off; int calls, unwritten; } cb_ud;
+static int cb_loss(void *ud, int r0, int r1) {
+    cb_ud *u = ud;
+    for (long long i = u->off[r0]; i < u->off[r1]; i++) {
+        if (u->logp[i] != u->logp[i]) u->unwritten++;
+        u->dlogp[i] = u->wl[i];
+        u->dent[i] = u->we[i];
+    }
+    u->calls++;
+    return 0;
+}
+
+/* Each group through split_train at a budget of its longest response
+ * (responses up to the longest per micro-batch) and of about half the responses, with the dormant set on the device or through host memory,
+ * against the one-graph packed and the standard layouts of all groups. */
+static void split_case(model_arch arch, unsigned long long seed) {
+    fixture f;
+    fixture_make(&f, arch, 5, seed, 2);
+    model *m = &f.m;
+    size_t M = (size_t)f.M, n = (size_t)m->n_elems;
+    float *wl = malloc(M * 4), *we = malloc(M * 4);
+    check_fill(wl, M, seed + 1, 1.0f);
+    check_fill(we, M, seed + 2, 1.0f);
+    run_out pk = {0}, st = {0};
+    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_PACKED, wl, we, &pk) == 0);
+    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, wl, we, &st) == 0);
+    for (int v = 0; v < 4; v++) {
+        float *lp = malloc(M * 4), *en = malloc(M * 4), *dl = malloc(M * 4), *de = malloc(M * 4),
+              *flp = malloc(M * 4), *grad = calloc(n, 4);
+        for (size_t i = 0; i < M; i++) lp[i] = en[i] = flp[i] = 0.0f / 0.0f;
+        model_views gv;
+        model_views_make(m, grad, 4, &gv);
+        int micro = 0, offloaded = 0, unwritten = 0;
+        for (int g = 0; g < G; g++) {
+            const pack_group *pg = &f.pg[g];
+            long long o0 = f.Mg[g], tot = f.Mg[g + 1] - o0;
+            long long mt = v & 1 ? (tot / 2 > f.maxR[g] ? tot / 2 : f.maxR[g]) : f.maxR[g];
+            split_opts so = { mt, 0.8f, v >= 2 };
+            long long off[17] = {0};
+            for (int r = 0; r < pg->N; r++) off[r + 1] = off[r] + pg->R[r];
+            cb_ud u = { wl + o0, we + o0, lp + o0, dl + o0, de + o0, off, 0, 0 };
+            split_stats ss, fs;
+            int rc = split_train(m, &f.wv, &gv, pg, &so, lp + o0, en + o0, dl + o0, de + o0, cb_loss, &u, &ss);
+            CHECK_MSG(rc == 0, "split_train: %s", err_msg());
+            CHECK_EQ_INT(u.calls, ss.n_micro);
+            CHECK_MSG(ss.n_micro >= 2, "group %d: %d micro-batches", g, ss.n_micro);
+            int first[17];
+            CHECK_EQ_INT(ss.n_micro, split_resp_batches(pg, mt, first));
+            micro += ss.n_micro;
+            offloaded += ss.offloaded;
+            unwritten += u.unwritten;
+            CHECK(split_forward(m, &f.wv, pg, &so, flp + o0, NULL, &fs) == 0);
+            CHECK_EQ_INT(fs.n_micro, ss.n_micro);
+        }
+        CHECK_EQ_INT(unwritten, 0);
+        CHECK_EQ_INT(offloaded, v >= 2 ? G : 0);
+        double el = rel_l2(lp, pk.logp, M), ee = rel_l2(en, pk.ent, M), ef = rel_l2(flp, pk.logp, M),
+               eg = rel_l2(grad, pk.grad, n), els = rel_l2(lp, st.logp, M), egs = rel_l2(grad, st.grad, n);
+        printf("  %s split, %s, %s: %d micro-batches; vs one graph: logprobs %.2e entropies %.2e forward-only %.2e "
+               "gradients %.2e; vs standard: logprobs %.2e gradients %.2e\n",
+               f.c.arch_name, v & 1 ? "half the responses" : "longest response", v >= 2 ? "dormant via host" : "on device",
+               micro, el, ee, ef, eg, els, egs);
+        CHECK_MSG(el <= 1e-5 && ee <= 1e-5 && ef <= 1e-5 && eg <= 1e-5 && els <= 1e-5 && egs <= 1e-5,
+                  "split differs: %.3g %.3g %.3g %.3g %.3g %.3g", el, ee, ef, eg, els, egs);
+        for (int i = 0; i < m->n_params; i++) {
+            double e = rel_l2(grad + m->params[i].off, pk.grad + m->params[i].off, (size_t)m->params[i].numel);
+            CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
+        }
+        model_views_free(&gv);
+        free(lp); free(en); free(dl); free(de); free(flp); free(grad);
+    }
+    run_free(&pk); run_free(&st); free(wl); free(we);
+    fixture_free(&f);
+}
+
+TEST(split_equals_packed_and_standard_qwen3) { split_case(ARCH_QWEN3, 303); }
+TEST(split_equals_packed_and_standard_qwen2) { split_case(ARCH_QWEN2, 404); }
+
 int main(void) {
     RUN(packed_equals_standard_qwen3);
     RUN(packed_equals_standard_qwen2);
+    RUN(split_equals_packed_and_standard_qwen3);
+    RUN(split_equals_packed_and_standard_qwen2);
     return CHECK_DONE();
 }

@@ -141,13 +141,32 @@ TEST(test_plan_too_large) {
     for (int i = 0; i < 3; i++) g[i] = hand[0];
     g[3] = (pack_group){prompt, 1000, 8, rs, R};
     pack_plan p;
-    CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_PACKED), GE_TOO_LARGE);
-    CHECK_STR(err_msg(), "group 3 needs 9000 tokens (P=1000, N=8, R total 8000) > "
-                         "max_tokens_per_micro_batch 8192");
+    /* packed: the group over the budget is a micro-batch of its own, run split (engine/split.h) */
+    CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_PACKED), 0);
+    CHECK_EQ_INT(p.n_mb, 2);
+    CHECK_ARR(p.mb_count, p.n_mb, 3, 1);
+    CHECK_ARR(p.mb_split, p.n_mb, 0, 1);
+    pack_plan_free(&p);
+    /* a response is never split */
+    CHECK_EQ_INT(pack_plan_make(&p, g, 4, 999, PACK_PACKED), GE_TOO_LARGE);
+    CHECK_STR(err_msg(), "group 3 response 0 has 1000 tokens > max_tokens_per_micro_batch 999 "
+                         "(a response is never split across micro-batches)");
     CHECK(p.mb_first == NULL && p.n_mb == 0);
+    pack_plan_free(&p);
+    /* the standard layout has no split form */
+    CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_STANDARD), GE_TOO_LARGE);
+    CHECK_STR(err_msg(), "group 3 needs 16000 tokens (P=1000, N=8, R total 8000) > "
+                         "max_tokens_per_micro_batch 8192");
     pack_plan_free(&p);
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 9000, PACK_PACKED), 0);
     CHECK_EQ_INT(p.n_mb, 2);
+    CHECK_ARR(p.mb_split, p.n_mb, 0, 0);
+    pack_plan_free(&p);
+    /* a split group between small ones does not take them in */
+    pack_group h[3] = { hand[0], g[3], hand[1] };
+    CHECK_EQ_INT(pack_plan_make(&p, h, 3, 8192, PACK_PACKED), 0);
+    CHECK_EQ_INT(p.n_mb, 3);
+    CHECK_ARR(p.mb_split, p.n_mb, 0, 1, 0);
     pack_plan_free(&p);
 }
 
