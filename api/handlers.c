@@ -145,6 +145,28 @@ enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_
     return reply_obj(c, x, 200, o);
 }
 
+/* The index entry, then the directory. Replay never needs it: every update's inputs stay in
+ * the store, so a start without it resumes from an older checkpoint and replays more. */
+enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
+    store *st = pool_get(s);
+    store_ckpt *cks = NULL;
+    int n = 0, rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
+    char path[512] = "";
+    for (int i = 0; !rc && i < n; i++)
+        if (!strcmp(cks[i].id, id)) snprintf(path, sizeof path, "%s", cks[i].path);
+    free(cks);
+    if (!rc && path[0]) rc = store_checkpoint_delete(st, id);
+    pool_put(s, st);
+    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot delete checkpoint: %s", err_msg());
+    if (!path[0]) return reply_fail(c, x, GE_NOT_FOUND, "id", "no checkpoint %s", id);
+    if ((rc = eng_remove_tree(path))) return reply_fail(c, x, GE_IO, "", "checkpoint %s unlisted, but its directory stays: %s", id, err_msg());
+    log_event(LOG_INFO, "checkpoint_deleted", "\"id\":\"%s\"", id);
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "id", json_object_new_string(id));
+    json_object_object_add(o, "deleted", json_object_new_boolean(1));
+    return reply_obj(c, x, 200, o);
+}
+
 static const char *query(struct MHD_Connection *c, const char *k) {
     return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
 }
@@ -235,6 +257,30 @@ enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *
     store_job_clear(&j);
     /* 200 when cancelled now; 202 when the running job was asked to stop */
     return reply_sb(c, x, j.status == JOB_CANCELLED ? 200 : 202, &b);
+}
+
+/* A failed job back to the queue (attempts reset): 200 with the job; 409 unless failed. */
+enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
+    store *st = pool_get(s);
+    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    int rc = store_requeue_failed(st, id);
+    store_job j = {0};
+    int rc2 = rc ? rc : store_get(st, id, &j);
+    pool_put(s, st);
+    if (rc == GE_NOT_FOUND) return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
+    if (rc == GE_CONFLICT) return reply_fail(c, x, GE_CONFLICT, "id", "job %s is not failed; only failed jobs are requeued", id);
+    if (rc || rc2) return reply_fail(c, x, GE_STORE, "", "cannot requeue: %s", err_msg());
+    log_event(LOG_INFO, "job_requeued_by_request", "\"id\":\"%s\"", id);
+    api_jobs_changed(s);
+    pthread_mutex_lock(&s->mu);
+    void (*hook)(void *) = s->cfg.job_submitted;
+    void *hook_ud = s->cfg.ud;
+    pthread_mutex_unlock(&s->mu);
+    if (hook) hook(hook_ud);    /* wake the engine thread */
+    sbuf b = {0};
+    job_json(&b, &j, 0);
+    store_job_clear(&j);
+    return reply_sb(c, x, 200, &b);
 }
 
 /* ---------------------------------------------------------------- logprobs (synchronous) */
@@ -380,7 +426,13 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
 enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
     if (atomic_load(&s->failed)) return reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
     if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
-    if (!atomic_load(&s->engine)) return reply_fail(c, x, GE_UNAVAILABLE, "", "model is loading");
+    if (!atomic_load(&s->engine)) {
+        char why[256];
+        pthread_mutex_lock(&s->mu);
+        snprintf(why, sizeof why, "%s", s->load_msg[0] ? s->load_msg : "model is loading");
+        pthread_mutex_unlock(&s->mu);
+        return reply_fail(c, x, GE_UNAVAILABLE, "", "%s", why);
+    }
     char body[96];
     snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld}", policy_version_now(s));
     return reply_json(c, x, 200, body);

@@ -219,14 +219,17 @@ long long policy_version_now(api_server *s) {
 /* ---------------------------------------------------------------- router */
 
 /* Matches path against a template; *id_out points into path for "{id}". */
-static int route_match(const char *tpl, const char *path, const char **id_out) {
+/* id (n bytes) receives the {id} segment. */
+static int route_match(const char *tpl, const char *path, char *id, size_t n) {
     const char *brace = strstr(tpl, "{id}");
     if (!brace) return strcmp(tpl, path) == 0;
     size_t pre = (size_t)(brace - tpl);
     if (strncmp(tpl, path, pre) != 0) return 0;
-    const char *id = path + pre;
-    if (!*id || strchr(id, '/')) return 0;
-    *id_out = id;
+    const char *seg = path + pre, *slash = strchr(seg, '/');
+    size_t len = slash ? (size_t)(slash - seg) : strlen(seg);
+    if (!len || len >= n || strcmp(seg + len, brace + 4) != 0) return 0;
+    memcpy(id, seg, len);
+    id[len] = 0;
     return 1;
 }
 
@@ -269,7 +272,7 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
 
 static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url) {
     const api_route *rt = NULL;
-    const char *id = NULL;
+    char id[128] = "";
     int path_known = 0;
     api_conns_set_busy(s->conns, c, 1);     /* the whole request is here: no deadline now */
     if (x->refused) {
@@ -277,12 +280,11 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
         return reply_error(c, x, &x->refusal);
     }
     for (int i = 0; i < R_COUNT; i++) {
-        const char *tid = NULL;
-        if (!route_match(api_routes[i].path, url, &tid)) continue;
+        if (!route_match(api_routes[i].path, url, id, sizeof id)) continue;
         path_known = 1;
         /* HEAD is GET without the body (MHD leaves the body out) */
         const char *m = strcmp(x->method, "HEAD") ? x->method : "GET";
-        if (strcmp(api_routes[i].method, m) == 0) { rt = &api_routes[i]; id = tid; break; }
+        if (strcmp(api_routes[i].method, m) == 0) { rt = &api_routes[i]; break; }
     }
     if (!rt) {
         x->route = "other";
@@ -326,6 +328,8 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
     case R_OA_CHAT: r = h_oa_completions(s, c, x, req, 1); break;
     case R_DASHBOARD: r = h_dashboard_page(s, c, x); break;
     case R_DASHBOARD_DATA: r = h_dashboard_data(s, c, x); break;
+    case R_JOB_REQUEUE: r = h_job_requeue(s, c, x, id); break;
+    case R_CKPT_DELETE: r = h_checkpoint_delete(s, c, x, id); break;
     default: r = reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
     }
     json_object_put(req);
@@ -485,7 +489,6 @@ int api_start(const api_config *cfg, api_server **out) {
                               MHD_OPTION_NOTIFY_CONNECTION, api_conns_notify, s->conns,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-                              MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                               MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
                               MHD_OPTION_END);
     if (!s->mhd) { rc = err_set(GE_IO, "cannot listen on %s (address in use or not permitted?)", cfg->listen); goto fail; }
@@ -512,6 +515,12 @@ void api_set_engine(api_server *s, eng *e) {
     s->max_pos = in.max_pos;
     metrics_policy_version(in.policy_version);
     atomic_store(&s->engine, e);
+}
+
+void api_set_loading(api_server *s, const char *why) {
+    pthread_mutex_lock(&s->mu);
+    snprintf(s->load_msg, sizeof s->load_msg, "%s", why ? why : "");
+    pthread_mutex_unlock(&s->mu);
 }
 
 void api_set_failed(api_server *s, const char *why) {

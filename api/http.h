@@ -39,6 +39,8 @@ void api_set_engine(api_server *s, eng *e);        /* model loaded: /readyz 200,
 /* The rollout KV pool's rows: a group needing more (P + n x max_tokens) gets 413 at submit.
  * Call before api_set_engine (which publishes it). */
 void api_set_kv_rows(api_server *s, long long rows);
+/* Before api_set_engine: what /readyz's 503 says instead of "model is loading" (replay progress). */
+void api_set_loading(api_server *s, const char *why);
 void api_set_failed(api_server *s, const char *why);   /* engine failed: /readyz 503 */
 void api_set_limits(api_server *s, const api_limits *l);   /* SIGHUP reload */
 void api_set_api_key(api_server *s, const char *key);      /* SIGHUP reload; NULL or "": no auth */

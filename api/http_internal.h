@@ -34,6 +34,7 @@ struct api_server {
     long long kv_rows;              /* rollout KV pool rows (0 = unknown); set before the engine */
     _Atomic int failed, stopping;
     char fail_msg[256];
+    char load_msg[256];             /* why /readyz is 503 before api_set_engine ("" = loading) */
     store *pool[POOL_MAX];
     int n_pool;
     pthread_mutex_t wmu;            /* waiters */
@@ -106,6 +107,8 @@ enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_
 enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x);
 enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
 enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
+enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
+enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
 enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
 enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
 enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);

@@ -20,6 +20,7 @@ static long long tokens[MT_N_TOKEN_PHASES];
 static double seconds[MS_N_PHASES];
 static long long groups_filtered;
 static long long policy_version;
+static long long replay_done, replay_total;
 static metrics_sched_gauges sched;
 
 static const char *const token_names[] = {"rollout_prompt", "rollout_completion", "update_packed",
@@ -45,6 +46,9 @@ void metrics_tokens(metrics_token_phase p, long long n) { pthread_mutex_lock(&mu
 void metrics_seconds(metrics_seconds_phase p, double s) { pthread_mutex_lock(&mu); seconds[p] += s; pthread_mutex_unlock(&mu); }
 void metrics_groups_filtered(long long n) { pthread_mutex_lock(&mu); groups_filtered += n; pthread_mutex_unlock(&mu); }
 void metrics_policy_version(long long v) { pthread_mutex_lock(&mu); policy_version = v; pthread_mutex_unlock(&mu); }
+void metrics_replay(long long done, long long total) {
+    pthread_mutex_lock(&mu); replay_done = done; replay_total = total; pthread_mutex_unlock(&mu);
+}
 void metrics_sched(const metrics_sched_gauges *g) { pthread_mutex_lock(&mu); sched = *g; pthread_mutex_unlock(&mu); }
 void metrics_sched_get(metrics_sched_gauges *g) { pthread_mutex_lock(&mu); *g = sched; pthread_mutex_unlock(&mu); }
 
@@ -83,6 +87,10 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
     pthread_mutex_lock(&mu);
     sb_printf(&b, "# HELP grpod_policy_version Current policy version (updates applied).\n"
                   "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n", policy_version);
+    sb_printf(&b, "# HELP grpod_replay_updates_total Completed updates to re-apply at start (after the newest valid checkpoint).\n"
+                  "# TYPE grpod_replay_updates_total gauge\ngrpod_replay_updates_total %lld\n"
+                  "# HELP grpod_replay_updates_done Of those, re-applied so far.\n"
+                  "# TYPE grpod_replay_updates_done gauge\ngrpod_replay_updates_done %lld\n", replay_total, replay_done);
     sb_printf(&b, "# HELP grpod_rollout_jobs_running Rollout jobs in the continuous-batching scheduler.\n"
                   "# TYPE grpod_rollout_jobs_running gauge\ngrpod_rollout_jobs_running %lld\n", sched.jobs);
     sb_printf(&b, "# HELP grpod_rollout_running_groups Prompt groups admitted and decoding.\n"

@@ -17,6 +17,8 @@ void metrics_tokens(metrics_token_phase p, long long n);
 void metrics_seconds(metrics_seconds_phase p, double s);
 void metrics_groups_filtered(long long n);
 void metrics_policy_version(long long v);
+/* Start-up replay (daemon/worker.c): updates re-applied so far of those to re-apply. */
+void metrics_replay(long long done, long long total);
 
 /* Rollout scheduler state, set by the engine thread after each scheduler step (and when a
  * job joins or leaves); rendered as grpod_rollout_* / grpod_kv_rows_* gauges. */

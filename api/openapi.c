@@ -32,6 +32,8 @@ const api_route api_routes[R_COUNT] = {
     {R_OA_CHAT, "POST", "/v1/chat/completions", "OpenAI-compatible chat completions from the live policy (the model's chat template)", "ChatCompletionRequest", 200},
     {R_DASHBOARD, "GET", "/dashboard", "The training dashboard (an HTML page drawing GET /v1/dashboard)", NULL, 200},
     {R_DASHBOARD_DATA, "GET", "/v1/dashboard", "The dashboard's data: history per policy version, queue, running jobs, model, memory (?after=ID: newer history only)", NULL, 200},
+    {R_JOB_REQUEUE, "POST", "/v1/jobs/{id}/requeue", "Queue a failed job again (e.g. one failed as interrupted by repeated crashes)", NULL, 200},
+    {R_CKPT_DELETE, "DELETE", "/v1/checkpoints/{id}", "Delete a checkpoint: its index entry and directory", NULL, 200},
 };
 
 static const char schemas[] =
@@ -200,7 +202,7 @@ static void build(void) {
             json_object_object_add(ok, "content", content(str, "text/plain"));
         } else if (r->ok_status == 202) {
             json_object_object_add(ok, "content", content(ref("Accepted"), "application/json"));
-        } else if (r->id == R_JOB_GET || r->id == R_JOB_DELETE) {
+        } else if (r->id == R_JOB_GET || r->id == R_JOB_DELETE || r->id == R_JOB_REQUEUE) {
             json_object_object_add(ok, "content", content(ref("Job"), "application/json"));
         }
         char code[8];

@@ -6,11 +6,11 @@
 typedef enum { R_HEALTHZ, R_READYZ, R_METRICS, R_OPENAPI, R_ROLLOUTS, R_UPDATES, R_JOBS, R_JOB_GET,
                R_JOB_DELETE, R_MODEL, R_CKPT_POST, R_CKPT_GET, R_LOGPROBS, R_TOKENIZE, R_DETOKENIZE,
                R_OA_MODELS, R_OA_COMPLETIONS, R_OA_CHAT, R_DASHBOARD, R_DASHBOARD_DATA,
-               R_COUNT } api_route_id;
+               R_JOB_REQUEUE, R_CKPT_DELETE, R_COUNT } api_route_id;
 
 typedef struct {
     api_route_id id;
-    const char *method, *path;      /* path template: "{id}" matches one segment */
+    const char *method, *path;      /* path template: "{id}" matches one segment (a suffix may follow) */
     const char *summary;
     const char *request_schema;     /* components/schemas name, or NULL (no body) */
     int ok_status;                  /* 200 | 202 */

@@ -22,6 +22,8 @@ static const short statuses[GE_COUNT_] = {
     [GE_CUDA_I] = 500,
     [GE_STORE_I] = 500,
     [GE_INTERNAL_I] = 500,
+    [GE_NON_FINITE_I] = 422,
+    [GE_INTERRUPTED_I] = 500,
     [GE_UNAVAILABLE_I] = 503,
 };
 

@@ -28,6 +28,8 @@
     X(CUDA,            "cuda_error",         "CUDA error") \
     X(STORE,           "store_error",        "database error") \
     X(INTERNAL,        "internal",           "internal error") \
+    X(NON_FINITE,      "non_finite",         "non-finite loss, gradient or weights") \
+    X(INTERRUPTED,     "interrupted",        "interrupted by daemon crashes too often") \
     X(UNAVAILABLE,     "unavailable",        "not ready")
 
 typedef enum {

@@ -11,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 #include <uv.h>
@@ -36,6 +39,7 @@ typedef struct {
     long long lora_rank, lora_alpha;
     char lora_targets[128], lora_init[1024];
     long long max_connections, max_connections_per_client, request_timeout;
+    long long keep_checkpoints;
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -75,6 +79,7 @@ static const opt_def opts[] = {
     {"lora-targets", O_STR, S_(lora_targets), 0, 0, 0, "", "projections with adapters: q,k,v,o,gate,up,down (empty = all seven)"},
     {"lora-init", O_STR, S_(lora_init), 0, 0, 0, "", "PEFT adapter DIR to start from (adapter_config.json gives rank, alpha, targets)"},
     {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
+    {"keep-checkpoints", O_INT, S_(keep_checkpoints), 0, 1 << 30, 0, "0", "after each checkpoint delete all but the newest N (0 = keep all)"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
 
@@ -353,6 +358,37 @@ static int read_key_file(const char *path, char *key, size_t n, char *why, size_
     return 0;
 }
 
+/* One daemon per data directory: an exclusive flock on DATA/grpod.lock, held until exit (the
+ * kernel drops it when the process dies, kill -9 included). The fd, or -1 with why. */
+static int lock_data_dir(const char *dir, char *why, size_t wl) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/grpod.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) { snprintf(why, wl, "cannot open %s: %s", path, strerror(errno)); return -1; }
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        snprintf(why, wl, "--data-dir %.400s is in use by another grpod (%.500s is locked%s); stop it first or use another --data-dir",
+                 dir, path, errno == EWOULDBLOCK ? "" : ": cannot lock");
+        close(fd);
+        return -1;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is informational */ }
+    return fd;
+}
+
+/* A listening port is never shared (the listener sets no SO_REUSEPORT): 1 with why when
+ * another process holds the address. */
+static int port_in_use(const struct sockaddr_storage *ss, int sl, char *why, size_t wl) {
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) return 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* as the listener: TIME_WAIT is no user */
+    int busy = bind(fd, (const struct sockaddr *)ss, (socklen_t)sl) && errno == EADDRINUSE;
+    close(fd);
+    if (busy) snprintf(why, wl, "cannot listen: the address is in use by another process (another grpod?); stop it or pick another --listen");
+    return busy;
+}
+
 int serve_main(int argc, char **argv) {
     serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
     char why[1200], key[API_KEY_FILE_MAX] = "", esc[1300];
@@ -385,13 +421,18 @@ int serve_main(int argc, char **argv) {
     sdn_init();
     if (sdn_init_note()[0]) log_event(LOG_WARN, "sd_notify", "\"note\":%s", log_str(esc, sizeof esc, sdn_init_note()));
 
-    if (mkdir(s.o.data_dir, 0755) && errno != EEXIST) {
+    umask(077);     /* the database, checkpoints and directories are the daemon's own: 0600 / 0700 */
+    if (mkdir(s.o.data_dir, 0700) && errno != EEXIST) {
         fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", s.o.data_dir, strerror(errno));
         return 1;
     }
+    int lock_fd = lock_data_dir(s.o.data_dir, why, sizeof why);
+    if (lock_fd < 0) { fprintf(stderr, "grpod serve: %s\n", why); return 1; }
+    if (port_in_use(&ss, sl, why, sizeof why)) { fprintf(stderr, "grpod serve: %s\n", why); close(lock_fd); return 1; }
     /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
     if (store_open(s.o.data_dir, 1, &s.st)) {
         fprintf(stderr, "grpod serve: %s\n", err_msg());
+        close(lock_fd);
         return 1;
     }
     int exhausted = store_fail_exhausted(s.st, STORE_MAX_ATTEMPTS);
@@ -412,6 +453,7 @@ int serve_main(int argc, char **argv) {
                         .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
                         .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
                         .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,
+                        .keep_checkpoints = s.o.keep_checkpoints,
                         .notify = on_worker_notify, .ud = &s.wake};
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
@@ -458,6 +500,7 @@ fail_api:
     uv_run(s.loop, UV_RUN_NOWAIT);
     uv_loop_close(s.loop);
     store_close(s.st);
+    close(lock_fd);
     log_event(LOG_INFO, "stopped", "\"status\":%d", rc);
     return rc;
 }

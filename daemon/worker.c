@@ -5,10 +5,18 @@
  * claimed while the scheduler can admit (no group waits for KV rows), so a burst of rollouts
  * shares every decode step. A logprobs job (read-only) runs between two steps. An update or
  * checkpoint claimed while rollouts are in flight is held — nothing behind it is claimed —
- * until they finish, then runs alone: a rollout's policy_version is the one it ran under. */
+ * until they finish, then runs alone: a rollout's policy_version is the one it ran under.
+ *
+ * Exactly once (docs/api.md "Crashes and replay"): at start the policy is the newest checkpoint
+ * that verifies against its manifest, plus the done updates after it re-applied in the order
+ * they were applied (replay); an update's completion and the version it made are committed in
+ * one transaction, and when that commit fails the update is taken back (eng_update_undo) and
+ * the job requeued — or, when even that cannot be written, the daemon stops taking work (503)
+ * and the next start recovers by replay. */
 #define _GNU_SOURCE                 /* sched_getaffinity */
 #include "daemon/worker.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -48,6 +56,7 @@ struct worker {
     int have_held;
     long long kv_rows;              /* the pool's rows, for the API's size check */
     long long saved_version;        /* policy version of the newest checkpoint */
+    int halted;                     /* the store cannot be trusted: claim nothing (503) */
 };
 
 static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
@@ -86,23 +95,23 @@ static void update_version(worker *w) {
     atomic_store(&w->policy_version, in.policy_version);
 }
 
-/* The newest checkpoint directory that still exists, or "" (resume from the model). */
+/* The newest indexed checkpoint whose files match its manifest, or "" (resume from the model):
+ * a corrupt or incomplete one is skipped with a warning (replay covers what it held). */
 static void latest_checkpoint(worker *w, char *out, size_t n, long long *version) {
     store_ckpt *cks = NULL;
     int nc = 0;
+    char esc[700];
     out[0] = 0;
     *version = -1;
     if (store_checkpoint_list(w->st, &cks, &nc)) return;
     for (int i = 0; i < nc; i++) {
-        char cfg[1100];
-        struct stat sb;
-        snprintf(cfg, sizeof cfg, "%s/config.json", cks[i].path);
-        if (stat(cfg, &sb) == 0) {
+        if (eng_checkpoint_verify(cks[i].path) == 0) {
             snprintf(out, n, "%s", cks[i].path);
             *version = cks[i].policy_version;
             break;
         }
-        log_event(LOG_WARN, "checkpoint_missing", "\"path\":\"%s\"", cks[i].path);
+        log_event(LOG_WARN, "checkpoint_skipped", "\"id\":\"%s\",\"path\":\"%s\",\"message\":%s", cks[i].id, cks[i].path,
+                  log_str(esc, sizeof esc, err_msg()));
     }
     free(cks);
 }
@@ -117,6 +126,62 @@ static int default_engine_threads(void) {
     return n > 1 ? n - 1 : 1;
 }
 
+/* Removes DATA/checkpoints/\*.tmp: saves a crash (or a full disk) cut short. */
+static void remove_temporaries(worker *w) {
+    char dir[1100], p[1400];
+    snprintf(dir, sizeof dir, "%s/checkpoints", w->data_dir);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l < 5 || strcmp(de->d_name + l - 4, ".tmp")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        int rc = eng_remove_tree(p);
+        log_event(rc ? LOG_WARN : LOG_INFO, "checkpoint_temporary_removed", "\"path\":\"%s\",\"ok\":%s", p, rc ? "false" : "true");
+    }
+    closedir(d);
+}
+
+/* Re-applies the done updates the resumed checkpoint lacks, in their original order, from their
+ * stored inputs; the store is only read. /readyz says how far it got. */
+static int replay(worker *w) {
+    store_job *js = NULL;
+    int n = 0, rc;
+    long long v = atomic_load(&w->policy_version);
+    if ((rc = store_updates_after(w->st, v, &js, &n))) return rc;
+    if (n) log_event(LOG_INFO, "replay_start", "\"from_version\":%lld,\"updates\":%d", v, n);
+    double t0 = (double)clock_mono_ns();
+    metrics_replay(0, n);
+    for (int i = 0; i < n && !rc && !atomic_load(&w->stop); i++) {
+        char why[200], *res = NULL;
+        snprintf(why, sizeof why, "replaying completed updates after a restart: %d of %d done (policy_version %lld)", i, n,
+                 (long long)atomic_load(&w->policy_version));
+        api_set_loading(w->cfg.api, why);
+        err_clear();
+        rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, &js[i], &res);
+        free(res);
+        update_version(w);
+        if (rc) {
+            char esc[700];
+            log_event(LOG_ERROR, "replay_failed", "\"id\":\"%s\",\"code\":\"%s\",\"message\":%s", js[i].id, err_name(rc),
+                      log_str(esc, sizeof esc, err_msg()));
+            rc = err_set(rc, "replaying update %s failed: %s", js[i].id, err_msg());
+            break;
+        }
+        if (atomic_load(&w->policy_version) != js[i].policy_version)
+            log_event(LOG_WARN, "replay_version_mismatch", "\"id\":\"%s\",\"stored\":%lld,\"replayed\":%lld", js[i].id,
+                      js[i].policy_version, (long long)atomic_load(&w->policy_version));
+        metrics_replay(i + 1, n);
+        log_event(LOG_INFO, "replay_progress", "\"id\":\"%s\",\"done\":%d,\"of\":%d,\"policy_version\":%lld", js[i].id, i + 1, n,
+                  (long long)atomic_load(&w->policy_version));
+    }
+    if (n && !rc) log_event(LOG_INFO, "replay_done", "\"updates\":%d,\"policy_version\":%lld,\"ms\":%.0f", n,
+                            (long long)atomic_load(&w->policy_version), ((double)clock_mono_ns() - t0) / 1e6);
+    store_jobs_free(js, n);
+    return rc;
+}
+
 static int open_engine(worker *w) {
     char model[1200], resume[600];
     int rc;
@@ -126,6 +191,7 @@ static int open_engine(worker *w) {
         snprintf(model, sizeof model, "%s/default-model", w->data_dir);
         if ((rc = eng_ensure_default_model(model))) return rc;
     }
+    remove_temporaries(w);
     latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
     eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
                        .n_threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads(),
@@ -137,6 +203,7 @@ static int open_engine(worker *w) {
     if ((rc = eng_open(&o, &w->e))) return rc;
     update_version(w);
     if (w->saved_version < 0) w->saved_version = atomic_load(&w->policy_version);
+    if ((rc = replay(w))) return rc;
     log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld", ((double)clock_mono_ns() - t0) / 1e6,
               (long long)atomic_load(&w->policy_version));
     return 0;
@@ -147,10 +214,50 @@ static void job_changed(worker *w) {
     if (w->cfg.notify) w->cfg.notify(w->cfg.ud);
 }
 
-/* Stores how job j ended: rc 0 with result, or the error err_msg() holds. */
-static void store_outcome(worker *w, const store_job *j, int rc, const char *result, double ms) {
+/* Stops taking work: /readyz 503 with why; the next start recovers (replay). */
+static void halt(worker *w, const char *why) {
+    char esc[700];
+    w->halted = 1;
+    log_event(LOG_ERROR, "halted", "\"message\":%s", log_str(esc, sizeof esc, why));
+    api_set_failed(w->cfg.api, why);
+}
+
+/* An update's done-write failed: the store does not know the weights. Take the update back;
+ * requeue the job (it runs again, once) or, when that cannot be written either, halt. */
+static void finish_failed(worker *w, const store_job *j) {
+    char why[900], esc[700];
+    int conflict = err_code() == GE_CONFLICT;
+    snprintf(why, sizeof why, "%s", err_msg());
+    int urc = eng_update_undo(w->e);
+    update_version(w);
+    log_event(LOG_ERROR, "update_taken_back", "\"id\":\"%s\",\"policy_version\":%lld,\"ok\":%s,\"message\":%s", j->id,
+              (long long)atomic_load(&w->policy_version), urc ? "false" : "true", log_str(esc, sizeof esc, why));
+    char msg[1200];
+    if (urc || conflict || store_requeue(w->st, j->id)) {
+        snprintf(msg, sizeof msg, "update %s: its completion could not be stored (%s); restart grpod to recover", j->id, why);
+        halt(w, msg);
+    } else {
+        log_event(LOG_INFO, "job_requeued", "\"id\":\"%s\"", j->id);
+    }
+}
+
+/* Stores how job j ended: rc 0 with result, or the error err_msg() holds. v0: the policy
+ * version before it ran. */
+static void store_outcome(worker *w, const store_job *j, int rc, const char *result, double ms, long long v0) {
     char esc[700];
     int src;
+    if (rc == 0 && !strcmp(j->kind, "update")) {
+        src = store_finish_update(w->st, j->id, result, v0, atomic_load(&w->policy_version));
+        if (src) {
+            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+            finish_failed(w, j);
+            return;
+        }
+        log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f,\"policy_version\":%lld", j->id, j->kind, ms,
+                  (long long)atomic_load(&w->policy_version));
+        history_record(w->st, j->kind, result, atomic_load(&w->policy_version));
+        return;
+    }
     if (rc == 0) {
         src = store_finish(w->st, j->id, result, atomic_load(&w->policy_version));
         log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"kind\":\"%s\",\"ms\":%.1f", j->id, j->kind, ms);
@@ -169,6 +276,24 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
     if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
 }
 
+/* After a checkpoint job: the version is saved (no exit checkpoint for it), and with
+ * --keep-checkpoints N the oldest beyond the newest N go (replay never needs them: every
+ * update's inputs stay in the store, and the newest is kept). */
+static void checkpoint_saved(worker *w) {
+    update_version(w);
+    w->saved_version = atomic_load(&w->policy_version);
+    if (w->cfg.keep_checkpoints <= 0) return;
+    store_ckpt *cks = NULL;
+    int nc = 0;
+    if (store_checkpoint_list(w->st, &cks, &nc)) return;
+    for (int i = (int)w->cfg.keep_checkpoints; i < nc; i++) {
+        int rc = store_checkpoint_delete(w->st, cks[i].id);
+        if (!rc) rc = eng_remove_tree(cks[i].path);
+        log_event(rc ? LOG_WARN : LOG_INFO, "checkpoint_pruned", "\"id\":\"%s\",\"ok\":%s", cks[i].id, rc ? "false" : "true");
+    }
+    free(cks);
+}
+
 static void run_one(worker *w, store_job *j) {
     char *result = NULL, esc[700];
     double t0 = (double)clock_mono_ns();
@@ -176,6 +301,7 @@ static void run_one(worker *w, store_job *j) {
     w->last_progress_store = 0;
     log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
     err_clear();
+    long long v0 = atomic_load(&w->policy_version);
     int rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, j, &result);
     w->cur_job = NULL;
     beat(w);
@@ -188,7 +314,8 @@ static void run_one(worker *w, store_job *j) {
                       log_str(esc, sizeof esc, err_msg()));
         log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
     } else {
-        store_outcome(w, j, rc, result, ms);
+        store_outcome(w, j, rc, result, ms, v0);
+        if (rc == 0 && !strcmp(j->kind, "checkpoint")) checkpoint_saved(w);
     }
     free(result);
     job_changed(w);
@@ -220,7 +347,7 @@ static void flight_start(worker *w, store_job *j) {
     int rc = f ? jobs_rollout_start(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, w->sched, j, &f->r)
                : err_set(GE_NOMEM, "worker: out of memory");
     if (rc) {
-        store_outcome(w, j, rc, NULL, 0);
+        store_outcome(w, j, rc, NULL, 0, -1);
         store_job_clear(j);
         free(f);
         job_changed(w);
@@ -263,7 +390,7 @@ static void flights_poll(worker *w) {
             if (store_mark_cancelled(w->st, f->job.id)) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", f->job.id);
             log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", f->job.id);
         } else {
-            store_outcome(w, &f->job, st == 1 ? 0 : st, result, (now - f->t0) * 1e3);
+            store_outcome(w, &f->job, st == 1 ? 0 : st, result, (now - f->t0) * 1e3, -1);
         }
         free(result);
         jobs_rollout_free(f->r);    /* a cancelled one stops here: its rows are freed */
@@ -312,7 +439,7 @@ static void requeue_unstarted(worker *w) {
  * claimed). Returns 1 when it claimed something. */
 static int claim_more(worker *w) {
     int did = 0;
-    while (!w->have_held && eng_sched_can_admit(w->sched) && !atomic_load(&w->stop)) {
+    while (!w->have_held && !w->halted && eng_sched_can_admit(w->sched) && !atomic_load(&w->stop)) {
         store_job j = {0};
         int got = store_claim(w->st, &j);
         if (got < 0) log_event(LOG_ERROR, "store_claim_failed", "\"code\":\"%s\"", err_name(got));
@@ -334,9 +461,9 @@ static int claim_more(worker *w) {
 
 static void save_on_exit(worker *w) {
     long long v = atomic_load(&w->policy_version);
-    if (!w->cfg.checkpoint_on_exit || !w->e || v == w->saved_version) return;
+    if (!w->cfg.checkpoint_on_exit || !w->e || w->halted || v == w->saved_version) return;
     store_job j = {0};
-    snprintf(j.id, sizeof j.id, "exit");
+    snprintf(j.id, sizeof j.id, "exit-%lld", (long long)time(NULL));
     snprintf(j.kind, sizeof j.kind, "checkpoint");
     j.payload = "{}";
     char *res = NULL;
@@ -381,6 +508,7 @@ static void *thread_main(void *arg) {
             if (w->sched) requeue_unstarted(w);
         }
         if (draining && !w->flights) break;
+        if (atomic_load(&w->ready) == 1 && !w->halted && store_check_file(w->st)) halt(w, err_msg());
         if (atomic_load(&w->ready) == 1) {
             int did = claim_more(w);
             if (w->have_held && !eng_sched_busy(w->sched)) {

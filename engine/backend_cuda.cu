@@ -284,7 +284,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     LT_CK(c, cublasLtCreate(&c->lt));
     c->lt_ws_bytes = 32u << 20;
     CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
-    CU_CK(c, cudaMalloc(&c->red, sizeof(double)));
+    CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
     CU_CK(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
     if (c->failed) {
         int rc = err_set(GE_CUDA, "cuda backend: %s", c->msg);

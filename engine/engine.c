@@ -1,5 +1,5 @@
 /* engine.c — opening a model on a backend, text helpers, scoring (eng_logprobs) and
- * checkpoints. Rollout is rollout.c, the update step update.c. */
+ * checkpoints. Rollout is rollout.c, the update step update.c, checkpoints checkpoint.c. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -28,19 +28,6 @@ static int open_backend(const char *name, int n_threads, eng_backend **be) {
     return err_set(GE_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", name);
 }
 
-/* Reads grpod_state.json of a checkpoint: policy_version and optimizer step. */
-static void read_state(const char *dir, long long *version, int *step) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/grpod_state.json", dir);
-    js_doc *doc;
-    const js *r;
-    if (js_parse_file(path, &doc, &r)) { err_clear(); return; }
-    *version = (long long)js_get_num(r, "policy_version", 0);
-    *step = (int)js_get_num(r, "optimizer_step", 0);
-    js_doc_free(doc);
-}
-
-static int load_optimizer(eng *e, const char *dir);
 
 static int has_file(const char *dir, const char *name) {
     char path[PATH_MAX];
@@ -152,12 +139,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
             (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
             goto fail;
     }
-    if (o->resume_dir && *o->resume_dir) {
-        long long v = 0;
-        read_state(o->resume_dir, &v, &e->opt_step);
-        e->policy_version = v;
-        if ((rc = load_optimizer(e, o->resume_dir))) goto fail;
-    }
+    if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
     free(host);
     *out = e;
     return 0;
@@ -180,6 +162,7 @@ void eng_close(eng *e) {
             if (bufs[i]) be->free(be, bufs[i]);
         model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
+        eng_undo_free(e);
         be->destroy(be);
     }
     if (e->tok) tok_free(e->tok);
@@ -335,119 +318,4 @@ void eng_logprobs_free(float **out, const eng_update_group *g, int n) {
     for (int i = 0; i < n; i++) k += g[i].n;
     for (long long i = 0; i < k; i++) free(out[i]);
     free(out);
-}
-
-/* ---------------------------------------------------------------- checkpoints */
-
-static int copy_file(const char *src, const char *dst) {
-    FILE *in = fopen(src, "rb");
-    if (!in) return 0;  /* optional files */
-    FILE *o = fopen(dst, "wb");
-    if (!o) { fclose(in); return err_set(GE_IO, "%s: cannot create", dst); }
-    char buf[65536];
-    size_t k;
-    int ok = 1;
-    while ((k = fread(buf, 1, sizeof buf, in)) > 0) ok &= fwrite(buf, 1, k, o) == k;
-    fclose(in);
-    if (fclose(o) || !ok) return err_set(GE_IO, "%s: write failed", dst);
-    return 0;
-}
-
-static int load_optimizer(eng *e, const char *dir) {
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    if (access(path, R_OK)) return 0;   /* a plain HF directory: fresh optimizer */
-    st_set s = {0};
-    int rc = st_open_file(&s, path);
-    if (rc) return rc;
-    size_t n = (size_t)eng_train_n(e);
-    eng_backend *be = e->be;
-    e->grad = be->alloc(be, n * 4);
-    e->adam_m = be->alloc(be, n * 4);
-    e->adam_v = be->alloc(be, n * 4);
-    float *host = malloc(n * 4);
-    if (!e->grad || !e->adam_m || !e->adam_v || !host) { free(host); st_close(&s); return GE_NOMEM; }
-    const char *names[2] = { "adam_m", "adam_v" };
-    float *dst[2] = { e->adam_m, e->adam_v };
-    for (int i = 0; i < 2 && !rc; i++) {
-        const st_tensor *t = st_find(&s, names[i]);
-        long long dims[1] = { (long long)n };
-        rc = t ? st_read_f32(t, host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
-        if (!rc) rc = be->to_dev(be, dst[i], host, n * 4);
-    }
-    free(host);
-    st_close(&s);
-    if (!rc) rc = e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
-    return rc;
-}
-
-static int write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) return err_set(GE_IO, "%s: cannot create: %s", path, strerror(errno));
-    int ok = fputs(text, f) >= 0;
-    if (fclose(f) || !ok) return err_set(GE_IO, "%s: write failed", path);
-    return 0;
-}
-
-int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
-
-/* The policy's weights as host fp32 (m.n_elems): the master, or with LoRA the base with the
- * adapters merged in. */
-static int policy_host(eng *e, float *host) {
-    size_t n = (size_t)e->m.n_elems;
-    if (!e->m.lora_r) return e->be->to_host(e->be, host, e->w_master, n * 4);
-    int rc = e->be->act_to_f32(e->be, host, e->w_act, n);
-    float *l = rc ? NULL : malloc((size_t)e->m.l_elems * 4);
-    if (!rc && !l) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
-    if (!rc) rc = e->be->to_host(e->be, l, e->lora_master, (size_t)e->m.l_elems * 4);
-    if (!rc) lora_merge_host(&e->m, host, l);
-    free(l);
-    return rc;
-}
-
-int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
-    char tmp[PATH_MAX], path[PATH_MAX + 64], src[PATH_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    int adapter = e->m.lora_r && !merged;
-    size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
-    float *host = malloc((n > nt ? n : nt) * 4);
-    if (!host) return err_set(GE_NOMEM, "checkpoint: out of memory");
-    int rc = 0;
-    if (mkdir(tmp, 0755) && errno != EEXIST) rc = err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    if (adapter) {
-        if (!rc) rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
-        if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
-    } else {
-        if (!rc) rc = config_write(tmp, &e->m.cfg);
-        if (!rc) rc = policy_host(e, host);
-        if (!rc) rc = model_save_host(&e->m, tmp, host, 0);
-        static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
-        for (int i = 0; i < 3 && !rc; i++) {
-            snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
-            snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
-            rc = copy_file(src, path);
-        }
-    }
-    /* a merged LoRA checkpoint is for export: no optimizer state (its moments are the adapters') */
-    if (!rc && e->adam_m && !(merged && e->m.lora_r)) {
-        float *v = malloc(nt * 4);
-        rc = v ? 0 : GE_NOMEM;
-        if (!rc) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
-        if (!rc) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
-        st_out o[2] = { { .name = "adam_m", .data = host, .ndim = 1, .shape = { (long long)nt } },
-                        { .name = "adam_v", .data = v, .ndim = 1, .shape = { (long long)nt } } };
-        snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-        if (!rc) rc = st_write(path, o, 2, ST_F32);
-        free(v);
-    }
-    if (!rc && !(merged && e->m.lora_r)) {
-        char state[256];
-        snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
-                 (long long)e->policy_version, e->opt_step);
-        snprintf(path, sizeof path, "%s/grpod_state.json", tmp);
-        rc = write_text(path, state);
-    }
-    if (!rc && rename(tmp, dir)) rc = err_set(GE_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
-    free(host);
-    return rc;
 }

@@ -191,9 +191,17 @@ typedef struct {
     double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;
 } eng_update_result;
 
+/* Atomic: 0 with the update applied, or an error with weights, optimizer state, opt_step and
+ * policy_version exactly as before — also when it fails after some of its optimizer steps.
+ * GE_NON_FINITE when the loss/gradient (caught before the step) or the weights / second
+ * moments after a step are not finite. Keeps a host copy of the state it changed (3 x 4 bytes
+ * per parameter) until the next update. */
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *algo,
                const eng_optim *opt, long long max_tokens_per_micro_batch,
                eng_update_result *out, eng_progress_cb cb, void *ud);
+/* Takes back the last successful eng_update (its weights, optimizer state, opt_step and
+ * policy_version), once; 0 and nothing done when there is nothing to take back. */
+int eng_update_undo(eng *e);
 
 /* ---------------------------------------------------------------- scoring, checkpoints */
 
@@ -205,11 +213,18 @@ int eng_logprobs(eng *e, const eng_update_group *g, int n_groups, int use_refere
 void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
 
 /* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus
- * optimizer state (optimizer.safetensors, grpod_state.json) to dir.tmp, then rename to dir. */
+ * optimizer state (optimizer.safetensors, grpod_state.json) and manifest.json (each file's
+ * size and hash) to dir.tmp, fsync, then rename to dir (checkpoint.c). On failure (disk full)
+ * dir.tmp is removed and nothing is left half-written; GE_CONFLICT when dir exists. */
 int eng_checkpoint_save(eng *e, const char *dir);
 /* With LoRA the checkpoint is the adapter in PEFT's layout (adapter_model.safetensors,
  * adapter_config.json) plus optimizer.safetensors and grpod_state.json. merged = 1 writes an
  * HF directory (config.json, model.safetensors with base + s B A, tokenizer files) instead;
  * without LoRA both write the full checkpoint. */
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged);
+/* 0 when dir's files match its manifest; GE_FORMAT naming the file otherwise (no manifest,
+ * a missing, short or changed file). Reads every byte. Any thread. */
+int eng_checkpoint_verify(const char *dir);
+/* rm -r dir (leftover temporaries); 0 when it is gone or never was. Any thread. */
+int eng_remove_tree(const char *dir);
 #endif

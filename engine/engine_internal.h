@@ -26,6 +26,11 @@ struct eng {
     float *grad, *adam_m, *adam_v;
     model_views gv;             /* views into grad */
     int opt_step;               /* AdamW steps taken (1-based bias correction) */
+    /* the state before the last update (update.c): w_master, adam_m, adam_v (3 * n_elems f32,
+     * host memory, pinned on cuda), its opt_step and policy_version; restored when an update
+     * fails midway or eng_update_undo is called. undo_ok: undo holds the state before the
+     * last successful update. */
+    float *undo; int undo_pinned, undo_ok, undo_opt_step; long long undo_version;
     _Atomic long long policy_version;
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
@@ -44,4 +49,7 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
 static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_elems : e->m.n_elems; }
 static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }
 static inline void *eng_train_act(const eng *e) { return e->m.lora_r ? e->lora_act : e->w_act; }
+void eng_undo_free(eng *e);     /* update.c: frees the undo copy (eng_close) */
+/* checkpoint.c: a checkpoint's policy_version, optimizer step and AdamW state into e. */
+int eng_checkpoint_load_state(eng *e, const char *dir);
 #endif

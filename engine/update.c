@@ -8,6 +8,14 @@
  *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
  *   ─► policy_version + 1
  *
+ * Atomic: the first optimizer step first copies the state it changes (fp32 master of the
+ * trainable weights, the adapters with LoRA; AdamW m and v; opt_step and policy_version) to a
+ * host buffer; a failure after it (a non-finite gradient norm, found before the step it
+ * would poison; non-finite weights or second moments after a step; out of memory; a backend
+ * error) copies it back, so a failed update leaves the policy exactly as before.
+ * eng_update_undo takes back the last successful update the same way (the daemon's answer to
+ * a failed done-write).
+ *
  * Micro-batches hold whole groups packed P + NR (engine/pack.h); a group larger than a micro-batch
  * runs as its prompt once and its responses in micro-batches (engine/split.h). The loss's aggregation
  * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
@@ -53,6 +61,54 @@ static void optimizer_step(eng *e, const eng_optim *opt, float lr) {
         be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
                   e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
     }
+}
+
+/* ---------------------------------------------------------------- undo */
+
+static int undo_save(eng *e) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)eng_train_n(e);
+    if (!e->undo) {
+        e->undo_pinned = be->host_alloc != NULL;
+        e->undo = e->undo_pinned ? be->host_alloc(be, 3 * n * 4) : malloc(3 * n * 4);
+        if (!e->undo) return err_set(GE_NOMEM, "update: the undo copy of the training state (%zu MiB of host memory) does not fit",
+                                     3 * n * 4 >> 20);
+    }
+    int rc = be->to_host(be, e->undo, eng_train_master(e), n * 4);
+    if (!rc) rc = be->to_host(be, e->undo + n, e->adam_m, n * 4);
+    if (!rc) rc = be->to_host(be, e->undo + 2 * n, e->adam_v, n * 4);
+    e->undo_opt_step = e->opt_step;
+    e->undo_version = e->policy_version;
+    return rc;
+}
+
+static int undo_restore(eng *e) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)eng_train_n(e);
+    float *master = eng_train_master(e);
+    void *act = eng_train_act(e);
+    int rc = be->to_dev(be, master, e->undo, n * 4);
+    if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
+    if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
+    if (!rc && act != master) be->f32_to_act(be, act, master, n);
+    if (!rc) rc = be->sync(be);
+    e->opt_step = e->undo_opt_step;
+    e->policy_version = e->undo_version;
+    e->undo_ok = 0;
+    return rc;
+}
+
+int eng_update_undo(eng *e) {
+    if (!e->undo_ok) return 0;
+    return undo_restore(e);
+}
+
+void eng_undo_free(eng *e) {
+    if (!e->undo) return;
+    if (e->undo_pinned) e->be->host_free(e->be, e->undo);
+    else free(e->undo);
+    e->undo = NULL;
+    e->undo_ok = 0;
 }
 
 /* Per-response bookkeeping of the kept groups, in pack order. */
@@ -225,6 +281,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     long long n_train = eng_train_n(e);
     size_t nbytes = (size_t)n_train * 4;
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
+    int saved = 0;
+    e->undo_ok = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
@@ -240,7 +298,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             t = clock_mono_ms();
             double norm = sqrt(e->be->sumsq(e->be, e->grad, n_train));
             grad_norm_sum += norm;
-            if (!isfinite(norm)) { rc = err_set(GE_INTERNAL, "update: gradient norm is %g; step skipped", norm); break; }
+            if (!isfinite(norm)) {
+                rc = err_set(GE_NON_FINITE, "update: the gradient norm is %g at optimizer step %d of %d (loss or "
+                             "gradient not finite); the update is not applied", norm, steps + 1, steps_total);
+                break;
+            }
+            if (!saved && (rc = undo_save(e))) break;
+            saved = 1;
             double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
             if (clip < 1.0) e->be->scale(e->be, e->grad, n_train, (float)clip);
             e->opt_step++;
@@ -248,10 +312,27 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             out->lr = lr;
             optimizer_step(e, opt, lr);
             rc = e->be->sync(e->be);
+            /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
+             * geometrically) or the second moments (no clipping): check before going on */
+            if (!rc) {
+                double wn = e->be->sumsq(e->be, eng_train_master(e), n_train), vn = e->be->sumsq(e->be, e->adam_v, n_train);
+                if (!isfinite(wn) || !isfinite(vn))
+                    rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
+                                 "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
+                                 opt->lr, opt->weight_decay);
+            }
             ms_opt += clock_mono_ms() - t;
+            if (rc) break;
             steps++;
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
+    }
+    if (rc && saved) {
+        int code = err_code();
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err_msg());
+        if (undo_restore(e)) rc = err_set(err_code(), "%s; restoring the state before it failed too: %s", msg, err_msg());
+        else err_set(code, "%s", msg);
     }
     if (!rc) {
         loss_finish(&met, steps ? steps : 1);
@@ -261,6 +342,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;
         if (steps) e->policy_version++;
+        e->undo_ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
     out->ms_policy = ms_policy;

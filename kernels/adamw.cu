@@ -1,7 +1,9 @@
 /* adamw.cu — fused AdamW on fp32 master weights writing the bf16 copy the model reads in the
  * same pass; element math and host scalars exactly as adamw_cpu (adamw.h: torch's eager kernel,
  * scalars recovered as the decimals the user wrote); the squared-norm reduction for grad
- * clipping (fp32 per thread, double across blocks, so not bit-identical to sumsq_cpu); scale. */
+ * clipping (fp32 per thread, double across blocks, so not bit-identical to sumsq_cpu; the
+ * blocks' partials are summed on the host in block order, never by atomics, so the same
+ * gradient gives the same norm on every run — replay depends on it); scale. */
 #include <math.h>
 
 #include "kernels/adamw.h"
@@ -29,7 +31,7 @@ __global__ void sumsq_kernel(double *out, const float *x, long long n) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         s += x[i] * x[i];
     s = block_sum(s, sh);
-    if (threadIdx.x == 0) atomicAdd(out, (double)s);
+    if (threadIdx.x == 0) out[blockIdx.x] = (double)s;
 }
 
 __global__ void scale_kernel(float *x, long long n, float s) {
@@ -56,13 +58,16 @@ void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float 
 }
 
 double sumsq_cuda(cu_ctx *c, const float *x, long long n) {
-    double r = 0;
+    static double part[CU_RED_SLOTS];    /* the engine thread's; one call at a time */
     if (c->failed || n <= 0) return 0;
-    CU_CK(c, cudaMemsetAsync(c->red, 0, sizeof(double), c->stream));
-    sumsq_kernel<<<grid_for(c, n), 256, 0, c->stream>>>(c->red, x, n);
+    unsigned nb = grid_for(c, n);
+    if (nb > CU_RED_SLOTS) nb = CU_RED_SLOTS;
+    sumsq_kernel<<<nb, 256, 0, c->stream>>>(c->red, x, n);
     CU_LAUNCHED(c, "sumsq_kernel");
-    CU_CK(c, cudaMemcpyAsync(&r, c->red, sizeof r, cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(c, cudaMemcpyAsync(part, c->red, nb * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
     CU_CK(c, cudaStreamSynchronize(c->stream));
+    double r = 0;
+    for (unsigned b = 0; b < nb; b++) r += part[b];
     return c->failed ? 0 : r;
 }
 

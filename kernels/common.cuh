@@ -15,6 +15,7 @@
 
 typedef __nv_bfloat16 bf16;
 
+#define CU_RED_SLOTS 4096                /* sumsq blocks at most: one partial each */
 typedef struct cu_ctx {
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -23,7 +24,7 @@ typedef struct cu_ctx {
     size_t lt_ws_bytes;
     void *scratch;               /* grow-only; stream-ordered reuse by one op at a time */
     size_t scratch_bytes;
-    double *red;                 /* one double for sumsq */
+    double *red;                 /* (CU_RED_SLOTS) sumsq's per-block partials */
     void *gemm_cache;            /* matmul.cu's plans for this context (gemm_cache_free) */
     int rms_smem_raised;         /* rmsnorm_bwd_kernel's shared-memory limit raised */
     int n_sm;

@@ -22,13 +22,28 @@ void rmsnorm_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, 
     }
 }
 
+/* dw is summed over rows: rows are cut into DW_BLOCKS fixed blocks, each summed in order
+ * into its own partial, then the partials in block order — bit-identical for any number of
+ * threads (a replayed update must equal the original; see docs/api.md "Replay"). */
+#define DW_BLOCKS 32
+static void dw_reduce(float *dw, const float *part, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float s = 0;
+        for (int b = 0; b < DW_BLOCKS; b++) s += part[(size_t)b * C + c];
+        dw[c] += s;
+    }
+}
+
 void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                      const float *rstd, int T, int C) {
-    #pragma omp parallel
-    {
-        float *dw_local = calloc((size_t)C, sizeof(float));
-        #pragma omp for
-        for (int t = 0; t < T; t++) {
+    float *part = calloc((size_t)DW_BLOCKS * C, sizeof(float));
+    int bs = (T + DW_BLOCKS - 1) / DW_BLOCKS;
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < DW_BLOCKS; b++) {
+        float *dw_local = part + (size_t)b * C;
+        int t1 = (b + 1) * bs < T ? (b + 1) * bs : T;
+        for (int t = b * bs; t < t1; t++) {
             const float *x = inp + (size_t)t * C, *dy = dout + (size_t)t * C;
             float *dx = dinp + (size_t)t * C;
             float r = rstd[t];
@@ -41,10 +56,9 @@ void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp
             float mean = (float)(dot / C);
             for (int c = 0; c < C; c++) dx[c] += r * (w[c] * dy[c] - x[c] * r * mean);
         }
-        #pragma omp critical
-        for (int c = 0; c < C; c++) dw[c] += dw_local[c];
-        free(dw_local);
     }
+    dw_reduce(dw, part, C);
+    free(part);
 }
 
 void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, const int *pos,
@@ -89,11 +103,13 @@ void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_fr
 void qk_norm_rope_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D) {
     int half = D / 2;
-    #pragma omp parallel
-    {
-        float *dw_local = calloc((size_t)D, sizeof(float)), dy[D];
-        #pragma omp for
-        for (long long row = 0; row < (long long)T * H; row++) {
+    long long rows = (long long)T * H, bs = (rows + DW_BLOCKS - 1) / DW_BLOCKS;
+    float *part = calloc((size_t)DW_BLOCKS * D, sizeof(float));
+    #pragma omp parallel for schedule(static)
+    for (int b = 0; b < DW_BLOCKS; b++) {
+        float *dw_local = part + (size_t)b * D, dy[D];
+        long long r1 = (b + 1) * bs < rows ? (b + 1) * bs : rows;
+        for (long long row = b * bs; row < r1; row++) {
             const float *g = dout + row * D, *x = inp + row * D;
             float *dx = dinp + row * D, r = rstd[row];
             for (int i = 0; i < half; i++) {
@@ -111,8 +127,7 @@ void qk_norm_rope_bwd_cpu(float *dinp, float *dw, const float *dout, const float
             float mean = (float)(dot / D);
             for (int c = 0; c < D; c++) dx[c] = r * (w[c] * dy[c] - x[c] * r * mean);
         }
-        #pragma omp critical
-        for (int c = 0; c < D; c++) dw[c] += dw_local[c];
-        free(dw_local);
     }
+    dw_reduce(dw, part, D);
+    free(part);
 }

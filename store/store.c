@@ -22,8 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define STORE_BUSY_TIMEOUT_MS 10000
 
@@ -73,7 +75,8 @@ enum {
     Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_STARTED, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
-    Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_N
+    Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_UPDATES_AFTER, Q_MAX_UPDATE_VERSION, Q_REQUEUE_FAILED,
+    Q_CKPT_DEL, Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -114,9 +117,18 @@ static const char *const sql_text[Q_N] = {
                             "WHERE status = 'running' AND cancel_requested != 0",
     [Q_RECOVER] = "UPDATE jobs SET status = 'queued', progress = 0 WHERE status = 'running'",
     [Q_FAIL_EXHAUSTED] = "UPDATE jobs SET status = 'failed', finished_at = ?2, error = "
-                         "'{\"code\":\"internal\",\"message\":\"job interrupted ' || attempts || "
-                         "' times (daemon crash or shutdown while it ran); not retried\"}' "
-                         "WHERE status = 'queued' AND attempts >= ?1",
+                         "'{\"code\":\"interrupted\",\"message\":\"job interrupted ' || attempts || "
+                         "' times (daemon crash or shutdown while it ran); not retried (POST /v1/jobs/{id}/requeue "
+                         "runs it again)\"}' WHERE status = 'queued' AND attempts >= ?1",
+    /* the updates whose effect a resume from a checkpoint at version ?1 lacks, in the order
+     * they were applied: each done update holds the version it made (policy_version + 1) */
+    [Q_UPDATES_AFTER] = "SELECT " JOB_COLS " FROM jobs WHERE kind = 'update' AND status = 'done' "
+                        "AND policy_version > ?1 ORDER BY policy_version, finished_at, rowid",
+    [Q_MAX_UPDATE_VERSION] = "SELECT coalesce(max(policy_version), -1) FROM jobs "
+                             "WHERE kind = 'update' AND status = 'done'",
+    [Q_REQUEUE_FAILED] = "UPDATE jobs SET status = 'queued', attempts = 0, progress = 0, error = NULL, "
+                         "finished_at = 0, cancel_requested = 0 WHERE id = ?1 AND status = 'failed'",
+    [Q_CKPT_DEL] = "DELETE FROM checkpoints WHERE id = ?1",
     [Q_HIST_ADD] = "INSERT INTO history (at, kind, policy_version, stats) VALUES (?1, ?2, ?3, ?4)",
     /* the newest ?2 rows after id ?1, oldest first */
     [Q_HIST_LIST] = "SELECT id, at, kind, policy_version, stats FROM "
@@ -126,6 +138,9 @@ static const char *const sql_text[Q_N] = {
 struct store {
     sqlite3 *db;
     sqlite3_stmt *q[Q_N];
+    char file[4200];                /* DIR/grpod.db */
+    dev_t dev;                      /* its identity at open: a file replaced or deleted since */
+    ino_t ino;                      /* is not the one this connection writes (store_check_file) */
 };
 
 static const char *const status_names[] = {"queued", "running", "done", "failed", "cancelled"};
@@ -322,6 +337,29 @@ static int recover(store *s) {
     return 0;
 }
 
+/* Steps a bound statement over rows of JOB_COLS into a malloc'd array (store_jobs_free). */
+static int collect_jobs(store *s, sqlite3_stmt *st, const char *what, store_job **jobs, int *n) {
+    store_job *v = NULL;
+    int cnt = 0, cap = 0, rc, r = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            int ncap = cap ? 2 * cap : 16;
+            store_job *nv = realloc(v, (size_t)ncap * sizeof *nv);
+            if (!nv) { r = err_set(GE_NOMEM, "store: out of memory %s", what); break; }
+            v = nv;
+            cap = ncap;
+        }
+        if ((r = job_from_row(st, &v[cnt]))) break;
+        cnt++;
+    }
+    if (!r && rc != SQLITE_DONE) r = db_err(s, what);
+    q_done(st);
+    if (r) { store_jobs_free(v, cnt); return r; }
+    *jobs = v;
+    *n = cnt;
+    return 0;
+}
+
 int store_open(const char *path, int recover_running, store **out) {
     *out = NULL;
     int r = fs_mkdirs(path);
@@ -331,6 +369,19 @@ int store_open(const char *path, int recover_running, store **out) {
 
     store *s = calloc(1, sizeof *s);
     if (!s) return err_set(GE_NOMEM, "store: out of memory");
+    snprintf(s->file, sizeof s->file, "%s", file);
+    /* created 0600 (jobs hold prompts and results); SQLite gives -wal and -shm the same mode */
+    int fd = open(file, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) || ((sb.st_mode & 077) && fchmod(fd, 0600))) {
+        r = err_set(GE_STORE, "store: opening %s: %s", file, strerror(errno));
+        if (fd >= 0) close(fd);
+        free(s);
+        return r;
+    }
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
+    close(fd);
     if (sqlite3_open_v2(file, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         r = s->db ? err_set(GE_STORE, "store: opening %s: %s", file, sqlite3_errmsg(s->db))
@@ -387,7 +438,9 @@ void store_close(store *s) {
 int store_submit(store *s, const char *kind, const char *payload, int max_queued, char *id_out) {
     if (!kind || !kind[0] || strlen(kind) >= sizeof ((store_job *)0)->kind)
         return err_set(GE_INVALID, "store: job kind '%.32s' is empty or too long", kind ? kind : "");
-    int r = tx_begin(s, "starting submit");
+    int r = store_check_file(s);
+    if (r) return r;
+    r = tx_begin(s, "starting submit");
     if (r) return r;
     sqlite3_stmt *st;
     if (max_queued > 0) {
@@ -432,7 +485,9 @@ fail:
 int store_claim(store *s, store_job *j) {
     /* BEGIN IMMEDIATE takes the write lock first, so the select-oldest and the update see the
      * same snapshot and no other connection can claim the same row in between */
-    int r = tx_begin(s, "starting claim");
+    int r = store_check_file(s);
+    if (r) return r;
+    r = tx_begin(s, "starting claim");
     if (r) return r;
     sqlite3_stmt *st = q_get(s, Q_CLAIM);
     if (sqlite3_bind_double(st, 1, clock_wall_s()) != SQLITE_OK) {
@@ -504,6 +559,31 @@ int store_finish(store *s, const char *id, const char *result, long long policy_
     return update_job(s, st, id, "finish");
 }
 
+int store_finish_update(store *s, const char *id, const char *result, long long version_before,
+                        long long version_after) {
+    int r = store_check_file(s);
+    if (r) return r;
+    if ((r = tx_begin(s, "starting an update's finish"))) return r;
+    if (version_after > version_before) {
+        sqlite3_stmt *st = q_get(s, Q_MAX_UPDATE_VERSION);
+        int rc = sqlite3_step(st);
+        long long top = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -2;
+        q_done(st);
+        if (top == -2) { r = db_err(s, "reading the newest update's version"); goto fail; }
+        if (top >= version_after) {
+            r = err_set(GE_CONFLICT, "update %s made policy_version %lld, but the store already holds an update that made %lld",
+                        id, version_after, top);
+            goto fail;
+        }
+    }
+    if ((r = store_finish(s, id, result, version_after))) goto fail;
+    if ((r = tx_commit(s, "committing an update's finish"))) goto fail;
+    return 0;
+fail:
+    tx_rollback(s);
+    return r;
+}
+
 int store_fail(store *s, const char *id, const char *error_json) {
     sqlite3_stmt *st = q_get(s, Q_FAIL);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding fail");
@@ -511,6 +591,29 @@ int store_fail(store *s, const char *id, const char *error_json) {
             "binding fail");
     BIND_OK(s, sqlite3_bind_double(st, 3, clock_wall_s()), "binding fail");
     return update_job(s, st, id, "fail");
+}
+
+int store_requeue_failed(store *s, const char *id) {
+    sqlite3_stmt *st = q_get(s, Q_REQUEUE_FAILED);
+    BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding requeue");
+    return update_job(s, st, id, "requeue");
+}
+
+int store_check_file(store *s) {
+    struct stat sb;
+    if (stat(s->file, &sb)) return err_set(GE_UNAVAILABLE, "store: %s is gone (%s): it was deleted or moved while grpod ran",
+                                           s->file, strerror(errno));
+    if (sb.st_dev != s->dev || sb.st_ino != s->ino)
+        return err_set(GE_UNAVAILABLE, "store: %s was replaced while grpod ran (another file is at its path)", s->file);
+    return 0;
+}
+
+int store_updates_after(store *s, long long version, store_job **jobs, int *n) {
+    *jobs = NULL;
+    *n = 0;
+    sqlite3_stmt *st = q_get(s, Q_UPDATES_AFTER);
+    BIND_OK(s, sqlite3_bind_int64(st, 1, version), "binding updates after");
+    return collect_jobs(s, st, "listing updates to replay", jobs, n);
 }
 
 int store_requeue(store *s, const char *id) {
@@ -601,25 +704,7 @@ int store_list(store *s, const char *kind, const char *status, int limit, store_
     BIND_OK(s, status ? sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC)
                       : sqlite3_bind_null(st, 2), "binding list");
     BIND_OK(s, sqlite3_bind_int(st, 3, limit > 0 ? limit : -1), "binding list");
-    store_job *v = NULL;
-    int cnt = 0, cap = 0, rc, r = 0;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (cnt == cap) {
-            int ncap = cap ? 2 * cap : 16;
-            store_job *nv = realloc(v, (size_t)ncap * sizeof *nv);
-            if (!nv) { r = err_set(GE_NOMEM, "store: out of memory listing jobs"); break; }
-            v = nv;
-            cap = ncap;
-        }
-        if ((r = job_from_row(st, &v[cnt]))) break;
-        cnt++;
-    }
-    if (!r && rc != SQLITE_DONE) r = db_err(s, "listing jobs");
-    q_done(st);
-    if (r) { store_jobs_free(v, cnt); return r; }
-    *jobs = v;
-    *n = cnt;
-    return 0;
+    return collect_jobs(s, st, "listing jobs", jobs, n);
 }
 
 int store_counts(store *s, store_count_cb cb, void *ud) {
@@ -653,6 +738,13 @@ int store_checkpoint_add(store *s, const char *id, const char *path, long long p
     BIND_OK(s, sqlite3_bind_double(st, 4, clock_wall_s()), "binding checkpoint");
     int r = q_exec(s, st, "adding a checkpoint");
     return r < 0 ? r : 0;
+}
+
+int store_checkpoint_delete(store *s, const char *id) {
+    sqlite3_stmt *st = q_get(s, Q_CKPT_DEL);
+    BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding checkpoint delete");
+    int r = q_exec(s, st, "deleting a checkpoint");
+    return r < 0 ? r : r == 0 ? err_set(GE_NOT_FOUND, "no checkpoint %s", id) : 0;
 }
 
 int store_checkpoint_list(store *s, store_ckpt **out, int *n) {

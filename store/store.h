@@ -42,12 +42,28 @@ int store_submit(store *s, const char *kind, const char *payload, int max_queued
  * Returns 1 with *j filled, 0 when none is queued, or a negative error. */
 int store_claim(store *s, store_job *j);
 int store_finish(store *s, const char *id, const char *result, long long policy_version);
+/* An update's completion and the policy version it made, in one transaction: GE_CONFLICT
+ * (nothing written) when it advanced the version (after > before) and a done update already
+ * holds version_after or a later one — a version names one set of weights. */
+int store_finish_update(store *s, const char *id, const char *result, long long version_before,
+                        long long version_after);
+/* Done updates with policy_version > version (those a checkpoint at version lacks), in the
+ * order they were applied. Caller frees with store_jobs_free. */
+int store_updates_after(store *s, long long version, store_job **jobs, int *n);
+/* GE_UNAVAILABLE when DIR/grpod.db is no longer the file this handle opened (deleted, or replaced by
+ * another file): writes would go nowhere the next start reads. submit, claim and
+ * store_finish_update check it first. */
+int store_check_file(store *s);
 int store_fail(store *s, const char *id, const char *error_json);
 /* running: started_at = now (a claimed job held until its turn, then run) */
 int store_mark_started(store *s, const char *id);
 int store_requeue(store *s, const char *id);        /* running -> queued (shutdown) */
+/* failed -> queued with attempts 0 (a job failed by the crash-loop guard, run again on
+ * request); GE_CONFLICT when the job is not failed. */
+int store_requeue_failed(store *s, const char *id);
 /* Crash-loop guard, for after store_open(recover=1): queued jobs already started max_attempts
  * times (each start ended in a crash or a requeue) become failed with an "interrupted" error
+ * code
  * instead of running again. Returns how many, or a negative error. */
 int store_fail_exhausted(store *s, int max_attempts);
 #define STORE_MAX_ATTEMPTS 3    /* the daemon's max_attempts: a job that crashed it this often fails */
@@ -71,6 +87,7 @@ long long store_queue_depth(store *s);
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version);
 typedef struct { char id[64]; char path[512]; long long policy_version; double created_at; } store_ckpt;
 int store_checkpoint_list(store *s, store_ckpt **out, int *n);       /* newest first; free() */
+int store_checkpoint_delete(store *s, const char *id);               /* the index row; GE_NOT_FOUND */
 /* Training history (the dashboard's data): one row per finished rollout or update, stats a
  * JSON object of its summary. list calls cb for the newest limit rows with id > after_id,
  * oldest first; the strings are valid during the call only. */

@@ -44,7 +44,7 @@ class Daemon:
         self.proc = None
         self.logs = []
 
-    def start(self, wait_ready=True):
+    def start(self, wait_ready=True, preexec_fn=None):
         self.port = free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         self.log = tempfile.TemporaryFile(mode="w+")
@@ -52,7 +52,8 @@ class Daemon:
         self.proc = subprocess.Popen(
             [GRPOD, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:%d" % self.port,
              "--backend", "cpu", "--engine-threads", "2", *self.args],
-            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
+            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
+            preexec_fn=preexec_fn)
         if wait_ready:
             self.wait_ready()
         return self

@@ -1,0 +1,25 @@
+# test_torture.py — tests/integration/torture.py at CI scale: a seeded stream of rollouts,
+# updates and checkpoints under ~20 kill -9s (bounded time), compared with the same stream run
+# without kills: same policy_version, same job states, bit-equal probe logprobs. Longer on
+# request: GRPOD_TORTURE_KILLS=200 GRPOD_TORTURE_ROUNDS=60 GRPOD_TORTURE_BUDGET_S=3600.
+# The FIGURES line goes to build/test-logs/torture-figures.json.
+import json
+import os
+import subprocess
+import sys
+
+from conftest import GRPOD, ROOT
+
+
+def test_torture_kill9_exactly_once(grpod_available, tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "torture.py"), "--grpod", GRPOD,
+                        "--keep", str(tmp_path / "work")], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    figures = [line[len("FIGURES "):] for line in r.stdout.splitlines() if line.startswith("FIGURES ")]
+    if figures:
+        os.makedirs(os.path.join(ROOT, "build", "test-logs"), exist_ok=True)
+        with open(os.path.join(ROOT, "build", "test-logs", "torture-figures.json"), "w") as f:
+            f.write(figures[-1] + "\n")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    fig = json.loads(figures[-1])
+    assert fig["lost"] == 0 and fig["applied_twice"] == 0 and fig["probe_logprobs_bit_equal"]
+    assert fig["kills"] >= 5, fig     # the time budget ran out before a meaningful number of kills
