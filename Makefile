@@ -90,9 +90,11 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard api/*.c api/*.h common/*.c commo
 FUZZ_SECONDS ?= 600
 fuzz: $(FUZZ_BIN)
 	@for n in $(FUZZ_NAMES); do mkdir -p $(BUILD)/fuzz-long/$$n; \
-	  echo "fuzz_$$n: $(FUZZ_SECONDS) s"; \
-	  $(BUILD)/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
-	    $(BUILD)/fuzz-long/$$n tests/fuzz/corpus/$$n 2>&1 | grep -E '^(#[0-9]+ +DONE|==|SUMMARY)' ; done
+	  $(BUILD)/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=2048 \
+	    -print_final_stats=1 $(BUILD)/fuzz-long/$$n tests/fuzz/corpus/$$n >$(BUILD)/fuzz-long/$$n.log 2>&1; rc=$$?; \
+	  echo "fuzz_$$n: exit $$rc, $$(grep -E '^stat::number_of_executed_units' $(BUILD)/fuzz-long/$$n.log | cut -d: -f4) runs," \
+	    "$$(grep -oE 'cov: [0-9]+' $(BUILD)/fuzz-long/$$n.log | tail -1) (log $(BUILD)/fuzz-long/$$n.log)"; \
+	  [ $$rc = 0 ] || { grep -m3 -E 'ERROR|SUMMARY|runtime error' $(BUILD)/fuzz-long/$$n.log; exit 1; }; done
 
 run: deps
 	@$(MAKE) --no-print-directory grpod
