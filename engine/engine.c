@@ -109,20 +109,21 @@ int eng_open(const eng_open_opts *o, eng **out) {
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
-    host = malloc(n * sizeof(float));
-    if (!host) { rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20); goto fail; }
-    /* The reference is always the model directory's weights; the policy resumes from a checkpoint. */
-    if ((rc = model_load_host(&e->m, o->model_dir, host))) goto fail;
     eng_backend *be = e->be;
     if (lr_rank) {
-        /* the base is frozen and is the reference: one act-typed copy, no fp32 master on cuda */
+        /* the base is frozen and is the reference: one act-typed copy, no fp32 master on cuda,
+         * loaded tensor by tensor (no host copy of the whole model) */
         e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-        if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        if (!e->w_act || (rc = model_load_act(&e->m, o->model_dir, e->w_act))) { rc = rc ? rc : GE_NOMEM; goto fail; }
         if (be->act_bytes == 4) e->w_master = e->w_act;
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
             goto fail;
     } else {
+        host = malloc(n * sizeof(float));
+        if (!host) { rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20); goto fail; }
+        /* The reference is always the model directory's weights; the policy resumes from a checkpoint. */
+        if ((rc = model_load_host(&e->m, o->model_dir, host))) goto fail;
         e->ref_act = be->alloc(be, n * (size_t)be->act_bytes);
         if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;

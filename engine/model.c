@@ -114,6 +114,11 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
 
 void model_views_free(model_views *v) { free(v->layers); v->layers = NULL; }
 
+static int missing_tensor(const model_param *p, const st_set *s, const char *dir) {
+    return err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
+                   s->nfiles == 1 ? s->paths[0] : "the shards of model.safetensors.index.json");
+}
+
 /* Every parameter present with its shape, before anything is allocated for them: a config.json
  * that describes more than the files hold is refused here, not by a huge allocation. */
 int model_check_files(const model *m, const char *dir) {
@@ -122,9 +127,7 @@ int model_check_files(const model *m, const char *dir) {
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
         const st_tensor *t = st_find(&s, p->name);
-        rc = t ? st_check_shape(t, p->ndim, p->shape)
-               : err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
-                         s.nfiles == 1 ? s.paths[0] : "the shards of model.safetensors.index.json");
+        rc = t ? st_check_shape(t, p->ndim, p->shape) : missing_tensor(p, &s, dir);
     }
     st_close(&s);       /* safe after a failed open too: st_open_dir leaves the set empty */
     return rc;
@@ -140,22 +143,40 @@ static int check_finite(const float *x, long long n, const char *dir, const char
                : 0;
 }
 
+/* One parameter of DIR's set into dst (fp32): a missing or misshapen tensor is an error naming it. */
+static int read_param(const model_param *p, const st_set *s, const char *dir, float *dst) {
+    const st_tensor *t = st_find(s, p->name);
+    if (!t) return missing_tensor(p, s, dir);
+    int rc = st_read_f32(t, dst, p->ndim, p->shape);
+    return rc ? rc : check_finite(dst, p->numel, dir, p->name);
+}
+
 int model_load_host(const model *m, const char *dir, float *host) {
     st_set s;
     int rc = st_open_dir(dir, &s);
     if (rc) return rc;
     memset(host, 0, (size_t)m->n_elems * sizeof(float));
+    for (int i = 0; i < m->n_params && !rc; i++) rc = read_param(&m->params[i], &s, dir, host + m->params[i].off);
+    st_close(&s);
+    return rc;
+}
+
+int model_load_act(const model *m, const char *dir, void *dst) {
+    eng_backend *be = m->be;
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    if (rc) return rc;
+    long long most = 0;
+    for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
+    float *buf = malloc((size_t)(most ? most : 1) * sizeof(float));
+    if (!buf) rc = err_set(GE_NOMEM, "model: %lld MiB host buffer for one tensor", most * 4 >> 20);
+    if (!rc) be->zero(be, dst, (size_t)m->n_elems * (size_t)be->act_bytes);   /* the padding between tensors */
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
-        const st_tensor *t = st_find(&s, p->name);
-        if (!t) {
-            rc = err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
-                         s.nfiles == 1 ? s.paths[0] : "the shards of model.safetensors.index.json");
-            break;
-        }
-        if (!(rc = st_read_f32(t, host + p->off, p->ndim, p->shape)))
-            rc = check_finite(host + p->off, p->numel, dir, p->name);
+        rc = read_param(p, &s, dir, buf);
+        if (!rc) rc = be->act_from_f32(be, (char *)dst + (size_t)p->off * be->act_bytes, buf, (size_t)p->numel);
     }
+    free(buf);
     st_close(&s);
     return rc;
 }

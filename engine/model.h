@@ -73,6 +73,9 @@ int model_check_files(const model *m, const char *dir);
  * misshapen or unsupported tensors, and NaN or Inf weights, are errors naming the file and
  * tensor. */
 int model_load_host(const model *m, const char *dir, float *host);
+/* The same into dst, act-typed in backend memory (m->n_elems elements), tensor by tensor through
+ * one host buffer of the largest tensor: no host copy of the whole model (a frozen base). */
+int model_load_act(const model *m, const char *dir, void *dst);
 /* Write the host fp32 buffer as DIR/model.safetensors (dtype ST_F32 or ST_BF16). */
 int model_save_host(const model *m, const char *dir, const float *host, int bf16);
 
