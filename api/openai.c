@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "api/fields.h"
+#include "api/params.h"
 #include "common/clock.h"
 #include "common/err.h"
 
@@ -196,18 +197,22 @@ static void rename_field(api_error *e, int chat) {
 
 static int parse_or_reply(api_server *s, json_object *req, int chat, const api_limits *l, const api_model *m,
                           oa_req *q, api_error *e) {
-    static const char *const ckeys[] = {"model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
-        "logprobs", "echo", "stream", "stream_options", "user", "best_of", "presence_penalty", "frequency_penalty",
-        "logit_bias", "suffix", "top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids", NULL};
-    static const char *const hkeys[] = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
-        "top_p", "n", "stop", "seed", "logprobs", "top_logprobs", "stream", "stream_options", "user",
-        "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "tools", "top_k", "min_p",
-        "min_tokens", "ignore_eos", "stop_token_ids", NULL};
+    /* the route's own members; the sampling rows (engine/params.c) are allowed besides */
+    static const char *const ckeys[] = {"model", "prompt", "max_tokens", "n", "logprobs", "echo", "stream",
+        "stream_options", "user", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "suffix", NULL};
+    static const char *const hkeys[] = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "logprobs",
+        "top_logprobs", "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logit_bias",
+        "response_format", "tools", NULL};
+    const char *keys[64];
+    int nk = 0;
+    for (const char *const *k = chat ? hkeys : ckeys; *k; k++) keys[nk++] = *k;
+    for (int i = 0; i < eng_sampling_params.n && nk < 63; i++) keys[nk++] = eng_sampling_params.rows[i].name;
+    keys[nk] = NULL;
     const char *model;
     long long n, max_tokens, best_of, lp = -1;
     int echo = 0, stream, rc;
     json_object *so, *v;
-    if ((rc = check_keys(req, "", chat ? hkeys : ckeys, e)) || (rc = neutral_or_reply(req, e)) ||
+    if ((rc = check_keys(req, "", keys, e)) || (rc = neutral_or_reply(req, e)) ||
         (rc = get_str(req, "", "model", 0, &model, e)) || (rc = get_int(req, "", "n", 1, l->max_n, 1, &n, e)) ||
         (rc = get_bool(req, "", "stream", 0, &stream, e)) || (rc = get_obj(req, "", "stream_options", &so, e)))
         return rc;
@@ -242,14 +247,16 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
     if (model) snprintf(q->model, sizeof q->model, "%s", model);
     else model_name(atomic_load(&s->engine), q->model, sizeof q->model);
 
-    /* the native rollout request: sampling from the OpenAI fields that map one to one */
+    /* the native rollout request: sampling from the top-level members that are sampling rows
+     * (max_tokens and logprobs are OpenAI's own, read above) */
     json_object *nat = json_object_new_object(), *groups = json_object_new_array(), *samp = json_object_new_object();
     json_object_object_add(nat, "groups", groups);
     json_object_object_add(nat, "sampling", samp);
-    static const char *const same[] = {"temperature", "top_p", "stop", "seed", "top_k", "min_p", "min_tokens",
-                                       "ignore_eos", "stop_token_ids", NULL};
-    for (int i = 0; same[i]; i++)
-        if (json_object_object_get_ex(req, same[i], &v) && v) put_copy(samp, same[i], v);
+    for (int i = 0; i < eng_sampling_params.n; i++) {
+        const char *k = eng_sampling_params.rows[i].name;
+        if (strcmp(k, "max_tokens") && strcmp(k, "logprobs") && json_object_object_get_ex(req, k, &v) && v)
+            put_copy(samp, k, v);
+    }
     put_int(samp, "max_tokens", max_tokens > 0 ? max_tokens : 1);
     json_object *meta = json_object_new_object();
     put_str(meta, "openai", chat ? "chat.completions" : "completions");

@@ -79,25 +79,20 @@ static const char schemas[] =
 "\"CompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
 "  \"prompt\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
 "    {\"type\":\"array\",\"items\":{\"type\":\"string\"}},{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}]},"
-"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":16},\"temperature\":{\"type\":\"number\",\"minimum\":0,\"maximum\":100,\"default\":1},"
-"  \"top_p\":{\"type\":\"number\",\"default\":1},\"n\":{\"type\":\"integer\",\"minimum\":1,\"default\":1},"
-"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},\"seed\":{\"type\":\"integer\"},"
+"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":16},\"n\":{\"type\":\"integer\",\"minimum\":1,\"default\":1},"
 "  \"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20,\"nullable\":true},\"echo\":{\"type\":\"boolean\"},\"stream\":{\"type\":\"boolean\"},"
 "  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"best_of\":{\"type\":\"integer\"},"
-"  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},"
-"  \"top_k\":{\"type\":\"integer\"},\"min_p\":{\"type\":\"number\"},\"min_tokens\":{\"type\":\"integer\"},\"ignore_eos\":{\"type\":\"boolean\"},"
-"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"prompt\"]},"
+"  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]}},"
+"  \"required\":[\"prompt\"]},"
 "\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
 "  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
 "    \"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":[\"role\"],\"additionalProperties\":true}},"
 "  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
-"  \"temperature\":{\"type\":\"number\"},\"top_p\":{\"type\":\"number\"},\"n\":{\"type\":\"integer\",\"minimum\":1},"
-"  \"stop\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"string\"}}]},\"seed\":{\"type\":\"integer\"},"
+"  \"n\":{\"type\":\"integer\",\"minimum\":1},"
 "  \"logprobs\":{\"type\":\"boolean\"},\"top_logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20},\"stream\":{\"type\":\"boolean\"},"
 "  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},"
-"  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"},"
-"  \"top_k\":{\"type\":\"integer\"},\"min_p\":{\"type\":\"number\"},\"min_tokens\":{\"type\":\"integer\"},\"ignore_eos\":{\"type\":\"boolean\"},"
-"  \"stop_token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"required\":[\"messages\"]},"
+"  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"}},"
+"  \"required\":[\"messages\"]},"
 "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
 "}";
 
@@ -123,6 +118,14 @@ static void close_objects(json_object *o) {
     if (json_object_object_get_ex(o, "properties", NULL) && !json_object_object_get_ex(o, "additionalProperties", NULL))
         json_object_object_add(o, "additionalProperties", json_object_new_boolean(0));
     json_object_object_foreach(o, k, v) { (void)k; close_objects(v); }
+}
+
+/* The OpenAI routes take the sampling rows at the top level (api/openai.c), but for max_tokens
+ * and logprobs, which OpenAI defines its own way: copy those rows' schemas into theirs. */
+static void oa_sampling(json_object *schemas, const char *name, json_object *sampling) {
+    json_object *props = json_object_object_get(json_object_object_get(schemas, name), "properties");
+    json_object_object_foreach(json_object_object_get(sampling, "properties"), k, v)
+        if (props && !json_object_object_get_ex(props, k, NULL)) json_object_object_add(props, k, json_object_get(v));
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -218,7 +221,10 @@ static void build(void) {
     json_object_object_add(d, "paths", paths);
     json_object *comp = json_object_new_object(), *sch = json_tokener_parse(schemas), *ss = json_object_new_object(),
                 *bearer = json_object_new_object();
-    json_object_object_add(sch, "Sampling", api_params_schema(&eng_sampling_params));
+    json_object *samp = api_params_schema(&eng_sampling_params);
+    oa_sampling(sch, "CompletionRequest", samp);
+    oa_sampling(sch, "ChatCompletionRequest", samp);
+    json_object_object_add(sch, "Sampling", samp);
     json_object_object_add(sch, "Algorithm", api_params_schema(&eng_loss_params));
     json_object_object_add(sch, "Optimizer", api_params_schema(&eng_optim_params));
     json_object_object_foreach(sch, name, def) {
