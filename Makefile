@@ -36,6 +36,7 @@ TEST_SRC   := $(wildcard tests/unit/test_*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+HOOKS_BIN  := $(BUILD)/grpod-test-hooks
 
 .PHONY: all deps test run bench install clean gpu-tests fuzz
 all: grpod
@@ -46,6 +47,14 @@ $(BUILD)/libapp.a: $(APP_OBJ)
 	@rm -f $@; ar rcs $@ $^
 
 grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
+	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
+
+# The daemon with its test hooks compiled in (-DGRPOD_TEST_HOOKS: daemon/worker.c's engine-hang
+# hook for tests/deploy/test_notify.py); make test builds it, nothing installs it.
+$(BUILD)/hooks/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DGRPOD_TEST_HOOKS -c -o $@ $<
+$(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c
@@ -69,7 +78,7 @@ deps:
 # run and test install missing packages first (tools/deps.sh is a no-op when all are present),
 # then build in a second make so the build sees the installed headers.
 test: deps
-	@$(MAKE) --no-print-directory grpod $(TEST_BIN)
+	@$(MAKE) --no-print-directory grpod $(HOOKS_BIN) $(TEST_BIN)
 	@bash tests/run.sh $(TEST_BIN)
 
 # libFuzzer targets (tests/fuzz/fuzz_*.c; clang, ASan + UBSan), each with a seed corpus in

@@ -65,8 +65,10 @@ double worker_heartbeat_age(worker *w) { return (double)(clock_mono_ns() - atomi
 int worker_ready(worker *w) { return atomic_load(&w->ready); }
 long long worker_policy_version(worker *w) { return atomic_load(&w->policy_version); }
 
-/* Test hook (tests/deploy/test_notify.py): GRPOD_TEST_HANG_ENGINE_AFTER_MS=N makes this thread
- * hang N ms after it starts, so the watchdog pings must stop. */
+#ifdef GRPOD_TEST_HOOKS
+/* Test hook, compiled only into build/grpod-test-hooks (Makefile; never ./grpod):
+ * GRPOD_TEST_HANG_ENGINE_AFTER_MS=N makes this thread hang N ms after it starts, so the
+ * watchdog pings must stop (tests/deploy/test_notify.py). */
 static void maybe_hang(worker *w, long long t0) {
     static long long hang_ms = -2;
     if (hang_ms == -2) {
@@ -78,6 +80,9 @@ static void maybe_hang(worker *w, long long t0) {
         for (;;) sleep(1000);
     }
 }
+#else
+static void maybe_hang(worker *w, long long t0) { (void)w; (void)t0; }
+#endif
 
 static void on_progress(void *ud, double fraction) {
     worker *w = ud;

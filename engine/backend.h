@@ -18,6 +18,7 @@
 #include "kernels/attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
+#include "kernels/tune.h"
 
 typedef struct eng_backend eng_backend;
 /* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + lr.u · lr.b^T + res (bias,
@@ -33,6 +34,7 @@ struct eng_backend {
     const char *name;
     int act_bytes;                       /* 4 (cpu) or 2 (cuda) */
     void *impl;
+    tune_opts tune;                      /* kernels/tune.h: read once at creation; tests may set fields */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);
@@ -44,6 +46,7 @@ struct eng_backend {
     int (*act_to_f32)(eng_backend *b, float *dst_host, const void *src, size_t n);    /* dev act -> host f32 */
     void (*f32_to_act)(eng_backend *b, void *dst, const float *src, size_t n);        /* dev f32 -> dev act */
     int (*sync)(eng_backend *b);         /* wait for queued work; 0 or the sticky error */
+    long long (*mem_free)(eng_backend *b);   /* free device memory in bytes; NULL on cpu (host memory) */
     /* Optional (NULL on cpu): pinned host memory, a host -> device copy that does not wait (src
      * must stay unchanged until the next sync), and CUDA graphs: graph_begin captures the ops
      * queued until graph_end into *graph (nothing runs); graph_launch replays it, returning 1
@@ -115,4 +118,7 @@ int backend_cpu_create(eng_backend **out, int n_threads);
 int backend_cuda_create(eng_backend **out, int device);
 /* 1 when a CUDA device is usable (always 0 in a CPU-only build). */
 int backend_cuda_available(void);
+/* The tuning knobs from the GRPOD_TUNE_* environment over tune_defaults() (engine/tune.c);
+ * GE_INVALID naming the variable for an unknown knob or a bad value. */
+int tune_from_env(tune_opts *t);
 #endif

@@ -136,7 +136,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
     if (!b) return err_set(GE_NOMEM, "cpu backend: out of memory");
     if (n_threads > 0) omp_set_num_threads(n_threads);
     *b = (eng_backend){
-        .name = "cpu", .act_bytes = 4,
+        .name = "cpu", .act_bytes = 4, .tune = tune_defaults(),
         .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .to_dev = cpu_copy, .to_host = cpu_copy,
         .act_from_f32 = cpu_act_from, .act_to_f32 = cpu_act_to, .f32_to_act = cpu_f32_to_act,
         .sync = cpu_sync, .destroy = cpu_destroy,

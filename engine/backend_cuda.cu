@@ -49,6 +49,12 @@ static void cu_zero(eng_backend *b, void *p, size_t n) {
 static int cu_status(eng_backend *b) {
     return CTX(b)->failed ? err_set(GE_CUDA, "cuda backend failed: %s", CTX(b)->msg) : 0;
 }
+static long long cu_mem_free(eng_backend *b) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return (long long)fr;
+    cudaGetLastError();   /* not sticky: the caller falls back to its own default */
+    return -1;
+}
 static int cu_to_dev(eng_backend *b, void *d, const void *s, size_t n) {
     cu_ctx *c = CTX(b);
     if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
@@ -279,6 +285,9 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
     if (!b || !c) { free(b); free(c); return err_set(GE_NOMEM, "cuda backend: out of host memory"); }
     b->impl = c;
+    int rc = tune_from_env(&b->tune);
+    if (rc) { free(b); free(c); return rc; }
+    c->tune = &b->tune;
     CU_CK(c, cudaSetDevice(device));
     CU_CK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     LT_CK(c, cublasLtCreate(&c->lt));
@@ -287,7 +296,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
     CU_CK(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
     if (c->failed) {
-        int rc = err_set(GE_CUDA, "cuda backend: %s", c->msg);
+        rc = err_set(GE_CUDA, "cuda backend: %s", c->msg);
         cu_destroy(b);
         return rc;
     }
@@ -295,7 +304,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->act_bytes = 2;
     b->alloc = cu_alloc; b->free = cu_free_; b->zero = cu_zero; b->to_dev = cu_to_dev; b->to_host = cu_to_host;
     b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
-    b->sync = cu_sync; b->destroy = cu_destroy;
+    b->sync = cu_sync; b->mem_free = cu_mem_free; b->destroy = cu_destroy;
     b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
     b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
     b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->mlp_in_fwd = mlp_f; b->swiglu_bwd = swi_b;

@@ -158,7 +158,7 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
         return model_forward(&e->m, &e->wv, &e->acts_ng, kv, in, 1.0f, 0);
     }
     int Tb = T, bi = -1;
-    int graphs = be->graph_begin && T <= DEC_GRAPH_T && R <= T && !getenv("GRPOD_NO_GRAPHS");
+    int graphs = be->graph_begin && T <= DEC_GRAPH_T && R <= T && be->tune.graphs;
     if (graphs) bi = bucket_of(T, &Tb);
     int Rb = graphs ? Tb : R;
     if ((rc = reserve(e, Tb, Rb)) || (rc = eng_acts_reserve(e, &e->acts_ng, Tb, 1, 0))) return rc;

@@ -17,10 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef GRPOD_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #include "common/err.h"
 #include "engine/decode.h"
 #include "engine/engine_internal.h"
@@ -104,18 +100,8 @@ static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_
 #define CPU_DEFAULT_ROWS (1 << 18)
 #define CPU_DEFAULT_CAP_BYTES (8LL << 30)
 
-/* Free device memory, or -1 when not known (cpu, or a build without CUDA). */
-static long long device_free_bytes(eng *e) {
-#ifdef GRPOD_CUDA
-    if (!strcmp(e->be->name, "cuda")) {
-        size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return (long long)fr;
-        cudaGetLastError();
-    }
-#endif
-    (void)e;
-    return -1;
-}
+/* Free device memory, or -1 when not known (cpu: host memory). */
+static long long device_free_bytes(eng *e) { return e->be->mem_free ? e->be->mem_free(e->be) : -1; }
 
 static long long pool_rows(eng *e, const eng_sched_opts *o, long long row_bytes) {
     if (o && o->kv_rows > 0) return o->kv_rows;

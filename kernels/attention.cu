@@ -2,9 +2,9 @@
  *
  * Fast path: tensor-core flash kernels for D = 64 and 128, forward and a deterministic backward
  * (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cuh) for D = 128, mma.sync
- * (attention_flash.cuh) for D = 64 or with GRPOD_WGMMA=0. Used for every call with those head
+ * (attention_flash.cuh) for D = 64. Used for every call with those head
  * dims (training and prefill; the forward reads key rows only inside the queries' ranges, so a
- * KV cache with S != T works too). GRPOD_ATTN_SIMPLE=1 forces the simple path (tests).
+ * KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT forces the simple path (tests).
  *
  * Simple path (below; every even D up to 128, zero-padded to DM = 16, 32, 64 or 128): plain
  * SIMT fp32 kernels, the first version.
@@ -374,10 +374,8 @@ static int head_dim_ok(cu_ctx *c, int D) {
     return 0;
 }
 
-static int use_flash(int D) {
-    if (D != 64 && D != 128) return 0;
-    const char *e = getenv("GRPOD_ATTN_SIMPLE");
-    return !(e && e[0] == '1');
+static int use_flash(cu_ctx *c, int D) {
+    return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT;
 }
 
 /* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
@@ -388,63 +386,53 @@ static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
     return bytes;
 }
 
-/* The wgmma kernels (attention_wgmma.cuh) for head dim 128 unless GRPOD_WGMMA=0 (the mma.sync
- * kernels: an A/B switch for benchmarks). */
-static int use_wgmma(int D) {
-    static int off = -1;
-    if (off < 0) {
-        const char *e = getenv("GRPOD_WGMMA");
-        off = e && e[0] == '0';
-    }
-    return D == 128 && !off;
-}
-
 /* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
 template <int D>
 static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
                       int T, int H, int K, float sc2) {
-    if (use_wgmma(D)) {
+    if constexpr (D == 128) {
         static unsigned raised;
         auto kern = wg_fwd_ws_kernel<128>;
         size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
         cu_raise_smem(c, kern, sm, &raised);
         kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
         CU_LAUNCHED(c, "wg_fwd_ws_kernel");
-        return;
+    } else {
+        constexpr int BM = 16 * FA_MR * FA_NW;
+        auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
+        size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
+        kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+        CU_LAUNCHED(c, "fa_fwd_kernel");
     }
-    constexpr int BM = 16 * FA_MR * FA_NW;
-    auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
-    size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
-    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
-    CU_LAUNCHED(c, "fa_fwd_kernel");
 }
 template <int D>
 static void flash_dkdv(cu_ctx *c, bf16 *dk, bf16 *dv, const float *dsum, const int *qlo, const int *qhi,
                        const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, attn_ranges r,
                        int T, int H, int K, float sc2, float scale) {
     dim3 grid((T + FA_BK - 1) / FA_BK, K);
-    if (use_wgmma(D)) {
+    if constexpr (D == 128) {
         static unsigned raised;
         auto kern = wg_dkdv_ws_kernel<128>;
         size_t sm = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
         cu_raise_smem(c, kern, sm, &raised);
         kern<<<grid, 384, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
         CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
-        return;
+    } else {
+        /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
+        auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
+        size_t sm = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) +
+                    2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
+        CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        dkv<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
+        CU_LAUNCHED(c, "fa_dkdv2_kernel");
     }
-    /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
-    auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
-    size_t sm = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) + 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
-    CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    dkv<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
-    CU_LAUNCHED(c, "fa_dkdv2_kernel");
 }
 
 template <int D>
 static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
                       int T, int H, int K, float sc2, float scale) {
-    if (use_wgmma(D)) {
+    if constexpr (D == 128) {
         static unsigned raised;
         auto kern = wg_dq_ws_kernel<128>;
         size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
@@ -475,9 +463,9 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cuh) returns here
      * before the training kernels below. */
-    if (use_flash(D) && attn_decode_fwd(c, out, lse, q, k, v, r, T, H, K, D)) return;
+    if (use_flash(c, D) && attn_decode_fwd(c, out, lse, q, k, v, r, T, H, K, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
-    if (use_flash(D)) {
+    if (use_flash(c, D)) {
         if (D == 64) flash_fwd<64>(c, out, lse, q, k, v, r, T, H, K, scale2);
         else flash_fwd<128>(c, out, lse, q, k, v, r, T, H, K, scale2);
         return;
@@ -492,7 +480,7 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int flash = use_flash(D), kt = flash ? (int)FA_BK : (int)KT, ntiles = (T + kt - 1) / kt;
+    int flash = use_flash(c, D), kt = flash ? (int)FA_BK : (int)KT, ntiles = (T + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;

@@ -327,8 +327,7 @@ static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, con
 /* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */
 static int attn_decode_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                            attn_ranges r, int T, int H, int K, int D) {
-    const char *e = getenv("GRPOD_ATTN_DECODE");
-    if (T > DEC_MAX_T || (D != 64 && D != 128) || H % K || (e && e[0] == '0')) return 0;
+    if (T > DEC_MAX_T || (D != 64 && D != 128) || H % K || !c->tune->attn_decode) return 0;
     int hpg = H / K;
     if (hpg != 1 && hpg != 2 && hpg != 4 && hpg != 8) return 0;
     float sc2 = LOG2E / sqrtf((float)D);

@@ -1,6 +1,6 @@
 /* attention_flash.cuh — tensor-core attention (FlashAttention-2 style) for attention.h's two key
  * ranges per query, head dim D = 64 or 128; included by attention.cu only. Head dim 128 runs on
- * the wgmma kernels of attention_wgmma.cuh unless GRPOD_WGMMA=0; the schedule helpers below
+ * the wgmma kernels of attention_wgmma.cuh; the schedule helpers below
  * (fa_sched, fa_next, fa_warp_vote, fa_mask, fa_store_rows, fa_dsum_rows) serve both.
  *
  * Every product is mma.sync m16n8k16 (bf16 in, fp32 accumulate) on ldmatrix fragments from

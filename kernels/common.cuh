@@ -13,6 +13,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include "kernels/tune.h"
+
 typedef __nv_bfloat16 bf16;
 
 #define CU_RED_SLOTS 4096                /* sumsq blocks at most: one partial each */
@@ -28,6 +30,7 @@ typedef struct cu_ctx {
     void *gemm_cache;            /* matmul.cu's plans for this context (gemm_cache_free) */
     int rms_smem_raised;         /* rmsnorm_bwd_kernel's shared-memory limit raised */
     int n_sm;
+    const tune_opts *tune;       /* the backend's knobs (eng_backend.tune), read at each launch */
     int failed;
     char msg[512];
 } cu_ctx;
@@ -74,16 +77,11 @@ static inline unsigned cu_blocks(long long n, int threads) {
  * by nothing in flight) and before it exits, and calls pdl_trigger() to let the next kernel
  * start early. Both are no-ops in a kernel launched the ordinary way. Used on the decode
  * step's chain of short kernels (the few-row GEMM prefetches its weights before the wait), so
- * each one's launch and prologue overlap the one before. GRPOD_PDL=0 launches them plainly. */
+ * each one's launch and prologue overlap the one before. GRPOD_TUNE_PDL=0 launches them plainly. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-static inline int cu_pdl_on(void) {
-    static int on = -1;
-    if (on < 0) { const char *e = getenv("GRPOD_PDL"); on = !(e && e[0] == '0'); }
-    return on;
-}
-/* A launch with programmatic dependent launch (unless GRPOD_PDL=0) and, when cluster > 1, thread
+/* A launch with programmatic dependent launch (unless tune.pdl is 0) and, when cluster > 1, thread
  * block clusters of `cluster` blocks along x (grid.x a multiple of it). */
 template <typename... KArgs, typename... Args>
 static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
@@ -92,7 +90,7 @@ static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArg
     cudaLaunchAttribute at[2];
     unsigned n = 0;
     cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = c->stream;
-    if (cu_pdl_on()) {
+    if (c->tune->pdl) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
     }

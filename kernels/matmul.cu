@@ -522,17 +522,17 @@ static int skinny_nt(int n_sm, int O, int MT, int even) {
  * H100, Qwen3-1.7B shapes, us per call in a graph (bench_rollout gemm), skinny vs cuBLASLt tuned:
  * T=16: 2048x2048 5.6 vs 6.4, 2048->1024 4.4 vs 5.6, 2048->6144 11.4 vs 11.4, 6144->2048 11.9
  * vs 13.2; T=1 faster still; T=64 slower (9.8 vs 6.6, 25 vs 11: MT=4 limits NT to 2), so
- * T > 16 goes to cuBLASLt. GRPOD_SKINNY=0 turns it off, =1 takes it up to T = 64 and any size. */
+ * T > 16 goes to cuBLASLt. tune.skinny 0 turns it off, 1 takes it up to T = 64 and any size. */
 static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
-    const char *e = getenv("GRPOD_SKINNY");
-    if ((e && e[0] == '0') || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
-    if (T > SK_AUTO_T && !(e && e[0] == '1')) return 0;
+    int force = c->tune->skinny == TUNE_SKINNY_FORCE;
+    if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
+    if (T > SK_AUTO_T && !force) return 0;
     if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0;   /* nw_s: 16-byte copies */
     for (int i = 0; i < a.n; i++)   /* the low-rank term's 16-byte loads */
         if (a.lb[i] && (a.act || a.lr % 8 || align_of(a.lu[i]) < 16 || align_of(a.lb[i]) < 16)) return 0;
     int Osum = 0, np = a.act ? 2 : a.n;
     for (int i = 0; i < np; i++) {
-        if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !(e && e[0] == '1'))) return 0;
+        if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !force)) return 0;
         Osum += a.O[i];
     }
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, Osum, MT, a.act != NULL);

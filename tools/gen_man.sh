@@ -89,8 +89,28 @@ Re-read the configuration file (notifies systemd with RELOADING=1, then READY=1)
 .B GRPOD_*
 Each option, as listed under OPTIONS.
 .TP
-.B GRPOD_TEST_HANG_ENGINE_AFTER_MS
-Test hook: the engine thread hangs this many milliseconds after it starts (watchdog tests only).
+.B GRPOD_TUNE_*
+Tuning knobs of the CUDA backend (docs/deploy.md), read once when it is created: the defaults
+are the fastest paths measured, the other values A/B switches for benchmarks and tests. An
+unknown
+.B GRPOD_TUNE_
+name or a bad value stops the start with a message naming the variable.
+.TP
+.B GRPOD_TUNE_GRAPHS=0
+Decode steps without CUDA graphs (default 1: captured once, replayed).
+.TP
+.B GRPOD_TUNE_PDL=0
+No programmatic dependent launch on the decode step's kernel chain (default 1).
+.TP
+.B GRPOD_TUNE_ATTN_DECODE=0
+No decode attention kernels for a few queries a step (default 1).
+.TP
+.B GRPOD_TUNE_ATTN=simt
+The plain SIMT attention kernels at every head dim (default auto: tensor-core kernels for head
+dims 64 and 128).
+.TP
+.BR GRPOD_TUNE_SKINNY=auto | 0 | 1
+The few-row GEMM kernel up to 16 rows (auto, the default), never (0: cuBLASLt) or up to 64 rows (1).
 .TP
 .B NOTIFY_SOCKET
 Set by systemd for Type=notify services: grpod sends READY=1 once the model is loaded and the

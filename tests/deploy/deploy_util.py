@@ -5,6 +5,8 @@ import subprocess
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GRPOD = os.path.join(ROOT, "grpod")
+# The daemon with test hooks compiled in (make test builds it; the Makefile says which hooks).
+GRPOD_TEST_HOOKS = os.path.join(ROOT, "build", "grpod-test-hooks")
 
 
 def serve_help():

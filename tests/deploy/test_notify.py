@@ -6,8 +6,8 @@
 #   - WATCHDOG=1 every ~WATCHDOG_USEC/2 (400 ms interval here), never later than the interval;
 #   - RELOADING=1 then READY=1 around SIGHUP, with the config file re-read;
 #   - STOPPING=1 on SIGTERM, then exit status 0;
-#   - with GRPOD_TEST_HANG_ENGINE_AFTER_MS=N (a test hook: the engine thread sleeps forever N ms
-#     after it starts) the pings stop within ~2 intervals of the hang, so systemd would restart;
+#   - with GRPOD_TEST_HANG_ENGINE_AFTER_MS=N (a test hook, only in build/grpod-test-hooks: the
+#     engine thread sleeps forever N ms after it starts) the pings stop within ~2 intervals of the hang, so systemd would restart;
 #   - a non-loopback --listen without --api-key-file is refused at start, naming the fix;
 #   - the example config deploy/grpod.conf, every key uncommented, starts a working daemon.
 # Skipped only while `./grpod serve --help` does not exist (the daemon not landed yet).
@@ -23,7 +23,7 @@ import time
 import pytest
 import requests
 
-from deploy_util import GRPOD, ROOT
+from deploy_util import GRPOD, GRPOD_TEST_HOOKS, ROOT
 
 WATCHDOG_USEC = 400_000
 INTERVAL = WATCHDOG_USEC / 1e6
@@ -91,7 +91,7 @@ class FakeSystemd:
 
 
 class Daemon:
-    def __init__(self, help_text, extra_env=None, extra_args=()):
+    def __init__(self, help_text, extra_env=None, extra_args=(), binary=GRPOD):
         # A short directory: sun_path holds at most 107 bytes.
         self.dir = tempfile.mkdtemp(prefix="grpod-nt-", dir="/tmp")
         self.port = free_port()
@@ -103,7 +103,7 @@ class Daemon:
         self.errlog = open(os.path.join(self.dir, "stderr.log"), "w+")
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [GRPOD, "serve", "--data-dir", os.path.join(self.dir, "data"),
+            [binary, "serve", "--data-dir", os.path.join(self.dir, "data"),
              "--listen", "127.0.0.1:%d" % self.port, *extra_args],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.errlog)
 
@@ -186,7 +186,8 @@ def test_ready_status_watchdog_reload_stopping(daemon_factory, tmp_path):
 
 def test_watchdog_stops_when_engine_hangs(daemon_factory):
     hang_ms = 1500
-    d = daemon_factory(extra_env={"GRPOD_TEST_HANG_ENGINE_AFTER_MS": str(hang_ms)})
+    assert os.access(GRPOD_TEST_HOOKS, os.X_OK), "make test builds " + GRPOD_TEST_HOOKS
+    d = daemon_factory(extra_env={"GRPOD_TEST_HANG_ENGINE_AFTER_MS": str(hang_ms)}, binary=GRPOD_TEST_HOOKS)
     sd = d.systemd
     assert sd.wait_for("READY=1", 30), "no READY=1; stderr:\n" + d.stderr()
     t_ready = sd.times("READY=1")[0]

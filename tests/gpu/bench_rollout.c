@@ -10,7 +10,7 @@
  * Usage: bench_rollout [0.6b|1.7b] [G P N new]
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
- *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (GRPOD_SKINNY=0), us per call
+ *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
  *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W. */
 #include <cuda_runtime_api.h>
 
@@ -65,15 +65,15 @@ static int bench_gemm(void) {
     for (int j = 0; j < 5; j++)
         for (int i = 0; i < 3; i++) {
             int T = Ts[i], I = IO[j][0], O = IO[j][1];
-            setenv("GRPOD_SKINNY", "0", 1);
+            be->tune.skinny = TUNE_SKINNY_OFF;
             double lt = gemm_us(be, w, wcap, x, y, T, I, O, 0);
-            setenv("GRPOD_SKINNY", "1", 1);
+            be->tune.skinny = TUNE_SKINNY_FORCE;
             double sk = gemm_us(be, w, wcap, x, y, T, I, O, 0), skl = gemm_us(be, w, wcap, x, y, T, I, O, 1);
             double gb = (double)O * I * 2 / 1e3;
             printf("gemm T=%-3d I=%-5d O=%-6d  cuBLASLt %7.2f us (%5.0f GB/s)  skinny %7.2f us (%5.0f GB/s), "
                    "W in L2 %7.2f us  floor@3.0TB/s %6.2f us\n", T, I, O, lt, gb / lt, sk, gb / sk, skl, gb / 3.0e3);
         }
-    unsetenv("GRPOD_SKINNY");
+    be->tune.skinny = TUNE_SKINNY_AUTO;
     be->destroy(be);
     return 0;
 }
@@ -202,11 +202,10 @@ int main(int argc, char **argv) {
     double wbytes = 2.0 * n;
     double kvbytes = 2.0 * L * K * D * 2 * ((double)G * P + (double)G * N * NEW / 2);
     double floor_ms = (wbytes + kvbytes) / bw * 1e3, floor3 = (wbytes + kvbytes) / 3.0e12 * 1e3;
-    const char *ng = getenv("GRPOD_NO_GRAPHS");
     printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (%s): prefill %.1f ms, decode %.2f ms/step "
            "(median; mean %.2f over %d steps), total %.0f ms, %.0f tok/s (decode only %.0f tok/s), "
            "%lld tokens, mean logprob %.3f\n",
-           size, G, P, N, NEW, ng && *ng ? "no graphs" : "graphs", prefill, dec_med, dec_mean, nd, t1 - t0,
+           size, G, P, N, NEW, e->be->tune.graphs ? "graphs" : "no graphs", prefill, dec_med, dec_mean, nd, t1 - t0,
            gen / ((t1 - t0) * 1e-3), (double)G * N / (dec_mean * 1e-3), gen, lp_sum / (gen ? gen : 1));
     printf("grpod-cuda rollout %s: HBM floor %.3f ms/step at the measured copy bandwidth %.2f TB/s "
            "(weights %.2f GB + KV %.2f GB), %.3f ms/step at 3.0 TB/s; decode/floor %.2fx\n",

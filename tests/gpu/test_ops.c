@@ -170,9 +170,9 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
     cpu->matmul_fwd(cpu, y_c, x, w, bias ? b : NULL, T, I, O);
     void *gx = gc_act(gpu, x, (size_t)T * I), *gw = gc_act(gpu, w, (size_t)O * I), *gb = gc_act(gpu, b, (size_t)O);
     void *gy = gpu->alloc(gpu, (size_t)T * O * 2);
-    setenv("GRPOD_SKINNY", "1", 1);   /* the kernel up to T = 64 (by default T <= 16) */
+    gpu->tune.skinny = TUNE_SKINNY_FORCE;   /* the kernel up to T = 64 (by default T <= 16) */
     gpu->matmul_fwd(gpu, gy, gx, gw, bias ? gb : NULL, T, I, O);
-    unsetenv("GRPOD_SKINNY");
+    gpu->tune.skinny = TUNE_SKINNY_AUTO;
     float *y_g = gc_get_act(gpu, gy, (size_t)T * O);
     gc_row("matmul_fwd few rows", sh, rel_l2(y_g, y_c, (size_t)T * O), 3e-3);
     gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gb); gpu->free(gpu, gy);
@@ -483,9 +483,9 @@ static void attention_suite(void) {
     t_attention("6 groups", r, r.T, 4, 2, 16, 1);
     t_attention("6 groups", r, r.T, 4, 2, 32, 1);
     t_attention("6 groups", r, r.T, 2, 1, 48, 1);
-    setenv("GRPOD_ATTN_SIMPLE", "1", 1);
+    gpu->tune.attn = TUNE_ATTN_SIMT;
     t_attention("6 groups, simple path", r, r.T, 4, 4, 128, 1);
-    unsetenv("GRPOD_ATTN_SIMPLE");
+    gpu->tune.attn = TUNE_ATTN_AUTO;
     free_ranges(r);
     /* a longer prompt: whole tiles inside every query's range (the unmasked path) */
     int P6[] = { 1000 }, N6[] = { 4 }, R6a[] = { 77, 200, 64, 128 };
