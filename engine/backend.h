@@ -80,7 +80,7 @@ struct eng_backend {
                           const void *k, const void *v, const void *out, const float *lse, attn_ranges r,
                           int T, int H, int K, int D);
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
-    /* gate/up projections and SwiGLU (kernels/swiglu.h mlp_in_fwd_cpu): all three written; one
+    /* gate/up projections and SwiGLU (kernels/matmul.h mlp_in_fwd_cpu): all three written; one
      * launch on CUDA at decode sizes */
     void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const mm_norm *norm,
                        const void *wg, const void *wu, int T, int I, int F);

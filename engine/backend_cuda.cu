@@ -17,7 +17,15 @@ extern "C" {
 }
 #include <cublas_v2.h>
 
-#include "kernels/cuda_ops.cuh"
+#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/logprob.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/sampling.cuh"
+#include "kernels/swiglu.cuh"
 
 #define CTX(b) ((cu_ctx *)(b)->impl)
 typedef const bf16 cbf;
@@ -111,24 +119,24 @@ static void cu_destroy(eng_backend *b) {
 
 /* ---------------------------------------------------------------- ops */
 
-static void emb_f(eng_backend *b, void *o, const int *t, const void *w, int T, int C) {
+static void cu_embedding_fwd(eng_backend *b, void *o, const int *t, const void *w, int T, int C) {
     embedding_fwd_cuda(CTX(b), (bf16 *)o, t, (cbf *)w, T, C);
 }
-static void emb_b(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) {
+static void cu_embedding_bwd(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) {
     embedding_bwd_cuda(CTX(b), dw, (cbf *)d, t, T, C);
 }
-static void rms_f(eng_backend *b, void *o, float *r, const void *x, const void *w, int T, int C, float eps) {
+static void cu_rmsnorm_fwd(eng_backend *b, void *o, float *r, const void *x, const void *w, int T, int C, float eps) {
     rmsnorm_fwd_cuda(CTX(b), (bf16 *)o, r, (cbf *)x, (cbf *)w, T, C, eps);
 }
-static void rms_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+static void cu_rmsnorm_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
                   int T, int C) {
     rmsnorm_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, T, C);
 }
-static void mm_f(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
+static void cu_matmul_fwd(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
     matmul_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)w, (cbf *)bias, T, I, O);
 }
 /* three parts a call to matmul_fwd_n_cuda (more than the op promises still work) */
-static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const mm_norm *nm, int T, int I) {
+static void cu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void *x, const mm_norm *nm, int T, int I) {
     cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
     for (int i0 = 0; i0 < n; i0 += 3) {
         bf16 *o[3];
@@ -144,59 +152,59 @@ static void mm_fn(eng_backend *b, const mm_part *p, int n, const void *x, const 
         matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I, any ? lr : NULL);
     }
 }
-static void mm_b(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
+static void cu_matmul_bwd(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
                  int I, int O) {
     matmul_bwd_cuda(CTX(b), (bf16 *)dx, dw, db, (cbf *)dy, (cbf *)x, (cbf *)w, T, I, O);
 }
-static void rope_f(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+static void cu_rope_fwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
     rope_fwd_cuda(CTX(b), (bf16 *)x, p, f, T, H, D);
 }
-static void rope_b(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+static void cu_rope_bwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
     rope_bwd_cuda(CTX(b), (bf16 *)x, p, f, T, H, D);
 }
-static void att_f(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
+static void cu_attention_fwd(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
                   int T, int H, int K, int D) {
     attention_fwd_cuda(CTX(b), (bf16 *)o, lse, (cbf *)q, (cbf *)k, (cbf *)v, r, T, H, K, D);
 }
-static void att_b(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                   const void *v, const void *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v,
                        (cbf *)out, lse, r, T, H, K, D);
 }
-static void swi_f(eng_backend *b, void *o, const void *g, const void *u, long long n) {
+static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
 }
-static void mlp_f(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
+static void cu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
                   const void *wu, int T, int I, int F) {
     cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
     mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, nm ? &cn : NULL, (cbf *)wg, (cbf *)wu, T, I, F);
 }
-static void swi_b(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
+static void cu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
 }
-static void add_f(eng_backend *b, void *o, const void *x, const void *y, long long n) {
+static void cu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
 }
-static void qkv_f(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
+static void cu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                   float eps) {
     qkv_rope_fwd_cuda(CTX(b), io, p, f, T, H, K, D, eps);
 }
-static void qkr_b(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+static void cu_qk_norm_rope_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
                   const int *p, const float *f, int T, int H, int D) {
     qk_norm_rope_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, p, f, T, H, D);
 }
-static void lp_f(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
+static void cu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
                  int M, int C, int V, float t) {
     logprob_fwd_cuda(CTX(b), lp, ent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
 }
-static void lp_b(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
+static void cu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
                  const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cuda(CTX(b), (bf16 *)dh, dw, dlp, dent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
 }
-static void rows_f(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
+static void cu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
 }
-static void samp_f(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
+static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
                    int V) {
     sample_cuda(CTX(b), tok, lp, lg, p, ban, R, V);
 }
@@ -257,12 +265,12 @@ static void cu_graph_free(eng_backend *b, void *gp) {
     if (g->exec) cudaGraphExecDestroy(g->exec);
     free(g);
 }
-static void adamw_f(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
+static void cu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
                     float b1, float b2, float eps, float wd, int step) {
     adamw_cuda(CTX(b), p, (bf16 *)act, g, m, v, n, lr, b1, b2, eps, wd, step);
 }
-static double sumsq_f(eng_backend *b, const float *x, long long n) { return sumsq_cuda(CTX(b), x, n); }
-static void scale_f(eng_backend *b, float *x, long long n, float s) { scale_cuda(CTX(b), x, n, s); }
+static double cu_sumsq(eng_backend *b, const float *x, long long n) { return sumsq_cuda(CTX(b), x, n); }
+static void cu_scale(eng_backend *b, float *x, long long n, float s) { scale_cuda(CTX(b), x, n, s); }
 
 /* ---------------------------------------------------------------- construction */
 
@@ -305,15 +313,17 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->alloc = cu_alloc; b->free = cu_free_; b->zero = cu_zero; b->to_dev = cu_to_dev; b->to_host = cu_to_host;
     b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
     b->sync = cu_sync; b->mem_free = cu_mem_free; b->destroy = cu_destroy;
-    b->embedding_fwd = emb_f; b->embedding_bwd = emb_b; b->rmsnorm_fwd = rms_f; b->rmsnorm_bwd = rms_b;
-    b->matmul_fwd = mm_f; b->matmul_fwd_n = mm_fn; b->matmul_bwd = mm_b; b->rope_fwd = rope_f; b->rope_bwd = rope_b;
-    b->attention_fwd = att_f; b->attention_bwd = att_b; b->swiglu_fwd = swi_f; b->mlp_in_fwd = mlp_f; b->swiglu_bwd = swi_b;
-    b->qkv_rope_fwd = qkv_f; b->qk_norm_rope_bwd = qkr_b;
-    b->add = add_f; b->logprob_fwd = lp_f; b->logprob_bwd = lp_b; b->lm_head_rows = rows_f; b->sample = samp_f;
+    b->embedding_fwd = cu_embedding_fwd; b->embedding_bwd = cu_embedding_bwd; b->rmsnorm_fwd = cu_rmsnorm_fwd;
+    b->rmsnorm_bwd = cu_rmsnorm_bwd; b->matmul_fwd = cu_matmul_fwd; b->matmul_fwd_n = cu_matmul_fwd_n;
+    b->matmul_bwd = cu_matmul_bwd; b->rope_fwd = cu_rope_fwd; b->rope_bwd = cu_rope_bwd;
+    b->attention_fwd = cu_attention_fwd; b->attention_bwd = cu_attention_bwd; b->swiglu_fwd = cu_swiglu_fwd;
+    b->mlp_in_fwd = cu_mlp_in_fwd; b->swiglu_bwd = cu_swiglu_bwd; b->qkv_rope_fwd = cu_qkv_rope_fwd;
+    b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd; b->add = cu_add; b->logprob_fwd = cu_logprob_fwd;
+    b->logprob_bwd = cu_logprob_bwd; b->lm_head_rows = cu_lm_head_rows; b->sample = cu_sample;
     b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
     b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;
     b->graph_free = cu_graph_free;
-    b->adamw = adamw_f; b->sumsq = sumsq_f; b->scale = scale_f;
+    b->adamw = cu_adamw; b->sumsq = cu_sumsq; b->scale = cu_scale;
     *out = b;
     return 0;
 }

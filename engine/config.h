@@ -42,4 +42,9 @@ int config_from_json(const struct js *root, const char *path, model_config *c);
 long long config_n_params(const model_config *c);
 /* Write config.json (and generation_config.json) describing c into dir. */
 int config_write(const char *dir, const model_config *c);
+/* inv_freq (D/2) for a model: theta^(-2i/D), then Llama 3 scaling when factor > 0
+ * (low_freq_factor, high_freq_factor, original max positions), as transformers computes it.
+ * The rope kernels (kernels/rope.h) take the table. */
+void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor,
+                   float high_freq_factor, int original_max_pos);
 #endif

@@ -28,6 +28,7 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/lora.h"
+#include "engine/optim.h"
 #include "engine/split.h"
 #include "kernels/adamw.h"
 

@@ -6,8 +6,7 @@
  * gradient gives the same norm on every run — replay depends on it); scale. */
 #include <math.h>
 
-#include "kernels/adamw.h"
-#include "kernels/cuda_ops.cuh"
+#include "kernels/adamw.cuh"
 
 __global__ void adamw_kernel(float *p, bf16 *act, const float *g, float *m, float *v, long long n, float decay,
                              float w1, float w2, float b2f, float step_size, float bc2_sqrt, float eps_f) {

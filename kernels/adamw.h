@@ -1,5 +1,5 @@
-/* adamw.h — the optimizer step on fp32 master weights, the global gradient norm, gradient
- * clipping and the learning-rate schedule. CPU reference in adamw_cpu.c (OpenMP over n); the
+/* adamw.h — the optimizer step on fp32 master weights, the global gradient norm and gradient
+ * scaling (the host-side schedule and clip coefficient are engine/optim.h). CPU reference in adamw_cpu.c (OpenMP over n); the
  * CUDA version keeps the same names with a _cuda suffix and a stream.
  *
  * adamw_cpu is torch.optim.AdamW (amsgrad=False, maximize=False) for one tensor, step t >= 1:
@@ -38,18 +38,4 @@ double sumsq_cpu(const float *x, long long n);
 /* x (n) *= s (gradient clipping). */
 void scale_cpu(float *x, long long n, float s);
 
-/* torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (total_norm + 1e-6)); 1 when
- * max_norm <= 0 (no clipping). Multiply the gradients by it (scale_cpu). */
-double grad_clip_coef(double total_norm, double max_norm);
-
-/* Learning rate of optimizer step `step` (1-based).
- *   warm-up (step <= warmup_steps): base_lr * step / warmup_steps — linear, reaching base_lr at
- *     the last warm-up step (HF's schedulers use (step - 1) / warmup and start from 0; we never
- *     spend a step at lr 0);
- *   then schedule 0 (constant): base_lr;
- *   schedule 1 (cosine, as HF get_cosine_schedule_with_warmup with a min_lr_ratio floor, as veRL):
- *     progress = (step - 1 - warmup_steps) / max(1, total_steps - warmup_steps), clamped to [0, 1];
- *     base_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + cos(pi * progress))). */
-float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps,
-                  float min_lr_ratio);
 #endif

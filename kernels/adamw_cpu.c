@@ -1,5 +1,5 @@
-/* adamw_cpu.c — fp32 reference of the optimizer step, the gradient norm, clipping and the
- * learning-rate schedule (contract in adamw.h). Element math mirrors torch's eager AdamW kernel
+/* adamw_cpu.c — fp32 reference of the optimizer step, the gradient norm and the gradient
+ * scaling (contract in adamw.h). Element math mirrors torch's eager AdamW kernel
  * operation by operation (mul_, lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_) so the CPU and
  * PyTorch agree to rounding. Legend: n elements. */
 #include "kernels/adamw.h"
@@ -48,22 +48,4 @@ double sumsq_cpu(const float *x, long long n) {
 void scale_cpu(float *x, long long n, float s) {
 #pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) x[i] *= s;
-}
-
-double grad_clip_coef(double total_norm, double max_norm) {
-    if (max_norm <= 0) return 1.0;
-    double c = max_norm / (total_norm + 1e-6);
-    return c < 1.0 ? c : 1.0;
-}
-
-float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps,
-                  float min_lr_ratio) {
-    if (warmup_steps > 0 && step <= warmup_steps)
-        return (float)((double)base_lr * step / warmup_steps);
-    if (schedule != 1) return base_lr;
-    int span = total_steps - warmup_steps;
-    double progress = (double)(step - 1 - warmup_steps) / (span > 1 ? span : 1);
-    progress = progress < 0 ? 0 : progress > 1 ? 1 : progress;
-    double cosv = 0.5 * (1.0 + cos(M_PI * progress));
-    return (float)((double)base_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosv));
 }

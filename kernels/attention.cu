@@ -1,10 +1,13 @@
-/* attention.cu — CUDA attention with attention.h's two key ranges per query.
+/* attention.cu — CUDA attention with attention.h's two key ranges per query: the dispatch of
+ * the family's paths, and the simple path's kernels.
  *
  * Fast path: tensor-core flash kernels for D = 64 and 128, forward and a deterministic backward
- * (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cuh) for D = 128, mma.sync
- * (attention_flash.cuh) for D = 64. Used for every call with those head
- * dims (training and prefill; the forward reads key rows only inside the queries' ranges, so a
- * KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT forces the simple path (tests).
+ * (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cu) for D = 128, mma.sync
+ * (attention_mma.cu) for D = 64; a few queries (decode) go to attention_decode.cu first. Used
+ * for every call with those head dims (training and prefill; the forward reads key rows only
+ * inside the queries' ranges, so a KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT
+ * forces the simple path (tests). The mma.sync kernels at D = 128, once an A/B switch against
+ * wgmma, are no longer built (measured slower: docs/benchmarks.md, "attention on wgmma").
  *
  * Simple path (below; every even D up to 128, zero-padded to DM = 16, 32, 64 or 128): plain
  * SIMT fp32 kernels, the first version.
@@ -22,18 +25,10 @@
  * Backward assumes key rows == query rows (S == T: training, no KV cache). */
 #include <limits.h>
 
-#include "kernels/cuda_ops.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/attention_tiles.cuh"
 
 enum { QT = 16, KT = 32, NT = 128, QB = 8 };
-#define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
-#define FULL 0xffffffffu
-
-typedef __nv_bfloat162 bf162;
-
-#include "kernels/attention_flash.cuh"
-#include "kernels/attention_decode.cuh"
-#include "kernels/attention_wgmma.cuh"
 
 /* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
@@ -281,6 +276,11 @@ __global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T
     }
 }
 
+void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, int tile) {
+    attn_tile_bounds_kernel<<<(T + tile - 1) / tile, 256, 0, c->stream>>>(qlo, qhi, r, T, tile);
+    CU_LAUNCHED(c, "attn_tile_bounds_kernel");
+}
+
 template <int DM>
 __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *lse,
@@ -378,82 +378,6 @@ static int use_flash(cu_ctx *c, int D) {
     return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT;
 }
 
-/* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
-template <typename F>
-static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
-    size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16);
-    CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return bytes;
-}
-
-/* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
-template <int D>
-static void flash_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
-                      int T, int H, int K, float sc2) {
-    if constexpr (D == 128) {
-        static unsigned raised;
-        auto kern = wg_fwd_ws_kernel<128>;
-        size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
-        cu_raise_smem(c, kern, sm, &raised);
-        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
-        CU_LAUNCHED(c, "wg_fwd_ws_kernel");
-    } else {
-        constexpr int BM = 16 * FA_MR * FA_NW;
-        auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
-        size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
-        kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
-        CU_LAUNCHED(c, "fa_fwd_kernel");
-    }
-}
-template <int D>
-static void flash_dkdv(cu_ctx *c, bf16 *dk, bf16 *dv, const float *dsum, const int *qlo, const int *qhi,
-                       const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse, attn_ranges r,
-                       int T, int H, int K, float sc2, float scale) {
-    dim3 grid((T + FA_BK - 1) / FA_BK, K);
-    if constexpr (D == 128) {
-        static unsigned raised;
-        auto kern = wg_dkdv_ws_kernel<128>;
-        size_t sm = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
-        cu_raise_smem(c, kern, sm, &raised);
-        kern<<<grid, 384, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
-        CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
-    } else {
-        /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
-        auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
-        size_t sm = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) +
-                    2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
-        CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        dkv<<<grid, 256, sm, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, sc2, scale);
-        CU_LAUNCHED(c, "fa_dkdv2_kernel");
-    }
-}
-
-template <int D>
-static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
-                      const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
-                      int T, int H, int K, float sc2, float scale) {
-    if constexpr (D == 128) {
-        static unsigned raised;
-        auto kern = wg_dq_ws_kernel<128>;
-        size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
-        cu_raise_smem(c, kern, sm, &raised);
-        kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
-                                                                       sc2, scale);
-        CU_LAUNCHED(c, "wg_dq_ws_kernel");
-    } else {
-        constexpr int BM = 16 * FA_MR * FA_DQ_NW;
-        auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
-        size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
-        dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
-                                                                          sc2, scale);
-        CU_LAUNCHED(c, "fa_dq_kernel");
-    }
-    int ntiles = (T + FA_BK - 1) / FA_BK;
-    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, FA_BK);
-    CU_LAUNCHED(c, "attn_tile_bounds_kernel");
-    flash_dkdv<D>(c, dk, dv, dsum, qlo, qhi, dout, q, k, v, lse, r, T, H, K, sc2, scale);
-}
-
 #define SIMPLE_DM(D, launch) do { \
     if ((D) <= 16) launch(16); else if ((D) <= 32) launch(32); else if ((D) <= 64) launch(64); else launch(128); \
 } while (0)
@@ -461,13 +385,13 @@ static void flash_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int 
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                         attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cuh) returns here
+    /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cu) returns here
      * before the training kernels below. */
-    if (use_flash(c, D) && attn_decode_fwd(c, out, lse, q, k, v, r, T, H, K, D)) return;
+    if (use_flash(c, D) && attn_decode_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(c, D)) {
-        if (D == 64) flash_fwd<64>(c, out, lse, q, k, v, r, T, H, K, scale2);
-        else flash_fwd<128>(c, out, lse, q, k, v, r, T, H, K, scale2);
+        if (D == 64) attn_mma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);
+        else attn_wgmma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);
         return;
     }
     dim3 grid((T + QT - 1) / QT, H);
@@ -480,7 +404,7 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                         const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int flash = use_flash(c, D), kt = flash ? (int)FA_BK : (int)KT, ntiles = (T + kt - 1) / kt;
+    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (T + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;
@@ -489,9 +413,9 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
         if (D == 64)
-            flash_bwd<64>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+            attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
         else
-            flash_bwd<128>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+            attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
@@ -499,8 +423,7 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
-    attn_tile_bounds_kernel<<<ntiles, 256, 0, c->stream>>>(qlo, qhi, r, T, kt);
-    CU_LAUNCHED(c, "attn_tile_bounds_kernel");
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, kt);
 #define L_(DM) attn_bwd_dkdv_kernel<DM><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_

@@ -4,7 +4,7 @@
  * one thread per column walks the tokens in chunks of EMB_CH; inside a chunk, gradients of a
  * repeated token are summed into its first occurrence, then each distinct row is read and
  * written once (the reads of a chunk are independent, which hides their latency). */
-#include "kernels/cuda_ops.cuh"
+#include "kernels/embedding.cuh"
 
 /* out (T,C) = wte[tokens[t]]; one block row per token, threads over C. */
 __global__ void embedding_fwd_kernel(bf16 *out, const int *tokens, const bf16 *wte, int T, int C) {

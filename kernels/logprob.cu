@@ -5,7 +5,8 @@
  * each row into dlogits (bf16) in the same row kernel, then two GEMMs: dh_chunk = dz · W (fp32,
  * scattered with adds into the rows at out_pos) and dW += dz^T · h_chunk (fp32, beta = 1).
  * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
-#include "kernels/cuda_ops.cuh"
+#include "kernels/logprob.cuh"
+#include "kernels/matmul.cuh"
 
 enum { CH = LOGPROB_CHUNK, ROW_THREADS = 1024 };
 

@@ -17,7 +17,9 @@
 #include <cublas_v2.h>
 
 #include "kernels/bf16_vec.cuh"
-#include "kernels/cuda_ops.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/swiglu.cuh"
 
 typedef struct {
     int transa, transb, m, n, k, lda, ldb, ldd, d_f32, bias, align;

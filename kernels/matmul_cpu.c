@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 
+#include "kernels/swiglu.h"
+
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0;
     #pragma omp simd reduction(+:s)
@@ -83,4 +85,11 @@ void matmul_bwd_cpu(float *dinp, float *dw, float *dbias, const float *dout, con
             if (dbias) dbias[o] += db;
         }
     }
+}
+
+void mlp_in_fwd_cpu(float *act, float *gate, float *up, const float *inp, const float *wg, const float *wu, int T,
+                    int I, int F) {
+    matmul_fwd_cpu(gate, inp, wg, NULL, T, I, F);
+    matmul_fwd_cpu(up, inp, wu, NULL, T, I, F);
+    swiglu_fwd_cpu(act, gate, up, (long long)T * F);
 }

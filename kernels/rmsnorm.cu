@@ -9,7 +9,9 @@
  * blocks in a fixed order into dw. The result is deterministic for a given device.
  * The q/k norm + RoPE backward keeps each lane's D/32 columns in registers instead. */
 #include "kernels/bf16_vec.cuh"
-#include "kernels/cuda_ops.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/swiglu.cuh"
 
 enum { RMS_WARPS = 8 };
 

@@ -1,7 +1,7 @@
 /* rope.cu — CUDA rotary embedding in place on bf16 (T,H,D), Hugging Face rotate_half layout.
  * The angle is the fp32 product pos * inv_freq[i] as HF computes it; sin/cos at full precision
  * (sincosf, not the fast intrinsics: positions reach 1e5 rad). Backward rotates by -angle. */
-#include "kernels/cuda_ops.cuh"
+#include "kernels/rope.cuh"
 
 __global__ void rope_kernel(bf16 *x, const int *pos, const float *inv_freq, int T, int H, int D, float sign) {
     int half = D / 2;

@@ -9,9 +9,5 @@ void rope_fwd_cpu(float *x, const int *pos, const float *inv_freq, int T, int H,
 /* x (T,H,D) rotated in place; pos (T); inv_freq (D/2) */
 void rope_bwd_cpu(float *dx, const int *pos, const float *inv_freq, int T, int H, int D);
 /* dx (T,H,D) in place: gradient w.r.t. the unrotated input */
-
-/* inv_freq (D/2) for a model: theta^(-2i/D), then Llama 3 scaling when factor > 0
- * (low_freq_factor, high_freq_factor, original max positions), as transformers computes it. */
-void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor,
-                   float high_freq_factor, int original_max_pos);
+/* The model's inv_freq table (rope_inv_freq) is computed from its config: engine/config.h. */
 #endif

@@ -16,8 +16,7 @@
  * Rows that a phase does not concern return at once. The grid depends only on R, so the op can
  * be captured in a CUDA graph; the per-row state lives in the context's scratch and is zeroed
  * (one memset) at the start of each call. Only tok and logprob (R ints, R floats) are written. */
-#include "kernels/cuda_ops.cuh"
-#include "kernels/sampling.h"
+#include "kernels/sampling.cuh"
 
 enum { SAMP_THREADS = 256, SAMP_LOCAL_BAN = 64 };
 

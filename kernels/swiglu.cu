@@ -3,7 +3,7 @@
  * writes KV-cache rows where qkv_rope_fwd (rmsnorm.cu) cannot do it in its own launch. Grid-stride loops; SwiGLU and add move V elements per thread per step
  * (16-byte accesses when n and the pointers allow, bf16_vec.cuh): they are memory-bound. */
 #include "kernels/bf16_vec.cuh"
-#include "kernels/cuda_ops.cuh"
+#include "kernels/swiglu.cuh"
 
 #define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
                                i += (long long)gridDim.x * blockDim.x)

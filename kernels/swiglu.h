@@ -1,5 +1,6 @@
 /* swiglu.h — the gated MLP activation of Llama/Qwen: out = silu(gate) * up,
- * silu(x) = x * sigmoid(x). The three projections around it are matmul.h.
+ * silu(x) = x * sigmoid(x). The three projections around it are matmul.h (the gate/up side
+ * with this activation fused: mlp_in_fwd).
  * Legend: T tokens, F MLP dim (n = T*F elements). */
 #ifndef GRPOD_SWIGLU_H
 #define GRPOD_SWIGLU_H
@@ -8,8 +9,4 @@ void swiglu_fwd_cpu(float *out, const float *gate, const float *up, long long n)
 void swiglu_bwd_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long long n);
 /* dgate, dup (T,F) overwritten; dgate may alias dout (each element's dout is read before its
  * dgate is written; the model shares the two buffers) */
-void mlp_in_fwd_cpu(float *act, float *gate, float *up, const float *inp, const float *wg, const float *wu, int T,
-                    int I, int F);
-/* the MLP's input side: gate = inp wg^T, up = inp wu^T (matmul_fwd_cpu, no bias), act =
- * swiglu_fwd of them; inp (T,I), wg, wu (F,I), act, gate, up (T,F) */
 #endif

@@ -2,8 +2,6 @@
  * d silu(x)/dx = s + x s (1 - s), s = sigmoid(x). */
 #include "kernels/swiglu.h"
 
-#include "kernels/matmul.h"
-
 #include <math.h>
 #include <stddef.h>
 
@@ -13,13 +11,6 @@ void swiglu_fwd_cpu(float *out, const float *gate, const float *up, long long n)
         float x = gate[i];
         out[i] = x / (1.0f + expf(-x)) * up[i];
     }
-}
-
-void mlp_in_fwd_cpu(float *act, float *gate, float *up, const float *inp, const float *wg, const float *wu, int T,
-                    int I, int F) {
-    matmul_fwd_cpu(gate, inp, wg, NULL, T, I, F);
-    matmul_fwd_cpu(up, inp, wu, NULL, T, I, F);
-    swiglu_fwd_cpu(act, gate, up, (long long)T * F);
 }
 
 void swiglu_bwd_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long long n) {

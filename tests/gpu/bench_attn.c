@@ -5,7 +5,7 @@
  * ../shared/bench/peer_attention.py counts them: 4·D·H per unmasked query-key pair forward,
  * forward+backward 3.5x that. Random bf16 inputs (never zeros).
  * Usage: bench_attn [P N R [H K D]]
- *        bench_attn decode G P N own [H K D]: the decode forward (attention_decode.cuh) for G groups
+ *        bench_attn decode G P N own [H K D]: the decode forward (attention_decode.cu) for G groups
  *        of N responses over a P-row prompt and `own` rows each, Qwen3-1.7B heads by default; 28
  *        calls (one per layer, each on its own KV cache: together more than L2) captured in one
  *        CUDA graph, us per call (median of 20 replays) and the KV bytes it must read. */

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
+#include "engine/engine_internal.h"
 #include "engine/lora.h"
 #include "engine/model.h"
 #include "engine/pack.h"
@@ -206,9 +207,9 @@ static void engine_level(const char *out) {
     sp.max_tokens = 24; sp.seed = 5; sp.ignore_eos = 1;
     eng_group_result ga, gb, g0;
     if (eng_rollout(e, &rg, 1, &sp, &ga, NULL, NULL) || eng_rollout(e0, &rg, 1, &sp, &g0, NULL, NULL)) gc_die(NULL, "rollout");
-    setenv("GRPOD_NO_GRAPHS", "1", 1);
+    e->be->tune.graphs = 0;
     if (eng_rollout(e, &rg, 1, &sp, &gb, NULL, NULL)) gc_die(NULL, "rollout");
-    unsetenv("GRPOD_NO_GRAPHS");
+    e->be->tune.graphs = 1;
     int same_graph = 1, differs_base = 0;
     double msum = 0;
     long long mk = 0;

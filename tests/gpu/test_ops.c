@@ -6,6 +6,7 @@
  * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
  * Usage: test_ops [small]   (small: the compute-sanitizer subset) */
+#include "engine/config.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -531,7 +532,7 @@ static ranges decode_ranges(int G, const int *P, const int *N, int max_own, unsi
     return r;
 }
 
-/* The decode attention kernels (attention_decode.cuh): small T, groups sharing a prompt. */
+/* The decode attention kernels (attention_decode.cu): small T, groups sharing a prompt. */
 static void decode_attention_suite(void) {
     int S;
     int P1[] = { 1024 }, N1[] = { 16 };

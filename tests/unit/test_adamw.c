@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 #include "engine/json.h"
+#include "engine/optim.h"
 #include "kernels/adamw.h"
 
 #define FIXTURE "tests/fixtures/adamw_reference.json"

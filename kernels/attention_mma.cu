@@ -1,7 +1,8 @@
-/* attention_flash.cuh — tensor-core attention (FlashAttention-2 style) for attention.h's two key
- * ranges per query, head dim D = 64 or 128; included by attention.cu only. Head dim 128 runs on
- * the wgmma kernels of attention_wgmma.cuh; the schedule helpers below
- * (fa_sched, fa_next, fa_warp_vote, fa_mask, fa_store_rows, fa_dsum_rows) serve both.
+/* attention_mma.cu — tensor-core attention (FlashAttention-2 style) for attention.h's two key
+ * ranges per query on mma.sync, head dim 64 (attention.cu dispatches; head dim 128 runs on the
+ * wgmma kernels of attention_wgmma.cu). The helpers named below and the schedule
+ * (fa_sched, fa_next, fa_warp_vote, fa_mask, fa_store_rows, fa_dsum_rows) are
+ * attention_tiles.cuh, shared with the wgmma and decode kernels.
  *
  * Every product is mma.sync m16n8k16 (bf16 in, fp32 accumulate) on ldmatrix fragments from
  * shared memory with rows padded by 16 bytes (D + 8 elements: ldmatrix rows land on distinct
@@ -26,261 +27,13 @@
  *   dkdv: block = 128 keys x one kv head; walks every (64-query tile, head of the group) pair
  *         that sees the tile (qlo/qhi from a scan), S^T = K·Q^T, dP^T = V·dO^T, dV += P^T·dO,
  *         dK += dS^T·Q in fp32 registers — the prompt's dK/dV is the sum over all N responses and
- *         all H/K heads — then one += into the bf16 dk/dv. Deterministic. fa_dkdv2_kernel (at the
- *         end of this file): 4 key groups of 32 x 2 warps, P^T / dS^T through shared memory
+ *         all H/K heads — then one += into the bf16 dk/dv. Deterministic. fa_dkdv2_kernel: 4 key groups of 32 x 2 warps, P^T / dS^T through shared memory
  *         (measured faster than 8 warps x 16 keys with everything in registers).
  * Block order: a block's linear index (x fastest) is mapped query-block (fwd, dq) or key-tile
  * (dkdv) major with the heads inside, heaviest blocks first, so every head's long blocks start
  * before any short one (head-major order left a tail: 10-15% of dkdv at the step shape).
  * Legend: T queries (== key rows in backward), H query heads, K kv heads, D head dim. */
-#include <limits.h>
-
-/* fwd: MR 2, 8 warps (256 queries), 64-key tiles, 2 stages; dq: MR 2, 4 warps (128 queries),
- * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps as 4 key groups x 2 (FA_BK keys a
- * block) against FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 2
- * stages were measured slower). */
-enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 8, FA_DQ_NW = 4, FA_MR = 2, FA_BK = 128, FA_Q = 64,
-       FA_FWD_NS = 2, FA_DKDV_NS = 3 };
-
-__device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void fa_ldsm4(unsigned (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem(p)));
-}
-__device__ __forceinline__ void fa_ldsm4t(unsigned (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem(p)));
-}
-__device__ __forceinline__ void fa_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* 16 bytes global -> shared; zero-filled when !ok (src is then not read). */
-__device__ __forceinline__ void fa_cp16(bf16 *dst, const bf16 *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void fa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-__device__ __forceinline__ float fa_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ unsigned fa_pack(float lo, float hi) {
-    bf162 v = __floats2bfloat162_rn(lo, hi);
-    return *(unsigned *)&v;
-}
-
-/* a: the warp's first row; b: the tile's first row. */
-template <int MR, int NT, int KD>
-__device__ __forceinline__ void mma_abt(float (&acc)[MR][NT][4], const bf16 *a, const bf16 *b, int st) {
-    int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
-    for (int kk = 0; kk < KD / 16; kk++) {
-        unsigned af[MR][4];
-        #pragma unroll
-        for (int mi = 0; mi < MR; mi++) fa_ldsm4(af[mi], a + (mi * 16 + (lane & 15)) * st + kk * 16 + (lane >> 4) * 8);
-        #pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-            unsigned bf[4];
-            fa_ldsm4(bf, b + (n * 8 + (m >> 1) * 8 + rr) * st + kk * 16 + (m & 1) * 8);
-            #pragma unroll
-            for (int mi = 0; mi < MR; mi++) {
-                fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
-                fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
-template <int MR, int KB, int ND>
-__device__ __forceinline__ void mma_pb(float (&acc)[MR][ND][4], const float (&p)[MR][2 * KB][4], const bf16 *b, int st) {
-    int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-        unsigned af[MR][4];
-        #pragma unroll
-        for (int mi = 0; mi < MR; mi++) {
-            af[mi][0] = fa_pack(p[mi][2 * kb][0], p[mi][2 * kb][1]);
-            af[mi][1] = fa_pack(p[mi][2 * kb][2], p[mi][2 * kb][3]);
-            af[mi][2] = fa_pack(p[mi][2 * kb + 1][0], p[mi][2 * kb + 1][1]);
-            af[mi][3] = fa_pack(p[mi][2 * kb + 1][2], p[mi][2 * kb + 1][3]);
-        }
-        #pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-            unsigned bf[4];
-            fa_ldsm4t(bf, b + (kb * 16 + (m & 1) * 8 + rr) * st + n * 8 + (m >> 1) * 8);
-            #pragma unroll
-            for (int mi = 0; mi < MR; mi++) {
-                fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
-                fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
-            }
-        }
-    }
-}
-
-template <int MR, int NT>
-__device__ __forceinline__ void fa_zero(float (&a)[MR][NT][4]) {
-    #pragma unroll
-    for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
-        for (int n = 0; n < NT; n++) a[mi][n][0] = a[mi][n][1] = a[mi][n][2] = a[mi][n][3] = 0;
-}
-
-/* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into smem (stride D + 8);
- * rows >= end are zero-filled. */
-template <int D, int ROWS>
-__device__ __forceinline__ void fa_load_rows(bf16 *dst, const bf16 *src, int r0, int end, int heads, int hd) {
-    constexpr int C = D / 8;
-    for (int i = threadIdx.x; i < ROWS * C; i += blockDim.x) {
-        int row = i / C, c = i % C, j = r0 + row;
-        bool ok = j < end;
-        fa_cp16(dst + row * (D + 8) + c * 8, ok ? src + ((size_t)j * heads + hd) * D + c * 8 : src, ok);
-    }
-}
-
-/* The key tiles of a query block, pass by pass: row ranges lo/hi in shared memory; per pass s
- * the union [blo, bhi) of the rows' ranges and [flo, fhi), inside every row's range. */
-template <int BM>
-struct fa_sched {
-    int lo[2][BM], hi[2][BM], blo[2], bhi[2], flo[2], fhi[2];
-};
-/* Advances (s, j0) to the first BN-key tile at or after it that some row needs; full: every row
- * needs all of it. Every thread calls it (a block vote for tiles outside [flo, fhi)). */
-template <int BM, int BN>
-__device__ __forceinline__ bool fa_next(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
-    while (s < 2) {
-        if (j0 < sc.bhi[s]) {
-            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) { full = 1; return true; }
-            int any = 0;
-            for (int i = threadIdx.x; i < BM; i += blockDim.x) any |= max(sc.lo[s][i], j0) < min(sc.hi[s][i], j0 + BN);
-            if (__syncthreads_or(any)) { full = 0; return true; }
-            j0 += BN;
-        } else if (++s < 2) {
-            j0 = sc.blo[s];
-        }
-    }
-    return false;
-}
-template <int BM>
-__device__ __forceinline__ void fa_sched_load(fa_sched<BM> &sc, attn_ranges r, int t0, int T) {
-    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
-        int t = t0 + i, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-        if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
-        sc.lo[0][i] = a0; sc.hi[0][i] = a1;
-        sc.lo[1][i] = b0; sc.hi[1][i] = b1;
-    }
-    __syncthreads();
-    if (threadIdx.x < 64) {   /* two warps: pass = warp, lanes split the rows */
-        int s = threadIdx.x >> 5, lane = threadIdx.x & 31, lo = INT_MAX, hi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
-        for (int i = lane; i < BM; i += 32) {
-            int a = sc.lo[s][i], b = sc.hi[s][i];
-            if (a < b) { lo = min(lo, a); hi = max(hi, b); }
-            flo = max(flo, a); fhi = min(fhi, b);   /* an empty row makes [flo, fhi) empty */
-        }
-        lo = __reduce_min_sync(FULL, lo);
-        hi = __reduce_max_sync(FULL, hi);
-        flo = __reduce_max_sync(FULL, flo);
-        fhi = __reduce_min_sync(FULL, fhi);
-        if (lane == 0) { sc.blo[s] = lo; sc.bhi[s] = hi; sc.flo[s] = flo; sc.fhi[s] = fhi; }
-    }
-    __syncthreads();
-}
-
-/* The warp's own rows (16 MR from `row0`) against keys [j0, j1) of pass s: need (some row sees a
- * key) and wfull (every row sees every key). */
-template <int MR, int BM>
-__device__ __forceinline__ void fa_warp_vote(const fa_sched<BM> &sc, int s, int row0, int j0, int j1, int &need, int &wfull) {
-    int row = row0 + ((threadIdx.x & 31) & (16 * MR - 1)), lo = sc.lo[s][row], hi = sc.hi[s][row];
-    need = __any_sync(FULL, max(lo, j0) < min(hi, j1));
-    wfull = __all_sync(FULL, lo <= j0 && j1 <= hi);
-}
-
-/* Keys outside the row's range of pass s become -inf (raw scores). Rows of this thread:
- * row0 + 16 mi + g and + 8. */
-template <int MR, int NT, int BM>
-__device__ __forceinline__ void fa_mask(float (&sa)[MR][NT][4], const fa_sched<BM> &sc, int s, int row0, int j0) {
-    int lane = threadIdx.x & 31, c2 = 2 * (lane & 3);
-    #pragma unroll
-    for (int mi = 0; mi < MR; mi++) {
-        int r0 = row0 + mi * 16 + (lane >> 2);
-        int lo0 = sc.lo[s][r0], hi0 = sc.hi[s][r0], lo1 = sc.lo[s][r0 + 8], hi1 = sc.hi[s][r0 + 8];
-        #pragma unroll
-        for (int n = 0; n < NT; n++)
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = j0 + n * 8 + c2 + (e & 1), lo = e < 2 ? lo0 : lo1, hi = e < 2 ? hi0 : hi1;
-                if (j < lo || j >= hi) sa[mi][n][e] = -INFINITY;
-            }
-    }
-}
-
-/* The warp's 16 MR rows of acc (16MR x D), times inv per row, as bf16 into its own rows of a
- * staging tile, then 16-byte stores to rows t0 + row0 .. of a (T, H, D) tensor at head h. */
-template <int D, int MR>
-__device__ __forceinline__ void fa_store_rows(bf16 *dst, bf16 *stage, const float (&acc)[MR][D / 8][4],
-                                              const float (&inv)[MR][2], int t0, int row0, int T, int H, int h) {
-    constexpr int ST = D + 8;
-    int lane = threadIdx.x & 31, gr = lane >> 2, c2 = 2 * (lane & 3);
-    bf16 *ow = stage + row0 * ST;
-    #pragma unroll
-    for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            *(bf162 *)(ow + (mi * 16 + gr) * ST + n * 8 + c2) =
-                __floats2bfloat162_rn(acc[mi][n][0] * inv[mi][0], acc[mi][n][1] * inv[mi][0]);
-            *(bf162 *)(ow + (mi * 16 + gr + 8) * ST + n * 8 + c2) =
-                __floats2bfloat162_rn(acc[mi][n][2] * inv[mi][1], acc[mi][n][3] * inv[mi][1]);
-        }
-    __syncwarp();
-    for (int i = lane; i < 16 * MR * (D / 8); i += 32) {
-        int row = i / (D / 8), c = i % (D / 8), t = t0 + row0 + row;
-        if (t < T) *(uint4 *)(dst + ((size_t)t * H + h) * D + c * 8) = *(const uint4 *)(ow + row * ST + c * 8);
-    }
-}
-
-/* The K/V pipeline of fwd and dq, NS (2 or 3) stages, one barrier a tile: tile i sits in stage
- * i % NS; after the barrier that opens tile i (every warp is done with tile i - 1) the loads of
- * tile i + NS - 1 go into the stage tile i - 1 used. A: the tile being computed, B: the one after
- * it (NS = 3). Every thread runs these (fa_next votes). */
-struct fa_tile { int s, j0, full; bool have; };
-#define FA_PIPE_LOAD(X, st) do { \
-    if ((X).have) { \
-        fa_load_rows<D, BN>(k_s + (st) * TILE, k, (X).j0, sc.bhi[(X).s], K, g); \
-        fa_load_rows<D, BN>(v_s + (st) * TILE, v, (X).j0, sc.bhi[(X).s], K, g); \
-    } \
-    fa_commit(); \
-} while (0)
-#define FA_PIPE_AFTER(X, Y) do { \
-    (Y) = (X); (Y).j0 += BN; \
-    (Y).have = (X).have && fa_next<BM, BN>(sc, (Y).s, (Y).j0, (Y).full); \
-} while (0)
-#define FA_PIPE_START() \
-    fa_tile A = { 0, sc.blo[0], 0, false }, B = A, N = A; \
-    int buf = 0; \
-    A.have = fa_next<BM, BN>(sc, A.s, A.j0, A.full); \
-    FA_PIPE_LOAD(A, 0); \
-    if (NS == 3) { FA_PIPE_AFTER(A, B); FA_PIPE_LOAD(B, 1); }
-#define FA_PIPE_NEXT() do { \
-    fa_wait<NS - 2>(); \
-    __syncthreads(); \
-    FA_PIPE_AFTER(NS == 3 ? B : A, N); \
-    FA_PIPE_LOAD(N, (buf + NS - 1) % NS); \
-} while (0)
-#define FA_PIPE_ADVANCE() do { \
-    if (NS == 3) { A = B; B = N; } else A = N; \
-    buf = buf + 1 == NS ? 0 : buf + 1; \
-} while (0)
-
-/* The query block and head of a fwd / dq block. Blocks start in linear order (x fastest); the
- * last query blocks see the most keys, so they go first: query block major, heads inside
- * (the longest blocks of every head before any short one: a shorter tail than head major). */
-#define FA_QBLOCK() \
-    int lin_ = blockIdx.x + blockIdx.y * gridDim.x, xb_ = lin_ / H; \
-    int h = lin_ % H, g = h / (H / K), t0 = (gridDim.x - 1 - xb_) * BM
+#include "kernels/attention_tiles.cuh"
 
 template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
@@ -353,42 +106,6 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, floa
     fa_store_rows<D, MR>(out, q_s, o, inv, t0, row0, T, H, h);   /* the warp's own q_s rows */
 }
 
-/* Dsum = rowsum(dO ∘ O) for the block's rows [row0, row0 + NR) (a warp's own rows), 8 rows'
- * loads in flight at a time: into ds_s[row] and dsum (T, H). */
-template <int D, int NR>
-__device__ __forceinline__ void fa_dsum_rows(float *ds_s, float *dsum, const bf16 *out, const bf16 *dout, int t0,
-                                             int row0, int T, int H, int h) {
-    int lane = threadIdx.x & 31;
-    constexpr int CH = D / 64;   /* bf162 pairs a lane holds of one row */
-    #pragma unroll 1
-    for (int i0 = 0; i0 < NR; i0 += 8) {
-        bf162 a[8][CH], b[8][CH];
-        #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int t = t0 + row0 + i0 + u;
-            const bf162 *o2 = (const bf162 *)(out + ((size_t)min(t, T - 1) * H + h) * D);
-            const bf162 *d2 = (const bf162 *)(dout + ((size_t)min(t, T - 1) * H + h) * D);
-            #pragma unroll
-            for (int c = 0; c < CH; c++) { a[u][c] = o2[lane + 32 * c]; b[u][c] = d2[lane + 32 * c]; }
-        }
-        #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            int row = row0 + i0 + u, t = t0 + row;
-            float acc = 0;
-            #pragma unroll
-            for (int c = 0; c < CH; c++) {
-                float2 x = __bfloat1622float2(a[u][c]), y = __bfloat1622float2(b[u][c]);
-                acc += x.x * y.x + x.y * y.y;
-            }
-            acc = t < T ? warp_sum(acc) : 0.0f;
-            if (lane == 0) {
-                ds_s[row] = acc;
-                if (t < T) dsum[(size_t)t * H + h] = acc;
-            }
-        }
-    }
-}
-
 /* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
 template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
@@ -451,35 +168,6 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
     #pragma unroll
     for (int mi = 0; mi < MR; mi++) sc_[mi][0] = sc_[mi][1] = scale;
     fa_store_rows<D, MR>(dq, q_s, acc, sc_, t0, row0, T, H, h);   /* the warp's own q_s rows */
-}
-
-/* Per (query tile, head) pair of a dkdv block: row scalars (lse in log2 units, Dsum, ranges). */
-struct fa_qrows {
-    float l2[FA_Q], ds[FA_Q];
-    int rg[FA_Q][4];
-};
-
-/* acc (16MR x 8ND) += A (16MR x 16KB, smem rows, stride sa) · B (16KB x 8ND, smem rows, stride sb,
- * ldmatrix.trans): dkdv2's second phase, both operands from shared memory. */
-template <int MR, int KB, int ND>
-__device__ __forceinline__ void mma_ab(float (&acc)[MR][ND][4], const bf16 *a, int sa, const bf16 *b, int sb) {
-    int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-        unsigned af[MR][4];
-        #pragma unroll
-        for (int mi = 0; mi < MR; mi++) fa_ldsm4(af[mi], a + (mi * 16 + (lane & 15)) * sa + kb * 16 + (lane >> 4) * 8);
-        #pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-            unsigned bf[4];
-            fa_ldsm4t(bf, b + (kb * 16 + (m & 1) * 8 + rr) * sb + n * 8 + (m >> 1) * 8);
-            #pragma unroll
-            for (int mi = 0; mi < MR; mi++) {
-                fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
-                fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
-            }
-        }
-    }
 }
 
 /* dkdv, FlashAttention-2 layout: block = 128 keys x one kv head, 8 warps as 4 key groups (32
@@ -611,4 +299,44 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
                 *pv = __floats2bfloat162_rn(bb.x + dva[mi][n][2 * e2], bb.y + dva[mi][n][2 * e2 + 1]);
             }
         }
+}
+
+/* ---------------------------------------------------------------- launchers (D = 64) */
+
+/* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
+template <typename F>
+static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
+    size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16);
+    CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+/* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
+void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
+                       int T, int H, int K, float sc2) {
+    constexpr int D = 64, BM = 16 * FA_MR * FA_NW;
+    auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
+    size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
+    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+    CU_LAUNCHED(c, "fa_fwd_kernel");
+}
+
+void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
+                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
+                       int T, int H, int K, float sc2, float scale) {
+    constexpr int D = 64, BM = 16 * FA_MR * FA_DQ_NW;
+    auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
+    size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
+    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
+                                                                      sc2, scale);
+    CU_LAUNCHED(c, "fa_dq_kernel");
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, FA_BK);
+    /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
+    auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
+    size_t smk = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) +
+                 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
+    CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smk));
+    dkv<<<dim3((T + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T,
+                                                                   H, K, sc2, scale);
+    CU_LAUNCHED(c, "fa_dkdv2_kernel");
 }

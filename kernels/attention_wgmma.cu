@@ -1,6 +1,6 @@
-/* attention_wgmma.cuh — Hopper warpgroup-MMA (wgmma, sm_90a) attention for attention.h's two key
- * ranges per query, head dim 128; included by attention.cu after attention_flash.cuh, whose tile
- * schedule (fa_sched / fa_next / fa_warp_vote / fa_mask) and row store it reuses.
+/* attention_wgmma.cu — Hopper warpgroup-MMA (wgmma, sm_90a) attention for attention.h's two key
+ * ranges per query, head dim 128 (attention.cu dispatches); the tile schedule (fa_sched /
+ * fa_next / fa_warp_vote / fa_mask) and row store are attention_tiles.cuh's.
  *
  * Shared-memory tiles: ROWS rows of D bf16 as D/64 column blocks of ROWS x 128 bytes, each row's
  * eight 16-byte chunks XOR-swizzled by row % 8 (wgmma's 128-byte swizzle), every block 1024-byte
@@ -18,6 +18,7 @@
  * shared-memory rings signalled by full / empty mbarriers, warpgroups 1 and 2 the consumers,
  * which never meet at a block barrier, so one's elementwise work runs under the other's
  * products. */
+#include "kernels/attention_tiles.cuh"
 
 /* byte offset of 16-byte chunk c of row `row` in a ROWS-row swizzled tile */
 template <int ROWS>
@@ -603,4 +604,35 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     asm volatile("bar.sync 1, 256;\n" ::: "memory");   /* both consumers are done with k_s: it stages the rows */
     float sc_[1][2] = { { scale, scale } };
     fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
+}
+
+/* ---------------------------------------------------------------- launchers (D = 128) */
+
+void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                         attn_ranges r, int T, int H, int K, float sc2) {
+    static unsigned raised;
+    auto kern = wg_fwd_ws_kernel<128>;
+    size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
+    cu_raise_smem(c, kern, sm, &raised);
+    kern<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+    CU_LAUNCHED(c, "wg_fwd_ws_kernel");
+}
+
+void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
+                         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
+                         attn_ranges r, int T, int H, int K, float sc2, float scale) {
+    static unsigned raised_dq, raised_dkdv;
+    auto dqk = wg_dq_ws_kernel<128>;
+    size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
+    cu_raise_smem(c, dqk, sm, &raised_dq);
+    dqk<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2,
+                                                                  scale);
+    CU_LAUNCHED(c, "wg_dq_ws_kernel");
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, FA_BK);
+    auto dkv = wg_dkdv_ws_kernel<128>;
+    size_t smk = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
+    cu_raise_smem(c, dkv, smk, &raised_dkdv);
+    dkv<<<dim3((T + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H,
+                                                                   K, sc2, scale);
+    CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
 }

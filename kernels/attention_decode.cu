@@ -1,5 +1,5 @@
-/* attention_decode.cuh — the small-T (decode) forward of attention.h, included by attention.cu
- * after attention_flash.cuh (its mma / ldmatrix / cp.async helpers).
+/* attention_decode.cu — the small-T (decode) forward of attention.h (attention.cu asks it first);
+ * the mma / ldmatrix / cp.async helpers are attention_tiles.cuh's.
  *
  * Bifurcated split-KV ("flash-decoding") on tensor cores, one launch. A cluster of CS = DEC_CS
  * blocks owns a tile of CS consecutive queries and one kv head g: all HPG = H/K query heads that
@@ -28,6 +28,8 @@
  * The grid depends only on T (and the model dims): ranges are read from device memory, so the
  * launch can be captured in a CUDA graph. Used for D = 64 / 128 and H/K in {1, 2, 4, 8}. */
 #include <cooperative_groups.h>
+
+#include "kernels/attention_tiles.cuh"
 
 /* DEC_CS blocks a cluster = queries a tile. Measured on the H200 (bench_attn decode, Qwen3-1.7B
  * heads, P = 1024, N = 16): clusters of 16 (a group's 16 responses in one tile), 3 or 4 ring
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
     float2 *oml = (float2 *)((unsigned char *)kv_s + SM::OACC_AT + SM::OACC);
     const int rank = blockIdx.x, t0 = blockIdx.y * CS, g = blockIdx.z, t = t0 + rank;
     /* The tile's shared and own ranges, read before the wait: they are written by nothing in
-     * flight (cuda_ops.cuh), so the round trip overlaps the kernel before. Only dec_pass reads
+     * flight (attention.cuh), so the round trip overlaps the kernel before. Only dec_pass reads
      * them, after its opening barrier. */
     __shared__ int rng[2][CS][2];   /* [shared a0/a1, own b0/b1][query of the tile][lo, hi] */
     if (threadIdx.x < 2 * CS) {
@@ -325,7 +327,7 @@ static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, con
 }
 
 /* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */
-static int attn_decode_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                            attn_ranges r, int T, int H, int K, int D) {
     if (T > DEC_MAX_T || (D != 64 && D != 128) || H % K || !c->tune->attn_decode) return 0;
     int hpg = H / K;
