@@ -73,7 +73,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.a,$^) $(APPLIBS) $(LDLIBS)
 
 deps:
-	@bash tools/deps.sh
+	@bash tools/deps.sh --test
 
 # run and test install missing packages first (tools/deps.sh is a no-op when all are present),
 # then build in a second make so the build sees the installed headers.
@@ -105,7 +105,8 @@ fuzz: $(FUZZ_BIN)
 	    "$$(grep -oE 'cov: [0-9]+' $(BUILD)/fuzz-long/$$n.log | tail -1) (log $(BUILD)/fuzz-long/$$n.log)"; \
 	  [ $$rc = 0 ] || { grep -m3 -E 'ERROR|SUMMARY|runtime error' $(BUILD)/fuzz-long/$$n.log; exit 1; }; done
 
-run: deps
+run:
+	@bash tools/deps.sh
 	@$(MAKE) --no-print-directory grpod
 	./grpod serve $(ARGS)
 

@@ -72,7 +72,7 @@ static const opt_def opts[] = {
     {"max-connections-per-client", O_INT, S_(max_connections_per_client), 1, 1 << 20, 0, "256", "open connections from one client address (its oldest waiting one is closed beyond that)"},
     {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30", "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
-    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores but one, at least 1; they wait passively unless OMP_WAIT_POLICY=active)"},
+    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active)"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
     {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
     {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},

@@ -121,14 +121,16 @@ static void latest_checkpoint(worker *w, char *out, size_t n, long long *version
     free(cks);
 }
 
-/* --engine-threads 0: every core this process may run on but one, which is left to the client
- * (the training loop, the reward code) and the HTTP threads; at least one. On a 2-core machine
- * that is one engine thread: with two, one busy neighbour makes every fork-join wait for a
- * descheduled thread (docs/benchmarks.md, "sharing the machine"). */
+/* --engine-threads 0: every core this process may run on, but one left to the client (the
+ * training loop, reward code) and the HTTP threads on machines of more than 4 cores. On small
+ * machines the passive waits (main.c) already give the client its turns, and one engine thread
+ * fewer costs more than it leaves: on 2 shared cores the toy task took 36 s with one engine
+ * thread and 16 s with two, and one busy neighbour slowed one thread 1.9x, two 1.03x
+ * (docs/benchmarks.md, "Sharing the machine"). */
 static int default_engine_threads(void) {
     cpu_set_t set;
     int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 1 ? n - 1 : 1;
+    return n > 4 ? n - 1 : n > 0 ? n : 1;
 }
 
 /* Removes DATA/checkpoints/\*.tmp: saves a crash (or a full disk) cut short. */

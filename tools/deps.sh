@@ -1,11 +1,16 @@
 #!/bin/bash
 # make deps: install the Debian and Python packages grpod's build and tests need.
-# Idempotent: does nothing when everything is present.
+# Idempotent: does nothing when everything is present. tools/deps.sh --test adds what only the
+# tests need.
 set -eu
-# chromium: the dashboard test's headless browser (tests/integration/test_dashboard.py)
-debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev libpcre2-dev pkg-config curl clang libclang-rt-14-dev systemd chromium"
-# openai: the OpenAI-compatible routes are tested with the official client (test_openai.py)
-pips="tokenizers pytest requests numpy openai"
+debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev libpcre2-dev pkg-config curl clang libclang-rt-14-dev systemd"
+pips="tokenizers pytest requests numpy"
+# --test (make test, make deps; not make run): chromium, the dashboard test's headless browser
+# (tests/integration/test_dashboard.py), and the official openai client (test_openai.py)
+if [ "${1:-}" = --test ]; then
+  debs="$debs chromium"
+  pips="$pips openai"
+fi
 missing=""
 for p in $debs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -5,6 +5,8 @@
 # The engine runs with the daemon's defaults unless GRPOD_ARGS adds flags
 # (e.g. GRPOD_ARGS="--engine-threads 2"); OMP_* in the environment pass through.
 #   tests/bench/toy_shared.sh [REPEATS=3] [STEPS=40]
+# On a machine shared with other work, `nice -n -10 tests/bench/toy_shared.sh` (root) runs the
+# daemon, the client and the busy process above the rest, which approximates an idle machine.
 set -eu
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
