@@ -82,9 +82,11 @@ def test_retries_429_after_retry_after(make_daemon, monkeypatch):
     d = make_daemon(args=["--max-queued-jobs", "1"])
     c = Client(d.url, max_retries=0)
     # a long rollout runs, an update is held behind it: what comes next queues (1 allowed)
-    for jid in (c.submit_rollouts([{"prompt": "x", "n": 8}], {"max_tokens": 300, "ignore_eos": True, "seed": 1}),
-                c.submit_update([{"prompt_ids": [1, 2], "responses": [{"token_ids": [3], "reward": 1.0},
-                                                                      {"token_ids": [4], "reward": 0.0}]}])):
+    submits = (lambda: c.submit_rollouts([{"prompt": "x", "n": 8}], {"max_tokens": 300, "ignore_eos": True, "seed": 1}),
+               lambda: c.submit_update([{"prompt_ids": [1, 2], "responses": [{"token_ids": [3], "reward": 1.0},
+                                                                             {"token_ids": [4], "reward": 0.0}]}]))
+    for submit in submits:      # each claimed before the next is sent
+        jid = submit()
         end = time.time() + 60
         while c.job(jid)["status"] == "queued" and time.time() < end:
             time.sleep(0.02)
