@@ -261,9 +261,13 @@ def tortured(args, stream, work, rng):
                     ckpt = ids[-1]
                     break
                 n -= 1
+            upd = [i for i, s in zip(ids[-7:], stream[len(ids) - len(ids[-7:]):len(ids)]) if s["kind"] == "update"]
             if ckpt and mode < 0.6:     # during the checkpoint's write
                 wait_event(d, lambda e: e.get("event") == "job_start" and e.get("id") == ckpt, 30)
                 time.sleep(rng.uniform(0.0, 0.03))
+            elif upd and mode < 0.8:    # while an update runs, or between its steps and its done-write
+                wait_event(d, lambda e: e.get("event") == "job_start" and e.get("id") == upd[-1], 30)
+                time.sleep(rng.uniform(0.0, 0.08))
             else:
                 time.sleep(rng.uniform(0.0, args.max_gap_s))
         ev = d.events_since_start()
