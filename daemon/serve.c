@@ -33,6 +33,7 @@
 typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
     char allowed_hosts[1024], allowed_origins[1024];
+    char optimizer_offload[8];
     int insecure_no_auth, checkpoint_on_exit;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
@@ -59,6 +60,7 @@ static const opt_def opts[] = {
     {"data-dir", O_STR, S_(data_dir), 0, 0, 0, "./grpod-data", "state DIR: grpod.db, checkpoints/, default-model/"},
     {"listen", O_STR, S_(listen), 0, 0, 0, "127.0.0.1:8780", "HOST:PORT to serve HTTP on ([::1]:PORT for IPv6)"},
     {"backend", O_STR, S_(backend), 0, 0, 0, "auto", "auto|cpu|cuda"},
+    {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0, "auto", "auto|on|off: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of the GPU free)"},
     {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "", "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
     {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "", "Host header names accepted besides IP addresses and localhost (comma-separated; * = any): the names a proxy forwards"},
     {"allowed-origins", O_STR, S_(allowed_origins), 0, 0, 0, "", "Origins (https://app.example, comma-separated; * = any) whose pages may call the API; by default requests carrying Origin are refused"},
@@ -220,6 +222,10 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
     unsigned targets;
     if (o->lora_targets[0] && lora_parse_targets(o->lora_targets, &targets)) {
         snprintf(why, wl, "--lora-targets: %s", err_msg());
+        return -1;
+    }
+    if (strcmp(o->optimizer_offload, "auto") && strcmp(o->optimizer_offload, "on") && strcmp(o->optimizer_offload, "off")) {
+        snprintf(why, wl, "--optimizer-offload '%s' must be auto|on|off", o->optimizer_offload);
         return -1;
     }
     return 0;
@@ -450,6 +456,7 @@ int serve_main(int argc, char **argv) {
                      .request_timeout_s = (double)s.o.request_timeout};
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
+                        .optimizer_offload = s.o.optimizer_offload,
                         .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
                         .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
                         .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,

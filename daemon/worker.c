@@ -38,7 +38,7 @@
 
 struct worker {
     worker_config cfg;
-    char data_dir[1024], model_dir[1024], backend[16], lora_targets[128], lora_init[1024];
+    char data_dir[1024], model_dir[1024], backend[16], lora_targets[128], lora_init[1024], optimizer_offload[8];
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -203,7 +203,7 @@ static int open_engine(worker *w) {
     eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
                        .n_threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads(),
                        .lora_rank = w->cfg.lora_rank, .lora_alpha = w->cfg.lora_alpha, .lora_targets = w->lora_targets,
-                       .lora_init = w->lora_init};
+                       .lora_init = w->lora_init, .optimizer_offload = w->optimizer_offload};
     log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d", model,
               w->backend, resume, o.n_threads);
     double t0 = (double)clock_mono_ns();
@@ -568,6 +568,7 @@ int worker_start(const worker_config *c, worker **out) {
     snprintf(w->backend, sizeof w->backend, "%s", c->backend ? c->backend : "auto");
     snprintf(w->lora_targets, sizeof w->lora_targets, "%s", c->lora_targets ? c->lora_targets : "");
     snprintf(w->lora_init, sizeof w->lora_init, "%s", c->lora_init ? c->lora_init : "");
+    snprintf(w->optimizer_offload, sizeof w->optimizer_offload, "%s", c->optimizer_offload ? c->optimizer_offload : "auto");
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     beat(w);

@@ -17,6 +17,7 @@ typedef struct {
     const char *data_dir;
     const char *model_dir;          /* NULL or "": the embedded default model in data_dir */
     const char *backend;
+    const char *optimizer_offload;  /* "auto" (NULL) | "on" | "off" (eng_open_opts) */
     int n_threads;
     int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
     long long keep_checkpoints;     /* > 0: after each checkpoint keep only the newest N */

@@ -21,6 +21,7 @@
 #include "kernels/tune.h"
 
 typedef struct eng_backend eng_backend;
+enum { BE_LANE_HOST = -1, BE_LANE_OPS = 0, BE_LANE_D2H = 1, BE_LANE_H2D = 2, BE_EVENTS = 16 };
 /* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + lr.u · lr.b^T + res (bias,
  * lr.u, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes: the
  * residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
@@ -59,6 +60,18 @@ struct eng_backend {
     int (*graph_launch)(eng_backend *b, void *graph);
     void (*graph_free)(eng_backend *b, void *graph);
     void (*destroy)(eng_backend *b);
+    /* Optional (NULL on cpu, whose memory is the host's): copies that overlap the ops, for state
+     * kept in host memory (engine/offload.c). Lane 0 is the op stream, lane 1 a device -> host
+     * copy stream, lane 2 a host -> device one. copy_async queues a copy between device and
+     * pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
+     * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
+     * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and
+     * total device bytes. */
+    int (*copy_async)(eng_backend *b, int lane, void *dst, const void *src, size_t bytes);
+    void (*mark)(eng_backend *b, int lane, int ev);
+    int (*wait)(eng_backend *b, int lane, int ev);
+    int (*mem_info)(eng_backend *b, size_t *free_bytes, size_t *total_bytes);
+    void *xfer;                          /* the lanes' state (cuda) */
 
     /* ops (kernels/NAME.h) */
     void (*embedding_fwd)(eng_backend *b, void *out, const int *tokens, const void *wte, int T, int C);

@@ -28,6 +28,9 @@ extern "C" {
 #include "kernels/swiglu.cuh"
 
 #define CTX(b) ((cu_ctx *)(b)->impl)
+/* backend_cuda_xfer.cu: copy lanes, events, mem_info */
+int cu_xfer_init(eng_backend *b);
+void cu_xfer_free(eng_backend *b);
 typedef const bf16 cbf;
 
 /* ---------------------------------------------------------------- memory and copies */
@@ -103,6 +106,7 @@ static int cu_sync(eng_backend *b) {
 static void cu_destroy(eng_backend *b) {
     if (!b) return;
     cu_ctx *c = CTX(b);
+    cu_xfer_free(b);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->scratch) cudaFree(c->scratch);
@@ -303,6 +307,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
     CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
     CU_CK(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
+    if (!c->failed) cu_xfer_init(b);
     if (c->failed) {
         rc = err_set(GE_CUDA, "cuda backend: %s", c->msg);
         cu_destroy(b);

@@ -194,16 +194,17 @@ static int save_files(eng *e, const char *tmp, int merged) {
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
     int adapter = e->m.lora_r && !merged;
     size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
-    float *host = malloc((n > nt ? n : nt) * 4);
-    if (!host) return err_set(GE_NOMEM, "checkpoint: out of memory");
+    /* offloaded state is written from where it lives, without copies (8B dims: 66 GB) */
+    float *host = e->offload ? NULL : malloc((n > nt ? n : nt) * 4);
+    if (!e->offload && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
     int rc = 0;
     if (adapter) {
         rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
         if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
     } else {
         rc = config_write(tmp, &e->m.cfg);
-        if (!rc) rc = policy_host(e, host);
-        if (!rc) rc = model_save_host(&e->m, tmp, host, 0);
+        if (!rc && !e->offload) rc = policy_host(e, host);
+        if (!rc) rc = model_save_host(&e->m, tmp, e->offload ? e->w_master : host, 0);
         static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
@@ -213,12 +214,12 @@ static int save_files(eng *e, const char *tmp, int merged) {
     }
     int export = merged && e->m.lora_r;     /* its moments are the adapters': not a resume point */
     if (!rc && e->adam_m && !export) {
-        float *v = malloc(nt * 4);
-        rc = v ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
-        if (!rc) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
-        if (!rc) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
-        st_out o[2] = { { .name = "adam_m", .data = host, .ndim = 1, .shape = { (long long)nt } },
-                        { .name = "adam_v", .data = v, .ndim = 1, .shape = { (long long)nt } } };
+        float *v = e->offload ? NULL : malloc(nt * 4);
+        rc = v || e->offload ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
+        if (!rc && !e->offload) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
+        if (!rc && !e->offload) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
+        st_out o[2] = { { .name = "adam_m", .data = e->offload ? e->adam_m : host, .ndim = 1, .shape = { (long long)nt } },
+                        { .name = "adam_v", .data = e->offload ? e->adam_v : v, .ndim = 1, .shape = { (long long)nt } } };
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         if (!rc) rc = st_write(path, o, 2, ST_F32);
         free(v);
@@ -284,21 +285,19 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     if ((rc = st_open_file(&s, path))) return rc;
     size_t n = (size_t)eng_train_n(e);
     eng_backend *be = e->be;
-    e->grad = be->alloc(be, n * 4);
-    e->adam_m = be->alloc(be, n * 4);
-    e->adam_v = be->alloc(be, n * 4);
-    float *host = malloc(n * 4);
-    if (!e->grad || !e->adam_m || !e->adam_v || !host) { free(host); st_close(&s); return GE_NOMEM; }
+    if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
+    /* offloaded moments are read straight into their host memory */
+    float *host = e->offload ? NULL : malloc(n * 4);
+    if (!e->offload && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
     const char *names[2] = { "adam_m", "adam_v" };
     float *dst[2] = { e->adam_m, e->adam_v };
     for (int i = 0; i < 2 && !rc; i++) {
         const st_tensor *t = st_find(&s, names[i]);
         long long dims[1] = { (long long)n };
-        rc = t ? st_read_f32(t, host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
-        if (!rc) rc = be->to_dev(be, dst[i], host, n * 4);
+        rc = t ? st_read_f32(t, e->offload ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        if (!rc && !e->offload) rc = be->to_dev(be, dst[i], host, n * 4);
     }
     free(host);
     st_close(&s);
-    if (!rc) rc = e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
     return rc;
 }

@@ -85,6 +85,23 @@ static int open_adapters(eng *e, const char *from) {
     return rc;
 }
 
+/* eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
+ * moments (16 bytes a parameter) would leave less than a quarter of the device's memory free
+ * once the bf16 weights and the reference are loaded (called after those two are). */
+static int choose_offload(eng *e, const char *mode, int *on) {
+    eng_backend *be = e->be;
+    *on = 0;
+    if (mode && !strcmp(mode, "on")) { *on = 1; return 0; }
+    if (mode && !strcmp(mode, "off")) return 0;
+    if (mode && *mode && strcmp(mode, "auto"))
+        return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
+    size_t fr = 0, tot = 0;
+    if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
+    double need = 16.0 * (double)e->m.n_elems + (double)e->m.n_elems * be->act_bytes;   /* + the policy's act copy */
+    *on = need > (double)fr - (double)tot / 4;
+    return 0;
+}
+
 int eng_open(const eng_open_opts *o, eng **out) {
     *out = NULL;
     eng *e = calloc(1, sizeof *e);
@@ -128,9 +145,18 @@ int eng_open(const eng_open_opts *o, eng **out) {
         if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        e->w_master = be->alloc(be, n * sizeof(float));
-        if (!e->w_master || (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) { rc = rc ? rc : GE_NOMEM; goto fail; }
-        if (be->act_bytes == 4) {
+        if ((rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        if (e->offload) {
+            /* the master is host memory, never copied through the device */
+            if (!(e->w_master = offload_host_alloc((long long)n))) { rc = GE_NOMEM; goto fail; }
+            memcpy(e->w_master, host, n * sizeof(float));
+            e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, e->w_master, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        } else if (!(e->w_master = be->alloc(be, n * sizeof(float))) ||
+                   (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) {
+            rc = rc ? rc : GE_NOMEM;
+            goto fail;
+        } else if (be->act_bytes == 4) {
             e->w_act = e->w_master;
         } else {
             e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
@@ -157,10 +183,13 @@ void eng_close(eng *e) {
         model_acts_free(&e->m, &e->acts_ng);
         model_acts_free(&e->m, &e->acts_g);
         dec_free(e);
-        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->w_master, e->ref_act, e->grad, e->adam_m, e->adam_v,
+        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->ref_act, e->grad,
+                         e->offload ? NULL : e->w_master, e->offload ? NULL : e->adam_m, e->offload ? NULL : e->adam_v,
                          e->lora_act != e->lora_master ? e->lora_act : NULL, e->lora_master, e->lora_sink };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);
+        if (e->offload) { free(e->w_master); free(e->adam_m); free(e->adam_v); }
+        offload_free(&e->off);
         model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         eng_undo_free(e);

@@ -28,6 +28,10 @@ typedef struct {
     int lora_rank;
     float lora_alpha;
     const char *lora_targets, *lora_init;
+    /* "auto" (NULL) | "on" | "off": fp32 master weights and AdamW moments in host memory
+     * (engine/offload.h). auto: on when, on the device, they and the gradients would leave less
+     * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
+    const char *optimizer_offload;
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);

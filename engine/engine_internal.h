@@ -6,6 +6,7 @@
 
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "engine/offload.h"
 #include "engine/tokenizer.h"
 
 struct eng {
@@ -13,8 +14,11 @@ struct eng {
     model m;
     tok *tok;                   /* NULL when the directory has no tokenizer.json */
     char model_dir[512];
-    /* policy: act-typed weights used by the ops, fp32 master (== act on the cpu backend) */
+    /* policy: act-typed weights used by the ops, fp32 master (== act on the cpu backend without
+     * offload). With offload the master and the moments are host memory (offload.h). */
     void *w_act; float *w_master;
+    int offload;                /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
+    eng_offload off;            /* staging of the host optimizer (offload) */
     model_views wv;             /* views into w_act (and the adapters) */
     /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */
     void *ref_act; model_views rv;
@@ -52,4 +56,6 @@ static inline void *eng_train_act(const eng *e) { return e->m.lora_r ? e->lora_a
 void eng_undo_free(eng *e);     /* update.c: frees the undo copy (eng_close) */
 /* checkpoint.c: a checkpoint's policy_version, optimizer step and AdamW state into e. */
 int eng_checkpoint_load_state(eng *e, const char *dir);
+/* Gradients and AdamW moments (and the offload staging), made on first need; 0 or GE_NOMEM. */
+int eng_training_state(eng *e);
 #endif

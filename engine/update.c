@@ -32,25 +32,37 @@
 #include "engine/split.h"
 #include "kernels/adamw.h"
 
-static int ensure_training_state(eng *e) {
+int eng_training_state(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
     size_t n = (size_t)eng_train_n(e) * 4;
     e->grad = be->alloc(be, n);
-    e->adam_m = be->alloc(be, n);
-    e->adam_v = be->alloc(be, n);
-    if (!e->grad || !e->adam_m || !e->adam_v)
-        return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s", 3 * n >> 20, be->name);
-    be->zero(be, e->adam_m, n);
-    be->zero(be, e->adam_v, n);
+    if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", n >> 20, be->name);
+    if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
+        int rc = offload_init(&e->off, be, e->m.n_elems, 0);
+        if (rc) return rc;
+        if (!(e->adam_m = offload_host_alloc(e->m.n_elems)) || !(e->adam_v = offload_host_alloc(e->m.n_elems))) return GE_NOMEM;
+    } else {
+        e->adam_m = be->alloc(be, n);
+        e->adam_v = be->alloc(be, n);
+        if (!e->adam_m || !e->adam_v)
+            return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s: try --optimizer-offload on", 2 * n >> 20,
+                           be->name);
+        be->zero(be, e->adam_m, n);
+        be->zero(be, e->adam_v, n);
+    }
     return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
 }
 
 /* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
  * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
- * the norm) is AdamW on B exactly. */
-static void optimizer_step(eng *e, const eng_optim *opt, float lr) {
+ * the norm) is AdamW on B exactly. With offload (full-parameter only) the step runs on the
+ * host (offload.h). Queued; returns 0 or the offload's error. */
+static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
+    if (e->offload)
+        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, e->w_act, e->grad, lr, opt->beta1, opt->beta2,
+                             opt->eps, opt->weight_decay, e->opt_step);
     float *master = eng_train_master(e);
     void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
     long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
@@ -62,6 +74,7 @@ static void optimizer_step(eng *e, const eng_optim *opt, float lr) {
         be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
                   e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
     }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- undo */
@@ -75,9 +88,14 @@ static int undo_save(eng *e) {
         if (!e->undo) return err_set(GE_NOMEM, "update: the undo copy of the training state (%zu MiB of host memory) does not fit",
                                      3 * n * 4 >> 20);
     }
-    int rc = be->to_host(be, e->undo, eng_train_master(e), n * 4);
-    if (!rc) rc = be->to_host(be, e->undo + n, e->adam_m, n * 4);
-    if (!rc) rc = be->to_host(be, e->undo + 2 * n, e->adam_v, n * 4);
+    int rc = 0;
+    if (e->offload) {   /* host state: plain copies */
+        memcpy(e->undo, e->w_master, n * 4); memcpy(e->undo + n, e->adam_m, n * 4); memcpy(e->undo + 2 * n, e->adam_v, n * 4);
+    } else {
+        rc = be->to_host(be, e->undo, eng_train_master(e), n * 4);
+        if (!rc) rc = be->to_host(be, e->undo + n, e->adam_m, n * 4);
+        if (!rc) rc = be->to_host(be, e->undo + 2 * n, e->adam_v, n * 4);
+    }
     e->undo_opt_step = e->opt_step;
     e->undo_version = e->policy_version;
     return rc;
@@ -88,10 +106,16 @@ static int undo_restore(eng *e) {
     size_t n = (size_t)eng_train_n(e);
     float *master = eng_train_master(e);
     void *act = eng_train_act(e);
-    int rc = be->to_dev(be, master, e->undo, n * 4);
-    if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
-    if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
-    if (!rc && act != master) be->f32_to_act(be, act, master, n);
+    int rc = 0;
+    if (e->offload) {   /* host state: plain copies, then the device weights from the master */
+        memcpy(master, e->undo, n * 4); memcpy(e->adam_m, e->undo + n, n * 4); memcpy(e->adam_v, e->undo + 2 * n, n * 4);
+        rc = be->act_from_f32(be, act, master, n);
+    } else {
+        rc = be->to_dev(be, master, e->undo, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
+        if (!rc && act != master) be->f32_to_act(be, act, master, n);
+    }
     if (!rc) rc = be->sync(be);
     e->opt_step = e->undo_opt_step;
     e->policy_version = e->undo_version;
@@ -252,7 +276,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
     work w;
-    int rc = ensure_training_state(e);
+    int rc = eng_training_state(e);
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
     if (rc) { work_free(&w); return rc; }
     for (int i = 0; i < w.n_groups; i++) {
@@ -311,12 +335,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
             out->lr = lr;
-            optimizer_step(e, opt, lr);
-            rc = e->be->sync(e->be);
+            rc = optimizer_step(e, opt, lr);
+            if (!rc) rc = e->be->sync(e->be);
             /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
              * geometrically) or the second moments (no clipping): check before going on */
             if (!rc) {
-                double wn = e->be->sumsq(e->be, eng_train_master(e), n_train), vn = e->be->sumsq(e->be, e->adam_v, n_train);
+                double wn = e->offload ? sumsq_cpu(e->w_master, n_train) : e->be->sumsq(e->be, eng_train_master(e), n_train),
+                       vn = e->offload ? sumsq_cpu(e->adam_v, n_train) : e->be->sumsq(e->be, e->adam_v, n_train);
                 if (!isfinite(wn) || !isfinite(vn))
                     rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
                                  "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",

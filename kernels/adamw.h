@@ -13,6 +13,8 @@
  * Legend: n elements. */
 #ifndef GRPOD_ADAMW_H
 #define GRPOD_ADAMW_H
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -27,9 +29,33 @@ static inline double adamw_scalar(float x) {
     return (double)x;
 }
 
+/* The step's fp32 scalars, made once per step from the hyperparameters (every implementation
+ * uses these, so the element math below sees the same numbers everywhere). */
+typedef struct { float decay, w1, w2, b2f, step_size, bc2_sqrt, eps; } adamw_consts;
+static inline adamw_consts adamw_consts_make(float lr, float beta1, float beta2, float eps, float wd, int step) {
+    const double lr_d = adamw_scalar(lr), b1_d = adamw_scalar(beta1), b2_d = adamw_scalar(beta2);
+    const double bc1 = 1.0 - pow(b1_d, step), bc2 = 1.0 - pow(b2_d, step);
+    adamw_consts k = { (float)(1.0 - lr_d * adamw_scalar(wd)), (float)(1.0 - b1_d), (float)(1.0 - b2_d), (float)b2_d,
+                       (float)(lr_d / bc1), (float)sqrt(bc2), (float)adamw_scalar(eps) };
+    return k;
+}
+
 /* One AdamW step over n fp32 parameters. p, m, v (n) updated in place; g (n). step is 1-based. */
 void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
                float beta2, float eps, float wd, int step);
+
+/* adamw_cpu (the same element math, bit for bit) that also writes the new weights' bf16 bits
+ * into act (n), rounded to nearest even as CUDA's __float2bfloat16: the host half of the
+ * offloaded optimizer (engine/offload.h), one pass over memory, OpenMP + SIMD. */
+void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
+                    float beta2, float eps, float wd, int step);
+
+/* fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_bf16_bits(float f) {
+    union { float f; uint32_t u; } x = { f };
+    uint32_t rne = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16, nan = (x.u >> 16) | 0x40u;
+    return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? nan : rne);   /* a select: vectorizes */
+}
 
 /* Sum of squares of x (n) in double, for the global grad norm sqrt(sum over tensors).
  * Deterministic: fixed blocks summed in a fixed order, whatever the thread count. */

@@ -6,25 +6,63 @@
 
 #include <math.h>
 
+/* One element: torch's eager order of operations (lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_). */
+#define ADAMW_ELEM(k, p, g, m, v, i, pnew)                                                        \
+    float pi_ = (p)[i] * (k).decay;                                                              \
+    float gi_ = (g)[i];                                                                          \
+    float mi_ = (m)[i] + (k).w1 * (gi_ - (m)[i]);              /* lerp_(g, 1 - beta1) */         \
+    float vi_ = (v)[i] * (k).b2f + (k).w2 * gi_ * gi_;         /* mul_(beta2).addcmul_(g, g, 1 - beta2) */ \
+    float denom_ = sqrtf(vi_) / (k).bc2_sqrt + (k).eps;                                          \
+    float pnew = pi_ - (k).step_size * (mi_ / denom_);         /* addcdiv_(m, denom, -step_size) */ \
+    (m)[i] = mi_;                                                                                \
+    (v)[i] = vi_;
+
+/* Elements [i0, i1) of one step; act NULL: no bf16 copy. The Makefile builds this file with
+ * -fno-math-errno so that sqrtf vectorizes (sqrtps rounds correctly, as sqrtss: the same bits;
+ * there is no other library call here). */
+static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *restrict act,
+                        const float *restrict g, float *restrict m, float *restrict v, long long i0,
+                        long long i1) {
+    const adamw_consts k = *kp;
+    if (act) {
+#pragma omp simd
+        for (long long i = i0; i < i1; i++) {
+            ADAMW_ELEM(k, p, g, m, v, i, pn)
+            p[i] = pn;
+            act[i] = f32_to_bf16_bits(pn);
+        }
+    } else {
+#pragma omp simd
+        for (long long i = i0; i < i1; i++) {
+            ADAMW_ELEM(k, p, g, m, v, i, pn)
+            p[i] = pn;
+        }
+    }
+}
+
+/* static blocks of 64 KiB-aligned ranges, one call of adamw_range each */
+static void adamw_run(const adamw_consts *k, float *p, uint16_t *act, const float *g, float *m, float *v, long long n) {
+    const long long blk = 16384;
+    long long nb = (n + blk - 1) / blk;
+#pragma omp parallel for schedule(static)
+    for (long long b = 0; b < nb; b++) {
+        long long i0 = b * blk, i1 = i0 + blk < n ? i0 + blk : n;
+        adamw_range(k, p, act, g, m, v, i0, i1);
+    }
+}
+
 void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
                float beta2, float eps, float wd, int step) {
     /* scalars as torch computes them: in double from the decimals the user wrote, applied in
      * fp32 (torch casts a Python scalar to the tensor's fp32) */
-    const double lr_d = adamw_scalar(lr), b1_d = adamw_scalar(beta1), b2_d = adamw_scalar(beta2);
-    const double bc1 = 1.0 - pow(b1_d, step), bc2 = 1.0 - pow(b2_d, step);
-    const float decay = (float)(1.0 - lr_d * adamw_scalar(wd));
-    const float w1 = (float)(1.0 - b1_d), w2 = (float)(1.0 - b2_d), b2f = (float)b2_d;
-    const float step_size = (float)(lr_d / bc1), bc2_sqrt = (float)sqrt(bc2), eps_f = (float)adamw_scalar(eps);
-#pragma omp parallel for schedule(static)
-    for (long long i = 0; i < n; i++) {
-        float pi = p[i] * decay;
-        float mi = m[i] + w1 * (g[i] - m[i]);                 /* lerp_(g, 1 - beta1) */
-        float vi = v[i] * b2f + w2 * g[i] * g[i];           /* mul_(beta2).addcmul_(g, g, 1 - beta2) */
-        float denom = sqrtf(vi) / bc2_sqrt + eps_f;
-        p[i] = pi - step_size * (mi / denom);                 /* addcdiv_(m, denom, -step_size) */
-        m[i] = mi;
-        v[i] = vi;
-    }
+    const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
+    adamw_run(&k, p, NULL, g, m, v, n);
+}
+
+void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
+                    float beta2, float eps, float wd, int step) {
+    const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
+    adamw_run(&k, p, act, g, m, v, n);
 }
 
 #define SUMSQ_BLOCKS 256
