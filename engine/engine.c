@@ -256,27 +256,23 @@ int eng_render_chat(eng *e, const eng_message *m, int n, int agp, char **text) {
 /* ---------------------------------------------------------------- scoring */
 
 /* Device memory a training step needs beside its activations (kernel scratch, cuBLASLt
- * workspace, the chunked logprob head): a grad allocation that leaves less falls back to
- * recomputing layers. */
+ * workspace, the chunked logprob head): the activations' budget is the free memory less this. */
 #define ACTS_HEADROOM ((size_t)4 << 30)
 
 int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     if (a->mem && a->cap_T >= T && a->cap_M >= M) return 0;
     int cT = a->cap_T > T ? a->cap_T : T, cM = a->cap_M > M ? a->cap_M : M;
+    size_t fr = 0, tot = 0;
     model_acts_free(&e->m, a);
-    const char *rc_env = getenv("GRPOD_RECOMPUTE");
-    if (grad && rc_env && *rc_env == '1') grad = MODEL_ACTS_RECOMPUTE;
-    int rc = model_acts_init(&e->m, a, cT, cM, grad);
-    if (!rc && grad == 1 && e->be->act_bytes == 2) {
-        void *probe = e->be->alloc(e->be, ACTS_HEADROOM);
-        if (probe) e->be->free(e->be, probe);
-        else { model_acts_free(&e->m, a); rc = GE_NOMEM; }
-    }
-    if (rc == GE_NOMEM && grad == 1) {   /* every layer's activations do not fit: keep inputs only */
-        err_clear();
-        rc = model_acts_init(&e->m, a, cT, cM, MODEL_ACTS_RECOMPUTE);
-    }
-    return rc;
+    if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
+    const char *rc_env = getenv("GRPOD_RECOMPUTE");   /* 1: every layer recomputed */
+    if (rc_env && *rc_env == '1') return model_acts_init(&e->m, a, cT, cM, MODEL_ACTS_RECOMPUTE);
+    /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
+    size_t budget = 0;
+    if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot))
+        budget = fr > ACTS_HEADROOM ? fr - ACTS_HEADROOM : 1;
+    err_clear();
+    return model_acts_init_budget(&e->m, a, cT, cM, budget);
 }
 
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,

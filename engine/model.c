@@ -221,6 +221,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
         a->dk0 = a->dq;
     }
     int nl = a->grad == 1 ? (a->ring > 0 && a->ring < c->L ? a->ring : c->L) : 1;
+    struct model_layer_acts shared = {0};   /* the set the checkpointed layers share (n_ckpt) */
     for (int l = 0; l < c->L; l++) {
         struct model_layer_acts *L = &a->l[l];
         if (l >= nl) {
@@ -228,6 +229,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             if (a->grad == MODEL_ACTS_RECOMPUTE) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
             continue;
         }
+        if (l < a->n_ckpt && l > 0) { *L = shared; TAKE(L->x, T * C, eb); continue; }
         size_t off0 = off;
         TAKE(L->x, T * C, eb);
         if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
@@ -241,6 +243,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
         TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
         TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
         a->layer_bytes = off - off0;
+        if (l < a->n_ckpt) shared = *L;   /* layer 0 carves the shared set */
     }
     TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
     TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
@@ -252,9 +255,40 @@ static size_t carve(const model *m, model_acts *a, char *base) {
 
 static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M);
 
+size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt) {
+    model_acts a = { .cap_T = cap_T > 0 ? cap_T : 1, .cap_M = cap_M > 0 ? cap_M : 1, .grad = grad,
+                     .n_ckpt = grad ? n_ckpt : 0 };
+    a.l = calloc((size_t)m->cfg.L, sizeof *a.l);
+    size_t bytes = a.l ? carve(m, &a, NULL) : (size_t)-1;
+    free(a.l);
+    return bytes;
+}
+
+static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt);
+
 int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad) {
+    return acts_init(m, a, cap_T, cap_M, grad, grad == MODEL_ACTS_RECOMPUTE ? m->cfg.L : 0);
+}
+
+int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, size_t budget) {
+    int L = m->cfg.L, k = 0;
+    if (budget) {
+        /* bytes fall with each checkpointed layer: the fewest that fit */
+        while (k <= L && model_acts_bytes(m, cap_T, cap_M, 1, k) > budget) k++;
+        if (k > L) {
+            memset(a, 0, sizeof *a);
+            return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB even with every layer recomputed, over the "
+                           "%.1f MiB left on %s: lower max_tokens_per_micro_batch", cap_T,
+                           model_acts_bytes(m, cap_T, cap_M, 1, L) / 1048576.0, budget / 1048576.0, m->be->name);
+        }
+    }
+    return acts_init(m, a, cap_T, cap_M, 1, k);
+}
+
+static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt) {
     memset(a, 0, sizeof *a);
     a->grad = grad;
+    a->n_ckpt = grad ? n_ckpt : 0;
     return acts_alloc(m, a, cap_T, cap_M);
 }
 
@@ -426,6 +460,7 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     } else {
         be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
     }
+    if (!out) return;   /* a backward's recompute: the layer's output is not needed */
     if (m->lora_r) lora_a(m, a, W, td, 1, A->a, NULL, T, F, &ld);
     mm_part dn = { out, W->w_down, NULL, C, A->xm, ld };
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
@@ -452,9 +487,7 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
                         w->lm_head, M, C, c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
     for (int l = c->L - 1; l >= 0; l--) {
-        /* recompute: the shared set holds layer L-1's forward; the others are made again from
-         * their input (the output written is the next layer's input, whose backward is done) */
-        if (a->grad == MODEL_ACTS_RECOMPUTE && l < c->L - 1) model_layer_fwd(m, w, a, l, a->l[l + 1].x, &d, NULL, NULL);
+        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, &d, NULL, NULL);   /* refill the shared set */
         model_layer_bwd(m, w, g, a, l, &d);
     }
     if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);

@@ -11,9 +11,15 @@
  *   stage a[i % S]     ──lane 2 (H2D)──►  the device weights
  * so the three overlap (a ring of S stages, the copy of chunk i + S - 1 in flight while chunk i
  * is computed); the op stream waits for the last upload, the calling thread does not.
- * Why the host and not the GPU for the update: with the state on the host the GPU variant moves
- * 24 bytes a parameter over PCIe (master and moments down and back) against 6 here (gradient
- * down, bf16 weights up); both pass the state through host memory once.
+ * Why the host and not the GPU for the update: with the state on the host a GPU variant moves
+ * 24 bytes a parameter over PCIe (master and moments up and back) against 6 here (gradient
+ * down, bf16 weights up), and both pass the state through host memory once (30 bytes a
+ * parameter here, 24 by DMA there). Measured on an H100 host (docs/benchmarks.md, issue 21):
+ * PCIe 55 GB/s each way, 89-95 together; host memory 67-110 GB/s. The 6 bytes here hide behind
+ * the host compute (6 ms of waiting at 8B dims); the GPU variant's floor, 2.1 s at 8B dims,
+ * is within ~20% of this path's 2.6-2.9 s and would need device staging: not built.
+ * The step cannot start before the backward ends (the global-norm clip needs every gradient),
+ * so at 8B dims it is exposed: ~2.7 s on top of 2.1 s of compute (docs/benchmarks.md).
  * Gradients stay fp32 on the device for the whole mini-batch (micro-batches accumulate there):
  * the same numbers as without offload; what frees the room for them is the 12n that moved.
  * On the cpu backend the copies are memmove and the result is bit-equal to be->adamw.
@@ -23,6 +29,7 @@
 #include "engine/backend.h"
 
 enum { OFFLOAD_STAGES = 3 };
+#define OFFLOAD_CHUNK (16LL << 20)   /* elements per transfer by default */
 
 typedef struct {
     eng_backend *be;
@@ -32,7 +39,7 @@ typedef struct {
     double ms_host, ms_wait;                    /* last step: AdamW on the host, waiting for copies */
 } eng_offload;
 
-/* chunk <= 0: the default (16 Mi elements). Fails with GE_NOMEM. */
+/* chunk <= 0: the default (OFFLOAD_CHUNK). Fails with GE_NOMEM. */
 int offload_init(eng_offload *o, eng_backend *be, long long n, long long chunk);
 void offload_free(eng_offload *o);
 /* One AdamW step: master, m, v (n) in host memory, updated in place; grad (n) fp32 in device
@@ -40,6 +47,7 @@ void offload_free(eng_offload *o);
  * The op stream is ordered after the upload; returns 0 or the backend's error. */
 int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
                   float beta1, float beta2, float eps, float wd, int step);
-/* Host memory for master / moments: plain, 64-byte aligned, zeroed; NULL with GE_NOMEM. */
+/* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by
+ * the threads that will update each part (NUMA placement); free() it. NULL with GE_NOMEM. */
 float *offload_host_alloc(long long n);
 #endif

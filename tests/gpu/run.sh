@@ -5,6 +5,7 @@
 #   (a) test_ops: every backend op, CUDA vs the CPU backend (relative L2 thresholds)
 #   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
 #       GPU, three AdamW steps on both backends
+#   test_offload: the host-memory optimizer vs the on-GPU AdamW, recomputed layers vs full
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
@@ -42,7 +43,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
+PROGS="test_ops test_model test_offload test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
     for t in $PROGS; do
@@ -76,6 +77,8 @@ if [ "${TESTS:-1}" = 1 ]; then
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
 timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
+# issue 21: offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
+timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
 # HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
@@ -120,6 +123,20 @@ if [ "${BENCH:-0}" = 1 ]; then
         if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
     } >"$OUT/bench.log" 2>&1
     grep -v '^rep' "$OUT/bench.log"
+fi
+
+# ---- (j) with BENCH_OFFLOAD=1 (issue 21): bench_step at 1.7B dims with the optimizer on the
+# device, in host memory, and in host memory with the step held to 22 GiB (layers recomputed);
+# 8B dims in host memory within 76 GiB; with PEER=path/to/peer_step.py the peer at 1.7B
+if [ "${BENCH_OFFLOAD:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512
+        OFFLOAD=1 timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512
+        OFFLOAD=1 BUDGET_GIB=22 timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512
+        OFFLOAD=1 BUDGET_GIB=76 timeout ${T_BENCH8:-240} "$BIN/bench_step" 8b 4096 16 512
+        if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
+    } >"$OUT/bench_offload.log" 2>&1
+    cat "$OUT/bench_offload.log"
 fi
 
 # ---- (g) rollout decode benchmark (optional): one group, 8 groups; with

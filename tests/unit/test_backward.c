@@ -331,6 +331,64 @@ TEST(lora_adapter_backward) {
     }
 }
 
+/* Activations by budget (model.h): checkpointed layers keep only their input and the backward
+ * recomputes the rest with the same kernels, so gradients and logprobs are bit-equal to those
+ * of the full set, whatever the number of checkpointed layers; the budget picks the fewest that
+ * fit, and a budget below "all checkpointed" is GE_NOMEM. */
+TEST(recompute_equals_full) {
+    for (int arch = 0; arch < 3; arch++) {
+        model_config cfg = tiny((model_arch)arch);
+        cfg.L = 4;
+        eng_backend *be;
+        backend_cpu_create(&be, 0);
+        model m;
+        CHECK(model_init(&m, &cfg, be) == 0);
+        float *w = malloc((size_t)m.n_elems * 4), *g[3];
+        check_fill(w, (size_t)m.n_elems, 70 + arch, 0.3f);
+        model_views wv, gv[3];
+        model_views_make(&m, w, 4, &wv);
+        int p0[4] = { 1, 5, 9, 2 }, r00[3] = { 7, 8, 3 }, r01[2] = { 2, 30 };
+        const int *rs0[2] = { r00, r01 };
+        int R0[2] = { 3, 2 };
+        pack_group pg = { p0, 4, 2, rs0, R0 };
+        pack_batch b;
+        CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
+        model_input in;
+        model_input_from_batch(&in, &b);
+        float *wl = malloc((size_t)b.M * 4), *we = malloc((size_t)b.M * 4), *lp[3];
+        check_fill(wl, (size_t)b.M, 80 + arch, 1.0f);
+        check_fill(we, (size_t)b.M, 90 + arch, 0.1f);
+        const int ckpt[3] = { 0, 2, 4 };
+        for (int k = 0; k < 3; k++) {
+            g[k] = calloc((size_t)m.n_elems, 4);
+            lp[k] = malloc((size_t)b.M * 4);
+            model_views_make(&m, g[k], 4, &gv[k]);
+            size_t budget = k ? model_acts_bytes(&m, b.T, b.M, 1, ckpt[k]) : 0;
+            model_acts a;
+            CHECK(model_acts_init_budget(&m, &a, b.T, b.M, budget) == 0);
+            CHECK_EQ_INT(a.n_ckpt, ckpt[k]);
+            CHECK(model_forward(&m, &wv, &a, NULL, &in, 0.9f, 1) == 0);
+            memcpy(lp[k], a.logp, (size_t)b.M * 4);
+            CHECK(model_backward(&m, &wv, &gv[k], &a, &in, wl, we, 0.9f) == 0);
+            model_acts_free(&m, &a);
+        }
+        for (int k = 1; k < 3; k++) {
+            CHECK_MSG(!memcmp(lp[0], lp[k], (size_t)b.M * 4), "%s: logprobs with %d layers recomputed", cfg.arch_name, ckpt[k]);
+            CHECK_MSG(!memcmp(g[0], g[k], (size_t)m.n_elems * 4), "%s: gradients with %d layers recomputed", cfg.arch_name,
+                      ckpt[k]);
+        }
+        CHECK(model_acts_bytes(&m, b.T, b.M, 1, 4) < model_acts_bytes(&m, b.T, b.M, 1, 2));
+        model_acts a;
+        CHECK(model_acts_init_budget(&m, &a, b.T, b.M, model_acts_bytes(&m, b.T, b.M, 1, 4) - 1) == GE_NOMEM);
+        for (int k = 0; k < 3; k++) { model_views_free(&gv[k]); free(g[k]); free(lp[k]); }
+        pack_batch_free(&b);
+        model_views_free(&wv);
+        model_free(&m);
+        be->destroy(be);
+        free(w); free(wl); free(we);
+    }
+}
+
 int main(void) {
     RUN(rmsnorm_backward);
     RUN(matmul_backward);
@@ -340,5 +398,6 @@ int main(void) {
     RUN(logprob_head_backward);
     RUN(model_backward_all_architectures);
     RUN(lora_adapter_backward);
+    RUN(recompute_equals_full);
     return CHECK_DONE();
 }
