@@ -43,7 +43,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_offload test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
+PROGS="test_ops test_model test_offload bench_grpo test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
 {
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
     for t in $PROGS; do
@@ -127,7 +127,8 @@ fi
 
 # ---- (j) with BENCH_OFFLOAD=1 (issue 21): bench_step at 1.7B dims with the optimizer on the
 # device, in host memory, and in host memory with the step held to 22 GiB (layers recomputed);
-# 8B dims in host memory within 76 GiB; with PEER=path/to/peer_step.py the peer at 1.7B
+# 8B dims in host memory within 76 GiB; with PEER=path/to/peer_step.py the peer at 1.7B; then one
+# end-to-end GRPO step at 8B dims through the engine (bench_grpo: rollout 8 x 16, then the update)
 if [ "${BENCH_OFFLOAD:-0}" = 1 ]; then
     {
         timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512
@@ -135,6 +136,7 @@ if [ "${BENCH_OFFLOAD:-0}" = 1 ]; then
         OFFLOAD=1 BUDGET_GIB=22 timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512
         OFFLOAD=1 BUDGET_GIB=76 timeout ${T_BENCH8:-240} "$BIN/bench_step" 8b 4096 16 512
         if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
+        timeout ${T_GRPO:-300} "$BIN/bench_grpo"
     } >"$OUT/bench_offload.log" 2>&1
     cat "$OUT/bench_offload.log"
 fi
