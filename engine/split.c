@@ -143,6 +143,13 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
                     split_stats *st) {
     memset(x, 0, sizeof *x);
     x->m = m; x->g = g;
+    /* The prompt's backward reads dK/dV over P + T key rows; only the cpu backend's
+     * attention_bwd takes key rows beyond its queries today (the CUDA port is on branch i22,
+     * 7105d32, not landed), so the split schedule trains on cpu only: refuse, never guess. */
+    if (train && m->be->act_bytes != 4)
+        return err_set(GE_UNSUPPORTED, "a group larger than max_tokens_per_micro_batch (%d prompt tokens) "
+                       "needs the split schedule, which trains on the cpu backend only in this build; "
+                       "raise max_tokens_per_micro_batch", g->P);
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");
