@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     unsigned long long s = 11;
     for (int g = 0; g < G; g++) {
         prompt[g] = malloc((size_t)P * 4);
-        for (int i = 0; i < P; i++) prompt[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+        gc_random_ids(prompt[g], P, &s);
         groups[g] = (eng_rollout_group){ prompt[g], P, N };
     }
     eng_sampling sp;

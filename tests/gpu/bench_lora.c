@@ -74,12 +74,12 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
     int *prompt = malloc((size_t)P * 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
     float *rew = malloc((size_t)N * 4);
     unsigned long long s = 5;
-    for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+    gc_random_ids(prompt, P, &s);
     for (int r = 0; r < N; r++) {
         Rs[r] = R;
         rew[r] = (float)(r % 4) / 3.0f;
         resp[r] = malloc((size_t)R * 4);
-        for (int i = 0; i < R; i++) resp[r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+        gc_random_ids(resp[r], R, &s);
     }
     eng_update_group g = { .prompt = prompt, .P = P, .n = N, .resp = (const int *const *)resp, .R = Rs, .reward = rew };
     loss_config a;
@@ -130,7 +130,7 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
 static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
     int *prompt = malloc((size_t)P * 4);
     unsigned long long s = 9;
-    for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+    gc_random_ids(prompt, P, &s);
     eng_rollout_group g = { prompt, P, N };
     eng_sampling sp;
     eng_sampling_default(&sp);

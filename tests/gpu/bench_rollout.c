@@ -103,7 +103,7 @@ static eng *random_engine(const model_config *c) {
 static int one_rollout(eng *e, int P, int N, int new_tokens, unsigned long long seed, eng_group_result *res) {
     int *prompt = malloc((size_t)P * 4);
     unsigned long long s = seed;
-    for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+    gc_random_ids(prompt, P, &s);
     eng_rollout_group g = { prompt, P, N };
     eng_sampling sp;
     eng_sampling_default(&sp);
@@ -166,7 +166,7 @@ int main(int argc, char **argv) {
     unsigned long long s = 5;
     for (int g = 0; g < G; g++) {
         prompt[g] = malloc((size_t)P * 4);
-        for (int i = 0; i < P; i++) prompt[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+        gc_random_ids(prompt[g], P, &s);
         groups[g] = (eng_rollout_group){ prompt[g], P, N };
     }
     eng_sampling sp;

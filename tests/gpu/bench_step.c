@@ -119,11 +119,11 @@ int main(int argc, char **argv) {
 
     int *prompt = malloc((size_t)P * 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
     unsigned long long s = 5;
-    for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+    gc_random_ids(prompt, P, &s);
     for (int r = 0; r < N; r++) {
         Rs[r] = R;
         resp[r] = malloc((size_t)R * 4);
-        for (int i = 0; i < R; i++) resp[r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+        gc_random_ids(resp[r], R, &s);
     }
     pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
     pack_batch b;

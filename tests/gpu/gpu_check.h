@@ -56,6 +56,10 @@ static inline float *gc_rand(size_t n, float scale, unsigned long long seed) {
     for (size_t i = 0; i < n; i++) x[i] = gc_bf16(x[i]);
     return x;
 }
+/* n token ids drawn uniformly from [0, 150000) (inside every Qwen3 vocabulary), advancing *s */
+static inline void gc_random_ids(int *ids, int n, unsigned long long *s) {
+    for (int i = 0; i < n; i++) ids[i] = (int)((check_randf(s, 0.5f) + 0.5f) * 150000);
+}
 static inline float *gc_copy(const float *x, size_t n) {
     float *y = (float *)malloc(n * sizeof(float) + 4);
     memcpy(y, x, n * sizeof(float));
