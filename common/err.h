@@ -30,7 +30,8 @@
     X(INTERNAL,        "internal",           "internal error") \
     X(NON_FINITE,      "non_finite",         "non-finite loss, gradient or weights") \
     X(INTERRUPTED,     "interrupted",        "interrupted by daemon crashes too often") \
-    X(UNAVAILABLE,     "unavailable",        "not ready")
+    X(UNAVAILABLE,     "unavailable",        "not ready") \
+    X(COMM,            "comm_error",         "a rank of the deployment failed or left")
 
 typedef enum {
 #define GE_ENUM_(N, s, m) GE_##N##_I,

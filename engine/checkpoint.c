@@ -238,6 +238,7 @@ static int save_files(eng *e, const char *tmp, int merged) {
 int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
 
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
+    if (e->W > 1) return err_set(GE_UNSUPPORTED, "checkpoint: saving over %d ranks is not built yet", e->W);
     char tmp[PATH_MAX], parent[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(parent, sizeof parent, "%s", dir);

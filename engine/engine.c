@@ -20,11 +20,11 @@
 
 /* ---------------------------------------------------------------- open / close */
 
-static int open_backend(const char *name, int n_threads, eng_backend **be) {
+static int open_backend(const char *name, int n_threads, int device, eng_backend **be) {
     if (!name || !strcmp(name, "auto"))
-        return backend_cuda_available() ? backend_cuda_create(be, 0) : backend_cpu_create(be, n_threads);
+        return backend_cuda_available() ? backend_cuda_create(be, device) : backend_cpu_create(be, n_threads);
     if (!strcmp(name, "cpu")) return backend_cpu_create(be, n_threads);
-    if (!strcmp(name, "cuda")) return backend_cuda_create(be, 0);
+    if (!strcmp(name, "cuda")) return backend_cuda_create(be, device);
     return err_set(GE_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", name);
 }
 
@@ -122,7 +122,10 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      o->model_dir, tok_vocab_size(e->tok) - 1, cfg.V);
         goto fail;
     }
-    if ((rc = open_backend(o->backend, o->n_threads, &e->be))) goto fail;
+    e->comm = o->comm;
+    e->rank = o->comm ? comm_rank(o->comm) : 0;
+    e->W = o->comm ? comm_size(o->comm) : 1;
+    if ((rc = open_backend(o->backend, o->n_threads, o->device, &e->be))) goto fail;
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/comm.h"
 #include "engine/loss.h"
 
 typedef struct eng eng;
@@ -32,6 +33,13 @@ typedef struct {
      * (engine/offload.h). auto: on when, on the device, they and the gradients would leave less
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
     const char *optimizer_offload;
+    /* Several ranks (issue 24, engine/comm.h): NULL = one rank, exactly as without it. With a
+     * comm of W ranks, each rank's engine thread makes the same eng_update, eng_logprobs and
+     * eng_checkpoint_save calls with the same full inputs in the same order (SPMD); rollouts need
+     * no comm (the caller gives each rank its share of groups, with seed_index set). The caller
+     * owns the comm and frees it after eng_close. */
+    comm *comm;
+    int device;                 /* CUDA device index (0 default); unused on cpu */
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
@@ -77,6 +85,11 @@ typedef struct {
     const char *const *stop; int n_stop;               /* stop strings */
     const int *stop_token_ids; int n_stop_token_ids;
     uint64_t seed;              /* same seed, same tokens */
+    /* (n_groups) or NULL: each group's index in the original request, which its responses'
+     * stream seeds use (tokens depend only on seed, this index and the response index). NULL:
+     * its position in the groups passed. Set when a request is split (across ranks: issue 24)
+     * so each share draws the tokens the whole request draws on one rank. */
+    const int *group_index;
 } eng_sampling;
 void eng_sampling_default(eng_sampling *s);    /* the sampling rows' defaults (params.c) */
 

@@ -346,9 +346,11 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     *G = (sgroup){ .job = j, .g = g, .prompt0 = prompt0, .P = RG->P, .n = RG->n, .n_live = RG->n, .fresh = 1, .st = st };
     j->out[g] = (eng_group_result){ .resp = resp, .n = RG->n };
     for (r = 0; r < RG->n; r++) {
-        /* the stream seed of (request seed, group index, response index), as it always was */
+        /* the stream seed of (request seed, group index, response index), as it always was;
+         * the group index is its place in the original request when the caller split it */
+        int gi = j->sp.group_index ? j->sp.group_index[g] : g;
         st[r] = (stream){ .grp = G, .idx = r, .base = base[r], .out = &resp[r],
-                          .rng = j->sp.seed ^ ((uint64_t)(g + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32) };
+                          .rng = j->sp.seed ^ ((uint64_t)(gi + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32) };
         splitmix(&st[r].rng);
     }
     free(base);

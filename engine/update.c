@@ -275,6 +275,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     double t0 = clock_mono_ms();
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
+    if (e->W > 1) return err_set(GE_UNSUPPORTED, "update: data-parallel updates over %d ranks are not built yet", e->W);
     work w;
     int rc = eng_training_state(e);
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);

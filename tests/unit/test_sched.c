@@ -1,7 +1,8 @@
 /* test_sched.c — the rollout scheduler on the cpu backend (embedded default model): the KV
  * row allocator against a bitmap, jobs joining a running batch at different steps giving the
  * tokens they give alone, admission waiting for rows and proceeding when they free, a group
- * that can never fit, and cancellation giving rows back. */
+ * that can never fit, cancellation giving rows back, and a request split into shares with
+ * each group's original index (eng_sampling.group_index) drawing the whole request's tokens. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -287,6 +288,38 @@ TEST(cancel_frees_rows_and_others_go_on) {
     CHECK_MSG(w >= 0 && w <= 1e-5, "the surviving job changed (%g)", w);
 }
 
+/* A request split into shares (as the daemon splits one across ranks), each share's sampling
+ * naming its groups' indexes in the original request (group_index), gives the tokens of the
+ * whole request. */
+TEST(split_request_with_group_index_matches_whole) {
+    eng *e = open_default();
+    CHECK_MSG(e, "%s", err_msg());
+    req whole[3], part[3];
+    make_reqs(whole);
+    make_reqs(part);
+    req *w = &whole[1], *p = &part[1];   /* three groups, temperature 0.8 */
+    CHECK(eng_rollout(e, w->g, w->n_groups, &w->s, w->out, NULL, NULL) == 0);
+    eng_rollout_group a[2] = { p->g[0], p->g[2] }, b[1] = { p->g[1] };
+    static const int ia[2] = { 0, 2 }, ib[1] = { 1 };
+    eng_sampling sa = p->s, sb = p->s;
+    sa.group_index = ia; sb.group_index = ib;
+    eng_group_result oa[2], ob[1], moved[3];
+    CHECK(eng_rollout(e, b, 1, &sb, ob, NULL, NULL) == 0);
+    CHECK(eng_rollout(e, a, 2, &sa, oa, NULL, NULL) == 0);
+    moved[0] = oa[0]; moved[1] = ob[0]; moved[2] = oa[1];
+    double d = compare(w->out, moved, 3);
+    /* without the index the moved group draws other tokens: the check above can fail */
+    eng_group_result oc[1];
+    CHECK(eng_rollout(e, b, 1, &p->s, oc, NULL, NULL) == 0);
+    double d0 = compare(&w->out[1], oc, 1);
+    for (int i = 0; i < 3; i++) eng_group_result_free(&moved[i]);
+    eng_group_result_free(&oc[0]);
+    free_req(w);
+    eng_close(e);
+    CHECK_MSG(d >= 0 && d <= 1e-5, "the split request's tokens differ from the whole one's (gap %g)", d);
+    CHECK_MSG(d0 < 0, "a group moved without its group_index drew the same tokens: the check proves nothing");
+}
+
 int main(void) {
     system("rm -rf " MODEL);
     RUN(kvpool_first_fit_coalesces);
@@ -294,5 +327,6 @@ int main(void) {
     RUN(admission_waits_for_rows_and_proceeds);
     RUN(group_that_never_fits_is_a_clear_error);
     RUN(cancel_frees_rows_and_others_go_on);
+    RUN(split_request_with_group_index_matches_whole);
     return CHECK_DONE();
 }

@@ -1,0 +1,74 @@
+/* comm.h — collectives among the W ranks of one deployment (issue 24). The engine sees ranks,
+ * never NCCL: a comm is a small table with two implementations,
+ *   cpu  (comm_cpu.c): W ranks as threads of one process, sharing host buffers; the reference,
+ *        and what `make test` runs the multi-rank engine on;
+ *   nccl (comm_nccl.cu, CUDA builds): one rank per GPU (and per process or host), collectives
+ *        on the backend's op stream.
+ *
+ * Semantics (every rank calls the same collective with the same n, type and root, in the same
+ * order; buffers are in the backend's memory: host on cpu, device on cuda):
+ *   all_reduce_sum     buf (n) in place: the element-wise sum over ranks.
+ *   reduce_scatter_sum in (W * n), out (n): out on rank r = sum over ranks of in[r*n .. r*n+n).
+ *                      out may be in + r*n (in place).
+ *   all_gather         in (n), out (W * n): out[q*n .. q*n+n) = in of rank q. in may be out + r*n.
+ *   broadcast          buf (n): root's buf to every rank.
+ *   barrier            returns when every rank has entered it.
+ * Sums: the cpu comm adds in rank order 0..W-1 with an fp32 accumulator (int32 for COMM_I32), so
+ * the result is bit-identical on every rank and from run to run, and rounded once for bf16.
+ * COMM_U8 has no sum (copies only). NCCL sums in its own order (the ring), the same on every
+ * rank of one call; see comm_nccl.cu.
+ *
+ * Errors: 0, or a negative GE_* code (GE_COMM once the group was aborted: every pending and later
+ * call on every rank returns it; GE_INVALID for a bad argument). comm_abort may be called from
+ * any thread, also while other ranks block in a collective; it is how one failed rank makes the
+ * others fail together instead of waiting forever.
+ *
+ * Ownership: the caller owns a comm (the engine does not free the one in eng_open_opts); each
+ * rank's comm is used from one thread at a time. comm_free after every rank is done with it. */
+#ifndef GRPOD_COMM_H
+#define GRPOD_COMM_H
+#include <stddef.h>
+
+typedef struct comm comm;
+typedef enum { COMM_F32, COMM_BF16, COMM_I32, COMM_U8 } comm_type;
+
+static inline size_t comm_type_bytes(comm_type t) { return t == COMM_BF16 ? 2 : t == COMM_U8 ? 1 : 4; }
+
+int comm_rank(const comm *c);
+int comm_size(const comm *c);
+int comm_all_reduce_sum(comm *c, void *buf, size_t n, comm_type t);
+int comm_reduce_scatter_sum(comm *c, const void *in, void *out, size_t n_per_rank, comm_type t);
+int comm_all_gather(comm *c, const void *in, void *out, size_t n_per_rank, comm_type t);
+int comm_broadcast(comm *c, void *buf, size_t n, comm_type t, int root);
+int comm_barrier(comm *c);
+void comm_abort(comm *c);
+void comm_free(comm *c);
+
+/* W in-process comms (out[0..W-1]) sharing one group, rank i = out[i]; each rank used from its own
+ * thread. Free each with comm_free (the group goes with the last). 0 or GE_NOMEM / GE_INVALID. */
+int comm_cpu_group(int W, comm **out);
+
+/* NCCL (CUDA builds; GE_UNSUPPORTED in a CPU-only build). The unique id is made once (rank 0,
+ * or the leader) and handed to every rank out of band; comm_nccl_open blocks until all W ranks
+ * joined. be is the rank's CUDA backend: collectives run on its op stream. */
+struct eng_backend;
+int comm_nccl_unique_id(unsigned char id[128]);
+int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, comm **out);
+
+/* The table behind a comm, for its implementations (comm_cpu.c, comm_nccl.cu); callers use the
+ * functions above. */
+typedef struct {
+    int (*all_reduce_sum)(comm *c, void *buf, size_t n, comm_type t);
+    int (*reduce_scatter_sum)(comm *c, const void *in, void *out, size_t n, comm_type t);
+    int (*all_gather)(comm *c, const void *in, void *out, size_t n, comm_type t);
+    int (*broadcast)(comm *c, void *buf, size_t n, comm_type t, int root);
+    int (*barrier)(comm *c);
+    void (*abort)(comm *c);
+    void (*free)(comm *c);
+} comm_ops;
+struct comm {
+    const comm_ops *ops;
+    int rank, size;
+    void *impl;
+};
+#endif
