@@ -27,6 +27,15 @@ ifneq ($(NVCC),)
   NVFLAGS   ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-fPIC -MMD -MP
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu)
+  # NCCL (engine/comm_nccl.cu, issue 24) joins when its header is found; without it the NCCL
+  # comm says it is not built (engine/comm.c)
+  NCCL_H    := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+  ifneq ($(NCCL_H),)
+    CFLAGS  += -DGRPOD_NCCL
+    LDLIBS  += -lnccl
+  else
+    CUDA_SRC := $(filter-out engine/comm_nccl.cu,$(CUDA_SRC))
+  endif
 endif
 
 ENGINE_SRC := $(wildcard common/*.c engine/*.c) $(wildcard kernels/*_cpu.c)

@@ -131,6 +131,7 @@ int backend_cpu_create(eng_backend **out, int n_threads);
 int backend_cuda_create(eng_backend **out, int device);
 /* 1 when a CUDA device is usable (always 0 in a CPU-only build). */
 int backend_cuda_available(void);
+int backend_cuda_device_count(void);   /* 0 likewise */
 /* The tuning knobs from the GRPOD_TUNE_* environment over tune_defaults() (engine/tune.c);
  * GE_INVALID naming the variable for an unknown knob or a bad value. */
 int tune_from_env(tune_opts *t);

@@ -159,4 +159,5 @@ int backend_cuda_create(eng_backend **out, int device) {
     return err_set(GE_UNSUPPORTED, "this grpod was built without CUDA (nvcc was not found at build time)");
 }
 int backend_cuda_available(void) { return 0; }
+int backend_cuda_device_count(void) { return 0; }
 #endif

@@ -284,6 +284,12 @@ extern "C" int backend_cuda_available(void) {
     return n > 0;
 }
 
+extern "C" int backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n;
+}
+
 extern "C" int backend_cuda_create(eng_backend **out, int device) {
     *out = NULL;
     int n = 0;

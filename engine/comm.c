@@ -1,5 +1,6 @@
 /* comm.c — the comm functions (comm.h): argument checks, then the implementation's table.
- * In a CPU-only build the NCCL entry points are here too and say it is not built. */
+ * In a build without NCCL (CPU-only, or no nccl.h found) the NCCL entry points are here too and
+ * say it is not built. */
 #include "engine/comm.h"
 
 #include "common/err.h"
@@ -40,12 +41,12 @@ void comm_free(comm *c) {
     if (c) c->ops->free(c);
 }
 
-#ifndef GRPOD_CUDA
+#ifndef GRPOD_NCCL
 int comm_nccl_unique_id(unsigned char id[128]) {
-    return err_set(GE_UNSUPPORTED, "comm: this grpod was built without CUDA, so without NCCL");
+    return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");
 }
 int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, comm **out) {
     *out = NULL;
-    return err_set(GE_UNSUPPORTED, "comm: this grpod was built without CUDA, so without NCCL");
+    return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");
 }
 #endif

@@ -122,10 +122,14 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      o->model_dir, tok_vocab_size(e->tok) - 1, cfg.V);
         goto fail;
     }
-    e->comm = o->comm;
-    e->rank = o->comm ? comm_rank(o->comm) : 0;
-    e->W = o->comm ? comm_size(o->comm) : 1;
     if ((rc = open_backend(o->backend, o->n_threads, o->device, &e->be))) goto fail;
+    e->comm = o->comm;
+    if (o->nccl_id && !o->comm) {
+        if ((rc = comm_nccl_open(o->nccl_id, o->rank, o->world, e->be, &e->comm))) goto fail;
+        e->own_comm = 1;
+    }
+    e->rank = e->comm ? comm_rank(e->comm) : 0;
+    e->W = e->comm ? comm_size(e->comm) : 1;
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
@@ -179,6 +183,9 @@ fail:
     return rc;
 }
 
+comm *eng_comm(eng *e) { return e->comm; }
+int eng_device_count(void) { return backend_cuda_device_count(); }
+
 void eng_close(eng *e) {
     if (!e) return;
     eng_backend *be = e->be;
@@ -196,6 +203,7 @@ void eng_close(eng *e) {
         model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         eng_undo_free(e);
+        if (e->own_comm) comm_free(e->comm);   /* before the stream it runs on goes */
         be->destroy(be);
     }
     if (e->tok) tok_free(e->tok);

@@ -40,6 +40,11 @@ typedef struct {
      * owns the comm and frees it after eng_close. */
     comm *comm;
     int device;                 /* CUDA device index (0 default); unused on cpu */
+    /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once
+     * and handed to every rank), this rank and the world size. eng_open opens the communicator
+     * on its backend's stream (blocking until all world ranks joined) and owns it. */
+    const unsigned char *nccl_id;
+    int rank, world;
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
@@ -48,6 +53,11 @@ int eng_open(const eng_open_opts *o, eng **out);
  * nothing when dir/config.json exists. Safe against a crash midway (written then renamed). */
 int eng_ensure_default_model(const char *dir);
 void eng_close(eng *e);
+/* The engine's comm (opts.comm, or the NCCL one it opened), NULL with one rank. Any thread: for
+ * comm_abort when another rank failed, so this one's pending collective returns GE_COMM. */
+comm *eng_comm(eng *e);
+/* CUDA devices usable by this process (0 in a build without CUDA or with no GPU). Any thread. */
+int eng_device_count(void);
 
 typedef struct {
     char arch[32];              /* "qwen3" */

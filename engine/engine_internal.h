@@ -11,7 +11,8 @@
 
 struct eng {
     eng_backend *be;
-    comm *comm;                 /* NULL: one rank (eng_open_opts.comm; not owned) */
+    comm *comm;                 /* NULL: one rank (eng_open_opts.comm, not owned; or NCCL, owned) */
+    int own_comm;
     int rank, W;                /* this rank and the world size (0 and 1 without a comm) */
     model m;
     tok *tok;                   /* NULL when the directory has no tokenizer.json */

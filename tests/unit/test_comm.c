@@ -171,7 +171,7 @@ TEST(abort_wakes_waiters) {
 }
 
 TEST(nccl_absent_or_checked) {
-#ifndef GRPOD_CUDA
+#ifndef GRPOD_NCCL
     unsigned char id[128];
     CHECK_EQ_INT(comm_nccl_unique_id(id), GE_UNSUPPORTED);
 #endif
