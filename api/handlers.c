@@ -420,6 +420,20 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
         json_object_object_add(lo, "trainable_params", json_object_new_int64(in.lora_params));
     }
     json_object_object_add(o, "lora", lo);
+    /* one entry per engine (daemon/ranks.h), with its rollout KV pool in use */
+    metrics_sched_gauges per[METRICS_RANKS_MAX];
+    int W = metrics_ranks_get(per, METRICS_RANKS_MAX);
+    json_object *ranks = json_object_new_array();
+    for (int r = 0; r < W && r < METRICS_RANKS_MAX; r++) {
+        json_object *ro = json_object_new_object();
+        json_object_object_add(ro, "rank", json_object_new_int(r));
+        json_object_object_add(ro, "kv_rows_used", json_object_new_int64(per[r].kv_rows_used));
+        json_object_object_add(ro, "kv_rows_capacity", json_object_new_int64(per[r].kv_rows_capacity));
+        json_object_object_add(ro, "running_groups", json_object_new_int64(per[r].running_groups));
+        json_object_object_add(ro, "waiting_groups", json_object_new_int64(per[r].waiting_groups));
+        json_object_array_add(ranks, ro);
+    }
+    json_object_object_add(o, "ranks", ranks);
     return reply_obj(c, x, 200, o);
 }
 
@@ -433,8 +447,10 @@ enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
         pthread_mutex_unlock(&s->mu);
         return reply_fail(c, x, GE_UNAVAILABLE, "", "%s", why);
     }
-    char body[96];
-    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld}", policy_version_now(s));
+    char body[128];
+    metrics_sched_gauges per[1];
+    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld,\"ranks\":%d}", policy_version_now(s),
+             metrics_ranks_get(per, 1));
     return reply_json(c, x, 200, body);
 }
 

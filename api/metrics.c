@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ static long long groups_filtered;
 static long long policy_version;
 static long long replay_done, replay_total;
 static metrics_sched_gauges sched;
+static metrics_sched_gauges rank_sched[METRICS_RANKS_MAX];
+static int n_ranks;
 
 static const char *const token_names[] = {"rollout_prompt", "rollout_completion", "update_packed",
                                           "update_standard", "logprobs"};
@@ -51,6 +54,19 @@ void metrics_replay(long long done, long long total) {
 }
 void metrics_sched(const metrics_sched_gauges *g) { pthread_mutex_lock(&mu); sched = *g; pthread_mutex_unlock(&mu); }
 void metrics_sched_get(metrics_sched_gauges *g) { pthread_mutex_lock(&mu); *g = sched; pthread_mutex_unlock(&mu); }
+void metrics_ranks(const metrics_sched_gauges *per_rank, int W) {
+    pthread_mutex_lock(&mu);
+    n_ranks = W < METRICS_RANKS_MAX ? W : METRICS_RANKS_MAX;
+    memcpy(rank_sched, per_rank, sizeof *per_rank * (size_t)n_ranks);
+    pthread_mutex_unlock(&mu);
+}
+int metrics_ranks_get(metrics_sched_gauges *per_rank, int max) {
+    pthread_mutex_lock(&mu);
+    int n = n_ranks;
+    memcpy(per_rank, rank_sched, sizeof *per_rank * (size_t)(n < max ? n : max));
+    pthread_mutex_unlock(&mu);
+    return n;
+}
 
 typedef struct { char *p; size_t len, cap; int oom; } sbuf;
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -108,6 +124,22 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
                   "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n", sched.kv_row_bytes);
     sb_printf(&b, "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
                   "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n", sched.steps);
+    sb_printf(&b, "# HELP grpod_ranks Engines of this deployment (one per GPU, or --ranks on the CPU backend).\n"
+                  "# TYPE grpod_ranks gauge\ngrpod_ranks %d\n", n_ranks);
+    static const struct { const char *name, *help; size_t off; } rank_gauges[] = {
+        {"kv_rows_used", "KV cache rows held by running groups, per rank.", offsetof(metrics_sched_gauges, kv_rows_used)},
+        {"kv_rows_capacity", "Rows of each rank's rollout KV pool.", offsetof(metrics_sched_gauges, kv_rows_capacity)},
+        {"running_groups", "Prompt groups decoding on each rank.", offsetof(metrics_sched_gauges, running_groups)},
+        {"waiting_groups", "Groups waiting for KV rows on each rank.", offsetof(metrics_sched_gauges, waiting_groups)},
+        {"steps", "Scheduler steps each rank took (a counter).", offsetof(metrics_sched_gauges, steps)},
+    };
+    for (size_t k = 0; k < sizeof rank_gauges / sizeof rank_gauges[0]; k++) {
+        sb_printf(&b, "# HELP grpod_rank_%s %s\n# TYPE grpod_rank_%s gauge\n", rank_gauges[k].name, rank_gauges[k].help,
+                  rank_gauges[k].name);
+        for (int r = 0; r < n_ranks; r++)
+            sb_printf(&b, "grpod_rank_%s{rank=\"%d\"} %lld\n", rank_gauges[k].name, r,
+                      *(const long long *)((const char *)&rank_sched[r] + rank_gauges[k].off));
+    }
     sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
     for (int i = 0; i < MT_N_TOKEN_PHASES; i++) sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
     double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;

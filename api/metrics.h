@@ -30,6 +30,12 @@ typedef struct {
 } metrics_sched_gauges;
 void metrics_sched(const metrics_sched_gauges *g);
 void metrics_sched_get(metrics_sched_gauges *g);     /* the last values set (the dashboard) */
+/* The same per rank (daemon/ranks.h: one engine and scheduler each), set with the sums above;
+ * rendered as grpod_ranks and grpod_rank_* {rank="r"} gauges. get: copies up to max, returns
+ * the number of ranks (0 before the engine is up). */
+#define METRICS_RANKS_MAX 64
+void metrics_ranks(const metrics_sched_gauges *per_rank, int W);
+int metrics_ranks_get(metrics_sched_gauges *per_rank, int max);
 
 /* Caller-supplied gauges from the store, plus engine state. */
 typedef struct { const char *kind, *status; long long n; } metrics_job_count;

@@ -129,22 +129,44 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
 /* ---------------------------------------------------------------- rollout */
 
 /* A rollout between its payload and its result: the engine structs it owns (and that the
- * scheduler reads while the job runs), and its scheduler handle. */
+ * schedulers read while the job runs), and its parts, one per rank it was placed on. */
+typedef struct {
+    int rank, n;
+    int *idx;                   /* (n) the groups' indices in the request */
+    eng_rollout_group *g;       /* (n) copies of rg[idx[k]] (the same prompt arrays) */
+    eng_group_result *out;      /* (n) filled by the rank's scheduler */
+    ranks_job *job;
+} rollout_part;
+
 struct jobs_rollout {
     json_object *p;             /* the parsed payload: groups, sampling, rewards, metadata */
     int ng;
     eng_sampling s;             /* from the payload's sampling (api_params_to_struct) */
     eng_rollout_group *rg;
-    eng_group_result *out;
+    eng_group_result *out;      /* (ng) the merged result, in the request's order */
     long long prompt_tokens, policy_version;
     double t0;
-    eng_sched *sched;
-    eng_sched_job *job;
+    ranks *rk;
+    rollout_part *parts;
+    int n_parts;
 };
+
+/* Releases the parts (cancelling running ones) and frees what they still hold. */
+static void parts_free(jobs_rollout *r) {
+    for (int i = 0; r->parts && i < r->n_parts; i++) {
+        rollout_part *pt = &r->parts[i];
+        ranks_job_release(r->rk, pt->job);
+        for (int k = 0; pt->out && k < pt->n; k++) eng_group_result_free(&pt->out[k]);
+        free(pt->idx); free(pt->g); free(pt->out);
+    }
+    free(r->parts);
+    r->parts = NULL;
+    r->n_parts = 0;
+}
 
 void jobs_rollout_free(jobs_rollout *r) {
     if (!r) return;
-    if (r->job) eng_sched_job_release(r->sched, r->job);
+    parts_free(r);
     for (int i = 0; r->out && i < r->ng; i++) eng_group_result_free(&r->out[i]);
     for (int i = 0; r->rg && i < r->ng; i++) free((void *)r->rg[i].prompt);
     free(r->out); free(r->rg);
@@ -263,22 +285,81 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     return 0;
 }
 
-int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out) {
+/* Places the groups on ranks and queues each rank's part. Today a job's groups stay on one
+ * rank (the least loaded by KV rows): a response's seed depends on its group's index in the
+ * request, which a part would renumber. */
+int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
-    r->sched = sched;
-    if ((rc = eng_sched_add(sched, r->rg, r->ng, &r->s, r->out, &r->job))) { jobs_rollout_free(r); return rc; }
+    r->rk = env->rk;
+    int W = ranks_size(r->rk), *rank_of = calloc((size_t)r->ng, sizeof *rank_of);
+    long long total = 0, *rows = calloc((size_t)r->ng, sizeof *rows);
+    r->parts = calloc((size_t)W, sizeof *r->parts);
+    if (!rank_of || !rows || !r->parts) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+    for (int i = 0; i < r->ng; i++) total += rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
+    int whole;
+    ranks_place(r->rk, &total, 1, &whole);
+    for (int i = 0; i < r->ng; i++) rank_of[i] = whole;
+    for (int rank = 0; rank < W; rank++) {
+        int n = 0;
+        long long part_rows = 0;
+        for (int i = 0; i < r->ng; i++) n += rank_of[i] == rank;
+        if (!n) continue;
+        rollout_part *pt = &r->parts[r->n_parts++];
+        pt->rank = rank;
+        pt->idx = calloc((size_t)n, sizeof *pt->idx);
+        pt->g = calloc((size_t)n, sizeof *pt->g);
+        pt->out = calloc((size_t)n, sizeof *pt->out);
+        if (!pt->idx || !pt->g || !pt->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        for (int i = 0; i < r->ng; i++) {
+            if (rank_of[i] != rank) continue;
+            pt->idx[pt->n] = i;
+            pt->g[pt->n++] = r->rg[i];
+            part_rows += rows[i];
+        }
+        if ((rc = ranks_add(r->rk, rank, pt->g, pt->n, &r->s, pt->out, part_rows, &pt->job))) goto fail;
+    }
+    free(rank_of);
+    free(rows);
     *out = r;
     return 0;
+fail:
+    free(rank_of);
+    free(rows);
+    jobs_rollout_free(r);
+    return rc;
 }
 
+/* 0 while some part runs, 1 when all are done (merged into r->out, in the request's order),
+ * or the first part's error. */
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result) {
     const char *msg;
     *result = NULL;
-    int st = eng_sched_job_state(r->job, progress, started, &msg);
-    if (st < 0) return err_set(st, "%s", msg);
-    if (st == 0) return 0;
+    double sum = 0;
+    int done = 1, any = 0;
+    for (int i = 0; i < r->n_parts; i++) {
+        double pr = 0;
+        int st_i = 0;
+        int st = ranks_job_state(r->rk, r->parts[i].job, &pr, &st_i, &msg);
+        if (st < 0) return err_set(st, "%s", msg);
+        done &= st == 1;
+        any |= st_i;
+        sum += pr * r->parts[i].n;
+    }
+    if (progress) *progress = r->ng ? sum / r->ng : 0;
+    if (started) *started = any;
+    if (!done) return 0;
+    for (int i = 0; i < r->n_parts; i++) {
+        rollout_part *pt = &r->parts[i];
+        ranks_job_release(r->rk, pt->job);     /* done: its results stay ours */
+        pt->job = NULL;
+        for (int k = 0; k < pt->n; k++) {
+            r->out[pt->idx[k]] = pt->out[k];
+            memset(&pt->out[k], 0, sizeof pt->out[k]);
+        }
+    }
+    parts_free(r);
     int rc = rollout_result(r, result);
     return rc ? rc : 1;
 }
@@ -292,6 +373,65 @@ static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
         rc = rollout_result(r, result);
     jobs_rollout_free(r);
     return rc;
+}
+
+/* ---------------------------------------------------------------- SPMD calls
+ *
+ * Every rank's engine runs the same call with the same inputs (daemon/ranks.h); the result
+ * the job stores is rank 0's (the contract makes them the same on every rank). */
+
+static int spmd(const jobs_env *env, ranks_fn fn, void *arg) {
+    if (!env->rk) return fn(env->e, 0, env->progress, env->progress_ud, arg);
+    return ranks_spmd(env->rk, fn, arg, env->progress, env->progress_ud);
+}
+
+typedef struct {
+    const eng_update_group *g;
+    int n;
+    const loss_config *algo;
+    const eng_optim *opt;
+    long long max_tokens;
+    eng_update_result *out;     /* rank 0's */
+} spmd_update_args;
+
+static int spmd_update(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
+    spmd_update_args *a = arg;
+    eng_update_result mine;
+    return eng_update(e, a->g, a->n, a->algo, a->opt, a->max_tokens, rank ? &mine : a->out, cb, ud);
+}
+
+static int spmd_undo(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
+    (void)rank; (void)cb; (void)ud; (void)arg;
+    return eng_update_undo(e);
+}
+
+int jobs_update_undo(const jobs_env *env) { return spmd(env, spmd_undo, NULL); }
+
+typedef struct {
+    const eng_update_group *g;
+    int n, use_reference;
+    float temperature;
+    long long max_tokens;
+    float ***out;               /* rank 0's */
+} spmd_logprobs_args;
+
+static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
+    (void)cb; (void)ud;
+    spmd_logprobs_args *a = arg;
+    float **mine = NULL;
+    int rc = eng_logprobs(e, a->g, a->n, a->use_reference, a->temperature, a->max_tokens, rank ? &mine : a->out);
+    if (mine) eng_logprobs_free(mine, a->g, a->n);
+    return rc;
+}
+
+/* Without a communicator every rank holds the whole state, so rank 0 writes the checkpoint
+ * alone and the others have nothing to do. */
+typedef struct { const char *dir; int merged; } spmd_checkpoint_args;
+
+static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
+    (void)cb; (void)ud;
+    spmd_checkpoint_args *a = arg;
+    return rank ? 0 : eng_checkpoint_save_ex(e, a->dir, a->merged);
 }
 
 /* ---------------------------------------------------------------- update */
@@ -326,7 +466,7 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
             if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
     eng_update_result u = {0};
     long long mt = field_int(p, "max_tokens_per_micro_batch", 32768);
-    if ((rc = eng_update(env->e, s.g, s.n, &algo, &opt, mt, &u, env->progress, env->progress_ud))) goto done;
+    if ((rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, &algo, &opt, mt, &u}))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
     json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
@@ -373,8 +513,8 @@ static int run_logprobs(const jobs_env *env, json_object *p, char **result) {
     if ((rc = seqs_from_json(get(p, "groups"), 0, 0, &s))) goto done;
     int ref = !strcmp(field_str(p, "model", "policy"), "reference");
     double t0 = clock_mono_ms();
-    if ((rc = eng_logprobs(env->e, s.g, s.n, ref, (float)field_num(p, "temperature", 1.0),
-                           field_int(p, "max_tokens_per_micro_batch", 32768), &lp)))
+    if ((rc = spmd(env, spmd_logprobs, &(spmd_logprobs_args){s.g, s.n, ref, (float)field_num(p, "temperature", 1.0),
+                                                             field_int(p, "max_tokens_per_micro_batch", 32768), &lp})))
         goto done;
     metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
     eng_info info;
@@ -419,7 +559,7 @@ static int run_checkpoint(const jobs_env *env, json_object *p, const char *job_i
     snprintf(id, sizeof id, "ckpt-%lld-%s%s", info.policy_version, job_id, merged ? "-merged" : "");
     snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
     double t0 = clock_mono_ms();
-    int rc = eng_checkpoint_save_ex(env->e, dir, merged);
+    int rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged});
     if (rc) return rc;
     metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
     if (!merged && (rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;

@@ -5,11 +5,14 @@
  * validated at submit; a payload that still fails to parse fails the job, never asserts. */
 #ifndef GRPOD_DAEMON_JOBS_H
 #define GRPOD_DAEMON_JOBS_H
+#include "daemon/ranks.h"
 #include "engine/engine.h"
 #include "store/store.h"
 
 typedef struct {
-    eng *e;
+    eng *e;                     /* rank 0's engine */
+    ranks *rk;                  /* every rank (daemon/ranks.h): updates, logprobs and checkpoints
+                                 * run on all of them (SPMD), rollouts are placed on them */
     store *st;                  /* the engine thread's own handle */
     const char *data_dir;
     eng_progress_cb progress;   /* heartbeat + store progress */
@@ -19,14 +22,17 @@ typedef struct {
 /* Runs j. Returns 0 with *result (malloc'd JSON text) or a negative GE_* code with err_msg()
  * saying why (the caller stores {"code","message"}). */
 int jobs_run(const jobs_env *env, const store_job *j, char **result);
+/* eng_update_undo on every rank (worker.c: an update whose completion could not be stored). */
+int jobs_update_undo(const jobs_env *env);
 
-/* A rollout job running in the continuous-batching scheduler next to others (worker.c):
- * start parses the payload and queues its groups (GE_TOO_LARGE when a group can never fit
- * the KV pool: the job fails at once); poll returns 0 while it runs, 1 when done with
+/* A rollout job running in the continuous-batching schedulers next to others (worker.c):
+ * start parses the payload and queues its groups on the ranks' schedulers (ranks_place; the
+ * parts are merged in the request's order when all are done) (GE_TOO_LARGE when a group can
+ * never fit the KV pool: the job fails at once); poll returns 0 while it runs, 1 when done with
  * *result (malloc'd JSON), or a negative GE_* code with err_msg() saying why; free releases
  * it (a running one is cancelled: its streams stop and their KV rows are freed). */
 typedef struct jobs_rollout jobs_rollout;
-int jobs_rollout_start(const jobs_env *env, eng_sched *sched, const store_job *j, jobs_rollout **out);
+int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out);
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result);
 void jobs_rollout_free(jobs_rollout *r);
 #endif

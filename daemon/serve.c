@@ -41,6 +41,7 @@ typedef struct {
     char lora_targets[128], lora_init[1024];
     long long max_connections, max_connections_per_client, request_timeout;
     long long keep_checkpoints;
+    long long ranks;
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -74,7 +75,8 @@ static const opt_def opts[] = {
     {"max-connections-per-client", O_INT, S_(max_connections_per_client), 1, 1 << 20, 0, "256", "open connections from one client address (its oldest waiting one is closed beyond that)"},
     {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30", "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
-    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active)"},
+    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active); with --ranks each rank gets an equal share"},
+    {"ranks", O_INT, S_(ranks), 1, 64, 0, "1", "CPU backend: run N data-parallel ranks in this process, each with its own engine (what the multi-rank tests use; on GPUs see --gpus)"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
     {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
     {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},
@@ -222,6 +224,10 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
     unsigned targets;
     if (o->lora_targets[0] && lora_parse_targets(o->lora_targets, &targets)) {
         snprintf(why, wl, "--lora-targets: %s", err_msg());
+        return -1;
+    }
+    if (o->ranks > 1 && strcmp(o->backend, "cpu")) {
+        snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
         return -1;
     }
     if (strcmp(o->optimizer_offload, "auto") && strcmp(o->optimizer_offload, "on") && strcmp(o->optimizer_offload, "off")) {
@@ -457,7 +463,8 @@ int serve_main(int argc, char **argv) {
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
                         .optimizer_offload = s.o.optimizer_offload,
-                        .n_threads = (int)s.o.engine_threads, .checkpoint_on_exit = s.o.checkpoint_on_exit,
+                        .n_threads = (int)s.o.engine_threads, .ranks = (int)s.o.ranks,
+                        .checkpoint_on_exit = s.o.checkpoint_on_exit,
                         .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
                         .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,
                         .keep_checkpoints = s.o.keep_checkpoints,

@@ -34,6 +34,7 @@
 #include "common/log.h"
 #include "daemon/history.h"
 #include "daemon/jobs.h"
+#include "daemon/ranks.h"
 #include "store/store.h"
 
 struct worker {
@@ -46,11 +47,12 @@ struct worker {
     _Atomic int stop, ready;
     _Atomic int finished;           /* thread_main returned (or is about to) */
     _Atomic long long beat_ns, policy_version;
-    eng *e;
+    eng *e;                         /* rank 0's engine */
+    ranks *rk;                      /* every rank; ranks 1..W-1 on their own threads (ranks.h) */
     store *st;
     const char *cur_job;            /* engine thread only */
     double last_progress_store;
-    eng_sched *sched;               /* rollouts in flight (engine thread only) */
+    eng_sched *sched;               /* rank 0's rollouts in flight (engine thread only) */
     struct flight *flights;         /* their jobs, in claim order */
     store_job held;                 /* an update/checkpoint waiting for the rollouts to finish */
     int have_held;
@@ -61,7 +63,14 @@ struct worker {
 
 static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
 
-double worker_heartbeat_age(worker *w) { return (double)(clock_mono_ns() - atomic_load(&w->beat_ns)) * 1e-9; }
+/* The stalest rank's: a peer wedged in a kernel stops the pings even while rank 0 waits for it. */
+double worker_heartbeat_age(worker *w) {
+    double age = (double)(clock_mono_ns() - atomic_load(&w->beat_ns)) * 1e-9;
+    pthread_mutex_lock(&w->mu);
+    double peers = w->rk ? ranks_heartbeat_age(w->rk) : 0;
+    pthread_mutex_unlock(&w->mu);
+    return peers > age ? peers : age;
+}
 int worker_ready(worker *w) { return atomic_load(&w->ready); }
 long long worker_policy_version(worker *w) { return atomic_load(&w->policy_version); }
 
@@ -166,7 +175,7 @@ static int replay(worker *w) {
                  (long long)atomic_load(&w->policy_version));
         api_set_loading(w->cfg.api, why);
         err_clear();
-        rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, &js[i], &res);
+        rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &js[i], &res);
         free(res);
         update_version(w);
         if (rc) {
@@ -189,9 +198,14 @@ static int replay(worker *w) {
     return rc;
 }
 
+static void on_rank_event(void *ud) { worker_wake(ud); }
+
+/* Opens every rank's engine (the peers on their threads, rank 0 here, at the same time: a
+ * communicator's set-up is collective) and rank 0's scheduler, then replays. Each rank gets
+ * an equal share of the engine threads, so the ranks compute alike. */
 static int open_engine(worker *w) {
     char model[1200], resume[600];
-    int rc;
+    int rc, W = w->cfg.ranks > 1 ? w->cfg.ranks : 1;
     if (w->model_dir[0]) {
         snprintf(model, sizeof model, "%s", w->model_dir);
     } else {
@@ -200,19 +214,31 @@ static int open_engine(worker *w) {
     }
     remove_temporaries(w);
     latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
+    int threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads();
     eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
-                       .n_threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads(),
+                       .n_threads = threads / W > 0 ? threads / W : 1,
                        .lora_rank = w->cfg.lora_rank, .lora_alpha = w->cfg.lora_alpha, .lora_targets = w->lora_targets,
                        .lora_init = w->lora_init, .optimizer_offload = w->optimizer_offload};
-    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d", model,
-              w->backend, resume, o.n_threads);
+    eng_sched_opts so = {.kv_bytes = w->cfg.kv_budget_mib << 20};
+    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d,\"ranks\":%d", model,
+              w->backend, resume, o.n_threads, W);
     double t0 = (double)clock_mono_ns();
-    if ((rc = eng_open(&o, &w->e))) return rc;
+    ranks *rk;
+    if ((rc = ranks_start(W, &o, w->cfg.devices, &so, on_rank_event, w, &rk))) return rc;
+    pthread_mutex_lock(&w->mu);
+    w->rk = rk;
+    pthread_mutex_unlock(&w->mu);
+    rc = eng_open(&o, &w->e);
+    int prc = ranks_wait_open(w->rk);
+    if (rc) return rc;
+    if (prc) return prc;
+    if ((rc = eng_sched_open(w->e, &so, &w->sched))) return rc;
+    ranks_set_rank0(w->rk, w->e, w->sched);
     update_version(w);
     if (w->saved_version < 0) w->saved_version = atomic_load(&w->policy_version);
     if ((rc = replay(w))) return rc;
-    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld", ((double)clock_mono_ns() - t0) / 1e6,
-              (long long)atomic_load(&w->policy_version));
+    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld,\"ranks\":%d", ((double)clock_mono_ns() - t0) / 1e6,
+              (long long)atomic_load(&w->policy_version), W);
     return 0;
 }
 
@@ -235,7 +261,7 @@ static void finish_failed(worker *w, const store_job *j) {
     char why[900], esc[700];
     int conflict = err_code() == GE_CONFLICT;
     snprintf(why, sizeof why, "%s", err_msg());
-    int urc = eng_update_undo(w->e);
+    int urc = jobs_update_undo(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w});
     update_version(w);
     log_event(LOG_ERROR, "update_taken_back", "\"id\":\"%s\",\"policy_version\":%lld,\"ok\":%s,\"message\":%s", j->id,
               (long long)atomic_load(&w->policy_version), urc ? "false" : "true", log_str(esc, sizeof esc, why));
@@ -309,7 +335,7 @@ static void run_one(worker *w, store_job *j) {
     log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
     err_clear();
     long long v0 = atomic_load(&w->policy_version);
-    int rc = jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, j, &result);
+    int rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &result);
     w->cur_job = NULL;
     beat(w);
     update_version(w);
@@ -337,13 +363,28 @@ typedef struct flight {
     struct flight *next;
 } flight;
 
+/* The schedulers' gauges: each rank's, and their sums (jobs: the rollout jobs in flight). */
 static void publish_sched(worker *w) {
-    eng_sched_stats st;
-    eng_sched_get_stats(w->sched, &st);
-    metrics_sched(&(metrics_sched_gauges){ .jobs = st.jobs, .running_groups = st.running_groups,
-                                           .running_responses = st.running_responses, .waiting_groups = st.waiting_groups,
-                                           .kv_rows_used = st.rows_used, .kv_rows_capacity = st.rows_cap,
-                                           .kv_row_bytes = st.row_bytes, .steps = st.steps });
+    eng_sched_stats st[RANKS_MAX];
+    metrics_sched_gauges per[RANKS_MAX], all = {0};
+    int W = ranks_stats(w->rk, st, RANKS_MAX);
+    for (int r = 0; r < W; r++) {
+        per[r] = (metrics_sched_gauges){ .jobs = st[r].jobs, .running_groups = st[r].running_groups,
+                                         .running_responses = st[r].running_responses, .waiting_groups = st[r].waiting_groups,
+                                         .kv_rows_used = st[r].rows_used, .kv_rows_capacity = st[r].rows_cap,
+                                         .kv_row_bytes = st[r].row_bytes, .steps = st[r].steps };
+        all.running_groups += per[r].running_groups;
+        all.running_responses += per[r].running_responses;
+        all.waiting_groups += per[r].waiting_groups;
+        all.kv_rows_used += per[r].kv_rows_used;
+        all.kv_rows_capacity += per[r].kv_rows_capacity;
+        all.steps += per[r].steps;
+    }
+    all.jobs = W > 1 ? 0 : per[0].jobs;
+    for (flight *f = W > 1 ? w->flights : NULL; f; f = f->next) all.jobs++;
+    all.kv_row_bytes = per[0].kv_row_bytes;
+    metrics_sched(&all);
+    metrics_ranks(per, W);
 }
 
 /* A claimed rollout joins the scheduler (or fails at once: a group that can never fit). */
@@ -351,7 +392,7 @@ static void flight_start(worker *w, store_job *j) {
     log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
     err_clear();
     flight *f = calloc(1, sizeof *f);
-    int rc = f ? jobs_rollout_start(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, w->sched, j, &f->r)
+    int rc = f ? jobs_rollout_start(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &f->r)
                : err_set(GE_NOMEM, "worker: out of memory");
     if (rc) {
         store_outcome(w, j, rc, NULL, 0, -1);
@@ -446,7 +487,7 @@ static void requeue_unstarted(worker *w) {
  * claimed). Returns 1 when it claimed something. */
 static int claim_more(worker *w) {
     int did = 0;
-    while (!w->have_held && !w->halted && eng_sched_can_admit(w->sched) && !atomic_load(&w->stop)) {
+    while (!w->have_held && !w->halted && ranks_can_admit(w->rk) && !atomic_load(&w->stop)) {
         store_job j = {0};
         int got = store_claim(w->st, &j);
         if (got < 0) log_event(LOG_ERROR, "store_claim_failed", "\"code\":\"%s\"", err_name(got));
@@ -454,7 +495,7 @@ static int claim_more(worker *w) {
         did = 1;
         if (!strcmp(j.kind, "rollout")) {
             flight_start(w, &j);
-        } else if (!strcmp(j.kind, "logprobs") || !eng_sched_busy(w->sched)) {
+        } else if (!strcmp(j.kind, "logprobs") || !ranks_busy(w->rk)) {
             run_one(w, &j);
             store_job_clear(&j);
         } else {
@@ -468,13 +509,13 @@ static int claim_more(worker *w) {
 
 static void save_on_exit(worker *w) {
     long long v = atomic_load(&w->policy_version);
-    if (!w->cfg.checkpoint_on_exit || !w->e || w->halted || v == w->saved_version) return;
+    if (!w->cfg.checkpoint_on_exit || atomic_load(&w->ready) != 1 || w->halted || v == w->saved_version) return;
     store_job j = {0};
     snprintf(j.id, sizeof j.id, "exit-%lld", (long long)time(NULL));
     snprintf(j.kind, sizeof j.kind, "checkpoint");
     j.payload = "{}";
     char *res = NULL;
-    if (jobs_run(&(jobs_env){w->e, w->st, w->data_dir, on_progress, w}, &j, &res))
+    if (jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &j, &res))
         log_event(LOG_ERROR, "checkpoint_on_exit_failed", "\"code\":\"%s\"", err_name(err_code()));
     free(res);
 }
@@ -486,14 +527,12 @@ static void *thread_main(void *arg) {
     int rc = store_open(w->data_dir, 0, &w->st);
     if (!rc) rc = open_engine(w);
     if (!rc) {
-        eng_sched_opts so = {.kv_bytes = w->cfg.kv_budget_mib << 20};
-        if (!(rc = eng_sched_open(w->e, &so, &w->sched))) {
-            eng_sched_stats st;
-            eng_sched_get_stats(w->sched, &st);
-            w->kv_rows = st.rows_cap;
-            publish_sched(w);
-            log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f", st.rows_cap, st.rows_cap * (double)st.row_bytes / 1048576.0);
-        }
+        eng_sched_stats st;
+        eng_sched_get_stats(w->sched, &st);
+        w->kv_rows = st.rows_cap;
+        publish_sched(w);
+        log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f,\"ranks\":%d", st.rows_cap,
+                  st.rows_cap * (double)st.row_bytes / 1048576.0, ranks_size(w->rk));
     }
     if (rc) {
         char esc[700];
@@ -518,7 +557,7 @@ static void *thread_main(void *arg) {
         if (atomic_load(&w->ready) == 1 && !w->halted && store_check_file(w->st)) halt(w, err_msg());
         if (atomic_load(&w->ready) == 1) {
             int did = claim_more(w);
-            if (w->have_held && !eng_sched_busy(w->sched)) {
+            if (w->have_held && !ranks_busy(w->rk)) {
                 if (store_mark_started(w->st, w->held.id))
                     log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", w->held.id);
                 run_one(w, &w->held);
@@ -527,11 +566,14 @@ static void *thread_main(void *arg) {
                 continue;
             }
             if (eng_sched_busy(w->sched)) {
-                eng_sched_step(w->sched);
+                ranks_step(w->rk);
                 beat(w);
                 publish_sched(w);
+            } else if (w->flights) {
+                publish_sched(w);           /* the peers' steps */
             }
             if (w->flights) flights_poll(w);
+            /* peers wake this thread (on_rank_event) when a part ends */
             if (did || eng_sched_busy(w->sched)) continue;
         }
         pthread_mutex_lock(&w->mu);
@@ -548,6 +590,11 @@ static void *thread_main(void *arg) {
     save_on_exit(w);
     eng_sched_close(w->sched);
     w->sched = NULL;
+    pthread_mutex_lock(&w->mu);
+    ranks *rk = w->rk;
+    w->rk = NULL;
+    pthread_mutex_unlock(&w->mu);
+    ranks_close(rk);
     eng_close(w->e);
     w->e = NULL;
     store_close(w->st);

@@ -23,3 +23,15 @@ def test_torture_kill9_exactly_once(grpod_available, tmp_path):
     fig = json.loads(figures[-1])
     assert fig["lost"] == 0 and fig["applied_twice"] == 0 and fig["probe_logprobs_bit_equal"]
     assert fig["kills"] >= 5, fig     # the time budget ran out before a meaningful number of kills
+
+
+def test_torture_kill9_exactly_once_two_ranks(grpod_available, tmp_path):
+    """The same with `--ranks 2` in both runs (updates and replay run on every rank), small scale."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "integration", "torture.py"), "--grpod", GRPOD,
+                        "--ranks", "2", "--kills", "5", "--rounds", "4", "--budget-s", "60", "--keep", str(tmp_path / "work")],
+                       capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    figures = [line[len("FIGURES "):] for line in r.stdout.splitlines() if line.startswith("FIGURES ")]
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    fig = json.loads(figures[-1])
+    assert fig["ranks"] == 2 and fig["lost"] == 0 and fig["applied_twice"] == 0 and fig["probe_logprobs_bit_equal"]
+    assert fig["kills"] >= 3, fig

@@ -16,6 +16,7 @@ exits 0 when everything agrees.
   python3 tests/integration/torture.py --grpod ./grpod --kills 20           # CI scale, CPU
   python3 tests/integration/torture.py --grpod ./grpod --kills 200 --rounds 60
   python3 tests/integration/torture.py --grpod ./grpod --backend cuda --kills 10   # on a GPU
+  python3 tests/integration/torture.py --grpod ./grpod --ranks 2 --kills 5 --rounds 3   # 2 CPU ranks
 """
 import argparse
 import json
@@ -46,8 +47,9 @@ def free_port():
 
 
 class Daemon:
-    def __init__(self, grpod, data, backend, threads, log):
+    def __init__(self, grpod, data, backend, threads, log, ranks=1):
         self.grpod, self.data, self.backend, self.threads, self.log = grpod, data, backend, threads, log
+        self.ranks = ranks
         self.proc = None
 
     def start(self):
@@ -57,7 +59,8 @@ class Daemon:
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
         self.proc = subprocess.Popen([self.grpod, "serve", "--data-dir", self.data, "--listen", "127.0.0.1:%d" % self.port,
-                                      "--backend", self.backend, "--engine-threads", str(self.threads)],
+                                      "--backend", self.backend, "--engine-threads", str(self.threads)]
+                                     + (["--ranks", str(self.ranks)] if self.ranks > 1 else []),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.logf, env=env)
         self.log_at_start = os.path.getsize(self.log)
 
@@ -186,7 +189,7 @@ def final_state(d, ids, timeout):
 
 
 def reference(args, stream, work):
-    d = Daemon(args.grpod, os.path.join(work, "ref"), args.backend, args.threads, os.path.join(work, "ref.log"))
+    d = Daemon(args.grpod, os.path.join(work, "ref"), args.backend, args.threads, os.path.join(work, "ref.log"), args.ranks)
     d.start()
     d.wait_ready(args.ready_timeout)
     ids = []
@@ -236,7 +239,7 @@ def twice_interrupted(data):
 
 def tortured(args, stream, work, rng):
     data = os.path.join(work, "kill")
-    d = Daemon(args.grpod, data, args.backend, args.threads, os.path.join(work, "kill.log"))
+    d = Daemon(args.grpod, data, args.backend, args.threads, os.path.join(work, "kill.log"), args.ranks)
     ids, kills, phases, requeued = [], 0, {}, 0
     t_end = time.time() + args.budget_s
     while kills < args.kills and time.time() < t_end:
@@ -309,6 +312,7 @@ def main():
     ap.add_argument("--grpod", default="./grpod")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="--engine-threads (cpu)")
+    ap.add_argument("--ranks", type=int, default=1, help="--ranks (cpu): both runs use this many ranks")
     ap.add_argument("--kills", type=int, default=int(os.environ.get("GRPOD_TORTURE_KILLS", "20")))
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("GRPOD_TORTURE_ROUNDS", "8")))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GRPOD_TORTURE_SEED", "19")))
@@ -342,7 +346,7 @@ def main():
         d = max(abs(x - y) for p, q in zip(got["probe"], ref["probe"]) for x, y in zip(p, q))
         diffs.append("probe logprobs differ (max |d| %.3g)" % d)
     kinds = [s["kind"] for s in stream]
-    figures = {"backend": args.backend, "seed": args.seed, "kills": got["kills"], "kill_phases": got["phases"],
+    figures = {"backend": args.backend, "ranks": args.ranks, "seed": args.seed, "kills": got["kills"], "kill_phases": got["phases"],
                "jobs_accepted": len(stream), "rollouts": kinds.count("rollout"), "checkpoints": kinds.count("checkpoint"),
                "updates_done": sum(1 for j in got["jobs"] if j["kind"] == "update" and j["status"] == "done"),
                "final_policy_version": got["policy_version"], "reference_policy_version": ref["policy_version"],

@@ -1,0 +1,447 @@
+/* ranks.c — rank 0's view of the peer threads (ranks 1..W-1); see ranks.h.
+ *
+ * Each peer has an inbox of commands (add a rollout part, release one, run an SPMD function)
+ * and a snapshot of its scheduler (busy, can admit, stats, each part's state) that it writes
+ * after each step; both under the peer's mutex. Rank 0 never touches a peer's engine or
+ * scheduler: a part's result arrays are written by the peer and read by rank 0 only after the
+ * snapshot (read under the mutex) says the part is done. */
+#include "daemon/ranks.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+
+typedef enum { CMD_ADD, CMD_RELEASE, CMD_CALL, CMD_STOP } cmd_kind;
+
+typedef struct cmd {
+    cmd_kind kind;
+    ranks_job *job;             /* ADD, RELEASE */
+    ranks_fn fn;                /* CALL */
+    void *arg;
+    int rc, done;               /* CALL, RELEASE: set by the peer (under its mutex) */
+    char msg[512];
+    struct cmd *next;
+} cmd;
+
+struct ranks_job {
+    int rank;
+    long long rows;
+    eng_sched_job *j;           /* on rank's scheduler: touched by that rank's thread only */
+    const eng_rollout_group *g;
+    int n;
+    const eng_sampling *sp;
+    eng_group_result *out;
+    /* snapshot (peer parts; under the peer's mutex) */
+    int state, started;
+    double progress;
+    char msg[512];
+    struct ranks_job *next;     /* the peer's list of parts (peer thread only) */
+};
+
+typedef struct peer {
+    ranks *rk;
+    int rank;
+    pthread_t th;
+    int have_th;
+    eng_open_opts o;
+    eng_sched_opts so;
+    eng *e;
+    eng_sched *sched;
+    ranks_job *parts;           /* peer thread only */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* the peer waits for commands */
+    pthread_cond_t done_cv;     /* rank 0 waits for a command's completion, or the open */
+    cmd *head, *tail;
+    int pending_adds;           /* ADDs posted and not yet taken (counts as busy) */
+    int open_rc, opened;        /* opened: 1 once eng_open returned */
+    char open_msg[512];
+    int busy, can_admit;        /* snapshot */
+    eng_sched_stats st;
+    _Atomic long long beat_ns;
+} peer;
+
+struct ranks {
+    int W;
+    eng *e0;
+    eng_sched *sched0;
+    long long load[RANKS_MAX];  /* KV rows placed and not released, per rank (rank 0's thread) */
+    char model_dir[1024], backend[16], resume_dir[1024], lora_targets[128], lora_init[1024], offload[8];
+    peer *peers;                /* [W], 0 unused */
+    void (*notify)(void *ud);
+    void *notify_ud;
+    int diverged;
+};
+
+int ranks_size(const ranks *rk) { return rk->W; }
+
+/* ---------------------------------------------------------------- the peer thread */
+
+static void peer_beat(peer *p) { atomic_store(&p->beat_ns, clock_mono_ns()); }
+static void peer_progress(void *ud, double f) { (void)f; peer_beat(ud); }
+
+static void peer_snapshot(peer *p) {
+    eng_sched_stats st;
+    int busy = 0, can = 0, changed = 0;
+    if (p->sched) {
+        eng_sched_get_stats(p->sched, &st);
+        busy = eng_sched_busy(p->sched);
+        can = eng_sched_can_admit(p->sched);
+    } else {
+        memset(&st, 0, sizeof st);
+    }
+    pthread_mutex_lock(&p->mu);
+    for (ranks_job *j = p->parts; j; j = j->next) {
+        if (!j->j || j->state) continue;            /* failed at add, or finished: final */
+        const char *msg = NULL;
+        j->state = eng_sched_job_state(j->j, &j->progress, &j->started, &msg);
+        if (j->state < 0) snprintf(j->msg, sizeof j->msg, "rank %d: %s", p->rank, msg ? msg : "");
+        changed |= j->state != 0;
+    }
+    changed |= p->busy && !busy;
+    p->st = st;
+    p->busy = busy;
+    p->can_admit = can;
+    pthread_mutex_unlock(&p->mu);
+    if (changed && p->rk->notify) p->rk->notify(p->rk->notify_ud);
+}
+
+static void peer_run(peer *p, cmd *c) {
+    switch (c->kind) {
+    case CMD_ADD: {
+        ranks_job *j = c->job;
+        err_clear();
+        int rc = eng_sched_add(p->sched, j->g, j->n, j->sp, j->out, &j->j);
+        pthread_mutex_lock(&p->mu);
+        if (rc) {
+            j->state = rc;
+            snprintf(j->msg, sizeof j->msg, "rank %d: %s", p->rank, err_msg());
+        }
+        j->next = p->parts;
+        p->parts = j;
+        p->pending_adds--;
+        pthread_mutex_unlock(&p->mu);
+        free(c);
+        return;
+    }
+    case CMD_RELEASE: {
+        ranks_job **pp = &p->parts;
+        while (*pp && *pp != c->job) pp = &(*pp)->next;
+        if (*pp) *pp = c->job->next;
+        if (c->job->j) eng_sched_job_release(p->sched, c->job->j);
+        c->job->j = NULL;
+        break;
+    }
+    case CMD_CALL:
+        err_clear();
+        c->rc = p->e ? c->fn(p->e, p->rank, peer_progress, p, c->arg) : err_set(GE_UNAVAILABLE, "rank %d has no engine", p->rank);
+        snprintf(c->msg, sizeof c->msg, "%s", err_msg());
+        break;
+    case CMD_STOP:
+        break;
+    }
+    pthread_mutex_lock(&p->mu);
+    c->done = 1;
+    pthread_cond_broadcast(&p->done_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *peer_main(void *arg) {
+    peer *p = arg;
+    peer_beat(p);
+    err_clear();
+    int rc = eng_open(&p->o, &p->e);
+    if (!rc) rc = eng_sched_open(p->e, &p->so, &p->sched);
+    pthread_mutex_lock(&p->mu);
+    p->open_rc = rc;
+    p->opened = 1;
+    snprintf(p->open_msg, sizeof p->open_msg, "%s", rc ? (err_msg()[0] ? err_msg() : err_default(rc)) : "");
+    pthread_cond_broadcast(&p->done_cv);
+    pthread_mutex_unlock(&p->mu);
+    peer_snapshot(p);
+    for (int stop = 0; !stop;) {
+        peer_beat(p);
+        pthread_mutex_lock(&p->mu);
+        cmd *c = p->head;
+        p->head = p->tail = NULL;
+        pthread_mutex_unlock(&p->mu);
+        while (c) {
+            cmd *next = c->next;
+            if (c->kind == CMD_STOP) stop = 1;
+            peer_run(p, c);                         /* an ADD frees c; the others are the poster's */
+            c = next;
+        }
+        int busy = p->sched && eng_sched_busy(p->sched);
+        if (busy) {
+            eng_sched_step(p->sched);
+            peer_beat(p);
+        }
+        peer_snapshot(p);
+        if (busy || stop) continue;
+        pthread_mutex_lock(&p->mu);
+        if (!p->head) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    while (p->parts) {                              /* rank 0 released its parts; these are strays */
+        ranks_job *j = p->parts;
+        p->parts = j->next;
+        if (j->j) eng_sched_job_release(p->sched, j->j);
+        j->j = NULL;
+    }
+    eng_sched_close(p->sched);
+    p->sched = NULL;
+    eng_close(p->e);
+    p->e = NULL;
+    return NULL;
+}
+
+/* Posts c to peer p; with wait, blocks until the peer ran it (c stays the caller's). */
+static void post(peer *p, cmd *c, int wait) {
+    c->next = NULL;
+    c->done = 0;
+    pthread_mutex_lock(&p->mu);
+    if (p->tail) p->tail->next = c;
+    else p->head = c;
+    p->tail = c;
+    if (c->kind == CMD_ADD) p->pending_adds++;
+    pthread_cond_signal(&p->cv);
+    while (wait && !c->done) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void wait_done(peer *p, cmd *c) {
+    pthread_mutex_lock(&p->mu);
+    while (!c->done) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
+                void (*notify)(void *ud), void *ud, ranks **out) {
+    *out = NULL;
+    if (W < 1 || W > RANKS_MAX) return err_set(GE_INVALID, "ranks: %d ranks (1..%d)", W, RANKS_MAX);
+    ranks *rk = calloc(1, sizeof *rk);
+    if (!rk || !(rk->peers = calloc((size_t)W, sizeof *rk->peers))) {
+        free(rk);
+        return err_set(GE_NOMEM, "ranks: out of memory");
+    }
+    rk->W = W;
+    rk->notify = notify;
+    rk->notify_ud = ud;
+    snprintf(rk->model_dir, sizeof rk->model_dir, "%s", o->model_dir ? o->model_dir : "");
+    snprintf(rk->backend, sizeof rk->backend, "%s", o->backend ? o->backend : "auto");
+    snprintf(rk->resume_dir, sizeof rk->resume_dir, "%s", o->resume_dir ? o->resume_dir : "");
+    snprintf(rk->lora_targets, sizeof rk->lora_targets, "%s", o->lora_targets ? o->lora_targets : "");
+    snprintf(rk->lora_init, sizeof rk->lora_init, "%s", o->lora_init ? o->lora_init : "");
+    snprintf(rk->offload, sizeof rk->offload, "%s", o->optimizer_offload ? o->optimizer_offload : "auto");
+    for (int r = 1; r < W; r++) {
+        peer *p = &rk->peers[r];
+        p->rk = rk;
+        p->rank = r;
+        p->o = *o;
+        p->o.model_dir = rk->model_dir;
+        p->o.backend = rk->backend;
+        p->o.resume_dir = rk->resume_dir[0] ? rk->resume_dir : NULL;
+        p->o.lora_targets = rk->lora_targets;
+        p->o.lora_init = rk->lora_init;
+        p->o.optimizer_offload = rk->offload;
+        (void)devices;              /* eng_open_opts.device: with engine/comm.h (issue 24) */
+        p->so = *so;
+        pthread_mutex_init(&p->mu, NULL);
+        pthread_cond_init(&p->cv, NULL);
+        pthread_cond_init(&p->done_cv, NULL);
+        peer_beat(p);
+        if (pthread_create(&p->th, NULL, peer_main, p)) {
+            ranks_close(rk);
+            return err_set(GE_INTERNAL, "cannot start the thread of rank %d", r);
+        }
+        p->have_th = 1;
+    }
+    *out = rk;
+    return 0;
+}
+
+int ranks_wait_open(ranks *rk) {
+    int rc = 0;
+    for (int r = 1; r < rk->W; r++) {
+        peer *p = &rk->peers[r];
+        pthread_mutex_lock(&p->mu);
+        while (!p->opened) pthread_cond_wait(&p->done_cv, &p->mu);
+        if (p->open_rc && !rc) rc = err_set(p->open_rc, "rank %d: %s", r, p->open_msg);
+        pthread_mutex_unlock(&p->mu);
+    }
+    return rc;
+}
+
+void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched) {
+    rk->e0 = e;
+    rk->sched0 = sched;
+}
+
+int ranks_diverged(const ranks *rk) { return rk->diverged; }
+
+void ranks_close(ranks *rk) {
+    if (!rk) return;
+    for (int r = 1; r < rk->W; r++) {
+        peer *p = &rk->peers[r];
+        if (!p->have_th) continue;
+        cmd c = {.kind = CMD_STOP};
+        post(p, &c, 0);
+        pthread_join(p->th, NULL);
+    }
+    for (int r = 1; r < rk->W; r++) {
+        peer *p = &rk->peers[r];
+        if (!p->rk) continue;
+        pthread_cond_destroy(&p->done_cv);
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+    }
+    free(rk->peers);
+    free(rk);
+}
+
+/* ---------------------------------------------------------------- SPMD */
+
+int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0) {
+    cmd *cs = rk->W > 1 ? calloc((size_t)rk->W, sizeof *cs) : NULL;
+    if (rk->W > 1 && !cs) return err_set(GE_NOMEM, "ranks: out of memory");
+    for (int r = 1; r < rk->W; r++) {
+        cs[r] = (cmd){.kind = CMD_CALL, .fn = fn, .arg = arg};
+        post(&rk->peers[r], &cs[r], 0);
+    }
+    err_clear();
+    int rc0 = fn(rk->e0, 0, cb0, ud0, arg);
+    char msg0[512];
+    snprintf(msg0, sizeof msg0, "%s", err_msg());
+    int bad = 0;
+    for (int r = 1; r < rk->W; r++) {
+        wait_done(&rk->peers[r], &cs[r]);
+        if (cs[r].rc != rc0 && !bad) bad = r;
+    }
+    int rc = rc0;
+    if (bad) {
+        rk->diverged = 1;
+        rc = err_set(GE_INTERNAL, "the ranks disagree: rank 0 returned %s (%s), rank %d %s (%s)", rc0 ? err_name(rc0) : "ok",
+                     msg0, bad, cs[bad].rc ? err_name(cs[bad].rc) : "ok", cs[bad].msg);
+    } else if (rc0) {
+        err_set(rc0, "%s", msg0);
+    }
+    free(cs);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- rollouts */
+
+void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of) {
+    long long load[RANKS_MAX];
+    memcpy(load, rk->load, sizeof load);
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int r = 1; r < rk->W; r++)
+            if (load[r] < load[best]) best = r;
+        rank_of[i] = best;
+        load[best] += rows[i];
+    }
+}
+
+int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
+              long long rows, ranks_job **job) {
+    *job = NULL;
+    ranks_job *j = calloc(1, sizeof *j);
+    if (!j) return err_set(GE_NOMEM, "ranks: out of memory");
+    *j = (ranks_job){.rank = r, .rows = rows, .g = g, .n = n, .sp = sp, .out = out};
+    if (r == 0) {
+        int rc = eng_sched_add(rk->sched0, g, n, sp, out, &j->j);
+        if (rc) { free(j); return rc; }
+    } else {
+        cmd *c = calloc(1, sizeof *c);
+        if (!c) { free(j); return err_set(GE_NOMEM, "ranks: out of memory"); }
+        c->kind = CMD_ADD;
+        c->job = j;
+        post(&rk->peers[r], c, 0);  /* the peer frees c */
+    }
+    rk->load[r] += rows;
+    *job = j;
+    return 0;
+}
+
+int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg) {
+    if (j->rank == 0) return eng_sched_job_state(j->j, progress, started, msg);
+    peer *p = &rk->peers[j->rank];
+    pthread_mutex_lock(&p->mu);
+    int st = j->state;
+    if (progress) *progress = j->progress;
+    if (started) *started = j->started;
+    *msg = j->msg;                  /* final once st != 0: the peer writes it no more */
+    pthread_mutex_unlock(&p->mu);
+    return st;
+}
+
+void ranks_job_release(ranks *rk, ranks_job *j) {
+    if (!j) return;
+    if (j->rank == 0) {
+        if (j->j) eng_sched_job_release(rk->sched0, j->j);
+    } else {
+        cmd c = {.kind = CMD_RELEASE, .job = j};
+        post(&rk->peers[j->rank], &c, 1);
+    }
+    rk->load[j->rank] -= j->rows;
+    free(j);
+}
+
+int ranks_step(ranks *rk) { return eng_sched_busy(rk->sched0) ? eng_sched_step(rk->sched0) : 0; }
+
+int ranks_busy(ranks *rk) {
+    int busy = eng_sched_busy(rk->sched0);
+    for (int r = 1; r < rk->W && !busy; r++) {
+        peer *p = &rk->peers[r];
+        pthread_mutex_lock(&p->mu);
+        busy = p->busy || p->pending_adds > 0;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return busy;
+}
+
+int ranks_can_admit(ranks *rk) {
+    int can = eng_sched_can_admit(rk->sched0);
+    for (int r = 1; r < rk->W && !can; r++) {
+        peer *p = &rk->peers[r];
+        pthread_mutex_lock(&p->mu);
+        can = p->can_admit && p->pending_adds == 0;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return can;
+}
+
+int ranks_stats(ranks *rk, eng_sched_stats *st, int max) {
+    if (max > 0) eng_sched_get_stats(rk->sched0, &st[0]);
+    for (int r = 1; r < rk->W && r < max; r++) {
+        peer *p = &rk->peers[r];
+        pthread_mutex_lock(&p->mu);
+        st[r] = p->st;
+        pthread_mutex_unlock(&p->mu);
+    }
+    return rk->W;
+}
+
+double ranks_heartbeat_age(ranks *rk) {
+    long long now = clock_mono_ns(), oldest = now;
+    for (int r = 1; rk && r < rk->W; r++) {
+        long long b = atomic_load(&rk->peers[r].beat_ns);
+        if (b < oldest) oldest = b;
+    }
+    return (double)(now - oldest) * 1e-9;
+}

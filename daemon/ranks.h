@@ -1,0 +1,77 @@
+/* ranks.h — the W ranks of one deployment inside one process: rank 0 is the worker's engine
+ * thread (daemon/worker.c: it claims jobs and owns the store), ranks 1..W-1 are peer threads
+ * started here, each with its own engine (eng_open on that thread: its backend, its CUDA
+ * device, its communicator) and its own rollout scheduler. W = 1 has no peers: every call
+ * below then goes straight to rank 0's scheduler, exactly as the worker did before ranks.
+ *
+ * Two kinds of work reach the peers:
+ *  - rollouts (no collectives): the worker places whole groups on ranks (ranks_place, by KV
+ *    rows) and adds them to that rank's scheduler (ranks_add); each rank steps its own
+ *    scheduler, and the worker reads each part's state (ranks_job_state) and merges the parts;
+ *  - SPMD calls (eng_update, eng_update_undo, eng_logprobs, eng_checkpoint_save, replay):
+ *    ranks_spmd runs one function on every rank's thread with that rank's engine, the same
+ *    inputs on each, rank 0's share on the calling thread, and waits for all of them
+ *    (engine/comm.h's contract: every rank calls in the same order).
+ *
+ * Threading: every ranks_* call except ranks_heartbeat_age comes from rank 0's
+ * thread (the worker). Peers never touch the store or the HTTP side. */
+#ifndef GRPOD_DAEMON_RANKS_H
+#define GRPOD_DAEMON_RANKS_H
+#include "engine/engine.h"
+
+#define RANKS_MAX 64
+
+typedef struct ranks ranks;
+typedef struct ranks_job ranks_job;
+
+/* Starts ranks 1..W-1: each thread opens an engine with o (its n_threads as given) and
+ * device devices[r] (NULL: 0), and a scheduler with so. Rank 0's own engine is the caller's
+ * (ranks_set_rank0, once it is open). Returns at once; ranks_wait_open waits for the peers.
+ * notify (may be NULL) is called on a peer's thread when one of its parts finished or failed,
+ * or it ran out of work: the callee must only signal (worker_wake). */
+int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
+                void (*notify)(void *ud), void *ud, ranks **out);
+/* Waits until every peer opened (0) or one failed (its code, err_msg() naming the rank). */
+int ranks_wait_open(ranks *rk);
+void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched);
+
+/* Peers release their jobs, close their schedulers and engines; joins and frees rk. */
+void ranks_close(ranks *rk);
+int ranks_size(const ranks *rk);
+
+/* ---------------------------------------------------------------- SPMD */
+
+/* fn runs on every rank's thread with its engine and a progress callback that beats that
+ * rank's heartbeat (rank 0: cb0/ud0); it returns 0 or a GE_* code (err_set). Returns rank 0's
+ * code when every rank returned the same; when they differ, GE_INTERNAL naming the ranks, and
+ * ranks_diverged says 1 from then on (their states may differ: the caller stops taking work). */
+typedef int (*ranks_fn)(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg);
+int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0);
+int ranks_diverged(const ranks *rk);
+
+/* ---------------------------------------------------------------- rollouts */
+
+/* Picks a rank for each of n groups (rows[i] = eng_sched_rows_needed of group i) in order:
+ * the rank with the fewest rows placed and not yet released, lowest rank on ties.
+ * Deterministic given the rows in flight. */
+void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of);
+/* Queues groups on rank r's scheduler (as eng_sched_add; the arrays stay the caller's until
+ * ranks_job_release). rows: their KV rows, counted against r until the release. On a peer the
+ * add happens on its thread: its error (GE_TOO_LARGE) shows in ranks_job_state. */
+int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
+              long long rows, ranks_job **job);
+/* As eng_sched_job_state, for a part on any rank (a peer's state as of its last step). */
+int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg);
+/* As eng_sched_job_release; on a peer it waits until the peer released it. */
+void ranks_job_release(ranks *rk, ranks_job *j);
+
+/* Rank 0 steps its scheduler when busy (peers step theirs on their own threads). */
+int ranks_step(ranks *rk);
+int ranks_busy(ranks *rk);          /* some rank has a group waiting or running (or one on its way) */
+int ranks_can_admit(ranks *rk);     /* some rank would start a group queued now */
+/* Scheduler stats: st[r] for each rank (peers as of their last step); returns W. */
+int ranks_stats(ranks *rk, eng_sched_stats *st, int max);
+
+/* Seconds since the stalest peer's beat (0 without peers). Any thread. */
+double ranks_heartbeat_age(ranks *rk);
+#endif

@@ -1,0 +1,85 @@
+# test_ranks.py — several data-parallel ranks in one daemon (`grpod serve --ranks N`, the CPU
+# backend's stand-in for --gpus; daemon/ranks.h): W = 2 and 3 give what one rank gives for
+# the same jobs — the same rollout tokens for the same seeds (bit for bit: a response's
+# tokens depend only on its seed, group index and response index), the same policy_version
+# after updates, and the same probe logprobs after them to rounding: |d| <= 1e-5 absolute
+# (fp32 CPU; the ranks split the engine threads, and the data-parallel update sums gradients
+# in another order, so bits may differ, never more than a few fp32 ulps of these magnitudes).
+# Every rank must have run rollout steps, or the test proved nothing.
+import re
+import pytest
+
+PROBE = {"groups": [{"prompt_ids": [5, 6, 7, 8], "responses": [{"token_ids": [9, 10, 11, 12, 13, 14]},
+                                                               {"token_ids": [40, 41, 42]}]},
+                    {"prompt_ids": [100, 101, 102], "responses": [{"token_ids": [103, 104, 105, 106]}]}]}
+
+
+def rollout(seed, ng, P):
+    return {"groups": [{"prompt_ids": [(seed * 31 + g * 7 + t) % 250 + 1 for t in range(P + g % 3)], "n": 2 + g % 3,
+                        "reward": {"type": "contains", "answer": "a"}} for g in range(ng)],
+            "sampling": {"temperature": 1.0, "top_p": 0.95, "max_tokens": 6 + seed % 5, "seed": 1000 + seed}}
+
+
+def scored(result):
+    return [{"prompt_ids": g["prompt_ids"],
+             "responses": [{"token_ids": r["token_ids"], "reward": float((k + len(r["token_ids"])) % 2)}
+                           for k, r in enumerate(g["responses"])]} for g in result["groups"]]
+
+
+def session(d):
+    """Two rounds of: four rollouts at once, an update on their results; then the probe."""
+    out = {"tokens": [], "versions": []}
+    for rnd in range(2):
+        ids = [d.submit("/v1/rollouts", rollout(rnd * 4 + i, 3 + i, 4 + i)) for i in range(4)]
+        jobs = [d.wait_job(i) for i in ids]
+        assert all(j["status"] == "done" for j in jobs), jobs
+        out["tokens"].append([[r["token_ids"] for g in j["result"]["groups"] for r in g["responses"]] for j in jobs])
+        groups = [g for j in jobs for g in scored(j["result"])]
+        u = d.wait_job(d.submit("/v1/updates", {"groups": groups, "optimizer": {"lr": 1e-3},
+                                                "algorithm": {"ppo_mini_batch_size": 4}}))
+        assert u["status"] == "done", u
+        out["versions"].append(u["result"]["policy_version_after"])
+    r = d.post("/v1/logprobs", PROBE)
+    assert r.status_code == 200, r.text
+    out["probe"] = [x for g in r.json()["groups"] for rr in g["responses"] for x in rr["logprobs"]]
+    out["model"] = d.get("/v1/model").json()
+    out["metrics"] = d.get("/metrics").text
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank(grpod_available, tmp_path_factory):
+    from conftest import Daemon
+    d = Daemon(str(tmp_path_factory.mktemp("r1") / "data")).start()
+    try:
+        yield session(d)
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("W", [2, 3])
+def test_ranks_equal_one_rank(one_rank, make_daemon, tmp_path, W):
+    d = make_daemon(tmp_path / ("w%d" % W), args=["--ranks", str(W)])
+    got = session(d)
+    assert d.stop() == 0
+    assert got["tokens"] == one_rank["tokens"]
+    assert got["versions"] == one_rank["versions"] == [1, 2]
+    assert got["model"]["policy_version"] == one_rank["model"]["policy_version"]
+    assert len(got["probe"]) == len(one_rank["probe"]) == 13
+    assert max(abs(a - b) for a, b in zip(got["probe"], one_rank["probe"])) <= 1e-5
+    assert [r["rank"] for r in got["model"]["ranks"]] == list(range(W))
+    assert all(r["kv_rows_capacity"] > 0 for r in got["model"]["ranks"])
+    assert re.search(r"^grpod_ranks %d$" % W, got["metrics"], re.M)
+    steps = [int(re.search(r'^grpod_rank_steps{rank="%d"} (\d+)$' % r, got["metrics"], re.M).group(1)) for r in range(W)]
+    assert all(s > 0 for s in steps), steps      # every rank decoded some of the groups
+
+
+def test_ranks_flag_checks(make_daemon, tmp_path):
+    import subprocess
+    from conftest import GRPOD
+    r = subprocess.run([GRPOD, "serve", "--data-dir", str(tmp_path / "x"), "--backend", "cuda", "--ranks", "2"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--ranks 2 needs --backend cpu" in r.stderr, r.stderr
+    r = subprocess.run([GRPOD, "serve", "--data-dir", str(tmp_path / "x"), "--ranks", "0"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--ranks" in r.stderr, r.stderr
