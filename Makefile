@@ -99,7 +99,7 @@ FUZZ_NAMES := request reward safetensors config tokenizer
 FUZZ_BIN   := $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 FUZZ_CC    := clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.
 FUZZ_TOK   := engine/tokenizer.c engine/tok_encode.c engine/tok_text.c engine/unicode_data.c engine/chat.c engine/json.c
-FUZZ_SRC_request     := api/validate.c api/fields.c api/params.c api/status.c api/reward.c common/err.c engine/loss.c engine/params.c
+FUZZ_SRC_request     := api/validate.c api/fields.c api/packed.c api/params.c api/status.c api/reward.c common/err.c engine/loss.c engine/params.c
 FUZZ_SRC_reward      := api/reward.c common/err.c
 FUZZ_SRC_safetensors := engine/safetensors.c engine/json.c common/err.c
 FUZZ_SRC_config      := engine/config.c engine/json.c common/err.c

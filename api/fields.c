@@ -5,6 +5,7 @@
  * request kinds built on them are in validate.c; see validate.h and fields.h. */
 #include "api/fields.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/packed.h"
 #include "api/status.h"
 #include "common/err.h"
 
@@ -43,7 +45,15 @@ int api_job_id_ok(const char *id) {
     return 1;
 }
 
-int api_parse_json_or_reply(const char *body, size_t len, json_object **out, api_error *e) {
+int api_parse_json_or_reply(char *body, size_t len, json_object **out, api_error *e) {
+    api_packed_set set = {0};
+    if (len <= 0x7fffffff) api_packed_cut(body, len, &set);
+    int rc = api_parse_json_unpacked_or_reply(body, len, out, e);
+    api_packed_attach(*out, &set);
+    return rc;
+}
+
+int api_parse_json_unpacked_or_reply(const char *body, size_t len, json_object **out, api_error *e) {
     *out = NULL;
     if (len == 0) return api_fail(e, GE_BAD_JSON, "", "request body is empty; expected a JSON object");
     if (len > 0x7fffffff) return api_fail(e, GE_TOO_LARGE, "", "request body too large");
@@ -187,8 +197,9 @@ int get_arr(json_object *o, const char *path, const char *key, int required, int
     char f[128];
     int rc = member(o, path, key, required, f, &v, e);
     if (rc <= 0) return rc;
-    if (!json_object_is_type(v, json_type_array)) return api_fail(e, GE_INVALID, f, "%s must be an array", f);
-    int n = (int)json_object_array_length(v);
+    const api_packed *pk = api_packed_of(v);
+    if (!pk && !json_object_is_type(v, json_type_array)) return api_fail(e, GE_INVALID, f, "%s must be an array", f);
+    int n = pk ? pk->n : (int)json_object_array_length(v);
     if (n < min_len || n > max_len)
         return api_fail(e, GE_INVALID, f, "%s must have %d..%d elements (has %d)", f, min_len, max_len, n);
     *out = v;
@@ -207,24 +218,26 @@ int get_ids(json_object *o, const char *path, const char *key, int required, int
     if (n) *n = 0;
     int rc = get_arr(o, path, key, required, min_len, max_len, &a, e);
     if (rc || !a) return rc;
-    int len = (int)json_object_array_length(a);
+    const api_packed *pk = api_packed_of(a);
+    assert(!pk || pk->ids);     /* packed.c cuts only integer arrays at token-id members */
+    int len = pk ? pk->n : (int)json_object_array_length(a);
     int *buf = malloc(sizeof(int) * (size_t)(len ? len : 1));
     if (!buf) return api_fail(e, GE_NOMEM, f, "out of memory");
     for (int i = 0; i < len; i++) {
-        json_object *x = json_object_array_get_idx(a, (size_t)i);
-        if (!json_object_is_type(x, json_type_int)) {
+        json_object *x = pk ? NULL : json_object_array_get_idx(a, (size_t)i);
+        if (!pk && !json_object_is_type(x, json_type_int)) {
             free(buf);
             return api_fail(e, GE_INVALID, f, "%s[%d] must be an integer token id", f, i);
         }
-        long long t = json_object_get_int64(x);
+        long long t = pk ? pk->ids[i] : json_object_get_int64(x);
         if (t < 0 || t >= vocab) {
             free(buf);
             return api_fail(e, GE_INVALID, f, "%s[%d] = %lld is outside the vocabulary 0..%d", f, i, t, vocab - 1);
         }
         buf[i] = (int)t;
     }
-    /* every element is an int in range: the array is its own canonical form, shared (a copy of
-     * each id costs ~60 bytes, ~160 MB for an 8 MiB body of ids) */
+    /* every element is an int in range: the array (json-c's, or a packed one that serializes
+     * as one) is its own canonical form, shared */
     *canon = json_object_get(a);
     if (ids) *ids = buf; else free(buf);
     if (n) *n = len;

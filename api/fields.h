@@ -24,7 +24,8 @@ int get_str(json_object *o, const char *path, const char *key, int required, con
             api_error *e);
 /* An object member that must be an object (or absent: *out NULL). */
 int get_obj(json_object *o, const char *path, const char *key, json_object **out, api_error *e);
-/* An array of min_len..max_len elements (or absent and not required: *out NULL). */
+/* An array of min_len..max_len elements (or absent and not required: *out NULL); at the
+ * members packed.h cuts, *out may be a packed array (api_packed_of). */
 int get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
             int max_len, json_object **out, api_error *e);
 /* Token ids: an array of integers in [0, vocab). Returns a new json array in *canon and the

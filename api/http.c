@@ -257,9 +257,10 @@ static int auth_ok(api_server *s, struct MHD_Connection *c) {
 
 static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url);
 
-/* Bodies over BIG_BODY_BYTES are parsed and validated one at a time: their JSON trees cost tens
- * of times their size, so four 8 MiB bodies at once held 1.48 GB; one at a time bounds the peak
- * by one body's cost whatever the concurrency. */
+/* Bodies over BIG_BODY_BYTES are parsed and validated one at a time. Token ids and logprobs are
+ * packed (api/packed.h: ~2.5x an 8 MiB body at the peak instead of ~25x), but the rest of a body
+ * is json-c's, whose trees cost up to hundreds of times their text (an object: ~800 bytes for
+ * "{}"); one at a time bounds the peak by one body's cost whatever the concurrency. */
 static pthread_mutex_t big_body_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url) {

@@ -5,12 +5,14 @@
  * wrong type or range as an error; unknown keys are errors (check_keys). */
 #include "api/validate.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/fields.h"
+#include "api/packed.h"
 #include "api/params.h"
 #include "api/reward.h"
 #include "common/err.h"
@@ -289,13 +291,16 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             if (!lpa && need_logprobs)
                 { rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f); goto fail; }
             if (lpa) {
-                json_object *cl = json_object_new_array_ext(R);
+                /* a packed array prints its doubles as json_object_new_double's: shared */
+                const api_packed *pk = api_packed_of(lpa);
+                assert(!pk || pk->nums);
+                json_object *cl = pk ? json_object_get(lpa) : json_object_new_array_ext(R);
                 json_object_object_add(c, "logprobs", cl);
                 for (int t = 0; t < R; t++) {
-                    json_object *x1 = json_object_array_get_idx(lpa, (size_t)t);
-                    double d = is_num(x1) ? json_object_get_double(x1) : NAN;
+                    json_object *x1 = pk ? NULL : json_object_array_get_idx(lpa, (size_t)t);
+                    double d = pk ? pk->nums[t] : is_num(x1) ? json_object_get_double(x1) : NAN;
                     if (!(d <= 0 && d > -1e30)) { rc = api_fail(e, GE_INVALID, f, "%s[%d] must be a finite number <= 0", f, t); goto fail; }
-                    json_object_array_add(cl, json_object_new_double(d));
+                    if (!pk) json_object_array_add(cl, json_object_new_double(d));
                 }
             }
         }

@@ -47,8 +47,13 @@ typedef struct {
     void *ud;
 } api_model;
 
-/* Parse a body strictly (depth <= 64, no trailing bytes). GE_BAD_JSON names line/offset. */
-int api_parse_json_or_reply(const char *body, size_t len, json_object **out, api_error *e);
+/* Parse a body strictly (depth <= 64, no trailing bytes). GE_BAD_JSON names line/offset.
+ * body is scratch: its token-id and logprob arrays are cut out in place and packed (packed.h),
+ * which costs ~1.3-4 bytes per body byte instead of json-c's ~25-36. The result validates and
+ * serializes exactly as api_parse_json_unpacked_or_reply's (json-c alone) does, which the tests
+ * and the fuzzer compare it with. */
+int api_parse_json_or_reply(char *body, size_t len, json_object **out, api_error *e);
+int api_parse_json_unpacked_or_reply(const char *body, size_t len, json_object **out, api_error *e);
 
 int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m,
                          json_object **payload, api_error *e);

@@ -31,23 +31,29 @@ def status(pid, key):
     return float("nan")
 
 
-def main():
-    tmp = tempfile.mkdtemp(prefix="grpod_hostile_")
+def start(grpod, data):
+    """A daemon on a free loopback port over data, ready: (process, url)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    p = subprocess.Popen([GRPOD, "serve", "--data-dir", tmp + "/data", "--listen", "127.0.0.1:%d" % port,
+    p = subprocess.Popen([grpod, "serve", "--data-dir", data, "--listen", "127.0.0.1:%d" % port,
                           "--backend", "cpu", "--engine-threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = "http://127.0.0.1:%d" % port
+    for _ in range(1200):
+        try:
+            if requests.get(url + "/readyz", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    return p, url
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="grpod_hostile_")
+    p, url = start(GRPOD, tmp + "/data")
     try:
-        for _ in range(1200):
-            try:
-                if requests.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
         print("daemon RSS at start: %.0f MiB" % status(p.pid, "VmRSS:"))
 
         def timed(name, body, path="/v1/rollouts", headers=J):

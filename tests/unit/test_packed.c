@@ -1,0 +1,225 @@
+/* test_packed.c — the packed parse of request bodies (api/packed.c) against json-c alone.
+ *
+ * Random update, logprobs, rollout and detokenize bodies — long token-id and logprob arrays with
+ * every literal form JSON allows (signs, zeros, fractions, exponents, big integers, odd spacing),
+ * some with one byte changed — parsed both ways (api_parse_json_or_reply and
+ * api_parse_json_unpacked_or_reply) and validated: the same error (status, field, message) or
+ * the same canonical payload text, byte for byte, in json-c's three output formats. The test
+ * also counts the arrays actually packed, so it cannot pass by packing nothing. */
+#include <stdarg.h>
+
+#include "api/packed.h"
+#include "api/validate.h"
+#include "tests/unit/check.h"
+
+static unsigned long long rng = 20;
+static unsigned rnd(unsigned n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (unsigned)(rng >> 33) % n;
+}
+
+typedef struct { char *s; size_t n, cap; } buf;
+static void put(buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char t[256];
+    int k = vsnprintf(t, sizeof t, fmt, ap);
+    va_end(ap);
+    if (b->n + (size_t)k + 1 > b->cap) {
+        b->cap = (b->n + (size_t)k + 1) * 2;
+        b->s = realloc(b->s, b->cap);
+    }
+    memcpy(b->s + b->n, t, (size_t)k + 1);
+    b->n += (size_t)k;
+}
+static const char *ws(void) { static const char *const w[] = {"", "", "", " ", "\n", "\t ", "\r\n"}; return w[rnd(7)]; }
+
+/* A token id literal: mostly in the vocabulary, sometimes not an id json-c and packing agree on
+ * without care (negative, -0, fraction, exponent, beyond int32 or int64). */
+static void id_lit(buf *b) {
+    static const char *const odd[] = {"-1", "-0", "1.0", "1e2", "2147483647", "2147483648", "99999999999999999999",
+                                      "0.5", "-2147483648", "01", "1000"};
+    if (rnd(400) == 0) put(b, "%s", odd[rnd(11)]);
+    else put(b, "%u", rnd(1000));
+}
+static void lp_lit(buf *b) {
+    static const char *const odd[] = {"0", "-0", "-0.0", "-1", "-123456789012345678", "-1234567890123456789",
+                                      "-1e400", "-1e-400", "-2.5E+1", "0.1", "1", "-1e30", "-9.999999999999999e29",
+                                      "-99999999999999999999", "-9223372036854775809"};
+    unsigned k = rnd(10);
+    if (rnd(300) == 0) put(b, "%s", odd[rnd(15)]);
+    else if (k < 5) put(b, "-%u.%0*u", rnd(20), (int)(1 + rnd(9)), rnd(1000000000));
+    else if (k < 7) put(b, "-%u.%ue-%u", 1 + rnd(9), rnd(100000), rnd(30));
+    else if (k < 8) put(b, "-%u", rnd(50));
+    else put(b, "%.17g", -(double)rnd(1u << 30) / (double)(1u << rnd(31)));
+}
+static void arr(buf *b, int n, void (*lit)(buf *)) {
+    put(b, "[%s", ws());
+    for (int i = 0; i < n; i++) {
+        lit(b);
+        put(b, "%s%s%s", ws(), i + 1 < n ? "," : "", i + 1 < n ? ws() : "");
+    }
+    put(b, "]");
+}
+
+/* One random body of kind k (0 rollout, 1 update, 2 logprobs, 5 detokenize). */
+static void body(buf *b, int k) {
+    put(b, "{%s", ws());
+    if (k == 5) {
+        put(b, "\"tokens\":%s", ws());
+        arr(b, 1 + (int)rnd(300), id_lit);
+        put(b, "}");
+        return;
+    }
+    if (k == 1 && rnd(2)) put(b, "\"algorithm\":{\"old_logprobs\":\"rollout\"},");
+    if (k == 0) put(b, "\"sampling\":{\"max_tokens\":%u,\"seed\":7},", 1 + rnd(8));
+    put(b, "\"groups\":%s[", ws());
+    int G = 1 + (int)rnd(3);
+    for (int g = 0; g < G; g++) {
+        put(b, "%s{\"prompt_ids\":%s", g ? "," : "", ws());
+        arr(b, 1 + (int)rnd(60), id_lit);
+        if (k == 0) { put(b, ",\"n\":%u}", 1 + rnd(4)); continue; }
+        put(b, ",\"responses\":[");
+        int N = 1 + (int)rnd(4), R = 1 + (int)rnd(60);
+        for (int r = 0; r < N; r++) {
+            put(b, "%s{\"token_ids\":", r ? "," : "");
+            arr(b, R, id_lit);
+            if (k == 1) {
+                put(b, ",\"reward\":%u.%u", rnd(3), rnd(100));
+                if (rnd(3)) { put(b, ",\"logprobs\":%s", ws()); arr(b, rnd(20) ? R : R + 1, lp_lit); }
+            }
+            put(b, "}");
+        }
+        put(b, "]}");
+    }
+    put(b, "]}");
+}
+
+static int fake_tokenize(void *ud, const char *text, size_t len, int add_special, int **ids, int *n) {
+    int *v = malloc(sizeof(int) * (len + 1));
+    for (size_t i = 0; i < len; i++) v[i] = (unsigned char)text[i];
+    *ids = v;
+    *n = (int)len;
+    return 0;
+}
+
+/* rc, error and payload texts (PLAIN, SPACED, PRETTY) of kind k over req. */
+typedef struct { int rc, n; api_error e; char *txt[3]; int *ids; } outcome;
+static outcome run(int k, json_object *req) {
+    api_limits l;
+    api_limits_default(&l);
+    api_model m = {.vocab = 1000, .max_pos = 4096, .tokenize = fake_tokenize};
+    outcome o = {0};
+    json_object *p = NULL;
+    const char *rid;
+    long long expected;
+    int skip;
+    if (k == 0) o.rc = api_rollout_or_reply(req, &l, &m, &p, &o.e);
+    else if (k == 1) o.rc = api_update_or_reply(req, &l, &m, &p, &rid, &expected, &o.e);
+    else if (k == 2) o.rc = api_logprobs_or_reply(req, &l, &m, &p, &o.e);
+    else o.rc = api_detokenize_or_reply(req, &m, &o.ids, &o.n, &skip, &o.e);
+    static const int flags[3] = {JSON_C_TO_STRING_PLAIN, JSON_C_TO_STRING_SPACED, JSON_C_TO_STRING_PRETTY};
+    for (int f = 0; p && f < 3; f++) o.txt[f] = strdup(json_object_to_json_string_ext(p, flags[f]));
+    json_object_put(p);
+    return o;
+}
+static int packed_members(json_object *req) {
+    int c = api_packed_of(json_object_object_get(req, "tokens")) != NULL;
+    json_object *gs = json_object_object_get(req, "groups");
+    for (size_t g = 0; json_object_is_type(gs, json_type_array) && g < json_object_array_length(gs); g++) {
+        json_object *gr = json_object_array_get_idx(gs, g), *rs = json_object_object_get(gr, "responses");
+        c += api_packed_of(json_object_object_get(gr, "prompt_ids")) != NULL;
+        for (size_t r = 0; json_object_is_type(rs, json_type_array) && r < json_object_array_length(rs); r++) {
+            json_object *x = json_object_array_get_idx(rs, r);
+            c += (api_packed_of(json_object_object_get(x, "token_ids")) != NULL) +
+                 (api_packed_of(json_object_object_get(x, "logprobs")) != NULL);
+        }
+    }
+    return c;
+}
+
+TEST(test_packed_parse_equals_json_c) {
+    static const int kinds[] = {0, 1, 1, 2, 5};
+    int accepted = 0, refused = 0, packed = 0, bad_json = 0;
+    for (int it = 0; it < 3000; it++) {
+        buf b = {0};
+        int k = kinds[rnd(5)];
+        body(&b, k);
+        if (rnd(8) == 0 && b.n) b.s[rnd((unsigned)b.n)] = "0-.e,] \"x{9"[rnd(11)];   /* one byte changed */
+        char *scratch = malloc(b.n + 1);
+        memcpy(scratch, b.s, b.n + 1);
+        json_object *r1, *r2;
+        api_error e1, e2;
+        int rc1 = api_parse_json_or_reply(scratch, b.n, &r1, &e1);
+        int rc2 = api_parse_json_unpacked_or_reply(b.s, b.n, &r2, &e2);
+        CHECK_MSG(rc1 == rc2, "parse rc %d vs %d: %s", rc1, rc2, b.s);
+        if (rc1) {
+            CHECK_MSG(!strcmp(e1.message, e2.message), "%s vs %s", e1.message, e2.message);
+            bad_json++;
+        } else {
+            packed += packed_members(r1);
+            outcome o1 = run(k, r1), o2 = run(k, r2);
+            CHECK_MSG(o1.rc == o2.rc && o1.n == o2.n, "rc %d vs %d: %s", o1.rc, o2.rc, b.s);
+            if (o1.rc) {
+                CHECK_MSG(!strcmp(o1.e.message, o2.e.message) && !strcmp(o1.e.field, o2.e.field) && o1.e.status == o2.e.status,
+                          "\"%s\" vs \"%s\"", o1.e.message, o2.e.message);
+                refused++;
+            } else {
+                accepted++;
+                for (int f = 0; f < 3; f++)
+                    CHECK_MSG(!o1.txt[f] == !o2.txt[f] && (!o1.txt[f] || !strcmp(o1.txt[f], o2.txt[f])),
+                              "payload (format %d) differs for %s", f, b.s);
+                CHECK(!o1.n || !memcmp(o1.ids, o2.ids, sizeof(int) * (size_t)o1.n));
+            }
+            for (int f = 0; f < 3; f++) { free(o1.txt[f]); free(o2.txt[f]); }
+            free(o1.ids);
+            free(o2.ids);
+        }
+        json_object_put(r1);
+        json_object_put(r2);
+        free(scratch);
+        free(b.s);
+    }
+    printf("# %d accepted, %d refused, %d not JSON; %d arrays packed\n", accepted, refused, bad_json, packed);
+    CHECK(accepted > 500 && refused > 300 && bad_json > 50 && packed > 5000);
+}
+
+/* The body after the cut: same length, arrays replaced by a placeholder and spaces; short
+ * arrays, arrays elsewhere and escaped keys untouched. */
+TEST(test_packed_cut_shape) {
+    char b[] = "{\"groups\":[{\"prompt_ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15],\"metadata\":{\"prompt_ids\":"
+               "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]},\"responses\":[{\"token_ids\":[1,2]},{\"token\\u005fids\":"
+               "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]}]}]}";
+    char orig[sizeof b];
+    memcpy(orig, b, sizeof b);
+    api_packed_set set = {0};
+    api_packed_cut(b, strlen(b), &set);
+    CHECK_EQ_INT(set.n, 1);
+    CHECK_EQ_INT(set.v[0]->n, 15);
+    CHECK_EQ_INT(set.v[0]->ids[14], 15);
+    CHECK(strlen(b) == strlen(orig));
+    CHECK(strstr(b, "\"prompt_ids\":\"gp") != NULL);
+    CHECK(!strcmp(strstr(b, "\"metadata\""), strstr(orig, "\"metadata\"")));
+    json_object *o = json_tokener_parse(b);
+    CHECK(o != NULL);
+    api_packed_attach(o, &set);
+    CHECK_EQ_INT(set.n, 0);
+    json_object *g = json_object_array_get_idx(json_object_object_get(o, "groups"), 0);
+    CHECK(api_packed_of(json_object_object_get(g, "prompt_ids")) != NULL);
+    CHECK_STR(json_object_to_json_string_ext(json_object_object_get(g, "prompt_ids"), JSON_C_TO_STRING_PLAIN),
+              "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15]");
+    json_object_put(o);
+    /* a forged placeholder is a string: the nonce is not in the body */
+    char f[] = "{\"tokens\":\"gp0000000000000000:0\"}";
+    json_object *r;
+    api_error e;
+    CHECK(api_parse_json_or_reply(f, strlen(f), &r, &e) == 0);
+    CHECK(api_packed_of(json_object_object_get(r, "tokens")) == NULL);
+    json_object_put(r);
+}
+
+int main(void) {
+    RUN(test_packed_parse_equals_json_c);
+    RUN(test_packed_cut_shape);
+    return CHECK_DONE();
+}
