@@ -190,21 +190,23 @@ static int policy_host(eng *e, float *host) {
 
 /* Everything but the manifest into tmp: the weights (with LoRA the adapter in PEFT's layout,
  * or merged into an HF directory), then the training state unless a merged export. */
-static int save_files(eng *e, const char *tmp, int merged) {
+static int save_files(eng *e, const char *tmp, int merged, float *const *gathered) {
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
     int adapter = e->m.lora_r && !merged;
     size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
-    /* offloaded state is written from where it lives, without copies (8B dims: 66 GB) */
-    float *host = e->offload ? NULL : malloc((n > nt ? n : nt) * 4);
-    if (!e->offload && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
+    /* offloaded state is written from where it lives, without copies (8B dims: 66 GB); so is the
+     * state gathered from the ranks (W > 1: master, adam_m, adam_v in host memory) */
+    int in_host = e->offload || gathered;
+    float *host = in_host ? NULL : malloc((n > nt ? n : nt) * 4);
+    if (!in_host && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
     int rc = 0;
     if (adapter) {
         rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
         if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
     } else {
         rc = config_write(tmp, &e->m.cfg);
-        if (!rc && !e->offload) rc = policy_host(e, host);
-        if (!rc) rc = model_save_host(&e->m, tmp, e->offload ? e->w_master : host, 0);
+        if (!rc && !in_host) rc = policy_host(e, host);
+        if (!rc) rc = model_save_host(&e->m, tmp, gathered ? gathered[0] : e->offload ? e->w_master : host, 0);
         static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
@@ -214,12 +216,14 @@ static int save_files(eng *e, const char *tmp, int merged) {
     }
     int export = merged && e->m.lora_r;     /* its moments are the adapters': not a resume point */
     if (!rc && e->adam_m && !export) {
-        float *v = e->offload ? NULL : malloc(nt * 4);
-        rc = v || e->offload ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
-        if (!rc && !e->offload) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
-        if (!rc && !e->offload) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
-        st_out o[2] = { { .name = "adam_m", .data = e->offload ? e->adam_m : host, .ndim = 1, .shape = { (long long)nt } },
-                        { .name = "adam_v", .data = e->offload ? e->adam_v : v, .ndim = 1, .shape = { (long long)nt } } };
+        float *v = in_host ? NULL : malloc(nt * 4);
+        rc = v || in_host ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
+        if (!rc && !in_host) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
+        if (!rc && !in_host) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
+        const float *hm = gathered ? gathered[1] : e->offload ? e->adam_m : host,
+                    *hv = gathered ? gathered[2] : e->offload ? e->adam_v : v;
+        st_out o[2] = { { .name = "adam_m", .data = hm, .ndim = 1, .shape = { (long long)nt } },
+                        { .name = "adam_v", .data = hv, .ndim = 1, .shape = { (long long)nt } } };
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         if (!rc) rc = st_write(path, o, 2, ST_F32);
         free(v);
@@ -237,8 +241,8 @@ static int save_files(eng *e, const char *tmp, int merged) {
 
 int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
 
-int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
-    if (e->W > 1) return err_set(GE_UNSUPPORTED, "checkpoint: saving over %d ranks is not built yet", e->W);
+/* The directory, written whole or not at all (gathered: see save_files). */
+static int save_dir(eng *e, const char *dir, int merged, float *const *gathered) {
     char tmp[PATH_MAX], parent[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(parent, sizeof parent, "%s", dir);
@@ -248,7 +252,7 @@ int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
     if (stat(dir, &sb) == 0) return err_set(GE_CONFLICT, "%s exists already", dir);
     eng_remove_tree(tmp);   /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
-    if (!rc) rc = save_files(e, tmp, merged);
+    if (!rc) rc = save_files(e, tmp, merged, gathered);
     if (!rc) rc = write_manifest(tmp);
     if (!rc) rc = fsync_path(tmp, 1);
     if (!rc && rename(tmp, dir)) rc = err_set(GE_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
@@ -261,6 +265,27 @@ int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
         rc = err_set(code, "checkpoint not saved: %s", msg);
     }
     return rc;
+}
+
+/* W > 1 (every rank calls): the shards of the master and the moments are gathered into rank 0's
+ * host memory, rank 0 writes the directory as one rank would, and every rank returns its result:
+ * a checkpoint from W ranks is the one-rank checkpoint of the same state. */
+static int save_ranks(eng *e, const char *dir, int merged) {
+    size_t full = (size_t)(e->sh_n * e->W);
+    float *h[3] = { 0 };
+    int has_moments = e->adam_m != NULL, rc = 0;   /* the same on every rank: made by the first update */
+    for (int i = 0; i < (has_moments ? 3 : 1) && e->rank == 0 && !rc; i++)
+        if (!(h[i] = malloc(full * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", full * 4 >> 20);
+    rc = dp_agree(e, rc);
+    float *shard[3] = { e->w_master, e->adam_m, e->adam_v };
+    for (int i = 0; i < (has_moments ? 3 : 1) && !rc; i++) rc = dp_agree(e, dp_gather_to_host(e, shard[i], h[i]));
+    if (!rc && e->rank == 0) rc = save_dir(e, dir, merged, h);
+    for (int i = 0; i < 3; i++) free(h[i]);
+    return dp_agree(e, rc);
+}
+
+int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
+    return e->W > 1 ? save_ranks(e, dir, merged) : save_dir(e, dir, merged, NULL);
 }
 
 /* ---------------------------------------------------------------- resume */
@@ -287,8 +312,10 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     size_t n = (size_t)eng_train_n(e);
     eng_backend *be = e->be;
     if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
-    /* offloaded moments are read straight into their host memory */
+    /* offloaded moments are read straight into their host memory; with W > 1 the rank takes its
+     * shard of the whole vector */
     float *host = e->offload ? NULL : malloc(n * 4);
+    size_t off = e->W > 1 ? (size_t)e->sh_off : 0, cnt = e->W > 1 ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
     if (!e->offload && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
     const char *names[2] = { "adam_m", "adam_v" };
     float *dst[2] = { e->adam_m, e->adam_v };
@@ -296,7 +323,7 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
         const st_tensor *t = st_find(&s, names[i]);
         long long dims[1] = { (long long)n };
         rc = t ? st_read_f32(t, e->offload ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
-        if (!rc && !e->offload) rc = be->to_dev(be, dst[i], host, n * 4);
+        if (!rc && !e->offload && cnt) rc = be->to_dev(be, dst[i], host + off, cnt * 4);
     }
     free(host);
     st_close(&s);

@@ -130,6 +130,15 @@ int eng_open(const eng_open_opts *o, eng **out) {
     }
     e->rank = e->comm ? comm_rank(e->comm) : 0;
     e->W = e->comm ? comm_size(e->comm) : 1;
+    if (e->W > 1 && lr_rank) {
+        rc = err_set(GE_UNSUPPORTED, "LoRA over %d ranks is not built: train adapters on one rank (one GPU)", e->W);
+        goto fail;
+    }
+    if (e->W > 1 && o->optimizer_offload && !strcmp(o->optimizer_offload, "on")) {
+        rc = err_set(GE_UNSUPPORTED, "optimizer offload over %d ranks is not built: each rank already holds 1/%d of the "
+                     "optimizer state; use --optimizer-offload off (or auto)", e->W, e->W);
+        goto fail;
+    }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
@@ -152,8 +161,23 @@ int eng_open(const eng_open_opts *o, eng **out) {
         if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        if ((rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
-        if (e->offload) {
+        if (e->W == 1 && (rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        if (e->W > 1) {
+            /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
+             * for this rank's shard, taken from the loaded (or resumed) weights */
+            long long S = (e->m.n_elems + e->W - 1) / e->W, off = S * e->rank,
+                      valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
+            e->sh_n = S; e->sh_off = off;
+            if ((rc = dp_open(e))) goto fail;
+            size_t eb = (size_t)be->act_bytes, pad = (size_t)(S * e->W) - n;
+            e->w_act = be->alloc(be, (size_t)(S * e->W) * eb);
+            e->w_master = e->w_act ? be->alloc(be, (size_t)S * 4) : NULL;
+            if (!e->w_act || !e->w_master) { rc = GE_NOMEM; goto fail; }
+            if ((rc = be->act_from_f32(be, e->w_act, host, n))) goto fail;
+            if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
+            be->zero(be, e->w_master, (size_t)S * 4);
+            if (valid && (rc = be->to_dev(be, e->w_master, host + off, (size_t)valid * 4))) goto fail;
+        } else if (e->offload) {
             /* the master is host memory, never copied through the device */
             if (!(e->w_master = offload_host_alloc((long long)n))) { rc = GE_NOMEM; goto fail; }
             memcpy(e->w_master, host, n * sizeof(float));
@@ -203,6 +227,7 @@ void eng_close(eng *e) {
         model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         eng_undo_free(e);
+        if (e->dp_buf) be->free(be, e->dp_buf);
         if (e->own_comm) comm_free(e->comm);   /* before the stream it runs on goes */
         be->destroy(be);
     }

@@ -198,6 +198,12 @@ typedef struct {
     const int *truncated;       /* (n) 1 = cut by max_tokens, or NULL */
 } eng_update_group;
 
+/* Data-parallel placement (issue 24, engine/dp.c): rank[i] in 0..W-1 for each of n groups of
+ * weight[i] (packed tokens P + sum R for an update; KV rows for a rollout). Largest first to the
+ * least loaded rank, ties to the lower index and rank: a pure function, the same on every rank.
+ * eng_update with W > 1 places the groups of each mini-batch with it. Any thread. */
+void eng_place_groups(const long long *weight, int n, int W, int *rank);
+
 typedef enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1 } eng_lr_schedule;
 /* AdamW and its schedule; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {

@@ -35,9 +35,10 @@
 int eng_training_state(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_train_n(e) * 4;
-    e->grad = be->alloc(be, n);
-    if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", n >> 20, be->name);
+    size_t n = (size_t)eng_state_n(e) * 4, ng = e->W > 1 ? (size_t)(e->sh_n * e->W) * 4 : n;
+    e->grad = be->alloc(be, ng);
+    if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
+    if (ng > n) be->zero(be, e->grad, ng);   /* W > 1: the padding stays zero */
     if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
         int rc = offload_init(&e->off, be, e->m.n_elems, 0);
         if (rc) return rc;
@@ -60,6 +61,11 @@ int eng_training_state(eng *e) {
  * host (offload.h). Queued; returns 0 or the offload's error. */
 static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
+    if (e->W > 1) {   /* this rank's shard (dp.c); the act weights are gathered after */
+        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes, e->grad + e->sh_off,
+                  e->adam_m, e->adam_v, e->sh_n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+        return 0;
+    }
     if (e->offload)
         return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, e->w_act, e->grad, lr, opt->beta1, opt->beta2,
                              opt->eps, opt->weight_decay, e->opt_step);
@@ -81,7 +87,7 @@ static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
 
 static int undo_save(eng *e) {
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_train_n(e);
+    size_t n = (size_t)eng_state_n(e);   /* W > 1: this rank's shard */
     if (!e->undo) {
         e->undo_pinned = be->host_alloc != NULL;
         e->undo = e->undo_pinned ? be->host_alloc(be, 3 * n * 4) : malloc(3 * n * 4);
@@ -101,13 +107,22 @@ static int undo_save(eng *e) {
     return rc;
 }
 
+/* With W > 1 every rank restores its shard, then the act weights are gathered again: all ranks
+ * call it together (a failure is agreed on before it is acted on). */
 static int undo_restore(eng *e) {
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_train_n(e);
+    size_t n = (size_t)eng_state_n(e);
     float *master = eng_train_master(e);
     void *act = eng_train_act(e);
     int rc = 0;
-    if (e->offload) {   /* host state: plain copies, then the device weights from the master */
+    if (e->W > 1) {
+        rc = be->to_dev(be, master, e->undo, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
+        if (!rc) be->f32_to_act(be, (char *)act + (size_t)e->sh_off * (size_t)be->act_bytes, master, n);
+        if (!rc) rc = be->sync(be);
+        if (!(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+    } else if (e->offload) {   /* host state: plain copies, then the device weights from the master */
         memcpy(master, e->undo, n * 4); memcpy(e->adam_m, e->undo + n, n * 4); memcpy(e->adam_v, e->undo + 2 * n, n * 4);
         rc = be->act_from_f32(be, act, master, n);
     } else {
@@ -224,21 +239,24 @@ static int split_loss(void *ud, int r0, int r1) {
     return loss_range(w, u->c, ms0, ms1, u->tok_denom, u->seq_denom, u->met);
 }
 
-/* Forward + loss + backward of groups [g0, g1) of w, micro-batch by micro-batch. */
-static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, long long max_tokens,
+/* Forward + loss + backward of groups [c0, c1) of the mini-batch [g0, g1) of w (with one rank the
+ * whole of it; with W the rank's share, dp.c), micro-batch by micro-batch. The loss's
+ * denominators are the whole mini-batch's: every rank has every group's lengths and masks, so
+ * each computes them alone, and the ranks' gradients add up to the one-rank gradient. */
+static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const loss_config *a, long long max_tokens,
                          int old_from_policy, loss_metrics *met, int *n_micro) {
     int s0 = w->grp_resp0[g0], s1 = g1 < w->n_groups ? w->grp_resp0[g1] : w->S;
     double tok_denom = 0, seq_denom = 0;
     int max_len = 0;
     loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
-    if (seq_denom == 0) return 0;   /* every response masked: nothing to learn from */
+    if (seq_denom == 0 || c1 <= c0) return 0;   /* every response masked (or no share): nothing to learn from */
     loss_config c = *a;
     if (c.agg_norm_len <= 0) c.agg_norm_len = max_len;   /* one normaliser for the whole mini-batch */
     pack_plan plan;
-    int rc = pack_plan_make(&plan, w->pg + g0, g1 - g0, max_tokens, PACK_PACKED);
+    int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
     if (rc) return rc;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
-        int first = g0 + plan.mb_first[k], count = plan.mb_count[k];
+        int first = c0 + plan.mb_first[k], count = plan.mb_count[k];
         int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
         long long m0 = w->off[ms0];
         if (plan.mb_split[k]) {
@@ -270,24 +288,92 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, const loss_config *a, 
     return rc;
 }
 
+/* W > 1: the kept groups in the order the ranks train them. Mini-batches are cut over the kept
+ * groups as with one rank; within each, the groups are placed on ranks by packed tokens
+ * (eng_place_groups) and ordered rank 0's first, then rank 1's, ... (each in input order), so a
+ * rank's share is one range [lo, hi) of its mini-batch. Every rank computes the same order. */
+typedef struct { eng_update_group *g; int n, filtered, n_mb, *lo, *hi; } dp_order;
+
+static void dp_order_free(dp_order *o) { free(o->g); free(o->lo); free(o->hi); }
+
+static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_config *a, dp_order *o) {
+    memset(o, 0, sizeof *o);
+    int *kept = malloc((size_t)(n ? n : 1) * sizeof(int)), *rank = malloc((size_t)(n ? n : 1) * sizeof(int));
+    long long *tok = malloc((size_t)(n ? n : 1) * sizeof(long long));
+    o->g = malloc((size_t)(n ? n : 1) * sizeof *o->g);
+    int rc = kept && rank && tok && o->g ? 0 : err_set(GE_NOMEM, "update: out of memory");
+    for (int i = 0; !rc && i < n; i++) {   /* the filter of work_make */
+        if (a->filter_groups && g[i].reward && !g[i].advantage && loss_group_uniform(g[i].reward, g[i].n)) o->filtered++;
+        else kept[o->n++] = i;
+    }
+    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (o->n ? o->n : 1);
+    o->n_mb = (o->n + mb - 1) / mb;
+    o->lo = calloc((size_t)o->n_mb + 1, sizeof(int));
+    o->hi = calloc((size_t)o->n_mb + 1, sizeof(int));
+    if (!rc && (!o->lo || !o->hi)) rc = err_set(GE_NOMEM, "update: out of memory");
+    for (int b = 0, k0 = 0; !rc && b < o->n_mb; b++, k0 += mb) {
+        int k1 = k0 + mb < o->n ? k0 + mb : o->n, at = k0;
+        for (int k = k0; k < k1; k++) {
+            const eng_update_group *x = &g[kept[k]];
+            tok[k - k0] = x->P;
+            for (int r = 0; r < x->n; r++) tok[k - k0] += x->R[r];
+        }
+        eng_place_groups(tok, k1 - k0, e->W, rank);
+        for (int q = 0; q < e->W; q++) {
+            if (q == e->rank) o->lo[b] = at;
+            for (int k = k0; k < k1; k++) if (rank[k - k0] == q) o->g[at++] = g[kept[k]];
+            if (q == e->rank) o->hi[b] = at;
+        }
+    }
+    free(kept); free(rank); free(tok);
+    return rc;
+}
+
+/* W > 1: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
+ * ratio_max the max), so the result is the same on every rank. */
+static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
+    struct { loss_metrics m; double micro; } mine = { *met, *n_micro }, *all = malloc((size_t)e->W * sizeof mine);
+    if (!all) return err_set(GE_NOMEM, "update: out of memory");
+    int rc = dp_exchange(e, &mine, all, sizeof mine);
+    if (!rc) {
+        loss_metrics t = {0};
+        double micro = 0;
+        for (int q = 0; q < e->W; q++) {
+            const loss_metrics *x = &all[q].m;
+            t.loss += x->loss; t.pg_loss += x->pg_loss; t.kl += x->kl; t.entropy += x->entropy;
+            t.clip_frac += x->clip_frac; t.clip_frac_low += x->clip_frac_low; t.clip_frac_high += x->clip_frac_high;
+            t.ratio_mean += x->ratio_mean; t.n_tokens += x->n_tokens; t.clip_frac_dual += x->clip_frac_dual;
+            if (q == 0 || x->ratio_max > t.ratio_max) t.ratio_max = x->ratio_max;
+            micro += all[q].micro;
+        }
+        *met = t;
+        *n_micro = (int)micro;
+    }
+    free(all);
+    return rc;
+}
+
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
                long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
     double t0 = clock_mono_ms();
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
-    if (e->W > 1) return err_set(GE_UNSUPPORTED, "update: data-parallel updates over %d ranks are not built yet", e->W);
-    work w;
-    int rc = eng_training_state(e);
+    work w = {0};
+    dp_order dpo = {0};
+    int W = e->W, rc = eng_training_state(e);
+    if (W > 1 && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
-    if (rc) { work_free(&w); return rc; }
-    for (int i = 0; i < w.n_groups; i++) {
+    if (W > 1) out->groups_filtered = dpo.filtered;
+    for (int i = 0; !rc && i < w.n_groups; i++) {
         out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);
         out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
     }
     /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
     pack_plan plan;
-    if (w.n_groups && (rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) { work_free(&w); return rc; }
-    if (w.n_groups) pack_plan_free(&plan);
+    if (!rc && w.n_groups && !(rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) pack_plan_free(&plan);
+    /* W > 1: from here on every failure is agreed on where it happens, so all ranks stop together
+     * and meet in the same collectives (dp_agree is the identity with one rank) */
+    if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
 
     double t = clock_mono_ms();
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
@@ -295,55 +381,74 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     int need_old = !(a->use_rollout_logprobs);
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
     int old_from_policy = need_old && steps_total == 1;
-    if (w.n_groups && need_old && !old_from_policy) rc = eng_score(e, &e->wv, w.pg, w.n_groups, max_tokens, a->temperature, w.old, NULL);
+    /* the old and reference passes: every group with one rank, the rank's shares with W */
+    for (int b = 0; b < (W > 1 ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
+        int c0 = W > 1 ? dpo.lo[b] : 0, c1 = W > 1 ? dpo.hi[b] : w.n_groups;
+        if (c1 > c0)
+            rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]], NULL);
+    }
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
-    if (!rc && w.n_groups && a->kl_coef > 0)
-        rc = eng_score(e, &e->rv, w.pg, w.n_groups, max_tokens, a->temperature, w.ref, NULL);
+    for (int b = 0; b < (W > 1 ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
+        int c0 = W > 1 ? dpo.lo[b] : 0, c1 = W > 1 ? dpo.hi[b] : w.n_groups;
+        if (c1 > c0)
+            rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL);
+    }
     out->ms_ref = clock_mono_ms() - t;
+    rc = dp_agree(e, rc);
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
-    long long n_train = eng_train_n(e);
-    size_t nbytes = (size_t)n_train * 4;
+    long long n_train = eng_train_n(e), ns = eng_state_n(e);   /* ns: this rank's shard with W > 1 */
+    size_t nbytes = (size_t)(W > 1 ? e->sh_n * W : n_train) * 4;
+    float *gsh = W > 1 ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
     e->undo_ok = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
+            int c0 = W > 1 ? dpo.lo[g0 / mb] : g0, c1 = W > 1 ? dpo.hi[g0 / mb] : g1;
             t = clock_mono_ms();
             e->be->zero(e->be, e->grad, nbytes);
-            rc = run_minibatch(e, &w, g0, g1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
+            rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
             if (!rc && e->m.lora_r)   /* dL/dB = s dL/dB' */
                 e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
                              e->m.lora_alpha / (float)e->m.lora_r);
             if (!rc) rc = e->be->sync(e->be);
+            if (W > 1) {   /* each rank's gradient of its groups, summed into its shard (fp32) */
+                rc = dp_agree(e, rc);
+                if (!rc) rc = comm_reduce_scatter_sum(e->comm, e->grad, gsh, (size_t)ns, COMM_F32);
+            }
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
-            double norm = sqrt(e->be->sumsq(e->be, e->grad, n_train));
+            double ss = e->be->sumsq(e->be, gsh, ns);
+            if (W > 1 && (rc = dp_sum(e, ss, &ss))) break;   /* the global norm: shards' sums in rank order */
+            double norm = sqrt(ss);
             grad_norm_sum += norm;
             if (!isfinite(norm)) {
                 rc = err_set(GE_NON_FINITE, "update: the gradient norm is %g at optimizer step %d of %d (loss or "
                              "gradient not finite); the update is not applied", norm, steps + 1, steps_total);
                 break;
             }
-            if (!saved && (rc = undo_save(e))) break;
+            if (!saved && (rc = dp_agree(e, undo_save(e)))) break;
             saved = 1;
             double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
-            if (clip < 1.0) e->be->scale(e->be, e->grad, n_train, (float)clip);
+            if (clip < 1.0) e->be->scale(e->be, gsh, ns, (float)clip);
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
             out->lr = lr;
             rc = optimizer_step(e, opt, lr);
             if (!rc) rc = e->be->sync(e->be);
+            if (W > 1 && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
             /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
              * geometrically) or the second moments (no clipping): check before going on */
             if (!rc) {
-                double wn = e->offload ? sumsq_cpu(e->w_master, n_train) : e->be->sumsq(e->be, eng_train_master(e), n_train),
-                       vn = e->offload ? sumsq_cpu(e->adam_v, n_train) : e->be->sumsq(e->be, e->adam_v, n_train);
-                if (!isfinite(wn) || !isfinite(vn))
+                double wn = e->offload ? sumsq_cpu(e->w_master, n_train) : e->be->sumsq(e->be, eng_train_master(e), ns),
+                       vn = e->offload ? sumsq_cpu(e->adam_v, n_train) : e->be->sumsq(e->be, e->adam_v, ns);
+                if (W > 1 && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
+                if (!rc && (!isfinite(wn) || !isfinite(vn)))
                     rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
                                  "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
                                  opt->lr, opt->weight_decay);
@@ -354,6 +459,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
     }
+    if (W > 1 && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {
         int code = err_code();
         char msg[512];
@@ -376,5 +482,6 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     out->ms_optimizer = ms_opt;
     out->ms_total = clock_mono_ms() - t0;
     work_free(&w);
+    dp_order_free(&dpo);
     return rc;
 }

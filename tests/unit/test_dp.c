@@ -1,0 +1,435 @@
+/* test_dp.c — the data-parallel update (issue 24, engine/dp.c) on the cpu comm: W = 2, 3, 4 ranks
+ * as threads of this process, each with its own engine on the embedded default model, against
+ * one rank without a comm.
+ *
+ *   - ragged groups (P 3..12, N 1..4, R 1..9, random tokens, rewards and old logprobs) and five
+ *     algorithm configurations, one per loss_agg_mode, together covering every estimator, both
+ *     loss modes, kl on/off, entropy, several mini-batches and epochs, the on-policy single step,
+ *     masked truncations, filtered groups, and the grad-norm clip (active: grad_clip 0.05):
+ *     after the update every rank's weights equal the one-rank update within |Δ| <= 1e-6 +
+ *     1e-5 |w| — fp32 rounding of the gradient summed in another order (ranks, then the shards'
+ *     sum of squares), carried through AdamW; the observed worst is printed (~1e-8). Every rank's
+ *     result struct equals the others' bit for bit, and the one-rank result within 1e-6
+ *     relative (the metric sums are taken in another order);
+ *   - a comm of one rank gives the no-comm update bit for bit (weights and result);
+ *   - eng_update_undo on every rank brings back the weights before the update bit for bit;
+ *   - a non-finite gradient on one rank fails every rank together, each restoring its shard;
+ *   - a checkpoint saved by W = 3 loads on one rank (same logprobs, bit for bit: rank 0 writes
+ *     the gathered fp32 master), and one saved by one rank loads on W = 3 (each rank takes its
+ *     shard); the next update from either agrees with the other's;
+ *   - eng_place_groups is deterministic and balanced (largest first to the least loaded rank).
+ * Threads: each rank's engine is opened, used and closed on its own thread with 1 OpenMP thread. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/err.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+
+#define MODEL "/tmp/grpod_test_dp_model"
+#define CKPT "/tmp/grpod_test_dp_ckpt"
+#define WMAX 4
+#define NG 7
+#define NCFG 5
+#define LR 2e-3f
+
+/* ---------------------------------------------------------------- inputs */
+
+static int V;
+static int P_[NG] = { 5, 9, 3, 12, 7, 4, 10 }, N_[NG] = { 2, 3, 1, 4, 2, 3, 2 };
+static int prompt_[NG][12], resp_[NG][4][9], R_[NG][4], trunc_[NG][4];
+static const int *respp_[NG][4];
+static float reward_[NG][4], adv_[NG][4], old_[NG][4][9];
+static const float *oldp_[NG][4];
+
+static uint64_t rs = 12345;
+static uint32_t rnd(void) { rs = rs * 6364136223846793005ULL + 1442695040888963407ULL; return (uint32_t)(rs >> 33); }
+static float frand(void) { return (float)(rnd() % 100000) / 100000.0f; }
+
+static void make_inputs(void) {
+    for (int i = 0; i < NG; i++) {
+        for (int t = 0; t < P_[i]; t++) prompt_[i][t] = 3 + (int)(rnd() % (unsigned)(V - 3));
+        for (int r = 0; r < N_[i]; r++) {
+            R_[i][r] = 1 + (int)(rnd() % 9);
+            for (int t = 0; t < R_[i][r]; t++) {
+                resp_[i][r][t] = 3 + (int)(rnd() % (unsigned)(V - 3));
+                old_[i][r][t] = -5.5f - 0.6f * frand();   /* near log(1/V): ratios around 1, some clipped */
+            }
+            respp_[i][r] = resp_[i][r];
+            oldp_[i][r] = old_[i][r];
+            reward_[i][r] = frand();
+            adv_[i][r] = 2 * frand() - 1;
+            trunc_[i][r] = rnd() % 4 == 0;
+        }
+    }
+    reward_[5][0] = reward_[5][1] = reward_[5][2] = 0.25f;   /* uniform: filter_groups drops it */
+}
+
+static void groups(eng_update_group *g, int with_old) {
+    for (int i = 0; i < NG; i++)
+        g[i] = (eng_update_group){ .prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i],
+                                   .reward = reward_[i], .old_logprobs = with_old ? oldp_[i] : NULL,
+                                   .truncated = trunc_[i] };
+}
+
+/* Configuration k: its loss_config (agg mode k) and whether advantages are given. */
+static void config(int k, loss_config *a, eng_optim *o, int *given) {
+    loss_config_default(a);
+    eng_optim_default(o);
+    o->lr = LR;
+    o->grad_clip = 0.05f;   /* below every norm seen here: the clip is active */
+    a->agg = (loss_agg_mode)k;
+    *given = 0;
+    switch (k) {
+    case 0: a->adv = ADV_GRPO; a->kl_coef = 0.05f; a->kl = KL_K3; a->entropy_coeff = 0.01f;
+            a->ppo_mini_batch_size = 3; a->ppo_epochs = 2; a->use_rollout_logprobs = 1; break;
+    case 1: a->adv = ADV_DRGRPO; a->kl_coef = 0; break;   /* one step, on-policy: the policy pass is the old pass */
+    case 2: a->adv = ADV_RLOO; a->kl_coef = 0.02f; a->kl = KL_K1; a->ppo_mini_batch_size = 2; break;
+    case 3: a->adv = ADV_GIVEN; *given = 1; a->mode = LOSS_GSPO; a->mask_truncated = 1; a->ppo_mini_batch_size = 4;
+            a->use_rollout_logprobs = 1; break;
+    default: a->adv = ADV_GRPO; a->filter_groups = 1; a->ppo_mini_batch_size = 3; a->kl_coef = 0.01f; a->kl = KL_K2;
+             a->entropy_coeff = 0.02f; break;
+    }
+}
+
+static int run_update(eng *e, int k, eng_update_result *u) {
+    loss_config a;
+    eng_optim o;
+    int given;
+    config(k, &a, &o, &given);
+    eng_update_group g[NG];
+    groups(g, a.use_rollout_logprobs);
+    if (given) for (int i = 0; i < NG; i++) { g[i].advantage = adv_[i]; g[i].reward = NULL; }
+    return eng_update(e, g, NG, &a, &o, 40, u, NULL, NULL);   /* 40 tokens a micro-batch: several each */
+}
+
+/* Logprobs of every response under the policy, flattened (returns the count, or -1). */
+static int probe(eng *e, float *out) {
+    eng_update_group g[NG];
+    groups(g, 0);
+    float **lp;
+    if (eng_logprobs(e, g, NG, 0, 1.0f, 1 << 20, &lp)) return -1;
+    int k = 0, s = 0;
+    for (int i = 0; i < NG; i++)
+        for (int r = 0; r < N_[i]; r++, s++) for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
+    eng_logprobs_free(lp, g, NG);
+    return k;
+}
+#define NPROBE (NG * 4 * 9)
+
+static eng *open_rank(comm *c, const char *resume) {
+    eng *e;
+    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = c, .resume_dir = resume };
+    return eng_open(&o, &e) ? NULL : e;
+}
+
+/* ---------------------------------------------------------------- ranks as threads */
+
+typedef enum { OP_OPEN, OP_UPDATE, OP_UNDO, OP_SAVE, OP_PROBE, OP_CLOSE } op_t;
+typedef struct {
+    comm *c; eng *e; op_t op; int k; const char *dir;
+    int rc; char msg[256]; eng_update_result u; float lp[NPROBE]; int n_lp;
+} rank_job;
+
+static void *rank_main(void *p) {
+    rank_job *j = p;
+    j->rc = 0;
+    switch (j->op) {
+    case OP_OPEN: j->e = open_rank(j->c, j->dir); j->rc = j->e ? 0 : -1; break;
+    case OP_UPDATE: j->rc = run_update(j->e, j->k, &j->u); break;
+    case OP_UNDO: j->rc = eng_update_undo(j->e); break;
+    case OP_SAVE: j->rc = eng_checkpoint_save(j->e, j->dir); break;
+    case OP_PROBE: j->n_lp = probe(j->e, j->lp); j->rc = j->n_lp < 0; break;
+    case OP_CLOSE: eng_close(j->e); j->e = NULL; break;
+    }
+    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
+    return NULL;
+}
+
+/* Runs op on every rank at once; 0 when all returned 0. */
+static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) {
+    pthread_t th[WMAX];
+    for (int q = 0; q < W; q++) { j[q].op = op; j[q].k = k; j[q].dir = dir; pthread_create(&th[q], NULL, rank_main, &j[q]); }
+    int bad = 0;
+    for (int q = 0; q < W; q++) {
+        pthread_join(th[q], NULL);
+        if (j[q].rc) { printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg); bad = 1; }
+    }
+    return bad;
+}
+
+/* W ranks: a cpu comm group and an engine on each (resume: a checkpoint or NULL); 0 or -1. */
+static int open_world(int W, comm **cs, rank_job *j, const char *resume) {
+    memset(j, 0, (size_t)W * sizeof *j);
+    if (comm_cpu_group(W, cs)) return -1;
+    for (int q = 0; q < W; q++) j[q].c = cs[q];
+    return all_ranks(j, W, OP_OPEN, 0, resume) ? -1 : 0;
+}
+
+static void close_world(int W, comm **cs, rank_job *j) {
+    all_ranks(j, W, OP_CLOSE, 0, NULL);
+    for (int q = 0; q < W; q++) comm_free(cs[q]);
+}
+
+/* ---------------------------------------------------------------- comparisons */
+
+static long long n_elems(eng *e) { return e->m.n_elems; }
+
+/* How far weights a are from the reference b, both reached from w0 by an update of learning rate
+ * lr: the relative L2 error of the update (a - w0 against b - w0) and the largest |a - b| in units
+ * of lr. Tolerances (weights_ok): rel L2 <= 1e-5 — fp32 rounding of a gradient summed in another
+ * order (ranks, then micro-batches), ~1.5e-6 observed; max |a - b| <= 0.01 lr — AdamW divides by
+ * sqrt(v), so an element whose gradient nearly cancels sees its rounding amplified, bounded by the
+ * step itself (lr); ~1e-3 lr observed. */
+typedef struct { double rel_l2, max_lr; } w_err;
+static w_err weight_err(const float *a, const float *b, const float *w0, long long n, float lr) {
+    double num = 0, den = 0, mx = 0;
+    for (long long i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i], u = (double)b[i] - w0[i];
+        num += d * d; den += u * u;
+        if (fabs(d) > mx) mx = fabs(d);
+    }
+    return (w_err){ sqrt(num / (den > 0 ? den : 1e-30)), mx / lr };
+}
+static int weights_ok(w_err x) { return x.rel_l2 <= 1e-5 && x.max_lr <= 0.01; }
+
+static int same_result(const eng_update_result *a, const eng_update_result *b) {
+    return a->loss == b->loss && a->pg_loss == b->pg_loss && a->kl == b->kl && a->entropy == b->entropy &&
+           a->clip_frac == b->clip_frac && a->ratio_mean == b->ratio_mean && a->ratio_max == b->ratio_max &&
+           a->grad_norm == b->grad_norm && a->lr == b->lr && a->tokens_packed == b->tokens_packed &&
+           a->groups_filtered == b->groups_filtered && a->optimizer_steps == b->optimizer_steps &&
+           a->micro_batches == b->micro_batches && a->policy_version_after == b->policy_version_after;
+}
+
+/* The one-rank result within 1e-6 + rel |b|: the metrics are sums of O(1) terms taken in another
+ * order, and those of later mini-batches are measured on weights that already differ at rounding
+ * (~7e-8 absolute observed on the loss). */
+static const char *close_result(const eng_update_result *a, const eng_update_result *b, double rel) {
+    const double x[] = { a->loss, a->pg_loss, a->kl, a->entropy, a->clip_frac, a->clip_frac_low, a->clip_frac_high,
+                         a->ratio_mean, a->ratio_max, a->grad_norm, a->lr },
+                 y[] = { b->loss, b->pg_loss, b->kl, b->entropy, b->clip_frac, b->clip_frac_low, b->clip_frac_high,
+                         b->ratio_mean, b->ratio_max, b->grad_norm, b->lr };
+    static const char *names[] = { "loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
+                                   "ratio_mean", "ratio_max", "grad_norm", "lr" };
+    for (int i = 0; i < 11; i++)
+        if (fabs(x[i] - y[i]) > 1e-6 + rel * fabs(y[i])) { printf("  %s %.10g vs %.10g\n", names[i], x[i], y[i]); return names[i]; }
+    if (a->tokens_packed != b->tokens_packed || a->tokens_standard != b->tokens_standard) return "tokens";
+    if (a->groups_filtered != b->groups_filtered || a->optimizer_steps != b->optimizer_steps) return "steps";
+    if (a->policy_version_after != b->policy_version_after) return "policy_version";
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+TEST(placement_is_balanced_and_deterministic) {
+    long long w[9] = { 5, 40, 12, 12, 7, 30, 1, 22, 12 };
+    int r[9], r2[9];
+    eng_place_groups(w, 9, 3, r);
+    eng_place_groups(w, 9, 3, r2);
+    CHECK(memcmp(r, r2, sizeof r) == 0);
+    long long load[3] = { 0 };
+    for (int i = 0; i < 9; i++) { CHECK(r[i] >= 0 && r[i] < 3); load[r[i]] += w[i]; }
+    /* LPT: 40 | 30 | 22, then 12s to the lightest ... total 141: no rank above 40 + 12 */
+    for (int q = 0; q < 3; q++) CHECK_MSG(load[q] <= 52 && load[q] >= 40, "rank %d load %lld", q, load[q]);
+    CHECK_EQ_INT(r[1], 0); CHECK_EQ_INT(r[5], 1); CHECK_EQ_INT(r[7], 2);
+    eng_place_groups(w, 9, 1, r);
+    for (int i = 0; i < 9; i++) CHECK_EQ_INT(r[i], 0);
+}
+
+static float *ref_w[NCFG];
+static eng_update_result ref_u[NCFG];
+
+TEST(one_rank_reference) {
+    eng *e = open_rank(NULL, NULL);
+    CHECK_MSG(e, "%s", err_msg());
+    long long n = n_elems(e);
+    float *w0 = malloc((size_t)n * 4);
+    memcpy(w0, e->w_act, (size_t)n * 4);
+    for (int k = 0; k < NCFG; k++) {
+        CHECK_MSG(run_update(e, k, &ref_u[k]) == 0, "config %d: %s", k, err_msg());
+        CHECK_MSG(ref_u[k].optimizer_steps > 0, "config %d took no step", k);
+        ref_w[k] = malloc((size_t)n * 4);
+        memcpy(ref_w[k], e->w_act, (size_t)n * 4);
+        CHECK(eng_update_undo(e) == 0);
+        CHECK(memcmp(w0, e->w_act, (size_t)n * 4) == 0);
+        printf("  config %d: loss %.6f grad_norm %.4f (clip %.2f) steps %d micro %d clip_frac %.3f filtered %d\n", k,
+               ref_u[k].loss, ref_u[k].grad_norm, 0.05, ref_u[k].optimizer_steps, ref_u[k].micro_batches,
+               ref_u[k].clip_frac, ref_u[k].groups_filtered);
+    }
+    free(w0);
+    eng_close(e);
+}
+
+/* A comm of one rank is no comm: the same code path, the same bits. */
+TEST(one_rank_comm_is_no_comm) {
+    comm *c;
+    CHECK_EQ_INT(comm_cpu_group(1, &c), 0);
+    eng *e = open_rank(c, NULL);
+    CHECK_MSG(e, "%s", err_msg());
+    for (int k = 0; k < NCFG; k++) {
+        eng_update_result u;
+        CHECK_MSG(run_update(e, k, &u) == 0, "config %d: %s", k, err_msg());
+        CHECK_MSG(memcmp(e->w_act, ref_w[k], (size_t)n_elems(e) * 4) == 0, "config %d: weights differ", k);
+        u.ms_old = ref_u[k].ms_old; u.ms_ref = ref_u[k].ms_ref; u.ms_policy = ref_u[k].ms_policy;
+        u.ms_optimizer = ref_u[k].ms_optimizer; u.ms_total = ref_u[k].ms_total;
+        CHECK_MSG(memcmp(&u, &ref_u[k], sizeof u) == 0, "config %d: result differs", k);
+        CHECK(eng_update_undo(e) == 0);
+    }
+    eng_close(e);
+    comm_free(c);
+}
+
+TEST(ranks_equal_one_rank) {
+    for (int W = 2; W <= WMAX; W++) {
+        comm *cs[WMAX];
+        rank_job j[WMAX];
+        CHECK_MSG(open_world(W, cs, j, NULL) == 0, "%s", err_msg());
+        long long n = n_elems(j[0].e);
+        float *w0 = malloc((size_t)n * 4);
+        memcpy(w0, j[0].e->w_act, (size_t)n * 4);
+        w_err worst = { 0, 0 };
+        int bad = 0;
+        for (int k = 0; k < NCFG && !bad; k++) {
+            if (all_ranks(j, W, OP_UPDATE, k, NULL)) { bad = 1; break; }
+            for (int q = 0; q < W && !bad; q++) {
+                w_err x = weight_err(j[q].e->w_act, ref_w[k], w0, n, LR);
+                if (x.rel_l2 > worst.rel_l2) worst.rel_l2 = x.rel_l2;
+                if (x.max_lr > worst.max_lr) worst.max_lr = x.max_lr;
+                if (!weights_ok(x)) {
+                    printf("  W=%d config %d rank %d: update rel L2 %.3g, max |dw| %.3g lr\n", W, k, q, x.rel_l2, x.max_lr);
+                    bad = 1;
+                }
+                if (!same_result(&j[q].u, &j[0].u)) { printf("  W=%d config %d: rank %d's result differs from rank 0's\n", W, k, q); bad = 1; }
+            }
+            const char *f = bad ? NULL : close_result(&j[0].u, &ref_u[k], 1e-5);
+            if (f) { printf("  W=%d config %d: result field %s differs from one rank's\n", W, k, f); bad = 1; }
+            if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
+            for (int q = 0; q < W && !bad; q++)
+                if (memcmp(j[q].e->w_act, w0, (size_t)n * 4)) { printf("  W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
+        }
+        printf("  W=%d: worst over %d configs and every rank: update rel L2 %.3g (tol 1e-5), max |dw| %.3g lr (tol 0.01)\n",
+               W, NCFG, worst.rel_l2, worst.max_lr);
+        close_world(W, cs, j);
+        free(w0);
+        CHECK(!bad);
+    }
+}
+
+/* A non-finite advantage in the second mini-batch poisons the gradient of the one rank that holds
+ * its group: the global norm makes every rank fail together, after the first step, and every rank
+ * restores its shard (and the gathered weights) bit for bit. */
+TEST(failure_is_global_and_atomic) {
+    comm *cs[3];
+    rank_job j[3];
+    CHECK_MSG(open_world(3, cs, j, NULL) == 0, "%s", err_msg());
+    long long n = n_elems(j[0].e);
+    float *w0 = malloc((size_t)n * 4);
+    memcpy(w0, j[0].e->w_act, (size_t)n * 4);
+    int gi = 4, ri = 0;   /* config 3: given advantages, mini-batches of 4 groups; a response it does not mask */
+    while (trunc_[gi][ri]) if (++ri == N_[gi]) { ri = 0; gi++; }
+    CHECK(gi < NG);
+    float keep = adv_[gi][ri];
+    adv_[gi][ri] = NAN;
+    all_ranks(j, 3, OP_UPDATE, 3, NULL);
+    adv_[gi][ri] = keep;
+    for (int q = 0; q < 3; q++) {
+        CHECK_MSG(j[q].rc == GE_NON_FINITE, "rank %d: rc %d (%s)", q, j[q].rc, j[q].msg);
+        CHECK_MSG(strstr(j[q].msg, "step 2 of 2"), "rank %d: %s", q, j[q].msg);
+        CHECK_MSG(memcmp(j[q].e->w_act, w0, (size_t)n * 4) == 0, "rank %d's weights were not restored", q);
+        eng_info i;
+        eng_get_info(j[q].e, &i);
+        CHECK_EQ_INT(i.policy_version, 0);
+    }
+    /* and the next update is the one an untouched world makes */
+    CHECK(all_ranks(j, 3, OP_UPDATE, 3, NULL) == 0);
+    w_err x = weight_err(j[2].e->w_act, ref_w[3], w0, n, LR);
+    CHECK_MSG(weights_ok(x), "after the failure: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
+    close_world(3, cs, j);
+    free(w0);
+}
+
+TEST(checkpoints_cross_world_sizes) {
+    eng_remove_tree(CKPT "_w3"); eng_remove_tree(CKPT "_w1");
+    comm *cs[3];
+    rank_job j[3];
+    CHECK_MSG(open_world(3, cs, j, NULL) == 0, "%s", err_msg());
+    CHECK(all_ranks(j, 3, OP_UPDATE, 0, NULL) == 0);
+    CHECK(all_ranks(j, 3, OP_SAVE, 0, CKPT "_w3") == 0);
+    CHECK(all_ranks(j, 3, OP_PROBE, 0, NULL) == 0);
+    CHECK_EQ_INT(eng_checkpoint_verify(CKPT "_w3"), 0);
+    /* W = 3 -> one rank: the same logprobs, and the same next update */
+    eng *one = open_rank(NULL, CKPT "_w3");
+    CHECK_MSG(one, "%s", err_msg());
+    float lp[NPROBE];
+    int np = probe(one, lp);
+    CHECK(np > 0 && np == j[0].n_lp);
+    CHECK_MSG(memcmp(lp, j[0].lp, (size_t)np * 4) == 0, "logprobs after W=3 -> 1 differ");
+    long long n = n_elems(one);
+    float *w0 = malloc((size_t)n * 4);
+    memcpy(w0, one->w_act, (size_t)n * 4);
+    eng_update_result u1;
+    CHECK(run_update(one, 2, &u1) == 0);
+    CHECK(all_ranks(j, 3, OP_UPDATE, 2, NULL) == 0);
+    w_err x = weight_err(j[1].e->w_act, one->w_act, w0, n, LR);
+    CHECK_MSG(weights_ok(x), "the update after W=3 -> 1 differs: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
+    CHECK_EQ_INT(u1.policy_version_after, j[0].u.policy_version_after);
+    /* one rank -> W = 3 */
+    CHECK(eng_checkpoint_save(one, CKPT "_w1") == 0);
+    close_world(3, cs, j);
+    CHECK_MSG(open_world(3, cs, j, CKPT "_w1") == 0, "%s", err_msg());
+    CHECK(all_ranks(j, 3, OP_PROBE, 0, NULL) == 0);
+    np = probe(one, lp);
+    for (int q = 0; q < 3; q++) CHECK_MSG(memcmp(lp, j[q].lp, (size_t)np * 4) == 0, "logprobs after 1 -> W=3 differ on rank %d", q);
+    memcpy(w0, one->w_act, (size_t)n * 4);
+    CHECK(run_update(one, 4, &u1) == 0);
+    CHECK(all_ranks(j, 3, OP_UPDATE, 4, NULL) == 0);
+    for (int q = 0; q < 3; q++) {
+        x = weight_err(j[q].e->w_act, one->w_act, w0, n, LR);
+        CHECK_MSG(weights_ok(x), "the update after 1 -> W=3 differs on rank %d: rel L2 %.3g, max %.3g lr", q, x.rel_l2, x.max_lr);
+    }
+    free(w0);
+    CHECK_EQ_INT(j[2].u.policy_version_after, u1.policy_version_after);
+    close_world(3, cs, j);
+    eng_close(one);
+    eng_remove_tree(CKPT "_w3"); eng_remove_tree(CKPT "_w1");
+}
+
+TEST(refused_combinations_say_why) {
+    comm *cs[2];
+    CHECK_EQ_INT(comm_cpu_group(2, cs), 0);
+    eng *e;
+    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = cs[0], .lora_rank = 4 };
+    CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
+    CHECK(strstr(err_msg(), "LoRA"));
+    o.lora_rank = 0;
+    o.optimizer_offload = "on";
+    CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
+    CHECK(strstr(err_msg(), "offload"));
+    for (int q = 0; q < 2; q++) comm_free(cs[q]);
+}
+
+int main(void) {
+    if (eng_ensure_default_model(MODEL)) { printf("FAIL default model: %s\n", err_msg()); return 1; }
+    {
+        eng *e = open_rank(NULL, NULL);
+        if (!e) { printf("FAIL open: %s\n", err_msg()); return 1; }
+        eng_info i;
+        eng_get_info(e, &i);
+        V = i.vocab;
+        eng_close(e);
+    }
+    make_inputs();
+    RUN(placement_is_balanced_and_deterministic);
+    RUN(one_rank_reference);
+    RUN(one_rank_comm_is_no_comm);
+    RUN(ranks_equal_one_rank);
+    RUN(failure_is_global_and_atomic);
+    RUN(checkpoints_cross_world_sizes);
+    RUN(refused_combinations_say_why);
+    for (int k = 0; k < NCFG; k++) free(ref_w[k]);
+    return CHECK_DONE();
+}
