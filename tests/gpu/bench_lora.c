@@ -14,8 +14,11 @@
  *   decode: eng_rollout of one group (P prompt tokens, N responses, NEW tokens, temperature 1,
  *     ignore_eos), ms per decode step (median) with the adapters and without them (the same
  *     engine, base views; graphs rebuilt), and the HBM floor per step: bf16 weights (+ the
- *     adapters when on) + KV over the copy bandwidth measured here.
- * Usage: bench_lora [8b|32b] [r] [P N R] [DP DN NEW] */
+ *     adapters when on) + KV over the copy bandwidth measured here. The timed rollouts sit
+ *     between cudaProfilerStart/Stop, so `nsys profile --capture-range=cudaProfilerApi
+ *     --capture-range-end=repeat` writes one report each (with adapters, then without).
+ * Usage: bench_lora [--decode-only] [8b|32b] [r] [P N R] [DP DN NEW] (--decode-only: no update) */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
@@ -145,7 +148,9 @@ static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
     eng_group_result_free(&res);
     sp.max_tokens = NEW;
     double t0 = clock_mono_ms();
+    cudaProfilerStart();   /* the timed rollout alone (nsys --capture-range=cudaProfilerApi: kernels per step) */
     if (eng_rollout(e, &g, 1, &sp, &res, on_progress, &st)) gc_die(e->be, "rollout");
+    cudaProfilerStop();
     eng_group_result_free(&res);
     int nd = st.n - 1;
     double *d = malloc((size_t)(nd > 0 ? nd : 1) * sizeof(double));
@@ -158,6 +163,8 @@ static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
 }
 
 int main(int argc, char **argv) {
+    int decode_only = argc > 1 && !strcmp(argv[1], "--decode-only");
+    if (decode_only) { argv[1] = argv[0]; argv++; argc--; }
     const char *size = argc > 1 ? argv[1] : "8b";
     int r = argc > 2 ? atoi(argv[2]) : 32;
     int P = argc > 5 ? atoi(argv[3]) : 4096, N = argc > 5 ? atoi(argv[4]) : 16, R = argc > 5 ? atoi(argv[5]) : 512;
@@ -173,7 +180,7 @@ int main(int argc, char **argv) {
            "targets), device memory in use after load %.1f GiB\n",
            size, e->m.n_elems / 1e9, e->m.n_elems * 2 / 1073741824.0, e->m.l_elems / 1e6, r, in_use() / 1073741824.0);
     fflush(stdout);
-    if (!getenv("NO_UPDATE")) bench_update(e, size, P, N, R);
+    if (!decode_only) bench_update(e, size, P, N, R);
     fflush(stdout);
     /* decode: with adapters, then the base alone (same engine) */
     model_views with = e->wv, base;
