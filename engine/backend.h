@@ -22,11 +22,13 @@
 
 typedef struct eng_backend eng_backend;
 enum { BE_LANE_HOST = -1, BE_LANE_OPS = 0, BE_LANE_D2H = 1, BE_LANE_H2D = 2, BE_EVENTS = 16 };
-/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + lr.u · lr.b^T + res (bias,
- * lr.u, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes: the
- * residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
-/* A low-rank term added with it (LoRA, unmerged): + u (T, r) · b^T, b (O, r); u NULL: none. */
-typedef struct { const void *u, *b; int r; } mm_lowrank;
+/* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + (inp · lr.a^T) · lr.b^T + res
+ * (bias, lr.a, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes:
+ * the residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
+/* A low-rank term added with it (LoRA, unmerged): + (inp a^T) b^T, a (r, I), b (O, r), inp the
+ * op's (normed) input; inp a^T is written to u (T, r), scratch; a NULL: none. On CUDA at decode
+ * sizes both halves ride the base projection's one launch. */
+typedef struct { const void *a, *b; void *u; int r; } mm_lowrank;
 typedef struct { void *out; const void *w; const void *bias; int O; const void *res; mm_lowrank lr; } mm_part;
 /* The RMSNorm in front of matmul_fwd_n / mlp_in_fwd (NULL: none): the projections read
  * rmsnorm(inp) · w (kernels/rmsnorm.h, eps); ln (T, I) is scratch the op may use. */
@@ -94,9 +96,10 @@ struct eng_backend {
                           int T, int H, int K, int D);
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
     /* gate/up projections and SwiGLU (kernels/matmul.h mlp_in_fwd_cpu): all three written; one
-     * launch on CUDA at decode sizes */
+     * launch on CUDA at decode sizes. lr (NULL: none): the gate's and the up projection's
+     * low-rank terms (lr[0], lr[1]), added before SwiGLU */
     void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const mm_norm *norm,
-                       const void *wg, const void *wu, int T, int I, int F);
+                       const void *wg, const void *wu, int T, int I, int F, const mm_lowrank *lr);
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */

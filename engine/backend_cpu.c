@@ -52,7 +52,8 @@ static void cpu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void
     x = normed(nm, x, T, I);
     for (int i = 0; i < n; i++) {
         matmul_fwd_cpu(p[i].out, x, p[i].w, p[i].bias, T, I, p[i].O);
-        if (p[i].lr.u) {
+        if (p[i].lr.a) {
+            matmul_fwd_cpu(p[i].lr.u, x, p[i].lr.a, NULL, T, I, p[i].lr.r);
             float *o = p[i].out;
             const float *u = p[i].lr.u, *bw = p[i].lr.b;
             int O = p[i].O, r = p[i].lr.r;
@@ -88,8 +89,11 @@ static void cpu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, cons
 }
 static void cpu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }
 static void cpu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
-                  const void *wu, int T, int I, int F) {
-    mlp_in_fwd_cpu(a, g, u, normed(nm, x, T, I), wg, wu, T, I, F);
+                  const void *wu, int T, int I, int F, const mm_lowrank *lr) {
+    if (!lr) { mlp_in_fwd_cpu(a, g, u, normed(nm, x, T, I), wg, wu, T, I, F); return; }
+    mm_part p[2] = { { g, wg, NULL, F, NULL, lr[0] }, { u, wu, NULL, F, NULL, lr[1] } };
+    cpu_matmul_fwd_n(b, p, 2, x, nm, T, I);
+    swiglu_fwd_cpu(a, g, u, (long long)T * F);
 }
 static void cpu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cpu(dg, du, dy, g, u, n);

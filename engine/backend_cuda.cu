@@ -112,6 +112,7 @@ static void cu_destroy(eng_backend *b) {
         if (c->scratch) cudaFree(c->scratch);
         if (c->lt_ws) cudaFree(c->lt_ws);
         if (c->red) cudaFree(c->red);
+        if (c->sk_sync) cudaFree(c->sk_sync);
         gemm_cache_free(c);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
@@ -150,8 +151,8 @@ static void cu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void 
         for (int i = 0; i < m; i++) {
             const mm_part *q = &p[i0 + i];
             o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; res[i] = (cbf *)q->res; O[i] = q->O;
-            lr[i] = (cu_lowrank){ (cbf *)q->lr.u, (cbf *)q->lr.b, q->lr.r };
-            any |= q->lr.u != NULL;
+            lr[i] = (cu_lowrank){ (cbf *)q->lr.a, (cbf *)q->lr.b, (bf16 *)q->lr.u, q->lr.r };
+            any |= q->lr.a != NULL;
         }
         matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I, any ? lr : NULL);
     }
@@ -179,9 +180,12 @@ static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u,
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
 }
 static void cu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
-                  const void *wu, int T, int I, int F) {
+                  const void *wu, int T, int I, int F, const mm_lowrank *lr) {
     cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
-    mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, nm ? &cn : NULL, (cbf *)wg, (cbf *)wu, T, I, F);
+    cu_lowrank cl[2];
+    for (int i = 0; lr && i < 2; i++) cl[i] = (cu_lowrank){ (cbf *)lr[i].a, (cbf *)lr[i].b, (bf16 *)lr[i].u, lr[i].r };
+    mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, nm ? &cn : NULL, (cbf *)wg, (cbf *)wu, T, I, F,
+                    lr ? cl : NULL);
 }
 static void cu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
@@ -312,6 +316,8 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     c->lt_ws_bytes = 32u << 20;
     CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
     CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
+    CU_CK(c, cudaMalloc(&c->sk_sync, 2 * sizeof(unsigned)));
+    if (!c->failed) CU_CK(c, cudaMemset(c->sk_sync, 0, 2 * sizeof(unsigned)));
     CU_CK(c, cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
     if (!c->failed) cu_xfer_init(b);
     if (c->failed) {

@@ -404,22 +404,12 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
                         c->V, temperature);
 }
 
-/* The adapters' first halves for up to three targets sharing the input X (T, I): lu + i T r
- * gets X A_t^T (T, r), one launch at decode sizes (with X's norm in front when n is set). Returns
- * each target's low-rank term for its base projection (u NULL: no adapter on it). */
-static void lora_a(const model *m, model_acts *a, const model_layer_views *W, const int *t, int k, const void *X,
-                   const mm_norm *n, int T, int I, mm_lowrank *lr) {
-    eng_backend *be = m->be;
-    int r = m->lora_r, np = 0;
-    mm_part p[3];
-    for (int i = 0; i < k; i++) {
-        lr[i] = (mm_lowrank){ 0 };
-        if (!W->la[t[i]]) continue;
-        void *u = (char *)a->lu + (size_t)i * T * r * be->act_bytes;
-        p[np++] = (mm_part){ u, W->la[t[i]], NULL, r, NULL, { NULL, NULL, 0 } };
-        lr[i] = (mm_lowrank){ u, W->lb[t[i]], r };
-    }
-    if (np) be->matmul_fwd_n(be, p, np, X, n, T, I);
+/* Target t's adapter term for its base projection (a NULL: none, as in the reference's views):
+ * the op writes X A^T to the i-th of the three (T, r) slots of the scratch lu. */
+static mm_lowrank lora_term(const model *m, const model_acts *a, const model_layer_views *W, int t, int i, int T) {
+    if (!m->lora_r || !W->la[t]) return (mm_lowrank){ 0 };
+    void *u = (char *)a->lu + (size_t)i * T * m->lora_r * m->be->act_bytes;
+    return (mm_lowrank){ W->la[t], W->lb[t], u, m->lora_r };
 }
 
 void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
@@ -430,16 +420,12 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
     /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
-     * recomputes them), the residual adds in the o and down projections; adapters (lora_a) add
-     * their terms inside the base projections (mm_part.lr) */
+     * recomputes them), the residual adds in the o and down projections; adapters add both
+     * halves of their terms inside the base projections (mm_part.lr, lora_term) */
     mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
-    static const int tqkv[3] = { LORA_Q, LORA_K, LORA_V }, tgu[2] = { LORA_GATE, LORA_UP }, to[1] = { LORA_O },
-                     td[1] = { LORA_DOWN };
-    mm_lowrank lq[3] = { { 0 } }, lg[2] = { { 0 } }, lo = { 0 }, ld = { 0 };
-    if (m->lora_r) lora_a(m, a, W, tqkv, 3, A->x, &n1, T, C, lq);
-    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lq[0] },
-                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lq[1] },
-                       { A->v, W->wv, W->bv, KD, NULL, lq[2] } };
+    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lora_term(m, a, W, LORA_Q, 0, T) },
+                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lora_term(m, a, W, LORA_K, 1, T) },
+                       { A->v, W->wv, W->bv, KD, NULL, lora_term(m, a, W, LORA_V, 2, T) } };
     be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
     /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
     qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
@@ -449,20 +435,12 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
     const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
-    if (m->lora_r) lora_a(m, a, W, to, 1, A->att, NULL, T, HD, &lo);
-    mm_part o = { A->xm, W->wo, W->bo, C, A->x, lo };
+    mm_part o = { A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T) };
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
-    if (m->lora_r) lora_a(m, a, W, tgu, 2, A->xm, &n2, T, C, lg);
-    if (lg[0].u || lg[1].u) {   /* the adapters' terms go in before SwiGLU */
-        mm_part gu[2] = { { A->g, W->w_gate, NULL, F, NULL, lg[0] }, { A->u, W->w_up, NULL, F, NULL, lg[1] } };
-        be->matmul_fwd_n(be, gu, 2, A->xm, &n2, T, C);
-        be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
-    } else {
-        be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F);
-    }
+    mm_lowrank lg[2] = { lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T) };
+    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F, lg[0].a || lg[1].a ? lg : NULL);
     if (!out) return;   /* a backward's recompute: the layer's output is not needed */
-    if (m->lora_r) lora_a(m, a, W, td, 1, A->a, NULL, T, F, &ld);
-    mm_part dn = { out, W->w_down, NULL, C, A->xm, ld };
+    mm_part dn = { out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T) };
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 
@@ -494,7 +472,7 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     return be->sync(be);
 }
 
-/* Backward of an adapter term (lora_a + mm_part.lr) given dY (T, O): gA, gB += their
+/* Backward of an adapter term (mm_part.lr) given dY (T, O): gA, gB += their
  * gradients, dX (T, I) += the input gradient through the adapter. X A^T is recomputed into lu. */
 static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t,
                      const void *dY, const void *X, void *dX, int T, int I, int O) {

@@ -29,6 +29,7 @@ typedef struct cu_ctx {
     double *red;                 /* (CU_RED_SLOTS) sumsq's per-block partials */
     void *gemm_cache;            /* matmul.cu's plans for this context (gemm_cache_free) */
     int rms_smem_raised;         /* rmsnorm_bwd_kernel's shared-memory limit raised */
+    unsigned *sk_sync;           /* (2) device: the few-row kernel's grid-wide counters (matmul.cu), 0 at rest */
     int n_sm;
     const tune_opts *tune;       /* the backend's knobs (eng_backend.tune), read at each launch */
     int failed;

@@ -276,13 +276,23 @@ struct sk_shape {
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
- * of 8 NT outputs each; a part may carry a low-rank term (LoRA: + u B^T, rank lr, added in the
- * epilogue before the one rounding: r multiply-adds an output, B read once, x A^T made by the
- * launch before). Parts
- * of 8 NT outputs each. SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O,
- * n = 1 tile range): a tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the
- * rest the same up rows, so the epilogue writes g, u and act = silu(g) * u (swiglu_fwd's math on
- * the bf16-rounded g, u) with no SwiGLU kernel after it. */
+ * of 8 NT outputs each, after the adapter tiles. A part may carry a low-rank term (LoRA: + (x A^T)
+ * B^T, rank lr, added in the epilogue before the one rounding: r multiply-adds an output, B read
+ * once). Its first half x A^T is made by the same launch: the parts' A matrices, stacked (na lr
+ * rows), are the launch's first tiles [0, nA), ordinary tiles of the same stream (the same x, the
+ * same norm in front, the same reduction order) whose epilogue writes u = x A^T (T, lr) and counts
+ * itself done on sync[0]; a tile with a low-rank term waits in its epilogue until all nA are done.
+ * That wait cannot deadlock: the grid has at most one block an SM and one block fits an SM, the
+ * adapter tiles are the first tile of the lowest blocks (blocks start in index order, as CUB's
+ * decoupled look-back assumes), and the next kernel (PDL) starts only once every block of this
+ * one has started. The last block out sets both counters back to 0, so a graph replays the
+ * launch as it was captured. Cost (H100, Qwen3-8B decode, docs/benchmarks.md): 5-7 us a tile
+ * with a term, its epilogue's global reads queued behind the ring's loads of the next tile.
+ * SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O, n = 1 tile range): a
+ * tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the rest the same up
+ * rows, so the epilogue writes g, u (each with its own low-rank term) and act = silu(g) * u
+ * (swiglu_fwd's math on the bf16-rounded g, u) with no SwiGLU kernel after it; adapter tiles
+ * stay ordinary 8 NT-output tiles. */
 enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
@@ -292,14 +302,51 @@ typedef struct {
     bf16 *act;
     const bf16 *nw;              /* RMSNorm of x in front (NULL: none): weight (I), eps */
     float eps;
-    const bf16 *lu[SK_PARTS], *lb[SK_PARTS];   /* + lu (T, lr) · lb^T, lb (O, lr) (NULL: none) */
+    /* + (x la^T) lb^T, la (lr, I), lb (O, lr), x la^T written to lu (T, lr) (NULL: none) */
+    const bf16 *la[SK_PARTS], *lb[SK_PARTS];
+    bf16 *lu[SK_PARTS];
     int lr;
+    /* set by skinny_launch: the adapter tiles' A and u, compacted (na of them), their tile count */
+    const bf16 *aw[SK_PARTS];
+    bf16 *au[SK_PARTS];
+    int na, nA;
+    unsigned *sync;              /* (2) adapter tiles done, blocks done; 0 between launches */
+    int ukeep;                   /* u rows of a tile (both parts in SwiGLU mode) fit u_keep */
 } sk_args;
+
+/* s += u · b over lr values, in k order (u, b: one row each, 16-byte aligned, shared memory) */
+__device__ __forceinline__ float sk_dot(float s, const bf16 *u, const bf16 *b, int lr) {
+    for (int k = 0; k < lr; k += 8) {
+        const uint4 uv = *(const uint4 *)(u + k), bv = *(const uint4 *)(b + k);
+        const bf16 *ue = (const bf16 *)&uv, *bw = (const bf16 *)&bv;
+#pragma unroll
+        for (int q8 = 0; q8 < 8; q8++) s += __bfloat162float(ue[q8]) * __bfloat162float(bw[q8]);
+    }
+    return s;
+}
+
+/* n rows of lr values from global src (row stride lr) into shared dst, 16 bytes a thread at a time
+ * (all in flight at once); u rows through L2 (.cg: written by this launch on other SMs), B rows
+ * from L1, where the tile's start prefetched them */
+__device__ __forceinline__ void sk_stage(bf16 *dst, const bf16 *src, int n, int lr, bool cg, int tid, int nth) {
+    const uint4 *sv = (const uint4 *)src;
+    uint4 *dv = (uint4 *)dst;
+    for (int i = tid; i < n * lr / 8; i += nth) dv[i] = cg ? __ldcg(sv + i) : sv[i];
+}
+
+/* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
+ * stream bypasses L1, so they stay there until the tile's epilogue */
+__device__ __forceinline__ void sk_prefetch_rows(const bf16 *b, int o0, int n, int lr, int tid, int nth) {
+    const char *p = (const char *)(b + (size_t)o0 * lr);
+    for (int i = tid; i * 128 < n * lr * 2; i += nth) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p + i * 128));
+}
+
+enum { SK_UKEEP = 1024 };   /* bf16 values of u a block keeps across its tiles (static shared memory) */
 
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
  * on across the block's tiles, so the loads of the next tile are in flight during a tile's
  * reduction and no SM waits for a second wave to start. */
-template <int MT, int NT>
+template <int MT, int NT, bool LORA>
 __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
     constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
     constexpr int RW = MT * 16, CW = NT * 8;
@@ -316,13 +363,24 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const res_0 = a.res[0], *const res_1 = a.res[1], *const res_2 = a.res[2], *const nw = a.nw;
     const bf16 *const lu_0 = a.lu[0], *const lu_1 = a.lu[1], *const lu_2 = a.lu[2];
     const bf16 *const lb_0 = a.lb[0], *const lb_1 = a.lb[1], *const lb_2 = a.lb[2];
+    const bf16 *const aw_0 = a.aw[0], *const aw_1 = a.aw[1], *const aw_2 = a.aw[2];
+    bf16 *const au_0 = a.au[0], *const au_1 = a.au[1], *const au_2 = a.au[2];
+    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr;
+    /* the u rows a block's tiles read (a.ukeep: staged once per part, kept across the tiles) */
+    __shared__ __align__(16) bf16 u_keep[LORA ? SK_UKEEP : 8];
+    int u_part = -1;                 /* the part whose u rows u_keep holds */
     const bool sw = act != nullptr;
-    const int ntiles = np == 1 ? b1 : np == 2 ? b2 : b3;
+    const int ntiles = nA + (np == 1 ? b1 : np == 2 ? b2 : b3);
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
-    /* tile j of the block: its part and first output */
+    /* tile j of the block: its part (-1: an adapter tile, rows o0.. of the stacked A's) and first
+     * output */
     auto tile = [&](int j, int &pi, int &o0) {
-        const int tl = (int)blockIdx.x + j * (int)gridDim.x;
+        int tl = (int)blockIdx.x + j * (int)gridDim.x;
+        if (LORA) {
+            if (tl < nA) { pi = -1; o0 = tl * 8 * NT; return; }
+            tl -= nA;
+        }
         pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
         o0 = (tl - (pi == 0 ? 0 : pi == 1 ? b1 : b2)) * (sw ? 4 : 8) * NT;
     };
@@ -330,9 +388,23 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto issue_w = [&](int f) {
         int pi, o0;
         tile(f / n, pi, o0);
-        const int k = (c0 + f % n) * SK_KC + q * 8, O = SK_SEL(O_, pi);
-        const bf16 *wp0 = SK_SEL(w_, pi);
+        const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
+        if (LORA && pi < 0) {   /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int o = o0 + nt * 8 + g;
+                int ro = o < arows ? o : 0, ai = 0;
+                if (ro >= lr) { ro -= lr; ai = 1; }
+                if (ro >= lr) { ro -= lr; ai = 2; }
+                const bf16 *p = SK_SEL(aw_, ai) + (size_t)ro * I + k;
+                sk_cp16(b + (2 * nt) * NTH, p, o < arows ? 16 : 0);
+                sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < arows ? 16 : 0);
+            }
+            return;
+        }
+        const int O = SK_SEL(O_, pi);
+        const bf16 *wp0 = SK_SEL(w_, pi);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const bool up = sw && nt >= NT / 2;
@@ -395,6 +467,14 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 
     float acc[MT][NT][4];
     for (int j = 0; j < mine; j++) {
+        if (LORA) {   /* the tile's B rows into L1 for its epilogue */
+            int pi, o0;
+            tile(j, pi, o0);
+            const int ow = sw ? 4 * NT : 8 * NT;
+            if (pi >= 0 && SK_SEL(lb_, pi))
+                sk_prefetch_rows(SK_SEL(lb_, pi), o0, min(ow, SK_SEL(O_, pi) - o0), lr, tid, NTH);
+            if (pi >= 0 && sw && lb_1) sk_prefetch_rows(lb_1, o0, min(ow, O_1 - o0), lr, tid, NTH);
+        }
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -451,10 +531,82 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         __syncthreads();
         int pi, o0;
         tile(j, pi, o0);
+        if (LORA && pi < 0) {   /* adapter tile: u = x A^T, rounded to bf16 as the GEMM stores it; then counted done */
+            for (int e = tid; e < RW * CW; e += NTH) {
+                const int t = e / CW, o = o0 + e % CW;
+                if (t >= T || o >= arows) continue;
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
+                const int ai = o / lr;
+                SK_SEL(au_, ai)[(size_t)t * lr + o - ai * lr] = __float2bfloat16(s);
+            }
+            __threadfence();
+            __syncthreads();   /* red is free for the next tile */
+            if (tid == 0) atomicAdd(a.sync, 1u);
+            continue;
+        }
+        const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi);
         const int O = SK_SEL(O_, pi);
-        const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi), *lu = SK_SEL(lu_, pi), *lb = SK_SEL(lb_, pi);
-        const int lr = a.lr;
         bf16 *out = SK_SEL(out_, pi);
+        if (LORA && (SK_SEL(lb_, pi) || (sw && lb_1))) {
+            /* the low-rank terms: each thread's sums of the warps' partials into registers, then red
+             * holds the terms' operands: the tile's B rows (fetched while waiting) and, once every
+             * adapter tile is done, the u rows; the sums then go on as below, the term after the
+             * bias (the order of the epilogue below) */
+            constexpr int E = (RW * CW + NTH - 1) / NTH;
+            const bf16 *lb0 = SK_SEL(lb_, pi), *lb1 = sw ? lb_1 : nullptr, *lu0 = SK_SEL(lu_, pi);
+            const int ow = sw ? CW / 2 : CW, nr = min(ow, O - o0);
+            float sg[E], su[E];
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                const int e = tid + i * NTH;
+                sg[i] = su[i] = 0.0f;
+                if (e >= RW * CW) continue;
+#pragma unroll
+                for (int k = 0; k < SK_WARPS; k++) sg[i] += red[(size_t)k * RW * CW + e];
+                if (sw && e % CW < CW / 2)
+#pragma unroll
+                    for (int k = 0; k < SK_WARPS; k++) su[i] += red[(size_t)k * RW * CW + e + CW / 2];
+            }
+            __syncthreads();   /* red is free: it takes the operands */
+            bf16 *b0s = (bf16 *)red, *b1s = b0s + ow * lr, *u0s = b1s + ow * lr, *u1s = u0s + RW * lr;
+            if (lb0) sk_stage(b0s, lb0 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
+            if (lb1) sk_stage(b1s, lb1 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
+            if (a.ukeep) { u0s = u_keep; u1s = u_keep + T * lr; }
+            if (!a.ukeep || u_part != pi) {
+                if (u_part < 0 && tid == 0) {   /* every adapter tile's u written (once a block) */
+                    while ((int)*(volatile unsigned *)a.sync < nA) __nanosleep(32);
+                    __threadfence();
+                }
+                __syncthreads();
+                if (lb0) sk_stage(u0s, lu0, T, lr, true, tid, NTH);
+                if (lb1) sk_stage(u1s, lu_1, T, lr, true, tid, NTH);
+                u_part = pi;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                const int e = tid + i * NTH, t = e / CW, c = e % CW, o = o0 + c;
+                if (e >= RW * CW || t >= T || o >= O || (sw && c >= CW / 2)) continue;
+                float s = sg[i];
+                if (bias) s += __bfloat162float(bias[o]);
+                if (lb0) s = sk_dot(s, u0s + t * lr, b0s + c * lr, lr);
+                if (res) s += __bfloat162float(res[(size_t)t * O + o]);
+                const bf16 y = __float2bfloat16(s);
+                out[(size_t)t * O + o] = y;
+                if (sw) {
+                    float sv = su[i];
+                    if (lb1) sv = sk_dot(sv, u1s + t * lr, b1s + c * lr, lr);
+                    const bf16 yu = __float2bfloat16(sv);
+                    out_1[(size_t)t * O + o] = yu;
+                    const float xg = __bfloat162float(y);
+                    act[(size_t)t * O + o] = __float2bfloat16(xg / (1.0f + expf(-xg)) * __bfloat162float(yu));
+                }
+            }
+            __syncthreads();   /* red is free for the next tile */
+            continue;
+        }
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
             if (t >= T || o >= O || (sw && e % CW >= CW / 2)) continue;
@@ -462,15 +614,6 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
             for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
             if (bias) s += __bfloat162float(bias[o]);
-            if (lb) {   /* 16-byte loads: a warp reads 32 consecutive B rows (coalesced), u rows broadcast */
-                const uint4 *ut = (const uint4 *)(lu + (size_t)t * lr), *bo = (const uint4 *)(lb + (size_t)o * lr);
-                for (int k = 0; k < lr / 8; k++) {
-                    const uint4 uv = ut[k], bv = bo[k];
-                    const bf16 *ue = (const bf16 *)&uv, *bw = (const bf16 *)&bv;
-#pragma unroll
-                    for (int q8 = 0; q8 < 8; q8++) s += __bfloat162float(ue[q8]) * __bfloat162float(bw[q8]);
-                }
-            }
             if (res) s += __bfloat162float(res[(size_t)t * O + o]);
             const bf16 y = __float2bfloat16(s);
             out[(size_t)t * O + o] = y;
@@ -487,33 +630,57 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         __syncthreads();   /* red is free for the next tile */
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
+    if (LORA && tid == 0 && atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) {   /* the last block out: no one waits */
+        a.sync[0] = 0;
+        a.sync[1] = 0;
+        __threadfence();
+    }
 }
 #undef SK_SEL
+
+/* The low-rank terms' operands fit in a tile's partial-sum area (red): B rows of the tile (each
+ * part with a term) and their u rows. */
+static int sk_terms_fit(const sk_args &a, int MT, int NT) {
+    const long long rw = 16LL * MT, cw = 8LL * NT, ow = a.act ? cw / 2 : cw;
+    return 2 * (ow + rw) * a.lr * 2 <= (long long)SK_WARPS * rw * cw * 4;
+}
 
 template <int MT, int NT>
 static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
-    static unsigned done;
-    cu_raise_smem(c, skinny_kernel<MT, NT>, smem, &done);
+    static unsigned done[2];
+    const bool lora = a.la[0] || a.la[1] || a.la[2];
+    auto *kern = lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
+    cu_raise_smem(c, kern, smem, &done[lora]);
     if (c->failed) return;
     a.b0[0] = 0;
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + (a.act ? 4 : 8) * NT - 1) / ((a.act ? 4 : 8) * NT);
-    const int blocks = a.b0[a.n] < c->n_sm ? a.b0[a.n] : c->n_sm;
-    cu_launch_pdl(c, "skinny_kernel", skinny_kernel<MT, NT>, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
+    a.na = 0;
+    for (int i = 0; i < (a.act ? 2 : a.n); i++)
+        if (a.la[i]) { a.aw[a.na] = a.la[i]; a.au[a.na++] = a.lu[i]; }
+    a.nA = (a.na * a.lr + 8 * NT - 1) / (8 * NT);
+    a.sync = c->sk_sync;
+    a.ukeep = T * a.lr * (a.act ? 2 : 1) <= SK_UKEEP;
+    const int tiles = a.nA + a.b0[a.n], blocks = tiles < c->n_sm ? tiles : c->n_sm;
+    cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
 
 /* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the
  * time goes as the most tiles a block takes x NT; the largest NT of the least such cost (fewer
- * tiles re-read x less). */
-static int skinny_nt(int n_sm, int O, int MT, int even) {
+ * tiles re-read x less). The tiles counted as skinny_launch lays them out (each part's own, the
+ * adapter tiles), so an adapter tile does not push a launch into a second round. */
+static int skinny_nt(int n_sm, const sk_args &a, int MT) {
     static const int cand[] = { 1, 2, 4, 6, 8 };
-    int best = 2;
+    int best = 2, arows = 0;
+    for (int i = 0; i < (a.act ? 2 : a.n); i++) arows += a.la[i] ? a.lr : 0;
     long long bc = -1;
     for (int i = 0; i < 5; i++) {
-        int nt = cand[i];
+        int nt = cand[i], w = a.act ? 4 * nt : 8 * nt;
         if (MT * nt > 8) break;
-        if (even && nt % 2) continue;
-        long long blocks = (O + 8 * nt - 1) / (8 * nt), cost = (blocks + n_sm - 1) / n_sm * nt;
+        if (a.act && nt % 2) continue;
+        long long blocks = (arows + 8 * nt - 1) / (8 * nt);
+        for (int p = 0; p < a.n; p++) blocks += (a.O[p] + w - 1) / w;
+        long long cost = (blocks + n_sm - 1) / n_sm * nt;
         if (bc < 0 || cost <= bc) { bc = cost; best = nt; }
     }
     return best;
@@ -531,14 +698,16 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !force) return 0;
     if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0;   /* nw_s: 16-byte copies */
-    for (int i = 0; i < a.n; i++)   /* the low-rank term's 16-byte loads */
-        if (a.lb[i] && (a.act || a.lr % 8 || align_of(a.lu[i]) < 16 || align_of(a.lb[i]) < 16)) return 0;
-    int Osum = 0, np = a.act ? 2 : a.n;
+    int np = a.act ? 2 : a.n;
+    for (int i = 0; i < np; i++)   /* the low-rank term's 16-byte loads and copies */
+        if (a.la[i] && (!c->sk_sync || a.lr % 8 || align_of(a.la[i]) < 16 || align_of(a.lu[i]) < 16 ||
+                        align_of(a.lb[i]) < 16))
+            return 0;
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !force)) return 0;
-        Osum += a.O[i];
     }
-    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, Osum, MT, a.act != NULL);
+    int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
+    if ((a.la[0] || a.la[1] || a.la[2]) && !sk_terms_fit(a, MT, nt)) return 0;   /* a rank too large for red */
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
@@ -568,47 +737,67 @@ static void sk_set_norm(sk_args &a, const cu_norm *nm) {
     if (nm) { a.nw = nm->w; a.eps = nm->eps; }
 }
 
+/* The parts' low-rank terms (lr NULL: none), for the skinny kernel: 0 when their ranks differ
+ * (the kernel takes one). */
+static int sk_set_lowrank(sk_args &a, const cu_lowrank *lr, int n) {
+    for (int i = 0; lr && i < n; i++) {
+        if (!lr[i].a) continue;
+        if (a.lr && a.lr != lr[i].r) return 0;
+        a.la[i] = lr[i].a; a.lb[i] = lr[i].b; a.lu[i] = lr[i].u; a.lr = lr[i].r;
+    }
+    return 1;
+}
+
+/* The unfused path's first halves of the low-rank terms: u_i = inp A_i^T, one few-row launch
+ * for all of them when it takes the shape (the projections' own GEMMs then add u_i B_i^T). */
+static void lowrank_first_halves(cu_ctx *c, const cu_lowrank *lr, int n, const bf16 *inp, int T, int I) {
+    bf16 *u[SK_PARTS];
+    const bf16 *A[SK_PARTS], *none[SK_PARTS] = { NULL, NULL, NULL };
+    int r[SK_PARTS], m = 0;
+    for (int i = 0; lr && i < n; i++)
+        if (lr[i].a) { u[m] = lr[i].u; A[m] = lr[i].a; r[m++] = lr[i].r; }
+    if (m) matmul_fwd_n_cuda(c, u, A, none, none, r, m, inp, NULL, T, I, NULL);
+}
+
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
                        const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
                        const cu_lowrank *lr) {
     if (c->failed || T <= 0) return;
-    int same_r = 1;   /* the few-row kernel takes one rank for all its parts */
-    for (int i = 0; lr && i < n; i++)
-        if (lr[i].u) same_r &= lr[i].r == lr[0].r || !lr[0].u;
-    if (n >= 1 && n <= SK_PARTS && same_r) {
+    if (n >= 1 && n <= SK_PARTS) {
         sk_args a = {};
         a.n = n;
         sk_set_norm(a, norm);
         for (int i = 0; i < n; i++) {
             a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.res[i] = res[i]; a.O[i] = O[i];
-            if (lr && lr[i].u) { a.lu[i] = lr[i].u; a.lb[i] = lr[i].b; a.lr = lr[i].r; }
         }
-        if (skinny(c, a, inp, T, I)) return;
+        if (sk_set_lowrank(a, lr, n) && skinny(c, a, inp, T, I)) return;
     }
     inp = norm_apart(c, norm, inp, T, I);
+    lowrank_first_halves(c, lr, n, inp, T, I);
     for (int i = 0; i < n; i++) {   /* the residual as the beta term: one rounding, as the few-row kernel */
         gemm_lt_c(c, 1, 0, O[i], T, I, 1.0f, w[i], I, inp, I, res[i] ? 1.0f : 0.0f, res[i], out[i], O[i], 0, bias[i]);
-        if (lr && lr[i].u)   /* the low-rank term on top (a second rounding at these sizes) */
+        if (lr && lr[i].a)   /* the low-rank term on top (a second rounding at these sizes) */
             gemm_lt_c(c, 1, 0, O[i], T, lr[i].r, 1.0f, lr[i].b, lr[i].r, lr[i].u, lr[i].r, 1.0f, out[i], out[i], O[i], 0,
                       NULL);
     }
 }
 
-/* g = inp wg^T, u = inp wu^T (T, F) and a = silu(g) u: one few-row launch (SwiGLU mode) when
- * the skinny kernel takes the shape, else the two GEMMs and swiglu_fwd. */
+/* g = inp wg^T, u = inp wu^T (T, F) (each + its low-rank term, lr[0] and lr[1], when lr is set)
+ * and a = silu(g) u: one few-row launch (SwiGLU mode, the adapters' x A^T in it) when the
+ * skinny kernel takes the shape, else the GEMMs and swiglu_fwd. */
 void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
-                     const bf16 *wu, int T, int I, int F) {
+                     const bf16 *wu, int T, int I, int F, const cu_lowrank *lr) {
     if (c->failed || T <= 0) return;
     sk_args a = {};
     a.n = 1; a.act = act;
     sk_set_norm(a, norm);
     a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
-    if (skinny(c, a, inp, T, I)) return;
+    if (sk_set_lowrank(a, lr, 2) && skinny(c, a, inp, T, I)) return;
     inp = norm_apart(c, norm, inp, T, I);
     bf16 *const o[2] = { g, u };
     const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };
     const int O[2] = { F, F };
-    matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I, NULL);
+    matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I, lr);
     swiglu_fwd_cuda(c, act, g, u, (long long)T * F);
 }
 

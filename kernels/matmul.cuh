@@ -16,15 +16,17 @@ void gemm_cache_free(cu_ctx *c);   /* at context destruction */
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
 /* the RMSNorm in front of matmul_fwd_n_cuda / mlp_in_fwd_cuda: weight (I), eps, ln (T, I) scratch */
 typedef struct { const bf16 *w; float eps; bf16 *ln; } cu_norm;
-/* a low-rank term of one output (LoRA): + u (T, r) · b^T, b (O, r); u NULL: none */
-typedef struct { const bf16 *u, *b; int r; } cu_lowrank;
-/* out[i] = inp · w[i]^T + bias[i] (+ res[i]) for n layers sharing inp: one launch when the
- * few-row kernel takes them all. */
+/* a low-rank term of one output (LoRA): + (inp a^T) b^T, a (r, I), b (O, r), inp the normed
+ * input; inp a^T is written to u (T, r); a NULL: none */
+typedef struct { const bf16 *a, *b; bf16 *u; int r; } cu_lowrank;
+/* out[i] = inp · w[i]^T + bias[i] (+ res[i]) (+ lr[i]'s term; lr NULL: none) for n <= 3 layers
+ * sharing inp: one launch, the terms' first halves included, when the few-row kernel takes them
+ * all. */
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
                        const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
                        const cu_lowrank *lr);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
                      const bf16 *w, int T, int I, int O);
 void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
-                     const bf16 *wu, int T, int I, int F);
+                     const bf16 *wu, int T, int I, int F, const cu_lowrank *lr);
 #endif

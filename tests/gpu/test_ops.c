@@ -183,7 +183,10 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
 /* matmul_fwd_n: up to three layers sharing their input in one launch (q/k/v, gate/up), each
  * part against the CPU backend; parts with odd O (a partial block at every part's end); with
  * MM_NORM the RMSNorm in front (x at scale 3, so the norm matters), with MM_RES each part's
- * residual added, with MM_LORA each part's low-rank term (rank 32; the second part has none). */
+ * residual added, with MM_LORA each part's low-rank term (rank 32, A and B random, the term
+ * about the base's size; the second part of three has none): both halves in the op, x A^T in
+ * the few-row launch's adapter tiles. The LoRA calls run three times: bit-identical outputs
+ * (the launch's grid-wide counters are back at 0 after each). */
 enum { MM_BIAS = 1, MM_NORM = 2, MM_RES = 4, MM_LORA = 8 };
 static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
     char sh[112];
@@ -191,8 +194,8 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
              flags & MM_BIAS ? " +bias" : "", flags & MM_NORM ? " +norm" : "", flags & MM_RES ? " +res" : "",
              flags & MM_LORA ? " +lora" : "");
     enum { LR = 32 };
-    float *lu[3] = { 0 }, *lb[3] = { 0 };
-    void *glu[3] = { 0 }, *glb[3] = { 0 };
+    float *la[3] = { 0 }, *lu[3] = { 0 }, *lb[3] = { 0 };
+    void *gla[3] = { 0 }, *glu[3] = { 0 }, *glb[3] = { 0 };
     float *x = gc_rand((size_t)T * I, 3.0f, 41 + T), *nw = gc_rand((size_t)I, 1.0f, 49), *lnc = malloc((size_t)T * I * 4);
     mm_part pc[3], pg[3];
     float *w[3], *b[3], *r[3], *yc[3];
@@ -202,14 +205,16 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
         b[i] = gc_rand((size_t)O[i], 1.0f, 45 + i);
         r[i] = gc_rand((size_t)T * O[i], 2.0f, 52 + i);
         yc[i] = malloc((size_t)T * O[i] * 4);
-        mm_lowrank lc = { NULL, NULL, 0 }, lg = { NULL, NULL, 0 };
-        if ((flags & MM_LORA) && i != 1) {
-            lu[i] = gc_rand((size_t)T * LR, 1.0f, 61 + i);
-            lb[i] = gc_rand((size_t)O[i] * LR, 0.3f, 64 + i);
-            glu[i] = gc_act(gpu, lu[i], (size_t)T * LR);
+        mm_lowrank lc = { 0 }, lg = { 0 };
+        if ((flags & MM_LORA) && (i != 1 || n < 3)) {
+            la[i] = gc_rand((size_t)LR * I, 0.1f, 61 + i);
+            lb[i] = gc_rand((size_t)O[i] * LR, 0.1f, 64 + i);
+            lu[i] = malloc((size_t)T * LR * 4);
+            gla[i] = gc_act(gpu, la[i], (size_t)LR * I);
             glb[i] = gc_act(gpu, lb[i], (size_t)O[i] * LR);
-            lc = (mm_lowrank){ lu[i], lb[i], LR };
-            lg = (mm_lowrank){ glu[i], glb[i], LR };
+            glu[i] = gpu->alloc(gpu, (size_t)T * LR * 2);
+            lc = (mm_lowrank){ la[i], lb[i], lu[i], LR };
+            lg = (mm_lowrank){ gla[i], glb[i], glu[i], LR };
         }
         pc[i] = (mm_part){ yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL, lc };
         gw[i] = gc_act(gpu, w[i], (size_t)O[i] * I);
@@ -222,17 +227,33 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
     mm_norm nc = { nw, 1e-6f, lnc }, ng = { gnw, 1e-6f, gln };
     cpu->matmul_fwd_n(cpu, pc, n, x, flags & MM_NORM ? &nc : NULL, T, I);
     gpu->matmul_fwd_n(gpu, pg, n, gx, flags & MM_NORM ? &ng : NULL, T, I);
-    double worst = 0;
+    double worst = 0, differ = 0;
+    float *y1[3] = { 0 };
     for (int i = 0; i < n; i++) {
         float *yg = gc_get_act(gpu, pg[i].out, (size_t)T * O[i]);
         double e = rel_l2(yg, yc[i], (size_t)T * O[i]);
         if (!(e <= worst)) worst = e;   /* NaN sticks */
-        free(yg);
+        y1[i] = yg;
+    }
+    for (int rep = 0; (flags & MM_LORA) && rep < 2; rep++) {
+        gpu->matmul_fwd_n(gpu, pg, n, gx, flags & MM_NORM ? &ng : NULL, T, I);
+        for (int i = 0; i < n; i++) {
+            float *yg = gc_get_act(gpu, pg[i].out, (size_t)T * O[i]);
+            differ += memcmp(yg, y1[i], (size_t)T * O[i] * 4) != 0;
+            free(yg);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        free(y1[i]);
         gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]); gpu->free(gpu, gr[i]);
         free(w[i]); free(b[i]); free(r[i]); free(yc[i]);
-        if (glu[i]) { gpu->free(gpu, glu[i]); gpu->free(gpu, glb[i]); free(lu[i]); free(lb[i]); }
+        if (gla[i]) {
+            gpu->free(gpu, gla[i]); gpu->free(gpu, glb[i]); gpu->free(gpu, glu[i]);
+            free(la[i]); free(lb[i]); free(lu[i]);
+        }
     }
     gc_row("matmul_fwd_n", sh, worst, 3e-3);
+    if (flags & MM_LORA) gc_row("matmul_fwd_n +lora repeated: outputs differ", sh, differ, 0);
     gpu->free(gpu, gx); gpu->free(gpu, gnw); gpu->free(gpu, gln);
     free(x); free(nw); free(lnc);
 }
@@ -295,21 +316,43 @@ static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
 
 /* mlp_in_fwd: gate/up projections and SwiGLU, the few-row kernel's SwiGLU mode at decode sizes
  * (F not a multiple of a tile: the partial tile's outputs past F unwritten) and the GEMMs +
- * swiglu_fwd above them; gate, up and act each against the CPU backend */
-static void t_mlp_in(int T, int I, int F, int norm) {
+ * swiglu_fwd above them; gate, up and act each against the CPU backend. lora: rank-32 terms on
+ * both (lora 2: on the up projection only), A and B random, in the one launch at decode sizes. */
+static void t_mlp_in(int T, int I, int F, int norm, int lora) {
     char sh[64];
-    snprintf(sh, sizeof sh, "T=%d I=%d F=%d%s", T, I, F, norm ? " +norm" : "");
+    snprintf(sh, sizeof sh, "T=%d I=%d F=%d%s%s", T, I, F, norm ? " +norm" : "",
+             lora == 1 ? " +lora" : lora ? " +lora(up)" : "");
+    enum { LR = 32 };
     size_t nx = (size_t)T * I, nw = (size_t)F * I, ny = (size_t)T * F;
     float *x = gc_rand(nx, 3.0f, 61), *wg = gc_rand(nw, 0.1f, 62), *wu = gc_rand(nw, 0.1f, 63);
     float *a_c = malloc(ny * 4), *g_c = malloc(ny * 4), *u_c = malloc(ny * 4);
     float *lw = gc_rand((size_t)I, 1.0f, 64), *lnc = malloc(nx * 4);
+    float *la[2], *lb[2], *lu[2];
+    void *gla[2], *glb[2], *glu[2];
+    mm_lowrank lc[2] = { { 0 } }, lg[2] = { { 0 } };
+    for (int i = 0; i < 2; i++) {
+        la[i] = gc_rand((size_t)LR * I, 0.1f, 65 + i);
+        lb[i] = gc_rand((size_t)F * LR, 0.1f, 67 + i);
+        lu[i] = malloc((size_t)T * LR * 4);
+        gla[i] = gc_act(gpu, la[i], (size_t)LR * I);
+        glb[i] = gc_act(gpu, lb[i], (size_t)F * LR);
+        glu[i] = gpu->alloc(gpu, (size_t)T * LR * 2);
+        if (lora == 1 || (lora && i == 1)) {
+            lc[i] = (mm_lowrank){ la[i], lb[i], lu[i], LR };
+            lg[i] = (mm_lowrank){ gla[i], glb[i], glu[i], LR };
+        }
+    }
     mm_norm nc = { lw, 1e-6f, lnc };
-    cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, norm ? &nc : NULL, wg, wu, T, I, F);
+    cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, norm ? &nc : NULL, wg, wu, T, I, F, lora ? lc : NULL);
     void *gx = gc_act(gpu, x, nx), *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw);
     void *ga = gpu->alloc(gpu, ny * 2), *gg = gpu->alloc(gpu, ny * 2), *gu = gpu->alloc(gpu, ny * 2);
     void *glw = gc_act(gpu, lw, (size_t)I), *gln = gpu->alloc(gpu, nx * 2);
     mm_norm ng = { glw, 1e-6f, gln };
-    gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, norm ? &ng : NULL, gwg, gwu, T, I, F);
+    gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, norm ? &ng : NULL, gwg, gwu, T, I, F, lora ? lg : NULL);
+    for (int i = 0; i < 2; i++) {
+        gpu->free(gpu, gla[i]); gpu->free(gpu, glb[i]); gpu->free(gpu, glu[i]);
+        free(la[i]); free(lb[i]); free(lu[i]);
+    }
     float *a_g = gc_get_act(gpu, ga, ny), *g_g = gc_get_act(gpu, gg, ny), *u_g = gc_get_act(gpu, gu, ny);
     gc_row("mlp_in_fwd gate", sh, rel_l2(g_g, g_c, ny), 3e-3);
     gc_row("mlp_in_fwd up", sh, rel_l2(u_g, u_c, ny), 3e-3);
@@ -674,6 +717,7 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES);
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES | MM_LORA);
             t_matmul_fwd_n(40, 320, 3, odd, MM_RES | MM_LORA);
+            t_mlp_in(5, 320, 200, 1, 1);
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
@@ -736,10 +780,18 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(1, 4096, 1, qkv, MM_RES | MM_LORA);
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_LORA);
             t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM | MM_LORA);   /* a second GEMM */
-            t_mlp_in(16, 2048, 6144, 1);   /* a Qwen3-1.7B decode step */
-            t_mlp_in(1, 2048, 6144, 0);
-            t_mlp_in(7, 320, 200, 1);      /* a partial tile */
-            t_mlp_in(40, 320, 136, 1);     /* GEMMs, then swiglu_fwd */
+            static const int qkv8[] = { 4096, 1024, 1024 }, o8[] = { 4096 };
+            t_matmul_fwd_n(16, 4096, 3, qkv8, MM_NORM | MM_LORA);   /* Qwen3-8B decode: q/k/v, o, down */
+            t_matmul_fwd_n(16, 4096, 1, o8, MM_RES | MM_LORA);
+            t_matmul_fwd_n(16, 12288, 1, o8, MM_RES | MM_LORA);
+            t_matmul_fwd_n(9, 2048, 2, gu, MM_NORM | MM_LORA);
+            t_mlp_in(16, 2048, 6144, 1, 0);   /* a Qwen3-1.7B decode step */
+            t_mlp_in(1, 2048, 6144, 0, 0);
+            t_mlp_in(7, 320, 200, 1, 0);      /* a partial tile */
+            t_mlp_in(40, 320, 136, 1, 0);     /* GEMMs, then swiglu_fwd */
+            t_mlp_in(16, 4096, 12288, 1, 1);  /* LoRA: a Qwen3-8B decode step, adapter tiles in SwiGLU mode */
+            t_mlp_in(3, 320, 200, 1, 2);      /* the up projection's term alone, a partial tile */
+            t_mlp_in(40, 320, 136, 1, 1);     /* LoRA on the GEMMs */
         }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
