@@ -94,7 +94,8 @@ test: deps
 
 # libFuzzer targets (tests/fuzz/fuzz_*.c; clang, ASan + UBSan), each with a seed corpus in
 # tests/fuzz/corpus/NAME: request validation, reward verifiers, safetensors, config.json,
-# tokenizer. tests/run.sh runs each briefly; `make fuzz` runs each for FUZZ_SECONDS (default 600).
+# tokenizer; tests/fuzz/NAME.dict, where there is one, is its dictionary. tests/run.sh runs each
+# briefly; `make fuzz` runs each for FUZZ_SECONDS (default 600).
 FUZZ_NAMES := request reward safetensors config tokenizer
 FUZZ_BIN   := $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 FUZZ_CC    := clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.
@@ -111,6 +112,7 @@ FUZZ_SECONDS ?= 600
 fuzz: $(FUZZ_BIN)
 	@for n in $(FUZZ_NAMES); do mkdir -p $(BUILD)/fuzz-long/$$n; \
 	  $(BUILD)/fuzz_$$n -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=2048 \
+	    $$([ -f tests/fuzz/$$n.dict ] && echo -dict=tests/fuzz/$$n.dict) \
 	    -print_final_stats=1 $(BUILD)/fuzz-long/$$n tests/fuzz/corpus/$$n >$(BUILD)/fuzz-long/$$n.log 2>&1; rc=$$?; \
 	  echo "fuzz_$$n: exit $$rc, $$(grep -E '^stat::number_of_executed_units' $(BUILD)/fuzz-long/$$n.log | cut -d: -f4) runs," \
 	    "$$(grep -oE 'cov: [0-9]+' $(BUILD)/fuzz-long/$$n.log | tail -1) (log $(BUILD)/fuzz-long/$$n.log)"; \

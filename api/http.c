@@ -301,7 +301,10 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
     if (rt->request_schema && !x->waiting) {
         api_error e;
         if (rt->id == R_CKPT_POST && x->len == 0) req = json_object_new_object();
-        else if (api_parse_json_or_reply(x->body, x->len, &req, &e)) return reply_error(c, x, &e);
+        else {
+            api_limits l = limits_now(s);
+            if (api_parse_json_or_reply(x->body, x->len, &l, &req, &e)) return reply_error(c, x, &e);
+        }
     }
     enum MHD_Result r;
     switch (rt->id) {

@@ -49,10 +49,12 @@ typedef struct {
 
 /* Parse a body strictly (depth <= 64, no trailing bytes). GE_BAD_JSON names line/offset.
  * body is scratch: its token-id and logprob arrays are cut out in place and packed (packed.h),
- * which costs ~1.3-4 bytes per body byte instead of json-c's ~25-36. The result validates and
+ * which costs ~1.3-4 bytes per body byte instead of json-c's ~25-36. What json-c would build of
+ * the rest is estimated from the text first (over, within 1.3x) and a body above max_tree bytes
+ * is refused with 413 above 32 x l->max_body_bytes (l NULL: no limit). The result validates and
  * serializes exactly as api_parse_json_unpacked_or_reply's (json-c alone) does, which the tests
  * and the fuzzer compare it with. */
-int api_parse_json_or_reply(char *body, size_t len, json_object **out, api_error *e);
+int api_parse_json_or_reply(char *body, size_t len, const api_limits *l, json_object **out, api_error *e);
 int api_parse_json_unpacked_or_reply(const char *body, size_t len, json_object **out, api_error *e);
 
 int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m,

@@ -31,7 +31,8 @@ fuzz_names="request reward safetensors config tokenizer"
 if command -v clang >/dev/null 2>&1 && make -s $(printf 'build/fuzz_%s ' $fuzz_names) >"$log/fuzz-build.log" 2>&1; then
   for n in $fuzz_names; do
     rm -rf "build/fuzz-corpus/$n"; mkdir -p "build/fuzz-corpus/$n"
-    if timeout 300 "build/fuzz_$n" -runs=20000 -max_total_time=10 -max_len=65536 -timeout=10 \
+    dict=; [ -f "tests/fuzz/$n.dict" ] && dict="-dict=tests/fuzz/$n.dict"
+    if timeout 300 "build/fuzz_$n" -runs=20000 -max_total_time=10 -max_len=65536 -timeout=10 $dict \
          "build/fuzz-corpus/$n" "tests/fuzz/corpus/$n" >"$log/fuzz_$n.log" 2>&1; then
       pass=$((pass + 1)); printf '%-28s %3d passed %3d failed\n' "fuzz_$n" 1 0
     else

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """big_bodies.py — what a maximum-size request body costs the daemon in memory: 8 MiB
 POST /v1/updates bodies of one-digit token ids (json-c's worst case, ~3 bytes an id), of ids
-0..255, and of ids + logprobs, one at a time and four at
-once, against a fresh daemon. Each body names a wrong expected_policy_version, so it is parsed
-and validated whole, then refused with 409 before the store: what is measured is the HTTP side.
-Per run: RSS before, the peak (VmHWM, reset through /proc/PID/clear_refs before the run) and
-RSS 1 s after, and the peak over the bodies' total size.
+0..255, of ids + logprobs, of 2.8 million empty objects, and of 1024 x 64 responses of six
+tokens (the most json-c objects the default limits allow), one at a time and four at once,
+against a fresh daemon. Each body names a wrong expected_policy_version, so it is parsed and
+validated whole, then refused with 409 before the store (or 413 when over a limit): what is
+measured is the HTTP side. Per run: RSS before, the peak (VmHWM, reset through
+/proc/PID/clear_refs before the run) and RSS 1 s after, and the peak over the bodies' size.
 
   python3 tests/bench/big_bodies.py [./grpod]"""
 import json
@@ -44,13 +45,27 @@ def body(with_logprobs, top, limit=8 << 20):
                        "algorithm": {"old_logprobs": "rollout" if with_logprobs else "recompute"}})
 
 
+def empty_objects(limit=8 << 20):
+    """8 MiB of {}: ~800 bytes of json-c each."""
+    return '{"groups":[' + ",".join(["{}"] * (limit // 3 - 16)) + "]}"
+
+
+def short_responses():
+    """The most json-c-heavy body the default limits allow: 1024 groups x 64 responses of 6 tokens."""
+    r = '{"token_ids":[5,2,3,4,5,6],"reward":0.5,"finish_reason":"stop","logprobs":[-1,-2,-3,-4,-5,-6]}'
+    g = '{"prompt_ids":[1,2],"responses":[' + ",".join([r] * 64) + "]}"
+    return '{"expected_policy_version":999,"groups":[' + ",".join([g] * 1024) + "]}"
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="grpod_bodies_")
     p, url = hostile.start(GRPOD, tmp + "/data")
     try:
         print("grpod %s; RSS at start %.0f MiB" % (GRPOD, hostile.status(p.pid, "VmRSS:")))
-        for name, lp, top in (("ids 0..9", False, 10), ("ids 0..255", False, 256), ("ids + logprobs", True, 256)):
-            raw = body(lp, top)
+        for name, make in (("ids 0..9", lambda: body(False, 10)), ("ids 0..255", lambda: body(False, 256)),
+                           ("ids + logprobs", lambda: body(True, 256)), ("{} x 2.8 M", empty_objects),
+                           ("64 Ki short resps", short_responses)):
+            raw = make()
             for conc in (1, 4):
                 before = hostile.status(p.pid, "VmRSS:")
                 with open("/proc/%d/clear_refs" % p.pid, "w") as f:

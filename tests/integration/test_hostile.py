@@ -41,6 +41,21 @@ def test_request_bombs(shared_daemon, body, field):
     assert d.get("/healthz", timeout=10).status_code == 200
 
 
+def test_json_value_bombs(shared_daemon):
+    """8 MiB of empty objects made json-c allocate 2.2 GB (~800 bytes per "{}"): refused with 413
+    before parsing. A body of the same size whose numbers are token ids is packed and parsed."""
+    d = shared_daemon
+    n = (8 << 20) // 3 - 16
+    r = d.post("/v1/updates", ('{"groups":[' + ",".join(["{}"] * n) + "]}").encode(), headers=JSON, timeout=120)
+    assert r.status_code == 413 and "too many JSON values" in r.json()["error"]["message"], r.text[:300]
+    ids = ",".join(["7"] * 2000)
+    g = '{"prompt_ids":[%s],"responses":[{"token_ids":[%s],"reward":1},{"token_ids":[%s],"reward":0}]}' % (ids, ids, ids)
+    r = d.post("/v1/updates", ('{"expected_policy_version":999,"groups":[' + ",".join([g] * ((8 << 20) // len(g) - 1)) +
+                               "]}").encode(), headers=JSON, timeout=120)
+    assert r.status_code == 409 and r.json()["error"]["field"] == "expected_policy_version", r.text[:300]
+    assert d.get("/healthz", timeout=10).status_code == 200
+
+
 def test_micro_batch_bound(shared_daemon):
     d = shared_daemon
     g = [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1}]}]

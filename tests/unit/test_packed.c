@@ -10,6 +10,7 @@
 
 #include "api/packed.h"
 #include "api/validate.h"
+#include "common/err.h"
 #include "tests/unit/check.h"
 
 static unsigned long long rng = 20;
@@ -150,7 +151,9 @@ TEST(test_packed_parse_equals_json_c) {
         memcpy(scratch, b.s, b.n + 1);
         json_object *r1, *r2;
         api_error e1, e2;
-        int rc1 = api_parse_json_or_reply(scratch, b.n, &r1, &e1);
+        api_limits l;
+        api_limits_default(&l);
+        int rc1 = api_parse_json_or_reply(scratch, b.n, &l, &r1, &e1);
         int rc2 = api_parse_json_unpacked_or_reply(b.s, b.n, &r2, &e2);
         CHECK_MSG(rc1 == rc2, "parse rc %d vs %d: %s", rc1, rc2, b.s);
         if (rc1) {
@@ -213,13 +216,50 @@ TEST(test_packed_cut_shape) {
     char f[] = "{\"tokens\":\"gp0000000000000000:0\"}";
     json_object *r;
     api_error e;
-    CHECK(api_parse_json_or_reply(f, strlen(f), &r, &e) == 0);
+    CHECK(api_parse_json_or_reply(f, strlen(f), NULL, &r, &e) == 0);
     CHECK(api_packed_of(json_object_object_get(r, "tokens")) == NULL);
     json_object_put(r);
+}
+
+/* What json-c would build is estimated first: 8 MiB of "{}" (2.2 GB in json-c) is refused with
+ * 413 before parsing; the most json-c-heavy body the limits allow (1024 groups x 64 responses
+ * of short arrays) parses and validates. */
+TEST(test_packed_tree_budget) {
+    api_limits l;
+    api_limits_default(&l);
+    api_error e;
+    json_object *r;
+    buf b = {0};
+    put(&b, "{\"groups\":[{}");
+    while (b.n < (size_t)l.max_body_bytes - 8) put(&b, ",{}");
+    put(&b, "]}");
+    CHECK_EQ_INT(api_parse_json_or_reply(b.s, b.n, &l, &r, &e), GE_TOO_LARGE);
+    CHECK(r == NULL && e.status == 413 && strstr(e.message, "too many JSON values"));
+    b.n = 0;
+    put(&b, "{\"groups\":[");
+    for (int g = 0; g < l.max_groups; g++) {
+        put(&b, "%s{\"prompt_ids\":[1,2],\"responses\":[", g ? "," : "");
+        for (int k = 0; k < l.max_n; k++)
+            put(&b, "%s{\"token_ids\":[%d,2,3,4,5,6],\"reward\":0.5,\"finish_reason\":\"stop\",\"logprobs\":[-1,-2,-3,-4,-5,-6]}",
+                k ? "," : "", k);
+        put(&b, "]}");
+    }
+    put(&b, "]}");
+    CHECK_MSG(b.n <= (size_t)l.max_body_bytes, "%zu bytes", b.n);
+    CHECK_MSG(api_parse_json_or_reply(b.s, b.n, &l, &r, &e) == 0, "%s", e.message);
+    api_model m = {.vocab = 1000, .max_pos = 4096, .tokenize = fake_tokenize};
+    json_object *p;
+    const char *rid;
+    long long expected;
+    CHECK_MSG(api_update_or_reply(r, &l, &m, &p, &rid, &expected, &e) == 0, "%s", e.message);
+    json_object_put(p);
+    json_object_put(r);
+    free(b.s);
 }
 
 int main(void) {
     RUN(test_packed_parse_equals_json_c);
     RUN(test_packed_cut_shape);
+    RUN(test_packed_tree_budget);
     return CHECK_DONE();
 }
