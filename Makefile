@@ -10,6 +10,7 @@
 # is the bottom floor and joins the engine library, so programs linking only libengine.a build.
 
 CC       ?= cc
+COMMA    := ,
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 PREFIX   ?= /usr/local
 BUILD    := build
@@ -27,12 +28,17 @@ ifneq ($(NVCC),)
   NVFLAGS   ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-fPIC -MMD -MP
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu)
-  # NCCL (engine/comm_nccl.cu, issue 24) joins when its header is found; without it the NCCL
-  # comm says it is not built (engine/comm.c)
-  NCCL_H    := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h /usr/local/include/nccl.h))
+  # NCCL (engine/comm_nccl.cu, issue 24) joins when its header is found (NCCL_HOME first: a
+  # directory with include/nccl.h and lib/libnccl.so); without it the NCCL comm says it is not
+  # built (engine/comm.c). tests/gpu/run.sh links its programs with `make nccl-flags`.
+  NCCL_H    := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \
+                 /usr/include/nccl.h /usr/local/include/nccl.h))
   ifneq ($(NCCL_H),)
-    CFLAGS  += -DGRPOD_NCCL
-    LDLIBS  += -lnccl
+    NCCL_CFLAGS := -DGRPOD_NCCL -I$(patsubst %/nccl.h,%,$(NCCL_H))
+    NCCL_LIBS   := $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib -Wl$(COMMA)-rpath$(COMMA)$(NCCL_HOME)/lib) -lnccl
+    CFLAGS  += $(NCCL_CFLAGS)
+    NVFLAGS += -I$(patsubst %/nccl.h,%,$(NCCL_H))
+    LDLIBS  += $(NCCL_LIBS)
   else
     CUDA_SRC := $(filter-out engine/comm_nccl.cu,$(CUDA_SRC))
   endif
@@ -47,8 +53,12 @@ APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HOOKS_BIN  := $(BUILD)/grpod-test-hooks
 
-.PHONY: all deps test run bench install clean gpu-tests fuzz
+.PHONY: all deps test run bench install clean gpu-tests fuzz nccl-flags
 all: grpod
+
+# The compile and link flags of NCCL as this Makefile found it ("|" between; empty without it).
+nccl-flags:
+	@echo "$(NCCL_CFLAGS)|$(NCCL_LIBS)"
 
 $(BUILD)/libengine.a: $(ENGINE_OBJ)
 	@rm -f $@; ar rcs $@ $^

@@ -195,7 +195,7 @@ static int save_files(eng *e, const char *tmp, int merged, float *const *gathere
     int adapter = e->m.lora_r && !merged;
     size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
     /* offloaded state is written from where it lives, without copies (8B dims: 66 GB); so is the
-     * state gathered from the ranks (W > 1: master, adam_m, adam_v in host memory) */
+     * state gathered from the ranks (with a comm: master, adam_m, adam_v in host memory) */
     int in_host = e->offload || gathered;
     float *host = in_host ? NULL : malloc((n > nt ? n : nt) * 4);
     if (!in_host && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
@@ -267,7 +267,7 @@ static int save_dir(eng *e, const char *dir, int merged, float *const *gathered)
     return rc;
 }
 
-/* W > 1 (every rank calls): the shards of the master and the moments are gathered into rank 0's
+/* With a comm (every rank calls): the shards of the master and the moments are gathered into rank 0's
  * host memory, rank 0 writes the directory as one rank would, and every rank returns its result:
  * a checkpoint from W ranks is the one-rank checkpoint of the same state. */
 static int save_ranks(eng *e, const char *dir, int merged) {
@@ -285,7 +285,7 @@ static int save_ranks(eng *e, const char *dir, int merged) {
 }
 
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
-    return e->W > 1 ? save_ranks(e, dir, merged) : save_dir(e, dir, merged, NULL);
+    return e->dp ? save_ranks(e, dir, merged) : save_dir(e, dir, merged, NULL);
 }
 
 /* ---------------------------------------------------------------- resume */
@@ -312,10 +312,10 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     size_t n = (size_t)eng_train_n(e);
     eng_backend *be = e->be;
     if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
-    /* offloaded moments are read straight into their host memory; with W > 1 the rank takes its
+    /* offloaded moments are read straight into their host memory; with a comm the rank takes its
      * shard of the whole vector */
     float *host = e->offload ? NULL : malloc(n * 4);
-    size_t off = e->W > 1 ? (size_t)e->sh_off : 0, cnt = e->W > 1 ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
+    size_t off = e->dp ? (size_t)e->sh_off : 0, cnt = e->dp ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
     if (!e->offload && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
     const char *names[2] = { "adam_m", "adam_v" };
     float *dst[2] = { e->adam_m, e->adam_v };

@@ -1,5 +1,5 @@
 /* dp.c — the data-parallel pieces of the engine (issue 24) that update.c and checkpoint.c use
- * when the engine has a comm of W > 1 ranks:
+ * when the engine has a comm (of W ranks; also of one, where every collective is the identity):
  *
  *   placement   eng_place_groups: whole groups to ranks, balanced by a weight (packed tokens for
  *               the update; the daemon may pass KV rows for rollouts). Largest first to the least
@@ -14,7 +14,7 @@
  *               metrics) go through one all-gather of bytes and are combined in rank order on
  *               each rank: the same bits everywhere.
  *   gathers     a sharded fp32 vector to rank 0's host memory in chunks (checkpoints).
- * Nothing here runs with one rank. Only the engine thread calls these. */
+ * Nothing here runs without a comm. Only the engine thread calls these. */
 #define _GNU_SOURCE     /* qsort_r */
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,7 +73,7 @@ int dp_exchange(eng *e, const void *mine, void *all, size_t bytes) {
 }
 
 int dp_agree(eng *e, int rc) {
-    if (e->W <= 1) return rc;
+    if (!e->dp) return rc;
     int *all = malloc((size_t)e->W * sizeof(int));
     if (!all) return err_set(GE_NOMEM, "dp: out of memory");
     char msg[512];

@@ -130,12 +130,13 @@ int eng_open(const eng_open_opts *o, eng **out) {
     }
     e->rank = e->comm ? comm_rank(e->comm) : 0;
     e->W = e->comm ? comm_size(e->comm) : 1;
-    if (e->W > 1 && lr_rank) {
-        rc = err_set(GE_UNSUPPORTED, "LoRA over %d ranks is not built: train adapters on one rank (one GPU)", e->W);
+    e->dp = e->comm != NULL;
+    if (e->dp && lr_rank) {
+        rc = err_set(GE_UNSUPPORTED, "LoRA with a comm (%d ranks) is not built: train adapters on one rank, without one", e->W);
         goto fail;
     }
-    if (e->W > 1 && o->optimizer_offload && !strcmp(o->optimizer_offload, "on")) {
-        rc = err_set(GE_UNSUPPORTED, "optimizer offload over %d ranks is not built: each rank already holds 1/%d of the "
+    if (e->dp && o->optimizer_offload && !strcmp(o->optimizer_offload, "on")) {
+        rc = err_set(GE_UNSUPPORTED, "optimizer offload with a comm (%d ranks) is not built: each rank holds 1/%d of the "
                      "optimizer state; use --optimizer-offload off (or auto)", e->W, e->W);
         goto fail;
     }
@@ -161,8 +162,8 @@ int eng_open(const eng_open_opts *o, eng **out) {
         if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        if (e->W == 1 && (rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
-        if (e->W > 1) {
+        if (!e->dp && (rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        if (e->dp) {
             /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
              * for this rank's shard, taken from the loaded (or resumed) weights */
             long long S = (e->m.n_elems + e->W - 1) / e->W, off = S * e->rank,

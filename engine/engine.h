@@ -33,11 +33,14 @@ typedef struct {
      * (engine/offload.h). auto: on when, on the device, they and the gradients would leave less
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
     const char *optimizer_offload;
-    /* Several ranks (issue 24, engine/comm.h): NULL = one rank, exactly as without it. With a
-     * comm of W ranks, each rank's engine thread makes the same eng_update, eng_logprobs and
-     * eng_checkpoint_save calls with the same full inputs in the same order (SPMD); rollouts need
-     * no comm (the caller gives each rank its share of groups, with seed_index set). The caller
-     * owns the comm and frees it after eng_close. */
+    /* Several ranks (issue 24, engine/comm.h, engine/dp.c): NULL = one rank, exactly as before.
+     * With a comm of W ranks (W = 1 too: the same path, bit-equal to none on cpu), each rank's
+     * engine thread makes the same eng_update, eng_update_undo, eng_logprobs and
+     * eng_checkpoint_save calls with the same full inputs in the same order (SPMD): groups are
+     * placed whole on ranks, the optimizer state is sharded 1/W, checkpoints are written by rank 0
+     * whole. Rollouts need no comm (the caller gives each rank its share of groups, with
+     * eng_sampling.group_index set). LoRA and optimizer_offload "on" are refused with a comm. The
+     * caller owns the comm and frees it after eng_close. */
     comm *comm;
     int device;                 /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once

@@ -14,9 +14,11 @@ struct eng {
     comm *comm;                 /* NULL: one rank (eng_open_opts.comm, not owned; or NCCL, owned) */
     int own_comm;
     int rank, W;                /* this rank and the world size (0 and 1 without a comm) */
-    /* W > 1 (dp.c): this rank's shard of the trainable vector, [sh_off, sh_off + sh_n), sh_n =
+    /* dp: the sharded path (dp.c), taken whenever a comm was given, also of one rank (so the
+     * collectives run, and a one-rank comm is checked bit-equal to none). This rank's shard of the trainable vector, [sh_off, sh_off + sh_n), sh_n =
      * ceil(n / W), sh_off = rank * sh_n. w_master, adam_m, adam_v hold sh_n elements; w_act and
      * grad W * sh_n (padded, the padding zero). dp_buf: device scratch of the small exchanges. */
+    int dp;
     long long sh_n, sh_off;
     void *dp_buf;
     model m;
@@ -62,15 +64,15 @@ static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_
 static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }
 static inline void *eng_train_act(const eng *e) { return e->m.lora_r ? e->lora_act : e->w_act; }
 void eng_undo_free(eng *e);     /* update.c: frees the undo copy (eng_close) */
-/* Elements of the optimizer state this rank holds: the shard with W > 1, else all trainable. */
-static inline long long eng_state_n(const eng *e) { return e->W > 1 ? e->sh_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems); }
-/* dp.c (W > 1 only; every rank calls each, in the same order). dp_exchange: all-gather bytes
+/* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
+static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems); }
+/* dp.c (with a comm only; every rank calls each, in the same order). dp_exchange: all-gather bytes
  * of host memory from every rank into all (W * bytes). dp_agree: 0 when every rank passed rc 0;
  * else this rank's rc (its message kept), or the first failing rank's code with a message
  * naming it. dp_sum: the sum over ranks of x, in rank order. dp_gather_to_host: a sharded fp32
  * vector (sh_n a rank) into host (W * sh_n, NULL on ranks that do not need it). dp_gather_act:
  * every rank's shard of the act weights to every rank. */
-int dp_open(eng *e);            /* eng_open with W > 1: the exchanges' device scratch */
+int dp_open(eng *e);            /* eng_open with a comm: the exchanges' device scratch */
 int dp_exchange(eng *e, const void *mine, void *all, size_t bytes);
 int dp_agree(eng *e, int rc);
 int dp_sum(eng *e, double x, double *sum);

@@ -35,10 +35,10 @@
 int eng_training_state(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e) * 4, ng = e->W > 1 ? (size_t)(e->sh_n * e->W) * 4 : n;
+    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W) * 4 : n;
     e->grad = be->alloc(be, ng);
     if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
-    if (ng > n) be->zero(be, e->grad, ng);   /* W > 1: the padding stays zero */
+    if (ng > n) be->zero(be, e->grad, ng);   /* with a comm: the padding stays zero */
     if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
         int rc = offload_init(&e->off, be, e->m.n_elems, 0);
         if (rc) return rc;
@@ -61,7 +61,7 @@ int eng_training_state(eng *e) {
  * host (offload.h). Queued; returns 0 or the offload's error. */
 static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
-    if (e->W > 1) {   /* this rank's shard (dp.c); the act weights are gathered after */
+    if (e->dp) {   /* this rank's shard (dp.c); the act weights are gathered after */
         be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes, e->grad + e->sh_off,
                   e->adam_m, e->adam_v, e->sh_n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
         return 0;
@@ -87,7 +87,7 @@ static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
 
 static int undo_save(eng *e) {
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e);   /* W > 1: this rank's shard */
+    size_t n = (size_t)eng_state_n(e);   /* with a comm: this rank's shard */
     if (!e->undo) {
         e->undo_pinned = be->host_alloc != NULL;
         e->undo = e->undo_pinned ? be->host_alloc(be, 3 * n * 4) : malloc(3 * n * 4);
@@ -107,7 +107,7 @@ static int undo_save(eng *e) {
     return rc;
 }
 
-/* With W > 1 every rank restores its shard, then the act weights are gathered again: all ranks
+/* With a comm every rank restores its shard, then the act weights are gathered again: all ranks
  * call it together (a failure is agreed on before it is acted on). */
 static int undo_restore(eng *e) {
     eng_backend *be = e->be;
@@ -115,7 +115,7 @@ static int undo_restore(eng *e) {
     float *master = eng_train_master(e);
     void *act = eng_train_act(e);
     int rc = 0;
-    if (e->W > 1) {
+    if (e->dp) {
         rc = be->to_dev(be, master, e->undo, n * 4);
         if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
         if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
@@ -288,7 +288,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     return rc;
 }
 
-/* W > 1: the kept groups in the order the ranks train them. Mini-batches are cut over the kept
+/* With a comm: the kept groups in the order the ranks train them. Mini-batches are cut over the kept
  * groups as with one rank; within each, the groups are placed on ranks by packed tokens
  * (eng_place_groups) and ordered rank 0's first, then rank 1's, ... (each in input order), so a
  * rank's share is one range [lo, hi) of its mini-batch. Every rank computes the same order. */
@@ -329,7 +329,7 @@ static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_co
     return rc;
 }
 
-/* W > 1: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
+/* With a comm: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
  * ratio_max the max), so the result is the same on every rank. */
 static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
     struct { loss_metrics m; double micro; } mine = { *met, *n_micro }, *all = malloc((size_t)e->W * sizeof mine);
@@ -360,10 +360,10 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     out->policy_version_before = e->policy_version;
     work w = {0};
     dp_order dpo = {0};
-    int W = e->W, rc = eng_training_state(e);
-    if (W > 1 && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
+    int dp = e->dp, rc = eng_training_state(e);
+    if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
-    if (W > 1) out->groups_filtered = dpo.filtered;
+    if (dp) out->groups_filtered = dpo.filtered;
     for (int i = 0; !rc && i < w.n_groups; i++) {
         out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);
         out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
@@ -371,7 +371,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
     pack_plan plan;
     if (!rc && w.n_groups && !(rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) pack_plan_free(&plan);
-    /* W > 1: from here on every failure is agreed on where it happens, so all ranks stop together
+    /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
     if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
 
@@ -382,15 +382,15 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
     int old_from_policy = need_old && steps_total == 1;
     /* the old and reference passes: every group with one rank, the rank's shares with W */
-    for (int b = 0; b < (W > 1 ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
-        int c0 = W > 1 ? dpo.lo[b] : 0, c1 = W > 1 ? dpo.hi[b] : w.n_groups;
+    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
+        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
         if (c1 > c0)
             rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]], NULL);
     }
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
-    for (int b = 0; b < (W > 1 ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
-        int c0 = W > 1 ? dpo.lo[b] : 0, c1 = W > 1 ? dpo.hi[b] : w.n_groups;
+    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
+        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
         if (c1 > c0)
             rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL);
     }
@@ -399,16 +399,16 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
-    long long n_train = eng_train_n(e), ns = eng_state_n(e);   /* ns: this rank's shard with W > 1 */
-    size_t nbytes = (size_t)(W > 1 ? e->sh_n * W : n_train) * 4;
-    float *gsh = W > 1 ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
+    long long n_train = eng_train_n(e), ns = eng_state_n(e);   /* ns: this rank's shard with a comm */
+    size_t nbytes = (size_t)(dp ? e->sh_n * e->W : n_train) * 4;
+    float *gsh = dp ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
     e->undo_ok = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
-            int c0 = W > 1 ? dpo.lo[g0 / mb] : g0, c1 = W > 1 ? dpo.hi[g0 / mb] : g1;
+            int c0 = dp ? dpo.lo[g0 / mb] : g0, c1 = dp ? dpo.hi[g0 / mb] : g1;
             t = clock_mono_ms();
             e->be->zero(e->be, e->grad, nbytes);
             rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
@@ -416,7 +416,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
                 e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
                              e->m.lora_alpha / (float)e->m.lora_r);
             if (!rc) rc = e->be->sync(e->be);
-            if (W > 1) {   /* each rank's gradient of its groups, summed into its shard (fp32) */
+            if (dp) {   /* each rank's gradient of its groups, summed into its shard (fp32) */
                 rc = dp_agree(e, rc);
                 if (!rc) rc = comm_reduce_scatter_sum(e->comm, e->grad, gsh, (size_t)ns, COMM_F32);
             }
@@ -424,7 +424,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (rc) break;
             t = clock_mono_ms();
             double ss = e->be->sumsq(e->be, gsh, ns);
-            if (W > 1 && (rc = dp_sum(e, ss, &ss))) break;   /* the global norm: shards' sums in rank order */
+            if (dp && (rc = dp_sum(e, ss, &ss))) break;   /* the global norm: shards' sums in rank order */
             double norm = sqrt(ss);
             grad_norm_sum += norm;
             if (!isfinite(norm)) {
@@ -441,13 +441,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             out->lr = lr;
             rc = optimizer_step(e, opt, lr);
             if (!rc) rc = e->be->sync(e->be);
-            if (W > 1 && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+            if (dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
             /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
              * geometrically) or the second moments (no clipping): check before going on */
             if (!rc) {
                 double wn = e->offload ? sumsq_cpu(e->w_master, n_train) : e->be->sumsq(e->be, eng_train_master(e), ns),
                        vn = e->offload ? sumsq_cpu(e->adam_v, n_train) : e->be->sumsq(e->be, e->adam_v, ns);
-                if (W > 1 && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
+                if (dp && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
                 if (!rc && (!isfinite(wn) || !isfinite(vn)))
                     rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
                                  "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
@@ -459,7 +459,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
     }
-    if (W > 1 && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
+    if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {
         int code = err_code();
         char msg[512];

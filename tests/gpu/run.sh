@@ -6,6 +6,7 @@
 #   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
 #       GPU, three AdamW steps on both backends
 #   test_offload: the host-memory optimizer vs the on-GPU AdamW, recomputed layers vs full
+#   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
@@ -44,12 +45,18 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
 PROGS="test_ops test_model test_offload bench_grpo test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump"
+# NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
+# engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
+NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
+NCCL_CF=${NCCL_FLAGS%%|*}; NCCL_LD=${NCCL_FLAGS#*|}
+[ -n "$NCCL_CF" ] && PROGS="$PROGS test_comm_nccl"
 {
+    echo "nccl: ${NCCL_FLAGS:-not found}"
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
     for t in $PROGS; do
-        ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
-            -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
-            -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas -lcudart -lstdc++ || exit 1
+        ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
+            $NCCL_CF -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
+            -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas $NCCL_LD -lcudart -lstdc++ || exit 1
     done
 } >"$OUT/build.log" 2>&1
 build_rc=$?
@@ -79,6 +86,13 @@ timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit 
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
 # issue 21: offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
 timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
+# issue 24: the NCCL comm at world size 1 (every collective; the sharded update through it vs no
+# comm), and at world size 2 when the machine has two GPUs (a SKIP row otherwise)
+if [ -n "$NCCL_CF" ]; then
+    timeout ${T_NCCL:-120} "$BIN/test_comm_nccl" >>"$OUT/model.log" 2>&1; echo "test_comm_nccl exit $?" >>"$OUT/model.log"
+else
+    echo "ROW|test_comm_nccl|nccl.h not found (set NCCL_HOME): not run|nan|0|SKIP" >>"$OUT/model.log"
+fi
 # HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch

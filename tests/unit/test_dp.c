@@ -11,7 +11,8 @@
  *     sum of squares), carried through AdamW; the observed worst is printed (~1e-8). Every rank's
  *     result struct equals the others' bit for bit, and the one-rank result within 1e-6
  *     relative (the metric sums are taken in another order);
- *   - a comm of one rank gives the no-comm update bit for bit (weights and result);
+ *   - a comm of one rank takes the same sharded path (every collective the identity) and gives
+ *     the no-comm update bit for bit (weights and result);
  *   - eng_update_undo on every rank brings back the weights before the update bit for bit;
  *   - a non-finite gradient on one rank fails every rank together, each restoring its shard;
  *   - a checkpoint saved by W = 3 loads on one rank (same logprobs, bit for bit: rank 0 writes
