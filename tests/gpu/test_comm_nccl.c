@@ -5,12 +5,15 @@
  *   (b) world size 1 through NCCL in the engine: with a comm the engine takes the sharded path
  *       (reduce-scatter, shard norm exchange, AdamW on the shard, all-gather) even for one rank.
  *       Three updates on the embedded default model against the same updates without a comm:
- *       relative L2 of the weights' update (bf16 weights as fp32) <= 1e-2, the CUDA contract.
- *       Not bit-equal by design of the backend: the CUDA backward adds rows with atomics whose
- *       order varies (tests/gpu/test_offload.c), so two runs without a comm already differ; that
- *       spread is printed beside it, and the fraction of bit-equal weights too.
- *   (c) world size 2, one engine per GPU on threads, when the machine has two GPUs: the update
- *       equals the one-GPU update within 1e-2 (a SKIP line otherwise, neither pass nor fail).
+ *       the first update's gradient (relative L2), loss and every grad norm (relative) <= 1e-2,
+ *       the CUDA contract. Not bit-equal by design of the backend: the CUDA backward adds rows
+ *       with atomics whose order varies (tests/gpu/test_offload.c), so two runs without a comm
+ *       already differ; that spread is printed beside it. The weights' update is printed, not
+ *       checked: AdamW's normalised step turns that noise in near-zero gradients into ~2e-2
+ *       relative differences of the update, as much between two runs without a comm (measured
+ *       2026-11-25 on an H100: 2.24e-2 between no-comm runs, 2.32e-2 NCCL W=1 vs no comm).
+ *   (c) world size 2, one engine per GPU on threads, when the machine has two GPUs: loss and grad
+ *       norms equal the one-GPU update's within 1e-2 (a SKIP line otherwise, neither pass nor fail).
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <pthread.h>
 
@@ -85,6 +88,8 @@ static void make_inputs(int V) {
     }
 }
 
+/* One update: every group in one mini-batch (one optimizer step, so its gradient is taken at
+ * the weights both engines start from), grad-norm clip off (the gradient keeps its scale). */
 static int update(eng *e, eng_update_result *u) {
     eng_update_group g[NG];
     for (int i = 0; i < NG; i++)
@@ -93,11 +98,10 @@ static int update(eng *e, eng_update_result *u) {
     loss_config_default(&a);
     a.adv = ADV_GIVEN;
     a.kl_coef = 0.02f;
-    a.ppo_mini_batch_size = 2;   /* three optimizer steps an update */
     eng_optim o;
     eng_optim_default(&o);
     o.lr = 1e-3f;
-    o.grad_clip = 1.0f;
+    o.grad_clip = 0;
     return eng_update(e, g, NG, &a, &o, 1 << 16, u, NULL, NULL);
 }
 
@@ -109,26 +113,43 @@ static float *weights(eng *e) {
     return h;
 }
 
-typedef struct { const unsigned char *id; int rank, world, device; eng *e; float *w; int rc; char msg[256]; } run_job;
+/* An engine (no comm when id is NULL) making NSTEP updates: each result, the gradient of the first
+ * (fp32, the whole vector: with NCCL W = 1 the shard is all of it) and the weights at the end. */
+typedef struct {
+    const unsigned char *id; int rank, world, device;
+    eng *e; eng_update_result u[NSTEP]; float *grad1, *w0, *w; int rc; char msg[256];
+} run_job;
 
 static void *run_main(void *p) {
     run_job *j = p;
     eng_open_opts o = { .model_dir = MODEL, .backend = "cuda", .device = j->device, .nccl_id = j->id, .rank = j->rank,
                         .world = j->world };
     j->rc = eng_open(&o, &j->e);
-    eng_update_result u;
-    for (int s = 0; s < NSTEP && !j->rc; s++) j->rc = update(j->e, &u);
+    if (!j->rc) j->w0 = weights(j->e);
+    for (int s = 0; s < NSTEP && !j->rc; s++) {
+        j->rc = update(j->e, &j->u[s]);
+        if (!j->rc && s == 0) {
+            size_t n = (size_t)j->e->m.n_elems;
+            j->grad1 = malloc(n * 4);
+            j->rc = j->e->be->to_host(j->e->be, j->grad1, j->e->grad, n * 4);
+        }
+    }
     if (!j->rc) j->w = weights(j->e);
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
     return NULL;
 }
 
-/* Relative L2 of (a - w0) against (b - w0); *same: fraction of weights bit-equal. */
-static double update_err(const float *a, const float *b, const float *w0, size_t n, double *same) {
+static void run_free(run_job *j) {
+    if (j->e) eng_close(j->e);
+    free(j->grad1); free(j->w0); free(j->w);
+}
+
+/* Relative L2 of (a - w0) against (b - w0) (w0 NULL: of a against b); *same: fraction bit-equal. */
+static double rel_err(const float *a, const float *b, const float *w0, size_t n, double *same) {
     double num = 0, den = 0;
     size_t eq = 0;
     for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i], u = (double)b[i] - w0[i];
+        double d = (double)a[i] - b[i], u = (double)b[i] - (w0 ? w0[i] : 0);
         num += d * d; den += u * u;
         eq += a[i] == b[i];
     }
@@ -136,33 +157,52 @@ static double update_err(const float *a, const float *b, const float *w0, size_t
     return sqrt(num / (den > 0 ? den : 1e-30));
 }
 
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
+
+/* x against the no-comm reference r: the first update's loss and gradient (taken at the same
+ * weights: only the backward's atomics differ, 0 to 2.6e-3 measured in test_offload), every
+ * update's grad norm; the weights' update is printed, not checked (AdamW's normalised step turns
+ * the atomics' noise in near-zero gradients into O(1e-2) relative differences: two runs without a
+ * comm differ as much, printed first). */
+static void compare(const char *what, run_job *x, run_job *r, size_t n) {
+    double same, ge = rel_err(x->grad1, r->grad1, NULL, n, &same), gn = 0;
+    for (int s = 0; s < NSTEP; s++) if (rel(x->u[s].grad_norm, r->u[s].grad_norm) > gn) gn = rel(x->u[s].grad_norm, r->u[s].grad_norm);
+    double le = rel(x->u[0].loss, r->u[0].loss), we = rel_err(x->w, r->w, r->w0, n, &same);
+    printf("%s vs no comm: loss %.3e, gradient rel L2 %.3e, grad_norm (worst of %d) %.3e; weights' update rel L2 %.3e "
+           "(%.4f bit-equal)\n", what, le, ge, NSTEP, gn, we, same);
+    char row[96];
+    snprintf(row, sizeof row, "%s: first update's gradient", what);
+    gc_row(row, "default model, 6 groups, clip off", ge, 1e-2);
+    snprintf(row, sizeof row, "%s: loss and grad_norm", what);
+    gc_row(row, "3 updates, max relative difference", fmax(le, gn), 1e-2);
+}
+
 static void engine_rows(void) {
     if (eng_ensure_default_model(MODEL)) gc_die(NULL, "default model");
-    eng *ref, *ref2;
+    eng *probe;
     eng_open_opts o = { .model_dir = MODEL, .backend = "cuda" };
-    if (eng_open(&o, &ref) || eng_open(&o, &ref2)) gc_die(NULL, "eng_open");
+    if (eng_open(&o, &probe)) gc_die(NULL, "eng_open");
     eng_info info;
-    eng_get_info(ref, &info);
+    eng_get_info(probe, &info);
+    size_t n = (size_t)probe->m.n_elems;
+    eng_close(probe);
     make_inputs(info.vocab);
-    size_t n = (size_t)ref->m.n_elems;
-    float *w0 = weights(ref);
-    eng_update_result u;
-    for (int s = 0; s < NSTEP; s++) if (update(ref, &u) || update(ref2, &u)) gc_die(ref->be, "update");
-    float *wr = weights(ref), *wr2 = weights(ref2);
-    double same, spread = update_err(wr2, wr, w0, n, &same);
-    printf("no comm, two runs: update rel L2 %.3e, %.4f of weights bit-equal (the CUDA backward's atomics)\n", spread, same);
+
+    run_job ref = {0}, ref2 = {0};
+    run_main(&ref);
+    run_main(&ref2);
+    if (ref.rc || ref2.rc) { printf("no comm: %s %s\n", ref.msg, ref2.msg); gc_die(NULL, "reference"); }
+    double same, spread = rel_err(ref2.grad1, ref.grad1, NULL, n, &same), wspread = rel_err(ref2.w, ref.w, ref.w0, n, &same);
+    printf("no comm, two runs: gradient rel L2 %.3e, weights' update rel L2 %.3e (%.4f bit-equal): the CUDA backward's atomics\n",
+           spread, wspread, same);
 
     unsigned char id[128];
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
     run_job j1 = { .id = id, .rank = 0, .world = 1 };
     run_main(&j1);
     if (j1.rc) { printf("nccl W=1 engine: %s\n", j1.msg); gc_row("nccl W=1 update vs no comm", "engine failed", NAN, 1e-2); }
-    else {
-        double e1 = update_err(j1.w, wr, w0, n, &same);
-        printf("nccl W=1 vs no comm: update rel L2 %.3e, %.4f of weights bit-equal\n", e1, same);
-        gc_row("nccl W=1 update vs no comm", "default model, 3 updates x 3 steps", e1, 1e-2);
-        eng_close(j1.e); free(j1.w);
-    }
+    else compare("nccl W=1", &j1, &ref, n);
+    run_free(&j1);
 
     if (eng_device_count() < 2) {
         printf("ROW|nccl W=2 update vs one GPU|%d GPU: needs 2|nan|1e-02|SKIP\n", eng_device_count());
@@ -172,18 +212,20 @@ static void engine_rows(void) {
         pthread_t th[2];
         for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
         for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
-        double worst = 0;
         for (int q = 0; q < 2; q++) {
-            if (j[q].rc) { printf("rank %d: %s\n", q, j[q].msg); worst = NAN; continue; }
-            double e2 = update_err(j[q].w, wr, w0, n, &same);
-            printf("nccl W=2 rank %d vs one GPU: update rel L2 %.3e\n", q, e2);
-            if (e2 > worst) worst = e2;
+            char what[32];
+            snprintf(what, sizeof what, "nccl W=2 rank %d", q);
+            if (j[q].rc) { printf("rank %d: %s\n", q, j[q].msg); gc_row(what, "engine failed", NAN, 1e-2); continue; }
+            double gn = 0, we;
+            for (int s = 0; s < NSTEP; s++) gn = fmax(gn, rel(j[q].u[s].grad_norm, ref.u[s].grad_norm));
+            we = rel_err(j[q].w, ref.w, ref.w0, n, &same);
+            printf("%s vs one GPU: loss %.3e, grad_norm %.3e, weights' update rel L2 %.3e (one GPU's spread %.3e)\n", what,
+                   rel(j[q].u[0].loss, ref.u[0].loss), gn, we, wspread);
+            gc_row(what, "loss and grad_norm vs one GPU, 3 updates", fmax(rel(j[q].u[0].loss, ref.u[0].loss), gn), 1e-2);
         }
-        gc_row("nccl W=2 update vs one GPU", "default model, 3 updates x 3 steps", worst, 1e-2);
-        for (int q = 0; q < 2; q++) { if (j[q].e) eng_close(j[q].e); free(j[q].w); }
+        for (int q = 0; q < 2; q++) run_free(&j[q]);
     }
-    free(w0); free(wr); free(wr2);
-    eng_close(ref); eng_close(ref2);
+    run_free(&ref); run_free(&ref2);
 }
 
 int main(void) {
