@@ -3,6 +3,7 @@
  * lexing (strict, no recursion), cutting one array, the scan, then attaching and serializing. */
 #include "api/packed.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,4 +327,38 @@ const api_packed *api_packed_of(json_object *v) {
     if (!json_object_is_type(v, json_type_string)) return NULL;
     const api_packed *p = json_object_get_userdata(v);
     return p && p->magic == PACKED_MAGIC ? p : NULL;
+}
+
+/* ---------------------------------------------------------------- stored JSON */
+
+json_object *api_packed_parse(const char *text) {
+    size_t len = strlen(text);
+    char *b = malloc(len + 1);
+    if (!b) return NULL;
+    memcpy(b, text, len + 1);
+    api_packed_set set = {0};
+    api_packed_cut(b, len, &set);
+    json_object *o = json_tokener_parse(b);
+    api_packed_attach(o, &set);
+    free(b);
+    return o;
+}
+
+int api_packed_len(json_object *v) {
+    const api_packed *p = api_packed_of(v);
+    if (p) return p->n;
+    return json_object_is_type(v, json_type_array) ? (int)json_object_array_length(v) : 0;
+}
+
+int api_packed_int(json_object *v, int i) {
+    const api_packed *p = api_packed_of(v);
+    if (!p) return json_object_get_int(json_object_array_get_idx(v, (size_t)i));
+    assert(p->ids);
+    return p->ids[i];
+}
+
+double api_packed_num(json_object *v, int i) {
+    const api_packed *p = api_packed_of(v);
+    if (!p) return json_object_get_double(json_object_array_get_idx(v, (size_t)i));
+    return p->nums ? p->nums[i] : p->ids[i];
 }

@@ -13,6 +13,7 @@
 #include <json-c/json.h>
 
 #include "api/metrics.h"
+#include "api/packed.h"
 #include "api/params.h"
 #include "api/validate.h"
 #include "api/reward.h"
@@ -30,11 +31,12 @@ static long long field_int(json_object *o, const char *k, long long d) { json_ob
 static int field_bool(json_object *o, const char *k, int d) { json_object *v = get(o, k); return v ? json_object_get_boolean(v) : d; }
 static const char *field_str(json_object *o, const char *k, const char *d) { json_object *v = get(o, k); return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : d; }
 
+/* Token ids: a json array, or a packed one (api_packed_parse). */
 static int *int_array(json_object *a, int *n) {
-    int len = a && json_object_is_type(a, json_type_array) ? (int)json_object_array_length(a) : 0;
+    int len = api_packed_len(a);
     int *out = malloc(sizeof(int) * (size_t)(len ? len : 1));
     if (!out) return NULL;
-    for (int i = 0; i < len; i++) out[i] = json_object_get_int(json_object_array_get_idx(a, (size_t)i));
+    for (int i = 0; i < len; i++) out[i] = api_packed_int(a, i);
     *n = len;
     return out;
 }
@@ -109,13 +111,13 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
             score[k] = (float)json_object_get_double(ad ? ad : rw);
             trunc[k] = field_bool(r, "truncated", 0) || !strcmp(field_str(r, "finish_reason", ""), "length");
             if (use_lp) {
-                if (!lp || (int)json_object_array_length(lp) != R[k]) {
+                if (!lp || api_packed_len(lp) != R[k]) {
                     free(score);
                     return err_set(GE_INVALID, "groups[%d].responses[%d] has no logprobs for old_logprobs=rollout", i, k);
                 }
                 float *o = malloc(sizeof(float) * (size_t)(R[k] ? R[k] : 1));
                 if (!o) { free(score); return err_set(GE_NOMEM, "out of memory"); }
-                for (int t = 0; t < R[k]; t++) o[t] = (float)json_object_get_double(json_object_array_get_idx(lp, (size_t)t));
+                for (int t = 0; t < R[k]; t++) o[t] = (float)api_packed_num(lp, t);
                 old[k] = o;
             }
         }
@@ -178,7 +180,7 @@ void jobs_rollout_free(jobs_rollout *r) {
 /* Payload → engine structs (no engine call). */
 static int rollout_parse(const store_job *j, jobs_rollout **out) {
     *out = NULL;
-    json_object *p = j->payload ? json_tokener_parse(j->payload) : NULL;
+    json_object *p = j->payload ? api_packed_parse(j->payload) : NULL;   /* ids packed: see int_array */
     if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     jobs_rollout *r = calloc(1, sizeof *r);
     if (!r) { json_object_put(p); return err_set(GE_NOMEM, "out of memory"); }
@@ -454,7 +456,7 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
     if (rid) {
         store_job rj = {0};
         if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
-        src = rj.result && rj.status == JOB_DONE ? json_tokener_parse(rj.result) : NULL;
+        src = rj.result && rj.status == JOB_DONE ? api_packed_parse(rj.result) : NULL;
         store_job_clear(&rj);
         if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
         groups = get(src, "groups");

@@ -139,9 +139,41 @@ static int packed_members(json_object *req) {
     return c;
 }
 
+/* Stored JSON read as daemon/jobs.c reads it (api_packed_len/_int/_num) from api_packed_parse
+ * and from json_tokener_parse: the same ids and numbers. Returns the arrays packed, or -1. */
+static int stored_reads_equal(const char *text) {
+    json_object *a = api_packed_parse(text), *b = json_tokener_parse(text);
+    int packed = 0, ok = a && b;
+    json_object *ga = json_object_object_get(a, "groups"), *gb = json_object_object_get(b, "groups");
+    for (int g = 0; ok && g < (int)json_object_array_length(gb); g++) {
+        json_object *xa = json_object_array_get_idx(ga, (size_t)g), *xb = json_object_array_get_idx(gb, (size_t)g);
+        json_object *ra = json_object_object_get(xa, "responses"), *rb = json_object_object_get(xb, "responses");
+        json_object *arrs[2][64];
+        int cnt = 0;
+        arrs[0][cnt] = json_object_object_get(xa, "prompt_ids"), arrs[1][cnt++] = json_object_object_get(xb, "prompt_ids");
+        for (int k = 0; k < (int)json_object_array_length(rb) && cnt < 62; k++) {
+            json_object *pa = json_object_array_get_idx(ra, (size_t)k), *pb = json_object_array_get_idx(rb, (size_t)k);
+            arrs[0][cnt] = json_object_object_get(pa, "token_ids"), arrs[1][cnt++] = json_object_object_get(pb, "token_ids");
+            arrs[0][cnt] = json_object_object_get(pa, "logprobs"), arrs[1][cnt++] = json_object_object_get(pb, "logprobs");
+        }
+        for (int c = 0; ok && c < cnt; c++) {
+            int n = api_packed_len(arrs[1][c]), ids = c == 0 || c % 2 == 1;
+            packed += api_packed_of(arrs[0][c]) != NULL;
+            ok = api_packed_len(arrs[0][c]) == n;
+            for (int i = 0; ok && i < n; i++)
+                ok = ids ? api_packed_int(arrs[0][c], i) == api_packed_int(arrs[1][c], i)
+                         : (float)api_packed_num(arrs[0][c], i) == (float)api_packed_num(arrs[1][c], i) &&
+                               !memcmp(&(double){api_packed_num(arrs[0][c], i)}, &(double){api_packed_num(arrs[1][c], i)}, 8);
+        }
+    }
+    json_object_put(a);
+    json_object_put(b);
+    return ok ? packed : -1;
+}
+
 TEST(test_packed_parse_equals_json_c) {
     static const int kinds[] = {0, 1, 1, 2, 5};
-    int accepted = 0, refused = 0, packed = 0, bad_json = 0;
+    int accepted = 0, refused = 0, packed = 0, bad_json = 0, stored_packed = 0;
     for (int it = 0; it < 3000; it++) {
         buf b = {0};
         int k = kinds[rnd(5)];
@@ -173,6 +205,11 @@ TEST(test_packed_parse_equals_json_c) {
                     CHECK_MSG(!o1.txt[f] == !o2.txt[f] && (!o1.txt[f] || !strcmp(o1.txt[f], o2.txt[f])),
                               "payload (format %d) differs for %s", f, b.s);
                 CHECK(!o1.n || !memcmp(o1.ids, o2.ids, sizeof(int) * (size_t)o1.n));
+                if (o1.txt[0] && k != 0) {
+                    int sp = stored_reads_equal(o1.txt[0]);
+                    CHECK_MSG(sp >= 0, "stored payload read differently: %s", o1.txt[0]);
+                    stored_packed += sp;
+                }
             }
             for (int f = 0; f < 3; f++) { free(o1.txt[f]); free(o2.txt[f]); }
             free(o1.ids);
@@ -183,8 +220,46 @@ TEST(test_packed_parse_equals_json_c) {
         free(scratch);
         free(b.s);
     }
-    printf("# %d accepted, %d refused, %d not JSON; %d arrays packed\n", accepted, refused, bad_json, packed);
-    CHECK(accepted > 500 && refused > 300 && bad_json > 50 && packed > 5000);
+    printf("# %d accepted, %d refused, %d not JSON; %d arrays packed; %d packed reading stored payloads\n", accepted,
+           refused, bad_json, packed, stored_packed);
+    CHECK(accepted > 500 && refused > 300 && bad_json > 50 && packed > 5000 && stored_packed > 2000);
+}
+
+/* Rollout results as daemon/jobs.c writes them (logprobs: floats through json_object_new_double)
+ * read back both ways, as an update on a rollout_job_id does. */
+TEST(test_packed_rollout_results) {
+    int packed = 0;
+    for (int it = 0; it < 300; it++) {
+        json_object *res = json_object_new_object(), *gs = json_object_new_array();
+        json_object_object_add(res, "groups", gs);
+        for (int g = 0; g < 1 + (int)rnd(3); g++) {
+            json_object *go = json_object_new_object(), *pid = json_object_new_array(), *rs = json_object_new_array();
+            for (int t = 0, P = 1 + (int)rnd(40); t < P; t++) json_object_array_add(pid, json_object_new_int((int)rnd(150000)));
+            json_object_object_add(go, "prompt_ids", pid);
+            json_object_object_add(go, "responses", rs);
+            for (int k = 0; k < 1 + (int)rnd(4); k++) {
+                json_object *r = json_object_new_object(), *ti = json_object_new_array(), *lp = json_object_new_array();
+                for (int t = 0, R = 1 + (int)rnd(50); t < R; t++) {
+                    json_object_array_add(ti, json_object_new_int((int)rnd(150000)));
+                    float x = rnd(50) ? -(float)rnd(1u << 24) / (float)(1u << rnd(30)) : rnd(2) ? -1e30f : -0.0f;
+                    json_object_array_add(lp, json_object_new_double(x));
+                }
+                json_object_object_add(r, "token_ids", ti);
+                json_object_object_add(r, "logprobs", lp);
+                json_object_object_add(r, "finish_reason", json_object_new_string("stop"));
+                json_object_array_add(rs, r);
+            }
+            json_object_array_add(gs, go);
+        }
+        char *text = strdup(json_object_to_json_string_ext(res, JSON_C_TO_STRING_PLAIN));
+        json_object_put(res);
+        int sp = stored_reads_equal(text);
+        CHECK_MSG(sp >= 0, "rollout result read differently: %s", text);
+        packed += sp;
+        free(text);
+    }
+    printf("# %d arrays packed reading rollout results\n", packed);
+    CHECK(packed > 500);
 }
 
 /* The body after the cut: same length, arrays replaced by a placeholder and spaces; short
@@ -261,5 +336,6 @@ int main(void) {
     RUN(test_packed_parse_equals_json_c);
     RUN(test_packed_cut_shape);
     RUN(test_packed_tree_budget);
+    RUN(test_packed_rollout_results);
     return CHECK_DONE();
 }
