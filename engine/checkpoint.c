@@ -314,16 +314,20 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
     /* offloaded moments are read straight into their host memory; with a comm the rank takes its
      * shard of the whole vector */
-    float *host = e->offload ? NULL : malloc(n * 4);
+    int direct = e->offload && !e->dp;
+    float *host = direct ? NULL : malloc(n * 4);
     size_t off = e->dp ? (size_t)e->sh_off : 0, cnt = e->dp ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
-    if (!e->offload && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
+    if (!direct && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
     const char *names[2] = { "adam_m", "adam_v" };
     float *dst[2] = { e->adam_m, e->adam_v };
     for (int i = 0; i < 2 && !rc; i++) {
         const st_tensor *t = st_find(&s, names[i]);
         long long dims[1] = { (long long)n };
-        rc = t ? st_read_f32(t, e->offload ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
-        if (!rc && !e->offload && cnt) rc = be->to_dev(be, dst[i], host + off, cnt * 4);
+        rc = t ? st_read_f32(t, direct ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        if (!rc && !direct && cnt) {
+            if (e->offload) memcpy(dst[i], host + off, cnt * 4);   /* a host shard */
+            else rc = be->to_dev(be, dst[i], host + off, cnt * 4);
+        }
     }
     free(host);
     st_close(&s);

@@ -110,12 +110,15 @@ int dp_open(eng *e) {
 int dp_gather_to_host(eng *e, const float *shard, float *host) {
     eng_backend *be = e->be;
     long long S = e->sh_n, C = S < (1LL << 22) ? S : (1LL << 22);
-    float *tmp = be->alloc(be, (size_t)e->W * (size_t)C * 4);
+    /* an offloaded shard is host memory: staged through the device (not on cpu, whose memory is the host's) */
+    int stage = e->offload && !is_host(e);
+    float *tmp = be->alloc(be, (size_t)(e->W + stage) * (size_t)C * 4), *in = tmp + (size_t)e->W * (size_t)C;
     int rc = dp_agree(e, tmp ? 0 : GE_NOMEM);
     if (rc) { if (tmp) be->free(be, tmp); return rc; }
     for (long long j = 0; j < S && !rc; j += C) {
         long long c = S - j < C ? S - j : C;
-        rc = comm_all_gather(e->comm, shard + j, tmp, (size_t)c, COMM_F32);
+        rc = dp_agree(e, stage ? be->to_dev(be, in, shard + j, (size_t)c * 4) : 0);
+        if (!rc) rc = comm_all_gather(e->comm, stage ? in : shard + j, tmp, (size_t)c, COMM_F32);
         for (int q = 0; !rc && host && q < e->W; q++)
             rc = be->to_host(be, host + (size_t)q * (size_t)S + (size_t)j, tmp + (size_t)q * (size_t)c, (size_t)c * 4);
     }

@@ -97,7 +97,9 @@ static int choose_offload(eng *e, const char *mode, int *on) {
         return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
     size_t fr = 0, tot = 0;
     if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
-    double need = 16.0 * (double)e->m.n_elems + (double)e->m.n_elems * be->act_bytes;   /* + the policy's act copy */
+    /* with a comm the master and moments are this rank's shard (engine/dp.c) */
+    double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
+    double need = 4.0 * n + 12.0 * st + n * be->act_bytes;   /* + the policy's act copy */
     *on = need > (double)fr - (double)tot / 4;
     return 0;
 }
@@ -135,11 +137,6 @@ int eng_open(const eng_open_opts *o, eng **out) {
         rc = err_set(GE_UNSUPPORTED, "LoRA with a comm (%d ranks) is not built: train adapters on one rank, without one", e->W);
         goto fail;
     }
-    if (e->dp && o->optimizer_offload && !strcmp(o->optimizer_offload, "on")) {
-        rc = err_set(GE_UNSUPPORTED, "optimizer offload with a comm (%d ranks) is not built: each rank holds 1/%d of the "
-                     "optimizer state; use --optimizer-offload off (or auto)", e->W, e->W);
-        goto fail;
-    }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
@@ -162,22 +159,27 @@ int eng_open(const eng_open_opts *o, eng **out) {
         if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        if (!e->dp && (rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        long long S = e->dp ? (e->m.n_elems + e->W - 1) / e->W : 0, off = S * e->rank,
+                  valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
+        e->sh_n = S; e->sh_off = off;
+        if ((rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
         if (e->dp) {
             /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
-             * for this rank's shard, taken from the loaded (or resumed) weights */
-            long long S = (e->m.n_elems + e->W - 1) / e->W, off = S * e->rank,
-                      valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
-            e->sh_n = S; e->sh_off = off;
+             * for this rank's shard, taken from the loaded (or resumed) weights; in host memory
+             * with offload */
             if ((rc = dp_open(e))) goto fail;
             size_t eb = (size_t)be->act_bytes, pad = (size_t)(S * e->W) - n;
             e->w_act = be->alloc(be, (size_t)(S * e->W) * eb);
-            e->w_master = e->w_act ? be->alloc(be, (size_t)S * 4) : NULL;
+            e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc(S) : be->alloc(be, (size_t)S * 4);
             if (!e->w_act || !e->w_master) { rc = GE_NOMEM; goto fail; }
             if ((rc = be->act_from_f32(be, e->w_act, host, n))) goto fail;
             if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
-            be->zero(be, e->w_master, (size_t)S * 4);
-            if (valid && (rc = be->to_dev(be, e->w_master, host + off, (size_t)valid * 4))) goto fail;
+            if (e->offload) {   /* zeroed by offload_host_alloc */
+                if (valid) memcpy(e->w_master, host + off, (size_t)valid * 4);
+            } else {
+                be->zero(be, e->w_master, (size_t)S * 4);
+                if (valid && (rc = be->to_dev(be, e->w_master, host + off, (size_t)valid * 4))) goto fail;
+            }
         } else if (e->offload) {
             /* the master is host memory, never copied through the device */
             if (!(e->w_master = offload_host_alloc((long long)n))) { rc = GE_NOMEM; goto fail; }

@@ -39,8 +39,8 @@ typedef struct {
      * eng_checkpoint_save calls with the same full inputs in the same order (SPMD): groups are
      * placed whole on ranks, the optimizer state is sharded 1/W, checkpoints are written by rank 0
      * whole. Rollouts need no comm (the caller gives each rank its share of groups, with
-     * eng_sampling.group_index set). LoRA and optimizer_offload "on" are refused with a comm. The
-     * caller owns the comm and frees it after eng_close. */
+     * eng_sampling.group_index set). Optimizer offload holds the rank's shard in host memory;
+     * LoRA is refused with a comm. The caller owns the comm and frees it after eng_close. */
     comm *comm;
     int device;                 /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once

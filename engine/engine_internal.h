@@ -70,7 +70,7 @@ static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e-
  * of host memory from every rank into all (W * bytes). dp_agree: 0 when every rank passed rc 0;
  * else this rank's rc (its message kept), or the first failing rank's code with a message
  * naming it. dp_sum: the sum over ranks of x, in rank order. dp_gather_to_host: a sharded fp32
- * vector (sh_n a rank) into host (W * sh_n, NULL on ranks that do not need it). dp_gather_act:
+ * vector (sh_n a rank; host memory with offload, else the backend's) into host (W * sh_n, NULL on ranks that do not need it). dp_gather_act:
  * every rank's shard of the act weights to every rank. */
 int dp_open(eng *e);            /* eng_open with a comm: the exchanges' device scratch */
 int dp_exchange(eng *e, const void *mine, void *all, size_t bytes);

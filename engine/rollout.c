@@ -115,7 +115,7 @@ static long long pool_rows(eng *e, const eng_sched_opts *o, long long row_bytes)
         }
         /* an update allocates grads + AdamW moments (3 fp32 copies; grads only with offload) on first use;
          * with W ranks the moments are this rank's shard (engine/dp.c) */
-        long long train = e->grad ? 0 : e->dp ? 4 * (e->sh_n * e->W + 2 * e->sh_n)
+        long long train = e->grad ? 0 : e->dp ? 4 * (e->sh_n * e->W + (e->offload ? 0 : 2 * e->sh_n))
                                                  : (e->offload ? 1LL : 3LL) * 4 * eng_train_n(e);
         budget = (fr - train) / 2;
         if (budget < fr / 8) budget = fr / 8;

@@ -40,9 +40,10 @@ int eng_training_state(eng *e) {
     if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
     if (ng > n) be->zero(be, e->grad, ng);   /* with a comm: the padding stays zero */
     if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
-        int rc = offload_init(&e->off, be, e->m.n_elems, 0);
+        long long ns = eng_state_n(e);   /* with a comm: this rank's shard */
+        int rc = offload_init(&e->off, be, ns, 0);
         if (rc) return rc;
-        if (!(e->adam_m = offload_host_alloc(e->m.n_elems)) || !(e->adam_v = offload_host_alloc(e->m.n_elems))) return GE_NOMEM;
+        if (!(e->adam_m = offload_host_alloc(ns)) || !(e->adam_v = offload_host_alloc(ns))) return GE_NOMEM;
     } else {
         e->adam_m = be->alloc(be, n);
         e->adam_v = be->alloc(be, n);
@@ -61,6 +62,9 @@ int eng_training_state(eng *e) {
  * host (offload.h). Queued; returns 0 or the offload's error. */
 static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
+    if (e->dp && e->offload)   /* this rank's shard, on the host (offload.h) */
+        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes,
+                             e->grad + e->sh_off, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
     if (e->dp) {   /* this rank's shard (dp.c); the act weights are gathered after */
         be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes, e->grad + e->sh_off,
                   e->adam_m, e->adam_v, e->sh_n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
@@ -115,23 +119,19 @@ static int undo_restore(eng *e) {
     float *master = eng_train_master(e);
     void *act = eng_train_act(e);
     int rc = 0;
-    if (e->dp) {
-        rc = be->to_dev(be, master, e->undo, n * 4);
-        if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
-        if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
-        if (!rc) be->f32_to_act(be, (char *)act + (size_t)e->sh_off * (size_t)be->act_bytes, master, n);
-        if (!rc) rc = be->sync(be);
-        if (!(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
-    } else if (e->offload) {   /* host state: plain copies, then the device weights from the master */
+    /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
+    char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
+    if (e->offload) {   /* host state: plain copies, then the device weights from the master */
         memcpy(master, e->undo, n * 4); memcpy(e->adam_m, e->undo + n, n * 4); memcpy(e->adam_v, e->undo + 2 * n, n * 4);
-        rc = be->act_from_f32(be, act, master, n);
+        rc = be->act_from_f32(be, act_t, master, n);
     } else {
         rc = be->to_dev(be, master, e->undo, n * 4);
         if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
         if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
-        if (!rc && act != master) be->f32_to_act(be, act, master, n);
+        if (!rc && act_t != (char *)master) be->f32_to_act(be, act_t, master, n);
     }
     if (!rc) rc = be->sync(be);
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
     e->opt_step = e->undo_opt_step;
     e->policy_version = e->undo_version;
     e->undo_ok = 0;
@@ -445,8 +445,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
              * geometrically) or the second moments (no clipping): check before going on */
             if (!rc) {
-                double wn = e->offload ? sumsq_cpu(e->w_master, n_train) : e->be->sumsq(e->be, eng_train_master(e), ns),
-                       vn = e->offload ? sumsq_cpu(e->adam_v, n_train) : e->be->sumsq(e->be, e->adam_v, ns);
+                double wn = e->offload ? sumsq_cpu(e->w_master, ns) : e->be->sumsq(e->be, eng_train_master(e), ns),
+                       vn = e->offload ? sumsq_cpu(e->adam_v, ns) : e->be->sumsq(e->be, e->adam_v, ns);
                 if (dp && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
                 if (!rc && (!isfinite(wn) || !isfinite(vn)))
                     rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
