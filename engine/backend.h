@@ -68,7 +68,7 @@ struct eng_backend {
      * pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
      * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
      * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and
-     * total device bytes. */
+     * total device bytes. Events 0-7 are engine/offload.c's, 8-15 engine/split.c's. */
     int (*copy_async)(eng_backend *b, int lane, void *dst, const void *src, size_t bytes);
     void (*mark)(eng_backend *b, int lane, int ev);
     int (*wait)(eng_backend *b, int lane, int ev);
@@ -91,9 +91,10 @@ struct eng_backend {
     void (*rope_bwd)(eng_backend *b, void *dx, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v,
                           attn_ranges r, int T, int H, int K, int D);
+    /* S key rows (>= T; the ranges index them: T when keys are the tokens) */
     void (*attention_bwd)(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q,
                           const void *k, const void *v, const void *out, const float *lse, attn_ranges r,
-                          int T, int H, int K, int D);
+                          int T, int S, int H, int K, int D);
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
     /* gate/up projections and SwiGLU (kernels/matmul.h mlp_in_fwd_cpu): all three written; one
      * launch on CUDA at decode sizes. lr (NULL: none): the gate's and the up projection's

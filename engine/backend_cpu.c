@@ -84,7 +84,7 @@ static void cpu_attention_fwd(eng_backend *b, void *o, float *lse, const void *q
     attention_fwd_cpu(o, lse, q, k, v, r, T, H, K, D);
 }
 static void cpu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
     attention_bwd_cpu(dq, dk, dv, dout, q, k, v, out, lse, r, T, H, K, D);
 }
 static void cpu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }

@@ -172,9 +172,9 @@ static void cu_attention_fwd(eng_backend *b, void *o, float *lse, const void *q,
     attention_fwd_cuda(CTX(b), (bf16 *)o, lse, (cbf *)q, (cbf *)k, (cbf *)v, r, T, H, K, D);
 }
 static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
     attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v,
-                       (cbf *)out, lse, r, T, H, K, D);
+                       (cbf *)out, lse, r, T, S, H, K, D);
 }
 static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);

@@ -220,6 +220,7 @@ void eng_close(eng *e) {
         model_acts_free(&e->m, &e->acts_ng);
         model_acts_free(&e->m, &e->acts_g);
         dec_free(e);
+        split_mem_free(be, &e->split);
         void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->ref_act, e->grad,
                          e->offload ? NULL : e->w_master, e->offload ? NULL : e->adam_m, e->offload ? NULL : e->adam_v,
                          e->lora_act != e->lora_master ? e->lora_act : NULL, e->lora_master, e->lora_sink };
@@ -323,7 +324,7 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         if (plan.mb_split[k]) {   /* too large for a micro-batch: the prompt once (engine/split.h) */
             const pack_group *g = &groups[plan.mb_first[k]];
-            split_opts so = { max_tokens, temperature, -1 };
+            split_opts so = { max_tokens, temperature, -1, &e->split };
             rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);
             for (int r = 0; r < g->N; r++) done += g->R[r];
             continue;

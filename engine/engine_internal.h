@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/offload.h"
+#include "engine/split.h"
 #include "engine/tokenizer.h"
 
 struct eng {
@@ -49,6 +50,7 @@ struct eng {
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
     struct dec_state *dec;      /* generation step buffers (decode.c), made on first use */
+    split_mem split;            /* pinned host memory of split groups' dormant sets (split.h) */
 };
 
 /* Make sure acts has room for T tokens and M predictions (grad or not); reallocates to the

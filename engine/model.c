@@ -521,7 +521,8 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
         be->zero(be, a->dk, (size_t)T * KD * eb);
         be->zero(be, a->dv, (size_t)T * KD * eb);
     }
-    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, H, K, D);
+    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H,
+                      K, D);
     void *dq = a->dq, *dk = (char *)dkeys + (size_t)a->kv_row0 * KD * eb, *dv = (char *)dvals + (size_t)a->kv_row0 * KD * eb;
     if (c->qk_norm) {
         be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);

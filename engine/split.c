@@ -13,7 +13,9 @@
  * its own slot and slot (l + 1) % ring (the next layer's x), so it waits for the copy out of
  * layer l + 1 - ring; the backward fetches layer l + 1 - ring before running layer l (its
  * slot was layer l + 1's, already run), so a copy overlaps ring - 1 layers of compute either
- * way. The last `ring` layers never leave. The CPU test runs the same slot logic. */
+ * way. The last `ring` layers never leave. The copies go on the backend's copy lanes (backend.h:
+ * out on the device -> host lane, in on the host -> device one; events 8-15); without lanes (cpu)
+ * they are synchronous: the CPU test runs the same slot logic. */
 #include "engine/split.h"
 
 #include <stdlib.h>
@@ -143,13 +145,6 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
                     split_stats *st) {
     memset(x, 0, sizeof *x);
     x->m = m; x->g = g;
-    /* The prompt's backward reads dK/dV over P + T key rows; only the cpu backend's
-     * attention_bwd takes key rows beyond its queries today (the CUDA port is on branch i22,
-     * 7105d32, not landed), so the split schedule trains on cpu only: refuse, never guess. */
-    if (train && m->be->act_bytes != 4)
-        return err_set(GE_UNSUPPORTED, "a group larger than max_tokens_per_micro_batch (%d prompt tokens) "
-                       "needs the split schedule, which trains on the cpu backend only in this build; "
-                       "raise max_tokens_per_micro_batch", g->P);
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");
@@ -230,25 +225,24 @@ typedef struct {
     model_acts a;
     int ring;                   /* 0: every layer on the device */
     char *host;                 /* (L - ring) layer blocks */
-    int *out_t, *in_t;          /* (L) copy tickets, -1: none */
+    split_mem own;              /* host's memory when the caller gave no split_mem */
 } prompt_acts;
 
+void split_mem_free(eng_backend *be, split_mem *s) {
+    if (s->host) { if (be->host_free) be->host_free(be, s->host); else free(s->host); }
+    memset(s, 0, sizeof *s);
+}
+
 static void pacts_free(const model *m, prompt_acts *p) {
-    eng_backend *be = m->be;
     if (p->a.mem) model_acts_free(m, &p->a);
-    if (p->host) { if (be->host_free) be->host_free(be, p->host); else free(p->host); }
-    free(p->out_t); free(p->in_t);
+    split_mem_free(m->be, &p->own);
     memset(p, 0, sizeof *p);
 }
 
-static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_stats *st) {
+static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
     eng_backend *be = m->be;
     int L = m->cfg.L, P = x->g->P, M = x->hp.in.M;
     memset(p, 0, sizeof *p);
-    p->out_t = malloc((size_t)L * sizeof(int));
-    p->in_t = malloc((size_t)L * sizeof(int));
-    if (!p->out_t || !p->in_t) return err_set(GE_NOMEM, "split: out of memory");
-    for (int l = 0; l < L; l++) p->out_t[l] = p->in_t[l] = -1;
     int rc = GE_NOMEM;
     if (offload <= 0 || L <= RING) rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 0);
     if (!rc || offload == 0 || L <= RING) {
@@ -260,7 +254,15 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
     if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, RING))) return rc;
     size_t bytes = p->a.layer_bytes * (size_t)(L - RING);
     st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
-    p->host = be->host_alloc ? be->host_alloc(be, bytes) : malloc(bytes);
+    split_mem *s = mem ? mem : &p->own;
+    if (s->bytes < bytes) {
+        double t = clock_mono_ms();
+        split_mem_free(be, s);
+        s->host = be->host_alloc ? be->host_alloc(be, bytes) : malloc(bytes);
+        s->bytes = s->host ? bytes : 0;
+        st->ms_host_alloc = clock_mono_ms() - t;
+    }
+    p->host = s->host;
     if (!p->host)
         return err_set(GE_TOO_LARGE, "prompt of %d tokens: its saved activations (%.0f MiB) fit neither on %s nor "
                        "in host memory", P, st->dormant_mib, be->name);
@@ -268,16 +270,31 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
     return 0;
 }
 
-/* Copy layer l's block between its slot and host memory (synchronous for now: a copy stream of
- * the backend's is the next step; *ticket = -1, nothing to wait for). */
-static int pacts_copy(const model *m, prompt_acts *p, int l, int to_host, int *ticket) {
+/* Events of the backend's copy lanes (backend.h; offload.c has 0..7): the ops so far, the copy
+ * of each ring slot out and in, all copies out. */
+enum { EV_GO = 8, EV_OUT = 9, EV_IN = EV_OUT + RING, EV_OUTS = EV_IN + RING };
+_Static_assert(EV_OUTS < BE_EVENTS, "split.c: copy-lane events");
+
+/* Queue a copy of layer l's block between its slot and host memory on the backend's copy lane
+ * (device -> host or host -> device), to start once the ops queued so far are done; its event
+ * is that of l's ring slot. Without lanes (cpu) the copy is synchronous. */
+static int pacts_copy(const model *m, prompt_acts *p, int l, int to_host) {
     eng_backend *be = m->be;
     size_t n = p->a.layer_bytes;
     char *h = p->host + n * (size_t)l, *d = p->a.l[l].x;
-    *ticket = -1;
-    return to_host ? be->to_host(be, h, d, n) : be->to_dev(be, d, h, n);
+    if (!be->copy_async) return to_host ? be->to_host(be, h, d, n) : be->to_dev(be, d, h, n);
+    int lane = to_host ? BE_LANE_D2H : BE_LANE_H2D;
+    be->mark(be, BE_LANE_OPS, EV_GO);
+    int rc = be->wait(be, lane, EV_GO);
+    if (!rc) rc = be->copy_async(be, lane, to_host ? (void *)h : d, to_host ? (void *)d : h, n);
+    be->mark(be, lane, (to_host ? EV_OUT : EV_IN) + l % RING);
+    return rc;
 }
-static int pacts_wait(const model *m, int ticket) { return 0; }
+/* The ops queued next wait for the last copy of layer l's slot (out or in). */
+static int pacts_wait(const model *m, int l, int to_host) {
+    eng_backend *be = m->be;
+    return be->copy_async ? be->wait(be, BE_LANE_OPS, (to_host ? EV_OUT : EV_IN) + l % RING) : 0;
+}
 
 /* A: the prompt's forward, its K/V into cache rows [0, P), its dormant set moved out as it goes. */
 static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, split_ctx *x,
@@ -288,10 +305,16 @@ static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, 
     int R = p->ring, rc = 0;
     be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, d->T, c->C);
     for (int l = 0; l < c->L && !rc; l++) {
-        if (R && l + 1 - R >= 0) rc = pacts_wait(m, p->out_t[l + 1 - R]);
+        if (R && l + 1 - R >= 0 && l + 1 - R < c->L - R) rc = pacts_wait(m, l + 1 - R, 1);
         void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
         model_layer_fwd(m, w, a, l, out, d, x->kv.k[l], x->kv.v[l]);
-        if (!rc && R && l < c->L - R) rc = pacts_copy(m, p, l, 1, &p->out_t[l]);
+        if (!rc && R && l < c->L - R) rc = pacts_copy(m, p, l, 1);
+    }
+    /* every copy out done before the sync below: the backward's copies in read host memory on
+     * the other lane */
+    if (!rc && R && be->copy_async) {
+        be->mark(be, BE_LANE_D2H, EV_OUTS);
+        rc = be->wait(be, BE_LANE_OPS, EV_OUTS);
     }
     if (rc) return rc;
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, d->T, c->C, c->eps);
@@ -320,8 +343,8 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
     for (int l = L - 1; l >= 0 && !rc; l--) {
         int f = l + 1 - R;      /* fetched now into layer l + 1's slot, used R - 1 layers later */
-        if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0, &p->in_t[f]);
-        if (!rc && R && l < L - R) rc = pacts_wait(m, p->in_t[l]);
+        if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0);
+        if (!rc && R && l < L - R) rc = pacts_wait(m, l, 0);
         model_layer_bwd(m, w, g, a, l, d);
     }
     if (rc) return rc;
@@ -347,7 +370,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     double t = clock_mono_ms();
     int rc = ctx_init(&x, m, g, o, 1, st);
     if (!rc) rc = model_acts_init_kv(m, &as, x.capT, x.capM, &x.kv, &x.dkv, P, 0);
-    if (!rc) rc = pacts_init(m, &p, &x, o->offload, st);
+    if (!rc) rc = pacts_init(m, &p, &x, o->offload, o->mem, st);
     /* A */
     if (!rc) rc = model_input_upload(m, &p.a, &x.hp.in, &dp);
     if (!rc) rc = prompt_forward(m, w, &p, &x, &dp, o->temperature, want_ent);

@@ -24,10 +24,16 @@
 #include "engine/model.h"
 #include "engine/pack.h"
 
+/* Host memory for the dormant set, kept between calls (pinning tens of GB takes seconds): the
+ * caller owns it, starts it zeroed and frees it with split_mem_free. */
+typedef struct { void *host; size_t bytes; } split_mem;
+void split_mem_free(eng_backend *be, split_mem *s);
+
 typedef struct {
     long long max_tokens;       /* response tokens per micro-batch (each R_r <= max_tokens) */
     float temperature;
     int offload;                /* dormant set: -1 host when the device has no room, 0 device, 1 host */
+    split_mem *mem;             /* NULL: host memory allocated for the call */
 } split_opts;
 
 typedef struct {
@@ -35,6 +41,7 @@ typedef struct {
     int offloaded;              /* the dormant set went to host memory */
     double hot_mib, dormant_mib;   /* prompt K/V (+ dK/dV when training); prompt saved activations */
     double ms_prompt_fwd, ms_resp, ms_prompt_bwd;   /* phases A, B, C (each ends in a sync) */
+    double ms_host_alloc;       /* of phase A: allocating (pinning) the dormant set's host memory */
 } split_stats;
 
 /* Response micro-batches of g: first[k] .. first[k + 1] for k < return value (first: N + 1). */

@@ -261,7 +261,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         long long m0 = w->off[ms0];
         if (plan.mb_split[k]) {
             split_loss_ud u = { w, &c, ms0, old_from_policy, tok_denom, seq_denom, met };
-            split_opts so = { max_tokens, a->temperature, -1 };
+            split_opts so = { max_tokens, a->temperature, -1, &e->split };
             split_stats st;
             rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
                              a->entropy_coeff != 0 ? w->dent + m0 : NULL, split_loss, &u, &st);

@@ -22,7 +22,8 @@
  *          lane j owning key j and warp w a quarter of D; dk/dv (bf16) get one += at the end,
  *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
  * A key inside both ranges of a query counts twice, as in the CPU reference.
- * Backward assumes key rows == query rows (S == T: training, no KV cache). */
+ * Backward: S key rows (S >= T; S > T when queries attend to KV-cache rows that other forwards
+ * wrote, engine/split.c), the key tiles cover all S. */
 #include <limits.h>
 
 #include "kernels/attention.cuh"
@@ -257,9 +258,9 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
 }
 
 /* qlo[kt], qhi[kt]: the first query, and one past the last, that sees a key of tile kt. */
-__global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T, int kt) {
+__global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T, int S, int kt) {
     __shared__ int lo_s, hi_s;
-    int j0 = blockIdx.x * kt, j1 = min(j0 + kt, T), lo = INT_MAX, hi = -1;
+    int j0 = blockIdx.x * kt, j1 = min(j0 + kt, S), lo = INT_MAX, hi = -1;
     if (threadIdx.x == 0) { lo_s = INT_MAX; hi_s = -1; }
     __syncthreads();
     for (int t = threadIdx.x; t < T; t += blockDim.x) {
@@ -276,8 +277,8 @@ __global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T
     }
 }
 
-void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, int tile) {
-    attn_tile_bounds_kernel<<<(T + tile - 1) / tile, 256, 0, c->stream>>>(qlo, qhi, r, T, tile);
+void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, int S, int tile) {
+    attn_tile_bounds_kernel<<<(S + tile - 1) / tile, 256, 0, c->stream>>>(qlo, qhi, r, T, S, tile);
     CU_LAUNCHED(c, "attn_tile_bounds_kernel");
 }
 
@@ -285,7 +286,7 @@ template <int DM>
 __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                            const bf16 *k, const bf16 *v, const float *lse,
                                                            const float *dsum, const int *qlo, const int *qhi,
-                                                           attn_ranges r, int T, int H, int K, int D,
+                                                           attn_ranges r, int T, int S, int H, int K, int D,
                                                            float scale2, float scale) {
     constexpr int KP = DM + 2, DW = DM / 4;
     __shared__ __align__(16) bf16 k_s[KT * KP];
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
     __shared__ int rg[QB][4];
     int kt = blockIdx.x, g = blockIdx.y, j0 = kt * KT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int rep = H / K, d0 = warp * DW, j = j0 + lane, t_lo = qlo[kt], t_hi = qhi[kt];
-    load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, T, K, g, D);
+    load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, S, K, g, D);
     float dk_acc[DW], dv_acc[DW];
     #pragma unroll
     for (int e = 0; e < DW; e++) { dk_acc[e] = 0; dv_acc[e] = 0; }
@@ -353,7 +354,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
             __syncthreads();
         }
     }
-    if (j < T) {
+    if (j < S) {
         bf162 *dkr = (bf162 *)(dk + ((size_t)j * K + g) * D + d0), *dvr = (bf162 *)(dv + ((size_t)j * K + g) * D + d0);
         #pragma unroll
         for (int e = 0; e < DW / 2; e++) {
@@ -402,9 +403,11 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
 }
 
 void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
-                        const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
+                        const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
+                        int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (T + kt - 1) / kt;
+    if (S < T) S = T;
+    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (S + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
     if (!s) return;
@@ -413,9 +416,10 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
         if (D == 64)
-            attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+            attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
         else
-            attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, H, K, scale2, scale);
+            attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2,
+                                scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
@@ -423,8 +427,8 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
-    attn_tile_bounds_cuda(c, qlo, qhi, r, T, kt);
-#define L_(DM) attn_bwd_dkdv_kernel<DM><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H, K, D, scale2, scale)
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, kt);
+#define L_(DM) attn_bwd_dkdv_kernel<DM><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");

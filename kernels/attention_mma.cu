@@ -181,7 +181,7 @@ template <int D, int NS>
 __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                         const bf16 *k, const bf16 *v, const float *lse,
                                                         const float *dsum, const int *qlo, const int *qhi,
-                                                        attn_ranges r, int T, int H, int K, float sc2, float scale) {
+                                                        attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
     constexpr int ST = D + 8, BK = FA_BK, TILE = FA_Q * ST, PS = FA_Q + 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
     int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32;   /* the group's keys: kw0 .. kw0 + 31 */
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
-    fa_load_rows<D, BK>(k_s, k, j0, T, K, g);
-    fa_load_rows<D, BK>(v_s, v, j0, T, K, g);
+    fa_load_rows<D, BK>(k_s, k, j0, S, K, g);
+    fa_load_rows<D, BK>(v_s, v, j0, S, K, g);
     float dka[2][D / 16][4], dva[2][D / 16][4];
     fa_zero(dka);
     fa_zero(dva);
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
         #pragma unroll
         for (int e2 = 0; e2 < 2; e2++) {
             int j = kw0 + mi * 16 + gr + e2 * 8;
-            if (j >= T) continue;
+            if (j >= S) continue;
             bf16 *dkr = dk + ((size_t)j * K + g) * D + hf * (D / 2), *dvr = dv + ((size_t)j * K + g) * D + hf * (D / 2);
             #pragma unroll
             for (int n = 0; n < D / 16; n++) {
@@ -323,20 +323,20 @@ void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf
 
 void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
                        const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
-                       int T, int H, int K, float sc2, float scale) {
+                       int T, int S, int H, int K, float sc2, float scale) {
     constexpr int D = 64, BM = 16 * FA_MR * FA_DQ_NW;
     auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
     size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
     dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
                                                                       sc2, scale);
     CU_LAUNCHED(c, "fa_dq_kernel");
-    attn_tile_bounds_cuda(c, qlo, qhi, r, T, FA_BK);
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
     /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
     auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
     size_t smk = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) +
                  2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
     CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smk));
-    dkv<<<dim3((T + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T,
-                                                                   H, K, sc2, scale);
+    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T,
+                                                                   S, H, K, sc2, scale);
     CU_LAUNCHED(c, "fa_dkdv2_kernel");
 }

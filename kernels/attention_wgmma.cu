@@ -354,7 +354,7 @@ template <int D>
 __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
                                                         const bf16 *k, const bf16 *v, const float *lse,
                                                         const float *dsum, const int *qlo, const int *qhi,
-                                                        attn_ranges r, int T, int H, int K, float sc2, float scale) {
+                                                        attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
     static_assert(D == 128 && FA_Q == 64 && WG_KB == FA_BK, "wgmma dkdv: head dim 128, 64-query tiles, FA_BK keys");
     constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2, NS = WG_DKDV_NS;
     extern __shared__ unsigned char wg_dyn[];
@@ -376,8 +376,8 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
     __syncthreads();
     if (w < 4) {   /* producer: K and V once, then each pair's Q, dO and row scalars */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        wg_load_rows<D, BK, 128>(k_s, k, j0, T, K, g);
-        wg_load_rows<D, BK, 128>(v_s, v, j0, T, K, g);
+        wg_load_rows<D, BK, 128>(k_s, k, j0, S, K, g);
+        wg_load_rows<D, BK, 128>(v_s, v, j0, S, K, g);
         mb_arrive_cp(kv_full);
         for (int i = 0; i < npair; i++) {
             int st = i % NS, tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
     #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int j = kw0 + (lane >> 2) + hf * 8;
-        if (j >= T) continue;
+        if (j >= S) continue;
         bf16 *dkr = dk + ((size_t)j * K + g) * D, *dvr = dv + ((size_t)j * K + g) * D;
         #pragma unroll
         for (int n = 0; n < D / 8; n++) {
@@ -620,7 +620,7 @@ void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const 
 
 void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
                          const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                         attn_ranges r, int T, int H, int K, float sc2, float scale) {
+                         attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
     static unsigned raised_dq, raised_dkdv;
     auto dqk = wg_dq_ws_kernel<128>;
     size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
@@ -628,11 +628,11 @@ void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, i
     dqk<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2,
                                                                   scale);
     CU_LAUNCHED(c, "wg_dq_ws_kernel");
-    attn_tile_bounds_cuda(c, qlo, qhi, r, T, FA_BK);
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
     auto dkv = wg_dkdv_ws_kernel<128>;
     size_t smk = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
     cu_raise_smem(c, dkv, smk, &raised_dkdv);
-    dkv<<<dim3((T + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, H,
-                                                                   K, sc2, scale);
+    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S,
+                                                                   H, K, sc2, scale);
     CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
 }

@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     float *gl = gpu->alloc(gpu, (size_t)T * H * 4);
     attn_ranges r = gc_dev_ranges(gpu, rg);
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, r, T, H, K, D);
-    gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, r, T, H, K, D);
+    gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, r, T, T, H, K, D);
     float *o = gc_get_act(gpu, go, nq), *l = gc_get_f32(gpu, gl, (size_t)T * H), *dq = gc_get_act(gpu, gdq, nq);
     float *dk = gc_get_act(gpu, gdk, nk), *dv = gc_get_act(gpu, gdv, nk);
     put(dir, "q", q, nq); put(dir, "k", k, nk); put(dir, "v", v, nk); put(dir, "dout", dout, nq);

@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         if (be->sync(be)) gc_die(be, "attention_fwd");
         double t1 = gc_now();
         be->attention_fwd(be, o, lse, q, k, v, rg, T, H, K, D);
-        be->attention_bwd(be, dq, dk, dv, dout, q, k, v, o, lse, rg, T, H, K, D);
+        be->attention_bwd(be, dq, dk, dv, dout, q, k, v, o, lse, rg, T, T, H, K, D);
         if (be->sync(be)) gc_die(be, "attention_bwd");
         double t2 = gc_now();
         if (i >= WARM) { tf[i - WARM] = t1 - t0; tb[i - WARM] = t2 - t1; }

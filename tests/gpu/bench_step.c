@@ -211,7 +211,7 @@ int main(int argc, char **argv) {
         be->sync(be);
         double f1 = gc_now();
         for (int i = 0; i < 3; i++)
-            be->attention_bwd(be, a.dq, a.dk, a.dv, a.datt, A->q, A->k, A->v, A->att, A->lse, rg, T, H, K, 128);
+            be->attention_bwd(be, a.dq, a.dk, a.dv, a.datt, A->q, A->k, A->v, A->att, A->lse, rg, T, T, H, K, 128);
         if (be->sync(be)) gc_die(be, "attention");
         double f2 = gc_now();
         double pairs = (double)P * (P + 1) / 2 + (double)N * R * P + (double)N * R * (R + 1) / 2;

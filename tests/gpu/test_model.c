@@ -9,9 +9,14 @@
  *       Each tensor on its own: <= 2e-2, since the small ones (biases, norm weights) are sums
  *       over all tokens of bf16-rounded terms that largely cancel;
  *   (d) three AdamW steps (grad clip + AdamW on the fp32 master, bf16 copy) on both backends,
- *       then the logprobs again: rel L2 <= 1e-2. */
+ *       then the logprobs again: rel L2 <= 1e-2;
+ *   (e) the split schedule (engine/split.h), 5 layers: each group's prompt once and its
+ *       responses in micro-batches of at most its longest response attending to the cached
+ *       prompt K/V, the dormant set on the device and then through pinned host memory on the
+ *       copy stream, vs the one-graph layout on the GPU and on the CPU: rel L2 <= 1e-2. */
 #include "engine/model.h"
 #include "engine/pack.h"
+#include "engine/split.h"
 #include "tests/gpu/gpu_check.h"
 
 typedef struct {
@@ -102,20 +107,28 @@ static void make_groups(groups *gs, int V, unsigned long long seed) {
     }
 }
 
-static void model_case(const char *name, const model_config *c, unsigned long long seed) {
-    eng_backend *cpu, *gpu;
-    backend_cpu_create(&cpu, 0);
-    if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
+/* Both backends, the same random weights (returned: the caller frees them) and groups. */
+static float *case_setup(const model_config *c, unsigned long long seed, eng_backend **cpu, eng_backend **gpu, mrun *rc,
+                         mrun *rg, groups *gs) {
+    backend_cpu_create(cpu, 0);
+    if (backend_cuda_create(gpu, 0)) gc_die(NULL, "backend_cuda_create");
     model tmp;
-    model_init(&tmp, c, cpu);
+    model_init(&tmp, c, *cpu);
     size_t n = (size_t)tmp.n_elems;
     model_free(&tmp);
     float *w = gc_rand(n, 0.15f, seed);
+    mrun_init(rc, *cpu, c, w);
+    mrun_init(rg, *gpu, c, w);
+    make_groups(gs, c->V, seed + 1);
+    return w;
+}
+
+static void model_case(const char *name, const model_config *c, unsigned long long seed) {
+    eng_backend *cpu, *gpu;
     mrun rc, rg;
-    mrun_init(&rc, cpu, c, w);
-    mrun_init(&rg, gpu, c, w);
     groups gs;
-    make_groups(&gs, c->V, seed + 1);
+    float *w = case_setup(c, seed, &cpu, &gpu, &rc, &rg, &gs);
+    size_t n = (size_t)rc.m.n_elems;
     pack_batch pk, st;
     if (pack_build(&pk, gs.pg, 0, gs.G, PACK_PACKED) || pack_build(&st, gs.pg, 0, gs.G, PACK_STANDARD))
         gc_die(NULL, "pack_build");
@@ -168,6 +181,61 @@ static void model_case(const char *name, const model_config *c, unsigned long lo
     gpu->destroy(gpu);
 }
 
+static int no_loss(void *ud, int r0, int r1) { return 0; }   /* dlogp, dent are given */
+
+static void split_case(const char *name, const model_config *c, unsigned long long seed) {
+    eng_backend *cpu, *gpu;
+    mrun rc, rg;
+    groups gs;
+    float *w = case_setup(c, seed, &cpu, &gpu, &rc, &rg, &gs);
+    size_t n = (size_t)rc.m.n_elems;
+    pack_batch pk;
+    if (pack_build(&pk, gs.pg, 0, gs.G, PACK_PACKED)) gc_die(NULL, "pack_build");
+    int M = pk.M;
+    float *dlogp = gc_rand((size_t)M, 1.0f / M, seed + 2), *dent = gc_rand((size_t)M, 0.1f / M, seed + 3);
+    float *lp_c = malloc((size_t)M * 4), *en_c = malloc((size_t)M * 4), *g_c = malloc(n * 4);
+    float *lp_g = malloc((size_t)M * 4), *en_g = malloc((size_t)M * 4), *g_g = malloc(n * 4);
+    float *lp_x = malloc((size_t)M * 4), *en_x = malloc((size_t)M * 4), *fl_x = malloc((size_t)M * 4), *g_x = malloc(n * 4);
+    mrun_step(&rc, &pk, dlogp, dent, lp_c, en_c, g_c);
+    mrun_step(&rg, &pk, dlogp, dent, lp_g, en_g, g_g);
+    for (int off = 0; off < 2; off++) {
+        gpu->zero(gpu, rg.g, n * 4);
+        int micro = 0, offloaded = 0;
+        for (int g = 0, o = 0; g < gs.G; g++) {
+            const pack_group *pg = &gs.pg[g];
+            int maxR = 0, tot = 0;
+            for (int r = 0; r < pg->N; r++) { maxR = pg->R[r] > maxR ? pg->R[r] : maxR; tot += pg->R[r]; }
+            split_opts so = { maxR, 0.9f, off, NULL };
+            split_stats st;
+            if (split_train(&rg.m, &rg.wv, &rg.gv, pg, &so, lp_x + o, en_x + o, dlogp + o, dent + o, no_loss, NULL, &st))
+                gc_die(gpu, "split_train");
+            micro += st.n_micro;
+            offloaded += st.offloaded;
+            if (split_forward(&rg.m, &rg.wv, pg, &so, fl_x + o, NULL, NULL)) gc_die(gpu, "split_forward");
+            o += tot;
+        }
+        if (gpu->to_host(gpu, g_x, rg.g, n * 4)) gc_die(gpu, "grad");
+        char sh[160];
+        snprintf(sh, sizeof sh, "%s L=%d D=%d %d micro-batches, dormant %s", name, c->L, c->D, micro,
+                 off ? "via host" : "on device");
+        gc_row("split logprobs vs gpu one graph", sh, rel_l2(lp_x, lp_g, (size_t)M), 1e-2);
+        gc_row("split entropy vs gpu one graph", sh, rel_l2(en_x, en_g, (size_t)M), 1e-2);
+        gc_row("split forward-only logprobs vs gpu", sh, rel_l2(fl_x, lp_g, (size_t)M), 1e-2);
+        gc_row("split gradients vs gpu one graph", sh, rel_l2(g_x, g_g, n), 1e-2);
+        gc_row("split logprobs vs cpu one graph", sh, rel_l2(lp_x, lp_c, (size_t)M), 1e-2);
+        gc_row("split gradients vs cpu one graph", sh, rel_l2(g_x, g_c, n), 1e-2);
+        gc_row("split groups not offloaded as asked", sh, offloaded != (off ? gs.G : 0), 0);
+    }
+    mrun_free(&rc);
+    mrun_free(&rg);
+    pack_batch_free(&pk);
+    for (int i = 0; i < gs.nb; i++) free(gs.bufs[i]);
+    free(w); free(dlogp); free(dent); free(lp_c); free(en_c); free(g_c); free(lp_g); free(en_g); free(g_g);
+    free(lp_x); free(en_x); free(fl_x); free(g_x);
+    cpu->destroy(cpu);
+    gpu->destroy(gpu);
+}
+
 int main(void) {
     model_config q3 = { .arch = ARCH_QWEN3, .L = 2, .C = 256, .H = 4, .K = 2, .D = 64, .F = 512, .V = 1000,
                         .max_pos = 4096, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .bos_id = -1 };
@@ -177,6 +245,10 @@ int main(void) {
     snprintf(q2.arch_name, sizeof q2.arch_name, "qwen2");
     model_case("qwen3", &q3, 1001);
     model_case("qwen2", &q2, 2002);
+    q3.L = q2.L = 5;
+    q3.D = 128;   /* the tensor-core attention (S > T backward) */
+    split_case("qwen3", &q3, 3003);
+    split_case("qwen2", &q2, 4004);
     printf("%d failed\n", gc_failures);
     return gc_failures ? 1 : 0;
 }

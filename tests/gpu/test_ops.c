@@ -5,7 +5,7 @@
  * are compared. Tolerances: 1e-2 relative L2 for results that pass through bf16 activations
  * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
- * Usage: test_ops [small]   (small: the compute-sanitizer subset) */
+ * Usage: test_ops [small | attention]   (small: the compute-sanitizer subset; attention: its cases alone) */
 #include "engine/config.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_check.h"
@@ -429,16 +429,16 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     cpu->attention_fwd(cpu, o_c, l_c, q, k, v, rc, T, H, K, D);
     /* the backward reads the forward's output as bf16 storage would hold it */
     for (size_t i = 0; i < nq; i++) o_c[i] = gc_bf16(o_c[i]);
-    if (bwd) cpu->attention_bwd(cpu, dq_c, dk_c, dv_c, dout, q, k, v, o_c, l_c, rc, T, H, K, D);
+    if (bwd) cpu->attention_bwd(cpu, dq_c, dk_c, dv_c, dout, q, k, v, o_c, l_c, rc, T, S, H, K, D);
     void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gdo = gc_act(gpu, dout, nq);
     void *go = gpu->alloc(gpu, nq * 2), *gdq = gpu->alloc(gpu, nq * 2), *gdk = gc_act(gpu, dk0, nk), *gdv = gc_act(gpu, dv0, nk);
     float *gl = gpu->alloc(gpu, (size_t)T * H * 4);
     attn_ranges rg_g = gc_dev_ranges(gpu, rg);
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, rg_g, T, H, K, D);
-    if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
+    if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, S, H, K, D);
     if (bwd && determ) {   /* the same backward again into fresh buffers: bit-identical */
         void *gdq2 = gpu->alloc(gpu, nq * 2), *gdk2 = gc_act(gpu, dk0, nk), *gdv2 = gc_act(gpu, dv0, nk);
-        gpu->attention_bwd(gpu, gdq2, gdk2, gdv2, gdo, gq, gk, gv, go, gl, rg_g, T, H, K, D);
+        gpu->attention_bwd(gpu, gdq2, gdk2, gdv2, gdo, gq, gk, gv, go, gl, rg_g, T, S, H, K, D);
         float *a1 = gc_get_act(gpu, gdq, nq), *a2 = gc_get_act(gpu, gdq2, nq);
         float *b1 = gc_get_act(gpu, gdk, nk), *b2 = gc_get_act(gpu, gdk2, nk);
         float *c1 = gc_get_act(gpu, gdv, nk), *c2 = gc_get_act(gpu, gdv2, nk);
@@ -508,6 +508,21 @@ static void attention_suite(void) {
     t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
     t_attention("kv cache S=200", d, 200, 8, 2, 32, 0);
     free_ranges(d);
+    /* a response micro-batch of the split schedule (engine/split.c): queries are responses at
+     * cache rows P.., attending to a cached prompt [0, P) and causally to themselves; the backward
+     * covers all S = P + T key rows (the prompt's dK/dV collected, S > T) */
+    {
+        int Pk = 300, Rk[3] = { 70, 1, 129 }, Tk = 200;
+        ranges k = { Tk, malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4) };
+        for (int i = 0, s0 = 0; i < 3; s0 += Rk[i], i++)
+            for (int j = 0; j < Rk[i]; j++) {
+                k.a0[s0 + j] = 0; k.a1[s0 + j] = Pk; k.b0[s0 + j] = Pk + s0; k.b1[s0 + j] = Pk + s0 + j + 1;
+            }
+        t_attention("split S=P+T", k, Pk + Tk, 8, 2, 128, 1);
+        t_attention("split S=P+T", k, Pk + Tk, 8, 2, 64, 1);
+        t_attention("split S=P+T", k, Pk + Tk, 4, 2, 32, 1);
+        free_ranges(k);
+    }
     /* tensor-core path, odd shapes: N = 1 with R = 1 and a prompt not a multiple of 64 */
     int P4[] = { 130 }, N4[] = { 1 }, Re[] = { 1 };
     const int *R4[] = { Re };
@@ -705,7 +720,9 @@ int main(int argc, char **argv) {
     small_run = argc > 1 && !strcmp(argv[1], "small");
     backend_cpu_create(&cpu, 0);
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
-    if (small_run) {
+    if (argc > 1 && !strcmp(argv[1], "attention")) {   /* the attention cases alone */
+        attention_suite();
+    } else if (small_run) {
         t_embedding(37, 40, 50);
         t_rmsnorm(19, 136);
         t_qk_norm_rope(7, 3, 64);

@@ -171,7 +171,7 @@ static void split_case(model_arch arch, unsigned long long seed) {
             const pack_group *pg = &f.pg[g];
             long long o0 = f.Mg[g], tot = f.Mg[g + 1] - o0;
             long long mt = v & 1 ? (tot / 2 > f.maxR[g] ? tot / 2 : f.maxR[g]) : f.maxR[g];
-            split_opts so = { mt, 0.8f, v >= 2 };
+            split_opts so = { mt, 0.8f, v >= 2, NULL };
             long long off[17] = {0};
             for (int r = 0; r < pg->N; r++) off[r + 1] = off[r] + pg->R[r];
             cb_ud u = { wl + o0, we + o0, lp + o0, dl + o0, de + o0, off, 0, 0 };
