@@ -40,7 +40,8 @@ static int get_int(const js *o, const char *key, const char *path, double dflt, 
 static int get_real(const js *o, const char *key, const char *path, double dflt, double lo, double hi, float *out) {
     const js *e = js_get(o, key);
     double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
-    if (!(v > lo && v <= hi))
+    /* the range holds for the float kept too: 1e-64 is > 0 as a double, 0 as a float */
+    if (!(v > lo && v <= hi && (float)v > lo))
         return err_set(GE_FORMAT, "%s: %s must be a number in (%g, %g]", path, key, lo, hi);
     *out = (float)v;
     return 0;
