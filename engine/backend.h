@@ -104,6 +104,7 @@ struct eng_backend {
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
                        long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
+    void (*acc_f32)(eng_backend *b, float *acc, const void *x, long long n);   /* acc += x (act-typed) */
     /* fused neighbours (kernels/rmsnorm.h): the backward of the q/k per-head norm then RoPE
      * (dinp written, not added) */
     /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and

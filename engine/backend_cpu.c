@@ -98,6 +98,11 @@ static void cpu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void
 static void cpu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cpu(dg, du, dy, g, u, n);
 }
+static void cpu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) {
+    const float *a = x;
+    #pragma omp parallel for schedule(static)
+    for (long long i = 0; i < n; i++) acc[i] += a[i];
+}
 static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     float *out = o;
     const float *a = x, *c = y;
@@ -149,7 +154,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .matmul_bwd = cpu_matmul_bwd, .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
         .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd, .swiglu_fwd = cpu_swiglu_fwd,
         .mlp_in_fwd = cpu_mlp_in_fwd, .swiglu_bwd = cpu_swiglu_bwd, .qkv_rope_fwd = cpu_qkv_rope_fwd,
-        .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd, .add = cpu_add, .logprob_fwd = cpu_logprob_fwd,
+        .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd, .add = cpu_add, .acc_f32 = cpu_acc_f32, .logprob_fwd = cpu_logprob_fwd,
         .logprob_bwd = cpu_logprob_bwd, .lm_head_rows = cpu_lm_head_rows, .sample = cpu_sample,
         .adamw = cpu_adamw, .sumsq = cpu_sumsq, .scale = cpu_scale,
     };

@@ -190,6 +190,7 @@ static void cu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void 
 static void cu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
 }
+static void cu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cuda(CTX(b), acc, (cbf *)x, n); }
 static void cu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
 }
@@ -335,7 +336,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->matmul_bwd = cu_matmul_bwd; b->rope_fwd = cu_rope_fwd; b->rope_bwd = cu_rope_bwd;
     b->attention_fwd = cu_attention_fwd; b->attention_bwd = cu_attention_bwd; b->swiglu_fwd = cu_swiglu_fwd;
     b->mlp_in_fwd = cu_mlp_in_fwd; b->swiglu_bwd = cu_swiglu_bwd; b->qkv_rope_fwd = cu_qkv_rope_fwd;
-    b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd; b->add = cu_add; b->logprob_fwd = cu_logprob_fwd;
+    b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd; b->add = cu_add; b->acc_f32 = cu_acc_f32; b->logprob_fwd = cu_logprob_fwd;
     b->logprob_bwd = cu_logprob_bwd; b->lm_head_rows = cu_lm_head_rows; b->sample = cu_sample;
     b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
     b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;

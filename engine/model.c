@@ -12,6 +12,7 @@
  * tests/gpu/bench_layer.c times them as training runs them. */
 #include "engine/model.h"
 
+#include <assert.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -485,6 +486,22 @@ static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, 
     be->matmul_bwd(be, dX, G->la[t], NULL, a->ldu, X, W->la[t], T, I, r);
 }
 
+/* dkv's layer-l rows before the attention backward when a->acc keeps the sums (model.h): zero
+ * for queries after the accumulated rows, the sums cast once for the accumulated rows' own. */
+static void acc_begin(const model *m, const model_acts *a, int l, int T) {
+    eng_backend *be = m->be;
+    const model_kv_acc *acc = a->acc;
+    size_t KD = (size_t)m->cfg.K * m->cfg.D, eb = (size_t)be->act_bytes;
+    assert(a->kv_row0 == acc->S || (a->kv_row0 == 0 && T == acc->S));
+    if (a->kv_row0 > 0) {
+        be->zero(be, a->dkv->k[l], (size_t)(a->kv_row0 + T) * KD * eb);
+        be->zero(be, a->dkv->v[l], (size_t)(a->kv_row0 + T) * KD * eb);
+    } else {
+        be->f32_to_act(be, a->dkv->k[l], acc->k[l], (size_t)acc->S * KD);
+        be->f32_to_act(be, a->dkv->v[l], acc->v[l], (size_t)acc->S * KD);
+    }
+}
+
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
                      const model_dev_input *d) {
     const model_config *c = &m->cfg;
@@ -517,12 +534,17 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     void *dkeys = a->dk, *dvals = a->dv;
     if (a->kv) {
         keys = a->kv->k[l]; vals = a->kv->v[l]; dkeys = a->dkv->k[l]; dvals = a->dkv->v[l];
+        if (a->acc) acc_begin(m, a, l, T);
     } else {
         be->zero(be, a->dk, (size_t)T * KD * eb);
         be->zero(be, a->dv, (size_t)T * KD * eb);
     }
     be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H,
                       K, D);
+    if (a->acc && a->kv_row0 > 0) {
+        be->acc_f32(be, a->acc->k[l], dkeys, (long long)a->acc->S * KD);
+        be->acc_f32(be, a->acc->v[l], dvals, (long long)a->acc->S * KD);
+    }
     void *dq = a->dq, *dk = (char *)dkeys + (size_t)a->kv_row0 * KD * eb, *dv = (char *)dvals + (size_t)a->kv_row0 * KD * eb;
     if (c->qk_norm) {
         be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);

@@ -92,12 +92,18 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
  * less their down projection (1.7B, P=4096 N=16 R=512, 19 of 28 layers: policy pass +13%). */
 enum { MODEL_ACTS_RECOMPUTE = 2 };   /* grad mode with every layer checkpointed (n_ckpt = L) */
 typedef struct model_kv model_kv;
+/* fp32 sums of the gradients of KV-cache rows [0, S) in every layer, k and v (L) each (S, K, D):
+ * a split group's prompt dK/dV (engine/split.c), added to by several backwards, cast once. */
+typedef struct { int S; float **k, **v; } model_kv_acc;
 typedef struct {
     int cap_T, cap_M, grad;     /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE */
     int n_ckpt;                 /* layers that keep only x (grad only) */
     void *mem;                  /* one backend allocation */
     /* model_acts_init_kv only (else NULL / 0): keys and values in a KV cache, gradients into dkv */
     const model_kv *kv; model_kv *dkv; int kv_row0, ring;
+    /* set by the caller after model_acts_init_kv (else NULL): dkv is then scratch that all
+     * layers may share, and the gradients of rows [0, acc->S) are kept in acc (model_layer_bwd) */
+    model_kv_acc *acc;
     size_t layer_bytes;         /* one layer's saved activations: a block from l[l].x */
     struct model_layer_acts {   /* act-typed (be->act_bytes) unless float */
         void *x;                /* (T,C) the layer's input (residual stream) */
@@ -146,6 +152,10 @@ struct model_kv {
  * its cached prompt). model_layer_bwd reads kv's keys and ADDS the gradient of every key row
  * the queries saw into dkv (same shape): the caller zeroes dkv's rows [row0, row0 + T) first
  * unless they hold gradients to add to (a prompt's dK/dV collected from its responses).
+ * With a->acc set, dkv is scratch: model_layer_bwd starts it itself, and either (row0 == acc->S:
+ * queries after the accumulated rows) zeroes it and adds its rows [0, S) into acc after the
+ * attention backward, or (row0 == 0, T == S: the accumulated rows' own queries) starts its rows
+ * from acc, cast to the act type once, for the attention backward to add to.
  * ring > 0 keeps the saved activations of `ring` layers only (l[l] aliases l[l % ring]): each
  * layer's block (layer_bytes from l[l].x) must be moved out after its forward and back before
  * its backward by the caller; 0 keeps every layer. */

@@ -3,9 +3,10 @@
  * Rows of the KV cache: the prompt's keys at [0, P), the current response micro-batch's at
  * [P, P + T_s) — so one response micro-batch's key ranges are a = [0, P) and b = its own rows,
  * the same two ranges the one-graph layout gives it (pack.h), over cache rows instead of packed
- * tokens. Training keeps a second cache, dkv, of the same shape: rows [0, P) collect the
- * prompt keys' gradients from every response micro-batch (model_layer_bwd adds into them),
- * rows [P, ..) are each micro-batch's own scratch, zeroed before its backward.
+ * tokens. Training keeps the prompt keys' gradients in fp32 (acc, model_kv_acc: (L) each
+ * (P, K, D)): every response micro-batch's attention backward writes its own into dkv, one
+ * layer of act-typed scratch that all layers share, and adds rows [0, P) of it into acc; the
+ * prompt's backward starts its dK/dV from acc cast once and adds its own (model.h).
  *
  * The dormant set on the host: the prompt's activations keep `ring` layers on the device
  * (model_acts_init_kv), layer l in slot l % ring, and each layer's block (from l[l].x, which
@@ -18,13 +19,17 @@
  * they are synchronous: the CPU test runs the same slot logic. */
 #include "engine/split.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
 #include "common/err.h"
 
+/* Dormant layers on the device at most (RING - 1 fetched ahead in the backward), and the free
+ * device memory left beside them for the backend's scratch before RING is chosen over 2. */
 enum { RING = 3 };
+#define RING_MARGIN ((size_t)1 << 30)
 
 int split_resp_batches(const pack_group *g, long long max_tokens, int *first) {
     int k = 0;
@@ -131,14 +136,42 @@ typedef struct {
     int capT, capM;             /* largest response micro-batch */
     long long *off;             /* (N + 1) */
     host_input hp;              /* the prompt's input */
-    model_kv kv, dkv;           /* dkv: training only */
+    model_kv kv, dkv;           /* dkv: training only, one layer (P + capT rows) all layers share */
+    model_kv_acc acc;           /* training only: the prompt rows' dK/dV sums, fp32 */
+    void *acc_mem;
     float *hbuf;                /* (M) host scratch: one micro-batch's logprobs / gradients */
 } split_ctx;
 
 static void ctx_free(split_ctx *x) {
     if (x->kv.mem) model_kv_free(x->m, &x->kv);
     if (x->dkv.mem) model_kv_free(x->m, &x->dkv);
+    if (x->acc_mem) x->m->be->free(x->m->be, x->acc_mem);
+    free(x->acc.k); free(x->acc.v);
     free(x->first); free(x->off); free(x->hp.mem); free(x->hbuf);
+}
+
+/* dkv: one layer of cap_S rows behind every layer's pointers; acc: (L) each (S, K, D) fp32. */
+static int train_bufs_init(split_ctx *x, int cap_S, int S) {
+    const model *m = x->m;
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    size_t row = (size_t)c->K * c->D, per = (size_t)cap_S * row * (size_t)be->act_bytes, per32 = (size_t)S * row * 4;
+    x->dkv.cap_S = cap_S;
+    x->dkv.k = calloc((size_t)c->L, sizeof(void *));
+    x->dkv.v = calloc((size_t)c->L, sizeof(void *));
+    x->acc.S = S;
+    x->acc.k = calloc((size_t)c->L, sizeof(float *));
+    x->acc.v = calloc((size_t)c->L, sizeof(float *));
+    if (!x->dkv.k || !x->dkv.v || !x->acc.k || !x->acc.v) return err_set(GE_NOMEM, "split: out of memory");
+    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, per32 * 2 * (size_t)c->L)))
+        return GE_NOMEM;
+    for (int l = 0; l < c->L; l++) {
+        x->dkv.k[l] = x->dkv.mem;
+        x->dkv.v[l] = (char *)x->dkv.mem + per;
+        x->acc.k[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l));
+        x->acc.v[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l + 1));
+    }
+    return 0;
 }
 
 static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const split_opts *o, int train,
@@ -163,12 +196,14 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     if ((long long)g->P + maxR > m->cfg.max_pos)
         return err_set(GE_TOO_LARGE, "prompt of %d tokens + response of %d exceed the model's context "
                        "(max_position_embeddings %d)", g->P, maxR, m->cfg.max_pos);
-    /* the hot set: the prompt's K/V of every layer (and their gradients when training) */
+    /* the hot set: the prompt's K/V of every layer (and when training their gradients' fp32
+     * sums, and one layer of dK/dV scratch) */
     const model_config *c = &m->cfg;
-    double mib = (double)(g->P + x->capT) * c->K * c->D * m->be->act_bytes * 2.0 * c->L / 1048576.0;
-    st->hot_mib = mib * (train ? 2 : 1);
+    double row_mib = (double)c->K * c->D * 2.0 / 1048576.0, S = g->P + x->capT;
+    st->hot_mib = row_mib * m->be->act_bytes * S * c->L;
+    if (train) st->hot_mib += row_mib * (4.0 * g->P * c->L + m->be->act_bytes * S);
     rc = model_kv_init(m, &x->kv, g->P + x->capT);
-    if (!rc && train) rc = model_kv_init(m, &x->dkv, g->P + x->capT);
+    if (!rc && train) rc = train_bufs_init(x, g->P + x->capT, g->P);
     if (rc)
         return err_set(GE_TOO_LARGE,
                        "prompt of %d tokens: its keys and values in every layer (the hot set: %.0f MiB%s) "
@@ -239,6 +274,17 @@ static void pacts_free(const model *m, prompt_acts *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* Host memory the kernel can still give (MemAvailable), or 0 when it does not say. */
+static size_t host_avail_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (size_t)kb * 1024;
+}
+
 static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
     eng_backend *be = m->be;
     int L = m->cfg.L, P = x->g->P, M = x->hp.in.M;
@@ -249,12 +295,29 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
         if (!rc) st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
         return rc;
     }
-    /* the dormant set does not fit (or host memory was asked for): RING layers on the device */
-    p->ring = RING;
-    if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, RING))) return rc;
-    size_t bytes = p->a.layer_bytes * (size_t)(L - RING);
+    /* The dormant set does not fit (or host memory was asked for): `ring` layers of it on the
+     * device. RING when the free device memory (mem_info) holds the extra slots beside
+     * RING_MARGIN: the backward fetches RING - 1 layers ahead. Else 2, the fewest the forward
+     * needs (a layer writes the next one's input): the backward fetches one layer ahead into the
+     * slot it has just left, no memory beyond the forward's spent on prefetching. */
+    if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 2))) return rc;
+    p->ring = 2;
+    size_t fr = 0, tot = 0;
+    if (!be->mem_info || (!be->mem_info(be, &fr, &tot) && fr >= (RING - 2) * p->a.layer_bytes + RING_MARGIN)) {
+        model_acts_free(m, &p->a);
+        if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, RING))) return rc;
+        p->ring = RING;
+    }
+    st->ring = p->ring;
+    size_t bytes = p->a.layer_bytes * (size_t)(L - p->ring);
     st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
     split_mem *s = mem ? mem : &p->own;
+    /* pinning more than the host has left would page the machine to a halt: refuse first */
+    size_t avail = host_avail_bytes();
+    if (s->bytes < bytes && avail && bytes > (avail + s->bytes) / 10 * 9)
+        return err_set(GE_TOO_LARGE, "prompt of %d tokens: its saved activations (%.0f MiB, %.0f to move out) fit "
+                       "neither on %s nor in the host memory left (%.0f MiB)", P, st->dormant_mib,
+                       bytes / 1048576.0, be->name, (avail + s->bytes) / 1048576.0);
     if (s->bytes < bytes) {
         double t = clock_mono_ms();
         split_mem_free(be, s);
@@ -273,7 +336,7 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
 /* Events of the backend's copy lanes (backend.h; offload.c has 0..7): the ops so far, the copy
  * of each ring slot out and in, all copies out. */
 enum { EV_GO = 8, EV_OUT = 9, EV_IN = EV_OUT + RING, EV_OUTS = EV_IN + RING };
-_Static_assert(EV_OUTS < BE_EVENTS, "split.c: copy-lane events");
+_Static_assert((int)EV_OUTS < (int)BE_EVENTS, "split.c: copy-lane events");
 
 /* Queue a copy of layer l's block between its slot and host memory on the backend's copy lane
  * (device -> host or host -> device), to start once the ops queued so far are done; its event
@@ -287,13 +350,13 @@ static int pacts_copy(const model *m, prompt_acts *p, int l, int to_host) {
     be->mark(be, BE_LANE_OPS, EV_GO);
     int rc = be->wait(be, lane, EV_GO);
     if (!rc) rc = be->copy_async(be, lane, to_host ? (void *)h : d, to_host ? (void *)d : h, n);
-    be->mark(be, lane, (to_host ? EV_OUT : EV_IN) + l % RING);
+    be->mark(be, lane, (to_host ? EV_OUT : EV_IN) + l % p->ring);
     return rc;
 }
 /* The ops queued next wait for the last copy of layer l's slot (out or in). */
-static int pacts_wait(const model *m, int l, int to_host) {
+static int pacts_wait(const model *m, const prompt_acts *p, int l, int to_host) {
     eng_backend *be = m->be;
-    return be->copy_async ? be->wait(be, BE_LANE_OPS, (to_host ? EV_OUT : EV_IN) + l % RING) : 0;
+    return be->copy_async ? be->wait(be, BE_LANE_OPS, (to_host ? EV_OUT : EV_IN) + l % p->ring) : 0;
 }
 
 /* A: the prompt's forward, its K/V into cache rows [0, P), its dormant set moved out as it goes. */
@@ -305,7 +368,7 @@ static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, 
     int R = p->ring, rc = 0;
     be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, d->T, c->C);
     for (int l = 0; l < c->L && !rc; l++) {
-        if (R && l + 1 - R >= 0 && l + 1 - R < c->L - R) rc = pacts_wait(m, l + 1 - R, 1);
+        if (R && l + 1 - R >= 0 && l + 1 - R < c->L - R) rc = pacts_wait(m, p, l + 1 - R, 1);
         void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
         model_layer_fwd(m, w, a, l, out, d, x->kv.k[l], x->kv.v[l]);
         if (!rc && R && l < c->L - R) rc = pacts_copy(m, p, l, 1);
@@ -344,7 +407,7 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     for (int l = L - 1; l >= 0 && !rc; l--) {
         int f = l + 1 - R;      /* fetched now into layer l + 1's slot, used R - 1 layers later */
         if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0);
-        if (!rc && R && l < L - R) rc = pacts_wait(m, l, 0);
+        if (!rc && R && l < L - R) rc = pacts_wait(m, p, l, 0);
         model_layer_bwd(m, w, g, a, l, d);
     }
     if (rc) return rc;
@@ -360,7 +423,6 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     memset(st, 0, sizeof *st);
     eng_backend *be = m->be;
     const model_config *c = &m->cfg;
-    size_t eb = (size_t)be->act_bytes, row = (size_t)c->K * c->D * eb;
     split_ctx x;
     prompt_acts p = {0};
     model_acts as = {0};
@@ -371,6 +433,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     int rc = ctx_init(&x, m, g, o, 1, st);
     if (!rc) rc = model_acts_init_kv(m, &as, x.capT, x.capM, &x.kv, &x.dkv, P, 0);
     if (!rc) rc = pacts_init(m, &p, &x, o->offload, o->mem, st);
+    as.acc = p.a.acc = &x.acc;
     /* A */
     if (!rc) rc = model_input_upload(m, &p.a, &x.hp.in, &dp);
     if (!rc) rc = prompt_forward(m, w, &p, &x, &dp, o->temperature, want_ent);
@@ -380,8 +443,8 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     if (!rc && want_ent) first_scatter(g, x.off, x.hbuf, ent);
     st->ms_prompt_fwd = clock_mono_ms() - t;
     t = clock_mono_ms();
-    /* B: dkv rows [0, P) collect the prompt keys' gradients from every response micro-batch */
-    if (!rc) be->zero(be, x.dkv.mem, (size_t)x.dkv.cap_S * row * 2 * c->L);
+    /* B: acc collects the prompt keys' gradients from every response micro-batch */
+    if (!rc) be->zero(be, x.acc_mem, (size_t)P * c->K * c->D * 4 * 2 * c->L);
     for (int k = 0; k < x.nb && !rc; k++) {
         int r0 = x.first[k], r1 = x.first[k + 1];
         if ((rc = resp_input(&hr, g, r0, r1))) break;
@@ -402,10 +465,6 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
         }
         if (!rc) {
             rest_gather(g, x.off, r0, r1, dlogp, x.hbuf);
-            for (int l = 0; l < c->L; l++) {
-                be->zero(be, (char *)x.dkv.k[l] + (size_t)P * row, (size_t)hr.in.T * row);
-                be->zero(be, (char *)x.dkv.v[l] + (size_t)P * row, (size_t)hr.in.T * row);
-            }
             rc = model_backward(m, w, g_out, &as, &hr.in, x.hbuf, de, o->temperature);
         }
         free(de);

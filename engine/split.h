@@ -4,13 +4,14 @@
  *      cache on the device (the hot set, read by every response). The rest of what the prompt's
  *      backward reads (the dormant set) stays on the device when it fits; otherwise (or when
  *      asked) it moves to host memory layer by layer as the forward goes and comes back layer
- *      by layer ahead of the backward, and only `ring` layers of it are on the device at a time.
+ *      by layer ahead of the backward, and only `ring` layers of it are on the device at a time
+ *      (3, fetching two layers ahead, when the free device memory holds them; else 2).
  *   B  the responses, in micro-batches of at most max_tokens response tokens: each attends to
  *      the cached prompt K/V (cache rows [0, P)) and causally to itself (rows P + its tokens);
- *      forward, loss, backward. The gradient of every prompt K/V row accumulates in dK/dV (a
- *      second cache).
+ *      forward, loss, backward. The gradient of every prompt K/V row accumulates in fp32 dK/dV
+ *      sums.
  *   C  the prompt's backward once, its dormant set brought back a few layers ahead of use, dK/dV
- *      added where its own attention backward adds its keys' gradients.
+ *      cast once from the sums, its own attention backward adding its keys' gradients to them.
  *
  * The prompt's last token predicts each response's first token: those N predictions are made
  * in A and back-propagated in C. The backward is linear in its incoming gradients, so this
@@ -39,6 +40,7 @@ typedef struct {
 typedef struct {
     int n_micro;                /* response micro-batches */
     int offloaded;              /* the dormant set went to host memory */
+    int ring;                   /* then: its layers on the device at a time (2 or 3: by free memory) */
     double hot_mib, dormant_mib;   /* prompt K/V (+ dK/dV when training); prompt saved activations */
     double ms_prompt_fwd, ms_resp, ms_prompt_bwd;   /* phases A, B, C (each ends in a sync) */
     double ms_host_alloc;       /* of phase A: allocating (pinning) the dormant set's host memory */

@@ -1,5 +1,6 @@
 /* swiglu.cu — CUDA SwiGLU forward/backward on bf16 (math in fp32), plus the small elementwise
- * ops the backend table needs beside it: add, fp32 -> bf16 conversion, and the row scatter that
+ * ops the backend table needs beside it: add, fp32 -> bf16 conversion, bf16 added into fp32
+ * sums, and the row scatter that
  * writes KV-cache rows where qkv_rope_fwd (rmsnorm.cu) cannot do it in its own launch. Grid-stride loops; SwiGLU and add move V elements per thread per step
  * (16-byte accesses when n and the pointers allow, bf16_vec.cuh): they are memory-bound. */
 #include "kernels/bf16_vec.cuh"
@@ -63,6 +64,19 @@ __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, long long n) {
     GRID_STRIDE(i, n) dst[i] = __float2bfloat16(src[i]);
 }
 
+__global__ void acc_f32_kernel(float *acc, const bf16 *x, long long n) {
+    GRID_STRIDE(i, n) acc[i] += __bfloat162float(x[i]);
+}
+/* two elements a step: n2 = n / 2 pairs, acc 8-byte and x 4-byte aligned */
+__global__ void acc_f32_x2_kernel(float2 *acc, const __nv_bfloat162 *x, long long n2) {
+    GRID_STRIDE(i, n2) {
+        float2 f = __bfloat1622float2(x[i]), a = acc[i];
+        a.x += f.x;
+        a.y += f.y;
+        acc[i] = a;
+    }
+}
+
 __global__ void scatter_rows_kernel(bf16 *dst, const bf16 *src, const int *slot, int T, int row) {
     pdl_wait();
     pdl_trigger();
@@ -105,6 +119,17 @@ void f32_to_bf16_cuda(cu_ctx *c, bf16 *dst, const float *src, long long n) {
     if (c->failed || n <= 0) return;
     f32_to_bf16_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(dst, src, n);
     CU_LAUNCHED(c, "f32_to_bf16_kernel");
+}
+
+void acc_f32_cuda(cu_ctx *c, float *acc, const bf16 *x, long long n) {
+    if (c->failed || n <= 0) return;
+    if (n % 2 == 0 && !((uintptr_t)acc & 7) && !((uintptr_t)x & 3)) {
+        acc_f32_x2_kernel<<<ew_blocks(c, n / 2), 256, 0, c->stream>>>((float2 *)acc, (const __nv_bfloat162 *)x, n / 2);
+        CU_LAUNCHED(c, "acc_f32_x2_kernel");
+        return;
+    }
+    acc_f32_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(acc, x, n);
+    CU_LAUNCHED(c, "acc_f32_kernel");
 }
 
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row) {

@@ -49,7 +49,7 @@ typedef struct {
     split_mem mem;
 } bench;
 
-typedef struct { double old, ref, policy, optim, total; split_stats st; } step_ms;
+typedef struct { double old, ref, policy, optim, total; split_stats st, old_st; } step_ms;
 
 /* grad norm, clip, AdamW; the step's phase times from the marks t0..t3 and now */
 static int optim_step(bench *B, int rep, double t0, double t1, double t2, double t3, step_ms *t) {
@@ -103,7 +103,7 @@ static int split_step(bench *B, const pack_group *pg, long long maxtok, int offl
     for (long long i = 0; i < M; i++) dlogp[i] = (i % 3 - 1) * 1.0f / M;
     split_opts so = { maxtok, 1.0f, offload, &B->mem };
     double t0 = gc_now();
-    int rc = split_forward(&B->m, &B->wv, pg, &so, old, NULL, NULL);
+    int rc = split_forward(&B->m, &B->wv, pg, &so, old, NULL, &t->old_st);
     double t1 = gc_now();
     if (!rc) rc = split_forward(&B->m, &B->rv, pg, &so, ref, NULL, NULL);
     double t2 = gc_now();
@@ -133,10 +133,11 @@ static void run(bench *B, const pack_group *pg, long long maxtok, int mode) {
     printf("grpod %-13s P=%-6d N=%d R=%d: step %.0f ms (old %.0f ref %.0f policy %.0f optim %.0f) peak %.1f GiB",
            names[mode], pg->P, pg->N, pg->R[0], t.total, t.old, t.ref, t.policy, t.optim, peak);
     if (mode)
-        printf("; policy phases: prompt fwd %.0f, %d response micro-batches %.0f, prompt bwd %.0f ms; hot %.0f MiB, "
-               "dormant %.0f MiB %s (pinning it: %.0f ms, in prompt fwd)", t.st.ms_prompt_fwd, t.st.n_micro, t.st.ms_resp,
-               t.st.ms_prompt_bwd, t.st.hot_mib, t.st.dormant_mib,
-               t.st.offloaded ? "in pinned host memory" : "on the device", t.st.ms_host_alloc);
+        printf("; policy phases: prompt fwd %.0f (old pass's, no saves or copies: %.0f), %d response micro-batches %.0f, "
+               "prompt bwd %.0f ms; hot %.0f MiB, dormant %.0f MiB %s, %d layers of it on the device (pinning it: %.0f ms, "
+               "in prompt fwd)", t.st.ms_prompt_fwd, t.old_st.ms_prompt_fwd, t.st.n_micro, t.st.ms_resp, t.st.ms_prompt_bwd,
+               t.st.hot_mib, t.st.dormant_mib, t.st.offloaded ? "in pinned host memory" : "on the device",
+               t.st.offloaded ? t.st.ring : B->m.cfg.L, t.st.ms_host_alloc);
     printf("\n");
     fflush(stdout);
 }
@@ -185,11 +186,11 @@ int main(int argc, char **argv) {
         int P = atoi(argv[a]);
         int *prompt = malloc((size_t)P * 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
         unsigned long long s = 5;
-        for (int i = 0; i < P; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+        gc_random_ids(prompt, P, &s);
         for (int r = 0; r < N; r++) {
             Rs[r] = R;
             resp[r] = malloc((size_t)R * 4);
-            for (int i = 0; i < R; i++) resp[r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 150000);
+            gc_random_ids(resp[r], R, &s);
         }
         pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
         run(&B, &pg, maxtok, 0);

@@ -25,7 +25,7 @@
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
 #       1.7B heads at (4096, 16, 512)), with PEER_ATTN=path/to/peer_attention.py the peer
 #   (j) with BENCH_SPLIT=1: bench_split (long prompts, issue 22: Qwen3-1.7B dims, N=16 R=1024,
-#       P = 8K..64K, split vs one graph), with PEER_FLEX=path/to/peer_step_flex.py the peer
+#       P = 8K..128K, split vs one graph), with PEER_FLEX=path/to/peer_step_flex.py the peer
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
 # Exit status: 0 when the build succeeded and every test ran and every row passed; 1 on any
 # failure (a failed build is a FAIL row and exit 1, no test runs); 2 with TESTS=0 (the tests
@@ -201,8 +201,10 @@ fi
 # ---- (j) long prompts (optional): the split schedule vs one graph, and the flex peer
 if [ "${BENCH_SPLIT:-0}" = 1 ]; then
     {
-        timeout ${T_BENCH:-300} "$BIN/bench_split" 16 1024 4096 8192 16384 32768 65536
-        if [ -n "${PEER_FLEX:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_FLEX" 1.7b 16 1024 16384 32768; fi
+        timeout ${T_BENCH:-300} "$BIN/bench_split" 16 1024 4096 8192 16384 32768 65536 131072
+        if [ -n "${PEER_FLEX:-}" ]; then
+            PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_FLEX" 1.7b 16 1024 8192 16384 65536 131072 32768
+        fi
     } >"$OUT/bench_split.log" 2>&1
     cat "$OUT/bench_split.log"
 fi

@@ -407,6 +407,16 @@ static void t_elementwise(long long n) {
     gc_row("swiglu_bwd dup", sh, rel_l2(du_g, du_c, (size_t)n), 1e-2);
     gc_row("add (in place)", sh, rel_l2(s_g, s_c, (size_t)n), 1e-2);
     gc_row("f32_to_act", sh, rel_l2(c_g, g, (size_t)n), 0);
+    /* acc_f32 twice onto fp32 u: the same fp32 additions of the bf16 values as the cpu's, so exact */
+    float *a_c = gc_copy(u, (size_t)n), *ga = gc_dev(gpu, u, (size_t)n * 4), *a_g = malloc((size_t)n * 4);
+    cpu->acc_f32(cpu, a_c, c_g, n);
+    cpu->acc_f32(cpu, a_c, c_g, n);
+    gpu->acc_f32(gpu, ga, gconv, n);
+    gpu->acc_f32(gpu, ga, gconv, n);
+    if (gpu->to_host(gpu, a_g, ga, (size_t)n * 4)) gc_die(gpu, "acc_f32");
+    gc_row("acc_f32 (bf16 into fp32, twice)", sh, rel_l2(a_g, a_c, (size_t)n), 0);
+    gpu->free(gpu, ga);
+    free(a_c); free(a_g);
     gpu->free(gpu, gg); gpu->free(gpu, gu); gpu->free(gpu, gdy); gpu->free(gpu, go); gpu->free(gpu, gdg);
     gpu->free(gpu, gdu); gpu->free(gpu, gf); gpu->free(gpu, gconv);
     free(g); free(u); free(dy); free(o_c); free(dg_c); free(du_c); free(s_c); free(o_g); free(dg_g); free(du_g);

@@ -146,8 +146,16 @@ static int cb_loss(void *ud, int r0, int r1) {
     return 0;
 }
 
+/* A device with no memory to spare: the dormant set's ring takes the 2 slots the forward needs. */
+static int no_room(eng_backend *b, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = 1 << 20;
+    *total_bytes = (size_t)1 << 34;
+    return 0;
+}
+
 /* Each group through split_train at a budget of its longest response
- * (responses up to the longest per micro-batch) and of about half the responses, with the dormant set on the device or through host memory,
+ * (responses up to the longest per micro-batch) and of about half the responses, with the dormant set on the device or through host memory
+ * (3 layers of it on the device, or 2 when mem_info says there is no room for more),
  * against the one-graph packed and the standard layouts of all groups. */
 static void split_case(model_arch arch, unsigned long long seed) {
     fixture f;
@@ -160,7 +168,8 @@ static void split_case(model_arch arch, unsigned long long seed) {
     run_out pk = {0}, st = {0};
     CHECK(run_layout(m, &f.wv, f.pg, G, PACK_PACKED, wl, we, &pk) == 0);
     CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, wl, we, &st) == 0);
-    for (int v = 0; v < 4; v++) {
+    for (int v = 0; v < 6; v++) {
+        m->be->mem_info = v >= 4 ? no_room : NULL;
         float *lp = malloc(M * 4), *en = malloc(M * 4), *dl = malloc(M * 4), *de = malloc(M * 4),
               *flp = malloc(M * 4), *grad = calloc(n, 4);
         for (size_t i = 0; i < M; i++) lp[i] = en[i] = flp[i] = 0.0f / 0.0f;
@@ -182,6 +191,7 @@ static void split_case(model_arch arch, unsigned long long seed) {
             CHECK_MSG(ss.n_micro >= 2, "group %d: %d micro-batches", g, ss.n_micro);
             int first[17];
             CHECK_EQ_INT(ss.n_micro, split_resp_batches(pg, mt, first));
+            CHECK_EQ_INT(ss.ring, v >= 4 ? 2 : v >= 2 ? 3 : 0);
             micro += ss.n_micro;
             offloaded += ss.offloaded;
             unwritten += u.unwritten;
@@ -194,7 +204,8 @@ static void split_case(model_arch arch, unsigned long long seed) {
                eg = rel_l2(grad, pk.grad, n), els = rel_l2(lp, st.logp, M), egs = rel_l2(grad, st.grad, n);
         printf("  %s split, %s, %s: %d micro-batches; vs one graph: logprobs %.2e entropies %.2e forward-only %.2e "
                "gradients %.2e; vs standard: logprobs %.2e gradients %.2e\n",
-               f.c.arch_name, v & 1 ? "half the responses" : "longest response", v >= 2 ? "dormant via host" : "on device",
+               f.c.arch_name, v & 1 ? "half the responses" : "longest response",
+               v >= 4 ? "dormant via host, 2 on device" : v >= 2 ? "dormant via host" : "on device",
                micro, el, ee, ef, eg, els, egs);
         CHECK_MSG(el <= 1e-5 && ee <= 1e-5 && ef <= 1e-5 && eg <= 1e-5 && els <= 1e-5 && egs <= 1e-5,
                   "split differs: %.3g %.3g %.3g %.3g %.3g %.3g", el, ee, ef, eg, els, egs);
@@ -205,6 +216,7 @@ static void split_case(model_arch arch, unsigned long long seed) {
         model_views_free(&gv);
         free(lp); free(en); free(dl); free(de); free(flp); free(grad);
     }
+    m->be->mem_info = NULL;
     run_free(&pk); run_free(&st); free(wl); free(we);
     fixture_free(&f);
 }
