@@ -5,7 +5,8 @@
  *   - ragged groups (P 3..12, N 1..4, R 1..9, random tokens, rewards and old logprobs) and five
  *     algorithm configurations, one per loss_agg_mode, together covering every estimator, both
  *     loss modes, kl on/off, entropy, several mini-batches and epochs, the on-policy single step,
- *     masked truncations, filtered groups, and the grad-norm clip (active: grad_clip 0.05):
+ *     masked truncations, filtered groups, groups split across micro-batches, and the grad-norm
+ *     clip (active: grad_clip 0.05):
  *     after the update every rank's weights equal the one-rank update within |Δ| <= 1e-6 +
  *     1e-5 |w| — fp32 rounding of the gradient summed in another order (ranks, then the shards'
  *     sum of squares), carried through AdamW; the observed worst is printed (~1e-8). Every rank's
@@ -40,6 +41,7 @@
 #define NG 7
 #define NCFG 5
 #define LR 2e-3f
+#define MB_TOKENS 24   /* tokens a micro-batch: several per mini-batch, and some groups split */
 
 /* ---------------------------------------------------------------- inputs */
 
@@ -108,7 +110,7 @@ static int run_update(eng *e, int k, eng_update_result *u) {
     eng_update_group g[NG];
     groups(g, a.use_rollout_logprobs);
     if (given) for (int i = 0; i < NG; i++) { g[i].advantage = adv_[i]; g[i].reward = NULL; }
-    return eng_update(e, g, NG, &a, &o, 40, u, NULL, NULL);   /* 40 tokens a micro-batch: several each */
+    return eng_update(e, g, NG, &a, &o, MB_TOKENS, u, NULL, NULL);
 }
 
 /* Logprobs of every response under the policy, flattened (returns the count, or -1). */
@@ -251,6 +253,14 @@ static float *ref_w[NCFG];
 static eng_update_result ref_u[NCFG];
 
 TEST(one_rank_reference) {
+    int split = 0;   /* groups larger than a micro-batch (MB_TOKENS): the split path (engine/split.h) runs on ranks too */
+    for (int i = 0; i < NG; i++) {
+        int t = P_[i];
+        for (int r = 0; r < N_[i]; r++) t += R_[i][r];
+        split += t > MB_TOKENS;
+    }
+    printf("  %d of %d groups larger than a micro-batch\n", split, NG);
+    CHECK(split >= 1);
     eng *e = open_rank(NULL, NULL);
     CHECK_MSG(e, "%s", err_msg());
     long long n = n_elems(e);
