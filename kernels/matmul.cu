@@ -286,8 +286,11 @@ struct sk_shape {
  * adapter tiles are the first tile of the lowest blocks (blocks start in index order, as CUB's
  * decoupled look-back assumes), and the next kernel (PDL) starts only once every block of this
  * one has started. The last block out sets both counters back to 0, so a graph replays the
- * launch as it was captured. Cost (H100, Qwen3-8B decode, docs/benchmarks.md): 5-7 us a tile
- * with a term, its epilogue's global reads queued behind the ring's loads of the next tile.
+ * launch as it was captured. A tile's B rows come through its own cp.async stream into shared
+ * memory after the norm weight when they fit there and a warp has at least S chunks of the tile
+ * (sk_args.bcp), else they are prefetched into L1. Cost (H100, Qwen3-8B decode,
+ * docs/benchmarks.md): 5-7 us a tile with a term, much the same with B in shared memory (0.05 ms
+ * a step less than through L1), so it is not the epilogue's B reads.
  * SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O, n = 1 tile range): a
  * tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the rest the same up
  * rows, so the epilogue writes g, u (each with its own low-rank term) and act = silu(g) * u
@@ -312,6 +315,7 @@ typedef struct {
     int na, nA;
     unsigned *sync;              /* (2) adapter tiles done, blocks done; 0 between launches */
     int ukeep;                   /* u rows of a tile (both parts in SwiGLU mode) fit u_keep */
+    int bcp;                     /* a tile's B rows go through its cp.async stream (skinny_launch) */
 } sk_args;
 
 /* s += u · b over lr values, in k order (u, b: one row each, 16-byte aligned, shared memory) */
@@ -467,13 +471,27 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 
     float acc[MT][NT][4];
     for (int j = 0; j < mine; j++) {
-        if (LORA) {   /* the tile's B rows into L1 for its epilogue */
+        if (LORA) {   /* the tile's B rows for its epilogue */
             int pi, o0;
             tile(j, pi, o0);
             const int ow = sw ? 4 * NT : 8 * NT;
-            if (pi >= 0 && SK_SEL(lb_, pi))
-                sk_prefetch_rows(SK_SEL(lb_, pi), o0, min(ow, SK_SEL(O_, pi) - o0), lr, tid, NTH);
-            if (pi >= 0 && sw && lb_1) sk_prefetch_rows(lb_1, o0, min(ow, O_1 - o0), lr, tid, NTH);
+            if (pi >= 0 && a.bcp) {
+                /* into shared memory after nw_s, through the ring's stream: they join the group of the
+                 * tile's first chunk, which the tile's later chunks wait for (skinny_launch: chunks of a
+                 * warp's tile >= S), so they are in by the epilogue, never queued behind the next tile's */
+                uint4 *bs = (uint4 *)(nw_s + SK_NORM_I);
+                const bf16 *lb0 = SK_SEL(lb_, pi), *lb1 = sw ? lb_1 : nullptr;
+                const int n8 = min(ow, SK_SEL(O_, pi) - o0) * lr / 8;
+                if (lb0)
+                    for (int i = tid; i < n8; i += NTH) sk_cp16(bs + i, lb0 + (size_t)o0 * lr + (size_t)i * 8, 16);
+                if (lb1)
+                    for (int i = tid; i < n8; i += NTH)
+                        sk_cp16(bs + ow * lr / 8 + i, lb1 + (size_t)o0 * lr + (size_t)i * 8, 16);
+            } else {   /* into L1 */
+                if (pi >= 0 && SK_SEL(lb_, pi))
+                    sk_prefetch_rows(SK_SEL(lb_, pi), o0, min(ow, SK_SEL(O_, pi) - o0), lr, tid, NTH);
+                if (pi >= 0 && sw && lb_1) sk_prefetch_rows(lb_1, o0, min(ow, O_1 - o0), lr, tid, NTH);
+            }
         }
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -551,9 +569,9 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         bf16 *out = SK_SEL(out_, pi);
         if (LORA && (SK_SEL(lb_, pi) || (sw && lb_1))) {
             /* the low-rank terms: each thread's sums of the warps' partials into registers, then red
-             * holds the terms' operands: the tile's B rows (fetched while waiting) and, once every
-             * adapter tile is done, the u rows; the sums then go on as below, the term after the
-             * bias (the order of the epilogue below) */
+             * holds the terms' operands: the tile's B rows (unless bcp brought them in already) and,
+             * once every adapter tile is done, the u rows; the sums then go on as below, the term
+             * after the bias (the order of the epilogue below) */
             constexpr int E = (RW * CW + NTH - 1) / NTH;
             const bf16 *lb0 = SK_SEL(lb_, pi), *lb1 = sw ? lb_1 : nullptr, *lu0 = SK_SEL(lu_, pi);
             const int ow = sw ? CW / 2 : CW, nr = min(ow, O - o0);
@@ -570,9 +588,10 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                     for (int k = 0; k < SK_WARPS; k++) su[i] += red[(size_t)k * RW * CW + e + CW / 2];
             }
             __syncthreads();   /* red is free: it takes the operands */
-            bf16 *b0s = (bf16 *)red, *b1s = b0s + ow * lr, *u0s = b1s + ow * lr, *u1s = u0s + RW * lr;
-            if (lb0) sk_stage(b0s, lb0 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
-            if (lb1) sk_stage(b1s, lb1 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
+            bf16 *b0s = a.bcp ? nw_s + SK_NORM_I : (bf16 *)red, *b1s = b0s + ow * lr;
+            bf16 *u0s = (bf16 *)red + 2 * ow * lr, *u1s = u0s + RW * lr;
+            if (lb0 && !a.bcp) sk_stage(b0s, lb0 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
+            if (lb1 && !a.bcp) sk_stage(b1s, lb1 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
             if (a.ukeep) { u0s = u_keep; u1s = u_keep + T * lr; }
             if (!a.ukeep || u_part != pi) {
                 if (u_part < 0 && tid == 0) {   /* every adapter tile's u written (once a block) */
@@ -649,9 +668,26 @@ template <int MT, int NT>
 static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
     static unsigned done[2];
+    static size_t cap;   /* the LoRA kernel's dynamic shared memory limit: all the block may have */
     const bool lora = a.la[0] || a.la[1] || a.la[2];
     auto *kern = lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
-    cu_raise_smem(c, kern, smem, &done[lora]);
+    size_t smem_l = smem;
+    a.bcp = 0;
+    if (lora) {   /* the tile's B rows (both parts in SwiGLU mode) after the norm weight, when they fit */
+        if (!cap) {
+            int dev = 0, optin = 0;
+            cudaFuncAttributes fa;
+            CU_CK(c, cudaGetDevice(&dev));
+            CU_CK(c, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+            CU_CK(c, cudaFuncGetAttributes(&fa, kern));
+            if (c->failed) return;
+            cap = (size_t)optin - fa.sharedSizeBytes;
+        }
+        const size_t bsz = (size_t)2 * (a.act ? 4 : 8) * NT * a.lr * 2;
+        a.bcp = smem + bsz <= cap && (I / SK_KC) / SK_WARPS >= sk_shape<MT, NT>::S;
+        if (a.bcp) smem_l = smem + bsz;
+    }
+    cu_raise_smem(c, kern, lora && cap > smem ? cap : smem, &done[lora]);
     if (c->failed) return;
     a.b0[0] = 0;
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + (a.act ? 4 : 8) * NT - 1) / ((a.act ? 4 : 8) * NT);
@@ -662,7 +698,7 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     a.sync = c->sk_sync;
     a.ukeep = T * a.lr * (a.act ? 2 : 1) <= SK_UKEEP;
     const int tiles = a.nA + a.b0[a.n], blocks = tiles < c->n_sm ? tiles : c->n_sm;
-    cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
+    cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem_l, a, inp, T, I);
 }
 
 /* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the

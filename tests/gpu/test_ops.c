@@ -745,6 +745,8 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES | MM_LORA);
             t_matmul_fwd_n(40, 320, 3, odd, MM_RES | MM_LORA);
             t_mlp_in(5, 320, 200, 1, 1);
+            t_matmul_fwd_n(5, 4096, 3, odd, MM_NORM | MM_LORA);   /* B rows through the cp.async stream */
+            t_mlp_in(5, 4096, 200, 1, 1);
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
