@@ -316,6 +316,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     LT_CK(c, cublasLtCreate(&c->lt));
     c->lt_ws_bytes = 32u << 20;
     CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    if (!c->failed) CU_CK(c, cudaMemset(c->lt_ws, 0, c->lt_ws_bytes));   /* every process starts from the same workspace */
     CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
     CU_CK(c, cudaMalloc(&c->sk_sync, 2 * sizeof(unsigned)));
     if (!c->failed) CU_CK(c, cudaMemset(c->sk_sync, 0, 2 * sizeof(unsigned)));

@@ -3,7 +3,7 @@
  * GEMM against W into an fp32 logits chunk (alpha = 1/temperature), then one block per row for
  * logsumexp, the target's logit and the entropy. Backward recomputes the chunk's logits, turns
  * each row into dlogits (bf16) in the same row kernel, then two GEMMs: dh_chunk = dz · W (fp32,
- * scattered with adds into the rows at out_pos) and dW += dz^T · h_chunk (fp32, beta = 1).
+ * added into the rows at out_pos in a fixed order) and dW += dz^T · h_chunk (fp32, beta = 1).
  * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"
@@ -64,10 +64,32 @@ __global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok,
     }
 }
 
-__global__ void scatter_add_rows_kernel(bf16 *dh, const float *src, const int *pos, int C) {
-    int i = blockIdx.x;
-    bf16 *dst = dh + (size_t)pos[i] * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dst + c, __float2bfloat16(src[(size_t)i * C + c]));
+/* dh rows at pos += src rows (n of them), in a fixed order and without atomics: positions repeat
+ * in a chunk (a group's last prompt position predicts the first token of each of its N
+ * responses), and bf16 atomics from N blocks would add them in whatever order the blocks ran, so
+ * two runs of the same backward would differ (a replayed update would not equal the original).
+ * The block of a position's first row adds every row of that position, in row order, in fp32,
+ * and rounds once; the blocks of its later rows do nothing. */
+__global__ void scatter_add_rows_kernel(bf16 *dh, const float *src, const int *pos, int n, int C) {
+    __shared__ int later[CH];
+    __shared__ int n_later;
+    const int i = blockIdx.x, p = pos[i];
+    int seen = 0;
+    for (int j = threadIdx.x; j < i; j += blockDim.x) seen |= pos[j] == p;
+    if (__syncthreads_or(seen)) return;
+    if (threadIdx.x == 0) {
+        int k = 0;
+        for (int j = i + 1; j < n; j++)
+            if (pos[j] == p) later[k++] = j;
+        n_later = k;
+    }
+    __syncthreads();
+    bf16 *dst = dh + (size_t)p * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = __bfloat162float(dst[c]) + src[(size_t)i * C + c];
+        for (int k = 0; k < n_later; k++) s += src[(size_t)later[k] * C + c];
+        dst[c] = __float2bfloat16(s);
+    }
 }
 
 typedef struct { bf16 *hc; float *z; bf16 *dz; float *dhc; } lp_scratch;
@@ -118,7 +140,7 @@ void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const 
         /* dh_chunk^T (C, mc) = W^T (C, V) · dz^T (V, mc) */
         gemm_lt(c, 0, 0, C, mc, V, 1.0f, w, C, s.dz, V, 0.0f, s.dhc, C, 1, NULL);
         if (c->failed) return;
-        scatter_add_rows_kernel<<<mc, 256, 0, c->stream>>>(dh, s.dhc, out_pos + m0, C);
+        scatter_add_rows_kernel<<<mc, 256, 0, c->stream>>>(dh, s.dhc, out_pos + m0, mc, C);
         CU_LAUNCHED(c, "scatter_add_rows_kernel");
         /* dW^T (C, V) += hc^T (C, mc) · dz (mc, V) */
         if (dw) gemm_lt(c, 0, 1, C, V, mc, 1.0f, s.hc, C, s.dz, V, 1.0f, dw, C, 1, NULL);

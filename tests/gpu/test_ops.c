@@ -636,7 +636,9 @@ static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
     snprintf(sh, sizeof sh, "T=%d M=%d C=%d V=%d t=%.1f%s", T, M, C, V, temp, with_ent ? " +ent" : "");
     float *h = gc_rand((size_t)T * C, 1.0f, 71), *w = gc_rand((size_t)V * C, 0.3f, 72);
     int *pos = malloc((size_t)M * 4), *tok = rand_ints(M, 0, V, 73);
-    for (int m = 0; m < M; m++) pos[m] = (m * 5 + 1) % T;   /* distinct while M <= T, 5 and T coprime */
+    /* distinct while M <= T (5 and T coprime); with M > T positions repeat, as a group's last
+     * prompt position predicts the first token of each response */
+    for (int m = 0; m < M; m++) pos[m] = (m * 5 + 1) % T;
     float *dlp = gc_rand((size_t)M, 1.0f, 74), *dent = gc_rand((size_t)M, 0.5f, 75);
     float *dh0 = gc_rand((size_t)T * C, 0.05f, 76), *dw0 = gc_rand((size_t)V * C, 0.5f, 77);
     float *lp_c = malloc((size_t)M * 4), *en_c = malloc((size_t)M * 4), *dh_c = gc_copy(dh0, (size_t)T * C);
@@ -656,6 +658,15 @@ static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
     gpu->lm_head_rows(gpu, glg, gh, gpos, gw, R, C, V);
     float *lp_g = gc_get_f32(gpu, glp, (size_t)M), *en_g = gc_get_f32(gpu, gen, (size_t)M);
     float *dh_g = gc_get_act(gpu, gdh, (size_t)T * C), *dw_g = gc_get_f32(gpu, gdw, (size_t)V * C);
+    /* the backward again from the same dh0 / dw0: the same bits (replay after a crash needs it) */
+    if (gpu->act_from_f32(gpu, gdh, dh0, (size_t)T * C) || gpu->to_dev(gpu, gdw, dw0, (size_t)V * C * 4)) gc_die(gpu, "reset");
+    gpu->logprob_bwd(gpu, gdh, gdw, gdlp, with_ent ? gdent : NULL, gh, gpos, gtok, gw, M, C, V, temp);
+    float *dh_2 = gc_get_act(gpu, gdh, (size_t)T * C), *dw_2 = gc_get_f32(gpu, gdw, (size_t)V * C);
+    long long ndiff = 0;
+    for (size_t i = 0; i < (size_t)T * C; i++) ndiff += memcmp(&dh_g[i], &dh_2[i], 4) != 0;
+    for (size_t i = 0; i < (size_t)V * C; i++) ndiff += memcmp(&dw_g[i], &dw_2[i], 4) != 0;
+    gc_row("logprob_bwd twice (elems differ)", sh, (double)ndiff, 0);
+    free(dh_2); free(dw_2);
     float *lg_g = gc_get_f32(gpu, glg, (size_t)R * V);
     gc_row("logprob_fwd logp", sh, rel_l2(lp_g, lp_c, (size_t)M), 1e-4);
     if (with_ent) gc_row("logprob_fwd entropy", sh, rel_l2(en_g, en_c, (size_t)M), 1e-4);
@@ -753,6 +764,7 @@ int main(int argc, char **argv) {
         attention_suite();
         decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
+        t_logprob(50, 130, 64, 300, 1.0f, 1);    /* repeated positions */
         t_adamw(999, 2);
     } else {
         t_embedding(333, 1024, 5000);
@@ -831,6 +843,7 @@ int main(int argc, char **argv) {
         decode_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);
         t_logprob(300, 257, 128, 1003, 1.0f, 0);
+        t_logprob(100, 600, 256, 5000, 1.0f, 1); /* repeated positions, across chunks */
         t_adamw(1000003, 5);
         t_sticky_error();
     }
