@@ -7,6 +7,7 @@
 #       GPU, three AdamW steps on both backends
 #   test_offload: the host-memory optimizer vs the on-GPU AdamW, recomputed layers vs full
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
+#   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
@@ -46,7 +47,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_offload bench_grpo test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
+PROGS="test_ops test_model test_offload test_determinism bench_grpo test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -99,6 +100,17 @@ fi
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
+# issue 19: the same update twice in one process and in two processes with other histories
+# (what replay after a crash needs), tensor by tensor; a rollout alone vs beside another group
+for m in tiny mid; do
+    x=; [ $m = mid ] && x=mid
+    timeout ${T_DET:-120} "$BIN/test_determinism" run "$BUILD/det_$m.a" $x >>"$OUT/model.log" 2>&1
+    echo "test_determinism run $m exit $?" >>"$OUT/model.log"
+    timeout ${T_DET:-120} "$BIN/test_determinism" run "$BUILD/det_$m.b" perturb $x >>"$OUT/model.log" 2>&1
+    echo "test_determinism run $m perturb exit $?" >>"$OUT/model.log"
+    timeout 60 "$BIN/test_determinism" compare "$BUILD/det_$m.a" "$BUILD/det_$m.b" $m >>"$OUT/model.log" 2>&1
+    echo "test_determinism compare $m exit $?" >>"$OUT/model.log"
+done
 # LoRA: CUDA vs CPU, the engine with adapters on cuda, then PEFT loading grpod's adapter
 timeout ${T_LORA:-120} "$BIN/test_lora" "$OUT/lora" >>"$OUT/model.log" 2>&1; echo "test_lora exit $?" >>"$OUT/model.log"
 timeout ${T_PEFT:-180} python3 tests/gpu/peft_roundtrip.py "$OUT/lora" >>"$OUT/model.log" 2>&1

@@ -3,7 +3,7 @@
  *       seven targets (B nonzero), packed groups: logprobs and adapter gradients (frozen base)
  *       CUDA vs CPU, rel L2 <= 1e-2 (test_model.c's contract), each adapter tensor <= 2e-2;
  *       recomputed layers (MODEL_ACTS_RECOMPUTE) vs stored on the GPU: logprobs bit for bit,
- *       gradients <= 1e-2 (the GPU backward is not bitwise deterministic); B = 0 vs the base
+ *       gradients <= 1e-2 (the CUDA contract's tolerance); B = 0 vs the base
  *       <= 1e-6;
  *   (b) engine level on the embedded default model (cuda): fresh adapters give the base's
  *       logprobs, three updates leave the reference (the base) exactly as it was, rollouts

@@ -8,10 +8,10 @@
  *   (b) activations by budget on a small Qwen3-shaped model: the recompute of a checkpointed
  *       layer reproduces its forward activations bit for bit (0 bytes differ); logprobs with
  *       half and all layers recomputed are bit-equal; gradients within the CUDA contract (1e-2
- *       relative L2), not bit-equal: the CUDA backward adds bf16 rows with atomics (the logprob
- *       head's scatter), whose order varies, so two full-activation backwards already differ by
- *       0 to 2.6e-3 from one run to the next (measured; printed as the spread). A recompute that
- *       went wrong is off by O(1) (the cpu test_backward.c, where all is bit-equal, shows it).
+ *       relative L2). They are bit-equal too since the logprob head's scatter lost its bf16
+ *       atomics (ninth session: the spread of two full-activation backwards, printed, went from
+ *       0 to 2.6e-3 to 0, and so did the recompute's); the rows keep the contract's tolerance.
+ *       A recompute that went wrong is off by O(1) (the cpu test_backward.c shows it).
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
 
@@ -109,8 +109,8 @@ static void recompute_vs_full(eng_backend *be) {
     model_input in;
     model_input_from_batch(&in, &b);
     float *dl = gc_rand((size_t)b.M, 1.0f / b.M, 21), *grad[4], *lp[4];
-    /* runs: full, full again (the CUDA backward's own run-to-run spread: bf16 atomics), half
-     * and all of the layers recomputed */
+    /* runs: full, full again (the CUDA backward's own run-to-run spread), half and all of the
+     * layers recomputed */
     const int ck[4] = { 0, 0, 3, 6 };
     for (int k = 0; k < 4; k++) {
         float *g_d = be->alloc(be, n * 4);
