@@ -175,7 +175,11 @@ static int replay(worker *w) {
                  (long long)atomic_load(&w->policy_version));
         api_set_loading(w->cfg.api, why);
         err_clear();
-        rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &js[i], &res);
+        if (!strcmp(js[i].payload, "{}"))   /* prune_inputs: both checkpoints that covered it are unusable */
+            rc = err_set(GE_INTERNAL, "its inputs were dropped when two checkpoints covered version %lld, and "
+                         "neither can be resumed now", js[i].policy_version);
+        else
+            rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &js[i], &res);
         free(res);
         update_version(w);
         if (rc) {
@@ -309,13 +313,29 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
     if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
 }
 
+/* Drops the stored inputs of done updates that two checkpoints cover: a start resumes from the
+ * newest checkpoint that verifies — the one before it when the newest is damaged — so replay
+ * never reads an update at or below the second newest's version (docs/api.md). */
+static void prune_inputs(worker *w) {
+    store_ckpt *cks = NULL;
+    int nc = 0;
+    char esc[700];
+    if (store_checkpoint_list(w->st, &cks, &nc)) return;
+    if (nc >= 2) {
+        int r = store_prune_inputs(w->st, cks[1].policy_version);
+        if (r > 0) log_event(LOG_INFO, "inputs_pruned", "\"updates\":%d,\"up_to_version\":%lld", r, cks[1].policy_version);
+        if (r < 0) log_event(LOG_WARN, "inputs_prune_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
+    }
+    free(cks);
+}
+
 /* After a checkpoint job: the version is saved (no exit checkpoint for it), and with
- * --keep-checkpoints N the oldest beyond the newest N go (replay never needs them: every
- * update's inputs stay in the store, and the newest is kept). */
+ * --keep-checkpoints N the oldest beyond the newest N go (replay never needs them: the inputs of
+ * every update the two newest do not both cover stay in the store); then prune_inputs. */
 static void checkpoint_saved(worker *w) {
     update_version(w);
     w->saved_version = atomic_load(&w->policy_version);
-    if (w->cfg.keep_checkpoints <= 0) return;
+    if (w->cfg.keep_checkpoints <= 0) { prune_inputs(w); return; }
     store_ckpt *cks = NULL;
     int nc = 0;
     if (store_checkpoint_list(w->st, &cks, &nc)) return;
@@ -325,6 +345,7 @@ static void checkpoint_saved(worker *w) {
         log_event(rc ? LOG_WARN : LOG_INFO, "checkpoint_pruned", "\"id\":\"%s\",\"ok\":%s", cks[i].id, rc ? "false" : "true");
     }
     free(cks);
+    prune_inputs(w);
 }
 
 static void run_one(worker *w, store_job *j) {

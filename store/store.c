@@ -76,7 +76,7 @@ enum {
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
     Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_UPDATES_AFTER, Q_MAX_UPDATE_VERSION, Q_REQUEUE_FAILED,
-    Q_CKPT_DEL, Q_N
+    Q_CKPT_DEL, Q_PRUNE_INPUTS, Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -129,6 +129,8 @@ static const char *const sql_text[Q_N] = {
     [Q_REQUEUE_FAILED] = "UPDATE jobs SET status = 'queued', attempts = 0, progress = 0, error = NULL, "
                          "finished_at = 0, cancel_requested = 0 WHERE id = ?1 AND status = 'failed'",
     [Q_CKPT_DEL] = "DELETE FROM checkpoints WHERE id = ?1",
+    [Q_PRUNE_INPUTS] = "UPDATE jobs SET payload = '{}' WHERE kind = 'update' AND status = 'done' "
+                       "AND policy_version >= 0 AND policy_version <= ?1 AND payload <> '{}'",
     [Q_HIST_ADD] = "INSERT INTO history (at, kind, policy_version, stats) VALUES (?1, ?2, ?3, ?4)",
     /* the newest ?2 rows after id ?1, oldest first */
     [Q_HIST_LIST] = "SELECT id, at, kind, policy_version, stats FROM "
@@ -745,6 +747,12 @@ int store_checkpoint_delete(store *s, const char *id) {
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding checkpoint delete");
     int r = q_exec(s, st, "deleting a checkpoint");
     return r < 0 ? r : r == 0 ? err_set(GE_NOT_FOUND, "no checkpoint %s", id) : 0;
+}
+
+int store_prune_inputs(store *s, long long version) {
+    sqlite3_stmt *st = q_get(s, Q_PRUNE_INPUTS);
+    BIND_OK(s, sqlite3_bind_int64(st, 1, version), "binding prune inputs");
+    return q_exec(s, st, "dropping the inputs of checkpointed updates");
 }
 
 int store_checkpoint_list(store *s, store_ckpt **out, int *n) {

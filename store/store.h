@@ -88,6 +88,10 @@ int store_checkpoint_add(store *s, const char *id, const char *path, long long p
 typedef struct { char id[64]; char path[512]; long long policy_version; double created_at; } store_ckpt;
 int store_checkpoint_list(store *s, store_ckpt **out, int *n);       /* newest first; free() */
 int store_checkpoint_delete(store *s, const char *id);               /* the index row; GE_NOT_FOUND */
+/* Drops the stored inputs (payload, to "{}") of done updates with policy_version <= version:
+ * replay from a checkpoint at that version or newer never reads them, and the API never
+ * returns a payload (results stay). Returns how many, or a negative GE_* code. */
+int store_prune_inputs(store *s, long long version);
 /* Training history (the dashboard's data): one row per finished rollout or update, stats a
  * JSON object of its summary. list calls cb for the newest limit rows with id > after_id,
  * oldest first; the strings are valid during the call only. */
