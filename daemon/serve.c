@@ -23,6 +23,7 @@
 #include "api/http.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/reserve.h"
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
 #include "engine/lora.h"
@@ -442,7 +443,17 @@ int serve_main(int argc, char **argv) {
     if (lock_fd < 0) { fprintf(stderr, "grpod serve: %s\n", why); return 1; }
     if (port_in_use(&ss, sl, why, sizeof why)) { fprintf(stderr, "grpod serve: %s\n", why); close(lock_fd); return 1; }
     /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
-    if (store_open(s.o.data_dir, 1, &s.st)) {
+    /* a disk that filled while grpod was down: the reserve gives the store room to open */
+    char resc[700];
+    if (reserve_keep(s.o.data_dir))
+        log_event(LOG_WARN, "disk_reserve_missing", "\"message\":%s", log_str(resc, sizeof resc, err_msg()));
+    int src = store_open(s.o.data_dir, 1, &s.st);
+    if (src && reserve_release(s.o.data_dir)) {
+        log_event(LOG_WARN, "disk_reserve_released", "\"bytes\":%d,\"message\":%s", RESERVE_BYTES,
+                  log_str(resc, sizeof resc, err_msg()));
+        src = store_open(s.o.data_dir, 1, &s.st);
+    }
+    if (src) {
         fprintf(stderr, "grpod serve: %s\n", err_msg());
         close(lock_fd);
         return 1;

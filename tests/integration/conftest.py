@@ -43,6 +43,7 @@ class Daemon:
         self.env.pop("NOTIFY_SOCKET", None)
         self.proc = None
         self.logs = []
+        self.wrap = []          # a command the daemon runs under (e.g. unshare), its argv appended
 
     def start(self, wait_ready=True, preexec_fn=None):
         self.port = free_port()
@@ -50,7 +51,7 @@ class Daemon:
         self.log = tempfile.TemporaryFile(mode="w+")
         self.logs.append(self.log)
         self.proc = subprocess.Popen(
-            [GRPOD, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:%d" % self.port,
+            [*self.wrap, GRPOD, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:%d" % self.port,
              "--backend", "cpu", "--engine-threads", "2", *self.args],
             cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
             preexec_fn=preexec_fn)

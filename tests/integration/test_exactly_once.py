@@ -1,7 +1,8 @@
 # test_exactly_once.py — a completed update is never lost or applied twice, and a failed one
 # changes nothing (docs/api.md "Crashes and replay"): replay after kill -9, a corrupt newest
-# checkpoint, a diverging run, a failed done-write, a full disk, one daemon per data dir and
-# port, the database deleted under the daemon.
+# checkpoint, a diverging run, a failed done-write, a full disk (a checkpoint on it, a start on
+# it), one daemon per data dir and port, the database deleted under the daemon, the inputs of
+# checkpointed updates dropped.
 import json
 import os
 import resource
@@ -236,6 +237,72 @@ def test_checkpoints_managed(make_daemon, tmp_path):
     assert d.post("/v1/jobs/%s/requeue" % done["id"], {}).status_code == 409
     assert d.stop() == 0
     assert not any(e["event"] == "checkpoint_saved" and "exit" in e["id"] for e in events(d)), "redundant exit checkpoint"
+
+
+def update_payloads(data):
+    db = sqlite3.connect("file:%s?mode=ro" % (data / "grpod.db"), uri=True, timeout=30)
+    try:
+        return {v: p for v, p in db.execute("SELECT policy_version, payload FROM jobs WHERE kind = 'update'")}
+    finally:
+        db.close()
+
+
+def test_inputs_dropped_once_two_checkpoints_cover_them(make_daemon, tmp_path):
+    """An update's stored inputs go when two checkpoints cover it (replay from the newest, or the
+    one before when the newest is damaged, never reads them); its result stays."""
+    data = tmp_path / "data"
+    d = make_daemon(data)
+    run_updates(d, 2)
+    assert d.wait_job(d.submit("/v1/checkpoints", {}))["status"] == "done"
+    run_updates(d, 2, start=2)
+    c = d.wait_job(d.submit("/v1/checkpoints", {}))
+    run_updates(d, 1, start=4)
+    want = probe(d)
+    p = update_payloads(data)
+    assert sorted(p) == [1, 2, 3, 4, 5]
+    assert p[1] == p[2] == "{}" and all(len(p[v]) > 100 for v in (3, 4, 5)), p
+    assert any(e["event"] == "inputs_pruned" and e["updates"] == 2 and e["up_to_version"] == 2 for e in events(d))
+    for j in d.get("/v1/jobs?kind=update").json()["jobs"]:
+        full = d.get("/v1/jobs/%s" % j["id"]).json()
+        assert full["result"]["policy_version_after"] == full["policy_version"], full
+    # the newest checkpoint damaged: the one before it plus the kept inputs replay exactly
+    d.kill9()
+    with open(os.path.join(c["result"]["path"], "model.safetensors"), "r+b") as f:
+        f.seek(-64, os.SEEK_END)
+        f.write(b"\x7f" * 16)
+    d2 = make_daemon(data)
+    assert probe(d2) == want
+    assert any(e["event"] == "replay_done" and e["updates"] == 3 for e in events(d2))
+
+
+def test_start_on_a_full_disk(make_daemon, tmp_path):
+    """A disk that filled while grpod was down: the start frees the reserve and serves; a
+    checkpoint fails cleanly. A tmpfs in a user and mount namespace stands in for the disk."""
+    if subprocess.run(["unshare", "-rm", "true"], stderr=subprocess.DEVNULL).returncode != 0:
+        pytest.skip("no user and mount namespaces here (unshare -rm)")
+    src = tmp_path / "src"
+    src.mkdir()
+    d = make_daemon(src / "data")
+    run_updates(d, 1)
+    want = probe(d)
+    assert d.stop() == 0
+    assert os.path.getsize(src / "data" / "grpod.reserve") == 1 << 20
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    # room for the data directory and 64 KiB; then a filler takes the rest
+    size_kib = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(src) for f in fs) // 1024 + 512
+    script = ('mount -t tmpfs -o size=%dk tmpfs "$0" && cp -a "%s"/. "$0"/ && '
+              '{ dd if=/dev/zero of="$0/filler" bs=4k 2>/dev/null; true; } && exec "$@"' % (size_kib, src))
+    full = make_daemon(mnt / "data", args=["--checkpoint-on-exit=false"], start=False)
+    full.wrap = ["unshare", "-rm", "sh", "-c", script, str(mnt)]
+    full.start()
+    ev = events(full)
+    assert any(e["event"] == "disk_reserve_released" for e in ev), [e["event"] for e in ev]
+    assert probe(full) == want
+    j = full.wait_job(full.submit("/v1/checkpoints", {}))
+    assert j["status"] == "failed" and j["error"]["code"] == "io_error", j
+    assert probe(full) == want
+    assert full.stop() == 0
 
 
 def test_replay_with_lora(make_daemon, tmp_path):
