@@ -426,14 +426,16 @@ static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *a
     return rc;
 }
 
-/* Without a communicator every rank holds the whole state, so rank 0 writes the checkpoint
- * alone and the others have nothing to do. */
+/* With a communicator (W > 1, daemon/ranks.h) the save is collective: every rank calls it, the
+ * shards of the optimizer state are gathered to rank 0, which alone writes dir, and every rank
+ * returns rank 0's result (engine/checkpoint.c). Without one (one rank) only rank 0 calls. */
 typedef struct { const char *dir; int merged; } spmd_checkpoint_args;
 
 static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
     (void)cb; (void)ud;
     spmd_checkpoint_args *a = arg;
-    return rank ? 0 : eng_checkpoint_save_ex(e, a->dir, a->merged);
+    if (rank && !eng_comm(e)) return 0;
+    return eng_checkpoint_save_ex(e, a->dir, a->merged);
 }
 
 /* ---------------------------------------------------------------- update */

@@ -1,4 +1,5 @@
-/* ranks.c — rank 0's view of the peer threads (ranks 1..W-1); see ranks.h.
+/* ranks.c — rank 0's view of the peer threads (ranks 1..W-1) and the group's communicator;
+ * see ranks.h.
  *
  * Each peer has an inbox of commands (add a rollout part, release one, run an SPMD function)
  * and a snapshot of its scheduler (busy, can admit, stats, each part's state) that it writes
@@ -59,6 +60,7 @@ typedef struct peer {
     pthread_cond_t cv;          /* the peer waits for commands */
     pthread_cond_t done_cv;     /* rank 0 waits for a command's completion, or the open */
     cmd *head, *tail;
+    cmd stop;                   /* ranks_stop's command: it must outlive the post */
     int pending_adds;           /* ADDs posted and not yet taken (counts as busy) */
     int open_rc, opened;        /* opened: 1 once eng_open returned */
     char open_msg[512];
@@ -74,9 +76,19 @@ struct ranks {
     long long load[RANKS_MAX];  /* KV rows placed and not released, per rank (rank 0's thread) */
     char model_dir[1024], backend[16], resume_dir[1024], lora_targets[128], lora_init[1024], offload[8];
     peer *peers;                /* [W], 0 unused */
+    /* the communicator (W > 1 only): cpu, rank r's comm is comms[r], ours to free after every
+     * engine closed; cuda, the NCCL id every rank's eng_open joins (the engines own their
+     * comms), kept here so it outlives the opens */
+    comm **comms;               /* [W] */
+    unsigned char nccl_id[128];
+    int nccl;
+    int devices[RANKS_MAX], have_devices;
+    /* set (with __atomic) by the first rank whose open fails: the others' NCCL set-up waits for
+     * every rank and would wait for it forever (eng_open_opts.nccl_cancel); cancel_by: that rank */
+    int open_cancel, cancel_by;
     void (*notify)(void *ud);
     void *notify_ud;
-    int diverged;
+    int diverged, stopped;
 };
 
 int ranks_size(const ranks *rk) { return rk->W; }
@@ -152,12 +164,23 @@ static void peer_run(peer *p, cmd *c) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Rank r failed to open: release the ranks waiting in the communicator's set-up; the first
+ * failure is the cause, the others' GE_COMM its echo. */
+static void cancel_open(ranks *rk, int r) {
+    int zero = 0;
+    if (__atomic_compare_exchange_n(&rk->open_cancel, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&rk->cancel_by, r, __ATOMIC_RELEASE);
+}
+
+void ranks_cancel_open(ranks *rk) { cancel_open(rk, 0); }
+
 static void *peer_main(void *arg) {
     peer *p = arg;
     peer_beat(p);
     err_clear();
     int rc = eng_open(&p->o, &p->e);
     if (!rc) rc = eng_sched_open(p->e, &p->so, &p->sched);
+    if (rc) cancel_open(p->rk, p->rank);
     pthread_mutex_lock(&p->mu);
     p->open_rc = rc;
     p->opened = 1;
@@ -227,6 +250,42 @@ static void wait_done(peer *p, cmd *c) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* ---------------------------------------------------------------- the group */
+
+/* The communicator of W > 1 ranks; W = 1 makes none, so one rank takes the engine's
+ * single-rank path, byte-identical to a daemon without ranks. */
+static int group_open(ranks *rk) {
+    if (rk->W == 1) return 0;
+    if (!strcmp(rk->backend, "cuda")) {
+        rk->nccl = 1;
+        return comm_nccl_unique_id(rk->nccl_id);
+    }
+    if (!(rk->comms = calloc((size_t)rk->W, sizeof *rk->comms))) return err_set(GE_NOMEM, "ranks: out of memory");
+    int rc = comm_cpu_group(rk->W, rk->comms);
+    if (rc) memset(rk->comms, 0, (size_t)rk->W * sizeof *rk->comms);   /* it freed what it made */
+    return rc;
+}
+
+/* Rank r's device and communicator into o. */
+static void rank_opts(const ranks *rk, int r, eng_open_opts *o) {
+    if (rk->have_devices) o->device = rk->devices[r];
+    else if (rk->nccl) o->device = r;
+    if (rk->W == 1) return;
+    o->backend = rk->backend;
+    if (rk->comms) {
+        o->comm = rk->comms[r];
+    } else {
+        o->nccl_id = rk->nccl_id;
+        o->rank = r;
+        o->world = rk->W;
+        o->nccl_cancel = &rk->open_cancel;
+    }
+}
+
+void ranks_rank0_opts(const ranks *rk, eng_open_opts *o) { rank_opts(rk, 0, o); }
+
+const char *ranks_comm_name(const ranks *rk) { return rk->comms ? "cpu" : rk->nccl ? "nccl" : "none"; }
+
 /* ---------------------------------------------------------------- lifecycle */
 
 int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
@@ -247,6 +306,17 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
     snprintf(rk->lora_targets, sizeof rk->lora_targets, "%s", o->lora_targets ? o->lora_targets : "");
     snprintf(rk->lora_init, sizeof rk->lora_init, "%s", o->lora_init ? o->lora_init : "");
     snprintf(rk->offload, sizeof rk->offload, "%s", o->optimizer_offload ? o->optimizer_offload : "auto");
+    /* every rank must make the same kind of communicator: "auto" as eng_open resolves it */
+    if (W > 1 && !strcmp(rk->backend, "auto")) snprintf(rk->backend, sizeof rk->backend, "%s", eng_device_count() > 0 ? "cuda" : "cpu");
+    if (devices) {
+        memcpy(rk->devices, devices, (size_t)W * sizeof *devices);
+        rk->have_devices = 1;
+    }
+    int rc = group_open(rk);
+    if (rc) {
+        ranks_close(rk);
+        return rc;
+    }
     for (int r = 1; r < W; r++) {
         peer *p = &rk->peers[r];
         p->rk = rk;
@@ -258,7 +328,7 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
         p->o.lora_targets = rk->lora_targets;
         p->o.lora_init = rk->lora_init;
         p->o.optimizer_offload = rk->offload;
-        (void)devices;              /* eng_open_opts.device: with engine/comm.h (issue 24) */
+        rank_opts(rk, r, &p->o);
         p->so = *so;
         pthread_mutex_init(&p->mu, NULL);
         pthread_cond_init(&p->cv, NULL);
@@ -275,13 +345,17 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
 }
 
 int ranks_wait_open(ranks *rk) {
-    int rc = 0;
-    for (int r = 1; r < rk->W; r++) {
+    for (int r = 1; r < rk->W; r++) {   /* all of them: none may still be opening when this returns */
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);
         while (!p->opened) pthread_cond_wait(&p->done_cv, &p->mu);
-        if (p->open_rc && !rc) rc = err_set(p->open_rc, "rank %d: %s", r, p->open_msg);
         pthread_mutex_unlock(&p->mu);
+    }
+    /* the rank that failed first is the cause (cancel_open); the others' GE_COMM is its echo */
+    int rc = 0, first = __atomic_load_n(&rk->open_cancel, __ATOMIC_ACQUIRE) ? __atomic_load_n(&rk->cancel_by, __ATOMIC_ACQUIRE) : 0;
+    for (int k = 0; k < rk->W && !rc; k++) {
+        int r = k == 0 ? first : k;
+        if (r > 0 && rk->peers[r].open_rc) rc = err_set(rk->peers[r].open_rc, "rank %d: %s", r, rk->peers[r].open_msg);
     }
     return rc;
 }
@@ -293,14 +367,23 @@ void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched) {
 
 int ranks_diverged(const ranks *rk) { return rk->diverged; }
 
-void ranks_close(ranks *rk) {
-    if (!rk) return;
+void ranks_stop(ranks *rk) {
+    if (!rk || rk->stopped) return;
+    rk->stopped = 1;
     for (int r = 1; r < rk->W; r++) {
         peer *p = &rk->peers[r];
         if (!p->have_th) continue;
-        cmd c = {.kind = CMD_STOP};
-        post(p, &c, 0);
-        pthread_join(p->th, NULL);
+        p->stop = (cmd){.kind = CMD_STOP};
+        post(p, &p->stop, 0);
+    }
+}
+
+void ranks_close(ranks *rk) {
+    if (!rk) return;
+    ranks_stop(rk);
+    for (int r = 1; r < rk->W; r++) {
+        peer *p = &rk->peers[r];
+        if (p->have_th) pthread_join(p->th, NULL);
     }
     for (int r = 1; r < rk->W; r++) {
         peer *p = &rk->peers[r];
@@ -309,6 +392,8 @@ void ranks_close(ranks *rk) {
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
     }
+    for (int r = 0; rk->comms && r < rk->W; r++) comm_free(rk->comms[r]);   /* every engine is closed */
+    free(rk->comms);
     free(rk->peers);
     free(rk);
 }

@@ -1,8 +1,15 @@
 /* ranks.h — the W ranks of one deployment inside one process: rank 0 is the worker's engine
  * thread (daemon/worker.c: it claims jobs and owns the store), ranks 1..W-1 are peer threads
  * started here, each with its own engine (eng_open on that thread: its backend, its CUDA
- * device, its communicator) and its own rollout scheduler. W = 1 has no peers: every call
- * below then goes straight to rank 0's scheduler, exactly as the worker did before ranks.
+ * device, its communicator) and its own rollout scheduler. W = 1 has no peers and no
+ * communicator: every call below then goes straight to rank 0's scheduler, exactly as the
+ * worker did before ranks.
+ *
+ * W > 1 ranks share one communicator (engine/comm.h), made here: on the cpu backend a
+ * comm_cpu_group of W (ranks_close frees it), on cuda an NCCL unique id that each rank's
+ * eng_open joins (the engine owns its NCCL comm). With it the engines are data-parallel
+ * (engine/dp.c): each holds 1/W of the optimizer state and trains on its share of an update's
+ * groups; the weights stay whole on every rank, so any rank can decode any rollout.
  *
  * Two kinds of work reach the peers:
  *  - rollouts (no collectives): the worker places whole groups on ranks (ranks_place, by KV
@@ -11,7 +18,8 @@
  *  - SPMD calls (eng_update, eng_update_undo, eng_logprobs, eng_checkpoint_save, replay):
  *    ranks_spmd runs one function on every rank's thread with that rank's engine, the same
  *    inputs on each, rank 0's share on the calling thread, and waits for all of them
- *    (engine/comm.h's contract: every rank calls in the same order).
+ *    (engine/comm.h's contract: every rank makes the same collective calls in the same order,
+ *    so a function must not skip a collective call on some ranks).
  *
  * Threading: every ranks_* call except ranks_heartbeat_age comes from rank 0's
  * thread (the worker). Peers never touch the store or the HTTP side. */
@@ -24,18 +32,35 @@
 typedef struct ranks ranks;
 typedef struct ranks_job ranks_job;
 
-/* Starts ranks 1..W-1: each thread opens an engine with o (its n_threads as given) and
- * device devices[r] (NULL: 0), and a scheduler with so. Rank 0's own engine is the caller's
- * (ranks_set_rank0, once it is open). Returns at once; ranks_wait_open waits for the peers.
- * notify (may be NULL) is called on a peer's thread when one of its parts finished or failed,
- * or it ran out of work: the callee must only signal (worker_wake). */
+/* Makes the group's communicator (W > 1) and starts ranks 1..W-1: each thread opens an engine
+ * with o (its n_threads as given; backend "auto" resolved as eng_open resolves it), rank r's
+ * communicator and device devices[r] (NULL: 0 with one rank, r on cuda with W), and a
+ * scheduler with so. Rank 0's own engine is the caller's: it fills its opts with
+ * ranks_rank0_opts and opens it meanwhile (a communicator's set-up is collective: NCCL's
+ * blocks until all W ranks joined), then ranks_set_rank0. Returns at once; ranks_wait_open
+ * waits for the peers. notify (may be NULL) is called on a peer's thread when one of its parts
+ * finished or failed, or it ran out of work: the callee must only signal (worker_wake). */
 int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
                 void (*notify)(void *ud), void *ud, ranks **out);
+/* Rank 0's share of ranks_start's settings, into the caller's o: its communicator (W > 1) and
+ * its device (devices[0] when given); W = 1 without devices leaves o as it was. The pointers
+ * set stay valid until ranks_close. */
+void ranks_rank0_opts(const ranks *rk, eng_open_opts *o);
+/* The communicator's kind, for logs: "none" (one rank), "cpu" or "nccl". */
+const char *ranks_comm_name(const ranks *rk);
 /* Waits until every peer opened (0) or one failed (its code, err_msg() naming the rank). */
 int ranks_wait_open(ranks *rk);
+/* Rank 0's own open failed: the peers waiting for it in the communicator's set-up give up
+ * (a peer whose open fails does the same for the others by itself). */
+void ranks_cancel_open(ranks *rk);
 void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched);
 
-/* Peers release their jobs, close their schedulers and engines; joins and frees rk. */
+/* Closing, in this order: ranks_stop (the peers release their jobs and close their schedulers
+ * and engines, on their threads), the caller closes rank 0's engine meanwhile (NCCL's
+ * finalize waits for every rank), then ranks_close joins the peers, frees the communicator
+ * (no engine uses it any more) and rk. ranks_close alone stops the peers first; both take
+ * NULL. */
+void ranks_stop(ranks *rk);
 void ranks_close(ranks *rk);
 int ranks_size(const ranks *rk);
 

@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -23,9 +24,11 @@
 #include "api/http.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/ranks.h"
 #include "daemon/reserve.h"
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
+#include "engine/engine.h"
 #include "engine/lora.h"
 #include "store/store.h"
 
@@ -43,6 +46,10 @@ typedef struct {
     long long max_connections, max_connections_per_client, request_timeout;
     long long keep_checkpoints;
     long long ranks;
+    char gpus[512];
+    /* --gpus parsed (not options themselves): n_gpus devices in gpu_dev; -1 = all, until
+     * check_ranks counts them at start */
+    int gpu_dev[RANKS_MAX], n_gpus;
 } serve_opts;
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
@@ -77,7 +84,8 @@ static const opt_def opts[] = {
     {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30", "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
     {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active); with --ranks each rank gets an equal share"},
-    {"ranks", O_INT, S_(ranks), 1, 64, 0, "1", "CPU backend: run N data-parallel ranks in this process, each with its own engine (what the multi-rank tests use; on GPUs see --gpus)"},
+    {"ranks", O_INT, S_(ranks), 1, RANKS_MAX, 0, "1", "CPU backend: run N data-parallel ranks in this process, each with its own engine, sharing one communicator (the optimizer state sharded N ways); the CPU stand-in for --gpus that the multi-rank tests use"},
+    {"gpus", O_STR, S_(gpus), 0, 0, 0, "", "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
     {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
     {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},
@@ -169,6 +177,54 @@ static int apply_config_file(serve_opts *o, const char *path, char *why, size_t 
     return rc;
 }
 
+/* --gpus: "" (not given: *n = 0), "all" (*n = -1: counted at start, check_ranks), or distinct
+ * device indices "0,1,3" into dev. Syntax only: SIGHUP resolves the options again, and that must
+ * not touch CUDA. */
+static int parse_gpus(const char *s, int *dev, int *n, char *why, size_t wl) {
+    *n = 0;
+    if (!*s) return 0;
+    if (!strcmp(s, "all")) { *n = -1; return 0; }
+    for (const char *p = s;;) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        int digits = isdigit((unsigned char)p[0]) || (p[0] == '-' && isdigit((unsigned char)p[1]));
+        if (!digits || errno || x > INT_MAX || (*end && *end != ',')) {
+            snprintf(why, wl, "--gpus '%s': expected all or device indices like 0,1,2", s);
+            return -1;
+        }
+        if (x < 0) { snprintf(why, wl, "--gpus '%s': device %ld is negative", s, x); return -1; }
+        for (int i = 0; i < *n; i++)
+            if (dev[i] == x) { snprintf(why, wl, "--gpus '%s': device %ld is listed twice", s, x); return -1; }
+        if (*n == RANKS_MAX) { snprintf(why, wl, "--gpus '%s': at most %d devices", s, RANKS_MAX); return -1; }
+        dev[(*n)++] = (int)x;
+        if (!*end) return 0;
+        p = end + 1;
+    }
+}
+
+/* The rank options together: --gpus (cuda ranks) excludes --backend cpu and --ranks N > 1 and
+ * makes auto cuda; --ranks N > 1 needs --backend cpu. */
+static int check_rank_opts(serve_opts *o, char *why, size_t wl) {
+    if (o->gpus[0]) {
+        if (!strcmp(o->backend, "cpu")) {
+            snprintf(why, wl, "--gpus needs the cuda backend, not --backend cpu (CPU ranks: --ranks N)");
+            return -1;
+        }
+        if (o->ranks > 1) {
+            snprintf(why, wl, "--gpus and --ranks %lld: --gpus runs one rank per device (--ranks is for CPU ranks)", o->ranks);
+            return -1;
+        }
+        if (parse_gpus(o->gpus, o->gpu_dev, &o->n_gpus, why, wl)) return -1;
+        snprintf(o->backend, sizeof o->backend, "cuda");
+    }
+    if (o->ranks > 1 && strcmp(o->backend, "cpu")) {
+        snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
+        return -1;
+    }
+    return 0;
+}
+
 /* Resolves every option: defaults, then environment, then the config file, then flags. */
 static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *why, size_t wl) {
     memset(o, 0, sizeof *o);
@@ -227,12 +283,33 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
         snprintf(why, wl, "--lora-targets: %s", err_msg());
         return -1;
     }
-    if (o->ranks > 1 && strcmp(o->backend, "cpu")) {
-        snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
-        return -1;
-    }
+    if (check_rank_opts(o, why, wl)) return -1;
     if (strcmp(o->optimizer_offload, "auto") && strcmp(o->optimizer_offload, "on") && strcmp(o->optimizer_offload, "off")) {
         snprintf(why, wl, "--optimizer-offload '%s' must be auto|on|off", o->optimizer_offload);
+        return -1;
+    }
+    return 0;
+}
+
+/* At start, once: the devices --gpus names against those this process can use (CUDA is asked
+ * here, not in resolve_opts), and LoRA, which the engine trains on one rank only. */
+static int check_ranks(serve_opts *o, char *why, size_t wl) {
+    if (o->n_gpus) {
+        int have = eng_device_count();
+        if (have <= 0) { snprintf(why, wl, "--gpus: no CUDA device is usable"); return -1; }
+        if (o->n_gpus < 0) {
+            o->n_gpus = have < RANKS_MAX ? have : RANKS_MAX;
+            for (int i = 0; i < o->n_gpus; i++) o->gpu_dev[i] = i;
+        }
+        for (int i = 0; i < o->n_gpus; i++)
+            if (o->gpu_dev[i] >= have) {
+                snprintf(why, wl, "--gpus: device %d is not there (%d usable: 0..%d)", o->gpu_dev[i], have, have - 1);
+                return -1;
+            }
+    }
+    int W = o->n_gpus ? o->n_gpus : (int)o->ranks;
+    if (W > 1 && (o->lora_rank > 0 || o->lora_init[0])) {
+        snprintf(why, wl, "--lora-rank/--lora-init with %d ranks: LoRA trains on one rank only (not over a communicator)", W);
         return -1;
     }
     return 0;
@@ -411,6 +488,10 @@ int serve_main(int argc, char **argv) {
         return 2;
     }
     if (help) { usage(stdout); return 0; }
+    if (check_ranks(&s.o, why, sizeof why)) {
+        fprintf(stderr, "grpod serve: %s\n", why);
+        return 2;
+    }
     log_level lv;
     log_parse_level(s.o.log_level, &lv);
     log_set_level(lv);
@@ -474,7 +555,8 @@ int serve_main(int argc, char **argv) {
     limits_of(&s.o, &ac.limits);
     worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
                         .optimizer_offload = s.o.optimizer_offload,
-                        .n_threads = (int)s.o.engine_threads, .ranks = (int)s.o.ranks,
+                        .n_threads = (int)s.o.engine_threads,
+                        .ranks = s.o.n_gpus ? s.o.n_gpus : (int)s.o.ranks, .devices = s.o.n_gpus ? s.o.gpu_dev : NULL,
                         .checkpoint_on_exit = s.o.checkpoint_on_exit,
                         .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
                         .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,

@@ -206,7 +206,8 @@ static void on_rank_event(void *ud) { worker_wake(ud); }
 
 /* Opens every rank's engine (the peers on their threads, rank 0 here, at the same time: a
  * communicator's set-up is collective) and rank 0's scheduler, then replays. Each rank gets
- * an equal share of the engine threads, so the ranks compute alike. */
+ * an equal share of the engine threads, so the ranks compute alike; ranks_start makes the
+ * communicator, and rank 0 takes its end of it (ranks_rank0_opts). */
 static int open_engine(worker *w) {
     char model[1200], resume[600];
     int rc, W = w->cfg.ranks > 1 ? w->cfg.ranks : 1;
@@ -232,7 +233,9 @@ static int open_engine(worker *w) {
     pthread_mutex_lock(&w->mu);
     w->rk = rk;
     pthread_mutex_unlock(&w->mu);
+    ranks_rank0_opts(w->rk, &o);
     rc = eng_open(&o, &w->e);
+    if (rc) ranks_cancel_open(w->rk);
     int prc = ranks_wait_open(w->rk);
     if (rc) return rc;
     if (prc) return prc;
@@ -241,8 +244,8 @@ static int open_engine(worker *w) {
     update_version(w);
     if (w->saved_version < 0) w->saved_version = atomic_load(&w->policy_version);
     if ((rc = replay(w))) return rc;
-    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld,\"ranks\":%d", ((double)clock_mono_ns() - t0) / 1e6,
-              (long long)atomic_load(&w->policy_version), W);
+    log_event(LOG_INFO, "engine_ready", "\"ms\":%.0f,\"policy_version\":%lld,\"ranks\":%d,\"comm\":\"%s\"",
+              ((double)clock_mono_ns() - t0) / 1e6, (long long)atomic_load(&w->policy_version), W, ranks_comm_name(w->rk));
     return 0;
 }
 
@@ -615,9 +618,12 @@ static void *thread_main(void *arg) {
     ranks *rk = w->rk;
     w->rk = NULL;
     pthread_mutex_unlock(&w->mu);
-    ranks_close(rk);
+    /* the peers close their engines while rank 0 closes its own (NCCL's finalize waits for
+     * every rank); the communicator goes last, once no engine uses it (ranks.h) */
+    ranks_stop(rk);
     eng_close(w->e);
     w->e = NULL;
+    ranks_close(rk);
     store_close(w->st);
     w->st = NULL;
     log_event(LOG_INFO, "engine_stopped", NULL);

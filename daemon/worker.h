@@ -20,7 +20,8 @@ typedef struct {
     const char *optimizer_offload;  /* "auto" (NULL) | "on" | "off" (eng_open_opts) */
     int n_threads;                  /* CPU threads in all; each of the ranks gets an equal share */
     int ranks;                      /* W engines in this process (daemon/ranks.h); 0 or 1 = one */
-    const int *devices;             /* (ranks) CUDA device of each rank, or NULL (all 0) */
+    const int *devices;             /* (ranks) CUDA device of each rank (--gpus), or NULL: device 0
+                                     * with one rank, rank r on device r with several on cuda */
     int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
     long long keep_checkpoints;     /* > 0: after each checkpoint keep only the newest N */
     long long kv_budget_mib;        /* rollout KV pool; 0 = the engine's default (eng_sched_opts) */

@@ -45,7 +45,7 @@ void comm_free(comm *c) {
 int comm_nccl_unique_id(unsigned char id[128]) {
     return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");
 }
-int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, comm **out) {
+int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out) {
     *out = NULL;
     return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");
 }

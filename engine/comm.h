@@ -50,10 +50,12 @@ int comm_cpu_group(int W, comm **out);
 
 /* NCCL (CUDA builds; GE_UNSUPPORTED in a CPU-only build). The unique id is made once (rank 0,
  * or the leader) and handed to every rank out of band; comm_nccl_open blocks until all W ranks
- * joined. be is the rank's CUDA backend: collectives run on its op stream. */
+ * joined, or until *cancel (when not NULL) becomes non-zero: the way another rank that failed
+ * before joining releases the ranks waiting for it (GE_COMM). be is the rank's CUDA backend:
+ * collectives run on its op stream. */
 struct eng_backend;
 int comm_nccl_unique_id(unsigned char id[128]);
-int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, comm **out);
+int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out);
 
 /* The table behind a comm, for its implementations (comm_cpu.c, comm_nccl.cu); callers use the
  * functions above. */

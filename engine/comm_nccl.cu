@@ -32,6 +32,7 @@ typedef struct {
     ncclComm_t nc;
     cudaStream_t stream;
     int aborted;                /* set by nccl_abort (read with __atomic) */
+    const int *cancel;          /* during comm_nccl_open only: the caller's cancel flag */
 } nccl_impl;
 
 #define IMPL(c) ((nccl_impl *)(c)->impl)
@@ -46,6 +47,12 @@ static void nap(void) {
 /* Waits until the communicator's last call settled; 0 or GE_COMM. */
 static int settle(nccl_impl *x, ncclResult_t r, const char *what) {
     while (r == ncclInProgress && !aborted(x)) {
+        if (x->cancel && __atomic_load_n(x->cancel, __ATOMIC_ACQUIRE)) {   /* another rank will not come */
+            __atomic_store_n(&x->aborted, 1, __ATOMIC_RELEASE);
+            ncclCommAbort(x->nc);
+            x->nc = NULL;
+            return err_set(GE_COMM, "nccl: %s: cancelled (another rank failed to open)", what);
+        }
         ncclResult_t a = ncclSuccess;
         ncclCommGetAsyncError(x->nc, &a);
         r = a;
@@ -145,7 +152,8 @@ extern "C" int comm_nccl_unique_id(unsigned char id[128]) {
     return 0;
 }
 
-extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, comm **out) {
+extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel,
+                              comm **out) {
     *out = NULL;
     if (!be || strcmp(be->name, "cuda")) return err_set(GE_INVALID, "nccl: needs the cuda backend");
     if (W < 1 || rank < 0 || rank >= W) return err_set(GE_INVALID, "nccl: rank %d of %d", rank, W);
@@ -153,6 +161,7 @@ extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, stru
     nccl_impl *x = (nccl_impl *)calloc(1, sizeof *x);
     if (!c || !x) { free(c); free(x); return err_set(GE_NOMEM, "nccl: out of memory"); }
     x->stream = ((cu_ctx *)be->impl)->stream;
+    x->cancel = cancel;
     ncclUniqueId u;
     memcpy(&u, id, 128);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -161,10 +170,11 @@ extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, stru
     int rc = r == ncclSuccess || r == ncclInProgress ? settle(x, r, "ncclCommInitRankConfig")
                                                      : err_set(GE_COMM, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
     if (rc) {
-        if (x->nc) ncclCommAbort(x->nc);
+        if (x->nc && !aborted(x)) ncclCommAbort(x->nc);
         free(x); free(c);
         return rc;
     }
+    x->cancel = NULL;   /* set-up only: a running collective ends by comm_abort */
     *c = (comm){ &nccl_ops, rank, W, x };
     *out = c;
     return 0;

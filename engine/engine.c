@@ -127,7 +127,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
     if ((rc = open_backend(o->backend, o->n_threads, o->device, &e->be))) goto fail;
     e->comm = o->comm;
     if (o->nccl_id && !o->comm) {
-        if ((rc = comm_nccl_open(o->nccl_id, o->rank, o->world, e->be, &e->comm))) goto fail;
+        if ((rc = comm_nccl_open(o->nccl_id, o->rank, o->world, e->be, o->nccl_cancel, &e->comm))) goto fail;
         e->own_comm = 1;
     }
     e->rank = e->comm ? comm_rank(e->comm) : 0;

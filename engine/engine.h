@@ -45,9 +45,12 @@ typedef struct {
     int device;                 /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once
      * and handed to every rank), this rank and the world size. eng_open opens the communicator
-     * on its backend's stream (blocking until all world ranks joined) and owns it. */
+     * on its backend's stream (blocking until all world ranks joined) and owns it. nccl_cancel
+     * (may be NULL): a flag that, set non-zero by another thread, ends that wait (GE_COMM), for
+     * a rank that failed to open before it joined (daemon/ranks.c). */
     const unsigned char *nccl_id;
     int rank, world;
+    const int *nccl_cancel;
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);

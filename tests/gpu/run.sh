@@ -25,6 +25,10 @@
 #       Qwen3-32B dims on a device with room for it)
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
 #       1.7B heads at (4096, 16, 512)), with PEER_ATTN=path/to/peer_attention.py the peer
+#   (k) with BENCH_DP=1 (issue 24, a machine with 2+ GPUs): test_comm_nccl (its W=2 rows) and
+#       bench_dp (Qwen3-1.7B dims: the update and rollouts on one GPU and on two, equality rows,
+#       scaling), daemon_gpus.py (grpod serve --gpus 0,1 vs --gpus 0 over HTTP, when ./grpod and
+#       .devlibs are carried), also with TESTS=0; the rows join the table
 #   (j) with BENCH_SPLIT=1: bench_split (long prompts, issue 22: Qwen3-1.7B dims, N=16 R=1024,
 #       P = 8K..128K, split vs one graph), with PEER_FLEX=path/to/peer_step_flex.py the peer
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
@@ -47,7 +51,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_offload test_determinism bench_grpo test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
+PROGS="test_ops test_model test_offload test_determinism bench_grpo bench_dp test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -221,8 +225,27 @@ if [ "${BENCH_SPLIT:-0}" = 1 ]; then
     cat "$OUT/bench_split.log"
 fi
 
+# ---- (k) several GPUs (optional, issue 24): the NCCL comm's rows (W=2 on two GPUs) and bench_dp
+: >"$OUT/dp.log"
+if [ "${BENCH_DP:-0}" = 1 ]; then
+    {
+        if [ "${TESTS:-1}" != 1 ] && [ -n "$NCCL_CF" ]; then
+            timeout ${T_NCCL:-120} "$BIN/test_comm_nccl"; echo "test_comm_nccl exit $?"
+        fi
+        nvidia-smi topo -m
+        timeout ${T_DP:-300} "$BIN/bench_dp" ${DP_ARGS:-}; echo "bench_dp exit $?"
+        # the daemon with --gpus 0,1 against --gpus 0 (grpod and .devlibs carried)
+        if [ -x ./grpod ] && [ -d .devlibs ]; then
+            LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-} timeout ${T_DGPUS:-300} python3 tests/gpu/daemon_gpus.py \
+                ./grpod "$OUT" "${DP_GPUS:-0,1}"
+            echo "daemon_gpus exit $?"
+        fi
+    } >"$OUT/dp.log" 2>&1
+    grep -v '^ROW|' "$OUT/dp.log"
+fi
+
 # ---- the table (the build row first; with TESTS=0 the skipped tests, never a pass)
-LOGS="$OUT/build.log $OUT/ops.log $OUT/model.log $OUT/memcheck.log"
+LOGS="$OUT/build.log $OUT/ops.log $OUT/model.log $OUT/memcheck.log $OUT/dp.log"
 {
     printf '%-38s %-52s %-10s %-6s %s\n' test shape value tol result
     cat $LOGS | grep '^ROW|' |

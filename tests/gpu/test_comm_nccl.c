@@ -33,7 +33,7 @@ static void collectives_w1(void) {
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend");
     unsigned char id[128];
     comm *c;
-    if (comm_nccl_unique_id(id) || comm_nccl_open(id, 0, 1, be, &c)) gc_die(be, "nccl open");
+    if (comm_nccl_unique_id(id) || comm_nccl_open(id, 0, 1, be, NULL, &c)) gc_die(be, "nccl open");
     static const size_t sizes[] = { 1, 7, 4099 };
     long long bad = 0, total = 0;
     for (int t = COMM_F32; t <= COMM_I32; t++)
