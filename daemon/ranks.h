@@ -50,8 +50,9 @@ void ranks_rank0_opts(const ranks *rk, eng_open_opts *o);
 const char *ranks_comm_name(const ranks *rk);
 /* Waits until every peer opened (0) or one failed (its code, err_msg() naming the rank). */
 int ranks_wait_open(ranks *rk);
-/* Rank 0's own open failed: the peers waiting for it in the communicator's set-up give up
- * (a peer whose open fails does the same for the others by itself). */
+/* Rank 0's own open failed, or the daemon is stopping: every rank still waiting in the
+ * communicator's set-up gives up (a peer whose open fails does the same by itself). Any thread;
+ * no effect once the set-up is done. */
 void ranks_cancel_open(ranks *rk);
 void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched);
 

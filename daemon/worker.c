@@ -665,6 +665,11 @@ void worker_wake(worker *w) {
 
 void worker_stop(worker *w) {
     atomic_store(&w->stop, 1);
+    /* a stop while the ranks wait in NCCL's set-up (a rank that never comes) ends that wait;
+     * w->rk is cleared under mu before it is closed */
+    pthread_mutex_lock(&w->mu);
+    if (w->rk) ranks_cancel_open(w->rk);
+    pthread_mutex_unlock(&w->mu);
     worker_wake(w);
 }
 
