@@ -143,16 +143,25 @@ def test_one_daemon_per_data_dir_and_port(make_daemon, tmp_path):
     assert oct(os.stat(tmp_path / "data").st_mode & 0o777) == "0o700"
 
 
-def test_database_deleted_while_running(make_daemon, tmp_path):
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_database_deleted_while_running(make_daemon, tmp_path, how):
+    """The file moved away (new connections would make a fresh database), or another file put
+    at its path (a copy: another inode, the same bytes): either way 503, nothing acknowledged."""
     data = tmp_path / "data"
     d = make_daemon(data)
     run_updates(d, 1)
-    os.rename(data / "grpod.db", tmp_path / "moved.db")
+    if how == "deleted":
+        os.rename(data / "grpod.db", tmp_path / "moved.db")
+    else:
+        shutil.copyfile(data / "grpod.db", tmp_path / "copy.db")
+        os.rename(tmp_path / "copy.db", data / "grpod.db")
     end = time.time() + 30
     while d.get("/readyz").status_code == 200 and time.time() < end:
         time.sleep(0.1)
     r = d.get("/readyz")
     assert r.status_code == 503 and "grpod.db" in r.text, r.text
+    if how == "replaced":
+        assert "replaced" in r.text, r.text
     r = d.post("/v1/updates", update_body(1))
     assert r.status_code == 503, r.text     # never acknowledged into a file nobody reads
 
