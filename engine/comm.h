@@ -1,7 +1,9 @@
 /* comm.h — collectives among the W ranks of one deployment (issue 24). The engine sees ranks,
- * never NCCL: a comm is a small table with two implementations,
+ * never NCCL: a comm is a small table with three implementations,
  *   cpu  (comm_cpu.c): W ranks as threads of one process, sharing host buffers; the reference,
  *        and what `make test` runs the multi-rank engine on;
+ *   tcp  (comm_tcp.c): W ranks in separate processes or hosts (or threads), cpu backend, over
+ *        TCP through rank 0, which sums exactly as the cpu comm does (the same bits);
  *   nccl (comm_nccl.cu, CUDA builds): one rank per GPU (and per process or host), collectives
  *        on the backend's op stream.
  *
@@ -13,8 +15,9 @@
  *   all_gather         in (n), out (W * n): out[q*n .. q*n+n) = in of rank q. in may be out + r*n.
  *   broadcast          buf (n): root's buf to every rank.
  *   barrier            returns when every rank has entered it.
- * Sums: the cpu comm adds in rank order 0..W-1 with an fp32 accumulator (int32 for COMM_I32), so
- * the result is bit-identical on every rank and from run to run, and rounded once for bf16.
+ * Sums: the cpu and tcp comms add in rank order 0..W-1 with an fp32 accumulator (int32 for
+ * COMM_I32), so the result is bit-identical on every rank, from run to run and between the two,
+ * and rounded once for bf16.
  * COMM_U8 has no sum (copies only). NCCL sums in its own order (the ring), the same on every
  * rank of one call; see comm_nccl.cu.
  *
@@ -48,6 +51,23 @@ void comm_free(comm *c);
  * thread. Free each with comm_free (the group goes with the last). 0 or GE_NOMEM / GE_INVALID. */
 int comm_cpu_group(int W, comm **out);
 
+/* TCP (cpu backend; buffers in host memory): rank 0 listens, ranks 1..W-1 connect to it.
+ * comm_tcp_listen binds host:port (host NULL or "": every address; port 0: the kernel picks one)
+ * so rank 0 can tell the others its port (*port_out) before the collective set-up; 0, or GE_IO
+ * (bind, listen) / GE_COMM (host not resolved). comm_tcp_open makes rank `rank`'s comm: rank 0
+ * passes the listening fd (it accepts W-1 connections, then closes it: the fd is the call's,
+ * whatever it returns), the others -1 and connect to host:port (retrying until the timeout: rank
+ * 0 may not listen yet). Every rank says its rank and W; rank 0 fails the set-up when a rank
+ * connects twice or disagrees about W. Like comm_nccl_open it blocks until all W ranks joined;
+ * set-up ends with GE_COMM when *cancel (may be NULL) becomes non-zero or timeout_s passes
+ * (timeout_s <= 0: no limit). A collective whose ranks disagree (op, n, type, root, or the call
+ * count) fails with GE_COMM naming them; a rank that dies or closes its comm fails rank 0's
+ * collective, and rank 0 then aborts the group. Blocking sockets, 4 MiB chunks; rank 0 holds W
+ * chunk buffers, not the ranks' buffers. Each group's ranks must share a byte order. */
+int comm_tcp_listen(const char *host, int port, int *fd, int *port_out);
+int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s,
+                  comm **out);
+
 /* NCCL (CUDA builds; GE_UNSUPPORTED in a CPU-only build). The unique id is made once (rank 0,
  * or the leader) and handed to every rank out of band; comm_nccl_open blocks until all W ranks
  * joined, or until *cancel (when not NULL) becomes non-zero: the way another rank that failed
@@ -57,8 +77,8 @@ struct eng_backend;
 int comm_nccl_unique_id(unsigned char id[128]);
 int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out);
 
-/* The table behind a comm, for its implementations (comm_cpu.c, comm_nccl.cu); callers use the
- * functions above. */
+/* The table behind a comm, for its implementations (comm_cpu.c, comm_tcp.c, comm_nccl.cu);
+ * callers use the functions above. */
 typedef struct {
     int (*all_reduce_sum)(comm *c, void *buf, size_t n, comm_type t);
     int (*reduce_scatter_sum)(comm *c, const void *in, void *out, size_t n, comm_type t);

@@ -18,6 +18,7 @@
 
 #include "common/err.h"
 #include "engine/comm.h"
+#include "engine/comm_internal.h"
 #include "kernels/adamw.h"
 
 typedef struct {
@@ -57,26 +58,24 @@ static float bf16_to_f32(uint16_t b) {
     return x.f;
 }
 
-/* dst (n) = sum over ranks q in order of in_q + off (elements); dst may alias one of them only
- * element for element. */
-static void sum_ranks(cgroup *g, void *dst, size_t off, size_t n, comm_type t) {
-    int W = g->W;
+/* The rank-order sum (comm_internal.h): the cpu comm's arithmetic, which comm_tcp.c shares. */
+void comm_sum_ranks(void *dst, const void *const *in, int W, size_t off, size_t n, comm_type t) {
     if (t == COMM_I32) {
         for (size_t i = 0; i < n; i++) {
             int32_t s = 0;
-            for (int q = 0; q < W; q++) s += ((const int32_t *)g->in[q])[off + i];
+            for (int q = 0; q < W; q++) s += ((const int32_t *)in[q])[off + i];
             ((int32_t *)dst)[i] = s;
         }
     } else if (t == COMM_F32) {
         for (size_t i = 0; i < n; i++) {
             float s = 0;
-            for (int q = 0; q < W; q++) s += ((const float *)g->in[q])[off + i];
+            for (int q = 0; q < W; q++) s += ((const float *)in[q])[off + i];
             ((float *)dst)[i] = s;
         }
     } else {
         for (size_t i = 0; i < n; i++) {
             float s = 0;
-            for (int q = 0; q < W; q++) s += bf16_to_f32(((const uint16_t *)g->in[q])[off + i]);
+            for (int q = 0; q < W; q++) s += bf16_to_f32(((const uint16_t *)in[q])[off + i]);
             ((uint16_t *)dst)[i] = f32_to_bf16_bits(s);
         }
     }
@@ -88,7 +87,7 @@ static int cpu_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
     void *tmp = malloc(n * eb + 1);
     if (!tmp) return err_set(GE_NOMEM, "comm: all-reduce of %zu elements: out of memory", n);
     int rc = post(c, buf, buf);
-    if (!rc) sum_ranks(g, tmp, 0, n, t);
+    if (!rc) comm_sum_ranks(tmp, g->in, g->W, 0, n, t);
     if (!rc) rc = bar(g);
     if (!rc) memcpy(buf, tmp, n * eb);
     free(tmp);
@@ -98,7 +97,7 @@ static int cpu_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
 static int cpu_reduce_scatter(comm *c, const void *in, void *out, size_t n, comm_type t) {
     cgroup *g = c->impl;
     int rc = post(c, in, out);
-    if (!rc) sum_ranks(g, out, (size_t)c->rank * n, n, t);   /* aliasing: element i read then written */
+    if (!rc) comm_sum_ranks(out, g->in, g->W, (size_t)c->rank * n, n, t);   /* aliasing: element i read then written */
     return rc ? rc : bar(g);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "comm_harness.h"
 #include "common/err.h"
 #include "engine/comm.h"
 #include "kernels/adamw.h"
@@ -17,23 +18,7 @@
 #define WMAX 4
 static const size_t sizes[] = { 1, 7, 1000, 4099 };
 
-static uint64_t rng_state;
-static uint32_t rnd(void) {
-    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (uint32_t)(rng_state >> 33);
-}
 static float bf(uint16_t b) { union { uint32_t u; float f; } x = { (uint32_t)b << 16 }; return x.f; }
-
-/* Random element j of rank q's buffer (n_all elements) of type t, written into p. */
-static void fill(void *p, size_t n_all, comm_type t) {
-    for (size_t j = 0; j < n_all; j++) {
-        float f = (float)((int)(rnd() % 20001) - 10000) / 997.0f;
-        if (t == COMM_F32) ((float *)p)[j] = f;
-        else if (t == COMM_BF16) ((uint16_t *)p)[j] = f32_to_bf16_bits(f);
-        else if (t == COMM_I32) ((int32_t *)p)[j] = (int32_t)(rnd() % 2000001) - 1000000;
-        else ((uint8_t *)p)[j] = (uint8_t)rnd();
-    }
-}
 
 /* Sum over ranks in rank order of element j of in[q] (the comm's contract), into dst[i]. */
 static void ref_sum(void *const *in, int W, size_t j, void *dst, size_t i, comm_type t) {
@@ -48,27 +33,6 @@ static void ref_sum(void *const *in, int W, size_t j, void *dst, size_t i, comm_
         else ((uint16_t *)dst)[i] = f32_to_bf16_bits(s);
     }
 }
-
-typedef struct {
-    comm *c; int op; comm_type t; size_t n; int root, in_place;
-    void *in, *out; int rc;
-} job;
-
-static void *rank_main(void *p) {
-    job *j = p;
-    size_t eb = comm_type_bytes(j->t);
-    int r = comm_rank(j->c);
-    switch (j->op) {
-    case 0: j->rc = comm_all_reduce_sum(j->c, j->out, j->n, j->t); break;
-    case 1: j->rc = comm_reduce_scatter_sum(j->c, j->in, j->in_place ? (char *)j->in + (size_t)r * j->n * eb : j->out, j->n, j->t); break;
-    case 2: j->rc = comm_all_gather(j->c, j->in_place ? (char *)j->out + (size_t)r * j->n * eb : j->in, j->out, j->n, j->t); break;
-    case 3: j->rc = comm_broadcast(j->c, j->out, j->n, j->t, j->root); break;
-    default: j->rc = comm_barrier(j->c);
-    }
-    return NULL;
-}
-
-static const char *op_name[] = { "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier" };
 
 /* One collective on W ranks; 0 when every rank's output equals the reference bit for bit. */
 static int one(comm **cs, int W, int op, comm_type t, size_t n, int in_place, char *why, size_t whylen) {
