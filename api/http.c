@@ -271,6 +271,29 @@ static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ct
     return r;
 }
 
+/* The cluster routes: the leader's hook (api_set_cluster_hook) answers them. */
+void api_set_cluster_hook(api_server *s, api_cluster_fn fn, void *ud) {
+    atomic_store(&s->cluster_ud, ud);
+    atomic_store(&s->cluster_fn, fn);
+}
+
+static long long query_int(struct MHD_Connection *c, const char *k) {
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
+    char *end;
+    long long x = v && *v ? strtoll(v, &end, 10) : -1;
+    return v && *v && !*end && x >= 0 ? x : -1;
+}
+
+static enum MHD_Result h_cluster(api_server *s, struct MHD_Connection *c, conn_ctx *x, int route) {
+    api_cluster_fn fn = atomic_load(&s->cluster_fn);
+    if (!fn) return reply_fail(c, x, GE_UNSUPPORTED, "", "this grpod is not a leader (grpod serve --followers K)");
+    char *reply = NULL;
+    int st = fn(atomic_load(&s->cluster_ud), route, query_int(c, "follower"), query_int(c, "after"), x->body ? x->body : "",
+                x->len, &reply);
+    if (!reply) return reply_raw(c, x, st, "application/json", (char *)"", 0, 0);
+    return reply_raw(c, x, st, "application/json", reply, strlen(reply), 1);
+}
+
 static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url) {
     const api_route *rt = NULL;
     char id[128] = "";
@@ -334,6 +357,10 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
     case R_DASHBOARD_DATA: r = h_dashboard_data(s, c, x); break;
     case R_JOB_REQUEUE: r = h_job_requeue(s, c, x, id); break;
     case R_CKPT_DELETE: r = h_checkpoint_delete(s, c, x, id); break;
+    case R_CLUSTER_JOIN: r = h_cluster(s, c, x, API_CLUSTER_JOIN); break;
+    case R_CLUSTER_NEXT: r = h_cluster(s, c, x, API_CLUSTER_NEXT); break;
+    case R_CLUSTER_DONE: r = h_cluster(s, c, x, API_CLUSTER_DONE); break;
+    case R_CLUSTER_BEAT: r = h_cluster(s, c, x, API_CLUSTER_BEAT); break;
     default: r = reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
     }
     json_object_put(req);
@@ -558,6 +585,12 @@ void api_quiesce(api_server *s) {
     atomic_store(&s->stopping, 1);
     MHD_socket fd = MHD_quiesce_daemon(s->mhd);
     if (fd != MHD_INVALID_SOCKET) close(fd);
+    resume_where(s, 1);
+}
+
+void api_quiesce_work(api_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, 1);
     resume_where(s, 1);
 }
 

@@ -45,8 +45,21 @@ void api_set_failed(api_server *s, const char *why);   /* engine failed: /readyz
 void api_set_limits(api_server *s, const api_limits *l);   /* SIGHUP reload */
 void api_set_api_key(api_server *s, const char *key);      /* SIGHUP reload; NULL or "": no auth */
 void api_set_submit_hook(api_server *s, void (*job_submitted)(void *ud), void *ud);
+/* The leader of a deployment over several processes (daemon/cluster.c, --followers): the
+ * cluster routes (/v1/cluster/join, next, done, beat) (authenticated like every /v1 route) call fn with the route (API_CLUSTER_*),
+ * the ?follower= and ?after= query values (-1 when absent) and the request body; fn returns the
+ * HTTP status and sets *reply to malloc'd JSON text (NULL: an empty body). fn runs on an HTTP
+ * thread and may block up to about a second (GET /v1/cluster/next long-polls). Without a hook
+ * the routes answer 422 (unsupported: not a leader). Call before followers can reach the server (right after api_start). */
+enum { API_CLUSTER_JOIN, API_CLUSTER_NEXT, API_CLUSTER_DONE, API_CLUSTER_BEAT };
+typedef int (*api_cluster_fn)(void *ud, int route, long long follower, long long after, const char *body, size_t len,
+                              char **reply);
+void api_set_cluster_hook(api_server *s, api_cluster_fn fn, void *ud);
 void api_jobs_changed(api_server *s);              /* a job changed state: wake long-pollers */
 void api_tick(api_server *s);                      /* resume long-pollers whose wait ran out */
 void api_quiesce(api_server *s);                   /* stop accepting; new /v1 posts get 503 */
+/* As api_quiesce but the server keeps accepting connections (a leader's followers must reach the
+ * cluster routes while the engine thread drains: its exit checkpoint runs on their ranks too). */
+void api_quiesce_work(api_server *s);
 void api_stop(api_server *s);                      /* resumes waiters, stops MHD, frees */
 #endif

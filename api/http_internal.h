@@ -37,6 +37,8 @@ struct api_server {
     char load_msg[256];             /* why /readyz is 503 before api_set_engine ("" = loading) */
     store *pool[POOL_MAX];
     int n_pool;
+    api_cluster_fn _Atomic cluster_fn;  /* api_set_cluster_hook */
+    void *_Atomic cluster_ud;
     pthread_mutex_t wmu;            /* waiters */
     waiter *waiters;
 };

@@ -31,7 +31,8 @@
     X(NON_FINITE,      "non_finite",         "non-finite loss, gradient or weights") \
     X(INTERRUPTED,     "interrupted",        "interrupted by daemon crashes too often") \
     X(UNAVAILABLE,     "unavailable",        "not ready") \
-    X(COMM,            "comm_error",         "a rank of the deployment failed or left")
+    X(COMM,            "comm_error",         "a rank of the deployment failed or left") \
+    X(RANK_LOST,       "rank_lost",          "a follower of the deployment was lost")
 
 typedef enum {
 #define GE_ENUM_(N, s, m) GE_##N##_I,

@@ -382,9 +382,30 @@ static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
  * Every rank's engine runs the same call with the same inputs (daemon/ranks.h); the result
  * the job stores is rank 0's (the contract makes them the same on every rank). */
 
-static int spmd(const jobs_env *env, ranks_fn fn, void *arg) {
+/* call: the call's description for the ranks of other processes (ranks_spmd_call; NULL without
+ * them: see call_text). */
+static int spmd(const jobs_env *env, ranks_fn fn, void *arg, const char *call) {
     if (!env->rk) return fn(env->e, 0, env->progress, env->progress_ud, arg);
-    return ranks_spmd(env->rk, fn, arg, env->progress, env->progress_ud);
+    return ranks_spmd_call(env->rk, fn, arg, env->progress, env->progress_ud, call);
+}
+
+/* What a follower needs to run the same call (jobs_follow), as JSON text, or NULL when no rank is
+ * in another process (no text is made then: the single-process path is unchanged). The payload
+ * and the rollout result travel as the stored text, which the follower parses with the same
+ * parsers as here, so both sides convert the same bytes. *oom set when it could not be made. */
+static char *call_text(const jobs_env *env, const char *op, const char *payload, const char *rollout, const char *dir,
+                       int merged, int *oom) {
+    *oom = 0;
+    if (!ranks_has_remote(env->rk)) return NULL;
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "op", json_object_new_string(op));
+    if (payload) json_object_object_add(o, "payload", json_object_new_string(payload));
+    if (rollout) json_object_object_add(o, "rollout", json_object_new_string(rollout));
+    if (dir) json_object_object_add(o, "dir", json_object_new_string(dir));
+    if (merged) json_object_object_add(o, "merged", json_object_new_boolean(1));
+    char *t = to_text(o);
+    *oom = !t;
+    return t;
 }
 
 typedef struct {
@@ -407,7 +428,13 @@ static int spmd_undo(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) 
     return eng_update_undo(e);
 }
 
-int jobs_update_undo(const jobs_env *env) { return spmd(env, spmd_undo, NULL); }
+int jobs_update_undo(const jobs_env *env) {
+    int oom;
+    char *call = call_text(env, "undo", NULL, NULL, NULL, 0, &oom);
+    int rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_undo, NULL, call);
+    free(call);
+    return rc;
+}
 
 typedef struct {
     const eng_update_group *g;
@@ -440,13 +467,36 @@ static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void 
 
 /* ---------------------------------------------------------------- update */
 
-static int run_update(const jobs_env *env, json_object *p, char **result) {
+static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
+    int rc;
+    if ((rc = api_params_to_struct(&eng_loss_params, get(p, "algorithm"), algo)) ||
+        (rc = api_params_to_struct(&eng_optim_params, get(p, "optimizer"), opt)))
+        return err_set(rc, "job payload: %s", err_msg());
+    return 0;
+}
+
+/* The update's engine call on every rank: groups (the payload's, or the named rollout's) → the
+ * engine's structs → eng_update. The leader (run_update) and a follower (jobs_follow) both. */
+static int update_exec(const jobs_env *env, json_object *p, json_object *groups, const loss_config *algo,
+                       const eng_optim *opt, const char *call, eng_update_result *u) {
+    seqs s = {0};
+    int rc;
+    if ((rc = seqs_from_json(groups, 1, algo->use_rollout_logprobs, &s))) goto done;
+    if (algo->adv == ADV_GIVEN)
+        for (int i = 0; i < s.n; i++)
+            if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
+    long long mt = field_int(p, "max_tokens_per_micro_batch", 32768);
+    rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, mt, u}, call);
+done:
+    seqs_free(&s);
+    return rc;
+}
+
+static int run_update(const jobs_env *env, json_object *p, const char *payload, char **result) {
     loss_config algo;
     eng_optim opt;
     int rc;
-    if ((rc = api_params_to_struct(&eng_loss_params, get(p, "algorithm"), &algo)) ||
-        (rc = api_params_to_struct(&eng_optim_params, get(p, "optimizer"), &opt)))
-        return err_set(rc, "job payload: %s", err_msg());
+    if ((rc = update_params(p, &algo, &opt))) return rc;
     eng_info info;
     eng_get_info(env->e, &info);
     long long expected = field_int(p, "expected_policy_version", -1);
@@ -454,23 +504,23 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
         return err_set(GE_CONFLICT, "expected_policy_version %lld does not match the policy_version %lld when the job ran",
                        expected, info.policy_version);
     json_object *src = NULL, *groups = get(p, "groups");
+    char *call = NULL;
+    int oom = 0;
     const char *rid = field_str(p, "rollout_job_id", NULL);
     if (rid) {
         store_job rj = {0};
         if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
         src = rj.result && rj.status == JOB_DONE ? api_packed_parse(rj.result) : NULL;
+        if (src) call = call_text(env, "update", payload, rj.result, NULL, 0, &oom);   /* the rollout inlined */
         store_job_clear(&rj);
         if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
         groups = get(src, "groups");
+    } else {
+        call = call_text(env, "update", payload, NULL, NULL, 0, &oom);
     }
-    seqs s = {0};
-    if ((rc = seqs_from_json(groups, 1, algo.use_rollout_logprobs, &s))) goto done;
-    if (algo.adv == ADV_GIVEN)
-        for (int i = 0; i < s.n; i++)
-            if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
     eng_update_result u = {0};
-    long long mt = field_int(p, "max_tokens_per_micro_batch", 32768);
-    if ((rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, &algo, &opt, mt, &u}))) goto done;
+    if (oom) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
+    if ((rc = update_exec(env, p, groups, &algo, &opt, call, &u))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
     json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
@@ -503,23 +553,34 @@ static int run_update(const jobs_env *env, json_object *p, char **result) {
     metrics_policy_version(u.policy_version_after);
     if (!(*result = to_text(res))) rc = GE_NOMEM;
 done:
-    seqs_free(&s);
+    free(call);
     json_object_put(src);
     return rc;
 }
 
 /* ---------------------------------------------------------------- logprobs, checkpoint */
 
-static int run_logprobs(const jobs_env *env, json_object *p, char **result) {
+/* The logprobs call on every rank (the leader's run_logprobs and a follower's jobs_follow). */
+static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, double *t0) {
+    int rc;
+    if ((rc = seqs_from_json(get(p, "groups"), 0, 0, s))) return rc;
+    int ref = !strcmp(field_str(p, "model", "policy"), "reference");
+    *t0 = clock_mono_ms();
+    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, ref, (float)field_num(p, "temperature", 1.0),
+                                                          field_int(p, "max_tokens_per_micro_batch", 32768), lp}, call);
+}
+
+static int run_logprobs(const jobs_env *env, json_object *p, const char *payload, char **result) {
     seqs s = {0};
     float **lp = NULL;
-    int rc;
-    if ((rc = seqs_from_json(get(p, "groups"), 0, 0, &s))) goto done;
+    int rc, oom;
+    char *call = call_text(env, "logprobs", payload, NULL, NULL, 0, &oom);
+    if (oom) return err_set(GE_NOMEM, "out of memory");
     int ref = !strcmp(field_str(p, "model", "policy"), "reference");
-    double t0 = clock_mono_ms();
-    if ((rc = spmd(env, spmd_logprobs, &(spmd_logprobs_args){s.g, s.n, ref, (float)field_num(p, "temperature", 1.0),
-                                                             field_int(p, "max_tokens_per_micro_batch", 32768), &lp})))
-        goto done;
+    double t0 = 0;
+    rc = logprobs_exec(env, p, call, &s, &lp, &t0);
+    free(call);
+    if (rc) goto done;
     metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
     eng_info info;
     eng_get_info(env->e, &info);
@@ -563,7 +624,10 @@ static int run_checkpoint(const jobs_env *env, json_object *p, const char *job_i
     snprintf(id, sizeof id, "ckpt-%lld-%s%s", info.policy_version, job_id, merged ? "-merged" : "");
     snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
     double t0 = clock_mono_ms();
-    int rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged});
+    int oom;
+    char *call = call_text(env, "checkpoint", NULL, NULL, dir, merged, &oom);
+    int rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged}, call);
+    free(call);
     if (rc) return rc;
     metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
     if (!merged && (rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
@@ -581,10 +645,49 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result) {
     if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     int rc;
     if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, j, result);
-    else if (!strcmp(j->kind, "update")) rc = run_update(env, p, result);
-    else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, result);
+    else if (!strcmp(j->kind, "update")) rc = run_update(env, p, j->payload, result);
+    else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, j->payload, result);
     else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, p, j->id, result);
     else rc = err_set(GE_INVALID, "job %s: unknown kind %s", j->id, j->kind);
     json_object_put(p);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- a follower's calls */
+
+int jobs_follow(const jobs_env *env, const char *call) {
+    json_object *c = call ? json_tokener_parse(call) : NULL, *p = NULL, *src = NULL;
+    if (!c) return err_set(GE_INVALID, "cluster call: not valid JSON");
+    const char *op = field_str(c, "op", ""), *payload = field_str(c, "payload", NULL), *rollout = field_str(c, "rollout", NULL);
+    int rc;
+    if (!strcmp(op, "undo")) {
+        rc = spmd(env, spmd_undo, NULL, NULL);
+    } else if (!strcmp(op, "checkpoint")) {
+        rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){field_str(c, "dir", ""), field_bool(c, "merged", 0)}, NULL);
+    } else if (!strcmp(op, "update") || !strcmp(op, "logprobs")) {
+        /* the parsers of jobs_run (payload) and run_update (the rollout's result) */
+        if (!payload || !(p = json_tokener_parse(payload))) { rc = err_set(GE_INVALID, "cluster call %s: no payload", op); goto done; }
+        if (rollout && !(src = api_packed_parse(rollout))) { rc = err_set(GE_INVALID, "cluster call %s: bad rollout", op); goto done; }
+        if (!strcmp(op, "update")) {
+            loss_config algo;
+            eng_optim opt;
+            eng_update_result u = {0};
+            if (!(rc = update_params(p, &algo, &opt)))
+                rc = update_exec(env, p, src ? get(src, "groups") : get(p, "groups"), &algo, &opt, NULL, &u);
+        } else {
+            seqs s = {0};
+            float **lp = NULL;
+            double t0;
+            rc = logprobs_exec(env, p, NULL, &s, &lp, &t0);
+            if (lp) eng_logprobs_free(lp, s.g, s.n);
+            seqs_free(&s);
+        }
+    } else {
+        rc = err_set(GE_INVALID, "cluster call: unknown op '%s'", op);
+    }
+done:
+    json_object_put(src);
+    json_object_put(p);
+    json_object_put(c);
     return rc;
 }

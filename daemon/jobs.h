@@ -25,6 +25,12 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result);
 /* eng_update_undo on every rank (worker.c: an update whose completion could not be stored). */
 int jobs_update_undo(const jobs_env *env);
 
+/* A follower (daemon/follow.c) runs one SPMD call the leader described (daemon/ranks.h
+ * ranks_spmd_call: {"op": update|logprobs|checkpoint|undo, "payload", "rollout", "dir",
+ * "merged"}) on its local ranks, converted by the same code as jobs_run; env->st is not used.
+ * 0 or the call's GE_* code (the ranks' outcome, which the leader compares with its own). */
+int jobs_follow(const jobs_env *env, const char *call);
+
 /* A rollout job running in the continuous-batching schedulers next to others (worker.c):
  * start parses the payload and queues its groups on the ranks' schedulers (ranks_place; the
  * parts are merged in the request's order when all are done) (GE_TOO_LARGE when a group can

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -83,6 +84,13 @@ struct ranks {
     unsigned char nccl_id[128];
     int nccl;
     int devices[RANKS_MAX], have_devices;
+    /* the group's extent (ranks_world): base..base+W-1 of world; world == W, base 0 without one.
+     * tcp: every local rank opens its comm to host:port (comm_tcp_open) on its own thread */
+    int base, world, tcp, listen_fd;
+    char host[256];
+    int port;
+    double timeout_s;
+    ranks_remote remote;
     /* set (with __atomic) by the first rank whose open fails: the others' NCCL set-up waits for
      * every rank and would wait for it forever (eng_open_opts.nccl_cancel); cancel_by: that rank */
     int open_cancel, cancel_by;
@@ -178,7 +186,14 @@ static void *peer_main(void *arg) {
     peer *p = arg;
     peer_beat(p);
     err_clear();
-    int rc = eng_open(&p->o, &p->e);
+    int rc = 0;
+    if (p->rk->tcp) {
+        ranks *rk = p->rk;
+        rc = comm_tcp_open(rk->host, rk->port, rk->base + p->rank, rk->world, -1, &rk->open_cancel, rk->timeout_s,
+                           &rk->comms[p->rank]);
+        p->o.comm = rc ? NULL : rk->comms[p->rank];
+    }
+    if (!rc) rc = eng_open(&p->o, &p->e);
     if (!rc) rc = eng_sched_open(p->e, &p->so, &p->sched);
     if (rc) cancel_open(p->rk, p->rank);
     pthread_mutex_lock(&p->mu);
@@ -254,13 +269,21 @@ static void wait_done(peer *p, cmd *c) {
 
 /* The communicator of W > 1 ranks; W = 1 makes none, so one rank takes the engine's
  * single-rank path, byte-identical to a daemon without ranks. */
-static int group_open(ranks *rk) {
-    if (rk->W == 1) return 0;
+static int group_open(ranks *rk, const ranks_world *wd) {
+    if (rk->world == 1) return 0;
     if (!strcmp(rk->backend, "cuda")) {
         rk->nccl = 1;
+        if (wd) {
+            memcpy(rk->nccl_id, wd->nccl_id, sizeof rk->nccl_id);
+            return 0;
+        }
         return comm_nccl_unique_id(rk->nccl_id);
     }
     if (!(rk->comms = calloc((size_t)rk->W, sizeof *rk->comms))) return err_set(GE_NOMEM, "ranks: out of memory");
+    if (wd) {                       /* one tcp group for the whole world: opened on each rank's thread */
+        rk->tcp = 1;
+        return 0;
+    }
     int rc = comm_cpu_group(rk->W, rk->comms);
     if (rc) memset(rk->comms, 0, (size_t)rk->W * sizeof *rk->comms);   /* it freed what it made */
     return rc;
@@ -270,34 +293,45 @@ static int group_open(ranks *rk) {
 static void rank_opts(const ranks *rk, int r, eng_open_opts *o) {
     if (rk->have_devices) o->device = rk->devices[r];
     else if (rk->nccl) o->device = r;
-    if (rk->W == 1) return;
+    if (rk->world == 1) return;
     o->backend = rk->backend;
     if (rk->comms) {
         o->comm = rk->comms[r];
     } else {
         o->nccl_id = rk->nccl_id;
-        o->rank = r;
-        o->world = rk->W;
+        o->rank = rk->base + r;
+        o->world = rk->world;
         o->nccl_cancel = &rk->open_cancel;
     }
 }
 
 void ranks_rank0_opts(const ranks *rk, eng_open_opts *o) { rank_opts(rk, 0, o); }
 
-const char *ranks_comm_name(const ranks *rk) { return rk->comms ? "cpu" : rk->nccl ? "nccl" : "none"; }
+const char *ranks_comm_name(const ranks *rk) { return rk->tcp ? "tcp" : rk->comms ? "cpu" : rk->nccl ? "nccl" : "none"; }
 
 /* ---------------------------------------------------------------- lifecycle */
 
 int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
-                void (*notify)(void *ud), void *ud, ranks **out) {
+                void (*notify)(void *ud), void *ud, const ranks_world *wd, ranks **out) {
     *out = NULL;
     if (W < 1 || W > RANKS_MAX) return err_set(GE_INVALID, "ranks: %d ranks (1..%d)", W, RANKS_MAX);
+    if (wd && (wd->base < 0 || wd->base + W > wd->world)) {
+        if (wd->listen_fd >= 0) close(wd->listen_fd);
+        return err_set(GE_INVALID, "ranks: ranks %d..%d of a world of %d", wd->base, wd->base + W - 1, wd->world);
+    }
     ranks *rk = calloc(1, sizeof *rk);
     if (!rk || !(rk->peers = calloc((size_t)W, sizeof *rk->peers))) {
         free(rk);
+        if (wd && wd->listen_fd >= 0) close(wd->listen_fd);
         return err_set(GE_NOMEM, "ranks: out of memory");
     }
     rk->W = W;
+    rk->world = wd ? wd->world : W;
+    rk->base = wd ? wd->base : 0;
+    rk->listen_fd = wd ? wd->listen_fd : -1;
+    rk->timeout_s = wd ? wd->timeout_s : 0;
+    rk->port = wd ? wd->port : 0;
+    snprintf(rk->host, sizeof rk->host, "%s", wd && wd->host ? wd->host : "");
     rk->notify = notify;
     rk->notify_ud = ud;
     snprintf(rk->model_dir, sizeof rk->model_dir, "%s", o->model_dir ? o->model_dir : "");
@@ -307,13 +341,14 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
     snprintf(rk->lora_init, sizeof rk->lora_init, "%s", o->lora_init ? o->lora_init : "");
     snprintf(rk->offload, sizeof rk->offload, "%s", o->optimizer_offload ? o->optimizer_offload : "auto");
     /* every rank must make the same kind of communicator: "auto" as eng_open resolves it */
-    if (W > 1 && !strcmp(rk->backend, "auto")) snprintf(rk->backend, sizeof rk->backend, "%s", eng_device_count() > 0 ? "cuda" : "cpu");
+    if (rk->world > 1 && !strcmp(rk->backend, "auto")) snprintf(rk->backend, sizeof rk->backend, "%s", eng_device_count() > 0 ? "cuda" : "cpu");
     if (devices) {
         memcpy(rk->devices, devices, (size_t)W * sizeof *devices);
         rk->have_devices = 1;
     }
-    int rc = group_open(rk);
+    int rc = group_open(rk, wd);
     if (rc) {
+        if (rk->listen_fd >= 0) close(rk->listen_fd);
         ranks_close(rk);
         return rc;
     }
@@ -339,6 +374,20 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
             return err_set(GE_INTERNAL, "cannot start the thread of rank %d", r);
         }
         p->have_th = 1;
+    }
+    if (rk->tcp) {                  /* rank 0's end, here: blocks until the whole world connected */
+        int fd = rk->listen_fd;
+        rk->listen_fd = -1;         /* comm_tcp_open's, whatever it returns */
+        rc = comm_tcp_open(rk->host, rk->port, rk->base, rk->world, rk->base == 0 ? fd : -1, &rk->open_cancel, rk->timeout_s,
+                           &rk->comms[0]);
+        if (rk->base != 0 && fd >= 0) close(fd);
+        if (rc) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", err_msg());
+            cancel_open(rk, 0);
+            ranks_close(rk);
+            return err_set(rc, "rank 0's communicator: %s", msg);
+        }
     }
     *out = rk;
     return 0;
@@ -400,7 +449,27 @@ void ranks_close(ranks *rk) {
 
 /* ---------------------------------------------------------------- SPMD */
 
+void ranks_set_remote(ranks *rk, const ranks_remote *r) { rk->remote = *r; }
+int ranks_has_remote(const ranks *rk) { return rk && rk->remote.post != NULL; }
+
+void ranks_abort(ranks *rk) {
+    if (!rk) return;
+    for (int r = 0; rk->comms && r < rk->W; r++)
+        if (rk->comms[r]) comm_abort(rk->comms[r]);
+    if (rk->nccl && rk->e0 && eng_comm(rk->e0)) comm_abort(eng_comm(rk->e0));
+}
+
 int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0) {
+    return ranks_spmd_call(rk, fn, arg, cb0, ud0, NULL);
+}
+
+int ranks_spmd_call(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0, const char *call) {
+    long long seq = -1;
+    if (rk->remote.post) {
+        if (!call) return err_set(GE_INTERNAL, "ranks: an SPMD call without a description cannot run on the followers");
+        int prc = rk->remote.post(rk->remote.ud, call, &seq);
+        if (prc) return prc;
+    }
     cmd *cs = rk->W > 1 ? calloc((size_t)rk->W, sizeof *cs) : NULL;
     if (rk->W > 1 && !cs) return err_set(GE_NOMEM, "ranks: out of memory");
     for (int r = 1; r < rk->W; r++) {
@@ -416,8 +485,19 @@ int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0
         wait_done(&rk->peers[r], &cs[r]);
         if (cs[r].rc != rc0 && !bad) bad = r;
     }
+    int rrc = 0;
+    char rmsg[512] = "";
+    if (rk->remote.wait) rrc = rk->remote.wait(rk->remote.ud, seq, rmsg, sizeof rmsg);
     int rc = rc0;
-    if (bad) {
+    if (rrc == GE_RANK_LOST) {      /* the local ranks' GE_COMM is its echo (the comms were aborted) */
+        free(cs);
+        return err_set(rrc, "%s", rmsg);
+    }
+    if (!bad && rk->remote.wait && rrc != rc0) {
+        rk->diverged = 1;
+        rc = err_set(GE_INTERNAL, "the ranks disagree: rank 0 returned %s (%s), a follower %s (%s)", rc0 ? err_name(rc0) : "ok",
+                     msg0, rrc ? err_name(rrc) : "ok", rmsg);
+    } else if (bad) {
         rk->diverged = 1;
         rc = err_set(GE_INTERNAL, "the ranks disagree: rank 0 returned %s (%s), rank %d %s (%s)", rc0 ? err_name(rc0) : "ok",
                      msg0, bad, cs[bad].rc ? err_name(cs[bad].rc) : "ok", cs[bad].msg);

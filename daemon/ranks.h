@@ -40,8 +40,22 @@ typedef struct ranks_job ranks_job;
  * blocks until all W ranks joined), then ranks_set_rank0. Returns at once; ranks_wait_open
  * waits for the peers. notify (may be NULL) is called on a peer's thread when one of its parts
  * finished or failed, or it ran out of work: the callee must only signal (worker_wake). */
+/* world (NULL: this process's W ranks are the whole group) puts them into a larger group that
+ * spans processes (daemon/cluster.c, docs/data-parallel.md "Several hosts"): they are ranks
+ * base..base+W-1 of world, every one (rank 0's too) with one communicator of that group: cpu,
+ * a comm_tcp_open to host:port (the process whose base is 0 passes listen_fd, from
+ * comm_tcp_listen; the others -1), made on each rank's thread, rank 0's inside ranks_start,
+ * which then blocks until the whole world connected (or timeout_s, or ranks_cancel_open); cuda,
+ * the leader's NCCL id with rank base + r. */
+typedef struct {
+    int base, world;
+    const char *host;
+    int port, listen_fd;
+    const unsigned char *nccl_id;   /* [128] */
+    double timeout_s;
+} ranks_world;
 int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
-                void (*notify)(void *ud), void *ud, ranks **out);
+                void (*notify)(void *ud), void *ud, const ranks_world *world, ranks **out);
 /* Rank 0's share of ranks_start's settings, into the caller's o: its communicator (W > 1) and
  * its device (devices[0] when given); W = 1 without devices leaves o as it was. The pointers
  * set stay valid until ranks_close. */
@@ -74,6 +88,24 @@ int ranks_size(const ranks *rk);
 typedef int (*ranks_fn)(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg);
 int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0);
 int ranks_diverged(const ranks *rk);
+
+/* Ranks in other processes (the leader of daemon/cluster.c): with a remote set, every SPMD call
+ * must come with its description (ranks_spmd_call's call: JSON text the followers run through
+ * jobs_follow), which post queues for every follower before the local ranks start; the call
+ * ends when the local ranks and wait (the followers' outcome: 0, their code with msg, or
+ * GE_RANK_LOST when one was lost) are done. A follower's code unlike rank 0's is "the ranks
+ * disagree" (ranks_diverged); GE_RANK_LOST wins over the local ranks' GE_COMM (its echo). */
+typedef struct {
+    int (*post)(void *ud, const char *call, long long *seq);
+    int (*wait)(void *ud, long long seq, char *msg, size_t n);
+    void *ud;
+} ranks_remote;
+void ranks_set_remote(ranks *rk, const ranks_remote *r);
+int ranks_has_remote(const ranks *rk);
+int ranks_spmd_call(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0, const char *call);
+/* comm_abort on every local rank's communicator (cpu and tcp comms; on cuda rank 0's engine's):
+ * a collective they wait in returns GE_COMM. Any thread, while rk is open. */
+void ranks_abort(ranks *rk);
 
 /* ---------------------------------------------------------------- rollouts */
 

@@ -24,6 +24,8 @@
 #include "api/http.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/cluster.h"
+#include "daemon/follow.h"
 #include "daemon/ranks.h"
 #include "daemon/reserve.h"
 #include "daemon/sdnotify.h"
@@ -47,6 +49,8 @@ typedef struct {
     long long keep_checkpoints;
     long long ranks;
     char gpus[512];
+    long long followers, follower_timeout;
+    char join[512], cluster_host[256];
     /* --gpus parsed (not options themselves): n_gpus devices in gpu_dev; -1 = all, until
      * check_ranks counts them at start */
     int gpu_dev[RANKS_MAX], n_gpus;
@@ -86,6 +90,10 @@ static const opt_def opts[] = {
     {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active); with --ranks each rank gets an equal share"},
     {"ranks", O_INT, S_(ranks), 1, RANKS_MAX, 0, "1", "CPU backend: run N data-parallel ranks in this process, each with its own engine, sharing one communicator (the optimizer state sharded N ways); the CPU stand-in for --gpus that the multi-rank tests use"},
     {"gpus", O_STR, S_(gpus), 0, 0, 0, "", "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
+    {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0", "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no followers"},
+    {"join", O_STR, S_(join), 0, 0, 0, "", "run as a follower of the leader at URL (http://HOST:PORT, its --api-key-file's key): its --ranks or --gpus join the leader's; serves no HTTP"},
+    {"cluster-host", O_STR, S_(cluster_host), 0, 0, 0, "", "with --followers: the address of this host the followers' ranks connect to (cpu: the tcp communicator's); default: the --listen host, required when that is 0.0.0.0 or ::"},
+    {"follower-timeout", O_INT, S_(follower_timeout), 1, 3600, 0, "10", "with --followers: seconds without a request from a follower (it beats every second) before it counts as lost"},
     {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
     {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
     {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},
@@ -222,6 +230,19 @@ static int check_rank_opts(serve_opts *o, char *why, size_t wl) {
         snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
         return -1;
     }
+    if (o->join[0] && o->followers > 0) {
+        snprintf(why, wl, "--join and --followers: a process is a follower or a leader, not both");
+        return -1;
+    }
+    if (o->join[0] && strncmp(o->join, "http://", 7)) {
+        snprintf(why, wl, "--join '%s': expected http://HOST:PORT of the leader", o->join);
+        return -1;
+    }
+    if ((o->join[0] || o->followers > 0) && !strcmp(o->backend, "auto")) {
+        snprintf(why, wl, "--%s needs --backend cpu, or cuda (--gpus): every process of a deployment must make the same kind of communicator",
+                 o->join[0] ? "join" : "followers");
+        return -1;
+    }
     return 0;
 }
 
@@ -308,6 +329,7 @@ static int check_ranks(serve_opts *o, char *why, size_t wl) {
             }
     }
     int W = o->n_gpus ? o->n_gpus : (int)o->ranks;
+    if (o->followers > 0 || o->join[0]) W = 2;     /* ranks in other processes: a communicator */
     if (W > 1 && (o->lora_rank > 0 || o->lora_init[0])) {
         snprintf(why, wl, "--lora-rank/--lora-init with %d ranks: LoRA trains on one rank only (not over a communicator)", W);
         return -1;
@@ -333,6 +355,8 @@ typedef struct {
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick, watchdog;
     uv_async_t wake;                /* from the engine thread: ready / failed / job done */
+    uv_async_t restart;             /* from the cluster: a follower is back after a loss */
+    cluster *cl;                    /* --followers */
     api_server *api;
     worker *w;
     store *st;                      /* main-thread store handle (queue depth for STATUS) */
@@ -367,6 +391,7 @@ static void on_wake(uv_async_t *a) {
 static void on_tick(uv_timer_t *t) {
     serve_state *s = t->data;
     api_tick(s->api);
+    cluster_tick(s->cl);
     status_update(s, 0);
 }
 
@@ -390,7 +415,8 @@ static void on_term(uv_signal_t *sig, int signum) {
     s->stopping = 1;
     sdn_notify("STOPPING=1");
     log_event(LOG_INFO, "stopping", "\"signal\":%d", signum);
-    api_quiesce(s->api);
+    if (s->cl) api_quiesce_work(s->api);
+    else api_quiesce(s->api);
     worker_stop(s->w);
     uv_stop(s->loop);   /* serve_main joins the engine thread (it finishes its job) */
 }
@@ -432,6 +458,14 @@ static void on_hup(uv_signal_t *sig, int signum) {
     }
     sdn_notify("READY=1");
 }
+
+/* A follower joins after one was lost: exit CLUSTER_EXIT_RESTART (crash-only: the service
+ * manager starts a new epoch, daemon/cluster.h). */
+static void on_restart(uv_async_t *a) {
+    serve_state *s = a->data;
+    if (!s->stopping) on_term(&s->sig_term, SIGTERM);
+}
+static void on_cluster_restart(void *ud) { uv_async_send((uv_async_t *)ud); }
 
 static void on_job_submitted(void *ud) { worker_wake((worker *)ud); }
 static void on_worker_notify(void *ud) { uv_async_send((uv_async_t *)ud); }
@@ -479,6 +513,39 @@ static int port_in_use(const struct sockaddr_storage *ss, int sl, char *why, siz
     return busy;
 }
 
+/* --listen's host when it names one address (not 0.0.0.0, ::, or empty): 0, else -1. */
+static int listen_host(const char *listen, char *out, size_t n) {
+    const char *h = listen, *e = strrchr(listen, ':');
+    if (!e) return -1;
+    if (*h == '[') { h++; if (e > h && e[-1] == ']') e--; }
+    size_t l = (size_t)(e - h);
+    if (!l || l >= n) return -1;
+    memcpy(out, h, l);
+    out[l] = 0;
+    return strcmp(out, "0.0.0.0") && strcmp(out, "::") ? 0 : -1;
+}
+
+/* --join: a follower (daemon/follow.h); the data dir is locked as a daemon's. */
+static int serve_follow(const serve_opts *o, const char *key) {
+    char why[1200];
+    json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
+    sdn_init();
+    umask(077);
+    if (mkdir(o->data_dir, 0700) && errno != EEXIST) {
+        fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", o->data_dir, strerror(errno));
+        return 1;
+    }
+    int lock_fd = lock_data_dir(o->data_dir, why, sizeof why);
+    if (lock_fd < 0) { fprintf(stderr, "grpod serve: %s\n", why); return 1; }
+    follow_config fc = {.url = o->join, .api_key = key, .data_dir = o->data_dir, .model_dir = o->model,
+                        .backend = o->backend, .optimizer_offload = o->optimizer_offload,
+                        .ranks = o->n_gpus ? o->n_gpus : (int)o->ranks, .devices = o->n_gpus ? o->gpu_dev : NULL,
+                        .n_threads = (int)o->engine_threads, .kv_budget_mib = o->kv_budget_mib};
+    int rc = follow_main(&fc);
+    close(lock_fd);
+    return rc;
+}
+
 int serve_main(int argc, char **argv) {
     serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
     char why[1200], key[API_KEY_FILE_MAX] = "", esc[1300];
@@ -509,6 +576,16 @@ int serve_main(int argc, char **argv) {
     if (s.o.api_key_file[0] && read_key_file(s.o.api_key_file, key, sizeof key, why, sizeof why)) {
         fprintf(stderr, "grpod serve: %s\n", why);
         return 2;
+    }
+    if (s.o.join[0]) return serve_follow(&s.o, key);
+    char cluster_host[256] = "";
+    if (s.o.followers > 0) {
+        if (s.o.cluster_host[0]) snprintf(cluster_host, sizeof cluster_host, "%s", s.o.cluster_host);
+        else if (listen_host(s.o.listen, cluster_host, sizeof cluster_host)) {
+            fprintf(stderr, "grpod serve: --followers with --listen %s: pass --cluster-host, the address of this host the "
+                            "followers' ranks connect to\n", s.o.listen);
+            return 2;
+        }
     }
     if (!loopback && !key[0]) log_event(LOG_WARN, "insecure_no_auth", "\"listen\":\"%s\",\"note\":\"serving a non-loopback address without an API key\"", s.o.listen);
     json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
@@ -568,6 +645,18 @@ int serve_main(int argc, char **argv) {
     }
     log_event(LOG_INFO, "listening", "\"listen\":\"%s\",\"port\":%d", s.o.listen, api_port(s.api));
     wc.api = s.api;
+    uv_async_init(s.loop, &s.restart, on_restart);
+    s.restart.data = &s;
+    if (s.o.followers > 0) {
+        cluster_config cc = {.followers = (int)s.o.followers, .host = cluster_host, .lost_s = (double)s.o.follower_timeout,
+                             .api = s.api, .on_restart = on_cluster_restart, .ud = &s.restart};
+        if (cluster_open(&cc, &s.cl)) {
+            log_event(LOG_ERROR, "cluster_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
+            goto fail_worker;
+        }
+        api_set_cluster_hook(s.api, cluster_hook, s.cl);
+        wc.cluster = s.cl;
+    }
     if (worker_start(&wc, &s.w)) {
         log_event(LOG_ERROR, "engine_thread_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
         goto fail_worker;
@@ -594,14 +683,17 @@ int serve_main(int argc, char **argv) {
     while (!worker_finished(s.w)) uv_run(s.loop, UV_RUN_ONCE);
     worker_join(s.w);
     s.w = NULL;
-    rc = 0;
+    rc = s.cl && cluster_lost(s.cl) ? CLUSTER_EXIT_RESTART : 0;
     uv_close((uv_handle_t *)&s.sig_term, close_cb);
     uv_close((uv_handle_t *)&s.sig_int, close_cb);
     uv_close((uv_handle_t *)&s.sig_hup, close_cb);
     uv_close((uv_handle_t *)&s.tick, close_cb);
     uv_close((uv_handle_t *)&s.watchdog, close_cb);
 fail_worker:
+    uv_close((uv_handle_t *)&s.restart, close_cb);
+    api_set_cluster_hook(s.api, NULL, NULL);
     api_stop(s.api);
+    cluster_close(s.cl);
 fail_api:
     uv_close((uv_handle_t *)&s.wake, close_cb);
     uv_run(s.loop, UV_RUN_NOWAIT);

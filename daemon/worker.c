@@ -34,6 +34,7 @@
 #include "common/log.h"
 #include "daemon/history.h"
 #include "daemon/jobs.h"
+#include "daemon/cluster.h"
 #include "daemon/ranks.h"
 #include "store/store.h"
 
@@ -229,7 +230,14 @@ static int open_engine(worker *w) {
               w->backend, resume, o.n_threads, W);
     double t0 = (double)clock_mono_ns();
     ranks *rk;
-    if ((rc = ranks_start(W, &o, w->cfg.devices, &so, on_rank_event, w, &rk))) return rc;
+    ranks_world wd, *world = NULL;
+    if (w->cfg.cluster) {           /* the followers' ranks join ours: one communicator for the world */
+        const char *be = strcmp(w->backend, "auto") ? w->backend : eng_device_count() > 0 ? "cuda" : "cpu";
+        if ((rc = cluster_form(w->cfg.cluster, W, be, resume[0] ? resume : NULL, &w->stop, &wd))) return rc;
+        world = &wd;
+    }
+    if ((rc = ranks_start(W, &o, w->cfg.devices, &so, on_rank_event, w, world, &rk))) return rc;
+    if (w->cfg.cluster) cluster_attach(w->cfg.cluster, rk);
     pthread_mutex_lock(&w->mu);
     w->rk = rk;
     pthread_mutex_unlock(&w->mu);
@@ -360,6 +368,8 @@ static void run_one(worker *w, store_job *j) {
     err_clear();
     long long v0 = atomic_load(&w->policy_version);
     int rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &result);
+    char lost[600] = "";
+    if (rc == GE_RANK_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
     w->cur_job = NULL;
     beat(w);
     update_version(w);
@@ -374,6 +384,9 @@ static void run_one(worker *w, store_job *j) {
         store_outcome(w, j, rc, result, ms, v0);
         if (rc == 0 && !strcmp(j->kind, "checkpoint")) checkpoint_saved(w);
     }
+    /* a follower was lost (daemon/cluster.h): the ranks' states may differ, so no more work
+     * until the restart of a new epoch (replay makes the policy whole again) */
+    if (rc == GE_RANK_LOST && !w->halted) halt(w, lost);
     free(result);
     job_changed(w);
 }
@@ -623,6 +636,7 @@ static void *thread_main(void *arg) {
     ranks_stop(rk);
     eng_close(w->e);
     w->e = NULL;
+    cluster_detach(w->cfg.cluster);
     ranks_close(rk);
     store_close(w->st);
     w->st = NULL;

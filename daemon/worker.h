@@ -28,6 +28,8 @@ typedef struct {
     int lora_rank; float lora_alpha;   /* LoRA (eng_open_opts); rank 0 = off */
     const char *lora_targets, *lora_init;
     api_server *api;
+    struct cluster *cluster;        /* --followers: the leader of ranks in other processes
+                                     * (daemon/cluster.h); NULL: every rank is in this process */
     /* Called on the engine thread: model loaded (ready), engine failed, state changed
      * (policy version / queue). The callee must only signal (uv_async_send). */
     void (*notify)(void *ud);

@@ -137,6 +137,8 @@ then event-specific fields.
 .SH EXIT STATUS
 0 after a clean shutdown; non-zero when start-up fails (bad flags or configuration, an unsafe
 listen address, the model or the store cannot be opened), with the reason on standard error.
+75 (a leader, \fB\-\-followers\fR): a follower was lost and joins again; the service manager
+restarts the leader into a new epoch (docs/deploy.md, "Several hosts").
 .SH SEE ALSO
 .BR systemd.service (5),
 .BR sd_notify (3),

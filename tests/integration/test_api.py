@@ -35,7 +35,8 @@ def test_openapi_matches_served_routes(shared_daemon):
               ("POST", "/v1/checkpoints"), ("GET", "/v1/checkpoints"), ("POST", "/v1/logprobs"),
               ("POST", "/v1/tokenize"), ("POST", "/v1/detokenize"), ("GET", "/v1/models"),
               ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/dashboard"),
-              ("GET", "/v1/dashboard"), ("POST", "/v1/jobs/{id}/requeue"), ("DELETE", "/v1/checkpoints/{id}")}
+              ("GET", "/v1/dashboard"), ("POST", "/v1/jobs/{id}/requeue"), ("DELETE", "/v1/checkpoints/{id}"),
+          ("POST", "/v1/cluster/join"), ("GET", "/v1/cluster/next"), ("POST", "/v1/cluster/done"), ("GET", "/v1/cluster/beat")}
     assert documented == served
     # every documented route is served (not 404/405), and unknown ones are 404/405
     for method, path in documented:

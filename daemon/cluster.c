@@ -1,0 +1,438 @@
+/* cluster.c — the leader's side of a deployment over several processes; see cluster.h.
+ *
+ * One call is in flight at a time (the engine thread runs SPMD calls one after another), so the
+ * state is: the followers (slot i: its id, ranks, last request, the last call it finished and
+ * that call's code), the current call (seq and its description) and the phase. */
+#define _GNU_SOURCE     /* vasprintf */
+#include "daemon/cluster.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "engine/comm.h"
+
+#define MAX_FOLLOWERS RANKS_MAX
+
+typedef enum { PH_WAITING, PH_FORMED, PH_LOST } phase;
+
+typedef struct {
+    long long id;
+    int ranks, base;
+    char backend[16];
+    double last_seen;
+    long long done_seq;
+    int done_rc;
+    char done_msg[512];
+} follower;
+
+struct cluster {
+    cluster_config cfg;
+    char host[256];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    phase ph;
+    int n;                          /* followers joined */
+    follower f[MAX_FOLLOWERS];
+    long long epoch, next_id;
+    int formed;                     /* cluster_form made the world: joins get it */
+    char world_json[512];           /* the world's common part */
+    int world, W0;
+    char backend[16];
+    long long seq;                  /* the current (or last) call */
+    char *call;                     /* its description; NULL when none is pending */
+    ranks *rk;                      /* attached: aborted when a follower is lost */
+    char lost_msg[512];
+    int restart;
+};
+
+static void set_waiting_msg(cluster *cl) {
+    char why[200];
+    snprintf(why, sizeof why, "waiting for %d of %d followers to join (grpod serve --join)", cl->cfg.followers - cl->n,
+             cl->cfg.followers);
+    api_set_loading(cl->cfg.api, why);
+}
+
+int cluster_open(const cluster_config *c, cluster **out) {
+    *out = NULL;
+    if (c->followers < 1 || c->followers > MAX_FOLLOWERS) return err_set(GE_INVALID, "cluster: %d followers (1..%d)", c->followers, MAX_FOLLOWERS);
+    cluster *cl = calloc(1, sizeof *cl);
+    if (!cl) return err_set(GE_NOMEM, "cluster: out of memory");
+    cl->cfg = *c;
+    snprintf(cl->host, sizeof cl->host, "%s", c->host ? c->host : "127.0.0.1");
+    cl->cfg.host = cl->host;
+    if (cl->cfg.lost_s <= 0) cl->cfg.lost_s = 10;
+    pthread_mutex_init(&cl->mu, NULL);
+    pthread_cond_init(&cl->cv, NULL);
+    /* ids differ from one leader start to the next, so a follower of the previous epoch is not
+     * taken for one of this (it gets 410 and joins again) */
+    cl->epoch = (long long)time(NULL);
+    cl->next_id = (cl->epoch % 1000000) * 100 + 1;
+    set_waiting_msg(cl);
+    *out = cl;
+    return 0;
+}
+
+void cluster_close(cluster *cl) {
+    if (!cl) return;
+    pthread_cond_destroy(&cl->cv);
+    pthread_mutex_destroy(&cl->mu);
+    free(cl->call);
+    free(cl);
+}
+
+static follower *find(cluster *cl, long long id) {
+    for (int i = 0; i < cl->n; i++)
+        if (cl->f[i].id == id) return &cl->f[i];
+    return NULL;
+}
+
+/* Under mu: a follower is lost; everything waiting for it gives up. */
+static void lose(cluster *cl, follower *f, const char *why) {
+    if (cl->ph == PH_LOST) return;
+    cl->ph = PH_LOST;
+    snprintf(cl->lost_msg, sizeof cl->lost_msg, "follower %lld (ranks %d..%d) lost: %s; waiting for it to join again", f->id,
+             f->base, f->base + f->ranks - 1, why);
+    log_event(LOG_ERROR, "follower_lost", "\"follower\":%lld,\"message\":\"%s\"", f->id, why);
+    if (cl->rk) ranks_abort(cl->rk);            /* a collective the local ranks wait in returns */
+    api_set_failed(cl->cfg.api, cl->lost_msg);
+    pthread_cond_broadcast(&cl->cv);
+}
+
+/* Under mu: any follower silent for lost_s is lost once the world formed; before, it only
+ * gives its place back (a waiting follower repeats its join each second), so one that restarted
+ * while the others were still coming is not counted twice. */
+static void check(cluster *cl) {
+    double now = clock_mono_s();
+    if (cl->ph == PH_WAITING && !cl->formed) {
+        int k = 0;
+        for (int i = 0; i < cl->n; i++) {
+            if (now - cl->f[i].last_seen > cl->cfg.lost_s) {
+                log_event(LOG_WARN, "follower_left", "\"follower\":%lld,\"note\":\"no join for %.0f s before the world formed\"",
+                          cl->f[i].id, cl->cfg.lost_s);
+                continue;
+            }
+            cl->f[k++] = cl->f[i];
+        }
+        if (k != cl->n) {
+            cl->n = k;
+            set_waiting_msg(cl);
+        }
+        return;
+    }
+    if (cl->ph != PH_FORMED) return;
+    for (int i = 0; i < cl->n; i++)
+        if (now - cl->f[i].last_seen > cl->cfg.lost_s) {
+            char why[96];
+            snprintf(why, sizeof why, "no request for %.0f s", cl->cfg.lost_s);
+            lose(cl, &cl->f[i], why);
+            return;
+        }
+}
+
+void cluster_tick(cluster *cl) {
+    if (!cl) return;
+    pthread_mutex_lock(&cl->mu);
+    check(cl);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+int cluster_lost(cluster *cl) {
+    pthread_mutex_lock(&cl->mu);
+    int l = cl->ph == PH_LOST;
+    pthread_mutex_unlock(&cl->mu);
+    return l;
+}
+
+int cluster_restart_wanted(cluster *cl) {
+    pthread_mutex_lock(&cl->mu);
+    int r = cl->restart;
+    pthread_mutex_unlock(&cl->mu);
+    return r;
+}
+
+/* Waits on cv until deadline (monotonic seconds, via the realtime clock of the cond var). */
+static void wait_until(cluster *cl, double secs) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long ns = (long long)(secs * 1e9);
+    ts.tv_sec += ns / 1000000000LL;
+    ts.tv_nsec += ns % 1000000000LL;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
+}
+
+/* ---------------------------------------------------------------- forming the world */
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static void base64(const unsigned char *in, size_t n, char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)in[i] << 16 | (i + 1 < n ? (unsigned)in[i + 1] << 8 : 0) | (i + 2 < n ? in[i + 2] : 0);
+        out[o++] = b64[v >> 18 & 63];
+        out[o++] = b64[v >> 12 & 63];
+        out[o++] = i + 1 < n ? b64[v >> 6 & 63] : '=';
+        out[o++] = i + 2 < n ? b64[v & 63] : '=';
+    }
+    out[o] = 0;
+}
+
+int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, const _Atomic int *stop, ranks_world *wd) {
+    memset(wd, 0, sizeof *wd);
+    wd->listen_fd = -1;
+    pthread_mutex_lock(&cl->mu);
+    snprintf(cl->backend, sizeof cl->backend, "%s", backend);
+    cl->W0 = W0;
+    while (cl->n < cl->cfg.followers && !atomic_load(stop)) {
+        wait_until(cl, 0.2);
+        if (cl->n < cl->cfg.followers) check(cl);
+    }
+    if (atomic_load(stop)) {
+        pthread_mutex_unlock(&cl->mu);
+        return err_set(GE_UNAVAILABLE, "stopped while waiting for the followers to join");
+    }
+    int world = W0;
+    for (int i = 0; i < cl->n; i++) {
+        cl->f[i].base = world;
+        world += cl->f[i].ranks;
+        cl->f[i].last_seen = clock_mono_s();   /* the deadline starts now */
+    }
+    if (world > RANKS_MAX) {
+        pthread_mutex_unlock(&cl->mu);
+        return err_set(GE_INVALID, "the world of %d ranks is over %d", world, RANKS_MAX);
+    }
+    int rc;
+    char comm[300];
+    static unsigned char nccl_id[128];      /* one leader per process: kept until the engines opened */
+    if (!strcmp(backend, "cuda")) {
+        if ((rc = comm_nccl_unique_id(nccl_id))) { pthread_mutex_unlock(&cl->mu); return rc; }
+        char b[200];
+        base64(nccl_id, sizeof nccl_id, b);
+        snprintf(comm, sizeof comm, "{\"kind\":\"nccl\",\"id\":\"%s\"}", b);
+        wd->nccl_id = nccl_id;
+    } else {
+        int fd, port;
+        if ((rc = comm_tcp_listen(cl->host, 0, &fd, &port))) { pthread_mutex_unlock(&cl->mu); return rc; }
+        snprintf(comm, sizeof comm, "{\"kind\":\"tcp\",\"host\":\"%s\",\"port\":%d}", cl->host, port);
+        wd->host = cl->host;
+        wd->port = port;
+        wd->listen_fd = fd;
+    }
+    json_object *r = json_object_new_string(resume ? resume : "");
+    snprintf(cl->world_json, sizeof cl->world_json, "\"epoch\":%lld,\"world\":%d,\"comm\":%s,\"resume\":%s,\"lost_s\":%g",
+             cl->epoch, world, comm, json_object_to_json_string(r), cl->cfg.lost_s);
+    json_object_put(r);
+    wd->base = 0;
+    wd->world = cl->world = world;
+    wd->timeout_s = 120;
+    cl->formed = 1;
+    cl->ph = PH_FORMED;
+    api_set_loading(cl->cfg.api, "opening the engines of every rank");
+    log_event(LOG_INFO, "cluster_formed", "\"epoch\":%lld,\"world\":%d,\"followers\":%d,\"comm\":%s", cl->epoch, world, cl->n, comm);
+    pthread_cond_broadcast(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- driving the calls */
+
+static int remote_post(void *ud, const char *call, long long *seq) {
+    cluster *cl = ud;
+    pthread_mutex_lock(&cl->mu);
+    if (cl->ph == PH_LOST) {
+        int rc = err_set(GE_RANK_LOST, "%s", cl->lost_msg);
+        pthread_mutex_unlock(&cl->mu);
+        return rc;
+    }
+    char *c = strdup(call);
+    if (!c) { pthread_mutex_unlock(&cl->mu); return err_set(GE_NOMEM, "out of memory"); }
+    free(cl->call);
+    cl->call = c;
+    *seq = ++cl->seq;
+    pthread_cond_broadcast(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+    return 0;
+}
+
+static int remote_wait(void *ud, long long seq, char *msg, size_t n) {
+    cluster *cl = ud;
+    int rc = 0;
+    pthread_mutex_lock(&cl->mu);
+    for (;;) {
+        check(cl);
+        if (cl->ph == PH_LOST) {
+            snprintf(msg, n, "%s", cl->lost_msg);
+            rc = GE_RANK_LOST;
+            break;
+        }
+        int all = 1;
+        for (int i = 0; i < cl->n; i++) all &= cl->f[i].done_seq >= seq;
+        if (all) {
+            for (int i = 0; i < cl->n && !rc; i++)
+                if (cl->f[i].done_rc) {
+                    rc = cl->f[i].done_rc;
+                    snprintf(msg, n, "follower %lld: %s", cl->f[i].id, cl->f[i].done_msg);
+                }
+            break;
+        }
+        wait_until(cl, 0.2);
+    }
+    free(cl->call);
+    cl->call = NULL;
+    pthread_mutex_unlock(&cl->mu);
+    return rc;
+}
+
+void cluster_attach(cluster *cl, ranks *rk) {
+    pthread_mutex_lock(&cl->mu);
+    cl->rk = rk;
+    ranks_set_remote(rk, &(ranks_remote){remote_post, remote_wait, cl});
+    if (cl->ph == PH_LOST) ranks_abort(rk);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+void cluster_detach(cluster *cl) {
+    if (!cl) return;
+    pthread_mutex_lock(&cl->mu);
+    cl->rk = NULL;
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* ---------------------------------------------------------------- the routes */
+
+static int reply(char **out, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int reply(char **out, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(out, fmt, ap) < 0) *out = NULL;
+    va_end(ap);
+    return status;
+}
+
+static int cl_error(char **out, int status, const char *code, const char *msg) {
+    json_object *m = json_object_new_string(msg);
+    int st = reply(out, status, "{\"error\":{\"code\":\"%s\",\"message\":%s}}", code, json_object_to_json_string(m));
+    json_object_put(m);
+    return st;
+}
+
+static int world_reply(cluster *cl, follower *f, char **out) {
+    return reply(out, 200, "{\"follower\":%lld,\"rank0\":%d,\"ranks\":%d,%s}", f->id, f->base, f->ranks, cl->world_json);
+}
+
+/* POST /v1/cluster/join {"ranks": n, "backend": "cpu"|"cuda", "follower": id (a retry)} */
+static int h_join(cluster *cl, const char *body, char **out) {
+    json_object *b = json_tokener_parse(body), *v;
+    int ranks = b && json_object_object_get_ex(b, "ranks", &v) ? json_object_get_int(v) : 0;
+    long long id = b && json_object_object_get_ex(b, "follower", &v) ? json_object_get_int64(v) : -1;
+    char backend[16];
+    snprintf(backend, sizeof backend, "%s", b && json_object_object_get_ex(b, "backend", &v) ? json_object_get_string(v) : "");
+    json_object_put(b);
+    if (ranks < 1 || ranks > RANKS_MAX) return cl_error(out, 400, "invalid_field", "ranks must be 1..64");
+    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) return cl_error(out, 400, "invalid_field", "backend must be cpu or cuda");
+    if (cl->ph == PH_LOST) {
+        /* crash-only recovery: the follower is back, the leader restarts into a new epoch */
+        if (!cl->restart) {
+            cl->restart = 1;
+            log_event(LOG_WARN, "cluster_restart", "\"reason\":\"a follower joins after a loss\"");
+            if (cl->cfg.on_restart) cl->cfg.on_restart(cl->cfg.ud);
+        }
+        return cl_error(out, 503, "rank_lost", "the leader restarts for a new epoch after losing a follower; join again");
+    }
+    follower *f = id >= 0 ? find(cl, id) : NULL;
+    if (!f) {
+        if (cl->ph == PH_FORMED || cl->n == cl->cfg.followers)
+            return cl_error(out, 409, "conflict", "the leader has all its followers (--followers); a follower that restarted joins the leader's next epoch");
+        f = &cl->f[cl->n++];
+        memset(f, 0, sizeof *f);
+        f->id = cl->next_id++;
+        f->done_seq = cl->seq;      /* calls made before it joined are not its */
+        log_event(LOG_INFO, "follower_joined", "\"follower\":%lld,\"ranks\":%d,\"backend\":\"%s\",\"joined\":%d,\"of\":%d", f->id,
+                  ranks, backend, cl->n, cl->cfg.followers);
+        if (cl->ph == PH_WAITING) set_waiting_msg(cl);
+        pthread_cond_broadcast(&cl->cv);
+    }
+    f->ranks = ranks;
+    snprintf(f->backend, sizeof f->backend, "%s", backend);
+    f->last_seen = clock_mono_s();
+    if (!cl->formed) {
+        long long fid = f->id;
+        wait_until(cl, 1.0);                /* a long-poll: the world may form meanwhile */
+        if (!(f = find(cl, fid)))           /* check() gave its place back meanwhile (mu was free) */
+            return cl_error(out, 503, "unavailable", "the join timed out; join again");
+    }
+    if (cl->formed) {
+        if (strcmp(f->backend, cl->backend))
+            return cl_error(out, 400, "invalid_field", "the follower's backend differs from the leader's");
+        return world_reply(cl, f, out);
+    }
+    return reply(out, 202, "{\"follower\":%lld,\"status\":\"waiting\",\"joined\":%d,\"of\":%d}", f->id, cl->n, cl->cfg.followers);
+}
+
+int cluster_hook(void *ud, int route, long long id, long long after, const char *body, size_t len, char **out) {
+    cluster *cl = ud;
+    (void)len;
+    *out = NULL;
+    pthread_mutex_lock(&cl->mu);
+    int st;
+    if (route == API_CLUSTER_JOIN) {
+        st = h_join(cl, body, out);
+        pthread_mutex_unlock(&cl->mu);
+        return st;
+    }
+    follower *f = find(cl, id);
+    if (!f) {
+        pthread_mutex_unlock(&cl->mu);
+        return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
+    }
+    if (cl->ph == PH_LOST) {
+        st = cl_error(out, 410, "rank_lost", cl->lost_msg);
+        pthread_mutex_unlock(&cl->mu);
+        return st;
+    }
+    f->last_seen = clock_mono_s();
+    if (route == API_CLUSTER_BEAT) {
+        st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
+    } else if (route == API_CLUSTER_NEXT) {
+        if (!(cl->call && cl->seq > after && f->done_seq < cl->seq)) {
+            wait_until(cl, 1.0);
+            if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
+                pthread_mutex_unlock(&cl->mu);
+                return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
+            }
+        }
+        if (cl->ph == PH_FORMED && cl->call && cl->seq > after && f->done_seq < cl->seq)
+            st = reply(out, 200, "{\"seq\":%lld,\"call\":%s}", cl->seq, cl->call);
+        else
+            st = 204;
+        f->last_seen = clock_mono_s();
+    } else {                        /* done {"seq", "rc", "msg"} */
+        json_object *b = json_tokener_parse(body), *v;
+        long long seq = b && json_object_object_get_ex(b, "seq", &v) ? json_object_get_int64(v) : -1;
+        int rc = b && json_object_object_get_ex(b, "rc", &v) ? json_object_get_int(v) : GE_INTERNAL;
+        const char *msg = b && json_object_object_get_ex(b, "msg", &v) ? json_object_get_string(v) : "";
+        if (seq == cl->seq && f->done_seq < seq) {
+            f->done_seq = seq;
+            f->done_rc = rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : rc;
+            snprintf(f->done_msg, sizeof f->done_msg, "%s", msg ? msg : "");
+            pthread_cond_broadcast(&cl->cv);
+            st = reply(out, 200, "{\"status\":\"ok\"}");
+        } else {
+            st = cl_error(out, 409, "conflict", "not the pending call");
+        }
+        json_object_put(b);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}

@@ -1,0 +1,383 @@
+/* follow.c — a follower's life: join, open, run the leader's calls, beat; see follow.h. The HTTP
+ * client is the smallest that the leader's server needs: one request per connection
+ * (Connection: close), the body read to the end. */
+#include "daemon/follow.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "daemon/jobs.h"
+#include "daemon/ranks.h"
+#include "daemon/sdnotify.h"
+#include "engine/engine.h"
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+/* ---------------------------------------------------------------- HTTP client */
+
+typedef struct {
+    char host[256], port[16], hostport[300];
+    const char *key;
+} leader;
+
+static int parse_url(const char *url, leader *L) {
+    const char *p = url;
+    if (strncmp(p, "http://", 7)) return err_set(GE_INVALID, "--join %s: expected http://HOST:PORT", url);
+    p += 7;
+    const char *h = p, *he;
+    if (*p == '[') {
+        h = p + 1;
+        if (!(he = strchr(h, ']'))) return err_set(GE_INVALID, "--join %s: unclosed [", url);
+        p = he + 1;
+    } else {
+        he = p + strcspn(p, ":/");
+        p = he;
+    }
+    if ((size_t)(he - h) >= sizeof L->host || he == h) return err_set(GE_INVALID, "--join %s: no host", url);
+    memcpy(L->host, h, (size_t)(he - h));
+    L->host[he - h] = 0;
+    snprintf(L->port, sizeof L->port, "80");
+    if (*p == ':') {
+        size_t n = strcspn(p + 1, "/");
+        if (!n || n >= sizeof L->port) return err_set(GE_INVALID, "--join %s: bad port", url);
+        memcpy(L->port, p + 1, n);
+        L->port[n] = 0;
+        p += 1 + n;
+    }
+    if (*p && strcmp(p, "/")) return err_set(GE_INVALID, "--join %s: expected http://HOST:PORT without a path", url);
+    snprintf(L->hostport, sizeof L->hostport, strchr(L->host, ':') ? "[%s]:%s" : "%s:%s", L->host, L->port);
+    return 0;
+}
+
+/* One request; the HTTP status, or -1 when the leader could not be reached (*body NULL). */
+static int http(const leader *L, const char *method, const char *path, const char *body, double timeout_s, char **resp) {
+    *resp = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(L->host, L->port, &hints, &ai) || !ai) return -1;
+    int fd = -1;
+    struct timeval tv = {.tv_sec = (time_t)timeout_s, .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);   /* connect's limit too (Linux) */
+        if (connect(fd, a->ai_addr, a->ai_addrlen)) { close(fd); fd = -1; }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) return -1;
+    size_t blen = body ? strlen(body) : 0;
+    char head[1200];
+    int hl = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: %s\r\n%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n",
+                      method, path, L->hostport, L->key ? "Authorization: Bearer " : "", L->key ? L->key : "", L->key ? "\r\n" : "", blen);
+    int ok = hl > 0 && hl < (int)sizeof head;
+    for (size_t off = 0; ok && off < (size_t)hl;) {
+        ssize_t k = send(fd, head + off, (size_t)hl - off, MSG_NOSIGNAL);
+        if (k <= 0) ok = 0; else off += (size_t)k;
+    }
+    for (size_t off = 0; ok && off < blen;) {
+        ssize_t k = send(fd, body + off, blen - off, MSG_NOSIGNAL);
+        if (k <= 0) ok = 0; else off += (size_t)k;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    while (ok) {
+        if (len + 65536 + 1 > cap) {
+            size_t nc = cap ? cap * 2 : 131072;
+            char *nb = realloc(buf, nc);
+            if (!nb) { ok = 0; break; }
+            buf = nb;
+            cap = nc;
+        }
+        ssize_t k = recv(fd, buf + len, cap - len - 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) ok = 0;
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    close(fd);
+    int status = -1;
+    if (ok && buf) {
+        buf[len] = 0;
+        char *sep = strstr(buf, "\r\n\r\n");
+        if (sep && sscanf(buf, "HTTP/%*s %d", &status) == 1) {
+            size_t bl = len - (size_t)(sep + 4 - buf);
+            memmove(buf, sep + 4, bl);
+            buf[bl] = 0;
+            *resp = buf;
+            buf = NULL;
+        }
+    }
+    free(buf);
+    return status;
+}
+
+/* ---------------------------------------------------------------- the world */
+
+typedef struct {
+    long long id;
+    int rank0, world;
+    char kind[8], host[256];
+    int port;
+    unsigned char nccl_id[128];
+    char resume[1200];
+    double lost_s;
+} world_info;
+
+static int unbase64(const char *s, unsigned char *out, size_t n) {
+    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    unsigned v = 0;
+    int bits = 0;
+    for (; *s && *s != '='; s++) {
+        const char *p = strchr(t, *s);
+        if (!p) return -1;
+        v = v << 6 | (unsigned)(p - t);
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            if (o < n) out[o] = (unsigned char)(v >> bits & 255);
+            o++;
+        }
+    }
+    return o == n ? 0 : -1;
+}
+
+static json_object *get(json_object *o, const char *k) {
+    json_object *v;
+    return o && json_object_object_get_ex(o, k, &v) ? v : NULL;
+}
+
+static int parse_world(const char *body, world_info *w) {
+    json_object *o = json_tokener_parse(body), *c = get(o, "comm");
+    memset(w, 0, sizeof *w);
+    int rc = 0;
+    if (!o || !c) { rc = err_set(GE_FORMAT, "join: the leader's answer has no comm"); goto done; }
+    w->id = json_object_get_int64(get(o, "follower"));
+    w->rank0 = json_object_get_int(get(o, "rank0"));
+    w->world = json_object_get_int(get(o, "world"));
+    w->lost_s = get(o, "lost_s") ? json_object_get_double(get(o, "lost_s")) : 10;
+    snprintf(w->resume, sizeof w->resume, "%s", get(o, "resume") ? json_object_get_string(get(o, "resume")) : "");
+    snprintf(w->kind, sizeof w->kind, "%s", get(c, "kind") ? json_object_get_string(get(c, "kind")) : "");
+    if (!strcmp(w->kind, "tcp")) {
+        snprintf(w->host, sizeof w->host, "%s", get(c, "host") ? json_object_get_string(get(c, "host")) : "");
+        w->port = get(c, "port") ? json_object_get_int(get(c, "port")) : 0;
+    } else if (!strcmp(w->kind, "nccl")) {
+        if (!get(c, "id") || unbase64(json_object_get_string(get(c, "id")), w->nccl_id, sizeof w->nccl_id))
+            rc = err_set(GE_FORMAT, "join: bad NCCL id");
+    } else {
+        rc = err_set(GE_FORMAT, "join: unknown comm kind '%s'", w->kind);
+    }
+done:
+    json_object_put(o);
+    return rc;
+}
+
+/* Joins (retrying each second until a leader answers with the world) or returns 1 on a stop. */
+static int join(const leader *L, const follow_config *c, const char *backend, world_info *w) {
+    long long id = -1;
+    int last_st = 0;
+    while (!g_stop) {
+        char body[160], *resp = NULL;
+        if (id >= 0) snprintf(body, sizeof body, "{\"ranks\":%d,\"backend\":\"%s\",\"follower\":%lld}", c->ranks, backend, id);
+        else snprintf(body, sizeof body, "{\"ranks\":%d,\"backend\":\"%s\"}", c->ranks, backend);
+        int st = http(L, "POST", "/v1/cluster/join", body, 10, &resp);
+        if (st == 200 && !parse_world(resp, w)) {
+            free(resp);
+            return 0;
+        }
+        if (st == 202) {
+            json_object *o = json_tokener_parse(resp ? resp : "");
+            if (get(o, "follower")) id = json_object_get_int64(get(o, "follower"));
+            json_object_put(o);
+        } else {
+            id = -1;
+        }
+        if (st != last_st) {
+            char esc[600];
+            log_event(st == 202 ? LOG_INFO : LOG_WARN, "join_waiting", "\"leader\":\"%s\",\"status\":%d,\"answer\":%s", L->hostport, st,
+                      log_str(esc, sizeof esc, resp ? resp : (st < 0 ? "unreachable" : "")));
+            last_st = st;
+        }
+        free(resp);
+        if (st != 202) sleep(1);
+    }
+    return 1;
+}
+
+/* ---------------------------------------------------------------- the epoch */
+
+typedef struct {
+    const leader *L;
+    long long id;
+    double lost_s;
+    pthread_mutex_t mu;
+    ranks *rk;                  /* under mu: aborted when the leader is gone */
+    _Atomic int gone, quit;
+    double last_ok;
+} epoch;
+
+static void gone(epoch *ep, const char *why) {
+    if (atomic_exchange(&ep->gone, 1)) return;
+    log_event(LOG_WARN, "leader_gone", "\"why\":\"%s\"", why);
+    pthread_mutex_lock(&ep->mu);
+    if (ep->rk) ranks_abort(ep->rk);        /* a collective our ranks wait in returns */
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static void *beat_main(void *arg) {
+    epoch *ep = arg;
+    char path[96];
+    snprintf(path, sizeof path, "/v1/cluster/beat?follower=%lld", ep->id);
+    while (!atomic_load(&ep->quit) && !atomic_load(&ep->gone)) {
+        char *resp = NULL;
+        int st = http(ep->L, "GET", path, NULL, 5, &resp);
+        free(resp);
+        double now = clock_mono_s();
+        if (st == 200) ep->last_ok = now;
+        else if (st == 410 || st == 404) gone(ep, "the leader no longer knows this follower");
+        else if (now - ep->last_ok > ep->lost_s) gone(ep, "no answer from the leader");
+        for (int i = 0; i < 10 && !atomic_load(&ep->quit); i++) usleep(100000);
+    }
+    return NULL;
+}
+
+static void no_progress(void *ud, double f) { (void)ud; (void)f; }
+
+static int default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 4 ? (int)n - 1 : n > 0 ? (int)n : 1;
+}
+
+/* One epoch: open the ranks in the world, run the calls until the leader is gone or a stop. */
+static void run_epoch(const leader *L, const follow_config *c, const char *backend, const world_info *w) {
+    char model[1200];
+    int rc, W = c->ranks;
+    if (c->model_dir && c->model_dir[0]) snprintf(model, sizeof model, "%s", c->model_dir);
+    else {
+        snprintf(model, sizeof model, "%s/default-model", c->data_dir);
+        if ((rc = eng_ensure_default_model(model))) { log_event(LOG_ERROR, "follower_open_failed", "\"message\":\"%s\"", err_msg()); sleep(1); return; }
+    }
+    int threads = c->n_threads > 0 ? c->n_threads : default_threads();
+    eng_open_opts o = {.model_dir = model, .backend = backend, .resume_dir = w->resume[0] ? w->resume : NULL,
+                       .n_threads = threads / W > 0 ? threads / W : 1, .optimizer_offload = c->optimizer_offload};
+    eng_sched_opts so = {.kv_bytes = c->kv_budget_mib << 20};
+    ranks_world wd = {.base = w->rank0, .world = w->world, .host = w->host, .port = w->port, .listen_fd = -1,
+                      .nccl_id = w->nccl_id, .timeout_s = 120};
+    log_event(LOG_INFO, "follower_opening", "\"follower\":%lld,\"ranks\":\"%d..%d\",\"world\":%d,\"comm\":\"%s\",\"resume\":\"%s\"", w->id,
+              w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume);
+    epoch ep = {.L = L, .id = w->id, .lost_s = w->lost_s > 0 ? w->lost_s : 10, .last_ok = clock_mono_s()};
+    pthread_mutex_init(&ep.mu, NULL);
+    pthread_t bt;
+    int have_bt = !pthread_create(&bt, NULL, beat_main, &ep);   /* beats while the engines open too */
+    ranks *rk = NULL;
+    eng *e = NULL;
+    rc = ranks_start(W, &o, c->devices, &so, NULL, NULL, &wd, &rk);
+    if (!rc) {
+        pthread_mutex_lock(&ep.mu);
+        ep.rk = rk;
+        pthread_mutex_unlock(&ep.mu);
+        ranks_rank0_opts(rk, &o);
+        rc = eng_open(&o, &e);
+        if (rc) ranks_cancel_open(rk);
+        int prc = ranks_wait_open(rk);
+        if (!rc) rc = prc;
+    }
+    if (rc) {
+        char esc[700];
+        log_event(LOG_ERROR, "follower_open_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc), log_str(esc, sizeof esc, err_msg()));
+    } else {
+        ranks_set_rank0(rk, e, NULL);
+        log_event(LOG_INFO, "follower_ready", "\"follower\":%lld,\"comm\":\"%s\"", w->id, ranks_comm_name(rk));
+        sdn_notify("READY=1");
+        jobs_env env = {e, rk, NULL, c->data_dir, no_progress, NULL};
+        long long after = 0;
+        char path[128];
+        while (!g_stop && !atomic_load(&ep.gone)) {
+            char *resp = NULL;
+            snprintf(path, sizeof path, "/v1/cluster/next?follower=%lld&after=%lld", w->id, after);
+            int st = http(L, "GET", path, NULL, 10, &resp);
+            if (st == 200) {
+                json_object *o = json_tokener_parse(resp ? resp : "");
+                long long seq = get(o, "seq") ? json_object_get_int64(get(o, "seq")) : -1;
+                const char *call = get(o, "call") ? json_object_to_json_string_ext(get(o, "call"), JSON_C_TO_STRING_PLAIN) : NULL;
+                if (seq > after && call) {
+                    err_clear();
+                    double t0 = clock_mono_ms();
+                    int crc = jobs_follow(&env, call);
+                    json_object *d = json_object_new_object();
+                    json_object_object_add(d, "seq", json_object_new_int64(seq));
+                    json_object_object_add(d, "rc", json_object_new_int(crc));
+                    json_object_object_add(d, "msg", json_object_new_string(crc ? err_msg() : ""));
+                    char dpath[96], *dr = NULL;
+                    snprintf(dpath, sizeof dpath, "/v1/cluster/done?follower=%lld", w->id);
+                    int dst = http(L, "POST", dpath, json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN), 10, &dr);
+                    free(dr);
+                    json_object_put(d);
+                    log_event(crc ? LOG_WARN : LOG_INFO, "call_done", "\"seq\":%lld,\"code\":\"%s\",\"ms\":%.1f,\"posted\":%d", seq,
+                              crc ? err_name(crc) : "ok", clock_mono_ms() - t0, dst);
+                    after = seq;
+                }
+                json_object_put(o);
+            } else if (st == 410 || st == 404) {
+                gone(&ep, "the leader no longer knows this follower");
+            } else if (st != 204) {
+                usleep(200000);     /* unreachable: the beat thread decides when it is gone */
+            }
+            free(resp);
+        }
+    }
+    atomic_store(&ep.quit, 1);
+    if (have_bt) pthread_join(bt, NULL);
+    pthread_mutex_lock(&ep.mu);
+    ep.rk = NULL;
+    pthread_mutex_unlock(&ep.mu);
+    ranks_abort(rk);            /* the leader's gone: nothing may wait in a collective while closing */
+    ranks_stop(rk);
+    eng_close(e);
+    ranks_close(rk);
+    pthread_mutex_destroy(&ep.mu);
+    log_event(LOG_INFO, "follower_closed", "\"follower\":%lld", w->id);
+    if (rc && !g_stop) sleep(1);
+}
+
+int follow_main(const follow_config *c) {
+    leader L = {.key = c->api_key && c->api_key[0] ? c->api_key : NULL};
+    if (parse_url(c->url, &L)) {
+        fprintf(stderr, "grpod serve: %s\n", err_msg());
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    const char *backend = strcmp(c->backend, "auto") ? c->backend : eng_device_count() > 0 ? "cuda" : "cpu";
+    log_event(LOG_INFO, "follower_starting", "\"leader\":\"%s\",\"ranks\":%d,\"backend\":\"%s\"", L.hostport, c->ranks, backend);
+    while (!g_stop) {
+        world_info w;
+        if (join(&L, c, backend, &w)) break;
+        log_event(LOG_INFO, "joined", "\"follower\":%lld,\"rank0\":%d,\"world\":%d", w.id, w.rank0, w.world);
+        run_epoch(&L, c, backend, &w);
+    }
+    sdn_notify("STOPPING=1");
+    log_event(LOG_INFO, "stopped", "\"status\":0");
+    return 0;
+}

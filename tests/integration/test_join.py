@@ -1,0 +1,200 @@
+# test_join.py — ranks in several processes (issue 24, docs/data-parallel.md "Several hosts"): a
+# leader (`grpod serve --ranks 1 --followers 1`) and a follower (`grpod serve --ranks 1 --join
+# URL`) on loopback, their two ranks in one tcp communicator (engine/comm_tcp.c), the leader
+# driving every update, logprobs and checkpoint on the follower's rank (daemon/cluster.h).
+#
+# The same jobs as test_ranks.py's session give what one daemon with --ranks 2 gives, bit for
+# bit: the tcp comm sums in rank order exactly as the cpu comm does, each rank has one engine
+# thread in both set-ups, and rollouts run on the leader's rank in both (a response's tokens
+# depend only on its seed), so nothing differs in the arithmetic.
+#
+# A follower killed with SIGKILL: the update that needs it fails rank_lost (or, when the leader
+# had already noticed the loss, is refused 503), /readyz says 503 naming the follower; a
+# follower joining again makes the leader exit 75 (crash-only: systemd restarts it), the
+# restarted leader replays, the follower's retried join gets the new epoch, and the failed
+# update, requeued, runs.
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import GRPOD, Daemon
+from test_ranks import probe, run_round, session
+
+
+def leader(make_daemon, data, *extra):
+    """Started, not waited for: it is ready only once its follower joined."""
+    d = make_daemon(data, args=["--engine-threads", "1", "--followers", "1", *extra], start=False)
+    d.start(wait_ready=False)
+    wait_for(lambda: _up(d), "the leader's HTTP")
+    return d
+
+
+def follower(tmp_path, name, url, *extra):
+    d = Daemon(str(tmp_path / name), ["--engine-threads", "1", "--join", url, *extra])
+    d.start(wait_ready=False)
+    return d
+
+
+def readyz(d):
+    r = d.get("/readyz", timeout=10)
+    return r.status_code, r.text
+
+
+def wait_for(pred, what, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(grpod_available, tmp_path_factory):
+    d = Daemon(str(tmp_path_factory.mktemp("r2") / "data"), ["--ranks", "2"]).start()
+    try:
+        yield session(d)
+    finally:
+        d.stop()
+
+
+def test_join_equals_two_ranks(two_ranks, make_daemon, tmp_path):
+    L = leader(make_daemon, tmp_path / "leader")
+    code, text = readyz(L)
+    assert code == 503 and "waiting for 1 of 1 followers to join" in text, text
+    F = follower(tmp_path, "follower", L.url)
+    try:
+        L.wait_ready()
+        got = session(L)
+        assert got["tokens"] == two_ranks["tokens"]
+        assert got["versions"] == two_ranks["versions"] == [1, 2]
+        assert got["probe"] == two_ranks["probe"]        # bit-equal: see the header
+        # a checkpoint is collective too: every rank calls the save, the leader's rank writes it
+        c = L.wait_job(L.submit("/v1/checkpoints", {}))
+        assert c["status"] == "done" and c["result"]["policy_version"] == 2, c
+        assert L.stop() == 0
+        log = L.stderr()
+        assert re.search(r'"engine_ready".*"ranks":1,"comm":"tcp"', log), log[-3000:]
+        assert re.search(r'"follower_joined".*"joined":1,"of":1', log)
+        flog = F.stderr()
+        assert '"follower_ready"' in flog and '"comm":"tcp"' in flog, flog[-3000:]
+        assert len(re.findall(r'"call_done".*"code":"ok"', flog)) >= 4, flog[-3000:]   # updates, logprobs, checkpoint
+    finally:
+        F.stop()
+        if F.proc.poll() is None:
+            F.kill9()
+
+
+def _up(d):
+    try:
+        d.get("/healthz", timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+SMALL_UPDATE = {"groups": [{"prompt_ids": [1, 2, 3], "responses": [
+    {"token_ids": [4, 5], "reward": 1.0}, {"token_ids": [6], "reward": 0.0}]}], "optimizer": {"lr": 1e-3}}
+
+
+def test_follower_lost_and_back(make_daemon, tmp_path, monkeypatch):
+    data = tmp_path / "leader"
+    L = leader(make_daemon, data, "--follower-timeout", "3")
+    F = follower(tmp_path, "f1", L.url)
+    F2 = None
+    try:
+        L.wait_ready()
+        out = {"tokens": [], "versions": []}
+        run_round(L, 0, out)
+        assert out["versions"] == [1]
+        F.kill9()
+        r = L.post("/v1/updates", SMALL_UPDATE)
+        failed = None
+        if r.status_code == 202:
+            j = L.wait_job(r.json()["job_id"])
+            assert j["status"] == "failed" and j["error"]["code"] == "rank_lost", j
+            assert "follower" in j["error"]["message"] and "lost" in j["error"]["message"], j
+            failed = j["id"]
+        else:       # the leader noticed the loss first: new work is refused
+            assert r.status_code == 503, r.text
+        code, text = wait_for(lambda: (lambda c: c if c[0] == 503 and "lost" in c[1] else None)(readyz(L)),
+                              "/readyz to name the lost follower")
+        assert re.search(r"follower \d+ \(ranks 1\.\.1\) lost", text), text
+        # the follower is back: the leader exits 75 for a new epoch (crash-only) ...
+        F2 = follower(tmp_path, "f1", L.url)
+        assert L.proc.wait(60) == 75, L.stderr()[-3000:]
+        # ... the service manager starts it again, and the follower's retried join finds it
+        import conftest
+        monkeypatch.setattr(conftest, "free_port", lambda: L.port)     # where the follower looks for it
+        L2 = leader(make_daemon, data, "--follower-timeout", "3")
+        L2.wait_ready(timeout=120)
+        log = L2.stderr()
+        assert '"replay_done"' in log and '"updates":1' in log, log[-3000:]
+        assert L2.get("/v1/model").json()["policy_version"] == 1
+        if failed:
+            assert L2.post("/v1/jobs/%s/requeue" % failed).status_code == 200
+            j = L2.wait_job(failed)
+        else:
+            j = L2.wait_job(L2.submit("/v1/updates", SMALL_UPDATE))
+        assert j["status"] == "done" and j["result"]["policy_version_after"] == 2, j
+        got = probe(L2)
+        assert L2.stop() == 0
+        # the follower replayed the leader's update 1 (its shard of the optimizer state), then ran
+        # the update and the probe: the policy is the uninterrupted run's, bit for bit
+        assert len(re.findall(r'"call_done".*"code":"ok"', F2.stderr())) >= 3, F2.stderr()[-3000:]
+        ref = make_daemon(tmp_path / "ref", args=["--ranks", "2"])
+        run_round(ref, 0, {"tokens": [], "versions": []})
+        assert ref.wait_job(ref.submit("/v1/updates", SMALL_UPDATE))["status"] == "done"
+        assert got == probe(ref)
+        assert ref.stop() == 0
+    finally:
+        for d in (F, F2):
+            if d and d.proc.poll() is None:
+                d.stop()
+                if d.proc.poll() is None:
+                    d.kill9()
+
+
+def test_join_auth(make_daemon, tmp_path):
+    """The cluster routes are authenticated like every /v1 route: a follower with the wrong key
+    never joins; with the key it does."""
+    key = tmp_path / "key"
+    key.write_text("s3cret-key-123\n")
+    bad = tmp_path / "bad"
+    bad.write_text("wrong-key-4567\n")
+    L = leader(make_daemon, tmp_path / "leader", "--api-key-file", str(key))
+    assert L.post("/v1/cluster/join", {"ranks": 1, "backend": "cpu"}).status_code == 401
+    F = follower(tmp_path, "fbad", L.url, "--api-key-file", str(bad))
+    try:
+        wait_for(lambda: '"status":401' in F.stderr(), "the follower's 401")
+        code, text = readyz(L)
+        assert code == 503 and "waiting for 1 of 1" in text, text
+        F.stop()
+        F = follower(tmp_path, "fgood", L.url, "--api-key-file", str(key))
+        L.wait_ready()
+        assert L.stop() == 0
+    finally:
+        if F.proc.poll() is None:
+            F.stop()
+
+
+def test_join_flag_checks(tmp_path):
+    def serve(*flags):
+        return subprocess.run([GRPOD, "serve", "--data-dir", str(tmp_path / "x"), *flags],
+                              capture_output=True, text=True, timeout=30)
+    r = serve("--backend", "cpu", "--followers", "1", "--join", "http://127.0.0.1:1")
+    assert r.returncode == 2 and "--join and --followers" in r.stderr, r.stderr
+    r = serve("--backend", "cpu", "--join", "127.0.0.1:1")
+    assert r.returncode == 2 and "expected http://HOST:PORT" in r.stderr, r.stderr
+    r = serve("--followers", "1")
+    assert r.returncode == 2 and "--followers needs --backend cpu" in r.stderr, r.stderr
+    r = serve("--join", "http://127.0.0.1:1")
+    assert r.returncode == 2 and "--join needs --backend cpu" in r.stderr, r.stderr
+    r = serve("--backend", "cpu", "--followers", "1", "--listen", "0.0.0.0:0", "--insecure-no-auth")
+    assert r.returncode == 2 and "pass --cluster-host" in r.stderr, r.stderr
+    r = serve("--backend", "cpu", "--followers", "1", "--lora-rank", "4")
+    assert r.returncode == 2 and "LoRA trains on one rank only" in r.stderr, r.stderr
