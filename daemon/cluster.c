@@ -5,6 +5,7 @@
  * that call's code), the current call (seq and its description) and the phase. */
 #define _GNU_SOURCE     /* vasprintf */
 #include "daemon/cluster.h"
+#include "daemon/json_read.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -161,14 +162,10 @@ int cluster_restart_wanted(cluster *cl) {
     return r;
 }
 
-/* Waits on cv until deadline (monotonic seconds, via the realtime clock of the cond var). */
-static void wait_until(cluster *cl, double secs) {
+/* Waits on cv (mu held) for a change, secs at most. */
+static void wait_for(cluster *cl, double secs) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long long ns = (long long)(secs * 1e9);
-    ts.tv_sec += ns / 1000000000LL;
-    ts.tv_nsec += ns % 1000000000LL;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    clock_wall_after(secs, &ts);
     pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
 }
 
@@ -195,7 +192,7 @@ int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, c
     snprintf(cl->backend, sizeof cl->backend, "%s", backend);
     cl->W0 = W0;
     while (cl->n < cl->cfg.followers && !atomic_load(stop)) {
-        wait_until(cl, 0.2);
+        wait_for(cl, 0.2);
         if (cl->n < cl->cfg.followers) check(cl);
     }
     if (atomic_load(stop)) {
@@ -286,7 +283,7 @@ static int remote_wait(void *ud, long long seq, char *msg, size_t n) {
                 }
             break;
         }
-        wait_until(cl, 0.2);
+        wait_for(cl, 0.2);
     }
     free(cl->call);
     cl->call = NULL;
@@ -333,11 +330,10 @@ static int world_reply(cluster *cl, follower *f, char **out) {
 
 /* POST /v1/cluster/join {"ranks": n, "backend": "cpu"|"cuda", "follower": id (a retry)} */
 static int h_join(cluster *cl, const char *body, char **out) {
-    json_object *b = json_tokener_parse(body), *v;
-    int ranks = b && json_object_object_get_ex(b, "ranks", &v) ? json_object_get_int(v) : 0;
-    long long id = b && json_object_object_get_ex(b, "follower", &v) ? json_object_get_int64(v) : -1;
+    json_object *b = json_tokener_parse(body);
+    long long ranks = field_int(b, "ranks", 0), id = field_int(b, "follower", -1);
     char backend[16];
-    snprintf(backend, sizeof backend, "%s", b && json_object_object_get_ex(b, "backend", &v) ? json_object_get_string(v) : "");
+    snprintf(backend, sizeof backend, "%s", field_str(b, "backend", ""));
     json_object_put(b);
     if (ranks < 1 || ranks > RANKS_MAX) return cl_error(out, 400, "invalid_field", "ranks must be 1..64");
     if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) return cl_error(out, 400, "invalid_field", "backend must be cpu or cuda");
@@ -358,17 +354,17 @@ static int h_join(cluster *cl, const char *body, char **out) {
         memset(f, 0, sizeof *f);
         f->id = cl->next_id++;
         f->done_seq = cl->seq;      /* calls made before it joined are not its */
-        log_event(LOG_INFO, "follower_joined", "\"follower\":%lld,\"ranks\":%d,\"backend\":\"%s\",\"joined\":%d,\"of\":%d", f->id,
+        log_event(LOG_INFO, "follower_joined", "\"follower\":%lld,\"ranks\":%lld,\"backend\":\"%s\",\"joined\":%d,\"of\":%d", f->id,
                   ranks, backend, cl->n, cl->cfg.followers);
         if (cl->ph == PH_WAITING) set_waiting_msg(cl);
         pthread_cond_broadcast(&cl->cv);
     }
-    f->ranks = ranks;
+    f->ranks = (int)ranks;
     snprintf(f->backend, sizeof f->backend, "%s", backend);
     f->last_seen = clock_mono_s();
     if (!cl->formed) {
         long long fid = f->id;
-        wait_until(cl, 1.0);                /* a long-poll: the world may form meanwhile */
+        wait_for(cl, 1.0);                /* a long-poll: the world may form meanwhile */
         if (!(f = find(cl, fid)))           /* check() gave its place back meanwhile (mu was free) */
             return cl_error(out, 503, "unavailable", "the join timed out; join again");
     }
@@ -406,7 +402,7 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
         st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
     } else if (route == API_CLUSTER_NEXT) {
         if (!(cl->call && cl->seq > after && f->done_seq < cl->seq)) {
-            wait_until(cl, 1.0);
+            wait_for(cl, 1.0);
             if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
                 pthread_mutex_unlock(&cl->mu);
                 return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
@@ -418,14 +414,12 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
             st = 204;
         f->last_seen = clock_mono_s();
     } else {                        /* done {"seq", "rc", "msg"} */
-        json_object *b = json_tokener_parse(body), *v;
-        long long seq = b && json_object_object_get_ex(b, "seq", &v) ? json_object_get_int64(v) : -1;
-        int rc = b && json_object_object_get_ex(b, "rc", &v) ? json_object_get_int(v) : GE_INTERNAL;
-        const char *msg = b && json_object_object_get_ex(b, "msg", &v) ? json_object_get_string(v) : "";
+        json_object *b = json_tokener_parse(body);
+        long long seq = field_int(b, "seq", -1), rc = field_int(b, "rc", GE_INTERNAL);
         if (seq == cl->seq && f->done_seq < seq) {
             f->done_seq = seq;
-            f->done_rc = rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : rc;
-            snprintf(f->done_msg, sizeof f->done_msg, "%s", msg ? msg : "");
+            f->done_rc = rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : (int)rc;
+            snprintf(f->done_msg, sizeof f->done_msg, "%s", field_str(b, "msg", ""));
             pthread_cond_broadcast(&cl->cv);
             st = reply(out, 200, "{\"status\":\"ok\"}");
         } else {

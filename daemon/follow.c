@@ -22,8 +22,10 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "daemon/jobs.h"
+#include "daemon/json_read.h"
 #include "daemon/ranks.h"
 #include "daemon/sdnotify.h"
+#include "daemon/worker.h"
 #include "engine/engine.h"
 
 static volatile sig_atomic_t g_stop;
@@ -160,28 +162,23 @@ static int unbase64(const char *s, unsigned char *out, size_t n) {
     return o == n ? 0 : -1;
 }
 
-static json_object *get(json_object *o, const char *k) {
-    json_object *v;
-    return o && json_object_object_get_ex(o, k, &v) ? v : NULL;
-}
-
 static int parse_world(const char *body, world_info *w) {
-    json_object *o = json_tokener_parse(body), *c = get(o, "comm");
+    json_object *o = json_tokener_parse(body), *c = field_get(o, "comm");
     memset(w, 0, sizeof *w);
     int rc = 0;
     if (!o || !c) { rc = err_set(GE_FORMAT, "join: the leader's answer has no comm"); goto done; }
-    w->id = json_object_get_int64(get(o, "follower"));
-    w->rank0 = json_object_get_int(get(o, "rank0"));
-    w->world = json_object_get_int(get(o, "world"));
-    w->lost_s = get(o, "lost_s") ? json_object_get_double(get(o, "lost_s")) : 10;
-    snprintf(w->resume, sizeof w->resume, "%s", get(o, "resume") ? json_object_get_string(get(o, "resume")) : "");
-    snprintf(w->kind, sizeof w->kind, "%s", get(c, "kind") ? json_object_get_string(get(c, "kind")) : "");
+    w->id = field_int(o, "follower", 0);
+    w->rank0 = (int)field_int(o, "rank0", 0);
+    w->world = (int)field_int(o, "world", 0);
+    w->lost_s = field_num(o, "lost_s", 10);
+    snprintf(w->resume, sizeof w->resume, "%s", field_str(o, "resume", ""));
+    snprintf(w->kind, sizeof w->kind, "%s", field_str(c, "kind", ""));
     if (!strcmp(w->kind, "tcp")) {
-        snprintf(w->host, sizeof w->host, "%s", get(c, "host") ? json_object_get_string(get(c, "host")) : "");
-        w->port = get(c, "port") ? json_object_get_int(get(c, "port")) : 0;
+        snprintf(w->host, sizeof w->host, "%s", field_str(c, "host", ""));
+        w->port = (int)field_int(c, "port", 0);
     } else if (!strcmp(w->kind, "nccl")) {
-        if (!get(c, "id") || unbase64(json_object_get_string(get(c, "id")), w->nccl_id, sizeof w->nccl_id))
-            rc = err_set(GE_FORMAT, "join: bad NCCL id");
+        const char *id = field_str(c, "id", NULL);
+        if (!id || unbase64(id, w->nccl_id, sizeof w->nccl_id)) rc = err_set(GE_FORMAT, "join: bad NCCL id");
     } else {
         rc = err_set(GE_FORMAT, "join: unknown comm kind '%s'", w->kind);
     }
@@ -205,7 +202,7 @@ static int join(const leader *L, const follow_config *c, const char *backend, wo
         }
         if (st == 202) {
             json_object *o = json_tokener_parse(resp ? resp : "");
-            if (get(o, "follower")) id = json_object_get_int64(get(o, "follower"));
+            id = field_int(o, "follower", id);
             json_object_put(o);
         } else {
             id = -1;
@@ -261,10 +258,6 @@ static void *beat_main(void *arg) {
 
 static void no_progress(void *ud, double f) { (void)ud; (void)f; }
 
-static int default_threads(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 4 ? (int)n - 1 : n > 0 ? (int)n : 1;
-}
 
 /* One epoch: open the ranks in the world, run the calls until the leader is gone or a stop. */
 static void run_epoch(const leader *L, const follow_config *c, const char *backend, const world_info *w) {
@@ -275,7 +268,7 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
         snprintf(model, sizeof model, "%s/default-model", c->data_dir);
         if ((rc = eng_ensure_default_model(model))) { log_event(LOG_ERROR, "follower_open_failed", "\"message\":\"%s\"", err_msg()); sleep(1); return; }
     }
-    int threads = c->n_threads > 0 ? c->n_threads : default_threads();
+    int threads = c->n_threads > 0 ? c->n_threads : worker_default_threads();
     eng_open_opts o = {.model_dir = model, .backend = backend, .resume_dir = w->resume[0] ? w->resume : NULL,
                        .n_threads = threads / W > 0 ? threads / W : 1, .optimizer_offload = c->optimizer_offload};
     eng_sched_opts so = {.kv_bytes = c->kv_budget_mib << 20};
@@ -294,11 +287,7 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
         pthread_mutex_lock(&ep.mu);
         ep.rk = rk;
         pthread_mutex_unlock(&ep.mu);
-        ranks_rank0_opts(rk, &o);
-        rc = eng_open(&o, &e);
-        if (rc) ranks_cancel_open(rk);
-        int prc = ranks_wait_open(rk);
-        if (!rc) rc = prc;
+        rc = ranks_open_rank0(rk, &o, &e);
     }
     if (rc) {
         char esc[700];
@@ -316,8 +305,9 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
             int st = http(L, "GET", path, NULL, 10, &resp);
             if (st == 200) {
                 json_object *o = json_tokener_parse(resp ? resp : "");
-                long long seq = get(o, "seq") ? json_object_get_int64(get(o, "seq")) : -1;
-                const char *call = get(o, "call") ? json_object_to_json_string_ext(get(o, "call"), JSON_C_TO_STRING_PLAIN) : NULL;
+                long long seq = field_int(o, "seq", -1);
+                json_object *co = field_get(o, "call");
+                const char *call = co ? json_object_to_json_string_ext(co, JSON_C_TO_STRING_PLAIN) : NULL;
                 if (seq > after && call) {
                     err_clear();
                     double t0 = clock_mono_ms();
@@ -369,7 +359,7 @@ int follow_main(const follow_config *c) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    const char *backend = strcmp(c->backend, "auto") ? c->backend : eng_device_count() > 0 ? "cuda" : "cpu";
+    const char *backend = eng_backend_resolve(c->backend);
     log_event(LOG_INFO, "follower_starting", "\"leader\":\"%s\",\"ranks\":%d,\"backend\":\"%s\"", L.hostport, c->ranks, backend);
     while (!g_stop) {
         world_info w;

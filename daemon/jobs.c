@@ -20,16 +20,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-
-/* Readers of a stored payload or result: validated at submit, so absent → the default, no errors. */
-static json_object *get(json_object *o, const char *k) {
-    json_object *v = NULL;
-    return json_object_object_get_ex(o, k, &v) ? v : NULL;
-}
-static double field_num(json_object *o, const char *k, double d) { json_object *v = get(o, k); return v ? json_object_get_double(v) : d; }
-static long long field_int(json_object *o, const char *k, long long d) { json_object *v = get(o, k); return v ? json_object_get_int64(v) : d; }
-static int field_bool(json_object *o, const char *k, int d) { json_object *v = get(o, k); return v ? json_object_get_boolean(v) : d; }
-static const char *field_str(json_object *o, const char *k, const char *d) { json_object *v = get(o, k); return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : d; }
+#include "daemon/json_read.h"
 
 /* Token ids: a json array, or a packed one (api_packed_parse). */
 static int *int_array(json_object *a, int *n) {
@@ -88,7 +79,7 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
     s->g = calloc((size_t)(s->n ? s->n : 1), sizeof *s->g);
     if (!s->g) return err_set(GE_NOMEM, "out of memory");
     for (int i = 0; i < s->n; i++) {
-        json_object *jg = json_object_array_get_idx(groups, (size_t)i), *rs = get(jg, "responses");
+        json_object *jg = json_object_array_get_idx(groups, (size_t)i), *rs = field_get(jg, "responses");
         eng_update_group *g = &s->g[i];
         int n = rs ? (int)json_object_array_length(rs) : 0;
         int **resp = calloc((size_t)n + 1, sizeof *resp), *R = calloc((size_t)n + 1, sizeof *R);
@@ -96,13 +87,13 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
         float *score = calloc((size_t)n + 1, sizeof *score), **old = use_lp ? calloc((size_t)n + 1, sizeof *old) : NULL;
         g->resp = (const int *const *)resp; g->R = R; g->truncated = trunc; g->old_logprobs = (const float *const *)old;
         g->n = n;
-        g->prompt = int_array(get(jg, "prompt_ids"), &g->P);
+        g->prompt = int_array(field_get(jg, "prompt_ids"), &g->P);
         if (!resp || !R || !trunc || !score || (use_lp && !old) || !g->prompt) { free(score); return err_set(GE_NOMEM, "out of memory"); }
         int adv = 0;
         for (int k = 0; k < n; k++) {
-            json_object *r = json_object_array_get_idx(rs, (size_t)k), *lp = get(r, "logprobs");
-            if (!(resp[k] = int_array(get(r, "token_ids"), &R[k]))) { free(score); return err_set(GE_NOMEM, "out of memory"); }
-            json_object *rw = get(r, "reward"), *ad = get(r, "advantage");
+            json_object *r = json_object_array_get_idx(rs, (size_t)k), *lp = field_get(r, "logprobs");
+            if (!(resp[k] = int_array(field_get(r, "token_ids"), &R[k]))) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+            json_object *rw = field_get(r, "reward"), *ad = field_get(r, "advantage");
             if (with_scores && !rw && !ad) {
                 free(score);
                 return err_set(GE_INVALID, "groups[%d].responses[%d] has no reward (the rollout had no reward spec?)", i, k);
@@ -185,7 +176,7 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
     jobs_rollout *r = calloc(1, sizeof *r);
     if (!r) { json_object_put(p); return err_set(GE_NOMEM, "out of memory"); }
     r->p = p;
-    json_object *groups = get(p, "groups"), *sp = get(p, "sampling");
+    json_object *groups = field_get(p, "groups"), *sp = field_get(p, "sampling");
     int ng = r->ng = groups ? (int)json_object_array_length(groups) : 0;
     int rc = 0;
     if (ng < 1 || !sp) { rc = err_set(GE_INVALID, "rollout payload without groups or sampling"); goto fail; }
@@ -195,7 +186,7 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
     if (!r->rg || !r->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
-        if (!(r->rg[i].prompt = int_array(get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        if (!(r->rg[i].prompt = int_array(field_get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
         r->rg[i].n = (int)field_int(g, "n", 1);
         r->prompt_tokens += r->rg[i].P;
     }
@@ -208,13 +199,13 @@ fail:
 
 /* The result JSON of a finished rollout (rewards scored here). */
 static int rollout_result(jobs_rollout *r, char **result) {
-    json_object *groups = get(r->p, "groups"), *ol = get(r->p, "overlong_buffer");
+    json_object *groups = field_get(r->p, "groups"), *ol = field_get(r->p, "overlong_buffer");
     const eng_sampling *s = &r->s;
     double ms = clock_mono_ms() - r->t0;
     json_object *res = json_object_new_object(), *rgs = json_object_new_array();
     long long completion = 0;
     for (int i = 0; i < r->ng; i++) {
-        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = get(g, "reward"), *meta = get(g, "metadata");
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward"), *meta = field_get(g, "metadata");
         json_object *og = json_object_new_object(), *rs = json_object_new_array();
         reward_spec spec = {0};
         if (rw) {
@@ -469,8 +460,8 @@ static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void 
 
 static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
     int rc;
-    if ((rc = api_params_to_struct(&eng_loss_params, get(p, "algorithm"), algo)) ||
-        (rc = api_params_to_struct(&eng_optim_params, get(p, "optimizer"), opt)))
+    if ((rc = api_params_to_struct(&eng_loss_params, field_get(p, "algorithm"), algo)) ||
+        (rc = api_params_to_struct(&eng_optim_params, field_get(p, "optimizer"), opt)))
         return err_set(rc, "job payload: %s", err_msg());
     return 0;
 }
@@ -503,7 +494,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     if (expected >= 0 && expected != info.policy_version)
         return err_set(GE_CONFLICT, "expected_policy_version %lld does not match the policy_version %lld when the job ran",
                        expected, info.policy_version);
-    json_object *src = NULL, *groups = get(p, "groups");
+    json_object *src = NULL, *groups = field_get(p, "groups");
     char *call = NULL;
     int oom = 0;
     const char *rid = field_str(p, "rollout_job_id", NULL);
@@ -514,7 +505,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
         if (src) call = call_text(env, "update", payload, rj.result, NULL, 0, &oom);   /* the rollout inlined */
         store_job_clear(&rj);
         if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
-        groups = get(src, "groups");
+        groups = field_get(src, "groups");
     } else {
         call = call_text(env, "update", payload, NULL, NULL, 0, &oom);
     }
@@ -563,7 +554,7 @@ done:
 /* The logprobs call on every rank (the leader's run_logprobs and a follower's jobs_follow). */
 static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, double *t0) {
     int rc;
-    if ((rc = seqs_from_json(get(p, "groups"), 0, 0, s))) return rc;
+    if ((rc = seqs_from_json(field_get(p, "groups"), 0, 0, s))) return rc;
     int ref = !strcmp(field_str(p, "model", "policy"), "reference");
     *t0 = clock_mono_ms();
     return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, ref, (float)field_num(p, "temperature", 1.0),
@@ -673,7 +664,7 @@ int jobs_follow(const jobs_env *env, const char *call) {
             eng_optim opt;
             eng_update_result u = {0};
             if (!(rc = update_params(p, &algo, &opt)))
-                rc = update_exec(env, p, src ? get(src, "groups") : get(p, "groups"), &algo, &opt, NULL, &u);
+                rc = update_exec(env, p, src ? field_get(src, "groups") : field_get(p, "groups"), &algo, &opt, NULL, &u);
         } else {
             seqs s = {0};
             float **lp = NULL;

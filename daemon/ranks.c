@@ -64,6 +64,7 @@ typedef struct peer {
     cmd stop;                   /* ranks_stop's command: it must outlive the post */
     int pending_adds;           /* ADDs posted and not yet taken (counts as busy) */
     int open_rc, opened;        /* opened: 1 once eng_open returned */
+    comm *nccl;                 /* under mu: its engine's NCCL comm while open, for ranks_abort */
     char open_msg[512];
     int busy, can_admit;        /* snapshot */
     eng_sched_stats st;
@@ -199,6 +200,7 @@ static void *peer_main(void *arg) {
     pthread_mutex_lock(&p->mu);
     p->open_rc = rc;
     p->opened = 1;
+    p->nccl = !rc && p->rk->nccl ? eng_comm(p->e) : NULL;
     snprintf(p->open_msg, sizeof p->open_msg, "%s", rc ? (err_msg()[0] ? err_msg() : err_default(rc)) : "");
     pthread_cond_broadcast(&p->done_cv);
     pthread_mutex_unlock(&p->mu);
@@ -225,9 +227,7 @@ static void *peer_main(void *arg) {
         pthread_mutex_lock(&p->mu);
         if (!p->head) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            clock_wall_after(0.1, &ts);
             pthread_cond_timedwait(&p->cv, &p->mu, &ts);
         }
         pthread_mutex_unlock(&p->mu);
@@ -240,6 +240,9 @@ static void *peer_main(void *arg) {
     }
     eng_sched_close(p->sched);
     p->sched = NULL;
+    pthread_mutex_lock(&p->mu);
+    p->nccl = NULL;             /* ranks_abort must not reach a comm eng_close frees */
+    pthread_mutex_unlock(&p->mu);
     eng_close(p->e);
     p->e = NULL;
     return NULL;
@@ -305,7 +308,6 @@ static void rank_opts(const ranks *rk, int r, eng_open_opts *o) {
     }
 }
 
-void ranks_rank0_opts(const ranks *rk, eng_open_opts *o) { rank_opts(rk, 0, o); }
 
 const char *ranks_comm_name(const ranks *rk) { return rk->tcp ? "tcp" : rk->comms ? "cpu" : rk->nccl ? "nccl" : "none"; }
 
@@ -341,7 +343,7 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
     snprintf(rk->lora_init, sizeof rk->lora_init, "%s", o->lora_init ? o->lora_init : "");
     snprintf(rk->offload, sizeof rk->offload, "%s", o->optimizer_offload ? o->optimizer_offload : "auto");
     /* every rank must make the same kind of communicator: "auto" as eng_open resolves it */
-    if (rk->world > 1 && !strcmp(rk->backend, "auto")) snprintf(rk->backend, sizeof rk->backend, "%s", eng_device_count() > 0 ? "cuda" : "cpu");
+    if (rk->world > 1) snprintf(rk->backend, sizeof rk->backend, "%s", eng_backend_resolve(o->backend));
     if (devices) {
         memcpy(rk->devices, devices, (size_t)W * sizeof *devices);
         rk->have_devices = 1;
@@ -393,7 +395,7 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
     return 0;
 }
 
-int ranks_wait_open(ranks *rk) {
+static int wait_open(ranks *rk) {
     for (int r = 1; r < rk->W; r++) {   /* all of them: none may still be opening when this returns */
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);
@@ -407,6 +409,19 @@ int ranks_wait_open(ranks *rk) {
         if (r > 0 && rk->peers[r].open_rc) rc = err_set(rk->peers[r].open_rc, "rank %d: %s", r, rk->peers[r].open_msg);
     }
     return rc;
+}
+
+int ranks_open_rank0(ranks *rk, eng_open_opts *o, eng **e) {
+    rank_opts(rk, 0, o);
+    int rc = eng_open(o, e);
+    char msg[512];
+    if (rc) {
+        snprintf(msg, sizeof msg, "%s", err_msg()[0] ? err_msg() : err_default(rc));
+        cancel_open(rk, 0);
+    }
+    int prc = wait_open(rk);            /* none may still be opening when this returns */
+    if (rc) return err_set(rc, "%s", msg);   /* the cause, not a peer's echo of the cancel */
+    return prc;
 }
 
 void ranks_set_rank0(ranks *rk, eng *e, eng_sched *sched) {
@@ -457,6 +472,13 @@ void ranks_abort(ranks *rk) {
     for (int r = 0; rk->comms && r < rk->W; r++)
         if (rk->comms[r]) comm_abort(rk->comms[r]);
     if (rk->nccl && rk->e0 && eng_comm(rk->e0)) comm_abort(eng_comm(rk->e0));
+    /* every local rank waits in the collective: an NCCL abort does not reach the others */
+    for (int r = 1; rk->nccl && r < rk->W; r++) {
+        peer *p = &rk->peers[r];
+        pthread_mutex_lock(&p->mu);
+        if (p->nccl) comm_abort(p->nccl);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 int ranks_spmd(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0) {

@@ -35,10 +35,9 @@ typedef struct ranks_job ranks_job;
 /* Makes the group's communicator (W > 1) and starts ranks 1..W-1: each thread opens an engine
  * with o (its n_threads as given; backend "auto" resolved as eng_open resolves it), rank r's
  * communicator and device devices[r] (NULL: 0 with one rank, r on cuda with W), and a
- * scheduler with so. Rank 0's own engine is the caller's: it fills its opts with
- * ranks_rank0_opts and opens it meanwhile (a communicator's set-up is collective: NCCL's
- * blocks until all W ranks joined), then ranks_set_rank0. Returns at once; ranks_wait_open
- * waits for the peers. notify (may be NULL) is called on a peer's thread when one of its parts
+ * scheduler with so. Rank 0's own engine is the caller's: it opens it with ranks_open_rank0
+ * while the peers open theirs (a communicator's set-up is collective: NCCL's blocks until all
+ * W ranks joined), then ranks_set_rank0. Returns at once. notify (may be NULL) is called on a peer's thread when one of its parts
  * finished or failed, or it ran out of work: the callee must only signal (worker_wake). */
 /* world (NULL: this process's W ranks are the whole group) puts them into a larger group that
  * spans processes (daemon/cluster.c, docs/data-parallel.md "Several hosts"): they are ranks
@@ -56,14 +55,14 @@ typedef struct {
 } ranks_world;
 int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
                 void (*notify)(void *ud), void *ud, const ranks_world *world, ranks **out);
-/* Rank 0's share of ranks_start's settings, into the caller's o: its communicator (W > 1) and
- * its device (devices[0] when given); W = 1 without devices leaves o as it was. The pointers
- * set stay valid until ranks_close. */
-void ranks_rank0_opts(const ranks *rk, eng_open_opts *o);
+/* Opens rank 0's engine into *e on the caller's thread: o gets rank 0's share of ranks_start's
+ * settings (its communicator when W > 1, its device when devices were given; the pointers set
+ * stay valid until ranks_close). A failure releases the peers waiting in the communicator's
+ * set-up; returns when every peer opened too: 0, rank 0's own error, or the error of the peer
+ * that failed first (err_msg() naming the rank). */
+int ranks_open_rank0(ranks *rk, eng_open_opts *o, eng **e);
 /* The communicator's kind, for logs: "none" (one rank), "cpu" or "nccl". */
 const char *ranks_comm_name(const ranks *rk);
-/* Waits until every peer opened (0) or one failed (its code, err_msg() naming the rank). */
-int ranks_wait_open(ranks *rk);
 /* Rank 0's own open failed, or the daemon is stopping: every rank still waiting in the
  * communicator's set-up gives up (a peer whose open fails does the same by itself). Any thread;
  * no effect once the set-up is done. */
@@ -103,8 +102,8 @@ typedef struct {
 void ranks_set_remote(ranks *rk, const ranks_remote *r);
 int ranks_has_remote(const ranks *rk);
 int ranks_spmd_call(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void *ud0, const char *call);
-/* comm_abort on every local rank's communicator (cpu and tcp comms; on cuda rank 0's engine's):
- * a collective they wait in returns GE_COMM. Any thread, while rk is open. */
+/* comm_abort on every local rank's communicator (cpu and tcp comms; on cuda each open engine's
+ * NCCL comm): a collective they wait in returns GE_COMM. Any thread, while rk is open. */
 void ranks_abort(ranks *rk);
 
 /* ---------------------------------------------------------------- rollouts */

@@ -501,6 +501,20 @@ static int lock_data_dir(const char *dir, char *why, size_t wl) {
     return fd;
 }
 
+/* The data directory made (0700; the umask makes the daemon's files 0600) and locked for this
+ * process: the lock's fd, or -1 after saying why on stderr. */
+static int claim_data_dir(const char *dir) {
+    char why[1200];
+    umask(077);
+    if (mkdir(dir, 0700) && errno != EEXIST) {
+        fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int fd = lock_data_dir(dir, why, sizeof why);
+    if (fd < 0) fprintf(stderr, "grpod serve: %s\n", why);
+    return fd;
+}
+
 /* A listening port is never shared (the listener sets no SO_REUSEPORT): 1 with why when
  * another process holds the address. */
 static int port_in_use(const struct sockaddr_storage *ss, int sl, char *why, size_t wl) {
@@ -527,16 +541,10 @@ static int listen_host(const char *listen, char *out, size_t n) {
 
 /* --join: a follower (daemon/follow.h); the data dir is locked as a daemon's. */
 static int serve_follow(const serve_opts *o, const char *key) {
-    char why[1200];
     json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
     sdn_init();
-    umask(077);
-    if (mkdir(o->data_dir, 0700) && errno != EEXIST) {
-        fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", o->data_dir, strerror(errno));
-        return 1;
-    }
-    int lock_fd = lock_data_dir(o->data_dir, why, sizeof why);
-    if (lock_fd < 0) { fprintf(stderr, "grpod serve: %s\n", why); return 1; }
+    int lock_fd = claim_data_dir(o->data_dir);
+    if (lock_fd < 0) return 1;
     follow_config fc = {.url = o->join, .api_key = key, .data_dir = o->data_dir, .model_dir = o->model,
                         .backend = o->backend, .optimizer_offload = o->optimizer_offload,
                         .ranks = o->n_gpus ? o->n_gpus : (int)o->ranks, .devices = o->n_gpus ? o->gpu_dev : NULL,
@@ -592,13 +600,8 @@ int serve_main(int argc, char **argv) {
     sdn_init();
     if (sdn_init_note()[0]) log_event(LOG_WARN, "sd_notify", "\"note\":%s", log_str(esc, sizeof esc, sdn_init_note()));
 
-    umask(077);     /* the database, checkpoints and directories are the daemon's own: 0600 / 0700 */
-    if (mkdir(s.o.data_dir, 0700) && errno != EEXIST) {
-        fprintf(stderr, "grpod serve: cannot create --data-dir %s: %s\n", s.o.data_dir, strerror(errno));
-        return 1;
-    }
-    int lock_fd = lock_data_dir(s.o.data_dir, why, sizeof why);
-    if (lock_fd < 0) { fprintf(stderr, "grpod serve: %s\n", why); return 1; }
+    int lock_fd = claim_data_dir(s.o.data_dir);     /* the database, checkpoints and directories: 0600 / 0700 */
+    if (lock_fd < 0) return 1;
     if (port_in_use(&ss, sl, why, sizeof why)) { fprintf(stderr, "grpod serve: %s\n", why); close(lock_fd); return 1; }
     /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
     /* a disk that filled while grpod was down: the reserve gives the store room to open */

@@ -137,7 +137,7 @@ static void latest_checkpoint(worker *w, char *out, size_t n, long long *version
  * fewer costs more than it leaves: on 2 shared cores the toy task took 36 s with one engine
  * thread and 16 s with two, and one busy neighbour slowed one thread 1.9x, two 1.03x
  * (docs/benchmarks.md, "Sharing the machine"). */
-static int default_engine_threads(void) {
+int worker_default_threads(void) {
     cpu_set_t set;
     int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
     return n > 4 ? n - 1 : n > 0 ? n : 1;
@@ -208,7 +208,7 @@ static void on_rank_event(void *ud) { worker_wake(ud); }
 /* Opens every rank's engine (the peers on their threads, rank 0 here, at the same time: a
  * communicator's set-up is collective) and rank 0's scheduler, then replays. Each rank gets
  * an equal share of the engine threads, so the ranks compute alike; ranks_start makes the
- * communicator, and rank 0 takes its end of it (ranks_rank0_opts). */
+ * communicator, and rank 0 takes its end of it (ranks_open_rank0). */
 static int open_engine(worker *w) {
     char model[1200], resume[600];
     int rc, W = w->cfg.ranks > 1 ? w->cfg.ranks : 1;
@@ -220,7 +220,7 @@ static int open_engine(worker *w) {
     }
     remove_temporaries(w);
     latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
-    int threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : default_engine_threads();
+    int threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : worker_default_threads();
     eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
                        .n_threads = threads / W > 0 ? threads / W : 1,
                        .lora_rank = w->cfg.lora_rank, .lora_alpha = w->cfg.lora_alpha, .lora_targets = w->lora_targets,
@@ -232,8 +232,7 @@ static int open_engine(worker *w) {
     ranks *rk;
     ranks_world wd, *world = NULL;
     if (w->cfg.cluster) {           /* the followers' ranks join ours: one communicator for the world */
-        const char *be = strcmp(w->backend, "auto") ? w->backend : eng_device_count() > 0 ? "cuda" : "cpu";
-        if ((rc = cluster_form(w->cfg.cluster, W, be, resume[0] ? resume : NULL, &w->stop, &wd))) return rc;
+        if ((rc = cluster_form(w->cfg.cluster, W, eng_backend_resolve(w->backend), resume[0] ? resume : NULL, &w->stop, &wd))) return rc;
         world = &wd;
     }
     if ((rc = ranks_start(W, &o, w->cfg.devices, &so, on_rank_event, w, world, &rk))) return rc;
@@ -241,12 +240,7 @@ static int open_engine(worker *w) {
     pthread_mutex_lock(&w->mu);
     w->rk = rk;
     pthread_mutex_unlock(&w->mu);
-    ranks_rank0_opts(w->rk, &o);
-    rc = eng_open(&o, &w->e);
-    if (rc) ranks_cancel_open(w->rk);
-    int prc = ranks_wait_open(w->rk);
-    if (rc) return rc;
-    if (prc) return prc;
+    if ((rc = ranks_open_rank0(w->rk, &o, &w->e))) return rc;
     if ((rc = eng_sched_open(w->e, &so, &w->sched))) return rc;
     ranks_set_rank0(w->rk, w->e, w->sched);
     update_version(w);
@@ -616,9 +610,7 @@ static void *thread_main(void *arg) {
         pthread_mutex_lock(&w->mu);
         if (!w->pending && !atomic_load(&w->stop)) {
             struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 100 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+            clock_wall_after(0.1, &ts);
             pthread_cond_timedwait(&w->cv, &w->mu, &ts);
         }
         w->pending = 0;

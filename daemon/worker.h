@@ -42,6 +42,9 @@ void worker_stop(worker *w);
 void worker_join(worker *w);        /* frees w */
 int worker_finished(worker *w);     /* the engine thread is done: worker_join will not block */
 
+/* --engine-threads 0: the engine threads of a process on this machine (worker.c says why). */
+int worker_default_threads(void);
+
 /* Read from any thread. */
 double worker_heartbeat_age(worker *w);     /* seconds since the last beat */
 int worker_ready(worker *w);                /* 1 loaded, 0 loading, -1 failed */

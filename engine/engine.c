@@ -20,9 +20,13 @@
 
 /* ---------------------------------------------------------------- open / close */
 
+const char *eng_backend_resolve(const char *name) {
+    if (!name || !strcmp(name, "auto")) return backend_cuda_available() ? "cuda" : "cpu";
+    return name;
+}
+
 static int open_backend(const char *name, int n_threads, int device, eng_backend **be) {
-    if (!name || !strcmp(name, "auto"))
-        return backend_cuda_available() ? backend_cuda_create(be, device) : backend_cpu_create(be, n_threads);
+    name = eng_backend_resolve(name);
     if (!strcmp(name, "cpu")) return backend_cpu_create(be, n_threads);
     if (!strcmp(name, "cuda")) return backend_cuda_create(be, device);
     return err_set(GE_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", name);

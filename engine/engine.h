@@ -64,6 +64,10 @@ void eng_close(eng *e);
 comm *eng_comm(eng *e);
 /* CUDA devices usable by this process (0 in a build without CUDA or with no GPU). Any thread. */
 int eng_device_count(void);
+/* The backend name eng_open uses for name: "auto" (or NULL) is "cuda" when a GPU is usable, else
+ * "cpu"; any other name as given. What several processes or ranks that must make the same kind of
+ * communicator agree on. Any thread. */
+const char *eng_backend_resolve(const char *name);
 
 typedef struct {
     char arch[32];              /* "qwen3" */
