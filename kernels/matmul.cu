@@ -246,25 +246,27 @@ struct sk_shape {
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
  * of 8 NT outputs each, after the adapter tiles. A part may carry a low-rank term (LoRA: + (x A^T)
- * B^T, rank lr, added in the epilogue before the one rounding: r multiply-adds an output, B read
- * once). Its first half x A^T is made by the same launch: the parts' A matrices, stacked (na lr
- * rows), are the launch's first tiles [0, nA), ordinary tiles of the same stream (the same x, the
- * same norm in front, the same reduction order) whose epilogue writes u = x A^T (T, lr) and counts
- * itself done on sync[0]; a tile with a low-rank term waits in its epilogue until all nA are done.
- * That wait cannot deadlock: the grid has at most one block an SM and one block fits an SM, the
- * adapter tiles are the first tile of the lowest blocks (blocks start in index order, as CUB's
- * decoupled look-back assumes), and the next kernel (PDL) starts only once every block of this
- * one has started. The last block out sets both counters back to 0, so a graph replays the
- * launch as it was captured. A tile's B rows come through its own cp.async stream into shared
- * memory after the norm weight when they fit there and a warp has at least S chunks of the tile
- * (sk_args.bcp), else they are prefetched into L1. Cost (H100, Qwen3-8B decode,
- * docs/benchmarks.md): 5-7 us a tile with a term, much the same with B in shared memory (0.05 ms
- * a step less than through L1), so it is not the epilogue's B reads.
+ * B^T, rank lr, summed before the one rounding). Its first half x A^T is made by the same launch:
+ * the parts' A matrices, stacked (na lr rows), are the launch's first tiles [0, nA), art rows each
+ * (art <= 8 NT: as few as fill the SMs the base tiles leave idle in their last round, so an
+ * adapter tile reads less of A than a base tile reads of W and is done first), ordinary tiles of
+ * the same stream (the same x, the same norm in front, the same reduction order) whose epilogue
+ * writes u = x A^T (T, lr) and counts itself done on sync[0]. The second half is one more k-chunk
+ * of the tile's own MMA ([x | u] . [W | B]^T): after its chunks, warp w of a tile with a term
+ * waits until all nA are done (once a block), loads u rows and the tile's B rows (prefetched into
+ * L1 at the tile's start) for k in [32 w, 32 w + 32) and adds their products into its partial
+ * sums, which the epilogue then sums as any other. That wait cannot deadlock: the grid has at most
+ * one block an SM and one block fits an SM, the adapter tiles are the first tile of the lowest
+ * blocks (blocks start in index order, as CUB's decoupled look-back assumes), and the next kernel
+ * (PDL) starts only once every block of this one has started. The last block out sets both
+ * counters back to 0, so a graph replays the launch as it was captured. (An epilogue that staged
+ * u and B in shared memory and summed lr products a thread cost 5-7 us a tile on an H100 at
+ * Qwen3-8B decode, docs/benchmarks.md.)
  * SwiGLU mode (act set; parts 0 and 1 the gate and up projections, same O, n = 1 tile range): a
  * tile is 4 NT outputs of both, its first NT / 2 n8 groups gate rows and the rest the same up
  * rows, so the epilogue writes g, u (each with its own low-rank term) and act = silu(g) * u
  * (swiglu_fwd's math on the bf16-rounded g, u) with no SwiGLU kernel after it; adapter tiles
- * stay ordinary 8 NT-output tiles. */
+ * stay ordinary tiles. */
 enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
@@ -278,34 +280,13 @@ typedef struct {
     const bf16 *la[SK_PARTS], *lb[SK_PARTS];
     bf16 *lu[SK_PARTS];
     int lr;
-    /* set by skinny_launch: the adapter tiles' A and u, compacted (na of them), their tile count */
+    /* set by skinny_launch: the adapter tiles' A and u, compacted (na of them), their tile count
+     * and rows */
     const bf16 *aw[SK_PARTS];
     bf16 *au[SK_PARTS];
-    int na, nA;
+    int na, nA, art;
     unsigned *sync;              /* (2) adapter tiles done, blocks done; 0 between launches */
-    int ukeep;                   /* u rows of a tile (both parts in SwiGLU mode) fit u_keep */
-    int bcp;                     /* a tile's B rows go through its cp.async stream (skinny_launch) */
 } sk_args;
-
-/* s += u · b over lr values, in k order (u, b: one row each, 16-byte aligned, shared memory) */
-__device__ __forceinline__ float sk_dot(float s, const bf16 *u, const bf16 *b, int lr) {
-    for (int k = 0; k < lr; k += 8) {
-        const uint4 uv = *(const uint4 *)(u + k), bv = *(const uint4 *)(b + k);
-        const bf16 *ue = (const bf16 *)&uv, *bw = (const bf16 *)&bv;
-#pragma unroll
-        for (int q8 = 0; q8 < 8; q8++) s += __bfloat162float(ue[q8]) * __bfloat162float(bw[q8]);
-    }
-    return s;
-}
-
-/* n rows of lr values from global src (row stride lr) into shared dst, 16 bytes a thread at a time
- * (all in flight at once); u rows through L2 (.cg: written by this launch on other SMs), B rows
- * from L1, where the tile's start prefetched them */
-__device__ __forceinline__ void sk_stage(bf16 *dst, const bf16 *src, int n, int lr, bool cg, int tid, int nth) {
-    const uint4 *sv = (const uint4 *)src;
-    uint4 *dv = (uint4 *)dst;
-    for (int i = tid; i < n * lr / 8; i += nth) dv[i] = cg ? __ldcg(sv + i) : sv[i];
-}
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
  * stream bypasses L1, so they stay there until the tile's epilogue */
@@ -313,8 +294,6 @@ __device__ __forceinline__ void sk_prefetch_rows(const bf16 *b, int o0, int n, i
     const char *p = (const char *)(b + (size_t)o0 * lr);
     for (int i = tid; i * 128 < n * lr * 2; i += nth) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p + i * 128));
 }
-
-enum { SK_UKEEP = 1024 };   /* bf16 values of u a block keeps across its tiles (static shared memory) */
 
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
  * on across the block's tiles, so the loads of the next tile are in flight during a tile's
@@ -338,10 +317,8 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const lb_0 = a.lb[0], *const lb_1 = a.lb[1], *const lb_2 = a.lb[2];
     const bf16 *const aw_0 = a.aw[0], *const aw_1 = a.aw[1], *const aw_2 = a.aw[2];
     bf16 *const au_0 = a.au[0], *const au_1 = a.au[1], *const au_2 = a.au[2];
-    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr;
-    /* the u rows a block's tiles read (a.ukeep: staged once per part, kept across the tiles) */
-    __shared__ __align__(16) bf16 u_keep[LORA ? SK_UKEEP : 8];
-    int u_part = -1;                 /* the part whose u rows u_keep holds */
+    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art;
+    bool u_done = false;             /* every adapter tile's u written (a term warp waited once) */
     const bool sw = act != nullptr;
     const int ntiles = nA + (np == 1 ? b1 : np == 2 ? b2 : b3);
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
@@ -351,7 +328,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto tile = [&](int j, int &pi, int &o0) {
         int tl = (int)blockIdx.x + j * (int)gridDim.x;
         if (LORA) {
-            if (tl < nA) { pi = -1; o0 = tl * 8 * NT; return; }
+            if (tl < nA) { pi = -1; o0 = tl * art; return; }
             tl -= nA;
         }
         pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
@@ -366,13 +343,13 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         if (LORA && pi < 0) {   /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                const int o = o0 + nt * 8 + g;
-                int ro = o < arows ? o : 0, ai = 0;
+                const int o = o0 + nt * 8 + g, in = nt * 8 + g < art && o < arows ? 16 : 0;
+                int ro = in ? o : 0, ai = 0;
                 if (ro >= lr) { ro -= lr; ai = 1; }
                 if (ro >= lr) { ro -= lr; ai = 2; }
                 const bf16 *p = SK_SEL(aw_, ai) + (size_t)ro * I + k;
-                sk_cp16(b + (2 * nt) * NTH, p, o < arows ? 16 : 0);
-                sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < arows ? 16 : 0);
+                sk_cp16(b + (2 * nt) * NTH, p, in);
+                sk_cp16(b + (2 * nt + 1) * NTH, p + 32, in);
             }
             return;
         }
@@ -440,27 +417,12 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 
     float acc[MT][NT][4];
     for (int j = 0; j < mine; j++) {
-        if (LORA) {   /* the tile's B rows for its epilogue */
+        if (LORA) {   /* the tile's B rows into L1 for its term (the cp.async stream bypasses L1) */
             int pi, o0;
             tile(j, pi, o0);
             const int ow = sw ? 4 * NT : 8 * NT;
-            if (pi >= 0 && a.bcp) {
-                /* into shared memory after nw_s, through the ring's stream: they join the group of the
-                 * tile's first chunk, which the tile's later chunks wait for (skinny_launch: chunks of a
-                 * warp's tile >= S), so they are in by the epilogue, never queued behind the next tile's */
-                uint4 *bs = (uint4 *)(nw_s + SK_NORM_I);
-                const bf16 *lb0 = SK_SEL(lb_, pi), *lb1 = sw ? lb_1 : nullptr;
-                const int n8 = min(ow, SK_SEL(O_, pi) - o0) * lr / 8;
-                if (lb0)
-                    for (int i = tid; i < n8; i += NTH) sk_cp16(bs + i, lb0 + (size_t)o0 * lr + (size_t)i * 8, 16);
-                if (lb1)
-                    for (int i = tid; i < n8; i += NTH)
-                        sk_cp16(bs + ow * lr / 8 + i, lb1 + (size_t)o0 * lr + (size_t)i * 8, 16);
-            } else {   /* into L1 */
-                if (pi >= 0 && SK_SEL(lb_, pi))
-                    sk_prefetch_rows(SK_SEL(lb_, pi), o0, min(ow, SK_SEL(O_, pi) - o0), lr, tid, NTH);
-                if (pi >= 0 && sw && lb_1) sk_prefetch_rows(lb_1, o0, min(ow, O_1 - o0), lr, tid, NTH);
-            }
+            if (pi >= 0 && SK_SEL(lb_, pi)) sk_prefetch_rows(SK_SEL(lb_, pi), o0, min(ow, SK_SEL(O_, pi) - o0), lr, tid, NTH);
+            if (pi >= 0 && sw && lb_1) sk_prefetch_rows(lb_1, o0, min(ow, O_1 - o0), lr, tid, NTH);
         }
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -504,7 +466,54 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 }
         }
 
-        /* tile j: the warps' partials summed in a fixed order (deterministic), plus the bias */
+        if (LORA) {   /* the low-rank term: k in [32 wp, 32 wp + 32) of [x | u] . [W | B]^T, same permutation */
+            int pi, o0;
+            tile(j, pi, o0);
+            /* part 0's term (the tile's part; the gate in SwiGLU mode) and the up projection's; an
+             * adapter tile has none (its warps must not wait for the adapter tiles) */
+            const bf16 *const lbg = pi >= 0 ? SK_SEL(lb_, pi) : nullptr, *const lbu = pi >= 0 && sw ? lb_1 : nullptr;
+            const bf16 *const lug = pi >= 0 ? SK_SEL(lu_, pi) : nullptr;
+            const int O = pi >= 0 ? SK_SEL(O_, pi) : 0;
+            for (int kb = 32 * wp; (lbg || lbu) && kb < lr; kb += 32 * SK_WARPS) {
+                if (!u_done) {   /* every adapter tile's u written */
+                    if (lane == 0) {
+                        while ((int)*(volatile unsigned *)a.sync < nA) __nanosleep(32);
+                        __threadfence();
+                    }
+                    __syncwarp();
+                    u_done = true;
+                }
+                const int k = kb + q * 8;
+                const uint4 z = make_uint4(0, 0, 0, 0);
+                uint4 ug[2 * MT], uu[2 * MT], bv[NT];
+#pragma unroll
+                for (int r = 0; r < 2 * MT; r++) {
+                    const int t = (r >> 1) * 16 + g + 8 * (r & 1);
+                    const bool in = k < lr && t < T;
+                    ug[r] = lbg && in ? __ldcg((const uint4 *)(lug + (size_t)t * lr + k)) : z;
+                    uu[r] = lbu && in ? __ldcg((const uint4 *)(lu_1 + (size_t)t * lr + k)) : z;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const bool up = sw && nt >= NT / 2;
+                    const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
+                    const bf16 *const lb = up ? lbu : lbg;
+                    bv[nt] = lb && k < lr && o < O ? *(const uint4 *)(lb + (size_t)o * lr + k) : z;
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        const bool up = sw && nt >= NT / 2;
+                        const uint4 lo = up ? uu[2 * m] : ug[2 * m], hi = up ? uu[2 * m + 1] : ug[2 * m + 1];
+                        sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, bv[nt].x, bv[nt].y);
+                        sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, bv[nt].z, bv[nt].w);
+                    }
+            }
+        }
+
+        /* tile j: the warps' partials summed in a fixed order (deterministic), plus the bias (and
+         * the low-rank term, in the partials) */
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -521,7 +530,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         if (LORA && pi < 0) {   /* adapter tile: u = x A^T, rounded to bf16 as the GEMM stores it; then counted done */
             for (int e = tid; e < RW * CW; e += NTH) {
                 const int t = e / CW, o = o0 + e % CW;
-                if (t >= T || o >= arows) continue;
+                if (t >= T || e % CW >= art || o >= arows) continue;
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < SK_WARPS; k++) s += red[(size_t)k * RW * CW + e];
@@ -536,65 +545,6 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         const bf16 *bias = SK_SEL(bias_, pi), *res = SK_SEL(res_, pi);
         const int O = SK_SEL(O_, pi);
         bf16 *out = SK_SEL(out_, pi);
-        if (LORA && (SK_SEL(lb_, pi) || (sw && lb_1))) {
-            /* the low-rank terms: each thread's sums of the warps' partials into registers, then red
-             * holds the terms' operands: the tile's B rows (unless bcp brought them in already) and,
-             * once every adapter tile is done, the u rows; the sums then go on as below, the term
-             * after the bias (the order of the epilogue below) */
-            constexpr int E = (RW * CW + NTH - 1) / NTH;
-            const bf16 *lb0 = SK_SEL(lb_, pi), *lb1 = sw ? lb_1 : nullptr, *lu0 = SK_SEL(lu_, pi);
-            const int ow = sw ? CW / 2 : CW, nr = min(ow, O - o0);
-            float sg[E], su[E];
-#pragma unroll
-            for (int i = 0; i < E; i++) {
-                const int e = tid + i * NTH;
-                sg[i] = su[i] = 0.0f;
-                if (e >= RW * CW) continue;
-#pragma unroll
-                for (int k = 0; k < SK_WARPS; k++) sg[i] += red[(size_t)k * RW * CW + e];
-                if (sw && e % CW < CW / 2)
-#pragma unroll
-                    for (int k = 0; k < SK_WARPS; k++) su[i] += red[(size_t)k * RW * CW + e + CW / 2];
-            }
-            __syncthreads();   /* red is free: it takes the operands */
-            bf16 *b0s = a.bcp ? nw_s + SK_NORM_I : (bf16 *)red, *b1s = b0s + ow * lr;
-            bf16 *u0s = (bf16 *)red + 2 * ow * lr, *u1s = u0s + RW * lr;
-            if (lb0 && !a.bcp) sk_stage(b0s, lb0 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
-            if (lb1 && !a.bcp) sk_stage(b1s, lb1 + (size_t)o0 * lr, nr, lr, false, tid, NTH);
-            if (a.ukeep) { u0s = u_keep; u1s = u_keep + T * lr; }
-            if (!a.ukeep || u_part != pi) {
-                if (u_part < 0 && tid == 0) {   /* every adapter tile's u written (once a block) */
-                    while ((int)*(volatile unsigned *)a.sync < nA) __nanosleep(32);
-                    __threadfence();
-                }
-                __syncthreads();
-                if (lb0) sk_stage(u0s, lu0, T, lr, true, tid, NTH);
-                if (lb1) sk_stage(u1s, lu_1, T, lr, true, tid, NTH);
-                u_part = pi;
-            }
-            __syncthreads();
-#pragma unroll
-            for (int i = 0; i < E; i++) {
-                const int e = tid + i * NTH, t = e / CW, c = e % CW, o = o0 + c;
-                if (e >= RW * CW || t >= T || o >= O || (sw && c >= CW / 2)) continue;
-                float s = sg[i];
-                if (bias) s += __bfloat162float(bias[o]);
-                if (lb0) s = sk_dot(s, u0s + t * lr, b0s + c * lr, lr);
-                if (res) s += __bfloat162float(res[(size_t)t * O + o]);
-                const bf16 y = __float2bfloat16(s);
-                out[(size_t)t * O + o] = y;
-                if (sw) {
-                    float sv = su[i];
-                    if (lb1) sv = sk_dot(sv, u1s + t * lr, b1s + c * lr, lr);
-                    const bf16 yu = __float2bfloat16(sv);
-                    out_1[(size_t)t * O + o] = yu;
-                    const float xg = __bfloat162float(y);
-                    act[(size_t)t * O + o] = __float2bfloat16(xg / (1.0f + expf(-xg)) * __bfloat162float(yu));
-                }
-            }
-            __syncthreads();   /* red is free for the next tile */
-            continue;
-        }
         for (int e = tid; e < RW * CW; e += NTH) {
             const int t = e / CW, o = o0 + e % CW;
             if (t >= T || o >= O || (sw && e % CW >= CW / 2)) continue;
@@ -626,48 +576,34 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 }
 #undef SK_SEL
 
-/* The low-rank terms' operands fit in a tile's partial-sum area (red): B rows of the tile (each
- * part with a term) and their u rows. */
-static int sk_terms_fit(const sk_args &a, int MT, int NT) {
-    const long long rw = 16LL * MT, cw = 8LL * NT, ow = a.act ? cw / 2 : cw;
-    return 2 * (ow + rw) * a.lr * 2 <= (long long)SK_WARPS * rw * cw * 4;
-}
-
 template <int MT, int NT>
 static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
     static unsigned done[2];
-    static size_t cap;   /* the LoRA kernel's dynamic shared memory limit: all the block may have */
     const bool lora = a.la[0] || a.la[1] || a.la[2];
     auto *kern = lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
-    size_t smem_l = smem;
-    a.bcp = 0;
-    if (lora) {   /* the tile's B rows (both parts in SwiGLU mode) after the norm weight, when they fit */
-        if (!cap) {
-            int dev = 0, optin = 0;
-            cudaFuncAttributes fa;
-            CU_CK(c, cudaGetDevice(&dev));
-            CU_CK(c, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-            CU_CK(c, cudaFuncGetAttributes(&fa, kern));
-            if (c->failed) return;
-            cap = (size_t)optin - fa.sharedSizeBytes;
-        }
-        const size_t bsz = (size_t)2 * (a.act ? 4 : 8) * NT * a.lr * 2;
-        a.bcp = smem + bsz <= cap && (I / SK_KC) / SK_WARPS >= sk_shape<MT, NT>::S;
-        if (a.bcp) smem_l = smem + bsz;
-    }
-    cu_raise_smem(c, kern, lora && cap > smem ? cap : smem, &done[lora]);
+    cu_raise_smem(c, kern, smem, &done[lora]);
     if (c->failed) return;
     a.b0[0] = 0;
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + (a.act ? 4 : 8) * NT - 1) / ((a.act ? 4 : 8) * NT);
     a.na = 0;
     for (int i = 0; i < (a.act ? 2 : a.n); i++)
         if (a.la[i]) { a.aw[a.na] = a.la[i]; a.au[a.na++] = a.lu[i]; }
-    a.nA = (a.na * a.lr + 8 * NT - 1) / (8 * NT);
+    /* adapter tiles: as many as the SMs left idle in the base tiles' last round (at least those of
+     * 8 NT rows), 8 rows at least */
+    const int arows = a.na * a.lr, base = a.b0[a.n], idle = (c->n_sm - base % c->n_sm) % c->n_sm;
+    a.nA = (arows + 8 * NT - 1) / (8 * NT);
+    if (arows && idle > a.nA) {
+        int per = (arows + idle - 1) / idle;
+        per = (per + 7) / 8 * 8;
+        a.nA = (arows + per - 1) / per;
+        a.art = per;
+    } else {
+        a.art = 8 * NT;
+    }
     a.sync = c->sk_sync;
-    a.ukeep = T * a.lr * (a.act ? 2 : 1) <= SK_UKEEP;
-    const int tiles = a.nA + a.b0[a.n], blocks = tiles < c->n_sm ? tiles : c->n_sm;
-    cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem_l, a, inp, T, I);
+    const int tiles = a.nA + base, blocks = tiles < c->n_sm ? tiles : c->n_sm;
+    cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
 
 /* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the
@@ -714,7 +650,6 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !force)) return 0;
     }
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
-    if ((a.la[0] || a.la[1] || a.la[2]) && !sk_terms_fit(a, MT, nt)) return 0;   /* a rank too large for red */
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
