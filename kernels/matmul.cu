@@ -208,7 +208,7 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
  * the activation rows as the A operand (MT m16 tiles). The warps' fp32 partials are summed in a
  * fixed order through shared memory (deterministic), plus the bias and the residual, into bf16
  * (one rounding). */
-enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 4096 };
+enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 5120 };
 
 __device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
@@ -607,9 +607,11 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
 }
 
 /* Outputs per tile (8 NT): one block per SM runs (the ring fills its shared memory), so the
- * time goes as the most tiles a block takes x NT; the largest NT of the least such cost (fewer
- * tiles re-read x less). The tiles counted as skinny_launch lays them out (each part's own, the
- * adapter tiles), so an adapter tile does not push a launch into a second round. */
+ * time goes as the most tiles a block takes x the bytes a tile streams: 8 NT rows of W and, from
+ * L2, the 16 MT rows of x again; the largest NT of the least such cost. (Counting W alone chose
+ * NT = 2 for Qwen3-32B's gate/up, whose tiles then read as much x as W: 27.4 ms a decode step on an
+ * H200, 19.5 with this cost, 20.3 when those shapes ran on cuBLASLt.) The tiles counted as skinny_launch lays them out (each
+ * part's own, the adapter tiles), so an adapter tile does not push a launch into a second round. */
 static int skinny_nt(int n_sm, const sk_args &a, int MT) {
     static const int cand[] = { 1, 2, 4, 6, 8 };
     int best = 2, arows = 0;
@@ -621,15 +623,16 @@ static int skinny_nt(int n_sm, const sk_args &a, int MT) {
         if (a.act && nt % 2) continue;
         long long blocks = (arows + 8 * nt - 1) / (8 * nt);
         for (int p = 0; p < a.n; p++) blocks += (a.O[p] + w - 1) / w;
-        long long cost = (blocks + n_sm - 1) / n_sm * nt;
+        long long cost = (blocks + n_sm - 1) / n_sm * (8 * nt + 16 * MT);
         if (bc < 0 || cost <= bc) { bc = cost; best = nt; }
     }
     return best;
 }
 
 /* 1 when the few-row kernel took y_i = x W_i^T + b_i for the a.n parts: T <= SK_AUTO_T, I a
- * multiple of 64, 16-byte aligned x and W, and each W at most 64M values (the lm head stays on
- * cuBLASLt, at its floor there).
+ * multiple of 64, 16-byte aligned x and W, and each W at most 144M values (Qwen3-32B's down
+ * projection, 131M, takes it; the lm heads of Qwen3-0.6B and up stay on cuBLASLt, at its floor
+ * there); a norm in front up to SK_NORM_I = 5120 inputs (Qwen3-14B and 32B).
  * H100, Qwen3-1.7B shapes, us per call in a graph (bench_rollout gemm), skinny vs cuBLASLt tuned:
  * T=16: 2048x2048 5.6 vs 6.4, 2048->1024 4.4 vs 5.6, 2048->6144 11.4 vs 11.4, 6144->2048 11.9
  * vs 13.2; T=1 faster still; T=64 slower (9.8 vs 6.6, 25 vs 11: MT=4 limits NT to 2), so
@@ -647,7 +650,7 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
                         align_of(a.lb[i]) < 16))
             return 0;
     for (int i = 0; i < np; i++) {
-        if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (64LL << 20) && !force)) return 0;
+        if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (144LL << 20) && !force)) return 0;
     }
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)

@@ -826,11 +826,16 @@ int main(int argc, char **argv) {
             t_matmul_fwd_n(16, 4096, 1, o8, MM_RES | MM_LORA);
             t_matmul_fwd_n(16, 12288, 1, o8, MM_RES | MM_LORA);
             t_matmul_fwd_n(9, 2048, 2, gu, MM_NORM | MM_LORA);
+            static const int qkv32[] = { 8192, 1024, 1024 }, o32[] = { 5120 };
+            t_matmul_fwd_n(16, 5120, 3, qkv32, MM_NORM);             /* Qwen3-32B decode: q/k/v (C = 5120) */
+            t_matmul_fwd_n(16, 5120, 3, qkv32, MM_NORM | MM_LORA);
+            t_matmul_fwd_n(16, 25600, 1, o32, MM_RES | MM_LORA);     /* down (131M values) */
             t_mlp_in(16, 2048, 6144, 1, 0);   /* a Qwen3-1.7B decode step */
             t_mlp_in(1, 2048, 6144, 0, 0);
             t_mlp_in(7, 320, 200, 1, 0);      /* a partial tile */
             t_mlp_in(40, 320, 136, 1, 0);     /* GEMMs, then swiglu_fwd */
             t_mlp_in(16, 4096, 12288, 1, 1);  /* LoRA: a Qwen3-8B decode step, adapter tiles in SwiGLU mode */
+            t_mlp_in(16, 5120, 25600, 1, 1);  /* Qwen3-32B */
             t_mlp_in(3, 320, 200, 1, 2);      /* the up projection's term alone, a partial tile */
             t_mlp_in(40, 320, 136, 1, 1);     /* LoRA on the GEMMs */
         }
