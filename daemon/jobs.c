@@ -125,7 +125,8 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
  * schedulers read while the job runs), and its parts, one per rank it was placed on. */
 typedef struct {
     int rank, n;
-    int *idx;                   /* (n) the groups' indices in the request */
+    int *idx;                   /* (n) the groups' indices in the request (its sampling's group_index) */
+    eng_sampling s;             /* the job's, with group_index = idx: the same streams as on one rank */
     eng_rollout_group *g;       /* (n) copies of rg[idx[k]] (the same prompt arrays) */
     eng_group_result *out;      /* (n) filled by the rank's scheduler */
     ranks_job *job;
@@ -278,22 +279,21 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     return 0;
 }
 
-/* Places the groups on ranks and queues each rank's part. Today a job's groups stay on one
- * rank (the least loaded by KV rows): a response's seed depends on its group's index in the
- * request, which a part would renumber. */
+/* Places the groups on ranks, each whole on the rank with the fewest KV rows placed
+ * (ranks_place), and queues each rank's part. A part's sampling numbers its groups by their
+ * index in the request (eng_sampling.group_index), so every response draws from the stream it
+ * has on one rank. */
 int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
     r->rk = env->rk;
     int W = ranks_size(r->rk), *rank_of = calloc((size_t)r->ng, sizeof *rank_of);
-    long long total = 0, *rows = calloc((size_t)r->ng, sizeof *rows);
+    long long *rows = calloc((size_t)r->ng, sizeof *rows);
     r->parts = calloc((size_t)W, sizeof *r->parts);
     if (!rank_of || !rows || !r->parts) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
-    for (int i = 0; i < r->ng; i++) total += rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
-    int whole;
-    ranks_place(r->rk, &total, 1, &whole);
-    for (int i = 0; i < r->ng; i++) rank_of[i] = whole;
+    for (int i = 0; i < r->ng; i++) rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
+    ranks_place(r->rk, rows, r->ng, rank_of);
     for (int rank = 0; rank < W; rank++) {
         int n = 0;
         long long part_rows = 0;
@@ -311,7 +311,9 @@ int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **o
             pt->g[pt->n++] = r->rg[i];
             part_rows += rows[i];
         }
-        if ((rc = ranks_add(r->rk, rank, pt->g, pt->n, &r->s, pt->out, part_rows, &pt->job))) goto fail;
+        pt->s = r->s;
+        pt->s.group_index = pt->idx;
+        if ((rc = ranks_add(r->rk, rank, pt->g, pt->n, &pt->s, pt->out, part_rows, &pt->job))) goto fail;
     }
     free(rank_of);
     free(rows);

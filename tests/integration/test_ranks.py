@@ -95,6 +95,25 @@ def test_ranks_equal_one_rank(one_rank, make_daemon, tmp_path, W):
     assert all(s > 0 for s in steps), steps      # every rank decoded some of the groups
 
 
+def test_one_job_split_across_ranks(make_daemon, tmp_path):
+    """One rollout job's groups are placed each on its own rank (by KV rows), not the whole job on
+    one: with 2 ranks and nothing else queued, both decode part of it, and every response is the
+    one the job draws on one rank (a part keeps its groups' indices in the request)."""
+    job = rollout(7, 6, 5)
+    got = {}
+    for W in (1, 2):
+        d = make_daemon(tmp_path / ("split%d" % W), args=["--ranks", str(W)])
+        j = d.wait_job(d.submit("/v1/rollouts", job))
+        assert j["status"] == "done", j
+        got[W] = [[r["token_ids"] for r in g["responses"]] for g in j["result"]["groups"]]
+        metrics = d.get("/metrics").text
+        steps = [int(re.search(r'^grpod_rank_steps{rank="%d"} (\d+)$' % r, metrics, re.M).group(1)) for r in range(W)]
+        assert all(s > 0 for s in steps), (W, steps)
+        assert d.stop() == 0
+    assert got[2] == got[1]
+    assert sum(len(t) for g in got[1] for t in g) > 0
+
+
 @pytest.mark.parametrize("first,second", [(2, 1), (1, 2)])
 def test_ranks_checkpoint_restart(one_rank, make_daemon, tmp_path, first, second):
     """The session's first round on `first` ranks, a checkpoint (POST /v1/checkpoints), a restart
