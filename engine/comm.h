@@ -72,7 +72,7 @@ int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, co
  * or the leader) and handed to every rank out of band; comm_nccl_open blocks until all W ranks
  * joined, or until *cancel (when not NULL) becomes non-zero: the way another rank that failed
  * before joining releases the ranks waiting for it (GE_COMM). be is the rank's CUDA backend:
- * collectives run on its op stream. */
+ * collectives run on its op stream; the open makes its device the calling thread's current one. */
 struct eng_backend;
 int comm_nccl_unique_id(unsigned char id[128]);
 int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out);

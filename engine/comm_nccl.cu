@@ -162,6 +162,13 @@ extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, stru
     if (!c || !x) { free(c); free(x); return err_set(GE_NOMEM, "nccl: out of memory"); }
     x->stream = ((cu_ctx *)be->impl)->stream;
     x->cancel = cancel;
+    /* NCCL takes the calling thread's current device: make it the backend's (a backend made on
+     * another thread leaves this one on device 0, and two ranks on one device fail the set-up) */
+    int dev = -1;
+    if (cudaStreamGetDevice(x->stream, &dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
+        free(x); free(c);
+        return err_set(GE_COMM, "nccl: the backend's device: %s", cudaGetErrorString(cudaGetLastError()));
+    }
     ncclUniqueId u;
     memcpy(&u, id, 128);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

@@ -12,7 +12,14 @@ then a probe scored by POST /v1/logprobs. Checks, as ROW lines for tests/gpu/run
   - probe logprobs after the updates: printed (the updates ran on rollouts that differ in those
     responses, so they are other updates);
   - a checkpoint written by the two-GPU daemon, resumed by a one-GPU daemon, gives the two-GPU
-    daemon's probe (max abs diff <= 1e-2: the same weights, another batch shape).
+    daemon's probe (max abs diff <= 1e-2: the same weights, another batch shape);
+  - several hosts, on one (W = 2): a leader `--gpus 0 --followers 1` and a follower `--gpus 1
+    --join URL`, two processes in one NCCL communicator (the leader's unique id handed out over
+    HTTP): the same session gives the same policy_version, the follower ran the leader's calls,
+    and the leader's checkpoint on one GPU gives its probe; then the follower is killed (SIGKILL):
+    an update fails rank_lost or is refused 503, /readyz names the lost follower, the leader
+    still answers and stops within 60 s with exit 75 (its NCCL comm aborted, not waited for; 75:
+    the service manager starts a new epoch, daemon/cluster.h).
 Usage: LD_LIBRARY_PATH=.devlibs python3 tests/gpu/daemon_gpus.py ./grpod OUTDIR [GPUS]  (GPUS: 0,1)
 """
 import json, os, re, subprocess, sys, tempfile, time, urllib.request
@@ -43,7 +50,8 @@ def call(method, path, body=None, timeout=120, text=False):
             raw = r.read()
             return r.status, raw.decode() if text else json.loads(raw or b"null")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        raw = e.read()
+        return e.code, raw.decode() if text else json.loads(raw or b"null")
 
 
 def job(path, body):
@@ -73,11 +81,22 @@ def scored(result):
 
 
 class Daemon:
-    def __init__(self, data, gpus, tag):
+    def __init__(self, data, gpus, tag, extra=(), ready=True):
         self.log = open(os.path.join(OUT, "daemon_gpus_%s.log" % tag), "w")
+        self.logname, self.gpus = self.log.name, gpus
         ranks = ["--gpus", gpus] if BACKEND == "cuda" else ["--ranks", str(len(gpus.split(",")))]
-        self.p = subprocess.Popen([GRPOD, "serve", "--backend", BACKEND, "--data-dir", data,
-                                   "--listen", "127.0.0.1:%d" % PORT] + ranks, stderr=self.log, stdout=self.log)
+        listen = [] if "--join" in extra else ["--listen", "127.0.0.1:%d" % PORT]
+        self.p = subprocess.Popen([GRPOD, "serve", "--backend", BACKEND, "--data-dir", data] + listen + ranks + list(extra),
+                                  stderr=self.log, stdout=self.log)
+        if ready:
+            self.wait_ready()
+
+    def text(self):
+        with open(self.logname) as f:
+            return f.read()
+
+    def wait_ready(self):
+        gpus = self.gpus
         t0 = time.time()
         while time.time() - t0 < 120:
             try:
@@ -121,6 +140,71 @@ def probe():
     code, r = call("POST", "/v1/logprobs", PROBE)
     assert code == 200, r
     return [x for g in r["groups"] for rr in g["responses"] for x in rr["logprobs"]]
+
+
+def join_session(base, one, many):
+    """Leader + follower on one host (see the header); rows printed here."""
+    L = Daemon(os.path.join(base, "leader"), GPUS.split(",")[0], "leader",
+               ["--followers", "1", "--follower-timeout", "5"], ready=False)
+    F = Daemon(os.path.join(base, "follower"), GPUS.split(",")[1], "follower",
+               ["--join", "http://127.0.0.1:%d" % PORT], ready=False)
+    try:
+        L.wait_ready()
+        got = session(L)
+        ck = wait(job("/v1/checkpoints", {}))
+        print("join: versions %s, checkpoint %s" % (got["versions"], ck["status"]))
+        lead = L.text()
+        calls = len(re.findall(r'"call_done".*"code":"ok"', F.text()))
+        comm = "nccl" if BACKEND == "cuda" else "tcp"
+        nccl = bool(re.search(r'"engine_ready".*"comm":"%s"' % comm, lead))
+        row("join: leader --gpus 0 + follower --gpus 1", "comm %s %d, follower calls ok %d, versions %s vs %s"
+            % (comm, nccl, calls, got["versions"], one["versions"]), float(got["versions"] != one["versions"]), 0,
+            ok=nccl and calls >= 4 and got["versions"] == one["versions"] and ck["status"] == "done")
+        same = sum(a == b for a, b in zip(got["tokens"], one["tokens"])) / max(len(one["tokens"]), 1)
+        print("join: rollout responses equal to one GPU's %.3f (rollouts run on the leader's GPU only)" % same)
+        print("join: probe max |d| vs --gpus %s: %.3e, vs --gpus 0: %.3e" % (
+            GPUS, max(abs(a - b) for a, b in zip(got["probe"], many["probe"])),
+            max(abs(a - b) for a, b in zip(got["probe"], one["probe"]))))
+        # the follower dies: the leader's NCCL comm is aborted, the job fails cleanly, it stays up
+        F.p.kill()
+        F.p.wait()
+        t0 = time.time()
+        code, r = call("POST", "/v1/updates", {"groups": scored_small(), "optimizer": {"lr": 1e-3}})
+        outcome = "refused %d" % code
+        if code == 202:
+            j = wait(r["job_id"])
+            outcome = "%s %s" % (j["status"], (j.get("error") or {}).get("code"))
+        print("join: update after the follower's SIGKILL: %s in %.1f s" % (outcome, time.time() - t0))
+        lost = None
+        for _ in range(60):
+            c, t = call("GET", "/readyz", text=True)
+            if c == 503 and "lost" in t:
+                lost = t.strip()
+                break
+            time.sleep(0.5)
+        print("join: /readyz %s" % lost)
+        alive = call("GET", "/healthz", text=True)[0] == 200
+        t0 = time.time()
+        rc = L.stop()
+        print("join: leader stopped, exit %s in %.1f s" % (rc, time.time() - t0))
+        row("join: follower SIGKILL -> job fails clean", "update %s, readyz lost %d, healthz %d, stop exit %s"
+            % (outcome, lost is not None, alive, rc), float(rc != 75), 0,
+            ok=outcome in ("failed rank_lost", "refused 503") and lost is not None and alive and rc == 75)
+        # the leader's checkpoint (taken while the world was whole) on one GPU
+        d = Daemon(os.path.join(base, "leader"), GPUS.split(",")[0], "leader_resume")
+        back = probe()
+        d.stop()
+        rmax = max(abs(a - b) for a, b in zip(back, got["probe"]))
+        row("join: its checkpoint on one GPU", "probe max abs diff", rmax, 1e-2)
+    finally:
+        for d in (F, L):
+            if d.p.poll() is None:
+                d.p.kill()
+
+
+def scored_small():
+    return [{"prompt_ids": [1, 2, 3], "responses": [{"token_ids": [4, 5], "reward": 1.0},
+                                                    {"token_ids": [6], "reward": 0.0}]}]
 
 
 def main():
@@ -167,6 +251,12 @@ def main():
     except Exception as e:
         print("resume: %s" % e)
         row("daemon --gpus %s: its checkpoint on one GPU" % GPUS, "resume failed", float("nan"), 1e-2)
+    if W == 2:
+        try:
+            join_session(base, one, many)
+        except Exception as e:
+            print("join: %s" % e)
+            row("join: leader --gpus 0 + follower --gpus 1", "started, jobs done", float("nan"), 0)
     return 0
 
 

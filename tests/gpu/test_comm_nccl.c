@@ -16,8 +16,15 @@
  *       norms equal the one-GPU update's within 1e-2 (a SKIP line otherwise, neither pass nor fail);
  *       the weights' update is printed (2 H200s: 8.7e-3 relative L2, the other summation order
  *       through AdamW's normalised step on this tiny model; bench_dp checks it at 1.7B dims).
+ *   (d) failure: rank 0 of a W = 2 set-up that rank 1 never joins gives up with GE_COMM once
+ *       its cancel flag is set (how a rank that failed to open releases the others); on two
+ *       GPUs, rank 0 in an all-reduce that rank 1 never enters returns GE_COMM once comm_abort
+ *       is called from another thread (how the daemon ends a collective waiting for a lost
+ *       rank). Each within 60 s of the flag or the abort; a hang prints a FAIL row and exits.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "engine/comm.h"
 #include "engine/engine.h"
@@ -229,8 +236,112 @@ static void engine_rows(void) {
     run_free(&ref); run_free(&ref2);
 }
 
+/* ---------------------------------------------------------------- (d) failure */
+
+typedef struct {
+    const unsigned char *id;
+    int rank, device, cancel, rc, done;
+    eng_backend *be;
+    comm *c;
+    char msg[256];
+} fail_job;
+
+static void *open_main(void *p) {
+    fail_job *j = p;
+    j->rc = comm_nccl_open(j->id, j->rank, 2, j->be, &j->cancel, &j->c);
+    if (j->rc) snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void *reduce_main(void *p) {
+    fail_job *j = p;
+    float *d = j->be->alloc(j->be, 4096 * sizeof(float));
+    j->be->zero(j->be, d, 4096 * sizeof(float));
+    j->rc = comm_all_reduce_sum(j->c, d, 4096, COMM_F32);
+    if (j->rc) snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+    j->be->free(j->be, d);
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Seconds until j->done (polling; at most limit), or -1. */
+static double wait_done(fail_job *j, double limit) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > limit) return -1;
+        struct timespec ts = { 0, 10000000 };
+        nanosleep(&ts, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec);
+}
+
+static void failure_rows(void) {
+    unsigned char id[128];
+    fail_job j0 = { .id = id, .rank = 0 };
+    if (backend_cuda_create(&j0.be, 0) || comm_nccl_unique_id(id)) gc_die(NULL, "backend / unique id");
+    pthread_t th;
+    pthread_create(&th, NULL, open_main, &j0);
+    struct timespec half = { 0, 500000000 };
+    nanosleep(&half, NULL);
+    __atomic_store_n(&j0.cancel, 1, __ATOMIC_RELEASE);
+    double s = wait_done(&j0, 60);
+    if (s < 0) {
+        gc_row("nccl set-up cancelled (rank 1 never joins)", "no return 60 s after the cancel", NAN, 0);
+        fflush(stdout);
+        _exit(1);
+    }
+    pthread_join(th, NULL);
+    printf("nccl set-up cancelled: rc %s in %.2f s (%s)\n", err_name(j0.rc), s, j0.msg);
+    gc_row("nccl set-up cancelled (rank 1 never joins)", "GE_COMM after the cancel; 0 = yes", (double)(j0.rc != GE_COMM), 0);
+    j0.be->destroy(j0.be);
+
+    if (eng_device_count() < 2) {
+        printf("ROW|nccl abort ends a collective|%d GPU: needs 2|nan|0|SKIP\n", eng_device_count());
+        return;
+    }
+    fail_job j[2] = { { .id = id, .rank = 0, .device = 0 }, { .id = id, .rank = 1, .device = 1 } };
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    pthread_t t2[2];
+    for (int q = 0; q < 2; q++) {
+        if (backend_cuda_create(&j[q].be, j[q].device)) gc_die(NULL, "backend");
+        pthread_create(&t2[q], NULL, open_main, &j[q]);
+    }
+    for (int q = 0; q < 2; q++) pthread_join(t2[q], NULL);
+    if (j[0].rc || j[1].rc) {
+        printf("W=2 open: %s / %s\n", j[0].msg, j[1].msg);
+        gc_row("nccl abort ends a collective", "W=2 open failed", NAN, 0);
+        return;
+    }
+    j[0].done = 0;
+    pthread_create(&th, NULL, reduce_main, &j[0]);   /* rank 1 never enters it */
+    nanosleep(&half, NULL);
+    int early = __atomic_load_n(&j[0].done, __ATOMIC_ACQUIRE);
+    comm_abort(j[0].c);
+    s = wait_done(&j[0], 60);
+    if (s < 0) {
+        gc_row("nccl abort ends a collective", "no return 60 s after comm_abort", NAN, 0);
+        fflush(stdout);
+        _exit(1);
+    }
+    pthread_join(th, NULL);
+    printf("nccl all-reduce without rank 1, aborted: rc %s in %.2f s (%s)%s\n", err_name(j[0].rc), s, j[0].msg,
+           early ? " (it had returned before the abort)" : "");
+    gc_row("nccl abort ends a collective", "GE_COMM after comm_abort; 0 = yes", (double)(early || j[0].rc != GE_COMM), 0);
+    comm_abort(j[1].c);
+    for (int q = 0; q < 2; q++) {
+        comm_free(j[q].c);
+        j[q].be->destroy(j[q].be);
+    }
+}
+
 int main(void) {
     collectives_w1();
     engine_rows();
+    failure_rows();
     return gc_failures ? 1 : 0;
 }
