@@ -35,8 +35,8 @@ const api_route api_routes[R_COUNT] = {
     {R_JOB_REQUEUE, "POST", "/v1/jobs/{id}/requeue", "Queue a failed job again (e.g. one failed as interrupted by repeated crashes)", NULL, 200},
     {R_CKPT_DELETE, "DELETE", "/v1/checkpoints/{id}", "Delete a checkpoint: its index entry and directory", NULL, 200},
     {R_CLUSTER_JOIN, "POST", "/v1/cluster/join", "Leader with --followers: a follower joins (202 while the world is not whole, 200 with epoch, rank0, world, comm once it is)", NULL, 200},
-    {R_CLUSTER_NEXT, "GET", "/v1/cluster/next", "Leader: a follower's next SPMD call after ?after=SEQ (?follower=ID; waits up to 1 s; 204 when none)", NULL, 200},
-    {R_CLUSTER_DONE, "POST", "/v1/cluster/done", "Leader: a follower's outcome of call seq {follower, seq, rc, msg}", NULL, 200},
+    {R_CLUSTER_NEXT, "GET", "/v1/cluster/next", "Leader: a follower's next SPMD call after ?after=SEQ, rollout parts placed on its ranks and parts cancelled (?follower=ID; waits up to 1 s; 204 when none)", NULL, 200},
+    {R_CLUSTER_DONE, "POST", "/v1/cluster/done", "Leader: a follower's outcome of call seq {seq, rc, msg}, or of a rollout part {part, rc, msg, result}", NULL, 200},
     {R_CLUSTER_BEAT, "GET", "/v1/cluster/beat", "Leader: a follower's heartbeat (?follower=ID)", NULL, 200},
 };
 

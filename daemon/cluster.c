@@ -27,6 +27,20 @@
 
 typedef enum { PH_WAITING, PH_FORMED, PH_LOST } phase;
 
+/* A rollout part on a follower's rank (ranks_remote.part_add): handed out once by `next`, its
+ * groups back by `done` {"part", "rc", "msg", "result"} into out. */
+typedef struct cpart {
+    long long id, follower;
+    int rank;                   /* the follower's local rank */
+    char *desc;                 /* the part's payload until handed out */
+    int state;                  /* 0 running, 1 done (out filled), < 0 failed */
+    int cancel;                 /* released while the follower holds it: `next` tells it, then frees it */
+    char msg[512];
+    eng_group_result *out;
+    int n;
+    struct cpart *next;
+} cpart;
+
 typedef struct {
     long long id;
     int ranks, base;
@@ -55,6 +69,8 @@ struct cluster {
     ranks *rk;                      /* attached: aborted when a follower is lost */
     char lost_msg[512];
     int restart;
+    cpart *parts;                   /* rollout parts on the followers' ranks */
+    long long next_part;
 };
 
 static void set_waiting_msg(cluster *cl) {
@@ -84,8 +100,18 @@ int cluster_open(const cluster_config *c, cluster **out) {
     return 0;
 }
 
+static void part_free(cpart *p) {
+    free(p->desc);
+    free(p);
+}
+
 void cluster_close(cluster *cl) {
     if (!cl) return;
+    while (cl->parts) {
+        cpart *p = cl->parts;
+        cl->parts = p->next;
+        part_free(p);
+    }
     pthread_cond_destroy(&cl->cv);
     pthread_mutex_destroy(&cl->mu);
     free(cl->call);
@@ -106,6 +132,12 @@ static void lose(cluster *cl, follower *f, const char *why) {
              f->base, f->base + f->ranks - 1, why);
     log_event(LOG_ERROR, "follower_lost", "\"follower\":%lld,\"message\":\"%s\"", f->id, why);
     if (cl->rk) ranks_abort(cl->rk);            /* a collective the local ranks wait in returns */
+    for (cpart *p = cl->parts; p; p = p->next)  /* and every rollout part on a follower fails */
+        if (!p->state) {
+            p->state = GE_RANK_LOST;
+            snprintf(p->msg, sizeof p->msg, "%s", cl->lost_msg);
+        }
+    ranks_notify(cl->rk);
     api_set_failed(cl->cfg.api, cl->lost_msg);
     pthread_cond_broadcast(&cl->cv);
 }
@@ -291,10 +323,187 @@ static int remote_wait(void *ud, long long seq, char *msg, size_t n) {
     return rc;
 }
 
+/* ---------------------------------------------------------------- rollout parts */
+
+static int reply(char **out, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static cpart *part_find(cluster *cl, long long id, cpart ***link) {
+    for (cpart **pp = &cl->parts; *pp; pp = &(*pp)->next)
+        if ((*pp)->id == id) {
+            if (link) *link = pp;
+            return *pp;
+        }
+    return NULL;
+}
+
+static int part_add(void *ud, int rank, const char *desc, eng_group_result *out, int n, long long *id) {
+    cluster *cl = ud;
+    pthread_mutex_lock(&cl->mu);
+    int rc = 0;
+    follower *f = NULL;
+    for (int i = 0; i < cl->n && !f; i++)
+        if (rank >= cl->f[i].base && rank < cl->f[i].base + cl->f[i].ranks) f = &cl->f[i];
+    cpart *p = NULL;
+    if (cl->ph == PH_LOST) rc = err_set(GE_RANK_LOST, "%s", cl->lost_msg);
+    else if (!f) rc = err_set(GE_INTERNAL, "cluster: no follower holds rank %d", rank);
+    else if (!(p = calloc(1, sizeof *p)) || !(p->desc = strdup(desc ? desc : "{}"))) rc = err_set(GE_NOMEM, "out of memory");
+    if (rc) {
+        if (p) part_free(p);
+        pthread_mutex_unlock(&cl->mu);
+        return rc;
+    }
+    p->id = *id = ++cl->next_part;
+    p->follower = f->id;
+    p->rank = rank - f->base;
+    p->out = out;
+    p->n = n;
+    p->next = cl->parts;
+    cl->parts = p;
+    pthread_cond_broadcast(&cl->cv);
+    pthread_mutex_unlock(&cl->mu);
+    return 0;
+}
+
+static int part_state(void *ud, long long id, char *msg, size_t n) {
+    cluster *cl = ud;
+    pthread_mutex_lock(&cl->mu);
+    cpart *p = part_find(cl, id, NULL);
+    int st = p ? p->state : err_set(GE_INTERNAL, "cluster: no rollout part %lld", id);
+    if (st < 0) snprintf(msg, n, "%s", p ? p->msg : err_msg());
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}
+
+static void part_release(void *ud, long long id) {
+    cluster *cl = ud;
+    pthread_mutex_lock(&cl->mu);
+    cpart **link, *p = part_find(cl, id, &link);
+    if (p && !p->state && !p->desc && cl->ph != PH_LOST) {
+        p->cancel = 1;              /* the follower runs it: `next` tells it to stop */
+        p->out = NULL;
+        pthread_cond_broadcast(&cl->cv);
+    } else if (p) {
+        *link = p->next;
+        part_free(p);
+    }
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* Under mu: a part for f to take or to cancel. */
+static int parts_for(cluster *cl, const follower *f) {
+    for (cpart *p = cl->parts; p; p = p->next)
+        if (p->follower == f->id && (p->desc || p->cancel)) return 1;
+    return 0;
+}
+
+/* Under mu: `next`'s "parts" and "cancel" members for f (hands the parts out, forgets the
+ * cancelled ones); "" when none. */
+static char *parts_json(cluster *cl, const follower *f) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (!m) return NULL;
+    int np = 0, nc = 0;
+    for (cpart *p = cl->parts; p; p = p->next)
+        if (p->follower == f->id && p->desc) {
+            fprintf(m, "%s{\"id\":%lld,\"rank\":%d,\"desc\":%s}", np++ ? "," : ",\"parts\":[", p->id, p->rank, p->desc);
+            free(p->desc);
+            p->desc = NULL;
+        }
+    if (np) fputc(']', m);
+    for (cpart **pp = &cl->parts; *pp;) {
+        cpart *p = *pp;
+        if (p->follower == f->id && p->cancel) {
+            fprintf(m, "%s%lld", nc++ ? "," : ",\"cancel\":[", p->id);
+            *pp = p->next;
+            part_free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+    if (nc) fputc(']', m);
+    fclose(m);
+    return buf;
+}
+
+/* A part's groups from the follower's rollout result ({"groups": [{"responses": [{"token_ids",
+ * "logprobs", "text", "finish_reason"}]}]}, as jobs.c writes it) into out[n]. */
+static int part_groups(json_object *res, eng_group_result *out, int n) {
+    json_object *gs = field_get(res, "groups");
+    if (!gs || !json_object_is_type(gs, json_type_array) || (int)json_object_array_length(gs) != n)
+        return err_set(GE_FORMAT, "rollout part: the follower's result has not %d groups", n);
+    for (int i = 0; i < n; i++) {
+        json_object *rs = field_get(json_object_array_get_idx(gs, (size_t)i), "responses");
+        int m = rs && json_object_is_type(rs, json_type_array) ? (int)json_object_array_length(rs) : 0;
+        if (!(out[i].resp = calloc((size_t)(m ? m : 1), sizeof *out[i].resp))) goto nomem;
+        out[i].n = m;
+        for (int k = 0; k < m; k++) {
+            json_object *x = json_object_array_get_idx(rs, (size_t)k), *t = field_get(x, "token_ids"), *l = field_get(x, "logprobs"),
+                        *tx = field_get(x, "text");
+            eng_response *r = &out[i].resp[k];
+            int nt = t && json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : -1;
+            if (nt < 0 || !l || !json_object_is_type(l, json_type_array) || (int)json_object_array_length(l) != nt) {
+                for (int q = 0; q <= i; q++) eng_group_result_free(&out[q]);
+                return err_set(GE_FORMAT, "rollout part: group %d response %d has no token_ids and logprobs alike", i, k);
+            }
+            r->tokens = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+            r->logprobs = malloc(sizeof(float) * (size_t)(nt ? nt : 1));
+            size_t tl = tx ? (size_t)json_object_get_string_len(tx) : 0;
+            r->text = malloc(tl + 1);
+            if (!r->tokens || !r->logprobs || !r->text) goto nomem;
+            for (int q = 0; q < nt; q++) {
+                r->tokens[q] = json_object_get_int(json_object_array_get_idx(t, (size_t)q));
+                r->logprobs[q] = (float)json_object_get_double(json_object_array_get_idx(l, (size_t)q));
+            }
+            r->n_tokens = nt;
+            if (tl) memcpy(r->text, json_object_get_string(tx), tl);
+            r->text[tl] = 0;
+            r->text_len = tl;
+            r->finish = !strcmp(field_str(x, "finish_reason", "stop"), "length") ? FINISH_LENGTH : FINISH_STOP;
+        }
+    }
+    return 0;
+nomem:
+    for (int q = 0; q < n; q++) eng_group_result_free(&out[q]);
+    return err_set(GE_NOMEM, "out of memory");
+}
+
+/* POST /v1/cluster/done {"part", "rc", "msg", "result"} (b parsed, mu not held): the groups are
+ * read before the lock, then moved into the part's out unless it was released meanwhile. */
+static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
+    long long id = field_int(b, "part", -1), rc = field_int(b, "rc", GE_INTERNAL);
+    if (rc > 0 || rc <= -GE_COUNT_) rc = GE_INTERNAL;
+    int n = 0;
+    pthread_mutex_lock(&cl->mu);
+    cpart *p = part_find(cl, id, NULL);
+    if (p && p->follower == fid && !p->cancel && !p->state) n = p->n;
+    pthread_mutex_unlock(&cl->mu);
+    if (!n) return reply(out, 200, "{\"status\":\"ignored\"}");   /* released, or not this follower's */
+    eng_group_result *g = calloc((size_t)n, sizeof *g);
+    char msg[400] = "out of memory";
+    if (!g) rc = GE_NOMEM;
+    else if (!rc && (rc = part_groups(field_get(b, "result"), g, n))) snprintf(msg, sizeof msg, "%s", err_msg());
+    else if (rc) snprintf(msg, sizeof msg, "%s", field_str(b, "msg", ""));
+    pthread_mutex_lock(&cl->mu);
+    p = part_find(cl, id, NULL);
+    int taken = p && !p->cancel && !p->state && p->out;
+    if (taken) {
+        p->state = rc ? (int)rc : 1;
+        if (rc) snprintf(p->msg, sizeof p->msg, "follower %lld: %s", fid, msg);
+        else memcpy(p->out, g, sizeof *g * (size_t)n);
+        ranks_notify(cl->rk);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (!taken && !rc)
+        for (int i = 0; i < n; i++) eng_group_result_free(&g[i]);
+    free(g);
+    return reply(out, 200, "{\"status\":\"%s\"}", taken ? "ok" : "ignored");
+}
+
 void cluster_attach(cluster *cl, ranks *rk) {
     pthread_mutex_lock(&cl->mu);
     cl->rk = rk;
-    ranks_set_remote(rk, &(ranks_remote){remote_post, remote_wait, cl});
+    ranks_set_remote(rk, &(ranks_remote){remote_post, remote_wait, part_add, part_state, part_release, cl});
     if (cl->ph == PH_LOST) ranks_abort(rk);
     pthread_mutex_unlock(&cl->mu);
 }
@@ -308,7 +517,6 @@ void cluster_detach(cluster *cl) {
 
 /* ---------------------------------------------------------------- the routes */
 
-static int reply(char **out, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int reply(char **out, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -380,6 +588,21 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
     cluster *cl = ud;
     (void)len;
     *out = NULL;
+    if (route == API_CLUSTER_DONE) {   /* a rollout part's groups: read without the lock */
+        json_object *b = json_tokener_parse(body);
+        if (field_get(b, "part")) {
+            pthread_mutex_lock(&cl->mu);
+            follower *f = find(cl, id);
+            int lost = cl->ph == PH_LOST;
+            if (f) f->last_seen = clock_mono_s();
+            pthread_mutex_unlock(&cl->mu);
+            int st = !f ? cl_error(out, 410, "not_found", "no such follower in this epoch: join again")
+                     : lost ? cl_error(out, 410, "rank_lost", "a follower was lost") : part_done(cl, id, b, out);
+            json_object_put(b);
+            return st;
+        }
+        json_object_put(b);
+    }
     pthread_mutex_lock(&cl->mu);
     int st;
     if (route == API_CLUSTER_JOIN) {
@@ -401,17 +624,23 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
     if (route == API_CLUSTER_BEAT) {
         st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
     } else if (route == API_CLUSTER_NEXT) {
-        if (!(cl->call && cl->seq > after && f->done_seq < cl->seq)) {
+        /* {"seq", "call"} when a call is pending for it, "parts" [{"id", "rank", "desc"}] handed
+         * out and "cancel" [ids] released; 204 when none of them came within a second */
+        if (!(cl->call && cl->seq > after && f->done_seq < cl->seq) && !parts_for(cl, f)) {
             wait_for(cl, 1.0);
             if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
                 pthread_mutex_unlock(&cl->mu);
                 return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
             }
         }
-        if (cl->ph == PH_FORMED && cl->call && cl->seq > after && f->done_seq < cl->seq)
-            st = reply(out, 200, "{\"seq\":%lld,\"call\":%s}", cl->seq, cl->call);
+        int call = cl->ph == PH_FORMED && cl->call && cl->seq > after && f->done_seq < cl->seq;
+        char *parts = cl->ph == PH_FORMED && parts_for(cl, f) ? parts_json(cl, f) : NULL;
+        if (call || (parts && parts[0]))
+            st = call ? reply(out, 200, "{\"seq\":%lld,\"call\":%s%s}", cl->seq, cl->call, parts ? parts : "")
+                      : reply(out, 200, "{\"seq\":%lld%s}", after, parts);
         else
             st = 204;
+        free(parts);
         f->last_seen = clock_mono_s();
     } else {                        /* done {"seq", "rc", "msg"} */
         json_object *b = json_tokener_parse(body);

@@ -221,14 +221,31 @@ static int join(const leader *L, const follow_config *c, const char *backend, wo
 
 /* ---------------------------------------------------------------- the epoch */
 
+/* A rollout part the leader placed on one of our ranks (daemon/cluster.c). */
+typedef struct fpart {
+    long long id;
+    int rank;
+    char *desc;                 /* until started */
+    jobs_rollout *r;            /* once started (main thread) */
+    struct fpart *next;
+} fpart;
+
 typedef struct {
     const leader *L;
     long long id;
     double lost_s;
     pthread_mutex_t mu;
+    pthread_cond_t cv;          /* the main thread waits for the poller or a peer */
     ranks *rk;                  /* under mu: aborted when the leader is gone */
     _Atomic int gone, quit;
     double last_ok;
+    /* the inbox (under mu): filled by the poller thread (GET /v1/cluster/next), taken by the
+     * main thread */
+    char *call;                 /* the pending SPMD call's description */
+    long long call_seq;
+    fpart *parts;               /* parts to start */
+    long long cancel[64];       /* parts released by the leader */
+    int n_cancel, wake;
 } epoch;
 
 static void gone(epoch *ep, const char *why) {
@@ -258,8 +275,182 @@ static void *beat_main(void *arg) {
 
 static void no_progress(void *ud, double f) { (void)ud; (void)f; }
 
+static void wake(void *ud) {
+    epoch *ep = ud;
+    pthread_mutex_lock(&ep->mu);
+    ep->wake = 1;
+    pthread_cond_signal(&ep->cv);
+    pthread_mutex_unlock(&ep->mu);
+}
 
-/* One epoch: open the ranks in the world, run the calls until the leader is gone or a stop. */
+/* The poller: GET /v1/cluster/next (a long-poll) into the inbox, so the main thread decodes
+ * while it waits. */
+static void *poll_main(void *arg) {
+    epoch *ep = arg;
+    long long after = 0;
+    char path[128];
+    while (!atomic_load(&ep->quit) && !atomic_load(&ep->gone) && !g_stop) {
+        char *resp = NULL;
+        snprintf(path, sizeof path, "/v1/cluster/next?follower=%lld&after=%lld", ep->id, after);
+        int st = http(ep->L, "GET", path, NULL, 10, &resp);
+        if (st == 200) {
+            json_object *o = json_tokener_parse(resp ? resp : ""), *co = field_get(o, "call"), *ps = field_get(o, "parts"),
+                        *cs = field_get(o, "cancel");
+            long long seq = field_int(o, "seq", -1);
+            pthread_mutex_lock(&ep->mu);
+            if (co && seq > after) {
+                free(ep->call);
+                ep->call = strdup(json_object_to_json_string_ext(co, JSON_C_TO_STRING_PLAIN));
+                ep->call_seq = seq;
+                after = seq;
+            }
+            for (size_t i = 0; ps && i < json_object_array_length(ps); i++) {
+                json_object *x = json_object_array_get_idx(ps, i);
+                fpart *p = calloc(1, sizeof *p);
+                if (!p) break;
+                p->id = field_int(x, "id", -1);
+                p->rank = (int)field_int(x, "rank", -1);
+                p->desc = strdup(json_object_to_json_string_ext(field_get(x, "desc"), JSON_C_TO_STRING_PLAIN));
+                fpart **pp = &ep->parts;    /* in the leader's order */
+                while (*pp) pp = &(*pp)->next;
+                *pp = p;
+            }
+            for (size_t i = 0; cs && i < json_object_array_length(cs); i++)
+                if (ep->n_cancel < (int)(sizeof ep->cancel / sizeof ep->cancel[0]))
+                    ep->cancel[ep->n_cancel++] = json_object_get_int64(json_object_array_get_idx(cs, i));
+            ep->wake = 1;
+            pthread_cond_signal(&ep->cv);
+            pthread_mutex_unlock(&ep->mu);
+            json_object_put(o);
+        } else if (st == 410 || st == 404) {
+            gone(ep, "the leader no longer knows this follower");
+        } else if (st != 204) {
+            usleep(200000);     /* unreachable: the beat thread decides when it is gone */
+        }
+        free(resp);
+    }
+    wake(ep);
+    return NULL;
+}
+
+/* POST /v1/cluster/done for a part: its result (rc 0) or its error. */
+static void post_part(epoch *ep, long long id, int rc, const char *result) {
+    json_object *m = json_object_new_string(rc ? err_msg() : "");
+    const char *ms = json_object_to_json_string(m);
+    size_t n = strlen(ms) + (result ? strlen(result) : 0) + 128;
+    char *body = malloc(n), path[96], *resp = NULL;
+    if (body) {
+        snprintf(body, n, "{\"part\":%lld,\"rc\":%d,\"msg\":%s%s%s}", id, rc, ms, result ? ",\"result\":" : "", result ? result : "");
+        snprintf(path, sizeof path, "/v1/cluster/done?follower=%lld", ep->id);
+        int st = http(ep->L, "POST", path, body, 30, &resp);
+        log_event(rc ? LOG_WARN : LOG_INFO, "part_done", "\"part\":%lld,\"code\":\"%s\",\"posted\":%d", id, rc ? err_name(rc) : "ok", st);
+    }
+    free(resp);
+    free(body);
+    json_object_put(m);
+}
+
+/* Runs one SPMD call (jobs_follow) and posts its outcome. */
+static void run_call(epoch *ep, const jobs_env *env, const char *call, long long seq) {
+    err_clear();
+    double t0 = clock_mono_ms();
+    int crc = jobs_follow(env, call);
+    json_object *d = json_object_new_object();
+    json_object_object_add(d, "seq", json_object_new_int64(seq));
+    json_object_object_add(d, "rc", json_object_new_int(crc));
+    json_object_object_add(d, "msg", json_object_new_string(crc ? err_msg() : ""));
+    char dpath[96], *dr = NULL;
+    snprintf(dpath, sizeof dpath, "/v1/cluster/done?follower=%lld", ep->id);
+    int dst = http(ep->L, "POST", dpath, json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN), 10, &dr);
+    free(dr);
+    json_object_put(d);
+    log_event(crc ? LOG_WARN : LOG_INFO, "call_done", "\"seq\":%lld,\"code\":\"%s\",\"ms\":%.1f,\"posted\":%d", seq,
+              crc ? err_name(crc) : "ok", clock_mono_ms() - t0, dst);
+}
+
+/* The main thread's loop: calls, parts to start or cancel, rank 0's scheduler steps, finished
+ * parts posted; it sleeps when none of them has work. */
+static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
+    fpart *run = NULL;          /* started parts */
+    while (!g_stop && !atomic_load(&ep->gone)) {
+        pthread_mutex_lock(&ep->mu);
+        char *call = ep->call;
+        long long seq = ep->call_seq;
+        fpart *fresh = ep->parts;
+        long long cancel[64];
+        int nc = ep->n_cancel;
+        memcpy(cancel, ep->cancel, sizeof cancel);
+        ep->call = NULL;
+        ep->parts = NULL;
+        ep->n_cancel = 0;
+        ep->wake = 0;
+        pthread_mutex_unlock(&ep->mu);
+        int did = call || fresh || nc;
+        while (fresh) {
+            fpart *p = fresh;
+            fresh = p->next;
+            err_clear();
+            int rc = jobs_part_start(env, p->desc, p->rank, &p->r);
+            free(p->desc);
+            p->desc = NULL;
+            if (rc) {
+                post_part(ep, p->id, rc, NULL);
+                free(p);
+                continue;
+            }
+            p->next = run;
+            run = p;
+        }
+        for (int i = 0; i < nc; i++)
+            for (fpart **pp = &run; *pp; pp = &(*pp)->next)
+                if ((*pp)->id == cancel[i]) {
+                    fpart *p = *pp;
+                    *pp = p->next;
+                    jobs_rollout_free(p->r);
+                    log_event(LOG_INFO, "part_cancelled", "\"part\":%lld", p->id);
+                    free(p);
+                    break;
+                }
+        if (call) {
+            run_call(ep, env, call, seq);
+            free(call);
+        }
+        if (eng_sched_busy(sched0)) {
+            ranks_step(env->rk);
+            did = 1;
+        }
+        for (fpart **pp = &run; *pp;) {
+            fpart *p = *pp;
+            char *result = NULL;
+            int st = jobs_rollout_poll(p->r, NULL, NULL, &result);
+            if (!st) { pp = &p->next; continue; }
+            post_part(ep, p->id, st < 0 ? st : 0, result);
+            free(result);
+            jobs_rollout_free(p->r);
+            *pp = p->next;
+            free(p);
+            did = 1;
+        }
+        if (did) continue;
+        pthread_mutex_lock(&ep->mu);
+        if (!ep->wake && !atomic_load(&ep->gone) && !g_stop) {
+            struct timespec ts;
+            clock_wall_after(0.1, &ts);
+            pthread_cond_timedwait(&ep->cv, &ep->mu, &ts);
+        }
+        pthread_mutex_unlock(&ep->mu);
+    }
+    while (run) {       /* the leader is gone or we stop: cancel what runs */
+        fpart *p = run;
+        run = p->next;
+        jobs_rollout_free(p->r);
+        free(p);
+    }
+}
+
+
+/* One epoch: open the ranks in the world, run the calls and rollout parts until the leader is
+ * gone or a stop. */
 static void run_epoch(const leader *L, const follow_config *c, const char *backend, const world_info *w) {
     char model[1200];
     int rc, W = c->ranks;
@@ -278,61 +469,45 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
               w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume);
     epoch ep = {.L = L, .id = w->id, .lost_s = w->lost_s > 0 ? w->lost_s : 10, .last_ok = clock_mono_s()};
     pthread_mutex_init(&ep.mu, NULL);
+    pthread_cond_init(&ep.cv, NULL);
     pthread_t bt;
     int have_bt = !pthread_create(&bt, NULL, beat_main, &ep);   /* beats while the engines open too */
     ranks *rk = NULL;
     eng *e = NULL;
-    rc = ranks_start(W, &o, c->devices, &so, NULL, NULL, &wd, &rk);
+    eng_sched *sched0 = NULL;
+    rc = ranks_start(W, &o, c->devices, &so, wake, &ep, &wd, &rk);
     if (!rc) {
         pthread_mutex_lock(&ep.mu);
         ep.rk = rk;
         pthread_mutex_unlock(&ep.mu);
         rc = ranks_open_rank0(rk, &o, &e);
     }
+    if (!rc) rc = eng_sched_open(e, &so, &sched0);
     if (rc) {
         char esc[700];
         log_event(LOG_ERROR, "follower_open_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc), log_str(esc, sizeof esc, err_msg()));
     } else {
-        ranks_set_rank0(rk, e, NULL);
+        ranks_set_rank0(rk, e, sched0);
         log_event(LOG_INFO, "follower_ready", "\"follower\":%lld,\"comm\":\"%s\"", w->id, ranks_comm_name(rk));
         sdn_notify("READY=1");
         jobs_env env = {e, rk, NULL, c->data_dir, no_progress, NULL};
-        long long after = 0;
-        char path[128];
-        while (!g_stop && !atomic_load(&ep.gone)) {
-            char *resp = NULL;
-            snprintf(path, sizeof path, "/v1/cluster/next?follower=%lld&after=%lld", w->id, after);
-            int st = http(L, "GET", path, NULL, 10, &resp);
-            if (st == 200) {
-                json_object *o = json_tokener_parse(resp ? resp : "");
-                long long seq = field_int(o, "seq", -1);
-                json_object *co = field_get(o, "call");
-                const char *call = co ? json_object_to_json_string_ext(co, JSON_C_TO_STRING_PLAIN) : NULL;
-                if (seq > after && call) {
-                    err_clear();
-                    double t0 = clock_mono_ms();
-                    int crc = jobs_follow(&env, call);
-                    json_object *d = json_object_new_object();
-                    json_object_object_add(d, "seq", json_object_new_int64(seq));
-                    json_object_object_add(d, "rc", json_object_new_int(crc));
-                    json_object_object_add(d, "msg", json_object_new_string(crc ? err_msg() : ""));
-                    char dpath[96], *dr = NULL;
-                    snprintf(dpath, sizeof dpath, "/v1/cluster/done?follower=%lld", w->id);
-                    int dst = http(L, "POST", dpath, json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN), 10, &dr);
-                    free(dr);
-                    json_object_put(d);
-                    log_event(crc ? LOG_WARN : LOG_INFO, "call_done", "\"seq\":%lld,\"code\":\"%s\",\"ms\":%.1f,\"posted\":%d", seq,
-                              crc ? err_name(crc) : "ok", clock_mono_ms() - t0, dst);
-                    after = seq;
-                }
-                json_object_put(o);
-            } else if (st == 410 || st == 404) {
-                gone(&ep, "the leader no longer knows this follower");
-            } else if (st != 204) {
-                usleep(200000);     /* unreachable: the beat thread decides when it is gone */
-            }
-            free(resp);
+        pthread_t pt;
+        int have_pt = !pthread_create(&pt, NULL, poll_main, &ep);
+        if (have_pt) {
+            serve_epoch(&ep, &env, sched0);
+            atomic_store(&ep.quit, 1);
+            pthread_join(pt, NULL);
         }
+        pthread_mutex_lock(&ep.mu);
+        free(ep.call);
+        ep.call = NULL;
+        while (ep.parts) {
+            fpart *p = ep.parts;
+            ep.parts = p->next;
+            free(p->desc);
+            free(p);
+        }
+        pthread_mutex_unlock(&ep.mu);
     }
     atomic_store(&ep.quit, 1);
     if (have_bt) pthread_join(bt, NULL);
@@ -341,8 +516,10 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
     pthread_mutex_unlock(&ep.mu);
     ranks_abort(rk);            /* the leader's gone: nothing may wait in a collective while closing */
     ranks_stop(rk);
+    eng_sched_close(sched0);
     eng_close(e);
     ranks_close(rk);
+    pthread_cond_destroy(&ep.cv);
     pthread_mutex_destroy(&ep.mu);
     log_event(LOG_INFO, "follower_closed", "\"follower\":%lld", w->id);
     if (rc && !g_stop) sleep(1);

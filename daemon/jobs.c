@@ -125,8 +125,9 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
  * schedulers read while the job runs), and its parts, one per rank it was placed on. */
 typedef struct {
     int rank, n;
-    int *idx;                   /* (n) the groups' indices in the request (its sampling's group_index) */
-    eng_sampling s;             /* the job's, with group_index = idx: the same streams as on one rank */
+    int *idx;                   /* (n) the groups' indices in the payload */
+    int *gi;                    /* (n) their indices in the request (the sampling's group_index) */
+    eng_sampling s;             /* the job's, with group_index = gi: the same streams as on one rank */
     eng_rollout_group *g;       /* (n) copies of rg[idx[k]] (the same prompt arrays) */
     eng_group_result *out;      /* (n) filled by the rank's scheduler */
     ranks_job *job;
@@ -138,6 +139,8 @@ struct jobs_rollout {
     eng_sampling s;             /* from the payload's sampling (api_params_to_struct) */
     eng_rollout_group *rg;
     eng_group_result *out;      /* (ng) the merged result, in the request's order */
+    int *gi;                    /* (ng) a follower's part: its groups' indices in the leader's
+                                 * request (the payload's group_index); NULL: 0..ng-1 */
     long long prompt_tokens, policy_version;
     double t0;
     ranks *rk;
@@ -151,7 +154,7 @@ static void parts_free(jobs_rollout *r) {
         rollout_part *pt = &r->parts[i];
         ranks_job_release(r->rk, pt->job);
         for (int k = 0; pt->out && k < pt->n; k++) eng_group_result_free(&pt->out[k]);
-        free(pt->idx); free(pt->g); free(pt->out);
+        free(pt->idx); free(pt->gi); free(pt->g); free(pt->out);
     }
     free(r->parts);
     r->parts = NULL;
@@ -163,7 +166,7 @@ void jobs_rollout_free(jobs_rollout *r) {
     parts_free(r);
     for (int i = 0; r->out && i < r->ng; i++) eng_group_result_free(&r->out[i]);
     for (int i = 0; r->rg && i < r->ng; i++) free((void *)r->rg[i].prompt);
-    free(r->out); free(r->rg);
+    free(r->out); free(r->rg); free(r->gi);
     api_params_free(&eng_sampling_params, &r->s);
     json_object_put(r->p);
     free(r);
@@ -190,6 +193,12 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
         if (!(r->rg[i].prompt = int_array(field_get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
         r->rg[i].n = (int)field_int(g, "n", 1);
         r->prompt_tokens += r->rg[i].P;
+    }
+    json_object *gi = field_get(p, "group_index");    /* a follower's part (part_desc) */
+    if (gi) {
+        int n = 0;
+        if (!(r->gi = int_array(gi, &n))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        if (n != ng) { rc = err_set(GE_INVALID, "rollout part: %d group indices for %d groups", n, ng); goto fail; }
     }
     *out = r;
     return 0;
@@ -268,7 +277,8 @@ static int rollout_result(jobs_rollout *r, char **result) {
     return (*result = to_text(res)) ? 0 : GE_NOMEM;
 }
 
-/* Parses job j into *r and stamps the policy version it runs under and its start time. */
+/* Parses job j into *r and stamps the policy version it runs under and its start time. A
+ * follower's part names the leader's version: another one here fails it (the ranks diverged). */
 static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **r) {
     int rc = rollout_parse(j, r);
     if (rc) return rc;
@@ -276,24 +286,51 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     eng_get_info(env->e, &info);
     (*r)->policy_version = info.policy_version;
     (*r)->t0 = clock_mono_ms();
-    return 0;
+    long long want = field_int((*r)->p, "policy_version", -1);
+    if (want >= 0 && want != info.policy_version) {
+        rc = err_set(GE_INTERNAL, "rollout part: this follower's policy is version %lld, the leader's %lld", info.policy_version, want);
+        jobs_rollout_free(*r);
+        *r = NULL;
+    }
+    return rc;
+}
+
+/* A part for a follower's rank: a rollout payload of its groups (prompt and n), the job's
+ * sampling, their indices in the request and the policy version (rollout_open checks it). */
+static char *part_desc(const jobs_rollout *r, const rollout_part *pt) {
+    json_object *d = json_object_new_object(), *gs = json_object_new_array_ext(pt->n), *gi = json_object_new_array_ext(pt->n);
+    for (int k = 0; k < pt->n; k++) {
+        json_object *g = json_object_new_object();
+        json_object_object_add(g, "prompt_ids", ints_json(pt->g[k].prompt, pt->g[k].P));
+        json_object_object_add(g, "n", json_object_new_int(pt->g[k].n));
+        json_object_array_add(gs, g);
+        json_object_array_add(gi, json_object_new_int(pt->gi[k]));
+    }
+    json_object_object_add(d, "groups", gs);
+    json_object_object_add(d, "sampling", json_object_get(field_get(r->p, "sampling")));
+    json_object_object_add(d, "group_index", gi);
+    json_object_object_add(d, "policy_version", json_object_new_int64(r->policy_version));
+    return to_text(d);
 }
 
 /* Places the groups on ranks, each whole on the rank with the fewest KV rows placed
  * (ranks_place), and queues each rank's part. A part's sampling numbers its groups by their
  * index in the request (eng_sampling.group_index), so every response draws from the stream it
  * has on one rank. */
-int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) {
+static int rollout_start(const jobs_env *env, const store_job *j, int rank, jobs_rollout **out) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
     r->rk = env->rk;
-    int W = ranks_size(r->rk), *rank_of = calloc((size_t)r->ng, sizeof *rank_of);
+    int W = ranks_placeable(r->rk), *rank_of = calloc((size_t)r->ng, sizeof *rank_of);
     long long *rows = calloc((size_t)r->ng, sizeof *rows);
     r->parts = calloc((size_t)W, sizeof *r->parts);
     if (!rank_of || !rows || !r->parts) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
     for (int i = 0; i < r->ng; i++) rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
-    ranks_place(r->rk, rows, r->ng, rank_of);
+    if (rank >= 0)      /* a follower's part: on the rank the leader placed it on */
+        for (int i = 0; i < r->ng; i++) rank_of[i] = rank;
+    else
+        ranks_place(r->rk, rows, r->ng, rank_of);
     for (int rank = 0; rank < W; rank++) {
         int n = 0;
         long long part_rows = 0;
@@ -302,18 +339,24 @@ int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **o
         rollout_part *pt = &r->parts[r->n_parts++];
         pt->rank = rank;
         pt->idx = calloc((size_t)n, sizeof *pt->idx);
+        pt->gi = calloc((size_t)n, sizeof *pt->gi);
         pt->g = calloc((size_t)n, sizeof *pt->g);
         pt->out = calloc((size_t)n, sizeof *pt->out);
-        if (!pt->idx || !pt->g || !pt->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        if (!pt->idx || !pt->gi || !pt->g || !pt->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
         for (int i = 0; i < r->ng; i++) {
             if (rank_of[i] != rank) continue;
             pt->idx[pt->n] = i;
+            pt->gi[pt->n] = r->gi ? r->gi[i] : i;
             pt->g[pt->n++] = r->rg[i];
             part_rows += rows[i];
         }
         pt->s = r->s;
-        pt->s.group_index = pt->idx;
-        if ((rc = ranks_add(r->rk, rank, pt->g, pt->n, &pt->s, pt->out, part_rows, &pt->job))) goto fail;
+        pt->s.group_index = pt->gi;
+        char *desc = NULL;
+        if (ranks_is_remote(r->rk, rank) && !(desc = part_desc(r, pt))) { rc = GE_NOMEM; goto fail; }
+        rc = ranks_add(r->rk, rank, pt->g, pt->n, &pt->s, pt->out, part_rows, desc, &pt->job);
+        free(desc);
+        if (rc) goto fail;
     }
     free(rank_of);
     free(rows);
@@ -324,6 +367,19 @@ fail:
     free(rows);
     jobs_rollout_free(r);
     return rc;
+}
+
+int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) {
+    return rollout_start(env, j, -1, out);
+}
+
+int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollout **out) {
+    *out = NULL;
+    if (rank < 0 || rank >= ranks_size(env->rk)) return err_set(GE_INVALID, "rollout part: no local rank %d", rank);
+    store_job j = {.payload = (char *)desc};
+    snprintf(j.id, sizeof j.id, "part");
+    snprintf(j.kind, sizeof j.kind, "rollout");
+    return rollout_start(env, &j, rank, out);
 }
 
 /* 0 while some part runs, 1 when all are done (merged into r->out, in the request's order),
@@ -364,6 +420,7 @@ static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
+    r->s.group_index = r->gi;
     if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud)))
         rc = rollout_result(r, result);
     jobs_rollout_free(r);

@@ -41,4 +41,8 @@ typedef struct jobs_rollout jobs_rollout;
 int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out);
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result);
 void jobs_rollout_free(jobs_rollout *r);
+/* A follower's share of a leader's rollout (daemon/cluster.c): desc, a rollout payload with
+ * the groups' indices in the leader's request ("group_index") and its policy version (another
+ * one here fails it), queued whole on local rank `rank`; then as a rollout job (poll, free). */
+int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollout **out);
 #endif

@@ -35,6 +35,7 @@ typedef struct cmd {
 struct ranks_job {
     int rank;
     long long rows;
+    long long remote_id;        /* a part on a follower's rank (rank >= W) */
     eng_sched_job *j;           /* on rank's scheduler: touched by that rank's thread only */
     const eng_rollout_group *g;
     int n;
@@ -98,6 +99,7 @@ struct ranks {
     void (*notify)(void *ud);
     void *notify_ud;
     int diverged, stopped;
+    int remote_parts;           /* parts on followers' ranks not yet released (rank 0's thread) */
 };
 
 int ranks_size(const ranks *rk) { return rk->W; }
@@ -532,12 +534,20 @@ int ranks_spmd_call(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void
 
 /* ---------------------------------------------------------------- rollouts */
 
+int ranks_placeable(const ranks *rk) { return rk->remote.part_add ? rk->world : rk->W; }
+int ranks_is_remote(const ranks *rk, int r) { return r >= rk->W; }
+
+void ranks_notify(ranks *rk) {
+    if (rk && rk->notify) rk->notify(rk->notify_ud);
+}
+
 void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of) {
     long long load[RANKS_MAX];
     memcpy(load, rk->load, sizeof load);
+    const int R = ranks_placeable(rk);
     for (int i = 0; i < n; i++) {
         int best = 0;
-        for (int r = 1; r < rk->W; r++)
+        for (int r = 1; r < R; r++)
             if (load[r] < load[best]) best = r;
         rank_of[i] = best;
         load[best] += rows[i];
@@ -545,12 +555,17 @@ void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of) {
 }
 
 int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
-              long long rows, ranks_job **job) {
+              long long rows, const char *desc, ranks_job **job) {
     *job = NULL;
+    if (r < 0 || r >= ranks_placeable(rk)) return err_set(GE_INVALID, "ranks: no rank %d", r);
     ranks_job *j = calloc(1, sizeof *j);
     if (!j) return err_set(GE_NOMEM, "ranks: out of memory");
     *j = (ranks_job){.rank = r, .rows = rows, .g = g, .n = n, .sp = sp, .out = out};
-    if (r == 0) {
+    if (r >= rk->W) {
+        int rc = rk->remote.part_add(rk->remote.ud, r, desc, out, n, &j->remote_id);
+        if (rc) { free(j); return rc; }
+        rk->remote_parts++;
+    } else if (r == 0) {
         int rc = eng_sched_add(rk->sched0, g, n, sp, out, &j->j);
         if (rc) { free(j); return rc; }
     } else {
@@ -567,6 +582,13 @@ int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sam
 
 int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg) {
     if (j->rank == 0) return eng_sched_job_state(j->j, progress, started, msg);
+    if (j->rank >= rk->W) {     /* a follower's: handed out, so taken as started (it is not requeued) */
+        int st = rk->remote.part_state(rk->remote.ud, j->remote_id, j->msg, sizeof j->msg);
+        if (progress) *progress = st == 1;
+        if (started) *started = 1;
+        *msg = j->msg;
+        return st;
+    }
     peer *p = &rk->peers[j->rank];
     pthread_mutex_lock(&p->mu);
     int st = j->state;
@@ -579,7 +601,10 @@ int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, con
 
 void ranks_job_release(ranks *rk, ranks_job *j) {
     if (!j) return;
-    if (j->rank == 0) {
+    if (j->rank >= rk->W) {
+        rk->remote.part_release(rk->remote.ud, j->remote_id);
+        rk->remote_parts--;
+    } else if (j->rank == 0) {
         if (j->j) eng_sched_job_release(rk->sched0, j->j);
     } else {
         cmd c = {.kind = CMD_RELEASE, .job = j};
@@ -592,7 +617,7 @@ void ranks_job_release(ranks *rk, ranks_job *j) {
 int ranks_step(ranks *rk) { return eng_sched_busy(rk->sched0) ? eng_sched_step(rk->sched0) : 0; }
 
 int ranks_busy(ranks *rk) {
-    int busy = eng_sched_busy(rk->sched0);
+    int busy = eng_sched_busy(rk->sched0) || rk->remote_parts > 0;
     for (int r = 1; r < rk->W && !busy; r++) {
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);
@@ -604,6 +629,11 @@ int ranks_busy(ranks *rk) {
 
 int ranks_can_admit(ranks *rk) {
     int can = eng_sched_can_admit(rk->sched0);
+    if (!can && rk->remote.part_add) {
+        eng_sched_stats st;
+        eng_sched_get_stats(rk->sched0, &st);
+        for (int r = rk->W; r < rk->world && !can; r++) can = rk->load[r] < st.rows_cap;
+    }
     for (int r = 1; r < rk->W && !can; r++) {
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);

@@ -94,9 +94,17 @@ int ranks_diverged(const ranks *rk);
  * ends when the local ranks and wait (the followers' outcome: 0, their code with msg, or
  * GE_RANK_LOST when one was lost) are done. A follower's code unlike rank 0's is "the ranks
  * disagree" (ranks_diverged); GE_RANK_LOST wins over the local ranks' GE_COMM (its echo). */
+/* Rollouts on the followers' ranks (W..world-1 of the leader's world): part_add hands a part
+ * (desc: a rollout payload of its groups, daemon/jobs.c) to the follower that holds rank, which
+ * decodes it on its own ranks and sends the groups back into out (n of them); part_state is 0
+ * while it runs, 1 once out is filled, or a negative GE_* code with msg (GE_RANK_LOST when the
+ * follower was lost); part_release forgets it (a running one is cancelled on the follower). */
 typedef struct {
     int (*post)(void *ud, const char *call, long long *seq);
     int (*wait)(void *ud, long long seq, char *msg, size_t n);
+    int (*part_add)(void *ud, int rank, const char *desc, eng_group_result *out, int n, long long *id);
+    int (*part_state)(void *ud, long long id, char *msg, size_t n);
+    void (*part_release)(void *ud, long long id);
     void *ud;
 } ranks_remote;
 void ranks_set_remote(ranks *rk, const ranks_remote *r);
@@ -109,14 +117,21 @@ void ranks_abort(ranks *rk);
 /* ---------------------------------------------------------------- rollouts */
 
 /* Picks a rank for each of n groups (rows[i] = eng_sched_rows_needed of group i) in order:
- * the rank with the fewest rows placed and not yet released, lowest rank on ties.
- * Deterministic given the rows in flight. */
+ * the rank with the fewest rows placed and not yet released, lowest rank on ties; with remote
+ * parts (a leader), over every rank of the world. Deterministic given the rows in flight. */
 void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of);
+/* The ranks ranks_place picks from (W, or the world with remote parts), and whether rank r is
+ * in another process (its part goes as a description: ranks_add's desc). */
+int ranks_placeable(const ranks *rk);
+int ranks_is_remote(const ranks *rk, int r);
 /* Queues groups on rank r's scheduler (as eng_sched_add; the arrays stay the caller's until
  * ranks_job_release). rows: their KV rows, counted against r until the release. On a peer the
- * add happens on its thread: its error (GE_TOO_LARGE) shows in ranks_job_state. */
+ * add happens on its thread: its error (GE_TOO_LARGE) shows in ranks_job_state. A remote rank
+ * takes desc (the part as a rollout payload) instead of g and sp, and fills out when done. */
 int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
-              long long rows, ranks_job **job);
+              long long rows, const char *desc, ranks_job **job);
+/* The remote side says a part changed (any thread): wakes the worker (ranks_start's notify). */
+void ranks_notify(ranks *rk);
 /* As eng_sched_job_state, for a part on any rank (a peer's state as of its last step). */
 int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg);
 /* As eng_sched_job_release; on a peer it waits until the peer released it. */
@@ -125,7 +140,9 @@ void ranks_job_release(ranks *rk, ranks_job *j);
 /* Rank 0 steps its scheduler when busy (peers step theirs on their own threads). */
 int ranks_step(ranks *rk);
 int ranks_busy(ranks *rk);          /* some rank has a group waiting or running (or one on its way) */
-int ranks_can_admit(ranks *rk);     /* some rank would start a group queued now */
+/* some rank would start a group queued now (a remote rank: fewer rows placed on it than rank
+ * 0's pool holds, the followers' GPUs taken to be like the leader's) */
+int ranks_can_admit(ranks *rk);
 /* Scheduler stats: st[r] for each rank (peers as of their last step); returns W. */
 int ranks_stats(ranks *rk, eng_sched_stats *st, int max);
 

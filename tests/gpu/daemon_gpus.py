@@ -15,8 +15,9 @@ then a probe scored by POST /v1/logprobs. Checks, as ROW lines for tests/gpu/run
     daemon's probe (max abs diff <= 1e-2: the same weights, another batch shape);
   - several hosts, on one (W = 2): a leader `--gpus 0 --followers 1` and a follower `--gpus 1
     --join URL`, two processes in one NCCL communicator (the leader's unique id handed out over
-    HTTP): the same session gives the same policy_version, the follower ran the leader's calls,
-    and the leader's checkpoint on one GPU gives its probe; then the follower is killed (SIGKILL):
+    HTTP): the same session gives the same policy_version, the follower ran the leader's calls
+    and decoded the rollout groups placed on its GPU, and the leader's checkpoint on one GPU
+    gives its probe; then the follower is killed (SIGKILL):
     an update fails rank_lost or is refused 503, /readyz names the lost follower, the leader
     still answers and stops within 60 s with exit 75 (its NCCL comm aborted, not waited for; 75:
     the service manager starts a new epoch, daemon/cluster.h).
@@ -155,13 +156,15 @@ def join_session(base, one, many):
         print("join: versions %s, checkpoint %s" % (got["versions"], ck["status"]))
         lead = L.text()
         calls = len(re.findall(r'"call_done".*"code":"ok"', F.text()))
+        parts = len(re.findall(r'"part_done".*"code":"ok"', F.text()))
         comm = "nccl" if BACKEND == "cuda" else "tcp"
         nccl = bool(re.search(r'"engine_ready".*"comm":"%s"' % comm, lead))
-        row("join: leader --gpus 0 + follower --gpus 1", "comm %s %d, follower calls ok %d, versions %s vs %s"
-            % (comm, nccl, calls, got["versions"], one["versions"]), float(got["versions"] != one["versions"]), 0,
-            ok=nccl and calls >= 4 and got["versions"] == one["versions"] and ck["status"] == "done")
-        same = sum(a == b for a, b in zip(got["tokens"], one["tokens"])) / max(len(one["tokens"]), 1)
-        print("join: rollout responses equal to one GPU's %.3f (rollouts run on the leader's GPU only)" % same)
+        row("join: leader --gpus 0 + follower --gpus 1", "comm %s %d, follower calls ok %d, parts ok %d, versions %s vs %s"
+            % (comm, nccl, calls, parts, got["versions"], one["versions"]), float(got["versions"] != one["versions"]), 0,
+            ok=nccl and calls >= 4 and parts >= 1 and got["versions"] == one["versions"] and ck["status"] == "done")
+        same = sum(a == b for a, b in zip(got["tokens"], many["tokens"])) / max(len(many["tokens"]), 1)
+        print("join: rollout responses equal to --gpus %s's %.3f (the same placement; on CUDA a response"
+              " depends on the decode batch beside it)" % (GPUS, same))
         print("join: probe max |d| vs --gpus %s: %.3e, vs --gpus 0: %.3e" % (
             GPUS, max(abs(a - b) for a, b in zip(got["probe"], many["probe"])),
             max(abs(a - b) for a, b in zip(got["probe"], one["probe"]))))

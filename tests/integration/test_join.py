@@ -5,8 +5,10 @@
 #
 # The same jobs as test_ranks.py's session give what one daemon with --ranks 2 gives, bit for
 # bit: the tcp comm sums in rank order exactly as the cpu comm does, each rank has one engine
-# thread in both set-ups, and rollouts run on the leader's rank in both (a response's tokens
-# depend only on its seed), so nothing differs in the arithmetic.
+# thread in both set-ups, and a rollout's groups are placed on both ranks in both, the
+# follower's share sent to it as a part and its groups sent back (a response's tokens depend
+# only on its seed, its group's index in the request and its index), so nothing differs in
+# the arithmetic.
 #
 # A follower killed with SIGKILL: the update that needs it fails rank_lost (or, when the leader
 # had already noticed the loss, is refused 503), /readyz says 503 naming the follower; a
@@ -21,7 +23,7 @@ import time
 import pytest
 
 from conftest import GRPOD, Daemon
-from test_ranks import probe, run_round, session
+from test_ranks import probe, rollout, run_round, session
 
 
 def leader(make_daemon, data, *extra):
@@ -83,6 +85,8 @@ def test_join_equals_two_ranks(two_ranks, make_daemon, tmp_path):
         flog = F.stderr()
         assert '"follower_ready"' in flog and '"comm":"tcp"' in flog, flog[-3000:]
         assert len(re.findall(r'"call_done".*"code":"ok"', flog)) >= 4, flog[-3000:]   # updates, logprobs, checkpoint
+        # rollouts: groups placed on the follower's rank went there, and came back bit-equal
+        assert len(re.findall(r'"part_done".*"code":"ok"', flog)) >= 4, flog[-3000:]
     finally:
         F.stop()
         if F.proc.poll() is None:
@@ -157,6 +161,55 @@ def test_follower_lost_and_back(make_daemon, tmp_path, monkeypatch):
                 d.stop()
                 if d.proc.poll() is None:
                     d.kill9()
+
+
+def start_long_rollout(L):
+    """A rollout long enough to be running on both ranks (8 groups of 4 x 3000 tokens, no early
+    stop); returns its id once it runs."""
+    big = {"groups": [{"prompt_ids": [3 + g, 4, 5], "n": 4} for g in range(8)],
+           "sampling": {"temperature": 1.0, "max_tokens": 3000, "min_tokens": 3000, "seed": 5}}
+    jid = L.submit("/v1/rollouts", big)
+    wait_for(lambda: L.get("/v1/jobs/" + jid).json()["status"] == "running", "the rollout to start")
+    return jid
+
+
+def test_follower_lost_during_rollout(make_daemon, tmp_path):
+    """A follower killed while it decodes its share of a rollout: the job fails rank_lost (its
+    part can never come back) instead of waiting, and the leader stays up."""
+    L = leader(make_daemon, tmp_path / "leader", "--follower-timeout", "3")
+    F = follower(tmp_path, "f1", L.url)
+    try:
+        L.wait_ready()
+        jid = start_long_rollout(L)
+        F.kill9()
+        j = L.wait_job(jid)
+        assert j["status"] == "failed" and j["error"]["code"] == "rank_lost", j
+        assert L.get("/healthz").status_code == 200
+    finally:
+        if F.proc.poll() is None:
+            F.kill9()
+
+
+def test_rollout_cancelled_on_follower(make_daemon, tmp_path):
+    """A rollout cancelled while the follower decodes its share: the leader tells the follower,
+    which drops the part (its rows freed), and the next rollout runs on both ranks."""
+    L = leader(make_daemon, tmp_path / "leader")
+    F = follower(tmp_path, "f1", L.url)
+    try:
+        L.wait_ready()
+        jid = start_long_rollout(L)
+        assert L.delete("/v1/jobs/" + jid).status_code in (200, 202)
+        assert L.wait_job(jid)["status"] == "cancelled"
+        wait_for(lambda: '"part_cancelled"' in F.stderr(), "the follower to drop its part")
+        small = rollout(3, 4, 5)
+        j = L.wait_job(L.submit("/v1/rollouts", small))
+        assert j["status"] == "done", j
+        assert len(re.findall(r'"part_done".*"code":"ok"', F.stderr())) >= 1, F.stderr()[-3000:]
+        assert L.stop() == 0
+    finally:
+        F.stop()
+        if F.proc.poll() is None:
+            F.kill9()
 
 
 def test_join_auth(make_daemon, tmp_path):
