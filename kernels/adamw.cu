@@ -57,7 +57,9 @@ void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float 
 }
 
 double sumsq_cuda(cu_ctx *c, const float *x, long long n) {
-    static double part[CU_RED_SLOTS];    /* the engine thread's; one call at a time */
+    /* on the caller's stack: the ranks of one process (daemon --gpus) call this at once; a
+     * static buffer shared by them once mixed their partial sums into a wrong gradient norm */
+    double part[CU_RED_SLOTS];
     if (c->failed || n <= 0) return 0;
     unsigned nb = grid_for(c, n);
     if (nb > CU_RED_SLOTS) nb = CU_RED_SLOTS;

@@ -118,9 +118,10 @@ template <typename Kernel>
 static inline void cu_raise_smem(cu_ctx *c, Kernel kernel, size_t bytes, unsigned *done) {
     int dev = 0;
     CU_CK(c, cudaGetDevice(&dev));
-    if (c->failed || (*done & (1u << (dev & 31)))) return;
+    /* done: a bit per device, set with atomics (the ranks of one process set theirs at once) */
+    if (c->failed || (__atomic_load_n(done, __ATOMIC_ACQUIRE) & (1u << (dev & 31)))) return;
     CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    *done |= 1u << (dev & 31);
+    if (!c->failed) __atomic_fetch_or(done, 1u << (dev & 31), __ATOMIC_ACQ_REL);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
