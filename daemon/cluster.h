@@ -12,10 +12,11 @@
  * leader aborts its local ranks' communicators (the collective they wait in returns GE_COMM),
  * the call waiting for the followers returns GE_RANK_LOST (the running job fails rank_lost),
  * /readyz says 503 naming the follower and new calls fail at once. Recovery is crash-only: the
- * next join (the lost follower back, restarted by systemd) makes the leader exit with
- * CLUSTER_EXIT_RESTART, and its restart opens a new epoch: every rank a fresh communicator, the
- * engines from the newest checkpoint plus replay (worker.c's open_engine), the follower's join
- * retried until the leader answers again.
+ * next join (the lost follower back, restarted by systemd) makes the leader stop and execute
+ * itself again (serve.h SERVE_REEXEC; exit CLUSTER_EXIT_RESTART when that fails, and on a stop
+ * while a follower is lost), and the new image opens a new epoch: every rank a fresh
+ * communicator, the engines from the newest checkpoint plus replay (worker.c's open_engine),
+ * the follower's join retried until the leader answers again.
  *
  * Threads: the hook runs on HTTP threads, cluster_form / cluster_attach on the engine thread,
  * the ranks_remote calls on the engine thread, cluster_tick on the main loop; all under one mutex. */

@@ -1,6 +1,7 @@
 /* main.c — grpod's one binary: subcommand dispatch, and the small model subcommands
  * (info, logprobs). The daemon is `serve` (daemon/serve.c); tokenize/detokenize live beside
  * the tokenizer. Exit codes: 0 ok, 1 runtime error (one line on stderr), 2 usage. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 #include "daemon/serve.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
@@ -210,8 +212,18 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *cmd = argv[1];
+    char **all = argv;
     argc--; argv++;
-    if (!strcmp(cmd, "serve")) return serve_main(argc, argv);
+    if (!strcmp(cmd, "serve")) {
+        int rc = serve_main(argc, argv);
+        if (rc != SERVE_REEXEC) return rc;
+        /* a new epoch of a leader (daemon/serve.h): everything released, the same command again */
+        log_event(LOG_WARN, "reexec", "\"reason\":\"a lost follower joined again: a new epoch\"");
+        fflush(NULL);
+        execv("/proc/self/exe", all);
+        fprintf(stderr, "grpod: re-exec for a new epoch failed (%s); exiting 75 for the service manager\n", strerror(errno));
+        return 75;
+    }
     if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
     if (!strcmp(cmd, "logprobs")) return cmd_logprobs(argc, argv);
     if (!strcmp(cmd, "tokenize")) return tok_cli_default(tok_cli_tokenize, argc, argv);

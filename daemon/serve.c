@@ -459,8 +459,8 @@ static void on_hup(uv_signal_t *sig, int signum) {
     sdn_notify("READY=1");
 }
 
-/* A follower joins after one was lost: exit CLUSTER_EXIT_RESTART (crash-only: the service
- * manager starts a new epoch, daemon/cluster.h). */
+/* A follower joins after one was lost: stop, then start again as a new process image
+ * (SERVE_REEXEC: crash-only, a new epoch, daemon/cluster.h). */
 static void on_restart(uv_async_t *a) {
     serve_state *s = a->data;
     if (!s->stopping) on_term(&s->sig_term, SIGTERM);
@@ -686,7 +686,7 @@ int serve_main(int argc, char **argv) {
     while (!worker_finished(s.w)) uv_run(s.loop, UV_RUN_ONCE);
     worker_join(s.w);
     s.w = NULL;
-    rc = s.cl && cluster_lost(s.cl) ? CLUSTER_EXIT_RESTART : 0;
+    rc = !s.cl || !cluster_lost(s.cl) ? 0 : cluster_restart_wanted(s.cl) ? SERVE_REEXEC : CLUSTER_EXIT_RESTART;
     uv_close((uv_handle_t *)&s.sig_term, close_cb);
     uv_close((uv_handle_t *)&s.sig_int, close_cb);
     uv_close((uv_handle_t *)&s.sig_hup, close_cb);

@@ -624,7 +624,11 @@ static void *thread_main(void *arg) {
     w->rk = NULL;
     pthread_mutex_unlock(&w->mu);
     /* the peers close their engines while rank 0 closes its own (NCCL's finalize waits for
-     * every rank); the communicator goes last, once no engine uses it (ranks.h) */
+     * every rank); the communicator goes last, once no engine uses it (ranks.h). With followers
+     * the communicators are aborted first: a follower closes its engines only once this leader
+     * is gone, so a finalize here would wait for it forever (seen on 2 H200s: the stop of a
+     * leader with a live follower hung until SIGKILL) */
+    if (ranks_has_remote(rk)) ranks_abort(rk);
     ranks_stop(rk);
     eng_close(w->e);
     w->e = NULL;

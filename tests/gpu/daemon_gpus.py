@@ -16,11 +16,11 @@ then a probe scored by POST /v1/logprobs. Checks, as ROW lines for tests/gpu/run
   - several hosts, on one (W = 2): a leader `--gpus 0 --followers 1` and a follower `--gpus 1
     --join URL`, two processes in one NCCL communicator (the leader's unique id handed out over
     HTTP): the same session gives the same policy_version, the follower ran the leader's calls
-    and decoded the rollout groups placed on its GPU, and the leader's checkpoint on one GPU
-    gives its probe; then the follower is killed (SIGKILL):
-    an update fails rank_lost or is refused 503, /readyz names the lost follower, the leader
-    still answers and stops within 60 s with exit 75 (its NCCL comm aborted, not waited for; 75:
-    the service manager starts a new epoch, daemon/cluster.h).
+    and decoded the rollout groups placed on its GPU; then the follower is killed (SIGKILL): an
+    update fails rank_lost or is refused 503, /readyz names the lost follower, the leader still
+    answers; a new follower joins, the leader re-execs into a new epoch (its NCCL comm aborted,
+    fresh ones made), the world is whole again and an update runs; the leader's data resumed on
+    one GPU gives its probe.
 Usage: LD_LIBRARY_PATH=.devlibs python3 tests/gpu/daemon_gpus.py ./grpod OUTDIR [GPUS]  (GPUS: 0,1)
 """
 import json, os, re, subprocess, sys, tempfile, time, urllib.request
@@ -187,18 +187,32 @@ def join_session(base, one, many):
             time.sleep(0.5)
         print("join: /readyz %s" % lost)
         alive = call("GET", "/healthz", text=True)[0] == 200
+        row("join: follower SIGKILL -> job fails clean", "update %s, readyz lost %d, healthz %d"
+            % (outcome, lost is not None, alive), float(lost is None), 0,
+            ok=outcome in ("failed rank_lost", "refused 503") and lost is not None and alive)
+        # the follower is back: the leader re-execs into a new epoch (fresh NCCL comms, the
+        # engines from its checkpoint plus replay), the world is whole again, an update runs
         t0 = time.time()
+        F = Daemon(os.path.join(base, "follower"), GPUS.split(",")[1], "follower2",
+                   ["--join", "http://127.0.0.1:%d" % PORT], ready=False)
+        L.wait_ready()
+        back_s = time.time() - t0
+        u = wait(job("/v1/updates", {"groups": scored_small(), "optimizer": {"lr": 1e-3}}))
+        v = (u.get("result") or {}).get("policy_version_after")
+        after = probe()
+        reexec = '"reexec"' in L.text()
         rc = L.stop()
-        print("join: leader stopped, exit %s in %.1f s" % (rc, time.time() - t0))
-        row("join: follower SIGKILL -> job fails clean", "update %s, readyz lost %d, healthz %d, stop exit %s"
-            % (outcome, lost is not None, alive, rc), float(rc != 75), 0,
-            ok=outcome in ("failed rank_lost", "refused 503") and lost is not None and alive and rc == 75)
-        # the leader's checkpoint (taken while the world was whole) on one GPU
+        print("join: follower back: leader re-exec %d, whole again in %.1f s, update %s -> version %s, stop exit %s"
+              % (reexec, back_s, u["status"], v, rc))
+        row("join: follower back -> new epoch in place", "re-exec %d, update %s, version %s, stop exit %s"
+            % (reexec, u["status"], v, rc), float(v != got["versions"][-1] + 1), 0,
+            ok=reexec and u["status"] == "done" and v == got["versions"][-1] + 1 and rc == 0)
+        # the leader's data (checkpoint + the update after it, replayed) on one GPU
         d = Daemon(os.path.join(base, "leader"), GPUS.split(",")[0], "leader_resume")
         back = probe()
         d.stop()
-        rmax = max(abs(a - b) for a, b in zip(back, got["probe"]))
-        row("join: its checkpoint on one GPU", "probe max abs diff", rmax, 1e-2)
+        rmax = max(abs(a - b) for a, b in zip(back, after))
+        row("join: its data on one GPU", "probe max abs diff", rmax, 1e-2)
     finally:
         for d in (F, L):
             if d.p.poll() is None:

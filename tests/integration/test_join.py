@@ -12,9 +12,9 @@
 #
 # A follower killed with SIGKILL: the update that needs it fails rank_lost (or, when the leader
 # had already noticed the loss, is refused 503), /readyz says 503 naming the follower; a
-# follower joining again makes the leader exit 75 (crash-only: systemd restarts it), the
-# restarted leader replays, the follower's retried join gets the new epoch, and the failed
-# update, requeued, runs.
+# follower joining again makes the leader stop and exec itself again (crash-only, in place: no
+# service manager needed), the new image replays, the follower's retried join gets the new
+# epoch, and the failed update, requeued, runs.
 import re
 import signal
 import subprocess
@@ -105,7 +105,7 @@ SMALL_UPDATE = {"groups": [{"prompt_ids": [1, 2, 3], "responses": [
     {"token_ids": [4, 5], "reward": 1.0}, {"token_ids": [6], "reward": 0.0}]}], "optimizer": {"lr": 1e-3}}
 
 
-def test_follower_lost_and_back(make_daemon, tmp_path, monkeypatch):
+def test_follower_lost_and_back(make_daemon, tmp_path):
     data = tmp_path / "leader"
     L = leader(make_daemon, data, "--follower-timeout", "3")
     F = follower(tmp_path, "f1", L.url)
@@ -128,15 +128,16 @@ def test_follower_lost_and_back(make_daemon, tmp_path, monkeypatch):
         code, text = wait_for(lambda: (lambda c: c if c[0] == 503 and "lost" in c[1] else None)(readyz(L)),
                               "/readyz to name the lost follower")
         assert re.search(r"follower \d+ \(ranks 1\.\.1\) lost", text), text
-        # the follower is back: the leader exits 75 for a new epoch (crash-only) ...
+        # the follower is back: the leader stops and starts again as a fresh image of itself (a
+        # new epoch, crash-only: the same process, its store, port and lock released between),
+        # and the follower's retried join finds it
         F2 = follower(tmp_path, "f1", L.url)
-        assert L.proc.wait(60) == 75, L.stderr()[-3000:]
-        # ... the service manager starts it again, and the follower's retried join finds it
-        import conftest
-        monkeypatch.setattr(conftest, "free_port", lambda: L.port)     # where the follower looks for it
-        L2 = leader(make_daemon, data, "--follower-timeout", "3")
+        wait_for(lambda: '"reexec"' in L.stderr() or L.proc.poll() is not None, "the leader's re-exec")
+        assert L.proc.poll() is None, L.stderr()[-3000:]
+        L2 = L
         L2.wait_ready(timeout=120)
         log = L2.stderr()
+        log = log[log.index('"reexec"'):]
         assert '"replay_done"' in log and '"updates":1' in log, log[-3000:]
         assert L2.get("/v1/model").json()["policy_version"] == 1
         if failed:
