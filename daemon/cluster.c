@@ -429,6 +429,7 @@ static char *parts_json(cluster *cl, const follower *f) {
 /* A part's groups from the follower's rollout result ({"groups": [{"responses": [{"token_ids",
  * "logprobs", "text", "finish_reason"}]}]}, as jobs.c writes it) into out[n]. */
 static int part_groups(json_object *res, eng_group_result *out, int n) {
+    int rc = 0;
     json_object *gs = field_get(res, "groups");
     if (!gs || !json_object_is_type(gs, json_type_array) || (int)json_object_array_length(gs) != n)
         return err_set(GE_FORMAT, "rollout part: the follower's result has not %d groups", n);
@@ -443,8 +444,8 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
             eng_response *r = &out[i].resp[k];
             int nt = t && json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : -1;
             if (nt < 0 || !l || !json_object_is_type(l, json_type_array) || (int)json_object_array_length(l) != nt) {
-                for (int q = 0; q <= i; q++) eng_group_result_free(&out[q]);
-                return err_set(GE_FORMAT, "rollout part: group %d response %d has no token_ids and logprobs alike", i, k);
+                rc = err_set(GE_FORMAT, "rollout part: group %d response %d has no token_ids and logprobs alike", i, k);
+                goto fail;
             }
             r->tokens = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
             r->logprobs = malloc(sizeof(float) * (size_t)(nt ? nt : 1));
@@ -464,15 +465,23 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
     }
     return 0;
 nomem:
+    rc = err_set(GE_NOMEM, "out of memory");
+fail:   /* out[i] of the groups not reached are still empty */
     for (int q = 0; q < n; q++) eng_group_result_free(&out[q]);
-    return err_set(GE_NOMEM, "out of memory");
+    return rc;
+}
+
+/* A follower's code in a done body: 0 or a negative GE_* code (anything else: GE_INTERNAL). */
+static int done_code(json_object *b) {
+    long long rc = field_int(b, "rc", GE_INTERNAL);
+    return rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : (int)rc;
 }
 
 /* POST /v1/cluster/done {"part", "rc", "msg", "result"} (b parsed, mu not held): the groups are
  * read before the lock, then moved into the part's out unless it was released meanwhile. */
 static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
-    long long id = field_int(b, "part", -1), rc = field_int(b, "rc", GE_INTERNAL);
-    if (rc > 0 || rc <= -GE_COUNT_) rc = GE_INTERNAL;
+    long long id = field_int(b, "part", -1);
+    int rc = done_code(b);
     int n = 0;
     pthread_mutex_lock(&cl->mu);
     cpart *p = part_find(cl, id, NULL);
@@ -488,7 +497,7 @@ static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
     p = part_find(cl, id, NULL);
     int taken = p && !p->cancel && !p->state && p->out;
     if (taken) {
-        p->state = rc ? (int)rc : 1;
+        p->state = rc ? rc : 1;
         if (rc) snprintf(p->msg, sizeof p->msg, "follower %lld: %s", fid, msg);
         else memcpy(p->out, g, sizeof *g * (size_t)n);
         ranks_notify(cl->rk);
@@ -588,74 +597,57 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
     cluster *cl = ud;
     (void)len;
     *out = NULL;
-    if (route == API_CLUSTER_DONE) {   /* a rollout part's groups: read without the lock */
-        json_object *b = json_tokener_parse(body);
-        if (field_get(b, "part")) {
-            pthread_mutex_lock(&cl->mu);
-            follower *f = find(cl, id);
-            int lost = cl->ph == PH_LOST;
-            if (f) f->last_seen = clock_mono_s();
-            pthread_mutex_unlock(&cl->mu);
-            int st = !f ? cl_error(out, 410, "not_found", "no such follower in this epoch: join again")
-                     : lost ? cl_error(out, 410, "rank_lost", "a follower was lost") : part_done(cl, id, b, out);
-            json_object_put(b);
-            return st;
-        }
-        json_object_put(b);
-    }
+    json_object *b = route == API_CLUSTER_DONE ? json_tokener_parse(body) : NULL;   /* before the lock */
     pthread_mutex_lock(&cl->mu);
-    int st;
+    int st, part = 0;
+    follower *f = NULL;
     if (route == API_CLUSTER_JOIN) {
         st = h_join(cl, body, out);
-        pthread_mutex_unlock(&cl->mu);
-        return st;
-    }
-    follower *f = find(cl, id);
-    if (!f) {
-        pthread_mutex_unlock(&cl->mu);
-        return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
-    }
-    if (cl->ph == PH_LOST) {
+    } else if (!(f = find(cl, id))) {
+        st = cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
+    } else if (cl->ph == PH_LOST) {
         st = cl_error(out, 410, "rank_lost", cl->lost_msg);
-        pthread_mutex_unlock(&cl->mu);
-        return st;
-    }
-    f->last_seen = clock_mono_s();
-    if (route == API_CLUSTER_BEAT) {
-        st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
-    } else if (route == API_CLUSTER_NEXT) {
-        /* {"seq", "call"} when a call is pending for it, "parts" [{"id", "rank", "desc"}] handed
-         * out and "cancel" [ids] released; 204 when none of them came within a second */
-        if (!(cl->call && cl->seq > after && f->done_seq < cl->seq) && !parts_for(cl, f)) {
-            wait_for(cl, 1.0);
-            if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
-                pthread_mutex_unlock(&cl->mu);
-                return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
+    } else {
+        f->last_seen = clock_mono_s();
+        if (route == API_CLUSTER_BEAT) {
+            st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
+        } else if (route == API_CLUSTER_NEXT) {
+            /* {"seq", "call"} when a call is pending for it, "parts" [{"id", "rank", "desc"}]
+             * handed out and "cancel" [ids] released; 204 when none of them came within a second */
+            if (!(cl->call && cl->seq > after && f->done_seq < cl->seq) && !parts_for(cl, f)) {
+                wait_for(cl, 1.0);
+                if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
+                    pthread_mutex_unlock(&cl->mu);
+                    return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
+                }
+            }
+            int call = cl->ph == PH_FORMED && cl->call && cl->seq > after && f->done_seq < cl->seq;
+            char *parts = cl->ph == PH_FORMED && parts_for(cl, f) ? parts_json(cl, f) : NULL;
+            if (call || (parts && parts[0]))
+                st = call ? reply(out, 200, "{\"seq\":%lld,\"call\":%s%s}", cl->seq, cl->call, parts ? parts : "")
+                          : reply(out, 200, "{\"seq\":%lld%s}", after, parts);
+            else
+                st = 204;
+            free(parts);
+            f->last_seen = clock_mono_s();
+        } else if (field_get(b, "part")) {  /* a rollout part's groups: part_done moves them in, unlocked */
+            part = 1;
+            st = 0;
+        } else {                            /* done {"seq", "rc", "msg"} */
+            long long seq = field_int(b, "seq", -1);
+            if (seq == cl->seq && f->done_seq < seq) {
+                f->done_seq = seq;
+                f->done_rc = done_code(b);
+                snprintf(f->done_msg, sizeof f->done_msg, "%s", field_str(b, "msg", ""));
+                pthread_cond_broadcast(&cl->cv);
+                st = reply(out, 200, "{\"status\":\"ok\"}");
+            } else {
+                st = cl_error(out, 409, "conflict", "not the pending call");
             }
         }
-        int call = cl->ph == PH_FORMED && cl->call && cl->seq > after && f->done_seq < cl->seq;
-        char *parts = cl->ph == PH_FORMED && parts_for(cl, f) ? parts_json(cl, f) : NULL;
-        if (call || (parts && parts[0]))
-            st = call ? reply(out, 200, "{\"seq\":%lld,\"call\":%s%s}", cl->seq, cl->call, parts ? parts : "")
-                      : reply(out, 200, "{\"seq\":%lld%s}", after, parts);
-        else
-            st = 204;
-        free(parts);
-        f->last_seen = clock_mono_s();
-    } else {                        /* done {"seq", "rc", "msg"} */
-        json_object *b = json_tokener_parse(body);
-        long long seq = field_int(b, "seq", -1), rc = field_int(b, "rc", GE_INTERNAL);
-        if (seq == cl->seq && f->done_seq < seq) {
-            f->done_seq = seq;
-            f->done_rc = rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : (int)rc;
-            snprintf(f->done_msg, sizeof f->done_msg, "%s", field_str(b, "msg", ""));
-            pthread_cond_broadcast(&cl->cv);
-            st = reply(out, 200, "{\"status\":\"ok\"}");
-        } else {
-            st = cl_error(out, 409, "conflict", "not the pending call");
-        }
-        json_object_put(b);
     }
     pthread_mutex_unlock(&cl->mu);
+    if (part) st = part_done(cl, id, b, out);
+    json_object_put(b);
     return st;
 }

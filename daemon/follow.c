@@ -244,8 +244,8 @@ typedef struct {
     char *call;                 /* the pending SPMD call's description */
     long long call_seq;
     fpart *parts;               /* parts to start */
-    long long cancel[64];       /* parts released by the leader */
-    int n_cancel, wake;
+    long long *cancel;          /* parts released by the leader (n_cancel of them, room for cap) */
+    int n_cancel, cap_cancel, wake;
 } epoch;
 
 static void gone(epoch *ep, const char *why) {
@@ -315,9 +315,16 @@ static void *poll_main(void *arg) {
                 while (*pp) pp = &(*pp)->next;
                 *pp = p;
             }
-            for (size_t i = 0; cs && i < json_object_array_length(cs); i++)
-                if (ep->n_cancel < (int)(sizeof ep->cancel / sizeof ep->cancel[0]))
-                    ep->cancel[ep->n_cancel++] = json_object_get_int64(json_object_array_get_idx(cs, i));
+            for (size_t i = 0; cs && i < json_object_array_length(cs); i++) {
+                if (ep->n_cancel == ep->cap_cancel) {
+                    int cap = ep->cap_cancel ? 2 * ep->cap_cancel : 16;
+                    long long *nc = realloc(ep->cancel, sizeof *nc * (size_t)cap);
+                    if (!nc) break;
+                    ep->cancel = nc;
+                    ep->cap_cancel = cap;
+                }
+                ep->cancel[ep->n_cancel++] = json_object_get_int64(json_object_array_get_idx(cs, i));
+            }
             ep->wake = 1;
             pthread_cond_signal(&ep->cv);
             pthread_mutex_unlock(&ep->mu);
@@ -333,19 +340,26 @@ static void *poll_main(void *arg) {
     return NULL;
 }
 
-/* POST /v1/cluster/done for a part: its result (rc 0) or its error. */
+/* POST /v1/cluster/done with body: the HTTP status (-1 unreachable). */
+static int post_done(epoch *ep, const char *body, double timeout_s) {
+    char path[96], *resp = NULL;
+    snprintf(path, sizeof path, "/v1/cluster/done?follower=%lld", ep->id);
+    int st = http(ep->L, "POST", path, body, timeout_s, &resp);
+    free(resp);
+    return st;
+}
+
+/* A part's outcome: its result (rc 0; the rollout result's JSON text, spliced in) or its error. */
 static void post_part(epoch *ep, long long id, int rc, const char *result) {
     json_object *m = json_object_new_string(rc ? err_msg() : "");
     const char *ms = json_object_to_json_string(m);
     size_t n = strlen(ms) + (result ? strlen(result) : 0) + 128;
-    char *body = malloc(n), path[96], *resp = NULL;
+    char *body = malloc(n);
     if (body) {
         snprintf(body, n, "{\"part\":%lld,\"rc\":%d,\"msg\":%s%s%s}", id, rc, ms, result ? ",\"result\":" : "", result ? result : "");
-        snprintf(path, sizeof path, "/v1/cluster/done?follower=%lld", ep->id);
-        int st = http(ep->L, "POST", path, body, 30, &resp);
+        int st = post_done(ep, body, 30);
         log_event(rc ? LOG_WARN : LOG_INFO, "part_done", "\"part\":%lld,\"code\":\"%s\",\"posted\":%d", id, rc ? err_name(rc) : "ok", st);
     }
-    free(resp);
     free(body);
     json_object_put(m);
 }
@@ -359,10 +373,7 @@ static void run_call(epoch *ep, const jobs_env *env, const char *call, long long
     json_object_object_add(d, "seq", json_object_new_int64(seq));
     json_object_object_add(d, "rc", json_object_new_int(crc));
     json_object_object_add(d, "msg", json_object_new_string(crc ? err_msg() : ""));
-    char dpath[96], *dr = NULL;
-    snprintf(dpath, sizeof dpath, "/v1/cluster/done?follower=%lld", ep->id);
-    int dst = http(ep->L, "POST", dpath, json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN), 10, &dr);
-    free(dr);
+    int dst = post_done(ep, json_object_to_json_string_ext(d, JSON_C_TO_STRING_PLAIN), 10);
     json_object_put(d);
     log_event(crc ? LOG_WARN : LOG_INFO, "call_done", "\"seq\":%lld,\"code\":\"%s\",\"ms\":%.1f,\"posted\":%d", seq,
               crc ? err_name(crc) : "ok", clock_mono_ms() - t0, dst);
@@ -377,12 +388,12 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
         char *call = ep->call;
         long long seq = ep->call_seq;
         fpart *fresh = ep->parts;
-        long long cancel[64];
+        long long *cancel = ep->cancel;
         int nc = ep->n_cancel;
-        memcpy(cancel, ep->cancel, sizeof cancel);
         ep->call = NULL;
         ep->parts = NULL;
-        ep->n_cancel = 0;
+        ep->cancel = NULL;
+        ep->n_cancel = ep->cap_cancel = 0;
         ep->wake = 0;
         pthread_mutex_unlock(&ep->mu);
         int did = call || fresh || nc;
@@ -411,6 +422,7 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
                     free(p);
                     break;
                 }
+        free(cancel);
         if (call) {
             run_call(ep, env, call, seq);
             free(call);
@@ -501,6 +513,8 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
         pthread_mutex_lock(&ep.mu);
         free(ep.call);
         ep.call = NULL;
+        free(ep.cancel);
+        ep.cancel = NULL;
         while (ep.parts) {
             fpart *p = ep.parts;
             ep.parts = p->next;

@@ -314,10 +314,10 @@ static char *part_desc(const jobs_rollout *r, const rollout_part *pt) {
 }
 
 /* Places the groups on ranks, each whole on the rank with the fewest KV rows placed
- * (ranks_place), and queues each rank's part. A part's sampling numbers its groups by their
+ * (ranks_place; all on rank `only` when it is >= 0), and queues each rank's part. A part's sampling numbers its groups by their
  * index in the request (eng_sampling.group_index), so every response draws from the stream it
  * has on one rank. */
-static int rollout_start(const jobs_env *env, const store_job *j, int rank, jobs_rollout **out) {
+static int rollout_start(const jobs_env *env, const store_job *j, int only, jobs_rollout **out) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
@@ -327,8 +327,8 @@ static int rollout_start(const jobs_env *env, const store_job *j, int rank, jobs
     r->parts = calloc((size_t)W, sizeof *r->parts);
     if (!rank_of || !rows || !r->parts) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
     for (int i = 0; i < r->ng; i++) rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
-    if (rank >= 0)      /* a follower's part: on the rank the leader placed it on */
-        for (int i = 0; i < r->ng; i++) rank_of[i] = rank;
+    if (only >= 0)      /* a follower's part: on the rank the leader placed it on */
+        for (int i = 0; i < r->ng; i++) rank_of[i] = only;
     else
         ranks_place(r->rk, rows, r->ng, rank_of);
     for (int rank = 0; rank < W; rank++) {

@@ -99,7 +99,6 @@ struct ranks {
     void (*notify)(void *ud);
     void *notify_ud;
     int diverged, stopped;
-    int remote_parts;           /* parts on followers' ranks not yet released (rank 0's thread) */
 };
 
 int ranks_size(const ranks *rk) { return rk->W; }
@@ -564,7 +563,6 @@ int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sam
     if (r >= rk->W) {
         int rc = rk->remote.part_add(rk->remote.ud, r, desc, out, n, &j->remote_id);
         if (rc) { free(j); return rc; }
-        rk->remote_parts++;
     } else if (r == 0) {
         int rc = eng_sched_add(rk->sched0, g, n, sp, out, &j->j);
         if (rc) { free(j); return rc; }
@@ -603,7 +601,6 @@ void ranks_job_release(ranks *rk, ranks_job *j) {
     if (!j) return;
     if (j->rank >= rk->W) {
         rk->remote.part_release(rk->remote.ud, j->remote_id);
-        rk->remote_parts--;
     } else if (j->rank == 0) {
         if (j->j) eng_sched_job_release(rk->sched0, j->j);
     } else {
@@ -617,7 +614,9 @@ void ranks_job_release(ranks *rk, ranks_job *j) {
 int ranks_step(ranks *rk) { return eng_sched_busy(rk->sched0) ? eng_sched_step(rk->sched0) : 0; }
 
 int ranks_busy(ranks *rk) {
-    int busy = eng_sched_busy(rk->sched0) || rk->remote_parts > 0;
+    int busy = eng_sched_busy(rk->sched0);
+    /* a follower's part in flight: its rows count against its rank until released */
+    for (int r = rk->W; r < ranks_placeable(rk) && !busy; r++) busy = rk->load[r] > 0;
     for (int r = 1; r < rk->W && !busy; r++) {
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);

@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/comm.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
@@ -267,17 +268,13 @@ static void *reduce_main(void *p) {
 
 /* Seconds until j->done (polling; at most limit), or -1. */
 static double wait_done(fail_job *j, double limit) {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        if (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) break;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > limit) return -1;
+    double t0 = clock_mono_s();
+    while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
+        if (clock_mono_s() - t0 > limit) return -1;
         struct timespec ts = { 0, 10000000 };
         nanosleep(&ts, NULL);
     }
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec);
+    return clock_mono_s() - t0;
 }
 
 static void failure_rows(void) {
