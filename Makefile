@@ -27,10 +27,10 @@ ifneq ($(NVCC),)
   CFLAGS    += -DGRPOD_CUDA -I$(CUDA_HOME)/include
   NVFLAGS   ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-fPIC -MMD -MP
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
-  CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu)
-  # NCCL (engine/comm_nccl.cu, issue 24) joins when its header is found (NCCL_HOME first: a
+  CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu engine/*/*.cu)
+  # NCCL (engine/dist/comm_nccl.cu, issue 24) joins when its header is found (NCCL_HOME first: a
   # directory with include/nccl.h and lib/libnccl.so); without it the NCCL comm says it is not
-  # built (engine/comm.c). tests/gpu/run.sh links its programs with `make nccl-flags`.
+  # built (engine/dist/comm.c). tests/gpu/run.sh links its programs with `make nccl-flags`.
   NCCL_H    := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \
                  /usr/include/nccl.h /usr/local/include/nccl.h))
   ifneq ($(NCCL_H),)
@@ -40,11 +40,11 @@ ifneq ($(NVCC),)
     NVFLAGS += -I$(patsubst %/nccl.h,%,$(NCCL_H))
     LDLIBS  += $(NCCL_LIBS)
   else
-    CUDA_SRC := $(filter-out engine/comm_nccl.cu,$(CUDA_SRC))
+    CUDA_SRC := $(filter-out engine/dist/comm_nccl.cu,$(CUDA_SRC))
   endif
 endif
 
-ENGINE_SRC := $(wildcard common/*.c engine/*.c) $(wildcard kernels/*_cpu.c)
+ENGINE_SRC := $(wildcard common/*.c engine/*.c engine/*/*.c) $(wildcard kernels/*_cpu.c)
 APP_SRC    := $(filter-out daemon/main.c,$(wildcard daemon/*.c api/*.c store/*.c))
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
 
@@ -109,13 +109,13 @@ test: deps
 FUZZ_NAMES := request reward safetensors config tokenizer
 FUZZ_BIN   := $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 FUZZ_CC    := clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I.
-FUZZ_TOK   := engine/tokenizer.c engine/tok_encode.c engine/tok_text.c engine/unicode_data.c engine/chat.c engine/json.c
-FUZZ_SRC_request     := api/validate.c api/fields.c api/packed.c api/params.c api/status.c api/reward.c common/err.c engine/loss.c engine/params.c
+FUZZ_TOK   := engine/text/tokenizer.c engine/text/tok_encode.c engine/text/tok_text.c engine/text/unicode_data.c engine/text/chat.c engine/format/json.c
+FUZZ_SRC_request     := api/validate.c api/fields.c api/packed.c api/params.c api/status.c api/reward.c common/err.c engine/train/loss.c engine/params.c
 FUZZ_SRC_reward      := api/reward.c common/err.c
-FUZZ_SRC_safetensors := engine/safetensors.c engine/json.c common/err.c
-FUZZ_SRC_config      := engine/config.c engine/json.c common/err.c
+FUZZ_SRC_safetensors := engine/format/safetensors.c engine/format/json.c common/err.c
+FUZZ_SRC_config      := engine/format/config.c engine/format/json.c common/err.c
 FUZZ_SRC_tokenizer   := $(FUZZ_TOK) common/err.c
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard api/*.c api/*.h common/*.c common/*.h engine/*.c engine/*.h) Makefile
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard api/*.c api/*.h common/*.c common/*.h engine/*.c engine/*.h engine/*/*.c engine/*/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -o $@ $< $(FUZZ_SRC_$*) -ljson-c -lpcre2-8 -lm -lpthread
 FUZZ_SECONDS ?= 600

@@ -21,7 +21,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 
 #define MAX_FOLLOWERS RANKS_MAX
 

@@ -505,7 +505,7 @@ static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *a
 
 /* With a communicator (W > 1, daemon/ranks.h) the save is collective: every rank calls it, the
  * shards of the optimizer state are gathered to rank 0, which alone writes dir, and every rank
- * returns rank 0's result (engine/checkpoint.c). Without one (one rank) only rank 0 calls. */
+ * returns rank 0's result (engine/train/checkpoint.c). Without one (one rank) only rank 0 calls. */
 typedef struct { const char *dir; int merged; } spmd_checkpoint_args;
 
 static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {

@@ -13,7 +13,7 @@
 #include "common/log.h"
 #include "daemon/serve.h"
 #include "engine/engine.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 #define DEFAULT_DATA_DIR "./grpod-data"
 #define GRPOD_VERSION "0.1.0"

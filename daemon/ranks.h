@@ -5,10 +5,10 @@
  * communicator: every call below then goes straight to rank 0's scheduler, exactly as the
  * worker did before ranks.
  *
- * W > 1 ranks share one communicator (engine/comm.h), made here: on the cpu backend a
+ * W > 1 ranks share one communicator (engine/dist/comm.h), made here: on the cpu backend a
  * comm_cpu_group of W (ranks_close frees it), on cuda an NCCL unique id that each rank's
  * eng_open joins (the engine owns its NCCL comm). With it the engines are data-parallel
- * (engine/dp.c): each holds 1/W of the optimizer state and trains on its share of an update's
+ * (engine/train/dp.c): each holds 1/W of the optimizer state and trains on its share of an update's
  * groups; the weights stay whole on every rank, so any rank can decode any rollout.
  *
  * Two kinds of work reach the peers:
@@ -18,7 +18,7 @@
  *  - SPMD calls (eng_update, eng_update_undo, eng_logprobs, eng_checkpoint_save, replay):
  *    ranks_spmd runs one function on every rank's thread with that rank's engine, the same
  *    inputs on each, rank 0's share on the calling thread, and waits for all of them
- *    (engine/comm.h's contract: every rank makes the same collective calls in the same order,
+ *    (engine/dist/comm.h's contract: every rank makes the same collective calls in the same order,
  *    so a function must not skip a collective call on some ranks).
  *
  * Threading: every ranks_* call except ranks_heartbeat_age comes from rank 0's

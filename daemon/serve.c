@@ -31,7 +31,7 @@
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
 #include "engine/engine.h"
-#include "engine/lora.h"
+#include "engine/model/lora.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------- options */

@@ -14,8 +14,8 @@
 
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/text/tokenizer.h"
 
 enum { DEFAULT_SEED = 20261122 };
 

@@ -10,13 +10,13 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/chat.h"
-#include "engine/decode.h"
+#include "engine/text/chat.h"
+#include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
-#include "engine/json.h"
-#include "engine/lora.h"
-#include "engine/safetensors.h"
-#include "engine/split.h"
+#include "engine/format/json.h"
+#include "engine/model/lora.h"
+#include "engine/format/safetensors.h"
+#include "engine/model/split.h"
 
 /* ---------------------------------------------------------------- open / close */
 
@@ -101,7 +101,7 @@ static int choose_offload(eng *e, const char *mode, int *on) {
         return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
     size_t fr = 0, tot = 0;
     if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
-    /* with a comm the master and moments are this rank's shard (engine/dp.c) */
+    /* with a comm the master and moments are this rank's shard (engine/train/dp.c) */
     double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
     double need = 4.0 * n + 12.0 * st + n * be->act_bytes;   /* + the policy's act copy */
     *on = need > (double)fr - (double)tot / 4;
@@ -326,7 +326,7 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
     if (rc) return rc;
     long long done = 0;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
-        if (plan.mb_split[k]) {   /* too large for a micro-batch: the prompt once (engine/split.h) */
+        if (plan.mb_split[k]) {   /* too large for a micro-batch: the prompt once (engine/model/split.h) */
             const pack_group *g = &groups[plan.mb_first[k]];
             split_opts so = { max_tokens, temperature, -1, &e->split };
             rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);

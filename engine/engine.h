@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/comm.h"
-#include "engine/loss.h"
+#include "engine/dist/comm.h"
+#include "engine/train/loss.h"
 
 typedef struct eng eng;
 
@@ -21,7 +21,7 @@ typedef struct {
     const char *backend;        /* "auto" | "cpu" | "cuda" */
     const char *resume_dir;     /* NULL, or a checkpoint directory written by eng_checkpoint_save */
     int n_threads;              /* CPU threads; 0 = all cores */
-    /* LoRA (engine/lora.h): lora_rank > 0 or lora_init trains adapters over the frozen base,
+    /* LoRA (engine/model/lora.h): lora_rank > 0 or lora_init trains adapters over the frozen base,
      * which is also the reference (no second copy). lora_alpha 0 = 2 * rank; lora_targets NULL =
      * all seven ("q,k,v,o,gate,up,down"). lora_init: a PEFT adapter directory to start from (its
      * adapter_config.json gives rank, alpha and targets). A resume_dir holding
@@ -30,10 +30,10 @@ typedef struct {
     float lora_alpha;
     const char *lora_targets, *lora_init;
     /* "auto" (NULL) | "on" | "off": fp32 master weights and AdamW moments in host memory
-     * (engine/offload.h). auto: on when, on the device, they and the gradients would leave less
+     * (engine/train/offload.h). auto: on when, on the device, they and the gradients would leave less
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
     const char *optimizer_offload;
-    /* Several ranks (issue 24, engine/comm.h, engine/dp.c): NULL = one rank, exactly as before.
+    /* Several ranks (issue 24, engine/dist/comm.h, engine/train/dp.c): NULL = one rank, exactly as before.
      * With a comm of W ranks (W = 1 too: the same path, bit-equal to none on cpu), each rank's
      * engine thread makes the same eng_update, eng_update_undo, eng_logprobs and
      * eng_checkpoint_save calls with the same full inputs in the same order (SPMD): groups are
@@ -208,7 +208,7 @@ typedef struct {
     const int *truncated;       /* (n) 1 = cut by max_tokens, or NULL */
 } eng_update_group;
 
-/* Data-parallel placement (issue 24, engine/dp.c): rank[i] in 0..W-1 for each of n groups of
+/* Data-parallel placement (issue 24, engine/train/dp.c): rank[i] in 0..W-1 for each of n groups of
  * weight[i] (packed tokens P + sum R for an update; KV rows for a rollout). Largest first to the
  * least loaded rank, ties to the lower index and rank: a pure function, the same on every rank.
  * eng_update with W > 1 places the groups of each mini-batch with it. Any thread. */

@@ -5,10 +5,10 @@
 #include <stdatomic.h>
 
 #include "engine/engine.h"
-#include "engine/model.h"
-#include "engine/offload.h"
-#include "engine/split.h"
-#include "engine/tokenizer.h"
+#include "engine/model/model.h"
+#include "engine/train/offload.h"
+#include "engine/model/split.h"
+#include "engine/text/tokenizer.h"
 
 struct eng {
     eng_backend *be;

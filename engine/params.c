@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
-#include "engine/loss.h"
+#include "engine/train/loss.h"
 
 #define S_(f) (int)offsetof(eng_sampling, f)
 #define L_(f) (int)offsetof(loss_config, f)

@@ -1,5 +1,5 @@
 /* adamw.h — the optimizer step on fp32 master weights, the global gradient norm and gradient
- * scaling (the host-side schedule and clip coefficient are engine/optim.h). CPU reference in adamw_cpu.c (OpenMP over n); the
+ * scaling (the host-side schedule and clip coefficient are engine/train/optim.h). CPU reference in adamw_cpu.c (OpenMP over n); the
  * CUDA version keeps the same names with a _cuda suffix and a stream.
  *
  * adamw_cpu is torch.optim.AdamW (amsgrad=False, maximize=False) for one tensor, step t >= 1:
@@ -46,7 +46,7 @@ void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float 
 
 /* adamw_cpu (the same element math, bit for bit) that also writes the new weights' bf16 bits
  * into act (n), rounded to nearest even as CUDA's __float2bfloat16: the host half of the
- * offloaded optimizer (engine/offload.h), one pass over memory, OpenMP + SIMD. */
+ * offloaded optimizer (engine/train/offload.h), one pass over memory, OpenMP + SIMD. */
 void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
                     float beta2, float eps, float wd, int step);
 

@@ -23,7 +23,7 @@
  *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
  * A key inside both ranges of a query counts twice, as in the CPU reference.
  * Backward: S key rows (S >= T; S > T when queries attend to KV-cache rows that other forwards
- * wrote, engine/split.c), the key tiles cover all S. */
+ * wrote, engine/model/split.c), the key tiles cover all S. */
 #include <limits.h>
 
 #include "kernels/attention.cuh"

@@ -10,7 +10,7 @@
 #include "kernels/attention.h"
 
 /* D even, <= 128. Backward: S >= T key rows (S == T: keys are the tokens; S > T: queries that
- * attend to KV-cache rows other forwards wrote, engine/split.c), the dk/dv key tiles cover S. The ranges must not
+ * attend to KV-cache rows other forwards wrote, engine/model/split.c), the dk/dv key tiles cover S. The ranges must not
  * be written by the kernel launched just before the forward: at decode sizes it reads them
  * before its dependent-launch wait (they come from host uploads). */
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,

@@ -2,7 +2,7 @@
  *
  * Query t attends to keys [a0[t], a1[t]) and [b0[t], b1[t]) (packed token indices), which
  * expresses causal attention, prefix self-attention and the shared-prefix two-region pattern
- * alike (engine/pack.h builds the ranges): a response token sees its group's prompt (range a)
+ * alike (engine/model/pack.h builds the ranges): a response token sees its group's prompt (range a)
  * and its own response causally (range b), never another response. Scale 1/sqrt(D); query
  * head h reads kv head h / (H/K). The forward saves lse = logsumexp of the scaled scores.
  * In backward every query adds into dk/dv of the keys it saw, so a prompt's dK/dV collects the

@@ -9,5 +9,5 @@ void rope_fwd_cpu(float *x, const int *pos, const float *inv_freq, int T, int H,
 /* x (T,H,D) rotated in place; pos (T); inv_freq (D/2) */
 void rope_bwd_cpu(float *dx, const int *pos, const float *inv_freq, int T, int H, int D);
 /* dx (T,H,D) in place: gradient w.r.t. the unrotated input */
-/* The model's inv_freq table (rope_inv_freq) is computed from its config: engine/config.h. */
+/* The model's inv_freq table (rope_inv_freq) is computed from its config: engine/format/config.h. */
 #endif

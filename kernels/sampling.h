@@ -34,7 +34,7 @@
 #endif
 
 typedef struct {
-    uint64_t key;               /* the draw's key (engine/decode.h dec_key) */
+    uint64_t key;               /* the draw's key (engine/rollout/decode.h dec_key) */
     float temperature;          /* <= 0: greedy */
     float top_p;                /* >= 1: off */
     float min_p;                /* <= 0: off */
@@ -43,7 +43,7 @@ typedef struct {
     int pad_;
 } sample_params;                /* 32 bytes */
 
-/* splitmix64's finalizer; also the engine's key and stream mixer (engine/decode.h dec_key). */
+/* splitmix64's finalizer; also the engine's key and stream mixer (engine/rollout/decode.h dec_key). */
 static inline SAMPLING_HD uint64_t sampling_mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;

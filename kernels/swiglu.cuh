@@ -12,7 +12,7 @@ void swiglu_bwd_cuda(cu_ctx *c, bf16 *dgate, bf16 *dup, const bf16 *dout, const 
                      long long n);
 void add_cuda(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *y, long long n);
 void f32_to_bf16_cuda(cu_ctx *c, bf16 *dst, const float *src, long long n);
-/* acc (n) fp32 += x (n) bf16: sums kept in fp32 across launches (engine/split.c's prompt dK/dV) */
+/* acc (n) fp32 += x (n) bf16: sums kept in fp32 across launches (engine/model/split.c's prompt dK/dV) */
 void acc_f32_cuda(cu_ctx *c, float *acc, const bf16 *x, long long n);
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row);
 #endif

@@ -3,7 +3,7 @@
  * value is an A/B switch for a benchmark or a test, never needed for correctness.
  *
  * Read once, when a backend is created: backend_cuda_create fills eng_backend.tune from the
- * GRPOD_TUNE_* environment (engine/tune.c; an unknown GRPOD_TUNE_ name or a bad value is an
+ * GRPOD_TUNE_* environment (engine/backend/tune.c; an unknown GRPOD_TUNE_ name or a bad value is an
  * error there); nothing reads the environment per call. The kernels' launchers read the
  * fields at each call through cu_ctx.tune, so a test or benchmark switches a variant by
  * setting be->tune.FIELD between ops (on the engine thread, like every backend call). */

@@ -2,7 +2,9 @@
 # check_floors.sh — fails when a source file includes a floor above its own, or a library that
 # its floor must not see. The floors (DESIGN.md): daemon → api → store, daemon → engine → kernels,
 # all → common; api reads the engine's public types (engine.h, loss.h, reward.h) but never
-# kernels/. Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
+# kernels/. Inside engine/ the rooms have floors of their own (may_room below): a room includes
+# only the rooms beneath it, and the engine's own files (engine/*.h, the facade and the engine
+# object) are the top. Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
 set -u
 cd "$(dirname "$0")/.."
 # floor: the project directories its files may include ("" = only itself and common/)
@@ -22,14 +24,32 @@ declare -A banned=(
   [store]="microhttpd.h json-c/ uv.h cuda"
   [api]="sqlite3.h uv.h cuda"
 )
+# engine room: the engine rooms (and other floors) its files may include; "top" = engine/*.h
+declare -A may_room=(
+  [format]="format"
+  [text]="text format"
+  [backend]="backend"
+  [dist]="dist backend"
+  [model]="model backend format"
+  [rollout]="rollout model backend text format top"
+  [train]="train model backend dist format top"
+  [top]="top format text backend dist model rollout train"
+)
+# room_of PATH: the engine room of a path under engine/ (top for engine/x.h)
+room_of() { local r=${1#engine/}; case $r in */*) echo "${r%%/*}" ;; *) echo top ;; esac; }
 bad=0
 for floor in "${!may[@]}"; do
-  for f in $(ls "$floor"/*.c "$floor"/*.h "$floor"/*.cu "$floor"/*.cuh 2>/dev/null); do
+  for f in $(find "$floor" -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | sort); do
     while IFS=: read -r n inc; do
       dir=${inc%%/*}
       [ "$dir" = "$inc" ] && continue             # "x.h" without a directory: same folder
       case " ${may[$floor]} " in *" $dir "*) ;; *)
         echo "$f:$n: $floor/ may not include $inc (allowed: ${may[$floor]})"; bad=1 ;; esac
+      if [ "$floor" = engine ] && [ "$dir" = engine ]; then
+        from=$(room_of "$f"); to=$(room_of "$inc")
+        case " ${may_room[$from]:-} " in *" $to "*) ;; *)
+          echo "$f:$n: engine/$from may not include $inc (allowed rooms: ${may_room[$from]:-none})"; bad=1 ;; esac
+      fi
     done < <(grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$f" | sed -E 's/^([0-9]+):.*"([^"]+)".*/\1:\2/')
     for lib in ${banned[$floor]:-}; do
       grep -nE "^[[:space:]]*#[[:space:]]*include[[:space:]]+<$lib" "$f" | while IFS=: read -r n _; do

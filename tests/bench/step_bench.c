@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "kernels/matmul.h"
 #include <omp.h>
 static int omp_threads(void) { return omp_get_max_threads(); }

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "tokenizer"))
 import corpus as C  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-SOURCES = ["tests/tokenizer/tok_driver.c", "engine/tok_text.c", "engine/tok_encode.c", "engine/tokenizer.c",
-           "engine/tokenizer_cli.c", "engine/unicode_data.c", "engine/json.c", "common/err.c", "common/clock.c", "engine/chat.c"]
+SOURCES = ["tests/tokenizer/tok_driver.c", "engine/text/tok_text.c", "engine/text/tok_encode.c", "engine/text/tokenizer.c",
+           "daemon/tokenizer_cli.c", "engine/text/unicode_data.c", "engine/format/json.c", "common/err.c", "common/clock.c", "engine/text/chat.c"]
 
 
 def grpod_cmd(tmp):

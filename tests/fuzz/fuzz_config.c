@@ -1,4 +1,4 @@
-/* fuzz_config.c — libFuzzer target over config.json checking (engine/config.c): the bytes are the
+/* fuzz_config.c — libFuzzer target over config.json checking (engine/format/config.c): the bytes are the
  * file. It parses and passes config_from_json with every value in its documented range
  * (config.h's CFG_MAX_*), or fails with a message; float-to-int conversions out of range
  * (undefined) are what UBSan watches for. config_load is this plus reading the files. */
@@ -6,9 +6,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "engine/config.h"
+#include "engine/format/config.h"
 #include "common/err.h"
-#include "engine/json.h"
+#include "engine/format/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     js_doc *doc;

@@ -1,4 +1,4 @@
-/* fuzz_safetensors.c — libFuzzer target over the safetensors reader (engine/safetensors.c): the
+/* fuzz_safetensors.c — libFuzzer target over the safetensors reader (engine/format/safetensors.c): the
  * bytes are a whole file (u64 header length, JSON header, data). Opening it either fails with
  * GE_FORMAT/GE_IO and a message, or yields tensors whose [off, end) tile the data buffer; each
  * is then converted to fp32. Never crash, overflow or read outside the file. The file lives in
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "engine/safetensors.h"
+#include "engine/format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fd = memfd_create("st", 0);

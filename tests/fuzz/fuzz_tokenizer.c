@@ -1,4 +1,4 @@
-/* fuzz_tokenizer.c — libFuzzer target over the tokenizer (engine/tokenizer.c, tok_encode.c,
+/* fuzz_tokenizer.c — libFuzzer target over the tokenizer (engine/text/tokenizer.c, tok_encode.c,
  * tok_text.c, chat.c). Byte 0 picks the mode:
  *   0  the rest is a tokenizer.json: load it (then encode and decode a short text with it)
  *   1  the rest is text: encode with the embedded default tokenizer, decode the ids back
@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "common/err.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 
 static tok *dflt;
 static char *dflt_json;

@@ -11,7 +11,7 @@
  *        CUDA graph, us per call (median of 20 replays) and the KV bytes it must read. */
 #include <time.h>
 
-#include "engine/pack.h"
+#include "engine/model/pack.h"
 #include "tests/gpu/gpu_check.h"
 
 

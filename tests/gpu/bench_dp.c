@@ -24,7 +24,7 @@
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
 

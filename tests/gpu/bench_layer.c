@@ -1,7 +1,7 @@
 /* bench_layer.c — one Qwen3-8B-shaped decoder layer (C=4096, H=32, K=8, D=128, F=12288, q/k
  * norm, RoPE) forward+backward on the CUDA backend, as ../shared/bench/peer_layer.py times its
  * PyTorch layer: one packed group [P; R_1..R_N] (P + NR tokens), a random bf16 input x and a
- * random upstream gradient dy, no embedding and no lm-head. The layer is engine/model.c's
+ * random upstream gradient dy, no embedding and no lm-head. The layer is engine/model/model.c's
  * model_layer_fwd / model_layer_bwd, the functions model_forward / model_backward run for every
  * layer (a 1-layer model with M = 0 would back-propagate an all-zero gradient from the final
  * norm); the parameter layout, activations and RoPE table come from a 1-layer model_init.
@@ -16,8 +16,8 @@
 #include <cuda_runtime_api.h>
 #include <time.h>
 
-#include "engine/model.h"
-#include "engine/pack.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
 #include "tests/gpu/gpu_check.h"
 
 enum { REPS = 7 };

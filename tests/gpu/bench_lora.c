@@ -22,9 +22,9 @@
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
-#include "engine/decode.h"
+#include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
-#include "engine/lora.h"
+#include "engine/model/lora.h"
 #include "tests/gpu/gpu_check.h"
 
 typedef struct { double *t; int n, cap; } stamps;

@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
-#include "engine/decode.h"
+#include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
 

@@ -3,7 +3,7 @@
  * random weights, one group [P; R_1..R_N], for each P given:
  *   one-graph  the packed layout in one micro-batch (P + NR tokens), as bench_step runs it,
  *              or "out of memory";
- *   split      engine/split.h: the prompt once, the responses in micro-batches of at most
+ *   split      engine/model/split.h: the prompt once, the responses in micro-batches of at most
  *              MAXTOK response tokens on its cached K/V, the prompt's backward once; the
  *              dormant set on the device when it fits, else through pinned host memory;
  *   offload    split with the dormant set forced through host memory (at P <= OFFLOAD_MAX):
@@ -17,9 +17,9 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/pack.h"
-#include "engine/split.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+#include "engine/model/split.h"
 #include "tests/gpu/gpu_check.h"
 
 /* ---------------------------------------------------------------- device peak sampler */

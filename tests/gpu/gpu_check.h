@@ -13,7 +13,7 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "tests/unit/check.h"
 
 static int gc_failures;
@@ -90,7 +90,7 @@ static inline float *gc_get_f32(eng_backend *g, const void *p, size_t n) {
     if (g->sync(g) || g->to_host(g, h, p, n * 4)) gc_die(g, "download");
     return h;
 }
-/* Key ranges of packed groups (engine/pack.h's layout, built here independently of it): group
+/* Key ranges of packed groups (engine/model/pack.h's layout, built here independently of it): group
  * g = [P; R_1 .. R_N], the prompt causal on itself, each response over its group's prompt and
  * causally over itself. */
 typedef struct { int T; int *a0, *a1, *b0, *b1; } ranges;

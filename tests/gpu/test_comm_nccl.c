@@ -1,5 +1,5 @@
-/* test_comm_nccl.c — issue 24 on the GPU: the NCCL comm (engine/comm_nccl.cu) and the sharded
- * update (engine/dp.c) through it.
+/* test_comm_nccl.c — issue 24 on the GPU: the NCCL comm (engine/dist/comm_nccl.cu) and the sharded
+ * update (engine/train/dp.c) through it.
  *   (a) world size 1: every collective on device buffers (f32, bf16, i32; sizes 1, 7, 4099)
  *       gives what a one-rank group must (the sum of one rank is itself): 0 bytes differ.
  *   (b) world size 1 through NCCL in the engine: with a comm the engine takes the sharded path
@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"

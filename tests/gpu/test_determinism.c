@@ -25,10 +25,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/config.h"
+#include "engine/format/config.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_det_model"

@@ -1,4 +1,4 @@
-/* test_lora.c — LoRA on CUDA against the CPU backend (engine/lora.h):
+/* test_lora.c — LoRA on CUDA against the CPU backend (engine/model/lora.h):
  *   (a) model level, random Qwen3-shaped model with bf16-rounded weights and adapters on all
  *       seven targets (B nonzero), packed groups: logprobs and adapter gradients (frozen base)
  *       CUDA vs CPU, rel L2 <= 1e-2 (test_model.c's contract), each adapter tensor <= 2e-2;
@@ -17,9 +17,9 @@
 
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/lora.h"
-#include "engine/model.h"
-#include "engine/pack.h"
+#include "engine/model/lora.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_lora_model"

@@ -1,4 +1,4 @@
-/* test_model.c — the whole model on CUDA against the CPU backend, through engine/model.h:
+/* test_model.c — the whole model on CUDA against the CPU backend, through engine/model/model.h:
  * random Qwen3-shaped (q/k norm, GQA, D 64, untied) and Qwen2-shaped (QKV bias, tied, D 128)
  * checkpoints with bf16-rounded weights, random prompt groups (ragged R, R = 1, N up to 8,
  * several groups per micro-batch) in the packed layout:
@@ -10,13 +10,13 @@
  *       over all tokens of bf16-rounded terms that largely cancel;
  *   (d) three AdamW steps (grad clip + AdamW on the fp32 master, bf16 copy) on both backends,
  *       then the logprobs again: rel L2 <= 1e-2;
- *   (e) the split schedule (engine/split.h), 5 layers: each group's prompt once and its
+ *   (e) the split schedule (engine/model/split.h), 5 layers: each group's prompt once and its
  *       responses in micro-batches of at most its longest response attending to the cached
  *       prompt K/V, the dormant set on the device and then through pinned host memory on the
  *       copy stream, vs the one-graph layout on the GPU and on the CPU: rel L2 <= 1e-2. */
-#include "engine/model.h"
-#include "engine/pack.h"
-#include "engine/split.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+#include "engine/model/split.h"
 #include "tests/gpu/gpu_check.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
 /* test_offload.c — issue 21 on the GPU:
- *   (a) the offloaded optimizer (engine/offload.c: gradients down a copy lane, AdamW on the host,
+ *   (a) the offloaded optimizer (engine/train/offload.c: gradients down a copy lane, AdamW on the host,
  *       bf16 weights up another lane) against the on-GPU fused AdamW after 3 steps with fresh
  *       gradients each step: master, both moments <= 1e-6 relative (max |diff| / max |ref|, and
  *       relative L2), the bf16 weights within one bf16 step of each other. The two differ only by
@@ -15,9 +15,9 @@
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
 
-#include "engine/model.h"
-#include "engine/offload.h"
-#include "engine/pack.h"
+#include "engine/model/model.h"
+#include "engine/train/offload.h"
+#include "engine/model/pack.h"
 #include "kernels/adamw.h"
 #include "tests/gpu/gpu_check.h"
 

@@ -6,7 +6,7 @@
  * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
  * Usage: test_ops [small | attention]   (small: the compute-sanitizer subset; attention: its cases alone) */
-#include "engine/config.h"
+#include "engine/format/config.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -518,7 +518,7 @@ static void attention_suite(void) {
     t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
     t_attention("kv cache S=200", d, 200, 8, 2, 32, 0);
     free_ranges(d);
-    /* a response micro-batch of the split schedule (engine/split.c): queries are responses at
+    /* a response micro-batch of the split schedule (engine/model/split.c): queries are responses at
      * cache rows P.., attending to a cached prompt [0, P) and causally to themselves; the backward
      * covers all S = P + T key rows (the prompt's dK/dV collected, S > T) */
     {

@@ -1,6 +1,6 @@
 # test_join.py — ranks in several processes (issue 24, docs/data-parallel.md "Several hosts"): a
 # leader (`grpod serve --ranks 1 --followers 1`) and a follower (`grpod serve --ranks 1 --join
-# URL`) on loopback, their two ranks in one tcp communicator (engine/comm_tcp.c), the leader
+# URL`) on loopback, their two ranks in one tcp communicator (engine/dist/comm_tcp.c), the leader
 # driving every update, logprobs and checkpoint on the follower's rank (daemon/cluster.h).
 #
 # The same jobs as test_ranks.py's session give what one daemon with --ranks 2 gives, bit for

@@ -1,6 +1,6 @@
 # test_ranks.py — several data-parallel ranks in one daemon (`grpod serve --ranks N`, the CPU
 # backend's stand-in for --gpus; daemon/ranks.h): the ranks share one cpu communicator, so an
-# update trains each rank's share of the groups and shards the AdamW state (engine/dp.c).
+# update trains each rank's share of the groups and shards the AdamW state (engine/train/dp.c).
 # W = 2 and 3 give what one rank gives for the same jobs — the same rollout tokens for the
 # same seeds (bit for bit: a response's tokens depend only on its seed, group index and
 # response index), the same policy_version after updates, and the same probe logprobs after

@@ -71,7 +71,7 @@ def gsm8k(n=300):
 
 def source_code():
     out = []
-    for rel in ["tools/gen_unicode.py", "engine/tok_text.c", "tests/tokenizer/corpus.py"]:
+    for rel in ["tools/gen_unicode.py", "engine/text/tok_text.c", "tests/tokenizer/corpus.py"]:
         p = os.path.join(ROOT, rel)
         if os.path.exists(p):
             lines = open(p, encoding="utf-8").read().split("\n")

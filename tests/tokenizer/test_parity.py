@@ -22,9 +22,9 @@ import corpus as C
 ROOT = C.ROOT
 TOKDIR = os.path.join(C.SHARED, "tokenizers")
 MODELS = ["qwen3", "llama3"]
-SOURCES = ["tests/tokenizer/tok_driver.c", "engine/tok_text.c", "engine/tok_encode.c",
-           "engine/tokenizer.c", "engine/tokenizer_cli.c", "engine/unicode_data.c",
-           "engine/json.c", "common/err.c", "common/clock.c", "engine/chat.c"]
+SOURCES = ["tests/tokenizer/tok_driver.c", "engine/text/tok_text.c", "engine/text/tok_encode.c",
+           "engine/text/tokenizer.c", "daemon/tokenizer_cli.c", "engine/text/unicode_data.c",
+           "engine/format/json.c", "common/err.c", "common/clock.c", "engine/text/chat.c"]
 
 
 @pytest.fixture(scope="module")

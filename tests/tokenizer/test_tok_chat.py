@@ -1,4 +1,4 @@
-"""test_tok_chat.py — engine/chat.c against the chat templates themselves, rendered by jinja2 the way
+"""test_tok_chat.py — engine/text/chat.c against the chat templates themselves, rendered by jinja2 the way
 transformers' apply_chat_template does (sandboxed, trim_blocks, lstrip_blocks), for the Qwen3 and
 Llama 3 tokenizer_config.json files and grpod's default model, with and without
 add_generation_prompt. Unknown templates must be refused."""

@@ -2,9 +2,9 @@
  * depend on the daemon binary: `tok_driver tokenize ...` runs tok_cli_tokenize. Built by
  * tests/tokenizer/test_parity.py from the engine's tokenizer sources only. */
 #include "common/err.h"
-#include "engine/chat.h"
-#include "engine/json.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/format/json.h"
+#include "engine/text/tokenizer.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

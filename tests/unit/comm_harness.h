@@ -9,7 +9,7 @@
 
 #include "common/err.h"
 
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 #include "kernels/adamw.h"
 
 static uint64_t rng_state;   /* the tests seed it */

@@ -11,8 +11,8 @@
 #include <omp.h>
 
 #include "common/err.h"
-#include "engine/json.h"
-#include "engine/optim.h"
+#include "engine/format/json.h"
+#include "engine/train/optim.h"
 #include "kernels/adamw.h"
 
 #define FIXTURE "tests/fixtures/adamw_reference.json"

@@ -10,7 +10,7 @@
  * floor of about 1e-4 under any finite difference (measured: the attention gradient moves
  * between 1e-4 and 7e-4 as h goes from 6e-2 to 1e-2, while a double-precision build of the
  * same attention code agrees with finite differences to 2e-10). The fp32 gradients are held
- * to 1e-4 against PyTorch autograd in test_reference.c. LoRA adapters (engine/lora.h) are
+ * to 1e-4 against PyTorch autograd in test_reference.c. LoRA adapters (engine/model/lora.h) are
  * checked the same way, with the base's gradient through them. */
 #define FD_TOL 1e-3
 #include <stdlib.h>
@@ -18,9 +18,9 @@
 
 #include "check.h"
 #include "common/err.h"
-#include "engine/lora.h"
-#include "engine/model.h"
-#include "engine/pack.h"
+#include "engine/model/lora.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
 #include "kernels/attention.h"
 #include "kernels/logprob.h"
 #include "kernels/matmul.h"

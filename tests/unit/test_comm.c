@@ -1,4 +1,4 @@
-/* test_comm.c — the cpu comm (engine/comm.h): W = 1..4 ranks as threads.
+/* test_comm.c — the cpu comm (engine/dist/comm.h): W = 1..4 ranks as threads.
  *   - every collective on random data of odd sizes (1, 7, 1000, 4099) and each type (f32, bf16,
  *     i32; u8 for the copies) against a reference computed here in rank order: bit-equal (the
  *     comm promises sums in rank order with an fp32 accumulator, rounded once for bf16);
@@ -12,7 +12,7 @@
 #include "check.h"
 #include "comm_harness.h"
 #include "common/err.h"
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 #include "kernels/adamw.h"
 
 #define WMAX 4

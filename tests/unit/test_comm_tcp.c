@@ -1,4 +1,4 @@
-/* test_comm_tcp.c — the tcp comm (engine/comm_tcp.c) against the cpu comm (engine/comm_cpu.c),
+/* test_comm_tcp.c — the tcp comm (engine/dist/comm_tcp.c) against the cpu comm (engine/dist/comm_cpu.c),
  * the reference: the same inputs through both, the outputs compared bit for bit.
  *   - W = 1..4 ranks as threads over loopback: every collective, each type (f32, bf16, i32; u8
  *     for the copies), odd sizes (1, 7, 4099) and in-place forms; at W = 3 buffers of ~10 M
@@ -25,7 +25,7 @@
 #include "check.h"
 #include "comm_harness.h"
 #include "common/err.h"
-#include "engine/comm.h"
+#include "engine/dist/comm.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 

@@ -1,4 +1,4 @@
-/* test_dp.c — the data-parallel update (issue 24, engine/dp.c) on the cpu comm: W = 2, 3, 4 ranks
+/* test_dp.c — the data-parallel update (issue 24, engine/train/dp.c) on the cpu comm: W = 2, 3, 4 ranks
  * as threads of this process, each with its own engine on the embedded default model, against
  * one rank without a comm.
  *
@@ -253,7 +253,7 @@ static float *ref_w[NCFG];
 static eng_update_result ref_u[NCFG];
 
 TEST(one_rank_reference) {
-    int split = 0;   /* groups larger than a micro-batch (MB_TOKENS): the split path (engine/split.h) runs on ranks too */
+    int split = 0;   /* groups larger than a micro-batch (MB_TOKENS): the split path (engine/model/split.h) runs on ranks too */
     for (int i = 0; i < NG; i++) {
         int t = P_[i];
         for (int r = 0; r < N_[i]; r++) t += R_[i][r];
@@ -415,7 +415,7 @@ TEST(checkpoints_cross_world_sizes) {
     eng_remove_tree(CKPT "_w3"); eng_remove_tree(CKPT "_w1");
 }
 
-/* The sharded state in host memory (optimizer offload, engine/offload.h): each rank's master and
+/* The sharded state in host memory (optimizer offload, engine/train/offload.h): each rank's master and
  * moments shard on the host, its AdamW there. The same updates as one rank without offload (on
  * cpu the offloaded step is bit-equal to the backend's), exact undo, and a checkpoint from W = 2
  * with offload that one rank without it loads with bit-equal logprobs. */

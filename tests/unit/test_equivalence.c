@@ -1,7 +1,7 @@
 /* test_equivalence.c — grpod's core claim on the fp32 reference: training on [P; R_1 .. R_N]
  * (P + ΣR tokens) gives the same per-token logprobs and the same parameter gradients of the
  * same loss as N copies of [P; R_i] (NP + ΣR tokens) — and so does the three-phase schedule of
- * a group too large for a micro-batch (engine/split.h: the prompt once, the responses in 2..N
+ * a group too large for a micro-batch (engine/model/split.h: the prompt once, the responses in 2..N
  * micro-batches attending to its cached K/V, the prompt's backward once).
  * Random groups: different P per group (P = 1 included), N from 1 to 16, ragged R_i (R = 1
  * included), several groups per micro-batch, on a random Qwen3-shaped model (q/k norm, GQA) and
@@ -17,9 +17,9 @@
 
 #include "check.h"
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/pack.h"
-#include "engine/split.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+#include "engine/model/split.h"
 
 typedef struct { float *logp, *ent, *grad; long long T; } run_out;
 

@@ -13,7 +13,7 @@
 
 #include "check.h"
 #include "kernels/rmsnorm.h"
-#include "engine/config.h"
+#include "engine/format/config.h"
 #include "kernels/rope.h"
 
 static float *rnd(size_t n, unsigned long long seed, float scale) {

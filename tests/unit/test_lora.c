@@ -1,4 +1,4 @@
-/* test_lora.c — LoRA adapters on the fp32 reference (engine/lora.h, model.c lora_a/lora_bwd):
+/* test_lora.c — LoRA adapters on the fp32 reference (engine/model/lora.h, model.c lora_a/lora_bwd):
  * packed ≡ standard with adapters on, B = 0 gives the base's logprobs bit for bit, targets
  * parse, and the PEFT files round-trip. Random weights, random A and B (B nonzero except where
  * B = 0 is the point). The adapters' gradients against finite differences are in
@@ -9,10 +9,10 @@
 
 #include "check.h"
 #include "common/err.h"
-#include "engine/lora.h"
-#include "engine/model.h"
-#include "engine/pack.h"
-#include "engine/safetensors.h"
+#include "engine/model/lora.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+#include "engine/format/safetensors.h"
 
 /* A Qwen3-shaped (q/k norm, tied) or Qwen2-shaped (QKV bias) model with random base weights
  * (norms near 1) and adapters on targets. */

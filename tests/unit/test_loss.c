@@ -1,4 +1,4 @@
-/* test_loss.c — the GRPO-family losses (engine/loss.c).
+/* test_loss.c — the GRPO-family losses (engine/train/loss.c).
  *
  * Values: every adv_estimator, and every loss_mode x loss_agg_mode x kl_type (plus a masked
  * response) against tests/fixtures/loss_reference.inc, made by make_loss_reference.py, a plain-
@@ -9,7 +9,7 @@
 #include "tests/unit/check.h"
 
 #include "common/err.h"
-#include "engine/loss.h"
+#include "engine/train/loss.h"
 #include "tests/fixtures/loss_reference.inc"
 
 #define NREF 5

@@ -1,4 +1,4 @@
-/* test_offload.c — the optimizer with its state in host memory (engine/offload.h, issue 21).
+/* test_offload.c — the optimizer with its state in host memory (engine/train/offload.h, issue 21).
  *   host AdamW: adamw_bf16_cpu is adamw_cpu bit for bit and its bf16 copy rounds as CUDA's
  *     __float2bfloat16 (nearest even; ties, NaN, infinities);
  *   the staging pipeline: offload_adamw over several chunks (the stage ring wraps) equals one
@@ -14,10 +14,10 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/engine.h"
 #include "common/err.h"
-#include "engine/offload.h"
+#include "engine/train/offload.h"
 #include "kernels/adamw.h"
 
 #define MODEL "/tmp/grpod_test_offload_model"

@@ -1,10 +1,10 @@
-/* test_pack.c — the P + NR packing (engine/pack.c): token counts, every array of a hand-built
+/* test_pack.c — the P + NR packing (engine/model/pack.c): token counts, every array of a hand-built
  * case in both layouts, the micro-batch planner and its error, and a randomized check that every
  * packed token sees exactly the (token id, position) context its standard-layout twin sees. */
 #include "tests/unit/check.h"
 
 #include "common/err.h"
-#include "engine/pack.h"
+#include "engine/model/pack.h"
 
 /* ---------- a hand-built case ----------
  * g0: prompt {10,11,12}, responses {20,21} and {30};  g1: prompt {40,41}, response {50,51,52}. */
@@ -141,7 +141,7 @@ TEST(test_plan_too_large) {
     for (int i = 0; i < 3; i++) g[i] = hand[0];
     g[3] = (pack_group){prompt, 1000, 8, rs, R};
     pack_plan p;
-    /* packed: the group over the budget is a micro-batch of its own, run split (engine/split.h) */
+    /* packed: the group over the budget is a micro-batch of its own, run split (engine/model/split.h) */
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_PACKED), 0);
     CHECK_EQ_INT(p.n_mb, 2);
     CHECK_ARR(p.mb_count, p.n_mb, 3, 1);

@@ -7,7 +7,7 @@
 #include "api/params.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/loss.h"
+#include "engine/train/loss.h"
 #include "tests/unit/check.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;

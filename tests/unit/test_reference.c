@@ -8,9 +8,9 @@
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/json.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
+#include "engine/format/json.h"
+#include "engine/model/model.h"
+#include "engine/format/safetensors.h"
 
 #define FIX "tests/fixtures/data"
 

@@ -3,7 +3,7 @@
  * ../shared/data/gsm8k/test.jsonl), numeric parsing, and DAPO overlong shaping. */
 #include "api/reward.h"
 #include "common/err.h"
-#include "engine/json.h"
+#include "engine/format/json.h"
 #include "tests/unit/check.h"
 
 #include <sys/resource.h>

@@ -9,7 +9,7 @@
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/kvpool.h"
+#include "engine/model/kvpool.h"
 
 #define MODEL "/tmp/grpod_test_sched_model"
 

@@ -1,11 +1,11 @@
-/* test_tokenizer.c — engine/tokenizer.h and engine/chat.h on the shared Qwen3 and Llama 3
+/* test_tokenizer.c — engine/text/tokenizer.h and engine/text/chat.h on the shared Qwen3 and Llama 3
  * tokenizer files (../shared/data/tokenizers, cwd = repo root): known ids (taken from HF
  * tokenizers 0.23), round trips, special-token switches, invalid UTF-8 in decode, the default
  * model's tokenizer, chat rendering, and refusal of what is not supported (WordPiece, Unigram,
  * unknown regexes). The full HF parity run is tests/tokenizer/test_parity.py. */
 #include "common/err.h"
-#include "engine/chat.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/tokenizer.h"
 #include "tests/unit/check.h"
 
 #define QWEN "../shared/data/tokenizers/qwen3"

@@ -1,8 +1,8 @@
-/* test_tune.c — engine/tune.c: the GRPOD_TUNE_* environment over the defaults, every knob and
+/* test_tune.c — engine/backend/tune.c: the GRPOD_TUNE_* environment over the defaults, every knob and
  * word, and the errors (an unknown knob, a bad value) naming the variable. */
 #include "tests/unit/check.h"
 #include "common/err.h"
-#include "engine/backend.h"
+#include "engine/backend/backend.h"
 
 static void clear_env(void) {
     const char *names[] = { "GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "ATTN_SIMD", "BOGUS" };

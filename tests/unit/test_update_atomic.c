@@ -1,4 +1,4 @@
-/* test_update_atomic.c — eng_update is all or nothing (engine/update.c), and the same update
+/* test_update_atomic.c — eng_update is all or nothing (engine/train/update.c), and the same update
  * gives the same bits (what replay after a crash relies on):
  *   - a non-finite advantage in the second mini-batch fails the update with GE_NON_FINITE after
  *     its first optimizer step ran; the weights, AdamW state, optimizer step and policy_version

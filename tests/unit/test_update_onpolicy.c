@@ -1,4 +1,4 @@
-/* test_update_onpolicy.c — the on-policy shortcut of eng_update (engine/update.c): with one
+/* test_update_onpolicy.c — the on-policy shortcut of eng_update (engine/train/update.c): with one
  * epoch of one mini-batch and no client-given old logprobs, the old pass is skipped and the
  * policy pass's own logprobs stand in for it. Checked against the long way round — the same
  * updates on a second engine given old logprobs computed by eng_logprobs — which must land on

@@ -1,5 +1,5 @@
 /* test_update_split.c — eng_update and eng_logprobs choose the three-phase schedule
- * (engine/split.h) for a group larger than max_tokens_per_micro_batch, and land where the
+ * (engine/model/split.h) for a group larger than max_tokens_per_micro_batch, and land where the
  * one-graph layout does: two updates of two epochs each (a real old pass and a reference pass,
  * both forward-only split; an entropy bonus; seq-mean-token-mean, whose per-response
  * normalisers span the mini-batch) at a budget that splits every group vs one that packs both

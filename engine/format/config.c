@@ -1,0 +1,205 @@
+/* config.c — reads and writes config.json (see config.h). */
+#include "engine/format/config.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/format/json.h"
+
+/* Token ids from config files: integers in 0..CFG_MAX_VOCAB-1; others are ignored (an id
+ * that no vocabulary holds can never be sampled, and the vocab check below covers bos). */
+static void add_eos(model_config *c, const js *v) {
+    if (!v) return;
+    if (v->type == JS_NUM) {
+        if (!(v->num >= 0 && v->num < CFG_MAX_VOCAB) || v->num != floor(v->num)) return;
+        int id = (int)v->num;
+        for (int i = 0; i < c->n_eos; i++) if (c->eos_ids[i] == id) return;
+        if (c->n_eos < 8) c->eos_ids[c->n_eos++] = id;
+    } else if (v->type == JS_ARR) {
+        for (int i = 0; i < v->n; i++) add_eos(c, &v->items[i]);
+    }
+}
+
+/* An integer setting in lo..hi: absent takes dflt (NAN: required). The range is checked on
+ * the double before the conversion, which is undefined for numbers an int cannot hold. */
+static int get_int(const js *o, const char *key, const char *path, double dflt, long long lo, long long hi,
+                   int *out) {
+    const js *e = js_get(o, key);
+    double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
+    if (isnan(dflt) && !e) return err_set(GE_FORMAT, "%s: %s is missing", path, key);
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v))
+        return err_set(GE_FORMAT, "%s: %s must be an integer in %lld..%lld", path, key, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+/* A real setting in (lo, hi], finite. */
+static int get_real(const js *o, const char *key, const char *path, double dflt, double lo, double hi, float *out) {
+    const js *e = js_get(o, key);
+    double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
+    /* the range holds for the float kept too: 1e-64 is > 0 as a double, 0 as a float */
+    if (!(v > lo && v <= hi && (float)v > lo))
+        return err_set(GE_FORMAT, "%s: %s must be a number in (%g, %g]", path, key, lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
+int config_from_json(const js *r, const char *path, model_config *c) {
+    int rc = 0;
+    memset(c, 0, sizeof *c);
+    const char *mt = js_get_str(r, "model_type");
+    if (!mt) { rc = err_set(GE_FORMAT, "%s: no model_type", path); goto out; }
+    if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
+    else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
+    else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
+    else {
+        rc = err_set(GE_UNSUPPORTED, "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, llama)", path, mt);
+        goto out;
+    }
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
+    if ((rc = get_int(r, "num_hidden_layers", path, NAN, 1, CFG_MAX_LAYERS, &c->L)) ||
+        (rc = get_int(r, "hidden_size", path, NAN, 1, CFG_MAX_DIM, &c->C)) ||
+        (rc = get_int(r, "num_attention_heads", path, NAN, 1, CFG_MAX_HEADS, &c->H)) ||
+        (rc = get_int(r, "intermediate_size", path, NAN, 1, CFG_MAX_FF, &c->F)) ||
+        (rc = get_int(r, "vocab_size", path, NAN, 1, CFG_MAX_VOCAB, &c->V)) ||
+        (rc = get_int(r, "num_key_value_heads", path, c->H, 1, c->H, &c->K)) ||
+        (rc = get_int(r, "head_dim", path, c->C / c->H, 2, CFG_MAX_HEAD_DIM, &c->D)) ||
+        (rc = get_int(r, "max_position_embeddings", path, 4096, 1, CFG_MAX_POS, &c->max_pos)) ||
+        (rc = get_real(r, "rms_norm_eps", path, 1e-6, 0, 1, &c->eps)) ||
+        (rc = get_real(r, "rope_theta", path, 10000.0, 0, 1e12, &c->rope_theta)) ||
+        (rc = get_int(r, "bos_token_id", path, -1, -1, c->V - 1, &c->bos_id)))
+        goto out;
+    c->tied = js_get_bool(r, "tie_word_embeddings", 0);
+    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qkv_bias = c->arch == ARCH_QWEN2 ? 1 : js_get_bool(r, "attention_bias", 0);
+    c->o_bias = c->arch == ARCH_QWEN2 ? 0 : c->qkv_bias;
+    add_eos(c, js_get(r, "eos_token_id"));
+    const char *dt = js_get_str(r, "torch_dtype");
+    if (!dt) dt = js_get_str(r, "dtype");
+    snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "float32");
+    if (c->H % c->K) { rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K); goto out; }
+    if (c->D % 2) { rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D); goto out; }
+    const char *act = js_get_str(r, "hidden_act");
+    if (act && strcmp(act, "silu")) { rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act); goto out; }
+    if (js_get_bool(r, "mlp_bias", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: mlp_bias is not supported", path); goto out; }
+    if (js_get_bool(r, "use_sliding_window", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path); goto out; }
+    double prf = js_get_num(r, "partial_rotary_factor", 1.0);
+    if (prf != 1.0) { rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf); goto out; }
+    /* RoPE: older checkpoints have top-level rope_theta + rope_scaling; transformers >= 5
+     * writes one "rope_parameters" object holding rope_type, rope_theta and the scaling keys. */
+    const js *rs = js_get(r, "rope_scaling");
+    const js *rp = js_get(r, "rope_parameters");
+    if (rp && rp->type == JS_OBJ) {
+        if ((rc = get_real(rp, "rope_theta", path, c->rope_theta, 0, 1e12, &c->rope_theta))) goto out;
+        rs = rp;
+    }
+    if (rs && rs->type == JS_OBJ) {
+        const char *t = js_get_str(rs, "rope_type");
+        if (!t) t = js_get_str(rs, "type");
+        if (t && !strcmp(t, "default")) {
+        } else if (t && !strcmp(t, "llama3")) {
+            if ((rc = get_real(rs, "factor", path, 8.0, 0, 1e6, &c->rope_factor)) ||
+                (rc = get_real(rs, "low_freq_factor", path, 1.0, 0, 1e6, &c->rope_low)) ||
+                (rc = get_real(rs, "high_freq_factor", path, 4.0, 0, 1e6, &c->rope_high)) ||
+                (rc = get_int(rs, "original_max_position_embeddings", path, 8192, 1, CFG_MAX_POS, &c->rope_orig_max)))
+                goto out;
+            if (!(c->rope_high > c->rope_low)) {
+                rc = err_set(GE_FORMAT, "%s: rope_scaling high_freq_factor must exceed low_freq_factor", path);
+                goto out;
+            }
+        } else {
+            rc = err_set(GE_UNSUPPORTED, "%s: rope_scaling type \"%s\" is not supported (only llama3)", path, t ? t : "?");
+            goto out;
+        }
+    }
+out:
+    return rc;
+}
+
+int config_load(const char *dir, model_config *c) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    memset(c, 0, sizeof *c);
+    js_doc *doc;
+    const js *r;
+    int rc = js_parse_file(path, &doc, &r);
+    if (rc) return rc;
+    rc = config_from_json(r, path, c);
+    js_doc_free(doc);
+    if (rc) return rc;
+    /* generation_config.json may list more end-of-sequence ids (Qwen3 instruct models do). */
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (!js_parse_file(path, &doc, &r)) {
+        add_eos(c, js_get(r, "eos_token_id"));
+        js_doc_free(doc);
+    }
+    err_clear();
+    return 0;
+}
+
+long long config_n_params(const model_config *c) {
+    long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+    long long layer = 2 * C + C * HD + 2 * C * KD + HD * C + 3 * C * F;
+    if (c->qkv_bias) layer += HD + 2 * KD;
+    if (c->o_bias) layer += C;
+    if (c->qk_norm) layer += 2 * c->D;
+    return (long long)c->V * C * (c->tied ? 1 : 2) + C + c->L * layer;
+}
+
+int config_write(const char *dir, const model_config *c) {
+    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create", path);
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", arch_class[c->arch], c->arch_name);
+    fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->C, c->F, c->L);
+    fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->H, c->K, c->D);
+    fprintf(f, "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n", c->V, c->max_pos);
+    fprintf(f, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.9g,\n  \"hidden_act\": \"silu\",\n", c->eps, c->rope_theta);
+    fprintf(f, "  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n", c->qkv_bias ? "true" : "false", c->tied ? "true" : "false");
+    if (c->rope_factor > 0)
+        fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %g, \"low_freq_factor\": %g, "
+                   "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
+                c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
+    else
+        fprintf(f, "  \"rope_scaling\": null,\n");
+    if (c->bos_id >= 0) fprintf(f, "  \"bos_token_id\": %d,\n", c->bos_id);
+    fprintf(f, "  \"eos_token_id\": %d,\n", c->n_eos ? c->eos_ids[0] : 0);
+    fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", c->dtype);
+    if (fclose(f)) return err_set(GE_IO, "%s: write failed", path);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create", path);
+    fprintf(f, "{\n  \"eos_token_id\": [");
+    for (int i = 0; i < c->n_eos; i++) fprintf(f, "%s%d", i ? ", " : "", c->eos_ids[i]);
+    fprintf(f, "]\n}\n");
+    if (fclose(f)) return err_set(GE_IO, "%s: write failed", path);
+    return 0;
+}
+
+/* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in fp32:
+ * inv_freq = 1 / theta^(arange(0, D, 2) / D); llama3 divides low frequencies by factor and
+ * blends the band between the two wavelength thresholds. */
+void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor,
+                   float high_freq_factor, int original_max_pos) {
+    for (int i = 0; i < D / 2; i++) {
+        float expo = (float)(2 * i) / (float)D;
+        inv_freq[i] = 1.0f / powf(theta, expo);
+    }
+    if (factor <= 0) return;
+    float low_wavelen = (float)original_max_pos / low_freq_factor;
+    float high_wavelen = (float)original_max_pos / high_freq_factor;
+    for (int i = 0; i < D / 2; i++) {
+        float f = inv_freq[i];
+        float wavelen = 2.0f * (float)M_PI / f;
+        float scaled = wavelen > low_wavelen ? f / factor : f;
+        float smooth = ((float)original_max_pos / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+        float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        int medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        inv_freq[i] = medium ? smoothed : scaled;
+    }
+}

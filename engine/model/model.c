@@ -1,0 +1,567 @@
+/* model.c — see model.h. The layer is written once against the backend table:
+ *
+ *   ln1 = rmsnorm(x)            q = ln1 Wq^T + bq, k = .., v = ..   (Qwen3: q, k per-head rmsnorm)
+ *   q, k = rope(q, k)           att = attention(q, k, v)            xm = x + att Wo^T
+ *   ln2 = rmsnorm(xm)           a = silu(ln2 Wg^T) * (ln2 Wu^T)     x' = xm + a Wd^T
+ *
+ * and backward walks it in reverse, carrying the residual-stream gradient dres. Fused ops
+ * (backend.h): each norm runs in front of the projections that read it (mm_norm), each
+ * residual add in the projection that closes its sub-layer (mm_part.res), q/k norm, RoPE and
+ * the KV-cache writes in one op, SwiGLU with the gate/up projections: at decode sizes the CUDA
+ * backend makes each of these one launch. model_layer_fwd/_bwd are one layer each;
+ * tests/gpu/bench_layer.c times them as training runs them. */
+#include "engine/model/model.h"
+
+#include <assert.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/format/safetensors.h"
+#include "kernels/rope.h"
+
+/* ---------------------------------------------------------------- parameters */
+
+static void add_param(model *m, const char *name, int ndim, long long d0, long long d1) {
+    model_param *p = &m->params[m->n_params++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = ndim == 1 ? d0 : d0 * d1;
+    p->off = m->n_elems;
+    m->n_elems += (p->numel + 15) & ~15LL;   /* 64-byte aligned starts */
+}
+
+int model_init(model *m, const model_config *c, eng_backend *be) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *c;
+    m->be = be;
+    m->params = calloc((size_t)(4 + 16 * c->L), sizeof *m->params);
+    if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
+    long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
+    add_param(m, "model.embed_tokens.weight", 2, c->V, C);
+    char n[96];
+    for (int l = 0; l < c->L; l++) {
+#define P(suffix, nd, a, b) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), add_param(m, n, nd, a, b))
+        P("input_layernorm.weight", 1, C, 0);
+        P("self_attn.q_proj.weight", 2, HD, C);
+        if (c->qkv_bias) P("self_attn.q_proj.bias", 1, HD, 0);
+        P("self_attn.k_proj.weight", 2, KD, C);
+        if (c->qkv_bias) P("self_attn.k_proj.bias", 1, KD, 0);
+        P("self_attn.v_proj.weight", 2, KD, C);
+        if (c->qkv_bias) P("self_attn.v_proj.bias", 1, KD, 0);
+        if (c->qk_norm) { P("self_attn.q_norm.weight", 1, c->D, 0); P("self_attn.k_norm.weight", 1, c->D, 0); }
+        P("self_attn.o_proj.weight", 2, C, HD);
+        if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
+        P("post_attention_layernorm.weight", 1, C, 0);
+        P("mlp.gate_proj.weight", 2, c->F, C);
+        P("mlp.up_proj.weight", 2, c->F, C);
+        P("mlp.down_proj.weight", 2, C, c->F);
+#undef P
+    }
+    add_param(m, "model.norm.weight", 1, C, 0);
+    if (!c->tied) add_param(m, "lm_head.weight", 2, c->V, C);
+
+    float *f = malloc((size_t)(c->D / 2) * sizeof(float));
+    if (!f) return err_set(GE_NOMEM, "model: out of memory");
+    rope_inv_freq(f, c->D, c->rope_theta, c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
+    m->inv_freq = be->alloc(be, (size_t)(c->D / 2) * sizeof(float));
+    int rc = m->inv_freq ? be->to_dev(be, m->inv_freq, f, (size_t)(c->D / 2) * sizeof(float)) : GE_NOMEM;
+    free(f);
+    return rc;
+}
+
+void model_free(model *m) {
+    if (m->inv_freq) m->be->free(m->be, m->inv_freq);
+    free(m->params);
+    free(m->lparams);
+    memset(m, 0, sizeof *m);
+}
+
+static void *find_view(const model *m, void *base, size_t esize, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return (char *)base + (size_t)m->params[i].off * esize;
+    return NULL;
+}
+
+int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
+    const model_config *c = &m->cfg;
+    memset(v, 0, sizeof *v);
+    v->layers = calloc((size_t)c->L, sizeof *v->layers);
+    if (!v->layers) return err_set(GE_NOMEM, "model: out of memory");
+    v->embed = find_view(m, base, esize, "model.embed_tokens.weight");
+    v->final_norm = find_view(m, base, esize, "model.norm.weight");
+    v->lm_head = c->tied ? v->embed : find_view(m, base, esize, "lm_head.weight");
+    char n[96];
+    for (int l = 0; l < c->L; l++) {
+        model_layer_views *L = &v->layers[l];
+#define V(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), find_view(m, base, esize, n))
+        L->attn_norm = V("input_layernorm.weight");
+        L->wq = V("self_attn.q_proj.weight"); L->bq = V("self_attn.q_proj.bias");
+        L->wk = V("self_attn.k_proj.weight"); L->bk = V("self_attn.k_proj.bias");
+        L->wv = V("self_attn.v_proj.weight"); L->bv = V("self_attn.v_proj.bias");
+        L->q_norm = V("self_attn.q_norm.weight"); L->k_norm = V("self_attn.k_norm.weight");
+        L->wo = V("self_attn.o_proj.weight"); L->bo = V("self_attn.o_proj.bias");
+        L->mlp_norm = V("post_attention_layernorm.weight");
+        L->w_gate = V("mlp.gate_proj.weight"); L->w_up = V("mlp.up_proj.weight"); L->w_down = V("mlp.down_proj.weight");
+#undef V
+    }
+    return 0;
+}
+
+void model_views_free(model_views *v) { free(v->layers); v->layers = NULL; }
+
+static int missing_tensor(const model_param *p, const st_set *s, const char *dir) {
+    return err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
+                   s->nfiles == 1 ? s->paths[0] : "the shards of model.safetensors.index.json");
+}
+
+/* Every parameter present with its shape, before anything is allocated for them: a config.json
+ * that describes more than the files hold is refused here, not by a huge allocation. */
+int model_check_files(const model *m, const char *dir) {
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const model_param *p = &m->params[i];
+        const st_tensor *t = st_find(&s, p->name);
+        rc = t ? st_check_shape(t, p->ndim, p->shape) : missing_tensor(p, &s, dir);
+    }
+    st_close(&s);       /* safe after a failed open too: st_open_dir leaves the set empty */
+    return rc;
+}
+
+/* One pass over a converted tensor: NaN or Inf in weights makes every logprob -1e30 later. */
+static int check_finite(const float *x, long long n, const char *dir, const char *name) {
+    long long bad = 0, first = -1;
+    for (long long i = 0; i < n; i++)
+        if (!isfinite(x[i])) { if (!bad++) first = i; }
+    return bad ? err_set(GE_FORMAT, "%s: tensor %s has %lld non-finite values (the first at element %lld)", dir,
+                         name, bad, first)
+               : 0;
+}
+
+/* One parameter of DIR's set into dst (fp32): a missing or misshapen tensor is an error naming it. */
+static int read_param(const model_param *p, const st_set *s, const char *dir, float *dst) {
+    const st_tensor *t = st_find(s, p->name);
+    if (!t) return missing_tensor(p, s, dir);
+    int rc = st_read_f32(t, dst, p->ndim, p->shape);
+    return rc ? rc : check_finite(dst, p->numel, dir, p->name);
+}
+
+int model_load_host(const model *m, const char *dir, float *host) {
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    if (rc) return rc;
+    memset(host, 0, (size_t)m->n_elems * sizeof(float));
+    for (int i = 0; i < m->n_params && !rc; i++) rc = read_param(&m->params[i], &s, dir, host + m->params[i].off);
+    st_close(&s);
+    return rc;
+}
+
+int model_load_act(const model *m, const char *dir, void *dst) {
+    eng_backend *be = m->be;
+    st_set s;
+    int rc = st_open_dir(dir, &s);
+    if (rc) return rc;
+    long long most = 0;
+    for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
+    float *buf = malloc((size_t)(most ? most : 1) * sizeof(float));
+    if (!buf) rc = err_set(GE_NOMEM, "model: %lld MiB host buffer for one tensor", most * 4 >> 20);
+    if (!rc) be->zero(be, dst, (size_t)m->n_elems * (size_t)be->act_bytes);   /* the padding between tensors */
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const model_param *p = &m->params[i];
+        rc = read_param(p, &s, dir, buf);
+        if (!rc) rc = be->act_from_f32(be, (char *)dst + (size_t)p->off * be->act_bytes, buf, (size_t)p->numel);
+    }
+    free(buf);
+    st_close(&s);
+    return rc;
+}
+
+int model_save_host(const model *m, const char *dir, const float *host, int bf16) {
+    st_out *o = calloc((size_t)m->n_params, sizeof *o);
+    if (!o) return err_set(GE_NOMEM, "model: out of memory");
+    for (int i = 0; i < m->n_params; i++) {
+        const model_param *p = &m->params[i];
+        o[i] = (st_out){ .name = p->name, .data = host + p->off, .ndim = p->ndim, .shape = { p->shape[0], p->shape[1] } };
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int rc = st_write(path, o, m->n_params, bf16 ? ST_BF16 : ST_F32);
+    free(o);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* Carves a->* out of one allocation; with base == NULL only counts the bytes.
+ * Without grad the layers share one set (l[l] = l[0]). With grad every layer keeps what its
+ * backward reads, except ln1, ln2 and the SwiGLU output a, which cost a cheap pass to recompute
+ * (model_layer_bwd does): the forward writes them into backward scratch that is free then
+ * (ln1, ln2 -> dlnf, a -> du). The backward scratch is shared the same way where lifetimes
+ * allow: dg over da (swiglu_bwd reads its dout before it writes dgate), dq0 over datt (read by
+ * attention_bwd before dq0 is written), dk0 over dq (read for dq0 before dk0 is written). */
+static size_t carve(const model *m, model_acts *a, char *base) {
+    const model_config *c = &m->cfg;
+    size_t off = 0, eb = (size_t)m->be->act_bytes;
+    long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+#define TAKE(ptr, n, es) do { (ptr) = base ? (void *)(base + off) : NULL; off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; } while (0)
+    void *kv_k = NULL, *kv_v = NULL;   /* with a->kv: the projections' k, v scratch, shared by every layer */
+    if (a->grad) {
+        TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
+        TAKE(a->dq, T * HD, eb); TAKE(a->datt, T * HD, eb);
+        if (a->kv) { TAKE(kv_k, T * KD, eb); TAKE(kv_v, T * KD, eb); }
+        else { TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb); }
+        TAKE(a->da, T * F, eb); TAKE(a->du, T * F, eb);
+        a->dg = a->da;
+        a->dq0 = a->datt;
+        a->dk0 = a->dq;
+    }
+    int nl = a->grad == 1 ? (a->ring > 0 && a->ring < c->L ? a->ring : c->L) : 1;
+    struct model_layer_acts shared = {0};   /* the set the checkpointed layers share (n_ckpt) */
+    for (int l = 0; l < c->L; l++) {
+        struct model_layer_acts *L = &a->l[l];
+        if (l >= nl) {
+            *L = a->l[l % nl];
+            if (a->grad == MODEL_ACTS_RECOMPUTE) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
+            continue;
+        }
+        if (l < a->n_ckpt && l > 0) { *L = shared; TAKE(L->x, T * C, eb); continue; }
+        size_t off0 = off;
+        TAKE(L->x, T * C, eb);
+        if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
+        else { TAKE(L->ln1, T * C, eb); TAKE(L->ln2, T * C, eb); TAKE(L->a, T * F, eb); }
+        if (c->qk_norm) { TAKE(L->q0, T * HD, eb); TAKE(L->k0, T * KD, eb); }
+        TAKE(L->q, T * HD, eb);
+        if (a->kv) { L->k = kv_k; L->v = kv_v; }
+        else { TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb); }
+        TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb);
+        TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb);
+        TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
+        TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
+        a->layer_bytes = off - off0;
+        if (l < a->n_ckpt) shared = *L;   /* layer 0 carves the shared set */
+    }
+    TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
+    TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
+    TAKE(a->ints, 7 * T + 2 * M, 4);
+    if (m->lora_r) { TAKE(a->lu, T * 3 * m->lora_r, eb); TAKE(a->ldu, T * m->lora_r, eb); }
+#undef TAKE
+    return off;
+}
+
+static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M);
+
+size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt) {
+    model_acts a = { .cap_T = cap_T > 0 ? cap_T : 1, .cap_M = cap_M > 0 ? cap_M : 1, .grad = grad,
+                     .n_ckpt = grad ? n_ckpt : 0 };
+    a.l = calloc((size_t)m->cfg.L, sizeof *a.l);
+    size_t bytes = a.l ? carve(m, &a, NULL) : (size_t)-1;
+    free(a.l);
+    return bytes;
+}
+
+static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt);
+
+int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad) {
+    return acts_init(m, a, cap_T, cap_M, grad, grad == MODEL_ACTS_RECOMPUTE ? m->cfg.L : 0);
+}
+
+int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, size_t budget) {
+    int L = m->cfg.L, k = 0;
+    if (budget) {
+        /* bytes fall with each checkpointed layer: the fewest that fit */
+        while (k <= L && model_acts_bytes(m, cap_T, cap_M, 1, k) > budget) k++;
+        if (k > L) {
+            memset(a, 0, sizeof *a);
+            return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB even with every layer recomputed, over the "
+                           "%.1f MiB left on %s: lower max_tokens_per_micro_batch", cap_T,
+                           model_acts_bytes(m, cap_T, cap_M, 1, L) / 1048576.0, budget / 1048576.0, m->be->name);
+        }
+    }
+    return acts_init(m, a, cap_T, cap_M, 1, k);
+}
+
+static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt) {
+    memset(a, 0, sizeof *a);
+    a->grad = grad;
+    a->n_ckpt = grad ? n_ckpt : 0;
+    return acts_alloc(m, a, cap_T, cap_M);
+}
+
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv,
+                       int row0, int ring) {
+    *a = (model_acts){ .grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring };
+    return acts_alloc(m, a, cap_T, cap_M);
+}
+
+/* carve() with a->grad, kv, ring set */
+static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M) {
+    a->cap_T = cap_T > 0 ? cap_T : 1;
+    a->cap_M = cap_M > 0 ? cap_M : 1;
+    a->l = calloc((size_t)m->cfg.L, sizeof *a->l);
+    if (!a->l) return err_set(GE_NOMEM, "model: out of memory");
+    size_t bytes = carve(m, a, NULL);
+    a->mem = m->be->alloc(m->be, bytes);
+    if (!a->mem) {
+        free(a->l);
+        a->l = NULL;
+        return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB on %s: lower max_tokens_per_micro_batch",
+                       cap_T, bytes / 1048576.0, m->be->name);
+    }
+    carve(m, a, a->mem);
+    return 0;
+}
+
+void model_acts_free(const model *m, model_acts *a) {
+    if (a->mem) m->be->free(m->be, a->mem);
+    free(a->l);
+    memset(a, 0, sizeof *a);
+}
+
+int model_kv_init(const model *m, model_kv *kv, int cap_S) {
+    const model_config *c = &m->cfg;
+    memset(kv, 0, sizeof *kv);
+    size_t per = (size_t)cap_S * c->K * c->D * (size_t)m->be->act_bytes;
+    kv->cap_S = cap_S;
+    kv->k = calloc((size_t)c->L, sizeof(void *));
+    kv->v = calloc((size_t)c->L, sizeof(void *));
+    kv->mem = kv->k && kv->v ? m->be->alloc(m->be, per * 2 * (size_t)c->L) : NULL;
+    if (!kv->mem) {
+        free(kv->k); free(kv->v);
+        memset(kv, 0, sizeof *kv);
+        return err_set(GE_NOMEM, "KV cache of %d rows needs %.1f MiB on %s", cap_S, per * 2.0 * c->L / 1048576.0, m->be->name);
+    }
+    for (int l = 0; l < c->L; l++) {
+        kv->k[l] = (char *)kv->mem + per * (size_t)(2 * l);
+        kv->v[l] = (char *)kv->mem + per * (size_t)(2 * l + 1);
+    }
+    return 0;
+}
+
+void model_kv_free(const model *m, model_kv *kv) {
+    if (kv->mem) m->be->free(m->be, kv->mem);
+    free(kv->k); free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+void model_input_from_batch(model_input *in, const pack_batch *b) {
+    *in = (model_input){ .T = b->T, .tokens = b->tokens, .pos = b->pos, .a0 = b->kv_a0, .a1 = b->kv_a1,
+                         .b0 = b->kv_b0, .b1 = b->kv_b1, .slot = NULL, .M = b->M, .out_pos = b->out_pos,
+                         .out_tok = b->out_tok };
+}
+
+int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
+    eng_backend *be = m->be;
+    if (in->T > a->cap_T || in->M > a->cap_M)
+        return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d",
+                       in->T, in->M, a->cap_T, a->cap_M);
+    int T = in->T, *p = a->ints, rc = 0;
+    const int *src[7] = { in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot };
+    int *dst[7];
+    for (int i = 0; i < 7; i++, p += a->cap_T) {
+        dst[i] = p;
+        if (src[i] && T && !rc) rc = be->to_dev(be, p, src[i], (size_t)T * sizeof(int));
+    }
+    int *op = p, *ot = p + a->cap_M;
+    if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
+    if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
+    *d = (model_dev_input){ .T = T, .M = in->M, .tokens = dst[0], .pos = dst[1], .slot = in->slot ? dst[6] : NULL, .out_pos = op, .out_tok = ot,
+                      .r = { dst[2], dst[3], dst[4], dst[5] } };
+    return rc;
+}
+
+int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
+                  float temperature, int want_entropy) {
+    model_dev_input d;
+    int rc = model_input_upload(m, a, in, &d);
+    if (rc) return rc;
+    if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
+    model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
+    return m->be->sync(m->be);
+}
+
+void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
+                       float temperature, int want_entropy) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C;
+    /* Layer l reads the residual stream from l[l].x and writes it, its two residual adds done,
+     * to the next layer's x (with grad every layer keeps its own; without, all share l[0]). */
+    be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, T, C);
+    for (int l = 0; l < c->L; l++) {
+        void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
+        model_layer_fwd(m, w, a, l, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
+    }
+    be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, T, C, c->eps);
+    if (d->M)
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, C,
+                        c->V, temperature);
+}
+
+/* Target t's adapter term for its base projection (a NULL: none, as in the reference's views):
+ * the op writes X A^T to the i-th of the three (T, r) slots of the scratch lu. */
+static mm_lowrank lora_term(const model *m, const model_acts *a, const model_layer_views *W, int t, int i, int T) {
+    if (!m->lora_r || !W->la[t]) return (mm_lowrank){ 0 };
+    void *u = (char *)a->lu + (size_t)i * T * m->lora_r * m->be->act_bytes;
+    return (mm_lowrank){ W->la[t], W->lb[t], u, m->lora_r };
+}
+
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
+                     void *kv_k, void *kv_v) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l];
+    /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
+     * recomputes them), the residual adds in the o and down projections; adapters add both
+     * halves of their terms inside the base projections (mm_part.lr, lora_term) */
+    mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
+    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lora_term(m, a, W, LORA_Q, 0, T) },
+                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lora_term(m, a, W, LORA_K, 1, T) },
+                       { A->v, W->wv, W->bv, KD, NULL, lora_term(m, a, W, LORA_V, 2, T) } };
+    be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
+    /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
+    qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
+                       .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
+                       .k = c->qk_norm ? A->k0 : A->k, .v = A->v, .qw = c->qk_norm ? W->q_norm : NULL,
+                       .kw = c->qk_norm ? W->k_norm : NULL, .rows = kv_k ? d->slot : NULL };
+    be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
+    const void *keys = io.k_out, *vals = io.v_out;
+    be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
+    mm_part o = { A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T) };
+    be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
+    mm_lowrank lg[2] = { lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T) };
+    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F, lg[0].a || lg[1].a ? lg : NULL);
+    if (!out) return;   /* a backward's recompute: the layer's output is not needed */
+    mm_part dn = { out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T) };
+    be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
+                   const float *dlogp, const float *dent, float temperature) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
+    int T = in->T, M = in->M, C = c->C;
+    size_t eb = (size_t)be->act_bytes;
+    model_dev_input d;
+    int rc = model_input_upload(m, a, in, &d);
+    if (!rc && M) rc = be->to_dev(be, a->dlogp, dlogp, (size_t)M * 4);
+    if (!rc && M && dent) rc = be->to_dev(be, a->dent, dent, (size_t)M * 4);
+    if (rc) return rc;
+    be->zero(be, a->dlnf, (size_t)T * C * eb);
+    be->zero(be, a->dres, (size_t)T * C * eb);
+    if (M)
+        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok,
+                        w->lm_head, M, C, c->V, temperature);
+    be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
+    for (int l = c->L - 1; l >= 0; l--) {
+        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, &d, NULL, NULL);   /* refill the shared set */
+        model_layer_bwd(m, w, g, a, l, &d);
+    }
+    if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
+    return be->sync(be);
+}
+
+/* Backward of an adapter term (mm_part.lr) given dY (T, O): gA, gB += their
+ * gradients, dX (T, I) += the input gradient through the adapter. X A^T is recomputed into lu. */
+static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t,
+                     const void *dY, const void *X, void *dX, int T, int I, int O) {
+    if (!W->la[t]) return;
+    eng_backend *be = m->be;
+    int r = m->lora_r;
+    be->matmul_fwd(be, a->lu, X, W->la[t], NULL, T, I, r);
+    be->zero(be, a->ldu, (size_t)T * r * be->act_bytes);
+    be->matmul_bwd(be, a->ldu, G->lb[t], NULL, dY, a->lu, W->lb[t], T, r, O);
+    be->matmul_bwd(be, dX, G->la[t], NULL, a->ldu, X, W->la[t], T, I, r);
+}
+
+/* dkv's layer-l rows before the attention backward when a->acc keeps the sums (model.h): zero
+ * for queries after the accumulated rows, the sums cast once for the accumulated rows' own. */
+static void acc_begin(const model *m, const model_acts *a, int l, int T) {
+    eng_backend *be = m->be;
+    const model_kv_acc *acc = a->acc;
+    size_t KD = (size_t)m->cfg.K * m->cfg.D, eb = (size_t)be->act_bytes;
+    assert(a->kv_row0 == acc->S || (a->kv_row0 == 0 && T == acc->S));
+    if (a->kv_row0 > 0) {
+        be->zero(be, a->dkv->k[l], (size_t)(a->kv_row0 + T) * KD * eb);
+        be->zero(be, a->dkv->v[l], (size_t)(a->kv_row0 + T) * KD * eb);
+    } else {
+        be->f32_to_act(be, a->dkv->k[l], acc->k[l], (size_t)acc->S * KD);
+        be->f32_to_act(be, a->dkv->v[l], acc->v[l], (size_t)acc->S * KD);
+    }
+}
+
+void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
+                     const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    size_t eb = (size_t)be->act_bytes;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
+    /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. ln2 and a are
+     * recomputed (carve()): the same kernels on the same inputs give the forward's values. */
+    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    be->zero(be, a->da, (size_t)T * F * eb);
+    be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
+    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C);   /* before swiglu_bwd writes du = A->a */
+    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
+    be->zero(be, a->dln, (size_t)T * C * eb);
+    be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
+    be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
+    lora_bwd(m, a, W, G, LORA_GATE, a->dg, A->ln2, a->dln, T, C, F);
+    lora_bwd(m, a, W, G, LORA_UP, a->du, A->ln2, a->dln, T, C, F);
+    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+    /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
+    be->zero(be, a->datt, (size_t)T * HD * eb);
+    be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
+    lora_bwd(m, a, W, G, LORA_O, a->dres, A->att, a->datt, T, HD, C);
+    /* keys: the T tokens' own (dk, dv zeroed here), or KV-cache rows (model_acts_init_kv: the
+     * gradients of every row seen go to dkv, this micro-batch's own rows start at kv_row0) */
+    const void *keys = A->k, *vals = A->v;
+    void *dkeys = a->dk, *dvals = a->dv;
+    if (a->kv) {
+        keys = a->kv->k[l]; vals = a->kv->v[l]; dkeys = a->dkv->k[l]; dvals = a->dkv->v[l];
+        if (a->acc) acc_begin(m, a, l, T);
+    } else {
+        be->zero(be, a->dk, (size_t)T * KD * eb);
+        be->zero(be, a->dv, (size_t)T * KD * eb);
+    }
+    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H,
+                      K, D);
+    if (a->acc && a->kv_row0 > 0) {
+        be->acc_f32(be, a->acc->k[l], dkeys, (long long)a->acc->S * KD);
+        be->acc_f32(be, a->acc->v[l], dvals, (long long)a->acc->S * KD);
+    }
+    void *dq = a->dq, *dk = (char *)dkeys + (size_t)a->kv_row0 * KD * eb, *dv = (char *)dvals + (size_t)a->kv_row0 * KD * eb;
+    if (c->qk_norm) {
+        be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);
+        be->qk_norm_rope_bwd(be, a->dk0, G->k_norm, dk, A->k0, W->k_norm, A->rstdk, d->pos, m->inv_freq, T, K, D);
+        dq = a->dq0;
+        dk = a->dk0;
+    } else {
+        be->rope_bwd(be, a->dq, d->pos, m->inv_freq, T, H, D);
+        be->rope_bwd(be, dk, d->pos, m->inv_freq, T, K, D);
+    }
+    be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
+    be->zero(be, a->dln, (size_t)T * C * eb);
+    be->matmul_bwd(be, a->dln, G->wq, G->bq, dq, A->ln1, W->wq, T, C, HD);
+    be->matmul_bwd(be, a->dln, G->wk, G->bk, dk, A->ln1, W->wk, T, C, KD);
+    be->matmul_bwd(be, a->dln, G->wv, G->bv, dv, A->ln1, W->wv, T, C, KD);
+    lora_bwd(m, a, W, G, LORA_Q, dq, A->ln1, a->dln, T, C, HD);
+    lora_bwd(m, a, W, G, LORA_K, dk, A->ln1, a->dln, T, C, KD);
+    lora_bwd(m, a, W, G, LORA_V, dv, A->ln1, a->dln, T, C, KD);
+    be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
+}

@@ -1,0 +1,187 @@
+/* pack.c — the P + NR packing of prompt groups into micro-batches (contract in pack.h).
+ *
+ * One layout builder serves both layouts: the STANDARD layout is the packed layout applied to
+ * "groups" of one response each, every one carrying its own copy of the prompt. Everything the
+ * model needs to run a micro-batch (token ids, RoPE positions, the two key ranges of every
+ * query, the positions whose logits predict response tokens) is computed here once, on the host.
+ *
+ * Legend: T packed tokens, G groups (packed units), S response segments, M predicted tokens. */
+#include "engine/model/pack.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+/* ---------- sizes ---------- */
+
+static long long group_resp_tokens(const pack_group *g) {
+    long long r = 0;
+    for (int i = 0; i < g->N; i++) r += g->R[i];
+    return r;
+}
+
+long long pack_group_tokens(const pack_group *g, pack_layout layout) {
+    long long r = group_resp_tokens(g);
+    return layout == PACK_PACKED ? (long long)g->P + r : (long long)g->N * g->P + r;
+}
+
+/* ---------- building one micro-batch ---------- */
+
+/* Writes the prompt of a packed unit at packed index p0: causal self-attention, positions 0..P-1. */
+static void put_prompt(pack_batch *b, const pack_group *g, int p0) {
+    for (int i = 0; i < g->P; i++) {
+        int t = p0 + i;
+        b->tokens[t] = g->prompt[i];
+        b->pos[t] = i;
+        b->kv_a0[t] = p0;
+        b->kv_a1[t] = p0 + i + 1;
+        b->kv_b0[t] = b->kv_b1[t] = p0 + i + 1;     /* empty */
+    }
+}
+
+/* Writes response `ri` of group `gi` as segment `s` starting at packed index s0, attending to the
+ * prompt at [p0, p0 + P) and causally to itself; positions restart at P. Its predictions go to
+ * out_*[m0 ..): the first token is predicted by the last prompt token, the rest by their
+ * predecessor in the segment. */
+static void put_response(pack_batch *b, const pack_group *g, int gi, int ri, int s, int p0, int s0,
+                         int m0) {
+    int P = g->P, R = g->R[ri];
+    const int *r = g->resp[ri];
+    for (int j = 0; j < R; j++) {
+        int t = s0 + j;
+        b->tokens[t] = r[j];
+        b->pos[t] = P + j;
+        b->kv_a0[t] = p0;
+        b->kv_a1[t] = p0 + P;
+        b->kv_b0[t] = s0;
+        b->kv_b1[t] = s0 + j + 1;
+        b->out_pos[m0 + j] = j == 0 ? p0 + P - 1 : s0 + j - 1;
+        b->out_tok[m0 + j] = r[j];
+    }
+    b->seg_start[s] = s0;
+    b->seg_len[s] = R;
+    b->seg_group[s] = gi;
+    b->seg_resp[s] = ri;
+    b->seg_out0[s] = m0;
+}
+
+int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout) {
+    memset(b, 0, sizeof *b);
+    long long T = 0, M = 0;
+    int G = 0, S = 0;
+    for (int k = 0; k < count; k++) {
+        const pack_group *g = &groups[first + k];
+        assert(g->P >= 1 && g->N >= 1);
+        T += pack_group_tokens(g, layout);
+        M += group_resp_tokens(g);
+        S += g->N;
+        G += layout == PACK_PACKED ? 1 : g->N;
+    }
+    if (T > 0x7fffffffLL)
+        return err_set(GE_TOO_LARGE, "micro-batch of %lld tokens exceeds the int index range", T);
+
+    /* One block holds every array; tokens is its start, so pack_batch_free frees it. */
+    size_t n_int = (size_t)6 * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M;
+    int *blk = calloc(n_int ? n_int : 1, sizeof(int));
+    if (!blk) return err_set(GE_NOMEM, "pack_build: %zu ints for %lld tokens", n_int, T);
+    int *q = blk;
+#define TAKE_(field, n) do { b->field = q; q += (n); } while (0)
+    TAKE_(tokens, T); TAKE_(pos, T); TAKE_(kv_a0, T); TAKE_(kv_a1, T); TAKE_(kv_b0, T); TAKE_(kv_b1, T);
+    TAKE_(cu_seqlens, G + 1); TAKE_(grp_plen, G); TAKE_(grp_seg0, G); TAKE_(grp_nseg, G);
+    TAKE_(seg_start, S); TAKE_(seg_len, S); TAKE_(seg_group, S); TAKE_(seg_resp, S); TAKE_(seg_out0, S);
+    TAKE_(out_pos, M); TAKE_(out_tok, M);
+#undef TAKE_
+    assert(q <= blk + (n_int ? n_int : 1));
+    b->T = (int)T; b->G = G; b->S = S; b->M = (int)M;
+
+    int t = 0, gu = 0, s = 0, m = 0;
+    for (int k = 0; k < count; k++) {
+        int gi = first + k;
+        const pack_group *g = &groups[gi];
+        if (layout == PACK_PACKED) {
+            int p0 = t;
+            b->cu_seqlens[gu] = p0; b->grp_plen[gu] = g->P; b->grp_seg0[gu] = s; b->grp_nseg[gu] = g->N;
+            put_prompt(b, g, p0);
+            t += g->P;
+            for (int i = 0; i < g->N; i++) {
+                put_response(b, g, gi, i, s, p0, t, m);
+                t += g->R[i]; m += g->R[i]; s++;
+            }
+            gu++;
+        } else {
+            for (int i = 0; i < g->N; i++) {
+                int p0 = t;
+                b->cu_seqlens[gu] = p0; b->grp_plen[gu] = g->P; b->grp_seg0[gu] = s; b->grp_nseg[gu] = 1;
+                put_prompt(b, g, p0);
+                t += g->P;
+                put_response(b, g, gi, i, s, p0, t, m);
+                t += g->R[i]; m += g->R[i]; s++; gu++;
+            }
+        }
+    }
+    b->cu_seqlens[G] = t;
+    assert(t == b->T && gu == G && s == S && m == b->M);
+    return 0;
+}
+
+void pack_batch_free(pack_batch *b) {
+    if (!b) return;
+    free(b->tokens);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---------- the micro-batch planner ---------- */
+
+int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens,
+                   pack_layout layout) {
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < n_groups; i++) {
+        const pack_group *g = &groups[i];
+        long long need = pack_group_tokens(g, layout);
+        if (need <= max_tokens) continue;
+        if (layout != PACK_PACKED)
+            return err_set(GE_TOO_LARGE,
+                           "group %d needs %lld tokens (P=%d, N=%d, R total %lld) > "
+                           "max_tokens_per_micro_batch %lld",
+                           i, need, g->P, g->N, group_resp_tokens(g), max_tokens);
+        for (int r = 0; r < g->N; r++)
+            if (g->R[r] > max_tokens)
+                return err_set(GE_TOO_LARGE,
+                               "group %d response %d has %d tokens > max_tokens_per_micro_batch %lld "
+                               "(a response is never split across micro-batches)",
+                               i, r, g->R[r], max_tokens);
+    }
+    int cap = n_groups > 0 ? n_groups : 1;          /* at most one micro-batch per group */
+    p->mb_first = malloc(sizeof(int) * cap);
+    p->mb_count = malloc(sizeof(int) * cap);
+    p->mb_split = malloc(sizeof(int) * cap);
+    if (!p->mb_first || !p->mb_count || !p->mb_split) {
+        pack_plan_free(p);
+        return err_set(GE_NOMEM, "pack_plan_make: %d groups", n_groups);
+    }
+    long long used = 0;
+    for (int i = 0; i < n_groups; i++) {
+        long long need = pack_group_tokens(&groups[i], layout);
+        int split = need > max_tokens;
+        if (p->n_mb == 0 || split || p->mb_split[p->n_mb - 1] || used + need > max_tokens) {
+            p->mb_first[p->n_mb] = i;
+            p->mb_count[p->n_mb] = 0;
+            p->mb_split[p->n_mb] = split;
+            p->n_mb++;
+            used = 0;
+        }
+        p->mb_count[p->n_mb - 1]++;
+        used += need;
+    }
+    return 0;
+}
+
+void pack_plan_free(pack_plan *p) {
+    if (!p) return;
+    free(p->mb_first);
+    free(p->mb_count);
+    free(p->mb_split);
+    memset(p, 0, sizeof *p);
+}

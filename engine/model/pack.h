@@ -1,0 +1,66 @@
+/* pack.h — packing prompt groups into micro-batches: grpod's P + NR layout.
+ *
+ * A micro-batch holds whole groups. Group g is laid out [P_g; R_g1; ...; R_gN] in packed order
+ * (P + ΣR tokens, not N(P+R)). Positions: prompt 0..P-1, every response restarts at P.
+ * The STANDARD layout is the same struct with each response in a group of its own that carries
+ * a copy of the prompt (N(P+R) tokens): the equivalence tests run one code path on both.
+ *
+ * Attention semantics, per packed token t: t attends to the keys in [kv_a0[t], kv_a1[t]) and in
+ * [kv_b0[t], kv_b1[t]) (packed indices; either range may be empty).
+ *   prompt token i of g:     a = [p0, p0 + i + 1),  b = empty
+ *   response token j of s:   a = [p0, p0 + P),      b = [s0, s0 + j + 1)
+ * Logits are needed only where they predict a response token: out_pos[m] is the packed token
+ * whose hidden state predicts out_tok[m] (the last prompt token for a response's first token).
+ *
+ * Legend: T packed tokens, G groups, S response segments (all groups), M predicted tokens. */
+#ifndef GRPOD_PACK_H
+#define GRPOD_PACK_H
+
+/* One prompt group as the engine receives it (the caller owns the arrays). */
+typedef struct {
+    const int *prompt;          /* (P) */
+    int P;
+    int N;                      /* responses */
+    const int *const *resp;     /* N arrays, resp[i] of length R[i] */
+    const int *R;               /* (N) */
+} pack_group;
+
+typedef enum { PACK_PACKED = 0, PACK_STANDARD = 1 } pack_layout;
+
+typedef struct {
+    int T, G, S, M;
+    int *tokens;                /* (T) token ids */
+    int *pos;                   /* (T) RoPE positions */
+    int *kv_a0, *kv_a1;         /* (T) first key range, packed indices [a0, a1) */
+    int *kv_b0, *kv_b1;         /* (T) second key range [b0, b1), empty when b0 == b1 */
+    int *cu_seqlens;            /* (G + 1) packed start of each group, cu_seqlens[G] == T */
+    int *grp_plen;              /* (G) prompt length P of each group */
+    int *grp_seg0, *grp_nseg;   /* (G) first segment index and number of responses */
+    int *seg_start, *seg_len;   /* (S) packed start and length R of each response */
+    int *seg_group;             /* (S) source group index (into the caller's pack_group array) */
+    int *seg_resp;              /* (S) response index within that source group */
+    int *seg_out0;              /* (S) index of the segment's first predicted token in out_* */
+    int *out_pos;               /* (M) packed token whose logits predict out_tok */
+    int *out_tok;               /* (M) target token id */
+} pack_batch;
+
+/* Build one micro-batch from groups[first .. first + count) in the given layout.
+ * Returns 0, or GE_NOMEM. The batch owns its arrays: pack_batch_free. */
+int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout);
+void pack_batch_free(pack_batch *b);
+
+/* Tokens a group occupies in a layout: P + ΣR (packed) or N·P + ΣR (standard). */
+long long pack_group_tokens(const pack_group *g, pack_layout layout);
+
+/* Micro-batch plan: consecutive runs of whole groups whose tokens fit max_tokens.
+ * mb_first[k], mb_count[k] for k < n_mb. A group larger than max_tokens is a micro-batch of its
+ * own with mb_split[k] = 1 (packed layout): engine/model/split.h runs it as its prompt once and its
+ * responses in micro-batches of at most max_tokens response tokens each, attending to the
+ * prompt's cached keys. A response longer than max_tokens (a response is never cut), or any
+ * group over max_tokens in the standard layout, is GE_TOO_LARGE with a message naming the group
+ * and its size. The plan owns its arrays: pack_plan_free. */
+typedef struct { int n_mb; int *mb_first, *mb_count, *mb_split; } pack_plan;
+int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens,
+                   pack_layout layout);
+void pack_plan_free(pack_plan *p);
+#endif

@@ -1,0 +1,151 @@
+/* chat.c — built-in renderers for the ChatML (Qwen) and Llama 3 chat templates; see chat.h.
+ * Each renderer is the template's Jinja logic for plain {role, content} messages, line for line;
+ * the string helpers reproduce Python's str.strip/lstrip/rstrip/split as Jinja calls them. */
+#include "engine/text/chat.h"
+#include "common/err.h"
+#include "engine/text/tok_text.h"
+#include "engine/text/unicode_data.h"
+#include <stdlib.h>
+#include <string.h>
+
+
+
+/* A view of a string: [p, p + n). */
+typedef struct { const char *p; size_t n; } view;
+
+/* Python's str.isspace(): White_Space plus U+001C..U+001F. */
+static int py_space(uint32_t cp) { return (cp >= 0x1C && cp <= 0x1F) || uc_class(cp) == UC_WS; }
+
+static view strip_ws(view v, int left, int right) {
+    while (left && v.n) {
+        uint32_t cp;
+        int k = tt_utf8_decode((const unsigned char *)v.p, v.n, &cp);
+        if (!k || !py_space(cp)) break;
+        v.p += k; v.n -= (size_t)k;
+    }
+    while (right && v.n) {
+        size_t j = v.n - 1;
+        while (j > 0 && ((unsigned char)v.p[j] & 0xC0) == 0x80) j--;
+        uint32_t cp;
+        int k = tt_utf8_decode((const unsigned char *)v.p + j, v.n - j, &cp);
+        if (!k || !py_space(cp)) break;
+        v.n = j;
+    }
+    return v;
+}
+
+static view strip_nl(view v, int left, int right) {
+    while (left && v.n && v.p[0] == '\n') { v.p++; v.n--; }
+    while (right && v.n && v.p[v.n - 1] == '\n') v.n--;
+    return v;
+}
+
+/* Position of the first / last occurrence of needle in v, or -1. */
+static long find(view v, const char *needle, int last) {
+    size_t k = strlen(needle);
+    long at = -1;
+    for (size_t i = 0; i + k <= v.n; i++)
+        if (!memcmp(v.p + i, needle, k)) { at = (long)i; if (!last) break; }
+    return at;
+}
+
+static int starts(view v, const char *s) { size_t k = strlen(s); return v.n >= k && !memcmp(v.p, s, k); }
+static int ends(view v, const char *s) { size_t k = strlen(s); return v.n >= k && !memcmp(v.p + v.n - k, s, k); }
+static view V(const char *s) { return (view){s, strlen(s)}; }
+static int is(const char *a, const char *b) { return !strcmp(a, b); }
+
+/* Qwen3: system first; assistant turns after the last real user query get a <think> block
+ * (content split at </think> as the template does). Messages of other roles render nothing. */
+static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
+    if (is(m[0].role, "system")) { tt_str(b, "<|im_start|>system\n"); tt_str(b, m[0].content); tt_str(b, "<|im_end|>\n"); }
+    int multi_step_tool = 1, last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--) {
+        view c = V(m[i].content);
+        if (multi_step_tool && is(m[i].role, "user") && !(starts(c, "<tool_response>") && ends(c, "</tool_response>"))) {
+            multi_step_tool = 0;
+            last_query = i;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const char *role = m[i].role;
+        view c = V(m[i].content);
+        if (is(role, "user") || (is(role, "system") && i > 0)) {
+            tt_str(b, "<|im_start|>"); tt_str(b, role); tt_str(b, "\n"); tt_put(b, c.p, c.n); tt_str(b, "<|im_end|>\n");
+        } else if (is(role, "assistant")) {
+            view content = c, reasoning = {"", 0};
+            long end = find(c, "</think>", 1);
+            if (end >= 0) {
+                content = strip_nl((view){c.p + end + 8, c.n - (size_t)end - 8}, 1, 0);
+                view before = strip_nl((view){c.p, (size_t)find(c, "</think>", 0)}, 0, 1);
+                long st = find(before, "<think>", 1);
+                reasoning = strip_nl(st >= 0 ? (view){before.p + st + 7, before.n - (size_t)st - 7} : before, 1, 0);
+            }
+            tt_str(b, "<|im_start|>assistant\n");
+            if (i > last_query && (i == n - 1 || reasoning.n)) {
+                view r = strip_nl(reasoning, 1, 1);
+                tt_str(b, "<think>\n"); tt_put(b, r.p, r.n); tt_str(b, "\n</think>\n\n");
+                content = strip_nl(content, 1, 0);
+            }
+            tt_put(b, content.p, content.n);
+            tt_str(b, "<|im_end|>\n");
+        } else if (is(role, "tool")) {
+            if (i == 0 || !is(m[i - 1].role, "tool")) tt_str(b, "<|im_start|>user");
+            tt_str(b, "\n<tool_response>\n"); tt_put(b, c.p, c.n); tt_str(b, "\n</tool_response>");
+            if (i == n - 1 || !is(m[i + 1].role, "tool")) tt_str(b, "<|im_end|>\n");
+        }
+    }
+    if (gen) tt_str(b, "<|im_start|>assistant\n");
+}
+
+/* Plain ChatML, with the default system prompt of Qwen2 / Qwen2.5 when the template has one. */
+static void render_chatml(tt_buf *b, const chat_msg *m, int n, int gen, const char *default_system) {
+    if (default_system && !is(m[0].role, "system")) {
+        tt_str(b, "<|im_start|>system\n"); tt_str(b, default_system); tt_str(b, "<|im_end|>\n");
+    }
+    for (int i = 0; i < n; i++) {
+        tt_str(b, "<|im_start|>"); tt_str(b, m[i].role); tt_str(b, "\n"); tt_str(b, m[i].content); tt_str(b, "<|im_end|>\n");
+    }
+    if (gen) tt_str(b, "<|im_start|>assistant\n");
+}
+
+/* Llama 3: bos before the first message; content trimmed (Jinja's trim = str.strip()). The
+ * original Llama 3 template appends the assistant header unconditionally; templates that test
+ * add_generation_prompt get it only when asked. */
+static void render_llama3(tt_buf *b, const tok *t, const chat_msg *m, int n, int gen, int always_gen) {
+    for (int i = 0; i < n; i++) {
+        if (i == 0 && tok_bos(t)) tt_str(b, tok_bos(t));
+        view c = strip_ws(V(m[i].content), 1, 1);
+        tt_str(b, "<|start_header_id|>"); tt_str(b, m[i].role); tt_str(b, "<|end_header_id|>\n\n");
+        tt_put(b, c.p, c.n); tt_str(b, "<|eot_id|>");
+    }
+    if (gen || always_gen) tt_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, char **out) {
+    *out = NULL;
+    const char *tpl = tok_chat_template(t);
+    if (n < 1) return err_set(GE_INVALID, "chat: messages is empty");
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content) return err_set(GE_INVALID, "chat: message %d has no role or content", i);
+    if (!tpl) return err_set(GE_UNSUPPORTED, "chat: the model has no chat_template in tokenizer_config.json");
+    tt_buf b = {0};
+    if (strstr(tpl, "<|im_start|>")) {
+        if (strstr(tpl, "reasoning_content")) render_qwen3(&b, msgs, n, add_generation_prompt);
+        else if (strstr(tpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
+            render_chatml(&b, msgs, n, add_generation_prompt, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+        else if (strstr(tpl, "You are a helpful assistant."))
+            render_chatml(&b, msgs, n, add_generation_prompt, "You are a helpful assistant.");
+        else render_chatml(&b, msgs, n, add_generation_prompt, NULL);
+    } else if (strstr(tpl, "<|start_header_id|>")) {
+        if (strstr(tpl, "Cutting Knowledge Date") || strstr(tpl, "tools"))
+            return err_set(GE_UNSUPPORTED, "chat: Llama 3.1+ chat templates (tools, date header) are not "
+                           "supported; only the Llama 3 template");
+        render_llama3(&b, t, msgs, n, add_generation_prompt, !strstr(tpl, "add_generation_prompt"));
+    } else {
+        return err_set(GE_UNSUPPORTED, "chat: the model's chat_template is neither ChatML (<|im_start|>) "
+                       "nor Llama 3 (<|start_header_id|>); no other template is built in");
+    }
+    if (b.oom || !b.s) { free(b.s); return err_set(GE_NOMEM, "chat: out of memory"); }
+    *out = b.s;
+    return 0;
+}

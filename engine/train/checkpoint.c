@@ -1,0 +1,335 @@
+/* checkpoint.c — saving, verifying and resuming the policy's checkpoints (eng_checkpoint_*).
+ *
+ * A checkpoint is an HF directory (config.json, model.safetensors, tokenizer files) plus the
+ * training state (optimizer.safetensors: AdamW m and v; grpod_state.json: policy_version and
+ * optimizer step) and manifest.json: every other file's size and 64-bit hash. Crash safety:
+ *   write everything to DIR.tmp ─► fsync each file ─► manifest.json (fsynced) ─► fsync DIR.tmp
+ *   ─► rename DIR.tmp → DIR ─► fsync the parent directory.
+ * A crash before the rename leaves only DIR.tmp (removed at the next start); after it, DIR is
+ * complete on disk. eng_checkpoint_verify re-reads every file against the manifest before a
+ * resume, so a directory damaged later (a torn copy, a bad disk, an edit) is refused, not
+ * loaded. A failed save (disk full) removes DIR.tmp and leaves nothing half-written.
+ *
+ * Not here: which checkpoint to resume (the daemon's worker walks the store's index). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "common/err.h"
+#include "engine/format/json.h"
+#include "engine/model/lora.h"
+#include "engine/format/safetensors.h"
+
+#define MANIFEST "manifest.json"
+#define STATE "grpod_state.json"
+
+/* ---------------------------------------------------------------- files */
+
+static int fsync_path(const char *path, int dir) {
+    int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0) return err_set(GE_IO, "%s: cannot open to sync: %s", path, strerror(errno));
+    int rc = fsync(fd) ? err_set(GE_IO, "%s: fsync: %s", path, strerror(errno)) : 0;
+    close(fd);
+    return rc;
+}
+
+/* Size and hash of a file's bytes: 8-byte words folded with a multiply-xorshift (not
+ * cryptographic: it catches torn, truncated and flipped data, not an adversary). */
+static int hash_file(const char *path, long long *bytes, uint64_t *hash) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(GE_IO, "%s: %s", path, strerror(errno));
+    unsigned char *buf = malloc(1 << 20);
+    if (!buf) { fclose(f); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
+    uint64_t h = 0x9e3779b97f4a7c15ULL;
+    long long total = 0;
+    size_t k;
+    while ((k = fread(buf, 1, 1 << 20, f)) > 0) {
+        size_t i = 0;
+        for (; i + 8 <= k; i += 8) {
+            uint64_t w;
+            memcpy(&w, buf + i, 8);
+            h = (h ^ w) * 0xff51afd7ed558ccdULL;
+            h ^= h >> 32;
+        }
+        for (; i < k; i++) h = (h ^ buf[i]) * 0x100000001b3ULL;
+        total += (long long)k;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    free(buf);
+    if (bad) return err_set(GE_IO, "%s: read error", path);
+    *bytes = total;
+    *hash = h ^ (uint64_t)total;
+    return 0;
+}
+
+static int copy_file(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb");
+    if (!in) return 0;  /* optional files */
+    FILE *o = fopen(dst, "wb");
+    if (!o) { fclose(in); return err_set(GE_IO, "%s: cannot create: %s", dst, strerror(errno)); }
+    char buf[65536];
+    size_t k;
+    int ok = 1;
+    while ((k = fread(buf, 1, sizeof buf, in)) > 0) ok &= fwrite(buf, 1, k, o) == k;
+    fclose(in);
+    if (fclose(o) || !ok) return err_set(GE_IO, "%s: write failed: %s", dst, strerror(errno));
+    return 0;
+}
+
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(GE_IO, "%s: cannot create: %s", path, strerror(errno));
+    int ok = fputs(text, f) >= 0;
+    if (fclose(f) || !ok) return err_set(GE_IO, "%s: write failed: %s", path, strerror(errno));
+    return 0;
+}
+
+int eng_remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : err_set(GE_IO, "%s: %s", dir, strerror(errno));
+    struct dirent *de;
+    char p[PATH_MAX + 300];
+    int rc = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) { if (!rc) rc = eng_remove_tree(p); }
+        else if (unlink(p) && !rc) rc = err_set(GE_IO, "%s: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (rmdir(dir) && !rc) rc = err_set(GE_IO, "%s: %s", dir, strerror(errno));
+    return rc;
+}
+
+/* ---------------------------------------------------------------- manifest */
+
+/* Fsyncs every file of dir and writes manifest.json (fsynced) listing them. */
+static int write_manifest(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return err_set(GE_IO, "%s: %s", dir, strerror(errno));
+    char path[PATH_MAX + 300], *text = NULL;
+    size_t tl = 0;
+    FILE *m = open_memstream(&text, &tl);
+    int rc = m ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
+    if (!rc) fprintf(m, "{\"format\": \"grpod-manifest-v1\", \"files\": {");
+    struct dirent *de;
+    int n = 0;
+    while (!rc && (de = readdir(d))) {
+        if (de->d_name[0] == '.' || !strcmp(de->d_name, MANIFEST)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        long long bytes;
+        uint64_t h;
+        if ((rc = fsync_path(path, 0)) || (rc = hash_file(path, &bytes, &h))) break;
+        fprintf(m, "%s\n  ", n++ ? "," : "");
+        js_write_str(m, de->d_name, strlen(de->d_name));
+        fprintf(m, ": {\"bytes\": %lld, \"hash\": \"%016llx\"}", bytes, (unsigned long long)h);
+    }
+    closedir(d);
+    if (m) { fprintf(m, "}}\n"); fclose(m); }
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    if (!rc) rc = write_text(path, text);
+    if (!rc) rc = fsync_path(path, 0);
+    free(text);
+    return rc;
+}
+
+int eng_checkpoint_verify(const char *dir) {
+    char path[PATH_MAX + 300];
+    snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
+    js_doc *doc;
+    const js *r;
+    int rc = js_parse_file(path, &doc, &r);
+    if (rc) return err_set(GE_FORMAT, "%s: no readable manifest (%s)", dir, err_msg());
+    const js *files = js_get(r, "files");
+    int has_state = 0, has_model = 0;
+    if (!files || files->type != JS_OBJ) rc = err_set(GE_FORMAT, "%s: manifest without files", dir);
+    for (int i = 0; !rc && i < files->n; i++) {
+        const char *name = files->keys[i], *want = js_get_str(&files->items[i], "hash");
+        long long want_bytes = (long long)js_get_num(&files->items[i], "bytes", -1), bytes;
+        uint64_t h;
+        char hex[24];
+        if (strchr(name, '/') || !want) { rc = err_set(GE_FORMAT, "%s: bad manifest entry %s", dir, name); break; }
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if ((rc = hash_file(path, &bytes, &h))) { rc = err_set(GE_FORMAT, "%s: %s", dir, err_msg()); break; }
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+        if (bytes != want_bytes) rc = err_set(GE_FORMAT, "%s: %lld bytes, the manifest says %lld", path, bytes, want_bytes);
+        else if (strcmp(hex, want)) rc = err_set(GE_FORMAT, "%s: contents differ from the manifest (hash %s, expected %s)", path, hex, want);
+        has_state |= !strcmp(name, STATE);
+        has_model |= !strcmp(name, "model.safetensors") || !strcmp(name, "adapter_model.safetensors");
+    }
+    if (!rc && (!has_state || !has_model)) rc = err_set(GE_FORMAT, "%s: the manifest lacks %s", dir, has_state ? "model.safetensors" : STATE);
+    js_doc_free(doc);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- save */
+
+/* The policy's weights as host fp32 (m.n_elems): the master, or with LoRA the base with the
+ * adapters merged in. */
+static int policy_host(eng *e, float *host) {
+    size_t n = (size_t)e->m.n_elems;
+    if (!e->m.lora_r) return e->be->to_host(e->be, host, e->w_master, n * 4);
+    int rc = e->be->act_to_f32(e->be, host, e->w_act, n);
+    float *l = rc ? NULL : malloc((size_t)e->m.l_elems * 4);
+    if (!rc && !l) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
+    if (!rc) rc = e->be->to_host(e->be, l, e->lora_master, (size_t)e->m.l_elems * 4);
+    if (!rc) lora_merge_host(&e->m, host, l);
+    free(l);
+    return rc;
+}
+
+/* Everything but the manifest into tmp: the weights (with LoRA the adapter in PEFT's layout,
+ * or merged into an HF directory), then the training state unless a merged export. */
+static int save_files(eng *e, const char *tmp, int merged, float *const *gathered) {
+    char path[PATH_MAX + 64], src[PATH_MAX + 64];
+    int adapter = e->m.lora_r && !merged;
+    size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
+    /* offloaded state is written from where it lives, without copies (8B dims: 66 GB); so is the
+     * state gathered from the ranks (with a comm: master, adam_m, adam_v in host memory) */
+    int in_host = e->offload || gathered;
+    float *host = in_host ? NULL : malloc((n > nt ? n : nt) * 4);
+    if (!in_host && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
+    int rc = 0;
+    if (adapter) {
+        rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
+        if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
+    } else {
+        rc = config_write(tmp, &e->m.cfg);
+        if (!rc && !in_host) rc = policy_host(e, host);
+        if (!rc) rc = model_save_host(&e->m, tmp, gathered ? gathered[0] : e->offload ? e->w_master : host, 0);
+        static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
+        for (int i = 0; i < 3 && !rc; i++) {
+            snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
+            snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
+            rc = copy_file(src, path);
+        }
+    }
+    int export = merged && e->m.lora_r;     /* its moments are the adapters': not a resume point */
+    if (!rc && e->adam_m && !export) {
+        float *v = in_host ? NULL : malloc(nt * 4);
+        rc = v || in_host ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
+        if (!rc && !in_host) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
+        if (!rc && !in_host) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
+        const float *hm = gathered ? gathered[1] : e->offload ? e->adam_m : host,
+                    *hv = gathered ? gathered[2] : e->offload ? e->adam_v : v;
+        st_out o[2] = { { .name = "adam_m", .data = hm, .ndim = 1, .shape = { (long long)nt } },
+                        { .name = "adam_v", .data = hv, .ndim = 1, .shape = { (long long)nt } } };
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+        if (!rc) rc = st_write(path, o, 2, ST_F32);
+        free(v);
+    }
+    if (!rc && !export) {
+        char state[256];
+        snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
+                 (long long)e->policy_version, e->opt_step);
+        snprintf(path, sizeof path, "%s/%s", tmp, STATE);
+        rc = write_text(path, state);
+    }
+    free(host);
+    return rc;
+}
+
+int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
+
+/* The directory, written whole or not at all (gathered: see save_files). */
+static int save_dir(eng *e, const char *dir, int merged, float *const *gathered) {
+    char tmp[PATH_MAX], parent[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
+    struct stat sb;
+    if (stat(dir, &sb) == 0) return err_set(GE_CONFLICT, "%s exists already", dir);
+    eng_remove_tree(tmp);   /* a leftover of a crash during the same save */
+    int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
+    if (!rc) rc = save_files(e, tmp, merged, gathered);
+    if (!rc) rc = write_manifest(tmp);
+    if (!rc) rc = fsync_path(tmp, 1);
+    if (!rc && rename(tmp, dir)) rc = err_set(GE_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
+    if (!rc) rc = fsync_path(parent, 1);
+    if (rc) {
+        int code = err_code();
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", err_msg());
+        eng_remove_tree(tmp);   /* disk full: give the space back, leave nothing half-written */
+        rc = err_set(code, "checkpoint not saved: %s", msg);
+    }
+    return rc;
+}
+
+/* With a comm (every rank calls): the shards of the master and the moments are gathered into rank 0's
+ * host memory, rank 0 writes the directory as one rank would, and every rank returns its result:
+ * a checkpoint from W ranks is the one-rank checkpoint of the same state. */
+static int save_ranks(eng *e, const char *dir, int merged) {
+    size_t full = (size_t)(e->sh_n * e->W);
+    float *h[3] = { 0 };
+    int has_moments = e->adam_m != NULL, rc = 0;   /* the same on every rank: made by the first update */
+    for (int i = 0; i < (has_moments ? 3 : 1) && e->rank == 0 && !rc; i++)
+        if (!(h[i] = malloc(full * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", full * 4 >> 20);
+    rc = dp_agree(e, rc);
+    float *shard[3] = { e->w_master, e->adam_m, e->adam_v };
+    for (int i = 0; i < (has_moments ? 3 : 1) && !rc; i++) rc = dp_agree(e, dp_gather_to_host(e, shard[i], h[i]));
+    if (!rc && e->rank == 0) rc = save_dir(e, dir, merged, h);
+    for (int i = 0; i < 3; i++) free(h[i]);
+    return dp_agree(e, rc);
+}
+
+int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
+    return e->dp ? save_ranks(e, dir, merged) : save_dir(e, dir, merged, NULL);
+}
+
+/* ---------------------------------------------------------------- resume */
+
+/* Training state of a checkpoint into e (weights are loaded by eng_open): policy_version and
+ * optimizer step from grpod_state.json (required: a missing or unreadable one is an error,
+ * never version 0), AdamW moments from optimizer.safetensors (absent: a fresh optimizer). */
+int eng_checkpoint_load_state(eng *e, const char *dir) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, STATE);
+    js_doc *doc;
+    const js *r;
+    int rc = js_parse_file(path, &doc, &r);
+    if (rc) return err_set(GE_FORMAT, "checkpoint %s: %s", dir, err_msg());
+    double v = js_get_num(r, "policy_version", -1), step = js_get_num(r, "optimizer_step", -1);
+    js_doc_free(doc);
+    if (v < 0 || step < 0) return err_set(GE_FORMAT, "%s: no policy_version or optimizer_step", path);
+    e->policy_version = (long long)v;
+    e->opt_step = (int)step;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if (access(path, R_OK)) return 0;
+    st_set s = {0};
+    if ((rc = st_open_file(&s, path))) return rc;
+    size_t n = (size_t)eng_train_n(e);
+    eng_backend *be = e->be;
+    if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
+    /* offloaded moments are read straight into their host memory; with a comm the rank takes its
+     * shard of the whole vector */
+    int direct = e->offload && !e->dp;
+    float *host = direct ? NULL : malloc(n * 4);
+    size_t off = e->dp ? (size_t)e->sh_off : 0, cnt = e->dp ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
+    if (!direct && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
+    const char *names[2] = { "adam_m", "adam_v" };
+    float *dst[2] = { e->adam_m, e->adam_v };
+    for (int i = 0; i < 2 && !rc; i++) {
+        const st_tensor *t = st_find(&s, names[i]);
+        long long dims[1] = { (long long)n };
+        rc = t ? st_read_f32(t, direct ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        if (!rc && !direct && cnt) {
+            if (e->offload) memcpy(dst[i], host + off, cnt * 4);   /* a host shard */
+            else rc = be->to_dev(be, dst[i], host + off, cnt * 4);
+        }
+    }
+    free(host);
+    st_close(&s);
+    return rc;
+}

@@ -1,0 +1,487 @@
+/* update.c — one GRPO-family update step (eng_update), on any backend:
+ *
+ *   advantages ─► filter groups ─► old pass (policy, no grad; or the rollout's logprobs; or,
+ *   on-policy — one epoch of one mini-batch — the policy pass's own logprobs, detached: the
+ *   same numbers, as veRL does, so the pass is skipped)
+ *   ─► ref pass (frozen reference, no grad; skipped when kl_coef = 0)
+ *   ─► ppo_epochs × mini-batches: micro-batches fwd + loss + bwd (gradients accumulate)
+ *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
+ *   ─► policy_version + 1
+ *
+ * Atomic: the first optimizer step first copies the state it changes (fp32 master of the
+ * trainable weights, the adapters with LoRA; AdamW m and v; opt_step and policy_version) to a
+ * host buffer; a failure after it (a non-finite gradient norm, found before the step it
+ * would poison; non-finite weights or second moments after a step; out of memory; a backend
+ * error) copies it back, so a failed update leaves the policy exactly as before.
+ * eng_update_undo takes back the last successful update the same way (the daemon's answer to
+ * a failed done-write).
+ *
+ * Micro-batches hold whole groups packed P + NR (engine/model/pack.h); a group larger than a micro-batch
+ * runs as its prompt once and its responses in micro-batches (engine/model/split.h). The loss's aggregation
+ * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
+ * mini-batch's exact gradient. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "engine/engine_internal.h"
+#include "engine/model/lora.h"
+#include "engine/train/optim.h"
+#include "engine/model/split.h"
+#include "kernels/adamw.h"
+
+int eng_training_state(eng *e) {
+    if (e->grad) return 0;
+    eng_backend *be = e->be;
+    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W) * 4 : n;
+    e->grad = be->alloc(be, ng);
+    if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
+    if (ng > n) be->zero(be, e->grad, ng);   /* with a comm: the padding stays zero */
+    if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
+        long long ns = eng_state_n(e);   /* with a comm: this rank's shard */
+        int rc = offload_init(&e->off, be, ns, 0);
+        if (rc) return rc;
+        if (!(e->adam_m = offload_host_alloc(ns)) || !(e->adam_v = offload_host_alloc(ns))) return GE_NOMEM;
+    } else {
+        e->adam_m = be->alloc(be, n);
+        e->adam_v = be->alloc(be, n);
+        if (!e->adam_m || !e->adam_v)
+            return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s: try --optimizer-offload on", 2 * n >> 20,
+                           be->name);
+        be->zero(be, e->adam_m, n);
+        be->zero(be, e->adam_v, n);
+    }
+    return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
+}
+
+/* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
+ * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
+ * the norm) is AdamW on B exactly. With offload (full-parameter only) the step runs on the
+ * host (offload.h). Queued; returns 0 or the offload's error. */
+static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
+    eng_backend *be = e->be;
+    if (e->dp && e->offload)   /* this rank's shard, on the host (offload.h) */
+        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes,
+                             e->grad + e->sh_off, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+    if (e->dp) {   /* this rank's shard (dp.c); the act weights are gathered after */
+        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes, e->grad + e->sh_off,
+                  e->adam_m, e->adam_v, e->sh_n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+        return 0;
+    }
+    if (e->offload)
+        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, e->w_act, e->grad, lr, opt->beta1, opt->beta2,
+                             opt->eps, opt->weight_decay, e->opt_step);
+    float *master = eng_train_master(e);
+    void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
+    long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
+    be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps,
+              opt->weight_decay, e->opt_step);
+    if (na < n) {
+        float s = e->m.lora_alpha / (float)e->m.lora_r;
+        size_t eb = (size_t)be->act_bytes;
+        be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
+                  e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- undo */
+
+static int undo_save(eng *e) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)eng_state_n(e);   /* with a comm: this rank's shard */
+    if (!e->undo) {
+        e->undo_pinned = be->host_alloc != NULL;
+        e->undo = e->undo_pinned ? be->host_alloc(be, 3 * n * 4) : malloc(3 * n * 4);
+        if (!e->undo) return err_set(GE_NOMEM, "update: the undo copy of the training state (%zu MiB of host memory) does not fit",
+                                     3 * n * 4 >> 20);
+    }
+    int rc = 0;
+    if (e->offload) {   /* host state: plain copies */
+        memcpy(e->undo, e->w_master, n * 4); memcpy(e->undo + n, e->adam_m, n * 4); memcpy(e->undo + 2 * n, e->adam_v, n * 4);
+    } else {
+        rc = be->to_host(be, e->undo, eng_train_master(e), n * 4);
+        if (!rc) rc = be->to_host(be, e->undo + n, e->adam_m, n * 4);
+        if (!rc) rc = be->to_host(be, e->undo + 2 * n, e->adam_v, n * 4);
+    }
+    e->undo_opt_step = e->opt_step;
+    e->undo_version = e->policy_version;
+    return rc;
+}
+
+/* With a comm every rank restores its shard, then the act weights are gathered again: all ranks
+ * call it together (a failure is agreed on before it is acted on). */
+static int undo_restore(eng *e) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)eng_state_n(e);
+    float *master = eng_train_master(e);
+    void *act = eng_train_act(e);
+    int rc = 0;
+    /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
+    char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
+    if (e->offload) {   /* host state: plain copies, then the device weights from the master */
+        memcpy(master, e->undo, n * 4); memcpy(e->adam_m, e->undo + n, n * 4); memcpy(e->adam_v, e->undo + 2 * n, n * 4);
+        rc = be->act_from_f32(be, act_t, master, n);
+    } else {
+        rc = be->to_dev(be, master, e->undo, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
+        if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
+        if (!rc && act_t != (char *)master) be->f32_to_act(be, act_t, master, n);
+    }
+    if (!rc) rc = be->sync(be);
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+    e->opt_step = e->undo_opt_step;
+    e->policy_version = e->undo_version;
+    e->undo_ok = 0;
+    return rc;
+}
+
+int eng_update_undo(eng *e) {
+    if (!e->undo_ok) return 0;
+    return undo_restore(e);
+}
+
+void eng_undo_free(eng *e) {
+    if (!e->undo) return;
+    if (e->undo_pinned) e->be->host_free(e->be, e->undo);
+    else free(e->undo);
+    e->undo = NULL;
+    e->undo_ok = 0;
+}
+
+/* Per-response bookkeeping of the kept groups, in pack order. */
+typedef struct {
+    pack_group *pg; int n_groups;
+    int *src;                   /* (n_groups) index into the caller's groups */
+    int S; int *off, *len, *mask; float *adv;   /* (S) responses */
+    long long M;                /* predicted tokens */
+    float *old, *ref, *logp, *ent, *dlogp, *dent;   /* (M) */
+    int *grp_resp0;             /* (n_groups) first response index of each kept group */
+} work;
+
+static void work_free(work *w) {
+    free(w->pg); free(w->src); free(w->off); free(w->len); free(w->mask); free(w->adv);
+    free(w->old); free(w->ref); free(w->logp); free(w->ent); free(w->dlogp); free(w->dent); free(w->grp_resp0);
+}
+
+static int work_make(work *w, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
+    memset(w, 0, sizeof *w);
+    int S = 0;
+    long long M = 0;
+    for (int i = 0; i < n; i++) { S += g[i].n; for (int r = 0; r < g[i].n; r++) M += g[i].R[r]; }
+    w->pg = calloc((size_t)n + 1, sizeof *w->pg);
+    w->src = calloc((size_t)n + 1, sizeof(int));
+    w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
+    w->off = calloc((size_t)S + 1, sizeof(int)); w->len = calloc((size_t)S + 1, sizeof(int));
+    w->mask = calloc((size_t)S + 1, sizeof(int)); w->adv = calloc((size_t)S + 1, sizeof(float));
+    float **arr[6] = { &w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent };
+    for (int i = 0; i < 6; i++) *arr[i] = calloc((size_t)M + 1, sizeof(float));
+    if (!w->pg || !w->src || !w->grp_resp0 || !w->off || !w->len || !w->mask || !w->adv || !w->old || !w->ref ||
+        !w->logp || !w->ent || !w->dlogp || !w->dent)
+        return err_set(GE_NOMEM, "update: out of memory");
+    *filtered = 0;
+    int s = 0;
+    long long off = 0;
+    for (int i = 0; i < n; i++) {
+        if (a->filter_groups && g[i].reward && !g[i].advantage && loss_group_uniform(g[i].reward, g[i].n)) {
+            (*filtered)++;
+            continue;
+        }
+        int k = w->n_groups++;
+        w->src[k] = i;
+        w->grp_resp0[k] = s;
+        w->pg[k] = (pack_group){ .prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R };
+        if (g[i].advantage) memcpy(w->adv + s, g[i].advantage, (size_t)g[i].n * sizeof(float));
+        else loss_group_advantages(a, g[i].reward, g[i].n, w->adv + s);
+        for (int r = 0; r < g[i].n; r++, s++) {
+            w->off[s] = (int)off;
+            w->len[s] = g[i].R[r];
+            w->mask[s] = !(a->mask_truncated && g[i].truncated && g[i].truncated[r]);
+            if (g[i].old_logprobs && a->use_rollout_logprobs)
+                memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
+            off += g[i].R[r];
+        }
+    }
+    w->S = s;
+    w->M = off;
+    return 0;
+}
+
+/* The loss of responses [ms0, ms1) of w (their tokens contiguous from w->off[ms0]): dlogp, dent. */
+static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double tok_denom, double seq_denom,
+                      loss_metrics *met) {
+    long long m0 = w->off[ms0];
+    int S = ms1 - ms0;
+    /* loss_compute indexes by off[]: shift to these responses' arrays. */
+    int *off = malloc((size_t)(S ? S : 1) * sizeof(int));
+    if (!off) return err_set(GE_NOMEM, "update: out of memory");
+    for (int i = 0; i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
+    loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL,
+                 w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
+    free(off);
+    return 0;
+}
+
+/* A group too large for a micro-batch (engine/model/split.h): the loss of each response micro-batch. */
+typedef struct {
+    work *w; const loss_config *c; int s0, old_from_policy;
+    double tok_denom, seq_denom; loss_metrics *met;
+} split_loss_ud;
+
+static int split_loss(void *ud, int r0, int r1) {
+    split_loss_ud *u = ud;
+    work *w = u->w;
+    int ms0 = u->s0 + r0, ms1 = u->s0 + r1;
+    long long m0 = w->off[ms0], n = (ms1 < w->S ? w->off[ms1] : w->M) - m0;
+    if (u->old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)n * 4);
+    return loss_range(w, u->c, ms0, ms1, u->tok_denom, u->seq_denom, u->met);
+}
+
+/* Forward + loss + backward of groups [c0, c1) of the mini-batch [g0, g1) of w (with one rank the
+ * whole of it; with W the rank's share, dp.c), micro-batch by micro-batch. The loss's
+ * denominators are the whole mini-batch's: every rank has every group's lengths and masks, so
+ * each computes them alone, and the ranks' gradients add up to the one-rank gradient. */
+static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const loss_config *a, long long max_tokens,
+                         int old_from_policy, loss_metrics *met, int *n_micro) {
+    int s0 = w->grp_resp0[g0], s1 = g1 < w->n_groups ? w->grp_resp0[g1] : w->S;
+    double tok_denom = 0, seq_denom = 0;
+    int max_len = 0;
+    loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
+    if (seq_denom == 0 || c1 <= c0) return 0;   /* every response masked (or no share): nothing to learn from */
+    loss_config c = *a;
+    if (c.agg_norm_len <= 0) c.agg_norm_len = max_len;   /* one normaliser for the whole mini-batch */
+    pack_plan plan;
+    int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
+    if (rc) return rc;
+    for (int k = 0; k < plan.n_mb && !rc; k++) {
+        int first = c0 + plan.mb_first[k], count = plan.mb_count[k];
+        int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
+        long long m0 = w->off[ms0];
+        if (plan.mb_split[k]) {
+            split_loss_ud u = { w, &c, ms0, old_from_policy, tok_denom, seq_denom, met };
+            split_opts so = { max_tokens, a->temperature, -1, &e->split };
+            split_stats st;
+            rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
+                             a->entropy_coeff != 0 ? w->dent + m0 : NULL, split_loss, &u, &st);
+            *n_micro += st.n_micro;
+            continue;
+        }
+        pack_batch b;
+        if ((rc = pack_build(&b, w->pg, first, count, PACK_PACKED))) break;
+        model_input in;
+        model_input_from_batch(&in, &b);
+        rc = eng_acts_reserve(e, &e->acts_g, b.T, b.M, 1);
+        if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
+        if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
+        if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
+        if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);
+        if (!rc) rc = loss_range(w, &c, ms0, ms1, tok_denom, seq_denom, met);
+        if (!rc)
+            rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
+                                a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
+        (*n_micro)++;
+        pack_batch_free(&b);
+    }
+    pack_plan_free(&plan);
+    return rc;
+}
+
+/* With a comm: the kept groups in the order the ranks train them. Mini-batches are cut over the kept
+ * groups as with one rank; within each, the groups are placed on ranks by packed tokens
+ * (eng_place_groups) and ordered rank 0's first, then rank 1's, ... (each in input order), so a
+ * rank's share is one range [lo, hi) of its mini-batch. Every rank computes the same order. */
+typedef struct { eng_update_group *g; int n, filtered, n_mb, *lo, *hi; } dp_order;
+
+static void dp_order_free(dp_order *o) { free(o->g); free(o->lo); free(o->hi); }
+
+static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_config *a, dp_order *o) {
+    memset(o, 0, sizeof *o);
+    int *kept = malloc((size_t)(n ? n : 1) * sizeof(int)), *rank = malloc((size_t)(n ? n : 1) * sizeof(int));
+    long long *tok = malloc((size_t)(n ? n : 1) * sizeof(long long));
+    o->g = malloc((size_t)(n ? n : 1) * sizeof *o->g);
+    int rc = kept && rank && tok && o->g ? 0 : err_set(GE_NOMEM, "update: out of memory");
+    for (int i = 0; !rc && i < n; i++) {   /* the filter of work_make */
+        if (a->filter_groups && g[i].reward && !g[i].advantage && loss_group_uniform(g[i].reward, g[i].n)) o->filtered++;
+        else kept[o->n++] = i;
+    }
+    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (o->n ? o->n : 1);
+    o->n_mb = (o->n + mb - 1) / mb;
+    o->lo = calloc((size_t)o->n_mb + 1, sizeof(int));
+    o->hi = calloc((size_t)o->n_mb + 1, sizeof(int));
+    if (!rc && (!o->lo || !o->hi)) rc = err_set(GE_NOMEM, "update: out of memory");
+    for (int b = 0, k0 = 0; !rc && b < o->n_mb; b++, k0 += mb) {
+        int k1 = k0 + mb < o->n ? k0 + mb : o->n, at = k0;
+        for (int k = k0; k < k1; k++) {
+            const eng_update_group *x = &g[kept[k]];
+            tok[k - k0] = x->P;
+            for (int r = 0; r < x->n; r++) tok[k - k0] += x->R[r];
+        }
+        eng_place_groups(tok, k1 - k0, e->W, rank);
+        for (int q = 0; q < e->W; q++) {
+            if (q == e->rank) o->lo[b] = at;
+            for (int k = k0; k < k1; k++) if (rank[k - k0] == q) o->g[at++] = g[kept[k]];
+            if (q == e->rank) o->hi[b] = at;
+        }
+    }
+    free(kept); free(rank); free(tok);
+    return rc;
+}
+
+/* With a comm: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
+ * ratio_max the max), so the result is the same on every rank. */
+static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
+    struct { loss_metrics m; double micro; } mine = { *met, *n_micro }, *all = malloc((size_t)e->W * sizeof mine);
+    if (!all) return err_set(GE_NOMEM, "update: out of memory");
+    int rc = dp_exchange(e, &mine, all, sizeof mine);
+    if (!rc) {
+        loss_metrics t = {0};
+        double micro = 0;
+        for (int q = 0; q < e->W; q++) {
+            const loss_metrics *x = &all[q].m;
+            t.loss += x->loss; t.pg_loss += x->pg_loss; t.kl += x->kl; t.entropy += x->entropy;
+            t.clip_frac += x->clip_frac; t.clip_frac_low += x->clip_frac_low; t.clip_frac_high += x->clip_frac_high;
+            t.ratio_mean += x->ratio_mean; t.n_tokens += x->n_tokens; t.clip_frac_dual += x->clip_frac_dual;
+            if (q == 0 || x->ratio_max > t.ratio_max) t.ratio_max = x->ratio_max;
+            micro += all[q].micro;
+        }
+        *met = t;
+        *n_micro = (int)micro;
+    }
+    free(all);
+    return rc;
+}
+
+int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
+               long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
+    double t0 = clock_mono_ms();
+    memset(out, 0, sizeof *out);
+    out->policy_version_before = e->policy_version;
+    work w = {0};
+    dp_order dpo = {0};
+    int dp = e->dp, rc = eng_training_state(e);
+    if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
+    if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
+    if (dp) out->groups_filtered = dpo.filtered;
+    for (int i = 0; !rc && i < w.n_groups; i++) {
+        out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);
+        out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
+    }
+    /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
+    pack_plan plan;
+    if (!rc && w.n_groups && !(rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) pack_plan_free(&plan);
+    /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
+     * and meet in the same collectives (dp_agree is the identity with one rank) */
+    if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
+
+    double t = clock_mono_ms();
+    int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
+    int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
+    int need_old = !(a->use_rollout_logprobs);
+    for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
+    int old_from_policy = need_old && steps_total == 1;
+    /* the old and reference passes: every group with one rank, the rank's shares with W */
+    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
+        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
+        if (c1 > c0)
+            rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]], NULL);
+    }
+    out->ms_old = clock_mono_ms() - t;
+    t = clock_mono_ms();
+    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
+        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
+        if (c1 > c0)
+            rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL);
+    }
+    out->ms_ref = clock_mono_ms() - t;
+    rc = dp_agree(e, rc);
+    if (cb) cb(ud, 0.2);
+
+    loss_metrics met = {0};
+    long long n_train = eng_train_n(e), ns = eng_state_n(e);   /* ns: this rank's shard with a comm */
+    size_t nbytes = (size_t)(dp ? e->sh_n * e->W : n_train) * 4;
+    float *gsh = dp ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
+    double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
+    int saved = 0;
+    e->undo_ok = 0;
+    for (int ep = 0; ep < epochs && !rc; ep++) {
+        for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
+            int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
+            int c0 = dp ? dpo.lo[g0 / mb] : g0, c1 = dp ? dpo.hi[g0 / mb] : g1;
+            t = clock_mono_ms();
+            e->be->zero(e->be, e->grad, nbytes);
+            rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
+            if (!rc && e->m.lora_r)   /* dL/dB = s dL/dB' */
+                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
+                             e->m.lora_alpha / (float)e->m.lora_r);
+            if (!rc) rc = e->be->sync(e->be);
+            if (dp) {   /* each rank's gradient of its groups, summed into its shard (fp32) */
+                rc = dp_agree(e, rc);
+                if (!rc) rc = comm_reduce_scatter_sum(e->comm, e->grad, gsh, (size_t)ns, COMM_F32);
+            }
+            ms_policy += clock_mono_ms() - t;
+            if (rc) break;
+            t = clock_mono_ms();
+            double ss = e->be->sumsq(e->be, gsh, ns);
+            if (dp && (rc = dp_sum(e, ss, &ss))) break;   /* the global norm: shards' sums in rank order */
+            double norm = sqrt(ss);
+            grad_norm_sum += norm;
+            if (!isfinite(norm)) {
+                rc = err_set(GE_NON_FINITE, "update: the gradient norm is %g at optimizer step %d of %d (loss or "
+                             "gradient not finite); the update is not applied", norm, steps + 1, steps_total);
+                break;
+            }
+            if (!saved && (rc = dp_agree(e, undo_save(e)))) break;
+            saved = 1;
+            double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
+            if (clip < 1.0) e->be->scale(e->be, gsh, ns, (float)clip);
+            e->opt_step++;
+            float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
+            out->lr = lr;
+            rc = optimizer_step(e, opt, lr);
+            if (!rc) rc = e->be->sync(e->be);
+            if (dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+            /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
+             * geometrically) or the second moments (no clipping): check before going on */
+            if (!rc) {
+                double wn = e->offload ? sumsq_cpu(e->w_master, ns) : e->be->sumsq(e->be, eng_train_master(e), ns),
+                       vn = e->offload ? sumsq_cpu(e->adam_v, ns) : e->be->sumsq(e->be, e->adam_v, ns);
+                if (dp && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
+                if (!rc && (!isfinite(wn) || !isfinite(vn)))
+                    rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
+                                 "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
+                                 opt->lr, opt->weight_decay);
+            }
+            ms_opt += clock_mono_ms() - t;
+            if (rc) break;
+            steps++;
+            if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
+        }
+    }
+    if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
+    if (rc && saved) {
+        int code = err_code();
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", err_msg());
+        if (undo_restore(e)) rc = err_set(err_code(), "%s; restoring the state before it failed too: %s", msg, err_msg());
+        else err_set(code, "%s", msg);
+    }
+    if (!rc) {
+        loss_finish(&met, steps ? steps : 1);
+        out->loss = met.loss; out->pg_loss = met.pg_loss; out->kl = met.kl; out->entropy = met.entropy;
+        out->clip_frac = met.clip_frac; out->clip_frac_low = met.clip_frac_low; out->clip_frac_high = met.clip_frac_high;
+        out->ratio_mean = met.ratio_mean; out->ratio_max = met.ratio_max;
+        out->grad_norm = steps ? grad_norm_sum / steps : 0;
+        out->optimizer_steps = steps;
+        if (steps) e->policy_version++;
+        e->undo_ok = steps > 0;
+        out->policy_version_after = e->policy_version;
+    }
+    out->ms_policy = ms_policy;
+    out->ms_optimizer = ms_opt;
+    out->ms_total = clock_mono_ms() - t0;
+    work_free(&w);
+    dp_order_free(&dpo);
+    return rc;
+}
