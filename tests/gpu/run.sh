@@ -6,6 +6,8 @@
 #   (b,c,d) test_model: full-model logprobs/gradients CUDA vs CPU, packed vs standard on the
 #       GPU, three AdamW steps on both backends
 #   test_offload: the host-memory optimizer vs the on-GPU AdamW, recomputed layers vs full
+#   test_snapshot: the update's safety copy on the device, pinned, host and none: same bits,
+#       a failed update restored exactly, undo exact
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
@@ -31,6 +33,13 @@
 #       .devlibs are carried), also with TESTS=0; the rows join the table
 #   (j) with BENCH_SPLIT=1: bench_split (long prompts, issue 22: Qwen3-1.7B dims, N=16 R=1024,
 #       P = 8K..128K, split vs one graph), with PEER_FLEX=path/to/peer_step_flex.py the peer
+#   (l) with BENCH_DAEMON=1: bench_daemon.py (when ./grpod and .devlibs are carried): the GRPO loop
+#       through grpod serve's HTTP API at Qwen3-1.7B dims on a random checkpoint (rollout 8 groups x
+#       16, P=1024, 512 tokens, then an update on it with client rewards), BENCH_DAEMON_STEPS (6)
+#       steps, start-up, per-step phases, tokens/s/GPU (P+NR and N(P+R)), first vs steady step,
+#       kill -9 after 3 updates + restart/replay, SIGTERM; BENCH_DAEMON_ARGS adds flags (e.g.
+#       --interleave); also with TESTS=0; the rows join the table (bench_daemon.log, the JSON summary
+#       and daemon_1.7b.log in $OUT)
 # Logs go to $OUT (or build/gpu/logs); the last thing printed is the result table.
 # Exit status: 0 when the build succeeded and every test ran and every row passed; 1 on any
 # failure (a failed build is a FAIL row and exit 1, no test runs); 2 with TESTS=0 (the tests
@@ -51,7 +60,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 
 # ---- build: engine library + test programs; a failed build is a failure
 BIN=$BUILD
-PROGS="test_ops test_model test_offload test_determinism bench_grpo bench_dp test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
+PROGS="test_ops test_model test_offload test_snapshot test_determinism bench_grpo bench_dp test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -93,6 +102,8 @@ timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit 
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
 # issue 21: offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
 timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
+# the update's safety copy in each place the memory plan can put it: same bits, restored exactly
+timeout ${T_SNAPSHOT:-120} "$BIN/test_snapshot" >>"$OUT/model.log" 2>&1; echo "test_snapshot exit $?" >>"$OUT/model.log"
 # issue 24: the NCCL comm at world size 1 (every collective; the sharded update through it vs no
 # comm), and at world size 2 when the machine has two GPUs (a SKIP row otherwise)
 if [ -n "$NCCL_CF" ]; then
@@ -244,8 +255,23 @@ if [ "${BENCH_DP:-0}" = 1 ]; then
     grep -v '^ROW|' "$OUT/dp.log"
 fi
 
+# ---- (l) the GRPO loop through the daemon (optional): grpod serve --backend cuda at Qwen3-1.7B dims
+# on a random checkpoint (cached in /tmp/grpod-bench-1.7b), rollout + update steps over HTTP
+: >"$OUT/bench_daemon.log"
+if [ "${BENCH_DAEMON:-0}" = 1 ]; then
+    if [ -x ./grpod ] && [ -d .devlibs ]; then
+        LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1 timeout ${T_BDAEMON:-560} python3 \
+            tests/gpu/bench_daemon.py ./grpod "$OUT" --dims 1.7b --steps ${BENCH_DAEMON_STEPS:-6} --kill-replay \
+            ${BENCH_DAEMON_ARGS:-} >"$OUT/bench_daemon.log" 2>&1
+        echo "bench_daemon exit $?" >>"$OUT/bench_daemon.log"
+    else
+        echo "ROW|bench_daemon|./grpod or .devlibs not carried: not run|nan|0|SKIP" >"$OUT/bench_daemon.log"
+    fi
+    grep -v '^ROW|' "$OUT/bench_daemon.log"
+fi
+
 # ---- the table (the build row first; with TESTS=0 the skipped tests, never a pass)
-LOGS="$OUT/build.log $OUT/ops.log $OUT/model.log $OUT/memcheck.log $OUT/dp.log"
+LOGS="$OUT/build.log $OUT/ops.log $OUT/model.log $OUT/memcheck.log $OUT/dp.log $OUT/bench_daemon.log"
 {
     printf '%-38s %-52s %-10s %-6s %s\n' test shape value tol result
     cat $LOGS | grep '^ROW|' |
