@@ -420,6 +420,21 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
         json_object_object_add(lo, "trainable_params", json_object_new_int64(in.lora_params));
     }
     json_object_object_add(o, "lora", lo);
+    /* the memory plan (engine.h eng_plan): where the state lives, the budgets it set */
+    const eng_plan *pl = &in.plan;
+    json_object *mp = json_object_new_object();
+    const struct { const char *k; long long v; } rows[] = {
+        {"device_total_bytes", pl->device_total}, {"weights_bytes", pl->weights}, {"reference_bytes", pl->reference},
+        {"master_bytes", pl->master}, {"gradients_bytes", pl->gradients}, {"moments_bytes", pl->moments},
+        {"snapshot_bytes", pl->snapshot}, {"host_state_bytes", pl->host_state}, {"headroom_bytes", pl->headroom},
+        {"kv_budget_bytes", pl->kv_bytes}, {"activations_bytes", pl->acts_bytes},
+        {"max_tokens_per_micro_batch", pl->micro_batch_tokens},
+        {"max_tokens_per_micro_batch_limit", pl->micro_batch_tokens_max},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) json_object_object_add(mp, rows[i].k, json_object_new_int64(rows[i].v));
+    json_object_object_add(mp, "optimizer", json_object_new_string(pl->optimizer));
+    json_object_object_add(mp, "snapshot", json_object_new_string(pl->snapshot_at));
+    json_object_object_add(o, "memory_plan", mp);
     /* one entry per engine (daemon/ranks.h), with its rollout KV pool in use */
     metrics_sched_gauges per[METRICS_RANKS_MAX];
     int W = metrics_ranks_get(per, METRICS_RANKS_MAX);

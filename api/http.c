@@ -201,6 +201,8 @@ eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_m
         m->vocab = s->vocab;
         m->max_pos = s->max_pos;
         m->kv_rows = s->kv_rows;
+        m->mb_tokens = s->mb_tokens;
+        m->mb_tokens_max = s->mb_tokens_max;
         m->tokenize = hook_tokenize;
         m->render_chat = hook_chat;
         m->ud = e;
@@ -544,6 +546,8 @@ void api_set_engine(api_server *s, eng *e) {
     eng_get_info(e, &in);
     s->vocab = in.vocab;
     s->max_pos = in.max_pos;
+    s->mb_tokens = in.plan.micro_batch_tokens;
+    s->mb_tokens_max = in.plan.micro_batch_tokens_max;
     metrics_policy_version(in.policy_version);
     atomic_store(&s->engine, e);
 }

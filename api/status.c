@@ -26,6 +26,7 @@ static const short statuses[GE_COUNT_] = {
     [GE_INTERRUPTED_I] = 500,
     [GE_UNAVAILABLE_I] = 503,
     [GE_RANK_LOST_I] = 503,
+    [GE_STATE_LOST_I] = 503,
 };
 
 int api_http_status(int code) {

@@ -19,6 +19,8 @@
 
 /* Largest max_tokens_per_micro_batch: 16 Mi tokens, far above what activations fit, and an int. */
 #define MAX_TOKENS_PER_MICRO_BATCH (1LL << 24)
+/* Its default without a memory plan (the cpu backend): the engine's own (engine/plan.c). */
+#define MB_TOKENS_DEFAULT 32768
 
 /* ---------------------------------------------------------------- prompts */
 
@@ -312,6 +314,20 @@ fail:
     return rc;
 }
 
+/* max_tokens_per_micro_batch: the memory plan's default when absent (written into the stored
+ * job, so a replay micro-batches as the first run did); 413 above what the plan's activations
+ * hold even with every layer recomputed. */
+static int micro_batch_tokens(json_object *req, const api_model *m, long long *out, api_error *e) {
+    long long dflt = m && m->mb_tokens > 0 ? m->mb_tokens : MB_TOKENS_DEFAULT;
+    int rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, dflt, out, e);
+    if (!rc && m && m->mb_tokens_max > 0 && *out > m->mb_tokens_max)
+        rc = api_fail(e, GE_TOO_LARGE, "max_tokens_per_micro_batch",
+                      "max_tokens_per_micro_batch %lld is more than one micro-batch's activations can hold on this device "
+                      "(%lld tokens with every layer recomputed, GET /v1/model memory_plan): lower it or leave it out",
+                      *out, m->mb_tokens_max);
+    return rc;
+}
+
 int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
                         const char **rollout_job_id, long long *expected, api_error *e) {
     static const char *const keys[] = {"groups", "rollout_job_id", "algorithm", "optimizer",
@@ -326,7 +342,7 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
         (rc = get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
         (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
-        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, 32768, &mtpmb, e)) ||
+        (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
         (rc = get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
         goto fail;
     int has_g = json_object_object_get_ex(req, "groups", NULL);
@@ -362,7 +378,7 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     *payload = NULL;
     if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "model", 0, &model, e)) ||
         (rc = get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
-        (rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, 32768, &mtpmb, e)))
+        (rc = micro_batch_tokens(req, m, &mtpmb, e)))
         return rc;
     if (model && strcmp(model, "policy") && strcmp(model, "reference"))
         return api_fail(e, GE_INVALID, "model", "model must be policy or reference");

@@ -41,6 +41,9 @@ void api_limits_default(api_limits *l);
 typedef struct {
     int vocab, max_pos;
     long long kv_rows;          /* rollout KV pool rows; 0 = no check */
+    /* max_tokens_per_micro_batch: the default (0: MB_TOKENS_DEFAULT) and the most an update's
+     * activations hold on the device (0: no check), from the engine's memory plan */
+    long long mb_tokens, mb_tokens_max;
     int (*tokenize)(void *ud, const char *text, size_t len, int add_special, int **ids, int *n);
     int (*render_chat)(void *ud, const char *const *roles, const char *const *contents, int n,
                        int add_generation_prompt, char **text);

@@ -32,7 +32,8 @@
     X(INTERRUPTED,     "interrupted",        "interrupted by daemon crashes too often") \
     X(UNAVAILABLE,     "unavailable",        "not ready") \
     X(COMM,            "comm_error",         "a rank of the deployment failed or left") \
-    X(RANK_LOST,       "rank_lost",          "a follower of the deployment was lost")
+    X(RANK_LOST,       "rank_lost",          "a follower of the deployment was lost") \
+    X(STATE_LOST,      "state_lost",         "a failed update changed the training state and it could not be restored")
 
 typedef enum {
 #define GE_ENUM_(N, s, m) GE_##N##_I,

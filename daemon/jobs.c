@@ -591,6 +591,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     json_object_object_add(tm, "ref", json_object_new_double(u.ms_ref));
     json_object_object_add(tm, "policy", json_object_new_double(u.ms_policy));
     json_object_object_add(tm, "optimizer", json_object_new_double(u.ms_optimizer));
+    json_object_object_add(tm, "snapshot_wait", json_object_new_double(u.ms_snapshot_wait));
     json_object_object_add(tm, "total", json_object_new_double(u.ms_total));
     json_object_object_add(res, "timings_ms", tm);
     metrics_tokens(MT_UPDATE_PACKED, u.tokens_packed);

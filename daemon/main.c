@@ -97,7 +97,7 @@ static int cmd_info(int argc, char **argv) {
     char dir[1024];
     if (resolve_model(model, data, dir, sizeof dir)) return fail("cannot create the default model");
     eng *e;
-    eng_open_opts o = { .model_dir = dir, .backend = backend };
+    eng_open_opts o = { .model_dir = dir, .backend = backend, .no_training = 1 };
     if (eng_open(&o, &e)) return fail("cannot open the model");
     eng_info i;
     eng_get_info(e, &i);
@@ -159,7 +159,7 @@ static int cmd_logprobs(int argc, char **argv) {
     char dir[1024];
     if (resolve_model(model, data, dir, sizeof dir)) { free(ids); return fail("cannot create the default model"); }
     eng *e;
-    eng_open_opts o = { .model_dir = dir, .backend = backend };
+    eng_open_opts o = { .model_dir = dir, .backend = backend, .no_training = 1 };
     if (eng_open(&o, &e)) { free(ids); return fail("cannot open the model"); }
     eng_info info;
     eng_get_info(e, &info);

@@ -363,7 +363,7 @@ static void run_one(worker *w, store_job *j) {
     long long v0 = atomic_load(&w->policy_version);
     int rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &result);
     char lost[600] = "";
-    if (rc == GE_RANK_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
+    if (rc == GE_RANK_LOST || rc == GE_STATE_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
     w->cur_job = NULL;
     beat(w);
     update_version(w);
@@ -378,9 +378,10 @@ static void run_one(worker *w, store_job *j) {
         store_outcome(w, j, rc, result, ms, v0);
         if (rc == 0 && !strcmp(j->kind, "checkpoint")) checkpoint_saved(w);
     }
-    /* a follower was lost (daemon/cluster.h): the ranks' states may differ, so no more work
-     * until the restart of a new epoch (replay makes the policy whole again) */
-    if (rc == GE_RANK_LOST && !w->halted) halt(w, lost);
+    /* a follower was lost (daemon/cluster.h): the ranks' states may differ; or a failed update
+     * changed the state with no safety copy to restore (engine/train/snapshot.h): no more work
+     * until the restart (replay makes the policy whole again) */
+    if ((rc == GE_RANK_LOST || rc == GE_STATE_LOST) && !w->halted) halt(w, lost);
     free(result);
     job_changed(w);
 }
@@ -564,6 +565,16 @@ static void *thread_main(void *arg) {
         publish_sched(w);
         log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f,\"ranks\":%d", st.rows_cap,
                   st.rows_cap * (double)st.row_bytes / 1048576.0, ranks_size(w->rk));
+        eng_info in;
+        eng_get_info(w->e, &in);
+        const eng_plan *p = &in.plan;
+        log_event(LOG_INFO, "memory_plan",
+                  "\"device_mib\":%lld,\"weights_mib\":%lld,\"reference_mib\":%lld,\"master_mib\":%lld,\"gradients_mib\":%lld,"
+                  "\"moments_mib\":%lld,\"host_state_mib\":%lld,\"optimizer\":\"%s\",\"snapshot\":\"%s\",\"snapshot_mib\":%lld,"
+                  "\"kv_budget_mib\":%lld,\"activations_mib\":%lld,\"micro_batch_tokens\":%lld,\"micro_batch_tokens_limit\":%lld",
+                  p->device_total >> 20, p->weights >> 20, p->reference >> 20, p->master >> 20, p->gradients >> 20,
+                  p->moments >> 20, p->host_state >> 20, p->optimizer, p->snapshot_at, p->snapshot >> 20, p->kv_bytes >> 20,
+                  p->acts_bytes >> 20, p->micro_batch_tokens, p->micro_batch_tokens_max);
     }
     if (rc) {
         char esc[700];

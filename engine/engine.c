@@ -205,6 +205,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
             goto fail;
     }
     if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
+    if (!o->no_training && (rc = plan_make(e, o))) goto fail;
     free(host);
     *out = e;
     return 0;
@@ -234,7 +235,7 @@ void eng_close(eng *e) {
         offload_free(&e->off);
         model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
-        eng_undo_free(e);
+        snap_free(e);
         if (e->dp_buf) be->free(be, e->dp_buf);
         if (e->own_comm) comm_free(e->comm);   /* before the stream it runs on goes */
         be->destroy(be);
@@ -262,6 +263,7 @@ void eng_get_info(eng *e, eng_info *o) {
         for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
     }
     memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
+    o->plan = e->plan;
     if (e->tok) {  /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
         const char *eos = tok_eos(e->tok);
         int id = eos ? tok_token_id(e->tok, eos) : -1, seen = 0;

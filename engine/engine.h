@@ -51,6 +51,11 @@ typedef struct {
     const unsigned char *nccl_id;
     int rank, world;
     const int *nccl_cancel;
+    int no_training;            /* 1: the engine never updates (a CLI's logprobs): no training
+                                 * state, no safety copy, no memory plan for them */
+    const char *snapshot;       /* where the update's safety copy lives (engine/train/snapshot.h):
+                                 * NULL or "auto" (the memory plan decides), "device", "pinned"
+                                 * (cuda only), "host" or "none" */
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
@@ -69,6 +74,27 @@ int eng_device_count(void);
  * communicator agree on. Any thread. */
 const char *eng_backend_resolve(const char *name);
 
+/* The memory plan (engine/plan.c), made once at open from the device and the model: where
+ * each buffer lives and how many bytes it holds, so that a rollout after an update, an update
+ * after a rollout, and any order of the two always fit. Rollouts and updates take turns (the
+ * KV pool is released whenever no rollout runs, and an update's activations when it ends), so
+ * kv_bytes and acts_bytes are each what is left beside the resident state, not shares of it.
+ * On the cpu backend (host memory) only the sizes of the state are given. */
+typedef struct {
+    long long device_total;      /* bytes of the device (0: cpu) */
+    long long weights, reference;   /* act-typed policy weights; the frozen reference (0 with LoRA) */
+    long long master, gradients, moments;   /* fp32 training state on the device */
+    long long snapshot;          /* the update's safety copy (engine/train/snapshot.h), where it lives */
+    long long host_state;        /* master + moments in host memory (optimizer offload) */
+    long long headroom;          /* kernel scratch, cuBLASLt workspace, decode and logprob buffers */
+    long long kv_bytes;          /* the rollout KV pool's default budget */
+    long long acts_bytes;        /* an update's activations: what is free once the state is placed */
+    long long micro_batch_tokens;       /* default max_tokens_per_micro_batch: fits acts_bytes */
+    long long micro_batch_tokens_max;   /* the most that fits, every layer recomputed (0: no limit) */
+    char optimizer[8];           /* "device" or "host" (offload) */
+    char snapshot_at[8];         /* "device", "pinned", "host" or "none" */
+} eng_plan;
+
 typedef struct {
     char arch[32];              /* "qwen3" */
     char backend[16];           /* "cpu" | "cuda" */
@@ -82,6 +108,7 @@ typedef struct {
     float lora_alpha;
     char lora_targets[96];      /* PEFT module names, comma-separated */
     long long lora_params;      /* trainable adapter parameters */
+    eng_plan plan;              /* the memory plan */
 } eng_info;
 void eng_get_info(eng *e, eng_info *out);
 
@@ -232,6 +259,7 @@ typedef struct {
     long long tokens_packed, tokens_standard;   /* per forward pass over the batch */
     int groups_filtered, optimizer_steps, micro_batches;
     double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;
+    double ms_snapshot_wait;    /* of ms_optimizer: waiting for the safety copy (train/snapshot.h) */
 } eng_update_result;
 
 /* Atomic: 0 with the update applied, or an error with weights, optimizer state, opt_step and

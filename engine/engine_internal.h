@@ -9,6 +9,7 @@
 #include "engine/train/offload.h"
 #include "engine/model/split.h"
 #include "engine/text/tokenizer.h"
+#include "engine/train/snapshot.h"
 
 struct eng {
     eng_backend *be;
@@ -41,11 +42,8 @@ struct eng {
     float *grad, *adam_m, *adam_v;
     model_views gv;             /* views into grad */
     int opt_step;               /* AdamW steps taken (1-based bias correction) */
-    /* the state before the last update (update.c): w_master, adam_m, adam_v (3 * n_elems f32,
-     * host memory, pinned on cuda), its opt_step and policy_version; restored when an update
-     * fails midway or eng_update_undo is called. undo_ok: undo holds the state before the
-     * last successful update. */
-    float *undo; int undo_pinned, undo_ok, undo_opt_step; long long undo_version;
+    snapshot snap;              /* the update's safety copy (train/snapshot.h) */
+    eng_plan plan;              /* the memory plan (plan.c) */
     _Atomic long long policy_version;
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
@@ -65,7 +63,17 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
 static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_elems : e->m.n_elems; }
 static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }
 static inline void *eng_train_act(const eng *e) { return e->m.lora_r ? e->lora_act : e->w_act; }
-void eng_undo_free(eng *e);     /* update.c: frees the undo copy (eng_close) */
+/* train/snapshot.c (snapshot.h): snap_alloc places the safety copy (plan.c, once); snap_begin
+ * starts copying the state, snap_wait finishes it; snap_restore puts it back (GE_STATE_LOST
+ * with none; all ranks together with a comm); snap_free releases it (eng_close). */
+int snap_alloc(eng *e, int where);
+int snap_begin(eng *e);
+int snap_wait(eng *e);
+int snap_restore(eng *e);
+void snap_free(eng *e);
+/* plan.c: the memory plan at the end of eng_open (the training state and the safety copy
+ * allocated, the budgets set in e->plan). */
+int plan_make(eng *e, const eng_open_opts *o);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems); }
 /* dp.c (with a comm only; every rank calls each, in the same order). dp_exchange: all-gather bytes

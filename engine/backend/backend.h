@@ -21,7 +21,8 @@
 #include "kernels/tune.h"
 
 typedef struct eng_backend eng_backend;
-enum { BE_LANE_HOST = -1, BE_LANE_OPS = 0, BE_LANE_D2H = 1, BE_LANE_H2D = 2, BE_EVENTS = 16 };
+enum { BE_LANE_HOST = -1, BE_LANE_OPS = 0, BE_LANE_D2H = 1, BE_LANE_H2D = 2, BE_LANE_SNAP = 3, BE_LANES = 4,
+       BE_EV_SNAP = 16, BE_EVENTS = 17 };
 /* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + (inp · lr.a^T) · lr.b^T + res
  * (bias, lr.a, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes:
  * the residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
@@ -64,11 +65,13 @@ struct eng_backend {
     void (*destroy)(eng_backend *b);
     /* Optional (NULL on cpu, whose memory is the host's): copies that overlap the ops, for state
      * kept in host memory (engine/train/offload.c). Lane 0 is the op stream, lane 1 a device -> host
-     * copy stream, lane 2 a host -> device one. copy_async queues a copy between device and
+     * copy stream, lane 2 a host -> device one, lane 3 the update's safety copy (any direction,
+     * engine/train/snapshot.c), so a long copy there delays nobody's transfers. copy_async queues a copy between device and
      * pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
      * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
      * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and
-     * total device bytes. Events 0-7 are engine/train/offload.c's, 8-15 engine/model/split.c's. */
+     * total device bytes. Events 0-7 are engine/train/offload.c's, 8-15 engine/model/split.c's, BE_EV_SNAP
+     * engine/train/snapshot.c's. */
     int (*copy_async)(eng_backend *b, int lane, void *dst, const void *src, size_t bytes);
     void (*mark)(eng_backend *b, int lane, int ev);
     int (*wait)(eng_backend *b, int lane, int ev);

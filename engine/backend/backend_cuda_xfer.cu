@@ -1,5 +1,5 @@
 /* backend_cuda_xfer.cu — the cuda backend's copy lanes and device-memory query (backend.h:
- * copy_async, mark, wait, mem_info): two copy streams beside the op stream and a fixed table of
+ * copy_async, mark, wait, mem_info): three copy streams beside the op stream and a fixed table of
  * events, so that host-resident state (engine/train/offload.c) moves while the GPU computes. Copies
  * use cudaMemcpyDefault (unified addressing tells the direction); host memory must be pinned
  * for them to be asynchronous. Only the engine thread calls these. */
@@ -10,14 +10,14 @@ extern "C" {
 #include "kernels/common.cuh"
 
 typedef struct {
-    cudaStream_t lane[3];       /* [0] is the op stream (not owned) */
+    cudaStream_t lane[BE_LANES];       /* [0] is the op stream (not owned) */
     cudaEvent_t ev[BE_EVENTS];
 } cu_xfer;
 
 #define CTX(b) ((cu_ctx *)(b)->impl)
 #define XF(b) ((cu_xfer *)(b)->xfer)
 
-static int lane_ok(int lane) { return lane >= 0 && lane < 3; }
+static int lane_ok(int lane) { return lane >= 0 && lane < BE_LANES; }
 
 static int xf_copy(eng_backend *b, int lane, void *dst, const void *src, size_t n) {
     cu_ctx *c = CTX(b);
@@ -52,7 +52,7 @@ int cu_xfer_init(eng_backend *b) {
     if (!x) return err_set(GE_NOMEM, "cuda backend: out of host memory");
     b->xfer = x;
     x->lane[0] = c->stream;
-    for (int i = 1; i < 3; i++) CU_CK(c, cudaStreamCreateWithFlags(&x->lane[i], cudaStreamNonBlocking));
+    for (int i = 1; i < BE_LANES; i++) CU_CK(c, cudaStreamCreateWithFlags(&x->lane[i], cudaStreamNonBlocking));
     for (int i = 0; i < BE_EVENTS; i++) CU_CK(c, cudaEventCreateWithFlags(&x->ev[i], cudaEventDisableTiming));
     if (c->failed) return err_set(GE_CUDA, "cuda backend: %s", c->msg);
     b->copy_async = xf_copy; b->mark = xf_mark; b->wait = xf_wait; b->mem_info = xf_mem_info;
@@ -62,7 +62,7 @@ int cu_xfer_init(eng_backend *b) {
 void cu_xfer_free(eng_backend *b) {
     cu_xfer *x = XF(b);
     if (!x) return;
-    for (int i = 1; i < 3; i++)
+    for (int i = 1; i < BE_LANES; i++)
         if (x->lane[i]) { cudaStreamSynchronize(x->lane[i]); cudaStreamDestroy(x->lane[i]); }
     for (int i = 0; i < BE_EVENTS; i++)
         if (x->ev[i]) cudaEventDestroy(x->ev[i]);

@@ -113,11 +113,9 @@ static long long pool_rows(eng *e, const eng_sched_opts *o, long long row_bytes)
             if (rows * row_bytes > CPU_DEFAULT_CAP_BYTES) rows = CPU_DEFAULT_CAP_BYTES / row_bytes;
             return rows;
         }
-        /* an update allocates grads + AdamW moments (3 fp32 copies; grads only with offload) on first use;
-         * with W ranks the moments are this rank's shard (engine/train/dp.c) */
-        long long train = e->grad ? 0 : e->dp ? 4 * (e->sh_n * e->W + (e->offload ? 0 : 2 * e->sh_n))
-                                                 : (e->offload ? 1LL : 3LL) * 4 * eng_train_n(e);
-        budget = (fr - train) / 2;
+        /* the memory plan's budget (engine/plan.c); without one (an engine that never trains)
+         * half of what is free */
+        budget = e->plan.kv_bytes > 0 ? e->plan.kv_bytes : fr / 2;
         if (budget < fr / 8) budget = fr / 8;
     }
     return budget / row_bytes;

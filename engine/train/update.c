@@ -8,13 +8,14 @@
  *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
  *   ─► policy_version + 1
  *
- * Atomic: the first optimizer step first copies the state it changes (fp32 master of the
- * trainable weights, the adapters with LoRA; AdamW m and v; opt_step and policy_version) to a
- * host buffer; a failure after it (a non-finite gradient norm, found before the step it
- * would poison; non-finite weights or second moments after a step; out of memory; a backend
- * error) copies it back, so a failed update leaves the policy exactly as before.
- * eng_update_undo takes back the last successful update the same way (the daemon's answer to
- * a failed done-write).
+ * Atomic: the state an optimizer step changes is copied while the passes run and the copy is
+ * complete before the first step (train/snapshot.h; where it lives is the memory plan's
+ * choice); a failure after it (a non-finite gradient norm, found before the step it would
+ * poison; non-finite weights or second moments after a step; out of memory; a backend error)
+ * copies it back, so a failed update leaves the policy exactly as before. eng_update_undo
+ * takes back the last successful update the same way (the daemon's answer to a failed
+ * done-write). The update's activations are released when it ends, so the rollout after it
+ * has the room the plan gave the KV pool.
  *
  * Micro-batches hold whole groups packed P + NR (engine/model/pack.h); a group larger than a micro-batch
  * runs as its prompt once and its responses in micro-batches (engine/model/split.h). The loss's aggregation
@@ -87,68 +88,9 @@ static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
     return 0;
 }
 
-/* ---------------------------------------------------------------- undo */
-
-static int undo_save(eng *e) {
-    eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e);   /* with a comm: this rank's shard */
-    if (!e->undo) {
-        e->undo_pinned = be->host_alloc != NULL;
-        e->undo = e->undo_pinned ? be->host_alloc(be, 3 * n * 4) : malloc(3 * n * 4);
-        if (!e->undo) return err_set(GE_NOMEM, "update: the undo copy of the training state (%zu MiB of host memory) does not fit",
-                                     3 * n * 4 >> 20);
-    }
-    int rc = 0;
-    if (e->offload) {   /* host state: plain copies */
-        memcpy(e->undo, e->w_master, n * 4); memcpy(e->undo + n, e->adam_m, n * 4); memcpy(e->undo + 2 * n, e->adam_v, n * 4);
-    } else {
-        rc = be->to_host(be, e->undo, eng_train_master(e), n * 4);
-        if (!rc) rc = be->to_host(be, e->undo + n, e->adam_m, n * 4);
-        if (!rc) rc = be->to_host(be, e->undo + 2 * n, e->adam_v, n * 4);
-    }
-    e->undo_opt_step = e->opt_step;
-    e->undo_version = e->policy_version;
-    return rc;
-}
-
-/* With a comm every rank restores its shard, then the act weights are gathered again: all ranks
- * call it together (a failure is agreed on before it is acted on). */
-static int undo_restore(eng *e) {
-    eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e);
-    float *master = eng_train_master(e);
-    void *act = eng_train_act(e);
-    int rc = 0;
-    /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
-    char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
-    if (e->offload) {   /* host state: plain copies, then the device weights from the master */
-        memcpy(master, e->undo, n * 4); memcpy(e->adam_m, e->undo + n, n * 4); memcpy(e->adam_v, e->undo + 2 * n, n * 4);
-        rc = be->act_from_f32(be, act_t, master, n);
-    } else {
-        rc = be->to_dev(be, master, e->undo, n * 4);
-        if (!rc) rc = be->to_dev(be, e->adam_m, e->undo + n, n * 4);
-        if (!rc) rc = be->to_dev(be, e->adam_v, e->undo + 2 * n, n * 4);
-        if (!rc && act_t != (char *)master) be->f32_to_act(be, act_t, master, n);
-    }
-    if (!rc) rc = be->sync(be);
-    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
-    e->opt_step = e->undo_opt_step;
-    e->policy_version = e->undo_version;
-    e->undo_ok = 0;
-    return rc;
-}
-
 int eng_update_undo(eng *e) {
-    if (!e->undo_ok) return 0;
-    return undo_restore(e);
-}
-
-void eng_undo_free(eng *e) {
-    if (!e->undo) return;
-    if (e->undo_pinned) e->be->host_free(e->be, e->undo);
-    else free(e->undo);
-    e->undo = NULL;
-    e->undo_ok = 0;
+    if (!e->snap.ok) return 0;
+    return snap_restore(e);
 }
 
 /* Per-response bookkeeping of the kept groups, in pack order. */
@@ -374,6 +316,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
     if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
+    rc = snap_begin(e);   /* the safety copy, beside the passes; complete before the first step */
 
     double t = clock_mono_ms();
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
@@ -404,7 +347,6 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     float *gsh = dp ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
-    e->undo_ok = 0;
     for (int ep = 0; ep < epochs && !rc; ep++) {
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
@@ -432,7 +374,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
                              "gradient not finite); the update is not applied", norm, steps + 1, steps_total);
                 break;
             }
-            if (!saved && (rc = dp_agree(e, undo_save(e)))) break;
+            if (!saved && (rc = dp_agree(e, snap_wait(e)))) break;
             saved = 1;
             double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
             if (clip < 1.0) e->be->scale(e->be, gsh, ns, (float)clip);
@@ -464,9 +406,15 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         int code = err_code();
         char msg[512];
         snprintf(msg, sizeof msg, "%s", err_msg());
-        if (undo_restore(e)) rc = err_set(err_code(), "%s; restoring the state before it failed too: %s", msg, err_msg());
+        if (snap_restore(e)) rc = err_set(err_code(), "%s; restoring the state before it failed too: %s", msg, err_msg());
         else err_set(code, "%s", msg);
+    } else if (snap_wait(e) && !rc) {   /* no step taken: the copy only has to end */
+        rc = err_code();
     }
+    out->ms_snapshot_wait = e->snap.ms_wait;
+    /* the activations go back to the plan (the next rollout's KV pool has their room) */
+    model_acts_free(&e->m, &e->acts_g);
+    model_acts_free(&e->m, &e->acts_ng);
     if (!rc) {
         loss_finish(&met, steps ? steps : 1);
         out->loss = met.loss; out->pg_loss = met.pg_loss; out->kl = met.kl; out->entropy = met.entropy;
@@ -475,7 +423,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;
         if (steps) e->policy_version++;
-        e->undo_ok = steps > 0;
+        e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
     out->ms_policy = ms_policy;

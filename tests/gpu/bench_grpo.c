@@ -6,15 +6,19 @@
  * The second step is timed (the first pays plans, graphs, page faults). Prints the phases and
  * tokens per second per GPU as NeMo-RL counts them: (prompt + generated) tokens of every
  * sample, G·N·(P + new), over the step's wall time.
- * Usage: bench_grpo [G P N new]  (default 8 1024 16 512) */
+ * At 1.7b dims (Qwen3-1.7B, tied) the fp32 master and moments stay on the device (offload off),
+ * as the daemon's memory plan puts them on an 80 GB card: the engine-only figure beside
+ * tests/gpu/bench_daemon.py's loop through HTTP for the same batch.
+ * Usage: bench_grpo [G P N new [8b|1.7b [max_tokens_per_micro_batch]]]  (default 8 1024 16 512 8b 16384) */
 #include <cuda_runtime_api.h>
 
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
 
-static eng *random_engine_8b(void) {
+static eng *random_engine(int small) {
     model_config c = { .arch = ARCH_QWEN3, .L = 36, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 151936,
                        .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 0, .bos_id = -1 };
+    if (small) { c.L = 28; c.C = 2048; c.H = 16; c.F = 6144; c.tied = 1; }
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     c.n_eos = 1; c.eos_ids[0] = 151645;
     eng *e = calloc(1, sizeof *e);
@@ -22,15 +26,16 @@ static eng *random_engine_8b(void) {
     eng_backend *be = e->be;
     if (model_init(&e->m, &c, be)) gc_die(be, "model_init");
     size_t n = (size_t)e->m.n_elems, blk = (size_t)1 << 24;
-    e->offload = 1;
-    e->w_master = offload_host_alloc((long long)n);
+    e->offload = !small;
+    e->w_master = small ? be->alloc(be, n * 4) : offload_host_alloc((long long)n);
     e->w_act = be->alloc(be, n * 2);
     e->ref_act = be->alloc(be, n * 2);
     if (!e->w_master || !e->w_act || !e->ref_act) gc_die(be, "weights");
     float *hb = gc_rand(blk, 0.02f, 7);
     for (size_t off = 0; off < n; off += blk) {
         size_t k = n - off < blk ? n - off : blk;
-        memcpy(e->w_master + off, hb, k * 4);
+        if (small && be->to_dev(be, e->w_master + off, hb, k * 4)) gc_die(be, "upload");
+        if (!small) memcpy(e->w_master + off, hb, k * 4);
         if (be->act_from_f32(be, (char *)e->w_act + off * 2, hb, k) ||
             be->act_from_f32(be, (char *)e->ref_act + off * 2, hb, k))
             gc_die(be, "upload");
@@ -38,16 +43,19 @@ static eng *random_engine_8b(void) {
     free(hb);
     model_views_make(&e->m, e->w_act, 2, &e->wv);
     model_views_make(&e->m, e->ref_act, 2, &e->rv);
-    snprintf(e->model_dir, sizeof e->model_dir, "random-8b");
+    snprintf(e->model_dir, sizeof e->model_dir, small ? "random-1.7b" : "random-8b");
     return e;
 }
 
 int main(int argc, char **argv) {
     int G = argc > 4 ? atoi(argv[1]) : 8, P = argc > 4 ? atoi(argv[2]) : 1024, N = argc > 4 ? atoi(argv[3]) : 16,
         NEW = argc > 4 ? atoi(argv[4]) : 512;
+    int small = argc > 5 && !strcmp(argv[5], "1.7b");
+    long long mtpmb = argc > 6 ? atoll(argv[6]) : 16384;
+    const char *dims = small ? "1.7b" : "8b";
     double t0 = gc_now();
-    eng *e = random_engine_8b();
-    printf("grpo-8b: engine with random weights in %.1f s (%lld parameters)\n", gc_now() - t0, e->m.n_elems);
+    eng *e = random_engine(small);
+    printf("grpo-%s: engine with random weights in %.1f s (%lld parameters)\n", dims, gc_now() - t0, e->m.n_elems);
     int **prompt = malloc((size_t)G * sizeof *prompt);
     eng_rollout_group *groups = malloc((size_t)G * sizeof *groups);
     unsigned long long s = 11;
@@ -66,7 +74,7 @@ int main(int argc, char **argv) {
     a.kl_coef = 0.001f;
     eng_optim o;
     eng_optim_default(&o);
-    for (int step = 0; step < 2; step++) {
+    for (int step = 0; step < 3; step++) {
         sp.seed = 100 + step;
         eng_group_result *res = calloc((size_t)G, sizeof *res);
         double ts = gc_now();
@@ -89,7 +97,7 @@ int main(int argc, char **argv) {
             free(olp);
         }
         eng_update_result u;
-        if (eng_update(e, ug, G, &a, &o, 16384, &u, NULL, NULL)) gc_die(e->be, "update");
+        if (eng_update(e, ug, G, &a, &o, mtpmb, &u, NULL, NULL)) gc_die(e->be, "update");
         double te = gc_now();
         /* the engine keeps its grad activations between updates; here the next rollout's KV
          * pool wants the room (measured outside the step) */
@@ -97,15 +105,15 @@ int main(int argc, char **argv) {
         cudaMemGetInfo(&fr0, &tot0);
         model_acts_free(&e->m, &e->acts_g);
         long long toks = (long long)G * N * P + gen;
-        printf("grpo-8b step %d: G=%d P=%d N=%d new=%d: rollout %.2f s, update %.2f s (old %.0f ref %.0f policy %.0f "
+        printf("grpo-%s step %d: G=%d P=%d N=%d new=%d: rollout %.2f s, update %.2f s (old %.0f ref %.0f policy %.0f "
                "optimizer %.0f ms, %d micro-batches), step %.2f s; %lld prompt+generated tokens -> %.0f tokens/s/GPU "
-               "(NeMo-RL Llama-3.1-8B GRPO, 16 H100: 1,562); packed %lld tokens a pass\n", step, G, P, N, NEW, tr - ts,
+               "(NeMo-RL Llama-3.1-8B GRPO, 16 H100: 1,562); packed %lld tokens a pass\n", dims, step, G, P, N, NEW, tr - ts,
                te - tr, u.ms_old, u.ms_ref, u.ms_policy, u.ms_optimizer, u.micro_batches, te - ts, toks, toks / (te - ts),
                u.tokens_packed);
         size_t fr, tot;
         cudaMemGetInfo(&fr, &tot);
-        printf("grpo-8b step %d: device memory in use after the update %.1f GiB (%.1f with its activations); grad norm "
-               "%.3g, loss %.4g, kl %.3g\n", step, (tot - fr) / 1073741824.0, (tot0 - fr0) / 1073741824.0, u.grad_norm,
+        printf("grpo-%s step %d: device memory in use after the update %.1f GiB (%.1f with its activations); grad norm "
+               "%.3g, loss %.4g, kl %.3g\n", dims, step, (tot - fr) / 1073741824.0, (tot0 - fr0) / 1073741824.0, u.grad_norm,
                u.loss, u.kl);
         for (int g = 0; g < G; g++) {
             free((void *)ug[g].resp); free((void *)ug[g].R); free((void *)ug[g].reward);

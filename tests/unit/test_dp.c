@@ -293,6 +293,7 @@ TEST(one_rank_comm_is_no_comm) {
         CHECK_MSG(memcmp(e->w_act, ref_w[k], (size_t)n_elems(e) * 4) == 0, "config %d: weights differ", k);
         u.ms_old = ref_u[k].ms_old; u.ms_ref = ref_u[k].ms_ref; u.ms_policy = ref_u[k].ms_policy;
         u.ms_optimizer = ref_u[k].ms_optimizer; u.ms_total = ref_u[k].ms_total;
+        u.ms_snapshot_wait = ref_u[k].ms_snapshot_wait;
         CHECK_MSG(memcmp(&u, &ref_u[k], sizeof u) == 0, "config %d: result differs", k);
         CHECK(eng_update_undo(e) == 0);
     }

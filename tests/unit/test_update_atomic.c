@@ -4,7 +4,10 @@
  *     its first optimizer step ran; the weights, AdamW state, optimizer step and policy_version
  *     are restored bit for bit (the next update equals the one on an untouched engine);
  *   - eng_update_undo takes back a successful update exactly;
- *   - the same two updates on 1 and on 3 CPU threads give bit-identical weights. */
+ *   - the same two updates on 1 and on 3 CPU threads give bit-identical weights;
+ *   - without a safety copy (snapshot "none", the plan's choice when no memory holds one) a
+ *     failure before the first step leaves the state as it was, and one after it, or a take-back,
+ *     says GE_STATE_LOST (the daemon then halts and recovers by replay). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -16,12 +19,13 @@
 
 #define MODEL "/tmp/grpod_test_atomic_model"
 
-static eng *open_default(int threads) {
+static eng *open_snap(int threads, const char *snapshot) {
     if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = threads };
+    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = threads, .snapshot = snapshot };
     return eng_open(&o, &e) ? NULL : e;
 }
+static eng *open_default(int threads) { return open_snap(threads, NULL); }
 
 static const int p0[] = { 84, 104, 101, 32, 97, 110 }, p1[] = { 115, 119, 101, 114 };
 static int r0[7] = { 52, 50, 46, 10, 258, 33, 63 }, r1[5] = { 120, 121, 122, 32, 49 }, r2[6] = { 55, 55, 55, 56, 57, 48 },
@@ -121,9 +125,50 @@ TEST(same_bits_on_any_thread_count) {
     CHECK(memcmp(lp[0], lp[1], sizeof lp[0]) == 0);
 }
 
+TEST(without_a_snapshot_a_changed_state_is_lost) {
+    eng *e = open_snap(2, "none"), *ref = open_default(2);
+    CHECK(e && ref);
+    eng_info in;
+    eng_get_info(e, &in);
+    CHECK(!strcmp(in.plan.snapshot_at, "none") && in.plan.snapshot == 0);
+    eng_get_info(ref, &in);
+    CHECK(!strcmp(in.plan.snapshot_at, "host") && in.plan.snapshot > 0);
+    eng_update_result u;
+    CHECK(update(e, 0.5f, &u) == 0 && update(ref, 0.5f, &u) == 0);
+    float a[NPROBE], b[NPROBE];
+    CHECK(probe(e, a) == NPROBE && probe(ref, b) == NPROBE && memcmp(a, b, sizeof a) == 0);   /* no copy, same bits */
+    /* a non-finite first mini-batch fails before any step: nothing changed, nothing lost */
+    float a0[2] = { NAN, -0.8f };
+    eng_update_group g = { .prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = a0 };
+    loss_config lc;
+    loss_config_default(&lc);
+    lc.adv = ADV_GIVEN;
+    eng_optim o;
+    eng_optim_default(&o);
+    CHECK_EQ_INT(eng_update(e, &g, 1, &lc, &o, 1 << 20, &u, NULL, NULL), GE_NON_FINITE);
+    CHECK(probe(e, a) == NPROBE && memcmp(a, b, sizeof a) == 0);
+    CHECK_EQ_INT(version(e), 1);
+    /* after a step: the state changed and cannot come back */
+    CHECK_EQ_INT(update(e, NAN, &u), GE_STATE_LOST);
+    printf("  lost as expected: %s\n", err_msg());
+    CHECK(strstr(err_msg(), "step 2 of 2") && strstr(err_msg(), "replay"));
+    eng_close(e);
+    /* a successful update taken back: lost too */
+    e = open_snap(2, "none");
+    CHECK(e);
+    CHECK(update(e, 0.5f, &u) == 0);
+    CHECK_EQ_INT(eng_update_undo(e), GE_STATE_LOST);
+    /* places that do not hold host state are refused at open */
+    eng *bad = open_snap(2, "pinned");
+    CHECK(!bad && err_code() == GE_INVALID && strstr(err_msg(), "snapshot"));
+    eng_close(e);
+    eng_close(ref);
+}
+
 int main(void) {
     RUN(failure_after_a_step_restores_everything);
     RUN(undo_takes_back_an_update);
     RUN(same_bits_on_any_thread_count);
+    RUN(without_a_snapshot_a_changed_state_is_lost);
     return CHECK_DONE();
 }

@@ -1,0 +1,122 @@
+/* plan.c — the memory plan (engine.h eng_plan), made once at the end of eng_open.
+ *
+ * By then the weights, the reference and the fp32 master are placed (eng_open; the optimizer
+ * offload decided by choose_offload). The plan then
+ *   1. allocates the gradients and the AdamW moments (device, or host with offload), so that
+ *      the free memory it reads next is what every later job shares;
+ *   2. places the update's safety copy (train/snapshot.h): on the device when it takes at most
+ *      a quarter of what is free beside the headroom; else in pinned host memory when the host
+ *      has room for it and SNAP_HOST_RESERVE beside it; else nowhere. Host state (offload, or
+ *      the cpu backend) takes a host copy under the same host rule;
+ *   3. reads what is left, less the headroom: acts_bytes. An update runs alone (no KV pool:
+ *      the scheduler releases it when no rollout runs) and releases its activations when it
+ *      ends, so its micro-batch may use all of it: micro_batch_tokens_max is the most tokens
+ *      whose activations, every layer recomputed, and the no-grad passes' fit; the default
+ *      micro-batch is the largest up to MB_DEFAULT_TOKENS that fits;
+ *   4. gives the KV pool half of what is left beside one default micro-batch's no-grad
+ *      activations (a logprobs job runs between decode steps, with the pool held).
+ * On the cpu backend (no device) only the state is sized and the snapshot placed; the budgets
+ * stay 0 ("no limit": the scheduler's cpu default, activations on demand). */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/engine_internal.h"
+
+#define PLAN_HEADROOM ((long long)4 << 30)       /* scratch, workspaces, decode buffers */
+#define SNAP_HOST_RESERVE ((long long)8 << 30)   /* host memory left beside a host copy */
+#define MB_DEFAULT_TOKENS 32768                  /* the default micro-batch where it fits */
+#define MB_MAX_TOKENS (16LL << 20)
+
+/* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
+static long long host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Device bytes of one micro-batch of T tokens: its grad activations with every layer
+ * recomputed, beside the no-grad passes' (old, reference) activations. */
+static long long micro_batch_bytes(const model *m, long long T) {
+    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0);
+}
+
+/* The most tokens in [1, hi] whose micro-batch fits budget; 0 when not even one does. */
+static long long fit_tokens(const model *m, long long budget, long long hi) {
+    long long lo = 0;
+    while (lo < hi) {
+        long long mid = lo + (hi - lo + 1) / 2;
+        if (micro_batch_bytes(m, mid) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int plan_make(eng *e, const eng_open_opts *o) {
+    eng_plan *p = &e->plan;
+    eng_backend *be = e->be;
+    memset(p, 0, sizeof *p);
+    long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
+    int rc = eng_training_state(e);
+    if (rc) return rc;
+    int dev_state = !e->offload && be->mem_info;   /* master and moments in device memory */
+    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
+    p->reference = e->ref_act ? n * eb : 0;
+    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
+    if (e->offload) p->host_state = 3 * ns * 4;
+    else {   /* the backend's memory (the host's on cpu, where the master is the weights) */
+        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
+        p->moments = 2 * ns * 4;
+    }
+    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    size_t fr = 0, tot = 0;
+    if (be->mem_info && be->mem_info(be, &fr, &tot)) return err_code();
+    p->device_total = (long long)tot;
+    p->headroom = be->mem_info ? PLAN_HEADROOM : 0;
+
+    long long snap = 3 * ns * 4, host = host_available();
+    int where = SNAP_NONE;
+    int host_fits = host < 0 || host - snap >= SNAP_HOST_RESERVE;
+    if (dev_state) {
+        long long room = (long long)fr - p->headroom;
+        where = snap <= room / 4 ? SNAP_DEVICE : host_fits && be->host_alloc ? SNAP_PINNED : SNAP_NONE;
+    } else if (host_fits) {
+        where = SNAP_HOST;
+    }
+    if (o->snapshot && *o->snapshot && strcmp(o->snapshot, "auto")) {   /* the caller's choice */
+        where = -1;
+        for (int k = SNAP_NONE; k <= SNAP_HOST; k++)
+            if (!strcmp(o->snapshot, snap_where_name(k))) where = k;
+        if (where < 0 || (where == SNAP_HOST && dev_state) || (where == SNAP_DEVICE || where == SNAP_PINNED) != dev_state)
+            return err_set(GE_INVALID, "snapshot \"%s\": auto, none, or where the state is (%s)", o->snapshot,
+                           dev_state ? "device or pinned" : "host");
+        if (where != SNAP_NONE && (rc = snap_alloc(e, where))) return rc;
+    } else if (where != SNAP_NONE && snap_alloc(e, where)) {
+        err_clear();   /* no room after all: the update runs without a copy (snapshot.h) */
+        where = SNAP_NONE;
+    }
+    p->snapshot = where == SNAP_NONE ? 0 : snap;
+    snprintf(p->snapshot_at, sizeof p->snapshot_at, "%s", snap_where_name(where));
+
+    if (!be->mem_info) {
+        p->micro_batch_tokens = MB_DEFAULT_TOKENS;
+        return 0;
+    }
+    if (be->mem_info(be, &fr, &tot)) return err_code();
+    long long left = (long long)fr - p->headroom;
+    p->acts_bytes = left > 0 ? left : 0;
+    p->micro_batch_tokens_max = fit_tokens(&e->m, p->acts_bytes, MB_MAX_TOKENS);
+    if (p->micro_batch_tokens_max < 1)
+        return err_set(GE_NOMEM, "%s: no room on %s for the activations of one token once the weights and the training state "
+                       "are placed (%lld MiB free): try --optimizer-offload on, LoRA, or more GPUs",
+                       o->model_dir, be->name, (long long)fr >> 20);
+    p->micro_batch_tokens = p->micro_batch_tokens_max < MB_DEFAULT_TOKENS ? p->micro_batch_tokens_max : MB_DEFAULT_TOKENS;
+    long long beside = (long long)model_acts_bytes(&e->m, (int)p->micro_batch_tokens, (int)p->micro_batch_tokens, 0, 0);
+    p->kv_bytes = left > beside ? (left - beside) / 2 : 0;
+    return 0;
+}

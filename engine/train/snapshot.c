@@ -1,0 +1,142 @@
+/* snapshot.c — the update's safety copy (snapshot.h). */
+#include "engine/train/snapshot.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "engine/engine_internal.h"
+
+const char *snap_where_name(int where) {
+    static const char *const names[] = { "none", "device", "pinned", "host" };
+    return where >= 0 && where <= SNAP_HOST ? names[where] : "none";
+}
+
+/* The three arrays the copy covers, in buf's order. */
+static void state_arrays(eng *e, float *a[3]) {
+    a[0] = eng_train_master(e);
+    a[1] = e->adam_m;
+    a[2] = e->adam_v;
+}
+
+int snap_alloc(eng *e, int where) {
+    snapshot *s = &e->snap;
+    eng_backend *be = e->be;
+    s->n = (size_t)eng_state_n(e);
+    s->where = where;
+    size_t bytes = 3 * s->n * sizeof(float);
+    if (where == SNAP_DEVICE) s->buf = be->alloc(be, bytes);
+    else if (where == SNAP_PINNED) s->buf = be->host_alloc ? be->host_alloc(be, bytes) : NULL;
+    else if (where == SNAP_HOST) s->buf = malloc(bytes);
+    else return 0;
+    if (!s->buf) {
+        s->where = SNAP_NONE;
+        return err_set(GE_NOMEM, "the update's safety copy (%zu MiB of %s memory) does not fit", bytes >> 20,
+                       snap_where_name(where));
+    }
+    return 0;
+}
+
+/* The host copy in 64 pieces an array, over the OpenMP threads (one thread copies ~10 GB/s; the
+ * state at 8B dims is ~100 GB). */
+static void host_copy(float *dst, const float *const src[3], size_t n) {
+    enum { PIECES = 64 };
+    size_t step = (n + PIECES - 1) / PIECES;
+#pragma omp parallel for schedule(dynamic)
+    for (int k = 0; k < 3 * PIECES; k++) {
+        size_t i = (size_t)(k / PIECES), a = (size_t)(k % PIECES) * step, b = a + step < n ? a + step : n;
+        if (a < b) memcpy(dst + i * n + a, src[i] + a, (b - a) * sizeof(float));
+    }
+}
+
+static void *copy_thread(void *arg) {
+    snapshot *s = arg;
+    host_copy(s->buf, s->src, s->n);
+    return NULL;
+}
+
+int snap_begin(eng *e) {
+    snapshot *s = &e->snap;
+    eng_backend *be = e->be;
+    s->ok = 0;
+    if (s->where == SNAP_NONE || s->busy) return 0;
+    float *a[3];
+    state_arrays(e, a);
+    s->opt_step = e->opt_step;
+    s->version = e->policy_version;
+    s->busy = 1;
+    s->thread = 0;
+    if (s->where == SNAP_HOST) {
+        /* host state: a helper thread where the engine thread then waits on the GPU, else in snap_wait */
+        if (!be->copy_async) return 0;
+        for (int i = 0; i < 3; i++) s->src[i] = a[i];
+        if (pthread_create(&s->th, NULL, copy_thread, s)) return 0;   /* snap_wait copies instead */
+        s->thread = 1;
+        return 0;
+    }
+    /* device state: queued on the snapshot lane after the ops that made it */
+    int rc = be->sync(be);
+    for (int i = 0; i < 3 && !rc; i++) rc = be->copy_async(be, BE_LANE_SNAP, s->buf + (size_t)i * s->n, a[i], s->n * sizeof(float));
+    if (!rc) be->mark(be, BE_LANE_SNAP, BE_EV_SNAP);
+    return rc;
+}
+
+int snap_wait(eng *e) {
+    snapshot *s = &e->snap;
+    eng_backend *be = e->be;
+    if (!s->busy) return 0;
+    double t = clock_mono_ms();
+    int rc = 0;
+    if (s->where == SNAP_HOST && s->thread) pthread_join(s->th, NULL);
+    else if (s->where == SNAP_HOST) {
+        float *a[3];
+        state_arrays(e, a);
+        host_copy(s->buf, (const float *const *)a, s->n);
+    } else rc = be->wait(be, BE_LANE_HOST, BE_EV_SNAP);
+    s->busy = s->thread = 0;
+    s->ms_wait = clock_mono_ms() - t;
+    return rc;
+}
+
+int snap_restore(eng *e) {
+    snapshot *s = &e->snap;
+    eng_backend *be = e->be;
+    s->ok = 0;
+    if (s->where == SNAP_NONE)
+        return err_set(GE_STATE_LOST, "the training state changed and there is no safety copy to restore it from "
+                       "(the memory plan found no room for one): restart to recover by replay");
+    int rc = snap_wait(e);
+    float *a[3];
+    state_arrays(e, a);
+    size_t n = s->n;
+    void *act = eng_train_act(e);
+    /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
+    char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
+    if (!rc && s->where == SNAP_HOST && e->offload) {   /* host state: plain copies, then the device weights */
+        for (int i = 0; i < 3; i++) memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float));
+        rc = be->act_from_f32(be, act_t, a[0], n);
+    } else if (!rc) {
+        for (int i = 0; i < 3 && !rc; i++)
+            rc = s->where == SNAP_HOST ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
+               : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
+               : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
+        if (!rc && act_t != (char *)a[0]) be->f32_to_act(be, act_t, a[0], n);
+    }
+    if (!rc) rc = be->sync(be);
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+    e->opt_step = s->opt_step;
+    e->policy_version = s->version;
+    return rc;
+}
+
+void snap_free(eng *e) {
+    snapshot *s = &e->snap;
+    if (s->busy) snap_wait(e);
+    if (s->buf) {
+        if (s->where == SNAP_DEVICE) e->be->free(e->be, s->buf);
+        else if (s->where == SNAP_PINNED) e->be->host_free(e->be, s->buf);
+        else free(s->buf);
+    }
+    memset(s, 0, sizeof *s);
+}
