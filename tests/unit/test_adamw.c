@@ -102,15 +102,17 @@ TEST(test_sumsq_scale) {
     CHECK(grad_clip_coef(100.0, 0.0) == 1.0);
 }
 
+/* The schedule's shape by hand; test_loss.c checks it step by step against verl's schedulers. */
 TEST(test_lr_schedule) {
-    /* warm-up: linear to base over warmup steps */
-    CHECK_CLOSE(lr_schedule(1e-3f, 1, 4, 0, 10, 0.0f), 0.25e-3, 0, 1e-6);
-    CHECK_CLOSE(lr_schedule(1e-3f, 3, 4, 0, 10, 0.0f), 0.75e-3, 0, 1e-6);
-    CHECK_CLOSE(lr_schedule(1e-3f, 4, 4, 0, 10, 0.0f), 1e-3, 0, 1e-6);
+    /* warm-up: step k at lr (k - 1) / warmup, the first at 0, base from step warmup + 1 */
+    CHECK(lr_schedule(1e-3f, 1, 4, 0, 10, 0.0f) == 0.0f);
+    CHECK_CLOSE(lr_schedule(1e-3f, 2, 4, 0, 10, 0.0f), 0.25e-3, 0, 1e-6);
+    CHECK_CLOSE(lr_schedule(1e-3f, 4, 4, 0, 10, 0.0f), 0.75e-3, 0, 1e-6);
+    CHECK_CLOSE(lr_schedule(1e-3f, 5, 4, 0, 10, 0.0f), 1e-3, 0, 1e-6);
     CHECK_CLOSE(lr_schedule(1e-3f, 50, 4, 0, 10, 0.0f), 1e-3, 0, 1e-6);
     CHECK_CLOSE(lr_schedule(1e-3f, 1, 0, 0, 0, 0.0f), 1e-3, 0, 1e-6);
     /* cosine after 2 warm-up steps over total 10: progress (step - 3) / 8 */
-    CHECK_CLOSE(lr_schedule(1e-3f, 2, 2, 1, 10, 0.1f), 1e-3, 0, 1e-6);
+    CHECK_CLOSE(lr_schedule(1e-3f, 2, 2, 1, 10, 0.1f), 0.5e-3, 0, 1e-6);
     CHECK_CLOSE(lr_schedule(1e-3f, 3, 2, 1, 10, 0.1f), 1e-3, 0, 1e-6);
     /* step 7: progress 0.5 -> 0.1 + 0.9 * 0.5 = 0.55 */
     CHECK_CLOSE(lr_schedule(1e-3f, 7, 2, 1, 10, 0.1f), 0.55e-3, 0, 1e-6);
