@@ -71,6 +71,19 @@ enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x,
     return r;
 }
 
+/* An update that names a rollout job and leaves algorithm.loss_scale_factor at 0 (absent or null)
+ * gets the rollout's sampling.max_tokens: veRL's default, the padded response width, the same
+ * for every update of a run. Stored with the job, so its replay uses the same constant. */
+static void loss_scale_from_rollout(json_object *payload, const char *rollout_payload) {
+    json_object *algo = NULL, *f = NULL, *rp = rollout_payload ? json_tokener_parse(rollout_payload) : NULL, *smp = NULL,
+                *mt = NULL;
+    if (json_object_object_get_ex(payload, "algorithm", &algo) && json_object_object_get_ex(algo, "loss_scale_factor", &f) &&
+        json_object_get_int64(f) == 0 && json_object_object_get_ex(rp, "sampling", &smp) &&
+        json_object_object_get_ex(smp, "max_tokens", &mt) && json_object_is_type(mt, json_type_int))
+        json_object_object_add(algo, "loss_scale_factor", json_object_new_int64(json_object_get_int64(mt)));
+    json_object_put(rp);
+}
+
 enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
     api_model m;
     api_error e;
@@ -98,6 +111,7 @@ enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, 
         else if (rc) { why = "cannot read the store"; code = GE_STORE; }
         else if (strcmp(j.kind, "rollout")) { why = "is not a rollout job"; code = GE_INVALID; }
         else if (j.status != JOB_DONE) why = "has not finished successfully";
+        else loss_scale_from_rollout(payload, j.payload);
         char id[32];
         snprintf(id, sizeof id, "%s", rid);
         store_job_clear(&j);

@@ -579,6 +579,11 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     M_(loss); M_(pg_loss); M_(kl); M_(entropy); M_(clip_frac); M_(clip_frac_low); M_(clip_frac_high);
     M_(ratio_mean); M_(ratio_max); M_(grad_norm); M_(lr);
 #undef M_
+#define V_(name, k) json_object_object_add(m, name, json_object_new_double(isfinite(u.k) ? u.k : 0))
+    V_("actor/pg_clipfrac", pg_clipfrac); V_("actor/pg_clipfrac_lower", pg_clipfrac_lower); V_("actor/ppo_kl", ppo_kl);
+    V_("actor/kl_loss", kl_loss); V_("actor/entropy", verl_entropy);
+#undef V_
+    json_object_object_add(m, "loss_scale_factor", json_object_new_int(u.loss_scale_factor));
     json_object_object_add(m, "groups_filtered", json_object_new_int(u.groups_filtered));
     json_object_object_add(m, "optimizer_steps", json_object_new_int(u.optimizer_steps));
     json_object_object_add(m, "micro_batches", json_object_new_int(u.micro_batches));

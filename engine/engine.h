@@ -256,6 +256,10 @@ typedef struct {
     long long policy_version_before, policy_version_after;
     double loss, pg_loss, kl, entropy, clip_frac, clip_frac_low, clip_frac_high;
     double ratio_mean, ratio_max, grad_norm, lr;
+    /* veRL's metrics (loss.h loss_metrics): actor/pg_clipfrac, actor/pg_clipfrac_lower,
+     * actor/ppo_kl, actor/kl_loss (means over the optimizer steps), actor/entropy */
+    double pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, verl_entropy;
+    int loss_scale_factor;      /* the seq-mean-token-sum-norm divisor the update used */
     long long tokens_packed, tokens_standard;   /* per forward pass over the batch */
     int groups_filtered, optimizer_steps, micro_batches;
     double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;

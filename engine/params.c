@@ -55,10 +55,14 @@ static const eng_param loss_rows[] = {
     {"loss_agg_mode", PT_ENUM, 0, 0, PB_ROW, AGG_TOKEN_MEAN, 0,
      "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", 0, L_(agg), -1,
      "how per-token losses make the batch loss (veRL's names)"},
+    {"loss_scale_factor", PT_INT, 0, 1 << 24, PB_ROW, 0, 0, NULL, 0, L_(loss_scale_factor), -1,
+     "seq-mean-token-sum-norm's constant divisor (veRL's name); 0 or null = the rollout job's "
+     "max_tokens when the update names rollout_job_id, else the longest response of the update"},
     {"kl_coef", PT_NUM, 0, 1000, PB_ROW, 0.001, 0, NULL, 0, L_(kl_coef), -1,
      "weight of the KL penalty to the reference model; 0 = no reference pass"},
-    {"kl_type", PT_ENUM, 0, 0, PB_ROW, KL_K3, 0, "kl,k1|abs|mse,k2|low_var_kl,k3", 0, L_(kl), -1,
-     "KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl)"},
+    {"kl_type", PT_ENUM, 0, 0, PB_ROW, KL_K3, 0, "kl,k1|abs|mse,k2|low_var_kl,k3|k1+,kl+|k3+,low_var_kl+", 0, L_(kl), -1,
+     "KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); k1+ and k3+ take k2's gradient "
+     "(veRL's straight-through)"},
     {"entropy_coeff", PT_NUM, -10, 10, PB_ROW, 0.0, 0, NULL, 0, L_(entropy_coeff), -1,
      "weight of the entropy bonus"},
     {"ppo_epochs", PT_INT, 1, 64, PB_ROW, 1, 0, NULL, 0, L_(ppo_epochs), -1,

@@ -1,10 +1,9 @@
-/* loss.c — GRPO-family losses on per-token logprobs (contract in loss.h), veRL's formulas.
+/* loss.c — GRPO-family losses on per-token logprobs (contract in loss.h), verl 0.9.1's formulas.
  *
- * Source of each formula (veRL verl/trainer/ppo/core_algos.py): compute_grpo_outcome_advantage,
- * compute_rloo_outcome_advantage, compute_policy_loss_vanilla (dual clip), compute_policy_loss_gspo,
- * kl_penalty, agg_loss (the global-batch form: token sums over a global token count, sequence
- * sums over a global sequence count). Everything is computed in double from the fp32 inputs;
- * gradients are exactly those autograd takes through the same expressions.
+ * Source of each formula: loss.h's table (verl/trainer/ppo/core_algos.py, verl/workers/utils/
+ * losses.py ppo_loss). Aggregation is agg_loss's global-batch form: token sums over a global
+ * token count, sequence sums over a global sequence count. Everything is computed in double
+ * from the fp32 inputs; gradients are exactly those autograd takes through the same expressions.
  *
  * Legend: S responses, M predicted tokens (all responses' tokens, addressed by off/len). */
 #include "engine/train/loss.h"
@@ -110,14 +109,39 @@ static double agg_weight(loss_agg_mode agg, int L, double tok_denom, double seq_
     case AGG_TOKEN_MEAN:              return 1.0 / tok_denom;
     case AGG_TOKEN_SUM:               return 1.0;
     case AGG_SEQ_MEAN_TOKEN_SUM:      return 1.0 / seq_denom;
-    case AGG_SEQ_MEAN_TOKEN_MEAN:     return 1.0 / ((double)L * seq_denom);
+    case AGG_SEQ_MEAN_TOKEN_MEAN:     return 1.0 / (((double)L + 1e-8) * seq_denom);   /* veRL's 1e-8 */
     case AGG_SEQ_MEAN_TOKEN_SUM_NORM: return 1.0 / (seq_denom * norm_len);
     }
     return 0;
 }
 
+/* The seq-mean-token-sum-norm divisor: loss_scale_factor, or veRL's padded width (the longest
+ * response, dropped ones included). */
+static double norm_len_of(const loss_config *c, int S, const int *len) {
+    if (c->loss_scale_factor > 0) return c->loss_scale_factor;
+    int mx = 1;
+    for (int s = 0; s < S; s++) if (len[s] > mx) mx = len[s];
+    return mx;
+}
+
+double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x,
+                const int *mask, double tok_denom, double seq_denom) {
+    double norm_len = norm_len_of(c, S, len), sum = 0;
+    for (int s = 0; s < S; s++) {
+        if ((mask && !mask[s]) || len[s] <= 0) continue;
+        double w = agg_weight(c->agg, len[s], tok_denom, seq_denom, norm_len), t = 0;
+        for (int j = 0; j < len[s]; j++) t += x[off[s] + j];
+        sum += w * t;
+    }
+    return sum;
+}
+
 void loss_finish(loss_metrics *m, int n_steps) {
-    if (n_steps > 0) { m->loss /= n_steps; m->pg_loss /= n_steps; }
+    if (n_steps > 0) {
+        double n = n_steps;
+        m->loss /= n; m->pg_loss /= n;
+        m->pg_clipfrac /= n; m->pg_clipfrac_lower /= n; m->ppo_kl /= n; m->kl_loss /= n; m->entropy_loss /= n;
+    }
     if (m->n_tokens > 0) {
         double n = m->n_tokens;
         m->kl /= n; m->entropy /= n; m->ratio_mean /= n;
@@ -131,6 +155,12 @@ void loss_finish(loss_metrics *m, int n_steps) {
 static double kl_value(kl_type t, double logp, double ref, double *d) {
     double x = logp - ref;
     switch (t) {
+    case KL_K1_ST:                          /* straight through: k2's gradient, k1's / k3's value */
+    case KL_K3_ST: {
+        double v = kl_value(t == KL_K1_ST ? KL_K1 : KL_K3, logp, ref, d);
+        *d = x;
+        return v;
+    }
     case KL_K1:
         *d = 1.0;
         return x;
@@ -186,14 +216,8 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
                     float *dlogp, float *dent, loss_metrics *m) {
     assert(c->kl_coef == 0 || ref);
     assert(c->entropy_coeff == 0 || ent);
-    double norm_len = c->agg_norm_len;
-    if (c->agg == AGG_SEQ_MEAN_TOKEN_SUM_NORM && norm_len <= 0) {
-        int mx = 0;
-        double t0 = 0, s0 = 0;
-        loss_count(S, len, mask, &t0, &s0, &mx);
-        norm_len = mx > 0 ? mx : 1;
-    }
-    double total = 0, pg_total = 0;
+    double norm_len = norm_len_of(c, S, len);
+    double total = 0, pg_total = 0, kl_total = 0, ent_total = 0, tok_w = 1.0 / tok_denom;
     for (int s = 0; s < S; s++) {
         int L = len[s], o = off[s];
         if ((mask && !mask[s]) || L <= 0) {
@@ -216,28 +240,35 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
         }
         for (int j = 0; j < L; j++) {
             int t = o + j;
-            double r, dr, dpg;
+            double r, dr, dpg, lr = (double)logp[t] - old[t];
             int dual;
             if (c->mode == LOSS_GSPO) {
                 r = seq_r; dr = seq_dr; dual = 0;
             } else {
-                double lr = (double)logp[t] - old[t];
-                double lrc = lr < -20 ? -20 : lr > 20 ? 20 : lr;
-                r = exp(lrc);
-                dr = lr >= -20 && lr <= 20 ? r : 0.0;
+                lr = lr < -20 ? -20 : lr > 20 ? 20 : lr;   /* veRL clamps the log-ratio, ppo_kl too */
+                r = exp(lr);
+                dr = (double)logp[t] - old[t] >= -20 && (double)logp[t] - old[t] <= 20 ? r : 0.0;
                 dual = 1;
             }
+            double clipped = m ? m->clip_frac : 0, dualed = m ? m->clip_frac_dual : 0;
             double pg = pg_token(c, A, r, dr, dual, &dpg, m);
             double term = w * pg, dterm = w * dpg;
             pg_total += term;
+            if (m) {
+                m->pg_clipfrac += (m->clip_frac - clipped) * tok_w;
+                m->pg_clipfrac_lower += (m->clip_frac_dual - dualed) * tok_w;
+                m->ppo_kl -= lr * tok_w;
+            }
             if (ref) {
                 double dk, k = kl_value(c->kl, logp[t], ref[t], &dk);
                 term += c->kl_coef * w * k;
                 dterm += c->kl_coef * w * dk;
+                kl_total += w * k;
                 if (m) m->kl += k;
             }
             if (ent) {
                 term -= c->entropy_coeff * w * ent[t];
+                ent_total += w * ent[t];
                 if (m) m->entropy += ent[t];
             }
             if (dent) dent[t] = (float)(-c->entropy_coeff * w);
@@ -250,6 +281,6 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
             }
         }
     }
-    if (m) { m->loss += total; m->pg_loss += pg_total; }
+    if (m) { m->loss += total; m->pg_loss += pg_total; m->kl_loss += kl_total; m->entropy_loss += ent_total; }
     return total;
 }

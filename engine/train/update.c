@@ -20,7 +20,8 @@
  * Micro-batches hold whole groups packed P + NR (engine/model/pack.h); a group larger than a micro-batch
  * runs as its prompt once and its responses in micro-batches (engine/model/split.h). The loss's aggregation
  * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
- * mini-batch's exact gradient. */
+ * mini-batch's exact gradient; seq-mean-token-sum-norm's divisor (loss_scale_factor) is one
+ * constant for the whole update: the caller's, else the longest response of the update. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,12 +101,16 @@ typedef struct {
     int S; int *off, *len, *mask; float *adv;   /* (S) responses */
     long long M;                /* predicted tokens */
     float *old, *ref, *logp, *ent, *dlogp, *dent;   /* (M) */
+    float *ent_old;             /* (M) entropies at the old policy, for veRL's actor/entropy: the old
+                                   pass's, else the first epoch's forward passes' */
+    int ent_old_from_policy;    /* the passes running now fill ent_old */
     int *grp_resp0;             /* (n_groups) first response index of each kept group */
 } work;
 
 static void work_free(work *w) {
     free(w->pg); free(w->src); free(w->off); free(w->len); free(w->mask); free(w->adv);
-    free(w->old); free(w->ref); free(w->logp); free(w->ent); free(w->dlogp); free(w->dent); free(w->grp_resp0);
+    free(w->old); free(w->ref); free(w->logp); free(w->ent); free(w->dlogp); free(w->dent); free(w->ent_old);
+    free(w->grp_resp0);
 }
 
 static int work_make(work *w, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
@@ -118,10 +123,10 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
     w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
     w->off = calloc((size_t)S + 1, sizeof(int)); w->len = calloc((size_t)S + 1, sizeof(int));
     w->mask = calloc((size_t)S + 1, sizeof(int)); w->adv = calloc((size_t)S + 1, sizeof(float));
-    float **arr[6] = { &w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent };
-    for (int i = 0; i < 6; i++) *arr[i] = calloc((size_t)M + 1, sizeof(float));
+    float **arr[7] = { &w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent, &w->ent_old };
+    for (int i = 0; i < 7; i++) *arr[i] = calloc((size_t)M + 1, sizeof(float));
     if (!w->pg || !w->src || !w->grp_resp0 || !w->off || !w->len || !w->mask || !w->adv || !w->old || !w->ref ||
-        !w->logp || !w->ent || !w->dlogp || !w->dent)
+        !w->logp || !w->ent || !w->dlogp || !w->dent || !w->ent_old)
         return err_set(GE_NOMEM, "update: out of memory");
     *filtered = 0;
     int s = 0;
@@ -160,6 +165,8 @@ static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double to
     int *off = malloc((size_t)(S ? S : 1) * sizeof(int));
     if (!off) return err_set(GE_NOMEM, "update: out of memory");
     for (int i = 0; i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
+    if (w->ent_old_from_policy)
+        memcpy(w->ent_old + m0, w->ent + m0, (size_t)((ms1 < w->S ? w->off[ms1] : w->M) - m0) * sizeof(float));
     loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL,
                  w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
     free(off);
@@ -192,8 +199,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     int max_len = 0;
     loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
     if (seq_denom == 0 || c1 <= c0) return 0;   /* every response masked (or no share): nothing to learn from */
-    loss_config c = *a;
-    if (c.agg_norm_len <= 0) c.agg_norm_len = max_len;   /* one normaliser for the whole mini-batch */
+    const loss_config *c = a;
     pack_plan plan;
     int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
     if (rc) return rc;
@@ -202,7 +208,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
         long long m0 = w->off[ms0];
         if (plan.mb_split[k]) {
-            split_loss_ud u = { w, &c, ms0, old_from_policy, tok_denom, seq_denom, met };
+            split_loss_ud u = { w, c, ms0, old_from_policy, tok_denom, seq_denom, met };
             split_opts so = { max_tokens, a->temperature, -1, &e->split };
             split_stats st;
             rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
@@ -219,7 +225,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
         if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
         if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);
-        if (!rc) rc = loss_range(w, &c, ms0, ms1, tok_denom, seq_denom, met);
+        if (!rc) rc = loss_range(w, c, ms0, ms1, tok_denom, seq_denom, met);
         if (!rc)
             rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
                                 a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
@@ -285,6 +291,8 @@ static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
             t.loss += x->loss; t.pg_loss += x->pg_loss; t.kl += x->kl; t.entropy += x->entropy;
             t.clip_frac += x->clip_frac; t.clip_frac_low += x->clip_frac_low; t.clip_frac_high += x->clip_frac_high;
             t.ratio_mean += x->ratio_mean; t.n_tokens += x->n_tokens; t.clip_frac_dual += x->clip_frac_dual;
+            t.pg_clipfrac += x->pg_clipfrac; t.pg_clipfrac_lower += x->pg_clipfrac_lower; t.ppo_kl += x->ppo_kl;
+            t.kl_loss += x->kl_loss; t.entropy_loss += x->entropy_loss; t.entropy_agg += x->entropy_agg;
             if (q == 0 || x->ratio_max > t.ratio_max) t.ratio_max = x->ratio_max;
             micro += all[q].micro;
         }
@@ -302,6 +310,11 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     out->policy_version_before = e->policy_version;
     work w = {0};
     dp_order dpo = {0};
+    loss_config ac = *a;   /* loss_scale_factor 0: the longest response of the update, every group counted */
+    for (int i = 0; ac.loss_scale_factor <= 0 && i < n_groups; i++)
+        for (int r = 0; r < g[i].n; r++)
+            if (g[i].R[r] > ac.loss_scale_factor) ac.loss_scale_factor = g[i].R[r];
+    a = &ac;
     int dp = e->dp, rc = eng_training_state(e);
     if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
@@ -328,7 +341,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
         int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
         if (c1 > c0)
-            rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]], NULL);
+            rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]],
+                           w.ent_old + w.off[w.grp_resp0[c0]]);
     }
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
@@ -347,7 +361,9 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     float *gsh = dp ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
+    int old_pass = need_old && !old_from_policy;
     for (int ep = 0; ep < epochs && !rc; ep++) {
+        w.ent_old_from_policy = ep == 0 && !old_pass;
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
             int c0 = dp ? dpo.lo[g0 / mb] : g0, c1 = dp ? dpo.hi[g0 / mb] : g1;
@@ -401,6 +417,12 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
     }
+    if (!rc) {   /* veRL's actor/entropy: the whole batch's; with a comm each rank's share, summed below */
+        double tok = 0, seq = 0;
+        int mx = 0;
+        loss_count(w.S, w.len, w.mask, &tok, &seq, &mx);
+        if (seq > 0) met.entropy_agg = loss_agg(a, w.S, w.off, w.len, w.ent_old, w.mask, tok, seq);
+    }
     if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {
         int code = err_code();
@@ -420,6 +442,9 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->loss = met.loss; out->pg_loss = met.pg_loss; out->kl = met.kl; out->entropy = met.entropy;
         out->clip_frac = met.clip_frac; out->clip_frac_low = met.clip_frac_low; out->clip_frac_high = met.clip_frac_high;
         out->ratio_mean = met.ratio_mean; out->ratio_max = met.ratio_max;
+        out->pg_clipfrac = met.pg_clipfrac; out->pg_clipfrac_lower = met.pg_clipfrac_lower; out->ppo_kl = met.ppo_kl;
+        out->kl_loss = met.kl_loss; out->verl_entropy = met.entropy_agg;
+        out->loss_scale_factor = a->loss_scale_factor;
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;
         if (steps) e->policy_version++;

@@ -31,7 +31,7 @@ TEST(test_defaults_are_the_engines) {
     CHECK(c.clip_ratio_low == 0.2f && c.clip_ratio_high == 0.28f && c.clip_ratio_c == 3.0f);
     CHECK(c.kl_coef == 0.001f && c.kl == KL_K3 && c.entropy_coeff == 0.0f && c.ppo_epochs == 1);
     CHECK(c.ppo_mini_batch_size == 0 && c.temperature == 1.0f && !c.use_rollout_logprobs);
-    CHECK(!c.mask_truncated && !c.filter_groups && !c.agg_norm_len);
+    CHECK(!c.mask_truncated && !c.filter_groups && !c.loss_scale_factor);
     eng_optim o;
     eng_optim_default(&o);
     CHECK(o.lr == 1e-6f && o.weight_decay == 0.01f && o.beta1 == 0.9f && o.beta2 == 0.999f);
@@ -164,8 +164,37 @@ TEST(test_update_sections) {
     json_object_put(in);
     in = json_tokener_parse("{\"kl_type\": \"full\"}");
     CHECK_EQ_INT(api_params_or_reply(&eng_loss_params, in, "algorithm", NULL, NULL, NULL, &canon, &e), GE_INVALID);
-    CHECK_STR(e.message, "algorithm.kl_type 'full' must be one of kl|abs|mse|low_var_kl");
+    CHECK_STR(e.message, "algorithm.kl_type 'full' must be one of kl|abs|mse|low_var_kl|k1+|k3+");
     json_object_put(in);
+    /* the straight-through kl types (names and veRL's aliases), loss_scale_factor's range */
+    const char *st[4][2] = {{"k1+", "1"}, {"kl+", "1"}, {"k3+", "0"}, {"low_var_kl+", "0"}};
+    for (int i = 0; i < 4; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"kl_type\": \"%s\", \"loss_scale_factor\": 4096}", st[i][0]);
+        in = json_tokener_parse(body);
+        CHECK_EQ_INT(api_params_or_reply(&eng_loss_params, in, "algorithm", NULL, NULL, NULL, &canon, &e), 0);
+        CHECK_EQ_INT(api_params_to_struct(&eng_loss_params, canon, &c), 0);
+        CHECK_EQ_INT(c.kl, st[i][1][0] == '1' ? KL_K1_ST : KL_K3_ST);
+        CHECK_EQ_INT(c.loss_scale_factor, 4096);
+        json_object_put(canon);
+        json_object_put(in);
+    }
+    in = json_tokener_parse("{\"loss_scale_factor\": null}");
+    CHECK_EQ_INT(api_params_or_reply(&eng_loss_params, in, "algorithm", NULL, NULL, NULL, &canon, &e), 0);
+    CHECK_EQ_INT(json_object_get_int(json_object_object_get(canon, "loss_scale_factor")), 0);
+    json_object_put(canon);
+    json_object_put(in);
+    const char *bad_scale[3][2] = {{"{\"loss_scale_factor\": -1}", "algorithm.loss_scale_factor must be 0..16777216"},
+                                   {"{\"loss_scale_factor\": 2.5}", "algorithm.loss_scale_factor must be an integer"},
+                                   {"{\"loss_scale_factor\": \"max\"}", "algorithm.loss_scale_factor must be an integer"}};
+    for (int i = 0; i < 3; i++) {
+        in = json_tokener_parse(bad_scale[i][0]);
+        CHECK_EQ_INT(api_params_or_reply(&eng_loss_params, in, "algorithm", NULL, NULL, NULL, &canon, &e), GE_INVALID);
+        CHECK_STR(e.field, "algorithm.loss_scale_factor");
+        CHECK_STR(e.message, bad_scale[i][1]);
+        CHECK_EQ_INT(e.status, 400);
+        json_object_put(in);
+    }
     in = json_tokener_parse("{\"betas\": [0.8, 0.95], \"lr_schedule\": \"cosine\", \"lr\": 3e-6}");
     CHECK_EQ_INT(api_params_or_reply(&eng_optim_params, in, "optimizer", NULL, NULL, NULL, &canon, &e), 0);
     eng_optim o;
