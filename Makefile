@@ -69,11 +69,12 @@ grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 
 # The daemon with its test hooks compiled in (-DGRPOD_TEST_HOOKS: daemon/worker.c's engine-hang
-# hook for tests/deploy/test_notify.py); make test builds it, nothing installs it.
+# hook for tests/deploy/test_notify.py, daemon/test_hooks.h's kill points for
+# tests/integration/torture.py); make test builds it, nothing installs it.
 $(BUILD)/hooks/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DGRPOD_TEST_HOOKS -c -o $@ $<
-$(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/libapp.a $(BUILD)/libengine.a
+$(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/hooks/daemon/jobs.o $(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c

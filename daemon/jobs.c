@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "daemon/json_read.h"
+#include "daemon/test_hooks.h"
 
 /* Token ids: a json array, or a packed one (api_packed_parse). */
 static int *int_array(json_object *a, int *n) {
@@ -680,12 +681,21 @@ static int run_checkpoint(const jobs_env *env, json_object *p, const char *job_i
     snprintf(id, sizeof id, "ckpt-%lld-%s%s", info.policy_version, job_id, merged ? "-merged" : "");
     snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
     double t0 = clock_mono_ms();
-    int oom;
-    char *call = call_text(env, "checkpoint", NULL, NULL, dir, merged, &oom);
-    int rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged}, call);
-    free(call);
-    if (rc) return rc;
-    metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
+    int rc = 0;
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && eng_checkpoint_matches(env->e, dir, merged) == 0) {
+        /* this job's own checkpoint: an earlier run of it stopped after the rename (a crash
+         * before the job's done-write); keep it (docs/api.md "Checkpoints") */
+        log_event(LOG_INFO, "checkpoint_kept", "\"id\":\"%s\",\"policy_version\":%lld", id, info.policy_version);
+    } else {
+        int oom;
+        char *call = call_text(env, "checkpoint", NULL, NULL, dir, merged, &oom);
+        rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged}, call);
+        free(call);
+        if (rc) return rc;
+        metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
+    }
+    test_hook_kill("checkpoint_renamed");
     if (!merged && (rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
     json_object *res = json_object_new_object();
     json_object_object_add(res, "id", json_object_new_string(id));

@@ -36,6 +36,7 @@
 #include "daemon/jobs.h"
 #include "daemon/cluster.h"
 #include "daemon/ranks.h"
+#include "daemon/test_hooks.h"
 #include "store/store.h"
 
 struct worker {
@@ -375,6 +376,7 @@ static void run_one(worker *w, store_job *j) {
                       log_str(esc, sizeof esc, err_msg()));
         log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
     } else {
+        if (rc == 0 && !strcmp(j->kind, "checkpoint")) test_hook_kill("checkpoint_indexed");
         store_outcome(w, j, rc, result, ms, v0);
         if (rc == 0 && !strcmp(j->kind, "checkpoint")) checkpoint_saved(w);
     }

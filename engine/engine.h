@@ -290,7 +290,9 @@ void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
 /* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus
  * optimizer state (optimizer.safetensors, grpod_state.json) and manifest.json (each file's
  * size and hash) to dir.tmp, fsync, then rename to dir (checkpoint.c). On failure (disk full)
- * dir.tmp is removed and nothing is left half-written; GE_CONFLICT when dir exists. */
+ * dir.tmp is removed and nothing is left half-written. Idempotent: when dir exists already
+ * and eng_checkpoint_matches it, it is kept (0, nothing written); when it does not match, it
+ * is replaced (written whole to dir.tmp first, then swapped in). */
 int eng_checkpoint_save(eng *e, const char *dir);
 /* With LoRA the checkpoint is the adapter in PEFT's layout (adapter_model.safetensors,
  * adapter_config.json) plus optimizer.safetensors and grpod_state.json. merged = 1 writes an
@@ -300,6 +302,11 @@ int eng_checkpoint_save_ex(eng *e, const char *dir, int merged);
 /* 0 when dir's files match its manifest; GE_FORMAT naming the file otherwise (no manifest,
  * a missing, short or changed file). Reads every byte. Any thread. */
 int eng_checkpoint_verify(const char *dir);
+/* 0 when dir is what eng_checkpoint_save_ex(e, dir, merged) would write now: its files match
+ * its manifest and its grpod_state.json holds e's policy_version and optimizer step (a merged
+ * export, which has no state: its files alone). GE_FORMAT (damaged) or GE_CONFLICT (another
+ * state) otherwise. Reads every byte. Engine thread. */
+int eng_checkpoint_matches(eng *e, const char *dir, int merged);
 /* rm -r dir (leftover temporaries); 0 when it is gone or never was. Any thread. */
 int eng_remove_tree(const char *dir);
 #endif

@@ -108,8 +108,11 @@ static const char *const sql_text[Q_N] = {
     [Q_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE (?1 IS NULL OR kind = ?1) "
                "AND (?2 IS NULL OR status = ?2) ORDER BY created_at DESC, rowid DESC LIMIT ?3",
     [Q_COUNTS] = "SELECT kind, status, count(*) FROM jobs GROUP BY kind, status ORDER BY 1, 2",
+    /* a checkpoint job run again after a crash between this and its done-write adds its row
+     * again: the row stays (and keeps its place in the order) */
     [Q_CKPT_ADD] = "INSERT INTO checkpoints (id, path, policy_version, created_at) "
-                   "VALUES (?1, ?2, ?3, ?4)",
+                   "VALUES (?1, ?2, ?3, ?4) ON CONFLICT (id) DO UPDATE SET path = excluded.path, "
+                   "policy_version = excluded.policy_version",
     [Q_CKPT_LIST] = "SELECT id, path, policy_version, created_at FROM checkpoints "
                     "ORDER BY created_at DESC, rowid DESC",
     /* a job whose cancel was requested while it ran is not worth restarting */

@@ -83,7 +83,8 @@ typedef void (*store_count_cb)(void *ud, const char *kind, const char *status, l
 int store_counts(store *s, store_count_cb cb, void *ud);
 long long store_queue_depth(store *s);
 
-/* Checkpoints index: (id, path, policy_version, created_at). */
+/* Checkpoints index: (id, path, policy_version, created_at). Adding an id already there
+ * updates its path and version and keeps its created_at. */
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version);
 typedef struct { char id[64]; char path[512]; long long policy_version; double created_at; } store_ckpt;
 int store_checkpoint_list(store *s, store_ckpt **out, int *n);       /* newest first; free() */

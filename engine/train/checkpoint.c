@@ -9,6 +9,9 @@
  * complete on disk. eng_checkpoint_verify re-reads every file against the manifest before a
  * resume, so a directory damaged later (a torn copy, a bad disk, an edit) is refused, not
  * loaded. A failed save (disk full) removes DIR.tmp and leaves nothing half-written.
+ * Idempotent: a save that finds DIR already there keeps it when it verifies and holds this
+ * policy_version and optimizer step (the same save, run again after a crash between its rename
+ * and its caller's record of it); otherwise it writes DIR.tmp whole, removes DIR, and renames.
  *
  * Not here: which checkpoint to resume (the daemon's worker walks the store's index). */
 #include <dirent.h>
@@ -143,7 +146,8 @@ static int write_manifest(const char *dir) {
     return rc;
 }
 
-int eng_checkpoint_verify(const char *dir) {
+/* Every file of dir against its manifest; need_state: the manifest must list grpod_state.json. */
+static int verify_dir(const char *dir, int need_state) {
     char path[PATH_MAX + 300];
     snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
     js_doc *doc;
@@ -167,9 +171,31 @@ int eng_checkpoint_verify(const char *dir) {
         has_state |= !strcmp(name, STATE);
         has_model |= !strcmp(name, "model.safetensors") || !strcmp(name, "adapter_model.safetensors");
     }
-    if (!rc && (!has_state || !has_model)) rc = err_set(GE_FORMAT, "%s: the manifest lacks %s", dir, has_state ? "model.safetensors" : STATE);
+    if (!rc && ((need_state && !has_state) || !has_model))
+        rc = err_set(GE_FORMAT, "%s: the manifest lacks %s", dir, has_model ? STATE : "model.safetensors");
     js_doc_free(doc);
     return rc;
+}
+
+int eng_checkpoint_verify(const char *dir) { return verify_dir(dir, 1); }
+
+/* A merged export has no training state: its files alone say whether it is whole. */
+static int is_export(const eng *e, int merged) { return merged && e->m.lora_r; }
+
+int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
+    int rc = verify_dir(dir, !is_export(e, merged));
+    if (rc || is_export(e, merged)) return rc;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, STATE);
+    js_doc *doc;
+    const js *r;
+    if ((rc = js_parse_file(path, &doc, &r))) return err_set(GE_FORMAT, "%s: %s", path, err_msg());
+    long long v = (long long)js_get_num(r, "policy_version", -1), step = (long long)js_get_num(r, "optimizer_step", -1);
+    js_doc_free(doc);
+    if (v != e->policy_version || step != e->opt_step)
+        return err_set(GE_CONFLICT, "%s holds policy_version %lld, optimizer step %lld, not %lld, %d", dir, v, step,
+                       (long long)e->policy_version, e->opt_step);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- save */
@@ -214,7 +240,7 @@ static int save_files(eng *e, const char *tmp, int merged, float *const *gathere
             rc = copy_file(src, path);
         }
     }
-    int export = merged && e->m.lora_r;     /* its moments are the adapters': not a resume point */
+    int export = is_export(e, merged);      /* its moments are the adapters': not a resume point */
     if (!rc && e->adam_m && !export) {
         float *v = in_host ? NULL : malloc(nt * 4);
         rc = v || in_host ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
@@ -249,12 +275,16 @@ static int save_dir(eng *e, const char *dir, int merged, float *const *gathered)
     char *slash = strrchr(parent, '/');
     if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
     struct stat sb;
-    if (stat(dir, &sb) == 0) return err_set(GE_CONFLICT, "%s exists already", dir);
+    int replace = stat(dir, &sb) == 0;
+    if (replace && eng_checkpoint_matches(e, dir, merged) == 0) return 0;   /* this save's own result */
     eng_remove_tree(tmp);   /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
     if (!rc) rc = save_files(e, tmp, merged, gathered);
     if (!rc) rc = write_manifest(tmp);
     if (!rc) rc = fsync_path(tmp, 1);
+    /* a crash between the removal and the rename leaves DIR.tmp, removed at the next start, and
+     * no DIR: the save runs again */
+    if (!rc && replace) rc = eng_remove_tree(dir);
     if (!rc && rename(tmp, dir)) rc = err_set(GE_IO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
     if (!rc) rc = fsync_path(parent, 1);
     if (rc) {

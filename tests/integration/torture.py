@@ -9,11 +9,16 @@ it is restarted each time. Jobs are submitted between kills (never during one), 
 hold the same jobs in the same order. At the end both runs must agree on: the final
 policy_version, every job's status (and error code), every update's policy_version_after,
 every rollout's tokens, and the logprobs of a fixed probe set, compared bit for bit.
+With --grpod-hooks (build/grpod-test-hooks) some starts also die at exact points through
+GRPOD_TEST_KILL_AT (daemon/test_hooks.h): in a checkpoint job after its directory's rename and
+before the store indexes it, and after that before its done-write; the job then runs again
+and must find its own checkpoint (kept, done).
 
 Standard library only (the GPU image has no `requests`). Prints one FIGURES line (JSON) and
 exits 0 when everything agrees.
 
   python3 tests/integration/torture.py --grpod ./grpod --kills 20           # CI scale, CPU
+  python3 tests/integration/torture.py --grpod ./grpod --grpod-hooks build/grpod-test-hooks   # + kill points
   python3 tests/integration/torture.py --grpod ./grpod --kills 200 --rounds 60
   python3 tests/integration/torture.py --grpod ./grpod --backend cuda --kills 10   # on a GPU
   python3 tests/integration/torture.py --grpod ./grpod --ranks 2 --kills 5 --rounds 3   # 2 CPU ranks
@@ -46,19 +51,26 @@ def free_port():
     return p
 
 
+HOOK_POINTS = ["checkpoint_renamed", "checkpoint_indexed"]
+
+
 class Daemon:
-    def __init__(self, grpod, data, backend, threads, log, ranks=1):
+    def __init__(self, grpod, data, backend, threads, log, ranks=1, hooks=None):
         self.grpod, self.data, self.backend, self.threads, self.log = grpod, data, backend, threads, log
-        self.ranks = ranks
+        self.ranks, self.hooks = ranks, hooks
         self.proc = None
 
-    def start(self):
+    def start(self, kill_at=None):
+        """kill_at: a kill point of the hooks binary (HOOK_POINTS), which then runs instead."""
         self.port = free_port()
         self.base = "http://127.0.0.1:%d" % self.port
         self.logf = open(self.log, "a")
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)
-        self.proc = subprocess.Popen([self.grpod, "serve", "--data-dir", self.data, "--listen", "127.0.0.1:%d" % self.port,
+        env.pop("GRPOD_TEST_KILL_AT", None)
+        if kill_at:
+            env["GRPOD_TEST_KILL_AT"] = kill_at
+        self.proc = subprocess.Popen([self.hooks if kill_at else self.grpod, "serve", "--data-dir", self.data, "--listen", "127.0.0.1:%d" % self.port,
                                       "--backend", self.backend, "--engine-threads", str(self.threads)]
                                      + (["--ranks", str(self.ranks)] if self.ranks > 1 else []),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.logf, env=env)
@@ -229,6 +241,31 @@ def wait_event(d, pred, timeout):
     return False
 
 
+def unfinished_checkpoints(data):
+    """Checkpoint jobs of the dead daemon's store still to run (queued, or running when it died)."""
+    db = sqlite3.connect("file:%s?mode=ro" % os.path.join(data, "grpod.db"), uri=True, timeout=30)
+    try:
+        return [r[0] for r in db.execute("SELECT id FROM jobs WHERE kind = 'checkpoint' AND status IN ('queued','running')")]
+    finally:
+        db.close()
+
+
+def hooked_kill(d, args, stream, ids, next_ckpt, pending):
+    """A start of the hooks binary that dies at its kill point in a checkpoint job: submits the
+    stream up to the next checkpoint unless one is pending already. True when it died there."""
+    try:
+        d.wait_ready(args.ready_timeout)
+        while not pending and next_ckpt is not None and len(ids) <= next_ckpt:
+            ids.append(submit(d, stream[len(ids)], ids))
+    except (RuntimeError, urllib.error.URLError, ConnectionError, OSError):
+        pass                # it died already (a pending checkpoint ran first)
+    try:
+        d.proc.wait(args.job_timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return any(e.get("event") == "test_kill" for e in d.events_since_start())
+
+
 def twice_interrupted(data):
     """Unfinished jobs a kill already interrupted twice (read from the dead daemon's store): a
     third would fail them by the crash-loop guard, and run them later, out of order."""
@@ -241,13 +278,28 @@ def twice_interrupted(data):
 
 def tortured(args, stream, work, rng):
     data = os.path.join(work, "kill")
-    d = Daemon(args.grpod, data, args.backend, args.threads, os.path.join(work, "kill.log"), args.ranks)
-    ids, kills, phases, requeued = [], 0, {}, 0
+    d = Daemon(args.grpod, data, args.backend, args.threads, os.path.join(work, "kill.log"), args.ranks, args.grpod_hooks)
+    ids, kills, phases, requeued, hooked = [], 0, {}, 0, 0
     t_end = time.time() + args.budget_s
     while kills < args.kills and time.time() < t_end:
+        has_db = os.path.exists(os.path.join(data, "grpod.db"))
+        guard = twice_interrupted(data) if has_db else []
+        pending = unfinished_checkpoints(data) if has_db else []
+        next_ckpt = next((k for k in range(len(ids), len(stream)) if stream[k]["kind"] == "checkpoint"), None)
+        # every kill point once first, then now and then
+        if (args.grpod_hooks and not guard and (pending or next_ckpt is not None)
+                and (hooked < len(HOOK_POINTS) or rng.random() < 0.1)):
+            point = HOOK_POINTS[hooked % len(HOOK_POINTS)]
+            d.start(kill_at=point)
+            died = hooked_kill(d, args, stream, ids, next_ckpt, pending)
+            d.kill9()
+            kills += 1
+            hooked += died
+            ph = "hook:" + point if died else "hook-missed"
+            phases[ph] = phases.get(ph, 0) + 1
+            continue
         d.start()
         mode = rng.random()
-        guard = twice_interrupted(data) if os.path.exists(os.path.join(data, "grpod.db")) else []
         if guard:           # let them finish first (the guard is tested in test_lifecycle / test_exactly_once)
             d.wait_ready(args.ready_timeout)
             wait_all(d, guard, args.job_timeout)
@@ -297,7 +349,8 @@ def tortured(args, stream, work, rng):
     st = final_state(d, ids, args.job_timeout)
     d.stop()
     log = open(d.log).read()
-    st.update(kills=kills, phases=phases, requeued_interrupted=requeued,
+    st.update(kills=kills, phases=phases, requeued_interrupted=requeued, hooked_kills=hooked,
+              ckpt_kept=log.count('"event":"checkpoint_kept"'),
               replays=log.count('"event":"replay_done"'), replay_starts=log.count('"event":"replay_start"'),
               ckpt_skipped=log.count('"event":"checkpoint_skipped"'), tmp_removed=log.count('"event":"checkpoint_temporary_removed"'))
     # applied twice / lost: every done update's version is distinct and they are 1..final
@@ -312,6 +365,7 @@ def tortured(args, stream, work, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--grpod", default="./grpod")
+    ap.add_argument("--grpod-hooks", help="build/grpod-test-hooks: also kill at exact points of checkpoint jobs")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="--engine-threads (cpu)")
     ap.add_argument("--ranks", type=int, default=1, help="--ranks (cpu): both runs use this many ranks")
@@ -358,6 +412,7 @@ def main():
                "lost": got["lost"], "applied_twice": got["applied_twice"], "replays": got["replays"],
                "replay_starts": got["replay_starts"], "checkpoints_skipped": got["ckpt_skipped"],
                "temporaries_removed": got["tmp_removed"], "requeued_interrupted": got["requeued_interrupted"],
+               "hooked_kills": got["hooked_kills"], "checkpoints_kept": got["ckpt_kept"],
                "job_states_equal": not any(d.startswith("job ") for d in diffs),
                "probe_logprobs_bit_equal": probe_equal, "rollouts_logprobs_differing": lp_differ, "seconds": round(time.time() - t0, 1), "reference_seconds": round(t_ref, 1)}
     print("FIGURES " + json.dumps(figures), flush=True)

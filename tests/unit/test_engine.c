@@ -1,9 +1,11 @@
 /* test_engine.c — the engine end to end on the embedded default model (cpu): rollout
  * determinism and its logprobs against the training path, greedy decoding against argmax of
- * a teacher-forced forward, an update that moves logprobs the right way, and a checkpoint that
- * reloads to identical logprobs. */
+ * a teacher-forced forward, an update that moves logprobs the right way, a checkpoint that
+ * reloads to identical logprobs, and a checkpoint save that is idempotent. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "common/err.h"
@@ -150,6 +152,65 @@ TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
     CHECK_MSG(ref_same, "the reference model moved");
 }
 
+static long long file_mtime_ns(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) ? -1 : (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
+}
+
+/* A save that finds its directory: kept when it verifies and holds this state (the same save run
+ * again after a crash before its caller recorded it), replaced when it is damaged or holds
+ * another state; never the old GE_CONFLICT. */
+TEST(checkpoint_save_is_idempotent) {
+    eng *e = open_default();
+    CHECK(e);
+    int r0[5] = { 65, 66, 67, 68, 69 }, r1[3] = { 97, 98, 99 };
+    const int *resp[2] = { r0, r1 };
+    int R[2] = { 5, 3 };
+    float rew[2] = { 0.8f, -0.3f };
+    eng_update_group g = { .prompt = prompt, .P = NP, .n = 2, .resp = resp, .R = R, .reward = rew };
+    loss_config a;
+    loss_config_default(&a);
+    eng_optim o;
+    eng_optim_default(&o);
+    o.lr = 2e-3f;
+    eng_update_result u;
+    CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
+    const char *ck = "/tmp/grpod_test_engine_idem";
+    CHECK(system("rm -rf /tmp/grpod_test_engine_idem /tmp/grpod_test_engine_idem.tmp") == 0);
+    CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
+    CHECK(eng_checkpoint_matches(e, ck, 0) == 0);
+    long long m0 = file_mtime_ns("/tmp/grpod_test_engine_idem/manifest.json");
+    /* the same save again: kept, not rewritten */
+    CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
+    CHECK(file_mtime_ns("/tmp/grpod_test_engine_idem/manifest.json") == m0);
+    /* damaged (a flipped byte in the weights): replaced by a whole one */
+    FILE *f = fopen("/tmp/grpod_test_engine_idem/model.safetensors", "r+b");
+    CHECK(f);
+    fseek(f, -7, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -7, SEEK_END);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+    CHECK_EQ_INT(eng_checkpoint_matches(e, ck, 0), GE_FORMAT);
+    CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
+    CHECK(eng_checkpoint_verify(ck) == 0 && eng_checkpoint_matches(e, ck, 0) == 0);
+    /* another state (an update since): not this save's result, replaced */
+    CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
+    CHECK_EQ_INT(eng_checkpoint_matches(e, ck, 0), GE_CONFLICT);
+    CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
+    CHECK(eng_checkpoint_matches(e, ck, 0) == 0);
+    CHECK(access("/tmp/grpod_test_engine_idem.tmp", F_OK) != 0);
+    eng *e2;
+    eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu", .resume_dir = ck };
+    CHECK_MSG(eng_open(&oo, &e2) == 0, "%s", err_msg());
+    eng_info i2;
+    eng_get_info(e2, &i2);
+    CHECK_EQ_INT(i2.policy_version, 2);
+    eng_close(e2);
+    eng_close(e);
+    CHECK(system("rm -rf /tmp/grpod_test_engine_idem") == 0);
+}
+
 TEST(group_over_budget_is_a_clear_error) {
     eng *e = open_default();
     CHECK(e);
@@ -176,6 +237,7 @@ int main(void) {
     RUN(rollout_is_seeded_and_matches_training_logprobs);
     RUN(greedy_equals_teacher_forced_argmax);
     RUN(update_moves_logprobs_by_advantage_and_checkpoint_reloads);
+    RUN(checkpoint_save_is_idempotent);
     RUN(group_over_budget_is_a_clear_error);
     return CHECK_DONE();
 }

@@ -301,7 +301,9 @@ TEST(test_checkpoints) {
     free(c);
     CHECK(store_checkpoint_add(s, "ckpt_a", "/data/ckpt/a", 1) == 0);
     CHECK(store_checkpoint_add(s, "ckpt_b", "/data/ckpt/b", 5) == 0);
-    CHECK(store_checkpoint_add(s, "ckpt_a", "/x", 9) == GE_STORE);        /* ids are unique */
+    /* an id added again (a checkpoint job re-run after a crash before its done-write): one row,
+     * updated, in its first place */
+    CHECK(store_checkpoint_add(s, "ckpt_a", "/data/ckpt/a2", 1) == 0);
     store_close(s);
 
     /* they survive a reopen */
@@ -312,6 +314,7 @@ TEST(test_checkpoints) {
     CHECK_STR(c[0].path, "/data/ckpt/b");
     CHECK_EQ_INT(c[0].policy_version, 5);
     CHECK_STR(c[1].id, "ckpt_a");
+    CHECK_STR(c[1].path, "/data/ckpt/a2");
     CHECK(c[1].created_at > 1.6e9 && c[0].created_at >= c[1].created_at);
     free(c);
     store_close(s);

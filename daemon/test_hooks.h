@@ -1,0 +1,27 @@
+/* test_hooks.h — kill points for the crash tests, compiled in only with -DGRPOD_TEST_HOOKS
+ * (build/grpod-test-hooks, Makefile; never ./grpod, where test_hook_kill is empty).
+ *
+ * GRPOD_TEST_KILL_AT=POINT makes the process SIGKILL itself the first time it reaches POINT,
+ * as a kill -9 landing exactly there would (tests/integration/torture.py). Points:
+ *   checkpoint_renamed   a checkpoint job's directory is in place (renamed and fsynced, or kept),
+ *                        before the store indexes it (daemon/jobs.c run_checkpoint)
+ *   checkpoint_indexed   the store indexes it, before the job's done-write (daemon/worker.c) */
+#ifndef GRPOD_TEST_HOOKS_H
+#define GRPOD_TEST_HOOKS_H
+#ifdef GRPOD_TEST_HOOKS
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+static inline void test_hook_kill(const char *point) {
+    const char *at = getenv("GRPOD_TEST_KILL_AT");
+    if (!at || strcmp(at, point)) return;
+    log_event(LOG_WARN, "test_kill", "\"at\":\"%s\"", point);
+    raise(SIGKILL);
+}
+#else
+static inline void test_hook_kill(const char *point) { (void)point; }
+#endif
+#endif
