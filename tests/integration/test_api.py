@@ -150,8 +150,14 @@ def test_rollout_update_rollout(shared_daemon):
     res = u["result"]
     assert res["policy_version_before"] == v0 and res["policy_version_after"] == v0 + 1
     assert res["tokens"]["packed"] < res["tokens"]["standard"]
-    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "lr"):
+    for k in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "lr", "actor/pg_clipfrac",
+              "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/kl_loss", "actor/entropy"):
         assert k in res["metrics"]
+    # one optimizer step: veRL's pg_clipfrac is grpod's clip_frac; no reference, no kl_loss
+    assert res["metrics"]["actor/pg_clipfrac"] == pytest.approx(res["metrics"]["clip_frac"], abs=1e-12)
+    assert res["metrics"]["actor/kl_loss"] == 0 and res["metrics"]["actor/entropy"] > 0
+    # loss_scale_factor's default without a rollout job: the longest response of the update
+    assert res["metrics"]["loss_scale_factor"] == max(len(x["token_ids"]) for g in upd_groups for x in g["responses"])
     after = d.post("/v1/logprobs", lp_req).json()
     diff = max(abs(a - b) for g0, g1 in zip(before.json()["groups"], after["groups"])
                for r0, r1 in zip(g0["responses"], g1["responses"])
@@ -163,10 +169,15 @@ def test_rollout_update_rollout(shared_daemon):
     # stale expected_policy_version → 409 at submit
     r = d.post("/v1/updates", {"groups": upd_groups, "expected_policy_version": v0})
     assert r.status_code == 409 and r.json()["error"]["field"] == "expected_policy_version"
-    # train on a finished rollout by id
-    u2 = d.wait_job(d.submit("/v1/updates", {"rollout_job_id": j["id"], "algorithm": {"filter_groups": True}}))
+    # a bad loss_scale_factor is a 400 naming it
+    r = d.post("/v1/updates", {"groups": upd_groups, "algorithm": {"loss_scale_factor": -3}})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "algorithm.loss_scale_factor", r.text
+    # train on a finished rollout by id: loss_scale_factor defaults to the rollout's max_tokens
+    u2 = d.wait_job(d.submit("/v1/updates", {"rollout_job_id": j["id"], "algorithm": {
+        "filter_groups": True, "loss_agg_mode": "seq-mean-token-sum-norm", "kl_type": "k3+"}}))
     assert u2["status"] == "done", u2
     assert u2["result"]["policy_version_after"] == v0 + 2
+    assert u2["result"]["metrics"]["loss_scale_factor"] == 12
     # reference model logprobs stay those of the start
     ref = d.post("/v1/logprobs", dict(lp_req, model="reference"))
     assert ref.status_code == 200 and ref.json()["model"] == "reference"
