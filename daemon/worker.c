@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -554,6 +555,24 @@ static void save_on_exit(worker *w) {
     free(res);
 }
 
+/* What checkpoints need on the data directory's disk: one is the policy in fp32 and the AdamW
+ * moments (12 bytes a trainable parameter; the adapters only with LoRA), written whole beside
+ * the ones kept until it is renamed into place. Logged at start; a daemon told to checkpoint at
+ * exit on a disk that cannot hold one checkpoint is refused now, not at its shutdown. */
+static int disk_plan(worker *w, const eng_info *in) {
+    long long ckpt = 12 * (in->lora_rank ? in->lora_params : in->n_params);
+    struct statvfs sv;
+    long long avail = statvfs(w->data_dir, &sv) ? -1 : (long long)sv.f_bavail * (long long)sv.f_frsize;
+    log_event(LOG_INFO, "disk_plan", "\"checkpoint_mib\":%lld,\"available_mib\":%lld,\"keep_checkpoints\":%lld,"
+              "\"checkpoint_on_exit\":%s", ckpt >> 20, avail < 0 ? -1 : avail >> 20, (long long)w->cfg.keep_checkpoints,
+              w->cfg.checkpoint_on_exit ? "true" : "false");
+    if (w->cfg.checkpoint_on_exit && avail >= 0 && avail < ckpt)
+        return err_set(GE_IO, "a checkpoint of this model needs about %lld MiB on %s's disk and %lld MiB are free: free space, "
+                       "move --data-dir, or pass --checkpoint-on-exit=false (and checkpoint where there is room)",
+                       ckpt >> 20, w->data_dir, avail >> 20);
+    return 0;
+}
+
 static void *thread_main(void *arg) {
     worker *w = arg;
     long long t0 = clock_mono_ns();
@@ -573,10 +592,12 @@ static void *thread_main(void *arg) {
         log_event(LOG_INFO, "memory_plan",
                   "\"device_mib\":%lld,\"weights_mib\":%lld,\"reference_mib\":%lld,\"master_mib\":%lld,\"gradients_mib\":%lld,"
                   "\"moments_mib\":%lld,\"host_state_mib\":%lld,\"optimizer\":\"%s\",\"snapshot\":\"%s\",\"snapshot_mib\":%lld,"
-                  "\"kv_budget_mib\":%lld,\"activations_mib\":%lld,\"micro_batch_tokens\":%lld,\"micro_batch_tokens_limit\":%lld",
+                  "\"kv_budget_mib\":%lld,\"activations_mib\":%lld,\"micro_batch_tokens\":%lld,\"micro_batch_tokens_limit\":%lld,"
+                  "\"load_ms\":%.0f,\"plan_ms\":%.0f",
                   p->device_total >> 20, p->weights >> 20, p->reference >> 20, p->master >> 20, p->gradients >> 20,
                   p->moments >> 20, p->host_state >> 20, p->optimizer, p->snapshot_at, p->snapshot >> 20, p->kv_bytes >> 20,
-                  p->acts_bytes >> 20, p->micro_batch_tokens, p->micro_batch_tokens_max);
+                  p->acts_bytes >> 20, p->micro_batch_tokens, p->micro_batch_tokens_max, p->ms_load, p->ms_plan);
+        rc = disk_plan(w, &in);
     }
     if (rc) {
         char esc[700];

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "engine/text/chat.h"
 #include "engine/rollout/decode.h"
@@ -89,27 +90,9 @@ static int open_adapters(eng *e, const char *from) {
     return rc;
 }
 
-/* eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
- * moments (16 bytes a parameter) would leave less than a quarter of the device's memory free
- * once the bf16 weights and the reference are loaded (called after those two are). */
-static int choose_offload(eng *e, const char *mode, int *on) {
-    eng_backend *be = e->be;
-    *on = 0;
-    if (mode && !strcmp(mode, "on")) { *on = 1; return 0; }
-    if (mode && !strcmp(mode, "off")) return 0;
-    if (mode && *mode && strcmp(mode, "auto"))
-        return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
-    size_t fr = 0, tot = 0;
-    if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
-    /* with a comm the master and moments are this rank's shard (engine/train/dp.c) */
-    double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
-    double need = 4.0 * n + 12.0 * st + n * be->act_bytes;   /* + the policy's act copy */
-    *on = need > (double)fr - (double)tot / 4;
-    return 0;
-}
-
 int eng_open(const eng_open_opts *o, eng **out) {
     *out = NULL;
+    double t0 = clock_mono_ms();
     eng *e = calloc(1, sizeof *e);
     if (!e) return err_set(GE_NOMEM, "engine: out of memory");
     snprintf(e->model_dir, sizeof e->model_dir, "%s", o->model_dir);
@@ -166,7 +149,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
         long long S = e->dp ? (e->m.n_elems + e->W - 1) / e->W : 0, off = S * e->rank,
                   valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
         e->sh_n = S; e->sh_off = off;
-        if ((rc = choose_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        if ((rc = plan_offload(e, o->optimizer_offload, &e->offload))) goto fail;
         if (e->dp) {
             /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
              * for this rank's shard, taken from the loaded (or resumed) weights; in host memory
@@ -205,7 +188,10 @@ int eng_open(const eng_open_opts *o, eng **out) {
             goto fail;
     }
     if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
+    double t1 = clock_mono_ms();
     if (!o->no_training && (rc = plan_make(e, o))) goto fail;
+    e->plan.ms_load = t1 - t0;
+    e->plan.ms_plan = clock_mono_ms() - t1;
     free(host);
     *out = e;
     return 0;

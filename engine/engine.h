@@ -93,6 +93,7 @@ typedef struct {
     long long micro_batch_tokens_max;   /* the most that fits, every layer recomputed (0: no limit) */
     char optimizer[8];           /* "device" or "host" (offload) */
     char snapshot_at[8];         /* "device", "pinned", "host" or "none" */
+    double ms_load, ms_plan;     /* eng_open's time: weights read and placed; this plan's allocations */
 } eng_plan;
 
 typedef struct {

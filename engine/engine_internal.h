@@ -74,6 +74,8 @@ void snap_free(eng *e);
 /* plan.c: the memory plan at the end of eng_open (the training state and the safety copy
  * allocated, the budgets set in e->plan). */
 int plan_make(eng *e, const eng_open_opts *o);
+/* plan.c: --optimizer-offload auto|on|off -> *on (eng_open, before the master is placed). */
+int plan_offload(eng *e, const char *mode, int *on);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems); }
 /* dp.c (with a comm only; every rank calls each, in the same order). dp_exchange: all-gather bytes

@@ -1,7 +1,8 @@
 /* plan.c — the memory plan (engine.h eng_plan), made once at the end of eng_open.
  *
- * By then the weights, the reference and the fp32 master are placed (eng_open; the optimizer
- * offload decided by choose_offload). The plan then
+ * Its first choice, whether the optimizer state lives in host memory (plan_offload), is made in
+ * eng_open before the fp32 master is placed. By the end of eng_open the weights, the reference
+ * and the master are placed, and the plan
  *   1. allocates the gradients and the AdamW moments (device, or host with offload), so that
  *      the free memory it reads next is what every later job shares;
  *   2. places the update's safety copy (train/snapshot.h): on the device when it takes at most
@@ -27,6 +28,25 @@
 #define SNAP_HOST_RESERVE ((long long)8 << 30)   /* host memory left beside a host copy */
 #define MB_DEFAULT_TOKENS 32768                  /* the default micro-batch where it fits */
 #define MB_MAX_TOKENS (16LL << 20)
+
+/* The plan's first choice, made in eng_open after the weights and the reference are placed:
+ * eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
+ * moments (16 bytes a parameter) would leave less than a quarter of the device's memory free. */
+int plan_offload(eng *e, const char *mode, int *on) {
+    eng_backend *be = e->be;
+    *on = 0;
+    if (mode && !strcmp(mode, "on")) { *on = 1; return 0; }
+    if (mode && !strcmp(mode, "off")) return 0;
+    if (mode && *mode && strcmp(mode, "auto"))
+        return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
+    size_t fr = 0, tot = 0;
+    if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
+    /* with a comm the master and moments are this rank's shard (engine/train/dp.c) */
+    double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
+    double need = 4.0 * n + 12.0 * st + n * be->act_bytes;   /* + the policy's act copy */
+    *on = need > (double)fr - (double)tot / 4;
+    return 0;
+}
 
 /* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
 static long long host_available(void) {
@@ -92,7 +112,8 @@ int plan_make(eng *e, const eng_open_opts *o) {
         where = -1;
         for (int k = SNAP_NONE; k <= SNAP_HOST; k++)
             if (!strcmp(o->snapshot, snap_where_name(k))) where = k;
-        if (where < 0 || (where == SNAP_HOST && dev_state) || (where == SNAP_DEVICE || where == SNAP_PINNED) != dev_state)
+        int on_dev = where == SNAP_DEVICE || where == SNAP_PINNED;
+        if (where < 0 || (where == SNAP_HOST && dev_state) || (on_dev && !dev_state))
             return err_set(GE_INVALID, "snapshot \"%s\": auto, none, or where the state is (%s)", o->snapshot,
                            dev_state ? "device or pinned" : "host");
         if (where != SNAP_NONE && (rc = snap_alloc(e, where))) return rc;

@@ -66,8 +66,9 @@ struct eng_backend {
     /* Optional (NULL on cpu, whose memory is the host's): copies that overlap the ops, for state
      * kept in host memory (engine/train/offload.c). Lane 0 is the op stream, lane 1 a device -> host
      * copy stream, lane 2 a host -> device one, lane 3 the update's safety copy (any direction,
-     * engine/train/snapshot.c), so a long copy there delays nobody's transfers. copy_async queues a copy between device and
-     * pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
+     * engine/train/snapshot.c; on cuda its device -> host copies are stored by a few thread
+     * blocks, so the copy engines stay free for the other lanes). copy_async queues a copy
+     * between device and pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
      * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
      * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and
      * total device bytes. Events 0-7 are engine/train/offload.c's, 8-15 engine/model/split.c's, BE_EV_SNAP

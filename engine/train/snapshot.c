@@ -8,6 +8,8 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 
+#define SNAP_PIECE ((size_t)64 << 20)
+
 const char *snap_where_name(int where) {
     static const char *const names[] = { "none", "device", "pinned", "host" };
     return where >= 0 && where <= SNAP_HOST ? names[where] : "none";
@@ -75,9 +77,16 @@ int snap_begin(eng *e) {
         s->thread = 1;
         return 0;
     }
-    /* device state: queued on the snapshot lane after the ops that made it */
+    /* device state: queued on the snapshot lane after the ops that made it (a copy that
+     * leaves the copy engines to the op stream's downloads, backend.h), in pieces of SNAP_PIECE
+     * bytes. Nothing may wait for the whole device meanwhile: the update reserves its
+     * activations before it begins the copy (cudaFree waits for every stream). */
     int rc = be->sync(be);
-    for (int i = 0; i < 3 && !rc; i++) rc = be->copy_async(be, BE_LANE_SNAP, s->buf + (size_t)i * s->n, a[i], s->n * sizeof(float));
+    size_t piece = SNAP_PIECE / sizeof(float);
+    for (int i = 0; i < 3 && !rc; i++)
+        for (size_t o = 0; o < s->n && !rc; o += piece)
+            rc = be->copy_async(be, BE_LANE_SNAP, s->buf + (size_t)i * s->n + o, a[i] + o,
+                                (s->n - o < piece ? s->n - o : piece) * sizeof(float));
     if (!rc) be->mark(be, BE_LANE_SNAP, BE_EV_SNAP);
     return rc;
 }

@@ -303,6 +303,31 @@ static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
     return rc;
 }
 
+/* Reserves the activations of the update's largest micro-batch (no-grad and grad) before the
+ * passes: a reservation that grows midway frees device memory, and cudaFree waits for every
+ * stream, the safety copy's too (train/snapshot.h). Groups split over micro-batches bring their
+ * own memory (model/split.h). */
+static int acts_reserve(eng *e, const work *w, long long max_tokens) {
+    pack_plan plan;
+    int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, PACK_PACKED);
+    if (rc) return rc;
+    long long T = 0, M = 0;
+    for (int k = 0; k < plan.n_mb; k++) {
+        if (plan.mb_split[k]) continue;
+        long long t = 0, m = 0;
+        for (int i = plan.mb_first[k]; i < plan.mb_first[k] + plan.mb_count[k]; i++) {
+            t += pack_group_tokens(&w->pg[i], PACK_PACKED);
+            for (int r = 0; r < w->pg[i].N; r++) m += w->pg[i].R[r];
+        }
+        if (t > T) T = t;
+        if (m > M) M = m;
+    }
+    pack_plan_free(&plan);
+    if (T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)T, (int)M, 0);
+    if (T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)T, (int)M, 1);
+    return rc;
+}
+
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
                long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
     double t0 = clock_mono_ms();
@@ -329,7 +354,12 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
     if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
-    rc = snap_begin(e);   /* the safety copy, beside the passes; complete before the first step */
+    /* the activations first (acts_reserve), then the safety copy beside the passes, complete
+     * before the first step */
+    if (w.n_groups && (rc = acts_reserve(e, &w, max_tokens)) && (rc = dp_agree(e, rc))) {
+        work_free(&w); dp_order_free(&dpo); return rc;
+    }
+    rc = snap_begin(e);
 
     double t = clock_mono_ms();
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
