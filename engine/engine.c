@@ -297,8 +297,6 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     size_t fr = 0, tot = 0;
     model_acts_free(&e->m, a);
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
-    const char *rc_env = getenv("GRPOD_RECOMPUTE");   /* 1: every layer recomputed */
-    if (rc_env && *rc_env == '1') return model_acts_init(&e->m, a, cT, cM, MODEL_ACTS_RECOMPUTE);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
     size_t budget = 0;
     if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot))

@@ -50,12 +50,6 @@ void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float 
 void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
                     float beta2, float eps, float wd, int step);
 
-/* fp32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
-static inline uint16_t f32_to_bf16_bits(float f) {
-    union { float f; uint32_t u; } x = { f };
-    uint32_t rne = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16, nan = (x.u >> 16) | 0x40u;
-    return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? nan : rne);   /* a select: vectorizes */
-}
 
 /* Sum of squares of x (n) in double, for the global grad norm sqrt(sum over tensors).
  * Deterministic: fixed blocks summed in a fixed order, whatever the thread count. */

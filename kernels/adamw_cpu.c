@@ -2,6 +2,7 @@
  * scaling (contract in adamw.h). Element math mirrors torch's eager AdamW kernel
  * operation by operation (mul_, lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_) so the CPU and
  * PyTorch agree to rounding. Legend: n elements. */
+#include "common/bf16.h"
 #include "kernels/adamw.h"
 
 #include <math.h>
@@ -29,7 +30,7 @@ static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *res
         for (long long i = i0; i < i1; i++) {
             ADAMW_ELEM(k, p, g, m, v, i, pn)
             p[i] = pn;
-            act[i] = f32_to_bf16_bits(pn);
+            act[i] = bf16_from_f32(pn);
         }
     } else {
 #pragma omp simd

@@ -1,7 +1,9 @@
 /* bf16_vec.cuh — vector loads and stores of V consecutive bf16 values (V = 1, 2, 4, 8: one 2-,
  * 4-, 8- or 16-byte access) converted to and from fp32 registers, for the memory-bound kernels
- * (rmsnorm.cu, swiglu.cu). The address must be aligned to 2*V bytes: launchers pick V with
- * vec_width(), which checks the row length and every base pointer. */
+ * (rmsnorm.cu, swiglu.cu, elementwise.cu). The address must be aligned to 2*V bytes: launchers
+ * pick V with vec_width(), which checks the row length and every base pointer. Also the grid
+ * of those kernels: GRID_STRIDE loops, ew_blocks (at most 16 blocks an SM), VEC_LAUNCH (a
+ * kernel<V> launched at the V vec_width chose). */
 #ifndef GRPOD_KERNELS_BF16_VEC_CUH
 #define GRPOD_KERNELS_BF16_VEC_CUH
 #include <stdint.h>
@@ -46,4 +48,22 @@ static inline int vec_width(long long n, const void *p0, const void *p1, const v
     }
     return 1;
 }
+#ifdef __CUDACC__
+#define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
+                               i += (long long)gridDim.x * blockDim.x)
+
+static inline unsigned ew_blocks(cu_ctx *c, long long n) {
+    unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
+    return b < cap ? b : cap;
+}
+
+#define VEC_LAUNCH(kernel, v, n, ...) do { \
+    switch (v) { \
+    case 8: kernel<8><<<ew_blocks(c, (n) / 8), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    case 4: kernel<4><<<ew_blocks(c, (n) / 4), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    case 2: kernel<2><<<ew_blocks(c, (n) / 2), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+    default: kernel<1><<<ew_blocks(c, (n)), 256, 0, c->stream>>>(__VA_ARGS__); \
+    } \
+    CU_LAUNCHED(c, #kernel); } while (0)
+#endif
 #endif

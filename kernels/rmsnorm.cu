@@ -11,7 +11,7 @@
 #include "kernels/bf16_vec.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
-#include "kernels/swiglu.cuh"
+#include "kernels/elementwise.cuh"
 
 enum { RMS_WARPS = 8 };
 

@@ -9,6 +9,7 @@
 #include "engine/backend/backend.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/logprob.h"
 #include "kernels/matmul.h"
@@ -98,17 +99,8 @@ static void cpu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void
 static void cpu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, const void *g, const void *u, long long n) {
     swiglu_bwd_cpu(dg, du, dy, g, u, n);
 }
-static void cpu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) {
-    const float *a = x;
-    #pragma omp parallel for schedule(static)
-    for (long long i = 0; i < n; i++) acc[i] += a[i];
-}
-static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
-    float *out = o;
-    const float *a = x, *c = y;
-    #pragma omp parallel for schedule(static)
-    for (long long i = 0; i < n; i++) out[i] = a[i] + c[i];
-}
+static void cpu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cpu(acc, x, n); }
+static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) { add_cpu(o, x, y, n); }
 static void cpu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                   float eps) {
     qkv_rope_fwd_cpu(io, p, f, T, H, K, D, eps);

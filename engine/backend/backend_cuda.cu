@@ -19,6 +19,7 @@ extern "C" {
 
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
+#include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"

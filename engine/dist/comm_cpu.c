@@ -19,7 +19,7 @@
 #include "common/err.h"
 #include "engine/dist/comm.h"
 #include "engine/dist/comm_internal.h"
-#include "kernels/adamw.h"
+#include "common/bf16.h"
 
 typedef struct {
     pthread_mutex_t mu;
@@ -53,10 +53,6 @@ static int post(comm *c, const void *in, void *out) {
     return bar(g);
 }
 
-static float bf16_to_f32(uint16_t b) {
-    union { uint32_t u; float f; } x = { (uint32_t)b << 16 };
-    return x.f;
-}
 
 /* The rank-order sum (comm_internal.h): the cpu comm's arithmetic, which comm_tcp.c shares. */
 void comm_sum_ranks(void *dst, const void *const *in, int W, size_t off, size_t n, comm_type t) {
@@ -75,8 +71,8 @@ void comm_sum_ranks(void *dst, const void *const *in, int W, size_t off, size_t 
     } else {
         for (size_t i = 0; i < n; i++) {
             float s = 0;
-            for (int q = 0; q < W; q++) s += bf16_to_f32(((const uint16_t *)in[q])[off + i]);
-            ((uint16_t *)dst)[i] = f32_to_bf16_bits(s);
+            for (int q = 0; q < W; q++) s += f32_from_bf16(((const uint16_t *)in[q])[off + i]);
+            ((uint16_t *)dst)[i] = bf16_from_f32(s);
         }
     }
 }

@@ -8,7 +8,7 @@
 #include "engine/dist/comm.h"
 
 /* dst (n) = the sum over ranks q = 0..W-1, in that order, of in[q] + off (elements of t): an int32
- * accumulator for COMM_I32, fp32 otherwise, bf16 rounded once at the end (f32_to_bf16_bits,
+ * accumulator for COMM_I32, fp32 otherwise, bf16 rounded once at the end (bf16_from_f32,
  * kernels/adamw.h). dst may alias one of the inputs only element for element. Not for COMM_U8.
  * (comm_cpu.c) */
 void comm_sum_ranks(void *dst, const void *const *in, int W, size_t off, size_t n, comm_type t);

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/bf16.h"
 #include "common/err.h"
 #include "engine/format/json.h"
 
@@ -242,7 +243,7 @@ int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims)
     switch (t->dtype) {
     case ST_F32: memcpy(dst, src, (size_t)t->numel * 4); break;
     case ST_BF16:
-        for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = bf16_to_f32(h); }
+        for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f32_from_bf16(h); }
         break;
     case ST_F16:
         for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f16_to_f32(h); }
@@ -284,7 +285,7 @@ int st_write(const char *path, const st_out *t, int n, st_dtype dtype) {
         if (dtype == ST_F32) { ok = fwrite(t[i].data, 4, (size_t)numel, f) == (size_t)numel; continue; }
         for (long long j = 0; ok && j < numel; j += 32768) {
             long long k = numel - j < 32768 ? numel - j : 32768;
-            for (long long q = 0; q < k; q++) buf[q] = f32_to_bf16(t[i].data[j + q]);
+            for (long long q = 0; q < k; q++) buf[q] = bf16_from_f32(t[i].data[j + q]);
             ok = fwrite(buf, 2, (size_t)k, f) == (size_t)k;
         }
     }

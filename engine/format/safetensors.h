@@ -43,14 +43,5 @@ int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims)
 typedef struct { const char *name; const float *data; int ndim; long long shape[4]; } st_out;
 int st_write(const char *path, const st_out *t, int n, st_dtype dtype);
 
-static inline float bf16_to_f32(unsigned short h) {
-    union { unsigned u; float f; } x = { .u = (unsigned)h << 16 };
-    return x.f;
-}
-static inline unsigned short f32_to_bf16(float f) {
-    union { float f; unsigned u; } x = { .f = f };
-    if ((x.u & 0x7fffffff) > 0x7f800000) return (unsigned short)((x.u >> 16) | 0x40);  /* NaN */
-    return (unsigned short)((x.u + 0x7fff + ((x.u >> 16) & 1)) >> 16);
-}
 float f16_to_f32(unsigned short h);
 #endif

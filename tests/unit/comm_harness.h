@@ -10,6 +10,7 @@
 #include "common/err.h"
 
 #include "engine/dist/comm.h"
+#include "common/bf16.h"
 #include "kernels/adamw.h"
 
 static uint64_t rng_state;   /* the tests seed it */
@@ -23,7 +24,7 @@ static inline void fill(void *p, size_t n, comm_type t) {
     for (size_t j = 0; j < n; j++) {
         float f = (float)((int)(rnd() % 20001) - 10000) / 997.0f;
         if (t == COMM_F32) ((float *)p)[j] = f;
-        else if (t == COMM_BF16) ((uint16_t *)p)[j] = f32_to_bf16_bits(f);
+        else if (t == COMM_BF16) ((uint16_t *)p)[j] = bf16_from_f32(f);
         else if (t == COMM_I32) ((int32_t *)p)[j] = (int32_t)(rnd() % 2000001) - 1000000;
         else ((uint8_t *)p)[j] = (uint8_t)rnd();
     }

@@ -13,6 +13,7 @@
 #include "comm_harness.h"
 #include "common/err.h"
 #include "engine/dist/comm.h"
+#include "common/bf16.h"
 #include "kernels/adamw.h"
 
 #define WMAX 4
@@ -30,7 +31,7 @@ static void ref_sum(void *const *in, int W, size_t j, void *dst, size_t i, comm_
         float s = 0;
         for (int q = 0; q < W; q++) s += t == COMM_F32 ? ((float *)in[q])[j] : bf(((uint16_t *)in[q])[j]);
         if (t == COMM_F32) ((float *)dst)[i] = s;
-        else ((uint16_t *)dst)[i] = f32_to_bf16_bits(s);
+        else ((uint16_t *)dst)[i] = bf16_from_f32(s);
     }
 }
 

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "common/err.h"
 #include "engine/train/offload.h"
+#include "common/bf16.h"
 #include "kernels/adamw.h"
 
 #define MODEL "/tmp/grpod_test_offload_model"
@@ -43,8 +44,8 @@ TEST(bf16_rounding_matches_cuda) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         x.u = cases[i].in;
-        CHECK_MSG(f32_to_bf16_bits(x.f) == cases[i].out, "0x%08x -> 0x%04x, expected 0x%04x", cases[i].in,
-                  f32_to_bf16_bits(x.f), cases[i].out);
+        CHECK_MSG(bf16_from_f32(x.f) == cases[i].out, "0x%08x -> 0x%04x, expected 0x%04x", cases[i].in,
+                  bf16_from_f32(x.f), cases[i].out);
     }
 }
 
@@ -58,7 +59,7 @@ TEST(host_adamw_equals_reference) {
         adamw_cpu(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
         adamw_bf16_cpu(p2, act, g, m2, v2, N, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
         CHECK(!memcmp(p1, p2, sizeof p1) && !memcmp(m1, m2, sizeof m1) && !memcmp(v1, v2, sizeof v1));
-        for (int i = 0; i < N; i++) CHECK_MSG(act[i] == f32_to_bf16_bits(p2[i]), "act[%d]", i);
+        for (int i = 0; i < N; i++) CHECK_MSG(act[i] == bf16_from_f32(p2[i]), "act[%d]", i);
     }
 }
 
