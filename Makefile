@@ -28,7 +28,7 @@ ifneq ($(NVCC),)
   NVFLAGS   ?= -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall,-fPIC -MMD -MP
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
   CUDA_SRC  := $(wildcard kernels/*.cu engine/*.cu engine/*/*.cu)
-  # NCCL (engine/dist/comm_nccl.cu, issue 24) joins when its header is found (NCCL_HOME first: a
+  # NCCL (engine/dist/comm_nccl.cu) joins when its header is found (NCCL_HOME first: a
   # directory with include/nccl.h and lib/libnccl.so); without it the NCCL comm says it is not
   # built (engine/dist/comm.c). tests/gpu/run.sh links its programs with `make nccl-flags`.
   NCCL_H    := $(firstword $(wildcard $(if $(NCCL_HOME),$(NCCL_HOME)/include/nccl.h) $(CUDA_HOME)/include/nccl.h \

@@ -1,4 +1,4 @@
-/* cluster.h — the leader of a deployment whose ranks span processes (issue 24, `grpod serve
+/* cluster.h — the leader of a deployment whose ranks span processes (`grpod serve
  * --followers K`; docs/data-parallel.md "Several hosts"). Followers (daemon/follow.c, `grpod
  * serve --join URL`) join over the leader's authenticated HTTP API (the cluster routes of
  * api/http.h); once K joined the leader hands out the world (each process's first rank, the

@@ -1,5 +1,5 @@
-/* engine.c — opening a model on a backend, text helpers, scoring (eng_logprobs) and
- * checkpoints. Rollout is rollout.c, the update step update.c, checkpoints checkpoint.c. */
+/* engine.c — opening a model on a backend (the memory plan ends it: plan.c), text helpers and
+ * scoring (eng_logprobs). Rollouts are rollout/, the update step and checkpoints train/. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>

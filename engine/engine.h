@@ -33,7 +33,7 @@ typedef struct {
      * (engine/train/offload.h). auto: on when, on the device, they and the gradients would leave less
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
     const char *optimizer_offload;
-    /* Several ranks (issue 24, engine/dist/comm.h, engine/train/dp.c): NULL = one rank, exactly as before.
+    /* Several ranks (engine/dist/comm.h, engine/train/dp.c): NULL = one rank, exactly as before.
      * With a comm of W ranks (W = 1 too: the same path, bit-equal to none on cpu), each rank's
      * engine thread makes the same eng_update, eng_update_undo, eng_logprobs and
      * eng_checkpoint_save calls with the same full inputs in the same order (SPMD): groups are
@@ -135,7 +135,7 @@ typedef struct {
     uint64_t seed;              /* same seed, same tokens */
     /* (n_groups) or NULL: each group's index in the original request, which its responses'
      * stream seeds use (tokens depend only on seed, this index and the response index). NULL:
-     * its position in the groups passed. Set when a request is split (across ranks: issue 24)
+     * its position in the groups passed. Set when a request is split (across ranks)
      * so each share draws the tokens the whole request draws on one rank. */
     const int *group_index;
 } eng_sampling;
@@ -236,7 +236,7 @@ typedef struct {
     const int *truncated;       /* (n) 1 = cut by max_tokens, or NULL */
 } eng_update_group;
 
-/* Data-parallel placement (issue 24, engine/train/dp.c): rank[i] in 0..W-1 for each of n groups of
+/* Data-parallel placement (engine/train/dp.c): rank[i] in 0..W-1 for each of n groups of
  * weight[i] (packed tokens P + sum R for an update; KV rows for a rollout). Largest first to the
  * least loaded rank, ties to the lower index and rank: a pure function, the same on every rank.
  * eng_update with W > 1 places the groups of each mini-batch with it. Any thread. */

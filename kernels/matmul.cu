@@ -16,7 +16,7 @@
  * and a replayed update equals the original (docs/api.md "Crashes and replay"). No algorithm is
  * chosen by timing: the 16 candidates differ in their reduction order (13 of 159 on the tiny
  * model gave other bits), so a timed choice differed from one process to the next
- * (tests/gpu/test_determinism.c; docs/benchmarks.md, ninth session). */
+ * (tests/gpu/test_determinism.c; docs/benchmarks.md, "CUDA replay bit-equal"). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -637,8 +637,8 @@ static int skinny_nt(int n_sm, const sk_args &a, int MT) {
  * T=16: 2048x2048 5.6 vs 6.4, 2048->1024 4.4 vs 5.6, 2048->6144 11.4 vs 11.4, 6144->2048 11.9
  * vs 13.2; T=1 faster still; T=64 slower (9.8 vs 6.6, 25 vs 11: MT=4 limits NT to 2), so
  * T > 16 goes to cuBLASLt. tune.skinny 0 turns it off, 1 takes it up to T = 64 and any size.
- * (The cuBLASLt figures are of an algorithm chosen by timing, removed for determinism in the
- * ninth session; the heuristic's first choice at T = 17..64 is not measured yet.) */
+ * (The cuBLASLt figures are of an algorithm chosen by timing, since removed for determinism;
+ * the heuristic's first choice at T = 17..64 is not measured yet.) */
 static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int force = c->tune->skinny == TUNE_SKINNY_FORCE;
     if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;

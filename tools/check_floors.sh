@@ -1,7 +1,7 @@
 #!/bin/bash
 # check_floors.sh — fails when a source file includes a floor above its own, or a library that
 # its floor must not see. The floors (DESIGN.md): daemon → api → store, daemon → engine → kernels,
-# all → common; api reads the engine's public types (engine.h, loss.h, reward.h) but never
+# all → common; api reads the engine's public types (engine.h, train/loss.h, params.h) but never
 # kernels/. Inside engine/ the rooms have floors of their own (may_room below): a room includes
 # only the rooms beneath it, and the engine's own files (engine/*.h, the facade and the engine
 # object) are the top. Run by tests/run.sh, so `make test` enforces it. Prints each offending line.

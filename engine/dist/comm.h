@@ -1,4 +1,4 @@
-/* comm.h — collectives among the W ranks of one deployment (issue 24). The engine sees ranks,
+/* comm.h — collectives among the W ranks of one deployment. The engine sees ranks,
  * never NCCL: a comm is a small table with three implementations,
  *   cpu  (comm_cpu.c): W ranks as threads of one process, sharing host buffers; the reference,
  *        and what `make test` runs the multi-rank engine on;

@@ -87,9 +87,9 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
  * and share one set of the rest, which model_backward refills by running the layer's forward
  * again (without its last projection) just before its backward: the same kernels on the same
  * inputs, so the gradients are those of the full set, bit for bit. Per token and layer that is
- * 2C bytes (bf16) instead of 2(2C + 3HD + 3KD + 2F) + 4(2 + 2H + K) — measured 4.0 KiB against
- * 50.2 KiB at Qwen3-1.7B dims, 8.0 against 94.3 at 8B — for one more forward of those layers
- * less their down projection (1.7B, P=4096 N=16 R=512, 19 of 28 layers: policy pass +13%). */
+ * 2C bytes (bf16) instead of 2(2C + 3HD + 3KD + 2F) + 4(2 + 2H + K), for one more forward of
+ * those layers less their down projection (figures: docs/benchmarks.md, "Optimizer state in host
+ * memory, activations by budget"). */
 enum { MODEL_ACTS_RECOMPUTE = 2 };   /* grad mode with every layer checkpointed (n_ckpt = L) */
 typedef struct model_kv model_kv;
 /* fp32 sums of the gradients of KV-cache rows [0, S) in every layer, k and v (L) each (S, K, D):

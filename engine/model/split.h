@@ -1,4 +1,4 @@
-/* split.h — one prompt group too large for a micro-batch, in three phases (issue 22):
+/* split.h — one prompt group too large for a micro-batch, in three phases:
  *
  *   A  the prompt's forward once (P tokens, one graph). Each layer's prompt K/V stay in a KV
  *      cache on the device (the hot set, read by every response). The rest of what the prompt's

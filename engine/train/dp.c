@@ -1,4 +1,4 @@
-/* dp.c — the data-parallel pieces of the engine (issue 24) that update.c and checkpoint.c use
+/* dp.c — the data-parallel pieces of the engine that update.c and checkpoint.c use
  * when the engine has a comm (of W ranks; also of one, where every collective is the identity):
  *
  *   placement   eng_place_groups: whole groups to ranks, balanced by a weight (packed tokens for

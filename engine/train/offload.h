@@ -1,4 +1,4 @@
-/* offload.h — the optimizer with its state in host memory (issue 21, `--optimizer-offload`).
+/* offload.h — the optimizer with its state in host memory (`--optimizer-offload`).
  *
  * Where each buffer lives (n parameters):
  *   device: bf16 weights the ops read (2n bytes), fp32 gradients (4n; see below), reference.
@@ -14,7 +14,7 @@
  * Why the host and not the GPU for the update: with the state on the host a GPU variant moves
  * 24 bytes a parameter over PCIe (master and moments up and back) against 6 here (gradient
  * down, bf16 weights up), and both pass the state through host memory once (30 bytes a
- * parameter here, 24 by DMA there). Measured on an H100 host (docs/benchmarks.md, issue 21):
+ * parameter here, 24 by DMA there). Measured on an H100 host (docs/benchmarks.md, "Optimizer state in host memory"):
  * PCIe 55 GB/s each way, 89-95 together; host memory 67-110 GB/s. The 6 bytes here hide behind
  * the host compute (6 ms of waiting at 8B dims); the GPU variant's floor, 2.1 s at 8B dims,
  * is within ~20% of this path's 2.6-2.9 s and would need device staging: not built.
