@@ -42,7 +42,7 @@ struct eng {
     float *grad, *adam_m, *adam_v;
     model_views gv;             /* views into grad */
     int opt_step;               /* AdamW steps taken (1-based bias correction) */
-    snapshot snap;              /* the update's safety copy (train/snapshot.h) */
+    snap_state snap;            /* the update's safety copy (train/snapshot.h) */
     eng_plan plan;              /* the memory plan (plan.c) */
     _Atomic long long policy_version;
     /* activations, grown on demand (no-grad and grad) */
@@ -92,6 +92,4 @@ int dp_gather_to_host(eng *e, const float *shard, float *host);
 int dp_gather_act(eng *e);
 /* checkpoint.c: a checkpoint's policy_version, optimizer step and AdamW state into e. */
 int eng_checkpoint_load_state(eng *e, const char *dir);
-/* Gradients and AdamW moments (and the offload staging), made on first need; 0 or GE_NOMEM. */
-int eng_training_state(eng *e);
 #endif

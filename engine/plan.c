@@ -23,6 +23,7 @@
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
+#include "engine/train/state.h"
 
 #define PLAN_HEADROOM ((long long)4 << 30)       /* scratch, workspaces, decode buffers */
 #define SNAP_HOST_RESERVE ((long long)8 << 30)   /* host memory left beside a host copy */
@@ -82,7 +83,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
     eng_backend *be = e->be;
     memset(p, 0, sizeof *p);
     long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
-    int rc = eng_training_state(e);
+    int rc = state_alloc(e);
     if (rc) return rc;
     int dev_state = !e->offload && be->mem_info;   /* master and moments in device memory */
     p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);

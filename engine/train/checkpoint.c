@@ -30,6 +30,7 @@
 #include "engine/format/json.h"
 #include "engine/model/lora.h"
 #include "engine/format/safetensors.h"
+#include "engine/train/state.h"
 
 #define MANIFEST "manifest.json"
 #define STATE "grpod_state.json"
@@ -200,39 +201,25 @@ int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
 
 /* ---------------------------------------------------------------- save */
 
-/* The policy's weights as host fp32 (m.n_elems): the master, or with LoRA the base with the
- * adapters merged in. */
-static int policy_host(eng *e, float *host) {
-    size_t n = (size_t)e->m.n_elems;
-    if (!e->m.lora_r) return e->be->to_host(e->be, host, e->w_master, n * 4);
-    int rc = e->be->act_to_f32(e->be, host, e->w_act, n);
-    float *l = rc ? NULL : malloc((size_t)e->m.l_elems * 4);
-    if (!rc && !l) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
-    if (!rc) rc = e->be->to_host(e->be, l, e->lora_master, (size_t)e->m.l_elems * 4);
-    if (!rc) lora_merge_host(&e->m, host, l);
-    free(l);
-    return rc;
-}
-
 /* Everything but the manifest into tmp: the weights (with LoRA the adapter in PEFT's layout,
- * or merged into an HF directory), then the training state unless a merged export. */
-static int save_files(eng *e, const char *tmp, int merged, float *const *gathered) {
+ * or merged into an HF directory), then the training state unless a merged export. st: the
+ * whole master (the adapters with LoRA), m and v as host fp32 (state_whole; m and v NULL for a
+ * merged export). */
+static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
-    int adapter = e->m.lora_r && !merged;
-    size_t n = (size_t)(adapter ? e->m.l_elems : e->m.n_elems), nt = (size_t)eng_train_n(e);
-    /* offloaded state is written from where it lives, without copies (8B dims: 66 GB); so is the
-     * state gathered from the ranks (with a comm: master, adam_m, adam_v in host memory) */
-    int in_host = e->offload || gathered;
-    float *host = in_host ? NULL : malloc((n > nt ? n : nt) * 4);
-    if (!in_host && !host) return err_set(GE_NOMEM, "checkpoint: out of memory");
+    size_t nt = (size_t)eng_train_n(e);
     int rc = 0;
-    if (adapter) {
-        rc = e->be->to_host(e->be, host, e->lora_master, n * 4);
-        if (!rc) rc = lora_save_peft(&e->m, tmp, host, e->model_dir);
+    if (e->m.lora_r && !merged) {
+        rc = lora_save_peft(&e->m, tmp, st[0], e->model_dir);
     } else {
-        rc = config_write(tmp, &e->m.cfg);
-        if (!rc && !in_host) rc = policy_host(e, host);
-        if (!rc) rc = model_save_host(&e->m, tmp, gathered ? gathered[0] : e->offload ? e->w_master : host, 0);
+        /* the policy's weights: the master, or with LoRA the base with the adapters merged in */
+        float *merged_w = e->m.lora_r ? malloc((size_t)e->m.n_elems * 4) : NULL;
+        if (e->m.lora_r && !merged_w) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
+        if (!rc && merged_w && !(rc = e->be->act_to_f32(e->be, merged_w, e->w_act, (size_t)e->m.n_elems)))
+            lora_merge_host(&e->m, merged_w, st[0]);
+        if (!rc) rc = config_write(tmp, &e->m.cfg);
+        if (!rc) rc = model_save_host(&e->m, tmp, merged_w ? merged_w : st[0], 0);
+        free(merged_w);
         static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
@@ -240,35 +227,26 @@ static int save_files(eng *e, const char *tmp, int merged, float *const *gathere
             rc = copy_file(src, path);
         }
     }
-    int export = is_export(e, merged);      /* its moments are the adapters': not a resume point */
-    if (!rc && e->adam_m && !export) {
-        float *v = in_host ? NULL : malloc(nt * 4);
-        rc = v || in_host ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
-        if (!rc && !in_host) rc = e->be->to_host(e->be, host, e->adam_m, nt * 4);
-        if (!rc && !in_host) rc = e->be->to_host(e->be, v, e->adam_v, nt * 4);
-        const float *hm = gathered ? gathered[1] : e->offload ? e->adam_m : host,
-                    *hv = gathered ? gathered[2] : e->offload ? e->adam_v : v;
-        st_out o[2] = { { .name = "adam_m", .data = hm, .ndim = 1, .shape = { (long long)nt } },
-                        { .name = "adam_v", .data = hv, .ndim = 1, .shape = { (long long)nt } } };
+    if (!rc && st[1]) {
+        st_out o[2] = { { .name = "adam_m", .data = st[1], .ndim = 1, .shape = { (long long)nt } },
+                        { .name = "adam_v", .data = st[2], .ndim = 1, .shape = { (long long)nt } } };
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-        if (!rc) rc = st_write(path, o, 2, ST_F32);
-        free(v);
+        rc = st_write(path, o, 2, ST_F32);
     }
-    if (!rc && !export) {
+    if (!rc && !is_export(e, merged)) {
         char state[256];
         snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
                  (long long)e->policy_version, e->opt_step);
         snprintf(path, sizeof path, "%s/%s", tmp, STATE);
         rc = write_text(path, state);
     }
-    free(host);
     return rc;
 }
 
 int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
 
-/* The directory, written whole or not at all (gathered: see save_files). */
-static int save_dir(eng *e, const char *dir, int merged, float *const *gathered) {
+/* The directory, written whole or not at all (st: see save_files). */
+static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
     char tmp[PATH_MAX], parent[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(parent, sizeof parent, "%s", dir);
@@ -279,7 +257,7 @@ static int save_dir(eng *e, const char *dir, int merged, float *const *gathered)
     if (replace && eng_checkpoint_matches(e, dir, merged) == 0) return 0;   /* this save's own result */
     eng_remove_tree(tmp);   /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
-    if (!rc) rc = save_files(e, tmp, merged, gathered);
+    if (!rc) rc = save_files(e, tmp, merged, st);
     if (!rc) rc = write_manifest(tmp);
     if (!rc) rc = fsync_path(tmp, 1);
     /* a crash between the removal and the rename leaves DIR.tmp, removed at the next start, and
@@ -297,25 +275,16 @@ static int save_dir(eng *e, const char *dir, int merged, float *const *gathered)
     return rc;
 }
 
-/* With a comm (every rank calls): the shards of the master and the moments are gathered into rank 0's
- * host memory, rank 0 writes the directory as one rank would, and every rank returns its result:
+/* Every rank calls it with a comm: the state is gathered whole into rank 0's host memory
+ * (state.h), rank 0 writes the directory as one rank would, and every rank returns its result:
  * a checkpoint from W ranks is the one-rank checkpoint of the same state. */
-static int save_ranks(eng *e, const char *dir, int merged) {
-    size_t full = (size_t)(e->sh_n * e->W);
-    float *h[3] = { 0 };
-    int has_moments = e->adam_m != NULL, rc = 0;   /* the same on every rank: made by the first update */
-    for (int i = 0; i < (has_moments ? 3 : 1) && e->rank == 0 && !rc; i++)
-        if (!(h[i] = malloc(full * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", full * 4 >> 20);
-    rc = dp_agree(e, rc);
-    float *shard[3] = { e->w_master, e->adam_m, e->adam_v };
-    for (int i = 0; i < (has_moments ? 3 : 1) && !rc; i++) rc = dp_agree(e, dp_gather_to_host(e, shard[i], h[i]));
-    if (!rc && e->rank == 0) rc = save_dir(e, dir, merged, h);
-    for (int i = 0; i < 3; i++) free(h[i]);
-    return dp_agree(e, rc);
-}
-
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
-    return e->dp ? save_ranks(e, dir, merged) : save_dir(e, dir, merged, NULL);
+    float *st[3];
+    int owned[3];
+    int rc = state_whole(e, e->adam_m && !is_export(e, merged), st, owned);
+    if (!rc && e->rank == 0) rc = save_dir(e, dir, merged, st);
+    state_whole_free(st, owned);
+    return dp_agree(e, rc);
 }
 
 /* ---------------------------------------------------------------- resume */
@@ -339,27 +308,16 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     if (access(path, R_OK)) return 0;
     st_set s = {0};
     if ((rc = st_open_file(&s, path))) return rc;
-    size_t n = (size_t)eng_train_n(e);
-    eng_backend *be = e->be;
-    if ((rc = eng_training_state(e))) { st_close(&s); return rc; }
-    /* offloaded moments are read straight into their host memory; with a comm the rank takes its
-     * shard of the whole vector */
-    int direct = e->offload && !e->dp;
-    float *host = direct ? NULL : malloc(n * 4);
-    size_t off = e->dp ? (size_t)e->sh_off : 0, cnt = e->dp ? (off >= n ? 0 : (n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n)) : n;
-    if (!direct && !host) { st_close(&s); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
+    float *buf[2];
+    int owned[2];
+    if ((rc = state_moments_in(e, buf, owned))) { st_close(&s); return rc; }
     const char *names[2] = { "adam_m", "adam_v" };
-    float *dst[2] = { e->adam_m, e->adam_v };
     for (int i = 0; i < 2 && !rc; i++) {
         const st_tensor *t = st_find(&s, names[i]);
-        long long dims[1] = { (long long)n };
-        rc = t ? st_read_f32(t, direct ? dst[i] : host, 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
-        if (!rc && !direct && cnt) {
-            if (e->offload) memcpy(dst[i], host + off, cnt * 4);   /* a host shard */
-            else rc = be->to_dev(be, dst[i], host + off, cnt * 4);
-        }
+        long long dims[1] = { eng_train_n(e) };
+        rc = t ? st_read_f32(t, buf[i], 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
     }
-    free(host);
+    int src = state_set_moments(e, buf, owned);
     st_close(&s);
-    return rc;
+    return rc ? rc : src;
 }

@@ -23,7 +23,7 @@ static void state_arrays(eng *e, float *a[3]) {
 }
 
 int snap_alloc(eng *e, int where) {
-    snapshot *s = &e->snap;
+    snap_state *s = &e->snap;
     eng_backend *be = e->be;
     s->n = (size_t)eng_state_n(e);
     s->where = where;
@@ -53,13 +53,13 @@ static void host_copy(float *dst, const float *const src[3], size_t n) {
 }
 
 static void *copy_thread(void *arg) {
-    snapshot *s = arg;
+    snap_state *s = arg;
     host_copy(s->buf, s->src, s->n);
     return NULL;
 }
 
 int snap_begin(eng *e) {
-    snapshot *s = &e->snap;
+    snap_state *s = &e->snap;
     eng_backend *be = e->be;
     s->ok = 0;
     if (s->where == SNAP_NONE || s->busy) return 0;
@@ -92,7 +92,7 @@ int snap_begin(eng *e) {
 }
 
 int snap_wait(eng *e) {
-    snapshot *s = &e->snap;
+    snap_state *s = &e->snap;
     eng_backend *be = e->be;
     if (!s->busy) return 0;
     double t = clock_mono_ms();
@@ -109,7 +109,7 @@ int snap_wait(eng *e) {
 }
 
 int snap_restore(eng *e) {
-    snapshot *s = &e->snap;
+    snap_state *s = &e->snap;
     eng_backend *be = e->be;
     s->ok = 0;
     if (s->where == SNAP_NONE)
@@ -140,7 +140,7 @@ int snap_restore(eng *e) {
 }
 
 void snap_free(eng *e) {
-    snapshot *s = &e->snap;
+    snap_state *s = &e->snap;
     if (s->busy) snap_wait(e);
     if (s->buf) {
         if (s->where == SNAP_DEVICE) e->be->free(e->be, s->buf);

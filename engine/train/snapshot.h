@@ -38,7 +38,7 @@ typedef struct {
     int opt_step;
     long long version;
     double ms_wait;             /* the last snap_wait: time spent waiting for the copy */
-} snapshot;
+} snap_state;
 
 /* Names of the places, for the plan ("device", "pinned", "host", "none"). */
 const char *snap_where_name(int where);

@@ -32,62 +32,8 @@
 #include "engine/model/lora.h"
 #include "engine/train/optim.h"
 #include "engine/model/split.h"
+#include "engine/train/state.h"
 #include "kernels/adamw.h"
-
-int eng_training_state(eng *e) {
-    if (e->grad) return 0;
-    eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W) * 4 : n;
-    e->grad = be->alloc(be, ng);
-    if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
-    if (ng > n) be->zero(be, e->grad, ng);   /* with a comm: the padding stays zero */
-    if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
-        long long ns = eng_state_n(e);   /* with a comm: this rank's shard */
-        int rc = offload_init(&e->off, be, ns, 0);
-        if (rc) return rc;
-        if (!(e->adam_m = offload_host_alloc(ns)) || !(e->adam_v = offload_host_alloc(ns))) return GE_NOMEM;
-    } else {
-        e->adam_m = be->alloc(be, n);
-        e->adam_v = be->alloc(be, n);
-        if (!e->adam_m || !e->adam_v)
-            return err_set(GE_NOMEM, "optimizer state (%zu MiB) does not fit on %s: try --optimizer-offload on", 2 * n >> 20,
-                           be->name);
-        be->zero(be, e->adam_m, n);
-        be->zero(be, e->adam_v, n);
-    }
-    return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
-}
-
-/* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
- * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
- * the norm) is AdamW on B exactly. With offload (full-parameter only) the step runs on the
- * host (offload.h). Queued; returns 0 or the offload's error. */
-static int optimizer_step(eng *e, const eng_optim *opt, float lr) {
-    eng_backend *be = e->be;
-    if (e->dp && e->offload)   /* this rank's shard, on the host (offload.h) */
-        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes,
-                             e->grad + e->sh_off, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
-    if (e->dp) {   /* this rank's shard (dp.c); the act weights are gathered after */
-        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * (size_t)be->act_bytes, e->grad + e->sh_off,
-                  e->adam_m, e->adam_v, e->sh_n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
-        return 0;
-    }
-    if (e->offload)
-        return offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, e->w_act, e->grad, lr, opt->beta1, opt->beta2,
-                             opt->eps, opt->weight_decay, e->opt_step);
-    float *master = eng_train_master(e);
-    void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
-    long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
-    be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps,
-              opt->weight_decay, e->opt_step);
-    if (na < n) {
-        float s = e->m.lora_alpha / (float)e->m.lora_r;
-        size_t eb = (size_t)be->act_bytes;
-        be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
-                  e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
-    }
-    return 0;
-}
 
 int eng_update_undo(eng *e) {
     if (!e->snap.ok) return 0;
@@ -340,7 +286,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         for (int r = 0; r < g[i].n; r++)
             if (g[i].R[r] > ac.loss_scale_factor) ac.loss_scale_factor = g[i].R[r];
     a = &ac;
-    int dp = e->dp, rc = eng_training_state(e);
+    int dp = e->dp, rc = state_alloc(e);
     if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
     if (dp) out->groups_filtered = dpo.filtered;
@@ -386,9 +332,6 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (cb) cb(ud, 0.2);
 
     loss_metrics met = {0};
-    long long n_train = eng_train_n(e), ns = eng_state_n(e);   /* ns: this rank's shard with a comm */
-    size_t nbytes = (size_t)(dp ? e->sh_n * e->W : n_train) * 4;
-    float *gsh = dp ? e->grad + e->sh_off : e->grad;         /* the gradient this rank steps */
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
     int old_pass = need_old && !old_from_policy;
@@ -398,21 +341,18 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
             int c0 = dp ? dpo.lo[g0 / mb] : g0, c1 = dp ? dpo.hi[g0 / mb] : g1;
             t = clock_mono_ms();
-            e->be->zero(e->be, e->grad, nbytes);
+            state_grad_zero(e);
             rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
             if (!rc && e->m.lora_r)   /* dL/dB = s dL/dB' */
                 e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
                              e->m.lora_alpha / (float)e->m.lora_r);
             if (!rc) rc = e->be->sync(e->be);
-            if (dp) {   /* each rank's gradient of its groups, summed into its shard (fp32) */
-                rc = dp_agree(e, rc);
-                if (!rc) rc = comm_reduce_scatter_sum(e->comm, e->grad, gsh, (size_t)ns, COMM_F32);
-            }
+            rc = state_grad_reduce(e, rc);   /* with a comm: every rank's gradients into each shard */
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
-            double ss = e->be->sumsq(e->be, gsh, ns);
-            if (dp && (rc = dp_sum(e, ss, &ss))) break;   /* the global norm: shards' sums in rank order */
+            double ss;
+            if ((rc = state_grad_sumsq(e, &ss))) break;
             double norm = sqrt(ss);
             grad_norm_sum += norm;
             if (!isfinite(norm)) {
@@ -423,24 +363,18 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (!saved && (rc = dp_agree(e, snap_wait(e)))) break;
             saved = 1;
             double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
-            if (clip < 1.0) e->be->scale(e->be, gsh, ns, (float)clip);
+            if (clip < 1.0) state_grad_scale(e, (float)clip);
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
             out->lr = lr;
-            rc = optimizer_step(e, opt, lr);
-            if (!rc) rc = e->be->sync(e->be);
-            if (dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+            rc = state_step(e, opt, lr);
             /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
              * geometrically) or the second moments (no clipping): check before going on */
-            if (!rc) {
-                double wn = e->offload ? sumsq_cpu(e->w_master, ns) : e->be->sumsq(e->be, eng_train_master(e), ns),
-                       vn = e->offload ? sumsq_cpu(e->adam_v, ns) : e->be->sumsq(e->be, e->adam_v, ns);
-                if (dp && !(rc = dp_sum(e, wn, &wn))) rc = dp_sum(e, vn, &vn);
-                if (!rc && (!isfinite(wn) || !isfinite(vn)))
-                    rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
-                                 "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
-                                 opt->lr, opt->weight_decay);
-            }
+            double wn, vn;
+            if (!rc && !(rc = state_sumsq_after_step(e, &wn, &vn)) && (!isfinite(wn) || !isfinite(vn)))
+                rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
+                             "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
+                             opt->lr, opt->weight_decay);
             ms_opt += clock_mono_ms() - t;
             if (rc) break;
             steps++;

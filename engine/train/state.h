@@ -1,0 +1,45 @@
+/* state.h — the training state: what an update changes, and the one place that knows where
+ * each part of it lives.
+ *
+ *   part                      device (default)     host (optimizer offload)   shard (a comm of W ranks)
+ *   fp32 master, AdamW m, v   backend memory       host memory                this rank's 1/W (device or host)
+ *   fp32 gradients            backend memory       backend memory             whole, padded to W shards
+ *   act-typed weights         backend memory       backend memory             whole; the rank steps its shard,
+ *                                                                             then all are gathered
+ * The trainable parameters are the model's (full fine-tuning) or the adapters' (LoRA; one rank,
+ * no offload). The update's safety copy of this state is snapshot.h; the memory plan that places
+ * it is engine/plan.c. The update (update.c) and the checkpoints (checkpoint.c) call these and
+ * never ask where the state lives. With a comm every rank calls each function, in the same
+ * order, and each returns the same result on every rank. Only the engine thread calls these. */
+#ifndef GRPOD_TRAIN_STATE_H
+#define GRPOD_TRAIN_STATE_H
+#include "engine/engine_internal.h"
+
+/* Gradients and moments (zeroed), made once (the plan calls it at open); 0 or GE_NOMEM. */
+int state_alloc(eng *e);
+/* Zeroes the gradients before a mini-batch's micro-batches accumulate into them. */
+void state_grad_zero(eng *e);
+/* After the micro-batches (rc: this rank's result so far): with a comm, every rank's gradients
+ * summed into each rank's shard, once every rank passed. */
+int state_grad_reduce(eng *e, int rc);
+/* The global gradient norm squared (shards' sums in rank order with a comm). */
+int state_grad_sumsq(eng *e, double *ss);
+void state_grad_scale(eng *e, float s);
+/* One AdamW step over the state with lr; the act weights rewritten from the new master (with a
+ * comm, gathered from every rank's shard). 0 or the backend's, the offload's or the comm's error. */
+int state_step(eng *e, const eng_optim *opt, float lr);
+/* The global sums of squares of the master and of v (a step can overflow them). */
+int state_sumsq_after_step(eng *e, double *w2, double *v2);
+/* The whole master, m and v as host fp32 (eng_train_n each) on rank 0, for a checkpoint: out[i]
+ * points into the state itself where it is host memory of one rank, else into buffers this
+ * allocates (owned[i] = 1; free them with state_whole_free). Other ranks get NULLs. moments = 0:
+ * the master only. */
+int state_whole(eng *e, int moments, float *out[3], int owned[3]);
+void state_whole_free(float *out[3], const int owned[3]);
+/* A checkpoint's moments into the state: state_moments_in gives two host buffers of
+ * eng_train_n floats to read the whole m and v into (the state's own where it is host memory
+ * of one rank: no copy), state_set_moments takes this rank's part of them and frees what
+ * state_moments_in allocated. */
+int state_moments_in(eng *e, float *buf[2], int owned[2]);
+int state_set_moments(eng *e, float *buf[2], const int owned[2]);
+#endif
