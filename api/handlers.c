@@ -503,7 +503,7 @@ enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x) 
     store *st = pool_get(s);
     counts_acc acc = {0};
     long long depth = 0;
-    if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); }
+    if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); metrics_store_bytes(store_size_bytes(st)); }
     pool_put(s, st);
     if (atomic_load(&s->engine)) metrics_policy_version(policy_version_now(s));
     char *text;

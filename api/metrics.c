@@ -21,6 +21,7 @@ static long long tokens[MT_N_TOKEN_PHASES];
 static double seconds[MS_N_PHASES];
 static long long groups_filtered;
 static long long policy_version;
+static long long store_bytes = -1;   /* -1: not read yet */
 static long long replay_done, replay_total;
 static metrics_sched_gauges sched;
 static metrics_sched_gauges rank_sched[METRICS_RANKS_MAX];
@@ -49,6 +50,7 @@ void metrics_tokens(metrics_token_phase p, long long n) { pthread_mutex_lock(&mu
 void metrics_seconds(metrics_seconds_phase p, double s) { pthread_mutex_lock(&mu); seconds[p] += s; pthread_mutex_unlock(&mu); }
 void metrics_groups_filtered(long long n) { pthread_mutex_lock(&mu); groups_filtered += n; pthread_mutex_unlock(&mu); }
 void metrics_policy_version(long long v) { pthread_mutex_lock(&mu); policy_version = v; pthread_mutex_unlock(&mu); }
+void metrics_store_bytes(long long n) { pthread_mutex_lock(&mu); store_bytes = n; pthread_mutex_unlock(&mu); }
 void metrics_replay(long long done, long long total) {
     pthread_mutex_lock(&mu); replay_done = done; replay_total = total; pthread_mutex_unlock(&mu);
 }
@@ -96,6 +98,12 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
         sb_printf(&b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", jobs[i].kind, jobs[i].status, jobs[i].n);
     sb_printf(&b, "# HELP grpod_queue_depth Jobs waiting to run.\n# TYPE grpod_queue_depth gauge\n"
                   "grpod_queue_depth %lld\n", queue_depth);
+    pthread_mutex_lock(&mu);
+    long long sbytes = store_bytes;
+    pthread_mutex_unlock(&mu);
+    if (sbytes >= 0)
+        sb_printf(&b, "# HELP grpod_store_bytes Size of the job store (grpod.db) in bytes.\n# TYPE grpod_store_bytes gauge\n"
+                      "grpod_store_bytes %lld\n", sbytes);
     sb_printf(&b, "# HELP grpod_ready 1 when the model is loaded and the engine healthy.\n# TYPE grpod_ready gauge\n"
                   "grpod_ready %d\n", ready && !engine_failed);
     sb_printf(&b, "# HELP grpod_engine_failed 1 when the engine hit a fatal error.\n# TYPE grpod_engine_failed gauge\n"

@@ -17,6 +17,7 @@ void metrics_tokens(metrics_token_phase p, long long n);
 void metrics_seconds(metrics_seconds_phase p, double s);
 void metrics_groups_filtered(long long n);
 void metrics_policy_version(long long v);
+void metrics_store_bytes(long long n);   /* the job store's size, read at each scrape */
 /* Start-up replay (daemon/worker.c): updates re-applied so far of those to re-apply. */
 void metrics_replay(long long done, long long total);
 

@@ -46,7 +46,7 @@ typedef struct {
     long long lora_rank, lora_alpha;
     char lora_targets[128], lora_init[1024];
     long long max_connections, max_connections_per_client, request_timeout;
-    long long keep_checkpoints;
+    long long keep_checkpoints, retain_jobs;
     long long ranks;
     char gpus[512];
     long long followers, follower_timeout;
@@ -101,6 +101,7 @@ static const opt_def opts[] = {
     {"lora-init", O_STR, S_(lora_init), 0, 0, 0, "", "PEFT adapter DIR to start from (adapter_config.json gives rank, alpha, targets)"},
     {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
     {"keep-checkpoints", O_INT, S_(keep_checkpoints), 0, 1 << 30, 0, "0", "after each checkpoint delete all but the newest N (0 = keep all)"},
+    {"retain-jobs", O_INT, S_(retain_jobs), 0, 1 << 30, 0, "10000", "keep the newest N finished jobs; older ones are deleted unless replay still needs them (0 = keep all)"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
 
@@ -640,7 +641,7 @@ int serve_main(int argc, char **argv) {
                         .checkpoint_on_exit = s.o.checkpoint_on_exit,
                         .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
                         .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,
-                        .keep_checkpoints = s.o.keep_checkpoints,
+                        .keep_checkpoints = s.o.keep_checkpoints, .retain_jobs = s.o.retain_jobs,
                         .notify = on_worker_notify, .ud = &s.wake};
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));

@@ -62,6 +62,7 @@ struct worker {
     long long kv_rows;              /* the pool's rows, for the API's size check */
     long long saved_version;        /* policy version of the newest checkpoint */
     int halted;                     /* the store cannot be trusted: claim nothing (503) */
+    int since_retain;               /* outcomes stored since the last retention pass */
 };
 
 static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
@@ -285,11 +286,26 @@ static void finish_failed(worker *w, const store_job *j) {
     }
 }
 
+/* Deletes finished jobs past --retain-jobs (store_retain): every RETAIN_EVERY stored outcomes,
+ * and at once (now) at start and after a checkpoint, whose pruned inputs free older updates. */
+#define RETAIN_EVERY 256
+static void retain(worker *w, int now) {
+    if (w->cfg.retain_jobs <= 0 || (!now && ++w->since_retain < RETAIN_EVERY)) return;
+    w->since_retain = 0;
+    int n = store_retain(w->st, w->cfg.retain_jobs);
+    char esc[700];
+    if (n < 0) log_event(LOG_WARN, "jobs_retain_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
+    else if (n > 0)
+        log_event(LOG_INFO, "jobs_deleted", "\"count\":%d,\"retain_jobs\":%lld,\"store_mib\":%lld", n, w->cfg.retain_jobs,
+                  store_size_bytes(w->st) >> 20);
+}
+
 /* Stores how job j ended: rc 0 with result, or the error err_msg() holds. v0: the policy
  * version before it ran. */
 static void store_outcome(worker *w, const store_job *j, int rc, const char *result, double ms, long long v0) {
     char esc[700];
     int src;
+    retain(w, 0);
     if (rc == 0 && !strcmp(j->kind, "update")) {
         src = store_finish_update(w->st, j->id, result, v0, atomic_load(&w->policy_version));
         if (src) {
@@ -342,7 +358,7 @@ static void prune_inputs(worker *w) {
 static void checkpoint_saved(worker *w) {
     update_version(w);
     w->saved_version = atomic_load(&w->policy_version);
-    if (w->cfg.keep_checkpoints <= 0) { prune_inputs(w); return; }
+    if (w->cfg.keep_checkpoints <= 0) { prune_inputs(w); retain(w, 1); return; }
     store_ckpt *cks = NULL;
     int nc = 0;
     if (store_checkpoint_list(w->st, &cks, &nc)) return;
@@ -353,6 +369,7 @@ static void checkpoint_saved(worker *w) {
     }
     free(cks);
     prune_inputs(w);
+    retain(w, 1);
 }
 
 static void run_one(worker *w, store_job *j) {
@@ -605,6 +622,7 @@ static void *thread_main(void *arg) {
         api_set_failed(w->cfg.api, err_msg()[0] ? err_msg() : err_default(rc));
         atomic_store(&w->ready, -1);
     } else {
+        retain(w, 1);
         api_set_kv_rows(w->cfg.api, w->kv_rows);
         api_set_engine(w->cfg.api, w->e);
         atomic_store(&w->ready, 1);

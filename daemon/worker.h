@@ -24,6 +24,7 @@ typedef struct {
                                      * with one rank, rank r on device r with several on cuda */
     int checkpoint_on_exit;         /* save a checkpoint at stop when updates are unsaved */
     long long keep_checkpoints;     /* > 0: after each checkpoint keep only the newest N */
+    long long retain_jobs;          /* > 0: finished jobs kept beyond what replay needs (store_retain) */
     long long kv_budget_mib;        /* rollout KV pool; 0 = the engine's default (eng_sched_opts) */
     int lora_rank; float lora_alpha;   /* LoRA (eng_open_opts); rank 0 = off */
     const char *lora_targets, *lora_init;

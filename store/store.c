@@ -62,6 +62,26 @@ static const char *const migrations[] = {
     "  kind TEXT NOT NULL,"
     "  policy_version INTEGER NOT NULL,"
     "  stats TEXT NOT NULL);",
+    /* v3: job counts by kind and status kept by triggers, so counting (a /metrics scrape, the
+     * queue limit of a submit) reads a handful of rows however many jobs are stored */
+    "CREATE TABLE job_counts ("
+    "  kind TEXT NOT NULL,"
+    "  status TEXT NOT NULL,"
+    "  n INTEGER NOT NULL,"
+    "  PRIMARY KEY (kind, status)) WITHOUT ROWID;"
+    "INSERT INTO job_counts SELECT kind, status, count(*) FROM jobs GROUP BY kind, status;"
+    "CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs BEGIN"
+    "  INSERT INTO job_counts VALUES (NEW.kind, NEW.status, 1)"
+    "    ON CONFLICT (kind, status) DO UPDATE SET n = n + 1;"
+    " END;"
+    "CREATE TRIGGER jobs_count_delete AFTER DELETE ON jobs BEGIN"
+    "  UPDATE job_counts SET n = n - 1 WHERE kind = OLD.kind AND status = OLD.status;"
+    " END;"
+    "CREATE TRIGGER jobs_count_status AFTER UPDATE OF status ON jobs WHEN OLD.status <> NEW.status BEGIN"
+    "  UPDATE job_counts SET n = n - 1 WHERE kind = OLD.kind AND status = OLD.status;"
+    "  INSERT INTO job_counts VALUES (NEW.kind, NEW.status, 1)"
+    "    ON CONFLICT (kind, status) DO UPDATE SET n = n + 1;"
+    " END;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -76,13 +96,13 @@ enum {
     Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
     Q_COUNTS, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
     Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_UPDATES_AFTER, Q_MAX_UPDATE_VERSION, Q_REQUEUE_FAILED,
-    Q_CKPT_DEL, Q_PRUNE_INPUTS, Q_N
+    Q_CKPT_DEL, Q_PRUNE_INPUTS, Q_RETAIN, Q_SIZE, Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
     [Q_COMMIT] = "COMMIT",
     [Q_ROLLBACK] = "ROLLBACK",
-    [Q_COUNT_QUEUED] = "SELECT count(*) FROM jobs WHERE status = 'queued'",
+    [Q_COUNT_QUEUED] = "SELECT coalesce(sum(n), 0) FROM job_counts WHERE status = 'queued'",
     [Q_INSERT] = "INSERT INTO jobs (id, kind, status, payload, created_at) "
                  "VALUES (?1, ?2, 'queued', ?3, ?4)",
     /* the oldest queued job; rowid breaks ties of equal timestamps in insertion order */
@@ -107,7 +127,7 @@ static const char *const sql_text[Q_N] = {
     [Q_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
     [Q_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE (?1 IS NULL OR kind = ?1) "
                "AND (?2 IS NULL OR status = ?2) ORDER BY created_at DESC, rowid DESC LIMIT ?3",
-    [Q_COUNTS] = "SELECT kind, status, count(*) FROM jobs GROUP BY kind, status ORDER BY 1, 2",
+    [Q_COUNTS] = "SELECT kind, status, n FROM job_counts WHERE n > 0 ORDER BY 1, 2",
     /* a checkpoint job run again after a crash between this and its done-write adds its row
      * again: the row stays (and keeps its place in the order) */
     [Q_CKPT_ADD] = "INSERT INTO checkpoints (id, path, policy_version, created_at) "
@@ -132,6 +152,17 @@ static const char *const sql_text[Q_N] = {
     [Q_REQUEUE_FAILED] = "UPDATE jobs SET status = 'queued', attempts = 0, progress = 0, error = NULL, "
                          "finished_at = 0, cancel_requested = 0 WHERE id = ?1 AND status = 'failed'",
     [Q_CKPT_DEL] = "DELETE FROM checkpoints WHERE id = ?1",
+    /* finished jobs beyond the newest ?1, but never a done update whose inputs replay may still
+     * read (not yet pruned by store_prune_inputs), nor a rollout that such an update or a
+     * queued or running one names */
+    [Q_RETAIN] = "DELETE FROM jobs WHERE status IN ('done','failed','cancelled') "
+                 "AND NOT (kind = 'update' AND status = 'done' AND payload <> '{}') "
+                 "AND id NOT IN (SELECT json_extract(payload, '$.rollout_job_id') FROM jobs WHERE kind = 'update' "
+                 "  AND (status IN ('queued','running') OR (status = 'done' AND payload <> '{}')) "
+                 "  AND json_extract(payload, '$.rollout_job_id') IS NOT NULL) "
+                 "AND id NOT IN (SELECT id FROM jobs WHERE status IN ('done','failed','cancelled') "
+                 "  ORDER BY finished_at DESC, rowid DESC LIMIT ?1)",
+    [Q_SIZE] = "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
     [Q_PRUNE_INPUTS] = "UPDATE jobs SET payload = '{}' WHERE kind = 'update' AND status = 'done' "
                        "AND policy_version >= 0 AND policy_version <= ?1 AND payload <> '{}'",
     [Q_HIST_ADD] = "INSERT INTO history (at, kind, policy_version, stats) VALUES (?1, ?2, ?3, ?4)",
@@ -756,6 +787,19 @@ int store_prune_inputs(store *s, long long version) {
     sqlite3_stmt *st = q_get(s, Q_PRUNE_INPUTS);
     BIND_OK(s, sqlite3_bind_int64(st, 1, version), "binding prune inputs");
     return q_exec(s, st, "dropping the inputs of checkpointed updates");
+}
+
+int store_retain(store *s, long long keep) {
+    sqlite3_stmt *st = q_get(s, Q_RETAIN);
+    BIND_OK(s, sqlite3_bind_int64(st, 1, keep), "binding retention");
+    return q_exec(s, st, "deleting finished jobs past retention");
+}
+
+long long store_size_bytes(store *s) {
+    sqlite3_stmt *st = q_get(s, Q_SIZE);
+    long long n = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_reset(st);
+    return n;
 }
 
 int store_checkpoint_list(store *s, store_ckpt **out, int *n) {

@@ -93,6 +93,12 @@ int store_checkpoint_delete(store *s, const char *id);               /* the inde
  * replay from a checkpoint at that version or newer never reads them, and the API never
  * returns a payload (results stay). Returns how many, or a negative GE_* code. */
 int store_prune_inputs(store *s, long long version);
+/* Deletes finished jobs (done, failed, cancelled) beyond the newest keep (by finished_at), except
+ * what replay still needs: done updates whose inputs are kept, and the rollouts such updates or
+ * queued and running ones name. Freed pages are reused by later rows, so the file stops growing.
+ * Returns how many, or a negative GE_* code. */
+int store_retain(store *s, long long keep);
+long long store_size_bytes(store *s);   /* the database's pages in bytes; -1 when unknown */
 /* Training history (the dashboard's data): one row per finished rollout or update, stats a
  * JSON object of its summary. list calls cb for the newest limit rows with id > after_id,
  * oldest first; the strings are valid during the call only. */

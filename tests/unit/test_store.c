@@ -1,6 +1,8 @@
 /* test_store.c — the SQLite job queue: lifecycle of a job, FIFO claims, filters and counts,
  * key/value and checkpoint index, the dashboard history, crash recovery, the queue limit, claims racing from two
- * threads, and durability of a submit against SIGKILL of the submitting process.
+ * threads, durability of a submit against SIGKILL of the submitting process, and the job counts
+ * the triggers keep (equal to a recount after random operations, and after a migration from a
+ * database of the schema before them).
  * Each test works in its own fresh directory under /tmp. */
 #include "common/err.h"
 #include "store/store.h"
@@ -52,7 +54,7 @@ TEST(test_open_creates_dir_and_schema) {
     snprintf(mode, sizeof mode, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ_INT(v, 2);                 /* migrations: v1 jobs/kv/checkpoints, v2 history */
+    CHECK_EQ_INT(v, 3);                 /* migrations: v1 jobs/kv/checkpoints, v2 history, v3 job counts */
     CHECK_STR(mode, "wal");
     /* reopening an up-to-date database migrates nothing and works */
     r = store_open(dir, 0, &s);
@@ -234,6 +236,79 @@ static long long count_of(const count_acc *a, const char *kind, const char *stat
     for (int i = 0; i < a->n; i++)
         if (!strcmp(a->rows[i].kind, kind) && !strcmp(a->rows[i].status, status)) return a->rows[i].n;
     return 0;
+}
+
+/* Every (kind, status) count of the store against a GROUP BY over the jobs table itself. */
+static int counts_match(store *s, const char *file) {
+    count_acc kept = {0};
+    if (store_counts(s, count_cb, &kept)) return 0;
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    if (sqlite3_open(file, &db) != SQLITE_OK) return 0;
+    int ok = sqlite3_prepare_v2(db, "SELECT kind, status, count(*) FROM jobs GROUP BY kind, status", -1, &st, NULL) == SQLITE_OK;
+    int rows = 0;
+    while (ok && sqlite3_step(st) == SQLITE_ROW) {
+        rows++;
+        ok = count_of(&kept, (const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1)) ==
+             sqlite3_column_int64(st, 2);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return ok && rows == kept.n;
+}
+
+TEST(test_counts_kept_equal_a_recount) {
+    char dir[512], file[600], ids[64][32];
+    const char *d = fresh_dir(dir, sizeof dir, "counts");
+    snprintf(file, sizeof file, "%s/grpod.db", d);
+    store *s;
+    CHECK(store_open(d, 1, &s) == 0);
+    /* a database of schema v2 with jobs in it: the migration counts what is there */
+    store_close(s);
+    sqlite3 *db;
+    CHECK(sqlite3_open(file, &db) == SQLITE_OK);
+    CHECK(sqlite3_exec(db, "DROP TRIGGER jobs_count_insert; DROP TRIGGER jobs_count_delete; DROP TRIGGER jobs_count_status;"
+                       "DROP TABLE job_counts;"
+                       "INSERT INTO jobs (id, kind, status, payload, created_at) VALUES "
+                       "('j_00000000000000a1', 'rollout', 'done', '{}', 1), ('j_00000000000000a2', 'update', 'failed', '{}', 2),"
+                       "('j_00000000000000a3', 'rollout', 'done', '{}', 3), ('j_00000000000000a4', 'update', 'queued', '{}', 4);"
+                       "PRAGMA user_version = 2;", NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(db);
+    CHECK(store_open(d, 1, &s) == 0);
+    CHECK(counts_match(s, file));
+    CHECK_EQ_INT(store_queue_depth(s), 1);
+    /* random operations, each followed by a recount */
+    const char *kinds[3] = {"rollout", "update", "checkpoint"};
+    unsigned long long rng = 0x5eedULL;
+    int n = 0, bad = 0;
+    for (int step = 0; step < 300 && !bad; step++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        int op = (int)(rng >> 59) % 8, k = (int)(rng >> 40) % 3, pick = n ? (int)((rng >> 20) % (unsigned)n) : 0;
+        store_job j;
+        err_clear();
+        if (op <= 2 && n < 64) {
+            CHECK(store_submit(s, kinds[k], "{}", 0, ids[n]) == 0);
+            n++;
+        } else if (op == 3) {
+            if (store_claim(s, &j) == 1) store_job_clear(&j);
+        } else if (op == 4 && n) {
+            store_finish(s, ids[pick], "{}", 1);   /* not running: refused, nothing changes */
+        } else if (op == 5 && n) {
+            store_fail(s, ids[pick], "{\"code\":\"x\"}");
+        } else if (op == 6 && n) {
+            store_cancel(s, ids[pick]);
+        } else if (op == 7 && n) {
+            if (rng >> 63) store_requeue(s, ids[pick]);
+            else store_requeue_failed(s, ids[pick]);
+        }
+        if (!counts_match(s, file)) { printf("  step %d (op %d): counts differ from a recount\n", step, op); bad = 1; }
+    }
+    CHECK(!bad);
+    store_close(s);
+    /* recovery at open (running -> queued, cancel-requested -> cancelled) keeps them too */
+    CHECK(store_open(d, 1, &s) == 0);
+    CHECK(counts_match(s, file));
+    store_close(s);
 }
 
 TEST(test_list_counts) {
@@ -579,6 +654,7 @@ int main(void) {
     RUN(test_fifo_claim_finish_fail);
     RUN(test_cancel);
     RUN(test_list_counts);
+    RUN(test_counts_kept_equal_a_recount);
     RUN(test_checkpoints);
     RUN(test_history);
     RUN(test_recovery);
