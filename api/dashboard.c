@@ -73,7 +73,7 @@ enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, conn_c
     long long depth = store_queue_depth(st);
     store_job *run = NULL;
     int n_run = 0;
-    if (!rc) rc = store_list(st, NULL, "running", 100, &run, &n_run);
+    if (!rc) rc = store_list(st, NULL, "running", 100, 0, &run, &n_run);
     pool_put(s, st);
     if (rc) { free(h.p); json_object_put(counts); return reply_fail(c, x, GE_STORE, "", "cannot read the store: %s", err_msg()); }
 

@@ -188,7 +188,7 @@ static const char *query(struct MHD_Connection *c, const char *k) {
 enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
     static const char *const kinds[] = {"rollout", "update", "checkpoint", "logprobs", NULL};
     static const char *const statuses[] = {"queued", "running", "done", "failed", "cancelled", NULL};
-    const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit");
+    const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit"), *after = query(c, "after");
     int ok = !kind;
     for (int i = 0; kind && kinds[i]; i++) ok |= !strcmp(kind, kinds[i]);
     if (!ok) return reply_fail(c, x, GE_INVALID, "kind", "kind must be rollout|update|checkpoint|logprobs");
@@ -202,10 +202,16 @@ enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x
         if (*end || end == lim || v < 1 || v > 1000) return reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
         limit = (int)v;
     }
+    long long before = 0;   /* the cursor: a page's "next" */
+    if (after) {
+        char *end;
+        before = strtoll(after, &end, 10);
+        if (*end || end == after || before < 1) return reply_fail(c, x, GE_INVALID, "after", "after must be a page's \"next\"");
+    }
     store *st = pool_get(s);
     store_job *jobs = NULL;
     int n = 0;
-    int rc = st ? store_list(st, kind, status, limit, &jobs, &n) : GE_STORE;
+    int rc = st ? store_list(st, kind, status, limit, before, &jobs, &n) : GE_STORE;
     pool_put(s, st);
     if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list jobs: %s", err_msg());
     sbuf b = {0};
@@ -214,7 +220,9 @@ enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x
         if (i) sb_str(&b, ",");
         job_json(&b, &jobs[i], 0);
     }
-    sb_str(&b, "]}");
+    sb_str(&b, "],\"next\":");
+    if (n == limit) sb_printf(&b, "\"%lld\"}", jobs[n - 1].seq);   /* null: the last page */
+    else sb_str(&b, "null}");
     store_jobs_free(jobs, n);
     return reply_sb(c, x, 200, &b);
 }

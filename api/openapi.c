@@ -18,7 +18,7 @@ const api_route api_routes[R_COUNT] = {
     {R_OPENAPI, "GET", "/openapi.json", "This document", NULL, 200},
     {R_ROLLOUTS, "POST", "/v1/rollouts", "Queue a rollout job: sample n responses per prompt group, score them", "RolloutRequest", 202},
     {R_UPDATES, "POST", "/v1/updates", "Queue an update job: one policy-gradient step on scored groups", "UpdateRequest", 202},
-    {R_JOBS, "GET", "/v1/jobs", "List jobs, newest first (?kind=&status=&limit=)", NULL, 200},
+    {R_JOBS, "GET", "/v1/jobs", "List jobs, newest first (?kind=&status=&limit=&after=; next: the cursor of the next page)", NULL, 200},
     {R_JOB_GET, "GET", "/v1/jobs/{id}", "A job with its result; ?wait=S long-polls up to S seconds (max 60) until it finishes", NULL, 200},
     {R_JOB_DELETE, "DELETE", "/v1/jobs/{id}", "Cancel a job: 200 when it was queued, 202 when running (flagged)", NULL, 200},
     {R_MODEL, "GET", "/v1/model", "Model shape, backend and policy_version", NULL, 200},
@@ -104,7 +104,8 @@ static const char schemas[] =
 static const struct { api_route_id id; const char *params; } query_params[] = {
     {R_JOBS, "[{\"name\":\"kind\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"rollout\",\"update\",\"checkpoint\",\"logprobs\"]}},"
              "{\"name\":\"status\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]}},"
-             "{\"name\":\"limit\",\"in\":\"query\",\"schema\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":1000,\"default\":100}}]"},
+             "{\"name\":\"limit\",\"in\":\"query\",\"schema\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":1000,\"default\":100}},"
+             "{\"name\":\"after\",\"in\":\"query\",\"description\":\"a page's next: the page after it\",\"schema\":{\"type\":\"string\"}}]"},
     {R_JOB_GET, "[{\"name\":\"wait\",\"in\":\"query\",\"description\":\"long-poll up to this many seconds (capped at 60)\","
                 "\"schema\":{\"type\":\"number\",\"minimum\":0,\"default\":0}}]"},
     {R_DASHBOARD_DATA, "[{\"name\":\"after\",\"in\":\"query\",\"description\":\"only history rows with a larger id\","

@@ -88,7 +88,7 @@ static const char *const migrations[] = {
 /* ---------------------------------------------------------------- prepared statements */
 
 #define JOB_COLS "id, kind, status, payload, result, error, created_at, started_at, " \
-                 "finished_at, attempts, policy_version, progress, cancel_requested"
+                 "finished_at, attempts, policy_version, progress, cancel_requested, rowid"
 
 enum {
     Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
@@ -125,8 +125,10 @@ static const char *const sql_text[Q_N] = {
                          "WHERE id = ?1 AND status = 'running'",
     [Q_CANCEL_REQ] = "SELECT cancel_requested FROM jobs WHERE id = ?1",
     [Q_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    /* newest first by insertion order (rowid), from before ?4 (a cursor: jobs added since do
+     * not move a page) */
     [Q_LIST] = "SELECT " JOB_COLS " FROM jobs WHERE (?1 IS NULL OR kind = ?1) "
-               "AND (?2 IS NULL OR status = ?2) ORDER BY created_at DESC, rowid DESC LIMIT ?3",
+               "AND (?2 IS NULL OR status = ?2) AND (?4 <= 0 OR rowid < ?4) ORDER BY rowid DESC LIMIT ?3",
     [Q_COUNTS] = "SELECT kind, status, n FROM job_counts WHERE n > 0 ORDER BY 1, 2",
     /* a checkpoint job run again after a crash between this and its done-write adds its row
      * again: the row stays (and keeps its place in the order) */
@@ -279,6 +281,7 @@ static int job_from_row(sqlite3_stmt *st, store_job *j) {
     j->policy_version = sqlite3_column_int64(st, 10);
     j->progress = sqlite3_column_double(st, 11);
     j->cancel_requested = sqlite3_column_int(st, 12);
+    j->seq = sqlite3_column_int64(st, 13);
     if ((sqlite3_column_type(st, 3) != SQLITE_NULL && !j->payload) ||
         (sqlite3_column_type(st, 4) != SQLITE_NULL && !j->result) ||
         (sqlite3_column_type(st, 5) != SQLITE_NULL && !j->error)) {
@@ -730,7 +733,7 @@ int store_get(store *s, const char *id, store_job *j) {
     return r;
 }
 
-int store_list(store *s, const char *kind, const char *status, int limit, store_job **jobs,
+int store_list(store *s, const char *kind, const char *status, int limit, long long before, store_job **jobs,
                int *n) {
     *jobs = NULL;
     *n = 0;
@@ -740,6 +743,7 @@ int store_list(store *s, const char *kind, const char *status, int limit, store_
     BIND_OK(s, status ? sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC)
                       : sqlite3_bind_null(st, 2), "binding list");
     BIND_OK(s, sqlite3_bind_int(st, 3, limit > 0 ? limit : -1), "binding list");
+    BIND_OK(s, sqlite3_bind_int64(st, 4, before), "binding list");
     return collect_jobs(s, st, "listing jobs", jobs, n);
 }
 

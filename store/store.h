@@ -27,6 +27,7 @@ typedef struct {
     long long policy_version;   /* version the job ran against (or -1) */
     double progress;            /* 0..1 */
     int cancel_requested;       /* DELETE arrived while it ran: the engine should stop it */
+    long long seq;              /* insertion order (SQLite's rowid): store_list's cursor */
 } store_job;
 void store_job_clear(store_job *j);                 /* frees payload/result/error */
 
@@ -75,8 +76,10 @@ int store_cancel_requested(store *s, const char *id);   /* 1 flagged, 0 not, <0 
 /* The engine stopped a flagged running job: running -> cancelled. GE_CONFLICT if not running. */
 int store_mark_cancelled(store *s, const char *id);
 int store_get(store *s, const char *id, store_job *j);           /* GE_NOT_FOUND */
-/* Lists newest first; kind/status filters may be NULL. Caller frees with store_jobs_free. */
-int store_list(store *s, const char *kind, const char *status, int limit, store_job **jobs, int *n);
+/* Lists newest first (insertion order); kind/status filters may be NULL; before > 0: only jobs
+ * inserted before the one whose seq it is (the next page after a page ending there). Caller
+ * frees with store_jobs_free. */
+int store_list(store *s, const char *kind, const char *status, int limit, long long before, store_job **jobs, int *n);
 void store_jobs_free(store_job *jobs, int n);
 /* Counts by kind and status for /metrics: calls cb for each (kind, status, count). */
 typedef void (*store_count_cb)(void *ud, const char *kind, const char *status, long long n);

@@ -105,3 +105,25 @@ def test_retries_429_after_retry_after(make_daemon, monkeypatch):
     assert slept and slept[0] == 1.0, slept     # the server's Retry-After: 1
     for jid in accepted + [second]:
         assert c.wait(jid, timeout=300)["groups"]
+
+
+def test_iter_jobs_pages_every_job_once(make_daemon):
+    d = make_daemon()
+    c = Client(d.url)
+    ids = [c.submit_rollouts([{"prompt_ids": [5 + i, 6], "n": 1}], {"max_tokens": 1, "seed": i}) for i in range(7)]
+    for j in ids:
+        c.wait(j, timeout=60)
+    page = d.get("/v1/jobs?limit=3").json()
+    assert [j["id"] for j in page["jobs"]] == ids[::-1][:3] and page["next"]
+    # a job submitted while walking is newer than the first page: the walk neither repeats nor skips
+    seen = []
+    for k, j in enumerate(c.iter_jobs(page=3)):
+        seen.append(j["id"])
+        if k == 1:
+            c.submit_rollouts([{"prompt_ids": [9, 9], "n": 1}], {"max_tokens": 1})
+    assert seen == ids[::-1]
+    assert d.get("/v1/jobs?limit=8").json()["next"] is not None      # a full page (8 jobs): there may be more
+    assert d.get("/v1/jobs?limit=9").json()["next"] is None
+    r = d.get("/v1/jobs?after=x")
+    assert r.status_code == 400 and r.json()["error"]["field"] == "after"
+    d.stop()

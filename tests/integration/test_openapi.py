@@ -64,7 +64,7 @@ def test_query_parameters_are_the_handlers(shared_daemon, doc):
     d = shared_daemon
     params = {(p, q["name"]) for p, item in doc["paths"].items() for op in item.values()
               for q in op.get("parameters", []) if q["in"] == "query"}
-    assert params == {("/v1/jobs", "kind"), ("/v1/jobs", "status"), ("/v1/jobs", "limit"),
+    assert params == {("/v1/jobs", "kind"), ("/v1/jobs", "status"), ("/v1/jobs", "limit"), ("/v1/jobs", "after"),
                       ("/v1/jobs/{id}", "wait"), ("/v1/dashboard", "after")}
     bad = {"kind": "bogus", "status": "bogus", "limit": "0", "wait": "-1", "after": "x"}
     for path, name in params:

@@ -326,32 +326,33 @@ TEST(test_list_counts) {
 
     store_job *v;
     int n;
-    CHECK(store_list(s, NULL, NULL, 0, &v, &n) == 0);
+    CHECK(store_list(s, NULL, NULL, 0, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 7);
     for (int i = 0; i < 7; i++) CHECK_STR(v[i].id, ids[6 - i]);   /* newest first */
     store_jobs_free(v, n);
 
-    CHECK(store_list(s, "rollout", NULL, 0, &v, &n) == 0);
+    CHECK(store_list(s, "rollout", NULL, 0, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 4);
     CHECK_STR(v[0].id, ids[6]);
     CHECK_STR(v[3].id, ids[0]);
     store_jobs_free(v, n);
 
-    CHECK(store_list(s, "rollout", "queued", 2, &v, &n) == 0);
+    CHECK(store_list(s, "rollout", "queued", 2, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 2);
     CHECK_STR(v[0].id, ids[6]);
     CHECK_STR(v[1].id, ids[3]);
     CHECK_EQ_INT(v[0].status, JOB_QUEUED);
     store_jobs_free(v, n);
 
-    CHECK(store_list(s, NULL, "done", 10, &v, &n) == 0);
+    CHECK(store_list(s, NULL, "done", 10, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 1);
     CHECK_STR(v[0].id, ids[1]);
     store_jobs_free(v, n);
 
-    CHECK(store_list(s, "nothing", NULL, 10, &v, &n) == 0);
+    CHECK(store_list(s, "nothing", NULL, 10, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 0);
     store_jobs_free(v, n);
+
 
     count_acc acc = {0};
     CHECK(store_counts(s, count_cb, &acc) == 0);
@@ -362,6 +363,17 @@ TEST(test_list_counts) {
     CHECK_EQ_INT(count_of(&acc, "checkpoint", "queued"), 1);
     CHECK_EQ_INT(acc.n, 5);
     CHECK_EQ_INT(store_queue_depth(s), 5);
+    /* pages: 3 at a time from a cursor, newest first, not moved by a job added meanwhile */
+    store_job *p1, *p2, *p3;
+    int n1, n2, n3;
+    CHECK(store_list(s, NULL, NULL, 3, 0, &p1, &n1) == 0 && n1 == 3);
+    char late[32];
+    CHECK(store_submit(s, "rollout", "{}", 0, late) == 0);
+    CHECK(store_list(s, NULL, NULL, 3, p1[2].seq, &p2, &n2) == 0 && n2 == 3);
+    CHECK(store_list(s, NULL, NULL, 3, p2[2].seq, &p3, &n3) == 0 && n3 == 1);
+    for (int i = 0; i < 3; i++) { CHECK_STR(p1[i].id, ids[6 - i]); CHECK_STR(p2[i].id, ids[3 - i]); }
+    CHECK_STR(p3[0].id, ids[0]);
+    store_jobs_free(p1, n1); store_jobs_free(p2, n2); store_jobs_free(p3, n3);
     store_close(s);
 }
 
@@ -569,10 +581,10 @@ TEST(test_concurrent_claims) {
     CHECK(store_open(dir, 0, &s) == 0);
     store_job *v;
     int n;
-    CHECK(store_list(s, NULL, "done", 0, &v, &n) == 0);
+    CHECK(store_list(s, NULL, "done", 0, 0, &v, &n) == 0);
     store_jobs_free(v, n);
     CHECK_EQ_INT(n, RACE_JOBS);
-    CHECK(store_list(s, NULL, NULL, 0, &v, &n) == 0);
+    CHECK(store_list(s, NULL, NULL, 0, 0, &v, &n) == 0);
     for (int i = 0; i < n; i++) CHECK_EQ_INT(v[i].attempts, 1);
     store_jobs_free(v, n);
     store_close(s);

@@ -168,7 +168,19 @@ class Client:
         return self.get("/v1/jobs/" + job_id, wait=wait)
 
     def jobs(self, kind: Optional[str] = None, status: Optional[str] = None, limit: Optional[int] = None) -> List[Json]:
+        """One page of GET /v1/jobs, newest first (iter_jobs walks them all)."""
         return self.get("/v1/jobs", kind=kind, status=status, limit=limit)["jobs"]
+
+    def iter_jobs(self, kind: Optional[str] = None, status: Optional[str] = None, page: int = 1000):
+        """Every stored job, newest first, page by page (the cursor is not moved by jobs added
+        meanwhile: those are newer than the first page)."""
+        after = None
+        while True:
+            r = self.get("/v1/jobs", kind=kind, status=status, limit=page, after=after)
+            yield from r["jobs"]
+            after = r.get("next")
+            if not after:
+                return
 
     def wait(self, job_id: str, timeout: Optional[float] = None) -> Result:
         """Long-polls until the job ends; returns its result, raises JobFailed when it failed or was
