@@ -242,10 +242,13 @@ int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims)
     const unsigned char *src = t->data;
     switch (t->dtype) {
     case ST_F32: memcpy(dst, src, (size_t)t->numel * 4); break;
+    /* elementwise, over the OpenMP threads: an 8B checkpoint is 8 G values */
     case ST_BF16:
+#pragma omp parallel for schedule(static)
         for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f32_from_bf16(h); }
         break;
     case ST_F16:
+#pragma omp parallel for schedule(static)
         for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f16_to_f32(h); }
         break;
     default:

@@ -156,7 +156,12 @@ int model_load_host(const model *m, const char *dir, float *host) {
     st_set s;
     int rc = st_open_dir(dir, &s);
     if (rc) return rc;
-    memset(host, 0, (size_t)m->n_elems * sizeof(float));
+    /* the padding between tensors zeroed (over the threads: 33 GB at 8B dims) */
+#pragma omp parallel for schedule(static)
+    for (long long c = 0; c < (m->n_elems + (1 << 20) - 1) >> 20; c++) {
+        long long a = c << 20, b = a + (1 << 20) < m->n_elems ? a + (1 << 20) : m->n_elems;
+        memset(host + a, 0, (size_t)(b - a) * sizeof(float));
+    }
     for (int i = 0; i < m->n_params && !rc; i++) rc = read_param(&m->params[i], &s, dir, host + m->params[i].off);
     st_close(&s);
     return rc;
