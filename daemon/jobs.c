@@ -192,7 +192,9 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
         if (!(r->rg[i].prompt = int_array(field_get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
-        r->rg[i].n = (int)field_int(g, "n", 1);
+        long long n;
+        if ((rc = field_need_int(g, "n", &n))) goto fail;
+        r->rg[i].n = (int)n;
         r->prompt_tokens += r->rg[i].P;
     }
     json_object *gi = field_get(p, "group_index");    /* a follower's part (part_desc) */
@@ -536,7 +538,8 @@ static int update_exec(const jobs_env *env, json_object *p, json_object *groups,
     if (algo->adv == ADV_GIVEN)
         for (int i = 0; i < s.n; i++)
             if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
-    long long mt = field_int(p, "max_tokens_per_micro_batch", 32768);
+    long long mt;
+    if ((rc = field_need_int(p, "max_tokens_per_micro_batch", &mt))) goto done;
     rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, mt, u}, call);
 done:
     seqs_free(&s);
@@ -620,11 +623,14 @@ done:
 /* The logprobs call on every rank (the leader's run_logprobs and a follower's jobs_follow). */
 static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, double *t0) {
     int rc;
-    if ((rc = seqs_from_json(field_get(p, "groups"), 0, 0, s))) return rc;
-    int ref = !strcmp(field_str(p, "model", "policy"), "reference");
+    const char *model;
+    double temp;
+    long long mt;
+    if ((rc = field_need_str(p, "model", &model)) || (rc = field_need_num(p, "temperature", &temp)) ||
+        (rc = field_need_int(p, "max_tokens_per_micro_batch", &mt)) || (rc = seqs_from_json(field_get(p, "groups"), 0, 0, s)))
+        return rc;
     *t0 = clock_mono_ms();
-    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, ref, (float)field_num(p, "temperature", 1.0),
-                                                          field_int(p, "max_tokens_per_micro_batch", 32768), lp}, call);
+    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, !strcmp(model, "reference"), (float)temp, mt, lp}, call);
 }
 
 static int run_logprobs(const jobs_env *env, json_object *p, const char *payload, char **result) {
@@ -633,7 +639,7 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     int rc, oom;
     char *call = call_text(env, "logprobs", payload, NULL, NULL, 0, &oom);
     if (oom) return err_set(GE_NOMEM, "out of memory");
-    int ref = !strcmp(field_str(p, "model", "policy"), "reference");
+    int ref = !strcmp(field_str(p, "model", ""), "reference");   /* present: logprobs_exec needs it */
     double t0 = 0;
     rc = logprobs_exec(env, p, call, &s, &lp, &t0);
     free(call);
