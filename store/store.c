@@ -432,6 +432,9 @@ int store_open(const char *path, int recover_running, store **out) {
         r = db_err(s, "setting busy timeout");
         goto fail;
     }
+    /* a new database gives deleted jobs' pages back to the file system (store_retain); one made
+     * before keeps reusing them (the mode changes only with a full VACUUM) */
+    if ((r = exec_sql(s, "PRAGMA auto_vacuum = INCREMENTAL", "setting incremental vacuum"))) goto fail;
     /* journal_mode answers with the mode it ended in: check it really is WAL */
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(s->db, "PRAGMA journal_mode = WAL", -1, &st, NULL) != SQLITE_OK) {
@@ -796,7 +799,9 @@ int store_prune_inputs(store *s, long long version) {
 int store_retain(store *s, long long keep) {
     sqlite3_stmt *st = q_get(s, Q_RETAIN);
     BIND_OK(s, sqlite3_bind_int64(st, 1, keep), "binding retention");
-    return q_exec(s, st, "deleting finished jobs past retention");
+    int n = q_exec(s, st, "deleting finished jobs past retention");
+    if (n > 0) sqlite3_exec(s->db, "PRAGMA incremental_vacuum", NULL, NULL, NULL);   /* best effort */
+    return n;
 }
 
 long long store_size_bytes(store *s) {

@@ -98,7 +98,8 @@ int store_checkpoint_delete(store *s, const char *id);               /* the inde
 int store_prune_inputs(store *s, long long version);
 /* Deletes finished jobs (done, failed, cancelled) beyond the newest keep (by finished_at), except
  * what replay still needs: done updates whose inputs are kept, and the rollouts such updates or
- * queued and running ones name. Freed pages are reused by later rows, so the file stops growing.
+ * queued and running ones name. A database made by this version gives the freed pages back
+ * (incremental vacuum); an older one reuses them for later rows: either way the file stops growing.
  * Returns how many, or a negative GE_* code. */
 int store_retain(store *s, long long keep);
 long long store_size_bytes(store *s);   /* the database's pages in bytes; -1 when unknown */
