@@ -249,15 +249,14 @@ static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
     return rc;
 }
 
-/* Reserves the activations of the update's largest micro-batch (no-grad and grad) before the
- * passes: a reservation that grows midway frees device memory, and cudaFree waits for every
- * stream, the safety copy's too (train/snapshot.h). Groups split over micro-batches bring their
- * own memory (model/split.h). */
-static int acts_reserve(eng *e, const work *w, long long max_tokens) {
+/* The update's micro-batch plan: GE_TOO_LARGE for a group larger than the budget (checked before
+ * any pass), else the tokens and predictions of its largest packed micro-batch (*T, *M; groups
+ * split over micro-batches bring their own memory, model/split.h). */
+static int largest_micro_batch(const work *w, long long max_tokens, long long *T, long long *M) {
     pack_plan plan;
+    *T = *M = 0;
     int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, PACK_PACKED);
     if (rc) return rc;
-    long long T = 0, M = 0;
     for (int k = 0; k < plan.n_mb; k++) {
         if (plan.mb_split[k]) continue;
         long long t = 0, m = 0;
@@ -265,13 +264,11 @@ static int acts_reserve(eng *e, const work *w, long long max_tokens) {
             t += pack_group_tokens(&w->pg[i], PACK_PACKED);
             for (int r = 0; r < w->pg[i].N; r++) m += w->pg[i].R[r];
         }
-        if (t > T) T = t;
-        if (m > M) M = m;
+        if (t > *T) *T = t;
+        if (m > *M) *M = m;
     }
     pack_plan_free(&plan);
-    if (T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)T, (int)M, 0);
-    if (T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)T, (int)M, 1);
-    return rc;
+    return 0;
 }
 
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
@@ -295,16 +292,17 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
     }
     /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
-    pack_plan plan;
-    if (!rc && w.n_groups && !(rc = pack_plan_make(&plan, w.pg, w.n_groups, max_tokens, PACK_PACKED))) pack_plan_free(&plan);
+    long long mb_T = 0, mb_M = 0;
+    if (!rc && w.n_groups) rc = largest_micro_batch(&w, max_tokens, &mb_T, &mb_M);
     /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
     if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
-    /* the activations first (acts_reserve), then the safety copy beside the passes, complete
-     * before the first step */
-    if (w.n_groups && (rc = acts_reserve(e, &w, max_tokens)) && (rc = dp_agree(e, rc))) {
-        work_free(&w); dp_order_free(&dpo); return rc;
-    }
+    /* The largest micro-batch's activations are reserved before the safety copy starts (a
+     * reservation that grows midway frees device memory, and cudaFree waits for every stream,
+     * the copy's too), then the copy runs beside the passes and is complete before the first step */
+    if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
+    if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
+    if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
     rc = snap_begin(e);
 
     double t = clock_mono_ms();
