@@ -183,16 +183,26 @@ int eng_checkpoint_verify(const char *dir) { return verify_dir(dir, 1); }
 /* A merged export has no training state: its files alone say whether it is whole. */
 static int is_export(const eng *e, int merged) { return merged && e->m.lora_r; }
 
+/* policy_version and optimizer step of dir's grpod_state.json (-1 where absent); GE_FORMAT, naming
+ * the file, when it cannot be read. */
+static int read_state(const char *dir, char *path, size_t cap, long long *v, long long *step) {
+    snprintf(path, cap, "%s/%s", dir, STATE);
+    js_doc *doc;
+    const js *r;
+    if (js_parse_file(path, &doc, &r)) return err_set(GE_FORMAT, "%s: %s", path, err_msg());
+    double dv = js_get_num(r, "policy_version", -1), ds = js_get_num(r, "optimizer_step", -1);
+    js_doc_free(doc);
+    *v = dv < 0 ? -1 : (long long)dv;
+    *step = ds < 0 ? -1 : (long long)ds;
+    return 0;
+}
+
 int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
     int rc = verify_dir(dir, !is_export(e, merged));
     if (rc || is_export(e, merged)) return rc;
     char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", dir, STATE);
-    js_doc *doc;
-    const js *r;
-    if ((rc = js_parse_file(path, &doc, &r))) return err_set(GE_FORMAT, "%s: %s", path, err_msg());
-    long long v = (long long)js_get_num(r, "policy_version", -1), step = (long long)js_get_num(r, "optimizer_step", -1);
-    js_doc_free(doc);
+    long long v, step;
+    if ((rc = read_state(dir, path, sizeof path, &v, &step))) return rc;
     if (v != e->policy_version || step != e->opt_step)
         return err_set(GE_CONFLICT, "%s holds policy_version %lld, optimizer step %lld, not %lld, %d", dir, v, step,
                        (long long)e->policy_version, e->opt_step);
@@ -294,15 +304,11 @@ int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
  * never version 0), AdamW moments from optimizer.safetensors (absent: a fresh optimizer). */
 int eng_checkpoint_load_state(eng *e, const char *dir) {
     char path[PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", dir, STATE);
-    js_doc *doc;
-    const js *r;
-    int rc = js_parse_file(path, &doc, &r);
+    long long v, step;
+    int rc = read_state(dir, path, sizeof path, &v, &step);
     if (rc) return err_set(GE_FORMAT, "checkpoint %s: %s", dir, err_msg());
-    double v = js_get_num(r, "policy_version", -1), step = js_get_num(r, "optimizer_step", -1);
-    js_doc_free(doc);
     if (v < 0 || step < 0) return err_set(GE_FORMAT, "%s: no policy_version or optimizer_step", path);
-    e->policy_version = (long long)v;
+    e->policy_version = v;
     e->opt_step = (int)step;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if (access(path, R_OK)) return 0;
