@@ -1,4 +1,4 @@
-/* bench_dp.c — issue 24 on the GPUs of one host: the same GRPO update and the same rollouts on
+/* bench_dp.c — data parallelism on the GPUs of one host: the same GRPO update and the same rollouts on
  * one GPU (the engine without a comm, the one-GPU path) and on W GPUs (one engine a GPU on its own
  * thread, an NCCL comm: groups placed whole on ranks, fp32 reduce-scatter, AdamW on each rank's
  * shard of the master and moments, bf16 all-gather of the weights), in one process, one call.

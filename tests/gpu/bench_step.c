@@ -4,7 +4,7 @@
  * (P + NR tokens), Qwen3 dims with tied embeddings as ../shared/bench/peer_step.py builds them.
  * Prints ms per phase (median of 3 after a warm-up), tokens/s, useful TFLOP/s with the peer's
  * FLOP count and its "% of 793" (measured bf16 GEMM rate), and device memory in use.
- * Issue 21: OFFLOAD=1 keeps the fp32 master and moments in host memory (engine/train/offload.h; the
+ * OFFLOAD=1 keeps the fp32 master and moments in host memory (engine/train/offload.h; the
  * optimizer phase is then the clip on the device plus the host AdamW pipeline, split into host
  * compute and waiting for copies); BUDGET_GIB=x caps the device memory of the whole step, the
  * activations taking what is left (layers recomputed as model_acts_init_budget picks). 8b is

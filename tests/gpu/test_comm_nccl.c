@@ -1,4 +1,4 @@
-/* test_comm_nccl.c — issue 24 on the GPU: the NCCL comm (engine/dist/comm_nccl.cu) and the sharded
+/* test_comm_nccl.c — several ranks on the GPU: the NCCL comm (engine/dist/comm_nccl.cu) and the sharded
  * update (engine/train/dp.c) through it.
  *   (a) world size 1: every collective on device buffers (f32, bf16, i32; sizes 1, 7, 4099)
  *       gives what a one-rank group must (the sum of one rank is itself): 0 bytes differ.

@@ -1,4 +1,4 @@
-/* test_dp.c — the data-parallel update (issue 24, engine/train/dp.c) on the cpu comm: W = 2, 3, 4 ranks
+/* test_dp.c — the data-parallel update (engine/train/dp.c) on the cpu comm: W = 2, 3, 4 ranks
  * as threads of this process, each with its own engine on the embedded default model, against
  * one rank without a comm.
  *

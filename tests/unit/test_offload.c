@@ -1,4 +1,4 @@
-/* test_offload.c — the optimizer with its state in host memory (engine/train/offload.h, issue 21).
+/* test_offload.c — the optimizer with its state in host memory (engine/train/offload.h).
  *   host AdamW: adamw_bf16_cpu is adamw_cpu bit for bit and its bf16 copy rounds as CUDA's
  *     __float2bfloat16 (nearest even; ties, NaN, infinities);
  *   the staging pipeline: offload_adamw over several chunks (the stage ring wraps) equals one
