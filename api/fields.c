@@ -1,7 +1,7 @@
 /* fields.c — the generic half of request validation: api_fail and the limits, strict JSON
  * parsing of a body, the field getters that check one member of an object (type, range,
- * NUL bytes) and name it in the error ("groups[0].n"), check_keys for unknown members, the
- * put_* helpers for canonical payloads, and UTF-8 sanitizing for text going out. The
+ * NUL bytes) and name it in the error ("groups[0].n"), api_check_keys for unknown members, the
+ * api_put_* helpers for canonical payloads, and UTF-8 sanitizing for text going out. The
  * request kinds built on them are in validate.c; see validate.h and fields.h. */
 #include "api/fields.h"
 
@@ -121,13 +121,13 @@ int api_parse_json_unpacked_or_reply(const char *body, size_t len, json_object *
 
 /* ---------------------------------------------------------------- field getters */
 
-void path_join(char *out, size_t n, const char *base, const char *key) {
+void api_path_join(char *out, size_t n, const char *base, const char *key) {
     if (base && *base) snprintf(out, n, "%s.%s", base, key);
     else snprintf(out, n, "%s", key);
 }
 
 /* Every key of obj must be in allowed (NULL-terminated). */
-int check_keys(json_object *obj, const char *path, const char *const *allowed, api_error *e) {
+int api_check_keys(json_object *obj, const char *path, const char *const *allowed, api_error *e) {
     json_object_object_foreach(obj, key, val) {
         (void)val;
         int ok = 0;
@@ -135,38 +135,38 @@ int check_keys(json_object *obj, const char *path, const char *const *allowed, a
             if (strcmp(*a, key) == 0) { ok = 1; break; }
         if (!ok) {
             char f[128];
-            path_join(f, sizeof f, path, key);
+            api_path_join(f, sizeof f, path, key);
             return api_fail(e, GE_INVALID, f, "unknown field %s", f);
         }
     }
     return 0;
 }
 
-int is_num(json_object *v) {
+int api_is_num(json_object *v) {
     return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
 }
 
-int get_num(json_object *o, const char *path, const char *key, double lo, double hi,
-            double dflt, double *out, api_error *e) {
+int api_get_num(json_object *o, const char *path, const char *key, double lo, double hi,
+                double dflt, double *out, api_error *e) {
     json_object *v;
     *out = dflt;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
     char f[128];
-    path_join(f, sizeof f, path, key);
-    if (!is_num(v)) return api_fail(e, GE_INVALID, f, "%s must be a number", f);
+    api_path_join(f, sizeof f, path, key);
+    if (!api_is_num(v)) return api_fail(e, GE_INVALID, f, "%s must be a number", f);
     double d = json_object_get_double(v);
     if (!isfinite(d) || d < lo || d > hi) return api_fail(e, GE_INVALID, f, "%s must be %g..%g", f, lo, hi);
     *out = d;
     return 0;
 }
 
-int get_int(json_object *o, const char *path, const char *key, long long lo, long long hi,
-            long long dflt, long long *out, api_error *e) {
+int api_get_int(json_object *o, const char *path, const char *key, long long lo, long long hi,
+                long long dflt, long long *out, api_error *e) {
     json_object *v;
     *out = dflt;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
     char f[128];
-    path_join(f, sizeof f, path, key);
+    api_path_join(f, sizeof f, path, key);
     if (!json_object_is_type(v, json_type_int)) return api_fail(e, GE_INVALID, f, "%s must be an integer", f);
     long long x = json_object_get_int64(v);
     if (x < lo || x > hi) return api_fail(e, GE_INVALID, f, "%s must be %lld..%lld", f, lo, hi);
@@ -174,12 +174,12 @@ int get_int(json_object *o, const char *path, const char *key, long long lo, lon
     return 0;
 }
 
-int get_bool(json_object *o, const char *path, const char *key, int dflt, int *out, api_error *e) {
+int api_get_bool(json_object *o, const char *path, const char *key, int dflt, int *out, api_error *e) {
     json_object *v;
     *out = dflt;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
     char f[128];
-    path_join(f, sizeof f, path, key);
+    api_path_join(f, sizeof f, path, key);
     if (!json_object_is_type(v, json_type_boolean)) return api_fail(e, GE_INVALID, f, "%s must be true or false", f);
     *out = json_object_get_boolean(v);
     return 0;
@@ -189,14 +189,14 @@ int get_bool(json_object *o, const char *path, const char *key, int dflt, int *o
  * and required. f (128) receives the member's path for messages. */
 static int member(json_object *o, const char *path, const char *key, int required, char *f, json_object **v,
                   api_error *e) {
-    path_join(f, 128, path, key);
+    api_path_join(f, 128, path, key);
     if (json_object_object_get_ex(o, key, v) && *v) return 1;
     return required ? api_fail(e, GE_INVALID, f, "%s is required", f) : 0;
 }
 
 /* *out is NULL when absent (and not required). */
-int get_str(json_object *o, const char *path, const char *key, int required, const char **out,
-            api_error *e) {
+int api_get_str(json_object *o, const char *path, const char *key, int required, const char **out,
+                api_error *e) {
     json_object *v;
     *out = NULL;
     char f[128];
@@ -210,19 +210,19 @@ int get_str(json_object *o, const char *path, const char *key, int required, con
 }
 
 /* An object member that must be an object (or absent: *out NULL). */
-int get_obj(json_object *o, const char *path, const char *key, json_object **out, api_error *e) {
+int api_get_obj(json_object *o, const char *path, const char *key, json_object **out, api_error *e) {
     json_object *v;
     *out = NULL;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
     char f[128];
-    path_join(f, sizeof f, path, key);
+    api_path_join(f, sizeof f, path, key);
     if (!json_object_is_type(v, json_type_object)) return api_fail(e, GE_INVALID, f, "%s must be an object", f);
     *out = v;
     return 0;
 }
 
-int get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
-            int max_len, json_object **out, api_error *e) {
+int api_get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
+                int max_len, json_object **out, api_error *e) {
     json_object *v;
     *out = NULL;
     char f[128];
@@ -239,15 +239,15 @@ int get_arr(json_object *o, const char *path, const char *key, int required, int
 
 /* Token ids: an array of integers in [0, vocab). Returns a new json array in *canon and the
  * ids (malloc'd) in *ids when ids != NULL. */
-int get_ids(json_object *o, const char *path, const char *key, int required, int min_len,
-            int max_len, int vocab, json_object **canon, int **ids, int *n, api_error *e) {
+int api_get_ids(json_object *o, const char *path, const char *key, int required, int min_len,
+                int max_len, int vocab, json_object **canon, int **ids, int *n, api_error *e) {
     json_object *a;
     char f[128];
-    path_join(f, sizeof f, path, key);
+    api_path_join(f, sizeof f, path, key);
     *canon = NULL;
     if (ids) *ids = NULL;
     if (n) *n = 0;
-    int rc = get_arr(o, path, key, required, min_len, max_len, &a, e);
+    int rc = api_get_arr(o, path, key, required, min_len, max_len, &a, e);
     if (rc || !a) return rc;
     const api_packed *pk = api_packed_of(a);
     assert(!pk || pk->ids);     /* packed.c cuts only integer arrays at token-id members */
@@ -275,11 +275,11 @@ int get_ids(json_object *o, const char *path, const char *key, int required, int
     return 0;
 }
 
-void put_num(json_object *o, const char *k, double v) { json_object_object_add(o, k, json_object_new_double(v)); }
-void put_int(json_object *o, const char *k, long long v) { json_object_object_add(o, k, json_object_new_int64(v)); }
-void put_bool(json_object *o, const char *k, int v) { json_object_object_add(o, k, json_object_new_boolean(v)); }
-void put_str(json_object *o, const char *k, const char *v) { json_object_object_add(o, k, json_object_new_string(v)); }
-void put_copy(json_object *o, const char *k, json_object *v) {
+void api_put_num(json_object *o, const char *k, double v) { json_object_object_add(o, k, json_object_new_double(v)); }
+void api_put_int(json_object *o, const char *k, long long v) { json_object_object_add(o, k, json_object_new_int64(v)); }
+void api_put_bool(json_object *o, const char *k, int v) { json_object_object_add(o, k, json_object_new_boolean(v)); }
+void api_put_str(json_object *o, const char *k, const char *v) { json_object_object_add(o, k, json_object_new_string(v)); }
+void api_put_copy(json_object *o, const char *k, json_object *v) {
     json_object *c = NULL;
     if (json_object_deep_copy(v, &c, NULL) == 0) json_object_object_add(o, k, c);
 }

@@ -72,14 +72,14 @@ enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x
     char name[128];
     model_name(e, name, sizeof name);
     json_object *o = json_object_new_object(), *a = json_object_new_array(), *m = json_object_new_object();
-    put_str(m, "id", name);
-    put_str(m, "object", "model");
-    put_int(m, "created", (long long)time(NULL));
-    put_str(m, "owned_by", "grpod");
-    put_int(m, "max_model_len", in.max_pos);
-    put_int(m, "policy_version", in.policy_version);
+    api_put_str(m, "id", name);
+    api_put_str(m, "object", "model");
+    api_put_int(m, "created", (long long)time(NULL));
+    api_put_str(m, "owned_by", "grpod");
+    api_put_int(m, "max_model_len", in.max_pos);
+    api_put_int(m, "policy_version", in.policy_version);
     json_object_array_add(a, m);
-    put_str(o, "object", "list");
+    api_put_str(o, "object", "list");
     json_object_object_add(o, "data", a);
     return reply_obj(c, x, 200, o);
 }
@@ -91,7 +91,7 @@ static int neutral_or_reply(json_object *req, api_error *e) {
     static const char *const zero_nums[] = {"presence_penalty", "frequency_penalty", NULL};
     json_object *v;
     for (int i = 0; zero_nums[i]; i++)
-        if (json_object_object_get_ex(req, zero_nums[i], &v) && v && (!is_num(v) || json_object_get_double(v) != 0))
+        if (json_object_object_get_ex(req, zero_nums[i], &v) && v && (!api_is_num(v) || json_object_get_double(v) != 0))
             return api_fail(e, GE_INVALID, zero_nums[i], "%s is not supported (only 0)", zero_nums[i]);
     if (json_object_object_get_ex(req, "logit_bias", &v) && v &&
         !(json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0))
@@ -128,16 +128,16 @@ static int prompts_or_reply(json_object *p, int n, int max_groups, json_object *
         json_object *g = json_object_new_object();
         json_object_array_add(groups, g);
         if (json_object_is_type(v, json_type_string)) {
-            put_copy(g, "prompt", v);
+            api_put_copy(g, "prompt", v);
         } else if (json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0) {
             for (size_t k = 0; k < json_object_array_length(v); k++)
                 if (!json_object_is_type(json_object_array_get_idx(v, k), json_type_int))
                     return api_fail(e, GE_INVALID, f, "%s must be a string or an array of token ids", f);
-            put_copy(g, "prompt_ids", v);
+            api_put_copy(g, "prompt_ids", v);
         } else {
             return api_fail(e, GE_INVALID, f, "%s must be a non-empty string or array of token ids", f);
         }
-        put_int(g, "n", n);
+        api_put_int(g, "n", n);
     }
     return 0;
 }
@@ -176,8 +176,8 @@ static int messages_or_reply(json_object *m, json_object **out, api_error *e) {
             return api_fail(e, GE_INVALID, f, "%s.content must be a string or an array of text parts", f);
         }
         json_object *nm = json_object_new_object();
-        put_str(nm, "role", rs);
-        put_str(nm, "content", b.p ? b.p : "");
+        api_put_str(nm, "role", rs);
+        api_put_str(nm, "content", b.p ? b.p : "");
         free(b.p);
         json_object_array_add(a, nm);
     }
@@ -212,26 +212,26 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
     long long n, max_tokens, best_of, lp = -1;
     int echo = 0, stream, rc;
     json_object *so, *v;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = neutral_or_reply(req, e)) ||
-        (rc = get_str(req, "", "model", 0, &model, e)) || (rc = get_int(req, "", "n", 1, l->max_n, 1, &n, e)) ||
-        (rc = get_bool(req, "", "stream", 0, &stream, e)) || (rc = get_obj(req, "", "stream_options", &so, e)))
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = neutral_or_reply(req, e)) ||
+        (rc = api_get_str(req, "", "model", 0, &model, e)) || (rc = api_get_int(req, "", "n", 1, l->max_n, 1, &n, e)) ||
+        (rc = api_get_bool(req, "", "stream", 0, &stream, e)) || (rc = api_get_obj(req, "", "stream_options", &so, e)))
         return rc;
     if (chat) {
         long long mct;
-        if ((rc = get_int(req, "", "max_completion_tokens", 1, l->max_tokens, -1, &mct, e)) ||
-            (rc = get_int(req, "", "max_tokens", 1, l->max_tokens, mct > 0 ? mct : (l->max_tokens < 256 ? l->max_tokens : 256),
-                          &max_tokens, e)))
+        if ((rc = api_get_int(req, "", "max_completion_tokens", 1, l->max_tokens, -1, &mct, e)) ||
+            (rc = api_get_int(req, "", "max_tokens", 1, l->max_tokens, mct > 0 ? mct : (l->max_tokens < 256 ? l->max_tokens : 256),
+                              &max_tokens, e)))
             return rc;
         int want;
-        if ((rc = get_bool(req, "", "logprobs", 0, &want, e)) ||
-            (rc = get_int(req, "", "top_logprobs", 0, OA_MAX_LOGPROBS, 0, &lp, e)))
+        if ((rc = api_get_bool(req, "", "logprobs", 0, &want, e)) ||
+            (rc = api_get_int(req, "", "top_logprobs", 0, OA_MAX_LOGPROBS, 0, &lp, e)))
             return rc;
         if (!want) lp = -1;
     } else {
-        if ((rc = get_int(req, "", "max_tokens", 0, l->max_tokens, l->max_tokens < 16 ? l->max_tokens : 16, &max_tokens, e)) ||
-            (rc = get_bool(req, "", "echo", 0, &echo, e)) ||
-            (rc = get_int(req, "", "best_of", n, n, n, &best_of, e)) ||
-            (rc = get_int(req, "", "logprobs", 0, OA_MAX_LOGPROBS, -1, &lp, e)))
+        if ((rc = api_get_int(req, "", "max_tokens", 0, l->max_tokens, l->max_tokens < 16 ? l->max_tokens : 16, &max_tokens, e)) ||
+            (rc = api_get_bool(req, "", "echo", 0, &echo, e)) ||
+            (rc = api_get_int(req, "", "best_of", n, n, n, &best_of, e)) ||
+            (rc = api_get_int(req, "", "logprobs", 0, OA_MAX_LOGPROBS, -1, &lp, e)))
             return rc;
         if (max_tokens == 0 && !echo) return api_fail(e, GE_INVALID, "max_tokens", "max_tokens 0 needs echo: true");
     }
@@ -255,11 +255,11 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
     for (int i = 0; i < eng_sampling_params.n; i++) {
         const char *k = eng_sampling_params.rows[i].name;
         if (strcmp(k, "max_tokens") && strcmp(k, "logprobs") && json_object_object_get_ex(req, k, &v) && v)
-            put_copy(samp, k, v);
+            api_put_copy(samp, k, v);
     }
-    put_int(samp, "max_tokens", max_tokens > 0 ? max_tokens : 1);
+    api_put_int(samp, "max_tokens", max_tokens > 0 ? max_tokens : 1);
     json_object *meta = json_object_new_object();
-    put_str(meta, "openai", chat ? "chat.completions" : "completions");
+    api_put_str(meta, "openai", chat ? "chat.completions" : "completions");
     json_object_object_add(nat, "metadata", meta);
     if (chat) {
         json_object *msgs = NULL, *g = json_object_new_object();
@@ -267,7 +267,7 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
         json_object_object_get_ex(req, "messages", &v);
         rc = messages_or_reply(v, &msgs, e);
         if (msgs) json_object_object_add(g, "messages", msgs);
-        put_int(g, "n", n);
+        api_put_int(g, "n", n);
     } else {
         json_object_object_get_ex(req, "prompt", &v);
         rc = prompts_or_reply(v, (int)n, l->max_groups, groups, e);
@@ -410,7 +410,7 @@ static json_object *completion_logprobs(eng *e, json_object *ids, json_object *l
     json_object_object_add(o, "token_logprobs", tl);
     json_object_object_add(o, "top_logprobs", top);
     json_object_object_add(o, "text_offset", off);
-    put_copy(o, "token_ids", ids);      /* grpod's addition: token strings can be cut UTF-8 */
+    api_put_copy(o, "token_ids", ids);      /* grpod's addition: token strings can be cut UTF-8 */
     return o;
 }
 
@@ -422,11 +422,11 @@ static json_object *chat_logprobs(eng *e, json_object *ids, json_object *lps) {
         double lp = json_object_get_double(json_object_array_get_idx(lps, t));
         json_object *c = json_object_new_object(), *bytes = json_object_new_array(), *top = json_object_new_array();
         for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_object_array_add(bytes, json_object_new_int(*p));
-        put_str(c, "token", s);
+        api_put_str(c, "token", s);
         json_object_object_add(c, "logprob", json_object_new_double(lp));
         json_object_object_add(c, "bytes", bytes);
         json_object *t1 = json_object_new_object();
-        put_str(t1, "token", s);
+        api_put_str(t1, "token", s);
         json_object_object_add(t1, "logprob", json_object_new_double(lp));
         json_object_object_add(t1, "bytes", json_object_get(bytes));
         json_object_array_add(top, t1);
@@ -445,11 +445,11 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
     const char *gen_text = resp ? json_object_get_string(json_object_object_get(resp, "text")) : "";
     const char *fin = resp ? json_object_get_string(json_object_object_get(resp, "finish_reason")) : "length";
     *ct += gen ? (long long)json_object_array_length(gen) : 0;
-    put_int(ch, "index", (long long)i * q->n + k);
+    api_put_int(ch, "index", (long long)i * q->n + k);
     if (q->chat) {
         json_object *m = json_object_new_object();
-        put_str(m, "role", "assistant");
-        put_str(m, "content", gen_text);
+        api_put_str(m, "role", "assistant");
+        api_put_str(m, "content", gen_text);
         json_object_object_add(ch, "message", m);
         json_object_object_add(ch, "logprobs", q->logprobs >= 0 && gen ? chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
     } else {
@@ -458,7 +458,7 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         sbuf b = {0};
         sb_str(&b, ptext ? ptext : "");
         sb_str(&b, gen_text);
-        put_str(ch, "text", b.p ? b.p : "");
+        api_put_str(ch, "text", b.p ? b.p : "");
         free(b.p);
         json_object *lp = NULL;
         if (q->logprobs >= 0 && q->echo) {
@@ -478,7 +478,7 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         json_object_object_add(ch, "logprobs", lp);
         free(ptext);
     }
-    put_str(ch, "finish_reason", fin && *fin ? fin : "length");
+    api_put_str(ch, "finish_reason", fin && *fin ? fin : "length");
     return ch;
 }
 
@@ -486,19 +486,19 @@ static json_object *usage(const oa_req *q, long long completion) {
     long long p = 0;
     for (int i = 0; i < q->n_prompts; i++) p += (long long)json_object_array_length(prompt_ids_of(q, i));
     json_object *u = json_object_new_object();
-    put_int(u, "prompt_tokens", p);
-    put_int(u, "completion_tokens", completion);
-    put_int(u, "total_tokens", p + completion);
+    api_put_int(u, "prompt_tokens", p);
+    api_put_int(u, "completion_tokens", completion);
+    api_put_int(u, "total_tokens", p + completion);
     return u;
 }
 
 static json_object *envelope(const oa_req *q, const char *id, const char *object) {
     json_object *o = json_object_new_object();
-    put_str(o, "id", id);
-    put_str(o, "object", object);
-    put_int(o, "created", q->created);
-    put_str(o, "model", q->model);
-    put_int(o, "policy_version", q->policy_version);
+    api_put_str(o, "id", id);
+    api_put_str(o, "object", object);
+    api_put_int(o, "created", q->created);
+    api_put_str(o, "model", q->model);
+    api_put_int(o, "policy_version", q->policy_version);
     return o;
 }
 
@@ -529,14 +529,14 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, co
     for (size_t i = 0; i < json_object_array_length(choices); i++) {
         json_object *ch = json_object_array_get_idx(choices, i), *o = envelope(q, id, obj), *a = json_object_new_array();
         json_object *d = json_object_new_object();
-        put_copy(d, "index", json_object_object_get(ch, "index"));
+        api_put_copy(d, "index", json_object_object_get(ch, "index"));
         if (q->chat) {
             json_object *delta = json_object_new_object();
-            put_str(delta, "role", "assistant");
-            put_copy(delta, "content", json_object_object_get(json_object_object_get(ch, "message"), "content"));
+            api_put_str(delta, "role", "assistant");
+            api_put_copy(delta, "content", json_object_object_get(json_object_object_get(ch, "message"), "content"));
             json_object_object_add(d, "delta", delta);
         } else {
-            put_copy(d, "text", json_object_object_get(ch, "text"));
+            api_put_copy(d, "text", json_object_object_get(ch, "text"));
         }
         json_object_object_add(d, "logprobs", json_object_get(json_object_object_get(ch, "logprobs")));
         json_object_object_add(d, "finish_reason", NULL);
@@ -546,11 +546,11 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, co
         o = envelope(q, id, obj);
         a = json_object_new_array();
         d = json_object_new_object();
-        put_copy(d, "index", json_object_object_get(ch, "index"));
+        api_put_copy(d, "index", json_object_object_get(ch, "index"));
         if (q->chat) json_object_object_add(d, "delta", json_object_new_object());
-        else put_str(d, "text", "");
+        else api_put_str(d, "text", "");
         json_object_object_add(d, "logprobs", NULL);
-        put_copy(d, "finish_reason", json_object_object_get(ch, "finish_reason"));
+        api_put_copy(d, "finish_reason", json_object_object_get(ch, "finish_reason"));
         json_object_array_add(a, d);
         json_object_object_add(o, "choices", a);
         sse(&b, o);

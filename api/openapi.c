@@ -112,7 +112,7 @@ static const struct { api_route_id id; const char *params; } query_params[] = {
                        "\"schema\":{\"type\":\"integer\",\"minimum\":0,\"default\":0}}]"},
 };
 
-/* Request schemas reject unknown members (check_keys in api/): every object schema with
+/* Request schemas reject unknown members (api_check_keys in api/): every object schema with
  * properties says so, unless it says otherwise; the response schemas stay open. */
 static void close_objects(json_object *o) {
     if (json_object_is_type(o, json_type_array)) {

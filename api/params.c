@@ -44,7 +44,7 @@ static void primary_names(const eng_param *p, char *buf, size_t n) {
 static int strs_or_reply(const eng_param *p, json_object *in, const char *path, json_object *c, api_error *e) {
     json_object *v = NULL, *out = json_object_new_array();
     char f[128];
-    path_join(f, sizeof f, path, p->name);
+    api_path_join(f, sizeof f, path, p->name);
     int rc = 0;
     json_object_object_get_ex(in, p->name, &v);
     if (v && json_object_is_type(v, json_type_string)) {
@@ -53,7 +53,7 @@ static int strs_or_reply(const eng_param *p, json_object *in, const char *path, 
         json_object_array_add(out, json_object_new_string(json_object_get_string(v)));
     } else if (v) {
         json_object *a;
-        if ((rc = get_arr(in, path, p->name, 0, (int)p->lo, (int)p->hi, &a, e))) goto done;
+        if ((rc = api_get_arr(in, path, p->name, 0, (int)p->lo, (int)p->hi, &a, e))) goto done;
         for (int i = 0; i < (int)json_object_array_length(a); i++) {
             json_object *x = json_object_array_get_idx(a, (size_t)i);
             int len = json_object_is_type(x, json_type_string) ? json_object_get_string_len(x) : -1;
@@ -77,14 +77,14 @@ done:
 static int pair_or_reply(const eng_param *p, json_object *in, const char *path, json_object *c, api_error *e) {
     json_object *a;
     double b[2] = {p->dflt, p->dflt2};
-    int rc = get_arr(in, path, p->name, 0, 2, 2, &a, e);
+    int rc = api_get_arr(in, path, p->name, 0, 2, 2, &a, e);
     if (rc) return rc;
     for (int i = 0; a && i < 2; i++) {
         json_object *x = json_object_array_get_idx(a, (size_t)i);
-        b[i] = is_num(x) ? json_object_get_double(x) : p->lo - 1;
+        b[i] = api_is_num(x) ? json_object_get_double(x) : p->lo - 1;
         if (!(b[i] >= p->lo && b[i] < p->hi)) {
             char f[128], fi[144];
-            path_join(f, sizeof f, path, p->name);
+            api_path_join(f, sizeof f, path, p->name);
             snprintf(fi, sizeof fi, "%s[%d]", f, i);
             return api_fail(e, GE_INVALID, fi, "%s must be a number in [%g, %g)", fi, p->lo, p->hi);
         }
@@ -103,47 +103,47 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     long long x;
     int b, rc;
     char f[128];
-    path_join(f, sizeof f, path, p->name);
+    api_path_join(f, sizeof f, path, p->name);
     switch (p->type) {
     case PT_NUM:
-        if ((rc = get_num(in, path, p->name, p->lo, hi, p->dflt, &d, e))) return rc;
+        if ((rc = api_get_num(in, path, p->name, p->lo, hi, p->dflt, &d, e))) return rc;
         if ((p->flags & PF_LO_OPEN) && d <= p->lo) return api_fail(e, GE_INVALID, f, "%s must be > %g and <= %g", f, p->lo, hi);
-        put_num(c, p->name, d);
+        api_put_num(c, p->name, d);
         return 0;
     case PT_INT: {
         long long dflt = (long long)p->dflt;
         if (p->hi_from == PB_MAX_TOKENS && dflt > (long long)hi) dflt = (long long)hi;
-        if ((rc = get_int(in, path, p->name, (long long)p->lo, (long long)hi, dflt, &x, e))) return rc;
+        if ((rc = api_get_int(in, path, p->name, (long long)p->lo, (long long)hi, dflt, &x, e))) return rc;
         if ((p->flags & PF_NEG_OFF) && x < 0) x = 0;
-        put_int(c, p->name, x);
+        api_put_int(c, p->name, x);
         *prev = x;
         return 0;
     }
     case PT_BOOL:
-        if ((rc = get_bool(in, path, p->name, (int)p->dflt, &b, e))) return rc;
-        put_bool(c, p->name, b);
+        if ((rc = api_get_bool(in, path, p->name, (int)p->dflt, &b, e))) return rc;
+        api_put_bool(c, p->name, b);
         return 0;
     case PT_ENUM: {
         const char *s;
         char names[256], dflt[64];
-        if ((rc = get_str(in, path, p->name, 0, &s, e))) return rc;
+        if ((rc = api_get_str(in, path, p->name, 0, &s, e))) return rc;
         if (!s) s = eng_param_choice_name(p, (int)p->dflt, dflt, sizeof dflt);
         if (eng_param_choice(p, s) < 0) {
             primary_names(p, names, sizeof names);
             return api_fail(e, GE_INVALID, f, "%s '%.64s' must be one of %s", f, s, names);
         }
-        put_str(c, p->name, s);
+        api_put_str(c, p->name, s);
         return 0;
     }
     case PT_SEED:
         /* No seed: draw one now and store it, so a job re-run after a crash samples the same tokens. */
-        if ((rc = get_int(in, path, p->name, (long long)p->lo, SEED_MAX, -1, &x, e))) return rc;
+        if ((rc = api_get_int(in, path, p->name, (long long)p->lo, SEED_MAX, -1, &x, e))) return rc;
         if (x < 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             x = (long long)(((unsigned long long)ts.tv_nsec * 2654435761ull ^ (unsigned long long)ts.tv_sec) & 0x7fffffff);
         }
-        put_int(c, p->name, x);
+        api_put_int(c, p->name, x);
         return 0;
     case PT_PAIR:
         return pair_or_reply(p, in, path, c, e);
@@ -151,7 +151,7 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
         return strs_or_reply(p, in, path, c, e);
     case PT_IDS: {
         json_object *ids = NULL;
-        if ((rc = get_ids(in, path, p->name, 0, (int)p->lo, (int)p->hi, m ? m->vocab : 0x7fffffff, &ids, NULL, NULL, e)))
+        if ((rc = api_get_ids(in, path, p->name, 0, (int)p->lo, (int)p->hi, m ? m->vocab : 0x7fffffff, &ids, NULL, NULL, e)))
             return rc;
         json_object_object_add(c, p->name, ids ? ids : json_object_new_array());
         return 0;
@@ -159,7 +159,7 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     case PT_COMPAT: {
         json_object *v = NULL;
         if (json_object_object_get_ex(in, p->name, &v) && v && !json_object_is_type(v, json_type_boolean))
-            return get_int(in, path, p->name, (long long)p->lo, (long long)p->hi, 0, &x, e);
+            return api_get_int(in, path, p->name, (long long)p->lo, (long long)p->hi, 0, &x, e);
         return 0;
     }
     }
@@ -178,7 +178,7 @@ int api_params_or_reply(const eng_params *t, json_object *in, const char *path,
     if (!in) in = empty = json_object_new_object();
     *out = NULL;
     long long prev = 0;
-    if ((rc = check_keys(in, path, keys, e))) goto done;
+    if ((rc = api_check_keys(in, path, keys, e))) goto done;
     for (int i = 0; i < t->n; i++)
         if ((rc = row_or_reply(&t->rows[i], in, path, l, m, &prev, c, e))) goto done;
     *out = c;
@@ -261,14 +261,14 @@ json_object *api_params_schema(const eng_params *t) {
         switch (p->type) {
         case PT_NUM: case PT_INT: case PT_SEED: case PT_COMPAT:
             o = typed(p->type == PT_NUM ? "number" : "integer");
-            if (p->flags & PF_LO_OPEN) put_num(o, "exclusiveMinimum", p->lo);
-            else put_num(o, "minimum", p->lo);
-            if (p->hi_from == PB_ROW && p->type != PT_SEED) put_num(o, "maximum", p->hi);
-            if (p->type == PT_NUM || p->type == PT_INT) put_num(o, "default", p->dflt);
+            if (p->flags & PF_LO_OPEN) api_put_num(o, "exclusiveMinimum", p->lo);
+            else api_put_num(o, "minimum", p->lo);
+            if (p->hi_from == PB_ROW && p->type != PT_SEED) api_put_num(o, "maximum", p->hi);
+            if (p->type == PT_NUM || p->type == PT_INT) api_put_num(o, "default", p->dflt);
             break;
         case PT_BOOL:
             o = typed("boolean");
-            put_bool(o, "default", (int)p->dflt);
+            api_put_bool(o, "default", (int)p->dflt);
             break;
         case PT_ENUM: {
             char names[256], name[64];
@@ -280,17 +280,17 @@ json_object *api_params_schema(const eng_params *t) {
                 json_object_array_add(en, json_object_new_string_len(c, (int)(end - c)));
             }
             json_object_object_add(o, "enum", en);
-            put_str(o, "default", eng_param_choice_name(p, (int)p->dflt, name, sizeof name));
+            api_put_str(o, "default", eng_param_choice_name(p, (int)p->dflt, name, sizeof name));
             break;
         }
         case PT_PAIR: {
             o = typed("array");
             json_object *it = typed("number"), *df = json_object_new_array();
-            put_num(it, "minimum", p->lo);
-            put_num(it, "exclusiveMaximum", p->hi);
+            api_put_num(it, "minimum", p->lo);
+            api_put_num(it, "exclusiveMaximum", p->hi);
             json_object_object_add(o, "items", it);
-            put_int(o, "minItems", 2);
-            put_int(o, "maxItems", 2);
+            api_put_int(o, "minItems", 2);
+            api_put_int(o, "maxItems", 2);
             json_object_array_add(df, json_object_new_double(p->dflt));
             json_object_array_add(df, json_object_new_double(p->dflt2));
             json_object_object_add(o, "default", df);
@@ -298,10 +298,10 @@ json_object *api_params_schema(const eng_params *t) {
         }
         case PT_STRS: {
             json_object *one = json_object_new_array(), *str = typed("string"), *arr = typed("array"), *it = typed("string");
-            put_int(str, "minLength", 1);
-            put_int(it, "minLength", 1);
-            put_int(it, "maxLength", ENG_PARAM_STR_MAX);
-            put_int(arr, "maxItems", (long long)p->hi);
+            api_put_int(str, "minLength", 1);
+            api_put_int(it, "minLength", 1);
+            api_put_int(it, "maxLength", ENG_PARAM_STR_MAX);
+            api_put_int(arr, "maxItems", (long long)p->hi);
             json_object_object_add(arr, "items", it);
             json_object_array_add(one, str);
             json_object_array_add(one, arr);
@@ -311,14 +311,14 @@ json_object *api_params_schema(const eng_params *t) {
         }
         case PT_IDS: {
             json_object *it = typed("integer");
-            put_int(it, "minimum", 0);
+            api_put_int(it, "minimum", 0);
             o = typed("array");
-            put_int(o, "maxItems", (long long)p->hi);
+            api_put_int(o, "maxItems", (long long)p->hi);
             json_object_object_add(o, "items", it);
             break;
         }
         }
-        put_str(o, "description", p->doc);
+        api_put_str(o, "description", p->doc);
         json_object_object_add(props, p->name, o);
     }
     json_object_object_add(s, "properties", props);

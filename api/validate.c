@@ -2,7 +2,7 @@
  * See validate.h for the contract. Layers: prompts, then one function per request kind
  * (rollouts, updates and logprobs, checkpoints, the tokenizer endpoints). The field getters
  * they use (fields.h) treat an absent key as "use the default" and a present key of the
- * wrong type or range as an error; unknown keys are errors (check_keys). */
+ * wrong type or range as an error; unknown keys are errors (api_check_keys). */
 #include "api/validate.h"
 
 #include <assert.h>
@@ -39,8 +39,8 @@ static int messages_to_ids(json_object *arr, const char *path, const api_model *
         json_object *msg = json_object_array_get_idx(arr, (size_t)i);
         if (!json_object_is_type(msg, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto done; }
         const char *name;
-        if ((rc = check_keys(msg, p, keys, e)) || (rc = get_str(msg, p, "role", 1, &roles[i], e)) ||
-            (rc = get_str(msg, p, "content", 1, &contents[i], e)) || (rc = get_str(msg, p, "name", 0, &name, e)))
+        if ((rc = api_check_keys(msg, p, keys, e)) || (rc = api_get_str(msg, p, "role", 1, &roles[i], e)) ||
+            (rc = api_get_str(msg, p, "content", 1, &contents[i], e)) || (rc = api_get_str(msg, p, "name", 0, &name, e)))
             goto done;
         int ok = 0;
         for (const char *const *r = known_roles; *r; r++) ok |= strcmp(*r, roles[i]) == 0;
@@ -78,7 +78,7 @@ static int prompt_or_reply(json_object *g, const char *path, const api_model *m,
     }
     int rc;
     const char *text;
-    if ((rc = get_str(g, path, "prompt", 0, &text, e))) return rc;
+    if ((rc = api_get_str(g, path, "prompt", 0, &text, e))) return rc;
     if (text) {
         snprintf(f, sizeof f, "%s.prompt", path);
         if (!*text) return api_fail(e, GE_INVALID, f, "%s must not be empty", f);
@@ -86,11 +86,11 @@ static int prompt_or_reply(json_object *g, const char *path, const api_model *m,
             return api_fail(e, GE_INVALID, f, "%s cannot be tokenized: %s", f, err_msg());
     } else if (json_object_object_get_ex(g, "messages", NULL)) {
         snprintf(f, sizeof f, "%s.messages", path);
-        if ((rc = get_arr(g, path, "messages", 1, 1, 4096, &a, e))) return rc;
+        if ((rc = api_get_arr(g, path, "messages", 1, 1, 4096, &a, e))) return rc;
         if ((rc = messages_to_ids(a, f, m, 1, 0, ids, n, e))) return rc;
     } else {
         json_object *canon;
-        if ((rc = get_ids(g, path, "prompt_ids", 1, 1, m->max_pos, m->vocab, &canon, ids, n, e))) return rc;
+        if ((rc = api_get_ids(g, path, "prompt_ids", 1, 1, m->max_pos, m->vocab, &canon, ids, n, e))) return rc;
         json_object_put(canon);
     }
     snprintf(f, sizeof f, "%s.prompt", path);
@@ -119,8 +119,8 @@ static int overlong_or_reply(json_object *o, const char *path, double *len, doub
     int rc;
     *len = 0; *pen = 0;
     if (!o) return 0;
-    if ((rc = check_keys(o, path, keys, e)) || (rc = get_num(o, path, "len", 0, 1e7, 0, len, e)) ||
-        (rc = get_num(o, path, "penalty_factor", 0, 1e6, 1.0, pen, e)))
+    if ((rc = api_check_keys(o, path, keys, e)) || (rc = api_get_num(o, path, "len", 0, 1e7, 0, len, e)) ||
+        (rc = api_get_num(o, path, "penalty_factor", 0, 1e6, 1.0, pen, e)))
         return rc;
     return 0;
 }
@@ -131,8 +131,8 @@ static int reward_or_reply(json_object *r, const char *path, double ol_len, doub
     const char *type, *answer;
     int cs, rc;
     char f[128];
-    if ((rc = check_keys(r, path, keys, e)) || (rc = get_str(r, path, "type", 1, &type, e)) ||
-        (rc = get_str(r, path, "answer", 0, &answer, e)) || (rc = get_bool(r, path, "case_sensitive", 1, &cs, e)))
+    if ((rc = api_check_keys(r, path, keys, e)) || (rc = api_get_str(r, path, "type", 1, &type, e)) ||
+        (rc = api_get_str(r, path, "answer", 0, &answer, e)) || (rc = api_get_bool(r, path, "case_sensitive", 1, &cs, e)))
         return rc;
     reward_spec spec = {0};
     snprintf(f, sizeof f, "%s.type", path);
@@ -149,9 +149,9 @@ static int reward_or_reply(json_object *r, const char *path, double ol_len, doub
         return api_fail(e, GE_INVALID, f, "%s: %s", path, why[0] ? why : "invalid reward spec");
     }
     json_object *c = json_object_new_object();
-    put_str(c, "type", type);
-    if (answer) put_str(c, "answer", answer);
-    put_bool(c, "case_sensitive", cs);
+    api_put_str(c, "type", type);
+    if (answer) api_put_str(c, "answer", answer);
+    api_put_bool(c, "case_sensitive", cs);
     *out = c;
     return 0;
 }
@@ -164,8 +164,8 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
     double ol_len, ol_pen;
     int rc;
     *payload = NULL;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e)) ||
-        (rc = get_obj(req, "", "sampling", &samp_in, e)) || (rc = get_obj(req, "", "overlong_buffer", &ol, e)) ||
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e)) ||
+        (rc = api_get_obj(req, "", "sampling", &samp_in, e)) || (rc = api_get_obj(req, "", "overlong_buffer", &ol, e)) ||
         (rc = overlong_or_reply(ol, "overlong_buffer", &ol_len, &ol_pen, e)) ||
         (rc = api_params_or_reply(&eng_sampling_params, samp_in, "sampling", NULL, l, m, &sampling, e)))
         goto fail;
@@ -177,8 +177,8 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw, *reward = NULL;
         if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
         long long n;
-        if ((rc = check_keys(g, p, gkeys, e)) || (rc = get_int(g, p, "n", 1, l->max_n, 1, &n, e)) ||
-            (rc = get_obj(g, p, "reward", &rw, e)))
+        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_get_int(g, p, "n", 1, l->max_n, 1, &n, e)) ||
+            (rc = api_get_obj(g, p, "reward", &rw, e)))
             goto fail;
         if (rw) {
             char rp[80];
@@ -205,9 +205,9 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
         json_object *cg = json_object_new_object();
         json_object_object_add(cg, "prompt_ids", ids_json(ids, P));
         free(ids);
-        put_int(cg, "n", n);
+        api_put_int(cg, "n", n);
         if (reward) json_object_object_add(cg, "reward", reward);
-        if (json_object_object_get_ex(g, "metadata", &meta)) put_copy(cg, "metadata", meta);
+        if (json_object_object_get_ex(g, "metadata", &meta)) api_put_copy(cg, "metadata", meta);
         json_object_array_add(out_groups, cg);
     }
     json_object *c = json_object_new_object();
@@ -215,11 +215,11 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
     json_object_object_add(c, "sampling", sampling);
     if (ol_len > 0) {
         json_object *o = json_object_new_object();
-        put_num(o, "len", ol_len);
-        put_num(o, "penalty_factor", ol_pen);
+        api_put_num(o, "len", ol_len);
+        api_put_num(o, "penalty_factor", ol_pen);
         json_object_object_add(c, "overlong_buffer", o);
     }
-    if (json_object_object_get_ex(req, "metadata", &meta)) put_copy(c, "metadata", meta);
+    if (json_object_object_get_ex(req, "metadata", &meta)) api_put_copy(c, "metadata", meta);
     *payload = c;
     return 0;
 fail:
@@ -238,21 +238,21 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
     static const char *const rkeys_lp[] = {"token_ids", NULL};
     json_object *groups, *og = json_object_new_array();
     int rc;
-    if ((rc = get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e))) goto fail;
+    if ((rc = api_get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e))) goto fail;
     for (int i = 0; i < (int)json_object_array_length(groups); i++) {
         char p[64];
         snprintf(p, sizeof p, "groups[%d]", i);
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *resps, *pid, *meta;
         if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
         int P;
-        if ((rc = check_keys(g, p, gkeys, e)) || (rc = get_ids(g, p, "prompt_ids", 1, 1, m->max_pos, m->vocab, &pid, NULL, &P, e)))
+        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_get_ids(g, p, "prompt_ids", 1, 1, m->max_pos, m->vocab, &pid, NULL, &P, e)))
             goto fail;
         json_object *cg = json_object_new_object(), *cr = json_object_new_array();
         json_object_object_add(cg, "prompt_ids", pid);
         json_object_object_add(cg, "responses", cr);
         json_object_array_add(og, cg);
-        if (with_scores && json_object_object_get_ex(g, "metadata", &meta)) put_copy(cg, "metadata", meta);
-        if ((rc = get_arr(g, p, "responses", 1, 1, l->max_n, &resps, e))) goto fail;
+        if (with_scores && json_object_object_get_ex(g, "metadata", &meta)) api_put_copy(cg, "metadata", meta);
+        if ((rc = api_get_arr(g, p, "responses", 1, 1, l->max_n, &resps, e))) goto fail;
         int uses_adv = -1;
         for (int k = 0; k < (int)json_object_array_length(resps); k++) {
             char rp[96], f[128];
@@ -260,8 +260,8 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             json_object *r = json_object_array_get_idx(resps, (size_t)k), *tid, *lpa;
             if (!json_object_is_type(r, json_type_object)) { rc = api_fail(e, GE_INVALID, rp, "%s must be an object", rp); goto fail; }
             int R;
-            if ((rc = check_keys(r, rp, with_scores ? rkeys : rkeys_lp, e)) ||
-                (rc = get_ids(r, rp, "token_ids", 1, 1, m->max_pos, m->vocab, &tid, NULL, &R, e)))
+            if ((rc = api_check_keys(r, rp, with_scores ? rkeys : rkeys_lp, e)) ||
+                (rc = api_get_ids(r, rp, "token_ids", 1, 1, m->max_pos, m->vocab, &tid, NULL, &R, e)))
                 goto fail;
             json_object *c = json_object_new_object();
             json_object_object_add(c, "token_ids", tid);
@@ -280,15 +280,15 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             }
             uses_adv = has_a;
             double x;
-            if ((rc = get_num(r, rp, has_a ? "advantage" : "reward", -1e9, 1e9, 0, &x, e))) goto fail;
-            put_num(c, has_a ? "advantage" : "reward", x);
+            if ((rc = api_get_num(r, rp, has_a ? "advantage" : "reward", -1e9, 1e9, 0, &x, e))) goto fail;
+            api_put_num(c, has_a ? "advantage" : "reward", x);
             const char *fin;
-            if ((rc = get_str(r, rp, "finish_reason", 0, &fin, e))) goto fail;
+            if ((rc = api_get_str(r, rp, "finish_reason", 0, &fin, e))) goto fail;
             snprintf(f, sizeof f, "%s.finish_reason", rp);
             if (fin && strcmp(fin, "stop") && strcmp(fin, "length"))
                 { rc = api_fail(e, GE_INVALID, f, "%s must be stop or length", f); goto fail; }
-            put_bool(c, "truncated", fin && strcmp(fin, "length") == 0);
-            if ((rc = get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
+            api_put_bool(c, "truncated", fin && strcmp(fin, "length") == 0);
+            if ((rc = api_get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
             snprintf(f, sizeof f, "%s.logprobs", rp);
             if (!lpa && need_logprobs)
                 { rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f); goto fail; }
@@ -300,7 +300,7 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
                 json_object_object_add(c, "logprobs", cl);
                 for (int t = 0; t < R; t++) {
                     json_object *x1 = pk ? NULL : json_object_array_get_idx(lpa, (size_t)t);
-                    double d = pk ? pk->nums[t] : is_num(x1) ? json_object_get_double(x1) : NAN;
+                    double d = pk ? pk->nums[t] : api_is_num(x1) ? json_object_get_double(x1) : NAN;
                     if (!(d <= 0 && d > -1e30)) { rc = api_fail(e, GE_INVALID, f, "%s[%d] must be a finite number <= 0", f, t); goto fail; }
                     if (!pk) json_object_array_add(cl, json_object_new_double(d));
                 }
@@ -319,7 +319,7 @@ fail:
  * hold even with every layer recomputed. */
 static int micro_batch_tokens(json_object *req, const api_model *m, long long *out, api_error *e) {
     long long dflt = m && m->mb_tokens > 0 ? m->mb_tokens : MB_TOKENS_DEFAULT;
-    int rc = get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, dflt, out, e);
+    int rc = api_get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, dflt, out, e);
     if (!rc && m && m->mb_tokens_max > 0 && *out > m->mb_tokens_max)
         rc = api_fail(e, GE_TOO_LARGE, "max_tokens_per_micro_batch",
                       "max_tokens_per_micro_batch %lld is more than one micro-batch's activations can hold on this device "
@@ -338,12 +338,12 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
     int rc;
     *payload = NULL;
     *rollout_job_id = NULL;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = get_obj(req, "", "algorithm", &a, e)) ||
-        (rc = get_obj(req, "", "optimizer", &o, e)) ||
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_obj(req, "", "algorithm", &a, e)) ||
+        (rc = api_get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
-        (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
+        (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = api_get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
         (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
-        (rc = get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
+        (rc = api_get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
         goto fail;
     int has_g = json_object_object_get_ex(req, "groups", NULL);
     if ((rid != NULL) == has_g) { rc = api_fail(e, GE_INVALID, "groups", "give exactly one of groups, rollout_job_id"); goto fail; }
@@ -353,11 +353,11 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
     if (has_g && (rc = seq_groups_or_reply(req, l, m, 1, need_lp, &groups, e))) goto fail;
     json_object *c = json_object_new_object();
     if (groups) json_object_object_add(c, "groups", groups);
-    if (rid) put_str(c, "rollout_job_id", rid);
+    if (rid) api_put_str(c, "rollout_job_id", rid);
     json_object_object_add(c, "algorithm", algo);
     json_object_object_add(c, "optimizer", opt);
-    put_int(c, "max_tokens_per_micro_batch", mtpmb);
-    if (*expected >= 0) put_int(c, "expected_policy_version", *expected);
+    api_put_int(c, "max_tokens_per_micro_batch", mtpmb);
+    if (*expected >= 0) api_put_int(c, "expected_policy_version", *expected);
     if (rid) *rollout_job_id = json_object_get_string(json_object_object_get(c, "rollout_job_id"));
     *payload = c;
     return 0;
@@ -376,8 +376,8 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     long long mtpmb;
     int rc;
     *payload = NULL;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "model", 0, &model, e)) ||
-        (rc = get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_str(req, "", "model", 0, &model, e)) ||
+        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
         (rc = micro_batch_tokens(req, m, &mtpmb, e)))
         return rc;
     if (model && strcmp(model, "policy") && strcmp(model, "reference"))
@@ -385,9 +385,9 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     if ((rc = seq_groups_or_reply(req, l, m, 0, 0, &groups, e))) return rc;
     json_object *c = json_object_new_object();
     json_object_object_add(c, "groups", groups);
-    put_str(c, "model", model ? model : "policy");
-    put_num(c, "temperature", temp);
-    put_int(c, "max_tokens_per_micro_batch", mtpmb);
+    api_put_str(c, "model", model ? model : "policy");
+    api_put_num(c, "temperature", temp);
+    api_put_int(c, "max_tokens_per_micro_batch", mtpmb);
     *payload = c;
     return 0;
 }
@@ -395,8 +395,8 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
 int api_checkpoint_or_reply(json_object *req, json_object **payload, api_error *e) {
     static const char *const keys[] = {"merged", NULL};
     int merged = 0;
-    int rc = req ? check_keys(req, "", keys, e) : 0;
-    if (!rc && req) rc = get_bool(req, "", "merged", 0, &merged, e);
+    int rc = req ? api_check_keys(req, "", keys, e) : 0;
+    if (!rc && req) rc = api_get_bool(req, "", "merged", 0, &merged, e);
     *payload = rc ? NULL : json_object_new_object();
     if (merged) json_object_object_add(*payload, "merged", json_object_new_boolean(1));
     return rc;
@@ -411,10 +411,10 @@ int api_tokenize_or_reply(json_object *req, const api_model *m, int **ids, int *
     int add_special, agp, rc;
     *ids = NULL;
     *n = 0;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = get_str(req, "", "prompt", 0, &text, e)) ||
-        (rc = get_arr(req, "", "messages", 0, 1, 4096, &msgs, e)) ||
-        (rc = get_bool(req, "", "add_special_tokens", text ? 1 : 0, &add_special, e)) ||
-        (rc = get_bool(req, "", "add_generation_prompt", 1, &agp, e)))
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_str(req, "", "prompt", 0, &text, e)) ||
+        (rc = api_get_arr(req, "", "messages", 0, 1, 4096, &msgs, e)) ||
+        (rc = api_get_bool(req, "", "add_special_tokens", text ? 1 : 0, &add_special, e)) ||
+        (rc = api_get_bool(req, "", "add_generation_prompt", 1, &agp, e)))
         return rc;
     if ((text != NULL) == (msgs != NULL)) return api_fail(e, GE_INVALID, "prompt", "give exactly one of prompt, messages");
     if (msgs) return messages_to_ids(msgs, "messages", m, agp, add_special, ids, n, e);
@@ -429,8 +429,8 @@ int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int
     json_object *canon;
     int rc;
     *ids = NULL;
-    if ((rc = check_keys(req, "", keys, e)) || (rc = get_bool(req, "", "skip_special_tokens", 0, skip_special, e)) ||
-        (rc = get_ids(req, "", "tokens", 1, 0, 1 << 20, m->vocab, &canon, ids, n, e)))
+    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_bool(req, "", "skip_special_tokens", 0, skip_special, e)) ||
+        (rc = api_get_ids(req, "", "tokens", 1, 0, 1 << 20, m->vocab, &canon, ids, n, e)))
         return rc;
     json_object_put(canon);
     return 0;
