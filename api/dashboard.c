@@ -22,18 +22,18 @@ __asm__(".pushsection .rodata\n"
         ".popsection\n");
 extern const char api_dashboard_html[];
 
-enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    return reply_raw(c, x, 200, "text/html; charset=utf-8", (char *)api_dashboard_html, strlen(api_dashboard_html), 0);
+enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, api_req *x) {
+    return api_reply_raw(c, x, 200, "text/html; charset=utf-8", (char *)api_dashboard_html, strlen(api_dashboard_html), 0);
 }
 
 /* ---------------------------------------------------------------- data */
 
 static void history_cb(void *ud, long long id, double at, const char *kind, long long pv, const char *stats) {
-    sbuf *b = ud;
-    if (b->len && b->p[b->len - 1] == '}') sb_str(b, ",");
-    sb_printf(b, "{\"id\":%lld,\"at\":%.3f,\"kind\":\"%s\",\"policy_version\":%lld,\"stats\":", id, at, kind, pv);
-    sb_str(b, stats && *stats ? stats : "{}");
-    sb_str(b, "}");
+    api_sbuf *b = ud;
+    if (b->len && b->p[b->len - 1] == '}') api_sb_str(b, ",");
+    api_sb_printf(b, "{\"id\":%lld,\"at\":%.3f,\"kind\":\"%s\",\"policy_version\":%lld,\"stats\":", id, at, kind, pv);
+    api_sb_str(b, stats && *stats ? stats : "{}");
+    api_sb_str(b, "}");
 }
 
 /* counts as {"kind": {"status": n}} */
@@ -55,18 +55,18 @@ static long long rss_bytes(void) {
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, api_req *x) {
     const char *a = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
     long long after = 0;
     if (a) {
         char *end;
         after = strtoll(a, &end, 10);
-        if (*end || end == a || after < 0) return reply_fail(c, x, GE_INVALID, "after", "after must be a history id >= 0");
+        if (*end || end == a || after < 0) return api_reply_fail(c, x, GE_INVALID, "after", "after must be a history id >= 0");
     }
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    sbuf h = {0};
-    sb_str(&h, "");
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    api_sbuf h = {0};
+    api_sb_str(&h, "");
     json_object *counts = json_object_new_object();
     int rc = store_history_list(st, after, 20000, history_cb, &h);
     if (!rc) rc = store_counts(st, counts_cb, counts);
@@ -74,43 +74,43 @@ enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, conn_c
     store_job *run = NULL;
     int n_run = 0;
     if (!rc) rc = store_list(st, NULL, "running", 100, 0, &run, &n_run);
-    pool_put(s, st);
-    if (rc) { free(h.p); json_object_put(counts); return reply_fail(c, x, GE_STORE, "", "cannot read the store: %s", err_msg()); }
+    api_pool_put(s, st);
+    if (rc) { free(h.p); json_object_put(counts); return api_reply_fail(c, x, GE_STORE, "", "cannot read the store: %s", err_msg()); }
 
-    sbuf b = {0};
-    sb_str(&b, "{\"history\":[");
-    sb_str(&b, h.p ? h.p : "");
+    api_sbuf b = {0};
+    api_sb_str(&b, "{\"history\":[");
+    api_sb_str(&b, h.p ? h.p : "");
     free(h.p);
-    sb_printf(&b, "],\"queue\":{\"depth\":%lld,\"counts\":", depth < 0 ? 0 : depth);
-    sb_str(&b, json_object_to_json_string_ext(counts, JSON_C_TO_STRING_PLAIN));
+    api_sb_printf(&b, "],\"queue\":{\"depth\":%lld,\"counts\":", depth < 0 ? 0 : depth);
+    api_sb_str(&b, json_object_to_json_string_ext(counts, JSON_C_TO_STRING_PLAIN));
     json_object_put(counts);
-    sb_str(&b, "},\"running\":[");
+    api_sb_str(&b, "},\"running\":[");
     for (int i = 0; i < n_run; i++) {
-        sb_printf(&b, "%s{\"id\":\"%s\",\"kind\":\"%s\",\"progress\":%.4f,\"started_at\":%.3f}", i ? "," : "", run[i].id,
-                  run[i].kind, run[i].progress, run[i].started_at);
+        api_sb_printf(&b, "%s{\"id\":\"%s\",\"kind\":\"%s\",\"progress\":%.4f,\"started_at\":%.3f}", i ? "," : "", run[i].id,
+                      run[i].kind, run[i].progress, run[i].started_at);
     }
     store_jobs_free(run, n_run);
-    sb_str(&b, "]");
+    api_sb_str(&b, "]");
     eng *e = atomic_load(&s->engine);
     metrics_sched_gauges g;
     metrics_sched_get(&g);
-    sb_printf(&b, ",\"ready\":%s", e && !atomic_load(&s->failed) ? "true" : "false");
+    api_sb_printf(&b, ",\"ready\":%s", e && !atomic_load(&s->failed) ? "true" : "false");
     if (e) {
         eng_info in;
         eng_get_info(e, &in);
-        sb_printf(&b, ",\"model\":{\"arch\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\",\"n_layers\":%d,\"d_model\":%d,"
-                  "\"vocab\":%d,\"n_params\":%lld,\"policy_version\":%lld,\"model_dir\":", in.arch, in.backend, in.dtype,
-                  in.n_layers, in.d_model, in.vocab, in.n_params, in.policy_version);
+        api_sb_printf(&b, ",\"model\":{\"arch\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\",\"n_layers\":%d,\"d_model\":%d,"
+                      "\"vocab\":%d,\"n_params\":%lld,\"policy_version\":%lld,\"model_dir\":", in.arch, in.backend, in.dtype,
+                      in.n_layers, in.d_model, in.vocab, in.n_params, in.policy_version);
         json_object *md = json_object_new_string(in.model_dir);
-        sb_str(&b, json_object_to_json_string(md));
+        api_sb_str(&b, json_object_to_json_string(md));
         json_object_put(md);
         /* fp32 weights (the master copy on cuda) + AdamW's two moments */
-        sb_printf(&b, "},\"memory\":{\"param_bytes\":%lld,", in.n_params * 4 * 3);
+        api_sb_printf(&b, "},\"memory\":{\"param_bytes\":%lld,", in.n_params * 4 * 3);
     } else {
-        sb_str(&b, ",\"model\":null,\"memory\":{");
+        api_sb_str(&b, ",\"model\":null,\"memory\":{");
     }
-    sb_printf(&b, "\"kv_bytes_used\":%lld,\"kv_bytes_capacity\":%lld,\"kv_rows_used\":%lld,\"kv_rows_capacity\":%lld,"
-              "\"rss_bytes\":%lld}}", g.kv_rows_used * g.kv_row_bytes, g.kv_rows_capacity * g.kv_row_bytes, g.kv_rows_used,
-              g.kv_rows_capacity, rss_bytes());
-    return reply_sb(c, x, 200, &b);
+    api_sb_printf(&b, "\"kv_bytes_used\":%lld,\"kv_bytes_capacity\":%lld,\"kv_rows_used\":%lld,\"kv_rows_capacity\":%lld,"
+                  "\"rss_bytes\":%lld}}", g.kv_rows_used * g.kv_row_bytes, g.kv_rows_capacity * g.kv_row_bytes, g.kv_rows_used,
+                  g.kv_rows_capacity, rss_bytes());
+    return api_reply_sb(c, x, 200, &b);
 }

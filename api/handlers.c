@@ -16,36 +16,36 @@
 
 /* ---------------------------------------------------------------- jobs */
 
-static void job_json(sbuf *b, const store_job *j, int full) {
-    sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind, store_status_name(j->status));
-    sb_num_or_null(b, j->created_at);
-    sb_str(b, ",\"started_at\":");
-    sb_num_or_null(b, j->started_at);
-    sb_str(b, ",\"finished_at\":");
-    sb_num_or_null(b, j->finished_at);
-    sb_printf(b, ",\"progress\":%.4f,\"attempts\":%d,\"policy_version\":", j->progress, j->attempts);
-    if (j->policy_version >= 0) sb_printf(b, "%lld", j->policy_version); else sb_str(b, "null");
-    sb_printf(b, ",\"cancel_requested\":%s,\"error\":", j->cancel_requested ? "true" : "false");
-    sb_str(b, j->error ? j->error : "null");
+static void job_json(api_sbuf *b, const store_job *j, int full) {
+    api_sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind, store_status_name(j->status));
+    api_sb_num_or_null(b, j->created_at);
+    api_sb_str(b, ",\"started_at\":");
+    api_sb_num_or_null(b, j->started_at);
+    api_sb_str(b, ",\"finished_at\":");
+    api_sb_num_or_null(b, j->finished_at);
+    api_sb_printf(b, ",\"progress\":%.4f,\"attempts\":%d,\"policy_version\":", j->progress, j->attempts);
+    if (j->policy_version >= 0) api_sb_printf(b, "%lld", j->policy_version); else api_sb_str(b, "null");
+    api_sb_printf(b, ",\"cancel_requested\":%s,\"error\":", j->cancel_requested ? "true" : "false");
+    api_sb_str(b, j->error ? j->error : "null");
     if (full) {
-        sb_str(b, ",\"result\":");
-        sb_str(b, j->result ? j->result : "null");
+        api_sb_str(b, ",\"result\":");
+        api_sb_str(b, j->result ? j->result : "null");
     }
-    sb_str(b, "}");
+    api_sb_str(b, "}");
 }
 
 /* Submits payload as a job of kind and replies 202 {"job_id","status"} (or the error). */
-enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
-                                 json_object *payload, char *id_out) {
-    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
-    int max_q = limits_now(s).max_queued_jobs;
+enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
+                                     json_object *payload, char *id_out) {
+    if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    int max_q = api_limits_now(s).max_queued_jobs;
     char id[32];
     int rc = store_submit(st, kind, json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN), max_q, id);
-    pool_put(s, st);
-    if (rc == GE_BUSY) return reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
-    if (rc) return reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
+    api_pool_put(s, st);
+    if (rc == GE_BUSY) return api_reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
+    if (rc) return api_reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
     log_event(LOG_INFO, "job_submitted", "\"id\":\"%s\",\"kind\":\"%s\"", id, kind);
     pthread_mutex_lock(&s->mu);
     void (*hook)(void *) = s->cfg.job_submitted;
@@ -55,18 +55,18 @@ enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_c
     if (id_out) { memcpy(id_out, id, sizeof id); return MHD_YES; }
     char body[128];
     snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"queued\"}", id);
-    return reply_json(c, x, 202, body);
+    return api_reply_json(c, x, 202, body);
 }
 
-enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     api_model m;
     api_error e;
     enum MHD_Result r;
     json_object *payload;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l = limits_now(s);
-    if (api_rollout_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
-    r = submit_and_reply(s, c, x, "rollout", payload, NULL);
+    if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
+    api_limits l = api_limits_now(s);
+    if (api_rollout_or_reply(req, &l, &m, &payload, &e)) return api_reply_error(c, x, &e);
+    r = api_submit_and_reply(s, c, x, "rollout", payload, NULL);
     json_object_put(payload);
     return r;
 }
@@ -84,27 +84,27 @@ static void loss_scale_from_rollout(json_object *payload, const char *rollout_pa
     json_object_put(rp);
 }
 
-enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     api_model m;
     api_error e;
     enum MHD_Result r;
     json_object *payload;
     const char *rid;
     long long expected;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    api_limits l = limits_now(s);
-    if (api_update_or_reply(req, &l, &m, &payload, &rid, &expected, &e)) return reply_error(c, x, &e);
-    long long pv = policy_version_now(s);
+    if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
+    api_limits l = api_limits_now(s);
+    if (api_update_or_reply(req, &l, &m, &payload, &rid, &expected, &e)) return api_reply_error(c, x, &e);
+    long long pv = api_policy_version_now(s);
     if (expected >= 0 && expected != pv) {
         json_object_put(payload);
-        return reply_fail(c, x, GE_CONFLICT, "expected_policy_version",
-                          "expected_policy_version %lld does not match the current policy_version %lld", expected, pv);
+        return api_reply_fail(c, x, GE_CONFLICT, "expected_policy_version",
+                              "expected_policy_version %lld does not match the current policy_version %lld", expected, pv);
     }
     if (rid) {
-        store *st = pool_get(s);
+        store *st = api_pool_get(s);
         store_job j = {0};
         int rc = st ? store_get(st, rid, &j) : GE_STORE;
-        pool_put(s, st);
+        api_pool_put(s, st);
         const char *why = NULL;
         int code = GE_CONFLICT;
         if (rc == GE_NOT_FOUND) { why = "no such job"; code = GE_NOT_FOUND; }
@@ -117,32 +117,32 @@ enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, 
         store_job_clear(&j);
         if (why) {
             json_object_put(payload);
-            return reply_fail(c, x, code, "rollout_job_id", "rollout_job_id %s %s", id, why);
+            return api_reply_fail(c, x, code, "rollout_job_id", "rollout_job_id %s %s", id, why);
         }
     }
-    r = submit_and_reply(s, c, x, "update", payload, NULL);
+    r = api_submit_and_reply(s, c, x, "update", payload, NULL);
     json_object_put(payload);
     return r;
 }
 
-enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     api_error e;
     enum MHD_Result r;
     json_object *payload;
-    if (!engine_or_reply(s, c, x, NULL, &r)) return r;
-    if (api_checkpoint_or_reply(req, &payload, &e)) return reply_error(c, x, &e);
-    r = submit_and_reply(s, c, x, "checkpoint", payload, NULL);
+    if (!api_engine_or_reply(s, c, x, NULL, &r)) return r;
+    if (api_checkpoint_or_reply(req, &payload, &e)) return api_reply_error(c, x, &e);
+    r = api_submit_and_reply(s, c, x, "checkpoint", payload, NULL);
     json_object_put(payload);
     return r;
 }
 
-enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    store *st = pool_get(s);
+enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x) {
+    store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0;
     int rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list checkpoints: %s", err_msg());
+    api_pool_put(s, st);
+    if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot list checkpoints: %s", err_msg());
     json_object *o = json_object_new_object(), *a = json_object_new_array();
     for (int i = 0; i < n; i++) {
         json_object *k = json_object_new_object();
@@ -156,13 +156,13 @@ enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_
     }
     free(cks);
     json_object_object_add(o, "checkpoints", a);
-    return reply_obj(c, x, 200, o);
+    return api_reply_obj(c, x, 200, o);
 }
 
 /* The index entry, then the directory. Replay never needs it: every update's inputs stay in
  * the store, so a start without it resumes from an older checkpoint and replays more. */
-enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
-    store *st = pool_get(s);
+enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+    store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0, rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
     char path[512] = "";
@@ -170,128 +170,128 @@ enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, con
         if (!strcmp(cks[i].id, id)) snprintf(path, sizeof path, "%s", cks[i].path);
     free(cks);
     if (!rc && path[0]) rc = store_checkpoint_delete(st, id);
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot delete checkpoint: %s", err_msg());
-    if (!path[0]) return reply_fail(c, x, GE_NOT_FOUND, "id", "no checkpoint %s", id);
-    if ((rc = eng_remove_tree(path))) return reply_fail(c, x, GE_IO, "", "checkpoint %s unlisted, but its directory stays: %s", id, err_msg());
+    api_pool_put(s, st);
+    if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot delete checkpoint: %s", err_msg());
+    if (!path[0]) return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no checkpoint %s", id);
+    if ((rc = eng_remove_tree(path))) return api_reply_fail(c, x, GE_IO, "", "checkpoint %s unlisted, but its directory stays: %s", id, err_msg());
     log_event(LOG_INFO, "checkpoint_deleted", "\"id\":\"%s\"", id);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_string(id));
     json_object_object_add(o, "deleted", json_object_new_boolean(1));
-    return reply_obj(c, x, 200, o);
+    return api_reply_obj(c, x, 200, o);
 }
 
 static const char *query(struct MHD_Connection *c, const char *k) {
     return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
 }
 
-enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, api_req *x) {
     static const char *const kinds[] = {"rollout", "update", "checkpoint", "logprobs", NULL};
     static const char *const statuses[] = {"queued", "running", "done", "failed", "cancelled", NULL};
     const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit"), *after = query(c, "after");
     int ok = !kind;
     for (int i = 0; kind && kinds[i]; i++) ok |= !strcmp(kind, kinds[i]);
-    if (!ok) return reply_fail(c, x, GE_INVALID, "kind", "kind must be rollout|update|checkpoint|logprobs");
+    if (!ok) return api_reply_fail(c, x, GE_INVALID, "kind", "kind must be rollout|update|checkpoint|logprobs");
     ok = !status;
     for (int i = 0; status && statuses[i]; i++) ok |= !strcmp(status, statuses[i]);
-    if (!ok) return reply_fail(c, x, GE_INVALID, "status", "status must be queued|running|done|failed|cancelled");
+    if (!ok) return api_reply_fail(c, x, GE_INVALID, "status", "status must be queued|running|done|failed|cancelled");
     int limit = 100;
     if (lim) {
         char *end;
         long v = strtol(lim, &end, 10);
-        if (*end || end == lim || v < 1 || v > 1000) return reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
+        if (*end || end == lim || v < 1 || v > 1000) return api_reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
         limit = (int)v;
     }
     long long before = 0;   /* the cursor: a page's "next" */
     if (after) {
         char *end;
         before = strtoll(after, &end, 10);
-        if (*end || end == after || before < 1) return reply_fail(c, x, GE_INVALID, "after", "after must be a page's \"next\"");
+        if (*end || end == after || before < 1) return api_reply_fail(c, x, GE_INVALID, "after", "after must be a page's \"next\"");
     }
-    store *st = pool_get(s);
+    store *st = api_pool_get(s);
     store_job *jobs = NULL;
     int n = 0;
     int rc = st ? store_list(st, kind, status, limit, before, &jobs, &n) : GE_STORE;
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot list jobs: %s", err_msg());
-    sbuf b = {0};
-    sb_str(&b, "{\"jobs\":[");
+    api_pool_put(s, st);
+    if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot list jobs: %s", err_msg());
+    api_sbuf b = {0};
+    api_sb_str(&b, "{\"jobs\":[");
     for (int i = 0; i < n; i++) {
-        if (i) sb_str(&b, ",");
+        if (i) api_sb_str(&b, ",");
         job_json(&b, &jobs[i], 0);
     }
-    sb_str(&b, "],\"next\":");
-    if (n == limit) sb_printf(&b, "\"%lld\"}", jobs[n - 1].seq);   /* null: the last page */
-    else sb_str(&b, "null}");
+    api_sb_str(&b, "],\"next\":");
+    if (n == limit) api_sb_printf(&b, "\"%lld\"}", jobs[n - 1].seq);   /* null: the last page */
+    else api_sb_str(&b, "null}");
     store_jobs_free(jobs, n);
-    return reply_sb(c, x, 200, &b);
+    return api_reply_sb(c, x, 200, &b);
 }
 
 /* GET /v1/jobs/{id}[?wait=S]: replies now, or suspends and is called again on resume. */
-enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
+enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
     if (!x->waiting) {
         const char *w = query(c, "wait");
         double wait = 0;
         if (w) {
             char *end;
             wait = strtod(w, &end);
-            if (*end || end == w || !(wait >= 0)) return reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
+            if (*end || end == w || !(wait >= 0)) return api_reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
             if (wait > s->cfg.max_wait_s) wait = s->cfg.max_wait_s;
         }
         x->deadline = clock_mono_s() + wait;
     }
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     store_job j = {0};
     int rc = store_get(st, id, &j);
-    if (rc == GE_NOT_FOUND) { pool_put(s, st); return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id); }
-    if (rc) { pool_put(s, st); return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); }
-    if ((j.status == JOB_QUEUED || j.status == JOB_RUNNING) && wait_suspend(s, c, x, st, id)) {
+    if (rc == GE_NOT_FOUND) { api_pool_put(s, st); return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id); }
+    if (rc) { api_pool_put(s, st); return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); }
+    if ((j.status == JOB_QUEUED || j.status == JOB_RUNNING) && api_wait_suspend(s, c, x, st, id)) {
         store_job_clear(&j);
-        pool_put(s, st);
+        api_pool_put(s, st);
         return MHD_YES;
     }
     /* the state may have moved on while suspending was refused: reply with the newest */
     store_job_clear(&j);
     rc = store_get(st, id, &j);
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
-    sbuf b = {0};
+    api_pool_put(s, st);
+    if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+    api_sbuf b = {0};
     job_json(&b, &j, 1);
     store_job_clear(&j);
-    return reply_sb(c, x, 200, &b);
+    return api_reply_sb(c, x, 200, &b);
 }
 
-enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     int rc = store_cancel(st, id);
     store_job j = {0};
     int rc2 = rc ? rc : store_get(st, id, &j);
-    pool_put(s, st);
-    if (rc == GE_NOT_FOUND) return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
-    if (rc == GE_CONFLICT) return reply_fail(c, x, GE_CONFLICT, "id", "job %s has already finished", id);
-    if (rc || rc2) return reply_fail(c, x, GE_STORE, "", "cannot cancel: %s", err_msg());
+    api_pool_put(s, st);
+    if (rc == GE_NOT_FOUND) return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
+    if (rc == GE_CONFLICT) return api_reply_fail(c, x, GE_CONFLICT, "id", "job %s has already finished", id);
+    if (rc || rc2) return api_reply_fail(c, x, GE_STORE, "", "cannot cancel: %s", err_msg());
     log_event(LOG_INFO, "job_cancel", "\"id\":\"%s\",\"status\":\"%s\"", id, store_status_name(j.status));
     api_jobs_changed(s);
-    sbuf b = {0};
+    api_sbuf b = {0};
     job_json(&b, &j, 0);
     store_job_clear(&j);
     /* 200 when cancelled now; 202 when the running job was asked to stop */
-    return reply_sb(c, x, j.status == JOB_CANCELLED ? 200 : 202, &b);
+    return api_reply_sb(c, x, j.status == JOB_CANCELLED ? 200 : 202, &b);
 }
 
 /* A failed job back to the queue (attempts reset): 200 with the job; 409 unless failed. */
-enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id) {
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     int rc = store_requeue_failed(st, id);
     store_job j = {0};
     int rc2 = rc ? rc : store_get(st, id, &j);
-    pool_put(s, st);
-    if (rc == GE_NOT_FOUND) return reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
-    if (rc == GE_CONFLICT) return reply_fail(c, x, GE_CONFLICT, "id", "job %s is not failed; only failed jobs are requeued", id);
-    if (rc || rc2) return reply_fail(c, x, GE_STORE, "", "cannot requeue: %s", err_msg());
+    api_pool_put(s, st);
+    if (rc == GE_NOT_FOUND) return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
+    if (rc == GE_CONFLICT) return api_reply_fail(c, x, GE_CONFLICT, "id", "job %s is not failed; only failed jobs are requeued", id);
+    if (rc || rc2) return api_reply_fail(c, x, GE_STORE, "", "cannot requeue: %s", err_msg());
     log_event(LOG_INFO, "job_requeued_by_request", "\"id\":\"%s\"", id);
     api_jobs_changed(s);
     pthread_mutex_lock(&s->mu);
@@ -299,16 +299,16 @@ enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, conn_ctx 
     void *hook_ud = s->cfg.ud;
     pthread_mutex_unlock(&s->mu);
     if (hook) hook(hook_ud);    /* wake the engine thread */
-    sbuf b = {0};
+    api_sbuf b = {0};
     job_json(&b, &j, 0);
     store_job_clear(&j);
-    return reply_sb(c, x, 200, &b);
+    return api_reply_sb(c, x, 200, &b);
 }
 
 /* ---------------------------------------------------------------- logprobs (synchronous) */
 
 /* {"code":"conflict",...} → the HTTP status of that code (500 when unknown). */
-int status_of_error_json(const char *err) {
+int api_status_of_error_json(const char *err) {
     json_object *o = err ? json_tokener_parse(err) : NULL, *code;
     int st = 500;
     if (o && json_object_object_get_ex(o, "code", &code))
@@ -320,46 +320,46 @@ int status_of_error_json(const char *err) {
 
 /* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
  * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
-enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     if (!x->waiting) {
         api_model m;
         api_error e;
         enum MHD_Result r;
         json_object *payload;
-        if (!engine_or_reply(s, c, x, &m, &r)) return r;
-        api_limits l = limits_now(s);
-        if (api_logprobs_or_reply(req, &l, &m, &payload, &e)) return reply_error(c, x, &e);
+        if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
+        api_limits l = api_limits_now(s);
+        if (api_logprobs_or_reply(req, &l, &m, &payload, &e)) return api_reply_error(c, x, &e);
         x->job_id[0] = 0;
         char id[32] = "";
-        r = submit_and_reply(s, c, x, "logprobs", payload, id);
+        r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
         json_object_put(payload);
         if (!id[0]) return r;           /* the error was replied */
         memcpy(x->job_id, id, sizeof id);
         x->deadline = clock_mono_s() + 600;
     }
-    store *st = pool_get(s);
-    if (!st) return reply_fail(c, x, GE_STORE, "", "cannot open the store");
+    store *st = api_pool_get(s);
+    if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     store_job j = {0};
     int rc = store_get(st, x->job_id, &j);
     int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
     store_job_clear(&j);
-    if (pending && wait_suspend(s, c, x, st, x->job_id)) { pool_put(s, st); return MHD_YES; }
+    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) { api_pool_put(s, st); return MHD_YES; }
     rc = store_get(st, x->job_id, &j);
-    pool_put(s, st);
-    if (rc) return reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+    api_pool_put(s, st);
+    if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
     enum MHD_Result r;
     if (j.status == JOB_DONE && j.result) {
-        r = reply_json(c, x, 200, j.result);
+        r = api_reply_json(c, x, 200, j.result);
     } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
-        sbuf b = {0};
-        sb_str(&b, "{\"error\":");
-        sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
-        sb_str(&b, "}");
-        r = reply_sb(c, x, j.error ? status_of_error_json(j.error) : 409, &b);
+        api_sbuf b = {0};
+        api_sb_str(&b, "{\"error\":");
+        api_sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
+        api_sb_str(&b, "}");
+        r = api_reply_sb(c, x, j.error ? api_status_of_error_json(j.error) : 409, &b);
     } else {
         char body[160];
         snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"%s\"}", j.id, store_status_name(j.status));
-        r = reply_json(c, x, 202, body);
+        r = api_reply_json(c, x, 202, body);
     }
     store_job_clear(&j);
     return r;
@@ -367,47 +367,47 @@ enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x,
 
 /* ---------------------------------------------------------------- tokenizer, model, health */
 
-enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     api_model m;
     api_error e;
     enum MHD_Result r;
     int *ids, n;
-    if (!engine_or_reply(s, c, x, &m, &r)) return r;
-    if (api_tokenize_or_reply(req, &m, &ids, &n, &e)) return reply_error(c, x, &e);
-    sbuf b = {0};
-    sb_str(&b, "{\"tokens\":[");
-    for (int i = 0; i < n; i++) sb_printf(&b, i ? ",%d" : "%d", ids[i]);
-    sb_printf(&b, "],\"count\":%d,\"max_model_len\":%d}", n, m.max_pos);
+    if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
+    if (api_tokenize_or_reply(req, &m, &ids, &n, &e)) return api_reply_error(c, x, &e);
+    api_sbuf b = {0};
+    api_sb_str(&b, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) api_sb_printf(&b, i ? ",%d" : "%d", ids[i]);
+    api_sb_printf(&b, "],\"count\":%d,\"max_model_len\":%d}", n, m.max_pos);
     free(ids);
-    return reply_sb(c, x, 200, &b);
+    return api_reply_sb(c, x, 200, &b);
 }
 
-enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req) {
+enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
     api_model m;
     api_error e;
     enum MHD_Result r;
     int *ids, n, skip;
-    eng *en = engine_or_reply(s, c, x, &m, &r);
+    eng *en = api_engine_or_reply(s, c, x, &m, &r);
     if (!en) return r;
-    if (api_detokenize_or_reply(req, &m, &ids, &n, &skip, &e)) return reply_error(c, x, &e);
+    if (api_detokenize_or_reply(req, &m, &ids, &n, &skip, &e)) return api_reply_error(c, x, &e);
     char *text = NULL;
     size_t len = 0;
     int rc = eng_detokenize(en, ids, n, skip, &text, &len);
     free(ids);
-    if (rc) return reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
+    if (rc) return api_reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
     json_object *o = json_object_new_object();
     size_t sl = 0;
     char *clean = api_utf8_sanitize(text ? text : "", text ? len : 0, &sl);
     free(text);
-    if (!clean) return reply_fail(c, x, GE_NOMEM, "", "out of memory");
+    if (!clean) return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
     json_object_object_add(o, "prompt", json_object_new_string_len(clean, (int)sl));
     free(clean);
-    return reply_obj(c, x, 200, o);
+    return api_reply_obj(c, x, 200, o);
 }
 
-enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, api_req *x) {
     enum MHD_Result r;
-    eng *e = engine_or_reply(s, c, x, NULL, &r);
+    eng *e = api_engine_or_reply(s, c, x, NULL, &r);
     if (!e) return r;
     eng_info in;
     eng_get_info(e, &in);
@@ -471,24 +471,24 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
         json_object_array_add(ranks, ro);
     }
     json_object_object_add(o, "ranks", ranks);
-    return reply_obj(c, x, 200, o);
+    return api_reply_obj(c, x, 200, o);
 }
 
-enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    if (atomic_load(&s->failed)) return reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
-    if (atomic_load(&s->stopping)) return reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
+enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, api_req *x) {
+    if (atomic_load(&s->failed)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
+    if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
     if (!atomic_load(&s->engine)) {
         char why[256];
         pthread_mutex_lock(&s->mu);
         snprintf(why, sizeof why, "%s", s->load_msg[0] ? s->load_msg : "model is loading");
         pthread_mutex_unlock(&s->mu);
-        return reply_fail(c, x, GE_UNAVAILABLE, "", "%s", why);
+        return api_reply_fail(c, x, GE_UNAVAILABLE, "", "%s", why);
     }
     char body[128];
     metrics_sched_gauges per[1];
-    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld,\"ranks\":%d}", policy_version_now(s),
+    snprintf(body, sizeof body, "{\"status\":\"ready\",\"policy_version\":%lld,\"ranks\":%d}", api_policy_version_now(s),
              metrics_ranks_get(per, 1));
-    return reply_json(c, x, 200, body);
+    return api_reply_json(c, x, 200, body);
 }
 
 typedef struct { metrics_job_count *a; int n, cap; } counts_acc;
@@ -507,18 +507,18 @@ static void count_cb(void *ud, const char *kind, const char *status, long long n
     c->n++;
 }
 
-enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
-    store *st = pool_get(s);
+enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, api_req *x) {
+    store *st = api_pool_get(s);
     counts_acc acc = {0};
     long long depth = 0;
     if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); metrics_store_bytes(store_size_bytes(st)); }
-    pool_put(s, st);
-    if (atomic_load(&s->engine)) metrics_policy_version(policy_version_now(s));
+    api_pool_put(s, st);
+    if (atomic_load(&s->engine)) metrics_policy_version(api_policy_version_now(s));
     char *text;
     size_t len;
     int rc = metrics_render(acc.a, acc.n, depth < 0 ? 0 : depth, atomic_load(&s->engine) != NULL, atomic_load(&s->failed), &text, &len);
     for (int i = 0; i < acc.n; i++) { free((char *)acc.a[i].kind); free((char *)acc.a[i].status); }
     free(acc.a);
-    if (rc) return reply_fail(c, x, rc, "", "%s", err_msg());
-    return reply_raw(c, x, 200, "text/plain; version=0.0.4", text, len, 1);
+    if (rc) return api_reply_fail(c, x, rc, "", "%s", err_msg());
+    return api_reply_raw(c, x, 200, "text/plain; version=0.0.4", text, len, 1);
 }

@@ -27,7 +27,7 @@
 
 /* ---------------------------------------------------------------- growable string */
 
-static void sb_add(sbuf *b, const char *s, size_t n) {
+static void sb_add(api_sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->len + n + 1 > b->cap) {
         size_t nc = (b->cap + n + 1) * 2;
@@ -40,7 +40,7 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
     b->len += n;
     b->p[b->len] = 0;
 }
-void sb_printf(sbuf *b, const char *fmt, ...) {
+void api_sb_printf(api_sbuf *b, const char *fmt, ...) {
     char tmp[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -48,13 +48,13 @@ void sb_printf(sbuf *b, const char *fmt, ...) {
     va_end(ap);
     if (k >= 0) sb_add(b, tmp, (size_t)(k < (int)sizeof tmp ? k : (int)sizeof tmp - 1));
 }
-void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-void sb_num_or_null(sbuf *b, double v) { if (v > 0) sb_printf(b, "%.3f", v); else sb_str(b, "null"); }
+void api_sb_str(api_sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
+void api_sb_num_or_null(api_sbuf *b, double v) { if (v > 0) api_sb_printf(b, "%.3f", v); else api_sb_str(b, "null"); }
 
 /* ---------------------------------------------------------------- replies */
 
-enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, const char *ctype,
-                          char *body, size_t len, int take) {
+enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype,
+                              char *body, size_t len, int take) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
     if (!r) { if (take) free(body); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", ctype);
@@ -68,28 +68,28 @@ enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, con
     return ok;
 }
 
-enum MHD_Result reply_json(struct MHD_Connection *c, conn_ctx *x, int status, const char *text) {
-    return reply_raw(c, x, status, "application/json", (char *)text, strlen(text), 0);
+enum MHD_Result api_reply_json(struct MHD_Connection *c, api_req *x, int status, const char *text) {
+    return api_reply_raw(c, x, status, "application/json", (char *)text, strlen(text), 0);
 }
-enum MHD_Result reply_sb(struct MHD_Connection *c, conn_ctx *x, int status, sbuf *b) {
-    if (b->oom) { free(b->p); return reply_json(c, x, 507, "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\"}}"); }
-    return reply_raw(c, x, status, "application/json", b->p, b->len, 1);
+enum MHD_Result api_reply_sb(struct MHD_Connection *c, api_req *x, int status, api_sbuf *b) {
+    if (b->oom) { free(b->p); return api_reply_json(c, x, 507, "{\"error\":{\"code\":\"out_of_memory\",\"message\":\"out of memory\"}}"); }
+    return api_reply_raw(c, x, status, "application/json", b->p, b->len, 1);
 }
-enum MHD_Result reply_obj(struct MHD_Connection *c, conn_ctx *x, int status, json_object *o) {
-    enum MHD_Result r = reply_json(c, x, status, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, json_object *o) {
+    enum MHD_Result r = api_reply_json(c, x, status, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return r;
 }
-enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_error *e) {
+enum MHD_Result api_reply_error(struct MHD_Connection *c, api_req *x, const api_error *e) {
     json_object *o = json_object_new_object(), *er = json_object_new_object();
     json_object_object_add(er, "code", json_object_new_string(err_name(e->code)));
     json_object_object_add(er, "message", json_object_new_string(e->message[0] ? e->message : err_default(e->code)));
     if (e->field[0]) json_object_object_add(er, "field", json_object_new_string(e->field));
     json_object_object_add(o, "error", er);
     if (e->status >= 500) log_event(LOG_WARN, "http_error", "\"route\":\"%s\",\"status\":%d,\"code\":\"%s\"", x->route ? x->route : "other", e->status, err_name(e->code));
-    return reply_obj(c, x, e->status ? e->status : api_http_status(e->code), o);
+    return api_reply_obj(c, x, e->status ? e->status : api_http_status(e->code), o);
 }
-enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...) {
+enum MHD_Result api_reply_fail(struct MHD_Connection *c, api_req *x, int code, const char *field, const char *fmt, ...) {
     api_error e;
     char msg[512];
     va_list ap;
@@ -97,12 +97,12 @@ enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, cons
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     api_fail(&e, code, field, "%s", msg);
-    return reply_error(c, x, &e);
+    return api_reply_error(c, x, &e);
 }
 
 /* ---------------------------------------------------------------- store-handle pool */
 
-store *pool_get(api_server *s) {
+store *api_pool_get(api_server *s) {
     store *st = NULL;
     pthread_mutex_lock(&s->mu);
     if (s->n_pool > 0) st = s->pool[--s->n_pool];
@@ -113,7 +113,7 @@ store *pool_get(api_server *s) {
     }
     return st;
 }
-void pool_put(api_server *s, store *st) {
+void api_pool_put(api_server *s, store *st) {
     if (!st) return;
     pthread_mutex_lock(&s->mu);
     if (s->n_pool < POOL_MAX) { s->pool[s->n_pool++] = st; st = NULL; }
@@ -126,7 +126,7 @@ void pool_put(api_server *s, store *st) {
 /* Called with the job not finished: suspend until api_jobs_changed or the deadline. The
  * status is re-read under wmu so that a change between the caller's read and the suspend
  * cannot be missed (api_jobs_changed takes wmu after the store commit). */
-int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st, const char *id) {
+int api_wait_suspend(api_server *s, struct MHD_Connection *c, api_req *x, store *st, const char *id) {
     pthread_mutex_lock(&s->wmu);
     store_job j = {0};
     int rc = store_get(st, id, &j);
@@ -182,7 +182,7 @@ static int hook_chat(void *ud, const char *const *roles, const char *const *cont
 }
 
 /* The current limits (SIGHUP may replace them while requests run). */
-api_limits limits_now(api_server *s) {
+api_limits api_limits_now(api_server *s) {
     pthread_mutex_lock(&s->mu);
     api_limits l = s->limits;
     pthread_mutex_unlock(&s->mu);
@@ -190,13 +190,13 @@ api_limits limits_now(api_server *s) {
 }
 
 /* The engine when ready, else replies 503 and returns NULL. */
-eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r) {
+eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, api_model *m, enum MHD_Result *r) {
     eng *e = atomic_load(&s->engine);
     if (atomic_load(&s->failed)) {
-        *r = reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
+        *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
         return NULL;
     }
-    if (!e) { *r = reply_fail(c, x, GE_UNAVAILABLE, "", "model is still loading; retry when GET /readyz says 200"); return NULL; }
+    if (!e) { *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "model is still loading; retry when GET /readyz says 200"); return NULL; }
     if (m) {
         m->vocab = s->vocab;
         m->max_pos = s->max_pos;
@@ -210,7 +210,7 @@ eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_m
     return e;
 }
 
-long long policy_version_now(api_server *s) {
+long long api_policy_version_now(api_server *s) {
     eng *e = atomic_load(&s->engine);
     if (!e) return -1;
     eng_info info;
@@ -257,7 +257,7 @@ static int auth_ok(api_server *s, struct MHD_Connection *c) {
 
 #define BIG_BODY_BYTES (1 << 20)
 
-static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url);
+static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api_req *x, const char *url);
 
 /* Bodies over BIG_BODY_BYTES are parsed and validated one at a time. Token ids and logprobs are
  * packed (api/packed.h: ~2.5x an 8 MiB body at the peak instead of ~25x), but the rest of a body
@@ -265,7 +265,7 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
  * "{}"); one at a time bounds the peak by one body's cost whatever the concurrency. */
 static pthread_mutex_t big_body_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url) {
+static enum MHD_Result dispatch(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
     if (x->len <= BIG_BODY_BYTES) return dispatch_one(s, c, x, url);
     pthread_mutex_lock(&big_body_mu);
     enum MHD_Result r = dispatch_one(s, c, x, url);
@@ -286,24 +286,24 @@ static long long query_int(struct MHD_Connection *c, const char *k) {
     return v && *v && !*end && x >= 0 ? x : -1;
 }
 
-static enum MHD_Result h_cluster(api_server *s, struct MHD_Connection *c, conn_ctx *x, int route) {
+static enum MHD_Result h_cluster(api_server *s, struct MHD_Connection *c, api_req *x, int route) {
     api_cluster_fn fn = atomic_load(&s->cluster_fn);
-    if (!fn) return reply_fail(c, x, GE_UNSUPPORTED, "", "this grpod is not a leader (grpod serve --followers K)");
+    if (!fn) return api_reply_fail(c, x, GE_UNSUPPORTED, "", "this grpod is not a leader (grpod serve --followers K)");
     char *reply = NULL;
     int st = fn(atomic_load(&s->cluster_ud), route, query_int(c, "follower"), query_int(c, "after"), x->body ? x->body : "",
                 x->len, &reply);
-    if (!reply) return reply_raw(c, x, st, "application/json", (char *)"", 0, 0);
-    return reply_raw(c, x, st, "application/json", reply, strlen(reply), 1);
+    if (!reply) return api_reply_raw(c, x, st, "application/json", (char *)"", 0, 0);
+    return api_reply_raw(c, x, st, "application/json", reply, strlen(reply), 1);
 }
 
-static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *url) {
+static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
     const api_route *rt = NULL;
     char id[128] = "";
     int path_known = 0;
     api_conns_set_busy(s->conns, c, 1);     /* the whole request is here: no deadline now */
     if (x->refused) {
         x->route = "other";
-        return reply_error(c, x, &x->refusal);
+        return api_reply_error(c, x, &x->refusal);
     }
     for (int i = 0; i < R_COUNT; i++) {
         if (!route_match(api_routes[i].path, url, id, sizeof id)) continue;
@@ -314,33 +314,33 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
     }
     if (!rt) {
         x->route = "other";
-        if (path_known) return reply_fail(c, x, GE_METHOD, "", "%s is not allowed on %s", x->method, url);
-        return reply_fail(c, x, GE_NOT_FOUND, "", "no route %s %s", x->method, url);
+        if (path_known) return api_reply_fail(c, x, GE_METHOD, "", "%s is not allowed on %s", x->method, url);
+        return api_reply_fail(c, x, GE_NOT_FOUND, "", "no route %s %s", x->method, url);
     }
     x->route = rt->path;
     if (!strncmp(url, "/v1/", 4) && !auth_ok(s, c))
-        return reply_fail(c, x, GE_UNAUTHORIZED, "Authorization", "missing or wrong API key: send Authorization: Bearer <key>");
+        return api_reply_fail(c, x, GE_UNAUTHORIZED, "Authorization", "missing or wrong API key: send Authorization: Bearer <key>");
     if (x->too_large)
-        return reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)", limits_now(s).max_body_bytes);
+        return api_reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)", api_limits_now(s).max_body_bytes);
     json_object *req = NULL;
     if (rt->request_schema && !x->waiting) {
         api_error e;
         if (rt->id == R_CKPT_POST && x->len == 0) req = json_object_new_object();
         else {
-            api_limits l = limits_now(s);
-            if (api_parse_json_or_reply(x->body, x->len, &l, &req, &e)) return reply_error(c, x, &e);
+            api_limits l = api_limits_now(s);
+            if (api_parse_json_or_reply(x->body, x->len, &l, &req, &e)) return api_reply_error(c, x, &e);
         }
     }
     enum MHD_Result r;
     switch (rt->id) {
     case R_HEALTHZ:
         /* deploy.md: open connections get 503 once the drain began */
-        r = atomic_load(&s->stopping) ? reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down")
-                                      : reply_json(c, x, 200, "{\"status\":\"ok\"}");
+        r = atomic_load(&s->stopping) ? api_reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down")
+                                      : api_reply_json(c, x, 200, "{\"status\":\"ok\"}");
         break;
     case R_READYZ: r = h_readyz(s, c, x); break;
     case R_METRICS: r = h_metrics(s, c, x); break;
-    case R_OPENAPI: r = reply_json(c, x, 200, api_openapi_json()); break;
+    case R_OPENAPI: r = api_reply_json(c, x, 200, api_openapi_json()); break;
     case R_ROLLOUTS: r = h_rollouts(s, c, x, req); break;
     case R_UPDATES: r = h_updates(s, c, x, req); break;
     case R_JOBS: r = h_jobs_list(s, c, x); break;
@@ -363,7 +363,7 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
     case R_CLUSTER_NEXT: r = h_cluster(s, c, x, API_CLUSTER_NEXT); break;
     case R_CLUSTER_DONE: r = h_cluster(s, c, x, API_CLUSTER_DONE); break;
     case R_CLUSTER_BEAT: r = h_cluster(s, c, x, API_CLUSTER_BEAT); break;
-    default: r = reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
+    default: r = api_reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
     }
     json_object_put(req);
     return r;
@@ -374,13 +374,13 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, con
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     api_server *s = cls;
-    conn_ctx *x = *con_cls;
+    api_req *x = *con_cls;
     if (!x) {
         if (!(x = calloc(1, sizeof *x))) return MHD_NO;
         *con_cls = x;
         snprintf(x->method, sizeof x->method, "%s", method);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoll(cl, NULL, 10) > limits_now(s).max_body_bytes) x->too_large = 1;
+        if (cl && strtoll(cl, NULL, 10) > api_limits_now(s).max_body_bytes) x->too_large = 1;
         api_guard g = {s->allowed_hosts, s->allowed_origins};
         api_request_head h = {
             .method = method,
@@ -397,7 +397,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_size;
         *upload_size = 0;
         if (x->too_large || x->refused) return MHD_YES;       /* drain, reply 413/403/415 at the end */
-        if ((long long)(x->len + n) > limits_now(s).max_body_bytes) {
+        if ((long long)(x->len + n) > api_limits_now(s).max_body_bytes) {
             x->too_large = 1;
             free(x->body);
             x->body = NULL;
@@ -422,7 +422,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
     api_server *s = cls;
     api_conns_set_busy(s->conns, c, 0);     /* the next request's deadline runs from now */
-    conn_ctx *x = *con_cls;
+    api_req *x = *con_cls;
     if (!x) return;
     if (x->ext_free) x->ext_free(x->ext);
     /* A large body leaves its JSON trees' many small blocks in this thread's malloc arena; give

@@ -57,75 +57,75 @@ typedef struct {
     char method[8];
     void *ext;                      /* a handler's state across suspends (openai.c); freed by ext_free */
     void (*ext_free)(void *ext);
-} conn_ctx;
+} api_req;
 
 
 /* ---------------------------------------------------------------- growable string */
 
-/* oom set: every later add is dropped and reply_sb answers 507. The caller frees p (reply_sb takes it). */
-typedef struct { char *p; size_t len, cap; int oom; } sbuf;
-void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void sb_str(sbuf *b, const char *s);
-void sb_num_or_null(sbuf *b, double v);      /* "%.3f", or null when v <= 0 */
+/* oom set: every later add is dropped and api_reply_sb answers 507. The caller frees p (api_reply_sb takes it). */
+typedef struct { char *p; size_t len, cap; int oom; } api_sbuf;
+void api_sb_printf(api_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void api_sb_str(api_sbuf *b, const char *s);
+void api_sb_num_or_null(api_sbuf *b, double v);      /* "%.3f", or null when v <= 0 */
 
 /* ---------------------------------------------------------------- replies */
 
 /* Each queues one response and counts it in the HTTP metrics under x->route. take: body is
- * malloc'd and the response frees it. reply_sb takes b->p; reply_obj puts o. */
-enum MHD_Result reply_raw(struct MHD_Connection *c, conn_ctx *x, int status, const char *ctype,
-                          char *body, size_t len, int take);
-enum MHD_Result reply_json(struct MHD_Connection *c, conn_ctx *x, int status, const char *text);
-enum MHD_Result reply_sb(struct MHD_Connection *c, conn_ctx *x, int status, sbuf *b);
-enum MHD_Result reply_obj(struct MHD_Connection *c, conn_ctx *x, int status, json_object *o);
-enum MHD_Result reply_error(struct MHD_Connection *c, conn_ctx *x, const api_error *e);
-enum MHD_Result reply_fail(struct MHD_Connection *c, conn_ctx *x, int code, const char *field, const char *fmt, ...)
+ * malloc'd and the response frees it. api_reply_sb takes b->p; api_reply_obj puts o. */
+enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype,
+                              char *body, size_t len, int take);
+enum MHD_Result api_reply_json(struct MHD_Connection *c, api_req *x, int status, const char *text);
+enum MHD_Result api_reply_sb(struct MHD_Connection *c, api_req *x, int status, api_sbuf *b);
+enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, json_object *o);
+enum MHD_Result api_reply_error(struct MHD_Connection *c, api_req *x, const api_error *e);
+enum MHD_Result api_reply_fail(struct MHD_Connection *c, api_req *x, int code, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 /* ---------------------------------------------------------------- store handles, waiters, engine */
 
-/* A store handle for this request (NULL when none can be opened); give it back with pool_put. */
-store *pool_get(api_server *s);
-void pool_put(api_server *s, store *st);
+/* A store handle for this request (NULL when none can be opened); give it back with api_pool_put. */
+store *api_pool_get(api_server *s);
+void api_pool_put(api_server *s, store *st);
 /* 1: the connection is suspended until the job changes or x->deadline (reply nothing now);
  * 0: the job is already finished (or suspending failed): reply now. */
-int wait_suspend(api_server *s, struct MHD_Connection *c, conn_ctx *x, store *st, const char *id);
-api_limits limits_now(api_server *s);
+int api_wait_suspend(api_server *s, struct MHD_Connection *c, api_req *x, store *st, const char *id);
+api_limits api_limits_now(api_server *s);
 /* The engine when ready (m filled with its hooks when not NULL), else replies 503 into *r and returns NULL. */
-eng *engine_or_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, api_model *m, enum MHD_Result *r);
-long long policy_version_now(api_server *s);     /* -1 before the engine is set */
+eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, api_model *m, enum MHD_Result *r);
+long long api_policy_version_now(api_server *s);     /* -1 before the engine is set */
 /* Stores payload as a job of kind and wakes the engine thread. id_out NULL: replies 202
  * {"job_id","status"}; else copies the id there and replies nothing (only errors are replied,
  * leaving id_out[0] == 0). */
-enum MHD_Result submit_and_reply(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *kind,
-                                 json_object *payload, char *id_out);
+enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
+                                     json_object *payload, char *id_out);
 /* A stored job error {"code",...} → the HTTP status of that code (500 when unknown). */
-int status_of_error_json(const char *err);
+int api_status_of_error_json(const char *err);
 
 /* ---------------------------------------------------------------- handlers (handlers.c) */
 
-enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
-enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
-enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
-enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, conn_ctx *x, const char *id);
-enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req);
-enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
+enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
+enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
+enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
+enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
+enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, api_req *x);
 
 /* ---------------------------------------------------------------- OpenAI-compatible (openai.c) */
 
-enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req, int chat);
+enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat);
 
 /* ---------------------------------------------------------------- dashboard (dashboard.c) */
 
-enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, conn_ctx *x);
-enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, conn_ctx *x);
+enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, api_req *x);
+enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, api_req *x);
 #endif

@@ -29,7 +29,7 @@
 
 #define OA_MAX_LOGPROBS 20
 
-/* One request's state across suspends (conn_ctx.ext). */
+/* One request's state across suspends (api_req.ext). */
 typedef struct {
     int chat, stream, include_usage, echo, logprobs;    /* logprobs: -1 off, else top-n asked */
     int n, n_prompts, max_tokens;
@@ -63,9 +63,9 @@ static void model_name(eng *e, char *out, size_t n) {
     if (!out[0]) snprintf(out, n, "policy");
 }
 
-enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x) {
+enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, api_req *x) {
     enum MHD_Result r;
-    eng *e = engine_or_reply(s, c, x, NULL, &r);
+    eng *e = api_engine_or_reply(s, c, x, NULL, &r);
     if (!e) return r;
     eng_info in;
     eng_get_info(e, &in);
@@ -81,7 +81,7 @@ enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, conn_ctx *x
     json_object_array_add(a, m);
     api_put_str(o, "object", "list");
     json_object_object_add(o, "data", a);
-    return reply_obj(c, x, 200, o);
+    return api_reply_obj(c, x, 200, o);
 }
 
 /* ---------------------------------------------------------------- request → rollout request */
@@ -157,8 +157,8 @@ static int messages_or_reply(json_object *m, json_object **out, api_error *e) {
             return api_fail(e, GE_INVALID, f, "%s must be an object with a role", f);
         const char *rs = json_object_get_string(role);
         if (!strcmp(rs, "developer")) rs = "system";
-        sbuf b = {0};
-        sb_str(&b, "");
+        api_sbuf b = {0};
+        api_sb_str(&b, "");
         if (json_object_object_get_ex(msg, "content", &content) && json_object_is_type(content, json_type_array)) {
             for (size_t k = 0; k < json_object_array_length(content); k++) {
                 json_object *part = json_object_array_get_idx(content, k), *t;
@@ -167,10 +167,10 @@ static int messages_or_reply(json_object *m, json_object **out, api_error *e) {
                     free(b.p);
                     return api_fail(e, GE_INVALID, f, "%s.content parts must be {\"type\": \"text\", \"text\"}", f);
                 }
-                sb_str(&b, json_object_get_string(t));
+                api_sb_str(&b, json_object_get_string(t));
             }
         } else if (content && json_object_is_type(content, json_type_string)) {
-            sb_str(&b, json_object_get_string(content));
+            api_sb_str(&b, json_object_get_string(content));
         } else if (content && !json_object_is_type(content, json_type_null)) {
             free(b.p);
             return api_fail(e, GE_INVALID, f, "%s.content must be a string or an array of text parts", f);
@@ -324,32 +324,32 @@ static json_object *scoring_request(const oa_req *q) {
 
 /* The job x->job_id ended (or is still pending: 1 with the connection suspended). 0 with *result
  * (the job's result object) or a reply sent (*r, returns -1). */
-static int job_result(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object **result, long long *pv,
+static int job_result(api_server *s, struct MHD_Connection *c, api_req *x, json_object **result, long long *pv,
                       enum MHD_Result *r) {
-    store *st = pool_get(s);
-    if (!st) { *r = reply_fail(c, x, GE_STORE, "", "cannot open the store"); return -1; }
+    store *st = api_pool_get(s);
+    if (!st) { *r = api_reply_fail(c, x, GE_STORE, "", "cannot open the store"); return -1; }
     store_job j = {0};
     int rc = store_get(st, x->job_id, &j);
     int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
     store_job_clear(&j);
-    if (pending && wait_suspend(s, c, x, st, x->job_id)) { pool_put(s, st); *r = MHD_YES; return 1; }
+    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) { api_pool_put(s, st); *r = MHD_YES; return 1; }
     rc = store_get(st, x->job_id, &j);
-    pool_put(s, st);
-    if (rc) { *r = reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); return -1; }
+    api_pool_put(s, st);
+    if (rc) { *r = api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); return -1; }
     int ret = -1;
     if (j.status == JOB_DONE && j.result) {
         *result = json_tokener_parse(j.result);
         *pv = j.policy_version;
         ret = *result ? 0 : -1;
-        if (ret) *r = reply_fail(c, x, GE_INTERNAL, "", "job %s has an unreadable result", j.id);
+        if (ret) *r = api_reply_fail(c, x, GE_INTERNAL, "", "job %s has an unreadable result", j.id);
     } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
-        sbuf b = {0};
-        sb_str(&b, "{\"error\":");
-        sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
-        sb_str(&b, "}");
-        *r = reply_sb(c, x, j.error ? status_of_error_json(j.error) : 409, &b);
+        api_sbuf b = {0};
+        api_sb_str(&b, "{\"error\":");
+        api_sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
+        api_sb_str(&b, "}");
+        *r = api_reply_sb(c, x, j.error ? api_status_of_error_json(j.error) : 409, &b);
     } else {
-        *r = reply_fail(c, x, GE_UNAVAILABLE, "", "job %s did not finish in time (it goes on; GET /v1/jobs/%s)", j.id, j.id);
+        *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "job %s did not finish in time (it goes on; GET /v1/jobs/%s)", j.id, j.id);
     }
     store_job_clear(&j);
     return ret;
@@ -455,9 +455,9 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
     } else {
         json_object *pid = prompt_ids_of(q, i);
         char *ptext = q->echo ? ids_text(e, pid) : strdup("");
-        sbuf b = {0};
-        sb_str(&b, ptext ? ptext : "");
-        sb_str(&b, gen_text);
+        api_sbuf b = {0};
+        api_sb_str(&b, ptext ? ptext : "");
+        api_sb_str(&b, gen_text);
         api_put_str(ch, "text", b.p ? b.p : "");
         free(b.p);
         json_object *lp = NULL;
@@ -502,14 +502,14 @@ static json_object *envelope(const oa_req *q, const char *id, const char *object
     return o;
 }
 
-static void sse(sbuf *b, json_object *o) {
-    sb_str(b, "data: ");
-    sb_str(b, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-    sb_str(b, "\n\n");
+static void sse(api_sbuf *b, json_object *o) {
+    api_sb_str(b, "data: ");
+    api_sb_str(b, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    api_sb_str(b, "\n\n");
     json_object_put(o);
 }
 
-static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, conn_ctx *x, const oa_req *q) {
+static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, api_req *x, const oa_req *q) {
     eng *e = atomic_load(&s->engine);
     char id[64];
     snprintf(id, sizeof id, "%s-%s", q->chat ? "chatcmpl" : "cmpl", x->job_id);
@@ -521,10 +521,10 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, co
         json_object *o = envelope(q, id, q->chat ? "chat.completion" : "text_completion");
         json_object_object_add(o, "choices", choices);
         json_object_object_add(o, "usage", usage(q, ct));
-        return reply_obj(c, x, 200, o);
+        return api_reply_obj(c, x, 200, o);
     }
     /* server-sent events: per choice its content, then its finish_reason; usage; [DONE] */
-    sbuf b = {0};
+    api_sbuf b = {0};
     const char *obj = q->chat ? "chat.completion.chunk" : "text_completion";
     for (size_t i = 0; i < json_object_array_length(choices); i++) {
         json_object *ch = json_object_array_get_idx(choices, i), *o = envelope(q, id, obj), *a = json_object_new_array();
@@ -561,34 +561,34 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, co
         json_object_object_add(o, "usage", usage(q, ct));
         sse(&b, o);
     }
-    sb_str(&b, "data: [DONE]\n\n");
+    api_sb_str(&b, "data: [DONE]\n\n");
     json_object_put(choices);
-    if (b.oom) { free(b.p); return reply_fail(c, x, GE_NOMEM, "", "out of memory"); }
-    return reply_raw(c, x, 200, "text/event-stream", b.p, b.len, 1);
+    if (b.oom) { free(b.p); return api_reply_fail(c, x, GE_NOMEM, "", "out of memory"); }
+    return api_reply_raw(c, x, 200, "text/event-stream", b.p, b.len, 1);
 }
 
 /* ---------------------------------------------------------------- handler */
 
 /* Submits the next job of q (rollout, then the scoring) or moves to done. Replies only errors. */
-static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, conn_ctx *x, oa_req *q, int *submitted) {
+static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req *x, oa_req *q, int *submitted) {
     *submitted = 0;
     x->job_id[0] = 0;
     x->deadline = clock_mono_s() + 600;
     char id[32] = "";
     enum MHD_Result r = MHD_YES;
     if (q->stage == 0 && q->max_tokens > 0) {
-        r = submit_and_reply(s, c, x, "rollout", q->rollout, id);
+        r = api_submit_and_reply(s, c, x, "rollout", q->rollout, id);
     } else if (q->stage <= 1 && q->echo && q->logprobs >= 0) {
         q->stage = 1;
         json_object *sreq = scoring_request(q), *payload = NULL;
         if (sreq) {
             api_model m;
             api_error e;
-            if (!engine_or_reply(s, c, x, &m, &r)) { json_object_put(sreq); return r; }
-            api_limits l = limits_now(s);
-            if (api_logprobs_or_reply(sreq, &l, &m, &payload, &e)) { json_object_put(sreq); rename_field(&e, q->chat); return reply_error(c, x, &e); }
+            if (!api_engine_or_reply(s, c, x, &m, &r)) { json_object_put(sreq); return r; }
+            api_limits l = api_limits_now(s);
+            if (api_logprobs_or_reply(sreq, &l, &m, &payload, &e)) { json_object_put(sreq); rename_field(&e, q->chat); return api_reply_error(c, x, &e); }
             json_object_put(sreq);
-            r = submit_and_reply(s, c, x, "logprobs", payload, id);
+            r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
             json_object_put(payload);
         } else {
             q->stage = 2;
@@ -600,20 +600,20 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, conn_ct
     return r;
 }
 
-enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, conn_ctx *x, json_object *req, int chat) {
+enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat) {
     oa_req *q = x->ext;
     enum MHD_Result r;
     int submitted;
     if (!q) {
         api_model m;
         api_error e;
-        if (!engine_or_reply(s, c, x, &m, &r)) return r;
-        if (!(q = calloc(1, sizeof *q))) return reply_fail(c, x, GE_NOMEM, "", "out of memory");
+        if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
+        if (!(q = calloc(1, sizeof *q))) return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
         x->ext = q;
         x->ext_free = oa_free;
-        api_limits l = limits_now(s);
-        if (parse_or_reply(s, req, chat, &l, &m, q, &e)) return reply_error(c, x, &e);
-        q->policy_version = policy_version_now(s);
+        api_limits l = api_limits_now(s);
+        if (parse_or_reply(s, req, chat, &l, &m, q, &e)) return api_reply_error(c, x, &e);
+        q->policy_version = api_policy_version_now(s);
         r = next_job(s, c, x, q, &submitted);
         if (!submitted && q->stage != 2) return r;      /* the error was replied */
     }
