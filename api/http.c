@@ -1,6 +1,6 @@
-/* http.c — the server side of the HTTP layer: growable string and replies, the store-handle
- * pool, long-poll waiters, the model hooks handed to validation, the router and MHD callbacks,
- * then start/stop; see http.h. The endpoint handlers are in handlers.c, what the two share in
+/* http.c — the server side of the HTTP layer: replies, the store-handle pool, long-poll
+ * waiters, the model hooks handed to validation, the router and MHD callbacks, then
+ * start/stop; see http.h. The endpoint handlers are in handlers.c, what the two share in
  * http_internal.h. */
 #include "api/http_internal.h"
 
@@ -24,32 +24,6 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-
-/* ---------------------------------------------------------------- growable string */
-
-static void sb_add(api_sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = (b->cap + n + 1) * 2;
-        char *np = realloc(b->p, nc);
-        if (!np) { b->oom = 1; return; }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-void api_sb_printf(api_sbuf *b, const char *fmt, ...) {
-    char tmp[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (k >= 0) sb_add(b, tmp, (size_t)(k < (int)sizeof tmp ? k : (int)sizeof tmp - 1));
-}
-void api_sb_str(api_sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-void api_sb_num_or_null(api_sbuf *b, double v) { if (v > 0) api_sb_printf(b, "%.3f", v); else api_sb_str(b, "null"); }
 
 /* ---------------------------------------------------------------- replies */
 

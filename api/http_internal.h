@@ -1,6 +1,6 @@
 /* http_internal.h — what http.c (server, replies, router) and handlers.c (the endpoint
- * handlers) share inside api/: the server and per-connection state, the growable string, the
- * reply helpers, the store-handle pool and long-poll waiters, and the handlers the router calls.
+ * handlers) share inside api/: the server and per-connection state, the reply helpers, the
+ * store-handle pool and long-poll waiters, and the handlers the router calls.
  * Not a public header: callers outside api/ use http.h. */
 #ifndef GRPOD_API_HTTP_INTERNAL_H
 #define GRPOD_API_HTTP_INTERNAL_H
@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "api/http.h"
+#include "api/sbuf.h"
 #include "store/store.h"
 
 #define POOL_MAX 64
@@ -59,14 +60,6 @@ typedef struct {
     void (*ext_free)(void *ext);
 } api_req;
 
-
-/* ---------------------------------------------------------------- growable string */
-
-/* oom set: every later add is dropped and api_reply_sb answers 507. The caller frees p (api_reply_sb takes it). */
-typedef struct { char *p; size_t len, cap; int oom; } api_sbuf;
-void api_sb_printf(api_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void api_sb_str(api_sbuf *b, const char *s);
-void api_sb_num_or_null(api_sbuf *b, double v);      /* "%.3f", or null when v <= 0 */
 
 /* ---------------------------------------------------------------- replies */
 

@@ -2,12 +2,12 @@
 #include "api/metrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/sbuf.h"
 #include "common/err.h"
 
 #define MAX_HTTP_SERIES 256
@@ -70,70 +70,50 @@ int metrics_ranks_get(metrics_sched_gauges *per_rank, int max) {
     return n;
 }
 
-typedef struct { char *p; size_t len, cap; int oom; } sbuf;
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = b->oom ? 0 : vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (b->oom || k < 0) { b->oom = 1; return; }
-        if ((size_t)k < b->cap - b->len) { b->len += (size_t)k; return; }
-        size_t nc = b->cap * 2 + (size_t)k + 256;
-        char *np = realloc(b->p, nc);
-        if (!np) { b->oom = 1; return; }
-        b->p = np;
-        b->cap = nc;
-    }
-}
-
 int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_depth, int ready,
                    int engine_failed, char **out, size_t *len) {
-    sbuf b = {malloc(4096), 0, 4096, 0};
-    if (!b.p) return err_set(GE_NOMEM, "metrics: out of memory");
-    b.p[0] = 0;
-    sb_printf(&b, "# HELP grpod_jobs Jobs in the store by kind and status.\n# TYPE grpod_jobs gauge\n");
+    api_sbuf b = {0};
+    api_sb_printf(&b, "# HELP grpod_jobs Jobs in the store by kind and status.\n# TYPE grpod_jobs gauge\n");
     for (int i = 0; i < n_jobs; i++)
-        sb_printf(&b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", jobs[i].kind, jobs[i].status, jobs[i].n);
-    sb_printf(&b, "# HELP grpod_queue_depth Jobs waiting to run.\n# TYPE grpod_queue_depth gauge\n"
-                  "grpod_queue_depth %lld\n", queue_depth);
+        api_sb_printf(&b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", jobs[i].kind, jobs[i].status, jobs[i].n);
+    api_sb_printf(&b, "# HELP grpod_queue_depth Jobs waiting to run.\n# TYPE grpod_queue_depth gauge\n"
+                      "grpod_queue_depth %lld\n", queue_depth);
     pthread_mutex_lock(&mu);
     long long sbytes = store_bytes;
     pthread_mutex_unlock(&mu);
     if (sbytes >= 0)
-        sb_printf(&b, "# HELP grpod_store_bytes Size of the job store (grpod.db) in bytes.\n# TYPE grpod_store_bytes gauge\n"
-                      "grpod_store_bytes %lld\n", sbytes);
-    sb_printf(&b, "# HELP grpod_ready 1 when the model is loaded and the engine healthy.\n# TYPE grpod_ready gauge\n"
-                  "grpod_ready %d\n", ready && !engine_failed);
-    sb_printf(&b, "# HELP grpod_engine_failed 1 when the engine hit a fatal error.\n# TYPE grpod_engine_failed gauge\n"
-                  "grpod_engine_failed %d\n", engine_failed);
+        api_sb_printf(&b, "# HELP grpod_store_bytes Size of the job store (grpod.db) in bytes.\n# TYPE grpod_store_bytes gauge\n"
+                          "grpod_store_bytes %lld\n", sbytes);
+    api_sb_printf(&b, "# HELP grpod_ready 1 when the model is loaded and the engine healthy.\n# TYPE grpod_ready gauge\n"
+                      "grpod_ready %d\n", ready && !engine_failed);
+    api_sb_printf(&b, "# HELP grpod_engine_failed 1 when the engine hit a fatal error.\n# TYPE grpod_engine_failed gauge\n"
+                      "grpod_engine_failed %d\n", engine_failed);
     pthread_mutex_lock(&mu);
-    sb_printf(&b, "# HELP grpod_policy_version Current policy version (updates applied).\n"
-                  "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n", policy_version);
-    sb_printf(&b, "# HELP grpod_replay_updates_total Completed updates to re-apply at start (after the newest valid checkpoint).\n"
-                  "# TYPE grpod_replay_updates_total gauge\ngrpod_replay_updates_total %lld\n"
-                  "# HELP grpod_replay_updates_done Of those, re-applied so far.\n"
-                  "# TYPE grpod_replay_updates_done gauge\ngrpod_replay_updates_done %lld\n", replay_total, replay_done);
-    sb_printf(&b, "# HELP grpod_rollout_jobs_running Rollout jobs in the continuous-batching scheduler.\n"
-                  "# TYPE grpod_rollout_jobs_running gauge\ngrpod_rollout_jobs_running %lld\n", sched.jobs);
-    sb_printf(&b, "# HELP grpod_rollout_running_groups Prompt groups admitted and decoding.\n"
-                  "# TYPE grpod_rollout_running_groups gauge\ngrpod_rollout_running_groups %lld\n", sched.running_groups);
-    sb_printf(&b, "# HELP grpod_rollout_running_responses Responses decoding in the batch.\n"
-                  "# TYPE grpod_rollout_running_responses gauge\ngrpod_rollout_running_responses %lld\n",
-              sched.running_responses);
-    sb_printf(&b, "# HELP grpod_rollout_waiting_groups Groups of running jobs waiting for KV rows.\n"
-                  "# TYPE grpod_rollout_waiting_groups gauge\ngrpod_rollout_waiting_groups %lld\n", sched.waiting_groups);
-    sb_printf(&b, "# HELP grpod_kv_rows_used KV cache rows held by running groups.\n"
-                  "# TYPE grpod_kv_rows_used gauge\ngrpod_kv_rows_used %lld\n", sched.kv_rows_used);
-    sb_printf(&b, "# HELP grpod_kv_rows_capacity Rows of the rollout KV pool.\n"
-                  "# TYPE grpod_kv_rows_capacity gauge\ngrpod_kv_rows_capacity %lld\n", sched.kv_rows_capacity);
-    sb_printf(&b, "# HELP grpod_kv_row_bytes Device bytes of one KV row (all layers, K and V).\n"
-                  "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n", sched.kv_row_bytes);
-    sb_printf(&b, "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
-                  "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n", sched.steps);
-    sb_printf(&b, "# HELP grpod_ranks Engines of this deployment (one per GPU, or --ranks on the CPU backend).\n"
-                  "# TYPE grpod_ranks gauge\ngrpod_ranks %d\n", n_ranks);
+    api_sb_printf(&b, "# HELP grpod_policy_version Current policy version (updates applied).\n"
+                      "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n", policy_version);
+    api_sb_printf(&b, "# HELP grpod_replay_updates_total Completed updates to re-apply at start (after the newest valid checkpoint).\n"
+                      "# TYPE grpod_replay_updates_total gauge\ngrpod_replay_updates_total %lld\n"
+                      "# HELP grpod_replay_updates_done Of those, re-applied so far.\n"
+                      "# TYPE grpod_replay_updates_done gauge\ngrpod_replay_updates_done %lld\n", replay_total, replay_done);
+    api_sb_printf(&b, "# HELP grpod_rollout_jobs_running Rollout jobs in the continuous-batching scheduler.\n"
+                      "# TYPE grpod_rollout_jobs_running gauge\ngrpod_rollout_jobs_running %lld\n", sched.jobs);
+    api_sb_printf(&b, "# HELP grpod_rollout_running_groups Prompt groups admitted and decoding.\n"
+                      "# TYPE grpod_rollout_running_groups gauge\ngrpod_rollout_running_groups %lld\n", sched.running_groups);
+    api_sb_printf(&b, "# HELP grpod_rollout_running_responses Responses decoding in the batch.\n"
+                      "# TYPE grpod_rollout_running_responses gauge\ngrpod_rollout_running_responses %lld\n",
+                  sched.running_responses);
+    api_sb_printf(&b, "# HELP grpod_rollout_waiting_groups Groups of running jobs waiting for KV rows.\n"
+                      "# TYPE grpod_rollout_waiting_groups gauge\ngrpod_rollout_waiting_groups %lld\n", sched.waiting_groups);
+    api_sb_printf(&b, "# HELP grpod_kv_rows_used KV cache rows held by running groups.\n"
+                      "# TYPE grpod_kv_rows_used gauge\ngrpod_kv_rows_used %lld\n", sched.kv_rows_used);
+    api_sb_printf(&b, "# HELP grpod_kv_rows_capacity Rows of the rollout KV pool.\n"
+                      "# TYPE grpod_kv_rows_capacity gauge\ngrpod_kv_rows_capacity %lld\n", sched.kv_rows_capacity);
+    api_sb_printf(&b, "# HELP grpod_kv_row_bytes Device bytes of one KV row (all layers, K and V).\n"
+                      "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n", sched.kv_row_bytes);
+    api_sb_printf(&b, "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
+                      "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n", sched.steps);
+    api_sb_printf(&b, "# HELP grpod_ranks Engines of this deployment (one per GPU, or --ranks on the CPU backend).\n"
+                      "# TYPE grpod_ranks gauge\ngrpod_ranks %d\n", n_ranks);
     static const struct { const char *name, *help; size_t off; } rank_gauges[] = {
         {"kv_rows_used", "KV cache rows held by running groups, per rank.", offsetof(metrics_sched_gauges, kv_rows_used)},
         {"kv_rows_capacity", "Rows of each rank's rollout KV pool.", offsetof(metrics_sched_gauges, kv_rows_capacity)},
@@ -142,26 +122,26 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
         {"steps", "Scheduler steps each rank took (a counter).", offsetof(metrics_sched_gauges, steps)},
     };
     for (size_t k = 0; k < sizeof rank_gauges / sizeof rank_gauges[0]; k++) {
-        sb_printf(&b, "# HELP grpod_rank_%s %s\n# TYPE grpod_rank_%s gauge\n", rank_gauges[k].name, rank_gauges[k].help,
-                  rank_gauges[k].name);
+        api_sb_printf(&b, "# HELP grpod_rank_%s %s\n# TYPE grpod_rank_%s gauge\n", rank_gauges[k].name, rank_gauges[k].help,
+                      rank_gauges[k].name);
         for (int r = 0; r < n_ranks; r++)
-            sb_printf(&b, "grpod_rank_%s{rank=\"%d\"} %lld\n", rank_gauges[k].name, r,
-                      *(const long long *)((const char *)&rank_sched[r] + rank_gauges[k].off));
+            api_sb_printf(&b, "grpod_rank_%s{rank=\"%d\"} %lld\n", rank_gauges[k].name, r,
+                          *(const long long *)((const char *)&rank_sched[r] + rank_gauges[k].off));
     }
-    sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
-    for (int i = 0; i < MT_N_TOKEN_PHASES; i++) sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
+    api_sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
+    for (int i = 0; i < MT_N_TOKEN_PHASES; i++) api_sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
     double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;
-    sb_printf(&b, "# HELP grpod_packed_token_ratio Standard N(P+R) over packed P+NR tokens, over all updates.\n"
-                  "# TYPE grpod_packed_token_ratio gauge\ngrpod_packed_token_ratio %.4f\n", ratio);
-    sb_printf(&b, "# HELP grpod_seconds_total Engine seconds by phase.\n# TYPE grpod_seconds_total counter\n");
-    for (int i = 0; i < MS_N_PHASES; i++) sb_printf(&b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
-    sb_printf(&b, "# HELP grpod_groups_filtered_total Groups dropped by filter_groups (all rewards equal).\n"
-                  "# TYPE grpod_groups_filtered_total counter\ngrpod_groups_filtered_total %lld\n", groups_filtered);
-    sb_printf(&b, "# HELP grpod_http_requests_total HTTP requests by method, route and status code.\n"
-                  "# TYPE grpod_http_requests_total counter\n");
+    api_sb_printf(&b, "# HELP grpod_packed_token_ratio Standard N(P+R) over packed P+NR tokens, over all updates.\n"
+                      "# TYPE grpod_packed_token_ratio gauge\ngrpod_packed_token_ratio %.4f\n", ratio);
+    api_sb_printf(&b, "# HELP grpod_seconds_total Engine seconds by phase.\n# TYPE grpod_seconds_total counter\n");
+    for (int i = 0; i < MS_N_PHASES; i++) api_sb_printf(&b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
+    api_sb_printf(&b, "# HELP grpod_groups_filtered_total Groups dropped by filter_groups (all rewards equal).\n"
+                      "# TYPE grpod_groups_filtered_total counter\ngrpod_groups_filtered_total %lld\n", groups_filtered);
+    api_sb_printf(&b, "# HELP grpod_http_requests_total HTTP requests by method, route and status code.\n"
+                      "# TYPE grpod_http_requests_total counter\n");
     for (int i = 0; i < n_http; i++)
-        sb_printf(&b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method,
-                  http[i].route, http[i].status, http[i].n);
+        api_sb_printf(&b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method,
+                      http[i].route, http[i].status, http[i].n);
     pthread_mutex_unlock(&mu);
     if (b.oom) { free(b.p); return err_set(GE_NOMEM, "metrics: out of memory"); }
     *out = b.p;
