@@ -4,7 +4,7 @@
  * (daemon/history.c; ?after=ID returns only newer ones), the queue by kind and status, the
  * running jobs, the model, and memory (parameter + optimizer bytes, the rollout KV pool, RSS).
  * Not here: recording the history (daemon/history.c). */
-#include "api/http_internal.h"
+#include "api/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,15 +1,14 @@
-/* handlers.c — one handler per endpoint (jobs, logprobs, tokenizer, model, health, metrics):
- * each validates through validate.h, talks to the store or the engine, and replies. Called by
- * the router in http.c on MHD's threads; the replies, store pool and waiters they use are
- * declared in http_internal.h. */
-#include "api/http_internal.h"
+/* handlers.c — the native routes' handlers (jobs, checkpoints, logprobs, tokenizer, model,
+ * health, metrics): each validates through validate.h, talks to the store or the engine, and
+ * replies. The router (router.c) calls them on MHD's threads; the replies, store pool and
+ * waiters they use are declared in internal.h. */
+#include "api/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/metrics.h"
-#include "api/status.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -34,7 +33,6 @@ static void job_json(api_sbuf *b, const store_job *j, int full) {
     api_sb_str(b, "}");
 }
 
-/* Submits payload as a job of kind and replies 202 {"job_id","status"} (or the error). */
 enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
                                      json_object *payload, char *id_out) {
     if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
@@ -47,11 +45,7 @@ enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, ap
     if (rc == GE_BUSY) return api_reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
     if (rc) return api_reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
     log_event(LOG_INFO, "job_submitted", "\"id\":\"%s\",\"kind\":\"%s\"", id, kind);
-    pthread_mutex_lock(&s->mu);
-    void (*hook)(void *) = s->cfg.job_submitted;
-    void *hook_ud = s->cfg.ud;
-    pthread_mutex_unlock(&s->mu);
-    if (hook) hook(hook_ud);
+    api_wake_engine(s);
     if (id_out) { memcpy(id_out, id, sizeof id); return MHD_YES; }
     char body[128];
     snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"queued\"}", id);
@@ -294,11 +288,7 @@ enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *
     if (rc || rc2) return api_reply_fail(c, x, GE_STORE, "", "cannot requeue: %s", err_msg());
     log_event(LOG_INFO, "job_requeued_by_request", "\"id\":\"%s\"", id);
     api_jobs_changed(s);
-    pthread_mutex_lock(&s->mu);
-    void (*hook)(void *) = s->cfg.job_submitted;
-    void *hook_ud = s->cfg.ud;
-    pthread_mutex_unlock(&s->mu);
-    if (hook) hook(hook_ud);    /* wake the engine thread */
+    api_wake_engine(s);
     api_sbuf b = {0};
     job_json(&b, &j, 0);
     store_job_clear(&j);
@@ -306,17 +296,6 @@ enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *
 }
 
 /* ---------------------------------------------------------------- logprobs (synchronous) */
-
-/* {"code":"conflict",...} → the HTTP status of that code (500 when unknown). */
-int api_status_of_error_json(const char *err) {
-    json_object *o = err ? json_tokener_parse(err) : NULL, *code;
-    int st = 500;
-    if (o && json_object_object_get_ex(o, "code", &code))
-        for (int i = 0; i < GE_COUNT_; i++)
-            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = api_http_status(-i); break; }
-    json_object_put(o);
-    return st;
-}
 
 /* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
  * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
@@ -351,11 +330,7 @@ enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, 
     if (j.status == JOB_DONE && j.result) {
         r = api_reply_json(c, x, 200, j.result);
     } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
-        api_sbuf b = {0};
-        api_sb_str(&b, "{\"error\":");
-        api_sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
-        api_sb_str(&b, "}");
-        r = api_reply_sb(c, x, j.error ? api_status_of_error_json(j.error) : 409, &b);
+        r = api_reply_job_error(c, x, &j);
     } else {
         char body[160];
         snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"%s\"}", j.id, store_status_name(j.status));

@@ -14,8 +14,8 @@
  * answers as server-sent events once the choices are sampled (one chunk per choice, then
  * [DONE]): the engine does not hand out tokens as it draws them.
  *
- * Not here: the native routes (handlers.c), the router and replies (http.c). */
-#include "api/http_internal.h"
+ * Not here: the native routes (handlers.c), the router (router.c) and replies (reply.c). */
+#include "api/internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,11 +343,7 @@ static int job_result(api_server *s, struct MHD_Connection *c, api_req *x, json_
         ret = *result ? 0 : -1;
         if (ret) *r = api_reply_fail(c, x, GE_INTERNAL, "", "job %s has an unreadable result", j.id);
     } else if (j.status == JOB_FAILED || j.status == JOB_CANCELLED) {
-        api_sbuf b = {0};
-        api_sb_str(&b, "{\"error\":");
-        api_sb_str(&b, j.error ? j.error : "{\"code\":\"conflict\",\"message\":\"cancelled\"}");
-        api_sb_str(&b, "}");
-        *r = api_reply_sb(c, x, j.error ? api_status_of_error_json(j.error) : 409, &b);
+        *r = api_reply_job_error(c, x, &j);
     } else {
         *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "job %s did not finish in time (it goes on; GET /v1/jobs/%s)", j.id, j.id);
     }

@@ -1,24 +1,30 @@
-/* http_internal.h — what http.c (server, replies, router) and handlers.c (the endpoint
- * handlers) share inside api/: the server and per-connection state, the reply helpers, the
- * store-handle pool and long-poll waiters, and the handlers the router calls.
- * Not a public header: callers outside api/ use http.h. */
-#ifndef GRPOD_API_HTTP_INTERNAL_H
-#define GRPOD_API_HTTP_INTERNAL_H
+/* internal.h — what api/'s handlers see: the server and per-request state, the replies, the
+ * store-handle pool, the long-poll wait and the engine as validation reaches it, and the
+ * handlers the router calls.
+ *
+ * Files: server.c (start, stop, the server's state, MHD's callbacks), router.c (a request to its
+ * handler), reply.c (replies and error bodies), wait.c (store handles, long-polls); the handlers in
+ * handlers.c (jobs, checkpoints, logprobs, tokenizer, model, health, metrics), openai.c and
+ * dashboard.c. Not a public header: callers outside api/ use http.h. */
+#ifndef GRPOD_API_INTERNAL_H
+#define GRPOD_API_INTERNAL_H
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "api/conns.h"
 #include "api/http.h"
 #include "api/sbuf.h"
 #include "store/store.h"
 
-#define POOL_MAX 64
-
-typedef struct waiter { struct MHD_Connection *conn; double deadline; struct waiter *next; } waiter;
-
-#include "api/conns.h"
-
+#define API_POOL_MAX 64
 #define API_KEY_MAX 512
+/* A request body above this is parsed one at a time (router.c) and its thread's malloc arena is
+ * trimmed when it is done (server.c). */
+#define API_BIG_BODY_BYTES (1 << 20)
+
+struct api_waiter;
+typedef struct api_req api_req;
 
 struct api_server {
     api_config cfg;
@@ -37,15 +43,16 @@ struct api_server {
     _Atomic int failed, stopping;
     char fail_msg[256];
     char load_msg[256];             /* why /readyz is 503 before api_set_engine ("" = loading) */
-    store *pool[POOL_MAX];
+    store *pool[API_POOL_MAX];
     int n_pool;
     api_cluster_fn _Atomic cluster_fn;  /* api_set_cluster_hook */
     void *_Atomic cluster_ud;
     pthread_mutex_t wmu;            /* waiters */
-    waiter *waiters;
+    struct api_waiter *waiters;
 };
 
-typedef struct {
+/* One request on a connection, from its head to its completion (server.c frees it). */
+struct api_req {
     char *body;
     size_t len, cap;
     int too_large;
@@ -58,23 +65,27 @@ typedef struct {
     char method[8];
     void *ext;                      /* a handler's state across suspends (openai.c); freed by ext_free */
     void (*ext_free)(void *ext);
-} api_req;
+};
 
-
-/* ---------------------------------------------------------------- replies */
+/* ---------------------------------------------------------------- replies (reply.c) */
 
 /* Each queues one response and counts it in the HTTP metrics under x->route. take: body is
- * malloc'd and the response frees it. api_reply_sb takes b->p; api_reply_obj puts o. */
+ * malloc'd and the response frees it. api_reply_sb takes b->p (507 when b->oom); api_reply_obj
+ * puts o. A 429 or 503 says Retry-After, a 401 WWW-Authenticate. */
 enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype,
                               char *body, size_t len, int take);
 enum MHD_Result api_reply_json(struct MHD_Connection *c, api_req *x, int status, const char *text);
 enum MHD_Result api_reply_sb(struct MHD_Connection *c, api_req *x, int status, api_sbuf *b);
 enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, json_object *o);
+/* {"error": {"code", "message", "field"?}} with e's status. */
 enum MHD_Result api_reply_error(struct MHD_Connection *c, api_req *x, const api_error *e);
 enum MHD_Result api_reply_fail(struct MHD_Connection *c, api_req *x, int code, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* A failed or cancelled job: {"error": its stored error} with the status of the error's code
+ * (409 when cancelled without one). */
+enum MHD_Result api_reply_job_error(struct MHD_Connection *c, api_req *x, const store_job *j);
 
-/* ---------------------------------------------------------------- store handles, waiters, engine */
+/* ---------------------------------------------------------------- store handles, long-polls (wait.c) */
 
 /* A store handle for this request (NULL when none can be opened); give it back with api_pool_put. */
 store *api_pool_get(api_server *s);
@@ -82,17 +93,29 @@ void api_pool_put(api_server *s, store *st);
 /* 1: the connection is suspended until the job changes or x->deadline (reply nothing now);
  * 0: the job is already finished (or suspending failed): reply now. */
 int api_wait_suspend(api_server *s, struct MHD_Connection *c, api_req *x, store *st, const char *id);
-api_limits api_limits_now(api_server *s);
+/* Resumes the suspended connections: all of them, or those whose deadline passed. */
+void api_resume_waiters(api_server *s, int all);
+
+/* ---------------------------------------------------------------- the server's state (server.c) */
+
+api_limits api_limits_now(api_server *s);          /* SIGHUP may replace them while requests run */
 /* The engine when ready (m filled with its hooks when not NULL), else replies 503 into *r and returns NULL. */
 eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, api_model *m, enum MHD_Result *r);
-long long api_policy_version_now(api_server *s);     /* -1 before the engine is set */
+long long api_policy_version_now(api_server *s);   /* -1 before the engine is set */
+void api_wake_engine(api_server *s);               /* a job was queued: the submit hook */
+
+/* ---------------------------------------------------------------- jobs (handlers.c) */
+
 /* Stores payload as a job of kind and wakes the engine thread. id_out NULL: replies 202
  * {"job_id","status"}; else copies the id there and replies nothing (only errors are replied,
  * leaving id_out[0] == 0). */
 enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
                                      json_object *payload, char *id_out);
-/* A stored job error {"code",...} → the HTTP status of that code (500 when unknown). */
-int api_status_of_error_json(const char *err);
+
+/* ---------------------------------------------------------------- the router (router.c) */
+
+/* Serves a request whose head and body have arrived (server.c's MHD callback). */
+enum MHD_Result api_route_request(api_server *s, struct MHD_Connection *c, api_req *x, const char *url);
 
 /* ---------------------------------------------------------------- handlers (handlers.c) */
 
