@@ -22,7 +22,8 @@ __asm__(".pushsection .rodata\n"
         ".popsection\n");
 extern const char api_dashboard_html[];
 
-enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_dashboard_page_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                       const char *id) {
     return api_reply_raw(c, x, 200, "text/html; charset=utf-8", (char *)api_dashboard_html, strlen(api_dashboard_html), 0);
 }
 
@@ -55,7 +56,8 @@ static long long rss_bytes(void) {
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                  const char *id) {
     const char *a = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
     long long after = 0;
     if (a) {

@@ -1,7 +1,7 @@
 /* handlers.c — the native routes' handlers (jobs, checkpoints, logprobs, tokenizer, model,
  * health, metrics): each validates through validate.h, talks to the store or the engine, and
- * replies. The router (router.c) calls them on MHD's threads; the replies, store pool and
- * waiters they use are declared in internal.h. */
+ * replies. The router (router.c) calls them from their rows in routes.h, on MHD's threads; the
+ * replies, store pool and waiters they use are declared in internal.h. */
 #include "api/internal.h"
 
 #include <stdio.h>
@@ -52,7 +52,8 @@ enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, ap
     return api_reply_json(c, x, 202, body);
 }
 
-enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_rollouts_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                  const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -78,7 +79,8 @@ static void loss_scale_from_rollout(json_object *payload, const char *rollout_pa
     json_object_put(rp);
 }
 
-enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_updates_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                 const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -119,7 +121,8 @@ enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, api_req *x, j
     return r;
 }
 
-enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_checkpoints_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                     const char *id) {
     api_error e;
     enum MHD_Result r;
     json_object *payload;
@@ -130,7 +133,8 @@ enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, api_r
     return r;
 }
 
-enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                    const char *id) {
     store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0;
@@ -155,7 +159,8 @@ enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, api_r
 
 /* The index entry, then the directory. Replay never needs it: every update's inputs stay in
  * the store, so a start without it resumes from an older checkpoint and replays more. */
-enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+enum MHD_Result api_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                      const char *id) {
     store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0, rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
@@ -179,7 +184,7 @@ static const char *query(struct MHD_Connection *c, const char *k) {
     return MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
 }
 
-enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_jobs_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     static const char *const kinds[] = {"rollout", "update", "checkpoint", "logprobs", NULL};
     static const char *const statuses[] = {"queued", "running", "done", "failed", "cancelled", NULL};
     const char *kind = query(c, "kind"), *status = query(c, "status"), *lim = query(c, "limit"), *after = query(c, "after");
@@ -222,7 +227,7 @@ enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, api_req *x)
 }
 
 /* GET /v1/jobs/{id}[?wait=S]: replies now, or suspends and is called again on resume. */
-enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+enum MHD_Result api_job_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     if (!x->waiting) {
         const char *w = query(c, "wait");
         double wait = 0;
@@ -256,7 +261,7 @@ enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, api_req *x, c
     return api_reply_sb(c, x, 200, &b);
 }
 
-enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+enum MHD_Result api_job_delete(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     store *st = api_pool_get(s);
     if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     int rc = store_cancel(st, id);
@@ -276,7 +281,8 @@ enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, api_req *x
 }
 
 /* A failed job back to the queue (attempts reset): 200 with the job; 409 unless failed. */
-enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *x, const char *id) {
+enum MHD_Result api_job_requeue_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                     const char *id) {
     store *st = api_pool_get(s);
     if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     int rc = store_requeue_failed(st, id);
@@ -299,7 +305,8 @@ enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *
 
 /* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
  * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
-enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                  const char *id) {
     if (!x->waiting) {
         api_model m;
         api_error e;
@@ -342,7 +349,8 @@ enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, 
 
 /* ---------------------------------------------------------------- tokenizer, model, health */
 
-enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_tokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                  const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -357,7 +365,8 @@ enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, api_req *x, 
     return api_reply_sb(c, x, 200, &b);
 }
 
-enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req) {
+enum MHD_Result api_detokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                    const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -380,7 +389,7 @@ enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, api_req *x
     return api_reply_obj(c, x, 200, o);
 }
 
-enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_model_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     enum MHD_Result r;
     eng *e = api_engine_or_reply(s, c, x, NULL, &r);
     if (!e) return r;
@@ -449,7 +458,13 @@ enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, api_req *x) {
     return api_reply_obj(c, x, 200, o);
 }
 
-enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, api_req *x) {
+/* deploy.md: open connections get 503 once the drain began */
+enum MHD_Result api_healthz_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
+    if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
+    return api_reply_json(c, x, 200, "{\"status\":\"ok\"}");
+}
+
+enum MHD_Result api_readyz_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     if (atomic_load(&s->failed)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
     if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down");
     if (!atomic_load(&s->engine)) {
@@ -482,7 +497,7 @@ static void count_cb(void *ud, const char *kind, const char *status, long long n
     c->n++;
 }
 
-enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_metrics_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     store *st = api_pool_get(s);
     counts_acc acc = {0};
     long long depth = 0;

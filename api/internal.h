@@ -1,11 +1,12 @@
 /* internal.h — what api/'s handlers see: the server and per-request state, the replies, the
- * store-handle pool, the long-poll wait and the engine as validation reaches it, and the
- * handlers the router calls.
+ * store-handle pool, the long-poll wait and the engine as validation reaches it. The handlers
+ * themselves are declared by their rows in routes.h (included below), so a handler whose type
+ * differs from api_handler does not compile.
  *
  * Files: server.c (start, stop, the server's state, MHD's callbacks), router.c (a request to its
- * handler), reply.c (replies and error bodies), wait.c (store handles, long-polls); the handlers in
- * handlers.c (jobs, checkpoints, logprobs, tokenizer, model, health, metrics), openai.c and
- * dashboard.c. Not a public header: callers outside api/ use http.h. */
+ * row), reply.c (replies and error bodies), wait.c (store handles, long-polls); the handlers in
+ * handlers.c (jobs, checkpoints, logprobs, tokenizer, model, health, metrics), openai.c,
+ * dashboard.c, cluster.c and openapi.c. Not a public header: callers outside api/ use http.h. */
 #ifndef GRPOD_API_INTERNAL_H
 #define GRPOD_API_INTERNAL_H
 #include <microhttpd.h>
@@ -14,6 +15,7 @@
 
 #include "api/conns.h"
 #include "api/http.h"
+#include "api/routes.h"
 #include "api/sbuf.h"
 #include "store/store.h"
 
@@ -24,7 +26,6 @@
 #define API_BIG_BODY_BYTES (1 << 20)
 
 struct api_waiter;
-typedef struct api_req api_req;
 
 struct api_server {
     api_config cfg;
@@ -111,37 +112,4 @@ void api_wake_engine(api_server *s);               /* a job was queued: the subm
  * leaving id_out[0] == 0). */
 enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
                                      json_object *payload, char *id_out);
-
-/* ---------------------------------------------------------------- the router (router.c) */
-
-/* Serves a request whose head and body have arrived (server.c's MHD callback). */
-enum MHD_Result api_route_request(api_server *s, struct MHD_Connection *c, api_req *x, const char *url);
-
-/* ---------------------------------------------------------------- handlers (handlers.c) */
-
-enum MHD_Result h_rollouts(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_updates(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_checkpoint_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_jobs_list(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_job_get(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
-enum MHD_Result h_job_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
-enum MHD_Result h_job_requeue(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
-enum MHD_Result h_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, const char *id);
-enum MHD_Result h_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_tokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_detokenize(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req);
-enum MHD_Result h_model(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_readyz(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_metrics(api_server *s, struct MHD_Connection *c, api_req *x);
-
-/* ---------------------------------------------------------------- OpenAI-compatible (openai.c) */
-
-enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat);
-
-/* ---------------------------------------------------------------- dashboard (dashboard.c) */
-
-enum MHD_Result h_dashboard_page(api_server *s, struct MHD_Connection *c, api_req *x);
-enum MHD_Result h_dashboard_data(api_server *s, struct MHD_Connection *c, api_req *x);
 #endif

@@ -63,7 +63,8 @@ static void model_name(eng *e, char *out, size_t n) {
     if (!out[0]) snprintf(out, n, "policy");
 }
 
-enum MHD_Result h_oa_models(api_server *s, struct MHD_Connection *c, api_req *x) {
+enum MHD_Result api_oa_models_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                  const char *id) {
     enum MHD_Result r;
     eng *e = api_engine_or_reply(s, c, x, NULL, &r);
     if (!e) return r;
@@ -596,7 +597,7 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
     return r;
 }
 
-enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat) {
+static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat) {
     oa_req *q = x->ext;
     enum MHD_Result r;
     int submitted;
@@ -626,4 +627,13 @@ enum MHD_Result h_oa_completions(api_server *s, struct MHD_Connection *c, api_re
         if (!submitted && q->stage != 2) return r;
     }
     return reply_choices(s, c, x, q);
+}
+
+enum MHD_Result api_oa_completions_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                        const char *id) {
+    return completions(s, c, x, req, 0);
+}
+enum MHD_Result api_oa_chat_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
+                                 const char *id) {
+    return completions(s, c, x, req, 1);
 }

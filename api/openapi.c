@@ -1,44 +1,14 @@
-/* openapi.c — the route table and the OpenAPI 3.0 document built from it (paths from the
- * table, request/response schemas from the static text below; Sampling, Algorithm and
- * Optimizer from their rows in engine/params.c, through api_params_schema). */
-#include "api/openapi.h"
+/* openapi.c — GET /openapi.json: the OpenAPI 3.0 document, built once from the route table
+ * (routes.h: paths, summaries, parameters, security, request and success bodies), the schemas in
+ * the static text below, and Sampling, Algorithm and Optimizer from their rows in
+ * engine/params.c (through api_params_schema). */
+#include "api/internal.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#include <json-c/json.h>
-
 #include "api/params.h"
-
-const api_route api_routes[R_COUNT] = {
-    {R_HEALTHZ, "GET", "/healthz", "Liveness: 200 while the process serves HTTP", NULL, 200},
-    {R_READYZ, "GET", "/readyz", "Readiness: 200 once the model is loaded, 503 before or when the engine failed", NULL, 200},
-    {R_METRICS, "GET", "/metrics", "Prometheus text exposition", NULL, 200},
-    {R_OPENAPI, "GET", "/openapi.json", "This document", NULL, 200},
-    {R_ROLLOUTS, "POST", "/v1/rollouts", "Queue a rollout job: sample n responses per prompt group, score them", "RolloutRequest", 202},
-    {R_UPDATES, "POST", "/v1/updates", "Queue an update job: one policy-gradient step on scored groups", "UpdateRequest", 202},
-    {R_JOBS, "GET", "/v1/jobs", "List jobs, newest first (?kind=&status=&limit=&after=; next: the cursor of the next page)", NULL, 200},
-    {R_JOB_GET, "GET", "/v1/jobs/{id}", "A job with its result; ?wait=S long-polls up to S seconds (max 60) until it finishes", NULL, 200},
-    {R_JOB_DELETE, "DELETE", "/v1/jobs/{id}", "Cancel a job: 200 when it was queued, 202 when running (flagged)", NULL, 200},
-    {R_MODEL, "GET", "/v1/model", "Model shape, backend and policy_version", NULL, 200},
-    {R_CKPT_POST, "POST", "/v1/checkpoints", "Queue a checkpoint job (HF directory + optimizer state)", "CheckpointRequest", 202},
-    {R_CKPT_GET, "GET", "/v1/checkpoints", "List checkpoints, newest first", NULL, 200},
-    {R_LOGPROBS, "POST", "/v1/logprobs", "Score given responses under the policy or the reference (synchronous; 202 with job_id after 600 s)", "LogprobsRequest", 200},
-    {R_TOKENIZE, "POST", "/v1/tokenize", "Text or chat messages to token ids", "TokenizeRequest", 200},
-    {R_DETOKENIZE, "POST", "/v1/detokenize", "Token ids to text", "DetokenizeRequest", 200},
-    {R_OA_MODELS, "GET", "/v1/models", "OpenAI-compatible: the served policy", NULL, 200},
-    {R_OA_COMPLETIONS, "POST", "/v1/completions", "OpenAI-compatible completions from the live policy (through the rollout scheduler; stream: true answers as server-sent events)", "CompletionRequest", 200},
-    {R_OA_CHAT, "POST", "/v1/chat/completions", "OpenAI-compatible chat completions from the live policy (the model's chat template)", "ChatCompletionRequest", 200},
-    {R_DASHBOARD, "GET", "/dashboard", "The training dashboard (an HTML page drawing GET /v1/dashboard)", NULL, 200},
-    {R_DASHBOARD_DATA, "GET", "/v1/dashboard", "The dashboard's data: history per policy version, queue, running jobs, model, memory (?after=ID: newer history only)", NULL, 200},
-    {R_JOB_REQUEUE, "POST", "/v1/jobs/{id}/requeue", "Queue a failed job again (e.g. one failed as interrupted by repeated crashes)", NULL, 200},
-    {R_CKPT_DELETE, "DELETE", "/v1/checkpoints/{id}", "Delete a checkpoint: its index entry and directory", NULL, 200},
-    {R_CLUSTER_JOIN, "POST", "/v1/cluster/join", "Leader with --followers: a follower joins (202 while the world is not whole, 200 with epoch, rank0, world, comm once it is)", NULL, 200},
-    {R_CLUSTER_NEXT, "GET", "/v1/cluster/next", "Leader: a follower's next SPMD call after ?after=SEQ, rollout parts placed on its ranks and parts cancelled (?follower=ID; waits up to 1 s; 204 when none)", NULL, 200},
-    {R_CLUSTER_DONE, "POST", "/v1/cluster/done", "Leader: a follower's outcome of call seq {seq, rc, msg}, or of a rollout part {part, rc, msg, result}", NULL, 200},
-    {R_CLUSTER_BEAT, "GET", "/v1/cluster/beat", "Leader: a follower's heartbeat (?follower=ID)", NULL, 200},
-};
 
 static const char schemas[] =
 "{"
@@ -100,18 +70,6 @@ static const char schemas[] =
 "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
 "}";
 
-/* Query parameters per route (what handlers.c and dashboard.c read with MHD_GET_ARGUMENT_KIND). */
-static const struct { api_route_id id; const char *params; } query_params[] = {
-    {R_JOBS, "[{\"name\":\"kind\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"rollout\",\"update\",\"checkpoint\",\"logprobs\"]}},"
-             "{\"name\":\"status\",\"in\":\"query\",\"schema\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]}},"
-             "{\"name\":\"limit\",\"in\":\"query\",\"schema\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":1000,\"default\":100}},"
-             "{\"name\":\"after\",\"in\":\"query\",\"description\":\"a page's next: the page after it\",\"schema\":{\"type\":\"string\"}}]"},
-    {R_JOB_GET, "[{\"name\":\"wait\",\"in\":\"query\",\"description\":\"long-poll up to this many seconds (capped at 60)\","
-                "\"schema\":{\"type\":\"number\",\"minimum\":0,\"default\":0}}]"},
-    {R_DASHBOARD_DATA, "[{\"name\":\"after\",\"in\":\"query\",\"description\":\"only history rows with a larger id\","
-                       "\"schema\":{\"type\":\"integer\",\"minimum\":0,\"default\":0}}]"},
-};
-
 /* Request schemas reject unknown members (api_check_keys in api/): every object schema with
  * properties says so, unless it says otherwise; the response schemas stay open. */
 static void close_objects(json_object *o) {
@@ -159,8 +117,10 @@ static void build(void) {
     json_object_object_add(info, "description", json_object_new_string(
         "GRPO-family RL post-training daemon. /v1 routes need Authorization: Bearer <key> when grpod runs with --api-key-file."));
     json_object_object_add(d, "info", info);
-    for (int i = 0; i < R_COUNT; i++) {
+    for (int i = 0; i < api_n_routes; i++) {
         const api_route *r = &api_routes[i];
+        const api_doc *doc = &r->doc;
+        int ok_status = doc->ok ? doc->ok : 200;
         json_object *item = NULL, *op = json_object_new_object(), *resps = json_object_new_object();
         if (!json_object_object_get_ex(paths, r->path, &item)) {
             item = json_object_new_object();
@@ -170,7 +130,7 @@ static void build(void) {
         size_t k;
         for (k = 0; r->method[k] && k < 7; k++) lower[k] = (char)(r->method[k] | 0x20);
         lower[k] = 0;
-        json_object_object_add(op, "summary", json_object_new_string(r->summary));
+        json_object_object_add(op, "summary", json_object_new_string(doc->summary));
         json_object *params = json_object_new_array();
         if (strstr(r->path, "{id}")) {
             json_object *p = json_object_new_object(), *sch = json_object_new_object();
@@ -181,40 +141,35 @@ static void build(void) {
             json_object_object_add(p, "schema", sch);
             json_object_array_add(params, p);
         }
-        for (size_t q = 0; q < sizeof query_params / sizeof query_params[0]; q++) {
-            if (query_params[q].id != r->id) continue;
-            json_object *qa = json_tokener_parse(query_params[q].params);
-            for (size_t k = 0; qa && k < json_object_array_length(qa); k++)
-                json_object_array_add(params, json_object_get(json_object_array_get_idx(qa, k)));
-            json_object_put(qa);
-        }
+        json_object *qa = doc->query ? json_tokener_parse(doc->query) : NULL;
+        for (size_t k = 0; qa && k < json_object_array_length(qa); k++)
+            json_object_array_add(params, json_object_get(json_object_array_get_idx(qa, k)));
+        json_object_put(qa);
         if (json_object_array_length(params)) json_object_object_add(op, "parameters", params);
         else json_object_put(params);
-        if (!strncmp(r->path, "/v1/", 4)) {
+        if (r->auth == API_KEY) {
             json_object *sec = json_object_new_array(), *req = json_object_new_object();
             json_object_object_add(req, "bearerAuth", json_object_new_array());
             json_object_array_add(sec, req);
             json_object_object_add(op, "security", sec);
         }
-        if (r->request_schema) {
+        if (doc->body) {
             json_object *rb = json_object_new_object();
-            json_object_object_add(rb, "required", json_object_new_boolean(r->id != R_CKPT_POST));
-            json_object_object_add(rb, "content", content(ref(r->request_schema), "application/json"));
+            json_object_object_add(rb, "required", json_object_new_boolean(!doc->body_optional));
+            json_object_object_add(rb, "content", content(ref(doc->body), "application/json"));
             json_object_object_add(op, "requestBody", rb);
         }
         json_object *ok = json_object_new_object();
-        json_object_object_add(ok, "description", json_object_new_string(r->ok_status == 202 ? "accepted" : "ok"));
-        if (r->id == R_METRICS) {
+        json_object_object_add(ok, "description", json_object_new_string(ok_status == 202 ? "accepted" : "ok"));
+        if (doc->ok_body && strchr(doc->ok_body, '/')) {
             json_object *str = json_object_new_object();
             json_object_object_add(str, "type", json_object_new_string("string"));
-            json_object_object_add(ok, "content", content(str, "text/plain"));
-        } else if (r->ok_status == 202) {
-            json_object_object_add(ok, "content", content(ref("Accepted"), "application/json"));
-        } else if (r->id == R_JOB_GET || r->id == R_JOB_DELETE || r->id == R_JOB_REQUEUE) {
-            json_object_object_add(ok, "content", content(ref("Job"), "application/json"));
+            json_object_object_add(ok, "content", content(str, doc->ok_body));
+        } else if (doc->ok_body) {
+            json_object_object_add(ok, "content", content(ref(doc->ok_body), "application/json"));
         }
         char code[8];
-        snprintf(code, sizeof code, "%d", r->ok_status);
+        snprintf(code, sizeof code, "%d", ok_status);
         json_object_object_add(resps, code, ok);
         json_object *er = json_object_new_object();
         json_object_object_add(er, "description", json_object_new_string("error"));
@@ -246,7 +201,7 @@ static void build(void) {
     json_object_put(d);
 }
 
-const char *api_openapi_json(void) {
+enum MHD_Result api_openapi_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     pthread_once(&once, build);
-    return doc_text ? doc_text : "{}";
+    return api_reply_json(c, x, 200, doc_text ? doc_text : "{}");
 }

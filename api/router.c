@@ -1,16 +1,19 @@
-/* router.c — a request whose head and body have arrived is matched against the route table
- * (openapi.h) in order, checked for its key and body size, its JSON body parsed when the route
- * takes one, and handed to its handler. No route for the path is 404, none for the method 405;
- * HEAD is served as GET (MHD leaves the body out). */
+/* router.c — the route table (the rows of routes.h) and the router: a request whose head and body
+ * have arrived is matched against the rows in order, checked for its key and body size, its JSON
+ * body parsed when the row names one, and handed to the row's handler. No row for the path is
+ * 404, none for the method 405; HEAD is served as GET (MHD leaves the body out). */
 #include "api/internal.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "api/openapi.h"
 #include "common/err.h"
+
+#define API_ROW_(method, path, handler, auth, ...) {method, path, handler, auth, {__VA_ARGS__}},
+const api_route api_routes[] = {API_ROUTES(API_ROW_)};
+#undef API_ROW_
+const int api_n_routes = sizeof api_routes / sizeof api_routes[0];
 
 /* Does path match the template tpl? id (n bytes) receives tpl's "{id}" segment. */
 static int route_match(const char *tpl, const char *path, char *id, size_t n) {
@@ -46,46 +49,7 @@ static int auth_ok(api_server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
-static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api_req *x, const char *url);
-
-/* Bodies over API_BIG_BODY_BYTES are parsed and validated one at a time. Token ids and logprobs
- * are packed (api/packed.h: ~2.5x an 8 MiB body at the peak instead of ~25x), but the rest of a
- * body is json-c's, whose trees cost up to hundreds of times their text (an object: ~800 bytes
- * for "{}"); one at a time bounds the peak by one body's cost whatever the concurrency. */
-static pthread_mutex_t big_body_mu = PTHREAD_MUTEX_INITIALIZER;
-
-enum MHD_Result api_route_request(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
-    if (x->len <= API_BIG_BODY_BYTES) return dispatch_one(s, c, x, url);
-    pthread_mutex_lock(&big_body_mu);
-    enum MHD_Result r = dispatch_one(s, c, x, url);
-    pthread_mutex_unlock(&big_body_mu);
-    return r;
-}
-
-/* The cluster routes: the leader's hook (api_set_cluster_hook) answers them. */
-void api_set_cluster_hook(api_server *s, api_cluster_fn fn, void *ud) {
-    atomic_store(&s->cluster_ud, ud);
-    atomic_store(&s->cluster_fn, fn);
-}
-
-static long long query_int(struct MHD_Connection *c, const char *k) {
-    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, k);
-    char *end;
-    long long x = v && *v ? strtoll(v, &end, 10) : -1;
-    return v && *v && !*end && x >= 0 ? x : -1;
-}
-
-static enum MHD_Result h_cluster(api_server *s, struct MHD_Connection *c, api_req *x, int route) {
-    api_cluster_fn fn = atomic_load(&s->cluster_fn);
-    if (!fn) return api_reply_fail(c, x, GE_UNSUPPORTED, "", "this grpod is not a leader (grpod serve --followers K)");
-    char *reply = NULL;
-    int st = fn(atomic_load(&s->cluster_ud), route, query_int(c, "follower"), query_int(c, "after"), x->body ? x->body : "",
-                x->len, &reply);
-    if (!reply) return api_reply_raw(c, x, st, "application/json", (char *)"", 0, 0);
-    return api_reply_raw(c, x, st, "application/json", reply, strlen(reply), 1);
-}
-
-static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
+static enum MHD_Result route_one(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
     const api_route *rt = NULL;
     char id[128] = "";
     int path_known = 0;
@@ -94,11 +58,10 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api
         x->route = "other";
         return api_reply_error(c, x, &x->refusal);
     }
-    for (int i = 0; i < R_COUNT; i++) {
+    const char *m = strcmp(x->method, "HEAD") ? x->method : "GET";
+    for (int i = 0; i < api_n_routes; i++) {
         if (!route_match(api_routes[i].path, url, id, sizeof id)) continue;
         path_known = 1;
-        /* HEAD is GET without the body (MHD leaves the body out) */
-        const char *m = strcmp(x->method, "HEAD") ? x->method : "GET";
         if (strcmp(api_routes[i].method, m) == 0) { rt = &api_routes[i]; break; }
     }
     if (!rt) {
@@ -107,53 +70,36 @@ static enum MHD_Result dispatch_one(api_server *s, struct MHD_Connection *c, api
         return api_reply_fail(c, x, GE_NOT_FOUND, "", "no route %s %s", x->method, url);
     }
     x->route = rt->path;
-    if (!strncmp(url, "/v1/", 4) && !auth_ok(s, c))
+    if (rt->auth == API_KEY && !auth_ok(s, c))
         return api_reply_fail(c, x, GE_UNAUTHORIZED, "Authorization", "missing or wrong API key: send Authorization: Bearer <key>");
     if (x->too_large)
-        return api_reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)", api_limits_now(s).max_body_bytes);
+        return api_reply_fail(c, x, GE_TOO_LARGE, "", "request body over the limit of %lld bytes (--max-body-bytes)",
+                              api_limits_now(s).max_body_bytes);
     json_object *req = NULL;
-    if (rt->request_schema && !x->waiting) {
+    if (rt->doc.body && !x->waiting) {
         api_error e;
-        if (rt->id == R_CKPT_POST && x->len == 0) req = json_object_new_object();
-        else {
+        if (rt->doc.body_optional && x->len == 0) {
+            req = json_object_new_object();
+        } else {
             api_limits l = api_limits_now(s);
             if (api_parse_json_or_reply(x->body, x->len, &l, &req, &e)) return api_reply_error(c, x, &e);
         }
     }
-    enum MHD_Result r;
-    switch (rt->id) {
-    case R_HEALTHZ:
-        /* deploy.md: open connections get 503 once the drain began */
-        r = atomic_load(&s->stopping) ? api_reply_fail(c, x, GE_UNAVAILABLE, "", "shutting down")
-                                      : api_reply_json(c, x, 200, "{\"status\":\"ok\"}");
-        break;
-    case R_READYZ: r = h_readyz(s, c, x); break;
-    case R_METRICS: r = h_metrics(s, c, x); break;
-    case R_OPENAPI: r = api_reply_json(c, x, 200, api_openapi_json()); break;
-    case R_ROLLOUTS: r = h_rollouts(s, c, x, req); break;
-    case R_UPDATES: r = h_updates(s, c, x, req); break;
-    case R_JOBS: r = h_jobs_list(s, c, x); break;
-    case R_JOB_GET: r = h_job_get(s, c, x, id); break;
-    case R_JOB_DELETE: r = h_job_delete(s, c, x, id); break;
-    case R_MODEL: r = h_model(s, c, x); break;
-    case R_CKPT_POST: r = h_checkpoint_post(s, c, x, req); break;
-    case R_CKPT_GET: r = h_checkpoints_get(s, c, x); break;
-    case R_LOGPROBS: r = h_logprobs(s, c, x, req); break;
-    case R_TOKENIZE: r = h_tokenize(s, c, x, req); break;
-    case R_DETOKENIZE: r = h_detokenize(s, c, x, req); break;
-    case R_OA_MODELS: r = h_oa_models(s, c, x); break;
-    case R_OA_COMPLETIONS: r = h_oa_completions(s, c, x, req, 0); break;
-    case R_OA_CHAT: r = h_oa_completions(s, c, x, req, 1); break;
-    case R_DASHBOARD: r = h_dashboard_page(s, c, x); break;
-    case R_DASHBOARD_DATA: r = h_dashboard_data(s, c, x); break;
-    case R_JOB_REQUEUE: r = h_job_requeue(s, c, x, id); break;
-    case R_CKPT_DELETE: r = h_checkpoint_delete(s, c, x, id); break;
-    case R_CLUSTER_JOIN: r = h_cluster(s, c, x, API_CLUSTER_JOIN); break;
-    case R_CLUSTER_NEXT: r = h_cluster(s, c, x, API_CLUSTER_NEXT); break;
-    case R_CLUSTER_DONE: r = h_cluster(s, c, x, API_CLUSTER_DONE); break;
-    case R_CLUSTER_BEAT: r = h_cluster(s, c, x, API_CLUSTER_BEAT); break;
-    default: r = api_reply_fail(c, x, GE_INTERNAL, "", "unrouted"); break;
-    }
+    enum MHD_Result r = rt->handler(s, c, x, req, id);
     json_object_put(req);
+    return r;
+}
+
+/* Bodies over API_BIG_BODY_BYTES are parsed and validated one at a time. Token ids and logprobs
+ * are packed (api/packed.h: ~2.5x an 8 MiB body at the peak instead of ~25x), but the rest of a
+ * body is json-c's, whose trees cost up to hundreds of times their text (an object: ~800 bytes
+ * for "{}"); one at a time bounds the peak by one body's cost whatever the concurrency. */
+static pthread_mutex_t big_body_mu = PTHREAD_MUTEX_INITIALIZER;
+
+enum MHD_Result api_route_request(api_server *s, struct MHD_Connection *c, api_req *x, const char *url) {
+    if (x->len <= API_BIG_BODY_BYTES) return route_one(s, c, x, url);
+    pthread_mutex_lock(&big_body_mu);
+    enum MHD_Result r = route_one(s, c, x, url);
+    pthread_mutex_unlock(&big_body_mu);
     return r;
 }
