@@ -1,6 +1,7 @@
 /* conns.h — admission and deadlines for the HTTP server's connections, so slow or hostile
- * clients cannot take the daemon offline (issue 20: ~1,100 clients sending a header byte every
- * 3 s did, because each byte reset the idle timeout and nothing bounded connections per client).
+ * clients cannot take the daemon offline: MHD's idle timeout restarts at every byte and it does
+ * not bound the connections of one client, so a thousand clients sending a header byte every few
+ * seconds would hold every connection.
  *
  * A connection is "waiting" from its accept (or its previous response) until its request head
  * and body have arrived, and "busy" while a handler or long-poll holds it. Rules:

@@ -8,7 +8,9 @@
 
 #include "common/err.h"
 
-int api_list_has(const char *list, const char *item, size_t len, int fold) {
+/* Is list (comma-separated, spaces around items ignored) holding item, or "*"? ASCII case-folded
+ * when fold is set. */
+static int list_has(const char *list, const char *item, size_t len, int fold) {
     for (const char *p = list ? list : ""; *p;) {
         while (*p == ' ' || *p == ',') p++;
         const char *e = p;
@@ -36,7 +38,7 @@ static int host_ok(const api_guard *g, const char *host) {
         memcpy(h, host + 1, n);
         h[n] = 0;
         struct in6_addr a6;
-        return inet_pton(AF_INET6, h, &a6) == 1 || api_list_has(g->allowed_hosts, host, (size_t)(close - host + 1), 1);
+        return inet_pton(AF_INET6, h, &a6) == 1 || list_has(g->allowed_hosts, host, (size_t)(close - host + 1), 1);
     }
     const char *colon = strchr(host, ':');
     n = colon ? (size_t)(colon - host) : strlen(host);
@@ -46,7 +48,7 @@ static int host_ok(const api_guard *g, const char *host) {
     if (h[n - 1] == '.') h[--n] = 0;            /* "localhost." is "localhost" */
     struct in_addr a4;
     return inet_pton(AF_INET, h, &a4) == 1 || strcasecmp(h, "localhost") == 0 ||
-           api_list_has(g->allowed_hosts, h, n, 1);
+           list_has(g->allowed_hosts, h, n, 1);
 }
 
 /* "application/json", any case, optionally followed by parameters ("; charset=utf-8"). */
@@ -65,7 +67,7 @@ int api_guard_or_reply(const api_guard *g, const api_request_head *h, api_error 
     if (h->host && !host_ok(g, h->host))
         return api_fail(e, GE_FORBIDDEN, "Host", "Host '%.100s' is not allowed: use an IP address or localhost, "
                         "or list the name in --allowed-hosts", h->host);
-    if (h->origin && !api_list_has(g->allowed_origins, h->origin, strlen(h->origin), 0))
+    if (h->origin && !list_has(g->allowed_origins, h->origin, strlen(h->origin), 0))
         return api_fail(e, GE_FORBIDDEN, "Origin", "Origin '%.100s' is not allowed (--allowed-origins)", h->origin);
     int post = strcmp(h->method, "POST") == 0, del = strcmp(h->method, "DELETE") == 0;
     if ((post || (del && h->has_body)) && !is_json_type(h->content_type))

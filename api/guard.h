@@ -30,8 +30,4 @@ typedef struct {
 /* 0 when the request may proceed; else GE_FORBIDDEN (403, field "Host" or "Origin") or
  * GE_MEDIA_TYPE (415, field "Content-Type") with the reason in e. */
 int api_guard_or_reply(const api_guard *g, const api_request_head *h, api_error *e);
-
-/* Is list (comma-separated, spaces around items ignored) holding item, or "*"? ASCII case-folded
- * when fold is set. */
-int api_list_has(const char *list, const char *item, size_t len, int fold);
 #endif

@@ -267,7 +267,7 @@ static int boxed_answer(const char *text, char *out, int outlen) {
     }
     if (last_number(text, p + 1, be - 1, out, outlen)) return 1;
     /* non-numeric content, normalised whole; a normalisation that stopped (too long, nested
-     * too deep) left a prefix that is no answer (found by fuzz_reward: it was unterminated) */
+     * too deep) leaves a prefix that is no answer, not always NUL-terminated: out is emptied */
     if (whole && n > 0) return 1;
     out[0] = 0;
     return 0;

@@ -1,7 +1,7 @@
 /* serve.c — `grpod serve`: options (flags > --config file > GRPOD_* environment > defaults),
  * start-up checks, and the libuv main loop that owns signals (SIGTERM/SIGINT drain, SIGHUP
  * reload), timers (long-poll deadlines, sd_notify STATUS and WATCHDOG) and the wake-ups from
- * the engine thread. Not here: HTTP (api/http.c), the engine thread (daemon/worker.c). */
+ * the engine thread. Not here: HTTP (api/, http.h), the engine thread (daemon/worker.c). */
 #include "daemon/serve.h"
 
 #include <ctype.h>
