@@ -9,7 +9,7 @@
  * residual add in the projection that closes its sub-layer (mm_part.res), q/k norm, RoPE and
  * the KV-cache writes in one op, SwiGLU with the gate/up projections: at decode sizes the CUDA
  * backend makes each of these one launch. model_layer_fwd/_bwd are one layer each;
- * tests/gpu/bench_layer.c times them as training runs them. */
+ * tests/bench/gpu/bench_layer.c times them as training runs them. */
 #include "engine/model/model.h"
 
 #include <assert.h>

@@ -17,6 +17,8 @@
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
+# The optional benchmarks (f)-(l) are built from tests/bench/gpu/ with the tests; the profilers
+# that read their kernels are tools/gpu/ (profile.sh, ncu_decode_steps.py).
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
@@ -58,9 +60,11 @@ JOBS=$(nproc 2>/dev/null || echo 4)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u +%FT%TZ; } >"$OUT/device.txt" 2>&1
 echo "device: $(head -1 "$OUT/device.txt")"
 
-# ---- build: engine library + test programs; a failed build is a failure
+# ---- build: engine library + test programs (tests/gpu/) + benchmarks (tests/bench/gpu/); a
+# failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
-PROGS="test_ops test_model test_offload test_snapshot test_determinism bench_grpo bench_dp test_fixtures test_sampling test_greedy test_lora bench_lora bench_step bench_rollout bench_layer bench_attn attn_dump bench_split"
+PROGS="test_ops test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
+BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -69,9 +73,10 @@ NCCL_CF=${NCCL_FLAGS%%|*}; NCCL_LD=${NCCL_FLAGS#*|}
 {
     echo "nccl: ${NCCL_FLAGS:-not found}"
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
-    for t in $PROGS; do
+    for t in $PROGS $BENCHES; do
+        src=tests/gpu/$t.c; [ -f "$src" ] || src=tests/bench/gpu/$t.c
         ${CC:-cc} -O2 -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -DGRPOD_CUDA -I"$CUDA_HOME/include" \
-            $NCCL_CF -o $BUILD/$t tests/gpu/$t.c $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
+            $NCCL_CF -o $BUILD/$t "$src" $BUILD/libengine.a -fopenmp -lm -L"$CUDA_HOME/lib64" \
             -Wl,-rpath,"$CUDA_HOME/lib64" -lcublasLt -lcublas $NCCL_LD -lcudart -lstdc++ || exit 1
     done
 } >"$OUT/build.log" 2>&1
@@ -261,7 +266,7 @@ fi
 if [ "${BENCH_DAEMON:-0}" = 1 ]; then
     if [ -x ./grpod ] && [ -d .devlibs ]; then
         LD_LIBRARY_PATH=$PWD/.devlibs:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1 timeout ${T_BDAEMON:-560} python3 \
-            tests/gpu/bench_daemon.py ./grpod "$OUT" --dims 1.7b --steps ${BENCH_DAEMON_STEPS:-6} --kill-replay \
+            tests/bench/gpu/bench_daemon.py ./grpod "$OUT" --dims 1.7b --steps ${BENCH_DAEMON_STEPS:-6} --kill-replay \
             ${BENCH_DAEMON_ARGS:-} >"$OUT/bench_daemon.log" 2>&1
         echo "bench_daemon exit $?" >>"$OUT/bench_daemon.log"
     else

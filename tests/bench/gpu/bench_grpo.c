@@ -8,7 +8,7 @@
  * sample, G·N·(P + new), over the step's wall time.
  * At 1.7b dims (Qwen3-1.7B, tied) the fp32 master and moments stay on the device (offload off),
  * as the daemon's memory plan puts them on an 80 GB card: the engine-only figure beside
- * tests/gpu/bench_daemon.py's loop through HTTP for the same batch.
+ * tests/bench/gpu/bench_daemon.py's loop through HTTP for the same batch.
  * Usage: bench_grpo [G P N new [8b|1.7b [max_tokens_per_micro_batch]]]  (default 8 1024 16 512 8b 16384) */
 #include <cuda_runtime_api.h>
 

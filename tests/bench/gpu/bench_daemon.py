@@ -32,10 +32,10 @@ the GPU when it is there, else numpy).
 Every wait is bounded: a job past --job-timeout, a daemon not ready in --ready-timeout or one
 that exits is a FAIL row with the reason printed, never a hang.
 
-Usage: LD_LIBRARY_PATH=.devlibs python3 tests/gpu/bench_daemon.py ./grpod OUTDIR --dims 1.7b --steps 10
+Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_daemon.py ./grpod OUTDIR --dims 1.7b --steps 10
          [--interleave] [--kill-replay [--kill-after 3]] [--port 18800] [--backend cuda]
          [--groups 8 --n 16 --prompt 1024 --max-tokens 512] [--serve-arg=--kv-budget-mib=40000 ...]
-       on the CPU: python3 tests/gpu/bench_daemon.py ./grpod /tmp/bd --dims tiny --steps 3 --backend cpu
+       on the CPU: python3 tests/bench/gpu/bench_daemon.py ./grpod /tmp/bd --dims tiny --steps 3 --backend cpu
        (tiny defaults to 4 groups x 8, P=64, 32 tokens; real dims to 8 x 16, P=1024, 512 tokens)
 ROW lines: ROW|daemon_loop|DIMS ... steps|done|steps|PASS/FAIL, ROW|daemon_first_vs_steady|DIMS|ratio|1.5|...
 (informational), ROW|daemon_kill_replay|...|version|updates|..., ROW|daemon_sigterm|...|exit|0|...

@@ -3,7 +3,7 @@
 #   ncu --profile-from-start off --clock-control none --cache-control none --graph-profiling node \
 #       --metrics gpu__time_duration.sum --csv build/gpu/bench_lora --decode-only 8b 32 4096 16 512 \
 #       1024 16 2 > steps.csv
-#   python3 tests/gpu/ncu_decode_steps.py steps.csv branch
+#   python3 tools/gpu/ncu_decode_steps.py steps.csv branch
 # Each forward starts with embedding_fwd; a rollout is its prefill (no few-row kernel) then its
 # decode steps (few-row kernels), so the forwards split into the two phases. Kernel times are
 # ncu's: each kernel alone, serialized (no overlap between launches, as a graph replay has).

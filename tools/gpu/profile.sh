@@ -1,11 +1,11 @@
 #!/bin/bash
-# tests/gpu/profile.sh — per-kernel time breakdown with Nsight Compute (one metric: kernel
+# tools/gpu/profile.sh — per-kernel time breakdown with Nsight Compute (one metric: kernel
 # duration), for deciding what to optimise. Run from the repository root on the GPU machine
 # after tests/gpu/run.sh has built build/gpu (or with BUILD_FIRST=1). Writes $OUT/prof_*.txt.
 #   decode: bench_rollout 1.7b, 1 group P=1024 N=16, kernels of a few decode steps
 #   step:   bench_step 1.7b P=4096 N=16 R=512, kernels of the first (warm-up) step
 #   layer:  bench_layer (8192, 8, 1024), one Qwen3-8B layer fwd+bwd
-# Usage: tests/gpu/profile.sh [decode] [step] [layer]
+# Usage: tools/gpu/profile.sh [decode] [step] [layer]
 # NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
 # wrote from L2, as they do in the step, instead of from a flushed cache).
 set -u
