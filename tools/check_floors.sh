@@ -4,7 +4,8 @@
 # all → common; api reads the engine's public types (engine.h, train/loss.h, params.h) but never
 # kernels/. Inside engine/ the rooms have floors of their own (may_room below): a room includes
 # only the rooms beneath it, and the engine's own files (engine/*.h, the facade and the engine
-# object) are the top. Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
+# object) are the top. Tests stay outside struct eng (below). Run by tests/run.sh, so `make test`
+# enforces it. Prints each offending line.
 set -u
 cd "$(dirname "$0")/.."
 # floor: the project directories its files may include ("" = only itself and common/)
@@ -56,6 +57,16 @@ for floor in "${!may[@]}"; do
         echo "$f:$n: $floor/ may not include <$lib…>"; done | grep . && bad=1
     done
   done
+done
+# Tests read the engine through its public headers and the rooms' test-only headers
+# (engine/engine_testing.h, engine/train/train_testing.h), never struct eng itself; these
+# programs build a model's forward by hand from the engine's buffers and keep the inside view.
+inside_ok="tests/gpu/test_greedy.c tests/bench/gpu/bench_grpo.c tests/bench/gpu/bench_rollout.c
+  tests/bench/gpu/bench_dp.c tests/bench/gpu/bench_lora.c"
+for f in $(find tests -name '*.c' -o -name '*.h' | sort); do
+  case " $(echo $inside_ok) " in *" $f "*) continue ;; esac
+  grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"engine/engine_internal\.h"' "$f" | while IFS=: read -r n _; do
+    echo "$f:$n: tests may not include engine/engine_internal.h (use engine/engine_testing.h)"; done | grep . && bad=1
 done
 [ $bad = 0 ] && echo "floors: no upward include"
 exit $bad

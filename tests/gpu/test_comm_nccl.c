@@ -29,7 +29,7 @@
 #include "common/clock.h"
 #include "engine/dist/comm.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
+#include "engine/train/train_testing.h"
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_nccl_model"
@@ -116,10 +116,14 @@ static int update(eng *e, eng_update_result *u) {
 }
 
 /* The bf16 weights as fp32 on the host. */
+static long long n_params(eng *e) {
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    return ti.n_params;
+}
 static float *weights(eng *e) {
-    size_t n = (size_t)e->m.n_elems;
-    float *h = malloc(n * 4);
-    if (e->be->sync(e->be) || e->be->act_to_f32(e->be, h, e->w_act, n)) gc_die(e->be, "weights");
+    float *h = malloc((size_t)n_params(e) * 4);
+    if (eng_testing_weights(e, h)) gc_die(NULL, "weights");
     return h;
 }
 
@@ -139,9 +143,8 @@ static void *run_main(void *p) {
     for (int s = 0; s < NSTEP && !j->rc; s++) {
         j->rc = update(j->e, &j->u[s]);
         if (!j->rc && s == 0) {
-            size_t n = (size_t)j->e->m.n_elems;
-            j->grad1 = malloc(n * 4);
-            j->rc = j->e->be->to_host(j->e->be, j->grad1, j->e->grad, n * 4);
+            j->grad1 = malloc((size_t)n_params(j->e) * 4);
+            j->rc = eng_testing_grad(j->e, j->grad1);
         }
     }
     if (!j->rc) j->w = weights(j->e);
@@ -193,7 +196,7 @@ static void engine_rows(void) {
     if (eng_open(&o, &probe)) gc_die(NULL, "eng_open");
     eng_info info;
     eng_get_info(probe, &info);
-    size_t n = (size_t)probe->m.n_elems;
+    size_t n = (size_t)n_params(probe);
     eng_close(probe);
     make_inputs(info.vocab);
 

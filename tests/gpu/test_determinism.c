@@ -27,8 +27,8 @@
 
 #include "engine/format/config.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
 #include "engine/model/model.h"
+#include "engine/train/train_testing.h"
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_det_model"
@@ -234,12 +234,20 @@ static void rollout(eng *e, const eng_rollout_group *g, int n, int max_tokens, u
 
 typedef struct { float *master, *m, *v, *grad; } state;
 
+/* The engine's model (its parameters' names and offsets) and trainable elements. */
+static const model *model_of(eng *e, long long *n) {
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    if (n) *n = ti.n_train;
+    return ti.m;
+}
+
 static void snapshot(eng *e, state *s) {
-    size_t n = (size_t)e->m.n_elems;
-    s->master = gc_get_f32(e->be, e->w_master, n);
-    s->m = gc_get_f32(e->be, e->adam_m, n);
-    s->v = gc_get_f32(e->be, e->adam_v, n);
-    s->grad = gc_get_f32(e->be, e->grad, n);
+    long long n;
+    model_of(e, &n);
+    s->master = malloc((size_t)n * 4 + 4); s->m = malloc((size_t)n * 4 + 4);
+    s->v = malloc((size_t)n * 4 + 4); s->grad = malloc((size_t)n * 4 + 4);
+    if (eng_testing_state(e, s->master, s->m, s->v) || eng_testing_grad(e, s->grad)) gc_die(NULL, "download");
 }
 
 static long long state_differ(const model *m, const char *what, const state *a, const state *b, int grad) {
@@ -366,16 +374,18 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
     snapshot(e, &s1);
     if (eng_update_undo(e)) { printf("FATAL undo: %s\n", err_msg()); return 1; }
     snapshot(e, &s0b);
-    snprintf(sh, sizeof sh, "%s, master + m + v, %lld params", tag, e->m.n_elems);
-    gc_row("det undo restores the state (elems differ)", sh, (double)state_differ(&e->m, "undo", &s0, &s0b, 0), 0);
+    long long n_train;
+    const model *em = model_of(e, &n_train);
+    snprintf(sh, sizeof sh, "%s, master + m + v, %lld params", tag, n_train);
+    gc_row("det undo restores the state (elems differ)", sh, (double)state_differ(em, "undo", &s0, &s0b, 0), 0);
     update(e, ug, 4, 2, 2);
     snapshot(e, &s1b);
     snprintf(sh, sizeof sh, "%s, 4 groups, 2 epochs x 2 mini-batches", tag);
-    gc_row("det same update twice in one process (elems differ)", sh, (double)state_differ(&e->m, "again", &s1, &s1b, 1), 0);
-    rec_add_params(&out, &e->m, "grad", s1b.grad);
-    rec_add_params(&out, &e->m, "master", s1b.master);
-    rec_add_params(&out, &e->m, "adam_m", s1b.m);
-    rec_add_params(&out, &e->m, "adam_v", s1b.v);
+    gc_row("det same update twice in one process (elems differ)", sh, (double)state_differ(em, "again", &s1, &s1b, 1), 0);
+    rec_add_params(&out, em, "grad", s1b.grad);
+    rec_add_params(&out, em, "master", s1b.master);
+    rec_add_params(&out, em, "adam_m", s1b.m);
+    rec_add_params(&out, em, "adam_v", s1b.v);
     long long np1;
     float *p1 = probe(e, &np1);
     rec_add(&out, "probe1", p1, np1);

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
+#include "engine/engine_testing.h"
 #include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
@@ -207,9 +207,9 @@ static void engine_level(const char *out) {
     sp.max_tokens = 24; sp.seed = 5; sp.ignore_eos = 1;
     eng_group_result ga, gb, g0;
     if (eng_rollout(e, &rg, 1, &sp, &ga, NULL, NULL) || eng_rollout(e0, &rg, 1, &sp, &g0, NULL, NULL)) gc_die(NULL, "rollout");
-    e->be->tune.graphs = 0;
+    eng_testing_tune(e)->graphs = 0;
     if (eng_rollout(e, &rg, 1, &sp, &gb, NULL, NULL)) gc_die(NULL, "rollout");
-    e->be->tune.graphs = 1;
+    eng_testing_tune(e)->graphs = 1;
     int same_graph = 1, differs_base = 0;
     double msum = 0;
     long long mk = 0;

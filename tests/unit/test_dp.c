@@ -33,7 +33,7 @@
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
+#include "engine/engine_testing.h"
 
 #define MODEL "/tmp/grpod_test_dp_model"
 #define CKPT "/tmp/grpod_test_dp_ckpt"
@@ -186,7 +186,20 @@ static void close_world(int W, comm **cs, rank_job *j) {
 
 /* ---------------------------------------------------------------- comparisons */
 
-static long long n_elems(eng *e) { return e->m.n_elems; }
+static long long n_elems(eng *e) {
+    eng_testing_info t;
+    eng_testing_get(e, &t);
+    return t.n_params;
+}
+
+/* e's weights as host fp32 (engine/engine_testing.h) in scratch slot s (0 or 1), valid until the
+ * next call with that slot. Every engine here has the default model's n_elems. */
+static float *wbuf_[2];
+static const float *weights(eng *e, int s) {
+    if (!wbuf_[s]) wbuf_[s] = malloc((size_t)n_elems(e) * 4);
+    if (eng_testing_weights(e, wbuf_[s])) printf("  weights: %s\n", err_msg());
+    return wbuf_[s];
+}
 
 /* How far weights a are from the reference b, both reached from w0 by an update of learning rate
  * lr: the relative L2 error of the update (a - w0 against b - w0) and the largest |a - b| in units
@@ -265,14 +278,14 @@ TEST(one_rank_reference) {
     CHECK_MSG(e, "%s", err_msg());
     long long n = n_elems(e);
     float *w0 = malloc((size_t)n * 4);
-    memcpy(w0, e->w_act, (size_t)n * 4);
+    memcpy(w0, weights(e, 0), (size_t)n * 4);
     for (int k = 0; k < NCFG; k++) {
         CHECK_MSG(run_update(e, k, &ref_u[k]) == 0, "config %d: %s", k, err_msg());
         CHECK_MSG(ref_u[k].optimizer_steps > 0, "config %d took no step", k);
         ref_w[k] = malloc((size_t)n * 4);
-        memcpy(ref_w[k], e->w_act, (size_t)n * 4);
+        memcpy(ref_w[k], weights(e, 0), (size_t)n * 4);
         CHECK(eng_update_undo(e) == 0);
-        CHECK(memcmp(w0, e->w_act, (size_t)n * 4) == 0);
+        CHECK(memcmp(w0, weights(e, 0), (size_t)n * 4) == 0);
         printf("  config %d: loss %.6f grad_norm %.4f (clip %.2f) steps %d micro %d clip_frac %.3f filtered %d\n", k,
                ref_u[k].loss, ref_u[k].grad_norm, 0.05, ref_u[k].optimizer_steps, ref_u[k].micro_batches,
                ref_u[k].clip_frac, ref_u[k].groups_filtered);
@@ -290,7 +303,7 @@ TEST(one_rank_comm_is_no_comm) {
     for (int k = 0; k < NCFG; k++) {
         eng_update_result u;
         CHECK_MSG(run_update(e, k, &u) == 0, "config %d: %s", k, err_msg());
-        CHECK_MSG(memcmp(e->w_act, ref_w[k], (size_t)n_elems(e) * 4) == 0, "config %d: weights differ", k);
+        CHECK_MSG(memcmp(weights(e, 0), ref_w[k], (size_t)n_elems(e) * 4) == 0, "config %d: weights differ", k);
         u.ms_old = ref_u[k].ms_old; u.ms_ref = ref_u[k].ms_ref; u.ms_policy = ref_u[k].ms_policy;
         u.ms_optimizer = ref_u[k].ms_optimizer; u.ms_total = ref_u[k].ms_total;
         u.ms_snapshot_wait = ref_u[k].ms_snapshot_wait;
@@ -308,13 +321,13 @@ TEST(ranks_equal_one_rank) {
         CHECK_MSG(open_world(W, cs, j, NULL) == 0, "%s", err_msg());
         long long n = n_elems(j[0].e);
         float *w0 = malloc((size_t)n * 4);
-        memcpy(w0, j[0].e->w_act, (size_t)n * 4);
+        memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
         w_err worst = { 0, 0 };
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
             if (all_ranks(j, W, OP_UPDATE, k, NULL)) { bad = 1; break; }
             for (int q = 0; q < W && !bad; q++) {
-                w_err x = weight_err(j[q].e->w_act, ref_w[k], w0, n, LR);
+                w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
                 if (x.rel_l2 > worst.rel_l2) worst.rel_l2 = x.rel_l2;
                 if (x.max_lr > worst.max_lr) worst.max_lr = x.max_lr;
                 if (!weights_ok(x)) {
@@ -327,7 +340,7 @@ TEST(ranks_equal_one_rank) {
             if (f) { printf("  W=%d config %d: result field %s differs from one rank's\n", W, k, f); bad = 1; }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(j[q].e->w_act, w0, (size_t)n * 4)) { printf("  W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
+                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) { printf("  W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
         }
         printf("  W=%d: worst over %d configs and every rank: update rel L2 %.3g (tol 1e-5), max |dw| %.3g lr (tol 0.01)\n",
                W, NCFG, worst.rel_l2, worst.max_lr);
@@ -346,7 +359,7 @@ TEST(failure_is_global_and_atomic) {
     CHECK_MSG(open_world(3, cs, j, NULL) == 0, "%s", err_msg());
     long long n = n_elems(j[0].e);
     float *w0 = malloc((size_t)n * 4);
-    memcpy(w0, j[0].e->w_act, (size_t)n * 4);
+    memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
     int gi = 4, ri = 0;   /* config 3: given advantages, mini-batches of 4 groups; a response it does not mask */
     while (trunc_[gi][ri]) if (++ri == N_[gi]) { ri = 0; gi++; }
     CHECK(gi < NG);
@@ -357,14 +370,14 @@ TEST(failure_is_global_and_atomic) {
     for (int q = 0; q < 3; q++) {
         CHECK_MSG(j[q].rc == GE_NON_FINITE, "rank %d: rc %d (%s)", q, j[q].rc, j[q].msg);
         CHECK_MSG(strstr(j[q].msg, "step 2 of 2"), "rank %d: %s", q, j[q].msg);
-        CHECK_MSG(memcmp(j[q].e->w_act, w0, (size_t)n * 4) == 0, "rank %d's weights were not restored", q);
+        CHECK_MSG(memcmp(weights(j[q].e, 0), w0, (size_t)n * 4) == 0, "rank %d's weights were not restored", q);
         eng_info i;
         eng_get_info(j[q].e, &i);
         CHECK_EQ_INT(i.policy_version, 0);
     }
     /* and the next update is the one an untouched world makes */
     CHECK(all_ranks(j, 3, OP_UPDATE, 3, NULL) == 0);
-    w_err x = weight_err(j[2].e->w_act, ref_w[3], w0, n, LR);
+    w_err x = weight_err(weights(j[2].e, 0), ref_w[3], w0, n, LR);
     CHECK_MSG(weights_ok(x), "after the failure: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
     close_world(3, cs, j);
     free(w0);
@@ -388,11 +401,11 @@ TEST(checkpoints_cross_world_sizes) {
     CHECK_MSG(memcmp(lp, j[0].lp, (size_t)np * 4) == 0, "logprobs after W=3 -> 1 differ");
     long long n = n_elems(one);
     float *w0 = malloc((size_t)n * 4);
-    memcpy(w0, one->w_act, (size_t)n * 4);
+    memcpy(w0, weights(one, 1), (size_t)n * 4);
     eng_update_result u1;
     CHECK(run_update(one, 2, &u1) == 0);
     CHECK(all_ranks(j, 3, OP_UPDATE, 2, NULL) == 0);
-    w_err x = weight_err(j[1].e->w_act, one->w_act, w0, n, LR);
+    w_err x = weight_err(weights(j[1].e, 0), weights(one, 1), w0, n, LR);
     CHECK_MSG(weights_ok(x), "the update after W=3 -> 1 differs: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
     CHECK_EQ_INT(u1.policy_version_after, j[0].u.policy_version_after);
     /* one rank -> W = 3 */
@@ -402,11 +415,11 @@ TEST(checkpoints_cross_world_sizes) {
     CHECK(all_ranks(j, 3, OP_PROBE, 0, NULL) == 0);
     np = probe(one, lp);
     for (int q = 0; q < 3; q++) CHECK_MSG(memcmp(lp, j[q].lp, (size_t)np * 4) == 0, "logprobs after 1 -> W=3 differ on rank %d", q);
-    memcpy(w0, one->w_act, (size_t)n * 4);
+    memcpy(w0, weights(one, 1), (size_t)n * 4);
     CHECK(run_update(one, 4, &u1) == 0);
     CHECK(all_ranks(j, 3, OP_UPDATE, 4, NULL) == 0);
     for (int q = 0; q < 3; q++) {
-        x = weight_err(j[q].e->w_act, one->w_act, w0, n, LR);
+        x = weight_err(weights(j[q].e, 0), weights(one, 1), w0, n, LR);
         CHECK_MSG(weights_ok(x), "the update after 1 -> W=3 differs on rank %d: rel L2 %.3g, max %.3g lr", q, x.rel_l2, x.max_lr);
     }
     free(w0);
@@ -426,20 +439,22 @@ TEST(offload_on_ranks_equals_one_rank) {
         comm *cs[WMAX];
         rank_job j[WMAX];
         CHECK_MSG(open_world(W, cs, j, NULL) == 0, "%s", err_msg());
-        CHECK(j[0].e->offload);
+        eng_testing_info ti;
+        eng_testing_get(j[0].e, &ti);
+        CHECK(ti.offload);
         long long n = n_elems(j[0].e);
         float *w0 = malloc((size_t)n * 4);
-        memcpy(w0, j[0].e->w_act, (size_t)n * 4);
+        memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
             if (all_ranks(j, W, OP_UPDATE, k, NULL)) { bad = 1; break; }
             for (int q = 0; q < W && !bad; q++) {
-                w_err x = weight_err(j[q].e->w_act, ref_w[k], w0, n, LR);
+                w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
                 if (!weights_ok(x)) { printf("  offload W=%d config %d rank %d: rel L2 %.3g, max %.3g lr\n", W, k, q, x.rel_l2, x.max_lr); bad = 1; }
             }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(j[q].e->w_act, w0, (size_t)n * 4)) { printf("  offload W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
+                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) { printf("  offload W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
         }
         if (!bad && W == 2) {   /* a checkpoint with offloaded shards, loaded by one rank without offload */
             eng_remove_tree(CKPT "_off");
@@ -492,5 +507,6 @@ int main(void) {
     RUN(offload_on_ranks_equals_one_rank);
     RUN(refused_combinations_say_why);
     for (int k = 0; k < NCFG; k++) free(ref_w[k]);
+    free(wbuf_[0]); free(wbuf_[1]);
     return CHECK_DONE();
 }

@@ -9,7 +9,7 @@
 
 #include "check.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
+#include "engine/train/train_testing.h"
 #include "common/err.h"
 
 #define MODEL "/tmp/grpod_test_lora_model"
@@ -25,9 +25,15 @@ static eng *open_with(int rank, const char *resume, const char *init) {
     return e;
 }
 
-static float *host_copy(const void *dev, long long n) {
+/* Host copies of e's base weights (n_params) and of its trainable master, the adapters (n_train). */
+static float *weights_copy(eng *e, long long n) {
     float *h = malloc((size_t)n * 4);
-    memcpy(h, dev, (size_t)n * 4);   /* cpu backend: device memory is host memory */
+    if (eng_testing_weights(e, h)) printf("  weights: %s\n", err_msg());
+    return h;
+}
+static float *master_copy(eng *e, long long n) {
+    float *h = malloc((size_t)n * 4);
+    if (eng_testing_state(e, h, NULL, NULL)) printf("  master: %s\n", err_msg());
     return h;
 }
 
@@ -47,7 +53,9 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     eng_get_info(e, &in);
     CHECK_EQ_INT(in.lora_rank, 8);
     CHECK_STR(in.lora_targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
-    CHECK(e->ref_act == NULL && e->lora_master != NULL);
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    CHECK(!ti.own_reference && ti.n_train > 0 && ti.n_train < ti.n_params && ti.n_lora_a > 0);
     int good[6] = { 65, 66, 67, 68, 69, 70 }, bad[5] = { 97, 98, 99, 100, 101 }, mid[4] = { 48, 49, 50, 51 };
     const int *resp[3] = { good, bad, mid };
     int R[3] = { 6, 5, 4 };
@@ -57,7 +65,7 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     CHECK(eng_logprobs(e0, &g, 1, 0, 1.0f, 1 << 20, &base) == 0);
     CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &before) == 0);
     CHECK_MSG(same(base, before, R, 3), "fresh adapters (B = 0) changed the logprobs");
-    float *w0 = host_copy(e->w_act, e->m.n_elems), *l0 = host_copy(e->lora_master, e->m.l_elems);
+    float *w0 = weights_copy(e, ti.n_params), *l0 = master_copy(e, ti.n_train);
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.05f;   /* the reference pass runs (on the base) */
@@ -75,12 +83,14 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     CHECK_MSG(d[0] > 0.5 && d[1] < -0.5, "good moved %+.3f, bad %+.3f", d[0], d[1]);
     CHECK_MSG(u.kl > 0, "kl %.3g: the reference pass did not see the base", u.kl);
     CHECK_MSG(same(ref, base, R, 3), "the reference (base, adapters off) moved");
-    CHECK_MSG(!memcmp(w0, e->w_act, (size_t)e->m.n_elems * 4), "the base weights changed");
-    long long na = e->m.l_elems_a, changed_a = 0, changed_b = 0;
-    for (long long i = 0; i < e->m.l_elems; i++)
-        if (e->lora_master[i] != l0[i]) *(i < na ? &changed_a : &changed_b) += 1;
-    printf("  changed: %lld of %lld A, %lld of %lld B elements\n", changed_a, na, changed_b, e->m.l_elems - na);
-    CHECK_MSG(changed_a > na / 2 && changed_b > (e->m.l_elems - na) / 2, "A %lld B %lld changed", changed_a, changed_b);
+    float *w1 = weights_copy(e, ti.n_params), *l1 = master_copy(e, ti.n_train);
+    CHECK_MSG(!memcmp(w0, w1, (size_t)ti.n_params * 4), "the base weights changed");
+    long long na = ti.n_lora_a, changed_a = 0, changed_b = 0;
+    for (long long i = 0; i < ti.n_train; i++)
+        if (l1[i] != l0[i]) *(i < na ? &changed_a : &changed_b) += 1;
+    printf("  changed: %lld of %lld A, %lld of %lld B elements\n", changed_a, na, changed_b, ti.n_train - na);
+    CHECK_MSG(changed_a > na / 2 && changed_b > (ti.n_train - na) / 2, "A %lld B %lld changed", changed_a, changed_b);
+    free(w1); free(l1);
 
     /* rollouts decode with the adapters: their logprobs are the trained policy's */
     eng_rollout_group rg = { prompt, NP, 3 };

@@ -23,8 +23,8 @@
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
 #include "engine/format/safetensors.h"
+#include "engine/train/train_testing.h"
 
 #define FIX "tests/fixtures"
 #define MODEL FIX "/data/qwen3"
@@ -151,14 +151,16 @@ TEST(updates_match_verl) {
         eng *e;
         eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu" };
         CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
-        size_t n = (size_t)e->m.n_elems;
+        eng_testing_info ti;
+        eng_testing_get(e, &ti);
+        size_t n = (size_t)ti.n_train;
         float *w0 = malloc(n * 4), *w1 = malloc(n * 4), *g1 = malloc(n * 4);
-        CHECK(e->be->to_host(e->be, w0, e->w_master, n * 4) == 0);
+        CHECK(eng_testing_state(e, w0, NULL, NULL) == 0);
         eng_update_result u;
         int rc = eng_update(e, b.g, b.n, &a, &o, 1 << 20, &u, NULL, NULL);
         CHECK_MSG(rc == 0, "%s: %s", name, err_msg());
-        CHECK(e->be->to_host(e->be, w1, e->w_master, n * 4) == 0);
-        CHECK(e->be->to_host(e->be, g1, e->grad, n * 4) == 0);
+        CHECK(eng_testing_state(e, w1, NULL, NULL) == 0);
+        CHECK(eng_testing_grad(e, g1) == 0);
         int ns = (int)json_object_array_length(steps);
         CHECK_EQ_INT(u.optimizer_steps, ns);
         CHECK_EQ_INT(u.loss_scale_factor, json_object_get_int(json_object_object_get(c, "loss_scale_factor")));
@@ -182,7 +184,7 @@ TEST(updates_match_verl) {
             CHECK_MSG(fabs(u.verl_entropy - want) <= 1e-6 + PARITY_TOL * fabs(want), "%s: actor/entropy %.9g, verl %.9g",
                       name, u.verl_entropy, want);
         }
-        double eg = rel_l2_params(&e->m, g1, NULL, &st, name, "grad"), ew = rel_l2_params(&e->m, w1, w0, &st, name, "delta");
+        double eg = rel_l2_params(ti.m, g1, NULL, &st, name, "grad"), ew = rel_l2_params(ti.m, w1, w0, &st, name, "delta");
         CHECK_MSG(eg <= PARITY_TOL, "%s: gradient rel L2 %.2e", name, eg);
         CHECK_MSG(ew <= WEIGHT_TOL, "%s: weight change rel L2 %.2e", name, ew);
         printf("# | %s | %d | %.1e | %.1e | %.1e |\n", name, ns, loss_rel, eg, ew);

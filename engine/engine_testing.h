@@ -1,0 +1,27 @@
+/* engine_testing.h — for tests only: what an engine object holds (its model, its weights, its
+ * backend's tuning knobs), read without reaching into struct eng. Never called by the daemon.
+ * Copies go to host memory the caller owns; the engine thread calls these, like every eng_*
+ * call. The training state (gradients, master, moments) is engine/train/train_testing.h. */
+#ifndef GRPOD_ENGINE_TESTING_H
+#define GRPOD_ENGINE_TESTING_H
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "kernels/tune.h"
+
+typedef struct {
+    long long n_params;         /* elements of the model's weights (eng_testing_weights) */
+    long long n_train;          /* trainable elements: the adapters' with LoRA, else n_params */
+    long long n_lora_a;         /* with LoRA: the first n_lora_a of n_train are the A matrices */
+    int offload;                /* 1: master and moments in host memory (optimizer offload) */
+    int own_reference;          /* 1: a frozen reference copy of its own (0 with LoRA: the base is it) */
+    int rank, world;            /* this rank and the world size (0 and 1 without a comm) */
+    const model *m;             /* the model: its parameters' names, shapes and offsets into the
+                                 * flat vectors (params[p].off; with LoRA lparams, A before B) */
+} eng_testing_info;
+
+void eng_testing_get(eng *e, eng_testing_info *out);
+/* The act-typed weights (bf16 on cuda; fp32 on cpu, bit for bit) as fp32, (n_params). */
+int eng_testing_weights(eng *e, float *out);
+/* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
+tune_opts *eng_testing_tune(eng *e);
+#endif
