@@ -85,6 +85,7 @@ TEST(rmsnorm_backward) {
     double ex = fd_rel_err(rms_loss, &c, c.x, dx, T * C, 4), ew = fd_rel_err(rms_loss, &c, c.w, dw, C, 5);
     printf("  rmsnorm: dx %.2e dw %.2e\n", ex, ew);
     CHECK_MSG(ex < FD_TOL && ew < FD_TOL, "rel err dx %.3g dw %.3g", ex, ew);
+    free(c.x); free(c.w); free(c.y); free(c.r); free(c.wy); free(dx); free(dw);
 }
 
 /* ---------------------------------------------------------------- matmul */
@@ -106,6 +107,7 @@ TEST(matmul_backward) {
            eb = fd_rel_err(mm_loss, &c, c.b, db, O, 12);
     printf("  matmul: dx %.2e dw %.2e db %.2e\n", ex, ew, eb);
     CHECK_MSG(ex < FD_TOL && ew < FD_TOL && eb < FD_TOL, "rel err %.3g %.3g %.3g", ex, ew, eb);
+    free(c.x); free(c.w); free(c.b); free(c.y); free(c.wy); free(dx); free(dw); free(db);
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -131,6 +133,7 @@ TEST(rope_backward) {
     double e = fd_rel_err(rope_loss, &c, c.x, dx, n, 15);
     printf("  rope: dx %.2e\n", e);
     CHECK_MSG(e < FD_TOL, "rel err %.3g", e);
+    free(c.x); free(c.y); free(c.wy); free(c.f); free(c.pos); free(dx);
 }
 
 /* ---------------------------------------------------------------- attention (two ranges) */
@@ -164,6 +167,8 @@ TEST(attention_backward_shared_prefix) {
            ev = fd_rel_err(att_loss, &c, c.v, dv, nk, 22);
     printf("  attention: dq %.2e dk %.2e dv %.2e\n", eq, ek, ev);
     CHECK_MSG(eq < FD_TOL && ek < FD_TOL && ev < FD_TOL, "rel err %.3g %.3g %.3g", eq, ek, ev);
+    free(c.q); free(c.k); free(c.v); free(c.o); free(c.lse); free(c.wy);
+    free(a0); free(a1); free(b0); free(b1); free(dq); free(dk); free(dv);
 }
 
 /* ---------------------------------------------------------------- swiglu */
@@ -183,6 +188,7 @@ TEST(swiglu_backward) {
     double eg = fd_rel_err(swi_loss, &c, c.g, dg, n, 26), eu = fd_rel_err(swi_loss, &c, c.u, du, n, 27);
     printf("  swiglu: dgate %.2e dup %.2e\n", eg, eu);
     CHECK_MSG(eg < FD_TOL && eu < FD_TOL, "rel err %.3g %.3g", eg, eu);
+    free(c.g); free(c.u); free(c.y); free(c.wy); free(dg); free(du);
 }
 
 /* ---------------------------------------------------------------- logprob head (+ entropy) */
@@ -205,6 +211,7 @@ TEST(logprob_head_backward) {
     double eh = fd_rel_err(lp_loss, &c, c.h, dh, T * C, 32), ew = fd_rel_err(lp_loss, &c, c.w, dw, V * C, 33);
     printf("  logprob head: dh %.2e dW %.2e\n", eh, ew);
     CHECK_MSG(eh < FD_TOL && ew < FD_TOL, "rel err %.3g %.3g", eh, ew);
+    free(c.h); free(c.w); free(c.lp); free(c.ent); free(c.wl); free(c.we); free(dh); free(dw);
 }
 
 /* ---------------------------------------------------------------- the whole model */
