@@ -4,6 +4,7 @@
 #   make run        the daemon on the embedded default model (flags: make run ARGS="--listen 127.0.0.1:9000")
 #   make deps       Debian + Python packages the build and tests need (idempotent)
 #   make bench      CPU benchmarks
+#   make sanitize   ASan+UBSan and TSan over the tests (CPU backend, build/asan and build/tsan)
 #   make install    PREFIX=/usr/local DESTDIR=
 # Sources are found by wildcard: a new file in common/, engine/, kernels/, api/, store/, daemon/
 # or tests/unit/ joins the build without touching this file. common/ (errors, log, clock, files)
@@ -17,6 +18,10 @@ BUILD    := build
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -MMD -MP
 LDLIBS   := -fopenmp -pthread -lm
+# SAN: sanitizer flags for compiling and linking alike (make sanitize sets it, with its own BUILD)
+SAN      ?=
+CFLAGS   += $(SAN)
+LDLIBS   += $(SAN)
 APPLIBS  := -lmicrohttpd -ljson-c -luv -lsqlite3 -lpcre2-8
 
 ifeq ($(CUDA),0)
@@ -53,7 +58,7 @@ APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HOOKS_BIN  := $(BUILD)/grpod-test-hooks
 
-.PHONY: all deps test run bench install clean gpu-tests fuzz nccl-flags
+.PHONY: all deps test run bench install clean gpu-tests fuzz nccl-flags sanitize
 all: grpod
 
 # The compile and link flags of NCCL as this Makefile found it ("|" between; empty without it).
@@ -65,7 +70,8 @@ $(BUILD)/libengine.a: $(ENGINE_OBJ)
 $(BUILD)/libapp.a: $(APP_OBJ)
 	@rm -f $@; ar rcs $@ $^
 
-grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
+# $(BUILD)/grpod: the same daemon inside another build directory (make sanitize's variants)
+grpod $(BUILD)/grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 
 # The daemon with its test hooks compiled in (-DGRPOD_TEST_HOOKS: daemon/worker.c's engine-hang
@@ -128,6 +134,31 @@ fuzz: $(FUZZ_BIN)
 	  echo "fuzz_$$n: exit $$rc, $$(grep -E '^stat::number_of_executed_units' $(BUILD)/fuzz-long/$$n.log | cut -d: -f4) runs," \
 	    "$$(grep -oE 'cov: [0-9]+' $(BUILD)/fuzz-long/$$n.log | tail -1) (log $(BUILD)/fuzz-long/$$n.log)"; \
 	  [ $$rc = 0 ] || { grep -m3 -E 'ERROR|SUMMARY|runtime error' $(BUILD)/fuzz-long/$$n.log; exit 1; }; done
+
+# Sanitizers over the tests (tests/sanitize.sh runs them and fails on any report), CPU backend
+# only (CUDA=0), each variant in its own build directory so it never mixes with the normal build:
+#   build/asan  ASan + UBSan + LeakSanitizer: every unit test, and the integration tests but the
+#               long training runs (test_learns, test_dashboard: toy runs of 40-100 steps, 8 min
+#               under ASan for no path the others miss) and test_torture (kill loops), which
+#               `make test` runs.
+#   build/tsan  TSan over the code with threads: unit tests test_comm (cpu comm ranks),
+#               test_comm_tcp (TCP comm ranks, two processes), test_dp (engines on rank threads),
+#               test_update_atomic (the safety copy's thread), test_store (SQLite from threads);
+#               integration tests test_ranks (rank threads), test_batching (the worker thread
+#               beside the HTTP threads), test_lifecycle (signals, drain, shutdown).
+# CI runs it after `make test` (.ci/run): about 15 minutes on two cores (budget 20), half of it
+# TSan (test_dp alone ~3.5 min).
+SAN_ASAN   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SAN_TSAN   := -fsanitize=thread
+ASAN_TESTS := $(filter-out %/test_learns.py %/test_dashboard.py %/test_torture.py,$(wildcard tests/integration/test_*.py))
+TSAN_UNITS := test_comm test_comm_tcp test_dp test_update_atomic test_store
+TSAN_TESTS := $(addprefix tests/integration/,test_ranks.py test_batching.py test_lifecycle.py)
+sanitize: deps
+	@CFLAGS="-O2 -g" $(MAKE) --no-print-directory BUILD=build/asan CUDA=0 SAN="$(SAN_ASAN)" \
+	  build/asan/grpod $(TEST_SRC:tests/unit/%.c=build/asan/tests/%)
+	@CFLAGS="-O2 -g" $(MAKE) --no-print-directory BUILD=build/tsan CUDA=0 SAN="$(SAN_TSAN)" \
+	  build/tsan/grpod $(TSAN_UNITS:%=build/tsan/tests/%)
+	@ASAN_TESTS="$(ASAN_TESTS)" TSAN_UNITS="$(TSAN_UNITS)" TSAN_TESTS="$(TSAN_TESTS)" bash tests/sanitize.sh
 
 run:
 	@bash tools/deps.sh
