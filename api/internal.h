@@ -33,6 +33,10 @@ struct api_server {
     char api_key[API_KEY_MAX];      /* under mu: SIGHUP replaces it (api_set_api_key) */
     char allowed_hosts[1024], allowed_origins[1024];
     struct MHD_Daemon *mhd;
+    /* The listening socket MHD_quiesce_daemon gave back (MHD_INVALID_SOCKET before): shut at
+     * once, so new connections are refused, but closed only after MHD_stop_daemon, since MHD's
+     * own threads may still use it until then (its documented contract). */
+    MHD_socket quiesced_fd;
     api_conns *conns;               /* admission and request deadlines (conns.h) */
     int port;
     pthread_mutex_t mu;             /* limits, pool, fail_msg */

@@ -204,6 +204,7 @@ int api_start(const api_config *cfg, api_server **out) {
     api_server *s = calloc(1, sizeof *s);
     if (!s) return err_set(GE_NOMEM, "api: out of memory");
     s->cfg = *cfg;
+    s->quiesced_fd = MHD_INVALID_SOCKET;
     snprintf(s->listen, sizeof s->listen, "%s", cfg->listen);
     snprintf(s->data_dir, sizeof s->data_dir, "%s", cfg->data_dir);
     snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key ? cfg->api_key : "");
@@ -297,8 +298,8 @@ void api_set_submit_hook(api_server *s, void (*job_submitted)(void *ud), void *u
 void api_quiesce(api_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, 1);
-    MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    s->quiesced_fd = MHD_quiesce_daemon(s->mhd);
+    if (s->quiesced_fd != MHD_INVALID_SOCKET) shutdown(s->quiesced_fd, SHUT_RDWR);
     api_resume_waiters(s, 1);
 }
 
@@ -319,6 +320,7 @@ void api_stop(api_server *s) {
         usleep(50 * 1000);
     }
     MHD_stop_daemon(s->mhd);
+    if (s->quiesced_fd != MHD_INVALID_SOCKET) close(s->quiesced_fd);
     api_conns_free(s->conns);
     for (int i = 0; i < s->n_pool; i++) store_close(s->pool[i]);
     pthread_mutex_destroy(&s->mu);
