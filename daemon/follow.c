@@ -28,8 +28,11 @@
 #include "daemon/worker.h"
 #include "engine/engine.h"
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+/* Set by SIGTERM/SIGINT on the main thread, read there and by the poller thread: an atomic (lock
+ * free, so the handler may store it), where a volatile sig_atomic_t is only for the thread that
+ * the signal interrupts. */
+static atomic_int g_stop;
+static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, 1); }
 
 /* ---------------------------------------------------------------- HTTP client */
 
@@ -191,7 +194,7 @@ done:
 static int join(const leader *L, const follow_config *c, const char *backend, world_info *w) {
     long long id = -1;
     int last_st = 0;
-    while (!g_stop) {
+    while (!atomic_load(&g_stop)) {
         char body[160], *resp = NULL;
         if (id >= 0) snprintf(body, sizeof body, "{\"ranks\":%d,\"backend\":\"%s\",\"follower\":%lld}", c->ranks, backend, id);
         else snprintf(body, sizeof body, "{\"ranks\":%d,\"backend\":\"%s\"}", c->ranks, backend);
@@ -289,7 +292,7 @@ static void *poll_main(void *arg) {
     epoch *ep = arg;
     long long after = 0;
     char path[128];
-    while (!atomic_load(&ep->quit) && !atomic_load(&ep->gone) && !g_stop) {
+    while (!atomic_load(&ep->quit) && !atomic_load(&ep->gone) && !atomic_load(&g_stop)) {
         char *resp = NULL;
         snprintf(path, sizeof path, "/v1/cluster/next?follower=%lld&after=%lld", ep->id, after);
         int st = http(ep->L, "GET", path, NULL, 10, &resp);
@@ -383,7 +386,7 @@ static void run_call(epoch *ep, const jobs_env *env, const char *call, long long
  * parts posted; it sleeps when none of them has work. */
 static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
     fpart *run = NULL;          /* started parts */
-    while (!g_stop && !atomic_load(&ep->gone)) {
+    while (!atomic_load(&g_stop) && !atomic_load(&ep->gone)) {
         pthread_mutex_lock(&ep->mu);
         char *call = ep->call;
         long long seq = ep->call_seq;
@@ -445,7 +448,7 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
         }
         if (did) continue;
         pthread_mutex_lock(&ep->mu);
-        if (!ep->wake && !atomic_load(&ep->gone) && !g_stop) {
+        if (!ep->wake && !atomic_load(&ep->gone) && !atomic_load(&g_stop)) {
             struct timespec ts;
             clock_wall_after(0.1, &ts);
             pthread_cond_timedwait(&ep->cv, &ep->mu, &ts);
@@ -536,7 +539,7 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
     pthread_cond_destroy(&ep.cv);
     pthread_mutex_destroy(&ep.mu);
     log_event(LOG_INFO, "follower_closed", "\"follower\":%lld", w->id);
-    if (rc && !g_stop) sleep(1);
+    if (rc && !atomic_load(&g_stop)) sleep(1);
 }
 
 int follow_main(const follow_config *c) {
@@ -552,7 +555,7 @@ int follow_main(const follow_config *c) {
     signal(SIGPIPE, SIG_IGN);
     const char *backend = eng_backend_resolve(c->backend);
     log_event(LOG_INFO, "follower_starting", "\"leader\":\"%s\",\"ranks\":%d,\"backend\":\"%s\"", L.hostport, c->ranks, backend);
-    while (!g_stop) {
+    while (!atomic_load(&g_stop)) {
         world_info w;
         if (join(&L, c, backend, &w)) break;
         log_event(LOG_INFO, "joined", "\"follower\":%lld,\"rank0\":%d,\"world\":%d", w.id, w.rank0, w.world);
