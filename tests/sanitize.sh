@@ -1,6 +1,6 @@
 #!/bin/bash
 # make sanitize: the tests again under the sanitizers, on binaries that `make sanitize` built
-# first with CUDA=0 (the CPU backend) in build directories of their own:
+# first with clang and CUDA=0 (the CPU backend) in build directories of their own:
 #   build/asan  AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all) and
 #               LeakSanitizer: every unit test, then the integration tests in ASAN_TESTS.
 #   build/tsan  ThreadSanitizer: the unit tests in TSAN_UNITS and the integration tests in
@@ -8,11 +8,12 @@
 # Every report goes to a file of its own (log_path: build/sanitize-logs/SUITE/asan.PID, ubsan.PID
 # or tsan.PID), so a report from a daemon that a test kills, or whose exit status no test reads,
 # still fails the run: any report file is a failure, and its first lines are printed here.
-# OpenMP under TSan: libgomp is not instrumented, so TSan cannot see its barriers and reports the
-# data an OpenMP region hands between its pool threads as races (false positives, e.g.
-# kernels/embedding_cpu.c's loop against the engine thread's next write). OMP_THREAD_LIMIT=1 runs
-# every region on one thread (OMP_NUM_THREADS would not do: the cpu backend sets its thread count
-# with omp_set_num_threads); the threads the daemon and the comms start themselves stay checked.
+# OpenMP under TSan: the OpenMP runtime (libomp, as libgomp) is not instrumented, so TSan cannot
+# see its barriers and reports what a region hands between its pool threads as races (false
+# positives: the runtime's own memory inside kernels/attention_cpu.c's region, the engine thread's
+# writes after another). OMP_THREAD_LIMIT=1 runs every region on one thread (OMP_NUM_THREADS would
+# not do: the cpu backend sets its thread count with omp_set_num_threads); the threads the daemon
+# and the comms start themselves stay checked.
 # Prints a row a suite and ends with "sanitize: N passed, N failed"; exit 1 on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,13 +24,13 @@ pass=0; fail=0
 
 # reports DIR: 0 when the sanitizers wrote no report under DIR; else prints the first of them.
 reports() {
-  local files
+  local files r
   files=$(find "$1" -name 'asan.*' -o -name 'ubsan.*' -o -name 'tsan.*' 2>/dev/null | sort)
   [ -z "$files" ] && return 0
-  for f in $files; do
-    echo "    report $f:"
-    grep -m1 -E 'ERROR|WARNING|runtime error' "$f" | sed 's/^/    | /'
-    grep -m6 -E '^ *#[0-9]' "$f" | sed 's/^/    | /'
+  for r in $files; do
+    echo "    report $r:"
+    grep -m1 -E 'ERROR|WARNING|runtime error' "$r" | sed 's/^/    | /'
+    grep -m6 -E '^ *#[0-9]' "$r" | sed 's/^/    | /'
   done
   return 1
 }

@@ -5,10 +5,11 @@
 set -eu
 debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev libpcre2-dev pkg-config curl clang libclang-rt-14-dev systemd"
 pips="tokenizers pytest requests numpy"
-# --test (make test, make deps; not make run): chromium, the dashboard test's headless browser
-# (tests/integration/test_dashboard.py), and the official openai client (test_openai.py)
+# --test (make test, make deps, make sanitize; not make run): chromium, the dashboard test's
+# headless browser (tests/integration/test_dashboard.py), libomp-14-dev (OpenMP for clang, which
+# builds make sanitize's variants) and the official openai client (test_openai.py)
 if [ "${1:-}" = --test ]; then
-  debs="$debs chromium"
+  debs="$debs chromium libomp-14-dev"
   pips="$pips openai"
 fi
 missing=""
