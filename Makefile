@@ -58,7 +58,7 @@ APP_OBJ    := $(APP_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 HOOKS_BIN  := $(BUILD)/grpod-test-hooks
 
-.PHONY: all deps test run bench install clean gpu-tests fuzz nccl-flags sanitize
+.PHONY: all deps test run bench install clean gpu-tests fuzz nccl-flags sanitize format
 all: grpod
 
 # The compile and link flags of NCCL as this Makefile found it ("|" between; empty without it).
@@ -158,6 +158,11 @@ TSAN_UNITS := test_comm test_comm_tcp test_dp test_update_atomic test_store
 TSAN_TESTS := $(addprefix tests/integration/,test_ranks.py test_batching.py test_lifecycle.py test_join.py)
 # -Wno-pass-failed: clang says each `omp simd` loop it leaves scalar under the sanitizers
 SAN_CFLAGS := -O2 -g -Wno-pass-failed
+# the layout .clang-format writes down, over every C, CUDA and header file but the generated
+# unicode tables
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh' | grep -v 'engine/text/unicode_data.c')
+
 sanitize: deps
 	@CFLAGS="$(SAN_CFLAGS)" $(MAKE) --no-print-directory CC=clang BUILD=build/asan CUDA=0 SAN="$(SAN_ASAN)" \
 	  build/asan/grpod $(TEST_SRC:tests/unit/%.c=build/asan/tests/%)

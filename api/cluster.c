@@ -32,19 +32,15 @@ static enum MHD_Result cluster_reply(api_server *s, struct MHD_Connection *c, ap
     return api_reply_raw(c, x, st, "application/json", reply, strlen(reply), 1);
 }
 
-enum MHD_Result api_cluster_join_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                      const char *id) {
+enum MHD_Result api_cluster_join_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return cluster_reply(s, c, x, API_CLUSTER_JOIN);
 }
-enum MHD_Result api_cluster_next_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                     const char *id) {
+enum MHD_Result api_cluster_next_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return cluster_reply(s, c, x, API_CLUSTER_NEXT);
 }
-enum MHD_Result api_cluster_done_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                      const char *id) {
+enum MHD_Result api_cluster_done_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return cluster_reply(s, c, x, API_CLUSTER_DONE);
 }
-enum MHD_Result api_cluster_beat_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                     const char *id) {
+enum MHD_Result api_cluster_beat_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return cluster_reply(s, c, x, API_CLUSTER_BEAT);
 }

@@ -14,9 +14,9 @@
 typedef struct ent {
     struct ent *prev, *next;
     int fd;
-    unsigned char addr[16];         /* the client's IPv4 or IPv6 address */
+    unsigned char addr[16]; /* the client's IPv4 or IPv6 address */
     int addr_len;
-    double since;                   /* accept or last reply: the waiting deadline runs from here */
+    double since; /* accept or last reply: the waiting deadline runs from here */
     int busy, cut;
 } ent;
 
@@ -44,7 +44,10 @@ int api_conns_create(const api_conn_limits *l, api_conns **out) {
 
 void api_conns_free(api_conns *a) {
     if (!a) return;
-    for (ent *e = a->head, *n; e; e = n) { n = e->next; free(e); }
+    for (ent *e = a->head, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
     pthread_mutex_destroy(&a->mu);
     free(a);
 }
@@ -65,7 +68,10 @@ static int same_client(const ent *x, const ent *y) {
 static void admit(api_conns *a, ent *e) {
     if (a->n_waiting > a->lim.max_waiting)
         for (ent *o = a->head; o; o = o->next)
-            if (o != e && !o->busy && !o->cut) { cut(a, o); break; }
+            if (o != e && !o->busy && !o->cut) {
+                cut(a, o);
+                break;
+            }
     int mine = 0;
     ent *oldest = NULL;
     for (ent *o = a->head; o; o = o->next)
@@ -92,14 +98,15 @@ void api_conns_notify(void *cls, struct MHD_Connection *c, void **socket_context
     api_conns *a = cls;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         ent *e = calloc(1, sizeof *e);
-        if (!e) return;                         /* untracked: MHD's own limits still apply */
+        if (!e) return; /* untracked: MHD's own limits still apply */
         const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         e->fd = fi ? fi->connect_fd : -1;
         client_addr(c, e);
         e->since = mono_s();
         pthread_mutex_lock(&a->mu);
         e->prev = a->tail;
-        if (a->tail) a->tail->next = e; else a->head = e;
+        if (a->tail) a->tail->next = e;
+        else a->head = e;
         a->tail = e;
         a->n_open++;
         a->n_waiting++;
@@ -110,8 +117,10 @@ void api_conns_notify(void *cls, struct MHD_Connection *c, void **socket_context
         ent *e = *socket_context;
         if (!e) return;
         pthread_mutex_lock(&a->mu);
-        if (e->prev) e->prev->next = e->next; else a->head = e->next;
-        if (e->next) e->next->prev = e->prev; else a->tail = e->prev;
+        if (e->prev) e->prev->next = e->next;
+        else a->head = e->next;
+        if (e->next) e->next->prev = e->prev;
+        else a->tail = e->prev;
         a->n_open--;
         if (!e->busy && !e->cut) a->n_waiting--;
         pthread_mutex_unlock(&a->mu);
@@ -136,7 +145,10 @@ int api_conns_sweep(api_conns *a, double now) {
     if (now <= 0) now = mono_s();
     pthread_mutex_lock(&a->mu);
     for (ent *e = a->head; e; e = e->next)
-        if (!e->busy && !e->cut && e->fd >= 0 && now - e->since > a->lim.request_timeout_s) { cut(a, e); n++; }
+        if (!e->busy && !e->cut && e->fd >= 0 && now - e->since > a->lim.request_timeout_s) {
+            cut(a, e);
+            n++;
+        }
     pthread_mutex_unlock(&a->mu);
     return n;
 }

@@ -24,9 +24,9 @@
 typedef struct api_conns api_conns;
 
 typedef struct {
-    int max_waiting;                /* connections waiting for their request */
-    int max_per_client;             /* connections from one address */
-    double request_timeout_s;       /* head + body of one request, from accept or the last reply */
+    int max_waiting; /* connections waiting for their request */
+    int max_per_client; /* connections from one address */
+    double request_timeout_s; /* head + body of one request, from accept or the last reply */
 } api_conn_limits;
 
 int api_conns_create(const api_conn_limits *l, api_conns **out);

@@ -22,8 +22,7 @@ __asm__(".pushsection .rodata\n"
         ".popsection\n");
 extern const char api_dashboard_html[];
 
-enum MHD_Result api_dashboard_page_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                       const char *id) {
+enum MHD_Result api_dashboard_page_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return api_reply_raw(c, x, 200, "text/html; charset=utf-8", (char *)api_dashboard_html, strlen(api_dashboard_html), 0);
 }
 
@@ -56,8 +55,7 @@ static long long rss_bytes(void) {
     return rss * sysconf(_SC_PAGESIZE);
 }
 
-enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                  const char *id) {
+enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     const char *a = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
     long long after = 0;
     if (a) {
@@ -77,7 +75,11 @@ enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_r
     int n_run = 0;
     if (!rc) rc = store_list(st, NULL, "running", 100, 0, &run, &n_run);
     api_pool_put(s, st);
-    if (rc) { free(h.p); json_object_put(counts); return api_reply_fail(c, x, GE_STORE, "", "cannot read the store: %s", err_msg()); }
+    if (rc) {
+        free(h.p);
+        json_object_put(counts);
+        return api_reply_fail(c, x, GE_STORE, "", "cannot read the store: %s", err_msg());
+    }
 
     api_sbuf b = {0};
     api_sb_str(&b, "{\"history\":[");
@@ -100,9 +102,10 @@ enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_r
     if (e) {
         eng_info in;
         eng_get_info(e, &in);
-        api_sb_printf(&b, ",\"model\":{\"arch\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\",\"n_layers\":%d,\"d_model\":%d,"
-                      "\"vocab\":%d,\"n_params\":%lld,\"policy_version\":%lld,\"model_dir\":", in.arch, in.backend, in.dtype,
-                      in.n_layers, in.d_model, in.vocab, in.n_params, in.policy_version);
+        api_sb_printf(&b,
+                      ",\"model\":{\"arch\":\"%s\",\"backend\":\"%s\",\"dtype\":\"%s\",\"n_layers\":%d,\"d_model\":%d,"
+                      "\"vocab\":%d,\"n_params\":%lld,\"policy_version\":%lld,\"model_dir\":",
+                      in.arch, in.backend, in.dtype, in.n_layers, in.d_model, in.vocab, in.n_params, in.policy_version);
         json_object *md = json_object_new_string(in.model_dir);
         api_sb_str(&b, json_object_to_json_string(md));
         json_object_put(md);
@@ -111,8 +114,10 @@ enum MHD_Result api_dashboard_get(api_server *s, struct MHD_Connection *c, api_r
     } else {
         api_sb_str(&b, ",\"model\":null,\"memory\":{");
     }
-    api_sb_printf(&b, "\"kv_bytes_used\":%lld,\"kv_bytes_capacity\":%lld,\"kv_rows_used\":%lld,\"kv_rows_capacity\":%lld,"
-                  "\"rss_bytes\":%lld}}", g.kv_rows_used * g.kv_row_bytes, g.kv_rows_capacity * g.kv_row_bytes, g.kv_rows_used,
-                  g.kv_rows_capacity, rss_bytes());
+    api_sb_printf(&b,
+                  "\"kv_bytes_used\":%lld,\"kv_bytes_capacity\":%lld,\"kv_rows_used\":%lld,\"kv_rows_capacity\":%lld,"
+                  "\"rss_bytes\":%lld}}",
+                  g.kv_rows_used * g.kv_row_bytes, g.kv_rows_capacity * g.kv_row_bytes, g.kv_rows_used, g.kv_rows_capacity,
+                  rss_bytes());
     return api_reply_sb(c, x, 200, &b);
 }

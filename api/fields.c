@@ -63,7 +63,7 @@ static size_t tree_bytes(const char *b, size_t len) {
         } else if (c == '[') {
             est += 160;
         } else if (!strchr("}],: \t\n\r", c)) {
-            while (i + 1 < len && !strchr("{}[],:\" \t\n\r", b[i + 1])) i++;   /* one number or literal */
+            while (i + 1 < len && !strchr("{}[],:\" \t\n\r", b[i + 1])) i++; /* one number or literal */
             est += 104;
         }
     }
@@ -76,10 +76,12 @@ int api_parse_json_or_reply(char *body, size_t len, const api_limits *l, json_ob
     if (len <= 0x7fffffff) api_packed_cut(body, len, &set);
     size_t max_tree = l ? (size_t)l->max_body_bytes * 32 : 0, est = max_tree ? tree_bytes(body, len) : 0;
     int rc = est > max_tree
-                 ? api_fail(e, GE_TOO_LARGE, "", "request body holds too many JSON values: parsing it would take ~%zu MiB, "
-                            "over the limit of %zu MiB (32 x --max-body-bytes); token ids and logprobs sent as arrays of "
-                            "numbers do not count", est >> 20, max_tree >> 20)
-                 : api_parse_json_unpacked_or_reply(body, len, out, e);
+        ? api_fail(e, GE_TOO_LARGE, "",
+                   "request body holds too many JSON values: parsing it would take ~%zu MiB, "
+                   "over the limit of %zu MiB (32 x --max-body-bytes); token ids and logprobs sent as arrays of "
+                   "numbers do not count",
+                   est >> 20, max_tree >> 20)
+        : api_parse_json_unpacked_or_reply(body, len, out, e);
     api_packed_attach(*out, &set);
     return rc;
 }
@@ -132,7 +134,10 @@ int api_check_keys(json_object *obj, const char *path, const char *const *allowe
         (void)val;
         int ok = 0;
         for (const char *const *a = allowed; *a; a++)
-            if (strcmp(*a, key) == 0) { ok = 1; break; }
+            if (strcmp(*a, key) == 0) {
+                ok = 1;
+                break;
+            }
         if (!ok) {
             char f[128];
             api_path_join(f, sizeof f, path, key);
@@ -142,12 +147,9 @@ int api_check_keys(json_object *obj, const char *path, const char *const *allowe
     return 0;
 }
 
-int api_is_num(json_object *v) {
-    return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double);
-}
+int api_is_num(json_object *v) { return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double); }
 
-int api_get_num(json_object *o, const char *path, const char *key, double lo, double hi,
-                double dflt, double *out, api_error *e) {
+int api_get_num(json_object *o, const char *path, const char *key, double lo, double hi, double dflt, double *out, api_error *e) {
     json_object *v;
     *out = dflt;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
@@ -160,8 +162,8 @@ int api_get_num(json_object *o, const char *path, const char *key, double lo, do
     return 0;
 }
 
-int api_get_int(json_object *o, const char *path, const char *key, long long lo, long long hi,
-                long long dflt, long long *out, api_error *e) {
+int api_get_int(json_object *o, const char *path, const char *key, long long lo, long long hi, long long dflt, long long *out,
+                api_error *e) {
     json_object *v;
     *out = dflt;
     if (!json_object_object_get_ex(o, key, &v) || !v) return 0;
@@ -187,16 +189,14 @@ int api_get_bool(json_object *o, const char *path, const char *key, int dflt, in
 
 /* Member key of o into *v: 1 when present, 0 when absent and optional, the error when absent
  * and required. f (128) receives the member's path for messages. */
-static int member(json_object *o, const char *path, const char *key, int required, char *f, json_object **v,
-                  api_error *e) {
+static int member(json_object *o, const char *path, const char *key, int required, char *f, json_object **v, api_error *e) {
     api_path_join(f, 128, path, key);
     if (json_object_object_get_ex(o, key, v) && *v) return 1;
     return required ? api_fail(e, GE_INVALID, f, "%s is required", f) : 0;
 }
 
 /* *out is NULL when absent (and not required). */
-int api_get_str(json_object *o, const char *path, const char *key, int required, const char **out,
-                api_error *e) {
+int api_get_str(json_object *o, const char *path, const char *key, int required, const char **out, api_error *e) {
     json_object *v;
     *out = NULL;
     char f[128];
@@ -221,8 +221,8 @@ int api_get_obj(json_object *o, const char *path, const char *key, json_object *
     return 0;
 }
 
-int api_get_arr(json_object *o, const char *path, const char *key, int required, int min_len,
-                int max_len, json_object **out, api_error *e) {
+int api_get_arr(json_object *o, const char *path, const char *key, int required, int min_len, int max_len, json_object **out,
+                api_error *e) {
     json_object *v;
     *out = NULL;
     char f[128];
@@ -239,8 +239,8 @@ int api_get_arr(json_object *o, const char *path, const char *key, int required,
 
 /* Token ids: an array of integers in [0, vocab). Returns a new json array in *canon and the
  * ids (malloc'd) in *ids when ids != NULL. */
-int api_get_ids(json_object *o, const char *path, const char *key, int required, int min_len,
-                int max_len, int vocab, json_object **canon, int **ids, int *n, api_error *e) {
+int api_get_ids(json_object *o, const char *path, const char *key, int required, int min_len, int max_len, int vocab,
+                json_object **canon, int **ids, int *n, api_error *e) {
     json_object *a;
     char f[128];
     api_path_join(f, sizeof f, path, key);
@@ -250,7 +250,7 @@ int api_get_ids(json_object *o, const char *path, const char *key, int required,
     int rc = api_get_arr(o, path, key, required, min_len, max_len, &a, e);
     if (rc || !a) return rc;
     const api_packed *pk = api_packed_of(a);
-    assert(!pk || pk->ids);     /* packed.c cuts only integer arrays at token-id members */
+    assert(!pk || pk->ids); /* packed.c cuts only integer arrays at token-id members */
     int len = pk ? pk->n : (int)json_object_array_length(a);
     int *buf = malloc(sizeof(int) * (size_t)(len ? len : 1));
     if (!buf) return api_fail(e, GE_NOMEM, f, "out of memory");
@@ -270,7 +270,8 @@ int api_get_ids(json_object *o, const char *path, const char *key, int required,
     /* every element is an int in range: the array (json-c's, or a packed one that serializes
      * as one) is its own canonical form, shared */
     *canon = json_object_get(a);
-    if (ids) *ids = buf; else free(buf);
+    if (ids) *ids = buf;
+    else free(buf);
     if (n) *n = len;
     return 0;
 }
@@ -299,8 +300,15 @@ char *api_utf8_sanitize(const char *s, size_t len, size_t *out_len) {
         if (ok && n == 2) ok = c >= 0xC2;
         if (ok && n == 3) ok = !(c == 0xE0 && p[i + 1] < 0xA0) && !(c == 0xED && p[i + 1] >= 0xA0);
         if (ok && n == 4) ok = c <= 0xF4 && !(c == 0xF0 && p[i + 1] < 0x90) && !(c == 0xF4 && p[i + 1] >= 0x90);
-        if (ok) { memcpy(o + k, p + i, (size_t)n); k += (size_t)n; i += (size_t)n; }
-        else { memcpy(o + k, "\xEF\xBF\xBD", 3); k += 3; i++; }
+        if (ok) {
+            memcpy(o + k, p + i, (size_t)n);
+            k += (size_t)n;
+            i += (size_t)n;
+        } else {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+        }
     }
     o[k] = 0;
     *out_len = k;

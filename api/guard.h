@@ -17,14 +17,14 @@
 #include "api/validate.h"
 
 typedef struct {
-    const char *allowed_hosts;      /* comma-separated host names (no port), "*" = any; NULL = "" */
-    const char *allowed_origins;    /* comma-separated origins ("https://app.example"), "*" = any */
+    const char *allowed_hosts; /* comma-separated host names (no port), "*" = any; NULL = "" */
+    const char *allowed_origins; /* comma-separated origins ("https://app.example"), "*" = any */
 } api_guard;
 
 typedef struct {
-    const char *method;             /* "POST" */
-    const char *host, *origin, *content_type;   /* header values or NULL */
-    int has_body;                   /* Content-Length > 0 or chunked */
+    const char *method; /* "POST" */
+    const char *host, *origin, *content_type; /* header values or NULL */
+    int has_body; /* Content-Length > 0 or chunked */
 } api_request_head;
 
 /* 0 when the request may proceed; else GE_FORBIDDEN (403, field "Host" or "Origin") or

@@ -16,14 +16,16 @@
 /* ---------------------------------------------------------------- jobs */
 
 static void job_json(api_sbuf *b, const store_job *j, int full) {
-    api_sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind, store_status_name(j->status));
+    api_sb_printf(b, "{\"id\":\"%s\",\"kind\":\"%s\",\"status\":\"%s\",\"created_at\":", j->id, j->kind,
+                  store_status_name(j->status));
     api_sb_num_or_null(b, j->created_at);
     api_sb_str(b, ",\"started_at\":");
     api_sb_num_or_null(b, j->started_at);
     api_sb_str(b, ",\"finished_at\":");
     api_sb_num_or_null(b, j->finished_at);
     api_sb_printf(b, ",\"progress\":%.4f,\"attempts\":%d,\"policy_version\":", j->progress, j->attempts);
-    if (j->policy_version >= 0) api_sb_printf(b, "%lld", j->policy_version); else api_sb_str(b, "null");
+    if (j->policy_version >= 0) api_sb_printf(b, "%lld", j->policy_version);
+    else api_sb_str(b, "null");
     api_sb_printf(b, ",\"cancel_requested\":%s,\"error\":", j->cancel_requested ? "true" : "false");
     api_sb_str(b, j->error ? j->error : "null");
     if (full) {
@@ -33,8 +35,8 @@ static void job_json(api_sbuf *b, const store_job *j, int full) {
     api_sb_str(b, "}");
 }
 
-enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
-                                     json_object *payload, char *id_out) {
+enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind, json_object *payload,
+                                     char *id_out) {
     if (atomic_load(&s->stopping)) return api_reply_fail(c, x, GE_UNAVAILABLE, "", "grpod is shutting down");
     store *st = api_pool_get(s);
     if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
@@ -42,18 +44,21 @@ enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, ap
     char id[32];
     int rc = store_submit(st, kind, json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN), max_q, id);
     api_pool_put(s, st);
-    if (rc == GE_BUSY) return api_reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
+    if (rc == GE_BUSY)
+        return api_reply_fail(c, x, GE_BUSY, "", "the queue holds %d jobs (--max-queued-jobs); retry later", max_q);
     if (rc) return api_reply_fail(c, x, rc, "", "cannot store the job: %s", err_msg());
     log_event(LOG_INFO, "job_submitted", "\"id\":\"%s\",\"kind\":\"%s\"", id, kind);
     api_wake_engine(s);
-    if (id_out) { memcpy(id_out, id, sizeof id); return MHD_YES; }
+    if (id_out) {
+        memcpy(id_out, id, sizeof id);
+        return MHD_YES;
+    }
     char body[128];
     snprintf(body, sizeof body, "{\"job_id\":\"%s\",\"status\":\"queued\"}", id);
     return api_reply_json(c, x, 202, body);
 }
 
-enum MHD_Result api_rollouts_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                  const char *id) {
+enum MHD_Result api_rollouts_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -79,8 +84,7 @@ static void loss_scale_from_rollout(json_object *payload, const char *rollout_pa
     json_object_put(rp);
 }
 
-enum MHD_Result api_updates_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                 const char *id) {
+enum MHD_Result api_updates_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -103,10 +107,16 @@ enum MHD_Result api_updates_post(api_server *s, struct MHD_Connection *c, api_re
         api_pool_put(s, st);
         const char *why = NULL;
         int code = GE_CONFLICT;
-        if (rc == GE_NOT_FOUND) { why = "no such job"; code = GE_NOT_FOUND; }
-        else if (rc) { why = "cannot read the store"; code = GE_STORE; }
-        else if (strcmp(j.kind, "rollout")) { why = "is not a rollout job"; code = GE_INVALID; }
-        else if (j.status != JOB_DONE) why = "has not finished successfully";
+        if (rc == GE_NOT_FOUND) {
+            why = "no such job";
+            code = GE_NOT_FOUND;
+        } else if (rc) {
+            why = "cannot read the store";
+            code = GE_STORE;
+        } else if (strcmp(j.kind, "rollout")) {
+            why = "is not a rollout job";
+            code = GE_INVALID;
+        } else if (j.status != JOB_DONE) why = "has not finished successfully";
         else loss_scale_from_rollout(payload, j.payload);
         char id[32];
         snprintf(id, sizeof id, "%s", rid);
@@ -121,8 +131,7 @@ enum MHD_Result api_updates_post(api_server *s, struct MHD_Connection *c, api_re
     return r;
 }
 
-enum MHD_Result api_checkpoints_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                     const char *id) {
+enum MHD_Result api_checkpoints_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     api_error e;
     enum MHD_Result r;
     json_object *payload;
@@ -133,8 +142,7 @@ enum MHD_Result api_checkpoints_post(api_server *s, struct MHD_Connection *c, ap
     return r;
 }
 
-enum MHD_Result api_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                    const char *id) {
+enum MHD_Result api_checkpoints_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0;
@@ -159,8 +167,7 @@ enum MHD_Result api_checkpoints_get(api_server *s, struct MHD_Connection *c, api
 
 /* The index entry, then the directory. Replay never needs it: every update's inputs stay in
  * the store, so a start without it resumes from an older checkpoint and replays more. */
-enum MHD_Result api_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                      const char *id) {
+enum MHD_Result api_checkpoint_delete(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     store *st = api_pool_get(s);
     store_ckpt *cks = NULL;
     int n = 0, rc = st ? store_checkpoint_list(st, &cks, &n) : GE_STORE;
@@ -172,7 +179,8 @@ enum MHD_Result api_checkpoint_delete(api_server *s, struct MHD_Connection *c, a
     api_pool_put(s, st);
     if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot delete checkpoint: %s", err_msg());
     if (!path[0]) return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no checkpoint %s", id);
-    if ((rc = eng_remove_tree(path))) return api_reply_fail(c, x, GE_IO, "", "checkpoint %s unlisted, but its directory stays: %s", id, err_msg());
+    if ((rc = eng_remove_tree(path)))
+        return api_reply_fail(c, x, GE_IO, "", "checkpoint %s unlisted, but its directory stays: %s", id, err_msg());
     log_event(LOG_INFO, "checkpoint_deleted", "\"id\":\"%s\"", id);
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_string(id));
@@ -201,11 +209,12 @@ enum MHD_Result api_jobs_get(api_server *s, struct MHD_Connection *c, api_req *x
         if (*end || end == lim || v < 1 || v > 1000) return api_reply_fail(c, x, GE_INVALID, "limit", "limit must be 1..1000");
         limit = (int)v;
     }
-    long long before = 0;   /* the cursor: a page's "next" */
+    long long before = 0; /* the cursor: a page's "next" */
     if (after) {
         char *end;
         before = strtoll(after, &end, 10);
-        if (*end || end == after || before < 1) return api_reply_fail(c, x, GE_INVALID, "after", "after must be a page's \"next\"");
+        if (*end || end == after || before < 1)
+            return api_reply_fail(c, x, GE_INVALID, "after", "after must be a page's \"next\"");
     }
     store *st = api_pool_get(s);
     store_job *jobs = NULL;
@@ -220,7 +229,7 @@ enum MHD_Result api_jobs_get(api_server *s, struct MHD_Connection *c, api_req *x
         job_json(&b, &jobs[i], 0);
     }
     api_sb_str(&b, "],\"next\":");
-    if (n == limit) api_sb_printf(&b, "\"%lld\"}", jobs[n - 1].seq);   /* null: the last page */
+    if (n == limit) api_sb_printf(&b, "\"%lld\"}", jobs[n - 1].seq); /* null: the last page */
     else api_sb_str(&b, "null}");
     store_jobs_free(jobs, n);
     return api_reply_sb(c, x, 200, &b);
@@ -234,7 +243,8 @@ enum MHD_Result api_job_get(api_server *s, struct MHD_Connection *c, api_req *x,
         if (w) {
             char *end;
             wait = strtod(w, &end);
-            if (*end || end == w || !(wait >= 0)) return api_reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
+            if (*end || end == w || !(wait >= 0))
+                return api_reply_fail(c, x, GE_INVALID, "wait", "wait must be a number of seconds >= 0");
             if (wait > s->cfg.max_wait_s) wait = s->cfg.max_wait_s;
         }
         x->deadline = clock_mono_s() + wait;
@@ -243,8 +253,14 @@ enum MHD_Result api_job_get(api_server *s, struct MHD_Connection *c, api_req *x,
     if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     store_job j = {0};
     int rc = store_get(st, id, &j);
-    if (rc == GE_NOT_FOUND) { api_pool_put(s, st); return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id); }
-    if (rc) { api_pool_put(s, st); return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); }
+    if (rc == GE_NOT_FOUND) {
+        api_pool_put(s, st);
+        return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
+    }
+    if (rc) {
+        api_pool_put(s, st);
+        return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+    }
     if ((j.status == JOB_QUEUED || j.status == JOB_RUNNING) && api_wait_suspend(s, c, x, st, id)) {
         store_job_clear(&j);
         api_pool_put(s, st);
@@ -281,8 +297,7 @@ enum MHD_Result api_job_delete(api_server *s, struct MHD_Connection *c, api_req 
 }
 
 /* A failed job back to the queue (attempts reset): 200 with the job; 409 unless failed. */
-enum MHD_Result api_job_requeue_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                     const char *id) {
+enum MHD_Result api_job_requeue_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     store *st = api_pool_get(s);
     if (!st) return api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
     int rc = store_requeue_failed(st, id);
@@ -290,7 +305,8 @@ enum MHD_Result api_job_requeue_post(api_server *s, struct MHD_Connection *c, ap
     int rc2 = rc ? rc : store_get(st, id, &j);
     api_pool_put(s, st);
     if (rc == GE_NOT_FOUND) return api_reply_fail(c, x, GE_NOT_FOUND, "id", "no job %s", id);
-    if (rc == GE_CONFLICT) return api_reply_fail(c, x, GE_CONFLICT, "id", "job %s is not failed; only failed jobs are requeued", id);
+    if (rc == GE_CONFLICT)
+        return api_reply_fail(c, x, GE_CONFLICT, "id", "job %s is not failed; only failed jobs are requeued", id);
     if (rc || rc2) return api_reply_fail(c, x, GE_STORE, "", "cannot requeue: %s", err_msg());
     log_event(LOG_INFO, "job_requeued_by_request", "\"id\":\"%s\"", id);
     api_jobs_changed(s);
@@ -305,8 +321,7 @@ enum MHD_Result api_job_requeue_post(api_server *s, struct MHD_Connection *c, ap
 
 /* POST /v1/logprobs runs as a "logprobs" job on the engine thread (FIFO with the other jobs);
  * the request waits up to 600 s for it, then replies 202 {"job_id"} for polling instead. */
-enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                  const char *id) {
+enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     if (!x->waiting) {
         api_model m;
         api_error e;
@@ -319,7 +334,7 @@ enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_r
         char id[32] = "";
         r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
         json_object_put(payload);
-        if (!id[0]) return r;           /* the error was replied */
+        if (!id[0]) return r; /* the error was replied */
         memcpy(x->job_id, id, sizeof id);
         x->deadline = clock_mono_s() + 600;
     }
@@ -329,7 +344,10 @@ enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_r
     int rc = store_get(st, x->job_id, &j);
     int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
     store_job_clear(&j);
-    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) { api_pool_put(s, st); return MHD_YES; }
+    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) {
+        api_pool_put(s, st);
+        return MHD_YES;
+    }
     rc = store_get(st, x->job_id, &j);
     api_pool_put(s, st);
     if (rc) return api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
@@ -349,8 +367,7 @@ enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_r
 
 /* ---------------------------------------------------------------- tokenizer, model, health */
 
-enum MHD_Result api_tokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                  const char *id) {
+enum MHD_Result api_tokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -365,8 +382,7 @@ enum MHD_Result api_tokenize_post(api_server *s, struct MHD_Connection *c, api_r
     return api_reply_sb(c, x, 200, &b);
 }
 
-enum MHD_Result api_detokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                    const char *id) {
+enum MHD_Result api_detokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     api_model m;
     api_error e;
     enum MHD_Result r;
@@ -412,7 +428,7 @@ enum MHD_Result api_model_get(api_server *s, struct MHD_Connection *c, api_req *
     json_object_object_add(o, "policy_version", json_object_new_int64(in.policy_version));
     for (int i = 0; i < in.n_eos && i < 8; i++) json_object_array_add(eos, json_object_new_int(in.eos_ids[i]));
     json_object_object_add(o, "eos_token_ids", eos);
-    json_object *lo = NULL;   /* null: full fine-tuning */
+    json_object *lo = NULL; /* null: full fine-tuning */
     if (in.lora_rank) {
         lo = json_object_new_object();
         json_object *t = json_object_new_array();
@@ -429,15 +445,26 @@ enum MHD_Result api_model_get(api_server *s, struct MHD_Connection *c, api_req *
     /* the memory plan (engine.h eng_plan): where the state lives, the budgets it set */
     const eng_plan *pl = &in.plan;
     json_object *mp = json_object_new_object();
-    const struct { const char *k; long long v; } rows[] = {
-        {"device_total_bytes", pl->device_total}, {"weights_bytes", pl->weights}, {"reference_bytes", pl->reference},
-        {"master_bytes", pl->master}, {"gradients_bytes", pl->gradients}, {"moments_bytes", pl->moments},
-        {"snapshot_bytes", pl->snapshot}, {"host_state_bytes", pl->host_state}, {"headroom_bytes", pl->headroom},
-        {"kv_budget_bytes", pl->kv_bytes}, {"activations_bytes", pl->acts_bytes},
+    const struct {
+        const char *k;
+        long long v;
+    } rows[] = {
+        {"device_total_bytes", pl->device_total},
+        {"weights_bytes", pl->weights},
+        {"reference_bytes", pl->reference},
+        {"master_bytes", pl->master},
+        {"gradients_bytes", pl->gradients},
+        {"moments_bytes", pl->moments},
+        {"snapshot_bytes", pl->snapshot},
+        {"host_state_bytes", pl->host_state},
+        {"headroom_bytes", pl->headroom},
+        {"kv_budget_bytes", pl->kv_bytes},
+        {"activations_bytes", pl->acts_bytes},
         {"max_tokens_per_micro_batch", pl->micro_batch_tokens},
         {"max_tokens_per_micro_batch_limit", pl->micro_batch_tokens_max},
     };
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) json_object_object_add(mp, rows[i].k, json_object_new_int64(rows[i].v));
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        json_object_object_add(mp, rows[i].k, json_object_new_int64(rows[i].v));
     json_object_object_add(mp, "optimizer", json_object_new_string(pl->optimizer));
     json_object_object_add(mp, "snapshot", json_object_new_string(pl->snapshot_at));
     json_object_object_add(o, "memory_plan", mp);
@@ -481,7 +508,10 @@ enum MHD_Result api_readyz_get(api_server *s, struct MHD_Connection *c, api_req 
     return api_reply_json(c, x, 200, body);
 }
 
-typedef struct { metrics_job_count *a; int n, cap; } counts_acc;
+typedef struct {
+    metrics_job_count *a;
+    int n, cap;
+} counts_acc;
 static void count_cb(void *ud, const char *kind, const char *status, long long n) {
     counts_acc *c = ud;
     if (c->n == c->cap) {
@@ -501,13 +531,21 @@ enum MHD_Result api_metrics_get(api_server *s, struct MHD_Connection *c, api_req
     store *st = api_pool_get(s);
     counts_acc acc = {0};
     long long depth = 0;
-    if (st) { store_counts(st, count_cb, &acc); depth = store_queue_depth(st); metrics_store_bytes(store_size_bytes(st)); }
+    if (st) {
+        store_counts(st, count_cb, &acc);
+        depth = store_queue_depth(st);
+        metrics_store_bytes(store_size_bytes(st));
+    }
     api_pool_put(s, st);
     if (atomic_load(&s->engine)) metrics_policy_version(api_policy_version_now(s));
     char *text;
     size_t len;
-    int rc = metrics_render(acc.a, acc.n, depth < 0 ? 0 : depth, atomic_load(&s->engine) != NULL, atomic_load(&s->failed), &text, &len);
-    for (int i = 0; i < acc.n; i++) { free((char *)acc.a[i].kind); free((char *)acc.a[i].status); }
+    int rc = metrics_render(acc.a, acc.n, depth < 0 ? 0 : depth, atomic_load(&s->engine) != NULL, atomic_load(&s->failed), &text,
+                            &len);
+    for (int i = 0; i < acc.n; i++) {
+        free((char *)acc.a[i].kind);
+        free((char *)acc.a[i].status);
+    }
     free(acc.a);
     if (rc) return api_reply_fail(c, x, rc, "", "%s", err_msg());
     return api_reply_raw(c, x, 200, "text/plain; version=0.0.4", text, len, 1);

@@ -30,29 +30,29 @@ struct api_waiter;
 struct api_server {
     api_config cfg;
     char listen[256], data_dir[1024];
-    char api_key[API_KEY_MAX];      /* under mu: SIGHUP replaces it (api_set_api_key) */
+    char api_key[API_KEY_MAX]; /* under mu: SIGHUP replaces it (api_set_api_key) */
     char allowed_hosts[1024], allowed_origins[1024];
     struct MHD_Daemon *mhd;
     /* The listening socket MHD_quiesce_daemon gave back (MHD_INVALID_SOCKET before): shut at
      * once, so new connections are refused, but closed only after MHD_stop_daemon, since MHD's
      * own threads may still use it until then (its documented contract). */
     MHD_socket quiesced_fd;
-    api_conns *conns;               /* admission and request deadlines (conns.h) */
+    api_conns *conns; /* admission and request deadlines (conns.h) */
     int port;
-    pthread_mutex_t mu;             /* limits, pool, fail_msg */
+    pthread_mutex_t mu; /* limits, pool, fail_msg */
     api_limits limits;
     eng *_Atomic engine;
-    int vocab, max_pos;             /* written once before engine is published */
-    long long kv_rows;              /* rollout KV pool rows (0 = unknown); set before the engine */
-    long long mb_tokens, mb_tokens_max;   /* the memory plan's micro-batch default and limit (0: none) */
+    int vocab, max_pos; /* written once before engine is published */
+    long long kv_rows; /* rollout KV pool rows (0 = unknown); set before the engine */
+    long long mb_tokens, mb_tokens_max; /* the memory plan's micro-batch default and limit (0: none) */
     _Atomic int failed, stopping;
     char fail_msg[256];
-    char load_msg[256];             /* why /readyz is 503 before api_set_engine ("" = loading) */
+    char load_msg[256]; /* why /readyz is 503 before api_set_engine ("" = loading) */
     store *pool[API_POOL_MAX];
     int n_pool;
-    api_cluster_fn _Atomic cluster_fn;  /* api_set_cluster_hook */
+    api_cluster_fn _Atomic cluster_fn; /* api_set_cluster_hook */
     void *_Atomic cluster_ud;
-    pthread_mutex_t wmu;            /* waiters */
+    pthread_mutex_t wmu; /* waiters */
     struct api_waiter *waiters;
 };
 
@@ -61,14 +61,14 @@ struct api_req {
     char *body;
     size_t len, cap;
     int too_large;
-    int refused;                    /* the guard refused the request head: reply `refusal` */
+    int refused; /* the guard refused the request head: reply `refusal` */
     api_error refusal;
-    int waiting;                    /* suspended at least once: a long-poll in progress */
+    int waiting; /* suspended at least once: a long-poll in progress */
     double deadline;
-    char job_id[32];                /* POST /v1/logprobs: the job this request waits for */
-    const char *route;              /* template for metrics */
+    char job_id[32]; /* POST /v1/logprobs: the job this request waits for */
+    const char *route; /* template for metrics */
     char method[8];
-    void *ext;                      /* a handler's state across suspends (openai.c); freed by ext_free */
+    void *ext; /* a handler's state across suspends (openai.c); freed by ext_free */
     void (*ext_free)(void *ext);
 };
 
@@ -77,8 +77,8 @@ struct api_req {
 /* Each queues one response and counts it in the HTTP metrics under x->route. take: body is
  * malloc'd and the response frees it. api_reply_sb takes b->p (507 when b->oom); api_reply_obj
  * puts o. A 429 or 503 says Retry-After, a 401 WWW-Authenticate. */
-enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype,
-                              char *body, size_t len, int take);
+enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype, char *body, size_t len,
+                              int take);
 enum MHD_Result api_reply_json(struct MHD_Connection *c, api_req *x, int status, const char *text);
 enum MHD_Result api_reply_sb(struct MHD_Connection *c, api_req *x, int status, api_sbuf *b);
 enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, json_object *o);
@@ -103,17 +103,17 @@ void api_resume_waiters(api_server *s, int all);
 
 /* ---------------------------------------------------------------- the server's state (server.c) */
 
-api_limits api_limits_now(api_server *s);          /* SIGHUP may replace them while requests run */
+api_limits api_limits_now(api_server *s); /* SIGHUP may replace them while requests run */
 /* The engine when ready (m filled with its hooks when not NULL), else replies 503 into *r and returns NULL. */
 eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, api_model *m, enum MHD_Result *r);
-long long api_policy_version_now(api_server *s);   /* -1 before the engine is set */
-void api_wake_engine(api_server *s);               /* a job was queued: the submit hook */
+long long api_policy_version_now(api_server *s); /* -1 before the engine is set */
+void api_wake_engine(api_server *s); /* a job was queued: the submit hook */
 
 /* ---------------------------------------------------------------- jobs (handlers.c) */
 
 /* Stores payload as a job of kind and wakes the engine thread. id_out NULL: replies 202
  * {"job_id","status"}; else copies the id there and replies nothing (only errors are replied,
  * leaving id_out[0] == 0). */
-enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind,
-                                     json_object *payload, char *id_out);
+enum MHD_Result api_submit_and_reply(api_server *s, struct MHD_Connection *c, api_req *x, const char *kind, json_object *payload,
+                                     char *id_out);
 #endif

@@ -31,14 +31,14 @@
 
 /* One request's state across suspends (api_req.ext). */
 typedef struct {
-    int chat, stream, include_usage, echo, logprobs;    /* logprobs: -1 off, else top-n asked */
+    int chat, stream, include_usage, echo, logprobs; /* logprobs: -1 off, else top-n asked */
     int n, n_prompts, max_tokens;
     char model[128];
     long long created, policy_version;
-    json_object *rollout;            /* the canonical rollout payload (groups[].prompt_ids) */
-    json_object *sampled;           /* the rollout job's result, or NULL (max_tokens 0) */
-    json_object *scored;            /* the logprobs job's result (echo + logprobs) */
-    int stage;                      /* 0 rollout, 1 logprobs, 2 done */
+    json_object *rollout; /* the canonical rollout payload (groups[].prompt_ids) */
+    json_object *sampled; /* the rollout job's result, or NULL (max_tokens 0) */
+    json_object *scored; /* the logprobs job's result (echo + logprobs) */
+    int stage; /* 0 rollout, 1 logprobs, 2 done */
 } oa_req;
 
 static void oa_free(void *p) {
@@ -63,8 +63,7 @@ static void model_name(eng *e, char *out, size_t n) {
     if (!out[0]) snprintf(out, n, "policy");
 }
 
-enum MHD_Result api_oa_models_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                  const char *id) {
+enum MHD_Result api_oa_models_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     enum MHD_Result r;
     eng *e = api_engine_or_reply(s, c, x, NULL, &r);
     if (!e) return r;
@@ -97,10 +96,8 @@ static int neutral_or_reply(json_object *req, api_error *e) {
     if (json_object_object_get_ex(req, "logit_bias", &v) && v &&
         !(json_object_is_type(v, json_type_object) && json_object_object_length(v) == 0))
         return api_fail(e, GE_INVALID, "logit_bias", "logit_bias is not supported");
-    if (json_object_object_get_ex(req, "suffix", &v) && v)
-        return api_fail(e, GE_INVALID, "suffix", "suffix is not supported");
-    if (json_object_object_get_ex(req, "tools", &v) && v)
-        return api_fail(e, GE_INVALID, "tools", "tools are not supported");
+    if (json_object_object_get_ex(req, "suffix", &v) && v) return api_fail(e, GE_INVALID, "suffix", "suffix is not supported");
+    if (json_object_object_get_ex(req, "tools", &v) && v) return api_fail(e, GE_INVALID, "tools", "tools are not supported");
     if (json_object_object_get_ex(req, "response_format", &v) && v) {
         json_object *t;
         if (!json_object_is_type(v, json_type_object) || !json_object_object_get_ex(v, "type", &t) ||
@@ -196,14 +193,28 @@ static void rename_field(api_error *e, int chat) {
     snprintf(e->field, sizeof e->field, "%s", nf);
 }
 
-static int parse_or_reply(api_server *s, json_object *req, int chat, const api_limits *l, const api_model *m,
-                          oa_req *q, api_error *e) {
+static int parse_or_reply(api_server *s, json_object *req, int chat, const api_limits *l, const api_model *m, oa_req *q,
+                          api_error *e) {
     /* the route's own members; the sampling rows (engine/params.c) are allowed besides */
-    static const char *const ckeys[] = {"model", "prompt", "max_tokens", "n", "logprobs", "echo", "stream",
-        "stream_options", "user", "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "suffix", NULL};
-    static const char *const hkeys[] = {"model", "messages", "max_tokens", "max_completion_tokens", "n", "logprobs",
-        "top_logprobs", "stream", "stream_options", "user", "presence_penalty", "frequency_penalty", "logit_bias",
-        "response_format", "tools", NULL};
+    static const char *const ckeys[] = {
+        "model",   "prompt",           "max_tokens",        "n",          "logprobs", "echo", "stream", "stream_options", "user",
+        "best_of", "presence_penalty", "frequency_penalty", "logit_bias", "suffix",   NULL};
+    static const char *const hkeys[] = {"model",
+                                        "messages",
+                                        "max_tokens",
+                                        "max_completion_tokens",
+                                        "n",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "stream",
+                                        "stream_options",
+                                        "user",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "logit_bias",
+                                        "response_format",
+                                        "tools",
+                                        NULL};
     const char *keys[64];
     int nk = 0;
     for (const char *const *k = chat ? hkeys : ckeys; *k; k++) keys[nk++] = *k;
@@ -220,8 +231,8 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
     if (chat) {
         long long mct;
         if ((rc = api_get_int(req, "", "max_completion_tokens", 1, l->max_tokens, -1, &mct, e)) ||
-            (rc = api_get_int(req, "", "max_tokens", 1, l->max_tokens, mct > 0 ? mct : (l->max_tokens < 256 ? l->max_tokens : 256),
-                              &max_tokens, e)))
+            (rc = api_get_int(req, "", "max_tokens", 1, l->max_tokens,
+                              mct > 0 ? mct : (l->max_tokens < 256 ? l->max_tokens : 256), &max_tokens, e)))
             return rc;
         int want;
         if ((rc = api_get_bool(req, "", "logprobs", 0, &want, e)) ||
@@ -230,8 +241,7 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
         if (!want) lp = -1;
     } else {
         if ((rc = api_get_int(req, "", "max_tokens", 0, l->max_tokens, l->max_tokens < 16 ? l->max_tokens : 16, &max_tokens, e)) ||
-            (rc = api_get_bool(req, "", "echo", 0, &echo, e)) ||
-            (rc = api_get_int(req, "", "best_of", n, n, n, &best_of, e)) ||
+            (rc = api_get_bool(req, "", "echo", 0, &echo, e)) || (rc = api_get_int(req, "", "best_of", n, n, n, &best_of, e)) ||
             (rc = api_get_int(req, "", "logprobs", 0, OA_MAX_LOGPROBS, -1, &lp, e)))
             return rc;
         if (max_tokens == 0 && !echo) return api_fail(e, GE_INVALID, "max_tokens", "max_tokens 0 needs echo: true");
@@ -284,8 +294,7 @@ static int parse_or_reply(api_server *s, json_object *req, int chat, const api_l
 /* ---------------------------------------------------------------- jobs */
 
 static json_object *prompt_ids_of(const oa_req *q, int i) {
-    return json_object_object_get(json_object_array_get_idx(json_object_object_get(q->rollout, "groups"), (size_t)i),
-                                  "prompt_ids");
+    return json_object_object_get(json_object_array_get_idx(json_object_object_get(q->rollout, "groups"), (size_t)i), "prompt_ids");
 }
 static json_object *response_of(const oa_req *q, int i, int k) {
     if (!q->sampled) return NULL;
@@ -312,31 +321,43 @@ static json_object *scoring_request(const oa_req *q) {
             json_object *gen = resp ? json_object_object_get(resp, "token_ids") : NULL;
             for (size_t t = 0; gen && t < json_object_array_length(gen); t++)
                 json_object_array_add(ids, json_object_get(json_object_array_get_idx(gen, t)));
-            if (json_object_array_length(ids) == 0) json_object_array_add(ids, json_object_new_int(0));  /* unused */
+            if (json_object_array_length(ids) == 0) json_object_array_add(ids, json_object_new_int(0)); /* unused */
             else any = 1;
             json_object_object_add(r, "token_ids", ids);
             json_object_array_add(rs, r);
         }
         json_object_array_add(gs, g);
     }
-    if (!any) { json_object_put(req); return NULL; }
+    if (!any) {
+        json_object_put(req);
+        return NULL;
+    }
     return req;
 }
 
 /* The job x->job_id ended (or is still pending: 1 with the connection suspended). 0 with *result
  * (the job's result object) or a reply sent (*r, returns -1). */
-static int job_result(api_server *s, struct MHD_Connection *c, api_req *x, json_object **result, long long *pv,
-                      enum MHD_Result *r) {
+static int job_result(api_server *s, struct MHD_Connection *c, api_req *x, json_object **result, long long *pv, enum MHD_Result *r) {
     store *st = api_pool_get(s);
-    if (!st) { *r = api_reply_fail(c, x, GE_STORE, "", "cannot open the store"); return -1; }
+    if (!st) {
+        *r = api_reply_fail(c, x, GE_STORE, "", "cannot open the store");
+        return -1;
+    }
     store_job j = {0};
     int rc = store_get(st, x->job_id, &j);
     int pending = !rc && (j.status == JOB_QUEUED || j.status == JOB_RUNNING);
     store_job_clear(&j);
-    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) { api_pool_put(s, st); *r = MHD_YES; return 1; }
+    if (pending && api_wait_suspend(s, c, x, st, x->job_id)) {
+        api_pool_put(s, st);
+        *r = MHD_YES;
+        return 1;
+    }
     rc = store_get(st, x->job_id, &j);
     api_pool_put(s, st);
-    if (rc) { *r = api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg()); return -1; }
+    if (rc) {
+        *r = api_reply_fail(c, x, GE_STORE, "", "cannot read job: %s", err_msg());
+        return -1;
+    }
     int ret = -1;
     if (j.status == JOB_DONE && j.result) {
         *result = json_tokener_parse(j.result);
@@ -358,7 +379,10 @@ static int job_result(api_server *s, struct MHD_Connection *c, api_req *x, json_
 static char *token_text(eng *e, int id) {
     char *t = NULL;
     size_t len = 0;
-    if (eng_detokenize(e, &id, 1, 0, &t, &len)) { err_clear(); return strdup(""); }
+    if (eng_detokenize(e, &id, 1, 0, &t, &len)) {
+        err_clear();
+        return strdup("");
+    }
     size_t sl;
     char *clean = api_utf8_sanitize(t ? t : "", t ? len : 0, &sl);
     free(t);
@@ -407,7 +431,7 @@ static json_object *completion_logprobs(eng *e, json_object *ids, json_object *l
     json_object_object_add(o, "token_logprobs", tl);
     json_object_object_add(o, "top_logprobs", top);
     json_object_object_add(o, "text_offset", off);
-    api_put_copy(o, "token_ids", ids);      /* grpod's addition: token strings can be cut UTF-8 */
+    api_put_copy(o, "token_ids", ids); /* grpod's addition: token strings can be cut UTF-8 */
     return o;
 }
 
@@ -448,7 +472,8 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         api_put_str(m, "role", "assistant");
         api_put_str(m, "content", gen_text);
         json_object_object_add(ch, "message", m);
-        json_object_object_add(ch, "logprobs", q->logprobs >= 0 && gen ? chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
+        json_object_object_add(ch, "logprobs",
+                               q->logprobs >= 0 && gen ? chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
     } else {
         json_object *pid = prompt_ids_of(q, i);
         char *ptext = q->echo ? ids_text(e, pid) : strdup("");
@@ -460,12 +485,15 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         json_object *lp = NULL;
         if (q->logprobs >= 0 && q->echo) {
             json_object *all = json_object_new_array();
-            for (size_t t = 0; t < json_object_array_length(pid); t++) json_object_array_add(all, json_object_get(json_object_array_get_idx(pid, t)));
-            for (size_t t = 0; gen && t < json_object_array_length(gen); t++) json_object_array_add(all, json_object_get(json_object_array_get_idx(gen, t)));
+            for (size_t t = 0; t < json_object_array_length(pid); t++)
+                json_object_array_add(all, json_object_get(json_object_array_get_idx(pid, t)));
+            for (size_t t = 0; gen && t < json_object_array_length(gen); t++)
+                json_object_array_add(all, json_object_get(json_object_array_get_idx(gen, t)));
             json_object *lps = NULL;
             if (q->scored) {
                 json_object *sg = json_object_array_get_idx(json_object_object_get(q->scored, "groups"), (size_t)i);
-                lps = json_object_object_get(json_object_array_get_idx(json_object_object_get(sg, "responses"), (size_t)k), "logprobs");
+                lps = json_object_object_get(json_object_array_get_idx(json_object_object_get(sg, "responses"), (size_t)k),
+                                             "logprobs");
             }
             lp = completion_logprobs(e, all, lps, 1, 0);
             json_object_put(all);
@@ -560,7 +588,10 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
     }
     api_sb_str(&b, "data: [DONE]\n\n");
     json_object_put(choices);
-    if (b.oom) { free(b.p); return api_reply_fail(c, x, GE_NOMEM, "", "out of memory"); }
+    if (b.oom) {
+        free(b.p);
+        return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
+    }
     return api_reply_raw(c, x, 200, "text/event-stream", b.p, b.len, 1);
 }
 
@@ -581,9 +612,16 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
         if (sreq) {
             api_model m;
             api_error e;
-            if (!api_engine_or_reply(s, c, x, &m, &r)) { json_object_put(sreq); return r; }
+            if (!api_engine_or_reply(s, c, x, &m, &r)) {
+                json_object_put(sreq);
+                return r;
+            }
             api_limits l = api_limits_now(s);
-            if (api_logprobs_or_reply(sreq, &l, &m, &payload, &e)) { json_object_put(sreq); rename_field(&e, q->chat); return api_reply_error(c, x, &e); }
+            if (api_logprobs_or_reply(sreq, &l, &m, &payload, &e)) {
+                json_object_put(sreq);
+                rename_field(&e, q->chat);
+                return api_reply_error(c, x, &e);
+            }
             json_object_put(sreq);
             r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
             json_object_put(payload);
@@ -593,7 +631,10 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
     } else {
         q->stage = 2;
     }
-    if (id[0]) { memcpy(x->job_id, id, sizeof id); *submitted = 1; }
+    if (id[0]) {
+        memcpy(x->job_id, id, sizeof id);
+        *submitted = 1;
+    }
     return r;
 }
 
@@ -612,15 +653,17 @@ static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_
         if (parse_or_reply(s, req, chat, &l, &m, q, &e)) return api_reply_error(c, x, &e);
         q->policy_version = api_policy_version_now(s);
         r = next_job(s, c, x, q, &submitted);
-        if (!submitted && q->stage != 2) return r;      /* the error was replied */
+        if (!submitted && q->stage != 2) return r; /* the error was replied */
     }
     while (q->stage < 2) {
         json_object *res = NULL;
         long long pv = -1;
         int st = job_result(s, c, x, &res, &pv, &r);
-        if (st != 0) return r;          /* suspended (1) or an error replied (-1) */
-        if (q->stage == 0) { q->sampled = res; q->policy_version = pv; }
-        else q->scored = res;
+        if (st != 0) return r; /* suspended (1) or an error replied (-1) */
+        if (q->stage == 0) {
+            q->sampled = res;
+            q->policy_version = pv;
+        } else q->scored = res;
         if (q->stage == 1 && !q->sampled) q->policy_version = pv;
         q->stage++;
         r = next_job(s, c, x, q, &submitted);
@@ -629,11 +672,9 @@ static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_
     return reply_choices(s, c, x, q);
 }
 
-enum MHD_Result api_oa_completions_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                        const char *id) {
+enum MHD_Result api_oa_completions_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return completions(s, c, x, req, 0);
 }
-enum MHD_Result api_oa_chat_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                 const char *id) {
+enum MHD_Result api_oa_chat_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     return completions(s, c, x, req, 1);
 }

@@ -11,64 +11,96 @@
 #include "api/params.h"
 
 static const char schemas[] =
-"{"
-"\"Error\":{\"type\":\"object\",\"properties\":{\"error\":{\"type\":\"object\",\"properties\":{"
-"  \"code\":{\"type\":\"string\"},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\"}},"
-"  \"required\":[\"code\",\"message\"]}}},"
-"\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\",\"contains\",\"none\"]},"
-"  \"answer\":{\"type\":\"string\"},\"case_sensitive\":{\"type\":\"boolean\",\"default\":true}},\"required\":[\"type\"]},"
-"\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\",\"enum\":[\"system\",\"user\",\"assistant\",\"tool\"]},"
-"  \"content\":{\"type\":\"string\"},\"name\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
-"\"RolloutGroup\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
-"  \"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
-"  \"n\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"at most --max-n (64)\",\"default\":1},\"reward\":{\"$ref\":\"#/components/schemas/Reward\"},\"metadata\":{}}},"
-"\"RolloutRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":1024,\"items\":{\"$ref\":\"#/components/schemas/RolloutGroup\"}},"
-"  \"sampling\":{\"$ref\":\"#/components/schemas/Sampling\"},"
-"  \"overlong_buffer\":{\"type\":\"object\",\"properties\":{\"len\":{\"type\":\"number\",\"minimum\":0},\"penalty_factor\":{\"type\":\"number\",\"minimum\":0,\"default\":1}}},"
-"  \"metadata\":{}},\"required\":[\"groups\"]},"
-"\"ScoredResponse\":{\"type\":\"object\",\"properties\":{\"token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
-"  \"reward\":{\"type\":\"number\"},\"advantage\":{\"type\":\"number\"},\"logprobs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
-"  \"finish_reason\":{\"type\":\"string\",\"enum\":[\"stop\",\"length\"]},\"text\":{\"type\":\"string\"}},\"required\":[\"token_ids\"]},"
-"\"ScoredGroup\":{\"type\":\"object\",\"properties\":{\"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
-"  \"responses\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredResponse\"}},\"metadata\":{}},"
-"  \"required\":[\"prompt_ids\",\"responses\"]},"
-"\"UpdateRequest\":{\"type\":\"object\",\"properties\":{\"rollout_job_id\":{\"type\":\"string\"},"
-"  \"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
-"  \"algorithm\":{\"$ref\":\"#/components/schemas/Algorithm\"},\"optimizer\":{\"$ref\":\"#/components/schemas/Optimizer\"},"
-"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"default: the memory plan's (GET /v1/model memory_plan; 32768 where it fits)\"},\"expected_policy_version\":{\"type\":\"integer\",\"minimum\":0}}},"
-"\"LogprobsRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
-"  \"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"],\"default\":\"policy\"},\"temperature\":{\"type\":\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},"
-"  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"default: the memory plan's (GET /v1/model memory_plan; 32768 where it fits)\"}},\"required\":[\"groups\"]},"
-"\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{\"merged\":{\"type\":\"boolean\",\"default\":false}}},"
-"\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
-"  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
-"  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"
-"\"DetokenizeRequest\":{\"type\":\"object\",\"properties\":{\"tokens\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
-"  \"skip_special_tokens\":{\"type\":\"boolean\"}},\"required\":[\"tokens\"]},"
-"\"Job\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\"},\"kind\":{\"type\":\"string\"},"
-"  \"status\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]},"
-"  \"created_at\":{\"type\":\"number\"},\"started_at\":{\"type\":\"number\",\"nullable\":true},\"finished_at\":{\"type\":\"number\",\"nullable\":true},"
-"  \"progress\":{\"type\":\"number\"},\"attempts\":{\"type\":\"integer\"},\"policy_version\":{\"type\":\"integer\",\"nullable\":true},"
-"  \"error\":{\"type\":\"object\",\"nullable\":true},\"result\":{\"type\":\"object\",\"nullable\":true}}},"
-"\"CompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
-"  \"prompt\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
-"    {\"type\":\"array\",\"items\":{\"type\":\"string\"}},{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}}]},"
-"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":16},\"n\":{\"type\":\"integer\",\"minimum\":1,\"default\":1},"
-"  \"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20,\"nullable\":true},\"echo\":{\"type\":\"boolean\"},\"stream\":{\"type\":\"boolean\"},"
-"  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"best_of\":{\"type\":\"integer\"},"
-"  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]}},"
-"  \"required\":[\"prompt\"]},"
-"\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
-"  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
-"    \"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":[\"role\"],\"additionalProperties\":true}},"
-"  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
-"  \"n\":{\"type\":\"integer\",\"minimum\":1},"
-"  \"logprobs\":{\"type\":\"boolean\"},\"top_logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20},\"stream\":{\"type\":\"boolean\"},"
-"  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},"
-"  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"}},"
-"  \"required\":[\"messages\"]},"
-"\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
-"}";
+    "{"
+    "\"Error\":{\"type\":\"object\",\"properties\":{\"error\":{\"type\":\"object\",\"properties\":{"
+    "  \"code\":{\"type\":\"string\"},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\"}},"
+    "  \"required\":[\"code\",\"message\"]}}},"
+    "\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\","
+    "\"contains\",\"none\"]},"
+    "  \"answer\":{\"type\":\"string\"},\"case_sensitive\":{\"type\":\"boolean\",\"default\":true}},\"required\":[\"type\"]},"
+    "\"Message\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\",\"enum\":[\"system\",\"user\",\"assistant\","
+    "\"tool\"]},"
+    "  \"content\":{\"type\":\"string\"},\"name\":{\"type\":\"string\"}},\"required\":[\"role\",\"content\"]},"
+    "\"RolloutGroup\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
+    "  "
+    "\"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},\"messages\":{\"type\":\"array\",\"items\":{\"$ref\":"
+    "\"#/components/schemas/Message\"}},"
+    "  \"n\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"at most --max-n "
+    "(64)\",\"default\":1},\"reward\":{\"$ref\":\"#/components/schemas/Reward\"},\"metadata\":{}}},"
+    "\"RolloutRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"minItems\":1,\"maxItems\":1024,"
+    "\"items\":{\"$ref\":\"#/components/schemas/RolloutGroup\"}},"
+    "  \"sampling\":{\"$ref\":\"#/components/schemas/Sampling\"},"
+    "  "
+    "\"overlong_buffer\":{\"type\":\"object\",\"properties\":{\"len\":{\"type\":\"number\",\"minimum\":0},\"penalty_factor\":{"
+    "\"type\":\"number\",\"minimum\":0,\"default\":1}}},"
+    "  \"metadata\":{}},\"required\":[\"groups\"]},"
+    "\"ScoredResponse\":{\"type\":\"object\",\"properties\":{\"token_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "  "
+    "\"reward\":{\"type\":\"number\"},\"advantage\":{\"type\":\"number\"},\"logprobs\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"number\"}},"
+    "  "
+    "\"finish_reason\":{\"type\":\"string\",\"enum\":[\"stop\",\"length\"]},\"text\":{\"type\":\"string\"}},\"required\":["
+    "\"token_ids\"]},"
+    "\"ScoredGroup\":{\"type\":\"object\",\"properties\":{\"prompt_ids\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "  \"responses\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredResponse\"}},\"metadata\":{}},"
+    "  \"required\":[\"prompt_ids\",\"responses\"]},"
+    "\"UpdateRequest\":{\"type\":\"object\",\"properties\":{\"rollout_job_id\":{\"type\":\"string\"},"
+    "  \"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ScoredGroup\"}},"
+    "  \"algorithm\":{\"$ref\":\"#/components/schemas/Algorithm\"},\"optimizer\":{\"$ref\":\"#/components/schemas/Optimizer\"},"
+    "  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"default: the memory plan's (GET "
+    "/v1/model memory_plan; 32768 where it fits)\"},\"expected_policy_version\":{\"type\":\"integer\",\"minimum\":0}}},"
+    "\"LogprobsRequest\":{\"type\":\"object\",\"properties\":{\"groups\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/"
+    "schemas/ScoredGroup\"}},"
+    "  "
+    "\"model\":{\"type\":\"string\",\"enum\":[\"policy\",\"reference\"],\"default\":\"policy\"},\"temperature\":{\"type\":"
+    "\"number\",\"minimum\":0.001,\"maximum\":100,\"default\":1},"
+    "  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"default: the memory plan's (GET "
+    "/v1/model memory_plan; 32768 where it fits)\"}},\"required\":[\"groups\"]},"
+    "\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{\"merged\":{\"type\":\"boolean\",\"default\":false}}},"
+    "\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
+    "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
+    "  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"
+    "\"DetokenizeRequest\":{\"type\":\"object\",\"properties\":{\"tokens\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "  \"skip_special_tokens\":{\"type\":\"boolean\"}},\"required\":[\"tokens\"]},"
+    "\"Job\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\"},\"kind\":{\"type\":\"string\"},"
+    "  \"status\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]},"
+    "  "
+    "\"created_at\":{\"type\":\"number\"},\"started_at\":{\"type\":\"number\",\"nullable\":true},\"finished_at\":{\"type\":"
+    "\"number\",\"nullable\":true},"
+    "  "
+    "\"progress\":{\"type\":\"number\"},\"attempts\":{\"type\":\"integer\"},\"policy_version\":{\"type\":\"integer\","
+    "\"nullable\":true},"
+    "  \"error\":{\"type\":\"object\",\"nullable\":true},\"result\":{\"type\":\"object\",\"nullable\":true}}},"
+    "\"CompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
+    "  \"prompt\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "    "
+    "{\"type\":\"array\",\"items\":{\"type\":\"string\"}},{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"integer\"}}}]},"
+    "  "
+    "\"max_tokens\":{\"type\":\"integer\",\"minimum\":0,\"default\":16},\"n\":{\"type\":\"integer\",\"minimum\":1,\"default\":1},"
+    "  "
+    "\"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20,\"nullable\":true},\"echo\":{\"type\":\"boolean\"},"
+    "\"stream\":{\"type\":\"boolean\"},"
+    "  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"best_of\":{\"type\":\"integer\"},"
+    "  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]}},"
+    "  \"required\":[\"prompt\"]},"
+    "\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
+    "  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
+    "    "
+    "\"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":["
+    "\"role\"],\"additionalProperties\":true}},"
+    "  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
+    "  \"n\":{\"type\":\"integer\",\"minimum\":1},"
+    "  "
+    "\"logprobs\":{\"type\":\"boolean\"},\"top_logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20},\"stream\":{"
+    "\"type\":\"boolean\"},"
+    "  "
+    "\"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"presence_penalty\":{\"type\":\"number\",\"enum\":["
+    "0]},"
+    "  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"}},"
+    "  \"required\":[\"messages\"]},"
+    "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
+    "}";
 
 /* Request schemas reject unknown members (api_check_keys in api/): every object schema with
  * properties says so, unless it says otherwise; the response schemas stay open. */
@@ -80,15 +112,19 @@ static void close_objects(json_object *o) {
     if (!json_object_is_type(o, json_type_object)) return;
     if (json_object_object_get_ex(o, "properties", NULL) && !json_object_object_get_ex(o, "additionalProperties", NULL))
         json_object_object_add(o, "additionalProperties", json_object_new_boolean(0));
-    json_object_object_foreach(o, k, v) { (void)k; close_objects(v); }
+    json_object_object_foreach(o, k, v) {
+        (void)k;
+        close_objects(v);
+    }
 }
 
 /* The OpenAI routes take the sampling rows at the top level (api/openai.c), but for max_tokens
  * and logprobs, which OpenAI defines its own way: copy those rows' schemas into theirs. */
 static void oa_sampling(json_object *schemas, const char *name, json_object *sampling) {
     json_object *props = json_object_object_get(json_object_object_get(schemas, name), "properties");
-    json_object_object_foreach(json_object_object_get(sampling, "properties"), k, v)
-        if (props && !json_object_object_get_ex(props, k, NULL)) json_object_object_add(props, k, json_object_get(v));
+    json_object_object_foreach(json_object_object_get(sampling, "properties"), k,
+                               v) if (props && !json_object_object_get_ex(props, k, NULL))
+        json_object_object_add(props, k, json_object_get(v));
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -114,8 +150,9 @@ static void build(void) {
     json_object_object_add(d, "openapi", json_object_new_string("3.0.3"));
     json_object_object_add(info, "title", json_object_new_string("grpod"));
     json_object_object_add(info, "version", json_object_new_string("1"));
-    json_object_object_add(info, "description", json_object_new_string(
-        "GRPO-family RL post-training daemon. /v1 routes need Authorization: Bearer <key> when grpod runs with --api-key-file."));
+    json_object_object_add(info, "description",
+                           json_object_new_string("GRPO-family RL post-training daemon. /v1 routes need Authorization: Bearer "
+                                                  "<key> when grpod runs with --api-key-file."));
     json_object_object_add(d, "info", info);
     for (int i = 0; i < api_n_routes; i++) {
         const api_route *r = &api_routes[i];
@@ -193,7 +230,8 @@ static void build(void) {
     json_object_object_add(comp, "schemas", sch);
     json_object_object_add(bearer, "type", json_object_new_string("http"));
     json_object_object_add(bearer, "scheme", json_object_new_string("bearer"));
-    json_object_object_add(bearer, "description", json_object_new_string("the key of --api-key-file; needed when grpod runs with one"));
+    json_object_object_add(bearer, "description",
+                           json_object_new_string("the key of --api-key-file; needed when grpod runs with one"));
     json_object_object_add(ss, "bearerAuth", bearer);
     json_object_object_add(comp, "securitySchemes", ss);
     json_object_object_add(d, "components", comp);

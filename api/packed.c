@@ -15,11 +15,11 @@
 #include <json-c/printbuf.h>
 
 #define PACKED_MAGIC 0x9acced1du
-#define SCAN_DEPTH 64           /* json-c's own depth limit (fields.c) */
+#define SCAN_DEPTH 64 /* json-c's own depth limit (fields.c) */
 
 /* ---------------------------------------------------------------- the nonce */
 
-static char nonce[17];          /* 16 hex digits, fixed for the process */
+static char nonce[17]; /* 16 hex digits, fixed for the process */
 static pthread_once_t nonce_once = PTHREAD_ONCE_INIT;
 
 static void nonce_init(void) {
@@ -64,7 +64,8 @@ static size_t skip_number(const char *b, size_t i, size_t len, int *integer) {
     if (i < len && b[i] == '-') i++;
     if (i >= len || !is_digit(b[i])) return 0;
     if (b[i] == '0') i++;
-    else while (i < len && is_digit(b[i])) i++;
+    else
+        while (i < len && is_digit(b[i])) i++;
     *integer = 1;
     if (i < len && b[i] == '.') {
         *integer = 0;
@@ -86,7 +87,7 @@ enum { CUT_NONE, CUT_IDS, CUT_NUMS };
 
 /* Whether json-c reads the literal s (n bytes) to the value this cut would store. */
 static int literal_ok(const char *s, size_t n, int integer, int kind) {
-    if (kind == CUT_NUMS) return !integer || n - (s[0] == '-') <= 18;     /* int64 exactly, then (double) */
+    if (kind == CUT_NUMS) return !integer || n - (s[0] == '-') <= 18; /* int64 exactly, then (double) */
     if (!integer || s[0] == '-' || n > 10) return 0;
     return n < 10 || memcmp(s, "2147483647", 10) <= 0;
 }
@@ -121,7 +122,7 @@ static size_t cut_array(char *b, size_t i, size_t len, int kind, api_packed_set 
     size_t end = j + 1;
     char ph[48];
     int pl = snprintf(ph, sizeof ph, "\"gp%s:%d\"", nonce, set->n);
-    if ((size_t)pl > end - i) return 0;                 /* shorter than its placeholder */
+    if ((size_t)pl > end - i) return 0; /* shorter than its placeholder */
     size_t el = kind == CUT_IDS ? sizeof(int32_t) : sizeof(double);
     api_packed *p = malloc(sizeof *p + el * (size_t)n);
     if (!p) return 0;
@@ -139,9 +140,12 @@ static size_t cut_array(char *b, size_t i, size_t len, int kind, api_packed_set 
         } else {
             p->nums[k] = integer ? (double)strtoll(b + j, NULL, 10) : strtod(b + j, NULL);
         }
-        j = skip_ws(b, e, len) + 1;                     /* past ',' (or the final ']') */
+        j = skip_ws(b, e, len) + 1; /* past ',' (or the final ']') */
     }
-    if (!set_push(set, p)) { free(p); return 0; }
+    if (!set_push(set, p)) {
+        free(p);
+        return 0;
+    }
     memcpy(b + i, ph, (size_t)pl);
     memset(b + i + pl, ' ', end - i - (size_t)pl);
     return end;
@@ -155,14 +159,14 @@ enum { R_OTHER, R_ROOT, R_GROUPS, R_GROUP, R_RESPS, R_RESP };
 enum { K_OTHER, K_GROUPS, K_TOKENS, K_PROMPT_IDS, K_RESPONSES, K_TOKEN_IDS, K_LOGPROBS };
 
 typedef struct {
-    char obj, role, key;        /* key: the member being read (an object's) */
+    char obj, role, key; /* key: the member being read (an object's) */
 } frame;
 
 static int key_id(const char *k, size_t n) {
     static const char *const names[] = {"", "groups", "tokens", "prompt_ids", "responses", "token_ids", "logprobs"};
     for (int i = 1; i < (int)(sizeof names / sizeof *names); i++)
         if (strlen(names[i]) == n && !memcmp(names[i], k, n)) return i;
-    return K_OTHER;             /* escaped keys too: they stay json-c's */
+    return K_OTHER; /* escaped keys too: they stay json-c's */
 }
 
 /* A value about to be read under st[d-1] (d = 0: the body itself): its role if it is a
@@ -207,8 +211,10 @@ void api_packed_cut(char *b, size_t len, api_packed_set *set) {
                 if (d == SCAN_DEPTH) return;
                 st[d++] = (frame){c == '{', (char)role, K_OTHER};
                 i = skip_ws(b, i + 1, len);
-                if (i < len && b[i] == (c == '{' ? '}' : ']')) { d--; i++; }
-                else want = c == '{' ? KEY : VALUE;
+                if (i < len && b[i] == (c == '{' ? '}' : ']')) {
+                    d--;
+                    i++;
+                } else want = c == '{' ? KEY : VALUE;
             } else if (c == '"') {
                 if (!(i = skip_string(b, i, len))) return;
             } else if (c == '-' || is_digit(c)) {
@@ -221,7 +227,7 @@ void api_packed_cut(char *b, size_t len, api_packed_set *set) {
                 return;
             }
         } else if (want == AFTER) {
-            if (d == 0) return;                         /* the body's value is whole */
+            if (d == 0) return; /* the body's value is whole */
             i = skip_ws(b, i, len);
             if (i >= len) return;
             frame *f = &st[d - 1];
@@ -276,7 +282,10 @@ static int packed_to_json(json_object *jso, struct printbuf *pb, int level, int 
             printbuf_memappend(pb, t, snprintf(t, sizeof t, "%d", p->ids[i]));
         } else {
             json_object_set_double(d, p->nums[i]);
-            if (json_object_double_to_json_string(d, pb, level + 1, flags) < 0) { json_object_put(d); return -1; }
+            if (json_object_double_to_json_string(d, pb, level + 1, flags) < 0) {
+                json_object_put(d);
+                return -1;
+            }
         }
     }
     json_object_put(d);
@@ -308,8 +317,7 @@ void api_packed_attach(json_object *root, api_packed_set *set) {
                 json_object *g = json_object_array_get_idx(groups, i);
                 if (!json_object_is_type(g, json_type_object)) continue;
                 attach_one(g, "prompt_ids", set);
-                if (!json_object_object_get_ex(g, "responses", &resps) || !json_object_is_type(resps, json_type_array))
-                    continue;
+                if (!json_object_object_get_ex(g, "responses", &resps) || !json_object_is_type(resps, json_type_array)) continue;
                 for (size_t k = 0; k < json_object_array_length(resps); k++) {
                     json_object *r = json_object_array_get_idx(resps, k);
                     if (!json_object_is_type(r, json_type_object)) continue;

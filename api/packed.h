@@ -28,13 +28,13 @@
 
 typedef struct {
     unsigned magic;
-    int n;                      /* elements */
-    int32_t *ids;               /* (n) token ids, or NULL */
-    double *nums;               /* (n) logprobs, or NULL */
+    int n; /* elements */
+    int32_t *ids; /* (n) token ids, or NULL */
+    double *nums; /* (n) logprobs, or NULL */
 } api_packed;
 
 typedef struct {
-    api_packed **v;             /* (n) by placeholder index; NULL once attached */
+    api_packed **v; /* (n) by placeholder index; NULL once attached */
     int n, cap;
 } api_packed_set;
 

@@ -49,7 +49,10 @@ static int strs_or_reply(const eng_param *p, json_object *in, const char *path, 
     json_object_object_get_ex(in, p->name, &v);
     if (v && json_object_is_type(v, json_type_string)) {
         int len = json_object_get_string_len(v);
-        if (len == 0) { rc = api_fail(e, GE_INVALID, f, "%s must not be empty", f); goto done; }
+        if (len == 0) {
+            rc = api_fail(e, GE_INVALID, f, "%s must not be empty", f);
+            goto done;
+        }
         json_object_array_add(out, json_object_new_string(json_object_get_string(v)));
     } else if (v) {
         json_object *a;
@@ -97,8 +100,8 @@ static int pair_or_reply(const eng_param *p, json_object *in, const char *path, 
 }
 
 /* One row of in → its canonical member in c. prev: the value of the row before (PB_PREV). */
-static int row_or_reply(const eng_param *p, json_object *in, const char *path, const api_limits *l,
-                        const api_model *m, long long *prev, json_object *c, api_error *e) {
+static int row_or_reply(const eng_param *p, json_object *in, const char *path, const api_limits *l, const api_model *m,
+                        long long *prev, json_object *c, api_error *e) {
     double hi = hi_of(p, l, m, *prev), d;
     long long x;
     int b, rc;
@@ -145,10 +148,8 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
         }
         api_put_int(c, p->name, x);
         return 0;
-    case PT_PAIR:
-        return pair_or_reply(p, in, path, c, e);
-    case PT_STRS:
-        return strs_or_reply(p, in, path, c, e);
+    case PT_PAIR: return pair_or_reply(p, in, path, c, e);
+    case PT_STRS: return strs_or_reply(p, in, path, c, e);
     case PT_IDS: {
         json_object *ids = NULL;
         if ((rc = api_get_ids(in, path, p->name, 0, (int)p->lo, (int)p->hi, m ? m->vocab : 0x7fffffff, &ids, NULL, NULL, e)))
@@ -166,9 +167,8 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     return 0;
 }
 
-int api_params_or_reply(const eng_params *t, json_object *in, const char *path,
-                        const char *const *also_allowed, const api_limits *l, const api_model *m,
-                        json_object **out, api_error *e) {
+int api_params_or_reply(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
+                        const api_limits *l, const api_model *m, json_object **out, api_error *e) {
     const char *keys[64];
     int k = 0, rc = 0;
     for (int i = 0; i < t->n && k < 63; i++) keys[k++] = t->rows[i].name;
@@ -200,11 +200,13 @@ int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
         if (!json_object_object_get_ex(in, p->name, &v) || !v || p->off < 0) continue;
         switch (p->type) {
         case PT_NUM: *(float *)(d + p->off) = (float)json_object_get_double(v); break;
-        case PT_INT: case PT_BOOL: *(int *)(d + p->off) = (int)json_object_get_int64(v); break;
+        case PT_INT:
+        case PT_BOOL: *(int *)(d + p->off) = (int)json_object_get_int64(v); break;
         case PT_SEED: *(uint64_t *)(d + p->off) = (uint64_t)json_object_get_int64(v); break;
         case PT_ENUM: {
             int x = eng_param_choice(p, json_object_get_string(v));
-            if (x < 0) return err_set(GE_INVALID, "%s.%s: '%.64s' is not a known choice", t->name, p->name, json_object_get_string(v));
+            if (x < 0)
+                return err_set(GE_INVALID, "%s.%s: '%.64s' is not a known choice", t->name, p->name, json_object_get_string(v));
             *(int *)(d + p->off) = x;
             break;
         }
@@ -214,7 +216,8 @@ int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
                 *(float *)(d + p->off2) = (float)json_object_get_double(json_object_array_get_idx(v, 1));
             }
             break;
-        case PT_STRS: case PT_IDS: {
+        case PT_STRS:
+        case PT_IDS: {
             int str = p->type == PT_STRS, one = str && json_object_is_type(v, json_type_string);
             int n = one ? 1 : json_object_is_type(v, json_type_array) ? (int)json_object_array_length(v) : 0;
             void *a = calloc((size_t)n + 1, str ? sizeof(char *) : sizeof(int));
@@ -259,7 +262,10 @@ json_object *api_params_schema(const eng_params *t) {
         const eng_param *p = &t->rows[i];
         json_object *o = NULL;
         switch (p->type) {
-        case PT_NUM: case PT_INT: case PT_SEED: case PT_COMPAT:
+        case PT_NUM:
+        case PT_INT:
+        case PT_SEED:
+        case PT_COMPAT:
             o = typed(p->type == PT_NUM ? "number" : "integer");
             if (p->flags & PF_LO_OPEN) api_put_num(o, "exclusiveMinimum", p->lo);
             else api_put_num(o, "minimum", p->lo);

@@ -14,9 +14,8 @@
  * path in messages ("sampling"; "" when the members sit at the top level). Unknown members are
  * an error unless also_allowed (NULL-terminated, may be NULL) names them. l and m give the
  * PB_MAX_TOKENS and PB_VOCAB bounds (NULL: the row's hi). */
-int api_params_or_reply(const eng_params *t, json_object *in, const char *path,
-                        const char *const *also_allowed, const api_limits *l, const api_model *m,
-                        json_object **out, api_error *e);
+int api_params_or_reply(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
+                        const api_limits *l, const api_model *m, json_object **out, api_error *e);
 
 /* A canonical section (from api_params_or_reply, as stored) → dst, the engine struct of t.
  * Absent members keep the rows' defaults. PT_STRS/PT_IDS arrays are malloc'd (free with

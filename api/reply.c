@@ -16,10 +16,13 @@
 
 /* ---------------------------------------------------------------- responses */
 
-enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype,
-                              char *body, size_t len, int take) {
+enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, const char *ctype, char *body, size_t len,
+                              int take) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, take ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_MUST_COPY);
-    if (!r) { if (take) free(body); return MHD_NO; }
+    if (!r) {
+        if (take) free(body);
+        return MHD_NO;
+    }
     MHD_add_response_header(r, "Content-Type", ctype);
     /* RFC 9110: tell clients when to come back and how to authenticate */
     if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
@@ -80,7 +83,10 @@ static int status_of_error_json(const char *err) {
     int st = 500;
     if (o && json_object_object_get_ex(o, "code", &code))
         for (int i = 0; i < GE_COUNT_; i++)
-            if (!strcmp(err_name(-i), json_object_get_string(code))) { st = api_http_status(-i); break; }
+            if (!strcmp(err_name(-i), json_object_get_string(code))) {
+                st = api_http_status(-i);
+                break;
+            }
     json_object_put(o);
     return st;
 }

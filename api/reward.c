@@ -79,8 +79,7 @@ static const char *next_number(const char *base, const char *p, const char *end,
         } else if (!(is_digit(*q) || (*q == '.' && q + 1 < end && is_digit(q[1]) && !is_digit(prev)))) {
             continue;
         }
-        while (q < end && (is_digit(*q) || (*q == ',' && q > s && is_digit(q[-1]) && q + 1 < end && is_digit(q[1]))))
-            q++;
+        while (q < end && (is_digit(*q) || (*q == ',' && q > s && is_digit(q[-1]) && q + 1 < end && is_digit(q[1])))) q++;
         if (q + 1 < end && *q == '.' && is_digit(q[1])) {
             q++;
             while (q < end && is_digit(*q)) q++;
@@ -163,7 +162,10 @@ static int normalize_at(const char *p, const char *end, char *out, int outlen, i
             break;
         }
         for (int i = 0; !skipped && drop[i]; i++)
-            if (starts(p, end, drop[i])) { p += strlen(drop[i]); skipped = 1; }
+            if (starts(p, end, drop[i])) {
+                p += strlen(drop[i]);
+                skipped = 1;
+            }
         if (skipped) continue;
         char c = *p;
         if (is_space(c) && *n > 0 && is_digit(out[*n - 1])) {
@@ -192,7 +194,7 @@ static int normalize_at(const char *p, const char *end, char *out, int outlen, i
 
 static int normalize(const char *p, const char *end, char *out, int outlen, int *n) {
     int ok = normalize_at(p, end, out, outlen, n, 0);
-    out[*n] = 0;                        /* terminated on failure too (*n < outlen always) */
+    out[*n] = 0; /* terminated on failure too (*n < outlen always) */
     return ok;
 }
 
@@ -216,7 +218,7 @@ int math_parse_number(const char *s, double *out) {
     char buf[MATH_BUF];
     int n = 0;
     if (!s || !normalize(s, s + strlen(s), buf, sizeof buf, &n)) return 0;
-    while (n > 0 && buf[n - 1] == '.') buf[--n] = 0;   /* "42." ends a sentence */
+    while (n > 0 && buf[n - 1] == '.') buf[--n] = 0; /* "42." ends a sentence */
     const char *p = buf;
     double sign = 1;
     if (*p == '+' || *p == '-') sign = *p++ == '-' ? -1 : 1;
@@ -257,7 +259,7 @@ static int boxed_answer(const char *text, char *out, int outlen) {
     while (p < end && *p == ' ') p++;
     if (p >= end || *p != '{') return 0;
     const char *be = brace_end(p, end);
-    if (!be) return 0;              /* truncated: \boxed{ never closed */
+    if (!be) return 0; /* truncated: \boxed{ never closed */
     int n = 0;
     double v;
     int whole = normalize(p + 1, be - 1, out, outlen, &n);
@@ -288,9 +290,7 @@ static int extract(const char *text, char *out, int outlen, int strict) {
     return 0;
 }
 
-int math_extract_answer(const char *text, char *out, int outlen) {
-    return extract(text, out, outlen, 0);
-}
+int math_extract_answer(const char *text, char *out, int outlen) { return extract(text, out, outlen, 0); }
 
 /* The expected value of a math spec: a number, or a solution with "#### N" or \boxed{N}. */
 static int math_expected(const char *answer, double *v) {
@@ -314,14 +314,16 @@ static int math_expected(const char *answer, double *v) {
 
 static pcre2_code *regex_compile(const reward_spec *r, char *why, int whylen) {
     pcre2_compile_context *cc = pcre2_compile_context_create(NULL);
-    if (!cc) { set_why(why, whylen, "out of memory"); return NULL; }
+    if (!cc) {
+        set_why(why, whylen, "out of memory");
+        return NULL;
+    }
     pcre2_set_max_pattern_length(cc, REWARD_MAX_PATTERN);
     pcre2_set_parens_nest_limit(cc, REGEX_NEST);
     int ec;
     PCRE2_SIZE off;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)r->answer, PCRE2_ZERO_TERMINATED,
-                                   PCRE2_NEVER_UTF | PCRE2_NEVER_UCP | (r->case_sensitive ? 0 : PCRE2_CASELESS),
-                                   &ec, &off, cc);
+                                   PCRE2_NEVER_UTF | PCRE2_NEVER_UCP | (r->case_sensitive ? 0 : PCRE2_CASELESS), &ec, &off, cc);
     pcre2_compile_context_free(cc);
     if (!re && why && whylen > 0) {
         PCRE2_UCHAR e[160];
@@ -344,9 +346,7 @@ int reward_parse_type(const char *s, reward_type *out) {
     return err_set(GE_INVALID, "unknown reward type '%.64s' (exact|math|regex|contains|none)", s ? s : "(null)");
 }
 
-const char *reward_type_name(reward_type t) {
-    return (unsigned)t < 5 ? type_names[t] : "unknown";
-}
+const char *reward_type_name(reward_type t) { return (unsigned)t < 5 ? type_names[t] : "unknown"; }
 
 int reward_check_spec(const reward_spec *r, char *why, int whylen) {
     char msg[320];
@@ -369,19 +369,18 @@ int reward_check_spec(const reward_spec *r, char *why, int whylen) {
     } else if (r->type == REWARD_MATH) {
         double v;
         if (!math_expected(r->answer, &v))
-            snprintf(msg, sizeof msg, "math answer '%.64s' is not a number (nor a solution ending in "
-                     "\"#### N\" or \\boxed{N})", r->answer);
+            snprintf(msg, sizeof msg,
+                     "math answer '%.64s' is not a number (nor a solution ending in "
+                     "\"#### N\" or \\boxed{N})",
+                     r->answer);
     }
     if (!msg[0]) {
-        if (!(r->overlong_len >= 0) || !isfinite(r->overlong_len))
-            snprintf(msg, sizeof msg, "overlong_buffer.len must be >= 0");
+        if (!(r->overlong_len >= 0) || !isfinite(r->overlong_len)) snprintf(msg, sizeof msg, "overlong_buffer.len must be >= 0");
         else if (!(r->overlong_penalty >= 0) || !isfinite(r->overlong_penalty))
             snprintf(msg, sizeof msg, "overlong_buffer.penalty_factor must be >= 0");
-        else if (r->overlong_len > 0 && r->max_tokens <= 0)
-            snprintf(msg, sizeof msg, "overlong shaping needs max_tokens > 0");
+        else if (r->overlong_len > 0 && r->max_tokens <= 0) snprintf(msg, sizeof msg, "overlong shaping needs max_tokens > 0");
         else if (r->overlong_len > (float)r->max_tokens && r->overlong_len > 0)
-            snprintf(msg, sizeof msg, "overlong_buffer.len (%g) exceeds max_tokens (%d)",
-                     (double)r->overlong_len, r->max_tokens);
+            snprintf(msg, sizeof msg, "overlong_buffer.len (%g) exceeds max_tokens (%d)", (double)r->overlong_len, r->max_tokens);
     }
     if (!msg[0]) {
         set_why(why, whylen, "");
@@ -420,14 +419,14 @@ static int score_regex(const reward_spec *r, const char *text) {
     pcre2_match_data_free(md);
     pcre2_match_context_free(mc);
     pcre2_code_free(re);
-    return rc >= 0;     /* no match, and a match over its limits, score 0 */
+    return rc >= 0; /* no match, and a match over its limits, score 0 */
 }
 
 static int score_math(const reward_spec *r, const char *text) {
     char got[MATH_BUF];
     double want, v;
-    return math_expected(r->answer, &want) && math_extract_answer(text, got, sizeof got) &&
-           math_parse_number(got, &v) && math_numbers_equal(v, want);
+    return math_expected(r->answer, &want) && math_extract_answer(text, got, sizeof got) && math_parse_number(got, &v) &&
+        math_numbers_equal(v, want);
 }
 
 float reward_score(const reward_spec *r, const char *text, int n_tokens) {

@@ -27,11 +27,11 @@ typedef enum { REWARD_NONE, REWARD_EXACT, REWARD_MATH, REWARD_REGEX, REWARD_CONT
 
 typedef struct {
     reward_type type;
-    const char *answer;     /* exact/math/contains: expected text/number; regex: the pattern */
-    int case_sensitive;     /* exact/contains/regex; the API defaults it to 1 */
-    float overlong_len;     /* DAPO overlong_buffer.len (0 = off) */
+    const char *answer; /* exact/math/contains: expected text/number; regex: the pattern */
+    int case_sensitive; /* exact/contains/regex; the API defaults it to 1 */
+    float overlong_len; /* DAPO overlong_buffer.len (0 = off) */
     float overlong_penalty; /* DAPO overlong_buffer.penalty_factor */
-    int max_tokens;         /* the rollout's max_tokens (for overlong shaping) */
+    int max_tokens; /* the rollout's max_tokens (for overlong shaping) */
 } reward_spec;
 
 /* "exact" | "math" | "regex" | "contains" | "none" -> *out; GE_INVALID otherwise. */

@@ -53,7 +53,7 @@ static enum MHD_Result route_one(api_server *s, struct MHD_Connection *c, api_re
     const api_route *rt = NULL;
     char id[128] = "";
     int path_known = 0;
-    api_conns_set_busy(s->conns, c, 1);     /* the whole request is here: no deadline now */
+    api_conns_set_busy(s->conns, c, 1); /* the whole request is here: no deadline now */
     if (x->refused) {
         x->route = "other";
         return api_reply_error(c, x, &x->refusal);
@@ -62,7 +62,10 @@ static enum MHD_Result route_one(api_server *s, struct MHD_Connection *c, api_re
     for (int i = 0; i < api_n_routes; i++) {
         if (!route_match(api_routes[i].path, url, id, sizeof id)) continue;
         path_known = 1;
-        if (strcmp(api_routes[i].method, m) == 0) { rt = &api_routes[i]; break; }
+        if (strcmp(api_routes[i].method, m) == 0) {
+            rt = &api_routes[i];
+            break;
+        }
     }
     if (!rt) {
         x->route = "other";

@@ -16,29 +16,28 @@
 
 #include "api/http.h"
 
-typedef struct api_req api_req;     /* one request's state (internal.h) */
+typedef struct api_req api_req; /* one request's state (internal.h) */
 
 /* Serves one request on an MHD thread: replies (or suspends the connection, and is called again
  * on resume) and returns what MHD is to be told. req: the JSON body when the row's doc names one,
  * else NULL, and NULL on the calls after a suspend; the router puts it when the handler returns.
  * id: the path's {id} segment ("" when the path has none). */
-typedef enum MHD_Result api_handler(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req,
-                                    const char *id);
+typedef enum MHD_Result api_handler(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id);
 
 typedef enum {
-    API_OPEN,                       /* anyone who passes the guard (guard.h) */
-    API_KEY,                        /* also Authorization: Bearer <the --api-key-file key>, when there is one */
+    API_OPEN, /* anyone who passes the guard (guard.h) */
+    API_KEY, /* also Authorization: Bearer <the --api-key-file key>, when there is one */
 } api_auth;
 
 /* A route's OpenAPI entry. */
 typedef struct {
     const char *summary;
-    const char *body;               /* components/schemas name of the JSON body; NULL: no body is read */
-    int body_optional;              /* an empty body reads as {} (requestBody required: false) */
-    int ok;                         /* the success status: 200 (0 says 200) or 202 */
-    const char *ok_body;            /* the success body: a components/schemas name, "text/plain" (a
+    const char *body; /* components/schemas name of the JSON body; NULL: no body is read */
+    int body_optional; /* an empty body reads as {} (requestBody required: false) */
+    int ok; /* the success status: 200 (0 says 200) or 202 */
+    const char *ok_body; /* the success body: a components/schemas name, "text/plain" (a
                                      * string), or NULL (not described) */
-    const char *query;              /* the query parameters: an OpenAPI parameter array in JSON, or NULL */
+    const char *query; /* the query parameters: an OpenAPI parameter array in JSON, or NULL */
 } api_doc;
 
 typedef struct {
@@ -49,20 +48,17 @@ typedef struct {
 } api_route;
 
 #define API_ROUTES(X) \
-    X("GET", "/healthz", api_healthz_get, API_OPEN, \
-      .summary = "Liveness: 200 while the process serves HTTP") \
+    X("GET", "/healthz", api_healthz_get, API_OPEN, .summary = "Liveness: 200 while the process serves HTTP") \
     X("GET", "/readyz", api_readyz_get, API_OPEN, \
       .summary = "Readiness: 200 once the model is loaded, 503 before or when the engine failed") \
-    X("GET", "/metrics", api_metrics_get, API_OPEN, \
-      .summary = "Prometheus text exposition", .ok_body = "text/plain") \
-    X("GET", "/openapi.json", api_openapi_get, API_OPEN, \
-      .summary = "This document") \
+    X("GET", "/metrics", api_metrics_get, API_OPEN, .summary = "Prometheus text exposition", .ok_body = "text/plain") \
+    X("GET", "/openapi.json", api_openapi_get, API_OPEN, .summary = "This document") \
     X("POST", "/v1/rollouts", api_rollouts_post, API_KEY, \
-      .summary = "Queue a rollout job: sample n responses per prompt group, score them", \
-      .body = "RolloutRequest", .ok = 202, .ok_body = "Accepted") \
+      .summary = "Queue a rollout job: sample n responses per prompt group, score them", .body = "RolloutRequest", .ok = 202, \
+      .ok_body = "Accepted") \
     X("POST", "/v1/updates", api_updates_post, API_KEY, \
-      .summary = "Queue an update job: one policy-gradient step on scored groups", \
-      .body = "UpdateRequest", .ok = 202, .ok_body = "Accepted") \
+      .summary = "Queue an update job: one policy-gradient step on scored groups", .body = "UpdateRequest", .ok = 202, \
+      .ok_body = "Accepted") \
     X("GET", "/v1/jobs", api_jobs_get, API_KEY, \
       .summary = "List jobs, newest first (?kind=&status=&limit=&after=; next: the cursor of the next page)", \
       .query = "[{\"name\":\"kind\",\"in\":\"query\",\"schema\":{\"type\":\"string\"," \
@@ -74,28 +70,23 @@ typedef struct {
                "{\"name\":\"after\",\"in\":\"query\",\"description\":\"a page's next: the page after it\"," \
                "\"schema\":{\"type\":\"string\"}}]") \
     X("GET", "/v1/jobs/{id}", api_job_get, API_KEY, \
-      .summary = "A job with its result; ?wait=S long-polls up to S seconds (max 60) until it finishes", \
-      .ok_body = "Job", \
+      .summary = "A job with its result; ?wait=S long-polls up to S seconds (max 60) until it finishes", .ok_body = "Job", \
       .query = "[{\"name\":\"wait\",\"in\":\"query\",\"description\":\"long-poll up to this many seconds (capped at 60)\"," \
                "\"schema\":{\"type\":\"number\",\"minimum\":0,\"default\":0}}]") \
     X("DELETE", "/v1/jobs/{id}", api_job_delete, API_KEY, \
       .summary = "Cancel a job: 200 when it was queued, 202 when running (flagged)", .ok_body = "Job") \
-    X("GET", "/v1/model", api_model_get, API_KEY, \
-      .summary = "Model shape, backend and policy_version") \
+    X("GET", "/v1/model", api_model_get, API_KEY, .summary = "Model shape, backend and policy_version") \
     X("POST", "/v1/checkpoints", api_checkpoints_post, API_KEY, \
-      .summary = "Queue a checkpoint job (HF directory + optimizer state)", \
-      .body = "CheckpointRequest", .body_optional = 1, .ok = 202, .ok_body = "Accepted") \
-    X("GET", "/v1/checkpoints", api_checkpoints_get, API_KEY, \
-      .summary = "List checkpoints, newest first") \
+      .summary = "Queue a checkpoint job (HF directory + optimizer state)", .body = "CheckpointRequest", .body_optional = 1, \
+      .ok = 202, .ok_body = "Accepted") \
+    X("GET", "/v1/checkpoints", api_checkpoints_get, API_KEY, .summary = "List checkpoints, newest first") \
     X("POST", "/v1/logprobs", api_logprobs_post, API_KEY, \
       .summary = "Score given responses under the policy or the reference (synchronous; 202 with job_id after 600 s)", \
       .body = "LogprobsRequest") \
-    X("POST", "/v1/tokenize", api_tokenize_post, API_KEY, \
-      .summary = "Text or chat messages to token ids", .body = "TokenizeRequest") \
-    X("POST", "/v1/detokenize", api_detokenize_post, API_KEY, \
-      .summary = "Token ids to text", .body = "DetokenizeRequest") \
-    X("GET", "/v1/models", api_oa_models_get, API_KEY, \
-      .summary = "OpenAI-compatible: the served policy") \
+    X("POST", "/v1/tokenize", api_tokenize_post, API_KEY, .summary = "Text or chat messages to token ids", \
+      .body = "TokenizeRequest") \
+    X("POST", "/v1/detokenize", api_detokenize_post, API_KEY, .summary = "Token ids to text", .body = "DetokenizeRequest") \
+    X("GET", "/v1/models", api_oa_models_get, API_KEY, .summary = "OpenAI-compatible: the served policy") \
     X("POST", "/v1/completions", api_oa_completions_post, API_KEY, \
       .summary = "OpenAI-compatible completions from the live policy (through the rollout scheduler; " \
                  "stream: true answers as server-sent events)", \
@@ -122,8 +113,7 @@ typedef struct {
                  "cancelled (?follower=ID; waits up to 1 s; 204 when none)") \
     X("POST", "/v1/cluster/done", api_cluster_done_post, API_KEY, \
       .summary = "Leader: a follower's outcome of call seq {seq, rc, msg}, or of a rollout part {part, rc, msg, result}") \
-    X("GET", "/v1/cluster/beat", api_cluster_beat_get, API_KEY, \
-      .summary = "Leader: a follower's heartbeat (?follower=ID)")
+    X("GET", "/v1/cluster/beat", api_cluster_beat_get, API_KEY, .summary = "Leader: a follower's heartbeat (?follower=ID)")
 
 #define API_DECLARE_HANDLER_(method, path, handler, ...) api_handler handler;
 API_ROUTES(API_DECLARE_HANDLER_)

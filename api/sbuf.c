@@ -12,7 +12,10 @@ static int reserve(api_sbuf *b, size_t n) {
     if (b->len + n + 1 <= b->cap) return 1;
     size_t nc = (b->cap + n + 1) * 2;
     char *np = realloc(b->p, nc);
-    if (!np) { b->oom = 1; return 0; }
+    if (!np) {
+        b->oom = 1;
+        return 0;
+    }
     b->p = np;
     b->cap = nc;
     return 1;
@@ -23,7 +26,10 @@ void api_sb_printf(api_sbuf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int k = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (k < 0) { b->oom = 1; return; }
+    if (k < 0) {
+        b->oom = 1;
+        return;
+    }
     if (!reserve(b, (size_t)k)) return;
     va_start(ap, fmt);
     vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
@@ -38,4 +44,7 @@ void api_sb_str(api_sbuf *b, const char *s) {
     b->len += n;
 }
 
-void api_sb_num_or_null(api_sbuf *b, double v) { if (v > 0) api_sb_printf(b, "%.3f", v); else api_sb_str(b, "null"); }
+void api_sb_num_or_null(api_sbuf *b, double v) {
+    if (v > 0) api_sb_printf(b, "%.3f", v);
+    else api_sb_str(b, "null");
+}

@@ -6,9 +6,13 @@
 #define GRPOD_API_SBUF_H
 #include <stddef.h>
 
-typedef struct { char *p; size_t len, cap; int oom; } api_sbuf;
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} api_sbuf;
 
 void api_sb_printf(api_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void api_sb_str(api_sbuf *b, const char *s);
-void api_sb_num_or_null(api_sbuf *b, double v);     /* "%.3f", or null when v <= 0 */
+void api_sb_num_or_null(api_sbuf *b, double v); /* "%.3f", or null when v <= 0 */
 #endif

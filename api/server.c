@@ -30,7 +30,10 @@ static int hook_tokenize(void *ud, const char *text, size_t len, int add_special
 static int hook_chat(void *ud, const char *const *roles, const char *const *contents, int n, int agp, char **text) {
     eng_message *m = calloc((size_t)n + 1, sizeof *m);
     if (!m) return err_set(GE_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) { m[i].role = roles[i]; m[i].content = contents[i]; }
+    for (int i = 0; i < n; i++) {
+        m[i].role = roles[i];
+        m[i].content = contents[i];
+    }
     int rc = eng_render_chat((eng *)ud, m, n, agp, text);
     free(m);
     return rc;
@@ -49,7 +52,10 @@ eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, ap
         *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "engine failed: %s", s->fail_msg);
         return NULL;
     }
-    if (!e) { *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "model is still loading; retry when GET /readyz says 200"); return NULL; }
+    if (!e) {
+        *r = api_reply_fail(c, x, GE_UNAVAILABLE, "", "model is still loading; retry when GET /readyz says 200");
+        return NULL;
+    }
     if (m) {
         m->vocab = s->vocab;
         m->max_pos = s->max_pos;
@@ -81,8 +87,8 @@ void api_wake_engine(api_server *s) {
 
 /* ---------------------------------------------------------------- MHD callbacks */
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls) {
     api_server *s = cls;
     api_req *x = *con_cls;
     if (!x) {
@@ -98,7 +104,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             .origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
             .content_type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE),
             .has_body = (cl && strtoll(cl, NULL, 10) > 0) ||
-                        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL,
+                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL,
         };
         x->refused = api_guard_or_reply(&g, &h, &x->refusal) != 0;
         return MHD_YES;
@@ -106,7 +112,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (x->too_large || x->refused) return MHD_YES;       /* drain, reply 413/403/415 at the end */
+        if (x->too_large || x->refused) return MHD_YES; /* drain, reply 413/403/415 at the end */
         if ((long long)(x->len + n) > api_limits_now(s).max_body_bytes) {
             x->too_large = 1;
             free(x->body);
@@ -117,7 +123,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (x->len + n + 1 > x->cap) {
             size_t nc = (x->len + n + 1) * 2;
             char *nb = realloc(x->body, nc);
-            if (!nb) { x->too_large = 1; return MHD_YES; }
+            if (!nb) {
+                x->too_large = 1;
+                return MHD_YES;
+            }
             x->body = nb;
             x->cap = nc;
         }
@@ -131,7 +140,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode t) {
     api_server *s = cls;
-    api_conns_set_busy(s->conns, c, 0);     /* the next request's deadline runs from now */
+    api_conns_set_busy(s->conns, c, 0); /* the next request's deadline runs from now */
     api_req *x = *con_cls;
     if (!x) return;
     if (x->ext_free) x->ext_free(x->ext);
@@ -183,10 +192,8 @@ int api_parse_listen(const char *listen, void *ss_out, int *len_out, int *is_loo
     memcpy(ss_out, res->ai_addr, res->ai_addrlen);
     *len_out = (int)res->ai_addrlen;
     *is_loopback = 0;
-    if (res->ai_family == AF_INET)
-        *is_loopback = (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-    else if (res->ai_family == AF_INET6)
-        *is_loopback = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)res->ai_addr)->sin6_addr);
+    if (res->ai_family == AF_INET) *is_loopback = (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    else if (res->ai_family == AF_INET6) *is_loopback = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)res->ai_addr)->sin6_addr);
     freeaddrinfo(res);
     return 0;
 }
@@ -210,7 +217,7 @@ int api_start(const api_config *cfg, api_server **out) {
     snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key ? cfg->api_key : "");
     snprintf(s->allowed_hosts, sizeof s->allowed_hosts, "%s", cfg->allowed_hosts ? cfg->allowed_hosts : "");
     snprintf(s->allowed_origins, sizeof s->allowed_origins, "%s", cfg->allowed_origins ? cfg->allowed_origins : "");
-    s->cfg.api_key = s->cfg.allowed_hosts = s->cfg.allowed_origins = NULL;   /* copied: the caller's may go */
+    s->cfg.api_key = s->cfg.allowed_hosts = s->cfg.allowed_origins = NULL; /* copied: the caller's may go */
     s->limits = cfg->limits;
     if (s->cfg.max_wait_s <= 0) s->cfg.max_wait_s = 60;
     pthread_mutex_init(&s->mu, NULL);
@@ -220,22 +227,22 @@ int api_start(const api_config *cfg, api_server **out) {
     int rc = api_parse_listen(cfg->listen, &ss, &sl, &loop);
     if (rc) goto fail;
     int max_conn = cfg->max_connections > 0 ? cfg->max_connections : 2048;
-    api_conn_limits cl = {.max_waiting = max_conn / 2, .max_per_client = cfg->max_per_client > 0 ? cfg->max_per_client : 256,
+    api_conn_limits cl = {.max_waiting = max_conn / 2,
+                          .max_per_client = cfg->max_per_client > 0 ? cfg->max_per_client : 256,
                           .request_timeout_s = cfg->request_timeout_s > 0 ? cfg->request_timeout_s : 30};
     if ((rc = api_conns_create(&cl, &s->conns))) goto fail;
     raise_fd_limit((rlim_t)max_conn + 256);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
-                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+    s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                              MHD_OPTION_NOTIFY_CONNECTION, api_conns_notify, s->conns,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,
-                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                              MHD_OPTION_END);
-    if (!s->mhd) { rc = err_set(GE_IO, "cannot listen on %s (address in use or not permitted?)", cfg->listen); goto fail; }
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, api_conns_notify,
+                              s->conns, MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned)300, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+    if (!s->mhd) {
+        rc = err_set(GE_IO, "cannot listen on %s (address in use or not permitted?)", cfg->listen);
+        goto fail;
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : 0;
     *out = s;

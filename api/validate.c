@@ -25,19 +25,25 @@
 /* ---------------------------------------------------------------- prompts */
 
 /* messages: [{"role","content"}] → chat-template text (add_generation_prompt) → ids. */
-static int messages_to_ids(json_object *arr, const char *path, const api_model *m, int agp, int add_special,
-                           int **ids, int *n, api_error *e) {
+static int messages_to_ids(json_object *arr, const char *path, const api_model *m, int agp, int add_special, int **ids, int *n,
+                           api_error *e) {
     int cnt = (int)json_object_array_length(arr);
     const char **roles = calloc((size_t)cnt + 1, sizeof *roles), **contents = calloc((size_t)cnt + 1, sizeof *contents);
     int rc = 0;
-    if (!roles || !contents) { rc = api_fail(e, GE_NOMEM, path, "out of memory"); goto done; }
+    if (!roles || !contents) {
+        rc = api_fail(e, GE_NOMEM, path, "out of memory");
+        goto done;
+    }
     static const char *const keys[] = {"role", "content", "name", NULL};
     static const char *const known_roles[] = {"system", "user", "assistant", "tool", NULL};
     for (int i = 0; i < cnt; i++) {
         char p[96];
         snprintf(p, sizeof p, "%s[%d]", path, i);
         json_object *msg = json_object_array_get_idx(arr, (size_t)i);
-        if (!json_object_is_type(msg, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto done; }
+        if (!json_object_is_type(msg, json_type_object)) {
+            rc = api_fail(e, GE_INVALID, p, "%s must be an object", p);
+            goto done;
+        }
         const char *name;
         if ((rc = api_check_keys(msg, p, keys, e)) || (rc = api_get_str(msg, p, "role", 1, &roles[i], e)) ||
             (rc = api_get_str(msg, p, "content", 1, &contents[i], e)) || (rc = api_get_str(msg, p, "name", 0, &name, e)))
@@ -66,11 +72,10 @@ done:
 }
 
 /* A group's prompt: exactly one of prompt | prompt_ids | messages. Returns the ids. */
-static int prompt_or_reply(json_object *g, const char *path, const api_model *m, int **ids, int *n,
-                           api_error *e) {
+static int prompt_or_reply(json_object *g, const char *path, const api_model *m, int **ids, int *n, api_error *e) {
     json_object *a;
     int have = json_object_object_get_ex(g, "prompt", NULL) + json_object_object_get_ex(g, "prompt_ids", NULL) +
-               json_object_object_get_ex(g, "messages", NULL);
+        json_object_object_get_ex(g, "messages", NULL);
     char f[128];
     if (have != 1) {
         snprintf(f, sizeof f, "%s.prompt", path);
@@ -94,8 +99,12 @@ static int prompt_or_reply(json_object *g, const char *path, const api_model *m,
         json_object_put(canon);
     }
     snprintf(f, sizeof f, "%s.prompt", path);
-    if (*n < 1) { free(*ids); *ids = NULL; return api_fail(e, GE_INVALID, f, "%s tokenizes to no tokens", path); }
-    for (int i = 0; i < *n; i++)      /* the tokenizer's ids index the embedding: checked, not trusted */
+    if (*n < 1) {
+        free(*ids);
+        *ids = NULL;
+        return api_fail(e, GE_INVALID, f, "%s tokenizes to no tokens", path);
+    }
+    for (int i = 0; i < *n; i++) /* the tokenizer's ids index the embedding: checked, not trusted */
         if ((*ids)[i] < 0 || (*ids)[i] >= m->vocab) {
             int id = (*ids)[i];
             free(*ids);
@@ -117,7 +126,8 @@ static json_object *ids_json(const int *ids, int n) {
 static int overlong_or_reply(json_object *o, const char *path, double *len, double *pen, api_error *e) {
     static const char *const keys[] = {"len", "penalty_factor", NULL};
     int rc;
-    *len = 0; *pen = 0;
+    *len = 0;
+    *pen = 0;
     if (!o) return 0;
     if ((rc = api_check_keys(o, path, keys, e)) || (rc = api_get_num(o, path, "len", 0, 1e7, 0, len, e)) ||
         (rc = api_get_num(o, path, "penalty_factor", 0, 1e6, 1.0, pen, e)))
@@ -125,8 +135,8 @@ static int overlong_or_reply(json_object *o, const char *path, double *len, doub
     return 0;
 }
 
-static int reward_or_reply(json_object *r, const char *path, double ol_len, double ol_pen, int max_tokens,
-                           json_object **out, api_error *e) {
+static int reward_or_reply(json_object *r, const char *path, double ol_len, double ol_pen, int max_tokens, json_object **out,
+                           api_error *e) {
     static const char *const keys[] = {"type", "answer", "case_sensitive", NULL};
     const char *type, *answer;
     int cs, rc;
@@ -156,8 +166,7 @@ static int reward_or_reply(json_object *r, const char *path, double ol_len, doub
     return 0;
 }
 
-int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
-                         api_error *e) {
+int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
     static const char *const keys[] = {"groups", "sampling", "overlong_buffer", "metadata", NULL};
     static const char *const gkeys[] = {"prompt", "prompt_ids", "messages", "n", "reward", "metadata", NULL};
     json_object *groups, *samp_in, *ol, *sampling = NULL, *out_groups = NULL, *meta;
@@ -175,7 +184,10 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
         char p[64];
         snprintf(p, sizeof p, "groups[%d]", i);
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw, *reward = NULL;
-        if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
+        if (!json_object_is_type(g, json_type_object)) {
+            rc = api_fail(e, GE_INVALID, p, "%s must be an object", p);
+            goto fail;
+        }
         long long n;
         if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_get_int(g, p, "n", 1, l->max_n, 1, &n, e)) ||
             (rc = api_get_obj(g, p, "reward", &rw, e)))
@@ -186,18 +198,23 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
             if ((rc = reward_or_reply(rw, rp, ol_len, ol_pen, max_tokens, &reward, e))) goto fail;
         }
         int *ids = NULL, P = 0;
-        if ((rc = prompt_or_reply(g, p, m, &ids, &P, e))) { json_object_put(reward); goto fail; }
+        if ((rc = prompt_or_reply(g, p, m, &ids, &P, e))) {
+            json_object_put(reward);
+            goto fail;
+        }
         if ((long long)P + max_tokens > m->max_pos) {
             free(ids);
             json_object_put(reward);
-            rc = api_fail(e, GE_INVALID, p, "%s: prompt (%d tokens) + sampling.max_tokens (%d) exceeds the model context of %d tokens",
-                          p, P, max_tokens, m->max_pos);
+            rc = api_fail(e, GE_INVALID, p,
+                          "%s: prompt (%d tokens) + sampling.max_tokens (%d) exceeds the model context of %d tokens", p, P,
+                          max_tokens, m->max_pos);
             goto fail;
         }
         if (m->kv_rows > 0 && (long long)P + n * max_tokens > m->kv_rows) {
             free(ids);
             json_object_put(reward);
-            rc = api_fail(e, GE_TOO_LARGE, p, "%s needs %lld KV cache rows (prompt %d + n %lld x sampling.max_tokens %d) "
+            rc = api_fail(e, GE_TOO_LARGE, p,
+                          "%s needs %lld KV cache rows (prompt %d + n %lld x sampling.max_tokens %d) "
                           "but the rollout KV pool holds %lld; lower n or max_tokens, or raise --kv-budget-mib",
                           p, (long long)P + n * max_tokens, P, n, max_tokens, m->kv_rows);
             goto fail;
@@ -231,8 +248,8 @@ fail:
 /* ---------------------------------------------------------------- updates */
 
 /* groups of scored sequences (updates: with_scores = 1; logprobs: 0). */
-static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores,
-                               int need_logprobs, json_object **out, api_error *e) {
+static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores, int need_logprobs,
+                               json_object **out, api_error *e) {
     static const char *const gkeys[] = {"prompt_ids", "responses", "metadata", "reward_mean", "reward_std", NULL};
     static const char *const rkeys[] = {"token_ids", "reward", "advantage", "logprobs", "finish_reason", "text", NULL};
     static const char *const rkeys_lp[] = {"token_ids", NULL};
@@ -243,9 +260,13 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
         char p[64];
         snprintf(p, sizeof p, "groups[%d]", i);
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *resps, *pid, *meta;
-        if (!json_object_is_type(g, json_type_object)) { rc = api_fail(e, GE_INVALID, p, "%s must be an object", p); goto fail; }
+        if (!json_object_is_type(g, json_type_object)) {
+            rc = api_fail(e, GE_INVALID, p, "%s must be an object", p);
+            goto fail;
+        }
         int P;
-        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_get_ids(g, p, "prompt_ids", 1, 1, m->max_pos, m->vocab, &pid, NULL, &P, e)))
+        if ((rc = api_check_keys(g, p, gkeys, e)) ||
+            (rc = api_get_ids(g, p, "prompt_ids", 1, 1, m->max_pos, m->vocab, &pid, NULL, &P, e)))
             goto fail;
         json_object *cg = json_object_new_object(), *cr = json_object_new_array();
         json_object_object_add(cg, "prompt_ids", pid);
@@ -258,7 +279,10 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             char rp[96], f[128];
             snprintf(rp, sizeof rp, "%s.responses[%d]", p, k);
             json_object *r = json_object_array_get_idx(resps, (size_t)k), *tid, *lpa;
-            if (!json_object_is_type(r, json_type_object)) { rc = api_fail(e, GE_INVALID, rp, "%s must be an object", rp); goto fail; }
+            if (!json_object_is_type(r, json_type_object)) {
+                rc = api_fail(e, GE_INVALID, rp, "%s must be an object", rp);
+                goto fail;
+            }
             int R;
             if ((rc = api_check_keys(r, rp, with_scores ? rkeys : rkeys_lp, e)) ||
                 (rc = api_get_ids(r, rp, "token_ids", 1, 1, m->max_pos, m->vocab, &tid, NULL, &R, e)))
@@ -267,13 +291,17 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             json_object_object_add(c, "token_ids", tid);
             json_object_array_add(cr, c);
             if ((long long)P + R > m->max_pos) {
-                rc = api_fail(e, GE_INVALID, rp, "%s: prompt (%d) + response (%d) tokens exceed the model context of %d", rp, P, R, m->max_pos);
+                rc = api_fail(e, GE_INVALID, rp, "%s: prompt (%d) + response (%d) tokens exceed the model context of %d", rp, P,
+                              R, m->max_pos);
                 goto fail;
             }
             if (!with_scores) continue;
             int has_r = json_object_object_get_ex(r, "reward", NULL), has_a = json_object_object_get_ex(r, "advantage", NULL);
             snprintf(f, sizeof f, "%s.reward", rp);
-            if (has_r == has_a) { rc = api_fail(e, GE_INVALID, f, "%s needs exactly one of reward, advantage", rp); goto fail; }
+            if (has_r == has_a) {
+                rc = api_fail(e, GE_INVALID, f, "%s needs exactly one of reward, advantage", rp);
+                goto fail;
+            }
             if (uses_adv >= 0 && uses_adv != has_a) {
                 rc = api_fail(e, GE_INVALID, f, "%s: all responses of a group must give reward, or all advantage", rp);
                 goto fail;
@@ -285,13 +313,17 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             const char *fin;
             if ((rc = api_get_str(r, rp, "finish_reason", 0, &fin, e))) goto fail;
             snprintf(f, sizeof f, "%s.finish_reason", rp);
-            if (fin && strcmp(fin, "stop") && strcmp(fin, "length"))
-                { rc = api_fail(e, GE_INVALID, f, "%s must be stop or length", f); goto fail; }
+            if (fin && strcmp(fin, "stop") && strcmp(fin, "length")) {
+                rc = api_fail(e, GE_INVALID, f, "%s must be stop or length", f);
+                goto fail;
+            }
             api_put_bool(c, "truncated", fin && strcmp(fin, "length") == 0);
             if ((rc = api_get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
             snprintf(f, sizeof f, "%s.logprobs", rp);
-            if (!lpa && need_logprobs)
-                { rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f); goto fail; }
+            if (!lpa && need_logprobs) {
+                rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f);
+                goto fail;
+            }
             if (lpa) {
                 /* a packed array prints its doubles as json_object_new_double's: shared */
                 const api_packed *pk = api_packed_of(lpa);
@@ -301,7 +333,10 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
                 for (int t = 0; t < R; t++) {
                     json_object *x1 = pk ? NULL : json_object_array_get_idx(lpa, (size_t)t);
                     double d = pk ? pk->nums[t] : api_is_num(x1) ? json_object_get_double(x1) : NAN;
-                    if (!(d <= 0 && d > -1e30)) { rc = api_fail(e, GE_INVALID, f, "%s[%d] must be a finite number <= 0", f, t); goto fail; }
+                    if (!(d <= 0 && d > -1e30)) {
+                        rc = api_fail(e, GE_INVALID, f, "%s[%d] must be a finite number <= 0", f, t);
+                        goto fail;
+                    }
                     if (!pk) json_object_array_add(cl, json_object_new_double(d));
                 }
             }
@@ -330,8 +365,8 @@ static int micro_batch_tokens(json_object *req, const api_model *m, long long *o
 
 int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
                         const char **rollout_job_id, long long *expected, api_error *e) {
-    static const char *const keys[] = {"groups", "rollout_job_id", "algorithm", "optimizer",
-                                       "max_tokens_per_micro_batch", "expected_policy_version", NULL};
+    static const char *const keys[] = {
+        "groups", "rollout_job_id", "algorithm", "optimizer", "max_tokens_per_micro_batch", "expected_policy_version", NULL};
     json_object *a, *o, *algo = NULL, *opt = NULL, *groups = NULL;
     const char *rid;
     long long mtpmb;
@@ -341,14 +376,19 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
     if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_obj(req, "", "algorithm", &a, e)) ||
         (rc = api_get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
-        (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) || (rc = api_get_str(req, "", "rollout_job_id", 0, &rid, e)) ||
-        (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
+        (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) ||
+        (rc = api_get_str(req, "", "rollout_job_id", 0, &rid, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
         (rc = api_get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
         goto fail;
     int has_g = json_object_object_get_ex(req, "groups", NULL);
-    if ((rid != NULL) == has_g) { rc = api_fail(e, GE_INVALID, "groups", "give exactly one of groups, rollout_job_id"); goto fail; }
-    if (rid && !api_job_id_ok(rid))
-        { rc = api_fail(e, GE_INVALID, "rollout_job_id", "rollout_job_id must look like j_ + 16 hex digits"); goto fail; }
+    if ((rid != NULL) == has_g) {
+        rc = api_fail(e, GE_INVALID, "groups", "give exactly one of groups, rollout_job_id");
+        goto fail;
+    }
+    if (rid && !api_job_id_ok(rid)) {
+        rc = api_fail(e, GE_INVALID, "rollout_job_id", "rollout_job_id must look like j_ + 16 hex digits");
+        goto fail;
+    }
     int need_lp = strcmp(json_object_get_string(json_object_object_get(algo, "old_logprobs")), "rollout") == 0;
     if (has_g && (rc = seq_groups_or_reply(req, l, m, 1, need_lp, &groups, e))) goto fail;
     json_object *c = json_object_new_object();
@@ -367,8 +407,7 @@ fail:
     return rc;
 }
 
-int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
-                          api_error *e) {
+int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
     static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", NULL};
     json_object *groups = NULL;
     const char *model;
@@ -377,8 +416,7 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     int rc;
     *payload = NULL;
     if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_str(req, "", "model", 0, &model, e)) ||
-        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) ||
-        (rc = micro_batch_tokens(req, m, &mtpmb, e)))
+        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)))
         return rc;
     if (model && strcmp(model, "policy") && strcmp(model, "reference"))
         return api_fail(e, GE_INVALID, "model", "model must be policy or reference");
@@ -423,8 +461,7 @@ int api_tokenize_or_reply(json_object *req, const api_model *m, int **ids, int *
     return 0;
 }
 
-int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, int *skip_special,
-                            api_error *e) {
+int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, int *skip_special, api_error *e) {
     static const char *const keys[] = {"tokens", "skip_special_tokens", NULL};
     json_object *canon;
     int rc;

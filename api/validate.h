@@ -17,22 +17,21 @@
 #include <json-c/json.h>
 
 typedef struct {
-    int status;                 /* HTTP status */
-    int code;                   /* GE_* */
-    char field[128];            /* "groups[0].n", or "" */
+    int status; /* HTTP status */
+    int code; /* GE_* */
+    char field[128]; /* "groups[0].n", or "" */
     char message[512];
 } api_error;
 
 /* Fill e and return code: api_fail(e, GE_INVALID, "groups[0].n", "groups[0].n must be 1..%d", m). */
-int api_fail(api_error *e, int code, const char *field, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int api_fail(api_error *e, int code, const char *field, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 typedef struct {
-    long long max_body_bytes;   /* 8 MiB */
-    int max_n;                  /* responses per group, 64 */
-    int max_tokens;             /* sampling.max_tokens cap, 4096 */
-    int max_queued_jobs;        /* 0 = unlimited */
-    int max_groups;             /* groups per request, 1024 */
+    long long max_body_bytes; /* 8 MiB */
+    int max_n; /* responses per group, 64 */
+    int max_tokens; /* sampling.max_tokens cap, 4096 */
+    int max_queued_jobs; /* 0 = unlimited */
+    int max_groups; /* groups per request, 1024 */
 } api_limits;
 void api_limits_default(api_limits *l);
 
@@ -40,13 +39,13 @@ void api_limits_default(api_limits *l);
  * eng_render_chat (0 or GE_*; malloc'd outputs). */
 typedef struct {
     int vocab, max_pos;
-    long long kv_rows;          /* rollout KV pool rows; 0 = no check */
+    long long kv_rows; /* rollout KV pool rows; 0 = no check */
     /* max_tokens_per_micro_batch: the default (0: MB_TOKENS_DEFAULT) and the most an update's
      * activations hold on the device (0: no check), from the engine's memory plan */
     long long mb_tokens, mb_tokens_max;
     int (*tokenize)(void *ud, const char *text, size_t len, int add_special, int **ids, int *n);
-    int (*render_chat)(void *ud, const char *const *roles, const char *const *contents, int n,
-                       int add_generation_prompt, char **text);
+    int (*render_chat)(void *ud, const char *const *roles, const char *const *contents, int n, int add_generation_prompt,
+                       char **text);
     void *ud;
 } api_model;
 
@@ -60,20 +59,16 @@ typedef struct {
 int api_parse_json_or_reply(char *body, size_t len, const api_limits *l, json_object **out, api_error *e);
 int api_parse_json_unpacked_or_reply(const char *body, size_t len, json_object **out, api_error *e);
 
-int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m,
-                         json_object **payload, api_error *e);
+int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e);
 /* Update: *rollout_job_id points into payload when the request names one (caller checks the
  * job exists and is a finished rollout); *expected is -1 when no expected_policy_version. */
-int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m,
-                        json_object **payload, const char **rollout_job_id, long long *expected,
-                        api_error *e);
-int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m,
-                          json_object **payload, api_error *e);
+int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
+                        const char **rollout_job_id, long long *expected, api_error *e);
+int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e);
 int api_checkpoint_or_reply(json_object *req, json_object **payload, api_error *e);
 /* Tokenize: {"prompt"} or {"messages"} → *ids (malloc'd). Detokenize: {"tokens"} → ids. */
 int api_tokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, api_error *e);
-int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n,
-                            int *skip_special, api_error *e);
+int api_detokenize_or_reply(json_object *req, const api_model *m, int **ids, int *n, int *skip_special, api_error *e);
 
 /* Text for JSON replies: invalid UTF-8 (a byte-level tokenizer can cut a character) and NUL
  * become U+FFFD. Returns a malloc'd NUL-terminated copy, or NULL when out of memory. */

@@ -26,14 +26,21 @@ store *api_pool_get(api_server *s) {
 void api_pool_put(api_server *s, store *st) {
     if (!st) return;
     pthread_mutex_lock(&s->mu);
-    if (s->n_pool < API_POOL_MAX) { s->pool[s->n_pool++] = st; st = NULL; }
+    if (s->n_pool < API_POOL_MAX) {
+        s->pool[s->n_pool++] = st;
+        st = NULL;
+    }
     pthread_mutex_unlock(&s->mu);
     store_close(st);
 }
 
 /* ---------------------------------------------------------------- long-poll waiters */
 
-struct api_waiter { struct MHD_Connection *conn; double deadline; struct api_waiter *next; };
+struct api_waiter {
+    struct MHD_Connection *conn;
+    double deadline;
+    struct api_waiter *next;
+};
 
 /* Called with the job not finished: suspend until api_jobs_changed or the deadline. The
  * status is re-read under wmu so that a change between the caller's read and the suspend
@@ -44,9 +51,15 @@ int api_wait_suspend(api_server *s, struct MHD_Connection *c, api_req *x, store 
     int rc = store_get(st, id, &j);
     int terminal = rc || (j.status != JOB_QUEUED && j.status != JOB_RUNNING);
     store_job_clear(&j);
-    if (terminal || atomic_load(&s->stopping) || clock_mono_s() >= x->deadline) { pthread_mutex_unlock(&s->wmu); return 0; }
+    if (terminal || atomic_load(&s->stopping) || clock_mono_s() >= x->deadline) {
+        pthread_mutex_unlock(&s->wmu);
+        return 0;
+    }
     struct api_waiter *w = malloc(sizeof *w);
-    if (!w) { pthread_mutex_unlock(&s->wmu); return 0; }
+    if (!w) {
+        pthread_mutex_unlock(&s->wmu);
+        return 0;
+    }
     w->conn = c;
     w->deadline = x->deadline;
     w->next = s->waiters;
@@ -73,7 +86,9 @@ void api_resume_waiters(api_server *s, int all) {
     pthread_mutex_unlock(&s->wmu);
 }
 
-void api_jobs_changed(api_server *s) { if (s) api_resume_waiters(s, 1); }
+void api_jobs_changed(api_server *s) {
+    if (s) api_resume_waiters(s, 1);
+}
 
 void api_tick(api_server *s) {
     if (!s) return;

@@ -9,12 +9,18 @@
 #include <stdint.h>
 
 static inline uint16_t bf16_from_f32(float f) {
-    union { float f; uint32_t u; } x = { f };
+    union {
+        float f;
+        uint32_t u;
+    } x = {f};
     uint32_t rne = (x.u + 0x7fffu + ((x.u >> 16) & 1u)) >> 16, nan = (x.u >> 16) | 0x40u;
     return (uint16_t)((x.u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
 }
 static inline float f32_from_bf16(uint16_t h) {
-    union { uint32_t u; float f; } x = { (uint32_t)h << 16 };
+    union {
+        uint32_t u;
+        float f;
+    } x = {(uint32_t)h << 16};
     return x.f;
 }
 #endif

@@ -37,4 +37,7 @@ int err_set(int code, const char *fmt, ...) {
 }
 const char *err_msg(void) { return last_code ? last_msg : ""; }
 int err_code(void) { return last_code; }
-void err_clear(void) { last_code = 0; last_msg[0] = 0; }
+void err_clear(void) {
+    last_code = 0;
+    last_msg[0] = 0;
+}

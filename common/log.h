@@ -7,13 +7,12 @@
 
 typedef enum { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR } log_level;
 
-int log_parse_level(const char *s, log_level *out);     /* "debug".."error"; 0 or GE_INVALID */
+int log_parse_level(const char *s, log_level *out); /* "debug".."error"; 0 or GE_INVALID */
 void log_set_level(log_level l);
 log_level log_get_level(void);
 
 /* log_event(LOG_INFO, "job_done", "\"id\":\"%s\",\"ms\":%.1f", id, ms); fields may be NULL. */
-void log_event(log_level l, const char *event, const char *fields_fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+void log_event(log_level l, const char *event, const char *fields_fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* JSON-escape s into buf (quotes included) and return buf: for "\"msg\":%s". */
 const char *log_str(char *buf, int buflen, const char *s);

@@ -3,7 +3,7 @@
  * One call is in flight at a time (the engine thread runs SPMD calls one after another), so the
  * state is: the followers (slot i: its id, ranks, last request, the last call it finished and
  * that call's code), the current call (seq and its description) and the phase. */
-#define _GNU_SOURCE     /* vasprintf */
+#define _GNU_SOURCE /* vasprintf */
 #include "daemon/cluster.h"
 #include "daemon/json_read.h"
 
@@ -31,10 +31,10 @@ typedef enum { PH_WAITING, PH_FORMED, PH_LOST } phase;
  * groups back by `done` {"part", "rc", "msg", "result"} into out. */
 typedef struct cpart {
     long long id, follower;
-    int rank;                   /* the follower's local rank */
-    char *desc;                 /* the part's payload until handed out */
-    int state;                  /* 0 running, 1 done (out filled), < 0 failed */
-    int cancel;                 /* released while the follower holds it: `next` tells it, then frees it */
+    int rank; /* the follower's local rank */
+    char *desc; /* the part's payload until handed out */
+    int state; /* 0 running, 1 done (out filled), < 0 failed */
+    int cancel; /* released while the follower holds it: `next` tells it, then frees it */
     char msg[512];
     eng_group_result *out;
     int n;
@@ -57,19 +57,19 @@ struct cluster {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     phase ph;
-    int n;                          /* followers joined */
+    int n; /* followers joined */
     follower f[MAX_FOLLOWERS];
     long long epoch, next_id;
-    int formed;                     /* cluster_form made the world: joins get it */
-    char world_json[512];           /* the world's common part */
+    int formed; /* cluster_form made the world: joins get it */
+    char world_json[512]; /* the world's common part */
     int world, W0;
     char backend[16];
-    long long seq;                  /* the current (or last) call */
-    char *call;                     /* its description; NULL when none is pending */
-    ranks *rk;                      /* attached: aborted when a follower is lost */
+    long long seq; /* the current (or last) call */
+    char *call; /* its description; NULL when none is pending */
+    ranks *rk; /* attached: aborted when a follower is lost */
     char lost_msg[512];
     int restart;
-    cpart *parts;                   /* rollout parts on the followers' ranks */
+    cpart *parts; /* rollout parts on the followers' ranks */
     long long next_part;
 };
 
@@ -82,7 +82,8 @@ static void set_waiting_msg(cluster *cl) {
 
 int cluster_open(const cluster_config *c, cluster **out) {
     *out = NULL;
-    if (c->followers < 1 || c->followers > MAX_FOLLOWERS) return err_set(GE_INVALID, "cluster: %d followers (1..%d)", c->followers, MAX_FOLLOWERS);
+    if (c->followers < 1 || c->followers > MAX_FOLLOWERS)
+        return err_set(GE_INVALID, "cluster: %d followers (1..%d)", c->followers, MAX_FOLLOWERS);
     cluster *cl = calloc(1, sizeof *cl);
     if (!cl) return err_set(GE_NOMEM, "cluster: out of memory");
     cl->cfg = *c;
@@ -131,8 +132,8 @@ static void lose(cluster *cl, follower *f, const char *why) {
     snprintf(cl->lost_msg, sizeof cl->lost_msg, "follower %lld (ranks %d..%d) lost: %s; waiting for it to join again", f->id,
              f->base, f->base + f->ranks - 1, why);
     log_event(LOG_ERROR, "follower_lost", "\"follower\":%lld,\"message\":\"%s\"", f->id, why);
-    if (cl->rk) ranks_abort(cl->rk);            /* a collective the local ranks wait in returns */
-    for (cpart *p = cl->parts; p; p = p->next)  /* and every rollout part on a follower fails */
+    if (cl->rk) ranks_abort(cl->rk); /* a collective the local ranks wait in returns */
+    for (cpart *p = cl->parts; p; p = p->next) /* and every rollout part on a follower fails */
         if (!p->state) {
             p->state = GE_RANK_LOST;
             snprintf(p->msg, sizeof p->msg, "%s", cl->lost_msg);
@@ -235,7 +236,7 @@ int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, c
     for (int i = 0; i < cl->n; i++) {
         cl->f[i].base = world;
         world += cl->f[i].ranks;
-        cl->f[i].last_seen = clock_mono_s();   /* the deadline starts now */
+        cl->f[i].last_seen = clock_mono_s(); /* the deadline starts now */
     }
     if (world > RANKS_MAX) {
         pthread_mutex_unlock(&cl->mu);
@@ -243,16 +244,22 @@ int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, c
     }
     int rc;
     char comm[300];
-    static unsigned char nccl_id[128];      /* one leader per process: kept until the engines opened */
+    static unsigned char nccl_id[128]; /* one leader per process: kept until the engines opened */
     if (!strcmp(backend, "cuda")) {
-        if ((rc = comm_nccl_unique_id(nccl_id))) { pthread_mutex_unlock(&cl->mu); return rc; }
+        if ((rc = comm_nccl_unique_id(nccl_id))) {
+            pthread_mutex_unlock(&cl->mu);
+            return rc;
+        }
         char b[200];
         base64(nccl_id, sizeof nccl_id, b);
         snprintf(comm, sizeof comm, "{\"kind\":\"nccl\",\"id\":\"%s\"}", b);
         wd->nccl_id = nccl_id;
     } else {
         int fd, port;
-        if ((rc = comm_tcp_listen(cl->host, 0, &fd, &port))) { pthread_mutex_unlock(&cl->mu); return rc; }
+        if ((rc = comm_tcp_listen(cl->host, 0, &fd, &port))) {
+            pthread_mutex_unlock(&cl->mu);
+            return rc;
+        }
         snprintf(comm, sizeof comm, "{\"kind\":\"tcp\",\"host\":\"%s\",\"port\":%d}", cl->host, port);
         wd->host = cl->host;
         wd->port = port;
@@ -268,7 +275,8 @@ int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, c
     cl->formed = 1;
     cl->ph = PH_FORMED;
     api_set_loading(cl->cfg.api, "opening the engines of every rank");
-    log_event(LOG_INFO, "cluster_formed", "\"epoch\":%lld,\"world\":%d,\"followers\":%d,\"comm\":%s", cl->epoch, world, cl->n, comm);
+    log_event(LOG_INFO, "cluster_formed", "\"epoch\":%lld,\"world\":%d,\"followers\":%d,\"comm\":%s", cl->epoch, world, cl->n,
+              comm);
     pthread_cond_broadcast(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
     return 0;
@@ -285,7 +293,10 @@ static int remote_post(void *ud, const char *call, long long *seq) {
         return rc;
     }
     char *c = strdup(call);
-    if (!c) { pthread_mutex_unlock(&cl->mu); return err_set(GE_NOMEM, "out of memory"); }
+    if (!c) {
+        pthread_mutex_unlock(&cl->mu);
+        return err_set(GE_NOMEM, "out of memory");
+    }
     free(cl->call);
     cl->call = c;
     *seq = ++cl->seq;
@@ -379,7 +390,7 @@ static void part_release(void *ud, long long id) {
     pthread_mutex_lock(&cl->mu);
     cpart **link, *p = part_find(cl, id, &link);
     if (p && !p->state && !p->desc && cl->ph != PH_LOST) {
-        p->cancel = 1;              /* the follower runs it: `next` tells it to stop */
+        p->cancel = 1; /* the follower runs it: `next` tells it to stop */
         p->out = NULL;
         pthread_cond_broadcast(&cl->cv);
     } else if (p) {
@@ -439,8 +450,8 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
         if (!(out[i].resp = calloc((size_t)(m ? m : 1), sizeof *out[i].resp))) goto nomem;
         out[i].n = m;
         for (int k = 0; k < m; k++) {
-            json_object *x = json_object_array_get_idx(rs, (size_t)k), *t = field_get(x, "token_ids"), *l = field_get(x, "logprobs"),
-                        *tx = field_get(x, "text");
+            json_object *x = json_object_array_get_idx(rs, (size_t)k), *t = field_get(x, "token_ids"),
+                        *l = field_get(x, "logprobs"), *tx = field_get(x, "text");
             eng_response *r = &out[i].resp[k];
             int nt = t && json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : -1;
             if (nt < 0 || !l || !json_object_is_type(l, json_type_array) || (int)json_object_array_length(l) != nt) {
@@ -466,7 +477,7 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
     return 0;
 nomem:
     rc = err_set(GE_NOMEM, "out of memory");
-fail:   /* out[i] of the groups not reached are still empty */
+fail: /* out[i] of the groups not reached are still empty */
     for (int q = 0; q < n; q++) eng_group_result_free(&out[q]);
     return rc;
 }
@@ -487,7 +498,7 @@ static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
     cpart *p = part_find(cl, id, NULL);
     if (p && p->follower == fid && !p->cancel && !p->state) n = p->n;
     pthread_mutex_unlock(&cl->mu);
-    if (!n) return reply(out, 200, "{\"status\":\"ignored\"}");   /* released, or not this follower's */
+    if (!n) return reply(out, 200, "{\"status\":\"ignored\"}"); /* released, or not this follower's */
     eng_group_result *g = calloc((size_t)n, sizeof *g);
     char msg[400] = "out of memory";
     if (!g) rc = GE_NOMEM;
@@ -553,7 +564,8 @@ static int h_join(cluster *cl, const char *body, char **out) {
     snprintf(backend, sizeof backend, "%s", field_str(b, "backend", ""));
     json_object_put(b);
     if (ranks < 1 || ranks > RANKS_MAX) return cl_error(out, 400, "invalid_field", "ranks must be 1..64");
-    if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) return cl_error(out, 400, "invalid_field", "backend must be cpu or cuda");
+    if (strcmp(backend, "cpu") && strcmp(backend, "cuda"))
+        return cl_error(out, 400, "invalid_field", "backend must be cpu or cuda");
     if (cl->ph == PH_LOST) {
         /* crash-only recovery: the follower is back, the leader restarts into a new epoch */
         if (!cl->restart) {
@@ -566,13 +578,15 @@ static int h_join(cluster *cl, const char *body, char **out) {
     follower *f = id >= 0 ? find(cl, id) : NULL;
     if (!f) {
         if (cl->ph == PH_FORMED || cl->n == cl->cfg.followers)
-            return cl_error(out, 409, "conflict", "the leader has all its followers (--followers); a follower that restarted joins the leader's next epoch");
+            return cl_error(
+                out, 409, "conflict",
+                "the leader has all its followers (--followers); a follower that restarted joins the leader's next epoch");
         f = &cl->f[cl->n++];
         memset(f, 0, sizeof *f);
         f->id = cl->next_id++;
-        f->done_seq = cl->seq;      /* calls made before it joined are not its */
-        log_event(LOG_INFO, "follower_joined", "\"follower\":%lld,\"ranks\":%lld,\"backend\":\"%s\",\"joined\":%d,\"of\":%d", f->id,
-                  ranks, backend, cl->n, cl->cfg.followers);
+        f->done_seq = cl->seq; /* calls made before it joined are not its */
+        log_event(LOG_INFO, "follower_joined", "\"follower\":%lld,\"ranks\":%lld,\"backend\":\"%s\",\"joined\":%d,\"of\":%d",
+                  f->id, ranks, backend, cl->n, cl->cfg.followers);
         if (cl->ph == PH_WAITING) set_waiting_msg(cl);
         pthread_cond_broadcast(&cl->cv);
     }
@@ -581,8 +595,8 @@ static int h_join(cluster *cl, const char *body, char **out) {
     f->last_seen = clock_mono_s();
     if (!cl->formed) {
         long long fid = f->id;
-        wait_for(cl, 1.0);                /* a long-poll: the world may form meanwhile */
-        if (!(f = find(cl, fid)))           /* check() gave its place back meanwhile (mu was free) */
+        wait_for(cl, 1.0); /* a long-poll: the world may form meanwhile */
+        if (!(f = find(cl, fid))) /* check() gave its place back meanwhile (mu was free) */
             return cl_error(out, 503, "unavailable", "the join timed out; join again");
     }
     if (cl->formed) {
@@ -597,7 +611,7 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
     cluster *cl = ud;
     (void)len;
     *out = NULL;
-    json_object *b = route == API_CLUSTER_DONE ? json_tokener_parse(body) : NULL;   /* before the lock */
+    json_object *b = route == API_CLUSTER_DONE ? json_tokener_parse(body) : NULL; /* before the lock */
     pthread_mutex_lock(&cl->mu);
     int st, part = 0;
     follower *f = NULL;
@@ -616,7 +630,7 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
              * handed out and "cancel" [ids] released; 204 when none of them came within a second */
             if (!(cl->call && cl->seq > after && f->done_seq < cl->seq) && !parts_for(cl, f)) {
                 wait_for(cl, 1.0);
-                if (!(f = find(cl, id))) {      /* check() may compact the table while mu is free */
+                if (!(f = find(cl, id))) { /* check() may compact the table while mu is free */
                     pthread_mutex_unlock(&cl->mu);
                     return cl_error(out, 410, "not_found", "no such follower in this epoch: join again");
                 }
@@ -626,14 +640,13 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
             if (call || (parts && parts[0]))
                 st = call ? reply(out, 200, "{\"seq\":%lld,\"call\":%s%s}", cl->seq, cl->call, parts ? parts : "")
                           : reply(out, 200, "{\"seq\":%lld%s}", after, parts);
-            else
-                st = 204;
+            else st = 204;
             free(parts);
             f->last_seen = clock_mono_s();
-        } else if (field_get(b, "part")) {  /* a rollout part's groups: part_done moves them in, unlocked */
+        } else if (field_get(b, "part")) { /* a rollout part's groups: part_done moves them in, unlocked */
             part = 1;
             st = 0;
-        } else {                            /* done {"seq", "rc", "msg"} */
+        } else { /* done {"seq", "rc", "msg"} */
             long long seq = field_int(b, "seq", -1);
             if (seq == cl->seq && f->done_seq < seq) {
                 f->done_seq = seq;

@@ -27,16 +27,16 @@
 #include "api/http.h"
 #include "daemon/ranks.h"
 
-#define CLUSTER_EXIT_RESTART 75     /* EX_TEMPFAIL: a follower was lost; restart for a new epoch */
+#define CLUSTER_EXIT_RESTART 75 /* EX_TEMPFAIL: a follower was lost; restart for a new epoch */
 
 typedef struct cluster cluster;
 
 typedef struct {
-    int followers;              /* K >= 1 */
-    const char *host;           /* the address the tcp rendezvous binds and advertises */
-    double lost_s;              /* a follower silent this long is lost */
-    api_server *api;            /* /readyz's reason while waiting, and when a follower is lost */
-    void (*on_restart)(void *ud);   /* a join after a loss: the process should exit (any thread; only signal) */
+    int followers; /* K >= 1 */
+    const char *host; /* the address the tcp rendezvous binds and advertises */
+    double lost_s; /* a follower silent this long is lost */
+    api_server *api; /* /readyz's reason while waiting, and when a follower is lost */
+    void (*on_restart)(void *ud); /* a join after a loss: the process should exit (any thread; only signal) */
     void *ud;
 } cluster_config;
 

@@ -32,7 +32,10 @@
  * free, so the handler may store it), where a volatile sig_atomic_t is only for the thread that
  * the signal interrupts. */
 static atomic_int g_stop;
-static void on_signal(int sig) { (void)sig; atomic_store(&g_stop, 1); }
+static void on_signal(int sig) {
+    (void)sig;
+    atomic_store(&g_stop, 1);
+}
 
 /* ---------------------------------------------------------------- HTTP client */
 
@@ -81,8 +84,11 @@ static int http(const leader *L, const char *method, const char *path, const cha
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) continue;
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);   /* connect's limit too (Linux) */
-        if (connect(fd, a->ai_addr, a->ai_addrlen)) { close(fd); fd = -1; }
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* connect's limit too (Linux) */
+        if (connect(fd, a->ai_addr, a->ai_addrlen)) {
+            close(fd);
+            fd = -1;
+        }
     }
     freeaddrinfo(ai);
     if (fd < 0) return -1;
@@ -91,15 +97,18 @@ static int http(const leader *L, const char *method, const char *path, const cha
     int hl = snprintf(head, sizeof head,
                       "%s %s HTTP/1.1\r\nHost: %s\r\n%s%s%sContent-Type: application/json\r\nContent-Length: %zu\r\n"
                       "Connection: close\r\n\r\n",
-                      method, path, L->hostport, L->key ? "Authorization: Bearer " : "", L->key ? L->key : "", L->key ? "\r\n" : "", blen);
+                      method, path, L->hostport, L->key ? "Authorization: Bearer " : "", L->key ? L->key : "",
+                      L->key ? "\r\n" : "", blen);
     int ok = hl > 0 && hl < (int)sizeof head;
     for (size_t off = 0; ok && off < (size_t)hl;) {
         ssize_t k = send(fd, head + off, (size_t)hl - off, MSG_NOSIGNAL);
-        if (k <= 0) ok = 0; else off += (size_t)k;
+        if (k <= 0) ok = 0;
+        else off += (size_t)k;
     }
     for (size_t off = 0; ok && off < blen;) {
         ssize_t k = send(fd, body + off, blen - off, MSG_NOSIGNAL);
-        if (k <= 0) ok = 0; else off += (size_t)k;
+        if (k <= 0) ok = 0;
+        else off += (size_t)k;
     }
     char *buf = NULL;
     size_t len = 0, cap = 0;
@@ -107,7 +116,10 @@ static int http(const leader *L, const char *method, const char *path, const cha
         if (len + 65536 + 1 > cap) {
             size_t nc = cap ? cap * 2 : 131072;
             char *nb = realloc(buf, nc);
-            if (!nb) { ok = 0; break; }
+            if (!nb) {
+                ok = 0;
+                break;
+            }
             buf = nb;
             cap = nc;
         }
@@ -169,7 +181,10 @@ static int parse_world(const char *body, world_info *w) {
     json_object *o = json_tokener_parse(body), *c = field_get(o, "comm");
     memset(w, 0, sizeof *w);
     int rc = 0;
-    if (!o || !c) { rc = err_set(GE_FORMAT, "join: the leader's answer has no comm"); goto done; }
+    if (!o || !c) {
+        rc = err_set(GE_FORMAT, "join: the leader's answer has no comm");
+        goto done;
+    }
     w->id = field_int(o, "follower", 0);
     w->rank0 = (int)field_int(o, "rank0", 0);
     w->world = (int)field_int(o, "world", 0);
@@ -212,8 +227,8 @@ static int join(const leader *L, const follow_config *c, const char *backend, wo
         }
         if (st != last_st) {
             char esc[600];
-            log_event(st == 202 ? LOG_INFO : LOG_WARN, "join_waiting", "\"leader\":\"%s\",\"status\":%d,\"answer\":%s", L->hostport, st,
-                      log_str(esc, sizeof esc, resp ? resp : (st < 0 ? "unreachable" : "")));
+            log_event(st == 202 ? LOG_INFO : LOG_WARN, "join_waiting", "\"leader\":\"%s\",\"status\":%d,\"answer\":%s",
+                      L->hostport, st, log_str(esc, sizeof esc, resp ? resp : (st < 0 ? "unreachable" : "")));
             last_st = st;
         }
         free(resp);
@@ -228,8 +243,8 @@ static int join(const leader *L, const follow_config *c, const char *backend, wo
 typedef struct fpart {
     long long id;
     int rank;
-    char *desc;                 /* until started */
-    jobs_rollout *r;            /* once started (main thread) */
+    char *desc; /* until started */
+    jobs_rollout *r; /* once started (main thread) */
     struct fpart *next;
 } fpart;
 
@@ -238,16 +253,16 @@ typedef struct {
     long long id;
     double lost_s;
     pthread_mutex_t mu;
-    pthread_cond_t cv;          /* the main thread waits for the poller or a peer */
-    ranks *rk;                  /* under mu: aborted when the leader is gone */
+    pthread_cond_t cv; /* the main thread waits for the poller or a peer */
+    ranks *rk; /* under mu: aborted when the leader is gone */
     _Atomic int gone, quit;
     double last_ok;
     /* the inbox (under mu): filled by the poller thread (GET /v1/cluster/next), taken by the
      * main thread */
-    char *call;                 /* the pending SPMD call's description */
+    char *call; /* the pending SPMD call's description */
     long long call_seq;
-    fpart *parts;               /* parts to start */
-    long long *cancel;          /* parts released by the leader (n_cancel of them, room for cap) */
+    fpart *parts; /* parts to start */
+    long long *cancel; /* parts released by the leader (n_cancel of them, room for cap) */
     int n_cancel, cap_cancel, wake;
 } epoch;
 
@@ -255,7 +270,7 @@ static void gone(epoch *ep, const char *why) {
     if (atomic_exchange(&ep->gone, 1)) return;
     log_event(LOG_WARN, "leader_gone", "\"why\":\"%s\"", why);
     pthread_mutex_lock(&ep->mu);
-    if (ep->rk) ranks_abort(ep->rk);        /* a collective our ranks wait in returns */
+    if (ep->rk) ranks_abort(ep->rk); /* a collective our ranks wait in returns */
     pthread_mutex_unlock(&ep->mu);
 }
 
@@ -276,7 +291,10 @@ static void *beat_main(void *arg) {
     return NULL;
 }
 
-static void no_progress(void *ud, double f) { (void)ud; (void)f; }
+static void no_progress(void *ud, double f) {
+    (void)ud;
+    (void)f;
+}
 
 static void wake(void *ud) {
     epoch *ep = ud;
@@ -314,7 +332,7 @@ static void *poll_main(void *arg) {
                 p->id = field_int(x, "id", -1);
                 p->rank = (int)field_int(x, "rank", -1);
                 p->desc = strdup(json_object_to_json_string_ext(field_get(x, "desc"), JSON_C_TO_STRING_PLAIN));
-                fpart **pp = &ep->parts;    /* in the leader's order */
+                fpart **pp = &ep->parts; /* in the leader's order */
                 while (*pp) pp = &(*pp)->next;
                 *pp = p;
             }
@@ -335,7 +353,7 @@ static void *poll_main(void *arg) {
         } else if (st == 410 || st == 404) {
             gone(ep, "the leader no longer knows this follower");
         } else if (st != 204) {
-            usleep(200000);     /* unreachable: the beat thread decides when it is gone */
+            usleep(200000); /* unreachable: the beat thread decides when it is gone */
         }
         free(resp);
     }
@@ -359,9 +377,11 @@ static void post_part(epoch *ep, long long id, int rc, const char *result) {
     size_t n = strlen(ms) + (result ? strlen(result) : 0) + 128;
     char *body = malloc(n);
     if (body) {
-        snprintf(body, n, "{\"part\":%lld,\"rc\":%d,\"msg\":%s%s%s}", id, rc, ms, result ? ",\"result\":" : "", result ? result : "");
+        snprintf(body, n, "{\"part\":%lld,\"rc\":%d,\"msg\":%s%s%s}", id, rc, ms, result ? ",\"result\":" : "",
+                 result ? result : "");
         int st = post_done(ep, body, 30);
-        log_event(rc ? LOG_WARN : LOG_INFO, "part_done", "\"part\":%lld,\"code\":\"%s\",\"posted\":%d", id, rc ? err_name(rc) : "ok", st);
+        log_event(rc ? LOG_WARN : LOG_INFO, "part_done", "\"part\":%lld,\"code\":\"%s\",\"posted\":%d", id,
+                  rc ? err_name(rc) : "ok", st);
     }
     free(body);
     json_object_put(m);
@@ -385,7 +405,7 @@ static void run_call(epoch *ep, const jobs_env *env, const char *call, long long
 /* The main thread's loop: calls, parts to start or cancel, rank 0's scheduler steps, finished
  * parts posted; it sleeps when none of them has work. */
 static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
-    fpart *run = NULL;          /* started parts */
+    fpart *run = NULL; /* started parts */
     while (!atomic_load(&g_stop) && !atomic_load(&ep->gone)) {
         pthread_mutex_lock(&ep->mu);
         char *call = ep->call;
@@ -438,7 +458,10 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
             fpart *p = *pp;
             char *result = NULL;
             int st = jobs_rollout_poll(p->r, NULL, NULL, &result);
-            if (!st) { pp = &p->next; continue; }
+            if (!st) {
+                pp = &p->next;
+                continue;
+            }
             post_part(ep, p->id, st < 0 ? st : 0, result);
             free(result);
             jobs_rollout_free(p->r);
@@ -455,7 +478,7 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
         }
         pthread_mutex_unlock(&ep->mu);
     }
-    while (run) {       /* the leader is gone or we stop: cancel what runs */
+    while (run) { /* the leader is gone or we stop: cancel what runs */
         fpart *p = run;
         run = p->next;
         jobs_rollout_free(p->r);
@@ -472,21 +495,33 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
     if (c->model_dir && c->model_dir[0]) snprintf(model, sizeof model, "%s", c->model_dir);
     else {
         snprintf(model, sizeof model, "%s/default-model", c->data_dir);
-        if ((rc = eng_ensure_default_model(model))) { log_event(LOG_ERROR, "follower_open_failed", "\"message\":\"%s\"", err_msg()); sleep(1); return; }
+        if ((rc = eng_ensure_default_model(model))) {
+            log_event(LOG_ERROR, "follower_open_failed", "\"message\":\"%s\"", err_msg());
+            sleep(1);
+            return;
+        }
     }
     int threads = c->n_threads > 0 ? c->n_threads : worker_default_threads();
-    eng_open_opts o = {.model_dir = model, .backend = backend, .resume_dir = w->resume[0] ? w->resume : NULL,
-                       .n_threads = threads / W > 0 ? threads / W : 1, .optimizer_offload = c->optimizer_offload};
+    eng_open_opts o = {.model_dir = model,
+                       .backend = backend,
+                       .resume_dir = w->resume[0] ? w->resume : NULL,
+                       .n_threads = threads / W > 0 ? threads / W : 1,
+                       .optimizer_offload = c->optimizer_offload};
     eng_sched_opts so = {.kv_bytes = c->kv_budget_mib << 20};
-    ranks_world wd = {.base = w->rank0, .world = w->world, .host = w->host, .port = w->port, .listen_fd = -1,
-                      .nccl_id = w->nccl_id, .timeout_s = 120};
-    log_event(LOG_INFO, "follower_opening", "\"follower\":%lld,\"ranks\":\"%d..%d\",\"world\":%d,\"comm\":\"%s\",\"resume\":\"%s\"", w->id,
-              w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume);
+    ranks_world wd = {.base = w->rank0,
+                      .world = w->world,
+                      .host = w->host,
+                      .port = w->port,
+                      .listen_fd = -1,
+                      .nccl_id = w->nccl_id,
+                      .timeout_s = 120};
+    log_event(LOG_INFO, "follower_opening", "\"follower\":%lld,\"ranks\":\"%d..%d\",\"world\":%d,\"comm\":\"%s\",\"resume\":\"%s\"",
+              w->id, w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume);
     epoch ep = {.L = L, .id = w->id, .lost_s = w->lost_s > 0 ? w->lost_s : 10, .last_ok = clock_mono_s()};
     pthread_mutex_init(&ep.mu, NULL);
     pthread_cond_init(&ep.cv, NULL);
     pthread_t bt;
-    int have_bt = !pthread_create(&bt, NULL, beat_main, &ep);   /* beats while the engines open too */
+    int have_bt = !pthread_create(&bt, NULL, beat_main, &ep); /* beats while the engines open too */
     ranks *rk = NULL;
     eng *e = NULL;
     eng_sched *sched0 = NULL;
@@ -500,7 +535,8 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
     if (!rc) rc = eng_sched_open(e, &so, &sched0);
     if (rc) {
         char esc[700];
-        log_event(LOG_ERROR, "follower_open_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc), log_str(esc, sizeof esc, err_msg()));
+        log_event(LOG_ERROR, "follower_open_failed", "\"code\":\"%s\",\"message\":%s", err_name(rc),
+                  log_str(esc, sizeof esc, err_msg()));
     } else {
         ranks_set_rank0(rk, e, sched0);
         log_event(LOG_INFO, "follower_ready", "\"follower\":%lld,\"comm\":\"%s\"", w->id, ranks_comm_name(rk));
@@ -531,7 +567,7 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
     pthread_mutex_lock(&ep.mu);
     ep.rk = NULL;
     pthread_mutex_unlock(&ep.mu);
-    ranks_abort(rk);            /* the leader's gone: nothing may wait in a collective while closing */
+    ranks_abort(rk); /* the leader's gone: nothing may wait in a collective while closing */
     ranks_stop(rk);
     eng_sched_close(sched0);
     eng_close(e);

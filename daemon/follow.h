@@ -9,15 +9,15 @@
 #define GRPOD_DAEMON_FOLLOW_H
 
 typedef struct {
-    const char *url;            /* http://host:port of the leader */
-    const char *api_key;        /* the leader's key (NULL or "": none) */
-    const char *data_dir;       /* default-model/ when model_dir is empty */
+    const char *url; /* http://host:port of the leader */
+    const char *api_key; /* the leader's key (NULL or "": none) */
+    const char *data_dir; /* default-model/ when model_dir is empty */
     const char *model_dir;
-    const char *backend;        /* cpu | cuda (auto resolved by the caller) */
+    const char *backend; /* cpu | cuda (auto resolved by the caller) */
     const char *optimizer_offload;
-    int ranks;                  /* local ranks */
-    const int *devices;         /* cuda: the devices of the local ranks, or NULL */
-    int n_threads;              /* CPU threads in all (0: the default) */
+    int ranks; /* local ranks */
+    const int *devices; /* cuda: the devices of the local ranks, or NULL */
+    int n_threads; /* CPU threads in all (0: the default) */
     long long kv_budget_mib;
 } follow_config;
 

@@ -67,8 +67,13 @@ static void seqs_free(seqs *s) {
             if (g->resp) free((void *)g->resp[k]);
             if (g->old_logprobs) free((void *)g->old_logprobs[k]);
         }
-        free((void *)g->prompt); free((void *)g->resp); free((void *)g->R); free((void *)g->reward);
-        free((void *)g->advantage); free((void *)g->old_logprobs); free((void *)g->truncated);
+        free((void *)g->prompt);
+        free((void *)g->resp);
+        free((void *)g->R);
+        free((void *)g->reward);
+        free((void *)g->advantage);
+        free((void *)g->old_logprobs);
+        free((void *)g->truncated);
     }
     free(s->g);
     s->g = NULL;
@@ -86,14 +91,23 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
         int **resp = calloc((size_t)n + 1, sizeof *resp), *R = calloc((size_t)n + 1, sizeof *R);
         int *trunc = calloc((size_t)n + 1, sizeof *trunc);
         float *score = calloc((size_t)n + 1, sizeof *score), **old = use_lp ? calloc((size_t)n + 1, sizeof *old) : NULL;
-        g->resp = (const int *const *)resp; g->R = R; g->truncated = trunc; g->old_logprobs = (const float *const *)old;
+        g->resp = (const int *const *)resp;
+        g->R = R;
+        g->truncated = trunc;
+        g->old_logprobs = (const float *const *)old;
         g->n = n;
         g->prompt = int_array(field_get(jg, "prompt_ids"), &g->P);
-        if (!resp || !R || !trunc || !score || (use_lp && !old) || !g->prompt) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+        if (!resp || !R || !trunc || !score || (use_lp && !old) || !g->prompt) {
+            free(score);
+            return err_set(GE_NOMEM, "out of memory");
+        }
         int adv = 0;
         for (int k = 0; k < n; k++) {
             json_object *r = json_object_array_get_idx(rs, (size_t)k), *lp = field_get(r, "logprobs");
-            if (!(resp[k] = int_array(field_get(r, "token_ids"), &R[k]))) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+            if (!(resp[k] = int_array(field_get(r, "token_ids"), &R[k]))) {
+                free(score);
+                return err_set(GE_NOMEM, "out of memory");
+            }
             json_object *rw = field_get(r, "reward"), *ad = field_get(r, "advantage");
             if (with_scores && !rw && !ad) {
                 free(score);
@@ -108,7 +122,10 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
                     return err_set(GE_INVALID, "groups[%d].responses[%d] has no logprobs for old_logprobs=rollout", i, k);
                 }
                 float *o = malloc(sizeof(float) * (size_t)(R[k] ? R[k] : 1));
-                if (!o) { free(score); return err_set(GE_NOMEM, "out of memory"); }
+                if (!o) {
+                    free(score);
+                    return err_set(GE_NOMEM, "out of memory");
+                }
                 for (int t = 0; t < R[k]; t++) o[t] = (float)api_packed_num(lp, t);
                 old[k] = o;
             }
@@ -126,21 +143,21 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
  * schedulers read while the job runs), and its parts, one per rank it was placed on. */
 typedef struct {
     int rank, n;
-    int *idx;                   /* (n) the groups' indices in the payload */
-    int *gi;                    /* (n) their indices in the request (the sampling's group_index) */
-    eng_sampling s;             /* the job's, with group_index = gi: the same streams as on one rank */
-    eng_rollout_group *g;       /* (n) copies of rg[idx[k]] (the same prompt arrays) */
-    eng_group_result *out;      /* (n) filled by the rank's scheduler */
+    int *idx; /* (n) the groups' indices in the payload */
+    int *gi; /* (n) their indices in the request (the sampling's group_index) */
+    eng_sampling s; /* the job's, with group_index = gi: the same streams as on one rank */
+    eng_rollout_group *g; /* (n) copies of rg[idx[k]] (the same prompt arrays) */
+    eng_group_result *out; /* (n) filled by the rank's scheduler */
     ranks_job *job;
 } rollout_part;
 
 struct jobs_rollout {
-    json_object *p;             /* the parsed payload: groups, sampling, rewards, metadata */
+    json_object *p; /* the parsed payload: groups, sampling, rewards, metadata */
     int ng;
-    eng_sampling s;             /* from the payload's sampling (api_params_to_struct) */
+    eng_sampling s; /* from the payload's sampling (api_params_to_struct) */
     eng_rollout_group *rg;
-    eng_group_result *out;      /* (ng) the merged result, in the request's order */
-    int *gi;                    /* (ng) a follower's part: its groups' indices in the leader's
+    eng_group_result *out; /* (ng) the merged result, in the request's order */
+    int *gi; /* (ng) a follower's part: its groups' indices in the leader's
                                  * request (the payload's group_index); NULL: 0..ng-1 */
     long long prompt_tokens, policy_version;
     double t0;
@@ -155,7 +172,10 @@ static void parts_free(jobs_rollout *r) {
         rollout_part *pt = &r->parts[i];
         ranks_job_release(r->rk, pt->job);
         for (int k = 0; pt->out && k < pt->n; k++) eng_group_result_free(&pt->out[k]);
-        free(pt->idx); free(pt->gi); free(pt->g); free(pt->out);
+        free(pt->idx);
+        free(pt->gi);
+        free(pt->g);
+        free(pt->out);
     }
     free(r->parts);
     r->parts = NULL;
@@ -167,7 +187,9 @@ void jobs_rollout_free(jobs_rollout *r) {
     parts_free(r);
     for (int i = 0; r->out && i < r->ng; i++) eng_group_result_free(&r->out[i]);
     for (int i = 0; r->rg && i < r->ng; i++) free((void *)r->rg[i].prompt);
-    free(r->out); free(r->rg); free(r->gi);
+    free(r->out);
+    free(r->rg);
+    free(r->gi);
     api_params_free(&eng_sampling_params, &r->s);
     json_object_put(r->p);
     free(r);
@@ -176,32 +198,50 @@ void jobs_rollout_free(jobs_rollout *r) {
 /* Payload → engine structs (no engine call). */
 static int rollout_parse(const store_job *j, jobs_rollout **out) {
     *out = NULL;
-    json_object *p = j->payload ? api_packed_parse(j->payload) : NULL;   /* ids packed: see int_array */
+    json_object *p = j->payload ? api_packed_parse(j->payload) : NULL; /* ids packed: see int_array */
     if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     jobs_rollout *r = calloc(1, sizeof *r);
-    if (!r) { json_object_put(p); return err_set(GE_NOMEM, "out of memory"); }
+    if (!r) {
+        json_object_put(p);
+        return err_set(GE_NOMEM, "out of memory");
+    }
     r->p = p;
     json_object *groups = field_get(p, "groups"), *sp = field_get(p, "sampling");
     int ng = r->ng = groups ? (int)json_object_array_length(groups) : 0;
     int rc = 0;
-    if (ng < 1 || !sp) { rc = err_set(GE_INVALID, "rollout payload without groups or sampling"); goto fail; }
+    if (ng < 1 || !sp) {
+        rc = err_set(GE_INVALID, "rollout payload without groups or sampling");
+        goto fail;
+    }
     if ((rc = api_params_to_struct(&eng_sampling_params, sp, &r->s))) goto fail;
     r->rg = calloc((size_t)ng, sizeof *r->rg);
     r->out = calloc((size_t)ng, sizeof *r->out);
-    if (!r->rg || !r->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+    if (!r->rg || !r->out) {
+        rc = err_set(GE_NOMEM, "out of memory");
+        goto fail;
+    }
     for (int i = 0; i < ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i);
-        if (!(r->rg[i].prompt = int_array(field_get(g, "prompt_ids"), &r->rg[i].P))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        if (!(r->rg[i].prompt = int_array(field_get(g, "prompt_ids"), &r->rg[i].P))) {
+            rc = err_set(GE_NOMEM, "out of memory");
+            goto fail;
+        }
         long long n;
         if ((rc = field_need_int(g, "n", &n))) goto fail;
         r->rg[i].n = (int)n;
         r->prompt_tokens += r->rg[i].P;
     }
-    json_object *gi = field_get(p, "group_index");    /* a follower's part (part_desc) */
+    json_object *gi = field_get(p, "group_index"); /* a follower's part (part_desc) */
     if (gi) {
         int n = 0;
-        if (!(r->gi = int_array(gi, &n))) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
-        if (n != ng) { rc = err_set(GE_INVALID, "rollout part: %d group indices for %d groups", n, ng); goto fail; }
+        if (!(r->gi = int_array(gi, &n))) {
+            rc = err_set(GE_NOMEM, "out of memory");
+            goto fail;
+        }
+        if (n != ng) {
+            rc = err_set(GE_INVALID, "rollout part: %d group indices for %d groups", n, ng);
+            goto fail;
+        }
     }
     *out = r;
     return 0;
@@ -218,7 +258,8 @@ static int rollout_result(jobs_rollout *r, char **result) {
     json_object *res = json_object_new_object(), *rgs = json_object_new_array();
     long long completion = 0;
     for (int i = 0; i < r->ng; i++) {
-        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward"), *meta = field_get(g, "metadata");
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward"),
+                    *meta = field_get(g, "metadata");
         json_object *og = json_object_new_object(), *rs = json_object_new_array();
         reward_spec spec = {0};
         if (rw) {
@@ -262,7 +303,10 @@ static int rollout_result(jobs_rollout *r, char **result) {
             json_object_object_add(og, "reward_mean", NULL);
             json_object_object_add(og, "reward_std", NULL);
         }
-        if (meta) { json_object *c = NULL; if (!json_object_deep_copy(meta, &c, NULL)) json_object_object_add(og, "metadata", c); }
+        if (meta) {
+            json_object *c = NULL;
+            if (!json_object_deep_copy(meta, &c, NULL)) json_object_object_add(og, "metadata", c);
+        }
         json_object_object_add(og, "responses", rs);
         json_object_array_add(rgs, og);
     }
@@ -291,7 +335,8 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     (*r)->t0 = clock_mono_ms();
     long long want = field_int((*r)->p, "policy_version", -1);
     if (want >= 0 && want != info.policy_version) {
-        rc = err_set(GE_INTERNAL, "rollout part: this follower's policy is version %lld, the leader's %lld", info.policy_version, want);
+        rc = err_set(GE_INTERNAL, "rollout part: this follower's policy is version %lld, the leader's %lld", info.policy_version,
+                     want);
         jobs_rollout_free(*r);
         *r = NULL;
     }
@@ -328,12 +373,14 @@ static int rollout_start(const jobs_env *env, const store_job *j, int only, jobs
     int W = ranks_placeable(r->rk), *rank_of = calloc((size_t)r->ng, sizeof *rank_of);
     long long *rows = calloc((size_t)r->ng, sizeof *rows);
     r->parts = calloc((size_t)W, sizeof *r->parts);
-    if (!rank_of || !rows || !r->parts) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+    if (!rank_of || !rows || !r->parts) {
+        rc = err_set(GE_NOMEM, "out of memory");
+        goto fail;
+    }
     for (int i = 0; i < r->ng; i++) rows[i] = eng_sched_rows_needed(&r->rg[i], &r->s);
-    if (only >= 0)      /* a follower's part: on the rank the leader placed it on */
+    if (only >= 0) /* a follower's part: on the rank the leader placed it on */
         for (int i = 0; i < r->ng; i++) rank_of[i] = only;
-    else
-        ranks_place(r->rk, rows, r->ng, rank_of);
+    else ranks_place(r->rk, rows, r->ng, rank_of);
     for (int rank = 0; rank < W; rank++) {
         int n = 0;
         long long part_rows = 0;
@@ -345,7 +392,10 @@ static int rollout_start(const jobs_env *env, const store_job *j, int only, jobs
         pt->gi = calloc((size_t)n, sizeof *pt->gi);
         pt->g = calloc((size_t)n, sizeof *pt->g);
         pt->out = calloc((size_t)n, sizeof *pt->out);
-        if (!pt->idx || !pt->gi || !pt->g || !pt->out) { rc = err_set(GE_NOMEM, "out of memory"); goto fail; }
+        if (!pt->idx || !pt->gi || !pt->g || !pt->out) {
+            rc = err_set(GE_NOMEM, "out of memory");
+            goto fail;
+        }
         for (int i = 0; i < r->ng; i++) {
             if (rank_of[i] != rank) continue;
             pt->idx[pt->n] = i;
@@ -356,7 +406,10 @@ static int rollout_start(const jobs_env *env, const store_job *j, int only, jobs
         pt->s = r->s;
         pt->s.group_index = pt->gi;
         char *desc = NULL;
-        if (ranks_is_remote(r->rk, rank) && !(desc = part_desc(r, pt))) { rc = GE_NOMEM; goto fail; }
+        if (ranks_is_remote(r->rk, rank) && !(desc = part_desc(r, pt))) {
+            rc = GE_NOMEM;
+            goto fail;
+        }
         rc = ranks_add(r->rk, rank, pt->g, pt->n, &pt->s, pt->out, part_rows, desc, &pt->job);
         free(desc);
         if (rc) goto fail;
@@ -372,9 +425,7 @@ fail:
     return rc;
 }
 
-int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) {
-    return rollout_start(env, j, -1, out);
-}
+int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out) { return rollout_start(env, j, -1, out); }
 
 int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollout **out) {
     *out = NULL;
@@ -406,7 +457,7 @@ int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **re
     if (!done) return 0;
     for (int i = 0; i < r->n_parts; i++) {
         rollout_part *pt = &r->parts[i];
-        ranks_job_release(r->rk, pt->job);     /* done: its results stay ours */
+        ranks_job_release(r->rk, pt->job); /* done: its results stay ours */
         pt->job = NULL;
         for (int k = 0; k < pt->n; k++) {
             r->out[pt->idx[k]] = pt->out[k];
@@ -424,8 +475,7 @@ static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
     r->s.group_index = r->gi;
-    if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud)))
-        rc = rollout_result(r, result);
+    if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud))) rc = rollout_result(r, result);
     jobs_rollout_free(r);
     return rc;
 }
@@ -446,8 +496,8 @@ static int spmd(const jobs_env *env, ranks_fn fn, void *arg, const char *call) {
  * in another process (no text is made then: the single-process path is unchanged). The payload
  * and the rollout result travel as the stored text, which the follower parses with the same
  * parsers as here, so both sides convert the same bytes. *oom set when it could not be made. */
-static char *call_text(const jobs_env *env, const char *op, const char *payload, const char *rollout, const char *dir,
-                       int merged, int *oom) {
+static char *call_text(const jobs_env *env, const char *op, const char *payload, const char *rollout, const char *dir, int merged,
+                       int *oom) {
     *oom = 0;
     if (!ranks_has_remote(env->rk)) return NULL;
     json_object *o = json_object_new_object();
@@ -467,7 +517,7 @@ typedef struct {
     const loss_config *algo;
     const eng_optim *opt;
     long long max_tokens;
-    eng_update_result *out;     /* rank 0's */
+    eng_update_result *out; /* rank 0's */
 } spmd_update_args;
 
 static int spmd_update(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
@@ -477,7 +527,10 @@ static int spmd_update(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg
 }
 
 static int spmd_undo(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
-    (void)rank; (void)cb; (void)ud; (void)arg;
+    (void)rank;
+    (void)cb;
+    (void)ud;
+    (void)arg;
     return eng_update_undo(e);
 }
 
@@ -494,11 +547,12 @@ typedef struct {
     int n, use_reference;
     float temperature;
     long long max_tokens;
-    float ***out;               /* rank 0's */
+    float ***out; /* rank 0's */
 } spmd_logprobs_args;
 
 static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
-    (void)cb; (void)ud;
+    (void)cb;
+    (void)ud;
     spmd_logprobs_args *a = arg;
     float **mine = NULL;
     int rc = eng_logprobs(e, a->g, a->n, a->use_reference, a->temperature, a->max_tokens, rank ? &mine : a->out);
@@ -509,10 +563,14 @@ static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *a
 /* With a communicator (W > 1, daemon/ranks.h) the save is collective: every rank calls it, the
  * shards of the optimizer state are gathered to rank 0, which alone writes dir, and every rank
  * returns rank 0's result (engine/train/checkpoint.c). Without one (one rank) only rank 0 calls. */
-typedef struct { const char *dir; int merged; } spmd_checkpoint_args;
+typedef struct {
+    const char *dir;
+    int merged;
+} spmd_checkpoint_args;
 
 static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
-    (void)cb; (void)ud;
+    (void)cb;
+    (void)ud;
     spmd_checkpoint_args *a = arg;
     if (rank && !eng_comm(e)) return 0;
     return eng_checkpoint_save_ex(e, a->dir, a->merged);
@@ -530,14 +588,17 @@ static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
 
 /* The update's engine call on every rank: groups (the payload's, or the named rollout's) → the
  * engine's structs → eng_update. The leader (run_update) and a follower (jobs_follow) both. */
-static int update_exec(const jobs_env *env, json_object *p, json_object *groups, const loss_config *algo,
-                       const eng_optim *opt, const char *call, eng_update_result *u) {
+static int update_exec(const jobs_env *env, json_object *p, json_object *groups, const loss_config *algo, const eng_optim *opt,
+                       const char *call, eng_update_result *u) {
     seqs s = {0};
     int rc;
     if ((rc = seqs_from_json(groups, 1, algo->use_rollout_logprobs, &s))) goto done;
     if (algo->adv == ADV_GIVEN)
         for (int i = 0; i < s.n; i++)
-            if (!s.g[i].advantage) { rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i); goto done; }
+            if (!s.g[i].advantage) {
+                rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i);
+                goto done;
+            }
     long long mt;
     if ((rc = field_need_int(p, "max_tokens_per_micro_batch", &mt))) goto done;
     rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, mt, u}, call);
@@ -565,7 +626,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
         store_job rj = {0};
         if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
         src = rj.result && rj.status == JOB_DONE ? api_packed_parse(rj.result) : NULL;
-        if (src) call = call_text(env, "update", payload, rj.result, NULL, 0, &oom);   /* the rollout inlined */
+        if (src) call = call_text(env, "update", payload, rj.result, NULL, 0, &oom); /* the rollout inlined */
         store_job_clear(&rj);
         if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
         groups = field_get(src, "groups");
@@ -573,19 +634,34 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
         call = call_text(env, "update", payload, NULL, NULL, 0, &oom);
     }
     eng_update_result u = {0};
-    if (oom) { rc = err_set(GE_NOMEM, "out of memory"); goto done; }
+    if (oom) {
+        rc = err_set(GE_NOMEM, "out of memory");
+        goto done;
+    }
     if ((rc = update_exec(env, p, groups, &algo, &opt, call, &u))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
     json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
     json_object_object_add(res, "policy_version_after", json_object_new_int64(u.policy_version_after));
 #define M_(k) json_object_object_add(m, #k, json_object_new_double(isfinite(u.k) ? u.k : 0))
-    M_(loss); M_(pg_loss); M_(kl); M_(entropy); M_(clip_frac); M_(clip_frac_low); M_(clip_frac_high);
-    M_(ratio_mean); M_(ratio_max); M_(grad_norm); M_(lr);
+    M_(loss);
+    M_(pg_loss);
+    M_(kl);
+    M_(entropy);
+    M_(clip_frac);
+    M_(clip_frac_low);
+    M_(clip_frac_high);
+    M_(ratio_mean);
+    M_(ratio_max);
+    M_(grad_norm);
+    M_(lr);
 #undef M_
 #define V_(name, k) json_object_object_add(m, name, json_object_new_double(isfinite(u.k) ? u.k : 0))
-    V_("actor/pg_clipfrac", pg_clipfrac); V_("actor/pg_clipfrac_lower", pg_clipfrac_lower); V_("actor/ppo_kl", ppo_kl);
-    V_("actor/kl_loss", kl_loss); V_("actor/entropy", verl_entropy);
+    V_("actor/pg_clipfrac", pg_clipfrac);
+    V_("actor/pg_clipfrac_lower", pg_clipfrac_lower);
+    V_("actor/ppo_kl", ppo_kl);
+    V_("actor/kl_loss", kl_loss);
+    V_("actor/entropy", verl_entropy);
 #undef V_
     json_object_object_add(m, "loss_scale_factor", json_object_new_int(u.loss_scale_factor));
     json_object_object_add(m, "groups_filtered", json_object_new_int(u.groups_filtered));
@@ -594,7 +670,8 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     json_object_object_add(res, "metrics", m);
     json_object_object_add(t, "packed", json_object_new_int64(u.tokens_packed));
     json_object_object_add(t, "standard", json_object_new_int64(u.tokens_standard));
-    json_object_object_add(t, "ratio", json_object_new_double(u.tokens_packed ? (double)u.tokens_standard / (double)u.tokens_packed : 0));
+    json_object_object_add(t, "ratio",
+                           json_object_new_double(u.tokens_packed ? (double)u.tokens_standard / (double)u.tokens_packed : 0));
     json_object_object_add(res, "tokens", t);
     json_object_object_add(tm, "old", json_object_new_double(u.ms_old));
     json_object_object_add(tm, "ref", json_object_new_double(u.ms_ref));
@@ -639,7 +716,7 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     int rc, oom;
     char *call = call_text(env, "logprobs", payload, NULL, NULL, 0, &oom);
     if (oom) return err_set(GE_NOMEM, "out of memory");
-    int ref = !strcmp(field_str(p, "model", ""), "reference");   /* present: logprobs_exec needs it */
+    int ref = !strcmp(field_str(p, "model", ""), "reference"); /* present: logprobs_exec needs it */
     double t0 = 0;
     rc = logprobs_exec(env, p, call, &s, &lp, &t0);
     free(call);
@@ -738,8 +815,14 @@ int jobs_follow(const jobs_env *env, const char *call) {
         rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){field_str(c, "dir", ""), field_bool(c, "merged", 0)}, NULL);
     } else if (!strcmp(op, "update") || !strcmp(op, "logprobs")) {
         /* the parsers of jobs_run (payload) and run_update (the rollout's result) */
-        if (!payload || !(p = json_tokener_parse(payload))) { rc = err_set(GE_INVALID, "cluster call %s: no payload", op); goto done; }
-        if (rollout && !(src = api_packed_parse(rollout))) { rc = err_set(GE_INVALID, "cluster call %s: bad rollout", op); goto done; }
+        if (!payload || !(p = json_tokener_parse(payload))) {
+            rc = err_set(GE_INVALID, "cluster call %s: no payload", op);
+            goto done;
+        }
+        if (rollout && !(src = api_packed_parse(rollout))) {
+            rc = err_set(GE_INVALID, "cluster call %s: bad rollout", op);
+            goto done;
+        }
         if (!strcmp(op, "update")) {
             loss_config algo;
             eng_optim opt;

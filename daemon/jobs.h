@@ -10,12 +10,12 @@
 #include "store/store.h"
 
 typedef struct {
-    eng *e;                     /* rank 0's engine */
-    ranks *rk;                  /* every rank (daemon/ranks.h): updates, logprobs and checkpoints
+    eng *e; /* rank 0's engine */
+    ranks *rk; /* every rank (daemon/ranks.h): updates, logprobs and checkpoints
                                  * run on all of them (SPMD), rollouts are placed on them */
-    store *st;                  /* the engine thread's own handle */
+    store *st; /* the engine thread's own handle */
     const char *data_dir;
-    eng_progress_cb progress;   /* heartbeat + store progress */
+    eng_progress_cb progress; /* heartbeat + store progress */
     void *progress_ud;
 } jobs_env;
 

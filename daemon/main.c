@@ -47,15 +47,24 @@ static int tok_cli_default(int (*cli)(int, char **), int argc, char **argv) {
     if (!av) return fail("out of memory");
     int n = 0;
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { free(av); return cli(argc, argv); }
-        if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) { data = argv[++i]; continue; }
+        if (!strcmp(argv[i], "--model") || !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            free(av);
+            return cli(argc, argv);
+        }
+        if (!strcmp(argv[i], "--data-dir") && i + 1 < argc) {
+            data = argv[++i];
+            continue;
+        }
         av[n++] = argv[i];
     }
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/default-model", data);
     int rc = fs_mkdirs(data);
     if (!rc) rc = eng_ensure_default_model(dir);
-    if (rc) { free(av); return fail("cannot create the default model"); }
+    if (rc) {
+        free(av);
+        return fail("cannot create the default model");
+    }
     av[n++] = "--model";
     av[n++] = dir;
     rc = cli(n, av);
@@ -65,16 +74,23 @@ static int tok_cli_default(int (*cli)(int, char **), int argc, char **argv) {
 
 /* --model DIR or the default model under --data-dir (created on first use). */
 static int resolve_model(const char *model, const char *data_dir, char *out, size_t n) {
-    if (model) { snprintf(out, n, "%s", model); return 0; }
+    if (model) {
+        snprintf(out, n, "%s", model);
+        return 0;
+    }
     snprintf(out, n, "%s/default-model", data_dir);
     int rc = fs_mkdirs(data_dir);
     return rc ? rc : eng_ensure_default_model(out);
 }
 
 static const struct option model_opts[] = {
-    {"model", required_argument, 0, 'm'}, {"data-dir", required_argument, 0, 'd'},
-    {"backend", required_argument, 0, 'b'}, {"ids", required_argument, 0, 'i'},
-    {"temperature", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    {"model", required_argument, 0, 'm'},
+    {"data-dir", required_argument, 0, 'd'},
+    {"backend", required_argument, 0, 'b'},
+    {"ids", required_argument, 0, 'i'},
+    {"temperature", required_argument, 0, 't'},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
 };
 
 static int cmd_info(int argc, char **argv) {
@@ -97,15 +113,15 @@ static int cmd_info(int argc, char **argv) {
     char dir[1024];
     if (resolve_model(model, data, dir, sizeof dir)) return fail("cannot create the default model");
     eng *e;
-    eng_open_opts o = { .model_dir = dir, .backend = backend, .no_training = 1 };
+    eng_open_opts o = {.model_dir = dir, .backend = backend, .no_training = 1};
     if (eng_open(&o, &e)) return fail("cannot open the model");
     eng_info i;
     eng_get_info(e, &i);
     printf("{\"model_dir\": \"%s\", \"architecture\": \"%s\", \"layers\": %d, \"hidden_size\": %d, "
            "\"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"intermediate_size\": %d, \"vocab_size\": %d, "
            "\"max_position_embeddings\": %d, \"parameters\": %lld, \"dtype\": \"%s\", \"backend\": \"%s\"}\n",
-           i.model_dir, i.arch, i.n_layers, i.d_model, i.n_heads, i.n_kv_heads, i.head_dim, i.d_ff, i.vocab,
-           i.max_pos, i.n_params, i.dtype, i.backend);
+           i.model_dir, i.arch, i.n_layers, i.d_model, i.n_heads, i.n_kv_heads, i.head_dim, i.d_ff, i.vocab, i.max_pos,
+           i.n_params, i.dtype, i.backend);
     eng_close(e);
     return 0;
 }
@@ -116,15 +132,24 @@ static int parse_ids(const char *s, int **ids, int *n) {
     while (v && *s) {
         char *end;
         long x = strtol(s, &end, 10);
-        if (end == s || x < 0 || x > 1 << 30) { free(v); return err_set(GE_INVALID, "--ids must be comma-separated token ids"); }
+        if (end == s || x < 0 || x > 1 << 30) {
+            free(v);
+            return err_set(GE_INVALID, "--ids must be comma-separated token ids");
+        }
         if (k == cap) {
             int *w = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-            if (!w) { free(v); return err_set(GE_NOMEM, "out of memory"); }
+            if (!w) {
+                free(v);
+                return err_set(GE_NOMEM, "out of memory");
+            }
             v = w;
         }
         v[k++] = (int)x;
         s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') { free(v); return err_set(GE_INVALID, "--ids: unexpected '%c'", *end); }
+        if (*end && *end != ',') {
+            free(v);
+            return err_set(GE_INVALID, "--ids: unexpected '%c'", *end);
+        }
     }
     if (!v) return err_set(GE_NOMEM, "out of memory");
     *ids = v;
@@ -151,30 +176,52 @@ static int cmd_logprobs(int argc, char **argv) {
         default: return 2;
         }
     }
-    if (!ids_s) { fprintf(stderr, "grpod logprobs: --ids is required\n"); return 2; }
-    if (!(temp > 0)) { fprintf(stderr, "grpod logprobs: --temperature must be > 0\n"); return 2; }
+    if (!ids_s) {
+        fprintf(stderr, "grpod logprobs: --ids is required\n");
+        return 2;
+    }
+    if (!(temp > 0)) {
+        fprintf(stderr, "grpod logprobs: --temperature must be > 0\n");
+        return 2;
+    }
     int *ids = NULL, n = 0;
     if (parse_ids(ids_s, &ids, &n)) return fail("bad --ids");
-    if (n < 2) { free(ids); fprintf(stderr, "grpod logprobs: need at least 2 ids\n"); return 2; }
+    if (n < 2) {
+        free(ids);
+        fprintf(stderr, "grpod logprobs: need at least 2 ids\n");
+        return 2;
+    }
     char dir[1024];
-    if (resolve_model(model, data, dir, sizeof dir)) { free(ids); return fail("cannot create the default model"); }
+    if (resolve_model(model, data, dir, sizeof dir)) {
+        free(ids);
+        return fail("cannot create the default model");
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = dir, .backend = backend, .no_training = 1 };
-    if (eng_open(&o, &e)) { free(ids); return fail("cannot open the model"); }
+    eng_open_opts o = {.model_dir = dir, .backend = backend, .no_training = 1};
+    if (eng_open(&o, &e)) {
+        free(ids);
+        return fail("cannot open the model");
+    }
     eng_info info;
     eng_get_info(e, &info);
     for (int i = 0; i < n; i++)
         if (ids[i] >= info.vocab) {
             fprintf(stderr, "grpod: --ids: id %d is outside the vocabulary (size %d)\n", ids[i], info.vocab);
-            eng_close(e); free(ids); return 1;
+            eng_close(e);
+            free(ids);
+            return 1;
         }
     /* One group: prompt = the first id, one response = the rest. */
-    const int *resp[1] = { ids + 1 };
+    const int *resp[1] = {ids + 1};
     int R = n - 1;
-    eng_update_group g = { .prompt = ids, .P = 1, .n = 1, .resp = resp, .R = &R };
+    eng_update_group g = {.prompt = ids, .P = 1, .n = 1, .resp = resp, .R = &R};
     float **lp;
     int rc = eng_logprobs(e, &g, 1, 0, temp, 1LL << 40, &lp);
-    if (rc) { eng_close(e); free(ids); return fail("forward failed"); }
+    if (rc) {
+        eng_close(e);
+        free(ids);
+        return fail("forward failed");
+    }
     printf("{\"ids\": [");
     for (int i = 0; i < n; i++) printf("%s%d", i ? ", " : "", ids[i]);
     printf("], \"logprobs\": [");
@@ -194,7 +241,7 @@ static int cmd_logprobs(int argc, char **argv) {
 static void omp_wait_passive(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
     if (setenv("OMP_WAIT_POLICY", "passive", 1)) return;
-    execv("/proc/self/exe", argv);      /* on failure: carry on with the spinning default */
+    execv("/proc/self/exe", argv); /* on failure: carry on with the spinning default */
 }
 
 int main(int argc, char **argv) {
@@ -213,7 +260,8 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     char **all = argv;
-    argc--; argv++;
+    argc--;
+    argv++;
     if (!strcmp(cmd, "serve")) {
         int rc = serve_main(argc, argv);
         if (rc != SERVE_REEXEC) return rc;

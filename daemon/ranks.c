@@ -24,10 +24,10 @@ typedef enum { CMD_ADD, CMD_RELEASE, CMD_CALL, CMD_STOP } cmd_kind;
 
 typedef struct cmd {
     cmd_kind kind;
-    ranks_job *job;             /* ADD, RELEASE */
-    ranks_fn fn;                /* CALL */
+    ranks_job *job; /* ADD, RELEASE */
+    ranks_fn fn; /* CALL */
     void *arg;
-    int rc, done;               /* CALL, RELEASE: set by the peer (under its mutex) */
+    int rc, done; /* CALL, RELEASE: set by the peer (under its mutex) */
     char msg[512];
     struct cmd *next;
 } cmd;
@@ -35,8 +35,8 @@ typedef struct cmd {
 struct ranks_job {
     int rank;
     long long rows;
-    long long remote_id;        /* a part on a follower's rank (rank >= W) */
-    eng_sched_job *j;           /* on rank's scheduler: touched by that rank's thread only */
+    long long remote_id; /* a part on a follower's rank (rank >= W) */
+    eng_sched_job *j; /* on rank's scheduler: touched by that rank's thread only */
     const eng_rollout_group *g;
     int n;
     const eng_sampling *sp;
@@ -45,7 +45,7 @@ struct ranks_job {
     int state, started;
     double progress;
     char msg[512];
-    struct ranks_job *next;     /* the peer's list of parts (peer thread only) */
+    struct ranks_job *next; /* the peer's list of parts (peer thread only) */
 };
 
 typedef struct peer {
@@ -57,17 +57,17 @@ typedef struct peer {
     eng_sched_opts so;
     eng *e;
     eng_sched *sched;
-    ranks_job *parts;           /* peer thread only */
+    ranks_job *parts; /* peer thread only */
     pthread_mutex_t mu;
-    pthread_cond_t cv;          /* the peer waits for commands */
-    pthread_cond_t done_cv;     /* rank 0 waits for a command's completion, or the open */
+    pthread_cond_t cv; /* the peer waits for commands */
+    pthread_cond_t done_cv; /* rank 0 waits for a command's completion, or the open */
     cmd *head, *tail;
-    cmd stop;                   /* ranks_stop's command: it must outlive the post */
-    int pending_adds;           /* ADDs posted and not yet taken (counts as busy) */
-    int open_rc, opened;        /* opened: 1 once eng_open returned */
-    comm *nccl;                 /* under mu: its engine's NCCL comm while open, for ranks_abort */
+    cmd stop; /* ranks_stop's command: it must outlive the post */
+    int pending_adds; /* ADDs posted and not yet taken (counts as busy) */
+    int open_rc, opened; /* opened: 1 once eng_open returned */
+    comm *nccl; /* under mu: its engine's NCCL comm while open, for ranks_abort */
     char open_msg[512];
-    int busy, can_admit;        /* snapshot */
+    int busy, can_admit; /* snapshot */
     eng_sched_stats st;
     _Atomic long long beat_ns;
 } peer;
@@ -76,13 +76,13 @@ struct ranks {
     int W;
     eng *e0;
     eng_sched *sched0;
-    long long load[RANKS_MAX];  /* KV rows placed and not released, per rank (rank 0's thread) */
+    long long load[RANKS_MAX]; /* KV rows placed and not released, per rank (rank 0's thread) */
     char model_dir[1024], backend[16], resume_dir[1024], lora_targets[128], lora_init[1024], offload[8];
-    peer *peers;                /* [W], 0 unused */
+    peer *peers; /* [W], 0 unused */
     /* the communicator (W > 1 only): cpu, rank r's comm is comms[r], ours to free after every
      * engine closed; cuda, the NCCL id every rank's eng_open joins (the engines own their
      * comms), kept here so it outlives the opens */
-    comm **comms;               /* [W] */
+    comm **comms; /* [W] */
     unsigned char nccl_id[128];
     int nccl;
     int devices[RANKS_MAX], have_devices;
@@ -106,7 +106,10 @@ int ranks_size(const ranks *rk) { return rk->W; }
 /* ---------------------------------------------------------------- the peer thread */
 
 static void peer_beat(peer *p) { atomic_store(&p->beat_ns, clock_mono_ns()); }
-static void peer_progress(void *ud, double f) { (void)f; peer_beat(ud); }
+static void peer_progress(void *ud, double f) {
+    (void)f;
+    peer_beat(ud);
+}
 
 static void peer_snapshot(peer *p) {
     eng_sched_stats st;
@@ -120,7 +123,7 @@ static void peer_snapshot(peer *p) {
     }
     pthread_mutex_lock(&p->mu);
     for (ranks_job *j = p->parts; j; j = j->next) {
-        if (!j->j || j->state) continue;            /* failed at add, or finished: final */
+        if (!j->j || j->state) continue; /* failed at add, or finished: final */
         const char *msg = NULL;
         j->state = eng_sched_job_state(j->j, &j->progress, &j->started, &msg);
         if (j->state < 0) snprintf(j->msg, sizeof j->msg, "rank %d: %s", p->rank, msg ? msg : "");
@@ -165,8 +168,7 @@ static void peer_run(peer *p, cmd *c) {
         c->rc = p->e ? c->fn(p->e, p->rank, peer_progress, p, c->arg) : err_set(GE_UNAVAILABLE, "rank %d has no engine", p->rank);
         snprintf(c->msg, sizeof c->msg, "%s", err_msg());
         break;
-    case CMD_STOP:
-        break;
+    case CMD_STOP: break;
     }
     pthread_mutex_lock(&p->mu);
     c->done = 1;
@@ -215,7 +217,7 @@ static void *peer_main(void *arg) {
         while (c) {
             cmd *next = c->next;
             if (c->kind == CMD_STOP) stop = 1;
-            peer_run(p, c);                         /* an ADD frees c; the others are the poster's */
+            peer_run(p, c); /* an ADD frees c; the others are the poster's */
             c = next;
         }
         int busy = p->sched && eng_sched_busy(p->sched);
@@ -233,7 +235,7 @@ static void *peer_main(void *arg) {
         }
         pthread_mutex_unlock(&p->mu);
     }
-    while (p->parts) {                              /* rank 0 released its parts; these are strays */
+    while (p->parts) { /* rank 0 released its parts; these are strays */
         ranks_job *j = p->parts;
         p->parts = j->next;
         if (j->j) eng_sched_job_release(p->sched, j->j);
@@ -242,7 +244,7 @@ static void *peer_main(void *arg) {
     eng_sched_close(p->sched);
     p->sched = NULL;
     pthread_mutex_lock(&p->mu);
-    p->nccl = NULL;             /* ranks_abort must not reach a comm eng_close frees */
+    p->nccl = NULL; /* ranks_abort must not reach a comm eng_close frees */
     pthread_mutex_unlock(&p->mu);
     eng_close(p->e);
     p->e = NULL;
@@ -284,12 +286,12 @@ static int group_open(ranks *rk, const ranks_world *wd) {
         return comm_nccl_unique_id(rk->nccl_id);
     }
     if (!(rk->comms = calloc((size_t)rk->W, sizeof *rk->comms))) return err_set(GE_NOMEM, "ranks: out of memory");
-    if (wd) {                       /* one tcp group for the whole world: opened on each rank's thread */
+    if (wd) { /* one tcp group for the whole world: opened on each rank's thread */
         rk->tcp = 1;
         return 0;
     }
     int rc = comm_cpu_group(rk->W, rk->comms);
-    if (rc) memset(rk->comms, 0, (size_t)rk->W * sizeof *rk->comms);   /* it freed what it made */
+    if (rc) memset(rk->comms, 0, (size_t)rk->W * sizeof *rk->comms); /* it freed what it made */
     return rc;
 }
 
@@ -314,8 +316,8 @@ const char *ranks_comm_name(const ranks *rk) { return rk->tcp ? "tcp" : rk->comm
 
 /* ---------------------------------------------------------------- lifecycle */
 
-int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
-                void (*notify)(void *ud), void *ud, const ranks_world *wd, ranks **out) {
+int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so, void (*notify)(void *ud), void *ud,
+                const ranks_world *wd, ranks **out) {
     *out = NULL;
     if (W < 1 || W > RANKS_MAX) return err_set(GE_INVALID, "ranks: %d ranks (1..%d)", W, RANKS_MAX);
     if (wd && (wd->base < 0 || wd->base + W > wd->world)) {
@@ -378,9 +380,9 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
         }
         p->have_th = 1;
     }
-    if (rk->tcp) {                  /* rank 0's end, here: blocks until the whole world connected */
+    if (rk->tcp) { /* rank 0's end, here: blocks until the whole world connected */
         int fd = rk->listen_fd;
-        rk->listen_fd = -1;         /* comm_tcp_open's, whatever it returns */
+        rk->listen_fd = -1; /* comm_tcp_open's, whatever it returns */
         rc = comm_tcp_open(rk->host, rk->port, rk->base, rk->world, rk->base == 0 ? fd : -1, &rk->open_cancel, rk->timeout_s,
                            &rk->comms[0]);
         if (rk->base != 0 && fd >= 0) close(fd);
@@ -397,7 +399,7 @@ int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sch
 }
 
 static int wait_open(ranks *rk) {
-    for (int r = 1; r < rk->W; r++) {   /* all of them: none may still be opening when this returns */
+    for (int r = 1; r < rk->W; r++) { /* all of them: none may still be opening when this returns */
         peer *p = &rk->peers[r];
         pthread_mutex_lock(&p->mu);
         while (!p->opened) pthread_cond_wait(&p->done_cv, &p->mu);
@@ -420,8 +422,8 @@ int ranks_open_rank0(ranks *rk, eng_open_opts *o, eng **e) {
         snprintf(msg, sizeof msg, "%s", err_msg()[0] ? err_msg() : err_default(rc));
         cancel_open(rk, 0);
     }
-    int prc = wait_open(rk);            /* none may still be opening when this returns */
-    if (rc) return err_set(rc, "%s", msg);   /* the cause, not a peer's echo of the cancel */
+    int prc = wait_open(rk); /* none may still be opening when this returns */
+    if (rc) return err_set(rc, "%s", msg); /* the cause, not a peer's echo of the cancel */
     return prc;
 }
 
@@ -457,7 +459,7 @@ void ranks_close(ranks *rk) {
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
     }
-    for (int r = 0; rk->comms && r < rk->W; r++) comm_free(rk->comms[r]);   /* every engine is closed */
+    for (int r = 0; rk->comms && r < rk->W; r++) comm_free(rk->comms[r]); /* every engine is closed */
     free(rk->comms);
     free(rk->peers);
     free(rk);
@@ -512,7 +514,7 @@ int ranks_spmd_call(ranks *rk, ranks_fn fn, void *arg, eng_progress_cb cb0, void
     char rmsg[512] = "";
     if (rk->remote.wait) rrc = rk->remote.wait(rk->remote.ud, seq, rmsg, sizeof rmsg);
     int rc = rc0;
-    if (rrc == GE_RANK_LOST) {      /* the local ranks' GE_COMM is its echo (the comms were aborted) */
+    if (rrc == GE_RANK_LOST) { /* the local ranks' GE_COMM is its echo (the comms were aborted) */
         free(cs);
         return err_set(rrc, "%s", rmsg);
     }
@@ -553,8 +555,8 @@ void ranks_place(ranks *rk, const long long *rows, int n, int *rank_of) {
     }
 }
 
-int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
-              long long rows, const char *desc, ranks_job **job) {
+int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out, long long rows,
+              const char *desc, ranks_job **job) {
     *job = NULL;
     if (r < 0 || r >= ranks_placeable(rk)) return err_set(GE_INVALID, "ranks: no rank %d", r);
     ranks_job *j = calloc(1, sizeof *j);
@@ -562,16 +564,25 @@ int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sam
     *j = (ranks_job){.rank = r, .rows = rows, .g = g, .n = n, .sp = sp, .out = out};
     if (r >= rk->W) {
         int rc = rk->remote.part_add(rk->remote.ud, r, desc, out, n, &j->remote_id);
-        if (rc) { free(j); return rc; }
+        if (rc) {
+            free(j);
+            return rc;
+        }
     } else if (r == 0) {
         int rc = eng_sched_add(rk->sched0, g, n, sp, out, &j->j);
-        if (rc) { free(j); return rc; }
+        if (rc) {
+            free(j);
+            return rc;
+        }
     } else {
         cmd *c = calloc(1, sizeof *c);
-        if (!c) { free(j); return err_set(GE_NOMEM, "ranks: out of memory"); }
+        if (!c) {
+            free(j);
+            return err_set(GE_NOMEM, "ranks: out of memory");
+        }
         c->kind = CMD_ADD;
         c->job = j;
-        post(&rk->peers[r], c, 0);  /* the peer frees c */
+        post(&rk->peers[r], c, 0); /* the peer frees c */
     }
     rk->load[r] += rows;
     *job = j;
@@ -580,7 +591,7 @@ int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sam
 
 int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg) {
     if (j->rank == 0) return eng_sched_job_state(j->j, progress, started, msg);
-    if (j->rank >= rk->W) {     /* a follower's: handed out, so taken as started (it is not requeued) */
+    if (j->rank >= rk->W) { /* a follower's: handed out, so taken as started (it is not requeued) */
         int st = rk->remote.part_state(rk->remote.ud, j->remote_id, j->msg, sizeof j->msg);
         if (progress) *progress = st == 1;
         if (started) *started = 1;
@@ -592,7 +603,7 @@ int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, con
     int st = j->state;
     if (progress) *progress = j->progress;
     if (started) *started = j->started;
-    *msg = j->msg;                  /* final once st != 0: the peer writes it no more */
+    *msg = j->msg; /* final once st != 0: the peer writes it no more */
     pthread_mutex_unlock(&p->mu);
     return st;
 }

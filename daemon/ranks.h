@@ -50,11 +50,11 @@ typedef struct {
     int base, world;
     const char *host;
     int port, listen_fd;
-    const unsigned char *nccl_id;   /* [128] */
+    const unsigned char *nccl_id; /* [128] */
     double timeout_s;
 } ranks_world;
-int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so,
-                void (*notify)(void *ud), void *ud, const ranks_world *world, ranks **out);
+int ranks_start(int W, const eng_open_opts *o, const int *devices, const eng_sched_opts *so, void (*notify)(void *ud), void *ud,
+                const ranks_world *world, ranks **out);
 /* Opens rank 0's engine into *e on the caller's thread: o gets rank 0's share of ranks_start's
  * settings (its communicator when W > 1, its device when devices were given; the pointers set
  * stay valid until ranks_close). A failure releases the peers waiting in the communicator's
@@ -128,8 +128,8 @@ int ranks_is_remote(const ranks *rk, int r);
  * ranks_job_release). rows: their KV rows, counted against r until the release. On a peer the
  * add happens on its thread: its error (GE_TOO_LARGE) shows in ranks_job_state. A remote rank
  * takes desc (the part as a rollout payload) instead of g and sp, and fills out when done. */
-int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out,
-              long long rows, const char *desc, ranks_job **job);
+int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sampling *sp, eng_group_result *out, long long rows,
+              const char *desc, ranks_job **job);
 /* The remote side says a part changed (any thread): wakes the worker (ranks_start's notify). */
 void ranks_notify(ranks *rk);
 /* As eng_sched_job_state, for a part on any rank (a peer's state as of its last step). */
@@ -139,7 +139,7 @@ void ranks_job_release(ranks *rk, ranks_job *j);
 
 /* Rank 0 steps its scheduler when busy (peers step theirs on their own threads). */
 int ranks_step(ranks *rk);
-int ranks_busy(ranks *rk);          /* some rank has a group waiting or running (or one on its way) */
+int ranks_busy(ranks *rk); /* some rank has a group waiting or running (or one on its way) */
 /* some rank would start a group queued now (a remote rank: fewer rows placed on it than rank
  * 0's pool holds, the followers' GPUs taken to be like the leader's) */
 int ranks_can_admit(ranks *rk);

@@ -48,13 +48,11 @@ static int sdn_parse_socket(const char *s) {
     sdn_addr_.sun_family = AF_UNIX;
     if (s[0] != '/' && s[0] != '@') {
         /* e.g. "vsock:..." (systemd ≥ 253 inside VMs): not supported here. */
-        snprintf(sdn_note_, sizeof sdn_note_,
-                 "NOTIFY_SOCKET \"%.60s\": only /path and @abstract sockets are supported", s);
+        snprintf(sdn_note_, sizeof sdn_note_, "NOTIFY_SOCKET \"%.60s\": only /path and @abstract sockets are supported", s);
         return -1;
     }
     if (n < 2 || n >= sizeof sdn_addr_.sun_path) {
-        snprintf(sdn_note_, sizeof sdn_note_,
-                 "NOTIFY_SOCKET: length %zu outside 2..%zu", n, sizeof sdn_addr_.sun_path - 1);
+        snprintf(sdn_note_, sizeof sdn_note_, "NOTIFY_SOCKET: length %zu outside 2..%zu", n, sizeof sdn_addr_.sun_path - 1);
         return -1;
     }
     memcpy(sdn_addr_.sun_path, s, n);
@@ -79,8 +77,7 @@ int sdn_init(void) {
     const char *sock = getenv("NOTIFY_SOCKET");
     if (sock && *sock && sdn_parse_socket(sock) == 0) {
         sdn_fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (sdn_fd_ < 0)
-            snprintf(sdn_note_, sizeof sdn_note_, "NOTIFY_SOCKET: socket(): %s", strerror(errno));
+        if (sdn_fd_ < 0) snprintf(sdn_note_, sizeof sdn_note_, "NOTIFY_SOCKET: socket(): %s", strerror(errno));
     }
 
     unsigned long long usec = 0, pid = 0;
@@ -108,14 +105,12 @@ int sdn_notify(const char *msg) {
     size_t len = strlen(msg);
     ssize_t r;
     do {
-        r = sendto(sdn_fd_, msg, len, MSG_NOSIGNAL, (const struct sockaddr *)&sdn_addr_,
-                   sdn_addr_len_);
+        r = sendto(sdn_fd_, msg, len, MSG_NOSIGNAL, (const struct sockaddr *)&sdn_addr_, sdn_addr_len_);
     } while (r < 0 && errno == EINTR);
     if (r < 0) {
         int e = errno;
         return err_set(GE_IO, "sd_notify to %s%s: %s", sdn_addr_.sun_path[0] ? "" : "@",
-                       sdn_addr_.sun_path[0] ? sdn_addr_.sun_path : sdn_addr_.sun_path + 1,
-                       strerror(e));
+                       sdn_addr_.sun_path[0] ? sdn_addr_.sun_path : sdn_addr_.sun_path + 1, strerror(e));
     }
     if ((size_t)r != len) return err_set(GE_IO, "sd_notify: short datagram %zd of %zu", r, len);
     return 0;

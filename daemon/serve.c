@@ -58,11 +58,11 @@ typedef struct {
 
 typedef enum { O_STR, O_INT, O_BOOL } opt_kind;
 typedef struct {
-    const char *name;           /* flag without "--", config key, GRPOD_ + upper(name) */
+    const char *name; /* flag without "--", config key, GRPOD_ + upper(name) */
     opt_kind kind;
-    size_t off, size;           /* field in serve_opts */
+    size_t off, size; /* field in serve_opts */
     long long lo, hi;
-    int reloadable;             /* applied again on SIGHUP */
+    int reloadable; /* applied again on SIGHUP */
     const char *dflt, *help;
 } opt_def;
 
@@ -73,44 +73,71 @@ static const opt_def opts[] = {
     {"data-dir", O_STR, S_(data_dir), 0, 0, 0, "./grpod-data", "state DIR: grpod.db, checkpoints/, default-model/"},
     {"listen", O_STR, S_(listen), 0, 0, 0, "127.0.0.1:8780", "HOST:PORT to serve HTTP on ([::1]:PORT for IPv6)"},
     {"backend", O_STR, S_(backend), 0, 0, 0, "auto", "auto|cpu|cuda"},
-    {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0, "auto", "auto|on|off: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of the GPU free)"},
-    {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "", "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
-    {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "", "Host header names accepted besides IP addresses and localhost (comma-separated; * = any): the names a proxy forwards"},
-    {"allowed-origins", O_STR, S_(allowed_origins), 0, 0, 0, "", "Origins (https://app.example, comma-separated; * = any) whose pages may call the API; by default requests carrying Origin are refused"},
+    {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0,
+     "auto", "auto|on|off: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of the GPU free)"},
+    {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "",
+     "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
+    {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "",
+     "Host header names accepted besides IP addresses and localhost (comma-separated; * = any): the names a proxy forwards"},
+    {"allowed-origins", O_STR, S_(allowed_origins), 0, 0, 0,
+     "", "Origins (https://app.example, comma-separated; * = any) whose pages may call the API; by default requests carrying Origin are refused"},
     {"insecure-no-auth", O_BOOL, S_(insecure_no_auth), 0, 1, 0, "false", "allow a non-loopback --listen without --api-key-file"},
     {"max-body-bytes", O_INT, S_(max_body_bytes), 1024, 1LL << 34, 1, "8388608", "largest request body"},
     {"max-n", O_INT, S_(max_n), 1, 1 << 20, 1, "64", "largest n (responses per group)"},
     {"max-tokens", O_INT, S_(max_tokens), 1, 1 << 24, 1, "4096", "largest sampling.max_tokens"},
     {"max-queued-jobs", O_INT, S_(max_queued_jobs), 0, 1 << 30, 1, "1000", "queued jobs before POSTs get 429 (0 = no limit)"},
     {"log-level", O_STR, S_(log_level), 0, 0, 1, "info", "debug|info|warn|error (JSON lines on stderr)"},
-    {"max-connections", O_INT, S_(max_connections), 16, 1 << 20, 0, "2048", "open HTTP connections in all; when half of them wait for their request, the oldest waiting one is closed for each new one"},
-    {"max-connections-per-client", O_INT, S_(max_connections_per_client), 1, 1 << 20, 0, "256", "open connections from one client address (its oldest waiting one is closed beyond that)"},
-    {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30", "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
+    {"max-connections", O_INT, S_(max_connections), 16, 1 << 20, 0, "2048",
+     "open HTTP connections in all; when half of them wait for their request, the oldest waiting one is closed for each new one"},
+    {"max-connections-per-client", O_INT, S_(max_connections_per_client), 1, 1 << 20, 0, "256",
+     "open connections from one client address (its oldest waiting one is closed beyond that)"},
+    {"request-timeout", O_INT, S_(request_timeout), 1, 3600, 0, "30",
+     "seconds a connection gets to send a whole request (head and body), from its accept or its last reply"},
     {"http-threads", O_INT, S_(http_threads), 1, 256, 0, "4", "HTTP thread pool size"},
-    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0", "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active); with --ranks each rank gets an equal share"},
-    {"ranks", O_INT, S_(ranks), 1, RANKS_MAX, 0, "1", "CPU backend: run N data-parallel ranks in this process, each with its own engine, sharing one communicator (the optimizer state sharded N ways); the CPU stand-in for --gpus that the multi-rank tests use"},
-    {"gpus", O_STR, S_(gpus), 0, 0, 0, "", "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
-    {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0", "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no followers"},
-    {"join", O_STR, S_(join), 0, 0, 0, "", "run as a follower of the leader at URL (http://HOST:PORT, its --api-key-file's key): its --ranks or --gpus join the leader's; serves no HTTP"},
-    {"cluster-host", O_STR, S_(cluster_host), 0, 0, 0, "", "with --followers: the address of this host the followers' ranks connect to (cpu: the tcp communicator's); default: the --listen host, required when that is 0.0.0.0 or ::"},
-    {"follower-timeout", O_INT, S_(follower_timeout), 1, 3600, 0, "10", "with --followers: seconds without a request from a follower (it beats every second) before it counts as lost"},
-    {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0", "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
-    {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0", "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
+    {"engine-threads", O_INT, S_(engine_threads), 0, 4096, 0, "0",
+     "CPU backend threads (0 = all cores, but one left free above 4; they wait passively unless OMP_WAIT_POLICY=active); with "
+     "--ranks each rank gets an equal share"},
+    {"ranks", O_INT, S_(ranks), 1, RANKS_MAX, 0, "1",
+     "CPU backend: run N data-parallel ranks in this process, each with its own engine, sharing one communicator (the optimizer "
+     "state sharded N ways); the CPU stand-in for --gpus that the multi-rank tests use"},
+    {"gpus", O_STR, S_(gpus), 0, 0, 0, "",
+     "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; "
+     "the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
+    {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0",
+     "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K "
+     "joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no "
+     "followers"},
+    {"join", O_STR, S_(join), 0, 0, 0,
+     "", "run as a follower of the leader at URL (http://HOST:PORT, its --api-key-file's key): its --ranks or --gpus join the leader's; serves no HTTP"},
+    {"cluster-host", O_STR, S_(cluster_host), 0, 0, 0, "",
+     "with --followers: the address of this host the followers' ranks connect to (cpu: the tcp communicator's); default: the "
+     "--listen host, required when that is 0.0.0.0 or ::"},
+    {"follower-timeout", O_INT, S_(follower_timeout), 1, 3600, 0, "10",
+     "with --followers: seconds without a request from a follower (it beats every second) before it counts as lost"},
+    {"kv-budget-mib", O_INT, S_(kv_budget_mib), 0, 1LL << 30, 0, "0",
+     "rollout KV cache pool in MiB (0 = auto: half the free GPU memory net of training state on cuda, 2^18 rows on cpu)"},
+    {"lora-rank", O_INT, S_(lora_rank), 0, 4096, 0, "0",
+     "train LoRA adapters of this rank over the frozen base, which is also the reference (0 = full fine-tuning)"},
     {"lora-alpha", O_INT, S_(lora_alpha), 0, 1 << 20, 0, "0", "LoRA alpha: the adapters are scaled by alpha / rank (0 = 2 x rank)"},
     {"lora-targets", O_STR, S_(lora_targets), 0, 0, 0, "", "projections with adapters: q,k,v,o,gate,up,down (empty = all seven)"},
-    {"lora-init", O_STR, S_(lora_init), 0, 0, 0, "", "PEFT adapter DIR to start from (adapter_config.json gives rank, alpha, targets)"},
-    {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true", "save a checkpoint at shutdown when updates are unsaved"},
-    {"keep-checkpoints", O_INT, S_(keep_checkpoints), 0, 1 << 30, 0, "0", "after each checkpoint delete all but the newest N (0 = keep all)"},
-    {"retain-jobs", O_INT, S_(retain_jobs), 0, 1 << 30, 0, "10000", "keep the newest N finished jobs; older ones are deleted unless replay still needs them (0 = keep all)"},
+    {"lora-init", O_STR, S_(lora_init), 0, 0, 0, "",
+     "PEFT adapter DIR to start from (adapter_config.json gives rank, alpha, targets)"},
+    {"checkpoint-on-exit", O_BOOL, S_(checkpoint_on_exit), 0, 1, 0, "true",
+     "save a checkpoint at shutdown when updates are unsaved"},
+    {"keep-checkpoints", O_INT, S_(keep_checkpoints), 0, 1 << 30, 0, "0",
+     "after each checkpoint delete all but the newest N (0 = keep all)"},
+    {"retain-jobs", O_INT, S_(retain_jobs), 0, 1 << 30, 0, "10000",
+     "keep the newest N finished jobs; older ones are deleted unless replay still needs them (0 = keep all)"},
 };
 #define N_OPTS ((int)(sizeof opts / sizeof opts[0]))
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: grpod serve [--flag VALUE | --flag=VALUE]...\n\n"
-               "Runs the grpod daemon: an HTTP+JSON API (see docs/api.md, GET /openapi.json) over a durable job\n"
-               "queue and one engine thread. Settings come from flags, then the --config file, then GRPOD_*\n"
-               "environment variables (GRPOD_ + the flag name in upper case with _ for -), then defaults.\n"
-               "SIGHUP re-reads the config file and environment for the settings marked (reloadable).\n\n");
+    fprintf(f,
+            "usage: grpod serve [--flag VALUE | --flag=VALUE]...\n\n"
+            "Runs the grpod daemon: an HTTP+JSON API (see docs/api.md, GET /openapi.json) over a durable job\n"
+            "queue and one engine thread. Settings come from flags, then the --config file, then GRPOD_*\n"
+            "environment variables (GRPOD_ + the flag name in upper case with _ for -), then defaults.\n"
+            "SIGHUP re-reads the config file and environment for the settings marked (reloadable).\n\n");
     for (int i = 0; i < N_OPTS; i++) {
         char env[64];
         snprintf(env, sizeof env, "GRPOD_");
@@ -120,8 +147,8 @@ static void usage(FILE *f) {
             env[l + 1] = 0;
         }
         fprintf(f, "  --%-20s %s%s\n  %-22s   env %s%s%s%s\n", opts[i].name, opts[i].help,
-                opts[i].reloadable ? " (reloadable)" : "", "", env, opts[i].dflt[0] ? ", default " : "",
-                opts[i].dflt, opts[i].kind == O_BOOL ? " (flag alone = true)" : "");
+                opts[i].reloadable ? " (reloadable)" : "", "", env, opts[i].dflt[0] ? ", default " : "", opts[i].dflt,
+                opts[i].kind == O_BOOL ? " (flag alone = true)" : "");
     }
     fprintf(f, "  --%-20s this text\n", "help");
 }
@@ -129,13 +156,19 @@ static void usage(FILE *f) {
 static int set_opt(serve_opts *o, const opt_def *d, const char *v, const char *src, char *why, size_t wl) {
     char *dst = (char *)o + d->off;
     if (d->kind == O_STR) {
-        if (strlen(v) >= d->size) { snprintf(why, wl, "%s: --%s is too long", src, d->name); return -1; }
+        if (strlen(v) >= d->size) {
+            snprintf(why, wl, "%s: --%s is too long", src, d->name);
+            return -1;
+        }
         memcpy(dst, v, strlen(v) + 1);
     } else if (d->kind == O_BOOL) {
         int b;
         if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes")) b = 1;
         else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "no")) b = 0;
-        else { snprintf(why, wl, "%s: --%s must be true or false, not '%s'", src, d->name, v); return -1; }
+        else {
+            snprintf(why, wl, "%s: --%s must be true or false, not '%s'", src, d->name, v);
+            return -1;
+        }
         *(int *)dst = b;
     } else {
         char *end;
@@ -165,7 +198,10 @@ static char *trim(char *s) {
 
 static int apply_config_file(serve_opts *o, const char *path, char *why, size_t wl) {
     FILE *f = fopen(path, "r");
-    if (!f) { snprintf(why, wl, "--config %s: %s", path, strerror(errno)); return -1; }
+    if (!f) {
+        snprintf(why, wl, "--config %s: %s", path, strerror(errno));
+        return -1;
+    }
     char line[2048];
     int ln = 0, rc = 0;
     while (!rc && fgets(line, sizeof line, f)) {
@@ -175,11 +211,19 @@ static int apply_config_file(serve_opts *o, const char *path, char *why, size_t 
         char *eq = strchr(s, '=');
         char src[1100];
         snprintf(src, sizeof src, "%s:%d", path, ln);
-        if (!eq) { snprintf(why, wl, "%s: expected key = value", src); rc = -1; break; }
+        if (!eq) {
+            snprintf(why, wl, "%s: expected key = value", src);
+            rc = -1;
+            break;
+        }
         *eq = 0;
         char *k = trim(s), *v = trim(eq + 1);
         const opt_def *d = find_opt(k, strlen(k));
-        if (!d || !strcmp(k, "config")) { snprintf(why, wl, "%s: unknown key '%s'", src, k); rc = -1; break; }
+        if (!d || !strcmp(k, "config")) {
+            snprintf(why, wl, "%s: unknown key '%s'", src, k);
+            rc = -1;
+            break;
+        }
         rc = set_opt(o, d, v, src, why, wl);
     }
     fclose(f);
@@ -192,7 +236,10 @@ static int apply_config_file(serve_opts *o, const char *path, char *why, size_t 
 static int parse_gpus(const char *s, int *dev, int *n, char *why, size_t wl) {
     *n = 0;
     if (!*s) return 0;
-    if (!strcmp(s, "all")) { *n = -1; return 0; }
+    if (!strcmp(s, "all")) {
+        *n = -1;
+        return 0;
+    }
     for (const char *p = s;;) {
         char *end;
         errno = 0;
@@ -202,10 +249,19 @@ static int parse_gpus(const char *s, int *dev, int *n, char *why, size_t wl) {
             snprintf(why, wl, "--gpus '%s': expected all or device indices like 0,1,2", s);
             return -1;
         }
-        if (x < 0) { snprintf(why, wl, "--gpus '%s': device %ld is negative", s, x); return -1; }
+        if (x < 0) {
+            snprintf(why, wl, "--gpus '%s': device %ld is negative", s, x);
+            return -1;
+        }
         for (int i = 0; i < *n; i++)
-            if (dev[i] == x) { snprintf(why, wl, "--gpus '%s': device %ld is listed twice", s, x); return -1; }
-        if (*n == RANKS_MAX) { snprintf(why, wl, "--gpus '%s': at most %d devices", s, RANKS_MAX); return -1; }
+            if (dev[i] == x) {
+                snprintf(why, wl, "--gpus '%s': device %ld is listed twice", s, x);
+                return -1;
+            }
+        if (*n == RANKS_MAX) {
+            snprintf(why, wl, "--gpus '%s': at most %d devices", s, RANKS_MAX);
+            return -1;
+        }
         dev[(*n)++] = (int)x;
         if (!*end) return 0;
         p = end + 1;
@@ -240,8 +296,10 @@ static int check_rank_opts(serve_opts *o, char *why, size_t wl) {
         return -1;
     }
     if ((o->join[0] || o->followers > 0) && !strcmp(o->backend, "auto")) {
-        snprintf(why, wl, "--%s needs --backend cpu, or cuda (--gpus): every process of a deployment must make the same kind of communicator",
-                 o->join[0] ? "join" : "followers");
+        snprintf(
+            why, wl,
+            "--%s needs --backend cpu, or cuda (--gpus): every process of a deployment must make the same kind of communicator",
+            o->join[0] ? "join" : "followers");
         return -1;
     }
     return 0;
@@ -267,22 +325,40 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
     memcpy(&fl, o, sizeof fl);
     const char *config = o->config[0] ? o->config : NULL;
     int nflags = 0;
-    struct { const opt_def *d; const char *v; } flags[128];
+    struct {
+        const opt_def *d;
+        const char *v;
+    } flags[128];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { *help = 1; return 0; }
-        if (strncmp(a, "--", 2)) { snprintf(why, wl, "unexpected argument '%s' (flags start with --)", a); return -1; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            *help = 1;
+            return 0;
+        }
+        if (strncmp(a, "--", 2)) {
+            snprintf(why, wl, "unexpected argument '%s' (flags start with --)", a);
+            return -1;
+        }
         const char *eq = strchr(a + 2, '=');
         const opt_def *d = find_opt(a + 2, eq ? (size_t)(eq - a - 2) : strlen(a + 2));
-        if (!d) { snprintf(why, wl, "unknown flag '%s' (see grpod serve --help)", a); return -1; }
+        if (!d) {
+            snprintf(why, wl, "unknown flag '%s' (see grpod serve --help)", a);
+            return -1;
+        }
         const char *v = eq ? eq + 1 : NULL;
         if (!v && d->kind == O_BOOL) v = "true";
         if (!v) {
-            if (i + 1 >= argc) { snprintf(why, wl, "--%s needs a value", d->name); return -1; }
+            if (i + 1 >= argc) {
+                snprintf(why, wl, "--%s needs a value", d->name);
+                return -1;
+            }
             v = argv[++i];
         }
         if (set_opt(&fl, d, v, "flag", why, wl)) return -1;
-        if (nflags == 128) { snprintf(why, wl, "too many flags"); return -1; }
+        if (nflags == 128) {
+            snprintf(why, wl, "too many flags");
+            return -1;
+        }
         flags[nflags].d = d;
         flags[nflags++].v = v;
         if (d == &opts[0]) config = v;
@@ -295,7 +371,10 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
     }
     for (int i = 0; i < nflags; i++) set_opt(o, flags[i].d, flags[i].v, "flag", why, wl);
     log_level lv;
-    if (log_parse_level(o->log_level, &lv)) { snprintf(why, wl, "--log-level '%s' must be debug|info|warn|error", o->log_level); return -1; }
+    if (log_parse_level(o->log_level, &lv)) {
+        snprintf(why, wl, "--log-level '%s' must be debug|info|warn|error", o->log_level);
+        return -1;
+    }
     if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
         snprintf(why, wl, "--backend '%s' must be auto|cpu|cuda", o->backend);
         return -1;
@@ -318,7 +397,10 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
 static int check_ranks(serve_opts *o, char *why, size_t wl) {
     if (o->n_gpus) {
         int have = eng_device_count();
-        if (have <= 0) { snprintf(why, wl, "--gpus: no CUDA device is usable"); return -1; }
+        if (have <= 0) {
+            snprintf(why, wl, "--gpus: no CUDA device is usable");
+            return -1;
+        }
         if (o->n_gpus < 0) {
             o->n_gpus = have < RANKS_MAX ? have : RANKS_MAX;
             for (int i = 0; i < o->n_gpus; i++) o->gpu_dev[i] = i;
@@ -330,7 +412,7 @@ static int check_ranks(serve_opts *o, char *why, size_t wl) {
             }
     }
     int W = o->n_gpus ? o->n_gpus : (int)o->ranks;
-    if (o->followers > 0 || o->join[0]) W = 2;     /* ranks in other processes: a communicator */
+    if (o->followers > 0 || o->join[0]) W = 2; /* ranks in other processes: a communicator */
     if (W > 1 && (o->lora_rank > 0 || o->lora_init[0])) {
         snprintf(why, wl, "--lora-rank/--lora-init with %d ranks: LoRA trains on one rank only (not over a communicator)", W);
         return -1;
@@ -355,15 +437,15 @@ typedef struct {
     uv_loop_t *loop;
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick, watchdog;
-    uv_async_t wake;                /* from the engine thread: ready / failed / job done */
-    uv_async_t restart;             /* from the cluster: a follower is back after a loss */
-    cluster *cl;                    /* --followers */
+    uv_async_t wake; /* from the engine thread: ready / failed / job done */
+    uv_async_t restart; /* from the cluster: a follower is back after a loss */
+    cluster *cl; /* --followers */
     api_server *api;
     worker *w;
-    store *st;                      /* main-thread store handle (queue depth for STATUS) */
+    store *st; /* main-thread store handle (queue depth for STATUS) */
     int ready_sent, stopping;
     long long last_version, last_depth;
-    int last_ready;                 /* worker_ready() at the last STATUS= */
+    int last_ready; /* worker_ready() at the last STATUS= */
     double watchdog_s;
 } serve_state;
 
@@ -376,7 +458,9 @@ static void status_update(serve_state *s, int force) {
     s->last_version = v;
     s->last_depth = d;
     sdn_notifyf("STATUS=policy_version=%lld queue=%lld%s", v, d < 0 ? 0 : d,
-                worker_ready(s->w) == 1 ? "" : worker_ready(s->w) < 0 ? " engine=failed" : " loading");
+                worker_ready(s->w) == 1      ? ""
+                    : worker_ready(s->w) < 0 ? " engine=failed"
+                                             : " loading");
 }
 
 static void on_wake(uv_async_t *a) {
@@ -419,10 +503,10 @@ static void on_term(uv_signal_t *sig, int signum) {
     if (s->cl) api_quiesce_work(s->api);
     else api_quiesce(s->api);
     worker_stop(s->w);
-    uv_stop(s->loop);   /* serve_main joins the engine thread (it finishes its job) */
+    uv_stop(s->loop); /* serve_main joins the engine thread (it finishes its job) */
 }
 
-#define API_KEY_FILE_MAX 512        /* the key and its NUL: api/http's compare buffer */
+#define API_KEY_FILE_MAX 512 /* the key and its NUL: api/http's compare buffer */
 static int read_key_file(const char *path, char *key, size_t n, char *why, size_t wl);
 
 static void on_hup(uv_signal_t *sig, int signum) {
@@ -443,7 +527,7 @@ static void on_hup(uv_signal_t *sig, int signum) {
         api_set_limits(s->api, &l);
         for (int i = 0; i < N_OPTS; i++)
             if (opts[i].reloadable) memcpy((char *)&s->o + opts[i].off, (char *)&n + opts[i].off, opts[i].size);
-        if (s->o.api_key_file[0]) {         /* a rotated key takes effect now; a bad file keeps the old */
+        if (s->o.api_key_file[0]) { /* a rotated key takes effect now; a bad file keeps the old */
             char key[API_KEY_FILE_MAX];
             if (read_key_file(s->o.api_key_file, key, sizeof key, why, sizeof why)) {
                 char esc[1300];
@@ -454,7 +538,8 @@ static void on_hup(uv_signal_t *sig, int signum) {
             }
             memset(key, 0, sizeof key);
         }
-        log_event(LOG_INFO, "reloaded", "\"log_level\":\"%s\",\"max_n\":%lld,\"max_tokens\":%lld,\"max_queued_jobs\":%lld,\"max_body_bytes\":%lld",
+        log_event(LOG_INFO, "reloaded",
+                  "\"log_level\":\"%s\",\"max_n\":%lld,\"max_tokens\":%lld,\"max_queued_jobs\":%lld,\"max_body_bytes\":%lld",
                   n.log_level, n.max_n, n.max_tokens, n.max_queued_jobs, n.max_body_bytes);
     }
     sdn_notify("READY=1");
@@ -473,12 +558,18 @@ static void on_worker_notify(void *ud) { uv_async_send((uv_async_t *)ud); }
 
 static int read_key_file(const char *path, char *key, size_t n, char *why, size_t wl) {
     FILE *f = fopen(path, "r");
-    if (!f) { snprintf(why, wl, "--api-key-file %s: %s", path, strerror(errno)); return -1; }
+    if (!f) {
+        snprintf(why, wl, "--api-key-file %s: %s", path, strerror(errno));
+        return -1;
+    }
     char buf[1024] = "";
     if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
     fclose(f);
     char *k = trim(buf);
-    if (strlen(k) < 8 || strlen(k) >= n) { snprintf(why, wl, "--api-key-file %s: the key must be 8..%zu characters on the first line", path, n - 1); return -1; }
+    if (strlen(k) < 8 || strlen(k) >= n) {
+        snprintf(why, wl, "--api-key-file %s: the key must be 8..%zu characters on the first line", path, n - 1);
+        return -1;
+    }
     snprintf(key, n, "%s", k);
     return 0;
 }
@@ -489,16 +580,21 @@ static int lock_data_dir(const char *dir, char *why, size_t wl) {
     char path[1100];
     snprintf(path, sizeof path, "%s/grpod.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) { snprintf(why, wl, "cannot open %s: %s", path, strerror(errno)); return -1; }
+    if (fd < 0) {
+        snprintf(why, wl, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
     if (flock(fd, LOCK_EX | LOCK_NB)) {
-        snprintf(why, wl, "--data-dir %.400s is in use by another grpod (%.500s is locked%s); stop it first or use another --data-dir",
+        snprintf(why, wl,
+                 "--data-dir %.400s is in use by another grpod (%.500s is locked%s); stop it first or use another --data-dir",
                  dir, path, errno == EWOULDBLOCK ? "" : ": cannot lock");
         close(fd);
         return -1;
     }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is informational */ }
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) { /* the pid is informational */
+    }
     return fd;
 }
 
@@ -521,10 +617,12 @@ static int claim_data_dir(const char *dir) {
 static int port_in_use(const struct sockaddr_storage *ss, int sl, char *why, size_t wl) {
     int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     if (fd < 0) return 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);   /* as the listener: TIME_WAIT is no user */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as the listener: TIME_WAIT is no user */
     int busy = bind(fd, (const struct sockaddr *)ss, (socklen_t)sl) && errno == EADDRINUSE;
     close(fd);
-    if (busy) snprintf(why, wl, "cannot listen: the address is in use by another process (another grpod?); stop it or pick another --listen");
+    if (busy)
+        snprintf(why, wl,
+                 "cannot listen: the address is in use by another process (another grpod?); stop it or pick another --listen");
     return busy;
 }
 
@@ -532,7 +630,10 @@ static int port_in_use(const struct sockaddr_storage *ss, int sl, char *why, siz
 static int listen_host(const char *listen, char *out, size_t n) {
     const char *h = listen, *e = strrchr(listen, ':');
     if (!e) return -1;
-    if (*h == '[') { h++; if (e > h && e[-1] == ']') e--; }
+    if (*h == '[') {
+        h++;
+        if (e > h && e[-1] == ']') e--;
+    }
     size_t l = (size_t)(e - h);
     if (!l || l >= n) return -1;
     memcpy(out, h, l);
@@ -546,10 +647,16 @@ static int serve_follow(const serve_opts *o, const char *key) {
     sdn_init();
     int lock_fd = claim_data_dir(o->data_dir);
     if (lock_fd < 0) return 1;
-    follow_config fc = {.url = o->join, .api_key = key, .data_dir = o->data_dir, .model_dir = o->model,
-                        .backend = o->backend, .optimizer_offload = o->optimizer_offload,
-                        .ranks = o->n_gpus ? o->n_gpus : (int)o->ranks, .devices = o->n_gpus ? o->gpu_dev : NULL,
-                        .n_threads = (int)o->engine_threads, .kv_budget_mib = o->kv_budget_mib};
+    follow_config fc = {.url = o->join,
+                        .api_key = key,
+                        .data_dir = o->data_dir,
+                        .model_dir = o->model,
+                        .backend = o->backend,
+                        .optimizer_offload = o->optimizer_offload,
+                        .ranks = o->n_gpus ? o->n_gpus : (int)o->ranks,
+                        .devices = o->n_gpus ? o->gpu_dev : NULL,
+                        .n_threads = (int)o->engine_threads,
+                        .kv_budget_mib = o->kv_budget_mib};
     int rc = follow_main(&fc);
     close(lock_fd);
     return rc;
@@ -563,7 +670,10 @@ int serve_main(int argc, char **argv) {
         fprintf(stderr, "grpod serve: %s\n", why);
         return 2;
     }
-    if (help) { usage(stdout); return 0; }
+    if (help) {
+        usage(stdout);
+        return 0;
+    }
     if (check_ranks(&s.o, why, sizeof why)) {
         fprintf(stderr, "grpod serve: %s\n", why);
         return 2;
@@ -574,12 +684,17 @@ int serve_main(int argc, char **argv) {
 
     struct sockaddr_storage ss;
     int sl, loopback;
-    if (api_parse_listen(s.o.listen, &ss, &sl, &loopback)) { fprintf(stderr, "grpod serve: %s\n", err_msg()); return 2; }
+    if (api_parse_listen(s.o.listen, &ss, &sl, &loopback)) {
+        fprintf(stderr, "grpod serve: %s\n", err_msg());
+        return 2;
+    }
     if (!loopback && !s.o.api_key_file[0] && !s.o.insecure_no_auth) {
-        fprintf(stderr, "grpod serve: refusing to listen on %s (not loopback) without authentication.\n"
-                        "  Fix: put a secret in a file and pass --api-key-file FILE (clients then send\n"
-                        "  Authorization: Bearer <key>), or listen on 127.0.0.1, or pass --insecure-no-auth\n"
-                        "  if something in front of grpod authenticates.\n", s.o.listen);
+        fprintf(stderr,
+                "grpod serve: refusing to listen on %s (not loopback) without authentication.\n"
+                "  Fix: put a secret in a file and pass --api-key-file FILE (clients then send\n"
+                "  Authorization: Bearer <key>), or listen on 127.0.0.1, or pass --insecure-no-auth\n"
+                "  if something in front of grpod authenticates.\n",
+                s.o.listen);
         return 2;
     }
     if (s.o.api_key_file[0] && read_key_file(s.o.api_key_file, key, sizeof key, why, sizeof why)) {
@@ -591,19 +706,27 @@ int serve_main(int argc, char **argv) {
     if (s.o.followers > 0) {
         if (s.o.cluster_host[0]) snprintf(cluster_host, sizeof cluster_host, "%s", s.o.cluster_host);
         else if (listen_host(s.o.listen, cluster_host, sizeof cluster_host)) {
-            fprintf(stderr, "grpod serve: --followers with --listen %s: pass --cluster-host, the address of this host the "
-                            "followers' ranks connect to\n", s.o.listen);
+            fprintf(stderr,
+                    "grpod serve: --followers with --listen %s: pass --cluster-host, the address of this host the "
+                    "followers' ranks connect to\n",
+                    s.o.listen);
             return 2;
         }
     }
-    if (!loopback && !key[0]) log_event(LOG_WARN, "insecure_no_auth", "\"listen\":\"%s\",\"note\":\"serving a non-loopback address without an API key\"", s.o.listen);
+    if (!loopback && !key[0])
+        log_event(LOG_WARN, "insecure_no_auth",
+                  "\"listen\":\"%s\",\"note\":\"serving a non-loopback address without an API key\"", s.o.listen);
     json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
     sdn_init();
     if (sdn_init_note()[0]) log_event(LOG_WARN, "sd_notify", "\"note\":%s", log_str(esc, sizeof esc, sdn_init_note()));
 
-    int lock_fd = claim_data_dir(s.o.data_dir);     /* the database, checkpoints and directories: 0600 / 0700 */
+    int lock_fd = claim_data_dir(s.o.data_dir); /* the database, checkpoints and directories: 0600 / 0700 */
     if (lock_fd < 0) return 1;
-    if (port_in_use(&ss, sl, why, sizeof why)) { fprintf(stderr, "grpod serve: %s\n", why); close(lock_fd); return 1; }
+    if (port_in_use(&ss, sl, why, sizeof why)) {
+        fprintf(stderr, "grpod serve: %s\n", why);
+        close(lock_fd);
+        return 1;
+    }
     /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
     /* a disk that filled while grpod was down: the reserve gives the store room to open */
     char resc[700];
@@ -628,21 +751,34 @@ int serve_main(int argc, char **argv) {
     s.loop = uv_default_loop();
     uv_async_init(s.loop, &s.wake, on_wake);
     s.wake.data = &s;
-    api_config ac = {.listen = s.o.listen, .data_dir = s.o.data_dir, .api_key = key[0] ? key : NULL,
-                     .allowed_hosts = s.o.allowed_hosts, .allowed_origins = s.o.allowed_origins,
-                     .threads = (int)s.o.http_threads, .max_wait_s = 60,
-                     .max_connections = (int)s.o.max_connections, .max_per_client = (int)s.o.max_connections_per_client,
+    api_config ac = {.listen = s.o.listen,
+                     .data_dir = s.o.data_dir,
+                     .api_key = key[0] ? key : NULL,
+                     .allowed_hosts = s.o.allowed_hosts,
+                     .allowed_origins = s.o.allowed_origins,
+                     .threads = (int)s.o.http_threads,
+                     .max_wait_s = 60,
+                     .max_connections = (int)s.o.max_connections,
+                     .max_per_client = (int)s.o.max_connections_per_client,
                      .request_timeout_s = (double)s.o.request_timeout};
     limits_of(&s.o, &ac.limits);
-    worker_config wc = {.data_dir = s.o.data_dir, .model_dir = s.o.model, .backend = s.o.backend,
+    worker_config wc = {.data_dir = s.o.data_dir,
+                        .model_dir = s.o.model,
+                        .backend = s.o.backend,
                         .optimizer_offload = s.o.optimizer_offload,
                         .n_threads = (int)s.o.engine_threads,
-                        .ranks = s.o.n_gpus ? s.o.n_gpus : (int)s.o.ranks, .devices = s.o.n_gpus ? s.o.gpu_dev : NULL,
+                        .ranks = s.o.n_gpus ? s.o.n_gpus : (int)s.o.ranks,
+                        .devices = s.o.n_gpus ? s.o.gpu_dev : NULL,
                         .checkpoint_on_exit = s.o.checkpoint_on_exit,
-                        .kv_budget_mib = s.o.kv_budget_mib, .lora_rank = (int)s.o.lora_rank,
-                        .lora_alpha = (float)s.o.lora_alpha, .lora_targets = s.o.lora_targets, .lora_init = s.o.lora_init,
-                        .keep_checkpoints = s.o.keep_checkpoints, .retain_jobs = s.o.retain_jobs,
-                        .notify = on_worker_notify, .ud = &s.wake};
+                        .kv_budget_mib = s.o.kv_budget_mib,
+                        .lora_rank = (int)s.o.lora_rank,
+                        .lora_alpha = (float)s.o.lora_alpha,
+                        .lora_targets = s.o.lora_targets,
+                        .lora_init = s.o.lora_init,
+                        .keep_checkpoints = s.o.keep_checkpoints,
+                        .retain_jobs = s.o.retain_jobs,
+                        .notify = on_worker_notify,
+                        .ud = &s.wake};
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
         goto fail_api;
@@ -652,8 +788,12 @@ int serve_main(int argc, char **argv) {
     uv_async_init(s.loop, &s.restart, on_restart);
     s.restart.data = &s;
     if (s.o.followers > 0) {
-        cluster_config cc = {.followers = (int)s.o.followers, .host = cluster_host, .lost_s = (double)s.o.follower_timeout,
-                             .api = s.api, .on_restart = on_cluster_restart, .ud = &s.restart};
+        cluster_config cc = {.followers = (int)s.o.followers,
+                             .host = cluster_host,
+                             .lost_s = (double)s.o.follower_timeout,
+                             .api = s.api,
+                             .on_restart = on_cluster_restart,
+                             .ud = &s.restart};
         if (cluster_open(&cc, &s.cl)) {
             log_event(LOG_ERROR, "cluster_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
             goto fail_worker;
@@ -668,10 +808,18 @@ int serve_main(int argc, char **argv) {
     /* the api's submit hook needs the worker, which needs the api: wire it now */
     api_set_submit_hook(s.api, on_job_submitted, s.w);
 
-    uv_signal_init(s.loop, &s.sig_term); s.sig_term.data = &s; uv_signal_start(&s.sig_term, on_term, SIGTERM);
-    uv_signal_init(s.loop, &s.sig_int); s.sig_int.data = &s; uv_signal_start(&s.sig_int, on_term, SIGINT);
-    uv_signal_init(s.loop, &s.sig_hup); s.sig_hup.data = &s; uv_signal_start(&s.sig_hup, on_hup, SIGHUP);
-    uv_timer_init(s.loop, &s.tick); s.tick.data = &s; uv_timer_start(&s.tick, on_tick, 200, 200);
+    uv_signal_init(s.loop, &s.sig_term);
+    s.sig_term.data = &s;
+    uv_signal_start(&s.sig_term, on_term, SIGTERM);
+    uv_signal_init(s.loop, &s.sig_int);
+    s.sig_int.data = &s;
+    uv_signal_start(&s.sig_int, on_term, SIGINT);
+    uv_signal_init(s.loop, &s.sig_hup);
+    s.sig_hup.data = &s;
+    uv_signal_start(&s.sig_hup, on_hup, SIGHUP);
+    uv_timer_init(s.loop, &s.tick);
+    s.tick.data = &s;
+    uv_timer_start(&s.tick, on_tick, 200, 200);
     unsigned long long wd = sdn_watchdog_usec();
     uv_timer_init(s.loop, &s.watchdog);
     s.watchdog.data = &s;

@@ -42,8 +42,7 @@ static int usage_error(const char *cmd, const char *usage, const char *what) {
 /* getopt_long over argv (argv[0] is the command), as daemon/main.c's commands parse theirs.
  * Returns the next option's val, -1 at the end, or '?' after printing the usage error for an
  * unknown or incomplete option or a stray argument. */
-static int next_opt(int argc, char **argv, const struct option *lo, const char *cmd, const char *usage,
-                    int *status) {
+static int next_opt(int argc, char **argv, const struct option *lo, const char *cmd, const char *usage, int *status) {
     opterr = 0;
     int c = getopt_long(argc, argv, "h", lo, NULL);
     const char *bad = c == '?' ? argv[optind - 1] : c == -1 && optind < argc ? argv[optind] : NULL;
@@ -67,7 +66,11 @@ static char *read_all(FILE *f, size_t *len) {
         n += fread(buf + n, 1, cap - n - 1, f);
         if (n < cap - 1) break;
         char *nb = realloc(buf, cap *= 2);
-        if (!nb) { free(buf); buf = NULL; break; }
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
         buf = nb;
     }
     if (buf) buf[n] = 0;
@@ -76,7 +79,11 @@ static char *read_all(FILE *f, size_t *len) {
 }
 
 /* Lines of stdin as JSON strings, parsed into one array of (text, len). */
-typedef struct { char **s; size_t *len; int n; } lines;
+typedef struct {
+    char **s;
+    size_t *len;
+    int n;
+} lines;
 
 static int read_jsonl_strings(lines *L) {
     char *line = NULL;
@@ -100,10 +107,18 @@ static int read_jsonl_strings(lines *L) {
             cap_n = cap_n ? cap_n * 2 : 256;
             L->s = realloc(L->s, (size_t)cap_n * sizeof *L->s);
             L->len = realloc(L->len, (size_t)cap_n * sizeof *L->len);
-            if (!L->s || !L->len) { js_doc_free(doc); free(line); return err_set(GE_NOMEM, "out of memory"); }
+            if (!L->s || !L->len) {
+                js_doc_free(doc);
+                free(line);
+                return err_set(GE_NOMEM, "out of memory");
+            }
         }
         L->s[L->n] = malloc((size_t)v->n + 1);
-        if (!L->s[L->n]) { js_doc_free(doc); free(line); return err_set(GE_NOMEM, "out of memory"); }
+        if (!L->s[L->n]) {
+            js_doc_free(doc);
+            free(line);
+            return err_set(GE_NOMEM, "out of memory");
+        }
         memcpy(L->s[L->n], v->str, (size_t)v->n + 1);
         L->len[L->n++] = (size_t)v->n;
         js_doc_free(doc);
@@ -114,13 +129,17 @@ static int read_jsonl_strings(lines *L) {
 
 static void lines_free(lines *L) {
     for (int i = 0; i < L->n; i++) free(L->s[i]);
-    free(L->s); free(L->len);
+    free(L->s);
+    free(L->len);
 }
 
 static int run_jsonl(const tok *t, int add_special, int parse_special, int bench) {
     lines L;
     int rc = read_jsonl_strings(&L);
-    if (rc) { lines_free(&L); return rc; }
+    if (rc) {
+        lines_free(&L);
+        return rc;
+    }
     if (bench > 0) {
         size_t bytes = 0;
         long long ntok = 0;
@@ -130,17 +149,24 @@ static int run_jsonl(const tok *t, int add_special, int parse_special, int bench
             for (int i = 0; i < L.n && !rc; i++) {
                 int *ids, n;
                 rc = tok_encode(t, L.s[i], L.len[i], add_special, parse_special, &ids, &n);
-                if (!rc) { ntok += n; free(ids); }
+                if (!rc) {
+                    ntok += n;
+                    free(ids);
+                }
             }
         double dt = clock_mono_s() - t0;
         if (!rc)
             printf("{\"lines\": %d, \"bytes\": %zu, \"repeats\": %d, \"tokens\": %lld, \"seconds\": %.4f, "
-                   "\"mb_per_s\": %.3f}\n", L.n, bytes, bench, ntok, dt, (double)bytes * bench / dt / 1e6);
+                   "\"mb_per_s\": %.3f}\n",
+                   L.n, bytes, bench, ntok, dt, (double)bytes * bench / dt / 1e6);
     } else {
         for (int i = 0; i < L.n && !rc; i++) {
             int *ids, n;
             rc = tok_encode(t, L.s[i], L.len[i], add_special, parse_special, &ids, &n);
-            if (!rc) { write_ids(stdout, ids, n); free(ids); }
+            if (!rc) {
+                write_ids(stdout, ids, n);
+                free(ids);
+            }
         }
     }
     lines_free(&L);
@@ -151,11 +177,12 @@ int tok_cli_tokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "tokenize", *model = NULL, *text = NULL;
     int jsonl = 0, parse_special = 1, add_special = 1, bench = 0, c, st = 0;
     static const struct option lo[] = {
-        {"help", no_argument, 0, 'h'}, {"model", required_argument, 0, 'm'}, {"text", required_argument, 0, 't'},
-        {"bench", required_argument, 0, 'b'}, {"jsonl", no_argument, 0, 'j'}, {"no-special", no_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},           {"model", required_argument, 0, 'm'},
+        {"text", required_argument, 0, 't'},     {"bench", required_argument, 0, 'b'},
+        {"jsonl", no_argument, 0, 'j'},          {"no-special", no_argument, 0, 's'},
         {"no-add-special", no_argument, 0, 'a'}, {0, 0, 0, 0},
     };
-    optind = 0;                 /* glibc: start over (tests call this more than once) */
+    optind = 0; /* glibc: start over (tests call this more than once) */
     while ((c = next_opt(argc, argv, lo, cmd, tokenize_usage, &st)) != -1) {
         switch (c) {
         case 'h': fputs(tokenize_usage, stdout); return 0;
@@ -172,7 +199,10 @@ int tok_cli_tokenize(int argc, char **argv) {
     if (bench && !jsonl) return usage_error(cmd, tokenize_usage, "--bench needs --jsonl");
     tok *t;
     int rc = tok_load(model, &t);
-    if (rc) { fprintf(stderr, "grpod %s: %s\n", cmd, err_msg()); return 1; }
+    if (rc) {
+        fprintf(stderr, "grpod %s: %s\n", cmd, err_msg());
+        return 1;
+    }
     if (jsonl) {
         rc = run_jsonl(t, add_special, parse_special, bench);
     } else {
@@ -181,11 +211,17 @@ int tok_cli_tokenize(int argc, char **argv) {
         int *ids, n;
         if (!text && !buf) rc = err_set(GE_NOMEM, "out of memory reading stdin");
         else rc = tok_encode(t, text ? text : buf, len, add_special, parse_special, &ids, &n);
-        if (!rc) { write_ids(stdout, ids, n); free(ids); }
+        if (!rc) {
+            write_ids(stdout, ids, n);
+            free(ids);
+        }
         free(buf);
     }
     tok_free(t);
-    if (rc) { fprintf(stderr, "grpod %s: %s\n", cmd, err_msg()); return 1; }
+    if (rc) {
+        fprintf(stderr, "grpod %s: %s\n", cmd, err_msg());
+        return 1;
+    }
     return fflush(stdout) ? 1 : 0;
 }
 
@@ -196,7 +232,10 @@ static int parse_ids(const char *s, int **ids, int *n) {
     *ids = malloc((size_t)cap * sizeof **ids);
     if (!*ids) return err_set(GE_NOMEM, "out of memory");
     while (*s) {
-        if (*s == ',' || *s == ' ' || *s == '[' || *s == ']' || *s == '\n' || *s == '\t' || *s == '\r') { s++; continue; }
+        if (*s == ',' || *s == ' ' || *s == '[' || *s == ']' || *s == '\n' || *s == '\t' || *s == '\r') {
+            s++;
+            continue;
+        }
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s || v < 0 || v > 1 << 30) return err_set(GE_INVALID, "bad token id near \"%.20s\"", s);
@@ -224,8 +263,10 @@ static int detok_one(const tok *t, const char *list, int skip, int as_json, int 
     if (!rc) rc = tok_decode(t, ids, n, skip, &text, &len);
     free(ids);
     if (rc) return rc;
-    if (as_json) { js_write_str(stdout, text, len); fputc('\n', stdout); }
-    else fwrite(text, 1, len, stdout);
+    if (as_json) {
+        js_write_str(stdout, text, len);
+        fputc('\n', stdout);
+    } else fwrite(text, 1, len, stdout);
     free(text);
     return 0;
 }
@@ -234,7 +275,7 @@ int tok_cli_detokenize(int argc, char **argv) {
     const char *cmd = argc > 0 ? argv[0] : "detokenize", *model = NULL, *idlist = NULL;
     int jsonl = 0, skip = 0, c, st = 0;
     static const struct option lo[] = {
-        {"help", no_argument, 0, 'h'}, {"model", required_argument, 0, 'm'}, {"ids", required_argument, 0, 'i'},
+        {"help", no_argument, 0, 'h'},  {"model", required_argument, 0, 'm'},  {"ids", required_argument, 0, 'i'},
         {"jsonl", no_argument, 0, 'j'}, {"skip-special", no_argument, 0, 's'}, {0, 0, 0, 0},
     };
     optind = 0;
@@ -252,13 +293,19 @@ int tok_cli_detokenize(int argc, char **argv) {
     if (!idlist && !jsonl) return usage_error(cmd, detokenize_usage, "--ids LIST or --jsonl is required");
     tok *t;
     int rc = tok_load(model, &t);
-    if (rc) { fprintf(stderr, "grpod %s: %s\n", cmd, err_msg()); return 1; }
+    if (rc) {
+        fprintf(stderr, "grpod %s: %s\n", cmd, err_msg());
+        return 1;
+    }
     int vocab = 0;
     char cfg[1100];
     snprintf(cfg, sizeof cfg, "%s/config.json", model);
     js_doc *doc;
     const js *root;
-    if (!js_parse_file(cfg, &doc, &root)) { vocab = (int)js_get_num(root, "vocab_size", 0); js_doc_free(doc); }
+    if (!js_parse_file(cfg, &doc, &root)) {
+        vocab = (int)js_get_num(root, "vocab_size", 0);
+        js_doc_free(doc);
+    }
     err_clear();
     if (jsonl) {
         char *line = NULL;
@@ -270,6 +317,9 @@ int tok_cli_detokenize(int argc, char **argv) {
         if (!rc) fputc('\n', stdout);
     }
     tok_free(t);
-    if (rc) { fprintf(stderr, "grpod %s: %s\n", cmd, err_msg()); return 1; }
+    if (rc) {
+        fprintf(stderr, "grpod %s: %s\n", cmd, err_msg());
+        return 1;
+    }
     return fflush(stdout) ? 1 : 0;
 }

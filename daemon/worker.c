@@ -13,7 +13,7 @@
  * one transaction, and when that commit fails the update is taken back (eng_update_undo) and
  * the job requeued — or, when even that cannot be written, the daemon stops taking work (503)
  * and the next start recovers by replay. */
-#define _GNU_SOURCE                 /* sched_getaffinity */
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "daemon/worker.h"
 
 #include <dirent.h>
@@ -46,23 +46,23 @@ struct worker {
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int pending;                    /* wakes since the last claim attempt */
+    int pending; /* wakes since the last claim attempt */
     _Atomic int stop, ready;
-    _Atomic int finished;           /* thread_main returned (or is about to) */
+    _Atomic int finished; /* thread_main returned (or is about to) */
     _Atomic long long beat_ns, policy_version;
-    eng *e;                         /* rank 0's engine */
-    ranks *rk;                      /* every rank; ranks 1..W-1 on their own threads (ranks.h) */
+    eng *e; /* rank 0's engine */
+    ranks *rk; /* every rank; ranks 1..W-1 on their own threads (ranks.h) */
     store *st;
-    const char *cur_job;            /* engine thread only */
+    const char *cur_job; /* engine thread only */
     double last_progress_store;
-    eng_sched *sched;               /* rank 0's rollouts in flight (engine thread only) */
-    struct flight *flights;         /* their jobs, in claim order */
-    store_job held;                 /* an update/checkpoint waiting for the rollouts to finish */
+    eng_sched *sched; /* rank 0's rollouts in flight (engine thread only) */
+    struct flight *flights; /* their jobs, in claim order */
+    store_job held; /* an update/checkpoint waiting for the rollouts to finish */
     int have_held;
-    long long kv_rows;              /* the pool's rows, for the API's size check */
-    long long saved_version;        /* policy version of the newest checkpoint */
-    int halted;                     /* the store cannot be trusted: claim nothing (503) */
-    int since_retain;               /* outcomes stored since the last retention pass */
+    long long kv_rows; /* the pool's rows, for the API's size check */
+    long long saved_version; /* policy version of the newest checkpoint */
+    int halted; /* the store cannot be trusted: claim nothing (503) */
+    int since_retain; /* outcomes stored since the last retention pass */
 };
 
 static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
@@ -94,7 +94,10 @@ static void maybe_hang(worker *w, long long t0) {
     }
 }
 #else
-static void maybe_hang(worker *w, long long t0) { (void)w; (void)t0; }
+static void maybe_hang(worker *w, long long t0) {
+    (void)w;
+    (void)t0;
+}
 #endif
 
 static void on_progress(void *ud, double fraction) {
@@ -179,11 +182,12 @@ static int replay(worker *w) {
                  (long long)atomic_load(&w->policy_version));
         api_set_loading(w->cfg.api, why);
         err_clear();
-        if (!strcmp(js[i].payload, "{}"))   /* prune_inputs: both checkpoints that covered it are unusable */
-            rc = err_set(GE_INTERNAL, "its inputs were dropped when two checkpoints covered version %lld, and "
-                         "neither can be resumed now", js[i].policy_version);
-        else
-            rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &js[i], &res);
+        if (!strcmp(js[i].payload, "{}")) /* prune_inputs: both checkpoints that covered it are unusable */
+            rc = err_set(GE_INTERNAL,
+                         "its inputs were dropped when two checkpoints covered version %lld, and "
+                         "neither can be resumed now",
+                         js[i].policy_version);
+        else rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, &js[i], &res);
         free(res);
         update_version(w);
         if (rc) {
@@ -200,8 +204,9 @@ static int replay(worker *w) {
         log_event(LOG_INFO, "replay_progress", "\"id\":\"%s\",\"done\":%d,\"of\":%d,\"policy_version\":%lld", js[i].id, i + 1, n,
                   (long long)atomic_load(&w->policy_version));
     }
-    if (n && !rc) log_event(LOG_INFO, "replay_done", "\"updates\":%d,\"policy_version\":%lld,\"ms\":%.0f", n,
-                            (long long)atomic_load(&w->policy_version), ((double)clock_mono_ns() - t0) / 1e6);
+    if (n && !rc)
+        log_event(LOG_INFO, "replay_done", "\"updates\":%d,\"policy_version\":%lld,\"ms\":%.0f", n,
+                  (long long)atomic_load(&w->policy_version), ((double)clock_mono_ns() - t0) / 1e6);
     store_jobs_free(js, n);
     return rc;
 }
@@ -224,18 +229,24 @@ static int open_engine(worker *w) {
     remove_temporaries(w);
     latest_checkpoint(w, resume, sizeof resume, &w->saved_version);
     int threads = w->cfg.n_threads > 0 ? w->cfg.n_threads : worker_default_threads();
-    eng_open_opts o = {.model_dir = model, .backend = w->backend, .resume_dir = resume[0] ? resume : NULL,
+    eng_open_opts o = {.model_dir = model,
+                       .backend = w->backend,
+                       .resume_dir = resume[0] ? resume : NULL,
                        .n_threads = threads / W > 0 ? threads / W : 1,
-                       .lora_rank = w->cfg.lora_rank, .lora_alpha = w->cfg.lora_alpha, .lora_targets = w->lora_targets,
-                       .lora_init = w->lora_init, .optimizer_offload = w->optimizer_offload};
+                       .lora_rank = w->cfg.lora_rank,
+                       .lora_alpha = w->cfg.lora_alpha,
+                       .lora_targets = w->lora_targets,
+                       .lora_init = w->lora_init,
+                       .optimizer_offload = w->optimizer_offload};
     eng_sched_opts so = {.kv_bytes = w->cfg.kv_budget_mib << 20};
-    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d,\"ranks\":%d", model,
-              w->backend, resume, o.n_threads, W);
+    log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d,\"ranks\":%d",
+              model, w->backend, resume, o.n_threads, W);
     double t0 = (double)clock_mono_ns();
     ranks *rk;
     ranks_world wd, *world = NULL;
-    if (w->cfg.cluster) {           /* the followers' ranks join ours: one communicator for the world */
-        if ((rc = cluster_form(w->cfg.cluster, W, eng_backend_resolve(w->backend), resume[0] ? resume : NULL, &w->stop, &wd))) return rc;
+    if (w->cfg.cluster) { /* the followers' ranks join ours: one communicator for the world */
+        if ((rc = cluster_form(w->cfg.cluster, W, eng_backend_resolve(w->backend), resume[0] ? resume : NULL, &w->stop, &wd)))
+            return rc;
         world = &wd;
     }
     if ((rc = ranks_start(W, &o, w->cfg.devices, &so, on_rank_event, w, world, &rk))) return rc;
@@ -333,7 +344,8 @@ static void store_outcome(worker *w, const store_job *j, int rc, const char *res
                   err_name(rc), log_str(esc, sizeof esc, err_msg()));
         if (rc == GE_CUDA) api_set_failed(w->cfg.api, err_msg());
     }
-    if (src) log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+    if (src)
+        log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
 }
 
 /* Drops the stored inputs of done updates that two checkpoints cover: a start resumes from the
@@ -358,7 +370,11 @@ static void prune_inputs(worker *w) {
 static void checkpoint_saved(worker *w) {
     update_version(w);
     w->saved_version = atomic_load(&w->policy_version);
-    if (w->cfg.keep_checkpoints <= 0) { prune_inputs(w); retain(w, 1); return; }
+    if (w->cfg.keep_checkpoints <= 0) {
+        prune_inputs(w);
+        retain(w, 1);
+        return;
+    }
     store_ckpt *cks = NULL;
     int nc = 0;
     if (store_checkpoint_list(w->st, &cks, &nc)) return;
@@ -390,8 +406,7 @@ static void run_one(worker *w, store_job *j) {
     int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
     if (cancelled) {
         if (store_mark_cancelled(w->st, j->id))
-            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id,
-                      log_str(esc, sizeof esc, err_msg()));
+            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
         log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
     } else {
         if (rc == 0 && !strcmp(j->kind, "checkpoint")) test_hook_kill("checkpoint_indexed");
@@ -421,10 +436,14 @@ static void publish_sched(worker *w) {
     metrics_sched_gauges per[RANKS_MAX], all = {0};
     int W = ranks_stats(w->rk, st, RANKS_MAX);
     for (int r = 0; r < W; r++) {
-        per[r] = (metrics_sched_gauges){ .jobs = st[r].jobs, .running_groups = st[r].running_groups,
-                                         .running_responses = st[r].running_responses, .waiting_groups = st[r].waiting_groups,
-                                         .kv_rows_used = st[r].rows_used, .kv_rows_capacity = st[r].rows_cap,
-                                         .kv_row_bytes = st[r].row_bytes, .steps = st[r].steps };
+        per[r] = (metrics_sched_gauges){.jobs = st[r].jobs,
+                                        .running_groups = st[r].running_groups,
+                                        .running_responses = st[r].running_responses,
+                                        .waiting_groups = st[r].waiting_groups,
+                                        .kv_rows_used = st[r].rows_used,
+                                        .kv_rows_capacity = st[r].rows_cap,
+                                        .kv_row_bytes = st[r].row_bytes,
+                                        .steps = st[r].steps};
         all.running_groups += per[r].running_groups;
         all.running_responses += per[r].running_responses;
         all.waiting_groups += per[r].waiting_groups;
@@ -453,7 +472,7 @@ static void flight_start(worker *w, store_job *j) {
         job_changed(w);
         return;
     }
-    f->job = *j;                    /* takes over the payload */
+    f->job = *j; /* takes over the payload */
     memset(j, 0, sizeof *j);
     f->t0 = clock_mono_s();
     flight **pp = &w->flights;
@@ -493,7 +512,7 @@ static void flights_poll(worker *w) {
             store_outcome(w, &f->job, st == 1 ? 0 : st, result, (now - f->t0) * 1e3, -1);
         }
         free(result);
-        jobs_rollout_free(f->r);    /* a cancelled one stops here: its rows are freed */
+        jobs_rollout_free(f->r); /* a cancelled one stops here: its rows are freed */
         store_job_clear(&f->job);
         *pp = f->next;
         free(f);
@@ -580,11 +599,14 @@ static int disk_plan(worker *w, const eng_info *in) {
     long long ckpt = 12 * (in->lora_rank ? in->lora_params : in->n_params);
     struct statvfs sv;
     long long avail = statvfs(w->data_dir, &sv) ? -1 : (long long)sv.f_bavail * (long long)sv.f_frsize;
-    log_event(LOG_INFO, "disk_plan", "\"checkpoint_mib\":%lld,\"available_mib\":%lld,\"keep_checkpoints\":%lld,"
-              "\"checkpoint_on_exit\":%s", ckpt >> 20, avail < 0 ? -1 : avail >> 20, (long long)w->cfg.keep_checkpoints,
+    log_event(LOG_INFO, "disk_plan",
+              "\"checkpoint_mib\":%lld,\"available_mib\":%lld,\"keep_checkpoints\":%lld,"
+              "\"checkpoint_on_exit\":%s",
+              ckpt >> 20, avail < 0 ? -1 : avail >> 20, (long long)w->cfg.keep_checkpoints,
               w->cfg.checkpoint_on_exit ? "true" : "false");
     if (w->cfg.checkpoint_on_exit && avail >= 0 && avail < ckpt)
-        return err_set(GE_IO, "a checkpoint of this model needs about %lld MiB on %s's disk and %lld MiB are free: free space, "
+        return err_set(GE_IO,
+                       "a checkpoint of this model needs about %lld MiB on %s's disk and %lld MiB are free: free space, "
                        "move --data-dir, or pass --checkpoint-on-exit=false (and checkpoint where there is room)",
                        ckpt >> 20, w->data_dir, avail >> 20);
     return 0;
@@ -653,7 +675,7 @@ static void *thread_main(void *arg) {
                 beat(w);
                 publish_sched(w);
             } else if (w->flights) {
-                publish_sched(w);           /* the peers' steps */
+                publish_sched(w); /* the peers' steps */
             }
             if (w->flights) flights_poll(w);
             /* peers wake this thread (on_rank_event) when a part ends */

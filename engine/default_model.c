@@ -51,8 +51,21 @@ int eng_ensure_default_model(const char *dir) {
     if (!rc) rc = write_str(tmp, "tokenizer_config.json", tc);
     if (!rc) rc = tok_load(tmp, &t);
     model_config c = {
-        .arch = ARCH_QWEN3, .arch_name = "qwen3", .L = 4, .C = 128, .H = 4, .K = 2, .D = 32, .F = 384,
-        .max_pos = 4096, .eps = 1e-6f, .rope_theta = 1e6f, .tied = 1, .qk_norm = 1, .bos_id = -1, .dtype = "float32",
+        .arch = ARCH_QWEN3,
+        .arch_name = "qwen3",
+        .L = 4,
+        .C = 128,
+        .H = 4,
+        .K = 2,
+        .D = 32,
+        .F = 384,
+        .max_pos = 4096,
+        .eps = 1e-6f,
+        .rope_theta = 1e6f,
+        .tied = 1,
+        .qk_norm = 1,
+        .bos_id = -1,
+        .dtype = "float32",
     };
     if (!rc) {
         c.V = tok_vocab_size(t);
@@ -71,8 +84,7 @@ int eng_ensure_default_model(const char *dir) {
         unsigned long long s = DEFAULT_SEED;
         for (int i = 0; i < m.n_params; i++) {
             const model_param *p = &m.params[i];
-            for (long long j = 0; j < p->numel; j++)
-                w[p->off + j] = p->ndim == 1 ? 1.0f : (float)(0.02 * gauss(&s));
+            for (long long j = 0; j < p->numel; j++) w[p->off + j] = p->ndim == 1 ? 1.0f : (float)(0.02 * gauss(&s));
         }
         rc = model_save_host(&m, tmp, w, 0);
     }

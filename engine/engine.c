@@ -44,22 +44,31 @@ static int has_file(const char *dir, const char *name) {
  * then agree with any flag given). *from: that adapter's directory or NULL. */
 static int lora_settings(const eng_open_opts *o, int *r, float *alpha, unsigned *targets, const char **from) {
     *from = o->resume_dir && *o->resume_dir && has_file(o->resume_dir, "adapter_model.safetensors") ? o->resume_dir
-            : o->lora_init && *o->lora_init ? o->lora_init : NULL;
+        : o->lora_init && *o->lora_init                                                             ? o->lora_init
+                                                                                                    : NULL;
     *r = o->lora_rank;
     *alpha = o->lora_alpha;
     *targets = 0;
     int rc = o->lora_targets && *o->lora_targets ? lora_parse_targets(o->lora_targets, targets) : 0;
     if (rc || (!*r && !*from)) return rc;
     if (o->resume_dir && *o->resume_dir && *from != o->resume_dir)
-        return err_set(GE_INVALID, "%s is a full checkpoint, not a LoRA adapter: resume it without --lora-rank, "
-                       "or use another --data-dir", o->resume_dir);
+        return err_set(GE_INVALID,
+                       "%s is a full checkpoint, not a LoRA adapter: resume it without --lora-rank, "
+                       "or use another --data-dir",
+                       o->resume_dir);
     if (*from) {
-        int fr; float fa; unsigned ft;
+        int fr;
+        float fa;
+        unsigned ft;
         if ((rc = lora_read_config(*from, &fr, &fa, &ft))) return rc;
         if ((*r && *r != fr) || (*alpha > 0 && *alpha != fa) || (*targets && *targets != ft))
-            return err_set(GE_INVALID, "%s: the adapter has rank %d, alpha %g and other targets than the flags ask "
-                           "(--lora-rank %d --lora-alpha %g): drop the flags or match them", *from, fr, fa, *r, *alpha);
-        *r = fr; *alpha = fa; *targets = ft;
+            return err_set(GE_INVALID,
+                           "%s: the adapter has rank %d, alpha %g and other targets than the flags ask "
+                           "(--lora-rank %d --lora-alpha %g): drop the flags or match them",
+                           *from, fr, fa, *r, *alpha);
+        *r = fr;
+        *alpha = fa;
+        *targets = ft;
     }
     if (*alpha <= 0) *alpha = 2.0f * *r;
     if (!*targets) *targets = (1u << LORA_N) - 1;
@@ -98,7 +107,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
     snprintf(e->model_dir, sizeof e->model_dir, "%s", o->model_dir);
     model_config cfg;
     float *host = NULL;
-    int lr_rank; float lr_alpha; unsigned lr_targets;
+    int lr_rank;
+    float lr_alpha;
+    unsigned lr_targets;
     const char *lr_from;
     int rc = lora_settings(o, &lr_rank, &lr_alpha, &lr_targets, &lr_from);
     if (!rc) rc = config_load(o->model_dir, &cfg);
@@ -106,9 +117,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
     char tpath[PATH_MAX];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", o->model_dir);
     if (access(tpath, R_OK) == 0 && (rc = tok_load(o->model_dir, &e->tok))) goto fail;
-    if (e->tok && tok_vocab_size(e->tok) > cfg.V) {    /* every id must index the embedding */
-        rc = err_set(GE_FORMAT, "%s: tokenizer.json has token id %d beyond the model's vocab_size %d",
-                     o->model_dir, tok_vocab_size(e->tok) - 1, cfg.V);
+    if (e->tok && tok_vocab_size(e->tok) > cfg.V) { /* every id must index the embedding */
+        rc = err_set(GE_FORMAT, "%s: tokenizer.json has token id %d beyond the model's vocab_size %d", o->model_dir,
+                     tok_vocab_size(e->tok) - 1, cfg.V);
         goto fail;
     }
     if ((rc = open_backend(o->backend, o->n_threads, o->device, &e->be))) goto fail;
@@ -132,23 +143,33 @@ int eng_open(const eng_open_opts *o, eng **out) {
         /* the base is frozen and is the reference: one act-typed copy, no fp32 master on cuda,
          * loaded tensor by tensor (no host copy of the whole model) */
         e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-        if (!e->w_act || (rc = model_load_act(&e->m, o->model_dir, e->w_act))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+        if (!e->w_act || (rc = model_load_act(&e->m, o->model_dir, e->w_act))) {
+            rc = rc ? rc : GE_NOMEM;
+            goto fail;
+        }
         if (be->act_bytes == 4) e->w_master = e->w_act;
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
             goto fail;
     } else {
         host = malloc(n * sizeof(float));
-        if (!host) { rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20); goto fail; }
+        if (!host) {
+            rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20);
+            goto fail;
+        }
         /* The reference is always the model directory's weights; the policy resumes from a checkpoint. */
         if ((rc = model_load_host(&e->m, o->model_dir, host))) goto fail;
         e->ref_act = be->alloc(be, n * (size_t)be->act_bytes);
-        if (!e->ref_act) { rc = GE_NOMEM; goto fail; }
+        if (!e->ref_act) {
+            rc = GE_NOMEM;
+            goto fail;
+        }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
         long long S = e->dp ? (e->m.n_elems + e->W - 1) / e->W : 0, off = S * e->rank,
                   valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
-        e->sh_n = S; e->sh_off = off;
+        e->sh_n = S;
+        e->sh_off = off;
         if ((rc = plan_offload(e, o->optimizer_offload, &e->offload))) goto fail;
         if (e->dp) {
             /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
@@ -158,10 +179,13 @@ int eng_open(const eng_open_opts *o, eng **out) {
             size_t eb = (size_t)be->act_bytes, pad = (size_t)(S * e->W) - n;
             e->w_act = be->alloc(be, (size_t)(S * e->W) * eb);
             e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc(S) : be->alloc(be, (size_t)S * 4);
-            if (!e->w_act || !e->w_master) { rc = GE_NOMEM; goto fail; }
+            if (!e->w_act || !e->w_master) {
+                rc = GE_NOMEM;
+                goto fail;
+            }
             if ((rc = be->act_from_f32(be, e->w_act, host, n))) goto fail;
             if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
-            if (e->offload) {   /* zeroed by offload_host_alloc */
+            if (e->offload) { /* zeroed by offload_host_alloc */
                 if (valid) memcpy(e->w_master, host + off, (size_t)valid * 4);
             } else {
                 be->zero(be, e->w_master, (size_t)S * 4);
@@ -169,10 +193,16 @@ int eng_open(const eng_open_opts *o, eng **out) {
             }
         } else if (e->offload) {
             /* the master is host memory, never copied through the device */
-            if (!(e->w_master = offload_host_alloc((long long)n))) { rc = GE_NOMEM; goto fail; }
+            if (!(e->w_master = offload_host_alloc((long long)n))) {
+                rc = GE_NOMEM;
+                goto fail;
+            }
             memcpy(e->w_master, host, n * sizeof(float));
             e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, e->w_master, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, e->w_master, n))) {
+                rc = rc ? rc : GE_NOMEM;
+                goto fail;
+            }
         } else if (!(e->w_master = be->alloc(be, n * sizeof(float))) ||
                    (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) {
             rc = rc ? rc : GE_NOMEM;
@@ -181,7 +211,10 @@ int eng_open(const eng_open_opts *o, eng **out) {
             e->w_act = e->w_master;
         } else {
             e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) { rc = rc ? rc : GE_NOMEM; goto fail; }
+            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) {
+                rc = rc ? rc : GE_NOMEM;
+                goto fail;
+            }
         }
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
@@ -212,18 +245,30 @@ void eng_close(eng *e) {
         model_acts_free(&e->m, &e->acts_g);
         dec_free(e);
         split_mem_free(be, &e->split);
-        void *bufs[] = { e->w_act != e->w_master ? e->w_act : NULL, e->ref_act, e->grad,
-                         e->offload ? NULL : e->w_master, e->offload ? NULL : e->adam_m, e->offload ? NULL : e->adam_v,
-                         e->lora_act != e->lora_master ? e->lora_act : NULL, e->lora_master, e->lora_sink };
+        void *bufs[] = {e->w_act != e->w_master ? e->w_act : NULL,
+                        e->ref_act,
+                        e->grad,
+                        e->offload ? NULL : e->w_master,
+                        e->offload ? NULL : e->adam_m,
+                        e->offload ? NULL : e->adam_v,
+                        e->lora_act != e->lora_master ? e->lora_act : NULL,
+                        e->lora_master,
+                        e->lora_sink};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);
-        if (e->offload) { free(e->w_master); free(e->adam_m); free(e->adam_v); }
+        if (e->offload) {
+            free(e->w_master);
+            free(e->adam_m);
+            free(e->adam_v);
+        }
         offload_free(&e->off);
-        model_views_free(&e->wv); model_views_free(&e->rv); model_views_free(&e->gv);
+        model_views_free(&e->wv);
+        model_views_free(&e->rv);
+        model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         snap_free(e);
         if (e->dp_buf) be->free(be, e->dp_buf);
-        if (e->own_comm) comm_free(e->comm);   /* before the stream it runs on goes */
+        if (e->own_comm) comm_free(e->comm); /* before the stream it runs on goes */
         be->destroy(be);
     }
     if (e->tok) tok_free(e->tok);
@@ -237,8 +282,14 @@ void eng_get_info(eng *e, eng_info *o) {
     snprintf(o->backend, sizeof o->backend, "%s", e->be->name);
     snprintf(o->model_dir, sizeof o->model_dir, "%s", e->model_dir);
     snprintf(o->dtype, sizeof o->dtype, "%s", c->dtype);
-    o->n_layers = c->L; o->d_model = c->C; o->n_heads = c->H; o->n_kv_heads = c->K; o->head_dim = c->D;
-    o->d_ff = c->F; o->vocab = c->V; o->max_pos = c->max_pos;
+    o->n_layers = c->L;
+    o->d_model = c->C;
+    o->n_heads = c->H;
+    o->n_kv_heads = c->K;
+    o->head_dim = c->D;
+    o->d_ff = c->F;
+    o->vocab = c->V;
+    o->max_pos = c->max_pos;
     o->n_params = config_n_params(c);
     o->policy_version = e->policy_version;
     o->n_eos = c->n_eos;
@@ -250,7 +301,7 @@ void eng_get_info(eng *e, eng_info *o) {
     }
     memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
     o->plan = e->plan;
-    if (e->tok) {  /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
+    if (e->tok) { /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
         const char *eos = tok_eos(e->tok);
         int id = eos ? tok_token_id(e->tok, eos) : -1, seen = 0;
         for (int i = 0; i < o->n_eos; i++) seen |= o->eos_ids[i] == id;
@@ -299,22 +350,21 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
     size_t budget = 0;
-    if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot))
-        budget = fr > ACTS_HEADROOM ? fr - ACTS_HEADROOM : 1;
+    if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot)) budget = fr > ACTS_HEADROOM ? fr - ACTS_HEADROOM : 1;
     err_clear();
     return model_acts_init_budget(&e->m, a, cT, cM, budget);
 }
 
-int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,
-              float temperature, float *out, float *ent) {
+int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
+              float *ent) {
     pack_plan plan;
     int rc = pack_plan_make(&plan, groups, n, max_tokens, PACK_PACKED);
     if (rc) return rc;
     long long done = 0;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
-        if (plan.mb_split[k]) {   /* too large for a micro-batch: the prompt once (engine/model/split.h) */
+        if (plan.mb_split[k]) { /* too large for a micro-batch: the prompt once (engine/model/split.h) */
             const pack_group *g = &groups[plan.mb_first[k]];
-            split_opts so = { max_tokens, temperature, -1, &e->split };
+            split_opts so = {max_tokens, temperature, -1, &e->split};
             rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);
             for (int r = 0; r < g->N; r++) done += g->R[r];
             continue;
@@ -337,16 +387,19 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
 /* eng_update_group -> pack_group (shares the arrays). */
 static void to_pack_groups(const eng_update_group *g, int n, pack_group *pg) {
     for (int i = 0; i < n; i++)
-        pg[i] = (pack_group){ .prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R };
+        pg[i] = (pack_group){.prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R};
 }
 
-int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, float temperature,
-                 long long max_tokens, float ***out) {
+int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, float temperature, long long max_tokens,
+                 float ***out) {
     *out = NULL;
     pack_group *pg = calloc((size_t)n, sizeof *pg);
     long long M = 0, nresp = 0;
     for (int i = 0; i < n; i++)
-        for (int r = 0; r < g[i].n; r++) { M += g[i].R[r]; nresp++; }
+        for (int r = 0; r < g[i].n; r++) {
+            M += g[i].R[r];
+            nresp++;
+        }
     float *all = malloc((size_t)(M ? M : 1) * sizeof(float));
     float **res = calloc((size_t)(nresp ? nresp : 1), sizeof *res);
     int rc = pg && all && res ? 0 : err_set(GE_NOMEM, "logprobs: out of memory");
@@ -357,13 +410,19 @@ int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, fl
     for (long long i = 0, k = 0, off = 0; !rc && i < n; i++)
         for (int r = 0; r < g[i].n; r++, k++) {
             res[k] = malloc((size_t)(g[i].R[r] ? g[i].R[r] : 1) * sizeof(float));
-            if (!res[k]) { rc = err_set(GE_NOMEM, "logprobs: out of memory"); break; }
+            if (!res[k]) {
+                rc = err_set(GE_NOMEM, "logprobs: out of memory");
+                break;
+            }
             memcpy(res[k], all + off, (size_t)g[i].R[r] * sizeof(float));
             off += g[i].R[r];
         }
     free(pg);
     free(all);
-    if (rc) { eng_logprobs_free(res, g, n); return rc; }
+    if (rc) {
+        eng_logprobs_free(res, g, n);
+        return rc;
+    }
     *out = res;
     return 0;
 }

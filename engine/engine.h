@@ -17,10 +17,10 @@
 typedef struct eng eng;
 
 typedef struct {
-    const char *model_dir;      /* HF checkpoint directory */
-    const char *backend;        /* "auto" | "cpu" | "cuda" */
-    const char *resume_dir;     /* NULL, or a checkpoint directory written by eng_checkpoint_save */
-    int n_threads;              /* CPU threads; 0 = all cores */
+    const char *model_dir; /* HF checkpoint directory */
+    const char *backend; /* "auto" | "cpu" | "cuda" */
+    const char *resume_dir; /* NULL, or a checkpoint directory written by eng_checkpoint_save */
+    int n_threads; /* CPU threads; 0 = all cores */
     /* LoRA (engine/model/lora.h): lora_rank > 0 or lora_init trains adapters over the frozen base,
      * which is also the reference (no second copy). lora_alpha 0 = 2 * rank; lora_targets NULL =
      * all seven ("q,k,v,o,gate,up,down"). lora_init: a PEFT adapter directory to start from (its
@@ -42,7 +42,7 @@ typedef struct {
      * eng_sampling.group_index set). Optimizer offload holds the rank's shard in host memory;
      * LoRA is refused with a comm. The caller owns the comm and frees it after eng_close. */
     comm *comm;
-    int device;                 /* CUDA device index (0 default); unused on cpu */
+    int device; /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once
      * and handed to every rank), this rank and the world size. eng_open opens the communicator
      * on its backend's stream (blocking until all world ranks joined) and owns it. nccl_cancel
@@ -51,9 +51,9 @@ typedef struct {
     const unsigned char *nccl_id;
     int rank, world;
     const int *nccl_cancel;
-    int no_training;            /* 1: the engine never updates (a CLI's logprobs): no training
+    int no_training; /* 1: the engine never updates (a CLI's logprobs): no training
                                  * state, no safety copy, no memory plan for them */
-    const char *snapshot;       /* where the update's safety copy lives (engine/train/snapshot.h):
+    const char *snapshot; /* where the update's safety copy lives (engine/train/snapshot.h):
                                  * NULL or "auto" (the memory plan decides), "device", "pinned"
                                  * (cuda only), "host" or "none" */
 } eng_open_opts;
@@ -81,35 +81,35 @@ const char *eng_backend_resolve(const char *name);
  * kv_bytes and acts_bytes are each what is left beside the resident state, not shares of it.
  * On the cpu backend (host memory) only the sizes of the state are given. */
 typedef struct {
-    long long device_total;      /* bytes of the device (0: cpu) */
-    long long weights, reference;   /* act-typed policy weights; the frozen reference (0 with LoRA) */
-    long long master, gradients, moments;   /* fp32 training state on the device */
-    long long snapshot;          /* the update's safety copy (engine/train/snapshot.h), where it lives */
-    long long host_state;        /* master + moments in host memory (optimizer offload) */
-    long long headroom;          /* kernel scratch, cuBLASLt workspace, decode and logprob buffers */
-    long long kv_bytes;          /* the rollout KV pool's default budget */
-    long long acts_bytes;        /* an update's activations: what is free once the state is placed */
-    long long micro_batch_tokens;       /* default max_tokens_per_micro_batch: fits acts_bytes */
-    long long micro_batch_tokens_max;   /* the most that fits, every layer recomputed (0: no limit) */
-    char optimizer[8];           /* "device" or "host" (offload) */
-    char snapshot_at[8];         /* "device", "pinned", "host" or "none" */
-    double ms_load, ms_plan;     /* eng_open's time: weights read and placed; this plan's allocations */
+    long long device_total; /* bytes of the device (0: cpu) */
+    long long weights, reference; /* act-typed policy weights; the frozen reference (0 with LoRA) */
+    long long master, gradients, moments; /* fp32 training state on the device */
+    long long snapshot; /* the update's safety copy (engine/train/snapshot.h), where it lives */
+    long long host_state; /* master + moments in host memory (optimizer offload) */
+    long long headroom; /* kernel scratch, cuBLASLt workspace, decode and logprob buffers */
+    long long kv_bytes; /* the rollout KV pool's default budget */
+    long long acts_bytes; /* an update's activations: what is free once the state is placed */
+    long long micro_batch_tokens; /* default max_tokens_per_micro_batch: fits acts_bytes */
+    long long micro_batch_tokens_max; /* the most that fits, every layer recomputed (0: no limit) */
+    char optimizer[8]; /* "device" or "host" (offload) */
+    char snapshot_at[8]; /* "device", "pinned", "host" or "none" */
+    double ms_load, ms_plan; /* eng_open's time: weights read and placed; this plan's allocations */
 } eng_plan;
 
 typedef struct {
-    char arch[32];              /* "qwen3" */
-    char backend[16];           /* "cpu" | "cuda" */
+    char arch[32]; /* "qwen3" */
+    char backend[16]; /* "cpu" | "cuda" */
     char model_dir[512];
-    char dtype[16];             /* checkpoint dtype */
+    char dtype[16]; /* checkpoint dtype */
     int n_layers, d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab, max_pos;
     long long n_params;
-    long long policy_version;   /* bumped by each update */
+    long long policy_version; /* bumped by each update */
     int eos_ids[8], n_eos;
-    int lora_rank;              /* 0: full fine-tuning */
+    int lora_rank; /* 0: full fine-tuning */
     float lora_alpha;
-    char lora_targets[96];      /* PEFT module names, comma-separated */
-    long long lora_params;      /* trainable adapter parameters */
-    eng_plan plan;              /* the memory plan */
+    char lora_targets[96]; /* PEFT module names, comma-separated */
+    long long lora_params; /* trainable adapter parameters */
+    eng_plan plan; /* the memory plan */
 } eng_info;
 void eng_get_info(eng *e, eng_info *out);
 
@@ -117,40 +117,53 @@ void eng_get_info(eng *e, eng_info *out);
 
 int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n);
 int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len);
-typedef struct { const char *role, *content; } eng_message;
+typedef struct {
+    const char *role, *content;
+} eng_message;
 int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prompt, char **text);
 
 /* ---------------------------------------------------------------- rollout */
 
 /* A rollout's sampling knobs; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
-    float temperature;          /* 0 = greedy */
+    float temperature; /* 0 = greedy */
     float top_p;
-    int top_k;                  /* 0 = off */
-    float min_p;                /* 0 = off */
+    int top_k; /* 0 = off */
+    float min_p; /* 0 = off */
     int max_tokens, min_tokens;
     int ignore_eos;
-    const char *const *stop; int n_stop;               /* stop strings */
-    const int *stop_token_ids; int n_stop_token_ids;
-    uint64_t seed;              /* same seed, same tokens */
+    const char *const *stop;
+    int n_stop; /* stop strings */
+    const int *stop_token_ids;
+    int n_stop_token_ids;
+    uint64_t seed; /* same seed, same tokens */
     /* (n_groups) or NULL: each group's index in the original request, which its responses'
      * stream seeds use (tokens depend only on seed, this index and the response index). NULL:
      * its position in the groups passed. Set when a request is split (across ranks)
      * so each share draws the tokens the whole request draws on one rank. */
     const int *group_index;
 } eng_sampling;
-void eng_sampling_default(eng_sampling *s);    /* the sampling rows' defaults (params.c) */
+void eng_sampling_default(eng_sampling *s); /* the sampling rows' defaults (params.c) */
 
-typedef struct { const int *prompt; int P; int n; } eng_rollout_group;
+typedef struct {
+    const int *prompt;
+    int P;
+    int n;
+} eng_rollout_group;
 
 typedef enum { FINISH_STOP = 0, FINISH_LENGTH = 1 } eng_finish;
 typedef struct {
-    int *tokens; int n_tokens;  /* generated ids (a matched stop token is included) */
-    float *logprobs;            /* (n_tokens) log p(token | prefix) of logits / temperature */
-    char *text; size_t text_len;
+    int *tokens;
+    int n_tokens; /* generated ids (a matched stop token is included) */
+    float *logprobs; /* (n_tokens) log p(token | prefix) of logits / temperature */
+    char *text;
+    size_t text_len;
     eng_finish finish;
 } eng_response;
-typedef struct { eng_response *resp; int n; } eng_group_result;
+typedef struct {
+    eng_response *resp;
+    int n;
+} eng_group_result;
 
 /* Optional progress report, called on the engine thread: done of total tokens. */
 typedef void (*eng_progress_cb)(void *ud, double fraction);
@@ -158,8 +171,8 @@ typedef void (*eng_progress_cb)(void *ud, double fraction);
 /* Sample groups[g].n responses for each group. out[g] is filled (caller provides n_groups).
  * A thin wrapper over the scheduler below (open with default options, add, step until done);
  * GE_TOO_LARGE when a group can never fit the default KV pool. */
-int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *s,
-                eng_group_result *out, eng_progress_cb cb, void *ud);
+int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *s, eng_group_result *out,
+                eng_progress_cb cb, void *ud);
 void eng_group_result_free(eng_group_result *r);
 
 /* ---------------------------------------------------------------- rollout scheduler
@@ -181,16 +194,16 @@ typedef struct eng_sched eng_sched;
 typedef struct eng_sched_job eng_sched_job;
 
 typedef struct {
-    long long kv_bytes;         /* KV pool budget; 0 = default: cuda, half of the free device
+    long long kv_bytes; /* KV pool budget; 0 = default: cuda, half of the free device
                                  * memory at open net of the training state an update will
                                  * allocate; cpu, 1 << 18 rows capped at 8 GiB */
-    int kv_rows;                /* > 0: the pool's rows exactly (overrides kv_bytes) */
-    int max_prefill_tokens;     /* prompt tokens prefilled per step; 0 = 8192 (one group may exceed it) */
-    int max_running;            /* responses decoding per step; 0 = 1024 (one group may exceed it) */
+    int kv_rows; /* > 0: the pool's rows exactly (overrides kv_bytes) */
+    int max_prefill_tokens; /* prompt tokens prefilled per step; 0 = 8192 (one group may exceed it) */
+    int max_running; /* responses decoding per step; 0 = 1024 (one group may exceed it) */
 } eng_sched_opts;
 
 typedef struct {
-    int jobs;                   /* added and not released */
+    int jobs; /* added and not released */
     int running_groups, running_responses, waiting_groups;
     long long rows_used, rows_cap, row_bytes;
     long long steps, dec_calls; /* scheduler steps taken; dec_step calls they made */
@@ -199,19 +212,19 @@ typedef struct {
 /* Sizes the pool (its device memory is allocated when the first group is admitted and given
  * back whenever the scheduler runs empty, so an update between rollouts has it). */
 int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out);
-void eng_sched_close(eng_sched *s);        /* releases every job still in it */
+void eng_sched_close(eng_sched *s); /* releases every job still in it */
 /* Queues a job's groups behind everything queued before. groups (and their prompts), the
  * sampling (with its stop arrays) and out (n_groups, zeroed here) stay the caller's and must
  * stay valid until the job is released. GE_TOO_LARGE, naming the pool size, when a group needs
  * more rows than the whole pool (eng_sched_rows_needed); nothing is queued then. */
-int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp,
-                  eng_group_result *out, eng_sched_job **job);
+int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp, eng_group_result *out,
+                  eng_sched_job **job);
 long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *sp);
 /* One step: admit, prefill, decode, retire. 0 when it ran (or had nothing to do); a negative
  * code when a dec_step failed: the jobs it served have failed with that error (job_state),
  * the others go on. */
 int eng_sched_step(eng_sched *s);
-int eng_sched_busy(const eng_sched *s);    /* 1 while some job has a group waiting or running */
+int eng_sched_busy(const eng_sched *s); /* 1 while some job has a group waiting or running */
 /* 1 when a group queued now would start at the next step: nothing waits for rows. */
 int eng_sched_can_admit(const eng_sched *s);
 void eng_sched_get_stats(const eng_sched *s, eng_sched_stats *st);
@@ -227,13 +240,15 @@ void eng_sched_job_release(eng_sched *s, eng_sched_job *j);
 /* ---------------------------------------------------------------- update */
 
 typedef struct {
-    const int *prompt; int P;
-    int n;                      /* responses */
-    const int *const *resp; const int *R;
-    const float *reward;        /* (n) or NULL when advantages are given */
-    const float *advantage;     /* (n) or NULL: computed by the adv estimator from rewards */
-    const float *const *old_logprobs;  /* n arrays (R[i]) or NULL: recomputed by the old pass */
-    const int *truncated;       /* (n) 1 = cut by max_tokens, or NULL */
+    const int *prompt;
+    int P;
+    int n; /* responses */
+    const int *const *resp;
+    const int *R;
+    const float *reward; /* (n) or NULL when advantages are given */
+    const float *advantage; /* (n) or NULL: computed by the adv estimator from rewards */
+    const float *const *old_logprobs; /* n arrays (R[i]) or NULL: recomputed by the old pass */
+    const int *truncated; /* (n) 1 = cut by max_tokens, or NULL */
 } eng_update_group;
 
 /* Data-parallel placement (engine/train/dp.c): rank[i] in 0..W-1 for each of n groups of
@@ -246,12 +261,12 @@ typedef enum { SCHED_CONSTANT = 0, SCHED_COSINE = 1 } eng_lr_schedule;
 /* AdamW and its schedule; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
     float lr, weight_decay, beta1, beta2, eps, grad_clip;
-    int warmup_steps;           /* linear warm-up over optimizer steps */
+    int warmup_steps; /* linear warm-up over optimizer steps */
     eng_lr_schedule schedule;
-    int total_steps;            /* cosine decay horizon */
+    int total_steps; /* cosine decay horizon */
     float min_lr_ratio;
 } eng_optim;
-void eng_optim_default(eng_optim *o);          /* the optimizer rows' defaults (params.c) */
+void eng_optim_default(eng_optim *o); /* the optimizer rows' defaults (params.c) */
 
 typedef struct {
     long long policy_version_before, policy_version_after;
@@ -260,11 +275,11 @@ typedef struct {
     /* veRL's metrics (loss.h loss_metrics): actor/pg_clipfrac, actor/pg_clipfrac_lower,
      * actor/ppo_kl, actor/kl_loss (means over the optimizer steps), actor/entropy */
     double pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, verl_entropy;
-    int loss_scale_factor;      /* the seq-mean-token-sum-norm divisor the update used */
-    long long tokens_packed, tokens_standard;   /* per forward pass over the batch */
+    int loss_scale_factor; /* the seq-mean-token-sum-norm divisor the update used */
+    long long tokens_packed, tokens_standard; /* per forward pass over the batch */
     int groups_filtered, optimizer_steps, micro_batches;
     double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;
-    double ms_snapshot_wait;    /* of ms_optimizer: waiting for the safety copy (train/snapshot.h) */
+    double ms_snapshot_wait; /* of ms_optimizer: waiting for the safety copy (train/snapshot.h) */
 } eng_update_result;
 
 /* Atomic: 0 with the update applied, or an error with weights, optimizer state, opt_step and
@@ -272,9 +287,8 @@ typedef struct {
  * GE_NON_FINITE when the loss/gradient (caught before the step) or the weights / second
  * moments after a step are not finite. Keeps a host copy of the state it changed (3 x 4 bytes
  * per parameter) until the next update. */
-int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *algo,
-               const eng_optim *opt, long long max_tokens_per_micro_batch,
-               eng_update_result *out, eng_progress_cb cb, void *ud);
+int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *algo, const eng_optim *opt,
+               long long max_tokens_per_micro_batch, eng_update_result *out, eng_progress_cb cb, void *ud);
 /* Takes back the last successful eng_update (its weights, optimizer state, opt_step and
  * policy_version), once; 0 and nothing done when there is nothing to take back. */
 int eng_update_undo(eng *e);
@@ -284,8 +298,8 @@ int eng_update_undo(eng *e);
 /* Per-token logprobs of given responses under the policy (use_reference = 0) or the frozen
  * reference, at a temperature; packed by prompt. out[g][i] is a malloc'd (R[i]) array;
  * free with eng_logprobs_free. */
-int eng_logprobs(eng *e, const eng_update_group *g, int n_groups, int use_reference,
-                 float temperature, long long max_tokens_per_micro_batch, float ***out);
+int eng_logprobs(eng *e, const eng_update_group *g, int n_groups, int use_reference, float temperature,
+                 long long max_tokens_per_micro_batch, float ***out);
 void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
 
 /* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus

@@ -13,9 +13,9 @@
 
 struct eng {
     eng_backend *be;
-    comm *comm;                 /* NULL: one rank (eng_open_opts.comm, not owned; or NCCL, owned) */
+    comm *comm; /* NULL: one rank (eng_open_opts.comm, not owned; or NCCL, owned) */
     int own_comm;
-    int rank, W;                /* this rank and the world size (0 and 1 without a comm) */
+    int rank, W; /* this rank and the world size (0 and 1 without a comm) */
     /* dp: the sharded path (dp.c), taken whenever a comm was given, also of one rank (so the
      * collectives run, and a one-rank comm is checked bit-equal to none). This rank's shard of the trainable vector, [sh_off, sh_off + sh_n), sh_n =
      * ceil(n / W), sh_off = rank * sh_n. w_master, adam_m, adam_v hold sh_n elements; w_act and
@@ -24,31 +24,35 @@ struct eng {
     long long sh_n, sh_off;
     void *dp_buf;
     model m;
-    tok *tok;                   /* NULL when the directory has no tokenizer.json */
+    tok *tok; /* NULL when the directory has no tokenizer.json */
     char model_dir[512];
     /* policy: act-typed weights used by the ops, fp32 master (== act on the cpu backend without
      * offload). With offload the master and the moments are host memory (offload.h). */
-    void *w_act; float *w_master;
-    int offload;                /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
-    eng_offload off;            /* staging of the host optimizer (offload) */
-    model_views wv;             /* views into w_act (and the adapters) */
+    void *w_act;
+    float *w_master;
+    int offload; /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
+    eng_offload off; /* staging of the host optimizer (offload) */
+    model_views wv; /* views into w_act (and the adapters) */
     /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */
-    void *ref_act; model_views rv;
+    void *ref_act;
+    model_views rv;
     /* LoRA adapters (m.lora_r > 0): fp32 master, act copy (== master on cpu), the norm-gradient
      * sink of lora_grad_views. The base has no fp32 master then on cuda (w_master NULL). */
-    float *lora_master; void *lora_act; float *lora_sink;
+    float *lora_master;
+    void *lora_act;
+    float *lora_sink;
     /* training state over the trainable parameters (eng_train_n: the adapters with LoRA),
      * allocated on the first update */
     float *grad, *adam_m, *adam_v;
-    model_views gv;             /* views into grad */
-    int opt_step;               /* AdamW steps taken (1-based bias correction) */
-    snap_state snap;            /* the update's safety copy (train/snapshot.h) */
-    eng_plan plan;              /* the memory plan (plan.c) */
+    model_views gv; /* views into grad */
+    int opt_step; /* AdamW steps taken (1-based bias correction) */
+    snap_state snap; /* the update's safety copy (train/snapshot.h) */
+    eng_plan plan; /* the memory plan (plan.c) */
     _Atomic long long policy_version;
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
-    struct dec_state *dec;      /* generation step buffers (decode.c), made on first use */
-    split_mem split;            /* pinned host memory of split groups' dormant sets (split.h) */
+    struct dec_state *dec; /* generation step buffers (decode.c), made on first use */
+    split_mem split; /* pinned host memory of split groups' dormant sets (split.h) */
 };
 
 /* Make sure acts has room for T tokens and M predictions (grad or not); reallocates to the
@@ -57,8 +61,8 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
 /* Logprobs (and entropies when ent != NULL) of every predicted token of a set of groups under
  * views w, micro-batch by micro-batch; out is (M_total) in response order (group, response,
  * token). */
-int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens,
-              float temperature, float *out, float *ent);
+int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
+              float *ent);
 /* Trainable elements: m.l_elems with LoRA, else m.n_elems; their fp32 master and act copy. */
 static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_elems : e->m.n_elems; }
 static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }
@@ -84,7 +88,7 @@ static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e-
  * naming it. dp_sum: the sum over ranks of x, in rank order. dp_gather_to_host: a sharded fp32
  * vector (sh_n a rank; host memory with offload, else the backend's) into host (W * sh_n, NULL on ranks that do not need it). dp_gather_act:
  * every rank's shard of the act weights to every rank. */
-int dp_open(eng *e);            /* eng_open with a comm: the exchanges' device scratch */
+int dp_open(eng *e); /* eng_open with a comm: the exchanges' device scratch */
 int dp_exchange(eng *e, const void *mine, void *all, size_t bytes);
 int dp_agree(eng *e, int rc);
 int dp_sum(eng *e, double x, double *sum);

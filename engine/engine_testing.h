@@ -9,13 +9,13 @@
 #include "kernels/tune.h"
 
 typedef struct {
-    long long n_params;         /* elements of the model's weights (eng_testing_weights) */
-    long long n_train;          /* trainable elements: the adapters' with LoRA, else n_params */
-    long long n_lora_a;         /* with LoRA: the first n_lora_a of n_train are the A matrices */
-    int offload;                /* 1: master and moments in host memory (optimizer offload) */
-    int own_reference;          /* 1: a frozen reference copy of its own (0 with LoRA: the base is it) */
-    int rank, world;            /* this rank and the world size (0 and 1 without a comm) */
-    const model *m;             /* the model: its parameters' names, shapes and offsets into the
+    long long n_params; /* elements of the model's weights (eng_testing_weights) */
+    long long n_train; /* trainable elements: the adapters' with LoRA, else n_params */
+    long long n_lora_a; /* with LoRA: the first n_lora_a of n_train are the A matrices */
+    int offload; /* 1: master and moments in host memory (optimizer offload) */
+    int own_reference; /* 1: a frozen reference copy of its own (0 with LoRA: the base is it) */
+    int rank, world; /* this rank and the world size (0 and 1 without a comm) */
+    const model *m; /* the model: its parameters' names, shapes and offsets into the
                                  * flat vectors (params[p].off; with LoRA lparams, A before B) */
 } eng_testing_info;
 

@@ -14,12 +14,10 @@
 
 /*  name, type, lo, hi, hi_from, dflt, dflt2, choices, flags, off, off2, doc */
 static const eng_param sampling_rows[] = {
-    {"temperature", PT_NUM, 0, 100, PB_ROW, 1.0, 0, NULL, 0, S_(temperature), -1,
-     "softmax temperature; 0 = greedy"},
+    {"temperature", PT_NUM, 0, 100, PB_ROW, 1.0, 0, NULL, 0, S_(temperature), -1, "softmax temperature; 0 = greedy"},
     {"top_p", PT_NUM, 0, 1, PB_ROW, 1.0, 0, NULL, PF_LO_OPEN, S_(top_p), -1,
      "nucleus: keep the smallest set of tokens whose probability reaches top_p"},
-    {"top_k", PT_INT, -1, 0, PB_VOCAB, 0, 0, NULL, PF_NEG_OFF, S_(top_k), -1,
-     "keep the k most likely tokens; 0 or -1 = off"},
+    {"top_k", PT_INT, -1, 0, PB_VOCAB, 0, 0, NULL, PF_NEG_OFF, S_(top_k), -1, "keep the k most likely tokens; 0 or -1 = off"},
     {"min_p", PT_NUM, 0, 1, PB_ROW, 0.0, 0, NULL, 0, S_(min_p), -1,
      "drop tokens below min_p x the top token's probability; 0 = off"},
     {"max_tokens", PT_INT, 1, 0, PB_MAX_TOKENS, 16, 0, NULL, 0, S_(max_tokens), -1,
@@ -32,8 +30,7 @@ static const eng_param sampling_rows[] = {
      "token ids that end a response besides the model's EOS (up to 64)"},
     {"seed", PT_SEED, 0, 9223372036854775807.0, PB_ROW, 0, 0, NULL, 0, S_(seed), -1,
      "same seed, same tokens (per backend); drawn at submit and stored when absent"},
-    {"ignore_eos", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(ignore_eos), -1,
-     "keep sampling past EOS until max_tokens"},
+    {"ignore_eos", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(ignore_eos), -1, "keep sampling past EOS until max_tokens"},
     {"logprobs", PT_COMPAT, 0, 1, PB_ROW, 0, 0, NULL, 0, -1, -1,
      "accepted for vLLM compatibility; the sampled token's logprob is always returned"},
 };
@@ -46,12 +43,10 @@ static const eng_param loss_rows[] = {
      "grpo: divide by the group's reward std (+1e-6)"},
     {"loss_mode", PT_ENUM, 0, 0, PB_ROW, LOSS_VANILLA, 0, "vanilla|gspo", 0, L_(mode), -1,
      "token-level PPO clip (vanilla) or sequence-level ratio (gspo)"},
-    {"clip_ratio_low", PT_NUM, 0, 1, PB_ROW, 0.2, 0, NULL, 0, L_(clip_ratio_low), -1,
-     "ratio clip below 1 - clip_ratio_low"},
+    {"clip_ratio_low", PT_NUM, 0, 1, PB_ROW, 0.2, 0, NULL, 0, L_(clip_ratio_low), -1, "ratio clip below 1 - clip_ratio_low"},
     {"clip_ratio_high", PT_NUM, 0, 10, PB_ROW, 0.28, 0, NULL, 0, L_(clip_ratio_high), -1,
      "ratio clip above 1 + clip_ratio_high (DAPO clip-higher; veRL's default is 0.2)"},
-    {"clip_ratio_c", PT_NUM, 1, 1000, PB_ROW, 3.0, 0, NULL, 0, L_(clip_ratio_c), -1,
-     "dual-clip bound for negative advantages"},
+    {"clip_ratio_c", PT_NUM, 1, 1000, PB_ROW, 3.0, 0, NULL, 0, L_(clip_ratio_c), -1, "dual-clip bound for negative advantages"},
     {"loss_agg_mode", PT_ENUM, 0, 0, PB_ROW, AGG_TOKEN_MEAN, 0,
      "token-mean|token-sum|seq-mean-token-sum|seq-mean-token-mean|seq-mean-token-sum-norm", 0, L_(agg), -1,
      "how per-token losses make the batch loss (veRL's names)"},
@@ -63,10 +58,8 @@ static const eng_param loss_rows[] = {
     {"kl_type", PT_ENUM, 0, 0, PB_ROW, KL_K3, 0, "kl,k1|abs|mse,k2|low_var_kl,k3|k1+,kl+|k3+,low_var_kl+", 0, L_(kl), -1,
      "KL estimator: k1 (kl), abs, k2 (mse), k3 (low_var_kl); k1+ and k3+ take k2's gradient "
      "(veRL's straight-through)"},
-    {"entropy_coeff", PT_NUM, -10, 10, PB_ROW, 0.0, 0, NULL, 0, L_(entropy_coeff), -1,
-     "weight of the entropy bonus"},
-    {"ppo_epochs", PT_INT, 1, 64, PB_ROW, 1, 0, NULL, 0, L_(ppo_epochs), -1,
-     "passes over the batch"},
+    {"entropy_coeff", PT_NUM, -10, 10, PB_ROW, 0.0, 0, NULL, 0, L_(entropy_coeff), -1, "weight of the entropy bonus"},
+    {"ppo_epochs", PT_INT, 1, 64, PB_ROW, 1, 0, NULL, 0, L_(ppo_epochs), -1, "passes over the batch"},
     {"ppo_mini_batch_size", PT_INT, 0, 1 << 20, PB_ROW, 0, 0, NULL, 0, L_(ppo_mini_batch_size), -1,
      "groups per optimizer step; 0 = all groups in one step"},
     {"temperature", PT_NUM, 1e-3, 100, PB_ROW, 1.0, 0, NULL, 0, L_(temperature), -1,
@@ -84,8 +77,7 @@ static const eng_param optim_rows[] = {
     {"weight_decay", PT_NUM, 0, 10, PB_ROW, 0.01, 0, NULL, 0, O_(weight_decay), -1, "AdamW decoupled weight decay"},
     {"betas", PT_PAIR, 0, 1, PB_ROW, 0.9, 0.999, NULL, 0, O_(beta1), O_(beta2), "AdamW beta1, beta2"},
     {"eps", PT_NUM, 1e-20, 1, PB_ROW, 1e-8, 0, NULL, 0, O_(eps), -1, "AdamW epsilon"},
-    {"grad_clip", PT_NUM, 0, 1e9, PB_ROW, 1.0, 0, NULL, 0, O_(grad_clip), -1,
-     "clip the global gradient norm to this; 0 = off"},
+    {"grad_clip", PT_NUM, 0, 1e9, PB_ROW, 1.0, 0, NULL, 0, O_(grad_clip), -1, "clip the global gradient norm to this; 0 = off"},
     {"warmup_steps", PT_INT, 0, 1 << 30, PB_ROW, 0, 0, NULL, 0, O_(warmup_steps), -1,
      "linear warm-up over this many optimizer steps"},
     {"lr_schedule", PT_ENUM, 0, 0, PB_ROW, SCHED_CONSTANT, 0, "constant|cosine", 0, O_(schedule), -1,
@@ -106,9 +98,14 @@ void eng_params_default(const eng_params *t, void *dst) {
         const eng_param *p = &t->rows[i];
         switch (p->type) {
         case PT_NUM: *(float *)(d + p->off) = (float)p->dflt; break;
-        case PT_INT: case PT_BOOL: case PT_ENUM: *(int *)(d + p->off) = (int)p->dflt; break;
-        case PT_PAIR: *(float *)(d + p->off) = (float)p->dflt; *(float *)(d + p->off2) = (float)p->dflt2; break;
-        default: break;     /* PT_SEED, PT_STRS, PT_IDS: zero; PT_COMPAT: not stored */
+        case PT_INT:
+        case PT_BOOL:
+        case PT_ENUM: *(int *)(d + p->off) = (int)p->dflt; break;
+        case PT_PAIR:
+            *(float *)(d + p->off) = (float)p->dflt;
+            *(float *)(d + p->off2) = (float)p->dflt2;
+            break;
+        default: break; /* PT_SEED, PT_STRS, PT_IDS: zero; PT_COMPAT: not stored */
         }
     }
 }
@@ -134,7 +131,8 @@ int eng_param_choice(const eng_param *p, const char *s) {
 const char *eng_param_choice_name(const eng_param *p, int i, char *buf, size_t n) {
     if (p->type != PT_ENUM || i < 0) return NULL;
     const char *c = p->choices;
-    for (; i > 0 && c; i--) if ((c = strchr(c, '|'))) c++;
+    for (; i > 0 && c; i--)
+        if ((c = strchr(c, '|'))) c++;
     if (!c || !n) return NULL;
     size_t len = strcspn(c, ",|");
     if (len >= n) len = n - 1;

@@ -14,25 +14,25 @@
 #include <stddef.h>
 
 typedef enum {
-    PT_NUM,         /* JSON number → float */
-    PT_INT,         /* JSON integer → int */
-    PT_BOOL,        /* true | false → int */
-    PT_ENUM,        /* one of choices → int: the choice's index, which is the C enum's value */
-    PT_SEED,        /* JSON integer → uint64_t; absent: drawn when the request is validated */
-    PT_PAIR,        /* [a, b], each in [lo, hi) → float at off and at off2 */
-    PT_STRS,        /* a non-empty string, or an array of lo..hi strings of 1..ENG_PARAM_STR_MAX
+    PT_NUM, /* JSON number → float */
+    PT_INT, /* JSON integer → int */
+    PT_BOOL, /* true | false → int */
+    PT_ENUM, /* one of choices → int: the choice's index, which is the C enum's value */
+    PT_SEED, /* JSON integer → uint64_t; absent: drawn when the request is validated */
+    PT_PAIR, /* [a, b], each in [lo, hi) → float at off and at off2 */
+    PT_STRS, /* a non-empty string, or an array of lo..hi strings of 1..ENG_PARAM_STR_MAX
                        bytes → const char *const * at off, int count at off2 */
-    PT_IDS,         /* an array of lo..hi token ids < vocab → const int * at off, int count at off2 */
-    PT_COMPAT,      /* accepted (false | true | 0 | 1) for compatibility, never stored */
+    PT_IDS, /* an array of lo..hi token ids < vocab → const int * at off, int count at off2 */
+    PT_COMPAT, /* accepted (false | true | 0 | 1) for compatibility, never stored */
 } eng_param_type;
 
 /* Where the upper bound comes from when it is not the row's hi. */
 typedef enum {
-    PB_ROW,         /* hi */
-    PB_VOCAB,       /* the model's vocabulary size */
-    PB_MAX_TOKENS,  /* the server's sampling.max_tokens limit (--max-tokens); the default is
+    PB_ROW, /* hi */
+    PB_VOCAB, /* the model's vocabulary size */
+    PB_MAX_TOKENS, /* the server's sampling.max_tokens limit (--max-tokens); the default is
                        min(dflt, that limit) */
-    PB_PREV,        /* the value of the row before (min_tokens <= max_tokens) */
+    PB_PREV, /* the value of the row before (min_tokens <= max_tokens) */
 } eng_param_bound;
 
 enum {
@@ -43,27 +43,27 @@ enum {
 #define ENG_PARAM_STR_MAX 256
 
 typedef struct {
-    const char *name;           /* the JSON member */
+    const char *name; /* the JSON member */
     eng_param_type type;
-    double lo, hi;              /* inclusive range; element count for PT_STRS / PT_IDS */
+    double lo, hi; /* inclusive range; element count for PT_STRS / PT_IDS */
     eng_param_bound hi_from;
-    double dflt, dflt2;         /* PT_ENUM: the default choice's index; PT_PAIR: both */
-    const char *choices;        /* PT_ENUM: "a|b|c" in enum order; aliases after a comma ("kl,k1|…") */
-    int flags;                  /* PF_* */
-    int off, off2;              /* offsetof in the engine struct (-1: none) */
-    const char *doc;            /* one line for docs/api.md and the OpenAPI description */
+    double dflt, dflt2; /* PT_ENUM: the default choice's index; PT_PAIR: both */
+    const char *choices; /* PT_ENUM: "a|b|c" in enum order; aliases after a comma ("kl,k1|…") */
+    int flags; /* PF_* */
+    int off, off2; /* offsetof in the engine struct (-1: none) */
+    const char *doc; /* one line for docs/api.md and the OpenAPI description */
 } eng_param;
 
 typedef struct {
-    const char *name;           /* the request section: "sampling", "algorithm", "optimizer" */
+    const char *name; /* the request section: "sampling", "algorithm", "optimizer" */
     const eng_param *rows;
     int n;
-    size_t size;                /* sizeof the engine struct */
+    size_t size; /* sizeof the engine struct */
 } eng_params;
 
-extern const eng_params eng_sampling_params;   /* eng_sampling (engine.h) */
-extern const eng_params eng_loss_params;       /* loss_config (loss.h) */
-extern const eng_params eng_optim_params;      /* eng_optim (engine.h) */
+extern const eng_params eng_sampling_params; /* eng_sampling (engine.h) */
+extern const eng_params eng_loss_params; /* loss_config (loss.h) */
+extern const eng_params eng_optim_params; /* eng_optim (engine.h) */
 
 /* Zeroes the struct, then sets every row's default (PT_SEED, PT_STRS, PT_IDS: 0 / NULL). */
 void eng_params_default(const eng_params *t, void *dst);

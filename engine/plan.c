@@ -25,9 +25,9 @@
 #include "engine/engine_internal.h"
 #include "engine/train/state.h"
 
-#define PLAN_HEADROOM ((long long)4 << 30)       /* scratch, workspaces, decode buffers */
-#define SNAP_HOST_RESERVE ((long long)8 << 30)   /* host memory left beside a host copy */
-#define MB_DEFAULT_TOKENS 32768                  /* the default micro-batch where it fits */
+#define PLAN_HEADROOM ((long long)4 << 30) /* scratch, workspaces, decode buffers */
+#define SNAP_HOST_RESERVE ((long long)8 << 30) /* host memory left beside a host copy */
+#define MB_DEFAULT_TOKENS 32768 /* the default micro-batch where it fits */
 #define MB_MAX_TOKENS (16LL << 20)
 
 /* The plan's first choice, made in eng_open after the weights and the reference are placed:
@@ -36,15 +36,20 @@
 int plan_offload(eng *e, const char *mode, int *on) {
     eng_backend *be = e->be;
     *on = 0;
-    if (mode && !strcmp(mode, "on")) { *on = 1; return 0; }
+    if (mode && !strcmp(mode, "on")) {
+        *on = 1;
+        return 0;
+    }
     if (mode && !strcmp(mode, "off")) return 0;
-    if (mode && *mode && strcmp(mode, "auto"))
-        return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
+    if (mode && *mode && strcmp(mode, "auto")) return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
     size_t fr = 0, tot = 0;
-    if (!be->mem_info || be->mem_info(be, &fr, &tot)) { err_clear(); return 0; }
+    if (!be->mem_info || be->mem_info(be, &fr, &tot)) {
+        err_clear();
+        return 0;
+    }
     /* with a comm the master and moments are this rank's shard (engine/train/dp.c) */
     double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
-    double need = 4.0 * n + 12.0 * st + n * be->act_bytes;   /* + the policy's act copy */
+    double need = 4.0 * n + 12.0 * st + n * be->act_bytes; /* + the policy's act copy */
     *on = need > (double)fr - (double)tot / 4;
     return 0;
 }
@@ -85,12 +90,12 @@ int plan_make(eng *e, const eng_open_opts *o) {
     long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
     int rc = state_alloc(e);
     if (rc) return rc;
-    int dev_state = !e->offload && be->mem_info;   /* master and moments in device memory */
+    int dev_state = !e->offload && be->mem_info; /* master and moments in device memory */
     p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
     p->reference = e->ref_act ? n * eb : 0;
     p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
     if (e->offload) p->host_state = 3 * ns * 4;
-    else {   /* the backend's memory (the host's on cpu, where the master is the weights) */
+    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
         p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
         p->moments = 2 * ns * 4;
     }
@@ -109,7 +114,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
     } else if (host_fits) {
         where = SNAP_HOST;
     }
-    if (o->snapshot && *o->snapshot && strcmp(o->snapshot, "auto")) {   /* the caller's choice */
+    if (o->snapshot && *o->snapshot && strcmp(o->snapshot, "auto")) { /* the caller's choice */
         where = -1;
         for (int k = SNAP_NONE; k <= SNAP_HOST; k++)
             if (!strcmp(o->snapshot, snap_where_name(k))) where = k;
@@ -119,7 +124,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
                            dev_state ? "device or pinned" : "host");
         if (where != SNAP_NONE && (rc = snap_alloc(e, where))) return rc;
     } else if (where != SNAP_NONE && snap_alloc(e, where)) {
-        err_clear();   /* no room after all: the update runs without a copy (snapshot.h) */
+        err_clear(); /* no room after all: the update runs without a copy (snapshot.h) */
         where = SNAP_NONE;
     }
     p->snapshot = where == SNAP_NONE ? 0 : snap;
@@ -134,7 +139,8 @@ int plan_make(eng *e, const eng_open_opts *o) {
     p->acts_bytes = left > 0 ? left : 0;
     p->micro_batch_tokens_max = fit_tokens(&e->m, p->acts_bytes, MB_MAX_TOKENS);
     if (p->micro_batch_tokens_max < 1)
-        return err_set(GE_NOMEM, "%s: no room on %s for the activations of one token once the weights and the training state "
+        return err_set(GE_NOMEM,
+                       "%s: no room on %s for the activations of one token once the weights and the training state "
                        "are placed (%lld MiB free): try --optimizer-offload on, LoRA, or more GPUs",
                        o->model_dir, be->name, (long long)fr >> 20);
     p->micro_batch_tokens = p->micro_batch_tokens_max < MB_DEFAULT_TOKENS ? p->micro_batch_tokens_max : MB_DEFAULT_TOKENS;

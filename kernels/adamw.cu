@@ -8,8 +8,8 @@
 
 #include "kernels/adamw.cuh"
 
-__global__ void adamw_kernel(float *p, bf16 *act, const float *g, float *m, float *v, long long n, float decay,
-                             float w1, float w2, float b2f, float step_size, float bc2_sqrt, float eps_f) {
+__global__ void adamw_kernel(float *p, bf16 *act, const float *g, float *m, float *v, long long n, float decay, float w1,
+                             float w2, float b2f, float step_size, float bc2_sqrt, float eps_f) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         float gi = g[i], mi = m[i], vi = v[i];
         float pi = p[i] * decay;
@@ -34,8 +34,7 @@ __global__ void sumsq_kernel(double *out, const float *x, long long n) {
 }
 
 __global__ void scale_kernel(float *x, long long n, float s) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        x[i] *= s;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) x[i] *= s;
 }
 
 static unsigned grid_for(cu_ctx *c, long long n) {
@@ -43,16 +42,16 @@ static unsigned grid_for(cu_ctx *c, long long n) {
     return b < cap ? b : cap;
 }
 
-void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float *m, float *v, long long n,
-                float lr, float beta1, float beta2, float eps, float wd, int step) {
+void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float *m, float *v, long long n, float lr, float beta1,
+                float beta2, float eps, float wd, int step) {
     if (c->failed || n <= 0) return;
     const double lr_d = adamw_scalar(lr), b1_d = adamw_scalar(beta1), b2_d = adamw_scalar(beta2);
     const double bc1 = 1.0 - pow(b1_d, step), bc2 = 1.0 - pow(b2_d, step);
     const float decay = (float)(1.0 - lr_d * adamw_scalar(wd));
     const float w1 = (float)(1.0 - b1_d), w2 = (float)(1.0 - b2_d), b2f = (float)b2_d;
     const float step_size = (float)(lr_d / bc1), bc2_sqrt = (float)sqrt(bc2), eps_f = (float)adamw_scalar(eps);
-    adamw_kernel<<<grid_for(c, n), 256, 0, c->stream>>>(master, act_copy, g, m, v, n, decay, w1, w2, b2f, step_size,
-                                                        bc2_sqrt, eps_f);
+    adamw_kernel<<<grid_for(c, n), 256, 0, c->stream>>>(master, act_copy, g, m, v, n, decay, w1, w2, b2f, step_size, bc2_sqrt,
+                                                        eps_f);
     CU_LAUNCHED(c, "adamw_kernel");
 }
 

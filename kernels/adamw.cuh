@@ -8,8 +8,8 @@
 #include "kernels/common.cuh"
 #include "kernels/adamw.h"
 
-void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float *m, float *v, long long n,
-                float lr, float beta1, float beta2, float eps, float wd, int step);
+void adamw_cuda(cu_ctx *c, float *master, bf16 *act_copy, const float *g, float *m, float *v, long long n, float lr, float beta1,
+                float beta2, float eps, float wd, int step);
 double sumsq_cuda(cu_ctx *c, const float *x, long long n);
 void scale_cuda(cu_ctx *c, float *x, long long n, float s);
 #endif

@@ -31,24 +31,31 @@ static inline double adamw_scalar(float x) {
 
 /* The step's fp32 scalars, made once per step from the hyperparameters (every implementation
  * uses these, so the element math below sees the same numbers everywhere). */
-typedef struct { float decay, w1, w2, b2f, step_size, bc2_sqrt, eps; } adamw_consts;
+typedef struct {
+    float decay, w1, w2, b2f, step_size, bc2_sqrt, eps;
+} adamw_consts;
 static inline adamw_consts adamw_consts_make(float lr, float beta1, float beta2, float eps, float wd, int step) {
     const double lr_d = adamw_scalar(lr), b1_d = adamw_scalar(beta1), b2_d = adamw_scalar(beta2);
     const double bc1 = 1.0 - pow(b1_d, step), bc2 = 1.0 - pow(b2_d, step);
-    adamw_consts k = { (float)(1.0 - lr_d * adamw_scalar(wd)), (float)(1.0 - b1_d), (float)(1.0 - b2_d), (float)b2_d,
-                       (float)(lr_d / bc1), (float)sqrt(bc2), (float)adamw_scalar(eps) };
+    adamw_consts k = {(float)(1.0 - lr_d * adamw_scalar(wd)),
+                      (float)(1.0 - b1_d),
+                      (float)(1.0 - b2_d),
+                      (float)b2_d,
+                      (float)(lr_d / bc1),
+                      (float)sqrt(bc2),
+                      (float)adamw_scalar(eps)};
     return k;
 }
 
 /* One AdamW step over n fp32 parameters. p, m, v (n) updated in place; g (n). step is 1-based. */
-void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
-               float beta2, float eps, float wd, int step);
+void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd,
+               int step);
 
 /* adamw_cpu (the same element math, bit for bit) that also writes the new weights' bf16 bits
  * into act (n), rounded to nearest even as CUDA's __float2bfloat16: the host half of the
  * offloaded optimizer (engine/train/offload.h), one pass over memory, OpenMP + SIMD. */
-void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
-                    float beta2, float eps, float wd, int step);
+void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2,
+                    float eps, float wd, int step);
 
 
 /* Sum of squares of x (n) in double, for the global grad norm sqrt(sum over tensors).

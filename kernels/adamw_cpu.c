@@ -8,22 +8,21 @@
 #include <math.h>
 
 /* One element: torch's eager order of operations (lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_). */
-#define ADAMW_ELEM(k, p, g, m, v, i, pnew)                                                        \
-    float pi_ = (p)[i] * (k).decay;                                                              \
-    float gi_ = (g)[i];                                                                          \
-    float mi_ = (m)[i] + (k).w1 * (gi_ - (m)[i]);              /* lerp_(g, 1 - beta1) */         \
-    float vi_ = (v)[i] * (k).b2f + (k).w2 * gi_ * gi_;         /* mul_(beta2).addcmul_(g, g, 1 - beta2) */ \
-    float denom_ = sqrtf(vi_) / (k).bc2_sqrt + (k).eps;                                          \
-    float pnew = pi_ - (k).step_size * (mi_ / denom_);         /* addcdiv_(m, denom, -step_size) */ \
-    (m)[i] = mi_;                                                                                \
+#define ADAMW_ELEM(k, p, g, m, v, i, pnew) \
+    float pi_ = (p)[i] * (k).decay; \
+    float gi_ = (g)[i]; \
+    float mi_ = (m)[i] + (k).w1 * (gi_ - (m)[i]); /* lerp_(g, 1 - beta1) */ \
+    float vi_ = (v)[i] * (k).b2f + (k).w2 * gi_ * gi_; /* mul_(beta2).addcmul_(g, g, 1 - beta2) */ \
+    float denom_ = sqrtf(vi_) / (k).bc2_sqrt + (k).eps; \
+    float pnew = pi_ - (k).step_size * (mi_ / denom_); /* addcdiv_(m, denom, -step_size) */ \
+    (m)[i] = mi_; \
     (v)[i] = vi_;
 
 /* Elements [i0, i1) of one step; act NULL: no bf16 copy. The Makefile builds this file with
  * -fno-math-errno so that sqrtf vectorizes (sqrtps rounds correctly, as sqrtss: the same bits;
  * there is no other library call here). */
-static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *restrict act,
-                        const float *restrict g, float *restrict m, float *restrict v, long long i0,
-                        long long i1) {
+static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *restrict act, const float *restrict g,
+                        float *restrict m, float *restrict v, long long i0, long long i1) {
     const adamw_consts k = *kp;
     if (act) {
 #pragma omp simd
@@ -52,16 +51,16 @@ static void adamw_run(const adamw_consts *k, float *p, uint16_t *act, const floa
     }
 }
 
-void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1,
-               float beta2, float eps, float wd, int step) {
+void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd,
+               int step) {
     /* scalars as torch computes them: in double from the decimals the user wrote, applied in
      * fp32 (torch casts a Python scalar to the tensor's fp32) */
     const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
     adamw_run(&k, p, NULL, g, m, v, n);
 }
 
-void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
-                    float beta2, float eps, float wd, int step) {
+void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2,
+                    float eps, float wd, int step) {
     const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
     adamw_run(&k, p, act, g, m, v, n);
 }

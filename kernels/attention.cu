@@ -35,8 +35,8 @@ enum { QT = 16, KT = 32, NT = 128, QB = 8 };
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
  * distinct banks). */
 template <int DM>
-__device__ __forceinline__ void load_tile(bf16 *k_s, int kp, bf16 *v_s, int vp, const bf16 *k, const bf16 *v,
-                                          int j0, int end, int K, int g, int D) {
+__device__ __forceinline__ void load_tile(bf16 *k_s, int kp, bf16 *v_s, int vp, const bf16 *k, const bf16 *v, int j0, int end,
+                                          int K, int g, int D) {
     for (int i = threadIdx.x; i < KT * (DM / 2); i += NT) {
         int kk = i / (DM / 2), c2 = i % (DM / 2), j = j0 + kk;
         bf162 a = __floats2bfloat162_rn(0.0f, 0.0f), b = a;
@@ -51,19 +51,28 @@ __device__ __forceinline__ void load_tile(bf16 *k_s, int kp, bf16 *v_s, int vp, 
 }
 
 /* The block's queries' ranges into shared memory and, per pass, the union [blo, bhi). */
-__device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], int *blo, int *bhi, attn_ranges r,
-                                            int t0, int T) {
+__device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], int *blo, int *bhi, attn_ranges r, int t0, int T) {
     if (threadIdx.x < QT) {
         int t = t0 + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-        if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
-        lo_s[0][threadIdx.x] = a0; hi_s[0][threadIdx.x] = a1;
-        lo_s[1][threadIdx.x] = b0; hi_s[1][threadIdx.x] = b1;
+        if (t < T) {
+            a0 = r.a0[t];
+            a1 = r.a1[t];
+            b0 = r.b0[t];
+            b1 = r.b1[t];
+        }
+        lo_s[0][threadIdx.x] = a0;
+        hi_s[0][threadIdx.x] = a1;
+        lo_s[1][threadIdx.x] = b0;
+        hi_s[1][threadIdx.x] = b1;
     }
     __syncthreads();
     if (threadIdx.x < 2) {
         int s = threadIdx.x, lo = INT_MAX, hi = INT_MIN;
         for (int i = 0; i < QT; i++)
-            if (lo_s[s][i] < hi_s[s][i]) { lo = min(lo, lo_s[s][i]); hi = max(hi, hi_s[s][i]); }
+            if (lo_s[s][i] < hi_s[s][i]) {
+                lo = min(lo, lo_s[s][i]);
+                hi = max(hi, hi_s[s][i]);
+            }
         blo[s] = lo;
         bhi[s] = hi;
     }
@@ -71,8 +80,8 @@ __device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], in
 }
 
 template <int DM>
-__global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                      const bf16 *v, attn_ranges r, int T, int H, int K, int D, float scale2) {
+__global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                      attn_ranges r, int T, int H, int K, int D, float scale2) {
     constexpr int KP = DM + 2, NP = (DM + 63) / 64;
     __shared__ float q_s[QT][DM];
     __shared__ __align__(16) bf16 k_s[KT * KP];
@@ -85,10 +94,11 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
     }
     load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
     float m[4], l[4], acc[4][2 * NP];
-    #pragma unroll
+#pragma unroll
     for (int a = 0; a < 4; a++) {
-        m[a] = -INFINITY; l[a] = 0;
-        #pragma unroll
+        m[a] = -INFINITY;
+        l[a] = 0;
+#pragma unroll
         for (int e = 0; e < 2 * NP; e++) acc[a][e] = 0;
     }
     for (int s = 0; s < 2; s++) {
@@ -97,26 +107,26 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
             __syncthreads();
             int j = j0 + lane;
             bool valid[4], any = false;
-            #pragma unroll
+#pragma unroll
             for (int a = 0; a < 4; a++) {
                 int qi = warp * 4 + a;
                 valid[a] = j >= lo_s[s][qi] && j < hi_s[s][qi];
                 any |= valid[a];
             }
             if (__any_sync(FULL, any)) {
-                float sc[4] = { 0, 0, 0, 0 };
+                float sc[4] = {0, 0, 0, 0};
                 const bf162 *kr = (const bf162 *)(k_s + lane * KP);
-                #pragma unroll 8
+#pragma unroll 8
                 for (int d2 = 0; d2 < DM / 2; d2++) {
                     float2 kf = __bfloat1622float2(kr[d2]);
-                    #pragma unroll
+#pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float2 qf = *(const float2 *)&q_s[warp * 4 + a][2 * d2];
                         sc[a] += qf.x * kf.x + qf.y * kf.y;
                     }
                 }
                 float p[4];
-                #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 4; a++) {
                     float sv = valid[a] ? sc[a] : -INFINITY;
                     float mn = fmaxf(m[a], warp_max(sv));
@@ -124,19 +134,20 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
                     float corr = mn == -INFINITY ? 1.0f : exp2f(m[a] - mn);
                     l[a] = l[a] * corr + warp_sum(p[a]);
                     m[a] = mn;
-                    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 2 * NP; e++) acc[a][e] *= corr;
                 }
-                #pragma unroll 4
+#pragma unroll 4
                 for (int jj = 0; jj < KT; jj++) {
                     const bf162 *vr = (const bf162 *)(v_s + jj * DM);
                     float2 vf[NP];
-                    #pragma unroll
-                    for (int pi = 0; pi < NP; pi++) vf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(vr[lane + 32 * pi]) : make_float2(0, 0);
-                    #pragma unroll
+#pragma unroll
+                    for (int pi = 0; pi < NP; pi++)
+                        vf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(vr[lane + 32 * pi]) : make_float2(0, 0);
+#pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float pj = __shfl_sync(FULL, p[a], jj);
-                        #pragma unroll
+#pragma unroll
                         for (int pi = 0; pi < NP; pi++) {
                             acc[a][2 * pi] += pj * vf[pi].x;
                             acc[a][2 * pi + 1] += pj * vf[pi].y;
@@ -147,25 +158,25 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
             __syncthreads();
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int a = 0; a < 4; a++) {
         int t = t0 + warp * 4 + a;
         if (t >= T) continue;
         float inv = l[a] > 0 ? 1.0f / l[a] : 0.0f;
         bf162 *o = (bf162 *)(out + ((size_t)t * H + h) * D);
-        #pragma unroll
+#pragma unroll
         for (int pi = 0; pi < NP; pi++)
-            if (2 * (lane + 32 * pi) < D) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * inv, acc[a][2 * pi + 1] * inv);
+            if (2 * (lane + 32 * pi) < D)
+                o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * inv, acc[a][2 * pi + 1] * inv);
         if (lane == 0) lse[(size_t)t * H + h] = l[a] > 0 ? (m[a] + log2f(l[a])) * LN2 : -INFINITY;
     }
 }
 
 /* dq = scale Σ_j P_j (dP_j - Dsum) k_j, dP_j = dout·v_j; also writes Dsum (T,H) for dk/dv. */
 template <int DM>
-__global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
-                                                         const bf16 *k, const bf16 *v, const bf16 *out,
-                                                         const float *lse, attn_ranges r, int T, int H, int K,
-                                                         int D, float scale2, float scale) {
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                       const float *lse, attn_ranges r, int T, int H, int K, int D, float scale2, float scale) {
     constexpr int KP = DM + 2, NP = (DM + 63) / 64;
     __shared__ float q_s[QT][DM], do_s[QT][DM];
     __shared__ __align__(16) bf16 k_s[KT * KP];
@@ -179,7 +190,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
         do_s[qi][d] = t < T && d < D ? __bfloat162float(dout[off]) : 0.0f;
     }
     float L2[4], Ds[4], acc[4][2 * NP];
-    #pragma unroll
+#pragma unroll
     for (int a = 0; a < 4; a++) {
         int t = t0 + warp * 4 + a;
         float s = 0;
@@ -190,7 +201,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
         Ds[a] = warp_sum(s);
         L2[a] = t < T ? lse[(size_t)t * H + h] * LOG2E : 0.0f;
         if (t < T && lane == 0) dsum[(size_t)t * H + h] = Ds[a];
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2 * NP; e++) acc[a][e] = 0;
     }
     load_ranges(lo_s, hi_s, blo, bhi, r, t0, T);
@@ -200,19 +211,19 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
             __syncthreads();
             int j = j0 + lane;
             bool valid[4], any = false;
-            #pragma unroll
+#pragma unroll
             for (int a = 0; a < 4; a++) {
                 int qi = warp * 4 + a;
                 valid[a] = j >= lo_s[s][qi] && j < hi_s[s][qi];
                 any |= valid[a];
             }
             if (__any_sync(FULL, any)) {
-                float sc[4] = { 0, 0, 0, 0 }, dp[4] = { 0, 0, 0, 0 };
+                float sc[4] = {0, 0, 0, 0}, dp[4] = {0, 0, 0, 0};
                 const bf162 *kr = (const bf162 *)(k_s + lane * KP), *vr = (const bf162 *)(v_s + lane * KP);
-                #pragma unroll 8
+#pragma unroll 8
                 for (int d2 = 0; d2 < DM / 2; d2++) {
                     float2 kf = __bfloat1622float2(kr[d2]), vf = __bfloat1622float2(vr[d2]);
-                    #pragma unroll
+#pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float2 qf = *(const float2 *)&q_s[warp * 4 + a][2 * d2];
                         float2 of = *(const float2 *)&do_s[warp * 4 + a][2 * d2];
@@ -221,21 +232,22 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
                     }
                 }
                 float ds[4];
-                #pragma unroll
+#pragma unroll
                 for (int a = 0; a < 4; a++) {
                     float P = valid[a] ? exp2f(sc[a] - L2[a]) : 0.0f;
                     ds[a] = P * (dp[a] - Ds[a]);
                 }
-                #pragma unroll 4
+#pragma unroll 4
                 for (int jj = 0; jj < KT; jj++) {
                     const bf162 *kk = (const bf162 *)(k_s + jj * KP);
                     float2 kf[NP];
-                    #pragma unroll
-                    for (int pi = 0; pi < NP; pi++) kf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(kk[lane + 32 * pi]) : make_float2(0, 0);
-                    #pragma unroll
+#pragma unroll
+                    for (int pi = 0; pi < NP; pi++)
+                        kf[pi] = lane + 32 * pi < DM / 2 ? __bfloat1622float2(kk[lane + 32 * pi]) : make_float2(0, 0);
+#pragma unroll
                     for (int a = 0; a < 4; a++) {
                         float dj = __shfl_sync(FULL, ds[a], jj);
-                        #pragma unroll
+#pragma unroll
                         for (int pi = 0; pi < NP; pi++) {
                             acc[a][2 * pi] += dj * kf[pi].x;
                             acc[a][2 * pi + 1] += dj * kf[pi].y;
@@ -246,14 +258,15 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
             __syncthreads();
         }
     }
-    #pragma unroll
+#pragma unroll
     for (int a = 0; a < 4; a++) {
         int t = t0 + warp * 4 + a;
         if (t >= T) continue;
         bf162 *o = (bf162 *)(dq + ((size_t)t * H + h) * D);
-        #pragma unroll
+#pragma unroll
         for (int pi = 0; pi < NP; pi++)
-            if (2 * (lane + 32 * pi) < D) o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * scale, acc[a][2 * pi + 1] * scale);
+            if (2 * (lane + 32 * pi) < D)
+                o[lane + 32 * pi] = __floats2bfloat162_rn(acc[a][2 * pi] * scale, acc[a][2 * pi + 1] * scale);
     }
 }
 
@@ -261,15 +274,24 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq_kernel(bf16 *dq, float *dsum, 
 __global__ void attn_tile_bounds_kernel(int *qlo, int *qhi, attn_ranges r, int T, int S, int kt) {
     __shared__ int lo_s, hi_s;
     int j0 = blockIdx.x * kt, j1 = min(j0 + kt, S), lo = INT_MAX, hi = -1;
-    if (threadIdx.x == 0) { lo_s = INT_MAX; hi_s = -1; }
+    if (threadIdx.x == 0) {
+        lo_s = INT_MAX;
+        hi_s = -1;
+    }
     __syncthreads();
     for (int t = threadIdx.x; t < T; t += blockDim.x) {
         bool sees = max(r.a0[t], j0) < min(r.a1[t], j1) || max(r.b0[t], j0) < min(r.b1[t], j1);
-        if (sees) { lo = min(lo, t); hi = max(hi, t); }
+        if (sees) {
+            lo = min(lo, t);
+            hi = max(hi, t);
+        }
     }
     lo = __reduce_min_sync(FULL, lo);
     hi = __reduce_max_sync(FULL, hi);
-    if ((threadIdx.x & 31) == 0) { atomicMin(&lo_s, lo); atomicMax(&hi_s, hi); }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMin(&lo_s, lo);
+        atomicMax(&hi_s, hi);
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         qlo[blockIdx.x] = hi_s < 0 ? 0 : lo_s;
@@ -283,11 +305,10 @@ void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, 
 }
 
 template <int DM>
-__global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                                                           const bf16 *k, const bf16 *v, const float *lse,
-                                                           const float *dsum, const int *qlo, const int *qhi,
-                                                           attn_ranges r, int T, int S, int H, int K, int D,
-                                                           float scale2, float scale) {
+__global__ void __launch_bounds__(NT)
+    attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                         const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, int D,
+                         float scale2, float scale) {
     constexpr int KP = DM + 2, DW = DM / 4;
     __shared__ __align__(16) bf16 k_s[KT * KP];
     __shared__ __align__(16) bf16 v_s[KT * KP];
@@ -299,8 +320,11 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
     int rep = H / K, d0 = warp * DW, j = j0 + lane, t_lo = qlo[kt], t_hi = qhi[kt];
     load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, S, K, g, D);
     float dk_acc[DW], dv_acc[DW];
-    #pragma unroll
-    for (int e = 0; e < DW; e++) { dk_acc[e] = 0; dv_acc[e] = 0; }
+#pragma unroll
+    for (int e = 0; e < DW; e++) {
+        dk_acc[e] = 0;
+        dv_acc[e] = 0;
+    }
     __syncthreads();
     for (int h = g * rep; h < (g + 1) * rep; h++) {
         for (int tb = t_lo; tb < t_hi; tb += QB) {
@@ -314,19 +338,25 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
             if (threadIdx.x < QB) {
                 int t = tb + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
                 if (t < t_hi) {
-                    a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t];
+                    a0 = r.a0[t];
+                    a1 = r.a1[t];
+                    b0 = r.b0[t];
+                    b1 = r.b1[t];
                     lse_s[threadIdx.x] = lse[(size_t)t * H + h] * LOG2E;
                     ds_s[threadIdx.x] = dsum[(size_t)t * H + h];
                     flag = max(a0, j0) < min(a1, j0 + KT) || max(b0, j0) < min(b1, j0 + KT);
                 }
-                rg[threadIdx.x][0] = a0; rg[threadIdx.x][1] = a1; rg[threadIdx.x][2] = b0; rg[threadIdx.x][3] = b1;
+                rg[threadIdx.x][0] = a0;
+                rg[threadIdx.x][1] = a1;
+                rg[threadIdx.x][2] = b0;
+                rg[threadIdx.x][3] = b1;
             }
             if (!__syncthreads_or(flag)) continue;
             const bf162 *kr = (const bf162 *)(k_s + lane * KP + d0), *vr = (const bf162 *)(v_s + lane * KP + d0);
-            #pragma unroll
+#pragma unroll
             for (int qb = 0; qb < QB; qb++) {
                 float ps = 0, pd = 0;
-                #pragma unroll
+#pragma unroll
                 for (int d2 = 0; d2 < DW / 2; d2++) {
                     float2 kf = __bfloat1622float2(kr[d2]), vf = __bfloat1622float2(vr[d2]);
                     float2 qf = *(const float2 *)&q_s[qb][d0 + 2 * d2], of = *(const float2 *)&do_s[qb][d0 + 2 * d2];
@@ -337,7 +367,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
                 pd_s[warp][qb][lane] = pd;
             }
             __syncthreads();
-            #pragma unroll
+#pragma unroll
             for (int qb = 0; qb < QB; qb++) {
                 int mult = (j >= rg[qb][0] && j < rg[qb][1]) + (j >= rg[qb][2] && j < rg[qb][3]);
                 if (!mult) continue;
@@ -345,7 +375,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
                 float dp = pd_s[0][qb][lane] + pd_s[1][qb][lane] + pd_s[2][qb][lane] + pd_s[3][qb][lane];
                 float P = exp2f(s - lse_s[qb]) * mult;
                 float dS = P * (dp - ds_s[qb]) * scale;
-                #pragma unroll
+#pragma unroll
                 for (int e = 0; e < DW; e++) {
                     dv_acc[e] += P * do_s[qb][d0 + e];
                     dk_acc[e] += dS * q_s[qb][d0 + e];
@@ -356,7 +386,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, c
     }
     if (j < S) {
         bf162 *dkr = (bf162 *)(dk + ((size_t)j * K + g) * D + d0), *dvr = (bf162 *)(dv + ((size_t)j * K + g) * D + d0);
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < DW / 2; e++) {
             if (d0 + 2 * e >= D) break;
             float2 a = __bfloat1622float2(dkr[e]), b = __bfloat1622float2(dvr[e]);
@@ -375,16 +405,18 @@ static int head_dim_ok(cu_ctx *c, int D) {
     return 0;
 }
 
-static int use_flash(cu_ctx *c, int D) {
-    return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT;
-}
+static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT; }
 
-#define SIMPLE_DM(D, launch) do { \
-    if ((D) <= 16) launch(16); else if ((D) <= 32) launch(32); else if ((D) <= 64) launch(64); else launch(128); \
-} while (0)
+#define SIMPLE_DM(D, launch) \
+    do { \
+        if ((D) <= 16) launch(16); \
+        else if ((D) <= 32) launch(32); \
+        else if ((D) <= 64) launch(64); \
+        else launch(128); \
+    } while (0)
 
-void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                        attn_ranges r, int T, int H, int K, int D) {
+void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                        int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cu) returns here
      * before the training kernels below. */
@@ -402,9 +434,8 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     CU_LAUNCHED(c, "attn_fwd_kernel");
 }
 
-void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
-                        const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
-                        int D) {
+void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
     if (S < T) S = T;
     int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (S + kt - 1) / kt;
@@ -415,11 +446,8 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
-        if (D == 64)
-            attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
-        else
-            attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2,
-                                scale);
+        if (D == 64) attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
+        else attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
@@ -428,7 +456,9 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, kt);
-#define L_(DM) attn_bwd_dkdv_kernel<DM><<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
+#define L_(DM) \
+    attn_bwd_dkdv_kernel<DM> \
+        <<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");

@@ -13,32 +13,31 @@
  * attend to KV-cache rows other forwards wrote, engine/model/split.c), the dk/dv key tiles cover S. The ranges must not
  * be written by the kernel launched just before the forward: at decode sizes it reads them
  * before its dependent-launch wait (they come from host uploads). */
-void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                        attn_ranges r, int T, int H, int K, int D);
-void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
-                        const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
-                        int D);
+void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                        int H, int K, int D);
+void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D);
 
 /* ---- between the family's translation units (attention.cu picks the path). sc2 = log2(e) /
  * sqrt(D), scale = 1 / sqrt(D). The backward passes take attention.cu's scratch: dsum (T, H)
  * and the key-tile bounds qlo, qhi (T / ATTN_FLASH_BK rounded up, each). */
-enum { ATTN_FLASH_BK = 128 };   /* keys a tile in both tensor-core backward (dk/dv) passes */
+enum { ATTN_FLASH_BK = 128 }; /* keys a tile in both tensor-core backward (dk/dv) passes */
 /* attention.cu: qlo[kt], qhi[kt], the first query and one past the last that sees a key of
  * tile kt (tiles of `tile` keys) */
 void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, int S, int tile);
 /* attention_mma.cu: mma.sync, head dim 64 */
-void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
-                       int T, int H, int K, float sc2);
-void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
-                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
-                       int T, int S, int H, int K, float sc2, float scale);
+void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                       int K, float sc2);
+void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout, const bf16 *q,
+                       const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
+                       float sc2, float scale);
 /* attention_wgmma.cu: warpgroup MMA (sm_90a), head dim 128 */
-void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                         attn_ranges r, int T, int H, int K, float sc2);
+void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                         int H, int K, float sc2);
 void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
-                         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                         attn_ranges r, int T, int S, int H, int K, float sc2, float scale);
+                         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T,
+                         int S, int H, int K, float sc2, float scale);
 /* attention_decode.cu: 1 when it took the forward (T small, D 64 / 128, H/K in {1, 2, 4, 8}) */
-int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                         attn_ranges r, int T, int H, int K, int D);
+int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                         int H, int K, int D);
 #endif

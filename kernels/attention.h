@@ -13,13 +13,14 @@
 #ifndef GRPOD_ATTENTION_H
 #define GRPOD_ATTENTION_H
 
-typedef struct { const int *a0, *a1, *b0, *b1; } attn_ranges;   /* each (T) */
+typedef struct {
+    const int *a0, *a1, *b0, *b1;
+} attn_ranges; /* each (T) */
 
-void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
-                       attn_ranges r, int T, int H, int K, int D);
+void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v, attn_ranges r, int T, int H, int K,
+                       int D);
 /* out (T,H,D), lse (T,H), q (T,H,D), k (S,K,D), v (S,K,D) */
-void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *out, const float *lse,
-                       attn_ranges r, int T, int H, int K, int D);
+void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                       const float *out, const float *lse, attn_ranges r, int T, int H, int K, int D);
 /* dq (T,H,D) overwritten; dk, dv (S,K,D) += */
 #endif

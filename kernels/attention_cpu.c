@@ -8,30 +8,32 @@
 
 /* The keys query t sees, as up to two ranges; returns how many keys. */
 static inline int ranges_of(attn_ranges r, int t, int lo[2], int hi[2]) {
-    lo[0] = r.a0[t]; hi[0] = r.a1[t];
-    lo[1] = r.b0[t]; hi[1] = r.b1[t];
+    lo[0] = r.a0[t];
+    hi[0] = r.a1[t];
+    lo[1] = r.b0[t];
+    hi[1] = r.b1[t];
     return (hi[0] - lo[0]) + (hi[1] - lo[1]);
 }
 
 static inline float dotd(const float *a, const float *b, int D) {
     float s = 0;
-    #pragma omp simd reduction(+:s)
+#pragma omp simd reduction(+ : s)
     for (int d = 0; d < D; d++) s += a[d] * b[d];
     return s;
 }
 
-void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v,
-                       attn_ranges r, int T, int H, int K, int D) {
+void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v, attn_ranges r, int T, int H, int K,
+                       int D) {
     float scale = 1.0f / sqrtf((float)D);
     int rep = H / K, nmax = 1;
     for (int t = 0; t < T; t++) {
         int lo[2], hi[2], n = ranges_of(r, t, lo, hi);
         if (n > nmax) nmax = n;
     }
-    #pragma omp parallel
+#pragma omp parallel
     {
         float *p = malloc((size_t)nmax * sizeof(float));
-        #pragma omp for collapse(2) schedule(dynamic, 16)
+#pragma omp for collapse(2) schedule(dynamic, 16)
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) {
                 int g = h / rep, lo[2], hi[2];
@@ -45,7 +47,10 @@ void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, c
                         if (p[n] > mx) mx = p[n];
                     }
                 double sum = 0;
-                for (int i = 0; i < n; i++) { p[i] = expf(p[i] - mx); sum += p[i]; }
+                for (int i = 0; i < n; i++) {
+                    p[i] = expf(p[i] - mx);
+                    sum += p[i];
+                }
                 float inv = (float)(1.0 / sum);
                 float *o = out + ((size_t)t * H + h) * D;
                 for (int d = 0; d < D; d++) o[d] = 0;
@@ -54,7 +59,7 @@ void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, c
                     for (int j = lo[s]; j < hi[s]; j++, n++) {
                         const float *vj = v + ((size_t)j * K + g) * D;
                         float w = p[n] * inv;
-                        #pragma omp simd
+#pragma omp simd
                         for (int d = 0; d < D; d++) o[d] += w * vj[d];
                     }
                 lse[(size_t)t * H + h] = mx + (float)log(sum);
@@ -64,12 +69,11 @@ void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, c
     }
 }
 
-void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                       const float *k, const float *v, const float *out, const float *lse,
-                       attn_ranges r, int T, int H, int K, int D) {
+void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k, const float *v,
+                       const float *out, const float *lse, attn_ranges r, int T, int H, int K, int D) {
     float scale = 1.0f / sqrtf((float)D);
     int rep = H / K;
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (int g = 0; g < K; g++) {
         for (int t = 0; t < T; t++) {
             for (int h = g * rep; h < (g + 1) * rep; h++) {
@@ -79,7 +83,7 @@ void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const
                 const float *qt = q + th * D, *dot_ = dout + th * D, *ot = out + th * D;
                 float *dqt = dq + th * D;
                 float L = lse[th];
-                float Dsum = dotd(dot_, ot, D);      /* Σ_j P_j dP_j */
+                float Dsum = dotd(dot_, ot, D); /* Σ_j P_j dP_j */
                 for (int d = 0; d < D; d++) dqt[d] = 0;
                 for (int s = 0; s < 2; s++)
                     for (int j = lo[s]; j < hi[s]; j++) {
@@ -89,7 +93,7 @@ void attention_bwd_cpu(float *dq, float *dk, float *dv, const float *dout, const
                         float dP = dotd(dot_, vj, D);
                         float dS = P * (dP - Dsum) * scale;
                         float *dkj = dk + jg * D, *dvj = dv + jg * D;
-                        #pragma omp simd
+#pragma omp simd
                         for (int d = 0; d < D; d++) {
                             dqt[d] += dS * kj[d];
                             dkj[d] += dS * qt[d];

@@ -39,21 +39,19 @@
  * second read mostly hits L2). */
 enum { DEC_MAX_T = 256, DEC_BN = 64, DEC_NW = 4, DEC_CS = 8 };
 
-template <int HPG, bool OWN>
-struct dec_shape {
-    static constexpr int QT = OWN ? 1 : DEC_CS;                /* queries a pass covers */
-    static constexpr int ROWS = QT * HPG;                      /* query rows (<= 64) */
-    static constexpr int MT = (ROWS + 15) / 16;                /* m16 tiles */
-    static constexpr int WK = DEC_NW / MT;                     /* warps per m16 tile (key split) */
-    static constexpr int KW = DEC_BN / WK;                     /* keys per warp per chunk */
+template <int HPG, bool OWN> struct dec_shape {
+    static constexpr int QT = OWN ? 1 : DEC_CS; /* queries a pass covers */
+    static constexpr int ROWS = QT * HPG; /* query rows (<= 64) */
+    static constexpr int MT = (ROWS + 15) / 16; /* m16 tiles */
+    static constexpr int WK = DEC_NW / MT; /* warps per m16 tile (key split) */
+    static constexpr int KW = DEC_BN / WK; /* keys per warp per chunk */
 };
 
 /* Dynamic shared memory: Q rows, then the K/V ring. After a pass the ring holds the warps'
  * combine buffer RED; after both, the shared state (SACC, SML, over RED) and the own state
  * (OACC, OML, past both) that the cluster reads. ~74 KB at D = 128 with HPG <= 2: three blocks
  * an SM. */
-template <int D, int HPG>
-struct dec_smem {
+template <int D, int HPG> struct dec_smem {
     static constexpr int ST = D + 8, RS = D + 4, ROWS = DEC_CS * HPG;
     static constexpr size_t Q = (size_t)dec_shape<HPG, false>::MT * 16 * ST * 2, RING = (size_t)4 * DEC_BN * ST * 2;
     static constexpr size_t RED = (size_t)DEC_NW * 16 * RS * 4;
@@ -75,19 +73,19 @@ struct dec_smem {
  * overlaps this pass's last chunk and combine; the next pass is then called with pre_st = that
  * stage (else -1). */
 template <int D, int HPG, bool OWN, typename Emit>
-__device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v,
-                                         const int (*rng)[2], int T, int H, int K, float sc2, int t0, int s, int g,
-                                         const int *nxt, int pre_st, int *nxt_st, Emit emit) {
+__device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, const bf16 *k, const bf16 *v, const int (*rng)[2],
+                                         int T, int H, int K, float sc2, int t0, int s, int g, const int *nxt, int pre_st,
+                                         int *nxt_st, Emit emit) {
     using S = dec_shape<HPG, OWN>;
     constexpr int QT = S::QT, ROWS = S::ROWS, MT = S::MT, WK = S::WK, KW = S::KW, NT = KW / 8;
     constexpr int ST = D + 8, RS = D + 4, TILE = DEC_BN * ST, NS = OWN ? 1 : DEC_CS;
     constexpr int NI = ROWS * (D / 4), NIT = (NI + 32 * DEC_NW - 1) / (32 * DEC_NW);
-    __shared__ int seg_s[QT][4];                  /* qa, qb (tile-relative), lo, hi */
+    __shared__ int seg_s[QT][4]; /* qa, qb (tile-relative), lo, hi */
     __shared__ int nseg_s;
     __shared__ float m_s[DEC_NW][16], l_s[DEC_NW][16];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, mt = w / WK, kw = w % WK;
 
-    __syncthreads();   /* q_s and the ring are free */
+    __syncthreads(); /* q_s and the ring are free */
     for (int i = threadIdx.x; i < MT * 16 * (D / 8); i += blockDim.x) {
         int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / HPG, h = g * HPG + row % HPG;
         bool ok = row < ROWS && t < T;
@@ -99,7 +97,13 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         for (int i = 0; i < nq;) {
             int lo = rng[i][0], hi = rng[i][1], j = i + 1;
             while (j < nq && rng[j][0] == lo && rng[j][1] == hi) j++;
-            if (hi > lo) { seg_s[n][0] = i; seg_s[n][1] = j; seg_s[n][2] = lo; seg_s[n][3] = hi; n++; }
+            if (hi > lo) {
+                seg_s[n][0] = i;
+                seg_s[n][1] = j;
+                seg_s[n][2] = lo;
+                seg_s[n][3] = hi;
+                n++;
+            }
             i = j;
         }
         nseg_s = n;
@@ -110,13 +114,23 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
     /* split s of segment sg: keys [lo, hi), pieces rounded up to 16 keys */
     auto piece = [&](int sg, int &lo, int &hi) {
         int a = seg_s[sg][2], b = seg_s[sg][3], per = ((b - a + NS - 1) / NS + 15) & ~15;
-        lo = a + s * per; hi = min(b, lo + per);
+        lo = a + s * per;
+        hi = min(b, lo + per);
     };
     /* the next chunk after (sg, j0): advances within the piece, then to the next non-empty one */
     auto next = [&](int &sg, int &j0, int &hi) {
         int lo;
-        if (sg >= 0) { j0 += DEC_BN; if (j0 < hi) return; }
-        for (sg++; sg < nseg; sg++) { piece(sg, lo, hi); if (lo < hi) { j0 = lo; return; } }
+        if (sg >= 0) {
+            j0 += DEC_BN;
+            if (j0 < hi) return;
+        }
+        for (sg++; sg < nseg; sg++) {
+            piece(sg, lo, hi);
+            if (lo < hi) {
+                j0 = lo;
+                return;
+            }
+        }
     };
     auto issue = [&](int st, int j0, int hi) {
         bf16 *ks = kv_s + 2 * st * TILE, *vs = ks + TILE;
@@ -129,11 +143,11 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         }
     };
 
-    float o[1][D / 8][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f };
+    float o[1][D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     fa_zero(o);
     int sg = -1, j0 = 0, hi = 0, st = pre_st >= 0 ? pre_st : 0, issued = -1;
     next(sg, j0, hi);
-    if (pre_st < 0) {   /* else the pass before issued this pass's first chunk into stage pre_st */
+    if (pre_st < 0) { /* else the pass before issued this pass's first chunk into stage pre_st */
         if (sg < nseg) issue(0, j0, hi);
         fa_commit();
     }
@@ -141,7 +155,10 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
         int sg2 = sg, j02 = j0, hi2 = hi;
         next(sg2, j02, hi2);
         if (sg2 < nseg) issue(st ^ 1, j02, hi2);
-        else if (nxt && nxt[0] < nxt[1]) { issue(st ^ 1, nxt[0], nxt[1]); issued = st ^ 1; }   /* the next pass's first */
+        else if (nxt && nxt[0] < nxt[1]) {
+            issue(st ^ 1, nxt[0], nxt[1]);
+            issued = st ^ 1;
+        } /* the next pass's first */
         fa_commit();
         fa_wait<1>();
         __syncthreads();
@@ -165,28 +182,42 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
                     mx0 = fmaxf(mx0, sa[0][n][e]);
                     mx1 = fmaxf(mx1, sa[0][n][2 + e]);
                 }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1)); mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1)); mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
             float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
             float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
-            m[0] = mx0; m[1] = mx1;
+            m[0] = mx0;
+            m[1] = mx1;
             float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0)); sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
-                sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1)); sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
+                sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0));
+                sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
+                sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1));
+                sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
                 s0 += sa[0][n][0] + sa[0][n][1];
                 s1 += sa[0][n][2] + sa[0][n][3];
             }
-            l[0] = l[0] * c0 + s0; l[1] = l[1] * c1 + s1;
+            l[0] = l[0] * c0 + s0;
+            l[1] = l[1] * c1 + s1;
 #pragma unroll
-            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c0; o[0][n][1] *= c0; o[0][n][2] *= c1; o[0][n][3] *= c1; }
+            for (int n = 0; n < D / 8; n++) {
+                o[0][n][0] *= c0;
+                o[0][n][1] *= c0;
+                o[0][n][2] *= c1;
+                o[0][n][3] *= c1;
+            }
             mma_pb<1, NT / 2, D / 8>(o, sa, ks + TILE, ST);
         }
-        __syncthreads();   /* stage st is free for the chunk after next */
-        sg = sg2; j0 = j02; hi = hi2; st ^= 1;
+        __syncthreads(); /* stage st is free for the chunk after next */
+        sg = sg2;
+        j0 = j02;
+        hi = hi2;
+        st ^= 1;
     }
-    if (issued < 0) fa_wait<0>();   /* else all but that chunk's group are done */
+    if (issued < 0) fa_wait<0>(); /* else all but that chunk's group are done */
     if (nxt_st) *nxt_st = issued;
 
     /* combine the WK warps of each m16 tile: (max, sum) through m_s / l_s, accumulators
@@ -195,7 +226,8 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float L = l[hf];
-        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+        L += __shfl_xor_sync(FULL, L, 1);
+        L += __shfl_xor_sync(FULL, L, 2);
         if ((lane & 3) == 0) {
             m_s[w][(lane >> 2) + 8 * hf] = m[hf] == -INFINITY ? -INFINITY : m[hf] * sc2;
             l_s[w][(lane >> 2) + 8 * hf] = L;
@@ -204,8 +236,10 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
         float *r0 = red + ((size_t)w * 16 + (lane >> 2)) * RS + n * 8 + 2 * (lane & 3);
-        r0[0] = o[0][n][0]; r0[1] = o[0][n][1];
-        r0[8 * RS] = o[0][n][2]; r0[8 * RS + 1] = o[0][n][3];
+        r0[0] = o[0][n][0];
+        r0[1] = o[0][n][1];
+        r0[8 * RS] = o[0][n][2];
+        r0[8 * RS + 1] = o[0][n][3];
     }
     __syncthreads();
 #pragma unroll
@@ -224,17 +258,19 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
             const float f = M == -INFINITY || m_s[wx][rr] == -INFINITY ? 0.0f : exp2f(m_s[wx][rr] - M);
             L += l_s[wx][rr] * f;
             const float4 v4 = *(const float4 *)(red + ((size_t)wx * 16 + rr) * RS + d4);
-            a.x += v4.x * f; a.y += v4.y * f; a.z += v4.z * f; a.w += v4.w * f;
+            a.x += v4.x * f;
+            a.y += v4.y * f;
+            a.z += v4.z * f;
+            a.w += v4.w * f;
         }
         emit(it, row, d4, M, L, a);
     }
-    __syncthreads();   /* red (the ring) is read */
+    __syncthreads(); /* red (the ring) is read */
 }
 
 template <int D, int HPG>
-__global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                              const bf16 *v, attn_ranges r, int T, int H, int K,
-                                                              float sc2) {
+__global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                               attn_ranges r, int T, int H, int K, float sc2) {
     using SM = dec_smem<D, HPG>;
     constexpr int CS = DEC_CS, RS = SM::RS, ROWS = SM::ROWS;
     constexpr int NI = ROWS * (D / 4), NIT = (NI + 32 * DEC_NW - 1) / (32 * DEC_NW);
@@ -248,12 +284,16 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
     /* The tile's shared and own ranges, read before the wait: they are written by nothing in
      * flight (attention.cuh), so the round trip overlaps the kernel before. Only dec_pass reads
      * them, after its opening barrier. */
-    __shared__ int rng[2][CS][2];   /* [shared a0/a1, own b0/b1][query of the tile][lo, hi] */
+    __shared__ int rng[2][CS][2]; /* [shared a0/a1, own b0/b1][query of the tile][lo, hi] */
     if (threadIdx.x < 2 * CS) {
         const int p = threadIdx.x / CS, i = threadIdx.x % CS, tt = t0 + i;
         int lo = 0, hi = 0;
-        if (tt < T) { lo = p ? r.b0[tt] : r.a0[tt]; hi = p ? r.b1[tt] : r.a1[tt]; }
-        rng[p][i][0] = lo; rng[p][i][1] = hi;
+        if (tt < T) {
+            lo = p ? r.b0[tt] : r.a0[tt];
+            hi = p ? r.b1[tt] : r.a1[tt];
+        }
+        rng[p][i][0] = lo;
+        rng[p][i][1] = hi;
     }
     pdl_wait();
     pdl_trigger();
@@ -262,8 +302,7 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
     float2 sh_ml[NIT];
     /* (and it issues the own pass's first chunk as it runs out of its own) */
     int own_st = -1;
-    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g, t < T ? rng[1][rank] : nullptr, -1,
-                            &own_st,
+    dec_pass<D, HPG, false>(q_s, kv_s, q, k, v, rng[0], T, H, K, sc2, t0, rank, g, t < T ? rng[1][rank] : nullptr, -1, &own_st,
                             [&](int it, int row, int d4, float M, float L, float4 a) {
                                 sh_a[it] = a;
                                 sh_ml[it] = make_float2(M, L);
@@ -293,7 +332,7 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
             float M = oml[hh].x;
 #pragma unroll
             for (int x = 0; x < CS; x++) M = fmaxf(M, cl.map_shared_rank(sml, x)[row].x);
-            float L = 0.0f, a[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+            float L = 0.0f, a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int x = 0; x <= CS; x++) {
                 const float2 ml = x < CS ? cl.map_shared_rank(sml, x)[row] : oml[hh];
@@ -301,43 +340,54 @@ __global__ void __launch_bounds__(32 * DEC_NW) attn_dec_kernel(bf16 *out, float 
                 const float4 v4 = x < CS ? *(const float4 *)(cl.map_shared_rank(sacc, x) + (size_t)row * RS + d4)
                                          : *(const float4 *)(oacc + (size_t)hh * RS + d4);
                 L += ml.y * f;
-                a[0] += v4.x * f; a[1] += v4.y * f; a[2] += v4.z * f; a[3] += v4.w * f;
+                a[0] += v4.x * f;
+                a[1] += v4.y * f;
+                a[2] += v4.z * f;
+                a[3] += v4.w * f;
             }
             const float inv = L > 0.0f ? 1.0f / L : 0.0f;
             const size_t oi = (size_t)t * H + g * HPG + hh;
             bf16 *dst = out + oi * D + d4;
-            dst[0] = __float2bfloat16(a[0] * inv); dst[1] = __float2bfloat16(a[1] * inv);
-            dst[2] = __float2bfloat16(a[2] * inv); dst[3] = __float2bfloat16(a[3] * inv);
+            dst[0] = __float2bfloat16(a[0] * inv);
+            dst[1] = __float2bfloat16(a[1] * inv);
+            dst[2] = __float2bfloat16(a[2] * inv);
+            dst[3] = __float2bfloat16(a[3] * inv);
             if (d4 == 0) lse[oi] = M == -INFINITY ? -INFINITY : (M + log2f(L)) * LN2;
         }
     }
-    cl.sync();   /* every block's states stay alive until the cluster has read them */
+    cl.sync(); /* every block's states stay alive until the cluster has read them */
 }
 
 template <int D, int HPG>
-static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                            attn_ranges r, int T, int H, int K, float sc2) {
+static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                            int H, int K, float sc2) {
     const size_t smem = dec_smem<D, HPG>::BYTES;
     static unsigned done;
     auto kern = attn_dec_kernel<D, HPG>;
     cu_raise_smem(c, kern, smem, &done);
     if (c->failed) return;
-    cu_launch_ex(c, "attn_dec_kernel", kern, dim3(DEC_CS, (T + DEC_CS - 1) / DEC_CS, K), dim3(32 * DEC_NW), smem, DEC_CS,
-                 out, lse, q, k, v, r, T, H, K, sc2);
+    cu_launch_ex(c, "attn_dec_kernel", kern, dim3(DEC_CS, (T + DEC_CS - 1) / DEC_CS, K), dim3(32 * DEC_NW), smem, DEC_CS, out,
+                 lse, q, k, v, r, T, H, K, sc2);
 }
 
 /* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */
-int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                           attn_ranges r, int T, int H, int K, int D) {
+int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                         int H, int K, int D) {
     if (T > DEC_MAX_T || (D != 64 && D != 128) || H % K || !c->tune->attn_decode) return 0;
     int hpg = H / K;
     if (hpg != 1 && hpg != 2 && hpg != 4 && hpg != 8) return 0;
     float sc2 = LOG2E / sqrtf((float)D);
 #define DEC_L(DD, G) attn_dec_launch<DD, G>(c, out, lse, q, k, v, r, T, H, K, sc2)
     if (D == 64) {
-        if (hpg == 1) DEC_L(64, 1); else if (hpg == 2) DEC_L(64, 2); else if (hpg == 4) DEC_L(64, 4); else DEC_L(64, 8);
+        if (hpg == 1) DEC_L(64, 1);
+        else if (hpg == 2) DEC_L(64, 2);
+        else if (hpg == 4) DEC_L(64, 4);
+        else DEC_L(64, 8);
     } else {
-        if (hpg == 1) DEC_L(128, 1); else if (hpg == 2) DEC_L(128, 2); else if (hpg == 4) DEC_L(128, 4); else DEC_L(128, 8);
+        if (hpg == 1) DEC_L(128, 1);
+        else if (hpg == 2) DEC_L(128, 2);
+        else if (hpg == 4) DEC_L(128, 4);
+        else DEC_L(128, 8);
     }
 #undef DEC_L
     return 1;

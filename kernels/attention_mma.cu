@@ -37,7 +37,7 @@
 
 template <int D, int MR, int NW, int BN, int NS>
 __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
+                                                                 const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *k_s = q_s + BM * ST, *v_s = k_s + NS * TILE;
@@ -48,8 +48,11 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, floa
     fa_sched_load(sc, r, t0, T);
     float o[MR][D / 8][4], m[MR][2], l[MR][2];
     fa_zero(o);
-    #pragma unroll
-    for (int mi = 0; mi < MR; mi++) { m[mi][0] = m[mi][1] = -INFINITY; l[mi][0] = l[mi][1] = 0; }
+#pragma unroll
+    for (int mi = 0; mi < MR; mi++) {
+        m[mi][0] = m[mi][1] = -INFINITY;
+        l[mi][0] = l[mi][1] = 0;
+    }
     FA_PIPE_START();
     while (A.have) {
         FA_PIPE_NEXT();
@@ -61,31 +64,42 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, floa
             fa_zero(sa);
             mma_abt<MR, NT, D>(sa, q_s + row0 * ST, k_s + buf * TILE, ST);
             if (!wfull) fa_mask<MR, NT>(sa, sc, s, row0, j0);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < MR; mi++) {
                 float mx0 = m[mi][0], mx1 = m[mi][1];
-                #pragma unroll
+#pragma unroll
                 for (int n = 0; n < NT; n++) {
                     mx0 = fmaxf(mx0, fmaxf(sa[mi][n][0], sa[mi][n][1]));
                     mx1 = fmaxf(mx1, fmaxf(sa[mi][n][2], sa[mi][n][3]));
                 }
-                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1)); mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1)); mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
                 /* scaled maxima; a row with nothing yet keeps 0 so exp2 gives 0, never NaN */
                 float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
                 float c0 = fa_ex2(m[mi][0] * sc2 - u0), c1 = fa_ex2(m[mi][1] * sc2 - u1);
-                m[mi][0] = mx0; m[mi][1] = mx1;
+                m[mi][0] = mx0;
+                m[mi][1] = mx1;
                 float s0 = 0, s1 = 0;
-                #pragma unroll
+#pragma unroll
                 for (int n = 0; n < NT; n++) {
-                    sa[mi][n][0] = fa_ex2(fmaf(sa[mi][n][0], sc2, -u0)); sa[mi][n][1] = fa_ex2(fmaf(sa[mi][n][1], sc2, -u0));
-                    sa[mi][n][2] = fa_ex2(fmaf(sa[mi][n][2], sc2, -u1)); sa[mi][n][3] = fa_ex2(fmaf(sa[mi][n][3], sc2, -u1));
+                    sa[mi][n][0] = fa_ex2(fmaf(sa[mi][n][0], sc2, -u0));
+                    sa[mi][n][1] = fa_ex2(fmaf(sa[mi][n][1], sc2, -u0));
+                    sa[mi][n][2] = fa_ex2(fmaf(sa[mi][n][2], sc2, -u1));
+                    sa[mi][n][3] = fa_ex2(fmaf(sa[mi][n][3], sc2, -u1));
                     s0 += sa[mi][n][0] + sa[mi][n][1];
                     s1 += sa[mi][n][2] + sa[mi][n][3];
                 }
-                l[mi][0] = l[mi][0] * c0 + s0; l[mi][1] = l[mi][1] * c1 + s1;
-                #pragma unroll
-                for (int n = 0; n < D / 8; n++) { o[mi][n][0] *= c0; o[mi][n][1] *= c0; o[mi][n][2] *= c1; o[mi][n][3] *= c1; }
+                l[mi][0] = l[mi][0] * c0 + s0;
+                l[mi][1] = l[mi][1] * c1 + s1;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    o[mi][n][0] *= c0;
+                    o[mi][n][1] *= c0;
+                    o[mi][n][2] *= c1;
+                    o[mi][n][3] *= c1;
+                }
             }
             mma_pb<MR, NT / 2, D / 8>(o, sa, v_s + buf * TILE, ST);
         }
@@ -93,25 +107,25 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_fwd_kernel(bf16 *out, floa
     }
     fa_wait<0>();
     float inv[MR][2];
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
+#pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             float L = l[mi][hf];
-            L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+            L += __shfl_xor_sync(FULL, L, 1);
+            L += __shfl_xor_sync(FULL, L, 2);
             inv[mi][hf] = L > 0 ? 1.0f / L : 0.0f;
             int t = t0 + row0 + mi * 16 + (lane >> 2) + hf * 8;
             if ((lane & 3) == 0 && t < T) lse[(size_t)t * H + h] = L > 0 ? (m[mi][hf] * sc2 + log2f(L)) * LN2 : -INFINITY;
         }
-    fa_store_rows<D, MR>(out, q_s, o, inv, t0, row0, T, H, h);   /* the warp's own q_s rows */
+    fa_store_rows<D, MR>(out, q_s, o, inv, t0, row0, T, H, h); /* the warp's own q_s rows */
 }
 
 /* dq = scale Σ_j dS_j k_j with P from lse; writes Dsum (T, H) = rowsum(dO ∘ O) first. */
 template <int D, int MR, int NW, int BN, int NS>
-__global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
-                                                         const bf16 *k, const bf16 *v, const bf16 *out,
-                                                         const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float sc2, float scale) {
+__global__ void __launch_bounds__(32 * NW, 8 / NW)
+    fa_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                 const float *lse, attn_ranges r, int T, int H, int K, float sc2, float scale) {
     constexpr int ST = D + 8, BM = 16 * MR * NW, TILE = BN * ST, NT = BN / 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *q_s = (bf16 *)fa_dyn, *do_s = q_s + BM * ST, *k_s = do_s + BM * ST, *v_s = k_s + NS * TILE;
@@ -124,16 +138,17 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
     fa_dsum_rows<D, 16 * MR>(ds_s, dsum, out, dout, t0, row0, T, H, h);
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         float L = t0 + i < T ? lse[(size_t)(t0 + i) * H + h] : 0.0f;
-        l2_s[i] = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+        l2_s[i] = L == -INFINITY ? INFINITY : L * LOG2E; /* a query with no keys: P = 0 */
     }
     fa_sched_load(sc, r, t0, T);
     float L[MR][2], Ds[MR][2];
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
+#pragma unroll
         for (int hf = 0; hf < 2; hf++) {
             int rr = row0 + mi * 16 + (lane >> 2) + hf * 8;
-            L[mi][hf] = l2_s[rr]; Ds[mi][hf] = ds_s[rr];
+            L[mi][hf] = l2_s[rr];
+            Ds[mi][hf] = ds_s[rr];
         }
     float acc[MR][D / 8][4];
     fa_zero(acc);
@@ -150,11 +165,11 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
             mma_abt<MR, NT, D>(sa, q_s + row0 * ST, k_s + buf * TILE, ST);
             mma_abt<MR, NT, D>(dp, do_s + row0 * ST, v_s + buf * TILE, ST);
             if (!wfull) fa_mask<MR, NT>(sa, sc, s, row0, j0);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < MR; mi++)
-                #pragma unroll
+#pragma unroll
                 for (int n = 0; n < NT; n++)
-                    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float P = fa_ex2(fmaf(sa[mi][n][e], sc2, -L[mi][e >> 1]));
                         sa[mi][n][e] = P * (dp[mi][n][e] - Ds[mi][e >> 1]);
@@ -165,9 +180,9 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
     }
     fa_wait<0>();
     float sc_[MR][2];
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < MR; mi++) sc_[mi][0] = sc_[mi][1] = scale;
-    fa_store_rows<D, MR>(dq, q_s, acc, sc_, t0, row0, T, H, h);   /* the warp's own q_s rows */
+    fa_store_rows<D, MR>(dq, q_s, acc, sc_, t0, row0, T, H, h); /* the warp's own q_s rows */
 }
 
 /* dkdv, FlashAttention-2 layout: block = 128 keys x one kv head, 8 warps as 4 key groups (32
@@ -178,10 +193,10 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) fa_dq_kernel(bf16 *dq, float 
  * memory feeds 2 mmas (the one-warp-per-16-keys layout feeds 1), and the accumulators are half
  * as many. 3-stage Q/dO pipeline; deterministic. */
 template <int D, int NS>
-__global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                                                        const bf16 *k, const bf16 *v, const float *lse,
-                                                        const float *dsum, const int *qlo, const int *qhi,
-                                                        attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
+__global__ void __launch_bounds__(256, 1)
+    fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                    const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, float sc2,
+                    float scale) {
     constexpr int ST = D + 8, BK = FA_BK, TILE = FA_Q * ST, PS = FA_Q + 8;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
@@ -190,7 +205,7 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
     int lin = blockIdx.x + blockIdx.y * gridDim.x;
     int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
-    int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32;   /* the group's keys: kw0 .. kw0 + 31 */
+    int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32; /* the group's keys: kw0 .. kw0 + 31 */
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
     fa_load_rows<D, BK>(k_s, k, j0, S, K, g);
     fa_load_rows<D, BK>(v_s, v, j0, S, K, g);
@@ -205,11 +220,16 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
         fa_load_rows<D, FA_Q>(do_s + b * TILE, dout, tb, t_hi, H, h);
         if (threadIdx.x < FA_Q) {
             int t = tb + threadIdx.x;
-            xl2 = INFINITY; xds = 0; xa0 = xa1 = xb0 = xb1 = 0;
+            xl2 = INFINITY;
+            xds = 0;
+            xa0 = xa1 = xb0 = xb1 = 0;
             if (t < t_hi) {
-                xa0 = r.a0[t]; xa1 = r.a1[t]; xb0 = r.b0[t]; xb1 = r.b1[t];
+                xa0 = r.a0[t];
+                xa1 = r.a1[t];
+                xb0 = r.b0[t];
+                xb1 = r.b1[t];
                 float L = lse[(size_t)t * H + h];
-                xl2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+                xl2 = L == -INFINITY ? INFINITY : L * LOG2E; /* a query with no keys: P = 0 */
                 xds = dsum[(size_t)t * H + h];
             }
         }
@@ -217,26 +237,33 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
     auto store_rows = [&](int b) {
         if (threadIdx.x < FA_Q) {
             fa_qrows &x = qr[b];
-            x.l2[threadIdx.x] = xl2; x.ds[threadIdx.x] = xds;
-            x.rg[threadIdx.x][0] = xa0; x.rg[threadIdx.x][1] = xa1; x.rg[threadIdx.x][2] = xb0; x.rg[threadIdx.x][3] = xb1;
+            x.l2[threadIdx.x] = xl2;
+            x.ds[threadIdx.x] = xds;
+            x.rg[threadIdx.x][0] = xa0;
+            x.rg[threadIdx.x][1] = xa1;
+            x.rg[threadIdx.x][2] = xb0;
+            x.rg[threadIdx.x][3] = xb1;
         }
     };
-    #pragma unroll
+#pragma unroll
     for (int p = 0; p < NS - 1; p++) {
-        if (p < npair) { load_pair(p, p); store_rows(p); }
+        if (p < npair) {
+            load_pair(p, p);
+            store_rows(p);
+        }
         fa_commit();
     }
     for (int i = 0, b = 0; i < npair; i++, b = b + 1 == NS ? 0 : b + 1) {
         int nx = i + NS - 1, nb = b == 0 ? NS - 1 : b - 1;
         fa_wait<NS - 2>();
-        __syncthreads();   /* also: every warp is done reading pt_s / dst_s of pair i - 1 */
+        __syncthreads(); /* also: every warp is done reading pt_s / dst_s of pair i - 1 */
         if (nx < npair) load_pair(nx, nb);
         fa_commit();
         const fa_qrows &x = qr[b];
         /* the group's 32 keys against the pair's 64 queries (two a lane): skip, no mask, or mask;
          * both warps of the group reach the same verdict */
         int need = 0, cover = 1;
-        #pragma unroll
+#pragma unroll
         for (int u = 0; u < 2; u++) {
             int qc = lane + 32 * u, a0 = x.rg[qc][0], a1 = x.rg[qc][1], b0 = x.rg[qc][2], b1 = x.rg[qc][3];
             int ia = max(a0, kw0) < min(a1, kw0 + 32), ib = max(b0, kw0) < min(b1, kw0 + 32);
@@ -251,17 +278,17 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
             float sa[2][4][4], dp[2][4][4];
             fa_zero(sa);
             fa_zero(dp);
-            mma_abt<2, 4, D>(sa, k_s + kg * 32 * ST, qt + hf * 32 * ST, ST);    /* S^T: rows keys, cols queries */
+            mma_abt<2, 4, D>(sa, k_s + kg * 32 * ST, qt + hf * 32 * ST, ST); /* S^T: rows keys, cols queries */
             mma_abt<2, 4, D>(dp, v_s + kg * 32 * ST, dt + hf * 32 * ST, ST);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 4; n++)
-                    #pragma unroll
+#pragma unroll
                     for (int e2 = 0; e2 < 2; e2++) {
                         int row = kg * 32 + mi * 16 + gr + e2 * 8, col = hf * 32 + n * 8 + c2, j = j0 + row;
                         float pv[2], dv2[2];
-                        #pragma unroll
+#pragma unroll
                         for (int e1 = 0; e1 < 2; e1++) {
                             int e = 2 * e2 + e1, qc = col + e1;
                             float P = fa_ex2(fmaf(sa[mi][n][e], sc2, -x.l2[qc]));
@@ -284,14 +311,14 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
         if (nx < npair) store_rows(nb);
     }
     fa_wait<0>();
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < 2; mi++)
-        #pragma unroll
+#pragma unroll
         for (int e2 = 0; e2 < 2; e2++) {
             int j = kw0 + mi * 16 + gr + e2 * 8;
             if (j >= S) continue;
             bf16 *dkr = dk + ((size_t)j * K + g) * D + hf * (D / 2), *dvr = dv + ((size_t)j * K + g) * D + hf * (D / 2);
-            #pragma unroll
+#pragma unroll
             for (int n = 0; n < D / 16; n++) {
                 bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
                 float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
@@ -304,16 +331,15 @@ __global__ void __launch_bounds__(256, 1) fa_dkdv2_kernel(bf16 *dk, bf16 *dv, co
 /* ---------------------------------------------------------------- launchers (D = 64) */
 
 /* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
-template <typename F>
-static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
+template <typename F> static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
     size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16);
     CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return bytes;
 }
 
 /* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
-void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
-                       int T, int H, int K, float sc2) {
+void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                       int K, float sc2) {
     constexpr int D = 64, BM = 16 * FA_MR * FA_NW;
     auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
     size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
@@ -321,22 +347,20 @@ void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf
     CU_LAUNCHED(c, "fa_fwd_kernel");
 }
 
-void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
-                       const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r,
-                       int T, int S, int H, int K, float sc2, float scale) {
+void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout, const bf16 *q,
+                       const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
+                       float sc2, float scale) {
     constexpr int D = 64, BM = 16 * FA_MR * FA_DQ_NW;
-    auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>;   /* 2 stages: 2 blocks an SM */
+    auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>; /* 2 stages: 2 blocks an SM */
     size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
-    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K,
-                                                                      sc2, scale);
+    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2, scale);
     CU_LAUNCHED(c, "fa_dq_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
     /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
     auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
-    size_t smk = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) +
-                 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
+    size_t smk = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) + 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
     CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smk));
-    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T,
-                                                                   S, H, K, sc2, scale);
+    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, sc2,
+                                                                   scale);
     CU_LAUNCHED(c, "fa_dkdv2_kernel");
 }

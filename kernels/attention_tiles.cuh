@@ -21,18 +21,29 @@ typedef __nv_bfloat162 bf162;
  * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps as 4 key groups x 2 (FA_BK keys a
  * block) against FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 2
  * stages were measured slower). */
-enum { FA_FWD_BN = 64, FA_DQ_BN = 32, FA_NW = 8, FA_DQ_NW = 4, FA_MR = 2, FA_BK = ATTN_FLASH_BK, FA_Q = 64,
-       FA_FWD_NS = 2, FA_DKDV_NS = 3 };
+enum {
+    FA_FWD_BN = 64,
+    FA_DQ_BN = 32,
+    FA_NW = 8,
+    FA_DQ_NW = 4,
+    FA_MR = 2,
+    FA_BK = ATTN_FLASH_BK,
+    FA_Q = 64,
+    FA_FWD_NS = 2,
+    FA_DKDV_NS = 3
+};
 
 __device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void fa_ldsm4(unsigned (&r)[4], const bf16 *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_smem(p)));
 }
 __device__ __forceinline__ void fa_ldsm4t(unsigned (&r)[4], const bf16 *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(fa_smem(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(fa_smem(p)));
 }
 __device__ __forceinline__ void fa_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -60,16 +71,16 @@ __device__ __forceinline__ unsigned fa_pack(float lo, float hi) {
 template <int MR, int NT, int KD>
 __device__ __forceinline__ void mma_abt(float (&acc)[MR][NT][4], const bf16 *a, const bf16 *b, int st) {
     int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < KD / 16; kk++) {
         unsigned af[MR][4];
-        #pragma unroll
+#pragma unroll
         for (int mi = 0; mi < MR; mi++) fa_ldsm4(af[mi], a + (mi * 16 + (lane & 15)) * st + kk * 16 + (lane >> 4) * 8);
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n += 2) {
             unsigned bf[4];
             fa_ldsm4(bf, b + (n * 8 + (m >> 1) * 8 + rr) * st + kk * 16 + (m & 1) * 8);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < MR; mi++) {
                 fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
                 fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
@@ -81,21 +92,21 @@ __device__ __forceinline__ void mma_abt(float (&acc)[MR][NT][4], const bf16 *a, 
 template <int MR, int KB, int ND>
 __device__ __forceinline__ void mma_pb(float (&acc)[MR][ND][4], const float (&p)[MR][2 * KB][4], const bf16 *b, int st) {
     int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
+#pragma unroll
     for (int kb = 0; kb < KB; kb++) {
         unsigned af[MR][4];
-        #pragma unroll
+#pragma unroll
         for (int mi = 0; mi < MR; mi++) {
             af[mi][0] = fa_pack(p[mi][2 * kb][0], p[mi][2 * kb][1]);
             af[mi][1] = fa_pack(p[mi][2 * kb][2], p[mi][2 * kb][3]);
             af[mi][2] = fa_pack(p[mi][2 * kb + 1][0], p[mi][2 * kb + 1][1]);
             af[mi][3] = fa_pack(p[mi][2 * kb + 1][2], p[mi][2 * kb + 1][3]);
         }
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < ND; n += 2) {
             unsigned bf[4];
             fa_ldsm4t(bf, b + (kb * 16 + (m & 1) * 8 + rr) * st + n * 8 + (m >> 1) * 8);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < MR; mi++) {
                 fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
                 fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);
@@ -104,11 +115,10 @@ __device__ __forceinline__ void mma_pb(float (&acc)[MR][ND][4], const float (&p)
     }
 }
 
-template <int MR, int NT>
-__device__ __forceinline__ void fa_zero(float (&a)[MR][NT][4]) {
-    #pragma unroll
+template <int MR, int NT> __device__ __forceinline__ void fa_zero(float (&a)[MR][NT][4]) {
+#pragma unroll
     for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n++) a[mi][n][0] = a[mi][n][1] = a[mi][n][2] = a[mi][n][3] = 0;
 }
 
@@ -126,20 +136,22 @@ __device__ __forceinline__ void fa_load_rows(bf16 *dst, const bf16 *src, int r0,
 
 /* The key tiles of a query block, pass by pass: row ranges lo/hi in shared memory; per pass s
  * the union [blo, bhi) of the rows' ranges and [flo, fhi), inside every row's range. */
-template <int BM>
-struct fa_sched {
-    int lo[2][BM], hi[2][BM], blo[2], bhi[2], flo[2], fhi[2];
-};
+template <int BM> struct fa_sched { int lo[2][BM], hi[2][BM], blo[2], bhi[2], flo[2], fhi[2]; };
 /* Advances (s, j0) to the first BN-key tile at or after it that some row needs; full: every row
  * needs all of it. Every thread calls it (a block vote for tiles outside [flo, fhi)). */
-template <int BM, int BN>
-__device__ __forceinline__ bool fa_next(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
+template <int BM, int BN> __device__ __forceinline__ bool fa_next(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
     while (s < 2) {
         if (j0 < sc.bhi[s]) {
-            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) { full = 1; return true; }
+            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) {
+                full = 1;
+                return true;
+            }
             int any = 0;
             for (int i = threadIdx.x; i < BM; i += blockDim.x) any |= max(sc.lo[s][i], j0) < min(sc.hi[s][i], j0 + BN);
-            if (__syncthreads_or(any)) { full = 0; return true; }
+            if (__syncthreads_or(any)) {
+                full = 0;
+                return true;
+            }
             j0 += BN;
         } else if (++s < 2) {
             j0 = sc.blo[s];
@@ -147,27 +159,42 @@ __device__ __forceinline__ bool fa_next(const fa_sched<BM> &sc, int &s, int &j0,
     }
     return false;
 }
-template <int BM>
-__device__ __forceinline__ void fa_sched_load(fa_sched<BM> &sc, attn_ranges r, int t0, int T) {
+template <int BM> __device__ __forceinline__ void fa_sched_load(fa_sched<BM> &sc, attn_ranges r, int t0, int T) {
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         int t = t0 + i, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-        if (t < T) { a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t]; }
-        sc.lo[0][i] = a0; sc.hi[0][i] = a1;
-        sc.lo[1][i] = b0; sc.hi[1][i] = b1;
+        if (t < T) {
+            a0 = r.a0[t];
+            a1 = r.a1[t];
+            b0 = r.b0[t];
+            b1 = r.b1[t];
+        }
+        sc.lo[0][i] = a0;
+        sc.hi[0][i] = a1;
+        sc.lo[1][i] = b0;
+        sc.hi[1][i] = b1;
     }
     __syncthreads();
-    if (threadIdx.x < 64) {   /* two warps: pass = warp, lanes split the rows */
+    if (threadIdx.x < 64) { /* two warps: pass = warp, lanes split the rows */
         int s = threadIdx.x >> 5, lane = threadIdx.x & 31, lo = INT_MAX, hi = INT_MIN, flo = INT_MIN, fhi = INT_MAX;
         for (int i = lane; i < BM; i += 32) {
             int a = sc.lo[s][i], b = sc.hi[s][i];
-            if (a < b) { lo = min(lo, a); hi = max(hi, b); }
-            flo = max(flo, a); fhi = min(fhi, b);   /* an empty row makes [flo, fhi) empty */
+            if (a < b) {
+                lo = min(lo, a);
+                hi = max(hi, b);
+            }
+            flo = max(flo, a);
+            fhi = min(fhi, b); /* an empty row makes [flo, fhi) empty */
         }
         lo = __reduce_min_sync(FULL, lo);
         hi = __reduce_max_sync(FULL, hi);
         flo = __reduce_max_sync(FULL, flo);
         fhi = __reduce_min_sync(FULL, fhi);
-        if (lane == 0) { sc.blo[s] = lo; sc.bhi[s] = hi; sc.flo[s] = flo; sc.fhi[s] = fhi; }
+        if (lane == 0) {
+            sc.blo[s] = lo;
+            sc.bhi[s] = hi;
+            sc.flo[s] = flo;
+            sc.fhi[s] = fhi;
+        }
     }
     __syncthreads();
 }
@@ -186,13 +213,13 @@ __device__ __forceinline__ void fa_warp_vote(const fa_sched<BM> &sc, int s, int 
 template <int MR, int NT, int BM>
 __device__ __forceinline__ void fa_mask(float (&sa)[MR][NT][4], const fa_sched<BM> &sc, int s, int row0, int j0) {
     int lane = threadIdx.x & 31, c2 = 2 * (lane & 3);
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < MR; mi++) {
         int r0 = row0 + mi * 16 + (lane >> 2);
         int lo0 = sc.lo[s][r0], hi0 = sc.hi[s][r0], lo1 = sc.lo[s][r0 + 8], hi1 = sc.hi[s][r0 + 8];
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n++)
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; e++) {
                 int j = j0 + n * 8 + c2 + (e & 1), lo = e < 2 ? lo0 : lo1, hi = e < 2 ? hi0 : hi1;
                 if (j < lo || j >= hi) sa[mi][n][e] = -INFINITY;
@@ -203,19 +230,19 @@ __device__ __forceinline__ void fa_mask(float (&sa)[MR][NT][4], const fa_sched<B
 /* The warp's 16 MR rows of acc (16MR x D), times inv per row, as bf16 into its own rows of a
  * staging tile, then 16-byte stores to rows t0 + row0 .. of a (T, H, D) tensor at head h. */
 template <int D, int MR>
-__device__ __forceinline__ void fa_store_rows(bf16 *dst, bf16 *stage, const float (&acc)[MR][D / 8][4],
-                                              const float (&inv)[MR][2], int t0, int row0, int T, int H, int h) {
+__device__ __forceinline__ void fa_store_rows(bf16 *dst, bf16 *stage, const float (&acc)[MR][D / 8][4], const float (&inv)[MR][2],
+                                              int t0, int row0, int T, int H, int h) {
     constexpr int ST = D + 8;
     int lane = threadIdx.x & 31, gr = lane >> 2, c2 = 2 * (lane & 3);
     bf16 *ow = stage + row0 * ST;
-    #pragma unroll
+#pragma unroll
     for (int mi = 0; mi < MR; mi++)
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < D / 8; n++) {
-            *(bf162 *)(ow + (mi * 16 + gr) * ST + n * 8 + c2) =
-                __floats2bfloat162_rn(acc[mi][n][0] * inv[mi][0], acc[mi][n][1] * inv[mi][0]);
-            *(bf162 *)(ow + (mi * 16 + gr + 8) * ST + n * 8 + c2) =
-                __floats2bfloat162_rn(acc[mi][n][2] * inv[mi][1], acc[mi][n][3] * inv[mi][1]);
+            *(bf162 *)(ow + (mi * 16 + gr) * ST + n * 8 + c2) = __floats2bfloat162_rn(acc[mi][n][0] * inv[mi][0],
+                                                                                      acc[mi][n][1] * inv[mi][0]);
+            *(bf162 *)(ow + (mi * 16 + gr + 8) * ST + n * 8 + c2) = __floats2bfloat162_rn(acc[mi][n][2] * inv[mi][1],
+                                                                                          acc[mi][n][3] * inv[mi][1]);
         }
     __syncwarp();
     for (int i = lane; i < 16 * MR * (D / 8); i += 32) {
@@ -228,34 +255,48 @@ __device__ __forceinline__ void fa_store_rows(bf16 *dst, bf16 *stage, const floa
  * i % NS; after the barrier that opens tile i (every warp is done with tile i - 1) the loads of
  * tile i + NS - 1 go into the stage tile i - 1 used. A: the tile being computed, B: the one after
  * it (NS = 3). Every thread runs these (fa_next votes). */
-struct fa_tile { int s, j0, full; bool have; };
-#define FA_PIPE_LOAD(X, st) do { \
-    if ((X).have) { \
-        fa_load_rows<D, BN>(k_s + (st) * TILE, k, (X).j0, sc.bhi[(X).s], K, g); \
-        fa_load_rows<D, BN>(v_s + (st) * TILE, v, (X).j0, sc.bhi[(X).s], K, g); \
-    } \
-    fa_commit(); \
-} while (0)
-#define FA_PIPE_AFTER(X, Y) do { \
-    (Y) = (X); (Y).j0 += BN; \
-    (Y).have = (X).have && fa_next<BM, BN>(sc, (Y).s, (Y).j0, (Y).full); \
-} while (0)
+struct fa_tile {
+    int s, j0, full;
+    bool have;
+};
+#define FA_PIPE_LOAD(X, st) \
+    do { \
+        if ((X).have) { \
+            fa_load_rows<D, BN>(k_s + (st)*TILE, k, (X).j0, sc.bhi[(X).s], K, g); \
+            fa_load_rows<D, BN>(v_s + (st)*TILE, v, (X).j0, sc.bhi[(X).s], K, g); \
+        } \
+        fa_commit(); \
+    } while (0)
+#define FA_PIPE_AFTER(X, Y) \
+    do { \
+        (Y) = (X); \
+        (Y).j0 += BN; \
+        (Y).have = (X).have && fa_next<BM, BN>(sc, (Y).s, (Y).j0, (Y).full); \
+    } while (0)
 #define FA_PIPE_START() \
-    fa_tile A = { 0, sc.blo[0], 0, false }, B = A, N = A; \
+    fa_tile A = {0, sc.blo[0], 0, false}, B = A, N = A; \
     int buf = 0; \
     A.have = fa_next<BM, BN>(sc, A.s, A.j0, A.full); \
     FA_PIPE_LOAD(A, 0); \
-    if (NS == 3) { FA_PIPE_AFTER(A, B); FA_PIPE_LOAD(B, 1); }
-#define FA_PIPE_NEXT() do { \
-    fa_wait<NS - 2>(); \
-    __syncthreads(); \
-    FA_PIPE_AFTER(NS == 3 ? B : A, N); \
-    FA_PIPE_LOAD(N, (buf + NS - 1) % NS); \
-} while (0)
-#define FA_PIPE_ADVANCE() do { \
-    if (NS == 3) { A = B; B = N; } else A = N; \
-    buf = buf + 1 == NS ? 0 : buf + 1; \
-} while (0)
+    if (NS == 3) { \
+        FA_PIPE_AFTER(A, B); \
+        FA_PIPE_LOAD(B, 1); \
+    }
+#define FA_PIPE_NEXT() \
+    do { \
+        fa_wait<NS - 2>(); \
+        __syncthreads(); \
+        FA_PIPE_AFTER(NS == 3 ? B : A, N); \
+        FA_PIPE_LOAD(N, (buf + NS - 1) % NS); \
+    } while (0)
+#define FA_PIPE_ADVANCE() \
+    do { \
+        if (NS == 3) { \
+            A = B; \
+            B = N; \
+        } else A = N; \
+        buf = buf + 1 == NS ? 0 : buf + 1; \
+    } while (0)
 
 /* The query block and head of a fwd / dq block. Blocks start in linear order (x fastest); the
  * last query blocks see the most keys, so they go first: query block major, heads inside
@@ -267,26 +308,29 @@ struct fa_tile { int s, j0, full; bool have; };
 /* Dsum = rowsum(dO ∘ O) for the block's rows [row0, row0 + NR) (a warp's own rows), 8 rows'
  * loads in flight at a time: into ds_s[row] and dsum (T, H). */
 template <int D, int NR>
-__device__ __forceinline__ void fa_dsum_rows(float *ds_s, float *dsum, const bf16 *out, const bf16 *dout, int t0,
-                                             int row0, int T, int H, int h) {
+__device__ __forceinline__ void fa_dsum_rows(float *ds_s, float *dsum, const bf16 *out, const bf16 *dout, int t0, int row0, int T,
+                                             int H, int h) {
     int lane = threadIdx.x & 31;
-    constexpr int CH = D / 64;   /* bf162 pairs a lane holds of one row */
-    #pragma unroll 1
+    constexpr int CH = D / 64; /* bf162 pairs a lane holds of one row */
+#pragma unroll 1
     for (int i0 = 0; i0 < NR; i0 += 8) {
         bf162 a[8][CH], b[8][CH];
-        #pragma unroll
+#pragma unroll
         for (int u = 0; u < 8; u++) {
             int t = t0 + row0 + i0 + u;
             const bf162 *o2 = (const bf162 *)(out + ((size_t)min(t, T - 1) * H + h) * D);
             const bf162 *d2 = (const bf162 *)(dout + ((size_t)min(t, T - 1) * H + h) * D);
-            #pragma unroll
-            for (int c = 0; c < CH; c++) { a[u][c] = o2[lane + 32 * c]; b[u][c] = d2[lane + 32 * c]; }
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                a[u][c] = o2[lane + 32 * c];
+                b[u][c] = d2[lane + 32 * c];
+            }
         }
-        #pragma unroll
+#pragma unroll
         for (int u = 0; u < 8; u++) {
             int row = row0 + i0 + u, t = t0 + row;
             float acc = 0;
-            #pragma unroll
+#pragma unroll
             for (int c = 0; c < CH; c++) {
                 float2 x = __bfloat1622float2(a[u][c]), y = __bfloat1622float2(b[u][c]);
                 acc += x.x * y.x + x.y * y.y;
@@ -311,16 +355,16 @@ struct fa_qrows {
 template <int MR, int KB, int ND>
 __device__ __forceinline__ void mma_ab(float (&acc)[MR][ND][4], const bf16 *a, int sa, const bf16 *b, int sb) {
     int lane = threadIdx.x & 31, m = lane >> 3, rr = lane & 7;
-    #pragma unroll
+#pragma unroll
     for (int kb = 0; kb < KB; kb++) {
         unsigned af[MR][4];
-        #pragma unroll
+#pragma unroll
         for (int mi = 0; mi < MR; mi++) fa_ldsm4(af[mi], a + (mi * 16 + (lane & 15)) * sa + kb * 16 + (lane >> 4) * 8);
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < ND; n += 2) {
             unsigned bf[4];
             fa_ldsm4t(bf, b + (kb * 16 + (m & 1) * 8 + rr) * sb + n * 8 + (m >> 1) * 8);
-            #pragma unroll
+#pragma unroll
             for (int mi = 0; mi < MR; mi++) {
                 fa_mma(acc[mi][n], af[mi], bf[0], bf[1]);
                 fa_mma(acc[mi][n + 1], af[mi], bf[2], bf[3]);

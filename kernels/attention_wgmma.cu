@@ -21,8 +21,7 @@
 #include "kernels/attention_tiles.cuh"
 
 /* byte offset of 16-byte chunk c of row `row` in a ROWS-row swizzled tile */
-template <int ROWS>
-__device__ __forceinline__ unsigned wg_off(int row, int c) {
+template <int ROWS> __device__ __forceinline__ unsigned wg_off(int row, int c) {
     return (c >> 3) * (ROWS * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4);
 }
 
@@ -38,7 +37,7 @@ __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf16 *src
     unsigned char *d = dst + wg_off<ROWS>(row, c);
     const bf16 *p = src + ((size_t)(r0 + row) * heads + hd) * D + c * 8;
     size_t step = (size_t)RPI * heads * D;
-    #pragma unroll
+#pragma unroll
     for (int it = 0; it < ROWS / RPI; it++) {
         bool ok = r0 + row + it * RPI < end;
         fa_cp16((bf16 *)(d + it * RPI * 128), ok ? p + it * step : src, ok);
@@ -48,28 +47,31 @@ __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf16 *src
 /* wgmma shared-memory matrix descriptor, 128-byte swizzle */
 __device__ __forceinline__ unsigned long long wg_desc(const void *p, unsigned lbo, unsigned sbo) {
     return (unsigned long long)((fa_smem(p) & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
-           (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
+        (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
 }
 /* Descriptors of a tile's start; a k16 step adds a byte offset >> 4 to the address field:
  * K-major (A = Q, B = K) step kk: column block kk / 4, 32 bytes a step inside it; MN-major (B = V,
  * transposed) step kk: 16 rows (2048 bytes) down. */
 __device__ __forceinline__ unsigned long long wg_desc_k(const void *t) { return wg_desc(t, 16, 1024); }
-template <int ROWS>
-__device__ __forceinline__ unsigned long long wg_desc_mn(const void *t) { return wg_desc(t, ROWS * 128, 1024); }
-template <int ROWS>
-__device__ __forceinline__ unsigned wg_step_k(int kk) { return ((kk >> 2) * (ROWS * 128) + (kk & 3) * 32) >> 4; }
+template <int ROWS> __device__ __forceinline__ unsigned long long wg_desc_mn(const void *t) {
+    return wg_desc(t, ROWS * 128, 1024);
+}
+template <int ROWS> __device__ __forceinline__ unsigned wg_step_k(int kk) {
+    return ((kk >> 2) * (ROWS * 128) + (kk & 3) * 32) >> 4;
+}
 __device__ __forceinline__ unsigned wg_step_mn(int kk) { return kk * 128; }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 /* after a wait: the accumulators are (re)defined here for the compiler, so no use of them moves
  * above the wait */
-template <int NT>
-__device__ __forceinline__ void wg_keep(float (&d)[NT][4]) {
-    #pragma unroll
+template <int NT> __device__ __forceinline__ void wg_keep(float (&d)[NT][4]) {
+#pragma unroll
     for (int n = 0; n < NT; n++)
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 }
 /* cp.async writes (generic proxy) -> wgmma reads (async proxy): each writer, before the barrier */
@@ -78,23 +80,52 @@ __device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.asy
 /* d (64 x N) (+)= A (64 x 16) · B (16 x N): ss = A and B from descriptors (both K-major), rs = A
  * from registers (an m16n8k16 A fragment) and B MN-major. acc = 0: d = A·B. */
 __device__ __forceinline__ void wg_mma_ss64(float (&d)[8][4], unsigned long long da, unsigned long long db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-                 : "l"(da), "l"(db), "r"(acc));
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
+        "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(da), "l"(db), "r"(acc));
 }
 
 __device__ __forceinline__ void wg_mma_ss128(float (&d)[16][4], unsigned long long da, unsigned long long db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+                 "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+                 "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+                 "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                   "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),
+                   "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),
+                   "+f"(d[15][3])
                  : "l"(da), "l"(db), "r"(acc));
 }
 
 __device__ __forceinline__ void wg_mma_rs128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+                 "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+                 "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+                 "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
+                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+                   "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),
+                   "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),
+                   "+f"(d[15][3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
@@ -105,37 +136,46 @@ template <int NT>
 __device__ __forceinline__ void wg_softmax(float (&sa)[NT][4], float (&m)[2], float (&l)[2], float (&c)[2], float sc2) {
     /* four partial maxima / sums a row: short dependency chains */
     float a0[4], a1[4];
-    #pragma unroll
-    for (int i = 0; i < 4; i++) { a0[i] = m[0]; a1[i] = m[1]; }
-    #pragma unroll
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        a0[i] = m[0];
+        a1[i] = m[1];
+    }
+#pragma unroll
     for (int n = 0; n < NT; n++) {
         a0[n & 3] = fmaxf(a0[n & 3], fmaxf(sa[n][0], sa[n][1]));
         a1[n & 3] = fmaxf(a1[n & 3], fmaxf(sa[n][2], sa[n][3]));
     }
     float mx0 = fmaxf(fmaxf(a0[0], a0[1]), fmaxf(a0[2], a0[3])), mx1 = fmaxf(fmaxf(a1[0], a1[1]), fmaxf(a1[2], a1[3]));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1)); mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1)); mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
     /* scaled maxima; a row with nothing yet keeps 0 so exp2 gives 0, never NaN */
     float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
-    c[0] = fa_ex2(m[0] * sc2 - u0); c[1] = fa_ex2(m[1] * sc2 - u1);
-    m[0] = mx0; m[1] = mx1;
-    #pragma unroll
+    c[0] = fa_ex2(m[0] * sc2 - u0);
+    c[1] = fa_ex2(m[1] * sc2 - u1);
+    m[0] = mx0;
+    m[1] = mx1;
+#pragma unroll
     for (int i = 0; i < 4; i++) a0[i] = a1[i] = 0;
-    #pragma unroll
+#pragma unroll
     for (int n = 0; n < NT; n++) {
-        sa[n][0] = fa_ex2(fmaf(sa[n][0], sc2, -u0)); sa[n][1] = fa_ex2(fmaf(sa[n][1], sc2, -u0));
-        sa[n][2] = fa_ex2(fmaf(sa[n][2], sc2, -u1)); sa[n][3] = fa_ex2(fmaf(sa[n][3], sc2, -u1));
+        sa[n][0] = fa_ex2(fmaf(sa[n][0], sc2, -u0));
+        sa[n][1] = fa_ex2(fmaf(sa[n][1], sc2, -u0));
+        sa[n][2] = fa_ex2(fmaf(sa[n][2], sc2, -u1));
+        sa[n][3] = fa_ex2(fmaf(sa[n][3], sc2, -u1));
         a0[n & 3] += sa[n][0] + sa[n][1];
         a1[n & 3] += sa[n][2] + sa[n][3];
     }
     float s0 = (a0[0] + a0[1]) + (a0[2] + a0[3]), s1 = (a1[0] + a1[1]) + (a1[2] + a1[3]);
-    l[0] = l[0] * c[0] + s0; l[1] = l[1] * c[1] + s1;
+    l[0] = l[0] * c[0] + s0;
+    l[1] = l[1] * c[1] + s1;
 }
 
 /* fp32 accumulator fragments (16 x 8NT) -> bf16 register-A fragments of NT/2 k16 steps */
-template <int NT>
-__device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][4], const float (&sa)[NT][4]) {
-    #pragma unroll
+template <int NT> __device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][4], const float (&sa)[NT][4]) {
+#pragma unroll
     for (int kb = 0; kb < NT / 2; kb++) {
         p[kb][0] = fa_pack(sa[2 * kb][0], sa[2 * kb][1]);
         p[kb][1] = fa_pack(sa[2 * kb][2], sa[2 * kb][3]);
@@ -161,8 +201,10 @@ __device__ __forceinline__ void mb_arrive_cp(unsigned long long *b) {
 }
 /* waits until the phase of parity `ph` has completed (a fresh barrier: parity 1 passes at once) */
 __device__ __forceinline__ void mb_wait(unsigned long long *b, unsigned ph) {
-    asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n"
-                 ::"r"(fa_smem(b)), "r"(ph) : "memory");
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(fa_smem(b)),
+        "r"(ph)
+        : "memory");
 }
 /* a consumer's wait on a full barrier: then the tile the producer's cp.async wrote (generic
  * proxy) may be read by wgmma (async proxy) */
@@ -173,15 +215,20 @@ __device__ __forceinline__ void mb_acquire(unsigned long long *b, unsigned ph) {
 
 /* fa_next with a warp vote instead of a block vote: every warp that walks the schedule gets
  * the same tiles (the producer's and each consumer's walk agree without a barrier). */
-template <int BM, int BN>
-__device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
+template <int BM, int BN> __device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int &j0, int &full) {
     int lane = threadIdx.x & 31;
     while (s < 2) {
         if (j0 < sc.bhi[s]) {
-            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) { full = 1; return true; }
+            if (j0 >= sc.flo[s] && j0 + BN <= sc.fhi[s]) {
+                full = 1;
+                return true;
+            }
             int any = 0;
             for (int i = lane; i < BM; i += 32) any |= max(sc.lo[s][i], j0) < min(sc.hi[s][i], j0 + BN);
-            if (__any_sync(FULL, any)) { full = 0; return true; }
+            if (__any_sync(FULL, any)) {
+                full = 0;
+                return true;
+            }
             j0 += BN;
         } else if (++s < 2) {
             j0 = sc.blo[s];
@@ -191,14 +238,12 @@ __device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int
 }
 
 /* The first tile of a walk, and the next one after X (X.have false at the end). */
-template <int BM, int BN>
-__device__ __forceinline__ fa_tile wg_tile_first(const fa_sched<BM> &sc) {
-    fa_tile X = { 0, sc.blo[0], 0, false };
+template <int BM, int BN> __device__ __forceinline__ fa_tile wg_tile_first(const fa_sched<BM> &sc) {
+    fa_tile X = {0, sc.blo[0], 0, false};
     X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
     return X;
 }
-template <int BM, int BN>
-__device__ __forceinline__ void wg_tile_next(const fa_sched<BM> &sc, fa_tile &X) {
+template <int BM, int BN> __device__ __forceinline__ void wg_tile_next(const fa_sched<BM> &sc, fa_tile &X) {
     X.j0 += BN;
     X.have = fa_next_warp<BM, BN>(sc, X.s, X.j0, X.full);
 }
@@ -217,9 +262,9 @@ __device__ __forceinline__ void wg_mask_tile(float (&sa)[1][NT][4], const fa_sch
  * NS) and announced on its full barrier when the copies land. dq passes the same barriers for K
  * and V (one stage = both; two arrivals a thread a phase). */
 template <int D, int BM, int BN, int NS>
-__device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned char *k_s, unsigned char *v_s,
-                                              const bf16 *k, const bf16 *v, int K, int g, unsigned long long *kf,
-                                              unsigned long long *ke, unsigned long long *vf, unsigned long long *ve) {
+__device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned char *k_s, unsigned char *v_s, const bf16 *k,
+                                              const bf16 *v, int K, int g, unsigned long long *kf, unsigned long long *ke,
+                                              unsigned long long *vf, unsigned long long *ve) {
     constexpr int TK = BN * D * 2;
     fa_tile X = wg_tile_first<BM, BN>(sc);
     for (int i = 0; X.have; i++) {
@@ -247,8 +292,8 @@ __device__ __forceinline__ void wg_produce_kv(const fa_sched<BM> &sc, unsigned c
  * query of the block needs are skipped (fa_next_warp); a warp masks only a tile it does not fully
  * see. setmaxnreg gives the consumers 224 registers and the producer 56. */
 template <int D>
-__global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k,
-                                                          const bf16 *v, attn_ranges r, int T, int H, int K, float sc2) {
+__global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                           attn_ranges r, int T, int H, int K, float sc2) {
     static_assert(D == 128, "wgmma forward: head dim 128");
     constexpr int BM = WG_BM, BN = WG_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2;
     extern __shared__ unsigned char wg_dyn[];
@@ -260,11 +305,11 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
     FA_QBLOCK();
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 5; i++) mb_init(bar + i, 128);       /* producer threads */
-        for (int i = 5; i < 9; i++) mb_init(bar + i, 256);       /* consumer threads */
+        for (int i = 0; i < 5; i++) mb_init(bar + i, 128); /* producer threads */
+        for (int i = 5; i < 9; i++) mb_init(bar + i, 256); /* consumer threads */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    fa_sched_load(sc, r, t0, T);   /* ends with a block barrier: the mbarriers are ready too */
+    fa_sched_load(sc, r, t0, T); /* ends with a block barrier: the mbarriers are ready too */
     if (w < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
@@ -275,7 +320,7 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
     /* the block holds 168 x 384 registers: 128 x 56 + 256 x 224 fits exactly */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
     int cw = w - 4, row0 = cw * 16, wrow = (cw >> 2) * 64;
-    float o[1][D / 8][4], sa[1][NT][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0, 0 }, c[2];
+    float o[1][D / 8][4], sa[1][NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}, c[2];
     unsigned p[NT / 2][4];
     fa_zero(o);
     const unsigned long long dq = wg_desc_k(q_s + wrow * 128), dk = wg_desc_k(k_s), dv = wg_desc_mn<BN>(v_s);
@@ -284,14 +329,14 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         mb_acquire(k_full + (i & 1), (i >> 1) & 1);
         wg_fence();
         const unsigned long long dki = dk + (i & 1) * (TK >> 4);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss128(sa[0], dq + wg_step_k<BM>(kk), dki + wg_step_k<BN>(kk), kk);
         wg_commit();
     };
     auto pv_issue = [&](int i) {
         mb_acquire(v_full + (i & 1), (i >> 1) & 1);
         wg_fence();
-        #pragma unroll
+#pragma unroll
         for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(o[0], p[kb], dv + (i & 1) * (TK >> 4) + wg_step_mn(kb), 1);
         wg_commit();
     };
@@ -317,8 +362,13 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
             wg_wait<0>();
             wg_keep(o[0]);
             mb_arrive(v_empty + ((i - 1) & 1));
-            #pragma unroll
-            for (int n = 0; n < D / 8; n++) { o[0][n][0] *= c[0]; o[0][n][1] *= c[0]; o[0][n][2] *= c[1]; o[0][n][3] *= c[1]; }
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[0][n][0] *= c[0];
+                o[0][n][1] *= c[0];
+                o[0][n][2] *= c[1];
+                o[0][n][3] *= c[1];
+            }
             wg_pack<NT>(p, sa[0]);
             wg_tile_next<BM, BN>(sc, X);
         }
@@ -327,15 +377,16 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
         wg_keep(o[0]);
     }
     float inv[1][2];
-    #pragma unroll
+#pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float L = l[hf];
-        L += __shfl_xor_sync(FULL, L, 1); L += __shfl_xor_sync(FULL, L, 2);
+        L += __shfl_xor_sync(FULL, L, 1);
+        L += __shfl_xor_sync(FULL, L, 2);
         inv[0][hf] = L > 0 ? 1.0f / L : 0.0f;
         int t = t0 + row0 + (lane >> 2) + hf * 8;
         if ((lane & 3) == 0 && t < T) lse[(size_t)t * H + h] = L > 0 ? (m[hf] * sc2 + log2f(L)) * LN2 : -INFINITY;
     }
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");   /* both consumers are done with k_s: it stages the rows */
+    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both consumers are done with k_s: it stages the rows */
     fa_store_rows<D, 1>(out, (bf16 *)k_s, o, inv, t0, row0, T, H, h);
 }
 
@@ -351,10 +402,10 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
  * dK/dV is the fp32 sum over all N responses and all H/K heads, added once to the bf16 dk/dv
  * (deterministic). */
 template <int D>
-__global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                                                        const bf16 *k, const bf16 *v, const float *lse,
-                                                        const float *dsum, const int *qlo, const int *qhi,
-                                                        attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
+__global__ void __launch_bounds__(384, 1)
+    wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                      const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, float sc2,
+                      float scale) {
     static_assert(D == 128 && FA_Q == 64 && WG_KB == FA_BK, "wgmma dkdv: head dim 128, 64-query tiles, FA_BK keys");
     constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2, NS = WG_DKDV_NS;
     extern __shared__ unsigned char wg_dyn[];
@@ -370,11 +421,14 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + QT - 1) / QT, npair = ntile * rep;
     if (threadIdx.x == 0) {
         mb_init(kv_full, 128);
-        for (int i = 0; i < NS; i++) { mb_init(full + i, 256); mb_init(empty + i, 256); }
+        for (int i = 0; i < NS; i++) {
+            mb_init(full + i, 256);
+            mb_init(empty + i, 256);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (w < 4) {   /* producer: K and V once, then each pair's Q, dO and row scalars */
+    if (w < 4) { /* producer: K and V once, then each pair's Q, dO and row scalars */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         wg_load_rows<D, BK, 128>(k_s, k, j0, S, K, g);
         wg_load_rows<D, BK, 128>(v_s, v, j0, S, K, g);
@@ -389,14 +443,21 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
                 int t = tb + threadIdx.x, a0 = 0, a1 = 0, b0 = 0, b1 = 0;
                 float l2 = INFINITY, ds = 0;
                 if (t < t_hi) {
-                    a0 = r.a0[t]; a1 = r.a1[t]; b0 = r.b0[t]; b1 = r.b1[t];
+                    a0 = r.a0[t];
+                    a1 = r.a1[t];
+                    b0 = r.b0[t];
+                    b1 = r.b1[t];
                     float L = lse[(size_t)t * H + h];
-                    l2 = L == -INFINITY ? INFINITY : L * LOG2E;   /* a query with no keys: P = 0 */
+                    l2 = L == -INFINITY ? INFINITY : L * LOG2E; /* a query with no keys: P = 0 */
                     ds = dsum[(size_t)t * H + h];
                 }
                 fa_qrows &x = qr[st];
-                x.l2[threadIdx.x] = l2; x.ds[threadIdx.x] = ds;
-                x.rg[threadIdx.x][0] = a0; x.rg[threadIdx.x][1] = a1; x.rg[threadIdx.x][2] = b0; x.rg[threadIdx.x][3] = b1;
+                x.l2[threadIdx.x] = l2;
+                x.ds[threadIdx.x] = ds;
+                x.rg[threadIdx.x][0] = a0;
+                x.rg[threadIdx.x][1] = a1;
+                x.rg[threadIdx.x][2] = b0;
+                x.rg[threadIdx.x][3] = b1;
             }
             mb_arrive(full + st);
         }
@@ -420,14 +481,14 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
         const unsigned so = st * (TQ >> 4);
         float sa[NT][4], dp[NT][4];
         wg_fence();
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(sa, dkd + wg_step_k<BK>(kk), dqk + so + wg_step_k<QT>(kk), kk);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, dvd + wg_step_k<BK>(kk), ddk + so + wg_step_k<QT>(kk), kk);
         wg_commit();
         /* the warp's 16 keys inside one range of every query (and not in the other): no mask */
         int cover = 1;
-        #pragma unroll
+#pragma unroll
         for (int u = 0; u < 2; u++) {
             int qc = lane + 32 * u, a0 = x.rg[qc][0], a1 = x.rg[qc][1], b0 = x.rg[qc][2], b1 = x.rg[qc][3];
             int ia = max(a0, kw0) < min(a1, kw0 + 16), ib = max(b0, kw0) < min(b1, kw0 + 16);
@@ -438,11 +499,11 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
         wg_wait<0>();
         wg_keep(sa);
         wg_keep(dp);
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n++) {
             int qc = n * 8 + c2;
             float2 l2 = *(const float2 *)&x.l2[qc];
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; e++) {
                 float P = fa_ex2(fmaf(sa[n][e], sc2, -(e & 1 ? l2.y : l2.x)));
                 if (!full) {
@@ -455,18 +516,18 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
         unsigned pp[NT / 2][4], dsp[NT / 2][4];
         wg_pack<NT>(pp, sa);
         wg_fence();
-        #pragma unroll
+#pragma unroll
         for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(dva[0], pp[kb], ddm + so + wg_step_mn(kb), 1);
         wg_commit();
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n++) {
             float2 ds = *(const float2 *)&x.ds[n * 8 + c2];
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; e++) dp[n][e] = sa[n][e] * (dp[n][e] - (e & 1 ? ds.y : ds.x));
         }
         wg_pack<NT>(dsp, dp);
         wg_fence();
-        #pragma unroll
+#pragma unroll
         for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(dka[0], dsp[kb], dqm + so + wg_step_mn(kb), 1);
         wg_commit();
         wg_wait<0>();
@@ -474,12 +535,12 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
         wg_keep(dka[0]);
         mb_arrive(empty + st);
     }
-    #pragma unroll
+#pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int j = kw0 + (lane >> 2) + hf * 8;
         if (j >= S) continue;
         bf16 *dkr = dk + ((size_t)j * K + g) * D, *dvr = dv + ((size_t)j * K + g) * D;
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < D / 8; n++) {
             bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
             float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
@@ -497,10 +558,9 @@ __global__ void __launch_bounds__(384, 1) wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, 
  * dS_i = P_i (dP_i - Dsum) while that product runs; a stage is released once its K has fed dQ.
  * No atomics: deterministic. setmaxnreg 56 / 224, as the forward. */
 template <int D>
-__global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q,
-                                                         const bf16 *k, const bf16 *v, const bf16 *out,
-                                                         const float *lse, attn_ranges r, int T, int H, int K,
-                                                         float sc2, float scale) {
+__global__ void __launch_bounds__(384, 1)
+    wg_dq_ws_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
+                    const float *lse, attn_ranges r, int T, int H, int K, float sc2, float scale) {
     static_assert(D == 128, "wgmma dq: head dim 128");
     constexpr int BM = WG_BM, BN = WG_DQ_BN, NT = BN / 8, TQ = BM * D * 2, TK = BN * D * 2, NS = WG_DQ_NS;
     extern __shared__ unsigned char wg_dyn[];
@@ -515,10 +575,13 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         mb_init(qd_full, 128);
-        for (int i = 0; i < NS; i++) { mb_init(full + i, 256); mb_init(empty + i, 256); }   /* full: K and V copies */
+        for (int i = 0; i < NS; i++) {
+            mb_init(full + i, 256);
+            mb_init(empty + i, 256);
+        } /* full: K and V copies */
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    fa_sched_load(sc, r, t0, T);   /* ends with a block barrier: the mbarriers are ready too */
+    fa_sched_load(sc, r, t0, T); /* ends with a block barrier: the mbarriers are ready too */
     if (w < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         wg_load_rows<D, BM, 128>(q_s, q, t0, T, H, h);
@@ -533,11 +596,11 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     fa_dsum_rows<D, 16>(ds_s, dsum, out, dout, t0, row0, T, H, h);
     __syncwarp();
     float L[2], Ds[2];
-    #pragma unroll
+#pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         int rr = row0 + (lane >> 2) + hf * 8, t = t0 + rr;
         float l = t < T ? lse[(size_t)t * H + h] : 0.0f;
-        L[hf] = l == -INFINITY ? INFINITY : l * LOG2E;   /* a query with no keys: P = 0 */
+        L[hf] = l == -INFINITY ? INFINITY : l * LOG2E; /* a query with no keys: P = 0 */
         Ds[hf] = ds_s[rr];
     }
     float acc[1][D / 8][4], sa[1][NT][4], dp[NT][4];
@@ -551,9 +614,9 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
         mb_acquire(full + st, (i / NS) & 1);
         wg_fence();
         const unsigned long long dki = dk + st * (TK >> 4), dvi = dvk + st * (TK >> 4);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(sa[0], dqd + wg_step_k<BM>(kk), dki + wg_step_k<BN>(kk), kk);
-        #pragma unroll
+#pragma unroll
         for (int kk = 0; kk < D / 16; kk++) wg_mma_ss64(dp, ddo + wg_step_k<BM>(kk), dvi + wg_step_k<BN>(kk), kk);
         wg_commit();
     };
@@ -561,9 +624,9 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     /* dS_i = P_i (dP_i - Dsum) in sa */
     auto dscore = [&]() {
         wg_mask_tile<NT, BM, BN>(sa, sc, X, row0);
-        #pragma unroll
+#pragma unroll
         for (int n = 0; n < NT; n++)
-            #pragma unroll
+#pragma unroll
             for (int e = 0; e < 4; e++) {
                 float P = fa_ex2(fmaf(sa[0][n][e], sc2, -L[e >> 1]));
                 sa[0][n][e] = P * (dp[n][e] - Ds[e >> 1]);
@@ -571,7 +634,7 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
     };
     auto dq_mma = [&](int i) {
         wg_fence();
-        #pragma unroll
+#pragma unroll
         for (int kb = 0; kb < NT / 2; kb++) wg_mma_rs128(acc[0], ds[kb], dkmn + (i % NS) * (TK >> 4) + wg_step_mn(kb), 1);
         wg_commit();
     };
@@ -601,15 +664,15 @@ __global__ void __launch_bounds__(384, 1) wg_dq_ws_kernel(bf16 *dq, float *dsum,
         wg_wait<0>();
         wg_keep(acc[0]);
     }
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");   /* both consumers are done with k_s: it stages the rows */
-    float sc_[1][2] = { { scale, scale } };
+    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* both consumers are done with k_s: it stages the rows */
+    float sc_[1][2] = {{scale, scale}};
     fa_store_rows<D, 1>(dq, (bf16 *)k_s, acc, sc_, t0, row0, T, H, h);
 }
 
 /* ---------------------------------------------------------------- launchers (D = 128) */
 
-void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                         attn_ranges r, int T, int H, int K, float sc2) {
+void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                         int H, int K, float sc2) {
     static unsigned raised;
     auto kern = wg_fwd_ws_kernel<128>;
     size_t sm = 1024 + (size_t)(WG_BM + 4 * WG_BN) * 128 * sizeof(bf16);
@@ -619,20 +682,19 @@ void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const 
 }
 
 void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
-                         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse,
-                         attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
+                         const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T,
+                         int S, int H, int K, float sc2, float scale) {
     static unsigned raised_dq, raised_dkdv;
     auto dqk = wg_dq_ws_kernel<128>;
     size_t sm = 1024 + (size_t)(2 * WG_BM + 2 * WG_DQ_NS * WG_DQ_BN) * 128 * sizeof(bf16);
     cu_raise_smem(c, dqk, sm, &raised_dq);
-    dqk<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2,
-                                                                  scale);
+    dqk<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2, scale);
     CU_LAUNCHED(c, "wg_dq_ws_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
     auto dkv = wg_dkdv_ws_kernel<128>;
     size_t smk = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
     cu_raise_smem(c, dkv, smk, &raised_dkdv);
-    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S,
-                                                                   H, K, sc2, scale);
+    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, sc2,
+                                                                   scale);
     CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
 }

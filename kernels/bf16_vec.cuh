@@ -38,9 +38,8 @@ __device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(_
 
 /* The widest V in {8, 4, 2, 1} that divides n and to whose 2*V bytes every pointer is aligned
  * (NULL pointers are ignored). */
-static inline int vec_width(long long n, const void *p0, const void *p1, const void *p2, const void *p3,
-                            const void *p4) {
-    const void *p[5] = { p0, p1, p2, p3, p4 };
+static inline int vec_width(long long n, const void *p0, const void *p1, const void *p2, const void *p3, const void *p4) {
+    const void *p[5] = {p0, p1, p2, p3, p4};
     for (int v = 8; v > 1; v >>= 1) {
         int ok = n % v == 0;
         for (int i = 0; i < 5 && ok; i++) ok = !p[i] || (uintptr_t)p[i] % (2u * v) == 0;
@@ -49,21 +48,23 @@ static inline int vec_width(long long n, const void *p0, const void *p1, const v
     return 1;
 }
 #ifdef __CUDACC__
-#define GRID_STRIDE(i, n) for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); \
-                               i += (long long)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n) \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (n); i += (long long)gridDim.x * blockDim.x)
 
 static inline unsigned ew_blocks(cu_ctx *c, long long n) {
     unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
     return b < cap ? b : cap;
 }
 
-#define VEC_LAUNCH(kernel, v, n, ...) do { \
-    switch (v) { \
-    case 8: kernel<8><<<ew_blocks(c, (n) / 8), 256, 0, c->stream>>>(__VA_ARGS__); break; \
-    case 4: kernel<4><<<ew_blocks(c, (n) / 4), 256, 0, c->stream>>>(__VA_ARGS__); break; \
-    case 2: kernel<2><<<ew_blocks(c, (n) / 2), 256, 0, c->stream>>>(__VA_ARGS__); break; \
-    default: kernel<1><<<ew_blocks(c, (n)), 256, 0, c->stream>>>(__VA_ARGS__); \
-    } \
-    CU_LAUNCHED(c, #kernel); } while (0)
+#define VEC_LAUNCH(kernel, v, n, ...) \
+    do { \
+        switch (v) { \
+        case 8: kernel<8><<<ew_blocks(c, (n) / 8), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+        case 4: kernel<4><<<ew_blocks(c, (n) / 4), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+        case 2: kernel<2><<<ew_blocks(c, (n) / 2), 256, 0, c->stream>>>(__VA_ARGS__); break; \
+        default: kernel<1><<<ew_blocks(c, (n)), 256, 0, c->stream>>>(__VA_ARGS__); \
+        } \
+        CU_LAUNCHED(c, #kernel); \
+    } while (0)
 #endif
 #endif

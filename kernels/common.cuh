@@ -17,21 +17,21 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define CU_RED_SLOTS 4096                /* sumsq blocks at most: one partial each */
+#define CU_RED_SLOTS 4096 /* sumsq blocks at most: one partial each */
 typedef struct cu_ctx {
     cudaStream_t stream;
     cublasLtHandle_t lt;
-    void *blas;                  /* cublasHandle_t for GEMMs cuBLASLt has no algorithm for; lazy */
-    void *lt_ws;                 /* cuBLASLt workspace */
+    void *blas; /* cublasHandle_t for GEMMs cuBLASLt has no algorithm for; lazy */
+    void *lt_ws; /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch;               /* grow-only; stream-ordered reuse by one op at a time */
+    void *scratch; /* grow-only; stream-ordered reuse by one op at a time */
     size_t scratch_bytes;
-    double *red;                 /* (CU_RED_SLOTS) sumsq's per-block partials */
-    void *gemm_cache;            /* matmul.cu's plans for this context (gemm_cache_free) */
-    int rms_smem_raised;         /* rmsnorm_bwd_kernel's shared-memory limit raised */
-    unsigned *sk_sync;           /* (2) device: the few-row kernel's grid-wide counters (matmul.cu), 0 at rest */
+    double *red; /* (CU_RED_SLOTS) sumsq's per-block partials */
+    void *gemm_cache; /* matmul.cu's plans for this context (gemm_cache_free) */
+    int rms_smem_raised; /* rmsnorm_bwd_kernel's shared-memory limit raised */
+    unsigned *sk_sync; /* (2) device: the few-row kernel's grid-wide counters (matmul.cu), 0 at rest */
     int n_sm;
-    const tune_opts *tune;       /* the backend's knobs (eng_backend.tune), read at each launch */
+    const tune_opts *tune; /* the backend's knobs (eng_backend.tune), read at each launch */
     int failed;
     char msg[512];
 } cu_ctx;
@@ -43,24 +43,39 @@ static inline void cu_fail(cu_ctx *c, const char *call, const char *what, const 
     snprintf(c->msg, sizeof c->msg, "%s -> %s (%s:%d)", call, what, file, line);
 }
 
-#define CU_CK(ctx, call) do { cudaError_t e_ = (call); \
-    if (e_ != cudaSuccess) cu_fail((ctx), #call, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
-#define LT_CK(ctx, call) do { cublasStatus_t s_ = (call); \
-    if (s_ != CUBLAS_STATUS_SUCCESS) cu_fail((ctx), #call, cublasGetStatusString(s_), __FILE__, __LINE__); } while (0)
-#define CU_LAUNCHED(ctx, name) do { cudaError_t e_ = cudaGetLastError(); \
-    if (e_ != cudaSuccess) cu_fail((ctx), "launch of " name, cudaGetErrorString(e_), __FILE__, __LINE__); } while (0)
+#define CU_CK(ctx, call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) cu_fail((ctx), #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define LT_CK(ctx, call) \
+    do { \
+        cublasStatus_t s_ = (call); \
+        if (s_ != CUBLAS_STATUS_SUCCESS) cu_fail((ctx), #call, cublasGetStatusString(s_), __FILE__, __LINE__); \
+    } while (0)
+#define CU_LAUNCHED(ctx, name) \
+    do { \
+        cudaError_t e_ = cudaGetLastError(); \
+        if (e_ != cudaSuccess) cu_fail((ctx), "launch of " name, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
 
 /* Scratch of at least `bytes`, 256-byte aligned; grows (synchronously) only when a larger size
  * is first asked for, so steady-state steps allocate nothing. NULL (ctx failed) on failure. */
 static inline void *cu_scratch(cu_ctx *c, size_t bytes) {
     if (c->failed) return NULL;
     if (bytes <= c->scratch_bytes) return c->scratch;
-    if (c->scratch) { CU_CK(c, cudaStreamSynchronize(c->stream)); CU_CK(c, cudaFree(c->scratch)); }
+    if (c->scratch) {
+        CU_CK(c, cudaStreamSynchronize(c->stream));
+        CU_CK(c, cudaFree(c->scratch));
+    }
     c->scratch = NULL;
     c->scratch_bytes = 0;
     size_t n = (bytes + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
     CU_CK(c, cudaMalloc(&c->scratch, n));
-    if (c->failed) { c->scratch = NULL; return NULL; }
+    if (c->failed) {
+        c->scratch = NULL;
+        return NULL;
+    }
     c->scratch_bytes = n;
     return c->scratch;
 }
@@ -85,12 +100,15 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 /* A launch with programmatic dependent launch (unless tune.pdl is 0) and, when cluster > 1, thread
  * block clusters of `cluster` blocks along x (grid.x a multiple of it). */
 template <typename... KArgs, typename... Args>
-static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                size_t smem, int cluster, Args... args) {
+static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                int cluster, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[2];
     unsigned n = 0;
-    cfg.gridDim = grid; cfg.blockDim = block; cfg.dynamicSmemBytes = smem; cfg.stream = c->stream;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
     if (c->tune->pdl) {
         at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[n++].val.programmaticStreamSerializationAllowed = 1;
@@ -101,21 +119,21 @@ static inline void cu_launch_ex(cu_ctx *c, const char *name, void (*kernel)(KArg
         at[n].val.clusterDim.y = at[n].val.clusterDim.z = 1;
         n++;
     }
-    cfg.attrs = at; cfg.numAttrs = n;
+    cfg.attrs = at;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, ((KArgs)args)...);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) cu_fail(c, name, cudaGetErrorString(e), __FILE__, __LINE__);
 }
 template <typename... KArgs, typename... Args>
-static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                 size_t smem, Args... args) {
+static inline void cu_launch_pdl(cu_ctx *c, const char *name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                 Args... args) {
     cu_launch_ex(c, name, kernel, grid, block, smem, 1, args...);
 }
 
 /* Raises kernel's dynamic shared-memory limit to bytes, once per device ordinal (done: the
  * caller's static bit set, one per kernel), so it happens before any graph capture. */
-template <typename Kernel>
-static inline void cu_raise_smem(cu_ctx *c, Kernel kernel, size_t bytes, unsigned *done) {
+template <typename Kernel> static inline void cu_raise_smem(cu_ctx *c, Kernel kernel, size_t bytes, unsigned *done) {
     int dev = 0;
     CU_CK(c, cudaGetDevice(&dev));
     /* done: a bit per device, set with atomics (the ranks of one process set theirs at once) */

@@ -5,8 +5,7 @@
 #include "kernels/bf16_vec.cuh"
 #include "kernels/elementwise.cuh"
 
-template <int V>
-__global__ void add_kernel(bf16 *out, const bf16 *x, const bf16 *y, long long n) {
+template <int V> __global__ void add_kernel(bf16 *out, const bf16 *x, const bf16 *y, long long n) {
     GRID_STRIDE(i, n / V) {
         float a[V], b[V];
         vload<V>(a, x + i * V);
@@ -21,9 +20,7 @@ __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, long long n) {
     GRID_STRIDE(i, n) dst[i] = __float2bfloat16(src[i]);
 }
 
-__global__ void acc_f32_kernel(float *acc, const bf16 *x, long long n) {
-    GRID_STRIDE(i, n) acc[i] += __bfloat162float(x[i]);
-}
+__global__ void acc_f32_kernel(float *acc, const bf16 *x, long long n) { GRID_STRIDE(i, n) acc[i] += __bfloat162float(x[i]); }
 /* two elements a step: n2 = n / 2 pairs, acc 8-byte and x 4-byte aligned */
 __global__ void acc_f32_x2_kernel(float2 *acc, const __nv_bfloat162 *x, long long n2) {
     GRID_STRIDE(i, n2) {
@@ -68,6 +65,6 @@ void acc_f32_cuda(cu_ctx *c, float *acc, const bf16 *x, long long n) {
 
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row) {
     if (c->failed || T <= 0 || row <= 0) return;
-    cu_launch_pdl(c, "scatter_rows_kernel", scatter_rows_kernel, dim3(ew_blocks(c, (long long)T * row)), dim3(256), 0, dst,
-                  src, slot, T, row);
+    cu_launch_pdl(c, "scatter_rows_kernel", scatter_rows_kernel, dim3(ew_blocks(c, (long long)T * row)), dim3(256), 0, dst, src,
+                  slot, T, row);
 }

@@ -5,6 +5,6 @@
  * conversion a copy. Legend: n elements. */
 #ifndef GRPOD_ELEMENTWISE_H
 #define GRPOD_ELEMENTWISE_H
-void add_cpu(float *out, const float *x, const float *y, long long n);   /* out = x + y (may alias) */
-void acc_f32_cpu(float *acc, const float *x, long long n);              /* acc += x */
+void add_cpu(float *out, const float *x, const float *y, long long n); /* out = x + y (may alias) */
+void acc_f32_cpu(float *acc, const float *x, long long n); /* acc += x */
 #endif

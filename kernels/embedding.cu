@@ -12,8 +12,7 @@ __global__ void embedding_fwd_kernel(bf16 *out, const int *tokens, const bf16 *w
     const bf16 *src = wte + (size_t)tokens[t] * C;
     bf16 *dst = out + (size_t)t * C;
     if ((C & 7) == 0) {
-        for (int i = threadIdx.x; i < C / 8; i += blockDim.x)
-            ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
+        for (int i = threadIdx.x; i < C / 8; i += blockDim.x) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
     } else {
         for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
     }
@@ -34,7 +33,11 @@ __global__ void embedding_bwd_kernel(float *dwte, const bf16 *dout, const int *t
 #pragma unroll
         for (int k = 1; k < EMB_CH; k++)
             for (int j = 0; j < k; j++)
-                if (tok[k] >= 0 && tok[j] == tok[k]) { g[j] += g[k]; tok[k] = -1; break; }
+                if (tok[k] >= 0 && tok[j] == tok[k]) {
+                    g[j] += g[k];
+                    tok[k] = -1;
+                    break;
+                }
         float cur[EMB_CH];
 #pragma unroll
         for (int k = 0; k < EMB_CH; k++) cur[k] = tok[k] >= 0 ? dwte[(size_t)tok[k] * C + c] : 0.0f;

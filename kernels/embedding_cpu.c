@@ -4,9 +4,8 @@
 #include <string.h>
 
 void embedding_fwd_cpu(float *out, const int *tokens, const float *wte, int T, int C) {
-    #pragma omp parallel for
-    for (int t = 0; t < T; t++)
-        memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, (size_t)C * sizeof(float));
+#pragma omp parallel for
+    for (int t = 0; t < T; t++) memcpy(out + (size_t)t * C, wte + (size_t)tokens[t] * C, (size_t)C * sizeof(float));
 }
 
 void embedding_bwd_cpu(float *dwte, const float *dout, const int *tokens, int T, int C) {

@@ -22,7 +22,12 @@ __device__ void row_stats(const float *z, int V, float *lse_out, float *ez_out) 
     float mx = -INFINITY, s = 0, sz = 0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float x = z[j];
-        if (x > mx) { float c = __expf(mx - x); s *= c; sz *= c; mx = x; }
+        if (x > mx) {
+            float c = __expf(mx - x);
+            s *= c;
+            sz *= c;
+            mx = x;
+        }
         float e = __expf(x - mx);
         s += e;
         sz += e * x;
@@ -47,8 +52,8 @@ __global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, 
 }
 
 /* dz_j = (dlogp (1[j = tok] - p_j) - dent p_j (z_j - E z)) / temperature, as bf16 for the GEMMs. */
-__global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok, const float *dlogp,
-                                       const float *dent, int V, float inv_t) {
+__global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok, const float *dlogp, const float *dent, int V,
+                                       float inv_t) {
     int i = blockIdx.x;
     const float *zr = z + (size_t)i * V;
     float lse, ez;
@@ -92,7 +97,12 @@ __global__ void scatter_add_rows_kernel(bf16 *dh, const float *src, const int *p
     }
 }
 
-typedef struct { bf16 *hc; float *z; bf16 *dz; float *dhc; } lp_scratch;
+typedef struct {
+    bf16 *hc;
+    float *z;
+    bf16 *dz;
+    float *dhc;
+} lp_scratch;
 
 static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
     size_t a = (((size_t)CH * C * 2) + 255) & ~(size_t)255, b = (((size_t)CH * V * 4) + 255) & ~(size_t)255;
@@ -107,15 +117,15 @@ static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
 }
 
 /* logits chunk z (mc, V) = hc (mc, C) · W^T * alpha, after gathering hc from h at pos. */
-static void chunk_logits(cu_ctx *c, lp_scratch *s, const bf16 *h, const int *pos, const bf16 *w, int mc, int C,
-                         int V, float alpha, float *z) {
+static void chunk_logits(cu_ctx *c, lp_scratch *s, const bf16 *h, const int *pos, const bf16 *w, int mc, int C, int V,
+                         float alpha, float *z) {
     gather_rows_kernel<<<mc, 256, 0, c->stream>>>(s->hc, h, pos, mc, C);
     CU_LAUNCHED(c, "gather_rows_kernel");
     gemm_lt(c, 1, 0, V, mc, C, alpha, w, C, s->hc, C, 0.0f, z, V, 1, NULL);
 }
 
-void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const int *out_pos, const int *out_tok,
-                      const bf16 *w, int M, int C, int V, float temperature) {
+void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const int *out_pos, const int *out_tok, const bf16 *w,
+                      int M, int C, int V, float temperature) {
     lp_scratch s;
     if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
     for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
@@ -126,16 +136,16 @@ void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const i
     }
 }
 
-void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const float *dent, const bf16 *h,
-                      const int *out_pos, const int *out_tok, const bf16 *w, int M, int C, int V, float temperature) {
+void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const float *dent, const bf16 *h, const int *out_pos,
+                      const int *out_tok, const bf16 *w, int M, int C, int V, float temperature) {
     lp_scratch s;
     if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 1)) return;
     float inv_t = 1.0f / temperature;
     for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
         int mc = M - m0 < CH ? M - m0 : CH;
         chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, inv_t, s.z);
-        logprob_row_bwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(s.dz, s.z, out_tok + m0, dlogp + m0,
-                                                                  dent ? dent + m0 : NULL, V, inv_t);
+        logprob_row_bwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(s.dz, s.z, out_tok + m0, dlogp + m0, dent ? dent + m0 : NULL, V,
+                                                                  inv_t);
         CU_LAUNCHED(c, "logprob_row_bwd_kernel");
         /* dh_chunk^T (C, mc) = W^T (C, V) · dz^T (V, mc) */
         gemm_lt(c, 0, 0, C, mc, V, 1.0f, w, C, s.dz, V, 0.0f, s.dhc, C, 1, NULL);

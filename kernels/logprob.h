@@ -7,12 +7,11 @@
  * Legend: T tokens, C model dim, V vocab, M predicted tokens. */
 #ifndef GRPOD_LOGPROB_H
 #define GRPOD_LOGPROB_H
-void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos, const int *out_tok,
-                     const float *w, int M, int C, int V, float temperature);
+void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos, const int *out_tok, const float *w, int M,
+                     int C, int V, float temperature);
 /* logp (M); ent (M) or NULL; h (T,C) final-norm output; out_pos, out_tok (M); w (V,C) */
-void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent, const float *h,
-                     const int *out_pos, const int *out_tok, const float *w, int M, int C, int V,
-                     float temperature);
+void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent, const float *h, const int *out_pos,
+                     const int *out_tok, const float *w, int M, int C, int V, float temperature);
 /* dh (T,C) += (rows at out_pos; a row may be hit by several m); dw (V,C) += or NULL (frozen);
  * dlogp (M); dent (M) or NULL */
 

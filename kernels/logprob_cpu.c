@@ -10,7 +10,7 @@
 
 static inline float dotc(const float *a, const float *b, int C) {
     float s = 0;
-    #pragma omp simd reduction(+:s)
+#pragma omp simd reduction(+ : s)
     for (int c = 0; c < C; c++) s += a[c] * b[c];
     return s;
 }
@@ -23,18 +23,22 @@ static float row_logits(float *z, const float *hrow, const float *w, int C, int 
         if (z[j] > mx) mx = z[j];
     }
     double sum = 0, sz = 0;
-    for (int j = 0; j < V; j++) { double e = exp((double)(z[j] - mx)); sum += e; sz += e * z[j]; }
+    for (int j = 0; j < V; j++) {
+        double e = exp((double)(z[j] - mx));
+        sum += e;
+        sz += e * z[j];
+    }
     if (ez) *ez = (float)(sz / sum);
     return mx + (float)log(sum);
 }
 
-void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos, const int *out_tok,
-                     const float *w, int M, int C, int V, float temperature) {
+void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos, const int *out_tok, const float *w, int M,
+                     int C, int V, float temperature) {
     float inv_t = 1.0f / temperature;
-    #pragma omp parallel
+#pragma omp parallel
     {
         float *z = malloc((size_t)V * sizeof(float));
-        #pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, 4)
         for (int m = 0; m < M; m++) {
             float ez;
             float lse = row_logits(z, h + (size_t)out_pos[m] * C, w, C, V, inv_t, &ez);
@@ -45,15 +49,14 @@ void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos
     }
 }
 
-void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent, const float *h,
-                     const int *out_pos, const int *out_tok, const float *w, int M, int C, int V,
-                     float temperature) {
+void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent, const float *h, const int *out_pos,
+                     const int *out_tok, const float *w, int M, int C, int V, float temperature) {
     float inv_t = 1.0f / temperature;
     enum { BLK = 64 };
     float *dz = malloc((size_t)BLK * V * sizeof(float));
     for (int m0 = 0; m0 < M; m0 += BLK) {
         int mb = M - m0 < BLK ? M - m0 : BLK;
-        #pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1)
         for (int i = 0; i < mb; i++) {
             int m = m0 + i;
             float *z = dz + (size_t)i * V, ez;
@@ -65,9 +68,9 @@ void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent
             }
             z[out_tok[m]] += gl * inv_t;
         }
-        /* dh rows: a hidden row may be the source of several m (never in grpod's packing, but
+/* dh rows: a hidden row may be the source of several m (never in grpod's packing, but
          * allowed), so rows are accumulated sequentially per m, each row's C-loop vectorised. */
-        #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
         for (int c0 = 0; c0 < C; c0 += 16) {
             int c1 = c0 + 16 < C ? c0 + 16 : C;
             for (int i = 0; i < mb; i++) {
@@ -81,13 +84,13 @@ void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent
             }
         }
         if (dw) {
-            #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
             for (int j = 0; j < V; j++) {
                 float *dwr = dw + (size_t)j * C;
                 for (int i = 0; i < mb; i++) {
                     float g = dz[(size_t)i * V + j];
                     const float *hr = h + (size_t)out_pos[m0 + i] * C;
-                    #pragma omp simd
+#pragma omp simd
                     for (int c = 0; c < C; c++) dwr[c] += g * hr[c];
                 }
             }
@@ -97,8 +100,7 @@ void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent
 }
 
 void lm_head_rows_cpu(float *logits, const float *h, const int *pos, const float *w, int R, int C, int V) {
-    #pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < V; j++)
-            logits[(size_t)r * V + j] = dotc(h + (size_t)pos[r] * C, w + (size_t)j * C, C);
+        for (int j = 0; j < V; j++) logits[(size_t)r * V + j] = dotc(h + (size_t)pos[r] * C, w + (size_t)j * C, C);
 }

@@ -37,11 +37,14 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
-    int fallback;               /* no cuBLASLt algorithm: cublasGemmEx */
+    int fallback; /* no cuBLASLt algorithm: cublasGemmEx */
 } gemm_plan;
 
 enum { GEMM_CACHE = 128 };
-typedef struct { gemm_plan p[GEMM_CACHE]; int n; } gemm_cache;   /* one per cu_ctx: its thread only */
+typedef struct {
+    gemm_plan p[GEMM_CACHE];
+    int n;
+} gemm_cache; /* one per cu_ctx: its thread only */
 
 static void plan_destroy(gemm_plan *p) {
     cublasLtMatmulDescDestroy(p->op);
@@ -88,17 +91,16 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
         LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
         LT_CK(c, cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
-    LT_CK(c, cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key->transa ? key->k : key->m,
-                                        key->transa ? key->m : key->k, key->lda));
-    LT_CK(c, cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key->transb ? key->n : key->k,
-                                        key->transb ? key->k : key->n, key->ldb));
+    LT_CK(c, cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key->transa ? key->k : key->m, key->transa ? key->m : key->k, key->lda));
+    LT_CK(c, cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key->transb ? key->n : key->k, key->transb ? key->k : key->n, key->ldb));
     LT_CK(c, cublasLtMatrixLayoutCreate(&p.d, dt, key->m, key->n, key->ldd));
     cublasLtMatmulPreference_t pref;
     LT_CK(c, cublasLtMatmulPreferenceCreate(&pref));
     if (c->failed) return NULL;
     uint32_t al = (uint32_t)key->align;
-    LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
-                                                  sizeof c->lt_ws_bytes));
+    LT_CK(c,
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
+                                               sizeof c->lt_ws_bytes));
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
@@ -110,7 +112,7 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     if (c->failed) return NULL;
     if (found < 1) p.fallback = 1;
     else p.algo = h.algo;
-    if (gc->n == GEMM_CACHE) {   /* full: drop the oldest half */
+    if (gc->n == GEMM_CACHE) { /* full: drop the oldest half */
         for (int i = 0; i < GEMM_CACHE / 2; i++) plan_destroy(&gc->p[i]);
         memmove(gc->p, gc->p + GEMM_CACHE / 2, sizeof(gemm_plan) * (GEMM_CACHE / 2));
         gc->n = GEMM_CACHE / 2;
@@ -128,8 +130,8 @@ __global__ void add_bias_kernel(bf16 *D, const bf16 *bias, int m, int n, int ldd
     }
 }
 
-static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta,
-                          void *D, const bf16 *bias) {
+static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, void *D,
+                          const bf16 *bias) {
     if (!c->blas) {
         cublasHandle_t h;
         LT_CK(c, cublasCreate(&h));
@@ -138,43 +140,48 @@ static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const voi
     }
     cublasHandle_t h = (cublasHandle_t)c->blas;
     LT_CK(c, cublasSetStream(h, c->stream));
-    LT_CK(c, cublasGemmEx(h, key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, key->transb ? CUBLAS_OP_T : CUBLAS_OP_N, key->m,
-                          key->n, key->k, &alpha, A, CUDA_R_16BF, key->lda, B, CUDA_R_16BF, key->ldb, &beta, D,
-                          key->d_f32 ? CUDA_R_32F : CUDA_R_16BF, key->ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    LT_CK(c,
+          cublasGemmEx(h, key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, key->transb ? CUBLAS_OP_T : CUBLAS_OP_N, key->m, key->n,
+                       key->k, &alpha, A, CUDA_R_16BF, key->lda, B, CUDA_R_16BF, key->ldb, &beta, D,
+                       key->d_f32 ? CUDA_R_32F : CUDA_R_16BF, key->ldd, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (bias && !c->failed) {
         long long n = (long long)key->m * key->n;
         unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
-        add_bias_kernel<<<b < cap ? b : cap, 256, 0, c->stream>>>((bf16 *)D, bias, key->m, key->n, key->ldd);
+        add_bias_kernel<<<(b < cap ? b : cap), 256, 0, c->stream>>>((bf16 *)D, bias, key->m, key->n, key->ldd);
         CU_LAUNCHED(c, "add_bias_kernel");
     }
 }
 
 /* gemm_lt with C (the beta term) apart from D (NULL: D), laid out as D */
-static void gemm_lt_c(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
-                      const void *B, int ldb, float beta, const void *Cm, void *D, int ldd, int d_is_f32,
-                      const bf16 *bias) {
+static void gemm_lt_c(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda, const void *B,
+                      int ldb, float beta, const void *Cm, void *D, int ldd, int d_is_f32, const bf16 *bias) {
     if (c->failed || m <= 0 || n <= 0) return;
     int al = align_of(A), x;
     if ((x = align_of(B)) < al) al = x;
     if ((x = align_of(D)) < al) al = x;
     if (bias && (x = align_of(bias)) < al) al = x;
     if (Cm && (x = align_of(Cm)) < al) al = x;
-    gemm_key key = { transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al };
+    gemm_key key = {transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al};
     gemm_plan *p = plan_get(c, &key);
     if (!p) return;
-    if (Cm && Cm != D && p->fallback) {   /* GemmEx takes C = D: the beta term copied in first */
-        CU_CK(c, cudaMemcpy2DAsync(D, (size_t)ldd * (d_is_f32 ? 4 : 2), Cm, (size_t)ldd * (d_is_f32 ? 4 : 2),
-                                   (size_t)m * (d_is_f32 ? 4 : 2), n, cudaMemcpyDeviceToDevice, c->stream));
+    if (Cm && Cm != D && p->fallback) { /* GemmEx takes C = D: the beta term copied in first */
+        CU_CK(c,
+              cudaMemcpy2DAsync(D, (size_t)ldd * (d_is_f32 ? 4 : 2), Cm, (size_t)ldd * (d_is_f32 ? 4 : 2),
+                                (size_t)m * (d_is_f32 ? 4 : 2), n, cudaMemcpyDeviceToDevice, c->stream));
         Cm = NULL;
     }
-    if (p->fallback) { gemm_fallback(c, &p->key, alpha, A, B, beta, D, bias); return; }
+    if (p->fallback) {
+        gemm_fallback(c, &p->key, alpha, A, B, beta, D, bias);
+        return;
+    }
     if (bias) LT_CK(c, cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-    LT_CK(c, cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cm ? Cm : D, p->d, D, p->d, &p->algo,
-                            c->lt_ws, c->lt_ws_bytes, c->stream));
+    LT_CK(c,
+          cublasLtMatmul(c->lt, p->op, &alpha, A, p->a, B, p->b, &beta, Cm ? Cm : D, p->d, D, p->d, &p->algo, c->lt_ws,
+                         c->lt_ws_bytes, c->stream));
 }
 
-void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
-             const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
+void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda, const void *B, int ldb,
+             float beta, void *D, int ldd, int d_is_f32, const bf16 *bias) {
     gemm_lt_c(c, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, NULL, D, ldd, d_is_f32, bias);
 }
 
@@ -215,8 +222,7 @@ __device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
 }
 
-__device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                       unsigned b1) {
+__device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -233,13 +239,12 @@ __device__ __forceinline__ uint4 sk_norm8(uint4 xv, uint4 wv, float r) {
     return y;
 }
 
-template <int MT, int NT>
-struct sk_shape {
-    static constexpr int L = 2 * NT + 4 * MT;                      /* 16-byte slots per thread per stage */
-    static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4;   /* the warps' partial sums */
-    static constexpr size_t NW = (size_t)SK_NORM_I * 2;                      /* the norm weight */
+template <int MT, int NT> struct sk_shape {
+    static constexpr int L = 2 * NT + 4 * MT; /* 16-byte slots per thread per stage */
+    static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4; /* the warps' partial sums */
+    static constexpr size_t NW = (size_t)SK_NORM_I * 2; /* the norm weight */
     static constexpr int SFIT = (int)((227 * 1024 - RED - NW) / ((size_t)L * 32 * SK_WARPS * 16));
-    static constexpr int S0 = 48 / L > 2 ? 48 / L : 2;            /* stages: ~48 slots per thread */
+    static constexpr int S0 = 48 / L > 2 ? 48 / L : 2; /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
     static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW;
 };
@@ -271,10 +276,10 @@ enum { SK_PARTS = 3 };
 typedef struct {
     bf16 *out[SK_PARTS];
     const bf16 *w[SK_PARTS], *bias[SK_PARTS];
-    const bf16 *res[SK_PARTS];   /* the residual added before the one rounding (NULL: none) */
+    const bf16 *res[SK_PARTS]; /* the residual added before the one rounding (NULL: none) */
     int O[SK_PARTS], b0[SK_PARTS + 1], n;
     bf16 *act;
-    const bf16 *nw;              /* RMSNorm of x in front (NULL: none): weight (I), eps */
+    const bf16 *nw; /* RMSNorm of x in front (NULL: none): weight (I), eps */
     float eps;
     /* + (x la^T) lb^T, la (lr, I), lb (O, lr), x la^T written to lu (T, lr) (NULL: none) */
     const bf16 *la[SK_PARTS], *lb[SK_PARTS];
@@ -285,7 +290,7 @@ typedef struct {
     const bf16 *aw[SK_PARTS];
     bf16 *au[SK_PARTS];
     int na, nA, art;
-    unsigned *sync;              /* (2) adapter tiles done, blocks done; 0 between launches */
+    unsigned *sync; /* (2) adapter tiles done, blocks done; 0 between launches */
 } sk_args;
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
@@ -302,9 +307,9 @@ template <int MT, int NT, bool LORA>
 __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
     constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
     constexpr int RW = MT * 16, CW = NT * 8;
-    extern __shared__ uint4 sk_ring[];   /* [S][L][NTH], then red[warp][row RW][col CW] */
+    extern __shared__ uint4 sk_ring[]; /* [S][L][NTH], then red[warp][row RW][col CW] */
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
-    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS);   /* [I] when nw */
+    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int nch = I / SK_KC, c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
@@ -318,17 +323,21 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const aw_0 = a.aw[0], *const aw_1 = a.aw[1], *const aw_2 = a.aw[2];
     bf16 *const au_0 = a.au[0], *const au_1 = a.au[1], *const au_2 = a.au[2];
     const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art;
-    bool u_done = false;             /* every adapter tile's u written (a term warp waited once) */
+    bool u_done = false; /* every adapter tile's u written (a term warp waited once) */
     const bool sw = act != nullptr;
     const int ntiles = nA + (np == 1 ? b1 : np == 2 ? b2 : b3);
     const int mine = ntiles > (int)blockIdx.x ? (ntiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
-    const int total = mine * n;   /* this warp's chunks over all its tiles: f = j n + i */
+    const int total = mine * n; /* this warp's chunks over all its tiles: f = j n + i */
     /* tile j of the block: its part (-1: an adapter tile, rows o0.. of the stacked A's) and first
      * output */
     auto tile = [&](int j, int &pi, int &o0) {
         int tl = (int)blockIdx.x + j * (int)gridDim.x;
         if (LORA) {
-            if (tl < nA) { pi = -1; o0 = tl * art; return; }
+            if (tl < nA) {
+                pi = -1;
+                o0 = tl * art;
+                return;
+            }
             tl -= nA;
         }
         pi = np > 1 && tl >= b1 ? (np > 2 && tl >= b2 ? 2 : 1) : 0;
@@ -340,13 +349,19 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         tile(f / n, pi, o0);
         const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
-        if (LORA && pi < 0) {   /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
+        if (LORA && pi < 0) { /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int o = o0 + nt * 8 + g, in = nt * 8 + g < art && o < arows ? 16 : 0;
                 int ro = in ? o : 0, ai = 0;
-                if (ro >= lr) { ro -= lr; ai = 1; }
-                if (ro >= lr) { ro -= lr; ai = 2; }
+                if (ro >= lr) {
+                    ro -= lr;
+                    ai = 1;
+                }
+                if (ro >= lr) {
+                    ro -= lr;
+                    ai = 2;
+                }
                 const bf16 *p = SK_SEL(aw_, ai) + (size_t)ro * I + k;
                 sk_cp16(b + (2 * nt) * NTH, p, in);
                 sk_cp16(b + (2 * nt + 1) * NTH, p + 32, in);
@@ -381,7 +396,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
     for (int f = 0; f < S - 1; f++)
         if (f < total) issue_w(f);
-    if (nw)   /* the norm weight too (first commit group): written by nothing in flight */
+    if (nw) /* the norm weight too (first commit group): written by nothing in flight */
         for (int i = tid; i < I / 8; i += NTH) sk_cp16((uint4 *)nw_s + i, nw + (size_t)i * 8, 16);
     pdl_wait();
     pdl_trigger();
@@ -395,7 +410,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     __shared__ float rstd_s[SK_MAX_T];
     if (nw) {
         for (int t = wp; t < T; t += SK_WARPS) {
-            constexpr int NC = SK_NORM_I / 256;   /* a lane's 8-wide chunks of a row, loaded at once */
+            constexpr int NC = SK_NORM_I / 256; /* a lane's 8-wide chunks of a row, loaded at once */
             uint4 v[NC];
 #pragma unroll
             for (int c = 0; c < NC; c++)
@@ -406,18 +421,21 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 if (lane * 8 + c * 256 >= I) break;
                 const bf16 *e = (const bf16 *)&v[c];
 #pragma unroll
-                for (int j = 0; j < 8; j++) { const float f = __bfloat162float(e[j]); ss += f * f; }
+                for (int j = 0; j < 8; j++) {
+                    const float f = __bfloat162float(e[j]);
+                    ss += f * f;
+                }
             }
             ss = warp_sum(ss);
             if (lane == 0) rstd_s[t] = rsqrtf(ss / I + a.eps);
         }
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));   /* nw_s (the chunk loop waits as much) */
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2)); /* nw_s (the chunk loop waits as much) */
         __syncthreads();
     }
 
     float acc[MT][NT][4];
     for (int j = 0; j < mine; j++) {
-        if (LORA) {   /* the tile's B rows into L1 for its term (the cp.async stream bypasses L1) */
+        if (LORA) { /* the tile's B rows into L1 for its term (the cp.async stream bypasses L1) */
             int pi, o0;
             tile(j, pi, o0);
             const int ow = sw ? 4 * NT : 8 * NT;
@@ -436,10 +454,16 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             const uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
             uint4 wv[NT][2], xv[2 * MT][2];
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) { wv[nt][0] = b[(2 * nt) * NTH]; wv[nt][1] = b[(2 * nt + 1) * NTH]; }
+            for (int nt = 0; nt < NT; nt++) {
+                wv[nt][0] = b[(2 * nt) * NTH];
+                wv[nt][1] = b[(2 * nt + 1) * NTH];
+            }
 #pragma unroll
-            for (int r = 0; r < 2 * MT; r++) { xv[r][0] = b[(2 * NT + 2 * r) * NTH]; xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH]; }
-            if (nw) {   /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
+            for (int r = 0; r < 2 * MT; r++) {
+                xv[r][0] = b[(2 * NT + 2 * r) * NTH];
+                xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH];
+            }
+            if (nw) { /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
                 const int k = (c0 + i) * SK_KC + q * 8;
                 const uint4 w0 = *(const uint4 *)(nw_s + k), w1 = *(const uint4 *)(nw_s + k + 32);
 #pragma unroll
@@ -451,7 +475,10 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 }
             }
             /* the stage read for chunk f - 1 is free: its values were consumed by its mma */
-            if (f + S - 1 < total) { issue_w(f + S - 1); issue_x(f + S - 1); }
+            if (f + S - 1 < total) {
+                issue_w(f + S - 1);
+                issue_x(f + S - 1);
+            }
             asm volatile("cp.async.commit_group;\n" ::);
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -466,7 +493,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 }
         }
 
-        if (LORA) {   /* the low-rank term: k in [32 wp, 32 wp + 32) of [x | u] . [W | B]^T, same permutation */
+        if (LORA) { /* the low-rank term: k in [32 wp, 32 wp + 32) of [x | u] . [W | B]^T, same permutation */
             int pi, o0;
             tile(j, pi, o0);
             /* part 0's term (the tile's part; the gate in SwiGLU mode) and the up projection's; an
@@ -475,7 +502,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             const bf16 *const lug = pi >= 0 ? SK_SEL(lu_, pi) : nullptr;
             const int O = pi >= 0 ? SK_SEL(O_, pi) : 0;
             for (int kb = 32 * wp; (lbg || lbu) && kb < lr; kb += 32 * SK_WARPS) {
-                if (!u_done) {   /* every adapter tile's u written */
+                if (!u_done) { /* every adapter tile's u written */
                     if (lane == 0) {
                         while ((int)*(volatile unsigned *)a.sync < nA) __nanosleep(32);
                         __threadfence();
@@ -527,7 +554,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         __syncthreads();
         int pi, o0;
         tile(j, pi, o0);
-        if (LORA && pi < 0) {   /* adapter tile: u = x A^T, rounded to bf16 as the GEMM stores it; then counted done */
+        if (LORA && pi < 0) { /* adapter tile: u = x A^T, rounded to bf16 as the GEMM stores it; then counted done */
             for (int e = tid; e < RW * CW; e += NTH) {
                 const int t = e / CW, o = o0 + e % CW;
                 if (t >= T || e % CW >= art || o >= arows) continue;
@@ -538,7 +565,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 SK_SEL(au_, ai)[(size_t)t * lr + o - ai * lr] = __float2bfloat16(s);
             }
             __threadfence();
-            __syncthreads();   /* red is free for the next tile */
+            __syncthreads(); /* red is free for the next tile */
             if (tid == 0) atomicAdd(a.sync, 1u);
             continue;
         }
@@ -555,7 +582,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             if (res) s += __bfloat162float(res[(size_t)t * O + o]);
             const bf16 y = __float2bfloat16(s);
             out[(size_t)t * O + o] = y;
-            if (sw) {   /* the up projection of the same output, CW / 2 columns on */
+            if (sw) { /* the up projection of the same output, CW / 2 columns on */
                 float su = 0.0f;
 #pragma unroll
                 for (int k = 0; k < SK_WARPS; k++) su += red[(size_t)k * RW * CW + e + CW / 2];
@@ -565,10 +592,10 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 act[(size_t)t * O + o] = __float2bfloat16(x / (1.0f + expf(-x)) * __bfloat162float(yu));
             }
         }
-        __syncthreads();   /* red is free for the next tile */
+        __syncthreads(); /* red is free for the next tile */
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    if (LORA && tid == 0 && atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) {   /* the last block out: no one waits */
+    if (LORA && tid == 0 && atomicAdd(a.sync + 1, 1u) == gridDim.x - 1) { /* the last block out: no one waits */
         a.sync[0] = 0;
         a.sync[1] = 0;
         __threadfence();
@@ -576,8 +603,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 }
 #undef SK_SEL
 
-template <int MT, int NT>
-static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
+template <int MT, int NT> static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     const size_t smem = sk_shape<MT, NT>::SMEM;
     static unsigned done[2];
     const bool lora = a.la[0] || a.la[1] || a.la[2];
@@ -588,7 +614,10 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
     for (int i = 0; i < a.n; i++) a.b0[i + 1] = a.b0[i] + (a.O[i] + (a.act ? 4 : 8) * NT - 1) / ((a.act ? 4 : 8) * NT);
     a.na = 0;
     for (int i = 0; i < (a.act ? 2 : a.n); i++)
-        if (a.la[i]) { a.aw[a.na] = a.la[i]; a.au[a.na++] = a.lu[i]; }
+        if (a.la[i]) {
+            a.aw[a.na] = a.la[i];
+            a.au[a.na++] = a.lu[i];
+        }
     /* adapter tiles: as many as the SMs left idle in the base tiles' last round (at least those of
      * 8 NT rows), 8 rows at least */
     const int arows = a.na * a.lr, base = a.b0[a.n], idle = (c->n_sm - base % c->n_sm) % c->n_sm;
@@ -613,7 +642,7 @@ static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
  * H200, 19.5 with this cost, 20.3 when those shapes ran on cuBLASLt.) The tiles counted as skinny_launch lays them out (each
  * part's own, the adapter tiles), so an adapter tile does not push a launch into a second round. */
 static int skinny_nt(int n_sm, const sk_args &a, int MT) {
-    static const int cand[] = { 1, 2, 4, 6, 8 };
+    static const int cand[] = {1, 2, 4, 6, 8};
     int best = 2, arows = 0;
     for (int i = 0; i < (a.act ? 2 : a.n); i++) arows += a.la[i] ? a.lr : 0;
     long long bc = -1;
@@ -624,7 +653,10 @@ static int skinny_nt(int n_sm, const sk_args &a, int MT) {
         long long blocks = (arows + 8 * nt - 1) / (8 * nt);
         for (int p = 0; p < a.n; p++) blocks += (a.O[p] + w - 1) / w;
         long long cost = (blocks + n_sm - 1) / n_sm * (8 * nt + 16 * MT);
-        if (bc < 0 || cost <= bc) { bc = cost; best = nt; }
+        if (bc < 0 || cost <= bc) {
+            bc = cost;
+            best = nt;
+        }
     }
     return best;
 }
@@ -643,11 +675,10 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int force = c->tune->skinny == TUNE_SKINNY_FORCE;
     if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !force) return 0;
-    if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0;   /* nw_s: 16-byte copies */
+    if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0; /* nw_s: 16-byte copies */
     int np = a.act ? 2 : a.n;
-    for (int i = 0; i < np; i++)   /* the low-rank term's 16-byte loads and copies */
-        if (a.la[i] && (!c->sk_sync || a.lr % 8 || align_of(a.la[i]) < 16 || align_of(a.lu[i]) < 16 ||
-                        align_of(a.lb[i]) < 16))
+    for (int i = 0; i < np; i++) /* the low-rank term's 16-byte loads and copies */
+        if (a.la[i] && (!c->sk_sync || a.lr % 8 || align_of(a.la[i]) < 16 || align_of(a.lu[i]) < 16 || align_of(a.lb[i]) < 16))
             return 0;
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (144LL << 20) && !force)) return 0;
@@ -655,11 +686,18 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
-        if (nt == 1) SK_L(1, 1); else if (nt == 2) SK_L(1, 2); else if (nt == 4) SK_L(1, 4); else if (nt == 6) SK_L(1, 6); else SK_L(1, 8);
+        if (nt == 1) SK_L(1, 1);
+        else if (nt == 2) SK_L(1, 2);
+        else if (nt == 4) SK_L(1, 4);
+        else if (nt == 6) SK_L(1, 6);
+        else SK_L(1, 8);
     } else if (MT == 2) {
-        if (nt == 1) SK_L(2, 1); else if (nt == 2) SK_L(2, 2); else SK_L(2, 4);
+        if (nt == 1) SK_L(2, 1);
+        else if (nt == 2) SK_L(2, 2);
+        else SK_L(2, 4);
     } else {
-        if (nt == 1) SK_L(4, 1); else SK_L(4, 2);
+        if (nt == 1) SK_L(4, 1);
+        else SK_L(4, 2);
     }
 #undef SK_L
     return 1;
@@ -679,7 +717,10 @@ static const bf16 *norm_apart(cu_ctx *c, const cu_norm *nm, const bf16 *inp, int
 
 /* The norm in front, for the skinny kernel (skinny() checks what it needs). */
 static void sk_set_norm(sk_args &a, const cu_norm *nm) {
-    if (nm) { a.nw = nm->w; a.eps = nm->eps; }
+    if (nm) {
+        a.nw = nm->w;
+        a.eps = nm->eps;
+    }
 }
 
 /* The parts' low-rank terms (lr NULL: none), for the skinny kernel: 0 when their ranks differ
@@ -688,7 +729,10 @@ static int sk_set_lowrank(sk_args &a, const cu_lowrank *lr, int n) {
     for (int i = 0; lr && i < n; i++) {
         if (!lr[i].a) continue;
         if (a.lr && a.lr != lr[i].r) return 0;
-        a.la[i] = lr[i].a; a.lb[i] = lr[i].b; a.lu[i] = lr[i].u; a.lr = lr[i].r;
+        a.la[i] = lr[i].a;
+        a.lb[i] = lr[i].b;
+        a.lu[i] = lr[i].u;
+        a.lr = lr[i].r;
     }
     return 1;
 }
@@ -697,57 +741,68 @@ static int sk_set_lowrank(sk_args &a, const cu_lowrank *lr, int n) {
  * for all of them when it takes the shape (the projections' own GEMMs then add u_i B_i^T). */
 static void lowrank_first_halves(cu_ctx *c, const cu_lowrank *lr, int n, const bf16 *inp, int T, int I) {
     bf16 *u[SK_PARTS];
-    const bf16 *A[SK_PARTS], *none[SK_PARTS] = { NULL, NULL, NULL };
+    const bf16 *A[SK_PARTS], *none[SK_PARTS] = {NULL, NULL, NULL};
     int r[SK_PARTS], m = 0;
     for (int i = 0; lr && i < n; i++)
-        if (lr[i].a) { u[m] = lr[i].u; A[m] = lr[i].a; r[m++] = lr[i].r; }
+        if (lr[i].a) {
+            u[m] = lr[i].u;
+            A[m] = lr[i].a;
+            r[m++] = lr[i].r;
+        }
     if (m) matmul_fwd_n_cuda(c, u, A, none, none, r, m, inp, NULL, T, I, NULL);
 }
 
-void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
-                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
-                       const cu_lowrank *lr) {
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const bf16 *const *res,
+                       const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I, const cu_lowrank *lr) {
     if (c->failed || T <= 0) return;
     if (n >= 1 && n <= SK_PARTS) {
         sk_args a = {};
         a.n = n;
         sk_set_norm(a, norm);
         for (int i = 0; i < n; i++) {
-            a.out[i] = out[i]; a.w[i] = w[i]; a.bias[i] = bias[i]; a.res[i] = res[i]; a.O[i] = O[i];
+            a.out[i] = out[i];
+            a.w[i] = w[i];
+            a.bias[i] = bias[i];
+            a.res[i] = res[i];
+            a.O[i] = O[i];
         }
         if (sk_set_lowrank(a, lr, n) && skinny(c, a, inp, T, I)) return;
     }
     inp = norm_apart(c, norm, inp, T, I);
     lowrank_first_halves(c, lr, n, inp, T, I);
-    for (int i = 0; i < n; i++) {   /* the residual as the beta term: one rounding, as the few-row kernel */
+    for (int i = 0; i < n; i++) { /* the residual as the beta term: one rounding, as the few-row kernel */
         gemm_lt_c(c, 1, 0, O[i], T, I, 1.0f, w[i], I, inp, I, res[i] ? 1.0f : 0.0f, res[i], out[i], O[i], 0, bias[i]);
-        if (lr && lr[i].a)   /* the low-rank term on top (a second rounding at these sizes) */
-            gemm_lt_c(c, 1, 0, O[i], T, lr[i].r, 1.0f, lr[i].b, lr[i].r, lr[i].u, lr[i].r, 1.0f, out[i], out[i], O[i], 0,
-                      NULL);
+        if (lr && lr[i].a) /* the low-rank term on top (a second rounding at these sizes) */
+            gemm_lt_c(c, 1, 0, O[i], T, lr[i].r, 1.0f, lr[i].b, lr[i].r, lr[i].u, lr[i].r, 1.0f, out[i], out[i], O[i], 0, NULL);
     }
 }
 
 /* g = inp wg^T, u = inp wu^T (T, F) (each + its low-rank term, lr[0] and lr[1], when lr is set)
  * and a = silu(g) u: one few-row launch (SwiGLU mode, the adapters' x A^T in it) when the
  * skinny kernel takes the shape, else the GEMMs and swiglu_fwd. */
-void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
-                     const bf16 *wu, int T, int I, int F, const cu_lowrank *lr) {
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg, const bf16 *wu,
+                     int T, int I, int F, const cu_lowrank *lr) {
     if (c->failed || T <= 0) return;
     sk_args a = {};
-    a.n = 1; a.act = act;
+    a.n = 1;
+    a.act = act;
     sk_set_norm(a, norm);
-    a.out[0] = g; a.out[1] = u; a.w[0] = wg; a.w[1] = wu; a.O[0] = a.O[1] = F;
+    a.out[0] = g;
+    a.out[1] = u;
+    a.w[0] = wg;
+    a.w[1] = wu;
+    a.O[0] = a.O[1] = F;
     if (sk_set_lowrank(a, lr, 2) && skinny(c, a, inp, T, I)) return;
     inp = norm_apart(c, norm, inp, T, I);
-    bf16 *const o[2] = { g, u };
-    const bf16 *const w[2] = { wg, wu }, *const b[2] = { NULL, NULL };
-    const int O[2] = { F, F };
+    bf16 *const o[2] = {g, u};
+    const bf16 *const w[2] = {wg, wu}, *const b[2] = {NULL, NULL};
+    const int O[2] = {F, F};
     matmul_fwd_n_cuda(c, o, w, b, b, O, 2, inp, NULL, T, I, lr);
     swiglu_fwd_cuda(c, act, g, u, (long long)T * F);
 }
 
-void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
-                     const bf16 *w, int T, int I, int O) {
+void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp, const bf16 *w, int T,
+                     int I, int O) {
     if (c->failed || T <= 0) return;
     if (dinp) gemm_lt(c, 0, 0, I, T, O, 1.0f, w, I, dout, O, 1.0f, dinp, I, 0, NULL);
     if (dw) gemm_lt(c, 0, 1, I, O, T, 1.0f, inp, I, dout, O, 1.0f, dw, I, 1, NULL);

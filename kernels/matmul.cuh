@@ -10,23 +10,30 @@
 
 /* gemm_lt is the general call the logprob head uses too: column-major D (m,n) = alpha op(A)
  * op(B) + beta C, C == D, optional bf16 bias (m). */
-void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda,
-             const void *B, int ldb, float beta, void *D, int ldd, int d_is_f32, const bf16 *bias);
-void gemm_cache_free(cu_ctx *c);   /* at context destruction */
+void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda, const void *B, int ldb,
+             float beta, void *D, int ldd, int d_is_f32, const bf16 *bias);
+void gemm_cache_free(cu_ctx *c); /* at context destruction */
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
 /* the RMSNorm in front of matmul_fwd_n_cuda / mlp_in_fwd_cuda: weight (I), eps, ln (T, I) scratch */
-typedef struct { const bf16 *w; float eps; bf16 *ln; } cu_norm;
+typedef struct {
+    const bf16 *w;
+    float eps;
+    bf16 *ln;
+} cu_norm;
 /* a low-rank term of one output (LoRA): + (inp a^T) b^T, a (r, I), b (O, r), inp the normed
  * input; inp a^T is written to u (T, r); a NULL: none */
-typedef struct { const bf16 *a, *b; bf16 *u; int r; } cu_lowrank;
+typedef struct {
+    const bf16 *a, *b;
+    bf16 *u;
+    int r;
+} cu_lowrank;
 /* out[i] = inp · w[i]^T + bias[i] (+ res[i]) (+ lr[i]'s term; lr NULL: none) for n <= 3 layers
  * sharing inp: one launch, the terms' first halves included, when the few-row kernel takes them
  * all. */
-void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias,
-                       const bf16 *const *res, const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I,
-                       const cu_lowrank *lr);
-void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp,
-                     const bf16 *w, int T, int I, int O);
-void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg,
-                     const bf16 *wu, int T, int I, int F, const cu_lowrank *lr);
+void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const bf16 *const *res,
+                       const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I, const cu_lowrank *lr);
+void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp, const bf16 *w, int T,
+                     int I, int O);
+void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg, const bf16 *wu,
+                     int T, int I, int F, const cu_lowrank *lr);
 #endif

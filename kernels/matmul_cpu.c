@@ -13,14 +13,14 @@
 
 static inline float dot(const float *a, const float *b, int n) {
     float s = 0;
-    #pragma omp simd reduction(+:s)
+#pragma omp simd reduction(+ : s)
     for (int i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
 void matmul_fwd_cpu(float *out, const float *inp, const float *w, const float *bias, int T, int I, int O) {
     int tb = (T + 3) / 4;
-    #pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static)
     for (int tt = 0; tt < tb; tt++) {
         for (int ob = 0; ob < (O + 63) / 64; ob++) {
             int t0 = tt * 4, t1 = t0 + 4 < T ? t0 + 4 : T;
@@ -31,46 +31,56 @@ void matmul_fwd_cpu(float *out, const float *inp, const float *w, const float *b
                     const float *x0 = inp + (size_t)t0 * I, *x1 = x0 + I, *x2 = x1 + I, *x3 = x2 + I;
                     const float *w0 = w + (size_t)o * I, *w1 = w0 + I, *w2 = w1 + I, *w3 = w2 + I;
                     float acc[4][4] = {{0}};
-                    #pragma omp simd reduction(+:acc[:4][:4])
+#pragma omp simd reduction(+ : acc[:4][:4])
                     for (int i = 0; i < I; i++) {
                         float a0 = x0[i], a1 = x1[i], a2 = x2[i], a3 = x3[i];
                         float b0 = w0[i], b1 = w1[i], b2 = w2[i], b3 = w3[i];
-                        acc[0][0] += a0 * b0; acc[0][1] += a0 * b1; acc[0][2] += a0 * b2; acc[0][3] += a0 * b3;
-                        acc[1][0] += a1 * b0; acc[1][1] += a1 * b1; acc[1][2] += a1 * b2; acc[1][3] += a1 * b3;
-                        acc[2][0] += a2 * b0; acc[2][1] += a2 * b1; acc[2][2] += a2 * b2; acc[2][3] += a2 * b3;
-                        acc[3][0] += a3 * b0; acc[3][1] += a3 * b1; acc[3][2] += a3 * b2; acc[3][3] += a3 * b3;
+                        acc[0][0] += a0 * b0;
+                        acc[0][1] += a0 * b1;
+                        acc[0][2] += a0 * b2;
+                        acc[0][3] += a0 * b3;
+                        acc[1][0] += a1 * b0;
+                        acc[1][1] += a1 * b1;
+                        acc[1][2] += a1 * b2;
+                        acc[1][3] += a1 * b3;
+                        acc[2][0] += a2 * b0;
+                        acc[2][1] += a2 * b1;
+                        acc[2][2] += a2 * b2;
+                        acc[2][3] += a2 * b3;
+                        acc[3][0] += a3 * b0;
+                        acc[3][1] += a3 * b1;
+                        acc[3][2] += a3 * b2;
+                        acc[3][3] += a3 * b3;
                     }
                     for (int a = 0; a < 4; a++)
-                        for (int b = 0; b < 4; b++)
-                            out[(size_t)(t0 + a) * O + o + b] = acc[a][b] + (bias ? bias[o + b] : 0.0f);
+                        for (int b = 0; b < 4; b++) out[(size_t)(t0 + a) * O + o + b] = acc[a][b] + (bias ? bias[o + b] : 0.0f);
                 } else {
                     for (int t = t0; t < t1; t++)
                         for (int k = 0; k < on; k++)
                             out[(size_t)t * O + o + k] = dot(inp + (size_t)t * I, w + (size_t)(o + k) * I, I) +
-                                                         (bias ? bias[o + k] : 0.0f);
+                                (bias ? bias[o + k] : 0.0f);
                 }
             }
         }
     }
 }
 
-void matmul_bwd_cpu(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                    const float *w, int T, int I, int O) {
+void matmul_bwd_cpu(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w, int T, int I, int O) {
     if (dinp) {
-        #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
         for (int t = 0; t < T; t++) {
             float *dx = dinp + (size_t)t * I;
             const float *dy = dout + (size_t)t * O;
             for (int o = 0; o < O; o++) {
                 float g = dy[o];
                 const float *wr = w + (size_t)o * I;
-                #pragma omp simd
+#pragma omp simd
                 for (int i = 0; i < I; i++) dx[i] += g * wr[i];
             }
         }
     }
     if (dw || dbias) {
-        #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
         for (int o = 0; o < O; o++) {
             float *dwr = dw ? dw + (size_t)o * I : NULL;
             float db = 0;
@@ -79,7 +89,7 @@ void matmul_bwd_cpu(float *dinp, float *dw, float *dbias, const float *dout, con
                 db += g;
                 if (!dwr || g == 0.0f) continue;
                 const float *x = inp + (size_t)t * I;
-                #pragma omp simd
+#pragma omp simd
                 for (int i = 0; i < I; i++) dwr[i] += g * x[i];
             }
             if (dbias) dbias[o] += db;
@@ -87,8 +97,7 @@ void matmul_bwd_cpu(float *dinp, float *dw, float *dbias, const float *dout, con
     }
 }
 
-void mlp_in_fwd_cpu(float *act, float *gate, float *up, const float *inp, const float *wg, const float *wu, int T,
-                    int I, int F) {
+void mlp_in_fwd_cpu(float *act, float *gate, float *up, const float *inp, const float *wg, const float *wu, int T, int I, int F) {
     matmul_fwd_cpu(gate, inp, wg, NULL, T, I, F);
     matmul_fwd_cpu(up, inp, wu, NULL, T, I, F);
     swiglu_fwd_cpu(act, gate, up, (long long)T * F);

@@ -49,8 +49,8 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
  * the row's V-chunks stay in registers between the two passes (C <= RMS_SMALL_NT V RMS_SMALL_K). */
 enum { RMS_SMALL_T = 64, RMS_SMALL_NT = 256, RMS_SMALL_K = 4 };
 template <int V>
-__global__ void __launch_bounds__(RMS_SMALL_NT) rmsnorm_fwd_small_kernel(bf16 *out, float *rstd, const bf16 *inp,
-                                                                        const bf16 *w, int C, float eps) {
+__global__ void __launch_bounds__(RMS_SMALL_NT)
+    rmsnorm_fwd_small_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int C, float eps) {
     __shared__ float part[RMS_SMALL_NT / 32];
     pdl_wait();
     pdl_trigger();
@@ -93,8 +93,8 @@ __device__ __forceinline__ float rope_sgn(int lane) { return lane < 16 ? -1.0f :
  * head (into row rows[t] of k_out), then (per = H + 2K) the v heads copied to their row; the
  * norm (skipped when its weight is NULL) stays in fp32 into the rotation. */
 template <int V>
-__global__ void qkv_rope_fwd_kernel(qkv_rope_io io, const int *pos, const float *inv_freq, int T, int H, int K,
-                                    int D, int per, float eps) {
+__global__ void qkv_rope_fwd_kernel(qkv_rope_io io, const int *pos, const float *inv_freq, int T, int H, int K, int D, int per,
+                                    float eps) {
     pdl_wait();
     pdl_trigger();
     int lane = threadIdx.x & 31;
@@ -106,12 +106,16 @@ __global__ void qkv_rope_fwd_kernel(qkv_rope_io io, const int *pos, const float 
     bf16 *dst;
     float *rs;
     if (j < H) {
-        src = (const bf16 *)io.q + ((size_t)t * H + j) * D; dst = (bf16 *)io.q_out + ((size_t)t * H + j) * D;
-        w = (const bf16 *)io.qw; rs = io.rstd_q ? io.rstd_q + (size_t)t * H + j : NULL;
+        src = (const bf16 *)io.q + ((size_t)t * H + j) * D;
+        dst = (bf16 *)io.q_out + ((size_t)t * H + j) * D;
+        w = (const bf16 *)io.qw;
+        rs = io.rstd_q ? io.rstd_q + (size_t)t * H + j : NULL;
     } else if (j < H + K) {
         j -= H;
-        src = (const bf16 *)io.k + ((size_t)t * K + j) * D; dst = (bf16 *)io.k_out + (r * K + j) * D;
-        w = (const bf16 *)io.kw; rs = io.rstd_k ? io.rstd_k + (size_t)t * K + j : NULL;
+        src = (const bf16 *)io.k + ((size_t)t * K + j) * D;
+        dst = (bf16 *)io.k_out + (r * K + j) * D;
+        w = (const bf16 *)io.kw;
+        rs = io.rstd_k ? io.rstd_k + (size_t)t * K + j : NULL;
     } else {
         j -= H + K;
         float x[V];
@@ -152,7 +156,7 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dinp, float *partial, const bf16 *dout,
     extern __shared__ float acc[];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int cpad = (C + 32 * V - 1) / (32 * V) * (32 * V);
-    float *my = acc + (size_t)warp * cpad;   /* my[(k V + j) 32 + lane]: chunk k, element j */
+    float *my = acc + (size_t)warp * cpad; /* my[(k V + j) 32 + lane]: chunk k, element j */
     for (int i = lane; i < cpad; i += 32) my[i] = 0;
     __syncwarp();
     for (int row = blockIdx.x * nw + warp; row < T; row += gridDim.x * nw) {
@@ -199,14 +203,16 @@ __global__ void rmsnorm_bwd_kernel(bf16 *dinp, float *partial, const bf16 *dout,
  * back (angle -> -angle), then the norm's backward writes dinp. */
 template <int V>
 __global__ void rmsnorm_rope_bwd_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                                        const float *rstd, const int *pos, const float *inv_freq, int rows, int H,
-                                        int D) {
+                                        const float *rstd, const int *pos, const float *inv_freq, int rows, int H, int D) {
     __shared__ float acc[RMS_WARPS][32 * V];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float wv[V], f[V], a[V], sgn = rope_sgn(lane);
     vload<V>(wv, w + lane * V);
 #pragma unroll
-    for (int j = 0; j < V; j++) { f[j] = inv_freq[(lane & 15) * V + j]; a[j] = 0; }
+    for (int j = 0; j < V; j++) {
+        f[j] = inv_freq[(lane & 15) * V + j];
+        a[j] = 0;
+    }
     for (int row = blockIdx.x * RMS_WARPS + warp; row < rows; row += gridDim.x * RMS_WARPS) {
         size_t o = (size_t)row * D + lane * V;
         float x[V], g[V], r = rstd[row], p = (float)pos[row / H], dot = 0;
@@ -258,8 +264,8 @@ static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const
     if (c->failed || T <= 0) return;
     int vw = vec_width(C, out, inp, w, NULL, NULL);
     if (T <= RMS_SMALL_T && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
-        cu_launch_pdl(c, "rmsnorm_fwd_small_kernel", vw == 8 ? rmsnorm_fwd_small_kernel<8> : rmsnorm_fwd_small_kernel<4>,
-                      dim3(T), dim3(RMS_SMALL_NT), 0, out, rstd, inp, w, C, eps);
+        cu_launch_pdl(c, "rmsnorm_fwd_small_kernel", vw == 8 ? rmsnorm_fwd_small_kernel<8> : rmsnorm_fwd_small_kernel<4>, dim3(T),
+                      dim3(RMS_SMALL_NT), 0, out, rstd, inp, w, C, eps);
         return;
     }
     unsigned blocks = cu_blocks(T, RMS_WARPS);
@@ -279,9 +285,9 @@ static void dw_launch(cu_ctx *c, float *dw, const float *partial, int nb, int C)
 }
 
 template <int V>
-static void bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                         const float *rstd, int T, int C, int accumulate) {
-    int nw = 12288 / C;   /* warps per block: at most 48 KiB of shared memory where C allows */
+static void bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
+                         int T, int C, int accumulate) {
+    int nw = 12288 / C; /* warps per block: at most 48 KiB of shared memory where C allows */
     nw = nw < 1 ? 1 : nw > RMS_WARPS ? RMS_WARPS : nw;
     size_t cpad = (size_t)(C + 32 * V - 1) / (32 * V) * (32 * V), smem = (size_t)nw * cpad * sizeof(float);
     if (smem > 48 * 1024)
@@ -297,8 +303,8 @@ static void bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, con
     dw_launch(c, dw, partial, (int)blocks, C);
 }
 
-static void bwd_launch(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                       const float *rstd, int T, int C, int accumulate) {
+static void bwd_launch(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
+                       int T, int C, int accumulate) {
     if (c->failed || T <= 0) return;
     switch (vec_width(C, dinp, dout, inp, w, NULL)) {
     case 8: bwd_launch_v<8>(c, dinp, dw, dout, inp, w, rstd, T, C, accumulate); break;
@@ -312,8 +318,8 @@ void rmsnorm_fwd_cuda(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const 
     fwd_launch(c, out, rstd, inp, w, T, C, eps);
 }
 
-void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                      const float *rstd, int T, int C) {
+void rmsnorm_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
+                      int T, int C) {
     bwd_launch(c, dinp, dw, dout, inp, w, rstd, T, C, 1);
 }
 
@@ -335,17 +341,19 @@ static void norm_rope_apart(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, 
 
 /* One launch when D = 32 V with aligned rows; otherwise the ops apart (k through scratch when
  * it goes to other rows). */
-void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K,
-                       int D, float eps) {
+void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K, int D,
+                       float eps) {
     if (c->failed || T <= 0) return;
     const int copy_v = io->rows || io->v_out != io->v, per = H + K + (copy_v ? K : 0);
     int v = rope_v(D, io->q_out, io->q, io->k_out, io->k);
     if (v && rope_v(D, io->v_out, io->v, io->qw, io->kw) < v) v = 0;
     if (v) {
         cu_launch_pdl(c, "qkv_rope_fwd_kernel",
-                      v == 4 ? qkv_rope_fwd_kernel<4> : v == 2 ? qkv_rope_fwd_kernel<2> : qkv_rope_fwd_kernel<1>,
-                      dim3(cu_blocks((long long)T * per, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, *io, pos, inv_freq, T, H,
-                      K, D, per, eps);
+                      v == 4       ? qkv_rope_fwd_kernel<4>
+                          : v == 2 ? qkv_rope_fwd_kernel<2>
+                                   : qkv_rope_fwd_kernel<1>,
+                      dim3(cu_blocks((long long)T * per, RMS_WARPS)), dim3(RMS_WARPS * 32), 0, *io, pos, inv_freq, T, H, K, D,
+                      per, eps);
         return;
     }
     size_t kn = (size_t)T * K * D;
@@ -356,8 +364,7 @@ void qkv_rope_fwd_cuda(cu_ctx *c, const qkv_rope_io *io, const int *pos, const f
     if (io->rows) {
         scatter_rows_cuda(c, (bf16 *)io->k_out, k_dst, io->rows, T, K * D);
         scatter_rows_cuda(c, (bf16 *)io->v_out, (const bf16 *)io->v, io->rows, T, K * D);
-    } else if (copy_v)
-        CU_CK(c, cudaMemcpyAsync(io->v_out, io->v, kn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
+    } else if (copy_v) CU_CK(c, cudaMemcpyAsync(io->v_out, io->v, kn * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
 }
 
 template <int V>
@@ -369,21 +376,21 @@ static void rope_bwd_launch_v(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout
     if (blocks > cap) blocks = cap;
     float *partial = (float *)cu_scratch(c, (size_t)blocks * D * sizeof(float));
     if (c->failed) return;
-    rmsnorm_rope_bwd_kernel<V><<<blocks, RMS_WARPS * 32, 0, c->stream>>>(dinp, partial, dout, inp, w, rstd, pos,
-                                                                          inv_freq, rows, H, D);
+    rmsnorm_rope_bwd_kernel<V>
+        <<<blocks, RMS_WARPS * 32, 0, c->stream>>>(dinp, partial, dout, inp, w, rstd, pos, inv_freq, rows, H, D);
     CU_LAUNCHED(c, "rmsnorm_rope_bwd_kernel");
     dw_launch(c, dw, partial, (int)blocks, D);
 }
 
-void qk_norm_rope_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w,
-                           const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D) {
+void qk_norm_rope_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, const bf16 *dout, const bf16 *inp, const bf16 *w, const float *rstd,
+                           const int *pos, const float *inv_freq, int T, int H, int D) {
     if (c->failed || T <= 0) return;
     int rows = T * H;
     switch (rope_v(D, dinp, dout, inp, w)) {
     case 4: rope_bwd_launch_v<4>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
     case 2: rope_bwd_launch_v<2>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
     case 1: rope_bwd_launch_v<1>(c, dinp, dw, dout, inp, w, rstd, pos, inv_freq, rows, H, D); break;
-    default:   /* rotate back in dinp, then the norm's backward in place (overwrite mode allows it) */
+    default: /* rotate back in dinp, then the norm's backward in place (overwrite mode allows it) */
         CU_CK(c, cudaMemcpyAsync(dinp, dout, (size_t)rows * D * sizeof(bf16), cudaMemcpyDeviceToDevice, c->stream));
         rope_bwd_cuda(c, dinp, pos, inv_freq, T, H, D);
         bwd_launch(c, dinp, dw, dinp, inp, w, rstd, rows, D, 0);

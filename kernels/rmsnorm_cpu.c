@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 void rmsnorm_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, int T, int C, float eps) {
-    #pragma omp parallel for
+#pragma omp parallel for
     for (int t = 0; t < T; t++) {
         const float *x = inp + (size_t)t * C;
         float *y = out + (size_t)t * C;
@@ -27,7 +27,7 @@ void rmsnorm_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, 
  * threads (a replayed update must equal the original; see docs/api.md "Replay"). */
 #define DW_BLOCKS 32
 static void dw_reduce(float *dw, const float *part, int C) {
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         float s = 0;
         for (int b = 0; b < DW_BLOCKS; b++) s += part[(size_t)b * C + c];
@@ -35,11 +35,10 @@ static void dw_reduce(float *dw, const float *part, int C) {
     }
 }
 
-void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                     const float *rstd, int T, int C) {
+void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd, int T, int C) {
     float *part = calloc((size_t)DW_BLOCKS * C, sizeof(float));
     int bs = (T + DW_BLOCKS - 1) / DW_BLOCKS;
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (int b = 0; b < DW_BLOCKS; b++) {
         float *dw_local = part + (size_t)b * C;
         int t1 = (b + 1) * bs < T ? (b + 1) * bs : T;
@@ -61,14 +60,13 @@ void rmsnorm_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp
     free(part);
 }
 
-void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, const int *pos,
-                          const float *inv_freq, int T, int H, int D, float eps) {
+void qk_norm_rope_fwd_cpu(float *out, float *rstd, const float *inp, const float *w, const int *pos, const float *inv_freq, int T,
+                          int H, int D, float eps) {
     rmsnorm_fwd_cpu(out, rstd, inp, w, T * H, D, eps);
     rope_fwd_cpu(out, pos, inv_freq, T, H, D);
 }
 
-void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K, int D,
-                      float eps) {
+void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K, int D, float eps) {
     size_t hd = (size_t)H * D, kd = (size_t)K * D;
     const float *q = io->q, *k = io->k, *v = io->v;
     float *qo = io->q_out, *ko = io->k_out, *vo = io->v_out;
@@ -77,7 +75,7 @@ void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_fr
         if (qo != q) memcpy(qo, q, (size_t)T * hd * sizeof(float));
         rope_fwd_cpu(qo, pos, inv_freq, T, H, D);
     }
-    if (!io->rows) {   /* all of k at once */
+    if (!io->rows) { /* all of k at once */
         if (io->kw) qk_norm_rope_fwd_cpu(ko, io->rstd_k, k, io->kw, pos, inv_freq, T, K, D, eps);
         else {
             if (ko != k) memcpy(ko, k, (size_t)T * kd * sizeof(float));
@@ -86,7 +84,7 @@ void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_fr
         if (vo != v) memcpy(vo, v, (size_t)T * kd * sizeof(float));
         return;
     }
-    for (int t = 0; t < T; t++) {   /* a KV cache: token by token into its row */
+    for (int t = 0; t < T; t++) { /* a KV cache: token by token into its row */
         float *kr = ko + (size_t)io->rows[t] * kd, *vr = vo + (size_t)io->rows[t] * kd;
         float *rk = io->rstd_k ? io->rstd_k + (size_t)t * K : NULL;
         if (io->kw) qk_norm_rope_fwd_cpu(kr, rk, k + t * kd, io->kw, pos + t, inv_freq, 1, K, D, eps);
@@ -100,12 +98,12 @@ void qkv_rope_fwd_cpu(const qkv_rope_io *io, const int *pos, const float *inv_fr
 
 /* Row by row (one head of one token): rotate dout back as rope_bwd_cpu does, then the
  * backward of rmsnorm_bwd_cpu, written instead of added. */
-void qk_norm_rope_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
-                          const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D) {
+void qk_norm_rope_bwd_cpu(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+                          const int *pos, const float *inv_freq, int T, int H, int D) {
     int half = D / 2;
     long long rows = (long long)T * H, bs = (rows + DW_BLOCKS - 1) / DW_BLOCKS;
     float *part = calloc((size_t)DW_BLOCKS * D, sizeof(float));
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (int b = 0; b < DW_BLOCKS; b++) {
         float *dw_local = part + (size_t)b * D, dy[D];
         long long r1 = (b + 1) * bs < rows ? (b + 1) * bs : rows;

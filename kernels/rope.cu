@@ -6,8 +6,7 @@
 __global__ void rope_kernel(bf16 *x, const int *pos, const float *inv_freq, int T, int H, int D, float sign) {
     int half = D / 2;
     long long n = (long long)T * H * half;
-    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n;
-         idx += (long long)gridDim.x * blockDim.x) {
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < n; idx += (long long)gridDim.x * blockDim.x) {
         int i = (int)(idx % half);
         long long th = idx / half;
         int t = (int)(th / H);
@@ -25,7 +24,7 @@ static void rope_launch(cu_ctx *c, bf16 *x, const int *pos, const float *inv_fre
     if (c->failed || T <= 0) return;
     long long n = (long long)T * H * (D / 2);
     unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
-    rope_kernel<<<b < cap ? b : cap, 256, 0, c->stream>>>(x, pos, inv_freq, T, H, D, sign);
+    rope_kernel<<<(b < cap ? b : cap), 256, 0, c->stream>>>(x, pos, inv_freq, T, H, D, sign);
     CU_LAUNCHED(c, "rope_kernel");
 }
 

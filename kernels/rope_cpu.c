@@ -6,7 +6,7 @@
 
 static void rotate(float *x, const int *pos, const float *inv_freq, int T, int H, int D, float sign) {
     int half = D / 2;
-    #pragma omp parallel for
+#pragma omp parallel for
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             float ang = (float)pos[t] * inv_freq[i];

@@ -21,17 +21,22 @@
 enum { SAMP_THREADS = 256, SAMP_LOCAL_BAN = 64 };
 
 typedef struct {
-    unsigned done;              /* blocks of the current phase finished (last block resets) */
-    int k_off;                  /* top_k keeps everything (k >= eligible ids) */
-    int arg_e;                  /* greedy pick (fallback when nothing is kept) */
+    unsigned done; /* blocks of the current phase finished (last block resets) */
+    int k_off; /* top_k keeps everything (k >= eligible ids) */
+    int arg_e; /* greedy pick (fallback when nothing is kept) */
     float zmax_e, lse;
-    unsigned prefix;            /* radix prefix found so far */
-    unsigned key_k, key_p;      /* thresholds on the value key (0: none) */
-    unsigned long long rem;     /* count / mass still to find below the prefix */
+    unsigned prefix; /* radix prefix found so far */
+    unsigned key_k, key_p; /* thresholds on the value key (0: none) */
+    unsigned long long rem; /* count / mass still to find below the prefix */
     unsigned long long hist[256];
 } samp_state;
 
-typedef struct { float m, s, me; int ae; float best; int bi; } samp_part;
+typedef struct {
+    float m, s, me;
+    int ae;
+    float best;
+    int bi;
+} samp_part;
 
 __device__ __forceinline__ unsigned samp_key(float z) {
     unsigned u = __float_as_uint(z);
@@ -58,10 +63,12 @@ __device__ int samp_local_ban(int *loc, int *n_s, const int *ban, int use, int c
 __device__ __forceinline__ bool samp_banned(int j, const int *loc, int nloc, const int *ban) {
     if (nloc == 0) return false;
     if (nloc > 0) {
-        for (int i = 0; i < nloc; i++) if (loc[i] == j) return true;
+        for (int i = 0; i < nloc; i++)
+            if (loc[i] == j) return true;
         return false;
     }
-    for (int i = 1; i <= ban[0]; i++) if (ban[i] == j) return true;
+    for (int i = 1; i <= ban[0]; i++)
+        if (ban[i] == j) return true;
     return false;
 }
 
@@ -83,7 +90,10 @@ __device__ bool samp_last(unsigned *done, int nb) {
 /* (value, id) max with the lowest id on ties; id < 0 is "none". */
 __device__ __forceinline__ void samp_better(float &v, int &i, float v2, int i2) {
     if (i2 < 0) return;
-    if (i < 0 || v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+    if (i < 0 || v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
 }
 __device__ __forceinline__ void warp_best(float &v, int &i) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -99,7 +109,10 @@ __device__ void block_best(float &v, int &i) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     warp_best(v, i);
     __syncthreads();
-    if (lane == 0) { sv[w] = v; si[w] = i; }
+    if (lane == 0) {
+        sv[w] = v;
+        si[w] = i;
+    }
     __syncthreads();
     v = lane < nw ? sv[lane] : -INFINITY;
     i = lane < nw ? si[lane] : -1;
@@ -120,28 +133,40 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
     int ae = -1, bi = -1;
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
         float z = x[j] / T;
-        if (z > m) { s = s * __expf(m - z) + 1.0f; m = z; }
-        else if (z > -INFINITY) s += __expf(z - m);
+        if (z > m) {
+            s = s * __expf(m - z) + 1.0f;
+            m = z;
+        } else if (z > -INFINITY) s += __expf(z - m);
         if (samp_banned(j, loc, nloc, ban)) continue;
-        if (ae < 0 || z > me) { me = z; ae = j; }
+        if (ae < 0 || z > me) {
+            me = z;
+            ae = j;
+        }
         if (gumbel) {
             float sc = z + sampling_gumbel(p.key, j);
-            if (bi < 0 || sc > best) { best = sc; bi = j; }
+            if (bi < 0 || sc > best) {
+                best = sc;
+                bi = j;
+            }
         }
     }
     float M = block_max(m, red);
     float S = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - M), red);
     block_best(me, ae);
     block_best(best, bi);
-    if (threadIdx.x == 0) part[r * nb + blockIdx.x] = (samp_part){ M, S, me, ae, best, bi };
+    if (threadIdx.x == 0) part[r * nb + blockIdx.x] = (samp_part){M, S, me, ae, best, bi};
     if (!samp_last(&st[r].done, nb) || threadIdx.x >= 32) return;
     /* last block, warp 0: lane i merges chunk i (nb <= 32) */
     const int lane = threadIdx.x;
-    samp_part q = { -INFINITY, 0.0f, -INFINITY, -1, -INFINITY, -1 };
+    samp_part q = {-INFINITY, 0.0f, -INFINITY, -1, -INFINITY, -1};
     if (lane < nb) {
         const samp_part *src = part + r * nb + lane;
-        q.m = __ldcg(&src->m); q.s = __ldcg(&src->s); q.me = __ldcg(&src->me); q.ae = __ldcg(&src->ae);
-        q.best = __ldcg(&src->best); q.bi = __ldcg(&src->bi);
+        q.m = __ldcg(&src->m);
+        q.s = __ldcg(&src->s);
+        q.me = __ldcg(&src->me);
+        q.ae = __ldcg(&src->ae);
+        q.best = __ldcg(&src->best);
+        q.bi = __ldcg(&src->bi);
     }
     float MM = warp_max(q.m);
     float SS = warp_sum(q.m == -INFINITY ? 0.0f : q.s * __expf(q.m - MM));
@@ -157,8 +182,13 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
         return;
     }
     samp_state *w = &st[r];
-    w->arg_e = ae_all; w->zmax_e = q.me; w->lse = lse;
-    w->prefix = 0; w->key_k = 0; w->key_p = 0; w->k_off = 0;
+    w->arg_e = ae_all;
+    w->zmax_e = q.me;
+    w->lse = lse;
+    w->prefix = 0;
+    w->key_k = 0;
+    w->key_p = 0;
+    w->k_off = 0;
     w->rem = (unsigned long long)p.top_k;
 }
 
@@ -166,7 +196,10 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
 __device__ void samp_select(samp_state *w, int pass, int mode, const sample_params &p, int V) {
     const int lane = threadIdx.x;
     unsigned long long h[8], ls = 0, tot;
-    for (int i = 0; i < 8; i++) { h[i] = __ldcg(&w->hist[255 - 8 * lane - i]); ls += h[i]; }
+    for (int i = 0; i < 8; i++) {
+        h[i] = __ldcg(&w->hist[255 - 8 * lane - i]);
+        ls += h[i];
+    }
     unsigned long long inc = ls;
     for (int o = 1; o < 32; o <<= 1) {
         unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
@@ -174,16 +207,18 @@ __device__ void samp_select(samp_state *w, int pass, int mode, const sample_para
     }
     tot = __shfl_sync(0xffffffffu, inc, 31);
     unsigned long long rem = w->rem;
-    if (mode == 1 && pass == 0) {   /* the nucleus target from the total mass */
+    if (mode == 1 && pass == 0) { /* the nucleus target from the total mass */
         double t = (double)p.top_p * (double)tot;
         rem = t < 1.0 ? 1ULL : (unsigned long long)t;
     }
     unsigned long long before = inc - ls;
     unsigned hit = __ballot_sync(0xffffffffu, before < rem && inc >= rem);
     const int shift = 24 - 8 * pass;
-    if (lane == 0 && !hit) {   /* fewer ids than k (top_k keeps all); no mass (nothing kept) */
-        if (mode == 0) { w->k_off = 1; w->key_k = 0; }
-        else w->key_p = 0xffffffffu;
+    if (lane == 0 && !hit) { /* fewer ids than k (top_k keeps all); no mass (nothing kept) */
+        if (mode == 0) {
+            w->k_off = 1;
+            w->key_k = 0;
+        } else w->key_p = 0xffffffffu;
         w->prefix = 0;
     }
     if (hit && lane == __ffs(hit) - 1) {
@@ -206,8 +241,8 @@ __device__ void samp_select(samp_state *w, int pass, int mode, const sample_para
 }
 
 /* mode 0: top_k (count), mode 1: top_p (mass). */
-__global__ void samp_radix_kernel(samp_state *st, const float *logits, const sample_params *prm, const int *ban, int V,
-                                  int chunk, int pass, int mode) {
+__global__ void samp_radix_kernel(samp_state *st, const float *logits, const sample_params *prm, const int *ban, int V, int chunk,
+                                  int pass, int mode) {
     __shared__ unsigned long long hs[256];
     __shared__ int loc[SAMP_LOCAL_BAN], nloc_s;
     const int r = blockIdx.y, nb = gridDim.x, c0 = blockIdx.x * chunk, c1 = min(V, c0 + chunk);
@@ -222,13 +257,16 @@ __global__ void samp_radix_kernel(samp_state *st, const float *logits, const sam
     const unsigned prefix = w->prefix, key_k = w->key_k, hmask = pass ? 0xffffffffu << (32 - 8 * pass) : 0u;
     const int shift = 24 - 8 * pass;
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hs[i] = 0;
-    const int nloc = samp_local_ban(loc, &nloc_s, ban, p.ban, c0, c1);   /* syncs */
+    const int nloc = samp_local_ban(loc, &nloc_s, ban, p.ban, c0, c1); /* syncs */
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
         float z = x[j] / T;
         unsigned u = samp_key(z);
         if ((u & hmask) != prefix || z == -INFINITY) continue;
         if (samp_banned(j, loc, nloc, ban)) continue;
-        if (mode == 0) { atomicAdd(&hs[(u >> shift) & 255], 1ULL); continue; }
+        if (mode == 0) {
+            atomicAdd(&hs[(u >> shift) & 255], 1ULL);
+            continue;
+        }
         if (u < key_k) continue;
         float wv = expf(z - zmax);
         if (p.min_p > 0 && wv < p.min_p) continue;
@@ -263,7 +301,10 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
         if (p.min_p > 0 && expf(z - zmax) < p.min_p) continue;
         if (samp_banned(j, loc, nloc, ban)) continue;
         float sc = z + sampling_gumbel(p.key, j);
-        if (bi < 0 || sc > best) { best = sc; bi = j; }
+        if (bi < 0 || sc > best) {
+            best = sc;
+            bi = j;
+        }
     }
     block_best(best, bi);
     if (threadIdx.x == 0) part[r * nb + blockIdx.x].best = best, part[r * nb + blockIdx.x].bi = bi;
@@ -271,7 +312,10 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
     const int lane = threadIdx.x;
     float b = -INFINITY;
     int i = -1;
-    if (lane < nb) { b = __ldcg(&part[r * nb + lane].best); i = __ldcg(&part[r * nb + lane].bi); }
+    if (lane < nb) {
+        b = __ldcg(&part[r * nb + lane].best);
+        i = __ldcg(&part[r * nb + lane].bi);
+    }
     warp_best(b, i);
     if (lane) return;
     int t = i < 0 ? w->arg_e : i;
@@ -279,8 +323,7 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
     logprob[r] = x[t] / T - w->lse;
 }
 
-void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R,
-                 int V) {
+void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {
     if (c->failed || R <= 0) return;
     int nb = (4 * c->n_sm + R - 1) / R;
     nb = nb < 4 ? 4 : nb > 32 ? 32 : nb;

@@ -34,14 +34,14 @@
 #endif
 
 typedef struct {
-    uint64_t key;               /* the draw's key (engine/rollout/decode.h dec_key) */
-    float temperature;          /* <= 0: greedy */
-    float top_p;                /* >= 1: off */
-    float min_p;                /* <= 0: off */
-    int top_k;                  /* <= 0 or >= V: off */
-    int ban;                    /* 1: the ban list's ids are not eligible */
+    uint64_t key; /* the draw's key (engine/rollout/decode.h dec_key) */
+    float temperature; /* <= 0: greedy */
+    float top_p; /* >= 1: off */
+    float min_p; /* <= 0: off */
+    int top_k; /* <= 0 or >= V: off */
+    int ban; /* 1: the ban list's ids are not eligible */
     int pad_;
-} sample_params;                /* 32 bytes */
+} sample_params; /* 32 bytes */
 
 /* splitmix64's finalizer; also the engine's key and stream mixer (engine/rollout/decode.h dec_key). */
 static inline SAMPLING_HD uint64_t sampling_mix(uint64_t z) {

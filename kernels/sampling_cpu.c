@@ -30,14 +30,21 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
     const int *bl = p->ban ? ban : NULL;
     int pick = -1;
     for (int j = 0; j < V; j++) {
-        if (bl && banned(bl, j)) { z[j] = -INFINITY; continue; }
-        if (pick < 0 || z[j] > mx_e) { mx_e = z[j]; pick = j; }
+        if (bl && banned(bl, j)) {
+            z[j] = -INFINITY;
+            continue;
+        }
+        if (pick < 0 || z[j] > mx_e) {
+            mx_e = z[j];
+            pick = j;
+        }
     }
-    if (pick < 0) pick = 0;   /* everything banned */
+    if (pick < 0) pick = 0; /* everything banned */
     if (p->temperature > 0) {
-        float lo = -INFINITY;   /* kept: z >= lo and (min_p) w >= min_p */
+        float lo = -INFINITY; /* kept: z >= lo and (min_p) w >= min_p */
         int n = 0;
-        for (int j = 0; j < V; j++) if (z[j] > -INFINITY) s[n++] = z[j];
+        for (int j = 0; j < V; j++)
+            if (z[j] > -INFINITY) s[n++] = z[j];
         if (p->top_k > 0 && p->top_k < V && p->top_k < n) {
             qsort(s, (size_t)n, sizeof *s, desc);
             lo = s[p->top_k - 1];
@@ -56,7 +63,10 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
             double acc = 0, target = p->top_p * tot;
             for (int i = 0; i < n; i++) {
                 acc += expf(s[i] - mx_e);
-                if (acc >= target || i == n - 1) { lo = s[i]; break; }
+                if (acc >= target || i == n - 1) {
+                    lo = s[i];
+                    break;
+                }
             }
         }
         float best = -INFINITY;
@@ -64,7 +74,10 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
             if (z[j] == -INFINITY || z[j] < lo) continue;
             if (p->min_p > 0 && expf(z[j] - mx_e) < p->min_p) continue;
             float sc = z[j] + sampling_gumbel(p->key, j);
-            if (sc > best) { best = sc; pick = j; }
+            if (sc > best) {
+                best = sc;
+                pick = j;
+            }
         }
     }
     *lp = x[pick] / T - lse;
@@ -72,12 +85,16 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
 }
 
 void sample_cpu(int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {
-    #pragma omp parallel
+#pragma omp parallel
     {
         float *z = malloc((size_t)V * 2 * sizeof(float));
-        #pragma omp for schedule(static)
+#pragma omp for schedule(static)
         for (int r = 0; r < R; r++) {
-            if (!z) { tok[r] = 0; logprob[r] = 0; continue; }
+            if (!z) {
+                tok[r] = 0;
+                logprob[r] = 0;
+                continue;
+            }
             tok[r] = draw_row(logits + (size_t)r * V, &p[r], ban, V, z, z + V, &logprob[r]);
         }
         free(z);

@@ -6,7 +6,7 @@
 #include <stddef.h>
 
 void swiglu_fwd_cpu(float *out, const float *gate, const float *up, long long n) {
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) {
         float x = gate[i];
         out[i] = x / (1.0f + expf(-x)) * up[i];
@@ -14,7 +14,7 @@ void swiglu_fwd_cpu(float *out, const float *gate, const float *up, long long n)
 }
 
 void swiglu_bwd_cpu(float *dgate, float *dup, const float *dout, const float *gate, const float *up, long long n) {
-    #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) {
         float x = gate[i], s = 1.0f / (1.0f + expf(-x));
         float silu = x * s;

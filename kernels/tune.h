@@ -14,16 +14,16 @@ typedef enum { TUNE_ATTN_AUTO, TUNE_ATTN_SIMT } tune_attn;
 enum { TUNE_SKINNY_OFF = 0, TUNE_SKINNY_FORCE = 1, TUNE_SKINNY_AUTO = -1 };
 
 typedef struct {
-    int graphs;         /* GRPOD_TUNE_GRAPHS=0|1: decode steps captured and replayed as CUDA graphs */
-    int pdl;            /* GRPOD_TUNE_PDL=0|1: programmatic dependent launch on the decode chain */
-    int attn_decode;    /* GRPOD_TUNE_ATTN_DECODE=0|1: attention_decode.cu for few queries */
-    tune_attn attn;     /* GRPOD_TUNE_ATTN=auto|simt: simt runs the SIMT kernels at every head dim */
-    int skinny;         /* GRPOD_TUNE_SKINNY=auto|0|1: the few-row GEMM of matmul.cu: auto for
+    int graphs; /* GRPOD_TUNE_GRAPHS=0|1: decode steps captured and replayed as CUDA graphs */
+    int pdl; /* GRPOD_TUNE_PDL=0|1: programmatic dependent launch on the decode chain */
+    int attn_decode; /* GRPOD_TUNE_ATTN_DECODE=0|1: attention_decode.cu for few queries */
+    tune_attn attn; /* GRPOD_TUNE_ATTN=auto|simt: simt runs the SIMT kernels at every head dim */
+    int skinny; /* GRPOD_TUNE_SKINNY=auto|0|1: the few-row GEMM of matmul.cu: auto for
                          * T <= 16 and W up to 64M values, 0 never, 1 up to T = 64 and any size */
 } tune_opts;
 
 static inline tune_opts tune_defaults(void) {
-    tune_opts t = { 1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO };
+    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO};
     return t;
 }
 #endif

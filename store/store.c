@@ -49,7 +49,7 @@ static const char *const migrations[] = {
     "  progress REAL NOT NULL DEFAULT 0,"
     "  cancel_requested INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX jobs_status_created ON jobs (status, created_at);"
-    "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);"   /* unused; kept: schema v1 */
+    "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, value TEXT NOT NULL);" /* unused; kept: schema v1 */
     "CREATE TABLE checkpoints ("
     "  id TEXT PRIMARY KEY NOT NULL,"
     "  path TEXT NOT NULL,"
@@ -87,16 +87,45 @@ static const char *const migrations[] = {
 
 /* ---------------------------------------------------------------- prepared statements */
 
-#define JOB_COLS "id, kind, status, payload, result, error, created_at, started_at, " \
-                 "finished_at, attempts, policy_version, progress, cancel_requested, rowid"
+#define JOB_COLS \
+    "id, kind, status, payload, result, error, created_at, started_at, " \
+    "finished_at, attempts, policy_version, progress, cancel_requested, rowid"
 
 enum {
-    Q_BEGIN, Q_COMMIT, Q_ROLLBACK,
-    Q_COUNT_QUEUED, Q_INSERT, Q_CLAIM, Q_STARTED, Q_FINISH, Q_FAIL, Q_REQUEUE, Q_PROGRESS,
-    Q_STATUS, Q_CANCEL_QUEUED, Q_FLAG_CANCEL, Q_MARK_CANCELLED, Q_CANCEL_REQ, Q_GET, Q_LIST,
-    Q_COUNTS, Q_CKPT_ADD, Q_CKPT_LIST, Q_RECOVER_CANCELLED, Q_RECOVER,
-    Q_FAIL_EXHAUSTED, Q_HIST_ADD, Q_HIST_LIST, Q_UPDATES_AFTER, Q_MAX_UPDATE_VERSION, Q_REQUEUE_FAILED,
-    Q_CKPT_DEL, Q_PRUNE_INPUTS, Q_RETAIN, Q_SIZE, Q_N
+    Q_BEGIN,
+    Q_COMMIT,
+    Q_ROLLBACK,
+    Q_COUNT_QUEUED,
+    Q_INSERT,
+    Q_CLAIM,
+    Q_STARTED,
+    Q_FINISH,
+    Q_FAIL,
+    Q_REQUEUE,
+    Q_PROGRESS,
+    Q_STATUS,
+    Q_CANCEL_QUEUED,
+    Q_FLAG_CANCEL,
+    Q_MARK_CANCELLED,
+    Q_CANCEL_REQ,
+    Q_GET,
+    Q_LIST,
+    Q_COUNTS,
+    Q_CKPT_ADD,
+    Q_CKPT_LIST,
+    Q_RECOVER_CANCELLED,
+    Q_RECOVER,
+    Q_FAIL_EXHAUSTED,
+    Q_HIST_ADD,
+    Q_HIST_LIST,
+    Q_UPDATES_AFTER,
+    Q_MAX_UPDATE_VERSION,
+    Q_REQUEUE_FAILED,
+    Q_CKPT_DEL,
+    Q_PRUNE_INPUTS,
+    Q_RETAIN,
+    Q_SIZE,
+    Q_N
 };
 static const char *const sql_text[Q_N] = {
     [Q_BEGIN] = "BEGIN IMMEDIATE",
@@ -176,16 +205,14 @@ static const char *const sql_text[Q_N] = {
 struct store {
     sqlite3 *db;
     sqlite3_stmt *q[Q_N];
-    char file[4200];                /* DIR/grpod.db */
-    dev_t dev;                      /* its identity at open: a file replaced or deleted since */
-    ino_t ino;                      /* is not the one this connection writes (store_check_file) */
+    char file[4200]; /* DIR/grpod.db */
+    dev_t dev; /* its identity at open: a file replaced or deleted since */
+    ino_t ino; /* is not the one this connection writes (store_check_file) */
 };
 
 static const char *const status_names[] = {"queued", "running", "done", "failed", "cancelled"};
 
-const char *store_status_name(store_status s) {
-    return (unsigned)s < 5 ? status_names[s] : "unknown";
-}
+const char *store_status_name(store_status s) { return (unsigned)s < 5 ? status_names[s] : "unknown"; }
 
 static int status_parse(const char *name) {
     for (int i = 0; i < 5; i++)
@@ -214,8 +241,14 @@ static void q_done(sqlite3_stmt *st) {
     sqlite3_clear_bindings(st);
 }
 
-#define BIND_OK(s, expr, what) do { if ((expr) != SQLITE_OK) { int e_ = db_err(s, what); \
-    q_done(st); return e_; } } while (0)
+#define BIND_OK(s, expr, what) \
+    do { \
+        if ((expr) != SQLITE_OK) { \
+            int e_ = db_err(s, what); \
+            q_done(st); \
+            return e_; \
+        } \
+    } while (0)
 
 /* Runs a statement that returns no rows (or whose rows we ignore); returns changed row count. */
 static int q_exec(store *s, sqlite3_stmt *st, const char *what) {
@@ -282,8 +315,7 @@ static int job_from_row(sqlite3_stmt *st, store_job *j) {
     j->progress = sqlite3_column_double(st, 11);
     j->cancel_requested = sqlite3_column_int(st, 12);
     j->seq = sqlite3_column_int64(st, 13);
-    if ((sqlite3_column_type(st, 3) != SQLITE_NULL && !j->payload) ||
-        (sqlite3_column_type(st, 4) != SQLITE_NULL && !j->result) ||
+    if ((sqlite3_column_type(st, 3) != SQLITE_NULL && !j->payload) || (sqlite3_column_type(st, 4) != SQLITE_NULL && !j->result) ||
         (sqlite3_column_type(st, 5) != SQLITE_NULL && !j->error)) {
         store_job_clear(j);
         return err_set(GE_NOMEM, "store: out of memory copying job %s", j->id);
@@ -316,8 +348,7 @@ static int new_job_id(char *out) {
         }
         got += (size_t)r;
     }
-    snprintf(out, 32, "j_%02x%02x%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5],
-             b[6], b[7]);
+    snprintf(out, 32, "j_%02x%02x%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
     return 0;
 }
 
@@ -325,8 +356,7 @@ static int new_job_id(char *out) {
 
 static int user_version(store *s, int *v) {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK)
-        return db_err(s, "reading user_version");
+    if (sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK) return db_err(s, "reading user_version");
     int rc = sqlite3_step(st);
     if (rc == SQLITE_ROW) *v = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
@@ -343,8 +373,10 @@ static int migrate(store *s) {
         if ((r = user_version(s, &v))) goto fail;
         if (v >= N_MIGRATIONS) {
             if (v > N_MIGRATIONS) {
-                r = err_set(GE_STORE, "store: database schema version %d is newer than this "
-                            "grpod knows (%d)", v, N_MIGRATIONS);
+                r = err_set(GE_STORE,
+                            "store: database schema version %d is newer than this "
+                            "grpod knows (%d)",
+                            v, N_MIGRATIONS);
                 goto fail;
             }
             return exec_sql(s, "COMMIT", "ending migration");
@@ -352,8 +384,7 @@ static int migrate(store *s) {
         char what[64], bump[64];
         snprintf(what, sizeof what, "migrating schema to version %d", v + 1);
         snprintf(bump, sizeof bump, "PRAGMA user_version = %d", v + 1);
-        if ((r = exec_sql(s, migrations[v], what)) || (r = exec_sql(s, bump, what)) ||
-            (r = exec_sql(s, "COMMIT", what)))
+        if ((r = exec_sql(s, migrations[v], what)) || (r = exec_sql(s, bump, what)) || (r = exec_sql(s, "COMMIT", what)))
             goto fail;
         continue;
     fail:
@@ -368,8 +399,7 @@ static int recover(store *s) {
     sqlite3_stmt *st = q_get(s, Q_RECOVER_CANCELLED);
     BIND_OK(s, sqlite3_bind_double(st, 1, clock_wall_s()), "recovering jobs");
     if ((r = q_exec(s, st, "cancelling interrupted jobs")) < 0 ||
-        (r = q_exec(s, q_get(s, Q_RECOVER), "requeueing interrupted jobs")) < 0 ||
-        (r = tx_commit(s, "committing recovery")) < 0) {
+        (r = q_exec(s, q_get(s, Q_RECOVER), "requeueing interrupted jobs")) < 0 || (r = tx_commit(s, "committing recovery")) < 0) {
         tx_rollback(s);
         return r;
     }
@@ -384,7 +414,10 @@ static int collect_jobs(store *s, sqlite3_stmt *st, const char *what, store_job 
         if (cnt == cap) {
             int ncap = cap ? 2 * cap : 16;
             store_job *nv = realloc(v, (size_t)ncap * sizeof *nv);
-            if (!nv) { r = err_set(GE_NOMEM, "store: out of memory %s", what); break; }
+            if (!nv) {
+                r = err_set(GE_NOMEM, "store: out of memory %s", what);
+                break;
+            }
             v = nv;
             cap = ncap;
         }
@@ -393,7 +426,10 @@ static int collect_jobs(store *s, sqlite3_stmt *st, const char *what, store_job 
     }
     if (!r && rc != SQLITE_DONE) r = db_err(s, what);
     q_done(st);
-    if (r) { store_jobs_free(v, cnt); return r; }
+    if (r) {
+        store_jobs_free(v, cnt);
+        return r;
+    }
     *jobs = v;
     *n = cnt;
     return 0;
@@ -421,8 +457,7 @@ int store_open(const char *path, int recover_running, store **out) {
     s->dev = sb.st_dev;
     s->ino = sb.st_ino;
     close(fd);
-    if (sqlite3_open_v2(file, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-        SQLITE_OK) {
+    if (sqlite3_open_v2(file, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK) {
         r = s->db ? err_set(GE_STORE, "store: opening %s: %s", file, sqlite3_errmsg(s->db))
                   : err_set(GE_NOMEM, "store: opening %s: out of memory", file);
         goto fail;
@@ -446,16 +481,12 @@ int store_open(const char *path, int recover_running, store **out) {
     int wal = mode && !strcmp(mode, "wal");
     sqlite3_finalize(st);
     if (!wal) {
-        r = rc == SQLITE_ROW ? err_set(GE_STORE, "store: %s: WAL mode refused", file)
-                             : db_err(s, "setting WAL mode");
+        r = rc == SQLITE_ROW ? err_set(GE_STORE, "store: %s: WAL mode refused", file) : db_err(s, "setting WAL mode");
         goto fail;
     }
-    if ((r = exec_sql(s, "PRAGMA synchronous = FULL", "setting synchronous=FULL")) ||
-        (r = migrate(s)))
-        goto fail;
+    if ((r = exec_sql(s, "PRAGMA synchronous = FULL", "setting synchronous=FULL")) || (r = migrate(s))) goto fail;
     for (int i = 0; i < Q_N; i++) {
-        if (sqlite3_prepare_v3(s->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &s->q[i],
-                               NULL) != SQLITE_OK) {
+        if (sqlite3_prepare_v3(s->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &s->q[i], NULL) != SQLITE_OK) {
             r = db_err(s, "preparing statements");
             goto fail;
         }
@@ -478,7 +509,7 @@ void store_close(store *s) {
 /* ---------------------------------------------------------------- jobs */
 
 int store_submit(store *s, const char *kind, const char *payload, int max_queued, char *id_out) {
-    if (!kind || !kind[0] || strlen(kind) >= sizeof ((store_job *)0)->kind)
+    if (!kind || !kind[0] || strlen(kind) >= sizeof((store_job *)0)->kind)
         return err_set(GE_INVALID, "store: job kind '%.32s' is empty or too long", kind ? kind : "");
     int r = store_check_file(s);
     if (r) return r;
@@ -490,7 +521,10 @@ int store_submit(store *s, const char *kind, const char *payload, int max_queued
         int rc = sqlite3_step(st);
         long long n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
         q_done(st);
-        if (n < 0) { r = db_err(s, "counting queued jobs"); goto fail; }
+        if (n < 0) {
+            r = db_err(s, "counting queued jobs");
+            goto fail;
+        }
         if (n >= max_queued) {
             r = err_set(GE_BUSY, "%lld jobs are queued (the limit is %d)", n, max_queued);
             goto fail;
@@ -511,7 +545,10 @@ int store_submit(store *s, const char *kind, const char *payload, int max_queued
         }
         int rc = sqlite3_step(st);
         q_done(st);
-        if (rc == SQLITE_DONE) { memcpy(id_out, id, 32); break; }
+        if (rc == SQLITE_DONE) {
+            memcpy(id_out, id, 32);
+            break;
+        }
         if (rc != SQLITE_CONSTRAINT_PRIMARYKEY || tries >= 3) {
             r = db_err(s, "inserting a new job");
             goto fail;
@@ -540,7 +577,10 @@ int store_claim(store *s, store_job *j) {
     int rc = sqlite3_step(st);
     int found = 0;
     if (rc == SQLITE_ROW) {
-        if ((r = job_from_row(st, j))) { q_done(st); goto fail; }
+        if ((r = job_from_row(st, j))) {
+            q_done(st);
+            goto fail;
+        }
         found = 1;
         while ((rc = sqlite3_step(st)) == SQLITE_ROW) {}
     }
@@ -567,12 +607,9 @@ static int no_change_err(store *s, const char *id, const char *action) {
     int rc = sqlite3_step(st);
     int r;
     if (rc == SQLITE_ROW)
-        r = err_set(GE_CONFLICT, "cannot %s job %s: it is %s", action, id,
-                    (const char *)sqlite3_column_text(st, 0));
-    else if (rc == SQLITE_DONE)
-        r = err_set(GE_NOT_FOUND, "no job %s", id);
-    else
-        r = db_err(s, "reading job status");
+        r = err_set(GE_CONFLICT, "cannot %s job %s: it is %s", action, id, (const char *)sqlite3_column_text(st, 0));
+    else if (rc == SQLITE_DONE) r = err_set(GE_NOT_FOUND, "no job %s", id);
+    else r = db_err(s, "reading job status");
     q_done(st);
     return r;
 }
@@ -594,15 +631,13 @@ int store_mark_started(store *s, const char *id) {
 int store_finish(store *s, const char *id, const char *result, long long policy_version) {
     sqlite3_stmt *st = q_get(s, Q_FINISH);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding finish");
-    BIND_OK(s, result ? sqlite3_bind_text(st, 2, result, -1, SQLITE_STATIC)
-                      : sqlite3_bind_null(st, 2), "binding finish");
+    BIND_OK(s, result ? sqlite3_bind_text(st, 2, result, -1, SQLITE_STATIC) : sqlite3_bind_null(st, 2), "binding finish");
     BIND_OK(s, sqlite3_bind_int64(st, 3, policy_version), "binding finish");
     BIND_OK(s, sqlite3_bind_double(st, 4, clock_wall_s()), "binding finish");
     return update_job(s, st, id, "finish");
 }
 
-int store_finish_update(store *s, const char *id, const char *result, long long version_before,
-                        long long version_after) {
+int store_finish_update(store *s, const char *id, const char *result, long long version_before, long long version_after) {
     int r = store_check_file(s);
     if (r) return r;
     if ((r = tx_begin(s, "starting an update's finish"))) return r;
@@ -611,7 +646,10 @@ int store_finish_update(store *s, const char *id, const char *result, long long 
         int rc = sqlite3_step(st);
         long long top = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -2;
         q_done(st);
-        if (top == -2) { r = db_err(s, "reading the newest update's version"); goto fail; }
+        if (top == -2) {
+            r = db_err(s, "reading the newest update's version");
+            goto fail;
+        }
         if (top >= version_after) {
             r = err_set(GE_CONFLICT, "update %s made policy_version %lld, but the store already holds an update that made %lld",
                         id, version_after, top);
@@ -629,8 +667,7 @@ fail:
 int store_fail(store *s, const char *id, const char *error_json) {
     sqlite3_stmt *st = q_get(s, Q_FAIL);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding fail");
-    BIND_OK(s, sqlite3_bind_text(st, 2, error_json ? error_json : "{}", -1, SQLITE_STATIC),
-            "binding fail");
+    BIND_OK(s, sqlite3_bind_text(st, 2, error_json ? error_json : "{}", -1, SQLITE_STATIC), "binding fail");
     BIND_OK(s, sqlite3_bind_double(st, 3, clock_wall_s()), "binding fail");
     return update_job(s, st, id, "fail");
 }
@@ -643,8 +680,8 @@ int store_requeue_failed(store *s, const char *id) {
 
 int store_check_file(store *s) {
     struct stat sb;
-    if (stat(s->file, &sb)) return err_set(GE_UNAVAILABLE, "store: %s is gone (%s): it was deleted or moved while grpod ran",
-                                           s->file, strerror(errno));
+    if (stat(s->file, &sb))
+        return err_set(GE_UNAVAILABLE, "store: %s is gone (%s): it was deleted or moved while grpod ran", s->file, strerror(errno));
     if (sb.st_dev != s->dev || sb.st_ino != s->ino)
         return err_set(GE_UNAVAILABLE, "store: %s was replaced while grpod ran (another file is at its path)", s->file);
     return 0;
@@ -674,8 +711,7 @@ int store_fail_exhausted(store *s, int max_attempts) {
 int store_progress(store *s, const char *id, double progress) {
     sqlite3_stmt *st = q_get(s, Q_PROGRESS);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding progress");
-    BIND_OK(s, sqlite3_bind_double(st, 2, progress < 0 ? 0 : progress > 1 ? 1 : progress),
-            "binding progress");
+    BIND_OK(s, sqlite3_bind_double(st, 2, progress < 0 ? 0 : progress > 1 ? 1 : progress), "binding progress");
     return update_job(s, st, id, "set progress of");
 }
 
@@ -683,14 +719,13 @@ int store_cancel(store *s, const char *id) {
     int r = tx_begin(s, "starting cancel");
     if (r) return r;
     sqlite3_stmt *st = q_get(s, Q_CANCEL_QUEUED);
-    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK ||
-        sqlite3_bind_double(st, 2, clock_wall_s()) != SQLITE_OK) {
+    if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK || sqlite3_bind_double(st, 2, clock_wall_s()) != SQLITE_OK) {
         r = db_err(s, "binding cancel");
         q_done(st);
         goto fail;
     }
     if ((r = q_exec(s, st, "cancelling a queued job")) < 0) goto fail;
-    if (r == 0) {   /* not queued: flag it if running, else say why not */
+    if (r == 0) { /* not queued: flag it if running, else say why not */
         st = q_get(s, Q_FLAG_CANCEL);
         if (sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC) != SQLITE_OK) {
             r = db_err(s, "binding cancel");
@@ -698,7 +733,10 @@ int store_cancel(store *s, const char *id) {
             goto fail;
         }
         if ((r = q_exec(s, st, "flagging a running job for cancel")) < 0) goto fail;
-        if (r == 0) { r = no_change_err(s, id, "cancel"); goto fail; }
+        if (r == 0) {
+            r = no_change_err(s, id, "cancel");
+            goto fail;
+        }
     }
     if ((r = tx_commit(s, "committing cancel"))) goto fail;
     return 0;
@@ -712,8 +750,8 @@ int store_cancel_requested(store *s, const char *id) {
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding cancel check");
     int rc = sqlite3_step(st);
     int r = rc == SQLITE_ROW ? (sqlite3_column_int(st, 0) != 0)
-          : rc == SQLITE_DONE ? err_set(GE_NOT_FOUND, "no job %s", id)
-          : db_err(s, "reading cancel flag");
+        : rc == SQLITE_DONE  ? err_set(GE_NOT_FOUND, "no job %s", id)
+                             : db_err(s, "reading cancel flag");
     q_done(st);
     return r;
 }
@@ -730,21 +768,18 @@ int store_get(store *s, const char *id, store_job *j) {
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding get");
     int rc = sqlite3_step(st);
     int r = rc == SQLITE_ROW ? job_from_row(st, j)
-          : rc == SQLITE_DONE ? err_set(GE_NOT_FOUND, "no job %s", id)
-          : db_err(s, "reading a job");
+        : rc == SQLITE_DONE  ? err_set(GE_NOT_FOUND, "no job %s", id)
+                             : db_err(s, "reading a job");
     q_done(st);
     return r;
 }
 
-int store_list(store *s, const char *kind, const char *status, int limit, long long before, store_job **jobs,
-               int *n) {
+int store_list(store *s, const char *kind, const char *status, int limit, long long before, store_job **jobs, int *n) {
     *jobs = NULL;
     *n = 0;
     sqlite3_stmt *st = q_get(s, Q_LIST);
-    BIND_OK(s, kind ? sqlite3_bind_text(st, 1, kind, -1, SQLITE_STATIC) : sqlite3_bind_null(st, 1),
-            "binding list");
-    BIND_OK(s, status ? sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC)
-                      : sqlite3_bind_null(st, 2), "binding list");
+    BIND_OK(s, kind ? sqlite3_bind_text(st, 1, kind, -1, SQLITE_STATIC) : sqlite3_bind_null(st, 1), "binding list");
+    BIND_OK(s, status ? sqlite3_bind_text(st, 2, status, -1, SQLITE_STATIC) : sqlite3_bind_null(st, 2), "binding list");
     BIND_OK(s, sqlite3_bind_int(st, 3, limit > 0 ? limit : -1), "binding list");
     BIND_OK(s, sqlite3_bind_int64(st, 4, before), "binding list");
     return collect_jobs(s, st, "listing jobs", jobs, n);
@@ -754,8 +789,7 @@ int store_counts(store *s, store_count_cb cb, void *ud) {
     sqlite3_stmt *st = q_get(s, Q_COUNTS);
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-        cb(ud, (const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1),
-           sqlite3_column_int64(st, 2));
+        cb(ud, (const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1), sqlite3_column_int64(st, 2));
     int r = rc == SQLITE_DONE ? 0 : db_err(s, "counting jobs");
     q_done(st);
     return r;
@@ -772,7 +806,7 @@ long long store_queue_depth(store *s) {
 /* ---------------------------------------------------------------- checkpoints */
 
 int store_checkpoint_add(store *s, const char *id, const char *path, long long policy_version) {
-    if (strlen(id) >= sizeof ((store_ckpt *)0)->id || strlen(path) >= sizeof ((store_ckpt *)0)->path)
+    if (strlen(id) >= sizeof((store_ckpt *)0)->id || strlen(path) >= sizeof((store_ckpt *)0)->path)
         return err_set(GE_INVALID, "store: checkpoint id or path too long");
     sqlite3_stmt *st = q_get(s, Q_CKPT_ADD);
     BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding checkpoint");
@@ -800,7 +834,7 @@ int store_retain(store *s, long long keep) {
     sqlite3_stmt *st = q_get(s, Q_RETAIN);
     BIND_OK(s, sqlite3_bind_int64(st, 1, keep), "binding retention");
     int n = q_exec(s, st, "deleting finished jobs past retention");
-    if (n > 0) sqlite3_exec(s->db, "PRAGMA incremental_vacuum", NULL, NULL, NULL);   /* best effort */
+    if (n > 0) sqlite3_exec(s->db, "PRAGMA incremental_vacuum", NULL, NULL, NULL); /* best effort */
     return n;
 }
 
@@ -821,7 +855,10 @@ int store_checkpoint_list(store *s, store_ckpt **out, int *n) {
         if (cnt == cap) {
             int ncap = cap ? 2 * cap : 8;
             store_ckpt *nv = realloc(v, (size_t)ncap * sizeof *nv);
-            if (!nv) { r = err_set(GE_NOMEM, "store: out of memory listing checkpoints"); break; }
+            if (!nv) {
+                r = err_set(GE_NOMEM, "store: out of memory listing checkpoints");
+                break;
+            }
             v = nv;
             cap = ncap;
         }
@@ -833,7 +870,10 @@ int store_checkpoint_list(store *s, store_ckpt **out, int *n) {
     }
     if (!r && rc != SQLITE_DONE) r = db_err(s, "listing checkpoints");
     q_done(st);
-    if (r) { free(v); return r; }
+    if (r) {
+        free(v);
+        return r;
+    }
     *out = v;
     *n = cnt;
     return 0;

@@ -21,36 +21,59 @@
 #include "kernels/tune.h"
 
 typedef struct eng_backend eng_backend;
-enum { BE_LANE_HOST = -1, BE_LANE_OPS = 0, BE_LANE_D2H = 1, BE_LANE_H2D = 2, BE_LANE_SNAP = 3, BE_LANES = 4,
-       BE_EV_SNAP = 16, BE_EVENTS = 17 };
+enum {
+    BE_LANE_HOST = -1,
+    BE_LANE_OPS = 0,
+    BE_LANE_D2H = 1,
+    BE_LANE_H2D = 2,
+    BE_LANE_SNAP = 3,
+    BE_LANES = 4,
+    BE_EV_SNAP = 16,
+    BE_EVENTS = 17
+};
 /* One linear layer of matmul_fwd_n: out (T, O) = inp · w^T + bias + (inp · lr.a^T) · lr.b^T + res
  * (bias, lr.a, res (T, O) may be NULL; on CUDA the sum is rounded to bf16 once at decode sizes:
  * the residual add that closes a sub-layer, the adapter term inside the few-row GEMM). */
 /* A low-rank term added with it (LoRA, unmerged): + (inp a^T) b^T, a (r, I), b (O, r), inp the
  * op's (normed) input; inp a^T is written to u (T, r), scratch; a NULL: none. On CUDA at decode
  * sizes both halves ride the base projection's one launch. */
-typedef struct { const void *a, *b; void *u; int r; } mm_lowrank;
-typedef struct { void *out; const void *w; const void *bias; int O; const void *res; mm_lowrank lr; } mm_part;
+typedef struct {
+    const void *a, *b;
+    void *u;
+    int r;
+} mm_lowrank;
+typedef struct {
+    void *out;
+    const void *w;
+    const void *bias;
+    int O;
+    const void *res;
+    mm_lowrank lr;
+} mm_part;
 /* The RMSNorm in front of matmul_fwd_n / mlp_in_fwd (NULL: none): the projections read
  * rmsnorm(inp) · w (kernels/rmsnorm.h, eps); ln (T, I) is scratch the op may use. */
-typedef struct { const void *w; float eps; void *ln; } mm_norm;
+typedef struct {
+    const void *w;
+    float eps;
+    void *ln;
+} mm_norm;
 struct eng_backend {
     const char *name;
-    int act_bytes;                       /* 4 (cpu) or 2 (cuda) */
+    int act_bytes; /* 4 (cpu) or 2 (cuda) */
     void *impl;
-    tune_opts tune;                      /* kernels/tune.h: read once at creation; tests may set fields */
+    tune_opts tune; /* kernels/tune.h: read once at creation; tests may set fields */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);
     void (*free)(eng_backend *b, void *p);
     void (*zero)(eng_backend *b, void *p, size_t bytes);
-    int (*to_dev)(eng_backend *b, void *dst, const void *src, size_t bytes);     /* raw host -> dev */
-    int (*to_host)(eng_backend *b, void *dst, const void *src, size_t bytes);    /* raw dev -> host */
-    int (*act_from_f32)(eng_backend *b, void *dst, const float *src_host, size_t n);  /* host f32 -> dev act */
-    int (*act_to_f32)(eng_backend *b, float *dst_host, const void *src, size_t n);    /* dev act -> host f32 */
-    void (*f32_to_act)(eng_backend *b, void *dst, const float *src, size_t n);        /* dev f32 -> dev act */
-    int (*sync)(eng_backend *b);         /* wait for queued work; 0 or the sticky error */
-    long long (*mem_free)(eng_backend *b);   /* free device memory in bytes; NULL on cpu (host memory) */
+    int (*to_dev)(eng_backend *b, void *dst, const void *src, size_t bytes); /* raw host -> dev */
+    int (*to_host)(eng_backend *b, void *dst, const void *src, size_t bytes); /* raw dev -> host */
+    int (*act_from_f32)(eng_backend *b, void *dst, const float *src_host, size_t n); /* host f32 -> dev act */
+    int (*act_to_f32)(eng_backend *b, float *dst_host, const void *src, size_t n); /* dev act -> host f32 */
+    void (*f32_to_act)(eng_backend *b, void *dst, const float *src, size_t n); /* dev f32 -> dev act */
+    int (*sync)(eng_backend *b); /* wait for queued work; 0 or the sticky error */
+    long long (*mem_free)(eng_backend *b); /* free device memory in bytes; NULL on cpu (host memory) */
     /* Optional (NULL on cpu): pinned host memory, a host -> device copy that does not wait (src
      * must stay unchanged until the next sync), and CUDA graphs: graph_begin captures the ops
      * queued until graph_end into *graph (nothing runs); graph_launch replays it, returning 1
@@ -77,7 +100,7 @@ struct eng_backend {
     void (*mark)(eng_backend *b, int lane, int ev);
     int (*wait)(eng_backend *b, int lane, int ev);
     int (*mem_info)(eng_backend *b, size_t *free_bytes, size_t *total_bytes);
-    void *xfer;                          /* the lanes' state (cuda) */
+    void *xfer; /* the lanes' state (cuda) */
 
     /* ops (kernels/NAME.h) */
     void (*embedding_fwd)(eng_backend *b, void *out, const int *tokens, const void *wte, int T, int C);
@@ -86,51 +109,49 @@ struct eng_backend {
     void (*rmsnorm_bwd)(eng_backend *b, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                         const float *rstd, int T, int C);
     void (*matmul_fwd)(eng_backend *b, void *out, const void *inp, const void *w, const void *bias, int T, int I, int O);
-    void (*matmul_bwd)(eng_backend *b, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
-                       const void *w, int T, int I, int O);
+    void (*matmul_bwd)(eng_backend *b, void *dinp, float *dw, float *dbias, const void *dout, const void *inp, const void *w,
+                       int T, int I, int O);
     /* n <= 3 linear layers sharing their input (q/k/v; o and down with their residual), the
      * input normed first when norm is set: one launch on CUDA at decode sizes */
     void (*matmul_fwd_n)(eng_backend *b, const mm_part *p, int n, const void *inp, const mm_norm *norm, int T, int I);
     void (*rope_fwd)(eng_backend *b, void *x, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*rope_bwd)(eng_backend *b, void *dx, const int *pos, const float *inv_freq, int T, int H, int D);
-    void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v,
-                          attn_ranges r, int T, int H, int K, int D);
+    void (*attention_fwd)(eng_backend *b, void *out, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
+                          int T, int H, int K, int D);
     /* S key rows (>= T; the ranges index them: T when keys are the tokens) */
-    void (*attention_bwd)(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                          const void *k, const void *v, const void *out, const float *lse, attn_ranges r,
-                          int T, int S, int H, int K, int D);
+    void (*attention_bwd)(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                          const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D);
     void (*swiglu_fwd)(eng_backend *b, void *out, const void *gate, const void *up, long long n);
     /* gate/up projections and SwiGLU (kernels/matmul.h mlp_in_fwd_cpu): all three written; one
      * launch on CUDA at decode sizes. lr (NULL: none): the gate's and the up projection's
      * low-rank terms (lr[0], lr[1]), added before SwiGLU */
-    void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const mm_norm *norm,
-                       const void *wg, const void *wu, int T, int I, int F, const mm_lowrank *lr);
-    void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
-                       long long n);
-    void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n);   /* out = x + y */
-    void (*acc_f32)(eng_backend *b, float *acc, const void *x, long long n);   /* acc += x (act-typed) */
+    void (*mlp_in_fwd)(eng_backend *b, void *act, void *gate, void *up, const void *inp, const mm_norm *norm, const void *wg,
+                       const void *wu, int T, int I, int F, const mm_lowrank *lr);
+    void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up, long long n);
+    void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n); /* out = x + y */
+    void (*acc_f32)(eng_backend *b, float *acc, const void *x, long long n); /* acc += x (act-typed) */
     /* fused neighbours (kernels/rmsnorm.h): the backward of the q/k per-head norm then RoPE
      * (dinp written, not added) */
     /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and
      * RoPE, k and v into their KV-cache rows; one launch on CUDA */
-    void (*qkv_rope_fwd)(eng_backend *b, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H,
-                         int K, int D, float eps);
+    void (*qkv_rope_fwd)(eng_backend *b, const qkv_rope_io *io, const int *pos, const float *inv_freq, int T, int H, int K, int D,
+                         float eps);
     void (*qk_norm_rope_bwd)(eng_backend *b, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                              const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
-    void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos,
-                        const int *out_tok, const void *w, int M, int C, int V, float temperature);
+    void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos, const int *out_tok,
+                        const void *w, int M, int C, int V, float temperature);
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
                         const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
     /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): per-row params
      * p (R); ban: ban[0] = n, then n ids (NULL: none) */
-    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const sample_params *p,
-                   const int *ban, int R, int V);
+    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R,
+                   int V);
 
     /* optimizer on fp32 master weights; writes the act copy (NULL when the master is the act copy) */
-    void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n,
-                  float lr, float beta1, float beta2, float eps, float wd, int step);
-    double (*sumsq)(eng_backend *b, const float *x, long long n);   /* synchronous */
+    void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n, float lr,
+                  float beta1, float beta2, float eps, float wd, int step);
+    double (*sumsq)(eng_backend *b, const float *x, long long n); /* synchronous */
     void (*scale)(eng_backend *b, float *x, long long n, float s);
 };
 
@@ -140,7 +161,7 @@ int backend_cpu_create(eng_backend **out, int n_threads);
 int backend_cuda_create(eng_backend **out, int device);
 /* 1 when a CUDA device is usable (always 0 in a CPU-only build). */
 int backend_cuda_available(void);
-int backend_cuda_device_count(void);   /* 0 likewise */
+int backend_cuda_device_count(void); /* 0 likewise */
 /* The tuning knobs from the GRPOD_TUNE_* environment over tune_defaults() (engine/backend/tune.c);
  * GE_INVALID naming the variable for an unknown knob or a bad value. */
 int tune_from_env(tune_opts *t);

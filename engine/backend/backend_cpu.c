@@ -20,24 +20,41 @@
 
 static void *cpu_alloc(eng_backend *b, size_t n) {
     void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 64)) { err_set(GE_NOMEM, "cpu: cannot allocate %zu bytes", n); return NULL; }
+    if (posix_memalign(&p, 64, n ? n : 64)) {
+        err_set(GE_NOMEM, "cpu: cannot allocate %zu bytes", n);
+        return NULL;
+    }
     return p;
 }
 static void cpu_free(eng_backend *b, void *p) { free(p); }
 static void cpu_zero(eng_backend *b, void *p, size_t n) { memset(p, 0, n); }
-static int cpu_copy(eng_backend *b, void *d, const void *s, size_t n) { memmove(d, s, n); return 0; }
-static int cpu_act_from(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); return 0; }
-static int cpu_act_to(eng_backend *b, float *d, const void *s, size_t n) { memmove(d, s, n * 4); return 0; }
+static int cpu_copy(eng_backend *b, void *d, const void *s, size_t n) {
+    memmove(d, s, n);
+    return 0;
+}
+static int cpu_act_from(eng_backend *b, void *d, const float *s, size_t n) {
+    memmove(d, s, n * 4);
+    return 0;
+}
+static int cpu_act_to(eng_backend *b, float *d, const void *s, size_t n) {
+    memmove(d, s, n * 4);
+    return 0;
+}
 static void cpu_f32_to_act(eng_backend *b, void *d, const float *s, size_t n) { memmove(d, s, n * 4); }
 static int cpu_sync(eng_backend *b) { return 0; }
 static void cpu_destroy(eng_backend *b) { free(b); }
 
-static void cpu_embedding_fwd(eng_backend *b, void *o, const int *t, const void *w, int T, int C) { embedding_fwd_cpu(o, t, w, T, C); }
-static void cpu_embedding_bwd(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) { embedding_bwd_cpu(dw, d, t, T, C); }
+static void cpu_embedding_fwd(eng_backend *b, void *o, const int *t, const void *w, int T, int C) {
+    embedding_fwd_cpu(o, t, w, T, C);
+}
+static void cpu_embedding_bwd(eng_backend *b, float *dw, const void *d, const int *t, int T, int C) {
+    embedding_bwd_cpu(dw, d, t, T, C);
+}
 static void cpu_rmsnorm_fwd(eng_backend *b, void *o, float *r, const void *x, const void *w, int T, int C, float eps) {
     rmsnorm_fwd_cpu(o, r, x, w, T, C, eps);
 }
-static void cpu_rmsnorm_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r, int T, int C) {
+static void cpu_rmsnorm_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
+                            int T, int C) {
     rmsnorm_bwd_cpu(dx, dw, dy, x, w, r, T, C);
 }
 static void cpu_matmul_fwd(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
@@ -58,7 +75,7 @@ static void cpu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void
             float *o = p[i].out;
             const float *u = p[i].lr.u, *bw = p[i].lr.b;
             int O = p[i].O, r = p[i].lr.r;
-            #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
             for (long long j = 0; j < (long long)T * O; j++) {
                 const float *ut = u + (j / O) * r, *bo = bw + (j % O) * r;
                 float s = 0;
@@ -70,29 +87,37 @@ static void cpu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void
             float *o = p[i].out;
             const float *r = p[i].res;
             long long m = (long long)T * p[i].O;
-            #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
             for (long long j = 0; j < m; j++) o[j] += r[j];
         }
     }
 }
-static void cpu_matmul_bwd(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T, int I, int O) {
+static void cpu_matmul_bwd(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
+                           int I, int O) {
     matmul_bwd_cpu(dx, dw, db, dy, x, w, T, I, O);
 }
-static void cpu_rope_fwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) { rope_fwd_cpu(x, p, f, T, H, D); }
-static void cpu_rope_bwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) { rope_bwd_cpu(x, p, f, T, H, D); }
+static void cpu_rope_fwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+    rope_fwd_cpu(x, p, f, T, H, D);
+}
+static void cpu_rope_bwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
+    rope_bwd_cpu(x, p, f, T, H, D);
+}
 static void cpu_attention_fwd(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
-                  int T, int H, int K, int D) {
+                              int T, int H, int K, int D) {
     attention_fwd_cpu(o, lse, q, k, v, r, T, H, K, D);
 }
 static void cpu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
+                              const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
     attention_bwd_cpu(dq, dk, dv, dout, q, k, v, out, lse, r, T, H, K, D);
 }
 static void cpu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) { swiglu_fwd_cpu(o, g, u, n); }
 static void cpu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
-                  const void *wu, int T, int I, int F, const mm_lowrank *lr) {
-    if (!lr) { mlp_in_fwd_cpu(a, g, u, normed(nm, x, T, I), wg, wu, T, I, F); return; }
-    mm_part p[2] = { { g, wg, NULL, F, NULL, lr[0] }, { u, wu, NULL, F, NULL, lr[1] } };
+                           const void *wu, int T, int I, int F, const mm_lowrank *lr) {
+    if (!lr) {
+        mlp_in_fwd_cpu(a, g, u, normed(nm, x, T, I), wg, wu, T, I, F);
+        return;
+    }
+    mm_part p[2] = {{g, wg, NULL, F, NULL, lr[0]}, {u, wu, NULL, F, NULL, lr[1]}};
     cpu_matmul_fwd_n(b, p, 2, x, nm, T, I);
     swiglu_fwd_cpu(a, g, u, (long long)T * F);
 }
@@ -102,30 +127,29 @@ static void cpu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, c
 static void cpu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cpu(acc, x, n); }
 static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) { add_cpu(o, x, y, n); }
 static void cpu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
-                  float eps) {
+                             float eps) {
     qkv_rope_fwd_cpu(io, p, f, T, H, K, D, eps);
 }
-static void cpu_qk_norm_rope_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
-                  const int *p, const float *f, int T, int H, int D) {
+static void cpu_qk_norm_rope_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w,
+                                 const float *r, const int *p, const float *f, int T, int H, int D) {
     qk_norm_rope_bwd_cpu(dx, dw, dy, x, w, r, p, f, T, H, D);
 }
 static void cpu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
-                 int M, int C, int V, float t) {
+                            int M, int C, int V, float t) {
     logprob_fwd_cpu(lp, ent, h, op, ot, w, M, C, V, t);
 }
-static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h, const int *op,
-                 const int *ot, const void *w, int M, int C, int V, float t) {
+static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
+                            const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
 }
 static void cpu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
-static void cpu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
-                   int V) {
+static void cpu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R, int V) {
     sample_cpu(tok, lp, lg, p, ban, R, V);
 }
-static void cpu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
-                    float b1, float b2, float eps, float wd, int step) {
+static void cpu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr, float b1,
+                      float b2, float eps, float wd, int step) {
     adamw_cpu(p, g, m, v, n, lr, b1, b2, eps, wd, step);
     if (act && act != p) memcpy(act, p, (size_t)n * 4);
 }
@@ -137,18 +161,44 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
     if (!b) return err_set(GE_NOMEM, "cpu backend: out of memory");
     if (n_threads > 0) omp_set_num_threads(n_threads);
     *b = (eng_backend){
-        .name = "cpu", .act_bytes = 4, .tune = tune_defaults(),
-        .alloc = cpu_alloc, .free = cpu_free, .zero = cpu_zero, .to_dev = cpu_copy, .to_host = cpu_copy,
-        .act_from_f32 = cpu_act_from, .act_to_f32 = cpu_act_to, .f32_to_act = cpu_f32_to_act,
-        .sync = cpu_sync, .destroy = cpu_destroy,
-        .embedding_fwd = cpu_embedding_fwd, .embedding_bwd = cpu_embedding_bwd, .rmsnorm_fwd = cpu_rmsnorm_fwd,
-        .rmsnorm_bwd = cpu_rmsnorm_bwd, .matmul_fwd = cpu_matmul_fwd, .matmul_fwd_n = cpu_matmul_fwd_n,
-        .matmul_bwd = cpu_matmul_bwd, .rope_fwd = cpu_rope_fwd, .rope_bwd = cpu_rope_bwd,
-        .attention_fwd = cpu_attention_fwd, .attention_bwd = cpu_attention_bwd, .swiglu_fwd = cpu_swiglu_fwd,
-        .mlp_in_fwd = cpu_mlp_in_fwd, .swiglu_bwd = cpu_swiglu_bwd, .qkv_rope_fwd = cpu_qkv_rope_fwd,
-        .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd, .add = cpu_add, .acc_f32 = cpu_acc_f32, .logprob_fwd = cpu_logprob_fwd,
-        .logprob_bwd = cpu_logprob_bwd, .lm_head_rows = cpu_lm_head_rows, .sample = cpu_sample,
-        .adamw = cpu_adamw, .sumsq = cpu_sumsq, .scale = cpu_scale,
+        .name = "cpu",
+        .act_bytes = 4,
+        .tune = tune_defaults(),
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .zero = cpu_zero,
+        .to_dev = cpu_copy,
+        .to_host = cpu_copy,
+        .act_from_f32 = cpu_act_from,
+        .act_to_f32 = cpu_act_to,
+        .f32_to_act = cpu_f32_to_act,
+        .sync = cpu_sync,
+        .destroy = cpu_destroy,
+        .embedding_fwd = cpu_embedding_fwd,
+        .embedding_bwd = cpu_embedding_bwd,
+        .rmsnorm_fwd = cpu_rmsnorm_fwd,
+        .rmsnorm_bwd = cpu_rmsnorm_bwd,
+        .matmul_fwd = cpu_matmul_fwd,
+        .matmul_fwd_n = cpu_matmul_fwd_n,
+        .matmul_bwd = cpu_matmul_bwd,
+        .rope_fwd = cpu_rope_fwd,
+        .rope_bwd = cpu_rope_bwd,
+        .attention_fwd = cpu_attention_fwd,
+        .attention_bwd = cpu_attention_bwd,
+        .swiglu_fwd = cpu_swiglu_fwd,
+        .mlp_in_fwd = cpu_mlp_in_fwd,
+        .swiglu_bwd = cpu_swiglu_bwd,
+        .qkv_rope_fwd = cpu_qkv_rope_fwd,
+        .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd,
+        .add = cpu_add,
+        .acc_f32 = cpu_acc_f32,
+        .logprob_fwd = cpu_logprob_fwd,
+        .logprob_bwd = cpu_logprob_bwd,
+        .lm_head_rows = cpu_lm_head_rows,
+        .sample = cpu_sample,
+        .adamw = cpu_adamw,
+        .sumsq = cpu_sumsq,
+        .scale = cpu_scale,
     };
     *out = b;
     return 0;

@@ -40,12 +40,11 @@ static void *cu_alloc(eng_backend *b, size_t n) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, n ? n : 256);
     if (e != cudaSuccess) {
-        cudaGetLastError();   /* an allocation failure is not sticky: clear it */
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
-        err_set(e == cudaErrorMemoryAllocation ? GE_NOMEM : GE_CUDA,
-                "cuda: cannot allocate %.1f MiB (%s; %.1f of %.1f MiB free)", n / 1048576.0, cudaGetErrorString(e),
-                fr / 1048576.0, tot / 1048576.0);
+        err_set(e == cudaErrorMemoryAllocation ? GE_NOMEM : GE_CUDA, "cuda: cannot allocate %.1f MiB (%s; %.1f of %.1f MiB free)",
+                n / 1048576.0, cudaGetErrorString(e), fr / 1048576.0, tot / 1048576.0);
         return NULL;
     }
     return p;
@@ -58,19 +57,17 @@ static void cu_free_(eng_backend *b, void *p) {
 static void cu_zero(eng_backend *b, void *p, size_t n) {
     if (!CTX(b)->failed && n) CU_CK(CTX(b), cudaMemsetAsync(p, 0, n, CTX(b)->stream));
 }
-static int cu_status(eng_backend *b) {
-    return CTX(b)->failed ? err_set(GE_CUDA, "cuda backend failed: %s", CTX(b)->msg) : 0;
-}
+static int cu_status(eng_backend *b) { return CTX(b)->failed ? err_set(GE_CUDA, "cuda backend failed: %s", CTX(b)->msg) : 0; }
 static long long cu_mem_free(eng_backend *b) {
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return (long long)fr;
-    cudaGetLastError();   /* not sticky: the caller falls back to its own default */
+    cudaGetLastError(); /* not sticky: the caller falls back to its own default */
     return -1;
 }
 static int cu_to_dev(eng_backend *b, void *d, const void *s, size_t n) {
     cu_ctx *c = CTX(b);
     if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
-    if (!c->failed && n) CU_CK(c, cudaStreamSynchronize(c->stream));   /* the caller may reuse s at once */
+    if (!c->failed && n) CU_CK(c, cudaStreamSynchronize(c->stream)); /* the caller may reuse s at once */
     return cu_status(b);
 }
 static int cu_to_host(eng_backend *b, void *d, const void *s, size_t n) {
@@ -148,7 +145,7 @@ static void cu_rmsnorm_fwd(eng_backend *b, void *o, float *r, const void *x, con
     rmsnorm_fwd_cuda(CTX(b), (bf16 *)o, r, (cbf *)x, (cbf *)w, T, C, eps);
 }
 static void cu_rmsnorm_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
-                  int T, int C) {
+                           int T, int C) {
     rmsnorm_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, T, C);
 }
 static void cu_matmul_fwd(eng_backend *b, void *o, const void *x, const void *w, const void *bias, int T, int I, int O) {
@@ -156,7 +153,7 @@ static void cu_matmul_fwd(eng_backend *b, void *o, const void *x, const void *w,
 }
 /* three parts a call to matmul_fwd_n_cuda (more than the op promises still work) */
 static void cu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void *x, const mm_norm *nm, int T, int I) {
-    cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
+    cu_norm cn = {nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL};
     for (int i0 = 0; i0 < n; i0 += 3) {
         bf16 *o[3];
         cbf *w[3], *bias[3], *res[3];
@@ -164,15 +161,19 @@ static void cu_matmul_fwd_n(eng_backend *b, const mm_part *p, int n, const void 
         int O[3], m = n - i0 < 3 ? n - i0 : 3, any = 0;
         for (int i = 0; i < m; i++) {
             const mm_part *q = &p[i0 + i];
-            o[i] = (bf16 *)q->out; w[i] = (cbf *)q->w; bias[i] = (cbf *)q->bias; res[i] = (cbf *)q->res; O[i] = q->O;
-            lr[i] = (cu_lowrank){ (cbf *)q->lr.a, (cbf *)q->lr.b, (bf16 *)q->lr.u, q->lr.r };
+            o[i] = (bf16 *)q->out;
+            w[i] = (cbf *)q->w;
+            bias[i] = (cbf *)q->bias;
+            res[i] = (cbf *)q->res;
+            O[i] = q->O;
+            lr[i] = (cu_lowrank){(cbf *)q->lr.a, (cbf *)q->lr.b, (bf16 *)q->lr.u, q->lr.r};
             any |= q->lr.a != NULL;
         }
         matmul_fwd_n_cuda(CTX(b), o, w, bias, res, O, m, (cbf *)x, nm ? &cn : NULL, T, I, any ? lr : NULL);
     }
 }
 static void cu_matmul_bwd(eng_backend *b, void *dx, float *dw, float *db, const void *dy, const void *x, const void *w, int T,
-                 int I, int O) {
+                          int I, int O) {
     matmul_bwd_cuda(CTX(b), (bf16 *)dx, dw, db, (cbf *)dy, (cbf *)x, (cbf *)w, T, I, O);
 }
 static void cu_rope_fwd(eng_backend *b, void *x, const int *p, const float *f, int T, int H, int D) {
@@ -182,22 +183,22 @@ static void cu_rope_bwd(eng_backend *b, void *x, const int *p, const float *f, i
     rope_bwd_cuda(CTX(b), (bf16 *)x, p, f, T, H, D);
 }
 static void cu_attention_fwd(eng_backend *b, void *o, float *lse, const void *q, const void *k, const void *v, attn_ranges r,
-                  int T, int H, int K, int D) {
+                             int T, int H, int K, int D) {
     attention_fwd_cuda(CTX(b), (bf16 *)o, lse, (cbf *)q, (cbf *)k, (cbf *)v, r, T, H, K, D);
 }
 static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                  const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
-    attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v,
-                       (cbf *)out, lse, r, T, S, H, K, D);
+                             const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
+    attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v, (cbf *)out, lse, r,
+                       T, S, H, K, D);
 }
 static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
 }
 static void cu_mlp_in_fwd(eng_backend *b, void *a, void *g, void *u, const void *x, const mm_norm *nm, const void *wg,
-                  const void *wu, int T, int I, int F, const mm_lowrank *lr) {
-    cu_norm cn = { nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL };
+                          const void *wu, int T, int I, int F, const mm_lowrank *lr) {
+    cu_norm cn = {nm ? (cbf *)nm->w : NULL, nm ? nm->eps : 0.0f, nm ? (bf16 *)nm->ln : NULL};
     cu_lowrank cl[2];
-    for (int i = 0; lr && i < 2; i++) cl[i] = (cu_lowrank){ (cbf *)lr[i].a, (cbf *)lr[i].b, (bf16 *)lr[i].u, lr[i].r };
+    for (int i = 0; lr && i < 2; i++) cl[i] = (cu_lowrank){(cbf *)lr[i].a, (cbf *)lr[i].b, (bf16 *)lr[i].u, lr[i].r};
     mlp_in_fwd_cuda(CTX(b), (bf16 *)a, (bf16 *)g, (bf16 *)u, (cbf *)x, nm ? &cn : NULL, (cbf *)wg, (cbf *)wu, T, I, F,
                     lr ? cl : NULL);
 }
@@ -209,26 +210,25 @@ static void cu_add(eng_backend *b, void *o, const void *x, const void *y, long l
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
 }
 static void cu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
-                  float eps) {
+                            float eps) {
     qkv_rope_fwd_cuda(CTX(b), io, p, f, T, H, K, D, eps);
 }
 static void cu_qk_norm_rope_bwd(eng_backend *b, void *dx, float *dw, const void *dy, const void *x, const void *w, const float *r,
-                  const int *p, const float *f, int T, int H, int D) {
+                                const int *p, const float *f, int T, int H, int D) {
     qk_norm_rope_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)dy, (cbf *)x, (cbf *)w, r, p, f, T, H, D);
 }
 static void cu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h, const int *op, const int *ot, const void *w,
-                 int M, int C, int V, float t) {
+                           int M, int C, int V, float t) {
     logprob_fwd_cuda(CTX(b), lp, ent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
 }
-static void cu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
-                 const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
+static void cu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h, const int *op,
+                           const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cuda(CTX(b), (bf16 *)dh, dw, dlp, dent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
 }
 static void cu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
 }
-static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R,
-                   int V) {
+static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R, int V) {
     sample_cuda(CTX(b), tok, lp, lg, p, ban, R, V);
 }
 
@@ -253,7 +253,10 @@ static int cu_to_dev_async(eng_backend *b, void *d, const void *s, size_t n) {
     if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
     return cu_status(b);
 }
-typedef struct { cudaGraphExec_t exec; void *scratch; } cu_graph;
+typedef struct {
+    cudaGraphExec_t exec;
+    void *scratch;
+} cu_graph;
 static int cu_graph_begin(eng_backend *b) {
     cu_ctx *c = CTX(b);
     if (!c->failed) CU_CK(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
@@ -263,13 +266,16 @@ static int cu_graph_end(eng_backend *b, void **out) {
     cu_ctx *c = CTX(b);
     cudaGraph_t g = NULL;
     *out = NULL;
-    cudaError_t e = cudaStreamEndCapture(c->stream, &g);   /* always: the stream leaves capture mode */
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g); /* always: the stream leaves capture mode */
     if (e != cudaSuccess) cu_fail(c, "cudaStreamEndCapture", cudaGetErrorString(e), __FILE__, __LINE__);
     cu_graph *cg = (cu_graph *)calloc(1, sizeof *cg);
     if (!c->failed && !cg) cu_fail(c, "calloc(cu_graph)", "out of host memory", __FILE__, __LINE__);
     if (!c->failed) CU_CK(c, cudaGraphInstantiate(&cg->exec, g, 0));
     if (g) cudaGraphDestroy(g);
-    if (c->failed) { free(cg); return cu_status(b); }
+    if (c->failed) {
+        free(cg);
+        return cu_status(b);
+    }
     cg->scratch = c->scratch;
     *out = cg;
     return 0;
@@ -288,8 +294,8 @@ static void cu_graph_free(eng_backend *b, void *gp) {
     if (g->exec) cudaGraphExecDestroy(g->exec);
     free(g);
 }
-static void cu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr,
-                    float b1, float b2, float eps, float wd, int step) {
+static void cu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr, float b1,
+                     float b2, float eps, float wd, int step) {
     adamw_cuda(CTX(b), p, (bf16 *)act, g, m, v, n, lr, b1, b2, eps, wd, step);
 }
 static double cu_sumsq(eng_backend *b, const float *x, long long n) { return sumsq_cuda(CTX(b), x, n); }
@@ -299,13 +305,19 @@ static void cu_scale(eng_backend *b, float *x, long long n, float s) { scale_cud
 
 extern "C" int backend_cuda_available(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
     return n > 0;
 }
 
 extern "C" int backend_cuda_device_count(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
     return n;
 }
 
@@ -320,17 +332,25 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     if (device < 0 || device >= n) return err_set(GE_CUDA, "cuda: device %d does not exist (%d devices)", device, n);
     eng_backend *b = (eng_backend *)calloc(1, sizeof *b);
     cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
-    if (!b || !c) { free(b); free(c); return err_set(GE_NOMEM, "cuda backend: out of host memory"); }
+    if (!b || !c) {
+        free(b);
+        free(c);
+        return err_set(GE_NOMEM, "cuda backend: out of host memory");
+    }
     b->impl = c;
     int rc = tune_from_env(&b->tune);
-    if (rc) { free(b); free(c); return rc; }
+    if (rc) {
+        free(b);
+        free(c);
+        return rc;
+    }
     c->tune = &b->tune;
     CU_CK(c, cudaSetDevice(device));
     CU_CK(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     LT_CK(c, cublasLtCreate(&c->lt));
     c->lt_ws_bytes = 32u << 20;
     CU_CK(c, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
-    if (!c->failed) CU_CK(c, cudaMemset(c->lt_ws, 0, c->lt_ws_bytes));   /* every process starts from the same workspace */
+    if (!c->failed) CU_CK(c, cudaMemset(c->lt_ws, 0, c->lt_ws_bytes)); /* every process starts from the same workspace */
     CU_CK(c, cudaMalloc(&c->red, CU_RED_SLOTS * sizeof(double)));
     CU_CK(c, cudaMalloc(&c->sk_sync, 2 * sizeof(unsigned)));
     if (!c->failed) CU_CK(c, cudaMemset(c->sk_sync, 0, 2 * sizeof(unsigned)));
@@ -343,20 +363,49 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     }
     b->name = "cuda";
     b->act_bytes = 2;
-    b->alloc = cu_alloc; b->free = cu_free_; b->zero = cu_zero; b->to_dev = cu_to_dev; b->to_host = cu_to_host;
-    b->act_from_f32 = cu_act_from; b->act_to_f32 = cu_act_to; b->f32_to_act = cu_f32_to_act;
-    b->sync = cu_sync; b->mem_free = cu_mem_free; b->destroy = cu_destroy;
-    b->embedding_fwd = cu_embedding_fwd; b->embedding_bwd = cu_embedding_bwd; b->rmsnorm_fwd = cu_rmsnorm_fwd;
-    b->rmsnorm_bwd = cu_rmsnorm_bwd; b->matmul_fwd = cu_matmul_fwd; b->matmul_fwd_n = cu_matmul_fwd_n;
-    b->matmul_bwd = cu_matmul_bwd; b->rope_fwd = cu_rope_fwd; b->rope_bwd = cu_rope_bwd;
-    b->attention_fwd = cu_attention_fwd; b->attention_bwd = cu_attention_bwd; b->swiglu_fwd = cu_swiglu_fwd;
-    b->mlp_in_fwd = cu_mlp_in_fwd; b->swiglu_bwd = cu_swiglu_bwd; b->qkv_rope_fwd = cu_qkv_rope_fwd;
-    b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd; b->add = cu_add; b->acc_f32 = cu_acc_f32; b->logprob_fwd = cu_logprob_fwd;
-    b->logprob_bwd = cu_logprob_bwd; b->lm_head_rows = cu_lm_head_rows; b->sample = cu_sample;
-    b->host_alloc = cu_host_alloc; b->host_free = cu_host_free; b->to_dev_async = cu_to_dev_async;
-    b->graph_begin = cu_graph_begin; b->graph_end = cu_graph_end; b->graph_launch = cu_graph_launch;
+    b->alloc = cu_alloc;
+    b->free = cu_free_;
+    b->zero = cu_zero;
+    b->to_dev = cu_to_dev;
+    b->to_host = cu_to_host;
+    b->act_from_f32 = cu_act_from;
+    b->act_to_f32 = cu_act_to;
+    b->f32_to_act = cu_f32_to_act;
+    b->sync = cu_sync;
+    b->mem_free = cu_mem_free;
+    b->destroy = cu_destroy;
+    b->embedding_fwd = cu_embedding_fwd;
+    b->embedding_bwd = cu_embedding_bwd;
+    b->rmsnorm_fwd = cu_rmsnorm_fwd;
+    b->rmsnorm_bwd = cu_rmsnorm_bwd;
+    b->matmul_fwd = cu_matmul_fwd;
+    b->matmul_fwd_n = cu_matmul_fwd_n;
+    b->matmul_bwd = cu_matmul_bwd;
+    b->rope_fwd = cu_rope_fwd;
+    b->rope_bwd = cu_rope_bwd;
+    b->attention_fwd = cu_attention_fwd;
+    b->attention_bwd = cu_attention_bwd;
+    b->swiglu_fwd = cu_swiglu_fwd;
+    b->mlp_in_fwd = cu_mlp_in_fwd;
+    b->swiglu_bwd = cu_swiglu_bwd;
+    b->qkv_rope_fwd = cu_qkv_rope_fwd;
+    b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd;
+    b->add = cu_add;
+    b->acc_f32 = cu_acc_f32;
+    b->logprob_fwd = cu_logprob_fwd;
+    b->logprob_bwd = cu_logprob_bwd;
+    b->lm_head_rows = cu_lm_head_rows;
+    b->sample = cu_sample;
+    b->host_alloc = cu_host_alloc;
+    b->host_free = cu_host_free;
+    b->to_dev_async = cu_to_dev_async;
+    b->graph_begin = cu_graph_begin;
+    b->graph_end = cu_graph_end;
+    b->graph_launch = cu_graph_launch;
     b->graph_free = cu_graph_free;
-    b->adamw = cu_adamw; b->sumsq = cu_sumsq; b->scale = cu_scale;
+    b->adamw = cu_adamw;
+    b->sumsq = cu_sumsq;
+    b->scale = cu_scale;
     *out = b;
     return 0;
 }

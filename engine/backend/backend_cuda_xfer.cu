@@ -10,7 +10,7 @@ extern "C" {
 #include "kernels/common.cuh"
 
 typedef struct {
-    cudaStream_t lane[BE_LANES];       /* [0] is the op stream (not owned) */
+    cudaStream_t lane[BE_LANES]; /* [0] is the op stream (not owned) */
     cudaEvent_t ev[BE_EVENTS];
 } cu_xfer;
 
@@ -32,7 +32,10 @@ __global__ void snap_copy_k(int4 *dst, const int4 *src, size_t n16, char *dst_ta
 
 static int is_host(const void *p) {
     cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) { cudaGetLastError(); return 1; }
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
     return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
 }
 
@@ -41,9 +44,8 @@ static int xf_copy(eng_backend *b, int lane, void *dst, const void *src, size_t 
     if (c->failed || !n || !lane_ok(lane)) {
     } else if (lane == BE_LANE_SNAP && !is_host(src) && is_host(dst) && !((uintptr_t)dst % 16) && !((uintptr_t)src % 16)) {
         size_t n16 = n / 16;
-        snap_copy_k<<<SNAP_BLOCKS, SNAP_THREADS, 0, XF(b)->lane[lane]>>>((int4 *)dst, (const int4 *)src, n16,
-                                                                      (char *)dst + n16 * 16, (const char *)src + n16 * 16,
-                                                                      (int)(n - n16 * 16));
+        snap_copy_k<<<SNAP_BLOCKS, SNAP_THREADS, 0, XF(b)->lane[lane]>>>(
+            (int4 *)dst, (const int4 *)src, n16, (char *)dst + n16 * 16, (const char *)src + n16 * 16, (int)(n - n16 * 16));
         CU_CK(c, cudaGetLastError());
     } else {
         CU_CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, XF(b)->lane[lane]));
@@ -81,7 +83,10 @@ int cu_xfer_init(eng_backend *b) {
     for (int i = 1; i < BE_LANES; i++) CU_CK(c, cudaStreamCreateWithFlags(&x->lane[i], cudaStreamNonBlocking));
     for (int i = 0; i < BE_EVENTS; i++) CU_CK(c, cudaEventCreateWithFlags(&x->ev[i], cudaEventDisableTiming));
     if (c->failed) return err_set(GE_CUDA, "cuda backend: %s", c->msg);
-    b->copy_async = xf_copy; b->mark = xf_mark; b->wait = xf_wait; b->mem_info = xf_mem_info;
+    b->copy_async = xf_copy;
+    b->mark = xf_mark;
+    b->wait = xf_wait;
+    b->mem_info = xf_mem_info;
     return 0;
 }
 
@@ -89,7 +94,10 @@ void cu_xfer_free(eng_backend *b) {
     cu_xfer *x = XF(b);
     if (!x) return;
     for (int i = 1; i < BE_LANES; i++)
-        if (x->lane[i]) { cudaStreamSynchronize(x->lane[i]); cudaStreamDestroy(x->lane[i]); }
+        if (x->lane[i]) {
+            cudaStreamSynchronize(x->lane[i]);
+            cudaStreamDestroy(x->lane[i]);
+        }
     for (int i = 0; i < BE_EVENTS; i++)
         if (x->ev[i]) cudaEventDestroy(x->ev[i]);
     free(x);

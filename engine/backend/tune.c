@@ -23,11 +23,11 @@ int tune_from_env(tune_opts *t) {
     *t = tune_defaults();
     int attn = (int)t->attn;
     const tune_knob knobs[] = {
-        { "GRAPHS", &t->graphs, { "0", "1" }, { 0, 1 } },
-        { "PDL", &t->pdl, { "0", "1" }, { 0, 1 } },
-        { "ATTN_DECODE", &t->attn_decode, { "0", "1" }, { 0, 1 } },
-        { "ATTN", &attn, { "auto", "simt" }, { TUNE_ATTN_AUTO, TUNE_ATTN_SIMT } },
-        { "SKINNY", &t->skinny, { "auto", "0", "1" }, { TUNE_SKINNY_AUTO, TUNE_SKINNY_OFF, TUNE_SKINNY_FORCE } },
+        {"GRAPHS", &t->graphs, {"0", "1"}, {0, 1}},
+        {"PDL", &t->pdl, {"0", "1"}, {0, 1}},
+        {"ATTN_DECODE", &t->attn_decode, {"0", "1"}, {0, 1}},
+        {"ATTN", &attn, {"auto", "simt"}, {TUNE_ATTN_AUTO, TUNE_ATTN_SIMT}},
+        {"SKINNY", &t->skinny, {"auto", "0", "1"}, {TUNE_SKINNY_AUTO, TUNE_SKINNY_OFF, TUNE_SKINNY_FORCE}},
     };
     const size_t nk = sizeof knobs / sizeof knobs[0], np = strlen(TUNE_PREFIX);
     for (char **e = environ; e && *e; e++) {

@@ -9,7 +9,8 @@ int comm_rank(const comm *c) { return c->rank; }
 int comm_size(const comm *c) { return c->size; }
 
 static int check_type(comm_type t, int sum) {
-    if ((unsigned)t > COMM_U8 || (sum && t == COMM_U8)) return err_set(GE_INVALID, "comm: type %d has no %s", (int)t, sum ? "sum" : "size");
+    if ((unsigned)t > COMM_U8 || (sum && t == COMM_U8))
+        return err_set(GE_INVALID, "comm: type %d has no %s", (int)t, sum ? "sum" : "size");
     return 0;
 }
 
@@ -42,9 +43,7 @@ void comm_free(comm *c) {
 }
 
 #ifndef GRPOD_NCCL
-int comm_nccl_unique_id(unsigned char id[128]) {
-    return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");
-}
+int comm_nccl_unique_id(unsigned char id[128]) { return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL"); }
 int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out) {
     *out = NULL;
     return err_set(GE_UNSUPPORTED, "comm: this grpod was built without NCCL");

@@ -65,8 +65,7 @@ int comm_cpu_group(int W, comm **out);
  * collective, and rank 0 then aborts the group. Blocking sockets, 4 MiB chunks; rank 0 holds W
  * chunk buffers, not the ranks' buffers. Each group's ranks must share a byte order. */
 int comm_tcp_listen(const char *host, int port, int *fd, int *port_out);
-int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s,
-                  comm **out);
+int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s, comm **out);
 
 /* NCCL (CUDA builds; GE_UNSUPPORTED in a CPU-only build). The unique id is made once (rank 0,
  * or the leader) and handed to every rank out of band; comm_nccl_open blocks until all W ranks

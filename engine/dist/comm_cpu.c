@@ -26,13 +26,16 @@ typedef struct {
     pthread_cond_t cv;
     int W, arrived, aborted, refs;
     unsigned gen;
-    const void **in;            /* (W) posted input pointers */
-    void **out;                 /* (W) posted output pointers */
+    const void **in; /* (W) posted input pointers */
+    void **out; /* (W) posted output pointers */
 } cgroup;
 
 static int bar(cgroup *g) {
     pthread_mutex_lock(&g->mu);
-    if (g->aborted) { pthread_mutex_unlock(&g->mu); return err_set(GE_COMM, "comm: the group was aborted"); }
+    if (g->aborted) {
+        pthread_mutex_unlock(&g->mu);
+        return err_set(GE_COMM, "comm: the group was aborted");
+    }
     unsigned gen = g->gen;
     if (++g->arrived == g->W) {
         g->arrived = 0;
@@ -41,7 +44,7 @@ static int bar(cgroup *g) {
     } else {
         while (g->gen == gen && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
     }
-    int ab = g->gen == gen && g->aborted;   /* released by the abort, not by the last arrival */
+    int ab = g->gen == gen && g->aborted; /* released by the abort, not by the last arrival */
     pthread_mutex_unlock(&g->mu);
     return ab ? err_set(GE_COMM, "comm: the group was aborted") : 0;
 }
@@ -93,7 +96,7 @@ static int cpu_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
 static int cpu_reduce_scatter(comm *c, const void *in, void *out, size_t n, comm_type t) {
     cgroup *g = c->impl;
     int rc = post(c, in, out);
-    if (!rc) comm_sum_ranks(out, g->in, g->W, (size_t)c->rank * n, n, t);   /* aliasing: element i read then written */
+    if (!rc) comm_sum_ranks(out, g->in, g->W, (size_t)c->rank * n, n, t); /* aliasing: element i read then written */
     return rc ? rc : bar(g);
 }
 
@@ -132,7 +135,9 @@ static void group_unref(cgroup *g) {
     if (!last) return;
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
-    free(g->in); free(g->out); free(g);
+    free(g->in);
+    free(g->out);
+    free(g);
 }
 
 static void cpu_free(comm *c) {
@@ -140,8 +145,8 @@ static void cpu_free(comm *c) {
     free(c);
 }
 
-static const comm_ops cpu_ops = { cpu_all_reduce, cpu_reduce_scatter, cpu_all_gather, cpu_broadcast,
-                                  cpu_barrier, cpu_abort, cpu_free };
+static const comm_ops cpu_ops = {cpu_all_reduce, cpu_reduce_scatter, cpu_all_gather, cpu_broadcast,
+                                 cpu_barrier,    cpu_abort,          cpu_free};
 
 int comm_cpu_group(int W, comm **out) {
     if (W < 1) return err_set(GE_INVALID, "comm: %d ranks", W);
@@ -150,17 +155,28 @@ int comm_cpu_group(int W, comm **out) {
     g->W = W;
     g->in = calloc((size_t)W, sizeof *g->in);
     g->out = calloc((size_t)W, sizeof *g->out);
-    if (!g->in || !g->out) { free(g->in); free(g->out); free(g); return err_set(GE_NOMEM, "comm: out of memory"); }
+    if (!g->in || !g->out) {
+        free(g->in);
+        free(g->out);
+        free(g);
+        return err_set(GE_NOMEM, "comm: out of memory");
+    }
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
     for (int r = 0; r < W; r++) {
         comm *c = calloc(1, sizeof *c);
         if (!c) {
             for (int q = 0; q < r; q++) comm_free(out[q]);
-            if (!r) { pthread_cond_destroy(&g->cv); pthread_mutex_destroy(&g->mu); free(g->in); free(g->out); free(g); }
+            if (!r) {
+                pthread_cond_destroy(&g->cv);
+                pthread_mutex_destroy(&g->mu);
+                free(g->in);
+                free(g->out);
+                free(g);
+            }
             return err_set(GE_NOMEM, "comm: out of memory");
         }
-        *c = (comm){ .ops = &cpu_ops, .rank = r, .size = W, .impl = g };
+        *c = (comm){.ops = &cpu_ops, .rank = r, .size = W, .impl = g};
         g->refs++;
         out[r] = c;
     }

@@ -31,8 +31,8 @@ extern "C" {
 typedef struct {
     ncclComm_t nc;
     cudaStream_t stream;
-    int aborted;                /* set by nccl_abort (read with __atomic) */
-    const int *cancel;          /* during comm_nccl_open only: the caller's cancel flag */
+    int aborted; /* set by nccl_abort (read with __atomic) */
+    const int *cancel; /* during comm_nccl_open only: the caller's cancel flag */
 } nccl_impl;
 
 #define IMPL(c) ((nccl_impl *)(c)->impl)
@@ -40,14 +40,14 @@ typedef struct {
 static int aborted(nccl_impl *x) { return __atomic_load_n(&x->aborted, __ATOMIC_ACQUIRE); }
 
 static void nap(void) {
-    struct timespec ts = { 0, 20000 };   /* 20 us: polling must not hold a core */
+    struct timespec ts = {0, 20000}; /* 20 us: polling must not hold a core */
     nanosleep(&ts, NULL);
 }
 
 /* Waits until the communicator's last call settled; 0 or GE_COMM. */
 static int settle(nccl_impl *x, ncclResult_t r, const char *what) {
     while (r == ncclInProgress && !aborted(x)) {
-        if (x->cancel && __atomic_load_n(x->cancel, __ATOMIC_ACQUIRE)) {   /* another rank will not come */
+        if (x->cancel && __atomic_load_n(x->cancel, __ATOMIC_ACQUIRE)) { /* another rank will not come */
             __atomic_store_n(&x->aborted, 1, __ATOMIC_RELEASE);
             ncclCommAbort(x->nc);
             x->nc = NULL;
@@ -80,9 +80,7 @@ static int finish(nccl_impl *x, ncclResult_t r, const char *what) {
     return rc;
 }
 
-static ncclDataType_t sum_type(comm_type t) {
-    return t == COMM_F32 ? ncclFloat32 : t == COMM_BF16 ? ncclBfloat16 : ncclInt32;
-}
+static ncclDataType_t sum_type(comm_type t) { return t == COMM_F32 ? ncclFloat32 : t == COMM_BF16 ? ncclBfloat16 : ncclInt32; }
 
 static int nc_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
     nccl_impl *x = IMPL(c);
@@ -126,7 +124,7 @@ static int nc_barrier(comm *c) {
 static void nc_abort(comm *c) {
     nccl_impl *x = IMPL(c);
     if (__atomic_exchange_n(&x->aborted, 1, __ATOMIC_ACQ_REL)) return;
-    ncclCommAbort(x->nc);   /* ends queued collectives; the handle is gone after this */
+    ncclCommAbort(x->nc); /* ends queued collectives; the handle is gone after this */
 }
 
 static void nc_free(comm *c) {
@@ -140,8 +138,7 @@ static void nc_free(comm *c) {
     free(c);
 }
 
-static const comm_ops nccl_ops = { nc_all_reduce, nc_reduce_scatter, nc_all_gather, nc_broadcast,
-                                   nc_barrier, nc_abort, nc_free };
+static const comm_ops nccl_ops = {nc_all_reduce, nc_reduce_scatter, nc_all_gather, nc_broadcast, nc_barrier, nc_abort, nc_free};
 
 extern "C" int comm_nccl_unique_id(unsigned char id[128]) {
     static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes");
@@ -152,21 +149,25 @@ extern "C" int comm_nccl_unique_id(unsigned char id[128]) {
     return 0;
 }
 
-extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel,
-                              comm **out) {
+extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, struct eng_backend *be, const int *cancel, comm **out) {
     *out = NULL;
     if (!be || strcmp(be->name, "cuda")) return err_set(GE_INVALID, "nccl: needs the cuda backend");
     if (W < 1 || rank < 0 || rank >= W) return err_set(GE_INVALID, "nccl: rank %d of %d", rank, W);
     comm *c = (comm *)calloc(1, sizeof *c);
     nccl_impl *x = (nccl_impl *)calloc(1, sizeof *x);
-    if (!c || !x) { free(c); free(x); return err_set(GE_NOMEM, "nccl: out of memory"); }
+    if (!c || !x) {
+        free(c);
+        free(x);
+        return err_set(GE_NOMEM, "nccl: out of memory");
+    }
     x->stream = ((cu_ctx *)be->impl)->stream;
     x->cancel = cancel;
     /* NCCL takes the calling thread's current device: make it the backend's (a backend made on
      * another thread leaves this one on device 0, and two ranks on one device fail the set-up) */
     int dev = -1;
     if (cudaStreamGetDevice(x->stream, &dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
-        free(x); free(c);
+        free(x);
+        free(c);
         return err_set(GE_COMM, "nccl: the backend's device: %s", cudaGetErrorString(cudaGetLastError()));
     }
     ncclUniqueId u;
@@ -178,11 +179,12 @@ extern "C" int comm_nccl_open(const unsigned char id[128], int rank, int W, stru
                                                      : err_set(GE_COMM, "nccl: ncclCommInitRankConfig: %s", ncclGetErrorString(r));
     if (rc) {
         if (x->nc && !aborted(x)) ncclCommAbort(x->nc);
-        free(x); free(c);
+        free(x);
+        free(c);
         return rc;
     }
-    x->cancel = NULL;   /* set-up only: a running collective ends by comm_abort */
-    *c = (comm){ &nccl_ops, rank, W, x };
+    x->cancel = NULL; /* set-up only: a running collective ends by comm_abort */
+    *c = (comm){&nccl_ops, rank, W, x};
     *out = c;
     return 0;
 }

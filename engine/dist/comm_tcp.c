@@ -26,7 +26,7 @@
  * shutdown(SHUT_RDWR) of every socket, which wakes a blocked send/recv/poll in another thread;
  * the sockets are closed only by comm_free.
  * Threading: each rank's comm from one thread at a time; comm_abort from any thread. */
-#define _GNU_SOURCE     /* POLLRDHUP, accept4 */
+#define _GNU_SOURCE /* POLLRDHUP, accept4 */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -46,19 +46,19 @@
 #include "engine/dist/comm_internal.h"
 
 #ifndef POLLRDHUP
-#define POLLRDHUP 0     /* not Linux: a rank that leaves is seen by POLLHUP or at its next read */
+#define POLLRDHUP 0 /* not Linux: a rank that leaves is seen by POLLHUP or at its next read */
 #endif
 
-#define TCP_MAGIC 0x43505247u           /* "GRPC" */
+#define TCP_MAGIC 0x43505247u /* "GRPC" */
 #define TCP_VERSION 1
-#define TCP_CHUNK ((size_t)4 << 20)     /* bytes a rank sends before it reads its result */
+#define TCP_CHUNK ((size_t)4 << 20) /* bytes a rank sends before it reads its result */
 #define TCP_HDR 32
-#define TCP_MSG_MAX 512                 /* longest error text in a REPLY */
+#define TCP_MSG_MAX 512 /* longest error text in a REPLY */
 
 enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER, OP_HELLO, OP_WELCOME, OP_REPLY };
-static const char *op_names[] = { "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier",
-                                  "hello", "welcome", "reply" };
-static const char *type_names[] = { "f32", "bf16", "i32", "u8" };
+static const char *op_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                 "barrier",    "hello",          "welcome",    "reply"};
+static const char *type_names[] = {"f32", "bf16", "i32", "u8"};
 
 typedef struct {
     uint32_t magic, op, type;
@@ -68,29 +68,45 @@ typedef struct {
 
 typedef struct {
     int W, rank;
-    int *fd;                /* (W) the socket to rank q: rank 0 has fd[1..W-1], rank r > 0 only fd[0]; -1 else */
-    int aborted;            /* atomic: set by tcp_abort from any thread */
-    uint64_t seq;           /* collectives started on this rank */
-    hdr *got;               /* (W) rank 0: the headers of the current collective */
-    unsigned char *have;    /* (W) rank 0: got[q] arrived */
-    struct pollfd *pfd;     /* (W) rank 0: the header round's poll set */
-    const void **in;        /* (W) rank 0: the chunk of each rank to sum */
-    char *chunks;           /* rank 0: (W) chunk buffers, TCP_CHUNK bytes each: 1..W-1 receive, 0 the result */
+    int *fd; /* (W) the socket to rank q: rank 0 has fd[1..W-1], rank r > 0 only fd[0]; -1 else */
+    int aborted; /* atomic: set by tcp_abort from any thread */
+    uint64_t seq; /* collectives started on this rank */
+    hdr *got; /* (W) rank 0: the headers of the current collective */
+    unsigned char *have; /* (W) rank 0: got[q] arrived */
+    struct pollfd *pfd; /* (W) rank 0: the header round's poll set */
+    const void **in; /* (W) rank 0: the chunk of each rank to sum */
+    char *chunks; /* rank 0: (W) chunk buffers, TCP_CHUNK bytes each: 1..W-1 receive, 0 the result */
 } tgroup;
 
 /* ---------------------------------------------------------------- header encoding */
 
-static void put32(unsigned char *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static void put64(unsigned char *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i)); }
-static uint32_t get32(const unsigned char *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
-static uint64_t get64(const unsigned char *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
 
 static void hdr_encode(const hdr *h, unsigned char b[TCP_HDR]) {
-    put32(b, h->magic); put32(b + 4, h->op); put32(b + 8, h->type); put32(b + 12, (uint32_t)h->root);
-    put64(b + 16, h->seq); put64(b + 24, h->n);
+    put32(b, h->magic);
+    put32(b + 4, h->op);
+    put32(b + 8, h->type);
+    put32(b + 12, (uint32_t)h->root);
+    put64(b + 16, h->seq);
+    put64(b + 24, h->n);
 }
 static hdr hdr_decode(const unsigned char b[TCP_HDR]) {
-    return (hdr){ get32(b), get32(b + 4), get32(b + 8), (int32_t)get32(b + 12), get64(b + 16), get64(b + 24) };
+    return (hdr){get32(b), get32(b + 4), get32(b + 8), (int32_t)get32(b + 12), get64(b + 16), get64(b + 24)};
 }
 
 /* "broadcast n=7 f32 root 1 (call 3)": what a rank said it calls, for the disagreement message. */
@@ -175,7 +191,7 @@ static int wait_fd(int fd, short ev, const int *cancel, double deadline, const c
         if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) return err_set(GE_COMM, "comm: cancelled while %s", what);
         double left = deadline - clock_mono_s();
         if (left <= 0) return err_set(GE_COMM, "comm: timed out while %s", what);
-        struct pollfd p = { fd, ev, 0 };
+        struct pollfd p = {fd, ev, 0};
         int k = poll(&p, 1, left < 0.05 ? (int)(left * 1000) + 1 : 50);
         if (k > 0) return 0;
         if (k < 0 && errno != EINTR) return err_set(GE_COMM, "comm: poll while %s: %s", what, strerror(errno));
@@ -201,7 +217,7 @@ static int setup_recv_hdr(int fd, hdr *h, const int *cancel, double deadline, co
 static int setup_send_hdr(int fd, const hdr *h) {
     unsigned char b[TCP_HDR];
     hdr_encode(h, b);
-    for (size_t sent = 0; sent < TCP_HDR;) {   /* 32 bytes into an empty socket: does not block for long */
+    for (size_t sent = 0; sent < TCP_HDR;) { /* 32 bytes into an empty socket: does not block for long */
         ssize_t k = send(fd, b + sent, TCP_HDR - sent, MSG_NOSIGNAL);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return err_set(GE_COMM, "comm: set-up: %s", strerror(errno));
@@ -213,7 +229,7 @@ static int setup_send_hdr(int fd, const hdr *h) {
 static int resolve(const char *host, int port, int passive, struct addrinfo **ai) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0 };
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
     int e = getaddrinfo(host && *host ? host : NULL, ps, &hints, ai);
     return e ? err_set(GE_COMM, "comm: %s:%d: %s", host ? host : "*", port, gai_strerror(e)) : 0;
 }
@@ -226,17 +242,30 @@ int comm_tcp_listen(const char *host, int port, int *fd, int *port_out) {
     if (rc) return rc;
     for (struct addrinfo *a = ai; a && s < 0; a = a->ai_next) {
         s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (s < 0) { e = errno; continue; }
+        if (s < 0) {
+            e = errno;
+            continue;
+        }
         int one = 1;
         setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(s, a->ai_addr, a->ai_addrlen) || listen(s, SOMAXCONN)) { e = errno; close(s); s = -1; }
+        if (bind(s, a->ai_addr, a->ai_addrlen) || listen(s, SOMAXCONN)) {
+            e = errno;
+            close(s);
+            s = -1;
+        }
     }
     freeaddrinfo(ai);
     if (s < 0) return err_set(GE_IO, "comm: listen on %s:%d: %s", host ? host : "*", port, strerror(e));
     struct sockaddr_storage sa;
     socklen_t len = sizeof sa;
-    if (getsockname(s, (struct sockaddr *)&sa, &len)) { e = errno; close(s); return err_set(GE_IO, "comm: getsockname: %s", strerror(e)); }
-    if (port_out) *port_out = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    if (getsockname(s, (struct sockaddr *)&sa, &len)) {
+        e = errno;
+        close(s);
+        return err_set(GE_IO, "comm: getsockname: %s", strerror(e));
+    }
+    if (port_out)
+        *port_out = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                                   : ((struct sockaddr_in *)&sa)->sin_port);
     *fd = s;
     return 0;
 }
@@ -257,7 +286,7 @@ static int setup_accept(tgroup *g, int listen_fd, const int *cancel, double dead
             return err_set(GE_COMM, "comm: accept: %s", strerror(errno));
         }
         no_delay(s);
-        hdr h = { 0 };
+        hdr h = {0};
         rc = setup_recv_hdr(s, &h, cancel, deadline, "reading a rank's hello");
         int r = h.root;
         if (!rc && (h.magic != TCP_MAGIC || h.op != OP_HELLO || h.type != TCP_VERSION))
@@ -265,15 +294,16 @@ static int setup_accept(tgroup *g, int listen_fd, const int *cancel, double dead
                          TCP_VERSION, (unsigned)h.magic, (unsigned)h.op, (unsigned)h.type);
         else if (!rc && h.n != (uint64_t)g->W)
             rc = err_set(GE_COMM, "comm: rank %d says the group has %llu ranks, rank 0 %d", r, (unsigned long long)h.n, g->W);
-        else if (!rc && (r < 1 || r >= g->W))
-            rc = err_set(GE_COMM, "comm: a hello from rank %d of a group of %d", r, g->W);
-        else if (!rc && g->fd[r] >= 0)
-            rc = err_set(GE_COMM, "comm: rank %d connected twice", r);
-        if (rc) { close(s); return rc; }
+        else if (!rc && (r < 1 || r >= g->W)) rc = err_set(GE_COMM, "comm: a hello from rank %d of a group of %d", r, g->W);
+        else if (!rc && g->fd[r] >= 0) rc = err_set(GE_COMM, "comm: rank %d connected twice", r);
+        if (rc) {
+            close(s);
+            return rc;
+        }
         g->fd[r] = s;
         joined++;
     }
-    hdr w = { TCP_MAGIC, OP_WELCOME, TCP_VERSION, 0, 0, (uint64_t)g->W };
+    hdr w = {TCP_MAGIC, OP_WELCOME, TCP_VERSION, 0, 0, (uint64_t)g->W};
     for (int q = 1; q < g->W; q++) {
         int rc = setup_send_hdr(g->fd[q], &w);
         if (rc) return err_set(rc, "comm: welcoming rank %d: %s", q, err_msg());
@@ -291,18 +321,28 @@ static int setup_connect(const char *host, int port, const int *cancel, double d
     for (;;) {
         for (struct addrinfo *a = ai; a; a = a->ai_next) {
             int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-            if (s < 0) { e = errno; continue; }
+            if (s < 0) {
+                e = errno;
+                continue;
+            }
             int k = connect(s, a->ai_addr, a->ai_addrlen);
             if (k && errno == EINPROGRESS) {
                 rc = wait_fd(s, POLLOUT, cancel, deadline, what);
-                if (rc) { close(s); freeaddrinfo(ai); return rc; }
+                if (rc) {
+                    close(s);
+                    freeaddrinfo(ai);
+                    return rc;
+                }
                 socklen_t len = sizeof e;
                 if (getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &len)) e = errno;
                 k = e ? -1 : 0;
             } else if (k) {
                 e = errno;
             }
-            if (k) { close(s); continue; }
+            if (k) {
+                close(s);
+                continue;
+            }
             int flags = fcntl(s, F_GETFL);
             fcntl(s, F_SETFL, flags & ~O_NONBLOCK);
             no_delay(s);
@@ -311,8 +351,12 @@ static int setup_connect(const char *host, int port, const int *cancel, double d
             return 0;
         }
         if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE)) rc = err_set(GE_COMM, "comm: cancelled while %s", what);
-        else if (clock_mono_s() + 0.05 > deadline) rc = err_set(GE_COMM, "comm: timed out while %s (last: %s)", what, strerror(e));
-        if (rc) { freeaddrinfo(ai); return rc; }
+        else if (clock_mono_s() + 0.05 > deadline)
+            rc = err_set(GE_COMM, "comm: timed out while %s (last: %s)", what, strerror(e));
+        if (rc) {
+            freeaddrinfo(ai);
+            return rc;
+        }
         poll(NULL, 0, 50);
     }
 }
@@ -344,12 +388,12 @@ static int gather_headers(tgroup *g, const hdr *me) {
     memset(g->have, 0, (size_t)W);
     while (left && !rc) {
         for (int q = 1; q < W; q++)
-            g->pfd[q - 1] = (struct pollfd){ g->fd[q], (short)(g->have[q] ? POLLRDHUP : POLLIN | POLLRDHUP), 0 };
+            g->pfd[q - 1] = (struct pollfd){g->fd[q], (short)(g->have[q] ? POLLRDHUP : POLLIN | POLLRDHUP), 0};
         int k = poll(g->pfd, (nfds_t)(W - 1), -1);
         if (k < 0 && errno != EINTR) rc = err_set(GE_COMM, "comm: poll: %s", strerror(errno));
         for (int q = 1; q < W && k > 0 && !rc; q++) {
             if (!g->pfd[q - 1].revents) continue;
-            if (g->have[q]) return lost(g, q, 1, 0);   /* it sent its header, then left */
+            if (g->have[q]) return lost(g, q, 1, 0); /* it sent its header, then left */
             rc = recv_hdr(g, q, &g->got[q]);
             g->have[q] = !rc;
             left -= !rc;
@@ -373,10 +417,10 @@ static int gather_headers(tgroup *g, const hdr *me) {
  * effort: the abort follows). 0 or GE_COMM. */
 static int start(tgroup *g, int op, comm_type t, size_t n, int root) {
     if (is_aborted(g)) return err_set(GE_COMM, "comm: the group was aborted");
-    hdr me = { TCP_MAGIC, (uint32_t)op, (uint32_t)t, root, ++g->seq, n };
+    hdr me = {TCP_MAGIC, (uint32_t)op, (uint32_t)t, root, ++g->seq, n};
     if (g->rank) return ask_root(g, &me);
     int rc = gather_headers(g, &me);
-    hdr a = { TCP_MAGIC, OP_REPLY, rc != 0, 0, me.seq, 0 };
+    hdr a = {TCP_MAGIC, OP_REPLY, rc != 0, 0, me.seq, 0};
     char msg[TCP_MSG_MAX];
     if (rc) {
         snprintf(msg, sizeof msg, "%s", err_msg());
@@ -430,7 +474,7 @@ static int tcp_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
         }
         rc = gather_chunk(g, p, m * eb);
         if (rc) break;
-        comm_sum_ranks(p, g->in, g->W, 0, m, t);   /* into rank 0's own chunk: element for element */
+        comm_sum_ranks(p, g->in, g->W, 0, m, t); /* into rank 0's own chunk: element for element */
         for (int q = 1; q < g->W && !rc; q++) rc = send_all(g, q, p, m * eb);
     }
     return finish(g, rc);
@@ -440,20 +484,20 @@ static int tcp_reduce_scatter(comm *c, const void *in, void *out, size_t n, comm
     tgroup *g = c->impl;
     int rc = start(g, OP_REDUCE_SCATTER, t, n, 0);
     size_t eb = comm_type_bytes(t), ce = chunk_elems(t);
-    for (int d = 0; d < g->W && !rc; d++)           /* rank d's shard, chunk by chunk */
+    for (int d = 0; d < g->W && !rc; d++) /* rank d's shard, chunk by chunk */
         for (size_t off = 0; off < n && !rc; off += ce) {
             size_t m = n - off < ce ? n - off : ce;
             const char *p = (const char *)in + ((size_t)d * n + off) * eb;
             char *o = (char *)out + off * eb;
             if (g->rank) {
-                rc = send_all(g, 0, p, m * eb);     /* out may be in + rank * n: read before written */
+                rc = send_all(g, 0, p, m * eb); /* out may be in + rank * n: read before written */
                 if (!rc && d == g->rank) rc = recv_all(g, 0, o, m * eb);
                 continue;
             }
             rc = gather_chunk(g, p, m * eb);
             if (rc) break;
             if (d == 0) {
-                comm_sum_ranks(o, g->in, g->W, 0, m, t);   /* o may be p: element for element */
+                comm_sum_ranks(o, g->in, g->W, 0, m, t); /* o may be p: element for element */
             } else {
                 comm_sum_ranks(g->chunks, g->in, g->W, 0, m, t);
                 rc = send_all(g, d, g->chunks, m * eb);
@@ -472,7 +516,7 @@ static int tcp_all_gather(comm *c, const void *in, void *out, size_t n, comm_typ
         const char *p = (const char *)in + off * eb;
         char *own = o + ((size_t)r * n + off) * eb;
         if (r) rc = send_all(g, 0, p, bytes);
-        if (!rc && own != p) memcpy(own, p, bytes);   /* in may be out + rank * n */
+        if (!rc && own != p) memcpy(own, p, bytes); /* in may be out + rank * n */
         if (r) {
             for (int s = 0; s < W && !rc; s++)
                 if (s != r) rc = recv_all(g, 0, o + ((size_t)s * n + off) * eb, bytes);
@@ -515,7 +559,12 @@ static void group_free(tgroup *g) {
     if (!g) return;
     for (int q = 0; g->fd && q < g->W; q++)
         if (g->fd[q] >= 0) close(g->fd[q]);
-    free(g->fd); free(g->got); free(g->have); free(g->pfd); free(g->in); free(g->chunks);
+    free(g->fd);
+    free(g->got);
+    free(g->have);
+    free(g->pfd);
+    free(g->in);
+    free(g->chunks);
     free(g);
 }
 
@@ -524,18 +573,19 @@ static void tcp_free(comm *c) {
     free(c);
 }
 
-static const comm_ops tcp_ops = { tcp_all_reduce, tcp_reduce_scatter, tcp_all_gather, tcp_broadcast,
-                                  tcp_barrier, tcp_abort, tcp_free };
+static const comm_ops tcp_ops = {tcp_all_reduce, tcp_reduce_scatter, tcp_all_gather, tcp_broadcast,
+                                 tcp_barrier,    tcp_abort,          tcp_free};
 
-int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s,
-                  comm **out) {
+int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s, comm **out) {
     *out = NULL;
     tgroup *g = NULL;
     comm *c = NULL;
     int rc = 0;
     if (W < 1 || rank < 0 || rank >= W) rc = err_set(GE_INVALID, "comm: rank %d of %d", rank, W);
-    else if (rank == 0 && W > 1 && listen_fd < 0) rc = err_set(GE_INVALID, "comm: rank 0 of %d ranks needs a listening socket", W);
-    else if (rank > 0 && (!host || port <= 0 || port > 65535)) rc = err_set(GE_INVALID, "comm: rank %d needs rank 0's host and port", rank);
+    else if (rank == 0 && W > 1 && listen_fd < 0)
+        rc = err_set(GE_INVALID, "comm: rank 0 of %d ranks needs a listening socket", W);
+    else if (rank > 0 && (!host || port <= 0 || port > 65535))
+        rc = err_set(GE_INVALID, "comm: rank %d needs rank 0's host and port", rank);
     if (rc) goto fail;
     double deadline = timeout_s > 0 ? clock_mono_s() + timeout_s : 1e300;
     g = calloc(1, sizeof *g);
@@ -554,7 +604,7 @@ int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, co
         if (W > 1 && (rc = setup_accept(g, listen_fd, cancel, deadline))) goto fail;
         if (listen_fd >= 0) close(listen_fd);
     } else {
-        hdr hello = { TCP_MAGIC, OP_HELLO, TCP_VERSION, rank, 0, (uint64_t)W }, w;
+        hdr hello = {TCP_MAGIC, OP_HELLO, TCP_VERSION, rank, 0, (uint64_t)W}, w;
         if ((rc = setup_connect(host, port, cancel, deadline, &g->fd[0]))) goto fail;
         if ((rc = setup_send_hdr(g->fd[0], &hello))) goto fail;
         if ((rc = setup_recv_hdr(g->fd[0], &w, cancel, deadline, "waiting for every rank to join"))) goto fail;
@@ -563,7 +613,7 @@ int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, co
             goto fail;
         }
     }
-    *c = (comm){ .ops = &tcp_ops, .rank = rank, .size = W, .impl = g };
+    *c = (comm){.ops = &tcp_ops, .rank = rank, .size = W, .impl = g};
     *out = c;
     return 0;
 

@@ -16,7 +16,8 @@ static void add_eos(model_config *c, const js *v) {
     if (v->type == JS_NUM) {
         if (!(v->num >= 0 && v->num < CFG_MAX_VOCAB) || v->num != floor(v->num)) return;
         int id = (int)v->num;
-        for (int i = 0; i < c->n_eos; i++) if (c->eos_ids[i] == id) return;
+        for (int i = 0; i < c->n_eos; i++)
+            if (c->eos_ids[i] == id) return;
         if (c->n_eos < 8) c->eos_ids[c->n_eos++] = id;
     } else if (v->type == JS_ARR) {
         for (int i = 0; i < v->n; i++) add_eos(c, &v->items[i]);
@@ -25,8 +26,7 @@ static void add_eos(model_config *c, const js *v) {
 
 /* An integer setting in lo..hi: absent takes dflt (NAN: required). The range is checked on
  * the double before the conversion, which is undefined for numbers an int cannot hold. */
-static int get_int(const js *o, const char *key, const char *path, double dflt, long long lo, long long hi,
-                   int *out) {
+static int get_int(const js *o, const char *key, const char *path, double dflt, long long lo, long long hi, int *out) {
     const js *e = js_get(o, key);
     double v = e && e->type != JS_NULL ? js_num(e, NAN) : dflt;
     if (isnan(dflt) && !e) return err_set(GE_FORMAT, "%s: %s is missing", path, key);
@@ -51,7 +51,10 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     int rc = 0;
     memset(c, 0, sizeof *c);
     const char *mt = js_get_str(r, "model_type");
-    if (!mt) { rc = err_set(GE_FORMAT, "%s: no model_type", path); goto out; }
+    if (!mt) {
+        rc = err_set(GE_FORMAT, "%s: no model_type", path);
+        goto out;
+    }
     if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
@@ -80,14 +83,32 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     const char *dt = js_get_str(r, "torch_dtype");
     if (!dt) dt = js_get_str(r, "dtype");
     snprintf(c->dtype, sizeof c->dtype, "%s", dt ? dt : "float32");
-    if (c->H % c->K) { rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K); goto out; }
-    if (c->D % 2) { rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D); goto out; }
+    if (c->H % c->K) {
+        rc = err_set(GE_FORMAT, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", path, c->H, c->K);
+        goto out;
+    }
+    if (c->D % 2) {
+        rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D);
+        goto out;
+    }
     const char *act = js_get_str(r, "hidden_act");
-    if (act && strcmp(act, "silu")) { rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act); goto out; }
-    if (js_get_bool(r, "mlp_bias", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: mlp_bias is not supported", path); goto out; }
-    if (js_get_bool(r, "use_sliding_window", 0)) { rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path); goto out; }
+    if (act && strcmp(act, "silu")) {
+        rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act);
+        goto out;
+    }
+    if (js_get_bool(r, "mlp_bias", 0)) {
+        rc = err_set(GE_UNSUPPORTED, "%s: mlp_bias is not supported", path);
+        goto out;
+    }
+    if (js_get_bool(r, "use_sliding_window", 0)) {
+        rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path);
+        goto out;
+    }
     double prf = js_get_num(r, "partial_rotary_factor", 1.0);
-    if (prf != 1.0) { rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf); goto out; }
+    if (prf != 1.0) {
+        rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf);
+        goto out;
+    }
     /* RoPE: older checkpoints have top-level rope_theta + rope_scaling; transformers >= 5
      * writes one "rope_parameters" object holding rope_type, rope_theta and the scaling keys. */
     const js *rs = js_get(r, "rope_scaling");
@@ -160,13 +181,14 @@ int config_write(const char *dir, const model_config *c) {
     fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->H, c->K, c->D);
     fprintf(f, "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n", c->V, c->max_pos);
     fprintf(f, "  \"rms_norm_eps\": %g,\n  \"rope_theta\": %.9g,\n  \"hidden_act\": \"silu\",\n", c->eps, c->rope_theta);
-    fprintf(f, "  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n", c->qkv_bias ? "true" : "false", c->tied ? "true" : "false");
+    fprintf(f, "  \"attention_bias\": %s,\n  \"tie_word_embeddings\": %s,\n", c->qkv_bias ? "true" : "false",
+            c->tied ? "true" : "false");
     if (c->rope_factor > 0)
-        fprintf(f, "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %g, \"low_freq_factor\": %g, "
-                   "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
+        fprintf(f,
+                "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": %g, \"low_freq_factor\": %g, "
+                "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
                 c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
-    else
-        fprintf(f, "  \"rope_scaling\": null,\n");
+    else fprintf(f, "  \"rope_scaling\": null,\n");
     if (c->bos_id >= 0) fprintf(f, "  \"bos_token_id\": %d,\n", c->bos_id);
     fprintf(f, "  \"eos_token_id\": %d,\n", c->n_eos ? c->eos_ids[0] : 0);
     fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", c->dtype);
@@ -184,8 +206,8 @@ int config_write(const char *dir, const model_config *c) {
 /* transformers' _compute_default_rope_parameters and _compute_llama3_parameters, in fp32:
  * inv_freq = 1 / theta^(arange(0, D, 2) / D); llama3 divides low frequencies by factor and
  * blends the band between the two wavelength thresholds. */
-void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor,
-                   float high_freq_factor, int original_max_pos) {
+void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor, float high_freq_factor,
+                   int original_max_pos) {
     for (int i = 0; i < D / 2; i++) {
         float expo = (float)(2 * i) / (float)D;
         inv_freq[i] = 1.0f / powf(theta, expo);

@@ -7,31 +7,31 @@
 /* Bounds config_load enforces (each value outside them is refused naming the field): far above
  * any supported model, and low enough that every size computed from them fits its type. */
 #define CFG_MAX_LAYERS 1024
-#define CFG_MAX_DIM (1 << 16)       /* hidden_size */
+#define CFG_MAX_DIM (1 << 16) /* hidden_size */
 #define CFG_MAX_HEADS 1024
 #define CFG_MAX_HEAD_DIM 1024
-#define CFG_MAX_FF (1 << 18)        /* intermediate_size */
-#define CFG_MAX_VOCAB (1 << 24)     /* vocab_size; also the tokenizer's id bound */
-#define CFG_MAX_POS (1 << 24)       /* max_position_embeddings */
+#define CFG_MAX_FF (1 << 18) /* intermediate_size */
+#define CFG_MAX_VOCAB (1 << 24) /* vocab_size; also the tokenizer's id bound */
+#define CFG_MAX_POS (1 << 24) /* max_position_embeddings */
 
 typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA } model_arch;
 
 typedef struct {
     model_arch arch;
-    char arch_name[16];         /* "qwen2" | "qwen3" | "llama" (config.json's model_type) */
-    int L;                      /* layers */
-    int C, H, K, D, F, V;       /* model dim, heads, kv heads, head dim, MLP dim, vocab */
+    char arch_name[16]; /* "qwen2" | "qwen3" | "llama" (config.json's model_type) */
+    int L; /* layers */
+    int C, H, K, D, F, V; /* model dim, heads, kv heads, head dim, MLP dim, vocab */
     int max_pos;
     float eps, rope_theta;
-    int tied;                   /* lm_head shares the embedding */
-    int qkv_bias, o_bias;       /* biases on q/k/v projections, on o_proj */
-    int qk_norm;                /* Qwen3 per-head RMSNorm of q and k */
-    float rope_factor;          /* llama3 scaling; 0 = none */
+    int tied; /* lm_head shares the embedding */
+    int qkv_bias, o_bias; /* biases on q/k/v projections, on o_proj */
+    int qk_norm; /* Qwen3 per-head RMSNorm of q and k */
+    float rope_factor; /* llama3 scaling; 0 = none */
     float rope_low, rope_high;
     int rope_orig_max;
-    int bos_id;                 /* -1 if none */
-    int eos_ids[8], n_eos;      /* config.json and generation_config.json, merged */
-    char dtype[16];             /* torch_dtype as written */
+    int bos_id; /* -1 if none */
+    int eos_ids[8], n_eos; /* config.json and generation_config.json, merged */
+    char dtype[16]; /* torch_dtype as written */
 } model_config;
 
 int config_load(const char *dir, model_config *c);
@@ -45,6 +45,6 @@ int config_write(const char *dir, const model_config *c);
 /* inv_freq (D/2) for a model: theta^(-2i/D), then Llama 3 scaling when factor > 0
  * (low_freq_factor, high_freq_factor, original max positions), as transformers computes it.
  * The rope kernels (kernels/rope.h) take the table. */
-void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor,
-                   float high_freq_factor, int original_max_pos);
+void rope_inv_freq(float *inv_freq, int D, float theta, float factor, float low_freq_factor, float high_freq_factor,
+                   int original_max_pos);
 #endif

@@ -13,9 +13,16 @@
 
 /* ---------------------------------------------------------------- arena */
 
-typedef struct chunk { struct chunk *next; size_t used, cap; char data[]; } chunk;
+typedef struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    char data[];
+} chunk;
 
-struct js_doc { chunk *head; js root; };
+struct js_doc {
+    chunk *head;
+    js root;
+};
 
 static void *arena_alloc(js_doc *d, size_t n) {
     n = (n + 15) & ~(size_t)15;
@@ -23,7 +30,9 @@ static void *arena_alloc(js_doc *d, size_t n) {
         size_t cap = n > (1u << 20) ? n : (1u << 20);
         chunk *c = malloc(sizeof *c + cap);
         if (!c) return NULL;
-        c->next = d->head; c->used = 0; c->cap = cap;
+        c->next = d->head;
+        c->used = 0;
+        c->cap = cap;
         d->head = c;
     }
     void *p = d->head->data + d->head->used;
@@ -33,7 +42,10 @@ static void *arena_alloc(js_doc *d, size_t n) {
 
 void js_doc_free(js_doc *d) {
     if (!d) return;
-    for (chunk *c = d->head, *n; c; c = n) { n = c->next; free(c); }
+    for (chunk *c = d->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
     free(d);
 }
 
@@ -42,7 +54,9 @@ void js_doc_free(js_doc *d) {
 typedef struct {
     const char *p, *end, *start;
     js_doc *doc;
-    js *stack; char **kstack; size_t sp, scap;   /* scratch for array/object members */
+    js *stack;
+    char **kstack;
+    size_t sp, scap; /* scratch for array/object members */
     int depth;
     int failed;
 } parser;
@@ -51,7 +65,10 @@ static int fail(parser *ps, const char *what) {
     if (ps->failed) return -1;
     int line = 1, col = 1;
     for (const char *q = ps->start; q < ps->p && q < ps->end; q++) {
-        if (*q == '\n') { line++; col = 1; } else col++;
+        if (*q == '\n') {
+            line++;
+            col = 1;
+        } else col++;
     }
     err_set(GE_FORMAT, "line %d col %d: %s", line, col, what);
     ps->failed = 1;
@@ -96,7 +113,10 @@ static int hex4(const char *s, unsigned *out) {
 /* Parses a string at ps->p (on the opening quote) into the arena. */
 static int parse_string(parser *ps, char **out, int *outlen) {
     const char *q = ++ps->p;
-    while (q < ps->end && *q != '"') { if (*q == '\\') q++; q++; }
+    while (q < ps->end && *q != '"') {
+        if (*q == '\\') q++;
+        q++;
+    }
     if (q >= ps->end) return fail(ps, "unterminated string");
     /* Escapes never lengthen the text (\uXXXX is 6 bytes for at most 3; a surrogate pair is 12
      * for 4), so the raw length bounds the decoded one. */
@@ -106,8 +126,15 @@ static int parse_string(parser *ps, char **out, int *outlen) {
     const char *s = ps->p;
     while (s < q) {
         unsigned char c = (unsigned char)*s;
-        if (c < 0x20) { ps->p = s; return fail(ps, "control character in string"); }
-        if (c != '\\') { o[n++] = (char)c; s++; continue; }
+        if (c < 0x20) {
+            ps->p = s;
+            return fail(ps, "control character in string");
+        }
+        if (c != '\\') {
+            o[n++] = (char)c;
+            s++;
+            continue;
+        }
         s++;
         switch (*s) {
         case '"': o[n++] = '"'; break;
@@ -120,14 +147,17 @@ static int parse_string(parser *ps, char **out, int *outlen) {
         case 't': o[n++] = '\t'; break;
         case 'u': {
             unsigned cp, lo;
-            if (q - s < 5 || hex4(s + 1, &cp)) { ps->p = s; return fail(ps, "bad \\u escape"); }
+            if (q - s < 5 || hex4(s + 1, &cp)) {
+                ps->p = s;
+                return fail(ps, "bad \\u escape");
+            }
             s += 4;
-            if (cp >= 0xD800 && cp < 0xDC00 && q - s >= 7 && s[1] == '\\' && s[2] == 'u' &&
-                !hex4(s + 3, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+            if (cp >= 0xD800 && cp < 0xDC00 && q - s >= 7 && s[1] == '\\' && s[2] == 'u' && !hex4(s + 3, &lo) && lo >= 0xDC00 &&
+                lo < 0xE000) {
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                 s += 6;
             } else if (cp >= 0xD800 && cp < 0xE000) {
-                cp = 0xFFFD;  /* lone surrogate: as Python's json with errors="replace" would not, but safely */
+                cp = 0xFFFD; /* lone surrogate: as Python's json with errors="replace" would not, but safely */
             }
             n += (size_t)utf8_encode(cp, o + n);
             break;
@@ -151,7 +181,10 @@ static int parse_members(parser *ps, js *v, int is_obj) {
     ps->p++;
     if (++ps->depth > 512) return fail(ps, "nesting too deep");
     skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == close) { ps->p++; goto done; }
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        goto done;
+    }
     for (;;) {
         char *key = NULL;
         skip_ws(ps);
@@ -167,8 +200,14 @@ static int parse_members(parser *ps, js *v, int is_obj) {
         if (parse_value(ps, &item)) return -1;
         if (push(ps, item, key)) return -1;
         skip_ws(ps);
-        if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
-        if (ps->p < ps->end && *ps->p == close) { ps->p++; break; }
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++;
+            break;
+        }
         return fail(ps, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
     }
 done:
@@ -199,11 +238,26 @@ static int parse_value(parser *ps, js *v) {
     char c = *ps->p;
     if (c == '{') return parse_members(ps, v, 1);
     if (c == '[') return parse_members(ps, v, 0);
-    if (c == '"') { v->type = JS_STR; return parse_string(ps, &v->str, &v->n); }
+    if (c == '"') {
+        v->type = JS_STR;
+        return parse_string(ps, &v->str, &v->n);
+    }
     size_t rest = (size_t)(ps->end - ps->p);
-    if (rest >= 4 && !memcmp(ps->p, "null", 4)) { v->type = JS_NULL; ps->p += 4; return 0; }
-    if (rest >= 4 && !memcmp(ps->p, "true", 4)) { v->type = JS_TRUE; ps->p += 4; return 0; }
-    if (rest >= 5 && !memcmp(ps->p, "false", 5)) { v->type = JS_FALSE; ps->p += 5; return 0; }
+    if (rest >= 4 && !memcmp(ps->p, "null", 4)) {
+        v->type = JS_NULL;
+        ps->p += 4;
+        return 0;
+    }
+    if (rest >= 4 && !memcmp(ps->p, "true", 4)) {
+        v->type = JS_TRUE;
+        ps->p += 4;
+        return 0;
+    }
+    if (rest >= 5 && !memcmp(ps->p, "false", 5)) {
+        v->type = JS_FALSE;
+        ps->p += 5;
+        return 0;
+    }
     if (c == '-' || (c >= '0' && c <= '9')) {
         char buf[64];
         size_t k = 0;
@@ -220,8 +274,18 @@ static int parse_value(parser *ps, js *v) {
         return 0;
     }
     /* NaN / Infinity appear in some Python-written configs; accept them as numbers. */
-    if (rest >= 3 && !memcmp(ps->p, "NaN", 3)) { v->type = JS_NUM; v->num = 0.0 / 0.0; ps->p += 3; return 0; }
-    if (rest >= 8 && !memcmp(ps->p, "Infinity", 8)) { v->type = JS_NUM; v->num = 1.0 / 0.0; ps->p += 8; return 0; }
+    if (rest >= 3 && !memcmp(ps->p, "NaN", 3)) {
+        v->type = JS_NUM;
+        v->num = 0.0 / 0.0;
+        ps->p += 3;
+        return 0;
+    }
+    if (rest >= 8 && !memcmp(ps->p, "Infinity", 8)) {
+        v->type = JS_NUM;
+        v->num = 1.0 / 0.0;
+        ps->p += 8;
+        return 0;
+    }
     return fail(ps, "unexpected character");
 }
 
@@ -229,7 +293,7 @@ int js_parse(const char *text, size_t len, js_doc **doc, const js **root) {
     *doc = NULL;
     js_doc *d = calloc(1, sizeof *d);
     if (!d) return err_set(GE_NOMEM, "out of memory parsing JSON");
-    parser ps = { .p = text, .end = text + len, .start = text, .doc = d };
+    parser ps = {.p = text, .end = text + len, .start = text, .doc = d};
     int rc = parse_value(&ps, &d->root);
     if (!rc) {
         skip_ws(&ps);
@@ -237,7 +301,10 @@ int js_parse(const char *text, size_t len, js_doc **doc, const js **root) {
     }
     free(ps.stack);
     free(ps.kstack);
-    if (rc) { js_doc_free(d); return GE_FORMAT; }
+    if (rc) {
+        js_doc_free(d);
+        return GE_FORMAT;
+    }
     *doc = d;
     *root = &d->root;
     return 0;
@@ -251,10 +318,16 @@ int js_parse_file(const char *path, js_doc **doc, const js **root) {
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
     char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!buf) { fclose(f); return err_set(GE_NOMEM, "%s: cannot read", path); }
+    if (!buf) {
+        fclose(f);
+        return err_set(GE_NOMEM, "%s: cannot read", path);
+    }
     size_t got = fread(buf, 1, (size_t)n, f);
     fclose(f);
-    if (got != (size_t)n) { free(buf); return err_set(GE_IO, "%s: short read", path); }
+    if (got != (size_t)n) {
+        free(buf);
+        return err_set(GE_IO, "%s: short read", path);
+    }
     int rc = js_parse(buf, (size_t)n, doc, root);
     free(buf);
     if (rc) {

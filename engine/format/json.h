@@ -14,13 +14,13 @@ typedef enum { JS_NULL, JS_FALSE, JS_TRUE, JS_NUM, JS_STR, JS_ARR, JS_OBJ } js_t
 typedef struct js js;
 struct js {
     js_type type;
-    int n;              /* ARR/OBJ: element count; STR: byte length (may hold NUL) */
+    int n; /* ARR/OBJ: element count; STR: byte length (may hold NUL) */
     union {
-        double num;     /* NUM */
-        char *str;      /* STR: UTF-8, NUL-terminated */
-        js *items;      /* ARR/OBJ: n values */
+        double num; /* NUM */
+        char *str; /* STR: UTF-8, NUL-terminated */
+        js *items; /* ARR/OBJ: n values */
     };
-    char **keys;        /* OBJ: n keys, NUL-terminated, in document order */
+    char **keys; /* OBJ: n keys, NUL-terminated, in document order */
 };
 
 typedef struct js_doc js_doc;
@@ -32,10 +32,10 @@ int js_parse(const char *text, size_t len, js_doc **doc, const js **root);
 int js_parse_file(const char *path, js_doc **doc, const js **root);
 void js_doc_free(js_doc *doc);
 
-const js *js_get(const js *obj, const char *key);      /* NULL if absent or obj not an object */
-const char *js_str(const js *v);                       /* NULL unless a string */
-double js_num(const js *v, double dflt);               /* dflt unless a number */
-int js_bool(const js *v, int dflt);                    /* dflt unless true/false */
+const js *js_get(const js *obj, const char *key); /* NULL if absent or obj not an object */
+const char *js_str(const js *v); /* NULL unless a string */
+double js_num(const js *v, double dflt); /* dflt unless a number */
+int js_bool(const js *v, int dflt); /* dflt unless true/false */
 /* Object member helpers: js_num(js_get(o, k), dflt) and so on. */
 static inline double js_get_num(const js *o, const char *k, double d) { return js_num(js_get(o, k), d); }
 static inline const char *js_get_str(const js *o, const char *k) { return js_str(js_get(o, k)); }

@@ -29,14 +29,21 @@ float f16_to_f32(unsigned short h) {
 }
 
 static int dtype_of(const char *s, st_dtype *d, int *size) {
-    static const struct { const char *n; st_dtype d; int size; } tab[] = {
-        {"F32", ST_F32, 4}, {"F16", ST_F16, 2}, {"BF16", ST_BF16, 2},
-        {"F64", ST_OTHER, 8}, {"I64", ST_OTHER, 8}, {"I32", ST_OTHER, 4}, {"I16", ST_OTHER, 2},
-        {"I8", ST_OTHER, 1}, {"U8", ST_OTHER, 1}, {"BOOL", ST_OTHER, 1}, {"F8_E4M3", ST_OTHER, 1},
-        {"F8_E5M2", ST_OTHER, 1}, {"U16", ST_OTHER, 2}, {"U32", ST_OTHER, 4}, {"U64", ST_OTHER, 8},
+    static const struct {
+        const char *n;
+        st_dtype d;
+        int size;
+    } tab[] = {
+        {"F32", ST_F32, 4},       {"F16", ST_F16, 2},       {"BF16", ST_BF16, 2}, {"F64", ST_OTHER, 8}, {"I64", ST_OTHER, 8},
+        {"I32", ST_OTHER, 4},     {"I16", ST_OTHER, 2},     {"I8", ST_OTHER, 1},  {"U8", ST_OTHER, 1},  {"BOOL", ST_OTHER, 1},
+        {"F8_E4M3", ST_OTHER, 1}, {"F8_E5M2", ST_OTHER, 1}, {"U16", ST_OTHER, 2}, {"U32", ST_OTHER, 4}, {"U64", ST_OTHER, 8},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (!strcmp(s, tab[i].n)) { *d = tab[i].d; *size = tab[i].size; return 0; }
+        if (!strcmp(s, tab[i].n)) {
+            *d = tab[i].d;
+            *size = tab[i].size;
+            return 0;
+        }
     return -1;
 }
 
@@ -71,9 +78,15 @@ int st_open_file(st_set *s, const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return err_set(GE_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat stt;
-    if (fstat(fd, &stt)) { close(fd); return err_set(GE_IO, "%s: cannot stat", path); }
+    if (fstat(fd, &stt)) {
+        close(fd);
+        return err_set(GE_IO, "%s: cannot stat", path);
+    }
     size_t size = (size_t)stt.st_size;
-    if (size < 8) { close(fd); return err_set(GE_FORMAT, "%s: truncated: %zu bytes, no header length", path, size); }
+    if (size < 8) {
+        close(fd);
+        return err_set(GE_FORMAT, "%s: truncated: %zu bytes, no header length", path, size);
+    }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return err_set(GE_IO, "%s: cannot mmap: %s", path, strerror(errno));
@@ -82,8 +95,8 @@ int st_open_file(st_set *s, const char *path) {
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
     if (hlen > size - 8 || hlen > (100u << 20)) {
         munmap(map, size);
-        return err_set(GE_FORMAT, "%s: header length %llu exceeds the file size %zu (truncated or not safetensors)",
-                       path, (unsigned long long)hlen, size);
+        return err_set(GE_FORMAT, "%s: header length %llu exceeds the file size %zu (truncated or not safetensors)", path,
+                       (unsigned long long)hlen, size);
     }
     js_doc *doc;
     const js *root;
@@ -96,7 +109,10 @@ int st_open_file(st_set *s, const char *path) {
     int rc = 0;
     size_t dsize = size - 8 - hlen;
     const unsigned char *data = b + 8 + hlen;
-    if (root->type != JS_OBJ) { rc = err_set(GE_FORMAT, "%s: header is not a JSON object", path); goto out; }
+    if (root->type != JS_OBJ) {
+        rc = err_set(GE_FORMAT, "%s: header is not a JSON object", path);
+        goto out;
+    }
     char **paths = realloc(s->paths, (size_t)(s->nfiles + 1) * sizeof *paths);
     void **maps = realloc(s->maps, (size_t)(s->nfiles + 1) * sizeof *maps);
     size_t *sizes = realloc(s->sizes, (size_t)(s->nfiles + 1) * sizeof *sizes);
@@ -105,13 +121,16 @@ int st_open_file(st_set *s, const char *path) {
     if (maps) s->maps = maps;
     if (sizes) s->sizes = sizes;
     if (t) s->t = t;
-    if (!paths || !maps || !sizes || !t) { rc = err_set(GE_NOMEM, "%s: out of memory", path); goto out; }
+    if (!paths || !maps || !sizes || !t) {
+        rc = err_set(GE_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
     char *pathcopy = strdup(path);
     s->paths[s->nfiles] = pathcopy;
     s->maps[s->nfiles] = map;
     s->sizes[s->nfiles] = size;
     s->nfiles++;
-    map = NULL;  /* owned by the set now */
+    map = NULL; /* owned by the set now */
     int first = s->n;
     for (int i = 0; i < root->n; i++) {
         const char *name = root->keys[i];
@@ -131,7 +150,10 @@ int st_open_file(st_set *s, const char *path) {
             goto out;
         }
         snprintf(x->dtype_name, sizeof x->dtype_name, "%s", dt);
-        if (shape->n > 8) { rc = err_set(GE_FORMAT, "%s: tensor %.128s: %d dimensions", path, name, shape->n); goto out; }
+        if (shape->n > 8) {
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: %d dimensions", path, name, shape->n);
+            goto out;
+        }
         x->ndim = shape->n;
         x->numel = 1;
         for (int d = 0; d < shape->n; d++) {
@@ -148,8 +170,8 @@ int st_open_file(st_set *s, const char *path) {
         }
         double b0 = js_num(&offs->items[0], -1), b1 = js_num(&offs->items[1], -1);
         if (!(b0 >= 0 && b1 >= b0 && b1 <= (double)dsize)) {
-            rc = err_set(GE_FORMAT, "%s: tensor %.128s: data_offsets [%.0f, %.0f] outside the %zu-byte data buffer",
-                         path, name, b0, b1, dsize);
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: data_offsets [%.0f, %.0f] outside the %zu-byte data buffer", path, name,
+                         b0, b1, dsize);
             goto out;
         }
         if (b0 != floor(b0) || b1 != floor(b1)) {
@@ -159,8 +181,8 @@ int st_open_file(st_set *s, const char *path) {
         x->off = (size_t)b0;
         x->end = (size_t)b1;
         if (x->end - x->off != (size_t)x->numel * (size_t)esize) {
-            rc = err_set(GE_FORMAT, "%s: tensor %.128s: %zu bytes for %lld elements of %s", path, name,
-                         x->end - x->off, x->numel, dt);
+            rc = err_set(GE_FORMAT, "%s: tensor %.128s: %zu bytes for %lld elements of %s", path, name, x->end - x->off, x->numel,
+                         dt);
             goto out;
         }
         x->name = strdup(name);
@@ -185,11 +207,17 @@ int st_open_dir(const char *dir, st_set *s) {
         int rc = js_parse_file(path, &doc, &root);
         if (rc) return rc;
         const js *wm = js_get(root, "weight_map");
-        if (!wm || wm->type != JS_OBJ) { js_doc_free(doc); return err_set(GE_FORMAT, "%s: no weight_map object", path); }
+        if (!wm || wm->type != JS_OBJ) {
+            js_doc_free(doc);
+            return err_set(GE_FORMAT, "%s: no weight_map object", path);
+        }
         /* Open each distinct shard once, in order of first mention. */
         for (int i = 0; i < wm->n && !rc; i++) {
             const char *f = js_str(&wm->items[i]);
-            if (!f || strchr(f, '/')) { rc = err_set(GE_FORMAT, "%s: bad shard name for %s", path, wm->keys[i]); break; }
+            if (!f || strchr(f, '/')) {
+                rc = err_set(GE_FORMAT, "%s: bad shard name for %s", path, wm->keys[i]);
+                break;
+            }
             int seen = 0;
             for (int j = 0; j < i && !seen; j++) seen = !strcmp(js_str(&wm->items[j]), f);
             if (seen) continue;
@@ -213,8 +241,14 @@ int st_open_dir(const char *dir, st_set *s) {
 
 void st_close(st_set *s) {
     for (int i = 0; i < s->n; i++) free(s->t[i].name);
-    for (int i = 0; i < s->nfiles; i++) { munmap(s->maps[i], s->sizes[i]); free(s->paths[i]); }
-    free(s->t); free(s->paths); free(s->maps); free(s->sizes);
+    for (int i = 0; i < s->nfiles; i++) {
+        munmap(s->maps[i], s->sizes[i]);
+        free(s->paths[i]);
+    }
+    free(s->t);
+    free(s->paths);
+    free(s->maps);
+    free(s->sizes);
     memset(s, 0, sizeof *s);
 }
 
@@ -230,7 +264,8 @@ int st_check_shape(const st_tensor *t, int ndim, const long long *dims) {
     if (!ok) {
         char want[128] = "", got[128] = "";
         for (int d = 0; d < ndim; d++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "," : "", dims[d]);
-        for (int d = 0; d < t->ndim; d++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", t->shape[d]);
+        for (int d = 0; d < t->ndim; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "," : "", t->shape[d]);
         return err_set(GE_FORMAT, "%s: tensor %s has shape (%s), expected (%s)", t->file, t->name, got, want);
     }
     return 0;
@@ -245,15 +280,23 @@ int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims)
     /* elementwise, over the OpenMP threads: an 8B checkpoint is 8 G values */
     case ST_BF16:
 #pragma omp parallel for schedule(static)
-        for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f32_from_bf16(h); }
+        for (long long i = 0; i < t->numel; i++) {
+            unsigned short h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = f32_from_bf16(h);
+        }
         break;
     case ST_F16:
 #pragma omp parallel for schedule(static)
-        for (long long i = 0; i < t->numel; i++) { unsigned short h; memcpy(&h, src + 2 * i, 2); dst[i] = f16_to_f32(h); }
+        for (long long i = 0; i < t->numel; i++) {
+            unsigned short h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = f16_to_f32(h);
+        }
         break;
     default:
-        return err_set(GE_UNSUPPORTED, "%s: tensor %s has dtype %s; only F32, F16 and BF16 weights are supported",
-                       t->file, t->name, t->dtype_name);
+        return err_set(GE_UNSUPPORTED, "%s: tensor %s has dtype %s; only F32, F16 and BF16 weights are supported", t->file,
+                       t->name, t->dtype_name);
     }
     return 0;
 }
@@ -276,7 +319,10 @@ int st_write(const char *path, const st_out *t, int n, st_dtype dtype) {
     len += (size_t)snprintf(h + len, cap - len, "}");
     while (len % 8) h[len++] = ' ';
     FILE *f = fopen(path, "wb");
-    if (!f) { free(h); return err_set(GE_IO, "%s: cannot create: %s", path, strerror(errno)); }
+    if (!f) {
+        free(h);
+        return err_set(GE_IO, "%s: cannot create: %s", path, strerror(errno));
+    }
     unsigned char lb[8];
     for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)len >> (8 * i));
     int ok = fwrite(lb, 1, 8, f) == 8 && fwrite(h, 1, len, f) == len;
@@ -285,7 +331,10 @@ int st_write(const char *path, const st_out *t, int n, st_dtype dtype) {
     for (int i = 0; ok && i < n; i++) {
         long long numel = 1;
         for (int d = 0; d < t[i].ndim; d++) numel *= t[i].shape[d];
-        if (dtype == ST_F32) { ok = fwrite(t[i].data, 4, (size_t)numel, f) == (size_t)numel; continue; }
+        if (dtype == ST_F32) {
+            ok = fwrite(t[i].data, 4, (size_t)numel, f) == (size_t)numel;
+            continue;
+        }
         for (long long j = 0; ok && j < numel; j += 32768) {
             long long k = numel - j < 32768 ? numel - j : 32768;
             for (long long q = 0; q < k; q++) buf[q] = bf16_from_f32(t[i].data[j + q]);

@@ -14,18 +14,22 @@ typedef enum { ST_F32, ST_F16, ST_BF16, ST_OTHER } st_dtype;
 typedef struct {
     char *name;
     st_dtype dtype;
-    char dtype_name[8];         /* as written: "BF16", "I64", ... */
+    char dtype_name[8]; /* as written: "BF16", "I64", ... */
     int ndim;
     long long shape[8];
     long long numel;
-    size_t off, end;            /* [off, end) in the file's data buffer */
-    const void *data;           /* into the mapping */
-    const char *file;           /* path of the file holding it */
+    size_t off, end; /* [off, end) in the file's data buffer */
+    const void *data; /* into the mapping */
+    const char *file; /* path of the file holding it */
 } st_tensor;
 
 typedef struct {
-    int n; st_tensor *t;
-    int nfiles; char **paths; void **maps; size_t *sizes;
+    int n;
+    st_tensor *t;
+    int nfiles;
+    char **paths;
+    void **maps;
+    size_t *sizes;
 } st_set;
 
 /* Open DIR/model.safetensors, or DIR/model.safetensors.index.json and its shards. */
@@ -40,7 +44,12 @@ int st_check_shape(const st_tensor *t, int ndim, const long long *dims);
 int st_read_f32(const st_tensor *t, float *dst, int ndim, const long long *dims);
 
 /* Writer: tensors in the given order, as fp32 or bf16 (from fp32 data, round to nearest even). */
-typedef struct { const char *name; const float *data; int ndim; long long shape[4]; } st_out;
+typedef struct {
+    const char *name;
+    const float *data;
+    int ndim;
+    long long shape[4];
+} st_out;
 int st_write(const char *path, const st_out *t, int n, st_dtype dtype);
 
 float f16_to_f32(unsigned short h);

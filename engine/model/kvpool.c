@@ -13,7 +13,7 @@ int kvp_init(kvp *p, int cap) {
     p->cap_free = 16;
     if (!(p->free = malloc((size_t)p->cap_free * sizeof *p->free))) return err_set(GE_NOMEM, "KV pool: out of memory");
     p->cap = cap;
-    p->free[0] = (kvp_range){ 0, cap };
+    p->free[0] = (kvp_range){0, cap};
     p->n_free = 1;
     return 0;
 }
@@ -58,7 +58,7 @@ int kvp_alloc(kvp *p, int n) {
 
 void kvp_release(kvp *p, int start, int n) {
     assert(n >= 1 && start >= 0 && start + n <= p->cap && p->n_alloc > 0);
-    int i = 0;      /* first free range after this one */
+    int i = 0; /* first free range after this one */
     while (i < p->n_free && p->free[i].start < start) i++;
     assert(i == p->n_free || start + n <= p->free[i].start);
     assert(i == 0 || p->free[i - 1].start + p->free[i - 1].len <= start);
@@ -75,7 +75,7 @@ void kvp_release(kvp *p, int start, int n) {
         p->free[i].len += n;
     } else {
         memmove(&p->free[i + 1], &p->free[i], (size_t)(p->n_free - i) * sizeof *p->free);
-        p->free[i] = (kvp_range){ start, n };
+        p->free[i] = (kvp_range){start, n};
         p->n_free++;
     }
     p->used -= n;
@@ -84,6 +84,7 @@ void kvp_release(kvp *p, int start, int n) {
 
 int kvp_largest(const kvp *p) {
     int m = 0;
-    for (int i = 0; i < p->n_free; i++) if (p->free[i].len > m) m = p->free[i].len;
+    for (int i = 0; i < p->n_free; i++)
+        if (p->free[i].len > m) m = p->free[i].len;
     return m;
 }

@@ -7,13 +7,15 @@
 #ifndef GRPOD_KVPOOL_H
 #define GRPOD_KVPOOL_H
 
-typedef struct { int start, len; } kvp_range;
+typedef struct {
+    int start, len;
+} kvp_range;
 
 typedef struct {
-    int cap;                    /* rows in the pool */
-    int used;                   /* rows handed out */
-    int n_alloc;                /* ranges handed out */
-    kvp_range *free;            /* (n_free) sorted by start, none adjacent */
+    int cap; /* rows in the pool */
+    int used; /* rows handed out */
+    int n_alloc; /* ranges handed out */
+    kvp_range *free; /* (n_free) sorted by start, none adjacent */
     int n_free, cap_free;
 } kvp;
 

@@ -14,22 +14,24 @@
 #include "engine/format/safetensors.h"
 #include "kernels/sampling.h"
 
-static const char *const short_name[LORA_N] = { "q", "k", "v", "o", "gate", "up", "down" };
-static const char *const module[LORA_N] = { "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                            "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj" };
+static const char *const short_name[LORA_N] = {"q", "k", "v", "o", "gate", "up", "down"};
+static const char *const module[LORA_N] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                           "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 static int target_of(const char *s, size_t n) {
     for (int t = 0; t < LORA_N; t++) {
-        const char *mod = strchr(module[t], '.') + 1;   /* "q_proj" */
-        if ((strlen(short_name[t]) == n && !strncmp(s, short_name[t], n)) || (strlen(mod) == n && !strncmp(s, mod, n)))
-            return t;
+        const char *mod = strchr(module[t], '.') + 1; /* "q_proj" */
+        if ((strlen(short_name[t]) == n && !strncmp(s, short_name[t], n)) || (strlen(mod) == n && !strncmp(s, mod, n))) return t;
     }
     return -1;
 }
 
 int lora_parse_targets(const char *s, unsigned *mask) {
     *mask = 0;
-    if (!strcmp(s, "all")) { *mask = (1u << LORA_N) - 1; return 0; }
+    if (!strcmp(s, "all")) {
+        *mask = (1u << LORA_N) - 1;
+        return 0;
+    }
     while (*s) {
         size_t n = strcspn(s, ", ");
         if (n) {
@@ -53,7 +55,7 @@ void lora_targets_str(unsigned mask, char *out, size_t n) {
 /* input and output width of target t */
 static void dims(const model_config *c, int t, long long *I, long long *O) {
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
-    static const int in_is[LORA_N] = { 0, 0, 0, 1, 0, 0, 2 };   /* 0 C, 1 HD, 2 F */
+    static const int in_is[LORA_N] = {0, 0, 0, 1, 0, 0, 2}; /* 0 C, 1 HD, 2 F */
     *I = in_is[t] == 0 ? C : in_is[t] == 1 ? HD : F;
     *O = t == LORA_Q ? HD : t == LORA_K || t == LORA_V ? KD : t == LORA_O || t == LORA_DOWN ? C : F;
 }
@@ -64,8 +66,11 @@ int lora_init(model *m, int r, float alpha, unsigned targets) {
     for (int t = 0; t < LORA_N; t++) nt += targets >> t & 1;
     m->lparams = calloc((size_t)(2 * nt * c->L) + 1, sizeof *m->lparams);
     if (!m->lparams) return err_set(GE_NOMEM, "lora: out of memory");
-    m->lora_r = r; m->lora_alpha = alpha; m->lora_targets = targets;
-    m->n_lparams = 0; m->l_elems = 0;
+    m->lora_r = r;
+    m->lora_alpha = alpha;
+    m->lora_targets = targets;
+    m->n_lparams = 0;
+    m->l_elems = 0;
     for (int ab = 0; ab < 2; ab++) {
         if (ab) m->l_elems_a = m->l_elems;
         for (int l = 0; l < c->L; l++)
@@ -120,7 +125,7 @@ void lora_init_host(const model *m, float *host, uint64_t seed) {
     uint64_t s = seed;
     for (int i = 0; i < m->n_lparams; i++) {
         const model_param *p = &m->lparams[i];
-        if (p->off >= m->l_elems_a) break;   /* B stays 0 */
+        if (p->off >= m->l_elems_a) break; /* B stays 0 */
         float bound = 1.0f / sqrtf((float)p->shape[1]);
         for (long long j = 0; j < p->numel; j++)
             host[p->off + j] = bound * (float)(2.0 * (double)(splitmix(&s) >> 11) / 9007199254740992.0 - 1.0);
@@ -175,11 +180,14 @@ int lora_load_peft(const model *m, const char *dir, float *host) {
     for (int i = 0; i < m->n_lparams && !rc; i++) {
         const model_param *p = &m->lparams[i];
         const st_tensor *t = st_find(&s, p->name);
-        if (!t) {   /* PEFT writes without the adapter name; some tools keep ".default" */
+        if (!t) { /* PEFT writes without the adapter name; some tools keep ".default" */
             snprintf(alt, sizeof alt, "%.*s.default.weight", (int)(strlen(p->name) - 7), p->name);
             t = st_find(&s, alt);
         }
-        if (!t) { rc = err_set(GE_FORMAT, "%s: missing tensor %s", path, p->name); break; }
+        if (!t) {
+            rc = err_set(GE_FORMAT, "%s: missing tensor %s", path, p->name);
+            break;
+        }
         rc = st_read_f32(t, host + p->off, p->ndim, p->shape);
         if (!rc && p->off >= m->l_elems_a)
             for (long long j = 0; j < p->numel; j++) host[p->off + j] *= scale(m);
@@ -191,12 +199,16 @@ int lora_load_peft(const model *m, const char *dir, float *host) {
 int lora_save_peft(const model *m, const char *dir, const float *host, const char *base_model) {
     st_out *o = calloc((size_t)m->n_lparams, sizeof *o);
     float *b = malloc((size_t)(m->l_elems - m->l_elems_a + 1) * sizeof(float));
-    if (!o || !b) { free(o); free(b); return err_set(GE_NOMEM, "lora: out of memory"); }
+    if (!o || !b) {
+        free(o);
+        free(b);
+        return err_set(GE_NOMEM, "lora: out of memory");
+    }
     for (long long j = m->l_elems_a; j < m->l_elems; j++) b[j - m->l_elems_a] = host[j] / scale(m);
     for (int i = 0; i < m->n_lparams; i++) {
         const model_param *p = &m->lparams[i];
         const float *d = p->off >= m->l_elems_a ? b + (p->off - m->l_elems_a) : host + p->off;
-        o[i] = (st_out){ .name = p->name, .data = d, .ndim = 2, .shape = { p->shape[0], p->shape[1] } };
+        o[i] = (st_out){.name = p->name, .data = d, .ndim = 2, .shape = {p->shape[0], p->shape[1]}};
     }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
@@ -213,10 +225,11 @@ int lora_save_peft(const model *m, const char *dir, const float *host, const cha
             m->lora_alpha);
     for (int t = 0, k = 0; t < LORA_N; t++)
         if (m->lora_targets >> t & 1) fprintf(f, "%s\"%s\"", k++ ? ", " : "", strchr(module[t], '.') + 1);
-    fprintf(f, "],\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  \"inference_mode\": true,\n"
-               "  \"init_lora_weights\": true,\n  \"use_rslora\": false,\n  \"use_dora\": false,\n"
-               "  \"modules_to_save\": null,\n  \"layers_to_transform\": null,\n  \"layers_pattern\": null,\n"
-               "  \"rank_pattern\": {},\n  \"alpha_pattern\": {}\n}\n");
+    fprintf(f,
+            "],\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  \"inference_mode\": true,\n"
+            "  \"init_lora_weights\": true,\n  \"use_rslora\": false,\n  \"use_dora\": false,\n"
+            "  \"modules_to_save\": null,\n  \"layers_to_transform\": null,\n  \"layers_pattern\": null,\n"
+            "  \"rank_pattern\": {},\n  \"alpha_pattern\": {}\n}\n");
     if (fclose(f)) return err_set(GE_IO, "%s: write failed", path);
     return 0;
 }
@@ -234,9 +247,9 @@ void lora_merge_host(const model *m, float *base, const float *host) {
             if (!strcmp(m->params[j].name, name)) w = &m->params[j];
         if (!w) continue;
         long long O = pb->shape[0], I = pa->shape[1], r = m->lora_r;
-        const float *A = host + pa->off, *B = host + pb->off;   /* B in stored form: s B */
+        const float *A = host + pa->off, *B = host + pb->off; /* B in stored form: s B */
         float *W = base + w->off;
-        #pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
         for (long long o = 0; o < O; o++)
             for (long long k = 0; k < r; k++) {
                 float b = B[o * r + k];

@@ -33,7 +33,7 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
     p->shape[1] = d1;
     p->numel = ndim == 1 ? d0 : d0 * d1;
     p->off = m->n_elems;
-    m->n_elems += (p->numel + 15) & ~15LL;   /* 64-byte aligned starts */
+    m->n_elems += (p->numel + 15) & ~15LL; /* 64-byte aligned starts */
 }
 
 int model_init(model *m, const model_config *c, eng_backend *be) {
@@ -54,7 +54,10 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
         if (c->qkv_bias) P("self_attn.k_proj.bias", 1, KD, 0);
         P("self_attn.v_proj.weight", 2, KD, C);
         if (c->qkv_bias) P("self_attn.v_proj.bias", 1, KD, 0);
-        if (c->qk_norm) { P("self_attn.q_norm.weight", 1, c->D, 0); P("self_attn.k_norm.weight", 1, c->D, 0); }
+        if (c->qk_norm) {
+            P("self_attn.q_norm.weight", 1, c->D, 0);
+            P("self_attn.k_norm.weight", 1, c->D, 0);
+        }
         P("self_attn.o_proj.weight", 2, C, HD);
         if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
         P("post_attention_layernorm.weight", 1, C, 0);
@@ -101,19 +104,29 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         model_layer_views *L = &v->layers[l];
 #define V(suffix) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), find_view(m, base, esize, n))
         L->attn_norm = V("input_layernorm.weight");
-        L->wq = V("self_attn.q_proj.weight"); L->bq = V("self_attn.q_proj.bias");
-        L->wk = V("self_attn.k_proj.weight"); L->bk = V("self_attn.k_proj.bias");
-        L->wv = V("self_attn.v_proj.weight"); L->bv = V("self_attn.v_proj.bias");
-        L->q_norm = V("self_attn.q_norm.weight"); L->k_norm = V("self_attn.k_norm.weight");
-        L->wo = V("self_attn.o_proj.weight"); L->bo = V("self_attn.o_proj.bias");
+        L->wq = V("self_attn.q_proj.weight");
+        L->bq = V("self_attn.q_proj.bias");
+        L->wk = V("self_attn.k_proj.weight");
+        L->bk = V("self_attn.k_proj.bias");
+        L->wv = V("self_attn.v_proj.weight");
+        L->bv = V("self_attn.v_proj.bias");
+        L->q_norm = V("self_attn.q_norm.weight");
+        L->k_norm = V("self_attn.k_norm.weight");
+        L->wo = V("self_attn.o_proj.weight");
+        L->bo = V("self_attn.o_proj.bias");
         L->mlp_norm = V("post_attention_layernorm.weight");
-        L->w_gate = V("mlp.gate_proj.weight"); L->w_up = V("mlp.up_proj.weight"); L->w_down = V("mlp.down_proj.weight");
+        L->w_gate = V("mlp.gate_proj.weight");
+        L->w_up = V("mlp.up_proj.weight");
+        L->w_down = V("mlp.down_proj.weight");
 #undef V
     }
     return 0;
 }
 
-void model_views_free(model_views *v) { free(v->layers); v->layers = NULL; }
+void model_views_free(model_views *v) {
+    free(v->layers);
+    v->layers = NULL;
+}
 
 static int missing_tensor(const model_param *p, const st_set *s, const char *dir) {
     return err_set(GE_FORMAT, "%s: missing tensor %s in %s", dir, p->name,
@@ -130,7 +143,7 @@ int model_check_files(const model *m, const char *dir) {
         const st_tensor *t = st_find(&s, p->name);
         rc = t ? st_check_shape(t, p->ndim, p->shape) : missing_tensor(p, &s, dir);
     }
-    st_close(&s);       /* safe after a failed open too: st_open_dir leaves the set empty */
+    st_close(&s); /* safe after a failed open too: st_open_dir leaves the set empty */
     return rc;
 }
 
@@ -138,9 +151,10 @@ int model_check_files(const model *m, const char *dir) {
 static int check_finite(const float *x, long long n, const char *dir, const char *name) {
     long long bad = 0, first = -1;
     for (long long i = 0; i < n; i++)
-        if (!isfinite(x[i])) { if (!bad++) first = i; }
-    return bad ? err_set(GE_FORMAT, "%s: tensor %s has %lld non-finite values (the first at element %lld)", dir,
-                         name, bad, first)
+        if (!isfinite(x[i])) {
+            if (!bad++) first = i;
+        }
+    return bad ? err_set(GE_FORMAT, "%s: tensor %s has %lld non-finite values (the first at element %lld)", dir, name, bad, first)
                : 0;
 }
 
@@ -156,7 +170,7 @@ int model_load_host(const model *m, const char *dir, float *host) {
     st_set s;
     int rc = st_open_dir(dir, &s);
     if (rc) return rc;
-    /* the padding between tensors zeroed (over the threads: 33 GB at 8B dims) */
+        /* the padding between tensors zeroed (over the threads: 33 GB at 8B dims) */
 #pragma omp parallel for schedule(static)
     for (long long c = 0; c < (m->n_elems + (1 << 20) - 1) >> 20; c++) {
         long long a = c << 20, b = a + (1 << 20) < m->n_elems ? a + (1 << 20) : m->n_elems;
@@ -176,7 +190,7 @@ int model_load_act(const model *m, const char *dir, void *dst) {
     for (int i = 0; i < m->n_params; i++) most = m->params[i].numel > most ? m->params[i].numel : most;
     float *buf = malloc((size_t)(most ? most : 1) * sizeof(float));
     if (!buf) rc = err_set(GE_NOMEM, "model: %lld MiB host buffer for one tensor", most * 4 >> 20);
-    if (!rc) be->zero(be, dst, (size_t)m->n_elems * (size_t)be->act_bytes);   /* the padding between tensors */
+    if (!rc) be->zero(be, dst, (size_t)m->n_elems * (size_t)be->act_bytes); /* the padding between tensors */
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
         rc = read_param(p, &s, dir, buf);
@@ -192,7 +206,7 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
     if (!o) return err_set(GE_NOMEM, "model: out of memory");
     for (int i = 0; i < m->n_params; i++) {
         const model_param *p = &m->params[i];
-        o[i] = (st_out){ .name = p->name, .data = host + p->off, .ndim = p->ndim, .shape = { p->shape[0], p->shape[1] } };
+        o[i] = (st_out){.name = p->name, .data = host + p->off, .ndim = p->ndim, .shape = {p->shape[0], p->shape[1]}};
     }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -214,47 +228,91 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     const model_config *c = &m->cfg;
     size_t off = 0, eb = (size_t)m->be->act_bytes;
     long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
-#define TAKE(ptr, n, es) do { (ptr) = base ? (void *)(base + off) : NULL; off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; } while (0)
-    void *kv_k = NULL, *kv_v = NULL;   /* with a->kv: the projections' k, v scratch, shared by every layer */
+#define TAKE(ptr, n, es) \
+    do { \
+        (ptr) = base ? (void *)(base + off) : NULL; \
+        off += (((size_t)(n) * (es)) + 255) & ~(size_t)255; \
+    } while (0)
+    void *kv_k = NULL, *kv_v = NULL; /* with a->kv: the projections' k, v scratch, shared by every layer */
     if (a->grad) {
-        TAKE(a->dres, T * C, eb); TAKE(a->dlnf, T * C, eb); TAKE(a->dln, T * C, eb);
-        TAKE(a->dq, T * HD, eb); TAKE(a->datt, T * HD, eb);
-        if (a->kv) { TAKE(kv_k, T * KD, eb); TAKE(kv_v, T * KD, eb); }
-        else { TAKE(a->dk, T * KD, eb); TAKE(a->dv, T * KD, eb); }
-        TAKE(a->da, T * F, eb); TAKE(a->du, T * F, eb);
+        TAKE(a->dres, T * C, eb);
+        TAKE(a->dlnf, T * C, eb);
+        TAKE(a->dln, T * C, eb);
+        TAKE(a->dq, T * HD, eb);
+        TAKE(a->datt, T * HD, eb);
+        if (a->kv) {
+            TAKE(kv_k, T * KD, eb);
+            TAKE(kv_v, T * KD, eb);
+        } else {
+            TAKE(a->dk, T * KD, eb);
+            TAKE(a->dv, T * KD, eb);
+        }
+        TAKE(a->da, T * F, eb);
+        TAKE(a->du, T * F, eb);
         a->dg = a->da;
         a->dq0 = a->datt;
         a->dk0 = a->dq;
     }
     int nl = a->grad == 1 ? (a->ring > 0 && a->ring < c->L ? a->ring : c->L) : 1;
-    struct model_layer_acts shared = {0};   /* the set the checkpointed layers share (n_ckpt) */
+    struct model_layer_acts shared = {0}; /* the set the checkpointed layers share (n_ckpt) */
     for (int l = 0; l < c->L; l++) {
         struct model_layer_acts *L = &a->l[l];
         if (l >= nl) {
             *L = a->l[l % nl];
-            if (a->grad == MODEL_ACTS_RECOMPUTE) TAKE(L->x, T * C, eb);   /* recompute: each layer keeps its input */
+            if (a->grad == MODEL_ACTS_RECOMPUTE) TAKE(L->x, T * C, eb); /* recompute: each layer keeps its input */
             continue;
         }
-        if (l < a->n_ckpt && l > 0) { *L = shared; TAKE(L->x, T * C, eb); continue; }
+        if (l < a->n_ckpt && l > 0) {
+            *L = shared;
+            TAKE(L->x, T * C, eb);
+            continue;
+        }
         size_t off0 = off;
         TAKE(L->x, T * C, eb);
-        if (a->grad) { L->ln1 = L->ln2 = a->dlnf; L->a = a->du; }
-        else { TAKE(L->ln1, T * C, eb); TAKE(L->ln2, T * C, eb); TAKE(L->a, T * F, eb); }
-        if (c->qk_norm) { TAKE(L->q0, T * HD, eb); TAKE(L->k0, T * KD, eb); }
+        if (a->grad) {
+            L->ln1 = L->ln2 = a->dlnf;
+            L->a = a->du;
+        } else {
+            TAKE(L->ln1, T * C, eb);
+            TAKE(L->ln2, T * C, eb);
+            TAKE(L->a, T * F, eb);
+        }
+        if (c->qk_norm) {
+            TAKE(L->q0, T * HD, eb);
+            TAKE(L->k0, T * KD, eb);
+        }
         TAKE(L->q, T * HD, eb);
-        if (a->kv) { L->k = kv_k; L->v = kv_v; }
-        else { TAKE(L->k, T * KD, eb); TAKE(L->v, T * KD, eb); }
-        TAKE(L->att, T * HD, eb); TAKE(L->xm, T * C, eb);
-        TAKE(L->g, T * F, eb); TAKE(L->u, T * F, eb);
-        TAKE(L->rstd1, T, 4); TAKE(L->rstdq, T * c->H, 4); TAKE(L->rstdk, T * c->K, 4);
-        TAKE(L->lse, T * c->H, 4); TAKE(L->rstd2, T, 4);
+        if (a->kv) {
+            L->k = kv_k;
+            L->v = kv_v;
+        } else {
+            TAKE(L->k, T * KD, eb);
+            TAKE(L->v, T * KD, eb);
+        }
+        TAKE(L->att, T * HD, eb);
+        TAKE(L->xm, T * C, eb);
+        TAKE(L->g, T * F, eb);
+        TAKE(L->u, T * F, eb);
+        TAKE(L->rstd1, T, 4);
+        TAKE(L->rstdq, T * c->H, 4);
+        TAKE(L->rstdk, T * c->K, 4);
+        TAKE(L->lse, T * c->H, 4);
+        TAKE(L->rstd2, T, 4);
         a->layer_bytes = off - off0;
-        if (l < a->n_ckpt) shared = *L;   /* layer 0 carves the shared set */
+        if (l < a->n_ckpt) shared = *L; /* layer 0 carves the shared set */
     }
-    TAKE(a->xL, T * C, eb); TAKE(a->lnf, T * C, eb); TAKE(a->rstdf, T, 4);
-    TAKE(a->logp, M, 4); TAKE(a->ent, M, 4); TAKE(a->dlogp, M, 4); TAKE(a->dent, M, 4);
+    TAKE(a->xL, T * C, eb);
+    TAKE(a->lnf, T * C, eb);
+    TAKE(a->rstdf, T, 4);
+    TAKE(a->logp, M, 4);
+    TAKE(a->ent, M, 4);
+    TAKE(a->dlogp, M, 4);
+    TAKE(a->dent, M, 4);
     TAKE(a->ints, 7 * T + 2 * M, 4);
-    if (m->lora_r) { TAKE(a->lu, T * 3 * m->lora_r, eb); TAKE(a->ldu, T * m->lora_r, eb); }
+    if (m->lora_r) {
+        TAKE(a->lu, T * 3 * m->lora_r, eb);
+        TAKE(a->ldu, T * m->lora_r, eb);
+    }
 #undef TAKE
     return off;
 }
@@ -262,8 +320,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
 static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M);
 
 size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt) {
-    model_acts a = { .cap_T = cap_T > 0 ? cap_T : 1, .cap_M = cap_M > 0 ? cap_M : 1, .grad = grad,
-                     .n_ckpt = grad ? n_ckpt : 0 };
+    model_acts a = {.cap_T = cap_T > 0 ? cap_T : 1, .cap_M = cap_M > 0 ? cap_M : 1, .grad = grad, .n_ckpt = grad ? n_ckpt : 0};
     a.l = calloc((size_t)m->cfg.L, sizeof *a.l);
     size_t bytes = a.l ? carve(m, &a, NULL) : (size_t)-1;
     free(a.l);
@@ -283,9 +340,10 @@ int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, 
         while (k <= L && model_acts_bytes(m, cap_T, cap_M, 1, k) > budget) k++;
         if (k > L) {
             memset(a, 0, sizeof *a);
-            return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB even with every layer recomputed, over the "
-                           "%.1f MiB left on %s: lower max_tokens_per_micro_batch", cap_T,
-                           model_acts_bytes(m, cap_T, cap_M, 1, L) / 1048576.0, budget / 1048576.0, m->be->name);
+            return err_set(GE_NOMEM,
+                           "activations for %d tokens need %.1f MiB even with every layer recomputed, over the "
+                           "%.1f MiB left on %s: lower max_tokens_per_micro_batch",
+                           cap_T, model_acts_bytes(m, cap_T, cap_M, 1, L) / 1048576.0, budget / 1048576.0, m->be->name);
         }
     }
     return acts_init(m, a, cap_T, cap_M, 1, k);
@@ -298,9 +356,8 @@ static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gr
     return acts_alloc(m, a, cap_T, cap_M);
 }
 
-int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv,
-                       int row0, int ring) {
-    *a = (model_acts){ .grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring };
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring) {
+    *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring};
     return acts_alloc(m, a, cap_T, cap_M);
 }
 
@@ -315,8 +372,8 @@ static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M) {
     if (!a->mem) {
         free(a->l);
         a->l = NULL;
-        return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB on %s: lower max_tokens_per_micro_batch",
-                       cap_T, bytes / 1048576.0, m->be->name);
+        return err_set(GE_NOMEM, "activations for %d tokens need %.1f MiB on %s: lower max_tokens_per_micro_batch", cap_T,
+                       bytes / 1048576.0, m->be->name);
     }
     carve(m, a, a->mem);
     return 0;
@@ -337,7 +394,8 @@ int model_kv_init(const model *m, model_kv *kv, int cap_S) {
     kv->v = calloc((size_t)c->L, sizeof(void *));
     kv->mem = kv->k && kv->v ? m->be->alloc(m->be, per * 2 * (size_t)c->L) : NULL;
     if (!kv->mem) {
-        free(kv->k); free(kv->v);
+        free(kv->k);
+        free(kv->v);
         memset(kv, 0, sizeof *kv);
         return err_set(GE_NOMEM, "KV cache of %d rows needs %.1f MiB on %s", cap_S, per * 2.0 * c->L / 1048576.0, m->be->name);
     }
@@ -350,25 +408,34 @@ int model_kv_init(const model *m, model_kv *kv, int cap_S) {
 
 void model_kv_free(const model *m, model_kv *kv) {
     if (kv->mem) m->be->free(m->be, kv->mem);
-    free(kv->k); free(kv->v);
+    free(kv->k);
+    free(kv->v);
     memset(kv, 0, sizeof *kv);
 }
 
 /* ---------------------------------------------------------------- forward */
 
 void model_input_from_batch(model_input *in, const pack_batch *b) {
-    *in = (model_input){ .T = b->T, .tokens = b->tokens, .pos = b->pos, .a0 = b->kv_a0, .a1 = b->kv_a1,
-                         .b0 = b->kv_b0, .b1 = b->kv_b1, .slot = NULL, .M = b->M, .out_pos = b->out_pos,
-                         .out_tok = b->out_tok };
+    *in = (model_input){.T = b->T,
+                        .tokens = b->tokens,
+                        .pos = b->pos,
+                        .a0 = b->kv_a0,
+                        .a1 = b->kv_a1,
+                        .b0 = b->kv_b0,
+                        .b1 = b->kv_b1,
+                        .slot = NULL,
+                        .M = b->M,
+                        .out_pos = b->out_pos,
+                        .out_tok = b->out_tok};
 }
 
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
     eng_backend *be = m->be;
     if (in->T > a->cap_T || in->M > a->cap_M)
-        return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d",
-                       in->T, in->M, a->cap_T, a->cap_M);
+        return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d", in->T, in->M, a->cap_T,
+                       a->cap_M);
     int T = in->T, *p = a->ints, rc = 0;
-    const int *src[7] = { in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot };
+    const int *src[7] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot};
     int *dst[7];
     for (int i = 0; i < 7; i++, p += a->cap_T) {
         dst[i] = p;
@@ -377,13 +444,19 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
     int *op = p, *ot = p + a->cap_M;
     if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
     if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
-    *d = (model_dev_input){ .T = T, .M = in->M, .tokens = dst[0], .pos = dst[1], .slot = in->slot ? dst[6] : NULL, .out_pos = op, .out_tok = ot,
-                      .r = { dst[2], dst[3], dst[4], dst[5] } };
+    *d = (model_dev_input){.T = T,
+                           .M = in->M,
+                           .tokens = dst[0],
+                           .pos = dst[1],
+                           .slot = in->slot ? dst[6] : NULL,
+                           .out_pos = op,
+                           .out_tok = ot,
+                           .r = {dst[2], dst[3], dst[4], dst[5]}};
     return rc;
 }
 
-int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
-                  float temperature, int want_entropy) {
+int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in, float temperature,
+                  int want_entropy) {
     model_dev_input d;
     int rc = model_input_upload(m, a, in, &d);
     if (rc) return rc;
@@ -406,20 +479,20 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
     }
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, T, C, c->eps);
     if (d->M)
-        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, C,
-                        c->V, temperature);
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, C, c->V,
+                        temperature);
 }
 
 /* Target t's adapter term for its base projection (a NULL: none, as in the reference's views):
  * the op writes X A^T to the i-th of the three (T, r) slots of the scratch lu. */
 static mm_lowrank lora_term(const model *m, const model_acts *a, const model_layer_views *W, int t, int i, int T) {
-    if (!m->lora_r || !W->la[t]) return (mm_lowrank){ 0 };
+    if (!m->lora_r || !W->la[t]) return (mm_lowrank){0};
     void *u = (char *)a->lu + (size_t)i * T * m->lora_r * m->be->act_bytes;
-    return (mm_lowrank){ W->la[t], W->lb[t], u, m->lora_r };
+    return (mm_lowrank){W->la[t], W->lb[t], u, m->lora_r};
 }
 
-void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
-                     void *kv_k, void *kv_v) {
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
+                     void *kv_v) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
@@ -428,25 +501,32 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
      * recomputes them), the residual adds in the o and down projections; adapters add both
      * halves of their terms inside the base projections (mm_part.lr, lora_term) */
-    mm_norm n1 = { W->attn_norm, c->eps, A->ln1 }, n2 = { W->mlp_norm, c->eps, A->ln2 };
-    mm_part qkv[3] = { { c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lora_term(m, a, W, LORA_Q, 0, T) },
-                       { c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lora_term(m, a, W, LORA_K, 1, T) },
-                       { A->v, W->wv, W->bv, KD, NULL, lora_term(m, a, W, LORA_V, 2, T) } };
+    mm_norm n1 = {W->attn_norm, c->eps, A->ln1}, n2 = {W->mlp_norm, c->eps, A->ln2};
+    mm_part qkv[3] = {{c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lora_term(m, a, W, LORA_Q, 0, T)},
+                      {c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lora_term(m, a, W, LORA_K, 1, T)},
+                      {A->v, W->wv, W->bv, KD, NULL, lora_term(m, a, W, LORA_V, 2, T)}};
     be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
     /* with a KV cache (no grad) k and v go straight to their cache rows; A->k, A->v stay unwritten */
-    qkv_rope_io io = { .q_out = A->q, .k_out = kv_k ? kv_k : A->k, .v_out = kv_v ? kv_v : A->v,
-                       .rstd_q = A->rstdq, .rstd_k = A->rstdk, .q = c->qk_norm ? A->q0 : A->q,
-                       .k = c->qk_norm ? A->k0 : A->k, .v = A->v, .qw = c->qk_norm ? W->q_norm : NULL,
-                       .kw = c->qk_norm ? W->k_norm : NULL, .rows = kv_k ? d->slot : NULL };
+    qkv_rope_io io = {.q_out = A->q,
+                      .k_out = kv_k ? kv_k : A->k,
+                      .v_out = kv_v ? kv_v : A->v,
+                      .rstd_q = A->rstdq,
+                      .rstd_k = A->rstdk,
+                      .q = c->qk_norm ? A->q0 : A->q,
+                      .k = c->qk_norm ? A->k0 : A->k,
+                      .v = A->v,
+                      .qw = c->qk_norm ? W->q_norm : NULL,
+                      .kw = c->qk_norm ? W->k_norm : NULL,
+                      .rows = kv_k ? d->slot : NULL};
     be->qkv_rope_fwd(be, &io, d->pos, m->inv_freq, T, H, K, D, c->eps);
     const void *keys = io.k_out, *vals = io.v_out;
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
-    mm_part o = { A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T) };
+    mm_part o = {A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T)};
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
-    mm_lowrank lg[2] = { lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T) };
+    mm_lowrank lg[2] = {lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T)};
     be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F, lg[0].a || lg[1].a ? lg : NULL);
-    if (!out) return;   /* a backward's recompute: the layer's output is not needed */
-    mm_part dn = { out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T) };
+    if (!out) return; /* a backward's recompute: the layer's output is not needed */
+    mm_part dn = {out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T)};
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 
@@ -467,11 +547,11 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     be->zero(be, a->dlnf, (size_t)T * C * eb);
     be->zero(be, a->dres, (size_t)T * C * eb);
     if (M)
-        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok,
-                        w->lm_head, M, C, c->V, temperature);
+        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d.out_pos, d.out_tok, w->lm_head, M, C,
+                        c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
     for (int l = c->L - 1; l >= 0; l--) {
-        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, &d, NULL, NULL);   /* refill the shared set */
+        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, &d, NULL, NULL); /* refill the shared set */
         model_layer_bwd(m, w, g, a, l, &d);
     }
     if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
@@ -480,8 +560,8 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
 
 /* Backward of an adapter term (mm_part.lr) given dY (T, O): gA, gB += their
  * gradients, dX (T, I) += the input gradient through the adapter. X A^T is recomputed into lu. */
-static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t,
-                     const void *dY, const void *X, void *dX, int T, int I, int O) {
+static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t, const void *dY,
+                     const void *X, void *dX, int T, int I, int O) {
     if (!W->la[t]) return;
     eng_backend *be = m->be;
     int r = m->lora_r;
@@ -507,8 +587,7 @@ static void acc_begin(const model *m, const model_acts *a, int l, int T) {
     }
 }
 
-void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
-                     const model_dev_input *d) {
+void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
@@ -521,7 +600,7 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     be->zero(be, a->da, (size_t)T * F * eb);
     be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
-    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C);   /* before swiglu_bwd writes du = A->a */
+    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C); /* before swiglu_bwd writes du = A->a */
     be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
@@ -538,14 +617,16 @@ void model_layer_bwd(const model *m, const model_views *w, const model_views *g,
     const void *keys = A->k, *vals = A->v;
     void *dkeys = a->dk, *dvals = a->dv;
     if (a->kv) {
-        keys = a->kv->k[l]; vals = a->kv->v[l]; dkeys = a->dkv->k[l]; dvals = a->dkv->v[l];
+        keys = a->kv->k[l];
+        vals = a->kv->v[l];
+        dkeys = a->dkv->k[l];
+        dvals = a->dkv->v[l];
         if (a->acc) acc_begin(m, a, l, T);
     } else {
         be->zero(be, a->dk, (size_t)T * KD * eb);
         be->zero(be, a->dv, (size_t)T * KD * eb);
     }
-    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H,
-                      K, D);
+    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H, K, D);
     if (a->acc && a->kv_row0 > 0) {
         be->acc_f32(be, a->acc->k[l], dkeys, (long long)a->acc->S * KD);
         be->acc_f32(be, a->acc->v[l], dvals, (long long)a->acc->S * KD);

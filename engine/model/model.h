@@ -18,10 +18,10 @@
 #include "engine/model/pack.h"
 
 typedef struct {
-    char name[96];              /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
+    char name[96]; /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
     int ndim;
     long long shape[2];
-    long long off, numel;       /* elements into the flat buffer */
+    long long off, numel; /* elements into the flat buffer */
 } model_param;
 
 /* LoRA targets (engine/model/lora.h): the seven projections an adapter can ride on. */
@@ -29,37 +29,41 @@ enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N };
 
 /* One layer's parameters; bq/bk/bv/bo and q_norm/k_norm are NULL when the config has none. */
 typedef struct {
-    void *attn_norm;            /* (C) */
-    void *wq, *bq;              /* (HD,C), (HD) */
-    void *wk, *bk;              /* (KD,C), (KD) */
-    void *wv, *bv;              /* (KD,C), (KD) */
-    void *q_norm, *k_norm;      /* (D), (D) */
-    void *wo, *bo;              /* (C,HD), (C) */
-    void *mlp_norm;             /* (C) */
-    void *w_gate, *w_up;        /* (F,C), (F,C) */
-    void *w_down;               /* (C,F) */
+    void *attn_norm; /* (C) */
+    void *wq, *bq; /* (HD,C), (HD) */
+    void *wk, *bk; /* (KD,C), (KD) */
+    void *wv, *bv; /* (KD,C), (KD) */
+    void *q_norm, *k_norm; /* (D), (D) */
+    void *wo, *bo; /* (C,HD), (C) */
+    void *mlp_norm; /* (C) */
+    void *w_gate, *w_up; /* (F,C), (F,C) */
+    void *w_down; /* (C,F) */
     /* low-rank adapters (NULL: none, the base alone): target t adds (X A^T) B^T to its
      * projection's output, A (r, I) and B (O, r) with the LoRA scale folded into B (lora.h) */
     void *la[LORA_N], *lb[LORA_N];
 } model_layer_views;
 
 typedef struct {
-    void *embed;                /* (V,C) */
-    void *final_norm;           /* (C) */
-    void *lm_head;              /* (V,C), == embed when tied */
-    model_layer_views *layers;  /* (L) */
+    void *embed; /* (V,C) */
+    void *final_norm; /* (C) */
+    void *lm_head; /* (V,C), == embed when tied */
+    model_layer_views *layers; /* (L) */
 } model_views;
 
 typedef struct {
     model_config cfg;
     eng_backend *be;
-    model_param *params; int n_params;
-    long long n_elems;          /* elements of a flat parameter buffer */
-    float *inv_freq;            /* (D/2) in backend memory */
+    model_param *params;
+    int n_params;
+    long long n_elems; /* elements of a flat parameter buffer */
+    float *inv_freq; /* (D/2) in backend memory */
     /* LoRA adapters (engine/model/lora.c; lora_r = 0: none): their own flat buffer, all A then all B */
-    int lora_r; float lora_alpha; unsigned lora_targets;   /* bit t for target t */
-    model_param *lparams; int n_lparams;
-    long long l_elems, l_elems_a;   /* elements of the adapter buffer; of its A part (first) */
+    int lora_r;
+    float lora_alpha;
+    unsigned lora_targets; /* bit t for target t */
+    model_param *lparams;
+    int n_lparams;
+    long long l_elems, l_elems_a; /* elements of the adapter buffer; of its A part (first) */
 } model;
 
 int model_init(model *m, const model_config *cfg, eng_backend *be);
@@ -90,45 +94,50 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
  * 2C bytes (bf16) instead of 2(2C + 3HD + 3KD + 2F) + 4(2 + 2H + K), for one more forward of
  * those layers less their down projection (figures: docs/benchmarks.md, "Optimizer state in host
  * memory, activations by budget"). */
-enum { MODEL_ACTS_RECOMPUTE = 2 };   /* grad mode with every layer checkpointed (n_ckpt = L) */
+enum { MODEL_ACTS_RECOMPUTE = 2 }; /* grad mode with every layer checkpointed (n_ckpt = L) */
 typedef struct model_kv model_kv;
 /* fp32 sums of the gradients of KV-cache rows [0, S) in every layer, k and v (L) each (S, K, D):
  * a split group's prompt dK/dV (engine/model/split.c), added to by several backwards, cast once. */
-typedef struct { int S; float **k, **v; } model_kv_acc;
 typedef struct {
-    int cap_T, cap_M, grad;     /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE */
-    int n_ckpt;                 /* layers that keep only x (grad only) */
-    void *mem;                  /* one backend allocation */
+    int S;
+    float **k, **v;
+} model_kv_acc;
+typedef struct {
+    int cap_T, cap_M, grad; /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE */
+    int n_ckpt; /* layers that keep only x (grad only) */
+    void *mem; /* one backend allocation */
     /* model_acts_init_kv only (else NULL / 0): keys and values in a KV cache, gradients into dkv */
-    const model_kv *kv; model_kv *dkv; int kv_row0, ring;
+    const model_kv *kv;
+    model_kv *dkv;
+    int kv_row0, ring;
     /* set by the caller after model_acts_init_kv (else NULL): dkv is then scratch that all
      * layers may share, and the gradients of rows [0, acc->S) are kept in acc (model_layer_bwd) */
     model_kv_acc *acc;
-    size_t layer_bytes;         /* one layer's saved activations: a block from l[l].x */
-    struct model_layer_acts {   /* act-typed (be->act_bytes) unless float */
-        void *x;                /* (T,C) the layer's input (residual stream) */
-        void *ln1;              /* (T,C) rmsnorm(x) */
-        void *q0, *k0;          /* (T,HD), (T,KD) before q/k norm and RoPE (qk_norm only) */
-        void *q, *k, *v;        /* (T,HD), (T,KD), (T,KD) after RoPE */
-        void *att;              /* (T,HD) attention output */
-        void *xm;               /* (T,C) x + att Wo^T */
-        void *ln2;              /* (T,C) rmsnorm(xm) */
-        void *g, *u, *a;        /* (T,F) gate, up, silu(g)*u */
-        float *rstd1, *rstd2;   /* (T) 1/rms of x, xm */
-        float *rstdq, *rstdk;   /* (T,H), (T,K) 1/rms of each q/k head */
-        float *lse;             /* (T,H) attention logsumexp */
-    } *l;                       /* (L) */
-    void *lu, *ldu;             /* LoRA scratch (m->lora_r > 0): X A^T of up to three targets
+    size_t layer_bytes; /* one layer's saved activations: a block from l[l].x */
+    struct model_layer_acts { /* act-typed (be->act_bytes) unless float */
+        void *x; /* (T,C) the layer's input (residual stream) */
+        void *ln1; /* (T,C) rmsnorm(x) */
+        void *q0, *k0; /* (T,HD), (T,KD) before q/k norm and RoPE (qk_norm only) */
+        void *q, *k, *v; /* (T,HD), (T,KD), (T,KD) after RoPE */
+        void *att; /* (T,HD) attention output */
+        void *xm; /* (T,C) x + att Wo^T */
+        void *ln2; /* (T,C) rmsnorm(xm) */
+        void *g, *u, *a; /* (T,F) gate, up, silu(g)*u */
+        float *rstd1, *rstd2; /* (T) 1/rms of x, xm */
+        float *rstdq, *rstdk; /* (T,H), (T,K) 1/rms of each q/k head */
+        float *lse; /* (T,H) attention logsumexp */
+    } * l; /* (L) */
+    void *lu, *ldu; /* LoRA scratch (m->lora_r > 0): X A^T of up to three targets
                                  * (3, T, r); one's gradient (T, r) */
-    void *xL, *lnf;             /* (T,C) last layer's output, final norm of it */
-    float *rstdf;               /* (T) */
-    float *logp, *ent, *dlogp, *dent;   /* (M) */
-    int *ints;                  /* batch arrays: tokens, pos, a0, a1, b0, b1, slot (T each), out_pos, out_tok (M) */
+    void *xL, *lnf; /* (T,C) last layer's output, final norm of it */
+    float *rstdf; /* (T) */
+    float *logp, *ent, *dlogp, *dent; /* (M) */
+    int *ints; /* batch arrays: tokens, pos, a0, a1, b0, b1, slot (T each), out_pos, out_tok (M) */
     /* backward scratch, act-typed */
-    void *dres, *dlnf, *dln;    /* (T,C) */
-    void *dq, *dq0, *datt;      /* (T,HD) */
-    void *dk, *dv, *dk0;        /* (T,KD) */
-    void *da, *dg, *du;         /* (T,F) */
+    void *dres, *dlnf, *dln; /* (T,C) */
+    void *dq, *dq0, *datt; /* (T,HD) */
+    void *dk, *dv, *dk0; /* (T,KD) */
+    void *da, *dg, *du; /* (T,F) */
 } model_acts;
 
 int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad);
@@ -142,8 +151,8 @@ void model_acts_free(const model *m, model_acts *a);
 /* A KV cache: per layer k, v (S,K,D) act-typed, in backend memory. */
 struct model_kv {
     int cap_S;
-    void *mem;                  /* one backend allocation */
-    void **k, **v;              /* (L) each (S,K,D) */
+    void *mem; /* one backend allocation */
+    void **k, **v; /* (L) each (S,K,D) */
 };
 
 /* Grad-mode activations whose tokens' keys and values live in rows row0 .. row0 + T of the KV
@@ -159,8 +168,7 @@ struct model_kv {
  * ring > 0 keeps the saved activations of `ring` layers only (l[l] aliases l[l % ring]): each
  * layer's block (layer_bytes from l[l].x) must be moved out after its forward and back before
  * its backward by the caller; 0 keeps every layer. */
-int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv,
-                       int row0, int ring);
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring);
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
 
@@ -169,10 +177,11 @@ void model_kv_free(const model *m, model_kv *kv);
  * uploaded into a->ints. Without kv, keys are the T tokens themselves. */
 typedef struct {
     int T;
-    const int *tokens, *pos;                    /* (T) */
-    const int *a0, *a1, *b0, *b1;               /* (T) */
-    const int *slot;                            /* (T) or NULL */
-    int M; const int *out_pos, *out_tok;        /* (M) predictions (may be 0) */
+    const int *tokens, *pos; /* (T) */
+    const int *a0, *a1, *b0, *b1; /* (T) */
+    const int *slot; /* (T) or NULL */
+    int M;
+    const int *out_pos, *out_tok; /* (M) predictions (may be 0) */
 } model_input;
 
 /* Fill a model_input from a packed micro-batch (pointers into b). */
@@ -180,13 +189,17 @@ void model_input_from_batch(model_input *in, const pack_batch *b);
 
 /* Forward: the final-norm hidden states land in a->lnf; with in->M > 0 also a->logp (and
  * a->ent when want_entropy) at temperature. kv may be NULL. */
-int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in,
-                  float temperature, int want_entropy);
+int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in, float temperature,
+                  int want_entropy);
 /* The same forward in two halves, for callers that keep inputs on the device or capture the
  * forward in a CUDA graph: model_input_upload copies in's arrays into a->ints (synchronous
  * host copies); model_forward_dev only queues the ops (no copies, no sync: errors surface at
  * the next be->sync). A captured forward replays against whatever a->ints holds then. */
-typedef struct { int T, M; int *tokens, *pos, *slot, *out_pos, *out_tok; attn_ranges r; } model_dev_input;
+typedef struct {
+    int T, M;
+    int *tokens, *pos, *slot, *out_pos, *out_tok;
+    attn_ranges r;
+} model_dev_input;
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
                        float temperature, int want_entropy);
@@ -197,12 +210,11 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
  *   A->xm = A->x + att Wo^T; out = A->xm + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T, ln2 = rmsnorm(A->xm).
  * out may be A->x (not read once A->xm is made). ln1 / ln2 are scratch (the backward recomputes
  * them and their rstd). kv_k, kv_v: this layer's cache (d->slot set) or NULL. */
-void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d,
-                     void *kv_k, void *kv_v);
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
+                     void *kv_v);
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
-void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
-                     const model_dev_input *d);
+void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
 /* Backward of sum(dlogp·logp + dent·ent) given host dlogp/dent (M, dent may be NULL) for the
  * input of the last model_forward on a (grad mode); gradients are ADDED into the fp32 views g. */
 int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,

@@ -37,7 +37,7 @@ static void put_prompt(pack_batch *b, const pack_group *g, int p0) {
         b->pos[t] = i;
         b->kv_a0[t] = p0;
         b->kv_a1[t] = p0 + i + 1;
-        b->kv_b0[t] = b->kv_b1[t] = p0 + i + 1;     /* empty */
+        b->kv_b0[t] = b->kv_b1[t] = p0 + i + 1; /* empty */
     }
 }
 
@@ -45,8 +45,7 @@ static void put_prompt(pack_batch *b, const pack_group *g, int p0) {
  * prompt at [p0, p0 + P) and causally to itself; positions restart at P. Its predictions go to
  * out_*[m0 ..): the first token is predicted by the last prompt token, the rest by their
  * predecessor in the segment. */
-static void put_response(pack_batch *b, const pack_group *g, int gi, int ri, int s, int p0, int s0,
-                         int m0) {
+static void put_response(pack_batch *b, const pack_group *g, int gi, int ri, int s, int p0, int s0, int m0) {
     int P = g->P, R = g->R[ri];
     const int *r = g->resp[ri];
     for (int j = 0; j < R; j++) {
@@ -79,22 +78,41 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
         S += g->N;
         G += layout == PACK_PACKED ? 1 : g->N;
     }
-    if (T > 0x7fffffffLL)
-        return err_set(GE_TOO_LARGE, "micro-batch of %lld tokens exceeds the int index range", T);
+    if (T > 0x7fffffffLL) return err_set(GE_TOO_LARGE, "micro-batch of %lld tokens exceeds the int index range", T);
 
     /* One block holds every array; tokens is its start, so pack_batch_free frees it. */
     size_t n_int = (size_t)6 * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M;
     int *blk = calloc(n_int ? n_int : 1, sizeof(int));
     if (!blk) return err_set(GE_NOMEM, "pack_build: %zu ints for %lld tokens", n_int, T);
     int *q = blk;
-#define TAKE_(field, n) do { b->field = q; q += (n); } while (0)
-    TAKE_(tokens, T); TAKE_(pos, T); TAKE_(kv_a0, T); TAKE_(kv_a1, T); TAKE_(kv_b0, T); TAKE_(kv_b1, T);
-    TAKE_(cu_seqlens, G + 1); TAKE_(grp_plen, G); TAKE_(grp_seg0, G); TAKE_(grp_nseg, G);
-    TAKE_(seg_start, S); TAKE_(seg_len, S); TAKE_(seg_group, S); TAKE_(seg_resp, S); TAKE_(seg_out0, S);
-    TAKE_(out_pos, M); TAKE_(out_tok, M);
+#define TAKE_(field, n) \
+    do { \
+        b->field = q; \
+        q += (n); \
+    } while (0)
+    TAKE_(tokens, T);
+    TAKE_(pos, T);
+    TAKE_(kv_a0, T);
+    TAKE_(kv_a1, T);
+    TAKE_(kv_b0, T);
+    TAKE_(kv_b1, T);
+    TAKE_(cu_seqlens, G + 1);
+    TAKE_(grp_plen, G);
+    TAKE_(grp_seg0, G);
+    TAKE_(grp_nseg, G);
+    TAKE_(seg_start, S);
+    TAKE_(seg_len, S);
+    TAKE_(seg_group, S);
+    TAKE_(seg_resp, S);
+    TAKE_(seg_out0, S);
+    TAKE_(out_pos, M);
+    TAKE_(out_tok, M);
 #undef TAKE_
     assert(q <= blk + (n_int ? n_int : 1));
-    b->T = (int)T; b->G = G; b->S = S; b->M = (int)M;
+    b->T = (int)T;
+    b->G = G;
+    b->S = S;
+    b->M = (int)M;
 
     int t = 0, gu = 0, s = 0, m = 0;
     for (int k = 0; k < count; k++) {
@@ -102,22 +120,33 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
         const pack_group *g = &groups[gi];
         if (layout == PACK_PACKED) {
             int p0 = t;
-            b->cu_seqlens[gu] = p0; b->grp_plen[gu] = g->P; b->grp_seg0[gu] = s; b->grp_nseg[gu] = g->N;
+            b->cu_seqlens[gu] = p0;
+            b->grp_plen[gu] = g->P;
+            b->grp_seg0[gu] = s;
+            b->grp_nseg[gu] = g->N;
             put_prompt(b, g, p0);
             t += g->P;
             for (int i = 0; i < g->N; i++) {
                 put_response(b, g, gi, i, s, p0, t, m);
-                t += g->R[i]; m += g->R[i]; s++;
+                t += g->R[i];
+                m += g->R[i];
+                s++;
             }
             gu++;
         } else {
             for (int i = 0; i < g->N; i++) {
                 int p0 = t;
-                b->cu_seqlens[gu] = p0; b->grp_plen[gu] = g->P; b->grp_seg0[gu] = s; b->grp_nseg[gu] = 1;
+                b->cu_seqlens[gu] = p0;
+                b->grp_plen[gu] = g->P;
+                b->grp_seg0[gu] = s;
+                b->grp_nseg[gu] = 1;
                 put_prompt(b, g, p0);
                 t += g->P;
                 put_response(b, g, gi, i, s, p0, t, m);
-                t += g->R[i]; m += g->R[i]; s++; gu++;
+                t += g->R[i];
+                m += g->R[i];
+                s++;
+                gu++;
             }
         }
     }
@@ -134,8 +163,7 @@ void pack_batch_free(pack_batch *b) {
 
 /* ---------- the micro-batch planner ---------- */
 
-int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens,
-                   pack_layout layout) {
+int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens, pack_layout layout) {
     memset(p, 0, sizeof *p);
     for (int i = 0; i < n_groups; i++) {
         const pack_group *g = &groups[i];
@@ -153,7 +181,7 @@ int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long lo
                                "(a response is never split across micro-batches)",
                                i, r, g->R[r], max_tokens);
     }
-    int cap = n_groups > 0 ? n_groups : 1;          /* at most one micro-batch per group */
+    int cap = n_groups > 0 ? n_groups : 1; /* at most one micro-batch per group */
     p->mb_first = malloc(sizeof(int) * cap);
     p->mb_count = malloc(sizeof(int) * cap);
     p->mb_split = malloc(sizeof(int) * cap);

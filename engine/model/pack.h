@@ -18,30 +18,30 @@
 
 /* One prompt group as the engine receives it (the caller owns the arrays). */
 typedef struct {
-    const int *prompt;          /* (P) */
+    const int *prompt; /* (P) */
     int P;
-    int N;                      /* responses */
-    const int *const *resp;     /* N arrays, resp[i] of length R[i] */
-    const int *R;               /* (N) */
+    int N; /* responses */
+    const int *const *resp; /* N arrays, resp[i] of length R[i] */
+    const int *R; /* (N) */
 } pack_group;
 
 typedef enum { PACK_PACKED = 0, PACK_STANDARD = 1 } pack_layout;
 
 typedef struct {
     int T, G, S, M;
-    int *tokens;                /* (T) token ids */
-    int *pos;                   /* (T) RoPE positions */
-    int *kv_a0, *kv_a1;         /* (T) first key range, packed indices [a0, a1) */
-    int *kv_b0, *kv_b1;         /* (T) second key range [b0, b1), empty when b0 == b1 */
-    int *cu_seqlens;            /* (G + 1) packed start of each group, cu_seqlens[G] == T */
-    int *grp_plen;              /* (G) prompt length P of each group */
-    int *grp_seg0, *grp_nseg;   /* (G) first segment index and number of responses */
-    int *seg_start, *seg_len;   /* (S) packed start and length R of each response */
-    int *seg_group;             /* (S) source group index (into the caller's pack_group array) */
-    int *seg_resp;              /* (S) response index within that source group */
-    int *seg_out0;              /* (S) index of the segment's first predicted token in out_* */
-    int *out_pos;               /* (M) packed token whose logits predict out_tok */
-    int *out_tok;               /* (M) target token id */
+    int *tokens; /* (T) token ids */
+    int *pos; /* (T) RoPE positions */
+    int *kv_a0, *kv_a1; /* (T) first key range, packed indices [a0, a1) */
+    int *kv_b0, *kv_b1; /* (T) second key range [b0, b1), empty when b0 == b1 */
+    int *cu_seqlens; /* (G + 1) packed start of each group, cu_seqlens[G] == T */
+    int *grp_plen; /* (G) prompt length P of each group */
+    int *grp_seg0, *grp_nseg; /* (G) first segment index and number of responses */
+    int *seg_start, *seg_len; /* (S) packed start and length R of each response */
+    int *seg_group; /* (S) source group index (into the caller's pack_group array) */
+    int *seg_resp; /* (S) response index within that source group */
+    int *seg_out0; /* (S) index of the segment's first predicted token in out_* */
+    int *out_pos; /* (M) packed token whose logits predict out_tok */
+    int *out_tok; /* (M) target token id */
 } pack_batch;
 
 /* Build one micro-batch from groups[first .. first + count) in the given layout.
@@ -59,8 +59,10 @@ long long pack_group_tokens(const pack_group *g, pack_layout layout);
  * prompt's cached keys. A response longer than max_tokens (a response is never cut), or any
  * group over max_tokens in the standard layout, is GE_TOO_LARGE with a message naming the group
  * and its size. The plan owns its arrays: pack_plan_free. */
-typedef struct { int n_mb; int *mb_first, *mb_count, *mb_split; } pack_plan;
-int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens,
-                   pack_layout layout);
+typedef struct {
+    int n_mb;
+    int *mb_first, *mb_count, *mb_split;
+} pack_plan;
+int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long long max_tokens, pack_layout layout);
 void pack_plan_free(pack_plan *p);
 #endif

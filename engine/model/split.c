@@ -35,7 +35,10 @@ int split_resp_batches(const pack_group *g, long long max_tokens, int *first) {
     int k = 0;
     long long used = 0;
     for (int r = 0; r < g->N; r++) {
-        if (r == 0 || used + g->R[r] > max_tokens) { first[k++] = r; used = 0; }
+        if (r == 0 || used + g->R[r] > max_tokens) {
+            first[k++] = r;
+            used = 0;
+        }
         used += g->R[r];
     }
     first[k] = g->N;
@@ -45,15 +48,26 @@ int split_resp_batches(const pack_group *g, long long max_tokens, int *first) {
 /* ---------------------------------------------------------------- inputs (host arrays) */
 
 /* One block of host ints for a model_input of T tokens and M predictions. */
-typedef struct { model_input in; int *mem; } host_input;
+typedef struct {
+    model_input in;
+    int *mem;
+} host_input;
 
 static int input_alloc(host_input *h, int T, int M) {
     int *p = malloc(((size_t)7 * T + 2 * (size_t)M + 1) * sizeof(int));
     h->mem = p;
     if (!p) return err_set(GE_NOMEM, "split: out of memory");
-    h->in = (model_input){ .T = T, .M = M, .tokens = p, .pos = p + T, .a0 = p + 2 * T, .a1 = p + 3 * T,
-                           .b0 = p + 4 * T, .b1 = p + 5 * T, .slot = p + 6 * T, .out_pos = p + 7 * T,
-                           .out_tok = p + 7 * T + M };
+    h->in = (model_input){.T = T,
+                          .M = M,
+                          .tokens = p,
+                          .pos = p + T,
+                          .a0 = p + 2 * T,
+                          .a1 = p + 3 * T,
+                          .b0 = p + 4 * T,
+                          .b1 = p + 5 * T,
+                          .slot = p + 6 * T,
+                          .out_pos = p + 7 * T,
+                          .out_tok = p + 7 * T + M};
     return 0;
 }
 
@@ -64,15 +78,23 @@ static int prompt_input(host_input *h, const pack_group *g) {
     for (int r = 0; r < g->N; r++) M += g->R[r] > 0;
     int rc = input_alloc(h, g->P, M);
     if (rc) return rc;
-    int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1,
-        *b0 = (int *)h->in.b0, *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
+    int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1, *b0 = (int *)h->in.b0,
+        *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
     for (int i = 0; i < g->P; i++) {
-        tok[i] = g->prompt[i]; pos[i] = i; slot[i] = i;
-        a0[i] = 0; a1[i] = i + 1; b0[i] = b1[i] = i + 1;
+        tok[i] = g->prompt[i];
+        pos[i] = i;
+        slot[i] = i;
+        a0[i] = 0;
+        a1[i] = i + 1;
+        b0[i] = b1[i] = i + 1;
     }
     int *op = (int *)h->in.out_pos, *ot = (int *)h->in.out_tok;
     for (int r = 0, m = 0; r < g->N; r++)
-        if (g->R[r] > 0) { op[m] = g->P - 1; ot[m] = g->resp[r][0]; m++; }
+        if (g->R[r] > 0) {
+            op[m] = g->P - 1;
+            ot[m] = g->resp[r][0];
+            m++;
+        }
     return 0;
 }
 
@@ -80,18 +102,30 @@ static int prompt_input(host_input *h, const pack_group *g) {
  * tokens 1..R-1 (token 0 is the prompt's), out_pos local to the micro-batch. */
 static int resp_input(host_input *h, const pack_group *g, int r0, int r1) {
     int T = 0, M = 0, P = g->P;
-    for (int r = r0; r < r1; r++) { T += g->R[r]; M += g->R[r] > 0 ? g->R[r] - 1 : 0; }
+    for (int r = r0; r < r1; r++) {
+        T += g->R[r];
+        M += g->R[r] > 0 ? g->R[r] - 1 : 0;
+    }
     int rc = input_alloc(h, T, M);
     if (rc) return rc;
-    int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1,
-        *b0 = (int *)h->in.b0, *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
+    int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1, *b0 = (int *)h->in.b0,
+        *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
     int *op = (int *)h->in.out_pos, *ot = (int *)h->in.out_tok;
     for (int r = r0, s0 = 0, m = 0; r < r1; r++) {
         for (int j = 0; j < g->R[r]; j++) {
             int t = s0 + j;
-            tok[t] = g->resp[r][j]; pos[t] = P + j; slot[t] = P + t;
-            a0[t] = 0; a1[t] = P; b0[t] = P + s0; b1[t] = P + t + 1;
-            if (j > 0) { op[m] = t - 1; ot[m] = g->resp[r][j]; m++; }
+            tok[t] = g->resp[r][j];
+            pos[t] = P + j;
+            slot[t] = P + t;
+            a0[t] = 0;
+            a1[t] = P;
+            b0[t] = P + s0;
+            b1[t] = P + t + 1;
+            if (j > 0) {
+                op[m] = t - 1;
+                ot[m] = g->resp[r][j];
+                m++;
+            }
         }
         s0 += g->R[r];
     }
@@ -132,22 +166,26 @@ static void rest_gather(const pack_group *g, const long long *off, int r0, int r
 typedef struct {
     const model *m;
     const pack_group *g;
-    int nb, *first;             /* response micro-batches */
-    int capT, capM;             /* largest response micro-batch */
-    long long *off;             /* (N + 1) */
-    host_input hp;              /* the prompt's input */
-    model_kv kv, dkv;           /* dkv: training only, one layer (P + capT rows) all layers share */
-    model_kv_acc acc;           /* training only: the prompt rows' dK/dV sums, fp32 */
+    int nb, *first; /* response micro-batches */
+    int capT, capM; /* largest response micro-batch */
+    long long *off; /* (N + 1) */
+    host_input hp; /* the prompt's input */
+    model_kv kv, dkv; /* dkv: training only, one layer (P + capT rows) all layers share */
+    model_kv_acc acc; /* training only: the prompt rows' dK/dV sums, fp32 */
     void *acc_mem;
-    float *hbuf;                /* (M) host scratch: one micro-batch's logprobs / gradients */
+    float *hbuf; /* (M) host scratch: one micro-batch's logprobs / gradients */
 } split_ctx;
 
 static void ctx_free(split_ctx *x) {
     if (x->kv.mem) model_kv_free(x->m, &x->kv);
     if (x->dkv.mem) model_kv_free(x->m, &x->dkv);
     if (x->acc_mem) x->m->be->free(x->m->be, x->acc_mem);
-    free(x->acc.k); free(x->acc.v);
-    free(x->first); free(x->off); free(x->hp.mem); free(x->hbuf);
+    free(x->acc.k);
+    free(x->acc.v);
+    free(x->first);
+    free(x->off);
+    free(x->hp.mem);
+    free(x->hbuf);
 }
 
 /* dkv: one layer of cap_S rows behind every layer's pointers; acc: (L) each (S, K, D) fp32. */
@@ -163,8 +201,7 @@ static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     x->acc.k = calloc((size_t)c->L, sizeof(float *));
     x->acc.v = calloc((size_t)c->L, sizeof(float *));
     if (!x->dkv.k || !x->dkv.v || !x->acc.k || !x->acc.v) return err_set(GE_NOMEM, "split: out of memory");
-    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, per32 * 2 * (size_t)c->L)))
-        return GE_NOMEM;
+    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, per32 * 2 * (size_t)c->L))) return GE_NOMEM;
     for (int l = 0; l < c->L; l++) {
         x->dkv.k[l] = x->dkv.mem;
         x->dkv.v[l] = (char *)x->dkv.mem + per;
@@ -174,10 +211,10 @@ static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     return 0;
 }
 
-static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const split_opts *o, int train,
-                    split_stats *st) {
+static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const split_opts *o, int train, split_stats *st) {
     memset(x, 0, sizeof *x);
-    x->m = m; x->g = g;
+    x->m = m;
+    x->g = g;
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");
@@ -194,8 +231,10 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     int maxR = 0;
     for (int r = 0; r < g->N; r++) maxR = g->R[r] > maxR ? g->R[r] : maxR;
     if ((long long)g->P + maxR > m->cfg.max_pos)
-        return err_set(GE_TOO_LARGE, "prompt of %d tokens + response of %d exceed the model's context "
-                       "(max_position_embeddings %d)", g->P, maxR, m->cfg.max_pos);
+        return err_set(GE_TOO_LARGE,
+                       "prompt of %d tokens + response of %d exceed the model's context "
+                       "(max_position_embeddings %d)",
+                       g->P, maxR, m->cfg.max_pos);
     /* the hot set: the prompt's K/V of every layer (and when training their gradients' fp32
      * sums, and one layer of dK/dV scratch) */
     const model_config *c = &m->cfg;
@@ -207,14 +246,15 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     if (rc)
         return err_set(GE_TOO_LARGE,
                        "prompt of %d tokens: its keys and values in every layer (the hot set: %.0f MiB%s) "
-                       "do not fit on %s", g->P, st->hot_mib, train ? " with their gradients" : "", m->be->name);
+                       "do not fit on %s",
+                       g->P, st->hot_mib, train ? " with their gradients" : "", m->be->name);
     return 0;
 }
 
 /* ---------------------------------------------------------------- forward only */
 
-int split_forward(const model *m, const model_views *w, const pack_group *g, const split_opts *o, float *logp,
-                  float *ent, split_stats *st) {
+int split_forward(const model *m, const model_views *w, const pack_group *g, const split_opts *o, float *logp, float *ent,
+                  split_stats *st) {
     split_stats st0;
     if (!st) st = &st0;
     memset(st, 0, sizeof *st);
@@ -258,13 +298,16 @@ int split_forward(const model *m, const model_views *w, const pack_group *g, con
 /* The prompt's saved activations: all layers on the device, or RING slots + host memory. */
 typedef struct {
     model_acts a;
-    int ring;                   /* 0: every layer on the device */
-    char *host;                 /* (L - ring) layer blocks */
-    split_mem own;              /* host's memory when the caller gave no split_mem */
+    int ring; /* 0: every layer on the device */
+    char *host; /* (L - ring) layer blocks */
+    split_mem own; /* host's memory when the caller gave no split_mem */
 } prompt_acts;
 
 void split_mem_free(eng_backend *be, split_mem *s) {
-    if (s->host) { if (be->host_free) be->host_free(be, s->host); else free(s->host); }
+    if (s->host) {
+        if (be->host_free) be->host_free(be, s->host);
+        else free(s->host);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -315,9 +358,10 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
     /* pinning more than the host has left would page the machine to a halt: refuse first */
     size_t avail = host_avail_bytes();
     if (s->bytes < bytes && avail && bytes > (avail + s->bytes) / 10 * 9)
-        return err_set(GE_TOO_LARGE, "prompt of %d tokens: its saved activations (%.0f MiB, %.0f to move out) fit "
-                       "neither on %s nor in the host memory left (%.0f MiB)", P, st->dormant_mib,
-                       bytes / 1048576.0, be->name, (avail + s->bytes) / 1048576.0);
+        return err_set(GE_TOO_LARGE,
+                       "prompt of %d tokens: its saved activations (%.0f MiB, %.0f to move out) fit "
+                       "neither on %s nor in the host memory left (%.0f MiB)",
+                       P, st->dormant_mib, bytes / 1048576.0, be->name, (avail + s->bytes) / 1048576.0);
     if (s->bytes < bytes) {
         double t = clock_mono_ms();
         split_mem_free(be, s);
@@ -327,8 +371,10 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
     }
     p->host = s->host;
     if (!p->host)
-        return err_set(GE_TOO_LARGE, "prompt of %d tokens: its saved activations (%.0f MiB) fit neither on %s nor "
-                       "in host memory", P, st->dormant_mib, be->name);
+        return err_set(GE_TOO_LARGE,
+                       "prompt of %d tokens: its saved activations (%.0f MiB) fit neither on %s nor "
+                       "in host memory",
+                       P, st->dormant_mib, be->name);
     st->offloaded = 1;
     return 0;
 }
@@ -360,8 +406,8 @@ static int pacts_wait(const model *m, const prompt_acts *p, int l, int to_host) 
 }
 
 /* A: the prompt's forward, its K/V into cache rows [0, P), its dormant set moved out as it goes. */
-static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, split_ctx *x,
-                          const model_dev_input *d, float temperature, int want_entropy) {
+static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, split_ctx *x, const model_dev_input *d,
+                          float temperature, int want_entropy) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     model_acts *a = &p->a;
@@ -382,14 +428,14 @@ static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, 
     if (rc) return rc;
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, d->T, c->C, c->eps);
     if (d->M)
-        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M,
-                        c->C, c->V, temperature);
+        be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, c->C, c->V,
+                        temperature);
     return be->sync(be);
 }
 
 /* C: the prompt's backward from its own predictions' dlogp/dent (host, M) and dkv's rows [0, P). */
-static int prompt_backward(const model *m, const model_views *w, const model_views *g, prompt_acts *p,
-                           const model_dev_input *d, const float *dlogp, const float *dent, float temperature) {
+static int prompt_backward(const model *m, const model_views *w, const model_views *g, prompt_acts *p, const model_dev_input *d,
+                           const float *dlogp, const float *dent, float temperature) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     model_acts *a = &p->a;
@@ -401,11 +447,11 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     be->zero(be, a->dlnf, (size_t)T * C * eb);
     be->zero(be, a->dres, (size_t)T * C * eb);
     if (M)
-        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d->out_pos, d->out_tok,
-                        w->lm_head, M, C, c->V, temperature);
+        be->logprob_bwd(be, a->dlnf, g->lm_head, a->dlogp, dent ? a->dent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, M,
+                        C, c->V, temperature);
     be->rmsnorm_bwd(be, a->dres, g->final_norm, a->dlnf, a->xL, w->final_norm, a->rstdf, T, C);
     for (int l = L - 1; l >= 0 && !rc; l--) {
-        int f = l + 1 - R;      /* fetched now into layer l + 1's slot, used R - 1 layers later */
+        int f = l + 1 - R; /* fetched now into layer l + 1's slot, used R - 1 layers later */
         if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0);
         if (!rc && R && l < L - R) rc = pacts_wait(m, p, l, 0);
         model_layer_bwd(m, w, g, a, l, d);
@@ -415,9 +461,8 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     return be->sync(be);
 }
 
-int split_train(const model *m, const model_views *w, const model_views *g_out, const pack_group *g,
-                const split_opts *o, float *logp, float *ent, float *dlogp, float *dent, split_loss_cb loss, void *ud,
-                split_stats *st) {
+int split_train(const model *m, const model_views *w, const model_views *g_out, const pack_group *g, const split_opts *o,
+                float *logp, float *ent, float *dlogp, float *dent, split_loss_cb loss, void *ud, split_stats *st) {
     split_stats st0;
     if (!st) st = &st0;
     memset(st, 0, sizeof *st);

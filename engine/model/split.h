@@ -27,23 +27,26 @@
 
 /* Host memory for the dormant set, kept between calls (pinning tens of GB takes seconds): the
  * caller owns it, starts it zeroed and frees it with split_mem_free. */
-typedef struct { void *host; size_t bytes; } split_mem;
+typedef struct {
+    void *host;
+    size_t bytes;
+} split_mem;
 void split_mem_free(eng_backend *be, split_mem *s);
 
 typedef struct {
-    long long max_tokens;       /* response tokens per micro-batch (each R_r <= max_tokens) */
+    long long max_tokens; /* response tokens per micro-batch (each R_r <= max_tokens) */
     float temperature;
-    int offload;                /* dormant set: -1 host when the device has no room, 0 device, 1 host */
-    split_mem *mem;             /* NULL: host memory allocated for the call */
+    int offload; /* dormant set: -1 host when the device has no room, 0 device, 1 host */
+    split_mem *mem; /* NULL: host memory allocated for the call */
 } split_opts;
 
 typedef struct {
-    int n_micro;                /* response micro-batches */
-    int offloaded;              /* the dormant set went to host memory */
-    int ring;                   /* then: its layers on the device at a time (2 or 3: by free memory) */
-    double hot_mib, dormant_mib;   /* prompt K/V (+ dK/dV when training); prompt saved activations */
-    double ms_prompt_fwd, ms_resp, ms_prompt_bwd;   /* phases A, B, C (each ends in a sync) */
-    double ms_host_alloc;       /* of phase A: allocating (pinning) the dormant set's host memory */
+    int n_micro; /* response micro-batches */
+    int offloaded; /* the dormant set went to host memory */
+    int ring; /* then: its layers on the device at a time (2 or 3: by free memory) */
+    double hot_mib, dormant_mib; /* prompt K/V (+ dK/dV when training); prompt saved activations */
+    double ms_prompt_fwd, ms_resp, ms_prompt_bwd; /* phases A, B, C (each ends in a sync) */
+    double ms_host_alloc; /* of phase A: allocating (pinning) the dormant set's host memory */
 } split_stats;
 
 /* Response micro-batches of g: first[k] .. first[k + 1] for k < return value (first: N + 1). */
@@ -52,8 +55,8 @@ int split_resp_batches(const pack_group *g, long long max_tokens, int *first);
 /* Forward only: logprobs (and entropies when ent != NULL) of g's response tokens (ΣR each).
  * st may be NULL. A prompt's length is limited by the model's context (P + the longest R) and
  * by the memory of its hot set: GE_TOO_LARGE naming which. */
-int split_forward(const model *m, const model_views *w, const pack_group *g, const split_opts *o, float *logp,
-                  float *ent, split_stats *st);
+int split_forward(const model *m, const model_views *w, const pack_group *g, const split_opts *o, float *logp, float *ent,
+                  split_stats *st);
 
 /* loss(ud, r0, r1): logp (and ent) of responses [r0, r1) are written; fill their dlogp (and
  * dent when not NULL) = d loss / d logp. Nonzero return stops the step with that code. */
@@ -61,7 +64,6 @@ typedef int (*split_loss_cb)(void *ud, int r0, int r1);
 
 /* Forward, loss and backward of g: the gradients of the loss (through dlogp, dent) are ADDED
  * into the fp32 views g_out. logp, ent, dlogp, dent: (ΣR); ent and dent may be NULL. */
-int split_train(const model *m, const model_views *w, const model_views *g_out, const pack_group *g,
-                const split_opts *o, float *logp, float *ent, float *dlogp, float *dent, split_loss_cb loss, void *ud,
-                split_stats *st);
+int split_train(const model *m, const model_views *w, const model_views *g_out, const pack_group *g, const split_opts *o,
+                float *logp, float *ent, float *dlogp, float *dent, split_loss_cb loss, void *ud, split_stats *st);
 #endif

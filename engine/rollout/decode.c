@@ -22,31 +22,39 @@
 enum { DEC_GRAPH_T = 512, DEC_BUCKETS = 10, DEC_BAN_CAP = 1024 };
 
 typedef struct {
-    void *g;                    /* backend graph, or NULL */
-    int warm;                   /* ran once uncaptured */
-    const void *kv, *acts, *w, *lm, *logits;   /* what the capture read */
-    int kv_cap, acts_cap, acts_capm;   /* KV rows, activation tokens / predictions: the layouts
+    void *g; /* backend graph, or NULL */
+    int warm; /* ran once uncaptured */
+    const void *kv, *acts, *w, *lm, *logits; /* what the capture read */
+    int kv_cap, acts_cap, acts_capm; /* KV rows, activation tokens / predictions: the layouts
                                           inside kv and acts (a freed and reallocated pool can
                                           come back at the same address with another size) */
 } dec_graph;
 
 struct dec_state {
-    int cap_T, cap_R;           /* staging capacity: tokens, rows */
-    size_t in_bytes;            /* the uploaded part of the staging */
-    char *h, *d;                /* staging: host (pinned when the backend can) and device */
+    int cap_T, cap_R; /* staging capacity: tokens, rows */
+    size_t in_bytes; /* the uploaded part of the staging */
+    char *h, *d; /* staging: host (pinned when the backend can) and device */
     int pinned;
-    float *dlogits;             /* (cap_L, V) device */
+    float *dlogits; /* (cap_L, V) device */
     int cap_L;
     dec_graph graph[DEC_BUCKETS];
 };
 
 /* Staging layout (byte offsets for capacities cT tokens, cR rows): 7 token arrays, rows, the ban
  * list, then the row params (32-byte aligned), then the outputs (tok, logprob). */
-typedef struct { size_t tok, pos, a0, a1, b0, b1, slot, rows, ban, prm, out_tok, out_lp, in_bytes, total; } dec_layout;
+typedef struct {
+    size_t tok, pos, a0, a1, b0, b1, slot, rows, ban, prm, out_tok, out_lp, in_bytes, total;
+} dec_layout;
 static dec_layout layout(int cT, int cR) {
     dec_layout L;
     size_t t = (size_t)cT * 4;
-    L.tok = 0; L.pos = t; L.a0 = 2 * t; L.a1 = 3 * t; L.b0 = 4 * t; L.b1 = 5 * t; L.slot = 6 * t;
+    L.tok = 0;
+    L.pos = t;
+    L.a0 = 2 * t;
+    L.a1 = 3 * t;
+    L.b0 = 4 * t;
+    L.b1 = 5 * t;
+    L.slot = 6 * t;
     L.rows = 7 * t;
     L.ban = L.rows + (size_t)cR * 4;
     L.prm = (L.ban + (1 + DEC_BAN_CAP) * 4 + 31) & ~(size_t)31;
@@ -70,7 +78,10 @@ static void free_staging(eng *e) {
     dec_state *d = e->dec;
     eng_backend *be = e->be;
     if (d->d) be->free(be, d->d);
-    if (d->h) { if (d->pinned) be->host_free(be, d->h); else free(d->h); }
+    if (d->h) {
+        if (d->pinned) be->host_free(be, d->h);
+        else free(d->h);
+    }
     d->h = d->d = NULL;
 }
 
@@ -131,29 +142,35 @@ static void queue_step(eng *e, model_kv *kv, int T, int R) {
     const model_config *c = &e->m.cfg;
     dec_layout L = layout(d->cap_T, d->cap_R);
     char *b = d->d;
-    model_dev_input di = { .T = T, .M = 0, .tokens = (int *)(b + L.tok), .pos = (int *)(b + L.pos),
-                           .slot = (int *)(b + L.slot),
-                           .r = { (int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1) } };
+    model_dev_input di = {.T = T,
+                          .M = 0,
+                          .tokens = (int *)(b + L.tok),
+                          .pos = (int *)(b + L.pos),
+                          .slot = (int *)(b + L.slot),
+                          .r = {(int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1)}};
     model_forward_dev(&e->m, &e->wv, &e->acts_ng, kv, &di, 1.0f, 0);
     be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), e->wv.lm_head, R, c->C, c->V);
-    be->sample(be, (int *)(b + L.out_tok), (float *)(b + L.out_lp), d->dlogits, (sample_params *)(b + L.prm),
-               (int *)(b + L.ban), R, c->V);
+    be->sample(be, (int *)(b + L.out_tok), (float *)(b + L.out_lp), d->dlogits, (sample_params *)(b + L.prm), (int *)(b + L.ban),
+               R, c->V);
 }
 
 static int bucket_of(int T, int *Tb) {
     int i = 0, b = 1;
-    while (b < T) { b *= 2; i++; }
+    while (b < T) {
+        b *= 2;
+        i++;
+    }
     *Tb = b;
     return i;
 }
 
-int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p,
-             const int *ban, int n_ban, int *ids, float *lps) {
+int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
+             int n_ban, int *ids, float *lps) {
     eng_backend *be = e->be;
     int T = in->T, rc;
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
-    if (!R) {   /* a forward only */
+    if (!R) { /* a forward only */
         if ((rc = eng_acts_reserve(e, &e->acts_ng, T, 1, 0))) return rc;
         return model_forward(&e->m, &e->wv, &e->acts_ng, kv, in, 1.0f, 0);
     }
@@ -167,8 +184,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     /* stage the inputs (padded to the bucket) */
     dec_layout L = layout(d->cap_T, d->cap_R);
     char *h = d->h;
-    const int *src[7] = { in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot };
-    size_t off[7] = { L.tok, L.pos, L.a0, L.a1, L.b0, L.b1, L.slot };
+    const int *src[7] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot};
+    size_t off[7] = {L.tok, L.pos, L.a0, L.a1, L.b0, L.b1, L.slot};
     for (int i = 0; i < 7; i++) {
         int *x = (int *)(h + off[i]);
         memcpy(x, src[i], (size_t)T * 4);
@@ -191,17 +208,19 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     } else {
         dec_graph *g = &d->graph[bi];
         const model_acts *A = &e->acts_ng;
-        if (g->g && (g->kv != kv->mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
-                     g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head ||
-                     g->logits != d->dlogits)) {
+        if (g->g &&
+            (g->kv != kv->mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
+             g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head || g->logits != d->dlogits)) {
             be->graph_free(be, g->g);
             g->g = NULL;
         }
         int launched = 0;
         if (g->g) {
             if ((rc = be->graph_launch(be, g->g)) < 0) return rc;
-            if (rc == 1) { be->graph_free(be, g->g); g->g = NULL; }
-            else launched = 1;
+            if (rc == 1) {
+                be->graph_free(be, g->g);
+                g->g = NULL;
+            } else launched = 1;
         }
         if (!launched && !g->warm) {
             queue_step(e, kv, Tb, Rb);
@@ -212,9 +231,16 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
             if ((rc = be->graph_begin(be))) return rc;
             queue_step(e, kv, Tb, Rb);
             if ((rc = be->graph_end(be, &g->g))) return rc;
-            *g = (dec_graph){ .g = g->g, .warm = 1, .kv = kv->mem, .acts = e->acts_ng.mem, .w = e->wv.embed,
-                              .lm = e->wv.lm_head, .logits = d->dlogits, .kv_cap = kv->cap_S,
-                              .acts_cap = e->acts_ng.cap_T, .acts_capm = e->acts_ng.cap_M };
+            *g = (dec_graph){.g = g->g,
+                             .warm = 1,
+                             .kv = kv->mem,
+                             .acts = e->acts_ng.mem,
+                             .w = e->wv.embed,
+                             .lm = e->wv.lm_head,
+                             .logits = d->dlogits,
+                             .kv_cap = kv->cap_S,
+                             .acts_cap = e->acts_ng.cap_T,
+                             .acts_capm = e->acts_ng.cap_M};
             if ((rc = be->graph_launch(be, g->g))) return rc < 0 ? rc : err_set(GE_INTERNAL, "decode: fresh graph stale");
         }
     }

@@ -24,7 +24,11 @@
 
 void eng_group_result_free(eng_group_result *r) {
     if (!r || !r->resp) return;
-    for (int i = 0; i < r->n; i++) { free(r->resp[i].tokens); free(r->resp[i].logprobs); free(r->resp[i].text); }
+    for (int i = 0; i < r->n; i++) {
+        free(r->resp[i].tokens);
+        free(r->resp[i].logprobs);
+        free(r->resp[i].text);
+    }
     free(r->resp);
     r->resp = NULL;
     r->n = 0;
@@ -39,58 +43,62 @@ typedef struct sgroup sgroup;
 
 typedef struct {
     sgroup *grp;
-    int idx;                    /* response index in its group */
-    int base;                   /* first of its max_tokens cache rows */
+    int idx; /* response index in its group */
+    int base; /* first of its max_tokens cache rows */
     int done;
-    uint64_t rng;               /* stream seed */
+    uint64_t rng; /* stream seed */
     eng_response *out;
 } stream;
 
 struct sgroup {
     eng_sched_job *job;
-    int g;                      /* group index in its job's request */
-    int prompt0, P;             /* its prompt's cache rows */
+    int g; /* group index in its job's request */
+    int prompt0, P; /* its prompt's cache rows */
     int n, n_live;
-    int fresh;                  /* admitted this step: prefill pending */
-    int dead;                   /* every response finished or dropped; rows given back */
-    stream *st;                 /* (n) */
+    int fresh; /* admitted this step: prefill pending */
+    int dead; /* every response finished or dropped; rows given back */
+    stream *st; /* (n) */
 };
 
 struct eng_sched_job {
     const eng_rollout_group *groups;
     int n_groups;
-    eng_sampling sp;            /* the caller's; its arrays stay the caller's */
+    eng_sampling sp; /* the caller's; its arrays stay the caller's */
     eng_group_result *out;
-    int ban[16 + 64]; int n_ban;   /* eos ids (unless ignore_eos) + stop token ids, for min_tokens */
-    int *ban_heap;              /* when they do not fit ban[] */
-    int next_group;             /* groups [0, next_group) were admitted */
+    int ban[16 + 64];
+    int n_ban; /* eos ids (unless ignore_eos) + stop token ids, for min_tokens */
+    int *ban_heap; /* when they do not fit ban[] */
+    int next_group; /* groups [0, next_group) were admitted */
     int live_groups;
-    long long tok_done, tok_total;   /* progress: finished responses count max_tokens */
-    int state;                  /* 0 running, 1 done, < 0 failed */
+    long long tok_done, tok_total; /* progress: finished responses count max_tokens */
+    int state; /* 0 running, 1 done, < 0 failed */
     char msg[256];
-    eng_sched_job *next;        /* the scheduler's jobs, in the order they were added */
+    eng_sched_job *next; /* the scheduler's jobs, in the order they were added */
 };
 
 struct eng_sched {
     eng *e;
     eng_info info;
-    int cap;                    /* pool rows */
+    int cap; /* pool rows */
     long long row_bytes;
     int max_prefill, max_running;
     kvp pool;
-    model_kv kv;                /* allocated while busy */
+    model_kv kv; /* allocated while busy */
     eng_sched_job *jobs, *jobs_tail;
-    sgroup **live; int n_live, cap_live;
-    int running;                /* responses not done in live groups */
+    sgroup **live;
+    int n_live, cap_live;
+    int running; /* responses not done in live groups */
     long long steps, dec_calls;
     /* step buffers, grown on demand */
     int cap_T, cap_R;
-    int *ints;                  /* tok, pos, a0, a1, b0, b1, slot (cap_T each) */
-    int *rows, *ids;            /* (cap_R) */
-    float *lps;                 /* (cap_R) */
-    sample_params *rp;          /* (cap_R) */
-    stream **who;               /* (cap_R) the stream each drawn row belongs to */
-    void **items; char *taken; int cap_items;
+    int *ints; /* tok, pos, a0, a1, b0, b1, slot (cap_T each) */
+    int *rows, *ids; /* (cap_R) */
+    float *lps; /* (cap_R) */
+    sample_params *rp; /* (cap_R) */
+    stream **who; /* (cap_R) the stream each drawn row belongs to */
+    void **items;
+    char *taken;
+    int cap_items;
 };
 
 static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_heap : j->ban; }
@@ -140,7 +148,10 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
     s->max_prefill = o && o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 8192;
     s->max_running = o && o->max_running > 0 ? o->max_running : 1024;
     int rc = kvp_init(&s->pool, s->cap);
-    if (rc) { free(s); return rc; }
+    if (rc) {
+        free(s);
+        return rc;
+    }
     *out = s;
     return 0;
 }
@@ -184,7 +195,8 @@ static int reserve(eng_sched *s, int T, int R, int I) {
 /* ---------------------------------------------------------------- stop conditions */
 
 static int is_in(int id, const int *list, int n) {
-    for (int i = 0; i < n; i++) if (list[i] == id) return 1;
+    for (int i = 0; i < n; i++)
+        if (list[i] == id) return 1;
     return 0;
 }
 
@@ -193,7 +205,10 @@ static int hit_stop_string(eng *e, eng_response *r, const eng_sampling *s) {
     if (!s->n_stop || !e->tok) return 0;
     char *text;
     size_t len;
-    if (tok_decode(e->tok, r->tokens, r->n_tokens, 1, &text, &len)) { err_clear(); return 0; }
+    if (tok_decode(e->tok, r->tokens, r->n_tokens, 1, &text, &len)) {
+        err_clear();
+        return 0;
+    }
     for (int i = 0; i < s->n_stop; i++) {
         char *hit = s->stop[i][0] ? strstr(text, s->stop[i]) : NULL;
         if (hit) {
@@ -211,8 +226,12 @@ static int hit_stop_string(eng *e, eng_response *r, const eng_sampling *s) {
 /* The draw parameters of stream k's next token. */
 static sample_params row_of(const stream *k) {
     const eng_sampling *s = &k->grp->job->sp;
-    return (sample_params){ .temperature = s->temperature, .top_k = s->top_k, .top_p = s->top_p, .min_p = s->min_p,
-                            .ban = k->out->n_tokens < s->min_tokens, .key = dec_key(k->rng, k->out->n_tokens) };
+    return (sample_params){.temperature = s->temperature,
+                           .top_k = s->top_k,
+                           .top_p = s->top_p,
+                           .min_p = s->min_p,
+                           .ban = k->out->n_tokens < s->min_tokens,
+                           .key = dec_key(k->rng, k->out->n_tokens)};
 }
 
 /* ---------------------------------------------------------------- retiring */
@@ -256,7 +275,10 @@ static void finish_stream(eng_sched *s, stream *k) {
     j->tok_done += j->sp.max_tokens - o->n_tokens;
     if (!o->text && s->e->tok) {
         int rc = tok_decode(s->e->tok, o->tokens, o->n_tokens, 1, &o->text, &o->text_len);
-        if (rc) { job_stop(s, j, rc, err_msg()); return; }
+        if (rc) {
+            job_stop(s, j, rc, err_msg());
+            return;
+        }
     }
     if (--G->n_live == 0) {
         kvp_release(&s->pool, G->prompt0, G->P);
@@ -288,8 +310,10 @@ static void sweep(eng_sched *s) {
     int w = 0;
     for (int i = 0; i < s->n_live; i++) {
         sgroup *G = s->live[i];
-        if (G->dead) { free(G->st); free(G); }
-        else s->live[w++] = G;
+        if (G->dead) {
+            free(G->st);
+            free(G);
+        } else s->live[w++] = G;
     }
     s->n_live = w;
     for (eng_sched_job *j = s->jobs; j; j = j->next)
@@ -317,7 +341,10 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     int prompt0 = kvp_alloc(&s->pool, RG->P);
     if (prompt0 < 0) return prompt0 == -1 ? 0 : prompt0;
     int *base = malloc((size_t)RG->n * sizeof(int)), r = 0;
-    if (!base) { kvp_release(&s->pool, prompt0, RG->P); return err_set(GE_NOMEM, "scheduler: out of memory"); }
+    if (!base) {
+        kvp_release(&s->pool, prompt0, RG->P);
+        return err_set(GE_NOMEM, "scheduler: out of memory");
+    }
     for (; r < RG->n; r++)
         if ((base[r] = kvp_alloc(&s->pool, maxt)) < 0) break;
     if (r < RG->n) {
@@ -337,20 +364,29 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
         ok = resp[r].tokens && resp[r].logprobs;
     }
     if (!ok) {
-        for (r = 0; resp && r < RG->n; r++) { free(resp[r].tokens); free(resp[r].logprobs); }
+        for (r = 0; resp && r < RG->n; r++) {
+            free(resp[r].tokens);
+            free(resp[r].logprobs);
+        }
         for (r = 0; r < RG->n; r++) kvp_release(&s->pool, base[r], maxt);
         kvp_release(&s->pool, prompt0, RG->P);
-        free(G); free(st); free(resp); free(base);
+        free(G);
+        free(st);
+        free(resp);
+        free(base);
         return err_set(GE_NOMEM, "scheduler: out of memory");
     }
-    *G = (sgroup){ .job = j, .g = g, .prompt0 = prompt0, .P = RG->P, .n = RG->n, .n_live = RG->n, .fresh = 1, .st = st };
-    j->out[g] = (eng_group_result){ .resp = resp, .n = RG->n };
+    *G = (sgroup){.job = j, .g = g, .prompt0 = prompt0, .P = RG->P, .n = RG->n, .n_live = RG->n, .fresh = 1, .st = st};
+    j->out[g] = (eng_group_result){.resp = resp, .n = RG->n};
     for (r = 0; r < RG->n; r++) {
         /* the stream seed of (request seed, group index, response index), as it always was;
          * the group index is its place in the original request when the caller split it */
         int gi = j->sp.group_index ? j->sp.group_index[g] : g;
-        st[r] = (stream){ .grp = G, .idx = r, .base = base[r], .out = &resp[r],
-                          .rng = j->sp.seed ^ ((uint64_t)(gi + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32) };
+        st[r] = (stream){.grp = G,
+                         .idx = r,
+                         .base = base[r],
+                         .out = &resp[r],
+                         .rng = j->sp.seed ^ ((uint64_t)(gi + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32)};
         splitmix(&st[r].rng);
     }
     free(base);
@@ -365,7 +401,7 @@ static int empty_group(eng_sched *s, eng_sched_job *j, int g) {
     int n = j->groups[g].n;
     eng_response *resp = calloc((size_t)(n ? n : 1), sizeof *resp);
     if (!resp) return err_set(GE_NOMEM, "scheduler: out of memory");
-    j->out[g] = (eng_group_result){ .resp = resp, .n = n };
+    j->out[g] = (eng_group_result){.resp = resp, .n = n};
     for (int r = 0; r < n; r++) {
         resp[r].finish = FINISH_LENGTH;
         if (s->e->tok) {
@@ -385,7 +421,10 @@ static void admit(eng_sched *s) {
             int g = j->next_group, rc;
             const eng_rollout_group *RG = &j->groups[g];
             if (j->sp.max_tokens <= 0) {
-                if ((rc = empty_group(s, j, g))) { job_stop(s, j, rc, err_msg()); break; }
+                if ((rc = empty_group(s, j, g))) {
+                    job_stop(s, j, rc, err_msg());
+                    break;
+                }
                 j->next_group++;
                 continue;
             }
@@ -397,7 +436,10 @@ static void admit(eng_sched *s) {
             }
             rc = admit_group(s, j, g);
             if (rc == 0) return;
-            if (rc < 0) { job_stop(s, j, rc, err_msg()); break; }
+            if (rc < 0) {
+                job_stop(s, j, rc, err_msg());
+                break;
+            }
             j->next_group++;
             admitted++;
             prefill_T += RG->P;
@@ -415,7 +457,10 @@ static int row_bans(const stream *k) { return k->out->n_tokens < k->grp->job->sp
 static int joins(const eng_sched_job **ban, const stream *k) {
     if (!row_bans(k)) return 1;
     const eng_sched_job *x = k->grp->job, *y = *ban;
-    if (!y) { *ban = x; return 1; }
+    if (!y) {
+        *ban = x;
+        return 1;
+    }
     return x == y || (x->n_ban == y->n_ban && !memcmp(job_ban(x), job_ban(y), (size_t)x->n_ban * sizeof(int)));
 }
 
@@ -441,7 +486,11 @@ static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_
 static int prefill(eng_sched *s) {
     int n = 0, T = 0, R = 0, rc = 0;
     for (int i = 0; i < s->n_live; i++)
-        if (s->live[i]->fresh) { n++; T += s->live[i]->P; R += s->live[i]->n; }
+        if (s->live[i]->fresh) {
+            n++;
+            T += s->live[i]->P;
+            R += s->live[i]->n;
+        }
     if (!n) return 0;
     if ((rc = reserve(s, T, R, n))) {
         char msg[256];
@@ -452,10 +501,14 @@ static int prefill(eng_sched *s) {
     }
     n = 0;
     for (int i = 0; i < s->n_live; i++)
-        if (s->live[i]->fresh) { s->items[n] = s->live[i]; s->taken[n++] = 0; s->live[i]->fresh = 0; }
+        if (s->live[i]->fresh) {
+            s->items[n] = s->live[i];
+            s->taken[n++] = 0;
+            s->live[i]->fresh = 0;
+        }
     int *ints = s->ints, cT = s->cap_T;
-    int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT,
-        *b1 = ints + 5 * cT, *slot = ints + 6 * cT;
+    int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT, *b1 = ints + 5 * cT,
+        *slot = ints + 6 * cT;
     for (int first = 0; first < n; first++) {
         if (s->taken[first]) continue;
         sgroup *lead = s->items[first];
@@ -467,8 +520,12 @@ static int prefill(eng_sched *s) {
             if (s->taken[i] || G->dead || G->job->state || !joins(&ban, &G->st[0])) continue;
             s->taken[i] = 1;
             for (int p = 0; p < G->P; p++, t++) {
-                tok[t] = G->job->groups[G->g].prompt[p]; pos[t] = p; slot[t] = G->prompt0 + p;
-                a0[t] = G->prompt0; a1[t] = G->prompt0 + p + 1; b0[t] = b1[t] = 0;
+                tok[t] = G->job->groups[G->g].prompt[p];
+                pos[t] = p;
+                slot[t] = G->prompt0 + p;
+                a0[t] = G->prompt0;
+                a1[t] = G->prompt0 + p + 1;
+                b0[t] = b1[t] = 0;
             }
             for (int k = 0; k < G->n; k++, r++) {
                 s->rows[r] = t - 1;
@@ -477,7 +534,7 @@ static int prefill(eng_sched *s) {
             }
         }
         if (!t) continue;
-        model_input in = { .T = t, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot };
+        model_input in = {.T = t, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot};
         if ((err = run_call(s, &in, r, ban)) && !rc) rc = err;
     }
     return rc;
@@ -495,11 +552,14 @@ static int decode(eng_sched *s) {
     for (int i = 0; i < s->n_live; i++) {
         sgroup *G = s->live[i];
         for (int k = 0; k < G->n; k++)
-            if (alive(&G->st[k]) && G->st[k].out->n_tokens > 0) { s->items[n] = &G->st[k]; s->taken[n++] = 0; }
+            if (alive(&G->st[k]) && G->st[k].out->n_tokens > 0) {
+                s->items[n] = &G->st[k];
+                s->taken[n++] = 0;
+            }
     }
     int *ints = s->ints, cT = s->cap_T;
-    int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT,
-        *b1 = ints + 5 * cT, *slot = ints + 6 * cT;
+    int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT, *b1 = ints + 5 * cT,
+        *slot = ints + 6 * cT;
     for (int first = 0; first < n; first++) {
         if (s->taken[first]) continue;
         stream *lead = s->items[first];
@@ -515,15 +575,17 @@ static int decode(eng_sched *s) {
             tok[B] = x->out->tokens[m - 1];
             pos[B] = G->P + m - 1;
             slot[B] = x->base + m - 1;
-            a0[B] = G->prompt0; a1[B] = G->prompt0 + G->P;
-            b0[B] = x->base; b1[B] = x->base + m;
+            a0[B] = G->prompt0;
+            a1[B] = G->prompt0 + G->P;
+            b0[B] = x->base;
+            b1[B] = x->base + m;
             s->rows[B] = B;
             s->rp[B] = row_of(x);
             s->who[B] = x;
             B++;
         }
         if (!B) continue;
-        model_input d = { .T = B, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot };
+        model_input d = {.T = B, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot};
         if ((err = run_call(s, &d, B, ban)) && !rc) rc = err;
     }
     return rc;
@@ -540,13 +602,13 @@ int eng_sched_step(eng_sched *s) {
 
 /* ---------------------------------------------------------------- jobs */
 
-int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp,
-                  eng_group_result *out, eng_sched_job **job) {
+int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp, eng_group_result *out,
+                  eng_sched_job **job) {
     *job = NULL;
     memset(out, 0, (size_t)n_groups * sizeof *out);
     eng_sched_job *j = calloc(1, sizeof *j);
     if (!j) return err_set(GE_NOMEM, "scheduler: out of memory");
-    *j = (eng_sched_job){ .groups = groups, .n_groups = n_groups, .sp = *sp, .out = out };
+    *j = (eng_sched_job){.groups = groups, .n_groups = n_groups, .sp = *sp, .out = out};
     for (int g = 0; g < n_groups; g++) {
         if (!job_rows_fit(s, j, g)) {
             long long need = eng_sched_rows_needed(&groups[g], sp);
@@ -564,7 +626,8 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
         free(j);
         return err_set(GE_NOMEM, "scheduler: out of memory");
     }
-    if (!sp->ignore_eos) for (int i = 0; i < s->info.n_eos; i++) ban[j->n_ban++] = s->info.eos_ids[i];
+    if (!sp->ignore_eos)
+        for (int i = 0; i < s->info.n_eos; i++) ban[j->n_ban++] = s->info.eos_ids[i];
     for (int i = 0; i < sp->n_stop_token_ids; i++) ban[j->n_ban++] = sp->stop_token_ids[i];
     if (s->jobs_tail) s->jobs_tail->next = j;
     else s->jobs = j;
@@ -612,7 +675,10 @@ void eng_sched_job_release(eng_sched *s, eng_sched_job *j) {
     if (!j->state) job_stop(s, j, GE_CONFLICT, "cancelled");
     sweep(s);
     eng_sched_job **pp = &s->jobs, *prev = NULL;
-    while (*pp && *pp != j) { prev = *pp; pp = &(*pp)->next; }
+    while (*pp && *pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
     if (*pp) {
         *pp = j->next;
         if (s->jobs_tail == j) s->jobs_tail = prev;
@@ -626,8 +692,15 @@ void eng_sched_close(eng_sched *s) {
     while (s->jobs) eng_sched_job_release(s, s->jobs);
     if (s->kv.mem) model_kv_free(&s->e->m, &s->kv);
     kvp_destroy(&s->pool);
-    free(s->live); free(s->ints); free(s->rows); free(s->ids); free(s->lps); free(s->rp); free(s->who);
-    free(s->items); free(s->taken);
+    free(s->live);
+    free(s->ints);
+    free(s->rows);
+    free(s->ids);
+    free(s->lps);
+    free(s->rp);
+    free(s->who);
+    free(s->items);
+    free(s->taken);
     free(s);
 }
 
@@ -643,12 +716,15 @@ static int open_for(eng *e, const eng_rollout_group *groups, int n_groups, const
     eng_sched *s = *out;
     kvp_destroy(&s->pool);
     s->cap = (int)need;
-    if ((rc = kvp_init(&s->pool, s->cap))) { free(s); *out = NULL; }
+    if ((rc = kvp_init(&s->pool, s->cap))) {
+        free(s);
+        *out = NULL;
+    }
     return rc;
 }
 
-int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp,
-                eng_group_result *out, eng_progress_cb cb, void *ud) {
+int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp, eng_group_result *out,
+                eng_progress_cb cb, void *ud) {
     eng_sched *s;
     eng_sched_job *j = NULL;
     memset(out, 0, (size_t)n_groups * sizeof *out);
@@ -666,6 +742,7 @@ int eng_rollout(eng *e, const eng_rollout_group *groups, int n_groups, const eng
 done:
     if (j) eng_sched_job_release(s, j);
     eng_sched_close(s);
-    if (rc) for (int g = 0; g < n_groups; g++) eng_group_result_free(&out[g]);
+    if (rc)
+        for (int g = 0; g < n_groups; g++) eng_group_result_free(&out[g]);
     return rc;
 }

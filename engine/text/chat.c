@@ -9,9 +9,11 @@
 #include <string.h>
 
 
-
 /* A view of a string: [p, p + n). */
-typedef struct { const char *p; size_t n; } view;
+typedef struct {
+    const char *p;
+    size_t n;
+} view;
 
 /* Python's str.isspace(): White_Space plus U+001C..U+001F. */
 static int py_space(uint32_t cp) { return (cp >= 0x1C && cp <= 0x1F) || uc_class(cp) == UC_WS; }
@@ -21,7 +23,8 @@ static view strip_ws(view v, int left, int right) {
         uint32_t cp;
         int k = tt_utf8_decode((const unsigned char *)v.p, v.n, &cp);
         if (!k || !py_space(cp)) break;
-        v.p += k; v.n -= (size_t)k;
+        v.p += k;
+        v.n -= (size_t)k;
     }
     while (right && v.n) {
         size_t j = v.n - 1;
@@ -35,7 +38,10 @@ static view strip_ws(view v, int left, int right) {
 }
 
 static view strip_nl(view v, int left, int right) {
-    while (left && v.n && v.p[0] == '\n') { v.p++; v.n--; }
+    while (left && v.n && v.p[0] == '\n') {
+        v.p++;
+        v.n--;
+    }
     while (right && v.n && v.p[v.n - 1] == '\n') v.n--;
     return v;
 }
@@ -45,19 +51,32 @@ static long find(view v, const char *needle, int last) {
     size_t k = strlen(needle);
     long at = -1;
     for (size_t i = 0; i + k <= v.n; i++)
-        if (!memcmp(v.p + i, needle, k)) { at = (long)i; if (!last) break; }
+        if (!memcmp(v.p + i, needle, k)) {
+            at = (long)i;
+            if (!last) break;
+        }
     return at;
 }
 
-static int starts(view v, const char *s) { size_t k = strlen(s); return v.n >= k && !memcmp(v.p, s, k); }
-static int ends(view v, const char *s) { size_t k = strlen(s); return v.n >= k && !memcmp(v.p + v.n - k, s, k); }
+static int starts(view v, const char *s) {
+    size_t k = strlen(s);
+    return v.n >= k && !memcmp(v.p, s, k);
+}
+static int ends(view v, const char *s) {
+    size_t k = strlen(s);
+    return v.n >= k && !memcmp(v.p + v.n - k, s, k);
+}
 static view V(const char *s) { return (view){s, strlen(s)}; }
 static int is(const char *a, const char *b) { return !strcmp(a, b); }
 
 /* Qwen3: system first; assistant turns after the last real user query get a <think> block
  * (content split at </think> as the template does). Messages of other roles render nothing. */
 static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
-    if (is(m[0].role, "system")) { tt_str(b, "<|im_start|>system\n"); tt_str(b, m[0].content); tt_str(b, "<|im_end|>\n"); }
+    if (is(m[0].role, "system")) {
+        tt_str(b, "<|im_start|>system\n");
+        tt_str(b, m[0].content);
+        tt_str(b, "<|im_end|>\n");
+    }
     int multi_step_tool = 1, last_query = n - 1;
     for (int i = n - 1; i >= 0; i--) {
         view c = V(m[i].content);
@@ -70,7 +89,11 @@ static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
         const char *role = m[i].role;
         view c = V(m[i].content);
         if (is(role, "user") || (is(role, "system") && i > 0)) {
-            tt_str(b, "<|im_start|>"); tt_str(b, role); tt_str(b, "\n"); tt_put(b, c.p, c.n); tt_str(b, "<|im_end|>\n");
+            tt_str(b, "<|im_start|>");
+            tt_str(b, role);
+            tt_str(b, "\n");
+            tt_put(b, c.p, c.n);
+            tt_str(b, "<|im_end|>\n");
         } else if (is(role, "assistant")) {
             view content = c, reasoning = {"", 0};
             long end = find(c, "</think>", 1);
@@ -83,14 +106,18 @@ static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
             tt_str(b, "<|im_start|>assistant\n");
             if (i > last_query && (i == n - 1 || reasoning.n)) {
                 view r = strip_nl(reasoning, 1, 1);
-                tt_str(b, "<think>\n"); tt_put(b, r.p, r.n); tt_str(b, "\n</think>\n\n");
+                tt_str(b, "<think>\n");
+                tt_put(b, r.p, r.n);
+                tt_str(b, "\n</think>\n\n");
                 content = strip_nl(content, 1, 0);
             }
             tt_put(b, content.p, content.n);
             tt_str(b, "<|im_end|>\n");
         } else if (is(role, "tool")) {
             if (i == 0 || !is(m[i - 1].role, "tool")) tt_str(b, "<|im_start|>user");
-            tt_str(b, "\n<tool_response>\n"); tt_put(b, c.p, c.n); tt_str(b, "\n</tool_response>");
+            tt_str(b, "\n<tool_response>\n");
+            tt_put(b, c.p, c.n);
+            tt_str(b, "\n</tool_response>");
             if (i == n - 1 || !is(m[i + 1].role, "tool")) tt_str(b, "<|im_end|>\n");
         }
     }
@@ -100,10 +127,16 @@ static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
 /* Plain ChatML, with the default system prompt of Qwen2 / Qwen2.5 when the template has one. */
 static void render_chatml(tt_buf *b, const chat_msg *m, int n, int gen, const char *default_system) {
     if (default_system && !is(m[0].role, "system")) {
-        tt_str(b, "<|im_start|>system\n"); tt_str(b, default_system); tt_str(b, "<|im_end|>\n");
+        tt_str(b, "<|im_start|>system\n");
+        tt_str(b, default_system);
+        tt_str(b, "<|im_end|>\n");
     }
     for (int i = 0; i < n; i++) {
-        tt_str(b, "<|im_start|>"); tt_str(b, m[i].role); tt_str(b, "\n"); tt_str(b, m[i].content); tt_str(b, "<|im_end|>\n");
+        tt_str(b, "<|im_start|>");
+        tt_str(b, m[i].role);
+        tt_str(b, "\n");
+        tt_str(b, m[i].content);
+        tt_str(b, "<|im_end|>\n");
     }
     if (gen) tt_str(b, "<|im_start|>assistant\n");
 }
@@ -115,8 +148,11 @@ static void render_llama3(tt_buf *b, const tok *t, const chat_msg *m, int n, int
     for (int i = 0; i < n; i++) {
         if (i == 0 && tok_bos(t)) tt_str(b, tok_bos(t));
         view c = strip_ws(V(m[i].content), 1, 1);
-        tt_str(b, "<|start_header_id|>"); tt_str(b, m[i].role); tt_str(b, "<|end_header_id|>\n\n");
-        tt_put(b, c.p, c.n); tt_str(b, "<|eot_id|>");
+        tt_str(b, "<|start_header_id|>");
+        tt_str(b, m[i].role);
+        tt_str(b, "<|end_header_id|>\n\n");
+        tt_put(b, c.p, c.n);
+        tt_str(b, "<|eot_id|>");
     }
     if (gen || always_gen) tt_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
@@ -132,20 +168,26 @@ int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_pr
     if (strstr(tpl, "<|im_start|>")) {
         if (strstr(tpl, "reasoning_content")) render_qwen3(&b, msgs, n, add_generation_prompt);
         else if (strstr(tpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
-            render_chatml(&b, msgs, n, add_generation_prompt, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+            render_chatml(&b, msgs, n, add_generation_prompt,
+                          "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
         else if (strstr(tpl, "You are a helpful assistant."))
             render_chatml(&b, msgs, n, add_generation_prompt, "You are a helpful assistant.");
         else render_chatml(&b, msgs, n, add_generation_prompt, NULL);
     } else if (strstr(tpl, "<|start_header_id|>")) {
         if (strstr(tpl, "Cutting Knowledge Date") || strstr(tpl, "tools"))
-            return err_set(GE_UNSUPPORTED, "chat: Llama 3.1+ chat templates (tools, date header) are not "
+            return err_set(GE_UNSUPPORTED,
+                           "chat: Llama 3.1+ chat templates (tools, date header) are not "
                            "supported; only the Llama 3 template");
         render_llama3(&b, t, msgs, n, add_generation_prompt, !strstr(tpl, "add_generation_prompt"));
     } else {
-        return err_set(GE_UNSUPPORTED, "chat: the model's chat_template is neither ChatML (<|im_start|>) "
+        return err_set(GE_UNSUPPORTED,
+                       "chat: the model's chat_template is neither ChatML (<|im_start|>) "
                        "nor Llama 3 (<|start_header_id|>); no other template is built in");
     }
-    if (b.oom || !b.s) { free(b.s); return err_set(GE_NOMEM, "chat: out of memory"); }
+    if (b.oom || !b.s) {
+        free(b.s);
+        return err_set(GE_NOMEM, "chat: out of memory");
+    }
     *out = b.s;
     return 0;
 }

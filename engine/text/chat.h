@@ -12,7 +12,9 @@
 #define GRPOD_CHAT_H
 #include "engine/text/tokenizer.h"
 
-typedef struct { const char *role, *content; } chat_msg;
+typedef struct {
+    const char *role, *content;
+} chat_msg;
 
 /* *out: malloc'd NUL-terminated prompt text (caller frees). GE_INVALID for n < 1 or a NULL
  * role/content; GE_UNSUPPORTED for an unknown template. */

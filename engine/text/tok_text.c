@@ -22,7 +22,10 @@
 
 int tt_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     unsigned c = s[0];
-    if (c < 0x80) { *cp = c; return 1; }
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
     if (c < 0xC2) return 0;
     if (c < 0xE0) {
         if (n < 2 || (s[1] & 0xC0) != 0x80) return 0;
@@ -47,7 +50,10 @@ int tt_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
 int tt_utf8_valid(const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
-        if (p[i] < 0x80) { i++; continue; }
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
         uint32_t cp;
         int k = tt_utf8_decode(p + i, n - i, &cp);
         if (!k) return 0;
@@ -58,8 +64,17 @@ int tt_utf8_valid(const char *s, size_t n) {
 
 /* ---- NFC -------------------------------------------------------------------------------- */
 
-enum { SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7,
-       LCOUNT = 19, VCOUNT = 21, TCOUNT = 28, NCOUNT = VCOUNT * TCOUNT, SCOUNT = LCOUNT * NCOUNT };
+enum {
+    SBASE = 0xAC00,
+    LBASE = 0x1100,
+    VBASE = 0x1161,
+    TBASE = 0x11A7,
+    LCOUNT = 19,
+    VCOUNT = 21,
+    TCOUNT = 28,
+    NCOUNT = VCOUNT * TCOUNT,
+    SCOUNT = LCOUNT * NCOUNT
+};
 
 static int nfc_busy(uint32_t cp) {
     if (cp < 0x300) return 0;
@@ -79,7 +94,10 @@ static int nfc_decompose(uint32_t cp, uint32_t *out) {
         uint32_t s = cp - SBASE, t = s % TCOUNT;
         out[0] = LBASE + s / NCOUNT;
         out[1] = VBASE + (s % NCOUNT) / TCOUNT;
-        if (t) { out[2] = TBASE + t; return 3; }
+        if (t) {
+            out[2] = TBASE + t;
+            return 3;
+        }
         return 2;
     }
     int lo = 0, hi = uc_decomp_n - 1;
@@ -99,8 +117,7 @@ static int nfc_decompose(uint32_t cp, uint32_t *out) {
 static uint32_t nfc_compose(uint32_t a, uint32_t b) {
     if (a >= LBASE && a < LBASE + LCOUNT && b >= VBASE && b < VBASE + VCOUNT)
         return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT;
-    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT)
-        return a + (b - TBASE);
+    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT) return a + (b - TBASE);
     int lo = 0, hi = uc_comp_n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) >> 1;
@@ -117,29 +134,41 @@ int tt_nfc(const char *s, size_t n, char **out, size_t *out_len) {
     size_t i = 0;
     *out = NULL;
     for (; i < n; i++) {
-        if (p[i] < 0xCC) continue;            /* lead bytes below U+0300 */
+        if (p[i] < 0xCC) continue; /* lead bytes below U+0300 */
         uint32_t cp;
         int k = tt_utf8_decode(p + i, n - i, &cp);
         if (k && nfc_busy(cp)) break;
     }
     if (i == n) return 0;
     /* Decompose + reorder + compose over the whole string (as the reference does). */
-    uint32_t *d = malloc((n * 4 + 4) * sizeof *d);   /* a code point decomposes to <= 4 here */
+    uint32_t *d = malloc((n * 4 + 4) * sizeof *d); /* a code point decomposes to <= 4 here */
     uint8_t *cc = malloc(n * 4 + 4);
-    if (!d || !cc) { free(d); free(cc); return err_set(GE_NOMEM, "nfc: out of memory"); }
+    if (!d || !cc) {
+        free(d);
+        free(cc);
+        return err_set(GE_NOMEM, "nfc: out of memory");
+    }
     size_t nd = 0;
     for (size_t j = 0; j < n;) {
         uint32_t cp;
         int k = tt_utf8_decode(p + j, n - j, &cp);
-        if (!k) { cp = 0xFFFD; k = 1; }
+        if (!k) {
+            cp = 0xFFFD;
+            k = 1;
+        }
         j += (size_t)k;
         int m = nfc_decompose(cp, d + nd);
-        for (int q = 0; q < m; q++) {             /* canonical ordering: stable insertion by ccc */
+        for (int q = 0; q < m; q++) { /* canonical ordering: stable insertion by ccc */
             uint32_t x = d[nd];
             uint8_t c = (uint8_t)uc_ccc(x);
             size_t r = nd;
-            while (c && r > 0 && cc[r - 1] > c) { d[r] = d[r - 1]; cc[r] = cc[r - 1]; r--; }
-            d[r] = x; cc[r] = c;
+            while (c && r > 0 && cc[r - 1] > c) {
+                d[r] = d[r - 1];
+                cc[r] = cc[r - 1];
+                r--;
+            }
+            d[r] = x;
+            cc[r] = c;
             nd++;
         }
     }
@@ -153,20 +182,31 @@ int tt_nfc(const char *s, size_t n, char **out, size_t *out_len) {
             int adjacent = (long)no - 1 == starter;
             if (adjacent || (last_cc != 0 && last_cc < ccj)) {
                 uint32_t k = nfc_compose(d[starter], c);
-                if (k) { d[starter] = k; continue; }
+                if (k) {
+                    d[starter] = k;
+                    continue;
+                }
             }
         }
         if (ccj == 0) starter = (long)no;
         last_cc = ccj;
-        d[no] = c; cc[no] = (uint8_t)ccj; no++;
+        d[no] = c;
+        cc[no] = (uint8_t)ccj;
+        no++;
     }
     char *o = malloc(no * 4 + 1);
-    if (!o) { free(d); free(cc); return err_set(GE_NOMEM, "nfc: out of memory"); }
+    if (!o) {
+        free(d);
+        free(cc);
+        return err_set(GE_NOMEM, "nfc: out of memory");
+    }
     size_t ol = 0;
     for (size_t j = 0; j < no; j++) ol += (size_t)utf8_encode(d[j], o + ol);
     o[ol] = 0;
-    free(d); free(cc);
-    *out = o; *out_len = ol;
+    free(d);
+    free(cc);
+    *out = o;
+    *out_len = ol;
     return 0;
 }
 
@@ -174,9 +214,9 @@ int tt_nfc(const char *s, size_t n, char **out, size_t *out_len) {
 
 int tt_pattern_id(const char *re) {
     static const char qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
-        " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+                                " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     static const char llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-        " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+                                 " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     if (!strcmp(re, qwen2)) return TT_PAT_QWEN2;
     if (!strcmp(re, llama3)) return TT_PAT_LLAMA3;
     return -1;
@@ -184,8 +224,8 @@ int tt_pattern_id(const char *re) {
 
 /* Class codes in sc->cl: the Unicode class plus a bit for \r and \n. */
 enum { CL_O = UC_OTHER, CL_L = UC_L, CL_N = UC_N, CL_WS = UC_WS, CL_NL = 4 };
-#define IS_WS(c) (((c) & 3) == CL_WS)
-#define IS_P(c) (((c) & 3) == CL_O)              /* [^\s\p{L}\p{N}] */
+#define IS_WS(c) (((c)&3) == CL_WS)
+#define IS_P(c) (((c)&3) == CL_O) /* [^\s\p{L}\p{N}] */
 
 static uint8_t ascii_cl[128];
 static void ascii_init(void) {
@@ -267,10 +307,18 @@ int tt_split(int pattern, const char *s, size_t n, tt_scratch *sc, int *bounds, 
     int m = 0;
     for (size_t i = 0; i < n; m++) {
         sc->off[m] = (int)i;
-        if (p[i] < 0x80) { sc->cp[m] = p[i]; sc->cl[m] = ascii_cl[p[i]]; i++; continue; }
+        if (p[i] < 0x80) {
+            sc->cp[m] = p[i];
+            sc->cl[m] = ascii_cl[p[i]];
+            i++;
+            continue;
+        }
         uint32_t c;
         int k = tt_utf8_decode(p + i, n - i, &c);
-        if (!k) { c = 0xFFFD; k = 1; }      /* callers pass valid UTF-8 */
+        if (!k) {
+            c = 0xFFFD;
+            k = 1;
+        } /* callers pass valid UTF-8 */
         sc->cp[m] = c;
         sc->cl[m] = (uint8_t)uc_class(c);
         i += (size_t)k;
@@ -280,8 +328,15 @@ int tt_split(int pattern, const char *s, size_t n, tt_scratch *sc, int *bounds, 
     int np = 0, gap = -1;
     for (int i = 0; i < m;) {
         int len = tt_match(sc->cp, sc->cl, i, m, maxdig);
-        if (!len) { if (gap < 0) gap = i; i++; continue; }
-        if (gap >= 0) { bounds[np++] = sc->off[gap]; gap = -1; }
+        if (!len) {
+            if (gap < 0) gap = i;
+            i++;
+            continue;
+        }
+        if (gap >= 0) {
+            bounds[np++] = sc->off[gap];
+            gap = -1;
+        }
         bounds[np++] = sc->off[i];
         i += len;
     }
@@ -292,7 +347,9 @@ int tt_split(int pattern, const char *s, size_t n, tt_scratch *sc, int *bounds, 
 }
 
 void tt_scratch_free(tt_scratch *sc) {
-    free(sc->cp); free(sc->cl); free(sc->off);
+    free(sc->cp);
+    free(sc->cl);
+    free(sc->off);
     memset(sc, 0, sizeof *sc);
 }
 
@@ -302,8 +359,12 @@ void tt_put(tt_buf *b, const char *s, size_t n) {
         size_t cap = b->cap ? b->cap * 2 : 1024;
         while (cap < b->n + n + 1) cap *= 2;
         char *p = realloc(b->s, cap);
-        if (!p) { b->oom = 1; return; }
-        b->s = p; b->cap = cap;
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
     }
     memcpy(b->s + b->n, s, n);
     b->n += n;

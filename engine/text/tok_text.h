@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/utf8.h"   /* utf8_encode: the encoder (shared with engine/format/json.c) */
+#include "common/utf8.h" /* utf8_encode: the encoder (shared with engine/format/json.c) */
 
 /* Decode one UTF-8 code point at s[0..n), n >= 1. Returns its byte length, or 0 when the bytes
  * there are not well-formed UTF-8 (overlong, surrogate, beyond U+10FFFF, truncated). */
@@ -28,13 +28,22 @@ int tt_pattern_id(const char *regex);
 /* Split s[0..n) (valid UTF-8) into pieces as HF's Split(pattern, Isolated) does: every match is a
  * piece and so is any gap between matches. Piece k is s[bounds[k] .. bounds[k+1]); *npieces
  * pieces. bounds must have room for n + 1 entries. */
-typedef struct { uint32_t *cp; uint8_t *cl; int *off; size_t cap; } tt_scratch;
+typedef struct {
+    uint32_t *cp;
+    uint8_t *cl;
+    int *off;
+    size_t cap;
+} tt_scratch;
 int tt_split(int pattern, const char *s, size_t n, tt_scratch *sc, int *bounds, int *npieces);
 void tt_scratch_free(tt_scratch *sc);
 
 /* A growable NUL-terminated byte buffer for building text; oom is sticky, so a caller appends
  * freely and checks it once at the end. The caller frees s. */
-typedef struct { char *s; size_t n, cap; int oom; } tt_buf;
+typedef struct {
+    char *s;
+    size_t n, cap;
+    int oom;
+} tt_buf;
 void tt_put(tt_buf *b, const char *s, size_t n);
 static inline void tt_str(tt_buf *b, const char *s) { tt_put(b, s, strlen(s)); }
 #endif

@@ -28,9 +28,12 @@ static uint64_t hash_bytes(const void *p, size_t n) {
     const unsigned char *s = p;
     uint64_t h = 0x9E3779B97F4A7C15ULL ^ (n * 0xff51afd7ed558ccdULL);
     while (n >= 8) {
-        uint64_t w; memcpy(&w, s, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdULL; h ^= h >> 32;
-        s += 8; n -= 8;
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
+        s += 8;
+        n -= 8;
     }
     uint64_t w = 0;
     memcpy(&w, s, n);
@@ -62,28 +65,39 @@ static void smap_put(smap *m, const char *pool, const tok_str *keys, int id) {
     uint32_t i = (uint32_t)hash_bytes(pool + k->off, k->len) & m->mask;
     for (;; i = (i + 1) & m->mask) {
         uint32_t v = m->slot[i];
-        if (!v) { m->slot[i] = (uint32_t)id + 1; return; }
+        if (!v) {
+            m->slot[i] = (uint32_t)id + 1;
+            return;
+        }
         const tok_str *o = &keys[v - 1];
-        if (o->len == k->len && !memcmp(pool + o->off, pool + k->off, k->len)) return;  /* first wins */
+        if (o->len == k->len && !memcmp(pool + o->off, pool + k->off, k->len)) return; /* first wins */
     }
 }
 
 /* pair map: (a, b) -> (rank, new id) */
-static uint32_t pair_hash(uint64_t key) { key *= 0x9E3779B97F4A7C15ULL; return (uint32_t)(key >> 32); }
+static uint32_t pair_hash(uint64_t key) {
+    key *= 0x9E3779B97F4A7C15ULL;
+    return (uint32_t)(key >> 32);
+}
 
 static int pmap_get(const pmap *m, int a, int b, int *new_id) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     for (uint32_t i = pair_hash(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->rank[i] < 0) return INT_MAX;
-        if (m->key[i] == key) { *new_id = m->val[i]; return m->rank[i]; }
+        if (m->key[i] == key) {
+            *new_id = m->val[i];
+            return m->rank[i];
+        }
     }
 }
 
 static void pmap_put(pmap *m, int a, int b, int rank, int new_id) {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     for (uint32_t i = pair_hash(key) & m->mask;; i = (i + 1) & m->mask) {
-        if (m->rank[i] < 0 || m->key[i] == key) {   /* a repeated pair: the later one wins, as in HF */
-            m->key[i] = key; m->rank[i] = rank; m->val[i] = new_id;
+        if (m->rank[i] < 0 || m->key[i] == key) { /* a repeated pair: the later one wins, as in HF */
+            m->key[i] = key;
+            m->rank[i] = rank;
+            m->val[i] = new_id;
             return;
         }
     }
@@ -123,11 +137,13 @@ static int pool_add(tok *t, const char *s, size_t n, tok_str *dst) {
         while (cap < t->pool_len + n + 1) cap *= 2;
         char *p = realloc(t->pool, cap);
         if (!p) return err_set(GE_NOMEM, "tokenizer: out of memory");
-        t->pool = p; t->pool_cap = cap;
+        t->pool = p;
+        t->pool_cap = cap;
     }
     memcpy(t->pool + t->pool_len, s, n);
     t->pool[t->pool_len + n] = 0;
-    dst->off = (uint32_t)t->pool_len; dst->len = (uint32_t)n;
+    dst->off = (uint32_t)t->pool_len;
+    dst->len = (uint32_t)n;
     t->pool_len += n + 1;
     return 0;
 }
@@ -137,7 +153,7 @@ static int pool_add(tok *t, const char *s, size_t n, tok_str *dst) {
 static int load_post_processor(tok *t, const js *pp) {
     if (!pp || pp->type == JS_NULL) return 0;
     const char *type = js_get_str(pp, "type");
-    if (type && !strcmp(type, "ByteLevel")) return 0;           /* offsets only */
+    if (type && !strcmp(type, "ByteLevel")) return 0; /* offsets only */
     if (type && !strcmp(type, "Sequence")) {
         const js *list = js_get(pp, "processors");
         for (int i = 0; list && list->type == JS_ARR && i < list->n; i++) {
@@ -151,12 +167,14 @@ static int load_post_processor(tok *t, const js *pp) {
         int after = 0;
         for (int i = 0; single && single->type == JS_ARR && i < single->n; i++) {
             const js *it = &single->items[i], *st = js_get(it, "SpecialToken");
-            if (js_get(it, "Sequence")) { after = 1; continue; }
+            if (js_get(it, "Sequence")) {
+                after = 1;
+                continue;
+            }
             const char *name = js_get_str(st, "id");
             const js *ids = js_get(js_get(sp, name ? name : ""), "ids");
             if (!name || !ids || ids->type != JS_ARR)
-                return err_set(GE_FORMAT, "tokenizer.json: post_processor special token %.64s has no ids",
-                               name ? name : "?");
+                return err_set(GE_FORMAT, "tokenizer.json: post_processor special token %.64s has no ids", name ? name : "?");
             for (int k = 0; k < ids->n; k++) {
                 int *cnt = after ? &t->n_suffix : &t->n_prefix;
                 int *arr = after ? t->suffix : t->prefix;
@@ -166,15 +184,18 @@ static int load_post_processor(tok *t, const js *pp) {
         }
         return 0;
     }
-    return err_set(GE_UNSUPPORTED, "tokenizer.json: post_processor type %.64s is not supported "
-                   "(only ByteLevel, TemplateProcessing)", type ? type : "?");
+    return err_set(GE_UNSUPPORTED,
+                   "tokenizer.json: post_processor type %.64s is not supported "
+                   "(only ByteLevel, TemplateProcessing)",
+                   type ? type : "?");
 }
 
 static int load_pre_tokenizer(tok *t, const js *pt) {
     const char *type = js_get_str(pt, "type");
     const js *list = js_get(pt, "pretokenizers");
     if (!type || strcmp(type, "Sequence") || !list || list->type != JS_ARR || list->n != 2)
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer %.64s is not supported (only "
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: pre_tokenizer %.64s is not supported (only "
                        "Sequence[Split(regex), ByteLevel(use_regex=false)] as Qwen2/3 and Llama 3 ship)",
                        type ? type : "null");
     const js *sp = &list->items[0], *bl = &list->items[1];
@@ -182,16 +203,23 @@ static int load_pre_tokenizer(tok *t, const js *pt) {
     const char *re = js_get_str(js_get(sp, "pattern"), "Regex");
     const char *beh = js_get_str(sp, "behavior");
     if (!t0 || strcmp(t0, "Split") || !t1 || strcmp(t1, "ByteLevel"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: pre_tokenizer Sequence[%.64s, %.64s] is not supported "
-                       "(only Split then ByteLevel)", t0 ? t0 : "?", t1 ? t1 : "?");
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: pre_tokenizer Sequence[%.64s, %.64s] is not supported "
+                       "(only Split then ByteLevel)",
+                       t0 ? t0 : "?", t1 ? t1 : "?");
     if (!re || (t->pattern = tt_pattern_id(re)) < 0)
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: Split pattern %.80s is not one of the supported "
-                       "regexes (Qwen2/3, Llama 3)", re ? re : "(not a Regex)");
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: Split pattern %.80s is not one of the supported "
+                       "regexes (Qwen2/3, Llama 3)",
+                       re ? re : "(not a Regex)");
     if (!beh || strcmp(beh, "Isolated") || js_get_bool(sp, "invert", 0))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: Split behavior %.64s/invert is not supported "
-                       "(only Isolated)", beh ? beh : "?");
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: Split behavior %.64s/invert is not supported "
+                       "(only Isolated)",
+                       beh ? beh : "?");
     if (js_get_bool(bl, "use_regex", 1) || js_get_bool(bl, "add_prefix_space", 1))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: ByteLevel pre-tokenizer with use_regex or "
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: ByteLevel pre-tokenizer with use_regex or "
                        "add_prefix_space is not supported");
     return 0;
 }
@@ -201,14 +229,14 @@ static int load_components(tok *t, const js *root) {
     const js *model = js_get(root, "model");
     const char *mt = js_get_str(model, "type");
     if (!mt || strcmp(mt, "BPE"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: model type %.64s is not supported (only BPE)",
-                       mt ? mt : "(missing)");
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: model type %.64s is not supported (only BPE)", mt ? mt : "(missing)");
     const js *drop = js_get(model, "dropout");
     if (drop && drop->type == JS_NUM && drop->num > 0)
         return err_set(GE_UNSUPPORTED, "tokenizer.json: BPE dropout is not supported");
     const char *pre = js_get_str(model, "continuing_subword_prefix"), *suf = js_get_str(model, "end_of_word_suffix");
     if ((pre && *pre) || (suf && *suf))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: BPE continuing_subword_prefix/end_of_word_suffix "
+        return err_set(GE_UNSUPPORTED,
+                       "tokenizer.json: BPE continuing_subword_prefix/end_of_word_suffix "
                        "is not supported");
     t->ignore_merges = js_get_bool(model, "ignore_merges", 0);
     t->byte_fallback = js_get_bool(model, "byte_fallback", 0);
@@ -217,8 +245,7 @@ static int load_components(tok *t, const js *root) {
     if (norm && norm->type != JS_NULL) {
         const char *nt = js_get_str(norm, "type");
         if (!nt || strcmp(nt, "NFC"))
-            return err_set(GE_UNSUPPORTED, "tokenizer.json: normalizer %.64s is not supported (only NFC)",
-                           nt ? nt : "?");
+            return err_set(GE_UNSUPPORTED, "tokenizer.json: normalizer %.64s is not supported (only NFC)", nt ? nt : "?");
         t->nfc = 1;
     }
     int rc = load_pre_tokenizer(t, js_get(root, "pre_tokenizer"));
@@ -226,8 +253,7 @@ static int load_components(tok *t, const js *root) {
     const js *dec = js_get(root, "decoder");
     const char *dt = js_get_str(dec, "type");
     if (!dt || strcmp(dt, "ByteLevel"))
-        return err_set(GE_UNSUPPORTED, "tokenizer.json: decoder %.64s is not supported (only ByteLevel)",
-                       dt ? dt : "null");
+        return err_set(GE_UNSUPPORTED, "tokenizer.json: decoder %.64s is not supported (only ByteLevel)", dt ? dt : "null");
     return load_post_processor(t, js_get(root, "post_processor"));
 }
 
@@ -263,8 +289,7 @@ static int set_decode_form(tok *t, int id, const char *s, size_t n, char *tmp) {
 
 static int load_vocab(tok *t, const js *model, char *tmp) {
     const js *vocab = js_get(model, "vocab");
-    if (!vocab || vocab->type != JS_OBJ)
-        return err_set(GE_FORMAT, "tokenizer.json: model.vocab is not an object");
+    if (!vocab || vocab->type != JS_OBJ) return err_set(GE_FORMAT, "tokenizer.json: model.vocab is not an object");
     for (int i = 0; i < vocab->n; i++) {
         int id = (int)js_num(&vocab->items[i], -1);
         const char *s = vocab->keys[i];
@@ -300,21 +325,27 @@ static int load_merges(tok *t, const js *model, char *tmp) {
         if (m->type == JS_STR) {
             const char *sp = strchr(m->str, ' ');
             if (!sp) return err_set(GE_FORMAT, "tokenizer.json: merge %d \"%.64s\" has no space", r, m->str);
-            a = m->str; al = (size_t)(sp - a); b = sp + 1; bl = strlen(b);
+            a = m->str;
+            al = (size_t)(sp - a);
+            b = sp + 1;
+            bl = strlen(b);
         } else if (m->type == JS_ARR && m->n == 2 && js_str(&m->items[0]) && js_str(&m->items[1])) {
-            a = m->items[0].str; al = (size_t)m->items[0].n; b = m->items[1].str; bl = (size_t)m->items[1].n;
+            a = m->items[0].str;
+            al = (size_t)m->items[0].n;
+            b = m->items[1].str;
+            bl = (size_t)m->items[1].n;
         } else {
             return err_set(GE_FORMAT, "tokenizer.json: merge %d is neither \"a b\" nor [a, b]", r);
         }
         int ka = byte_level_decode(t->u2b, a, al, tmp);
         int kb = ka >= 0 ? byte_level_decode(t->u2b, b, bl, tmp + ka) : -1;
-        if (kb < 0) continue;          /* outside the byte alphabet: can never fire */
+        if (kb < 0) continue; /* outside the byte alphabet: can never fire */
         int ia = smap_get(&t->vocab, t->pool, t->model, tmp, (size_t)ka);
         int ib = smap_get(&t->vocab, t->pool, t->model, tmp + ka, (size_t)kb);
         int in = smap_get(&t->vocab, t->pool, t->model, tmp, (size_t)(ka + kb));
         if (ia < 0 || ib < 0 || in < 0)
-            return err_set(GE_FORMAT, "tokenizer.json: merge %d (%.*s %.*s) uses a token missing from the vocab",
-                           r, al > 64 ? 64 : (int)al, a, bl > 64 ? 64 : (int)bl, b);
+            return err_set(GE_FORMAT, "tokenizer.json: merge %d (%.*s %.*s) uses a token missing from the vocab", r,
+                           al > 64 ? 64 : (int)al, a, bl > 64 ? 64 : (int)bl, b);
         pmap_put(&t->merges, ia, ib, r, in);
     }
     return 0;
@@ -338,7 +369,8 @@ static int trie_add(tok *t, int which, const char *s, size_t n, int id) {
             if (tr->n == tr->cap) {
                 tok_trie_node *nn = realloc(tr->node, (size_t)tr->cap * 2 * sizeof *nn);
                 if (!nn) return err_set(GE_NOMEM, "tokenizer: out of memory");
-                tr->node = nn; tr->cap *= 2;
+                tr->node = nn;
+                tr->cap *= 2;
             }
             ch = tr->n++;
             tr->node[ch] = (tok_trie_node){-1, tr->node[cur].child, c, -1};
@@ -365,10 +397,11 @@ static int load_added(tok *t, const js *root, char *tmp) {
         int rc = grow_ids(t, id);
         if (rc || (rc = pool_add(t, s, n, &t->raw[id])) || (rc = set_decode_form(t, id, s, n, tmp))) return rc;
         int normalized = js_get_bool(a, "normalized", 0);
-        t->flags[id] |= TOKF_ADDED | (js_get_bool(a, "special", 0) ? TOKF_SPECIAL : 0)
-                      | (js_get_bool(a, "lstrip", 0) ? TOKF_LSTRIP : 0) | (js_get_bool(a, "rstrip", 0) ? TOKF_RSTRIP : 0);
+        t->flags[id] |= TOKF_ADDED | (js_get_bool(a, "special", 0) ? TOKF_SPECIAL : 0) |
+            (js_get_bool(a, "lstrip", 0) ? TOKF_LSTRIP : 0) | (js_get_bool(a, "rstrip", 0) ? TOKF_RSTRIP : 0);
         if (normalized && t->nfc) {
-            char *nf = NULL; size_t nl = 0;
+            char *nf = NULL;
+            size_t nl = 0;
             if ((rc = tt_nfc(s, n, &nf, &nl))) return rc;
             rc = nf ? trie_add(t, 1, nf, nl, id) : trie_add(t, 1, s, n, id);
             free(nf);
@@ -398,13 +431,19 @@ int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_
         return err_set(rc, "tokenizer_config.json: %s", err_msg());
     }
     tok *t = calloc(1, sizeof *t);
-    if (!t) { rc = err_set(GE_NOMEM, "tokenizer: out of memory"); goto fail; }
+    if (!t) {
+        rc = err_set(GE_NOMEM, "tokenizer: out of memory");
+        goto fail;
+    }
     pthread_mutex_init(&t->cache_mu, NULL);
     byte_level_tables(t->b2u, t->u2b);
     if ((rc = load_components(t, root))) goto fail;
     const js *model = js_get(root, "model");
-    tmp = malloc(len + 16);     /* scratch for any key or merge: each is a part of the text */
-    if (!tmp) { rc = err_set(GE_NOMEM, "tokenizer: out of memory"); goto fail; }
+    tmp = malloc(len + 16); /* scratch for any key or merge: each is a part of the text */
+    if (!tmp) {
+        rc = err_set(GE_NOMEM, "tokenizer: out of memory");
+        goto fail;
+    }
     if ((rc = load_vocab(t, model, tmp))) goto fail;
     int n_model = t->n_vocab;
     if ((rc = smap_init(&t->vocab, n_model))) goto fail;
@@ -420,15 +459,21 @@ int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_
     if (unk) {
         int k = byte_level_decode(t->u2b, unk, strlen(unk), tmp);
         t->unk_id = k >= 0 ? smap_get(&t->vocab, t->pool, t->model, tmp, (size_t)k) : -1;
-        if (t->unk_id < 0) { rc = err_set(GE_FORMAT, "tokenizer.json: unk_token %.64s is not in the vocab", unk); goto fail; }
+        if (t->unk_id < 0) {
+            rc = err_set(GE_FORMAT, "tokenizer.json: unk_token %.64s is not in the vocab", unk);
+            goto fail;
+        }
     }
     if ((rc = load_added(t, root, tmp))) goto fail;
     if ((rc = smap_init(&t->names, t->n_vocab))) goto fail;
-    for (int id = t->n_vocab - 1; id >= 0; id--)       /* added tokens override vocab strings */
+    for (int id = t->n_vocab - 1; id >= 0; id--) /* added tokens override vocab strings */
         if (t->raw[id].len || (t->flags[id] & TOKF_ADDED)) smap_put(&t->names, t->pool, t->raw, id);
     for (int i = 0; i < t->n_prefix + t->n_suffix; i++) {
         int id = i < t->n_prefix ? t->prefix[i] : t->suffix[i - t->n_prefix];
-        if (id < 0 || id >= t->n_vocab) { rc = err_set(GE_FORMAT, "tokenizer.json: post_processor id %d out of range", id); goto fail; }
+        if (id < 0 || id >= t->n_vocab) {
+            rc = err_set(GE_FORMAT, "tokenizer.json: post_processor id %d out of range", id);
+            goto fail;
+        }
     }
     if (croot) {
         t->bos = cfg_token(croot, "bos_token");
@@ -437,19 +482,19 @@ int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_
         t->chat_template = ct ? strdup(ct) : NULL;
     }
     free(tmp);
-    js_doc_free(doc); js_doc_free(cdoc);
+    js_doc_free(doc);
+    js_doc_free(cdoc);
     *out = t;
     return 0;
 fail:
     free(tmp);
     tok_free(t);
-    js_doc_free(doc); js_doc_free(cdoc);
+    js_doc_free(doc);
+    js_doc_free(cdoc);
     return rc;
 }
 
-int tok_load_json(const char *json, size_t len, tok **out) {
-    return tok_load_json_cfg(json, len, NULL, 0, out);
-}
+int tok_load_json(const char *json, size_t len, tok **out) { return tok_load_json_cfg(json, len, NULL, 0, out); }
 
 static int read_file(const char *path, char **buf, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -458,12 +503,19 @@ static int read_file(const char *path, char **buf, size_t *len) {
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
     *buf = malloc((size_t)(n < 0 ? 0 : n) + 1);
-    if (!*buf) { fclose(f); return err_set(GE_NOMEM, "%s: out of memory", path); }
+    if (!*buf) {
+        fclose(f);
+        return err_set(GE_NOMEM, "%s: out of memory", path);
+    }
     *len = fread(*buf, 1, (size_t)n, f);
     (*buf)[*len] = 0;
     int bad = ferror(f);
     fclose(f);
-    if (bad || n < 0) { free(*buf); *buf = NULL; return err_set(GE_IO, "%s: read failed", path); }
+    if (bad || n < 0) {
+        free(*buf);
+        *buf = NULL;
+        return err_set(GE_IO, "%s: read failed", path);
+    }
     return 0;
 }
 
@@ -478,20 +530,34 @@ int tok_load(const char *dir, tok **out) {
     if (rc) return rc;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     rc = read_file(path, &cfg, &cl);
-    if (rc && rc != GE_NOT_FOUND) { free(json); return rc; }
+    if (rc && rc != GE_NOT_FOUND) {
+        free(json);
+        return rc;
+    }
     rc = tok_load_json_cfg(json, jl, cfg, cl, out);
     if (rc) err_set(rc, "%s: %s", dir, err_msg());
-    free(json); free(cfg);
+    free(json);
+    free(cfg);
     return rc;
 }
 
 void tok_free(tok *t) {
     if (!t) return;
-    free(t->pool); free(t->raw); free(t->model); free(t->dec); free(t->flags);
-    free(t->vocab.slot); free(t->names.slot);
-    free(t->merges.key); free(t->merges.rank); free(t->merges.val);
-    free(t->trie[0].node); free(t->trie[1].node);
-    free(t->bos); free(t->eos); free(t->chat_template);
+    free(t->pool);
+    free(t->raw);
+    free(t->model);
+    free(t->dec);
+    free(t->flags);
+    free(t->vocab.slot);
+    free(t->names.slot);
+    free(t->merges.key);
+    free(t->merges.rank);
+    free(t->merges.val);
+    free(t->trie[0].node);
+    free(t->trie[1].node);
+    free(t->bos);
+    free(t->eos);
+    free(t->chat_template);
     tok_cache_free(&t->cache);
     pthread_mutex_destroy(&t->cache_mu);
     free(t);

@@ -25,24 +25,23 @@ int tok_load_json(const char *json, size_t len, tok **out);
 int tok_load_json_cfg(const char *json, size_t len, const char *cfg, size_t cfg_len, tok **out);
 void tok_free(tok *t);
 
-int tok_vocab_size(const tok *t);                 /* max id + 1, added tokens included */
+int tok_vocab_size(const tok *t); /* max id + 1, added tokens included */
 
 /* Encode text[0..len) (UTF-8; GE_INVALID otherwise). add_special: the post-processor's special
  * tokens (e.g. a BOS), as HF's add_special_tokens. parse_special: special added tokens in the
  * text become their ids (HF's default); 0 encodes them as plain text (HF's
  * encode_special_tokens=True; non-special added tokens such as "<think>" still match, as in HF).
  * *ids is malloc'd (caller frees), *n its length. */
-int tok_encode(const tok *t, const char *text, size_t len, int add_special, int parse_special,
-               int **ids, int *n);
+int tok_encode(const tok *t, const char *text, size_t len, int add_special, int parse_special, int **ids, int *n);
 /* Decode ids (unknown ids are skipped, as HF does); skip_special drops special added tokens.
  * Bytes that are not valid UTF-8 become U+FFFD as Rust's String::from_utf8_lossy does.
  * *text is malloc'd and NUL-terminated, *len excludes the NUL. */
 int tok_decode(const tok *t, const int *ids, int n, int skip_special, char **text, size_t *len);
 
-int tok_token_id(const tok *t, const char *token_str);   /* -1 if absent (e.g. "<|im_end|>") */
-const char *tok_bos(const tok *t);                        /* from tokenizer_config.json, or NULL */
+int tok_token_id(const tok *t, const char *token_str); /* -1 if absent (e.g. "<|im_end|>") */
+const char *tok_bos(const tok *t); /* from tokenizer_config.json, or NULL */
 const char *tok_eos(const tok *t);
-const char *tok_chat_template(const tok *t);              /* or NULL */
+const char *tok_chat_template(const tok *t); /* or NULL */
 int tok_is_special(const tok *t, int id);
 
 /* The tokenizer of grpod's embedded default model: 256 byte tokens (id = byte value, spelled with

@@ -51,7 +51,10 @@ static int hash_file(const char *path, long long *bytes, uint64_t *hash) {
     FILE *f = fopen(path, "rb");
     if (!f) return err_set(GE_IO, "%s: %s", path, strerror(errno));
     unsigned char *buf = malloc(1 << 20);
-    if (!buf) { fclose(f); return err_set(GE_NOMEM, "checkpoint: out of memory"); }
+    if (!buf) {
+        fclose(f);
+        return err_set(GE_NOMEM, "checkpoint: out of memory");
+    }
     uint64_t h = 0x9e3779b97f4a7c15ULL;
     long long total = 0;
     size_t k;
@@ -77,9 +80,12 @@ static int hash_file(const char *path, long long *bytes, uint64_t *hash) {
 
 static int copy_file(const char *src, const char *dst) {
     FILE *in = fopen(src, "rb");
-    if (!in) return 0;  /* optional files */
+    if (!in) return 0; /* optional files */
     FILE *o = fopen(dst, "wb");
-    if (!o) { fclose(in); return err_set(GE_IO, "%s: cannot create: %s", dst, strerror(errno)); }
+    if (!o) {
+        fclose(in);
+        return err_set(GE_IO, "%s: cannot create: %s", dst, strerror(errno));
+    }
     char buf[65536];
     size_t k;
     int ok = 1;
@@ -107,8 +113,9 @@ int eng_remove_tree(const char *dir) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
         struct stat sb;
-        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) { if (!rc) rc = eng_remove_tree(p); }
-        else if (unlink(p) && !rc) rc = err_set(GE_IO, "%s: %s", p, strerror(errno));
+        if (lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            if (!rc) rc = eng_remove_tree(p);
+        } else if (unlink(p) && !rc) rc = err_set(GE_IO, "%s: %s", p, strerror(errno));
     }
     closedir(d);
     if (rmdir(dir) && !rc) rc = err_set(GE_IO, "%s: %s", dir, strerror(errno));
@@ -139,7 +146,10 @@ static int write_manifest(const char *dir) {
         fprintf(m, ": {\"bytes\": %lld, \"hash\": \"%016llx\"}", bytes, (unsigned long long)h);
     }
     closedir(d);
-    if (m) { fprintf(m, "}}\n"); fclose(m); }
+    if (m) {
+        fprintf(m, "}}\n");
+        fclose(m);
+    }
     snprintf(path, sizeof path, "%s/%s", dir, MANIFEST);
     if (!rc) rc = write_text(path, text);
     if (!rc) rc = fsync_path(path, 0);
@@ -163,12 +173,19 @@ static int verify_dir(const char *dir, int need_state) {
         long long want_bytes = (long long)js_get_num(&files->items[i], "bytes", -1), bytes;
         uint64_t h;
         char hex[24];
-        if (strchr(name, '/') || !want) { rc = err_set(GE_FORMAT, "%s: bad manifest entry %s", dir, name); break; }
+        if (strchr(name, '/') || !want) {
+            rc = err_set(GE_FORMAT, "%s: bad manifest entry %s", dir, name);
+            break;
+        }
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        if ((rc = hash_file(path, &bytes, &h))) { rc = err_set(GE_FORMAT, "%s: %s", dir, err_msg()); break; }
+        if ((rc = hash_file(path, &bytes, &h))) {
+            rc = err_set(GE_FORMAT, "%s: %s", dir, err_msg());
+            break;
+        }
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
         if (bytes != want_bytes) rc = err_set(GE_FORMAT, "%s: %lld bytes, the manifest says %lld", path, bytes, want_bytes);
-        else if (strcmp(hex, want)) rc = err_set(GE_FORMAT, "%s: contents differ from the manifest (hash %s, expected %s)", path, hex, want);
+        else if (strcmp(hex, want))
+            rc = err_set(GE_FORMAT, "%s: contents differ from the manifest (hash %s, expected %s)", path, hex, want);
         has_state |= !strcmp(name, STATE);
         has_model |= !strcmp(name, "model.safetensors") || !strcmp(name, "adapter_model.safetensors");
     }
@@ -230,7 +247,7 @@ static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
         if (!rc) rc = config_write(tmp, &e->m.cfg);
         if (!rc) rc = model_save_host(&e->m, tmp, merged_w ? merged_w : st[0], 0);
         free(merged_w);
-        static const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json" };
+        static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
             snprintf(path, sizeof path, "%s/%s", tmp, tok_files[i]);
@@ -238,8 +255,8 @@ static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
         }
     }
     if (!rc && st[1]) {
-        st_out o[2] = { { .name = "adam_m", .data = st[1], .ndim = 1, .shape = { (long long)nt } },
-                        { .name = "adam_v", .data = st[2], .ndim = 1, .shape = { (long long)nt } } };
+        st_out o[2] = {{.name = "adam_m", .data = st[1], .ndim = 1, .shape = {(long long)nt}},
+                       {.name = "adam_v", .data = st[2], .ndim = 1, .shape = {(long long)nt}}};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         rc = st_write(path, o, 2, ST_F32);
     }
@@ -261,11 +278,12 @@ static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(parent, sizeof parent, "%s", dir);
     char *slash = strrchr(parent, '/');
-    if (slash) *slash = 0; else snprintf(parent, sizeof parent, ".");
+    if (slash) *slash = 0;
+    else snprintf(parent, sizeof parent, ".");
     struct stat sb;
     int replace = stat(dir, &sb) == 0;
-    if (replace && eng_checkpoint_matches(e, dir, merged) == 0) return 0;   /* this save's own result */
-    eng_remove_tree(tmp);   /* a leftover of a crash during the same save */
+    if (replace && eng_checkpoint_matches(e, dir, merged) == 0) return 0; /* this save's own result */
+    eng_remove_tree(tmp); /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
     if (!rc) rc = save_files(e, tmp, merged, st);
     if (!rc) rc = write_manifest(tmp);
@@ -279,7 +297,7 @@ static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
         int code = err_code();
         char msg[600];
         snprintf(msg, sizeof msg, "%s", err_msg());
-        eng_remove_tree(tmp);   /* disk full: give the space back, leave nothing half-written */
+        eng_remove_tree(tmp); /* disk full: give the space back, leave nothing half-written */
         rc = err_set(code, "checkpoint not saved: %s", msg);
     }
     return rc;
@@ -316,11 +334,14 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     if ((rc = st_open_file(&s, path))) return rc;
     float *buf[2];
     int owned[2];
-    if ((rc = state_moments_in(e, buf, owned))) { st_close(&s); return rc; }
-    const char *names[2] = { "adam_m", "adam_v" };
+    if ((rc = state_moments_in(e, buf, owned))) {
+        st_close(&s);
+        return rc;
+    }
+    const char *names[2] = {"adam_m", "adam_v"};
     for (int i = 0; i < 2 && !rc; i++) {
         const st_tensor *t = st_find(&s, names[i]);
-        long long dims[1] = { eng_train_n(e) };
+        long long dims[1] = {eng_train_n(e)};
         rc = t ? st_read_f32(t, buf[i], 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
     }
     int src = state_set_moments(e, buf, owned);

@@ -15,7 +15,7 @@
  *               each rank: the same bits everywhere.
  *   gathers     a sharded fp32 vector to rank 0's host memory in chunks (checkpoints).
  * Nothing here runs without a comm. Only the engine thread calls these. */
-#define _GNU_SOURCE     /* qsort_r */
+#define _GNU_SOURCE /* qsort_r */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,23 +33,29 @@ static int by_weight_desc(const void *a, const void *b, void *ud) {
 }
 
 void eng_place_groups(const long long *weight, int n, int W, int *rank) {
-    if (W <= 1) { for (int i = 0; i < n; i++) rank[i] = 0; return; }
+    if (W <= 1) {
+        for (int i = 0; i < n; i++) rank[i] = 0;
+        return;
+    }
     int *ord = malloc((size_t)(n ? n : 1) * sizeof(int));
     long long *load = calloc((size_t)W, sizeof(long long));
-    if (!ord || !load) {   /* round robin: still deterministic */
+    if (!ord || !load) { /* round robin: still deterministic */
         for (int i = 0; i < n; i++) rank[i] = i % W;
-        free(ord); free(load);
+        free(ord);
+        free(load);
         return;
     }
     for (int i = 0; i < n; i++) ord[i] = i;
     qsort_r(ord, (size_t)n, sizeof(int), by_weight_desc, (void *)weight);
     for (int k = 0; k < n; k++) {
         int best = 0;
-        for (int q = 1; q < W; q++) if (load[q] < load[best]) best = q;
+        for (int q = 1; q < W; q++)
+            if (load[q] < load[best]) best = q;
         rank[ord[k]] = best;
         load[best] += weight[ord[k]];
     }
-    free(ord); free(load);
+    free(ord);
+    free(load);
 }
 
 /* ---------------------------------------------------------------- exchanges */
@@ -62,11 +68,14 @@ int dp_exchange(eng *e, const void *mine, void *all, size_t bytes) {
     eng_backend *be = e->be;
     if (is_host(e)) return comm_all_gather(e->comm, mine, all, bytes, COMM_U8);
     if ((size_t)(e->W + 1) * bytes > DP_BUF_BYTES) return err_set(GE_INTERNAL, "dp: exchange of %zu bytes a rank", bytes);
-    char *in = (char *)e->dp_buf + (size_t)e->W * bytes;   /* dp_buf: made by eng_open (dp_open) */
+    char *in = (char *)e->dp_buf + (size_t)e->W * bytes; /* dp_buf: made by eng_open (dp_open) */
     int rc = be->to_dev(be, in, mine, bytes);
     /* a rank that cannot take part aborts the group: the others' collective returns GE_COMM
      * instead of waiting for it forever */
-    if (rc) { comm_abort(e->comm); return rc; }
+    if (rc) {
+        comm_abort(e->comm);
+        return rc;
+    }
     rc = comm_all_gather(e->comm, in, e->dp_buf, bytes, COMM_U8);
     if (!rc) rc = be->to_host(be, all, e->dp_buf, (size_t)e->W * bytes);
     return rc;
@@ -80,11 +89,12 @@ int dp_agree(eng *e, int rc) {
     snprintf(msg, sizeof msg, "%s", rc ? err_msg() : "");
     int xrc = dp_exchange(e, &rc, all, sizeof(int));
     int first = -1;
-    for (int q = 0; !xrc && q < e->W && first < 0; q++) if (all[q]) first = q;
+    for (int q = 0; !xrc && q < e->W && first < 0; q++)
+        if (all[q]) first = q;
     int code = first >= 0 ? all[first] : 0;
     free(all);
     if (xrc) return rc ? err_set(rc, "%s", msg) : xrc;
-    if (rc) return err_set(rc, "%s", msg);   /* this rank's own failure, message kept */
+    if (rc) return err_set(rc, "%s", msg); /* this rank's own failure, message kept */
     if (first >= 0) return err_set(code, "rank %d of %d failed (%s); this rank stopped with it", first, e->W, err_name(code));
     return 0;
 }
@@ -94,7 +104,7 @@ int dp_sum(eng *e, double x, double *sum) {
     if (!all) return err_set(GE_NOMEM, "dp: out of memory");
     int rc = dp_exchange(e, &x, all, sizeof x);
     double s = 0;
-    for (int q = 0; !rc && q < e->W; q++) s += all[q];   /* rank order: the same bits on every rank */
+    for (int q = 0; !rc && q < e->W; q++) s += all[q]; /* rank order: the same bits on every rank */
     free(all);
     *sum = s;
     return rc;
@@ -114,7 +124,10 @@ int dp_gather_to_host(eng *e, const float *shard, float *host) {
     int stage = e->offload && !is_host(e);
     float *tmp = be->alloc(be, (size_t)(e->W + stage) * (size_t)C * 4), *in = tmp + (size_t)e->W * (size_t)C;
     int rc = dp_agree(e, tmp ? 0 : GE_NOMEM);
-    if (rc) { if (tmp) be->free(be, tmp); return rc; }
+    if (rc) {
+        if (tmp) be->free(be, tmp);
+        return rc;
+    }
     for (long long j = 0; j < S && !rc; j += C) {
         long long c = S - j < C ? S - j : C;
         rc = dp_agree(e, stage ? be->to_dev(be, in, shard + j, (size_t)c * 4) : 0);

@@ -21,12 +21,21 @@
 static int parse_name(const char *what, const char *s, int *out) {
     const eng_param *p = eng_param_find(&eng_loss_params, what);
     int v = p ? eng_param_choice(p, s) : -1;
-    if (v >= 0) { *out = v; return 0; }
+    if (v >= 0) {
+        *out = v;
+        return 0;
+    }
     char known[256] = "";
     for (const char *c = p ? p->choices : ""; *c && strlen(known) < sizeof known - 3; c++) {
         size_t k = strlen(known);
-        if (*c == '|' || *c == ',') { known[k] = ','; known[k + 1] = ' '; known[k + 2] = 0; }
-        else { known[k] = *c; known[k + 1] = 0; }
+        if (*c == '|' || *c == ',') {
+            known[k] = ',';
+            known[k + 1] = ' ';
+            known[k + 2] = 0;
+        } else {
+            known[k] = *c;
+            known[k + 1] = 0;
+        }
     }
     return err_set(GE_INVALID, "%s \"%s\" is not one of: %s", what, s ? s : "(null)", known);
 }
@@ -63,23 +72,15 @@ void loss_group_advantages(const loss_config *c, const float *rewards, int n, fl
     if (n > 1) {
         double ss = 0;
         for (int i = 0; i < n; i++) ss += (rewards[i] - mean) * (rewards[i] - mean);
-        std = sqrt(ss / (n - 1));           /* torch.std: unbiased */
+        std = sqrt(ss / (n - 1)); /* torch.std: unbiased */
     }
     for (int i = 0; i < n; i++) {
         double r = rewards[i], a;
         switch (c->adv) {
-        case ADV_GRPO:
-            a = c->norm_adv_by_std ? (r - mean) / (std + 1e-6) : r - mean;
-            break;
-        case ADV_DRGRPO:
-            a = r - mean;
-            break;
-        case ADV_RLOO:                      /* r - mean of the others = (n r - sum) / (n - 1) */
-            a = n > 1 ? (n * r - sum) / (n - 1) : r;
-            break;
-        default:                            /* ADV_GIVEN: the values are the advantages */
-            a = r;
-            break;
+        case ADV_GRPO: a = c->norm_adv_by_std ? (r - mean) / (std + 1e-6) : r - mean; break;
+        case ADV_DRGRPO: a = r - mean; break;
+        case ADV_RLOO: /* r - mean of the others = (n r - sum) / (n - 1) */ a = n > 1 ? (n * r - sum) / (n - 1) : r; break;
+        default: /* ADV_GIVEN: the values are the advantages */ a = r; break;
         }
         adv_out[i] = (float)a;
     }
@@ -93,8 +94,7 @@ int loss_group_uniform(const float *rewards, int n) {
 
 /* ---------- aggregation ---------- */
 
-void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom,
-                int *max_len) {
+void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom, int *max_len) {
     for (int s = 0; s < S; s++) {
         if ((mask && !mask[s]) || len[s] <= 0) continue;
         *tok_denom += len[s];
@@ -106,10 +106,10 @@ void loss_count(int S, const int *len, const int *mask, double *tok_denom, doubl
 /* The weight of every token of a counted response of length L under an aggregation mode. */
 static double agg_weight(loss_agg_mode agg, int L, double tok_denom, double seq_denom, double norm_len) {
     switch (agg) {
-    case AGG_TOKEN_MEAN:              return 1.0 / tok_denom;
-    case AGG_TOKEN_SUM:               return 1.0;
-    case AGG_SEQ_MEAN_TOKEN_SUM:      return 1.0 / seq_denom;
-    case AGG_SEQ_MEAN_TOKEN_MEAN:     return 1.0 / (((double)L + 1e-8) * seq_denom);   /* veRL's 1e-8 */
+    case AGG_TOKEN_MEAN: return 1.0 / tok_denom;
+    case AGG_TOKEN_SUM: return 1.0;
+    case AGG_SEQ_MEAN_TOKEN_SUM: return 1.0 / seq_denom;
+    case AGG_SEQ_MEAN_TOKEN_MEAN: return 1.0 / (((double)L + 1e-8) * seq_denom); /* veRL's 1e-8 */
     case AGG_SEQ_MEAN_TOKEN_SUM_NORM: return 1.0 / (seq_denom * norm_len);
     }
     return 0;
@@ -120,12 +120,13 @@ static double agg_weight(loss_agg_mode agg, int L, double tok_denom, double seq_
 static double norm_len_of(const loss_config *c, int S, const int *len) {
     if (c->loss_scale_factor > 0) return c->loss_scale_factor;
     int mx = 1;
-    for (int s = 0; s < S; s++) if (len[s] > mx) mx = len[s];
+    for (int s = 0; s < S; s++)
+        if (len[s] > mx) mx = len[s];
     return mx;
 }
 
-double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x,
-                const int *mask, double tok_denom, double seq_denom) {
+double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask, double tok_denom,
+                double seq_denom) {
     double norm_len = norm_len_of(c, S, len), sum = 0;
     for (int s = 0; s < S; s++) {
         if ((mask && !mask[s]) || len[s] <= 0) continue;
@@ -139,13 +140,23 @@ double loss_agg(const loss_config *c, int S, const int *off, const int *len, con
 void loss_finish(loss_metrics *m, int n_steps) {
     if (n_steps > 0) {
         double n = n_steps;
-        m->loss /= n; m->pg_loss /= n;
-        m->pg_clipfrac /= n; m->pg_clipfrac_lower /= n; m->ppo_kl /= n; m->kl_loss /= n; m->entropy_loss /= n;
+        m->loss /= n;
+        m->pg_loss /= n;
+        m->pg_clipfrac /= n;
+        m->pg_clipfrac_lower /= n;
+        m->ppo_kl /= n;
+        m->kl_loss /= n;
+        m->entropy_loss /= n;
     }
     if (m->n_tokens > 0) {
         double n = m->n_tokens;
-        m->kl /= n; m->entropy /= n; m->ratio_mean /= n;
-        m->clip_frac /= n; m->clip_frac_low /= n; m->clip_frac_high /= n; m->clip_frac_dual /= n;
+        m->kl /= n;
+        m->entropy /= n;
+        m->ratio_mean /= n;
+        m->clip_frac /= n;
+        m->clip_frac_low /= n;
+        m->clip_frac_high /= n;
+        m->clip_frac_dual /= n;
     }
 }
 
@@ -155,21 +166,15 @@ void loss_finish(loss_metrics *m, int n_steps) {
 static double kl_value(kl_type t, double logp, double ref, double *d) {
     double x = logp - ref;
     switch (t) {
-    case KL_K1_ST:                          /* straight through: k2's gradient, k1's / k3's value */
+    case KL_K1_ST: /* straight through: k2's gradient, k1's / k3's value */
     case KL_K3_ST: {
         double v = kl_value(t == KL_K1_ST ? KL_K1 : KL_K3, logp, ref, d);
         *d = x;
         return v;
     }
-    case KL_K1:
-        *d = 1.0;
-        return x;
-    case KL_ABS:
-        *d = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-        return fabs(x);
-    case KL_K2:
-        *d = x;
-        return 0.5 * x * x;
+    case KL_K1: *d = 1.0; return x;
+    case KL_ABS: *d = x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; return fabs(x);
+    case KL_K2: *d = x; return 0.5 * x * x;
     case KL_K3: {
         double y = -x, yc = y < -20 ? -20 : y > 20 ? 20 : y;
         double e = exp(yc), kld = e - yc - 1;
@@ -185,17 +190,17 @@ static double kl_value(kl_type t, double logp, double ref, double *d) {
 
 /* Clipped policy loss of one token with ratio r (dr = d r / d logp) and advantage A.
  * Writes d pg / d logp; counts the clip metrics into m. */
-static double pg_token(const loss_config *c, double A, double r, double dr, int dual, double *d,
-                       loss_metrics *m) {
+static double pg_token(const loss_config *c, double A, double r, double dr, int dual, double *d, loss_metrics *m) {
     double lo = 1.0 - c->clip_ratio_low, hi = 1.0 + c->clip_ratio_high;
     double rc = r < lo ? lo : r > hi ? hi : r;
     double l1 = -A * r, l2 = -A * rc;
     double pg = l1 > l2 ? l1 : l2;
-    int clipped = l2 > l1;                  /* then rc is a constant: gradient 0 */
+    int clipped = l2 > l1; /* then rc is a constant: gradient 0 */
     *d = clipped ? 0.0 : -A * dr;
     if (clipped && m) {
         m->clip_frac += 1;
-        if (A < 0) m->clip_frac_low += 1; else m->clip_frac_high += 1;
+        if (A < 0) m->clip_frac_low += 1;
+        else m->clip_frac_high += 1;
     }
     if (dual && A < 0) {
         double l3 = -A * c->clip_ratio_c;
@@ -210,9 +215,8 @@ static double pg_token(const loss_config *c, double A, double r, double dr, int 
 
 /* ---------- the loss ---------- */
 
-double loss_compute(const loss_config *c, int S, const int *off, const int *len,
-                    const float *logp, const float *old, const float *ref, const float *ent,
-                    const float *adv, const int *mask, double tok_denom, double seq_denom,
+double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
+                    const float *ref, const float *ent, const float *adv, const int *mask, double tok_denom, double seq_denom,
                     float *dlogp, float *dent, loss_metrics *m) {
     assert(c->kl_coef == 0 || ref);
     assert(c->entropy_coeff == 0 || ent);
@@ -243,9 +247,11 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
             double r, dr, dpg, lr = (double)logp[t] - old[t];
             int dual;
             if (c->mode == LOSS_GSPO) {
-                r = seq_r; dr = seq_dr; dual = 0;
+                r = seq_r;
+                dr = seq_dr;
+                dual = 0;
             } else {
-                lr = lr < -20 ? -20 : lr > 20 ? 20 : lr;   /* veRL clamps the log-ratio, ppo_kl too */
+                lr = lr < -20 ? -20 : lr > 20 ? 20 : lr; /* veRL clamps the log-ratio, ppo_kl too */
                 r = exp(lr);
                 dr = (double)logp[t] - old[t] >= -20 && (double)logp[t] - old[t] <= 20 ? r : 0.0;
                 dual = 1;
@@ -281,6 +287,11 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
             }
         }
     }
-    if (m) { m->loss += total; m->pg_loss += pg_total; m->kl_loss += kl_total; m->entropy_loss += ent_total; }
+    if (m) {
+        m->loss += total;
+        m->pg_loss += pg_total;
+        m->kl_loss += kl_total;
+        m->entropy_loss += ent_total;
+    }
     return total;
 }

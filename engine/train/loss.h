@@ -27,8 +27,13 @@
 #define GRPOD_LOSS_H
 
 typedef enum { ADV_GRPO, ADV_DRGRPO, ADV_RLOO, ADV_GIVEN } adv_estimator;
-typedef enum { AGG_TOKEN_MEAN, AGG_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_MEAN,
-               AGG_SEQ_MEAN_TOKEN_SUM_NORM } loss_agg_mode;
+typedef enum {
+    AGG_TOKEN_MEAN,
+    AGG_TOKEN_SUM,
+    AGG_SEQ_MEAN_TOKEN_SUM,
+    AGG_SEQ_MEAN_TOKEN_MEAN,
+    AGG_SEQ_MEAN_TOKEN_SUM_NORM
+} loss_agg_mode;
 typedef enum { LOSS_VANILLA, LOSS_GSPO } loss_mode;
 /* k1 = "kl", k2 = "mse", k3 = "low_var_kl"; k1+ / k3+: k1 / k3's value with k2's gradient */
 typedef enum { KL_K1, KL_ABS, KL_K2, KL_K3, KL_K1_ST, KL_K3_ST } kl_type;
@@ -36,24 +41,24 @@ typedef enum { KL_K1, KL_ABS, KL_K2, KL_K3, KL_K1_ST, KL_K3_ST } kl_type;
 /* The "algorithm" section; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
     adv_estimator adv;
-    int norm_adv_by_std;        /* grpo: divide by group std (+1e-6) */
+    int norm_adv_by_std; /* grpo: divide by group std (+1e-6) */
     loss_mode mode;
     float clip_ratio_low, clip_ratio_high, clip_ratio_c;
     loss_agg_mode agg;
-    float kl_coef;              /* 0: no reference pass */
+    float kl_coef; /* 0: no reference pass */
     kl_type kl;
     float entropy_coeff;
-    int ppo_epochs;             /* >= 1 */
-    int ppo_mini_batch_size;    /* groups per optimizer step; 0 = all groups in one step */
-    float temperature;          /* logprobs of logits / temperature */
-    int use_rollout_logprobs;   /* old logprobs from the client instead of an old pass */
-    int mask_truncated;         /* responses cut by max_tokens add no loss */
-    int filter_groups;          /* drop groups whose rewards are all equal (DAPO) */
-    int loss_scale_factor;      /* seq-mean-token-sum-norm divisor (Dr. GRPO's constant); 0: the
+    int ppo_epochs; /* >= 1 */
+    int ppo_mini_batch_size; /* groups per optimizer step; 0 = all groups in one step */
+    float temperature; /* logprobs of logits / temperature */
+    int use_rollout_logprobs; /* old logprobs from the client instead of an old pass */
+    int mask_truncated; /* responses cut by max_tokens add no loss */
+    int filter_groups; /* drop groups whose rewards are all equal (DAPO) */
+    int loss_scale_factor; /* seq-mean-token-sum-norm divisor (Dr. GRPO's constant); 0: the
                                    caller's default (eng_update: the longest response of the update) */
 } loss_config;
 
-void loss_config_default(loss_config *c);   /* the algorithm rows' defaults (params.c) */
+void loss_config_default(loss_config *c); /* the algorithm rows' defaults (params.c) */
 
 /* Parse veRL names ("grpo", "token-mean", "low_var_kl", ...). Return 0 or GE_INVALID. */
 int loss_parse_adv(const char *s, adv_estimator *out);
@@ -77,14 +82,14 @@ void loss_group_advantages(const loss_config *c, const float *rewards, int n, fl
 typedef struct {
     double loss, pg_loss, kl, entropy;
     double clip_frac, clip_frac_low, clip_frac_high, ratio_mean, ratio_max;
-    double n_tokens;            /* tokens that counted (mask applied) */
-    double clip_frac_dual;      /* A < 0 tokens whose loss the dual clip (ratio > clip_ratio_c) bounded */
+    double n_tokens; /* tokens that counted (mask applied) */
+    double clip_frac_dual; /* A < 0 tokens whose loss the dual clip (ratio > clip_ratio_c) bounded */
     /* per_step: veRL's actor/pg_clipfrac, actor/pg_clipfrac_lower (the dual-clip fraction; 0 for
      * gspo), actor/ppo_kl (token mean of old - logp, for vanilla clamped to +-20 as its ratio),
      * kl_loss (agg of the kl_type values; 0 without a reference), entropy_loss (agg of the
      * entropies, as in the loss) */
     double pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, entropy_loss;
-    double entropy_agg;         /* veRL's actor/entropy: set once per update by its caller (loss_agg
+    double entropy_agg; /* veRL's actor/entropy: set once per update by its caller (loss_agg
                                    of the old policy's entropies over the whole batch); kept */
 } loss_metrics;
 
@@ -97,13 +102,12 @@ void loss_finish(loss_metrics *m, int n_steps);
  * same accumulators, starting from 0. Adds the tokens of responses that count (mask[s] != 0,
  * len[s] > 0) to *tok_denom and their number to *seq_denom; raises *max_len to the longest such
  * response. */
-void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom,
-                int *max_len);
+void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom, int *max_len);
 
 /* veRL's agg_loss of per-token values x (M) over S responses (off, len, mask as loss_compute),
  * with the same denominators and c->agg, c->loss_scale_factor as loss_compute. */
-double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x,
-                const int *mask, double tok_denom, double seq_denom);
+double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask, double tok_denom,
+                double seq_denom);
 
 /* 1 when all n rewards are equal (a group DAPO's filter_groups drops: every advantage is 0). */
 int loss_group_uniform(const float *rewards, int n);
@@ -144,8 +148,7 @@ int loss_group_uniform(const float *rewards, int n);
  * clip_frac_dual those with A < 0 and max(r, 1 - lo) > clip_ratio_c (veRL's pg_clipfrac_lower);
  * and the per_step group of loss_metrics (this call's part of the mini-batch's values).
  * Returns this call's part of the loss. */
-double loss_compute(const loss_config *c, int S, const int *off, const int *len,
-                    const float *logp, const float *old, const float *ref, const float *ent,
-                    const float *adv, const int *mask, double tok_denom, double seq_denom,
+double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
+                    const float *ref, const float *ent, const float *adv, const int *mask, double tok_denom, double seq_denom,
                     float *dlogp, float *dent, loss_metrics *m);
 #endif

@@ -42,7 +42,10 @@ float *offload_host_alloc(long long n) {
 static void *stage_alloc(eng_backend *be, size_t bytes) {
     if (be->host_alloc) return be->host_alloc(be, bytes);
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes)) { err_set(GE_NOMEM, "optimizer offload: no host memory for staging"); return NULL; }
+    if (posix_memalign(&p, 64, bytes)) {
+        err_set(GE_NOMEM, "optimizer offload: no host memory for staging");
+        return NULL;
+    }
     return p;
 }
 
@@ -55,7 +58,10 @@ int offload_init(eng_offload *o, eng_backend *be, long long n, long long chunk) 
     for (int s = 0; s < OFFLOAD_STAGES; s++) {
         o->gstage[s] = stage_alloc(be, (size_t)o->chunk * 4);
         o->astage[s] = stage_alloc(be, (size_t)o->chunk * (size_t)be->act_bytes);
-        if (!o->gstage[s] || !o->astage[s]) { offload_free(o); return GE_NOMEM; }
+        if (!o->gstage[s] || !o->astage[s]) {
+            offload_free(o);
+            return GE_NOMEM;
+        }
     }
     return 0;
 }
@@ -63,9 +69,12 @@ int offload_init(eng_offload *o, eng_backend *be, long long n, long long chunk) 
 void offload_free(eng_offload *o) {
     if (!o->be) return;
     for (int s = 0; s < OFFLOAD_STAGES; s++) {
-        void *p[2] = { o->gstage[s], o->astage[s] };
+        void *p[2] = {o->gstage[s], o->astage[s]};
         for (int k = 0; k < 2; k++)
-            if (p[k]) { if (o->be->host_free) o->be->host_free(o->be, p[k]); else free(p[k]); }
+            if (p[k]) {
+                if (o->be->host_free) o->be->host_free(o->be, p[k]);
+                else free(p[k]);
+            }
     }
     memset(o, 0, sizeof *o);
 }
@@ -81,8 +90,8 @@ static int fetch(eng_offload *o, const float *grad, long long i) {
     return rc;
 }
 
-int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
-                  float beta1, float beta2, float eps, float wd, int step) {
+int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr, float beta1,
+                  float beta2, float eps, float wd, int step) {
     eng_backend *be = o->be;
     const int lanes = be->copy_async != NULL, eb = be->act_bytes;
     long long nch = (o->n + o->chunk - 1) / o->chunk;
@@ -106,15 +115,18 @@ int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act
         double t1 = clock_mono_ms();
         o->ms_wait += t1 - t;
         if (eb == 2) {
-            adamw_bf16_cpu(master + off, (uint16_t *)o->astage[s], o->gstage[s], m + off, v + off, len, lr, beta1, beta2,
-                           eps, wd, step);
+            adamw_bf16_cpu(master + off, (uint16_t *)o->astage[s], o->gstage[s], m + off, v + off, len, lr, beta1, beta2, eps, wd,
+                           step);
         } else {
             adamw_cpu(master + off, o->gstage[s], m + off, v + off, len, lr, beta1, beta2, eps, wd, step);
             memcpy(o->astage[s], master + off, (size_t)len * 4);
         }
         o->ms_host += clock_mono_ms() - t1;
         char *dst = (char *)w_act + (size_t)off * (size_t)eb;
-        if (!lanes) { rc = be->to_dev(be, dst, o->astage[s], (size_t)len * (size_t)eb); continue; }
+        if (!lanes) {
+            rc = be->to_dev(be, dst, o->astage[s], (size_t)len * (size_t)eb);
+            continue;
+        }
         rc = be->copy_async(be, BE_LANE_H2D, dst, o->astage[s], (size_t)len * (size_t)eb);
         be->mark(be, BE_LANE_H2D, EV_H2D + s);
     }

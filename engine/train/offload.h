@@ -29,14 +29,14 @@
 #include "engine/backend/backend.h"
 
 enum { OFFLOAD_STAGES = 3 };
-#define OFFLOAD_CHUNK (16LL << 20)   /* elements per transfer by default */
+#define OFFLOAD_CHUNK (16LL << 20) /* elements per transfer by default */
 
 typedef struct {
     eng_backend *be;
-    long long n, chunk;                         /* parameters; elements per transfer */
-    float *gstage[OFFLOAD_STAGES];              /* (chunk) fp32 gradients, pinned */
-    void *astage[OFFLOAD_STAGES];               /* (chunk) act-typed weights, pinned */
-    double ms_host, ms_wait;                    /* last step: AdamW on the host, waiting for copies */
+    long long n, chunk; /* parameters; elements per transfer */
+    float *gstage[OFFLOAD_STAGES]; /* (chunk) fp32 gradients, pinned */
+    void *astage[OFFLOAD_STAGES]; /* (chunk) act-typed weights, pinned */
+    double ms_host, ms_wait; /* last step: AdamW on the host, waiting for copies */
 } eng_offload;
 
 /* chunk <= 0: the default (OFFLOAD_CHUNK). Fails with GE_NOMEM. */
@@ -45,8 +45,8 @@ void offload_free(eng_offload *o);
 /* One AdamW step: master, m, v (n) in host memory, updated in place; grad (n) fp32 in device
  * memory (already clipped); w_act (n) device act-typed weights, rewritten from the new master.
  * The op stream is ordered after the upload; returns 0 or the backend's error. */
-int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
-                  float beta1, float beta2, float eps, float wd, int step);
+int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr, float beta1,
+                  float beta2, float eps, float wd, int step);
 /* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by
  * the threads that will update each part (NUMA placement); free() it. NULL with GE_NOMEM. */
 float *offload_host_alloc(long long n);

@@ -9,10 +9,8 @@ double grad_clip_coef(double total_norm, double max_norm) {
     return c < 1.0 ? c : 1.0;
 }
 
-float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps,
-                  float min_lr_ratio) {
-    if (warmup_steps > 0 && step <= warmup_steps)
-        return (float)((double)base_lr * (step - 1) / warmup_steps);
+float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps, float min_lr_ratio) {
+    if (warmup_steps > 0 && step <= warmup_steps) return (float)((double)base_lr * (step - 1) / warmup_steps);
     if (schedule != 1) return base_lr;
     int span = total_steps - warmup_steps;
     double progress = (double)(step - 1 - warmup_steps) / (span > 1 ? span : 1);

@@ -20,6 +20,5 @@ double grad_clip_coef(double total_norm, double max_norm);
  *     base_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + cos(pi * progress))).
  *   Past total_steps (progress > 1) grpod holds the floor, base_lr * min_lr_ratio; veRL's and HF's
  *   cosine would rise again there (their trainers stop at total_steps). */
-float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps,
-                  float min_lr_ratio);
+float lr_schedule(float base_lr, int step, int warmup_steps, int schedule, int total_steps, float min_lr_ratio);
 #endif

@@ -11,7 +11,7 @@
 #define SNAP_PIECE ((size_t)64 << 20)
 
 const char *snap_where_name(int where) {
-    static const char *const names[] = { "none", "device", "pinned", "host" };
+    static const char *const names[] = {"none", "device", "pinned", "host"};
     return where >= 0 && where <= SNAP_HOST ? names[where] : "none";
 }
 
@@ -73,7 +73,7 @@ int snap_begin(eng *e) {
         /* host state: a helper thread where the engine thread then waits on the GPU, else in snap_wait */
         if (!be->copy_async) return 0;
         for (int i = 0; i < 3; i++) s->src[i] = a[i];
-        if (pthread_create(&s->th, NULL, copy_thread, s)) return 0;   /* snap_wait copies instead */
+        if (pthread_create(&s->th, NULL, copy_thread, s)) return 0; /* snap_wait copies instead */
         s->thread = 1;
         return 0;
     }
@@ -113,7 +113,8 @@ int snap_restore(eng *e) {
     eng_backend *be = e->be;
     s->ok = 0;
     if (s->where == SNAP_NONE)
-        return err_set(GE_STATE_LOST, "the training state changed and there is no safety copy to restore it from "
+        return err_set(GE_STATE_LOST,
+                       "the training state changed and there is no safety copy to restore it from "
                        "(the memory plan found no room for one): restart to recover by replay");
     int rc = snap_wait(e);
     float *a[3];
@@ -122,14 +123,14 @@ int snap_restore(eng *e) {
     void *act = eng_train_act(e);
     /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
     char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
-    if (!rc && s->where == SNAP_HOST && e->offload) {   /* host state: plain copies, then the device weights */
+    if (!rc && s->where == SNAP_HOST && e->offload) { /* host state: plain copies, then the device weights */
         for (int i = 0; i < 3; i++) memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float));
         rc = be->act_from_f32(be, act_t, a[0], n);
     } else if (!rc) {
         for (int i = 0; i < 3 && !rc; i++)
-            rc = s->where == SNAP_HOST ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
-               : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
-               : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
+            rc = s->where == SNAP_HOST    ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
+                : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
+                                          : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
         if (!rc && act_t != (char *)a[0]) be->f32_to_act(be, act_t, a[0], n);
     }
     if (!rc) rc = be->sync(be);

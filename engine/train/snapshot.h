@@ -27,17 +27,17 @@
 enum { SNAP_NONE, SNAP_DEVICE, SNAP_PINNED, SNAP_HOST };
 
 typedef struct {
-    int where;                  /* SNAP_* */
-    float *buf;                 /* 3 n floats: master, m, v */
-    size_t n;                   /* floats of each of the three */
-    int busy;                   /* a copy was begun and not yet waited for */
-    int thread;                 /* busy on the helper thread th (SNAP_HOST on cuda) */
+    int where; /* SNAP_* */
+    float *buf; /* 3 n floats: master, m, v */
+    size_t n; /* floats of each of the three */
+    int busy; /* a copy was begun and not yet waited for */
+    int thread; /* busy on the helper thread th (SNAP_HOST on cuda) */
     pthread_t th;
-    const float *src[3];        /* what the helper thread copies */
-    int ok;                     /* buf holds the state before the last successful update */
+    const float *src[3]; /* what the helper thread copies */
+    int ok; /* buf holds the state before the last successful update */
     int opt_step;
     long long version;
-    double ms_wait;             /* the last snap_wait: time spent waiting for the copy */
+    double ms_wait; /* the last snap_wait: time spent waiting for the copy */
 } snap_state;
 
 /* Names of the places, for the plan ("device", "pinned", "host", "none"). */

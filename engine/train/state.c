@@ -16,9 +16,9 @@ int state_alloc(eng *e) {
     size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W) * 4 : n;
     e->grad = be->alloc(be, ng);
     if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
-    if (ng > n) be->zero(be, e->grad, ng);   /* with a comm: the padding stays zero */
-    if (e->offload) {   /* moments in host memory, zeroed (offload.h; full-parameter training only) */
-        long long ns = eng_state_n(e);   /* with a comm: this rank's shard */
+    if (ng > n) be->zero(be, e->grad, ng); /* with a comm: the padding stays zero */
+    if (e->offload) { /* moments in host memory, zeroed (offload.h; full-parameter training only) */
+        long long ns = eng_state_n(e); /* with a comm: this rank's shard */
         int rc = offload_init(&e->off, be, ns, 0);
         if (rc) return rc;
         if (!(e->adam_m = offload_host_alloc(ns)) || !(e->adam_v = offload_host_alloc(ns))) return GE_NOMEM;
@@ -39,9 +39,7 @@ int state_alloc(eng *e) {
 /* The gradient this rank steps: its shard with a comm, else all of it. */
 static float *grad_mine(eng *e) { return e->dp ? e->grad + e->sh_off : e->grad; }
 
-void state_grad_zero(eng *e) {
-    e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W : eng_train_n(e)) * 4);
-}
+void state_grad_zero(eng *e) { e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W : eng_train_n(e)) * 4); }
 
 int state_grad_reduce(eng *e, int rc) {
     if (!e->dp) return rc;
@@ -70,27 +68,27 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
     size_t eb = (size_t)be->act_bytes;
     int rc = 0;
-    if (e->offload) {   /* all of it, or this rank's shard, on the host */
+    if (e->offload) { /* all of it, or this rank's shard, on the host */
         char *act = (char *)e->w_act + (e->dp ? (size_t)e->sh_off * eb : 0);
-        rc = offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, act, grad_mine(e), lr, opt->beta1, opt->beta2,
-                           opt->eps, opt->weight_decay, e->opt_step);
-    } else if (e->dp) {   /* this rank's shard */
-        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * eb, grad_mine(e), e->adam_m, e->adam_v, e->sh_n,
-                  lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+        rc = offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, act, grad_mine(e), lr, opt->beta1, opt->beta2, opt->eps,
+                           opt->weight_decay, e->opt_step);
+    } else if (e->dp) { /* this rank's shard */
+        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * eb, grad_mine(e), e->adam_m, e->adam_v, e->sh_n, lr,
+                  opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
     } else {
         float *master = eng_train_master(e);
         void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
         long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
-        be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps,
-                  opt->weight_decay, e->opt_step);
+        be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay,
+                  e->opt_step);
         if (na < n) {
             float s = e->m.lora_alpha / (float)e->m.lora_r;
-            be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na,
-                      e->adam_v + na, n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
+            be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na, e->adam_v + na,
+                      n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
         }
     }
     if (!rc) rc = be->sync(be);
-    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);   /* every rank's shard of the act weights */
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */
     return rc;
 }
 
@@ -102,18 +100,21 @@ int state_sumsq_after_step(eng *e, double *w2, double *v2) {
 /* ---------------------------------------------------------------- whole vectors */
 
 int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
-    float *part[3] = { eng_train_master(e), e->adam_m, e->adam_v };
+    float *part[3] = {eng_train_master(e), e->adam_m, e->adam_v};
     int k = moments ? 3 : 1, rc = 0;
-    for (int i = 0; i < 3; i++) { out[i] = NULL; owned[i] = 0; }
+    for (int i = 0; i < 3; i++) {
+        out[i] = NULL;
+        owned[i] = 0;
+    }
     size_t n = (size_t)eng_train_n(e), whole = e->dp ? (size_t)(e->sh_n * e->W) : n;
-    if (e->offload && !e->dp) {   /* host state of one rank: written from where it lives, no copy */
+    if (e->offload && !e->dp) { /* host state of one rank: written from where it lives, no copy */
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;
     }
     for (int i = 0; i < k && e->rank == 0 && !rc; i++)
         if (!(out[i] = malloc(whole * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", whole * 4 >> 20);
         else owned[i] = 1;
-    if (e->dp) {   /* shards gathered into rank 0's host memory */
+    if (e->dp) { /* shards gathered into rank 0's host memory */
         rc = dp_agree(e, rc);
         for (int i = 0; i < k && !rc; i++) rc = dp_agree(e, dp_gather_to_host(e, part[i], out[i]));
     } else {
@@ -138,20 +139,26 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
         buf[i] = rc ? NULL : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
         if (!rc && !buf[i]) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", n * 4 >> 20);
     }
-    if (rc) for (int i = 0; i < 2; i++) { if (owned[i]) free(buf[i]); buf[i] = NULL; owned[i] = 0; }
+    if (rc)
+        for (int i = 0; i < 2; i++) {
+            if (owned[i]) free(buf[i]);
+            buf[i] = NULL;
+            owned[i] = 0;
+        }
     return rc;
 }
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     size_t n = (size_t)eng_train_n(e), off = e->dp ? (size_t)e->sh_off : 0;
     size_t cnt = !e->dp ? n : off >= n ? 0 : n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n;
-    float *dst[2] = { e->adam_m, e->adam_v };
+    float *dst[2] = {e->adam_m, e->adam_v};
     int rc = 0;
     for (int i = 0; i < 2 && !rc && cnt; i++) {
-        if (!owned[i]) continue;                                       /* read in place */
-        if (e->offload) memcpy(dst[i], buf[i] + off, cnt * 4);         /* a host shard */
+        if (!owned[i]) continue; /* read in place */
+        if (e->offload) memcpy(dst[i], buf[i] + off, cnt * 4); /* a host shard */
         else rc = e->be->to_dev(e->be, dst[i], buf[i] + off, cnt * 4);
     }
-    for (int i = 0; i < 2; i++) if (owned[i]) free(buf[i]);
+    for (int i = 0; i < 2; i++)
+        if (owned[i]) free(buf[i]);
     return rc;
 }

@@ -14,7 +14,7 @@ int eng_testing_grad(eng *e, float *out) {
 }
 
 int eng_testing_state(eng *e, float *master, float *m, float *v) {
-    float *whole[3], *want[3] = { master, m, v };
+    float *whole[3], *want[3] = {master, m, v};
     int owned[3], moments = m || v;
     if (moments && !e->adam_m) return err_set(GE_UNSUPPORTED, "no training state");
     int rc = e->be->sync(e->be);

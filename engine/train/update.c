@@ -42,20 +42,34 @@ int eng_update_undo(eng *e) {
 
 /* Per-response bookkeeping of the kept groups, in pack order. */
 typedef struct {
-    pack_group *pg; int n_groups;
-    int *src;                   /* (n_groups) index into the caller's groups */
-    int S; int *off, *len, *mask; float *adv;   /* (S) responses */
-    long long M;                /* predicted tokens */
-    float *old, *ref, *logp, *ent, *dlogp, *dent;   /* (M) */
-    float *ent_old;             /* (M) entropies at the old policy, for veRL's actor/entropy: the old
+    pack_group *pg;
+    int n_groups;
+    int *src; /* (n_groups) index into the caller's groups */
+    int S;
+    int *off, *len, *mask;
+    float *adv; /* (S) responses */
+    long long M; /* predicted tokens */
+    float *old, *ref, *logp, *ent, *dlogp, *dent; /* (M) */
+    float *ent_old; /* (M) entropies at the old policy, for veRL's actor/entropy: the old
                                    pass's, else the first epoch's forward passes' */
-    int ent_old_from_policy;    /* the passes running now fill ent_old */
-    int *grp_resp0;             /* (n_groups) first response index of each kept group */
+    int ent_old_from_policy; /* the passes running now fill ent_old */
+    int *grp_resp0; /* (n_groups) first response index of each kept group */
 } work;
 
 static void work_free(work *w) {
-    free(w->pg); free(w->src); free(w->off); free(w->len); free(w->mask); free(w->adv);
-    free(w->old); free(w->ref); free(w->logp); free(w->ent); free(w->dlogp); free(w->dent); free(w->ent_old);
+    free(w->pg);
+    free(w->src);
+    free(w->off);
+    free(w->len);
+    free(w->mask);
+    free(w->adv);
+    free(w->old);
+    free(w->ref);
+    free(w->logp);
+    free(w->ent);
+    free(w->dlogp);
+    free(w->dent);
+    free(w->ent_old);
     free(w->grp_resp0);
 }
 
@@ -63,16 +77,21 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
     memset(w, 0, sizeof *w);
     int S = 0;
     long long M = 0;
-    for (int i = 0; i < n; i++) { S += g[i].n; for (int r = 0; r < g[i].n; r++) M += g[i].R[r]; }
+    for (int i = 0; i < n; i++) {
+        S += g[i].n;
+        for (int r = 0; r < g[i].n; r++) M += g[i].R[r];
+    }
     w->pg = calloc((size_t)n + 1, sizeof *w->pg);
     w->src = calloc((size_t)n + 1, sizeof(int));
     w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
-    w->off = calloc((size_t)S + 1, sizeof(int)); w->len = calloc((size_t)S + 1, sizeof(int));
-    w->mask = calloc((size_t)S + 1, sizeof(int)); w->adv = calloc((size_t)S + 1, sizeof(float));
-    float **arr[7] = { &w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent, &w->ent_old };
+    w->off = calloc((size_t)S + 1, sizeof(int));
+    w->len = calloc((size_t)S + 1, sizeof(int));
+    w->mask = calloc((size_t)S + 1, sizeof(int));
+    w->adv = calloc((size_t)S + 1, sizeof(float));
+    float **arr[7] = {&w->old, &w->ref, &w->logp, &w->ent, &w->dlogp, &w->dent, &w->ent_old};
     for (int i = 0; i < 7; i++) *arr[i] = calloc((size_t)M + 1, sizeof(float));
-    if (!w->pg || !w->src || !w->grp_resp0 || !w->off || !w->len || !w->mask || !w->adv || !w->old || !w->ref ||
-        !w->logp || !w->ent || !w->dlogp || !w->dent || !w->ent_old)
+    if (!w->pg || !w->src || !w->grp_resp0 || !w->off || !w->len || !w->mask || !w->adv || !w->old || !w->ref || !w->logp ||
+        !w->ent || !w->dlogp || !w->dent || !w->ent_old)
         return err_set(GE_NOMEM, "update: out of memory");
     *filtered = 0;
     int s = 0;
@@ -85,7 +104,7 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
         int k = w->n_groups++;
         w->src[k] = i;
         w->grp_resp0[k] = s;
-        w->pg[k] = (pack_group){ .prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R };
+        w->pg[k] = (pack_group){.prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R};
         if (g[i].advantage) memcpy(w->adv + s, g[i].advantage, (size_t)g[i].n * sizeof(float));
         else loss_group_advantages(a, g[i].reward, g[i].n, w->adv + s);
         for (int r = 0; r < g[i].n; r++, s++) {
@@ -103,8 +122,7 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
 }
 
 /* The loss of responses [ms0, ms1) of w (their tokens contiguous from w->off[ms0]): dlogp, dent. */
-static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double tok_denom, double seq_denom,
-                      loss_metrics *met) {
+static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double tok_denom, double seq_denom, loss_metrics *met) {
     long long m0 = w->off[ms0];
     int S = ms1 - ms0;
     /* loss_compute indexes by off[]: shift to these responses' arrays. */
@@ -113,16 +131,19 @@ static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double to
     for (int i = 0; i < S; i++) off[i] = (int)(w->off[ms0 + i] - m0);
     if (w->ent_old_from_policy)
         memcpy(w->ent_old + m0, w->ent + m0, (size_t)((ms1 < w->S ? w->off[ms1] : w->M) - m0) * sizeof(float));
-    loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL,
-                 w->ent + m0, w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
+    loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL, w->ent + m0,
+                 w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
     free(off);
     return 0;
 }
 
 /* A group too large for a micro-batch (engine/model/split.h): the loss of each response micro-batch. */
 typedef struct {
-    work *w; const loss_config *c; int s0, old_from_policy;
-    double tok_denom, seq_denom; loss_metrics *met;
+    work *w;
+    const loss_config *c;
+    int s0, old_from_policy;
+    double tok_denom, seq_denom;
+    loss_metrics *met;
 } split_loss_ud;
 
 static int split_loss(void *ud, int r0, int r1) {
@@ -144,7 +165,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     double tok_denom = 0, seq_denom = 0;
     int max_len = 0;
     loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
-    if (seq_denom == 0 || c1 <= c0) return 0;   /* every response masked (or no share): nothing to learn from */
+    if (seq_denom == 0 || c1 <= c0) return 0; /* every response masked (or no share): nothing to learn from */
     const loss_config *c = a;
     pack_plan plan;
     int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
@@ -154,8 +175,8 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
         long long m0 = w->off[ms0];
         if (plan.mb_split[k]) {
-            split_loss_ud u = { w, c, ms0, old_from_policy, tok_denom, seq_denom, met };
-            split_opts so = { max_tokens, a->temperature, -1, &e->split };
+            split_loss_ud u = {w, c, ms0, old_from_policy, tok_denom, seq_denom, met};
+            split_opts so = {max_tokens, a->temperature, -1, &e->split};
             split_stats st;
             rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
                              a->entropy_coeff != 0 ? w->dent + m0 : NULL, split_loss, &u, &st);
@@ -186,9 +207,16 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
  * groups as with one rank; within each, the groups are placed on ranks by packed tokens
  * (eng_place_groups) and ordered rank 0's first, then rank 1's, ... (each in input order), so a
  * rank's share is one range [lo, hi) of its mini-batch. Every rank computes the same order. */
-typedef struct { eng_update_group *g; int n, filtered, n_mb, *lo, *hi; } dp_order;
+typedef struct {
+    eng_update_group *g;
+    int n, filtered, n_mb, *lo, *hi;
+} dp_order;
 
-static void dp_order_free(dp_order *o) { free(o->g); free(o->lo); free(o->hi); }
+static void dp_order_free(dp_order *o) {
+    free(o->g);
+    free(o->lo);
+    free(o->hi);
+}
 
 static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_config *a, dp_order *o) {
     memset(o, 0, sizeof *o);
@@ -196,7 +224,7 @@ static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_co
     long long *tok = malloc((size_t)(n ? n : 1) * sizeof(long long));
     o->g = malloc((size_t)(n ? n : 1) * sizeof *o->g);
     int rc = kept && rank && tok && o->g ? 0 : err_set(GE_NOMEM, "update: out of memory");
-    for (int i = 0; !rc && i < n; i++) {   /* the filter of work_make */
+    for (int i = 0; !rc && i < n; i++) { /* the filter of work_make */
         if (a->filter_groups && g[i].reward && !g[i].advantage && loss_group_uniform(g[i].reward, g[i].n)) o->filtered++;
         else kept[o->n++] = i;
     }
@@ -215,18 +243,24 @@ static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_co
         eng_place_groups(tok, k1 - k0, e->W, rank);
         for (int q = 0; q < e->W; q++) {
             if (q == e->rank) o->lo[b] = at;
-            for (int k = k0; k < k1; k++) if (rank[k - k0] == q) o->g[at++] = g[kept[k]];
+            for (int k = k0; k < k1; k++)
+                if (rank[k - k0] == q) o->g[at++] = g[kept[k]];
             if (q == e->rank) o->hi[b] = at;
         }
     }
-    free(kept); free(rank); free(tok);
+    free(kept);
+    free(rank);
+    free(tok);
     return rc;
 }
 
 /* With a comm: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
  * ratio_max the max), so the result is the same on every rank. */
 static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
-    struct { loss_metrics m; double micro; } mine = { *met, *n_micro }, *all = malloc((size_t)e->W * sizeof mine);
+    struct {
+        loss_metrics m;
+        double micro;
+    } mine = {*met, *n_micro}, *all = malloc((size_t)e->W * sizeof mine);
     if (!all) return err_set(GE_NOMEM, "update: out of memory");
     int rc = dp_exchange(e, &mine, all, sizeof mine);
     if (!rc) {
@@ -234,11 +268,22 @@ static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
         double micro = 0;
         for (int q = 0; q < e->W; q++) {
             const loss_metrics *x = &all[q].m;
-            t.loss += x->loss; t.pg_loss += x->pg_loss; t.kl += x->kl; t.entropy += x->entropy;
-            t.clip_frac += x->clip_frac; t.clip_frac_low += x->clip_frac_low; t.clip_frac_high += x->clip_frac_high;
-            t.ratio_mean += x->ratio_mean; t.n_tokens += x->n_tokens; t.clip_frac_dual += x->clip_frac_dual;
-            t.pg_clipfrac += x->pg_clipfrac; t.pg_clipfrac_lower += x->pg_clipfrac_lower; t.ppo_kl += x->ppo_kl;
-            t.kl_loss += x->kl_loss; t.entropy_loss += x->entropy_loss; t.entropy_agg += x->entropy_agg;
+            t.loss += x->loss;
+            t.pg_loss += x->pg_loss;
+            t.kl += x->kl;
+            t.entropy += x->entropy;
+            t.clip_frac += x->clip_frac;
+            t.clip_frac_low += x->clip_frac_low;
+            t.clip_frac_high += x->clip_frac_high;
+            t.ratio_mean += x->ratio_mean;
+            t.n_tokens += x->n_tokens;
+            t.clip_frac_dual += x->clip_frac_dual;
+            t.pg_clipfrac += x->pg_clipfrac;
+            t.pg_clipfrac_lower += x->pg_clipfrac_lower;
+            t.ppo_kl += x->ppo_kl;
+            t.kl_loss += x->kl_loss;
+            t.entropy_loss += x->entropy_loss;
+            t.entropy_agg += x->entropy_agg;
             if (q == 0 || x->ratio_max > t.ratio_max) t.ratio_max = x->ratio_max;
             micro += all[q].micro;
         }
@@ -271,20 +316,23 @@ static int largest_micro_batch(const work *w, long long max_tokens, long long *T
     return 0;
 }
 
-int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt,
-               long long max_tokens, eng_update_result *out, eng_progress_cb cb, void *ud) {
+int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt, long long max_tokens,
+               eng_update_result *out, eng_progress_cb cb, void *ud) {
     double t0 = clock_mono_ms();
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
     work w = {0};
     dp_order dpo = {0};
-    loss_config ac = *a;   /* loss_scale_factor 0: the longest response of the update, every group counted */
+    loss_config ac = *a; /* loss_scale_factor 0: the longest response of the update, every group counted */
     for (int i = 0; ac.loss_scale_factor <= 0 && i < n_groups; i++)
         for (int r = 0; r < g[i].n; r++)
             if (g[i].R[r] > ac.loss_scale_factor) ac.loss_scale_factor = g[i].R[r];
     a = &ac;
     int dp = e->dp, rc = state_alloc(e);
-    if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { g = dpo.g; n_groups = dpo.n; }
+    if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) {
+        g = dpo.g;
+        n_groups = dpo.n;
+    }
     if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
     if (dp) out->groups_filtered = dpo.filtered;
     for (int i = 0; !rc && i < w.n_groups; i++) {
@@ -296,13 +344,21 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (!rc && w.n_groups) rc = largest_micro_batch(&w, max_tokens, &mb_T, &mb_M);
     /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
-    if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
+    if ((rc = dp_agree(e, rc))) {
+        work_free(&w);
+        dp_order_free(&dpo);
+        return rc;
+    }
     /* The largest micro-batch's activations are reserved before the safety copy starts (a
      * reservation that grows midway frees device memory, and cudaFree waits for every stream,
      * the copy's too), then the copy runs beside the passes and is complete before the first step */
     if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
     if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
-    if ((rc = dp_agree(e, rc))) { work_free(&w); dp_order_free(&dpo); return rc; }
+    if ((rc = dp_agree(e, rc))) {
+        work_free(&w);
+        dp_order_free(&dpo);
+        return rc;
+    }
     rc = snap_begin(e);
 
     double t = clock_mono_ms();
@@ -341,11 +397,10 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             t = clock_mono_ms();
             state_grad_zero(e);
             rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
-            if (!rc && e->m.lora_r)   /* dL/dB = s dL/dB' */
-                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a,
-                             e->m.lora_alpha / (float)e->m.lora_r);
+            if (!rc && e->m.lora_r) /* dL/dB = s dL/dB' */
+                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a, e->m.lora_alpha / (float)e->m.lora_r);
             if (!rc) rc = e->be->sync(e->be);
-            rc = state_grad_reduce(e, rc);   /* with a comm: every rank's gradients into each shard */
+            rc = state_grad_reduce(e, rc); /* with a comm: every rank's gradients into each shard */
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
@@ -354,13 +409,15 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             double norm = sqrt(ss);
             grad_norm_sum += norm;
             if (!isfinite(norm)) {
-                rc = err_set(GE_NON_FINITE, "update: the gradient norm is %g at optimizer step %d of %d (loss or "
-                             "gradient not finite); the update is not applied", norm, steps + 1, steps_total);
+                rc = err_set(GE_NON_FINITE,
+                             "update: the gradient norm is %g at optimizer step %d of %d (loss or "
+                             "gradient not finite); the update is not applied",
+                             norm, steps + 1, steps_total);
                 break;
             }
             if (!saved && (rc = dp_agree(e, snap_wait(e)))) break;
             saved = 1;
-            double clip = grad_clip_coef(norm, opt->grad_clip);   /* torch's clip_grad_norm_ */
+            double clip = grad_clip_coef(norm, opt->grad_clip); /* torch's clip_grad_norm_ */
             if (clip < 1.0) state_grad_scale(e, (float)clip);
             e->opt_step++;
             float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
@@ -370,16 +427,17 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
              * geometrically) or the second moments (no clipping): check before going on */
             double wn, vn;
             if (!rc && !(rc = state_sumsq_after_step(e, &wn, &vn)) && (!isfinite(wn) || !isfinite(vn)))
-                rc = err_set(GE_NON_FINITE, "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
-                             "the update is not applied", steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights",
-                             opt->lr, opt->weight_decay);
+                rc = err_set(GE_NON_FINITE,
+                             "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
+                             "the update is not applied",
+                             steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights", opt->lr, opt->weight_decay);
             ms_opt += clock_mono_ms() - t;
             if (rc) break;
             steps++;
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
     }
-    if (!rc) {   /* veRL's actor/entropy: the whole batch's; with a comm each rank's share, summed below */
+    if (!rc) { /* veRL's actor/entropy: the whole batch's; with a comm each rank's share, summed below */
         double tok = 0, seq = 0;
         int mx = 0;
         loss_count(w.S, w.len, w.mask, &tok, &seq, &mx);
@@ -392,7 +450,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         snprintf(msg, sizeof msg, "%s", err_msg());
         if (snap_restore(e)) rc = err_set(err_code(), "%s; restoring the state before it failed too: %s", msg, err_msg());
         else err_set(code, "%s", msg);
-    } else if (snap_wait(e) && !rc) {   /* no step taken: the copy only has to end */
+    } else if (snap_wait(e) && !rc) { /* no step taken: the copy only has to end */
         rc = err_code();
     }
     out->ms_snapshot_wait = e->snap.ms_wait;
@@ -401,11 +459,20 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     model_acts_free(&e->m, &e->acts_ng);
     if (!rc) {
         loss_finish(&met, steps ? steps : 1);
-        out->loss = met.loss; out->pg_loss = met.pg_loss; out->kl = met.kl; out->entropy = met.entropy;
-        out->clip_frac = met.clip_frac; out->clip_frac_low = met.clip_frac_low; out->clip_frac_high = met.clip_frac_high;
-        out->ratio_mean = met.ratio_mean; out->ratio_max = met.ratio_max;
-        out->pg_clipfrac = met.pg_clipfrac; out->pg_clipfrac_lower = met.pg_clipfrac_lower; out->ppo_kl = met.ppo_kl;
-        out->kl_loss = met.kl_loss; out->verl_entropy = met.entropy_agg;
+        out->loss = met.loss;
+        out->pg_loss = met.pg_loss;
+        out->kl = met.kl;
+        out->entropy = met.entropy;
+        out->clip_frac = met.clip_frac;
+        out->clip_frac_low = met.clip_frac_low;
+        out->clip_frac_high = met.clip_frac_high;
+        out->ratio_mean = met.ratio_mean;
+        out->ratio_max = met.ratio_max;
+        out->pg_clipfrac = met.pg_clipfrac;
+        out->pg_clipfrac_lower = met.pg_clipfrac_lower;
+        out->ppo_kl = met.ppo_kl;
+        out->kl_loss = met.kl_loss;
+        out->verl_entropy = met.entropy_agg;
         out->loss_scale_factor = a->loss_scale_factor;
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;

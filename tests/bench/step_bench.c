@@ -23,7 +23,10 @@ static double run(model *m, model_views *wv, model_views *gv, pack_group *g, pac
     pack_batch b;
     pack_build(&b, g, 0, 1, lay);
     model_acts a;
-    if (model_acts_init(m, &a, b.T, b.M, 1)) { fprintf(stderr, "no memory\n"); exit(1); }
+    if (model_acts_init(m, &a, b.T, b.M, 1)) {
+        fprintf(stderr, "no memory\n");
+        exit(1);
+    }
     model_input in;
     model_input_from_batch(&in, &b);
     float *dl = malloc((size_t)b.M * 4);
@@ -45,15 +48,31 @@ static double run(model *m, model_views *wv, model_views *gv, pack_group *g, pac
 
 int main(int argc, char **argv) {
     int P = argc > 3 ? atoi(argv[1]) : 512, N = argc > 3 ? atoi(argv[2]) : 8, R = argc > 3 ? atoi(argv[3]) : 64;
-    model_config c = { .arch = ARCH_QWEN3, .arch_name = "qwen3", .L = 4, .C = 256, .H = 4, .K = 2, .D = 64, .F = 768,
-                       .V = 259, .max_pos = 8192, .eps = 1e-6f, .rope_theta = 1e6f, .tied = 1, .qk_norm = 1, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .arch_name = "qwen3",
+                      .L = 4,
+                      .C = 256,
+                      .H = 4,
+                      .K = 2,
+                      .D = 64,
+                      .F = 768,
+                      .V = 259,
+                      .max_pos = 8192,
+                      .eps = 1e-6f,
+                      .rope_theta = 1e6f,
+                      .tied = 1,
+                      .qk_norm = 1,
+                      .bos_id = -1};
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model m;
     model_init(&m, &c, be);
     float *w = malloc((size_t)m.n_elems * 4), *g = calloc((size_t)m.n_elems, 4);
     unsigned long long s = 1;
-    for (long long i = 0; i < m.n_elems; i++) { s = s * 6364136223846793005ULL + 1; w[i] = ((s >> 40) / 16777216.0f - 0.5f) * 0.1f; }
+    for (long long i = 0; i < m.n_elems; i++) {
+        s = s * 6364136223846793005ULL + 1;
+        w[i] = ((s >> 40) / 16777216.0f - 0.5f) * 0.1f;
+    }
     model_views wv, gv;
     model_views_make(&m, w, 4, &wv);
     model_views_make(&m, g, 4, &gv);
@@ -64,7 +83,7 @@ int main(int argc, char **argv) {
         resp[n] = malloc((size_t)R * 4);
         for (int i = 0; i < R; i++) resp[n][i] = (i * 13 + n) % c.V;
     }
-    pack_group grp = { prompt, P, N, (const int *const *)resp, Rs };
+    pack_group grp = {prompt, P, N, (const int *const *)resp, Rs};
     /* matmul rate: a square-ish fp32 GEMM with the same kernel */
     int MT = 512, MI = 768, MO = 768;
     float *x = calloc((size_t)MT * MI, 4), *y = malloc((size_t)MT * MO * 4), *mw = calloc((size_t)MO * MI, 4);
@@ -76,12 +95,12 @@ int main(int argc, char **argv) {
     double ts = run(&m, &wv, &gv, &grp, PACK_STANDARD, &Ts, 3);
     long long mm = (long long)c.L * ((long long)c.C * (c.H + 2 * c.K) * c.D + (long long)c.H * c.D * c.C + 3LL * c.C * c.F);
     double floor_p = 6.0 * mm * Tp / (gflops * 1e9) * 1e3;
-    printf("model: qwen3-shaped L=%d C=%d F=%d, %lld params; group P=%d N=%d R=%d; %d threads; fp32 matmul %.1f GFLOP/s\n",
-           c.L, c.C, c.F, config_n_params(&c), P, N, R, omp_threads(), gflops);
+    printf("model: qwen3-shaped L=%d C=%d F=%d, %lld params; group P=%d N=%d R=%d; %d threads; fp32 matmul %.1f GFLOP/s\n", c.L,
+           c.C, c.F, config_n_params(&c), P, N, R, omp_threads(), gflops);
     printf("%-10s %8s %12s %14s\n", "layout", "tokens", "fwd+bwd ms", "matmul floor ms");
     printf("%-10s %8d %12.1f %14.1f\n", "packed", Tp, tp, floor_p);
     printf("%-10s %8d %12.1f %14.1f\n", "standard", Ts, ts, floor_p * Ts / Tp);
-    printf("token ratio %.2fx, time ratio standard/packed %.2fx, packed vs its floor %.2fx\n",
-           (double)Ts / Tp, ts / tp, tp / floor_p);
+    printf("token ratio %.2fx, time ratio standard/packed %.2fx, packed vs its floor %.2fx\n", (double)Ts / Tp, ts / tp,
+           tp / floor_p);
     return 0;
 }

@@ -27,7 +27,12 @@ static int fake_chat(void *ud, const char *const *roles, const char *const *cont
     char *s = malloc(len + 16);
     if (!s) return -1;
     s[0] = 0;
-    for (int i = 0; i < n; i++) { strcat(s, roles[i]); strcat(s, ":"); strcat(s, contents[i]); strcat(s, "\n"); }
+    for (int i = 0; i < n; i++) {
+        strcat(s, roles[i]);
+        strcat(s, ":");
+        strcat(s, contents[i]);
+        strcat(s, "\n");
+    }
     if (agp) strcat(s, "assistant:");
     *text = s;
     return 0;
@@ -70,7 +75,7 @@ static outcome validate(int which, json_object *req) {
     check_error(o.rc, &o.e);
     if (payload) {
         json_object *samp = json_object_object_get(payload, "sampling");
-        if (samp) json_object_object_del(samp, "seed");        /* random when not given */
+        if (samp) json_object_object_del(samp, "seed"); /* random when not given */
         const char *t = json_object_to_json_string_ext(payload, JSON_C_TO_STRING_PLAIN);
         assert(t);
         o.payload = strdup(t);
@@ -99,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     api_error e1, e2;
     json_object *r1 = NULL, *r2 = NULL;
     api_limits l;
-    api_limits_default(&l);     /* 256 MiB of json-c tree: beyond what 64 KiB inputs reach */
+    api_limits_default(&l); /* 256 MiB of json-c tree: beyond what 64 KiB inputs reach */
     int rc1 = api_parse_json_or_reply(body, size - 1, &l, &r1, &e1);
     int rc2 = api_parse_json_unpacked_or_reply((const char *)data + 1, size - 1, &r2, &e2);
     check_error(rc1, &e1);
@@ -112,7 +117,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (a.rc) assert(!strcmp(a.e.message, b.e.message) && !strcmp(a.e.field, b.e.field) && a.e.status == b.e.status);
         assert(!a.payload == !b.payload && (!a.payload || !strcmp(a.payload, b.payload)));
         assert(!a.n || !memcmp(a.ids, b.ids, sizeof(int) * (size_t)a.n));
-        free(a.payload); free(b.payload); free(a.ids); free(b.ids);
+        free(a.payload);
+        free(b.payload);
+        free(a.ids);
+        free(b.ids);
     }
     json_object_put(r1);
     json_object_put(r2);

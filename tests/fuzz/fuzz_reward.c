@@ -17,9 +17,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(buf, data + 1, size - 1);
     buf[size - 1] = 0;
     const char *answer = buf, *text = buf + strlen(buf);
-    if (text < buf + size - 1) text++;               /* the part after the first NUL */
-    reward_spec r = {.type = (reward_type)(data[0] % 5), .answer = answer, .case_sensitive = (data[0] >> 3) & 1,
-                     .overlong_len = (data[0] >> 4) & 1 ? 4.0f : 0.0f, .overlong_penalty = 1.0f, .max_tokens = 16};
+    if (text < buf + size - 1) text++; /* the part after the first NUL */
+    reward_spec r = {.type = (reward_type)(data[0] % 5),
+                     .answer = answer,
+                     .case_sensitive = (data[0] >> 3) & 1,
+                     .overlong_len = (data[0] >> 4) & 1 ? 4.0f : 0.0f,
+                     .overlong_penalty = 1.0f,
+                     .max_tokens = 16};
     char why[256];
     int rc = reward_check_spec(&r, why, sizeof why);
     assert(rc == 0 || why[0]);

@@ -18,13 +18,20 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fd = memfd_create("st", 0);
     if (fd < 0) return 0;
-    if (size && write(fd, data, size) != (ssize_t)size) { close(fd); return 0; }
+    if (size && write(fd, data, size) != (ssize_t)size) {
+        close(fd);
+        return 0;
+    }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     st_set s = {0};
     int rc = st_open_file(&s, path);
     close(fd);
-    if (rc) { assert(err_msg()[0]); st_close(&s); return 0; }
+    if (rc) {
+        assert(err_msg()[0]);
+        st_close(&s);
+        return 0;
+    }
     for (int i = 0; i < s.n; i++) {
         const st_tensor *t = &s.t[i];
         assert(t->end >= t->off && t->end <= size);

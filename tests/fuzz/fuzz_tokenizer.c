@@ -20,7 +20,10 @@ static char *dflt_json;
 
 static void roundtrip(const tok *t, const char *text, size_t len) {
     int *ids = NULL, n = 0;
-    if (tok_encode(t, text, len, 1, 1, &ids, &n)) { assert(err_msg()[0]); return; }
+    if (tok_encode(t, text, len, 1, 1, &ids, &n)) {
+        assert(err_msg()[0]);
+        return;
+    }
     for (int i = 0; i < n; i++) assert(ids[i] >= 0 && ids[i] < tok_vocab_size(t));
     char *s = NULL;
     size_t sl;
@@ -65,7 +68,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tok *t = NULL;
     switch (data[0] % 5) {
     case 0:
-        if (tok_load_json(p, len, &t)) { assert(err_msg()[0]); break; }
+        if (tok_load_json(p, len, &t)) {
+            assert(err_msg()[0]);
+            break;
+        }
         roundtrip(t, "Hello, world! 12 3", 18);
         tok_free(t);
         break;
@@ -76,13 +82,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (int i = 0; i < n; i++) ids[i] = (int)(data[1 + 2 * i] | data[2 + 2 * i] << 8) - 300;
         char *s = NULL;
         size_t sl;
-        if (!tok_decode(dflt, ids, n, data[0] & 8, &s, &sl)) { assert(strlen(s) <= sl); free(s); }
+        if (!tok_decode(dflt, ids, n, data[0] & 8, &s, &sl)) {
+            assert(strlen(s) <= sl);
+            free(s);
+        }
         free(ids);
         break;
     }
     case 3: render(dflt, p, len); break;
     default:
-        if (tok_load_json_cfg(dflt_json, strlen(dflt_json), p, len, &t)) { assert(err_msg()[0]); break; }
+        if (tok_load_json_cfg(dflt_json, strlen(dflt_json), p, len, &t)) {
+            assert(err_msg()[0]);
+            break;
+        }
         render(t, "system\x1fS\x1euser\x1fhi", 15);
         tok_free(t);
         break;

@@ -10,24 +10,36 @@ static void put(const char *dir, const char *name, const float *x, size_t n) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.f32", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(x, sizeof(float), n, f) != n) { fprintf(stderr, "cannot write %s\n", path); exit(1); }
+    if (!f || fwrite(x, sizeof(float), n, f) != n) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
     fclose(f);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 7) { fprintf(stderr, "usage: attn_dump OUTDIR H K D SEED G (P N R..)..\n"); return 2; }
+    if (argc < 7) {
+        fprintf(stderr, "usage: attn_dump OUTDIR H K D SEED G (P N R..)..\n");
+        return 2;
+    }
     const char *dir = argv[1];
     int H = atoi(argv[2]), K = atoi(argv[3]), D = atoi(argv[4]), G = atoi(argv[6]), ai = 7;
     unsigned long long seed = strtoull(argv[5], NULL, 10);
     int *P = calloc((size_t)G + 1, sizeof(int)), *N = calloc((size_t)G + 1, sizeof(int));
     const int **R = calloc((size_t)G + 1, sizeof(int *));
     for (int g = 0; g < G; g++) {
-        if (ai + 1 >= argc) { fprintf(stderr, "group %d: missing P N\n", g); return 2; }
+        if (ai + 1 >= argc) {
+            fprintf(stderr, "group %d: missing P N\n", g);
+            return 2;
+        }
         P[g] = atoi(argv[ai++]);
         N[g] = atoi(argv[ai++]);
         int *Rg = calloc((size_t)N[g] + 1, sizeof(int));
         for (int s = 0; s < N[g]; s++) {
-            if (ai >= argc) { fprintf(stderr, "group %d: missing R\n", g); return 2; }
+            if (ai >= argc) {
+                fprintf(stderr, "group %d: missing R\n", g);
+                return 2;
+            }
             Rg[s] = atoi(argv[ai++]);
         }
         R[g] = Rg;
@@ -47,8 +59,14 @@ int main(int argc, char **argv) {
     gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, r, T, T, H, K, D);
     float *o = gc_get_act(gpu, go, nq), *l = gc_get_f32(gpu, gl, (size_t)T * H), *dq = gc_get_act(gpu, gdq, nq);
     float *dk = gc_get_act(gpu, gdk, nk), *dv = gc_get_act(gpu, gdv, nk);
-    put(dir, "q", q, nq); put(dir, "k", k, nk); put(dir, "v", v, nk); put(dir, "dout", dout, nq);
-    put(dir, "out", o, nq); put(dir, "lse", l, (size_t)T * H); put(dir, "dq", dq, nq); put(dir, "dk", dk, nk);
+    put(dir, "q", q, nq);
+    put(dir, "k", k, nk);
+    put(dir, "v", v, nk);
+    put(dir, "dout", dout, nq);
+    put(dir, "out", o, nq);
+    put(dir, "lse", l, (size_t)T * H);
+    put(dir, "dq", dq, nq);
+    put(dir, "dk", dk, nk);
     put(dir, "dv", dv, nk);
     printf("T=%d H=%d K=%d D=%d G=%d\n", T, H, K, D, G);
     gpu->destroy(gpu);

@@ -17,7 +17,10 @@
 #include "tests/unit/check.h"
 
 static int gc_failures;
-static inline void gc_unused_(void) { (void)check_failed_; (void)check_cur_failed_; }
+static inline void gc_unused_(void) {
+    (void)check_failed_;
+    (void)check_cur_failed_;
+}
 
 /* Seconds on the monotonic clock (benchmarks). */
 static inline double gc_now(void) {
@@ -93,28 +96,48 @@ static inline float *gc_get_f32(eng_backend *g, const void *p, size_t n) {
 /* Key ranges of packed groups (engine/model/pack.h's layout, built here independently of it): group
  * g = [P; R_1 .. R_N], the prompt causal on itself, each response over its group's prompt and
  * causally over itself. */
-typedef struct { int T; int *a0, *a1, *b0, *b1; } ranges;
+typedef struct {
+    int T;
+    int *a0, *a1, *b0, *b1;
+} ranges;
 static inline ranges make_ranges(int G, const int *P, const int *N, const int *const *R) {
     int T = 0;
-    for (int g = 0; g < G; g++) { T += P[g]; for (int i = 0; i < N[g]; i++) T += R[g][i]; }
-    ranges r = { T, (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4),
-                 (int *)malloc((size_t)T * 4 + 4) };
+    for (int g = 0; g < G; g++) {
+        T += P[g];
+        for (int i = 0; i < N[g]; i++) T += R[g][i];
+    }
+    ranges r = {T, (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4), (int *)malloc((size_t)T * 4 + 4),
+                (int *)malloc((size_t)T * 4 + 4)};
     int t = 0;
     for (int g = 0; g < G; g++) {
         int p0 = t;
-        for (int i = 0; i < P[g]; i++, t++) { r.a0[t] = p0; r.a1[t] = p0 + i + 1; r.b0[t] = r.b1[t] = 0; }
+        for (int i = 0; i < P[g]; i++, t++) {
+            r.a0[t] = p0;
+            r.a1[t] = p0 + i + 1;
+            r.b0[t] = r.b1[t] = 0;
+        }
         for (int s = 0; s < N[g]; s++) {
             int s0 = t;
-            for (int j = 0; j < R[g][s]; j++, t++) { r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = s0; r.b1[t] = s0 + j + 1; }
+            for (int j = 0; j < R[g][s]; j++, t++) {
+                r.a0[t] = p0;
+                r.a1[t] = p0 + P[g];
+                r.b0[t] = s0;
+                r.b1[t] = s0 + j + 1;
+            }
         }
     }
     return r;
 }
-static inline void free_ranges(ranges r) { free(r.a0); free(r.a1); free(r.b0); free(r.b1); }
+static inline void free_ranges(ranges r) {
+    free(r.a0);
+    free(r.a1);
+    free(r.b0);
+    free(r.b1);
+}
 /* the ranges uploaded for a backend's attention ops */
 static inline attn_ranges gc_dev_ranges(eng_backend *g, ranges r) {
-    attn_ranges d = { (const int *)gc_dev(g, r.a0, (size_t)r.T * 4), (const int *)gc_dev(g, r.a1, (size_t)r.T * 4),
-                      (const int *)gc_dev(g, r.b0, (size_t)r.T * 4), (const int *)gc_dev(g, r.b1, (size_t)r.T * 4) };
+    attn_ranges d = {(const int *)gc_dev(g, r.a0, (size_t)r.T * 4), (const int *)gc_dev(g, r.a1, (size_t)r.T * 4),
+                     (const int *)gc_dev(g, r.b0, (size_t)r.T * 4), (const int *)gc_dev(g, r.b1, (size_t)r.T * 4)};
     return d;
 }
 /* Relative L2 error of the increments (a - a0) against (b - b0): for "+=" outputs, so that an
@@ -128,7 +151,7 @@ static inline double gc_rel_delta(const float *a, const float *a0, const float *
     }
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
 }
-#ifdef CUDART_VERSION   /* programs that include cuda_runtime_api.h before this header */
+#ifdef CUDART_VERSION /* programs that include cuda_runtime_api.h before this header */
 /* Device-to-device copy bandwidth in bytes/s (read + write), median of 9 copies of 1 GiB. */
 static inline double copy_bw(void) {
     size_t n = (size_t)1 << 30;
@@ -136,7 +159,8 @@ static inline double copy_bw(void) {
     if (cudaMalloc(&a, n) || cudaMalloc(&b, n)) return 0;
     cudaMemset(a, 1, n);
     cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
     double t[9];
     cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
     for (int i = 0; i < 9; i++) {
@@ -149,8 +173,10 @@ static inline double copy_bw(void) {
         t[i] = ms;
     }
     qsort(t, 9, sizeof(double), gc_cmpd);
-    cudaFree(a); cudaFree(b);
-    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
     return 2.0 * n / (t[4] * 1e-3);
 }
 #endif

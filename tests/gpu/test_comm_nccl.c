@@ -44,15 +44,17 @@ static void collectives_w1(void) {
     unsigned char id[128];
     comm *c;
     if (comm_nccl_unique_id(id) || comm_nccl_open(id, 0, 1, be, NULL, &c)) gc_die(be, "nccl open");
-    static const size_t sizes[] = { 1, 7, 4099 };
+    static const size_t sizes[] = {1, 7, 4099};
     long long bad = 0, total = 0;
     for (int t = COMM_F32; t <= COMM_I32; t++)
         for (int k = 0; k < 3; k++) {
             size_t n = sizes[k], eb = comm_type_bytes((comm_type)t);
             unsigned char *h = malloc(n * eb), *back = malloc(n * eb);
             for (size_t i = 0; i < n * eb; i++) h[i] = (unsigned char)(i * 131 + k * 7 + t);
-            if (t == COMM_BF16) for (size_t i = 1; i < n * eb; i += 2) h[i] &= 0x3f;   /* finite bf16 */
-            if (t == COMM_F32) for (size_t i = 3; i < n * eb; i += 4) h[i] &= 0x3f;    /* finite f32 */
+            if (t == COMM_BF16)
+                for (size_t i = 1; i < n * eb; i += 2) h[i] &= 0x3f; /* finite bf16 */
+            if (t == COMM_F32)
+                for (size_t i = 3; i < n * eb; i += 4) h[i] &= 0x3f; /* finite f32 */
             void *a = gc_dev(be, h, n * eb), *b = be->alloc(be, n * eb);
             for (int op = 0; op < 5; op++) {
                 int rc = 0;
@@ -63,13 +65,19 @@ static void collectives_w1(void) {
                 if (op == 2) rc = comm_all_gather(c, a, b, n, (comm_type)t);
                 if (op == 3) rc = comm_broadcast(c, a, n, (comm_type)t, 0);
                 if (op == 4) rc = comm_barrier(c);
-                if (rc) { printf("op %d type %d n %zu: %s\n", op, t, n, err_msg()); bad += (long long)n; continue; }
+                if (rc) {
+                    printf("op %d type %d n %zu: %s\n", op, t, n, err_msg());
+                    bad += (long long)n;
+                    continue;
+                }
                 if (be->sync(be) || be->to_host(be, back, op == 1 || op == 2 ? b : a, n * eb)) gc_die(be, "download");
                 for (size_t i = 0; i < n * eb; i++) bad += back[i] != h[i];
                 total += (long long)(n * eb);
             }
-            be->free(be, a); be->free(be, b);
-            free(h); free(back);
+            be->free(be, a);
+            be->free(be, b);
+            free(h);
+            free(back);
         }
     printf("nccl W=1 collectives: %lld of %lld bytes differ\n", bad, total);
     gc_row("nccl W=1 collectives (5 ops, 3 types)", "n=1,7,4099; bytes differing", (double)bad, 0);
@@ -79,7 +87,7 @@ static void collectives_w1(void) {
 
 /* ---------------------------------------------------------------- (b, c) engine */
 
-static int P_[NG] = { 17, 5, 40, 9, 23, 12 }, N_[NG] = { 4, 2, 3, 1, 4, 2 };
+static int P_[NG] = {17, 5, 40, 9, 23, 12}, N_[NG] = {4, 2, 3, 1, 4, 2};
 static int prompt_[NG][40], resp_[NG][4][24], R_[NG][4];
 static const int *respp_[NG][4];
 static float adv_[NG][4];
@@ -87,11 +95,17 @@ static float adv_[NG][4];
 static void make_inputs(int V) {
     unsigned long long s = 77;
     for (int i = 0; i < NG; i++) {
-        for (int t = 0; t < P_[i]; t++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; prompt_[i][t] = 3 + (int)((s >> 33) % (unsigned)(V - 3)); }
+        for (int t = 0; t < P_[i]; t++) {
+            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+            prompt_[i][t] = 3 + (int)((s >> 33) % (unsigned)(V - 3));
+        }
         for (int r = 0; r < N_[i]; r++) {
             s = s * 6364136223846793005ULL + 1442695040888963407ULL;
             R_[i][r] = 4 + (int)((s >> 33) % 20);
-            for (int t = 0; t < R_[i][r]; t++) { s = s * 6364136223846793005ULL + 1442695040888963407ULL; resp_[i][r][t] = 3 + (int)((s >> 33) % (unsigned)(V - 3)); }
+            for (int t = 0; t < R_[i][r]; t++) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                resp_[i][r][t] = 3 + (int)((s >> 33) % (unsigned)(V - 3));
+            }
             respp_[i][r] = resp_[i][r];
             adv_[i][r] = (float)((int)((s >> 20) % 2001) - 1000) / 1000.0f;
         }
@@ -103,7 +117,7 @@ static void make_inputs(int V) {
 static int update(eng *e, eng_update_result *u) {
     eng_update_group g[NG];
     for (int i = 0; i < NG; i++)
-        g[i] = (eng_update_group){ .prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i], .advantage = adv_[i] };
+        g[i] = (eng_update_group){.prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i], .advantage = adv_[i]};
     loss_config a;
     loss_config_default(&a);
     a.adv = ADV_GIVEN;
@@ -130,14 +144,19 @@ static float *weights(eng *e) {
 /* An engine (no comm when id is NULL) making NSTEP updates: each result, the gradient of the first
  * (fp32, the whole vector: with NCCL W = 1 the shard is all of it) and the weights at the end. */
 typedef struct {
-    const unsigned char *id; int rank, world, device;
-    eng *e; eng_update_result u[NSTEP]; float *grad1, *w0, *w; int rc; char msg[256];
+    const unsigned char *id;
+    int rank, world, device;
+    eng *e;
+    eng_update_result u[NSTEP];
+    float *grad1, *w0, *w;
+    int rc;
+    char msg[256];
 } run_job;
 
 static void *run_main(void *p) {
     run_job *j = p;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cuda", .device = j->device, .nccl_id = j->id, .rank = j->rank,
-                        .world = j->world };
+    eng_open_opts o = {
+        .model_dir = MODEL, .backend = "cuda", .device = j->device, .nccl_id = j->id, .rank = j->rank, .world = j->world};
     j->rc = eng_open(&o, &j->e);
     if (!j->rc) j->w0 = weights(j->e);
     for (int s = 0; s < NSTEP && !j->rc; s++) {
@@ -154,7 +173,9 @@ static void *run_main(void *p) {
 
 static void run_free(run_job *j) {
     if (j->e) eng_close(j->e);
-    free(j->grad1); free(j->w0); free(j->w);
+    free(j->grad1);
+    free(j->w0);
+    free(j->w);
 }
 
 /* Relative L2 of (a - w0) against (b - w0) (w0 NULL: of a against b); *same: fraction bit-equal. */
@@ -163,7 +184,8 @@ static double rel_err(const float *a, const float *b, const float *w0, size_t n,
     size_t eq = 0;
     for (size_t i = 0; i < n; i++) {
         double d = (double)a[i] - b[i], u = (double)b[i] - (w0 ? w0[i] : 0);
-        num += d * d; den += u * u;
+        num += d * d;
+        den += u * u;
         eq += a[i] == b[i];
     }
     *same = (double)eq / (double)n;
@@ -178,10 +200,12 @@ static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? 
  * with the deterministic backward a W = 1 comm gives 0). */
 static void compare(const char *what, run_job *x, run_job *r, size_t n) {
     double same, ge = rel_err(x->grad1, r->grad1, NULL, n, &same), gn = 0;
-    for (int s = 0; s < NSTEP; s++) if (rel(x->u[s].grad_norm, r->u[s].grad_norm) > gn) gn = rel(x->u[s].grad_norm, r->u[s].grad_norm);
+    for (int s = 0; s < NSTEP; s++)
+        if (rel(x->u[s].grad_norm, r->u[s].grad_norm) > gn) gn = rel(x->u[s].grad_norm, r->u[s].grad_norm);
     double le = rel(x->u[0].loss, r->u[0].loss), we = rel_err(x->w, r->w, r->w0, n, &same);
     printf("%s vs no comm: loss %.3e, gradient rel L2 %.3e, grad_norm (worst of %d) %.3e; weights' update rel L2 %.3e "
-           "(%.4f bit-equal)\n", what, le, ge, NSTEP, gn, we, same);
+           "(%.4f bit-equal)\n",
+           what, le, ge, NSTEP, gn, we, same);
     char row[96];
     snprintf(row, sizeof row, "%s: first update's gradient", what);
     gc_row(row, "default model, 6 groups, clip off", ge, 1e-2);
@@ -192,7 +216,7 @@ static void compare(const char *what, run_job *x, run_job *r, size_t n) {
 static void engine_rows(void) {
     if (eng_ensure_default_model(MODEL)) gc_die(NULL, "default model");
     eng *probe;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cuda" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cuda"};
     if (eng_open(&o, &probe)) gc_die(NULL, "eng_open");
     eng_info info;
     eng_get_info(probe, &info);
@@ -203,31 +227,39 @@ static void engine_rows(void) {
     run_job ref = {0}, ref2 = {0};
     run_main(&ref);
     run_main(&ref2);
-    if (ref.rc || ref2.rc) { printf("no comm: %s %s\n", ref.msg, ref2.msg); gc_die(NULL, "reference"); }
+    if (ref.rc || ref2.rc) {
+        printf("no comm: %s %s\n", ref.msg, ref2.msg);
+        gc_die(NULL, "reference");
+    }
     double same, spread = rel_err(ref2.grad1, ref.grad1, NULL, n, &same), wspread = rel_err(ref2.w, ref.w, ref.w0, n, &same);
-    printf("no comm, two runs: gradient rel L2 %.3e, weights' update rel L2 %.3e (%.4f bit-equal)\n",
-           spread, wspread, same);
+    printf("no comm, two runs: gradient rel L2 %.3e, weights' update rel L2 %.3e (%.4f bit-equal)\n", spread, wspread, same);
 
     unsigned char id[128];
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
-    run_job j1 = { .id = id, .rank = 0, .world = 1 };
+    run_job j1 = {.id = id, .rank = 0, .world = 1};
     run_main(&j1);
-    if (j1.rc) { printf("nccl W=1 engine: %s\n", j1.msg); gc_row("nccl W=1 update vs no comm", "engine failed", NAN, 1e-2); }
-    else compare("nccl W=1", &j1, &ref, n);
+    if (j1.rc) {
+        printf("nccl W=1 engine: %s\n", j1.msg);
+        gc_row("nccl W=1 update vs no comm", "engine failed", NAN, 1e-2);
+    } else compare("nccl W=1", &j1, &ref, n);
     run_free(&j1);
 
     if (eng_device_count() < 2) {
         printf("ROW|nccl W=2 update vs one GPU|%d GPU: needs 2|nan|1e-02|SKIP\n", eng_device_count());
     } else {
         if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
-        run_job j[2] = { { .id = id, .rank = 0, .world = 2, .device = 0 }, { .id = id, .rank = 1, .world = 2, .device = 1 } };
+        run_job j[2] = {{.id = id, .rank = 0, .world = 2, .device = 0}, {.id = id, .rank = 1, .world = 2, .device = 1}};
         pthread_t th[2];
         for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
         for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
         for (int q = 0; q < 2; q++) {
             char what[32];
             snprintf(what, sizeof what, "nccl W=2 rank %d", q);
-            if (j[q].rc) { printf("rank %d: %s\n", q, j[q].msg); gc_row(what, "engine failed", NAN, 1e-2); continue; }
+            if (j[q].rc) {
+                printf("rank %d: %s\n", q, j[q].msg);
+                gc_row(what, "engine failed", NAN, 1e-2);
+                continue;
+            }
             double gn = 0, we;
             for (int s = 0; s < NSTEP; s++) gn = fmax(gn, rel(j[q].u[s].grad_norm, ref.u[s].grad_norm));
             we = rel_err(j[q].w, ref.w, ref.w0, n, &same);
@@ -237,7 +269,8 @@ static void engine_rows(void) {
         }
         for (int q = 0; q < 2; q++) run_free(&j[q]);
     }
-    run_free(&ref); run_free(&ref2);
+    run_free(&ref);
+    run_free(&ref2);
 }
 
 /* ---------------------------------------------------------------- (d) failure */
@@ -274,7 +307,7 @@ static double wait_done(fail_job *j, double limit) {
     double t0 = clock_mono_s();
     while (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE)) {
         if (clock_mono_s() - t0 > limit) return -1;
-        struct timespec ts = { 0, 10000000 };
+        struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
     return clock_mono_s() - t0;
@@ -282,11 +315,11 @@ static double wait_done(fail_job *j, double limit) {
 
 static void failure_rows(void) {
     unsigned char id[128];
-    fail_job j0 = { .id = id, .rank = 0 };
+    fail_job j0 = {.id = id, .rank = 0};
     if (backend_cuda_create(&j0.be, 0) || comm_nccl_unique_id(id)) gc_die(NULL, "backend / unique id");
     pthread_t th;
     pthread_create(&th, NULL, open_main, &j0);
-    struct timespec half = { 0, 500000000 };
+    struct timespec half = {0, 500000000};
     nanosleep(&half, NULL);
     __atomic_store_n(&j0.cancel, 1, __ATOMIC_RELEASE);
     double s = wait_done(&j0, 60);
@@ -304,7 +337,7 @@ static void failure_rows(void) {
         printf("ROW|nccl abort ends a collective|%d GPU: needs 2|nan|0|SKIP\n", eng_device_count());
         return;
     }
-    fail_job j[2] = { { .id = id, .rank = 0, .device = 0 }, { .id = id, .rank = 1, .device = 1 } };
+    fail_job j[2] = {{.id = id, .rank = 0, .device = 0}, {.id = id, .rank = 1, .device = 1}};
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
     pthread_t t2[2];
     for (int q = 0; q < 2; q++) {
@@ -318,7 +351,7 @@ static void failure_rows(void) {
         return;
     }
     j[0].done = 0;
-    pthread_create(&th, NULL, reduce_main, &j[0]);   /* rank 1 never enters it */
+    pthread_create(&th, NULL, reduce_main, &j[0]); /* rank 1 never enters it */
     nanosleep(&half, NULL);
     int early = __atomic_load_n(&j[0].done, __ATOMIC_ACQUIRE);
     comm_abort(j[0].c);

@@ -36,8 +36,15 @@
 
 /* ---------------------------------------------------------------- records: name, n, floats */
 
-typedef struct { char name[120]; long long n; float *v; } rec;
-typedef struct { rec *r; int n, cap; } recs;
+typedef struct {
+    char name[120];
+    long long n;
+    float *v;
+} rec;
+typedef struct {
+    rec *r;
+    int n, cap;
+} recs;
 
 static void rec_add(recs *s, const char *name, const float *v, long long n) {
     if (s->n == s->cap) {
@@ -63,22 +70,34 @@ static void rec_add_params(recs *s, const model *m, const char *section, const f
 
 static void recs_write(const recs *s, const char *path) {
     FILE *f = fopen(path, "wb");
-    if (!f) { printf("FATAL cannot write %s\n", path); exit(1); }
+    if (!f) {
+        printf("FATAL cannot write %s\n", path);
+        exit(1);
+    }
     for (int i = 0; i < s->n; i++) {
         fwrite(s->r[i].name, sizeof s->r[i].name, 1, f);
         fwrite(&s->r[i].n, sizeof s->r[i].n, 1, f);
         fwrite(s->r[i].v, 4, (size_t)s->r[i].n, f);
     }
-    if (fclose(f)) { printf("FATAL write %s\n", path); exit(1); }
+    if (fclose(f)) {
+        printf("FATAL write %s\n", path);
+        exit(1);
+    }
 }
 
 static void recs_read(recs *s, const char *path) {
     FILE *f = fopen(path, "rb");
-    if (!f) { printf("FATAL cannot read %s\n", path); exit(1); }
+    if (!f) {
+        printf("FATAL cannot read %s\n", path);
+        exit(1);
+    }
     rec r;
     while (fread(r.name, sizeof r.name, 1, f) == 1 && fread(&r.n, sizeof r.n, 1, f) == 1) {
         float *v = malloc((size_t)(r.n ? r.n : 1) * 4);
-        if (fread(v, 4, (size_t)r.n, f) != (size_t)r.n) { printf("FATAL %s: short\n", path); exit(1); }
+        if (fread(v, 4, (size_t)r.n, f) != (size_t)r.n) {
+            printf("FATAL %s: short\n", path);
+            exit(1);
+        }
         rec_add(s, r.name, v, r.n);
         free(v);
     }
@@ -105,7 +124,8 @@ static long long params_differ(const model *m, const char *what, const float *a,
     for (int i = 0; i < m->n_params; i++) {
         double md = 0;
         long long k = bits_differ(a + m->params[i].off, b + m->params[i].off, m->params[i].numel, &md);
-        if (k && shown++ < 6) printf("  %s: %s: %lld of %lld differ, max |d| %.3g\n", what, m->params[i].name, k, m->params[i].numel, md);
+        if (k && shown++ < 6)
+            printf("  %s: %s: %lld of %lld differ, max |d| %.3g\n", what, m->params[i].name, k, m->params[i].numel, md);
         all += k;
     }
     return all;
@@ -143,17 +163,17 @@ static void groupset_make(groupset *s, int n_groups, const int sizes[][6]) {
             for (int t = 0; t < s->R[g][r]; t++) s->resp[g][r][t] = next_id();
             s->adv[g][r] = (float)((next_id() % 21) - 10) / 10.0f;
         }
-        s->g[g] = (eng_update_group){ .prompt = s->prompt[g], .P = P, .n = n, .resp = (const int *const *)s->resp[g],
-                                      .R = s->R[g], .advantage = s->adv[g] };
+        s->g[g] = (eng_update_group){
+            .prompt = s->prompt[g], .P = P, .n = n, .resp = (const int *const *)s->resp[g], .R = s->R[g], .advantage = s->adv[g]};
     }
 }
 
 static groupset probe_small, probe_mid, probe_large;
 
 static void make_inputs(void) {
-    static const int small[1][6] = { { 4, 2, 5, 3 } };                                   /* T = 12 */
-    static const int mid[2][6] = { { 6, 3, 9, 7, 8 }, { 5, 2, 6, 4 } };                  /* T = 45 */
-    static const int large[2][6] = { { 20, 4, 30, 25, 28, 19 }, { 12, 3, 20, 22, 17 } }; /* T = 193 */
+    static const int small[1][6] = {{4, 2, 5, 3}}; /* T = 12 */
+    static const int mid[2][6] = {{6, 3, 9, 7, 8}, {5, 2, 6, 4}}; /* T = 45 */
+    static const int large[2][6] = {{20, 4, 30, 25, 28, 19}, {12, 3, 20, 22, 17}}; /* T = 193 */
     groupset_make(&probe_small, 1, small);
     groupset_make(&probe_mid, 2, mid);
     groupset_make(&probe_large, 2, large);
@@ -161,12 +181,15 @@ static void make_inputs(void) {
 
 /* Logprobs of the three probe sets, concatenated (n written to *n). */
 static float *probe(eng *e, long long *n) {
-    groupset *sets[3] = { &probe_small, &probe_mid, &probe_large };
+    groupset *sets[3] = {&probe_small, &probe_mid, &probe_large};
     float *out = NULL;
     *n = 0;
     for (int k = 0; k < 3; k++) {
         float **lp;
-        if (eng_logprobs(e, sets[k]->g, sets[k]->n_groups, 0, 1.0f, 1 << 20, &lp)) { printf("FATAL logprobs: %s\n", err_msg()); exit(1); }
+        if (eng_logprobs(e, sets[k]->g, sets[k]->n_groups, 0, 1.0f, 1 << 20, &lp)) {
+            printf("FATAL logprobs: %s\n", err_msg());
+            exit(1);
+        }
         int s = 0;
         for (int g = 0; g < sets[k]->n_groups; g++)
             for (int r = 0; r < sets[k]->g[g].n; r++, s++) {
@@ -183,7 +206,10 @@ static float *probe(eng *e, long long *n) {
 
 static int copy_file(const char *from, const char *to) {
     FILE *a = fopen(from, "rb"), *b = a ? fopen(to, "wb") : NULL;
-    if (!a || !b) { if (a) fclose(a); return -1; }
+    if (!a || !b) {
+        if (a) fclose(a);
+        return -1;
+    }
     char buf[65536];
     size_t k;
     while ((k = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, k, b);
@@ -196,25 +222,42 @@ static void make_mid_model(void) {
     snprintf(p, sizeof p, "%s/config.json", MODEL_MID);
     if (access(p, R_OK) == 0) return;
     model_config c;
-    if (eng_ensure_default_model(MODEL) || config_load(MODEL, &c)) { printf("FATAL default model: %s\n", err_msg()); exit(1); }
-    c.L = 2; c.C = 512; c.H = 4; c.K = 2; c.D = 128; c.F = 1536;
+    if (eng_ensure_default_model(MODEL) || config_load(MODEL, &c)) {
+        printf("FATAL default model: %s\n", err_msg());
+        exit(1);
+    }
+    c.L = 2;
+    c.C = 512;
+    c.H = 4;
+    c.K = 2;
+    c.D = 128;
+    c.F = 1536;
     mkdir(MODEL_MID, 0755);
-    const char *files[] = { "tokenizer.json", "tokenizer_config.json" };
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; i < 2; i++) {
         snprintf(p, sizeof p, "%s/%s", MODEL, files[i]);
         snprintf(q, sizeof q, "%s/%s", MODEL_MID, files[i]);
-        if (copy_file(p, q)) { printf("FATAL copy %s\n", p); exit(1); }
+        if (copy_file(p, q)) {
+            printf("FATAL copy %s\n", p);
+            exit(1);
+        }
     }
     eng_backend *cpu;
     model m;
     backend_cpu_create(&cpu, 0);
-    if (config_write(MODEL_MID, &c) || model_init(&m, &c, cpu)) { printf("FATAL mid model: %s\n", err_msg()); exit(1); }
+    if (config_write(MODEL_MID, &c) || model_init(&m, &c, cpu)) {
+        printf("FATAL mid model: %s\n", err_msg());
+        exit(1);
+    }
     float *w = malloc((size_t)m.n_elems * 4);
     check_fill(w, (size_t)m.n_elems, 7, 0.04f);
     for (int i = 0; i < m.n_params; i++)
         if (m.params[i].ndim == 1)
             for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] = 1.0f + 0.1f * w[m.params[i].off + j];
-    if (model_save_host(&m, MODEL_MID, w, 0)) { printf("FATAL mid model save: %s\n", err_msg()); exit(1); }
+    if (model_save_host(&m, MODEL_MID, w, 0)) {
+        printf("FATAL mid model save: %s\n", err_msg());
+        exit(1);
+    }
     free(w);
     model_free(&m);
     cpu->destroy(cpu);
@@ -229,10 +272,15 @@ static void rollout(eng *e, const eng_rollout_group *g, int n, int max_tokens, u
     s.max_tokens = max_tokens;
     s.ignore_eos = 1;
     s.seed = seed;
-    if (eng_rollout(e, g, n, &s, out, NULL, NULL)) { printf("FATAL rollout: %s\n", err_msg()); exit(1); }
+    if (eng_rollout(e, g, n, &s, out, NULL, NULL)) {
+        printf("FATAL rollout: %s\n", err_msg());
+        exit(1);
+    }
 }
 
-typedef struct { float *master, *m, *v, *grad; } state;
+typedef struct {
+    float *master, *m, *v, *grad;
+} state;
 
 /* The engine's model (its parameters' names and offsets) and trainable elements. */
 static const model *model_of(eng *e, long long *n) {
@@ -245,18 +293,26 @@ static const model *model_of(eng *e, long long *n) {
 static void snapshot(eng *e, state *s) {
     long long n;
     model_of(e, &n);
-    s->master = malloc((size_t)n * 4 + 4); s->m = malloc((size_t)n * 4 + 4);
-    s->v = malloc((size_t)n * 4 + 4); s->grad = malloc((size_t)n * 4 + 4);
+    s->master = malloc((size_t)n * 4 + 4);
+    s->m = malloc((size_t)n * 4 + 4);
+    s->v = malloc((size_t)n * 4 + 4);
+    s->grad = malloc((size_t)n * 4 + 4);
     if (eng_testing_state(e, s->master, s->m, s->v) || eng_testing_grad(e, s->grad)) gc_die(NULL, "download");
 }
 
 static long long state_differ(const model *m, const char *what, const state *a, const state *b, int grad) {
     char w[64];
     long long k = 0;
-    snprintf(w, sizeof w, "%s master", what); k += params_differ(m, w, a->master, b->master);
-    snprintf(w, sizeof w, "%s adam m", what); k += params_differ(m, w, a->m, b->m);
-    snprintf(w, sizeof w, "%s adam v", what); k += params_differ(m, w, a->v, b->v);
-    if (grad) { snprintf(w, sizeof w, "%s grad", what); k += params_differ(m, w, a->grad, b->grad); }
+    snprintf(w, sizeof w, "%s master", what);
+    k += params_differ(m, w, a->master, b->master);
+    snprintf(w, sizeof w, "%s adam m", what);
+    k += params_differ(m, w, a->m, b->m);
+    snprintf(w, sizeof w, "%s adam v", what);
+    k += params_differ(m, w, a->v, b->v);
+    if (grad) {
+        snprintf(w, sizeof w, "%s grad", what);
+        k += params_differ(m, w, a->grad, b->grad);
+    }
     return k;
 }
 
@@ -272,7 +328,10 @@ static void update(eng *e, const eng_update_group *g, int n, int epochs, int mb)
     eng_optim_default(&o);
     o.lr = 3e-3f;
     eng_update_result u;
-    if (eng_update(e, g, n, &a, &o, 1 << 20, &u, NULL, NULL)) { printf("FATAL update: %s\n", err_msg()); exit(1); }
+    if (eng_update(e, g, n, &a, &o, 1 << 20, &u, NULL, NULL)) {
+        printf("FATAL update: %s\n", err_msg());
+        exit(1);
+    }
     printf("  update: loss %.9g, grad_norm %.9g, %d optimizer steps, version %lld\n", u.loss, u.grad_norm, u.optimizer_steps,
            u.policy_version_after);
 }
@@ -281,11 +340,19 @@ enum { P_HOG = 1, P_ROLL = 2, P_SCORE = 4, P_ALL = 7 };
 
 static int run(const char *path, int perturb, int mid, const char *backend) {
     const char *dir = MODEL;
-    if (mid) { make_mid_model(); dir = MODEL_MID; }
-    else if (eng_ensure_default_model(MODEL)) { printf("FATAL default model: %s\n", err_msg()); return 1; }
+    if (mid) {
+        make_mid_model();
+        dir = MODEL_MID;
+    } else if (eng_ensure_default_model(MODEL)) {
+        printf("FATAL default model: %s\n", err_msg());
+        return 1;
+    }
     eng *e;
-    eng_open_opts oo = { .model_dir = dir, .backend = backend, .optimizer_offload = "off" };
-    if (eng_open(&oo, &e)) { printf("FATAL eng_open: %s\n", err_msg()); return 1; }
+    eng_open_opts oo = {.model_dir = dir, .backend = backend, .optimizer_offload = "off"};
+    if (eng_open(&oo, &e)) {
+        printf("FATAL eng_open: %s\n", err_msg());
+        return 1;
+    }
     const char *tag = mid ? "mid" : "tiny";
     make_inputs();
     void *hog = NULL;
@@ -295,8 +362,9 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
         hog = NULL;
     }
     if (perturb & P_ROLL) {
-        static const int pp[3][11] = { { 3, 9, 14, 200, 31, 77, 5, 6, 7, 8, 9 }, { 100, 101, 102, 0 }, { 40, 41, 42, 43, 44, 45, 46, 47, 48 } };
-        eng_rollout_group g[3] = { { pp[0], 11, 5 }, { pp[1], 3, 6 }, { pp[2], 9, 7 } };
+        static const int pp[3][11] = {
+            {3, 9, 14, 200, 31, 77, 5, 6, 7, 8, 9}, {100, 101, 102, 0}, {40, 41, 42, 43, 44, 45, 46, 47, 48}};
+        eng_rollout_group g[3] = {{pp[0], 11, 5}, {pp[1], 3, 6}, {pp[2], 9, 7}};
         eng_group_result r[3];
         rollout(e, g, 3, 40, 99, r);
         for (int i = 0; i < 3; i++) eng_group_result_free(&r[i]);
@@ -318,8 +386,8 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
     gc_row("det probe twice in one process (elems differ)", sh, (double)bits_differ(p0, p0b, np, &md), 0);
     rec_add(&out, "probe0", p0, np);
     /* (2) a rollout of two groups; the first group alone */
-    static const int q0[7] = { 72, 101, 108, 108, 111, 44, 32 }, q1[5] = { 87, 104, 97, 116, 63 };
-    eng_rollout_group rg[2] = { { q0, 7, 4 }, { q1, 5, 3 } };
+    static const int q0[7] = {72, 101, 108, 108, 111, 44, 32}, q1[5] = {87, 104, 97, 116, 63};
+    eng_rollout_group rg[2] = {{q0, 7, 4}, {q1, 5, 3}};
     eng_group_result rr[2], ra[1];
     rollout(e, rg, 2, 24, 1234, rr);
     rollout(e, rg, 1, 24, 1234, ra);
@@ -327,7 +395,8 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
     double lpd = 0;
     for (int g = 0; g < 2; g++)
         for (int r = 0; r < rr[g].n; r++)
-            for (int t = 0; t < rr[g].resp[r].n_tokens; t++) bad += !isfinite(rr[g].resp[r].logprobs[t]) || rr[g].resp[r].logprobs[t] < -1e3f;
+            for (int t = 0; t < rr[g].resp[r].n_tokens; t++)
+                bad += !isfinite(rr[g].resp[r].logprobs[t]) || rr[g].resp[r].logprobs[t] < -1e3f;
     printf("INFO|%s rollout|first tokens %d %d %d|logprobs not finite or < -1e3: %d of %d\n", tag, rr[0].resp[0].tokens[0],
            rr[0].resp[0].tokens[1], rr[1].resp[0].tokens[0], bad, 7 * 24);
     for (int r = 0; r < 4; r++) {
@@ -335,10 +404,14 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
         int k = 0;
         while (k < x->n_tokens && k < y->n_tokens && x->tokens[k] == y->tokens[k]) k++;
         same_tok += k == x->n_tokens && k == y->n_tokens;
-        for (int t = 0; t < k; t++) { double d = fabs((double)x->logprobs[t] - y->logprobs[t]); if (d > lpd) lpd = d; }
+        for (int t = 0; t < k; t++) {
+            double d = fabs((double)x->logprobs[t] - y->logprobs[t]);
+            if (d > lpd) lpd = d;
+        }
     }
     printf("INFO|%s rollout group 0 alone vs beside group 1|responses with equal tokens %d of 4|logprobs max |d| %.3g "
-           "(over the equal prefix)\n", tag, same_tok, lpd);
+           "(over the equal prefix)\n",
+           tag, same_tok, lpd);
     for (int g = 0; g < 2; g++)
         for (int r = 0; r < rr[g].n; r++) {
             char name[64];
@@ -363,16 +436,20 @@ static int run(const char *path, int perturb, int mid, const char *backend) {
             resp[g][r] = rr[g].resp[r].tokens;
             R[g][r] = rr[g].resp[r].n_tokens;
         }
-        ug[g] = (eng_update_group){ .prompt = rg[g].prompt, .P = rg[g].P, .n = rr[g].n, .resp = resp[g], .R = R[g], .advantage = adv[g] };
+        ug[g] = (eng_update_group){
+            .prompt = rg[g].prompt, .P = rg[g].P, .n = rr[g].n, .resp = resp[g], .R = R[g], .advantage = adv[g]};
     }
     ug[2] = probe_mid.g[0];
     ug[3] = probe_mid.g[1];
-    update(e, probe_small.g, 1, 1, 0);    /* warm-up: moments not zero */
+    update(e, probe_small.g, 1, 1, 0); /* warm-up: moments not zero */
     state s0, s1, s0b, s1b;
     snapshot(e, &s0);
     update(e, ug, 4, 2, 2);
     snapshot(e, &s1);
-    if (eng_update_undo(e)) { printf("FATAL undo: %s\n", err_msg()); return 1; }
+    if (eng_update_undo(e)) {
+        printf("FATAL undo: %s\n", err_msg());
+        return 1;
+    }
     snapshot(e, &s0b);
     long long n_train;
     const model *em = model_of(e, &n_train);
@@ -404,8 +481,11 @@ static int compare(const char *pa, const char *pb, const char *tag) {
     recs a = {0}, b = {0};
     recs_read(&a, pa);
     recs_read(&b, pb);
-    if (a.n != b.n) { printf("FATAL %s has %d records, %s %d\n", pa, a.n, pb, b.n); return 1; }
-    const char *sections[] = { "probe0", "rollout_tokens", "rollout_logprobs", "grad", "master", "adam_m", "adam_v", "probe1" };
+    if (a.n != b.n) {
+        printf("FATAL %s has %d records, %s %d\n", pa, a.n, pb, b.n);
+        return 1;
+    }
+    const char *sections[] = {"probe0", "rollout_tokens", "rollout_logprobs", "grad", "master", "adam_m", "adam_v", "probe1"};
     for (int s = 0; s < 8; s++) {
         long long k = 0, n = 0;
         double md = 0;
@@ -441,10 +521,13 @@ int main(int argc, char **argv) {
         int perturb = 0, mid = 0;
         const char *backend = "cuda";
         for (int i = 3; i < argc; i++) {
-            perturb |= !strcmp(argv[i], "perturb") ? P_ALL : !strcmp(argv[i], "hog") ? P_HOG
-                       : !strcmp(argv[i], "roll18") ? P_ROLL : !strcmp(argv[i], "score") ? P_SCORE : 0;
+            perturb |= !strcmp(argv[i], "perturb") ? P_ALL
+                : !strcmp(argv[i], "hog")          ? P_HOG
+                : !strcmp(argv[i], "roll18")       ? P_ROLL
+                : !strcmp(argv[i], "score")        ? P_SCORE
+                                                   : 0;
             mid |= !strcmp(argv[i], "mid");
-            if (!strcmp(argv[i], "cpu")) backend = "cpu";   /* the harness itself, on a machine without a GPU */
+            if (!strcmp(argv[i], "cpu")) backend = "cpu"; /* the harness itself, on a machine without a GPU */
         }
         return run(argv[2], perturb, mid, backend);
     }

@@ -22,11 +22,11 @@
 
 #define FIX "tests/fixtures/data"
 
-static const char *models[] = { "qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded" };
+static const char *models[] = {"qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded"};
 
 /* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
-static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl,
-                  float *lp, float *grad) {
+static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl, float *lp,
+                  float *grad) {
     model m;
     if (model_init(&m, cfg, b)) return -1;
     size_t n = (size_t)m.n_elems, eb = (size_t)b->act_bytes;
@@ -56,7 +56,10 @@ static int run_on(eng_backend *b, const model_config *cfg, const float *host, co
 
 int main(void) {
     eng_backend *be, *cpu;
-    if (backend_cuda_create(&be, 0)) { printf("FATAL cuda: %s\n", err_msg()); return 2; }
+    if (backend_cuda_create(&be, 0)) {
+        printf("FATAL cuda: %s\n", err_msg());
+        return 2;
+    }
     backend_cpu_create(&cpu, 0);
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256], path[512];
@@ -64,14 +67,23 @@ int main(void) {
         snprintf(path, sizeof path, "%s/reference.json", dir);
         js_doc *doc;
         const js *root;
-        if (js_parse_file(path, &doc, &root)) { printf("FATAL %s\n", err_msg()); return 2; }
+        if (js_parse_file(path, &doc, &root)) {
+            printf("FATAL %s\n", err_msg());
+            return 2;
+        }
         const js *seqs = js_get(root, "sequences"), *ref = js_get(root, "logprobs"), *wts = js_get(root, "loss_weights");
         model_config cfg;
         model m;
-        if (config_load(dir, &cfg) || model_init(&m, &cfg, be)) { printf("FATAL %s\n", err_msg()); return 2; }
+        if (config_load(dir, &cfg) || model_init(&m, &cfg, be)) {
+            printf("FATAL %s\n", err_msg());
+            return 2;
+        }
         size_t n = (size_t)m.n_elems;
         float *host = malloc(n * 4), *grad = malloc(n * 4);
-        if (model_load_host(&m, dir, host)) { printf("FATAL %s\n", err_msg()); return 2; }
+        if (model_load_host(&m, dir, host)) {
+            printf("FATAL %s\n", err_msg());
+            return 2;
+        }
         void *w = gc_act(be, host, n);
         float *g = be->alloc(be, n * 4);
         be->zero(be, g, n * 4);
@@ -91,7 +103,7 @@ int main(void) {
             resp[i] = ids[i] + 1;
             R[i] = a->n - 1;
             M += R[i];
-            pg[i] = (pack_group){ .prompt = ids[i], .P = 1, .N = 1, .resp = &resp[i], .R = &R[i] };
+            pg[i] = (pack_group){.prompt = ids[i], .P = 1, .N = 1, .resp = &resp[i], .R = &R[i]};
         }
         pack_batch b;
         pack_build(&b, pg, 0, S, PACK_PACKED);
@@ -119,7 +131,10 @@ int main(void) {
         /* the CPU backend on the same bf16-rounded weights */
         float *hb = malloc(n * 4), *lp_c = malloc((size_t)M * 4), *g_c = malloc(n * 4);
         for (size_t i = 0; i < n; i++) hb[i] = gc_bf16(host[i]);
-        if (run_on(cpu, &cfg, hb, &b, dl, lp_c, g_c)) { printf("FATAL cpu: %s\n", err_msg()); return 2; }
+        if (run_on(cpu, &cfg, hb, &b, dl, lp_c, g_c)) {
+            printf("FATAL cpu: %s\n", err_msg());
+            return 2;
+        }
         gc_row("hf model logprobs cuda vs cpu (bf16 w)", shape, rel_l2(lp, lp_c, (size_t)M), 1e-2);
         gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), 2e-2);
         double worst = 0;
@@ -130,16 +145,20 @@ int main(void) {
         const char *gf = js_get_str(root, "grads_file");
         snprintf(path, sizeof path, "%s/%s", dir, gf ? gf : "grads.safetensors");
         st_set gs = {0};
-        if (st_open_file(&gs, path)) { printf("FATAL %s\n", err_msg()); return 2; }
+        if (st_open_file(&gs, path)) {
+            printf("FATAL %s\n", err_msg());
+            return 2;
+        }
         float *gref = calloc(n, 4);
         for (int p = 0; p < m.n_params; p++) {
             const st_tensor *t = st_find(&gs, m.params[p].name);
             if (t) st_read_f32(t, gref + m.params[p].off, m.params[p].ndim, m.params[p].shape);
         }
-        printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi],
-               rel_l2(g_c, gref, n));
+        printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi], rel_l2(g_c, gref, n));
         gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 3e-2);
-        free(hb); free(lp_c); free(g_c);
+        free(hb);
+        free(lp_c);
+        free(g_c);
         st_close(&gs);
         free(gref);
         model_acts_free(&m, &a);
@@ -150,7 +169,15 @@ int main(void) {
         model_views_free(&gv);
         model_free(&m);
         for (int i = 0; i < S; i++) free(ids[i]);
-        free(ids); free(R); free(resp); free(pg); free(lp); free(lref); free(dl); free(host); free(grad);
+        free(ids);
+        free(R);
+        free(resp);
+        free(pg);
+        free(lp);
+        free(lref);
+        free(dl);
+        free(host);
+        free(grad);
         js_doc_free(doc);
     }
     be->destroy(be);

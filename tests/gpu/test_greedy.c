@@ -19,8 +19,20 @@
 enum { NG = 2, N = 4, NEW = 48 };
 
 static eng *open_random(void) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 4, .C = 1024, .H = 16, .K = 8, .D = 128, .F = 3072, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 4,
+                      .C = 1024,
+                      .H = 16,
+                      .K = 8,
+                      .D = 128,
+                      .F = 3072,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     eng *e = calloc(1, sizeof *e);
@@ -50,10 +62,13 @@ static float *teacher_logits(eng *e, const int *prompt, int P, const int *resp, 
     int *tok = ints, *pos = ints + T, *a0 = ints + 2 * T, *a1 = ints + 3 * T, *b0 = ints + 4 * T, *rows = ints + 5 * T;
     for (int t = 0; t < T; t++) {
         tok[t] = t < P ? prompt[t] : resp[t - P];
-        pos[t] = t; a0[t] = 0; a1[t] = t + 1; b0[t] = 0;
+        pos[t] = t;
+        a0[t] = 0;
+        a1[t] = t + 1;
+        b0[t] = 0;
     }
     for (int i = 0; i < n; i++) rows[i] = P - 1 + i;
-    model_input in = { .T = T, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b0 };
+    model_input in = {.T = T, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b0};
     float *dl = be->alloc(be, (size_t)n * V * 4), *hl = malloc((size_t)n * V * 4);
     int *dr = be->alloc(be, (size_t)n * 4);
     if (!dl || !dr || !hl || eng_acts_reserve(e, &e->acts_ng, T, 1, 0) ||
@@ -61,7 +76,8 @@ static float *teacher_logits(eng *e, const int *prompt, int P, const int *resp, 
         gc_die(be, "teacher forward");
     be->lm_head_rows(be, dl, e->acts_ng.lnf, dr, e->wv.lm_head, n, C, V);
     if (be->sync(be) || be->to_host(be, hl, dl, (size_t)n * V * 4)) gc_die(be, "teacher logits");
-    be->free(be, dl); be->free(be, dr);
+    be->free(be, dl);
+    be->free(be, dr);
     free(ints);
     return hl;
 }
@@ -69,14 +85,14 @@ static float *teacher_logits(eng *e, const int *prompt, int P, const int *resp, 
 int main(void) {
     eng *e = open_random();
     eng_backend *be = e->be;
-    int V = e->m.cfg.V, P[NG] = { 300, 173 };
+    int V = e->m.cfg.V, P[NG] = {300, 173};
     int *prompt[NG];
     unsigned long long s = 99;
     eng_rollout_group g[NG];
     for (int k = 0; k < NG; k++) {
         prompt[k] = malloc((size_t)P[k] * 4);
         for (int i = 0; i < P[k]; i++) prompt[k][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 1));
-        g[k] = (eng_rollout_group){ prompt[k], P[k], N };
+        g[k] = (eng_rollout_group){prompt[k], P[k], N};
     }
     eng_sampling sp;
     eng_sampling_default(&sp);
@@ -91,25 +107,29 @@ int main(void) {
     int checked = 0, equal = 0, ties = 0, bad = 0, same_in_group = 1;
     double worst_margin = 0;
     for (int k = 0; k < NG; k++) {
-        for (int r = 1; r < N; r++)
-            same_in_group &= !memcmp(res[k].resp[r].tokens, res[k].resp[0].tokens, NEW * sizeof(int));
+        for (int r = 1; r < N; r++) same_in_group &= !memcmp(res[k].resp[r].tokens, res[k].resp[0].tokens, NEW * sizeof(int));
         eng_response *x = &res[k].resp[0];
         float *lg = teacher_logits(e, prompt[k], P[k], x->tokens, x->n_tokens);
         for (int t = 0; t < x->n_tokens; t++) {
             const float *row = lg + (size_t)t * V;
             int arg = 0;
-            for (int v = 1; v < V; v++) if (row[v] > row[arg]) arg = v;
+            for (int v = 1; v < V; v++)
+                if (row[v] > row[arg]) arg = v;
             double margin = row[arg] - row[x->tokens[t]];
             checked++;
             if (arg == x->tokens[t]) equal++;
             else if (margin < 0.05) ties++;
-            else { bad++; printf("  group %d step %d: greedy %d, argmax %d, margin %.4f\n", k, t, x->tokens[t], arg, margin); }
+            else {
+                bad++;
+                printf("  group %d step %d: greedy %d, argmax %d, margin %.4f\n", k, t, x->tokens[t], arg, margin);
+            }
             if (arg != x->tokens[t] && margin > worst_margin) worst_margin = margin;
         }
         free(lg);
     }
     printf("greedy: %d tokens, %d equal the teacher-forced argmax, %d near ties (< 0.05), %d wrong; "
-           "the N responses of a group identical: %s\n", checked, equal, ties, bad, same_in_group ? "yes" : "no");
+           "the N responses of a group identical: %s\n",
+           checked, equal, ties, bad, same_in_group ? "yes" : "no");
     char shape[96];
     snprintf(shape, sizeof shape, "%d tokens: %d equal, %d near-tie flips", checked, equal, ties);
     gc_row("greedy == teacher-forced argmax", shape, bad ? worst_margin : 0, 0);
@@ -125,14 +145,18 @@ int main(void) {
     for (int k = 0; k < NG; k++) {
         const int *resp[N];
         int R[N];
-        for (int r = 0; r < N; r++) { resp[r] = res[k].resp[r].tokens; R[r] = res[k].resp[r].n_tokens; }
-        eng_update_group ug = { .prompt = prompt[k], .P = P[k], .n = N, .resp = resp, .R = R };
+        for (int r = 0; r < N; r++) {
+            resp[r] = res[k].resp[r].tokens;
+            R[r] = res[k].resp[r].n_tokens;
+        }
+        eng_update_group ug = {.prompt = prompt[k], .P = P[k], .n = N, .resp = resp, .R = R};
         float **lp;
         if (eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp)) gc_die(be, "eng_logprobs");
         for (int r = 0; r < N; r++)
             for (int t = 0; t < R[r]; t++) {
                 double d = fabs((double)lp[r][t] - res[k].resp[r].logprobs[t]);
-                sum += d; cnt++;
+                sum += d;
+                cnt++;
                 if (d > mx) mx = d;
             }
         eng_logprobs_free(lp, &ug, 1);

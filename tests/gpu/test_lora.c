@@ -26,7 +26,13 @@
 
 /* ---------------------------------------------------------------- (a) model level */
 
-typedef struct { eng_backend *be; model m; void *w, *lw; float *lg, *sink; model_views wv, gv, bv; } lrun;
+typedef struct {
+    eng_backend *be;
+    model m;
+    void *w, *lw;
+    float *lg, *sink;
+    model_views wv, gv, bv;
+} lrun;
 
 static void lrun_init(lrun *r, eng_backend *be, const model_config *c, const float *w, const float *lw, int rank) {
     memset(r, 0, sizeof *r);
@@ -47,14 +53,18 @@ static void lrun_init(lrun *r, eng_backend *be, const model_config *c, const flo
 
 static void lrun_free(lrun *r) {
     eng_backend *be = r->be;
-    model_views_free(&r->wv); model_views_free(&r->gv); model_views_free(&r->bv);
-    be->free(be, r->w); be->free(be, r->lw); be->free(be, r->lg); be->free(be, r->sink);
+    model_views_free(&r->wv);
+    model_views_free(&r->gv);
+    model_views_free(&r->bv);
+    be->free(be, r->w);
+    be->free(be, r->lw);
+    be->free(be, r->lg);
+    be->free(be, r->sink);
     model_free(&r->m);
 }
 
 /* forward (logp to host) and, with dlogp, backward (adapter gradients to host) */
-static void lrun_step(lrun *r, const model_views *w, const pack_batch *b, int grad, const float *dlogp, float *logp,
-                      float *lgrad) {
+static void lrun_step(lrun *r, const model_views *w, const pack_batch *b, int grad, const float *dlogp, float *logp, float *lgrad) {
     eng_backend *be = r->be;
     model_acts a;
     model_input in;
@@ -71,8 +81,19 @@ static void lrun_step(lrun *r, const model_views *w, const pack_batch *b, int gr
 }
 
 static void model_level(void) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 2, .C = 256, .H = 4, .K = 2, .D = 64, .F = 512, .V = 1000,
-                       .max_pos = 4096, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 2,
+                      .C = 256,
+                      .H = 4,
+                      .K = 2,
+                      .D = 64,
+                      .F = 512,
+                      .V = 1000,
+                      .max_pos = 4096,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     eng_backend *cpu, *gpu;
     backend_cpu_create(&cpu, 0);
@@ -88,7 +109,7 @@ static void model_level(void) {
     lrun_init(&rg, gpu, &c, w, lw, rank);
     /* groups: P = 40, 7, 96 with N = 8, 1, 3, ragged R */
     unsigned long long s = 3003;
-    int P[3] = { 40, 7, 96 }, N[3] = { 8, 1, 3 }, *bufs[64], nb = 0;
+    int P[3] = {40, 7, 96}, N[3] = {8, 1, 3}, *bufs[64], nb = 0;
     pack_group pg[3];
     for (int g = 0; g < 3; g++) {
         int *prompt = malloc((size_t)P[g] * 4), **resp = malloc((size_t)N[g] * sizeof(int *)), *R = malloc((size_t)N[g] * 4);
@@ -99,8 +120,10 @@ static void model_level(void) {
             for (int j = 0; j < R[i]; j++) resp[i][j] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
             bufs[nb++] = resp[i];
         }
-        bufs[nb++] = prompt; bufs[nb++] = R; bufs[nb++] = (int *)resp;
-        pg[g] = (pack_group){ prompt, P[g], N[g], (const int *const *)resp, R };
+        bufs[nb++] = prompt;
+        bufs[nb++] = R;
+        bufs[nb++] = (int *)resp;
+        pg[g] = (pack_group){prompt, P[g], N[g], (const int *const *)resp, R};
     }
     pack_batch b;
     if (pack_build(&b, pg, 0, 3, PACK_PACKED)) gc_die(NULL, "pack_build");
@@ -124,7 +147,10 @@ static void model_level(void) {
     for (int i = 0; i < rc.m.n_lparams; i++) {
         const model_param *p = &rc.m.lparams[i];
         double e = rel_l2(g_g + p->off, g_c + p->off, (size_t)p->numel);
-        if (!(e <= worst)) { worst = e; wname = p->name; }
+        if (!(e <= worst)) {
+            worst = e;
+            wname = p->name;
+        }
     }
     printf("  worst adapter tensor %s rel L2 %.3e\n", wname, worst);
     gc_row("lora worst adapter tensor grad", sh, worst, 2e-2);
@@ -142,8 +168,18 @@ static void model_level(void) {
     model_free(&t);
     pack_batch_free(&b);
     for (int i = 0; i < nb; i++) free(bufs[i]);
-    free(w); free(lw); free(lw0); free(dlogp); free(lp_c); free(lp_g); free(lp_r); free(lp_b); free(lp_0);
-    free(g_c); free(g_g); free(g_r);
+    free(w);
+    free(lw);
+    free(lw0);
+    free(dlogp);
+    free(lp_c);
+    free(lp_g);
+    free(lp_r);
+    free(lp_b);
+    free(lp_0);
+    free(g_c);
+    free(g_g);
+    free(g_r);
     cpu->destroy(cpu);
     gpu->destroy(gpu);
 }
@@ -152,8 +188,7 @@ static void model_level(void) {
 
 static eng *open_eng(const char *backend, int rank, const char *init) {
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = backend, .lora_rank = rank, .lora_alpha = rank ? 16 : 0,
-                        .lora_init = init };
+    eng_open_opts o = {.model_dir = MODEL, .backend = backend, .lora_rank = rank, .lora_alpha = rank ? 16 : 0, .lora_init = init};
     if (eng_open(&o, &e)) gc_die(NULL, "eng_open");
     return e;
 }
@@ -162,22 +197,26 @@ static double max_abs(float **a, float **b, const int *R, int n, double *mean) {
     double w = 0, s = 0;
     long long k = 0;
     for (int r = 0; r < n; r++)
-        for (int t = 0; t < R[r]; t++, k++) { double d = fabs(a[r][t] - b[r][t]); s += d; if (d > w) w = d; }
+        for (int t = 0; t < R[r]; t++, k++) {
+            double d = fabs(a[r][t] - b[r][t]);
+            s += d;
+            if (d > w) w = d;
+        }
     if (mean) *mean = s / (k ? k : 1);
     return w;
 }
 
-static const int prompt[] = { 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100 };
+static const int prompt[] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
 static void engine_level(const char *out) {
     if (eng_ensure_default_model(MODEL)) gc_die(NULL, "default model");
     eng *e0 = open_eng("cuda", 0, NULL), *e = open_eng("cuda", 8, NULL);
-    int good[6] = { 65, 66, 67, 68, 69, 70 }, bad[5] = { 97, 98, 99, 100, 101 }, mid[4] = { 48, 49, 50, 51 };
-    const int *resp[3] = { good, bad, mid };
-    int R[3] = { 6, 5, 4 };
-    float rew[3] = { 1.0f, 0.0f, 0.5f };
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew };
+    int good[6] = {65, 66, 67, 68, 69, 70}, bad[5] = {97, 98, 99, 100, 101}, mid[4] = {48, 49, 50, 51};
+    const int *resp[3] = {good, bad, mid};
+    int R[3] = {6, 5, 4};
+    float rew[3] = {1.0f, 0.0f, 0.5f};
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew};
     float **base, **fresh, **after, **ref;
     if (eng_logprobs(e0, &g, 1, 0, 1.0f, 1 << 20, &base) || eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &fresh))
         gc_die(NULL, "logprobs");
@@ -201,10 +240,12 @@ static void engine_level(const char *out) {
            max_abs(ref, base, R, 3, NULL), 0);
 
     /* rollouts with adapters, graphs and not */
-    eng_rollout_group rg = { prompt, NP, 4 };
+    eng_rollout_group rg = {prompt, NP, 4};
     eng_sampling sp;
     eng_sampling_default(&sp);
-    sp.max_tokens = 24; sp.seed = 5; sp.ignore_eos = 1;
+    sp.max_tokens = 24;
+    sp.seed = 5;
+    sp.ignore_eos = 1;
     eng_group_result ga, gb, g0;
     if (eng_rollout(e, &rg, 1, &sp, &ga, NULL, NULL) || eng_rollout(e0, &rg, 1, &sp, &g0, NULL, NULL)) gc_die(NULL, "rollout");
     eng_testing_tune(e)->graphs = 0;
@@ -217,8 +258,8 @@ static void engine_level(const char *out) {
         eng_response *x = &ga.resp[r], *y = &gb.resp[r], *z = &g0.resp[r];
         same_graph &= x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * 4);
         differs_base |= x->n_tokens != z->n_tokens || memcmp(x->tokens, z->tokens, (size_t)x->n_tokens * 4);
-        const int *rr[1] = { x->tokens };
-        eng_update_group ug = { .prompt = prompt, .P = NP, .n = 1, .resp = rr, .R = &x->n_tokens };
+        const int *rr[1] = {x->tokens};
+        eng_update_group ug = {.prompt = prompt, .P = NP, .n = 1, .resp = rr, .R = &x->n_tokens};
         float **lp;
         if (eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp)) gc_die(NULL, "logprobs");
         for (int t = 0; t < x->n_tokens; t++, mk++) msum += fabs(lp[0][t] - x->logprobs[t]);
@@ -249,8 +290,8 @@ static void engine_level(const char *out) {
         for (int t = 0; t < R[r]; t++) fprintf(f, "%s%d", t ? ", " : "", resp[r][t]);
         fprintf(f, "]");
     }
-    const char *names[2] = { "grpod_cuda", "grpod_cpu" };
-    float **vals[2] = { after, cpu_lp };
+    const char *names[2] = {"grpod_cuda", "grpod_cpu"};
+    float **vals[2] = {after, cpu_lp};
     for (int k = 0; k < 2; k++) {
         fprintf(f, "], \"%s\": [", names[k]);
         for (int r = 0; r < 3; r++) {
@@ -262,10 +303,17 @@ static void engine_level(const char *out) {
     fprintf(f, "]}\n");
     fclose(f);
     printf("  wrote %s\n", path);
-    eng_logprobs_free(cpu_lp, &g, 1); eng_logprobs_free(base, &g, 1); eng_logprobs_free(fresh, &g, 1);
-    eng_logprobs_free(after, &g, 1); eng_logprobs_free(ref, &g, 1);
-    eng_group_result_free(&ga); eng_group_result_free(&gb); eng_group_result_free(&g0);
-    eng_close(ec); eng_close(e); eng_close(e0);
+    eng_logprobs_free(cpu_lp, &g, 1);
+    eng_logprobs_free(base, &g, 1);
+    eng_logprobs_free(fresh, &g, 1);
+    eng_logprobs_free(after, &g, 1);
+    eng_logprobs_free(ref, &g, 1);
+    eng_group_result_free(&ga);
+    eng_group_result_free(&gb);
+    eng_group_result_free(&g0);
+    eng_close(ec);
+    eng_close(e);
+    eng_close(e0);
 }
 
 int main(int argc, char **argv) {

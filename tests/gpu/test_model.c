@@ -22,8 +22,8 @@
 typedef struct {
     eng_backend *be;
     model m;
-    void *w;            /* act-typed weights */
-    float *master;      /* fp32 master (cuda) or == w (cpu) */
+    void *w; /* act-typed weights */
+    float *master; /* fp32 master (cuda) or == w (cpu) */
     float *g, *mom, *vel;
     model_views wv, gv;
 } mrun;
@@ -37,7 +37,9 @@ static void mrun_init(mrun *r, eng_backend *be, const model_config *c, const flo
     if (!r->w || be->act_from_f32(be, r->w, host_w, n)) gc_die(be, "weights");
     if (be->act_bytes == 4) r->master = r->w;
     else r->master = gc_dev(be, host_w, n * 4);
-    r->g = be->alloc(be, n * 4); r->mom = be->alloc(be, n * 4); r->vel = be->alloc(be, n * 4);
+    r->g = be->alloc(be, n * 4);
+    r->mom = be->alloc(be, n * 4);
+    r->vel = be->alloc(be, n * 4);
     be->zero(be, r->mom, n * 4);
     be->zero(be, r->vel, n * 4);
     model_views_make(&r->m, r->w, (size_t)be->act_bytes, &r->wv);
@@ -46,23 +48,25 @@ static void mrun_init(mrun *r, eng_backend *be, const model_config *c, const flo
 
 static void mrun_free(mrun *r) {
     eng_backend *be = r->be;
-    model_views_free(&r->wv); model_views_free(&r->gv);
+    model_views_free(&r->wv);
+    model_views_free(&r->gv);
     if (r->master != r->w) be->free(be, r->master);
-    be->free(be, r->w); be->free(be, r->g); be->free(be, r->mom); be->free(be, r->vel);
+    be->free(be, r->w);
+    be->free(be, r->g);
+    be->free(be, r->mom);
+    be->free(be, r->vel);
     model_free(&r->m);
 }
 
 /* Forward (+ backward when dlogp) of one batch; logp/ent (M) and grads (n_elems) to host. */
-static void mrun_step(mrun *r, const pack_batch *b, const float *dlogp, const float *dent, float *logp, float *ent,
-                      float *grad) {
+static void mrun_step(mrun *r, const pack_batch *b, const float *dlogp, const float *dent, float *logp, float *ent, float *grad) {
     eng_backend *be = r->be;
     model_acts a;
     model_input in;
     model_input_from_batch(&in, b);
     if (model_acts_init(&r->m, &a, b->T, b->M, dlogp != NULL)) gc_die(be, "model_acts_init");
     if (model_forward(&r->m, &r->wv, &a, NULL, &in, 0.9f, 1)) gc_die(be, "model_forward");
-    if (be->to_host(be, logp, a.logp, (size_t)b->M * 4) || be->to_host(be, ent, a.ent, (size_t)b->M * 4))
-        gc_die(be, "logp");
+    if (be->to_host(be, logp, a.logp, (size_t)b->M * 4) || be->to_host(be, ent, a.ent, (size_t)b->M * 4)) gc_die(be, "logp");
     if (dlogp) {
         be->zero(be, r->g, (size_t)r->m.n_elems * 4);
         if (model_backward(&r->m, &r->wv, &r->gv, &a, &in, dlogp, dent, 0.9f)) gc_die(be, "model_backward");
@@ -77,18 +81,23 @@ static void mrun_adamw(mrun *r, int step) {
     long long n = r->m.n_elems;
     double norm = sqrt(be->sumsq(be, r->g, n));
     if (norm > 1.0) be->scale(be, r->g, n, (float)(1.0 / (norm + 1e-6)));
-    be->adamw(be, r->master, r->master == r->w ? NULL : r->w, r->g, r->mom, r->vel, n, 1e-3f, 0.9f, 0.999f, 1e-8f,
-              0.01f, step);
+    be->adamw(be, r->master, r->master == r->w ? NULL : r->w, r->g, r->mom, r->vel, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
     if (be->sync(be)) gc_die(be, "adamw");
 }
 
-typedef struct { pack_group pg[8]; int G; int *bufs[128]; int nb; long long M; } groups;
+typedef struct {
+    pack_group pg[8];
+    int G;
+    int *bufs[128];
+    int nb;
+    long long M;
+} groups;
 
 static void make_groups(groups *gs, int V, unsigned long long seed) {
     memset(gs, 0, sizeof *gs);
     unsigned long long s = seed;
     gs->G = 4;
-    int P[4] = { 40, 7, 96, 1 }, N[4] = { 8, 1, 3, 4 };
+    int P[4] = {40, 7, 96, 1}, N[4] = {8, 1, 3, 4};
     for (int g = 0; g < gs->G; g++) {
         int *prompt = malloc((size_t)P[g] * 4);
         for (int i = 0; i < P[g]; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 1));
@@ -103,13 +112,13 @@ static void make_groups(groups *gs, int V, unsigned long long seed) {
         gs->bufs[gs->nb++] = prompt;
         gs->bufs[gs->nb++] = R;
         gs->bufs[gs->nb++] = (int *)resp;
-        gs->pg[g] = (pack_group){ prompt, P[g], N[g], (const int *const *)resp, R };
+        gs->pg[g] = (pack_group){prompt, P[g], N[g], (const int *const *)resp, R};
     }
 }
 
 /* Both backends, the same random weights (returned: the caller frees them) and groups. */
-static float *case_setup(const model_config *c, unsigned long long seed, eng_backend **cpu, eng_backend **gpu, mrun *rc,
-                         mrun *rg, groups *gs) {
+static float *case_setup(const model_config *c, unsigned long long seed, eng_backend **cpu, eng_backend **gpu, mrun *rc, mrun *rg,
+                         groups *gs) {
     backend_cpu_create(cpu, 0);
     if (backend_cuda_create(gpu, 0)) gc_die(NULL, "backend_cuda_create");
     model tmp;
@@ -150,7 +159,10 @@ static void model_case(const char *name, const model_config *c, unsigned long lo
     for (int i = 0; i < rc.m.n_params; i++) {
         const model_param *p = &rc.m.params[i];
         double e = rel_l2(g_g + p->off, g_c + p->off, (size_t)p->numel);
-        if (!(e <= worst)) { worst = e; wname = p->name; }
+        if (!(e <= worst)) {
+            worst = e;
+            wname = p->name;
+        }
     }
     printf("  %s: worst tensor %s rel L2 %.3e\n", name, wname, worst);
     gc_row("model worst tensor grad", sh, worst, 2e-2);
@@ -175,13 +187,23 @@ static void model_case(const char *name, const model_config *c, unsigned long lo
     pack_batch_free(&pk);
     pack_batch_free(&st);
     for (int i = 0; i < gs.nb; i++) free(gs.bufs[i]);
-    free(w); free(dlogp); free(dent); free(lp_c); free(en_c); free(g_c); free(lp_g); free(en_g); free(g_g);
-    free(lp_s); free(en_s); free(g_s);
+    free(w);
+    free(dlogp);
+    free(dent);
+    free(lp_c);
+    free(en_c);
+    free(g_c);
+    free(lp_g);
+    free(en_g);
+    free(g_g);
+    free(lp_s);
+    free(en_s);
+    free(g_s);
     cpu->destroy(cpu);
     gpu->destroy(gpu);
 }
 
-static int no_loss(void *ud, int r0, int r1) { return 0; }   /* dlogp, dent are given */
+static int no_loss(void *ud, int r0, int r1) { return 0; } /* dlogp, dent are given */
 /* mem_info of a device with no room to spare: the dormant set's ring takes the 2 slots the
  * forward needs, and the backward fetches one layer ahead */
 static int no_room(eng_backend *b, size_t *free_bytes, size_t *total_bytes) {
@@ -206,15 +228,18 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
     mrun_step(&rc, &pk, dlogp, dent, lp_c, en_c, g_c);
     mrun_step(&rg, &pk, dlogp, dent, lp_g, en_g, g_g);
     int (*mem_info)(eng_backend *, size_t *, size_t *) = gpu->mem_info;
-    for (int off = 0; off < 3; off++) {   /* dormant on the device, via host (3 slots), via host (2) */
+    for (int off = 0; off < 3; off++) { /* dormant on the device, via host (3 slots), via host (2) */
         gpu->zero(gpu, rg.g, n * 4);
         gpu->mem_info = off == 2 ? no_room : mem_info;
         int micro = 0, offloaded = 0, ring = 0;
         for (int g = 0, o = 0; g < gs.G; g++) {
             const pack_group *pg = &gs.pg[g];
             int maxR = 0, tot = 0;
-            for (int r = 0; r < pg->N; r++) { maxR = pg->R[r] > maxR ? pg->R[r] : maxR; tot += pg->R[r]; }
-            split_opts so = { maxR, 0.9f, off > 0, NULL };
+            for (int r = 0; r < pg->N; r++) {
+                maxR = pg->R[r] > maxR ? pg->R[r] : maxR;
+                tot += pg->R[r];
+            }
+            split_opts so = {maxR, 0.9f, off > 0, NULL};
             split_stats st;
             if (split_train(&rg.m, &rg.wv, &rg.gv, pg, &so, lp_x + o, en_x + o, dlogp + o, dent + o, no_loss, NULL, &st))
                 gc_die(gpu, "split_train");
@@ -227,7 +252,9 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
         if (gpu->to_host(gpu, g_x, rg.g, n * 4)) gc_die(gpu, "grad");
         char sh[160];
         snprintf(sh, sizeof sh, "%s L=%d D=%d %d micro-batches, dormant %s", name, c->L, c->D, micro,
-                 off == 2 ? "via host, 2 slots" : off ? "via host, 3 slots" : "on device");
+                 off == 2  ? "via host, 2 slots"
+                     : off ? "via host, 3 slots"
+                           : "on device");
         gc_row("split logprobs vs gpu one graph", sh, rel_l2(lp_x, lp_g, (size_t)M), 1e-2);
         gc_row("split entropy vs gpu one graph", sh, rel_l2(en_x, en_g, (size_t)M), 1e-2);
         gc_row("split forward-only logprobs vs gpu", sh, rel_l2(fl_x, lp_g, (size_t)M), 1e-2);
@@ -242,23 +269,57 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
     mrun_free(&rg);
     pack_batch_free(&pk);
     for (int i = 0; i < gs.nb; i++) free(gs.bufs[i]);
-    free(w); free(dlogp); free(dent); free(lp_c); free(en_c); free(g_c); free(lp_g); free(en_g); free(g_g);
-    free(lp_x); free(en_x); free(fl_x); free(g_x);
+    free(w);
+    free(dlogp);
+    free(dent);
+    free(lp_c);
+    free(en_c);
+    free(g_c);
+    free(lp_g);
+    free(en_g);
+    free(g_g);
+    free(lp_x);
+    free(en_x);
+    free(fl_x);
+    free(g_x);
     cpu->destroy(cpu);
     gpu->destroy(gpu);
 }
 
 int main(void) {
-    model_config q3 = { .arch = ARCH_QWEN3, .L = 2, .C = 256, .H = 4, .K = 2, .D = 64, .F = 512, .V = 1000,
-                        .max_pos = 4096, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .bos_id = -1 };
+    model_config q3 = {.arch = ARCH_QWEN3,
+                       .L = 2,
+                       .C = 256,
+                       .H = 4,
+                       .K = 2,
+                       .D = 64,
+                       .F = 512,
+                       .V = 1000,
+                       .max_pos = 4096,
+                       .eps = 1e-6f,
+                       .rope_theta = 1000000.0f,
+                       .qk_norm = 1,
+                       .bos_id = -1};
     snprintf(q3.arch_name, sizeof q3.arch_name, "qwen3");
-    model_config q2 = { .arch = ARCH_QWEN2, .L = 2, .C = 512, .H = 4, .K = 2, .D = 128, .F = 768, .V = 777,
-                        .max_pos = 4096, .eps = 1e-6f, .rope_theta = 10000.0f, .qkv_bias = 1, .tied = 1, .bos_id = -1 };
+    model_config q2 = {.arch = ARCH_QWEN2,
+                       .L = 2,
+                       .C = 512,
+                       .H = 4,
+                       .K = 2,
+                       .D = 128,
+                       .F = 768,
+                       .V = 777,
+                       .max_pos = 4096,
+                       .eps = 1e-6f,
+                       .rope_theta = 10000.0f,
+                       .qkv_bias = 1,
+                       .tied = 1,
+                       .bos_id = -1};
     snprintf(q2.arch_name, sizeof q2.arch_name, "qwen2");
     model_case("qwen3", &q3, 1001);
     model_case("qwen2", &q2, 2002);
     q3.L = q2.L = 5;
-    q3.D = 128;   /* the tensor-core attention (S > T backward) */
+    q3.D = 128; /* the tensor-core attention (S > T backward) */
     split_case("qwen3", &q3, 3003);
     split_case("qwen2", &q2, 4004);
     printf("%d failed\n", gc_failures);

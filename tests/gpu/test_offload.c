@@ -32,7 +32,7 @@ static double max_rel(const float *a, const float *b, size_t n) {
 }
 
 static void offload_vs_gpu(eng_backend *be) {
-    const long long n = 5000011, chunk = 1 << 20;   /* 5 chunks, 3 stages */
+    const long long n = 5000011, chunk = 1 << 20; /* 5 chunks, 3 stages */
     float *h0 = gc_rand((size_t)n, 0.5f, 11);
     float *master_d = gc_dev(be, h0, (size_t)n * 4), *m_d = be->alloc(be, n * 4), *v_d = be->alloc(be, n * 4);
     float *g_d = be->alloc(be, n * 4);
@@ -46,7 +46,7 @@ static void offload_vs_gpu(eng_backend *be) {
     if (offload_init(&o, be, n, chunk)) gc_die(be, "offload_init");
     for (int step = 1; step <= 3; step++) {
         float *g = gc_rand((size_t)n, 1e-2f, 100 + step);
-        for (long long i = 0; i < n; i += 1009) g[i] *= 50;   /* some large gradients */
+        for (long long i = 0; i < n; i += 1009) g[i] *= 50; /* some large gradients */
         if (be->to_dev(be, g_d, g, (size_t)n * 4)) gc_die(be, "grad upload");
         be->adamw(be, master_d, act_gpu, g_d, m_d, v_d, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
         if (offload_adamw(&o, master_h, m_h, v_h, act_off, g_d, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step) || be->sync(be))
@@ -69,29 +69,52 @@ static void offload_vs_gpu(eng_backend *be) {
         double d = fabs((double)ao[i] - ag[i]) / (fabs(ag[i]) > 1e-30 ? fabs(ag[i]) : 1e-30);
         if (d > worst) worst = d;
         flips += ao[i] != ag[i];
-        if (ao[i] != gc_bf16(master_h[i])) { worst = INFINITY; break; }
+        if (ao[i] != gc_bf16(master_h[i])) {
+            worst = INFINITY;
+            break;
+        }
     }
     printf("  bf16 weights: %lld of %lld differ (one bf16 step at most: %.2e)\n", flips, n, worst);
     gc_row("offload adamw bf16 weights (max rel)", shape, worst, 7.9e-3);
     gc_row("offload adamw bf16 weights (fraction differing)", shape, (double)flips / n, 1e-4);
     printf("  offload: host AdamW %.1f ms, waiting for copies %.1f ms (last step)\n", o.ms_host, o.ms_wait);
     offload_free(&o);
-    free(h0); free(pm); free(mm); free(vm); free(ag); free(ao);
-    free(master_h); free(m_h); free(v_h);
-    void *bufs[] = { master_d, m_d, v_d, g_d, act_gpu, act_off };
+    free(h0);
+    free(pm);
+    free(mm);
+    free(vm);
+    free(ag);
+    free(ao);
+    free(master_h);
+    free(m_h);
+    free(v_h);
+    void *bufs[] = {master_d, m_d, v_d, g_d, act_gpu, act_off};
     for (int i = 0; i < 6; i++) be->free(be, bufs[i]);
 }
 
 static void recompute_vs_full(eng_backend *be) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 6, .C = 512, .H = 8, .K = 4, .D = 64, .F = 1536, .V = 4096,
-                       .max_pos = 4096, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 6,
+                      .C = 512,
+                      .H = 8,
+                      .K = 4,
+                      .D = 64,
+                      .F = 1536,
+                      .V = 4096,
+                      .max_pos = 4096,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     model m;
     if (model_init(&m, &c, be)) gc_die(be, "model_init");
     size_t n = (size_t)m.n_elems;
     float *h = gc_rand(n, 0.05f, 3);
     for (int i = 0; i < m.n_params; i++)
-        if (m.params[i].ndim == 1) for (long long j = 0; j < m.params[i].numel; j++) h[m.params[i].off + j] += 1.0f;
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) h[m.params[i].off + j] += 1.0f;
     void *w = gc_act(be, h, n);
     model_views wv;
     model_views_make(&m, w, 2, &wv);
@@ -103,7 +126,7 @@ static void recompute_vs_full(eng_backend *be) {
         resp[r] = malloc((size_t)Rl * 4);
         for (int i = 0; i < Rl; i++) resp[r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 4000);
     }
-    pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
+    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     model_input in;
@@ -111,7 +134,7 @@ static void recompute_vs_full(eng_backend *be) {
     float *dl = gc_rand((size_t)b.M, 1.0f / b.M, 21), *grad[4], *lp[4];
     /* runs: full, full again (the CUDA backward's own run-to-run spread), half and all of the
      * layers recomputed */
-    const int ck[4] = { 0, 0, 3, 6 };
+    const int ck[4] = {0, 0, 3, 6};
     for (int k = 0; k < 4; k++) {
         float *g_d = be->alloc(be, n * 4);
         model_views gv;
@@ -127,10 +150,12 @@ static void recompute_vs_full(eng_backend *be) {
              * compare bit for bit (what the backward relies on) */
             struct model_layer_acts *A = &a.l[2];
             size_t T = (size_t)b.T, HD = (size_t)c.H * c.D, KD = (size_t)c.K * c.D;
-            struct { void *p; size_t bytes; } f[] = {
-                { A->q0, T * HD * 2 }, { A->k0, T * KD * 2 }, { A->q, T * HD * 2 }, { A->k, T * KD * 2 },
-                { A->v, T * KD * 2 }, { A->att, T * HD * 2 }, { A->xm, T * c.C * 2 }, { A->g, T * c.F * 2 },
-                { A->u, T * c.F * 2 }, { A->lse, T * c.H * 4 }, { A->rstdq, T * c.H * 4 }, { A->rstdk, T * c.K * 4 } };
+            struct {
+                void *p;
+                size_t bytes;
+            } f[] = {{A->q0, T * HD * 2}, {A->k0, T * KD * 2},   {A->q, T * HD * 2},      {A->k, T * KD * 2},
+                     {A->v, T * KD * 2},  {A->att, T * HD * 2},  {A->xm, T * c.C * 2},    {A->g, T * c.F * 2},
+                     {A->u, T * c.F * 2}, {A->lse, T * c.H * 4}, {A->rstdq, T * c.H * 4}, {A->rstdk, T * c.K * 4}};
             int nf = (int)(sizeof f / sizeof f[0]);
             long long dif = 0;
             char *before[12];
@@ -170,12 +195,17 @@ static void recompute_vs_full(eng_backend *be) {
         printf("  recompute %d layers: rel L2 of grads %.2e\n", ck[k], e);
         gc_row("recompute: grads (rel L2)", shape, e, 1e-2);
     }
-    for (int k = 0; k < 4; k++) { free(grad[k]); free(lp[k]); }
+    for (int k = 0; k < 4; k++) {
+        free(grad[k]);
+        free(lp[k]);
+    }
     pack_batch_free(&b);
     be->free(be, w);
     model_views_free(&wv);
     model_free(&m);
-    free(h); free(dl); free(prompt);
+    free(h);
+    free(dl);
+    free(prompt);
 }
 
 int main(void) {

@@ -27,7 +27,7 @@ static void t_embedding(int T, int C, int V) {
     snprintf(sh, sizeof sh, "T=%d C=%d V=%d", T, C, V);
     float *wte = gc_rand((size_t)V * C, 1.0f, 1), *dout = gc_rand((size_t)T * C, 1.0f, 2);
     float *dw0 = gc_rand((size_t)V * C, 1.0f, 3);
-    int *tok = rand_ints(T, 0, V / 4 + 1, 4);   /* repeats */
+    int *tok = rand_ints(T, 0, V / 4 + 1, 4); /* repeats */
     float *o_c = malloc((size_t)T * C * 4), *dw_c = gc_copy(dw0, (size_t)V * C);
     cpu->embedding_fwd(cpu, o_c, tok, wte, T, C);
     cpu->embedding_bwd(cpu, dw_c, dout, tok, T, C);
@@ -40,8 +40,19 @@ static void t_embedding(int T, int C, int V) {
     float *o_g = gc_get_act(gpu, g_out, (size_t)T * C), *dw_g = gc_get_f32(gpu, g_dw, (size_t)V * C);
     gc_row("embedding_fwd", sh, rel_l2(o_g, o_c, (size_t)T * C), 0);
     gc_row("embedding_bwd", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)V * C), 1e-5);
-    gpu->free(gpu, g_wte); gpu->free(gpu, g_out); gpu->free(gpu, g_dout); gpu->free(gpu, g_dw); gpu->free(gpu, g_tok);
-    free(wte); free(dout); free(dw0); free(tok); free(o_c); free(dw_c); free(o_g); free(dw_g);
+    gpu->free(gpu, g_wte);
+    gpu->free(gpu, g_out);
+    gpu->free(gpu, g_dout);
+    gpu->free(gpu, g_dw);
+    gpu->free(gpu, g_tok);
+    free(wte);
+    free(dout);
+    free(dw0);
+    free(tok);
+    free(o_c);
+    free(dw_c);
+    free(o_g);
+    free(dw_g);
 }
 
 static void t_rmsnorm(int T, int C) {
@@ -64,10 +75,26 @@ static void t_rmsnorm(int T, int C) {
     gc_row("rmsnorm_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T), 1e-4);
     gc_row("rmsnorm_bwd dinp", sh, gc_rel_delta(dx_g, dx0, dx_c, dx0, n), 1e-2);
     gc_row("rmsnorm_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)C), 1e-2);
-    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gdx); gpu->free(gpu, gy);
-    gpu->free(gpu, gr); gpu->free(gpu, gdw);
-    free(x); free(w); free(dy); free(dx0); free(dw0); free(y_c); free(r_c); free(dx_c); free(dw_c);
-    free(y_g); free(r_g); free(dx_g); free(dw_g);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gdy);
+    gpu->free(gpu, gdx);
+    gpu->free(gpu, gy);
+    gpu->free(gpu, gr);
+    gpu->free(gpu, gdw);
+    free(x);
+    free(w);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(y_c);
+    free(r_c);
+    free(dx_c);
+    free(dw_c);
+    free(y_g);
+    free(r_g);
+    free(dx_g);
+    free(dw_g);
 }
 
 /* residual add + norm, in place over x as the model runs it; the CPU sum is rounded to bf16
@@ -82,8 +109,10 @@ static void t_rmsnorm_determinism(int T, int C) {
     void *gx = gc_act(gpu, x, n), *gw = gc_act(gpu, w, (size_t)C), *gdy = gc_act(gpu, dy, n), *gy = gpu->alloc(gpu, n * 2);
     void *d1 = gpu->alloc(gpu, n * 2), *d2 = gpu->alloc(gpu, n * 2);
     float *gr = gpu->alloc(gpu, (size_t)T * 4), *w1 = gpu->alloc(gpu, (size_t)C * 4), *w2 = gpu->alloc(gpu, (size_t)C * 4);
-    gpu->zero(gpu, d1, n * 2); gpu->zero(gpu, d2, n * 2);
-    gpu->zero(gpu, w1, (size_t)C * 4); gpu->zero(gpu, w2, (size_t)C * 4);
+    gpu->zero(gpu, d1, n * 2);
+    gpu->zero(gpu, d2, n * 2);
+    gpu->zero(gpu, w1, (size_t)C * 4);
+    gpu->zero(gpu, w2, (size_t)C * 4);
     gpu->rmsnorm_fwd(gpu, gy, gr, gx, gw, T, C, 1e-6f);
     gpu->rmsnorm_bwd(gpu, d1, w1, gdy, gx, gw, gr, T, C);
     gpu->rmsnorm_bwd(gpu, d2, w2, gdy, gx, gw, gr, T, C);
@@ -93,9 +122,22 @@ static void t_rmsnorm_determinism(int T, int C) {
     for (size_t i = 0; i < n; i++) diff += a1[i] != a2[i];
     for (int i = 0; i < C; i++) diff += b1[i] != b2[i];
     gc_row("rmsnorm_bwd deterministic (diffs)", sh, diff, 0);
-    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gy); gpu->free(gpu, d1);
-    gpu->free(gpu, d2); gpu->free(gpu, gr); gpu->free(gpu, w1); gpu->free(gpu, w2);
-    free(x); free(w); free(dy); free(a1); free(a2); free(b1); free(b2);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gdy);
+    gpu->free(gpu, gy);
+    gpu->free(gpu, d1);
+    gpu->free(gpu, d2);
+    gpu->free(gpu, gr);
+    gpu->free(gpu, w1);
+    gpu->free(gpu, w2);
+    free(x);
+    free(w);
+    free(dy);
+    free(a1);
+    free(a2);
+    free(b1);
+    free(b2);
 }
 
 /* Qwen3's q/k norm + RoPE, forward and backward (dinp written over random contents) */
@@ -110,7 +152,7 @@ static void t_qk_norm_rope(int T, int H, int D) {
     float *y_c = malloc(n * 4), *r_c = malloc((size_t)T * H * 4), *dx_c = malloc(n * 4), *dw_c = gc_copy(dw0, (size_t)D);
     /* forward through qkv_rope_fwd with k = v = q (only q's outputs checked here) */
     float *k_c = malloc(n * 4);
-    qkv_rope_io io = { .q_out = y_c, .k_out = k_c, .v_out = (void *)x, .rstd_q = r_c, .q = x, .k = x, .v = x, .qw = w, .kw = w };
+    qkv_rope_io io = {.q_out = y_c, .k_out = k_c, .v_out = (void *)x, .rstd_q = r_c, .q = x, .k = x, .v = x, .qw = w, .kw = w};
     cpu->qkv_rope_fwd(cpu, &io, pos, f, T, H, H, D, 1e-6f);
     free(k_c);
     cpu->qk_norm_rope_bwd(cpu, dx_c, dw_c, dy, x, w, r_c, pos, f, T, H, D);
@@ -119,7 +161,7 @@ static void t_qk_norm_rope(int T, int H, int D) {
     float *gr = gpu->alloc(gpu, (size_t)T * H * 4), *gdw = gc_dev(gpu, dw0, (size_t)D * 4), *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
     int *gp = gc_dev(gpu, pos, (size_t)T * 4);
     void *gk = gpu->alloc(gpu, n * 2);
-    qkv_rope_io gio = { .q_out = gy, .k_out = gk, .v_out = gx, .rstd_q = gr, .q = gx, .k = gx, .v = gx, .qw = gw, .kw = gw };
+    qkv_rope_io gio = {.q_out = gy, .k_out = gk, .v_out = gx, .rstd_q = gr, .q = gx, .k = gx, .v = gx, .qw = gw, .kw = gw};
     gpu->qkv_rope_fwd(gpu, &gio, gp, gf, T, H, H, D, 1e-6f);
     gpu->free(gpu, gk);
     gpu->qk_norm_rope_bwd(gpu, gdx, gdw, gdy, gx, gw, gr, gp, gf, T, H, D);
@@ -129,10 +171,30 @@ static void t_qk_norm_rope(int T, int H, int D) {
     gc_row("qk_norm_rope_fwd rstd", sh, rel_l2(r_g, r_c, (size_t)T * H), 1e-4);
     gc_row("qk_norm_rope_bwd dinp", sh, rel_l2(dx_g, dx_c, n), 1e-2);
     gc_row("qk_norm_rope_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)D), 1e-2);
-    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gdy); gpu->free(gpu, gdx); gpu->free(gpu, gy);
-    gpu->free(gpu, gr); gpu->free(gpu, gdw); gpu->free(gpu, gf); gpu->free(gpu, gp);
-    free(x); free(w); free(dy); free(dx0); free(dw0); free(f); free(pos); free(y_c); free(r_c); free(dx_c); free(dw_c);
-    free(y_g); free(r_g); free(dx_g); free(dw_g);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gdy);
+    gpu->free(gpu, gdx);
+    gpu->free(gpu, gy);
+    gpu->free(gpu, gr);
+    gpu->free(gpu, gdw);
+    gpu->free(gpu, gf);
+    gpu->free(gpu, gp);
+    free(x);
+    free(w);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(f);
+    free(pos);
+    free(y_c);
+    free(r_c);
+    free(dx_c);
+    free(dw_c);
+    free(y_g);
+    free(r_g);
+    free(dx_g);
+    free(dw_g);
 }
 
 static void t_matmul(int T, int I, int O, int bias) {
@@ -156,10 +218,29 @@ static void t_matmul(int T, int I, int O, int bias) {
     gc_row("matmul_bwd dinp", sh, gc_rel_delta(dx_g, dx0, dx_c, dx0, (size_t)T * I), 1e-2);
     gc_row("matmul_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)O * I), 1e-2);
     if (bias) gc_row("matmul_bwd dbias", sh, gc_rel_delta(db_g, db0, db_c, db0, (size_t)O), 1e-2);
-    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gb); gpu->free(gpu, gdy); gpu->free(gpu, gdx);
-    gpu->free(gpu, gy); gpu->free(gpu, gdw); gpu->free(gpu, gdb);
-    free(x); free(w); free(b); free(dy); free(dx0); free(dw0); free(db0); free(y_c); free(dx_c); free(dw_c);
-    free(db_c); free(y_g); free(dx_g); free(dw_g); free(db_g);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gb);
+    gpu->free(gpu, gdy);
+    gpu->free(gpu, gdx);
+    gpu->free(gpu, gy);
+    gpu->free(gpu, gdw);
+    gpu->free(gpu, gdb);
+    free(x);
+    free(w);
+    free(b);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(db0);
+    free(y_c);
+    free(dx_c);
+    free(dw_c);
+    free(db_c);
+    free(y_g);
+    free(dx_g);
+    free(dw_g);
+    free(db_g);
 }
 
 /* Forward only, the few-row (decode) GEMM: the skinny kernel of matmul.cu, forced up to T = 64. */
@@ -171,13 +252,20 @@ static void t_matmul_fwd(int T, int I, int O, int bias) {
     cpu->matmul_fwd(cpu, y_c, x, w, bias ? b : NULL, T, I, O);
     void *gx = gc_act(gpu, x, (size_t)T * I), *gw = gc_act(gpu, w, (size_t)O * I), *gb = gc_act(gpu, b, (size_t)O);
     void *gy = gpu->alloc(gpu, (size_t)T * O * 2);
-    gpu->tune.skinny = TUNE_SKINNY_FORCE;   /* the kernel up to T = 64 (by default T <= 16) */
+    gpu->tune.skinny = TUNE_SKINNY_FORCE; /* the kernel up to T = 64 (by default T <= 16) */
     gpu->matmul_fwd(gpu, gy, gx, gw, bias ? gb : NULL, T, I, O);
     gpu->tune.skinny = TUNE_SKINNY_AUTO;
     float *y_g = gc_get_act(gpu, gy, (size_t)T * O);
     gc_row("matmul_fwd few rows", sh, rel_l2(y_g, y_c, (size_t)T * O), 3e-3);
-    gpu->free(gpu, gx); gpu->free(gpu, gw); gpu->free(gpu, gb); gpu->free(gpu, gy);
-    free(x); free(w); free(b); free(y_c); free(y_g);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gb);
+    gpu->free(gpu, gy);
+    free(x);
+    free(w);
+    free(b);
+    free(y_c);
+    free(y_g);
 }
 
 /* matmul_fwd_n: up to three layers sharing their input in one launch (q/k/v, gate/up), each
@@ -194,8 +282,8 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
              flags & MM_BIAS ? " +bias" : "", flags & MM_NORM ? " +norm" : "", flags & MM_RES ? " +res" : "",
              flags & MM_LORA ? " +lora" : "");
     enum { LR = 32 };
-    float *la[3] = { 0 }, *lu[3] = { 0 }, *lb[3] = { 0 };
-    void *gla[3] = { 0 }, *glu[3] = { 0 }, *glb[3] = { 0 };
+    float *la[3] = {0}, *lu[3] = {0}, *lb[3] = {0};
+    void *gla[3] = {0}, *glu[3] = {0}, *glb[3] = {0};
     float *x = gc_rand((size_t)T * I, 3.0f, 41 + T), *nw = gc_rand((size_t)I, 1.0f, 49), *lnc = malloc((size_t)T * I * 4);
     mm_part pc[3], pg[3];
     float *w[3], *b[3], *r[3], *yc[3];
@@ -205,7 +293,7 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
         b[i] = gc_rand((size_t)O[i], 1.0f, 45 + i);
         r[i] = gc_rand((size_t)T * O[i], 2.0f, 52 + i);
         yc[i] = malloc((size_t)T * O[i] * 4);
-        mm_lowrank lc = { 0 }, lg = { 0 };
+        mm_lowrank lc = {0}, lg = {0};
         if ((flags & MM_LORA) && (i != 1 || n < 3)) {
             la[i] = gc_rand((size_t)LR * I, 0.1f, 61 + i);
             lb[i] = gc_rand((size_t)O[i] * LR, 0.1f, 64 + i);
@@ -213,26 +301,26 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
             gla[i] = gc_act(gpu, la[i], (size_t)LR * I);
             glb[i] = gc_act(gpu, lb[i], (size_t)O[i] * LR);
             glu[i] = gpu->alloc(gpu, (size_t)T * LR * 2);
-            lc = (mm_lowrank){ la[i], lb[i], lu[i], LR };
-            lg = (mm_lowrank){ gla[i], glb[i], glu[i], LR };
+            lc = (mm_lowrank){la[i], lb[i], lu[i], LR};
+            lg = (mm_lowrank){gla[i], glb[i], glu[i], LR};
         }
-        pc[i] = (mm_part){ yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL, lc };
+        pc[i] = (mm_part){yc[i], w[i], flags & MM_BIAS ? b[i] : NULL, O[i], flags & MM_RES ? r[i] : NULL, lc};
         gw[i] = gc_act(gpu, w[i], (size_t)O[i] * I);
         gb[i] = gc_act(gpu, b[i], (size_t)O[i]);
         gr[i] = gc_act(gpu, r[i], (size_t)T * O[i]);
-        pg[i] = (mm_part){ gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], flags & MM_BIAS ? gb[i] : NULL, O[i],
-                           flags & MM_RES ? gr[i] : NULL, lg };
+        pg[i] = (mm_part){gpu->alloc(gpu, (size_t)T * O[i] * 2), gw[i], flags & MM_BIAS ? gb[i] : NULL, O[i],
+                          flags & MM_RES ? gr[i] : NULL,         lg};
     }
     void *gx = gc_act(gpu, x, (size_t)T * I), *gnw = gc_act(gpu, nw, (size_t)I), *gln = gpu->alloc(gpu, (size_t)T * I * 2);
-    mm_norm nc = { nw, 1e-6f, lnc }, ng = { gnw, 1e-6f, gln };
+    mm_norm nc = {nw, 1e-6f, lnc}, ng = {gnw, 1e-6f, gln};
     cpu->matmul_fwd_n(cpu, pc, n, x, flags & MM_NORM ? &nc : NULL, T, I);
     gpu->matmul_fwd_n(gpu, pg, n, gx, flags & MM_NORM ? &ng : NULL, T, I);
     double worst = 0, differ = 0;
-    float *y1[3] = { 0 };
+    float *y1[3] = {0};
     for (int i = 0; i < n; i++) {
         float *yg = gc_get_act(gpu, pg[i].out, (size_t)T * O[i]);
         double e = rel_l2(yg, yc[i], (size_t)T * O[i]);
-        if (!(e <= worst)) worst = e;   /* NaN sticks */
+        if (!(e <= worst)) worst = e; /* NaN sticks */
         y1[i] = yg;
     }
     for (int rep = 0; (flags & MM_LORA) && rep < 2; rep++) {
@@ -245,17 +333,31 @@ static void t_matmul_fwd_n(int T, int I, int n, const int *O, int flags) {
     }
     for (int i = 0; i < n; i++) {
         free(y1[i]);
-        gpu->free(gpu, pg[i].out); gpu->free(gpu, gw[i]); gpu->free(gpu, gb[i]); gpu->free(gpu, gr[i]);
-        free(w[i]); free(b[i]); free(r[i]); free(yc[i]);
+        gpu->free(gpu, pg[i].out);
+        gpu->free(gpu, gw[i]);
+        gpu->free(gpu, gb[i]);
+        gpu->free(gpu, gr[i]);
+        free(w[i]);
+        free(b[i]);
+        free(r[i]);
+        free(yc[i]);
         if (gla[i]) {
-            gpu->free(gpu, gla[i]); gpu->free(gpu, glb[i]); gpu->free(gpu, glu[i]);
-            free(la[i]); free(lb[i]); free(lu[i]);
+            gpu->free(gpu, gla[i]);
+            gpu->free(gpu, glb[i]);
+            gpu->free(gpu, glu[i]);
+            free(la[i]);
+            free(lb[i]);
+            free(lu[i]);
         }
     }
     gc_row("matmul_fwd_n", sh, worst, 3e-3);
     if (flags & MM_LORA) gc_row("matmul_fwd_n +lora repeated: outputs differ", sh, differ, 0);
-    gpu->free(gpu, gx); gpu->free(gpu, gnw); gpu->free(gpu, gln);
-    free(x); free(nw); free(lnc);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gnw);
+    gpu->free(gpu, gln);
+    free(x);
+    free(nw);
+    free(lnc);
 }
 
 /* qkv_rope_fwd into a KV cache: q/k norm (or none) and RoPE, k and v to distinct random rows of
@@ -271,32 +373,52 @@ static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
     float *kc = cached ? gc_rand(ns, 1.0f, 56) : gc_copy(k, nk), *vc = cached ? gc_rand(ns, 1.0f, 57) : gc_copy(v, nk);
     rope_inv_freq(f, D, 1000000.0f, 0, 0, 0, 0);
     int *pos = rand_ints(T, 0, 40000, 58), *rows = NULL;
-    if (cached) {   /* a random permutation of [0, S), its first T entries */
+    if (cached) { /* a random permutation of [0, S), its first T entries */
         int *perm = malloc((size_t)S * 4);
         unsigned long long sd = 59;
         for (int i = 0; i < S; i++) perm[i] = i;
         for (int i = S - 1; i > 0; i--) {
             int j = (int)((check_randf(&sd, 0.5f) + 0.5f) * (i + 1));
             j = j > i ? i : j;
-            int x = perm[i]; perm[i] = perm[j]; perm[j] = x;
+            int x = perm[i];
+            perm[i] = perm[j];
+            perm[j] = x;
         }
         rows = perm;
     }
     float *q_c = malloc(nq * 4), *k_c = gc_copy(kc, cached ? ns : nk), *v_c = gc_copy(vc, cached ? ns : nk);
     float *rq_c = malloc((size_t)T * H * 4), *rk_c = malloc((size_t)T * K * 4);
     /* in place (no cache): k_out = k, v_out = v as the training forward without qk-norm */
-    qkv_rope_io io = { .q_out = q_c, .k_out = k_c, .v_out = v_c, .rstd_q = rq_c, .rstd_k = rk_c, .q = q,
-                       .k = cached ? (const void *)k : k_c, .v = cached ? (const void *)v : v_c,
-                       .qw = norm ? qw : NULL, .kw = norm ? kw : NULL, .rows = rows };
+    qkv_rope_io io = {.q_out = q_c,
+                      .k_out = k_c,
+                      .v_out = v_c,
+                      .rstd_q = rq_c,
+                      .rstd_k = rk_c,
+                      .q = q,
+                      .k = cached ? (const void *)k : k_c,
+                      .v = cached ? (const void *)v : v_c,
+                      .qw = norm ? qw : NULL,
+                      .kw = norm ? kw : NULL,
+                      .rows = rows};
     cpu->qkv_rope_fwd(cpu, &io, pos, f, T, H, K, D, 1e-6f);
     size_t nkv = cached ? ns : nk;
     void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, nk), *gv = gc_act(gpu, v, nk), *gqo = gpu->alloc(gpu, nq * 2);
-    void *gkc = gc_act(gpu, kc, nkv), *gvc = gc_act(gpu, vc, nkv), *gqw = gc_act(gpu, qw, (size_t)D), *gkw = gc_act(gpu, kw, (size_t)D);
-    float *grq = gpu->alloc(gpu, (size_t)T * H * 4), *grk = gpu->alloc(gpu, (size_t)T * K * 4), *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
+    void *gkc = gc_act(gpu, kc, nkv), *gvc = gc_act(gpu, vc, nkv), *gqw = gc_act(gpu, qw, (size_t)D),
+         *gkw = gc_act(gpu, kw, (size_t)D);
+    float *grq = gpu->alloc(gpu, (size_t)T * H * 4), *grk = gpu->alloc(gpu, (size_t)T * K * 4),
+          *gf = gc_dev(gpu, f, (size_t)D / 2 * 4);
     int *gp = gc_dev(gpu, pos, (size_t)T * 4), *gr = cached ? gc_dev(gpu, rows, (size_t)T * 4) : NULL;
-    qkv_rope_io gio = { .q_out = gqo, .k_out = gkc, .v_out = gvc, .rstd_q = grq, .rstd_k = grk, .q = gq,
-                        .k = cached ? gk : gkc, .v = cached ? gv : gvc, .qw = norm ? gqw : NULL, .kw = norm ? gkw : NULL,
-                        .rows = gr };
+    qkv_rope_io gio = {.q_out = gqo,
+                       .k_out = gkc,
+                       .v_out = gvc,
+                       .rstd_q = grq,
+                       .rstd_k = grk,
+                       .q = gq,
+                       .k = cached ? gk : gkc,
+                       .v = cached ? gv : gvc,
+                       .qw = norm ? gqw : NULL,
+                       .kw = norm ? gkw : NULL,
+                       .rows = gr};
     gpu->qkv_rope_fwd(gpu, &gio, gp, gf, T, H, K, D, 1e-6f);
     float *q_g = gc_get_act(gpu, gqo, nq), *k_g = gc_get_act(gpu, gkc, nkv), *v_g = gc_get_act(gpu, gvc, nkv);
     gc_row("qkv_rope_fwd q", sh, rel_l2(q_g, q_c, nq), 1e-2);
@@ -305,13 +427,40 @@ static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
     if (norm) {
         float *rq_g = gc_get_f32(gpu, grq, (size_t)T * H), *rk_g = gc_get_f32(gpu, grk, (size_t)T * K);
         gc_row("qkv_rope_fwd rstd q, k", sh, fmax(rel_l2(rq_g, rq_c, (size_t)T * H), rel_l2(rk_g, rk_c, (size_t)T * K)), 1e-4);
-        free(rq_g); free(rk_g);
+        free(rq_g);
+        free(rk_g);
     }
-    gpu->free(gpu, gq); gpu->free(gpu, gk); gpu->free(gpu, gv); gpu->free(gpu, gqo); gpu->free(gpu, gkc);
-    gpu->free(gpu, gvc); gpu->free(gpu, gqw); gpu->free(gpu, gkw); gpu->free(gpu, grq); gpu->free(gpu, grk);
-    gpu->free(gpu, gf); gpu->free(gpu, gp); if (gr) gpu->free(gpu, gr);
-    free(q); free(k); free(v); free(qw); free(kw); free(f); free(kc); free(vc); free(pos); free(rows);
-    free(q_c); free(k_c); free(v_c); free(rq_c); free(rk_c); free(q_g); free(k_g); free(v_g);
+    gpu->free(gpu, gq);
+    gpu->free(gpu, gk);
+    gpu->free(gpu, gv);
+    gpu->free(gpu, gqo);
+    gpu->free(gpu, gkc);
+    gpu->free(gpu, gvc);
+    gpu->free(gpu, gqw);
+    gpu->free(gpu, gkw);
+    gpu->free(gpu, grq);
+    gpu->free(gpu, grk);
+    gpu->free(gpu, gf);
+    gpu->free(gpu, gp);
+    if (gr) gpu->free(gpu, gr);
+    free(q);
+    free(k);
+    free(v);
+    free(qw);
+    free(kw);
+    free(f);
+    free(kc);
+    free(vc);
+    free(pos);
+    free(rows);
+    free(q_c);
+    free(k_c);
+    free(v_c);
+    free(rq_c);
+    free(rk_c);
+    free(q_g);
+    free(k_g);
+    free(v_g);
 }
 
 /* mlp_in_fwd: gate/up projections and SwiGLU, the few-row kernel's SwiGLU mode at decode sizes
@@ -320,8 +469,7 @@ static void t_qkv_rope(int T, int H, int K, int D, int norm, int cached) {
  * both (lora 2: on the up projection only), A and B random, in the one launch at decode sizes. */
 static void t_mlp_in(int T, int I, int F, int norm, int lora) {
     char sh[64];
-    snprintf(sh, sizeof sh, "T=%d I=%d F=%d%s%s", T, I, F, norm ? " +norm" : "",
-             lora == 1 ? " +lora" : lora ? " +lora(up)" : "");
+    snprintf(sh, sizeof sh, "T=%d I=%d F=%d%s%s", T, I, F, norm ? " +norm" : "", lora == 1 ? " +lora" : lora ? " +lora(up)" : "");
     enum { LR = 32 };
     size_t nx = (size_t)T * I, nw = (size_t)F * I, ny = (size_t)T * F;
     float *x = gc_rand(nx, 3.0f, 61), *wg = gc_rand(nw, 0.1f, 62), *wu = gc_rand(nw, 0.1f, 63);
@@ -329,7 +477,7 @@ static void t_mlp_in(int T, int I, int F, int norm, int lora) {
     float *lw = gc_rand((size_t)I, 1.0f, 64), *lnc = malloc(nx * 4);
     float *la[2], *lb[2], *lu[2];
     void *gla[2], *glb[2], *glu[2];
-    mm_lowrank lc[2] = { { 0 } }, lg[2] = { { 0 } };
+    mm_lowrank lc[2] = {{0}}, lg[2] = {{0}};
     for (int i = 0; i < 2; i++) {
         la[i] = gc_rand((size_t)LR * I, 0.1f, 65 + i);
         lb[i] = gc_rand((size_t)F * LR, 0.1f, 67 + i);
@@ -338,28 +486,48 @@ static void t_mlp_in(int T, int I, int F, int norm, int lora) {
         glb[i] = gc_act(gpu, lb[i], (size_t)F * LR);
         glu[i] = gpu->alloc(gpu, (size_t)T * LR * 2);
         if (lora == 1 || (lora && i == 1)) {
-            lc[i] = (mm_lowrank){ la[i], lb[i], lu[i], LR };
-            lg[i] = (mm_lowrank){ gla[i], glb[i], glu[i], LR };
+            lc[i] = (mm_lowrank){la[i], lb[i], lu[i], LR};
+            lg[i] = (mm_lowrank){gla[i], glb[i], glu[i], LR};
         }
     }
-    mm_norm nc = { lw, 1e-6f, lnc };
+    mm_norm nc = {lw, 1e-6f, lnc};
     cpu->mlp_in_fwd(cpu, a_c, g_c, u_c, x, norm ? &nc : NULL, wg, wu, T, I, F, lora ? lc : NULL);
     void *gx = gc_act(gpu, x, nx), *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw);
     void *ga = gpu->alloc(gpu, ny * 2), *gg = gpu->alloc(gpu, ny * 2), *gu = gpu->alloc(gpu, ny * 2);
     void *glw = gc_act(gpu, lw, (size_t)I), *gln = gpu->alloc(gpu, nx * 2);
-    mm_norm ng = { glw, 1e-6f, gln };
+    mm_norm ng = {glw, 1e-6f, gln};
     gpu->mlp_in_fwd(gpu, ga, gg, gu, gx, norm ? &ng : NULL, gwg, gwu, T, I, F, lora ? lg : NULL);
     for (int i = 0; i < 2; i++) {
-        gpu->free(gpu, gla[i]); gpu->free(gpu, glb[i]); gpu->free(gpu, glu[i]);
-        free(la[i]); free(lb[i]); free(lu[i]);
+        gpu->free(gpu, gla[i]);
+        gpu->free(gpu, glb[i]);
+        gpu->free(gpu, glu[i]);
+        free(la[i]);
+        free(lb[i]);
+        free(lu[i]);
     }
     float *a_g = gc_get_act(gpu, ga, ny), *g_g = gc_get_act(gpu, gg, ny), *u_g = gc_get_act(gpu, gu, ny);
     gc_row("mlp_in_fwd gate", sh, rel_l2(g_g, g_c, ny), 3e-3);
     gc_row("mlp_in_fwd up", sh, rel_l2(u_g, u_c, ny), 3e-3);
     gc_row("mlp_in_fwd act", sh, rel_l2(a_g, a_c, ny), 1e-2);
-    gpu->free(gpu, gx); gpu->free(gpu, gwg); gpu->free(gpu, gwu); gpu->free(gpu, ga); gpu->free(gpu, gg); gpu->free(gpu, gu);
-    gpu->free(gpu, glw); gpu->free(gpu, gln);
-    free(x); free(wg); free(wu); free(a_c); free(g_c); free(u_c); free(a_g); free(g_g); free(u_g); free(lw); free(lnc);
+    gpu->free(gpu, gx);
+    gpu->free(gpu, gwg);
+    gpu->free(gpu, gwu);
+    gpu->free(gpu, ga);
+    gpu->free(gpu, gg);
+    gpu->free(gpu, gu);
+    gpu->free(gpu, glw);
+    gpu->free(gpu, gln);
+    free(x);
+    free(wg);
+    free(wu);
+    free(a_c);
+    free(g_c);
+    free(u_c);
+    free(a_g);
+    free(g_g);
+    free(u_g);
+    free(lw);
+    free(lnc);
 }
 
 static void t_rope(int T, int H, int D) {
@@ -380,8 +548,17 @@ static void t_rope(int T, int H, int D) {
     float *y_g = gc_get_act(gpu, gy, n), *b_g = gc_get_act(gpu, gb, n);
     gc_row("rope_fwd", sh, rel_l2(y_g, y_c, n), 1e-2);
     gc_row("rope_bwd", sh, rel_l2(b_g, b_c, n), 1e-2);
-    gpu->free(gpu, gy); gpu->free(gpu, gb); gpu->free(gpu, gf); gpu->free(gpu, gp);
-    free(x); free(f); free(pos); free(y_c); free(b_c); free(y_g); free(b_g);
+    gpu->free(gpu, gy);
+    gpu->free(gpu, gb);
+    gpu->free(gpu, gf);
+    gpu->free(gpu, gp);
+    free(x);
+    free(f);
+    free(pos);
+    free(y_c);
+    free(b_c);
+    free(y_g);
+    free(b_g);
 }
 
 static void t_elementwise(long long n) {
@@ -399,7 +576,7 @@ static void t_elementwise(long long n) {
     gpu->swiglu_fwd(gpu, go, gg, gu, n);
     gpu->swiglu_bwd(gpu, gdg, gdu, gdy, gg, gu, n);
     gpu->f32_to_act(gpu, gconv, gf, (size_t)n);
-    gpu->add(gpu, gg, gg, gu, n);   /* in place, as the model uses it */
+    gpu->add(gpu, gg, gg, gu, n); /* in place, as the model uses it */
     float *o_g = gc_get_act(gpu, go, (size_t)n), *dg_g = gc_get_act(gpu, gdg, (size_t)n), *du_g = gc_get_act(gpu, gdu, (size_t)n);
     float *s_g = gc_get_act(gpu, gg, (size_t)n), *c_g = gc_get_act(gpu, gconv, (size_t)n);
     gc_row("swiglu_fwd", sh, rel_l2(o_g, o_c, (size_t)n), 1e-2);
@@ -416,16 +593,33 @@ static void t_elementwise(long long n) {
     if (gpu->to_host(gpu, a_g, ga, (size_t)n * 4)) gc_die(gpu, "acc_f32");
     gc_row("acc_f32 (bf16 into fp32, twice)", sh, rel_l2(a_g, a_c, (size_t)n), 0);
     gpu->free(gpu, ga);
-    free(a_c); free(a_g);
-    gpu->free(gpu, gg); gpu->free(gpu, gu); gpu->free(gpu, gdy); gpu->free(gpu, go); gpu->free(gpu, gdg);
-    gpu->free(gpu, gdu); gpu->free(gpu, gf); gpu->free(gpu, gconv);
-    free(g); free(u); free(dy); free(o_c); free(dg_c); free(du_c); free(s_c); free(o_g); free(dg_g); free(du_g);
-    free(s_g); free(c_g);
+    free(a_c);
+    free(a_g);
+    gpu->free(gpu, gg);
+    gpu->free(gpu, gu);
+    gpu->free(gpu, gdy);
+    gpu->free(gpu, go);
+    gpu->free(gpu, gdg);
+    gpu->free(gpu, gdu);
+    gpu->free(gpu, gf);
+    gpu->free(gpu, gconv);
+    free(g);
+    free(u);
+    free(dy);
+    free(o_c);
+    free(dg_c);
+    free(du_c);
+    free(s_c);
+    free(o_g);
+    free(dg_g);
+    free(du_g);
+    free(s_g);
+    free(c_g);
 }
 
 /* ---------------------------------------------------------------- attention */
 
-static int determ;   /* t_attention also checks that a second backward is bit-identical */
+static int determ; /* t_attention also checks that a second backward is bit-identical */
 static void t_attention(const char *name, ranges rg, int S, int H, int K, int D, int bwd) {
     char sh[96];
     int T = rg.T;
@@ -435,7 +629,7 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     float *dk0 = gc_rand(nk, 0.1f, 65), *dv0 = gc_rand(nk, 0.1f, 66);
     float *o_c = malloc(nq * 4), *l_c = malloc((size_t)T * H * 4), *dq_c = malloc(nq * 4);
     float *dk_c = gc_copy(dk0, nk), *dv_c = gc_copy(dv0, nk);
-    attn_ranges rc = { rg.a0, rg.a1, rg.b0, rg.b1 };
+    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1};
     cpu->attention_fwd(cpu, o_c, l_c, q, k, v, rc, T, H, K, D);
     /* the backward reads the forward's output as bf16 storage would hold it */
     for (size_t i = 0; i < nq; i++) o_c[i] = gc_bf16(o_c[i]);
@@ -446,7 +640,7 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     attn_ranges rg_g = gc_dev_ranges(gpu, rg);
     gpu->attention_fwd(gpu, go, gl, gq, gk, gv, rg_g, T, H, K, D);
     if (bwd) gpu->attention_bwd(gpu, gdq, gdk, gdv, gdo, gq, gk, gv, go, gl, rg_g, T, S, H, K, D);
-    if (bwd && determ) {   /* the same backward again into fresh buffers: bit-identical */
+    if (bwd && determ) { /* the same backward again into fresh buffers: bit-identical */
         void *gdq2 = gpu->alloc(gpu, nq * 2), *gdk2 = gc_act(gpu, dk0, nk), *gdv2 = gc_act(gpu, dv0, nk);
         gpu->attention_bwd(gpu, gdq2, gdk2, gdv2, gdo, gq, gk, gv, go, gl, rg_g, T, S, H, K, D);
         float *a1 = gc_get_act(gpu, gdq, nq), *a2 = gc_get_act(gpu, gdq2, nq);
@@ -456,8 +650,15 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
         for (size_t i = 0; i < nq; i++) diff += a1[i] != a2[i];
         for (size_t i = 0; i < nk; i++) diff += (b1[i] != b2[i]) + (c1[i] != c2[i]);
         gc_row("attention_bwd deterministic (diffs)", sh, diff, 0);
-        gpu->free(gpu, gdq2); gpu->free(gpu, gdk2); gpu->free(gpu, gdv2);
-        free(a1); free(a2); free(b1); free(b2); free(c1); free(c2);
+        gpu->free(gpu, gdq2);
+        gpu->free(gpu, gdk2);
+        gpu->free(gpu, gdv2);
+        free(a1);
+        free(a2);
+        free(b1);
+        free(b2);
+        free(c1);
+        free(c2);
     }
     float *o_g = gc_get_act(gpu, go, nq), *l_g = gc_get_f32(gpu, gl, (size_t)T * H);
     gc_row("attention_fwd out", sh, rel_l2(o_g, o_c, nq), 1e-2);
@@ -467,54 +668,82 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
         gc_row("attention_bwd dq", sh, rel_l2(dq_g, dq_c, nq), 1e-2);
         gc_row("attention_bwd dk", sh, gc_rel_delta(dk_g, dk0, dk_c, dk0, nk), 1e-2);
         gc_row("attention_bwd dv", sh, gc_rel_delta(dv_g, dv0, dv_c, dv0, nk), 1e-2);
-        free(dq_g); free(dk_g); free(dv_g);
+        free(dq_g);
+        free(dk_g);
+        free(dv_g);
     }
-    gpu->free(gpu, gq); gpu->free(gpu, gk); gpu->free(gpu, gv); gpu->free(gpu, gdo); gpu->free(gpu, go);
-    gpu->free(gpu, gdq); gpu->free(gpu, gdk); gpu->free(gpu, gdv); gpu->free(gpu, gl);
-    gpu->free(gpu, (void *)rg_g.a0); gpu->free(gpu, (void *)rg_g.a1); gpu->free(gpu, (void *)rg_g.b0); gpu->free(gpu, (void *)rg_g.b1);
-    free(q); free(k); free(v); free(dout); free(dk0); free(dv0); free(o_c); free(l_c); free(dq_c); free(dk_c); free(dv_c);
-    free(o_g); free(l_g);
+    gpu->free(gpu, gq);
+    gpu->free(gpu, gk);
+    gpu->free(gpu, gv);
+    gpu->free(gpu, gdo);
+    gpu->free(gpu, go);
+    gpu->free(gpu, gdq);
+    gpu->free(gpu, gdk);
+    gpu->free(gpu, gdv);
+    gpu->free(gpu, gl);
+    gpu->free(gpu, (void *)rg_g.a0);
+    gpu->free(gpu, (void *)rg_g.a1);
+    gpu->free(gpu, (void *)rg_g.b0);
+    gpu->free(gpu, (void *)rg_g.b1);
+    free(q);
+    free(k);
+    free(v);
+    free(dout);
+    free(dk0);
+    free(dv0);
+    free(o_c);
+    free(l_c);
+    free(dq_c);
+    free(dk_c);
+    free(dv_c);
+    free(o_g);
+    free(l_g);
 }
 
 static void attention_suite(void) {
     /* causal: one sequence, T not a multiple of 16 or 32 */
-    int P1[] = { 203 }, N1[] = { 0 };
-    const int *R1[] = { NULL };
+    int P1[] = {203}, N1[] = {0};
+    const int *R1[] = {NULL};
     ranges r = make_ranges(1, P1, N1, R1);
     t_attention("causal", r, r.T, 4, 4, 64, 1);
-    t_attention("causal", r, r.T, 4, 2, 128, 1);   /* several query tiles a dkdv block, GQA */
+    t_attention("causal", r, r.T, 4, 2, 128, 1); /* several query tiles a dkdv block, GQA */
     free_ranges(r);
     if (small_run) {
-        int P[] = { 21 }, N[] = { 2 }, Ra[] = { 9, 1 };
-        const int *R[] = { Ra };
+        int P[] = {21}, N[] = {2}, Ra[] = {9, 1};
+        const int *R[] = {Ra};
         r = make_ranges(1, P, N, R);
         t_attention("shared-prefix", r, r.T, 4, 2, 128, 1);
         t_attention("shared-prefix", r, r.T, 4, 2, 16, 1);
         free_ranges(r);
-        int Pb[] = { 70, 3 }, Nb[] = { 2, 1 }, Rb1[] = { 65, 1 }, Rb2[] = { 2 };
-        const int *Rb[] = { Rb1, Rb2 };
+        int Pb[] = {70, 3}, Nb[] = {2, 1}, Rb1[] = {65, 1}, Rb2[] = {2};
+        const int *Rb[] = {Rb1, Rb2};
         r = make_ranges(2, Pb, Nb, Rb);
         t_attention("2 groups", r, r.T, 2, 1, 64, 1);
         free_ranges(r);
         return;
     }
     /* two-range: several groups, ragged responses (R = 1), GQA, both head dims */
-    int P2[] = { 37, 5, 70 }, N2[] = { 3, 2, 4 }, Ra[] = { 20, 1, 45 }, Rb[] = { 33, 7 }, Rc[] = { 12, 64, 3, 29 };
-    const int *R2[] = { Ra, Rb, Rc };
+    int P2[] = {37, 5, 70}, N2[] = {3, 2, 4}, Ra[] = {20, 1, 45}, Rb[] = {33, 7}, Rc[] = {12, 64, 3, 29};
+    const int *R2[] = {Ra, Rb, Rc};
     r = make_ranges(3, P2, N2, R2);
     t_attention("3 groups", r, r.T, 8, 2, 128, 1);
     t_attention("3 groups", r, r.T, 6, 3, 64, 1);
     free_ranges(r);
     /* a long prompt shared by 16 responses: the dK/dV sum over many queries */
-    int P3[] = { 300 }, N3[] = { 16 }, Rd[16];
+    int P3[] = {300}, N3[] = {16}, Rd[16];
     for (int i = 0; i < 16; i++) Rd[i] = 5 + 7 * i;
-    const int *R3[] = { Rd };
+    const int *R3[] = {Rd};
     r = make_ranges(1, P3, N3, R3);
     t_attention("P=300 N=16", r, r.T, 16, 8, 128, 1);
     free_ranges(r);
     /* decode-style forward: 5 queries over a KV cache of 200 rows */
-    ranges d = { 5, malloc(20), malloc(20), malloc(20), malloc(20) };
-    for (int i = 0; i < 5; i++) { d.a0[i] = 0; d.a1[i] = 120; d.b0[i] = 120 + 15 * i; d.b1[i] = 120 + 15 * i + 3 + i; }
+    ranges d = {5, malloc(20), malloc(20), malloc(20), malloc(20)};
+    for (int i = 0; i < 5; i++) {
+        d.a0[i] = 0;
+        d.a1[i] = 120;
+        d.b0[i] = 120 + 15 * i;
+        d.b1[i] = 120 + 15 * i + 3 + i;
+    }
     t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
     t_attention("kv cache S=200", d, 200, 8, 2, 32, 0);
     free_ranges(d);
@@ -522,11 +751,14 @@ static void attention_suite(void) {
      * cache rows P.., attending to a cached prompt [0, P) and causally to themselves; the backward
      * covers all S = P + T key rows (the prompt's dK/dV collected, S > T) */
     {
-        int Pk = 300, Rk[3] = { 70, 1, 129 }, Tk = 200;
-        ranges k = { Tk, malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4) };
+        int Pk = 300, Rk[3] = {70, 1, 129}, Tk = 200;
+        ranges k = {Tk, malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4), malloc(Tk * 4)};
         for (int i = 0, s0 = 0; i < 3; s0 += Rk[i], i++)
             for (int j = 0; j < Rk[i]; j++) {
-                k.a0[s0 + j] = 0; k.a1[s0 + j] = Pk; k.b0[s0 + j] = Pk + s0; k.b1[s0 + j] = Pk + s0 + j + 1;
+                k.a0[s0 + j] = 0;
+                k.a1[s0 + j] = Pk;
+                k.b0[s0 + j] = Pk + s0;
+                k.b1[s0 + j] = Pk + s0 + j + 1;
             }
         t_attention("split S=P+T", k, Pk + Tk, 8, 2, 128, 1);
         t_attention("split S=P+T", k, Pk + Tk, 8, 2, 64, 1);
@@ -534,15 +766,15 @@ static void attention_suite(void) {
         free_ranges(k);
     }
     /* tensor-core path, odd shapes: N = 1 with R = 1 and a prompt not a multiple of 64 */
-    int P4[] = { 130 }, N4[] = { 1 }, Re[] = { 1 };
-    const int *R4[] = { Re };
+    int P4[] = {130}, N4[] = {1}, Re[] = {1};
+    const int *R4[] = {Re};
     r = make_ranges(1, P4, N4, R4);
     t_attention("P=130 N=1 R=1", r, r.T, 4, 1, 128, 1);
     free_ranges(r);
     /* many groups with different P (smaller than, equal to, just over a 64-row tile) */
-    int P5[] = { 64, 1, 129, 200, 63, 17 }, N5[] = { 2, 1, 3, 1, 2, 4 };
-    int R5a[] = { 64, 65 }, R5b[] = { 1 }, R5c[] = { 3, 128, 40 }, R5d[] = { 77 }, R5e[] = { 1, 1 }, R5f[] = { 9, 70, 2, 31 };
-    const int *R5[] = { R5a, R5b, R5c, R5d, R5e, R5f };
+    int P5[] = {64, 1, 129, 200, 63, 17}, N5[] = {2, 1, 3, 1, 2, 4};
+    int R5a[] = {64, 65}, R5b[] = {1}, R5c[] = {3, 128, 40}, R5d[] = {77}, R5e[] = {1, 1}, R5f[] = {9, 70, 2, 31};
+    const int *R5[] = {R5a, R5b, R5c, R5d, R5e, R5f};
     r = make_ranges(6, P5, N5, R5);
     determ = 1;
     t_attention("6 groups", r, r.T, 8, 2, 64, 1);
@@ -557,22 +789,25 @@ static void attention_suite(void) {
     gpu->tune.attn = TUNE_ATTN_AUTO;
     free_ranges(r);
     /* a longer prompt: whole tiles inside every query's range (the unmasked path) */
-    int P6[] = { 1000 }, N6[] = { 4 }, R6a[] = { 77, 200, 64, 128 };
-    const int *R6[] = { R6a };
+    int P6[] = {1000}, N6[] = {4}, R6a[] = {77, 200, 64, 128};
+    const int *R6[] = {R6a};
     r = make_ranges(1, P6, N6, R6);
     t_attention("P=1000 N=4", r, r.T, 4, 2, 128, 1);
     t_attention("P=1000 N=4", r, r.T, 4, 1, 64, 1);
     free_ranges(r);
     /* random, overlapping ranges: a key inside both counts twice, as in the reference */
     int T7 = 301;
-    ranges x = { T7, malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4) };
+    ranges x = {T7, malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4), malloc(T7 * 4)};
     unsigned long long sd = 99;
     for (int t = 0; t < T7; t++) {
         int u = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7), w = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
-        x.a0[t] = u < w ? u : w; x.a1[t] = (u < w ? w : u) + 1;
+        x.a0[t] = u < w ? u : w;
+        x.a1[t] = (u < w ? w : u) + 1;
         if (x.a1[t] > T7) x.a1[t] = T7;
-        u = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7); w = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
-        x.b0[t] = u < w ? u : w; x.b1[t] = t % 3 ? (u < w ? w : u) : x.b0[t];   /* every third: b empty */
+        u = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
+        w = (int)((check_randf(&sd, 0.5f) + 0.5f) * T7);
+        x.b0[t] = u < w ? u : w;
+        x.b1[t] = t % 3 ? (u < w ? w : u) : x.b0[t]; /* every third: b empty */
     }
     t_attention("random overlapping ranges", x, T7, 4, 2, 64, 1);
     t_attention("random overlapping ranges", x, T7, 4, 2, 128, 1);
@@ -584,15 +819,21 @@ static void attention_suite(void) {
  * [0, max_own] (0: the prompt only). Cache rows: the prompts, then max_own rows per response. */
 static ranges decode_ranges(int G, const int *P, const int *N, int max_own, unsigned long long seed, int *S) {
     int T = 0, p_tot = 0;
-    for (int g = 0; g < G; g++) { T += N[g]; p_tot += P[g]; }
-    ranges r = { T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4) };
+    for (int g = 0; g < G; g++) {
+        T += N[g];
+        p_tot += P[g];
+    }
+    ranges r = {T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4)};
     int t = 0, p0 = 0, base = p_tot;
     for (int g = 0; g < G; g++) {
         for (int i = 0; i < N[g]; i++, t++, base += max_own) {
             int own = (int)((check_randf(&seed, 0.5f) + 0.5f) * (max_own + 1));
             if (own > max_own) own = max_own;
             if (i == 0) own = 0;
-            r.a0[t] = p0; r.a1[t] = p0 + P[g]; r.b0[t] = base; r.b1[t] = base + own;
+            r.a0[t] = p0;
+            r.a1[t] = p0 + P[g];
+            r.b0[t] = base;
+            r.b1[t] = base + own;
         }
         p0 += P[g];
     }
@@ -603,14 +844,14 @@ static ranges decode_ranges(int G, const int *P, const int *N, int max_own, unsi
 /* The decode attention kernels (attention_decode.cu): small T, groups sharing a prompt. */
 static void decode_attention_suite(void) {
     int S;
-    int P1[] = { 1024 }, N1[] = { 16 };
+    int P1[] = {1024}, N1[] = {16};
     ranges r = decode_ranges(1, P1, N1, 300, 71, &S);
     t_attention("decode P=1024 N=16", r, S, 16, 8, 128, 0);
     t_attention("decode P=1024 N=16", r, S, 32, 8, 128, 0);
     t_attention("decode P=1024 N=16", r, S, 16, 8, 64, 0);
     free_ranges(r);
     if (small_run) return;
-    int P2[] = { 100, 37, 513, 1, 260 }, N2[] = { 16, 1, 5, 3, 16 };
+    int P2[] = {100, 37, 513, 1, 260}, N2[] = {16, 1, 5, 3, 16};
     r = decode_ranges(5, P2, N2, 300, 72, &S);
     t_attention("decode 5 groups", r, S, 16, 8, 128, 0);
     t_attention("decode 5 groups", r, S, 32, 8, 128, 0);
@@ -618,12 +859,15 @@ static void decode_attention_suite(void) {
     t_attention("decode 5 groups", r, S, 8, 8, 64, 0);
     t_attention("decode 5 groups", r, S, 64, 8, 128, 0);
     free_ranges(r);
-    int P3[] = { 700, 90, 33 }, N3[] = { 1, 1, 1 };
+    int P3[] = {700, 90, 33}, N3[] = {1, 1, 1};
     r = decode_ranges(3, P3, N3, 40, 73, &S);
     t_attention("decode N=1", r, S, 16, 8, 128, 0);
     free_ranges(r);
     int P4[16], N4[16];
-    for (int g = 0; g < 16; g++) { P4[g] = 50 + 61 * g; N4[g] = 16; }
+    for (int g = 0; g < 16; g++) {
+        P4[g] = 50 + 61 * g;
+        N4[g] = 16;
+    }
     r = decode_ranges(16, P4, N4, 256, 74, &S);
     t_attention("decode 16 groups T=256", r, S, 16, 8, 128, 0);
     free_ranges(r);
@@ -666,18 +910,43 @@ static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
     for (size_t i = 0; i < (size_t)T * C; i++) ndiff += memcmp(&dh_g[i], &dh_2[i], 4) != 0;
     for (size_t i = 0; i < (size_t)V * C; i++) ndiff += memcmp(&dw_g[i], &dw_2[i], 4) != 0;
     gc_row("logprob_bwd twice (elems differ)", sh, (double)ndiff, 0);
-    free(dh_2); free(dw_2);
+    free(dh_2);
+    free(dw_2);
     float *lg_g = gc_get_f32(gpu, glg, (size_t)R * V);
     gc_row("logprob_fwd logp", sh, rel_l2(lp_g, lp_c, (size_t)M), 1e-4);
     if (with_ent) gc_row("logprob_fwd entropy", sh, rel_l2(en_g, en_c, (size_t)M), 1e-4);
     gc_row("logprob_bwd dh", sh, gc_rel_delta(dh_g, dh0, dh_c, dh0, (size_t)T * C), 1e-2);
     gc_row("logprob_bwd dw", sh, gc_rel_delta(dw_g, dw0, dw_c, dw0, (size_t)V * C), 1e-2);
     gc_row("lm_head_rows", sh, rel_l2(lg_g, lg_c, (size_t)R * V), 1e-4);
-    gpu->free(gpu, gh); gpu->free(gpu, gw); gpu->free(gpu, gdh); gpu->free(gpu, gpos); gpu->free(gpu, gtok);
-    gpu->free(gpu, gdlp); gpu->free(gpu, gdent); gpu->free(gpu, glp); gpu->free(gpu, gen); gpu->free(gpu, gdw);
+    gpu->free(gpu, gh);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gdh);
+    gpu->free(gpu, gpos);
+    gpu->free(gpu, gtok);
+    gpu->free(gpu, gdlp);
+    gpu->free(gpu, gdent);
+    gpu->free(gpu, glp);
+    gpu->free(gpu, gen);
+    gpu->free(gpu, gdw);
     gpu->free(gpu, glg);
-    free(h); free(w); free(pos); free(tok); free(dlp); free(dent); free(dh0); free(dw0); free(lp_c); free(en_c);
-    free(dh_c); free(dw_c); free(lg_c); free(lp_g); free(en_g); free(dh_g); free(dw_g); free(lg_g);
+    free(h);
+    free(w);
+    free(pos);
+    free(tok);
+    free(dlp);
+    free(dent);
+    free(dh0);
+    free(dw0);
+    free(lp_c);
+    free(en_c);
+    free(dh_c);
+    free(dw_c);
+    free(lg_c);
+    free(lp_g);
+    free(en_g);
+    free(dh_g);
+    free(dw_g);
+    free(lg_g);
 }
 
 /* ---------------------------------------------------------------- optimizer */
@@ -712,8 +981,19 @@ static void t_adamw(long long n, int steps) {
     gc_row("adamw v", sh, rel_l2(v_g, v_c, (size_t)n), 1e-6);
     gc_row("adamw bf16 copy = bf16(master)", sh, rel_l2(a_g, p_bf, (size_t)n), 0);
     gc_row("sumsq", sh, fabs(ss_g - ss_c) / ss_c, 1e-6);
-    gpu->free(gpu, gp); gpu->free(gpu, gm); gpu->free(gpu, gv); gpu->free(gpu, gg); gpu->free(gpu, gact);
-    free(p_c); free(m_c); free(v_c); free(p_g); free(m_g); free(v_g); free(a_g); free(p_bf);
+    gpu->free(gpu, gp);
+    gpu->free(gpu, gm);
+    gpu->free(gpu, gv);
+    gpu->free(gpu, gg);
+    gpu->free(gpu, gact);
+    free(p_c);
+    free(m_c);
+    free(v_c);
+    free(p_g);
+    free(m_g);
+    free(v_g);
+    free(a_g);
+    free(p_bf);
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -722,8 +1002,8 @@ static void t_adamw(long long n, int steps) {
 static void t_sticky_error(void) {
     eng_backend *b;
     if (backend_cuda_create(&b, 0)) gc_die(NULL, "backend_cuda_create");
-    int a[1] = { 0 };
-    attn_ranges r = { a, a, a, a };
+    int a[1] = {0};
+    attn_ranges r = {a, a, a, a};
     b->attention_fwd(b, NULL, NULL, NULL, NULL, NULL, r, 1, 1, 1, 97);
     int rc = b->sync(b);
     const char *msg = err_msg();
@@ -741,7 +1021,7 @@ int main(int argc, char **argv) {
     small_run = argc > 1 && !strcmp(argv[1], "small");
     backend_cpu_create(&cpu, 0);
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
-    if (argc > 1 && !strcmp(argv[1], "attention")) {   /* the attention cases alone */
+    if (argc > 1 && !strcmp(argv[1], "attention")) { /* the attention cases alone */
         attention_suite();
     } else if (small_run) {
         t_embedding(37, 40, 50);
@@ -751,12 +1031,12 @@ int main(int argc, char **argv) {
         t_matmul(37, 64, 40, 1);
         t_matmul(5, 64, 40, 1);
         {
-            static const int odd[] = { 200, 72, 136 };
+            static const int odd[] = {200, 72, 136};
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES);
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_NORM | MM_RES | MM_LORA);
             t_matmul_fwd_n(40, 320, 3, odd, MM_RES | MM_LORA);
             t_mlp_in(5, 320, 200, 1, 1);
-            t_matmul_fwd_n(5, 4096, 3, odd, MM_NORM | MM_LORA);   /* B rows through the cp.async stream */
+            t_matmul_fwd_n(5, 4096, 3, odd, MM_NORM | MM_LORA); /* B rows through the cp.async stream */
             t_mlp_in(5, 4096, 200, 1, 1);
         }
         t_rope(7, 3, 64);
@@ -764,7 +1044,7 @@ int main(int argc, char **argv) {
         attention_suite();
         decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
-        t_logprob(50, 130, 64, 300, 1.0f, 1);    /* repeated positions */
+        t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
     } else {
         t_embedding(333, 1024, 5000);
@@ -772,23 +1052,23 @@ int main(int argc, char **argv) {
         t_rmsnorm(333, 1024);
         t_rmsnorm(333 * 8, 128);
         t_rmsnorm(50, 5120);
-        t_rmsnorm(2000, 2048);       /* the model's widths (1.7B, 8B) */
+        t_rmsnorm(2000, 2048); /* the model's widths (1.7B, 8B) */
         t_rmsnorm(777, 4096);
-        t_rmsnorm(4000 * 16, 128);   /* q norm rows of a long batch */
-        t_rmsnorm(37, 1001);         /* odd width: scalar path */
+        t_rmsnorm(4000 * 16, 128); /* q norm rows of a long batch */
+        t_rmsnorm(37, 1001); /* odd width: scalar path */
         t_rmsnorm_determinism(3000, 2048);
         t_rmsnorm_determinism(3000 * 8, 128);
         t_qk_norm_rope(333, 16, 128);
         t_qk_norm_rope(2000, 8, 128);
         t_qk_norm_rope(77, 6, 64);
         t_qk_norm_rope(50, 4, 32);
-        t_qk_norm_rope(50, 4, 16);   /* fallback: norm and rope apart */
+        t_qk_norm_rope(50, 4, 16); /* fallback: norm and rope apart */
         t_qk_norm_rope(31, 3, 48);
-        t_qkv_rope(16, 16, 8, 128, 1, 1);   /* a decode step of Qwen3-1.7B heads */
+        t_qkv_rope(16, 16, 8, 128, 1, 1); /* a decode step of Qwen3-1.7B heads */
         t_qkv_rope(37, 4, 2, 64, 0, 1);
-        t_qkv_rope(37, 4, 2, 64, 0, 0);     /* Llama training: in place */
+        t_qkv_rope(37, 4, 2, 64, 0, 0); /* Llama training: in place */
         t_qkv_rope(21, 4, 4, 32, 1, 0);
-        t_qkv_rope(9, 3, 1, 48, 1, 1);      /* fallback: the ops apart, k through scratch */
+        t_qkv_rope(9, 3, 1, 48, 1, 1); /* fallback: the ops apart, k through scratch */
         t_matmul(333, 1024, 768, 1);
         t_matmul(77, 200, 72, 0);
         t_matmul(1000, 2048, 6144, 0);
@@ -800,50 +1080,50 @@ int main(int argc, char **argv) {
         t_matmul(32, 1024, 300, 1);
         t_matmul(7, 200, 72, 0);
         {
-            static const int Ts[] = { 1, 3, 16, 33, 64 };
-            static const int IO[][2] = { { 2048, 2048 }, { 2048, 1024 }, { 2048, 6144 }, { 6144, 2048 } };
+            static const int Ts[] = {1, 3, 16, 33, 64};
+            static const int IO[][2] = {{2048, 2048}, {2048, 1024}, {2048, 6144}, {6144, 2048}};
             for (int i = 0; i < 5; i++)
                 for (int j = 0; j < 4; j++) t_matmul_fwd(Ts[i], IO[j][0], IO[j][1], (i + j) % 2);
             t_matmul_fwd(5, 320, 100, 1);
             t_matmul_fwd(64, 192, 1000, 0);
             t_matmul_fwd(17, 4096, 77, 1);
-            static const int qkv[] = { 2048, 1024, 1024 }, gu[] = { 6144, 6144 }, odd[] = { 200, 72, 136 };
+            static const int qkv[] = {2048, 1024, 1024}, gu[] = {6144, 6144}, odd[] = {200, 72, 136};
             t_matmul_fwd_n(16, 2048, 3, qkv, MM_BIAS);
-            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM);          /* a decode step's q/k/v */
+            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM); /* a decode step's q/k/v */
             t_matmul_fwd_n(1, 2048, 3, qkv, MM_NORM | MM_BIAS);
-            t_matmul_fwd_n(16, 2048, 1, qkv, MM_RES);           /* the o projection */
-            t_matmul_fwd_n(13, 6144, 1, qkv, MM_RES);           /* down, odd T */
+            t_matmul_fwd_n(16, 2048, 1, qkv, MM_RES); /* the o projection */
+            t_matmul_fwd_n(13, 6144, 1, qkv, MM_RES); /* down, odd T */
             t_matmul_fwd_n(9, 2048, 2, gu, 0);
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
-            t_matmul_fwd_n(40, 320, 3, odd, 0);   /* above the few-row sizes: one GEMM a part */
+            t_matmul_fwd_n(40, 320, 3, odd, 0); /* above the few-row sizes: one GEMM a part */
             t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM);
-            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM | MM_LORA);   /* LoRA: the term in the few-row epilogue */
+            t_matmul_fwd_n(16, 2048, 3, qkv, MM_NORM | MM_LORA); /* LoRA: the term in the few-row epilogue */
             t_matmul_fwd_n(1, 4096, 1, qkv, MM_RES | MM_LORA);
             t_matmul_fwd_n(5, 320, 3, odd, MM_BIAS | MM_RES | MM_LORA);
-            t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM | MM_LORA);   /* a second GEMM */
-            static const int qkv8[] = { 4096, 1024, 1024 }, o8[] = { 4096 };
-            t_matmul_fwd_n(16, 4096, 3, qkv8, MM_NORM | MM_LORA);   /* Qwen3-8B decode: q/k/v, o, down */
+            t_matmul_fwd_n(40, 320, 3, odd, MM_BIAS | MM_RES | MM_NORM | MM_LORA); /* a second GEMM */
+            static const int qkv8[] = {4096, 1024, 1024}, o8[] = {4096};
+            t_matmul_fwd_n(16, 4096, 3, qkv8, MM_NORM | MM_LORA); /* Qwen3-8B decode: q/k/v, o, down */
             t_matmul_fwd_n(16, 4096, 1, o8, MM_RES | MM_LORA);
             t_matmul_fwd_n(16, 12288, 1, o8, MM_RES | MM_LORA);
             t_matmul_fwd_n(9, 2048, 2, gu, MM_NORM | MM_LORA);
-            static const int qkv32[] = { 8192, 1024, 1024 }, o32[] = { 5120 };
-            t_matmul_fwd_n(16, 5120, 3, qkv32, MM_NORM);             /* Qwen3-32B decode: q/k/v (C = 5120) */
+            static const int qkv32[] = {8192, 1024, 1024}, o32[] = {5120};
+            t_matmul_fwd_n(16, 5120, 3, qkv32, MM_NORM); /* Qwen3-32B decode: q/k/v (C = 5120) */
             t_matmul_fwd_n(16, 5120, 3, qkv32, MM_NORM | MM_LORA);
-            t_matmul_fwd_n(16, 25600, 1, o32, MM_RES | MM_LORA);     /* down (131M values) */
-            t_mlp_in(16, 2048, 6144, 1, 0);   /* a Qwen3-1.7B decode step */
+            t_matmul_fwd_n(16, 25600, 1, o32, MM_RES | MM_LORA); /* down (131M values) */
+            t_mlp_in(16, 2048, 6144, 1, 0); /* a Qwen3-1.7B decode step */
             t_mlp_in(1, 2048, 6144, 0, 0);
-            t_mlp_in(7, 320, 200, 1, 0);      /* a partial tile */
-            t_mlp_in(40, 320, 136, 1, 0);     /* GEMMs, then swiglu_fwd */
-            t_mlp_in(16, 4096, 12288, 1, 1);  /* LoRA: a Qwen3-8B decode step, adapter tiles in SwiGLU mode */
-            t_mlp_in(16, 5120, 25600, 1, 1);  /* Qwen3-32B */
-            t_mlp_in(3, 320, 200, 1, 2);      /* the up projection's term alone, a partial tile */
-            t_mlp_in(40, 320, 136, 1, 1);     /* LoRA on the GEMMs */
+            t_mlp_in(7, 320, 200, 1, 0); /* a partial tile */
+            t_mlp_in(40, 320, 136, 1, 0); /* GEMMs, then swiglu_fwd */
+            t_mlp_in(16, 4096, 12288, 1, 1); /* LoRA: a Qwen3-8B decode step, adapter tiles in SwiGLU mode */
+            t_mlp_in(16, 5120, 25600, 1, 1); /* Qwen3-32B */
+            t_mlp_in(3, 320, 200, 1, 2); /* the up projection's term alone, a partial tile */
+            t_mlp_in(40, 320, 136, 1, 1); /* LoRA on the GEMMs */
         }
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
         t_elementwise(1000003);
-        t_elementwise(1 << 20);      /* 16-byte vector path */
-        t_elementwise(1000002);      /* 4-byte vector path */
+        t_elementwise(1 << 20); /* 16-byte vector path */
+        t_elementwise(1000002); /* 4-byte vector path */
         attention_suite();
         decode_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);

@@ -10,8 +10,7 @@
 
 enum { V = 10, NS = 20000, R = 64, VB = 151936 };
 
-static void run(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban, int n,
-                int nv) {
+static void run(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban, int n, int nv) {
     float *dx = gc_dev(g, x, (size_t)n * nv * 4);
     sample_params *dp = gc_dev(g, p, (size_t)n * sizeof *p);
     int *db = ban ? gc_dev(g, ban, (size_t)(ban[0] + 1) * 4) : NULL;
@@ -20,7 +19,10 @@ static void run(eng_backend *g, int *tok, float *lp, const float *x, const sampl
     if (!dt || !dl) gc_die(g, "alloc");
     g->sample(g, dt, dl, dx, dp, db, n, nv);
     if (g->to_host(g, tok, dt, (size_t)n * 4) || g->to_host(g, lp, dl, (size_t)n * 4) || g->sync(g)) gc_die(g, "sample");
-    g->free(g, dx); g->free(g, dp); g->free(g, dt); g->free(g, dl);
+    g->free(g, dx);
+    g->free(g, dp);
+    g->free(g, dt);
+    g->free(g, dl);
     if (db) g->free(g, db);
 }
 
@@ -35,18 +37,25 @@ int main(void) {
     int *tok = malloc(sizeof(int) * NS);
     sample_params *pr = malloc(sizeof *pr * NS);
     for (int i = 0; i < NS; i++) memcpy(rows + (size_t)i * V, x, sizeof x);
-    int ban[] = { 2, 3, 7 };
-    struct { const char *name; float t, top_p, min_p; int top_k, ban; } cases[] = {
-        { "T=1", 1.0f, 1, 0, 0, 0 }, { "T=0.6", 0.6f, 1, 0, 0, 0 }, { "top_k=3", 1.0f, 1, 0, 3, 0 },
-        { "top_p=0.7", 1.0f, 0.7f, 0, 0, 0 }, { "min_p=0.2", 1.0f, 1, 0.2f, 0, 0 },
-        { "k=6 p=0.8 min_p=0.05 T=0.8", 0.8f, 0.8f, 0.05f, 6, 0 }, { "ban 2 ids", 1.0f, 1, 0, 0, 1 },
-        { "ban, k=4 p=0.9 T=1.3", 1.3f, 0.9f, 0, 4, 1 },
+    int ban[] = {2, 3, 7};
+    struct {
+        const char *name;
+        float t, top_p, min_p;
+        int top_k, ban;
+    } cases[] = {
+        {"T=1", 1.0f, 1, 0, 0, 0},          {"T=0.6", 0.6f, 1, 0, 0, 0},
+        {"top_k=3", 1.0f, 1, 0, 3, 0},      {"top_p=0.7", 1.0f, 0.7f, 0, 0, 0},
+        {"min_p=0.2", 1.0f, 1, 0.2f, 0, 0}, {"k=6 p=0.8 min_p=0.05 T=0.8", 0.8f, 0.8f, 0.05f, 6, 0},
+        {"ban 2 ids", 1.0f, 1, 0, 0, 1},    {"ban, k=4 p=0.9 T=1.3", 1.3f, 0.9f, 0, 4, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         for (int i = 0; i < NS; i++)
-            pr[i] = (sample_params){ .key = sampling_mix(i * 7919ULL + 1 + 100000 * c), .temperature = cases[c].t,
-                                     .top_p = cases[c].top_p, .min_p = cases[c].min_p, .top_k = cases[c].top_k,
-                                     .ban = cases[c].ban };
+            pr[i] = (sample_params){.key = sampling_mix(i * 7919ULL + 1 + 100000 * c),
+                                    .temperature = cases[c].t,
+                                    .top_p = cases[c].top_p,
+                                    .min_p = cases[c].min_p,
+                                    .top_k = cases[c].top_k,
+                                    .ban = cases[c].ban};
         run(g, tok, lp, rows, pr, ban, NS, V);
         double p[V], mx = -INFINITY, sum = 0, lerr = 0;
         sampling_expected(x, V, &pr[0], ban, p);
@@ -65,15 +74,16 @@ int main(void) {
     }
     /* (2) Qwen-sized vocabulary: greedy (with bans) = argmax; rows vs sample_cpu */
     float *big = gc_rand((size_t)R * VB, 8.0f, 5);
-    int tc[R], tg[R], bb[3] = { 2, 0, 0 };
+    int tc[R], tg[R], bb[3] = {2, 0, 0};
     float lc[R], lg[R];
     sample_params bp[R];
     for (int r = 0; r < 2; r++) {
         int am = 0;
-        for (int j = 1; j < VB; j++) if (big[(size_t)r * VB + j] > big[(size_t)r * VB + am]) am = j;
+        for (int j = 1; j < VB; j++)
+            if (big[(size_t)r * VB + j] > big[(size_t)r * VB + am]) am = j;
         bb[1 + r] = am;
     }
-    for (int r = 0; r < R; r++) bp[r] = (sample_params){ .key = sampling_mix(r + 17), .temperature = 0, .top_p = 1, .ban = r < 4 };
+    for (int r = 0; r < R; r++) bp[r] = (sample_params){.key = sampling_mix(r + 17), .temperature = 0, .top_p = 1, .ban = r < 4};
     run(g, tg, lg, big, bp, bb, R, VB);
     int miss = 0;
     for (int r = 0; r < R; r++) {
@@ -85,14 +95,25 @@ int main(void) {
         miss += tg[r] != am;
     }
     gc_row("sample greedy == argmax, bans (mismatches)", "R=64 V=151936", miss, 0);
-    struct { const char *name; float top_p, min_p; int top_k; } mix[] = {
-        { "T=1", 1, 0, 0 }, { "top_k=50", 1, 0, 50 }, { "top_p=0.9", 0.9f, 0, 0 }, { "min_p=0.05", 1, 0.05f, 0 },
-        { "k=1000 p=0.95 min_p=0.01", 0.95f, 0.01f, 1000 },
+    struct {
+        const char *name;
+        float top_p, min_p;
+        int top_k;
+    } mix[] = {
+        {"T=1", 1, 0, 0},
+        {"top_k=50", 1, 0, 50},
+        {"top_p=0.9", 0.9f, 0, 0},
+        {"min_p=0.05", 1, 0.05f, 0},
+        {"k=1000 p=0.95 min_p=0.01", 0.95f, 0.01f, 1000},
     };
     for (size_t c = 0; c < sizeof mix / sizeof mix[0]; c++) {
         for (int r = 0; r < R; r++)
-            bp[r] = (sample_params){ .key = sampling_mix(r + 1000 * c), .temperature = 1.0f, .top_p = mix[c].top_p,
-                                     .min_p = mix[c].min_p, .top_k = mix[c].top_k, .ban = r % 5 == 0 };
+            bp[r] = (sample_params){.key = sampling_mix(r + 1000 * c),
+                                    .temperature = 1.0f,
+                                    .top_p = mix[c].top_p,
+                                    .min_p = mix[c].min_p,
+                                    .top_k = mix[c].top_k,
+                                    .ban = r % 5 == 0};
         run(g, tg, lg, big, bp, bb, R, VB);
         sample_cpu(tc, lc, big, bp, bb, R, VB);
         double lerr = 0;
@@ -108,6 +129,10 @@ int main(void) {
         gc_row(name, "R=64 V=151936", lerr, 1e-4);
     }
     g->destroy(g);
-    free(rows); free(lp); free(tok); free(pr); free(big);
+    free(rows);
+    free(lp);
+    free(tok);
+    free(pr);
+    free(big);
     return gc_failures ? 1 : 0;
 }

@@ -14,23 +14,25 @@
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_snapshot_model"
-#define G 3      /* groups, one mini-batch each */
-#define NR 4     /* responses a group */
+#define G 3 /* groups, one mini-batch each */
+#define NR 4 /* responses a group */
 #define PL 24
 #define RL 16
 
 static int prompt[G][PL], resp[G][NR][RL];
 static const int *resp_p[G][NR];
-static int lens[G][NR], nprobe;   /* nprobe: the probe's logprobs (sum of lens) */
+static int lens[G][NR], nprobe; /* nprobe: the probe's logprobs (sum of lens) */
 
 static void make_inputs(void) {
     uint64_t s = 0x5eed5eedULL;
     for (int g = 0; g < G; g++) {
-        for (int t = 0; t < PL; t++) prompt[g][t] = (int)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) % 250 + 3;
+        for (int t = 0; t < PL; t++)
+            prompt[g][t] = (int)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) % 250 + 3;
         for (int r = 0; r < NR; r++) {
             lens[g][r] = RL - (r % 3);
             nprobe += lens[g][r];
-            for (int t = 0; t < RL; t++) resp[g][r][t] = (int)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) % 250 + 3;
+            for (int t = 0; t < RL; t++)
+                resp[g][r][t] = (int)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) % 250 + 3;
             resp_p[g][r] = resp[g][r];
         }
     }
@@ -38,8 +40,11 @@ static void make_inputs(void) {
 
 static eng *open_at(const char *where, const char *offload) {
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cuda", .snapshot = where, .optimizer_offload = offload };
-    if (eng_open(&o, &e)) { printf("open %s: %s\n", where, err_msg()); return NULL; }
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cuda", .snapshot = where, .optimizer_offload = offload};
+    if (eng_open(&o, &e)) {
+        printf("open %s: %s\n", where, err_msg());
+        return NULL;
+    }
     return e;
 }
 
@@ -53,7 +58,7 @@ static int update(eng *e, int k, int bad, eng_update_result *u) {
     if (bad) adv[1][0] = NAN;
     eng_update_group gs[G];
     for (int g = 0; g < G; g++)
-        gs[g] = (eng_update_group){ .prompt = prompt[g], .P = PL, .n = NR, .resp = resp_p[g], .R = lens[g], .advantage = adv[g] };
+        gs[g] = (eng_update_group){.prompt = prompt[g], .P = PL, .n = NR, .resp = resp_p[g], .R = lens[g], .advantage = adv[g]};
     loss_config a;
     loss_config_default(&a);
     a.adv = ADV_GIVEN;
@@ -68,7 +73,8 @@ static int update(eng *e, int k, int bad, eng_update_result *u) {
 #define NPROBE (G * NR * RL)
 static int probe(eng *e, float *out) {
     eng_update_group gs[G];
-    for (int g = 0; g < G; g++) gs[g] = (eng_update_group){ .prompt = prompt[g], .P = PL, .n = NR, .resp = resp_p[g], .R = lens[g] };
+    for (int g = 0; g < G; g++)
+        gs[g] = (eng_update_group){.prompt = prompt[g], .P = PL, .n = NR, .resp = resp_p[g], .R = lens[g]};
     float **lp;
     if (eng_logprobs(e, gs, G, 0, 1.0f, 1 << 20, &lp)) return -1;
     int k = 0;
@@ -84,10 +90,16 @@ static void run_place(const char *where, const char *offload, const float *auto_
     char test[64];
     snprintf(test, sizeof test, "snapshot_%s", where);
     eng *e = open_at(where, offload), *ref = open_at(where, offload);
-    if (!e || !ref) { gc_row(test, "open", 1, 0); eng_close(e); eng_close(ref); return; }
+    if (!e || !ref) {
+        gc_row(test, "open", 1, 0);
+        eng_close(e);
+        eng_close(ref);
+        return;
+    }
     eng_info in;
     eng_get_info(e, &in);
-    printf("%s: plan snapshot %s (%lld MiB), optimizer %s\n", where, in.plan.snapshot_at, in.plan.snapshot >> 20, in.plan.optimizer);
+    printf("%s: plan snapshot %s (%lld MiB), optimizer %s\n", where, in.plan.snapshot_at, in.plan.snapshot >> 20,
+           in.plan.optimizer);
     eng_update_result u;
     float before[NPROBE], after[NPROBE], x[NPROBE], y[NPROBE];
     int ok = update(e, 1, 0, &u) == 0 && update(ref, 1, 0, &u) == 0 && update(e, 2, 0, &u) == 0 && update(ref, 2, 0, &u) == 0;
@@ -111,7 +123,10 @@ static void run_place(const char *where, const char *offload, const float *auto_
 }
 
 int main(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("FATAL default model: %s\n", err_msg()); return 1; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("FATAL default model: %s\n", err_msg());
+        return 1;
+    }
     make_inputs();
     float auto_lp[NPROBE];
     eng *e = open_at(NULL, "off");

@@ -29,14 +29,20 @@ static int write_default(const char *dir) {
  * as one JSON string per line (or {"error": ...}). */
 static int chat(const char *dir, int gen) {
     tok *t;
-    if (tok_load(dir, &t)) { fprintf(stderr, "chat: %s\n", err_msg()); return 1; }
+    if (tok_load(dir, &t)) {
+        fprintf(stderr, "chat: %s\n", err_msg());
+        return 1;
+    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
     while ((len = getline(&line, &cap, stdin)) > 0) {
         js_doc *doc;
         const js *v;
-        if (js_parse(line, (size_t)len, &doc, &v) || v->type != JS_ARR) { fprintf(stderr, "chat: bad line\n"); return 1; }
+        if (js_parse(line, (size_t)len, &doc, &v) || v->type != JS_ARR) {
+            fprintf(stderr, "chat: bad line\n");
+            return 1;
+        }
         chat_msg m[64];
         int n = v->n < 64 ? v->n : 64;
         for (int i = 0; i < n; i++) m[i] = (chat_msg){js_get_str(&v->items[i], "role"), js_get_str(&v->items[i], "content")};

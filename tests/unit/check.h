@@ -13,28 +13,58 @@
 static int check_failed_ = 0, check_cur_failed_ = 0;
 
 #define TEST(name) static void name(void)
-#define RUN(name) do { check_cur_failed_ = 0; name(); \
-    if (!check_cur_failed_) printf("PASS %s\n", #name); else check_failed_++; \
-    fflush(stdout); } while (0)
+#define RUN(name) \
+    do { \
+        check_cur_failed_ = 0; \
+        name(); \
+        if (!check_cur_failed_) printf("PASS %s\n", #name); \
+        else check_failed_++; \
+        fflush(stdout); \
+    } while (0)
 #define CHECK_DONE() (check_failed_ ? 1 : 0)
 
-#define FAILF(...) do { printf("FAIL %s: ", __func__); printf(__VA_ARGS__); \
-    printf(" (%s:%d)\n", __FILE__, __LINE__); check_cur_failed_ = 1; return; } while (0)
-#define CHECK(c) do { if (!(c)) FAILF("%s", #c); } while (0)
-#define CHECK_MSG(c, ...) do { if (!(c)) FAILF(__VA_ARGS__); } while (0)
-#define CHECK_EQ_INT(a, b) do { long long a_ = (a), b_ = (b); \
-    if (a_ != b_) FAILF("%s == %lld, expected %lld", #a, a_, b_); } while (0)
-#define CHECK_STR(a, b) do { const char *a_ = (a), *b_ = (b); \
-    if (!a_ || strcmp(a_, b_)) FAILF("%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)", b_); } while (0)
+#define FAILF(...) \
+    do { \
+        printf("FAIL %s: ", __func__); \
+        printf(__VA_ARGS__); \
+        printf(" (%s:%d)\n", __FILE__, __LINE__); \
+        check_cur_failed_ = 1; \
+        return; \
+    } while (0)
+#define CHECK(c) \
+    do { \
+        if (!(c)) FAILF("%s", #c); \
+    } while (0)
+#define CHECK_MSG(c, ...) \
+    do { \
+        if (!(c)) FAILF(__VA_ARGS__); \
+    } while (0)
+#define CHECK_EQ_INT(a, b) \
+    do { \
+        long long a_ = (a), b_ = (b); \
+        if (a_ != b_) FAILF("%s == %lld, expected %lld", #a, a_, b_); \
+    } while (0)
+#define CHECK_STR(a, b) \
+    do { \
+        const char *a_ = (a), *b_ = (b); \
+        if (!a_ || strcmp(a_, b_)) FAILF("%s == \"%s\", expected \"%s\"", #a, a_ ? a_ : "(null)", b_); \
+    } while (0)
 /* |a - b| <= atol + rtol * |b| */
-#define CHECK_CLOSE(a, b, atol, rtol) do { double a_ = (a), b_ = (b); \
-    if (!(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_))) \
-        FAILF("%s = %.9g, expected %.9g (atol %g, rtol %g)", #a, a_, b_, (double)(atol), (double)(rtol)); } while (0)
+#define CHECK_CLOSE(a, b, atol, rtol) \
+    do { \
+        double a_ = (a), b_ = (b); \
+        if (!(fabs(a_ - b_) <= (atol) + (rtol)*fabs(b_))) \
+            FAILF("%s = %.9g, expected %.9g (atol %g, rtol %g)", #a, a_, b_, (double)(atol), (double)(rtol)); \
+    } while (0)
 
 /* Relative L2 error ||a - b|| / max(||b||, tiny). */
 static inline double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; num += d * d; den += (double)b[i] * b[i]; }
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
 }
 

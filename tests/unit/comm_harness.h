@@ -13,7 +13,7 @@
 #include "common/bf16.h"
 #include "kernels/adamw.h"
 
-static uint64_t rng_state;   /* the tests seed it */
+static uint64_t rng_state; /* the tests seed it */
 static inline uint32_t rnd(void) {
     rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
     return (uint32_t)(rng_state >> 33);
@@ -31,13 +31,19 @@ static inline void fill(void *p, size_t n, comm_type t) {
 }
 
 enum { OP_AR, OP_RS, OP_AG, OP_BC, OP_BAR };
-static const char *const op_name[] = { "all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier" };
+static const char *const op_name[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"};
 
 /* One rank's call: op on c with n elements of t (in: W n for a reduce-scatter; out: W n for an
  * all-gather; in place: the rank's slice of in, resp. out, is the other buffer). */
 typedef struct {
-    comm *c; int op; comm_type t; size_t n; int root, in_place;
-    char *in, *out; int rc; char msg[256];
+    comm *c;
+    int op;
+    comm_type t;
+    size_t n;
+    int root, in_place;
+    char *in, *out;
+    int rc;
+    char msg[256];
 } job;
 
 static inline void *rank_main(void *p) {
@@ -46,7 +52,9 @@ static inline void *rank_main(void *p) {
     int r = comm_rank(j->c);
     switch (j->op) {
     case OP_AR: j->rc = comm_all_reduce_sum(j->c, j->out, j->n, j->t); break;
-    case OP_RS: j->rc = comm_reduce_scatter_sum(j->c, j->in, j->in_place ? j->in + (size_t)r * j->n * eb : j->out, j->n, j->t); break;
+    case OP_RS:
+        j->rc = comm_reduce_scatter_sum(j->c, j->in, j->in_place ? j->in + (size_t)r * j->n * eb : j->out, j->n, j->t);
+        break;
     case OP_AG: j->rc = comm_all_gather(j->c, j->in_place ? j->out + (size_t)r * j->n * eb : j->in, j->out, j->n, j->t); break;
     case OP_BC: j->rc = comm_broadcast(j->c, j->out, j->n, j->t, j->root); break;
     default: j->rc = comm_barrier(j->c);

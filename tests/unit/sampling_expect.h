@@ -23,16 +23,27 @@ static inline void sampling_expected(const float *x, int V, const sample_params 
         ord[n++] = j;
         if (z[j] > mx) mx = z[j];
     }
-    for (int a = 0; a < n; a++)   /* insertion sort, descending */
-        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) { int t = ord[b]; ord[b] = ord[b - 1]; ord[b - 1] = t; }
+    for (int a = 0; a < n; a++) /* insertion sort, descending */
+        for (int b = a; b > 0 && z[ord[b]] > z[ord[b - 1]]; b--) {
+            int t = ord[b];
+            ord[b] = ord[b - 1];
+            ord[b - 1] = t;
+        }
     if (pr->top_k > 0 && pr->top_k < n) n = pr->top_k;
     for (int i = 0; i < n; i++) w[i] = exp(z[ord[i]] - mx);
-    if (pr->min_p > 0) { int k = 0; while (k < n && w[k] >= pr->min_p) k++; n = k; }
+    if (pr->min_p > 0) {
+        int k = 0;
+        while (k < n && w[k] >= pr->min_p) k++;
+        n = k;
+    }
     if (pr->top_p < 1.0f) {
         double tot = 0, acc = 0;
         for (int i = 0; i < n; i++) tot += w[i];
         int k = 0;
-        while (k < n) { acc += w[k++]; if (acc >= pr->top_p * tot) break; }
+        while (k < n) {
+            acc += w[k++];
+            if (acc >= pr->top_p * tot) break;
+        }
         n = k;
     }
     double s = 0;
@@ -43,9 +54,10 @@ static inline void sampling_expected(const float *x, int V, const sample_params 
 
 /* Chi-square of n draws tok against p (V); *outside counts draws where p == 0; *df kept ids - 1. */
 static inline double sampling_chi2(const int *tok, int n, const double *p, int V, int *outside, int *df) {
-    int cnt[SE_VMAX] = { 0 };
+    int cnt[SE_VMAX] = {0};
     double c = 0;
-    *outside = 0; *df = -1;
+    *outside = 0;
+    *df = -1;
     for (int i = 0; i < n; i++) {
         if (tok[i] < 0 || tok[i] >= V || p[tok[i]] == 0) (*outside)++;
         else cnt[tok[i]]++;
@@ -61,7 +73,7 @@ static inline double sampling_chi2(const int *tok, int n, const double *p, int V
 
 /* The p = 1e-4 quantile of chi-square with df degrees of freedom (df 1..9). */
 static inline double sampling_chi2_q4(int df) {
-    static const double q[] = { 0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7 };
+    static const double q[] = {0, 15.1, 18.4, 21.1, 23.5, 25.7, 27.9, 29.9, 31.8, 33.7};
     return df >= 1 && df <= 9 ? q[df] : NAN;
 }
 #endif

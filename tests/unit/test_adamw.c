@@ -18,8 +18,8 @@
 #define FIXTURE "tests/fixtures/adamw_reference.json"
 
 /* torch.optim.AdamW, as its documentation writes the algorithm (amsgrad off), in double. */
-static void adamw_ref(double *p, const double *g, double *m, double *v, long n, double lr, double b1,
-                      double b2, double eps, double wd, int t) {
+static void adamw_ref(double *p, const double *g, double *m, double *v, long n, double lr, double b1, double b2, double eps,
+                      double wd, int t) {
     for (long i = 0; i < n; i++) {
         p[i] -= lr * wd * p[i];
         m[i] = b1 * m[i] + (1 - b1) * g[i];
@@ -34,7 +34,11 @@ TEST(test_adamw_vs_double) {
     static float p[N], g[N], m[N], v[N];
     static double pd[N], gd[N], md[N], vd[N];
     check_fill(p, N, 1, 1.0f);
-    for (int i = 0; i < N; i++) { pd[i] = p[i]; m[i] = v[i] = 0; md[i] = vd[i] = 0; }
+    for (int i = 0; i < N; i++) {
+        pd[i] = p[i];
+        m[i] = v[i] = 0;
+        md[i] = vd[i] = 0;
+    }
     const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
     /* the reference gets the decimals, as torch from Python */
     const double lr_d = 1e-2, b1_d = 0.9, b2_d = 0.999, eps_d = 1e-8, wd_d = 0.1;
@@ -66,8 +70,8 @@ TEST(test_weight_decay_only) {
     float q[2] = {1.5f, -0.25f}, gq[2] = {0.3f, -0.7f}, mq[2] = {0}, vq[2] = {0};
     adamw_cpu(q, gq, mq, vq, 2, 0.0f, 0.9f, 0.999f, 1e-8f, 0.5f, 1);
     CHECK(q[0] == 1.5f && q[1] == -0.25f);
-    CHECK_CLOSE(mq[0], 0.03, 0, 1e-6);           /* the moments still move */
-    CHECK_CLOSE(vq[1], 0.001 * (0.7f * 0.7f), 0, 1e-6);    /* 1 - beta2 = 0.001, not 1 - 0.999f */
+    CHECK_CLOSE(mq[0], 0.03, 0, 1e-6); /* the moments still move */
+    CHECK_CLOSE(vq[1], 0.001 * (0.7f * 0.7f), 0, 1e-6); /* 1 - beta2 = 0.001, not 1 - 0.999f */
     CHECK(adamw_scalar(0.999f) == 0.999 && adamw_scalar(1e-8f) == 1e-8 && adamw_scalar(0.9f) == 0.9);
     CHECK(adamw_scalar(0.1f + 1e-9f) == (double)(0.1f + 1e-9f) || (float)adamw_scalar(0.1f + 1e-9f) == 0.1f + 1e-9f);
     /* first step, no decay: p moves by lr * g / (|g| + eps') = lr * sign(g) */
@@ -146,7 +150,8 @@ TEST(test_torch_fixture) {
     double max_norm = js_get_num(root, "max_norm", 0);
     static float p[4096], g[4096], m[4096], v[4096], want[4096];
     CHECK(js_floats(js_get(root, "p0"), p, n) == 0);
-    memset(m, 0, sizeof m); memset(v, 0, sizeof v);
+    memset(m, 0, sizeof m);
+    memset(v, 0, sizeof v);
     const js *grads = js_get(root, "grads"), *norms = js_get(root, "norms"), *cg = js_get(root, "clipped_grads");
     const js *ps = js_get(root, "params"), *ms = js_get(root, "exp_avg"), *vs = js_get(root, "exp_avg_sq");
     int clipped_steps = 0;
@@ -155,10 +160,14 @@ TEST(test_torch_fixture) {
         double norm = sqrt(sumsq_cpu(g, n));
         CHECK_CLOSE(norm, js_num(&norms->items[t - 1], -1), 0, 1e-6);
         double coef = grad_clip_coef(norm, max_norm);
-        if (coef < 1) { scale_cpu(g, n, (float)coef); clipped_steps++; }
+        if (coef < 1) {
+            scale_cpu(g, n, (float)coef);
+            clipped_steps++;
+        }
         CHECK(js_floats(&cg->items[t - 1], want, n) == 0);
         for (int i = 0; i < n; i++)
-            CHECK_MSG(fabs(g[i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-12, "step %d clipped g[%d] %.9g vs torch %.9g", t, i, g[i], want[i]);
+            CHECK_MSG(fabs(g[i] - want[i]) <= 1e-6 * fabs(want[i]) + 1e-12, "step %d clipped g[%d] %.9g vs torch %.9g", t, i,
+                      g[i], want[i]);
         adamw_cpu(p, g, m, v, n, lr, b1, b2, eps, wd, t);
         const js *ref[3] = {&ps->items[t - 1], &ms->items[t - 1], &vs->items[t - 1]};
         float *got[3] = {p, m, v};
@@ -172,8 +181,8 @@ TEST(test_torch_fixture) {
         for (int k = 0; k < 3; k++) {
             CHECK(js_floats(ref[k], want, n) == 0);
             for (int i = 0; i < n; i++)
-                CHECK_MSG(fabs(got[k][i] - want[i]) <= 1e-6 * fabs(want[i]) + slack[k],
-                          "step %d %s[%d] %.9g vs torch %.9g", t, name[k], i, got[k][i], want[i]);
+                CHECK_MSG(fabs(got[k][i] - want[i]) <= 1e-6 * fabs(want[i]) + slack[k], "step %d %s[%d] %.9g vs torch %.9g", t,
+                          name[k], i, got[k][i], want[i]);
         }
     }
     CHECK_MSG(clipped_steps > 0 && clipped_steps < steps, "the fixture should clip some steps, not all: %d", clipped_steps);
@@ -193,7 +202,8 @@ int main(void) {
         RUN(test_torch_fixture);
     } else {
         printf("# skip test_torch_fixture: %s not found; make it with "
-               "python3 tests/fixtures/make_adamw_reference.py OUTDIR on a machine with torch\n", FIXTURE);
+               "python3 tests/fixtures/make_adamw_reference.py OUTDIR on a machine with torch\n",
+               FIXTURE);
     }
     return CHECK_DONE();
 }

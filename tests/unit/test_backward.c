@@ -67,7 +67,10 @@ static double wsum(const float *w, const float *y, long long n) {
 
 /* ---------------------------------------------------------------- rmsnorm */
 
-typedef struct { float *x, *w, *y, *r, *wy; int T, C; } rms_ctx;
+typedef struct {
+    float *x, *w, *y, *r, *wy;
+    int T, C;
+} rms_ctx;
 static double rms_loss(void *p) {
     rms_ctx *c = p;
     rmsnorm_fwd_cpu(c->y, c->r, c->x, c->w, c->T, c->C, 1e-6f);
@@ -75,7 +78,7 @@ static double rms_loss(void *p) {
 }
 TEST(rmsnorm_backward) {
     int T = 5, C = 24;
-    rms_ctx c = { malloc(T * C * 4), malloc(C * 4), malloc(T * C * 4), malloc(T * 4), malloc(T * C * 4), T, C };
+    rms_ctx c = {malloc(T * C * 4), malloc(C * 4), malloc(T * C * 4), malloc(T * 4), malloc(T * C * 4), T, C};
     check_fill(c.x, T * C, 1, 1.0f);
     check_fill(c.w, C, 2, 1.0f);
     check_fill(c.wy, T * C, 3, 1.0f);
@@ -85,21 +88,32 @@ TEST(rmsnorm_backward) {
     double ex = fd_rel_err(rms_loss, &c, c.x, dx, T * C, 4), ew = fd_rel_err(rms_loss, &c, c.w, dw, C, 5);
     printf("  rmsnorm: dx %.2e dw %.2e\n", ex, ew);
     CHECK_MSG(ex < FD_TOL && ew < FD_TOL, "rel err dx %.3g dw %.3g", ex, ew);
-    free(c.x); free(c.w); free(c.y); free(c.r); free(c.wy); free(dx); free(dw);
+    free(c.x);
+    free(c.w);
+    free(c.y);
+    free(c.r);
+    free(c.wy);
+    free(dx);
+    free(dw);
 }
 
 /* ---------------------------------------------------------------- matmul */
 
-typedef struct { float *x, *w, *b, *y, *wy; int T, I, O; } mm_ctx;
+typedef struct {
+    float *x, *w, *b, *y, *wy;
+    int T, I, O;
+} mm_ctx;
 static double mm_loss(void *p) {
     mm_ctx *c = p;
     matmul_fwd_cpu(c->y, c->x, c->w, c->b, c->T, c->I, c->O);
     return wsum(c->wy, c->y, (long long)c->T * c->O);
 }
 TEST(matmul_backward) {
-    int T = 7, I = 19, O = 13;   /* not multiples of the 4x4 tiles */
-    mm_ctx c = { malloc(T * I * 4), malloc(O * I * 4), malloc(O * 4), malloc(T * O * 4), malloc(T * O * 4), T, I, O };
-    check_fill(c.x, T * I, 6, 1.0f); check_fill(c.w, O * I, 7, 0.5f); check_fill(c.b, O, 8, 0.5f);
+    int T = 7, I = 19, O = 13; /* not multiples of the 4x4 tiles */
+    mm_ctx c = {malloc(T * I * 4), malloc(O * I * 4), malloc(O * 4), malloc(T * O * 4), malloc(T * O * 4), T, I, O};
+    check_fill(c.x, T * I, 6, 1.0f);
+    check_fill(c.w, O * I, 7, 0.5f);
+    check_fill(c.b, O, 8, 0.5f);
     check_fill(c.wy, T * O, 9, 1.0f);
     float *dx = calloc(T * I, 4), *dw = calloc(O * I, 4), *db = calloc(O, 4);
     matmul_bwd_cpu(dx, dw, db, c.wy, c.x, c.w, T, I, O);
@@ -107,12 +121,23 @@ TEST(matmul_backward) {
            eb = fd_rel_err(mm_loss, &c, c.b, db, O, 12);
     printf("  matmul: dx %.2e dw %.2e db %.2e\n", ex, ew, eb);
     CHECK_MSG(ex < FD_TOL && ew < FD_TOL && eb < FD_TOL, "rel err %.3g %.3g %.3g", ex, ew, eb);
-    free(c.x); free(c.w); free(c.b); free(c.y); free(c.wy); free(dx); free(dw); free(db);
+    free(c.x);
+    free(c.w);
+    free(c.b);
+    free(c.y);
+    free(c.wy);
+    free(dx);
+    free(dw);
+    free(db);
 }
 
 /* ---------------------------------------------------------------- rope */
 
-typedef struct { float *x, *y, *wy, *f; int *pos; int T, H, D; } rope_ctx;
+typedef struct {
+    float *x, *y, *wy, *f;
+    int *pos;
+    int T, H, D;
+} rope_ctx;
 static double rope_loss(void *p) {
     rope_ctx *c = p;
     long long n = (long long)c->T * c->H * c->D;
@@ -122,23 +147,33 @@ static double rope_loss(void *p) {
 }
 TEST(rope_backward) {
     int T = 6, H = 3, D = 16, n = T * H * D;
-    rope_ctx c = { malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(D / 2 * 4), malloc(T * 4), T, H, D };
-    int pos[6] = { 0, 1, 2, 7, 7, 130 };
+    rope_ctx c = {malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(D / 2 * 4), malloc(T * 4), T, H, D};
+    int pos[6] = {0, 1, 2, 7, 7, 130};
     memcpy(c.pos, pos, sizeof pos);
     rope_inv_freq(c.f, D, 500000.0f, 8.0f, 1.0f, 4.0f, 64);
-    check_fill(c.x, n, 13, 1.0f); check_fill(c.wy, n, 14, 1.0f);
+    check_fill(c.x, n, 13, 1.0f);
+    check_fill(c.wy, n, 14, 1.0f);
     float *dx = malloc(n * 4);
     memcpy(dx, c.wy, n * 4);
     rope_bwd_cpu(dx, c.pos, c.f, T, H, D);
     double e = fd_rel_err(rope_loss, &c, c.x, dx, n, 15);
     printf("  rope: dx %.2e\n", e);
     CHECK_MSG(e < FD_TOL, "rel err %.3g", e);
-    free(c.x); free(c.y); free(c.wy); free(c.f); free(c.pos); free(dx);
+    free(c.x);
+    free(c.y);
+    free(c.wy);
+    free(c.f);
+    free(c.pos);
+    free(dx);
 }
 
 /* ---------------------------------------------------------------- attention (two ranges) */
 
-typedef struct { float *q, *k, *v, *o, *lse, *wy; attn_ranges r; int T, H, K, D; } att_ctx;
+typedef struct {
+    float *q, *k, *v, *o, *lse, *wy;
+    attn_ranges r;
+    int T, H, K, D;
+} att_ctx;
 static double att_loss(void *p) {
     att_ctx *c = p;
     attention_fwd_cpu(c->o, c->lse, c->q, c->k, c->v, c->r, c->T, c->H, c->K, c->D);
@@ -147,18 +182,38 @@ static double att_loss(void *p) {
 TEST(attention_backward_shared_prefix) {
     /* One group: prompt of 3, responses of 2 and 3, packed [P; R1; R2]. */
     static const int P = 3;
-    const int grp[2] = { 2, 3 };
+    const int grp[2] = {2, 3};
     int T = P + grp[0] + grp[1], H = 4, K = 2, D = 8;
     int *a0 = malloc(T * 4), *a1 = malloc(T * 4), *b0 = malloc(T * 4), *b1 = malloc(T * 4);
-    for (int i = 0; i < P; i++) { a0[i] = 0; a1[i] = i + 1; b0[i] = b1[i] = 0; }
+    for (int i = 0; i < P; i++) {
+        a0[i] = 0;
+        a1[i] = i + 1;
+        b0[i] = b1[i] = 0;
+    }
     for (int s = 0, t = P; s < 2; s++) {
         int s0 = t;
-        for (int j = 0; j < grp[s]; j++, t++) { a0[t] = 0; a1[t] = P; b0[t] = s0; b1[t] = s0 + j + 1; }
+        for (int j = 0; j < grp[s]; j++, t++) {
+            a0[t] = 0;
+            a1[t] = P;
+            b0[t] = s0;
+            b1[t] = s0 + j + 1;
+        }
     }
     int nq = T * H * D, nk = T * K * D;
-    att_ctx c = { malloc(nq * 4), malloc(nk * 4), malloc(nk * 4), malloc(nq * 4), malloc(T * H * 4), malloc(nq * 4),
-                  { a0, a1, b0, b1 }, T, H, K, D };
-    check_fill(c.q, nq, 16, 1.0f); check_fill(c.k, nk, 17, 1.0f); check_fill(c.v, nk, 18, 1.0f);
+    att_ctx c = {malloc(nq * 4),
+                 malloc(nk * 4),
+                 malloc(nk * 4),
+                 malloc(nq * 4),
+                 malloc(T * H * 4),
+                 malloc(nq * 4),
+                 {a0, a1, b0, b1},
+                 T,
+                 H,
+                 K,
+                 D};
+    check_fill(c.q, nq, 16, 1.0f);
+    check_fill(c.k, nk, 17, 1.0f);
+    check_fill(c.v, nk, 18, 1.0f);
     check_fill(c.wy, nq, 19, 1.0f);
     att_loss(&c);
     float *dq = calloc(nq, 4), *dk = calloc(nk, 4), *dv = calloc(nk, 4);
@@ -167,13 +222,27 @@ TEST(attention_backward_shared_prefix) {
            ev = fd_rel_err(att_loss, &c, c.v, dv, nk, 22);
     printf("  attention: dq %.2e dk %.2e dv %.2e\n", eq, ek, ev);
     CHECK_MSG(eq < FD_TOL && ek < FD_TOL && ev < FD_TOL, "rel err %.3g %.3g %.3g", eq, ek, ev);
-    free(c.q); free(c.k); free(c.v); free(c.o); free(c.lse); free(c.wy);
-    free(a0); free(a1); free(b0); free(b1); free(dq); free(dk); free(dv);
+    free(c.q);
+    free(c.k);
+    free(c.v);
+    free(c.o);
+    free(c.lse);
+    free(c.wy);
+    free(a0);
+    free(a1);
+    free(b0);
+    free(b1);
+    free(dq);
+    free(dk);
+    free(dv);
 }
 
 /* ---------------------------------------------------------------- swiglu */
 
-typedef struct { float *g, *u, *y, *wy; long long n; } swi_ctx;
+typedef struct {
+    float *g, *u, *y, *wy;
+    long long n;
+} swi_ctx;
 static double swi_loss(void *p) {
     swi_ctx *c = p;
     swiglu_fwd_cpu(c->y, c->g, c->u, c->n);
@@ -181,19 +250,31 @@ static double swi_loss(void *p) {
 }
 TEST(swiglu_backward) {
     long long n = 50;
-    swi_ctx c = { malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 4), n };
-    check_fill(c.g, n, 23, 3.0f); check_fill(c.u, n, 24, 1.0f); check_fill(c.wy, n, 25, 1.0f);
+    swi_ctx c = {malloc(n * 4), malloc(n * 4), malloc(n * 4), malloc(n * 4), n};
+    check_fill(c.g, n, 23, 3.0f);
+    check_fill(c.u, n, 24, 1.0f);
+    check_fill(c.wy, n, 25, 1.0f);
     float *dg = malloc(n * 4), *du = malloc(n * 4);
     swiglu_bwd_cpu(dg, du, c.wy, c.g, c.u, n);
     double eg = fd_rel_err(swi_loss, &c, c.g, dg, n, 26), eu = fd_rel_err(swi_loss, &c, c.u, du, n, 27);
     printf("  swiglu: dgate %.2e dup %.2e\n", eg, eu);
     CHECK_MSG(eg < FD_TOL && eu < FD_TOL, "rel err %.3g %.3g", eg, eu);
-    free(c.g); free(c.u); free(c.y); free(c.wy); free(dg); free(du);
+    free(c.g);
+    free(c.u);
+    free(c.y);
+    free(c.wy);
+    free(dg);
+    free(du);
 }
 
 /* ---------------------------------------------------------------- logprob head (+ entropy) */
 
-typedef struct { float *h, *w, *lp, *ent, *wl, *we; int *pos, *tok; int M, C, V; float temp; } lp_ctx;
+typedef struct {
+    float *h, *w, *lp, *ent, *wl, *we;
+    int *pos, *tok;
+    int M, C, V;
+    float temp;
+} lp_ctx;
 static double lp_loss(void *p) {
     lp_ctx *c = p;
     logprob_fwd_cpu(c->lp, c->ent, c->h, c->pos, c->tok, c->w, c->M, c->C, c->V, c->temp);
@@ -201,42 +282,82 @@ static double lp_loss(void *p) {
 }
 TEST(logprob_head_backward) {
     int T = 6, M = 5, C = 12, V = 37;
-    int pos[5] = { 0, 2, 3, 3, 5 }, tok[5] = { 1, 36, 0, 7, 7 };   /* a row feeding two predictions */
-    lp_ctx c = { malloc(T * C * 4), malloc(V * C * 4), malloc(M * 4), malloc(M * 4), malloc(M * 4), malloc(M * 4),
-                 pos, tok, M, C, V, 0.7f };
-    check_fill(c.h, T * C, 28, 1.0f); check_fill(c.w, V * C, 29, 0.5f);
-    check_fill(c.wl, M, 30, 1.0f); check_fill(c.we, M, 31, 1.0f);
+    int pos[5] = {0, 2, 3, 3, 5}, tok[5] = {1, 36, 0, 7, 7}; /* a row feeding two predictions */
+    lp_ctx c = {malloc(T * C * 4),
+                malloc(V * C * 4),
+                malloc(M * 4),
+                malloc(M * 4),
+                malloc(M * 4),
+                malloc(M * 4),
+                pos,
+                tok,
+                M,
+                C,
+                V,
+                0.7f};
+    check_fill(c.h, T * C, 28, 1.0f);
+    check_fill(c.w, V * C, 29, 0.5f);
+    check_fill(c.wl, M, 30, 1.0f);
+    check_fill(c.we, M, 31, 1.0f);
     float *dh = calloc(T * C, 4), *dw = calloc(V * C, 4);
     logprob_bwd_cpu(dh, dw, c.wl, c.we, c.h, pos, tok, c.w, M, C, V, c.temp);
     double eh = fd_rel_err(lp_loss, &c, c.h, dh, T * C, 32), ew = fd_rel_err(lp_loss, &c, c.w, dw, V * C, 33);
     printf("  logprob head: dh %.2e dW %.2e\n", eh, ew);
     CHECK_MSG(eh < FD_TOL && ew < FD_TOL, "rel err %.3g %.3g", eh, ew);
-    free(c.h); free(c.w); free(c.lp); free(c.ent); free(c.wl); free(c.we); free(dh); free(dw);
+    free(c.h);
+    free(c.w);
+    free(c.lp);
+    free(c.ent);
+    free(c.wl);
+    free(c.we);
+    free(dh);
+    free(dw);
 }
 
 /* ---------------------------------------------------------------- the whole model */
 
 static model_config tiny(model_arch arch) {
-    model_config c = { .arch = arch, .L = 2, .C = 32, .H = 4, .K = 2, .D = 12, .F = 48, .V = 41, .max_pos = 512,
-                       .eps = 1e-6f, .rope_theta = 10000.0f, .bos_id = -1 };
+    model_config c = {.arch = arch,
+                      .L = 2,
+                      .C = 32,
+                      .H = 4,
+                      .K = 2,
+                      .D = 12,
+                      .F = 48,
+                      .V = 41,
+                      .max_pos = 512,
+                      .eps = 1e-6f,
+                      .rope_theta = 10000.0f,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "%s", arch == ARCH_QWEN2 ? "qwen2" : arch == ARCH_QWEN3 ? "qwen3" : "llama");
     c.qkv_bias = arch == ARCH_QWEN2;
     c.qk_norm = arch == ARCH_QWEN3;
     c.tied = arch == ARCH_QWEN3;
-    if (arch == ARCH_LLAMA) { c.rope_factor = 8; c.rope_low = 1; c.rope_high = 4; c.rope_orig_max = 8; }
+    if (arch == ARCH_LLAMA) {
+        c.rope_factor = 8;
+        c.rope_low = 1;
+        c.rope_high = 4;
+        c.rope_orig_max = 8;
+    }
     return c;
 }
 
 /* two groups: P=3 with N=2, P=2 with N=1 */
 static void two_groups(pack_group pg[2]) {
-    static int p0[3] = { 1, 5, 9 }, p1[2] = { 40, 3 }, r00[2] = { 7, 8 }, r01[3] = { 2, 2, 30 }, r10[2] = { 11, 0 };
-    static const int *rs0[2] = { r00, r01 }, *rs1[1] = { r10 };
-    static int R0[2] = { 2, 3 }, R1[1] = { 2 };
-    pg[0] = (pack_group){ p0, 3, 2, rs0, R0 };
-    pg[1] = (pack_group){ p1, 2, 1, rs1, R1 };
+    static int p0[3] = {1, 5, 9}, p1[2] = {40, 3}, r00[2] = {7, 8}, r01[3] = {2, 2, 30}, r10[2] = {11, 0};
+    static const int *rs0[2] = {r00, r01}, *rs1[1] = {r10};
+    static int R0[2] = {2, 3}, R1[1] = {2};
+    pg[0] = (pack_group){p0, 3, 2, rs0, R0};
+    pg[1] = (pack_group){p1, 2, 1, rs1, R1};
 }
 
-typedef struct { model *m; model_views *wv; model_acts *a; model_input *in; float *wl; } full_ctx;
+typedef struct {
+    model *m;
+    model_views *wv;
+    model_acts *a;
+    model_input *in;
+    float *wl;
+} full_ctx;
 static double full_loss(void *p) {
     full_ctx *c = p;
     model_forward(c->m, c->wv, c->a, NULL, c->in, 0.9f, 0);
@@ -252,7 +373,7 @@ TEST(model_backward_all_architectures) {
         CHECK(model_init(&m, &cfg, be) == 0);
         float *w = malloc((size_t)m.n_elems * 4), *g = calloc((size_t)m.n_elems, 4);
         check_fill(w, (size_t)m.n_elems, 40 + arch, 0.3f);
-        for (int i = 0; i < m.n_params; i++)   /* norm weights near 1 */
+        for (int i = 0; i < m.n_params; i++) /* norm weights near 1 */
             if (m.params[i].ndim == 1 && strstr(m.params[i].name, "norm"))
                 for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
         model_views wv, gv;
@@ -268,7 +389,7 @@ TEST(model_backward_all_architectures) {
         model_input_from_batch(&in, &b);
         float *wl = malloc((size_t)b.M * 4);
         check_fill(wl, (size_t)b.M, 50 + arch, 1.0f);
-        full_ctx c = { &m, &wv, &a, &in, wl };
+        full_ctx c = {&m, &wv, &a, &in, wl};
         full_loss(&c);
         CHECK(model_backward(&m, &wv, &gv, &a, &in, wl, NULL, 0.9f) == 0);
         double e = fd_rel_err(full_loss, &c, w, g, m.n_elems, 60 + arch);
@@ -276,10 +397,13 @@ TEST(model_backward_all_architectures) {
         CHECK_MSG(e < FD_TOL, "%s: rel err %.3g", cfg.arch_name, e);
         model_acts_free(&m, &a);
         pack_batch_free(&b);
-        model_views_free(&wv); model_views_free(&gv);
+        model_views_free(&wv);
+        model_views_free(&gv);
         model_free(&m);
         be->destroy(be);
-        free(w); free(g); free(wl);
+        free(w);
+        free(g);
+        free(wl);
     }
 }
 
@@ -295,10 +419,10 @@ TEST(lora_adapter_backward) {
         CHECK(model_init(m, &cfg, be) == 0 && lora_init(m, 3, 6.0f, (1u << LORA_N) - 1) == 0);
         float *w = malloc((size_t)m->n_elems * 4), *lw = malloc((size_t)m->l_elems * 4);
         check_fill(w, (size_t)m->n_elems, 70 + arch, 0.3f);
-        for (int i = 0; i < m->n_params; i++)   /* norm weights near 1 */
+        for (int i = 0; i < m->n_params; i++) /* norm weights near 1 */
             if (m->params[i].ndim == 1 && strstr(m->params[i].name, "norm"))
                 for (long long j = 0; j < m->params[i].numel; j++) w[m->params[i].off + j] += 1.0f;
-        check_fill(lw, (size_t)m->l_elems, 77 + arch, 0.2f);   /* B nonzero */
+        check_fill(lw, (size_t)m->l_elems, 77 + arch, 0.2f); /* B nonzero */
         model_views wv;
         model_views_make(m, w, 4, &wv);
         lora_views(m, lw, 4, &wv);
@@ -316,7 +440,7 @@ TEST(lora_adapter_backward) {
         model_views gv, fv;
         model_views_make(m, g, 4, &gv);
         lora_views(m, lg, 4, &gv);
-        full_ctx c = { m, &wv, &a, &in, wl };
+        full_ctx c = {m, &wv, &a, &in, wl};
         full_loss(&c);
         CHECK(model_backward(m, &wv, &gv, &a, &in, wl, NULL, 0.9f) == 0);
         double ea = fd_rel_err(full_loss, &c, lw, lg, m->l_elems, 90 + arch);
@@ -328,13 +452,19 @@ TEST(lora_adapter_backward) {
         CHECK(model_backward(m, &wv, &fv, &a, &in, wl, NULL, 0.9f) == 0);
         double e2 = rel_l2(lg2, lg, (size_t)m->l_elems);
         CHECK_MSG(e2 < 1e-6, "frozen-base adapter gradients differ: rel L2 %.3g", e2);
-        model_views_free(&gv); model_views_free(&fv);
+        model_views_free(&gv);
+        model_views_free(&fv);
         model_acts_free(m, &a);
         pack_batch_free(&b);
         model_views_free(&wv);
         model_free(m);
         be->destroy(be);
-        free(wl); free(g); free(lg); free(lg2); free(w); free(lw);
+        free(wl);
+        free(g);
+        free(lg);
+        free(lg2);
+        free(w);
+        free(lw);
     }
 }
 
@@ -354,10 +484,10 @@ TEST(recompute_equals_full) {
         check_fill(w, (size_t)m.n_elems, 70 + arch, 0.3f);
         model_views wv, gv[3];
         model_views_make(&m, w, 4, &wv);
-        int p0[4] = { 1, 5, 9, 2 }, r00[3] = { 7, 8, 3 }, r01[2] = { 2, 30 };
-        const int *rs0[2] = { r00, r01 };
-        int R0[2] = { 3, 2 };
-        pack_group pg = { p0, 4, 2, rs0, R0 };
+        int p0[4] = {1, 5, 9, 2}, r00[3] = {7, 8, 3}, r01[2] = {2, 30};
+        const int *rs0[2] = {r00, r01};
+        int R0[2] = {3, 2};
+        pack_group pg = {p0, 4, 2, rs0, R0};
         pack_batch b;
         CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
         model_input in;
@@ -365,7 +495,7 @@ TEST(recompute_equals_full) {
         float *wl = malloc((size_t)b.M * 4), *we = malloc((size_t)b.M * 4), *lp[3];
         check_fill(wl, (size_t)b.M, 80 + arch, 1.0f);
         check_fill(we, (size_t)b.M, 90 + arch, 0.1f);
-        const int ckpt[3] = { 0, 2, 4 };
+        const int ckpt[3] = {0, 2, 4};
         for (int k = 0; k < 3; k++) {
             g[k] = calloc((size_t)m.n_elems, 4);
             lp[k] = malloc((size_t)b.M * 4);
@@ -387,12 +517,18 @@ TEST(recompute_equals_full) {
         CHECK(model_acts_bytes(&m, b.T, b.M, 1, 4) < model_acts_bytes(&m, b.T, b.M, 1, 2));
         model_acts a;
         CHECK(model_acts_init_budget(&m, &a, b.T, b.M, model_acts_bytes(&m, b.T, b.M, 1, 4) - 1) == GE_NOMEM);
-        for (int k = 0; k < 3; k++) { model_views_free(&gv[k]); free(g[k]); free(lp[k]); }
+        for (int k = 0; k < 3; k++) {
+            model_views_free(&gv[k]);
+            free(g[k]);
+            free(lp[k]);
+        }
         pack_batch_free(&b);
         model_views_free(&wv);
         model_free(&m);
         be->destroy(be);
-        free(w); free(wl); free(we);
+        free(w);
+        free(wl);
+        free(we);
     }
 }
 

@@ -17,9 +17,15 @@
 #include "kernels/adamw.h"
 
 #define WMAX 4
-static const size_t sizes[] = { 1, 7, 1000, 4099 };
+static const size_t sizes[] = {1, 7, 1000, 4099};
 
-static float bf(uint16_t b) { union { uint32_t u; float f; } x = { (uint32_t)b << 16 }; return x.f; }
+static float bf(uint16_t b) {
+    union {
+        uint32_t u;
+        float f;
+    } x = {(uint32_t)b << 16};
+    return x.f;
+}
 
 /* Sum over ranks in rank order of element j of in[q] (the comm's contract), into dst[i]. */
 static void ref_sum(void *const *in, int W, size_t j, void *dst, size_t i, comm_type t) {
@@ -43,7 +49,7 @@ static int one(comm **cs, int W, int op, comm_type t, size_t n, int in_place, ch
     pthread_t th[WMAX];
     int root = (int)(rnd() % (unsigned)W);
     for (int q = 0; q < W; q++) {
-        jobs[q] = (job){ .c = cs[q], .op = op, .t = t, .n = n, .root = root, .in_place = in_place };
+        jobs[q] = (job){.c = cs[q], .op = op, .t = t, .n = n, .root = root, .in_place = in_place};
         jobs[q].in = malloc(n_in * eb + 1);
         jobs[q].out = malloc((op == 1 ? W * n : n_out) * eb + 1);
         orig[q] = malloc((op == 1 ? W * n : n_in) * eb + 1);
@@ -57,20 +63,31 @@ static int one(comm **cs, int W, int op, comm_type t, size_t n, int in_place, ch
     int bad = 0;
     void *want = malloc(n_out * eb + 1);
     for (int q = 0; q < W && !bad; q++) {
-        if (jobs[q].rc) { snprintf(why, whylen, "rank %d: rc %d (%s)", q, jobs[q].rc, err_msg()); bad = 1; break; }
-        if (op == 0) for (size_t i = 0; i < n; i++) ref_sum(orig, W, i, want, i, t);
-        else if (op == 1) for (size_t i = 0; i < n; i++) ref_sum(orig, W, (size_t)q * n + i, want, i, t);
-        else if (op == 2) for (int s = 0; s < W; s++) memcpy((char *)want + (size_t)s * n * eb, orig[s], n * eb);
+        if (jobs[q].rc) {
+            snprintf(why, whylen, "rank %d: rc %d (%s)", q, jobs[q].rc, err_msg());
+            bad = 1;
+            break;
+        }
+        if (op == 0)
+            for (size_t i = 0; i < n; i++) ref_sum(orig, W, i, want, i, t);
+        else if (op == 1)
+            for (size_t i = 0; i < n; i++) ref_sum(orig, W, (size_t)q * n + i, want, i, t);
+        else if (op == 2)
+            for (int s = 0; s < W; s++) memcpy((char *)want + (size_t)s * n * eb, orig[s], n * eb);
         else if (op == 3) memcpy(want, orig[root], n * eb);
         const void *got = op == 1 && in_place ? (char *)jobs[q].in + (size_t)q * n * eb : jobs[q].out;
         if (op <= 3 && memcmp(got, want, n_out * eb)) {
-            snprintf(why, whylen, "%s W=%d type %d n=%zu in_place %d: rank %d differs from the rank-order reference",
-                     op_name[op], W, (int)t, n, in_place, q);
+            snprintf(why, whylen, "%s W=%d type %d n=%zu in_place %d: rank %d differs from the rank-order reference", op_name[op],
+                     W, (int)t, n, in_place, q);
             bad = 1;
         }
     }
     free(want);
-    for (int q = 0; q < W; q++) { free(jobs[q].in); free(jobs[q].out); free(orig[q]); }
+    for (int q = 0; q < W; q++) {
+        free(jobs[q].in);
+        free(jobs[q].out);
+        free(orig[q]);
+    }
     return bad;
 }
 
@@ -80,7 +97,10 @@ TEST(collectives_match_rank_order_reference) {
     for (int W = 1; W <= WMAX; W++) {
         comm *cs[WMAX];
         CHECK_EQ_INT(comm_cpu_group(W, cs), 0);
-        for (int q = 0; q < W; q++) { CHECK_EQ_INT(comm_rank(cs[q]), q); CHECK_EQ_INT(comm_size(cs[q]), W); }
+        for (int q = 0; q < W; q++) {
+            CHECK_EQ_INT(comm_rank(cs[q]), q);
+            CHECK_EQ_INT(comm_size(cs[q]), W);
+        }
         int bad = 0;
         for (int op = 0; op <= 4 && !bad; op++)
             for (int t = COMM_F32; t <= COMM_U8 && !bad; t++) {
@@ -104,14 +124,18 @@ TEST(sums_differ_from_another_order) {
 TEST(u8_has_no_sum) {
     comm *cs[1];
     CHECK_EQ_INT(comm_cpu_group(1, cs), 0);
-    unsigned char x[3] = { 1, 2, 3 };
+    unsigned char x[3] = {1, 2, 3};
     CHECK_EQ_INT(comm_all_reduce_sum(cs[0], x, 3, COMM_U8), GE_INVALID);
     CHECK_EQ_INT(comm_broadcast(cs[0], x, 3, COMM_U8, 1), GE_INVALID);
     comm_free(cs[0]);
     CHECK_EQ_INT(comm_cpu_group(0, cs), GE_INVALID);
 }
 
-typedef struct { comm *c; float *buf; int rc, rc2; } ab_job;
+typedef struct {
+    comm *c;
+    float *buf;
+    int rc, rc2;
+} ab_job;
 static void *ab_main(void *p) {
     ab_job *j = p;
     j->rc = comm_all_reduce_sum(j->c, j->buf, 5, COMM_F32);
@@ -122,15 +146,18 @@ static void *ab_main(void *p) {
 TEST(abort_wakes_waiters) {
     comm *cs[3];
     CHECK_EQ_INT(comm_cpu_group(3, cs), 0);
-    float bufs[2][5] = { { 1, 2, 3, 4, 5 }, { 1, 2, 3, 4, 5 } };
-    ab_job j[2] = { { cs[0], bufs[0], 1, 1 }, { cs[1], bufs[1], 1, 1 } };
+    float bufs[2][5] = {{1, 2, 3, 4, 5}, {1, 2, 3, 4, 5}};
+    ab_job j[2] = {{cs[0], bufs[0], 1, 1}, {cs[1], bufs[1], 1, 1}};
     pthread_t th[2];
     for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, ab_main, &j[q]);
     /* rank 2 never joins: it fails and aborts (from this thread) while 0 and 1 wait */
     comm_abort(cs[2]);
     for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
-    for (int q = 0; q < 2; q++) { CHECK_EQ_INT(j[q].rc, GE_COMM); CHECK_EQ_INT(j[q].rc2, GE_COMM); }
-    float y[4] = { 0 };
+    for (int q = 0; q < 2; q++) {
+        CHECK_EQ_INT(j[q].rc, GE_COMM);
+        CHECK_EQ_INT(j[q].rc2, GE_COMM);
+    }
+    float y[4] = {0};
     CHECK_EQ_INT(comm_all_gather(cs[2], y, y, 1, COMM_F32), GE_COMM);
     for (int q = 0; q < 3; q++) comm_free(cs[q]);
 }

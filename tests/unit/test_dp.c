@@ -41,19 +41,22 @@
 #define NG 7
 #define NCFG 5
 #define LR 2e-3f
-#define MB_TOKENS 24   /* tokens a micro-batch: several per mini-batch, and some groups split */
+#define MB_TOKENS 24 /* tokens a micro-batch: several per mini-batch, and some groups split */
 
 /* ---------------------------------------------------------------- inputs */
 
 static int V;
-static int P_[NG] = { 5, 9, 3, 12, 7, 4, 10 }, N_[NG] = { 2, 3, 1, 4, 2, 3, 2 };
+static int P_[NG] = {5, 9, 3, 12, 7, 4, 10}, N_[NG] = {2, 3, 1, 4, 2, 3, 2};
 static int prompt_[NG][12], resp_[NG][4][9], R_[NG][4], trunc_[NG][4];
 static const int *respp_[NG][4];
 static float reward_[NG][4], adv_[NG][4], old_[NG][4][9];
 static const float *oldp_[NG][4];
 
 static uint64_t rs = 12345;
-static uint32_t rnd(void) { rs = rs * 6364136223846793005ULL + 1442695040888963407ULL; return (uint32_t)(rs >> 33); }
+static uint32_t rnd(void) {
+    rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(rs >> 33);
+}
 static float frand(void) { return (float)(rnd() % 100000) / 100000.0f; }
 
 static void make_inputs(void) {
@@ -63,7 +66,7 @@ static void make_inputs(void) {
             R_[i][r] = 1 + (int)(rnd() % 9);
             for (int t = 0; t < R_[i][r]; t++) {
                 resp_[i][r][t] = 3 + (int)(rnd() % (unsigned)(V - 3));
-                old_[i][r][t] = -5.5f - 0.6f * frand();   /* near log(1/V): ratios around 1, some clipped */
+                old_[i][r][t] = -5.5f - 0.6f * frand(); /* near log(1/V): ratios around 1, some clipped */
             }
             respp_[i][r] = resp_[i][r];
             oldp_[i][r] = old_[i][r];
@@ -72,14 +75,19 @@ static void make_inputs(void) {
             trunc_[i][r] = rnd() % 4 == 0;
         }
     }
-    reward_[5][0] = reward_[5][1] = reward_[5][2] = 0.25f;   /* uniform: filter_groups drops it */
+    reward_[5][0] = reward_[5][1] = reward_[5][2] = 0.25f; /* uniform: filter_groups drops it */
 }
 
 static void groups(eng_update_group *g, int with_old) {
     for (int i = 0; i < NG; i++)
-        g[i] = (eng_update_group){ .prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i],
-                                   .reward = reward_[i], .old_logprobs = with_old ? oldp_[i] : NULL,
-                                   .truncated = trunc_[i] };
+        g[i] = (eng_update_group){.prompt = prompt_[i],
+                                  .P = P_[i],
+                                  .n = N_[i],
+                                  .resp = respp_[i],
+                                  .R = R_[i],
+                                  .reward = reward_[i],
+                                  .old_logprobs = with_old ? oldp_[i] : NULL,
+                                  .truncated = trunc_[i]};
 }
 
 /* Configuration k: its loss_config (agg mode k) and whether advantages are given. */
@@ -87,18 +95,45 @@ static void config(int k, loss_config *a, eng_optim *o, int *given) {
     loss_config_default(a);
     eng_optim_default(o);
     o->lr = LR;
-    o->grad_clip = 0.05f;   /* below every norm seen here: the clip is active */
+    o->grad_clip = 0.05f; /* below every norm seen here: the clip is active */
     a->agg = (loss_agg_mode)k;
     *given = 0;
     switch (k) {
-    case 0: a->adv = ADV_GRPO; a->kl_coef = 0.05f; a->kl = KL_K3; a->entropy_coeff = 0.01f;
-            a->ppo_mini_batch_size = 3; a->ppo_epochs = 2; a->use_rollout_logprobs = 1; break;
-    case 1: a->adv = ADV_DRGRPO; a->kl_coef = 0; break;   /* one step, on-policy: the policy pass is the old pass */
-    case 2: a->adv = ADV_RLOO; a->kl_coef = 0.02f; a->kl = KL_K1; a->ppo_mini_batch_size = 2; break;
-    case 3: a->adv = ADV_GIVEN; *given = 1; a->mode = LOSS_GSPO; a->mask_truncated = 1; a->ppo_mini_batch_size = 4;
-            a->use_rollout_logprobs = 1; break;
-    default: a->adv = ADV_GRPO; a->filter_groups = 1; a->ppo_mini_batch_size = 3; a->kl_coef = 0.01f; a->kl = KL_K2;
-             a->entropy_coeff = 0.02f; break;
+    case 0:
+        a->adv = ADV_GRPO;
+        a->kl_coef = 0.05f;
+        a->kl = KL_K3;
+        a->entropy_coeff = 0.01f;
+        a->ppo_mini_batch_size = 3;
+        a->ppo_epochs = 2;
+        a->use_rollout_logprobs = 1;
+        break;
+    case 1:
+        a->adv = ADV_DRGRPO;
+        a->kl_coef = 0;
+        break; /* one step, on-policy: the policy pass is the old pass */
+    case 2:
+        a->adv = ADV_RLOO;
+        a->kl_coef = 0.02f;
+        a->kl = KL_K1;
+        a->ppo_mini_batch_size = 2;
+        break;
+    case 3:
+        a->adv = ADV_GIVEN;
+        *given = 1;
+        a->mode = LOSS_GSPO;
+        a->mask_truncated = 1;
+        a->ppo_mini_batch_size = 4;
+        a->use_rollout_logprobs = 1;
+        break;
+    default:
+        a->adv = ADV_GRPO;
+        a->filter_groups = 1;
+        a->ppo_mini_batch_size = 3;
+        a->kl_coef = 0.01f;
+        a->kl = KL_K2;
+        a->entropy_coeff = 0.02f;
+        break;
     }
 }
 
@@ -109,7 +144,11 @@ static int run_update(eng *e, int k, eng_update_result *u) {
     config(k, &a, &o, &given);
     eng_update_group g[NG];
     groups(g, a.use_rollout_logprobs);
-    if (given) for (int i = 0; i < NG; i++) { g[i].advantage = adv_[i]; g[i].reward = NULL; }
+    if (given)
+        for (int i = 0; i < NG; i++) {
+            g[i].advantage = adv_[i];
+            g[i].reward = NULL;
+        }
     return eng_update(e, g, NG, &a, &o, MB_TOKENS, u, NULL, NULL);
 }
 
@@ -121,18 +160,19 @@ static int probe(eng *e, float *out) {
     if (eng_logprobs(e, g, NG, 0, 1.0f, 1 << 20, &lp)) return -1;
     int k = 0, s = 0;
     for (int i = 0; i < NG; i++)
-        for (int r = 0; r < N_[i]; r++, s++) for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
+        for (int r = 0; r < N_[i]; r++, s++)
+            for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
     eng_logprobs_free(lp, g, NG);
     return k;
 }
 #define NPROBE (NG * 4 * 9)
 
-static const char *offload_;   /* optimizer_offload of the engines opened next (NULL: auto, off on cpu) */
+static const char *offload_; /* optimizer_offload of the engines opened next (NULL: auto, off on cpu) */
 
 static eng *open_rank(comm *c, const char *resume) {
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = c, .resume_dir = resume,
-                        .optimizer_offload = offload_ };
+    eng_open_opts o = {
+        .model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = c, .resume_dir = resume, .optimizer_offload = offload_};
     return eng_open(&o, &e) ? NULL : e;
 }
 
@@ -140,20 +180,37 @@ static eng *open_rank(comm *c, const char *resume) {
 
 typedef enum { OP_OPEN, OP_UPDATE, OP_UNDO, OP_SAVE, OP_PROBE, OP_CLOSE } op_t;
 typedef struct {
-    comm *c; eng *e; op_t op; int k; const char *dir;
-    int rc; char msg[256]; eng_update_result u; float lp[NPROBE]; int n_lp;
+    comm *c;
+    eng *e;
+    op_t op;
+    int k;
+    const char *dir;
+    int rc;
+    char msg[256];
+    eng_update_result u;
+    float lp[NPROBE];
+    int n_lp;
 } rank_job;
 
 static void *rank_main(void *p) {
     rank_job *j = p;
     j->rc = 0;
     switch (j->op) {
-    case OP_OPEN: j->e = open_rank(j->c, j->dir); j->rc = j->e ? 0 : -1; break;
+    case OP_OPEN:
+        j->e = open_rank(j->c, j->dir);
+        j->rc = j->e ? 0 : -1;
+        break;
     case OP_UPDATE: j->rc = run_update(j->e, j->k, &j->u); break;
     case OP_UNDO: j->rc = eng_update_undo(j->e); break;
     case OP_SAVE: j->rc = eng_checkpoint_save(j->e, j->dir); break;
-    case OP_PROBE: j->n_lp = probe(j->e, j->lp); j->rc = j->n_lp < 0; break;
-    case OP_CLOSE: eng_close(j->e); j->e = NULL; break;
+    case OP_PROBE:
+        j->n_lp = probe(j->e, j->lp);
+        j->rc = j->n_lp < 0;
+        break;
+    case OP_CLOSE:
+        eng_close(j->e);
+        j->e = NULL;
+        break;
     }
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
     return NULL;
@@ -162,11 +219,19 @@ static void *rank_main(void *p) {
 /* Runs op on every rank at once; 0 when all returned 0. */
 static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) {
     pthread_t th[WMAX];
-    for (int q = 0; q < W; q++) { j[q].op = op; j[q].k = k; j[q].dir = dir; pthread_create(&th[q], NULL, rank_main, &j[q]); }
+    for (int q = 0; q < W; q++) {
+        j[q].op = op;
+        j[q].k = k;
+        j[q].dir = dir;
+        pthread_create(&th[q], NULL, rank_main, &j[q]);
+    }
     int bad = 0;
     for (int q = 0; q < W; q++) {
         pthread_join(th[q], NULL);
-        if (j[q].rc) { printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg); bad = 1; }
+        if (j[q].rc) {
+            printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg);
+            bad = 1;
+        }
     }
     return bad;
 }
@@ -207,38 +272,44 @@ static const float *weights(eng *e, int s) {
  * order (ranks, then micro-batches), ~1.5e-6 observed; max |a - b| <= 0.01 lr — AdamW divides by
  * sqrt(v), so an element whose gradient nearly cancels sees its rounding amplified, bounded by the
  * step itself (lr); ~1e-3 lr observed. */
-typedef struct { double rel_l2, max_lr; } w_err;
+typedef struct {
+    double rel_l2, max_lr;
+} w_err;
 static w_err weight_err(const float *a, const float *b, const float *w0, long long n, float lr) {
     double num = 0, den = 0, mx = 0;
     for (long long i = 0; i < n; i++) {
         double d = (double)a[i] - b[i], u = (double)b[i] - w0[i];
-        num += d * d; den += u * u;
+        num += d * d;
+        den += u * u;
         if (fabs(d) > mx) mx = fabs(d);
     }
-    return (w_err){ sqrt(num / (den > 0 ? den : 1e-30)), mx / lr };
+    return (w_err){sqrt(num / (den > 0 ? den : 1e-30)), mx / lr};
 }
 static int weights_ok(w_err x) { return x.rel_l2 <= 1e-5 && x.max_lr <= 0.01; }
 
 static int same_result(const eng_update_result *a, const eng_update_result *b) {
     return a->loss == b->loss && a->pg_loss == b->pg_loss && a->kl == b->kl && a->entropy == b->entropy &&
-           a->clip_frac == b->clip_frac && a->ratio_mean == b->ratio_mean && a->ratio_max == b->ratio_max &&
-           a->grad_norm == b->grad_norm && a->lr == b->lr && a->tokens_packed == b->tokens_packed &&
-           a->groups_filtered == b->groups_filtered && a->optimizer_steps == b->optimizer_steps &&
-           a->micro_batches == b->micro_batches && a->policy_version_after == b->policy_version_after;
+        a->clip_frac == b->clip_frac && a->ratio_mean == b->ratio_mean && a->ratio_max == b->ratio_max &&
+        a->grad_norm == b->grad_norm && a->lr == b->lr && a->tokens_packed == b->tokens_packed &&
+        a->groups_filtered == b->groups_filtered && a->optimizer_steps == b->optimizer_steps &&
+        a->micro_batches == b->micro_batches && a->policy_version_after == b->policy_version_after;
 }
 
 /* The one-rank result within 1e-6 + rel |b|: the metrics are sums of O(1) terms taken in another
  * order, and those of later mini-batches are measured on weights that already differ at rounding
  * (~7e-8 absolute observed on the loss). */
 static const char *close_result(const eng_update_result *a, const eng_update_result *b, double rel) {
-    const double x[] = { a->loss, a->pg_loss, a->kl, a->entropy, a->clip_frac, a->clip_frac_low, a->clip_frac_high,
-                         a->ratio_mean, a->ratio_max, a->grad_norm, a->lr },
-                 y[] = { b->loss, b->pg_loss, b->kl, b->entropy, b->clip_frac, b->clip_frac_low, b->clip_frac_high,
-                         b->ratio_mean, b->ratio_max, b->grad_norm, b->lr };
-    static const char *names[] = { "loss", "pg_loss", "kl", "entropy", "clip_frac", "clip_frac_low", "clip_frac_high",
-                                   "ratio_mean", "ratio_max", "grad_norm", "lr" };
+    const double x[] = {a->loss,           a->pg_loss,    a->kl,        a->entropy,   a->clip_frac, a->clip_frac_low,
+                        a->clip_frac_high, a->ratio_mean, a->ratio_max, a->grad_norm, a->lr},
+                 y[] = {b->loss,           b->pg_loss,    b->kl,        b->entropy,   b->clip_frac, b->clip_frac_low,
+                        b->clip_frac_high, b->ratio_mean, b->ratio_max, b->grad_norm, b->lr};
+    static const char *names[] = {"loss",           "pg_loss",    "kl",        "entropy",   "clip_frac", "clip_frac_low",
+                                  "clip_frac_high", "ratio_mean", "ratio_max", "grad_norm", "lr"};
     for (int i = 0; i < 11; i++)
-        if (fabs(x[i] - y[i]) > 1e-6 + rel * fabs(y[i])) { printf("  %s %.10g vs %.10g\n", names[i], x[i], y[i]); return names[i]; }
+        if (fabs(x[i] - y[i]) > 1e-6 + rel * fabs(y[i])) {
+            printf("  %s %.10g vs %.10g\n", names[i], x[i], y[i]);
+            return names[i];
+        }
     if (a->tokens_packed != b->tokens_packed || a->tokens_standard != b->tokens_standard) return "tokens";
     if (a->groups_filtered != b->groups_filtered || a->optimizer_steps != b->optimizer_steps) return "steps";
     if (a->policy_version_after != b->policy_version_after) return "policy_version";
@@ -248,16 +319,21 @@ static const char *close_result(const eng_update_result *a, const eng_update_res
 /* ---------------------------------------------------------------- tests */
 
 TEST(placement_is_balanced_and_deterministic) {
-    long long w[9] = { 5, 40, 12, 12, 7, 30, 1, 22, 12 };
+    long long w[9] = {5, 40, 12, 12, 7, 30, 1, 22, 12};
     int r[9], r2[9];
     eng_place_groups(w, 9, 3, r);
     eng_place_groups(w, 9, 3, r2);
     CHECK(memcmp(r, r2, sizeof r) == 0);
-    long long load[3] = { 0 };
-    for (int i = 0; i < 9; i++) { CHECK(r[i] >= 0 && r[i] < 3); load[r[i]] += w[i]; }
+    long long load[3] = {0};
+    for (int i = 0; i < 9; i++) {
+        CHECK(r[i] >= 0 && r[i] < 3);
+        load[r[i]] += w[i];
+    }
     /* LPT: 40 | 30 | 22, then 12s to the lightest ... total 141: no rank above 40 + 12 */
     for (int q = 0; q < 3; q++) CHECK_MSG(load[q] <= 52 && load[q] >= 40, "rank %d load %lld", q, load[q]);
-    CHECK_EQ_INT(r[1], 0); CHECK_EQ_INT(r[5], 1); CHECK_EQ_INT(r[7], 2);
+    CHECK_EQ_INT(r[1], 0);
+    CHECK_EQ_INT(r[5], 1);
+    CHECK_EQ_INT(r[7], 2);
     eng_place_groups(w, 9, 1, r);
     for (int i = 0; i < 9; i++) CHECK_EQ_INT(r[i], 0);
 }
@@ -266,7 +342,7 @@ static float *ref_w[NCFG];
 static eng_update_result ref_u[NCFG];
 
 TEST(one_rank_reference) {
-    int split = 0;   /* groups larger than a micro-batch (MB_TOKENS): the split path (engine/model/split.h) runs on ranks too */
+    int split = 0; /* groups larger than a micro-batch (MB_TOKENS): the split path (engine/model/split.h) runs on ranks too */
     for (int i = 0; i < NG; i++) {
         int t = P_[i];
         for (int r = 0; r < N_[i]; r++) t += R_[i][r];
@@ -287,8 +363,8 @@ TEST(one_rank_reference) {
         CHECK(eng_update_undo(e) == 0);
         CHECK(memcmp(w0, weights(e, 0), (size_t)n * 4) == 0);
         printf("  config %d: loss %.6f grad_norm %.4f (clip %.2f) steps %d micro %d clip_frac %.3f filtered %d\n", k,
-               ref_u[k].loss, ref_u[k].grad_norm, 0.05, ref_u[k].optimizer_steps, ref_u[k].micro_batches,
-               ref_u[k].clip_frac, ref_u[k].groups_filtered);
+               ref_u[k].loss, ref_u[k].grad_norm, 0.05, ref_u[k].optimizer_steps, ref_u[k].micro_batches, ref_u[k].clip_frac,
+               ref_u[k].groups_filtered);
     }
     free(w0);
     eng_close(e);
@@ -304,8 +380,11 @@ TEST(one_rank_comm_is_no_comm) {
         eng_update_result u;
         CHECK_MSG(run_update(e, k, &u) == 0, "config %d: %s", k, err_msg());
         CHECK_MSG(memcmp(weights(e, 0), ref_w[k], (size_t)n_elems(e) * 4) == 0, "config %d: weights differ", k);
-        u.ms_old = ref_u[k].ms_old; u.ms_ref = ref_u[k].ms_ref; u.ms_policy = ref_u[k].ms_policy;
-        u.ms_optimizer = ref_u[k].ms_optimizer; u.ms_total = ref_u[k].ms_total;
+        u.ms_old = ref_u[k].ms_old;
+        u.ms_ref = ref_u[k].ms_ref;
+        u.ms_policy = ref_u[k].ms_policy;
+        u.ms_optimizer = ref_u[k].ms_optimizer;
+        u.ms_total = ref_u[k].ms_total;
         u.ms_snapshot_wait = ref_u[k].ms_snapshot_wait;
         CHECK_MSG(memcmp(&u, &ref_u[k], sizeof u) == 0, "config %d: result differs", k);
         CHECK(eng_update_undo(e) == 0);
@@ -322,10 +401,13 @@ TEST(ranks_equal_one_rank) {
         long long n = n_elems(j[0].e);
         float *w0 = malloc((size_t)n * 4);
         memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
-        w_err worst = { 0, 0 };
+        w_err worst = {0, 0};
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
-            if (all_ranks(j, W, OP_UPDATE, k, NULL)) { bad = 1; break; }
+            if (all_ranks(j, W, OP_UPDATE, k, NULL)) {
+                bad = 1;
+                break;
+            }
             for (int q = 0; q < W && !bad; q++) {
                 w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
                 if (x.rel_l2 > worst.rel_l2) worst.rel_l2 = x.rel_l2;
@@ -334,16 +416,25 @@ TEST(ranks_equal_one_rank) {
                     printf("  W=%d config %d rank %d: update rel L2 %.3g, max |dw| %.3g lr\n", W, k, q, x.rel_l2, x.max_lr);
                     bad = 1;
                 }
-                if (!same_result(&j[q].u, &j[0].u)) { printf("  W=%d config %d: rank %d's result differs from rank 0's\n", W, k, q); bad = 1; }
+                if (!same_result(&j[q].u, &j[0].u)) {
+                    printf("  W=%d config %d: rank %d's result differs from rank 0's\n", W, k, q);
+                    bad = 1;
+                }
             }
             const char *f = bad ? NULL : close_result(&j[0].u, &ref_u[k], 1e-5);
-            if (f) { printf("  W=%d config %d: result field %s differs from one rank's\n", W, k, f); bad = 1; }
+            if (f) {
+                printf("  W=%d config %d: result field %s differs from one rank's\n", W, k, f);
+                bad = 1;
+            }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) { printf("  W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
+                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) {
+                    printf("  W=%d: undo did not restore rank %d\n", W, q);
+                    bad = 1;
+                }
         }
-        printf("  W=%d: worst over %d configs and every rank: update rel L2 %.3g (tol 1e-5), max |dw| %.3g lr (tol 0.01)\n",
-               W, NCFG, worst.rel_l2, worst.max_lr);
+        printf("  W=%d: worst over %d configs and every rank: update rel L2 %.3g (tol 1e-5), max |dw| %.3g lr (tol 0.01)\n", W,
+               NCFG, worst.rel_l2, worst.max_lr);
         close_world(W, cs, j);
         free(w0);
         CHECK(!bad);
@@ -360,8 +451,12 @@ TEST(failure_is_global_and_atomic) {
     long long n = n_elems(j[0].e);
     float *w0 = malloc((size_t)n * 4);
     memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
-    int gi = 4, ri = 0;   /* config 3: given advantages, mini-batches of 4 groups; a response it does not mask */
-    while (trunc_[gi][ri]) if (++ri == N_[gi]) { ri = 0; gi++; }
+    int gi = 4, ri = 0; /* config 3: given advantages, mini-batches of 4 groups; a response it does not mask */
+    while (trunc_[gi][ri])
+        if (++ri == N_[gi]) {
+            ri = 0;
+            gi++;
+        }
     CHECK(gi < NG);
     float keep = adv_[gi][ri];
     adv_[gi][ri] = NAN;
@@ -384,7 +479,8 @@ TEST(failure_is_global_and_atomic) {
 }
 
 TEST(checkpoints_cross_world_sizes) {
-    eng_remove_tree(CKPT "_w3"); eng_remove_tree(CKPT "_w1");
+    eng_remove_tree(CKPT "_w3");
+    eng_remove_tree(CKPT "_w1");
     comm *cs[3];
     rank_job j[3];
     CHECK_MSG(open_world(3, cs, j, NULL) == 0, "%s", err_msg());
@@ -414,7 +510,8 @@ TEST(checkpoints_cross_world_sizes) {
     CHECK_MSG(open_world(3, cs, j, CKPT "_w1") == 0, "%s", err_msg());
     CHECK(all_ranks(j, 3, OP_PROBE, 0, NULL) == 0);
     np = probe(one, lp);
-    for (int q = 0; q < 3; q++) CHECK_MSG(memcmp(lp, j[q].lp, (size_t)np * 4) == 0, "logprobs after 1 -> W=3 differ on rank %d", q);
+    for (int q = 0; q < 3; q++)
+        CHECK_MSG(memcmp(lp, j[q].lp, (size_t)np * 4) == 0, "logprobs after 1 -> W=3 differ on rank %d", q);
     memcpy(w0, weights(one, 1), (size_t)n * 4);
     CHECK(run_update(one, 4, &u1) == 0);
     CHECK(all_ranks(j, 3, OP_UPDATE, 4, NULL) == 0);
@@ -426,7 +523,8 @@ TEST(checkpoints_cross_world_sizes) {
     CHECK_EQ_INT(j[2].u.policy_version_after, u1.policy_version_after);
     close_world(3, cs, j);
     eng_close(one);
-    eng_remove_tree(CKPT "_w3"); eng_remove_tree(CKPT "_w1");
+    eng_remove_tree(CKPT "_w3");
+    eng_remove_tree(CKPT "_w1");
 }
 
 /* The sharded state in host memory (optimizer offload, engine/train/offload.h): each rank's master and
@@ -447,18 +545,29 @@ TEST(offload_on_ranks_equals_one_rank) {
         memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
-            if (all_ranks(j, W, OP_UPDATE, k, NULL)) { bad = 1; break; }
+            if (all_ranks(j, W, OP_UPDATE, k, NULL)) {
+                bad = 1;
+                break;
+            }
             for (int q = 0; q < W && !bad; q++) {
                 w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
-                if (!weights_ok(x)) { printf("  offload W=%d config %d rank %d: rel L2 %.3g, max %.3g lr\n", W, k, q, x.rel_l2, x.max_lr); bad = 1; }
+                if (!weights_ok(x)) {
+                    printf("  offload W=%d config %d rank %d: rel L2 %.3g, max %.3g lr\n", W, k, q, x.rel_l2, x.max_lr);
+                    bad = 1;
+                }
             }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) { printf("  offload W=%d: undo did not restore rank %d\n", W, q); bad = 1; }
+                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) {
+                    printf("  offload W=%d: undo did not restore rank %d\n", W, q);
+                    bad = 1;
+                }
         }
-        if (!bad && W == 2) {   /* a checkpoint with offloaded shards, loaded by one rank without offload */
+        if (!bad && W == 2) { /* a checkpoint with offloaded shards, loaded by one rank without offload */
             eng_remove_tree(CKPT "_off");
-            if (all_ranks(j, W, OP_UPDATE, 0, NULL) || all_ranks(j, W, OP_SAVE, 0, CKPT "_off") || all_ranks(j, W, OP_PROBE, 0, NULL)) bad = 1;
+            if (all_ranks(j, W, OP_UPDATE, 0, NULL) || all_ranks(j, W, OP_SAVE, 0, CKPT "_off") ||
+                all_ranks(j, W, OP_PROBE, 0, NULL))
+                bad = 1;
             offload_ = NULL;
             eng *one = bad ? NULL : open_rank(NULL, CKPT "_off");
             offload_ = "on";
@@ -481,17 +590,23 @@ TEST(refused_combinations_say_why) {
     comm *cs[2];
     CHECK_EQ_INT(comm_cpu_group(2, cs), 0);
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = cs[0], .lora_rank = 4 };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .comm = cs[0], .lora_rank = 4};
     CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
     CHECK(strstr(err_msg(), "LoRA"));
     for (int q = 0; q < 2; q++) comm_free(cs[q]);
 }
 
 int main(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("FAIL default model: %s\n", err_msg()); return 1; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("FAIL default model: %s\n", err_msg());
+        return 1;
+    }
     {
         eng *e = open_rank(NULL, NULL);
-        if (!e) { printf("FAIL open: %s\n", err_msg()); return 1; }
+        if (!e) {
+            printf("FAIL open: %s\n", err_msg());
+            return 1;
+        }
         eng_info i;
         eng_get_info(e, &i);
         V = i.vocab;
@@ -507,6 +622,7 @@ int main(void) {
     RUN(offload_on_ranks_equals_one_rank);
     RUN(refused_combinations_say_why);
     for (int k = 0; k < NCFG; k++) free(ref_w[k]);
-    free(wbuf_[0]); free(wbuf_[1]);
+    free(wbuf_[0]);
+    free(wbuf_[1]);
     return CHECK_DONE();
 }

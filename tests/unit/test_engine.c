@@ -14,22 +14,28 @@
 #define MODEL "/tmp/grpod_test_engine_model"
 
 static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
     return eng_open(&o, &e) ? NULL : e;
 }
 
-static const int prompt[] = { 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100 };
+static const int prompt[] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
 TEST(rollout_is_seeded_and_matches_training_logprobs) {
     eng *e = open_default();
     CHECK_MSG(e, "%s", err_msg());
-    eng_rollout_group g[2] = { { prompt, NP, 4 }, { prompt + 3, NP - 3, 3 } };
+    eng_rollout_group g[2] = {{prompt, NP, 4}, {prompt + 3, NP - 3, 3}};
     eng_sampling s;
     eng_sampling_default(&s);
-    s.max_tokens = 12; s.seed = 7; s.top_k = 50; s.top_p = 0.9f;
+    s.max_tokens = 12;
+    s.seed = 7;
+    s.top_k = 50;
+    s.top_p = 0.9f;
     eng_group_result a[2], b[2], c[2];
     CHECK(eng_rollout(e, g, 2, &s, a, NULL, NULL) == 0);
     CHECK(eng_rollout(e, g, 2, &s, b, NULL, NULL) == 0);
@@ -43,15 +49,19 @@ TEST(rollout_is_seeded_and_matches_training_logprobs) {
             same &= x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * 4);
             differs |= x->n_tokens != z->n_tokens || memcmp(x->tokens, z->tokens, (size_t)x->n_tokens * 4);
             /* teacher-forced logprobs of the sampled tokens */
-            const int *resp[1] = { x->tokens };
-            eng_update_group ug = { .prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = resp, .R = &x->n_tokens };
+            const int *resp[1] = {x->tokens};
+            eng_update_group ug = {.prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = resp, .R = &x->n_tokens};
             float **lp;
             CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
             for (int t = 0; t < x->n_tokens; t++) worst = fmax(worst, fabs(lp[0][t] - x->logprobs[t]));
             eng_logprobs_free(lp, &ug, 1);
         }
     printf("  rollout vs training logprobs: max |Δ| %.2e\n", worst);
-    for (int k = 0; k < 2; k++) { eng_group_result_free(&a[k]); eng_group_result_free(&b[k]); eng_group_result_free(&c[k]); }
+    for (int k = 0; k < 2; k++) {
+        eng_group_result_free(&a[k]);
+        eng_group_result_free(&b[k]);
+        eng_group_result_free(&c[k]);
+    }
     eng_close(e);
     CHECK_MSG(same, "the same seed gave different tokens");
     CHECK_MSG(differs, "another seed gave the same tokens");
@@ -61,10 +71,12 @@ TEST(rollout_is_seeded_and_matches_training_logprobs) {
 TEST(greedy_equals_teacher_forced_argmax) {
     eng *e = open_default();
     CHECK(e);
-    eng_rollout_group g = { prompt, NP, 2 };
+    eng_rollout_group g = {prompt, NP, 2};
     eng_sampling s;
     eng_sampling_default(&s);
-    s.temperature = 0; s.max_tokens = 10; s.ignore_eos = 1;
+    s.temperature = 0;
+    s.max_tokens = 10;
+    s.ignore_eos = 1;
     eng_group_result r;
     CHECK(eng_rollout(e, &g, 1, &s, &r, NULL, NULL) == 0);
     eng_info info;
@@ -85,16 +97,19 @@ TEST(greedy_equals_teacher_forced_argmax) {
             resp[v] = cand + v * 16;
             R[v] = t + 1;
         }
-        eng_update_group ug = { .prompt = prompt, .P = NP, .n = info.vocab, .resp = resp, .R = R };
+        eng_update_group ug = {.prompt = prompt, .P = NP, .n = info.vocab, .resp = resp, .R = R};
         float **lp;
         CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
         int arg = 0;
-        for (int v = 1; v < info.vocab; v++) if (lp[v][t] > lp[arg][t]) arg = v;
+        for (int v = 1; v < info.vocab; v++)
+            if (lp[v][t] > lp[arg][t]) arg = v;
         eng_logprobs_free(lp, &ug, 1);
         ok = arg == x->tokens[t];
         if (!ok) printf("  step %d: greedy %d, argmax %d\n", t, x->tokens[t], arg);
     }
-    free(cand); free(resp); free(R);
+    free(cand);
+    free(resp);
+    free(R);
     eng_group_result_free(&r);
     eng_close(e);
     CHECK_MSG(ok, "greedy decode disagrees with the teacher-forced argmax");
@@ -103,11 +118,11 @@ TEST(greedy_equals_teacher_forced_argmax) {
 TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
     eng *e = open_default();
     CHECK(e);
-    int good[6] = { 65, 66, 67, 68, 69, 70 }, bad[5] = { 97, 98, 99, 100, 101 }, mid[4] = { 48, 49, 50, 51 };
-    const int *resp[3] = { good, bad, mid };
-    int R[3] = { 6, 5, 4 };
-    float rew[3] = { 1.0f, 0.0f, 0.5f };
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew };
+    int good[6] = {65, 66, 67, 68, 69, 70}, bad[5] = {97, 98, 99, 100, 101}, mid[4] = {48, 49, 50, 51};
+    const int *resp[3] = {good, bad, mid};
+    int R[3] = {6, 5, 4};
+    float rew[3] = {1.0f, 0.0f, 0.5f};
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew};
     float **before, **after;
     CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &before) == 0);
     loss_config a;
@@ -131,7 +146,7 @@ TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
     CHECK(system("rm -rf /tmp/grpod_test_engine_ckpt") == 0);
     CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
     eng *e2;
-    eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu", .resume_dir = ck };
+    eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu", .resume_dir = ck};
     CHECK_MSG(eng_open(&oo, &e2) == 0, "%s", err_msg());
     float **re;
     CHECK(eng_logprobs(e2, &g, 1, 0, 1.0f, 1 << 20, &re) == 0);
@@ -144,8 +159,10 @@ TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
     float **ref;
     CHECK(eng_logprobs(e2, &g, 1, 1, 1.0f, 1 << 20, &ref) == 0);
     int ref_same = !memcmp(ref[0], before[0], (size_t)R[0] * 4);
-    eng_logprobs_free(before, &g, 1); eng_logprobs_free(after, &g, 1);
-    eng_logprobs_free(re, &g, 1); eng_logprobs_free(ref, &g, 1);
+    eng_logprobs_free(before, &g, 1);
+    eng_logprobs_free(after, &g, 1);
+    eng_logprobs_free(re, &g, 1);
+    eng_logprobs_free(ref, &g, 1);
     eng_close(e2);
     eng_close(e);
     CHECK_MSG(identical, "reloaded checkpoint gives different logprobs");
@@ -163,11 +180,11 @@ static long long file_mtime_ns(const char *path) {
 TEST(checkpoint_save_is_idempotent) {
     eng *e = open_default();
     CHECK(e);
-    int r0[5] = { 65, 66, 67, 68, 69 }, r1[3] = { 97, 98, 99 };
-    const int *resp[2] = { r0, r1 };
-    int R[2] = { 5, 3 };
-    float rew[2] = { 0.8f, -0.3f };
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 2, .resp = resp, .R = R, .reward = rew };
+    int r0[5] = {65, 66, 67, 68, 69}, r1[3] = {97, 98, 99};
+    const int *resp[2] = {r0, r1};
+    int R[2] = {5, 3};
+    float rew[2] = {0.8f, -0.3f};
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 2, .resp = resp, .R = R, .reward = rew};
     loss_config a;
     loss_config_default(&a);
     eng_optim o;
@@ -201,7 +218,7 @@ TEST(checkpoint_save_is_idempotent) {
     CHECK(eng_checkpoint_matches(e, ck, 0) == 0);
     CHECK(access("/tmp/grpod_test_engine_idem.tmp", F_OK) != 0);
     eng *e2;
-    eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu", .resume_dir = ck };
+    eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu", .resume_dir = ck};
     CHECK_MSG(eng_open(&oo, &e2) == 0, "%s", err_msg());
     eng_info i2;
     eng_get_info(e2, &i2);
@@ -216,11 +233,11 @@ TEST(group_over_budget_is_a_clear_error) {
     CHECK(e);
     int r0[40];
     for (int i = 0; i < 40; i++) r0[i] = 50 + i;
-    const int *resp[1] = { r0 };
+    const int *resp[1] = {r0};
     int R = 40;
     float rew = 1;
     float adv = 1;
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 1, .resp = resp, .R = &R, .reward = &rew, .advantage = &adv };
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 1, .resp = resp, .R = &R, .reward = &rew, .advantage = &adv};
     loss_config a;
     loss_config_default(&a);
     eng_optim o;

@@ -21,12 +21,15 @@
 #include "engine/model/pack.h"
 #include "engine/model/split.h"
 
-typedef struct { float *logp, *ent, *grad; long long T; } run_out;
+typedef struct {
+    float *logp, *ent, *grad;
+    long long T;
+} run_out;
 
 /* One-graph run of groups [0, n) in a layout: logprobs (entropies when we != NULL) and the
  * gradient of sum(wl·logp + we·ent). */
-static int run_layout(model *m, const model_views *wv, const pack_group *pg, int n, pack_layout lay,
-                      const float *wl, const float *we, run_out *o) {
+static int run_layout(model *m, const model_views *wv, const pack_group *pg, int n, pack_layout lay, const float *wl,
+                      const float *we, run_out *o) {
     pack_batch b;
     if (pack_build(&b, pg, 0, n, lay)) return -1;
     model_acts a;
@@ -50,21 +53,40 @@ static int run_layout(model *m, const model_views *wv, const pack_group *pg, int
     return rc;
 }
 
-static void run_free(run_out *o) { free(o->logp); free(o->ent); free(o->grad); }
+static void run_free(run_out *o) {
+    free(o->logp);
+    free(o->ent);
+    free(o->grad);
+}
 
 /* A random model of L layers and G random groups (group 0 has 16 responses, group 1 one — or,
  * with nmin = 2, a one-token prompt — the others nmin..8; response 0 of each has R = 1). */
 enum { G = 5 };
 typedef struct {
-    model_config c; eng_backend *be; model m; float *w; model_views wv;
-    pack_group pg[G]; int *prompts[G], **resp[G], *R[G], maxR[G];
-    long long M, Mg[G + 1];     /* predicted tokens: all, and where each group's start */
+    model_config c;
+    eng_backend *be;
+    model m;
+    float *w;
+    model_views wv;
+    pack_group pg[G];
+    int *prompts[G], **resp[G], *R[G], maxR[G];
+    long long M, Mg[G + 1]; /* predicted tokens: all, and where each group's start */
 } fixture;
 
 static void fixture_make(fixture *f, model_arch arch, int L, unsigned long long seed, int nmin) {
     memset(f, 0, sizeof *f);
-    model_config c = { .arch = arch, .L = L, .C = 48, .H = 4, .K = 2, .D = 16, .F = 64, .V = 97, .max_pos = 512,
-                       .eps = 1e-6f, .rope_theta = 10000.0f, .bos_id = -1 };
+    model_config c = {.arch = arch,
+                      .L = L,
+                      .C = 48,
+                      .H = 4,
+                      .K = 2,
+                      .D = 16,
+                      .F = 64,
+                      .V = 97,
+                      .max_pos = 512,
+                      .eps = 1e-6f,
+                      .rope_theta = 10000.0f,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, arch == ARCH_QWEN3 ? "qwen3" : "qwen2");
     c.qk_norm = arch == ARCH_QWEN3;
     c.qkv_bias = arch == ARCH_QWEN2;
@@ -90,14 +112,16 @@ static void fixture_make(fixture *f, model_arch arch, int L, unsigned long long 
             f->M += f->R[g][r];
         }
         f->Mg[g + 1] = f->M;
-        f->pg[g] = (pack_group){ f->prompts[g], P, N, (const int *const *)f->resp[g], f->R[g] };
+        f->pg[g] = (pack_group){f->prompts[g], P, N, (const int *const *)f->resp[g], f->R[g]};
     }
 }
 
 static void fixture_free(fixture *f) {
     for (int g = 0; g < G; g++) {
         for (int r = 0; r < f->pg[g].N; r++) free(f->resp[g][r]);
-        free(f->resp[g]); free(f->R[g]); free(f->prompts[g]);
+        free(f->resp[g]);
+        free(f->R[g]);
+        free(f->prompts[g]);
     }
     free(f->w);
     model_views_free(&f->wv);
@@ -116,8 +140,8 @@ static void equivalence(model_arch arch, unsigned long long seed) {
     CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, weights, NULL, &st) == 0);
     size_t M = (size_t)f.M;
     double el = rel_l2(pk.logp, st.logp, M), eg = rel_l2(pk.grad, st.grad, (size_t)m->n_elems);
-    printf("  %s: %lld packed vs %lld standard tokens (%.2fx); logprobs rel L2 %.2e, gradients rel L2 %.2e\n",
-           f.c.arch_name, pk.T, st.T, (double)st.T / pk.T, el, eg);
+    printf("  %s: %lld packed vs %lld standard tokens (%.2fx); logprobs rel L2 %.2e, gradients rel L2 %.2e\n", f.c.arch_name,
+           pk.T, st.T, (double)st.T / pk.T, el, eg);
     CHECK_MSG(pk.T < st.T, "packing saved nothing");
     CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "logprobs %.3g gradients %.3g > 1e-5", el, eg);
     /* Each parameter tensor on its own too: no tensor hides behind a large one. */
@@ -125,7 +149,9 @@ static void equivalence(model_arch arch, unsigned long long seed) {
         double e = rel_l2(pk.grad + m->params[i].off, st.grad + m->params[i].off, (size_t)m->params[i].numel);
         CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
     }
-    run_free(&pk); run_free(&st); free(weights);
+    run_free(&pk);
+    run_free(&st);
+    free(weights);
     fixture_free(&f);
 }
 
@@ -134,7 +160,12 @@ TEST(packed_equals_standard_qwen2) { equivalence(ARCH_QWEN2, 202); }
 
 /* The loss callback: dlogp, dent of responses [r0, r1) are the fixed weights; checks that the
  * logprobs of those responses are written (NaN-filled before). */
-typedef struct { const float *wl, *we, *logp; float *dlogp, *dent; const long long *off; int calls, unwritten; } cb_ud;
+typedef struct {
+    const float *wl, *we, *logp;
+    float *dlogp, *dent;
+    const long long *off;
+    int calls, unwritten;
+} cb_ud;
 static int cb_loss(void *ud, int r0, int r1) {
     cb_ud *u = ud;
     for (long long i = u->off[r0]; i < u->off[r1]; i++) {
@@ -170,8 +201,8 @@ static void split_case(model_arch arch, unsigned long long seed) {
     CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, wl, we, &st) == 0);
     for (int v = 0; v < 6; v++) {
         m->be->mem_info = v >= 4 ? no_room : NULL;
-        float *lp = malloc(M * 4), *en = malloc(M * 4), *dl = malloc(M * 4), *de = malloc(M * 4),
-              *flp = malloc(M * 4), *grad = calloc(n, 4);
+        float *lp = malloc(M * 4), *en = malloc(M * 4), *dl = malloc(M * 4), *de = malloc(M * 4), *flp = malloc(M * 4),
+              *grad = calloc(n, 4);
         for (size_t i = 0; i < M; i++) lp[i] = en[i] = flp[i] = 0.0f / 0.0f;
         model_views gv;
         model_views_make(m, grad, 4, &gv);
@@ -180,10 +211,10 @@ static void split_case(model_arch arch, unsigned long long seed) {
             const pack_group *pg = &f.pg[g];
             long long o0 = f.Mg[g], tot = f.Mg[g + 1] - o0;
             long long mt = v & 1 ? (tot / 2 > f.maxR[g] ? tot / 2 : f.maxR[g]) : f.maxR[g];
-            split_opts so = { mt, 0.8f, v >= 2, NULL };
+            split_opts so = {mt, 0.8f, v >= 2, NULL};
             long long off[17] = {0};
             for (int r = 0; r < pg->N; r++) off[r + 1] = off[r] + pg->R[r];
-            cb_ud u = { wl + o0, we + o0, lp + o0, dl + o0, de + o0, off, 0, 0 };
+            cb_ud u = {wl + o0, we + o0, lp + o0, dl + o0, de + o0, off, 0, 0};
             split_stats ss, fs;
             int rc = split_train(m, &f.wv, &gv, pg, &so, lp + o0, en + o0, dl + o0, de + o0, cb_loss, &u, &ss);
             CHECK_MSG(rc == 0, "split_train: %s", err_msg());
@@ -205,7 +236,9 @@ static void split_case(model_arch arch, unsigned long long seed) {
         printf("  %s split, %s, %s: %d micro-batches; vs one graph: logprobs %.2e entropies %.2e forward-only %.2e "
                "gradients %.2e; vs standard: logprobs %.2e gradients %.2e\n",
                f.c.arch_name, v & 1 ? "half the responses" : "longest response",
-               v >= 4 ? "dormant via host, 2 on device" : v >= 2 ? "dormant via host" : "on device",
+               v >= 4       ? "dormant via host, 2 on device"
+                   : v >= 2 ? "dormant via host"
+                            : "on device",
                micro, el, ee, ef, eg, els, egs);
         CHECK_MSG(el <= 1e-5 && ee <= 1e-5 && ef <= 1e-5 && eg <= 1e-5 && els <= 1e-5 && egs <= 1e-5,
                   "split differs: %.3g %.3g %.3g %.3g %.3g %.3g", el, ee, ef, eg, els, egs);
@@ -214,10 +247,18 @@ static void split_case(model_arch arch, unsigned long long seed) {
             CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
         }
         model_views_free(&gv);
-        free(lp); free(en); free(dl); free(de); free(flp); free(grad);
+        free(lp);
+        free(en);
+        free(dl);
+        free(de);
+        free(flp);
+        free(grad);
     }
     m->be->mem_info = NULL;
-    run_free(&pk); run_free(&st); free(wl); free(we);
+    run_free(&pk);
+    run_free(&st);
+    free(wl);
+    free(we);
     fixture_free(&f);
 }
 

@@ -28,7 +28,11 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
     return m;
 }
 
-typedef struct { float *x, *w, *y, *r, *wy, *f; int *pos; int T, H, D; } qk_ctx;
+typedef struct {
+    float *x, *w, *y, *r, *wy, *f;
+    int *pos;
+    int T, H, D;
+} qk_ctx;
 static double qk_loss(qk_ctx *c) {
     qk_norm_rope_fwd_cpu(c->y, c->r, c->x, c->w, c->pos, c->f, c->T, c->H, c->D, 1e-6f);
     double s = 0;
@@ -47,7 +51,11 @@ static double fd_err(qk_ctx *c, float *x, const float *grad, long long n, unsign
     for (int dir = 0; dir < 3; dir++) {
         check_fill(u, (size_t)n, seed * 31 + dir, 1.0f);
         double an = 0, gg = 0, uu = 0, D[2];
-        for (long long i = 0; i < n; i++) { an += (double)grad[i] * u[i]; gg += (double)grad[i] * grad[i]; uu += (double)u[i] * u[i]; }
+        for (long long i = 0; i < n; i++) {
+            an += (double)grad[i] * u[i];
+            gg += (double)grad[i] * grad[i];
+            uu += (double)u[i] * u[i];
+        }
         for (int k = 0; k < 2; k++) {
             double h = k ? 5e-3 : 1e-2, lp, lm;
             for (long long i = 0; i < n; i++) x[i] = x0[i] + (float)h * u[i];
@@ -61,15 +69,24 @@ static double fd_err(qk_ctx *c, float *x, const float *grad, long long n, unsign
         double err = fabs(fd - an) / (scale > 1e-6 ? scale : 1e-6);
         if (err > worst) worst = err;
     }
-    free(x0); free(u);
+    free(x0);
+    free(u);
     return worst;
 }
 
 TEST(qk_norm_rope) {
     int T = 6, H = 3, D = 16;
     size_t n = (size_t)T * H * D;
-    qk_ctx c = { rnd(n, 11, 1.5f), rnd((size_t)D, 12, 1.0f), malloc(n * 4), malloc((size_t)T * H * 4), rnd(n, 13, 1.0f),
-                 malloc((size_t)D / 2 * 4), malloc((size_t)T * 4), T, H, D };
+    qk_ctx c = {rnd(n, 11, 1.5f),
+                rnd((size_t)D, 12, 1.0f),
+                malloc(n * 4),
+                malloc((size_t)T * H * 4),
+                rnd(n, 13, 1.0f),
+                malloc((size_t)D / 2 * 4),
+                malloc((size_t)T * 4),
+                T,
+                H,
+                D};
     for (int i = 0; i < D; i++) c.w[i] += 1.0f;
     rope_inv_freq(c.f, D, 10000.0f, 0, 0, 0, 0);
     for (int t = 0; t < T; t++) c.pos[t] = 3 * t + (t % 2) * 100;
@@ -92,20 +109,33 @@ TEST(qk_norm_rope) {
     double fx = fd_err(&c, c.x, dx, (long long)n, 15), fw = fd_err(&c, c.w, dw, D, 16);
     printf("  qk_norm_rope_bwd vs finite differences: dx %.2e dw %.2e\n", fx, fw);
     CHECK_MSG(fx < 1e-3 && fw < 1e-3, "dx %.3g dw %.3g", fx, fw);
-    free(c.x); free(c.w); free(c.y); free(c.r); free(c.wy); free(c.f); free(c.pos);
-    free(y_ref); free(r_ref); free(dy); free(dx_ref); free(dw_ref); free(dx); free(dw);
+    free(c.x);
+    free(c.w);
+    free(c.y);
+    free(c.r);
+    free(c.wy);
+    free(c.f);
+    free(c.pos);
+    free(y_ref);
+    free(r_ref);
+    free(dy);
+    free(dx_ref);
+    free(dw_ref);
+    free(dx);
+    free(dw);
 }
 
 static void qkv_case(int norm) {
-    int T = 5, H = 4, K = 2, D = 16, S = 9, rows[5] = { 7, 0, 4, 8, 2 };
+    int T = 5, H = 4, K = 2, D = 16, S = 9, rows[5] = {7, 0, 4, 8, 2};
     size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D, kd = (size_t)K * D;
     float *q = rnd(nq, 21, 1.5f), *k = rnd(nk, 22, 1.5f), *v = rnd(nk, 23, 1.0f), *qw = rnd((size_t)D, 24, 1.0f);
     float *kw = rnd((size_t)D, 25, 1.0f), *f = malloc((size_t)D / 2 * 4);
     float *kc = rnd((size_t)S * kd, 26, 1.0f), *vc = rnd((size_t)S * kd, 27, 1.0f);
-    int pos[5] = { 3, 90, 4, 17, 1000 };
+    int pos[5] = {3, 90, 4, 17, 1000};
     rope_inv_freq(f, D, 10000.0f, 0, 0, 0, 0);
     /* the reference: the ops apart, then each token's k and v into its row */
-    float *q_ref = malloc(nq * 4), *k_all = malloc(nk * 4), *rq_ref = malloc((size_t)T * H * 4), *rk_ref = malloc((size_t)T * K * 4);
+    float *q_ref = malloc(nq * 4), *k_all = malloc(nk * 4), *rq_ref = malloc((size_t)T * H * 4),
+          *rk_ref = malloc((size_t)T * K * 4);
     float *kc_ref = malloc((size_t)S * kd * 4), *vc_ref = malloc((size_t)S * kd * 4);
     memcpy(kc_ref, kc, (size_t)S * kd * 4);
     memcpy(vc_ref, vc, (size_t)S * kd * 4);
@@ -123,8 +153,17 @@ static void qkv_case(int norm) {
         memcpy(vc_ref + rows[t] * kd, v + t * kd, kd * 4);
     }
     float *qo = malloc(nq * 4), *rq = malloc((size_t)T * H * 4), *rk = malloc((size_t)T * K * 4);
-    qkv_rope_io io = { .q_out = qo, .k_out = kc, .v_out = vc, .rstd_q = rq, .rstd_k = rk, .q = q, .k = k, .v = v,
-                       .qw = norm ? qw : NULL, .kw = norm ? kw : NULL, .rows = rows };
+    qkv_rope_io io = {.q_out = qo,
+                      .k_out = kc,
+                      .v_out = vc,
+                      .rstd_q = rq,
+                      .rstd_k = rk,
+                      .q = q,
+                      .k = k,
+                      .v = v,
+                      .qw = norm ? qw : NULL,
+                      .kw = norm ? kw : NULL,
+                      .rows = rows};
     qkv_rope_fwd_cpu(&io, pos, f, T, H, K, D, 1e-6f);
     CHECK(max_abs_diff(qo, q_ref, nq) == 0);
     CHECK(max_abs_diff(kc, kc_ref, (size_t)S * kd) == 0 && max_abs_diff(vc, vc_ref, (size_t)S * kd) == 0);
@@ -133,12 +172,29 @@ static void qkv_case(int norm) {
     float *k2 = malloc(nk * 4), *v2 = malloc(nk * 4);
     memcpy(k2, norm ? k_all : k, nk * 4);
     memcpy(v2, v, nk * 4);
-    qkv_rope_io io2 = { .q_out = qo, .k_out = k2, .v_out = v2, .q = q, .k = norm ? k : k2, .v = v2,
-                        .qw = norm ? qw : NULL, .kw = norm ? kw : NULL };
+    qkv_rope_io io2 = {
+        .q_out = qo, .k_out = k2, .v_out = v2, .q = q, .k = norm ? k : k2, .v = v2, .qw = norm ? qw : NULL, .kw = norm ? kw : NULL};
     qkv_rope_fwd_cpu(&io2, pos, f, T, H, K, D, 1e-6f);
     CHECK(max_abs_diff(k2, k_all, nk) == 0 && max_abs_diff(v2, v, nk) == 0 && max_abs_diff(qo, q_ref, nq) == 0);
-    free(q); free(k); free(v); free(qw); free(kw); free(f); free(kc); free(vc); free(q_ref); free(k_all);
-    free(rq_ref); free(rk_ref); free(kc_ref); free(vc_ref); free(qo); free(rq); free(rk); free(k2); free(v2);
+    free(q);
+    free(k);
+    free(v);
+    free(qw);
+    free(kw);
+    free(f);
+    free(kc);
+    free(vc);
+    free(q_ref);
+    free(k_all);
+    free(rq_ref);
+    free(rk_ref);
+    free(kc_ref);
+    free(vc_ref);
+    free(qo);
+    free(rq);
+    free(rk);
+    free(k2);
+    free(v2);
 }
 
 TEST(qkv_rope_equals_parts) {

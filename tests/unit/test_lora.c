@@ -16,11 +16,28 @@
 
 /* A Qwen3-shaped (q/k norm, tied) or Qwen2-shaped (QKV bias) model with random base weights
  * (norms near 1) and adapters on targets. */
-typedef struct { eng_backend *be; model m; float *w, *lw; model_views wv; } fixture;
+typedef struct {
+    eng_backend *be;
+    model m;
+    float *w, *lw;
+    model_views wv;
+} fixture;
 static int fixture_make(fixture *f, model_arch arch, unsigned targets, int r, unsigned long long seed) {
-    model_config c = { .arch = arch, .L = 2, .C = 40, .H = 4, .K = 2, .D = 8, .F = 56, .V = 43, .max_pos = 256,
-                       .eps = 1e-6f, .rope_theta = 10000.0f, .bos_id = -1, .qk_norm = arch == ARCH_QWEN3,
-                       .tied = arch == ARCH_QWEN3, .qkv_bias = arch == ARCH_QWEN2 };
+    model_config c = {.arch = arch,
+                      .L = 2,
+                      .C = 40,
+                      .H = 4,
+                      .K = 2,
+                      .D = 8,
+                      .F = 56,
+                      .V = 43,
+                      .max_pos = 256,
+                      .eps = 1e-6f,
+                      .rope_theta = 10000.0f,
+                      .bos_id = -1,
+                      .qk_norm = arch == ARCH_QWEN3,
+                      .tied = arch == ARCH_QWEN3,
+                      .qkv_bias = arch == ARCH_QWEN2};
     snprintf(c.arch_name, sizeof c.arch_name, "%s", arch == ARCH_QWEN3 ? "qwen3" : "qwen2");
     backend_cpu_create(&f->be, 0);
     if (model_init(&f->m, &c, f->be) || lora_init(&f->m, r, 2.0f * r, targets)) return -1;
@@ -39,25 +56,26 @@ static void fixture_free(fixture *f) {
     model_views_free(&f->wv);
     model_free(&f->m);
     f->be->destroy(f->be);
-    free(f->w); free(f->lw);
+    free(f->w);
+    free(f->lw);
 }
 
 /* two groups: P=3 with N=2, P=2 with N=1 */
-static int p0[3] = { 1, 5, 9 }, p1[2] = { 40, 3 }, r00[2] = { 7, 8 }, r01[3] = { 2, 2, 30 }, r10[2] = { 11, 0 };
-static const int *rs0[2] = { r00, r01 }, *rs1[1] = { r10 };
-static int R0[2] = { 2, 3 }, R1[1] = { 2 };
+static int p0[3] = {1, 5, 9}, p1[2] = {40, 3}, r00[2] = {7, 8}, r01[3] = {2, 2, 30}, r10[2] = {11, 0};
+static const int *rs0[2] = {r00, r01}, *rs1[1] = {r10};
+static int R0[2] = {2, 3}, R1[1] = {2};
 
 /* Adapters with B = 0 leave every logprob of the base unchanged, bit for bit, with and without
  * grad activations; adapters on a subset of targets take the same paths. */
 TEST(zero_b_equals_base) {
-    unsigned sets[3] = { (1u << LORA_N) - 1, 1u << LORA_V | 1u << LORA_DOWN, 1u << LORA_UP | 1u << LORA_O };
+    unsigned sets[3] = {(1u << LORA_N) - 1, 1u << LORA_V | 1u << LORA_DOWN, 1u << LORA_UP | 1u << LORA_O};
     for (int s = 0; s < 3; s++) {
         fixture f;
         CHECK(fixture_make(&f, s == 1 ? ARCH_QWEN2 : ARCH_QWEN3, sets[s], 4, 300 + s) == 0);
         memset(f.lw + f.m.l_elems_a, 0, (size_t)(f.m.l_elems - f.m.l_elems_a) * 4);
         model_views base;
         model_views_make(&f.m, f.w, 4, &base);
-        pack_group pg[2] = { { p0, 3, 2, rs0, R0 }, { p1, 2, 1, rs1, R1 } };
+        pack_group pg[2] = {{p0, 3, 2, rs0, R0}, {p1, 2, 1, rs1, R1}};
         pack_batch b;
         CHECK(pack_build(&b, pg, 0, 2, PACK_PACKED) == 0);
         model_input in;
@@ -101,7 +119,7 @@ TEST(packed_equals_standard_with_adapters) {
             for (int i = 0; i < R[g][r]; i++) resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (m->cfg.V - 1));
             M += R[g][r];
         }
-        pg[g] = (pack_group){ prompts[g], P, N, (const int *const *)resp[g], R[g] };
+        pg[g] = (pack_group){prompts[g], P, N, (const int *const *)resp[g], R[g]};
     }
     float *wl = malloc((size_t)M * 4), *lp[2], *lg[2], sink[64];
     check_fill(wl, (size_t)M, 402, 1.0f);
@@ -133,9 +151,14 @@ TEST(packed_equals_standard_with_adapters) {
     }
     for (int g = 0; g < G; g++) {
         for (int r = 0; r < pg[g].N; r++) free(resp[g][r]);
-        free(resp[g]); free(R[g]); free(prompts[g]);
+        free(resp[g]);
+        free(R[g]);
+        free(prompts[g]);
     }
-    for (int k = 0; k < 2; k++) { free(lp[k]); free(lg[k]); }
+    for (int k = 0; k < 2; k++) {
+        free(lp[k]);
+        free(lg[k]);
+    }
     free(wl);
     fixture_free(&f);
 }
@@ -146,7 +169,7 @@ TEST(recompute_equals_stored) {
     fixture f;
     CHECK(fixture_make(&f, ARCH_QWEN3, (1u << LORA_N) - 1, 4, 600) == 0);
     model *m = &f.m;
-    pack_group pg[2] = { { p0, 3, 2, rs0, R0 }, { p1, 2, 1, rs1, R1 } };
+    pack_group pg[2] = {{p0, 3, 2, rs0, R0}, {p1, 2, 1, rs1, R1}};
     pack_batch b;
     CHECK(pack_build(&b, pg, 0, 2, PACK_PACKED) == 0);
     model_input in;
@@ -171,7 +194,11 @@ TEST(recompute_equals_stored) {
     CHECK_MSG(!memcmp(lp[0], lp[1], (size_t)b.M * 4), "logprobs differ");
     CHECK_MSG(!memcmp(g[0], g[1], (size_t)m->n_elems * 4), "base gradients differ");
     CHECK_MSG(!memcmp(lg[0], lg[1], (size_t)m->l_elems * 4), "adapter gradients differ");
-    for (int k = 0; k < 2; k++) { free(lp[k]); free(g[k]); free(lg[k]); }
+    for (int k = 0; k < 2; k++) {
+        free(lp[k]);
+        free(g[k]);
+        free(lg[k]);
+    }
     free(wl);
     pack_batch_free(&b);
     fixture_free(&f);
@@ -201,7 +228,9 @@ TEST(peft_files_round_trip) {
     char dir[] = "/tmp/grpod_lora_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     CHECK(lora_save_peft(&f.m, dir, f.lw, "base/dir") == 0);
-    int r; float alpha; unsigned t;
+    int r;
+    float alpha;
+    unsigned t;
     char path[256];
     CHECK(lora_read_config(dir, &r, &alpha, &t) == 0);
     CHECK_EQ_INT(r, 4);
@@ -210,8 +239,9 @@ TEST(peft_files_round_trip) {
     /* adapters grpod cannot apply as written are refused, naming the field */
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     FILE *cf = fopen(path, "w");
-    fprintf(cf, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
-                "\"use_rslora\": true}");
+    fprintf(cf,
+            "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+            "\"use_rslora\": true}");
     fclose(cf);
     CHECK(lora_read_config(dir, &r, &alpha, &t) == GE_FORMAT);
     CHECK(strstr(err_msg(), "use_rslora") != NULL);
@@ -228,7 +258,7 @@ TEST(peft_files_round_trip) {
     for (int i = 0; i < f.m.n_lparams; i++)
         if (!strcmp(f.m.lparams[i].name, tb->name)) pb = &f.m.lparams[i];
     CHECK(pb != NULL);
-    CHECK_CLOSE(((const float *)tb->data)[5], f.lw[pb->off + 5] / 2.0f, 0, 1e-6);   /* true B = B' / s, s = 2 */
+    CHECK_CLOSE(((const float *)tb->data)[5], f.lw[pb->off + 5] / 2.0f, 0, 1e-6); /* true B = B' / s, s = 2 */
     st_close(&s);
     /* merge: q_proj of layer 0 gains B' A */
     float *merged = malloc((size_t)f.m.n_elems * 4);
@@ -244,7 +274,8 @@ TEST(peft_files_round_trip) {
     CHECK_CLOSE(merged[pw->off + 3 * f.m.cfg.C + 7], want, 1e-6, 1e-5);
     snprintf(path, sizeof path, "rm -rf %s", dir);
     CHECK(system(path) == 0);
-    free(back); free(merged);
+    free(back);
+    free(merged);
     fixture_free(&f);
 }
 

@@ -17,11 +17,17 @@
 #define MERGED "/tmp/grpod_test_lora_merged"
 
 static eng *open_with(int rank, const char *resume, const char *init) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .lora_rank = rank, .lora_alpha = 16, .resume_dir = resume,
-                        .lora_init = init };
-    if (eng_open(&o, &e)) { printf("open: %s\n", err_msg()); return NULL; }
+    eng_open_opts o = {
+        .model_dir = MODEL, .backend = "cpu", .lora_rank = rank, .lora_alpha = 16, .resume_dir = resume, .lora_init = init};
+    if (eng_open(&o, &e)) {
+        printf("open: %s\n", err_msg());
+        return NULL;
+    }
     return e;
 }
 
@@ -43,7 +49,7 @@ static int same(float **a, float **b, const int *R, int n) {
     return s;
 }
 
-static const int prompt[] = { 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100 };
+static const int prompt[] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
 TEST(lora_trains_adapters_over_a_frozen_reference) {
@@ -56,11 +62,11 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     eng_testing_info ti;
     eng_testing_get(e, &ti);
     CHECK(!ti.own_reference && ti.n_train > 0 && ti.n_train < ti.n_params && ti.n_lora_a > 0);
-    int good[6] = { 65, 66, 67, 68, 69, 70 }, bad[5] = { 97, 98, 99, 100, 101 }, mid[4] = { 48, 49, 50, 51 };
-    const int *resp[3] = { good, bad, mid };
-    int R[3] = { 6, 5, 4 };
-    float rew[3] = { 1.0f, 0.0f, 0.5f };
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew };
+    int good[6] = {65, 66, 67, 68, 69, 70}, bad[5] = {97, 98, 99, 100, 101}, mid[4] = {48, 49, 50, 51};
+    const int *resp[3] = {good, bad, mid};
+    int R[3] = {6, 5, 4};
+    float rew[3] = {1.0f, 0.0f, 0.5f};
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 3, .resp = resp, .R = R, .reward = rew};
     float **base, **before, **after, **ref;
     CHECK(eng_logprobs(e0, &g, 1, 0, 1.0f, 1 << 20, &base) == 0);
     CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &before) == 0);
@@ -68,7 +74,7 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     float *w0 = weights_copy(e, ti.n_params), *l0 = master_copy(e, ti.n_train);
     loss_config a;
     loss_config_default(&a);
-    a.kl_coef = 0.05f;   /* the reference pass runs (on the base) */
+    a.kl_coef = 0.05f; /* the reference pass runs (on the base) */
     eng_optim o;
     eng_optim_default(&o);
     o.lr = 3e-3f;
@@ -90,20 +96,22 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
         if (l1[i] != l0[i]) *(i < na ? &changed_a : &changed_b) += 1;
     printf("  changed: %lld of %lld A, %lld of %lld B elements\n", changed_a, na, changed_b, ti.n_train - na);
     CHECK_MSG(changed_a > na / 2 && changed_b > (ti.n_train - na) / 2, "A %lld B %lld changed", changed_a, changed_b);
-    free(w1); free(l1);
+    free(w1);
+    free(l1);
 
     /* rollouts decode with the adapters: their logprobs are the trained policy's */
-    eng_rollout_group rg = { prompt, NP, 3 };
+    eng_rollout_group rg = {prompt, NP, 3};
     eng_sampling s;
     eng_sampling_default(&s);
-    s.max_tokens = 10; s.seed = 3;
+    s.max_tokens = 10;
+    s.seed = 3;
     eng_group_result gr;
     CHECK(eng_rollout(e, &rg, 1, &s, &gr, NULL, NULL) == 0);
     double worst = 0;
     for (int r = 0; r < 3; r++) {
         eng_response *x = &gr.resp[r];
-        const int *rr[1] = { x->tokens };
-        eng_update_group ug = { .prompt = prompt, .P = NP, .n = 1, .resp = rr, .R = &x->n_tokens };
+        const int *rr[1] = {x->tokens};
+        eng_update_group ug = {.prompt = prompt, .P = NP, .n = 1, .resp = rr, .R = &x->n_tokens};
         float **lp;
         CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
         for (int t = 0; t < x->n_tokens; t++) worst = fmax(worst, fabs(lp[0][t] - x->logprobs[t]));
@@ -129,7 +137,7 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     CHECK_MSG(same(lr1, after, R, 3) && same(lr2, after, R, 3), "the reloaded adapter gives other logprobs");
     /* merged: a plain HF directory */
     eng *em;
-    eng_open_opts om = { .model_dir = MERGED, .backend = "cpu" };
+    eng_open_opts om = {.model_dir = MERGED, .backend = "cpu"};
     CHECK_MSG(eng_open(&om, &em) == 0, "%s", err_msg());
     CHECK(eng_logprobs(em, &g, 1, 0, 1.0f, 1 << 20, &lm) == 0);
     double wm = 0;
@@ -139,15 +147,24 @@ TEST(lora_trains_adapters_over_a_frozen_reference) {
     CHECK_MSG(wm < 1e-4, "merged weights give logprobs %.3g away", wm);
     /* a flag that contradicts the adapter is a clear error */
     eng *bad_e;
-    eng_open_opts ob = { .model_dir = MODEL, .backend = "cpu", .lora_rank = 4, .lora_init = CKPT };
+    eng_open_opts ob = {.model_dir = MODEL, .backend = "cpu", .lora_rank = 4, .lora_init = CKPT};
     CHECK(eng_open(&ob, &bad_e) == GE_INVALID);
     CHECK(strstr(err_msg(), "rank 8") != NULL);
 
-    eng_logprobs_free(lr1, &g, 1); eng_logprobs_free(lr2, &g, 1); eng_logprobs_free(lm, &g, 1);
-    eng_logprobs_free(base, &g, 1); eng_logprobs_free(before, &g, 1);
-    eng_logprobs_free(after, &g, 1); eng_logprobs_free(ref, &g, 1);
-    free(w0); free(l0);
-    eng_close(em); eng_close(r1); eng_close(r2); eng_close(e0); eng_close(e);
+    eng_logprobs_free(lr1, &g, 1);
+    eng_logprobs_free(lr2, &g, 1);
+    eng_logprobs_free(lm, &g, 1);
+    eng_logprobs_free(base, &g, 1);
+    eng_logprobs_free(before, &g, 1);
+    eng_logprobs_free(after, &g, 1);
+    eng_logprobs_free(ref, &g, 1);
+    free(w0);
+    free(l0);
+    eng_close(em);
+    eng_close(r1);
+    eng_close(r2);
+    eng_close(e0);
+    eng_close(e);
     CHECK(system("rm -rf " CKPT " " MERGED) == 0);
 }
 

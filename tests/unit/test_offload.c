@@ -25,27 +25,35 @@
 #define CK "/tmp/grpod_test_offload_ck"
 
 static uint64_t rng = 88172645463325252ULL;
-static float frand(float scale) {   /* xorshift, uniform in [-scale, scale) */
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+static float frand(float scale) { /* xorshift, uniform in [-scale, scale) */
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
     return (float)((rng >> 40) / (double)(1ULL << 24) * 2 - 1) * scale;
 }
 
 TEST(bf16_rounding_matches_cuda) {
-    union { uint32_t u; float f; } x;
-    struct { uint32_t in; uint16_t out; } cases[] = {
-        { 0x3f800000u, 0x3f80 },                /* 1.0 exact */
-        { 0x3f808000u, 0x3f80 },                /* tie, even below: stays */
-        { 0x3f818000u, 0x3f82 },                /* tie, odd below: rounds up */
-        { 0x3f808001u, 0x3f81 },                /* above the tie */
-        { 0x7f7fffffu, 0x7f80 },                /* max float rounds to inf, as CUDA */
-        { 0x7f800000u, 0x7f80 }, { 0xff800000u, 0xff80 },   /* +-inf */
-        { 0x7fc00001u, 0x7fc0 }, { 0x7f800001u, 0x7fc0 },   /* NaNs stay NaN (quiet) */
-        { 0x80000000u, 0x8000 },                /* -0 */
+    union {
+        uint32_t u;
+        float f;
+    } x;
+    struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1.0 exact */
+        {0x3f808000u, 0x3f80}, /* tie, even below: stays */
+        {0x3f818000u, 0x3f82}, /* tie, odd below: rounds up */
+        {0x3f808001u, 0x3f81}, /* above the tie */
+        {0x7f7fffffu, 0x7f80}, /* max float rounds to inf, as CUDA */
+        {0x7f800000u, 0x7f80}, {0xff800000u, 0xff80}, /* +-inf */
+        {0x7fc00001u, 0x7fc0}, {0x7f800001u, 0x7fc0}, /* NaNs stay NaN (quiet) */
+        {0x80000000u, 0x8000}, /* -0 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         x.u = cases[i].in;
-        CHECK_MSG(bf16_from_f32(x.f) == cases[i].out, "0x%08x -> 0x%04x, expected 0x%04x", cases[i].in,
-                  bf16_from_f32(x.f), cases[i].out);
+        CHECK_MSG(bf16_from_f32(x.f) == cases[i].out, "0x%08x -> 0x%04x, expected 0x%04x", cases[i].in, bf16_from_f32(x.f),
+                  cases[i].out);
     }
 }
 
@@ -53,7 +61,10 @@ TEST(host_adamw_equals_reference) {
     enum { N = 4099 };
     static float p1[N], p2[N], g[N], m1[N], m2[N], v1[N], v2[N];
     static uint16_t act[N];
-    for (int i = 0; i < N; i++) { p1[i] = p2[i] = frand(0.5f); m1[i] = m2[i] = v1[i] = v2[i] = 0; }
+    for (int i = 0; i < N; i++) {
+        p1[i] = p2[i] = frand(0.5f);
+        m1[i] = m2[i] = v1[i] = v2[i] = 0;
+    }
     for (int step = 1; step <= 4; step++) {
         for (int i = 0; i < N; i++) g[i] = frand(1e-2f) * (i % 97 == 0 ? 100 : 1);
         adamw_cpu(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
@@ -66,7 +77,7 @@ TEST(host_adamw_equals_reference) {
 TEST(pipeline_equals_backend_adamw) {
     eng_backend *be;
     CHECK(backend_cpu_create(&be, 0) == 0);
-    const long long n = 10007;   /* 11 chunks of 1000 through 3 stages: the ring wraps */
+    const long long n = 10007; /* 11 chunks of 1000 through 3 stages: the ring wraps */
     float *p1 = malloc(n * 4), *p2 = malloc(n * 4), *act = malloc(n * 4), *g = malloc(n * 4);
     float *m1 = calloc(n, 4), *m2 = calloc(n, 4), *v1 = calloc(n, 4), *v2 = calloc(n, 4);
     CHECK(p1 && p2 && act && g && m1 && m2 && v1 && v2);
@@ -79,32 +90,41 @@ TEST(pipeline_equals_backend_adamw) {
         CHECK(offload_adamw(&o, p2, m2, v2, act, g, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
     }
     CHECK(!memcmp(p1, p2, n * 4) && !memcmp(m1, m2, n * 4) && !memcmp(v1, v2, n * 4));
-    CHECK(!memcmp(act, p2, n * 4));   /* the act copy (fp32 on cpu) is the new master */
+    CHECK(!memcmp(act, p2, n * 4)); /* the act copy (fp32 on cpu) is the new master */
     offload_free(&o);
     be->destroy(be);
-    free(p1); free(p2); free(act); free(g); free(m1); free(m2); free(v1); free(v2);
+    free(p1);
+    free(p2);
+    free(act);
+    free(g);
+    free(m1);
+    free(m2);
+    free(v1);
+    free(v2);
 }
 
 /* two groups over the default model's byte vocabulary: one shared prompt tail, ragged responses */
-static const int prompt[] = { 71, 114, 97, 100, 105, 101, 110, 116, 115, 32, 103, 111, 32, 100, 111, 119, 110, 58 };
+static const int prompt[] = {71, 114, 97, 100, 105, 101, 110, 116, 115, 32, 103, 111, 32, 100, 111, 119, 110, 58};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
-static const int ra[4] = { 49, 50, 51, 10 }, rb[6] = { 97, 98, 99, 100, 101, 102 }, rc_[2] = { 33, 63 },
-                 rd[5] = { 111, 107, 46, 32, 257 };
-static const int *resp[4] = { ra, rb, rc_, rd };
-static int R[4] = { 4, 6, 2, 5 };
-static float rew1[4] = { 1.0f, 0.0f, 0.7f, 0.2f }, rew2[4] = { 0.1f, 0.9f, 0.0f, 0.5f };
+static const int ra[4] = {49, 50, 51, 10}, rb[6] = {97, 98, 99, 100, 101, 102}, rc_[2] = {33, 63}, rd[5] = {111, 107, 46, 32, 257};
+static const int *resp[4] = {ra, rb, rc_, rd};
+static int R[4] = {4, 6, 2, 5};
+static float rew1[4] = {1.0f, 0.0f, 0.7f, 0.2f}, rew2[4] = {0.1f, 0.9f, 0.0f, 0.5f};
 
 static eng *open_engine(const char *offload, const char *resume) {
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume };
-    if (eng_open(&o, &e)) { printf("open: %s\n", err_msg()); return NULL; }
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume};
+    if (eng_open(&o, &e)) {
+        printf("open: %s\n", err_msg());
+        return NULL;
+    }
     return e;
 }
 
 /* `updates` updates of two groups, one optimizer step per group, two epochs: 4 steps each */
 static int train(eng *e, int updates) {
-    eng_update_group g[2] = { { .prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R, .reward = rew1 },
-                              { .prompt = prompt + 3, .P = NP - 3, .n = 4, .resp = resp, .R = R, .reward = rew2 } };
+    eng_update_group g[2] = {{.prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R, .reward = rew1},
+                             {.prompt = prompt + 3, .P = NP - 3, .n = 4, .resp = resp, .R = R, .reward = rew2}};
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.01f;
@@ -113,10 +133,13 @@ static int train(eng *e, int updates) {
     eng_optim o;
     eng_optim_default(&o);
     o.lr = 2e-3f;
-    o.grad_clip = 0.05f;   /* small: the clip acts */
+    o.grad_clip = 0.05f; /* small: the clip acts */
     for (int k = 0; k < updates; k++) {
         eng_update_result u;
-        if (eng_update(e, g, 2, &a, &o, 1 << 20, &u, NULL, NULL)) { printf("update: %s\n", err_msg()); return -1; }
+        if (eng_update(e, g, 2, &a, &o, 1 << 20, &u, NULL, NULL)) {
+            printf("update: %s\n", err_msg());
+            return -1;
+        }
         if (u.optimizer_steps != 4) return -1;
     }
     return 0;
@@ -136,14 +159,15 @@ static long file_bytes(const char *path, char **out) {
 
 /* 1 when dir a's and dir b's weights and optimizer files hold the same bytes (say = print the first difference) */
 static int same_checkpoint(const char *a, const char *b, int say) {
-    const char *files[] = { "model.safetensors", "optimizer.safetensors", "grpod_state.json" };
+    const char *files[] = {"model.safetensors", "optimizer.safetensors", "grpod_state.json"};
     for (int i = 0; i < 3; i++) {
         char pa[256], pb[256], *da = NULL, *db = NULL;
         snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
         snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
         long na = file_bytes(pa, &da), nb = file_bytes(pb, &db);
         int same = na > 0 && na == nb && !memcmp(da, db, (size_t)na);
-        free(da); free(db);
+        free(da);
+        free(db);
         if (!same && say) printf("  %s differs (%ld vs %ld bytes)\n", files[i], na, nb);
         if (!same) return 0;
     }
@@ -155,11 +179,12 @@ TEST(engine_offload_on_equals_off) {
     CHECK(eng_ensure_default_model(MODEL) == 0);
     eng *on = open_engine("on", NULL), *off = open_engine("off", NULL), *autom = open_engine(NULL, NULL);
     CHECK(on && off && autom);
-    eng_close(autom);   /* auto on cpu: off, and opening must work */
+    eng_close(autom); /* auto on cpu: off, and opening must work */
     CHECK(train(on, 2) == 0 && train(off, 2) == 0);
     CHECK(eng_checkpoint_save(on, CK "_on") == 0 && eng_checkpoint_save(off, CK "_off") == 0);
     CHECK(same_checkpoint(CK "_on", CK "_off", 1));
-    eng_close(on); eng_close(off);
+    eng_close(on);
+    eng_close(off);
     /* resume the offloaded checkpoint with and without offload: one more update each */
     eng *r_on = open_engine("on", CK "_on"), *r_off = open_engine("off", CK "_on");
     CHECK(r_on && r_off);
@@ -167,9 +192,10 @@ TEST(engine_offload_on_equals_off) {
     CHECK(eng_checkpoint_save(r_on, CK "_r_on") == 0 && eng_checkpoint_save(r_off, CK "_r_off") == 0);
     CHECK(same_checkpoint(CK "_r_on", CK "_r_off", 1));
     CHECK(!same_checkpoint(CK "_r_on", CK "_on", 0));
-    eng_close(r_on); eng_close(r_off);
+    eng_close(r_on);
+    eng_close(r_off);
     eng *bad;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .optimizer_offload = "sometimes" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = "sometimes"};
     CHECK(eng_open(&o, &bad) == GE_INVALID);
     CHECK(strstr(err_msg(), "auto, on or off") != NULL);
     system("rm -rf " CK "*");

@@ -17,11 +17,13 @@ static const pack_group hand[2] = {
     {g1p, 2, 1, g1r, g1R},
 };
 
-#define CHECK_ARR(arr, n, ...) do { const int e_[] = {__VA_ARGS__}; \
-    CHECK_EQ_INT((int)(sizeof e_ / sizeof e_[0]), (n)); \
-    for (int i_ = 0; i_ < (n); i_++) \
-        if ((arr)[i_] != e_[i_]) FAILF("%s[%d] == %d, expected %d", #arr, i_, (arr)[i_], e_[i_]); \
-} while (0)
+#define CHECK_ARR(arr, n, ...) \
+    do { \
+        const int e_[] = {__VA_ARGS__}; \
+        CHECK_EQ_INT((int)(sizeof e_ / sizeof e_[0]), (n)); \
+        for (int i_ = 0; i_ < (n); i_++) \
+            if ((arr)[i_] != e_[i_]) FAILF("%s[%d] == %d, expected %d", #arr, i_, (arr)[i_], e_[i_]); \
+    } while (0)
 
 TEST(test_group_tokens) {
     CHECK_EQ_INT(pack_group_tokens(&hand[0], PACK_PACKED), 3 + 3);
@@ -33,12 +35,15 @@ TEST(test_group_tokens) {
 TEST(test_hand_packed) {
     pack_batch b;
     CHECK_EQ_INT(pack_build(&b, hand, 0, 2, PACK_PACKED), 0);
-    CHECK_EQ_INT(b.T, 11); CHECK_EQ_INT(b.G, 2); CHECK_EQ_INT(b.S, 3); CHECK_EQ_INT(b.M, 6);
+    CHECK_EQ_INT(b.T, 11);
+    CHECK_EQ_INT(b.G, 2);
+    CHECK_EQ_INT(b.S, 3);
+    CHECK_EQ_INT(b.M, 6);
     CHECK_ARR(b.tokens, b.T, 10, 11, 12, 20, 21, 30, 40, 41, 50, 51, 52);
-    CHECK_ARR(b.pos, b.T,    0, 1, 2, 3, 4, 3, 0, 1, 2, 3, 4);
-    CHECK_ARR(b.kv_a0, b.T,  0, 0, 0, 0, 0, 0, 6, 6, 6, 6, 6);
-    CHECK_ARR(b.kv_a1, b.T,  1, 2, 3, 3, 3, 3, 7, 8, 8, 8, 8);
-    for (int t = 0; t < b.T; t++) {           /* prompt tokens: empty second range */
+    CHECK_ARR(b.pos, b.T, 0, 1, 2, 3, 4, 3, 0, 1, 2, 3, 4);
+    CHECK_ARR(b.kv_a0, b.T, 0, 0, 0, 0, 0, 0, 6, 6, 6, 6, 6);
+    CHECK_ARR(b.kv_a1, b.T, 1, 2, 3, 3, 3, 3, 7, 8, 8, 8, 8);
+    for (int t = 0; t < b.T; t++) { /* prompt tokens: empty second range */
         int prompt = t < 3 || t == 6 || t == 7;
         if (prompt) CHECK_MSG(b.kv_b0[t] == b.kv_b1[t], "token %d: b range not empty", t);
     }
@@ -65,11 +70,14 @@ TEST(test_hand_packed) {
 TEST(test_hand_standard) {
     pack_batch b;
     CHECK_EQ_INT(pack_build(&b, hand, 0, 2, PACK_STANDARD), 0);
-    CHECK_EQ_INT(b.T, 14); CHECK_EQ_INT(b.G, 3); CHECK_EQ_INT(b.S, 3); CHECK_EQ_INT(b.M, 6);
+    CHECK_EQ_INT(b.T, 14);
+    CHECK_EQ_INT(b.G, 3);
+    CHECK_EQ_INT(b.S, 3);
+    CHECK_EQ_INT(b.M, 6);
     CHECK_ARR(b.tokens, b.T, 10, 11, 12, 20, 21, 10, 11, 12, 30, 40, 41, 50, 51, 52);
-    CHECK_ARR(b.pos, b.T,    0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 3, 4);
-    CHECK_ARR(b.kv_a0, b.T,  0, 0, 0, 0, 0, 5, 5, 5, 5, 9, 9, 9, 9, 9);
-    CHECK_ARR(b.kv_a1, b.T,  1, 2, 3, 3, 3, 6, 7, 8, 8, 10, 11, 11, 11, 11);
+    CHECK_ARR(b.pos, b.T, 0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 3, 4);
+    CHECK_ARR(b.kv_a0, b.T, 0, 0, 0, 0, 0, 5, 5, 5, 5, 9, 9, 9, 9, 9);
+    CHECK_ARR(b.kv_a1, b.T, 1, 2, 3, 3, 3, 6, 7, 8, 8, 10, 11, 11, 11, 11);
     const int rt[] = {3, 4, 8, 11, 12, 13}, rb0[] = {3, 3, 8, 11, 11, 11}, rb1[] = {4, 5, 9, 12, 13, 14};
     for (int i = 0; i < 6; i++) {
         CHECK_EQ_INT(b.kv_b0[rt[i]], rb0[i]);
@@ -97,8 +105,10 @@ TEST(test_first_offset) {
     CHECK_ARR(b.seg_group, b.S, 1);
     CHECK_ARR(b.out_pos, b.M, 1, 2, 3);
     pack_batch_free(&b);
-    CHECK_EQ_INT(pack_build(&b, hand, 0, 0, PACK_PACKED), 0);   /* empty batch */
-    CHECK_EQ_INT(b.T, 0); CHECK_EQ_INT(b.G, 0); CHECK_EQ_INT(b.cu_seqlens[0], 0);
+    CHECK_EQ_INT(pack_build(&b, hand, 0, 0, PACK_PACKED), 0); /* empty batch */
+    CHECK_EQ_INT(b.T, 0);
+    CHECK_EQ_INT(b.G, 0);
+    CHECK_EQ_INT(b.cu_seqlens[0], 0);
     pack_batch_free(&b);
 }
 
@@ -125,7 +135,8 @@ TEST(test_plan) {
     pack_plan_free(&p);
     /* everything in one */
     CHECK_EQ_INT(pack_plan_make(&p, g, 6, 1000, PACK_PACKED), 0);
-    CHECK_EQ_INT(p.n_mb, 1); CHECK_EQ_INT(p.mb_count[0], 6);
+    CHECK_EQ_INT(p.n_mb, 1);
+    CHECK_EQ_INT(p.mb_count[0], 6);
     pack_plan_free(&p);
     CHECK_EQ_INT(pack_plan_make(&p, g, 0, 1000, PACK_PACKED), 0);
     CHECK_EQ_INT(p.n_mb, 0);
@@ -134,9 +145,16 @@ TEST(test_plan) {
 
 TEST(test_plan_too_large) {
     static int prompt[1000], resp[1000];
-    for (int i = 0; i < 1000; i++) { prompt[i] = i; resp[i] = i + 1; }
-    const int *rs[8]; int R[8];
-    for (int i = 0; i < 8; i++) { rs[i] = resp; R[i] = 1000; }
+    for (int i = 0; i < 1000; i++) {
+        prompt[i] = i;
+        resp[i] = i + 1;
+    }
+    const int *rs[8];
+    int R[8];
+    for (int i = 0; i < 8; i++) {
+        rs[i] = resp;
+        R[i] = 1000;
+    }
     pack_group g[4];
     for (int i = 0; i < 3; i++) g[i] = hand[0];
     g[3] = (pack_group){prompt, 1000, 8, rs, R};
@@ -149,21 +167,23 @@ TEST(test_plan_too_large) {
     pack_plan_free(&p);
     /* a response is never split */
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 999, PACK_PACKED), GE_TOO_LARGE);
-    CHECK_STR(err_msg(), "group 3 response 0 has 1000 tokens > max_tokens_per_micro_batch 999 "
-                         "(a response is never split across micro-batches)");
+    CHECK_STR(err_msg(),
+              "group 3 response 0 has 1000 tokens > max_tokens_per_micro_batch 999 "
+              "(a response is never split across micro-batches)");
     CHECK(p.mb_first == NULL && p.n_mb == 0);
     pack_plan_free(&p);
     /* the standard layout has no split form */
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_STANDARD), GE_TOO_LARGE);
-    CHECK_STR(err_msg(), "group 3 needs 16000 tokens (P=1000, N=8, R total 8000) > "
-                         "max_tokens_per_micro_batch 8192");
+    CHECK_STR(err_msg(),
+              "group 3 needs 16000 tokens (P=1000, N=8, R total 8000) > "
+              "max_tokens_per_micro_batch 8192");
     pack_plan_free(&p);
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 9000, PACK_PACKED), 0);
     CHECK_EQ_INT(p.n_mb, 2);
     CHECK_ARR(p.mb_split, p.n_mb, 0, 0);
     pack_plan_free(&p);
     /* a split group between small ones does not take them in */
-    pack_group h[3] = { hand[0], g[3], hand[1] };
+    pack_group h[3] = {hand[0], g[3], hand[1]};
     CHECK_EQ_INT(pack_plan_make(&p, h, 3, 8192, PACK_PACKED), 0);
     CHECK_EQ_INT(p.n_mb, 3);
     CHECK_ARR(p.mb_split, p.n_mb, 0, 1, 0);
@@ -173,7 +193,7 @@ TEST(test_plan_too_large) {
 /* ---------- randomized consistency of the two layouts ---------- */
 
 static unsigned long long rng_s = 12345;
-static int rnd(int lo, int hi) {        /* inclusive */
+static int rnd(int lo, int hi) { /* inclusive */
     rng_s = rng_s * 6364136223846793005ULL + 1442695040888963407ULL;
     return lo + (int)((rng_s >> 33) % (unsigned long long)(hi - lo + 1));
 }
@@ -183,8 +203,12 @@ static int context(const pack_batch *b, int t, long long *out) {
     int n = 0;
     for (int k = b->kv_a0[t]; k < b->kv_a1[t]; k++) out[n++] = (long long)b->tokens[k] * 4096 + b->pos[k];
     for (int k = b->kv_b0[t]; k < b->kv_b1[t]; k++) out[n++] = (long long)b->tokens[k] * 4096 + b->pos[k];
-    for (int i = 1; i < n; i++)          /* insertion sort: contexts are small */
-        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) { long long x = out[j]; out[j] = out[j - 1]; out[j - 1] = x; }
+    for (int i = 1; i < n; i++) /* insertion sort: contexts are small */
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            long long x = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = x;
+        }
     return n;
 }
 
@@ -198,13 +222,18 @@ static int expected_context(const pack_group *g, int ri, int j /* -1: prompt tok
         for (int k = 0; k <= j; k++) out[n++] = (long long)g->resp[ri][k] * 4096 + g->P + k;
     }
     for (int a = 1; a < n; a++)
-        for (int c = a; c > 0 && out[c - 1] > out[c]; c--) { long long x = out[c]; out[c] = out[c - 1]; out[c - 1] = x; }
+        for (int c = a; c > 0 && out[c - 1] > out[c]; c--) {
+            long long x = out[c];
+            out[c] = out[c - 1];
+            out[c - 1] = x;
+        }
     return n;
 }
 
 static int same(const long long *a, int na, const long long *b, int nb) {
     if (na != nb) return 0;
-    for (int i = 0; i < na; i++) if (a[i] != b[i]) return 0;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return 0;
     return 1;
 }
 
@@ -227,9 +256,11 @@ TEST(test_random_layouts_agree) {
                 Rs[k][i] = rnd(1, 10);
                 for (int j = 0; j < Rs[k][i]; j++) resps[k][i][j] = rnd(0, 5);
                 rptr[k][i] = resps[k][i];
-                want_packed += Rs[k][i]; want_std += Rs[k][i];
+                want_packed += Rs[k][i];
+                want_std += Rs[k][i];
             }
-            want_packed += P; want_std += (long long)N * P;
+            want_packed += P;
+            want_std += (long long)N * P;
             g[k] = (pack_group){prompts[k], P, N, rptr[k], Rs[k]};
         }
         pack_batch pk, st;
@@ -251,7 +282,8 @@ TEST(test_random_layouts_agree) {
                     /* the standard copy of the prompt that this response's unit carries */
                     int st_unit = -1;
                     for (int u = 0; u < st.G; u++)
-                        if (st.seg_group[st.grp_seg0[u]] == pk.seg_group[s] && st.seg_resp[st.grp_seg0[u]] == pk.seg_resp[s]) st_unit = u;
+                        if (st.seg_group[st.grp_seg0[u]] == pk.seg_group[s] && st.seg_resp[st.grp_seg0[u]] == pk.seg_resp[s])
+                            st_unit = u;
                     CHECK(st_unit >= 0);
                     n2 = context(&st, st.cu_seqlens[st_unit] + i, c2);
                     CHECK_MSG(same(c1, n1, c2, n2), "trial %d: prompt token %d differs from standard copy", trial, i);
@@ -266,7 +298,7 @@ TEST(test_random_layouts_agree) {
             CHECK(s2 >= 0);
             CHECK_EQ_INT(pk.seg_len[s], src->R[ri]);
             CHECK_EQ_INT(st.seg_len[s2], src->R[ri]);
-            CHECK_EQ_INT(pk.seg_out0[s], st.seg_out0[s2]);      /* same order of segments */
+            CHECK_EQ_INT(pk.seg_out0[s], st.seg_out0[s2]); /* same order of segments */
             for (int j = 0; j < pk.seg_len[s]; j++) {
                 int t1 = pk.seg_start[s] + j, t2 = st.seg_start[s2] + j;
                 CHECK_EQ_INT(pk.tokens[t1], src->resp[ri][j]);

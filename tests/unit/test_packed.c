@@ -19,7 +19,10 @@ static unsigned rnd(unsigned n) {
     return (unsigned)(rng >> 33) % n;
 }
 
-typedef struct { char *s; size_t n, cap; } buf;
+typedef struct {
+    char *s;
+    size_t n, cap;
+} buf;
 static void put(buf *b, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -33,20 +36,35 @@ static void put(buf *b, const char *fmt, ...) {
     memcpy(b->s + b->n, t, (size_t)k + 1);
     b->n += (size_t)k;
 }
-static const char *ws(void) { static const char *const w[] = {"", "", "", " ", "\n", "\t ", "\r\n"}; return w[rnd(7)]; }
+static const char *ws(void) {
+    static const char *const w[] = {"", "", "", " ", "\n", "\t ", "\r\n"};
+    return w[rnd(7)];
+}
 
 /* A token id literal: mostly in the vocabulary, sometimes not an id json-c and packing agree on
  * without care (negative, -0, fraction, exponent, beyond int32 or int64). */
 static void id_lit(buf *b) {
-    static const char *const odd[] = {"-1", "-0", "1.0", "1e2", "2147483647", "2147483648", "99999999999999999999",
-                                      "0.5", "-2147483648", "01", "1000"};
+    static const char *const odd[] = {"-1",  "-0",          "1.0", "1e2", "2147483647", "2147483648", "99999999999999999999",
+                                      "0.5", "-2147483648", "01",  "1000"};
     if (rnd(400) == 0) put(b, "%s", odd[rnd(11)]);
     else put(b, "%u", rnd(1000));
 }
 static void lp_lit(buf *b) {
-    static const char *const odd[] = {"0", "-0", "-0.0", "-1", "-123456789012345678", "-1234567890123456789",
-                                      "-1e400", "-1e-400", "-2.5E+1", "0.1", "1", "-1e30", "-9.999999999999999e29",
-                                      "-99999999999999999999", "-9223372036854775809"};
+    static const char *const odd[] = {"0",
+                                      "-0",
+                                      "-0.0",
+                                      "-1",
+                                      "-123456789012345678",
+                                      "-1234567890123456789",
+                                      "-1e400",
+                                      "-1e-400",
+                                      "-2.5E+1",
+                                      "0.1",
+                                      "1",
+                                      "-1e30",
+                                      "-9.999999999999999e29",
+                                      "-99999999999999999999",
+                                      "-9223372036854775809"};
     unsigned k = rnd(10);
     if (rnd(300) == 0) put(b, "%s", odd[rnd(15)]);
     else if (k < 5) put(b, "-%u.%0*u", rnd(20), (int)(1 + rnd(9)), rnd(1000000000));
@@ -79,7 +97,10 @@ static void body(buf *b, int k) {
     for (int g = 0; g < G; g++) {
         put(b, "%s{\"prompt_ids\":%s", g ? "," : "", ws());
         arr(b, 1 + (int)rnd(60), id_lit);
-        if (k == 0) { put(b, ",\"n\":%u}", 1 + rnd(4)); continue; }
+        if (k == 0) {
+            put(b, ",\"n\":%u}", 1 + rnd(4));
+            continue;
+        }
         put(b, ",\"responses\":[");
         int N = 1 + (int)rnd(4), R = 1 + (int)rnd(60);
         for (int r = 0; r < N; r++) {
@@ -87,7 +108,10 @@ static void body(buf *b, int k) {
             arr(b, R, id_lit);
             if (k == 1) {
                 put(b, ",\"reward\":%u.%u", rnd(3), rnd(100));
-                if (rnd(3)) { put(b, ",\"logprobs\":%s", ws()); arr(b, rnd(20) ? R : R + 1, lp_lit); }
+                if (rnd(3)) {
+                    put(b, ",\"logprobs\":%s", ws());
+                    arr(b, rnd(20) ? R : R + 1, lp_lit);
+                }
             }
             put(b, "}");
         }
@@ -105,7 +129,12 @@ static int fake_tokenize(void *ud, const char *text, size_t len, int add_special
 }
 
 /* rc, error and payload texts (PLAIN, SPACED, PRETTY) of kind k over req. */
-typedef struct { int rc, n; api_error e; char *txt[3]; int *ids; } outcome;
+typedef struct {
+    int rc, n;
+    api_error e;
+    char *txt[3];
+    int *ids;
+} outcome;
 static outcome run(int k, json_object *req) {
     api_limits l;
     api_limits_default(&l);
@@ -133,7 +162,7 @@ static int packed_members(json_object *req) {
         for (size_t r = 0; json_object_is_type(rs, json_type_array) && r < json_object_array_length(rs); r++) {
             json_object *x = json_object_array_get_idx(rs, r);
             c += (api_packed_of(json_object_object_get(x, "token_ids")) != NULL) +
-                 (api_packed_of(json_object_object_get(x, "logprobs")) != NULL);
+                (api_packed_of(json_object_object_get(x, "logprobs")) != NULL);
         }
     }
     return c;
@@ -163,7 +192,7 @@ static int stored_reads_equal(const char *text) {
             for (int i = 0; ok && i < n; i++)
                 ok = ids ? api_packed_int(arrs[0][c], i) == api_packed_int(arrs[1][c], i)
                          : (float)api_packed_num(arrs[0][c], i) == (float)api_packed_num(arrs[1][c], i) &&
-                               !memcmp(&(double){api_packed_num(arrs[0][c], i)}, &(double){api_packed_num(arrs[1][c], i)}, 8);
+                        !memcmp(&(double){api_packed_num(arrs[0][c], i)}, &(double){api_packed_num(arrs[1][c], i)}, 8);
         }
     }
     json_object_put(a);
@@ -178,7 +207,7 @@ TEST(test_packed_parse_equals_json_c) {
         buf b = {0};
         int k = kinds[rnd(5)];
         body(&b, k);
-        if (rnd(8) == 0 && b.n) b.s[rnd((unsigned)b.n)] = "0-.e,] \"x{9"[rnd(11)];   /* one byte changed */
+        if (rnd(8) == 0 && b.n) b.s[rnd((unsigned)b.n)] = "0-.e,] \"x{9"[rnd(11)]; /* one byte changed */
         char *scratch = malloc(b.n + 1);
         memcpy(scratch, b.s, b.n + 1);
         json_object *r1, *r2;
@@ -211,7 +240,10 @@ TEST(test_packed_parse_equals_json_c) {
                     stored_packed += sp;
                 }
             }
-            for (int f = 0; f < 3; f++) { free(o1.txt[f]); free(o2.txt[f]); }
+            for (int f = 0; f < 3; f++) {
+                free(o1.txt[f]);
+                free(o2.txt[f]);
+            }
             free(o1.ids);
             free(o2.ids);
         }
@@ -220,8 +252,8 @@ TEST(test_packed_parse_equals_json_c) {
         free(scratch);
         free(b.s);
     }
-    printf("# %d accepted, %d refused, %d not JSON; %d arrays packed; %d packed reading stored payloads\n", accepted,
-           refused, bad_json, packed, stored_packed);
+    printf("# %d accepted, %d refused, %d not JSON; %d arrays packed; %d packed reading stored payloads\n", accepted, refused,
+           bad_json, packed, stored_packed);
     CHECK(accepted > 500 && refused > 300 && bad_json > 50 && packed > 5000 && stored_packed > 2000);
 }
 

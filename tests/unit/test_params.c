@@ -84,7 +84,7 @@ TEST(test_sampling_round_trip) {
         api_error e = {0};
         int rc = api_params_or_reply(&eng_sampling_params, in, "sampling", NULL, &limits, &model, &canon, &e);
         CHECK_MSG(rc == 0, "it %d: %s", it, e.message);
-        CHECK_EQ_INT(json_object_object_length(canon), eng_sampling_params.n - 1);   /* logprobs not stored */
+        CHECK_EQ_INT(json_object_object_length(canon), eng_sampling_params.n - 1); /* logprobs not stored */
         /* the stored text, parsed again, as the engine thread does */
         json_object *stored = json_tokener_parse(json_object_to_json_string_ext(canon, JSON_C_TO_STRING_PLAIN));
         eng_sampling s;
@@ -131,7 +131,8 @@ TEST(test_sampling_defaults_and_errors) {
         {"{\"max_tokens\": 4, \"min_tokens\": 5}", "sampling.min_tokens", "sampling.min_tokens must be 0..4"},
         {"{\"stop\": \"\"}", "sampling.stop", "sampling.stop must not be empty"},
         {"{\"stop\": [\"a\", 3]}", "sampling.stop[1]", "sampling.stop[1] must be a non-empty string of at most 256 bytes"},
-        {"{\"stop_token_ids\": [1000]}", "sampling.stop_token_ids", "sampling.stop_token_ids[0] = 1000 is outside the vocabulary 0..999"},
+        {"{\"stop_token_ids\": [1000]}", "sampling.stop_token_ids",
+         "sampling.stop_token_ids[0] = 1000 is outside the vocabulary 0..999"},
         {"{\"logprobs\": 2}", "sampling.logprobs", "sampling.logprobs must be 0..1"},
         {"{\"seed\": -1}", "sampling.seed", "sampling.seed must be 0..9223372036854775807"},
         {"{\"top_q\": 1}", "sampling.top_q", "unknown field sampling.top_q"},

@@ -14,10 +14,14 @@
 
 #define FIX "tests/fixtures/data"
 
-static const char *models[] = { "qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded" };
+static const char *models[] = {"qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded"};
 
 /* Sequences of a reference.json as groups: prompt = first id, one response = the rest. */
-typedef struct { int n; int **ids; int *len; } seqs;
+typedef struct {
+    int n;
+    int **ids;
+    int *len;
+} seqs;
 
 static int load_seqs(const js *arr, seqs *s) {
     s->n = arr->n;
@@ -33,19 +37,26 @@ static int load_seqs(const js *arr, seqs *s) {
 }
 static void free_seqs(seqs *s) {
     for (int i = 0; i < s->n; i++) free(s->ids[i]);
-    free(s->ids); free(s->len);
+    free(s->ids);
+    free(s->len);
 }
 
 static double max_abs_diff_lp(eng *e, const seqs *s, const js *ref, float temp, char *why) {
     double worst = 0;
     for (int i = 0; i < s->n; i++) {
-        const int *resp[1] = { s->ids[i] + 1 };
+        const int *resp[1] = {s->ids[i] + 1};
         int R = s->len[i] - 1;
-        eng_update_group g = { .prompt = s->ids[i], .P = 1, .n = 1, .resp = resp, .R = &R };
+        eng_update_group g = {.prompt = s->ids[i], .P = 1, .n = 1, .resp = resp, .R = &R};
         float **lp;
-        if (eng_logprobs(e, &g, 1, 0, temp, 1 << 20, &lp)) { snprintf(why, 256, "%s", err_msg()); return 1e9; }
+        if (eng_logprobs(e, &g, 1, 0, temp, 1 << 20, &lp)) {
+            snprintf(why, 256, "%s", err_msg());
+            return 1e9;
+        }
         const js *r = &ref->items[i];
-        if (r->n != R) { snprintf(why, 256, "reference has %d logprobs for %d tokens", r->n, R); return 1e9; }
+        if (r->n != R) {
+            snprintf(why, 256, "reference has %d logprobs for %d tokens", r->n, R);
+            return 1e9;
+        }
         for (int t = 0; t < R; t++) {
             double d = fabs(lp[0][t] - r->items[t].num);
             if (d > worst) worst = d;
@@ -66,7 +77,7 @@ TEST(logprobs_match_transformers) {
         seqs s;
         load_seqs(js_get(root, "sequences"), &s);
         eng *e;
-        eng_open_opts o = { .model_dir = dir, .backend = "cpu" };
+        eng_open_opts o = {.model_dir = dir, .backend = "cpu"};
         CHECK_MSG(eng_open(&o, &e) == 0, "%s: %s", models[m], err_msg());
         double d1 = max_abs_diff_lp(e, &s, js_get(root, "logprobs"), 1.0f, why);
         double d07 = max_abs_diff_lp(e, &s, js_get(js_get(root, "temperature_0.7"), "logprobs"), 0.7f, why);
@@ -108,7 +119,7 @@ TEST(gradients_match_autograd) {
         for (int i = 0; i < s.n; i++) {
             resp[i] = s.ids[i] + 1;
             R[i] = s.len[i] - 1;
-            pg[i] = (pack_group){ .prompt = s.ids[i], .P = 1, .N = 1, .resp = &resp[i], .R = &R[i] };
+            pg[i] = (pack_group){.prompt = s.ids[i], .P = 1, .N = 1, .resp = &resp[i], .R = &R[i]};
         }
         pack_batch b;
         CHECK(pack_build(&b, pg, 0, s.n, PACK_PACKED) == 0);
@@ -125,7 +136,7 @@ TEST(gradients_match_autograd) {
         CHECK(model_backward(&m, &wv, &gv, &a, &in, dl, NULL, 1.0f) == 0);
         double Lref = js_get_num(root, "loss", 0);
         st_set gs = {0};
-        const char *gf = js_get_str(root, "grads_file");   /* llama3_sharded shares llama3's */
+        const char *gf = js_get_str(root, "grads_file"); /* llama3_sharded shares llama3's */
         snprintf(path, sizeof path, "%s/%s", dir, gf ? gf : "grads.safetensors");
         CHECK_MSG(st_open_file(&gs, path) == 0, "%s", err_msg());
         double worst = 0;
@@ -136,7 +147,10 @@ TEST(gradients_match_autograd) {
             float *ref = malloc((size_t)t->numel * 4);
             CHECK(st_read_f32(t, ref, m.params[p].ndim, m.params[p].shape) == 0);
             double e = rel_l2(g + m.params[p].off, ref, (size_t)t->numel);
-            if (e > worst) { worst = e; worst_name = m.params[p].name; }
+            if (e > worst) {
+                worst = e;
+                worst_name = m.params[p].name;
+            }
             free(ref);
         }
         printf("  %-16s loss %.6f (ref %.6f), worst grad rel L2 %.2e (%s)\n", models[mi], L, Lref, worst, worst_name);
@@ -145,8 +159,14 @@ TEST(gradients_match_autograd) {
         st_close(&gs);
         model_acts_free(&m, &a);
         pack_batch_free(&b);
-        free(pg); free(resp); free(R); free(dl); free(w); free(g);
-        model_views_free(&wv); model_views_free(&gv);
+        free(pg);
+        free(resp);
+        free(R);
+        free(dl);
+        free(w);
+        free(g);
+        model_views_free(&wv);
+        model_views_free(&gv);
         model_free(&m);
         be->destroy(be);
         free_seqs(&s);
@@ -170,27 +190,32 @@ TEST(corrupt_safetensors_are_errors) {
     fclose(src);
     char path[256];
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    struct { const char *what; long len; int patch; const char *expect; } cases[] = {
-        { "truncated data", n - 100, 0, "outside" },
-        { "truncated header", 20, 0, "header length" },
-        { "bad header length", n, 1, "header length" },
-        { "bad JSON", n, 2, "not valid JSON" },
+    struct {
+        const char *what;
+        long len;
+        int patch;
+        const char *expect;
+    } cases[] = {
+        {"truncated data", n - 100, 0, "outside"},
+        {"truncated header", 20, 0, "header length"},
+        {"bad header length", n, 1, "header length"},
+        {"bad JSON", n, 2, "not valid JSON"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         unsigned char *b = malloc((size_t)n);
         memcpy(b, buf, (size_t)n);
-        if (cases[i].patch == 1) b[6] = 0x7f;          /* absurd length */
-        if (cases[i].patch == 2) b[8] = '[';            /* header no longer an object */
+        if (cases[i].patch == 1) b[6] = 0x7f; /* absurd length */
+        if (cases[i].patch == 2) b[8] = '['; /* header no longer an object */
         FILE *f = fopen(path, "wb");
         fwrite(b, 1, (size_t)cases[i].len, f);
         fclose(f);
         free(b);
         eng *e = NULL;
-        eng_open_opts o = { .model_dir = tmp, .backend = "cpu" };
+        eng_open_opts o = {.model_dir = tmp, .backend = "cpu"};
         int rc = eng_open(&o, &e);
         CHECK_MSG(rc != 0 && !e, "%s: opened", cases[i].what);
-        CHECK_MSG(strstr(err_msg(), cases[i].expect) && strstr(err_msg(), "model.safetensors"),
-                  "%s: message \"%s\" lacks \"%s\"", cases[i].what, err_msg(), cases[i].expect);
+        CHECK_MSG(strstr(err_msg(), cases[i].expect) && strstr(err_msg(), "model.safetensors"), "%s: message \"%s\" lacks \"%s\"",
+                  cases[i].what, err_msg(), cases[i].expect);
     }
     free(buf);
 }

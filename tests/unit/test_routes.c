@@ -11,8 +11,8 @@ TEST(test_routes_one_row_per_method_and_path) {
     CHECK(api_n_routes > 0);
     for (int i = 0; i < api_n_routes; i++) {
         const api_route *r = &api_routes[i];
-        CHECK_MSG(!strcmp(r->method, "GET") || !strcmp(r->method, "POST") || !strcmp(r->method, "DELETE"),
-                  "row %d: method %s", i, r->method);
+        CHECK_MSG(!strcmp(r->method, "GET") || !strcmp(r->method, "POST") || !strcmp(r->method, "DELETE"), "row %d: method %s", i,
+                  r->method);
         CHECK_MSG(r->path[0] == '/' && r->handler && r->doc.summary && r->doc.summary[0], "row %d (%s)", i, r->path);
         for (int k = 0; k < i; k++)
             CHECK_MSG(strcmp(api_routes[k].method, r->method) || strcmp(api_routes[k].path, r->path),
@@ -40,7 +40,7 @@ TEST(test_routes_docs) {
         for (size_t k = 0; ok && k < json_object_array_length(q); k++) {
             json_object *e = json_object_array_get_idx(q, k), *in;
             ok = json_object_object_get_ex(e, "name", NULL) && json_object_object_get_ex(e, "in", &in) &&
-                 !strcmp(json_object_get_string(in), "query");
+                !strcmp(json_object_get_string(in), "query");
         }
         json_object_put(q);
         CHECK_MSG(ok, "%s: query is not an array of query parameters: %s", p, d->query);

@@ -24,15 +24,22 @@ TEST(test_distributions) {
     int *tok = malloc(sizeof(int) * NS);
     sample_params *pr = malloc(sizeof *pr * NS);
     for (int i = 0; i < NS; i++) memcpy(rows + (size_t)i * V, x, sizeof x);
-    int ban[] = { 2, 3, 7 };
-    struct { float t, top_p, min_p; int top_k, ban; } cases[] = {
-        { 1.0f, 1, 0, 0, 0 }, { 0.6f, 1, 0, 0, 0 }, { 1.0f, 1, 0, 3, 0 }, { 1.0f, 0.7f, 0, 0, 0 },
-        { 1.0f, 1, 0.2f, 0, 0 }, { 0.8f, 0.8f, 0.05f, 6, 0 }, { 1.0f, 1, 0, 0, 1 }, { 1.3f, 0.9f, 0, 4, 1 },
+    int ban[] = {2, 3, 7};
+    struct {
+        float t, top_p, min_p;
+        int top_k, ban;
+    } cases[] = {
+        {1.0f, 1, 0, 0, 0},    {0.6f, 1, 0, 0, 0},        {1.0f, 1, 0, 3, 0}, {1.0f, 0.7f, 0, 0, 0},
+        {1.0f, 1, 0.2f, 0, 0}, {0.8f, 0.8f, 0.05f, 6, 0}, {1.0f, 1, 0, 0, 1}, {1.3f, 0.9f, 0, 4, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         for (int i = 0; i < NS; i++)
-            pr[i] = (sample_params){ .key = mix(i + 1000 * c), .temperature = cases[c].t, .top_p = cases[c].top_p,
-                                     .min_p = cases[c].min_p, .top_k = cases[c].top_k, .ban = cases[c].ban };
+            pr[i] = (sample_params){.key = mix(i + 1000 * c),
+                                    .temperature = cases[c].t,
+                                    .top_p = cases[c].top_p,
+                                    .min_p = cases[c].min_p,
+                                    .top_k = cases[c].top_k,
+                                    .ban = cases[c].ban};
         sample_cpu(tok, lp, rows, pr, ban, NS, V);
         double p[V];
         sampling_expected(x, V, &pr[0], ban, p);
@@ -47,7 +54,10 @@ TEST(test_distributions) {
         for (int i = 0; i < NS; i++) err = fmax(err, fabs(lp[i] - (x[tok[i]] / T - mx - log(sum))));
         CHECK_MSG(err < 1e-5, "case %zu: logprob (untruncated) error %.3g", c, err);
     }
-    free(rows); free(lp); free(tok); free(pr);
+    free(rows);
+    free(lp);
+    free(tok);
+    free(pr);
 }
 
 TEST(test_greedy_and_determinism) {
@@ -56,11 +66,12 @@ TEST(test_greedy_and_determinism) {
     check_fill(x, (size_t)R * VB, 21, 4.0f);
     sample_params pr[R];
     int tok[R], tok2[R];
-    for (int r = 0; r < R; r++) pr[r] = (sample_params){ .key = mix(r), .temperature = 0, .top_p = 1 };
-    int ban[3] = { 2, 0, 0 };
-    for (int r = 0; r < 4; r++) {   /* rows 0..3 ban their own argmax */
+    for (int r = 0; r < R; r++) pr[r] = (sample_params){.key = mix(r), .temperature = 0, .top_p = 1};
+    int ban[3] = {2, 0, 0};
+    for (int r = 0; r < 4; r++) { /* rows 0..3 ban their own argmax */
         int am = 0;
-        for (int j = 1; j < VB; j++) if (x[(size_t)r * VB + j] > x[(size_t)r * VB + am]) am = j;
+        for (int j = 1; j < VB; j++)
+            if (x[(size_t)r * VB + j] > x[(size_t)r * VB + am]) am = j;
         if (r < 2) ban[1 + r] = am;
     }
     pr[0].ban = pr[1].ban = 1;
@@ -77,7 +88,10 @@ TEST(test_greedy_and_determinism) {
     for (int r = 0; r < R; r++) pr[r].temperature = 1.0f, pr[r].top_k = r % 3 ? 0 : 50, pr[r].top_p = r % 2 ? 0.9f : 1;
     sample_cpu(tok, lp, x, pr, ban, R, VB);
     sample_cpu(tok2, lp2, x, pr, ban, R, VB);
-    for (int r = 0; r < R; r++) { CHECK_EQ_INT(tok[r], tok2[r]); CHECK(lp[r] == lp2[r]); }
+    for (int r = 0; r < R; r++) {
+        CHECK_EQ_INT(tok[r], tok2[r]);
+        CHECK(lp[r] == lp2[r]);
+    }
     /* a row's draw does not depend on the other rows: row 5 alone gives the same token */
     sample_cpu(tok2, lp2, x + 5 * VB, pr + 5, ban, 1, VB);
     CHECK_EQ_INT(tok2[0], tok[5]);

@@ -14,9 +14,12 @@
 #define MODEL "/tmp/grpod_test_sched_model"
 
 static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
     return eng_open(&o, &e) ? NULL : e;
 }
 
@@ -26,7 +29,7 @@ TEST(kvpool_first_fit_coalesces) {
     enum { CAP = 1000, SLOTS = 64 };
     kvp p;
     CHECK(kvp_init(&p, CAP) == 0);
-    unsigned char owner[CAP];           /* 0 free, else slot + 1 */
+    unsigned char owner[CAP]; /* 0 free, else slot + 1 */
     int start[SLOTS], len[SLOTS];
     memset(owner, 0, sizeof owner);
     for (int i = 0; i < SLOTS; i++) start[i] = -1;
@@ -50,7 +53,10 @@ TEST(kvpool_first_fit_coalesces) {
             if (run == n) want = r - n + 1;
         }
         CHECK_MSG(got == want, "alloc %d rows: got %d, first fit is %d", n, got, want);
-        if (got < 0) { fails++; continue; }
+        if (got < 0) {
+            fails++;
+            continue;
+        }
         for (int r = got; r < got + n; r++) owner[r] = (unsigned char)(i + 1);
         start[i] = got;
         len[i] = n;
@@ -69,9 +75,9 @@ TEST(kvpool_first_fit_coalesces) {
 
 /* ---------------------------------------------------------------- scheduler */
 
-static const int prompt_a[] = { 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100 };
-static const int prompt_b[] = { 84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110, 33, 63 };
-static const int prompt_c[] = { 65, 66, 67 };
+static const int prompt_a[] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
+static const int prompt_b[] = {84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110, 33, 63};
+static const int prompt_c[] = {65, 66, 67};
 
 typedef struct {
     eng_rollout_group g[3];
@@ -83,23 +89,35 @@ typedef struct {
 /* Three requests with different sampling, prompts and stop conditions. */
 static void make_reqs(req *r) {
     memset(r, 0, 3 * sizeof *r);
-    static const char *stops[] = { "ll", "o w" };
-    static const int stop_ids[] = { 101 };
+    static const char *stops[] = {"ll", "o w"};
+    static const int stop_ids[] = {101};
     eng_sampling_default(&r[0].s);
-    r[0].s.max_tokens = 14; r[0].s.seed = 7; r[0].s.top_k = 50; r[0].s.top_p = 0.9f;
-    r[0].g[0] = (eng_rollout_group){ prompt_a, 12, 4 };
-    r[0].g[1] = (eng_rollout_group){ prompt_b, 17, 3 };
+    r[0].s.max_tokens = 14;
+    r[0].s.seed = 7;
+    r[0].s.top_k = 50;
+    r[0].s.top_p = 0.9f;
+    r[0].g[0] = (eng_rollout_group){prompt_a, 12, 4};
+    r[0].g[1] = (eng_rollout_group){prompt_b, 17, 3};
     r[0].n_groups = 2;
     eng_sampling_default(&r[1].s);
-    r[1].s.max_tokens = 20; r[1].s.seed = 11; r[1].s.temperature = 0.8f; r[1].s.min_tokens = 3;
-    r[1].s.stop = stops; r[1].s.n_stop = 2; r[1].s.stop_token_ids = stop_ids; r[1].s.n_stop_token_ids = 1;
-    r[1].g[0] = (eng_rollout_group){ prompt_c, 3, 5 };
-    r[1].g[1] = (eng_rollout_group){ prompt_a + 2, 10, 2 };
-    r[1].g[2] = (eng_rollout_group){ prompt_b, 17, 1 };
+    r[1].s.max_tokens = 20;
+    r[1].s.seed = 11;
+    r[1].s.temperature = 0.8f;
+    r[1].s.min_tokens = 3;
+    r[1].s.stop = stops;
+    r[1].s.n_stop = 2;
+    r[1].s.stop_token_ids = stop_ids;
+    r[1].s.n_stop_token_ids = 1;
+    r[1].g[0] = (eng_rollout_group){prompt_c, 3, 5};
+    r[1].g[1] = (eng_rollout_group){prompt_a + 2, 10, 2};
+    r[1].g[2] = (eng_rollout_group){prompt_b, 17, 1};
     r[1].n_groups = 3;
     eng_sampling_default(&r[2].s);
-    r[2].s.max_tokens = 9; r[2].s.seed = 7; r[2].s.temperature = 0; r[2].s.ignore_eos = 1;
-    r[2].g[0] = (eng_rollout_group){ prompt_b + 4, 13, 2 };
+    r[2].s.max_tokens = 9;
+    r[2].s.seed = 7;
+    r[2].s.temperature = 0;
+    r[2].s.ignore_eos = 1;
+    r[2].g[0] = (eng_rollout_group){prompt_b + 4, 13, 2};
     r[2].n_groups = 1;
 }
 
@@ -135,13 +153,12 @@ TEST(jobs_joining_at_different_steps_match_alone) {
     req alone[3], mixed[3];
     make_reqs(alone);
     make_reqs(mixed);
-    for (int i = 0; i < 3; i++)
-        CHECK(eng_rollout(e, alone[i].g, alone[i].n_groups, &alone[i].s, alone[i].out, NULL, NULL) == 0);
+    for (int i = 0; i < 3; i++) CHECK(eng_rollout(e, alone[i].g, alone[i].n_groups, &alone[i].s, alone[i].out, NULL, NULL) == 0);
     eng_sched *s;
-    eng_sched_opts o = { .kv_rows = 4096 };
+    eng_sched_opts o = {.kv_rows = 4096};
     CHECK(eng_sched_open(e, &o, &s) == 0);
-    eng_sched_job *j[3] = { 0 };
-    const int join_at[3] = { 0, 2, 5 };
+    eng_sched_job *j[3] = {0};
+    const int join_at[3] = {0, 2, 5};
     int max_running = 0, shared_steps = 0;
     for (int step = 0; step < 200; step++) {
         for (int i = 0; i < 3; i++)
@@ -168,7 +185,11 @@ TEST(jobs_joining_at_different_steps_match_alone) {
     printf("  %lld steps, %lld dec_step calls, %d steps with >1 job live, peak %d responses; max |Δ logprob| vs alone %.2e\n",
            st.steps, st.dec_calls, shared_steps, max_running, worst);
     CHECK_EQ_INT(st.rows_used, 0);
-    for (int i = 0; i < 3; i++) { eng_sched_job_release(s, j[i]); free_req(&alone[i]); free_req(&mixed[i]); }
+    for (int i = 0; i < 3; i++) {
+        eng_sched_job_release(s, j[i]);
+        free_req(&alone[i]);
+        free_req(&mixed[i]);
+    }
     eng_sched_close(s);
     eng_close(e);
     CHECK_MSG(same, "a job's tokens, finish reasons or texts changed when it shared the batch");
@@ -179,10 +200,12 @@ TEST(jobs_joining_at_different_steps_match_alone) {
 TEST(admission_waits_for_rows_and_proceeds) {
     eng *e = open_default();
     CHECK(e);
-    eng_rollout_group g1 = { prompt_a, 12, 4 }, g2 = { prompt_b, 17, 3 };
+    eng_rollout_group g1 = {prompt_a, 12, 4}, g2 = {prompt_b, 17, 3};
     eng_sampling s1, s2;
     eng_sampling_default(&s1);
-    s1.max_tokens = 30; s1.seed = 3; s1.ignore_eos = 1;
+    s1.max_tokens = 30;
+    s1.seed = 3;
+    s1.ignore_eos = 1;
     s2 = s1;
     s2.seed = 4;
     long long need1 = eng_sched_rows_needed(&g1, &s1), need2 = eng_sched_rows_needed(&g2, &s2);
@@ -190,7 +213,7 @@ TEST(admission_waits_for_rows_and_proceeds) {
     CHECK(eng_rollout(e, &g1, 1, &s1, &a1, NULL, NULL) == 0);
     CHECK(eng_rollout(e, &g2, 1, &s2, &a2, NULL, NULL) == 0);
     eng_sched *s;
-    eng_sched_opts o = { .kv_rows = (int)(need1 > need2 ? need1 : need2) + 10 };   /* one group at a time */
+    eng_sched_opts o = {.kv_rows = (int)(need1 > need2 ? need1 : need2) + 10}; /* one group at a time */
     CHECK(eng_sched_open(e, &o, &s) == 0);
     eng_sched_job *j1, *j2;
     CHECK(eng_sched_add(s, &g1, 1, &s1, &m1, &j1) == 0);
@@ -219,7 +242,10 @@ TEST(admission_waits_for_rows_and_proceeds) {
     eng_sched_job_release(s, j1);
     eng_sched_job_release(s, j2);
     eng_sched_close(s);
-    eng_group_result_free(&a1); eng_group_result_free(&a2); eng_group_result_free(&m1); eng_group_result_free(&m2);
+    eng_group_result_free(&a1);
+    eng_group_result_free(&a2);
+    eng_group_result_free(&m1);
+    eng_group_result_free(&m2);
     eng_close(e);
     CHECK_MSG(w1 >= 0 && w1 <= 1e-5 && w2 >= 0 && w2 <= 1e-5, "results differ from alone (%g, %g)", w1, w2);
 }
@@ -228,12 +254,12 @@ TEST(group_that_never_fits_is_a_clear_error) {
     eng *e = open_default();
     CHECK(e);
     eng_sched *s;
-    eng_sched_opts o = { .kv_rows = 100 };
+    eng_sched_opts o = {.kv_rows = 100};
     CHECK(eng_sched_open(e, &o, &s) == 0);
-    eng_rollout_group g[2] = { { prompt_c, 3, 2 }, { prompt_a, 12, 8 } };
+    eng_rollout_group g[2] = {{prompt_c, 3, 2}, {prompt_a, 12, 8}};
     eng_sampling sp;
     eng_sampling_default(&sp);
-    sp.max_tokens = 16;         /* group 1 needs 12 + 8 x 16 = 140 rows */
+    sp.max_tokens = 16; /* group 1 needs 12 + 8 x 16 = 140 rows */
     eng_group_result out[2];
     eng_sched_job *j = (eng_sched_job *)&o;
     int rc = eng_sched_add(s, g, 2, &sp, out, &j);
@@ -250,14 +276,16 @@ TEST(group_that_never_fits_is_a_clear_error) {
 TEST(cancel_frees_rows_and_others_go_on) {
     eng *e = open_default();
     CHECK(e);
-    eng_rollout_group g1 = { prompt_a, 12, 6 }, g2 = { prompt_c, 3, 2 };
+    eng_rollout_group g1 = {prompt_a, 12, 6}, g2 = {prompt_c, 3, 2};
     eng_sampling sp;
     eng_sampling_default(&sp);
-    sp.max_tokens = 40; sp.seed = 5; sp.ignore_eos = 1;
+    sp.max_tokens = 40;
+    sp.seed = 5;
+    sp.ignore_eos = 1;
     eng_group_result alone, m1, m2;
     CHECK(eng_rollout(e, &g2, 1, &sp, &alone, NULL, NULL) == 0);
     eng_sched *s;
-    eng_sched_opts o = { .kv_rows = 2000 };
+    eng_sched_opts o = {.kv_rows = 2000};
     CHECK(eng_sched_open(e, &o, &s) == 0);
     eng_sched_job *j1, *j2;
     CHECK(eng_sched_add(s, &g1, 1, &sp, &m1, &j1) == 0);
@@ -267,11 +295,11 @@ TEST(cancel_frees_rows_and_others_go_on) {
     eng_sched_get_stats(s, &st);
     CHECK_EQ_INT(st.rows_used, eng_sched_rows_needed(&g1, &sp) + eng_sched_rows_needed(&g2, &sp));
     CHECK_EQ_INT(st.running_responses, 8);
-    CHECK_EQ_INT(st.dec_calls, 6);     /* same draw parameters: one prefill call, then one decode call a step */
+    CHECK_EQ_INT(st.dec_calls, 6); /* same draw parameters: one prefill call, then one decode call a step */
     double p1;
     CHECK_EQ_INT(eng_sched_job_state(j1, &p1, NULL, NULL), 0);
     CHECK(p1 > 0.05 && p1 < 0.5);
-    eng_sched_job_release(s, j1);                  /* DELETE while running */
+    eng_sched_job_release(s, j1); /* DELETE while running */
     eng_sched_get_stats(s, &st);
     CHECK_EQ_INT(st.rows_used, eng_sched_rows_needed(&g2, &sp));
     CHECK_EQ_INT(st.running_responses, 2);
@@ -283,7 +311,8 @@ TEST(cancel_frees_rows_and_others_go_on) {
     double w = compare(&alone, &m2, 1);
     eng_sched_job_release(s, j2);
     eng_sched_close(s);
-    eng_group_result_free(&alone); eng_group_result_free(&m2);
+    eng_group_result_free(&alone);
+    eng_group_result_free(&m2);
     eng_close(e);
     CHECK_MSG(w >= 0 && w <= 1e-5, "the surviving job changed (%g)", w);
 }
@@ -297,16 +326,19 @@ TEST(split_request_with_group_index_matches_whole) {
     req whole[3], part[3];
     make_reqs(whole);
     make_reqs(part);
-    req *w = &whole[1], *p = &part[1];   /* three groups, temperature 0.8 */
+    req *w = &whole[1], *p = &part[1]; /* three groups, temperature 0.8 */
     CHECK(eng_rollout(e, w->g, w->n_groups, &w->s, w->out, NULL, NULL) == 0);
-    eng_rollout_group a[2] = { p->g[0], p->g[2] }, b[1] = { p->g[1] };
-    static const int ia[2] = { 0, 2 }, ib[1] = { 1 };
+    eng_rollout_group a[2] = {p->g[0], p->g[2]}, b[1] = {p->g[1]};
+    static const int ia[2] = {0, 2}, ib[1] = {1};
     eng_sampling sa = p->s, sb = p->s;
-    sa.group_index = ia; sb.group_index = ib;
+    sa.group_index = ia;
+    sb.group_index = ib;
     eng_group_result oa[2], ob[1], moved[3];
     CHECK(eng_rollout(e, b, 1, &sb, ob, NULL, NULL) == 0);
     CHECK(eng_rollout(e, a, 2, &sa, oa, NULL, NULL) == 0);
-    moved[0] = oa[0]; moved[1] = ob[0]; moved[2] = oa[1];
+    moved[0] = oa[0];
+    moved[1] = ob[0];
+    moved[2] = oa[1];
     double d = compare(w->out, moved, 3);
     /* without the index the moved group draws other tokens: the check above can fail */
     eng_group_result oc[1];

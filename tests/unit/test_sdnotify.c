@@ -21,10 +21,16 @@ static int listen_dgram(const char *name) {
     size_t n = strlen(name);
     memcpy(a.sun_path, name, n);
     socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
-    if (name[0] == '@') { a.sun_path[0] = '\0'; len--; }
+    if (name[0] == '@') {
+        a.sun_path[0] = '\0';
+        len--;
+    }
     int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    if (bind(fd, (struct sockaddr *)&a, len) != 0) { close(fd); return -1; }
+    if (bind(fd, (struct sockaddr *)&a, len) != 0) {
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
@@ -44,7 +50,9 @@ static int quiet(int fd, int ms) {
 }
 
 static void clear_env(void) {
-    unsetenv("NOTIFY_SOCKET"); unsetenv("WATCHDOG_USEC"); unsetenv("WATCHDOG_PID");
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    unsetenv("WATCHDOG_PID");
 }
 
 TEST(test_disabled_is_noop) {
@@ -67,16 +75,15 @@ TEST(test_path_socket_messages) {
     setenv("NOTIFY_SOCKET", path, 1);
     sdn_init();
     int ok = sdn_enabled();
-    const char *msgs[] = {"READY=1", "STATUS=policy v0, 0 queued", "WATCHDOG=1",
-                          "RELOADING=1\nMONOTONIC_USEC=123", "STOPPING=1"};
+    const char *msgs[] = {"READY=1", "STATUS=policy v0, 0 queued", "WATCHDOG=1", "RELOADING=1\nMONOTONIC_USEC=123", "STOPPING=1"};
     char buf[8192];
     for (size_t i = 0; ok && i < sizeof msgs / sizeof *msgs; i++) {
         int rc = sdn_notify(msgs[i]);
         ssize_t n = recv_one(fd, buf, sizeof buf);
         if (rc != 0 || n != (ssize_t)strlen(msgs[i]) || strcmp(buf, msgs[i])) {
-            close(fd); unlink(path);
-            FAILF("msg %zu: rc %d, got %zd bytes \"%s\", expected \"%s\"", i, rc, n,
-                  n >= 0 ? buf : "", msgs[i]);
+            close(fd);
+            unlink(path);
+            FAILF("msg %zu: rc %d, got %zd bytes \"%s\", expected \"%s\"", i, rc, n, n >= 0 ? buf : "", msgs[i]);
         }
     }
     /* printf form; an over-long message is truncated to one datagram, not split. */
@@ -84,11 +91,13 @@ TEST(test_path_socket_messages) {
     ssize_t n1 = recv_one(fd, buf, sizeof buf);
     int same = n1 > 0 && !strcmp(buf, "STATUS=policy v7, 42 queued");
     char big[6000];
-    memset(big, 'x', sizeof big - 1); big[sizeof big - 1] = '\0';
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
     int rc2 = sdn_notifyf("STATUS=%s", big);
     ssize_t n2 = recv_one(fd, buf, sizeof buf);
     int none_left = quiet(fd, 20);
-    close(fd); unlink(path);
+    close(fd);
+    unlink(path);
     CHECK(ok);
     CHECK_EQ_INT(rc1, 0);
     CHECK_MSG(same, "got \"%s\"", buf);
@@ -129,7 +138,9 @@ TEST(test_bad_socket_values) {
     CHECK(strstr(sdn_init_note(), "NOTIFY_SOCKET") != NULL);
     CHECK_EQ_INT(sdn_notify("READY=1"), 0);
     char longp[200];
-    memset(longp, 'a', sizeof longp - 1); longp[0] = '/'; longp[sizeof longp - 1] = '\0';
+    memset(longp, 'a', sizeof longp - 1);
+    longp[0] = '/';
+    longp[sizeof longp - 1] = '\0';
     setenv("NOTIFY_SOCKET", longp, 1);
     sdn_init();
     CHECK_EQ_INT(sdn_enabled(), 0);
@@ -150,14 +161,14 @@ TEST(test_watchdog_usec) {
     setenv("WATCHDOG_USEC", "400000", 1);
     sdn_init();
     CHECK_EQ_INT((long long)sdn_watchdog_usec(), 400000);
-    setenv("WATCHDOG_PID", pid, 1);                 /* our pid: applies */
+    setenv("WATCHDOG_PID", pid, 1); /* our pid: applies */
     sdn_init();
     CHECK_EQ_INT((long long)sdn_watchdog_usec(), 400000);
-    setenv("WATCHDOG_USEC", "60000000", 1);         /* WatchdogSec=60 */
+    setenv("WATCHDOG_USEC", "60000000", 1); /* WatchdogSec=60 */
     sdn_init();
     CHECK_EQ_INT((long long)sdn_watchdog_usec(), 60000000);
     snprintf(pid, sizeof pid, "%d", (int)getpid() + 1);
-    setenv("WATCHDOG_PID", pid, 1);                 /* another process's watchdog */
+    setenv("WATCHDOG_PID", pid, 1); /* another process's watchdog */
     sdn_init();
     CHECK_EQ_INT((long long)sdn_watchdog_usec(), 0);
     setenv("WATCHDOG_PID", "12x", 1);
@@ -173,7 +184,7 @@ TEST(test_watchdog_usec) {
     setenv("WATCHDOG_USEC", "abc", 1);
     sdn_init();
     CHECK(strstr(sdn_init_note(), "WATCHDOG_USEC") != NULL);
-    setenv("WATCHDOG_USEC", "0", 1);                /* 0 means disabled */
+    setenv("WATCHDOG_USEC", "0", 1); /* 0 means disabled */
     sdn_init();
     CHECK_EQ_INT((long long)sdn_watchdog_usec(), 0);
     clear_env();

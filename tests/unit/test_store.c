@@ -54,7 +54,7 @@ TEST(test_open_creates_dir_and_schema) {
     snprintf(mode, sizeof mode, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ_INT(v, 3);                 /* migrations: v1 jobs/kv/checkpoints, v2 history, v3 job counts */
+    CHECK_EQ_INT(v, 3); /* migrations: v1 jobs/kv/checkpoints, v2 history, v3 job counts */
     CHECK_STR(mode, "wal");
     /* reopening an up-to-date database migrates nothing and works */
     r = store_open(dir, 0, &s);
@@ -101,7 +101,7 @@ TEST(test_submit_get) {
     CHECK_EQ_INT(store_get(s, "j_0000000000000000", &j), GE_NOT_FOUND);
     CHECK_EQ_INT(store_submit(s, "", "{}", 0, id), GE_INVALID);
     CHECK_EQ_INT(store_submit(s, "a_kind_far_too_long", "{}", 0, id), GE_INVALID);
-    CHECK_EQ_INT(store_submit(s, "checkpoint", NULL, 0, id), 0);   /* NULL payload stores {} */
+    CHECK_EQ_INT(store_submit(s, "checkpoint", NULL, 0, id), 0); /* NULL payload stores {} */
     CHECK(store_get(s, id, &j) == 0);
     CHECK_STR(j.payload, "{}");
     store_job_clear(&j);
@@ -158,7 +158,7 @@ TEST(test_fifo_claim_finish_fail) {
     CHECK(store_get(s, ids[3], &j) == 0);
     double claimed_at = j.started_at;
     store_job_clear(&j);
-    struct timespec pause = { 0, 20 * 1000 * 1000 };
+    struct timespec pause = {0, 20 * 1000 * 1000};
     nanosleep(&pause, NULL);
     CHECK(store_mark_started(s, ids[3]) == 0);
     CHECK(store_get(s, ids[3], &j) == 0);
@@ -184,7 +184,7 @@ TEST(test_cancel) {
     CHECK(store_submit(s, "rollout", "{}", 0, b) == 0);
     CHECK(store_submit(s, "rollout", "{}", 0, c) == 0);
     store_job j;
-    CHECK_EQ_INT(store_claim(s, &j), 1);   /* a is running */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* a is running */
     CHECK_STR(j.id, a);
     store_job_clear(&j);
 
@@ -213,7 +213,7 @@ TEST(test_cancel) {
     CHECK_EQ_INT(store_cancel(s, "j_0123456789abcdef"), GE_NOT_FOUND);
     CHECK_EQ_INT(store_cancel_requested(s, "j_0123456789abcdef"), GE_NOT_FOUND);
 
-    CHECK_EQ_INT(store_claim(s, &j), 1);   /* only c is left */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* only c is left */
     CHECK_STR(j.id, c);
     store_job_clear(&j);
     CHECK(store_finish(s, c, "{}", 0) == 0);
@@ -222,8 +222,14 @@ TEST(test_cancel) {
     store_close(s);
 }
 
-typedef struct { char kind[16], status[16]; long long n; } count_row;
-typedef struct { count_row rows[16]; int n; } count_acc;
+typedef struct {
+    char kind[16], status[16];
+    long long n;
+} count_row;
+typedef struct {
+    count_row rows[16];
+    int n;
+} count_acc;
 static void count_cb(void *ud, const char *kind, const char *status, long long n) {
     count_acc *a = ud;
     if (a->n < 16) {
@@ -250,7 +256,7 @@ static int counts_match(store *s, const char *file) {
     while (ok && sqlite3_step(st) == SQLITE_ROW) {
         rows++;
         ok = count_of(&kept, (const char *)sqlite3_column_text(st, 0), (const char *)sqlite3_column_text(st, 1)) ==
-             sqlite3_column_int64(st, 2);
+            sqlite3_column_int64(st, 2);
     }
     sqlite3_finalize(st);
     sqlite3_close(db);
@@ -267,12 +273,14 @@ TEST(test_counts_kept_equal_a_recount) {
     store_close(s);
     sqlite3 *db;
     CHECK(sqlite3_open(file, &db) == SQLITE_OK);
-    CHECK(sqlite3_exec(db, "DROP TRIGGER jobs_count_insert; DROP TRIGGER jobs_count_delete; DROP TRIGGER jobs_count_status;"
+    CHECK(sqlite3_exec(db,
+                       "DROP TRIGGER jobs_count_insert; DROP TRIGGER jobs_count_delete; DROP TRIGGER jobs_count_status;"
                        "DROP TABLE job_counts;"
                        "INSERT INTO jobs (id, kind, status, payload, created_at) VALUES "
                        "('j_00000000000000a1', 'rollout', 'done', '{}', 1), ('j_00000000000000a2', 'update', 'failed', '{}', 2),"
                        "('j_00000000000000a3', 'rollout', 'done', '{}', 3), ('j_00000000000000a4', 'update', 'queued', '{}', 4);"
-                       "PRAGMA user_version = 2;", NULL, NULL, NULL) == SQLITE_OK);
+                       "PRAGMA user_version = 2;",
+                       NULL, NULL, NULL) == SQLITE_OK);
     sqlite3_close(db);
     CHECK(store_open(d, 1, &s) == 0);
     CHECK(counts_match(s, file));
@@ -292,7 +300,7 @@ TEST(test_counts_kept_equal_a_recount) {
         } else if (op == 3) {
             if (store_claim(s, &j) == 1) store_job_clear(&j);
         } else if (op == 4 && n) {
-            store_finish(s, ids[pick], "{}", 1);   /* not running: refused, nothing changes */
+            store_finish(s, ids[pick], "{}", 1); /* not running: refused, nothing changes */
         } else if (op == 5 && n) {
             store_fail(s, ids[pick], "{\"code\":\"x\"}");
         } else if (op == 6 && n) {
@@ -301,7 +309,10 @@ TEST(test_counts_kept_equal_a_recount) {
             if (rng >> 63) store_requeue(s, ids[pick]);
             else store_requeue_failed(s, ids[pick]);
         }
-        if (!counts_match(s, file)) { printf("  step %d (op %d): counts differ from a recount\n", step, op); bad = 1; }
+        if (!counts_match(s, file)) {
+            printf("  step %d (op %d): counts differ from a recount\n", step, op);
+            bad = 1;
+        }
     }
     CHECK(!bad);
     store_close(s);
@@ -318,17 +329,17 @@ TEST(test_list_counts) {
     const char *kinds[7] = {"rollout", "update", "rollout", "rollout", "update", "checkpoint", "rollout"};
     for (int i = 0; i < 7; i++) CHECK(store_submit(s, kinds[i], "{}", 0, ids[i]) == 0);
     store_job j;
-    CHECK_EQ_INT(store_claim(s, &j), 1);               /* ids[0] rollout running */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* ids[0] rollout running */
     store_job_clear(&j);
-    CHECK_EQ_INT(store_claim(s, &j), 1);               /* ids[1] update running */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* ids[1] update running */
     store_job_clear(&j);
-    CHECK(store_finish(s, ids[1], "{}", 1) == 0);      /* update done */
+    CHECK(store_finish(s, ids[1], "{}", 1) == 0); /* update done */
 
     store_job *v;
     int n;
     CHECK(store_list(s, NULL, NULL, 0, 0, &v, &n) == 0);
     CHECK_EQ_INT(n, 7);
-    for (int i = 0; i < 7; i++) CHECK_STR(v[i].id, ids[6 - i]);   /* newest first */
+    for (int i = 0; i < 7; i++) CHECK_STR(v[i].id, ids[6 - i]); /* newest first */
     store_jobs_free(v, n);
 
     CHECK(store_list(s, "rollout", NULL, 0, 0, &v, &n) == 0);
@@ -371,9 +382,14 @@ TEST(test_list_counts) {
     CHECK(store_submit(s, "rollout", "{}", 0, late) == 0);
     CHECK(store_list(s, NULL, NULL, 3, p1[2].seq, &p2, &n2) == 0 && n2 == 3);
     CHECK(store_list(s, NULL, NULL, 3, p2[2].seq, &p3, &n3) == 0 && n3 == 1);
-    for (int i = 0; i < 3; i++) { CHECK_STR(p1[i].id, ids[6 - i]); CHECK_STR(p2[i].id, ids[3 - i]); }
+    for (int i = 0; i < 3; i++) {
+        CHECK_STR(p1[i].id, ids[6 - i]);
+        CHECK_STR(p2[i].id, ids[3 - i]);
+    }
     CHECK_STR(p3[0].id, ids[0]);
-    store_jobs_free(p1, n1); store_jobs_free(p2, n2); store_jobs_free(p3, n3);
+    store_jobs_free(p1, n1);
+    store_jobs_free(p2, n2);
+    store_jobs_free(p3, n3);
     store_close(s);
 }
 
@@ -407,7 +423,11 @@ TEST(test_checkpoints) {
     store_close(s);
 }
 
-typedef struct { long long id[8], pv[8]; char kind[8][16], stats[8][64]; int n; } hist_seen;
+typedef struct {
+    long long id[8], pv[8];
+    char kind[8][16], stats[8][64];
+    int n;
+} hist_seen;
 static void hist_cb(void *ud, long long id, double at, const char *kind, long long pv, const char *stats) {
     hist_seen *h = ud;
     if (h->n == 8 || at < 1.6e9) return;
@@ -437,11 +457,11 @@ TEST(test_history) {
     CHECK(h.id[0] < h.id[1] && h.id[1] < h.id[2]);
     long long first = h.id[0];
     memset(&h, 0, sizeof h);
-    CHECK(store_history_list(s, first, 100, hist_cb, &h) == 0);     /* after the first */
+    CHECK(store_history_list(s, first, 100, hist_cb, &h) == 0); /* after the first */
     CHECK_EQ_INT(h.n, 2);
     CHECK_STR(h.kind[0], "update");
     memset(&h, 0, sizeof h);
-    CHECK(store_history_list(s, 0, 1, hist_cb, &h) == 0);           /* the newest one */
+    CHECK(store_history_list(s, 0, 1, hist_cb, &h) == 0); /* the newest one */
     CHECK_EQ_INT(h.n, 1);
     CHECK_STR(h.stats[0], "{\"reward_mean\":0.5}");
     store_close(s);
@@ -455,9 +475,9 @@ TEST(test_recovery) {
     store_job j;
     CHECK_EQ_INT(store_claim(s, &j), 1);
     store_job_clear(&j);
-    store_close(s);                               /* "crash" with ids[0] running */
+    store_close(s); /* "crash" with ids[0] running */
 
-    CHECK(store_open(dir, 0, &s) == 0);          /* recover = 0 leaves it running */
+    CHECK(store_open(dir, 0, &s) == 0); /* recover = 0 leaves it running */
     CHECK(store_get(s, ids[0], &j) == 0);
     CHECK_EQ_INT(j.status, JOB_RUNNING);
     store_job_clear(&j);
@@ -492,7 +512,7 @@ TEST(test_fail_exhausted) {
     CHECK(store_submit(s, "update", "{}", 0, a) == 0);
     CHECK(store_submit(s, "update", "{}", 0, b) == 0);
     store_job j;
-    for (int crash = 0; crash < 3; crash++) {     /* a crashes the daemon three times */
+    for (int crash = 0; crash < 3; crash++) { /* a crashes the daemon three times */
         CHECK_EQ_INT(store_claim(s, &j), 1);
         CHECK_STR(j.id, a);
         store_job_clear(&j);
@@ -505,7 +525,7 @@ TEST(test_fail_exhausted) {
     CHECK_EQ_INT(j.attempts, 3);
     CHECK_MSG(j.error && strstr(j.error, "interrupted 3 times"), "error %s", j.error ? j.error : "(null)");
     store_job_clear(&j);
-    CHECK_EQ_INT(store_claim(s, &j), 1);          /* b was never started: unaffected */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* b was never started: unaffected */
     CHECK_STR(j.id, b);
     store_job_clear(&j);
     store_close(s);
@@ -519,11 +539,11 @@ TEST(test_max_queued) {
     CHECK_EQ_INT(store_submit(s, "rollout", "{}", 3, id), GE_BUSY);
     CHECK_EQ_INT(store_queue_depth(s), 3);
     store_job j;
-    CHECK_EQ_INT(store_claim(s, &j), 1);          /* running jobs do not count as queued */
+    CHECK_EQ_INT(store_claim(s, &j), 1); /* running jobs do not count as queued */
     store_job_clear(&j);
     CHECK(store_submit(s, "rollout", "{}", 3, id) == 0);
     CHECK_EQ_INT(store_submit(s, "rollout", "{}", 3, id), GE_BUSY);
-    CHECK(store_submit(s, "rollout", "{}", 0, id) == 0);   /* 0 = no limit */
+    CHECK(store_submit(s, "rollout", "{}", 0, id) == 0); /* 0 = no limit */
     CHECK_EQ_INT(store_queue_depth(s), 4);
     store_close(s);
 }
@@ -531,23 +551,35 @@ TEST(test_max_queued) {
 /* ---------------------------------------------------------------- two threads claiming */
 
 #define RACE_JOBS 200
-typedef struct { const char *dir; char (*claimed)[32]; int n; int err; pthread_barrier_t *go; } claimer;
+typedef struct {
+    const char *dir;
+    char (*claimed)[32];
+    int n;
+    int err;
+    pthread_barrier_t *go;
+} claimer;
 
 static void *claim_loop(void *arg) {
     claimer *c = arg;
     store *s;
     int opened = store_open(c->dir, 0, &s);
-    pthread_barrier_wait(c->go);   /* both connections open before either claims */
-    if (opened) { c->err = 1; return NULL; }
+    pthread_barrier_wait(c->go); /* both connections open before either claims */
+    if (opened) {
+        c->err = 1;
+        return NULL;
+    }
     for (;;) {
         store_job j;
         int r = store_claim(s, &j);
-        if (r < 0) { c->err = 2; break; }
+        if (r < 0) {
+            c->err = 2;
+            break;
+        }
         if (r == 0) break;
         memcpy(c->claimed[c->n++], j.id, 32);
         if (store_finish(s, j.id, "{}", 0)) c->err = 3;
         store_job_clear(&j);
-        usleep(1000);  /* "work" outside the lock, so the two threads' claims interleave */
+        usleep(1000); /* "work" outside the lock, so the two threads' claims interleave */
     }
     store_close(s);
     return NULL;
@@ -575,7 +607,7 @@ TEST(test_concurrent_claims) {
     memcpy(all + c[0].n, got[1], (size_t)c[1].n * 32);
     qsort(all, RACE_JOBS, 32, cmp_id);
     qsort(ids, RACE_JOBS, 32, cmp_id);
-    for (int i = 0; i < RACE_JOBS; i++) CHECK_STR(all[i], ids[i]);   /* each exactly once */
+    for (int i = 0; i < RACE_JOBS; i++) CHECK_STR(all[i], ids[i]); /* each exactly once */
     printf("# claims split %d / %d between threads\n", c[0].n, c[1].n);
 
     CHECK(store_open(dir, 0, &s) == 0);
@@ -596,7 +628,7 @@ TEST(test_sigkill_durability) {
     char dir[512];
     fresh_dir(dir, sizeof dir, "kill");
     store *s;
-    CHECK(store_open(dir, 1, &s) == 0);           /* schema exists before the child starts */
+    CHECK(store_open(dir, 1, &s) == 0); /* schema exists before the child starts */
     store_close(s);
     int fd[2];
     CHECK(pipe(fd) == 0);
@@ -626,9 +658,8 @@ TEST(test_sigkill_durability) {
         have += (size_t)r;
     }
     kill(pid, SIGKILL);
-    ssize_t r;   /* whatever the child wrote before dying was acknowledged too */
-    while (have < sizeof buf - 1 && (r = read(fd[0], buf + have, sizeof buf - 1 - have)) > 0)
-        have += (size_t)r;
+    ssize_t r; /* whatever the child wrote before dying was acknowledged too */
+    while (have < sizeof buf - 1 && (r = read(fd[0], buf + have, sizeof buf - 1 - have)) > 0) have += (size_t)r;
     buf[have] = 0;
     close(fd[0]);
     int status;
@@ -641,7 +672,10 @@ TEST(test_sigkill_durability) {
         *nl = 0;
         store_job j;
         int g = store_get(s, line, &j);
-        if (g) { store_close(s); FAILF("acknowledged job %s lost: %s", line, err_msg()); }
+        if (g) {
+            store_close(s);
+            FAILF("acknowledged job %s lost: %s", line, err_msg());
+        }
         if (j.status != JOB_QUEUED || strcmp(j.payload, "{\"i\":1}")) {
             store_job_clear(&j);
             store_close(s);
@@ -653,13 +687,16 @@ TEST(test_sigkill_durability) {
     long long depth = store_queue_depth(s);
     store_close(s);
     CHECK(checked >= 40);
-    CHECK(depth >= checked && depth <= checked + 1);   /* at most one committed, unprinted */
+    CHECK(depth >= checked && depth <= checked + 1); /* at most one committed, unprinted */
     printf("# %d acknowledged jobs all present after SIGKILL (%lld in the queue)\n", checked, depth);
 }
 
 int main(void) {
     snprintf(tmp_root, sizeof tmp_root, "/tmp/grpod-test-store-XXXXXX");
-    if (!mkdtemp(tmp_root)) { perror("mkdtemp"); return 1; }
+    if (!mkdtemp(tmp_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
     RUN(test_open_creates_dir_and_schema);
     RUN(test_newer_schema_refused);
     RUN(test_submit_get);

@@ -46,9 +46,9 @@ TEST(known_ids) {
     CHECK(ids_eq(qwen, "Hello world! It's 12345 <|im_end|> h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", 1, q1, 18));
     static const int l1[] = {9906, 1917, 0, 1102, 596, 220, 4513, 1774, 220, 128009, 305, 19010, 385, 118195, 53901};
     CHECK(ids_eq(llama, "Hello world! It's 12345 <|eot_id|> h\xc3\xa9llo \xe4\xbd\xa0\xe5\xa5\xbd", 1, l1, 15));
-    static const int q2[] = {27, 91, 318, 6213, 91, 29};   /* special token as plain text */
+    static const int q2[] = {27, 91, 318, 6213, 91, 29}; /* special token as plain text */
     CHECK(ids_eq(qwen, "<|im_end|>", 0, q2, 6));
-    static const int q3[] = {151667};                      /* <think> is added, not special */
+    static const int q3[] = {151667}; /* <think> is added, not special */
     CHECK(ids_eq(qwen, "<think>", 0, q3, 1));
     CHECK(ids_eq(qwen, "", 1, NULL, 0));
 }
@@ -56,23 +56,28 @@ TEST(known_ids) {
 TEST(nfc_applies_to_qwen_only) {
     CHECK(qwen && llama);
     int *a, *b, na, nb;
-    CHECK_EQ_INT(tok_encode(qwen, "cafe\xcc\x81", 6, 1, 1, &a, &na), 0);   /* e + U+0301 */
-    CHECK_EQ_INT(tok_encode(qwen, "caf\xc3\xa9", 5, 1, 1, &b, &nb), 0);    /* U+00E9 */
+    CHECK_EQ_INT(tok_encode(qwen, "cafe\xcc\x81", 6, 1, 1, &a, &na), 0); /* e + U+0301 */
+    CHECK_EQ_INT(tok_encode(qwen, "caf\xc3\xa9", 5, 1, 1, &b, &nb), 0); /* U+00E9 */
     int same = na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
-    free(a); free(b);
+    free(a);
+    free(b);
     CHECK(same);
     CHECK_EQ_INT(tok_encode(llama, "cafe\xcc\x81", 6, 1, 1, &a, &na), 0);
     CHECK_EQ_INT(tok_encode(llama, "caf\xc3\xa9", 5, 1, 1, &b, &nb), 0);
     same = na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
-    free(a); free(b);
+    free(a);
+    free(b);
     CHECK(!same);
 }
 
 TEST(round_trip) {
     CHECK(qwen && llama);
     static const char *texts[] = {
-        "def f(x):\n    return x ** 2\n\n\n", "  lots   of\t\tspace \n\n ", "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 family",
-        "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d", "I'LL we'Re 12345678901234567890",
+        "def f(x):\n    return x ** 2\n\n\n",
+        "  lots   of\t\tspace \n\n ",
+        "\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 family",
+        "\xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 \xd7\xa9\xd7\x9c\xd7\x95\xd7\x9d",
+        "I'LL we'Re 12345678901234567890",
         "<|im_start|>user\nhi<|im_end|>\n",
     };
     const tok *ts[] = {qwen, llama};
@@ -115,7 +120,8 @@ TEST(default_tokenizer) {
     tok *t = NULL;
     CHECK(j && c);
     int rc = tok_load_json_cfg(j, strlen(j), c, strlen(c), &t);
-    free(j); free(c);
+    free(j);
+    free(c);
     CHECK_MSG(rc == 0, "%s", err_msg());
     CHECK_EQ_INT(tok_vocab_size(t), 259);
     CHECK_EQ_INT(tok_token_id(t, "<|im_end|>"), 258);
@@ -137,12 +143,14 @@ TEST(chat_qwen3_and_llama3) {
     chat_msg m[] = {{"system", "S"}, {"user", "Q"}, {"assistant", "A"}};
     char *p;
     CHECK_EQ_INT(chat_render(qwen, m, 3, 0, &p), 0);
-    CHECK_STR(p, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
-                 "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+    CHECK_STR(p,
+              "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+              "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
     free(p);
     CHECK_EQ_INT(chat_render(llama, m, 2, 1, &p), 0);
-    CHECK_STR(p, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
-                 "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    CHECK_STR(p,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     free(p);
 }
 
@@ -154,7 +162,8 @@ static int load_text(const char *json) {
 }
 
 TEST(unsupported_refused) {
-    static const char wp[] = "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {\"[UNK]\": 0, \"a\": 1}}}";
+    static const char wp[] =
+        "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {\"[UNK]\": 0, \"a\": 1}}}";
     CHECK_EQ_INT(load_text(wp), GE_UNSUPPORTED);
     CHECK_MSG(strstr(err_msg(), "model type WordPiece is not supported (only BPE)"), "message: %s", err_msg());
     static const char ug[] = "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", -1.0]]}}";
@@ -172,7 +181,10 @@ TEST(unsupported_refused) {
     CHECK_MSG(strstr(err_msg(), "not one of the supported regexes"), "message: %s", err_msg());
     /* and from a directory on disk, as tok_load reads it */
     FILE *f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w");
-    if (!f) { CHECK(system("mkdir -p /tmp/grpod_test_tok_wp") == 0); f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w"); }
+    if (!f) {
+        CHECK(system("mkdir -p /tmp/grpod_test_tok_wp") == 0);
+        f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w");
+    }
     CHECK(f);
     fputs(wp, f);
     fclose(f);
@@ -190,22 +202,32 @@ TEST(long_keys_and_wrapped_messages) {
     CHECK(v && m && v < m);
     size_t L = 100000, jl = strlen(j), vo = (size_t)(v - j) + 10, mo = (size_t)(m - j) + 11;
     char *big = malloc(jl + 4 * L + 64), *p = big;
-    memcpy(p, j, vo); p += vo;
-    *p++ = '"'; memset(p, 'a', L); p += L; p += sprintf(p, "\": 300, ");
-    memcpy(p, j + vo, mo - vo); p += mo - vo;
-    *p++ = '"'; memset(p, 'b', L); p += L; *p++ = ' '; memset(p, 'c', L); p += L; *p++ = '"';      /* merges is [] there */
+    memcpy(p, j, vo);
+    p += vo;
+    *p++ = '"';
+    memset(p, 'a', L);
+    p += L;
+    p += sprintf(p, "\": 300, ");
+    memcpy(p, j + vo, mo - vo);
+    p += mo - vo;
+    *p++ = '"';
+    memset(p, 'b', L);
+    p += L;
+    *p++ = ' ';
+    memset(p, 'c', L);
+    p += L;
+    *p++ = '"'; /* merges is [] there */
     strcpy(p, j + mo);
     free(j);
     int rc = load_text(big);
     free(big);
-    CHECK_EQ_INT(rc, GE_FORMAT);      /* the merge's tokens are not in the vocab: refused, no overflow */
+    CHECK_EQ_INT(rc, GE_FORMAT); /* the merge's tokens are not in the vocab: refused, no overflow */
     CHECK_MSG(strstr(err_msg(), "missing from the vocab"), "message: %s", err_msg());
     err_set(GE_FORMAT, "inner %d", 7);
     err_set(GE_FORMAT, "outer %s: %s", "dir", err_msg());
     CHECK_STR(err_msg(), "outer dir: inner 7");
     CHECK(load_text("{\"model\": ") != 0);
-    CHECK_MSG(!strncmp(err_msg(), "tokenizer.json: ", 16) && !strstr(err_msg() + 16, "tokenizer.json"),
-              "message: %s", err_msg());
+    CHECK_MSG(!strncmp(err_msg(), "tokenizer.json: ", 16) && !strstr(err_msg() + 16, "tokenizer.json"), "message: %s", err_msg());
 }
 
 int main(void) {

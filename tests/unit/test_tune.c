@@ -5,7 +5,7 @@
 #include "engine/backend/backend.h"
 
 static void clear_env(void) {
-    const char *names[] = { "GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "ATTN_SIMD", "BOGUS" };
+    const char *names[] = {"GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "ATTN_SIMD", "BOGUS"};
     char n[64];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(n, sizeof n, "GRPOD_TUNE_%s", names[i]);
@@ -55,7 +55,7 @@ TEST(tune_errors_name_the_variable) {
     CHECK_EQ_INT(tune_from_env(&t), GE_INVALID);
     CHECK_MSG(strstr(err_msg(), "GRPOD_TUNE_SKINNY=yes") && strstr(err_msg(), "auto|0|1"), "%s", err_msg());
     unsetenv("GRPOD_TUNE_SKINNY");
-    setenv("GRPOD_TUNE_ATTN_SIMD", "1", 1);   /* a typo: not ATTN, not ATTN_DECODE */
+    setenv("GRPOD_TUNE_ATTN_SIMD", "1", 1); /* a typo: not ATTN, not ATTN_DECODE */
     CHECK_EQ_INT(tune_from_env(&t), GE_INVALID);
     CHECK_MSG(strstr(err_msg(), "GRPOD_TUNE_ATTN_SIMD"), "%s", err_msg());
     unsetenv("GRPOD_TUNE_ATTN_SIMD");

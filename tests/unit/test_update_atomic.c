@@ -20,24 +20,27 @@
 #define MODEL "/tmp/grpod_test_atomic_model"
 
 static eng *open_snap(int threads, const char *snapshot) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu", .n_threads = threads, .snapshot = snapshot };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = threads, .snapshot = snapshot};
     return eng_open(&o, &e) ? NULL : e;
 }
 static eng *open_default(int threads) { return open_snap(threads, NULL); }
 
-static const int p0[] = { 84, 104, 101, 32, 97, 110 }, p1[] = { 115, 119, 101, 114 };
-static int r0[7] = { 52, 50, 46, 10, 258, 33, 63 }, r1[5] = { 120, 121, 122, 32, 49 }, r2[6] = { 55, 55, 55, 56, 57, 48 },
-           r3[3] = { 65, 66, 67 };
-static const int *resp0[2] = { r0, r1 }, *resp1[2] = { r2, r3 };
-static int R0[2] = { 7, 5 }, R1[2] = { 6, 3 };
+static const int p0[] = {84, 104, 101, 32, 97, 110}, p1[] = {115, 119, 101, 114};
+static int r0[7] = {52, 50, 46, 10, 258, 33, 63}, r1[5] = {120, 121, 122, 32, 49}, r2[6] = {55, 55, 55, 56, 57, 48},
+           r3[3] = {65, 66, 67};
+static const int *resp0[2] = {r0, r1}, *resp1[2] = {r2, r3};
+static int R0[2] = {7, 5}, R1[2] = {6, 3};
 
 /* Two groups, one mini-batch each: two optimizer steps per update. */
 static int update(eng *e, float adv1, eng_update_result *u) {
-    float a0[2] = { 0.8f, -0.8f }, a1[2] = { adv1, -0.5f };
-    eng_update_group g[2] = { { .prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = a0 },
-                              { .prompt = p1, .P = 4, .n = 2, .resp = resp1, .R = R1, .advantage = a1 } };
+    float a0[2] = {0.8f, -0.8f}, a1[2] = {adv1, -0.5f};
+    eng_update_group g[2] = {{.prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = a0},
+                             {.prompt = p1, .P = 4, .n = 2, .resp = resp1, .R = R1, .advantage = a1}};
     loss_config a;
     loss_config_default(&a);
     a.adv = ADV_GIVEN;
@@ -51,19 +54,25 @@ static int update(eng *e, float adv1, eng_update_result *u) {
 
 /* Logprobs of a fixed probe (n floats into out). */
 static int probe(eng *e, float *out) {
-    eng_update_group g[2] = { { .prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0 },
-                              { .prompt = p1, .P = 4, .n = 2, .resp = resp1, .R = R1 } };
+    eng_update_group g[2] = {{.prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0},
+                             {.prompt = p1, .P = 4, .n = 2, .resp = resp1, .R = R1}};
     float **lp;
     if (eng_logprobs(e, g, 2, 0, 1.0f, 1 << 20, &lp)) return -1;
     int k = 0;
-    for (int i = 0; i < 2; i++) for (int t = 0; t < R0[i]; t++) out[k++] = lp[i][t];
-    for (int i = 0; i < 2; i++) for (int t = 0; t < R1[i]; t++) out[k++] = lp[2 + i][t];
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < R0[i]; t++) out[k++] = lp[i][t];
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < R1[i]; t++) out[k++] = lp[2 + i][t];
     eng_logprobs_free(lp, g, 2);
     return k;
 }
 #define NPROBE 21
 
-static long long version(eng *e) { eng_info i; eng_get_info(e, &i); return i.policy_version; }
+static long long version(eng *e) {
+    eng_info i;
+    eng_get_info(e, &i);
+    return i.policy_version;
+}
 
 TEST(failure_after_a_step_restores_everything) {
     eng *e = open_default(2), *ref = open_default(2);
@@ -75,7 +84,7 @@ TEST(failure_after_a_step_restores_everything) {
     int rc = update(e, NAN, &u);
     CHECK_EQ_INT(rc, GE_NON_FINITE);
     printf("  failed as expected: %s\n", err_msg());
-    CHECK(strstr(err_msg(), "step 2 of 2"));     /* the first step had been applied */
+    CHECK(strstr(err_msg(), "step 2 of 2")); /* the first step had been applied */
     CHECK_EQ_INT(version(e), 1);
     CHECK(probe(e, after) == NPROBE);
     CHECK(memcmp(before, after, sizeof before) == 0);
@@ -101,7 +110,7 @@ TEST(undo_takes_back_an_update) {
     CHECK(eng_update_undo(e) == 0);
     CHECK_EQ_INT(version(e), 1);
     CHECK(probe(e, after) == NPROBE && memcmp(before, after, sizeof before) == 0);
-    CHECK(eng_update_undo(e) == 0);     /* once: nothing more to take back */
+    CHECK(eng_update_undo(e) == 0); /* once: nothing more to take back */
     CHECK_EQ_INT(version(e), 1);
     float a[NPROBE], b[NPROBE];
     CHECK(update(e, 0.3f, &u) == 0 && update(ref, 0.3f, &u) == 0);
@@ -112,7 +121,7 @@ TEST(undo_takes_back_an_update) {
 
 TEST(same_bits_on_any_thread_count) {
     float lp[2][NPROBE];
-    int threads[2] = { 1, 3 };
+    int threads[2] = {1, 3};
     for (int k = 0; k < 2; k++) {
         eng *e = open_default(threads[k]);
         CHECK(e);
@@ -136,10 +145,10 @@ TEST(without_a_snapshot_a_changed_state_is_lost) {
     eng_update_result u;
     CHECK(update(e, 0.5f, &u) == 0 && update(ref, 0.5f, &u) == 0);
     float a[NPROBE], b[NPROBE];
-    CHECK(probe(e, a) == NPROBE && probe(ref, b) == NPROBE && memcmp(a, b, sizeof a) == 0);   /* no copy, same bits */
+    CHECK(probe(e, a) == NPROBE && probe(ref, b) == NPROBE && memcmp(a, b, sizeof a) == 0); /* no copy, same bits */
     /* a non-finite first mini-batch fails before any step: nothing changed, nothing lost */
-    float a0[2] = { NAN, -0.8f };
-    eng_update_group g = { .prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = a0 };
+    float a0[2] = {NAN, -0.8f};
+    eng_update_group g = {.prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = a0};
     loss_config lc;
     loss_config_default(&lc);
     lc.adv = ADV_GIVEN;

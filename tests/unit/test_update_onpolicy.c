@@ -14,24 +14,27 @@
 #define MODEL "/tmp/grpod_test_onpolicy_model"
 
 static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
     return eng_open(&o, &e) ? NULL : e;
 }
 
-static const int prompt[] = { 84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58 };
+static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
-static int r0[7] = { 52, 50, 46, 10, 258, 33, 63 }, r1[5] = { 120, 121, 122, 32, 49 }, r2[6] = { 55, 55, 55, 56, 57, 48 },
-           r3[3] = { 65, 66, 67 };
-static const int *resp[4] = { r0, r1, r2, r3 };
-static int R[4] = { 7, 5, 6, 3 };
-static float rew[4] = { 1.0f, 0.0f, 0.7f, 0.2f };
+static int r0[7] = {52, 50, 46, 10, 258, 33, 63}, r1[5] = {120, 121, 122, 32, 49}, r2[6] = {55, 55, 55, 56, 57, 48},
+           r3[3] = {65, 66, 67};
+static const int *resp[4] = {r0, r1, r2, r3};
+static int R[4] = {7, 5, 6, 3};
+static float rew[4] = {1.0f, 0.0f, 0.7f, 0.2f};
 
 /* Runs 3 updates on e; old logprobs given by eng_logprobs (+ bias) when given != 0. Returns
  * the logprobs afterwards (caller frees) and the last update's ratio_mean / ms_old. */
 static float **train(eng *e, int given, float bias, double *ratio_mean) {
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R, .reward = rew };
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R, .reward = rew};
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.01f;
@@ -43,13 +46,17 @@ static float **train(eng *e, int given, float bias, double *ratio_mean) {
         float **old = NULL;
         if (given) {
             if (eng_logprobs(e, &g, 1, 0, 1.0f, 1 << 20, &old)) return NULL;
-            for (int i = 0; i < 4; i++) for (int t = 0; t < R[i]; t++) old[i][t] += bias;
+            for (int i = 0; i < 4; i++)
+                for (int t = 0; t < R[i]; t++) old[i][t] += bias;
             g.old_logprobs = (const float *const *)old;
         }
         eng_update_result u;
         int rc = eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL);
         if (old) eng_logprobs_free(old, &g, 1);
-        if (rc) { printf("update: %s\n", err_msg()); return NULL; }
+        if (rc) {
+            printf("update: %s\n", err_msg());
+            return NULL;
+        }
         *ratio_mean = u.ratio_mean;
     }
     float **lp;
@@ -58,30 +65,35 @@ static float **train(eng *e, int given, float bias, double *ratio_mean) {
 
 static double max_diff(float **a, float **b) {
     double m = 0;
-    for (int i = 0; i < 4; i++) for (int t = 0; t < R[i]; t++) m = fmax(m, fabs((double)a[i][t] - b[i][t]));
+    for (int i = 0; i < 4; i++)
+        for (int t = 0; t < R[i]; t++) m = fmax(m, fabs((double)a[i][t] - b[i][t]));
     return m;
 }
 
 TEST(shortcut_equals_the_old_pass) {
     eng *e1 = open_default(), *e2 = open_default(), *e3 = open_default();
     CHECK(e1 && e2 && e3);
-    eng_update_group g = { .prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R };
+    eng_update_group g = {.prompt = prompt, .P = NP, .n = 4, .resp = resp, .R = R};
     float **before;
     CHECK(eng_logprobs(e1, &g, 1, 0, 1.0f, 1 << 20, &before) == 0);
     double rm1 = 0, rm2 = 0, rm3 = 0;
     float **short_way = train(e1, 0, 0, &rm1), **long_way = train(e2, 1, 0, &rm2), **off = train(e3, 1, 0.05f, &rm3);
     CHECK(short_way && long_way && off);
     double moved = max_diff(before, short_way), same = max_diff(short_way, long_way), differs = max_diff(short_way, off);
-    printf("  logprobs moved by %.3g; shortcut vs old pass %.3g; vs biased old logprobs %.3g; ratio_mean %.9f %.9f\n",
-           moved, same, differs, rm1, rm2);
+    printf("  logprobs moved by %.3g; shortcut vs old pass %.3g; vs biased old logprobs %.3g; ratio_mean %.9f %.9f\n", moved,
+           same, differs, rm1, rm2);
     CHECK(moved > 1e-2);
     CHECK(same < 1e-5);
     CHECK(differs > 1e-4);
     CHECK(fabs(rm1 - 1.0) < 1e-6);
     CHECK(fabs(rm2 - 1.0) < 1e-4);
-    eng_logprobs_free(before, &g, 1); eng_logprobs_free(short_way, &g, 1);
-    eng_logprobs_free(long_way, &g, 1); eng_logprobs_free(off, &g, 1);
-    eng_close(e1); eng_close(e2); eng_close(e3);
+    eng_logprobs_free(before, &g, 1);
+    eng_logprobs_free(short_way, &g, 1);
+    eng_logprobs_free(long_way, &g, 1);
+    eng_logprobs_free(off, &g, 1);
+    eng_close(e1);
+    eng_close(e2);
+    eng_close(e3);
 }
 
 int main(void) {

@@ -18,26 +18,29 @@
 #define MODEL "/tmp/grpod_test_split_model"
 
 static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) { printf("default model: %s\n", err_msg()); return NULL; }
+    if (eng_ensure_default_model(MODEL)) {
+        printf("default model: %s\n", err_msg());
+        return NULL;
+    }
     eng *e;
-    eng_open_opts o = { .model_dir = MODEL, .backend = "cpu" };
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
     return eng_open(&o, &e) ? NULL : e;
 }
 
-static const int prompt[] = { 84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58, 32, 116, 104, 101 };
+static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58, 32, 116, 104, 101};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
-static int r0[7] = { 52, 50, 46, 10, 258, 33, 63 }, r1[5] = { 120, 121, 122, 32, 49 }, r2[6] = { 55, 55, 55, 56, 57, 48 },
-           r3[1] = { 65 }, r4[4] = { 70, 71, 72, 73 }, r5[2] = { 97, 98 };
-static const int *resp_a[4] = { r0, r1, r2, r3 }, *resp_b[3] = { r4, r5, r1 };
-static int R_a[4] = { 7, 5, 6, 1 }, R_b[3] = { 4, 2, 5 };
-static float rew_a[4] = { 1.0f, 0.0f, 0.7f, 0.2f }, rew_b[3] = { 0.1f, 0.9f, 0.4f };
+static int r0[7] = {52, 50, 46, 10, 258, 33, 63}, r1[5] = {120, 121, 122, 32, 49}, r2[6] = {55, 55, 55, 56, 57, 48}, r3[1] = {65},
+           r4[4] = {70, 71, 72, 73}, r5[2] = {97, 98};
+static const int *resp_a[4] = {r0, r1, r2, r3}, *resp_b[3] = {r4, r5, r1};
+static int R_a[4] = {7, 5, 6, 1}, R_b[3] = {4, 2, 5};
+static float rew_a[4] = {1.0f, 0.0f, 0.7f, 0.2f}, rew_b[3] = {0.1f, 0.9f, 0.4f};
 
 /* Two updates (two epochs each: a real old pass; kl: a reference pass; entropy bonus;
  * seq-mean-token-mean: per-response normalisers over the mini-batch) at budget mt, then the
  * logprobs at the same budget. */
 static float **train(eng *e, long long mt, eng_update_result *u) {
-    eng_update_group g[2] = { { .prompt = prompt, .P = NP, .n = 4, .resp = resp_a, .R = R_a, .reward = rew_a },
-                              { .prompt = prompt + 3, .P = NP - 3, .n = 3, .resp = resp_b, .R = R_b, .reward = rew_b } };
+    eng_update_group g[2] = {{.prompt = prompt, .P = NP, .n = 4, .resp = resp_a, .R = R_a, .reward = rew_a},
+                             {.prompt = prompt + 3, .P = NP - 3, .n = 3, .resp = resp_b, .R = R_b, .reward = rew_b}};
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.01f;
@@ -48,7 +51,10 @@ static float **train(eng *e, long long mt, eng_update_result *u) {
     eng_optim_default(&o);
     o.lr = 2e-3f;
     for (int step = 0; step < 2; step++)
-        if (eng_update(e, g, 2, &a, &o, mt, u, NULL, NULL)) { printf("update: %s\n", err_msg()); return NULL; }
+        if (eng_update(e, g, 2, &a, &o, mt, u, NULL, NULL)) {
+            printf("update: %s\n", err_msg());
+            return NULL;
+        }
     float **lp;
     return eng_logprobs(e, g, 2, 0, 1.0f, mt, &lp) ? NULL : lp;
 }
@@ -58,23 +64,23 @@ TEST(update_split_by_the_budget_equals_one_graph) {
     CHECK(e1 && e2);
     if (!e1 || !e2) return;
     eng_update_result u1, u2;
-    float **a = train(e1, 1 << 20, &u1), **b = train(e2, 8, &u2);   /* 8: every group split */
+    float **a = train(e1, 1 << 20, &u1), **b = train(e2, 8, &u2); /* 8: every group split */
     CHECK(a && b);
     if (a && b) {
         double d = 0;
-        int lens[7] = { 7, 5, 6, 1, 4, 2, 5 };
+        int lens[7] = {7, 5, 6, 1, 4, 2, 5};
         for (int i = 0; i < 7; i++)
             for (int t = 0; t < lens[i]; t++) d = fmax(d, fabs((double)a[i][t] - b[i][t]));
         printf("  micro-batches %d vs %d; loss %.9g vs %.9g; grad norm %.9g vs %.9g; logprobs after max |d| %.2e\n",
                u1.micro_batches, u2.micro_batches, u1.loss, u2.loss, u1.grad_norm, u2.grad_norm, d);
-        CHECK_EQ_INT(u1.micro_batches, 2);   /* both groups in one micro-batch per epoch */
+        CHECK_EQ_INT(u1.micro_batches, 2); /* both groups in one micro-batch per epoch */
         CHECK(u2.micro_batches > 4);
         CHECK_CLOSE(u1.loss, u2.loss, 1e-6, 1e-4);
         CHECK_CLOSE(u1.grad_norm, u2.grad_norm, 1e-6, 1e-4);
         CHECK_MSG(d <= 1e-4, "logprobs after the updates differ by %.3g", d);
     }
-    eng_update_group g[2] = { { .prompt = prompt, .P = NP, .n = 4, .resp = resp_a, .R = R_a },
-                              { .prompt = prompt + 3, .P = NP - 3, .n = 3, .resp = resp_b, .R = R_b } };
+    eng_update_group g[2] = {{.prompt = prompt, .P = NP, .n = 4, .resp = resp_a, .R = R_a},
+                             {.prompt = prompt + 3, .P = NP - 3, .n = 3, .resp = resp_b, .R = R_b}};
     if (a) eng_logprobs_free(a, g, 2);
     if (b) eng_logprobs_free(b, g, 2);
     eng_close(e1);

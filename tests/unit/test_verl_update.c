@@ -73,16 +73,24 @@ static void batch_make(batch *b, json_object *groups, json_object *old) {
                 b->oldp[i][r] = b->old[i][r];
             }
         }
-        b->g[i] = (eng_update_group){ .prompt = b->prompt[i], .P = P, .n = n, .resp = b->resp[i], .R = b->R[i],
-                                      .reward = b->rew[i], .old_logprobs = old ? b->oldp[i] : NULL,
-                                      .truncated = b->trunc[i] };
+        b->g[i] = (eng_update_group){.prompt = b->prompt[i],
+                                     .P = P,
+                                     .n = n,
+                                     .resp = b->resp[i],
+                                     .R = b->R[i],
+                                     .reward = b->rew[i],
+                                     .old_logprobs = old ? b->oldp[i] : NULL,
+                                     .truncated = b->trunc[i]};
     }
 }
 
 static void batch_free(batch *b) {
     for (int i = 0; i < b->n; i++) {
         free(b->prompt[i]);
-        for (int r = 0; r < b->g[i].n; r++) { free(b->resp_ids[i][r]); free(b->old[i][r]); }
+        for (int r = 0; r < b->g[i].n; r++) {
+            free(b->resp_ids[i][r]);
+            free(b->old[i][r]);
+        }
     }
 }
 
@@ -91,7 +99,10 @@ static int section(const eng_params *t, json_object *in, const char *path, void 
     json_object *canon = NULL;
     api_error e;
     int rc = api_params_or_reply(t, in, path, NULL, NULL, NULL, &canon, &e);
-    if (rc) { printf("  %s: %s\n", path, e.message); return rc; }
+    if (rc) {
+        printf("  %s: %s\n", path, e.message);
+        return rc;
+    }
     rc = api_params_to_struct(t, canon, dst);
     json_object_put(canon);
     return rc;
@@ -100,23 +111,29 @@ static int section(const eng_params *t, json_object *in, const char *path, void 
 static double mean_of(json_object *steps, const char *key) {
     int n = (int)json_object_array_length(steps);
     double s = 0;
-    for (int i = 0; i < n; i++) s += json_object_get_double(json_object_object_get(json_object_array_get_idx(steps, (size_t)i), key));
+    for (int i = 0; i < n; i++)
+        s += json_object_get_double(json_object_object_get(json_object_array_get_idx(steps, (size_t)i), key));
     return s / n;
 }
 
 /* Relative L2 of a vector of all parameters against the fixture's tensors "<cfg>.<kind>.<name>";
  * base (or NULL): compare a - base with the fixture's. */
-static double rel_l2_params(const model *m, const float *a, const float *base, const st_set *st, const char *cfg,
-                            const char *kind) {
+static double rel_l2_params(const model *m, const float *a, const float *base, const st_set *st, const char *cfg, const char *kind) {
     double num = 0, den = 0;
     for (int p = 0; p < m->n_params; p++) {
         double n0 = num, d0 = den;
         char key[256];
         snprintf(key, sizeof key, "%s.%s.%s", cfg, kind, m->params[p].name);
         const st_tensor *t = st_find(st, key);
-        if (!t) { printf("  no tensor %s\n", key); return 1e30; }
+        if (!t) {
+            printf("  no tensor %s\n", key);
+            return 1e30;
+        }
         float *ref = malloc((size_t)t->numel * 4);
-        if (st_read_f32(t, ref, m->params[p].ndim, m->params[p].shape)) { free(ref); return 1e30; }
+        if (st_read_f32(t, ref, m->params[p].ndim, m->params[p].shape)) {
+            free(ref);
+            return 1e30;
+        }
         for (long long i = 0; i < t->numel; i++) {
             double x = a[m->params[p].off + i] - (base ? base[m->params[p].off + i] : 0), y = ref[i];
             num += (x - y) * (x - y);
@@ -124,7 +141,8 @@ static double rel_l2_params(const model *m, const float *a, const float *base, c
         }
         free(ref);
         if (getenv("VERL_UPDATE_DEBUG"))
-            printf("  %s %s %s: rel L2 %.2e (err %.2e)\n", cfg, kind, m->params[p].name, sqrt((num - n0) / (den - d0 + 1e-300)), sqrt(num - n0));
+            printf("  %s %s %s: rel L2 %.2e (err %.2e)\n", cfg, kind, m->params[p].name, sqrt((num - n0) / (den - d0 + 1e-300)),
+                   sqrt(num - n0));
     }
     return sqrt(num / (den > 0 ? den : 1e-300));
 }
@@ -149,7 +167,7 @@ TEST(updates_match_verl) {
         batch b;
         batch_make(&b, groups, old && json_object_is_type(old, json_type_array) ? old : NULL);
         eng *e;
-        eng_open_opts oo = { .model_dir = MODEL, .backend = "cpu" };
+        eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu"};
         CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
         eng_testing_info ti;
         eng_testing_get(e, &ti);
@@ -165,10 +183,17 @@ TEST(updates_match_verl) {
         CHECK_EQ_INT(u.optimizer_steps, ns);
         CHECK_EQ_INT(u.loss_scale_factor, json_object_get_int(json_object_object_get(c, "loss_scale_factor")));
         /* values: relative, with an absolute floor at the fp32 model's noise for ones near 0 */
-        struct { const char *key; double got; double floor; } v[] = {
-            {"loss", u.loss, 1e-6}, {"actor/pg_loss", u.pg_loss, 1e-6}, {"actor/pg_clipfrac", u.pg_clipfrac, 1e-9},
-            {"actor/pg_clipfrac_lower", u.pg_clipfrac_lower, 1e-9}, {"actor/ppo_kl", u.ppo_kl, 1e-6},
-            {"actor/kl_loss", u.kl_loss, 1e-6}, {"grad_norm", u.grad_norm, 1e-6}};
+        struct {
+            const char *key;
+            double got;
+            double floor;
+        } v[] = {{"loss", u.loss, 1e-6},
+                 {"actor/pg_loss", u.pg_loss, 1e-6},
+                 {"actor/pg_clipfrac", u.pg_clipfrac, 1e-9},
+                 {"actor/pg_clipfrac_lower", u.pg_clipfrac_lower, 1e-9},
+                 {"actor/ppo_kl", u.ppo_kl, 1e-6},
+                 {"actor/kl_loss", u.kl_loss, 1e-6},
+                 {"grad_norm", u.grad_norm, 1e-6}};
         double loss_rel = 0;
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
             double want = mean_of(steps, v[i].key), err = fabs(v[i].got - want);
@@ -181,14 +206,16 @@ TEST(updates_match_verl) {
          * come with several steps (loss.h) */
         if (!a.use_rollout_logprobs || ns == 1) {
             double want = json_object_get_double(json_object_object_get(c, "actor/entropy"));
-            CHECK_MSG(fabs(u.verl_entropy - want) <= 1e-6 + PARITY_TOL * fabs(want), "%s: actor/entropy %.9g, verl %.9g",
-                      name, u.verl_entropy, want);
+            CHECK_MSG(fabs(u.verl_entropy - want) <= 1e-6 + PARITY_TOL * fabs(want), "%s: actor/entropy %.9g, verl %.9g", name,
+                      u.verl_entropy, want);
         }
         double eg = rel_l2_params(ti.m, g1, NULL, &st, name, "grad"), ew = rel_l2_params(ti.m, w1, w0, &st, name, "delta");
         CHECK_MSG(eg <= PARITY_TOL, "%s: gradient rel L2 %.2e", name, eg);
         CHECK_MSG(ew <= WEIGHT_TOL, "%s: weight change rel L2 %.2e", name, ew);
         printf("# | %s | %d | %.1e | %.1e | %.1e |\n", name, ns, loss_rel, eg, ew);
-        free(w0); free(w1); free(g1);
+        free(w0);
+        free(w1);
+        free(g1);
         eng_close(e);
         batch_free(&b);
     }

@@ -20,18 +20,23 @@ static int bench_decode(int argc, char **argv) {
     int H = argc > 8 ? atoi(argv[6]) : 16, K = argc > 8 ? atoi(argv[7]) : 8, D = argc > 8 ? atoi(argv[8]) : 128;
     enum { LAYERS = 28 };
     int T = G * N, S = G * P + T * own;
-    ranges rh = { T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4) };
+    ranges rh = {T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4)};
     for (int t = 0; t < T; t++) {
         int g = t / N;
-        rh.a0[t] = g * P; rh.a1[t] = g * P + P;
-        rh.b0[t] = G * P + t * own; rh.b1[t] = rh.b0[t] + own;
+        rh.a0[t] = g * P;
+        rh.a1[t] = g * P + P;
+        rh.b0[t] = G * P + t * own;
+        rh.b1[t] = rh.b0[t] + own;
     }
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     size_t nq = (size_t)T * H * D, nkv = (size_t)S * K * D;
     float *h = gc_rand(nkv + 16, 1.0f, 1);
     void *q = gc_act(be, h, nq), *kv[LAYERS][2];
-    for (int l = 0; l < LAYERS; l++) { kv[l][0] = gc_act(be, h + l % 7, nkv); kv[l][1] = gc_act(be, h + 9 + l % 5, nkv); }
+    for (int l = 0; l < LAYERS; l++) {
+        kv[l][0] = gc_act(be, h + l % 7, nkv);
+        kv[l][1] = gc_act(be, h + 9 + l % 5, nkv);
+    }
     free(h);
     void *o = be->alloc(be, nq * 2);
     float *lse = be->alloc(be, (size_t)T * H * 4);
@@ -49,8 +54,8 @@ static int bench_decode(int argc, char **argv) {
     }
     qsort(t, 20, sizeof(double), gc_cmpd);
     double mb = (double)S * K * D * 2 * 2 / 1e6;
-    printf("decode attention G=%d P=%d N=%d own=%d H=%d K=%d D=%d: %.2f us per call, KV %.2f MB (%.0f GB/s)\n", G, P, N,
-           own, H, K, D, t[10], mb, mb * 1e3 / t[10]);
+    printf("decode attention G=%d P=%d N=%d own=%d H=%d K=%d D=%d: %.2f us per call, KV %.2f MB (%.0f GB/s)\n", G, P, N, own, H,
+           K, D, t[10], mb, mb * 1e3 / t[10]);
     be->graph_free(be, gr);
     be->destroy(be);
     free_ranges(rh);
@@ -64,7 +69,7 @@ int main(int argc, char **argv) {
     int T = P + N * R;
     int Rs[N > 0 ? N : 1];
     for (int s = 0; s < N; s++) Rs[s] = R;
-    const int *Rp[] = { Rs };
+    const int *Rp[] = {Rs};
     ranges rh = make_ranges(1, &P, &N, Rp);
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
@@ -90,7 +95,10 @@ int main(int argc, char **argv) {
         be->attention_bwd(be, dq, dk, dv, dout, q, k, v, o, lse, rg, T, T, H, K, D);
         if (be->sync(be)) gc_die(be, "attention_bwd");
         double t2 = gc_now();
-        if (i >= WARM) { tf[i - WARM] = t1 - t0; tb[i - WARM] = t2 - t1; }
+        if (i >= WARM) {
+            tf[i - WARM] = t1 - t0;
+            tb[i - WARM] = t2 - t1;
+        }
     }
     qsort(tf, REPS, sizeof(double), gc_cmpd);
     qsort(tb, REPS, sizeof(double), gc_cmpd);
@@ -100,8 +108,8 @@ int main(int argc, char **argv) {
     double sum = 0;
     for (size_t i = 0; i < nq; i += 997) sum += oh[i];
     printf("grpod-flash P=%d N=%d R=%d H=%d K=%d D=%d: fwd %.2f ms %.0f TFLOP/s | fwd+bwd %.2f ms %.0f TFLOP/s "
-           "(useful fwd %.2f TFLOP; checksum %.4g)\n", P, N, R, H, K, D, mf, f / mf / 1e9, mb, 3.5 * f / mb / 1e9,
-           f / 1e12, sum);
+           "(useful fwd %.2f TFLOP; checksum %.4g)\n",
+           P, N, R, H, K, D, mf, f / mf / 1e9, mb, 3.5 * f / mb / 1e9, f / 1e12, sum);
     free(oh);
     be->destroy(be);
     free_ranges(rh);

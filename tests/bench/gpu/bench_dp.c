@@ -33,16 +33,35 @@
 #define BLK ((size_t)1 << 24)
 
 static int W_ = 2, G_ = 8, P_ = 1024, N_ = 16, R_ = 512, GR_ = 16, RP_ = 1024, NEW_ = 256;
-static float *pattern_;     /* BLK random values: weight i is pattern_[i % BLK] */
+static float *pattern_; /* BLK random values: weight i is pattern_[i % BLK] */
 
-static int big_;            /* 1: Qwen3-8B dims (36 layers, 4096, 32/8 heads, 12288, untied) */
+static int big_; /* 1: Qwen3-8B dims (36 layers, 4096, 32/8 heads, 12288, untied) */
 
 static model_config dims(void) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 28, .C = 2048, .H = 16, .K = 8, .D = 128, .F = 6144, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
-    if (big_) { c.L = 36; c.C = 4096; c.H = 32; c.F = 12288; c.tied = 0; }
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 28,
+                      .C = 2048,
+                      .H = 16,
+                      .K = 8,
+                      .D = 128,
+                      .F = 6144,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
+    if (big_) {
+        c.L = 36;
+        c.C = 4096;
+        c.H = 32;
+        c.F = 12288;
+        c.tied = 0;
+    }
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
-    c.n_eos = 1; c.eos_ids[0] = 151645;
+    c.n_eos = 1;
+    c.eos_ids[0] = 151645;
     return c;
 }
 
@@ -57,14 +76,17 @@ static eng *random_engine(int device, const unsigned char *id, int rank, int W) 
     if (id) {
         if (comm_nccl_open(id, rank, W, be, NULL, &e->comm)) gc_die(be, "comm_nccl_open");
         e->own_comm = 1;
-        e->rank = rank; e->W = W; e->dp = 1;
+        e->rank = rank;
+        e->W = W;
+        e->dp = 1;
         if (dp_open(e)) gc_die(be, "dp_open");
     } else {
         e->W = 1;
     }
     if (model_init(&e->m, &c, be)) gc_die(be, "model_init");
     long long n = e->m.n_elems, S = id ? (n + W - 1) / W : n, off = id ? S * rank : 0;
-    e->sh_n = id ? S : 0; e->sh_off = id ? off : 0;
+    e->sh_n = id ? S : 0;
+    e->sh_off = id ? off : 0;
     size_t padded = (size_t)(id ? S * W : n);
     e->w_act = be->alloc(be, padded * 2);
     e->ref_act = be->alloc(be, (size_t)n * 2);
@@ -112,7 +134,7 @@ static void make_inputs(void) {
         gc_random_ids(uprompt_[g], P_, &s);
         for (int r = 0; r < N_; r++) {
             int k = g * N_ + r;
-            uR_[k] = R_ - (int)((check_randf(&s, 0.5f) + 0.5f) * (R_ / 4));   /* ragged: 3R/4 .. R */
+            uR_[k] = R_ - (int)((check_randf(&s, 0.5f) + 0.5f) * (R_ / 4)); /* ragged: 3R/4 .. R */
             uresp_[k] = malloc((size_t)R_ * 4);
             gc_random_ids(uresp_[k], uR_[k], &s);
             urp_[k] = uresp_[k];
@@ -128,15 +150,18 @@ static void make_inputs(void) {
 
 static long long packed_tokens(void) {
     long long t = 0;
-    for (int g = 0; g < G_; g++) { t += P_; for (int r = 0; r < N_; r++) t += uR_[g * N_ + r]; }
+    for (int g = 0; g < G_; g++) {
+        t += P_;
+        for (int r = 0; r < N_; r++) t += uR_[g * N_ + r];
+    }
     return t;
 }
 
 static int update(eng *e, eng_update_result *u) {
     eng_update_group *ug = calloc((size_t)G_, sizeof *ug);
     for (int g = 0; g < G_; g++)
-        ug[g] = (eng_update_group){ .prompt = uprompt_[g], .P = P_, .n = N_, .resp = urp_ + g * N_, .R = uR_ + g * N_,
-                                    .reward = urew_ + g * N_ };
+        ug[g] = (eng_update_group){
+            .prompt = uprompt_[g], .P = P_, .n = N_, .resp = urp_ + g * N_, .R = uR_ + g * N_, .reward = urew_ + g * N_};
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.001f;
@@ -156,13 +181,13 @@ typedef struct {
     pthread_barrier_t *bar;
     eng_update_result u[NSTEP];
     double step_s[NSTEP];
-    float *master0;             /* the master (this rank's shard, or all of it) after step 0 */
-    long long m_off, m_n;       /* its place in the whole vector, its valid length */
+    float *master0; /* the master (this rank's shard, or all of it) after step 0 */
+    long long m_off, m_n; /* its place in the whole vector, its valid length */
     /* rollouts: which of the GR groups this rank decodes, their results, the second run's time */
     int nr, *rg;
     eng_group_result *res;
     double roll_s, roll_peak_gib;
-    double weak_s;              /* one GPU only: GR / W groups */
+    double weak_s; /* one GPU only: GR / W groups */
     double peak_gib;
 } rank_job;
 
@@ -172,11 +197,13 @@ static double mem_used_gib(void) {
     return (double)(tot - fr) / 1073741824.0;
 }
 
-static void bar(rank_job *j) { if (j->bar) pthread_barrier_wait(j->bar); }
+static void bar(rank_job *j) {
+    if (j->bar) pthread_barrier_wait(j->bar);
+}
 
 static double rollout(eng *e, const int *gi, int n, eng_group_result *res, int seed) {
     eng_rollout_group *rg = malloc((size_t)(n ? n : 1) * sizeof *rg);
-    for (int k = 0; k < n; k++) rg[k] = (eng_rollout_group){ rprompt_[gi[k]], RP_, N_ };
+    for (int k = 0; k < n; k++) rg[k] = (eng_rollout_group){rprompt_[gi[k]], RP_, N_};
     eng_sampling sp;
     eng_sampling_default(&sp);
     sp.temperature = 1.0f;
@@ -220,25 +247,29 @@ static void *rank_main(void *p) {
     eng_place_groups(rows, GR_, j->W, rank_of);
     j->rg = malloc((size_t)GR_ * sizeof *j->rg);
     j->nr = 0;
-    for (int g = 0; g < GR_; g++) if (rank_of[g] == j->rank) j->rg[j->nr++] = g;
+    for (int g = 0; g < GR_; g++)
+        if (rank_of[g] == j->rank) j->rg[j->nr++] = g;
     j->res = calloc((size_t)(j->nr ? j->nr : 1), sizeof *j->res);
     for (int run = 0; run < 2; run++) {
-        if (run) for (int k = 0; k < j->nr; k++) eng_group_result_free(&j->res[k]);
+        if (run)
+            for (int k = 0; k < j->nr; k++) eng_group_result_free(&j->res[k]);
         bar(j);
         j->roll_s = rollout(e, j->rg, j->nr, j->res, 100);
         double pk = mem_used_gib();
         if (pk > j->roll_peak_gib) j->roll_peak_gib = pk;
         bar(j);
     }
-    if (j->W == 1 && W_ > 1) {   /* what one of W GPUs carries, on one GPU: the first GR / W groups */
+    if (j->W == 1 && W_ > 1) { /* what one of W GPUs carries, on one GPU: the first GR / W groups */
         int nw = GR_ / W_, *gi = malloc((size_t)nw * sizeof *gi);
         for (int k = 0; k < nw; k++) gi[k] = k;
         eng_group_result *wr = calloc((size_t)nw, sizeof *wr);
         j->weak_s = rollout(e, gi, nw, wr, 100);
         for (int k = 0; k < nw; k++) eng_group_result_free(&wr[k]);
-        free(wr); free(gi);
+        free(wr);
+        free(gi);
     }
-    free(rows); free(rank_of);
+    free(rows);
+    free(rank_of);
     eng_close(e);
     return NULL;
 }
@@ -249,16 +280,25 @@ static double state_bytes(double n, int W) { return n * (2 + 2 + 4) + n / W * 12
 
 int main(int argc, char **argv) {
     int a0 = 1;
-    if (argc > 1 && (!strcmp(argv[1], "8b") || !strcmp(argv[1], "1.7b"))) { big_ = !strcmp(argv[1], "8b"); a0 = 2; }
+    if (argc > 1 && (!strcmp(argv[1], "8b") || !strcmp(argv[1], "1.7b"))) {
+        big_ = !strcmp(argv[1], "8b");
+        a0 = 2;
+    }
     if (argc > a0 + 7) {
         char **v = argv + a0;
-        W_ = atoi(v[0]); G_ = atoi(v[1]); P_ = atoi(v[2]); N_ = atoi(v[3]); R_ = atoi(v[4]);
-        GR_ = atoi(v[5]); RP_ = atoi(v[6]); NEW_ = atoi(v[7]);
+        W_ = atoi(v[0]);
+        G_ = atoi(v[1]);
+        P_ = atoi(v[2]);
+        N_ = atoi(v[3]);
+        R_ = atoi(v[4]);
+        GR_ = atoi(v[5]);
+        RP_ = atoi(v[6]);
+        NEW_ = atoi(v[7]);
     }
     const char *size = big_ ? "8b" : "1.7b";
     int ndev = eng_device_count();
-    printf("bench_dp: %d GPUs visible; %s dims, W=%d; update G=%d P=%d N=%d R<=%d; rollout %d groups P=%d N=%d new=%d\n",
-           ndev, size, W_, G_, P_, N_, R_, GR_, RP_, N_, NEW_);
+    printf("bench_dp: %d GPUs visible; %s dims, W=%d; update G=%d P=%d N=%d R<=%d; rollout %d groups P=%d N=%d new=%d\n", ndev,
+           size, W_, G_, P_, N_, R_, GR_, RP_, N_, NEW_);
     if (ndev < W_) {
         printf("ROW|bench_dp W=%d|%d GPU visible: needs %d|nan|0e+00|SKIP\n", W_, ndev, W_);
         return 0;
@@ -280,7 +320,7 @@ int main(int argc, char **argv) {
     printf("%s: %.3g G parameters; state a GPU: one GPU %.1f GiB, %d GPUs %.1f GiB; device %.1f GiB%s\n", size, n / 1e9,
            need1 / 1073741824.0, W_, needW / 1073741824.0, tot / 1073741824.0,
            fits1 ? "" : ": one GPU does not fit without host offload, not run");
-    rank_job one = { .rank = 0, .W = 1, .device = 0 };
+    rank_job one = {.rank = 0, .W = 1, .device = 0};
     if (fits1) rank_main(&one);
 
     /* W GPUs, one thread each, NCCL */
@@ -291,13 +331,14 @@ int main(int argc, char **argv) {
     rank_job *rj = calloc((size_t)W_, sizeof *rj);
     pthread_t *th = calloc((size_t)W_, sizeof *th);
     for (int q = 0; q < W_; q++) {
-        rj[q] = (rank_job){ .rank = q, .W = W_, .device = q, .id = id, .bar = &b };
+        rj[q] = (rank_job){.rank = q, .W = W_, .device = q, .id = id, .bar = &b};
         pthread_create(&th[q], NULL, rank_main, &rj[q]);
     }
     for (int q = 0; q < W_; q++) pthread_join(th[q], NULL);
     /* a step on W ranks ends when the slowest rank's does (the collectives join them) */
     double rollW = 0, peakW = 0, rpeakW = 0, st[NSTEP] = {0};
-    for (int s = 0; s < NSTEP; s++) for (int q = 0; q < W_; q++) st[s] = fmax(st[s], rj[q].step_s[s]);
+    for (int s = 0; s < NSTEP; s++)
+        for (int q = 0; q < W_; q++) st[s] = fmax(st[s], rj[q].step_s[s]);
     double tW = (st[1] + st[2]) / 2, t1 = (one.step_s[1] + one.step_s[2]) / 2;
     for (int q = 0; q < W_; q++) {
         rollW = fmax(rollW, rj[q].roll_s);
@@ -328,7 +369,8 @@ int main(int argc, char **argv) {
         for (long long i = 0; i < rj[q].m_n; i++) {
             long long k = rj[q].m_off + i;
             double w0 = pattern_[(size_t)k % BLK], a = (double)rj[q].master0[i] - w0, r = (double)one.master0[k] - w0;
-            num += (a - r) * (a - r); den += r * r;
+            num += (a - r) * (a - r);
+            den += r * r;
             same += rj[q].master0[i] == one.master0[k];
             cnt++;
         }
@@ -338,7 +380,8 @@ int main(int argc, char **argv) {
     }
     double upd = sqrt(num / (den > 0 ? den : 1e-30));
     printf("equal: W=%d vs one GPU after step 0: master update rel L2 %.3e (%lld of %lld values bit-equal), loss %.3e, "
-           "grad_norm (worst of %d steps) %.3e\n", W_, upd, same, cnt, le, NSTEP, gn);
+           "grad_norm (worst of %d steps) %.3e\n",
+           W_, upd, same, cnt, le, NSTEP, gn);
     /* rollout tokens: the same responses as on one GPU? */
     long long resp = 0, resp_same = 0;
     for (int q = 0; q < W_; q++)
@@ -350,25 +393,25 @@ int main(int argc, char **argv) {
             }
 
     printf("\n| W=%d vs one GPU (same call) | one GPU | %d GPUs | ratio |\n|---|---:|---:|---:|\n", W_, W_);
-    printf("| update step, %d groups (%lld packed tokens) | %.0f ms | %.0f ms | **%.2fx** throughput |\n", G_, toks,
-           t1 * 1e3, tW * 1e3, t1 / tW);
+    printf("| update step, %d groups (%lld packed tokens) | %.0f ms | %.0f ms | **%.2fx** throughput |\n", G_, toks, t1 * 1e3,
+           tW * 1e3, t1 / tW);
     printf("| update phases old/ref/policy/optimizer (ms, step 2) | %.0f/%.0f/%.0f/%.0f | %.0f/%.0f/%.0f/%.0f | |\n",
-           one.u[2].ms_old, one.u[2].ms_ref, one.u[2].ms_policy, one.u[2].ms_optimizer, rj[0].u[2].ms_old,
-           rj[0].u[2].ms_ref, rj[0].u[2].ms_policy, rj[0].u[2].ms_optimizer);
+           one.u[2].ms_old, one.u[2].ms_ref, one.u[2].ms_policy, one.u[2].ms_optimizer, rj[0].u[2].ms_old, rj[0].u[2].ms_ref,
+           rj[0].u[2].ms_policy, rj[0].u[2].ms_optimizer);
     printf("| update tokens/s (per GPU) | %.0f | %.0f (%.0f) | |\n", toks / t1, toks / tW, toks / tW / W_);
     printf("| device peak in the update (GiB, max over ranks) | %.1f | %.1f | |\n", one.peak_gib, peakW);
     printf("| device peak in the rollout (GiB, max over ranks) | %.1f | %.1f | |\n", one.roll_peak_gib, rpeakW);
-    printf("| rollout %d groups x %d, %d new tokens: tokens/s | %.0f (%.2f s) | %.0f (%.2f s) | **%.2fx** |\n", GR_, N_,
-           NEW_, gen / one.roll_s, one.roll_s, gen / rollW, rollW, one.roll_s / rollW);
+    printf("| rollout %d groups x %d, %d new tokens: tokens/s | %.0f (%.2f s) | %.0f (%.2f s) | **%.2fx** |\n", GR_, N_, NEW_,
+           gen / one.roll_s, one.roll_s, gen / rollW, rollW, one.roll_s / rollW);
     if (one.weak_s > 0)
-        printf("| rollout, %d groups a GPU (weak scaling): tokens/s | %.0f (%.2f s, %d groups) | %.0f | **%.2fx** |\n",
-               GR_ / W_, gen / W_ / one.weak_s, one.weak_s, GR_ / W_, gen / rollW, (gen / rollW) / (gen / W_ / one.weak_s));
+        printf("| rollout, %d groups a GPU (weak scaling): tokens/s | %.0f (%.2f s, %d groups) | %.0f | **%.2fx** |\n", GR_ / W_,
+               gen / W_ / one.weak_s, one.weak_s, GR_ / W_, gen / rollW, (gen / rollW) / (gen / W_ / one.weak_s));
     printf("| rollout responses with the one GPU's tokens | | %lld of %lld | |\n\n", resp_same, resp);
 
     gc_row("bench_dp W=2 update == one GPU: master update", "1.7b dims, step 0, rel L2", upd, 1e-2);
     gc_row("bench_dp W=2 update == one GPU: loss, grad_norm", "1.7b dims, 3 steps, max rel", fmax(le, gn), 1e-2);
     /* targets are benchmarks, not test rows: printed, never failed */
-    printf("target: update throughput W=%d / one GPU %.2fx (>= 1.8: %s); rollout tokens/s %.2fx (>= 1.9: %s)\n", W_,
-           t1 / tW, t1 / tW >= 1.8 ? "met" : "NOT met", one.roll_s / rollW, one.roll_s / rollW >= 1.9 ? "met" : "NOT met");
+    printf("target: update throughput W=%d / one GPU %.2fx (>= 1.8: %s); rollout tokens/s %.2fx (>= 1.9: %s)\n", W_, t1 / tW,
+           t1 / tW >= 1.8 ? "met" : "NOT met", one.roll_s / rollW, one.roll_s / rollW >= 1.9 ? "met" : "NOT met");
     return gc_failures ? 1 : 0;
 }

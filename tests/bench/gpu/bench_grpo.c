@@ -16,11 +16,30 @@
 #include "tests/gpu/gpu_check.h"
 
 static eng *random_engine(int small) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 36, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 0, .bos_id = -1 };
-    if (small) { c.L = 28; c.C = 2048; c.H = 16; c.F = 6144; c.tied = 1; }
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 36,
+                      .C = 4096,
+                      .H = 32,
+                      .K = 8,
+                      .D = 128,
+                      .F = 12288,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 0,
+                      .bos_id = -1};
+    if (small) {
+        c.L = 28;
+        c.C = 2048;
+        c.H = 16;
+        c.F = 6144;
+        c.tied = 1;
+    }
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
-    c.n_eos = 1; c.eos_ids[0] = 151645;
+    c.n_eos = 1;
+    c.eos_ids[0] = 151645;
     eng *e = calloc(1, sizeof *e);
     if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
     eng_backend *be = e->be;
@@ -36,8 +55,7 @@ static eng *random_engine(int small) {
         size_t k = n - off < blk ? n - off : blk;
         if (small && be->to_dev(be, e->w_master + off, hb, k * 4)) gc_die(be, "upload");
         if (!small) memcpy(e->w_master + off, hb, k * 4);
-        if (be->act_from_f32(be, (char *)e->w_act + off * 2, hb, k) ||
-            be->act_from_f32(be, (char *)e->ref_act + off * 2, hb, k))
+        if (be->act_from_f32(be, (char *)e->w_act + off * 2, hb, k) || be->act_from_f32(be, (char *)e->ref_act + off * 2, hb, k))
             gc_die(be, "upload");
     }
     free(hb);
@@ -62,7 +80,7 @@ int main(int argc, char **argv) {
     for (int g = 0; g < G; g++) {
         prompt[g] = malloc((size_t)P * 4);
         gc_random_ids(prompt[g], P, &s);
-        groups[g] = (eng_rollout_group){ prompt[g], P, N };
+        groups[g] = (eng_rollout_group){prompt[g], P, N};
     }
     eng_sampling sp;
     eng_sampling_default(&sp);
@@ -93,7 +111,7 @@ int main(int argc, char **argv) {
                 rew[r] = (float)((check_randf(&s, 0.5f) + 0.5f) > 0.5f);
                 gen += R[r];
             }
-            ug[g] = (eng_update_group){ .prompt = prompt[g], .P = P, .n = N, .resp = rp, .R = R, .reward = rew };
+            ug[g] = (eng_update_group){.prompt = prompt[g], .P = P, .n = N, .resp = rp, .R = R, .reward = rew};
             free(olp);
         }
         eng_update_result u;
@@ -107,19 +125,22 @@ int main(int argc, char **argv) {
         long long toks = (long long)G * N * P + gen;
         printf("grpo-%s step %d: G=%d P=%d N=%d new=%d: rollout %.2f s, update %.2f s (old %.0f ref %.0f policy %.0f "
                "optimizer %.0f ms, %d micro-batches), step %.2f s; %lld prompt+generated tokens -> %.0f tokens/s/GPU "
-               "(NeMo-RL Llama-3.1-8B GRPO, 16 H100: 1,562); packed %lld tokens a pass\n", dims, step, G, P, N, NEW, tr - ts,
-               te - tr, u.ms_old, u.ms_ref, u.ms_policy, u.ms_optimizer, u.micro_batches, te - ts, toks, toks / (te - ts),
-               u.tokens_packed);
+               "(NeMo-RL Llama-3.1-8B GRPO, 16 H100: 1,562); packed %lld tokens a pass\n",
+               dims, step, G, P, N, NEW, tr - ts, te - tr, u.ms_old, u.ms_ref, u.ms_policy, u.ms_optimizer, u.micro_batches,
+               te - ts, toks, toks / (te - ts), u.tokens_packed);
         size_t fr, tot;
         cudaMemGetInfo(&fr, &tot);
         printf("grpo-%s step %d: device memory in use after the update %.1f GiB (%.1f with its activations); grad norm "
-               "%.3g, loss %.4g, kl %.3g\n", dims, step, (tot - fr) / 1073741824.0, (tot0 - fr0) / 1073741824.0, u.grad_norm,
-               u.loss, u.kl);
+               "%.3g, loss %.4g, kl %.3g\n",
+               dims, step, (tot - fr) / 1073741824.0, (tot0 - fr0) / 1073741824.0, u.grad_norm, u.loss, u.kl);
         for (int g = 0; g < G; g++) {
-            free((void *)ug[g].resp); free((void *)ug[g].R); free((void *)ug[g].reward);
+            free((void *)ug[g].resp);
+            free((void *)ug[g].R);
+            free((void *)ug[g].reward);
             eng_group_result_free(&res[g]);
         }
-        free(ug); free(res);
+        free(ug);
+        free(res);
     }
     eng_close(e);
     return 0;

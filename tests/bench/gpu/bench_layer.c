@@ -24,8 +24,20 @@ enum { REPS = 7 };
 
 
 static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
-    model_config c = { .arch = ARCH_QWEN3, .L = 1, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 256,
-                       .max_pos = 65536, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 1,
+                      .C = 4096,
+                      .H = 32,
+                      .K = 8,
+                      .D = 128,
+                      .F = 12288,
+                      .V = 256,
+                      .max_pos = 65536,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     model m;
     if (model_init(&m, &c, be)) gc_die(be, "model_init");
@@ -33,7 +45,7 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     void *w = be->alloc(be, n * 2);
     float *gw = be->alloc(be, n * 4), *tmp = be->alloc(be, n * 4);
     float *hw = gc_rand(n, 0.02f, 7);
-    for (int i = 0; i < m.n_params; i++)     /* norm weights near 1, the rest small */
+    for (int i = 0; i < m.n_params; i++) /* norm weights near 1, the rest small */
         if (m.params[i].ndim == 1)
             for (long long j = 0; j < m.params[i].numel; j++) hw[m.params[i].off + j] += 1.0f;
     if (!w || !gw || !tmp || be->to_dev(be, tmp, hw, n * 4)) gc_die(be, "weights");
@@ -46,8 +58,11 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     model_views_make(&m, gw, 4, &gv);
 
     int *prompt = calloc((size_t)P, 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
-    for (int r = 0; r < N; r++) { Rs[r] = R; resp[r] = calloc((size_t)R, 4); }
-    pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
+    for (int r = 0; r < N; r++) {
+        Rs[r] = R;
+        resp[r] = calloc((size_t)R, 4);
+    }
+    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     int T = b.T, C = c.C;
@@ -61,7 +76,8 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     if (model_input_upload(&m, &a, &in, &d)) gc_die(be, "model_input_upload");
     float *hx = gc_rand((size_t)T * C, 1.0f, 11), *hdy = gc_rand((size_t)T * C, 1e-3f, 13);
     void *x = gc_act(be, hx, (size_t)T * C), *dy = gc_act(be, hdy, (size_t)T * C);
-    free(hx); free(hdy);
+    free(hx);
+    free(hdy);
     double t[REPS + 1], tf[REPS + 1];
     size_t used_peak = 0, total;
     for (int rep = 0; rep <= REPS; rep++) {
@@ -97,18 +113,23 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
            P, N, R, T, t[1 + REPS / 2] * 1e3, t[1] * 1e3, t[REPS] * 1e3, tf[1 + REPS / 2] * 1e3, flop / 1e12,
            flop / t[1 + REPS / 2] / 1e12, used_peak / 1073741824.0, sqrt(s));
     fflush(stdout);
-    be->free(be, x); be->free(be, dy); be->free(be, w); be->free(be, gw);
+    be->free(be, x);
+    be->free(be, dy);
+    be->free(be, w);
+    be->free(be, gw);
     model_acts_free(&m, &a);
     model_views_free(&wv);
     model_views_free(&gv);
     model_free(&m);
     pack_batch_free(&b);
     for (int r = 0; r < N; r++) free(resp[r]);
-    free(resp); free(Rs); free(prompt);
+    free(resp);
+    free(Rs);
+    free(prompt);
 }
 
 int main(int argc, char **argv) {
-    int cfg[4][3] = { { 8192, 8, 1024 }, { 16384, 8, 1024 }, { 32768, 4, 1024 }, { 4096, 16, 512 } }, nc = 4;
+    int cfg[4][3] = {{8192, 8, 1024}, {16384, 8, 1024}, {32768, 4, 1024}, {4096, 16, 512}}, nc = 4;
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     size_t free0, total;

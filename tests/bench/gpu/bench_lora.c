@@ -27,7 +27,10 @@
 #include "engine/model/lora.h"
 #include "tests/gpu/gpu_check.h"
 
-typedef struct { double *t; int n, cap; } stamps;
+typedef struct {
+    double *t;
+    int n, cap;
+} stamps;
 static void on_progress(void *ud, double frac) {
     stamps *s = ud;
     if (s->n < s->cap) s->t[s->n++] = clock_mono_ms();
@@ -84,7 +87,7 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
         resp[r] = malloc((size_t)R * 4);
         gc_random_ids(resp[r], R, &s);
     }
-    eng_update_group g = { .prompt = prompt, .P = P, .n = N, .resp = (const int *const *)resp, .R = Rs, .reward = rew };
+    eng_update_group g = {.prompt = prompt, .P = P, .n = N, .resp = (const int *const *)resp, .R = Rs, .reward = rew};
     loss_config a;
     loss_config_default(&a);
     a.kl_coef = 0.001f;
@@ -97,7 +100,10 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
     for (int rep = 0; rep <= REPS; rep++) {
         eng_update_result u;
         if (eng_update(e, &g, 1, &a, &o, (long long)P + (long long)N * R, &u, NULL, NULL)) gc_die(e->be, "eng_update");
-        t[rep][0] = u.ms_total; t[rep][1] = u.ms_ref; t[rep][2] = u.ms_policy; t[rep][3] = u.ms_optimizer;
+        t[rep][0] = u.ms_total;
+        t[rep][1] = u.ms_ref;
+        t[rep][2] = u.ms_policy;
+        t[rep][3] = u.ms_optimizer;
         size_t used = in_use();
         if (used > peak) peak = used;
         fprintf(stderr, "rep %d: total %.0f ref %.0f policy %.0f optim %.0f ms (old %.0f) grad norm %.3g kl %.3g\n", rep,
@@ -115,8 +121,8 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
     double nonemb = L * (C * H * D + 2.0 * C * K * D + H * D * C + 3.0 * C * F);
     double att = L * (2.0 * P * P * H * D + 4.0 * N * R * (P + R / 2.0) * H * D);
     double lin = 2 * nonemb * T + 2.0 * C * c->V * M;
-    double io = L * ((C + H * D) + 2 * (C + K * D) + (H * D + C) + 2 * (C + F) + (F + C));   /* sum of I + O over targets */
-    double adapters = 6.0 * T * rk * io;   /* fwd 2 T r (I + O), bwd 4 T r (I + O) */
+    double io = L * ((C + H * D) + 2 * (C + K * D) + (H * D + C) + 2 * (C + F) + (F + C)); /* sum of I + O over targets */
+    double adapters = 6.0 * T * rk * io; /* fwd 2 T r (I + O), bwd 4 T r (I + O) */
     double useful = (lin + att) + (lin + att) + (lin + 2 * att) + adapters;
     double s_tot = med[0] * 1e-3;
     printf("grpod-cuda lora %s r=%d P=%d N=%d R=%d T=%.0f: update %.0f ms (ref %.0f, policy fwd+bwd %.0f, optimizer %.1f; "
@@ -127,28 +133,31 @@ static void bench_update(eng *e, const char *size, int P, int N, int R) {
            "GEMMs) -> %.0f TFLOP/s, MFU %.1f%% of 989 (%.1f%% of the measured 793 GEMM rate)\n",
            size, useful / 1e12, useful / s_tot / 1e12, useful / s_tot / 989e12 * 100, useful / s_tot / 793e12 * 100);
     for (int r = 0; r < N; r++) free(resp[r]);
-    free(resp); free(prompt); free(Rs); free(rew);
+    free(resp);
+    free(prompt);
+    free(Rs);
+    free(rew);
 }
 
 static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
     int *prompt = malloc((size_t)P * 4);
     unsigned long long s = 9;
     gc_random_ids(prompt, P, &s);
-    eng_rollout_group g = { prompt, P, N };
+    eng_rollout_group g = {prompt, P, N};
     eng_sampling sp;
     eng_sampling_default(&sp);
     sp.temperature = 1.0f;
     sp.ignore_eos = 1;
     sp.seed = 1234;
     eng_group_result res;
-    stamps st = { malloc((size_t)(NEW + 8) * sizeof(double)), 0, NEW + 8 };
-    dec_free(e);   /* graphs are captured anew for these views */
+    stamps st = {malloc((size_t)(NEW + 8) * sizeof(double)), 0, NEW + 8};
+    dec_free(e); /* graphs are captured anew for these views */
     sp.max_tokens = 8;
     if (eng_rollout(e, &g, 1, &sp, &res, NULL, NULL)) gc_die(e->be, "warm-up rollout");
     eng_group_result_free(&res);
     sp.max_tokens = NEW;
     double t0 = clock_mono_ms();
-    cudaProfilerStart();   /* the timed rollout alone (nsys --capture-range=cudaProfilerApi: kernels per step) */
+    cudaProfilerStart(); /* the timed rollout alone (nsys --capture-range=cudaProfilerApi: kernels per step) */
     if (eng_rollout(e, &g, 1, &sp, &res, on_progress, &st)) gc_die(e->be, "rollout");
     cudaProfilerStop();
     eng_group_result_free(&res);
@@ -158,20 +167,43 @@ static double decode_ms(eng *e, int P, int N, int NEW, double *prefill) {
     qsort(d, (size_t)nd, sizeof(double), gc_cmpd);
     double med = nd > 0 ? d[nd / 2] : 0;
     *prefill = st.t[0] - t0;
-    free(d); free(st.t); free(prompt);
+    free(d);
+    free(st.t);
+    free(prompt);
     return med;
 }
 
 int main(int argc, char **argv) {
     int decode_only = argc > 1 && !strcmp(argv[1], "--decode-only");
-    if (decode_only) { argv[1] = argv[0]; argv++; argc--; }
+    if (decode_only) {
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     const char *size = argc > 1 ? argv[1] : "8b";
     int r = argc > 2 ? atoi(argv[2]) : 32;
     int P = argc > 5 ? atoi(argv[3]) : 4096, N = argc > 5 ? atoi(argv[4]) : 16, R = argc > 5 ? atoi(argv[5]) : 512;
     int DP = argc > 8 ? atoi(argv[6]) : 1024, DN = argc > 8 ? atoi(argv[7]) : 16, NEW = argc > 8 ? atoi(argv[8]) : 128;
-    model_config c = { .arch = ARCH_QWEN3, .L = 36, .C = 4096, .H = 32, .K = 8, .D = 128, .F = 12288, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 0, .bos_id = -1 };
-    if (!strcmp(size, "32b")) { c.L = 64; c.C = 5120; c.H = 64; c.F = 25600; }
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 36,
+                      .C = 4096,
+                      .H = 32,
+                      .K = 8,
+                      .D = 128,
+                      .F = 12288,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 0,
+                      .bos_id = -1};
+    if (!strcmp(size, "32b")) {
+        c.L = 64;
+        c.C = 5120;
+        c.H = 64;
+        c.F = 25600;
+    }
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     double bw = copy_bw();

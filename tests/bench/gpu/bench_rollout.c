@@ -19,7 +19,10 @@
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
 
-typedef struct { double *t; int n, cap; } stamps;
+typedef struct {
+    double *t;
+    int n, cap;
+} stamps;
 static void on_progress(void *ud, double frac) {
     stamps *s = ud;
     if (s->n < s->cap) s->t[s->n++] = clock_mono_ms();
@@ -33,7 +36,7 @@ static double gemm_us(eng_backend *be, char *wbuf, size_t wcap, void *x, void *y
     int ncopy = (int)(wcap / wb);
     if (ncopy > 40) ncopy = 40;
     if (in_l2) ncopy = 1;
-    be->matmul_fwd(be, y, x, wbuf, NULL, T, I, O);   /* plans, tuning: uncaptured */
+    be->matmul_fwd(be, y, x, wbuf, NULL, T, I, O); /* plans, tuning: uncaptured */
     void *g = NULL;
     if (be->sync(be) || be->graph_begin(be)) gc_die(be, "gemm capture");
     for (int i = 0; i < 40; i++) be->matmul_fwd(be, y, x, wbuf + (size_t)(i % ncopy) * wb, NULL, T, I, O);
@@ -60,8 +63,8 @@ static int bench_gemm(void) {
     for (size_t off = 0; off < wcap / 2; off += (size_t)1 << 24) be->act_from_f32(be, w + off * 2, hb, (size_t)1 << 24);
     be->act_from_f32(be, x, hb, (size_t)64 * 6144);
     free(hb);
-    static const int IO[][2] = { { 2048, 2048 }, { 2048, 1024 }, { 2048, 6144 }, { 6144, 2048 }, { 2048, 151936 } };
-    static const int Ts[] = { 1, 16, 64 };
+    static const int IO[][2] = {{2048, 2048}, {2048, 1024}, {2048, 6144}, {6144, 2048}, {2048, 151936}};
+    static const int Ts[] = {1, 16, 64};
     for (int j = 0; j < 5; j++)
         for (int i = 0; i < 3; i++) {
             int T = Ts[i], I = IO[j][0], O = IO[j][1];
@@ -71,7 +74,8 @@ static int bench_gemm(void) {
             double sk = gemm_us(be, w, wcap, x, y, T, I, O, 0), skl = gemm_us(be, w, wcap, x, y, T, I, O, 1);
             double gb = (double)O * I * 2 / 1e3;
             printf("gemm T=%-3d I=%-5d O=%-6d  cuBLASLt %7.2f us (%5.0f GB/s)  skinny %7.2f us (%5.0f GB/s), "
-                   "W in L2 %7.2f us  floor@3.0TB/s %6.2f us\n", T, I, O, lt, gb / lt, sk, gb / sk, skl, gb / 3.0e3);
+                   "W in L2 %7.2f us  floor@3.0TB/s %6.2f us\n",
+                   T, I, O, lt, gb / lt, sk, gb / sk, skl, gb / 3.0e3);
         }
     be->tune.skinny = TUNE_SKINNY_AUTO;
     be->destroy(be);
@@ -104,7 +108,7 @@ static int one_rollout(eng *e, int P, int N, int new_tokens, unsigned long long 
     int *prompt = malloc((size_t)P * 4);
     unsigned long long s = seed;
     gc_random_ids(prompt, P, &s);
-    eng_rollout_group g = { prompt, P, N };
+    eng_rollout_group g = {prompt, P, N};
     eng_sampling sp;
     eng_sampling_default(&sp);
     sp.temperature = 1.0f;
@@ -132,14 +136,16 @@ static int graph_check(const model_config *c) {
     dec_free(e);
     if (one_rollout(e, 300, 8, 40, 12, &fb)) gc_die(e->be, "fresh B");
     dec_free(e);
-    if (one_rollout(e, 100, 4, 40, 11, &sa) || one_rollout(e, 300, 8, 40, 12, &sb) ||
-        one_rollout(e, 100, 4, 40, 11, &sa2))
+    if (one_rollout(e, 100, 4, 40, 11, &sa) || one_rollout(e, 300, 8, 40, 12, &sb) || one_rollout(e, 100, 4, 40, 11, &sa2))
         gc_die(e->be, "A B A");
     int ok = same_tokens(&fa, &sa) && same_tokens(&fb, &sb) && same_tokens(&fa, &sa2);
     printf("ROW|decode graphs: A, B, A on one engine (KV freed between) == fresh runs|P=100 N=4 / P=300 N=8, 40 tokens|%d|0|%s\n",
            !ok, ok ? "PASS" : "FAIL");
-    eng_group_result_free(&fa); eng_group_result_free(&fb); eng_group_result_free(&sa);
-    eng_group_result_free(&sb); eng_group_result_free(&sa2);
+    eng_group_result_free(&fa);
+    eng_group_result_free(&fb);
+    eng_group_result_free(&sa);
+    eng_group_result_free(&sb);
+    eng_group_result_free(&sa2);
     return ok ? 0 : 1;
 }
 
@@ -149,9 +155,24 @@ int main(int argc, char **argv) {
     int G = argc > 5 ? atoi(argv[2]) : 1, P = argc > 5 ? atoi(argv[3]) : 1024, N = argc > 5 ? atoi(argv[4]) : 16,
         NEW = argc > 5 ? atoi(argv[5]) : 256;
     int C = 2048, F = 6144, L = 28, H = 16, K = 8, D = 128;
-    if (!strcmp(size, "0.6b")) { C = 1024; F = 3072; }
-    model_config c = { .arch = ARCH_QWEN3, .L = L, .C = C, .H = H, .K = K, .D = D, .F = F, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1, .bos_id = -1 };
+    if (!strcmp(size, "0.6b")) {
+        C = 1024;
+        F = 3072;
+    }
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = L,
+                      .C = C,
+                      .H = H,
+                      .K = K,
+                      .D = D,
+                      .F = F,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     if (argc > 2 && !strcmp(argv[2], "graphs")) return graph_check(&c);
@@ -167,7 +188,7 @@ int main(int argc, char **argv) {
     for (int g = 0; g < G; g++) {
         prompt[g] = malloc((size_t)P * 4);
         gc_random_ids(prompt[g], P, &s);
-        groups[g] = (eng_rollout_group){ prompt[g], P, N };
+        groups[g] = (eng_rollout_group){prompt[g], P, N};
     }
     eng_sampling sp;
     eng_sampling_default(&sp);
@@ -175,7 +196,7 @@ int main(int argc, char **argv) {
     sp.ignore_eos = 1;
     sp.seed = 1234;
     eng_group_result *res = calloc((size_t)G, sizeof *res);
-    stamps st = { malloc((size_t)(NEW + 8) * sizeof(double)), 0, NEW + 8 };
+    stamps st = {malloc((size_t)(NEW + 8) * sizeof(double)), 0, NEW + 8};
 
     /* warm-up: allocations, GEMM plans */
     sp.max_tokens = 8;

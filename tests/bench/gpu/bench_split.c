@@ -31,7 +31,7 @@ static void *sampler(void *arg) {
     while (samp_run) {
         size_t fr, tot;
         if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > samp_peak) samp_peak = tot - fr;
-        struct timespec ts = { 0, 1000000 };
+        struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -49,7 +49,10 @@ typedef struct {
     split_mem mem;
 } bench;
 
-typedef struct { double old, ref, policy, optim, total; split_stats st, old_st; } step_ms;
+typedef struct {
+    double old, ref, policy, optim, total;
+    split_stats st, old_st;
+} step_ms;
 
 /* grad norm, clip, AdamW; the step's phase times from the marks t0..t3 and now */
 static int optim_step(bench *B, int rep, double t0, double t1, double t2, double t3, step_ms *t) {
@@ -59,7 +62,10 @@ static int optim_step(bench *B, int rep, double t0, double t1, double t2, double
     be->adamw(be, B->master, B->w, B->g, B->mo, B->ve, (long long)B->n, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1);
     int rc = be->sync(be);
     double t4 = gc_now();
-    t->old = (t1 - t0) * 1e3; t->ref = (t2 - t1) * 1e3; t->policy = (t3 - t2) * 1e3; t->optim = (t4 - t3) * 1e3;
+    t->old = (t1 - t0) * 1e3;
+    t->ref = (t2 - t1) * 1e3;
+    t->policy = (t3 - t2) * 1e3;
+    t->optim = (t4 - t3) * 1e3;
     t->total = (t4 - t0) * 1e3;
     return rc;
 }
@@ -70,7 +76,10 @@ static int one_graph_step(bench *B, const pack_group *pg, int rep, step_ms *t) {
     if (pack_build(&b, pg, 0, 1, PACK_PACKED)) return GE_NOMEM;
     model_acts a;
     int rc = model_acts_init(&B->m, &a, b.T, b.M, 1);
-    if (rc) { pack_batch_free(&b); return rc; }
+    if (rc) {
+        pack_batch_free(&b);
+        return rc;
+    }
     model_input in;
     model_input_from_batch(&in, &b);
     float *old = malloc((size_t)b.M * 4), *dlogp = malloc((size_t)b.M * 4);
@@ -88,20 +97,20 @@ static int one_graph_step(bench *B, const pack_group *pg, int rep, step_ms *t) {
     if (!rc) rc = optim_step(B, rep, t0, t1, t2, t3, t);
     model_acts_free(&B->m, &a);
     pack_batch_free(&b);
-    free(old); free(dlogp);
+    free(old);
+    free(dlogp);
     return rc;
 }
 
-static int fixed_loss(void *ud, int r0, int r1) { return 0; }   /* dlogp given up front */
+static int fixed_loss(void *ud, int r0, int r1) { return 0; } /* dlogp given up front */
 
 static int split_step(bench *B, const pack_group *pg, long long maxtok, int offload, int rep, step_ms *t) {
     eng_backend *be = B->be;
     long long M = 0;
     for (int r = 0; r < pg->N; r++) M += pg->R[r];
-    float *old = malloc((size_t)M * 4), *ref = malloc((size_t)M * 4), *lp = malloc((size_t)M * 4),
-          *dlogp = malloc((size_t)M * 4);
+    float *old = malloc((size_t)M * 4), *ref = malloc((size_t)M * 4), *lp = malloc((size_t)M * 4), *dlogp = malloc((size_t)M * 4);
     for (long long i = 0; i < M; i++) dlogp[i] = (i % 3 - 1) * 1.0f / M;
-    split_opts so = { maxtok, 1.0f, offload, &B->mem };
+    split_opts so = {maxtok, 1.0f, offload, &B->mem};
     double t0 = gc_now();
     int rc = split_forward(&B->m, &B->wv, pg, &so, old, NULL, &t->old_st);
     double t1 = gc_now();
@@ -111,13 +120,16 @@ static int split_step(bench *B, const pack_group *pg, long long maxtok, int offl
     if (!rc) rc = split_train(&B->m, &B->wv, &B->gv, pg, &so, lp, NULL, dlogp, NULL, fixed_loss, NULL, &t->st);
     double t3 = gc_now();
     if (!rc) rc = optim_step(B, rep, t0, t1, t2, t3, t);
-    free(old); free(ref); free(lp); free(dlogp);
+    free(old);
+    free(ref);
+    free(lp);
+    free(dlogp);
     return rc;
 }
 
 /* Two steps (warm-up, timed) of one mode; prints a line. mode: 0 one-graph, 1 split, 2 offload. */
 static void run(bench *B, const pack_group *pg, long long maxtok, int mode) {
-    static const char *names[] = { "one-graph", "split", "split+offload" };
+    static const char *names[] = {"one-graph", "split", "split+offload"};
     step_ms t = {0};
     int rc = 0;
     samp_peak = 0;
@@ -126,32 +138,50 @@ static void run(bench *B, const pack_group *pg, long long maxtok, int mode) {
     if (rc) {
         printf("grpod %-13s P=%-6d N=%d R=%d: out of memory (%s)\n", names[mode], pg->P, pg->N, pg->R[0], err_msg());
         /* a failed CUDA call is sticky: say so, the next runs would fail too */
-        if (rc == GE_CUDA) { printf("cuda error: stopping\n"); exit(1); }
+        if (rc == GE_CUDA) {
+            printf("cuda error: stopping\n");
+            exit(1);
+        }
         return;
     }
     double peak = (samp_peak - samp_base) / 1073741824.0;
-    printf("grpod %-13s P=%-6d N=%d R=%d: step %.0f ms (old %.0f ref %.0f policy %.0f optim %.0f) peak %.1f GiB",
-           names[mode], pg->P, pg->N, pg->R[0], t.total, t.old, t.ref, t.policy, t.optim, peak);
+    printf("grpod %-13s P=%-6d N=%d R=%d: step %.0f ms (old %.0f ref %.0f policy %.0f optim %.0f) peak %.1f GiB", names[mode],
+           pg->P, pg->N, pg->R[0], t.total, t.old, t.ref, t.policy, t.optim, peak);
     if (mode)
         printf("; policy phases: prompt fwd %.0f (old pass's, no saves or copies: %.0f), %d response micro-batches %.0f, "
                "prompt bwd %.0f ms; hot %.0f MiB, dormant %.0f MiB %s, %d layers of it on the device (pinning it: %.0f ms, "
-               "in prompt fwd)", t.st.ms_prompt_fwd, t.old_st.ms_prompt_fwd, t.st.n_micro, t.st.ms_resp, t.st.ms_prompt_bwd,
-               t.st.hot_mib, t.st.dormant_mib, t.st.offloaded ? "in pinned host memory" : "on the device",
+               "in prompt fwd)",
+               t.st.ms_prompt_fwd, t.old_st.ms_prompt_fwd, t.st.n_micro, t.st.ms_resp, t.st.ms_prompt_bwd, t.st.hot_mib,
+               t.st.dormant_mib, t.st.offloaded ? "in pinned host memory" : "on the device",
                t.st.offloaded ? t.st.ring : B->m.cfg.L, t.st.ms_host_alloc);
     printf("\n");
     fflush(stdout);
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5) { fprintf(stderr, "usage: bench_split N R MAXTOK P [P ...]\n"); return 2; }
+    if (argc < 5) {
+        fprintf(stderr, "usage: bench_split N R MAXTOK P [P ...]\n");
+        return 2;
+    }
     int N = atoi(argv[1]), R = atoi(argv[2]);
     long long maxtok = atoll(argv[3]);
     int offload_max = getenv("OFFLOAD_MAX") ? atoi(getenv("OFFLOAD_MAX")) : 16384;
     /* Qwen3-1.7B dims, tied embeddings, as ../shared/bench/peer_step.py builds them; context
      * 131072 (YaRN-extended Qwen3) so that the longest prompts are allowed */
-    model_config c = { .arch = ARCH_QWEN3, .L = 28, .C = 2048, .H = 16, .K = 8, .D = 128, .F = 6144, .V = 151936,
-                       .max_pos = 1 << 18, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = 1,
-                       .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = 28,
+                      .C = 2048,
+                      .H = 16,
+                      .K = 8,
+                      .D = 128,
+                      .F = 6144,
+                      .V = 151936,
+                      .max_pos = 1 << 18,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = 1,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     bench B;
     memset(&B, 0, sizeof B);
@@ -162,8 +192,12 @@ int main(int argc, char **argv) {
     samp_base = tot - fr;
     if (model_init(&B.m, &c, be)) gc_die(be, "model_init");
     size_t n = B.n = (size_t)B.m.n_elems;
-    B.w = be->alloc(be, n * 2); B.wref = be->alloc(be, n * 2);
-    B.master = be->alloc(be, n * 4); B.g = be->alloc(be, n * 4); B.mo = be->alloc(be, n * 4); B.ve = be->alloc(be, n * 4);
+    B.w = be->alloc(be, n * 2);
+    B.wref = be->alloc(be, n * 2);
+    B.master = be->alloc(be, n * 4);
+    B.g = be->alloc(be, n * 4);
+    B.mo = be->alloc(be, n * 4);
+    B.ve = be->alloc(be, n * 4);
     if (!B.w || !B.wref || !B.master || !B.g || !B.mo || !B.ve) gc_die(be, "weights");
     size_t blk = (size_t)1 << 24;
     float *hb = gc_rand(blk, 0.02f, 7);
@@ -181,7 +215,8 @@ int main(int argc, char **argv) {
     samp_run = 1;
     pthread_create(&th, NULL, sampler, NULL);
     printf("bench_split: Qwen3-1.7B dims (L=28 C=2048 H=16 K=8 F=6144 V=151936), N=%d R=%d, %lld response tokens "
-           "per micro-batch\n", N, R, maxtok);
+           "per micro-batch\n",
+           N, R, maxtok);
     for (int a = 4; a < argc; a++) {
         int P = atoi(argv[a]);
         int *prompt = malloc((size_t)P * 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
@@ -192,12 +227,14 @@ int main(int argc, char **argv) {
             resp[r] = malloc((size_t)R * 4);
             gc_random_ids(resp[r], R, &s);
         }
-        pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
+        pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
         run(&B, &pg, maxtok, 0);
         run(&B, &pg, maxtok, 1);
         if (P <= offload_max) run(&B, &pg, maxtok, 2);
         for (int r = 0; r < N; r++) free(resp[r]);
-        free(resp); free(Rs); free(prompt);
+        free(resp);
+        free(Rs);
+        free(prompt);
     }
     samp_run = 0;
     pthread_join(th, NULL);

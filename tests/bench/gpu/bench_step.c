@@ -35,13 +35,39 @@ int main(int argc, char **argv) {
     const char *size = argc > 1 ? argv[1] : "1.7b";
     int P = argc > 4 ? atoi(argv[2]) : 4096, N = argc > 4 ? atoi(argv[3]) : 16, R = argc > 4 ? atoi(argv[4]) : 512;
     int C = 2048, F = 6144, L = 28, H = 16, K = 8, tied = 1;
-    if (!strcmp(size, "0.6b")) { C = 1024; F = 3072; }
-    if (!strcmp(size, "4b")) { C = 2560; F = 9728; L = 36; H = 32; }
-    if (!strcmp(size, "8b")) { C = 4096; F = 12288; L = 36; H = 32; tied = 0; }
+    if (!strcmp(size, "0.6b")) {
+        C = 1024;
+        F = 3072;
+    }
+    if (!strcmp(size, "4b")) {
+        C = 2560;
+        F = 9728;
+        L = 36;
+        H = 32;
+    }
+    if (!strcmp(size, "8b")) {
+        C = 4096;
+        F = 12288;
+        L = 36;
+        H = 32;
+        tied = 0;
+    }
     int offload = getenv("OFFLOAD") && atoi(getenv("OFFLOAD"));
     double budget_gib = getenv("BUDGET_GIB") ? atof(getenv("BUDGET_GIB")) : 0;
-    model_config c = { .arch = ARCH_QWEN3, .L = L, .C = C, .H = H, .K = K, .D = 128, .F = F, .V = 151936,
-                       .max_pos = 40960, .eps = 1e-6f, .rope_theta = 1000000.0f, .qk_norm = 1, .tied = tied, .bos_id = -1 };
+    model_config c = {.arch = ARCH_QWEN3,
+                      .L = L,
+                      .C = C,
+                      .H = H,
+                      .K = K,
+                      .D = 128,
+                      .F = F,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1000000.0f,
+                      .qk_norm = 1,
+                      .tied = tied,
+                      .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
@@ -53,9 +79,13 @@ int main(int argc, char **argv) {
     void *w = be->alloc(be, n * 2), *wref = be->alloc(be, n * 2);
     float *g = be->alloc(be, n * 4), *master, *mo, *ve;
     if (offload) {
-        master = offload_host_alloc((long long)n); mo = offload_host_alloc((long long)n); ve = offload_host_alloc((long long)n);
+        master = offload_host_alloc((long long)n);
+        mo = offload_host_alloc((long long)n);
+        ve = offload_host_alloc((long long)n);
     } else {
-        master = be->alloc(be, n * 4); mo = be->alloc(be, n * 4); ve = be->alloc(be, n * 4);
+        master = be->alloc(be, n * 4);
+        mo = be->alloc(be, n * 4);
+        ve = be->alloc(be, n * 4);
     }
     if (!w || !wref || !master || !g || !mo || !ve) gc_die(be, "weights");
     /* random weights: one 16M-value random block tiled over the buffer (through g on the way
@@ -102,15 +132,17 @@ int main(int argc, char **argv) {
                 if (mode != 1) be->copy_async(be, BE_LANE_D2H, off.gstage[0], g, cb);
                 if (mode != 0) be->copy_async(be, BE_LANE_H2D, (char *)g + cb, off.gstage[1], cb);
             }
-            be->mark(be, BE_LANE_D2H, 15); be->mark(be, BE_LANE_H2D, 14);
+            be->mark(be, BE_LANE_D2H, 15);
+            be->mark(be, BE_LANE_H2D, 14);
             if (be->wait(be, BE_LANE_HOST, 15) || be->wait(be, BE_LANE_HOST, 14)) gc_die(be, "copy probe");
             gbs[mode] = 16.0 * cb * (mode == 2 ? 2 : 1) / (gc_now() - t0) / 1e9;
         }
         double p = (double)n;
         printf("grpod-cuda %s: floors: host memory %.0f GB/s (parallel copy) -> host AdamW (30 B a parameter) >= %.0f ms; "
                "PCIe D2H %.1f, H2D %.1f, both %.1f GB/s -> host path (4 B down, 2 up) >= %.0f ms, GPU-streamed AdamW "
-               "(12 B down, 12 up) >= %.0f ms\n", size, host_gbs, 30 * p / host_gbs / 1e6, gbs[0], gbs[1], gbs[2],
-               fmax(4 * p / gbs[0], 2 * p / gbs[1]) / 1e6, 24 * p / gbs[2] / 1e6);
+               "(12 B down, 12 up) >= %.0f ms\n",
+               size, host_gbs, 30 * p / host_gbs / 1e6, gbs[0], gbs[1], gbs[2], fmax(4 * p / gbs[0], 2 * p / gbs[1]) / 1e6,
+               24 * p / gbs[2] / 1e6);
     }
     model_views wv, rv, gv;
     model_views_make(&m, w, 2, &wv);
@@ -125,7 +157,7 @@ int main(int argc, char **argv) {
         resp[r] = malloc((size_t)R * 4);
         gc_random_ids(resp[r], R, &s);
     }
-    pack_group pg = { prompt, P, N, (const int *const *)resp, Rs };
+    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     model_acts a;
@@ -138,13 +170,13 @@ int main(int argc, char **argv) {
     if (model_acts_init_budget(&m, &a, b.T, b.M, act_budget)) gc_die(be, "model_acts_init");
     size_t full = model_acts_bytes(&m, b.T, b.M, 1, 0), ck = model_acts_bytes(&m, b.T, b.M, 1, L);
     printf("grpod-cuda %s: activations %.2f GiB with %d of %d layers recomputed (all kept: %.2f GiB, all recomputed: "
-           "%.2f GiB; %.1f KiB a token a layer kept, %.1f recomputed)\n", size,
-           model_acts_bytes(&m, b.T, b.M, 1, a.n_ckpt) / 1073741824.0, a.n_ckpt, L, full / 1073741824.0,
-           ck / 1073741824.0, (double)(full - ck) / (L - 1) / b.T / 1024 + 2.0 * C / 1024, 2.0 * C / 1024);
+           "%.2f GiB; %.1f KiB a token a layer kept, %.1f recomputed)\n",
+           size, model_acts_bytes(&m, b.T, b.M, 1, a.n_ckpt) / 1073741824.0, a.n_ckpt, L, full / 1073741824.0, ck / 1073741824.0,
+           (double)(full - ck) / (L - 1) / b.T / 1024 + 2.0 * C / 1024, 2.0 * C / 1024);
     model_input in;
     model_input_from_batch(&in, &b);
     float *old = malloc((size_t)b.M * 4), *dlogp = malloc((size_t)b.M * 4);
-    for (int i = 0; i < b.M; i++) dlogp[i] = (i % 3 - 1) * 1.0f / b.M;   /* a PPO-like advantage-weighted mean */
+    for (int i = 0; i < b.M; i++) dlogp[i] = (i % 3 - 1) * 1.0f / b.M; /* a PPO-like advantage-weighted mean */
 
     enum { REPS = 3 };
     double t[REPS + 1][6];
@@ -168,8 +200,12 @@ int main(int argc, char **argv) {
         }
         if (be->sync(be)) gc_die(be, "adamw");
         double t4 = gc_now();
-        t[rep][0] = t1 - t0; t[rep][1] = t2 - t1; t[rep][2] = t3 - t2; t[rep][3] = t4 - t3;
-        t[rep][4] = offload ? off.ms_host / 1e3 : 0; t[rep][5] = offload ? off.ms_wait / 1e3 : 0;
+        t[rep][0] = t1 - t0;
+        t[rep][1] = t2 - t1;
+        t[rep][2] = t3 - t2;
+        t[rep][3] = t4 - t3;
+        t[rep][4] = offload ? off.ms_host / 1e3 : 0;
+        t[rep][5] = offload ? off.ms_wait / 1e3 : 0;
         size_t fr;
         cudaMemGetInfo(&fr, &total);
         if (free0 - fr > used_peak) used_peak = free0 - fr;
@@ -189,23 +225,26 @@ int main(int argc, char **argv) {
     double fwd = 2 * nonemb * (P + (double)N * R) + 2.0 * C * c.V * N * R + L * att;
     double flops = 5 * fwd;
     printf("grpod-cuda %s P=%d N=%d R=%d T=%d: total %.0f ms  old %.0f  ref %.0f  policy %.0f  optim %.0f  "
-           "peak %.1f GiB (device memory in use)\n", size, P, N, R, b.T, tot * 1e3, med[0] * 1e3, med[1] * 1e3,
-           med[2] * 1e3, med[3] * 1e3, used_peak / 1073741824.0);
+           "peak %.1f GiB (device memory in use)\n",
+           size, P, N, R, b.T, tot * 1e3, med[0] * 1e3, med[1] * 1e3, med[2] * 1e3, med[3] * 1e3, used_peak / 1073741824.0);
     double rss, hwm, comp = med[0] + med[1] + med[2];
     host_rss(&rss, &hwm);
     printf("grpod-cuda %s: optimizer %s, %d/%d layers recomputed: compute-only (old+ref+policy) %.0f ms, step/compute "
            "%.2fx; optim %.0f ms = host AdamW %.0f + waiting for copies %.0f + clip/tail %.0f; host RSS %.1f GiB (peak %.1f)\n",
            size, offload ? "offloaded" : "on device", a.n_ckpt, L, comp * 1e3, tot / comp, med[3] * 1e3, med[4] * 1e3,
            med[5] * 1e3, (med[3] - med[4] - med[5]) * 1e3, rss, hwm);
-    printf("grpod-cuda %s: %.0f packed tokens/s per pass-set; useful %.0f TFLOP -> %.0f TFLOP/s (%.0f%% of 793)\n",
-           size, b.T / tot, flops / 1e12, flops / tot / 1e12, flops / tot / 793e12 * 100);
+    printf("grpod-cuda %s: %.0f packed tokens/s per pass-set; useful %.0f TFLOP -> %.0f TFLOP/s (%.0f%% of 793)\n", size,
+           b.T / tot, flops / 1e12, flops / tot / 1e12, flops / tot / 793e12 * 100);
     /* where the time goes: one layer's attention forward and backward on this batch */
     {
         int T = b.T;
         struct model_layer_acts *A = &a.l[0];
         attn_ranges rg;
         int *ints = a.ints;
-        rg.a0 = ints + 2 * a.cap_T; rg.a1 = ints + 3 * a.cap_T; rg.b0 = ints + 4 * a.cap_T; rg.b1 = ints + 5 * a.cap_T;
+        rg.a0 = ints + 2 * a.cap_T;
+        rg.a1 = ints + 3 * a.cap_T;
+        rg.b0 = ints + 4 * a.cap_T;
+        rg.b1 = ints + 5 * a.cap_T;
         double f0 = gc_now();
         for (int i = 0; i < 3; i++) be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, rg, T, H, K, 128);
         be->sync(be);
@@ -216,8 +255,8 @@ int main(int argc, char **argv) {
         double f2 = gc_now();
         double pairs = (double)P * (P + 1) / 2 + (double)N * R * P + (double)N * R * (R + 1) / 2;
         printf("grpod-cuda %s: attention per layer: fwd %.1f ms, bwd %.1f ms (%.0f M query-key pairs x %d heads; "
-               "x%d layers = %.0f ms fwd, %.0f ms bwd)\n", size, (f1 - f0) / 3 * 1e3, (f2 - f1) / 3 * 1e3, pairs / 1e6, H,
-               L, (f1 - f0) / 3 * 1e3 * L, (f2 - f1) / 3 * 1e3 * L);
+               "x%d layers = %.0f ms fwd, %.0f ms bwd)\n",
+               size, (f1 - f0) / 3 * 1e3, (f2 - f1) / 3 * 1e3, pairs / 1e6, H, L, (f1 - f0) / 3 * 1e3 * L, (f2 - f1) / 3 * 1e3 * L);
     }
     model_acts_free(&m, &a);
     pack_batch_free(&b);
