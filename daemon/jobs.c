@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -560,12 +562,12 @@ static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *a
     return rc;
 }
 
-/* With a communicator (W > 1, daemon/ranks.h) the save is collective: every rank calls it, the
- * shards of the optimizer state are gathered to rank 0, which alone writes dir, and every rank
- * returns rank 0's result (engine/train/checkpoint.c). Without one (one rank) only rank 0 calls. */
+/* With a communicator (W > 1, daemon/ranks.h) the capture is collective: every rank calls it,
+ * the shards of the optimizer state are gathered to rank 0, whose capture (*out) alone is kept
+ * and written (engine/train/checkpoint.c). Without one (one rank) only rank 0 calls. */
 typedef struct {
-    const char *dir;
     int merged;
+    eng_ckpt **out; /* rank 0's; NULL: a follower's, freed at once */
 } spmd_checkpoint_args;
 
 static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
@@ -573,7 +575,11 @@ static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void 
     (void)ud;
     spmd_checkpoint_args *a = arg;
     if (rank && !eng_comm(e)) return 0;
-    return eng_checkpoint_save_ex(e, a->dir, a->merged);
+    eng_ckpt *c = NULL;
+    int rc = eng_checkpoint_capture(e, a->merged, &c);
+    if (rank == 0 && a->out) *a->out = c;
+    else eng_checkpoint_capture_free(c);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- update */
@@ -751,41 +757,128 @@ done:
     return rc;
 }
 
+/* ---------------------------------------------------------------- checkpoint */
+
+struct jobs_ckpt {
+    eng_ckpt *cap; /* NULL: the job's own checkpoint was there already (kept) */
+    char dir[1200], id[96], msg[600];
+    int merged, rc, thread;
+    long long version;
+    double t0;
+    pthread_t th;
+    _Atomic int done;
+    void (*wake)(void *);
+    void *wake_ud;
+};
+
+/* The writer thread: files only (eng_checkpoint_write makes no backend call). */
+static void *ckpt_write_main(void *arg) {
+    jobs_ckpt *c = arg;
+    err_clear();
+    test_hook_hold("checkpoint_write");
+    c->rc = eng_checkpoint_write(c->cap, c->dir);
+    if (c->rc) snprintf(c->msg, sizeof c->msg, "%s", err_msg());
+    atomic_store(&c->done, 1);
+    if (c->wake) c->wake(c->wake_ud);
+    return NULL;
+}
+
 /* merged (LoRA only): an HF directory with the adapters merged into the base, for export; it is
  * not a resume point (the run resumes from its adapter checkpoints), so the store does not list it. */
-static int run_checkpoint(const jobs_env *env, json_object *p, const char *job_id, char **result) {
+int jobs_checkpoint_start(const jobs_env *env, const store_job *j, void (*wake)(void *), void *wake_ud, jobs_ckpt **out) {
+    *out = NULL;
+    json_object *p = j->payload ? json_tokener_parse(j->payload) : NULL;
+    if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     eng_info info;
     eng_get_info(env->e, &info);
     json_object *mo;
     int merged = json_object_object_get_ex(p, "merged", &mo) && json_object_get_boolean(mo) && info.lora_rank;
-    char dir[1200], id[96];
-    snprintf(dir, sizeof dir, "%s/checkpoints", env->data_dir);
-    if (mkdir(dir, 0755) && errno != EEXIST) return err_set(GE_IO, "mkdir %s: %s", dir, strerror(errno));
-    snprintf(id, sizeof id, "ckpt-%lld-%s%s", info.policy_version, job_id, merged ? "-merged" : "");
-    snprintf(dir, sizeof dir, "%s/checkpoints/%s", env->data_dir, id);
-    double t0 = clock_mono_ms();
-    int rc = 0;
+    json_object_put(p);
+    jobs_ckpt *c = calloc(1, sizeof *c);
+    if (!c) return err_set(GE_NOMEM, "out of memory");
+    c->merged = merged;
+    c->version = info.policy_version;
+    c->wake = wake;
+    c->wake_ud = wake_ud;
+    c->t0 = clock_mono_ms();
+    snprintf(c->dir, sizeof c->dir, "%s/checkpoints", env->data_dir);
+    if (mkdir(c->dir, 0755) && errno != EEXIST) {
+        int rc = err_set(GE_IO, "mkdir %s: %s", c->dir, strerror(errno));
+        free(c);
+        return rc;
+    }
+    snprintf(c->id, sizeof c->id, "ckpt-%lld-%s%s", info.policy_version, j->id, merged ? "-merged" : "");
+    snprintf(c->dir, sizeof c->dir, "%s/checkpoints/%s", env->data_dir, c->id);
     struct stat sb;
-    if (stat(dir, &sb) == 0 && eng_checkpoint_matches(env->e, dir, merged) == 0) {
+    if (stat(c->dir, &sb) == 0 && eng_checkpoint_matches(env->e, c->dir, merged) == 0) {
         /* this job's own checkpoint: an earlier run of it stopped after the rename (a crash
          * before the job's done-write); keep it (docs/api.md "Checkpoints") */
-        log_event(LOG_INFO, "checkpoint_kept", "\"id\":\"%s\",\"policy_version\":%lld", id, info.policy_version);
-    } else {
-        int oom;
-        char *call = call_text(env, "checkpoint", NULL, NULL, dir, merged, &oom);
-        rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){dir, merged}, call);
-        free(call);
-        if (rc) return rc;
-        metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - t0) / 1e3);
+        log_event(LOG_INFO, "checkpoint_kept", "\"id\":\"%s\",\"policy_version\":%lld", c->id, info.policy_version);
+        atomic_store(&c->done, 1);
+        *out = c;
+        return 0;
+    }
+    int oom;
+    char *call = call_text(env, "checkpoint", NULL, NULL, c->dir, merged, &oom);
+    int rc = oom ? err_set(GE_NOMEM, "out of memory") : spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){merged, &c->cap}, call);
+    free(call);
+    if (!rc && !c->cap) rc = err_set(GE_INTERNAL, "checkpoint: rank 0 captured nothing");
+    if (!rc && (c->thread = !pthread_create(&c->th, NULL, ckpt_write_main, c)) == 0) ckpt_write_main(c); /* no thread: here */
+    if (rc) {
+        eng_checkpoint_capture_free(c->cap);
+        free(c);
+        return rc;
+    }
+    log_event(LOG_INFO, "checkpoint_captured", "\"id\":\"%s\",\"policy_version\":%lld,\"ms\":%.1f", c->id, c->version,
+              clock_mono_ms() - c->t0);
+    *out = c;
+    return 0;
+}
+
+int jobs_checkpoint_poll(const jobs_env *env, jobs_ckpt *c, char **result) {
+    *result = NULL;
+    if (!atomic_load(&c->done)) return 0;
+    if (c->thread) {
+        pthread_join(c->th, NULL);
+        c->thread = 0;
+    }
+    if (c->rc) return err_set(c->rc, "%s", c->msg);
+    if (c->cap) {
+        metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - c->t0) / 1e3);
+        eng_checkpoint_capture_free(c->cap);
+        c->cap = NULL;
     }
     test_hook_kill("checkpoint_renamed");
-    if (!merged && (rc = store_checkpoint_add(env->st, id, dir, info.policy_version))) return rc;
+    int rc;
+    if (!c->merged && (rc = store_checkpoint_add(env->st, c->id, c->dir, c->version))) return rc;
     json_object *res = json_object_new_object();
-    json_object_object_add(res, "id", json_object_new_string(id));
-    json_object_object_add(res, "path", json_object_new_string(dir));
-    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
-    log_event(LOG_INFO, "checkpoint_saved", "\"id\":\"%s\",\"policy_version\":%lld", id, info.policy_version);
-    return (*result = to_text(res)) ? 0 : GE_NOMEM;
+    json_object_object_add(res, "id", json_object_new_string(c->id));
+    json_object_object_add(res, "path", json_object_new_string(c->dir));
+    json_object_object_add(res, "policy_version", json_object_new_int64(c->version));
+    log_event(LOG_INFO, "checkpoint_saved", "\"id\":\"%s\",\"policy_version\":%lld,\"ms\":%.1f", c->id, c->version,
+              clock_mono_ms() - c->t0);
+    return (*result = to_text(res)) ? 1 : GE_NOMEM;
+}
+
+void jobs_checkpoint_free(jobs_ckpt *c) {
+    if (!c) return;
+    if (c->thread) pthread_join(c->th, NULL);
+    eng_checkpoint_capture_free(c->cap);
+    free(c);
+}
+
+/* The checkpoint at once: capture, write, index. */
+static int run_checkpoint(const jobs_env *env, const store_job *j, char **result) {
+    jobs_ckpt *c;
+    int rc = jobs_checkpoint_start(env, j, NULL, NULL, &c);
+    if (rc) return rc;
+    if (c->thread) {
+        pthread_join(c->th, NULL);
+        c->thread = 0;
+    }
+    rc = jobs_checkpoint_poll(env, c, result);
+    jobs_checkpoint_free(c);
+    return rc == 1 ? 0 : rc;
 }
 
 int jobs_run(const jobs_env *env, const store_job *j, char **result) {
@@ -796,7 +889,7 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result) {
     if (!strcmp(j->kind, "rollout")) rc = run_rollout(env, j, result);
     else if (!strcmp(j->kind, "update")) rc = run_update(env, p, j->payload, result);
     else if (!strcmp(j->kind, "logprobs")) rc = run_logprobs(env, p, j->payload, result);
-    else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, p, j->id, result);
+    else if (!strcmp(j->kind, "checkpoint")) rc = run_checkpoint(env, j, result);
     else rc = err_set(GE_INVALID, "job %s: unknown kind %s", j->id, j->kind);
     json_object_put(p);
     return rc;
@@ -812,7 +905,7 @@ int jobs_follow(const jobs_env *env, const char *call) {
     if (!strcmp(op, "undo")) {
         rc = spmd(env, spmd_undo, NULL, NULL);
     } else if (!strcmp(op, "checkpoint")) {
-        rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){field_str(c, "dir", ""), field_bool(c, "merged", 0)}, NULL);
+        rc = spmd(env, spmd_checkpoint, &(spmd_checkpoint_args){field_bool(c, "merged", 0), NULL}, NULL);
     } else if (!strcmp(op, "update") || !strcmp(op, "logprobs")) {
         /* the parsers of jobs_run (payload) and run_update (the rollout's result) */
         if (!payload || !(p = json_tokener_parse(payload))) {

@@ -25,6 +25,18 @@ int jobs_run(const jobs_env *env, const store_job *j, char **result);
 /* eng_update_undo on every rank (worker.c: an update whose completion could not be stored). */
 int jobs_update_undo(const jobs_env *env);
 
+/* A checkpoint job whose files are written beside the engine's next work (worker.c): start
+ * (engine thread) captures the state on every rank (the engine stalls only for that copy) and
+ * starts rank 0's file writer on a thread of its own; poll (engine thread) returns 0 while it
+ * writes, 1 when the checkpoint is written and indexed in the store with *result (malloc'd
+ * JSON), or a negative GE_* code with err_msg(); wake(wake_ud) is called from the writer when it
+ * ends. Until poll returned nonzero no update, undo or other checkpoint may run
+ * (eng_checkpoint_capture's contract); rollouts and logprobs may. free joins the writer. */
+typedef struct jobs_ckpt jobs_ckpt;
+int jobs_checkpoint_start(const jobs_env *env, const store_job *j, void (*wake)(void *), void *wake_ud, jobs_ckpt **out);
+int jobs_checkpoint_poll(const jobs_env *env, jobs_ckpt *c, char **result);
+void jobs_checkpoint_free(jobs_ckpt *c);
+
 /* A follower (daemon/follow.c) runs one SPMD call the leader described (daemon/ranks.h
  * ranks_spmd_call: {"op": update|logprobs|checkpoint|undo, "payload", "rollout", "dir",
  * "merged"}) on its local ranks, converted by the same code as jobs_run; env->st is not used.

@@ -5,13 +5,18 @@
  * as a kill -9 landing exactly there would (tests/integration/torture.py). Points:
  *   checkpoint_renamed   a checkpoint job's directory is in place (renamed and fsynced, or kept),
  *                        before the store indexes it (daemon/jobs.c run_checkpoint)
- *   checkpoint_indexed   the store indexes it, before the job's done-write (daemon/worker.c) */
+ *   checkpoint_indexed   the store indexes it, before the job's done-write (daemon/worker.c)
+ *
+ * GRPOD_TEST_HOLD_AT=POINT with GRPOD_TEST_HOLD_FILE=PATH makes the thread that reaches POINT
+ * wait until PATH exists (at most 120 s), so a test can see what runs meanwhile. Points:
+ *   checkpoint_write     a checkpoint's writer thread, before it writes (daemon/jobs.c) */
 #ifndef GRPOD_TEST_HOOKS_H
 #define GRPOD_TEST_HOOKS_H
 #ifdef GRPOD_TEST_HOOKS
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -21,7 +26,15 @@ static inline void test_hook_kill(const char *point) {
     log_event(LOG_WARN, "test_kill", "\"at\":\"%s\"", point);
     raise(SIGKILL);
 }
+
+static inline void test_hook_hold(const char *point) {
+    const char *at = getenv("GRPOD_TEST_HOLD_AT"), *file = getenv("GRPOD_TEST_HOLD_FILE");
+    if (!at || !file || strcmp(at, point)) return;
+    log_event(LOG_WARN, "test_hold", "\"at\":\"%s\"", point);
+    for (int i = 0; i < 12000 && access(file, F_OK); i++) usleep(10000);
+}
 #else
 static inline void test_hook_kill(const char *point) { (void)point; }
+static inline void test_hook_hold(const char *point) { (void)point; }
 #endif
 #endif

@@ -5,7 +5,9 @@
  * claimed while the scheduler can admit (no group waits for KV rows), so a burst of rollouts
  * shares every decode step. A logprobs job (read-only) runs between two steps. An update or
  * checkpoint claimed while rollouts are in flight is held — nothing behind it is claimed —
- * until they finish, then runs alone: a rollout's policy_version is the one it ran under.
+ * until they finish, then runs alone: a rollout's policy_version is the one it ran under. A
+ * checkpoint's files are written on a thread of their own once the state is captured: rollouts
+ * and logprobs behind it run meanwhile, an update or checkpoint is held until the write ends.
  *
  * Exactly once (docs/api.md "Crashes and replay"): at start the policy is the newest checkpoint
  * that verifies against its manifest, plus the done updates after it re-applied in the order
@@ -57,12 +59,13 @@ struct worker {
     double last_progress_store;
     eng_sched *sched; /* rank 0's rollouts in flight (engine thread only) */
     struct flight *flights; /* their jobs, in claim order */
-    store_job held; /* an update/checkpoint waiting for the rollouts to finish */
+    store_job held; /* an update/checkpoint waiting for the rollouts (or a checkpoint's write) to finish */
     int have_held;
     long long kv_rows; /* the pool's rows, for the API's size check */
     long long saved_version; /* policy version of the newest checkpoint */
     int halted; /* the store cannot be trusted: claim nothing (503) */
     int since_retain; /* outcomes stored since the last retention pass */
+    struct writing *writing; /* a checkpoint whose files are being written (engine thread only) */
 };
 
 static void beat(worker *w) { atomic_store(&w->beat_ns, clock_mono_ns()); }
@@ -553,6 +556,80 @@ static void requeue_unstarted(worker *w) {
     publish_sched(w);
 }
 
+/* ---------------------------------------------------------------- a checkpoint being written */
+
+typedef struct writing {
+    store_job job;
+    jobs_ckpt *c;
+    double t0;
+    long long v0;
+} writing;
+
+static void wake_cb(void *ud) { worker_wake(ud); }
+
+/* The job's outcome, as run_one stores it (cancelled, done and indexed, or failed). */
+static void ckpt_outcome(worker *w, store_job *j, int rc, const char *result, double ms, long long v0) {
+    char esc[700];
+    char lost[600] = "";
+    if (rc == GE_RANK_LOST || rc == GE_STATE_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
+    if (store_cancel_requested(w->st, j->id) == 1) {
+        if (store_mark_cancelled(w->st, j->id))
+            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
+        log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
+    } else {
+        if (rc == 0) test_hook_kill("checkpoint_indexed");
+        store_outcome(w, j, rc, result, ms, v0);
+        if (rc == 0) checkpoint_saved(w);
+    }
+    if ((rc == GE_RANK_LOST || rc == GE_STATE_LOST) && !w->halted) halt(w, lost);
+    job_changed(w);
+}
+
+/* A claimed checkpoint: the state captured now, its files written beside what follows. */
+static void ckpt_start(worker *w, store_job *j) {
+    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
+    err_clear();
+    double t0 = clock_mono_ms();
+    long long v0 = atomic_load(&w->policy_version);
+    writing *wr = calloc(1, sizeof *wr);
+    jobs_ckpt *c = NULL;
+    w->cur_job = j->id;
+    int rc = wr ? jobs_checkpoint_start(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, wake_cb, w, &c)
+                : err_set(GE_NOMEM, "worker: out of memory");
+    w->cur_job = NULL;
+    beat(w);
+    if (rc) {
+        ckpt_outcome(w, j, rc, NULL, clock_mono_ms() - t0, v0);
+        store_job_clear(j);
+        free(wr);
+        return;
+    }
+    wr->job = *j; /* takes over the payload */
+    memset(j, 0, sizeof *j);
+    wr->c = c;
+    wr->t0 = t0;
+    wr->v0 = v0;
+    w->writing = wr;
+}
+
+/* The write's end: the job's outcome stored, updates may run again. */
+static void ckpt_poll(worker *w) {
+    writing *wr = w->writing;
+    char *result = NULL;
+    err_clear();
+    int rc = jobs_checkpoint_poll(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, wr->c, &result);
+    if (rc == 0) return;
+    w->writing = NULL;
+    ckpt_outcome(w, &wr->job, rc == 1 ? 0 : rc, result, clock_mono_ms() - wr->t0, wr->v0);
+    free(result);
+    jobs_checkpoint_free(wr->c);
+    store_job_clear(&wr->job);
+    free(wr);
+}
+
+/* Nothing runs beside an update or a checkpoint's capture: no rollout in flight, no write. */
+static int engine_quiet(worker *w) { return !ranks_busy(w->rk) && !w->writing; }
+
 /* Claims jobs while the scheduler can take more: rollouts join it, logprobs run now, an
  * update/checkpoint runs now when nothing is in flight, else is held (nothing behind it is
  * claimed). Returns 1 when it claimed something. */
@@ -566,7 +643,9 @@ static int claim_more(worker *w) {
         did = 1;
         if (!strcmp(j.kind, "rollout")) {
             flight_start(w, &j);
-        } else if (!strcmp(j.kind, "logprobs") || !ranks_busy(w->rk)) {
+        } else if (!strcmp(j.kind, "checkpoint") && engine_quiet(w)) {
+            ckpt_start(w, &j);
+        } else if (!strcmp(j.kind, "logprobs") || engine_quiet(w)) {
             run_one(w, &j);
             store_job_clear(&j);
         } else {
@@ -658,16 +737,18 @@ static void *thread_main(void *arg) {
             draining = 1;
             if (w->sched) requeue_unstarted(w);
         }
-        if (draining && !w->flights) break;
+        if (w->writing) ckpt_poll(w);
+        if (draining && !w->flights && !w->writing) break;
         if (atomic_load(&w->ready) == 1 && !w->halted && store_check_file(w->st)) halt(w, err_msg());
         if (atomic_load(&w->ready) == 1) {
             int did = claim_more(w);
-            if (w->have_held && !ranks_busy(w->rk)) {
+            if (w->have_held && engine_quiet(w)) {
                 if (store_mark_started(w->st, w->held.id))
                     log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\"", w->held.id);
-                run_one(w, &w->held);
-                store_job_clear(&w->held);
                 w->have_held = 0;
+                if (!strcmp(w->held.kind, "checkpoint")) ckpt_start(w, &w->held);
+                else run_one(w, &w->held);
+                store_job_clear(&w->held);
                 continue;
             }
             if (eng_sched_busy(w->sched)) {

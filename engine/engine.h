@@ -314,6 +314,18 @@ int eng_checkpoint_save(eng *e, const char *dir);
  * HF directory (config.json, model.safetensors with base + s B A, tokenizer files) instead;
  * without LoRA both write the full checkpoint. */
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged);
+/* A save in two halves, so that the file I/O can run beside rollouts: eng_checkpoint_capture
+ * takes what the save writes at this moment (collective with a comm, like the save: the state is
+ * gathered to rank 0, whose *out is the capture; the other ranks get NULL), and
+ * eng_checkpoint_write writes it as eng_checkpoint_save_ex would (dir.tmp, fsync, rename; kept
+ * when dir already holds it). The write makes no backend call and may run on any thread, but
+ * the capture may read the live host training state (optimizer offload, LoRA): no update,
+ * undo or resume may run on the engine until the write returned. */
+typedef struct eng_ckpt eng_ckpt;
+int eng_checkpoint_capture(eng *e, int merged, eng_ckpt **out);
+int eng_checkpoint_write(const eng_ckpt *c, const char *dir);
+long long eng_checkpoint_version(const eng_ckpt *c);
+void eng_checkpoint_capture_free(eng_ckpt *c);
 /* 0 when dir's files match its manifest; GE_FORMAT naming the file otherwise (no manifest,
  * a missing, short or changed file). Reads every byte. Any thread. */
 int eng_checkpoint_verify(const char *dir);

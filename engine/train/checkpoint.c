@@ -214,39 +214,49 @@ static int read_state(const char *dir, char *path, size_t cap, long long *v, lon
     return 0;
 }
 
-int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
-    int rc = verify_dir(dir, !is_export(e, merged));
-    if (rc || is_export(e, merged)) return rc;
+/* dir is whole and, unless an export, holds version v at optimizer step step. */
+static int matches_state(const char *dir, int export, long long v, long long step) {
+    int rc = verify_dir(dir, !export);
+    if (rc || export) return rc;
     char path[PATH_MAX + 64];
-    long long v, step;
-    if ((rc = read_state(dir, path, sizeof path, &v, &step))) return rc;
-    if (v != e->policy_version || step != e->opt_step)
-        return err_set(GE_CONFLICT, "%s holds policy_version %lld, optimizer step %lld, not %lld, %d", dir, v, step,
-                       (long long)e->policy_version, e->opt_step);
+    long long dv, dstep;
+    if ((rc = read_state(dir, path, sizeof path, &dv, &dstep))) return rc;
+    if (dv != v || dstep != step)
+        return err_set(GE_CONFLICT, "%s holds policy_version %lld, optimizer step %lld, not %lld, %lld", dir, dv, dstep, v, step);
     return 0;
+}
+
+int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
+    return matches_state(dir, is_export(e, merged), (long long)e->policy_version, e->opt_step);
 }
 
 /* ---------------------------------------------------------------- save */
 
+/* What a save writes, taken from the engine at one moment (eng_checkpoint_capture): the whole
+ * master (the adapters with LoRA), m and v as host fp32 (state_whole), with LoRA merged the
+ * policy's merged weights, and the version they are. */
+struct eng_ckpt {
+    eng *e; /* its model description, model_dir and LoRA layout: fixed for the engine's life */
+    int merged, owned[3];
+    float *st[3];
+    float *merged_w; /* an export's or a LoRA full save's merged weights (owned), else NULL */
+    long long version, step;
+};
+
 /* Everything but the manifest into tmp: the weights (with LoRA the adapter in PEFT's layout,
- * or merged into an HF directory), then the training state unless a merged export. st: the
- * whole master (the adapters with LoRA), m and v as host fp32 (state_whole; m and v NULL for a
- * merged export). */
-static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
+ * or merged into an HF directory), then the training state unless a merged export. Host memory
+ * and files only: no backend call. */
+static int save_files(const eng_ckpt *c, const char *tmp) {
+    const eng *e = c->e;
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
-    size_t nt = (size_t)eng_train_n(e);
+    size_t nt = (size_t)eng_train_n((eng *)e);
     int rc = 0;
-    if (e->m.lora_r && !merged) {
-        rc = lora_save_peft(&e->m, tmp, st[0], e->model_dir);
+    if (e->m.lora_r && !c->merged) {
+        rc = lora_save_peft(&e->m, tmp, c->st[0], e->model_dir);
     } else {
         /* the policy's weights: the master, or with LoRA the base with the adapters merged in */
-        float *merged_w = e->m.lora_r ? malloc((size_t)e->m.n_elems * 4) : NULL;
-        if (e->m.lora_r && !merged_w) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
-        if (!rc && merged_w && !(rc = e->be->act_to_f32(e->be, merged_w, e->w_act, (size_t)e->m.n_elems)))
-            lora_merge_host(&e->m, merged_w, st[0]);
-        if (!rc) rc = config_write(tmp, &e->m.cfg);
-        if (!rc) rc = model_save_host(&e->m, tmp, merged_w ? merged_w : st[0], 0);
-        free(merged_w);
+        rc = config_write(tmp, &e->m.cfg);
+        if (!rc) rc = model_save_host(&e->m, tmp, c->merged_w ? c->merged_w : c->st[0], 0);
         static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
@@ -254,16 +264,16 @@ static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
             rc = copy_file(src, path);
         }
     }
-    if (!rc && st[1]) {
-        st_out o[2] = {{.name = "adam_m", .data = st[1], .ndim = 1, .shape = {(long long)nt}},
-                       {.name = "adam_v", .data = st[2], .ndim = 1, .shape = {(long long)nt}}};
+    if (!rc && c->st[1]) {
+        st_out o[2] = {{.name = "adam_m", .data = c->st[1], .ndim = 1, .shape = {(long long)nt}},
+                       {.name = "adam_v", .data = c->st[2], .ndim = 1, .shape = {(long long)nt}}};
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         rc = st_write(path, o, 2, ST_F32);
     }
-    if (!rc && !is_export(e, merged)) {
+    if (!rc && !is_export(e, c->merged)) {
         char state[256];
-        snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %d}\n",
-                 (long long)e->policy_version, e->opt_step);
+        snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %lld}\n",
+                 c->version, c->step);
         snprintf(path, sizeof path, "%s/%s", tmp, STATE);
         rc = write_text(path, state);
     }
@@ -272,8 +282,8 @@ static int save_files(eng *e, const char *tmp, int merged, float *const st[3]) {
 
 int eng_checkpoint_save(eng *e, const char *dir) { return eng_checkpoint_save_ex(e, dir, 0); }
 
-/* The directory, written whole or not at all (st: see save_files). */
-static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
+/* The directory, written whole or not at all. */
+static int save_dir(const eng_ckpt *c, const char *dir) {
     char tmp[PATH_MAX], parent[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s.tmp", dir);
     snprintf(parent, sizeof parent, "%s", dir);
@@ -282,10 +292,11 @@ static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
     else snprintf(parent, sizeof parent, ".");
     struct stat sb;
     int replace = stat(dir, &sb) == 0;
-    if (replace && eng_checkpoint_matches(e, dir, merged) == 0) return 0; /* this save's own result */
+    if (replace && matches_state(dir, is_export(c->e, c->merged), c->version, c->step) == 0)
+        return 0; /* this save's own result */
     eng_remove_tree(tmp); /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
-    if (!rc) rc = save_files(e, tmp, merged, st);
+    if (!rc) rc = save_files(c, tmp);
     if (!rc) rc = write_manifest(tmp);
     if (!rc) rc = fsync_path(tmp, 1);
     /* a crash between the removal and the rename leaves DIR.tmp, removed at the next start, and
@@ -304,14 +315,51 @@ static int save_dir(eng *e, const char *dir, int merged, float *const st[3]) {
 }
 
 /* Every rank calls it with a comm: the state is gathered whole into rank 0's host memory
- * (state.h), rank 0 writes the directory as one rank would, and every rank returns its result:
- * a checkpoint from W ranks is the one-rank checkpoint of the same state. */
+ * (state.h) and the ranks agree on the result; rank 0 gets the capture. */
+int eng_checkpoint_capture(eng *e, int merged, eng_ckpt **out) {
+    *out = NULL;
+    eng_ckpt *c = calloc(1, sizeof *c);
+    int rc = c ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
+    if (!rc) {
+        c->e = e;
+        c->merged = merged;
+        c->version = (long long)e->policy_version;
+        c->step = e->opt_step;
+        rc = state_whole(e, e->adam_m && !is_export(e, merged), c->st, c->owned);
+    }
+    if (!rc && e->rank == 0 && e->m.lora_r && merged) {
+        /* the base with the adapters merged in, read off the device now */
+        if (!(c->merged_w = malloc((size_t)e->m.n_elems * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
+        if (!rc && !(rc = e->be->act_to_f32(e->be, c->merged_w, e->w_act, (size_t)e->m.n_elems)))
+            lora_merge_host(&e->m, c->merged_w, c->st[0]);
+    }
+    rc = dp_agree(e, rc);
+    if (rc || e->rank != 0) {
+        eng_checkpoint_capture_free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int eng_checkpoint_write(const eng_ckpt *c, const char *dir) { return save_dir(c, dir); }
+
+long long eng_checkpoint_version(const eng_ckpt *c) { return c->version; }
+
+void eng_checkpoint_capture_free(eng_ckpt *c) {
+    if (!c) return;
+    state_whole_free(c->st, c->owned);
+    free(c->merged_w);
+    free(c);
+}
+
+/* A capture and its write at once; every rank returns rank 0's write result. */
 int eng_checkpoint_save_ex(eng *e, const char *dir, int merged) {
-    float *st[3];
-    int owned[3];
-    int rc = state_whole(e, e->adam_m && !is_export(e, merged), st, owned);
-    if (!rc && e->rank == 0) rc = save_dir(e, dir, merged, st);
-    state_whole_free(st, owned);
+    eng_ckpt *c;
+    int rc = eng_checkpoint_capture(e, merged, &c);
+    if (rc) return rc; /* agreed already */
+    if (c) rc = eng_checkpoint_write(c, dir);
+    eng_checkpoint_capture_free(c);
     return dp_agree(e, rc);
 }
 

@@ -44,6 +44,7 @@ class Daemon:
         self.proc = None
         self.logs = []
         self.wrap = []          # a command the daemon runs under (e.g. unshare), its argv appended
+        self.binary = GRPOD     # or build/grpod-test-hooks
 
     def start(self, wait_ready=True, preexec_fn=None):
         self.port = free_port()
@@ -51,7 +52,7 @@ class Daemon:
         self.log = tempfile.TemporaryFile(mode="w+")
         self.logs.append(self.log)
         self.proc = subprocess.Popen(
-            [*self.wrap, GRPOD, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:%d" % self.port,
+            [*self.wrap, self.binary, "serve", "--data-dir", self.data_dir, "--listen", "127.0.0.1:%d" % self.port,
              "--backend", "cpu", "--engine-threads", "2", *self.args],
             cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
             preexec_fn=preexec_fn)

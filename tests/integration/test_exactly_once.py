@@ -327,3 +327,39 @@ def test_replay_with_lora(make_daemon, tmp_path):
     d2 = make_daemon(data, args=["--lora-rank", "4"])
     assert probe(d2) == want
     assert any(e["event"] == "replay_done" and e["updates"] == 2 for e in events(d2))
+
+
+HOOKS = os.path.join(ROOT, "build", "grpod-test-hooks")
+
+
+@pytest.mark.skipif(not os.path.exists(HOOKS), reason="build/grpod-test-hooks is not built")
+def test_checkpoint_written_beside_rollouts(make_daemon, tmp_path):
+    """A checkpoint's files are written after its state is captured, beside the jobs behind it:
+    with the writer held (a test hook), a rollout behind the checkpoint runs to its end and an
+    update waits; released, the checkpoint holds the version it captured and the update applies
+    after it. A restart resumes from that checkpoint bit-equal."""
+    gate = tmp_path / "gate"
+    data = tmp_path / "data"
+    d = make_daemon(data, env={"GRPOD_TEST_HOLD_AT": "checkpoint_write", "GRPOD_TEST_HOLD_FILE": str(gate)}, start=False)
+    d.binary = HOOKS
+    d.start()
+    run_updates(d, 1)
+    want = probe(d)
+    ck = d.submit("/v1/checkpoints", {})
+    ro = d.submit("/v1/rollouts", {"groups": [{"prompt_ids": [5, 6, 7], "n": 3}], "sampling": {"max_tokens": 6, "seed": 3}})
+    assert d.wait_job(ro)["status"] == "done"
+    assert d.get("/v1/jobs/%s" % ck).json()["status"] == "running"
+    assert probe(d) == want                       # logprobs run beside the write too
+    up = d.submit("/v1/updates", update_body(1))  # held (and what comes behind it) until the write ends
+    assert d.get("/v1/jobs/%s" % up).json()["status"] in ("queued", "running")
+    gate.write_text("go")
+    c, u = d.wait_job(ck), d.wait_job(up)
+    assert c["status"] == "done" and c["result"]["policy_version"] == 1, c
+    assert u["status"] == "done" and u["result"]["policy_version_before"] == 1, u
+    assert u["started_at"] >= c["finished_at"]
+    assert d.stop() == 0
+    shutil.rmtree(os.path.join(str(data), "checkpoints", [e for e in os.listdir(os.path.join(str(data), "checkpoints"))
+                                                         if "exit" in e][0]))
+    d2 = make_daemon(data)
+    assert probe(d2)[0] == 2
+    assert d2.stop() == 0

@@ -28,6 +28,9 @@ the GPU when it is there, else numpy).
    --kill-replay: after --kill-after updates (3) SIGKILL, restart on the same data dir, time to
    /readyz 200 (load + replay), policy_version == updates done; the loop then goes on (the step
    after the restart is left out of the steady state).
+   --checkpoint-at K: a checkpoint job submitted after step K's update, not waited for; reported
+   at the end: its size, the capture (the engine's stall: the state copied to host memory), the
+   time until it was written and indexed, and step K+1's time (run beside the write).
 
 Every wait is bounded: a job past --job-timeout, a daemon not ready in --ready-timeout or one
 that exits is a FAIL row with the reason printed, never a hang.
@@ -421,6 +424,7 @@ class Run:
         self.rollouts = {}       # index -> {"id", "t_post", "job", "t_done"}
         self.replay = None
         self.restart_before = set()   # step indices right after a restart
+        self.checkpoint = None   # --checkpoint-at: {"id", "after_step", ...figures}
         self.daemon = None
 
     def post_rollout(self, d, idx, vocab):
@@ -489,11 +493,39 @@ def run_loop(a, state, d, vocab, gpus):
                 (ur.get("metrics") or {}).get("loss", float("nan")),
                 (ur.get("metrics") or {}).get("grad_norm", float("nan")), blen / 1e6, step_s,
                 s["tok_s_gpu_p_nr"], s["tok_s_gpu_n_p_r"], " (after the restart)" if s["after_restart"] else ""))
+        if a.checkpoint_at and i + 1 == a.checkpoint_at:
+            # a checkpoint job between two steps, not waited for: its state is captured before the
+            # next rollout runs, its files written beside it (the engine's stall is the capture)
+            state.checkpoint = {"id": submit(d, "/v1/checkpoints", {}), "after_step": i + 1}
         if a.kill_replay and state.replay is None and i + 1 == a.kill_after:
             d = kill_and_replay(a, state, d, i + 1)
             state.restart_before.add(i + 1)
             t_prev = time.time()
     return d
+
+
+def checkpoint_report(a, state, d):
+    """The mid-run checkpoint's figures: the job's time, the capture (the engine's stall) and the
+    write from the daemon's log, its size on disk, and the step that ran beside the write."""
+    ck = state.checkpoint
+    j = wait_job(d, ck["id"], a.job_timeout * 4)
+    path = (j.get("result") or {}).get("path")
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs) if path and os.path.isdir(path) else 0
+    ev = {}
+    for line in open(d.logname, errors="replace"):
+        if '"checkpoint_' in line and line.startswith("{"):
+            e = json.loads(line)
+            if e.get("id") == (j.get("result") or {}).get("id"):
+                ev[e["event"]] = e
+    after = [s for s in state.steps if s["step"] == ck["after_step"] + 1]
+    ck.update(status=j["status"], job_s=(j.get("finished_at") or 0) - (j.get("started_at") or 0), bytes=size,
+              capture_ms=(ev.get("checkpoint_captured") or {}).get("ms"), saved_ms=(ev.get("checkpoint_saved") or {}).get("ms"),
+              step_beside_s=after[0]["step_s"] if after else None)
+    log("checkpoint after step %d: %s, %.2f GB, job %.1f s, capture (engine stall) %s ms, written and indexed after %s ms; "
+        "step %d beside it %s s" % (ck["after_step"], ck["status"], size / 1e9, ck["job_s"], ck["capture_ms"], ck["saved_ms"],
+                                    ck["after_step"] + 1, ck["step_beside_s"]))
+    row("daemon_checkpoint", "%s mid-run checkpoint %.1f GB, capture %s ms" % (a.dims, size / 1e9, ck["capture_ms"]),
+        1 if ck["status"] == "done" else 0, 1, ck["status"] == "done")
 
 
 def kill_and_replay(a, state, d, done):
@@ -583,6 +615,8 @@ def main():
     ap.add_argument("--stop-timeout", type=int, default=300)
     ap.add_argument("--kill-replay", action="store_true", help="SIGKILL after --kill-after updates, restart, replay")
     ap.add_argument("--kill-after", type=int, default=3)
+    ap.add_argument("--checkpoint-at", type=int, default=0, metavar="K",
+                    help="submit a checkpoint job after step K's update without waiting; report its capture/write")
     ap.add_argument("--keep-data", action="store_true", help="keep the daemon's data dir")
     ap.add_argument("--make-model", metavar="DIR", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -639,6 +673,8 @@ def main():
             vocab = vocab.get("size") or DIMS[a.dims]["vocab_size"]
         try:
             d = run_loop(a, state, d, vocab, gpus)
+            if state.checkpoint:
+                checkpoint_report(a, state, d)
         except Exception as e:       # a failed step ends the loop: the rows say how far it got
             err = "step %d failed: %s" % (len(state.steps) + 1, e)
             log("# " + err)
@@ -670,7 +706,7 @@ def main():
         summ = summarize(a, state, startup_s, 1)
     table(a, state, summ, stop)
     out = {"args": {k: v for k, v in vars(a).items() if k != "make_model"}, "model": model,
-           "make_model_s": make_s, "summary": summ, "steps": state.steps, "kill_replay": state.replay,
+           "make_model_s": make_s, "summary": summ, "steps": state.steps, "kill_replay": state.replay, "checkpoint": state.checkpoint,
            "stop": {"exit": stop[0], "seconds": stop[1], "how": stop[2]} if stop else None, "error": err,
            "device": device_name()}
     with open(jpath, "w") as f:
