@@ -135,6 +135,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
         rc = err_set(GE_UNSUPPORTED, "LoRA with a comm (%d ranks) is not built: train adapters on one rank, without one", e->W);
         goto fail;
     }
+    if (config_n_moe(&cfg) && (e->be->no_moe || lr_rank)) {
+        rc = err_set(GE_UNSUPPORTED, "%s: a mixture-of-experts model (%d experts) cannot run here: %s", o->model_dir, cfg.E,
+                     e->be->no_moe ? e->be->no_moe : "LoRA adapters on experts are not built yet");
+        goto fail;
+    }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;

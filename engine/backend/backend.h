@@ -62,6 +62,7 @@ struct eng_backend {
     int act_bytes; /* 4 (cpu) or 2 (cuda) */
     void *impl;
     tune_opts tune; /* kernels/tune.h: read once at creation; tests may set fields */
+    const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);
@@ -142,6 +143,19 @@ struct eng_backend {
                         const void *w, int M, int C, int V, float temperature);
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
                         const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
+    /* mixture of experts (kernels/moe.h): the router (softmax, top-k, the balance statistics),
+     * the experts' SwiGLU MLPs and their weighted sum, and the backward of each */
+    void (*moe_router_fwd)(eng_backend *b, float *probs, int *topi, float *topw, float *stats, const void *x, const void *wr,
+                           const int *count, int T, int C, int E, int k, int norm);
+    void (*moe_experts_fwd)(eng_backend *b, void *out, void *eg, void *eu, void *ey, const void *x, const void *res,
+                            const int *topi, const float *topw, const void *wg, const void *wu, const void *wd, int T, int C,
+                            int E, int k, int Fm);
+    void (*moe_experts_bwd)(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtopw, void *dg, void *du,
+                            const void *dout, const void *x, const int *topi, const float *topw, const void *eg, const void *eu,
+                            const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm);
+    void (*moe_router_bwd)(eng_backend *b, void *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs,
+                           const int *topi, const void *x, const void *wr, const float *aux_g, const int *count, int T, int C,
+                           int E, int k, int norm);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
     /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): per-row params
      * p (R); ban: ban[0] = n, then n ids (NULL: none) */

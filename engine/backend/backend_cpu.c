@@ -13,6 +13,7 @@
 #include "kernels/embedding.h"
 #include "kernels/logprob.h"
 #include "kernels/matmul.h"
+#include "kernels/moe.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
@@ -142,6 +143,25 @@ static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dl
                             const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
 }
+static void cpu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
+                               const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cpu(p, ti, tw, st, x, wr, cnt, T, C, E, k, norm);
+}
+static void cpu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
+                                const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
+                                int E, int k, int Fm) {
+    moe_experts_fwd_cpu(o, eg, eu, ey, x, res, ti, tw, wg, wu, wd, T, C, E, k, Fm);
+}
+static void cpu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtw, void *dg, void *du,
+                                const void *dy, const void *x, const int *ti, const float *tw, const void *eg, const void *eu,
+                                const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm) {
+    moe_experts_bwd_cpu(dx, dwg, dwu, dwd, dtw, dg, du, dy, x, ti, tw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm);
+}
+static void cpu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
+                               const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k,
+                               int norm) {
+    moe_router_bwd_cpu(dx, dwr, dl, dtw, p, ti, x, wr, ag, cnt, T, C, E, k, norm);
+}
 static void cpu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
@@ -194,6 +214,10 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .acc_f32 = cpu_acc_f32,
         .logprob_fwd = cpu_logprob_fwd,
         .logprob_bwd = cpu_logprob_bwd,
+        .moe_router_fwd = cpu_moe_router_fwd,
+        .moe_experts_fwd = cpu_moe_experts_fwd,
+        .moe_experts_bwd = cpu_moe_experts_bwd,
+        .moe_router_bwd = cpu_moe_router_bwd,
         .lm_head_rows = cpu_lm_head_rows,
         .sample = cpu_sample,
         .adamw = cpu_adamw,

@@ -23,6 +23,7 @@ extern "C" {
 #include "kernels/embedding.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/sampling.cuh"
@@ -190,6 +191,26 @@ static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const
                              const void *v, const void *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
     attention_bwd_cuda(CTX(b), (bf16 *)dq, (bf16 *)dk, (bf16 *)dv, (cbf *)dout, (cbf *)q, (cbf *)k, (cbf *)v, (cbf *)out, lse, r,
                        T, S, H, K, D);
+}
+static void cu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
+                              const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cuda(CTX(b), p, ti, tw, st, (cbf *)x, (cbf *)wr, cnt, T, C, E, k, norm);
+}
+static void cu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
+                               const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
+                               int E, int k, int Fm) {
+    moe_experts_fwd_cuda(CTX(b), (bf16 *)o, (bf16 *)eg, (bf16 *)eu, (bf16 *)ey, (cbf *)x, (cbf *)res, ti, tw, (cbf *)wg,
+                         (cbf *)wu, (cbf *)wd, T, C, E, k, Fm);
+}
+static void cu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtw, void *dg, void *du,
+                               const void *dy, const void *x, const int *ti, const float *tw, const void *eg, const void *eu,
+                               const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm) {
+    moe_experts_bwd_cuda(CTX(b), (bf16 *)dx, dwg, dwu, dwd, dtw, (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)x, ti, tw, (cbf *)eg,
+                         (cbf *)eu, (cbf *)ey, (cbf *)wg, (cbf *)wu, (cbf *)wd, T, C, E, k, Fm);
+}
+static void cu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
+                              const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_bwd_cuda(CTX(b), (bf16 *)dx, dwr, dl, dtw, p, ti, (cbf *)x, (cbf *)wr, ag, cnt, T, C, E, k, norm);
 }
 static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
@@ -394,6 +415,11 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->acc_f32 = cu_acc_f32;
     b->logprob_fwd = cu_logprob_fwd;
     b->logprob_bwd = cu_logprob_bwd;
+    b->moe_router_fwd = cu_moe_router_fwd;
+    b->moe_experts_fwd = cu_moe_experts_fwd;
+    b->moe_experts_bwd = cu_moe_experts_bwd;
+    b->moe_router_bwd = cu_moe_router_bwd;
+    b->no_moe = "the cuda backend has no mixture-of-experts kernels yet (run it with --backend cpu)";
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;

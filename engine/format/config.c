@@ -47,6 +47,42 @@ static int get_real(const js *o, const char *key, const char *path, double dflt,
     return 0;
 }
 
+/* qwen3_moe's experts (Qwen3MoeConfig's defaults for absent keys) and which layers are sparse. */
+static int moe_from_json(const js *r, const char *path, model_config *c) {
+    int rc, step;
+    /* transformers 5 writes num_local_experts (its attribute_map's name); Hub configs num_experts */
+    const char *ne = js_get(r, "num_experts") || !js_get(r, "num_local_experts") ? "num_experts" : "num_local_experts";
+    if ((rc = get_int(r, ne, path, 128, 0, CFG_MAX_EXPERTS, &c->E)) ||
+        (rc = get_int(r, "num_experts_per_tok", path, 8, 1, c->E > 0 ? c->E : 1, &c->top_k)) ||
+        (rc = get_int(r, "moe_intermediate_size", path, 768, 1, CFG_MAX_FF, &c->Fm)) ||
+        (rc = get_int(r, "decoder_sparse_step", path, 1, 1, CFG_MAX_LAYERS, &step)))
+        return rc;
+    c->norm_topk = js_get_bool(r, "norm_topk_prob", 0);
+    c->router_logits = js_get_bool(r, "output_router_logits", 0);
+    const js *coef = js_get(r, "router_aux_loss_coef");
+    double v = coef && coef->type != JS_NULL ? js_num(coef, NAN) : 0.001;
+    if (!(v >= 0 && v <= 1e6)) return err_set(GE_FORMAT, "%s: router_aux_loss_coef must be a number in [0, 1e6]", path);
+    c->aux_coef = (float)v;
+    for (int l = 0; l < c->L; l++) c->mlp[l] = c->E > 0 && (l + 1) % step == 0 ? MLP_MOE : MLP_DENSE;
+    const js *only = js_get(r, "mlp_only_layers");
+    if (only && only->type == JS_ARR)
+        for (int i = 0; i < only->n; i++) {
+            double x = js_num(&only->items[i], NAN);
+            if (!(x >= 0 && x < c->L) || x != floor(x))
+                return err_set(GE_FORMAT, "%s: mlp_only_layers holds %g, not a layer in 0..%d", path, x, c->L - 1);
+            c->mlp[(int)x] = MLP_DENSE;
+        }
+    else if (only && only->type != JS_NULL) return err_set(GE_FORMAT, "%s: mlp_only_layers must be a list of layers", path);
+    if (!config_n_moe(c)) c->E = c->top_k = 0; /* every layer dense: an ordinary decoder */
+    return 0;
+}
+
+int config_n_moe(const model_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += c->mlp[l] == MLP_MOE;
+    return n;
+}
+
 int config_from_json(const js *r, const char *path, model_config *c) {
     int rc = 0;
     memset(c, 0, sizeof *c);
@@ -58,8 +94,10 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
+    else if (!strcmp(mt, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
     else {
-        rc = err_set(GE_UNSUPPORTED, "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, llama)", path, mt);
+        rc = err_set(GE_UNSUPPORTED, "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, llama)", path,
+                     mt);
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
@@ -76,7 +114,7 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         (rc = get_int(r, "bos_token_id", path, -1, -1, c->V - 1, &c->bos_id)))
         goto out;
     c->tied = js_get_bool(r, "tie_word_embeddings", 0);
-    c->qk_norm = c->arch == ARCH_QWEN3;
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
     c->qkv_bias = c->arch == ARCH_QWEN2 ? 1 : js_get_bool(r, "attention_bias", 0);
     c->o_bias = c->arch == ARCH_QWEN2 ? 0 : c->qkv_bias;
     add_eos(c, js_get(r, "eos_token_id"));
@@ -91,6 +129,7 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D);
         goto out;
     }
+    if (c->arch == ARCH_QWEN3_MOE && (rc = moe_from_json(r, path, c))) goto out;
     const char *act = js_get_str(r, "hidden_act");
     if (act && strcmp(act, "silu")) {
         rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act);
@@ -163,15 +202,16 @@ int config_load(const char *dir, model_config *c) {
 
 long long config_n_params(const model_config *c) {
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
-    long long layer = 2 * C + C * HD + 2 * C * KD + HD * C + 3 * C * F;
+    long long layer = 2 * C + C * HD + 2 * C * KD + HD * C;
     if (c->qkv_bias) layer += HD + 2 * KD;
     if (c->o_bias) layer += C;
     if (c->qk_norm) layer += 2 * c->D;
-    return (long long)c->V * C * (c->tied ? 1 : 2) + C + c->L * layer;
+    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm;
+    return (long long)c->V * C * (c->tied ? 1 : 2) + C + c->L * layer + (c->L - n_moe) * 3 * C * F + n_moe * moe;
 }
 
 int config_write(const char *dir, const model_config *c) {
-    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"};
+    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM"};
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -189,6 +229,16 @@ int config_write(const char *dir, const model_config *c) {
                 "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
                 c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
     else fprintf(f, "  \"rope_scaling\": null,\n");
+    if (c->arch == ARCH_QWEN3_MOE) { /* which layers are sparse, as mlp_only_layers over a step of 1 */
+        fprintf(f, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n", c->E, c->top_k,
+                c->Fm);
+        fprintf(f, "  \"norm_topk_prob\": %s,\n  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": %.9g,\n",
+                c->norm_topk ? "true" : "false", c->router_logits ? "true" : "false", c->aux_coef);
+        fprintf(f, "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [");
+        for (int l = 0, k = 0; l < c->L; l++)
+            if (c->mlp[l] != MLP_MOE) fprintf(f, "%s%d", k++ ? ", " : "", l);
+        fprintf(f, "],\n");
+    }
     if (c->bos_id >= 0) fprintf(f, "  \"bos_token_id\": %d,\n", c->bos_id);
     fprintf(f, "  \"eos_token_id\": %d,\n", c->n_eos ? c->eos_ids[0] : 0);
     fprintf(f, "  \"torch_dtype\": \"%s\"\n}\n", c->dtype);

@@ -1,6 +1,7 @@
 /* config.h — a Hugging Face config.json as grpod understands it: Qwen2/Qwen2.5 (QKV bias),
- * Qwen3 dense (q/k RMSNorm), Llama 3 (rope_scaling type llama3). Anything else is refused with
- * a message naming the file and the setting. */
+ * Qwen3 dense (q/k RMSNorm), Qwen3-MoE (Qwen3's attention, a mixture-of-experts MLP in the
+ * layers transformers makes sparse), Llama 3 (rope_scaling type llama3). Anything else is
+ * refused with a message naming the file and the setting. */
 #ifndef GRPOD_CONFIG_H
 #define GRPOD_CONFIG_H
 
@@ -13,8 +14,14 @@
 #define CFG_MAX_FF (1 << 18) /* intermediate_size */
 #define CFG_MAX_VOCAB (1 << 24) /* vocab_size; also the tokenizer's id bound */
 #define CFG_MAX_POS (1 << 24) /* max_position_embeddings */
+#define CFG_MAX_EXPERTS 1024 /* num_experts */
 
-typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA } model_arch;
+typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA, ARCH_QWEN3_MOE } model_arch;
+
+/* A layer's MLP kind, one row per layer (model_config.mlp): dense SwiGLU of width F, or a
+ * mixture of E SwiGLU experts of width Fm behind a softmax router that picks top_k of them
+ * (kernels/moe.h). Zero is dense, so a config without experts needs no rows filled. */
+typedef enum { MLP_DENSE = 0, MLP_MOE = 1 } mlp_kind;
 
 typedef struct {
     model_arch arch;
@@ -32,7 +39,18 @@ typedef struct {
     int bos_id; /* -1 if none */
     int eos_ids[8], n_eos; /* config.json and generation_config.json, merged */
     char dtype[16]; /* torch_dtype as written */
+    /* Mixture of experts (qwen3_moe; E = 0: none). Layer l is MLP_MOE as transformers decides
+     * it: l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0. */
+    int E, top_k; /* num_experts, num_experts_per_tok */
+    int Fm; /* moe_intermediate_size: each expert's MLP dim */
+    int norm_topk; /* norm_topk_prob: the top-k routing weights renormalised to sum 1 */
+    int router_logits; /* output_router_logits: the balance loss joins the training loss */
+    float aux_coef; /* router_aux_loss_coef, its weight there */
+    unsigned char mlp[CFG_MAX_LAYERS]; /* (L) mlp_kind of each layer */
 } model_config;
+
+/* Layers whose MLP is MLP_MOE. */
+int config_n_moe(const model_config *c);
 
 int config_load(const char *dir, model_config *c);
 /* config_load's checks on a parsed config.json (path names it in messages); no other file. */

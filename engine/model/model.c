@@ -21,11 +21,14 @@
 
 #include "common/err.h"
 #include "engine/format/safetensors.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 
 /* ---------------------------------------------------------------- parameters */
 
-static void add_param(model *m, const char *name, int ndim, long long d0, long long d1) {
+/* pad: the next parameter starts 64-byte aligned; else right after this one (an expert's
+ * matrix followed by the next expert's, so the E of them are one stacked tensor) */
+static void add_param_at(model *m, const char *name, int ndim, long long d0, long long d1, int pad) {
     model_param *p = &m->params[m->n_params++];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = ndim;
@@ -33,14 +36,32 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
     p->shape[1] = d1;
     p->numel = ndim == 1 ? d0 : d0 * d1;
     p->off = m->n_elems;
-    m->n_elems += (p->numel + 15) & ~15LL; /* 64-byte aligned starts */
+    m->n_elems += pad ? (p->numel + 15) & ~15LL : p->numel;
+}
+static void add_param(model *m, const char *name, int ndim, long long d0, long long d1) {
+    add_param_at(m, name, ndim, d0, d1, 1);
+}
+
+/* An MLP_MOE layer's parameters as HF checkpoints name them: the router, then each of the three
+ * projections of expert 0..E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...). */
+static void add_moe_params(model *m, int l) {
+    const model_config *c = &m->cfg;
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+    add_param(m, n, 2, c->E, c->C);
+    for (int j = 0; j < 3; j++)
+        for (int e = 0; e < c->E; e++) {
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
+            add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == c->E - 1);
+        }
 }
 
 int model_init(model *m, const model_config *c, eng_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *c;
     m->be = be;
-    m->params = calloc((size_t)(4 + 16 * c->L), sizeof *m->params);
+    m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (1 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
     add_param(m, "model.embed_tokens.weight", 2, c->V, C);
@@ -61,6 +82,10 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
         P("self_attn.o_proj.weight", 2, C, HD);
         if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
         P("post_attention_layernorm.weight", 1, C, 0);
+        if (c->mlp[l] == MLP_MOE) {
+            add_moe_params(m, l);
+            continue;
+        }
         P("mlp.gate_proj.weight", 2, c->F, C);
         P("mlp.up_proj.weight", 2, c->F, C);
         P("mlp.down_proj.weight", 2, C, c->F);
@@ -118,6 +143,10 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->w_gate = V("mlp.gate_proj.weight");
         L->w_up = V("mlp.up_proj.weight");
         L->w_down = V("mlp.down_proj.weight");
+        L->router = V("mlp.gate.weight");
+        L->we_gate = V("mlp.experts.0.gate_proj.weight");
+        L->we_up = V("mlp.experts.0.up_proj.weight");
+        L->we_down = V("mlp.experts.0.down_proj.weight");
 #undef V
     }
     return 0;
@@ -228,6 +257,10 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     const model_config *c = &m->cfg;
     size_t off = 0, eb = (size_t)m->be->act_bytes;
     long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+    /* every layer's block holds what each MLP kind in the model needs, so blocks are alike
+     * (ring, the checkpointed layers' shared set) */
+    long long E = c->E, k = c->top_k, Fm = c->Fm;
+    int has_moe = config_n_moe(c) > 0, has_dense = config_n_moe(c) < c->L;
 #define TAKE(ptr, n, es) \
     do { \
         (ptr) = base ? (void *)(base + off) : NULL; \
@@ -247,8 +280,16 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(a->dk, T * KD, eb);
             TAKE(a->dv, T * KD, eb);
         }
-        TAKE(a->da, T * F, eb);
-        TAKE(a->du, T * F, eb);
+        if (has_dense) {
+            TAKE(a->da, T * F, eb);
+            TAKE(a->du, T * F, eb);
+        }
+        if (has_moe) {
+            TAKE(a->dtopw, T * k, 4);
+            TAKE(a->dlogit, T * E, 4);
+            TAKE(a->edg, T * k * Fm, eb);
+            TAKE(a->edu, T * k * Fm, eb);
+        }
         a->dg = a->da;
         a->dq0 = a->datt;
         a->dk0 = a->dq;
@@ -275,7 +316,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
         } else {
             TAKE(L->ln1, T * C, eb);
             TAKE(L->ln2, T * C, eb);
-            TAKE(L->a, T * F, eb);
+            if (has_dense) TAKE(L->a, T * F, eb);
         }
         if (c->qk_norm) {
             TAKE(L->q0, T * HD, eb);
@@ -291,8 +332,18 @@ static size_t carve(const model *m, model_acts *a, char *base) {
         }
         TAKE(L->att, T * HD, eb);
         TAKE(L->xm, T * C, eb);
-        TAKE(L->g, T * F, eb);
-        TAKE(L->u, T * F, eb);
+        if (has_dense) {
+            TAKE(L->g, T * F, eb);
+            TAKE(L->u, T * F, eb);
+        }
+        if (has_moe) {
+            TAKE(L->probs, T * E, 4);
+            TAKE(L->topw, T * k, 4);
+            TAKE(L->topi, T * k, 4);
+            TAKE(L->eg, T * k * Fm, eb);
+            TAKE(L->eu, T * k * Fm, eb);
+            TAKE(L->ey, T * k * C, eb);
+        }
         TAKE(L->rstd1, T, 4);
         TAKE(L->rstdq, T * c->H, 4);
         TAKE(L->rstdk, T * c->K, 4);
@@ -308,7 +359,11 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->ent, M, 4);
     TAKE(a->dlogp, M, 4);
     TAKE(a->dent, M, 4);
-    TAKE(a->ints, 7 * T + 2 * M, 4);
+    TAKE(a->ints, 8 * T + 2 * M, 4);
+    if (has_moe) {
+        TAKE(a->moe_stats, MOE_STATS(E), 4);
+        TAKE(a->aux_g, E, 4);
+    }
     if (m->lora_r) {
         TAKE(a->lu, T * 3 * m->lora_r, eb);
         TAKE(a->ldu, T * m->lora_r, eb);
@@ -426,7 +481,8 @@ void model_input_from_batch(model_input *in, const pack_batch *b) {
                         .slot = NULL,
                         .M = b->M,
                         .out_pos = b->out_pos,
-                        .out_tok = b->out_tok};
+                        .out_tok = b->out_tok,
+                        .count = b->tok_count};
 }
 
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
@@ -435,9 +491,9 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
         return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d", in->T, in->M, a->cap_T,
                        a->cap_M);
     int T = in->T, *p = a->ints, rc = 0;
-    const int *src[7] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot};
-    int *dst[7];
-    for (int i = 0; i < 7; i++, p += a->cap_T) {
+    const int *src[8] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot, in->count};
+    int *dst[8];
+    for (int i = 0; i < 8; i++, p += a->cap_T) {
         dst[i] = p;
         if (src[i] && T && !rc) rc = be->to_dev(be, p, src[i], (size_t)T * sizeof(int));
     }
@@ -451,7 +507,8 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
                            .slot = in->slot ? dst[6] : NULL,
                            .out_pos = op,
                            .out_tok = ot,
-                           .r = {dst[2], dst[3], dst[4], dst[5]}};
+                           .r = {dst[2], dst[3], dst[4], dst[5]},
+                           .count = in->count ? dst[7] : NULL};
     return rc;
 }
 
@@ -473,6 +530,7 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
     /* Layer l reads the residual stream from l[l].x and writes it, its two residual adds done,
      * to the next layer's x (with grad every layer keeps its own; without, all share l[0]). */
     be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, T, C);
+    if (a->moe_stats) be->zero(be, a->moe_stats, MOE_STATS(c->E) * sizeof(float));
     for (int l = 0; l < c->L; l++) {
         void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
         model_layer_fwd(m, w, a, l, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
@@ -491,17 +549,107 @@ static mm_lowrank lora_term(const model *m, const model_acts *a, const model_lay
     return (mm_lowrank){W->la[t], W->lb[t], u, m->lora_r};
 }
 
+/* ---------------------------------------------------------------- MLP kinds
+ * Each kind's forward takes A->xm (T,C) and writes out = A->xm + MLP(rmsnorm(A->xm)) (out NULL:
+ * stop where the backward's recompute may, with what its backward reads made); its backward
+ * takes d out in a->dres and adds the MLP branch's d A->xm to it. */
+
+/* Dense SwiGLU: out = xm + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T, the norm fused into the gate/up
+ * projections, the residual add into the down projection. */
+static void mlp_dense_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, F = c->F;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l];
+    mm_norm n2 = {W->mlp_norm, c->eps, A->ln2};
+    mm_lowrank lg[2] = {lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T)};
+    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F, lg[0].a || lg[1].a ? lg : NULL);
+    if (!out) return; /* a backward's recompute: the layer's output is not needed */
+    mm_part dn = {out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T)};
+    be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
+}
+
+/* Mixture of experts (kernels/moe.h) on ln2 = rmsnorm(xm). The experts always run (the backward
+ * reads their outputs); the balance statistics are summed only by a forward that makes the
+ * layer's output, so a recompute does not count its tokens twice. */
+static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l];
+    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+    be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->count, T, C, c->E,
+                       c->top_k, c->norm_topk);
+    be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
+                        c->E, c->top_k, c->Fm);
+}
+
+static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t, const void *dY,
+                     const void *X, void *dX, int T, int I, int O);
+
+/* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. ln2 and a are
+ * recomputed (carve()): the same kernels on the same inputs give the forward's values. */
+static void mlp_dense_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
+                          const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C, F = c->F;
+    size_t eb = (size_t)be->act_bytes;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
+    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    be->zero(be, a->da, (size_t)T * F * eb);
+    be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
+    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C); /* before swiglu_bwd writes du = A->a */
+    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
+    be->zero(be, a->dln, (size_t)T * C * eb);
+    be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
+    be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
+    lora_bwd(m, a, W, G, LORA_GATE, a->dg, A->ln2, a->dln, T, C, F);
+    lora_bwd(m, a, W, G, LORA_UP, a->du, A->ln2, a->dln, T, C, F);
+    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+}
+
+/* The experts' backward gives d ln2 and the routing weights' gradient, which the router's
+ * backward carries (with the balance loss's term, d->aux_g) into d ln2 and the router. */
+static void mlp_moe_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d) {
+    const model_config *c = &m->cfg;
+    eng_backend *be = m->be;
+    int T = d->T, C = c->C;
+    struct model_layer_acts *A = &a->l[l];
+    const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
+    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
+    be->zero(be, a->dln, (size_t)T * C * (size_t)be->act_bytes);
+    be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi, A->topw,
+                        A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm);
+    be->moe_router_bwd(be, a->dln, G->router, a->dlogit, a->dtopw, A->probs, A->topi, A->ln2, W->router, d->aux_g, d->count, T, C,
+                       c->E, c->top_k, c->norm_topk);
+    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+}
+
+/* One row per mlp_kind (config.h). */
+static const struct {
+    void (*fwd)(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d);
+    void (*bwd)(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
+} mlp_kinds[] = {
+    [MLP_DENSE] = {mlp_dense_fwd, mlp_dense_bwd},
+    [MLP_MOE] = {mlp_moe_fwd, mlp_moe_bwd},
+};
+
 void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
                      void *kv_v) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
-    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, HD = H * D, KD = K * D;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
     /* the norms ride in front of the projections (their ln1 / ln2 are scratch: the backward
      * recomputes them), the residual adds in the o and down projections; adapters add both
      * halves of their terms inside the base projections (mm_part.lr, lora_term) */
-    mm_norm n1 = {W->attn_norm, c->eps, A->ln1}, n2 = {W->mlp_norm, c->eps, A->ln2};
+    mm_norm n1 = {W->attn_norm, c->eps, A->ln1};
     mm_part qkv[3] = {{c->qk_norm ? A->q0 : A->q, W->wq, W->bq, HD, NULL, lora_term(m, a, W, LORA_Q, 0, T)},
                       {c->qk_norm ? A->k0 : A->k, W->wk, W->bk, KD, NULL, lora_term(m, a, W, LORA_K, 1, T)},
                       {A->v, W->wv, W->bv, KD, NULL, lora_term(m, a, W, LORA_V, 2, T)}};
@@ -523,14 +671,47 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
     mm_part o = {A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T)};
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
-    mm_lowrank lg[2] = {lora_term(m, a, W, LORA_GATE, 0, T), lora_term(m, a, W, LORA_UP, 1, T)};
-    be->mlp_in_fwd(be, A->a, A->g, A->u, A->xm, &n2, W->w_gate, W->w_up, T, C, F, lg[0].a || lg[1].a ? lg : NULL);
-    if (!out) return; /* a backward's recompute: the layer's output is not needed */
-    mm_part dn = {out, W->w_down, NULL, C, A->xm, lora_term(m, a, W, LORA_DOWN, 0, T)};
-    be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
+    mlp_kinds[c->mlp[l]].fwd(m, w, a, l, out, d);
 }
 
 /* ---------------------------------------------------------------- backward */
+
+/* ---------------------------------------------------------------- the balance loss
+ * transformers' load_balancing_loss_func over the routers of every MoE layer, rows weighted by
+ * their counts: with n = Σ_layers Σ_t count_t, f_e = Σ count_t [e chosen] / n (summed over the k
+ * slots) and P_e = Σ count_t p_te / n, aux = E Σ_e f_e P_e. f is not differentiated (topk's
+ * indices), so d aux / d p_te = E f_e count_t / n. */
+
+static int read_stats(const model *m, const model_acts *a, float *st) {
+    return m->be->to_host(m->be, st, a->moe_stats, MOE_STATS(m->cfg.E) * sizeof(float));
+}
+
+int model_aux_loss(const model *m, const model_acts *a, double *aux) {
+    int E = m->cfg.E;
+    *aux = 0;
+    if (!a->moe_stats) return 0;
+    float *st = malloc(MOE_STATS(E) * sizeof(float));
+    if (!st) return err_set(GE_NOMEM, "model: out of memory");
+    int rc = read_stats(m, a, st);
+    double n = st[2 * E], s = 0;
+    for (int e = 0; !rc && n > 0 && e < E; e++) s += ((double)st[e] / n) * ((double)st[E + e] / n);
+    if (!rc) *aux = (double)E * s;
+    free(st);
+    return rc;
+}
+
+/* a->aux_g = coef · d aux / d p per unit count, from the last forward's statistics */
+static int aux_grad(const model *m, model_acts *a, float coef) {
+    int E = m->cfg.E;
+    float *st = malloc(MOE_STATS(E) * sizeof(float)), *gh = malloc((size_t)E * sizeof(float));
+    int rc = st && gh ? read_stats(m, a, st) : err_set(GE_NOMEM, "model: out of memory");
+    double n = rc ? 0 : st[2 * E];
+    for (int e = 0; !rc && e < E; e++) gh[e] = n > 0 ? (float)(coef * (double)E * ((double)st[e] / n) / n) : 0.0f;
+    if (!rc) rc = m->be->to_dev(m->be, a->aux_g, gh, (size_t)E * sizeof(float));
+    free(st);
+    free(gh);
+    return rc;
+}
 
 int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
                    const float *dlogp, const float *dent, float temperature) {
@@ -543,6 +724,10 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     int rc = model_input_upload(m, a, in, &d);
     if (!rc && M) rc = be->to_dev(be, a->dlogp, dlogp, (size_t)M * 4);
     if (!rc && M && dent) rc = be->to_dev(be, a->dent, dent, (size_t)M * 4);
+    if (!rc && in->aux_coef != 0 && a->aux_g) {
+        rc = aux_grad(m, a, in->aux_coef);
+        d.aux_g = a->aux_g;
+    }
     if (rc) return rc;
     be->zero(be, a->dlnf, (size_t)T * C * eb);
     be->zero(be, a->dres, (size_t)T * C * eb);
@@ -590,24 +775,11 @@ static void acc_begin(const model *m, const model_acts *a, int l, int T) {
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
-    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, F = c->F, HD = H * D, KD = K * D;
+    int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, HD = H * D, KD = K * D;
     size_t eb = (size_t)be->act_bytes;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
-    /* MLP: dres is d x' = d xm (residual) + the MLP branch's contribution. ln2 and a are
-     * recomputed (carve()): the same kernels on the same inputs give the forward's values. */
-    be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
-    be->zero(be, a->da, (size_t)T * F * eb);
-    be->matmul_bwd(be, a->da, G->w_down, NULL, a->dres, A->a, W->w_down, T, F, C);
-    lora_bwd(m, a, W, G, LORA_DOWN, a->dres, A->a, a->da, T, F, C); /* before swiglu_bwd writes du = A->a */
-    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
-    be->zero(be, a->dln, (size_t)T * C * eb);
-    be->matmul_bwd(be, a->dln, G->w_gate, NULL, a->dg, A->ln2, W->w_gate, T, C, F);
-    be->matmul_bwd(be, a->dln, G->w_up, NULL, a->du, A->ln2, W->w_up, T, C, F);
-    lora_bwd(m, a, W, G, LORA_GATE, a->dg, A->ln2, a->dln, T, C, F);
-    lora_bwd(m, a, W, G, LORA_UP, a->du, A->ln2, a->dln, T, C, F);
-    be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
+    mlp_kinds[c->mlp[l]].bwd(m, w, g, a, l, d);
     /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);

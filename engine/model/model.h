@@ -1,4 +1,4 @@
-/* model.h — the decoder (Qwen2/Qwen3/Llama) composed once from the backend table's ops:
+/* model.h — the decoder (Qwen2/Qwen3/Qwen3-MoE/Llama) composed once from the backend table's ops:
  * parameter layout, loading from safetensors, forward (training, prefill and decode through
  * one function), and backward over a packed micro-batch.
  *
@@ -7,8 +7,13 @@
  * fp32 gradients, the AdamW moments. Tied models have no lm_head entry (views.lm_head ==
  * views.embed), so the embedding's gradient collects both uses.
  * Legend: T tokens, S key rows (KV cache), M predicted tokens, L layers, C model dim, H heads,
- * K kv heads, D head dim, F MLP dim, V vocab (config.h); HD = H*D, KD = K*D. Every tensor is
- * row-major, the last letter fastest; weights are (out, in) as in HF's nn.Linear. */
+ * K kv heads, D head dim, F MLP dim, V vocab (config.h); HD = H*D, KD = K*D; E experts, k
+ * experts per token, Fm expert MLP dim (kernels/moe.h). Every tensor is row-major, the last
+ * letter fastest; weights are (out, in) as in HF's nn.Linear.
+ *
+ * A layer is a row: attention, then the MLP of its kind (cfg.mlp[l]: dense SwiGLU or a mixture
+ * of experts). The composition looks the kind up in one table of forward/backward pairs
+ * (model.c, mlp_kinds); no op asks which model it is in. */
 #ifndef GRPOD_MODEL_H
 #define GRPOD_MODEL_H
 #include <stddef.h>
@@ -38,6 +43,11 @@ typedef struct {
     void *mlp_norm; /* (C) */
     void *w_gate, *w_up; /* (F,C), (F,C) */
     void *w_down; /* (C,F) */
+    /* MLP_MOE layers (the dense three above are NULL there, these NULL in dense layers): the
+     * router and the stacked experts, each kind's E matrices back to back in the flat buffer */
+    void *router; /* (E,C) mlp.gate.weight */
+    void *we_gate, *we_up; /* (E,Fm,C) mlp.experts.{e}.gate_proj / up_proj */
+    void *we_down; /* (E,C,Fm) mlp.experts.{e}.down_proj */
     /* low-rank adapters (NULL: none, the base alone): target t adds (X A^T) B^T to its
      * projection's output, A (r, I) and B (O, r) with the LoRA scale folded into B (lora.h) */
     void *la[LORA_N], *lb[LORA_N];
@@ -126,13 +136,21 @@ typedef struct {
         float *rstd1, *rstd2; /* (T) 1/rms of x, xm */
         float *rstdq, *rstdk; /* (T,H), (T,K) 1/rms of each q/k head */
         float *lse; /* (T,H) attention logsumexp */
+        /* MLP_MOE layers (allocated when the model has any; kernels/moe.h) */
+        float *probs, *topw; /* (T,E) router softmax, (T,k) routing weights */
+        int *topi; /* (T,k) experts chosen */
+        void *eg, *eu, *ey; /* (T,k,Fm), (T,k,Fm), (T,k,C) each slot's gate, up, expert output */
     } * l; /* (L) */
+    float *moe_stats; /* (MOE_STATS(E)) the balance loss's statistics of the last forward, every MoE layer */
+    float *aux_g; /* (E) its gradient per unit count (model_backward) */
+    float *dtopw, *dlogit; /* (T,k), (T,E) MoE backward scratch */
+    void *edg, *edu; /* (T,k,Fm) MoE backward scratch, act-typed */
     void *lu, *ldu; /* LoRA scratch (m->lora_r > 0): X A^T of up to three targets
                                  * (3, T, r); one's gradient (T, r) */
     void *xL, *lnf; /* (T,C) last layer's output, final norm of it */
     float *rstdf; /* (T) */
     float *logp, *ent, *dlogp, *dent; /* (M) */
-    int *ints; /* batch arrays: tokens, pos, a0, a1, b0, b1, slot (T each), out_pos, out_tok (M) */
+    int *ints; /* batch arrays: tokens, pos, a0, a1, b0, b1, slot, count (T each), out_pos, out_tok (M) */
     /* backward scratch, act-typed */
     void *dres, *dlnf, *dln; /* (T,C) */
     void *dq, *dq0, *datt; /* (T,HD) */
@@ -182,9 +200,14 @@ typedef struct {
     const int *slot; /* (T) or NULL */
     int M;
     const int *out_pos, *out_tok; /* (M) predictions (may be 0) */
+    /* MoE only: the logical tokens each token stands for in the router's balance statistics
+     * (pack_batch.tok_count; NULL: 1 each), and d loss / d (balance loss) for model_backward
+     * (0: the balance loss is not part of the loss) */
+    const int *count; /* (T) or NULL */
+    float aux_coef;
 } model_input;
 
-/* Fill a model_input from a packed micro-batch (pointers into b). */
+/* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
 void model_input_from_batch(model_input *in, const pack_batch *b);
 
 /* Forward: the final-norm hidden states land in a->lnf; with in->M > 0 also a->logp (and
@@ -199,6 +222,8 @@ typedef struct {
     int T, M;
     int *tokens, *pos, *slot, *out_pos, *out_tok;
     attn_ranges r;
+    int *count; /* NULL: 1 each */
+    float *aux_g; /* (E) the balance loss's gradient per unit count; NULL: not in the loss */
 } model_dev_input;
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
@@ -215,7 +240,10 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
-/* Backward of sum(dlogp·logp + dent·ent) given host dlogp/dent (M, dent may be NULL) for the
+/* The router's balance loss of the last model_forward on a (transformers' load_balancing_loss_func
+ * over every MoE layer's router, each token counted in->count times): 0 without MoE layers. */
+int model_aux_loss(const model *m, const model_acts *a, double *aux);
+/* Backward of sum(dlogp·logp + dent·ent) + in->aux_coef·aux given host dlogp/dent (M, dent may be NULL) for the
  * input of the last model_forward on a (grad mode); gradients are ADDED into the fp32 views g. */
 int model_backward(const model *m, const model_views *w, const model_views *g, model_acts *a, const model_input *in,
                    const float *dlogp, const float *dent, float temperature);

@@ -30,10 +30,11 @@ long long pack_group_tokens(const pack_group *g, pack_layout layout) {
 /* ---------- building one micro-batch ---------- */
 
 /* Writes the prompt of a packed unit at packed index p0: causal self-attention, positions 0..P-1. */
-static void put_prompt(pack_batch *b, const pack_group *g, int p0) {
+static void put_prompt(pack_batch *b, const pack_group *g, int p0, int count) {
     for (int i = 0; i < g->P; i++) {
         int t = p0 + i;
         b->tokens[t] = g->prompt[i];
+        b->tok_count[t] = count;
         b->pos[t] = i;
         b->kv_a0[t] = p0;
         b->kv_a1[t] = p0 + i + 1;
@@ -51,6 +52,7 @@ static void put_response(pack_batch *b, const pack_group *g, int gi, int ri, int
     for (int j = 0; j < R; j++) {
         int t = s0 + j;
         b->tokens[t] = r[j];
+        b->tok_count[t] = 1;
         b->pos[t] = P + j;
         b->kv_a0[t] = p0;
         b->kv_a1[t] = p0 + P;
@@ -81,7 +83,7 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
     if (T > 0x7fffffffLL) return err_set(GE_TOO_LARGE, "micro-batch of %lld tokens exceeds the int index range", T);
 
     /* One block holds every array; tokens is its start, so pack_batch_free frees it. */
-    size_t n_int = (size_t)6 * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M;
+    size_t n_int = (size_t)7 * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M;
     int *blk = calloc(n_int ? n_int : 1, sizeof(int));
     if (!blk) return err_set(GE_NOMEM, "pack_build: %zu ints for %lld tokens", n_int, T);
     int *q = blk;
@@ -96,6 +98,7 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
     TAKE_(kv_a1, T);
     TAKE_(kv_b0, T);
     TAKE_(kv_b1, T);
+    TAKE_(tok_count, T);
     TAKE_(cu_seqlens, G + 1);
     TAKE_(grp_plen, G);
     TAKE_(grp_seg0, G);
@@ -124,7 +127,7 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
             b->grp_plen[gu] = g->P;
             b->grp_seg0[gu] = s;
             b->grp_nseg[gu] = g->N;
-            put_prompt(b, g, p0);
+            put_prompt(b, g, p0, g->N);
             t += g->P;
             for (int i = 0; i < g->N; i++) {
                 put_response(b, g, gi, i, s, p0, t, m);
@@ -140,7 +143,7 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
                 b->grp_plen[gu] = g->P;
                 b->grp_seg0[gu] = s;
                 b->grp_nseg[gu] = 1;
-                put_prompt(b, g, p0);
+                put_prompt(b, g, p0, 1);
                 t += g->P;
                 put_response(b, g, gi, i, s, p0, t, m);
                 t += g->R[i];

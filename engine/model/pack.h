@@ -33,6 +33,8 @@ typedef struct {
     int *pos; /* (T) RoPE positions */
     int *kv_a0, *kv_a1; /* (T) first key range, packed indices [a0, a1) */
     int *kv_b0, *kv_b1; /* (T) second key range [b0, b1), empty when b0 == b1 */
+    int *tok_count; /* (T) the tokens of the standard layout each one stands for: N for a prompt
+                     * token of a packed group of N responses, else 1 (the MoE balance statistics) */
     int *cu_seqlens; /* (G + 1) packed start of each group, cu_seqlens[G] == T */
     int *grp_plen; /* (G) prompt length P of each group */
     int *grp_seg0, *grp_nseg; /* (G) first segment index and number of responses */

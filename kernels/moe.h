@@ -1,0 +1,53 @@
+/* moe.h — the mixture-of-experts MLP of Qwen3-MoE, as transformers computes it
+ * (Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter, Qwen3MoeExperts):
+ *
+ *   p   = softmax(x Wr^T)                  in fp32, (T, E)
+ *   i_s = the top_k experts of p           largest first; equal probabilities: lower index first
+ *   w_s = p[i_s]                           divided by Σ_s p[i_s] when norm (norm_topk_prob)
+ *   y_s = (silu(x Wg_i^T) * (x Wu_i^T)) Wd_i^T
+ *   out = res + Σ_s w_s y_s
+ *
+ * The backward differentiates out through y (the experts' weights and x) and through w (the
+ * router's weights and x, via the renormalisation and the softmax); the choice of i is not
+ * differentiated, as autograd does not differentiate topk's indices. The balance loss
+ * (transformers' load_balancing_loss_func) is built from the statistics moe_router_fwd_cpu
+ * sums, and its gradient enters moe_router_bwd_cpu as a per-expert term on p.
+ *
+ * Every token carries a count (NULL: 1 each): how many logical tokens it stands for in the
+ * balance statistics. A packed prompt token shared by N responses counts N (engine/model/pack.h),
+ * so the statistics of [P; R_1..R_N] are those of the N sequences [P; R_i].
+ *
+ * Legend: T tokens, C model dim, E experts, k experts per token (top_k), Fm expert MLP dim.
+ * Expert weights are stacked: wg, wu (E, Fm, C), wd (E, C, Fm), each expert's (out, in) as
+ * nn.Linear stores it. */
+#ifndef GRPOD_MOE_H
+#define GRPOD_MOE_H
+
+/* Statistics of the balance loss, summed by every MoE layer of a forward: stats (MOE_STATS(E)) */
+#define MOE_STATS(E) (2 * (E) + 1)
+/* stats[e] += Σ_t count_t · [e ∈ i_t]; stats[E + e] += Σ_t count_t · p_te; stats[2E] += Σ_t count_t */
+
+void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *count,
+                        int T, int C, int E, int k, int norm);
+/* probs (T,E), topi (T,k), topw (T,k) written; x (T,C), wr (E,C); stats NULL: none summed */
+
+void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const float *x, const float *res, const int *topi,
+                         const float *topw, const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm);
+/* eg, eu (T,k,Fm) each slot's gate and up projections, ey (T,k,C) its expert's output (before w)
+ * written; out (T,C) = res + Σ_s w_s ey_s (out NULL: not combined; res NULL: 0) */
+
+void moe_experts_bwd_cpu(float *dx, float *dwg, float *dwu, float *dwd, float *dtopw, float *dg, float *du, const float *dout,
+                         const float *x, const int *topi, const float *topw, const float *eg, const float *eu, const float *ey,
+                         const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm);
+/* dout (T,C): d out. dx (T,C) += through the experts; dwg, dwu, dwd += (NULL: frozen); dtopw
+ * (T,k) written: dout_t · ey_ts; dg, du (T,k,Fm) scratch (written). Each expert's weight
+ * gradient sums its tokens in token order, whatever the thread count. */
+
+void moe_router_bwd_cpu(float *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs, const int *topi,
+                        const float *x, const float *wr, const float *aux_g, const int *count, int T, int C, int E, int k,
+                        int norm);
+/* d p_te = the routing weights' gradient dtopw (T,k) through the renormalisation (norm), plus
+ * aux_g[e] · count_t (aux_g (E) NULL: none); dlogit (T,E) = softmax backward of it (written,
+ * scratch); dx (T,C) += dlogit Wr; dwr (E,C) += dlogit^T x (NULL: frozen). */
+
+#endif

@@ -1,0 +1,274 @@
+/* test_moe.c — mixture-of-experts layers (qwen3_moe) on the CPU backend, the fp32 reference.
+ *
+ * Against transformers (tests/fixtures/make_moe_reference.py, data/qwen3_moe*): per-token
+ * logprobs (max |Δ| ≤ 1e-4, the DESIGN.md contract), the balance loss of each sequence
+ * (|Δ| ≤ 1e-5: a sum of E products of means, each ~0.1, so fp32 rounding stays near 1e-7),
+ * the gradient of Σ w·logprob and, apart, the gradient of Σ aux (relative L2 ≤ 1e-4 per tensor:
+ * the router's and every expert's included).
+ *
+ * Packed ≡ standard: [P; R_1..R_N] and N copies of [P; R_i] give the same logprobs, the same
+ * balance loss and the same gradient of Σ w·logprob + c·aux (1e-5 relative: the layouts sum the
+ * same terms in other orders). A prompt token stands for N tokens in the balance statistics;
+ * the control shows that counting it once gives another balance loss, so the equivalence check
+ * fails if the counts are lost. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/err.h"
+#include "engine/format/json.h"
+#include "engine/format/safetensors.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+
+#define FIX "tests/fixtures/data"
+
+static const char *models[] = {"qwen3_moe", "qwen3_moe_step2"};
+
+/* *worst = the worst per-tensor relative L2 of g against the gradients in file */
+static void worst_grad(const model *m, const float *g, const char *file, double *worst_out, const char **worst_name) {
+    st_set gs = {0};
+    CHECK_MSG(st_open_file(&gs, file) == 0, "%s", err_msg());
+    double worst = 0;
+    for (int p = 0; p < m->n_params; p++) {
+        const st_tensor *t = st_find(&gs, m->params[p].name);
+        CHECK_MSG(t, "%s: no gradient for %s", file, m->params[p].name);
+        float *ref = malloc((size_t)t->numel * 4);
+        CHECK(st_read_f32(t, ref, m->params[p].ndim, m->params[p].shape) == 0);
+        double e = rel_l2(g + m->params[p].off, ref, (size_t)t->numel);
+        if (e > worst) {
+            worst = e;
+            *worst_name = m->params[p].name;
+        }
+        free(ref);
+    }
+    st_close(&gs);
+    *worst_out = worst;
+}
+
+TEST(moe_matches_transformers) {
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char dir[256], path[512];
+        snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
+        snprintf(path, sizeof path, "%s/reference.json", dir);
+        js_doc *doc;
+        const js *root;
+        CHECK_MSG(js_parse_file(path, &doc, &root) == 0, "%s", err_msg());
+        const js *seqs = js_get(root, "sequences"), *lps = js_get(root, "logprobs"), *wts = js_get(root, "loss_weights");
+        const js *auxs = js_get(root, "aux_losses"), *sparse = js_get(root, "sparse_layers");
+        model_config cfg;
+        CHECK_MSG(config_load(dir, &cfg) == 0, "%s", err_msg());
+        CHECK(cfg.arch == ARCH_QWEN3_MOE && cfg.E == 8 && cfg.top_k == 2 && cfg.router_logits);
+        CHECK(config_n_moe(&cfg) == sparse->n);
+        for (int i = 0; i < sparse->n; i++) CHECK(cfg.mlp[(int)sparse->items[i].num] == MLP_MOE);
+        eng_backend *be;
+        backend_cpu_create(&be, 0);
+        model m;
+        CHECK(model_init(&m, &cfg, be) == 0);
+        float *w = malloc((size_t)m.n_elems * 4), *g = calloc((size_t)m.n_elems, 4), *ga = calloc((size_t)m.n_elems, 4);
+        CHECK_MSG(model_load_host(&m, dir, w) == 0, "%s", err_msg());
+        model_views wv, gv, gav;
+        model_views_make(&m, w, 4, &wv);
+        model_views_make(&m, g, 4, &gv);
+        model_views_make(&m, ga, 4, &gav);
+        double worst_lp = 0, worst_aux = 0, L = 0;
+        for (int s = 0; s < seqs->n; s++) { /* each sequence alone, as transformers ran it */
+            const js *sq = &seqs->items[s];
+            int n = sq->n, *ids = malloc((size_t)n * sizeof(int)), R = n - 1;
+            for (int i = 0; i < n; i++) ids[i] = (int)sq->items[i].num;
+            const int *resp[1] = {ids + 1};
+            pack_group pg = {.prompt = ids, .P = 1, .N = 1, .resp = resp, .R = &R};
+            pack_batch b;
+            CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
+            model_acts a;
+            CHECK(model_acts_init(&m, &a, b.T, b.M, 1) == 0);
+            model_input in;
+            model_input_from_batch(&in, &b);
+            float *dl = malloc((size_t)b.M * 4), *zero = calloc((size_t)b.M, 4);
+            for (int t = 0; t < b.M; t++) dl[t] = (float)wts->items[s].items[t].num;
+            CHECK(model_forward(&m, &wv, &a, NULL, &in, 1.0f, 0) == 0);
+            for (int t = 0; t < b.M; t++) {
+                double d = fabs(a.logp[t] - lps->items[s].items[t].num);
+                worst_lp = d > worst_lp ? d : worst_lp;
+                L += (double)dl[t] * a.logp[t];
+            }
+            double aux;
+            CHECK(model_aux_loss(&m, &a, &aux) == 0);
+            double da = fabs(aux - auxs->items[s].num);
+            worst_aux = da > worst_aux ? da : worst_aux;
+            CHECK(model_backward(&m, &wv, &gv, &a, &in, dl, NULL, 1.0f) == 0);
+            in.aux_coef = 1.0f; /* the balance loss alone */
+            CHECK(model_forward(&m, &wv, &a, NULL, &in, 1.0f, 0) == 0);
+            CHECK(model_backward(&m, &wv, &gav, &a, &in, zero, NULL, 1.0f) == 0);
+            free(dl);
+            free(zero);
+            free(ids);
+            model_acts_free(&m, &a);
+            pack_batch_free(&b);
+        }
+        snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+        const char *wn = "", *wan = "";
+        double wg, wa;
+        worst_grad(&m, g, path, &wg, &wn);
+        snprintf(path, sizeof path, "%s/aux_grads.safetensors", dir);
+        worst_grad(&m, ga, path, &wa, &wan);
+        printf("  %-16s max |Δ logprob| %.2e, max |Δ aux| %.2e, loss %.6f (ref %.6f), worst grad rel L2 %.2e (%s), "
+               "aux grad %.2e (%s)\n",
+               models[mi], worst_lp, worst_aux, L, js_get_num(root, "loss", 0), wg, wn, wa, wan);
+        CHECK_MSG(worst_lp <= 1e-4, "%s: max |Δ logprob| %.3g > 1e-4", models[mi], worst_lp);
+        CHECK_MSG(worst_aux <= 1e-5, "%s: max |Δ aux| %.3g > 1e-5", models[mi], worst_aux);
+        CHECK_MSG(wg <= 1e-4, "%s: gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, wg);
+        CHECK_MSG(wa <= 1e-4, "%s: aux gradient of %s rel L2 %.3g > 1e-4", models[mi], wan, wa);
+        free(w);
+        free(g);
+        free(ga);
+        model_views_free(&wv);
+        model_views_free(&gv);
+        model_views_free(&gav);
+        model_free(&m);
+        be->destroy(be);
+        js_doc_free(doc);
+    }
+}
+
+/* ---------------------------------------------------------------- packed ≡ standard */
+
+enum { NG = 3 };
+
+typedef struct {
+    float *logp, *grad;
+    double aux;
+    long long T;
+} run_out;
+
+/* Forward and backward of groups in a layout: logprobs, balance loss, the gradient of
+ * Σ wl·logp + coef·aux. no_counts drops the tokens' counts (every token counted once). */
+static void run_layout(model *m, const model_views *wv, const pack_group *pg, pack_layout lay, const float *wl, float coef,
+                       int no_counts, run_out *o) {
+    pack_batch b;
+    CHECK(pack_build(&b, pg, 0, NG, lay) == 0);
+    model_acts a;
+    CHECK(model_acts_init(m, &a, b.T, b.M, 1) == 0);
+    model_input in;
+    model_input_from_batch(&in, &b);
+    if (no_counts) in.count = NULL;
+    in.aux_coef = coef;
+    o->grad = calloc((size_t)m->n_elems, 4);
+    o->logp = malloc((size_t)b.M * 4);
+    model_views gv;
+    model_views_make(m, o->grad, 4, &gv);
+    CHECK(model_forward(m, wv, &a, NULL, &in, 1.0f, 0) == 0);
+    memcpy(o->logp, a.logp, (size_t)b.M * 4);
+    CHECK(model_aux_loss(m, &a, &o->aux) == 0);
+    CHECK(model_backward(m, wv, &gv, &a, &in, wl, NULL, 1.0f) == 0);
+    o->T = b.T;
+    model_views_free(&gv);
+    model_acts_free(m, &a);
+    pack_batch_free(&b);
+}
+
+static void packed_equals_standard(int norm, unsigned long long seed) {
+    model_config c = {.arch = ARCH_QWEN3_MOE,
+                      .arch_name = "qwen3_moe",
+                      .L = 3,
+                      .C = 32,
+                      .H = 4,
+                      .K = 2,
+                      .D = 8,
+                      .F = 48,
+                      .V = 61,
+                      .max_pos = 256,
+                      .eps = 1e-6f,
+                      .rope_theta = 10000.0f,
+                      .qk_norm = 1,
+                      .bos_id = -1,
+                      .E = 8,
+                      .top_k = 2,
+                      .Fm = 24,
+                      .norm_topk = norm,
+                      .mlp = {MLP_MOE, MLP_DENSE, MLP_MOE}};
+    eng_backend *be;
+    backend_cpu_create(&be, 0);
+    model m;
+    CHECK(model_init(&m, &c, be) == 0);
+    float *w = malloc((size_t)m.n_elems * 4);
+    check_fill(w, (size_t)m.n_elems, seed, 0.3f);
+    model_views wv;
+    model_views_make(&m, w, 4, &wv);
+    /* groups: P 9 with N 4 (ragged, R = 1 included), P 1 with N 1, P 5 with N 3 */
+    static const int P[NG] = {9, 1, 5}, N[NG] = {4, 1, 3}, Rs[NG][4] = {{1, 6, 3, 8}, {5}, {4, 2, 7}};
+    unsigned long long s = seed + 7;
+    int *prompts[NG], *resp[NG][4], M = 0;
+    const int *rp[NG][4];
+    pack_group pg[NG];
+    for (int g = 0; g < NG; g++) {
+        prompts[g] = malloc((size_t)P[g] * sizeof(int));
+        for (int i = 0; i < P[g]; i++) prompts[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+        for (int r = 0; r < N[g]; r++) {
+            resp[g][r] = malloc((size_t)Rs[g][r] * sizeof(int));
+            for (int i = 0; i < Rs[g][r]; i++) resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+            rp[g][r] = resp[g][r];
+            M += Rs[g][r];
+        }
+        pg[g] = (pack_group){prompts[g], P[g], N[g], rp[g], Rs[g]};
+    }
+    float *wl = malloc((size_t)M * 4);
+    check_fill(wl, (size_t)M, seed + 1, 1.0f);
+    run_out pk, st, once;
+    run_layout(&m, &wv, pg, PACK_PACKED, wl, 0.5f, 0, &pk);
+    run_layout(&m, &wv, pg, PACK_STANDARD, wl, 0.5f, 0, &st);
+    run_layout(&m, &wv, pg, PACK_PACKED, wl, 0.5f, 1, &once);
+    double e_lp = rel_l2(pk.logp, st.logp, (size_t)M), e_g = rel_l2(pk.grad, st.grad, (size_t)m.n_elems);
+    double e_aux = fabs(pk.aux - st.aux) / fabs(st.aux), e_once = fabs(once.aux - st.aux) / fabs(st.aux);
+    double e_once_g = rel_l2(once.grad, st.grad, (size_t)m.n_elems);
+    printf("  norm_topk %d: T %lld vs %lld, logprobs rel L2 %.2e, aux %.6f vs %.6f (rel %.2e; prompts counted once: "
+           "%.6f, rel %.2e), grads rel L2 %.2e (counted once: %.2e)\n",
+           norm, pk.T, st.T, e_lp, pk.aux, st.aux, e_aux, once.aux, e_once, e_g, e_once_g);
+    CHECK(pk.T < st.T);
+    CHECK_MSG(e_lp <= 1e-5, "logprobs rel L2 %.3g", e_lp);
+    CHECK_MSG(e_aux <= 1e-5, "aux packed %.8f standard %.8f", pk.aux, st.aux);
+    CHECK_MSG(e_g <= 1e-5, "gradients rel L2 %.3g", e_g);
+    /* the control: counting prompt tokens once is visibly another loss */
+    CHECK_MSG(e_once > 1e-3 && e_once_g > 1e-4, "counting prompts once changes aux by %.3g only", e_once);
+    free(pk.logp), free(pk.grad), free(st.logp), free(st.grad), free(once.logp), free(once.grad);
+    free(wl);
+    for (int g = 0; g < NG; g++) {
+        for (int r = 0; r < N[g]; r++) free(resp[g][r]);
+        free(prompts[g]);
+    }
+    free(w);
+    model_views_free(&wv);
+    model_free(&m);
+    be->destroy(be);
+}
+
+TEST(moe_packed_equals_standard) {
+    packed_equals_standard(1, 3301);
+    packed_equals_standard(0, 3302);
+}
+
+/* config.json round trip: what config_write writes for a MoE model reads back the same rows. */
+TEST(moe_config_round_trip) {
+    model_config c;
+    CHECK_MSG(config_load(FIX "/qwen3_moe_step2", &c) == 0, "%s", err_msg());
+    CHECK(c.E == 8 && c.top_k == 2 && c.Fm == 48 && !c.norm_topk && c.L == 4);
+    CHECK(c.mlp[0] == MLP_DENSE && c.mlp[1] == MLP_MOE && c.mlp[2] == MLP_DENSE && c.mlp[3] == MLP_MOE);
+    const char *dir = "/tmp/grpod_test_moe_cfg";
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
+    CHECK(system(cmd) == 0);
+    CHECK(config_write(dir, &c) == 0);
+    model_config r;
+    CHECK_MSG(config_load(dir, &r) == 0, "%s", err_msg());
+    CHECK(r.arch == ARCH_QWEN3_MOE && r.E == c.E && r.top_k == c.top_k && r.Fm == c.Fm && r.norm_topk == c.norm_topk &&
+          r.router_logits == c.router_logits && r.aux_coef == c.aux_coef && !memcmp(r.mlp, c.mlp, (size_t)c.L));
+    CHECK(config_n_params(&r) == config_n_params(&c));
+}
+
+int main(void) {
+    RUN(moe_config_round_trip);
+    RUN(moe_matches_transformers);
+    RUN(moe_packed_equals_standard);
+    return CHECK_DONE();
+}
