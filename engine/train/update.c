@@ -137,6 +137,27 @@ static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double to
     return 0;
 }
 
+/* The router's balance loss (a MoE config with output_router_logits): router_aux_loss_coef ×
+ * the mean of the micro-batches' balance losses, each weighted by its share of the mini-batch's
+ * logical tokens (N(P+R) a group), so a mini-batch of one micro-batch gets transformers' loss
+ * over its sequences, packed or not. Groups split over micro-batches (model/split.h) add none.
+ * aux_tokens: the logical tokens of groups [g0, g1); 0 when the config asks for no balance loss. */
+static double aux_tokens(const model *m, const pack_group *pg, int g0, int g1) {
+    const model_config *c = &m->cfg;
+    double n = 0;
+    for (int i = g0; c->router_logits && c->aux_coef > 0 && config_n_moe(c) && i < g1; i++)
+        n += (double)pack_group_tokens(&pg[i], PACK_STANDARD);
+    return n;
+}
+
+/* coef × the balance loss of the forward just run, into the loss metric */
+static int add_aux_loss(const model *m, const model_acts *a, float coef, loss_metrics *met) {
+    double aux;
+    int rc = model_aux_loss(m, a, &aux);
+    if (!rc) met->loss += coef * aux;
+    return rc;
+}
+
 /* A group too large for a micro-batch (engine/model/split.h): the loss of each response micro-batch. */
 typedef struct {
     work *w;
@@ -167,6 +188,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
     if (seq_denom == 0 || c1 <= c0) return 0; /* every response masked (or no share): nothing to learn from */
     const loss_config *c = a;
+    double aux_n = aux_tokens(&e->m, w->pg, g0, g1); /* 0: no balance loss */
     pack_plan plan;
     int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
     if (rc) return rc;
@@ -187,8 +209,10 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         if ((rc = pack_build(&b, w->pg, first, count, PACK_PACKED))) break;
         model_input in;
         model_input_from_batch(&in, &b);
+        if (aux_n > 0) in.aux_coef = (float)(e->m.cfg.aux_coef * aux_tokens(&e->m, w->pg, first, first + count) / aux_n);
         rc = eng_acts_reserve(e, &e->acts_g, b.T, b.M, 1);
         if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
+        if (!rc && aux_n > 0) rc = add_aux_loss(&e->m, &e->acts_g, in.aux_coef, met);
         if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
         if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
         if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);

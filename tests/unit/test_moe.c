@@ -17,6 +17,7 @@
 
 #include "check.h"
 #include "common/err.h"
+#include "engine/engine.h"
 #include "engine/format/json.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/model.h"
@@ -248,6 +249,74 @@ TEST(moe_packed_equals_standard) {
     packed_equals_standard(0, 3302);
 }
 
+/* An update on a MoE model whose config asks for the balance loss (output_router_logits,
+ * router_aux_loss_coef 0.01) reports a loss larger by coef × aux than the same model without
+ * it, aux being the balance loss of the group's N(P+R) sequences (the model API's, on the
+ * standard layout): one micro-batch, so transformers' loss over the batch. On the CUDA
+ * backend or with LoRA the model is refused at open. */
+TEST(moe_update_adds_the_balance_loss) {
+    const char *dir = "/tmp/grpod_test_moe_noaux";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && cp -r " FIX
+             "/qwen3_moe %s && sed -i 's/\"output_router_logits\": true/\"output_router_logits\": false/' "
+             "%s/config.json && grep -q '\"output_router_logits\": false' %s/config.json",
+             dir, dir, dir, dir);
+    CHECK(system(cmd) == 0);
+    int prompt[5] = {11, 200, 37, 5, 150}, r0[4] = {65, 66, 67, 68}, r1[2] = {97, 98}, r2[6] = {48, 49, 50, 51, 300, 7};
+    const int *resp[3] = {r0, r1, r2};
+    int R[3] = {4, 2, 6};
+    float rew[3] = {1.0f, 0.0f, 0.5f};
+    eng_update_group g = {.prompt = prompt, .P = 5, .n = 3, .resp = resp, .R = R, .reward = rew};
+    loss_config a;
+    loss_config_default(&a);
+    eng_optim o;
+    eng_optim_default(&o);
+    double loss[2];
+    for (int i = 0; i < 2; i++) {
+        eng *e;
+        eng_open_opts oo = {.model_dir = i ? dir : FIX "/qwen3_moe", .backend = "cpu"};
+        CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
+        eng_update_result u;
+        CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
+        loss[i] = u.loss;
+        eng_close(e);
+    }
+    /* the balance loss of the standard layout, from the model API */
+    model_config cfg;
+    CHECK(config_load(FIX "/qwen3_moe", &cfg) == 0);
+    eng_backend *be;
+    backend_cpu_create(&be, 0);
+    model m;
+    CHECK(model_init(&m, &cfg, be) == 0);
+    float *w = malloc((size_t)m.n_elems * 4);
+    CHECK(model_load_host(&m, FIX "/qwen3_moe", w) == 0);
+    model_views wv;
+    model_views_make(&m, w, 4, &wv);
+    pack_group pg = {prompt, 5, 3, resp, R};
+    pack_batch b;
+    CHECK(pack_build(&b, &pg, 0, 1, PACK_STANDARD) == 0);
+    model_acts ac;
+    CHECK(model_acts_init(&m, &ac, b.T, b.M, 0) == 0);
+    model_input in;
+    model_input_from_batch(&in, &b);
+    CHECK(model_forward(&m, &wv, &ac, NULL, &in, 1.0f, 0) == 0);
+    double aux;
+    CHECK(model_aux_loss(&m, &ac, &aux) == 0);
+    printf("  loss with the balance loss %.7f, without %.7f, coef x aux %.7f\n", loss[0], loss[1], cfg.aux_coef * aux);
+    CHECK_CLOSE(loss[0] - loss[1], cfg.aux_coef * aux, 1e-6, 1e-4);
+    model_acts_free(&m, &ac);
+    pack_batch_free(&b);
+    model_views_free(&wv);
+    model_free(&m);
+    free(w);
+    be->destroy(be);
+    eng *e;
+    eng_open_opts lo = {.model_dir = FIX "/qwen3_moe", .backend = "cpu", .lora_rank = 4};
+    CHECK(eng_open(&lo, &e) == GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "mixture-of-experts"), "%s", err_msg());
+}
+
 /* config.json round trip: what config_write writes for a MoE model reads back the same rows. */
 TEST(moe_config_round_trip) {
     model_config c;
@@ -270,5 +339,6 @@ int main(void) {
     RUN(moe_config_round_trip);
     RUN(moe_matches_transformers);
     RUN(moe_packed_equals_standard);
+    RUN(moe_update_adds_the_balance_loss);
     return CHECK_DONE();
 }
