@@ -161,6 +161,16 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     log_event(LOG_DEBUG, "mhd", "\"msg\":%s", log_str(esc, sizeof esc, msg));
 }
 
+/* libmicrohttpd's unrecoverable errors: logged with where MHD found them, then abort() as its
+ * default handler does (an abort at shutdown then says why). */
+static void on_mhd_panic(void *cls, const char *file, unsigned int line, const char *reason) {
+    (void)cls;
+    char esc[600];
+    log_event(LOG_ERROR, "mhd_panic", "\"file\":\"%s\",\"line\":%u,\"reason\":%s", file ? file : "", line,
+              log_str(esc, sizeof esc, reason ? reason : ""));
+    abort();
+}
+
 /* ---------------------------------------------------------------- start / stop */
 
 int api_parse_listen(const char *listen, void *ss_out, int *len_out, int *is_loopback) {
@@ -234,6 +244,7 @@ int api_start(const api_config *cfg, api_server **out) {
     raise_fd_limit((rlim_t)max_conn + 256);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    MHD_set_panic_func(on_mhd_panic, NULL);
     s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(cfg->threads > 0 ? cfg->threads : 4),
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, api_conns_notify,

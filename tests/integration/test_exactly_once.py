@@ -311,7 +311,7 @@ def test_start_on_a_full_disk(make_daemon, tmp_path):
     j = full.wait_job(full.submit("/v1/checkpoints", {}))
     assert j["status"] == "failed" and j["error"]["code"] == "io_error", j
     assert probe(full) == want
-    assert full.stop() == 0
+    assert full.stop() == 0, full.stderr()[-4000:]
 
 
 def test_replay_with_lora(make_daemon, tmp_path):
