@@ -324,7 +324,6 @@ int eng_checkpoint_save_ex(eng *e, const char *dir, int merged);
 typedef struct eng_ckpt eng_ckpt;
 int eng_checkpoint_capture(eng *e, int merged, eng_ckpt **out);
 int eng_checkpoint_write(const eng_ckpt *c, const char *dir);
-long long eng_checkpoint_version(const eng_ckpt *c);
 void eng_checkpoint_capture_free(eng_ckpt *c);
 /* 0 when dir's files match its manifest; GE_FORMAT naming the file otherwise (no manifest,
  * a missing, short or changed file). Reads every byte. Any thread. */

@@ -344,8 +344,6 @@ int eng_checkpoint_capture(eng *e, int merged, eng_ckpt **out) {
 
 int eng_checkpoint_write(const eng_ckpt *c, const char *dir) { return save_dir(c, dir); }
 
-long long eng_checkpoint_version(const eng_ckpt *c) { return c->version; }
-
 void eng_checkpoint_capture_free(eng_ckpt *c) {
     if (!c) return;
     state_whole_free(c->st, c->owned);
