@@ -835,13 +835,16 @@ int jobs_checkpoint_start(const jobs_env *env, const store_job *j, void (*wake)(
     return 0;
 }
 
+/* Waits for the writer thread, if one runs. */
+static void ckpt_join(jobs_ckpt *c) {
+    if (c->thread) pthread_join(c->th, NULL);
+    c->thread = 0;
+}
+
 int jobs_checkpoint_poll(const jobs_env *env, jobs_ckpt *c, char **result) {
     *result = NULL;
     if (!atomic_load(&c->done)) return 0;
-    if (c->thread) {
-        pthread_join(c->th, NULL);
-        c->thread = 0;
-    }
+    ckpt_join(c);
     if (c->rc) return err_set(c->rc, "%s", c->msg);
     if (c->cap) {
         metrics_seconds(MS_CHECKPOINT, (clock_mono_ms() - c->t0) / 1e3);
@@ -862,7 +865,7 @@ int jobs_checkpoint_poll(const jobs_env *env, jobs_ckpt *c, char **result) {
 
 void jobs_checkpoint_free(jobs_ckpt *c) {
     if (!c) return;
-    if (c->thread) pthread_join(c->th, NULL);
+    ckpt_join(c);
     eng_checkpoint_capture_free(c->cap);
     free(c);
 }
@@ -872,10 +875,7 @@ static int run_checkpoint(const jobs_env *env, const store_job *j, char **result
     jobs_ckpt *c;
     int rc = jobs_checkpoint_start(env, j, NULL, NULL, &c);
     if (rc) return rc;
-    if (c->thread) {
-        pthread_join(c->th, NULL);
-        c->thread = 0;
-    }
+    ckpt_join(c);
     rc = jobs_checkpoint_poll(env, c, result);
     jobs_checkpoint_free(c);
     return rc == 1 ? 0 : rc;

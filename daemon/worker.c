@@ -391,21 +391,12 @@ static void checkpoint_saved(worker *w) {
     retain(w, 1);
 }
 
-static void run_one(worker *w, store_job *j) {
-    char *result = NULL, esc[700];
-    double t0 = (double)clock_mono_ns();
-    w->cur_job = j->id;
-    w->last_progress_store = 0;
-    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
-    err_clear();
-    long long v0 = atomic_load(&w->policy_version);
-    int rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &result);
-    char lost[600] = "";
+/* How job j ended (rc, and result when 0), stored: cancelled when a DELETE flagged it (never an
+ * update), else done or failed; a done checkpoint is the saved version. v0: the policy version
+ * before it ran. */
+static void job_ended(worker *w, const store_job *j, int rc, const char *result, double ms, long long v0) {
+    char esc[700], lost[600] = "";
     if (rc == GE_RANK_LOST || rc == GE_STATE_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
-    w->cur_job = NULL;
-    beat(w);
-    update_version(w);
-    double ms = ((double)clock_mono_ns() - t0) / 1e6;
     int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
     if (cancelled) {
         if (store_mark_cancelled(w->st, j->id))
@@ -420,8 +411,23 @@ static void run_one(worker *w, store_job *j) {
      * changed the state with no safety copy to restore (engine/train/snapshot.h): no more work
      * until the restart (replay makes the policy whole again) */
     if ((rc == GE_RANK_LOST || rc == GE_STATE_LOST) && !w->halted) halt(w, lost);
-    free(result);
     job_changed(w);
+}
+
+static void run_one(worker *w, store_job *j) {
+    char *result = NULL;
+    double t0 = (double)clock_mono_ns();
+    w->cur_job = j->id;
+    w->last_progress_store = 0;
+    log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
+    err_clear();
+    long long v0 = atomic_load(&w->policy_version);
+    int rc = jobs_run(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, j, &result);
+    w->cur_job = NULL;
+    beat(w);
+    update_version(w);
+    job_ended(w, j, rc, result, ((double)clock_mono_ns() - t0) / 1e6, v0);
+    free(result);
 }
 
 /* ---------------------------------------------------------------- rollouts in flight */
@@ -567,24 +573,6 @@ typedef struct writing {
 
 static void wake_cb(void *ud) { worker_wake(ud); }
 
-/* The job's outcome, as run_one stores it (cancelled, done and indexed, or failed). */
-static void ckpt_outcome(worker *w, store_job *j, int rc, const char *result, double ms, long long v0) {
-    char esc[700];
-    char lost[600] = "";
-    if (rc == GE_RANK_LOST || rc == GE_STATE_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
-    if (store_cancel_requested(w->st, j->id) == 1) {
-        if (store_mark_cancelled(w->st, j->id))
-            log_event(LOG_ERROR, "store_write_failed", "\"id\":\"%s\",\"message\":%s", j->id, log_str(esc, sizeof esc, err_msg()));
-        log_event(LOG_INFO, "job_cancelled", "\"id\":\"%s\"", j->id);
-    } else {
-        if (rc == 0) test_hook_kill("checkpoint_indexed");
-        store_outcome(w, j, rc, result, ms, v0);
-        if (rc == 0) checkpoint_saved(w);
-    }
-    if ((rc == GE_RANK_LOST || rc == GE_STATE_LOST) && !w->halted) halt(w, lost);
-    job_changed(w);
-}
-
 /* A claimed checkpoint: the state captured now, its files written beside what follows. */
 static void ckpt_start(worker *w, store_job *j) {
     log_event(LOG_INFO, "job_start", "\"id\":\"%s\",\"kind\":\"%s\",\"attempt\":%d", j->id, j->kind, j->attempts);
@@ -599,7 +587,7 @@ static void ckpt_start(worker *w, store_job *j) {
     w->cur_job = NULL;
     beat(w);
     if (rc) {
-        ckpt_outcome(w, j, rc, NULL, clock_mono_ms() - t0, v0);
+        job_ended(w, j, rc, NULL, clock_mono_ms() - t0, v0);
         store_job_clear(j);
         free(wr);
         return;
@@ -620,7 +608,7 @@ static void ckpt_poll(worker *w) {
     int rc = jobs_checkpoint_poll(&(jobs_env){w->e, w->rk, w->st, w->data_dir, on_progress, w}, wr->c, &result);
     if (rc == 0) return;
     w->writing = NULL;
-    ckpt_outcome(w, &wr->job, rc == 1 ? 0 : rc, result, clock_mono_ms() - wr->t0, wr->v0);
+    job_ended(w, &wr->job, rc == 1 ? 0 : rc, result, clock_mono_ms() - wr->t0, wr->v0);
     free(result);
     jobs_checkpoint_free(wr->c);
     store_job_clear(&wr->job);
