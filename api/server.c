@@ -34,7 +34,7 @@ static int hook_chat(void *ud, const char *const *roles, const char *const *cont
         m[i].role = roles[i];
         m[i].content = contents[i];
     }
-    int rc = eng_render_chat((eng *)ud, m, n, agp, text);
+    int rc = eng_render_chat((eng *)ud, m, n, agp, NULL, text);
     free(m);
     return rc;
 }

@@ -336,9 +336,13 @@ int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text,
     int rc = need_tok(e);
     return rc ? rc : tok_decode(e->tok, ids, n, skip_special, text, len);
 }
-int eng_render_chat(eng *e, const eng_message *m, int n, int agp, char **text) {
+/* eng_message and eng_chat_opts are chat.h's types under the engine's names */
+_Static_assert(sizeof(eng_message) == sizeof(chat_msg) && sizeof(eng_tool_call) == sizeof(chat_tool_call) &&
+                   sizeof(eng_chat_opts) == sizeof(chat_opts),
+               "eng_message/eng_chat_opts must mirror chat_msg/chat_opts");
+int eng_render_chat(eng *e, const eng_message *m, int n, int agp, const eng_chat_opts *o, char **text) {
     int rc = need_tok(e);
-    return rc ? rc : chat_render(e->tok, (const chat_msg *)m, n, agp, text);
+    return rc ? rc : chat_render_opts(e->tok, (const chat_msg *)m, n, agp, (const chat_opts *)o, text);
 }
 
 /* ---------------------------------------------------------------- scoring */

@@ -117,10 +117,23 @@ void eng_get_info(eng *e, eng_info *out);
 
 int eng_tokenize(eng *e, const char *text, size_t len, int add_special, int **ids, int *n);
 int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text, size_t *len);
+/* The chat template (engine/text/chat.h): messages, an assistant's tool calls (arguments: JSON
+ * text), the tools offered (each one's JSON as the template's tojson writes it) and Qwen3's
+ * enable_thinking switch. o may be NULL (no tools). */
+typedef struct {
+    const char *name, *arguments;
+} eng_tool_call;
 typedef struct {
     const char *role, *content;
+    const eng_tool_call *tool_calls; /* NULL, or n_tool_calls of an assistant's calls */
+    int n_tool_calls;
 } eng_message;
-int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prompt, char **text);
+typedef struct {
+    const char *const *tools;
+    int n_tools;
+    int thinking_off; /* enable_thinking false */
+} eng_chat_opts;
+int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prompt, const eng_chat_opts *o, char **text);
 
 /* ---------------------------------------------------------------- rollout */
 

@@ -69,10 +69,46 @@ static int ends(view v, const char *s) {
 static view V(const char *s) { return (view){s, strlen(s)}; }
 static int is(const char *a, const char *b) { return !strcmp(a, b); }
 
-/* Qwen3: system first; assistant turns after the last real user query get a <think> block
- * (content split at </think> as the template does). Messages of other roles render nothing. */
-static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
+/* Qwen3's tools block: the system turn that offers the tools, with the first system message. */
+static void qwen3_tools(tt_buf *b, const chat_msg *m, const chat_opts *o) {
+    tt_str(b, "<|im_start|>system\n");
     if (is(m[0].role, "system")) {
+        tt_str(b, m[0].content);
+        tt_str(b, "\n\n");
+    }
+    tt_str(b,
+           "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+           "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    for (int i = 0; i < o->n_tools; i++) {
+        tt_str(b, "\n");
+        tt_str(b, o->tools[i]);
+    }
+    tt_str(b,
+           "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+           "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+           "<args-json-object>}\n</tool_call><|im_end|>\n");
+}
+
+/* An assistant turn's calls, after its content (a newline between them when there is content). */
+static void qwen3_calls(tt_buf *b, const chat_msg *m, view content) {
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        if (k > 0 || content.n) tt_str(b, "\n");
+        tt_str(b, "<tool_call>\n{\"name\": \"");
+        tt_str(b, m->tool_calls[k].name);
+        tt_str(b, "\", \"arguments\": ");
+        tt_str(b, m->tool_calls[k].arguments);
+        tt_str(b, "}\n</tool_call>");
+    }
+}
+
+/* Qwen3: system first (inside the tools block when there are tools); assistant turns after the
+ * last real user query get a <think> block (content split at </think> as the template does);
+ * enable_thinking false closes an empty one after the generation prompt. Messages of other roles
+ * render nothing. */
+static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen, const chat_opts *o) {
+    if (o->n_tools) {
+        qwen3_tools(b, m, o);
+    } else if (is(m[0].role, "system")) {
         tt_str(b, "<|im_start|>system\n");
         tt_str(b, m[0].content);
         tt_str(b, "<|im_end|>\n");
@@ -112,6 +148,7 @@ static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
                 content = strip_nl(content, 1, 0);
             }
             tt_put(b, content.p, content.n);
+            qwen3_calls(b, &m[i], content);
             tt_str(b, "<|im_end|>\n");
         } else if (is(role, "tool")) {
             if (i == 0 || !is(m[i - 1].role, "tool")) tt_str(b, "<|im_start|>user");
@@ -121,7 +158,7 @@ static void render_qwen3(tt_buf *b, const chat_msg *m, int n, int gen) {
             if (i == n - 1 || !is(m[i + 1].role, "tool")) tt_str(b, "<|im_end|>\n");
         }
     }
-    if (gen) tt_str(b, "<|im_start|>assistant\n");
+    if (gen) tt_str(b, o->thinking_off ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n");
 }
 
 /* Plain ChatML, with the default system prompt of Qwen2 / Qwen2.5 when the template has one. */
@@ -157,16 +194,31 @@ static void render_llama3(tt_buf *b, const tok *t, const chat_msg *m, int n, int
     if (gen || always_gen) tt_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, char **out) {
+int chat_render_opts(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, const chat_opts *o, char **out) {
+    static const chat_opts none = {0};
     *out = NULL;
     const char *tpl = tok_chat_template(t);
+    int calls = 0;
+    if (!o) o = &none;
     if (n < 1) return err_set(GE_INVALID, "chat: messages is empty");
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content) return err_set(GE_INVALID, "chat: message %d has no role or content", i);
+        for (int k = 0; k < msgs[i].n_tool_calls; k++)
+            if (!msgs[i].tool_calls[k].name || !msgs[i].tool_calls[k].arguments)
+                return err_set(GE_INVALID, "chat: message %d's tool call %d has no name or arguments", i, k);
+        calls += msgs[i].n_tool_calls;
+    }
+    for (int i = 0; i < o->n_tools; i++)
+        if (!o->tools[i]) return err_set(GE_INVALID, "chat: tool %d is NULL", i);
     if (!tpl) return err_set(GE_UNSUPPORTED, "chat: the model has no chat_template in tokenizer_config.json");
+    int qwen3 = strstr(tpl, "<|im_start|>") && strstr(tpl, "reasoning_content");
+    if (!qwen3 && (o->n_tools || calls))
+        return err_set(GE_UNSUPPORTED,
+                       "chat: the model's chat template has no tool format built in (Qwen3's has): "
+                       "tools and tool calls cannot be rendered");
     tt_buf b = {0};
     if (strstr(tpl, "<|im_start|>")) {
-        if (strstr(tpl, "reasoning_content")) render_qwen3(&b, msgs, n, add_generation_prompt);
+        if (qwen3) render_qwen3(&b, msgs, n, add_generation_prompt, o);
         else if (strstr(tpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
             render_chatml(&b, msgs, n, add_generation_prompt,
                           "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");

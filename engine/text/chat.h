@@ -6,17 +6,37 @@
  *       model);
  *   Llama 3 ("<|start_header_id|>"): bos + header + trimmed content + <|eot_id|> per message.
  * Anything else (no template, other markers, Llama 3.1+ templates with tools/date headers) is
- * refused with GE_UNSUPPORTED. Tool calls are not rendered (plain content only); role "tool"
- * follows the Qwen3 template. Output equals HF apply_chat_template(tokenize=False). */
+ * refused with GE_UNSUPPORTED. Tools and assistant tool calls are rendered by the Qwen3 template
+ * (its <tools> system block and <tool_call> turns); the other templates have no tool format and
+ * refuse them. Output equals HF apply_chat_template(tokenize=False) with the same tools and
+ * enable_thinking. */
 #ifndef GRPOD_CHAT_H
 #define GRPOD_CHAT_H
 #include "engine/text/tokenizer.h"
 
+/* An assistant's call: arguments is JSON text, written into the prompt as it is. */
+typedef struct {
+    const char *name, *arguments;
+} chat_tool_call;
+
 typedef struct {
     const char *role, *content;
+    const chat_tool_call *tool_calls; /* an assistant's calls (n_tool_calls), or NULL */
+    int n_tool_calls;
 } chat_msg;
 
-/* *out: malloc'd NUL-terminated prompt text (caller frees). GE_INVALID for n < 1 or a NULL
- * role/content; GE_UNSUPPORTED for an unknown template. */
-int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, char **out);
+typedef struct {
+    /* the tools offered, each one's JSON as the template's tojson writes it (Python's json.dumps) */
+    const char *const *tools;
+    int n_tools;
+    int thinking_off; /* chat_template_kwargs enable_thinking false: Qwen3's empty think block */
+} chat_opts;
+
+/* *out: malloc'd NUL-terminated prompt text (caller frees). o may be NULL (no tools, defaults).
+ * GE_INVALID for n < 1 or a NULL role/content; GE_UNSUPPORTED for an unknown template, or tools
+ * or tool calls given to a template without a tool format. */
+int chat_render_opts(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, const chat_opts *o, char **out);
+static inline int chat_render(const tok *t, const chat_msg *msgs, int n, int add_generation_prompt, char **out) {
+    return chat_render_opts(t, msgs, n, add_generation_prompt, NULL, out);
+}
 #endif

@@ -32,7 +32,7 @@ static void roundtrip(const tok *t, const char *text, size_t len) {
 }
 
 static void render(const tok *t, const char *p, size_t len) {
-    chat_msg m[16];
+    chat_msg m[16] = {{0}};
     char *buf = malloc(len + 1);
     memcpy(buf, p, len);
     buf[len] = 0;

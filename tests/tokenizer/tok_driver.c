@@ -45,7 +45,8 @@ static int chat(const char *dir, int gen) {
         }
         chat_msg m[64];
         int n = v->n < 64 ? v->n : 64;
-        for (int i = 0; i < n; i++) m[i] = (chat_msg){js_get_str(&v->items[i], "role"), js_get_str(&v->items[i], "content")};
+        for (int i = 0; i < n; i++)
+            m[i] = (chat_msg){.role = js_get_str(&v->items[i], "role"), .content = js_get_str(&v->items[i], "content")};
         char *out;
         if (chat_render(t, m, n, gen, &out)) {
             printf("{\"error\": ");

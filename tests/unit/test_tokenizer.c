@@ -128,7 +128,7 @@ TEST(default_tokenizer) {
     CHECK_STR(tok_eos(t), "<|im_end|>");
     static const int want[] = {257, 'h', 'i', ' ', 0xc3, 0xa9, 258};
     int ok = ids_eq(t, "<|im_start|>hi \xc3\xa9<|im_end|>", 1, want, 7);
-    chat_msg m[] = {{"user", "hi"}};
+    chat_msg m[] = {{.role = "user", .content = "hi"}};
     char *p = NULL;
     int crc = chat_render(t, m, 1, 1, &p);
     tok_free(t);
@@ -140,7 +140,7 @@ TEST(default_tokenizer) {
 
 TEST(chat_qwen3_and_llama3) {
     CHECK(qwen && llama);
-    chat_msg m[] = {{"system", "S"}, {"user", "Q"}, {"assistant", "A"}};
+    chat_msg m[] = {{.role = "system", .content = "S"}, {.role = "user", .content = "Q"}, {.role = "assistant", .content = "A"}};
     char *p;
     CHECK_EQ_INT(chat_render(qwen, m, 3, 0, &p), 0);
     CHECK_STR(p,
@@ -152,6 +152,38 @@ TEST(chat_qwen3_and_llama3) {
               "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
               "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
     free(p);
+}
+
+/* Qwen3's tool format: the tools block holds the system message, an assistant's calls follow its
+ * content, tool results are user turns; enable_thinking false closes an empty think block. The
+ * other templates have no tool format and refuse tools. */
+TEST(chat_qwen3_tools) {
+    CHECK(qwen && llama);
+    static const chat_tool_call calls[] = {{"get", "{\"city\": \"Paris\"}"}, {"noop", "{}"}};
+    chat_msg m[] = {{.role = "system", .content = "S"},
+                    {.role = "user", .content = "Q"},
+                    {.role = "assistant", .content = "", .tool_calls = calls, .n_tool_calls = 2},
+                    {.role = "tool", .content = "sunny"},
+                    {.role = "tool", .content = "ok"}};
+    const char *tools[] = {"{\"type\": \"function\", \"function\": {\"name\": \"get\"}}"};
+    chat_opts o = {.tools = tools, .n_tools = 1, .thinking_off = 1};
+    char *p = NULL;
+    CHECK_EQ_INT(chat_render_opts(qwen, m, 5, 1, &o, &p), 0);
+    CHECK_STR(p,
+              "<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+              "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+              "{\"type\": \"function\", \"function\": {\"name\": \"get\"}}\n</tools>\n\nFor each function call, return a "
+              "json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+              "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+              "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get\", \"arguments\": "
+              "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>"
+              "<|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nok\n"
+              "</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    free(p);
+    p = NULL;
+    CHECK_EQ_INT(chat_render_opts(llama, m + 1, 2, 1, &o, &p), GE_UNSUPPORTED);
+    CHECK(p == NULL);
+    err_clear();
 }
 
 static int load_text(const char *json) {
@@ -239,6 +271,7 @@ int main(void) {
     RUN(invalid_utf8_input_refused);
     RUN(default_tokenizer);
     RUN(chat_qwen3_and_llama3);
+    RUN(chat_qwen3_tools);
     RUN(unsupported_refused);
     RUN(long_keys_and_wrapped_messages);
     tok_free(qwen);
