@@ -1,5 +1,5 @@
-/* handlers.c — the native routes' handlers (jobs, checkpoints, logprobs, tokenizer, model,
- * health, metrics): each validates through validate.h, talks to the store or the engine, and
+/* handlers.c — the native routes' handlers (jobs, checkpoints, logprobs, model, health,
+ * metrics; the tokenizer's are vLLM's too, in openai_vllm.c): each validates through validate.h, talks to the store or the engine, and
  * replies. The router (router.c) calls them from their rows in routes.h, on MHD's threads; the
  * replies, store pool and waiters they use are declared in internal.h. */
 #include "api/internal.h"
@@ -365,45 +365,7 @@ enum MHD_Result api_logprobs_post(api_server *s, struct MHD_Connection *c, api_r
     return r;
 }
 
-/* ---------------------------------------------------------------- tokenizer, model, health */
-
-enum MHD_Result api_tokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    int *ids, n;
-    if (!api_engine_or_reply(s, c, x, &m, &r)) return r;
-    if (api_tokenize_or_reply(req, &m, &ids, &n, &e)) return api_reply_error(c, x, &e);
-    api_sbuf b = {0};
-    api_sb_str(&b, "{\"tokens\":[");
-    for (int i = 0; i < n; i++) api_sb_printf(&b, i ? ",%d" : "%d", ids[i]);
-    api_sb_printf(&b, "],\"count\":%d,\"max_model_len\":%d}", n, m.max_pos);
-    free(ids);
-    return api_reply_sb(c, x, 200, &b);
-}
-
-enum MHD_Result api_detokenize_post(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
-    api_model m;
-    api_error e;
-    enum MHD_Result r;
-    int *ids, n, skip;
-    eng *en = api_engine_or_reply(s, c, x, &m, &r);
-    if (!en) return r;
-    if (api_detokenize_or_reply(req, &m, &ids, &n, &skip, &e)) return api_reply_error(c, x, &e);
-    char *text = NULL;
-    size_t len = 0;
-    int rc = eng_detokenize(en, ids, n, skip, &text, &len);
-    free(ids);
-    if (rc) return api_reply_fail(c, x, GE_INVALID, "tokens", "cannot detokenize: %s", err_msg());
-    json_object *o = json_object_new_object();
-    size_t sl = 0;
-    char *clean = api_utf8_sanitize(text ? text : "", text ? len : 0, &sl);
-    free(text);
-    if (!clean) return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
-    json_object_object_add(o, "prompt", json_object_new_string_len(clean, (int)sl));
-    free(clean);
-    return api_reply_obj(c, x, 200, o);
-}
+/* ---------------------------------------------------------------- model, health */
 
 enum MHD_Result api_model_get(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, const char *id) {
     enum MHD_Result r;

@@ -5,8 +5,8 @@
  *
  * Files: server.c (start, stop, the server's state, MHD's callbacks), router.c (a request to its
  * row), reply.c (replies and error bodies), wait.c (store handles, long-polls); the handlers in
- * handlers.c (jobs, checkpoints, logprobs, tokenizer, model, health, metrics), openai.c,
- * dashboard.c, cluster.c and openapi.c. Not a public header: callers outside api/ use http.h. */
+ * handlers.c (jobs, checkpoints, logprobs, model, health, metrics), openai*.c (the OpenAI and
+ * vLLM routes, the tokenizer's among them; openai.h), dashboard.c, cluster.c and openapi.c. Not a public header: callers outside api/ use http.h. */
 #ifndef GRPOD_API_INTERNAL_H
 #define GRPOD_API_INTERNAL_H
 #include <microhttpd.h>
@@ -82,7 +82,8 @@ enum MHD_Result api_reply_raw(struct MHD_Connection *c, api_req *x, int status, 
 enum MHD_Result api_reply_json(struct MHD_Connection *c, api_req *x, int status, const char *text);
 enum MHD_Result api_reply_sb(struct MHD_Connection *c, api_req *x, int status, api_sbuf *b);
 enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, json_object *o);
-/* {"error": {"code", "message", "field"?}} with e's status. */
+/* {"error": {"code", "message", "field"?, "type", "param"}} with e's status: grpod's code and
+ * field, and OpenAI's type (by status) and param (the field, or null). */
 enum MHD_Result api_reply_error(struct MHD_Connection *c, api_req *x, const api_error *e);
 enum MHD_Result api_reply_fail(struct MHD_Connection *c, api_req *x, int code, const char *field, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

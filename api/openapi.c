@@ -10,10 +10,24 @@
 
 #include "api/params.h"
 
+/* Members both OpenAI request schemas take: vLLM's extras, and the fields grpod accepts only at
+ * their neutral value (api/openai_request.c). */
+#define OA_EXTRAS \
+    "\"skip_special_tokens\":{\"type\":\"boolean\",\"default\":true}," \
+    "\"include_stop_str_in_output\":{\"type\":\"boolean\",\"default\":false}," \
+    "\"prompt_logprobs\":{\"type\":\"integer\",\"nullable\":true,\"enum\":[null]}," \
+    "\"response_format\":{\"type\":\"object\"},\"logit_bias\":{\"type\":\"object\",\"maxProperties\":0}," \
+    "\"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]}," \
+    "\"repetition_penalty\":{\"type\":\"number\",\"enum\":[1]},\"length_penalty\":{\"type\":\"number\",\"enum\":[1]}," \
+    "\"use_beam_search\":{\"type\":\"boolean\",\"enum\":[false]}," \
+    "\"spaces_between_special_tokens\":{\"type\":\"boolean\",\"enum\":[true]},\"priority\":{\"type\":\"number\",\"enum\":[0]}"
+
 static const char schemas[] =
     "{"
     "\"Error\":{\"type\":\"object\",\"properties\":{\"error\":{\"type\":\"object\",\"properties\":{"
-    "  \"code\":{\"type\":\"string\"},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\"}},"
+    "  \"code\":{\"type\":\"string\"},\"message\":{\"type\":\"string\"},\"field\":{\"type\":\"string\"},"
+    "  \"type\":{\"type\":\"string\",\"description\":\"OpenAI's error type\"},"
+    "  \"param\":{\"type\":\"string\",\"nullable\":true,\"description\":\"OpenAI's name for field\"}},"
     "  \"required\":[\"code\",\"message\"]}}},"
     "\"Reward\":{\"type\":\"object\",\"properties\":{\"type\":{\"type\":\"string\",\"enum\":[\"exact\",\"math\",\"regex\","
     "\"contains\",\"none\"]},"
@@ -57,10 +71,23 @@ static const char schemas[] =
     "  \"max_tokens_per_micro_batch\":{\"type\":\"integer\",\"minimum\":1,\"description\":\"default: the memory plan's (GET "
     "/v1/model memory_plan; 32768 where it fits)\"}},\"required\":[\"groups\"]},"
     "\"CheckpointRequest\":{\"type\":\"object\",\"properties\":{\"merged\":{\"type\":\"boolean\",\"default\":false}}},"
-    "\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"prompt\":{\"type\":\"string\"},"
-    "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/Message\"}},"
-    "  \"add_special_tokens\":{\"type\":\"boolean\"},\"add_generation_prompt\":{\"type\":\"boolean\"}}},"
-    "\"DetokenizeRequest\":{\"type\":\"object\",\"properties\":{\"tokens\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
+    "\"ChatMessage\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\",\"enum\":[\"system\",\"developer\","
+    "\"user\",\"assistant\",\"tool\"]},"
+    "  \"content\":{\"nullable\":true,\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]},"
+    "  \"tool_calls\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},\"tool_call_id\":{\"type\":\"string\"},"
+    "  \"name\":{\"type\":\"string\"}},\"required\":[\"role\"],\"additionalProperties\":true},"
+    "\"TokenizeRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},\"prompt\":{\"type\":\"string\"},"
+    "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ChatMessage\"}},"
+    "  \"add_special_tokens\":{\"type\":\"boolean\",\"description\":\"default: true with prompt, false with messages\"},"
+    "  \"add_generation_prompt\":{\"type\":\"boolean\",\"default\":true},"
+    "  \"continue_final_message\":{\"type\":\"boolean\",\"default\":false},"
+    "  \"chat_template_kwargs\":{\"type\":\"object\"},\"tools\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"
+    "  \"return_token_strs\":{\"type\":\"boolean\",\"default\":false}}},"
+    "\"TokenizeResponse\":{\"type\":\"object\",\"properties\":{\"tokens\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"integer\"}},\"count\":{\"type\":\"integer\"},\"max_model_len\":{\"type\":\"integer\"},"
+    "  \"token_strs\":{\"type\":\"array\",\"nullable\":true,\"items\":{\"type\":\"string\"}}}},"
+    "\"DetokenizeRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
+    "  \"tokens\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},"
     "  \"skip_special_tokens\":{\"type\":\"boolean\"}},\"required\":[\"tokens\"]},"
     "\"Job\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\"},\"kind\":{\"type\":\"string\"},"
     "  \"status\":{\"type\":\"string\",\"enum\":[\"queued\",\"running\",\"done\",\"failed\",\"cancelled\"]},"
@@ -82,22 +109,25 @@ static const char schemas[] =
     "\"logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20,\"nullable\":true},\"echo\":{\"type\":\"boolean\"},"
     "\"stream\":{\"type\":\"boolean\"},"
     "  \"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"best_of\":{\"type\":\"integer\"},"
-    "  \"presence_penalty\":{\"type\":\"number\",\"enum\":[0]},\"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]}},"
+    "  \"add_special_tokens\":{\"type\":\"boolean\",\"default\":true}," OA_EXTRAS "},"
     "  \"required\":[\"prompt\"]},"
     "\"ChatCompletionRequest\":{\"type\":\"object\",\"properties\":{\"model\":{\"type\":\"string\"},"
-    "  \"messages\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"role\":{\"type\":\"string\"},"
-    "    "
-    "\"content\":{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"object\"}}]}},\"required\":["
-    "\"role\"],\"additionalProperties\":true}},"
+    "  \"messages\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/components/schemas/ChatMessage\"}},"
     "  \"max_tokens\":{\"type\":\"integer\",\"minimum\":1},\"max_completion_tokens\":{\"type\":\"integer\",\"minimum\":1},"
     "  \"n\":{\"type\":\"integer\",\"minimum\":1},"
     "  "
     "\"logprobs\":{\"type\":\"boolean\"},\"top_logprobs\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20},\"stream\":{"
     "\"type\":\"boolean\"},"
     "  "
-    "\"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},\"presence_penalty\":{\"type\":\"number\",\"enum\":["
-    "0]},"
-    "  \"frequency_penalty\":{\"type\":\"number\",\"enum\":[0]},\"response_format\":{\"type\":\"object\"}},"
+    "\"stream_options\":{\"type\":\"object\"},\"user\":{\"type\":\"string\"},"
+    "  \"tools\":{\"type\":\"array\",\"items\":{\"type\":\"object\"}},"
+    "  \"tool_choice\":{\"oneOf\":[{\"type\":\"string\",\"enum\":[\"none\",\"auto\"]},{\"type\":\"object\"}],"
+    "    \"description\":\"required and a named function are refused: grpod does no constrained decoding\"},"
+    "  \"parallel_tool_calls\":{\"type\":\"boolean\",\"default\":true},"
+    "  \"chat_template_kwargs\":{\"type\":\"object\",\"description\":\"enable_thinking: Qwen3's switch\"},"
+    "  \"add_generation_prompt\":{\"type\":\"boolean\",\"default\":true},"
+    "  \"continue_final_message\":{\"type\":\"boolean\",\"default\":false},"
+    "  \"add_special_tokens\":{\"type\":\"boolean\",\"default\":false}," OA_EXTRAS "},"
     "  \"required\":[\"messages\"]},"
     "\"Accepted\":{\"type\":\"object\",\"properties\":{\"job_id\":{\"type\":\"string\"},\"status\":{\"type\":\"string\"}}}"
     "}";

@@ -54,16 +54,30 @@ enum MHD_Result api_reply_obj(struct MHD_Connection *c, api_req *x, int status, 
 
 /* ---------------------------------------------------------------- error bodies */
 
+/* OpenAI's error type for a status (what its SDKs and the clients written for them read). */
+static const char *openai_type(int status) {
+    static const struct {
+        int status;
+        const char *type;
+    } rows[] = {{401, "authentication_error"}, {403, "permission_error"}, {404, "not_found_error"}, {429, "rate_limit_error"}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (rows[i].status == status) return rows[i].type;
+    return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
 enum MHD_Result api_reply_error(struct MHD_Connection *c, api_req *x, const api_error *e) {
     json_object *o = json_object_new_object(), *er = json_object_new_object();
+    int status = e->status ? e->status : api_http_status(e->code);
     json_object_object_add(er, "code", json_object_new_string(err_name(e->code)));
     json_object_object_add(er, "message", json_object_new_string(e->message[0] ? e->message : err_default(e->code)));
     if (e->field[0]) json_object_object_add(er, "field", json_object_new_string(e->field));
+    json_object_object_add(er, "type", json_object_new_string(openai_type(status)));
+    json_object_object_add(er, "param", e->field[0] ? json_object_new_string(e->field) : NULL);
     json_object_object_add(o, "error", er);
-    if (e->status >= 500)
-        log_event(LOG_WARN, "http_error", "\"route\":\"%s\",\"status\":%d,\"code\":\"%s\"", x->route ? x->route : "other",
-                  e->status, err_name(e->code));
-    return api_reply_obj(c, x, e->status ? e->status : api_http_status(e->code), o);
+    if (status >= 500)
+        log_event(LOG_WARN, "http_error", "\"route\":\"%s\",\"status\":%d,\"code\":\"%s\"", x->route ? x->route : "other", status,
+                  err_name(e->code));
+    return api_reply_obj(c, x, status, o);
 }
 
 enum MHD_Result api_reply_fail(struct MHD_Connection *c, api_req *x, int code, const char *field, const char *fmt, ...) {

@@ -4,7 +4,7 @@
  * (openapi.c) lists the paths in that order.
  *
  * Adding a route is a row in API_ROUTES and its handler, an api_handler defined in the file of
- * its family (handlers.c, openai.c, dashboard.c, cluster.c, openapi.c). The list is expanded
+ * its family (handlers.c, openai*.c, dashboard.c, cluster.c, openapi.c). The list is expanded
  * twice: into the handlers' declarations (below, seen by every handler through internal.h) and
  * into the table (routes.c).
  *
@@ -83,10 +83,13 @@ typedef struct {
     X("POST", "/v1/logprobs", api_logprobs_post, API_KEY, \
       .summary = "Score given responses under the policy or the reference (synchronous; 202 with job_id after 600 s)", \
       .body = "LogprobsRequest") \
-    X("POST", "/v1/tokenize", api_tokenize_post, API_KEY, .summary = "Text or chat messages to token ids", \
-      .body = "TokenizeRequest") \
+    X("POST", "/v1/tokenize", api_tokenize_post, API_KEY, \
+      .summary = "Text or chat messages (with tools) to token ids, as vLLM's /tokenize", .body = "TokenizeRequest", \
+      .ok_body = "TokenizeResponse") \
     X("POST", "/v1/detokenize", api_detokenize_post, API_KEY, .summary = "Token ids to text", .body = "DetokenizeRequest") \
     X("GET", "/v1/models", api_oa_models_get, API_KEY, .summary = "OpenAI-compatible: the served policy") \
+    X("GET", "/v1/models/{id}", api_oa_model_get, API_KEY, \
+      .summary = "OpenAI-compatible: the served policy by its id (404 for any other model)") \
     X("POST", "/v1/completions", api_oa_completions_post, API_KEY, \
       .summary = "OpenAI-compatible completions from the live policy (through the rollout scheduler; " \
                  "stream: true answers as server-sent events)", \
@@ -94,6 +97,16 @@ typedef struct {
     X("POST", "/v1/chat/completions", api_oa_chat_post, API_KEY, \
       .summary = "OpenAI-compatible chat completions from the live policy (the model's chat template)", \
       .body = "ChatCompletionRequest") \
+    X("GET", "/health", api_vllm_health_get, API_OPEN, \
+      .summary = "vLLM's probe: 200 with an empty body while the model serves, else 503") \
+    X("GET", "/version", api_vllm_version_get, API_OPEN, .summary = "vLLM's version route: {\"version\"}") \
+    X("POST", "/tokenize", api_vllm_tokenize_post, API_OPEN, .summary = "vLLM's /tokenize: POST /v1/tokenize", \
+      .body = "TokenizeRequest", .ok_body = "TokenizeResponse") \
+    X("POST", "/detokenize", api_vllm_detokenize_post, API_OPEN, .summary = "vLLM's /detokenize: POST /v1/detokenize", \
+      .body = "DetokenizeRequest") \
+    X("GET", "/tokenizer_info", api_vllm_tokenizer_info_get, API_OPEN, \
+      .summary = "vLLM's /tokenizer_info: tokenizer_config.json (special tokens as text, chat_template) and " \
+                 "tokenizer_class") \
     X("GET", "/dashboard", api_dashboard_page_get, API_OPEN, \
       .summary = "The training dashboard (an HTML page drawing GET /v1/dashboard)") \
     X("GET", "/v1/dashboard", api_dashboard_get, API_KEY, \

@@ -11,12 +11,12 @@
 #include "common/err.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "daemon/serve.h"
 #include "engine/engine.h"
 #include "engine/text/tokenizer.h"
 
 #define DEFAULT_DATA_DIR "./grpod-data"
-#define GRPOD_VERSION "0.1.0"
 
 static const char *usage_top =
     "grpod — GPU back end for GRPO-family RL post-training (C + CUDA)\n"

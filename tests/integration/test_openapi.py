@@ -13,6 +13,8 @@ SERVED = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"), ("GET", 
           ("POST", "/v1/rollouts"), ("POST", "/v1/updates"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{id}"),
           ("DELETE", "/v1/jobs/{id}"), ("GET", "/v1/model"), ("POST", "/v1/checkpoints"), ("GET", "/v1/checkpoints"),
           ("POST", "/v1/logprobs"), ("POST", "/v1/tokenize"), ("POST", "/v1/detokenize"), ("GET", "/v1/models"),
+          ("GET", "/v1/models/{id}"), ("GET", "/health"), ("GET", "/version"), ("POST", "/tokenize"),
+          ("POST", "/detokenize"), ("GET", "/tokenizer_info"),
           ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/dashboard"),
           ("GET", "/v1/dashboard"), ("POST", "/v1/jobs/{id}/requeue"), ("DELETE", "/v1/checkpoints/{id}"),
           ("POST", "/v1/cluster/join"), ("GET", "/v1/cluster/next"), ("POST", "/v1/cluster/done"), ("GET", "/v1/cluster/beat")}

@@ -1,0 +1,92 @@
+/* openai.h — what the OpenAI-compatible files share: the served model's name, chat prompts
+ * (messages, tools and the template's switches rendered and tokenized) and tool calls.
+ *
+ * Files: openai.c (completions and chat completions: jobs and replies), openai_request.c (their
+ * requests → a native rollout request), openai_chat.c (messages → prompt ids),
+ * openai_tools.c (tool definitions, tool_choice, the model's output parsed into tool_calls, JSON
+ * written as Python's json.dumps writes it), openai_vllm.c (vLLM's routes beside them: /health,
+ * /version, /tokenize, /detokenize, /tokenizer_info, GET /v1/models/{id}).
+ *
+ * Threading: any thread (the engine's text functions are thread-safe); the caller owns every
+ * tree it passes and frees what it gets back. Not a public header: api/ only. */
+#ifndef GRPOD_API_OPENAI_H
+#define GRPOD_API_OPENAI_H
+#include <json-c/json.h>
+
+#include "api/validate.h"
+#include "engine/engine.h"
+
+/* ---------------------------------------------------------------- the served model (openai_vllm.c) */
+
+/* The name /v1/models serves: the model directory's last component ("policy" when empty). */
+void oa_model_name(eng *e, char *out, size_t n);
+/* 0 when name is NULL, the served name or the model directory; else GE_NOT_FOUND (404) naming
+ * "model", as vLLM answers a model it does not serve. */
+int oa_model_or_reply(eng *e, const char *name, api_error *err);
+
+/* ---------------------------------------------------------------- ids, tools (openai_tools.c) */
+
+/* prefix + 32 random hex digits ("chatcmpl-…", "chatcmpl-tool-…"), unique per call. */
+void oa_new_id(char *out, size_t n, const char *prefix);
+
+typedef enum { OA_TOOLS_NONE, OA_TOOLS_AUTO, OA_TOOLS_REQUIRED, OA_TOOLS_NAMED } oa_tool_choice;
+
+/* A request's tools: each definition as the chat template's tojson writes it, and the choice. */
+typedef struct {
+    char **json; /* n of them, malloc'd */
+    int n;
+    oa_tool_choice choice;
+    int parallel; /* parallel_tool_calls (default true): false keeps the first call only */
+} oa_tools;
+
+/* Reads tools, tool_choice and parallel_tool_calls of req (absent: no tools, choice none). */
+int oa_tools_or_reply(json_object *req, oa_tools *t, api_error *err);
+void oa_tools_free(oa_tools *t);
+
+/* v as Python's json.dumps(v, ensure_ascii=False) writes it (", " and ": " between members, key
+ * order kept): what HF's tojson filter puts into a prompt. malloc'd; NULL when out of memory. */
+char *oa_pydumps(json_object *v);
+
+/* The model's text parsed as vLLM's hermes parser does (Qwen's <tool_call>{"name", "arguments"}
+ * </tool_call>): a new array of OpenAI tool_calls ({id, type: "function", function: {name,
+ * arguments: JSON text}}) with *content_len the length of the text before the first call; NULL
+ * when the text holds no well-formed call (then all of it is content). max: 1 keeps the first. */
+json_object *oa_parse_tool_calls(const char *text, size_t *content_len, int max);
+
+/* ---------------------------------------------------------------- requests (openai_request.c) */
+
+#define OA_MAX_LOGPROBS 20
+
+/* One completions or chat request across its jobs and suspends (api_req.ext). */
+typedef struct {
+    int chat, stream, include_usage, echo, logprobs; /* logprobs: -1 off, else top-n asked */
+    int n, n_prompts, max_tokens;
+    int skip_special, include_stop; /* skip_special_tokens, include_stop_str_in_output */
+    oa_tool_choice tool_choice; /* none: the output is content; auto: parsed into tool_calls */
+    int parallel_tool_calls;
+    char id[64]; /* "cmpl-…" / "chatcmpl-…", unique */
+    char model[128];
+    long long created, policy_version;
+    json_object *rollout; /* the canonical rollout payload (groups[].prompt_ids) */
+    json_object *sampled; /* the rollout job's result, or NULL (max_tokens 0) */
+    json_object *scored; /* the logprobs job's result (echo + logprobs) */
+    int stage; /* 0 rollout, 1 logprobs, 2 done */
+} oa_req;
+
+/* Reads a completions (chat 0) or chat completions request into q, with its native rollout
+ * payload validated by api_rollout_or_reply (q->rollout). Errors name the request's fields. */
+int oa_parse_or_reply(eng *e, json_object *req, int chat, const api_limits *l, const api_model *m, oa_req *q, api_error *err);
+/* The native validator names its fields (groups[0].prompt, sampling.max_tokens): as the request does. */
+void oa_rename_field(api_error *err, int chat);
+
+/* ---------------------------------------------------------------- chat prompts (openai_chat.c) */
+
+/* The prompt of a chat request: messages (OpenAI's shapes: text parts, an assistant's tool_calls,
+ * tool results), t's tools, chat_template_kwargs (enable_thinking), add_generation_prompt
+ * (default true) and continue_final_message (default false), rendered by the model's chat
+ * template and tokenized (add_special_tokens, default false). *ids is malloc'd. Errors name the
+ * request's fields (messages[2].tool_calls[0].function.name). */
+int oa_chat_prompt_or_reply(eng *e, json_object *req, const oa_tools *t, int **ids, int *n, api_error *err);
+/* The members oa_chat_prompt_or_reply reads beside messages (for a route's list of keys). */
+extern const char *const oa_chat_prompt_keys[];
+#endif

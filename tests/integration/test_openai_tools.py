@@ -1,0 +1,137 @@
+# test_openai_tools.py — tool calling through the official openai SDK against a real daemon whose
+# model (the embedded tiny one) carries a Qwen3 chat template: the tools and a tool-call history
+# (assistant tool_calls, tool results) rendered into the prompt in Qwen3's format, never dropped;
+# enable_thinking; tool_choice none / auto, required and a named function refused (grpod does no
+# constrained decoding). Then the policy is taught, through /v1/updates with given advantages, to
+# answer one prompt with a <tool_call>: its answer comes back parsed into tool_calls (as vLLM's
+# hermes parser parses it), streamed too, and as plain content under tool_choice none.
+import json
+import os
+import shutil
+
+import pytest
+import requests
+
+from conftest import Daemon
+
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Call f."}]
+CALL = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def qwen3(grpod_available, tmp_path_factory):
+    """A daemon on a copy of the embedded model whose chat_template is Qwen3's (grpod recognises a
+    template by its markers and renders it with built-in code: engine/text/chat.h)."""
+    root = tmp_path_factory.mktemp("qwen3")
+    first = Daemon(str(root / "data0")).start()
+    first.stop()
+    model = root / "qwen3-tiny"
+    shutil.copytree(os.path.join(first.data_dir, "default-model"), str(model))
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = ("{#- Qwen3: <|im_start|>, message.reasoning_content, tools, <tool_call>, "
+                            "enable_thinking; rendered by grpod's built-in Qwen3 renderer #}")
+    cfg_path.write_text(json.dumps(cfg))
+    d = Daemon(str(root / "data"), ["--model", str(model)]).start()
+    yield d
+    d.stop()
+    if d.proc.poll() is None:
+        d.proc.kill()
+
+
+def rendered(d, body):
+    t = d.post("/tokenize", body)
+    assert t.status_code == 200, t.text
+    return d.post("/detokenize", {"tokens": t.json()["tokens"]}).json()["prompt"]
+
+
+def test_tools_and_history_rendered(qwen3):
+    d = qwen3
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    text = rendered(d, {"messages": msgs, "tools": [WEATHER]})
+    assert text == (
+        "<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + json.dumps(WEATHER, ensure_ascii=False) +
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
+    off = rendered(d, {"messages": ASK, "chat_template_kwargs": {"enable_thinking": False}})
+    assert off == "<|im_start|>user\nCall f.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    bad = dict(msgs[2], tool_calls=[{"function": {"name": "get_weather", "arguments": "{not json"}}])
+    r = d.post("/tokenize", {"messages": msgs[:2] + [bad], "tools": [WEATHER]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[2].tool_calls[0].function.arguments"
+
+
+def test_tool_choice_with_the_sdk(qwen3):
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    history = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"}]
+    for choice in ("auto", "none"):
+        c = client.chat.completions.create(model="qwen3-tiny", messages=history, tools=TOOLS, tool_choice=choice,
+                                           max_tokens=4, seed=1, parallel_tool_calls=False)
+        want = d.post("/tokenize", {"messages": history, "tools": TOOLS}).json()["count"]
+        assert c.usage.prompt_tokens == want          # the history's calls and results are in the prompt
+        assert c.choices[0].message.role == "assistant"
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice=choice,
+                                           max_tokens=4)
+        assert e.value.param == "tool_choice"
+
+
+def teach_the_call(d):
+    """Given-advantage updates on [prompt; CALL eos] until greedy decoding answers CALL."""
+    prompt = d.post("/tokenize", {"messages": ASK, "tools": TOOLS}).json()["tokens"]
+    target = d.post("/tokenize", {"prompt": CALL, "add_special_tokens": False}).json()["tokens"]
+    target.append(d.get("/v1/model").json()["eos_token_ids"][0])
+    body = {"groups": [{"prompt_ids": prompt, "responses": [{"token_ids": target, "advantage": 1.0}]}],
+            "algorithm": {"adv_estimator": "given", "kl_coef": 0.0}, "optimizer": {"lr": 2e-2}}
+    for step in range(300):
+        job = d.post("/v1/updates", body).json()["job_id"]
+        if step % 5 == 4:
+            assert d.wait_job(job)["status"] == "done"
+            c = d.post("/v1/chat/completions", {"messages": ASK, "tools": TOOLS, "temperature": 0,
+                                                "max_tokens": len(target) + 4}).json()
+            if c["choices"][0]["finish_reason"] == "tool_calls":
+                return step
+    pytest.fail("the policy did not learn to answer with the call")
+
+
+def test_learned_tool_call_parsed_and_streamed(qwen3):
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    teach_the_call(d)
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, temperature=0, max_tokens=64)
+    ch = c.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    assert [(t.type, t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls] == [
+        ("function", "f", {})]
+    assert ch.message.tool_calls[0].id.startswith("chatcmpl-tool-")
+    # streamed: the call arrives in a delta, with its index
+    calls, finish = [], None
+    for ev in client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, temperature=0,
+                                             max_tokens=64, stream=True):
+        for cc in ev.choices:
+            calls += cc.delta.tool_calls or []
+            finish = cc.finish_reason or finish
+    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")]
+    # tool_choice none: the same answer as content, unparsed
+    c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice="none",
+                                       temperature=0, max_tokens=64)
+    assert c.choices[0].message.content == CALL and not c.choices[0].message.tool_calls
+    assert c.choices[0].finish_reason == "stop"
