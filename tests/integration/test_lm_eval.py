@@ -1,0 +1,102 @@
+# test_lm_eval.py — lm-evaluation-harness's local-completions run as a user runs it, with only
+# base_url (its tokenizer is then the server's: /tokenizer_info, /tokenize, /detokenize), on two
+# local tasks over random data: a multiple-choice one (loglikelihood, acc) and a generate_until
+# one (exact_match). Its numbers must be the ones computed directly: acc from /v1/logprobs of each
+# choice, exact_match from greedy /v1/completions.
+#
+# lm-eval pulls torch and is not among make deps' packages: the test runs where `import lm_eval`
+# works, in this Python or in the one GRPOD_LM_EVAL_PYTHON names (a venv of it), and skips
+# elsewhere.
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+PY = os.environ.get("GRPOD_LM_EVAL_PYTHON", sys.executable)
+
+MC = """task: grpod_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+GEN = """task: grpod_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def have_lm_eval():
+    return subprocess.run([PY, "-c", "import lm_eval.models.openai_completions, tenacity"],
+                          capture_output=True).returncode == 0
+
+
+def write_tasks(tmp, rng):
+    words = ["cat", "dog", "sun", "red", "blue", "tree"]
+    mc = [{"question": "Q%d: %s?" % (i, " ".join(rng.choice(words) for _ in range(rng.randint(1, 4)))),
+           "choices": [" " + w for w in rng.sample(words, 3)], "answer": rng.randrange(3)} for i in range(8)]
+    gen = [{"question": "Say %s:" % rng.choice(words), "answer": rng.choice(words)} for _ in range(4)]
+    for name, rows, tpl in (("mc", mc, MC), ("gen", gen, GEN)):
+        data = tmp / ("%s.jsonl" % name)
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (tmp / ("%s.yaml" % name)).write_text(tpl.format(data=data))
+    return mc, gen
+
+
+def test_local_completions_with_only_base_url(shared_daemon, tmp_path):
+    if not have_lm_eval():
+        pytest.skip("lm_eval is not installed here (GRPOD_LM_EVAL_PYTHON: a Python that has it)")
+    d = shared_daemon
+    mc, gen = write_tasks(tmp_path, random.Random(37))
+    out = tmp_path / "out"
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    r = subprocess.run([PY, "-m", "lm_eval", "--model", "local-completions",
+                        "--model_args", "base_url=%s/v1/completions" % d.url,
+                        "--tasks", "grpod_mc,grpod_gen", "--include_path", str(tmp_path), "--output_path", str(out)],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    results = json.load(open(glob.glob(str(out / "**" / "results_*.json"), recursive=True)[0]))["results"]
+
+    def tok(text):
+        return d.post("/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
+
+    right = 0
+    for doc in mc:
+        ctx = tok(doc["question"])
+        scores = []
+        for ch in doc["choices"]:
+            lp = d.post("/v1/logprobs", {"groups": [{"prompt_ids": ctx, "responses": [{"token_ids": tok(ch)}]}]})
+            scores.append(sum(lp.json()["groups"][0]["responses"][0]["logprobs"]))
+        right += scores.index(max(scores)) == doc["answer"]
+    assert results["grpod_mc"]["acc,none"] == pytest.approx(right / len(mc))
+    hits = 0
+    for doc in gen:
+        c = d.post("/v1/completions", {"prompt": doc["question"], "max_tokens": 8, "temperature": 0,
+                                       "stop": ["\n"]}).json()
+        hits += c["choices"][0]["text"] == doc["answer"]
+    assert results["grpod_gen"]["exact_match,none"] == pytest.approx(hits / len(gen))
