@@ -17,6 +17,8 @@ PREFIX   ?= /usr/local
 BUILD    := build
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fopenmp -pthread -I. -MMD -MP
+# one rounding per operation everywhere (kernels/dot_cpu.h: a row's bits must not depend on the code shape)
+CFLAGS   += -ffp-contract=off
 LDLIBS   := -fopenmp -pthread -lm
 # SAN: sanitizer flags for compiling and linking alike (make sanitize sets it, with its own BUILD)
 SAN      ?=

@@ -8,18 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static inline float dotc(const float *a, const float *b, int C) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int c = 0; c < C; c++) s += a[c] * b[c];
-    return s;
-}
+#include "kernels/dot_cpu.h"
 
 /* z (V) for one hidden row; returns logsumexp(z) and writes E[z] under softmax(z). */
 static float row_logits(float *z, const float *hrow, const float *w, int C, int V, float inv_t, float *ez) {
     float mx = -INFINITY;
     for (int j = 0; j < V; j++) {
-        z[j] = dotc(hrow, w + (size_t)j * C, C) * inv_t;
+        z[j] = dot_cpu(hrow, w + (size_t)j * C, C) * inv_t;
         if (z[j] > mx) mx = z[j];
     }
     double sum = 0, sz = 0;
@@ -102,5 +97,5 @@ void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent
 void lm_head_rows_cpu(float *logits, const float *h, const int *pos, const float *w, int R, int C, int V) {
 #pragma omp parallel for collapse(2) schedule(static)
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < V; j++) logits[(size_t)r * V + j] = dotc(h + (size_t)pos[r] * C, w + (size_t)j * C, C);
+        for (int j = 0; j < V; j++) logits[(size_t)r * V + j] = dot_cpu(h + (size_t)pos[r] * C, w + (size_t)j * C, C);
 }

@@ -132,7 +132,7 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
     float m = -INFINITY, s = 0.0f, me = -INFINITY, best = -INFINITY;
     int ae = -1, bi = -1;
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
-        float z = x[j] / T;
+        float z = x[j] * (1.0f / T);
         if (z > m) {
             s = s * __expf(m - z) + 1.0f;
             m = z;
@@ -178,7 +178,7 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
     if (p.temperature <= 0 || gumbel) {
         int t = p.temperature <= 0 || q.bi < 0 ? ae_all : q.bi;
         tok[r] = t;
-        logprob[r] = x[t] / T - lse;
+        logprob[r] = x[t] * (1.0f / T) - lse;
         return;
     }
     samp_state *w = &st[r];
@@ -259,7 +259,7 @@ __global__ void samp_radix_kernel(samp_state *st, const float *logits, const sam
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hs[i] = 0;
     const int nloc = samp_local_ban(loc, &nloc_s, ban, p.ban, c0, c1); /* syncs */
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
-        float z = x[j] / T;
+        float z = x[j] * (1.0f / T);
         unsigned u = samp_key(z);
         if ((u & hmask) != prefix || z == -INFINITY) continue;
         if (samp_banned(j, loc, nloc, ban)) continue;
@@ -295,7 +295,7 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
     float best = -INFINITY;
     int bi = -1;
     for (int j = c0 + threadIdx.x; j < c1; j += blockDim.x) {
-        float z = x[j] / T;
+        float z = x[j] * (1.0f / T);
         unsigned u = samp_key(z);
         if (z == -INFINITY || u < key_k || u < key_p) continue;
         if (p.min_p > 0 && expf(z - zmax) < p.min_p) continue;
@@ -320,7 +320,7 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
     if (lane) return;
     int t = i < 0 ? w->arg_e : i;
     tok[r] = t;
-    logprob[r] = x[t] / T - w->lse;
+    logprob[r] = x[t] * (1.0f / T) - w->lse;
 }
 
 void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {

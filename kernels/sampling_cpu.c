@@ -1,6 +1,7 @@
 /* sampling_cpu.c — the reference of kernels/sampling.h, written plainly: per row, the
- * untruncated logsumexp, the eligible ids, the kept set by sorting (top_k, min_p, top_p in that
- * order), then Gumbel-max over the kept set. Rows in parallel. */
+ * untruncated logsumexp of the logits times 1/temperature (the trainer's scaling, so a sampled
+ * token's logprob is the trainer's bits), the eligible ids, the kept set by sorting (top_k,
+ * min_p, top_p in that order), then Gumbel-max over the kept set. Rows in parallel. */
 #include <stdlib.h>
 
 #include "kernels/sampling.h"
@@ -18,9 +19,9 @@ static int banned(const int *ban, int j) {
 
 /* One row; z (V) scratch for the scaled logits, s (V) scratch for sorting. */
 static int draw_row(const float *x, const sample_params *p, const int *ban, int V, float *z, float *s, float *lp) {
-    float T = p->temperature > 0 ? p->temperature : 1.0f, mx = -INFINITY, mx_e = -INFINITY;
+    float inv_t = 1.0f / (p->temperature > 0 ? p->temperature : 1.0f), mx = -INFINITY, mx_e = -INFINITY;
     for (int j = 0; j < V; j++) {
-        z[j] = x[j] / T;
+        z[j] = x[j] * inv_t;
         mx = fmaxf(mx, z[j]);
     }
     double sum = 0;
@@ -80,7 +81,7 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
             }
         }
     }
-    *lp = x[pick] / T - lse;
+    *lp = x[pick] * inv_t - lse;
     return pick;
 }
 

@@ -3,8 +3,10 @@
 # update trains each rank's share of the groups and shards the AdamW state (engine/train/dp.c).
 # W = 2 and 3 give what one rank gives for the same jobs — the same rollout tokens for the
 # same seeds (bit for bit: a response's tokens depend only on its seed, group index and
-# response index), the same policy_version after updates, and the same probe logprobs after
-# them to rounding: |d| <= 1e-5 absolute (fp32 CPU; the ranks split the engine threads, and the
+# response index) and the same rollout logprobs, each equal to /v1/logprobs of its tokens bit
+# for bit though four jobs decode together (the CPU kernels sum every row in one order whatever
+# the batch: kernels/dot_cpu.h), the same policy_version after updates, and the same probe
+# logprobs after them to rounding: |d| <= 1e-5 absolute (fp32 CPU; the ranks split the engine threads, and the
 # data-parallel update sums gradients in another order, so bits may differ, never more than a
 # few fp32 ulps of these magnitudes). Every rank must have run rollout steps, or the test
 # proved nothing. A checkpoint written by 2 ranks (the shards gathered to rank 0) resumes on
@@ -39,6 +41,14 @@ def run_round(d, rnd, out):
     jobs = [d.wait_job(i) for i in ids]
     assert all(j["status"] == "done" for j in jobs), jobs
     out["tokens"].append([[r["token_ids"] for g in j["result"]["groups"] for r in g["responses"]] for j in jobs])
+    out.setdefault("logprobs", []).append([[r["logprobs"] for g in j["result"]["groups"] for r in g["responses"]] for j in jobs])
+    for j in jobs:   # decoded beside three other jobs, yet the trainer's bits
+        lp = d.post("/v1/logprobs", {"groups": [{"prompt_ids": g["prompt_ids"],
+                                                  "responses": [{"token_ids": r["token_ids"]} for r in g["responses"]]}
+                                                 for g in j["result"]["groups"]], "temperature": 1.0})
+        assert lp.status_code == 200, lp.text
+        assert [r["logprobs"] for g in lp.json()["groups"] for r in g["responses"]] == \
+            [r["logprobs"] for g in j["result"]["groups"] for r in g["responses"]]
     groups = [g for j in jobs for g in scored(j["result"])]
     u = d.wait_job(d.submit("/v1/updates", {"groups": groups, "optimizer": {"lr": 1e-3},
                                             "algorithm": {"ppo_mini_batch_size": 4}}))
@@ -54,7 +64,7 @@ def probe(d):
 
 def session(d):
     """Two rounds, then the probe."""
-    out = {"tokens": [], "versions": []}
+    out = {"tokens": [], "logprobs": [], "versions": []}
     for rnd in range(2):
         run_round(d, rnd, out)
     out["probe"] = probe(d)
@@ -84,6 +94,7 @@ def test_ranks_equal_one_rank(one_rank, make_daemon, tmp_path, W):
     got = session(d)
     assert d.stop() == 0
     assert got["tokens"] == one_rank["tokens"]
+    assert got["logprobs"][0] == one_rank["logprobs"][0]   # round 1 follows an update: rounding (above)
     assert got["versions"] == one_rank["versions"] == [1, 2]
     assert got["model"]["policy_version"] == one_rank["model"]["policy_version"]
     assert len(got["probe"]) == len(one_rank["probe"]) == 13
@@ -122,7 +133,7 @@ def test_ranks_checkpoint_restart(one_rank, make_daemon, tmp_path, first, second
     crossed the restart too, or the second update would differ)."""
     data = tmp_path / "data"
     args = lambda w: ["--ranks", str(w)] if w > 1 else []
-    out = {"tokens": [], "versions": []}
+    out = {"tokens": [], "logprobs": [], "versions": []}
     d = make_daemon(data, args=args(first))
     run_round(d, 0, out)
     c = d.wait_job(d.submit("/v1/checkpoints", {}))

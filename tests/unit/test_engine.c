@@ -68,6 +68,55 @@ TEST(rollout_is_seeded_and_matches_training_logprobs) {
     CHECK_MSG(worst <= 1e-5, "rollout logprobs differ from the training path by %.3g", worst);
 }
 
+/* rollout logprobs equal the training path's bit for bit (alone and packed), and group 0 decoded
+ * beside two other groups gives the bits it gives alone (a stream's key is its request's seed,
+ * group index and response index, so only group 0 is the same stream in both requests) */
+TEST(rollout_logprobs_are_the_trainers_bit_for_bit) {
+    eng *e = open_default();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_rollout_group g[3] = {{prompt, NP, 5}, {prompt + 3, NP - 3, 3}, {prompt + 1, NP - 2, 2}};
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 14;
+    s.seed = 11;
+    s.temperature = 0.7f;
+    s.top_p = 0.95f;
+    eng_group_result all[3], one[1];
+    CHECK(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0);
+    CHECK(eng_rollout(e, g, 1, &s, one, NULL, NULL) == 0);
+    int tok_same = 1, n = 0, lp_same = 0, packed_same = 0, n0 = 0, alone_same = 0;
+    for (int k = 0; k < 3; k++) {
+        const int *resp[8];
+        int R[8];
+        for (int r = 0; r < g[k].n; r++) resp[r] = all[k].resp[r].tokens, R[r] = all[k].resp[r].n_tokens;
+        eng_update_group pg = {.prompt = g[k].prompt, .P = g[k].P, .n = g[k].n, .resp = resp, .R = R};
+        float **lpp;
+        CHECK(eng_logprobs(e, &pg, 1, 0, s.temperature, 1 << 20, &lpp) == 0);
+        for (int r = 0; r < g[k].n; r++) {
+            eng_response *x = &all[k].resp[r], *y = k ? NULL : &one[0].resp[r];
+            if (y) tok_same &= x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * 4);
+            eng_update_group ug = {.prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = &resp[r], .R = &R[r]};
+            float **lp;
+            CHECK(eng_logprobs(e, &ug, 1, 0, s.temperature, 1 << 20, &lp) == 0);
+            for (int t = 0; t < x->n_tokens; t++, n++) {
+                lp_same += lp[0][t] == x->logprobs[t];
+                packed_same += lpp[r][t] == x->logprobs[t];
+                if (y) n0++, alone_same += t < y->n_tokens && y->logprobs[t] == x->logprobs[t];
+            }
+            eng_logprobs_free(lp, &ug, 1);
+        }
+        eng_logprobs_free(lpp, &pg, 1);
+    }
+    printf("  %d tokens: equal to the trainer's %d, to the packed trainer's %d; group 0 alone %d of %d\n", n, lp_same, packed_same,
+           alone_same, n0);
+    for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
+    eng_group_result_free(&one[0]);
+    eng_close(e);
+    CHECK_MSG(tok_same, "decoding beside other groups changed the tokens");
+    CHECK_MSG(lp_same == n && packed_same == n, "rollout logprobs differ from the trainer's");
+    CHECK_MSG(alone_same == n0, "decoding beside other groups changed the logprobs");
+}
+
 TEST(greedy_equals_teacher_forced_argmax) {
     eng *e = open_default();
     CHECK(e);
@@ -252,6 +301,7 @@ TEST(group_over_budget_is_a_clear_error) {
 int main(void) {
     system("rm -rf " MODEL);
     RUN(rollout_is_seeded_and_matches_training_logprobs);
+    RUN(rollout_logprobs_are_the_trainers_bit_for_bit);
     RUN(greedy_equals_teacher_forced_argmax);
     RUN(update_moves_logprobs_by_advantage_and_checkpoint_reloads);
     RUN(checkpoint_save_is_idempotent);
