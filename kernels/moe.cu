@@ -1,24 +1,605 @@
-/* moe.cu — CUDA mixture-of-experts launchers (moe.cuh): not built yet. Each marks the context
- * failed with "not supported on cuda yet", so a call that got here anyway ends in a clear
- * sticky error at the next sync instead of wrong numbers. */
+/* moe.cu — the mixture-of-experts MLP (moe.h) on CUDA: the router, a permutation of the
+ * (token, slot) pairs by expert, grouped expert GEMMs on tensor cores (bf16 in, fp32
+ * accumulation), the weighted combine, and both backwards. Legend as moe.h (T, C, E, k, Fm);
+ * S = T·k slots, slot ts = t·k + s.
+ *
+ * Everything is decided on the device, so a step never waits for the host (decode steps are
+ * captured in CUDA graphs):
+ *   - moe_count_kernel / moe_perm_kernel: per expert, its slots in slot order (perm), their
+ *     count and offset, and its tiles of BM rows (toff). One block per expert scans every slot,
+ *     so the order inside an expert is the slot order whatever the launch.
+ *   - moe_rows_kernel<MODE>: one block per (expert tile of BM slots, BN outputs). It gathers its
+ *     rows' inputs by slot (no permuted copy of x), multiplies by that expert's weights alone
+ *     and scatters the result to the slots' rows. The grid is the bound Σ_e ⌈cnt_e/BM⌉ ≤
+ *     ⌈S/BM⌉ + min(E, S); blocks past the real tile count return. Only routed experts' weights
+ *     are read, so a decode step reads the active parameters.
+ *   - moe_wgrad_kernel<MODE>: one block per (expert, BM×BN tile of its weight gradient), its
+ *     slots summed in slot order; experts no slot chose are not touched.
+ * No float atomics: every sum has one owner and a fixed order, so results are bit-identical
+ * from run to run. dx of the experts' backward goes through fp32 per-slot rows (scratch, S·C)
+ * summed per token in slot order, rounded to bf16 once.
+ *
+ * Precision beside the fp32 reference: eg, eu, ey, dg, du are bf16 (act-typed, as the dense
+ * MLP's); the SwiGLU output a is recomputed from the bf16 eg, eu where it is read; w·dout is
+ * rounded to bf16 as the A operand of dWd; the router's logits are fp32 out of a bf16 GEMM and
+ * d logit goes to bf16 for its two GEMMs, as autograd's bf16 nn.Linear backward does. */
+#include <stdint.h>
+#include <string.h>
+
+#include <mma.h>
+#include <type_traits>
+
+#include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
 
-static void moe_unsupported(cu_ctx *c, const char *op) { cu_fail(c, op, "not supported on cuda yet", __FILE__, __LINE__); }
+using namespace nvcuda;
+
+enum { MOE_BM = 64, MOE_BN = 64, MOE_BK = 32, MOE_NT = 128 };
+
+/* ---------------------------------------------------------------- helpers */
+
+__device__ __forceinline__ float moe_silu(float x) { return x / (1.0f + __expf(-x)); }
+
+/* 8 bf16 of row[k..k+8) (zeros past K, or for a NULL row), raw */
+__device__ __forceinline__ uint4 ld8(const bf16 *row, int k, int K) {
+    if (row && k + 8 <= K && !(((uintptr_t)(row + k)) & 15)) return *(const uint4 *)(row + k);
+    union {
+        uint4 q;
+        bf16 h[8];
+    } v;
+    for (int j = 0; j < 8; j++) v.h[j] = row && k + j < K ? row[k + j] : __float2bfloat16(0.0f);
+    return v.q;
+}
+__device__ __forceinline__ void unpack8(uint4 q, float *f) {
+    const bf16 *h = (const bf16 *)&q;
+    for (int j = 0; j < 8; j++) f[j] = __bfloat162float(h[j]);
+}
+__device__ __forceinline__ uint4 pack8(const float *f) {
+    union {
+        uint4 q;
+        bf16 h[8];
+    } v;
+    for (int j = 0; j < 8; j++) v.h[j] = __float2bfloat16(f[j]);
+    return v.q;
+}
+/* silu(g) * u of 8 values, the SwiGLU output the down projection reads */
+__device__ __forceinline__ uint4 swiglu8(const bf16 *g, const bf16 *u, int k, int K) {
+    float a[8], b[8];
+    unpack8(ld8(g, k, K), a);
+    unpack8(ld8(u, k, K), b);
+    for (int j = 0; j < 8; j++) a[j] = moe_silu(a[j]) * b[j];
+    return pack8(a);
+}
+
+__device__ __forceinline__ int block_sum_int(int v, int *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* ---------------------------------------------------------------- permutation by expert */
+
+/* cnt[e] = the slots that chose e. Grid E, 256 threads. */
+__global__ void moe_count_kernel(int *cnt, const int *topi, int S) {
+    __shared__ int sh[32];
+    int e = blockIdx.x, n = 0;
+    for (int i = threadIdx.x; i < S; i += blockDim.x) n += topi[i] == e;
+    n = block_sum_int(n, sh);
+    if (threadIdx.x == 0) cnt[e] = n;
+}
+
+/* off[e] = Σ_{j<e} cnt[j] and toff[e] = Σ_{j<e} ⌈cnt[j]/BM⌉ (off[E], toff[E] the totals);
+ * perm[off[e] ..] = e's slots in slot order. Grid E, 256 threads. */
+__global__ void moe_perm_kernel(int *perm, int *off, int *toff, const int *cnt, const int *topi, int S, int E) {
+    __shared__ int sh[32], base_sh;
+    int e = blockIdx.x, o = 0, to = 0;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        o += cnt[j];
+        to += (cnt[j] + MOE_BM - 1) / MOE_BM;
+    }
+    o = block_sum_int(o, sh);
+    to = block_sum_int(to, sh);
+    if (threadIdx.x == 0) {
+        off[e] = o;
+        toff[e] = to;
+        if (e == E - 1) {
+            off[E] = o + cnt[e];
+            toff[E] = to + (cnt[e] + MOE_BM - 1) / MOE_BM;
+        }
+        base_sh = o;
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int i0 = 0; i0 < S; i0 += blockDim.x) { /* ordered compaction, one block-wide chunk at a time */
+        int i = i0 + threadIdx.x, hit = i < S && topi[i] == e;
+        unsigned m = __ballot_sync(0xffffffffu, hit);
+        __syncthreads();
+        if (lane == 0) sh[w] = __popc(m);
+        __syncthreads();
+        int before = base_sh;
+        for (int j = 0; j < w; j++) before += sh[j];
+        if (hit) perm[before + __popc(m & ((1u << lane) - 1u))] = i;
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) base_sh = before + __popc(m);
+        __syncthreads();
+    }
+}
+
+/* ---------------------------------------------------------------- grouped GEMMs over slots */
+
+enum {
+    ROWS_GATE_UP, /* eg|eu[ts] = x[t] Wg|Wu_e^T          K = C,  N = Fm, W (N,K); blockIdx.z: gate 0, up 1 */
+    ROWS_DOWN, /* ey[ts] = a[ts] Wd_e^T                 K = Fm, N = C,  W (N,K) */
+    ROWS_DA, /* dg, du[ts] from da = w dout[t] Wd_e      K = C,  N = Fm, W (K,N) */
+    ROWS_DX, /* part[ts] = dg[ts] Wg_e + du[ts] Wu_e     K = Fm, N = C,  W (K,N), two K segments */
+};
+
+typedef struct {
+    const int *perm, *off, *cnt, *toff;
+    int E, k, K, N;
+    const bf16 *a0, *a1; /* GATE_UP: x; DOWN: eg, eu; DA: dout; DX: dg, du */
+    const bf16 *w0, *w1; /* stacked (E, ...) weights: the first, the second (GATE_UP: up; DX: Wu) */
+    bf16 *o0, *o1; /* GATE_UP: eg, eu; DOWN: ey; DA: dg, du */
+    float *of; /* DX: part (S, C) */
+    const float *topw; /* DA */
+    const bf16 *g, *u; /* DA: eg, eu */
+} moe_rows_args;
+
+typedef union {
+    struct {
+        bf16 a[MOE_BM][MOE_BK + 8];
+        bf16 b[MOE_BN * (MOE_BK + 8)]; /* (BN, BK+8) or (BK, BN+8) */
+    } in;
+    float c[MOE_BM][MOE_BN + 4];
+} moe_smem;
+
+/* acc += the BM×BK A tile times the BK×BN B tile in shared memory (4 warps of 32×32). */
+template <int B_KN>
+__device__ __forceinline__ void moe_mma(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[2][2], const moe_smem *sm) {
+    int w = threadIdx.x >> 5, wm = (w >> 1) * 32, wn = (w & 1) * 32;
+    typedef typename std::conditional<B_KN, wmma::row_major, wmma::col_major>::type BL;
+    for (int kk = 0; kk < MOE_BK; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, BL> fb[2];
+        for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm->in.a[wm + 16 * i][kk], MOE_BK + 8);
+        for (int j = 0; j < 2; j++) {
+            if (B_KN) wmma::load_matrix_sync(fb[j], sm->in.b + kk * (MOE_BN + 8) + wn + 16 * j, MOE_BN + 8);
+            else wmma::load_matrix_sync(fb[j], sm->in.b + (wn + 16 * j) * (MOE_BK + 8) + kk, MOE_BK + 8);
+        }
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+}
+
+/* One K segment: A rows arow[i] (and arow2[i] for DOWN's SwiGLU), W_e of layout B_KN. */
+template <int MODE, int B_KN>
+__device__ __forceinline__ void moe_rows_segment(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[2][2], moe_smem *sm,
+                                                 const bf16 *const *arow, const bf16 *const *arow2, const bf16 *W, int K, int N,
+                                                 int n0) {
+    for (int k0 = 0; k0 < K; k0 += MOE_BK) {
+        for (int c = threadIdx.x; c < MOE_BM * MOE_BK / 8; c += MOE_NT) {
+            int i = c / (MOE_BK / 8), kc = (c % (MOE_BK / 8)) * 8;
+            uint4 q = MODE == ROWS_DOWN ? (arow[i] ? swiglu8(arow[i], arow2[i], k0 + kc, K) : ld8(NULL, 0, 0))
+                                        : ld8(arow[i], k0 + kc, K);
+            *(uint4 *)&sm->in.a[i][kc] = q;
+        }
+        for (int c = threadIdx.x; c < MOE_BN * MOE_BK / 8; c += MOE_NT) {
+            if (B_KN) { /* W (K, N): row k0+kk, outputs n0+nc.. */
+                int kk = c / (MOE_BN / 8), nc = (c % (MOE_BN / 8)) * 8;
+                const bf16 *row = k0 + kk < K ? W + (size_t)(k0 + kk) * N : NULL;
+                *(uint4 *)(sm->in.b + kk * (MOE_BN + 8) + nc) = ld8(row, n0 + nc, N);
+            } else { /* W (N, K): row n0+n, inputs k0+kc.. */
+                int n = c / (MOE_BK / 8), kc = (c % (MOE_BK / 8)) * 8;
+                const bf16 *row = n0 + n < N ? W + (size_t)(n0 + n) * K : NULL;
+                *(uint4 *)(sm->in.b + n * (MOE_BK + 8) + kc) = ld8(row, k0 + kc, K);
+            }
+        }
+        __syncthreads();
+        moe_mma<B_KN>(acc, sm);
+        __syncthreads();
+    }
+}
+
+/* Grid (⌈S/BM⌉ + min(E, S), ⌈N/BN⌉, GATE_UP ? 2 : 1), MOE_NT threads. */
+template <int MODE> __global__ void __launch_bounds__(MOE_NT) moe_rows_kernel(moe_rows_args p) {
+    __shared__ __align__(128) moe_smem sm;
+    __shared__ int slot[MOE_BM];
+    __shared__ const bf16 *arow[MOE_BM], *arow2[MOE_BM];
+    int b = blockIdx.x, E = p.E;
+    if (b >= p.toff[E]) return;
+    int lo = 0, hi = E - 1; /* the expert whose tiles hold b: the last e with toff[e] <= b */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (p.toff[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    int e = lo, r0 = p.off[e] + (b - p.toff[e]) * MOE_BM, nr = min(MOE_BM, p.off[e] + p.cnt[e] - r0);
+    int n0 = blockIdx.y * MOE_BN, z = blockIdx.z, K = p.K, N = p.N;
+    for (int i = threadIdx.x; i < MOE_BM; i += MOE_NT) {
+        int ts = i < nr ? p.perm[r0 + i] : -1;
+        slot[i] = ts;
+        const bf16 *r = NULL, *r2 = NULL;
+        if (ts >= 0) {
+            if (MODE == ROWS_GATE_UP || MODE == ROWS_DA) r = p.a0 + (size_t)(ts / p.k) * K; /* the token's row */
+            else {
+                r = p.a0 + (size_t)ts * K; /* the slot's rows */
+                r2 = p.a1 + (size_t)ts * K;
+            }
+        }
+        arow[i] = r;
+        arow2[i] = r2;
+    }
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    size_t wsz = (size_t)N * K;
+    if (MODE == ROWS_GATE_UP) moe_rows_segment<MODE, 0>(acc, &sm, arow, arow2, (z ? p.w1 : p.w0) + e * wsz, K, N, n0);
+    if (MODE == ROWS_DOWN) moe_rows_segment<MODE, 0>(acc, &sm, arow, arow2, p.w0 + e * wsz, K, N, n0);
+    if (MODE == ROWS_DA) moe_rows_segment<MODE, 1>(acc, &sm, arow, arow2, p.w0 + e * wsz, K, N, n0);
+    if (MODE == ROWS_DX) {
+        moe_rows_segment<MODE, 1>(acc, &sm, arow, arow2, p.w0 + e * wsz, K, N, n0); /* dg Wg_e */
+        moe_rows_segment<MODE, 1>(acc, &sm, arow2, arow2, p.w1 + e * wsz, K, N, n0); /* du Wu_e */
+    }
+    int w = threadIdx.x >> 5, wm = (w >> 1) * 32, wn = (w & 1) * 32;
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], MOE_BN + 4, wmma::mem_row_major);
+    __syncthreads();
+    int nn = min(MOE_BN, N - n0);
+    for (int c = threadIdx.x; c < nr * MOE_BN; c += MOE_NT) {
+        int i = c / MOE_BN, n = c % MOE_BN;
+        if (n >= nn) continue;
+        size_t ts = (size_t)slot[i], o = ts * N + n0 + n;
+        float v = sm.c[i][n];
+        if (MODE == ROWS_GATE_UP) (z ? p.o1 : p.o0)[o] = __float2bfloat16(v);
+        if (MODE == ROWS_DOWN) p.o0[o] = __float2bfloat16(v);
+        if (MODE == ROWS_DX) p.of[o] = v;
+        if (MODE == ROWS_DA) { /* da = w · (dout Wd); then SwiGLU's backward on this slot's g, u */
+            float da = p.topw[ts] * v, g = __bfloat162float(p.g[o]), u = __bfloat162float(p.u[o]);
+            float sg = 1.0f / (1.0f + __expf(-g));
+            p.o0[o] = __float2bfloat16(da * u * (sg + g * sg * (1.0f - sg)));
+            p.o1[o] = __float2bfloat16(da * g * sg);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- weight gradients */
+
+enum {
+    WG_DOWN, /* dWd_e (C, Fm) += Σ (w dout[t])^T a[ts]   M = C, N = Fm */
+    WG_IN, /* dWg|dWu_e (Fm, C) += Σ d(g|u)[ts]^T x[t]  M = Fm, N = C */
+};
+
+typedef struct {
+    const int *perm, *off, *cnt;
+    int k, M, N;
+    const bf16 *a, *g, *u; /* DOWN: dout (A), eg, eu (B: a = silu(g) u); IN: dg or du (A), x (B) */
+    const float *topw;
+    float *dw; /* stacked (E, M, N) */
+} moe_wgrad_args;
+
+/* Grid (⌈N/BN⌉, ⌈M/BM⌉, E), MOE_NT threads: block (n, m, e) owns dW_e's tile, its slots summed
+ * in slot order, BK at a time. */
+template <int MODE> __global__ void __launch_bounds__(MOE_NT) moe_wgrad_kernel(moe_wgrad_args p) {
+    __shared__ __align__(128) union {
+        struct {
+            bf16 a[MOE_BK][MOE_BM + 8];
+            bf16 b[MOE_BK][MOE_BN + 8];
+        } in;
+        float c[MOE_BM][MOE_BN + 4];
+    } sm;
+    __shared__ const bf16 *arow[MOE_BK], *brow[MOE_BK], *brow2[MOE_BK];
+    __shared__ float wrow[MOE_BK];
+    int e = blockIdx.z, n0 = blockIdx.x * MOE_BN, m0 = blockIdx.y * MOE_BM, M = p.M, N = p.N;
+    int r0 = p.off[e], nr = p.cnt[e];
+    if (nr == 0) return;
+    int w = threadIdx.x >> 5, wm = (w >> 1) * 32, wn = (w & 1) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k0 = 0; k0 < nr; k0 += MOE_BK) {
+        for (int i = threadIdx.x; i < MOE_BK; i += MOE_NT) {
+            int ts = k0 + i < nr ? p.perm[r0 + k0 + i] : -1;
+            const bf16 *ar = NULL, *br = NULL, *br2 = NULL;
+            if (ts >= 0 && MODE == WG_DOWN) {
+                ar = p.a + (size_t)(ts / p.k) * M;
+                br = p.g + (size_t)ts * N;
+                br2 = p.u + (size_t)ts * N;
+            }
+            if (ts >= 0 && MODE == WG_IN) {
+                ar = p.a + (size_t)ts * M;
+                br = p.g + (size_t)(ts / p.k) * N;
+            }
+            arow[i] = ar;
+            brow[i] = br;
+            brow2[i] = br2;
+            wrow[i] = ts >= 0 && MODE == WG_DOWN ? p.topw[ts] : 1.0f;
+        }
+        __syncthreads();
+        for (int c = threadIdx.x; c < MOE_BK * MOE_BM / 8; c += MOE_NT) {
+            int kk = c / (MOE_BM / 8), mc = (c % (MOE_BM / 8)) * 8;
+            uint4 q = ld8(arow[kk], m0 + mc, M);
+            if (MODE == WG_DOWN) { /* w · dout, rounded to bf16 */
+                float f[8];
+                unpack8(q, f);
+                for (int j = 0; j < 8; j++) f[j] *= wrow[kk];
+                q = pack8(f);
+            }
+            *(uint4 *)&sm.in.a[kk][mc] = q;
+        }
+        for (int c = threadIdx.x; c < MOE_BK * MOE_BN / 8; c += MOE_NT) {
+            int kk = c / (MOE_BN / 8), nc = (c % (MOE_BN / 8)) * 8;
+            uint4 q = MODE == WG_DOWN ? (brow[kk] ? swiglu8(brow[kk], brow2[kk], n0 + nc, N) : ld8(NULL, 0, 0))
+                                      : ld8(brow[kk], n0 + nc, N);
+            *(uint4 *)&sm.in.b[kk][nc] = q;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < MOE_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> fb[2];
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.in.a[kk][wm + 16 * i], MOE_BM + 8);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &sm.in.b[kk][wn + 16 * j], MOE_BN + 8);
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&sm.c[wm + 16 * i][wn + 16 * j], acc[i][j], MOE_BN + 4, wmma::mem_row_major);
+    __syncthreads();
+    float *dw = p.dw + (size_t)e * M * N;
+    int mm = min(MOE_BM, M - m0), nn = min(MOE_BN, N - n0);
+    for (int c = threadIdx.x; c < MOE_BM * MOE_BN; c += MOE_NT) {
+        int i = c / MOE_BN, n = c % MOE_BN;
+        if (i < mm && n < nn) dw[(size_t)(m0 + i) * N + n0 + n] += sm.c[i][n];
+    }
+}
+
+/* ---------------------------------------------------------------- per-token kernels */
+
+/* out[t] = res[t] + Σ_s w_ts ey[ts] (res NULL: 0), one fp32 sum rounded once */
+__global__ void moe_combine_kernel(bf16 *out, const bf16 *res, const bf16 *ey, const float *topw, int T, int C, int k) {
+    long long n = (long long)T * C;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long t = i / C, c = i - t * C;
+        float v = res ? __bfloat162float(res[i]) : 0.0f;
+        for (int s = 0; s < k; s++) v += topw[t * k + s] * __bfloat162float(ey[(t * k + s) * C + c]);
+        out[i] = __float2bfloat16(v);
+    }
+}
+
+/* dx[t] = bf16(dx[t] + Σ_s part[ts]) */
+__global__ void moe_dx_kernel(bf16 *dx, const float *part, int T, int C, int k) {
+    long long n = (long long)T * C;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long t = i / C, c = i - t * C;
+        float v = 0;
+        for (int s = 0; s < k; s++) v += part[(t * k + s) * C + c];
+        dx[i] = __float2bfloat16(__bfloat162float(dx[i]) + v);
+    }
+}
+
+/* dtopw[ts] = dout[t] · ey[ts]; one warp per slot */
+__global__ void moe_dtopw_kernel(float *dtopw, const bf16 *dout, const bf16 *ey, int S, int C, int k) {
+    int ts = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (ts >= S) return;
+    const bf16 *dy = dout + (size_t)(ts / k) * C, *y = ey + (size_t)ts * C;
+    float v = 0;
+    for (int c = lane; c < C; c += 32) v += __bfloat162float(dy[c]) * __bfloat162float(y[c]);
+    v = warp_sum(v);
+    if (lane == 0) dtopw[ts] = v;
+}
+
+/* probs (T, E) logits in, softmax out; top-k (largest first, the lower index on a tie) and the
+ * routing weights (renormalised when norm). One warp per token. */
+__global__ void moe_topk_kernel(float *probs, int *topi, float *topw, int T, int E, int k, int norm) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    float *p = probs + (size_t)t * E, mx = -INFINITY, sum = 0;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, p[e]);
+    mx = warp_max(mx);
+    for (int e = lane; e < E; e += 32) sum += expf(p[e] - mx);
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) p[e] = expf(p[e] - mx) / sum;
+    __syncwarp();
+    int *ti = topi + (size_t)t * k;
+    float *tw = topw + (size_t)t * k, sel = 0;
+    for (int s = 0; s < k; s++) {
+        float bv = -INFINITY;
+        int bi = E;
+        for (int e = lane; e < E; e += 32) {
+            int taken = 0;
+            for (int j = 0; j < s && !taken; j++) taken = ti[j] == e;
+            float v = p[e];
+            if (!taken && (bi == E || v > bv)) bv = v, bi = e;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if (lane == 0) {
+            ti[s] = bi;
+            tw[s] = bv;
+        }
+        sel += bv;
+        __syncwarp();
+    }
+    for (int s = lane; norm && s < k; s += 32) tw[s] /= sel;
+}
+
+/* stats[e] += Σ_t c_t [e ∈ i_t], stats[E+e] += Σ_t c_t p_te (block e < E); stats[2E] += Σ_t c_t
+ * (block E). Grid E+1, 256 threads: a fixed order per block. */
+__global__ void moe_stats_kernel(float *stats, const float *probs, const int *topi, const int *count, int T, int E, int k) {
+    __shared__ float sh[32];
+    int e = blockIdx.x;
+    float f = 0, pe = 0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        float c = count ? (float)count[t] : 1.0f;
+        if (e == E) {
+            f += c;
+            continue;
+        }
+        for (int s = 0; s < k; s++) f += topi[(size_t)t * k + s] == e ? c : 0.0f;
+        pe += c * probs[(size_t)t * E + e];
+    }
+    f = block_sum(f, sh);
+    pe = block_sum(pe, sh);
+    if (threadIdx.x == 0) {
+        if (e == E) stats[2 * E] += f;
+        else {
+            stats[e] += f;
+            stats[E + e] += pe;
+        }
+    }
+}
+
+/* d logit (T, E) from dtopw, through the renormalisation and the softmax, plus aux_g·count;
+ * also as bf16 into dlh for the GEMMs. One warp per token. */
+__global__ void moe_router_bwd_kernel(float *dlogit, bf16 *dlh, const float *dtopw, const float *probs, const int *topi,
+                                      const float *aux_g, const int *count, int T, int E, int k, int norm) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= T) return;
+    const float *p = probs + (size_t)t * E, *dw = dtopw + (size_t)t * k;
+    const int *ti = topi + (size_t)t * k;
+    float c = count ? (float)count[t] : 1.0f, S = 0, dot = 0;
+    if (norm) {
+        for (int s = 0; s < k; s++) S += p[ti[s]];
+        for (int s = 0; s < k; s++) dot += dw[s] * p[ti[s]] / S;
+    }
+    float *dl = dlogit + (size_t)t * E, pd = 0;
+    for (int e = lane; e < E; e += 32) {
+        float d = aux_g ? aux_g[e] * c : 0.0f;
+        for (int s = 0; s < k; s++)
+            if (ti[s] == e) d += norm ? (dw[s] - dot) / S : dw[s];
+        dl[e] = d;
+        pd += p[e] * d;
+    }
+    pd = warp_sum(pd);
+    for (int e = lane; e < E; e += 32) {
+        float v = p[e] * (dl[e] - pd);
+        dl[e] = v;
+        dlh[(size_t)t * E + e] = __float2bfloat16(v);
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+static int *moe_perm(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
+    int *cnt = (int *)scratch, *off = cnt + E, *toff = off + E + 1, *perm = toff + E + 1;
+    moe_count_kernel<<<E, 256, 0, c->stream>>>(cnt, topi, S);
+    CU_LAUNCHED(c, "moe_count_kernel");
+    moe_perm_kernel<<<E, 256, 0, c->stream>>>(perm, off, toff, cnt, topi, S, E);
+    CU_LAUNCHED(c, "moe_perm_kernel");
+    return cnt;
+}
+static size_t moe_perm_bytes(int S, int E) { return (((size_t)3 * E + 2 + S) * sizeof(int) + 255) & ~(size_t)255; }
+/* the arguments of a moe_rows_kernel over moe_perm's arrays (cnt first) */
+static moe_rows_args moe_rows_of(const int *cnt, int E, int k, int K, int N, const bf16 *a0, const bf16 *a1, const bf16 *w0,
+                                 const bf16 *w1, bf16 *o0, bf16 *o1) {
+    moe_rows_args a;
+    memset(&a, 0, sizeof a);
+    a.cnt = cnt;
+    a.off = cnt + E;
+    a.toff = a.off + E + 1;
+    a.perm = a.toff + E + 1;
+    a.E = E;
+    a.k = k;
+    a.K = K;
+    a.N = N;
+    a.a0 = a0;
+    a.a1 = a1;
+    a.w0 = w0;
+    a.w1 = w1;
+    a.o0 = o0;
+    a.o1 = o1;
+    return a;
+}
+static dim3 moe_wgrad_grid(int M, int N, int E) {
+    return dim3((unsigned)((N + MOE_BN - 1) / MOE_BN), (unsigned)((M + MOE_BM - 1) / MOE_BM), (unsigned)E);
+}
+static dim3 moe_rows_grid(int S, int E, int N, int z) {
+    return dim3((unsigned)((S + MOE_BM - 1) / MOE_BM + (E < S ? E : S)), (unsigned)((N + MOE_BN - 1) / MOE_BN), (unsigned)z);
+}
 
 void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float *stats, const bf16 *x, const bf16 *wr,
                          const int *count, int T, int C, int E, int k, int norm) {
-    moe_unsupported(c, "moe_router_fwd_cuda");
+    if (c->failed || T <= 0) return;
+    gemm_lt(c, 1, 0, E, T, C, 1.0f, wr, C, x, C, 0.0f, probs, E, 1, NULL); /* logits (T, E) in fp32 */
+    moe_topk_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(probs, topi, topw, T, E, k, norm);
+    CU_LAUNCHED(c, "moe_topk_kernel");
+    if (!stats) return;
+    moe_stats_kernel<<<E + 1, 256, 0, c->stream>>>(stats, probs, topi, count, T, E, k);
+    CU_LAUNCHED(c, "moe_stats_kernel");
 }
+
 void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
                           const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
-    moe_unsupported(c, "moe_experts_fwd_cuda");
+    int S = T * k;
+    void *scr = c->failed || T <= 0 ? NULL : cu_scratch(c, moe_perm_bytes(S, E));
+    if (!scr) return;
+    const int *cnt = moe_perm(c, topi, S, E, scr);
+    moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, x, NULL, wg, wu, eg, eu);
+    moe_rows_kernel<ROWS_GATE_UP><<<moe_rows_grid(S, E, Fm, 2), MOE_NT, 0, c->stream>>>(a);
+    CU_LAUNCHED(c, "moe_rows_kernel<GATE_UP>");
+    a = moe_rows_of(cnt, E, k, Fm, C, eg, eu, wd, NULL, ey, NULL);
+    moe_rows_kernel<ROWS_DOWN><<<moe_rows_grid(S, E, C, 1), MOE_NT, 0, c->stream>>>(a);
+    CU_LAUNCHED(c, "moe_rows_kernel<DOWN>");
+    if (!out) return;
+    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
+    moe_combine_kernel<<<nb, 256, 0, c->stream>>>(out, res, ey, topw, T, C, k);
+    CU_LAUNCHED(c, "moe_combine_kernel");
 }
+
 void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
                           const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
                           const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
-    moe_unsupported(c, "moe_experts_bwd_cuda");
+    int S = T * k;
+    size_t pb = moe_perm_bytes(S, E);
+    char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * C * sizeof(float));
+    if (!scr) return;
+    const int *cnt = moe_perm(c, topi, S, E, scr);
+    float *part = (float *)(scr + pb);
+    moe_dtopw_kernel<<<cu_blocks(S, 8), 256, 0, c->stream>>>(dtopw, dout, ey, S, C, k);
+    CU_LAUNCHED(c, "moe_dtopw_kernel");
+    moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, dout, NULL, wd, NULL, dg, du); /* dg, du */
+    a.topw = topw;
+    a.g = eg;
+    a.u = eu;
+    moe_rows_kernel<ROWS_DA><<<moe_rows_grid(S, E, Fm, 1), MOE_NT, 0, c->stream>>>(a);
+    CU_LAUNCHED(c, "moe_rows_kernel<DA>");
+    a = moe_rows_of(cnt, E, k, Fm, C, dg, du, wg, wu, NULL, NULL); /* dx through both input projections, per slot */
+    a.of = part;
+    moe_rows_kernel<ROWS_DX><<<moe_rows_grid(S, E, C, 1), MOE_NT, 0, c->stream>>>(a);
+    CU_LAUNCHED(c, "moe_rows_kernel<DX>");
+    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
+    moe_dx_kernel<<<nb, 256, 0, c->stream>>>(dx, part, T, C, k);
+    CU_LAUNCHED(c, "moe_dx_kernel");
+    if (dwd) {
+        moe_wgrad_args g = {cnt + 3 * E + 2, cnt + E, cnt, k, C, Fm, dout, eg, eu, topw, dwd}; /* moe_perm's arrays */
+        moe_wgrad_kernel<WG_DOWN><<<moe_wgrad_grid(C, Fm, E), MOE_NT, 0, c->stream>>>(g);
+        CU_LAUNCHED(c, "moe_wgrad_kernel<DOWN>");
+    }
+    for (int j = 0; j < 2; j++) {
+        moe_wgrad_args g = {cnt + 3 * E + 2, cnt + E, cnt, k, Fm, C, j ? du : dg, x, NULL, topw, j ? dwu : dwg};
+        if (!g.dw) continue;
+        moe_wgrad_kernel<WG_IN><<<moe_wgrad_grid(Fm, C, E), MOE_NT, 0, c->stream>>>(g);
+        CU_LAUNCHED(c, "moe_wgrad_kernel<IN>");
+    }
 }
+
 void moe_router_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs, const int *topi,
                          const bf16 *x, const bf16 *wr, const float *aux_g, const int *count, int T, int C, int E, int k, int norm) {
-    moe_unsupported(c, "moe_router_bwd_cuda");
+    bf16 *dlh = c->failed || T <= 0 ? NULL : (bf16 *)cu_scratch(c, (size_t)T * E * sizeof(bf16));
+    if (!dlh) return;
+    moe_router_bwd_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(dlogit, dlh, dtopw, probs, topi, aux_g, count, T, E, k, norm);
+    CU_LAUNCHED(c, "moe_router_bwd_kernel");
+    matmul_bwd_cuda(c, dx, dwr, NULL, dlh, x, wr, T, C, E); /* dx += dlogit Wr, dWr += dlogit^T x */
 }

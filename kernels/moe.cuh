@@ -1,8 +1,9 @@
 /* moe.cuh — the CUDA launchers of moe.cu. Legend as moe.h (T, C, E, k, Fm).
  * Same arguments as the moe.h reference with a `_cuda` suffix and a cu_ctx first; bf16 where the
- * CPU has fp32 activations/weights. Not built yet: each launcher marks the context failed
- * ("not supported on cuda yet"), and the engine refuses a MoE model on cuda at open
- * (eng_backend.no_moe), so they are never reached by a model. */
+ * CPU has fp32 activations/weights (probs, topw, dtopw, dlogit, stats and the weight
+ * gradients stay fp32). Launchers enqueue on ctx->stream and never block: the expert
+ * permutation is built on the device (moe.cu), so the calls can be captured in a graph. They
+ * use ctx->scratch: the experts' T·k slot indices, and in the backward T·k·C fp32 more. */
 #ifndef GRPOD_KERNELS_MOE_CUH
 #define GRPOD_KERNELS_MOE_CUH
 #include "kernels/common.cuh"
