@@ -419,7 +419,6 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->moe_experts_fwd = cu_moe_experts_fwd;
     b->moe_experts_bwd = cu_moe_experts_bwd;
     b->moe_router_bwd = cu_moe_router_bwd;
-    b->no_moe = "the cuda backend has no mixture-of-experts kernels yet (run it with --backend cpu)";
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;
