@@ -5,8 +5,10 @@
  * are compared. Tolerances: 1e-2 relative L2 for results that pass through bf16 activations
  * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
- * Usage: test_ops [small | attention]   (small: the compute-sanitizer subset; attention: its cases alone) */
+ * The mixture-of-experts ops (t_moe) explain their own tolerances.
+ * Usage: test_ops [small | attention | moe]   (small: the compute-sanitizer subset; attention, moe: their cases alone) */
 #include "engine/format/config.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 #include "tests/gpu/gpu_check.h"
 
@@ -996,6 +998,150 @@ static void t_adamw(long long n, int steps) {
     free(p_bf);
 }
 
+/* ---------------------------------------------------------------- mixture of experts */
+
+/* The four moe ops (kernels/moe.h) against the CPU backend. The router runs on both; the other
+ * three take the CPU's routes (topi, topw; dtopw and probs for the router's backward) so that a
+ * near-tie the two GEMMs break differently cannot move a slot to another expert. Counts are
+ * 1..16 (prompt tokens standing for N responses) or NULL. "+=" outputs start random.
+ * Tolerances: probs, topw, stats and d logit are fp32 math on the same bf16 inputs (1e-4: the
+ * GEMM's sum order); topi must agree except where the CPU's two probabilities differ by less
+ * than 1e-5 (a tie within the sum-order noise); everything through bf16 activations (eg, eu,
+ * ey, out, dx, dg, du, dtopw, the weight gradients) 1e-2 as the dense ops. dx is "+=" into
+ * bf16: the GPU's starting dx is drawn at the scale of the CPU's increment, because rounding the
+ * sum to bf16 costs 2^-9 of the sum, which swamps a small increment (a router's dx of rms 2e-3
+ * on a start of 0.3 measured 0.25 "error" that was that rounding alone). Then the GPU's own
+ * properties: the experts' backward run twice gives the same bits (no atomics), and experts no
+ * slot chose keep their gradients bit for bit (only routed experts are touched). */
+/* rms of the increment a - a0 */
+static double rms_delta(const float *a, const float *a0, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += ((double)a[i] - a0[i]) * ((double)a[i] - a0[i]);
+    return sqrt(s / (double)(n ? n : 1));
+}
+static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d%s%s", T, C, E, k, Fm, norm ? " norm" : "", counts ? " counts" : "");
+    size_t nx = (size_t)T * C, nk = (size_t)T * k, nw = (size_t)E * Fm * C, ns = MOE_STATS(E), ne = (size_t)T * E;
+    unsigned long long sd = 700 + (unsigned long long)T * 31 + E;
+    float *x = gc_rand(nx, 2.0f, sd), *wr = gc_rand((size_t)E * C, 0.2f, sd + 1), *res = gc_rand(nx, 1.0f, sd + 2);
+    float *wg = gc_rand(nw, 0.1f, sd + 3), *wu = gc_rand(nw, 0.1f, sd + 4), *wd = gc_rand(nw, 0.1f, sd + 5);
+    float *dout = gc_rand(nx, 1.0f, sd + 6), *dx0 = gc_rand(nx, 0.5f, sd + 7), *st0 = gc_rand(ns, 4.0f, sd + 8);
+    float *dwg0 = gc_rand(nw, 1.0f, sd + 9), *dwu0 = gc_rand(nw, 1.0f, sd + 10), *dwd0 = gc_rand(nw, 1.0f, sd + 11);
+    float *dwr0 = gc_rand((size_t)E * C, 1.0f, sd + 12), *aux = gc_rand((size_t)E, 0.05f, sd + 13);
+    int *cnt = counts ? rand_ints(T, 1, 17, sd + 14) : NULL;
+    for (size_t i = 0; i < ns; i++) st0[i] = fabsf(st0[i]);
+    /* CPU */
+    float *p_c = malloc(ne * 4), *tw_c = malloc(nk * 4), *st_c = gc_copy(st0, ns);
+    int *ti_c = malloc(nk * 4);
+    float *eg_c = malloc(nk * Fm * 4), *eu_c = malloc(nk * Fm * 4), *ey_c = malloc(nk * C * 4), *o_c = malloc(nx * 4);
+    float *dx_c = gc_copy(dx0, nx), *dwg_c = gc_copy(dwg0, nw), *dwu_c = gc_copy(dwu0, nw), *dwd_c = gc_copy(dwd0, nw);
+    float *dtw_c = malloc(nk * 4), *dg_c = malloc(nk * Fm * 4), *du_c = malloc(nk * Fm * 4);
+    float *rdx_c = gc_copy(dx0, nx), *dwr_c = gc_copy(dwr0, (size_t)E * C), *dl_c = malloc(ne * 4);
+    cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, cnt, T, C, E, k, norm);
+    cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti_c, tw_c, wg, wu, wd, T, C, E, k, Fm);
+    cpu->moe_experts_bwd(cpu, dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, dout, x, ti_c, tw_c, eg_c, eu_c, ey_c, wg, wu, wd, T,
+                         C, E, k, Fm);
+    cpu->moe_router_bwd(cpu, rdx_c, dwr_c, dl_c, dtw_c, p_c, ti_c, x, wr, aux, cnt, T, C, E, k, norm);
+    float *dx0e = gc_rand(nx, (float)rms_delta(dx_c, dx0, nx), sd + 15),
+          *dx0r = gc_rand(nx, (float)rms_delta(rdx_c, dx0, nx), sd + 16);
+    /* GPU: the router on its own, then the rest on the CPU's routes */
+    void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
+    void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
+    float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
+    int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
+    gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, gcnt, T, C, E, k, norm);
+    float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
+    int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
+    double topi_off = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (ti_g[i] != ti_c[i]) {
+            size_t t = i / k;
+            int ok = ti_g[i] >= 0 && ti_g[i] < E && fabsf(p_c[t * E + ti_g[i]] - p_c[t * E + ti_c[i]]) < 1e-5f;
+            topi_off += !ok;
+        }
+    gc_row("moe_router_fwd probs", sh, rel_l2(p_g, p_c, ne), 1e-4);
+    gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
+    gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
+    gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
+    /* the experts on the CPU's routes */
+    if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
+    void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
+    void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
+    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm);
+    float *eg_g = gc_get_act(gpu, geg, nk * Fm), *eu_g = gc_get_act(gpu, geu, nk * Fm), *ey_g = gc_get_act(gpu, gey, nk * C);
+    float *o_g = gc_get_act(gpu, gout, nx);
+    gc_row("moe_experts_fwd gate", sh, rel_l2(eg_g, eg_c, nk * Fm), 1e-2);
+    gc_row("moe_experts_fwd up", sh, rel_l2(eu_g, eu_c, nk * Fm), 1e-2);
+    gc_row("moe_experts_fwd expert out", sh, rel_l2(ey_g, ey_c, nk * C), 1e-2);
+    gc_row("moe_experts_fwd out (+res)", sh, rel_l2(o_g, o_c, nx), 1e-2);
+    void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
+    float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
+    float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
+    float *gdtw = gpu->alloc(gpu, nk * 4);
+    gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
+                         k, Fm);
+    float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
+    float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
+    float *dwd_g = gc_get_f32(gpu, gdwd, nw);
+    gc_row("moe_experts_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
+    gc_row("moe_experts_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
+    gc_row("moe_experts_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
+    gc_row("moe_experts_bwd dinp", sh, gc_rel_delta(dx_g, dx0e, dx_c, dx0, nx), 1e-2);
+    gc_row("moe_experts_bwd dWgate", sh, gc_rel_delta(dwg_g, dwg0, dwg_c, dwg0, nw), 1e-2);
+    gc_row("moe_experts_bwd dWup", sh, gc_rel_delta(dwu_g, dwu0, dwu_c, dwu0, nw), 1e-2);
+    gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
+    /* again from the same state: the same bits; unrouted experts: their gradients untouched */
+    gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
+                         E, k, Fm);
+    float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
+    float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
+    double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;
+    differ += memcmp(dwg_2, dwg_g, nw * 4) != 0 || memcmp(dwu_2, dwu_g, nw * 4) != 0 || memcmp(dwd_2, dwd_g, nw * 4) != 0;
+    int unrouted = 0;
+    for (int e = 0; e < E; e++) {
+        int used = 0;
+        for (size_t i = 0; i < nk && !used; i++) used = ti_c[i] == e;
+        if (used) continue;
+        unrouted++;
+        size_t o = (size_t)e * Fm * C, m = (size_t)Fm * C;
+        touched += memcmp(dwg_g + o, dwg0 + o, m * 4) != 0 || memcmp(dwu_g + o, dwu0 + o, m * 4) != 0 ||
+            memcmp(dwd_g + o, dwd0 + o, m * 4) != 0;
+    }
+    gc_row("moe_experts_bwd twice: outputs differ", sh, differ, 0);
+    char sh2[128];
+    snprintf(sh2, sizeof sh2, "%s, %d unrouted", sh, unrouted);
+    gc_row("moe_experts_bwd unrouted experts touched", sh2, touched, 0);
+    /* the router's backward on the CPU's probs, routes and dtopw */
+    void *grdx = gc_act(gpu, dx0r, nx);
+    float *gdwr = gc_dev(gpu, dwr0, (size_t)E * C * 4), *gdl = gpu->alloc(gpu, ne * 4), *gaux = gc_dev(gpu, aux, (size_t)E * 4);
+    if (gpu->to_dev(gpu, gp, p_c, ne * 4) || gpu->to_dev(gpu, gdtw, dtw_c, nk * 4)) gc_die(gpu, "router bwd inputs");
+    gpu->moe_router_bwd(gpu, grdx, gdwr, gdl, gdtw, gp, gti, gx, gwr, gaux, gcnt, T, C, E, k, norm);
+    float *rdx_g = gc_get_act(gpu, grdx, nx), *dwr_g = gc_get_f32(gpu, gdwr, (size_t)E * C), *dl_g = gc_get_f32(gpu, gdl, ne);
+    gc_row("moe_router_bwd dlogit", sh, rel_l2(dl_g, dl_c, ne), 1e-4);
+    gc_row("moe_router_bwd dinp", sh, gc_rel_delta(rdx_g, dx0r, rdx_c, dx0, nx), 1e-2);
+    gc_row("moe_router_bwd dWr", sh, gc_rel_delta(dwr_g, dwr0, dwr_c, dwr0, (size_t)E * C), 1e-2);
+    void *gbufs[] = {gx,  gwr, gres, gwg,  gwu,  gwd,  gdout, gp,    gtw,   gst,   gti,  gcnt, geg,  geu, gey, gout,
+                     gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
+    for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
+        if (gbufs[i]) gpu->free(gpu, gbufs[i]);
+    void *hbufs[] = {dx0e, dx0r, x,     wr,    res,   wg,   wu,    wd,    dout,  dx0,   st0,   dwg0,  dwu0,  dwd0,  dwr0,
+                     aux,  cnt,  p_c,   tw_c,  st_c,  ti_c, eg_c,  eu_c,  ey_c,  o_c,   dx_c,  dwg_c, dwu_c, dwd_c, dtw_c,
+                     dg_c, du_c, rdx_c, dwr_c, dl_c,  p_g,  tw_g,  st_g,  ti_g,  eg_g,  eu_g,  ey_g,  o_g,   dx_g,  dtw_g,
+                     dg_g, du_g, dwg_g, dwu_g, dwd_g, dx_2, dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+    for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
+}
+
+static void moe_suite(void) {
+    t_moe(333, 256, 8, 2, 136, 1, 1); /* several tiles per expert, Fm past a tile */
+    t_moe(77, 200, 16, 4, 72, 0, 1); /* no renormalisation */
+    t_moe(40, 100, 6, 3, 36, 1, 1); /* C, Fm not multiples of 8: the scalar loads; E < 32 */
+    t_moe(1, 64, 4, 1, 32, 0, 0); /* one token, one expert */
+    t_moe(16, 512, 64, 8, 192, 1, 0); /* a decode step: few rows, most experts unrouted */
+    t_moe(1024, 1024, 32, 4, 384, 1, 1); /* training-sized rows */
+    t_moe(16, 2048, 32, 8, 768, 1, 0); /* Qwen3-30B-A3B's expert dims (32 of its 128 experts), a decode step */
+}
+
 /* ---------------------------------------------------------------- errors */
 
 /* A failed launch is sticky and named: attention with an unsupported head dim. */
@@ -1023,6 +1169,8 @@ int main(int argc, char **argv) {
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* the attention cases alone */
         attention_suite();
+    } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* the mixture-of-experts cases alone */
+        moe_suite();
     } else if (small_run) {
         t_embedding(37, 40, 50);
         t_rmsnorm(19, 136);
@@ -1046,6 +1194,7 @@ int main(int argc, char **argv) {
         t_logprob(50, 30, 64, 300, 0.8f, 1);
         t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
+        t_moe(40, 100, 6, 3, 36, 1, 1);
     } else {
         t_embedding(333, 1024, 5000);
         t_embedding(77, 257, 1000);
@@ -1130,6 +1279,7 @@ int main(int argc, char **argv) {
         t_logprob(300, 257, 128, 1003, 1.0f, 0);
         t_logprob(100, 600, 256, 5000, 1.0f, 1); /* repeated positions, across chunks */
         t_adamw(1000003, 5);
+        moe_suite();
         t_sticky_error();
     }
     cpu->destroy(cpu);
