@@ -12,7 +12,8 @@
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
-#   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims)
+#   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims),
+#       for a dense and a Qwen3-MoE model
 #   test_lora + peft_roundtrip.py: LoRA CUDA vs CPU, engine LoRA on cuda, the PEFT round trip
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
@@ -120,6 +121,7 @@ fi
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
+timeout ${T_GREEDY:-120} "$BIN/test_greedy" moe >>"$OUT/model.log" 2>&1; echo "test_greedy moe exit $?" >>"$OUT/model.log"
 # issue 19: the same update twice in one process and in two processes with other histories
 # (what replay after a crash needs), tensor by tensor; a rollout alone vs beside another group
 for m in tiny mid; do

@@ -12,6 +12,12 @@
  *     because rounding these fixtures' large random weights (std 0.1-0.2) to bf16 already
  *     moves the gradient by about 1e-2 before any kernel runs (the cpu-on-bf16-weights vs
  *     autograd row prints how much).
+ * The Qwen3-MoE fixtures compare logprobs only: their routes were generated with top-k margins
+ * of 5.6e-4 and 4e-3 (reference.json min_topk_gap), safe in fp32 but within bf16's noise, so a
+ * token may go to another expert on the GPU and move that expert's gradient by the whole token
+ * (measured on the H200: gradients 4.0e-2 and 2.5e-2 against the CPU, max |Δ logprob| 0.45 on the
+ * first); their gradient errors are printed. tests/gpu/test_model.c checks MoE gradients on
+ * routes that cannot flip.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include "tests/gpu/gpu_check.h"
 
@@ -22,7 +28,8 @@
 
 #define FIX "tests/fixtures/data"
 
-static const char *models[] = {"qwen2_bias", "qwen3", "qwen3_tied", "llama3", "qwen3_bf16", "llama3_sharded"};
+static const char *models[] = {"qwen2_bias", "qwen3",          "qwen3_tied", "llama3",
+                               "qwen3_bf16", "llama3_sharded", "qwen3_moe",  "qwen3_moe_step2"};
 
 /* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
 static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl, float *lp,
@@ -136,7 +143,9 @@ int main(void) {
             return 2;
         }
         gc_row("hf model logprobs cuda vs cpu (bf16 w)", shape, rel_l2(lp, lp_c, (size_t)M), 1e-2);
-        gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), 2e-2);
+        int flips = config_n_moe(&cfg) > 0; /* routes may differ (the header says why): printed */
+        if (flips) printf("# %s gradients cuda vs cpu (bf16 w) %.3e\n", models[mi], rel_l2(grad, g_c, n));
+        else gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), 2e-2);
         double worst = 0;
         for (long long k = 0; k < M; k++) worst = fmax(worst, fabs(lp[k] - lref[k]));
         gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M), 1e-2);
@@ -155,7 +164,8 @@ int main(void) {
             if (t) st_read_f32(t, gref + m.params[p].off, m.params[p].ndim, m.params[p].shape);
         }
         printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi], rel_l2(g_c, gref, n));
-        gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 3e-2);
+        if (flips) printf("# %s gradients cuda vs autograd %.3e\n", models[mi], rel_l2(grad, gref, n));
+        else gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 3e-2);
         free(hb);
         free(lp_c);
         free(g_c);

@@ -10,6 +10,11 @@
  *   mismatch: the logprobs a sampled rollout (T = 1) reports for its tokens against
  *     eng_logprobs of the same tokens (the update's old pass): mean and max |Δ|. The mean must
  *     stay within 1e-2 (issue 8); the max is reported.
+ * With the argument "moe" the model is Qwen3-MoE (32 experts, top-4; layer 1 dense): decode
+ * runs the experts on few rows inside the CUDA graphs. Routes are chosen afresh on both paths
+ * (no routing replay), so a near tie of the router can move a token to other experts: the
+ * mismatch's mean is held to 3e-2 there (measured on the H200: mean 1.1e-2, max 0.28; the
+ * greedy rows held, 95 of 96 tokens equal and one near tie).
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
 
@@ -18,7 +23,7 @@
 
 enum { NG = 2, N = 4, NEW = 48 };
 
-static eng *open_random(void) {
+static eng *open_random(int moe) {
     model_config c = {.arch = ARCH_QWEN3,
                       .L = 4,
                       .C = 1024,
@@ -34,6 +39,15 @@ static eng *open_random(void) {
                       .tied = 1,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
+    if (moe) { /* Qwen3-MoE: 32 experts, top-4 renormalised, layer 1 dense */
+        c.arch = ARCH_QWEN3_MOE;
+        snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
+        c.E = 32;
+        c.top_k = 4;
+        c.Fm = 512;
+        c.norm_topk = 1;
+        for (int l = 0; l < c.L; l++) c.mlp[l] = l == 1 ? MLP_DENSE : MLP_MOE;
+    }
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     eng *e = calloc(1, sizeof *e);
     if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
@@ -82,8 +96,10 @@ static float *teacher_logits(eng *e, const int *prompt, int P, const int *resp, 
     return hl;
 }
 
-int main(void) {
-    eng *e = open_random();
+int main(int argc, char **argv) {
+    int moe = argc > 1 && !strcmp(argv[1], "moe");
+    const char *tag = moe ? "qwen3_moe E=32 k=4, " : "";
+    eng *e = open_random(moe);
     eng_backend *be = e->be;
     int V = e->m.cfg.V, P[NG] = {300, 173};
     int *prompt[NG];
@@ -131,9 +147,11 @@ int main(void) {
            "the N responses of a group identical: %s\n",
            checked, equal, ties, bad, same_in_group ? "yes" : "no");
     char shape[96];
-    snprintf(shape, sizeof shape, "%d tokens: %d equal, %d near-tie flips", checked, equal, ties);
+    snprintf(shape, sizeof shape, "%s%d tokens: %d equal, %d near-tie flips", tag, checked, equal, ties);
     gc_row("greedy == teacher-forced argmax", shape, bad ? worst_margin : 0, 0);
-    gc_row("greedy: N responses identical", "2 groups x 4", same_in_group ? 0 : 1, 0);
+    snprintf(shape, sizeof shape, "%s2 groups x 4", tag);
+    gc_row("greedy: N responses identical", shape, same_in_group ? 0 : 1, 0);
+    snprintf(shape, sizeof shape, "%s%d tokens: %d equal, %d near-tie flips", tag, checked, equal, ties);
     gc_row("greedy: mostly exact", shape, (double)(checked - equal) / checked, 0.1);
     for (int k = 0; k < NG; k++) eng_group_result_free(&res[k]);
 
@@ -163,8 +181,8 @@ int main(void) {
         eng_group_result_free(&res[k]);
     }
     printf("rollout vs training-path logprobs (T=1, %lld tokens): mean |d| %.3e, max |d| %.3e\n", cnt, sum / cnt, mx);
-    snprintf(shape, sizeof shape, "%lld sampled tokens, max abs diff %.2e", cnt, mx);
-    gc_row("rollout vs trainer logprob mean abs diff", shape, sum / cnt, 1e-2);
+    snprintf(shape, sizeof shape, "%s%lld sampled tokens, max abs diff %.2e", tag, cnt, mx);
+    gc_row("rollout vs trainer logprob mean abs diff", shape, sum / cnt, moe ? 3e-2 : 1e-2);
     for (int k = 0; k < NG; k++) free(prompt[k]);
     model_acts_free(&e->m, &e->acts_ng);
     be->destroy(be);
