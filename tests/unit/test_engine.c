@@ -8,20 +8,13 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "default_engine.h"
 #include "common/err.h"
 #include "engine/engine.h"
 
 #define MODEL "/tmp/grpod_test_engine_model"
 
-static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) {
-        printf("default model: %s\n", err_msg());
-        return NULL;
-    }
-    eng *e;
-    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
-    return eng_open(&o, &e) ? NULL : e;
-}
+static eng *open_default(void) { return default_engine(MODEL); }
 
 static const int prompt[] = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))

@@ -7,21 +7,14 @@
 #include <string.h>
 
 #include "check.h"
+#include "default_engine.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/model/kvpool.h"
 
 #define MODEL "/tmp/grpod_test_sched_model"
 
-static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) {
-        printf("default model: %s\n", err_msg());
-        return NULL;
-    }
-    eng *e;
-    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
-    return eng_open(&o, &e) ? NULL : e;
-}
+static eng *open_default(void) { return default_engine(MODEL); }
 
 /* ---------------------------------------------------------------- allocator */
 

@@ -8,20 +8,13 @@
 #include <string.h>
 
 #include "check.h"
+#include "default_engine.h"
 #include "common/err.h"
 #include "engine/engine.h"
 
 #define MODEL "/tmp/grpod_test_onpolicy_model"
 
-static eng *open_default(void) {
-    if (eng_ensure_default_model(MODEL)) {
-        printf("default model: %s\n", err_msg());
-        return NULL;
-    }
-    eng *e;
-    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu"};
-    return eng_open(&o, &e) ? NULL : e;
-}
+static eng *open_default(void) { return default_engine(MODEL); }
 
 static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
