@@ -176,6 +176,14 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
                   "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n",
                   sched.steps);
     api_sb_printf(&b,
+                  "# HELP grpod_prefix_cache_entries Finished responses whose KV rows the prefix cache keeps.\n"
+                  "# TYPE grpod_prefix_cache_entries gauge\ngrpod_prefix_cache_entries %lld\n"
+                  "# HELP grpod_prefix_cache_queries_total Prompt tokens of admitted groups, looked up in the prefix cache.\n"
+                  "# TYPE grpod_prefix_cache_queries_total counter\ngrpod_prefix_cache_queries_total %lld\n"
+                  "# HELP grpod_prefix_cache_hits_total Of those, tokens whose K/V were copied from it, not prefilled.\n"
+                  "# TYPE grpod_prefix_cache_hits_total counter\ngrpod_prefix_cache_hits_total %lld\n",
+                  sched.prefix_entries, sched.prefix_query_tokens, sched.prefix_hit_tokens);
+    api_sb_printf(&b,
                   "# HELP grpod_ranks Engines of this deployment (one per GPU, or --ranks on the CPU backend).\n"
                   "# TYPE grpod_ranks gauge\ngrpod_ranks %d\n",
                   n_ranks);

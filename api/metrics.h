@@ -42,6 +42,9 @@ typedef struct {
     long long running_groups, running_responses, waiting_groups;
     long long kv_rows_used, kv_rows_capacity, kv_row_bytes;
     long long steps; /* scheduler steps so far (a counter) */
+    /* the prefix cache (engine.h eng_sched_stats): entries now; prompt ids looked up and ids
+     * copied from it since start (counters) */
+    long long prefix_entries, prefix_query_tokens, prefix_hit_tokens;
 } metrics_sched_gauges;
 void metrics_sched(const metrics_sched_gauges *g);
 void metrics_sched_get(metrics_sched_gauges *g); /* the last values set (the dashboard) */

@@ -258,7 +258,7 @@ static int rollout_result(jobs_rollout *r, char **result) {
     const eng_sampling *s = &r->s;
     double ms = clock_mono_ms() - r->t0;
     json_object *res = json_object_new_object(), *rgs = json_object_new_array();
-    long long completion = 0;
+    long long completion = 0, cached = 0;
     for (int i = 0; i < r->ng; i++) {
         json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward"),
                     *meta = field_get(g, "metadata");
@@ -296,6 +296,8 @@ static int rollout_result(jobs_rollout *r, char **result) {
             json_object_array_add(rs, o);
         }
         json_object_object_add(og, "prompt_ids", ints_json(r->rg[i].prompt, r->rg[i].P));
+        json_object_object_add(og, "cached_tokens", json_object_new_int(out->cached_tokens));
+        cached += out->cached_tokens;
         int n = out->n;
         if (rw && n > 0) {
             double mean = sum / n, var = n > 1 ? (sq - n * mean * mean) / (n - 1) : 0;
@@ -315,6 +317,9 @@ static int rollout_result(jobs_rollout *r, char **result) {
     json_object *usage = json_object_new_object(), *tm = json_object_new_object();
     json_object_object_add(usage, "prompt_tokens", json_object_new_int64(r->prompt_tokens));
     json_object_object_add(usage, "completion_tokens", json_object_new_int64(completion));
+    json_object *ptd = json_object_new_object();
+    json_object_object_add(ptd, "cached_tokens", json_object_new_int64(cached));
+    json_object_object_add(usage, "prompt_tokens_details", ptd);
     json_object_object_add(tm, "total", json_object_new_double(ms));
     json_object_object_add(res, "policy_version", json_object_new_int64(r->policy_version));
     json_object_object_add(res, "groups", rgs);

@@ -414,6 +414,8 @@ static void job_ended(worker *w, const store_job *j, int rc, const char *result,
     job_changed(w);
 }
 
+static void publish_sched(worker *w);
+
 static void run_one(worker *w, store_job *j) {
     char *result = NULL;
     double t0 = (double)clock_mono_ns();
@@ -426,6 +428,7 @@ static void run_one(worker *w, store_job *j) {
     w->cur_job = NULL;
     beat(w);
     update_version(w);
+    publish_sched(w); /* before the job reads as ended: an update emptied the prefix cache */
     job_ended(w, j, rc, result, ((double)clock_mono_ns() - t0) / 1e6, v0);
     free(result);
 }
@@ -452,8 +455,14 @@ static void publish_sched(worker *w) {
                                         .kv_rows_used = st[r].rows_used,
                                         .kv_rows_capacity = st[r].rows_cap,
                                         .kv_row_bytes = st[r].row_bytes,
-                                        .steps = st[r].steps};
+                                        .steps = st[r].steps,
+                                        .prefix_entries = st[r].prefix_entries,
+                                        .prefix_query_tokens = st[r].prefix_query_tokens,
+                                        .prefix_hit_tokens = st[r].prefix_hit_tokens};
         all.running_groups += per[r].running_groups;
+        all.prefix_entries += per[r].prefix_entries;
+        all.prefix_query_tokens += per[r].prefix_query_tokens;
+        all.prefix_hit_tokens += per[r].prefix_hit_tokens;
         all.running_responses += per[r].running_responses;
         all.waiting_groups += per[r].waiting_groups;
         all.kv_rows_used += per[r].kv_rows_used;

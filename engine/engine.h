@@ -176,6 +176,7 @@ typedef struct {
 typedef struct {
     eng_response *resp;
     int n;
+    int cached_tokens; /* prompt ids whose K/V came from the scheduler's prefix cache, not prefilled */
 } eng_group_result;
 
 /* Optional progress report, called on the engine thread: done of total tokens. */
@@ -218,12 +219,24 @@ typedef struct {
 typedef struct {
     int jobs; /* added and not released */
     int running_groups, running_responses, waiting_groups;
-    long long rows_used, rows_cap, row_bytes;
+    long long rows_used, rows_cap, row_bytes; /* rows_used: held by admitted groups */
     long long steps, dec_calls; /* scheduler steps taken; dec_step calls they made */
+    /* the prefix cache: entries now; since open, groups that hit, prompt ids copied instead of
+     * prefilled, prompt ids looked up, entries evicted for room */
+    long long prefix_entries, prefix_hits, prefix_hit_tokens, prefix_query_tokens, prefix_evicted;
+    long long prefix_rows; /* rows only the cache holds (free for admission: evicted on demand) */
 } eng_sched_stats;
 
 /* Sizes the pool (its device memory is allocated when the first group is admitted and given
- * back whenever the scheduler runs empty, so an update between rollouts has it). */
+ * back when the scheduler runs empty and its prefix cache holds nothing; an update empties the
+ * cache of the engine's first scheduler, so it has the memory).
+ *
+ * Prefix cache (automatic, as vLLM's and SGLang's): a finished response's rows stay, keyed by
+ * its prompt and response ids, until the pool needs the room (least recently used first) or the
+ * weights change (an update, an undo). A group whose prompt begins with ids the cache holds (an
+ * agent's next turn: the previous prompt, a response, the tool's output) copies their keys and
+ * values and prefills only the rest; eng_group_result.cached_tokens says how many. The tokens and
+ * logprobs are those of a full prefill (bit for bit on the cpu). */
 int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out);
 void eng_sched_close(eng_sched *s); /* releases every job still in it */
 /* Queues a job's groups behind everything queued before. groups (and their prompts), the

@@ -49,6 +49,8 @@ struct eng {
     snap_state snap; /* the update's safety copy (train/snapshot.h) */
     eng_plan plan; /* the memory plan (plan.c) */
     _Atomic long long policy_version;
+    long long weights_epoch; /* bumped by whatever may change the policy's weights (update, undo) */
+    struct eng_sched *sched; /* the first scheduler opened on e (rollout.c), NULL when closed */
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
     struct dec_state *dec; /* generation step buffers (decode.c), made on first use */
@@ -63,6 +65,9 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
  * token). */
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
               float *ent);
+/* rollout.c: the weights are about to change: the scheduler's prefix cache is emptied and its
+ * KV pool given back when no rollout runs (the update has the memory). */
+void sched_forget(struct eng_sched *s);
 /* Trainable elements: m.l_elems with LoRA, else m.n_elems; their fp32 master and act copy. */
 static inline long long eng_train_n(const eng *e) { return e->m.lora_r ? e->m.l_elems : e->m.n_elems; }
 static inline float *eng_train_master(const eng *e) { return e->m.lora_r ? e->lora_master : e->w_master; }

@@ -68,6 +68,7 @@ struct eng_backend {
     void *(*alloc)(eng_backend *b, size_t bytes);
     void (*free)(eng_backend *b, void *p);
     void (*zero)(eng_backend *b, void *p, size_t bytes);
+    void (*copy)(eng_backend *b, void *dst, const void *src, size_t bytes); /* dev -> dev, queued like an op */
     int (*to_dev)(eng_backend *b, void *dst, const void *src, size_t bytes); /* raw host -> dev */
     int (*to_host)(eng_backend *b, void *dst, const void *src, size_t bytes); /* raw dev -> host */
     int (*act_from_f32)(eng_backend *b, void *dst, const float *src_host, size_t n); /* host f32 -> dev act */

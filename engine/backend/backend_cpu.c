@@ -29,6 +29,7 @@ static void *cpu_alloc(eng_backend *b, size_t n) {
 }
 static void cpu_free(eng_backend *b, void *p) { free(p); }
 static void cpu_zero(eng_backend *b, void *p, size_t n) { memset(p, 0, n); }
+static void cpu_d2d(eng_backend *b, void *d, const void *s, size_t n) { memcpy(d, s, n); }
 static int cpu_copy(eng_backend *b, void *d, const void *s, size_t n) {
     memmove(d, s, n);
     return 0;
@@ -187,6 +188,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .alloc = cpu_alloc,
         .free = cpu_free,
         .zero = cpu_zero,
+        .copy = cpu_d2d,
         .to_dev = cpu_copy,
         .to_host = cpu_copy,
         .act_from_f32 = cpu_act_from,

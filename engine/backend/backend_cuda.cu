@@ -65,6 +65,9 @@ static long long cu_mem_free(eng_backend *b) {
     cudaGetLastError(); /* not sticky: the caller falls back to its own default */
     return -1;
 }
+static void cu_copy(eng_backend *b, void *d, const void *s, size_t n) {
+    if (!CTX(b)->failed && n) CU_CK(CTX(b), cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, CTX(b)->stream));
+}
 static int cu_to_dev(eng_backend *b, void *d, const void *s, size_t n) {
     cu_ctx *c = CTX(b);
     if (!c->failed && n) CU_CK(c, cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, c->stream));
@@ -387,6 +390,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->alloc = cu_alloc;
     b->free = cu_free_;
     b->zero = cu_zero;
+    b->copy = cu_copy;
     b->to_dev = cu_to_dev;
     b->to_host = cu_to_host;
     b->act_from_f32 = cu_act_from;

@@ -461,6 +461,16 @@ int model_kv_init(const model *m, model_kv *kv, int cap_S) {
     return 0;
 }
 
+void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n) {
+    const model_config *c = &m->cfg;
+    size_t row = (size_t)c->K * c->D * (size_t)m->be->act_bytes;
+    if (n <= 0 || dst == src) return;
+    for (int l = 0; l < c->L; l++) {
+        m->be->copy(m->be, (char *)kv->k[l] + row * (size_t)dst, (char *)kv->k[l] + row * (size_t)src, row * (size_t)n);
+        m->be->copy(m->be, (char *)kv->v[l] + row * (size_t)dst, (char *)kv->v[l] + row * (size_t)src, row * (size_t)n);
+    }
+}
+
 void model_kv_free(const model *m, model_kv *kv) {
     if (kv->mem) m->be->free(m->be, kv->mem);
     free(kv->k);

@@ -189,6 +189,9 @@ struct model_kv {
 int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring);
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
+/* Rows [src, src + n) of every layer's keys and values copied to [dst, dst + n) (not overlapping),
+ * queued on the backend like an op. */
+void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n);
 
 /* One forward input: T tokens with positions, key ranges and (with a KV cache) the cache
  * slot each token's k/v is written to; ranges then index cache rows. Host arrays: they are

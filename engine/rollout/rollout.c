@@ -21,6 +21,7 @@
 #include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
 #include "engine/model/kvpool.h"
+#include "engine/rollout/prefix.h"
 
 void eng_group_result_free(eng_group_result *r) {
     if (!r || !r->resp) return;
@@ -45,6 +46,7 @@ typedef struct {
     sgroup *grp;
     int idx; /* response index in its group */
     int base; /* first of its max_tokens cache rows */
+    pfx_block *blk; /* those rows */
     int done;
     uint64_t rng; /* stream seed */
     eng_response *out;
@@ -54,6 +56,8 @@ struct sgroup {
     eng_sched_job *job;
     int g; /* group index in its job's request */
     int prompt0, P; /* its prompt's cache rows */
+    pfx_block *pblk; /* those rows */
+    int cached; /* prompt ids whose K/V were copied from the prefix cache, not prefilled */
     int n, n_live;
     int fresh; /* admitted this step: prefill pending */
     int dead; /* every response finished or dropped; rows given back */
@@ -83,7 +87,9 @@ struct eng_sched {
     long long row_bytes;
     int max_prefill, max_running;
     kvp pool;
-    model_kv kv; /* allocated while busy */
+    pfx_cache pfx; /* finished responses' rows (prefix.h) */
+    long long rows_live; /* rows held by admitted groups (the rest of pool.used only by the cache) */
+    model_kv kv; /* allocated while busy or while the prefix cache holds rows */
     eng_sched_job *jobs, *jobs_tail;
     sgroup **live;
     int n_live, cap_live;
@@ -152,8 +158,15 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
         free(s);
         return rc;
     }
+    s->pfx.epoch = e->weights_epoch;
+    if (!e->sched) e->sched = s; /* the one eng_update empties (sched_forget) */
     *out = s;
     return 0;
+}
+
+void sched_forget(eng_sched *s) {
+    pfx_clear(&s->pfx, &s->pool);
+    if (!eng_sched_busy(s) && s->kv.mem) model_kv_free(&s->e->m, &s->kv);
 }
 
 long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *sp) {
@@ -243,10 +256,12 @@ static void drop_group(eng_sched *s, sgroup *G) {
         stream *k = &G->st[r];
         if (k->done) continue;
         k->done = 1;
-        kvp_release(&s->pool, k->base, G->job->sp.max_tokens);
+        pfx_unref(&s->pool, k->blk);
+        s->rows_live -= G->job->sp.max_tokens;
         s->running--;
     }
-    kvp_release(&s->pool, G->prompt0, G->P);
+    pfx_unref(&s->pool, G->pblk);
+    s->rows_live -= G->P;
     G->n_live = 0;
     G->dead = 1;
     G->job->live_groups--;
@@ -263,14 +278,18 @@ static void job_stop(eng_sched *s, eng_sched_job *j, int state, const char *msg)
     snprintf(j->msg, sizeof j->msg, "%s", msg && msg[0] ? msg : err_default(state));
 }
 
-/* Response k is finished: its rows go back, its text is decoded; the group and job complete
+/* Response k is finished: the prefix cache keeps its rows (the K/V of its prompt and of every
+ * token but its last, which was never fed), its text is decoded; the group and job complete
  * with their last response. */
 static void finish_stream(eng_sched *s, stream *k) {
     sgroup *G = k->grp;
     eng_sched_job *j = G->job;
     eng_response *o = k->out;
     k->done = 1;
-    kvp_release(&s->pool, k->base, j->sp.max_tokens);
+    if (o->n_tokens > 0 && pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
+        err_clear(); /* not kept: only a later prefill is lost */
+    pfx_unref(&s->pool, k->blk);
+    s->rows_live -= j->sp.max_tokens;
     s->running--;
     j->tok_done += j->sp.max_tokens - o->n_tokens;
     if (!o->text && s->e->tok) {
@@ -281,7 +300,8 @@ static void finish_stream(eng_sched *s, stream *k) {
         }
     }
     if (--G->n_live == 0) {
-        kvp_release(&s->pool, G->prompt0, G->P);
+        pfx_unref(&s->pool, G->pblk);
+        s->rows_live -= G->P;
         G->dead = 1;
         j->live_groups--;
     }
@@ -318,7 +338,7 @@ static void sweep(eng_sched *s) {
     s->n_live = w;
     for (eng_sched_job *j = s->jobs; j; j = j->next)
         if (!j->state && j->next_group == j->n_groups && !j->live_groups) j->state = 1;
-    if (!eng_sched_busy(s) && s->kv.mem) model_kv_free(&s->e->m, &s->kv);
+    if (!eng_sched_busy(s) && !s->pfx.n && s->kv.mem) model_kv_free(&s->e->m, &s->kv);
 }
 
 /* ---------------------------------------------------------------- admission */
@@ -327,10 +347,19 @@ static int job_rows_fit(const eng_sched *s, const eng_sched_job *j, int g) {
     return eng_sched_rows_needed(&j->groups[g], &j->sp) <= s->cap;
 }
 
-/* Takes the rows of group g of j; 1 admitted, 0 no room (nothing taken), < 0 error. */
+/* Gives back what admit_group took: rb[0, n) and pb (NULL: none). */
+static void untake(eng_sched *s, pfx_block *pb, pfx_block **rb, int n) {
+    for (int r = 0; r < n; r++) pfx_unref(&s->pool, rb[r]);
+    pfx_unref(&s->pool, pb);
+    free(rb);
+}
+
+/* Takes the rows of group g of j: its prompt's (the longest prefix the prefix cache holds
+ * copied in, all but the last id at most, so the prefill draws the first tokens) and each
+ * response's. 1 admitted, 0 no room (nothing taken), < 0 error. */
 static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     const eng_rollout_group *RG = &j->groups[g];
-    int maxt = j->sp.max_tokens, rc;
+    int maxt = j->sp.max_tokens, rc = 0, r = 0;
     if (s->n_live == s->cap_live) {
         int nc = s->cap_live ? s->cap_live * 2 : 16;
         sgroup **l = realloc(s->live, (size_t)nc * sizeof *l);
@@ -338,22 +367,26 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
         s->live = l;
         s->cap_live = nc;
     }
-    int prompt0 = kvp_alloc(&s->pool, RG->P);
-    if (prompt0 < 0) return prompt0 == -1 ? 0 : prompt0;
-    int *base = malloc((size_t)RG->n * sizeof(int)), r = 0;
-    if (!base) {
-        kvp_release(&s->pool, prompt0, RG->P);
-        return err_set(GE_NOMEM, "scheduler: out of memory");
-    }
-    for (; r < RG->n; r++)
-        if ((base[r] = kvp_alloc(&s->pool, maxt)) < 0) break;
-    if (r < RG->n) {
-        rc = base[r] == -1 ? 0 : base[r];
-        while (r-- > 0) kvp_release(&s->pool, base[r], maxt);
-        kvp_release(&s->pool, prompt0, RG->P);
-        free(base);
+    pfx_src src;
+    int m = pfx_match(&s->pfx, RG->prompt, RG->P, RG->P - 1, &src);
+    pfx_block *pb = pfx_alloc(&s->pfx, &s->pool, RG->P, &rc), **rb = calloc((size_t)RG->n, sizeof *rb);
+    if (!rb && pb) rc = err_set(GE_NOMEM, "scheduler: out of memory");
+    for (; pb && rb && r < RG->n; r++)
+        if (!(rb[r] = pfx_alloc(&s->pfx, &s->pool, maxt, &rc))) break;
+    if (!pb || !rb || r < RG->n) {
+        pfx_src_release(&s->pool, &src);
+        untake(s, pb, rb, r);
         return rc;
     }
+    if (m) { /* the hit's rows, in at most two runs */
+        int n0 = m < src.seg_n[0] ? m : src.seg_n[0];
+        model_kv_copy_rows(&s->e->m, &s->kv, pb->start, src.seg[0]->start, n0);
+        if (m > n0) model_kv_copy_rows(&s->e->m, &s->kv, pb->start + n0, src.seg[1]->start, m - n0);
+        s->pfx.hits++;
+        s->pfx.hit_tokens += m;
+    }
+    s->pfx.query_tokens += RG->P;
+    pfx_src_release(&s->pool, &src);
     sgroup *G = calloc(1, sizeof *G);
     stream *st = calloc((size_t)RG->n, sizeof *st);
     eng_response *resp = calloc((size_t)RG->n, sizeof *resp);
@@ -368,29 +401,38 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
             free(resp[r].tokens);
             free(resp[r].logprobs);
         }
-        for (r = 0; r < RG->n; r++) kvp_release(&s->pool, base[r], maxt);
-        kvp_release(&s->pool, prompt0, RG->P);
+        untake(s, pb, rb, RG->n);
         free(G);
         free(st);
         free(resp);
-        free(base);
         return err_set(GE_NOMEM, "scheduler: out of memory");
     }
-    *G = (sgroup){.job = j, .g = g, .prompt0 = prompt0, .P = RG->P, .n = RG->n, .n_live = RG->n, .fresh = 1, .st = st};
-    j->out[g] = (eng_group_result){.resp = resp, .n = RG->n};
+    *G = (sgroup){.job = j,
+                  .g = g,
+                  .prompt0 = pb->start,
+                  .pblk = pb,
+                  .cached = m,
+                  .P = RG->P,
+                  .n = RG->n,
+                  .n_live = RG->n,
+                  .fresh = 1,
+                  .st = st};
+    j->out[g] = (eng_group_result){.resp = resp, .n = RG->n, .cached_tokens = m};
     for (r = 0; r < RG->n; r++) {
         /* the stream seed of (request seed, group index, response index), as it always was;
          * the group index is its place in the original request when the caller split it */
         int gi = j->sp.group_index ? j->sp.group_index[g] : g;
         st[r] = (stream){.grp = G,
                          .idx = r,
-                         .base = base[r],
+                         .base = rb[r]->start,
+                         .blk = rb[r],
                          .out = &resp[r],
                          .rng = j->sp.seed ^ ((uint64_t)(gi + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32)};
         splitmix(&st[r].rng);
     }
-    free(base);
+    free(rb);
     s->live[s->n_live++] = G;
+    s->rows_live += RG->P + (long long)RG->n * maxt;
     s->running += RG->n;
     j->live_groups++;
     return 1;
@@ -416,6 +458,10 @@ static int empty_group(eng_sched *s, eng_sched_job *j, int g) {
  * step's prefill / running limits are reached. */
 static void admit(eng_sched *s) {
     int prefill_T = 0, admitted = 0;
+    if (s->pfx.epoch != s->e->weights_epoch) { /* the weights changed: their K/V are not these */
+        pfx_clear(&s->pfx, &s->pool);
+        s->pfx.epoch = s->e->weights_epoch;
+    }
     for (eng_sched_job *j = s->jobs; j; j = j->next) {
         while (!j->state && j->next_group < j->n_groups) {
             int g = j->next_group, rc;
@@ -481,14 +527,14 @@ static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_
     return 0;
 }
 
-/* Prefill of the fresh groups: each prompt once, causal on itself, then every response's
- * first token drawn from its prompt's last row. */
+/* Prefill of the fresh groups: each prompt once (from its first id not copied from the prefix
+ * cache), causal on itself, then every response's first token drawn from its prompt's last row. */
 static int prefill(eng_sched *s) {
     int n = 0, T = 0, R = 0, rc = 0;
     for (int i = 0; i < s->n_live; i++)
         if (s->live[i]->fresh) {
             n++;
-            T += s->live[i]->P;
+            T += s->live[i]->P - s->live[i]->cached;
             R += s->live[i]->n;
         }
     if (!n) return 0;
@@ -519,7 +565,7 @@ static int prefill(eng_sched *s) {
             sgroup *G = s->items[i];
             if (s->taken[i] || G->dead || G->job->state || !joins(&ban, &G->st[0])) continue;
             s->taken[i] = 1;
-            for (int p = 0; p < G->P; p++, t++) {
+            for (int p = G->cached; p < G->P; p++, t++) {
                 tok[t] = G->job->groups[G->g].prompt[p];
                 pos[t] = p;
                 slot[t] = G->prompt0 + p;
@@ -657,11 +703,17 @@ void eng_sched_get_stats(const eng_sched *s, eng_sched_stats *st) {
     }
     for (int i = 0; i < s->n_live; i++) st->running_groups += !s->live[i]->dead;
     st->running_responses = s->running;
-    st->rows_used = s->pool.used;
+    st->rows_used = s->rows_live;
+    st->prefix_rows = s->pool.used - s->rows_live;
     st->rows_cap = s->cap;
     st->row_bytes = s->row_bytes;
     st->steps = s->steps;
     st->dec_calls = s->dec_calls;
+    st->prefix_entries = s->pfx.n;
+    st->prefix_hits = s->pfx.hits;
+    st->prefix_hit_tokens = s->pfx.hit_tokens;
+    st->prefix_query_tokens = s->pfx.query_tokens;
+    st->prefix_evicted = s->pfx.evicted;
 }
 
 int eng_sched_job_state(const eng_sched_job *j, double *progress, int *started, const char **msg) {
@@ -690,8 +742,10 @@ void eng_sched_job_release(eng_sched *s, eng_sched_job *j) {
 void eng_sched_close(eng_sched *s) {
     if (!s) return;
     while (s->jobs) eng_sched_job_release(s, s->jobs);
+    pfx_destroy(&s->pfx, &s->pool);
     if (s->kv.mem) model_kv_free(&s->e->m, &s->kv);
     kvp_destroy(&s->pool);
+    if (s->e->sched == s) s->e->sched = NULL;
     free(s->live);
     free(s->ints);
     free(s->rows);
@@ -717,6 +771,7 @@ static int open_for(eng *e, const eng_rollout_group *groups, int n_groups, const
     kvp_destroy(&s->pool);
     s->cap = (int)need;
     if ((rc = kvp_init(&s->pool, s->cap))) {
+        if (e->sched == s) e->sched = NULL;
         free(s);
         *out = NULL;
     }

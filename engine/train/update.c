@@ -35,8 +35,16 @@
 #include "engine/train/state.h"
 #include "kernels/adamw.h"
 
+/* The weights may change from here: the prefix cache's keys and values go, and with them the KV
+ * pool's memory when no rollout runs. */
+static void weights_changing(eng *e) {
+    e->weights_epoch++;
+    if (e->sched) sched_forget(e->sched);
+}
+
 int eng_update_undo(eng *e) {
     if (!e->snap.ok) return 0;
+    weights_changing(e);
     return snap_restore(e);
 }
 
@@ -345,6 +353,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     double t0 = clock_mono_ms();
     memset(out, 0, sizeof *out);
     out->policy_version_before = e->policy_version;
+    weights_changing(e);
     work w = {0};
     dp_order dpo = {0};
     loss_config ac = *a; /* loss_scale_factor 0: the longest response of the update, every group counted */
