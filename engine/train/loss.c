@@ -94,10 +94,20 @@ int loss_group_uniform(const float *rewards, int n) {
 
 /* ---------- aggregation ---------- */
 
-void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom, int *max_len) {
+/* Tokens of response s that carry loss: len[s], less those tmask marks 0. */
+static int counted_len(int s, const int *off, const int *len, const unsigned char *tmask) {
+    if (!tmask) return len[s];
+    int n = 0;
+    for (int j = 0; j < len[s]; j++) n += tmask[off[s] + j] != 0;
+    return n;
+}
+
+void loss_count(int S, const int *off, const int *len, const int *mask, const unsigned char *tmask, double *tok_denom,
+                double *seq_denom, int *max_len) {
     for (int s = 0; s < S; s++) {
-        if ((mask && !mask[s]) || len[s] <= 0) continue;
-        *tok_denom += len[s];
+        int n = (mask && !mask[s]) || len[s] <= 0 ? 0 : counted_len(s, off, len, tmask);
+        if (n <= 0) continue;
+        *tok_denom += n;
         *seq_denom += 1;
         if (len[s] > *max_len) *max_len = len[s];
     }
@@ -125,13 +135,15 @@ static double norm_len_of(const loss_config *c, int S, const int *len) {
     return mx;
 }
 
-double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask, double tok_denom,
-                double seq_denom) {
+double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask,
+                const unsigned char *tmask, double tok_denom, double seq_denom) {
     double norm_len = norm_len_of(c, S, len), sum = 0;
     for (int s = 0; s < S; s++) {
-        if ((mask && !mask[s]) || len[s] <= 0) continue;
-        double w = agg_weight(c->agg, len[s], tok_denom, seq_denom, norm_len), t = 0;
-        for (int j = 0; j < len[s]; j++) t += x[off[s] + j];
+        int n = (mask && !mask[s]) || len[s] <= 0 ? 0 : counted_len(s, off, len, tmask);
+        if (n <= 0) continue;
+        double w = agg_weight(c->agg, n, tok_denom, seq_denom, norm_len), t = 0;
+        for (int j = 0; j < len[s]; j++)
+            if (!tmask || tmask[off[s] + j]) t += x[off[s] + j];
         sum += w * t;
     }
     return sum;
@@ -216,15 +228,15 @@ static double pg_token(const loss_config *c, double A, double r, double dr, int 
 /* ---------- the loss ---------- */
 
 double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
-                    const float *ref, const float *ent, const float *adv, const int *mask, double tok_denom, double seq_denom,
-                    float *dlogp, float *dent, loss_metrics *m) {
+                    const float *ref, const float *ent, const float *adv, const int *mask, const unsigned char *tmask,
+                    double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m) {
     assert(c->kl_coef == 0 || ref);
     assert(c->entropy_coeff == 0 || ent);
     double norm_len = norm_len_of(c, S, len);
     double total = 0, pg_total = 0, kl_total = 0, ent_total = 0, tok_w = 1.0 / tok_denom;
     for (int s = 0; s < S; s++) {
-        int L = len[s], o = off[s];
-        if ((mask && !mask[s]) || L <= 0) {
+        int L = len[s], o = off[s], n = (mask && !mask[s]) || L <= 0 ? 0 : counted_len(s, off, len, tmask);
+        if (n <= 0) {
             for (int j = 0; j < L; j++) {
                 dlogp[o + j] = 0;
                 if (dent) dent[o + j] = 0;
@@ -232,18 +244,24 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
             continue;
         }
         double A = adv[s];
-        double w = agg_weight(c->agg, L, tok_denom, seq_denom, norm_len);
-        /* gspo: one ratio for the response, straight-through per token */
+        double w = agg_weight(c->agg, n, tok_denom, seq_denom, norm_len);
+        /* gspo: one ratio for the response (the mean over its trained tokens), straight-through per token */
         double seq_r = 0, seq_dr = 0;
         if (c->mode == LOSS_GSPO) {
             double sum = 0;
-            for (int j = 0; j < L; j++) sum += (double)logp[o + j] - old[o + j];
-            double lr = sum / L;
+            for (int j = 0; j < L; j++)
+                if (!tmask || tmask[o + j]) sum += (double)logp[o + j] - old[o + j];
+            double lr = sum / n;
             seq_r = exp(lr < 10 ? lr : 10);
             seq_dr = lr <= 10 ? seq_r : 0.0;
         }
         for (int j = 0; j < L; j++) {
             int t = o + j;
+            if (tmask && !tmask[t]) { /* context, not trained: attended to, no loss, no gradient */
+                dlogp[t] = 0;
+                if (dent) dent[t] = 0;
+                continue;
+            }
             double r, dr, dpg, lr = (double)logp[t] - old[t];
             int dual;
             if (c->mode == LOSS_GSPO) {

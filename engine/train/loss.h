@@ -99,15 +99,16 @@ typedef struct {
 void loss_finish(loss_metrics *m, int n_steps);
 
 /* Global denominators of one mini-batch: call once per micro-batch (or once for all) with the
- * same accumulators, starting from 0. Adds the tokens of responses that count (mask[s] != 0,
- * len[s] > 0) to *tok_denom and their number to *seq_denom; raises *max_len to the longest such
- * response. */
-void loss_count(int S, const int *len, const int *mask, double *tok_denom, double *seq_denom, int *max_len);
+ * same accumulators, starting from 0. Adds the trained tokens (tmask[t] != 0, or all with tmask
+ * NULL) of responses that count (mask[s] != 0 and at least one trained token) to *tok_denom and
+ * the number of those responses to *seq_denom; raises *max_len to the longest such response. */
+void loss_count(int S, const int *off, const int *len, const int *mask, const unsigned char *tmask, double *tok_denom,
+                double *seq_denom, int *max_len);
 
-/* veRL's agg_loss of per-token values x (M) over S responses (off, len, mask as loss_compute),
- * with the same denominators and c->agg, c->loss_scale_factor as loss_compute. */
-double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask, double tok_denom,
-                double seq_denom);
+/* veRL's agg_loss of per-token values x (M) over S responses (off, len, mask, tmask as
+ * loss_compute), with the same denominators and c->agg, c->loss_scale_factor as loss_compute. */
+double loss_agg(const loss_config *c, int S, const int *off, const int *len, const float *x, const int *mask,
+                const unsigned char *tmask, double tok_denom, double seq_denom);
 
 /* 1 when all n rewards are equal (a group DAPO's filter_groups drops: every advantage is 0). */
 int loss_group_uniform(const float *rewards, int n);
@@ -116,14 +117,17 @@ int loss_group_uniform(const float *rewards, int n);
  *   S responses; response s has len[s] tokens starting at off[s] in the per-token arrays.
  *   logp (M): current logprobs; old (M): old logprobs; ref (M) or NULL when kl_coef == 0;
  *   ent (M) entropies or NULL when entropy_coeff == 0; adv (S) advantages; mask (S) 0 drops a
- *   response (or NULL: all count).
+ *   response (or NULL: all count); tmask (M) 0/1 per token, veRL's response_mask (or NULL: all
+ *   ones): a 0 token is context — it stays in the sequence and is attended to, but carries no
+ *   loss, KL or entropy, adds to no metric and counts in no denominator; a response whose tokens
+ *   are all 0 is dropped as mask[s] = 0 drops it. All ones computes exactly what NULL does.
  *   tok_denom: the token count for token-mean over the whole mini-batch; seq_denom: number of
  *   sequences for seq-mean modes over the whole mini-batch (so micro-batches add up exactly:
  *   the sum of loss_compute over disjoint sets of responses with the same denominators is the
  *   loss of their union, and so are the gradients). loss_count computes both.
  *
  * The loss (veRL's actor with use_kl_loss):  agg(pg) - entropy_coeff agg(ent) + kl_coef agg(kl),
- * each agg with the weight w of every counted token t of response s (L = len[s]):
+ * each agg with the weight w of every counted token t of response s (L: its trained tokens):
  *   token-mean 1/tok_denom; token-sum 1; seq-mean-token-sum 1/seq_denom;
  *   seq-mean-token-mean 1/((L + 1e-8) seq_denom) (veRL's 1e-8);
  *   seq-mean-token-sum-norm 1/(seq_denom loss_scale_factor) (loss_scale_factor 0: the longest
@@ -131,7 +135,7 @@ int loss_group_uniform(const float *rewards, int n);
  *   batch set it).
  * vanilla: ratio r = exp(clamp(logp - old, -20, 20)); pg = max(-A r, -A clip(r, 1-lo, 1+hi)),
  *   and for A < 0 min(that, -A clip_ratio_c) (dual clip).
- * gspo: r = exp(min(mean over the response of (logp - old), 10)) for every token, with the
+ * gspo: r = exp(min(mean over the response's trained tokens of (logp - old), 10)) for each, with the
  *   straight-through gradient d r_t / d logp_t = r_t (veRL's sg[s_i] pi_t / sg[pi_t]); the same
  *   clipped pg and the same aggregation mode as vanilla (no dual clip).
  * kl (x = logp - ref): k1 x; abs |x|; k2 x^2/2; k3 clamp(e^y - y - 1, -10, 10), y = clamp(-x, -20, 20);
@@ -140,7 +144,8 @@ int loss_group_uniform(const float *rewards, int n);
  * Gradients are those of the expressions above as autograd computes them (0 where a clamp or a
  * clip is active, max/min ties resolved toward the unclipped branch).
  * Writes dlogp and dent (or dent NULL) = d loss / d logp, d loss / d entropy at every token of
- * the S responses (0 for dropped ones; other entries untouched).
+ * the S responses (0 for dropped responses and masked tokens; other entries untouched): the
+ * backward passes attend through masked tokens and send them no gradient of their own.
  * Adds to *m (NULL: no metrics): loss, pg_loss (this call's parts of the aggregated values);
  * per counted token: kl (the kl_type value, when ref != NULL), entropy (when ent != NULL), ratio
  * r; clip_frac counts tokens where the clip bound (-A clip(r) > -A r): clip_frac_low those with
@@ -149,6 +154,6 @@ int loss_group_uniform(const float *rewards, int n);
  * and the per_step group of loss_metrics (this call's part of the mini-batch's values).
  * Returns this call's part of the loss. */
 double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
-                    const float *ref, const float *ent, const float *adv, const int *mask, double tok_denom, double seq_denom,
-                    float *dlogp, float *dent, loss_metrics *m);
+                    const float *ref, const float *ent, const float *adv, const int *mask, const unsigned char *tmask,
+                    double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m);
 #endif

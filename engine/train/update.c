@@ -56,6 +56,7 @@ typedef struct {
     int S;
     int *off, *len, *mask;
     float *adv; /* (S) responses */
+    unsigned char *tmask; /* (M) 0/1 trained tokens, or NULL when no group has a loss_mask */
     long long M; /* predicted tokens */
     float *old, *ref, *logp, *ent, *dlogp, *dent; /* (M) */
     float *ent_old; /* (M) entropies at the old policy, for veRL's actor/entropy: the old
@@ -70,6 +71,7 @@ static void work_free(work *w) {
     free(w->off);
     free(w->len);
     free(w->mask);
+    free(w->tmask);
     free(w->adv);
     free(w->old);
     free(w->ref);
@@ -83,12 +85,14 @@ static void work_free(work *w) {
 
 static int work_make(work *w, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
     memset(w, 0, sizeof *w);
-    int S = 0;
+    int S = 0, any_mask = 0;
     long long M = 0;
     for (int i = 0; i < n; i++) {
         S += g[i].n;
+        any_mask |= g[i].loss_mask != NULL;
         for (int r = 0; r < g[i].n; r++) M += g[i].R[r];
     }
+    if (any_mask && !(w->tmask = malloc((size_t)M + 1))) return err_set(GE_NOMEM, "update: out of memory");
     w->pg = calloc((size_t)n + 1, sizeof *w->pg);
     w->src = calloc((size_t)n + 1, sizeof(int));
     w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
@@ -119,6 +123,8 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
             w->off[s] = (int)off;
             w->len[s] = g[i].R[r];
             w->mask[s] = !(a->mask_truncated && g[i].truncated && g[i].truncated[r]);
+            if (w->tmask && g[i].loss_mask) memcpy(w->tmask + off, g[i].loss_mask[r], (size_t)g[i].R[r]);
+            else if (w->tmask) memset(w->tmask + off, 1, (size_t)g[i].R[r]);
             if (g[i].old_logprobs && a->use_rollout_logprobs)
                 memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
             off += g[i].R[r];
@@ -140,7 +146,8 @@ static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double to
     if (w->ent_old_from_policy)
         memcpy(w->ent_old + m0, w->ent + m0, (size_t)((ms1 < w->S ? w->off[ms1] : w->M) - m0) * sizeof(float));
     loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL, w->ent + m0,
-                 w->adv + ms0, w->mask + ms0, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0, met);
+                 w->adv + ms0, w->mask + ms0, w->tmask ? w->tmask + m0 : NULL, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0,
+                 met);
     free(off);
     return 0;
 }
@@ -193,7 +200,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     int s0 = w->grp_resp0[g0], s1 = g1 < w->n_groups ? w->grp_resp0[g1] : w->S;
     double tok_denom = 0, seq_denom = 0;
     int max_len = 0;
-    loss_count(s1 - s0, w->len + s0, w->mask + s0, &tok_denom, &seq_denom, &max_len);
+    loss_count(s1 - s0, w->off + s0, w->len + s0, w->mask + s0, w->tmask, &tok_denom, &seq_denom, &max_len);
     if (seq_denom == 0 || c1 <= c0) return 0; /* every response masked (or no share): nothing to learn from */
     const loss_config *c = a;
     double aux_n = aux_tokens(&e->m, w->pg, g0, g1); /* 0: no balance loss */
@@ -473,8 +480,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     if (!rc) { /* veRL's actor/entropy: the whole batch's; with a comm each rank's share, summed below */
         double tok = 0, seq = 0;
         int mx = 0;
-        loss_count(w.S, w.len, w.mask, &tok, &seq, &mx);
-        if (seq > 0) met.entropy_agg = loss_agg(a, w.S, w.off, w.len, w.ent_old, w.mask, tok, seq);
+        loss_count(w.S, w.off, w.len, w.mask, w.tmask, &tok, &seq, &mx);
+        if (seq > 0) met.entropy_agg = loss_agg(a, w.S, w.off, w.len, w.ent_old, w.mask, w.tmask, tok, seq);
     }
     if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {

@@ -154,7 +154,7 @@ TEST(test_verl_cases) {
     int off[REF_S];
     ref_offsets(off);
     int ncase = (int)(sizeof REF_CASES / sizeof REF_CASES[0]);
-    CHECK_EQ_INT(ncase, 2 * 5 * 6 * 2 + 2 * 2 * 2);
+    CHECK_EQ_INT(ncase, 3 * (2 * 5 * 6 + 2 * 2));
     double worst_loss = 0, worst_grad = 0;
     printf("# | loss_mode | loss_agg_mode | kl_type | dropped | loss_scale_factor | loss rel | dlogp rel L2 | dent rel L2 |\n");
     for (int k = 0; k < ncase; k++) {
@@ -163,15 +163,16 @@ TEST(test_verl_cases) {
         ref_config(&c, rc->mode, rc->agg, rc->kl);
         c.loss_scale_factor = rc->scale;
         int mask[REF_S];
-        for (int s = 0; s < REF_S; s++) mask[s] = !(rc->masked && s == REF_DROPPED);
+        for (int s = 0; s < REF_S; s++) mask[s] = !(rc->masked == 1 && s == REF_DROPPED);
+        const unsigned char *tmask = rc->masked == 2 ? REF_TMASK : NULL; /* veRL's response_mask per token */
         double tok = 0, seq = 0;
         int mx = 0;
-        loss_count(REF_S, REF_LENS, mask, &tok, &seq, &mx);
+        loss_count(REF_S, off, REF_LENS, mask, tmask, &tok, &seq, &mx);
         float dlogp[REF_M], dent[REF_M];
         loss_metrics m;
         memset(&m, 0, sizeof m);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tok, seq,
-                                   dlogp, dent, &m);
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tmask, tok,
+                                   seq, dlogp, dent, &m);
         loss_finish(&m, 1);
         const double got[REF_NV] = {m.loss,           m.pg_loss,      m.pg_clipfrac, m.pg_clipfrac_lower, m.ppo_kl,
                                     m.kl_loss,        m.entropy_loss, m.kl,          m.entropy,           m.clip_frac_low,
@@ -186,13 +187,15 @@ TEST(test_verl_cases) {
         double el = rel_err(loss, rc->v[0]), eg = rel_l2(dlogp, rc->dlogp, REF_M), ee = rel_l2(dent, rc->dent, REF_M);
         CHECK_MSG(el <= PARITY_TOL && eg <= PARITY_TOL && ee <= PARITY_TOL, "case %d: loss %.2e dlogp %.2e dent %.2e", k, el, eg,
                   ee);
-        if (rc->masked) /* the dropped response has no gradient */
+        if (rc->masked == 1) /* the dropped response has no gradient */
             for (int t = off[REF_DROPPED]; t < off[REF_DROPPED] + REF_LENS[REF_DROPPED]; t++)
                 CHECK(dlogp[t] == 0.0f && dent[t] == 0.0f);
+        for (int t = 0; tmask && t < REF_M; t++) /* nor has a masked token */
+            if (!tmask[t]) CHECK(dlogp[t] == 0.0f && dent[t] == 0.0f);
         worst_loss = fmax(worst_loss, el);
         worst_grad = fmax(worst_grad, fmax(eg, ee));
         printf("# | %s | %s | %s | %s | %s | %.1e | %.1e | %.1e |\n", MODE_NAMES[rc->mode], AGG_NAMES[rc->agg], KL_NAMES[rc->kl],
-               rc->masked ? "yes" : "no",
+               rc->masked == 2 ? "loss_mask" : rc->masked ? "yes" : "no",
                rc->agg != 4    ? "-"
                    : rc->scale ? "9"
                                : "default (6)",
@@ -220,9 +223,9 @@ TEST(test_verl_head_temperature) {
         logprob_fwd_cpu(logp, ent, REF_H, out_pos, REF_HTOK, REF_HW, REF_M, REF_HC, REF_HV, REF_TEMP);
         double tok = 0, seq = 0;
         int mx = 0;
-        loss_count(REF_S, REF_LENS, mask, &tok, &seq, &mx);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, tok, seq, dlogp,
-                                   dent, NULL);
+        loss_count(REF_S, off, REF_LENS, mask, NULL, &tok, &seq, &mx);
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, NULL, tok, seq,
+                                   dlogp, dent, NULL);
         memset(dh, 0, sizeof dh);
         memset(dw, 0, sizeof dw);
         logprob_bwd_cpu(dh, dw, dlogp, dent, REF_H, out_pos, REF_HTOK, REF_HW, REF_M, REF_HC, REF_HV, REF_TEMP);
@@ -262,6 +265,8 @@ TEST(test_verl_schedules) {
 typedef struct {
     int S, M, off[RS], len[RS], mask[RS];
     float logp[RM], old[RM], ref[RM], ent[RM], adv[RS];
+    unsigned char tmask_v[RM];
+    const unsigned char *tmask; /* tmask_v (odd seeds: a random loss_mask) or NULL */
 } rand_case;
 
 static void make_rand(rand_case *rc, unsigned long long seed) {
@@ -282,6 +287,11 @@ static void make_rand(rand_case *rc, unsigned long long seed) {
         rc->ref[t] = rc->logp[t] + check_randf(&s, 1.0f);
         rc->ent[t] = 1.5f + check_randf(&s, 1.2f);
     }
+    /* odd seeds: a random loss_mask, from its own stream so the values above stay; response 2 all 0 */
+    unsigned long long q = seed * 0x2545F4914F6CDD1DULL + 11;
+    for (int t = 0; t < rc->M; t++) rc->tmask_v[t] = check_randf(&q, 1.0f) < 0.3f;
+    for (int j = 0; j < rc->len[2]; j++) rc->tmask_v[rc->off[2] + j] = 0;
+    rc->tmask = seed & 1 ? rc->tmask_v : NULL;
 }
 
 /* Distance of token t from a kink of its loss (where a one-sided derivative would differ). */
@@ -299,7 +309,8 @@ static int near_kink(const loss_config *c, const rand_case *rc, int s, int t, do
 
 static double eval_loss(const loss_config *c, const rand_case *rc, double tok, double seq) {
     static float d1[RM], d2[RM];
-    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, tok, seq, d1, d2, NULL);
+    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, rc->tmask, tok, seq, d1, d2,
+                        NULL);
 }
 
 TEST(test_grad_fd_vanilla) {
@@ -317,9 +328,10 @@ TEST(test_grad_fd_vanilla) {
             c.loss_scale_factor = 0;
             double tok = 0, seq = 0;
             int mx = 0;
-            loss_count(rc.S, rc.len, rc.mask, &tok, &seq, &mx);
+            loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tok, seq, dlogp, dent, NULL);
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq, dlogp, dent,
+                         NULL);
             for (int s = 0; s < rc.S; s++)
                 for (int j = 0; j < rc.len[s]; j++) {
                     int t = rc.off[s] + j;
@@ -377,13 +389,20 @@ TEST(test_grad_fd_gspo) {
             c.loss_scale_factor = 0;
             double tok = 0, seq = 0;
             int mx = 0;
-            loss_count(rc.S, rc.len, rc.mask, &tok, &seq, &mx);
+            loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tok, seq, dlogp, dent, NULL);
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq, dlogp, dent,
+                         NULL);
             for (int s = 0; s < rc.S; s++) {
                 double mean = 0;
-                for (int j = 0; j < rc.len[s]; j++) mean += (double)rc.logp[rc.off[s] + j] - rc.old[rc.off[s] + j];
-                double r = exp(mean / rc.len[s]);
+                int n = 0;
+                for (int j = 0; j < rc.len[s]; j++)
+                    if (!rc.tmask || rc.tmask[rc.off[s] + j]) {
+                        mean += (double)rc.logp[rc.off[s] + j] - rc.old[rc.off[s] + j];
+                        n++;
+                    }
+                if (!n) continue; /* all masked: no loss, nothing to move */
+                double r = exp(mean / n);
                 if (fabs(r - 0.8) < 4 * h || fabs(r - 1.28) < 4 * h) continue;
                 float save[8];
                 double sum_g = 0, f[4];
@@ -402,9 +421,12 @@ TEST(test_grad_fd_gspo) {
                 double fd = (-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * hs);
                 CHECK_MSG(fabs(sum_g - fd) <= 1e-9 + 1e-6 * fabs(fd), "gspo agg %d kl %d resp %d: sum dlogp %.9g, fd %.9g", agg,
                           kl, s, sum_g, fd);
-                if (c.kl_coef == 0)
-                    for (int j = 1; j < rc.len[s]; j++)
-                        CHECK_MSG(dlogp[rc.off[s] + j] == dlogp[rc.off[s]], "gspo resp %d: unequal token grads", s);
+                for (int j = 0, first = -1; c.kl_coef == 0 && j < rc.len[s]; j++) { /* equal on trained tokens, 0 elsewhere */
+                    int t = rc.off[s] + j;
+                    if (rc.tmask && !rc.tmask[t]) CHECK(dlogp[t] == 0.0f);
+                    else if (first < 0) first = t;
+                    else CHECK_MSG(dlogp[t] == dlogp[first], "gspo resp %d: unequal token grads", s);
+                }
                 checked++;
             }
         }
@@ -423,22 +445,22 @@ TEST(test_microbatch_additivity) {
             c.loss_scale_factor = 0;
             double tok = 0, seq = 0;
             int mx = 0;
-            loss_count(rc.S, rc.len, rc.mask, &tok, &seq, &mx);
+            loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             c.loss_scale_factor = mx; /* the mini-batch's divisor, fixed */
             float d_all[RM], e_all[RM], d_mb[RM], e_mb[RM];
             loss_metrics m1, m2;
             memset(&m1, 0, sizeof m1);
             memset(&m2, 0, sizeof m2);
-            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tok, seq,
-                                        d_all, e_all, &m1);
+            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok,
+                                        seq, d_all, e_all, &m1);
             /* two micro-batches, each with its own token arrays starting at 0 */
             int cut = 4, o1 = rc.off[cut];
             int off2[RS];
             for (int s = cut; s < rc.S; s++) off2[s - cut] = rc.off[s] - o1;
-            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tok, seq, d_mb,
-                                       e_mb, &m2);
+            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq,
+                                       d_mb, e_mb, &m2);
             part += loss_compute(&c, rc.S - cut, off2, rc.len + cut, rc.logp + o1, rc.old + o1, rc.ref + o1, rc.ent + o1,
-                                 rc.adv + cut, rc.mask + cut, tok, seq, d_mb + o1, e_mb + o1, &m2);
+                                 rc.adv + cut, rc.mask + cut, rc.tmask ? rc.tmask + o1 : NULL, tok, seq, d_mb + o1, e_mb + o1, &m2);
             CHECK_MSG(fabs(part - whole) <= 1e-13 * (1 + fabs(whole)), "mode %d agg %d: %.17g vs %.17g", mode, agg, part, whole);
             CHECK_CLOSE(m2.loss, m1.loss, 1e-13, 1e-12);
             CHECK_CLOSE(m2.pg_loss, m1.pg_loss, 1e-13, 1e-12);
@@ -494,6 +516,36 @@ TEST(test_finish) {
     CHECK_CLOSE(m.clip_frac_high, 0.25, 0, 1e-15);
 }
 
+/* A loss_mask of all ones computes what no mask does, bit for bit: loss, gradients, metrics. */
+TEST(test_all_ones_mask) {
+    for (int mode = 0; mode < 2; mode++)
+        for (int agg = 0; agg < 5; agg++) {
+            rand_case rc;
+            make_rand(&rc, 700 + mode * 10 + agg * 2); /* even: tmask NULL */
+            unsigned char ones[RM];
+            memset(ones, 1, sizeof ones);
+            loss_config c;
+            ref_config(&c, mode, agg, KL_K3);
+            c.loss_scale_factor = 0;
+            double tok[2] = {0, 0}, seq[2] = {0, 0}, loss[2];
+            int mx[2] = {0, 0};
+            float d[2][RM], e[2][RM];
+            loss_metrics m[2];
+            memset(m, 0, sizeof m);
+            for (int k = 0; k < 2; k++) {
+                const unsigned char *tm = k ? ones : NULL;
+                loss_count(rc.S, rc.off, rc.len, rc.mask, tm, &tok[k], &seq[k], &mx[k]);
+                loss[k] = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tm, tok[k],
+                                       seq[k], d[k], e[k], &m[k]);
+            }
+            CHECK(tok[0] == tok[1] && seq[0] == seq[1] && mx[0] == mx[1]);
+            CHECK(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0);
+            CHECK(memcmp(d[0], d[1], (size_t)rc.M * sizeof(float)) == 0);
+            CHECK(memcmp(e[0], e[1], (size_t)rc.M * sizeof(float)) == 0);
+            CHECK(memcmp(&m[0], &m[1], sizeof m[0]) == 0);
+        }
+}
+
 int main(void) {
     RUN(test_parse);
     RUN(test_defaults);
@@ -505,5 +557,6 @@ int main(void) {
     RUN(test_grad_fd_gspo);
     RUN(test_microbatch_additivity);
     RUN(test_finish);
+    RUN(test_all_ones_mask);
     return CHECK_DONE();
 }
