@@ -156,14 +156,14 @@ static size_t cut_array(char *b, size_t i, size_t len, int kind, api_packed_set 
 /* Where a container sits: the request's top level, its groups array, a group, a group's
  * responses array, a response, or anywhere else. */
 enum { R_OTHER, R_ROOT, R_GROUPS, R_GROUP, R_RESPS, R_RESP };
-enum { K_OTHER, K_GROUPS, K_TOKENS, K_PROMPT_IDS, K_RESPONSES, K_TOKEN_IDS, K_LOGPROBS };
+enum { K_OTHER, K_GROUPS, K_TOKENS, K_PROMPT_IDS, K_RESPONSES, K_TOKEN_IDS, K_LOGPROBS, K_LOSS_MASK };
 
 typedef struct {
     char obj, role, key; /* key: the member being read (an object's) */
 } frame;
 
 static int key_id(const char *k, size_t n) {
-    static const char *const names[] = {"", "groups", "tokens", "prompt_ids", "responses", "token_ids", "logprobs"};
+    static const char *const names[] = {"", "groups", "tokens", "prompt_ids", "responses", "token_ids", "logprobs", "loss_mask"};
     for (int i = 1; i < (int)(sizeof names / sizeof *names); i++)
         if (strlen(names[i]) == n && !memcmp(names[i], k, n)) return i;
     return K_OTHER; /* escaped keys too: they stay json-c's */
@@ -186,7 +186,7 @@ static int value_role(const frame *st, int d, int *cut) {
     }
     if (!p->obj && p->role == R_RESPS) return R_RESP;
     if (p->obj && p->role == R_RESP) {
-        if (p->key == K_TOKEN_IDS) *cut = CUT_IDS;
+        if (p->key == K_TOKEN_IDS || p->key == K_LOSS_MASK) *cut = CUT_IDS;
         if (p->key == K_LOGPROBS) *cut = CUT_NUMS;
     }
     return R_OTHER;
@@ -323,6 +323,7 @@ void api_packed_attach(json_object *root, api_packed_set *set) {
                     if (!json_object_is_type(r, json_type_object)) continue;
                     attach_one(r, "token_ids", set);
                     attach_one(r, "logprobs", set);
+                    attach_one(r, "loss_mask", set);
                 }
             }
     }

@@ -3,8 +3,8 @@
  * json-c builds one object per array element (~72 bytes for a 2-byte token id), so an 8 MiB
  * update body of token ids cost ~25 times its size. api_packed_cut scans the body once (a loop
  * with an explicit stack, no recursion) and, where grpod takes token ids or logprobs —
- * groups[i].prompt_ids, groups[i].responses[k].token_ids, groups[i].responses[k].logprobs and a
- * top-level tokens — reads each long array of plain numbers into a packed array (int32 ids, or
+ * groups[i].prompt_ids, groups[i].responses[k].token_ids, .logprobs, .loss_mask (0/1, held as
+ * ids) and a top-level tokens — reads each long array of plain numbers into a packed array (int32 ids, or
  * doubles) and overwrites its bytes in the body with a placeholder string padded with spaces:
  * the same length, so json-c's error offsets do not move. api_packed_attach then finds the
  * placeholders in the parsed tree and hangs each packed array on its string (json-c userdata,

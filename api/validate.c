@@ -247,11 +247,32 @@ fail:
 
 /* ---------------------------------------------------------------- updates */
 
+/* r's loss_mask (optional): R integers, each 0 or 1 (veRL's response_mask); into c as given.
+ * The 4xx names the field, e.g. groups[2].responses[1].loss_mask. */
+static int loss_mask_or_reply(json_object *r, const char *rp, int R, json_object *c, api_error *e) {
+    json_object *a;
+    char f[160];
+    api_path_join(f, sizeof f, rp, "loss_mask");
+    if (!json_object_object_get_ex(r, "loss_mask", &a)) return 0;
+    int n = api_packed_len(a);
+    if (!api_packed_of(a) && !json_object_is_type(a, json_type_array))
+        return api_fail(e, GE_INVALID, f, "%s must be an array of 0/1, one per token of token_ids", f);
+    if (n != R) return api_fail(e, GE_INVALID, f, "%s has %d entries; token_ids has %d", f, n, R);
+    const api_packed *pk = api_packed_of(a);
+    for (int t = 0; t < n; t++) {
+        json_object *x = pk ? NULL : json_object_array_get_idx(a, (size_t)t);
+        long long v = pk ? pk->ids[t] : json_object_is_type(x, json_type_int) ? json_object_get_int64(x) : -1;
+        if (v != 0 && v != 1) return api_fail(e, GE_INVALID, f, "%s[%d] must be 0 or 1", f, t);
+    }
+    json_object_object_add(c, "loss_mask", json_object_get(a)); /* 0/1 ints: its own canonical form */
+    return 0;
+}
+
 /* groups of scored sequences (updates: with_scores = 1; logprobs: 0). */
 static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores, int need_logprobs,
                                json_object **out, api_error *e) {
     static const char *const gkeys[] = {"prompt_ids", "responses", "metadata", "reward_mean", "reward_std", NULL};
-    static const char *const rkeys[] = {"token_ids", "reward", "advantage", "logprobs", "finish_reason", "text", NULL};
+    static const char *const rkeys[] = {"token_ids", "reward", "advantage", "logprobs", "finish_reason", "text", "loss_mask", NULL};
     static const char *const rkeys_lp[] = {"token_ids", NULL};
     json_object *groups, *og = json_object_new_array();
     int rc;
@@ -318,6 +339,7 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
                 goto fail;
             }
             api_put_bool(c, "truncated", fin && strcmp(fin, "length") == 0);
+            if ((rc = loss_mask_or_reply(r, rp, R, c, e))) goto fail;
             if ((rc = api_get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
             snprintf(f, sizeof f, "%s.logprobs", rp);
             if (!lpa && need_logprobs) {

@@ -56,7 +56,7 @@ static char *to_text(json_object *o) {
 /* ---------------------------------------------------------------- scored sequences */
 
 /* Engine-side view of a groups array [{prompt_ids, responses:[{token_ids, reward|advantage,
- * logprobs?, truncated? | finish_reason?}]}] — one allocation set, freed by seqs_free. */
+ * logprobs?, truncated? | finish_reason?, loss_mask?}]}] — one allocation set, freed by seqs_free. */
 typedef struct {
     eng_update_group *g;
     int n;
@@ -68,6 +68,7 @@ static void seqs_free(seqs *s) {
         for (int k = 0; k < g->n; k++) {
             if (g->resp) free((void *)g->resp[k]);
             if (g->old_logprobs) free((void *)g->old_logprobs[k]);
+            if (g->loss_mask) free((void *)g->loss_mask[k]);
         }
         free((void *)g->prompt);
         free((void *)g->resp);
@@ -76,9 +77,22 @@ static void seqs_free(seqs *s) {
         free((void *)g->advantage);
         free((void *)g->old_logprobs);
         free((void *)g->truncated);
+        free((void *)g->loss_mask);
     }
     free(s->g);
     s->g = NULL;
+}
+
+/* Response k's loss_mask (validated: R[k] 0/1 values) into g->loss_mask[k]; the array of n is
+ * made on the first response that has one. 0 or GE_NOMEM. */
+static int seqs_loss_mask(eng_update_group *g, int k, json_object *lm) {
+    if (!g->loss_mask && !(g->loss_mask = calloc((size_t)g->n + 1, sizeof *g->loss_mask))) return GE_NOMEM;
+    int R = g->R[k];
+    unsigned char *m = malloc((size_t)(R ? R : 1));
+    if (!m) return GE_NOMEM;
+    for (int t = 0; t < R; t++) m[t] = t < api_packed_len(lm) && api_packed_int(lm, t) != 0;
+    ((const unsigned char **)g->loss_mask)[k] = m;
+    return 0;
 }
 
 /* with_scores: rewards/advantages required (updates); use_lp: old logprobs wanted. */
@@ -118,6 +132,11 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
             adv = ad != NULL;
             score[k] = (float)json_object_get_double(ad ? ad : rw);
             trunc[k] = field_bool(r, "truncated", 0) || !strcmp(field_str(r, "finish_reason", ""), "length");
+            json_object *lm = field_get(r, "loss_mask");
+            if (lm && seqs_loss_mask(g, k, lm)) {
+                free(score);
+                return err_set(GE_NOMEM, "out of memory");
+            }
             if (use_lp) {
                 if (!lp || api_packed_len(lp) != R[k]) {
                     free(score);

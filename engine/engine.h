@@ -275,8 +275,9 @@ typedef struct {
     const float *advantage; /* (n) or NULL: computed by the adv estimator from rewards */
     const float *const *old_logprobs; /* n arrays (R[i]) or NULL: recomputed by the old pass */
     const int *truncated; /* (n) 1 = cut by max_tokens, or NULL */
-    /* n arrays (R[i]) of 0/1, or NULL: every token trained. A 0 token is context (a tool's
-     * output): attended to, no loss (loss.h loss_compute's tmask) */
+    /* n arrays (R[i]) of 0/1, or NULL: every token trained (so is every token of a response
+     * whose array is NULL). A 0 token is context (a tool's output): attended to, no loss
+     * (loss.h loss_compute's tmask) */
     const unsigned char *const *loss_mask;
 } eng_update_group;
 

@@ -123,7 +123,7 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
             w->off[s] = (int)off;
             w->len[s] = g[i].R[r];
             w->mask[s] = !(a->mask_truncated && g[i].truncated && g[i].truncated[r]);
-            if (w->tmask && g[i].loss_mask) memcpy(w->tmask + off, g[i].loss_mask[r], (size_t)g[i].R[r]);
+            if (w->tmask && g[i].loss_mask && g[i].loss_mask[r]) memcpy(w->tmask + off, g[i].loss_mask[r], (size_t)g[i].R[r]);
             else if (w->tmask) memset(w->tmask + off, 1, (size_t)g[i].R[r]);
             if (g[i].old_logprobs && a->use_rollout_logprobs)
                 memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));

@@ -72,6 +72,12 @@ static void lp_lit(buf *b) {
     else if (k < 8) put(b, "-%u", rnd(50));
     else put(b, "%.17g", -(double)rnd(1u << 30) / (double)(1u << rnd(31)));
 }
+/* A loss_mask entry: 0 or 1, sometimes a value the validator refuses. */
+static void mask_lit(buf *b) {
+    static const char *const odd[] = {"2", "-1", "1.0", "0.0", "true", "-0", "01"};
+    if (rnd(150) == 0) put(b, "%s", odd[rnd(7)]);
+    else put(b, "%u", rnd(2));
+}
 static void arr(buf *b, int n, void (*lit)(buf *)) {
     put(b, "[%s", ws());
     for (int i = 0; i < n; i++) {
@@ -111,6 +117,10 @@ static void body(buf *b, int k) {
                 if (rnd(3)) {
                     put(b, ",\"logprobs\":%s", ws());
                     arr(b, rnd(20) ? R : R + 1, lp_lit);
+                }
+                if (rnd(3) == 0) {
+                    put(b, ",\"loss_mask\":%s", ws());
+                    arr(b, rnd(20) ? R : R - 1 + 2 * (int)rnd(2), mask_lit);
                 }
             }
             put(b, "}");
@@ -162,7 +172,8 @@ static int packed_members(json_object *req) {
         for (size_t r = 0; json_object_is_type(rs, json_type_array) && r < json_object_array_length(rs); r++) {
             json_object *x = json_object_array_get_idx(rs, r);
             c += (api_packed_of(json_object_object_get(x, "token_ids")) != NULL) +
-                (api_packed_of(json_object_object_get(x, "logprobs")) != NULL);
+                (api_packed_of(json_object_object_get(x, "logprobs")) != NULL) +
+                (api_packed_of(json_object_object_get(x, "loss_mask")) != NULL);
         }
     }
     return c;
@@ -364,10 +375,70 @@ TEST(test_packed_tree_budget) {
     free(b.s);
 }
 
+/* loss_mask: accepted as 0/1 of token_ids' length, packed or not; otherwise a 400 naming the
+ * field (the response's loss_mask, or the entry). */
+TEST(test_loss_mask_fields) {
+    static const struct {
+        const char *mask, *field, *msg;
+    } c[] = {
+        {"[1,0,1,1,0,0,1,1,1,1,0,1,1,1,1,1,1,1,1,1]", NULL, NULL},
+        {"[1,0,1]", "groups[1].responses[1].loss_mask", "has 3 entries; token_ids has 20"},
+        {"[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]", "groups[1].responses[1].loss_mask", "has 21 entries"},
+        {"[1,0,1,1,0,0,1,1,1,1,0,1,1,1,1,1,1,1,1,2]", "groups[1].responses[1].loss_mask", "loss_mask[19] must be 0 or 1"},
+        {"[1,0,1,1,0,0,1,1,1,1,0,1,1,1,1,1,1,1,1,1.0]", "groups[1].responses[1].loss_mask", "loss_mask[19] must be 0 or 1"},
+        {"[1,0,1,1,0,0,1,1,1,1,0,1,1,1,1,1,true,1,1,1]", "groups[1].responses[1].loss_mask", "loss_mask[16] must be 0 or 1"},
+        {"\"1101\"", "groups[1].responses[1].loss_mask", "must be an array"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char body[1024];
+        const char *ids = "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]";
+        snprintf(body, sizeof body,
+                 "{\"groups\":[{\"prompt_ids\":[1,2],\"responses\":[{\"token_ids\":[3],\"reward\":1}]},"
+                 "{\"prompt_ids\":[1,2],\"responses\":[{\"token_ids\":%s,\"reward\":1},"
+                 "{\"token_ids\":%s,\"reward\":0,\"loss_mask\":%s}]}]}",
+                 ids, ids, c[i].mask);
+        for (int packed = 0; packed < 2; packed++) {
+            api_limits l;
+            api_limits_default(&l);
+            api_model m = {.vocab = 1000, .max_pos = 4096, .tokenize = fake_tokenize};
+            api_error e;
+            json_object *r, *p = NULL;
+            const char *rid;
+            long long expected;
+            char *scratch = strdup(body);
+            int rc = packed ? api_parse_json_or_reply(scratch, strlen(scratch), &l, &r, &e)
+                            : api_parse_json_unpacked_or_reply(scratch, strlen(scratch), &r, &e);
+            CHECK_MSG(rc == 0, "%s", e.message);
+            rc = api_update_or_reply(r, &l, &m, &p, &rid, &expected, &e);
+            if (!c[i].field) {
+                CHECK_MSG(rc == 0, "case %zu: %s", i, e.message);
+                json_object *lm = json_object_object_get(
+                    json_object_array_get_idx(
+                        json_object_object_get(json_object_array_get_idx(json_object_object_get(p, "groups"), 1), "responses"),
+                        1),
+                    "loss_mask");
+                CHECK(api_packed_len(lm) == 20 && api_packed_int(lm, 1) == 0 && api_packed_int(lm, 0) == 1);
+                if (packed) CHECK(api_packed_of(json_object_object_get(
+                    json_object_array_get_idx(json_object_object_get(json_object_array_get_idx(json_object_object_get(r, "groups"), 1),
+                                                                     "responses"),
+                                              1),
+                    "loss_mask")) != NULL);
+            } else {
+                CHECK_MSG(rc != 0 && e.status == 400 && !strcmp(e.field, c[i].field) && strstr(e.message, c[i].msg),
+                          "case %zu: rc %d status %d field %s: %s", i, rc, e.status, e.field, e.message);
+            }
+            json_object_put(p);
+            json_object_put(r);
+            free(scratch);
+        }
+    }
+}
+
 int main(void) {
     RUN(test_packed_parse_equals_json_c);
     RUN(test_packed_cut_shape);
     RUN(test_packed_tree_budget);
     RUN(test_packed_rollout_results);
+    RUN(test_loss_mask_fields);
     return CHECK_DONE();
 }
