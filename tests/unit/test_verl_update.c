@@ -6,7 +6,8 @@
  * five configurations (grpo / drgrpo / rloo, vanilla / gspo, every loss_agg_mode, k3, k1+, k3+,
  * mse, abs, temperature 0.7, entropy bonus, old logprobs recomputed or given, dual clip, a
  * dropped response, mini-batches, epochs, warm-up, cosine, an active gradient clip, weight
- * decay), each run by verl's ppo_loss, clip_grad_norm_, AdamW and verl's scheduler. Each
+ * decay; five more with a random loss_mask per response — veRL's response_mask — under every
+ * loss_agg_mode, vanilla and gspo, one response dropped by its mask alone), each run by verl's ppo_loss, clip_grad_norm_, AdamW and verl's scheduler. Each
  * configuration's algorithm and optimizer sections go through the request path
  * (api_params_or_reply, api_params_to_struct), so the defaults are the server's. Compared: the
  * loss and veRL's metrics (means over the steps), the lr of the last step, the mean gradient
@@ -42,6 +43,8 @@ typedef struct {
     float rew[8][8];
     float *old[8][8];
     const float *oldp[8][8];
+    unsigned char *lm[8][8];
+    const unsigned char *lmp[8][8];
 } batch;
 
 static int ints(json_object *a, int **out) {
@@ -51,8 +54,9 @@ static int ints(json_object *a, int **out) {
     return n;
 }
 
-/* The fixture's groups; old logprobs (per response, in group order) when the config gives them. */
-static void batch_make(batch *b, json_object *groups, json_object *old) {
+/* The fixture's groups; old logprobs and loss masks (per response, in group order) when the config
+ * gives them. */
+static void batch_make(batch *b, json_object *groups, json_object *old, json_object *lmask) {
     memset(b, 0, sizeof *b);
     b->n = (int)json_object_array_length(groups);
     for (int i = 0, k = 0; i < b->n; i++) {
@@ -72,6 +76,12 @@ static void batch_make(batch *b, json_object *groups, json_object *old) {
                     b->old[i][r][t] = (float)json_object_get_double(json_object_array_get_idx(o, (size_t)t));
                 b->oldp[i][r] = b->old[i][r];
             }
+            if (lmask) {
+                json_object *o = json_object_array_get_idx(lmask, (size_t)k);
+                b->lm[i][r] = malloc((size_t)b->R[i][r]);
+                for (int t = 0; t < b->R[i][r]; t++) b->lm[i][r][t] = (unsigned char)json_object_get_int(json_object_array_get_idx(o, (size_t)t));
+                b->lmp[i][r] = b->lm[i][r];
+            }
         }
         b->g[i] = (eng_update_group){.prompt = b->prompt[i],
                                      .P = P,
@@ -80,7 +90,8 @@ static void batch_make(batch *b, json_object *groups, json_object *old) {
                                      .R = b->R[i],
                                      .reward = b->rew[i],
                                      .old_logprobs = old ? b->oldp[i] : NULL,
-                                     .truncated = b->trunc[i]};
+                                     .truncated = b->trunc[i],
+                                     .loss_mask = lmask ? b->lmp[i] : NULL};
     }
 }
 
@@ -90,6 +101,7 @@ static void batch_free(batch *b) {
         for (int r = 0; r < b->g[i].n; r++) {
             free(b->resp_ids[i][r]);
             free(b->old[i][r]);
+            free(b->lm[i][r]);
         }
     }
 }
@@ -165,7 +177,9 @@ TEST(updates_match_verl) {
         CHECK(section(&eng_optim_params, json_object_object_get(c, "optimizer"), "optimizer", &o) == 0);
         json_object *old = json_object_object_get(c, "old_logprobs");
         batch b;
-        batch_make(&b, groups, old && json_object_is_type(old, json_type_array) ? old : NULL);
+        json_object *lm = json_object_object_get(c, "loss_mask");
+        batch_make(&b, groups, old && json_object_is_type(old, json_type_array) ? old : NULL,
+                   lm && json_object_is_type(lm, json_type_array) ? lm : NULL);
         eng *e;
         eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu"};
         CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
