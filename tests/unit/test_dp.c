@@ -5,8 +5,8 @@
  *   - ragged groups (P 3..12, N 1..4, R 1..9, random tokens, rewards and old logprobs) and five
  *     algorithm configurations, one per loss_agg_mode, together covering every estimator, both
  *     loss modes, kl on/off, entropy, several mini-batches and epochs, the on-policy single step,
- *     masked truncations, filtered groups, groups split across micro-batches, and the grad-norm
- *     clip (active: grad_clip 0.05):
+ *     masked truncations, loss masks (three configurations; one response all context), filtered
+ *     groups, groups split across micro-batches, and the grad-norm clip (active: grad_clip 0.05):
  *     after the update every rank's weights equal the one-rank update within |Δ| <= 1e-6 +
  *     1e-5 |w| — fp32 rounding of the gradient summed in another order (ranks, then the shards'
  *     sum of squares), carried through AdamW; the observed worst is printed (~1e-8). Every rank's
@@ -51,6 +51,8 @@ static int prompt_[NG][12], resp_[NG][4][9], R_[NG][4], trunc_[NG][4];
 static const int *respp_[NG][4];
 static float reward_[NG][4], adv_[NG][4], old_[NG][4][9];
 static const float *oldp_[NG][4];
+static unsigned char lmask_[NG][4][9];
+static const unsigned char *lmaskp_[NG][4];
 
 static uint64_t rs = 12345;
 static uint32_t rnd(void) {
@@ -76,6 +78,12 @@ static void make_inputs(void) {
         }
     }
     reward_[5][0] = reward_[5][1] = reward_[5][2] = 0.25f; /* uniform: filter_groups drops it */
+    for (int i = 0; i < NG; i++) /* loss masks (configs 0, 2, 3): ~30% context tokens */
+        for (int r = 0; r < N_[i]; r++) {
+            for (int t = 0; t < R_[i][r]; t++) lmask_[i][r][t] = rnd() % 10 < 7;
+            lmaskp_[i][r] = lmask_[i][r];
+        }
+    memset(lmask_[3][1], 0, sizeof lmask_[3][1]); /* a response all context: dropped by its mask */
 }
 
 static void groups(eng_update_group *g, int with_old) {
@@ -144,6 +152,7 @@ static int run_update(eng *e, int k, eng_update_result *u) {
     config(k, &a, &o, &given);
     eng_update_group g[NG];
     groups(g, a.use_rollout_logprobs);
+    for (int i = 0; i < NG && (k == 0 || k == 2 || k == 3); i++) g[i].loss_mask = lmaskp_[i];
     if (given)
         for (int i = 0; i < NG; i++) {
             g[i].advantage = adv_[i];
