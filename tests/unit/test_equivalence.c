@@ -134,23 +134,30 @@ static void equivalence(model_arch arch, unsigned long long seed) {
     fixture_make(&f, arch, 2, seed, 1);
     model *m = &f.m;
     float *weights = malloc((size_t)f.M * 4);
-    check_fill(weights, (size_t)f.M, seed + 1, 1.0f);
-    run_out pk = {0}, st = {0};
-    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_PACKED, weights, NULL, &pk) == 0);
-    CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, weights, NULL, &st) == 0);
-    size_t M = (size_t)f.M;
-    double el = rel_l2(pk.logp, st.logp, M), eg = rel_l2(pk.grad, st.grad, (size_t)m->n_elems);
-    printf("  %s: %lld packed vs %lld standard tokens (%.2fx); logprobs rel L2 %.2e, gradients rel L2 %.2e\n", f.c.arch_name,
-           pk.T, st.T, (double)st.T / pk.T, el, eg);
-    CHECK_MSG(pk.T < st.T, "packing saved nothing");
-    CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "logprobs %.3g gradients %.3g > 1e-5", el, eg);
-    /* Each parameter tensor on its own too: no tensor hides behind a large one. */
-    for (int i = 0; i < m->n_params; i++) {
-        double e = rel_l2(pk.grad + m->params[i].off, st.grad + m->params[i].off, (size_t)m->params[i].numel);
-        CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
+    /* masked 1: a loss mask (engine/train/loss.h tmask) zeroes ~30% of the per-token weights:
+     * those tokens stay in both layouts and are attended to, with no gradient of their own */
+    for (int masked = 0; masked < 2; masked++) {
+        check_fill(weights, (size_t)f.M, seed + 1, 1.0f);
+        unsigned long long q = seed + 7;
+        for (int t = 0; masked && t < f.M; t++)
+            if (check_randf(&q, 0.5f) < -0.2f) weights[t] = 0;
+        run_out pk = {0}, st = {0};
+        CHECK(run_layout(m, &f.wv, f.pg, G, PACK_PACKED, weights, NULL, &pk) == 0);
+        CHECK(run_layout(m, &f.wv, f.pg, G, PACK_STANDARD, weights, NULL, &st) == 0);
+        size_t M = (size_t)f.M;
+        double el = rel_l2(pk.logp, st.logp, M), eg = rel_l2(pk.grad, st.grad, (size_t)m->n_elems);
+        printf("  %s%s: %lld packed vs %lld standard tokens (%.2fx); logprobs rel L2 %.2e, gradients rel L2 %.2e\n",
+               f.c.arch_name, masked ? " (loss-masked)" : "", pk.T, st.T, (double)st.T / pk.T, el, eg);
+        CHECK_MSG(pk.T < st.T, "packing saved nothing");
+        CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "logprobs %.3g gradients %.3g > 1e-5", el, eg);
+        /* Each parameter tensor on its own too: no tensor hides behind a large one. */
+        for (int i = 0; i < m->n_params; i++) {
+            double e = rel_l2(pk.grad + m->params[i].off, st.grad + m->params[i].off, (size_t)m->params[i].numel);
+            CHECK_MSG(e <= 1e-5, "%s: %s rel L2 %.3g", f.c.arch_name, m->params[i].name, e);
+        }
+        run_free(&pk);
+        run_free(&st);
     }
-    run_free(&pk);
-    run_free(&st);
     free(weights);
     fixture_free(&f);
 }
