@@ -173,6 +173,17 @@ def test_rollout_update_rollout(shared_daemon):
     assert u2["status"] == "done", u2
     assert u2["result"]["policy_version_after"] == v0 + 2
     assert u2["result"]["metrics"]["loss_scale_factor"] == 12
+    # loss masks: context tokens (0) are attended to and not trained; a response all 0 is dropped
+    masked = [{"prompt_ids": g["prompt_ids"],
+               "responses": [dict(x, loss_mask=[0] * len(x["token_ids"]) if i == 0 else
+                                  [(i + t) % 3 != 0 for t in range(len(x["token_ids"]))])
+                             for i, x in enumerate(g["responses"])]} for g in upd_groups]
+    for g in masked:
+        for x in g["responses"]:
+            x["loss_mask"] = [int(v) for v in x["loss_mask"]]
+    u3 = d.wait_job(d.submit("/v1/updates", {"groups": masked, "algorithm": {"kl_coef": 0.0}}))
+    assert u3["status"] == "done", u3
+    assert u3["result"]["policy_version_after"] == v0 + 3
     # reference model logprobs stay those of the start
     ref = d.post("/v1/logprobs", dict(lp_req, model="reference"))
     assert ref.status_code == 200 and ref.json()["model"] == "reference"
@@ -232,6 +243,12 @@ BAD = [
                      "algorithm": {"old_logprobs": "rollout"}}, "groups[0].responses[0].logprobs"),
     ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1}]}],
                      "optimizer": {"betas": [0.9]}}, "optimizer.betas"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1},
+                                                                   {"token_ids": [2, 3], "reward": 0, "loss_mask": [1]}]}]},
+     "groups[0].responses[1].loss_mask"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1}]},
+                                {"prompt_ids": [1], "responses": [{"token_ids": [2, 3], "reward": 0, "loss_mask": [1, 2]}]}]},
+     "groups[1].responses[0].loss_mask"),
     ("/v1/updates", {"rollout_job_id": "nope"}, "rollout_job_id"),
     ("/v1/updates", {"rollout_job_id": "j_0123456789abcdef"}, "rollout_job_id"),
     ("/v1/logprobs", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2]}]}], "model": "x"}, "model"),
