@@ -99,6 +99,43 @@ static int pair_or_reply(const eng_param *p, json_object *in, const char *path, 
     return 0;
 }
 
+/* veRL's threshold spec "lower_upper" (or "upper"): 0 and the bounds, or -1. */
+static int bounds_parse(const char *s, double *lower, double *upper) {
+    char *end;
+    const char *us = strchr(s, '_');
+    *lower = 0;
+    if (us) {
+        *lower = strtod(s, &end);
+        if (end != us || end == s) return -1;
+        s = us + 1;
+    }
+    *upper = strtod(s, &end);
+    return end == s || *end ? -1 : 0;
+}
+
+/* rollout_is_threshold / rollout_rs_threshold: a number (the upper bound) or "lower_upper", each
+ * in (lo, hi], lower <= upper; stored as given (a number, or the string). */
+static int bounds_or_reply(const eng_param *p, json_object *in, const char *path, json_object *c, api_error *e) {
+    json_object *v;
+    char f[128];
+    api_path_join(f, sizeof f, path, p->name);
+    if (!json_object_object_get_ex(in, p->name, &v) || !v) {
+        if (p->dflt > 0) api_put_num(c, p->name, p->dflt);
+        return 0;
+    }
+    double lower = 0, upper = -1;
+    int ok = api_is_num(v) || json_object_is_type(v, json_type_string);
+    if (api_is_num(v)) upper = json_object_get_double(v);
+    else if (ok) ok = bounds_parse(json_object_get_string(v), &lower, &upper) == 0;
+    ok = ok && upper > p->lo && upper <= p->hi && (lower == 0 || (lower > p->lo && lower <= upper)) &&
+         !(json_object_is_type(v, json_type_string) && strchr(json_object_get_string(v), '_') && lower == 0);
+    if (!ok)
+        return api_fail(e, GE_INVALID, f, "%s must be a number in (%g, %g] or a string \"lower_upper\" of two, lower <= upper", f,
+                        p->lo, p->hi);
+    json_object_object_add(c, p->name, json_object_get(v));
+    return 0;
+}
+
 /* One row of in → its canonical member in c. prev: the value of the row before (PB_PREV). */
 static int row_or_reply(const eng_param *p, json_object *in, const char *path, const api_limits *l, const api_model *m,
                         long long *prev, json_object *c, api_error *e) {
@@ -149,6 +186,7 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
         api_put_int(c, p->name, x);
         return 0;
     case PT_PAIR: return pair_or_reply(p, in, path, c, e);
+    case PT_BOUNDS: return bounds_or_reply(p, in, path, c, e);
     case PT_STRS: return strs_or_reply(p, in, path, c, e);
     case PT_IDS: {
         json_object *ids = NULL;
@@ -216,6 +254,14 @@ int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
                 *(float *)(d + p->off2) = (float)json_object_get_double(json_object_array_get_idx(v, 1));
             }
             break;
+        case PT_BOUNDS: {
+            double lower = 0, upper = json_object_get_double(v);
+            if (json_object_is_type(v, json_type_string) && bounds_parse(json_object_get_string(v), &lower, &upper))
+                return err_set(GE_INVALID, "%s.%s: '%.64s' is not a threshold", t->name, p->name, json_object_get_string(v));
+            *(float *)(d + p->off) = (float)upper;
+            *(float *)(d + p->off2) = (float)lower;
+            break;
+        }
         case PT_STRS:
         case PT_IDS: {
             int str = p->type == PT_STRS, one = str && json_object_is_type(v, json_type_string);
@@ -313,6 +359,17 @@ json_object *api_params_schema(const eng_params *t) {
             json_object_array_add(one, arr);
             o = json_object_new_object();
             json_object_object_add(o, "oneOf", one);
+            break;
+        }
+        case PT_BOUNDS: {
+            json_object *one = json_object_new_array(), *num = typed("number"), *str = typed("string");
+            api_put_num(num, "exclusiveMinimum", p->lo);
+            api_put_str(str, "pattern", "^[0-9.eE+-]+(_[0-9.eE+-]+)?$");
+            json_object_array_add(one, num);
+            json_object_array_add(one, str);
+            o = json_object_new_object();
+            json_object_object_add(o, "oneOf", one);
+            if (p->dflt > 0) api_put_num(o, "default", p->dflt);
             break;
         }
         case PT_IDS: {

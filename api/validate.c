@@ -268,6 +268,28 @@ static int loss_mask_or_reply(json_object *r, const char *rp, int R, json_object
     return 0;
 }
 
+/* The rollout correction's knobs together (algo: the canonical algorithm section): it needs the
+ * old logprobs recomputed (veRL's decoupled mode: with the rollout's as old, every ratio is 1);
+ * rollout_rs needs rollout_rs_threshold, "lower_upper" only for its k1 options. */
+static int rollout_corr_or_reply(json_object *algo, int old_from_rollout, api_error *e) {
+    const char *ris = json_object_get_string(json_object_object_get(algo, "rollout_is"));
+    const char *rrs = json_object_get_string(json_object_object_get(algo, "rollout_rs"));
+    json_object *th = json_object_object_get(algo, "rollout_rs_threshold");
+    int on_is = strcmp(ris, "none") != 0, on_rs = strcmp(rrs, "none") != 0;
+    if ((on_is || on_rs) && old_from_rollout)
+        return api_fail(e, GE_INVALID, on_is ? "algorithm.rollout_is" : "algorithm.rollout_rs",
+                        "algorithm.%s needs old_logprobs recompute: it weighs the old policy against the rollout's "
+                        "logprobs (veRL's decoupled mode)",
+                        on_is ? "rollout_is" : "rollout_rs");
+    if (on_rs && !th)
+        return api_fail(e, GE_INVALID, "algorithm.rollout_rs_threshold", "algorithm.rollout_rs_threshold is required with rollout_rs");
+    if (on_rs && json_object_is_type(th, json_type_string) && strchr(json_object_get_string(th), '_') &&
+        rrs[strlen(rrs) - 1] != '1')
+        return api_fail(e, GE_INVALID, "algorithm.rollout_rs_threshold",
+                        "algorithm.rollout_rs_threshold: %s takes one upper bound; \"lower_upper\" is for the k1 options", rrs);
+    return 0;
+}
+
 /* groups of scored sequences (updates: with_scores = 1; logprobs: 0). */
 static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores, int need_logprobs,
                                json_object **out, api_error *e) {
@@ -343,7 +365,9 @@ static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_
             if ((rc = api_get_arr(r, rp, "logprobs", 0, R, R, &lpa, e))) goto fail;
             snprintf(f, sizeof f, "%s.logprobs", rp);
             if (!lpa && need_logprobs) {
-                rc = api_fail(e, GE_INVALID, f, "%s is required when algorithm.old_logprobs is rollout", f);
+                rc = api_fail(e, GE_INVALID, f, "%s is required when %s", f,
+                              need_logprobs == 2 ? "algorithm.rollout_is or rollout_rs is set"
+                                                 : "algorithm.old_logprobs is rollout");
                 goto fail;
             }
             if (lpa) {
@@ -412,6 +436,10 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
         goto fail;
     }
     int need_lp = strcmp(json_object_get_string(json_object_object_get(algo, "old_logprobs")), "rollout") == 0;
+    if ((rc = rollout_corr_or_reply(algo, need_lp, e))) goto fail;
+    const char *ris = json_object_get_string(json_object_object_get(algo, "rollout_is"));
+    const char *rrs = json_object_get_string(json_object_object_get(algo, "rollout_rs"));
+    if (!need_lp && (strcmp(ris, "none") || strcmp(rrs, "none"))) need_lp = 2;
     if (has_g && (rc = seq_groups_or_reply(req, l, m, 1, need_lp, &groups, e))) goto fail;
     json_object *c = json_object_new_object();
     if (groups) json_object_object_add(c, "groups", groups);

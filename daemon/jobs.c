@@ -140,7 +140,9 @@ static int seqs_from_json(json_object *groups, int with_scores, int use_lp, seqs
             if (use_lp) {
                 if (!lp || api_packed_len(lp) != R[k]) {
                     free(score);
-                    return err_set(GE_INVALID, "groups[%d].responses[%d] has no logprobs for old_logprobs=rollout", i, k);
+                    return err_set(GE_INVALID,
+                                   "groups[%d].responses[%d] has no logprobs for old_logprobs=rollout or a rollout correction", i,
+                                   k);
                 }
                 float *o = malloc(sizeof(float) * (size_t)(R[k] ? R[k] : 1));
                 if (!o) {
@@ -622,7 +624,7 @@ static int update_exec(const jobs_env *env, json_object *p, json_object *groups,
                        const char *call, eng_update_result *u) {
     seqs s = {0};
     int rc;
-    if ((rc = seqs_from_json(groups, 1, algo->use_rollout_logprobs, &s))) goto done;
+    if ((rc = seqs_from_json(groups, 1, algo->use_rollout_logprobs || rcorr_enabled(algo), &s))) goto done;
     if (algo->adv == ADV_GIVEN)
         for (int i = 0; i < s.n; i++)
             if (!s.g[i].advantage) {
@@ -692,6 +694,23 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     V_("actor/ppo_kl", ppo_kl);
     V_("actor/kl_loss", kl_loss);
     V_("actor/entropy", verl_entropy);
+    if (u.rollout_corr) { /* veRL's rollout_corr/ metrics, and grpod's |old - rollout| */
+        V_("rollout_corr/kl", rc.kl);
+        V_("rollout_corr/k3_kl", rc.k3_kl);
+        V_("rollout_corr/chi2_token", rc.chi2_token);
+        V_("rollout_corr/log_ppl_diff", rc.log_ppl_diff);
+        V_("rollout_corr/training_log_ppl", rc.training_log_ppl);
+        V_("rollout_corr/rollout_log_ppl", rc.rollout_log_ppl);
+        V_("rollout_corr/logprob_abs_diff_mean", rc.abs_diff_mean);
+        V_("rollout_corr/logprob_abs_diff_max", rc.abs_diff_max);
+        V_("rollout_corr/rollout_is_mean", rc.is_mean);
+        V_("rollout_corr/rollout_is_max", rc.is_max);
+        V_("rollout_corr/rollout_is_ratio_fraction_high", rc.is_ratio_fraction_high);
+        V_("rollout_corr/rollout_is_ratio_fraction_low", rc.is_ratio_fraction_low);
+        V_("rollout_corr/rollout_is_oob_ratio", rc.is_oob_ratio);
+        V_("rollout_corr/rollout_rs_masked_fraction", rc.rs_masked_fraction);
+        V_("rollout_corr/rollout_rs_seq_masked_fraction", rc.rs_seq_masked_fraction);
+    }
 #undef V_
     json_object_object_add(m, "loss_scale_factor", json_object_new_int(u.loss_scale_factor));
     json_object_object_add(m, "groups_filtered", json_object_new_int(u.groups_filtered));

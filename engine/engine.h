@@ -13,6 +13,7 @@
 
 #include "engine/dist/comm.h"
 #include "engine/train/loss.h"
+#include "engine/train/rollout_corr.h"
 
 typedef struct eng eng;
 
@@ -305,6 +306,8 @@ typedef struct {
     /* veRL's metrics (loss.h loss_metrics): actor/pg_clipfrac, actor/pg_clipfrac_lower,
      * actor/ppo_kl, actor/kl_loss (means over the optimizer steps), actor/entropy */
     double pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, verl_entropy;
+    int rollout_corr; /* 1: a rollout correction ran; rc holds its metrics (veRL's rollout_corr/...) */
+    rcorr_report rc;
     int loss_scale_factor; /* the seq-mean-token-sum-norm divisor the update used */
     long long tokens_packed, tokens_standard; /* per forward pass over the batch */
     int groups_filtered, optimizer_steps, micro_batches;

@@ -70,6 +70,20 @@ static const eng_param loss_rows[] = {
      "responses cut by max_tokens add no loss"},
     {"filter_groups", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, L_(filter_groups), -1,
      "drop groups whose rewards are all equal (DAPO dynamic sampling)"},
+    {"rollout_is", PT_ENUM, 0, 0, PB_ROW, RIS_NONE, 0, "none|token|sequence", 0, L_(rollout_is), -1,
+     "veRL's rollout correction: importance weights old / rollout policy (responses' logprobs) on "
+     "the policy loss, per token or per sequence; none = off"},
+    {"rollout_is_threshold", PT_BOUNDS, 0, 1e9, PB_ROW, 2.0, 0, NULL, 0, L_(rollout_is_threshold), L_(rollout_is_threshold_lower),
+     "a number: truncated IS (weights clamped to it); \"lower_upper\": IcePop (weights outside "
+     "[lower, upper] zeroed)"},
+    {"rollout_rs", PT_ENUM, 0, 0, PB_ROW, RRS_NONE, 0,
+     "none|token_k1|token_k2|token_k3|seq_sum_k1|seq_sum_k2|seq_sum_k3|seq_mean_k1|seq_mean_k2|seq_mean_k3|"
+     "seq_max_k2|seq_max_k3",
+     0, L_(rollout_rs), -1,
+     "veRL's rejection sampling: tokens (token_*) or whole responses (seq_*) whose divergence "
+     "from the rollout policy passes rollout_rs_threshold carry no loss; none = off"},
+    {"rollout_rs_threshold", PT_BOUNDS, 0, 1e9, PB_ROW, 0, 0, NULL, 0, L_(rollout_rs_threshold), L_(rollout_rs_threshold_lower),
+     "k2/k3 options: the upper bound; k1 options: \"lower_upper\" ratio bounds (a number u: 1/u_u)"},
 };
 
 static const eng_param optim_rows[] = {
@@ -102,6 +116,7 @@ void eng_params_default(const eng_params *t, void *dst) {
         case PT_BOOL:
         case PT_ENUM: *(int *)(d + p->off) = (int)p->dflt; break;
         case PT_PAIR:
+        case PT_BOUNDS:
             *(float *)(d + p->off) = (float)p->dflt;
             *(float *)(d + p->off2) = (float)p->dflt2;
             break;

@@ -24,6 +24,9 @@ typedef enum {
                        bytes → const char *const * at off, int count at off2 */
     PT_IDS, /* an array of lo..hi token ids < vocab → const int * at off, int count at off2 */
     PT_COMPAT, /* accepted (false | true | 0 | 1) for compatibility, never stored */
+    PT_BOUNDS, /* veRL's threshold spec: a number in (lo, hi] (the upper bound; float at off, the
+                       lower bound at off2 stays 0: none), or a string "lower_upper" of two such
+                       numbers, lower <= upper (floats at off2 and off). Absent: dflt at off */
 } eng_param_type;
 
 /* Where the upper bound comes from when it is not the row's hi. */

@@ -229,7 +229,7 @@ static double pg_token(const loss_config *c, double A, double r, double dr, int 
 
 double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
                     const float *ref, const float *ent, const float *adv, const int *mask, const unsigned char *tmask,
-                    double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m) {
+                    const float *isw, double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m) {
     assert(c->kl_coef == 0 || ref);
     assert(c->entropy_coeff == 0 || ent);
     double norm_len = norm_len_of(c, S, len);
@@ -276,6 +276,10 @@ double loss_compute(const loss_config *c, int S, const int *off, const int *len,
             }
             double clipped = m ? m->clip_frac : 0, dualed = m ? m->clip_frac_dual : 0;
             double pg = pg_token(c, A, r, dr, dual, &dpg, m);
+            if (isw) { /* rollout correction's importance weight: a constant factor of the pg term */
+                pg *= isw[t];
+                dpg *= isw[t];
+            }
             double term = w * pg, dterm = w * dpg;
             pg_total += term;
             if (m) {

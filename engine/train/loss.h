@@ -38,6 +38,23 @@ typedef enum { LOSS_VANILLA, LOSS_GSPO } loss_mode;
 /* k1 = "kl", k2 = "mse", k3 = "low_var_kl"; k1+ / k3+: k1 / k3's value with k2's gradient */
 typedef enum { KL_K1, KL_ABS, KL_K2, KL_K3, KL_K1_ST, KL_K3_ST } kl_type;
 
+/* veRL's rollout correction (verl/trainer/ppo/rollout_corr_helper.py; engine/train/rollout_corr.h) */
+typedef enum { RIS_NONE, RIS_TOKEN, RIS_SEQUENCE } rollout_is_level;
+typedef enum {
+    RRS_NONE,
+    RRS_TOKEN_K1,
+    RRS_TOKEN_K2,
+    RRS_TOKEN_K3,
+    RRS_SEQ_SUM_K1,
+    RRS_SEQ_SUM_K2,
+    RRS_SEQ_SUM_K3,
+    RRS_SEQ_MEAN_K1,
+    RRS_SEQ_MEAN_K2,
+    RRS_SEQ_MEAN_K3,
+    RRS_SEQ_MAX_K2,
+    RRS_SEQ_MAX_K3
+} rollout_rs_mode;
+
 /* The "algorithm" section; names, ranges, defaults and docs: engine/params.c. */
 typedef struct {
     adv_estimator adv;
@@ -56,6 +73,10 @@ typedef struct {
     int filter_groups; /* drop groups whose rewards are all equal (DAPO) */
     int loss_scale_factor; /* seq-mean-token-sum-norm divisor (Dr. GRPO's constant); 0: the
                                    caller's default (eng_update: the longest response of the update) */
+    int rollout_is; /* rollout_is_level */
+    float rollout_is_threshold, rollout_is_threshold_lower; /* lower 0: truncated IS; else IcePop */
+    int rollout_rs; /* rollout_rs_mode */
+    float rollout_rs_threshold, rollout_rs_threshold_lower; /* upper 0: not given; lower 0: none */
 } loss_config;
 
 void loss_config_default(loss_config *c); /* the algorithm rows' defaults (params.c) */
@@ -72,6 +93,17 @@ int loss_parse_kl(const char *s, kl_type *out);
  *   norm_adv_by_std is 0; drgrpo: r - mean; rloo: r - mean of the other n - 1; given: r itself.
  *   A group of one (veRL): grpo and drgrpo use mean 0 and std 1, rloo leaves r as is. */
 void loss_group_advantages(const loss_config *c, const float *rewards, int n, float *adv_out);
+
+/* The rollout correction's sums (rollout_corr.h) over responses and their trained tokens,
+ * combined over calls and ranks by adding (the _max fields by max). */
+typedef struct {
+    double n_rows, n_tok; /* responses (veRL's batch rows, dropped ones too); trained tokens */
+    double kl, k3_kl, chi2_token, abs_diff, abs_diff_max; /* per token: rollout - old, k3, r^2, |old - rollout| */
+    double log_ppl_diff, training_log_ppl, rollout_log_ppl; /* per row: differences of token means */
+    double is_sum, is_max, is_high, is_low, is_oob; /* weights: is_sum, is_oob per token; is_high,
+                                   is_low per token (token level) or per row (sequence level) */
+    double rs_tok, rs_seq; /* rejected trained tokens; rows with one */
+} rcorr_metrics;
 
 /* Metrics of one or more optimizer steps; loss_finish turns the sums into reported values.
  * grpod's own: per-token sums over every step's counted tokens (kl, entropy, clip_frac*,
@@ -91,6 +123,7 @@ typedef struct {
     double pg_clipfrac, pg_clipfrac_lower, ppo_kl, kl_loss, entropy_loss;
     double entropy_agg; /* veRL's actor/entropy: set once per update by its caller (loss_agg
                                    of the old policy's entropies over the whole batch); kept */
+    rcorr_metrics rc; /* the rollout correction's (rollout_corr.h), once per update; kept */
 } loss_metrics;
 
 /* Sums -> reported values. loss, pg_loss and the per_step group hold the sum over the
@@ -121,6 +154,8 @@ int loss_group_uniform(const float *rewards, int n);
  *   ones): a 0 token is context — it stays in the sequence and is attended to, but carries no
  *   loss, KL or entropy, adds to no metric and counts in no denominator; a response whose tokens
  *   are all 0 is dropped as mask[s] = 0 drops it. All ones computes exactly what NULL does.
+ *   isw (M) or NULL: rollout-correction importance weights (rollout_corr.h), multiplying each
+ *   token's pg term and its gradient (veRL's pg_losses * rollout_is_weights), not kl or entropy.
  *   tok_denom: the token count for token-mean over the whole mini-batch; seq_denom: number of
  *   sequences for seq-mean modes over the whole mini-batch (so micro-batches add up exactly:
  *   the sum of loss_compute over disjoint sets of responses with the same denominators is the
@@ -155,5 +190,5 @@ int loss_group_uniform(const float *rewards, int n);
  * Returns this call's part of the loss. */
 double loss_compute(const loss_config *c, int S, const int *off, const int *len, const float *logp, const float *old,
                     const float *ref, const float *ent, const float *adv, const int *mask, const unsigned char *tmask,
-                    double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m);
+                    const float *isw, double tok_denom, double seq_denom, float *dlogp, float *dent, loss_metrics *m);
 #endif

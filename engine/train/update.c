@@ -31,6 +31,7 @@
 #include "engine/engine_internal.h"
 #include "engine/model/lora.h"
 #include "engine/train/optim.h"
+#include "engine/train/rollout_corr.h"
 #include "engine/model/split.h"
 #include "engine/train/state.h"
 #include "kernels/adamw.h"
@@ -56,7 +57,9 @@ typedef struct {
     int S;
     int *off, *len, *mask;
     float *adv; /* (S) responses */
-    unsigned char *tmask; /* (M) 0/1 trained tokens, or NULL when no group has a loss_mask */
+    unsigned char *tmask; /* (M) 0/1 trained tokens, or NULL when no group has a loss_mask and
+                                   no rejection sampling can clear one */
+    float *roll, *isw; /* (M) rollout logprobs, importance weights: with a rollout correction */
     long long M; /* predicted tokens */
     float *old, *ref, *logp, *ent, *dlogp, *dent; /* (M) */
     float *ent_old; /* (M) entropies at the old policy, for veRL's actor/entropy: the old
@@ -72,6 +75,8 @@ static void work_free(work *w) {
     free(w->len);
     free(w->mask);
     free(w->tmask);
+    free(w->roll);
+    free(w->isw);
     free(w->adv);
     free(w->old);
     free(w->ref);
@@ -92,7 +97,11 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
         any_mask |= g[i].loss_mask != NULL;
         for (int r = 0; r < g[i].n; r++) M += g[i].R[r];
     }
-    if (any_mask && !(w->tmask = malloc((size_t)M + 1))) return err_set(GE_NOMEM, "update: out of memory");
+    int corr = rcorr_enabled(a);
+    if ((any_mask || a->rollout_rs != RRS_NONE) && !(w->tmask = malloc((size_t)M + 1)))
+        return err_set(GE_NOMEM, "update: out of memory");
+    if (corr && (!(w->roll = calloc((size_t)M + 1, sizeof(float))) || !(w->isw = calloc((size_t)M + 1, sizeof(float)))))
+        return err_set(GE_NOMEM, "update: out of memory");
     w->pg = calloc((size_t)n + 1, sizeof *w->pg);
     w->src = calloc((size_t)n + 1, sizeof(int));
     w->grp_resp0 = calloc((size_t)n + 1, sizeof(int));
@@ -127,6 +136,8 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
             else if (w->tmask) memset(w->tmask + off, 1, (size_t)g[i].R[r]);
             if (g[i].old_logprobs && a->use_rollout_logprobs)
                 memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
+            if (corr && !g[i].old_logprobs) return err_set(GE_INVALID, "update: a rollout correction needs every response's logprobs");
+            if (corr) memcpy(w->roll + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
             off += g[i].R[r];
         }
     }
@@ -146,8 +157,8 @@ static int loss_range(work *w, const loss_config *c, int ms0, int ms1, double to
     if (w->ent_old_from_policy)
         memcpy(w->ent_old + m0, w->ent + m0, (size_t)((ms1 < w->S ? w->off[ms1] : w->M) - m0) * sizeof(float));
     loss_compute(c, S, off, w->len + ms0, w->logp + m0, w->old + m0, c->kl_coef > 0 ? w->ref + m0 : NULL, w->ent + m0,
-                 w->adv + ms0, w->mask + ms0, w->tmask ? w->tmask + m0 : NULL, tok_denom, seq_denom, w->dlogp + m0, w->dent + m0,
-                 met);
+                 w->adv + ms0, w->mask + ms0, w->tmask ? w->tmask + m0 : NULL, w->isw ? w->isw + m0 : NULL, tok_denom, seq_denom,
+                 w->dlogp + m0, w->dent + m0, met);
     free(off);
     return 0;
 }
@@ -324,11 +335,44 @@ static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
             t.entropy_loss += x->entropy_loss;
             t.entropy_agg += x->entropy_agg;
             if (q == 0 || x->ratio_max > t.ratio_max) t.ratio_max = x->ratio_max;
+            rcorr_add(&t.rc, &x->rc);
             micro += all[q].micro;
         }
         *met = t;
         *n_micro = (int)micro;
     }
+    free(all);
+    return rc;
+}
+
+/* veRL's actor/entropy: the old policy's entropies aggregated over the whole batch; with a comm
+ * each rank's share (the others' entropies are 0 here), summed by dp_metrics. */
+static void verl_entropy(const work *w, const loss_config *a, loss_metrics *met) {
+    double tok = 0, seq = 0;
+    int mx = 0;
+    loss_count(w->S, w->off, w->len, w->mask, w->tmask, &tok, &seq, &mx);
+    if (seq > 0) met->entropy_agg = loss_agg(a, w->S, w->off, w->len, w->ent_old, w->mask, w->tmask, tok, seq);
+}
+
+/* The rollout correction (rollout_corr.h) of the responses this rank scored in the old pass (all
+ * with one rank; with W, each mini-batch's share [lo, hi) of dpo): importance weights into
+ * w->isw, rejections out of w->tmask, metrics into *m. With W ranks the rejections are exchanged
+ * (each rank clears the tokens any rank rejected: only the owner rejects a token), so every rank
+ * has the same loss mask and the same denominators. */
+static int correct_rollout(eng *e, work *w, const dp_order *dpo, const loss_config *a, rcorr_metrics *m) {
+    int nb = e->dp ? dpo->n_mb : 1;
+    for (int b = 0; b < nb; b++) {
+        int c0 = e->dp ? dpo->lo[b] : 0, c1 = e->dp ? dpo->hi[b] : w->n_groups;
+        int s0 = c0 < w->n_groups ? w->grp_resp0[c0] : w->S, s1 = c1 < w->n_groups ? w->grp_resp0[c1] : w->S;
+        rcorr_compute(a, s1 - s0, w->off + s0, w->len + s0, w->mask + s0, w->tmask, w->old, w->roll, w->isw, m);
+    }
+    if (!e->dp || a->rollout_rs == RRS_NONE || e->W <= 1) return 0;
+    size_t M = (size_t)w->M + 1;
+    unsigned char *all = malloc(M * (size_t)e->W);
+    if (!all) return err_set(GE_NOMEM, "update: out of memory");
+    int rc = dp_exchange(e, w->tmask, all, M);
+    for (size_t t = 0; !rc && t < M; t++)
+        for (int q = 0; q < e->W; q++) w->tmask[t] &= all[(size_t)q * M + t];
     free(all);
     return rc;
 }
@@ -404,9 +448,10 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     double t = clock_mono_ms();
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
     int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
-    int need_old = !(a->use_rollout_logprobs);
+    int need_old = !(a->use_rollout_logprobs) || rcorr_enabled(a);
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
-    int old_from_policy = need_old && steps_total == 1;
+    /* a rollout correction reads the old logprobs before the passes: no on-policy shortcut */
+    int old_from_policy = need_old && steps_total == 1 && !rcorr_enabled(a);
     /* the old and reference passes: every group with one rank, the rank's shares with W */
     for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
         int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
@@ -422,10 +467,14 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL);
     }
     out->ms_ref = clock_mono_ms() - t;
+    loss_metrics met = {0};
+    if (!rc && rcorr_enabled(a) && w.n_groups) { /* veRL takes actor/entropy in the old pass, before rejection */
+        verl_entropy(&w, a, &met);
+        rc = correct_rollout(e, &w, &dpo, a, &met.rc);
+    }
     rc = dp_agree(e, rc);
     if (cb) cb(ud, 0.2);
 
-    loss_metrics met = {0};
     double grad_norm_sum = 0, ms_policy = 0, ms_opt = 0;
     int saved = 0;
     int old_pass = need_old && !old_from_policy;
@@ -477,12 +526,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
     }
-    if (!rc) { /* veRL's actor/entropy: the whole batch's; with a comm each rank's share, summed below */
-        double tok = 0, seq = 0;
-        int mx = 0;
-        loss_count(w.S, w.off, w.len, w.mask, w.tmask, &tok, &seq, &mx);
-        if (seq > 0) met.entropy_agg = loss_agg(a, w.S, w.off, w.len, w.ent_old, w.mask, w.tmask, tok, seq);
-    }
+    if (!rc && !rcorr_enabled(a)) verl_entropy(&w, a, &met);
     if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {
         int code = err_code();
@@ -513,6 +557,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->ppo_kl = met.ppo_kl;
         out->kl_loss = met.kl_loss;
         out->verl_entropy = met.entropy_agg;
+        out->rollout_corr = rcorr_enabled(a);
+        if (out->rollout_corr) rcorr_finish(a, &met.rc, &out->rc);
         out->loss_scale_factor = a->loss_scale_factor;
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;

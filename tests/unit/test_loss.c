@@ -171,7 +171,7 @@ TEST(test_verl_cases) {
         float dlogp[REF_M], dent[REF_M];
         loss_metrics m;
         memset(&m, 0, sizeof m);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tmask, tok,
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tmask, NULL, tok,
                                    seq, dlogp, dent, &m);
         loss_finish(&m, 1);
         const double got[REF_NV] = {m.loss,           m.pg_loss,      m.pg_clipfrac, m.pg_clipfrac_lower, m.ppo_kl,
@@ -224,7 +224,7 @@ TEST(test_verl_head_temperature) {
         double tok = 0, seq = 0;
         int mx = 0;
         loss_count(REF_S, off, REF_LENS, mask, NULL, &tok, &seq, &mx);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, NULL, tok, seq,
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, NULL, NULL, tok, seq,
                                    dlogp, dent, NULL);
         memset(dh, 0, sizeof dh);
         memset(dw, 0, sizeof dw);
@@ -309,7 +309,7 @@ static int near_kink(const loss_config *c, const rand_case *rc, int s, int t, do
 
 static double eval_loss(const loss_config *c, const rand_case *rc, double tok, double seq) {
     static float d1[RM], d2[RM];
-    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, rc->tmask, tok, seq, d1, d2,
+    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, rc->tmask, NULL, tok, seq, d1, d2,
                         NULL);
 }
 
@@ -330,7 +330,7 @@ TEST(test_grad_fd_vanilla) {
             int mx = 0;
             loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq, dlogp, dent,
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq, dlogp, dent,
                          NULL);
             for (int s = 0; s < rc.S; s++)
                 for (int j = 0; j < rc.len[s]; j++) {
@@ -391,7 +391,7 @@ TEST(test_grad_fd_gspo) {
             int mx = 0;
             loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq, dlogp, dent,
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq, dlogp, dent,
                          NULL);
             for (int s = 0; s < rc.S; s++) {
                 double mean = 0;
@@ -451,16 +451,16 @@ TEST(test_microbatch_additivity) {
             loss_metrics m1, m2;
             memset(&m1, 0, sizeof m1);
             memset(&m2, 0, sizeof m2);
-            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok,
+            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok,
                                         seq, d_all, e_all, &m1);
             /* two micro-batches, each with its own token arrays starting at 0 */
             int cut = 4, o1 = rc.off[cut];
             int off2[RS];
             for (int s = cut; s < rc.S; s++) off2[s - cut] = rc.off[s] - o1;
-            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, tok, seq,
+            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq,
                                        d_mb, e_mb, &m2);
             part += loss_compute(&c, rc.S - cut, off2, rc.len + cut, rc.logp + o1, rc.old + o1, rc.ref + o1, rc.ent + o1,
-                                 rc.adv + cut, rc.mask + cut, rc.tmask ? rc.tmask + o1 : NULL, tok, seq, d_mb + o1, e_mb + o1, &m2);
+                                 rc.adv + cut, rc.mask + cut, rc.tmask ? rc.tmask + o1 : NULL, NULL, tok, seq, d_mb + o1, e_mb + o1, &m2);
             CHECK_MSG(fabs(part - whole) <= 1e-13 * (1 + fabs(whole)), "mode %d agg %d: %.17g vs %.17g", mode, agg, part, whole);
             CHECK_CLOSE(m2.loss, m1.loss, 1e-13, 1e-12);
             CHECK_CLOSE(m2.pg_loss, m1.pg_loss, 1e-13, 1e-12);
@@ -535,7 +535,7 @@ TEST(test_all_ones_mask) {
             for (int k = 0; k < 2; k++) {
                 const unsigned char *tm = k ? ones : NULL;
                 loss_count(rc.S, rc.off, rc.len, rc.mask, tm, &tok[k], &seq[k], &mx[k]);
-                loss[k] = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tm, tok[k],
+                loss[k] = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tm, NULL, tok[k],
                                        seq[k], d[k], e[k], &m[k]);
             }
             CHECK(tok[0] == tok[1] && seq[0] == seq[1] && mx[0] == mx[1]);
