@@ -59,7 +59,8 @@ typedef struct {
     float *adv; /* (S) responses */
     unsigned char *tmask; /* (M) 0/1 trained tokens, or NULL when no group has a loss_mask and
                                    no rejection sampling can clear one */
-    float *roll, *isw; /* (M) rollout logprobs, importance weights: with a rollout correction */
+    float *roll; /* (M) rollout logprobs: with a rollout correction */
+    float *isw; /* (M) its importance weights: with rollout_is */
     long long M; /* predicted tokens */
     float *old, *ref, *logp, *ent, *dlogp, *dent; /* (M) */
     float *ent_old; /* (M) entropies at the old policy, for veRL's actor/entropy: the old
@@ -100,7 +101,8 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
     int corr = rcorr_enabled(a);
     if ((any_mask || a->rollout_rs != RRS_NONE) && !(w->tmask = malloc((size_t)M + 1)))
         return err_set(GE_NOMEM, "update: out of memory");
-    if (corr && (!(w->roll = calloc((size_t)M + 1, sizeof(float))) || !(w->isw = calloc((size_t)M + 1, sizeof(float)))))
+    if ((corr && !(w->roll = calloc((size_t)M + 1, sizeof(float)))) ||
+        (a->rollout_is != RIS_NONE && !(w->isw = calloc((size_t)M + 1, sizeof(float)))))
         return err_set(GE_NOMEM, "update: out of memory");
     w->pg = calloc((size_t)n + 1, sizeof *w->pg);
     w->src = calloc((size_t)n + 1, sizeof(int));
