@@ -5,7 +5,9 @@
  *   - ragged groups (P 3..12, N 1..4, R 1..9, random tokens, rewards and old logprobs) and five
  *     algorithm configurations, one per loss_agg_mode, together covering every estimator, both
  *     loss modes, kl on/off, entropy, several mini-batches and epochs, the on-policy single step,
- *     masked truncations, loss masks (three configurations; one response all context), filtered
+ *     masked truncations, loss masks (three configurations; one response all context), veRL's
+ *     rollout correction (two: IcePop with sequence rejection, sequence IS with token rejection:
+ *     rejections made on one rank reach every rank's denominators), filtered
  *     groups, groups split across micro-batches, and the grad-norm clip (active: grad_clip 0.05):
  *     after the update every rank's weights equal the one-rank update within |Δ| <= 1e-6 +
  *     1e-5 |w| — fp32 rounding of the gradient summed in another order (ranks, then the shards'
@@ -120,11 +122,16 @@ static void config(int k, loss_config *a, eng_optim *o, int *given) {
         a->adv = ADV_DRGRPO;
         a->kl_coef = 0;
         break; /* one step, on-policy: the policy pass is the old pass */
-    case 2:
+    case 2: /* rollout correction: IcePop and a sequence-level rejection (old_ as rollout logprobs) */
         a->adv = ADV_RLOO;
         a->kl_coef = 0.02f;
         a->kl = KL_K1;
         a->ppo_mini_batch_size = 2;
+        a->rollout_is = RIS_TOKEN;
+        a->rollout_is_threshold = 1.25f;
+        a->rollout_is_threshold_lower = 0.8f;
+        a->rollout_rs = RRS_SEQ_MEAN_K3;
+        a->rollout_rs_threshold = 0.05f;
         break;
     case 3:
         a->adv = ADV_GIVEN;
@@ -134,7 +141,11 @@ static void config(int k, loss_config *a, eng_optim *o, int *given) {
         a->ppo_mini_batch_size = 4;
         a->use_rollout_logprobs = 1;
         break;
-    default:
+    default: /* rollout correction: sequence-level truncated IS, token-level rejection */
+        a->rollout_is = RIS_SEQUENCE;
+        a->rollout_is_threshold = 2.0f;
+        a->rollout_rs = RRS_TOKEN_K2;
+        a->rollout_rs_threshold = 0.05f;
         a->adv = ADV_GRPO;
         a->filter_groups = 1;
         a->ppo_mini_batch_size = 3;
@@ -151,7 +162,7 @@ static int run_update(eng *e, int k, eng_update_result *u) {
     int given;
     config(k, &a, &o, &given);
     eng_update_group g[NG];
-    groups(g, a.use_rollout_logprobs);
+    groups(g, a.use_rollout_logprobs || rcorr_enabled(&a));
     for (int i = 0; i < NG && (k == 0 || k == 2 || k == 3); i++) g[i].loss_mask = lmaskp_[i];
     if (given)
         for (int i = 0; i < NG; i++) {
@@ -301,7 +312,8 @@ static int same_result(const eng_update_result *a, const eng_update_result *b) {
         a->clip_frac == b->clip_frac && a->ratio_mean == b->ratio_mean && a->ratio_max == b->ratio_max &&
         a->grad_norm == b->grad_norm && a->lr == b->lr && a->tokens_packed == b->tokens_packed &&
         a->groups_filtered == b->groups_filtered && a->optimizer_steps == b->optimizer_steps &&
-        a->micro_batches == b->micro_batches && a->policy_version_after == b->policy_version_after;
+        a->micro_batches == b->micro_batches && a->policy_version_after == b->policy_version_after &&
+        a->rollout_corr == b->rollout_corr && !memcmp(&a->rc, &b->rc, sizeof a->rc);
 }
 
 /* The one-rank result within 1e-6 + rel |b|: the metrics are sums of O(1) terms taken in another
@@ -322,6 +334,13 @@ static const char *close_result(const eng_update_result *a, const eng_update_res
     if (a->tokens_packed != b->tokens_packed || a->tokens_standard != b->tokens_standard) return "tokens";
     if (a->groups_filtered != b->groups_filtered || a->optimizer_steps != b->optimizer_steps) return "steps";
     if (a->policy_version_after != b->policy_version_after) return "policy_version";
+    /* the rollout correction's metrics: from the old pass, before any step: sums in rank order */
+    const double p[] = {a->rc.kl, a->rc.k3_kl, a->rc.abs_diff_mean, a->rc.abs_diff_max, a->rc.is_mean, a->rc.is_max,
+                        a->rc.rs_masked_fraction, a->rc.rs_seq_masked_fraction},
+                 q[] = {b->rc.kl, b->rc.k3_kl, b->rc.abs_diff_mean, b->rc.abs_diff_max, b->rc.is_mean, b->rc.is_max,
+                        b->rc.rs_masked_fraction, b->rc.rs_seq_masked_fraction};
+    for (int i = 0; i < 8; i++)
+        if (a->rollout_corr != b->rollout_corr || fabs(p[i] - q[i]) > 1e-6 + rel * fabs(q[i])) return "rollout_corr";
     return NULL;
 }
 
@@ -374,6 +393,9 @@ TEST(one_rank_reference) {
         printf("  config %d: loss %.6f grad_norm %.4f (clip %.2f) steps %d micro %d clip_frac %.3f filtered %d\n", k,
                ref_u[k].loss, ref_u[k].grad_norm, 0.05, ref_u[k].optimizer_steps, ref_u[k].micro_batches, ref_u[k].clip_frac,
                ref_u[k].groups_filtered);
+        if (ref_u[k].rollout_corr)
+            printf("    rollout_corr: |old - rollout| mean %.3f max %.3f, rollout_is_mean %.3f, rs masked %.3f of tokens\n",
+                   ref_u[k].rc.abs_diff_mean, ref_u[k].rc.abs_diff_max, ref_u[k].rc.is_mean, ref_u[k].rc.rs_masked_fraction);
     }
     free(w0);
     eng_close(e);
