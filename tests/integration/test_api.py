@@ -184,6 +184,21 @@ def test_rollout_update_rollout(shared_daemon):
     u3 = d.wait_job(d.submit("/v1/updates", {"groups": masked, "algorithm": {"kl_coef": 0.0}}))
     assert u3["status"] == "done", u3
     assert u3["result"]["policy_version_after"] == v0 + 3
+    # veRL's rollout correction against the rollout's own logprobs (sampled at version v0): IcePop
+    # weights and token rejection, with its rollout_corr/ metrics
+    corr = [{"prompt_ids": g["prompt_ids"],
+             "responses": [{"token_ids": x["token_ids"], "logprobs": x["logprobs"], "reward": float(i % 2)}
+                           for i, x in enumerate(g["responses"])]} for g in groups]
+    u4 = d.wait_job(d.submit("/v1/updates", {"groups": corr, "algorithm": {
+        "kl_coef": 0.0, "rollout_is": "token", "rollout_is_threshold": "0.5_2.0",
+        "rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}}))
+    assert u4["status"] == "done", u4
+    m4 = u4["result"]["metrics"]
+    for k in ("kl", "k3_kl", "rollout_is_mean", "rollout_is_oob_ratio", "rollout_rs_masked_fraction",
+              "logprob_abs_diff_mean", "logprob_abs_diff_max"):
+        assert "rollout_corr/" + k in m4, m4
+    assert m4["rollout_corr/logprob_abs_diff_max"] >= m4["rollout_corr/logprob_abs_diff_mean"] > 0
+    assert "rollout_corr/kl" not in u3["result"]["metrics"]
     # reference model logprobs stay those of the start
     ref = d.post("/v1/logprobs", dict(lp_req, model="reference"))
     assert ref.status_code == 200 and ref.json()["model"] == "reference"
@@ -249,6 +264,18 @@ BAD = [
     ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1}]},
                                 {"prompt_ids": [1], "responses": [{"token_ids": [2, 3], "reward": 0, "loss_mask": [1, 2]}]}]},
      "groups[1].responses[0].loss_mask"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1}]}],
+                     "algorithm": {"rollout_is": "token"}}, "groups[0].responses[0].logprobs"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1, "logprobs": [-1.0]}]}],
+                     "algorithm": {"rollout_is": "token", "old_logprobs": "rollout"}}, "algorithm.rollout_is"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1, "logprobs": [-1.0]}]}],
+                     "algorithm": {"rollout_rs": "token_k2"}}, "algorithm.rollout_rs_threshold"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1, "logprobs": [-1.0]}]}],
+                     "algorithm": {"rollout_rs": "token_k2", "rollout_rs_threshold": "0.5_2"}}, "algorithm.rollout_rs_threshold"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1, "logprobs": [-1.0]}]}],
+                     "algorithm": {"rollout_is": "token", "rollout_is_threshold": "2_0.5"}}, "algorithm.rollout_is_threshold"),
+    ("/v1/updates", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2], "reward": 1, "logprobs": [-1.0]}]}],
+                     "algorithm": {"rollout_rs": "token_k1,seq_sum_k3", "rollout_rs_threshold": 2}}, "algorithm.rollout_rs"),
     ("/v1/updates", {"rollout_job_id": "nope"}, "rollout_job_id"),
     ("/v1/updates", {"rollout_job_id": "j_0123456789abcdef"}, "rollout_job_id"),
     ("/v1/logprobs", {"groups": [{"prompt_ids": [1], "responses": [{"token_ids": [2]}]}], "model": "x"}, "model"),

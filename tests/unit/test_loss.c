@@ -6,7 +6,8 @@
  * schedulers) in float64 on the float32 inputs written there. Checked here:
  *   - the advantages of grpo, drgrpo and rloo (a group of one included);
  *   - every loss_mode x loss_agg_mode x kl_type (k1+, k3+ included), with and without a dropped
- *     response, loss_scale_factor given and defaulted: the loss, veRL's metrics, grpod's own
+ *     response, and with a per-token loss mask (veRL's response_mask; one response all 0),
+ *     loss_scale_factor given and defaulted: the loss, veRL's metrics, grpod's own
  *     metrics, and the gradients d loss / d logp and d loss / d entropy (relative L2);
  *   - the logprob head at temperature 0.7 with the loss on top: d loss / d hidden, d loss / d w;
  *   - the learning-rate schedules (engine/train/optim.c) step by step.
@@ -16,7 +17,8 @@
  * head runs float32 matmuls and exponentials, rel L2 ~1e-6. The contract is 1e-5 everywhere.
  * Also, grpod's own checks: gradients by finite differences (vanilla per token; gspo, whose
  * gradient is straight-through by definition, along each response's all-ones direction), and
- * micro-batches with global denominators adding up to the one-call loss. */
+ * micro-batches with global denominators adding up to the one-call loss (both with random loss
+ * masks on odd seeds), and a loss mask of all ones giving what no mask gives, bit for bit. */
 #include "tests/unit/check.h"
 
 #include "common/err.h"
