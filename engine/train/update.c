@@ -4,6 +4,9 @@
  *   on-policy — one epoch of one mini-batch — the policy pass's own logprobs, detached: the
  *   same numbers, as veRL does, so the pass is skipped)
  *   ─► ref pass (frozen reference, no grad; skipped when kl_coef = 0)
+ *   ─► rollout correction (train/rollout_corr.h, when asked: importance weights of the old
+ *      policy against the responses' logprobs, rejected tokens out of the loss mask; it needs
+ *      the old pass, so it turns the on-policy shortcut off)
  *   ─► ppo_epochs × mini-batches: micro-batches fwd + loss + bwd (gradients accumulate)
  *      ─► global grad-norm clip ─► AdamW (one optimizer step per mini-batch)
  *   ─► policy_version + 1
@@ -19,7 +22,8 @@
  *
  * Micro-batches hold whole groups packed P + NR (engine/model/pack.h); a group larger than a micro-batch
  * runs as its prompt once and its responses in micro-batches (engine/model/split.h). The loss's aggregation
- * denominators are those of the whole mini-batch, so accumulation over micro-batches gives the
+ * denominators are those of the whole mini-batch (its trained tokens: a loss mask's 0 tokens, and
+ * rejected ones, are attended to and count in none), so accumulation over micro-batches gives the
  * mini-batch's exact gradient; seq-mean-token-sum-norm's divisor (loss_scale_factor) is one
  * constant for the whole update: the caller's, else the longest response of the update. */
 #include <math.h>

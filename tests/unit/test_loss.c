@@ -24,6 +24,7 @@
 #include "common/err.h"
 #include "engine/train/loss.h"
 #include "engine/train/optim.h"
+#include "engine/train/rollout_corr.h"
 #include "kernels/logprob.h"
 #include "tests/fixtures/loss_reference.inc"
 
@@ -548,6 +549,42 @@ TEST(test_all_ones_mask) {
         }
 }
 
+/* The rollout correction on a hand-checked case (verl parity of the rest: test_verl_update.c):
+ * log r = old - rollout = {0.5, -1 | 0}; token TIS at 1.5 gives {1.5, e^-1 | 1}; token_k2 at 0.2
+ * rejects the second token (k2 0.5); IcePop [0.5, 1.5] zeroes the first two. */
+TEST(test_rollout_corr_by_hand) {
+    const float old[3] = {-1.0f, -2.0f, -0.1f}, roll[3] = {-1.5f, -1.0f, -0.1f};
+    const int off[2] = {0, 2}, len[2] = {2, 1};
+    loss_config c;
+    loss_config_default(&c);
+    c.rollout_is = RIS_TOKEN;
+    c.rollout_is_threshold = 1.5f;
+    c.rollout_rs = RRS_TOKEN_K2;
+    c.rollout_rs_threshold = 0.2f;
+    unsigned char tm[3] = {1, 1, 1};
+    float w[3];
+    rcorr_metrics m;
+    memset(&m, 0, sizeof m);
+    rcorr_compute(&c, 2, off, len, NULL, tm, old, roll, w, &m);
+    CHECK(w[0] == 1.5f && fabsf(w[1] - expf(-1.0f)) < 1e-7f && w[2] == 1.0f);
+    CHECK(tm[0] == 1 && tm[1] == 0 && tm[2] == 1);
+    rcorr_report r;
+    rcorr_finish(&c, &m, &r);
+    CHECK_CLOSE(r.abs_diff_mean, 0.5, 1e-7, 0);
+    CHECK_CLOSE(r.abs_diff_max, 1.0, 1e-7, 0);
+    CHECK_CLOSE(r.rs_masked_fraction, 1.0 / 3, 1e-7, 0);
+    CHECK_CLOSE(r.rs_seq_masked_fraction, 0.5, 1e-12, 0);
+    CHECK_CLOSE(r.kl, (0.5 - 1.0 + 0.0) / -3.0, 1e-7, 0); /* mean rollout - old */
+    CHECK_CLOSE(r.is_max, 1.5, 1e-12, 0);
+    c.rollout_is_threshold_lower = 0.5f; /* IcePop */
+    c.rollout_rs = RRS_NONE;
+    memset(&m, 0, sizeof m);
+    rcorr_compute(&c, 2, off, len, NULL, NULL, old, roll, w, &m);
+    CHECK(w[0] == 0.0f && w[1] == 0.0f && w[2] == 1.0f);
+    rcorr_finish(&c, &m, &r);
+    CHECK_CLOSE(r.is_oob_ratio, 2.0 / 3, 1e-7, 0);
+}
+
 int main(void) {
     RUN(test_parse);
     RUN(test_defaults);
@@ -560,5 +597,6 @@ int main(void) {
     RUN(test_microbatch_additivity);
     RUN(test_finish);
     RUN(test_all_ones_mask);
+    RUN(test_rollout_corr_by_hand);
     return CHECK_DONE();
 }
