@@ -110,3 +110,23 @@ def test_lora_bad_settings(make_daemon, tmp_path):
     assert r is not None and r.status_code == 503 and "adapter_config.json" in r.text, r and r.text
     assert d.get("/healthz").status_code == 200
     assert d.stop() == 0
+
+
+AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "agent_lookup.py")
+
+
+def test_agent_learns_to_read_the_tool(make_daemon):
+    """examples/agent_lookup.py, two turns a trajectory: turn 2's prompts come from the prefix cache
+    (ids copied, not prefilled), the update masks the tool's ids, and the policy learns to repeat
+    the tool's letter — past the 1/4 that ignoring the tool can reach with 4 letters."""
+    d = make_daemon()
+    r = subprocess.run([sys.executable, AGENT, "--url", d.url, "--steps", "50", "--decay-steps", "50",
+                        "--letters", "abcd", "--batch", "8", "--lr", "3e-3"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, "agent_lookup.py failed:\n%s\n%s\n%s" % (r.stdout[-4000:], r.stderr[-4000:], d.stderr()[-4000:])
+    print("\n".join(r.stdout.splitlines()[-3:]))
+    cached = int(re.search(r"^prompt ids copied from the prefix cache in turn 2: (\d+)$", r.stdout, re.M).group(1))
+    first = float(re.search(r"^first mean reward (\d\.\d{3})$", r.stdout, re.M).group(1))
+    final = float(re.search(r"^final mean reward (\d\.\d{3})$", r.stdout, re.M).group(1))
+    assert cached == 50 * 8 * 16 * 9, cached     # every turn-2 prompt: its 9 prompt ids from turn 1
+    assert first < 0.15 and final >= 0.6, (first, final)
+    assert d.stop() == 0
