@@ -55,6 +55,19 @@ DIMS = {
     "1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  intermediate_size=6144, vocab_size=151936, tie_word_embeddings=True, eos_token_id=151645,
                  bos_token_id=151643),
+    "tiny-moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=64,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+                     vocab_size=1000, tie_word_embeddings=True, eos_token_id=999),
+    # Qwen3-30B-A3B's dims (128 experts, top-8, expert MLP 768) with 4 of its 48 layers: 3.1B
+    # parameters, every tensor of the real model's layers, on one GPU with its training state
+    "30b-a3b-l4": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], hidden_size=2048,
+                       num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                       intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                       norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+                       output_router_logits=False, vocab_size=151936, tie_word_embeddings=False,
+                       eos_token_id=151645, bos_token_id=151643),
     "8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False, eos_token_id=151645,
                bos_token_id=151643),
@@ -84,7 +97,8 @@ def qwen3_config(dims):
 
 
 def tensor_list(c):
-    """(name, shape, kind) in HF order: every tensor engine/model/model.c loads for qwen3."""
+    """(name, shape, kind) in HF order: every tensor engine/model/model.c loads for qwen3 (and
+    qwen3_moe: the router and each expert's three projections in place of the MLP)."""
     C, H, K, D, F, V = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                         c["intermediate_size"], c["vocab_size"])
     t = [("model.embed_tokens.weight", [V, C], "w")]
@@ -97,10 +111,19 @@ def tensor_list(c):
               (p + "self_attn.o_proj.weight", [C, H * D], "w"),
               (p + "self_attn.q_norm.weight", [D], "n"),
               (p + "self_attn.k_norm.weight", [D], "n"),
-              (p + "post_attention_layernorm.weight", [C], "n"),
-              (p + "mlp.gate_proj.weight", [F, C], "w"),
-              (p + "mlp.up_proj.weight", [F, C], "w"),
-              (p + "mlp.down_proj.weight", [C, F], "w")]
+              (p + "post_attention_layernorm.weight", [C], "n")]
+        E = c.get("num_experts", 0)
+        if E:
+            Fm = c["moe_intermediate_size"]
+            t.append((p + "mlp.gate.weight", [E, C], "w"))
+            for e in range(E):
+                t += [(p + "mlp.experts.%d.gate_proj.weight" % e, [Fm, C], "w"),
+                      (p + "mlp.experts.%d.up_proj.weight" % e, [Fm, C], "w"),
+                      (p + "mlp.experts.%d.down_proj.weight" % e, [C, Fm], "w")]
+        else:
+            t += [(p + "mlp.gate_proj.weight", [F, C], "w"),
+                  (p + "mlp.up_proj.weight", [F, C], "w"),
+                  (p + "mlp.down_proj.weight", [C, F], "w")]
     t.append(("model.norm.weight", [C], "n"))
     if not c["tie_word_embeddings"]:
         t.append(("lm_head.weight", [V, C], "w"))
@@ -625,7 +648,7 @@ def main():
         return 0
     if not a.grpod or not a.outdir:
         ap.error("GRPOD and OUTDIR are required")
-    small = a.dims == "tiny"
+    small = a.dims.startswith("tiny")
     for k, big, tiny in (("groups", 8, 4), ("n", 16, 8), ("prompt", 1024, 64), ("max_tokens", 512, 32)):
         if getattr(a, k) is None:
             setattr(a, k, tiny if small else big)
