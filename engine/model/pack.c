@@ -22,18 +22,34 @@ static long long group_resp_tokens(const pack_group *g) {
     return r;
 }
 
+/* The leading tokens every response of a group has in common (the trunk of a tree of turns),
+ * at most the shortest response less one token, so each response keeps a segment of its own;
+ * 0 for a group of one. */
+static int group_trunk(const pack_group *g) {
+    if (g->N < 2) return 0;
+    int c = g->R[0];
+    for (int i = 1; i < g->N; i++)
+        if (g->R[i] < c) c = g->R[i];
+    for (int j = 0; j < c - 1; j++)
+        for (int i = 1; i < g->N; i++)
+            if (g->resp[i][j] != g->resp[0][j]) return j;
+    return c > 0 ? c - 1 : 0;
+}
+
 long long pack_group_tokens(const pack_group *g, pack_layout layout) {
     long long r = group_resp_tokens(g);
-    return layout == PACK_PACKED ? (long long)g->P + r : (long long)g->N * g->P + r;
+    return layout == PACK_PACKED ? (long long)g->P + r - (long long)(g->N - 1) * group_trunk(g) : (long long)g->N * g->P + r;
 }
 
 /* ---------- building one micro-batch ---------- */
 
-/* Writes the prompt of a packed unit at packed index p0: causal self-attention, positions 0..P-1. */
-static void put_prompt(pack_batch *b, const pack_group *g, int p0, int count) {
-    for (int i = 0; i < g->P; i++) {
+/* Writes the prompt of a packed unit at packed index p0, and after it the first c tokens of its
+ * responses (the trunk, c = 0 in the standard layout): causal self-attention, positions
+ * 0..P+c-1. */
+static void put_prompt(pack_batch *b, const pack_group *g, int c, int p0, int count) {
+    for (int i = 0; i < g->P + c; i++) {
         int t = p0 + i;
-        b->tokens[t] = g->prompt[i];
+        b->tokens[t] = i < g->P ? g->prompt[i] : g->resp[0][i - g->P];
         b->tok_count[t] = count;
         b->pos[t] = i;
         b->kv_a0[t] = p0;
@@ -42,27 +58,30 @@ static void put_prompt(pack_batch *b, const pack_group *g, int p0, int count) {
     }
 }
 
-/* Writes response `ri` of group `gi` as segment `s` starting at packed index s0, attending to the
- * prompt at [p0, p0 + P) and causally to itself; positions restart at P. Its predictions go to
- * out_*[m0 ..): the first token is predicted by the last prompt token, the rest by their
- * predecessor in the segment. */
-static void put_response(pack_batch *b, const pack_group *g, int gi, int ri, int s, int p0, int s0, int m0) {
+/* Writes response `ri` of group `gi` past its first c tokens (the trunk, written with the prompt)
+ * as segment `s` starting at packed index s0, attending to the prompt and trunk at
+ * [p0, p0 + P + c) and causally to itself; positions go on from P + c. All its R predictions go
+ * to out_*[m0 ..): token j is predicted by its predecessor, in the prompt and trunk for j <= c,
+ * else in the segment. */
+static void put_response(pack_batch *b, const pack_group *g, int c, int gi, int ri, int s, int p0, int s0, int m0) {
     int P = g->P, R = g->R[ri];
     const int *r = g->resp[ri];
-    for (int j = 0; j < R; j++) {
-        int t = s0 + j;
+    for (int j = c; j < R; j++) {
+        int t = s0 + j - c;
         b->tokens[t] = r[j];
         b->tok_count[t] = 1;
         b->pos[t] = P + j;
         b->kv_a0[t] = p0;
-        b->kv_a1[t] = p0 + P;
+        b->kv_a1[t] = p0 + P + c;
         b->kv_b0[t] = s0;
-        b->kv_b1[t] = s0 + j + 1;
-        b->out_pos[m0 + j] = j == 0 ? p0 + P - 1 : s0 + j - 1;
+        b->kv_b1[t] = t + 1;
+    }
+    for (int j = 0; j < R; j++) {
+        b->out_pos[m0 + j] = j <= c ? p0 + P + j - 1 : s0 + j - c - 1;
         b->out_tok[m0 + j] = r[j];
     }
     b->seg_start[s] = s0;
-    b->seg_len[s] = R;
+    b->seg_len[s] = R - c;
     b->seg_group[s] = gi;
     b->seg_resp[s] = ri;
     b->seg_out0[s] = m0;
@@ -122,16 +141,16 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
         int gi = first + k;
         const pack_group *g = &groups[gi];
         if (layout == PACK_PACKED) {
-            int p0 = t;
+            int p0 = t, c = group_trunk(g);
             b->cu_seqlens[gu] = p0;
-            b->grp_plen[gu] = g->P;
+            b->grp_plen[gu] = g->P + c;
             b->grp_seg0[gu] = s;
             b->grp_nseg[gu] = g->N;
-            put_prompt(b, g, p0, g->N);
-            t += g->P;
+            put_prompt(b, g, c, p0, g->N);
+            t += g->P + c;
             for (int i = 0; i < g->N; i++) {
-                put_response(b, g, gi, i, s, p0, t, m);
-                t += g->R[i];
+                put_response(b, g, c, gi, i, s, p0, t, m);
+                t += g->R[i] - c;
                 m += g->R[i];
                 s++;
             }
@@ -143,9 +162,9 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
                 b->grp_plen[gu] = g->P;
                 b->grp_seg0[gu] = s;
                 b->grp_nseg[gu] = 1;
-                put_prompt(b, g, p0, 1);
+                put_prompt(b, g, 0, p0, 1);
                 t += g->P;
-                put_response(b, g, gi, i, s, p0, t, m);
+                put_response(b, g, 0, gi, i, s, p0, t, m);
                 t += g->R[i];
                 m += g->R[i];
                 s++;

@@ -2,13 +2,18 @@
  *
  * A micro-batch holds whole groups. Group g is laid out [P_g; R_g1; ...; R_gN] in packed order
  * (P + ΣR tokens, not N(P+R)). Positions: prompt 0..P-1, every response restarts at P.
+ * Trees: when every response of a group begins with the same c tokens (an agent's turns that
+ * its trajectories share before they branch; c at most the shortest response less one), those c
+ * tokens are laid out once, after the prompt, as part of it: [P_g, trunk; R_g1[c:]; ...], and
+ * each response's predictions of its first c + 1 tokens read the trunk's rows (several
+ * predictions may read one row; the logprob head's backward adds them): P + c + Σ(R - c) tokens.
  * The STANDARD layout is the same struct with each response in a group of its own that carries
  * a copy of the prompt (N(P+R) tokens): the equivalence tests run one code path on both.
  *
  * Attention semantics, per packed token t: t attends to the keys in [kv_a0[t], kv_a1[t]) and in
  * [kv_b0[t], kv_b1[t]) (packed indices; either range may be empty).
- *   prompt token i of g:     a = [p0, p0 + i + 1),  b = empty
- *   response token j of s:   a = [p0, p0 + P),      b = [s0, s0 + j + 1)
+ *   prompt (or trunk) token i of g:  a = [p0, p0 + i + 1),    b = empty
+ *   response token j of s:           a = [p0, p0 + P + c),  b = [s0, s0 + j - c + 1)
  * Logits are needed only where they predict a response token: out_pos[m] is the packed token
  * whose hidden state predicts out_tok[m] (the last prompt token for a response's first token).
  *
@@ -36,9 +41,9 @@ typedef struct {
     int *tok_count; /* (T) the tokens of the standard layout each one stands for: N for a prompt
                      * token of a packed group of N responses, else 1 (the MoE balance statistics) */
     int *cu_seqlens; /* (G + 1) packed start of each group, cu_seqlens[G] == T */
-    int *grp_plen; /* (G) prompt length P of each group */
+    int *grp_plen; /* (G) prompt length of each group, its trunk included (P + c) */
     int *grp_seg0, *grp_nseg; /* (G) first segment index and number of responses */
-    int *seg_start, *seg_len; /* (S) packed start and length R of each response */
+    int *seg_start, *seg_len; /* (S) packed start and length R - c of each response (past the trunk) */
     int *seg_group; /* (S) source group index (into the caller's pack_group array) */
     int *seg_resp; /* (S) response index within that source group */
     int *seg_out0; /* (S) index of the segment's first predicted token in out_* */
@@ -51,7 +56,7 @@ typedef struct {
 int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout);
 void pack_batch_free(pack_batch *b);
 
-/* Tokens a group occupies in a layout: P + ΣR (packed) or N·P + ΣR (standard). */
+/* Tokens a group occupies in a layout: P + ΣR - (N-1)·c (packed) or N·P + ΣR (standard). */
 long long pack_group_tokens(const pack_group *g, pack_layout layout);
 
 /* Micro-batch plan: consecutive runs of whole groups whose tokens fit max_tokens.

@@ -162,6 +162,58 @@ static void equivalence(model_arch arch, unsigned long long seed) {
     fixture_free(&f);
 }
 
+/* Tree-shaped groups (engine/model/pack.h): each group's responses begin with the same c tokens
+ * (the turns a branching agent's trajectories share), which the packed layout computes once
+ * after the prompt; the standard layout has every response whole. Same logprobs and gradients. */
+static void tree_equivalence(model_arch arch, unsigned long long seed) {
+    fixture f;
+    fixture_make(&f, arch, 2, seed, 2);
+    unsigned long long s = seed + 11;
+    long long want_T = 0;
+    f.M = 0;
+    for (int g = 0; g < G; g++) {
+        pack_group *pg = &f.pg[g];
+        int c = 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 6), trunk[8];
+        for (int i = 0; i < c; i++) trunk[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (f.c.V - 1));
+        long long rsum = 0;
+        int minR = 1 << 30;
+        for (int r = 0; r < pg->N; r++) {
+            int R = c + 1 + (int)((check_randf(&s, 0.5f) + 0.5f) * 8);
+            f.resp[g][r] = realloc(f.resp[g][r], (size_t)R * sizeof(int));
+            for (int i = 0; i < R; i++) f.resp[g][r][i] = i < c ? trunk[i] : (int)((check_randf(&s, 0.5f) + 0.5f) * (f.c.V - 1));
+            f.R[g][r] = R;
+            rsum += R;
+            if (R < minR) minR = R;
+        }
+        /* a response that diverges at once leaves no trunk; so does a group of one */
+        int trunk_len = pg->N > 1 ? c : 0;
+        for (int r = 1; r < pg->N && trunk_len; r++)
+            for (int i = 0; i < trunk_len; i++)
+                if (f.resp[g][r][i] != f.resp[g][0][i]) trunk_len = i;
+        if (trunk_len > minR - 1) trunk_len = minR - 1;
+        want_T += pg->P + rsum - (long long)(pg->N - 1) * trunk_len;
+        f.M += rsum;
+        f.Mg[g + 1] = f.M;
+    }
+    float *weights = malloc((size_t)f.M * 4);
+    check_fill(weights, (size_t)f.M, seed + 1, 1.0f);
+    run_out pk = {0}, st = {0};
+    CHECK(run_layout(&f.m, &f.wv, f.pg, G, PACK_PACKED, weights, NULL, &pk) == 0);
+    CHECK(run_layout(&f.m, &f.wv, f.pg, G, PACK_STANDARD, weights, NULL, &st) == 0);
+    double el = rel_l2(pk.logp, st.logp, (size_t)f.M), eg = rel_l2(pk.grad, st.grad, (size_t)f.m.n_elems);
+    printf("  %s trees: %lld packed (trunks once) vs %lld standard tokens; logprobs rel L2 %.2e, gradients rel L2 %.2e\n",
+           f.c.arch_name, pk.T, st.T, el, eg);
+    CHECK_MSG(pk.T == want_T, "packed %lld tokens, want %lld (each trunk once)", pk.T, want_T);
+    CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "logprobs %.3g gradients %.3g > 1e-5", el, eg);
+    run_free(&pk);
+    run_free(&st);
+    free(weights);
+    fixture_free(&f);
+}
+
+TEST(tree_equals_standard_qwen3) { tree_equivalence(ARCH_QWEN3, 505); }
+TEST(tree_equals_standard_qwen2) { tree_equivalence(ARCH_QWEN2, 606); }
+
 TEST(packed_equals_standard_qwen3) { equivalence(ARCH_QWEN3, 101); }
 TEST(packed_equals_standard_qwen2) { equivalence(ARCH_QWEN2, 202); }
 
@@ -275,6 +327,8 @@ TEST(split_equals_packed_and_standard_qwen2) { split_case(ARCH_QWEN2, 404); }
 int main(void) {
     RUN(packed_equals_standard_qwen3);
     RUN(packed_equals_standard_qwen2);
+    RUN(tree_equals_standard_qwen3);
+    RUN(tree_equals_standard_qwen2);
     RUN(split_equals_packed_and_standard_qwen3);
     RUN(split_equals_packed_and_standard_qwen2);
     return CHECK_DONE();

@@ -144,15 +144,15 @@ TEST(test_plan) {
 }
 
 TEST(test_plan_too_large) {
-    static int prompt[1000], resp[1000];
+    static int prompt[1000], resp[8][1000];
     for (int i = 0; i < 1000; i++) {
         prompt[i] = i;
-        resp[i] = i + 1;
+        for (int k = 0; k < 8; k++) resp[k][i] = i + 1 + k; /* no two begin alike: no trunk */
     }
     const int *rs[8];
     int R[8];
     for (int i = 0; i < 8; i++) {
-        rs[i] = resp;
+        rs[i] = resp[i];
         R[i] = 1000;
     }
     pack_group g[4];
@@ -243,6 +243,7 @@ static int same(const long long *a, int na, const long long *b, int nb) {
 TEST(test_random_layouts_agree) {
     static int prompts[NG][MAXL], resps[NG][MAXN][MAXL], Rs[NG][MAXN];
     static const int *rptr[NG][MAXN];
+    int trunk[NG], trunks = 0;
     static long long c1[2 * MAXL + 2], c2[2 * MAXL + 2];
     for (int trial = 0; trial < 40; trial++) {
         pack_group g[NG];
@@ -259,7 +260,18 @@ TEST(test_random_layouts_agree) {
                 want_packed += Rs[k][i];
                 want_std += Rs[k][i];
             }
-            want_packed += P;
+            /* the trunk: the leading ids all responses share, short of the shortest one's last */
+            int c = 0, minR = MAXL;
+            for (int i = 0; i < N; i++) minR = Rs[k][i] < minR ? Rs[k][i] : minR;
+            while (N > 1 && c < minR - 1) {
+                int all = 1;
+                for (int i = 1; i < N; i++) all &= resps[k][i][c] == resps[k][0][c];
+                if (!all) break;
+                c++;
+            }
+            trunk[k] = c;
+            trunks += c > 0;
+            want_packed += P - (long long)(N - 1) * c;
             want_std += (long long)N * P;
             g[k] = (pack_group){prompts[k], P, N, rptr[k], Rs[k]};
         }
@@ -274,7 +286,12 @@ TEST(test_random_layouts_agree) {
         /* every packed token: its context equals the expected one and its standard twin's */
         for (int gu = 0; gu < pk.G; gu++) {
             const pack_group *src = &g[pk.seg_group[pk.grp_seg0[gu]]];
-            int p0 = pk.cu_seqlens[gu];
+            int p0 = pk.cu_seqlens[gu], c = trunk[pk.seg_group[pk.grp_seg0[gu]]];
+            CHECK_EQ_INT(pk.grp_plen[gu], src->P + c);
+            for (int i = 0; i < c; i++) { /* the trunk, after the prompt: response 0's first c ids */
+                int n1 = context(&pk, p0 + src->P + i, c1), n2 = expected_context(src, 0, i, 0, c2);
+                CHECK_MSG(same(c1, n1, c2, n2), "trial %d: trunk token %d of unit %d", trial, i, gu);
+            }
             for (int i = 0; i < src->P; i++) {
                 int n1 = context(&pk, p0 + i, c1), n2 = expected_context(src, 0, -1, i, c2);
                 CHECK_MSG(same(c1, n1, c2, n2), "trial %d: packed prompt token %d of unit %d", trial, i, gu);
@@ -296,17 +313,21 @@ TEST(test_random_layouts_agree) {
             for (int u = 0; u < st.S; u++)
                 if (st.seg_group[u] == pk.seg_group[s] && st.seg_resp[u] == ri) s2 = u;
             CHECK(s2 >= 0);
-            CHECK_EQ_INT(pk.seg_len[s], src->R[ri]);
+            int c = trunk[pk.seg_group[s]];
+            CHECK_EQ_INT(pk.seg_len[s], src->R[ri] - c);
             CHECK_EQ_INT(st.seg_len[s2], src->R[ri]);
             CHECK_EQ_INT(pk.seg_out0[s], st.seg_out0[s2]); /* same order of segments */
-            for (int j = 0; j < pk.seg_len[s]; j++) {
-                int t1 = pk.seg_start[s] + j, t2 = st.seg_start[s2] + j;
-                CHECK_EQ_INT(pk.tokens[t1], src->resp[ri][j]);
-                CHECK_EQ_INT(pk.pos[t1], src->P + j);
-                int n1 = context(&pk, t1, c1), n2 = context(&st, t2, c2);
-                CHECK_MSG(same(c1, n1, c2, n2), "trial %d: segment %d token %d differs", trial, s, j);
-                n2 = expected_context(src, ri, j, 0, c2);
-                CHECK_MSG(same(c1, n1, c2, n2), "trial %d: segment %d token %d wrong context", trial, s, j);
+            for (int j = 0; j < src->R[ri]; j++) {
+                int n1, n2;
+                if (j >= c) { /* the segment holds the ids past the trunk */
+                    int t1 = pk.seg_start[s] + j - c, t2 = st.seg_start[s2] + j;
+                    CHECK_EQ_INT(pk.tokens[t1], src->resp[ri][j]);
+                    CHECK_EQ_INT(pk.pos[t1], src->P + j);
+                    n1 = context(&pk, t1, c1), n2 = context(&st, t2, c2);
+                    CHECK_MSG(same(c1, n1, c2, n2), "trial %d: segment %d token %d differs", trial, s, j);
+                    n2 = expected_context(src, ri, j, 0, c2);
+                    CHECK_MSG(same(c1, n1, c2, n2), "trial %d: segment %d token %d wrong context", trial, s, j);
+                }
                 /* prediction j: target r_j, read at a token whose context is the prefix before r_j */
                 int m1 = pk.seg_out0[s] + j, m2 = st.seg_out0[s2] + j;
                 CHECK_EQ_INT(pk.out_tok[m1], src->resp[ri][j]);
@@ -328,6 +349,8 @@ TEST(test_random_layouts_agree) {
         pack_batch_free(&pk);
         pack_batch_free(&st);
     }
+    printf("  %d groups had a trunk\n", trunks);
+    CHECK(trunks > 0); /* the trunk's layout was exercised */
 }
 
 int main(void) {
