@@ -54,6 +54,8 @@ struct api_server {
     void *_Atomic cluster_ud;
     pthread_mutex_t wmu; /* waiters */
     struct api_waiter *waiters;
+    pthread_mutex_t tmu; /* taps (tap.c) */
+    struct api_tap *taps;
 };
 
 /* One request on a connection, from its head to its completion (server.c frees it). */
@@ -101,6 +103,21 @@ void api_pool_put(api_server *s, store *st);
 int api_wait_suspend(api_server *s, struct MHD_Connection *c, api_req *x, store *st, const char *id);
 /* Resumes the suspended connections: all of them, or those whose deadline passed. */
 void api_resume_waiters(api_server *s, int all);
+
+/* ---------------------------------------------------------------- token taps (tap.c) */
+
+typedef struct api_tap api_tap;
+/* Tokens [from, from + n) of choice c (group * n + response) arrived; called under the tap's lock. */
+typedef void (*api_tap_cb)(void *ud, int c, const int *tok, const float *lp, int n);
+enum { API_TAP_TOKENS = 1, API_TAP_CHANGED = 2 };
+/* Taps job_id's n_groups x n responses for connection c (NULL when out of memory). */
+api_tap *api_tap_open(api_server *s, const char *job_id, int n_groups, int n, struct MHD_Connection *c);
+void api_tap_close(api_server *s, api_tap *t);
+/* From c's content reader only. 0: nothing new, c is suspended until the worker wakes it
+ * (return 0 to MHD). Else cb got the new tokens, and API_TAP_CHANGED says that some job
+ * changed state (or tokens were lost): read the job from the store. */
+int api_tap_poll(api_server *s, api_tap *t, api_tap_cb cb, void *ud);
+void api_taps_changed(api_server *s); /* every tap: look at the store; resumed */
 
 /* ---------------------------------------------------------------- the server's state (server.c) */
 

@@ -11,8 +11,8 @@
  * POST /v1/logprobs's; the first token has none. logprobs also carry token_ids (a token's text
  * can be part of a character). top_logprobs hold the chosen token only (grpod does not compute
  * alternatives). A chat answer under tool_choice auto is parsed into tool_calls
- * (openai_tools.c). stream: true answers as server-sent events once the choices are sampled (one
- * chunk per choice, then [DONE]): the engine does not hand out tokens as it draws them.
+ * (openai_tools.c). stream: true is answered token by token by openai_stream.c, except echo with
+ * logprobs (it scores a given text): its events are written here once the jobs are done.
  *
  * Not here: the native routes (handlers.c), the router (router.c) and replies (reply.c). */
 #include "api/internal.h"
@@ -28,7 +28,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 
-static void oa_free(void *p) {
+void oa_req_free(void *p) {
     oa_req *q = p;
     if (!q) return;
     json_object_put(q->rollout);
@@ -39,10 +39,10 @@ static void oa_free(void *p) {
 
 /* ---------------------------------------------------------------- jobs */
 
-static json_object *prompt_ids_of(const oa_req *q, int i) {
+json_object *oa_prompt_ids(const oa_req *q, int i) {
     return json_object_object_get(json_object_array_get_idx(json_object_object_get(q->rollout, "groups"), (size_t)i), "prompt_ids");
 }
-static json_object *response_of(const oa_req *q, int i, int k) {
+json_object *oa_response(const oa_req *q, int i, int k) {
     if (!q->sampled) return NULL;
     json_object *g = json_object_array_get_idx(json_object_object_get(q->sampled, "groups"), (size_t)i);
     return json_object_array_get_idx(json_object_object_get(g, "responses"), (size_t)k);
@@ -55,14 +55,14 @@ static json_object *scoring_request(const oa_req *q) {
     json_object_object_add(req, "groups", gs);
     int any = 0;
     for (int i = 0; i < q->n_prompts; i++) {
-        json_object *pid = prompt_ids_of(q, i), *g = json_object_new_object(), *rs = json_object_new_array();
+        json_object *pid = oa_prompt_ids(q, i), *g = json_object_new_object(), *rs = json_object_new_array();
         int P = (int)json_object_array_length(pid);
         json_object *first = json_object_new_array();
         json_object_array_add(first, json_object_new_int(json_object_get_int(json_object_array_get_idx(pid, 0))));
         json_object_object_add(g, "prompt_ids", first);
         json_object_object_add(g, "responses", rs);
         for (int k = 0; k < q->n; k++) {
-            json_object *ids = json_object_new_array(), *r = json_object_new_object(), *resp = response_of(q, i, k);
+            json_object *ids = json_object_new_array(), *r = json_object_new_object(), *resp = oa_response(q, i, k);
             for (int t = 1; t < P; t++) json_object_array_add(ids, json_object_get(json_object_array_get_idx(pid, (size_t)t)));
             json_object *gen = resp ? json_object_object_get(resp, "token_ids") : NULL;
             for (size_t t = 0; gen && t < json_object_array_length(gen); t++)
@@ -136,7 +136,7 @@ static char *token_text(eng *e, int id) {
 }
 
 /* The text of ids (special tokens skipped when skip); "" when it cannot be decoded. */
-static char *ids_text(eng *e, json_object *ids, int skip) {
+char *oa_ids_text(eng *e, json_object *ids, int skip) {
     int n = (int)json_object_array_length(ids);
     int *v = malloc(sizeof *v * (size_t)(n ? n : 1));
     char *t = NULL, *clean = NULL;
@@ -152,7 +152,7 @@ static char *ids_text(eng *e, json_object *ids, int skip) {
 
 /* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} over ids with their
  * logprobs (lps may be shorter at the front: the echoed first token has none). */
-static json_object *completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0) {
+json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0) {
     json_object *o = json_object_new_object(), *tk = json_object_new_array(), *tl = json_object_new_array(),
                 *top = json_object_new_array(), *off = json_object_new_array();
     size_t at = offset0;
@@ -183,7 +183,7 @@ static json_object *completion_logprobs(eng *e, json_object *ids, json_object *l
 }
 
 /* Chat logprobs {"content": [{token, logprob, bytes, top_logprobs}]} of the sampled tokens. */
-static json_object *chat_logprobs(eng *e, json_object *ids, json_object *lps) {
+json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps) {
     json_object *o = json_object_new_object(), *a = json_object_new_array();
     for (size_t t = 0; t < json_object_array_length(ids); t++) {
         char *s = token_text(e, json_object_get_int(json_object_array_get_idx(ids, t)));
@@ -209,10 +209,10 @@ static json_object *chat_logprobs(eng *e, json_object *ids, json_object *lps) {
 /* A sampled response's text: the rollout's (special tokens skipped, cut before a stop string)
  * unless the request keeps special tokens (skip_special_tokens false) or the stop string
  * (include_stop_str_in_output): then decoded again from its ids and cut as the engine cuts. */
-static char *response_text(eng *e, const oa_req *q, json_object *resp) {
+char *oa_response_text(eng *e, const oa_req *q, json_object *resp) {
     const char *t = json_object_get_string(json_object_object_get(resp, "text"));
     if (q->skip_special && !q->include_stop) return strdup(t ? t : "");
-    char *text = ids_text(e, json_object_object_get(resp, "token_ids"), q->skip_special);
+    char *text = oa_ids_text(e, json_object_object_get(resp, "token_ids"), q->skip_special);
     if (!text) return NULL;
     json_object *stops = json_object_object_get(json_object_object_get(q->rollout, "sampling"), "stop");
     const char *fin = json_object_get_string(json_object_object_get(resp, "finish_reason"));
@@ -242,9 +242,9 @@ static json_object *chat_message(const oa_req *q, const char *text, int *called)
 
 /* One choice: {"index", "text" | "message", "logprobs", "finish_reason"}; counts tokens into *ct. */
 static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct) {
-    json_object *ch = json_object_new_object(), *resp = response_of(q, i, k);
+    json_object *ch = json_object_new_object(), *resp = oa_response(q, i, k);
     json_object *gen = resp ? json_object_object_get(resp, "token_ids") : NULL;
-    char *gen_text = resp ? response_text(e, q, resp) : strdup("");
+    char *gen_text = resp ? oa_response_text(e, q, resp) : strdup("");
     const char *fin = resp ? json_object_get_string(json_object_object_get(resp, "finish_reason")) : "length";
     *ct += gen ? (long long)json_object_array_length(gen) : 0;
     api_put_int(ch, "index", (long long)i * q->n + k);
@@ -253,10 +253,10 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         json_object_object_add(ch, "message", chat_message(q, gen_text ? gen_text : "", &called));
         if (called) fin = "tool_calls";
         json_object_object_add(ch, "logprobs",
-                               q->logprobs >= 0 && gen ? chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
+                               q->logprobs >= 0 && gen ? oa_chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
     } else {
-        json_object *pid = prompt_ids_of(q, i);
-        char *ptext = q->echo ? ids_text(e, pid, 0) : strdup("");
+        json_object *pid = oa_prompt_ids(q, i);
+        char *ptext = q->echo ? oa_ids_text(e, pid, 0) : strdup("");
         api_sbuf b = {0};
         api_sb_str(&b, ptext ? ptext : "");
         api_sb_str(&b, gen_text ? gen_text : "");
@@ -275,10 +275,10 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
                 lps = json_object_object_get(json_object_array_get_idx(json_object_object_get(sg, "responses"), (size_t)k),
                                              "logprobs");
             }
-            lp = completion_logprobs(e, all, lps, 1, 0);
+            lp = oa_completion_logprobs(e, all, lps, 1, 0);
             json_object_put(all);
         } else if (q->logprobs >= 0 && gen) {
-            lp = completion_logprobs(e, gen, json_object_object_get(resp, "logprobs"), 0, 0);
+            lp = oa_completion_logprobs(e, gen, json_object_object_get(resp, "logprobs"), 0, 0);
         }
         json_object_object_add(ch, "logprobs", lp);
         free(ptext);
@@ -288,9 +288,9 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
     return ch;
 }
 
-static json_object *usage(const oa_req *q, long long completion) {
+json_object *oa_usage(const oa_req *q, long long completion) {
     long long p = 0;
-    for (int i = 0; i < q->n_prompts; i++) p += (long long)json_object_array_length(prompt_ids_of(q, i));
+    for (int i = 0; i < q->n_prompts; i++) p += (long long)json_object_array_length(oa_prompt_ids(q, i));
     json_object *u = json_object_new_object();
     api_put_int(u, "prompt_tokens", p);
     api_put_int(u, "completion_tokens", completion);
@@ -298,7 +298,7 @@ static json_object *usage(const oa_req *q, long long completion) {
     return u;
 }
 
-static json_object *envelope(const oa_req *q, const char *id, const char *object) {
+json_object *oa_envelope(const oa_req *q, const char *id, const char *object) {
     json_object *o = json_object_new_object();
     api_put_str(o, "id", id);
     api_put_str(o, "object", object);
@@ -308,7 +308,18 @@ static json_object *envelope(const oa_req *q, const char *id, const char *object
     return o;
 }
 
-static void sse(api_sbuf *b, json_object *o) {
+json_object *oa_streamed_calls(json_object *calls) {
+    json_object *sc = json_object_new_array();
+    for (size_t t = 0; t < json_object_array_length(calls); t++) {
+        json_object *one = json_object_new_object();
+        api_put_int(one, "index", (long long)t);
+        json_object_object_foreach(json_object_array_get_idx(calls, t), ck, cv) api_put_copy(one, ck, cv);
+        json_object_array_add(sc, one);
+    }
+    return sc;
+}
+
+void oa_sse(api_sbuf *b, json_object *o) {
     api_sb_str(b, "data: ");
     api_sb_str(b, json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     api_sb_str(b, "\n\n");
@@ -323,16 +334,16 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
     for (int i = 0; i < q->n_prompts; i++)
         for (int k = 0; k < q->n; k++) json_object_array_add(choices, choice(e, q, i, k, &ct));
     if (!q->stream) {
-        json_object *o = envelope(q, id, q->chat ? "chat.completion" : "text_completion");
+        json_object *o = oa_envelope(q, id, q->chat ? "chat.completion" : "text_completion");
         json_object_object_add(o, "choices", choices);
-        json_object_object_add(o, "usage", usage(q, ct));
+        json_object_object_add(o, "usage", oa_usage(q, ct));
         return api_reply_obj(c, x, 200, o);
     }
     /* server-sent events: per choice its content, then its finish_reason; usage; [DONE] */
     api_sbuf b = {0};
     const char *obj = q->chat ? "chat.completion.chunk" : "text_completion";
     for (size_t i = 0; i < json_object_array_length(choices); i++) {
-        json_object *ch = json_object_array_get_idx(choices, i), *o = envelope(q, id, obj), *a = json_object_new_array();
+        json_object *ch = json_object_array_get_idx(choices, i), *o = oa_envelope(q, id, obj), *a = json_object_new_array();
         json_object *d = json_object_new_object();
         api_put_copy(d, "index", json_object_object_get(ch, "index"));
         if (q->chat) {
@@ -340,16 +351,7 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
             json_object *msg = json_object_object_get(ch, "message"), *calls = json_object_object_get(msg, "tool_calls");
             api_put_str(delta, "role", "assistant");
             api_put_copy(delta, "content", json_object_object_get(msg, "content"));
-            if (json_object_array_length(calls)) { /* streamed calls carry their index */
-                json_object *sc = json_object_new_array();
-                for (size_t t = 0; t < json_object_array_length(calls); t++) {
-                    json_object *one = json_object_new_object();
-                    api_put_int(one, "index", (long long)t);
-                    json_object_object_foreach(json_object_array_get_idx(calls, t), ck, cv) api_put_copy(one, ck, cv);
-                    json_object_array_add(sc, one);
-                }
-                json_object_object_add(delta, "tool_calls", sc);
-            }
+            if (json_object_array_length(calls)) json_object_object_add(delta, "tool_calls", oa_streamed_calls(calls));
             json_object_object_add(d, "delta", delta);
         } else {
             api_put_copy(d, "text", json_object_object_get(ch, "text"));
@@ -358,8 +360,8 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
         json_object_object_add(d, "finish_reason", NULL);
         json_object_array_add(a, d);
         json_object_object_add(o, "choices", a);
-        sse(&b, o);
-        o = envelope(q, id, obj);
+        oa_sse(&b, o);
+        o = oa_envelope(q, id, obj);
         a = json_object_new_array();
         d = json_object_new_object();
         api_put_copy(d, "index", json_object_object_get(ch, "index"));
@@ -369,13 +371,13 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
         api_put_copy(d, "finish_reason", json_object_object_get(ch, "finish_reason"));
         json_object_array_add(a, d);
         json_object_object_add(o, "choices", a);
-        sse(&b, o);
+        oa_sse(&b, o);
     }
     if (q->include_usage) {
-        json_object *o = envelope(q, id, obj);
+        json_object *o = oa_envelope(q, id, obj);
         json_object_object_add(o, "choices", json_object_new_array());
-        json_object_object_add(o, "usage", usage(q, ct));
-        sse(&b, o);
+        json_object_object_add(o, "usage", oa_usage(q, ct));
+        oa_sse(&b, o);
     }
     api_sb_str(&b, "data: [DONE]\n\n");
     json_object_put(choices);
@@ -383,7 +385,7 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
         free(b.p);
         return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
     }
-    return api_reply_raw(c, x, 200, "text/event-stream", b.p, b.len, 1);
+    return api_reply_raw(c, x, 200, "text/event-stream; charset=utf-8", b.p, b.len, 1);
 }
 
 /* ---------------------------------------------------------------- handler */
@@ -440,12 +442,15 @@ static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_
         if (!en) return r;
         if (!(q = calloc(1, sizeof *q))) return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
         x->ext = q;
-        x->ext_free = oa_free;
+        x->ext_free = oa_req_free;
         api_limits l = api_limits_now(s);
         if (oa_parse_or_reply(en, req, chat, &l, &m, q, &e)) return api_reply_error(c, x, &e);
         q->policy_version = api_policy_version_now(s);
         r = next_job(s, c, x, q, &submitted);
         if (!submitted && q->stage != 2) return r; /* the error was replied */
+        /* streamed token by token unless it scores a given text (echo + logprobs) */
+        if (submitted && q->stage == 0 && q->stream && !(q->echo && q->logprobs >= 0))
+            return oa_stream_reply(s, c, x, q, x->job_id);
     }
     while (q->stage < 2) {
         json_object *res = NULL;

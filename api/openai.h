@@ -13,6 +13,8 @@
 #define GRPOD_API_OPENAI_H
 #include <json-c/json.h>
 
+#include "api/internal.h"
+#include "api/sbuf.h"
 #include "api/validate.h"
 #include "engine/engine.h"
 
@@ -78,6 +80,30 @@ typedef struct {
 int oa_parse_or_reply(eng *e, json_object *req, int chat, const api_limits *l, const api_model *m, oa_req *q, api_error *err);
 /* The native validator names its fields (groups[0].prompt, sampling.max_tokens): as the request does. */
 void oa_rename_field(api_error *err, int chat);
+
+/* ---------------------------------------------------------------- replies (openai.c) */
+
+void oa_req_free(void *q);
+json_object *oa_prompt_ids(const oa_req *q, int i); /* prompt i's ids (borrowed) */
+json_object *oa_response(const oa_req *q, int i, int k); /* the rollout's response k of prompt i (borrowed), or NULL */
+char *oa_ids_text(eng *e, json_object *ids, int skip); /* malloc'd; "" when it cannot be decoded */
+/* The text of a sampled response as the request asks for it (special tokens, stop string). */
+char *oa_response_text(eng *e, const oa_req *q, json_object *resp);
+/* Completions' {tokens, token_logprobs, top_logprobs, text_offset} (lps starts lp_offset tokens
+ * late), chat's {"content": [...]}: new objects. */
+json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0);
+json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps);
+json_object *oa_usage(const oa_req *q, long long completion);
+json_object *oa_envelope(const oa_req *q, const char *id, const char *object);
+void oa_sse(api_sbuf *b, json_object *o); /* "data: <o>\n\n"; takes o */
+/* tool_calls as a stream's delta carries them: each with its "index" (a new array). */
+json_object *oa_streamed_calls(json_object *calls);
+
+/* ---------------------------------------------------------------- streaming (openai_stream.c) */
+
+/* Answers q (stream: true, its rollout submitted as job_id) with server-sent events sent as the
+ * scheduler samples the tokens (chunked, no Content-Length). Takes q (x->ext is cleared). */
+enum MHD_Result oa_stream_reply(api_server *s, struct MHD_Connection *c, api_req *x, oa_req *q, const char *job_id);
 
 /* ---------------------------------------------------------------- chat prompts (openai_chat.c) */
 

@@ -232,6 +232,7 @@ int api_start(const api_config *cfg, api_server **out) {
     if (s->cfg.max_wait_s <= 0) s->cfg.max_wait_s = 60;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
+    pthread_mutex_init(&s->tmu, NULL);
     struct sockaddr_storage ss;
     int sl, loop;
     int rc = api_parse_listen(cfg->listen, &ss, &sl, &loop);
@@ -262,6 +263,7 @@ fail:
     api_conns_free(s->conns);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->wmu);
+    pthread_mutex_destroy(&s->tmu);
     free(s);
     return rc;
 }
@@ -343,5 +345,6 @@ void api_stop(api_server *s) {
     for (int i = 0; i < s->n_pool; i++) store_close(s->pool[i]);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->wmu);
+    pthread_mutex_destroy(&s->tmu);
     free(s);
 }

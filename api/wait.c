@@ -84,10 +84,12 @@ void api_resume_waiters(api_server *s, int all) {
         }
     }
     pthread_mutex_unlock(&s->wmu);
+    if (all) api_taps_changed(s); /* stopping: a streaming reply ends */
 }
 
 void api_jobs_changed(api_server *s) {
-    if (s) api_resume_waiters(s, 1);
+    if (!s) return;
+    api_resume_waiters(s, 1); /* and the taps */
 }
 
 void api_tick(api_server *s) {

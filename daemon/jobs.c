@@ -466,6 +466,18 @@ int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollou
 
 /* 0 while some part runs, 1 when all are done (merged into r->out, in the request's order),
  * or the first part's error. */
+void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud) {
+    for (int i = 0; i < r->n_parts; i++) {
+        const rollout_part *pt = &r->parts[i];
+        if (pt->rank != 0 || !pt->job) continue;
+        for (int k = 0; k < pt->n; k++)
+            for (int m = 0; pt->out[k].resp && m < pt->out[k].n; m++) {
+                const eng_response *o = &pt->out[k].resp[m];
+                if (o->n_tokens > 0) fn(ud, pt->idx[k], m, o->tokens, o->logprobs, o->n_tokens);
+            }
+    }
+}
+
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result) {
     const char *msg;
     *result = NULL;

@@ -53,6 +53,10 @@ typedef struct jobs_rollout jobs_rollout;
 int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out);
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result);
 void jobs_rollout_free(jobs_rollout *r);
+/* The responses sampled so far by rank 0's scheduler (the one this thread steps; peers' parts
+ * are not read while they run): fn(ud, group in the request, response, tokens, logprobs, n). */
+typedef void (*jobs_peek_cb)(void *ud, int group, int resp, const int *tok, const float *lp, int n);
+void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud);
 /* A follower's share of a leader's rollout (daemon/cluster.c): desc, a rollout payload with
  * the groups' indices in the leader's request ("group_index") and its policy version (another
  * one here fails it), queued whole on local rank `rank`; then as a rollout job (poll, free). */

@@ -9,7 +9,9 @@
  *
  * GRPOD_TEST_HOLD_AT=POINT with GRPOD_TEST_HOLD_FILE=PATH makes the thread that reaches POINT
  * wait until PATH exists (at most 120 s), so a test can see what runs meanwhile. Points:
- *   checkpoint_write     a checkpoint's writer thread, before it writes (daemon/jobs.c) */
+ *   checkpoint_write     a checkpoint's writer thread, before it writes (daemon/jobs.c)
+ *   stream_tokens        the worker, once a streamed rollout has a response of 4 tokens or
+ *                        more, after handing them to the reply (daemon/worker.c) */
 #ifndef GRPOD_TEST_HOOKS_H
 #define GRPOD_TEST_HOOKS_H
 #ifdef GRPOD_TEST_HOOKS

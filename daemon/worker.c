@@ -499,6 +499,18 @@ static void flight_start(worker *w, store_job *j) {
     publish_sched(w);
 }
 
+/* A streaming reply's tokens (api/tap.c): what rank 0 sampled so far, after each step. */
+typedef struct {
+    api_server *api;
+    const char *id;
+    int most; /* the longest response's tokens */
+} tap_ctx;
+static void tap_put(void *ud, int group, int resp, const int *tok, const float *lp, int n) {
+    tap_ctx *t = ud;
+    api_tap_put(t->api, t->id, group, resp, tok, lp, n);
+    if (n > t->most) t->most = n;
+}
+
 /* Polls every rollout in flight: stores finished ones and progress, drops cancelled ones. */
 static void flights_poll(worker *w) {
     double now = clock_mono_s();
@@ -516,6 +528,12 @@ static void flights_poll(worker *w) {
             cancel = store_cancel_requested(w->st, f->job.id) == 1;
         }
         if (st == 0 && !cancel) {
+            if (api_tap_wanted(w->cfg.api, f->job.id)) {
+                tap_ctx t = {w->cfg.api, f->job.id, 0};
+                jobs_rollout_peek(f->r, tap_put, &t);
+                api_tap_wake(w->cfg.api, f->job.id);
+                if (t.most >= 4) test_hook_hold("stream_tokens");
+            }
             if (now >= f->next_progress) {
                 f->next_progress = now + 0.5;
                 store_progress(w->st, f->job.id, progress);

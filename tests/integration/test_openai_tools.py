@@ -122,14 +122,18 @@ def test_learned_tool_call_parsed_and_streamed(qwen3):
     assert [(t.type, t.function.name, json.loads(t.function.arguments)) for t in ch.message.tool_calls] == [
         ("function", "f", {})]
     assert ch.message.tool_calls[0].id.startswith("chatcmpl-tool-")
-    # streamed: the call arrives in a delta, with its index
-    calls, finish = [], None
+    # streamed: the call arrives in a delta, with its index, before the finish_reason; its markup
+    # never leaks into the streamed content
+    calls, finish, content = [], None, ""
     for ev in client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, temperature=0,
                                              max_tokens=64, stream=True):
         for cc in ev.choices:
+            assert finish is None
             calls += cc.delta.tool_calls or []
+            content += cc.delta.content or ""
             finish = cc.finish_reason or finish
     assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")]
+    assert "<tool_call>" not in content and content.strip() == ""
     # tool_choice none: the same answer as content, unparsed
     c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice="none",
                                        temperature=0, max_tokens=64)
