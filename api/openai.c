@@ -74,6 +74,10 @@ static json_object *scoring_request(const oa_req *q) {
         }
         json_object_array_add(gs, g);
     }
+    if (q->logprobs > 0) api_put_int(req, "top_logprobs", q->logprobs);
+    /* the sampled tokens' distribution (logits / T, T = 1 when greedy); echo scores at T = 1 */
+    double T = json_object_get_double(json_object_object_get(json_object_object_get(q->rollout, "sampling"), "temperature"));
+    if (!q->echo && T > 0) api_put_num(req, "temperature", T);
     if (!any) {
         json_object_put(req);
         return NULL;
@@ -150,9 +154,33 @@ char *oa_ids_text(eng *e, json_object *ids, int skip) {
     return clean ? clean : strdup("");
 }
 
+/* Token t's alternatives from the scoring job (NULL when it has none): the array of k ids and
+ * the array of their logprobs. */
+static json_object *top_at(const oa_tops *tp, long t, json_object **lps) {
+    json_object *ids = tp && tp->ids && t + tp->from >= 0 ? json_object_array_get_idx(tp->ids, (size_t)(t + tp->from)) : NULL;
+    *lps = ids ? json_object_array_get_idx(tp->lps, (size_t)(t + tp->from)) : NULL;
+    return *lps ? ids : NULL;
+}
+
+/* Completions' top_logprobs entry {text: logprob}: the alternatives (past V: -1, skipped), and
+ * the chosen token as OpenAI adds it when it is not among them. */
+static json_object *completion_top(eng *e, const oa_tops *tp, long t, const char *chosen, double lp) {
+    json_object *one = json_object_new_object(), *tl, *ti = top_at(tp, t, &tl);
+    for (size_t k = 0; ti && k < json_object_array_length(ti); k++) {
+        int id = json_object_get_int(json_object_array_get_idx(ti, k));
+        if (id < 0) continue;
+        char *s = token_text(e, id);
+        if (!json_object_object_get_ex(one, s, NULL))
+            json_object_object_add(one, s, json_object_new_double(json_object_get_double(json_object_array_get_idx(tl, k))));
+        free(s);
+    }
+    if (!json_object_object_get_ex(one, chosen, NULL)) json_object_object_add(one, chosen, json_object_new_double(lp));
+    return one;
+}
+
 /* Completions logprobs {tokens, token_logprobs, top_logprobs, text_offset} over ids with their
  * logprobs (lps may be shorter at the front: the echoed first token has none). */
-json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0) {
+json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0, const oa_tops *tp) {
     json_object *o = json_object_new_object(), *tk = json_object_new_array(), *tl = json_object_new_array(),
                 *top = json_object_new_array(), *off = json_object_new_array();
     size_t at = offset0;
@@ -163,9 +191,7 @@ json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, 
         json_object *v = li >= 0 ? json_object_array_get_idx(lps, (size_t)li) : NULL;
         if (v) {
             json_object_array_add(tl, json_object_new_double(json_object_get_double(v)));
-            json_object *one = json_object_new_object();
-            json_object_object_add(one, s, json_object_new_double(json_object_get_double(v)));
-            json_object_array_add(top, one);
+            json_object_array_add(top, completion_top(e, tp, li, s, json_object_get_double(v)));
         } else {
             json_object_array_add(tl, NULL);
             json_object_array_add(top, NULL);
@@ -182,22 +208,30 @@ json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, 
     return o;
 }
 
+static json_object *chat_entry(const char *s, double lp) {
+    json_object *c = json_object_new_object(), *bytes = json_object_new_array();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_object_array_add(bytes, json_object_new_int(*p));
+    api_put_str(c, "token", s);
+    json_object_object_add(c, "logprob", json_object_new_double(lp));
+    json_object_object_add(c, "bytes", bytes);
+    return c;
+}
+
 /* Chat logprobs {"content": [{token, logprob, bytes, top_logprobs}]} of the sampled tokens. */
-json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps) {
+json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps, const oa_tops *tp) {
     json_object *o = json_object_new_object(), *a = json_object_new_array();
     for (size_t t = 0; t < json_object_array_length(ids); t++) {
         char *s = token_text(e, json_object_get_int(json_object_array_get_idx(ids, t)));
         double lp = json_object_get_double(json_object_array_get_idx(lps, t));
-        json_object *c = json_object_new_object(), *bytes = json_object_new_array(), *top = json_object_new_array();
-        for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_object_array_add(bytes, json_object_new_int(*p));
-        api_put_str(c, "token", s);
-        json_object_object_add(c, "logprob", json_object_new_double(lp));
-        json_object_object_add(c, "bytes", bytes);
-        json_object *t1 = json_object_new_object();
-        api_put_str(t1, "token", s);
-        json_object_object_add(t1, "logprob", json_object_new_double(lp));
-        json_object_object_add(t1, "bytes", json_object_get(bytes));
-        json_object_array_add(top, t1);
+        json_object *c = chat_entry(s, lp), *top = json_object_new_array(), *tl, *ti = top_at(tp, (long)t, &tl);
+        for (size_t k = 0; ti && k < json_object_array_length(ti); k++) {
+            int id = json_object_get_int(json_object_array_get_idx(ti, k));
+            if (id < 0) continue;
+            char *a = token_text(e, id);
+            json_object_array_add(top, chat_entry(a, json_object_get_double(json_object_array_get_idx(tl, k))));
+            free(a);
+        }
+        if (!ti) json_object_array_add(top, chat_entry(s, lp)); /* no alternatives computed: the chosen one */
         json_object_object_add(c, "top_logprobs", top);
         json_object_array_add(a, c);
         free(s);
@@ -240,6 +274,15 @@ static json_object *chat_message(const oa_req *q, const char *text, int *called)
     return m;
 }
 
+/* The scoring job's alternatives of prompt i's response k; token t of the scored sequence (the
+ * prompt after its first token, then the completion) at index t + from. */
+static oa_tops scored_tops(const oa_req *q, int i, int k, int from) {
+    if (!q->scored) return (oa_tops){0};
+    json_object *sg = json_object_array_get_idx(json_object_object_get(q->scored, "groups"), (size_t)i);
+    json_object *r = json_object_array_get_idx(json_object_object_get(sg, "responses"), (size_t)k);
+    return (oa_tops){json_object_object_get(r, "top_ids"), json_object_object_get(r, "top_logprobs"), from};
+}
+
 /* One choice: {"index", "text" | "message", "logprobs", "finish_reason"}; counts tokens into *ct. */
 static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct) {
     json_object *ch = json_object_new_object(), *resp = oa_response(q, i, k);
@@ -252,8 +295,11 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         int called;
         json_object_object_add(ch, "message", chat_message(q, gen_text ? gen_text : "", &called));
         if (called) fin = "tool_calls";
+        int P = (int)json_object_array_length(oa_prompt_ids(q, i));
+        oa_tops tp = scored_tops(q, i, k, P - 1); /* the completion follows the prompt's P - 1 */
         json_object_object_add(ch, "logprobs",
-                               q->logprobs >= 0 && gen ? oa_chat_logprobs(e, gen, json_object_object_get(resp, "logprobs")) : NULL);
+                               q->logprobs >= 0 && gen ? oa_chat_logprobs(e, gen, json_object_object_get(resp, "logprobs"), &tp)
+                                                       : NULL);
     } else {
         json_object *pid = oa_prompt_ids(q, i);
         char *ptext = q->echo ? oa_ids_text(e, pid, 0) : strdup("");
@@ -275,10 +321,12 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
                 lps = json_object_object_get(json_object_array_get_idx(json_object_object_get(sg, "responses"), (size_t)k),
                                              "logprobs");
             }
-            lp = oa_completion_logprobs(e, all, lps, 1, 0);
+            oa_tops tp = scored_tops(q, i, k, 0);
+            lp = oa_completion_logprobs(e, all, lps, 1, 0, &tp);
             json_object_put(all);
         } else if (q->logprobs >= 0 && gen) {
-            lp = oa_completion_logprobs(e, gen, json_object_object_get(resp, "logprobs"), 0, 0);
+            oa_tops tp = scored_tops(q, i, k, (int)json_object_array_length(pid) - 1);
+            lp = oa_completion_logprobs(e, gen, json_object_object_get(resp, "logprobs"), 0, 0, &tp);
         }
         json_object_object_add(ch, "logprobs", lp);
         free(ptext);
@@ -390,6 +438,10 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
 
 /* ---------------------------------------------------------------- handler */
 
+/* A logprobs job follows the rollout: echo with logprobs scores the prompt, and logprobs > 0
+ * (top_logprobs) lists each position's most likely tokens, which the sampler does not keep. */
+static int scores(const oa_req *q) { return q->logprobs >= 0 && (q->echo || q->logprobs > 0); }
+
 /* Submits the next job of q (rollout, then the scoring) or moves to done. Replies only errors. */
 static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req *x, oa_req *q, int *submitted) {
     *submitted = 0;
@@ -399,7 +451,7 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
     enum MHD_Result r = MHD_YES;
     if (q->stage == 0 && q->max_tokens > 0) {
         r = api_submit_and_reply(s, c, x, "rollout", q->rollout, id);
-    } else if (q->stage <= 1 && q->echo && q->logprobs >= 0) {
+    } else if (q->stage <= 1 && scores(q)) {
         q->stage = 1;
         json_object *sreq = scoring_request(q), *payload = NULL;
         if (sreq) {

@@ -89,10 +89,17 @@ json_object *oa_response(const oa_req *q, int i, int k); /* the rollout's respon
 char *oa_ids_text(eng *e, json_object *ids, int skip); /* malloc'd; "" when it cannot be decoded */
 /* The text of a sampled response as the request asks for it (special tokens, stop string). */
 char *oa_response_text(eng *e, const oa_req *q, json_object *resp);
+/* A response's alternatives from the scoring job (top_ids, top_logprobs: per position k of them);
+ * logprob index i (token i + lp_offset) has them at i + from. ids NULL: none, top_logprobs then
+ * list the chosen token. */
+typedef struct {
+    json_object *ids, *lps;
+    int from;
+} oa_tops;
 /* Completions' {tokens, token_logprobs, top_logprobs, text_offset} (lps starts lp_offset tokens
- * late), chat's {"content": [...]}: new objects. */
-json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0);
-json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps);
+ * late), chat's {"content": [...]}: new objects. tp may be NULL. */
+json_object *oa_completion_logprobs(eng *e, json_object *ids, json_object *lps, int lp_offset, size_t offset0, const oa_tops *tp);
+json_object *oa_chat_logprobs(eng *e, json_object *ids, json_object *lps, const oa_tops *tp);
 json_object *oa_usage(const oa_req *q, long long completion);
 json_object *oa_envelope(const oa_req *q, const char *id, const char *object);
 void oa_sse(api_sbuf *b, json_object *o); /* "data: <o>\n\n"; takes o */

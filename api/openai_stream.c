@@ -86,9 +86,9 @@ static json_object *logprobs_since(oa_stream *o, int c, json_object *ids, json_o
         json_object_array_add(nl, json_object_get(json_object_array_get_idx(lps, (size_t)t)));
     }
     if (o->q->chat) {
-        r = oa_chat_logprobs(e, ni, nl);
+        r = oa_chat_logprobs(e, ni, nl, NULL);
     } else {
-        r = oa_completion_logprobs(e, ni, nl, 0, h->chars);
+        r = oa_completion_logprobs(e, ni, nl, 0, h->chars, NULL);
         json_object *tk = json_object_object_get(r, "tokens");
         for (size_t t = 0; t < json_object_array_length(tk); t++)
             for (const unsigned char *p = (const unsigned char *)json_object_get_string(json_object_array_get_idx(tk, t)); *p; p++)

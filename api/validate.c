@@ -16,6 +16,7 @@
 #include "api/params.h"
 #include "api/reward.h"
 #include "common/err.h"
+#include "engine/engine.h"
 
 /* Largest max_tokens_per_micro_batch: 16 Mi tokens, far above what activations fit, and an int. */
 #define MAX_TOKENS_PER_MICRO_BATCH (1LL << 24)
@@ -458,15 +459,16 @@ fail:
 }
 
 int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
-    static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", NULL};
+    static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", "top_logprobs", NULL};
     json_object *groups = NULL;
     const char *model;
     double temp;
-    long long mtpmb;
+    long long mtpmb, top;
     int rc;
     *payload = NULL;
     if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_str(req, "", "model", 0, &model, e)) ||
-        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)))
+        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
+        (rc = api_get_int(req, "", "top_logprobs", 0, ENG_TOP_MAX, 0, &top, e)))
         return rc;
     if (model && strcmp(model, "policy") && strcmp(model, "reference"))
         return api_fail(e, GE_INVALID, "model", "model must be policy or reference");
@@ -476,6 +478,7 @@ int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model
     api_put_str(c, "model", model ? model : "policy");
     api_put_num(c, "temperature", temp);
     api_put_int(c, "max_tokens_per_micro_batch", mtpmb);
+    if (top) api_put_int(c, "top_logprobs", top);
     *payload = c;
     return 0;
 }

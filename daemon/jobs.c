@@ -582,12 +582,20 @@ int jobs_update_undo(const jobs_env *env) {
     return rc;
 }
 
+/* The k most likely tokens of each scored position (eng_logprobs_top): per response (R * k). */
+typedef struct {
+    int **ids;
+    float **lps;
+} jobs_top;
+
 typedef struct {
     const eng_update_group *g;
     int n, use_reference;
     float temperature;
     long long max_tokens;
     float ***out; /* rank 0's */
+    int top_k; /* the payload's top_logprobs: 0 none */
+    jobs_top *top; /* rank 0's */
 } spmd_logprobs_args;
 
 static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
@@ -595,8 +603,11 @@ static int spmd_logprobs(eng *e, int rank, eng_progress_cb cb, void *ud, void *a
     (void)ud;
     spmd_logprobs_args *a = arg;
     float **mine = NULL;
-    int rc = eng_logprobs(e, a->g, a->n, a->use_reference, a->temperature, a->max_tokens, rank ? &mine : a->out);
+    jobs_top t = {0}, *top = rank ? &t : a->top;
+    int rc = eng_logprobs_top(e, a->g, a->n, a->use_reference, a->temperature, a->max_tokens, a->top_k, rank ? &mine : a->out,
+                              &top->ids, &top->lps);
     if (mine) eng_logprobs_free(mine, a->g, a->n);
+    if (rank) eng_logprobs_top_free(t.ids, t.lps, a->g, a->n);
     return rc;
 }
 
@@ -759,7 +770,7 @@ done:
 /* ---------------------------------------------------------------- logprobs, checkpoint */
 
 /* The logprobs call on every rank (the leader's run_logprobs and a follower's jobs_follow). */
-static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, double *t0) {
+static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, jobs_top *top, double *t0) {
     int rc;
     const char *model;
     double temp;
@@ -768,7 +779,9 @@ static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, 
         (rc = field_need_int(p, "max_tokens_per_micro_batch", &mt)) || (rc = seqs_from_json(field_get(p, "groups"), 0, 0, s)))
         return rc;
     *t0 = clock_mono_ms();
-    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, !strcmp(model, "reference"), (float)temp, mt, lp}, call);
+    int k = (int)field_int(p, "top_logprobs", 0);
+    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, !strcmp(model, "reference"), (float)temp, mt, lp, k, top},
+                call);
 }
 
 static int run_logprobs(const jobs_env *env, json_object *p, const char *payload, char **result) {
@@ -779,7 +792,9 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     if (oom) return err_set(GE_NOMEM, "out of memory");
     int ref = !strcmp(field_str(p, "model", ""), "reference"); /* present: logprobs_exec needs it */
     double t0 = 0;
-    rc = logprobs_exec(env, p, call, &s, &lp, &t0);
+    jobs_top top = {0};
+    int top_k = (int)field_int(p, "top_logprobs", 0);
+    rc = logprobs_exec(env, p, call, &s, &lp, &top, &t0);
     free(call);
     if (rc) goto done;
     metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
@@ -793,6 +808,15 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
         for (int k = 0; k < s.g[i].n; k++, idx++) {
             json_object *r = json_object_new_object();
             json_object_object_add(r, "logprobs", floats_json(lp[idx], s.g[i].R[k]));
+            if (top_k > 0) { /* per position its top_k most likely tokens: ids and logprobs */
+                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
+                for (int t = 0; t < s.g[i].R[k]; t++) {
+                    json_object_array_add(ti, ints_json(top.ids[idx] + (size_t)t * top_k, top_k));
+                    json_object_array_add(tl, floats_json(top.lps[idx] + (size_t)t * top_k, top_k));
+                }
+                json_object_object_add(r, "top_ids", ti);
+                json_object_object_add(r, "top_logprobs", tl);
+            }
             json_object_array_add(rs, r);
             toks += s.g[i].R[k];
         }
@@ -808,6 +832,7 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     if (!(*result = to_text(res))) rc = GE_NOMEM;
 done:
     if (lp) eng_logprobs_free(lp, s.g, s.n);
+    eng_logprobs_top_free(top.ids, top.lps, s.g, s.n);
     seqs_free(&s);
     return rc;
 }
@@ -981,8 +1006,10 @@ int jobs_follow(const jobs_env *env, const char *call) {
             seqs s = {0};
             float **lp = NULL;
             double t0;
-            rc = logprobs_exec(env, p, NULL, &s, &lp, &t0);
+            jobs_top top = {0};
+            rc = logprobs_exec(env, p, NULL, &s, &lp, &top, &t0);
             if (lp) eng_logprobs_free(lp, s.g, s.n);
+            eng_logprobs_top_free(top.ids, top.lps, s.g, s.n);
             seqs_free(&s);
         }
     } else {

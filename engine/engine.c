@@ -364,8 +364,29 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     return model_acts_init_budget(&e->m, a, cT, cM, budget);
 }
 
+/* The top_k most likely tokens of the micro-batch model_forward just ran (its final norm's output
+ * is still in the activations): ids, lps (b.M, top_k) on the host. */
+static int score_top(eng *e, const model_views *w, const model_input *in, int M, float temperature, int top_k, int *ids,
+                     float *lps) {
+    eng_backend *be = e->be;
+    model_dev_input d;
+    size_t bytes = (size_t)M * top_k * 4;
+    int rc = model_input_upload(&e->m, &e->acts_ng, in, &d); /* the same arrays again: their device pointers */
+    if (rc) return rc;
+    int *di = be->alloc(be, bytes);
+    float *dl = be->alloc(be, bytes);
+    if (!di || !dl) rc = err_set(GE_NOMEM, "logprobs: out of memory for the top %d tokens of %d positions", top_k, M);
+    if (!rc) {
+        be->logprob_top(be, di, dl, e->acts_ng.lnf, d.out_pos, w->lm_head, M, e->m.cfg.C, e->m.cfg.V, temperature, top_k);
+        if (!(rc = be->to_host(be, ids, di, bytes))) rc = be->to_host(be, lps, dl, bytes);
+    }
+    if (di) be->free(be, di);
+    if (dl) be->free(be, dl);
+    return rc;
+}
+
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
-              float *ent) {
+              float *ent, int top_k, int *top_ids, float *top_lps) {
     pack_plan plan;
     int rc = pack_plan_make(&plan, groups, n, max_tokens, PACK_PACKED);
     if (rc) return rc;
@@ -375,7 +396,12 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
             const pack_group *g = &groups[plan.mb_first[k]];
             split_opts so = {max_tokens, temperature, -1, &e->split};
             rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);
+            long long m0 = done;
             for (int r = 0; r < g->N; r++) done += g->R[r];
+            for (long long i = m0 * top_k; top_k && i < done * top_k; i++) {
+                top_ids[i] = -1;
+                top_lps[i] = -INFINITY;
+            }
             continue;
         }
         pack_batch b;
@@ -386,6 +412,8 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
         if (!rc) rc = model_forward(&e->m, w, &e->acts_ng, NULL, &in, temperature, ent != NULL);
         if (!rc) rc = e->be->to_host(e->be, out + done, e->acts_ng.logp, (size_t)b.M * 4);
         if (!rc && ent) rc = e->be->to_host(e->be, ent + done, e->acts_ng.ent, (size_t)b.M * 4);
+        if (!rc && top_k && b.M)
+            rc = score_top(e, w, &in, b.M, temperature, top_k, top_ids + done * top_k, top_lps + done * top_k);
         done += b.M;
         pack_batch_free(&b);
     }
@@ -401,7 +429,13 @@ static void to_pack_groups(const eng_update_group *g, int n, pack_group *pg) {
 
 int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, float temperature, long long max_tokens,
                  float ***out) {
+    return eng_logprobs_top(e, g, n, use_reference, temperature, max_tokens, 0, out, NULL, NULL);
+}
+
+int eng_logprobs_top(eng *e, const eng_update_group *g, int n, int use_reference, float temperature, long long max_tokens, int k,
+                     float ***out, int ***top_ids, float ***top_lps) {
     *out = NULL;
+    if (k) *top_ids = NULL, *top_lps = NULL;
     pack_group *pg = calloc((size_t)n, sizeof *pg);
     long long M = 0, nresp = 0;
     for (int i = 0; i < n; i++)
@@ -409,31 +443,58 @@ int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, fl
             M += g[i].R[r];
             nresp++;
         }
+    size_t nr = (size_t)(nresp ? nresp : 1), mk = (size_t)(M ? M : 1) * (size_t)(k ? k : 1);
     float *all = malloc((size_t)(M ? M : 1) * sizeof(float));
-    float **res = calloc((size_t)(nresp ? nresp : 1), sizeof *res);
-    int rc = pg && all && res ? 0 : err_set(GE_NOMEM, "logprobs: out of memory");
+    float **res = calloc(nr, sizeof *res);
+    int *all_ids = k ? malloc(mk * sizeof(int)) : NULL, **ids = k ? calloc(nr, sizeof *ids) : NULL;
+    float *all_lps = k ? malloc(mk * sizeof(float)) : NULL, **lps = k ? calloc(nr, sizeof *lps) : NULL;
+    int rc = pg && all && res && (!k || (all_ids && ids && all_lps && lps)) ? 0 : err_set(GE_NOMEM, "logprobs: out of memory");
     if (!rc) {
         to_pack_groups(g, n, pg);
-        rc = eng_score(e, use_reference ? &e->rv : &e->wv, pg, n, max_tokens, temperature, all, NULL);
+        rc = eng_score(e, use_reference ? &e->rv : &e->wv, pg, n, max_tokens, temperature, all, NULL, k, all_ids, all_lps);
     }
-    for (long long i = 0, k = 0, off = 0; !rc && i < n; i++)
-        for (int r = 0; r < g[i].n; r++, k++) {
-            res[k] = malloc((size_t)(g[i].R[r] ? g[i].R[r] : 1) * sizeof(float));
-            if (!res[k]) {
+    for (long long i = 0, q = 0, off = 0; !rc && i < n; i++)
+        for (int r = 0; r < g[i].n; r++, q++) {
+            size_t R = (size_t)g[i].R[r];
+            res[q] = malloc((R ? R : 1) * sizeof(float));
+            if (k) {
+                ids[q] = malloc((R ? R : 1) * (size_t)k * sizeof(int));
+                lps[q] = malloc((R ? R : 1) * (size_t)k * sizeof(float));
+            }
+            if (!res[q] || (k && (!ids[q] || !lps[q]))) {
                 rc = err_set(GE_NOMEM, "logprobs: out of memory");
                 break;
             }
-            memcpy(res[k], all + off, (size_t)g[i].R[r] * sizeof(float));
-            off += g[i].R[r];
+            memcpy(res[q], all + off, R * sizeof(float));
+            if (k) {
+                memcpy(ids[q], all_ids + off * k, R * (size_t)k * sizeof(int));
+                memcpy(lps[q], all_lps + off * k, R * (size_t)k * sizeof(float));
+            }
+            off += (long long)R;
         }
     free(pg);
     free(all);
+    free(all_ids);
+    free(all_lps);
     if (rc) {
         eng_logprobs_free(res, g, n);
+        eng_logprobs_top_free(ids, lps, g, n);
         return rc;
     }
     *out = res;
+    if (k) *top_ids = ids, *top_lps = lps;
     return 0;
+}
+
+void eng_logprobs_top_free(int **ids, float **lps, const eng_update_group *g, int n) {
+    long long q = 0;
+    for (int i = 0; i < n; i++) q += g[i].n;
+    for (long long i = 0; i < q; i++) {
+        if (ids) free(ids[i]);
+        if (lps) free(lps[i]);
+    }
+    free(ids);
+    free(lps);
 }
 
 void eng_logprobs_free(float **out, const eng_update_group *g, int n) {

@@ -334,6 +334,15 @@ int eng_update_undo(eng *e);
 int eng_logprobs(eng *e, const eng_update_group *g, int n_groups, int use_reference, float temperature,
                  long long max_tokens_per_micro_batch, float ***out);
 void eng_logprobs_free(float **out, const eng_update_group *g, int n_groups);
+/* eng_logprobs with, for k in 1..ENG_TOP_MAX, the k most likely tokens at each position under the
+ * same distribution: ids[g][i] and lps[g][i] (R[i] * k, malloc'd like out; free both with
+ * eng_logprobs_top_free), by logprob descending, lowest id first on ties. A listed token's
+ * logprob is the one eng_logprobs reports for it as the response token (bit-equal on one
+ * backend). Positions of a group too large for one micro-batch list id -1 (not computed). */
+#define ENG_TOP_MAX 20
+int eng_logprobs_top(eng *e, const eng_update_group *g, int n_groups, int use_reference, float temperature,
+                     long long max_tokens_per_micro_batch, int k, float ***out, int ***ids, float ***lps);
+void eng_logprobs_top_free(int **ids, float **lps, const eng_update_group *g, int n_groups);
 
 /* Write an HF-compatible directory (config.json, model.safetensors, tokenizer files) plus
  * optimizer state (optimizer.safetensors, grpod_state.json) and manifest.json (each file's

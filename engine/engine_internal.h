@@ -62,9 +62,10 @@ struct eng {
 int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
 /* Logprobs (and entropies when ent != NULL) of every predicted token of a set of groups under
  * views w, micro-batch by micro-batch; out is (M_total) in response order (group, response,
- * token). */
+ * token). top_k > 0: top_ids, top_lps (M_total, top_k) get each position's most likely tokens
+ * (kernels/logprob.h logprob_top; ids -1 in a group too large for one micro-batch). */
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
-              float *ent);
+              float *ent, int top_k, int *top_ids, float *top_lps);
 /* rollout.c: the weights are about to change: the scheduler's prefix cache is emptied and its
  * KV pool given back when no rollout runs (the update has the memory). */
 void sched_forget(struct eng_sched *s);

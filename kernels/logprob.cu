@@ -8,6 +8,8 @@
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"
 
+#include <limits.h>
+
 enum { CH = LOGPROB_CHUNK, ROW_THREADS = 1024 };
 
 __global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
@@ -48,6 +50,76 @@ __global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, 
     if (threadIdx.x == 0) {
         logp[i] = zr[tok[i]] - lse;
         if (ent) ent[i] = lse - ez;
+    }
+}
+
+/* logprob_top: K rounds of a block arg-max over the row, each taking the best entry after the
+ * previous pick in the order (z desc, id asc), so no list of taken ids is kept; z and lse as
+ * logprob_row_fwd_kernel has them, so the logprobs are the ones it reports. */
+__device__ void block_best(float *v, int *id) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, *v, o);
+        int oi = __shfl_down_sync(0xffffffffu, *id, o);
+        if (ov > *v || (ov == *v && oi < *id)) {
+            *v = ov;
+            *id = oi;
+        }
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) {
+        sv[wid] = *v;
+        si[wid] = *id;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        *v = lane < nw ? sv[lane] : -INFINITY;
+        *id = lane < nw ? si[lane] : INT_MAX;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_down_sync(0xffffffffu, *v, o);
+            int oi = __shfl_down_sync(0xffffffffu, *id, o);
+            if (ov > *v || (ov == *v && oi < *id)) {
+                *v = ov;
+                *id = oi;
+            }
+        }
+        if (lane == 0) {
+            sv[0] = *v;
+            si[0] = *id;
+        }
+    }
+    __syncthreads();
+    *v = sv[0];
+    *id = si[0];
+    __syncthreads(); /* sv, si are reused by the next call */
+}
+
+__global__ void logprob_top_kernel(int *ids, float *lps, const float *z, int V, int K) {
+    int i = blockIdx.x;
+    const float *zr = z + (size_t)i * V;
+    float lse, ez;
+    row_stats(zr, V, &lse, &ez);
+    float pz = INFINITY;
+    int pj = -1;
+    for (int k = 0; k < K; k++) {
+        float bv = -INFINITY;
+        int bj = INT_MAX;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float x = zr[j];
+            int after = x < pz || (x == pz && j > pj);
+            if (after && (bj == INT_MAX || x > bv || (x == bv && j < bj))) {
+                bv = x;
+                bj = j;
+            }
+        }
+        block_best(&bv, &bj);
+        if (threadIdx.x == 0) {
+            ids[(size_t)i * K + k] = bj == INT_MAX ? -1 : bj;
+            lps[(size_t)i * K + k] = bj == INT_MAX ? -INFINITY : zr[bj] - lse;
+        }
+        if (bj == INT_MAX) pz = -INFINITY, pj = INT_MAX; /* nothing left: the rest are -1 */
+        else pz = bv, pj = bj;
     }
 }
 
@@ -154,6 +226,18 @@ void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const 
         CU_LAUNCHED(c, "scatter_add_rows_kernel");
         /* dW^T (C, V) += hc^T (C, mc) · dz (mc, V) */
         if (dw) gemm_lt(c, 0, 1, C, V, mc, 1.0f, s.hc, C, s.dz, V, 1.0f, dw, C, 1, NULL);
+    }
+}
+
+void logprob_top_cuda(cu_ctx *c, int *ids, float *lps, const bf16 *h, const int *out_pos, const bf16 *w, int M, int C, int V,
+                      float temperature, int K) {
+    lp_scratch s;
+    if (c->failed || M <= 0 || K <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
+    for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
+        int mc = M - m0 < CH ? M - m0 : CH;
+        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
+        logprob_top_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(ids + (size_t)m0 * K, lps + (size_t)m0 * K, s.z, V, K);
+        CU_LAUNCHED(c, "logprob_top_kernel");
     }
 }
 

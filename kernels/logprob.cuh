@@ -13,5 +13,7 @@ void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const i
                       int M, int C, int V, float temperature);
 void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const float *dent, const bf16 *h, const int *out_pos,
                       const int *out_tok, const bf16 *w, int M, int C, int V, float temperature);
+void logprob_top_cuda(cu_ctx *c, int *ids, float *lps, const bf16 *h, const int *out_pos, const bf16 *w, int M, int C, int V,
+                      float temperature, int K);
 void lm_head_rows_cuda(cu_ctx *c, float *logits, const bf16 *h, const int *pos, const bf16 *w, int R, int C, int V);
 #endif

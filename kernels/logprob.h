@@ -15,6 +15,14 @@ void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent
 /* dh (T,C) += (rows at out_pos; a row may be hit by several m); dw (V,C) += or NULL (frozen);
  * dlogp (M); dent (M) or NULL */
 
+/* The K most likely tokens of each prediction m under the same distribution as logprob_fwd's:
+ * ids (M,K) by logprob descending, the lowest id first on ties (-1 past V), lps (M,K) their
+ * z_j - logsumexp(z), computed as logprob_fwd computes z and logsumexp, so a listed token's
+ * logprob equals the one logprob_fwd gives it as the target (bit-equal on one backend).
+ * h (T,C); out_pos (M); w (V,C). */
+void logprob_top_cpu(int *ids, float *lps, const float *h, const int *out_pos, const float *w, int M, int C, int V,
+                     float temperature, int K);
+
 /* Sampling support: the full logits of a few rows (prefill's last token, decode steps).
  * logits (R,V) = h[pos[r]] · W^T;  h (T,C), pos (R). */
 void lm_head_rows_cpu(float *logits, const float *h, const int *pos, const float *w, int R, int C, int V);

@@ -44,6 +44,42 @@ void logprob_fwd_cpu(float *logp, float *ent, const float *h, const int *out_pos
     }
 }
 
+/* The best id after (prev_z, prev_id) in the order (z desc, id asc); -1 when none is left. */
+static int next_best(const float *z, int V, float prev_z, int prev_id) {
+    int best = -1;
+    for (int j = 0; j < V; j++) {
+        int after = z[j] < prev_z || (z[j] == prev_z && j > prev_id);
+        if (after && (best < 0 || z[j] > z[best])) best = j;
+    }
+    return best;
+}
+
+void logprob_top_cpu(int *ids, float *lps, const float *h, const int *out_pos, const float *w, int M, int C, int V,
+                     float temperature, int K) {
+    float inv_t = 1.0f / temperature;
+#pragma omp parallel
+    {
+        float *z = malloc((size_t)V * sizeof(float));
+#pragma omp for schedule(dynamic, 4)
+        for (int m = 0; m < M; m++) {
+            float ez, pz = INFINITY;
+            float lse = row_logits(z, h + (size_t)out_pos[m] * C, w, C, V, inv_t, &ez);
+            int pj = -1;
+            for (int k = 0; k < K; k++) {
+                int j = pj == -2 ? -1 : next_best(z, V, pz, pj);
+                ids[(size_t)m * K + k] = j;
+                lps[(size_t)m * K + k] = j >= 0 ? z[j] - lse : -INFINITY;
+                if (j < 0) pj = -2;
+                else {
+                    pz = z[j];
+                    pj = j;
+                }
+            }
+        }
+        free(z);
+    }
+}
+
 void logprob_bwd_cpu(float *dh, float *dw, const float *dlogp, const float *dent, const float *h, const int *out_pos,
                      const int *out_tok, const float *w, int M, int C, int V, float temperature) {
     float inv_t = 1.0f / temperature;

@@ -142,6 +142,9 @@ struct eng_backend {
                              const float *rstd, const int *pos, const float *inv_freq, int T, int H, int D);
     void (*logprob_fwd)(eng_backend *b, float *logp, float *ent, const void *h, const int *out_pos, const int *out_tok,
                         const void *w, int M, int C, int V, float temperature);
+    /* the K most likely tokens of each prediction, ids and lps (M,K) on the device */
+    void (*logprob_top)(eng_backend *b, int *ids, float *lps, const void *h, const int *out_pos, const void *w, int M, int C,
+                        int V, float temperature, int K);
     void (*logprob_bwd)(eng_backend *b, void *dh, float *dw, const float *dlogp, const float *dent, const void *h,
                         const int *out_pos, const int *out_tok, const void *w, int M, int C, int V, float temperature);
     /* mixture of experts (kernels/moe.h): the router (softmax, top-k, the balance statistics),

@@ -140,6 +140,10 @@ static void cpu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h
                             int M, int C, int V, float t) {
     logprob_fwd_cpu(lp, ent, h, op, ot, w, M, C, V, t);
 }
+static void cpu_logprob_top(eng_backend *b, int *ids, float *lps, const void *h, const int *op, const void *w, int M, int C, int V,
+                            float t, int K) {
+    logprob_top_cpu(ids, lps, h, op, w, M, C, V, t, K);
+}
 static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,
                             const int *op, const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
@@ -215,6 +219,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .add = cpu_add,
         .acc_f32 = cpu_acc_f32,
         .logprob_fwd = cpu_logprob_fwd,
+        .logprob_top = cpu_logprob_top,
         .logprob_bwd = cpu_logprob_bwd,
         .moe_router_fwd = cpu_moe_router_fwd,
         .moe_experts_fwd = cpu_moe_experts_fwd,

@@ -245,6 +245,10 @@ static void cu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h,
                            int M, int C, int V, float t) {
     logprob_fwd_cuda(CTX(b), lp, ent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
 }
+static void cu_logprob_top(eng_backend *b, int *ids, float *lps, const void *h, const int *op, const void *w, int M, int C, int V,
+                           float t, int K) {
+    logprob_top_cuda(CTX(b), ids, lps, (cbf *)h, op, (cbf *)w, M, C, V, t, K);
+}
 static void cu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h, const int *op,
                            const int *ot, const void *w, int M, int C, int V, float t) {
     logprob_bwd_cuda(CTX(b), (bf16 *)dh, dw, dlp, dent, (cbf *)h, op, ot, (cbf *)w, M, C, V, t);
@@ -418,6 +422,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->add = cu_add;
     b->acc_f32 = cu_acc_f32;
     b->logprob_fwd = cu_logprob_fwd;
+    b->logprob_top = cu_logprob_top;
     b->logprob_bwd = cu_logprob_bwd;
     b->moe_router_fwd = cu_moe_router_fwd;
     b->moe_experts_fwd = cu_moe_experts_fwd;

@@ -877,6 +877,52 @@ static void decode_attention_suite(void) {
 
 /* ---------------------------------------------------------------- logprob head */
 
+/* logprob_top: the K best logprobs against the CPU's (values sorted, so a near-tie that bf16
+ * reorders still compares), and on the GPU each listed token's logprob bit-equal to
+ * logprob_fwd's for it as the target (what /v1/logprobs of that token reports). */
+static void t_logprob_top(int T, int M, int C, int V, float temp, int K) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d M=%d C=%d V=%d t=%.1f K=%d", T, M, C, V, temp, K);
+    float *h = gc_rand((size_t)T * C, 1.0f, 81), *w = gc_rand((size_t)V * C, 0.3f, 82);
+    int *pos = malloc((size_t)M * 4), *ids_c = malloc((size_t)M * K * 4);
+    float *lps_c = malloc((size_t)M * K * 4);
+    for (int m = 0; m < M; m++) pos[m] = (m * 5 + 1) % T;
+    cpu->logprob_top(cpu, ids_c, lps_c, h, pos, w, M, C, V, temp, K);
+    void *gh = gc_act(gpu, h, (size_t)T * C), *gw = gc_act(gpu, w, (size_t)V * C);
+    int *gpos = gc_dev(gpu, pos, (size_t)M * 4), *gids = gpu->alloc(gpu, (size_t)M * K * 4);
+    float *glps = gpu->alloc(gpu, (size_t)M * K * 4), *glp = gpu->alloc(gpu, (size_t)M * 4);
+    gpu->logprob_top(gpu, gids, glps, gh, gpos, gw, M, C, V, temp, K);
+    float *lps_g = gc_get_f32(gpu, glps, (size_t)M * K);
+    int *ids_g = malloc((size_t)M * K * 4), *tok = malloc((size_t)M * 4);
+    if (gpu->to_host(gpu, ids_g, gids, (size_t)M * K * 4)) gc_die(gpu, "ids");
+    gc_row("logprob_top lps", sh, rel_l2(lps_g, lps_c, (size_t)M * K), 1e-4);
+    long long ndiff = 0;
+    for (int k = 0; k < K; k++) {
+        for (int m = 0; m < M; m++) tok[m] = ids_g[(size_t)m * K + k];
+        int *gtok = gc_dev(gpu, tok, (size_t)M * 4);
+        gpu->logprob_fwd(gpu, glp, NULL, gh, gpos, gtok, gw, M, C, V, temp);
+        float *lp = gc_get_f32(gpu, glp, (size_t)M);
+        for (int m = 0; m < M; m++) ndiff += memcmp(&lp[m], &lps_g[(size_t)m * K + k], 4) != 0;
+        free(lp);
+        gpu->free(gpu, gtok);
+    }
+    gc_row("logprob_top vs logprob_fwd (elems differ)", sh, (double)ndiff, 0);
+    gpu->free(gpu, gh);
+    gpu->free(gpu, gw);
+    gpu->free(gpu, gpos);
+    gpu->free(gpu, gids);
+    gpu->free(gpu, glps);
+    gpu->free(gpu, glp);
+    free(h);
+    free(w);
+    free(pos);
+    free(ids_c);
+    free(lps_c);
+    free(lps_g);
+    free(ids_g);
+    free(tok);
+}
+
 static void t_logprob(int T, int M, int C, int V, float temp, int with_ent) {
     char sh[96];
     snprintf(sh, sizeof sh, "T=%d M=%d C=%d V=%d t=%.1f%s", T, M, C, V, temp, with_ent ? " +ent" : "");
@@ -1192,6 +1238,7 @@ int main(int argc, char **argv) {
         attention_suite();
         decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
+        t_logprob_top(50, 30, 64, 300, 0.8f, 5);
         t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
         t_moe(40, 100, 6, 3, 36, 1, 1);
@@ -1276,6 +1323,7 @@ int main(int argc, char **argv) {
         attention_suite();
         decode_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);
+        t_logprob_top(700, 600, 256, 5000, 0.7f, 20); /* across chunks */
         t_logprob(300, 257, 128, 1003, 1.0f, 0);
         t_logprob(100, 600, 256, 5000, 1.0f, 1); /* repeated positions, across chunks */
         t_adamw(1000003, 5);

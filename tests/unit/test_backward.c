@@ -314,6 +314,29 @@ TEST(logprob_head_backward) {
     free(dw);
 }
 
+/* logprob_top lists every id (K > V: -1 after them) in the order (logprob desc, id asc), each
+ * with exactly the logprob logprob_fwd reports for it as the target: no tolerance, the same
+ * row logits and logsumexp. */
+TEST(logprob_top_lists_fwd_logprobs) {
+    enum { T = 4, M = 3, C = 8, V = 11, K = V + 2 };
+    int pos[M] = {0, 3, 3}, ids[M * K], tok[M];
+    float h[T * C], w[V * C], lps[M * K], lp[M];
+    check_fill(h, T * C, 41, 1.0f);
+    check_fill(w, V * C, 42, 0.5f);
+    memcpy(w + 5 * C, w + 2 * C, C * sizeof(float)); /* ids 2 and 5 tie: 2 comes first */
+    logprob_top_cpu(ids, lps, h, pos, w, M, C, V, 0.7f, K);
+    for (int k = 0; k < V; k++) {
+        for (int m = 0; m < M; m++) tok[m] = ids[m * K + k];
+        logprob_fwd_cpu(lp, NULL, h, pos, tok, w, M, C, V, 0.7f);
+        for (int m = 0; m < M; m++) {
+            CHECK(tok[m] >= 0 && lp[m] == lps[m * K + k]);
+            if (k) CHECK(lps[m * K + k - 1] > lps[m * K + k] || (lps[m * K + k - 1] == lps[m * K + k] && ids[m * K + k - 1] < tok[m]));
+            if (tok[m] == 5) CHECK(ids[m * K + k - 1] == 2);
+        }
+    }
+    for (int m = 0; m < M; m++) CHECK(ids[m * K + V] == -1 && ids[m * K + V + 1] == -1);
+}
+
 /* ---------------------------------------------------------------- the whole model */
 
 static model_config tiny(model_arch arch) {
@@ -539,6 +562,7 @@ int main(void) {
     RUN(attention_backward_shared_prefix);
     RUN(swiglu_backward);
     RUN(logprob_head_backward);
+    RUN(logprob_top_lists_fwd_logprobs);
     RUN(model_backward_all_architectures);
     RUN(lora_adapter_backward);
     RUN(recompute_equals_full);
