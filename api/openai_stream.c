@@ -14,7 +14,8 @@
  *
  * A client that goes away is noticed at the next write; the response's free callback then
  * cancels the job if it still runs and closes the tap. Not here: echo with logprobs and
- * max_tokens 0 (openai.c answers those at the end: they score a given text).
+ * max_tokens 0 (openai.c answers those at the end: they score a given text). With W > 1 ranks
+ * only rank 0's groups stream (daemon/jobs.c jobs_rollout_peek); the others come at the end.
  *
  * Threading: the reader and the free callback run on MHD's threads, one at a time per stream. */
 #define _GNU_SOURCE /* memmem */
@@ -315,8 +316,7 @@ static void stream_free(void *cls) {
     oa_stream *o = cls;
     if (!o->finished && !atomic_load(&o->s->stopping)) { /* the client went away: stop sampling for it */
         store *st = api_pool_get(o->s);
-        if (st && store_cancel(st, o->job_id) == 0)
-            log_event(LOG_INFO, "stream_abandoned", "\"id\":\"%s\"", o->job_id);
+        if (st && store_cancel(st, o->job_id) == 0) log_event(LOG_INFO, "stream_abandoned", "\"id\":\"%s\"", o->job_id);
         err_clear();
         api_pool_put(o->s, st);
     }
@@ -349,7 +349,8 @@ enum MHD_Result oa_stream_reply(api_server *s, struct MHD_Connection *c, api_req
             if (l > 0 && l - 1 > o->hold) o->hold = l - 1;
         }
     }
-    struct MHD_Response *r = o && o->tap ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, o, stream_free) : NULL;
+    struct MHD_Response *r = o && o->tap ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, o, stream_free)
+                                         : NULL;
     if (!r) {
         if (o) {
             o->finished = 1; /* nothing to cancel: the job runs on, as a non-streaming one would */

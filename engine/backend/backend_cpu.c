@@ -140,8 +140,8 @@ static void cpu_logprob_fwd(eng_backend *b, float *lp, float *ent, const void *h
                             int M, int C, int V, float t) {
     logprob_fwd_cpu(lp, ent, h, op, ot, w, M, C, V, t);
 }
-static void cpu_logprob_top(eng_backend *b, int *ids, float *lps, const void *h, const int *op, const void *w, int M, int C, int V,
-                            float t, int K) {
+static void cpu_logprob_top(eng_backend *b, int *ids, float *lps, const void *h, const int *op, const void *w, int M, int C,
+                            int V, float t, int K) {
     logprob_top_cpu(ids, lps, h, op, w, M, C, V, t, K);
 }
 static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp, const float *dent, const void *h,

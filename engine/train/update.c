@@ -470,8 +470,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
         int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
         if (c1 > c0)
-            rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL, 0, NULL,
-                          NULL);
+            rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL, 0,
+                           NULL, NULL);
     }
     out->ms_ref = clock_mono_ms() - t;
     loss_metrics met = {0};

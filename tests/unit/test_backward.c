@@ -330,7 +330,8 @@ TEST(logprob_top_lists_fwd_logprobs) {
         logprob_fwd_cpu(lp, NULL, h, pos, tok, w, M, C, V, 0.7f);
         for (int m = 0; m < M; m++) {
             CHECK(tok[m] >= 0 && lp[m] == lps[m * K + k]);
-            if (k) CHECK(lps[m * K + k - 1] > lps[m * K + k] || (lps[m * K + k - 1] == lps[m * K + k] && ids[m * K + k - 1] < tok[m]));
+            if (k)
+                CHECK(lps[m * K + k - 1] > lps[m * K + k] || (lps[m * K + k - 1] == lps[m * K + k] && ids[m * K + k - 1] < tok[m]));
             if (tok[m] == 5) CHECK(ids[m * K + k - 1] == 2);
         }
     }
