@@ -332,6 +332,10 @@ static json_object *choice(eng *e, const oa_req *q, int i, int k, long long *ct)
         free(ptext);
     }
     api_put_str(ch, "finish_reason", fin && *fin ? fin : "length");
+    if (q->return_ids) { /* vLLM: completions carry the prompt's ids per choice, chat once (reply_choices) */
+        if (!q->chat) api_put_copy(ch, "prompt_token_ids", oa_prompt_ids(q, i));
+        json_object_object_add(ch, "token_ids", gen ? json_object_get(gen) : json_object_new_array());
+    }
     free(gen_text);
     return ch;
 }
@@ -383,6 +387,7 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
         for (int k = 0; k < q->n; k++) json_object_array_add(choices, choice(e, q, i, k, &ct));
     if (!q->stream) {
         json_object *o = oa_envelope(q, id, q->chat ? "chat.completion" : "text_completion");
+        if (q->chat && q->return_ids) api_put_copy(o, "prompt_token_ids", oa_prompt_ids(q, 0));
         json_object_object_add(o, "choices", choices);
         json_object_object_add(o, "usage", oa_usage(q, ct));
         return api_reply_obj(c, x, 200, o);

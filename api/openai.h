@@ -64,6 +64,7 @@ typedef struct {
     int chat, stream, include_usage, echo, logprobs; /* logprobs: -1 off, else top-n asked */
     int n, n_prompts, max_tokens;
     int skip_special, include_stop; /* skip_special_tokens, include_stop_str_in_output */
+    int return_ids; /* vLLM's return_token_ids: the prompt's and each choice's token ids */
     oa_tool_choice tool_choice; /* none: the output is content; auto: parsed into tool_calls */
     int parallel_tool_calls;
     char id[64]; /* "cmpl-…" / "chatcmpl-…", unique */

@@ -181,6 +181,7 @@ static const char *const completion_keys[] = {"model",
                                               "add_special_tokens",
                                               "skip_special_tokens",
                                               "include_stop_str_in_output",
+                                              "return_token_ids",
                                               "prompt_logprobs",
                                               "response_format",
                                               NULL};
@@ -197,6 +198,7 @@ static const char *const chat_keys[] = {"model",
                                         "response_format",
                                         "skip_special_tokens",
                                         "include_stop_str_in_output",
+                                        "return_token_ids",
                                         "prompt_logprobs",
                                         NULL};
 
@@ -255,7 +257,8 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
         (rc = api_get_int(req, "", "n", 1, l->max_n, 1, &n, e)) || (rc = api_get_bool(req, "", "stream", 0, &stream, e)) ||
         (rc = api_get_obj(req, "", "stream_options", &so, e)) || (rc = logprobs_or_reply(req, chat, &lp, e)) ||
         (rc = api_get_bool(req, "", "skip_special_tokens", 1, &q->skip_special, e)) ||
-        (rc = api_get_bool(req, "", "include_stop_str_in_output", 0, &q->include_stop, e)))
+        (rc = api_get_bool(req, "", "include_stop_str_in_output", 0, &q->include_stop, e)) ||
+        (rc = api_get_bool(req, "", "return_token_ids", 0, &q->return_ids, e)))
         return rc;
     if (!chat &&
         ((rc = api_get_bool(req, "", "echo", 0, &echo, e)) || (rc = api_get_int(req, "", "best_of", n, n, n, &best_of, e)) ||

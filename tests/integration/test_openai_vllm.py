@@ -181,3 +181,30 @@ def test_chat_template_kwargs_ignored_by_a_template_without_them(shared_daemon):
     assert b["tokens"] == a     # grpod's default ChatML template reads neither (Qwen3's: test_openai_tools.py)
     r = d.post("/tokenize", {"messages": msgs, "chat_template_kwargs": {"enable_thinking": "no"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs.enable_thinking"
+
+
+def test_return_token_ids_continue_as_ids(shared_daemon):
+    """vLLM's return_token_ids: chat gives prompt_token_ids once and token_ids per choice,
+    completions both per choice; an agent's next turn is then those ids plus the tool's, sent as
+    ids to /v1/rollouts (the prefix cache holds the chat turn's keys and values)."""
+    d = shared_daemon
+    msgs = [{"role": "user", "content": "Look up the letter"}]
+    t = d.post("/tokenize", {"messages": msgs}).json()["tokens"]
+    c = d.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "n": 2, "seed": 3,
+                                        "return_token_ids": True}).json()
+    assert c["prompt_token_ids"] == t
+    for ch in c["choices"]:
+        assert len(ch["token_ids"]) == c["usage"]["completion_tokens"] // 2 or ch["finish_reason"] == "stop"
+        assert d.post("/detokenize", {"tokens": ch["token_ids"]}).json()["prompt"].startswith(ch["message"]["content"] or "")
+    p = d.post("/v1/completions", {"prompt": "abc", "max_tokens": 4, "return_token_ids": True}).json()
+    ch = p["choices"][0]
+    assert ch["prompt_token_ids"] == d.post("/tokenize", {"prompt": "abc"}).json()["tokens"]
+    assert len(ch["token_ids"]) == p["usage"]["completion_tokens"]
+    plain = d.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 2}).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    tool = d.post("/tokenize", {"prompt": "\n= x", "add_special_tokens": False}).json()["tokens"]
+    nxt = c["prompt_token_ids"] + c["choices"][0]["token_ids"] + tool
+    j = d.wait_job(d.submit("/v1/rollouts", {"groups": [{"prompt_ids": nxt, "n": 1}],
+                                             "sampling": {"max_tokens": 2, "seed": 1}}))
+    assert j["status"] == "done", j
+    assert j["result"]["groups"][0]["cached_tokens"] >= len(t)
