@@ -1,0 +1,106 @@
+"""bench_trees.py — tree-shaped groups through the daemon's update API at real dims: what laying
+out a group's shared response trunk once (engine/model/pack.h) saves.
+
+Each update: --groups groups of --n trajectories, a prompt of --prompt random ids; a trajectory is
+a trunk of --trunk ids that every trajectory of its group shares (the turns before they branch)
+and then --branch ids of its own. The same update is sent flat: the same lengths, but each
+trajectory's first id its own (nothing shared past the prompt). Each form runs --reps times,
+alternating; the table has the daemon's timings_ms (ref, policy, total) and tokens (packed,
+standard) as medians. Random client rewards; the checkpoint and daemon plumbing are
+bench_daemon.py's (the same --dims, --model-cache, --serve-arg).
+
+Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_trees.py ./grpod OUTDIR --dims 1.7b
+         [--groups 8 --n 8 --prompt 1024 --trunk 1024 --branch 512 --reps 3]
+       on the CPU: python3 tests/bench/gpu/bench_trees.py ./grpod /tmp/bt --dims tiny --backend cpu
+ROW lines: ROW|tree_update|DIMS ...|ms tree|ms flat|PASS when the tree packed fewer tokens
+"""
+import argparse, os, random, shutil, statistics, sys, tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_daemon as bd  # noqa: E402
+
+
+def body(a, rnd, hi, tree):
+    groups = []
+    for _ in range(a.groups):
+        trunk = [rnd.randrange(hi) for _ in range(a.trunk)]
+        rs = []
+        for i in range(a.n):
+            ids = (list(trunk) if tree else [rnd.randrange(hi)] + trunk[1:]) + [rnd.randrange(hi) for _ in range(a.branch)]
+            if not tree:   # the first id unique within the group: no trunk
+                ids[0] = (trunk[0] + 1 + i) % hi
+            rs.append({"token_ids": ids, "reward": round(rnd.random(), 4)})
+        groups.append({"prompt_ids": [rnd.randrange(hi) for _ in range(a.prompt)], "responses": rs})
+    return {"groups": groups, "optimizer": {"lr": 1e-6}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grpod")
+    ap.add_argument("outdir")
+    ap.add_argument("--dims", default="1.7b", choices=sorted(bd.DIMS))
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu", "auto"])
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--prompt", type=int, help="(1024; tiny 32)")
+    ap.add_argument("--trunk", type=int, help="ids every trajectory of a group shares (1024; tiny 32)")
+    ap.add_argument("--branch", type=int, help="ids of each trajectory's own (512; tiny 16)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--port", type=int, default=18840)
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
+    ap.add_argument("--model-cache")
+    ap.add_argument("--ready-timeout", type=int, default=300)
+    ap.add_argument("--job-timeout", type=int, default=300)
+    a = ap.parse_args()
+    tiny = a.dims.startswith("tiny")
+    a.prompt = a.prompt or (32 if tiny else 1024)
+    a.trunk = a.trunk or (32 if tiny else 1024)
+    a.branch = a.branch or (16 if tiny else 512)
+    a.grpod = os.path.abspath(a.grpod)
+    os.makedirs(a.outdir, exist_ok=True)
+    a.model_dir = os.path.abspath(a.model_cache or "/tmp/grpod-bench-%s" % a.dims)
+    bd.ensure_model(a.dims, a.model_dir, a.seed)
+    data = tempfile.mkdtemp(prefix="grpod-trees-data-")
+    d, res, err = None, {"tree": [], "flat": []}, None
+    try:
+        d = bd.Daemon(a, data, "serve")
+        bd.log("# ready in %.2f s" % d.wait_ready(a.ready_timeout))
+        hi = min(bd.DIMS[a.dims]["vocab_size"], 151643)
+        rnd = random.Random(a.seed)
+        for k in range(a.reps + 1):   # the first round warms up
+            for form in (("tree", "flat") if k % 2 else ("flat", "tree")):
+                j = bd.wait_job(d, bd.submit(d, "/v1/updates", body(a, rnd, hi, form == "tree")), a.job_timeout)
+                r = j["result"]
+                row = {"total": r["timings_ms"]["total"], "ref": r["timings_ms"].get("ref", 0),
+                       "policy": r["timings_ms"].get("policy", 0), "packed": r["tokens"]["packed"],
+                       "standard": r["tokens"]["standard"]}
+                bd.log("# %s %s: %s" % ("warm-up" if not k else "rep %d" % k, form, row))
+                if k:
+                    res[form].append(row)
+    except Exception as e:
+        err = str(e)
+        bd.log("# bench_trees: %s" % err)
+    finally:
+        if d is not None and not d.dead():
+            d.stop(120)
+        shutil.rmtree(data, ignore_errors=True)
+    med = {f: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for f, rs in res.items() if rs}
+    bd.log("")
+    bd.log("bench_trees %s on %s: %d groups x %d trajectories, P=%d, trunk %d + branch %d ids, median of %d" % (
+        a.dims, bd.device_name(), a.groups, a.n, a.prompt, a.trunk, a.branch, a.reps))
+    bd.log("%5s %9s %9s %9s %10s %10s" % ("form", "ref ms", "policy ms", "total ms", "packed", "standard"))
+    for f, m in med.items():
+        bd.log("%5s %9.1f %9.1f %9.1f %10d %10d" % (f, m["ref"], m["policy"], m["total"], m["packed"], m["standard"]))
+    if err or len(med) != 2:
+        bd.row("tree_update", "%s %s" % (a.dims, err or "incomplete"), 0, 0, False)
+        return 1
+    t, f = med["tree"], med["flat"]
+    bd.row("tree_update", "%s G%dxN%d P%d trunk %d branch %d: packed %d vs %d tokens, flat %.1f ms" % (
+        a.dims, a.groups, a.n, a.prompt, a.trunk, a.branch, t["packed"], f["packed"], f["total"]),
+        t["total"], f["total"], t["packed"] < f["packed"], fmt="%.1f")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
