@@ -401,6 +401,40 @@ def wait_job(d, jid, timeout):
             raise JobError("job %s (%s) %s: %s" % (jid, j.get("kind"), j["status"], json.dumps(j.get("error"))))
 
 
+# ------------------------------------------------------------------ for the other daemon benchmarks
+
+def daemon_args(ap, port):
+    """The arguments of the benchmarks that drive a daemon through this file (bench_turns.py,
+    bench_trees.py): GRPOD OUTDIR, the checkpoint's dims and cache, the daemon's flags, timeouts."""
+    ap.add_argument("grpod")
+    ap.add_argument("outdir")
+    ap.add_argument("--dims", default="1.7b", choices=sorted(DIMS))
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu", "auto"])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--port", type=int, default=port)
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
+    ap.add_argument("--model-cache")
+    ap.add_argument("--ready-timeout", type=int, default=300)
+    ap.add_argument("--job-timeout", type=int, default=300)
+
+
+def start_daemon(a, prefix):
+    """The checkpoint made (or reused) and grpod serve started on a fresh data dir, ready: (the
+    daemon, its data dir, its vocabulary size). Raises with the reason."""
+    a.grpod = os.path.abspath(a.grpod)
+    os.makedirs(a.outdir, exist_ok=True)
+    a.model_dir = os.path.abspath(a.model_cache or "/tmp/grpod-bench-%s" % a.dims)
+    ensure_model(a.dims, a.model_dir, a.seed)
+    data = tempfile.mkdtemp(prefix=prefix)
+    d = Daemon(a, data, "serve")
+    log("# ready in %.2f s" % d.wait_ready(a.ready_timeout))
+    _, model = d.api.call("GET", "/v1/model")
+    vocab = (model or {}).get("vocab") or DIMS[a.dims]["vocab_size"]
+    if isinstance(vocab, dict):
+        vocab = vocab.get("size") or DIMS[a.dims]["vocab_size"]
+    return d, data, vocab
+
+
 # ------------------------------------------------------------------ the loop
 
 def rollout_body(a, idx, vocab):

@@ -14,7 +14,7 @@ Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_trees.py ./grpod O
        on the CPU: python3 tests/bench/gpu/bench_trees.py ./grpod /tmp/bt --dims tiny --backend cpu
 ROW lines: ROW|tree_update|DIMS ...|ms tree|ms flat|PASS when the tree packed fewer tokens
 """
-import argparse, os, random, shutil, statistics, sys, tempfile
+import argparse, os, random, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_daemon as bd  # noqa: E402
@@ -36,37 +36,22 @@ def body(a, rnd, hi, tree):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("grpod")
-    ap.add_argument("outdir")
-    ap.add_argument("--dims", default="1.7b", choices=sorted(bd.DIMS))
-    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu", "auto"])
+    bd.daemon_args(ap, 18840)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt", type=int, help="(1024; tiny 32)")
     ap.add_argument("--trunk", type=int, help="ids every trajectory of a group shares (1024; tiny 32)")
     ap.add_argument("--branch", type=int, help="ids of each trajectory's own (512; tiny 16)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--port", type=int, default=18840)
-    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
-    ap.add_argument("--model-cache")
-    ap.add_argument("--ready-timeout", type=int, default=300)
-    ap.add_argument("--job-timeout", type=int, default=300)
     a = ap.parse_args()
     tiny = a.dims.startswith("tiny")
     a.prompt = a.prompt or (32 if tiny else 1024)
     a.trunk = a.trunk or (32 if tiny else 1024)
     a.branch = a.branch or (16 if tiny else 512)
-    a.grpod = os.path.abspath(a.grpod)
-    os.makedirs(a.outdir, exist_ok=True)
-    a.model_dir = os.path.abspath(a.model_cache or "/tmp/grpod-bench-%s" % a.dims)
-    bd.ensure_model(a.dims, a.model_dir, a.seed)
-    data = tempfile.mkdtemp(prefix="grpod-trees-data-")
-    d, res, err = None, {"tree": [], "flat": []}, None
+    d, data, res, err = None, None, {"tree": [], "flat": []}, None
     try:
-        d = bd.Daemon(a, data, "serve")
-        bd.log("# ready in %.2f s" % d.wait_ready(a.ready_timeout))
-        hi = min(bd.DIMS[a.dims]["vocab_size"], 151643)
+        d, data, vocab = bd.start_daemon(a, "grpod-trees-data-")
+        hi = min(vocab, 151643)
         rnd = random.Random(a.seed)
         for k in range(a.reps + 1):   # the first round warms up
             for form in (("tree", "flat") if k % 2 else ("flat", "tree")):
@@ -84,7 +69,8 @@ def main():
     finally:
         if d is not None and not d.dead():
             d.stop(120)
-        shutil.rmtree(data, ignore_errors=True)
+        if data:
+            shutil.rmtree(data, ignore_errors=True)
     med = {f: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for f, rs in res.items() if rs}
     bd.log("")
     bd.log("bench_trees %s on %s: %d groups x %d trajectories, P=%d, trunk %d + branch %d ids, median of %d" % (

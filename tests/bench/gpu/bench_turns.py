@@ -15,7 +15,7 @@ Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_turns.py ./grpod O
        on the CPU: python3 tests/bench/gpu/bench_turns.py ./grpod /tmp/bt --dims tiny --backend cpu
 ROW lines: ROW|turn_prefill|DIMS turn T ...|ms cached|ms uncached|PASS when ids were cached
 """
-import argparse, os, random, shutil, statistics, sys, tempfile
+import argparse, os, random, shutil, statistics, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_daemon as bd  # noqa: E402
@@ -62,39 +62,20 @@ def turns(a, d, vocab):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("grpod")
-    ap.add_argument("outdir")
-    ap.add_argument("--dims", default="1.7b", choices=sorted(bd.DIMS))
-    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu", "auto"])
+    bd.daemon_args(ap, 18830)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--prompt", type=int, help="turn 1's prompt ids (2048; tiny 64)")
     ap.add_argument("--max-tokens", type=int, help="ids sampled a turn (256; tiny 16)")
     ap.add_argument("--tool-ids", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--port", type=int, default=18830)
-    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
-    ap.add_argument("--model-cache")
-    ap.add_argument("--ready-timeout", type=int, default=300)
-    ap.add_argument("--job-timeout", type=int, default=300)
     a = ap.parse_args()
-    tiny = a.dims == "tiny"
+    tiny = a.dims.startswith("tiny")
     a.prompt = a.prompt or (64 if tiny else 2048)
     a.max_tokens = a.max_tokens or (16 if tiny else 256)
-    a.grpod = os.path.abspath(a.grpod)
-    os.makedirs(a.outdir, exist_ok=True)
-    a.model_dir = os.path.abspath(a.model_cache or "/tmp/grpod-bench-%s" % a.dims)
-    bd.ensure_model(a.dims, a.model_dir, a.seed)
-    data = tempfile.mkdtemp(prefix="grpod-turns-data-")
-    d, rows, err = None, [], None
+    d, data, rows, err = None, None, [], None
     try:
-        d = bd.Daemon(a, data, "serve")
-        bd.log("# ready in %.2f s" % d.wait_ready(a.ready_timeout))
-        _, model = d.api.call("GET", "/v1/model")
-        vocab = (model or {}).get("vocab") or bd.DIMS[a.dims]["vocab_size"]
-        if isinstance(vocab, dict):
-            vocab = vocab.get("size") or bd.DIMS[a.dims]["vocab_size"]
+        d, data, vocab = bd.start_daemon(a, "grpod-turns-data-")
         rows = turns(a, d, vocab)
     except Exception as e:
         err = str(e)
@@ -102,7 +83,8 @@ def main():
     finally:
         if d is not None and not d.dead():
             d.stop(60)
-        shutil.rmtree(data, ignore_errors=True)
+        if data:
+            shutil.rmtree(data, ignore_errors=True)
     bd.log("")
     bd.log("bench_turns %s on %s: %d trajectories, turn 1 P=%d, %d ids sampled and %d tool ids a turn" % (
         a.dims, bd.device_name(), a.groups, a.prompt, a.max_tokens, a.tool_ids))
