@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "engine/text/chat.h"
 #include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
@@ -114,6 +115,10 @@ int eng_open(const eng_open_opts *o, eng **out) {
     int rc = lora_settings(o, &lr_rank, &lr_alpha, &lr_targets, &lr_from);
     if (!rc) rc = config_load(o->model_dir, &cfg);
     if (rc) goto fail;
+    if (cfg.vision) /* a qwen3_5 vision-language checkpoint: its text model is what runs */
+        log_event(LOG_INFO, "vision_tower_skipped",
+                  "\"model_type\":\"qwen3_5\",\"note\":\"the text model runs; "
+                  "model.visual.* tensors are not loaded\"");
     char tpath[PATH_MAX];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", o->model_dir);
     if (access(tpath, R_OK) == 0 && (rc = tok_load(o->model_dir, &e->tok))) goto fail;
@@ -138,6 +143,12 @@ int eng_open(const eng_open_opts *o, eng **out) {
     if (config_n_moe(&cfg) && (e->be->no_moe || lr_rank)) {
         rc = err_set(GE_UNSUPPORTED, "%s: a mixture-of-experts model (%d experts) cannot run here: %s", o->model_dir, cfg.E,
                      e->be->no_moe ? e->be->no_moe : "LoRA adapters on experts are not built yet");
+        goto fail;
+    }
+    if (cfg.arch == ARCH_QWEN3_5 && (e->be->no_hybrid || lr_rank)) {
+        rc = err_set(GE_UNSUPPORTED, "%s: a hybrid linear-attention model (%d gated DeltaNet layers) cannot run here: %s",
+                     o->model_dir, config_n_linear(&cfg),
+                     e->be->no_hybrid ? e->be->no_hybrid : "LoRA adapters on hybrid models are not built yet");
         goto fail;
     }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;

@@ -63,6 +63,7 @@ struct eng_backend {
     void *impl;
     tune_opts tune; /* kernels/tune.h: read once at creation; tests may set fields */
     const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
+    const char *no_hybrid; /* NULL: the linear-attention ops run; else why not (a hybrid model is refused with it) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);
@@ -160,6 +161,30 @@ struct eng_backend {
     void (*moe_router_bwd)(eng_backend *b, void *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs,
                            const int *topi, const void *x, const void *wr, const float *aux_g, const int *count, int T, int C,
                            int E, int k, int norm);
+    /* hybrid linear-attention models (kernels/deltanet.h, kernels/gated_attn.h): the gated
+     * DeltaNet's conv, recurrent rule and gated norm; the gated full attention's q/k norm with
+     * partial RoPE and its output gate; the backward of each */
+    void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc);
+    void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
+                              int T, int Cc, int Kc);
+    void (*deltanet_rule_fwd)(eng_backend *b, void *o, float *states, const void *u, const void *a, const void *bb,
+                              const void *A_log, const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+    void (*deltanet_rule_bwd)(eng_backend *b, void *du, void *da, void *db, float *dA_log, float *ddt_bias, float *states,
+                              float *dstates, const void *dout, const void *u, const void *a, const void *bb, const void *A_log,
+                              const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+    void (*deltanet_norm_fwd)(eng_backend *b, void *y, float *rstd, const void *o, const void *z, const void *w, int T, int Hv,
+                              int Dv, float eps);
+    void (*deltanet_norm_bwd)(eng_backend *b, void *dout, void *dz, float *dw, const void *dy, const void *o, const void *z,
+                              const void *w, const float *rstd, int T, int Hv, int Dv);
+    void (*gated_attn_qk_fwd)(eng_backend *b, void *q, void *k, float *rstdq, float *rstdk, const void *qg, const void *k0,
+                              const void *wq, const void *wk, const int *pos, const float *inv_freq, int T, int H, int K, int D,
+                              int R, float eps);
+    void (*gated_attn_qk_bwd)(eng_backend *b, void *dqg, void *dk0, float *dwq, float *dwk, const void *dq, const void *dk,
+                              const void *qg, const void *k0, const void *wq, const void *wk, const float *rstdq,
+                              const float *rstdk, const int *pos, const float *inv_freq, int T, int H, int K, int D, int R);
+    void (*gated_attn_gate_fwd)(eng_backend *b, void *y, const void *att, const void *qg, int T, int H, int D);
+    void (*gated_attn_gate_bwd)(eng_backend *b, void *datt, void *dqg, const void *dy, const void *att, const void *qg, int T,
+                                int H, int D);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
     /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): per-row params
      * p (R); ban: ban[0] = n, then n ids (NULL: none) */

@@ -9,8 +9,10 @@
 #include "engine/backend/backend.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/deltanet.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/gated_attn.h"
 #include "kernels/logprob.h"
 #include "kernels/matmul.h"
 #include "kernels/moe.h"
@@ -167,6 +169,47 @@ static void cpu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, 
                                int norm) {
     moe_router_bwd_cpu(dx, dwr, dl, dtw, p, ti, x, wr, ag, cnt, T, C, E, k, norm);
 }
+static void cpu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
+    deltanet_conv_fwd_cpu(u, x, w, r, T, Cc, Kc);
+}
+static void cpu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w,
+                                  attn_ranges r, int T, int Cc, int Kc) {
+    deltanet_conv_bwd_cpu(dx, dw, du, x, w, r, T, Cc, Kc);
+}
+static void cpu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
+                                  const void *al, const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_fwd_cpu(o, st, u, a, bb, al, dt, r, T, Hk, Hv, Dk, Dv);
+}
+static void cpu_deltanet_rule_bwd(eng_backend *b, void *du, void *da, void *db, float *dal, float *ddt, float *st, float *dst,
+                                  const void *dy, const void *u, const void *a, const void *bb, const void *al, const void *dt,
+                                  attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_bwd_cpu(du, da, db, dal, ddt, st, dst, dy, u, a, bb, al, dt, r, T, Hk, Hv, Dk, Dv);
+}
+static void cpu_deltanet_norm_fwd(eng_backend *b, void *y, float *rs, const void *o, const void *z, const void *w, int T, int Hv,
+                                  int Dv, float eps) {
+    deltanet_norm_fwd_cpu(y, rs, o, z, w, T, Hv, Dv, eps);
+}
+static void cpu_deltanet_norm_bwd(eng_backend *b, void *dout, void *dz, float *dw, const void *dy, const void *o, const void *z,
+                                  const void *w, const float *rs, int T, int Hv, int Dv) {
+    deltanet_norm_bwd_cpu(dout, dz, dw, dy, o, z, w, rs, T, Hv, Dv);
+}
+static void cpu_gated_attn_qk_fwd(eng_backend *b, void *q, void *k, float *rq, float *rk, const void *qg, const void *k0,
+                                  const void *wq, const void *wk, const int *pos, const float *f, int T, int H, int K, int D,
+                                  int R, float eps) {
+    gated_attn_qk_fwd_cpu(q, k, rq, rk, qg, k0, wq, wk, pos, f, T, H, K, D, R, eps);
+}
+static void cpu_gated_attn_qk_bwd(eng_backend *b, void *dqg, void *dk0, float *dwq, float *dwk, const void *dq, const void *dk,
+                                  const void *qg, const void *k0, const void *wq, const void *wk, const float *rq,
+                                  const float *rk, const int *pos, const float *f, int T, int H, int K, int D, int R) {
+    gated_attn_qk_bwd_cpu(dqg, dk0, dwq, dwk, dq, dk, qg, k0, wq, wk, rq, rk, pos, f, T, H, K, D, R);
+}
+static void cpu_gated_attn_gate_fwd(eng_backend *b, void *y, const void *att, const void *qg, int T, int H, int D) {
+    gated_attn_gate_fwd_cpu(y, att, qg, T, H, D);
+}
+static void cpu_gated_attn_gate_bwd(eng_backend *b, void *datt, void *dqg, const void *dy, const void *att, const void *qg, int T,
+                                    int H, int D) {
+    gated_attn_gate_bwd_cpu(datt, dqg, dy, att, qg, T, H, D);
+}
 static void cpu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
@@ -225,6 +268,16 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .moe_experts_fwd = cpu_moe_experts_fwd,
         .moe_experts_bwd = cpu_moe_experts_bwd,
         .moe_router_bwd = cpu_moe_router_bwd,
+        .deltanet_conv_fwd = cpu_deltanet_conv_fwd,
+        .deltanet_conv_bwd = cpu_deltanet_conv_bwd,
+        .deltanet_rule_fwd = cpu_deltanet_rule_fwd,
+        .deltanet_rule_bwd = cpu_deltanet_rule_bwd,
+        .deltanet_norm_fwd = cpu_deltanet_norm_fwd,
+        .deltanet_norm_bwd = cpu_deltanet_norm_bwd,
+        .gated_attn_qk_fwd = cpu_gated_attn_qk_fwd,
+        .gated_attn_qk_bwd = cpu_gated_attn_qk_bwd,
+        .gated_attn_gate_fwd = cpu_gated_attn_gate_fwd,
+        .gated_attn_gate_bwd = cpu_gated_attn_gate_bwd,
         .lm_head_rows = cpu_lm_head_rows,
         .sample = cpu_sample,
         .adamw = cpu_adamw,

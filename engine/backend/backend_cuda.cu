@@ -20,7 +20,9 @@ extern "C" {
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/deltanet.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/gated_attn.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
@@ -214,6 +216,50 @@ static void cu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu,
 static void cu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
                               const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k, int norm) {
     moe_router_bwd_cuda(CTX(b), (bf16 *)dx, dwr, dl, dtw, p, ti, (cbf *)x, (cbf *)wr, ag, cnt, T, C, E, k, norm);
+}
+static void cu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
+    deltanet_conv_fwd_cuda(CTX(b), (bf16 *)u, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
+}
+static void cu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
+                                 int T, int Cc, int Kc) {
+    deltanet_conv_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)du, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
+}
+static void cu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb, const void *al,
+                                 const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_fwd_cuda(CTX(b), (bf16 *)o, st, (cbf *)u, (cbf *)a, (cbf *)bb, (cbf *)al, (cbf *)dt, r, T, Hk, Hv, Dk, Dv);
+}
+static void cu_deltanet_rule_bwd(eng_backend *b, void *du, void *da, void *db, float *dal, float *ddt, float *st, float *dst,
+                                 const void *dy, const void *u, const void *a, const void *bb, const void *al, const void *dt,
+                                 attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_bwd_cuda(CTX(b), (bf16 *)du, (bf16 *)da, (bf16 *)db, dal, ddt, st, dst, (cbf *)dy, (cbf *)u, (cbf *)a,
+                           (cbf *)bb, (cbf *)al, (cbf *)dt, r, T, Hk, Hv, Dk, Dv);
+}
+static void cu_deltanet_norm_fwd(eng_backend *b, void *y, float *rs, const void *o, const void *z, const void *w, int T, int Hv,
+                                 int Dv, float eps) {
+    deltanet_norm_fwd_cuda(CTX(b), (bf16 *)y, rs, (cbf *)o, (cbf *)z, (cbf *)w, T, Hv, Dv, eps);
+}
+static void cu_deltanet_norm_bwd(eng_backend *b, void *dout, void *dz, float *dw, const void *dy, const void *o, const void *z,
+                                 const void *w, const float *rs, int T, int Hv, int Dv) {
+    deltanet_norm_bwd_cuda(CTX(b), (bf16 *)dout, (bf16 *)dz, dw, (cbf *)dy, (cbf *)o, (cbf *)z, (cbf *)w, rs, T, Hv, Dv);
+}
+static void cu_gated_attn_qk_fwd(eng_backend *b, void *q, void *k, float *rq, float *rk, const void *qg, const void *k0,
+                                 const void *wq, const void *wk, const int *pos, const float *f, int T, int H, int K, int D,
+                                 int R, float eps) {
+    gated_attn_qk_fwd_cuda(CTX(b), (bf16 *)q, (bf16 *)k, rq, rk, (cbf *)qg, (cbf *)k0, (cbf *)wq, (cbf *)wk, pos, f, T, H, K, D,
+                           R, eps);
+}
+static void cu_gated_attn_qk_bwd(eng_backend *b, void *dqg, void *dk0, float *dwq, float *dwk, const void *dq, const void *dk,
+                                 const void *qg, const void *k0, const void *wq, const void *wk, const float *rq, const float *rk,
+                                 const int *pos, const float *f, int T, int H, int K, int D, int R) {
+    gated_attn_qk_bwd_cuda(CTX(b), (bf16 *)dqg, (bf16 *)dk0, dwq, dwk, (cbf *)dq, (cbf *)dk, (cbf *)qg, (cbf *)k0, (cbf *)wq,
+                           (cbf *)wk, rq, rk, pos, f, T, H, K, D, R);
+}
+static void cu_gated_attn_gate_fwd(eng_backend *b, void *y, const void *att, const void *qg, int T, int H, int D) {
+    gated_attn_gate_fwd_cuda(CTX(b), (bf16 *)y, (cbf *)att, (cbf *)qg, T, H, D);
+}
+static void cu_gated_attn_gate_bwd(eng_backend *b, void *datt, void *dqg, const void *dy, const void *att, const void *qg, int T,
+                                   int H, int D) {
+    gated_attn_gate_bwd_cuda(CTX(b), (bf16 *)datt, (bf16 *)dqg, (cbf *)dy, (cbf *)att, (cbf *)qg, T, H, D);
 }
 static void cu_swiglu_fwd(eng_backend *b, void *o, const void *g, const void *u, long long n) {
     swiglu_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)g, (cbf *)u, n);
@@ -428,6 +474,17 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->moe_experts_fwd = cu_moe_experts_fwd;
     b->moe_experts_bwd = cu_moe_experts_bwd;
     b->moe_router_bwd = cu_moe_router_bwd;
+    b->deltanet_conv_fwd = cu_deltanet_conv_fwd;
+    b->deltanet_conv_bwd = cu_deltanet_conv_bwd;
+    b->deltanet_rule_fwd = cu_deltanet_rule_fwd;
+    b->deltanet_rule_bwd = cu_deltanet_rule_bwd;
+    b->deltanet_norm_fwd = cu_deltanet_norm_fwd;
+    b->deltanet_norm_bwd = cu_deltanet_norm_bwd;
+    b->gated_attn_qk_fwd = cu_gated_attn_qk_fwd;
+    b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
+    b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;
+    b->gated_attn_gate_bwd = cu_gated_attn_gate_bwd;
+    b->no_hybrid = "the cuda backend has no linear-attention (gated DeltaNet) kernels yet (run it with --backend cpu)";
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;

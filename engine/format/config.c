@@ -83,6 +83,44 @@ int config_n_moe(const model_config *c) {
     return n;
 }
 
+/* Qwen3.5's layers (Qwen3_5TextConfig's defaults for absent keys): layer_types, or every
+ * full_attention_interval-th layer full; the DeltaNet heads and conv; zero-centred norms. */
+static int hybrid_from_json(const js *r, const char *path, model_config *c) {
+    int rc, every;
+    if ((rc = get_int(r, "linear_num_key_heads", path, 16, 1, CFG_MAX_HEADS, &c->lin_hk)) ||
+        (rc = get_int(r, "linear_num_value_heads", path, 32, 1, CFG_MAX_HEADS, &c->lin_hv)) ||
+        (rc = get_int(r, "linear_key_head_dim", path, 128, 1, CFG_MAX_LIN_HEAD_DIM, &c->lin_dk)) ||
+        (rc = get_int(r, "linear_value_head_dim", path, 128, 1, CFG_MAX_LIN_HEAD_DIM, &c->lin_dv)) ||
+        (rc = get_int(r, "linear_conv_kernel_dim", path, 4, 1, CFG_MAX_CONV, &c->conv_k)) ||
+        (rc = get_int(r, "full_attention_interval", path, 4, 1, CFG_MAX_LAYERS, &every)))
+        return rc;
+    if (c->lin_hv % c->lin_hk)
+        return err_set(GE_FORMAT, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d", path, c->lin_hv,
+                       c->lin_hk);
+    const js *lt = js_get(r, "layer_types");
+    if (lt && lt->type == JS_ARR && lt->n != c->L)
+        return err_set(GE_FORMAT, "%s: layer_types has %d entries for %d layers", path, lt->n, c->L);
+    else if (lt && lt->type != JS_ARR && lt->type != JS_NULL) return err_set(GE_FORMAT, "%s: layer_types must be a list", path);
+    for (int l = 0; l < c->L; l++) {
+        const char *t = lt && lt->type == JS_ARR ? js_str(&lt->items[l])
+            : (l + 1) % every                    ? "linear_attention"
+                                                 : "full_attention";
+        if (t && !strcmp(t, "linear_attention")) c->attn[l] = ATTN_DELTANET;
+        else if (t && !strcmp(t, "full_attention")) c->attn[l] = ATTN_GATED;
+        else
+            return err_set(GE_UNSUPPORTED, "%s: layer_types[%d] \"%s\" (linear_attention or full_attention)", path, l, t ? t : "?");
+    }
+    if (c->qkv_bias) return err_set(GE_UNSUPPORTED, "%s: attention_bias is not supported for qwen3_5", path);
+    c->gain1 = 1;
+    return 0;
+}
+
+int config_n_linear(const model_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += c->attn[l] == ATTN_DELTANET;
+    return n;
+}
+
 int config_from_json(const js *r, const char *path, model_config *c) {
     int rc = 0;
     memset(c, 0, sizeof *c);
@@ -91,13 +129,32 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         rc = err_set(GE_FORMAT, "%s: no model_type", path);
         goto out;
     }
+    int tied_top = -1; /* a vision-language config ties at its top level */
+    if (!strcmp(mt, "qwen3_5")) { /* the text model of a vision-language checkpoint */
+        const js *tc = js_get(r, "text_config");
+        if (!tc || tc->type != JS_OBJ) {
+            rc = err_set(GE_FORMAT, "%s: a qwen3_5 config needs a text_config object", path);
+            goto out;
+        }
+        if (js_get(r, "tie_word_embeddings")) tied_top = js_get_bool(r, "tie_word_embeddings", 0);
+        r = tc;
+        mt = js_get_str(r, "model_type");
+        if (!mt) mt = "qwen3_5_text";
+        if (strcmp(mt, "qwen3_5_text")) {
+            rc = err_set(GE_UNSUPPORTED, "%s: text_config model_type \"%s\" (only qwen3_5_text)", path, mt);
+            goto out;
+        }
+        c->vision = 1;
+    }
     if (!strcmp(mt, "qwen2")) c->arch = ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
     else if (!strcmp(mt, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
+    else if (!strcmp(mt, "qwen3_5_text")) c->arch = ARCH_QWEN3_5;
     else {
-        rc = err_set(GE_UNSUPPORTED, "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, llama)", path,
-                     mt);
+        rc = err_set(GE_UNSUPPORTED,
+                     "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, qwen3_5_text, qwen3_5, llama)",
+                     path, mt);
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", mt);
@@ -113,8 +170,8 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         (rc = get_real(r, "rope_theta", path, 10000.0, 0, 1e12, &c->rope_theta)) ||
         (rc = get_int(r, "bos_token_id", path, -1, -1, c->V - 1, &c->bos_id)))
         goto out;
-    c->tied = js_get_bool(r, "tie_word_embeddings", 0);
-    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE;
+    c->tied = tied_top >= 0 ? tied_top : js_get_bool(r, "tie_word_embeddings", 0);
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_QWEN3_MOE || c->arch == ARCH_QWEN3_5;
     c->qkv_bias = c->arch == ARCH_QWEN2 ? 1 : js_get_bool(r, "attention_bias", 0);
     c->o_bias = c->arch == ARCH_QWEN2 ? 0 : c->qkv_bias;
     add_eos(c, js_get(r, "eos_token_id"));
@@ -130,6 +187,7 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         goto out;
     }
     if (c->arch == ARCH_QWEN3_MOE && (rc = moe_from_json(r, path, c))) goto out;
+    if (c->arch == ARCH_QWEN3_5 && (rc = hybrid_from_json(r, path, c))) goto out;
     const char *act = js_get_str(r, "hidden_act");
     if (act && strcmp(act, "silu")) {
         rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act);
@@ -143,8 +201,17 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         rc = err_set(GE_UNSUPPORTED, "%s: use_sliding_window is not supported", path);
         goto out;
     }
-    double prf = js_get_num(r, "partial_rotary_factor", 1.0);
-    if (prf != 1.0) {
+    const js *rpp = js_get(r, "rope_parameters");
+    double prf = js_get_num(r, "partial_rotary_factor",
+                            js_get_num(rpp, "partial_rotary_factor", c->arch == ARCH_QWEN3_5 ? 0.25 : 1.0));
+    if (c->arch == ARCH_QWEN3_5) { /* transformers: int(head_dim * factor) rotary dims */
+        c->R = (int)(c->D * prf);
+        if (!(prf > 0 && prf <= 1) || c->R < 2 || c->R % 2) {
+            rc = err_set(GE_FORMAT, "%s: partial_rotary_factor %g gives %d rotary dims of %d (an even number >= 2)", path, prf,
+                         c->R, c->D);
+            goto out;
+        }
+    } else if (prf != 1.0) {
         rc = err_set(GE_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported", path, prf);
         goto out;
     }
@@ -206,12 +273,17 @@ long long config_n_params(const model_config *c) {
     if (c->qkv_bias) layer += HD + 2 * KD;
     if (c->o_bias) layer += C;
     if (c->qk_norm) layer += 2 * c->D;
+    if (c->arch == ARCH_QWEN3_5) layer += HD * C; /* the gate half of q_proj */
     long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm;
-    return (long long)c->V * C * (c->tied ? 1 : 2) + C + c->L * layer + (c->L - n_moe) * 3 * C * F + n_moe * moe;
+    long long n_lin = config_n_linear(c), KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv;
+    long long lin = 2 * C + (2 * KL + VL) * (C + c->conv_k) + 2 * VL * C + 2LL * c->lin_hv * (C + 1) + c->lin_dv;
+    return (long long)c->V * C * (c->tied ? 1 : 2) + C + (c->L - n_lin) * layer + n_lin * lin + (c->L - n_moe) * 3 * C * F +
+        n_moe * moe;
 }
 
 int config_write(const char *dir, const model_config *c) {
-    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM"};
+    static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
+                                       "Qwen3_5ForCausalLM"};
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -237,6 +309,14 @@ int config_write(const char *dir, const model_config *c) {
         fprintf(f, "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [");
         for (int l = 0, k = 0; l < c->L; l++)
             if (c->mlp[l] != MLP_MOE) fprintf(f, "%s%d", k++ ? ", " : "", l);
+        fprintf(f, "],\n");
+    }
+    if (c->arch == ARCH_QWEN3_5) { /* always the text model, whichever form was loaded */
+        fprintf(f, "  \"partial_rotary_factor\": %.9g,\n  \"linear_conv_kernel_dim\": %d,\n", (double)c->R / c->D, c->conv_k);
+        fprintf(f, "  \"linear_num_key_heads\": %d,\n  \"linear_num_value_heads\": %d,\n", c->lin_hk, c->lin_hv);
+        fprintf(f, "  \"linear_key_head_dim\": %d,\n  \"linear_value_head_dim\": %d,\n  \"layer_types\": [", c->lin_dk, c->lin_dv);
+        for (int l = 0; l < c->L; l++)
+            fprintf(f, "%s\"%s\"", l ? ", " : "", c->attn[l] == ATTN_DELTANET ? "linear_attention" : "full_attention");
         fprintf(f, "],\n");
     }
     if (c->bos_id >= 0) fprintf(f, "  \"bos_token_id\": %d,\n", c->bos_id);

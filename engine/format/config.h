@@ -1,7 +1,9 @@
 /* config.h — a Hugging Face config.json as grpod understands it: Qwen2/Qwen2.5 (QKV bias),
  * Qwen3 dense (q/k RMSNorm), Qwen3-MoE (Qwen3's attention, a mixture-of-experts MLP in the
- * layers transformers makes sparse), Llama 3 (rope_scaling type llama3). Anything else is
- * refused with a message naming the file and the setting. */
+ * layers transformers makes sparse), Qwen3.5 text (qwen3_5_text, or the text_config of a
+ * qwen3_5 vision-language checkpoint: gated DeltaNet and gated full-attention layers as
+ * layer_types says), Llama 3 (rope_scaling type llama3). Anything else is refused with a
+ * message naming the file and the setting. */
 #ifndef GRPOD_CONFIG_H
 #define GRPOD_CONFIG_H
 
@@ -15,17 +17,25 @@
 #define CFG_MAX_VOCAB (1 << 24) /* vocab_size; also the tokenizer's id bound */
 #define CFG_MAX_POS (1 << 24) /* max_position_embeddings */
 #define CFG_MAX_EXPERTS 1024 /* num_experts */
+#define CFG_MAX_LIN_HEAD_DIM 1024 /* linear_key_head_dim, linear_value_head_dim (kernels/deltanet_cpu.c) */
+#define CFG_MAX_CONV 64 /* linear_conv_kernel_dim */
 
-typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA, ARCH_QWEN3_MOE } model_arch;
+typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_LLAMA, ARCH_QWEN3_MOE, ARCH_QWEN3_5 } model_arch;
 
 /* A layer's MLP kind, one row per layer (model_config.mlp): dense SwiGLU of width F, or a
  * mixture of E SwiGLU experts of width Fm behind a softmax router that picks top_k of them
  * (kernels/moe.h). Zero is dense, so a config without experts needs no rows filled. */
 typedef enum { MLP_DENSE = 0, MLP_MOE = 1 } mlp_kind;
 
+/* A layer's attention kind, one row per layer (model_config.attn): softmax attention as Qwen3 /
+ * Llama have it; the gated softmax attention of Qwen3.5 (an output gate from a doubled q_proj,
+ * partial RoPE, kernels/gated_attn.h); or gated DeltaNet linear attention (kernels/deltanet.h).
+ * Zero is full, so a config without layer_types needs no rows filled. */
+typedef enum { ATTN_FULL = 0, ATTN_GATED = 1, ATTN_DELTANET = 2 } attn_kind;
+
 typedef struct {
     model_arch arch;
-    char arch_name[16]; /* "qwen2" | "qwen3" | "llama" (config.json's model_type) */
+    char arch_name[16]; /* "qwen2" | "qwen3" | "llama" | ... (config.json's model_type; qwen3_5_text for both Qwen3.5 forms) */
     int L; /* layers */
     int C, H, K, D, F, V; /* model dim, heads, kv heads, head dim, MLP dim, vocab */
     int max_pos;
@@ -47,10 +57,21 @@ typedef struct {
     int router_logits; /* output_router_logits: the balance loss joins the training loss */
     float aux_coef; /* router_aux_loss_coef, its weight there */
     unsigned char mlp[CFG_MAX_LAYERS]; /* (L) mlp_kind of each layer */
+    /* Qwen3.5 (hybrid): R rotary dims of the gated attention's D (partial_rotary_factor · D;
+     * 0: all D); gain1: every RMSNorm except DeltaNet's gated one is zero-centred, its
+     * checkpoint weight w applied as 1 + w; the DeltaNet layers' heads and conv taps. */
+    int R;
+    int gain1;
+    int lin_hk, lin_hv, lin_dk, lin_dv; /* linear_num_key_heads, _value_heads, linear_key/value_head_dim */
+    int conv_k; /* linear_conv_kernel_dim */
+    int vision; /* config.json was a qwen3_5 vision-language one: its tensors are model.language_model.* */
+    unsigned char attn[CFG_MAX_LAYERS]; /* (L) attn_kind of each layer */
 } model_config;
 
 /* Layers whose MLP is MLP_MOE. */
 int config_n_moe(const model_config *c);
+/* Layers whose attention is ATTN_DELTANET (any: the model needs the hybrid ops). */
+int config_n_linear(const model_config *c);
 
 int config_load(const char *dir, model_config *c);
 /* config_load's checks on a parsed config.json (path names it in messages); no other file. */

@@ -21,6 +21,7 @@
 
 #include "common/err.h"
 #include "engine/format/safetensors.h"
+#include "engine/model/hybrid.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 
@@ -34,6 +35,8 @@ static void add_param_at(model *m, const char *name, int ndim, long long d0, lon
     p->ndim = ndim;
     p->shape[0] = d0;
     p->shape[1] = d1;
+    p->shape[2] = 0;
+    p->gain1 = 0;
     p->numel = ndim == 1 ? d0 : d0 * d1;
     p->off = m->n_elems;
     m->n_elems += pad ? (p->numel + 15) & ~15LL : p->numel;
@@ -57,6 +60,36 @@ static void add_moe_params(model *m, int l) {
         }
 }
 
+/* A gated DeltaNet layer's token mixer as HF checkpoints name it (kernels/deltanet.h). */
+static void add_lin_params(model *m, int l) {
+    const model_config *c = &m->cfg;
+    long long C = c->C, KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv, Cc = 2 * KL + VL;
+    char n[96];
+#define P(suffix, nd, a, b) (snprintf(n, sizeof n, "model.layers.%d.linear_attn.%s", l, suffix), add_param(m, n, nd, a, b))
+    P("in_proj_qkv.weight", 2, Cc, C);
+    P("in_proj_z.weight", 2, VL, C);
+    P("in_proj_b.weight", 2, c->lin_hv, C);
+    P("in_proj_a.weight", 2, c->lin_hv, C);
+    P("conv1d.weight", 2, Cc, c->conv_k);
+    m->params[m->n_params - 1].ndim = 3; /* (Cc, 1, Kc) on disk, (Cc, Kc) in memory */
+    m->params[m->n_params - 1].shape[1] = 1;
+    m->params[m->n_params - 1].shape[2] = c->conv_k;
+    P("dt_bias", 1, c->lin_hv, 0);
+    P("A_log", 1, c->lin_hv, 0);
+    P("norm.weight", 1, c->lin_dv, 0);
+    P("out_proj.weight", 2, C, VL);
+#undef P
+}
+
+/* the zero-centred norms (cfg.gain1): every RMSNorm weight but the DeltaNet's gated norm */
+static int is_gain1(const model_config *c, const char *name) {
+    size_t n = strlen(name);
+#define ENDS(s) (n >= sizeof(s) - 1 && !strcmp(name + n - (sizeof(s) - 1), s))
+    return c->gain1 &&
+        (ENDS("layernorm.weight") || ENDS("q_norm.weight") || ENDS("k_norm.weight") || !strcmp(name, "model.norm.weight"));
+#undef ENDS
+}
+
 int model_init(model *m, const model_config *c, eng_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *c;
@@ -69,18 +102,21 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
     for (int l = 0; l < c->L; l++) {
 #define P(suffix, nd, a, b) (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix), add_param(m, n, nd, a, b))
         P("input_layernorm.weight", 1, C, 0);
-        P("self_attn.q_proj.weight", 2, HD, C);
-        if (c->qkv_bias) P("self_attn.q_proj.bias", 1, HD, 0);
-        P("self_attn.k_proj.weight", 2, KD, C);
-        if (c->qkv_bias) P("self_attn.k_proj.bias", 1, KD, 0);
-        P("self_attn.v_proj.weight", 2, KD, C);
-        if (c->qkv_bias) P("self_attn.v_proj.bias", 1, KD, 0);
-        if (c->qk_norm) {
-            P("self_attn.q_norm.weight", 1, c->D, 0);
-            P("self_attn.k_norm.weight", 1, c->D, 0);
+        if (c->attn[l] == ATTN_DELTANET) add_lin_params(m, l);
+        else { /* softmax attention; ATTN_GATED's q_proj holds each head's query and gate */
+            P("self_attn.q_proj.weight", 2, c->attn[l] == ATTN_GATED ? 2 * HD : HD, C);
+            if (c->qkv_bias) P("self_attn.q_proj.bias", 1, HD, 0);
+            P("self_attn.k_proj.weight", 2, KD, C);
+            if (c->qkv_bias) P("self_attn.k_proj.bias", 1, KD, 0);
+            P("self_attn.v_proj.weight", 2, KD, C);
+            if (c->qkv_bias) P("self_attn.v_proj.bias", 1, KD, 0);
+            if (c->qk_norm) {
+                P("self_attn.q_norm.weight", 1, c->D, 0);
+                P("self_attn.k_norm.weight", 1, c->D, 0);
+            }
+            P("self_attn.o_proj.weight", 2, C, HD);
+            if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
         }
-        P("self_attn.o_proj.weight", 2, C, HD);
-        if (c->o_bias) P("self_attn.o_proj.bias", 1, C, 0);
         P("post_attention_layernorm.weight", 1, C, 0);
         if (c->mlp[l] == MLP_MOE) {
             add_moe_params(m, l);
@@ -93,10 +129,12 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
     }
     add_param(m, "model.norm.weight", 1, C, 0);
     if (!c->tied) add_param(m, "lm_head.weight", 2, c->V, C);
+    for (int i = 0; i < m->n_params; i++) m->params[i].gain1 = is_gain1(c, m->params[i].name);
 
-    float *f = malloc((size_t)(c->D / 2) * sizeof(float));
+    /* partial rotary (R < D): the first R/2 frequencies of an R-dim rotation, the rest unused */
+    float *f = calloc((size_t)(c->D / 2), sizeof(float));
     if (!f) return err_set(GE_NOMEM, "model: out of memory");
-    rope_inv_freq(f, c->D, c->rope_theta, c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
+    rope_inv_freq(f, c->R ? c->R : c->D, c->rope_theta, c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
     m->inv_freq = be->alloc(be, (size_t)(c->D / 2) * sizeof(float));
     int rc = m->inv_freq ? be->to_dev(be, m->inv_freq, f, (size_t)(c->D / 2) * sizeof(float)) : GE_NOMEM;
     free(f);
@@ -147,6 +185,15 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->we_gate = V("mlp.experts.0.gate_proj.weight");
         L->we_up = V("mlp.experts.0.up_proj.weight");
         L->we_down = V("mlp.experts.0.down_proj.weight");
+        L->dn_qkv = V("linear_attn.in_proj_qkv.weight");
+        L->dn_z = V("linear_attn.in_proj_z.weight");
+        L->dn_b = V("linear_attn.in_proj_b.weight");
+        L->dn_a = V("linear_attn.in_proj_a.weight");
+        L->dn_conv = V("linear_attn.conv1d.weight");
+        L->dn_dt = V("linear_attn.dt_bias");
+        L->dn_alog = V("linear_attn.A_log");
+        L->dn_norm = V("linear_attn.norm.weight");
+        L->dn_out = V("linear_attn.out_proj.weight");
 #undef V
     }
     return 0;
@@ -155,6 +202,16 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
 void model_views_free(model_views *v) {
     free(v->layers);
     v->layers = NULL;
+}
+
+/* p's tensor in s: the name as model.c spells it, or (a qwen3_5 vision-language checkpoint) its
+ * text model's model.language_model.* name */
+static const st_tensor *find_tensor(const model_config *c, const st_set *s, const model_param *p) {
+    const st_tensor *t = st_find(s, p->name);
+    if (t || !c->vision || strncmp(p->name, "model.", 6)) return t;
+    char n[128];
+    snprintf(n, sizeof n, "model.language_model.%s", p->name + 6);
+    return st_find(s, n);
 }
 
 static int missing_tensor(const model_param *p, const st_set *s, const char *dir) {
@@ -169,7 +226,7 @@ int model_check_files(const model *m, const char *dir) {
     int rc = st_open_dir(dir, &s);
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
-        const st_tensor *t = st_find(&s, p->name);
+        const st_tensor *t = find_tensor(&m->cfg, &s, p);
         rc = t ? st_check_shape(t, p->ndim, p->shape) : missing_tensor(p, &s, dir);
     }
     st_close(&s); /* safe after a failed open too: st_open_dir leaves the set empty */
@@ -187,12 +244,15 @@ static int check_finite(const float *x, long long n, const char *dir, const char
                : 0;
 }
 
-/* One parameter of DIR's set into dst (fp32): a missing or misshapen tensor is an error naming it. */
-static int read_param(const model_param *p, const st_set *s, const char *dir, float *dst) {
-    const st_tensor *t = st_find(s, p->name);
+/* One parameter of DIR's set into dst (fp32): a missing or misshapen tensor is an error naming it.
+ * A zero-centred norm weight becomes its gain 1 + w (model.h). */
+static int read_param(const model *m, const model_param *p, const st_set *s, const char *dir, float *dst) {
+    const st_tensor *t = find_tensor(&m->cfg, s, p);
     if (!t) return missing_tensor(p, s, dir);
     int rc = st_read_f32(t, dst, p->ndim, p->shape);
-    return rc ? rc : check_finite(dst, p->numel, dir, p->name);
+    if (rc || (rc = check_finite(dst, p->numel, dir, p->name))) return rc;
+    for (long long i = 0; p->gain1 && i < p->numel; i++) dst[i] += 1.0f;
+    return 0;
 }
 
 int model_load_host(const model *m, const char *dir, float *host) {
@@ -205,7 +265,7 @@ int model_load_host(const model *m, const char *dir, float *host) {
         long long a = c << 20, b = a + (1 << 20) < m->n_elems ? a + (1 << 20) : m->n_elems;
         memset(host + a, 0, (size_t)(b - a) * sizeof(float));
     }
-    for (int i = 0; i < m->n_params && !rc; i++) rc = read_param(&m->params[i], &s, dir, host + m->params[i].off);
+    for (int i = 0; i < m->n_params && !rc; i++) rc = read_param(m, &m->params[i], &s, dir, host + m->params[i].off);
     st_close(&s);
     return rc;
 }
@@ -222,7 +282,7 @@ int model_load_act(const model *m, const char *dir, void *dst) {
     if (!rc) be->zero(be, dst, (size_t)m->n_elems * (size_t)be->act_bytes); /* the padding between tensors */
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
-        rc = read_param(p, &s, dir, buf);
+        rc = read_param(m, p, &s, dir, buf);
         if (!rc) rc = be->act_from_f32(be, (char *)dst + (size_t)p->off * be->act_bytes, buf, (size_t)p->numel);
     }
     free(buf);
@@ -232,14 +292,23 @@ int model_load_act(const model *m, const char *dir, void *dst) {
 
 int model_save_host(const model *m, const char *dir, const float *host, int bf16) {
     st_out *o = calloc((size_t)m->n_params, sizeof *o);
-    if (!o) return err_set(GE_NOMEM, "model: out of memory");
-    for (int i = 0; i < m->n_params; i++) {
+    float **back = calloc((size_t)m->n_params, sizeof *back); /* zero-centred norms written back as w = gain - 1 */
+    int rc = o && back ? 0 : err_set(GE_NOMEM, "model: out of memory");
+    for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
-        o[i] = (st_out){.name = p->name, .data = host + p->off, .ndim = p->ndim, .shape = {p->shape[0], p->shape[1]}};
+        const float *d = host + p->off;
+        if (p->gain1) {
+            if (!(back[i] = malloc((size_t)p->numel * sizeof(float)))) rc = err_set(GE_NOMEM, "model: out of memory");
+            for (long long j = 0; !rc && j < p->numel; j++) back[i][j] = d[j] - 1.0f;
+            d = back[i];
+        }
+        o[i] = (st_out){.name = p->name, .data = d, .ndim = p->ndim, .shape = {p->shape[0], p->shape[1], p->shape[2]}};
     }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int rc = st_write(path, o, m->n_params, bf16 ? ST_BF16 : ST_F32);
+    if (!rc) rc = st_write(path, o, m->n_params, bf16 ? ST_BF16 : ST_F32);
+    for (int i = 0; back && i < m->n_params; i++) free(back[i]);
+    free(back);
     free(o);
     return rc;
 }
@@ -261,6 +330,11 @@ static size_t carve(const model *m, model_acts *a, char *base) {
      * (ring, the checkpointed layers' shared set) */
     long long E = c->E, k = c->top_k, Fm = c->Fm;
     int has_moe = config_n_moe(c) > 0, has_dense = config_n_moe(c) < c->L;
+    /* the hybrid kinds (kernels/deltanet.h, kernels/gated_attn.h) */
+    int has_lin = config_n_linear(c) > 0, has_gated = 0;
+    for (int l = 0; l < c->L; l++) has_gated |= c->attn[l] == ATTN_GATED;
+    long long Cc = 2LL * c->lin_hk * c->lin_dk + (long long)c->lin_hv * c->lin_dv, VL = (long long)c->lin_hv * c->lin_dv,
+              Hv = c->lin_hv, ST = T * Hv * c->lin_dk * c->lin_dv;
 #define TAKE(ptr, n, es) \
     do { \
         (ptr) = base ? (void *)(base + off) : NULL; \
@@ -290,10 +364,25 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(a->edg, T * k * Fm, eb);
             TAKE(a->edu, T * k * Fm, eb);
         }
+        if (has_gated) {
+            TAKE(a->dqg, T * 2 * HD, eb);
+            TAKE(a->dkg, T * KD, eb);
+        }
+        if (has_lin) {
+            TAKE(a->dx_qkv, T * Cc, eb);
+            TAKE(a->du_lin, T * Cc, eb);
+            TAKE(a->dz, T * VL, eb);
+            TAKE(a->dy_lin, T * VL, eb);
+            TAKE(a->do_lin, T * VL, eb);
+            TAKE(a->ddn_a, T * Hv, eb);
+            TAKE(a->ddn_b, T * Hv, eb);
+            TAKE(a->dstates, ST, 4);
+        }
         a->dg = a->da;
         a->dq0 = a->datt;
         a->dk0 = a->dq;
     }
+    if (has_lin) TAKE(a->states, ST, 4);
     int nl = a->grad == 1 ? (a->ring > 0 && a->ring < c->L ? a->ring : c->L) : 1;
     struct model_layer_acts shared = {0}; /* the set the checkpointed layers share (n_ckpt) */
     for (int l = 0; l < c->L; l++) {
@@ -343,6 +432,20 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(L->eg, T * k * Fm, eb);
             TAKE(L->eu, T * k * Fm, eb);
             TAKE(L->ey, T * k * C, eb);
+        }
+        if (has_gated) {
+            TAKE(L->qg, T * 2 * HD, eb);
+            TAKE(L->ag, T * HD, eb);
+        }
+        if (has_lin) {
+            TAKE(L->x_qkv, T * Cc, eb);
+            TAKE(L->dn_u, T * Cc, eb);
+            TAKE(L->z, T * VL, eb);
+            TAKE(L->dn_a, T * Hv, eb);
+            TAKE(L->dn_b, T * Hv, eb);
+            TAKE(L->o, T * VL, eb);
+            TAKE(L->y, T * VL, eb);
+            TAKE(L->rstdn, T * Hv, 4);
         }
         TAKE(L->rstd1, T, 4);
         TAKE(L->rstdq, T * c->H, 4);
@@ -413,6 +516,9 @@ static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gr
 
 int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring) {
     *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring};
+    if (m->cfg.arch == ARCH_QWEN3_5) /* a split group's responses would need the prompt's recurrent state */
+        return err_set(GE_UNSUPPORTED, "%s: a group split over micro-batches is not built yet: raise max_tokens_per_micro_batch",
+                       m->cfg.arch_name);
     return acts_alloc(m, a, cap_T, cap_M);
 }
 
@@ -528,6 +634,11 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
     int rc = model_input_upload(m, a, in, &d);
     if (rc) return rc;
     if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
+    if (kv && m->cfg.arch == ARCH_QWEN3_5)
+        return err_set(GE_UNSUPPORTED,
+                       "%s: decoding with a KV cache and recurrent state is not built yet (training and scoring "
+                       "passes only)",
+                       m->cfg.arch_name);
     model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
     return m->be->sync(m->be);
 }
@@ -649,8 +760,14 @@ static const struct {
     [MLP_MOE] = {mlp_moe_fwd, mlp_moe_bwd},
 };
 
-void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
-                     void *kv_v) {
+/* ---------------------------------------------------------------- attention kinds
+ * Each kind's forward takes A->x (T,C) and writes A->xm = A->x + attention(rmsnorm(A->x)); its
+ * backward takes d A->xm in a->dres and leaves d A->x there (the residual and the branch). */
+
+/* Softmax attention: q, k, v = rmsnorm(x) W^T (the norm fused into the projections), q/k norm
+ * and RoPE, attention, xm = x + att Wo^T. kv_k, kv_v: this layer's cache (d->slot set) or NULL. */
+static void attn_full_fwd(const model *m, const model_views *w, model_acts *a, int l, const model_dev_input *d, void *kv_k,
+                          void *kv_v) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, HD = H * D, KD = K * D;
@@ -681,6 +798,25 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
     be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
     mm_part o = {A->xm, W->wo, W->bo, C, A->x, lora_term(m, a, W, LORA_O, 0, T)};
     be->matmul_fwd_n(be, &o, 1, A->att, NULL, T, HD);
+}
+
+static void attn_full_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
+                          const model_dev_input *d);
+
+/* One row per attn_kind (config.h); the hybrid kinds are hybrid.c's. */
+static const struct {
+    void (*fwd)(const model *m, const model_views *w, model_acts *a, int l, const model_dev_input *d, void *kv_k, void *kv_v);
+    void (*bwd)(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
+} attn_kinds[] = {
+    [ATTN_FULL] = {attn_full_fwd, attn_full_bwd},
+    [ATTN_GATED] = {hybrid_gated_fwd, hybrid_gated_bwd},
+    [ATTN_DELTANET] = {hybrid_deltanet_fwd, hybrid_deltanet_bwd},
+};
+
+void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
+                     void *kv_v) {
+    const model_config *c = &m->cfg;
+    attn_kinds[c->attn[l]].fwd(m, w, a, l, d, kv_k, kv_v);
     mlp_kinds[c->mlp[l]].fwd(m, w, a, l, out, d);
 }
 
@@ -784,13 +920,19 @@ static void acc_begin(const model *m, const model_acts *a, int l, int T) {
 
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d) {
     const model_config *c = &m->cfg;
+    mlp_kinds[c->mlp[l]].bwd(m, w, g, a, l, d);
+    attn_kinds[c->attn[l]].bwd(m, w, g, a, l, d);
+}
+
+static void attn_full_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l,
+                          const model_dev_input *d) {
+    const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C, H = c->H, K = c->K, D = c->D, HD = H * D, KD = K * D;
     size_t eb = (size_t)be->act_bytes;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
-    mlp_kinds[c->mlp[l]].bwd(m, w, g, a, l, d);
-    /* attention: dres is now d xm = d x (residual) + the attention branch's contribution. */
+    /* dres is d xm = d x (residual) + the attention branch's contribution. */
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
     lora_bwd(m, a, W, G, LORA_O, a->dres, A->att, a->datt, T, HD, C);

@@ -11,9 +11,15 @@
  * experts per token, Fm expert MLP dim (kernels/moe.h). Every tensor is row-major, the last
  * letter fastest; weights are (out, in) as in HF's nn.Linear.
  *
- * A layer is a row: attention, then the MLP of its kind (cfg.mlp[l]: dense SwiGLU or a mixture
- * of experts). The composition looks the kind up in one table of forward/backward pairs
- * (model.c, mlp_kinds); no op asks which model it is in. */
+ * A layer is a row: the attention of its kind (cfg.attn[l]: softmax, gated softmax or gated
+ * DeltaNet), then the MLP of its kind (cfg.mlp[l]: dense SwiGLU or a mixture of experts). The
+ * composition looks each kind up in a table of forward/backward pairs (model.c, attn_kinds and
+ * mlp_kinds; the hybrid kinds in hybrid.c); no op asks which model it is in.
+ * Zero-centred RMSNorm weights (Qwen3.5: the checkpoint holds w, the norm applies 1 + w) are
+ * held as the gain 1 + w in every buffer and written back as w (model_param.gain1): the same
+ * kernels run, and the gradient with respect to the gain is the gradient with respect to w.
+ * (In fp32 the gain keeps w to 2^-24 absolute; a bf16 copy of it would keep w only to 2^-8
+ * absolute, so a CUDA port applies the offset in its norm kernels rather than in the weights.) */
 #ifndef GRPOD_MODEL_H
 #define GRPOD_MODEL_H
 #include <stddef.h>
@@ -25,8 +31,9 @@
 typedef struct {
     char name[96]; /* HF name, e.g. "model.layers.3.self_attn.q_proj.weight" */
     int ndim;
-    long long shape[2];
+    long long shape[3];
     long long off, numel; /* elements into the flat buffer */
+    int gain1; /* a zero-centred RMSNorm weight (config gain1): held as 1 + the checkpoint's value */
 } model_param;
 
 /* LoRA targets (engine/model/lora.h): the seven projections an adapter can ride on. */
@@ -48,6 +55,16 @@ typedef struct {
     void *router; /* (E,C) mlp.gate.weight */
     void *we_gate, *we_up; /* (E,Fm,C) mlp.experts.{e}.gate_proj / up_proj */
     void *we_down; /* (E,C,Fm) mlp.experts.{e}.down_proj */
+    /* ATTN_GATED layers use wq (2HD,C): per head the query's D rows, then its gate's D rows.
+     * ATTN_DELTANET layers have none of the attention weights above but these (kernels/deltanet.h;
+     * Cc = 2 Hk Dk + Hv Dv, VL = Hv Dv): */
+    void *dn_qkv; /* (Cc,C) linear_attn.in_proj_qkv */
+    void *dn_z; /* (VL,C) in_proj_z */
+    void *dn_b, *dn_a; /* (Hv,C) in_proj_b, in_proj_a */
+    void *dn_conv; /* (Cc,Kc) conv1d.weight (Cc,1,Kc) */
+    void *dn_dt, *dn_alog; /* (Hv) dt_bias, A_log */
+    void *dn_norm; /* (Dv) norm.weight, the gated norm (not zero-centred) */
+    void *dn_out; /* (C,VL) out_proj */
     /* low-rank adapters (NULL: none, the base alone): target t adds (X A^T) B^T to its
      * projection's output, A (r, I) and B (O, r) with the LoRA scale folded into B (lora.h) */
     void *la[LORA_N], *lb[LORA_N];
@@ -140,7 +157,20 @@ typedef struct {
         float *probs, *topw; /* (T,E) router softmax, (T,k) routing weights */
         int *topi; /* (T,k) experts chosen */
         void *eg, *eu, *ey; /* (T,k,Fm), (T,k,Fm), (T,k,C) each slot's gate, up, expert output */
+        /* ATTN_GATED layers: qg (T,2HD) q_proj's output (query and gate per head), ag (T,HD) the
+         * gated attention output; k0 as qk_norm */
+        void *qg, *ag;
+        /* ATTN_DELTANET layers (kernels/deltanet.h): x_qkv (T,Cc) in_proj_qkv's output, dn_u (T,Cc)
+         * the conv's, z (T,VL), dn_a, dn_b (T,Hv) the projections, o (T,VL) the rule's output,
+         * y (T,VL) the gated norm's; rstdn (T,Hv) */
+        void *x_qkv, *dn_u, *z, *dn_a, *dn_b, *o, *y;
+        float *rstdn;
     } * l; /* (L) */
+    /* ATTN_DELTANET scratch, shared by the layers: each token's state (T,Hv,Dk,Dv) (forward and
+     * backward), their gradients (grad only); backward scratch dqg (T,2HD), dkg (T,KD), dx_qkv, du (T,Cc),
+     * dz, dy, dob (T,VL), ddn_a, ddn_b (T,Hv) (act-typed) */
+    float *states, *dstates;
+    void *dqg, *dkg, *dx_qkv, *du_lin, *dz, *dy_lin, *do_lin, *ddn_a, *ddn_b;
     float *moe_stats; /* (MOE_STATS(E)) the balance loss's statistics of the last forward, every MoE layer */
     float *aux_g; /* (E) its gradient per unit count (model_backward) */
     float *dtopw, *dlogit; /* (T,k), (T,E) MoE backward scratch */

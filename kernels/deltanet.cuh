@@ -1,0 +1,23 @@
+/* deltanet.cuh — the CUDA launchers of deltanet.cu. Legend as deltanet.h (T, Hk, Hv, Dk, Dv, Kc, Cc).
+ * Same arguments as the deltanet.h reference with a `_cuda` suffix and a cu_ctx first; bf16
+ * where the CPU has fp32 activations/weights. Not built yet: each launcher marks the context
+ * failed ("not supported on cuda yet"), and the engine refuses a hybrid model on cuda at open
+ * (eng_backend.no_hybrid), so they are never reached by a model. */
+#ifndef GRPOD_KERNELS_DELTANET_CUH
+#define GRPOD_KERNELS_DELTANET_CUH
+#include "kernels/common.cuh"
+#include "kernels/deltanet.h"
+
+void deltanet_conv_fwd_cuda(cu_ctx *c, bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc);
+void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
+                            int Cc, int Kc);
+void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
+                            const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, float *states,
+                            float *dstates, const bf16 *dout, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
+                            const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+void deltanet_norm_fwd_cuda(cu_ctx *c, bf16 *y, float *rstd, const bf16 *o, const bf16 *z, const bf16 *w, int T, int Hv, int Dv,
+                            float eps);
+void deltanet_norm_bwd_cuda(cu_ctx *c, bf16 *dout, bf16 *dz, float *dw, const bf16 *dy, const bf16 *o, const bf16 *z,
+                            const bf16 *w, const float *rstd, int T, int Hv, int Dv);
+#endif

@@ -1,0 +1,294 @@
+/* deltanet_cpu.c — fp32 reference of deltanet.h: plain loops, one order of summation per output
+ * whatever the thread count (threads split heads or channels, never a sum).
+ *
+ * The rule's backward, per value head, walks the tokens in reverse with dS the gradient of the
+ * state after token t (from its output and from every token that continued it):
+ *   dS += q do^T;  dq = S do
+ *   S = S' + k δ^T:        dk += dS δ;   dδ = dS^T k;        (S' = e^g S_prev, m = S'^T k)
+ *   δ = β (v - m):         dβ = dδ · (v - m);  dv = β dδ;  dm = -β dδ
+ *   m = S'^T k:            dS' = dS + k dm^T;  dk += S' dm
+ *   S' = e^g S_prev:       dg = e^g Σ dS' ⊙ S_prev;  dS_prev += e^g dS'
+ * then through g = -exp(A_log) softplus(a + dt_bias), β = sigmoid(b) and the l2 norms. A key
+ * head's q/k gradient sums its value heads in head order. */
+#include "kernels/deltanet.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
+
+/* ---------------------------------------------------------------- conv */
+
+/* hist[j] = the token Kc-1-j steps back from t along deltanet_prev (-1: before the start) */
+static void conv_history(int *hist, attn_ranges r, int t, int Kc) {
+    int s = t;
+    for (int j = Kc - 1; j >= 0; j--) {
+        hist[j] = s;
+        if (s >= 0) s = deltanet_prev(r, s);
+    }
+}
+
+static float conv_pre(const float *x, const float *wc, const int *hist, int c, int Cc, int Kc) {
+    float s = 0;
+    for (int j = 0; j < Kc; j++)
+        if (hist[j] >= 0) s += wc[j] * x[(size_t)hist[j] * Cc + c];
+    return s;
+}
+
+void deltanet_conv_fwd_cpu(float *u, const float *x, const float *w, attn_ranges r, int T, int Cc, int Kc) {
+#pragma omp parallel for
+    for (int t = 0; t < T; t++) {
+        int hist[64];
+        conv_history(hist, r, t, Kc);
+        for (int c = 0; c < Cc; c++) u[(size_t)t * Cc + c] = silu(conv_pre(x, w + (size_t)c * Kc, hist, c, Cc, Kc));
+    }
+}
+
+/* Channels are independent: each thread owns whole channels, summing their tokens in order. */
+void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x, const float *w, attn_ranges r, int T, int Cc,
+                           int Kc) {
+    memset(dx, 0, (size_t)T * Cc * sizeof(float));
+#pragma omp parallel for
+    for (int c = 0; c < Cc; c++) {
+        const float *wc = w + (size_t)c * Kc;
+        float dwc[64] = {0};
+        int hist[64];
+        for (int t = 0; t < T; t++) {
+            conv_history(hist, r, t, Kc);
+            float p = conv_pre(x, wc, hist, c, Cc, Kc), sg = sigmoid(p);
+            float dp = du[(size_t)t * Cc + c] * (sg * (1.0f + p * (1.0f - sg)));
+            for (int j = 0; j < Kc; j++)
+                if (hist[j] >= 0) {
+                    dwc[j] += dp * x[(size_t)hist[j] * Cc + c];
+                    dx[(size_t)hist[j] * Cc + c] += dp * wc[j];
+                }
+        }
+        for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
+    }
+}
+
+/* ---------------------------------------------------------------- rule */
+
+/* l2norm(x) into y, returning 1 / sqrt(Σx² + 1e-6) */
+static float l2n(float *y, const float *x, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = 1.0f / sqrtf((float)ss + 1e-6f);
+    for (int i = 0; i < n; i++) y[i] = x[i] * inv;
+    return inv;
+}
+
+typedef struct {
+    int Hk, Hv, Dk, Dv, Cc;
+} rule_dims;
+
+/* token t's q (scaled), k, v, e^g and β of value head h */
+static void rule_inputs(float *q, float *k, const float **v, float *eg, float *beta, float *gout, float *bpre, const float *u,
+                        const float *a, const float *b, const float *A_log, const float *dt_bias, rule_dims n, int t, int h) {
+    int kh = h / (n.Hv / n.Hk);
+    const float *ut = u + (size_t)t * n.Cc;
+    l2n(q, ut + (size_t)kh * n.Dk, n.Dk);
+    float sc = 1.0f / sqrtf((float)n.Dk);
+    for (int i = 0; i < n.Dk; i++) q[i] *= sc;
+    l2n(k, ut + (size_t)n.Hk * n.Dk + (size_t)kh * n.Dk, n.Dk);
+    *v = ut + (size_t)2 * n.Hk * n.Dk + (size_t)h * n.Dv;
+    float g = -expf(A_log[h]) * softplus(a[(size_t)t * n.Hv + h] + dt_bias[h]);
+    *gout = g;
+    *eg = expf(g);
+    *bpre = b[(size_t)t * n.Hv + h];
+    *beta = sigmoid(*bpre);
+}
+
+/* One token of value head h: S = e^g S_prev (zeros when prev is NULL), the delta update, o = S^T q. */
+static void rule_step(float *S, const float *Sp, float *o, const float *q, const float *k, const float *v, float eg, float beta,
+                      int Dk, int Dv) {
+    float d[1024];
+    for (int j = 0; j < Dv; j++) d[j] = 0;
+    for (int i = 0; i < Dk; i++)
+        for (int j = 0; j < Dv; j++) {
+            float s = Sp ? eg * Sp[(size_t)i * Dv + j] : 0.0f;
+            S[(size_t)i * Dv + j] = s;
+            d[j] += s * k[i];
+        }
+    for (int j = 0; j < Dv; j++) d[j] = beta * (v[j] - d[j]);
+    for (int i = 0; i < Dk; i++)
+        for (int j = 0; j < Dv; j++) S[(size_t)i * Dv + j] += k[i] * d[j];
+    for (int j = 0; j < Dv; j++) o[j] = 0;
+    for (int i = 0; i < Dk; i++)
+        for (int j = 0; j < Dv; j++) o[j] += S[(size_t)i * Dv + j] * q[i];
+}
+
+void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float *a, const float *b, const float *A_log,
+                           const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    rule_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
+    size_t SZ = (size_t)Dk * Dv;
+#pragma omp parallel for
+    for (int h = 0; h < Hv; h++) {
+        float q[1024], k[1024], eg, beta, g, bp;
+        const float *v;
+        for (int t = 0; t < T; t++) {
+            rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
+            int p = deltanet_prev(r, t);
+            rule_step(states + ((size_t)t * Hv + h) * SZ, p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL,
+                      o + ((size_t)t * Hv + h) * Dv, q, k, v, eg, beta, Dk, Dv);
+        }
+    }
+}
+
+/* y = x / sqrt(Σx² + eps) backward: dx = inv (dy - y (y · dy)) */
+static void l2n_bwd(float *dx, const float *x, const float *dy, int n) {
+    float y[1024];
+    float inv = l2n(y, x, n);
+    double yd = 0;
+    for (int i = 0; i < n; i++) yd += (double)y[i] * dy[i];
+    for (int i = 0; i < n; i++) dx[i] = inv * (dy[i] - y[i] * (float)yd);
+}
+
+/* The reverse walk of value head h: du's q/k slices of its key head += the gradients of the
+ * scaled, normalised q and k; du's v slice, da, db written; dA_log[h], ddt_bias[h] +=. */
+static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float *ddt_bias, const float *states, float *dstates,
+                          const float *dout, const float *u, const float *a, const float *b, const float *A_log,
+                          const float *dt_bias, attn_ranges r, int T, rule_dims n, int h) {
+    int Dk = n.Dk, Dv = n.Dv, Hv = n.Hv;
+    size_t SZ = (size_t)Dk * Dv;
+    float q[1024], k[1024], m[1024], dd[1024], dm[1024], eg, beta, g, bp;
+    const float *v;
+    double dAl = 0, ddt = 0;
+    for (int t = T - 1; t >= 0; t--) {
+        rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
+        int p = deltanet_prev(r, t);
+        const float *S = states + ((size_t)t * Hv + h) * SZ, *Sp = p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL;
+        float *dS = dstates + ((size_t)t * Hv + h) * SZ;
+        const float *dy = dout + ((size_t)t * Hv + h) * Dv;
+        int kh = h / (Hv / n.Hk);
+        float *dq = du + (size_t)t * n.Cc + (size_t)kh * Dk, *dk = du + (size_t)t * n.Cc + (size_t)(n.Hk + kh) * Dk;
+        float *dv = du + (size_t)t * n.Cc + (size_t)2 * n.Hk * Dk + (size_t)h * Dv;
+        for (int i = 0; i < Dk; i++) {
+            float s = 0;
+            for (int j = 0; j < Dv; j++) {
+                dS[(size_t)i * Dv + j] += q[i] * dy[j];
+                s += S[(size_t)i * Dv + j] * dy[j];
+            }
+            dq[i] += s;
+        }
+        /* m = S'^T k with S' = e^g S_prev; δ = β (v - m) */
+        for (int j = 0; j < Dv; j++) m[j] = 0;
+        if (Sp)
+            for (int i = 0; i < Dk; i++)
+                for (int j = 0; j < Dv; j++) m[j] += eg * Sp[(size_t)i * Dv + j] * k[i];
+        for (int j = 0; j < Dv; j++) dd[j] = 0;
+        for (int i = 0; i < Dk; i++) {
+            float s = 0;
+            for (int j = 0; j < Dv; j++) {
+                s += dS[(size_t)i * Dv + j] * beta * (v[j] - m[j]);
+                dd[j] += dS[(size_t)i * Dv + j] * k[i];
+            }
+            dk[i] += s;
+        }
+        float dbeta = 0;
+        for (int j = 0; j < Dv; j++) {
+            dbeta += dd[j] * (v[j] - m[j]);
+            dv[j] = beta * dd[j];
+            dm[j] = -beta * dd[j];
+        }
+        /* dS' = dS + k dm^T; dk += S' dm; dg, dS_prev */
+        float dgs = 0;
+        float *dSp = p >= 0 ? dstates + ((size_t)p * Hv + h) * SZ : NULL;
+        for (int i = 0; i < Dk; i++) {
+            float s = 0;
+            for (int j = 0; j < Dv; j++) {
+                float dsp = dS[(size_t)i * Dv + j] + k[i] * dm[j];
+                if (Sp) {
+                    float sp = Sp[(size_t)i * Dv + j];
+                    s += eg * sp * dm[j];
+                    dgs += dsp * sp;
+                    dSp[(size_t)i * Dv + j] += eg * dsp;
+                }
+            }
+            dk[i] += s;
+        }
+        float dg = eg * dgs, x = a[(size_t)t * Hv + h] + dt_bias[h];
+        float dx = dg * -expf(A_log[h]) * sigmoid(x);
+        da[(size_t)t * Hv + h] = dx;
+        ddt += dx;
+        dAl += dg * g;
+        db[(size_t)t * Hv + h] = dbeta * beta * (1.0f - beta);
+    }
+    *dA_log += (float)dAl;
+    *ddt_bias += (float)ddt;
+}
+
+void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float *ddt_bias, float *states, float *dstates,
+                           const float *dout, const float *u, const float *a, const float *b, const float *A_log,
+                           const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    rule_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
+    deltanet_rule_fwd_cpu(dstates, states, u, a, b, A_log, dt_bias, r, T, Hk, Hv, Dk, Dv); /* dstates: o, discarded */
+    memset(dstates, 0, (size_t)T * Hv * Dk * Dv * sizeof(float));
+    int G = Hv / Hk;
+    /* key head kh's value heads add their q/k gradients, in head order, into du's q/k slices
+     * (pre-norm), then the l2 norms' backward runs in place */
+#pragma omp parallel for
+    for (int kh = 0; kh < Hk; kh++) {
+        for (int t = 0; t < T; t++) {
+            memset(du + (size_t)t * n.Cc + (size_t)kh * Dk, 0, (size_t)Dk * sizeof(float));
+            memset(du + (size_t)t * n.Cc + (size_t)(Hk + kh) * Dk, 0, (size_t)Dk * sizeof(float));
+        }
+        for (int h = kh * G; h < (kh + 1) * G; h++)
+            rule_bwd_head(du, da, db, dA_log + h, ddt_bias + h, states, dstates, dout, u, a, b, A_log, dt_bias, r, T, n, h);
+        float sc = 1.0f / sqrtf((float)Dk), y[1024];
+        for (int t = 0; t < T; t++) {
+            float *gq = du + (size_t)t * n.Cc + (size_t)kh * Dk, *gk = du + (size_t)t * n.Cc + (size_t)(Hk + kh) * Dk;
+            const float *xq = u + (size_t)t * n.Cc + (size_t)kh * Dk, *xk = u + (size_t)t * n.Cc + (size_t)(Hk + kh) * Dk;
+            for (int i = 0; i < Dk; i++) y[i] = gq[i] * sc;
+            l2n_bwd(gq, xq, y, Dk);
+            for (int i = 0; i < Dk; i++) y[i] = gk[i];
+            l2n_bwd(gk, xk, y, Dk);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- gated norm
+ * n = o r, r = rsqrt(mean(o²) + eps); y = w n silu(z):
+ *   dw += dy n silu(z);  dz = dy w n silu'(z);  dn = dy w silu(z);  do = r (dn - n mean(dn n)) */
+
+void deltanet_norm_fwd_cpu(float *y, float *rstd, const float *o, const float *z, const float *w, int T, int Hv, int Dv, float eps) {
+#pragma omp parallel for
+    for (long long row = 0; row < (long long)T * Hv; row++) {
+        const float *x = o + row * Dv, *zr = z + row * Dv;
+        double ss = 0;
+        for (int i = 0; i < Dv; i++) ss += (double)x[i] * x[i];
+        float r = 1.0f / sqrtf((float)(ss / Dv) + eps);
+        rstd[row] = r;
+        for (int i = 0; i < Dv; i++) y[row * Dv + i] = w[i] * (x[i] * r) * silu(zr[i]);
+    }
+}
+
+void deltanet_norm_bwd_cpu(float *dout, float *dz, float *dw, const float *dy, const float *o, const float *z, const float *w,
+                           const float *rstd, int T, int Hv, int Dv) {
+    long long R = (long long)T * Hv;
+#pragma omp parallel for
+    for (long long row = 0; row < R; row++) {
+        const float *x = o + row * Dv, *zr = z + row * Dv, *g = dy + row * Dv;
+        float r = rstd[row], dn[1024];
+        double s = 0;
+        for (int i = 0; i < Dv; i++) {
+            float n = x[i] * r, sg = sigmoid(zr[i]), sl = zr[i] * sg;
+            dn[i] = g[i] * w[i] * sl;
+            dz[row * Dv + i] = g[i] * w[i] * n * (sg * (1.0f + zr[i] * (1.0f - sg)));
+            s += (double)dn[i] * n;
+        }
+        float mean = (float)(s / Dv);
+        for (int i = 0; i < Dv; i++) dout[row * Dv + i] = r * (dn[i] - x[i] * r * mean);
+    }
+    /* dw: each element sums its rows in order */
+#pragma omp parallel for
+    for (int i = 0; i < Dv; i++) {
+        double s = 0;
+        for (long long row = 0; row < R; row++)
+            s += (double)dy[row * Dv + i] * (o[row * Dv + i] * rstd[row]) * silu(z[row * Dv + i]);
+        dw[i] += (float)s;
+    }
+}

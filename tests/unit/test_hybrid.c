@@ -1,0 +1,222 @@
+/* test_hybrid.c — hybrid linear-attention models (Qwen3.5: gated DeltaNet and gated softmax
+ * attention layers) on the CPU backend, the fp32 reference.
+ *
+ * Against transformers (tests/fixtures/make_hybrid_reference.py, data/qwen3_5_*): per-token
+ * logprobs (max |Δ| ≤ 1e-4, the DESIGN.md contract) over sequences of 2 and 3 tokens (shorter
+ * than the conv), 64 (one whole chunk of transformers' chunked rule), 65 and 150 (across chunk
+ * boundaries); the gradient of Σ w·logprob (relative L2 ≤ 1e-4 per tensor, every DeltaNet and
+ * gated-attention weight included: A_log, dt_bias, the conv taps, the zero-centred norms). The
+ * qwen3_5 vision-language form loads its text model and gives its logprobs.
+ *
+ * Packed ≡ standard: [P; R_1..R_N] — each response starting from the prompt's final recurrent
+ * state and conv tail — and N copies of [P; R_i] give the same logprobs and gradients (1e-5
+ * relative: the layouts sum the same terms in other orders; the prompt's state gradient is the
+ * sum of its responses'). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/err.h"
+#include "engine/format/json.h"
+#include "engine/format/safetensors.h"
+#include "engine/model/model.h"
+#include "engine/model/pack.h"
+
+#define FIX "tests/fixtures/data"
+
+typedef struct {
+    model_config cfg;
+    eng_backend *be;
+    model m;
+    float *w;
+    model_views wv;
+} loaded;
+
+static void load(loaded *x, const char *dir) {
+    CHECK_MSG(config_load(dir, &x->cfg) == 0, "%s", err_msg());
+    backend_cpu_create(&x->be, 0);
+    CHECK(model_init(&x->m, &x->cfg, x->be) == 0);
+    x->w = malloc((size_t)x->m.n_elems * 4);
+    CHECK_MSG(model_load_host(&x->m, dir, x->w) == 0, "%s", err_msg());
+    model_views_make(&x->m, x->w, 4, &x->wv);
+}
+
+static void unload(loaded *x) {
+    free(x->w);
+    model_views_free(&x->wv);
+    model_free(&x->m);
+    x->be->destroy(x->be);
+}
+
+/* Each sequence of reference.json alone, as transformers ran it: *worst = the worst |Δ logprob|,
+ * and with g the gradient of Σ w·logprob added into g. */
+static void run_reference(loaded *x, const js *root, float *g, double *worst_out) {
+    const js *seqs = js_get(root, "sequences"), *lps = js_get(root, "logprobs"), *wts = js_get(root, "loss_weights");
+    model_views gv;
+    if (g) model_views_make(&x->m, g, 4, &gv);
+    double worst = 0;
+    for (int s = 0; s < seqs->n; s++) {
+        const js *sq = &seqs->items[s];
+        int n = sq->n, *ids = malloc((size_t)n * sizeof(int)), R = n - 1;
+        for (int i = 0; i < n; i++) ids[i] = (int)sq->items[i].num;
+        const int *resp[1] = {ids + 1};
+        pack_group pg = {.prompt = ids, .P = 1, .N = 1, .resp = resp, .R = &R};
+        pack_batch b;
+        CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
+        model_acts a;
+        CHECK(model_acts_init(&x->m, &a, b.T, b.M, g ? 1 : 0) == 0);
+        model_input in;
+        model_input_from_batch(&in, &b);
+        CHECK_MSG(model_forward(&x->m, &x->wv, &a, NULL, &in, 1.0f, 0) == 0, "%s", err_msg());
+        float *dl = malloc((size_t)b.M * 4);
+        for (int t = 0; t < b.M; t++) {
+            double d = fabs(a.logp[t] - lps->items[s].items[t].num);
+            worst = d > worst ? d : worst;
+            dl[t] = (float)wts->items[s].items[t].num;
+        }
+        if (g) CHECK(model_backward(&x->m, &x->wv, &gv, &a, &in, dl, NULL, 1.0f) == 0);
+        free(dl);
+        free(ids);
+        model_acts_free(&x->m, &a);
+        pack_batch_free(&b);
+    }
+    if (g) model_views_free(&gv);
+    *worst_out = worst;
+}
+
+TEST(hybrid_matches_transformers) {
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b"};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char dir[256], path[512];
+        snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
+        snprintf(path, sizeof path, "%s/reference.json", dir);
+        js_doc *doc;
+        const js *root;
+        CHECK_MSG(js_parse_file(path, &doc, &root) == 0, "%s", err_msg());
+        loaded x;
+        load(&x, dir);
+        const js *lt = js_get(root, "layer_types");
+        CHECK(x.cfg.arch == ARCH_QWEN3_5 && lt->n == x.cfg.L);
+        for (int l = 0; l < lt->n; l++)
+            CHECK(x.cfg.attn[l] == (strcmp(js_str(&lt->items[l]), "linear_attention") ? ATTN_GATED : ATTN_DELTANET));
+        float *g = calloc((size_t)x.m.n_elems, 4);
+        double worst_lp;
+        run_reference(&x, root, g, &worst_lp);
+        snprintf(path, sizeof path, "%s/grads.safetensors", dir);
+        st_set gs = {0};
+        CHECK_MSG(st_open_file(&gs, path) == 0, "%s", err_msg());
+        double worst = 0;
+        const char *wn = "";
+        for (int p = 0; p < x.m.n_params; p++) {
+            const model_param *pp = &x.m.params[p];
+            const st_tensor *t = st_find(&gs, pp->name);
+            CHECK_MSG(t, "%s: no gradient for %s", path, pp->name);
+            float *ref = malloc((size_t)t->numel * 4);
+            CHECK(st_read_f32(t, ref, pp->ndim, pp->shape) == 0);
+            double e = rel_l2(g + pp->off, ref, (size_t)t->numel);
+            if (e > worst) worst = e, wn = pp->name;
+            free(ref);
+        }
+        st_close(&gs);
+        printf("  %-16s max |Δ logprob| %.2e, worst grad rel L2 %.2e (%s)\n", models[mi], worst_lp, worst, wn);
+        CHECK_MSG(worst_lp <= 1e-4, "%s: max |Δ logprob| %.3g > 1e-4", models[mi], worst_lp);
+        CHECK_MSG(worst <= 1e-4, "%s: gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, worst);
+        free(g);
+        unload(&x);
+        js_doc_free(doc);
+    }
+}
+
+/* The text model of a qwen3_5 vision-language checkpoint (model.language_model.* names; the
+ * vision tower's tensors are left in the file). */
+TEST(hybrid_vision_language_checkpoint) {
+    js_doc *doc;
+    const js *root;
+    CHECK(js_parse_file(FIX "/qwen3_5_vl/reference.json", &doc, &root) == 0);
+    loaded x;
+    load(&x, FIX "/qwen3_5_vl");
+    CHECK(x.cfg.vision && x.cfg.arch == ARCH_QWEN3_5 && !strcmp(x.cfg.arch_name, "qwen3_5_text"));
+    double worst;
+    run_reference(&x, root, NULL, &worst);
+    printf("  qwen3_5_vl       max |Δ logprob| %.2e\n", worst);
+    CHECK_MSG(worst <= 1e-4, "max |Δ logprob| %.3g > 1e-4", worst);
+    unload(&x);
+    js_doc_free(doc);
+}
+
+/* ---------------------------------------------------------------- packed ≡ standard */
+
+enum { NG = 3 };
+
+static void run_layout(loaded *x, const pack_group *pg, pack_layout lay, const float *wl, float **logp, float **grad, long long *T) {
+    pack_batch b;
+    CHECK(pack_build(&b, pg, 0, NG, lay) == 0);
+    model_acts a;
+    CHECK(model_acts_init(&x->m, &a, b.T, b.M, 1) == 0);
+    model_input in;
+    model_input_from_batch(&in, &b);
+    *grad = calloc((size_t)x->m.n_elems, 4);
+    *logp = malloc((size_t)b.M * 4);
+    model_views gv;
+    model_views_make(&x->m, *grad, 4, &gv);
+    CHECK(model_forward(&x->m, &x->wv, &a, NULL, &in, 1.0f, 0) == 0);
+    memcpy(*logp, a.logp, (size_t)b.M * 4);
+    CHECK(model_backward(&x->m, &x->wv, &gv, &a, &in, wl, NULL, 1.0f) == 0);
+    *T = b.T;
+    model_views_free(&gv);
+    model_acts_free(&x->m, &a);
+    pack_batch_free(&b);
+}
+
+/* groups: P 9 with N 4 (ragged, R = 1 and R < the conv included), P 1 with N 1, P 5 with N 3 */
+TEST(hybrid_packed_equals_standard) {
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b"};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
+        loaded x;
+        load(&x, dir);
+        static const int P[NG] = {9, 1, 5}, N[NG] = {4, 1, 3}, Rs[NG][4] = {{1, 6, 3, 8}, {5}, {4, 2, 7}};
+        unsigned long long s = 3401 + mi;
+        int *prompts[NG], *resp[NG][4], M = 0;
+        const int *rp[NG][4];
+        pack_group pg[NG];
+        for (int g = 0; g < NG; g++) {
+            prompts[g] = malloc((size_t)P[g] * sizeof(int));
+            for (int i = 0; i < P[g]; i++) prompts[g][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (x.cfg.V - 1));
+            for (int r = 0; r < N[g]; r++) {
+                resp[g][r] = malloc((size_t)Rs[g][r] * sizeof(int));
+                for (int i = 0; i < Rs[g][r]; i++) resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (x.cfg.V - 1));
+                rp[g][r] = resp[g][r];
+                M += Rs[g][r];
+            }
+            pg[g] = (pack_group){prompts[g], P[g], N[g], rp[g], Rs[g]};
+        }
+        float *wl = malloc((size_t)M * 4), *lp_p, *g_p, *lp_s, *g_s;
+        check_fill(wl, (size_t)M, 3501 + mi, 1.0f);
+        long long Tp, Ts;
+        run_layout(&x, pg, PACK_PACKED, wl, &lp_p, &g_p, &Tp);
+        run_layout(&x, pg, PACK_STANDARD, wl, &lp_s, &g_s, &Ts);
+        double dlp = 0;
+        for (int t = 0; t < M; t++) dlp = fmax(dlp, fabs(lp_p[t] - lp_s[t]));
+        double e_g = rel_l2(g_p, g_s, (size_t)x.m.n_elems);
+        printf("  %-16s T %lld vs %lld, max |Δ logprob| %.2e, grads rel L2 %.2e\n", models[mi], Tp, Ts, dlp, e_g);
+        CHECK(Tp < Ts);
+        CHECK_MSG(dlp <= 1e-5, "max |Δ logprob| %.3g", dlp);
+        CHECK_MSG(e_g <= 1e-5, "gradients rel L2 %.3g", e_g);
+        free(lp_p), free(g_p), free(lp_s), free(g_s), free(wl);
+        for (int g = 0; g < NG; g++) {
+            for (int r = 0; r < N[g]; r++) free(resp[g][r]);
+            free(prompts[g]);
+        }
+        unload(&x);
+    }
+}
+
+int main(void) {
+    RUN(hybrid_matches_transformers);
+    RUN(hybrid_vision_language_checkpoint);
+    RUN(hybrid_packed_equals_standard);
+    return CHECK_DONE();
+}
