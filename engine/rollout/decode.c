@@ -171,8 +171,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
     if (e->m.cfg.arch == ARCH_QWEN3_5) /* linear-attention layers decode from a recurrent state, not a KV cache */
         return err_set(GE_UNSUPPORTED,
-                       "%s: decoding (rollouts) of hybrid linear-attention models is not built yet; updates "
-                       "with given logprobs run",
+                       "%s: decoding (rollouts) of hybrid linear-attention models is not built yet; updates and "
+                       "scoring run",
                        e->m.cfg.arch_name);
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
     if (!R) { /* a forward only */

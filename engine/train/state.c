@@ -60,6 +60,35 @@ void state_grad_scale(eng *e, float s) { e->be->scale(e->be, grad_mine(e), eng_s
 
 /* ---------------------------------------------------------------- step */
 
+/* Zero-centred norms are held as the gain 1 + w (engine/model/model.h); AdamW's decoupled decay
+ * belongs to w: (1 + w)(1 - lr wd) - s + lr wd = 1 + (w (1 - lr wd) - s). Adds lr wd to this
+ * rank's gain elements after the step, master and act-typed copy (these are a few vectors). */
+static int gain1_decay(eng *e, float lr, float wd) {
+    const model *m = &e->m;
+    eng_backend *be = e->be;
+    if (!m->cfg.gain1 || wd == 0 || m->lora_r) return 0;
+    float add = 1.0f - (1.0f - lr * wd); /* the step's own decay factor, as adamw_consts_make rounds it */
+    long long lo = e->dp ? e->sh_off : 0, hi = e->dp ? e->sh_off + e->sh_n : m->n_elems;
+    float *master = eng_train_master(e);
+    void *act = e->offload || e->dp || eng_train_act(e) != (void *)master ? eng_train_act(e) : NULL;
+    size_t eb = (size_t)be->act_bytes;
+    int rc = 0;
+    for (int i = 0; i < m->n_params && !rc; i++) {
+        const model_param *p = &m->params[i];
+        long long a = p->off > lo ? p->off : lo, b = p->off + p->numel < hi ? p->off + p->numel : hi;
+        if (!p->gain1 || a >= b) continue;
+        size_t n = (size_t)(b - a);
+        float *mp = master + (a - lo), *h = e->offload ? mp : malloc(n * sizeof(float));
+        if (!h) return err_set(GE_NOMEM, "state: out of memory");
+        if (!e->offload) rc = be->to_host(be, h, mp, n * sizeof(float));
+        for (size_t j = 0; !rc && j < n; j++) h[j] += add;
+        if (!rc && !e->offload) rc = be->to_dev(be, mp, h, n * sizeof(float));
+        if (!rc && act) rc = be->act_from_f32(be, (char *)act + (size_t)a * eb, h, n);
+        if (!e->offload) free(h);
+    }
+    return rc;
+}
+
 /* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
  * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
  * the norm) is AdamW on B exactly. With offload (full-parameter only) the step runs on the
@@ -87,6 +116,7 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
                       n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
         }
     }
+    if (!rc) rc = gain1_decay(e, lr, opt->weight_decay);
     if (!rc) rc = be->sync(be);
     if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */
     return rc;

@@ -18,6 +18,8 @@
 
 #include "check.h"
 #include "common/err.h"
+#include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "engine/format/json.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/model.h"
@@ -214,9 +216,134 @@ TEST(hybrid_packed_equals_standard) {
     }
 }
 
+/* ---------------------------------------------------------------- checkpoints and the optimizer */
+
+/* config.json and model.safetensors written by grpod read back the same rows and bits, the
+ * zero-centred norms written as the checkpoint's w (not the gain 1 + w held in memory: w comes
+ * back to within half an ulp of 1, 6e-8); the qwen3_5 vision-language form is written as its
+ * text model. */
+TEST(hybrid_checkpoint_round_trip) {
+    static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl"};
+    for (int mi = 0; mi < 2; mi++) {
+        char src[256], cmd[512];
+        snprintf(src, sizeof src, FIX "/%s", models[mi]);
+        const char *dir = "/tmp/grpod_test_hybrid_ckpt";
+        snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
+        CHECK(system(cmd) == 0);
+        loaded x;
+        load(&x, src);
+        CHECK(config_write(dir, &x.cfg) == 0);
+        CHECK(model_save_host(&x.m, dir, x.w, 0) == 0);
+        loaded y;
+        load(&y, dir);
+        CHECK(!y.cfg.vision && y.cfg.R == x.cfg.R && y.cfg.gain1 && y.cfg.conv_k == x.cfg.conv_k &&
+              y.cfg.lin_hk == x.cfg.lin_hk && y.cfg.lin_hv == x.cfg.lin_hv && y.cfg.lin_dk == x.cfg.lin_dk &&
+              y.cfg.lin_dv == x.cfg.lin_dv && y.cfg.tied == x.cfg.tied && !memcmp(y.cfg.attn, x.cfg.attn, (size_t)x.cfg.L));
+        CHECK(config_n_params(&y.cfg) == config_n_params(&x.cfg));
+        CHECK(y.m.n_elems == x.m.n_elems && !memcmp(y.w, x.w, (size_t)x.m.n_elems * 4));
+        /* the file holds w: the fixture's own value */
+        st_set a = {0}, b = {0};
+        char path[512];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(st_open_file(&a, path) == 0);
+        CHECK(st_open_dir(src, &b) == 0);
+        const char *nm = "model.norm.weight", *src_nm = mi ? "model.language_model.norm.weight" : nm;
+        const st_tensor *ta = st_find(&a, nm), *tb = st_find(&b, src_nm);
+        CHECK(ta && tb);
+        long long C = x.cfg.C;
+        float *va = malloc((size_t)C * 4), *vb = malloc((size_t)C * 4);
+        CHECK(st_read_f32(ta, va, 1, &C) == 0 && st_read_f32(tb, vb, 1, &C) == 0);
+        double dn = 0; /* w went through 1 + w in fp32: kept to half an ulp of 1 */
+        for (long long i = 0; i < C; i++) dn = fmax(dn, fabs(va[i] - vb[i]));
+        CHECK_MSG(dn <= 6e-8, "model.norm.weight written back off by %.3g", dn);
+        free(va), free(vb);
+        st_close(&a), st_close(&b);
+        unload(&x);
+        unload(&y);
+    }
+}
+
+/* One update with weight decay wd against the same without: AdamW's decoupled decay moves every
+ * weight by -lr·wd·w, w the checkpoint's value, so a zero-centred norm (held as 1 + w) moves by
+ * -lr·wd·(gain - 1), not -lr·wd·gain. */
+TEST(hybrid_update_decays_w) {
+    int prompt[5] = {11, 200, 37, 5, 150}, r0[4] = {65, 66, 67, 68}, r1[2] = {97, 98}, r2[6] = {48, 49, 50, 51, 300, 7};
+    const int *resp[3] = {r0, r1, r2};
+    int R[3] = {4, 2, 6};
+    float rew[3] = {1.0f, 0.0f, 0.5f};
+    eng_update_group g = {.prompt = prompt, .P = 5, .n = 3, .resp = resp, .R = R, .reward = rew};
+    loss_config a;
+    loss_config_default(&a);
+    float *w[3] = {0};
+    long long n = 0;
+    eng_optim o;
+    for (int i = 0; i < 3; i++) { /* the weights before, after wd = 0, after wd = 0.5 */
+        eng *e;
+        eng_open_opts oo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu"};
+        CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
+        eng_testing_info info;
+        eng_testing_get(e, &info);
+        n = info.n_params;
+        w[i] = malloc((size_t)n * 4);
+        eng_optim_default(&o);
+        o.lr = 1e-3f;
+        o.weight_decay = i == 2 ? 0.5f : 0.0f;
+        eng_update_result u;
+        if (i) CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
+        CHECK(eng_testing_weights(e, w[i]) == 0);
+        eng_close(e);
+    }
+    model_config cfg;
+    CHECK(config_load(FIX "/qwen3_5_text", &cfg) == 0);
+    eng_backend *be;
+    backend_cpu_create(&be, 0);
+    model m;
+    CHECK(model_init(&m, &cfg, be) == 0);
+    double worst[2] = {0, 0}; /* gains, other weights: |Δ - (-lr wd w)| */
+    int seen[2] = {0, 0};
+    for (int p = 0; p < m.n_params; p++) {
+        const model_param *pp = &m.params[p];
+        for (long long j = pp->off; j < pp->off + pp->numel; j++) {
+            double w0 = w[0][j] - (pp->gain1 ? 1.0 : 0.0), d = (double)w[2][j] - w[1][j], want = -1e-3 * 0.5 * w0;
+            worst[pp->gain1] = fmax(worst[pp->gain1], fabs(d - want));
+            seen[pp->gain1] = 1;
+        }
+    }
+    printf("  decay with wd 0.5, lr 1e-3: worst |Δ - (-lr wd w)| %.2e (zero-centred gains), %.2e (other weights)\n", worst[1],
+           worst[0]);
+    CHECK(seen[0] && seen[1]);
+    CHECK_MSG(worst[1] <= 2e-7 && worst[0] <= 2e-7, "decay off by %.3g / %.3g", worst[1], worst[0]);
+    model_free(&m);
+    be->destroy(be);
+    for (int i = 0; i < 3; i++) free(w[i]);
+}
+
+/* What is not built yet says so in one line: rollouts (recurrent decode) and LoRA. */
+TEST(hybrid_refuses_what_is_not_built) {
+    eng *e;
+    eng_open_opts oo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu"};
+    CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
+    int prompt[3] = {11, 200, 37};
+    eng_rollout_group g = {prompt, 3, 2};
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 4;
+    eng_group_result r[1];
+    memset(r, 0, sizeof r);
+    CHECK(eng_rollout(e, &g, 1, &s, r, NULL, NULL) == GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "not built yet"), "%s", err_msg());
+    eng_close(e);
+    eng_open_opts lo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu", .lora_rank = 4};
+    CHECK(eng_open(&lo, &e) == GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "linear-attention"), "%s", err_msg());
+}
+
 int main(void) {
     RUN(hybrid_matches_transformers);
     RUN(hybrid_vision_language_checkpoint);
     RUN(hybrid_packed_equals_standard);
+    RUN(hybrid_checkpoint_round_trip);
+    RUN(hybrid_update_decays_w);
+    RUN(hybrid_refuses_what_is_not_built);
     return CHECK_DONE();
 }
