@@ -11,7 +11,7 @@
  * Packed ≡ standard: [P; R_1..R_N] — each response starting from the prompt's final recurrent
  * state and conv tail — and N copies of [P; R_i] give the same logprobs and gradients (1e-5
  * relative: the layouts sum the same terms in other orders; the prompt's state gradient is the
- * sum of its responses'). */
+ * sum of its responses'), and with every layer recomputed before its backward the same bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,17 +151,19 @@ TEST(hybrid_vision_language_checkpoint) {
 
 enum { NG = 3 };
 
-static void run_layout(loaded *x, const pack_group *pg, pack_layout lay, const float *wl, float **logp, float **grad, long long *T) {
+/* grad: 1, or MODEL_ACTS_RECOMPUTE (every layer's forward run again before its backward) */
+static void run_layout(loaded *x, const pack_group *pg, pack_layout lay, int grad, const float *wl, float **logp,
+                       float **grad_buf, long long *T) {
     pack_batch b;
     CHECK(pack_build(&b, pg, 0, NG, lay) == 0);
     model_acts a;
-    CHECK(model_acts_init(&x->m, &a, b.T, b.M, 1) == 0);
+    CHECK(model_acts_init(&x->m, &a, b.T, b.M, grad) == 0);
     model_input in;
     model_input_from_batch(&in, &b);
-    *grad = calloc((size_t)x->m.n_elems, 4);
+    *grad_buf = calloc((size_t)x->m.n_elems, 4);
     *logp = malloc((size_t)b.M * 4);
     model_views gv;
-    model_views_make(&x->m, *grad, 4, &gv);
+    model_views_make(&x->m, *grad_buf, 4, &gv);
     CHECK(model_forward(&x->m, &x->wv, &a, NULL, &in, 1.0f, 0) == 0);
     memcpy(*logp, a.logp, (size_t)b.M * 4);
     CHECK(model_backward(&x->m, &x->wv, &gv, &a, &in, wl, NULL, 1.0f) == 0);
@@ -198,8 +200,13 @@ TEST(hybrid_packed_equals_standard) {
         float *wl = malloc((size_t)M * 4), *lp_p, *g_p, *lp_s, *g_s;
         check_fill(wl, (size_t)M, 3501 + mi, 1.0f);
         long long Tp, Ts;
-        run_layout(&x, pg, PACK_PACKED, wl, &lp_p, &g_p, &Tp);
-        run_layout(&x, pg, PACK_STANDARD, wl, &lp_s, &g_s, &Ts);
+        run_layout(&x, pg, PACK_PACKED, 1, wl, &lp_p, &g_p, &Tp);
+        run_layout(&x, pg, PACK_STANDARD, 1, wl, &lp_s, &g_s, &Ts);
+        float *lp_r, *g_r; /* every layer recomputed before its backward: the same kernels on the same inputs */
+        long long Tr;
+        run_layout(&x, pg, PACK_PACKED, MODEL_ACTS_RECOMPUTE, wl, &lp_r, &g_r, &Tr);
+        CHECK(!memcmp(lp_r, lp_p, (size_t)M * 4) && !memcmp(g_r, g_p, (size_t)x.m.n_elems * 4));
+        free(lp_r), free(g_r);
         double dlp = 0;
         for (int t = 0; t < M; t++) dlp = fmax(dlp, fabs(lp_p[t] - lp_s[t]));
         double e_g = rel_l2(g_p, g_s, (size_t)x.m.n_elems);
