@@ -61,11 +61,14 @@ typedef struct {
 static const char *chunk_object(const oa_req *q) { return q->chat ? "chat.completion.chunk" : "text_completion"; }
 
 /* One choice's chunk: delta (chat, taken) or text (completions), logprobs (taken, may be NULL),
- * finish_reason (NULL: none yet). */
-static void chunk(oa_stream *o, int c, json_object *delta, const char *text, size_t len, json_object *lp, const char *fin) {
+ * finish_reason (NULL: none yet); ids (taken, NULL: none) under key (return_token_ids: a chat's
+ * prompt_token_ids on the chunk, the rest on the choice). */
+static void chunk_ids(oa_stream *o, int c, json_object *delta, const char *text, size_t len, json_object *lp, const char *fin,
+                      const char *key, json_object *ids) {
     const oa_req *q = o->q;
     json_object *env = oa_envelope(q, q->id, chunk_object(q)), *a = json_object_new_array(), *d = json_object_new_object();
     api_put_int(d, "index", c);
+    if (ids) json_object_object_add(q->chat && !strcmp(key, "prompt_token_ids") ? env : d, key, ids);
     if (q->chat) json_object_object_add(d, "delta", delta ? delta : json_object_new_object());
     else json_object_object_add(d, "text", json_object_new_string_len(text ? text : "", (int)len));
     json_object_object_add(d, "logprobs", lp);
@@ -73,6 +76,10 @@ static void chunk(oa_stream *o, int c, json_object *delta, const char *text, siz
     json_object_array_add(a, d);
     json_object_object_add(env, "choices", a);
     oa_sse(&o->out, env);
+}
+
+static void chunk(oa_stream *o, int c, json_object *delta, const char *text, size_t len, json_object *lp, const char *fin) {
+    chunk_ids(o, c, delta, text, len, lp, fin, NULL, NULL);
 }
 
 /* logprobs of choice c's tokens [lp_sent, n) of ids/lps (json arrays), or NULL when not asked. */
@@ -222,7 +229,9 @@ static void send_rest(oa_stream *o, long long *completion) {
             fin = "tool_calls";
             json_object_put(calls);
         }
-        chunk(o, c, NULL, "", 0, lp, fin && *fin ? fin : "length");
+        /* return_token_ids: the choice's ids, all in its last chunk */
+        chunk_ids(o, c, NULL, "", 0, lp, fin && *fin ? fin : "length", "token_ids",
+                  q->return_ids ? (ids ? json_object_get(ids) : json_object_new_array()) : NULL);
         free(text);
     }
 }
@@ -273,14 +282,15 @@ static void check_job(oa_stream *o) {
 static void first_chunks(oa_stream *o) {
     const oa_req *q = o->q;
     for (int c = 0; c < o->n_choices; c++) {
+        json_object *pid = q->return_ids ? json_object_get(oa_prompt_ids(q, c / q->n)) : NULL;
         if (q->chat) {
             json_object *delta = json_object_new_object();
             api_put_str(delta, "role", "assistant");
             api_put_str(delta, "content", "");
-            chunk(o, c, delta, "", 0, NULL, NULL);
-        } else if (q->echo) {
-            char *p = oa_ids_text(atomic_load(&o->s->engine), oa_prompt_ids(q, c / q->n), 0);
-            chunk(o, c, NULL, p, strlen(p), NULL, NULL);
+            chunk_ids(o, c, delta, "", 0, NULL, NULL, "prompt_token_ids", pid);
+        } else if (q->echo || pid) {
+            char *p = q->echo ? oa_ids_text(atomic_load(&o->s->engine), oa_prompt_ids(q, c / q->n), 0) : strdup("");
+            chunk_ids(o, c, NULL, p ? p : "", p ? strlen(p) : 0, NULL, NULL, "prompt_token_ids", pid);
             free(p);
         }
     }

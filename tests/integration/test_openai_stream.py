@@ -127,6 +127,34 @@ def test_chat_stream_logprobs(shared_daemon):
     assert got == [t.logprob for t in full.choices[0].logprobs.content]
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_stream_return_token_ids(shared_daemon, route):
+    """vLLM's return_token_ids streamed: the prompt's ids in each choice's first chunk (a chat's on
+    the chunk), the choice's ids concatenated over its chunks equal the non-streamed reply's."""
+    d = shared_daemon
+    body = {"max_tokens": 12, "n": 2, "seed": 9, "return_token_ids": True}
+    if route == "chat":
+        body["messages"] = [{"role": "user", "content": "Count"}]
+    else:
+        body["prompt"] = "Count:"
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    full = d.post(path, body).json()
+    r = requests.post(d.url + path, json=dict(body, stream=True), stream=True, timeout=120)
+    ids, prompt = {0: [], 1: []}, {}
+    for ev in sse_events(r):
+        if ev == "[DONE]":
+            break
+        o = json.loads(ev)
+        for c in o["choices"]:
+            p = o.get("prompt_token_ids") if route == "chat" else c.get("prompt_token_ids")
+            if p is not None:
+                prompt.setdefault(c["index"], p)
+            ids[c["index"]] += c.get("token_ids") or []
+    want_prompt = full["prompt_token_ids"] if route == "chat" else full["choices"][0]["prompt_token_ids"]
+    assert prompt == {0: want_prompt, 1: want_prompt}
+    assert [ids[0], ids[1]] == [c["token_ids"] for c in full["choices"]]
+
+
 def test_disconnect_mid_stream_leaves_the_daemon_serving(shared_daemon):
     d = shared_daemon
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "n": 4,
