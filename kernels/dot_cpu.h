@@ -1,4 +1,7 @@
-/* dot_cpu.h — the one order in which the CPU backend sums a dot product, whatever the batch.
+/* dot_cpu.h — the one order in which the CPU backend's matmuls and logprob head sum a row's dot
+ * products, whatever the batch. (Attention sums its query-key products in attention_cpu.c, one
+ * query at a time in one function for every caller, so a row's bits do not depend on the batch
+ * there either.)
  *
  * Four lanes: lane l sums a[i]·b[i] for i ≡ l (mod 4) in i's order over the whole blocks of
  * four, the lanes join as (l0 + l1) + (l2 + l3), and the tail adds one by one. Written with

@@ -88,7 +88,6 @@ struct eng_sched {
     int max_prefill, max_running;
     kvp pool;
     pfx_cache pfx; /* finished responses' rows (prefix.h) */
-    long long rows_live; /* rows held by admitted groups (the rest of pool.used only by the cache) */
     model_kv kv; /* allocated while busy or while the prefix cache holds rows */
     eng_sched_job *jobs, *jobs_tail;
     sgroup **live;
@@ -257,11 +256,9 @@ static void drop_group(eng_sched *s, sgroup *G) {
         if (k->done) continue;
         k->done = 1;
         pfx_unref(&s->pool, k->blk);
-        s->rows_live -= G->job->sp.max_tokens;
         s->running--;
     }
     pfx_unref(&s->pool, G->pblk);
-    s->rows_live -= G->P;
     G->n_live = 0;
     G->dead = 1;
     G->job->live_groups--;
@@ -289,7 +286,6 @@ static void finish_stream(eng_sched *s, stream *k) {
     if (o->n_tokens > 0 && pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
         err_clear(); /* not kept: only a later prefill is lost */
     pfx_unref(&s->pool, k->blk);
-    s->rows_live -= j->sp.max_tokens;
     s->running--;
     j->tok_done += j->sp.max_tokens - o->n_tokens;
     if (!o->text && s->e->tok) {
@@ -301,7 +297,6 @@ static void finish_stream(eng_sched *s, stream *k) {
     }
     if (--G->n_live == 0) {
         pfx_unref(&s->pool, G->pblk);
-        s->rows_live -= G->P;
         G->dead = 1;
         j->live_groups--;
     }
@@ -432,7 +427,6 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     }
     free(rb);
     s->live[s->n_live++] = G;
-    s->rows_live += RG->P + (long long)RG->n * maxt;
     s->running += RG->n;
     j->live_groups++;
     return 1;
@@ -703,8 +697,13 @@ void eng_sched_get_stats(const eng_sched *s, eng_sched_stats *st) {
     }
     for (int i = 0; i < s->n_live; i++) st->running_groups += !s->live[i]->dead;
     st->running_responses = s->running;
-    st->rows_used = s->rows_live;
-    st->prefix_rows = s->pool.used - s->rows_live;
+    for (int i = 0; i < s->n_live; i++) { /* rows of admitted groups; the rest only the cache holds */
+        const sgroup *G = s->live[i];
+        if (G->dead) continue;
+        st->rows_used += G->P;
+        for (int k = 0; k < G->n; k++) st->rows_used += G->st[k].done ? 0 : G->job->sp.max_tokens;
+    }
+    st->prefix_rows = s->pool.used - st->rows_used;
     st->rows_cap = s->cap;
     st->row_bytes = s->row_bytes;
     st->steps = s->steps;
