@@ -86,7 +86,10 @@ class Daemon:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout)
+            rc = self.proc.wait(timeout)
+            if rc is not None and rc < 0:   # killed by a signal at stop: what it said (pytest shows it on failure)
+                print("daemon exited on signal %d; the end of its stderr:\n%s" % (-rc, self.stderr()[-3000:]))
+            return rc
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
