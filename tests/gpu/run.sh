@@ -24,6 +24,8 @@
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
+#   (g2) with BENCH_MOE=1: bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
 #   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
@@ -200,6 +202,18 @@ if [ "${BENCH_ROLLOUT:-0}" = 1 ]; then
         if [ -n "${PEER_ROLLOUT:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ROLLOUT" 1.7b; fi
     } >"$OUT/bench_rollout.log" 2>&1
     cat "$OUT/bench_rollout.log"
+fi
+
+# ---- (g2) MoE benchmarks (optional, BENCH_MOE=1): decode at Qwen3-30B-A3B dims (all 48 layers,
+# one group and eight) against the floor of the bytes a step must read; with PEER_MOE=1 the PyTorch
+# peer of one GRPO update at those dims (tests/gpu/peer_moe_step.py, BENCH_MOE_LAYERS layers: 4)
+if [ "${BENCH_MOE:-0}" = 1 ]; then
+    {
+        timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 1 1024 16 256
+        timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 8 1024 16 256
+        if [ "${PEER_MOE:-0}" = 1 ]; then PYTHONUNBUFFERED=1 timeout 400 python3 tests/gpu/peer_moe_step.py ${BENCH_MOE_LAYERS:-4}; fi
+    } >"$OUT/bench_moe.log" 2>&1
+    cat "$OUT/bench_moe.log"
 fi
 
 # ---- (h) decoder-layer benchmark (optional): Qwen3-8B layer shape, issue 7's configurations

@@ -7,7 +7,10 @@
  * (median and mean), tokens/s, and the HBM floor per step: bf16 weights + KV (each prompt's KV
  * once, each response's own KV at its mean length) over the device-to-device copy bandwidth
  * measured here (bytes read + written by cudaMemcpy), and at the issue's 3.0 TB/s.
- * Usage: bench_rollout [0.6b|1.7b] [G P N new]
+ * 30b-a3b[-lL]: Qwen3-30B-A3B dims (48 layers, or L), untied head, 128 experts top-8: the floor
+ * counts the non-expert weights and the experts a step is expected to touch when G·N rows each
+ * pick 8 of 128 uniformly (E (1 - (1 - k/E)^rows) per layer; random weights route near uniformly).
+ * Usage: bench_rollout [0.6b|1.7b|30b-a3b[-lL]] [G P N new]
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
  *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
@@ -159,6 +162,13 @@ int main(int argc, char **argv) {
         C = 1024;
         F = 3072;
     }
+    int moe = !strncmp(size, "30b-a3b", 7);
+    if (moe) {
+        L = size[7] == '-' && size[8] == 'l' ? atoi(size + 9) : 48;
+        H = 32;
+        K = 4;
+        if (L < 1 || L > 48) gc_die(NULL, "30b-a3b-lL: L in 1..48");
+    }
     model_config c = {.arch = ARCH_QWEN3,
                       .L = L,
                       .C = C,
@@ -174,6 +184,16 @@ int main(int argc, char **argv) {
                       .tied = 1,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
+    if (moe) {
+        c.arch = ARCH_QWEN3_MOE;
+        c.tied = 0;
+        c.E = 128;
+        c.top_k = 8;
+        c.Fm = 768;
+        c.norm_topk = 1;
+        for (int l = 0; l < L; l++) c.mlp[l] = MLP_MOE;
+        snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
+    }
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     if (argc > 2 && !strcmp(argv[2], "graphs")) return graph_check(&c);
     double bw = copy_bw();
@@ -221,6 +241,14 @@ int main(int argc, char **argv) {
     double prefill = st.t[0] - t0, dec_mean = nd > 0 ? (st.t[st.n - 1] - st.t[0]) / nd : 0, dec_med = nd > 0 ? d[nd / 2] : 0;
 
     double wbytes = 2.0 * n;
+    if (moe) { /* the experts a step is expected to touch instead of all of them; the embedding table is not read whole */
+        double expert = 3.0 * C * c.Fm * 2, rows = (double)G * N;
+        double touched = c.E * (1 - pow(1 - (double)c.top_k / c.E, rows));
+        wbytes -= L * c.E * expert + 2.0 * c.V * C;
+        wbytes += L * touched * expert;
+        printf("grpod-cuda rollout %s: %d rows a step touch %.1f of %d experts a layer (expected at uniform routing)\n", size,
+               G * N, touched, c.E);
+    }
     double kvbytes = 2.0 * L * K * D * 2 * ((double)G * P + (double)G * N * NEW / 2);
     double floor_ms = (wbytes + kvbytes) / bw * 1e3, floor3 = (wbytes + kvbytes) / 3.0e12 * 1e3;
     printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (%s): prefill %.1f ms, decode %.2f ms/step "
