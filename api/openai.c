@@ -9,15 +9,18 @@
  * ends (as POST /v1/logprobs does). echo with logprobs (how harnesses score a text's likelihood,
  * max_tokens 0 or 1) adds a logprobs job over prompt + completion, so those numbers are exactly
  * POST /v1/logprobs's; the first token has none. logprobs also carry token_ids (a token's text
- * can be part of a character). top_logprobs hold the chosen token only (grpod does not compute
- * alternatives). A chat answer under tool_choice auto is parsed into tool_calls
- * (openai_tools.c). stream: true is answered token by token by openai_stream.c, except echo with
- * logprobs (it scores a given text): its events are written here once the jobs are done.
+ * can be part of a character); top_logprobs come from that scoring job too. A chat answer under
+ * tool_choice auto is parsed into tool_calls (openai_tools.c); under required or a named
+ * function it opens with the call (its opening joins the prompt), and required over several
+ * tools first runs a logprobs job over each tool's opening to draw the name (choose). stream:
+ * true is answered token by token by openai_stream.c, except echo with logprobs (it scores a
+ * given text): its events are written here once the jobs are done.
  *
  * Not here: the native routes (handlers.c), the router (router.c) and replies (reply.c). */
 #include "api/internal.h"
 #include "api/openai.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +37,9 @@ void oa_req_free(void *p) {
     json_object_put(q->rollout);
     json_object_put(q->sampled);
     json_object_put(q->scored);
+    json_object_put(q->cands);
+    free(q->forced);
+    free(q->forced_name);
     free(q);
 }
 
@@ -261,12 +267,21 @@ char *oa_response_text(eng *e, const oa_req *q, json_object *resp) {
     return text;
 }
 
-/* A chat message {"role", "content", "tool_calls"}: with tool_choice auto, the model's calls
- * parsed out of the text (*called set), the text before them the content (null when empty). */
+json_object *oa_answer_calls(const oa_req *q, const char *text, size_t *content_len) {
+    int max = q->parallel_tool_calls ? 0 : 1;
+    if (q->forced) {
+        *content_len = 0;
+        return oa_forced_calls(q->forced, q->forced_name, text, max);
+    }
+    return q->tool_choice == OA_TOOLS_AUTO ? oa_parse_tool_calls(text, content_len, max) : NULL;
+}
+
+/* A chat message {"role", "content", "tool_calls"}: the model's calls (oa_answer_calls; *called
+ * set), the text before them the content (null when empty). */
 static json_object *chat_message(const oa_req *q, const char *text, int *called) {
-    json_object *m = json_object_new_object(), *calls = NULL;
+    json_object *m = json_object_new_object();
     size_t clen = strlen(text);
-    if (q->tool_choice == OA_TOOLS_AUTO) calls = oa_parse_tool_calls(text, &clen, q->parallel_tool_calls ? 0 : 1);
+    json_object *calls = oa_answer_calls(q, text, &clen);
     *called = calls != NULL;
     api_put_str(m, "role", "assistant");
     json_object_object_add(m, "content", calls && !clen ? NULL : json_object_new_string_len(text, (int)clen));
@@ -447,6 +462,78 @@ static enum MHD_Result reply_choices(api_server *s, struct MHD_Connection *c, ap
  * (top_logprobs) lists each position's most likely tokens, which the sampler does not keep. */
 static int scores(const oa_req *q) { return q->logprobs >= 0 && (q->echo || q->logprobs > 0); }
 
+/* Submits sreq (taken) as a logprobs job: 1 with id set, or 0 with an error replied (*r). */
+static int submit_logprobs(api_server *s, struct MHD_Connection *c, api_req *x, const oa_req *q, json_object *sreq, char *id,
+                           enum MHD_Result *r) {
+    api_model m;
+    api_error e;
+    json_object *payload = NULL;
+    if (!api_engine_or_reply(s, c, x, &m, r)) {
+        json_object_put(sreq);
+        return 0;
+    }
+    api_limits l = api_limits_now(s);
+    int rc = api_logprobs_or_reply(sreq, &l, &m, &payload, &e);
+    json_object_put(sreq);
+    if (rc) {
+        oa_rename_field(&e, q->chat);
+        *r = api_reply_error(c, x, &e);
+        return 0;
+    }
+    *r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
+    json_object_put(payload);
+    return id[0] != 0;
+}
+
+/* tool_choice required with several tools: one logprobs group, the prompt and each tool's call
+ * opening as a response, at the rollout's temperature (1 when greedy). */
+static json_object *choosing_request(const oa_req *q) {
+    json_object *req = json_object_new_object(), *gs = json_object_new_array(), *g = json_object_new_object();
+    json_object *rs = json_object_new_array();
+    json_object_object_add(req, "groups", gs);
+    api_put_copy(g, "prompt_ids", oa_prompt_ids(q, 0));
+    json_object_object_add(g, "responses", rs);
+    for (size_t i = 0; i < json_object_array_length(q->cands); i++) {
+        json_object *r = json_object_new_object();
+        api_put_copy(r, "token_ids", json_object_object_get(json_object_array_get_idx(q->cands, i), "ids"));
+        json_object_array_add(rs, r);
+    }
+    json_object_array_add(gs, g);
+    double T = json_object_get_double(json_object_object_get(json_object_object_get(q->rollout, "sampling"), "temperature"));
+    if (T > 0) api_put_num(req, "temperature", T);
+    return req;
+}
+
+/* The forced call drawn from the choosing job's result: tool i with probability exp(L_i) / Σ_j
+ * exp(L_j), L_i the sum of its opening's logprobs at the temperature — the policy's own
+ * distribution given that it opens one of the calls (greedy: the largest, ties the first). The
+ * draw is the request's seed's (splitmix64), so a seeded request repeats. */
+static int choose(oa_req *q, json_object *res) {
+    json_object *rs = json_object_object_get(json_object_array_get_idx(json_object_object_get(res, "groups"), 0), "responses");
+    json_object *samp = json_object_object_get(q->rollout, "sampling");
+    int n = (int)json_object_array_length(q->cands), pick = 0;
+    double top = -INFINITY, sum = 0, L[n > 0 ? n : 1];
+    for (int i = 0; i < n; i++) {
+        json_object *lps = json_object_object_get(json_object_array_get_idx(rs, (size_t)i), "logprobs");
+        L[i] = 0;
+        for (size_t t = 0; t < json_object_array_length(lps); t++)
+            L[i] += json_object_get_double(json_object_array_get_idx(lps, t));
+        if (L[i] > top) top = L[i], pick = i;
+    }
+    if (json_object_get_double(json_object_object_get(samp, "temperature")) > 0) {
+        unsigned long long z = (unsigned long long)json_object_get_int64(json_object_object_get(samp, "seed")) +
+            0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        double u = (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+        for (int i = 0; i < n; i++) sum += exp(L[i] - top);
+        double acc = 0;
+        for (pick = 0; pick < n - 1; pick++)
+            if ((acc += exp(L[pick] - top) / sum) > u) break;
+    }
+    return oa_force(q, json_object_object_get(q->rollout, "groups"), pick);
+}
+
 /* Submits the next job of q (rollout, then the scoring) or moves to done. Replies only errors. */
 static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req *x, oa_req *q, int *submitted) {
     *submitted = 0;
@@ -454,30 +541,15 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
     x->deadline = clock_mono_s() + 600;
     char id[32] = "";
     enum MHD_Result r = MHD_YES;
-    if (q->stage == 0 && q->max_tokens > 0) {
+    if (q->choosing) {
+        if (!submit_logprobs(s, c, x, q, choosing_request(q), id, &r)) return r;
+    } else if (q->stage == 0 && q->max_tokens > 0) {
         r = api_submit_and_reply(s, c, x, "rollout", q->rollout, id);
     } else if (q->stage <= 1 && scores(q)) {
         q->stage = 1;
-        json_object *sreq = scoring_request(q), *payload = NULL;
-        if (sreq) {
-            api_model m;
-            api_error e;
-            if (!api_engine_or_reply(s, c, x, &m, &r)) {
-                json_object_put(sreq);
-                return r;
-            }
-            api_limits l = api_limits_now(s);
-            if (api_logprobs_or_reply(sreq, &l, &m, &payload, &e)) {
-                json_object_put(sreq);
-                oa_rename_field(&e, q->chat);
-                return api_reply_error(c, x, &e);
-            }
-            json_object_put(sreq);
-            r = api_submit_and_reply(s, c, x, "logprobs", payload, id);
-            json_object_put(payload);
-        } else {
-            q->stage = 2;
-        }
+        json_object *sreq = scoring_request(q);
+        if (!sreq) q->stage = 2;
+        else if (!submit_logprobs(s, c, x, q, sreq, id, &r)) return r;
     } else {
         q->stage = 2;
     }
@@ -486,6 +558,12 @@ static enum MHD_Result next_job(api_server *s, struct MHD_Connection *c, api_req
         *submitted = 1;
     }
     return r;
+}
+
+/* The rollout was just submitted and is streamed token by token: stream: true, unless it scores a
+ * given text (echo + logprobs). */
+static int streams(const oa_req *q, int submitted) {
+    return submitted && q->stage == 0 && !q->choosing && q->stream && !(q->echo && q->logprobs >= 0);
 }
 
 static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_req *x, json_object *req, int chat) {
@@ -505,23 +583,28 @@ static enum MHD_Result completions(api_server *s, struct MHD_Connection *c, api_
         q->policy_version = api_policy_version_now(s);
         r = next_job(s, c, x, q, &submitted);
         if (!submitted && q->stage != 2) return r; /* the error was replied */
-        /* streamed token by token unless it scores a given text (echo + logprobs) */
-        if (submitted && q->stage == 0 && q->stream && !(q->echo && q->logprobs >= 0))
-            return oa_stream_reply(s, c, x, q, x->job_id);
+        if (streams(q, submitted)) return oa_stream_reply(s, c, x, q, x->job_id);
     }
     while (q->stage < 2) {
         json_object *res = NULL;
         long long pv = -1;
         int st = job_result(s, c, x, &res, &pv, &r);
         if (st != 0) return r; /* suspended (1) or an error replied (-1) */
-        if (q->stage == 0) {
-            q->sampled = res;
-            q->policy_version = pv;
-        } else q->scored = res;
-        if (q->stage == 1 && !q->sampled) q->policy_version = pv;
-        q->stage++;
+        if (q->choosing) {
+            int rc = choose(q, res);
+            json_object_put(res);
+            if (rc) return api_reply_fail(c, x, GE_NOMEM, "", "out of memory");
+        } else {
+            if (q->stage == 0) {
+                q->sampled = res;
+                q->policy_version = pv;
+            } else q->scored = res;
+            if (q->stage == 1 && !q->sampled) q->policy_version = pv;
+            q->stage++;
+        }
         r = next_job(s, c, x, q, &submitted);
         if (!submitted && q->stage != 2) return r;
+        if (streams(q, submitted)) return oa_stream_reply(s, c, x, q, x->job_id);
     }
     return reply_choices(s, c, x, q);
 }

@@ -36,8 +36,10 @@ typedef enum { OA_TOOLS_NONE, OA_TOOLS_AUTO, OA_TOOLS_REQUIRED, OA_TOOLS_NAMED }
 /* A request's tools: each definition as the chat template's tojson writes it, and the choice. */
 typedef struct {
     char **json; /* n of them, malloc'd */
+    char **names; /* n function names, malloc'd */
     int n;
     oa_tool_choice choice;
+    int named; /* tool_choice names a function: its index in names; else -1 */
     int parallel; /* parallel_tool_calls (default true): false keeps the first call only */
 } oa_tools;
 
@@ -55,6 +57,16 @@ char *oa_pydumps(json_object *v);
  * when the text holds no well-formed call (then all of it is content). max: 1 keeps the first. */
 json_object *oa_parse_tool_calls(const char *text, size_t *content_len, int max);
 
+/* tool_choice "required" or a named function: the answer starts with the call's opening, in
+ * Qwen3's format (<tool_call>\n{"name": NAME, "arguments": ), which grpod appends to the prompt;
+ * the model writes the arguments. malloc'd; NULL when out of memory. */
+char *oa_call_opening(const char *name);
+/* The calls of a forced answer: opening + text parsed as oa_parse_tool_calls does; when that
+ * finds no well-formed call (the arguments the model wrote are not JSON), one call of name whose
+ * arguments are the text as written (OpenAI's arguments may be invalid JSON), the call's closing
+ * brace and </tool_call> cut. Never NULL but when out of memory. */
+json_object *oa_forced_calls(const char *opening, const char *name, const char *text, int max);
+
 /* ---------------------------------------------------------------- requests (openai_request.c) */
 
 #define OA_MAX_LOGPROBS 20
@@ -67,6 +79,13 @@ typedef struct {
     int return_ids; /* vLLM's return_token_ids: the prompt's and each choice's token ids */
     oa_tool_choice tool_choice; /* none: the output is content; auto: parsed into tool_calls */
     int parallel_tool_calls;
+    /* required / named: the forced call's name and opening (malloc'd; appended to the prompt ids);
+     * NULL until chosen. Required with several tools: each tool's opening as ids (cands: an array
+     * of {"name", "ids"}), scored by a logprobs job first (choosing) and one drawn by the policy's
+     * probabilities of them at the request's temperature (greedy: the likeliest). */
+    char *forced, *forced_name;
+    json_object *cands;
+    int choosing;
     char id[64]; /* "cmpl-…" / "chatcmpl-…", unique */
     char model[128];
     long long created, policy_version;
@@ -79,6 +98,13 @@ typedef struct {
 /* Reads a completions (chat 0) or chat completions request into q, with its native rollout
  * payload validated by api_rollout_or_reply (q->rollout). Errors name the request's fields. */
 int oa_parse_or_reply(eng *e, json_object *req, int chat, const api_limits *l, const api_model *m, oa_req *q, api_error *err);
+/* Forces candidate i of q->cands: its ids appended to groups[0].prompt_ids (groups: a rollout
+ * request's), q->forced and q->forced_name set, q->choosing cleared. 0, or GE_NOMEM. */
+int oa_force(oa_req *q, json_object *groups, int i);
+/* The tool calls of an answer's text under q's tool_choice (NULL: none; *content_len then
+ * unchanged): auto parses them out, required and named (q->forced) always return the forced
+ * call (oa_forced_calls) with no content. */
+json_object *oa_answer_calls(const oa_req *q, const char *text, size_t *content_len);
 /* The native validator names its fields (groups[0].prompt, sampling.max_tokens): as the request does. */
 void oa_rename_field(api_error *err, int chat);
 

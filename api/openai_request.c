@@ -120,6 +120,51 @@ static int chat_group_or_reply(eng *en, json_object *req, const oa_tools *t, int
     return 0;
 }
 
+int oa_force(oa_req *q, json_object *groups, int i) {
+    json_object *c = json_object_array_get_idx(q->cands, (size_t)i), *ids = json_object_object_get(c, "ids");
+    json_object *pid = json_object_object_get(json_object_array_get_idx(groups, 0), "prompt_ids");
+    for (size_t k = 0; k < json_object_array_length(ids); k++)
+        json_object_array_add(pid, json_object_get(json_object_array_get_idx(ids, k)));
+    free(q->forced_name);
+    free(q->forced);
+    q->forced_name = strdup(json_object_get_string(json_object_object_get(c, "name")));
+    q->forced = q->forced_name ? oa_call_opening(q->forced_name) : NULL;
+    q->choosing = 0;
+    return q->forced ? 0 : err_set(GE_NOMEM, "out of memory");
+}
+
+/* tool_choice required / named: each candidate call's opening as ids in q->cands; with one
+ * candidate (named, or one tool) it joins the prompt now, with several q->choosing is set and
+ * openai.c picks one first. *P grows by the longest opening, so max_tokens leaves room for it. */
+static int forced_or_reply(eng *en, const oa_tools *t, oa_req *q, json_object *groups, int *P, api_error *e) {
+    if (t->choice != OA_TOOLS_REQUIRED && t->choice != OA_TOOLS_NAMED) return 0;
+    int one = t->named >= 0 ? t->named : t->n == 1 ? 0 : -1, longest = 0;
+    q->cands = json_object_new_array();
+    for (int i = 0; i < t->n; i++) {
+        if (one >= 0 && i != one) continue;
+        char *open = oa_call_opening(t->names[i]);
+        int *ids = NULL, n = 0;
+        if (!open || eng_tokenize(en, open, strlen(open), 0, &ids, &n)) {
+            free(open);
+            return api_fail(e, GE_INTERNAL, "tool_choice", "cannot tokenize the call's opening: %s", err_msg());
+        }
+        json_object *c = json_object_new_object(), *a = json_object_new_array_ext(n);
+        for (int k = 0; k < n; k++) json_object_array_add(a, json_object_new_int(ids[k]));
+        api_put_str(c, "name", t->names[i]);
+        json_object_object_add(c, "ids", a);
+        json_object_array_add(q->cands, c);
+        longest = n > longest ? n : longest;
+        free(ids);
+        free(open);
+    }
+    *P += longest;
+    if (one < 0) {
+        q->choosing = 1;
+        return 0;
+    }
+    return oa_force(q, groups, 0) ? api_fail(e, GE_NOMEM, "tool_choice", "out of memory") : 0;
+}
+
 /* The length of a native name at s: "sampling." (a prefix, renamed to nothing) or
  * "groups[N]" with ".prompt_ids" or ".prompt" after it (renamed to the request's prompt); 0 when
  * s starts neither. */
@@ -278,6 +323,7 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
     json_object_object_add(nat, "metadata", meta);
     if (chat) rc = chat_group_or_reply(en, req, &t, (int)n, groups, &P, e);
     else rc = prompts_or_reply(json_object_object_get(req, "prompt"), (int)n, add_special, l->max_groups, m, groups, e);
+    if (!rc && chat) rc = forced_or_reply(en, &t, q, groups, &P, e);
     oa_tools_free(&t);
     if (!rc) rc = max_tokens_or_reply(req, chat, P, l, m, &max_tokens, e);
     if (!rc && !chat && max_tokens == 0 && !echo) rc = api_fail(e, GE_INVALID, "max_tokens", "max_tokens 0 needs echo: true");

@@ -7,7 +7,8 @@
  * nothing new the reader suspends the connection until the worker's next step. Text is the
  * decode of the tokens so far, held back where it could still change: a cut UTF-8 character or
  * a trailing U+FFFD (the tokenizer's stand-in for bytes that later tokens may complete), the last (longest stop string - 1) bytes (a stop string in the making is never sent), and under
- * tool_choice auto everything from a "<tool_call>" (or a tail that could begin one). When the job
+ * tool_choice auto everything from a "<tool_call>" (or a tail that could begin one); under required
+ * or a named function all of it (the answer is the call). When the job
  * ends its stored result is the truth: each choice's rest of the text as the non-streaming reply
  * has it, its tool_calls (one delta), its finish_reason; then usage (stream_options.include_usage)
  * and [DONE]. logprobs ride with the chunk that releases their tokens' text.
@@ -155,6 +156,7 @@ static size_t whole_chars(const char *text, size_t len) {
 /* How much of the (valid UTF-8) text[0, len) can be sent now (see the opening). */
 static size_t safe_len(const oa_stream *o, const char *text, size_t len) {
     size_t k = len;
+    if (o->q->forced) return 0; /* the whole answer is the forced call: sent at the end */
     if (o->q->chat && o->q->tool_choice == OA_TOOLS_AUTO) {
         const char *at = memmem(text, k, TOOL_OPEN, strlen(TOOL_OPEN));
         if (at) k = (size_t)(at - text);
@@ -217,8 +219,7 @@ static void send_rest(oa_stream *o, long long *completion) {
         size_t len = text ? strlen(text) : 0;
         json_object *calls = NULL;
         *completion += ids ? (long long)json_object_array_length(ids) : 0;
-        if (q->chat && q->tool_choice == OA_TOOLS_AUTO && text)
-            calls = oa_parse_tool_calls(text, &len, q->parallel_tool_calls ? 0 : 1);
+        if (q->chat && text) calls = oa_answer_calls(q, text, &len);
         if (text && len > h->sent) text_chunk(o, c, text, len, ids, lps);
         json_object *lp = ids ? logprobs_since(o, c, ids, lps) : NULL;
         if (calls) { /* one delta with every call, each with its index */

@@ -2,8 +2,11 @@
  * written as the chat template's tojson writes it, and the model's output parsed into tool_calls
  * as vLLM's hermes parser does (the <tool_call> format of Qwen2.5 and Qwen3). See openai.h.
  *
- * What grpod does not do: constrained decoding. tool_choice "required" and a named function
- * promise a call whatever the model writes; grpod cannot keep that promise and refuses them. */
+ * tool_choice "required" and a named function promise a call whatever the model would write.
+ * grpod keeps it without a grammar: the answer starts with the call's opening (<tool_call>, the
+ * name, "arguments": ), appended to the prompt, and the model writes the arguments. Required with
+ * several tools first draws the name from the policy's own probabilities of the openings
+ * (openai.c). The arguments are not constrained to the tool's parameters schema. */
 #include "api/openai.h"
 
 #include <stdio.h>
@@ -97,8 +100,9 @@ char *oa_pydumps(json_object *v) {
 /* ---------------------------------------------------------------- the request's tools */
 
 void oa_tools_free(oa_tools *t) {
-    for (int i = 0; i < t->n; i++) free(t->json[i]);
+    for (int i = 0; i < t->n; i++) free(t->json[i]), free(t->names[i]);
     free(t->json);
+    free(t->names);
     memset(t, 0, sizeof *t);
 }
 
@@ -130,15 +134,22 @@ int oa_tools_or_reply(json_object *req, oa_tools *t, api_error *err) {
         (rc = api_get_bool(req, "", "parallel_tool_calls", 1, &t->parallel, err)))
         return rc;
     int n = tools ? (int)json_object_array_length(tools) : 0;
-    if (n && !(t->json = calloc((size_t)n, sizeof *t->json))) return api_fail(err, GE_NOMEM, "tools", "out of memory");
+    t->named = -1;
+    if (n && (!(t->json = calloc((size_t)n, sizeof *t->json)) || !(t->names = calloc((size_t)n, sizeof *t->names)))) {
+        free(t->json);
+        return api_fail(err, GE_NOMEM, "tools", "out of memory");
+    }
     for (int i = 0; i < n; i++) {
         json_object *tool = json_object_array_get_idx(tools, (size_t)i);
         if ((rc = tool_or_reply(tool, i, err))) goto fail;
-        if (!(t->json[i] = oa_pydumps(tool))) {
+        const char *name = json_object_get_string(json_object_object_get(json_object_object_get(tool, "function"), "name"));
+        t->json[i] = oa_pydumps(tool);
+        t->names[i] = strdup(name);
+        t->n++;
+        if (!t->json[i] || !t->names[i]) {
             rc = api_fail(err, GE_NOMEM, "tools", "out of memory");
             goto fail;
         }
-        t->n++;
     }
     t->choice = n ? OA_TOOLS_AUTO : OA_TOOLS_NONE;
     if (!json_object_object_get_ex(req, "tool_choice", &choice) || !choice) return 0;
@@ -157,6 +168,13 @@ int oa_tools_or_reply(json_object *req, oa_tools *t, api_error *err) {
         json_object *fn = json_object_object_get(choice, "function"), *name = json_object_object_get(fn, "name");
         known = json_object_is_type(name, json_type_string);
         t->choice = OA_TOOLS_NAMED;
+        for (int i = 0; known && i < n; i++)
+            if (!strcmp(t->names[i], json_object_get_string(name))) t->named = i;
+        if (known && n && t->named < 0) {
+            rc = api_fail(err, GE_INVALID, "tool_choice", "tool_choice names function \"%s\", which is not in tools",
+                          json_object_get_string(name));
+            goto fail;
+        }
     }
     if (!known) {
         rc = api_fail(
@@ -166,12 +184,6 @@ int oa_tools_or_reply(json_object *req, oa_tools *t, api_error *err) {
     }
     if (t->choice != OA_TOOLS_NONE && !n) {
         rc = api_fail(err, GE_INVALID, "tool_choice", "tool_choice other than \"none\" needs tools");
-        goto fail;
-    }
-    if (t->choice == OA_TOOLS_REQUIRED || t->choice == OA_TOOLS_NAMED) {
-        rc = api_fail(err, GE_INVALID, "tool_choice",
-                      "tool_choice \"required\" or a named function needs constrained decoding, which grpod does not do: "
-                      "send \"auto\" (the model's calls are parsed from its output)");
         goto fail;
     }
     return 0;
@@ -184,6 +196,19 @@ fail:
 
 #define CALL_OPEN "<tool_call>"
 #define CALL_CLOSE "</tool_call>"
+
+/* {id, type: "function", function: {name, arguments: args[0, len)}} */
+static json_object *new_call(const char *name, const char *args, size_t len) {
+    char id[64];
+    json_object *call = json_object_new_object(), *fn = json_object_new_object();
+    oa_new_id(id, sizeof id, "chatcmpl-tool-");
+    json_object_object_add(call, "id", json_object_new_string(id));
+    json_object_object_add(call, "type", json_object_new_string("function"));
+    json_object_object_add(fn, "name", json_object_new_string(name));
+    json_object_object_add(fn, "arguments", json_object_new_string_len(args, (int)len));
+    json_object_object_add(call, "function", fn);
+    return call;
+}
 
 /* One call's body: {"name": string, "arguments": any} (whitespace around it allowed). */
 static json_object *call_of(const char *p, size_t len) {
@@ -200,14 +225,8 @@ static json_object *call_of(const char *p, size_t len) {
         json_object_put(o);
         return NULL;
     }
-    char *a = oa_pydumps(args), id[64];
-    json_object *call = json_object_new_object(), *fn = json_object_new_object();
-    oa_new_id(id, sizeof id, "chatcmpl-tool-");
-    json_object_object_add(call, "id", json_object_new_string(id));
-    json_object_object_add(call, "type", json_object_new_string("function"));
-    json_object_object_add(fn, "name", json_object_get(name));
-    json_object_object_add(fn, "arguments", json_object_new_string(a ? a : "{}"));
-    json_object_object_add(call, "function", fn);
+    char *a = oa_pydumps(args);
+    json_object *call = new_call(json_object_get_string(name), a ? a : "{}", a ? strlen(a) : 2);
     free(a);
     json_object_put(o);
     return call;
@@ -230,5 +249,36 @@ json_object *oa_parse_tool_calls(const char *text, size_t *content_len, int max)
         at = end ? strstr(end + strlen(CALL_CLOSE), CALL_OPEN) : NULL;
     }
     *content_len = (size_t)(first - text);
+    return calls;
+}
+
+char *oa_call_opening(const char *name) {
+    api_sbuf b = {0};
+    api_sb_str(&b, CALL_OPEN "\n{\"name\": ");
+    py_string(&b, name, strlen(name));
+    api_sb_str(&b, ", \"arguments\": ");
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+json_object *oa_forced_calls(const char *opening, const char *name, const char *text, int max) {
+    api_sbuf b = {0};
+    api_sb_str(&b, opening);
+    api_sb_str(&b, text);
+    size_t clen;
+    json_object *calls = b.oom ? NULL : oa_parse_tool_calls(b.p, &clen, max);
+    free(b.p);
+    if (calls) return calls;
+    while (*text && strchr(" \t\r\n", *text)) text++;
+    const char *end = strstr(text, CALL_CLOSE);
+    size_t len = end ? (size_t)(end - text) : strlen(text);
+    while (len && strchr(" \t\r\n", text[len - 1])) len--;
+    if (len && text[len - 1] == '}') len--; /* the call object's own closing brace */
+    while (len && strchr(" \t\r\n", text[len - 1])) len--;
+    calls = json_object_new_array();
+    json_object_array_add(calls, new_call(name, text, len));
     return calls;
 }

@@ -1,8 +1,8 @@
 # test_openai_tools.py — tool calling through the official openai SDK against a real daemon whose
 # model (the embedded tiny one) carries a Qwen3 chat template: the tools and a tool-call history
 # (assistant tool_calls, tool results) rendered into the prompt in Qwen3's format, never dropped;
-# enable_thinking; tool_choice none / auto, required and a named function refused (grpod does no
-# constrained decoding). Then the policy is taught, through /v1/updates with given advantages, to
+# enable_thinking; tool_choice none / auto; required and a named function (the call's opening
+# forced, the name drawn by the policy's probabilities when several tools may be called). Then the policy is taught, through /v1/updates with given advantages, to
 # answer one prompt with a <tool_call>: its answer comes back parsed into tool_calls (as vLLM's
 # hermes parser parses it), streamed too, and as plain content under tool_choice none.
 import json
@@ -86,11 +86,59 @@ def test_tool_choice_with_the_sdk(qwen3):
         want = d.post("/tokenize", {"messages": history, "tools": TOOLS}).json()["count"]
         assert c.usage.prompt_tokens == want          # the history's calls and results are in the prompt
         assert c.choices[0].message.role == "assistant"
-    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice=choice,
-                                           max_tokens=4)
-        assert e.value.param == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as e:  # a named function must be one of the tools
+        client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, max_tokens=4,
+                                       tool_choice={"type": "function", "function": {"name": "g"}})
+    assert e.value.param == "tool_choice" and '"g"' in str(e.value)
+
+
+def opening(d, name):
+    return d.post("/tokenize", {"prompt": '<tool_call>\n{"name": "%s", "arguments": ' % name,
+                                "add_special_tokens": False}).json()["tokens"]
+
+
+def test_forced_tool_choice(qwen3):
+    """required and a named function: the untaught model's answer is always a call of a listed tool
+    (the opening appended to the prompt, the arguments the model's, as written when not JSON);
+    required over two tools draws the name from the policy's probabilities of the openings, the
+    same with the same seed; streamed, the call comes whole at the end with no content."""
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    prompt = d.post("/tokenize", {"messages": ASK, "tools": [WEATHER] + TOOLS}).json()["tokens"]
+    for choice, seed in ((({"type": "function", "function": {"name": "get_weather"}}), 3), ("required", 3), ("required", 4)):
+        c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=[WEATHER] + TOOLS, tool_choice=choice,
+                                           max_tokens=12, seed=seed, temperature=1.0, extra_body={"return_token_ids": True})
+        ch = c.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None
+        assert len(ch.message.tool_calls) >= 1 and ch.message.tool_calls[0].function.name in ("get_weather", "f")
+        name = ch.message.tool_calls[0].function.name
+        if isinstance(choice, dict):
+            assert name == "get_weather"
+        ids = c.model_extra["prompt_token_ids"]
+        assert ids == prompt + opening(d, name)          # the call's opening follows the prompt
+        assert c.usage.prompt_tokens == len(ids)
+        again = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=[WEATHER] + TOOLS,
+                                               tool_choice=choice, max_tokens=12, seed=seed, temperature=1.0)
+        assert again.choices[0].message.tool_calls[0].function.name == name
+        assert again.choices[0].message.tool_calls[0].function.arguments == ch.message.tool_calls[0].function.arguments
+    # greedy picks the likeliest opening: the one /v1/logprobs scores highest
+    lps = d.post("/v1/logprobs", {"groups": [{"prompt_ids": prompt, "responses": [
+        {"token_ids": opening(d, n)} for n in ("get_weather", "f")]}]})
+    assert lps.status_code == 200, lps.text
+    res = lps.json()["groups"][0]["responses"]
+    best = ("get_weather", "f")[max(range(2), key=lambda i: sum(res[i]["logprobs"]))]
+    c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=[WEATHER] + TOOLS, tool_choice="required",
+                                       max_tokens=6, temperature=0)
+    assert c.choices[0].message.tool_calls[0].function.name == best
+    calls, content, finish = [], "", None
+    for ev in client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, max_tokens=8, stream=True,
+                                             tool_choice={"type": "function", "function": {"name": "f"}}):
+        for cc in ev.choices:
+            calls += cc.delta.tool_calls or []
+            content += cc.delta.content or ""
+            finish = cc.finish_reason or finish
+    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")] and content == ""
 
 
 def teach_the_call(d):
@@ -134,6 +182,10 @@ def test_learned_tool_call_parsed_and_streamed(qwen3):
             finish = cc.finish_reason or finish
     assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")]
     assert "<tool_call>" not in content and content.strip() == ""
+    # required (one tool: the call forced): the learned arguments, parsed
+    c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                                       temperature=0, max_tokens=64)
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.choices[0].message.tool_calls] == [("f", {})]
     # tool_choice none: the same answer as content, unparsed
     c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice="none",
                                        temperature=0, max_tokens=64)

@@ -84,10 +84,13 @@ TEST(test_tool_choice) {
         {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", 0, "", OA_TOOLS_AUTO},
         {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"none\"}", 0, "",
          OA_TOOLS_NONE},
-        {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"}", GE_INVALID,
-         "tool_choice", 0},
+        {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"}", 0, "",
+         OA_TOOLS_REQUIRED},
         {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", "
          "\"function\": {\"name\": \"f\"}}}",
+         0, "", OA_TOOLS_NAMED},
+        {"{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"g\"}}}",
          GE_INVALID, "tool_choice", 0},
         {"{\"tool_choice\": \"auto\"}", GE_INVALID, "tool_choice", 0},
         {"{\"tool_choice\": \"sometimes\"}", GE_INVALID, "tool_choice", 0},
@@ -109,6 +112,36 @@ TEST(test_tool_choice) {
     }
 }
 
+/* A forced answer: the opening in Qwen3's format; the model's text parsed after it, or kept as
+ * the arguments when it is not JSON (the call's closing brace and </tool_call> cut). */
+TEST(test_forced_calls) {
+    char *open = oa_call_opening("get \"w\"");
+    CHECK_STR(open, "<tool_call>\n{\"name\": \"get \\\"w\\\"\", \"arguments\": ");
+    static const struct {
+        const char *text, *args;
+        int n;
+    } rows[] = {
+        {"{\"city\": \"Paris\"}}\n</tool_call>", "{\"city\": \"Paris\"}", 1},
+        {"{\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"h\", \"arguments\": {}}\n</tool_call>", "{\"a\": 1}", 2},
+        {"{city: Paris}}\n</tool_call>", "{city: Paris}", 1},
+        {"  unfinished {\"x", "unfinished {\"x", 1},
+        {"", "", 1},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        json_object *calls = oa_forced_calls(open, "get \"w\"", rows[i].text, 0);
+        CHECK_EQ_INT((int)json_object_array_length(calls), rows[i].n);
+        json_object *f = json_object_object_get(json_object_array_get_idx(calls, 0), "function");
+        CHECK_STR(json_object_get_string(json_object_object_get(f, "name")), "get \"w\"");
+        const char *a = json_object_get_string(json_object_object_get(f, "arguments"));
+        CHECK_MSG(!strcmp(a, rows[i].args), "%s -> %s (want %s)", rows[i].text, a, rows[i].args);
+        json_object_put(calls);
+    }
+    json_object *one = oa_forced_calls(open, "get \"w\"", rows[1].text, 1); /* parallel_tool_calls false */
+    CHECK_EQ_INT((int)json_object_array_length(one), 1);
+    json_object_put(one);
+    free(open);
+}
+
 TEST(test_ids_unique) {
     char a[64], b[64];
     oa_new_id(a, sizeof a, "chatcmpl-");
@@ -122,6 +155,7 @@ int main(void) {
     RUN(test_parse_unclosed_and_malformed);
     RUN(test_pydumps_is_json_dumps);
     RUN(test_tool_choice);
+    RUN(test_forced_calls);
     RUN(test_ids_unique);
     return CHECK_DONE();
 }
