@@ -12,6 +12,8 @@ bench_daemon.py's (the same --dims, --model-cache, --serve-arg).
 Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_trees.py ./grpod OUTDIR --dims 1.7b
          [--groups 8 --n 8 --prompt 1024 --trunk 1024 --branch 512 --reps 3]
        on the CPU: python3 tests/bench/gpu/bench_trees.py ./grpod /tmp/bt --dims tiny --backend cpu
+The FlexAttention peer of the same update, tree and flat, is tests/gpu/peer_tree_step.py (run
+it in the same call: python3 tests/gpu/peer_tree_step.py DIR_OF_PEER_STEP 1.7b).
 ROW lines: ROW|tree_update|DIMS ...|ms tree|ms flat|PASS when the tree packed fewer tokens
 """
 import argparse, os, random, shutil, statistics, sys
