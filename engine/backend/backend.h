@@ -161,6 +161,10 @@ struct eng_backend {
     void (*moe_router_bwd)(eng_backend *b, void *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs,
                            const int *topi, const void *x, const void *wr, const float *aux_g, const int *count, int T, int C,
                            int E, int k, int norm);
+    /* a shared expert's gate (kernels/moe_shared.h): out += sigmoid(z) y per token; its backward in
+     * place (y := d y, z := d z) */
+    void (*moe_shared_gate_fwd)(eng_backend *b, void *out, const void *y, const void *z, int T, int C);
+    void (*moe_shared_gate_bwd)(eng_backend *b, void *y, void *z, const void *dout, int T, int C);
     /* hybrid linear-attention models (kernels/deltanet.h, kernels/gated_attn.h): the gated
      * DeltaNet's conv, recurrent rule and gated norm; the gated full attention's q/k norm with
      * partial RoPE and its output gate; the backward of each */

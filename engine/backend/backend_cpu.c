@@ -19,6 +19,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
+#include "kernels/moe_shared.h"
 #include "kernels/swiglu.h"
 
 static void *cpu_alloc(eng_backend *b, size_t n) {
@@ -169,6 +170,12 @@ static void cpu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, 
                                int norm) {
     moe_router_bwd_cpu(dx, dwr, dl, dtw, p, ti, x, wr, ag, cnt, T, C, E, k, norm);
 }
+static void cpu_moe_shared_gate_fwd(eng_backend *b, void *o, const void *y, const void *z, int T, int C) {
+    moe_shared_gate_fwd_cpu(o, y, z, T, C);
+}
+static void cpu_moe_shared_gate_bwd(eng_backend *b, void *y, void *z, const void *dy, int T, int C) {
+    moe_shared_gate_bwd_cpu(y, z, dy, T, C);
+}
 static void cpu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
     deltanet_conv_fwd_cpu(u, x, w, r, T, Cc, Kc);
 }
@@ -268,6 +275,8 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .moe_experts_fwd = cpu_moe_experts_fwd,
         .moe_experts_bwd = cpu_moe_experts_bwd,
         .moe_router_bwd = cpu_moe_router_bwd,
+        .moe_shared_gate_fwd = cpu_moe_shared_gate_fwd,
+        .moe_shared_gate_bwd = cpu_moe_shared_gate_bwd,
         .deltanet_conv_fwd = cpu_deltanet_conv_fwd,
         .deltanet_conv_bwd = cpu_deltanet_conv_bwd,
         .deltanet_rule_fwd = cpu_deltanet_rule_fwd,

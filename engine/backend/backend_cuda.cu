@@ -29,6 +29,7 @@ extern "C" {
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/sampling.cuh"
+#include "kernels/moe_shared.cuh"
 #include "kernels/swiglu.cuh"
 
 #define CTX(b) ((cu_ctx *)(b)->impl)
@@ -216,6 +217,12 @@ static void cu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu,
 static void cu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
                               const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k, int norm) {
     moe_router_bwd_cuda(CTX(b), (bf16 *)dx, dwr, dl, dtw, p, ti, (cbf *)x, (cbf *)wr, ag, cnt, T, C, E, k, norm);
+}
+static void cu_moe_shared_gate_fwd(eng_backend *b, void *o, const void *y, const void *z, int T, int C) {
+    moe_shared_gate_fwd_cuda(CTX(b), (bf16 *)o, (cbf *)y, (cbf *)z, T, C);
+}
+static void cu_moe_shared_gate_bwd(eng_backend *b, void *y, void *z, const void *dy, int T, int C) {
+    moe_shared_gate_bwd_cuda(CTX(b), (bf16 *)y, (bf16 *)z, (cbf *)dy, T, C);
 }
 static void cu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
     deltanet_conv_fwd_cuda(CTX(b), (bf16 *)u, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
@@ -474,6 +481,8 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->moe_experts_fwd = cu_moe_experts_fwd;
     b->moe_experts_bwd = cu_moe_experts_bwd;
     b->moe_router_bwd = cu_moe_router_bwd;
+    b->moe_shared_gate_fwd = cu_moe_shared_gate_fwd;
+    b->moe_shared_gate_bwd = cu_moe_shared_gate_bwd;
     b->deltanet_conv_fwd = cu_deltanet_conv_fwd;
     b->deltanet_conv_bwd = cu_deltanet_conv_bwd;
     b->deltanet_rule_fwd = cu_deltanet_rule_fwd;

@@ -77,6 +77,18 @@ static int moe_from_json(const js *r, const char *path, model_config *c) {
     return 0;
 }
 
+/* qwen3_5_moe (Qwen3_5MoeTextConfig): every layer sparse, the top-k weights always renormalised,
+ * and a shared expert of width shared_expert_intermediate_size (kept as F: no layer is dense). */
+static int shared_moe_from_json(const js *r, const char *path, model_config *c) {
+    int rc;
+    if ((rc = moe_from_json(r, path, c)) || (rc = get_int(r, "shared_expert_intermediate_size", path, 512, 1, CFG_MAX_FF, &c->F)))
+        return rc;
+    if (config_n_moe(c) != c->L) return err_set(GE_FORMAT, "%s: qwen3_5_moe has no dense layers (num_experts > 0)", path);
+    c->norm_topk = 1;
+    c->shared = 1;
+    return 0;
+}
+
 int config_n_moe(const model_config *c) {
     int n = 0;
     for (int l = 0; l < c->L; l++) n += c->mlp[l] == MLP_MOE;
@@ -130,18 +142,20 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         goto out;
     }
     int tied_top = -1; /* a vision-language config ties at its top level */
-    if (!strcmp(mt, "qwen3_5")) { /* the text model of a vision-language checkpoint */
+    int moe5 = !strcmp(mt, "qwen3_5_moe") || !strcmp(mt, "qwen3_5_moe_text"); /* Qwen3.5's MoE models */
+    if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_moe")) { /* the text model of a vision-language checkpoint */
+        const char *want = moe5 ? "qwen3_5_moe_text" : "qwen3_5_text";
         const js *tc = js_get(r, "text_config");
         if (!tc || tc->type != JS_OBJ) {
-            rc = err_set(GE_FORMAT, "%s: a qwen3_5 config needs a text_config object", path);
+            rc = err_set(GE_FORMAT, "%s: a %s config needs a text_config object", path, mt);
             goto out;
         }
         if (js_get(r, "tie_word_embeddings")) tied_top = js_get_bool(r, "tie_word_embeddings", 0);
         r = tc;
         mt = js_get_str(r, "model_type");
-        if (!mt) mt = "qwen3_5_text";
-        if (strcmp(mt, "qwen3_5_text")) {
-            rc = err_set(GE_UNSUPPORTED, "%s: text_config model_type \"%s\" (only qwen3_5_text)", path, mt);
+        if (!mt) mt = want;
+        if (strcmp(mt, want)) {
+            rc = err_set(GE_UNSUPPORTED, "%s: text_config model_type \"%s\" (only %s)", path, mt, want);
             goto out;
         }
         c->vision = 1;
@@ -150,10 +164,11 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
     else if (!strcmp(mt, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
-    else if (!strcmp(mt, "qwen3_5_text")) c->arch = ARCH_QWEN3_5;
+    else if (!strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe_text")) c->arch = ARCH_QWEN3_5;
     else {
         rc = err_set(GE_UNSUPPORTED,
-                     "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, qwen3_5_text, qwen3_5, llama)",
+                     "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, qwen3_5_text, qwen3_5, "
+                     "qwen3_5_moe_text, qwen3_5_moe, llama)",
                      path, mt);
         goto out;
     }
@@ -161,7 +176,7 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     if ((rc = get_int(r, "num_hidden_layers", path, NAN, 1, CFG_MAX_LAYERS, &c->L)) ||
         (rc = get_int(r, "hidden_size", path, NAN, 1, CFG_MAX_DIM, &c->C)) ||
         (rc = get_int(r, "num_attention_heads", path, NAN, 1, CFG_MAX_HEADS, &c->H)) ||
-        (rc = get_int(r, "intermediate_size", path, NAN, 1, CFG_MAX_FF, &c->F)) ||
+        (rc = get_int(r, "intermediate_size", path, moe5 ? 0 : NAN, moe5 ? -1 : 1, CFG_MAX_FF, &c->F)) ||
         (rc = get_int(r, "vocab_size", path, NAN, 1, CFG_MAX_VOCAB, &c->V)) ||
         (rc = get_int(r, "num_key_value_heads", path, c->H, 1, c->H, &c->K)) ||
         (rc = get_int(r, "head_dim", path, c->C / c->H, 2, CFG_MAX_HEAD_DIM, &c->D)) ||
@@ -188,6 +203,7 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     }
     if (c->arch == ARCH_QWEN3_MOE && (rc = moe_from_json(r, path, c))) goto out;
     if (c->arch == ARCH_QWEN3_5 && (rc = hybrid_from_json(r, path, c))) goto out;
+    if (moe5 && (rc = shared_moe_from_json(r, path, c))) goto out;
     const char *act = js_get_str(r, "hidden_act");
     if (act && strcmp(act, "silu")) {
         rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act);
@@ -274,7 +290,7 @@ long long config_n_params(const model_config *c) {
     if (c->o_bias) layer += C;
     if (c->qk_norm) layer += 2 * c->D;
     if (c->arch == ARCH_QWEN3_5) layer += HD * C; /* the gate half of q_proj */
-    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm;
+    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm + (c->shared ? 3 * C * F + C : 0);
     long long n_lin = config_n_linear(c), KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv;
     long long lin = 2 * C + (2 * KL + VL) * (C + c->conv_k) + 2 * VL * C + 2LL * c->lin_hv * (C + 1) + c->lin_dv;
     return (long long)c->V * C * (c->tied ? 1 : 2) + C + (c->L - n_lin) * layer + n_lin * lin + (c->L - n_moe) * 3 * C * F +
@@ -284,11 +300,12 @@ long long config_n_params(const model_config *c) {
 int config_write(const char *dir, const model_config *c) {
     static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
                                        "Qwen3_5ForCausalLM"};
+    const char *cls = c->shared ? "Qwen3_5MoeForCausalLM" : arch_class[c->arch];
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     if (!f) return err_set(GE_IO, "%s: cannot create", path);
-    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", arch_class[c->arch], c->arch_name);
+    fprintf(f, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n", cls, c->arch_name);
     fprintf(f, "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n", c->C, c->F, c->L);
     fprintf(f, "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n", c->H, c->K, c->D);
     fprintf(f, "  \"vocab_size\": %d,\n  \"max_position_embeddings\": %d,\n", c->V, c->max_pos);
@@ -301,11 +318,15 @@ int config_write(const char *dir, const model_config *c) {
                 "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
                 c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
     else fprintf(f, "  \"rope_scaling\": null,\n");
-    if (c->arch == ARCH_QWEN3_MOE) { /* which layers are sparse, as mlp_only_layers over a step of 1 */
+    if (c->shared) fprintf(f, "  \"shared_expert_intermediate_size\": %d,\n", c->F);
+    if (c->E > 0) {
         fprintf(f, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n", c->E, c->top_k,
                 c->Fm);
-        fprintf(f, "  \"norm_topk_prob\": %s,\n  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": %.9g,\n",
-                c->norm_topk ? "true" : "false", c->router_logits ? "true" : "false", c->aux_coef);
+        fprintf(f, "  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": %.9g,\n", c->router_logits ? "true" : "false",
+                c->aux_coef);
+    }
+    if (c->arch == ARCH_QWEN3_MOE) { /* which layers are sparse, as mlp_only_layers over a step of 1 */
+        fprintf(f, "  \"norm_topk_prob\": %s,\n", c->norm_topk ? "true" : "false");
         fprintf(f, "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [");
         for (int l = 0, k = 0; l < c->L; l++)
             if (c->mlp[l] != MLP_MOE) fprintf(f, "%s%d", k++ ? ", " : "", l);

@@ -35,7 +35,7 @@ typedef enum { ATTN_FULL = 0, ATTN_GATED = 1, ATTN_DELTANET = 2 } attn_kind;
 
 typedef struct {
     model_arch arch;
-    char arch_name[16]; /* "qwen2" | "qwen3" | "llama" | ... (config.json's model_type; qwen3_5_text for both Qwen3.5 forms) */
+    char arch_name[24]; /* "qwen2" | "qwen3" | "llama" | ... (config.json's model_type; the text model's for a vision-language one) */
     int L; /* layers */
     int C, H, K, D, F, V; /* model dim, heads, kv heads, head dim, MLP dim, vocab */
     int max_pos;
@@ -54,6 +54,8 @@ typedef struct {
     int E, top_k; /* num_experts, num_experts_per_tok */
     int Fm; /* moe_intermediate_size: each expert's MLP dim */
     int norm_topk; /* norm_topk_prob: the top-k routing weights renormalised to sum 1 */
+    int shared; /* a shared expert beside the routed ones (qwen3_5_moe): a SwiGLU of width F on
+                 * every token (shared_expert_intermediate_size), scaled by sigmoid(x·g) */
     int router_logits; /* output_router_logits: the balance loss joins the training loss */
     float aux_coef; /* router_aux_loss_coef, its weight there */
     unsigned char mlp[CFG_MAX_LAYERS]; /* (L) mlp_kind of each layer */

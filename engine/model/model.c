@@ -46,7 +46,8 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
 }
 
 /* An MLP_MOE layer's parameters as HF checkpoints name them: the router, then each of the three
- * projections of expert 0..E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...). */
+ * projections of expert 0..E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...), then the shared
+ * expert's when the model has one. */
 static void add_moe_params(model *m, int l) {
     const model_config *c = &m->cfg;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -58,6 +59,14 @@ static void add_moe_params(model *m, int l) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
             add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == c->E - 1);
         }
+    for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width F) and its gate */
+        snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj[j]);
+        add_param(m, n, 2, j < 2 ? c->F : c->C, j < 2 ? c->C : c->F);
+    }
+    if (c->shared) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+        add_param(m, n, 2, 1, c->C);
+    }
 }
 
 /* A gated DeltaNet layer's token mixer as HF checkpoints name it (kernels/deltanet.h). */
@@ -94,7 +103,7 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
     memset(m, 0, sizeof *m);
     m->cfg = *c;
     m->be = be;
-    m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (1 + 3 * c->E)), sizeof *m->params);
+    m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (5 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
     add_param(m, "model.embed_tokens.weight", 2, c->V, C);
@@ -185,6 +194,10 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->we_gate = V("mlp.experts.0.gate_proj.weight");
         L->we_up = V("mlp.experts.0.up_proj.weight");
         L->we_down = V("mlp.experts.0.down_proj.weight");
+        L->ws_gate = V("mlp.shared_expert.gate_proj.weight");
+        L->ws_up = V("mlp.shared_expert.up_proj.weight");
+        L->ws_down = V("mlp.shared_expert.down_proj.weight");
+        L->ws_g = V("mlp.shared_expert_gate.weight");
         L->dn_qkv = V("linear_attn.in_proj_qkv.weight");
         L->dn_z = V("linear_attn.in_proj_z.weight");
         L->dn_b = V("linear_attn.in_proj_b.weight");
@@ -329,7 +342,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     /* every layer's block holds what each MLP kind in the model needs, so blocks are alike
      * (ring, the checkpointed layers' shared set) */
     long long E = c->E, k = c->top_k, Fm = c->Fm;
-    int has_moe = config_n_moe(c) > 0, has_dense = config_n_moe(c) < c->L;
+    int has_moe = config_n_moe(c) > 0, has_dense = config_n_moe(c) < c->L || c->shared; /* shared: a dense MLP too */
     /* the hybrid kinds (kernels/deltanet.h, kernels/gated_attn.h) */
     int has_lin = config_n_linear(c) > 0, has_gated = 0;
     for (int l = 0; l < c->L; l++) has_gated |= c->attn[l] == ATTN_GATED;
@@ -432,6 +445,10 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(L->eg, T * k * Fm, eb);
             TAKE(L->eu, T * k * Fm, eb);
             TAKE(L->ey, T * k * C, eb);
+            if (c->shared) {
+                TAKE(L->sy, T * C, eb);
+                TAKE(L->sz, T, eb);
+            }
         }
         if (has_gated) {
             TAKE(L->qg, T * 2 * HD, eb);
@@ -691,6 +708,38 @@ static void mlp_dense_fwd(const model *m, const model_views *w, model_acts *a, i
     be->matmul_fwd_n(be, &dn, 1, A->a, NULL, T, F);
 }
 
+/* The shared expert (cfg.shared, kernels/moe_shared.h) on ln2: g, u = ln2 Ws^T, a = swiglu,
+ * sy = a Wsd^T, sz = ln2 g^T; out += sigmoid(sz) sy. Its backward takes d out in a->dres and adds
+ * d ln2 into a->dln, reusing the dense MLP's scratch (F is the shared expert's width). */
+static void shared_fwd_parts(const model *m, const model_layer_views *W, struct model_layer_acts *A, int T) {
+    eng_backend *be = m->be;
+    int C = m->cfg.C, F = m->cfg.F;
+    be->matmul_fwd(be, A->g, A->ln2, W->ws_gate, NULL, T, C, F);
+    be->matmul_fwd(be, A->u, A->ln2, W->ws_up, NULL, T, C, F);
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
+    be->matmul_fwd(be, A->sy, A->a, W->ws_down, NULL, T, F, C);
+    be->matmul_fwd(be, A->sz, A->ln2, W->ws_g, NULL, T, C, 1);
+}
+static void shared_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
+    shared_fwd_parts(m, W, A, T);
+    m->be->moe_shared_gate_fwd(m->be, out, A->sy, A->sz, T, m->cfg.C);
+}
+
+static void shared_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, struct model_layer_acts *A,
+                       model_acts *a, int T) {
+    eng_backend *be = m->be;
+    int C = m->cfg.C, F = m->cfg.F;
+    size_t eb = (size_t)be->act_bytes;
+    shared_fwd_parts(m, W, A, T); /* recomputed: a forward may have stopped before it (out NULL) */
+    be->moe_shared_gate_bwd(be, A->sy, A->sz, a->dres, T, C); /* sy := d sy, sz := d sz */
+    be->zero(be, a->da, (size_t)T * F * eb);
+    be->matmul_bwd(be, a->da, G->ws_down, NULL, A->sy, A->a, W->ws_down, T, F, C);
+    be->swiglu_bwd(be, a->dg, a->du, a->da, A->g, A->u, (long long)T * F);
+    be->matmul_bwd(be, a->dln, G->ws_gate, NULL, a->dg, A->ln2, W->ws_gate, T, C, F);
+    be->matmul_bwd(be, a->dln, G->ws_up, NULL, a->du, A->ln2, W->ws_up, T, C, F);
+    be->matmul_bwd(be, a->dln, G->ws_g, NULL, A->sz, A->ln2, W->ws_g, T, C, 1);
+}
+
 /* Mixture of experts (kernels/moe.h) on ln2 = rmsnorm(xm). The experts always run (the backward
  * reads their outputs); the balance statistics are summed only by a forward that makes the
  * layer's output, so a recompute does not count its tokens twice. */
@@ -705,6 +754,7 @@ static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int
                        c->top_k, c->norm_topk);
     be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
                         c->E, c->top_k, c->Fm);
+    if (c->shared && out) shared_fwd(m, W, A, out, T);
 }
 
 static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t, const void *dY,
@@ -748,6 +798,7 @@ static void mlp_moe_bwd(const model *m, const model_views *w, const model_views 
                         A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm);
     be->moe_router_bwd(be, a->dln, G->router, a->dlogit, a->dtopw, A->probs, A->topi, A->ln2, W->router, d->aux_g, d->count, T, C,
                        c->E, c->top_k, c->norm_topk);
+    if (c->shared) shared_bwd(m, W, G, A, a, T);
     be->rmsnorm_bwd(be, a->dres, G->mlp_norm, a->dln, A->xm, W->mlp_norm, A->rstd2, T, C);
 }
 

@@ -55,6 +55,8 @@ typedef struct {
     void *router; /* (E,C) mlp.gate.weight */
     void *we_gate, *we_up; /* (E,Fm,C) mlp.experts.{e}.gate_proj / up_proj */
     void *we_down; /* (E,C,Fm) mlp.experts.{e}.down_proj */
+    void *ws_gate, *ws_up, *ws_down; /* (F,C), (F,C), (C,F) mlp.shared_expert.* (cfg.shared) */
+    void *ws_g; /* (1,C) mlp.shared_expert_gate (cfg.shared) */
     /* ATTN_GATED layers use wq (2HD,C): per head the query's D rows, then its gate's D rows.
      * ATTN_DELTANET layers have none of the attention weights above but these (kernels/deltanet.h;
      * Cc = 2 Hk Dk + Hv Dv, VL = Hv Dv): */
@@ -157,6 +159,7 @@ typedef struct {
         float *probs, *topw; /* (T,E) router softmax, (T,k) routing weights */
         int *topi; /* (T,k) experts chosen */
         void *eg, *eu, *ey; /* (T,k,Fm), (T,k,Fm), (T,k,C) each slot's gate, up, expert output */
+        void *sy, *sz; /* (T,C), (T) the shared expert's output and its gate's logit (cfg.shared) */
         /* ATTN_GATED layers: qg (T,2HD) q_proj's output (query and gate per head), ag (T,HD) the
          * gated attention output; k0 as qk_norm */
         void *qg, *ag;

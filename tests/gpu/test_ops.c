@@ -563,6 +563,27 @@ static void t_rope(int T, int H, int D) {
     free(b_g);
 }
 
+/* The shared expert's gate (kernels/moe_shared.h): out += sigmoid(z) y; the backward in place
+ * (y := d y, z := d z), against the CPU backend. */
+static void t_moe_shared(int T, int C) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d C=%d", T, C);
+    size_t n = (size_t)T * C;
+    float *o = gc_rand(n, 1.0f, 71), *y = gc_rand(n, 1.0f, 72), *z = gc_rand((size_t)T, 3.0f, 73), *dy = gc_rand(n, 1.0f, 74);
+    float *o_c = gc_copy(o, n), *y_c = gc_copy(y, n), *z_c = gc_copy(z, (size_t)T);
+    cpu->moe_shared_gate_fwd(cpu, o_c, y, z, T, C);
+    cpu->moe_shared_gate_bwd(cpu, y_c, z_c, dy, T, C);
+    void *go = gc_act(gpu, o, n), *gy = gc_act(gpu, y, n), *gz = gc_act(gpu, z, (size_t)T), *gdy = gc_act(gpu, dy, n);
+    gpu->moe_shared_gate_fwd(gpu, go, gy, gz, T, C);
+    gpu->moe_shared_gate_bwd(gpu, gy, gz, gdy, T, C);
+    float *o_g = gc_get_act(gpu, go, n), *y_g = gc_get_act(gpu, gy, n), *z_g = gc_get_act(gpu, gz, (size_t)T);
+    gc_row("moe_shared_gate_fwd", sh, rel_l2(o_g, o_c, n), 1e-2);
+    gc_row("moe_shared_gate_bwd dy", sh, rel_l2(y_g, y_c, n), 1e-2);
+    gc_row("moe_shared_gate_bwd dz", sh, rel_l2(z_g, z_c, (size_t)T), 1e-2);
+    gpu->free(gpu, go), gpu->free(gpu, gy), gpu->free(gpu, gz), gpu->free(gpu, gdy);
+    free(o), free(y), free(z), free(dy), free(o_c), free(y_c), free(z_c), free(o_g), free(y_g), free(z_g);
+}
+
 static void t_elementwise(long long n) {
     char sh[64];
     snprintf(sh, sizeof sh, "n=%lld", n);
@@ -1235,6 +1256,7 @@ int main(int argc, char **argv) {
         }
         t_rope(7, 3, 64);
         t_elementwise(1001);
+        t_moe_shared(37, 200);
         attention_suite();
         decode_attention_suite();
         t_logprob(50, 30, 64, 300, 0.8f, 1);
@@ -1318,6 +1340,7 @@ int main(int argc, char **argv) {
         t_rope(333, 16, 128);
         t_rope(77, 6, 64);
         t_elementwise(1000003);
+        t_moe_shared(1000, 2048);
         t_elementwise(1 << 20); /* 16-byte vector path */
         t_elementwise(1000002); /* 4-byte vector path */
         attention_suite();

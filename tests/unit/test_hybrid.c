@@ -6,7 +6,8 @@
  * than the conv), 64 (one whole chunk of transformers' chunked rule), 65 and 150 (across chunk
  * boundaries); the gradient of Σ w·logprob (relative L2 ≤ 1e-4 per tensor, every DeltaNet and
  * gated-attention weight included: A_log, dt_bias, the conv taps, the zero-centred norms). The
- * qwen3_5 vision-language form loads its text model and gives its logprobs.
+ * qwen3_5 vision-language form loads its text model and gives its logprobs. qwen3_5_moe_text: the
+ * same layers with a mixture of experts and a sigmoid-gated shared expert in every MLP.
  *
  * Packed ≡ standard: [P; R_1..R_N] — each response starting from the prompt's final recurrent
  * state and conv tail — and N copies of [P; R_i] give the same logprobs and gradients (1e-5
@@ -88,7 +89,7 @@ static void run_reference(loaded *x, const js *root, float *g, double *worst_out
 }
 
 TEST(hybrid_matches_transformers) {
-    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b"};
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
@@ -175,7 +176,7 @@ static void run_layout(loaded *x, const pack_group *pg, pack_layout lay, int gra
 
 /* groups: P 9 with N 4 (ragged, R = 1 and R < the conv included), P 1 with N 1, P 5 with N 3 */
 TEST(hybrid_packed_equals_standard) {
-    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b"};
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
@@ -228,10 +229,10 @@ TEST(hybrid_packed_equals_standard) {
 /* config.json and model.safetensors written by grpod read back the same rows and bits, the
  * zero-centred norms written as the checkpoint's w (not the gain 1 + w held in memory: w comes
  * back to within half an ulp of 1, 6e-8); the qwen3_5 vision-language form is written as its
- * text model. */
+ * text model; qwen3_5_moe_text keeps its experts and shared expert. */
 TEST(hybrid_checkpoint_round_trip) {
-    static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl"};
-    for (int mi = 0; mi < 2; mi++) {
+    static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl", "qwen3_5_moe_text"};
+    for (int mi = 0; mi < 3; mi++) {
         char src[256], cmd[512];
         snprintf(src, sizeof src, FIX "/%s", models[mi]);
         const char *dir = "/tmp/grpod_test_hybrid_ckpt";
@@ -246,6 +247,9 @@ TEST(hybrid_checkpoint_round_trip) {
         CHECK(!y.cfg.vision && y.cfg.R == x.cfg.R && y.cfg.gain1 && y.cfg.conv_k == x.cfg.conv_k &&
               y.cfg.lin_hk == x.cfg.lin_hk && y.cfg.lin_hv == x.cfg.lin_hv && y.cfg.lin_dk == x.cfg.lin_dk &&
               y.cfg.lin_dv == x.cfg.lin_dv && y.cfg.tied == x.cfg.tied && !memcmp(y.cfg.attn, x.cfg.attn, (size_t)x.cfg.L));
+        CHECK(y.cfg.E == x.cfg.E && y.cfg.top_k == x.cfg.top_k && y.cfg.Fm == x.cfg.Fm && y.cfg.norm_topk == x.cfg.norm_topk &&
+              y.cfg.shared == x.cfg.shared && y.cfg.F == x.cfg.F && !memcmp(y.cfg.mlp, x.cfg.mlp, (size_t)x.cfg.L) &&
+              !strcmp(y.cfg.arch_name, x.cfg.arch_name));
         long long np = 0;
         for (int i = 0; i < x.m.n_params; i++) np += x.m.params[i].numel;
         CHECK_MSG(config_n_params(&y.cfg) == np && config_n_params(&x.cfg) == np, "config_n_params %lld, the tensors %lld",
@@ -257,7 +261,7 @@ TEST(hybrid_checkpoint_round_trip) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         CHECK(st_open_file(&a, path) == 0);
         CHECK(st_open_dir(src, &b) == 0);
-        const char *nm = "model.norm.weight", *src_nm = mi ? "model.language_model.norm.weight" : nm;
+        const char *nm = "model.norm.weight", *src_nm = mi == 1 ? "model.language_model.norm.weight" : nm;
         const st_tensor *ta = st_find(&a, nm), *tb = st_find(&b, src_nm);
         CHECK(ta && tb);
         long long C = x.cfg.C;
