@@ -140,9 +140,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
         rc = err_set(GE_UNSUPPORTED, "LoRA with a comm (%d ranks) is not built: train adapters on one rank, without one", e->W);
         goto fail;
     }
-    if (config_n_moe(&cfg) && (e->be->no_moe || lr_rank)) {
+    if (config_n_moe(&cfg) && (e->be->no_moe || (lr_rank && e->be->no_moe_lora))) {
         rc = err_set(GE_UNSUPPORTED, "%s: a mixture-of-experts model (%d experts) cannot run here: %s", o->model_dir, cfg.E,
-                     e->be->no_moe ? e->be->no_moe : "LoRA adapters on experts are not built yet");
+                     e->be->no_moe ? e->be->no_moe : e->be->no_moe_lora);
         goto fail;
     }
     if (cfg.arch == ARCH_QWEN3_5 && (e->be->no_hybrid || lr_rank)) {

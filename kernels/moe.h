@@ -17,9 +17,18 @@
  * balance statistics. A packed prompt token shared by N responses counts N (engine/model/pack.h),
  * so the statistics of [P; R_1..R_N] are those of the N sequences [P; R_i].
  *
- * Legend: T tokens, C model dim, E experts, k experts per token (top_k), Fm expert MLP dim.
- * Expert weights are stacked: wg, wu (E, Fm, C), wd (E, C, Fm), each expert's (out, in) as
- * nn.Linear stores it. */
+ * LoRA on the experts (moe_lora, NULL: none), as PEFT's ParamWrapper adapts transformers 5's fused
+ * gate_up_proj (E, 2Fm, C) and down_proj (E, C, Fm): per expert e, one adapter on gate and up
+ * together, rank rg, and one on down, rank rd:
+ *   h_s = x A_e^T                           (rg)  A = agu (E, rg, C)
+ *   g_s += h_s Bg_e^T,  u_s += h_s Bu_e^T         B = bgu (E, 2Fm, rg): gate rows, then up rows
+ *   y_s += (a_s Ad_e^T) Bd_e^T                    Ad = ad (E, rd, Fm), Bd = bd (E, C, rd)
+ * with the LoRA scale already in B (engine/model/lora.h: B' = s B). The backward adds the
+ * adapters' gradients (fp32, NULL: none), each expert's summed over its tokens in token order.
+ *
+ * Legend: T tokens, C model dim, E experts, k experts per token (top_k), Fm expert MLP dim, rg
+ * and rd the adapters' ranks. Expert weights are stacked: wg, wu (E, Fm, C), wd (E, C, Fm), each
+ * expert's (out, in) as nn.Linear stores it. */
 #ifndef GRPOD_MOE_H
 #define GRPOD_MOE_H
 
@@ -27,18 +36,27 @@
 #define MOE_STATS(E) (2 * (E) + 1)
 /* stats[e] += Σ_t count_t · [e ∈ i_t]; stats[E + e] += Σ_t count_t · p_te; stats[2E] += Σ_t count_t */
 
+/* The experts' adapters: weights act-typed (NULL pair: that adapter absent), gradients fp32 */
+typedef struct {
+    const void *agu, *bgu; /* (E,rg,C), (E,2Fm,rg) */
+    const void *ad, *bd; /* (E,rd,Fm), (E,C,rd) */
+    int rg, rd;
+    float *gagu, *gbgu, *gad, *gbd; /* += d A, d B' (backward only; NULL: not wanted) */
+} moe_lora;
+
 void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *count,
                         int T, int C, int E, int k, int norm);
 /* probs (T,E), topi (T,k), topw (T,k) written; x (T,C), wr (E,C); stats NULL: none summed */
 
 void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const float *x, const float *res, const int *topi,
-                         const float *topw, const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm);
+                         const float *topw, const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm,
+                         const moe_lora *lr);
 /* eg, eu (T,k,Fm) each slot's gate and up projections, ey (T,k,C) its expert's output (before w)
  * written; out (T,C) = res + Σ_s w_s ey_s (out NULL: not combined; res NULL: 0) */
 
 void moe_experts_bwd_cpu(float *dx, float *dwg, float *dwu, float *dwd, float *dtopw, float *dg, float *du, const float *dout,
                          const float *x, const int *topi, const float *topw, const float *eg, const float *eu, const float *ey,
-                         const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm);
+                         const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm, const moe_lora *lr);
 /* dout (T,C): d out. dx (T,C) += through the experts; dwg, dwu, dwd += (NULL: frozen); dtopw
  * (T,k) written: dout_t · ey_ts; dg, du (T,k,Fm) scratch (written). Each expert's weight
  * gradient sums its tokens in token order, whatever the thread count. */

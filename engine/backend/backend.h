@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/attention.h"
+#include "kernels/moe.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
 #include "kernels/tune.h"
@@ -63,6 +64,7 @@ struct eng_backend {
     void *impl;
     tune_opts tune; /* kernels/tune.h: read once at creation; tests may set fields */
     const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
+    const char *no_moe_lora; /* NULL: moe_experts_* take adapters (moe_lora); else why not (LoRA on a MoE model is refused) */
     const char *no_hybrid; /* NULL: the linear-attention ops run; else why not (a hybrid model is refused with it) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
@@ -154,10 +156,11 @@ struct eng_backend {
                            const int *count, int T, int C, int E, int k, int norm);
     void (*moe_experts_fwd)(eng_backend *b, void *out, void *eg, void *eu, void *ey, const void *x, const void *res,
                             const int *topi, const float *topw, const void *wg, const void *wu, const void *wd, int T, int C,
-                            int E, int k, int Fm);
+                            int E, int k, int Fm, const moe_lora *lr);
     void (*moe_experts_bwd)(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtopw, void *dg, void *du,
                             const void *dout, const void *x, const int *topi, const float *topw, const void *eg, const void *eu,
-                            const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm);
+                            const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm,
+                            const moe_lora *lr);
     void (*moe_router_bwd)(eng_backend *b, void *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs,
                            const int *topi, const void *x, const void *wr, const float *aux_g, const int *count, int T, int C,
                            int E, int k, int norm);

@@ -157,13 +157,14 @@ static void cpu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, flo
 }
 static void cpu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                 const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
-                                int E, int k, int Fm) {
-    moe_experts_fwd_cpu(o, eg, eu, ey, x, res, ti, tw, wg, wu, wd, T, C, E, k, Fm);
+                                int E, int k, int Fm, const moe_lora *lr) {
+    moe_experts_fwd_cpu(o, eg, eu, ey, x, res, ti, tw, wg, wu, wd, T, C, E, k, Fm, lr);
 }
 static void cpu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtw, void *dg, void *du,
                                 const void *dy, const void *x, const int *ti, const float *tw, const void *eg, const void *eu,
-                                const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm) {
-    moe_experts_bwd_cpu(dx, dwg, dwu, dwd, dtw, dg, du, dy, x, ti, tw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm);
+                                const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k,
+                                int Fm, const moe_lora *lr) {
+    moe_experts_bwd_cpu(dx, dwg, dwu, dwd, dtw, dg, du, dy, x, ti, tw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm, lr);
 }
 static void cpu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
                                const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k,

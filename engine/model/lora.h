@@ -9,12 +9,28 @@
  * base projection: mm_part.lr), and the optimizer is exact on B' by stepping the B part with
  * lr·s, weight decay wd/s on the true gradient s·dL/dB' (eng_update). Host conversions here (init, PEFT load/save, merge) handle s; the
  * model never sees it.
- * Legend: L layers, r rank, I/O a projection's input/output width. */
+ *
+ * Mixture-of-experts models are adapted as PEFT (0.18+) adapts them on transformers 5, where each
+ * MoE layer's experts are two 3-D parameters, gate_up_proj (E, 2Fm, C) and down_proj (E, C, Fm):
+ * the targets gate+up (together) and down become PEFT's target_parameters ["gate_up_proj",
+ * "down_proj"], lora.ParamWrapper adapters of rank 2r (alpha 2·alpha: rank_pattern and
+ * alpha_pattern, the scale still alpha / r) and r, one A (E·r_t, in) and one B (out, E·r_t) per
+ * layer in PEFT's files, expert e's term s Σ_k B[:, k·E + e] A[e·r_t + k, :]. The buffer keeps A
+ * as the file does (E, r_t, in) and B expert-major (E, out, r_t) for the expert op
+ * (kernels/moe.h moe_lora); PEFT load/save permute B. The dense layers of such a model
+ * (mlp_only_layers) get no MLP adapter, as under PEFT. File names: gate_up's adapter is
+ * layers.L.mlp.experts.base_layer.lora_{A,B}.weight when down is adapted too (the two wrappers
+ * nest, gate_up inside), down's layers.L.mlp.experts.lora_{A,B}.weight.
+ * Legend: L layers, r rank, I/O a projection's input/output width, E experts, Fm expert MLP dim. */
 #ifndef GRPOD_LORA_H
 #define GRPOD_LORA_H
 #include <stdint.h>
 
 #include "engine/model/model.h"
+
+/* The rank of adapter slot j: the seven projections' (LORA_Q..LORA_DOWN) r, the experts'
+ * (LORA_N + LORA_EGU / LORA_EDOWN) 2r for the fused gate_up_proj and r for down_proj. */
+static inline int lora_rank_of(const model *m, int j) { return j == LORA_N + LORA_EGU ? 2 * m->lora_r : m->lora_r; }
 
 /* "q,k,v,o,gate,up,down" (or PEFT's "q_proj", ..., or "all") -> a bit per target. GE_INVALID
  * naming the bad name. */

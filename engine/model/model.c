@@ -22,6 +22,7 @@
 #include "common/err.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/hybrid.h"
+#include "engine/model/lora.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 
@@ -740,6 +741,21 @@ static void shared_bwd(const model *m, const model_layer_views *W, const model_l
     be->matmul_bwd(be, a->dln, G->ws_g, NULL, A->sz, A->ln2, W->ws_g, T, C, 1);
 }
 
+/* The experts' adapters of a layer (none: both pairs NULL), their gradients from G (NULL: none) */
+static moe_lora moe_lora_of(const model *m, const model_layer_views *W, const model_layer_views *G) {
+    moe_lora lr = {.agu = W->lea[LORA_EGU],
+                   .bgu = W->leb[LORA_EGU],
+                   .ad = W->lea[LORA_EDOWN],
+                   .bd = W->leb[LORA_EDOWN],
+                   .rg = lora_rank_of(m, LORA_N + LORA_EGU),
+                   .rd = lora_rank_of(m, LORA_N + LORA_EDOWN)};
+    if (G) {
+        lr.gagu = G->lea[LORA_EGU], lr.gbgu = G->leb[LORA_EGU];
+        lr.gad = G->lea[LORA_EDOWN], lr.gbd = G->leb[LORA_EDOWN];
+    }
+    return lr;
+}
+
 /* Mixture of experts (kernels/moe.h) on ln2 = rmsnorm(xm). The experts always run (the backward
  * reads their outputs); the balance statistics are summed only by a forward that makes the
  * layer's output, so a recompute does not count its tokens twice. */
@@ -752,8 +768,9 @@ static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
     be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->count, T, C, c->E,
                        c->top_k, c->norm_topk);
+    moe_lora lr = moe_lora_of(m, W, NULL);
     be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
-                        c->E, c->top_k, c->Fm);
+                        c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
     if (c->shared && out) shared_fwd(m, W, A, out, T);
 }
 
@@ -794,8 +811,10 @@ static void mlp_moe_bwd(const model *m, const model_views *w, const model_views 
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * (size_t)be->act_bytes);
+    moe_lora lr = moe_lora_of(m, W, G);
     be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi, A->topw,
-                        A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm);
+                        A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm,
+                        lr.agu || lr.ad ? &lr : NULL);
     be->moe_router_bwd(be, a->dln, G->router, a->dlogit, a->dtopw, A->probs, A->topi, A->ln2, W->router, d->aux_g, d->count, T, C,
                        c->E, c->top_k, c->norm_topk);
     if (c->shared) shared_bwd(m, W, G, A, a, T);

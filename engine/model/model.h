@@ -36,8 +36,10 @@ typedef struct {
     int gain1; /* a zero-centred RMSNorm weight (config gain1): held as 1 + the checkpoint's value */
 } model_param;
 
-/* LoRA targets (engine/model/lora.h): the seven projections an adapter can ride on. */
+/* LoRA targets (engine/model/lora.h): the seven projections an adapter can ride on; in a MoE
+ * layer gate+up and down are the experts' two adapters (PEFT's gate_up_proj and down_proj). */
 enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N };
+enum { LORA_EGU, LORA_EDOWN, LORA_EN }; /* the experts' adapters (kernels/moe.h moe_lora) */
 
 /* One layer's parameters; bq/bk/bv/bo and q_norm/k_norm are NULL when the config has none. */
 typedef struct {
@@ -70,6 +72,9 @@ typedef struct {
     /* low-rank adapters (NULL: none, the base alone): target t adds (X A^T) B^T to its
      * projection's output, A (r, I) and B (O, r) with the LoRA scale folded into B (lora.h) */
     void *la[LORA_N], *lb[LORA_N];
+    /* MLP_MOE layers: the experts' adapters, A (E,r,in) and B (E,out,r) (kernels/moe.h moe_lora;
+     * gate_up's B holds the gate rows, then the up rows) */
+    void *lea[LORA_EN], *leb[LORA_EN];
 } model_layer_views;
 
 typedef struct {

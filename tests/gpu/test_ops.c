@@ -1106,9 +1106,9 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     float *dtw_c = malloc(nk * 4), *dg_c = malloc(nk * Fm * 4), *du_c = malloc(nk * Fm * 4);
     float *rdx_c = gc_copy(dx0, nx), *dwr_c = gc_copy(dwr0, (size_t)E * C), *dl_c = malloc(ne * 4);
     cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, cnt, T, C, E, k, norm);
-    cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti_c, tw_c, wg, wu, wd, T, C, E, k, Fm);
+    cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti_c, tw_c, wg, wu, wd, T, C, E, k, Fm, NULL);
     cpu->moe_experts_bwd(cpu, dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, dout, x, ti_c, tw_c, eg_c, eu_c, ey_c, wg, wu, wd, T,
-                         C, E, k, Fm);
+                         C, E, k, Fm, NULL);
     cpu->moe_router_bwd(cpu, rdx_c, dwr_c, dl_c, dtw_c, p_c, ti_c, x, wr, aux, cnt, T, C, E, k, norm);
     float *dx0e = gc_rand(nx, (float)rms_delta(dx_c, dx0, nx), sd + 15),
           *dx0r = gc_rand(nx, (float)rms_delta(rdx_c, dx0, nx), sd + 16);
@@ -1135,7 +1135,7 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
     void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
     void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
-    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm);
+    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
     float *eg_g = gc_get_act(gpu, geg, nk * Fm), *eu_g = gc_get_act(gpu, geu, nk * Fm), *ey_g = gc_get_act(gpu, gey, nk * C);
     float *o_g = gc_get_act(gpu, gout, nx);
     gc_row("moe_experts_fwd gate", sh, rel_l2(eg_g, eg_c, nk * Fm), 1e-2);
@@ -1147,7 +1147,7 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
     float *gdtw = gpu->alloc(gpu, nk * 4);
     gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
-                         k, Fm);
+                         k, Fm, NULL);
     float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
     float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
     float *dwd_g = gc_get_f32(gpu, gdwd, nw);
@@ -1160,7 +1160,7 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
     /* again from the same state: the same bits; unrouted experts: their gradients untouched */
     gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
-                         E, k, Fm);
+                         E, k, Fm, NULL);
     float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
     float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
     double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;

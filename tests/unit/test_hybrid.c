@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "reference_seq.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
@@ -60,13 +61,8 @@ static void run_reference(loaded *x, const js *root, float *g, double *worst_out
     if (g) model_views_make(&x->m, g, 4, &gv);
     double worst = 0;
     for (int s = 0; s < seqs->n; s++) {
-        const js *sq = &seqs->items[s];
-        int n = sq->n, *ids = malloc((size_t)n * sizeof(int)), R = n - 1;
-        for (int i = 0; i < n; i++) ids[i] = (int)sq->items[i].num;
-        const int *resp[1] = {ids + 1};
-        pack_group pg = {.prompt = ids, .P = 1, .N = 1, .resp = resp, .R = &R};
         pack_batch b;
-        CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
+        CHECK(reference_seq_pack(&seqs->items[s], &b) == 0);
         model_acts a;
         CHECK(model_acts_init(&x->m, &a, b.T, b.M, g ? 1 : 0) == 0);
         model_input in;
@@ -80,7 +76,6 @@ static void run_reference(loaded *x, const js *root, float *g, double *worst_out
         }
         if (g) CHECK(model_backward(&x->m, &x->wv, &gv, &a, &in, dl, NULL, 1.0f) == 0);
         free(dl);
-        free(ids);
         model_acts_free(&x->m, &a);
         pack_batch_free(&b);
     }
