@@ -148,6 +148,9 @@ typedef struct {
     float *of; /* DX: part (S, C) */
     const float *topw; /* DA */
     const bf16 *g, *u; /* DA: eg, eu */
+    const float *lt; /* DA with a down adapter: t (S, lr) = w dout Bd_e (moe_lora.cu), da += t Ad_e */
+    const bf16 *la; /* DA: Ad (E, lr, N) */
+    int lr;
 } moe_rows_args;
 
 typedef union {
@@ -262,6 +265,8 @@ template <int MODE> __global__ void __launch_bounds__(MOE_NT) moe_rows_kernel(mo
         if (MODE == ROWS_DX) p.of[o] = v;
         if (MODE == ROWS_DA) { /* da = w · (dout Wd); then SwiGLU's backward on this slot's g, u */
             float da = p.topw[ts] * v, g = __bfloat162float(p.g[o]), u = __bfloat162float(p.u[o]);
+            for (int j = 0; j < p.lr; j++)
+                da += p.lt[ts * p.lr + j] * __bfloat162float(p.la[((size_t)e * p.lr + j) * N + n0 + n]);
             float sg = 1.0f / (1.0f + __expf(-g));
             p.o0[o] = __float2bfloat16(da * u * (sg + g * sg * (1.0f - sg)));
             p.o1[o] = __float2bfloat16(da * g * sg);
@@ -540,18 +545,43 @@ void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float 
     CU_LAUNCHED(c, "moe_stats_kernel");
 }
 
+/* the adapters' sources and matrices (moe_lora.cu): a token's row of x, a slot's row, silu(eg)·eu;
+ * A (E, r, I) by rows, B (E, O, r) by columns (the j-th of expert e: B_e[:, j]) or by rows */
+static moe_lora_src src_tok(const bf16 *x, int ld) { return (moe_lora_src){x, NULL, NULL, ld, 1, 0, 0}; }
+static moe_lora_src src_slot(const void *p, int ld, int f32) { return (moe_lora_src){p, NULL, NULL, ld, 0, f32, 0}; }
+static moe_lora_src src_swiglu(const bf16 *g, const bf16 *u, int Fm) { return (moe_lora_src){g, u, NULL, Fm, 0, 0, 1}; }
+static moe_lora_mat mat_a(const void *A, int r, int I) { return (moe_lora_mat){(const bf16 *)A, (size_t)r * I, (size_t)I, 1}; }
+static moe_lora_mat mat_b_cols(const void *B, size_t es, int r) { return (moe_lora_mat){(const bf16 *)B, es, 1, (size_t)r}; }
+static moe_lora_mat mat_b_rows(const void *B, size_t es, int r) { return (moe_lora_mat){(const bf16 *)B, es, (size_t)r, 1}; }
+static const moe_lora_src NO_SRC = {NULL, NULL, NULL, 0, 0, 0, 0};
+static const moe_lora_mat NO_MAT = {NULL, 0, 0, 0};
+
 void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
-                          const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
-    int S = T * k;
-    void *scr = c->failed || T <= 0 ? NULL : cu_scratch(c, moe_perm_bytes(S, E));
+                          const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                          const moe_lora *lr) {
+    int S = T * k, rmax = lr ? (lr->rg > lr->rd ? lr->rg : lr->rd) : 0;
+    size_t pb = moe_perm_bytes(S, E);
+    char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * rmax * sizeof(float));
     if (!scr) return;
     const int *cnt = moe_perm(c, topi, S, E, scr);
+    float *h = (float *)(scr + pb); /* (S, r) X A^T of one adapter */
     moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, x, NULL, wg, wu, eg, eu);
     moe_rows_kernel<ROWS_GATE_UP><<<moe_rows_grid(S, E, Fm, 2), MOE_NT, 0, c->stream>>>(a);
     CU_LAUNCHED(c, "moe_rows_kernel<GATE_UP>");
+    if (lr && lr->agu) { /* g, u += (x Agu_e^T) Bg_e^T, Bu_e^T */
+        size_t es = (size_t)2 * Fm * lr->rg;
+        moe_lora_dot_cuda(c, h, src_tok(x, C), mat_a(lr->agu, lr->rg, C), NO_SRC, NO_MAT, topi, S, k, lr->rg, C);
+        moe_lora_add_cuda(c, eg, 0, Fm, h, mat_b_rows(lr->bgu, es, lr->rg), topi, S, Fm, lr->rg);
+        moe_lora_add_cuda(c, eu, 0, Fm, h, mat_b_rows((const bf16 *)lr->bgu + (size_t)Fm * lr->rg, es, lr->rg), topi, S, Fm,
+                          lr->rg);
+    }
     a = moe_rows_of(cnt, E, k, Fm, C, eg, eu, wd, NULL, ey, NULL);
     moe_rows_kernel<ROWS_DOWN><<<moe_rows_grid(S, E, C, 1), MOE_NT, 0, c->stream>>>(a);
     CU_LAUNCHED(c, "moe_rows_kernel<DOWN>");
+    if (lr && lr->ad) { /* y += (a Ad_e^T) Bd_e^T */
+        moe_lora_dot_cuda(c, h, src_swiglu(eg, eu, Fm), mat_a(lr->ad, lr->rd, Fm), NO_SRC, NO_MAT, topi, S, k, lr->rd, Fm);
+        moe_lora_add_cuda(c, ey, 0, C, h, mat_b_rows(lr->bd, (size_t)C * lr->rd, lr->rd), topi, S, C, lr->rd);
+    }
     if (!out) return;
     unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
     moe_combine_kernel<<<nb, 256, 0, c->stream>>>(out, res, ey, topw, T, C, k);
@@ -560,25 +590,40 @@ void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, co
 
 void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
                           const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
-                          const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
-    int S = T * k;
+                          const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                          const moe_lora *lr) {
+    int S = T * k, rg = lr && lr->agu ? lr->rg : 0, rd = lr && lr->ad ? lr->rd : 0;
     size_t pb = moe_perm_bytes(S, E);
-    char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * C * sizeof(float));
+    char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * (C + 2 * (rg + rd)) * sizeof(float));
     if (!scr) return;
     const int *cnt = moe_perm(c, topi, S, E, scr);
-    float *part = (float *)(scr + pb);
+    float *part = (float *)(scr + pb), *tg = part + (size_t)S * C, *hg = tg + (size_t)S * rg, *td = hg + (size_t)S * rg,
+          *hd = td + (size_t)S * rd; /* (S, r) each: B^T of a gradient, X A^T */
+    moe_lora_src dyw = {dout, NULL, topw, C, 1, 0, 0}; /* w dout[t] */
     moe_dtopw_kernel<<<cu_blocks(S, 8), 256, 0, c->stream>>>(dtopw, dout, ey, S, C, k);
     CU_LAUNCHED(c, "moe_dtopw_kernel");
+    if (rd) /* td = w dout Bd_e (S, rd): the down adapter's part of da (moe_rows_kernel<DA>) */
+        moe_lora_dot_cuda(c, td, dyw, mat_b_cols(lr->bd, (size_t)C * rd, rd), NO_SRC, NO_MAT, topi, S, k, rd, C);
     moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, dout, NULL, wd, NULL, dg, du); /* dg, du */
     a.topw = topw;
     a.g = eg;
     a.u = eu;
+    a.lt = rd ? td : NULL;
+    a.la = rd ? (const bf16 *)lr->ad : NULL;
+    a.lr = rd;
     moe_rows_kernel<ROWS_DA><<<moe_rows_grid(S, E, Fm, 1), MOE_NT, 0, c->stream>>>(a);
     CU_LAUNCHED(c, "moe_rows_kernel<DA>");
     a = moe_rows_of(cnt, E, k, Fm, C, dg, du, wg, wu, NULL, NULL); /* dx through both input projections, per slot */
     a.of = part;
     moe_rows_kernel<ROWS_DX><<<moe_rows_grid(S, E, C, 1), MOE_NT, 0, c->stream>>>(a);
     CU_LAUNCHED(c, "moe_rows_kernel<DX>");
+    if (rg) { /* tg = dg Bg_e + du Bu_e (S, rg); part += tg Agu_e */
+        size_t es = (size_t)2 * Fm * rg;
+        const bf16 *bu = (const bf16 *)lr->bgu + (size_t)Fm * rg;
+        moe_lora_dot_cuda(c, tg, src_slot(dg, Fm, 0), mat_b_cols(lr->bgu, es, rg), src_slot(du, Fm, 0), mat_b_cols(bu, es, rg),
+                          topi, S, k, rg, Fm);
+        moe_lora_add_cuda(c, part, 1, C, tg, (moe_lora_mat){(const bf16 *)lr->agu, (size_t)rg * C, 1, (size_t)C}, topi, S, C, rg);
+    }
     unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
     moe_dx_kernel<<<nb, 256, 0, c->stream>>>(dx, part, T, C, k);
     CU_LAUNCHED(c, "moe_dx_kernel");
@@ -592,6 +637,21 @@ void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dw
         if (!g.dw) continue;
         moe_wgrad_kernel<WG_IN><<<moe_wgrad_grid(Fm, C, E), MOE_NT, 0, c->stream>>>(g);
         CU_LAUNCHED(c, "moe_wgrad_kernel<IN>");
+    }
+    if (rd && (lr->gad || lr->gbd)) { /* dBd_e += Σ (w dout) ⊗ hd, dAd_e += Σ td ⊗ a; hd = a Ad_e^T */
+        moe_lora_src sw = src_swiglu(eg, eu, Fm);
+        moe_lora_dot_cuda(c, hd, sw, mat_a(lr->ad, rd, Fm), NO_SRC, NO_MAT, topi, S, k, rd, Fm);
+        moe_lora_wgrad_cuda(c, lr->gbd, (size_t)C * rd, dyw, src_slot(hd, rd, 1), cnt, E, k, C, rd);
+        moe_lora_wgrad_cuda(c, lr->gad, (size_t)rd * Fm, src_slot(td, rd, 1), sw, cnt, E, k, rd, Fm);
+    }
+    if (rg && (lr->gagu || lr->gbgu)) { /* dBg_e, dBu_e += Σ dg, du ⊗ hg; dAgu_e += Σ tg ⊗ x; hg = x Agu_e^T */
+        size_t es = (size_t)2 * Fm * rg;
+        moe_lora_dot_cuda(c, hg, src_tok(x, C), mat_a(lr->agu, rg, C), NO_SRC, NO_MAT, topi, S, k, rg, C);
+        if (lr->gbgu) {
+            moe_lora_wgrad_cuda(c, lr->gbgu, es, src_slot(dg, Fm, 0), src_slot(hg, rg, 1), cnt, E, k, Fm, rg);
+            moe_lora_wgrad_cuda(c, lr->gbgu + (size_t)Fm * rg, es, src_slot(du, Fm, 0), src_slot(hg, rg, 1), cnt, E, k, Fm, rg);
+        }
+        moe_lora_wgrad_cuda(c, lr->gagu, (size_t)rg * C, src_slot(tg, rg, 1), src_tok(x, C), cnt, E, k, rg, C);
     }
 }
 

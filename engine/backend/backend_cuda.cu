@@ -205,17 +205,15 @@ static void cu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, floa
 static void cu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
                                int E, int k, int Fm, const moe_lora *lr) {
-    (void)lr; /* NULL: b->no_moe_lora refuses adapters on the experts */
     moe_experts_fwd_cuda(CTX(b), (bf16 *)o, (bf16 *)eg, (bf16 *)eu, (bf16 *)ey, (cbf *)x, (cbf *)res, ti, tw, (cbf *)wg,
-                         (cbf *)wu, (cbf *)wd, T, C, E, k, Fm);
+                         (cbf *)wu, (cbf *)wd, T, C, E, k, Fm, lr);
 }
 static void cu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtw, void *dg, void *du,
                                const void *dy, const void *x, const int *ti, const float *tw, const void *eg, const void *eu,
                                const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm,
                                const moe_lora *lr) {
-    (void)lr;
     moe_experts_bwd_cuda(CTX(b), (bf16 *)dx, dwg, dwu, dwd, dtw, (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)x, ti, tw, (cbf *)eg,
-                         (cbf *)eu, (cbf *)ey, (cbf *)wg, (cbf *)wu, (cbf *)wd, T, C, E, k, Fm);
+                         (cbf *)eu, (cbf *)ey, (cbf *)wg, (cbf *)wu, (cbf *)wd, T, C, E, k, Fm, lr);
 }
 static void cu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
                               const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k, int norm) {
@@ -496,7 +494,6 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
     b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;
     b->gated_attn_gate_bwd = cu_gated_attn_gate_bwd;
-    b->no_moe_lora = "the cuda backend has no kernels for adapters on the experts yet (run it with --backend cpu)";
     b->no_hybrid = "the cuda backend has no linear-attention (gated DeltaNet) kernels yet (run it with --backend cpu)";
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;

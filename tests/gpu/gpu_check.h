@@ -151,6 +151,21 @@ static inline double gc_rel_delta(const float *a, const float *a0, const float *
     }
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
 }
+/* The expert op's forward (kernels/moe.h) on the device against the CPU's: each slot's gate, up
+ * and expert output and the combined out, rel L2 <= 1e-2 each (through bf16 activations). */
+static inline void gc_moe_fwd_rows(eng_backend *g, const char *op, const char *sh, void *const dev[4], const float *const cpu[4],
+                                   size_t nk, int Fm, int C, size_t nx) {
+    static const char *what[4] = {"gate", "up", "expert out", "out (+res)"};
+    size_t n[4] = {nk * Fm, nk * Fm, nk * C, nx};
+    char name[96];
+    for (int i = 0; i < 4; i++) {
+        float *h = gc_get_act(g, dev[i], n[i]);
+        snprintf(name, sizeof name, "%s %s", op, what[i]);
+        gc_row(name, sh, rel_l2(h, cpu[i], n[i]), 1e-2);
+        free(h);
+    }
+}
+
 #ifdef CUDART_VERSION /* programs that include cuda_runtime_api.h before this header */
 /* Device-to-device copy bandwidth in bytes/s (read + write), median of 9 copies of 1 GiB. */
 static inline double copy_bw(void) {

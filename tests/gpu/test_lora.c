@@ -11,7 +11,8 @@
  *       tokens than the base's under the same seed), graphs == no graphs token for token;
  *   (c) writes the adapter as a PEFT checkpoint plus tokens and grpod's logprobs (cuda, and cpu
  *       after loading the adapter with --lora-init) to OUT/peft_case.json for
- *       tests/gpu/peft_roundtrip.py (transformers + peft on the same files).
+ *       tests/gpu/peft_roundtrip.py (transformers + peft on the same files);
+ *   (d) the experts' adapters (kernels/moe_lora.cu) in the expert op, CUDA vs CPU (t_moe_lora).
  * Usage: test_lora [OUT_DIR] */
 #include <sys/stat.h>
 
@@ -20,6 +21,7 @@
 #include "engine/model/lora.h"
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
+#include "kernels/moe.h"
 #include "tests/gpu/gpu_check.h"
 
 #define MODEL "/tmp/grpod_gpu_lora_model"
@@ -316,10 +318,118 @@ static void engine_level(const char *out) {
     eng_close(e0);
 }
 
+/* ---------------------------------------------------------------- (d) the experts' adapters */
+
+/* The expert op with adapters (kernels/moe.h moe_lora, kernels/moe_lora.cu) CUDA vs CPU on the
+ * same routes (random distinct experts per token, random weights): eg, eu, ey, out, then the
+ * backward with the base frozen as LoRA runs it: dx, dg, du, dtopw and the four adapter
+ * gradients ("+=" onto random starts, compared as increments). Tolerance 1e-2 rel L2 as the
+ * dense ops through bf16 activations. Then the backward twice from the same state: the same bits
+ * (no atomics). Edge shapes: T = 1, an expert no slot chose (E > T·k), gate_up alone. */
+static void t_moe_lora(int T, int C, int E, int k, int Fm, int r, int with_down) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d r=%d%s", T, C, E, k, Fm, r, with_down ? "" : " gate_up only");
+    eng_backend *cpu, *gpu;
+    backend_cpu_create(&cpu, 0);
+    if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
+    int rg = 2 * r, rd = r;
+    size_t nx = (size_t)T * C, nk = (size_t)T * k, nw = (size_t)E * Fm * C;
+    size_t nag = (size_t)E * rg * C, nbg = (size_t)E * 2 * Fm * rg, nad = (size_t)E * rd * Fm, nbd = (size_t)E * C * rd;
+    unsigned long long sd = 900 + (unsigned long long)T * 7 + (unsigned long long)E;
+    float *x = gc_rand(nx, 2.0f, sd), *res = gc_rand(nx, 1.0f, sd + 1), *dout = gc_rand(nx, 1.0f, sd + 2);
+    float *wg = gc_rand(nw, 0.1f, sd + 3), *wu = gc_rand(nw, 0.1f, sd + 4), *wd = gc_rand(nw, 0.1f, sd + 5);
+    float *ag = gc_rand(nag, 0.1f, sd + 6), *bg = gc_rand(nbg, 0.1f, sd + 7), *ad = gc_rand(nad, 0.1f, sd + 8);
+    float *bd = gc_rand(nbd, 0.1f, sd + 9), *tw = gc_rand(nk, 0.5f, sd + 10), *dx0 = gc_rand(nx, 0.5f, sd + 11);
+    float *g0[4] = {gc_rand(nag, 1.0f, sd + 12), gc_rand(nbg, 1.0f, sd + 13), gc_rand(nad, 1.0f, sd + 14),
+                    gc_rand(nbd, 1.0f, sd + 15)};
+    size_t gn[4] = {nag, nbg, nad, nbd};
+    int *ti = malloc(nk * sizeof(int));
+    unsigned long long s = sd + 16;
+    for (int t = 0; t < T; t++) /* k distinct experts, from the lower half when E > 2k: some stay unchosen */
+        for (int j = 0; j < k; j++) {
+            int e, dup;
+            do {
+                e = (int)((check_randf(&s, 0.5f) + 0.5f) * (E > 2 * k ? E / 2 : E)) % E;
+                dup = 0;
+                for (int i = 0; i < j; i++) dup |= ti[t * k + i] == e;
+            } while (dup);
+            ti[t * k + j] = e;
+        }
+    /* CPU */
+    float *eg_c = malloc(nk * Fm * 4), *eu_c = malloc(nk * Fm * 4), *ey_c = malloc(nk * C * 4), *o_c = malloc(nx * 4);
+    float *dx_c = gc_copy(dx0, nx), *dtw_c = malloc(nk * 4), *dg_c = malloc(nk * Fm * 4), *du_c = malloc(nk * Fm * 4), *gc[4];
+    for (int i = 0; i < 4; i++) gc[i] = gc_copy(g0[i], gn[i]);
+    moe_lora lc = {ag, bg, with_down ? ad : NULL, with_down ? bd : NULL, rg, rd, gc[0], gc[1], gc[2], gc[3]};
+    cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti, tw, wg, wu, wd, T, C, E, k, Fm, &lc);
+    cpu->moe_experts_bwd(cpu, dx_c, NULL, NULL, NULL, dtw_c, dg_c, du_c, dout, x, ti, tw, eg_c, eu_c, ey_c, wg, wu, wd, T, C, E,
+                         k, Fm, &lc);
+    /* GPU */
+    void *gx = gc_act(gpu, x, nx), *gres = gc_act(gpu, res, nx), *gdout = gc_act(gpu, dout, nx), *gdx = gc_act(gpu, dx0, nx);
+    void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw);
+    void *gag = gc_act(gpu, ag, nag), *gbg = gc_act(gpu, bg, nbg), *gad = gc_act(gpu, ad, nad), *gbd = gc_act(gpu, bd, nbd);
+    int *gti = gc_dev(gpu, ti, nk * sizeof(int));
+    float *gtw = gc_dev(gpu, tw, nk * 4), *gdtw = gpu->alloc(gpu, nk * 4), *gg[4], *gg2[4];
+    for (int i = 0; i < 4; i++) gg[i] = gc_dev(gpu, g0[i], gn[i] * 4), gg2[i] = gc_dev(gpu, g0[i], gn[i] * 4);
+    void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
+    void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
+    void *gdx2 = gc_act(gpu, dx0, nx);
+    moe_lora lg = {gag, gbg, with_down ? gad : NULL, with_down ? gbd : NULL, rg, rd, gg[0], gg[1], gg[2], gg[3]};
+    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, &lg);
+    gc_moe_fwd_rows(gpu, "moe_lora_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c}, nk, Fm,
+                    C, nx);
+    gpu->moe_experts_bwd(gpu, gdx, NULL, NULL, NULL, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
+                         k, Fm, &lg);
+    float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
+    float *du_g = gc_get_act(gpu, gdu, nk * Fm);
+    gc_row("moe_lora_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
+    gc_row("moe_lora_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
+    gc_row("moe_lora_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
+    gc_row("moe_lora_bwd dinp", sh, gc_rel_delta(dx_g, dx0, dx_c, dx0, nx), 1e-2);
+    static const char *gname[4] = {"moe_lora_bwd dA gate_up", "moe_lora_bwd dB gate_up", "moe_lora_bwd dA down",
+                                   "moe_lora_bwd dB down"};
+    float *got[4];
+    for (int i = 0; i < 4; i++) {
+        got[i] = gc_get_f32(gpu, gg[i], gn[i]);
+        if (with_down || i < 2) gc_row(gname[i], sh, gc_rel_delta(got[i], g0[i], gc[i], g0[i], gn[i]), 1e-2);
+    }
+    lg.gagu = gg2[0], lg.gbgu = gg2[1], lg.gad = gg2[2], lg.gbd = gg2[3];
+    gpu->moe_experts_bwd(gpu, gdx2, NULL, NULL, NULL, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
+                         k, Fm, &lg);
+    float *dx_2 = gc_get_act(gpu, gdx2, nx);
+    int differ = memcmp(dx_2, dx_g, nx * 4) != 0;
+    for (int i = 0; i < 4; i++) {
+        float *again = gc_get_f32(gpu, gg2[i], gn[i]);
+        differ |= memcmp(again, got[i], gn[i] * 4) != 0;
+        free(again);
+        free(got[i]);
+        free(gc[i]);
+        free(g0[i]);
+        gpu->free(gpu, gg[i]);
+        gpu->free(gpu, gg2[i]);
+    }
+    gc_row("moe_lora_bwd twice: outputs differ", sh, differ, 0);
+    void *dev[] = {gx, gres, gdout, gdx, gdx2, gwg, gwu, gwd, gag, gbg, gad, gbd, gti, gtw, gdtw, geg, geu, gey, gout, gdg, gdu};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) gpu->free(gpu, dev[i]);
+    float *host[] = {x,    res,  dout, wg,   wu,    wd,   ag,   bg,   ad,    bd,   tw,   dx0, eg_c,
+                     eu_c, ey_c, o_c,  dx_c, dtw_c, dg_c, du_c, dx_g, dtw_g, dg_g, du_g, dx_2};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    free(ti);
+    gpu->destroy(gpu);
+    cpu->destroy(cpu);
+}
+
+static void moe_level(void) {
+    t_moe_lora(1, 64, 8, 2, 48, 4, 1);
+    t_moe_lora(37, 128, 16, 4, 96, 8, 1); /* ragged tiles; E > 2k: experts 8..15 unchosen */
+    t_moe_lora(200, 256, 8, 2, 128, 16, 1);
+    t_moe_lora(50, 128, 8, 2, 64, 4, 0);
+}
+
 int main(int argc, char **argv) {
     const char *out = argc > 1 ? argv[1] : "build/gpu/logs";
     mkdir(out, 0755);
     model_level();
+    moe_level();
     engine_level(out);
     printf("%d failed\n", gc_failures);
     return gc_failures ? 1 : 0;

@@ -1136,12 +1136,8 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
     void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
     gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
-    float *eg_g = gc_get_act(gpu, geg, nk * Fm), *eu_g = gc_get_act(gpu, geu, nk * Fm), *ey_g = gc_get_act(gpu, gey, nk * C);
-    float *o_g = gc_get_act(gpu, gout, nx);
-    gc_row("moe_experts_fwd gate", sh, rel_l2(eg_g, eg_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_fwd up", sh, rel_l2(eu_g, eu_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_fwd expert out", sh, rel_l2(ey_g, ey_c, nk * C), 1e-2);
-    gc_row("moe_experts_fwd out (+res)", sh, rel_l2(o_g, o_c, nx), 1e-2);
+    gc_moe_fwd_rows(gpu, "moe_experts_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c}, nk,
+                    Fm, C, nx);
     void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
     float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
     float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
@@ -1192,10 +1188,10 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
                      gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
     for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
         if (gbufs[i]) gpu->free(gpu, gbufs[i]);
-    void *hbufs[] = {dx0e, dx0r, x,     wr,    res,   wg,   wu,    wd,    dout,  dx0,   st0,   dwg0,  dwu0,  dwd0,  dwr0,
-                     aux,  cnt,  p_c,   tw_c,  st_c,  ti_c, eg_c,  eu_c,  ey_c,  o_c,   dx_c,  dwg_c, dwu_c, dwd_c, dtw_c,
-                     dg_c, du_c, rdx_c, dwr_c, dl_c,  p_g,  tw_g,  st_g,  ti_g,  eg_g,  eu_g,  ey_g,  o_g,   dx_g,  dtw_g,
-                     dg_g, du_g, dwg_g, dwu_g, dwd_g, dx_2, dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+    void *hbufs[] = {dx0e,  dx0r,  x,     wr,    res,   wg,    wu,    wd,    dout,  dx0,   st0,  dwg0, dwu0,  dwd0,
+                     dwr0,  aux,   cnt,   p_c,   tw_c,  st_c,  ti_c,  eg_c,  eu_c,  ey_c,  o_c,  dx_c, dwg_c, dwu_c,
+                     dwd_c, dtw_c, dg_c,  du_c,  rdx_c, dwr_c, dl_c,  p_g,   tw_g,  st_g,  ti_g, dx_g, dtw_g, dg_g,
+                     du_g,  dwg_g, dwu_g, dwd_g, dx_2,  dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
