@@ -168,6 +168,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
             (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
             goto fail;
     } else {
+        size_t fr = 0, tot = 0;
+        if (!e->dp && be->mem_info && !be->mem_info(be, &fr, &tot) &&
+            (rc = plan_full_fits((long long)n, be->act_bytes, (long long)tot, be->name, o->model_dir)))
+            goto fail;
+        err_clear();
         host = malloc(n * sizeof(float));
         if (!host) {
             rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20);

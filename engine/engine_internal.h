@@ -84,6 +84,11 @@ void snap_free(eng *e);
 /* plan.c: the memory plan at the end of eng_open (the training state and the safety copy
  * allocated, the budgets set in e->plan). */
 int plan_make(eng *e, const eng_open_opts *o);
+/* plan.c: 0 when full-parameter training of n parameters can place its device minimum (the act
+ * policy and reference, act_bytes each, and fp32 gradients, 4 bytes a parameter, plus the
+ * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming
+ * the bytes, the limit and the ways out (LoRA, more GPUs). eng_open, before any weight is placed. */
+int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir);
 /* plan.c: --optimizer-offload auto|on|off -> *on (eng_open, before the master is placed). */
 int plan_offload(eng *e, const char *mode, int *on);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */

@@ -23,3 +23,7 @@ int eng_testing_weights(eng *e, float *out) {
 }
 
 tune_opts *eng_testing_tune(eng *e) { return &e->be->tune; }
+
+int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name) {
+    return plan_full_fits(n, act_bytes, dev_total, dev_name, "MODEL");
+}

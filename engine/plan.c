@@ -54,6 +54,17 @@ int plan_offload(eng *e, const char *mode, int *on) {
     return 0;
 }
 
+int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir) {
+    long long need = n * (2LL * act_bytes + 4), opt = 12 * n; /* policy, reference, fp32 gradients; master + moments */
+    if (dev_total <= 0 || need + PLAN_HEADROOM <= dev_total) return 0;
+    return err_set(GE_NOMEM,
+                   "%s: full-parameter training of %.1fB parameters needs %lld GiB on %s for the policy, the reference and "
+                   "the fp32 gradients (and %lld GiB more for the fp32 master and AdamW moments, on the device or in host "
+                   "memory with --optimizer-offload on), beyond its %lld GiB: train LoRA adapters (--lora-rank N; the "
+                   "base is then the reference) or spread the model over more GPUs",
+                   model_dir, (double)n / 1e9, (need + PLAN_HEADROOM) >> 30, dev_name, opt >> 30, dev_total >> 30);
+}
+
 /* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
 static long long host_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");

@@ -17,6 +17,7 @@
 #include "check.h"
 #include "reference_seq.h"
 #include "common/err.h"
+#include "engine/engine_testing.h"
 #include "engine/format/json.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/lora.h"
@@ -245,9 +246,60 @@ TEST(lora_moe_refusals) {
     CHECK_MSG(strstr(err_msg(), "rank_pattern"), "%s", err_msg());
 }
 
+/* Qwen3-30B-A3B's dims on one H200 (139 GiB as the device reports it), without the weights: full
+ * parameters are refused at open naming the bytes and the way out (plan_full_fits); with LoRA
+ * r = 16 on attention and experts the plan's pieces fit: the frozen bf16 base (the reference
+ * too), the adapters' bf16 copy, fp32 master, gradients, moments and safety copy, one default
+ * micro-batch of 32768 tokens with every layer recomputed beside the no-grad passes'
+ * activations, the headroom, and the KV of 8 groups P = 1024, N = 16, R = 512 (P + NR rows each). */
+TEST(qwen3_30b_a3b_memory_plan) {
+    model_config c = {.arch = ARCH_QWEN3_MOE,
+                      .L = 48,
+                      .C = 2048,
+                      .H = 32,
+                      .K = 4,
+                      .D = 128,
+                      .F = 6144,
+                      .V = 151936,
+                      .max_pos = 40960,
+                      .eps = 1e-6f,
+                      .rope_theta = 1e6f,
+                      .qk_norm = 1,
+                      .bos_id = -1,
+                      .E = 128,
+                      .top_k = 8,
+                      .Fm = 768,
+                      .norm_topk = 1};
+    for (int l = 0; l < c.L; l++) c.mlp[l] = MLP_MOE;
+    snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
+    eng_backend *be;
+    backend_cpu_create(&be, 0);
+    be->act_bytes = 2; /* sized as on cuda */
+    model m;
+    CHECK(model_init(&m, &c, be) == 0);
+    long long n = m.n_elems, gib = 1LL << 30, dev = 139 * gib;
+    CHECK(eng_testing_full_fits(n, 2, dev, "cuda") == GE_NOMEM);
+    CHECK_MSG(strstr(err_msg(), "--lora-rank") && strstr(err_msg(), "GiB"), "%s", err_msg());
+    printf("  %s\n", err_msg());
+    CHECK(eng_testing_full_fits(3000000000LL, 2, dev, "cuda") == 0); /* a 3B model fits full-parameter */
+    CHECK(lora_init(&m, 16, 32, (1u << LORA_N) - 1) == 0);
+    long long a = m.l_elems, T = 32768, kv = 8LL * (1024 + 16 * 512) * c.L * 2 * c.K * c.D * 2;
+    long long base = 2 * n, adapters = 2 * a + 4 * a + 4 * a + 8 * a + 12 * a; /* act, master, grads, moments, snapshot */
+    long long acts = (long long)model_acts_bytes(&m, (int)T, (int)T, 1, c.L) +
+        (long long)model_acts_bytes(&m, (int)T, (int)T, 0, 0);
+    long long total = base + adapters + acts + 4 * gib + kv;
+    printf("  30B-A3B: %.2fB params, base %.1f GB; LoRA r=16 %.3fB adapters, state + snapshot %.1f GB; micro-batch of %lld "
+           "tokens %.1f GB; headroom 4.3 GB; KV of 8 groups %.1f GB: %.1f of %.1f GB\n",
+           n / 1e9, base / 1e9, a / 1e9, adapters / 1e9, T, acts / 1e9, kv / 1e9, total / 1e9, dev / 1e9);
+    CHECK_MSG(total <= dev, "the LoRA plan needs %.1f GB of %.1f", total / 1e9, dev / 1e9);
+    model_free(&m);
+    be->destroy(be);
+}
+
 int main(void) {
     RUN(lora_moe_matches_peft);
     RUN(lora_moe_peft_files_merge_and_zero_b);
     RUN(lora_moe_refusals);
+    RUN(qwen3_30b_a3b_memory_plan);
     return CHECK_DONE();
 }

@@ -2,14 +2,15 @@
 orchestrator runs it (standard library only in this process; the checkpoint maker uses torch on
 the GPU when it is there, else numpy).
 
-1. A random Qwen3 checkpoint at --dims (tiny | 0.6b | 1.7b | 8b): config.json and bf16 safetensors
-   with every tensor grpod loads (engine/model/model.c), normal(0, 0.02), norms 1 +- 0.02; one
+1. A random Qwen3 checkpoint at --dims (tiny | 0.6b | 1.7b | 8b | MoE: tiny-moe, 30b-a3b-l4, 30b-a3b
+   whole): config.json and bf16 safetensors with every tensor grpod loads (engine/model/model.c),
+   normal(0, 0.02), norms 1 +- 0.02; one
    file, or shards of <= 5 GB with model.safetensors.index.json. Made tensor by tensor in a child
    process (its CUDA context gone before the daemon starts), cached in --model-cache
    (/tmp/grpod-bench-DIMS) and reused when its marker matches.
 2. `grpod serve --model DIR --data-dir FRESH --listen 127.0.0.1:PORT --backend B` plus any
-   --serve-arg; start-up time = process start to /readyz 200; GET /v1/model printed (with its
-   memory plan when the daemon reports one).
+   --serve-arg (--lora RANK adds --lora-rank RANK); start-up time = process start to /readyz 200;
+   GET /v1/model printed (with its memory plan when the daemon reports one).
 3. --steps GRPO steps: a rollout job of --groups groups x --n responses, --prompt random token
    ids each (seeded, new prompts every step), --max-tokens, ignore_eos, temperature 1; then an
    update on its tokens with random client rewards per response (old_logprobs "rollout": the
@@ -40,6 +41,7 @@ Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_daemon.py ./grpod 
          [--groups 8 --n 16 --prompt 1024 --max-tokens 512] [--serve-arg=--kv-budget-mib=40000 ...]
        on the CPU: python3 tests/bench/gpu/bench_daemon.py ./grpod /tmp/bd --dims tiny --steps 3 --backend cpu
        (tiny defaults to 4 groups x 8, P=64, 32 tokens; real dims to 8 x 16, P=1024, 512 tokens)
+       Qwen3-30B-A3B with LoRA on one H200: ... --dims 30b-a3b --lora 16 --model-cache /big/disk/30b-a3b
 ROW lines: ROW|daemon_loop|DIMS ... steps|done|steps|PASS/FAIL, ROW|daemon_first_vs_steady|DIMS|ratio|1.5|...
 (informational), ROW|daemon_kill_replay|...|version|updates|..., ROW|daemon_sigterm|...|exit|0|...
 """
@@ -72,6 +74,12 @@ DIMS = {
                intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False, eos_token_id=151645,
                bos_token_id=151643),
 }
+# Qwen3-30B-A3B whole (48 layers, 30.5B parameters, 61 GB bf16): with --lora on one GPU (the base
+# frozen and the reference, adapters on attention and experts); its checkpoint needs 61 GB of disk
+# for --model-cache beside the daemon's data dir
+DIMS["30b-a3b"] = dict(DIMS["30b-a3b-l4"], num_hidden_layers=48)
+LORA_HELP = ("train LoRA adapters of this rank (grpod serve --lora-rank; alpha 2 x rank, all targets: on a MoE "
+             "model attention and the experts, as PEFT): the base frozen and the reference")
 SHARD_BYTES = int(os.environ.get("BENCH_SHARD_BYTES", 5 * 10**9))   # env: to try sharding at tiny dims
 MODEL_FORMAT = 1                   # bump when the checkpoint layout changes (invalidates caches)
 MARKER = ".grpod_bench_model.json"
@@ -296,7 +304,8 @@ class Daemon:
         self.log.write("==== %s start %s\n" % (tag, time.strftime("%FT%T")))
         self.log.flush()
         cmd = [a.grpod, "serve", "--model", a.model_dir, "--data-dir", data, "--listen", "127.0.0.1:%d" % a.port,
-               "--backend", a.backend] + list(a.serve_arg or [])
+               "--backend", a.backend] + (["--lora-rank", str(a.lora)] if getattr(a, "lora", 0) else [])
+        cmd += list(a.serve_arg or [])
         log("# %s: %s" % (tag, " ".join(cmd)))
         self.t0 = time.time()
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -413,6 +422,7 @@ def daemon_args(ap, port):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=port)
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK", help=LORA_HELP)
     ap.add_argument("--model-cache")
     ap.add_argument("--ready-timeout", type=int, default=300)
     ap.add_argument("--job-timeout", type=int, default=300)
@@ -666,6 +676,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="extra grpod serve argument (repeat; write --serve-arg=--flag=value)")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK", help=LORA_HELP)
     ap.add_argument("--model-cache", help="checkpoint directory (default /tmp/grpod-bench-DIMS)")
     ap.add_argument("--ready-timeout", type=int, default=300)
     ap.add_argument("--job-timeout", type=int, default=300)
@@ -688,7 +699,7 @@ def main():
             setattr(a, k, tiny if small else big)
     a.grpod = os.path.abspath(a.grpod)
     os.makedirs(a.outdir, exist_ok=True)
-    tag = a.dims + ("_interleave" if a.interleave else "")
+    tag = a.dims + ("_lora%d" % a.lora if a.lora else "") + ("_interleave" if a.interleave else "")
     jpath = os.path.join(a.outdir, "bench_daemon_%s.json" % tag)
     shape = "%s G%dxN%d P%d R%d%s steps" % (a.dims, a.groups, a.n, a.prompt, a.max_tokens,
                                             " interleave" if a.interleave else "")
