@@ -221,6 +221,9 @@ typedef struct {
     int jobs; /* added and not released */
     int running_groups, running_responses, waiting_groups;
     long long rows_used, rows_cap, row_bytes; /* rows_used: held by admitted groups */
+    /* hybrid models: the recurrent-state rows beside the K/V rows (one per prompt and per
+     * response of an admitted group), their capacity and bytes each; 0 for other models */
+    long long state_rows_used, state_rows_cap, state_row_bytes;
     long long steps, dec_calls; /* scheduler steps taken; dec_step calls they made */
     /* the prefix cache: entries now; since open, groups that hit, prompt ids copied instead of
      * prefilled, prompt ids looked up, entries evicted for room */

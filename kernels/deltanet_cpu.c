@@ -8,17 +8,14 @@
  *   δ = β (v - m):         dβ = dδ · (v - m);  dv = β dδ;  dm = -β dδ
  *   m = S'^T k:            dS' = dS + k dm^T;  dk += S' dm
  *   S' = e^g S_prev:       dg = e^g Σ dS' ⊙ S_prev;  dS_prev += e^g dS'
- * then through g = -exp(A_log) softplus(a + dt_bias), β = sigmoid(b) and the l2 norms. A key
+ * then through g = -exp(A_log) softplus(a + dt_bias), β = dn_sigmoid(b) and the l2 norms. A key
  * head's q/k gradient sums its value heads in head order. */
 #include "kernels/deltanet.h"
+#include "kernels/deltanet_cpu.h"
 
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
-
-static inline float silu(float x) { return x / (1.0f + expf(-x)); }
-static inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
 
 /* ---------------------------------------------------------------- conv */
 
@@ -43,7 +40,7 @@ void deltanet_conv_fwd_cpu(float *u, const float *x, const float *w, attn_ranges
     for (int t = 0; t < T; t++) {
         int hist[64];
         conv_history(hist, r, t, Kc);
-        for (int c = 0; c < Cc; c++) u[(size_t)t * Cc + c] = silu(conv_pre(x, w + (size_t)c * Kc, hist, c, Cc, Kc));
+        for (int c = 0; c < Cc; c++) u[(size_t)t * Cc + c] = dn_silu(conv_pre(x, w + (size_t)c * Kc, hist, c, Cc, Kc));
     }
 }
 
@@ -58,7 +55,7 @@ void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x
         int hist[64];
         for (int t = 0; t < T; t++) {
             conv_history(hist, r, t, Kc);
-            float p = conv_pre(x, wc, hist, c, Cc, Kc), sg = sigmoid(p);
+            float p = conv_pre(x, wc, hist, c, Cc, Kc), sg = dn_sigmoid(p);
             float dp = du[(size_t)t * Cc + c] * (sg * (1.0f + p * (1.0f - sg)));
             for (int j = 0; j < Kc; j++)
                 if (hist[j] >= 0) {
@@ -72,68 +69,19 @@ void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x
 
 /* ---------------------------------------------------------------- rule */
 
-/* l2norm(x) into y, returning 1 / sqrt(Σx² + 1e-6) */
-static float l2n(float *y, const float *x, int n) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float inv = 1.0f / sqrtf((float)ss + 1e-6f);
-    for (int i = 0; i < n; i++) y[i] = x[i] * inv;
-    return inv;
-}
-
-typedef struct {
-    int Hk, Hv, Dk, Dv, Cc;
-} rule_dims;
-
-/* token t's q (scaled), k, v, e^g and β of value head h */
-static void rule_inputs(float *q, float *k, const float **v, float *eg, float *beta, float *gout, float *bpre, const float *u,
-                        const float *a, const float *b, const float *A_log, const float *dt_bias, rule_dims n, int t, int h) {
-    int kh = h / (n.Hv / n.Hk);
-    const float *ut = u + (size_t)t * n.Cc;
-    l2n(q, ut + (size_t)kh * n.Dk, n.Dk);
-    float sc = 1.0f / sqrtf((float)n.Dk);
-    for (int i = 0; i < n.Dk; i++) q[i] *= sc;
-    l2n(k, ut + (size_t)n.Hk * n.Dk + (size_t)kh * n.Dk, n.Dk);
-    *v = ut + (size_t)2 * n.Hk * n.Dk + (size_t)h * n.Dv;
-    float g = -expf(A_log[h]) * softplus(a[(size_t)t * n.Hv + h] + dt_bias[h]);
-    *gout = g;
-    *eg = expf(g);
-    *bpre = b[(size_t)t * n.Hv + h];
-    *beta = sigmoid(*bpre);
-}
-
-/* One token of value head h: S = e^g S_prev (zeros when prev is NULL), the delta update, o = S^T q. */
-static void rule_step(float *S, const float *Sp, float *o, const float *q, const float *k, const float *v, float eg, float beta,
-                      int Dk, int Dv) {
-    float d[1024];
-    for (int j = 0; j < Dv; j++) d[j] = 0;
-    for (int i = 0; i < Dk; i++)
-        for (int j = 0; j < Dv; j++) {
-            float s = Sp ? eg * Sp[(size_t)i * Dv + j] : 0.0f;
-            S[(size_t)i * Dv + j] = s;
-            d[j] += s * k[i];
-        }
-    for (int j = 0; j < Dv; j++) d[j] = beta * (v[j] - d[j]);
-    for (int i = 0; i < Dk; i++)
-        for (int j = 0; j < Dv; j++) S[(size_t)i * Dv + j] += k[i] * d[j];
-    for (int j = 0; j < Dv; j++) o[j] = 0;
-    for (int i = 0; i < Dk; i++)
-        for (int j = 0; j < Dv; j++) o[j] += S[(size_t)i * Dv + j] * q[i];
-}
-
 void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float *a, const float *b, const float *A_log,
                            const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    rule_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
+    dn_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
     size_t SZ = (size_t)Dk * Dv;
 #pragma omp parallel for
     for (int h = 0; h < Hv; h++) {
         float q[1024], k[1024], eg, beta, g, bp;
         const float *v;
         for (int t = 0; t < T; t++) {
-            rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
+            dn_rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
             int p = deltanet_prev(r, t);
-            rule_step(states + ((size_t)t * Hv + h) * SZ, p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL,
-                      o + ((size_t)t * Hv + h) * Dv, q, k, v, eg, beta, Dk, Dv);
+            dn_rule_step(states + ((size_t)t * Hv + h) * SZ, p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL,
+                         o + ((size_t)t * Hv + h) * Dv, q, k, v, eg, beta, Dk, Dv);
         }
     }
 }
@@ -141,7 +89,7 @@ void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float 
 /* y = x / sqrt(Σx² + eps) backward: dx = inv (dy - y (y · dy)) */
 static void l2n_bwd(float *dx, const float *x, const float *dy, int n) {
     float y[1024];
-    float inv = l2n(y, x, n);
+    float inv = dn_l2n(y, x, n);
     double yd = 0;
     for (int i = 0; i < n; i++) yd += (double)y[i] * dy[i];
     for (int i = 0; i < n; i++) dx[i] = inv * (dy[i] - y[i] * (float)yd);
@@ -151,14 +99,14 @@ static void l2n_bwd(float *dx, const float *x, const float *dy, int n) {
  * scaled, normalised q and k; du's v slice, da, db written; dA_log[h], ddt_bias[h] +=. */
 static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float *ddt_bias, const float *states, float *dstates,
                           const float *dout, const float *u, const float *a, const float *b, const float *A_log,
-                          const float *dt_bias, attn_ranges r, int T, rule_dims n, int h) {
+                          const float *dt_bias, attn_ranges r, int T, dn_dims n, int h) {
     int Dk = n.Dk, Dv = n.Dv, Hv = n.Hv;
     size_t SZ = (size_t)Dk * Dv;
     float q[1024], k[1024], m[1024], dd[1024], dm[1024], eg, beta, g, bp;
     const float *v;
     double dAl = 0, ddt = 0;
     for (int t = T - 1; t >= 0; t--) {
-        rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
+        dn_rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
         int p = deltanet_prev(r, t);
         const float *S = states + ((size_t)t * Hv + h) * SZ, *Sp = p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL;
         float *dS = dstates + ((size_t)t * Hv + h) * SZ;
@@ -211,7 +159,7 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
             dk[i] += s;
         }
         float dg = eg * dgs, x = a[(size_t)t * Hv + h] + dt_bias[h];
-        float dx = dg * -expf(A_log[h]) * sigmoid(x);
+        float dx = dg * -expf(A_log[h]) * dn_sigmoid(x);
         da[(size_t)t * Hv + h] = dx;
         ddt += dx;
         dAl += dg * g;
@@ -224,7 +172,7 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
 void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float *ddt_bias, float *states, float *dstates,
                            const float *dout, const float *u, const float *a, const float *b, const float *A_log,
                            const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    rule_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
+    dn_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
     deltanet_rule_fwd_cpu(dstates, states, u, a, b, A_log, dt_bias, r, T, Hk, Hv, Dk, Dv); /* dstates: o, discarded */
     memset(dstates, 0, (size_t)T * Hv * Dk * Dv * sizeof(float));
     int G = Hv / Hk;
@@ -251,8 +199,8 @@ void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float
 }
 
 /* ---------------------------------------------------------------- gated norm
- * n = o r, r = rsqrt(mean(o²) + eps); y = w n silu(z):
- *   dw += dy n silu(z);  dz = dy w n silu'(z);  dn = dy w silu(z);  do = r (dn - n mean(dn n)) */
+ * n = o r, r = rsqrt(mean(o²) + eps); y = w n dn_silu(z):
+ *   dw += dy n dn_silu(z);  dz = dy w n silu'(z);  dn = dy w dn_silu(z);  do = r (dn - n mean(dn n)) */
 
 void deltanet_norm_fwd_cpu(float *y, float *rstd, const float *o, const float *z, const float *w, int T, int Hv, int Dv, float eps) {
 #pragma omp parallel for
@@ -262,7 +210,7 @@ void deltanet_norm_fwd_cpu(float *y, float *rstd, const float *o, const float *z
         for (int i = 0; i < Dv; i++) ss += (double)x[i] * x[i];
         float r = 1.0f / sqrtf((float)(ss / Dv) + eps);
         rstd[row] = r;
-        for (int i = 0; i < Dv; i++) y[row * Dv + i] = w[i] * (x[i] * r) * silu(zr[i]);
+        for (int i = 0; i < Dv; i++) y[row * Dv + i] = w[i] * (x[i] * r) * dn_silu(zr[i]);
     }
 }
 
@@ -275,7 +223,7 @@ void deltanet_norm_bwd_cpu(float *dout, float *dz, float *dw, const float *dy, c
         float r = rstd[row], dn[1024];
         double s = 0;
         for (int i = 0; i < Dv; i++) {
-            float n = x[i] * r, sg = sigmoid(zr[i]), sl = zr[i] * sg;
+            float n = x[i] * r, sg = dn_sigmoid(zr[i]), sl = zr[i] * sg;
             dn[i] = g[i] * w[i] * sl;
             dz[row * Dv + i] = g[i] * w[i] * n * (sg * (1.0f + zr[i] * (1.0f - sg)));
             s += (double)dn[i] * n;
@@ -288,7 +236,7 @@ void deltanet_norm_bwd_cpu(float *dout, float *dz, float *dw, const float *dy, c
     for (int i = 0; i < Dv; i++) {
         double s = 0;
         for (long long row = 0; row < R; row++)
-            s += (double)dy[row * Dv + i] * (o[row * Dv + i] * rstd[row]) * silu(z[row * Dv + i]);
+            s += (double)dy[row * Dv + i] * (o[row * Dv + i] * rstd[row]) * dn_silu(z[row * Dv + i]);
         dw[i] += (float)s;
     }
 }

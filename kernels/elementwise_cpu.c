@@ -1,6 +1,8 @@
 /* elementwise_cpu.c — the fp32 reference of elementwise.h (OpenMP over elements). */
 #include "kernels/elementwise.h"
 
+#include <string.h>
+
 void add_cpu(float *out, const float *x, const float *y, long long n) {
 #pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) out[i] = x[i] + y[i];
@@ -9,4 +11,8 @@ void add_cpu(float *out, const float *x, const float *y, long long n) {
 void acc_f32_cpu(float *acc, const float *x, long long n) {
 #pragma omp parallel for schedule(static)
     for (long long i = 0; i < n; i++) acc[i] += x[i];
+}
+
+void scatter_rows_cpu(float *dst, const float *src, const int *slot, int T, int row) {
+    for (int t = 0; t < T; t++) memcpy(dst + (size_t)slot[t] * row, src + (size_t)t * row, (size_t)row * sizeof(float));
 }

@@ -135,6 +135,8 @@ struct eng_backend {
     void (*swiglu_bwd)(eng_backend *b, void *dgate, void *dup, const void *dout, const void *gate, const void *up, long long n);
     void (*add)(eng_backend *b, void *out, const void *x, const void *y, long long n); /* out = x + y */
     void (*acc_f32)(eng_backend *b, float *acc, const void *x, long long n); /* acc += x (act-typed) */
+    /* dst rows slot[t] = src rows t (T rows of row elements, act-typed): KV-cache rows */
+    void (*scatter_rows)(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row);
     /* fused neighbours (kernels/rmsnorm.h): the backward of the q/k per-head norm then RoPE
      * (dinp written, not added) */
     /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and
@@ -183,6 +185,12 @@ struct eng_backend {
                               int Dv, float eps);
     void (*deltanet_norm_bwd)(eng_backend *b, void *dout, void *dz, float *dw, const void *dy, const void *o, const void *z,
                               const void *w, const float *rstd, int T, int Hv, int Dv);
+    /* the DeltaNet's conv and rule one token at a time on state rows kept across forwards
+     * (kernels/deltanet_decode.h: tail (S,Kc-1,Cc), state (S,Hv,Dk,Dv) fp32, updated in place) */
+    void (*deltanet_conv_step)(eng_backend *b, void *u, float *tail, const void *x, const void *w, const int *srow, int T, int Cc,
+                               int Kc);
+    void (*deltanet_rule_step)(eng_backend *b, void *o, float *state, const void *u, const void *a, const void *bb,
+                               const void *A_log, const void *dt_bias, const int *srow, int T, int Hk, int Hv, int Dk, int Dv);
     void (*gated_attn_qk_fwd)(eng_backend *b, void *q, void *k, float *rstdq, float *rstdk, const void *qg, const void *k0,
                               const void *wq, const void *wk, const int *pos, const float *inv_freq, int T, int H, int K, int D,
                               int R, float eps);

@@ -10,6 +10,7 @@
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/deltanet.h"
+#include "kernels/deltanet_decode.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gated_attn.h"
@@ -131,6 +132,9 @@ static void cpu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, c
 }
 static void cpu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cpu(acc, x, n); }
 static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) { add_cpu(o, x, y, n); }
+static void cpu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
+    scatter_rows_cpu(dst, src, slot, T, row);
+}
 static void cpu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                              float eps) {
     qkv_rope_fwd_cpu(io, p, f, T, H, K, D, eps);
@@ -201,6 +205,14 @@ static void cpu_deltanet_norm_bwd(eng_backend *b, void *dout, void *dz, float *d
                                   const void *w, const float *rs, int T, int Hv, int Dv) {
     deltanet_norm_bwd_cpu(dout, dz, dw, dy, o, z, w, rs, T, Hv, Dv);
 }
+static void cpu_deltanet_conv_step(eng_backend *b, void *u, float *tail, const void *x, const void *w, const int *srow, int T,
+                                   int Cc, int Kc) {
+    deltanet_conv_step_cpu(u, tail, x, w, srow, T, Cc, Kc);
+}
+static void cpu_deltanet_rule_step(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
+                                   const void *al, const void *dt, const int *srow, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_step_cpu(o, st, u, a, bb, al, dt, srow, T, Hk, Hv, Dk, Dv);
+}
 static void cpu_gated_attn_qk_fwd(eng_backend *b, void *q, void *k, float *rq, float *rk, const void *qg, const void *k0,
                                   const void *wq, const void *wk, const int *pos, const float *f, int T, int H, int K, int D,
                                   int R, float eps) {
@@ -269,6 +281,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .qk_norm_rope_bwd = cpu_qk_norm_rope_bwd,
         .add = cpu_add,
         .acc_f32 = cpu_acc_f32,
+        .scatter_rows = cpu_scatter_rows,
         .logprob_fwd = cpu_logprob_fwd,
         .logprob_top = cpu_logprob_top,
         .logprob_bwd = cpu_logprob_bwd,
@@ -284,6 +297,8 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .deltanet_rule_bwd = cpu_deltanet_rule_bwd,
         .deltanet_norm_fwd = cpu_deltanet_norm_fwd,
         .deltanet_norm_bwd = cpu_deltanet_norm_bwd,
+        .deltanet_conv_step = cpu_deltanet_conv_step,
+        .deltanet_rule_step = cpu_deltanet_rule_step,
         .gated_attn_qk_fwd = cpu_gated_attn_qk_fwd,
         .gated_attn_qk_bwd = cpu_gated_attn_qk_bwd,
         .gated_attn_gate_fwd = cpu_gated_attn_gate_fwd,

@@ -21,6 +21,7 @@ extern "C" {
 #include "kernels/attention.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/deltanet.cuh"
+#include "kernels/deltanet_decode.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gated_attn.cuh"
 #include "kernels/logprob.cuh"
@@ -250,6 +251,14 @@ static void cu_deltanet_norm_bwd(eng_backend *b, void *dout, void *dz, float *dw
                                  const void *w, const float *rs, int T, int Hv, int Dv) {
     deltanet_norm_bwd_cuda(CTX(b), (bf16 *)dout, (bf16 *)dz, dw, (cbf *)dy, (cbf *)o, (cbf *)z, (cbf *)w, rs, T, Hv, Dv);
 }
+static void cu_deltanet_conv_step(eng_backend *b, void *u, float *tail, const void *x, const void *w, const int *srow, int T,
+                                  int Cc, int Kc) {
+    deltanet_conv_step_cuda(CTX(b), (bf16 *)u, tail, (cbf *)x, (cbf *)w, srow, T, Cc, Kc);
+}
+static void cu_deltanet_rule_step(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
+                                  const void *al, const void *dt, const int *srow, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_step_cuda(CTX(b), (bf16 *)o, st, (cbf *)u, (cbf *)a, (cbf *)bb, (cbf *)al, (cbf *)dt, srow, T, Hk, Hv, Dk, Dv);
+}
 static void cu_gated_attn_qk_fwd(eng_backend *b, void *q, void *k, float *rq, float *rk, const void *qg, const void *k0,
                                  const void *wq, const void *wk, const int *pos, const float *f, int T, int H, int K, int D,
                                  int R, float eps) {
@@ -284,6 +293,9 @@ static void cu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, co
     swiglu_bwd_cuda(CTX(b), (bf16 *)dg, (bf16 *)du, (cbf *)dy, (cbf *)g, (cbf *)u, n);
 }
 static void cu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cuda(CTX(b), acc, (cbf *)x, n); }
+static void cu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
+    scatter_rows_cuda(CTX(b), (bf16 *)dst, (cbf *)src, slot, T, row);
+}
 static void cu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
 }
@@ -475,6 +487,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->qk_norm_rope_bwd = cu_qk_norm_rope_bwd;
     b->add = cu_add;
     b->acc_f32 = cu_acc_f32;
+    b->scatter_rows = cu_scatter_rows;
     b->logprob_fwd = cu_logprob_fwd;
     b->logprob_top = cu_logprob_top;
     b->logprob_bwd = cu_logprob_bwd;
@@ -490,6 +503,8 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->deltanet_rule_bwd = cu_deltanet_rule_bwd;
     b->deltanet_norm_fwd = cu_deltanet_norm_fwd;
     b->deltanet_norm_bwd = cu_deltanet_norm_bwd;
+    b->deltanet_conv_step = cu_deltanet_conv_step;
+    b->deltanet_rule_step = cu_deltanet_rule_step;
     b->gated_attn_qk_fwd = cu_gated_attn_qk_fwd;
     b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
     b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;

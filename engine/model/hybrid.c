@@ -9,7 +9,12 @@
  *              xm = x + y out_proj^T
  *
  * ln1 is scratch, recomputed by the backward as the other kinds do; the DeltaNet's states are
- * one scratch the layers share (its backward recomputes them). */
+ * one scratch the layers share (its backward recomputes them).
+ *
+ * Decode (a KV cache): the gated layer scatters its keys and values to their cache rows
+ * (d->slot) and attends over the rows the ranges name, as full attention does; the DeltaNet
+ * layer's "cache" is its state rows (kv_k: state, kv_v: conv tail, model.h model_kv), which the
+ * step ops read and update in place for the row each token continues (d->srow). */
 #include "engine/model/hybrid.h"
 
 /* ---------------------------------------------------------------- gated softmax attention */
@@ -26,7 +31,14 @@ void hybrid_gated_fwd(const model *m, const model_views *w, model_acts *a, int l
     be->matmul_fwd_n(be, qkv, 3, A->x, &n1, T, C);
     be->gated_attn_qk_fwd(be, A->q, A->k, A->rstdq, A->rstdk, A->qg, A->k0, W->q_norm, W->k_norm, d->pos, m->inv_freq, T, H, K, D,
                           c->R, c->eps);
-    be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, d->r, T, H, K, D);
+    const void *keys = A->k, *vals = A->v;
+    if (kv_k) { /* decode: this step's keys and values join the cache rows the ranges index */
+        be->scatter_rows(be, kv_k, A->k, d->slot, T, KD);
+        be->scatter_rows(be, kv_v, A->v, d->slot, T, KD);
+        keys = kv_k;
+        vals = kv_v;
+    }
+    be->attention_fwd(be, A->att, A->lse, A->q, keys, vals, d->r, T, H, K, D);
     be->gated_attn_gate_fwd(be, A->ag, A->att, A->qg, T, H, D);
     mm_part o = {A->xm, W->wo, NULL, C, A->x, {0}};
     be->matmul_fwd_n(be, &o, 1, A->ag, NULL, T, HD);
@@ -71,8 +83,13 @@ void hybrid_deltanet_fwd(const model *m, const model_views *w, model_acts *a, in
                      {A->dn_a, W->dn_a, NULL, Hv, NULL, {0}}};
     be->matmul_fwd_n(be, in, 2, A->ln1, NULL, T, C);
     be->matmul_fwd_n(be, in + 2, 2, A->ln1, NULL, T, C);
-    be->deltanet_conv_fwd(be, A->dn_u, A->x_qkv, W->dn_conv, d->r, T, Cc, c->conv_k);
-    be->deltanet_rule_fwd(be, A->o, a->states, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, T, Hk, Hv, Dk, Dv);
+    if (kv_k) { /* decode: kv_k, kv_v are the state and conv tail rows, d->srow each token's */
+        be->deltanet_conv_step(be, A->dn_u, kv_v, A->x_qkv, W->dn_conv, d->srow, T, Cc, c->conv_k);
+        be->deltanet_rule_step(be, A->o, kv_k, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->srow, T, Hk, Hv, Dk, Dv);
+    } else {
+        be->deltanet_conv_fwd(be, A->dn_u, A->x_qkv, W->dn_conv, d->r, T, Cc, c->conv_k);
+        be->deltanet_rule_fwd(be, A->o, a->states, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, T, Hk, Hv, Dk, Dv);
+    }
     be->deltanet_norm_fwd(be, A->y, A->rstdn, A->o, A->z, W->dn_norm, T, Hv, Dv, c->eps);
     mm_part o = {A->xm, W->dn_out, NULL, C, A->x, {0}};
     be->matmul_fwd_n(be, &o, 1, A->y, NULL, T, VL);

@@ -2,8 +2,10 @@
  * backend table's ops: rows ATTN_GATED and ATTN_DELTANET of model.c's attn_kinds. Internal to
  * engine/model/. Same contract as every attention kind there: the forward reads A->x (T,C) and
  * writes A->xm = A->x + attention(rmsnorm(A->x)); the backward takes d A->xm in a->dres and
- * leaves d A->x there, ADDING weight gradients into g. Neither kind reads or writes a KV cache
- * (model_forward refuses one for these models): the training and scoring passes only. */
+ * leaves d A->x there, ADDING weight gradients into g. With a cache (decode, no grad) the gated
+ * kind writes and reads K/V rows as full attention does, the DeltaNet kind its state rows
+ * (kv_k the recurrent states, kv_v the conv tails: model.h's model_kv); the backwards are the
+ * training pass's only. */
 #ifndef GRPOD_HYBRID_H
 #define GRPOD_HYBRID_H
 #include "engine/model/model.h"

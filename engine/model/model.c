@@ -480,7 +480,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->ent, M, 4);
     TAKE(a->dlogp, M, 4);
     TAKE(a->dent, M, 4);
-    TAKE(a->ints, 8 * T + 2 * M, 4);
+    TAKE(a->ints, 9 * T + 2 * M, 4);
     if (has_moe) {
         TAKE(a->moe_stats, MOE_STATS(E), 4);
         TAKE(a->aux_g, E, 4);
@@ -564,25 +564,91 @@ void model_acts_free(const model *m, model_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
+static int keeps_kv(const model_config *c, int l) { return c->attn[l] != ATTN_DELTANET; }
+
+long long model_kv_row_bytes(const model *m) {
+    const model_config *c = &m->cfg;
+    long long n = 0;
+    for (int l = 0; l < c->L; l++) n += keeps_kv(c, l);
+    return 2LL * n * c->K * c->D * m->be->act_bytes;
+}
+
+/* one DeltaNet layer's state row: (Hv,Dk,Dv) then (Kc-1,Cc) floats */
+static size_t state_floats(const model_config *c) {
+    return (size_t)c->lin_hv * c->lin_dk * c->lin_dv +
+        (size_t)(c->conv_k - 1) * (2 * c->lin_hk * c->lin_dk + c->lin_hv * c->lin_dv);
+}
+
+long long model_state_row_bytes(const model *m) {
+    const model_config *c = &m->cfg;
+    long long n = 0;
+    for (int l = 0; l < c->L; l++) n += !keeps_kv(c, l);
+    return n * (long long)state_floats(c) * 4;
+}
+
 int model_kv_init(const model *m, model_kv *kv, int cap_S) {
     const model_config *c = &m->cfg;
     memset(kv, 0, sizeof *kv);
-    size_t per = (size_t)cap_S * c->K * c->D * (size_t)m->be->act_bytes;
+    size_t per = (size_t)cap_S * c->K * c->D * (size_t)m->be->act_bytes, n = 0;
     kv->cap_S = cap_S;
     kv->k = calloc((size_t)c->L, sizeof(void *));
     kv->v = calloc((size_t)c->L, sizeof(void *));
-    kv->mem = kv->k && kv->v ? m->be->alloc(m->be, per * 2 * (size_t)c->L) : NULL;
-    if (!kv->mem) {
+    for (int l = 0; l < c->L; l++) n += keeps_kv(c, l);
+    kv->mem = kv->k && kv->v && n ? m->be->alloc(m->be, per * 2 * n) : NULL;
+    if (!kv->k || !kv->v || (n && !kv->mem)) {
         free(kv->k);
         free(kv->v);
         memset(kv, 0, sizeof *kv);
-        return err_set(GE_NOMEM, "KV cache of %d rows needs %.1f MiB on %s", cap_S, per * 2.0 * c->L / 1048576.0, m->be->name);
+        return err_set(GE_NOMEM, "KV cache of %d rows needs %.1f MiB on %s", cap_S, per * 2.0 * n / 1048576.0, m->be->name);
     }
-    for (int l = 0; l < c->L; l++) {
-        kv->k[l] = (char *)kv->mem + per * (size_t)(2 * l);
-        kv->v[l] = (char *)kv->mem + per * (size_t)(2 * l + 1);
-    }
+    for (int l = 0, i = 0; l < c->L; l++)
+        if (keeps_kv(c, l)) {
+            kv->k[l] = (char *)kv->mem + per * (size_t)(2 * i);
+            kv->v[l] = (char *)kv->mem + per * (size_t)(2 * i + 1);
+            i++;
+        }
     return 0;
+}
+
+int model_kv_states_init(const model *m, model_kv *kv, int cap) {
+    const model_config *c = &m->cfg;
+    size_t row = (size_t)model_state_row_bytes(m), sf = state_floats(c);
+    if (!row || cap < 1) return 0;
+    kv->state = calloc((size_t)c->L, sizeof(float *));
+    kv->tail = calloc((size_t)c->L, sizeof(float *));
+    kv->st_mem = kv->state && kv->tail ? m->be->alloc(m->be, row * (size_t)cap) : NULL;
+    if (!kv->st_mem) {
+        free(kv->state);
+        free(kv->tail);
+        kv->state = kv->tail = NULL;
+        return err_set(GE_NOMEM, "recurrent state of %d sequences needs %.1f MiB on %s", cap, row * (double)cap / 1048576.0,
+                       m->be->name);
+    }
+    kv->cap_st = cap;
+    float *p = kv->st_mem;
+    for (int l = 0; l < c->L; l++)
+        if (!keeps_kv(c, l)) {
+            kv->state[l] = p;
+            kv->tail[l] = p + (size_t)cap * c->lin_hv * c->lin_dk * c->lin_dv;
+            p += (size_t)cap * sf;
+        }
+    return 0;
+}
+
+void model_kv_state_set(const model *m, model_kv *kv, int dst, int src) {
+    const model_config *c = &m->cfg;
+    size_t ns = (size_t)c->lin_hv * c->lin_dk * c->lin_dv * 4, nt = state_floats(c) * 4 - ns;
+    for (int l = 0; l < c->L && kv->cap_st; l++) {
+        if (!kv->state[l]) continue;
+        char *s = (char *)kv->state[l], *t = (char *)kv->tail[l];
+        if (src < 0) {
+            m->be->zero(m->be, s + ns * (size_t)dst, ns);
+            m->be->zero(m->be, t + nt * (size_t)dst, nt);
+        } else if (src != dst) {
+            m->be->copy(m->be, s + ns * (size_t)dst, s + ns * (size_t)src, ns);
+            m->be->copy(m->be, t + nt * (size_t)dst, t + nt * (size_t)src, nt);
+        }
+    }
 }
 
 void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n) {
@@ -590,6 +656,7 @@ void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n) {
     size_t row = (size_t)c->K * c->D * (size_t)m->be->act_bytes;
     if (n <= 0 || dst == src) return;
     for (int l = 0; l < c->L; l++) {
+        if (!kv->k[l]) continue;
         m->be->copy(m->be, (char *)kv->k[l] + row * (size_t)dst, (char *)kv->k[l] + row * (size_t)src, row * (size_t)n);
         m->be->copy(m->be, (char *)kv->v[l] + row * (size_t)dst, (char *)kv->v[l] + row * (size_t)src, row * (size_t)n);
     }
@@ -597,8 +664,11 @@ void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n) {
 
 void model_kv_free(const model *m, model_kv *kv) {
     if (kv->mem) m->be->free(m->be, kv->mem);
+    if (kv->st_mem) m->be->free(m->be, kv->st_mem);
     free(kv->k);
     free(kv->v);
+    free(kv->state);
+    free(kv->tail);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -625,9 +695,9 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
         return err_set(GE_INTERNAL, "model: %d tokens / %d predictions exceed the activations' %d / %d", in->T, in->M, a->cap_T,
                        a->cap_M);
     int T = in->T, *p = a->ints, rc = 0;
-    const int *src[8] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot, in->count};
-    int *dst[8];
-    for (int i = 0; i < 8; i++, p += a->cap_T) {
+    const int *src[9] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot, in->count, in->srow};
+    int *dst[9];
+    for (int i = 0; i < 9; i++, p += a->cap_T) {
         dst[i] = p;
         if (src[i] && T && !rc) rc = be->to_dev(be, p, src[i], (size_t)T * sizeof(int));
     }
@@ -639,6 +709,7 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
                            .tokens = dst[0],
                            .pos = dst[1],
                            .slot = in->slot ? dst[6] : NULL,
+                           .srow = in->srow ? dst[8] : NULL,
                            .out_pos = op,
                            .out_tok = ot,
                            .r = {dst[2], dst[3], dst[4], dst[5]},
@@ -652,11 +723,8 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
     int rc = model_input_upload(m, a, in, &d);
     if (rc) return rc;
     if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
-    if (kv && m->cfg.arch == ARCH_QWEN3_5)
-        return err_set(GE_UNSUPPORTED,
-                       "%s: decoding with a KV cache and recurrent state is not built yet (training and scoring "
-                       "passes only)",
-                       m->cfg.arch_name);
+    if (kv && m->cfg.arch == ARCH_QWEN3_5 && (!in->srow || !kv->cap_st))
+        return err_set(GE_INTERNAL, "model_forward: a hybrid model's KV cache needs its state rows and srow");
     model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
     return m->be->sync(m->be);
 }
@@ -672,7 +740,10 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
     if (a->moe_stats) be->zero(be, a->moe_stats, MOE_STATS(c->E) * sizeof(float));
     for (int l = 0; l < c->L; l++) {
         void *out = l + 1 < c->L ? a->l[l + 1].x : a->xL;
-        model_layer_fwd(m, w, a, l, out, d, kv ? kv->k[l] : NULL, kv ? kv->v[l] : NULL);
+        void *c0 = NULL, *c1 = NULL; /* this layer's cache: K/V rows, or a DeltaNet layer's state and tail rows */
+        if (kv) c0 = kv->k[l] ? kv->k[l] : kv->cap_st ? (void *)kv->state[l] : NULL;
+        if (kv) c1 = kv->v[l] ? kv->v[l] : kv->cap_st ? (void *)kv->tail[l] : NULL;
+        model_layer_fwd(m, w, a, l, out, d, c0, c1);
     }
     be->rmsnorm_fwd(be, a->lnf, a->rstdf, a->xL, w->final_norm, T, C, c->eps);
     if (d->M)

@@ -204,11 +204,16 @@ int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, 
 size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt);
 void model_acts_free(const model *m, model_acts *a);
 
-/* A KV cache: per layer k, v (S,K,D) act-typed, in backend memory. */
+/* A KV cache: per softmax-attention layer k, v (S,K,D) act-typed, in backend memory; a gated
+ * DeltaNet layer has no K/V (its k[l], v[l] are NULL) but state rows (model_kv_states_init):
+ * per sequence its recurrent state and conv tail (kernels/deltanet_decode.h), fp32. */
 struct model_kv {
     int cap_S;
     void *mem; /* one backend allocation */
-    void **k, **v; /* (L) each (S,K,D) */
+    void **k, **v; /* (L) each (S,K,D), NULL in DeltaNet layers */
+    int cap_st; /* state rows (0: none) */
+    void *st_mem; /* one backend allocation */
+    float **state, **tail; /* (L) each (cap_st,Hv,Dk,Dv), (cap_st,Kc-1,Cc); NULL in other layers */
 };
 
 /* Grad-mode activations whose tokens' keys and values live in rows row0 .. row0 + T of the KV
@@ -227,18 +232,31 @@ struct model_kv {
 int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring);
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
+/* Bytes of one KV row over the layers that keep K/V; of one state row over the DeltaNet layers
+ * (0: the model has none). */
+long long model_kv_row_bytes(const model *m);
+long long model_state_row_bytes(const model *m);
+/* cap state rows beside kv's K/V (freed by model_kv_free), uninitialised. */
+int model_kv_states_init(const model *m, model_kv *kv, int cap);
+/* State row dst := zeros (src < 0: a sequence with no history yet) or a copy of row src, every
+ * DeltaNet layer, queued like an op: a prompt's final state handed to each of its responses. */
+void model_kv_state_set(const model *m, model_kv *kv, int dst, int src);
 /* Rows [src, src + n) of every layer's keys and values copied to [dst, dst + n) (not overlapping),
  * queued on the backend like an op. */
 void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n);
 
 /* One forward input: T tokens with positions, key ranges and (with a KV cache) the cache
  * slot each token's k/v is written to; ranges then index cache rows. Host arrays: they are
- * uploaded into a->ints. Without kv, keys are the T tokens themselves. */
+ * uploaded into a->ints. Without kv, keys are the T tokens themselves. A hybrid model decodes
+ * with a KV cache only with its state rows (srow). */
 typedef struct {
     int T;
     const int *tokens, *pos; /* (T) */
     const int *a0, *a1, *b0, *b1; /* (T) */
     const int *slot; /* (T) or NULL */
+    /* with state rows (kv->cap_st): the state row each token continues, the tokens of one row
+     * contiguous and in order (kernels/deltanet_decode.h); NULL otherwise */
+    const int *srow; /* (T) or NULL */
     int M;
     const int *out_pos, *out_tok; /* (M) predictions (may be 0) */
     /* MoE only: the logical tokens each token stands for in the router's balance statistics
@@ -262,6 +280,7 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
 typedef struct {
     int T, M;
     int *tokens, *pos, *slot, *out_pos, *out_tok;
+    int *srow; /* NULL: no state rows (the DeltaNet layers run the training ops on the ranges) */
     attn_ranges r;
     int *count; /* NULL: 1 each */
     float *aux_g; /* (E) the balance loss's gradient per unit count; NULL: not in the loss */
@@ -275,7 +294,8 @@ void model_forward_dev(const model *m, const model_views *w, model_acts *a, mode
  *   q, k, v = rmsnorm(A->x) W^T (the norm fused into the projections), RoPE (q/k norm), attention;
  *   A->xm = A->x + att Wo^T; out = A->xm + (silu(ln2 Wg^T) * (ln2 Wu^T)) Wd^T, ln2 = rmsnorm(A->xm).
  * out may be A->x (not read once A->xm is made). ln1 / ln2 are scratch (the backward recomputes
- * them and their rstd). kv_k, kv_v: this layer's cache (d->slot set) or NULL. */
+ * them and their rstd). kv_k, kv_v: this layer's cache (d->slot set) or NULL; for a DeltaNet
+ * layer its state and conv-tail rows (d->srow set). */
 void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d, void *kv_k,
                      void *kv_v);
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and

@@ -6,7 +6,8 @@
  *
  * CUDA graphs (backends with graph ops, steps of at most DEC_GRAPH_T tokens): the step is padded
  * to a power-of-two bucket of tokens Tb (extra tokens repeat the last real one: same slot, same
- * values; extra rows repeat the last row; their outputs are ignored) and the whole step —
+ * values, but no state row (-1), which the DeltaNet steps skip; extra rows repeat the last row;
+ * their outputs are ignored) and the whole step —
  * model_forward_dev, lm head, sample — is captured once per bucket and replayed. The first step
  * of a bucket runs uncaptured (it grows the scratch, makes the GEMM plans); the second captures.
  * A graph is dropped when what it captured moves or is laid out anew: the KV cache (address
@@ -24,7 +25,7 @@ enum { DEC_GRAPH_T = 512, DEC_BUCKETS = 10, DEC_BAN_CAP = 1024 };
 typedef struct {
     void *g; /* backend graph, or NULL */
     int warm; /* ran once uncaptured */
-    const void *kv, *acts, *w, *lm, *logits; /* what the capture read */
+    const void *kv, *st, *acts, *w, *lm, *logits; /* what the capture read */
     int kv_cap, acts_cap, acts_capm; /* KV rows, activation tokens / predictions: the layouts
                                           inside kv and acts (a freed and reallocated pool can
                                           come back at the same address with another size) */
@@ -40,10 +41,10 @@ struct dec_state {
     dec_graph graph[DEC_BUCKETS];
 };
 
-/* Staging layout (byte offsets for capacities cT tokens, cR rows): 7 token arrays, rows, the ban
+/* Staging layout (byte offsets for capacities cT tokens, cR rows): 8 token arrays, rows, the ban
  * list, then the row params (32-byte aligned), then the outputs (tok, logprob). */
 typedef struct {
-    size_t tok, pos, a0, a1, b0, b1, slot, rows, ban, prm, out_tok, out_lp, in_bytes, total;
+    size_t tok, pos, a0, a1, b0, b1, slot, srow, rows, ban, prm, out_tok, out_lp, in_bytes, total;
 } dec_layout;
 static dec_layout layout(int cT, int cR) {
     dec_layout L;
@@ -55,7 +56,8 @@ static dec_layout layout(int cT, int cR) {
     L.b0 = 4 * t;
     L.b1 = 5 * t;
     L.slot = 6 * t;
-    L.rows = 7 * t;
+    L.srow = 7 * t;
+    L.rows = 8 * t;
     L.ban = L.rows + (size_t)cR * 4;
     L.prm = (L.ban + (1 + DEC_BAN_CAP) * 4 + 31) & ~(size_t)31;
     L.in_bytes = L.prm + (size_t)cR * sizeof(sample_params);
@@ -135,8 +137,8 @@ static int reserve(eng *e, int T, int R) {
     return 0;
 }
 
-/* Queues the step on the staged inputs: T tokens, R rows. */
-static void queue_step(eng *e, model_kv *kv, int T, int R) {
+/* Queues the step on the staged inputs: T tokens, R rows (srow: the staged state rows are set). */
+static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
     dec_state *d = e->dec;
     eng_backend *be = e->be;
     const model_config *c = &e->m.cfg;
@@ -147,6 +149,7 @@ static void queue_step(eng *e, model_kv *kv, int T, int R) {
                           .tokens = (int *)(b + L.tok),
                           .pos = (int *)(b + L.pos),
                           .slot = (int *)(b + L.slot),
+                          .srow = srow ? (int *)(b + L.srow) : NULL,
                           .r = {(int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1)}};
     model_forward_dev(&e->m, &e->wv, &e->acts_ng, kv, &di, 1.0f, 0);
     be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), e->wv.lm_head, R, c->C, c->V);
@@ -169,11 +172,7 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     eng_backend *be = e->be;
     int T = in->T, rc;
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
-    if (e->m.cfg.arch == ARCH_QWEN3_5) /* linear-attention layers decode from a recurrent state, not a KV cache */
-        return err_set(GE_UNSUPPORTED,
-                       "%s: decoding (rollouts) of hybrid linear-attention models is not built yet; updates and "
-                       "scoring run",
-                       e->m.cfg.arch_name);
+    if (kv->cap_st && !in->srow) return err_set(GE_INTERNAL, "dec_step: a hybrid model's step needs its state rows");
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
     if (!R) { /* a forward only */
         if ((rc = eng_acts_reserve(e, &e->acts_ng, T, 1, 0))) return rc;
@@ -189,12 +188,13 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     /* stage the inputs (padded to the bucket) */
     dec_layout L = layout(d->cap_T, d->cap_R);
     char *h = d->h;
-    const int *src[7] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot};
-    size_t off[7] = {L.tok, L.pos, L.a0, L.a1, L.b0, L.b1, L.slot};
-    for (int i = 0; i < 7; i++) {
+    const int *src[8] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot, in->srow};
+    size_t off[8] = {L.tok, L.pos, L.a0, L.a1, L.b0, L.b1, L.slot, L.srow};
+    for (int i = 0; i < 8; i++) {
+        if (!src[i]) continue;
         int *x = (int *)(h + off[i]);
         memcpy(x, src[i], (size_t)T * 4);
-        for (int t = T; t < Tb; t++) x[t] = x[T - 1];
+        for (int t = T; t < Tb; t++) x[t] = off[i] == L.srow ? -1 : x[T - 1]; /* no state row: the steps skip it */
     }
     int *xr = (int *)(h + L.rows);
     sample_params *xp = (sample_params *)(h + L.prm);
@@ -209,12 +209,12 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if (rc) return rc;
 
     if (!graphs) {
-        queue_step(e, kv, T, R);
+        queue_step(e, kv, T, R, in->srow != NULL);
     } else {
         dec_graph *g = &d->graph[bi];
         const model_acts *A = &e->acts_ng;
         if (g->g &&
-            (g->kv != kv->mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
+            (g->kv != kv->mem || g->st != kv->st_mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
              g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head || g->logits != d->dlogits)) {
             be->graph_free(be, g->g);
             g->g = NULL;
@@ -228,17 +228,18 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
             } else launched = 1;
         }
         if (!launched && !g->warm) {
-            queue_step(e, kv, Tb, Rb);
+            queue_step(e, kv, Tb, Rb, in->srow != NULL);
             g->warm = 1;
             launched = 1;
         }
         if (!launched) {
             if ((rc = be->graph_begin(be))) return rc;
-            queue_step(e, kv, Tb, Rb);
+            queue_step(e, kv, Tb, Rb, in->srow != NULL);
             if ((rc = be->graph_end(be, &g->g))) return rc;
             *g = (dec_graph){.g = g->g,
                              .warm = 1,
                              .kv = kv->mem,
+                             .st = kv->st_mem,
                              .acts = e->acts_ng.mem,
                              .w = e->wv.embed,
                              .lm = e->wv.lm_head,

@@ -7,6 +7,15 @@
  * can ever need are taken at admission, so a step never runs out of rows and nothing is
  * preempted; a response's range is freed as it finishes, the prompt's with the group's last.
  *
+ * Hybrid models (gated DeltaNet layers) keep K/V rows for their attention layers only and,
+ * beside them, state rows (model.h model_kv_states_init): an admitted group takes n + 1
+ * contiguous ones from a second pool, the prompt's first. The prefill runs the prompt once into
+ * its row (zeroed at admission); each response's row then starts as a copy of it (one prefill,
+ * N copies: the P + NR idea for recurrent state), and each decode step updates a response's row
+ * in place. The rows go back when the group is swept. The prefix cache is skipped for these
+ * models: an entry keeps K/V rows, and the state after an arbitrary prefix of it (what a partial
+ * hit needs) exists only at the positions that happened to be kept; a second turn prefills.
+ *
  * A step's device work is dec_step (decode.c): the forward of T tokens, one keyed draw for
  * each chosen row. This file decides which responses run, where their K/V live and when they
  * stop. Each response has a stream seed derived from the request seed, its group index in its
@@ -58,6 +67,7 @@ struct sgroup {
     int prompt0, P; /* its prompt's cache rows */
     pfx_block *pblk; /* those rows */
     int cached; /* prompt ids whose K/V were copied from the prefix cache, not prefilled */
+    int st0; /* hybrid models: its state rows st0 (the prompt) and st0 + 1 + r (response r); -1 none */
     int n, n_live;
     int fresh; /* admitted this step: prefill pending */
     int dead; /* every response finished or dropped; rows given back */
@@ -87,6 +97,9 @@ struct eng_sched {
     long long row_bytes;
     int max_prefill, max_running;
     kvp pool;
+    kvp spool; /* state rows (hybrid models; cap_st 0: none) */
+    int cap_st;
+    long long st_bytes; /* one state row */
     pfx_cache pfx; /* finished responses' rows (prefix.h) */
     model_kv kv; /* allocated while busy or while the prefix cache holds rows */
     eng_sched_job *jobs, *jobs_tail;
@@ -96,7 +109,7 @@ struct eng_sched {
     long long steps, dec_calls;
     /* step buffers, grown on demand */
     int cap_T, cap_R;
-    int *ints; /* tok, pos, a0, a1, b0, b1, slot (cap_T each) */
+    int *ints; /* tok, pos, a0, a1, b0, b1, slot, srow (cap_T each) */
     int *rows, *ids; /* (cap_R) */
     float *lps; /* (cap_R) */
     sample_params *rp; /* (cap_R) */
@@ -116,22 +129,38 @@ static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_
 /* Free device memory, or -1 when not known (cpu: host memory). */
 static long long device_free_bytes(eng *e) { return e->be->mem_free ? e->be->mem_free(e->be) : -1; }
 
-static long long pool_rows(eng *e, const eng_sched_opts *o, long long row_bytes) {
-    if (o && o->kv_rows > 0) return o->kv_rows;
+/* Prompts decoding beside max_running responses that state rows are kept for. */
+enum { ST_PROMPTS = 64 };
+
+/* The pool's budget in bytes; -1: none known (cpu: host memory, CPU_DEFAULT_CAP_BYTES bounds). */
+static long long pool_budget(eng *e, const eng_sched_opts *o) {
     long long budget = o ? o->kv_bytes : 0;
-    if (budget <= 0) {
-        long long fr = device_free_bytes(e);
-        if (fr < 0) {
-            long long rows = CPU_DEFAULT_ROWS;
-            if (rows * row_bytes > CPU_DEFAULT_CAP_BYTES) rows = CPU_DEFAULT_CAP_BYTES / row_bytes;
-            return rows;
-        }
-        /* the memory plan's budget (engine/plan.c); without one (an engine that never trains)
-         * half of what is free */
-        budget = e->plan.kv_bytes > 0 ? e->plan.kv_bytes : fr / 2;
-        if (budget < fr / 8) budget = fr / 8;
+    if (budget > 0) return budget;
+    long long fr = device_free_bytes(e);
+    if (fr < 0) return -1;
+    /* the memory plan's budget (engine/plan.c); without one (an engine that never trains) half
+     * of what is free */
+    budget = e->plan.kv_bytes > 0 ? e->plan.kv_bytes : fr / 2;
+    return budget < fr / 8 ? fr / 8 : budget;
+}
+
+/* Sizes s->cap (K/V rows) and s->cap_st (state rows): the state rows of max_running responses
+ * and ST_PROMPTS prompts, within half the budget, then K/V rows in the rest. */
+static long long size_pools(eng_sched *s, const eng_sched_opts *o) {
+    long long budget = pool_budget(s->e, o), rb = s->row_bytes;
+    if (s->st_bytes) {
+        long long want = (long long)s->max_running + ST_PROMPTS, cap = budget < 0 ? CPU_DEFAULT_CAP_BYTES : budget;
+        if (want * s->st_bytes > cap / 2) want = cap / 2 / s->st_bytes;
+        s->cap_st = (int)want;
+        if (budget > 0) budget -= want * s->st_bytes;
     }
-    return budget / row_bytes;
+    if (o && o->kv_rows > 0) return o->kv_rows;
+    if (budget < 0) {
+        long long rows = CPU_DEFAULT_ROWS;
+        if (rows * rb > CPU_DEFAULT_CAP_BYTES) rows = CPU_DEFAULT_CAP_BYTES / rb;
+        return rows;
+    }
+    return budget / rb;
 }
 
 int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
@@ -140,19 +169,21 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
     if (!s) return err_set(GE_NOMEM, "scheduler: out of memory");
     s->e = e;
     eng_get_info(e, &s->info);
-    const model_config *c = &e->m.cfg;
-    s->row_bytes = 2LL * c->L * c->K * c->D * e->be->act_bytes;
-    long long rows = pool_rows(e, o, s->row_bytes);
+    s->row_bytes = model_kv_row_bytes(&e->m);
+    s->st_bytes = model_state_row_bytes(&e->m);
+    s->max_prefill = o && o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 8192;
+    s->max_running = o && o->max_running > 0 ? o->max_running : 1024;
+    long long rows = size_pools(s, o);
     if (rows > 0x7fffffff - 1) rows = 0x7fffffff - 1;
-    if (rows < 1) {
-        long long rb = s->row_bytes;
+    if (rows < 1 || (s->st_bytes && s->cap_st < 2)) {
+        long long rb = s->row_bytes, sb = s->st_bytes;
         free(s);
+        if (sb) return err_set(GE_NOMEM, "KV pool: the budget holds no row (%lld bytes per row, %lld per state row)", rb, sb);
         return err_set(GE_NOMEM, "KV pool: the budget holds no row (%lld bytes per row)", rb);
     }
     s->cap = (int)rows;
-    s->max_prefill = o && o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 8192;
-    s->max_running = o && o->max_running > 0 ? o->max_running : 1024;
     int rc = kvp_init(&s->pool, s->cap);
+    if (!rc && s->cap_st && (rc = kvp_init(&s->spool, s->cap_st))) kvp_destroy(&s->pool);
     if (rc) {
         free(s);
         return rc;
@@ -161,6 +192,13 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
     if (!e->sched) e->sched = s; /* the one eng_update empties (sched_forget) */
     *out = s;
     return 0;
+}
+
+/* The device memory of the K/V rows and (hybrid models) the state rows. */
+static int kv_open(eng_sched *s) {
+    int rc = model_kv_init(&s->e->m, &s->kv, s->cap);
+    if (!rc && s->cap_st && (rc = model_kv_states_init(&s->e->m, &s->kv, s->cap_st))) model_kv_free(&s->e->m, &s->kv);
+    return rc;
 }
 
 void sched_forget(eng_sched *s) {
@@ -175,7 +213,7 @@ long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *
 /* Grows the step buffers to T tokens, R rows and I partition items. */
 static int reserve(eng_sched *s, int T, int R, int I) {
     if (T > s->cap_T) {
-        int *p = realloc(s->ints, (size_t)T * 7 * sizeof(int));
+        int *p = realloc(s->ints, (size_t)T * 8 * sizeof(int));
         if (!p) return err_set(GE_NOMEM, "scheduler: out of memory for %d tokens", T);
         s->ints = p;
         s->cap_T = T;
@@ -283,7 +321,8 @@ static void finish_stream(eng_sched *s, stream *k) {
     eng_sched_job *j = G->job;
     eng_response *o = k->out;
     k->done = 1;
-    if (o->n_tokens > 0 && pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
+    if (o->n_tokens > 0 && !s->cap_st &&
+        pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
         err_clear(); /* not kept: only a later prefill is lost */
     pfx_unref(&s->pool, k->blk);
     s->running--;
@@ -326,6 +365,7 @@ static void sweep(eng_sched *s) {
     for (int i = 0; i < s->n_live; i++) {
         sgroup *G = s->live[i];
         if (G->dead) {
+            if (G->st0 >= 0) kvp_release(&s->spool, G->st0, G->n + 1);
             free(G->st);
             free(G);
         } else s->live[w++] = G;
@@ -339,7 +379,7 @@ static void sweep(eng_sched *s) {
 /* ---------------------------------------------------------------- admission */
 
 static int job_rows_fit(const eng_sched *s, const eng_sched_job *j, int g) {
-    return eng_sched_rows_needed(&j->groups[g], &j->sp) <= s->cap;
+    return eng_sched_rows_needed(&j->groups[g], &j->sp) <= s->cap && (!s->cap_st || j->groups[g].n + 1 <= s->cap_st);
 }
 
 /* Gives back what admit_group took: rb[0, n) and pb (NULL: none). */
@@ -362,8 +402,10 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
         s->live = l;
         s->cap_live = nc;
     }
+    int st0 = -1;
+    if (s->cap_st && (st0 = kvp_alloc(&s->spool, RG->n + 1)) < 0) return st0 == -1 ? 0 : st0;
     pfx_src src;
-    int m = pfx_match(&s->pfx, RG->prompt, RG->P, RG->P - 1, &src);
+    int m = s->cap_st ? (memset(&src, 0, sizeof src), 0) : pfx_match(&s->pfx, RG->prompt, RG->P, RG->P - 1, &src);
     pfx_block *pb = pfx_alloc(&s->pfx, &s->pool, RG->P, &rc), **rb = calloc((size_t)RG->n, sizeof *rb);
     if (!rb && pb) rc = err_set(GE_NOMEM, "scheduler: out of memory");
     for (; pb && rb && r < RG->n; r++)
@@ -371,6 +413,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     if (!pb || !rb || r < RG->n) {
         pfx_src_release(&s->pool, &src);
         untake(s, pb, rb, r);
+        if (st0 >= 0) kvp_release(&s->spool, st0, RG->n + 1);
         return rc;
     }
     if (m) { /* the hit's rows, in at most two runs */
@@ -397,6 +440,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
             free(resp[r].logprobs);
         }
         untake(s, pb, rb, RG->n);
+        if (st0 >= 0) kvp_release(&s->spool, st0, RG->n + 1);
         free(G);
         free(st);
         free(resp);
@@ -407,12 +451,14 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
                   .prompt0 = pb->start,
                   .pblk = pb,
                   .cached = m,
+                  .st0 = st0,
                   .P = RG->P,
                   .n = RG->n,
                   .n_live = RG->n,
                   .fresh = 1,
                   .st = st};
     j->out[g] = (eng_group_result){.resp = resp, .n = RG->n, .cached_tokens = m};
+    if (st0 >= 0) model_kv_state_set(&s->e->m, &s->kv, st0, -1); /* the prompt starts with no history */
     for (r = 0; r < RG->n; r++) {
         /* the stream seed of (request seed, group index, response index), as it always was;
          * the group index is its place in the original request when the caller split it */
@@ -470,7 +516,7 @@ static void admit(eng_sched *s) {
             }
             if (admitted && prefill_T + RG->P > s->max_prefill) return;
             if (s->running > 0 && s->running + RG->n > s->max_running) return;
-            if (!s->kv.mem && (rc = model_kv_init(&s->e->m, &s->kv, s->cap))) {
+            if (!s->kv.mem && (rc = kv_open(s))) {
                 job_stop(s, j, rc, err_msg());
                 break;
             }
@@ -548,7 +594,7 @@ static int prefill(eng_sched *s) {
         }
     int *ints = s->ints, cT = s->cap_T;
     int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT, *b1 = ints + 5 * cT,
-        *slot = ints + 6 * cT;
+        *slot = ints + 6 * cT, *srow = ints + 7 * cT;
     for (int first = 0; first < n; first++) {
         if (s->taken[first]) continue;
         sgroup *lead = s->items[first];
@@ -563,6 +609,7 @@ static int prefill(eng_sched *s) {
                 tok[t] = G->job->groups[G->g].prompt[p];
                 pos[t] = p;
                 slot[t] = G->prompt0 + p;
+                srow[t] = G->st0;
                 a0[t] = G->prompt0;
                 a1[t] = G->prompt0 + p + 1;
                 b0[t] = b1[t] = 0;
@@ -574,8 +621,12 @@ static int prefill(eng_sched *s) {
             }
         }
         if (!t) continue;
-        model_input in = {.T = t, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot};
+        model_input in = {
+            .T = t, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot, .srow = s->cap_st ? srow : NULL};
         if ((err = run_call(s, &in, r, ban)) && !rc) rc = err;
+        for (int i = 0; !err && s->cap_st && i < r; i++) /* each live response starts from its prompt's state */
+            if (alive(s->who[i]))
+                model_kv_state_set(&s->e->m, &s->kv, s->who[i]->grp->st0 + 1 + s->who[i]->idx, s->who[i]->grp->st0);
     }
     return rc;
 }
@@ -599,7 +650,7 @@ static int decode(eng_sched *s) {
     }
     int *ints = s->ints, cT = s->cap_T;
     int *tok = ints, *pos = ints + cT, *a0 = ints + 2 * cT, *a1 = ints + 3 * cT, *b0 = ints + 4 * cT, *b1 = ints + 5 * cT,
-        *slot = ints + 6 * cT;
+        *slot = ints + 6 * cT, *srow = ints + 7 * cT;
     for (int first = 0; first < n; first++) {
         if (s->taken[first]) continue;
         stream *lead = s->items[first];
@@ -619,13 +670,15 @@ static int decode(eng_sched *s) {
             a1[B] = G->prompt0 + G->P;
             b0[B] = x->base;
             b1[B] = x->base + m;
+            srow[B] = G->st0 + 1 + x->idx;
             s->rows[B] = B;
             s->rp[B] = row_of(x);
             s->who[B] = x;
             B++;
         }
         if (!B) continue;
-        model_input d = {.T = B, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot};
+        model_input d = {
+            .T = B, .tokens = tok, .pos = pos, .a0 = a0, .a1 = a1, .b0 = b0, .b1 = b1, .slot = slot, .srow = s->cap_st ? srow : NULL};
         if ((err = run_call(s, &d, B, ban)) && !rc) rc = err;
     }
     return rc;
@@ -650,6 +703,13 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
     if (!j) return err_set(GE_NOMEM, "scheduler: out of memory");
     *j = (eng_sched_job){.groups = groups, .n_groups = n_groups, .sp = *sp, .out = out};
     for (int g = 0; g < n_groups; g++) {
+        if (s->cap_st && groups[g].n + 1 > s->cap_st) {
+            free(j);
+            return err_set(GE_TOO_LARGE,
+                           "rollout group %d needs %d recurrent-state rows (n %d + its prompt) but the pool holds %d (%.0f MiB); "
+                           "lower n, or raise the KV budget",
+                           g, groups[g].n + 1, groups[g].n, s->cap_st, s->cap_st * (double)s->st_bytes / 1048576.0);
+        }
         if (!job_rows_fit(s, j, g)) {
             long long need = eng_sched_rows_needed(&groups[g], sp);
             free(j);
@@ -706,6 +766,9 @@ void eng_sched_get_stats(const eng_sched *s, eng_sched_stats *st) {
     st->prefix_rows = s->pool.used - st->rows_used;
     st->rows_cap = s->cap;
     st->row_bytes = s->row_bytes;
+    st->state_rows_used = s->cap_st ? s->spool.used : 0;
+    st->state_rows_cap = s->cap_st;
+    st->state_row_bytes = s->st_bytes;
     st->steps = s->steps;
     st->dec_calls = s->dec_calls;
     st->prefix_entries = s->pfx.n;
@@ -744,6 +807,7 @@ void eng_sched_close(eng_sched *s) {
     pfx_destroy(&s->pfx, &s->pool);
     if (s->kv.mem) model_kv_free(&s->e->m, &s->kv);
     kvp_destroy(&s->pool);
+    if (s->cap_st) kvp_destroy(&s->spool);
     if (s->e->sched == s) s->e->sched = NULL;
     free(s->live);
     free(s->ints);

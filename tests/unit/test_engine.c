@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "default_engine.h"
+#include "rollout_expect.h"
 #include "common/err.h"
 #include "engine/engine.h"
 
@@ -29,19 +30,13 @@ TEST(rollout_is_seeded_and_matches_training_logprobs) {
     s.seed = 7;
     s.top_k = 50;
     s.top_p = 0.9f;
-    eng_group_result a[2], b[2], c[2];
-    CHECK(eng_rollout(e, g, 2, &s, a, NULL, NULL) == 0);
-    CHECK(eng_rollout(e, g, 2, &s, b, NULL, NULL) == 0);
-    s.seed = 8;
-    CHECK(eng_rollout(e, g, 2, &s, c, NULL, NULL) == 0);
-    int same = 1, differs = 0;
+    eng_group_result a[2];
+    int same = 0, differs = 0;
+    CHECK(rollout_expect_seeded(e, g, 2, s, a, &same, &differs) == 0);
     double worst = 0;
     for (int k = 0; k < 2; k++)
-        for (int r = 0; r < g[k].n; r++) {
-            eng_response *x = &a[k].resp[r], *y = &b[k].resp[r], *z = &c[k].resp[r];
-            same &= x->n_tokens == y->n_tokens && !memcmp(x->tokens, y->tokens, (size_t)x->n_tokens * 4);
-            differs |= x->n_tokens != z->n_tokens || memcmp(x->tokens, z->tokens, (size_t)x->n_tokens * 4);
-            /* teacher-forced logprobs of the sampled tokens */
+        for (int r = 0; r < g[k].n; r++) { /* teacher-forced logprobs of the sampled tokens */
+            eng_response *x = &a[k].resp[r];
             const int *resp[1] = {x->tokens};
             eng_update_group ug = {.prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = resp, .R = &x->n_tokens};
             float **lp;
@@ -50,11 +45,7 @@ TEST(rollout_is_seeded_and_matches_training_logprobs) {
             eng_logprobs_free(lp, &ug, 1);
         }
     printf("  rollout vs training logprobs: max |Δ| %.2e\n", worst);
-    for (int k = 0; k < 2; k++) {
-        eng_group_result_free(&a[k]);
-        eng_group_result_free(&b[k]);
-        eng_group_result_free(&c[k]);
-    }
+    for (int k = 0; k < 2; k++) eng_group_result_free(&a[k]);
     eng_close(e);
     CHECK_MSG(same, "the same seed gave different tokens");
     CHECK_MSG(differs, "another seed gave the same tokens");
@@ -100,8 +91,8 @@ TEST(rollout_logprobs_are_the_trainers_bit_for_bit) {
         }
         eng_logprobs_free(lpp, &pg, 1);
     }
-    printf("  %d tokens: equal to the trainer's %d, to the packed trainer's %d; group 0 alone %d of %d\n", n, lp_same, packed_same,
-           alone_same, n0);
+    printf("  %d tokens: equal to the trainer's %d, to the packed trainer's %d; group 0 alone %d of %d\n", n, lp_same,
+           packed_same, alone_same, n0);
     for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
     eng_group_result_free(&one[0]);
     eng_close(e);
@@ -113,46 +104,7 @@ TEST(rollout_logprobs_are_the_trainers_bit_for_bit) {
 TEST(greedy_equals_teacher_forced_argmax) {
     eng *e = open_default();
     CHECK(e);
-    eng_rollout_group g = {prompt, NP, 2};
-    eng_sampling s;
-    eng_sampling_default(&s);
-    s.temperature = 0;
-    s.max_tokens = 10;
-    s.ignore_eos = 1;
-    eng_group_result r;
-    CHECK(eng_rollout(e, &g, 1, &s, &r, NULL, NULL) == 0);
-    eng_info info;
-    eng_get_info(e, &info);
-    /* For every step, no other token scores higher than the chosen one under teacher forcing. */
-    eng_response *x = &r.resp[0];
-    CHECK_EQ_INT(x->n_tokens, 10);
-    CHECK(!memcmp(x->tokens, r.resp[1].tokens, 40));
-    int ok = 1;
-    /* One packed forward per step: V responses, prefix + each candidate token. */
-    int *cand = malloc((size_t)info.vocab * 16 * sizeof(int));
-    const int **resp = malloc((size_t)info.vocab * sizeof(int *));
-    int *R = malloc((size_t)info.vocab * sizeof(int));
-    for (int t = 0; t < x->n_tokens && ok; t++) {
-        for (int v = 0; v < info.vocab; v++) {
-            memcpy(cand + v * 16, x->tokens, (size_t)t * 4);
-            cand[v * 16 + t] = v;
-            resp[v] = cand + v * 16;
-            R[v] = t + 1;
-        }
-        eng_update_group ug = {.prompt = prompt, .P = NP, .n = info.vocab, .resp = resp, .R = R};
-        float **lp;
-        CHECK(eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp) == 0);
-        int arg = 0;
-        for (int v = 1; v < info.vocab; v++)
-            if (lp[v][t] > lp[arg][t]) arg = v;
-        eng_logprobs_free(lp, &ug, 1);
-        ok = arg == x->tokens[t];
-        if (!ok) printf("  step %d: greedy %d, argmax %d\n", t, x->tokens[t], arg);
-    }
-    free(cand);
-    free(resp);
-    free(R);
-    eng_group_result_free(&r);
+    int ok = rollout_greedy_is_argmax(e, prompt, NP, 10, 0);
     eng_close(e);
     CHECK_MSG(ok, "greedy decode disagrees with the teacher-forced argmax");
 }

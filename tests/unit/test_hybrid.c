@@ -327,21 +327,9 @@ TEST(hybrid_update_decays_w) {
     for (int i = 0; i < 3; i++) free(w[i]);
 }
 
-/* What is not built yet says so in one line: rollouts (recurrent decode) and LoRA. */
+/* What is not built yet says so in one line: LoRA. (Rollouts: test_hybrid_decode.c.) */
 TEST(hybrid_refuses_what_is_not_built) {
     eng *e;
-    eng_open_opts oo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu"};
-    CHECK_MSG(eng_open(&oo, &e) == 0, "%s", err_msg());
-    int prompt[3] = {11, 200, 37};
-    eng_rollout_group g = {prompt, 3, 2};
-    eng_sampling s;
-    eng_sampling_default(&s);
-    s.max_tokens = 4;
-    eng_group_result r[1];
-    memset(r, 0, sizeof r);
-    CHECK(eng_rollout(e, &g, 1, &s, r, NULL, NULL) == GE_UNSUPPORTED);
-    CHECK_MSG(strstr(err_msg(), "not built yet"), "%s", err_msg());
-    eng_close(e);
     eng_open_opts lo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu", .lora_rank = 4};
     CHECK(eng_open(&lo, &e) == GE_UNSUPPORTED);
     CHECK_MSG(strstr(err_msg(), "linear-attention"), "%s", err_msg());

@@ -1,0 +1,228 @@
+/* test_hybrid_decode.c — rollouts of a hybrid linear-attention model (Qwen3.5: gated DeltaNet
+ * and gated attention layers; the tiny random tests/fixtures/data/qwen3_5_text) on the CPU
+ * backend: the recurrent decode (one prefill per group into its prompt's state row, each
+ * response from a copy of it, one state update per token) against the training pass.
+ *
+ * - every sampled token's logprob equals eng_logprobs' (the update's old pass) bit for bit, for
+ *   each response scored alone and for the group packed [P; R_1..R_N]; prompts shorter than the
+ *   conv (P = 1, 2), N = 1 and ragged stops included;
+ * - a group decoded beside other groups gives the tokens and bits it gives alone;
+ * - the same seed gives the same tokens, another seed others;
+ * - greedy decoding picks the teacher-forced argmax at every step;
+ * - a second turn (prompt = the first prompt, a response, more ids) is right: the prefix cache is
+ *   skipped for these models, so it prefills, and its logprobs are the trainer's;
+ * - with room for one group's state rows at a time, groups queue and give the same bits, and a
+ *   group that can never fit is a clear error. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "common/err.h"
+#include "engine/engine.h"
+#include "rollout_expect.h"
+
+#define MODEL "tests/fixtures/data/qwen3_5_text"
+
+static eng *open_hybrid(void) {
+    eng *e = NULL;
+    eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu"};
+    if (eng_open(&oo, &e)) return NULL;
+    return e;
+}
+
+static const int prompt[] = {11, 200, 37, 5, 150, 64, 3, 290, 77, 18, 250, 9};
+#define NP ((int)(sizeof prompt / sizeof prompt[0]))
+
+/* Counts the tokens of res (n_groups groups of g) whose logprob equals the trainer's, each
+ * response alone (*alone) and each group packed (*packed), and the tokens seen (*n). */
+static void score(eng *e, const eng_rollout_group *g, int n_groups, const eng_group_result *res, float temp, int *n, int *alone,
+                  int *packed) {
+    *n = *alone = *packed = 0;
+    for (int k = 0; k < n_groups; k++) {
+        const int *resp[16];
+        int R[16];
+        for (int r = 0; r < g[k].n; r++) resp[r] = res[k].resp[r].tokens, R[r] = res[k].resp[r].n_tokens;
+        eng_update_group pg = {.prompt = g[k].prompt, .P = g[k].P, .n = g[k].n, .resp = resp, .R = R};
+        float **lpp;
+        CHECK_MSG(eng_logprobs(e, &pg, 1, 0, temp, 1 << 20, &lpp) == 0, "%s", err_msg());
+        for (int r = 0; r < g[k].n; r++) {
+            eng_update_group ug = {.prompt = g[k].prompt, .P = g[k].P, .n = 1, .resp = &resp[r], .R = &R[r]};
+            float **lp;
+            CHECK(eng_logprobs(e, &ug, 1, 0, temp, 1 << 20, &lp) == 0);
+            for (int t = 0; t < R[r]; t++, (*n)++) {
+                *alone += lp[0][t] == res[k].resp[r].logprobs[t];
+                *packed += lpp[r][t] == res[k].resp[r].logprobs[t];
+            }
+            eng_logprobs_free(lp, &ug, 1);
+        }
+        eng_logprobs_free(lpp, &pg, 1);
+    }
+}
+
+static int same_bits(const eng_response *x, const eng_response *y) {
+    return rollout_same_tokens(x, y) && !memcmp(x->logprobs, y->logprobs, (size_t)x->n_tokens * 4);
+}
+
+TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    /* P 12 (beyond the 4-tap conv), 1 and 2 (shorter than it); N 5, 1, 3 */
+    eng_rollout_group g[3] = {{prompt, NP, 5}, {prompt + 4, 1, 1}, {prompt + 7, 2, 3}};
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 14;
+    s.seed = 11;
+    s.temperature = 0.7f;
+    s.top_p = 0.95f;
+    eng_group_result all[3], one[1];
+    CHECK_MSG(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0, "%s", err_msg());
+    int stop[1] = {all[0].resp[0].tokens[4]}; /* ragged lengths: a token drawn once stops some responses early */
+    for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
+    s.stop_token_ids = stop;
+    s.n_stop_token_ids = 1;
+    CHECK(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0);
+    CHECK(eng_rollout(e, g, 1, &s, one, NULL, NULL) == 0);
+    int n, alone, packed, beside = 1, lens = 0;
+    score(e, g, 3, all, s.temperature, &n, &alone, &packed);
+    for (int r = 0; r < g[0].n; r++) beside &= same_bits(&all[0].resp[r], &one[0].resp[r]);
+    for (int k = 0; k < 3; k++)
+        for (int r = 0; r < g[k].n; r++) lens |= 1 << (all[k].resp[r].n_tokens == s.max_tokens);
+    printf("  %d tokens: equal to the trainer's %d (alone), %d (packed); group 0 beside others = alone: %s\n", n, alone, packed,
+           beside ? "yes" : "no");
+    for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
+    eng_group_result_free(&one[0]);
+    eng_close(e);
+    CHECK(n > 20);
+    CHECK_MSG(alone == n && packed == n, "rollout logprobs differ from the trainer's");
+    CHECK_MSG(beside, "decoding beside other groups changed the tokens or their logprobs");
+    CHECK_MSG(lens == 3, "want both stopped and full-length responses (lengths mask %d)", lens);
+}
+
+TEST(hybrid_rollout_is_seeded) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_rollout_group g[2] = {{prompt, NP, 4}, {prompt + 3, NP - 3, 3}};
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 10;
+    s.seed = 7;
+    s.top_k = 50;
+    eng_group_result a[2];
+    int same = 0, differs = 0;
+    CHECK(rollout_expect_seeded(e, g, 2, s, a, &same, &differs) == 0);
+    for (int k = 0; k < 2; k++) eng_group_result_free(&a[k]);
+    eng_close(e);
+    CHECK_MSG(same, "the same seed gave different tokens");
+    CHECK_MSG(differs, "another seed gave the same tokens");
+}
+
+TEST(hybrid_greedy_equals_teacher_forced_argmax) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    int ok = rollout_greedy_is_argmax(e, prompt, NP, 10, 1);
+    eng_close(e);
+    CHECK_MSG(ok, "greedy decode disagrees with the teacher-forced argmax");
+}
+
+/* An agent's second turn through one scheduler (the prefix cache would serve it for a dense
+ * model): the first prompt, a response and more ids. */
+TEST(hybrid_second_turn_prefills_and_matches) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_sched_opts o = {0};
+    eng_sched *s;
+    CHECK(eng_sched_open(e, &o, &s) == 0);
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.max_tokens = 8;
+    sp.seed = 3;
+    sp.ignore_eos = 1;
+    eng_rollout_group g1 = {prompt, NP, 2};
+    eng_group_result r1, r2;
+    eng_sched_job *j;
+    CHECK(eng_sched_add(s, &g1, 1, &sp, &r1, &j) == 0);
+    while (!eng_sched_job_state(j, NULL, NULL, NULL)) eng_sched_step(s);
+    CHECK(eng_sched_job_state(j, NULL, NULL, NULL) == 1);
+    eng_sched_job_release(s, j);
+    int turn[64], P2 = 0;
+    for (int i = 0; i < NP; i++) turn[P2++] = prompt[i];
+    for (int i = 0; i < r1.resp[0].n_tokens; i++) turn[P2++] = r1.resp[0].tokens[i];
+    turn[P2++] = 42; /* the tool's output */
+    turn[P2++] = 43;
+    eng_rollout_group g2 = {turn, P2, 3};
+    CHECK(eng_sched_add(s, &g2, 1, &sp, &r2, &j) == 0);
+    while (!eng_sched_job_state(j, NULL, NULL, NULL)) eng_sched_step(s);
+    CHECK(eng_sched_job_state(j, NULL, NULL, NULL) == 1);
+    eng_sched_job_release(s, j);
+    eng_sched_stats st;
+    eng_sched_get_stats(s, &st);
+    eng_sched_close(s);
+    int n, alone, packed;
+    score(e, &g2, 1, &r2, 1.0f, &n, &alone, &packed);
+    printf("  second turn P %d: cached %d, %d tokens equal to the trainer's %d / %d; prefix entries %lld\n", P2, r2.cached_tokens,
+           n, alone, packed, st.prefix_entries);
+    CHECK(r2.cached_tokens == 0 && st.prefix_entries == 0 && st.prefix_hits == 0);
+    CHECK_MSG(alone == n && packed == n, "second-turn logprobs differ from the trainer's");
+    eng_group_result_free(&r1);
+    eng_group_result_free(&r2);
+    eng_close(e);
+}
+
+/* State rows for one group of n = 3 at a time (4 rows): two such groups queue and decode one
+ * after the other with the bits each gives alone; a group of n = 4 can never fit. */
+TEST(hybrid_state_rows_queue_groups) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_rollout_group g[2] = {{prompt, NP, 3}, {prompt + 2, NP - 2, 3}};
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.max_tokens = 6;
+    sp.seed = 5;
+    eng_group_result ref[2], out[2];
+    CHECK(eng_rollout(e, g, 2, &sp, ref, NULL, NULL) == 0);
+    eng_sched_opts o0 = {0};
+    eng_sched *s;
+    CHECK(eng_sched_open(e, &o0, &s) == 0);
+    eng_sched_stats st;
+    eng_sched_get_stats(s, &st);
+    eng_sched_close(s);
+    CHECK(st.state_row_bytes > 0 && st.state_rows_cap == 1024 + 64);
+    eng_sched_opts o = {.kv_bytes = 2 * 4 * st.state_row_bytes}; /* half for the state rows */
+    CHECK(eng_sched_open(e, &o, &s) == 0);
+    eng_sched_get_stats(s, &st);
+    CHECK_EQ_INT((int)st.state_rows_cap, 4);
+    eng_sched_job *j;
+    CHECK(eng_sched_add(s, g, 2, &sp, out, &j) == 0);
+    int most = 0;
+    while (!eng_sched_job_state(j, NULL, NULL, NULL)) {
+        eng_sched_step(s);
+        eng_sched_get_stats(s, &st);
+        most = st.running_groups > most ? (int)st.running_groups : most;
+    }
+    CHECK(eng_sched_job_state(j, NULL, NULL, NULL) == 1);
+    eng_sched_job_release(s, j);
+    int same = 1;
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < 3; r++) same &= same_bits(&out[k].resp[r], &ref[k].resp[r]);
+    eng_rollout_group big = {prompt, NP, 4};
+    eng_group_result bo;
+    CHECK(eng_sched_add(s, &big, 1, &sp, &bo, &j) == GE_TOO_LARGE);
+    CHECK_MSG(strstr(err_msg(), "recurrent-state rows"), "%s", err_msg());
+    eng_sched_close(s);
+    for (int k = 0; k < 2; k++) {
+        eng_group_result_free(&ref[k]);
+        eng_group_result_free(&out[k]);
+    }
+    eng_close(e);
+    CHECK_MSG(most == 1, "%d groups ran at once in room for one", most);
+    CHECK_MSG(same, "queued groups decoded other bits");
+}
+
+int main(void) {
+    RUN(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit);
+    RUN(hybrid_rollout_is_seeded);
+    RUN(hybrid_greedy_equals_teacher_forced_argmax);
+    RUN(hybrid_second_turn_prefills_and_matches);
+    RUN(hybrid_state_rows_queue_groups);
+    return CHECK_DONE();
+}
