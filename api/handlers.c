@@ -439,6 +439,8 @@ enum MHD_Result api_model_get(api_server *s, struct MHD_Connection *c, api_req *
         json_object_object_add(ro, "rank", json_object_new_int(r));
         json_object_object_add(ro, "kv_rows_used", json_object_new_int64(per[r].kv_rows_used));
         json_object_object_add(ro, "kv_rows_capacity", json_object_new_int64(per[r].kv_rows_capacity));
+        json_object_object_add(ro, "state_rows_used", json_object_new_int64(per[r].state_rows_used));
+        json_object_object_add(ro, "state_rows_capacity", json_object_new_int64(per[r].state_rows_capacity));
         json_object_object_add(ro, "running_groups", json_object_new_int64(per[r].running_groups));
         json_object_object_add(ro, "waiting_groups", json_object_new_int64(per[r].waiting_groups));
         json_object_array_add(ranks, ro);

@@ -172,6 +172,16 @@ int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_de
                   "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n",
                   sched.kv_row_bytes);
     api_sb_printf(&b,
+                  "# HELP grpod_state_rows_used Recurrent-state rows (hybrid models) held by running groups: a prompt's and "
+                  "one per response.\n"
+                  "# TYPE grpod_state_rows_used gauge\ngrpod_state_rows_used %lld\n"
+                  "# HELP grpod_state_rows_capacity Recurrent-state rows beside the KV pool (0: the model has no linear "
+                  "attention).\n"
+                  "# TYPE grpod_state_rows_capacity gauge\ngrpod_state_rows_capacity %lld\n"
+                  "# HELP grpod_state_row_bytes Device bytes of one state row (every DeltaNet layer's state and conv tail).\n"
+                  "# TYPE grpod_state_row_bytes gauge\ngrpod_state_row_bytes %lld\n",
+                  sched.state_rows_used, sched.state_rows_capacity, sched.state_row_bytes);
+    api_sb_printf(&b,
                   "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
                   "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n",
                   sched.steps);

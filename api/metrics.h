@@ -41,6 +41,7 @@ typedef struct {
     long long jobs; /* rollout jobs in the scheduler */
     long long running_groups, running_responses, waiting_groups;
     long long kv_rows_used, kv_rows_capacity, kv_row_bytes;
+    long long state_rows_used, state_rows_capacity, state_row_bytes; /* hybrid models' recurrent state; else 0 */
     long long steps; /* scheduler steps so far (a counter) */
     /* the prefix cache (engine.h eng_sched_stats): entries now; prompt ids looked up and ids
      * copied from it since start (counters) */

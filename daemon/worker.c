@@ -455,6 +455,9 @@ static void publish_sched(worker *w) {
                                         .kv_rows_used = st[r].rows_used,
                                         .kv_rows_capacity = st[r].rows_cap,
                                         .kv_row_bytes = st[r].row_bytes,
+                                        .state_rows_used = st[r].state_rows_used,
+                                        .state_rows_capacity = st[r].state_rows_cap,
+                                        .state_row_bytes = st[r].state_row_bytes,
                                         .steps = st[r].steps,
                                         .prefix_entries = st[r].prefix_entries,
                                         .prefix_query_tokens = st[r].prefix_query_tokens,
@@ -467,11 +470,14 @@ static void publish_sched(worker *w) {
         all.waiting_groups += per[r].waiting_groups;
         all.kv_rows_used += per[r].kv_rows_used;
         all.kv_rows_capacity += per[r].kv_rows_capacity;
+        all.state_rows_used += per[r].state_rows_used;
+        all.state_rows_capacity += per[r].state_rows_capacity;
         all.steps += per[r].steps;
     }
     all.jobs = W > 1 ? 0 : per[0].jobs;
     for (flight *f = W > 1 ? w->flights : NULL; f; f = f->next) all.jobs++;
     all.kv_row_bytes = per[0].kv_row_bytes;
+    all.state_row_bytes = per[0].state_row_bytes;
     metrics_sched(&all);
     metrics_ranks(per, W);
 }
@@ -717,8 +723,9 @@ static void *thread_main(void *arg) {
         eng_sched_get_stats(w->sched, &st);
         w->kv_rows = st.rows_cap;
         publish_sched(w);
-        log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f,\"ranks\":%d", st.rows_cap,
-                  st.rows_cap * (double)st.row_bytes / 1048576.0, ranks_size(w->rk));
+        log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f,\"state_rows\":%lld,\"state_mib\":%.1f,\"ranks\":%d",
+                  st.rows_cap, st.rows_cap * (double)st.row_bytes / 1048576.0, st.state_rows_cap,
+                  st.state_rows_cap * (double)st.state_row_bytes / 1048576.0, ranks_size(w->rk));
         eng_info in;
         eng_get_info(w->e, &in);
         const eng_plan *p = &in.plan;
