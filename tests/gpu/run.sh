@@ -66,7 +66,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # ---- build: engine library + test programs (tests/gpu/) + benchmarks (tests/bench/gpu/); a
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
-PROGS="test_ops test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
+PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
@@ -107,6 +107,8 @@ if [ "${TESTS:-1}" = 1 ]; then
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
 timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit $?" >>"$OUT/ops.log"
+# the hybrid models' decode steps on their state rows (DeltaNet conv and rule) and the row scatter
+timeout 60 "$BIN/test_deltanet_decode" >>"$OUT/ops.log" 2>&1; echo "test_deltanet_decode exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
 # issue 21: offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
 timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
@@ -164,7 +166,7 @@ else
 fi
 else
     : >"$OUT/ops.log"; : >"$OUT/model.log"; : >"$OUT/memcheck.log"
-    SKIPPED="test_ops test_sampling test_model test_fixtures test_greedy attn_vs_sdpa daemon_e2e memcheck"
+    SKIPPED="test_ops test_sampling test_deltanet_decode test_model test_fixtures test_greedy attn_vs_sdpa daemon_e2e memcheck"
     echo "TESTS=0: skipping $SKIPPED"
 fi
 
