@@ -12,13 +12,16 @@
  * - a second turn (prompt = the first prompt, a response, more ids) is right: the prefix cache is
  *   skipped for these models, so it prefills, and its logprobs are the trainer's;
  * - with room for one group's state rows at a time, groups queue and give the same bits, and a
- *   group that can never fit is a clear error. */
+ *   group that can never fit is a clear error;
+ * - an update given the rollout's logprobs as its old logprobs lands on the weights of one that
+ *   runs its old pass, bit for bit (and one given logprobs 1e-3 off does not). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "rollout_expect.h"
 
 #define MODEL "tests/fixtures/data/qwen3_5_text"
@@ -218,11 +221,81 @@ TEST(hybrid_state_rows_queue_groups) {
     CHECK_MSG(same, "queued groups decoded other bits");
 }
 
+/* Two PPO epochs, so the old pass runs unless old logprobs are given: given the rollout's (off by
+ * `bias` on one token), the weights after the update. */
+static float *update_after(const eng_rollout_group *rg, const eng_group_result *res, int given, float bias, long long *n) {
+    eng *e = open_hybrid();
+    if (!e) return NULL;
+    const int *resp[8];
+    int R[8];
+    float rew[8];
+    const float *old[8];
+    float *moved = malloc((size_t)res->resp[0].n_tokens * 4);
+    for (int r = 0; r < rg->n; r++) {
+        resp[r] = res->resp[r].tokens, R[r] = res->resp[r].n_tokens, old[r] = res->resp[r].logprobs;
+        rew[r] = (float)(r % 3) * 0.5f;
+    }
+    memcpy(moved, old[0], (size_t)R[0] * 4);
+    moved[R[0] - 1] += bias;
+    old[0] = moved;
+    eng_update_group g = {.prompt = rg->prompt, .P = rg->P, .n = rg->n, .resp = resp, .R = R, .reward = rew};
+    if (given) g.old_logprobs = old;
+    loss_config a;
+    loss_config_default(&a);
+    a.ppo_epochs = 2;
+    a.use_rollout_logprobs = given;
+    eng_optim o;
+    eng_optim_default(&o);
+    o.lr = 1e-3f;
+    eng_update_result u;
+    eng_testing_info info;
+    eng_testing_get(e, &info);
+    *n = info.n_params;
+    float *w = malloc((size_t)*n * 4);
+    int rc = eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL);
+    if (rc) printf("  update: %s\n", err_msg());
+    if (rc || eng_testing_weights(e, w)) {
+        free(w);
+        w = NULL;
+    }
+    free(moved);
+    eng_close(e);
+    return w;
+}
+
+TEST(hybrid_rollout_logprobs_are_the_old_pass) {
+    eng *e = open_hybrid();
+    CHECK_MSG(e, "%s", err_msg());
+    eng_rollout_group g = {prompt, NP, 4};
+    eng_sampling s;
+    eng_sampling_default(&s);
+    s.max_tokens = 8;
+    s.seed = 21;
+    s.ignore_eos = 1;
+    eng_group_result r;
+    CHECK(eng_rollout(e, &g, 1, &s, &r, NULL, NULL) == 0);
+    eng_close(e);
+    long long n = 0;
+    float *recomputed = update_after(&g, &r, 0, 0, &n), *given = update_after(&g, &r, 1, 0, &n),
+          *off = update_after(&g, &r, 1, 1e-3f, &n);
+    CHECK(recomputed && given && off);
+    int same = !memcmp(recomputed, given, (size_t)n * 4), differs = memcmp(recomputed, off, (size_t)n * 4) != 0;
+    printf("  weights after the update: given the rollout's logprobs = the old pass's: %s; 1e-3 off: %s\n", same ? "yes" : "no",
+           differs ? "differs" : "same");
+    free(recomputed);
+    free(given);
+    free(off);
+    eng_group_result_free(&r);
+    CHECK_MSG(same, "the rollout's logprobs are not the old pass's");
+    CHECK_MSG(differs, "old logprobs 1e-3 off changed nothing: the test cannot fail");
+}
+
 int main(void) {
     RUN(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit);
     RUN(hybrid_rollout_is_seeded);
     RUN(hybrid_greedy_equals_teacher_forced_argmax);
     RUN(hybrid_second_turn_prefills_and_matches);
     RUN(hybrid_state_rows_queue_groups);
+    RUN(hybrid_rollout_logprobs_are_the_old_pass);
     return CHECK_DONE();
 }
