@@ -36,9 +36,10 @@ int api_parse_listen(const char *listen, void *sockaddr_storage_out, int *len_ou
 int api_start(const api_config *c, api_server **out);
 int api_port(api_server *s); /* the bound port (listen ":0" picks one) */
 void api_set_engine(api_server *s, eng *e); /* model loaded: /readyz 200, /v1 open */
-/* The rollout KV pool's rows: a group needing more (P + n x max_tokens) gets 413 at submit.
- * Call before api_set_engine (which publishes it). */
-void api_set_kv_rows(api_server *s, long long rows);
+/* The rollout KV pool's rows and (hybrid models; else 0) its recurrent-state rows: a group
+ * needing more (P + n x max_tokens; n + 1) gets 413 at submit. Call before api_set_engine
+ * (which publishes them). */
+void api_set_kv_rows(api_server *s, long long rows, long long state_rows);
 /* Before api_set_engine: what /readyz's 503 says instead of "model is loading" (replay progress). */
 void api_set_loading(api_server *s, const char *why);
 void api_set_failed(api_server *s, const char *why); /* engine failed: /readyz 503 */

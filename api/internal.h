@@ -44,6 +44,7 @@ struct api_server {
     eng *_Atomic engine;
     int vocab, max_pos; /* written once before engine is published */
     long long kv_rows; /* rollout KV pool rows (0 = unknown); set before the engine */
+    long long state_rows; /* its recurrent-state rows (hybrid models; 0 = none or unknown) */
     long long mb_tokens, mb_tokens_max; /* the memory plan's micro-batch default and limit (0: none) */
     _Atomic int failed, stopping;
     char fail_msg[256];

@@ -60,6 +60,7 @@ eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, ap
         m->vocab = s->vocab;
         m->max_pos = s->max_pos;
         m->kv_rows = s->kv_rows;
+        m->state_rows = s->state_rows;
         m->mb_tokens = s->mb_tokens;
         m->mb_tokens_max = s->mb_tokens_max;
         m->tokenize = hook_tokenize;
@@ -270,7 +271,10 @@ fail:
 
 int api_port(api_server *s) { return s->port; }
 
-void api_set_kv_rows(api_server *s, long long rows) { s->kv_rows = rows; }
+void api_set_kv_rows(api_server *s, long long rows, long long state_rows) {
+    s->kv_rows = rows;
+    s->state_rows = state_rows;
+}
 
 void api_set_engine(api_server *s, eng *e) {
     eng_info in;

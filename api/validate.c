@@ -220,6 +220,17 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
                           p, (long long)P + n * max_tokens, P, n, max_tokens, m->kv_rows);
             goto fail;
         }
+        if (m->state_rows > 0 && n + 1 > m->state_rows) {
+            free(ids);
+            json_object_put(reward);
+            char pn[80];
+            snprintf(pn, sizeof pn, "%s.n", p);
+            rc = api_fail(e, GE_TOO_LARGE, pn,
+                          "%s needs %lld recurrent-state rows (n %lld + its prompt) but the rollout pool holds %lld; lower n, "
+                          "or raise --kv-budget-mib",
+                          pn, n + 1, n, m->state_rows);
+            goto fail;
+        }
         json_object *cg = json_object_new_object();
         json_object_object_add(cg, "prompt_ids", ids_json(ids, P));
         free(ids);

@@ -40,6 +40,7 @@ void api_limits_default(api_limits *l);
 typedef struct {
     int vocab, max_pos;
     long long kv_rows; /* rollout KV pool rows; 0 = no check */
+    long long state_rows; /* its recurrent-state rows (a group takes n + 1); 0 = no check */
     /* max_tokens_per_micro_batch: the default (0: MB_TOKENS_DEFAULT) and the most an update's
      * activations hold on the device (0: no check), from the engine's memory plan */
     long long mb_tokens, mb_tokens_max;

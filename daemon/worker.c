@@ -61,7 +61,7 @@ struct worker {
     struct flight *flights; /* their jobs, in claim order */
     store_job held; /* an update/checkpoint waiting for the rollouts (or a checkpoint's write) to finish */
     int have_held;
-    long long kv_rows; /* the pool's rows, for the API's size check */
+    long long kv_rows, state_rows; /* the pool's rows, for the API's size check */
     long long saved_version; /* policy version of the newest checkpoint */
     int halted; /* the store cannot be trusted: claim nothing (503) */
     int since_retain; /* outcomes stored since the last retention pass */
@@ -722,6 +722,7 @@ static void *thread_main(void *arg) {
         eng_sched_stats st;
         eng_sched_get_stats(w->sched, &st);
         w->kv_rows = st.rows_cap;
+        w->state_rows = st.state_rows_cap;
         publish_sched(w);
         log_event(LOG_INFO, "kv_pool", "\"rows\":%lld,\"mib\":%.1f,\"state_rows\":%lld,\"state_mib\":%.1f,\"ranks\":%d",
                   st.rows_cap, st.rows_cap * (double)st.row_bytes / 1048576.0, st.state_rows_cap,
@@ -746,7 +747,7 @@ static void *thread_main(void *arg) {
         atomic_store(&w->ready, -1);
     } else {
         retain(w, 1);
-        api_set_kv_rows(w->cfg.api, w->kv_rows);
+        api_set_kv_rows(w->cfg.api, w->kv_rows, w->state_rows);
         api_set_engine(w->cfg.api, w->e);
         atomic_store(&w->ready, 1);
     }

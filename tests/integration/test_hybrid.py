@@ -65,3 +65,17 @@ def test_hybrid_grpo_loop(make_daemon):
                               for x in g["responses"]]} for g in second["groups"]]
     u2 = d.wait_job(d.submit("/v1/updates", {"groups": groups2, "optimizer": {"lr": 1e-2}}))
     assert u2["status"] == "done", u2
+
+
+def test_hybrid_state_rows_bound_n(make_daemon):
+    # 1 MiB of budget: half of it holds 21 state rows of 24,192 bytes (3 DeltaNet layers), so a
+    # group takes at most n = 20 (its prompt takes one more)
+    d = make_daemon(args=["--model", MODEL, "--kv-budget-mib", "1"])
+    assert d.get("/v1/model").json()["ranks"][0]["state_rows_capacity"] == 21
+    body = {"groups": [{"prompt_ids": [5, 6, 7], "n": 21}], "sampling": {"max_tokens": 2}}
+    r = d.post("/v1/rollouts", body)
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["message"].startswith("groups[0].n needs 22 recurrent-state rows"), r.text
+    body["groups"][0]["n"] = 20
+    j = d.wait_job(d.submit("/v1/rollouts", body))
+    assert j["status"] == "done" and len(j["result"]["groups"][0]["responses"]) == 20, j
