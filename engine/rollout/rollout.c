@@ -823,19 +823,29 @@ void eng_sched_close(eng_sched *s) {
 
 /* ---------------------------------------------------------------- eng_rollout */
 
-/* A scheduler for one request: the default pool, but no larger than the request needs. */
+/* A scheduler for one request: the default pools, but no larger than the request needs. */
 static int open_for(eng *e, const eng_rollout_group *groups, int n_groups, const eng_sampling *sp, eng_sched **out) {
-    long long need = 0;
-    for (int g = 0; g < n_groups; g++) need += eng_sched_rows_needed(&groups[g], sp);
+    long long need = 0, need_st = 0;
+    for (int g = 0; g < n_groups; g++) {
+        need += eng_sched_rows_needed(&groups[g], sp);
+        need_st += sp->max_tokens > 0 ? groups[g].n + 1 : 0;
+    }
     eng_sched_opts o = {0};
     int rc = eng_sched_open(e, &o, out);
-    if (rc || need <= 0 || need >= (*out)->cap) return rc;
+    if (rc) return rc;
     eng_sched *s = *out;
-    kvp_destroy(&s->pool);
-    s->cap = (int)need;
-    if ((rc = kvp_init(&s->pool, s->cap))) {
-        if (e->sched == s) e->sched = NULL;
-        free(s);
+    if (need > 0 && need < s->cap) {
+        kvp_destroy(&s->pool);
+        s->cap = (int)need;
+        rc = kvp_init(&s->pool, s->cap);
+    }
+    if (!rc && need_st > 0 && need_st < s->cap_st) {
+        kvp_destroy(&s->spool);
+        s->cap_st = (int)need_st;
+        rc = kvp_init(&s->spool, s->cap_st);
+    }
+    if (rc) {
+        eng_sched_close(s);
         *out = NULL;
     }
     return rc;
