@@ -24,14 +24,16 @@
 #include "engine/engine_testing.h"
 #include "rollout_expect.h"
 
-#define MODEL "tests/fixtures/data/qwen3_5_text"
+#define FIX "tests/fixtures/data/"
+#define MODEL FIX "qwen3_5_text"
 
-static eng *open_hybrid(void) {
+static eng *open_model(const char *dir) {
     eng *e = NULL;
-    eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu"};
+    eng_open_opts oo = {.model_dir = dir, .backend = "cpu"};
     if (eng_open(&oo, &e)) return NULL;
     return e;
 }
+static eng *open_hybrid(void) { return open_model(MODEL); }
 
 static const int prompt[] = {11, 200, 37, 5, 150, 64, 3, 290, 77, 18, 250, 9};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
@@ -66,10 +68,11 @@ static int same_bits(const eng_response *x, const eng_response *y) {
     return rollout_same_tokens(x, y) && !memcmp(x->logprobs, y->logprobs, (size_t)x->n_tokens * 4);
 }
 
-TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
-    eng *e = open_hybrid();
+/* One fixture's rollouts against its trainer. */
+static void rollout_vs_trainer(const char *dir) {
+    eng *e = open_model(dir);
     CHECK_MSG(e, "%s", err_msg());
-    /* P 12 (beyond the 4-tap conv), 1 and 2 (shorter than it); N 5, 1, 3 */
+    /* P 12 (beyond the conv), 1 and 2 (shorter than it); N 5, 1, 3 */
     eng_rollout_group g[3] = {{prompt, NP, 5}, {prompt + 4, 1, 1}, {prompt + 7, 2, 3}};
     eng_sampling s;
     eng_sampling_default(&s);
@@ -90,8 +93,8 @@ TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
     for (int r = 0; r < g[0].n; r++) beside &= same_bits(&all[0].resp[r], &one[0].resp[r]);
     for (int k = 0; k < 3; k++)
         for (int r = 0; r < g[k].n; r++) lens |= 1 << (all[k].resp[r].n_tokens == s.max_tokens);
-    printf("  %d tokens: equal to the trainer's %d (alone), %d (packed); group 0 beside others = alone: %s\n", n, alone, packed,
-           beside ? "yes" : "no");
+    printf("  %s: %d tokens: equal to the trainer's %d (alone), %d (packed); group 0 beside others = alone: %s\n",
+           dir + strlen(FIX), n, alone, packed, beside ? "yes" : "no");
     for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
     eng_group_result_free(&one[0]);
     eng_close(e);
@@ -99,6 +102,13 @@ TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
     CHECK_MSG(alone == n && packed == n, "rollout logprobs differ from the trainer's");
     CHECK_MSG(beside, "decoding beside other groups changed the tokens or their logprobs");
     CHECK_MSG(lens == 3, "want both stopped and full-length responses (lengths mask %d)", lens);
+}
+
+/* qwen3_5_text: a 4-tap conv, 2 key heads of 4 value heads, untied; qwen3_5_text_b: a 3-tap
+ * conv, 3 and 3, tied, two attention layers, a DeltaNet layer last */
+TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
+    rollout_vs_trainer(FIX "qwen3_5_text");
+    rollout_vs_trainer(FIX "qwen3_5_text_b");
 }
 
 TEST(hybrid_rollout_is_seeded) {
