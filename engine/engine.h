@@ -211,7 +211,9 @@ typedef struct eng_sched_job eng_sched_job;
 typedef struct {
     long long kv_bytes; /* KV pool budget; 0 = default: cuda, half of the free device
                                  * memory at open net of the training state an update will
-                                 * allocate; cpu, 1 << 18 rows capped at 8 GiB */
+                                 * allocate; cpu, 1 << 18 rows capped at 8 GiB. A hybrid
+                                 * model's recurrent-state rows (max_running + 64 of them)
+                                 * take at most half of it first */
     int kv_rows; /* > 0: the pool's rows exactly (overrides kv_bytes) */
     int max_prefill_tokens; /* prompt tokens prefilled per step; 0 = 8192 (one group may exceed it) */
     int max_running; /* responses decoding per step; 0 = 1024 (one group may exceed it) */
@@ -240,7 +242,8 @@ typedef struct {
  * weights change (an update, an undo). A group whose prompt begins with ids the cache holds (an
  * agent's next turn: the previous prompt, a response, the tool's output) copies their keys and
  * values and prefills only the rest; eng_group_result.cached_tokens says how many. The tokens and
- * logprobs are those of a full prefill (bit for bit on the cpu). */
+ * logprobs are those of a full prefill (bit for bit on the cpu). Hybrid models (recurrent state)
+ * skip the cache: every group prefills. */
 int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out);
 void eng_sched_close(eng_sched *s); /* releases every job still in it */
 /* Queues a job's groups behind everything queued before. groups (and their prompts), the
