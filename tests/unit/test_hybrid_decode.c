@@ -5,7 +5,7 @@
  *
  * - every sampled token's logprob equals eng_logprobs' (the update's old pass) bit for bit, for
  *   each response scored alone and for the group packed [P; R_1..R_N]; prompts shorter than the
- *   conv (P = 1, 2), N = 1 and ragged stops included;
+ *   conv (P = 1, 2), N = 1, R = 1 and ragged stops included, on both text fixtures;
  * - a group decoded beside other groups gives the tokens and bits it gives alone;
  * - the same seed gives the same tokens, another seed others;
  * - greedy decoding picks the teacher-forced argmax at every step;
@@ -82,10 +82,11 @@ static void rollout_vs_trainer(const char *dir) {
     s.top_p = 0.95f;
     eng_group_result all[3], one[1];
     CHECK_MSG(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0, "%s", err_msg());
-    int stop[1] = {all[0].resp[0].tokens[4]}; /* ragged lengths: a token drawn once stops some responses early */
+    /* ragged lengths: tokens drawn once stop some responses early */
+    int stop[2] = {all[0].resp[0].tokens[4], all[2].resp[1].tokens[1]};
     for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
     s.stop_token_ids = stop;
-    s.n_stop_token_ids = 1;
+    s.n_stop_token_ids = 2;
     CHECK(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0);
     CHECK(eng_rollout(e, g, 1, &s, one, NULL, NULL) == 0);
     int n, alone, packed, beside = 1, lens = 0;
@@ -97,8 +98,14 @@ static void rollout_vs_trainer(const char *dir) {
            dir + strlen(FIX), n, alone, packed, beside ? "yes" : "no");
     for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
     eng_group_result_free(&one[0]);
+    s.max_tokens = 1; /* R = 1: every response ends at the prefill, no state copied */
+    int n1, alone1, packed1;
+    CHECK(eng_rollout(e, g, 3, &s, all, NULL, NULL) == 0);
+    score(e, g, 3, all, s.temperature, &n1, &alone1, &packed1);
+    for (int k = 0; k < 3; k++) eng_group_result_free(&all[k]);
     eng_close(e);
-    CHECK(n > 20);
+    CHECK(n > 20 && n1 == 9);
+    CHECK_MSG(alone1 == n1 && packed1 == n1, "R = 1 logprobs differ from the trainer's");
     CHECK_MSG(alone == n && packed == n, "rollout logprobs differ from the trainer's");
     CHECK_MSG(beside, "decoding beside other groups changed the tokens or their logprobs");
     CHECK_MSG(lens == 3, "want both stopped and full-length responses (lengths mask %d)", lens);
