@@ -402,9 +402,10 @@ __global__ void moe_dtopw_kernel(float *dtopw, const bf16 *dout, const bf16 *ey,
     if (lane == 0) dtopw[ts] = v;
 }
 
-/* probs (T, E) logits in, softmax out; top-k (largest first, the lower index on a tie) and the
- * routing weights (renormalised when norm). One warp per token. */
-__global__ void moe_topk_kernel(float *probs, int *topi, float *topw, int T, int E, int k, int norm) {
+/* probs (T, E) logits in, softmax out; top-k (largest first, the lower index on a tie), or the
+ * given experts (T, k; NULL: none; a token whose first is -1: its top-k), and the routing
+ * weights (renormalised when norm). One warp per token. */
+__global__ void moe_topk_kernel(float *probs, int *topi, float *topw, const int *given, int T, int E, int k, int norm) {
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
     float *p = probs + (size_t)t * E, mx = -INFINITY, sum = 0;
@@ -415,17 +416,23 @@ __global__ void moe_topk_kernel(float *probs, int *topi, float *topw, int T, int
     for (int e = lane; e < E; e += 32) p[e] = expf(p[e] - mx) / sum;
     __syncwarp();
     int *ti = topi + (size_t)t * k;
+    const int *g = given && given[(size_t)t * k] >= 0 ? given + (size_t)t * k : NULL; /* the warp agrees */
+    __syncwarp(); /* every lane has read g[0] before lane 0 may write ti (given may be topi) */
     float *tw = topw + (size_t)t * k, sel = 0;
     for (int s = 0; s < k; s++) {
         float bv = -INFINITY;
         int bi = E;
-        for (int e = lane; e < E; e += 32) {
+        if (g) { /* replay: every lane reads the same expert, as the reduction below would leave it */
+            bi = g[s];
+            bv = p[bi];
+        }
+        for (int e = lane; e < E && !g; e += 32) {
             int taken = 0;
             for (int j = 0; j < s && !taken; j++) taken = ti[j] == e;
             float v = p[e];
             if (!taken && (bi == E || v > bv)) bv = v, bi = e;
         }
-        for (int o = 16; o > 0; o >>= 1) {
+        for (int o = 16; o > 0 && !g; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
@@ -535,10 +542,10 @@ static dim3 moe_rows_grid(int S, int E, int N, int z) {
 }
 
 void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float *stats, const bf16 *x, const bf16 *wr,
-                         const int *count, int T, int C, int E, int k, int norm) {
+                         const int *given, const int *count, int T, int C, int E, int k, int norm) {
     if (c->failed || T <= 0) return;
     gemm_lt(c, 1, 0, E, T, C, 1.0f, wr, C, x, C, 0.0f, probs, E, 1, NULL); /* logits (T, E) in fp32 */
-    moe_topk_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(probs, topi, topw, T, E, k, norm);
+    moe_topk_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(probs, topi, topw, given, T, E, k, norm);
     CU_LAUNCHED(c, "moe_topk_kernel");
     if (!stats) return;
     moe_stats_kernel<<<E + 1, 256, 0, c->stream>>>(stats, probs, topi, count, T, E, k);

@@ -28,7 +28,7 @@ void moe_lora_wgrad_cuda(cu_ctx *c, float *dw, size_t es, moe_lora_src u, moe_lo
                          int N);
 
 void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float *stats, const bf16 *x, const bf16 *wr,
-                         const int *count, int T, int C, int E, int k, int norm);
+                         const int *given, const int *count, int T, int C, int E, int k, int norm);
 void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
                           const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
                           const moe_lora *lr);

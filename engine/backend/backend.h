@@ -153,7 +153,7 @@ struct eng_backend {
     /* mixture of experts (kernels/moe.h): the router (softmax, top-k, the balance statistics),
      * the experts' SwiGLU MLPs and their weighted sum, and the backward of each */
     void (*moe_router_fwd)(eng_backend *b, float *probs, int *topi, float *topw, float *stats, const void *x, const void *wr,
-                           const int *count, int T, int C, int E, int k, int norm);
+                           const int *given, const int *count, int T, int C, int E, int k, int norm);
     void (*moe_experts_fwd)(eng_backend *b, void *out, void *eg, void *eu, void *ey, const void *x, const void *res,
                             const int *topi, const float *topw, const void *wg, const void *wu, const void *wd, int T, int C,
                             int E, int k, int Fm, const moe_lora *lr);

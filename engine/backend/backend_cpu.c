@@ -152,8 +152,8 @@ static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dl
     logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
 }
 static void cpu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
-                               const int *cnt, int T, int C, int E, int k, int norm) {
-    moe_router_fwd_cpu(p, ti, tw, st, x, wr, cnt, T, C, E, k, norm);
+                               const int *given, const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cpu(p, ti, tw, st, x, wr, given, cnt, T, C, E, k, norm);
 }
 static void cpu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                 const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,

@@ -199,8 +199,8 @@ static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const
                        T, S, H, K, D);
 }
 static void cu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
-                              const int *cnt, int T, int C, int E, int k, int norm) {
-    moe_router_fwd_cuda(CTX(b), p, ti, tw, st, (cbf *)x, (cbf *)wr, cnt, T, C, E, k, norm);
+                              const int *given, const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cuda(CTX(b), p, ti, tw, st, (cbf *)x, (cbf *)wr, given, cnt, T, C, E, k, norm);
 }
 static void cu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,

@@ -482,6 +482,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->dent, M, 4);
     TAKE(a->ints, 8 * T + 2 * M, 4);
     if (has_moe) {
+        TAKE(a->routes, (long long)config_n_moe(c) * T * k, 4);
         TAKE(a->moe_stats, MOE_STATS(E), 4);
         TAKE(a->aux_g, E, 4);
     }
@@ -616,7 +617,8 @@ void model_input_from_batch(model_input *in, const pack_batch *b) {
                         .M = b->M,
                         .out_pos = b->out_pos,
                         .out_tok = b->out_tok,
-                        .count = b->tok_count};
+                        .count = b->tok_count,
+                        .routes = b->routes};
 }
 
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
@@ -634,6 +636,8 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
     int *op = p, *ot = p + a->cap_M;
     if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
     if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
+    size_t nr = (size_t)config_n_moe(&m->cfg) * T * m->cfg.top_k;
+    if (in->routes && nr && !rc) rc = be->to_dev(be, a->routes, in->routes, nr * sizeof(int));
     *d = (model_dev_input){.T = T,
                            .M = in->M,
                            .tokens = dst[0],
@@ -642,7 +646,22 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
                            .out_pos = op,
                            .out_tok = ot,
                            .r = {dst[2], dst[3], dst[4], dst[5]},
-                           .count = in->count ? dst[7] : NULL};
+                           .count = in->count ? dst[7] : NULL,
+                           .routes = a->routes,
+                           .replay = in->routes != NULL};
+    return rc;
+}
+
+int model_routes_get(const model *m, const model_acts *a, int T_fwd, int T, int *out) {
+    int Lm = config_n_moe(&m->cfg), k = m->cfg.top_k;
+    if (!Lm || !T) return 0;
+    int *h = malloc((size_t)Lm * T_fwd * k * sizeof(int)), rc;
+    if (!h) return err_set(GE_NOMEM, "model: out of memory for %d tokens' routes", T_fwd);
+    if (!(rc = m->be->sync(m->be)) && !(rc = m->be->to_host(m->be, h, a->routes, (size_t)Lm * T_fwd * k * sizeof(int))))
+        for (int t = 0; t < T; t++)
+            for (int l = 0; l < Lm; l++)
+                memcpy(out + ((size_t)t * Lm + l) * k, h + ((size_t)l * T_fwd + t) * k, (size_t)k * sizeof(int));
+    free(h);
     return rc;
 }
 
@@ -756,18 +775,29 @@ static moe_lora moe_lora_of(const model *m, const model_layer_views *W, const mo
     return lr;
 }
 
+/* Layer l's place among the MoE layers: its slice of the routes (model_input.routes). */
+static int moe_index(const model_config *c, int l) {
+    int n = 0;
+    for (int j = 0; j < l; j++) n += c->mlp[j] == MLP_MOE;
+    return n;
+}
+
 /* Mixture of experts (kernels/moe.h) on ln2 = rmsnorm(xm). The experts always run (the backward
  * reads their outputs); the balance statistics are summed only by a forward that makes the
- * layer's output, so a recompute does not count its tokens twice. */
+ * layer's output, so a recompute does not count its tokens twice. With d->routes the router
+ * replays the given experts (d->replay) or the chosen ones are copied there (a record). */
 static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
+    size_t nk = (size_t)T * c->top_k;
+    int *rt = d->routes ? d->routes + (size_t)moe_index(c, l) * nk : NULL;
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-    be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->count, T, C, c->E,
-                       c->top_k, c->norm_topk);
+    be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->replay ? rt : NULL,
+                       d->count, T, C, c->E, c->top_k, c->norm_topk);
+    if (rt && !d->replay) be->copy(be, rt, A->topi, nk * sizeof(int));
     moe_lora lr = moe_lora_of(m, W, NULL);
     be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
                         c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);

@@ -179,6 +179,7 @@ typedef struct {
      * dz, dy, dob (T,VL), ddn_a, ddn_b (T,Hv) (act-typed) */
     float *states, *dstates;
     void *dqg, *dkg, *dx_qkv, *du_lin, *dz, *dy_lin, *do_lin, *ddn_a, *ddn_b;
+    int *routes; /* (Lm, T, k) the experts each MoE layer chose (or replayed) in the last forward of T tokens */
     float *moe_stats; /* (MOE_STATS(E)) the balance loss's statistics of the last forward, every MoE layer */
     float *aux_g; /* (E) its gradient per unit count (model_backward) */
     float *dtopw, *dlogit; /* (T,k), (T,E) MoE backward scratch */
@@ -246,6 +247,10 @@ typedef struct {
      * (0: the balance loss is not part of the loss) */
     const int *count; /* (T) or NULL */
     float aux_coef;
+    /* MoE only: routing replay (kernels/moe.h). The experts of each MoE layer (in layer order,
+     * Lm = config_n_moe) for each token, replayed instead of the router's top-k; a token whose
+     * first entry is -1 takes the top-k. NULL: every token takes the top-k. */
+    const int *routes; /* (Lm, T, k) or NULL */
 } model_input;
 
 /* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
@@ -265,6 +270,9 @@ typedef struct {
     attn_ranges r;
     int *count; /* NULL: 1 each */
     float *aux_g; /* (E) the balance loss's gradient per unit count; NULL: not in the loss */
+    /* MoE only (else NULL): (Lm, T, k) the routes, replayed (replay) or written by the forward */
+    int *routes;
+    int replay;
 } model_dev_input;
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
@@ -281,6 +289,10 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
+/* The routes of tokens [0, T) of the last forward on a, which ran T_fwd tokens (T <= T_fwd), into
+ * out (T, Lm, k) host, token-major (model_input.routes is layer-major); synchronous. 0 without
+ * MoE layers (nothing written). */
+int model_routes_get(const model *m, const model_acts *a, int T_fwd, int T, int *out);
 /* The router's balance loss of the last model_forward on a (transformers' load_balancing_loss_func
  * over every MoE layer's router, each token counted in->count times): 0 without MoE layers. */
 int model_aux_loss(const model *m, const model_acts *a, double *aux);

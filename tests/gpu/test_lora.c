@@ -125,7 +125,7 @@ static void model_level(void) {
         bufs[nb++] = prompt;
         bufs[nb++] = R;
         bufs[nb++] = (int *)resp;
-        pg[g] = (pack_group){prompt, P[g], N[g], (const int *const *)resp, R};
+        pg[g] = (pack_group){.prompt = prompt, .P = P[g], .N = N[g], .resp = (const int *const *)resp, .R = R};
     }
     pack_batch b;
     if (pack_build(&b, pg, 0, 3, PACK_PACKED)) gc_die(NULL, "pack_build");

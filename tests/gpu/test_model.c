@@ -122,7 +122,7 @@ static void make_groups(groups *gs, int V, unsigned long long seed) {
         gs->bufs[gs->nb++] = prompt;
         gs->bufs[gs->nb++] = R;
         gs->bufs[gs->nb++] = (int *)resp;
-        gs->pg[g] = (pack_group){prompt, P[g], N[g], (const int *const *)resp, R};
+        gs->pg[g] = (pack_group){.prompt = prompt, .P = P[g], .N = N[g], .resp = (const int *const *)resp, .R = R};
     }
 }
 

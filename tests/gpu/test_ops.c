@@ -1105,7 +1105,7 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     float *dx_c = gc_copy(dx0, nx), *dwg_c = gc_copy(dwg0, nw), *dwu_c = gc_copy(dwu0, nw), *dwd_c = gc_copy(dwd0, nw);
     float *dtw_c = malloc(nk * 4), *dg_c = malloc(nk * Fm * 4), *du_c = malloc(nk * Fm * 4);
     float *rdx_c = gc_copy(dx0, nx), *dwr_c = gc_copy(dwr0, (size_t)E * C), *dl_c = malloc(ne * 4);
-    cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, cnt, T, C, E, k, norm);
+    cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, NULL, cnt, T, C, E, k, norm);
     cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti_c, tw_c, wg, wu, wd, T, C, E, k, Fm, NULL);
     cpu->moe_experts_bwd(cpu, dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, dout, x, ti_c, tw_c, eg_c, eu_c, ey_c, wg, wu, wd, T,
                          C, E, k, Fm, NULL);
@@ -1117,7 +1117,7 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
     float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
     int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
-    gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, gcnt, T, C, E, k, norm);
+    gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, NULL, gcnt, T, C, E, k, norm);
     float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
     int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
     double topi_off = 0;
@@ -1131,6 +1131,30 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
     gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
     gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
+    { /* routing replay: given experts (k distinct per token, not the top-k) are taken as they are */
+        int *given = malloc(nk * 4), *ti_r = malloc(nk * 4);
+        float *tw_r = malloc(nk * 4);
+        unsigned long long rs = sd + 17;
+        for (int t = 0; t < T; t++)
+            for (int s = 0; s < k; s++) {
+                int e, dup;
+                do {
+                    e = (int)((check_randf(&rs, 0.5f) + 0.5f) * E) % E;
+                    dup = 0;
+                    for (int j = 0; j < s; j++) dup |= given[t * k + j] == e;
+                } while (dup);
+                given[t * k + s] = e;
+            }
+        cpu->moe_router_fwd(cpu, p_c, ti_r, tw_r, NULL, x, wr, given, cnt, T, C, E, k, norm);
+        int *ggv = gc_dev(gpu, given, nk * 4);
+        gpu->moe_router_fwd(gpu, gp, gti, gtw, NULL, gx, gwr, ggv, gcnt, T, C, E, k, norm);
+        float *twr_g = gc_get_f32(gpu, gtw, nk);
+        int *tir_g = (int *)gc_get_f32(gpu, gti, nk);
+        gc_row("moe_router_fwd replayed topi", sh, memcmp(tir_g, given, nk * 4) != 0 || memcmp(ti_r, given, nk * 4) != 0, 0);
+        gc_row("moe_router_fwd replayed topw", sh, rel_l2(twr_g, tw_r, nk), 1e-4);
+        free(given), free(ti_r), free(tw_r), free(twr_g), free(tir_g);
+        gpu->free(gpu, ggv);
+    }
     /* the experts on the CPU's routes */
     if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
     void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);

@@ -191,7 +191,7 @@ TEST(hybrid_packed_equals_standard) {
                 rp[g][r] = resp[g][r];
                 M += Rs[g][r];
             }
-            pg[g] = (pack_group){prompts[g], P[g], N[g], rp[g], Rs[g]};
+            pg[g] = (pack_group){.prompt = prompts[g], .P = P[g], .N = N[g], .resp = rp[g], .R = Rs[g]};
         }
         float *wl = malloc((size_t)M * 4), *lp_p, *g_p, *lp_s, *g_s;
         check_fill(wl, (size_t)M, 3501 + mi, 1.0f);

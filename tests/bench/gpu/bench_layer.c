@@ -62,7 +62,7 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
         Rs[r] = R;
         resp[r] = calloc((size_t)R, 4);
     }
-    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
+    pack_group pg = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     int T = b.T, C = c.C;
