@@ -45,6 +45,7 @@ struct api_server {
     int vocab, max_pos; /* written once before engine is published */
     long long kv_rows; /* rollout KV pool rows (0 = unknown); set before the engine */
     long long mb_tokens, mb_tokens_max; /* the memory plan's micro-batch default and limit (0: none) */
+    int moe_layers; /* the model's MoE layers (api_model) */
     _Atomic int failed, stopping;
     char fail_msg[256];
     char load_msg[256]; /* why /readyz is 503 before api_set_engine ("" = loading) */

@@ -316,6 +316,7 @@ void eng_get_info(eng *e, eng_info *o) {
     o->n_eos = c->n_eos;
     o->moe_layers = config_n_moe(c);
     o->top_k = o->moe_layers ? c->top_k : 0;
+    o->n_experts = o->moe_layers ? c->E : 0;
     if (e->m.lora_r) {
         o->lora_rank = e->m.lora_r;
         o->lora_alpha = e->m.lora_alpha;

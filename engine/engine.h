@@ -110,7 +110,9 @@ typedef struct {
     float lora_alpha;
     char lora_targets[96]; /* PEFT module names, comma-separated */
     long long lora_params; /* trainable adapter parameters */
-    int moe_layers, top_k; /* MoE layers and experts per token (0, 0: a dense model): a token's routes are moe_layers·top_k ints */
+    /* MoE layers, experts, experts per token (0: a dense model): a token's routes are
+     * moe_layers·top_k ints in [0, n_experts) */
+    int moe_layers, n_experts, top_k;
     eng_plan plan; /* the memory plan */
 } eng_info;
 void eng_get_info(eng *e, eng_info *out);
