@@ -13,7 +13,7 @@
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims),
-#       for a dense and a Qwen3-MoE model
+#       for a dense and a Qwen3-MoE model (with routing replay on and off, and how often top-k differs)
 #   test_lora + peft_roundtrip.py: LoRA CUDA vs CPU, engine LoRA on cuda, the PEFT round trip
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
