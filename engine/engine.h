@@ -178,7 +178,8 @@ typedef struct {
     eng_finish finish;
     /* MoE models (else NULL): the experts each MoE layer chose for token i as an input, for
      * routing replay (eng_update_group's routes; engine/rollout/routes.h): (n_tokens, Lm, k),
-     * Lm = eng_info.moe_layers, k = eng_info.top_k; the last token (never an input) is -1 */
+     * Lm = eng_info.moe_layers, k = eng_info.top_k; the last token (never an input) is -1.
+     * Grown as the response decodes; NULL also when host memory ran out (nothing to replay) */
     int *routes;
 } eng_response;
 typedef struct {

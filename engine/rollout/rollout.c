@@ -52,6 +52,7 @@ typedef struct {
     int base; /* first of its max_tokens cache rows */
     pfx_block *blk; /* those rows */
     int done;
+    int rcap; /* rows of out->routes (routes.h rt_row) */
     uint64_t rng; /* stream seed */
     eng_response *out;
 } stream;
@@ -290,6 +291,7 @@ static void finish_stream(eng_sched *s, stream *k) {
     eng_sched_job *j = G->job;
     eng_response *o = k->out;
     k->done = 1;
+    if (s->rt.W) rt_fit(&o->routes, &k->rcap, o->n_tokens, s->rt.W); /* the last row: -1, never fed */
     if (o->n_tokens > 0 && pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
         err_clear(); /* not kept: only a later prefill is lost */
     pfx_unref(&s->pool, k->blk);
@@ -398,14 +400,12 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     for (r = 0; ok && r < RG->n; r++) {
         resp[r].tokens = malloc((size_t)maxt * sizeof(int));
         resp[r].logprobs = malloc((size_t)maxt * sizeof(float));
-        resp[r].routes = rt_rows(W, maxt);
-        ok = resp[r].tokens && resp[r].logprobs && (resp[r].routes || !W);
+        ok = resp[r].tokens && resp[r].logprobs;
     }
     if (!ok) {
         for (r = 0; resp && r < RG->n; r++) {
             free(resp[r].tokens);
             free(resp[r].logprobs);
-            free(resp[r].routes);
         }
         free(proutes);
         untake(s, pb, rb, RG->n);
@@ -628,7 +628,7 @@ static int decode(eng_sched *s) {
             int m = x->out->n_tokens;
             sgroup *G = x->grp;
             tok[B] = x->out->tokens[m - 1];
-            if (s->rt.W) s->rt.dst[B] = x->out->routes + (size_t)(m - 1) * s->rt.W;
+            if (s->rt.W) s->rt.dst[B] = rt_row(&x->out->routes, &x->rcap, m - 1, s->rt.W);
             pos[B] = G->P + m - 1;
             slot[B] = x->base + m - 1;
             a0[B] = G->prompt0;

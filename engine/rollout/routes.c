@@ -34,6 +34,34 @@ int *rt_rows(int W, int n) {
     return p;
 }
 
+/* *rows resized to n rows of W, the rows past *cap set to -1; 0 or GE_NOMEM (*rows as it was). */
+static int resize(int **rows, int *cap, int n, int W) {
+    int *p = realloc(*rows, (size_t)(n > 0 ? n : 1) * W * sizeof(int));
+    if (!p) return err_set(GE_NOMEM, "scheduler: out of memory for the routes of %d tokens", n);
+    if (n > *cap) memset(p + (size_t)*cap * W, 0xff, (size_t)(n - *cap) * W * sizeof(int));
+    *rows = p;
+    *cap = n;
+    return 0;
+}
+
+int *rt_row(int **rows, int *cap, int i, int W) {
+    if (i >= *cap && resize(rows, cap, i + 1 > 2 * *cap ? (i + 1 > 16 ? i + 1 : 16) : 2 * *cap, W)) {
+        err_clear(); /* not recorded: the trainer routes the token itself */
+        return NULL;
+    }
+    return *rows + (size_t)i * W;
+}
+
+void rt_fit(int **rows, int *cap, int n, int W) {
+    if (!*rows && !n) return;
+    if (resize(rows, cap, n, W)) {
+        err_clear();
+        free(*rows);
+        *rows = NULL;
+        *cap = 0;
+    }
+}
+
 void rt_scatter(const rt_rec *r, int T) {
     for (int t = 0; r->W && t < T; t++)
         if (r->dst[t]) memcpy(r->dst[t], r->buf + (size_t)t * r->W, (size_t)r->W * sizeof(int));

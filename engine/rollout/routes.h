@@ -23,6 +23,13 @@ int rt_reserve(rt_rec *r, int T);
 void rt_free(rt_rec *r);
 /* n rows of W ints, every one -1 (malloc'd; NULL with GE_NOMEM set, or W == 0 and no error). */
 int *rt_rows(int W, int n);
+/* A response's rows grow as it decodes (max_tokens rows up front would hold W ints for every
+ * token a response may never draw): row i of *rows (cap rows now), grown to hold it (new rows
+ * -1), or NULL when memory ran out (the row is not recorded). */
+int *rt_row(int **rows, int *cap, int i, int W);
+/* At a response's end: *rows holds exactly n rows (those past cap -1); out of memory frees
+ * them (NULL: the response has no routes). */
+void rt_fit(int **rows, int *cap, int n, int W);
 /* Rows [0, T) of buf to their destinations. */
 void rt_scatter(const rt_rec *r, int T);
 #endif

@@ -127,6 +127,18 @@ TEST(rollout_records_every_fed_token) {
                 for (int l = 0; l < v.info.moe_layers; l++) CHECK(o->routes[t * W + l * 2] != o->routes[t * W + l * 2 + 1]);
         }
     }
+    /* a longer response: its rows grow as it decodes (16, 32, 64), every fed token recorded */
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.max_tokens = 37;
+    eng_group_result res;
+    CHECK(eng_rollout(v.e, &v.rg[1], 1, &sp, &res, NULL, NULL) == 0);
+    for (int r = 0; r < res.n; r++) {
+        const eng_response *o = &res.resp[r];
+        CHECK(o->n_tokens == 37 && o->routes);
+        for (int t = 0; t < 37 * W; t++) CHECK(t < 36 * W ? o->routes[t] >= 0 && o->routes[t] < E : o->routes[t] == -1);
+    }
+    eng_group_result_free(&res);
     env_close(&v);
 }
 
