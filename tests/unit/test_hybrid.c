@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference_seq.h"
@@ -228,9 +229,9 @@ TEST(hybrid_packed_equals_standard) {
 TEST(hybrid_checkpoint_round_trip) {
     static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl", "qwen3_5_moe_text"};
     for (int mi = 0; mi < 3; mi++) {
-        char src[256], cmd[512];
+        char src[256], cmd[512], dir[64];
         snprintf(src, sizeof src, FIX "/%s", models[mi]);
-        const char *dir = "/tmp/grpod_test_hybrid_ckpt";
+        snprintf(dir, sizeof dir, "/tmp/grpod_test_hybrid_ckpt.%d", (int)getpid()); /* runs beside another's */
         snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
         CHECK(system(cmd) == 0);
         loaded x;
@@ -269,6 +270,8 @@ TEST(hybrid_checkpoint_round_trip) {
         st_close(&a), st_close(&b);
         unload(&x);
         unload(&y);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        CHECK(system(cmd) == 0);
     }
 }
 
