@@ -174,6 +174,9 @@ struct eng_backend {
     void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc);
     void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
                               int T, int Cc, int Kc);
+    /* the floats of the rule's states and dstates scratch at T tokens: every token's state
+     * (T, Hv, Dk, Dv) on cpu; checkpoints and per-token partials on cuda (kernels/deltanet.cu) */
+    void (*deltanet_scratch)(eng_backend *b, long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_rule_fwd)(eng_backend *b, void *o, float *states, const void *u, const void *a, const void *bb,
                               const void *A_log, const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_rule_bwd)(eng_backend *b, void *du, void *da, void *db, float *dA_log, float *ddt_bias, float *states,

@@ -184,6 +184,9 @@ static void cpu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const voi
                                   attn_ranges r, int T, int Cc, int Kc) {
     deltanet_conv_bwd_cpu(dx, dw, du, x, w, r, T, Cc, Kc);
 }
+static void cpu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
+    *st = *dst = (long long)T * Hv * Dk * Dv;
+}
 static void cpu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
                                   const void *al, const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
     deltanet_rule_fwd_cpu(o, st, u, a, bb, al, dt, r, T, Hk, Hv, Dk, Dv);
@@ -280,6 +283,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .moe_shared_gate_bwd = cpu_moe_shared_gate_bwd,
         .deltanet_conv_fwd = cpu_deltanet_conv_fwd,
         .deltanet_conv_bwd = cpu_deltanet_conv_bwd,
+        .deltanet_scratch = cpu_deltanet_scratch,
         .deltanet_rule_fwd = cpu_deltanet_rule_fwd,
         .deltanet_rule_bwd = cpu_deltanet_rule_bwd,
         .deltanet_norm_fwd = cpu_deltanet_norm_fwd,

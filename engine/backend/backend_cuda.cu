@@ -232,6 +232,9 @@ static void cu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void
                                  int T, int Cc, int Kc) {
     deltanet_conv_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)du, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
 }
+static void cu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_scratch_cuda(st, dst, T, Hk, Hv, Dk, Dv);
+}
 static void cu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb, const void *al,
                                  const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
     deltanet_rule_fwd_cuda(CTX(b), (bf16 *)o, st, (cbf *)u, (cbf *)a, (cbf *)bb, (cbf *)al, (cbf *)dt, r, T, Hk, Hv, Dk, Dv);
@@ -486,6 +489,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->moe_shared_gate_bwd = cu_moe_shared_gate_bwd;
     b->deltanet_conv_fwd = cu_deltanet_conv_fwd;
     b->deltanet_conv_bwd = cu_deltanet_conv_bwd;
+    b->deltanet_scratch = cu_deltanet_scratch;
     b->deltanet_rule_fwd = cu_deltanet_rule_fwd;
     b->deltanet_rule_bwd = cu_deltanet_rule_bwd;
     b->deltanet_norm_fwd = cu_deltanet_norm_fwd;

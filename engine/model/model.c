@@ -348,7 +348,8 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     int has_lin = config_n_linear(c) > 0, has_gated = 0;
     for (int l = 0; l < c->L; l++) has_gated |= c->attn[l] == ATTN_GATED;
     long long Cc = 2LL * c->lin_hk * c->lin_dk + (long long)c->lin_hv * c->lin_dv, VL = (long long)c->lin_hv * c->lin_dv,
-              Hv = c->lin_hv, ST = T * Hv * c->lin_dk * c->lin_dv;
+              Hv = c->lin_hv, ST = 0, DST = 0;
+    if (has_lin) m->be->deltanet_scratch(m->be, &ST, &DST, (int)T, c->lin_hk, c->lin_hv, c->lin_dk, c->lin_dv);
 #define TAKE(ptr, n, es) \
     do { \
         (ptr) = base ? (void *)(base + off) : NULL; \
@@ -390,7 +391,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(a->do_lin, T * VL, eb);
             TAKE(a->ddn_a, T * Hv, eb);
             TAKE(a->ddn_b, T * Hv, eb);
-            TAKE(a->dstates, ST, 4);
+            TAKE(a->dstates, DST, 4);
         }
         a->dg = a->da;
         a->dq0 = a->datt;
