@@ -151,6 +151,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      e->be->no_hybrid ? e->be->no_hybrid : "LoRA adapters on hybrid models are not built yet");
         goto fail;
     }
+    if (e->be->max_head_dim && cfg.D > e->be->max_head_dim) {
+        rc = err_set(GE_UNSUPPORTED, "%s: attention head dim %d is above the %s backend's %d (run it with --backend cpu)",
+                     o->model_dir, cfg.D, e->be->name, e->be->max_head_dim);
+        goto fail;
+    }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;

@@ -66,6 +66,7 @@ struct eng_backend {
     const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
     const char *no_moe_lora; /* NULL: moe_experts_* take adapters (moe_lora); else why not (LoRA on a MoE model is refused) */
     const char *no_hybrid; /* NULL: the linear-attention ops run; else why not (a hybrid model is refused with it) */
+    int max_head_dim; /* 0: any; else the attention ops' largest head dim (a model with a larger one is refused) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);

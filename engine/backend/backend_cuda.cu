@@ -498,7 +498,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
     b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;
     b->gated_attn_gate_bwd = cu_gated_attn_gate_bwd;
-    b->no_hybrid = "the cuda backend has no linear-attention (gated DeltaNet) kernels yet (run it with --backend cpu)";
+    b->max_head_dim = 128; /* kernels/attention.cu */
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;
