@@ -62,6 +62,10 @@ void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const floa
 /* eg, eu (T,k,Fm) each slot's gate and up projections, ey (T,k,C) its expert's output (before w)
  * written; out (T,C) = res + Σ_s w_s ey_s (out NULL: not combined; res NULL: 0) */
 
+void moe_combine_cpu(float *out, const float *ey, const float *res, const float *topw, int T, int C, int k);
+/* out (T,C) = res + Σ_s w_s ey_s, the slots in order (res NULL: 0): moe_experts_fwd_cpu's last
+ * step, alone for a caller whose ey came from elsewhere (engine/model/moe_ep.c) */
+
 void moe_experts_bwd_cpu(float *dx, float *dwg, float *dwu, float *dwd, float *dtopw, float *dg, float *du, const float *dout,
                          const float *x, const int *topi, const float *topw, const float *eg, const float *eu, const float *ey,
                          const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm, const moe_lora *lr);

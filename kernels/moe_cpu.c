@@ -126,7 +126,10 @@ void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const floa
         }
         free(a);
     }
-    if (!out) return;
+    if (out) moe_combine_cpu(out, ey, res, topw, T, C, k);
+}
+
+void moe_combine_cpu(float *out, const float *ey, const float *res, const float *topw, int T, int C, int k) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         float *o = out + (size_t)t * C;

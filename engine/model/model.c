@@ -23,6 +23,7 @@
 #include "engine/format/safetensors.h"
 #include "engine/model/hybrid.h"
 #include "engine/model/lora.h"
+#include "engine/model/moe_ep.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 
@@ -47,8 +48,8 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
 }
 
 /* An MLP_MOE layer's parameters as HF checkpoints name them: the router, then each of the three
- * projections of expert 0..E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...), then the shared
- * expert's when the model has one. */
+ * projections of this rank's experts e0..e0+E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...),
+ * then the shared expert's when the model has one. */
 static void add_moe_params(model *m, int l) {
     const model_config *c = &m->cfg;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -56,9 +57,9 @@ static void add_moe_params(model *m, int l) {
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
     add_param(m, n, 2, c->E, c->C);
     for (int j = 0; j < 3; j++)
-        for (int e = 0; e < c->E; e++) {
+        for (int e = m->ep_e0; e < m->ep_e0 + m->ep_E; e++) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
-            add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == c->E - 1);
+            add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == m->ep_e0 + m->ep_E - 1);
         }
     for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width F) and its gate */
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj[j]);
@@ -100,10 +101,22 @@ static int is_gain1(const model_config *c, const char *name) {
 #undef ENDS
 }
 
-int model_init(model *m, const model_config *c, eng_backend *be) {
+int model_init(model *m, const model_config *c, eng_backend *be) { return model_init_ep(m, c, be, NULL); }
+
+int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_ep *ep) {
     memset(m, 0, sizeof *m);
     m->cfg = *c;
     m->be = be;
+    m->ep_E = c->E;
+    if (ep && config_n_moe(c) > 0) {
+        if (ep->W < 1 || c->E % ep->W)
+            return err_set(GE_UNSUPPORTED, "model: %d experts do not split evenly over %d ranks (expert parallelism)", c->E, ep->W);
+        if (strcmp(be->name, "cpu"))
+            return err_set(GE_UNSUPPORTED, "model: expert parallelism runs on the cpu backend only (not yet on %s)", be->name);
+        m->ep = *ep;
+        m->ep_E = c->E / ep->W;
+        m->ep_e0 = ep->rank * m->ep_E;
+    }
     m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (5 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
@@ -192,9 +205,12 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->w_up = V("mlp.up_proj.weight");
         L->w_down = V("mlp.down_proj.weight");
         L->router = V("mlp.gate.weight");
-        L->we_gate = V("mlp.experts.0.gate_proj.weight");
-        L->we_up = V("mlp.experts.0.up_proj.weight");
-        L->we_down = V("mlp.experts.0.down_proj.weight");
+        char ex[64];
+#define X(proj) (snprintf(ex, sizeof ex, "mlp.experts.%d.%s.weight", m->ep_e0, proj), V(ex))
+        L->we_gate = X("gate_proj");
+        L->we_up = X("up_proj");
+        L->we_down = X("down_proj");
+#undef X
         L->ws_gate = V("mlp.shared_expert.gate_proj.weight");
         L->ws_up = V("mlp.shared_expert.up_proj.weight");
         L->ws_down = V("mlp.shared_expert.down_proj.weight");
@@ -677,8 +693,10 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
                        "%s: decoding with a KV cache and recurrent state is not built yet (training and scoring "
                        "passes only)",
                        m->cfg.arch_name);
+    a->ep_rc = 0;
     model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
-    return m->be->sync(m->be);
+    rc = m->be->sync(m->be);
+    return rc ? rc : a->ep_rc;
 }
 
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
@@ -799,9 +817,14 @@ static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int
     be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->replay ? rt : NULL,
                        d->count, T, C, c->E, c->top_k, c->norm_topk);
     if (rt && !d->replay) be->copy(be, rt, A->topi, nk * sizeof(int));
-    moe_lora lr = moe_lora_of(m, W, NULL);
-    be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
-                        c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
+    if (m->ep.W) { /* expert parallelism: no adapters on the experts (LoRA refuses a comm) */
+        int rc = moe_ep_fwd(m, W, A, out, T);
+        a->ep_rc = a->ep_rc ? a->ep_rc : rc;
+    } else {
+        moe_lora lr = moe_lora_of(m, W, NULL);
+        be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
+                            c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
+    }
     if (c->shared && out) shared_fwd(m, W, A, out, T);
 }
 
@@ -842,10 +865,15 @@ static void mlp_moe_bwd(const model *m, const model_views *w, const model_views 
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * (size_t)be->act_bytes);
-    moe_lora lr = moe_lora_of(m, W, G);
-    be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi, A->topw,
-                        A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm,
-                        lr.agu || lr.ad ? &lr : NULL);
+    if (m->ep.W) {
+        int rc = moe_ep_bwd(m, W, G, A, a->dres, a->dln, a->dtopw, T);
+        a->ep_rc = a->ep_rc ? a->ep_rc : rc;
+    } else {
+        moe_lora lr = moe_lora_of(m, W, G);
+        be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi,
+                            A->topw, A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm,
+                            lr.agu || lr.ad ? &lr : NULL);
+    }
     be->moe_router_bwd(be, a->dln, G->router, a->dlogit, a->dtopw, A->probs, A->topi, A->ln2, W->router, d->aux_g, d->count, T, C,
                        c->E, c->top_k, c->norm_topk);
     if (c->shared) shared_bwd(m, W, G, A, a, T);
@@ -965,6 +993,7 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
+    a->ep_rc = 0;
     int T = in->T, M = in->M, C = c->C;
     size_t eb = (size_t)be->act_bytes;
     model_dev_input d;
@@ -987,7 +1016,8 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
         model_layer_bwd(m, w, g, a, l, &d);
     }
     if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
-    return be->sync(be);
+    rc = be->sync(be);
+    return rc ? rc : a->ep_rc;
 }
 
 /* Backward of an adapter term (mm_part.lr) given dY (T, O): gA, gB += their

@@ -84,9 +84,21 @@ typedef struct {
     model_layer_views *layers; /* (L) */
 } model_views;
 
+/* Expert parallelism (engine/model/moe_ep.h): the ranks' comm, reached through its
+ * all-to-all-v (comm.h's, counts in bytes), since the model room does not include engine/dist. */
+typedef struct {
+    int rank, W;
+    int (*all_to_all_v)(void *ctx, const void *in, const size_t *send, void *out, const size_t *recv);
+    void *ctx;
+} model_ep;
+
 typedef struct {
     model_config cfg;
     eng_backend *be;
+    /* the experts this rank holds in every MoE layer: [ep_e0, ep_e0 + ep_E) (0, E without
+     * expert parallelism, ep.W = 0); the parameter buffers hold only those */
+    model_ep ep;
+    int ep_e0, ep_E;
     model_param *params;
     int n_params;
     long long n_elems; /* elements of a flat parameter buffer */
@@ -101,6 +113,9 @@ typedef struct {
 } model;
 
 int model_init(model *m, const model_config *cfg, eng_backend *be);
+/* model_init with the experts split over ep->W ranks (ep NULL: model_init); one line when E
+ * does not split evenly or the backend is not the cpu. */
+int model_init_ep(model *m, const model_config *cfg, eng_backend *be, const model_ep *ep);
 void model_free(model *m);
 /* Views into a flat buffer whose elements are esize bytes (be->act_bytes or 4). */
 int model_views_make(const model *m, void *base, size_t esize, model_views *v);
@@ -148,6 +163,7 @@ typedef struct {
      * layers may share, and the gradients of rows [0, acc->S) are kept in acc (model_layer_bwd) */
     model_kv_acc *acc;
     size_t layer_bytes; /* one layer's saved activations: a block from l[l].x */
+    int ep_rc; /* the first error of an expert-parallel exchange (moe_ep.h) since model_forward/_backward began */
     struct model_layer_acts { /* act-typed (be->act_bytes) unless float */
         void *x; /* (T,C) the layer's input (residual stream) */
         void *ln1; /* (T,C) rmsnorm(x) */

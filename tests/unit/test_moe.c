@@ -23,6 +23,7 @@
 #include "engine/format/safetensors.h"
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
+#include "moe_config.h"
 
 #define FIX "tests/fixtures/data"
 
@@ -164,15 +165,8 @@ static void run_layout(model *m, const model_views *wv, const pack_group *pg, pa
     pack_batch_free(&b);
 }
 
-/* Three layers, MoE, dense, MoE: 8 experts, top-2 */
-static model_config small_moe(int norm) {
-    return (model_config){.arch = ARCH_QWEN3_MOE, .arch_name = "qwen3_moe", .L = 3, .C = 32, .H = 4, .K = 2, .D = 8, .F = 48,
-                          .V = 61, .max_pos = 256, .eps = 1e-6f, .rope_theta = 10000.0f, .qk_norm = 1, .bos_id = -1, .E = 8,
-                          .top_k = 2, .Fm = 24, .norm_topk = norm, .mlp = {MLP_MOE, MLP_DENSE, MLP_MOE}};
-}
-
 static void packed_equals_standard(int norm, unsigned long long seed) {
-    model_config c = small_moe(norm);
+    model_config c = moe_test_config(8, norm);
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model m;
@@ -321,7 +315,7 @@ typedef struct {
 } replay_fix;
 
 static void replay_open(replay_fix *f, int norm, unsigned long long seed) {
-    model_config c = small_moe(norm);
+    model_config c = moe_test_config(8, norm);
     backend_cpu_create(&f->be, 0);
     CHECK(model_init(&f->m, &c, f->be) == 0);
     f->w = malloc((size_t)f->m.n_elems * 4);
