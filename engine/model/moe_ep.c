@@ -8,6 +8,7 @@
  * order received, which the exchange's reversed counts return to their senders in plan order. */
 #include "engine/model/moe_ep.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,4 +184,69 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
     free(inv);
     plan_free(&p);
     return rc;
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static const model_param *named(const model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name)) return &m->params[i];
+    return NULL;
+}
+
+static int is_expert(const model_param *p) { return strstr(p->name, ".mlp.experts.") != NULL; }
+
+/* Rank q's name of this rank's expert parameter p: the same layer and projection, its expert
+ * index moved from this rank's range to rank q's. */
+static void name_on_rank(const model *m, const model_param *p, int q, char *out, size_t len) {
+    int l, e;
+    char proj[32];
+    sscanf(p->name, "model.layers.%d.mlp.experts.%d.%31[a-z_]", &l, &e, proj);
+    snprintf(out, len, "model.layers.%d.mlp.experts.%d.%s.weight", l, e - m->ep_e0 + q * m->ep_E, proj);
+}
+
+int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole) {
+    int W = m->ep.W, r = m->ep.rank;
+    size_t n = 0, send[W], recv[W];
+    for (int i = 0; i < m->n_params; i++) n += is_expert(&m->params[i]) ? (size_t)m->params[i].numel : 0;
+    float *out = malloc(n * sizeof(float) + 1), *in = r ? NULL : malloc((size_t)W * n * sizeof(float) + 1);
+    int rc = out && (r || in) ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB)", (size_t)W * n * 4 >> 20);
+    for (int i = 0, k = 0; !rc && i < m->n_params; i++) { /* this rank's experts, in its parameter order */
+        const model_param *p = &m->params[i];
+        if (!is_expert(p)) continue;
+        memcpy(out + k, mine + p->off, (size_t)p->numel * sizeof(float));
+        k += (int)p->numel;
+    }
+    for (int q = 0; q < W; q++) {
+        send[q] = q == 0 ? n * sizeof(float) : 0;
+        recv[q] = r == 0 ? n * sizeof(float) : 0;
+    }
+    /* a failed allocation still takes part, moving nothing, so no rank waits for it */
+    if (rc) memset(send, 0, sizeof send), memset(recv, 0, sizeof recv);
+    int xrc = m->ep.all_to_all_v(m->ep.ctx, out, send, in, recv);
+    rc = rc ? rc : xrc;
+    size_t at = 0; /* the next expert parameter's place among a rank's: the same on every rank */
+    for (int i = 0; !rc && !r && i < m->n_params; i++) {
+        const model_param *p = &m->params[i];
+        if (!is_expert(p)) {
+            memcpy(whole + named(full, p->name)->off, mine + p->off, (size_t)p->numel * sizeof(float));
+            continue;
+        }
+        for (int q = 0; q < W; q++) {
+            char name[96];
+            name_on_rank(m, p, q, name, sizeof name);
+            memcpy(whole + named(full, name)->off, in + (size_t)q * n + at, (size_t)p->numel * sizeof(float));
+        }
+        at += (size_t)p->numel;
+    }
+    free(out);
+    free(in);
+    return rc;
+}
+
+void moe_ep_slice(const model *m, const model *full, const float *whole, float *mine) {
+    for (int i = 0; i < m->n_params; i++) {
+        const model_param *p = &m->params[i];
+        memcpy(mine + p->off, whole + named(full, p->name)->off, (size_t)p->numel * sizeof(float));
+    }
 }

@@ -29,4 +29,13 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
  * gradients (this rank's experts; NULL: frozen) += theirs. */
 int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, const struct model_layer_acts *A,
                const void *dout, void *dx, float *dtopw, int T);
+
+/* Checkpoints: one whole parameter-shaped vector (the weights, or an optimizer moment) in the
+ * layout of `full`, the same config without expert parallelism, which a checkpoint writes and
+ * any W reads by name (model_save_host, model_load_host).
+ * moe_ep_gather: whole (full->n_elems, rank 0 only; NULL elsewhere) = rank 0's replicated
+ * parameters and every rank's experts from mine (m->n_elems, each rank's). A collective.
+ * moe_ep_slice: mine = this rank's part of whole (no comm). */
+int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole);
+void moe_ep_slice(const model *m, const model *full, const float *whole, float *mine);
 #endif

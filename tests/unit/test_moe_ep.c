@@ -13,18 +13,26 @@
  *     the ranks in rank order against the reference's; relative L2 per tensor ≤ 1e-5 (the
  *     experts' dx comes back per slot and is added to the token's row, where one rank adds the
  *     terms straight into it: fp32 rounding, 1e-7 relative, which the later layers carry);
+ *   - the same at W = 3 with every layer recomputed in the backward (its experts' forward runs
+ *     again, on every rank together);
  *   - the control: with the ranks' experts shifted by one (rank r given the weights of the
  *     experts of r + 1), the logprobs differ, so the comparison sees which expert ran where;
+ *   - checkpoints: W = 4 ranks holding slices of random weights (moe_ep_slice) gather them to
+ *     rank 0 (moe_ep_gather): the whole vector bit-equal to the one-rank weights; written as one
+ *     HF safetensors file and read back by name on W = 2 and on one rank: bit-equal slices;
  *   - E not divisible by W is refused with one line naming both. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "common/err.h"
 #include "engine/dist/comm.h"
 #include "engine/model/model.h"
+#include "engine/model/moe_ep.h"
 #include "engine/model/pack.h"
 #include "moe_config.h"
 
@@ -71,6 +79,8 @@ typedef struct {
     double aux;
 } mb_out;
 
+static int grad_mode_ = 1; /* or MODEL_ACTS_RECOMPUTE: every layer's forward runs again in the backward */
+
 /* Forward and backward of groups (one packed micro-batch) on m: logprobs, balance loss, and the
  * gradient of Σ wl·logp + 0.5 aux added into grad. */
 static int run_mb(const model *m, const float *w, float *grad, const pack_group *groups, int n, mb_out *o) {
@@ -81,7 +91,7 @@ static int run_mb(const model *m, const float *w, float *grad, const pack_group 
     if (rc) return rc;
     model_views_make(m, (void *)w, 4, &wv);
     model_views_make(m, grad, 4, &gv);
-    rc = model_acts_init(m, &a, b.T, b.M, 1);
+    rc = model_acts_init(m, &a, b.T, b.M, grad_mode_);
     model_input in;
     model_input_from_batch(&in, &b);
     in.aux_coef = 0.5f;
@@ -224,7 +234,8 @@ static void compare(int W, const model *full, const float *wfull) {
         if (e > worst || isnan(e)) worst = e, worst_name = f->name;
         free(sum);
     }
-    printf("  W=%d: logprobs %s, balance loss %s, gradients worst rel L2 %.2e (%s)\n", W, lp_diff ? "DIFFER" : "bit-equal",
+    printf("  W=%d%s: logprobs %s, balance loss %s, gradients worst rel L2 %.2e (%s)\n", W,
+           grad_mode_ == 1 ? "" : " (layers recomputed in the backward)", lp_diff ? "DIFFER" : "bit-equal",
            aux_diff ? "DIFFERS" : "bit-equal", worst, worst_name);
     CHECK_MSG(!lp_diff, "W=%d: logprobs differ from one rank", W);
     CHECK_MSG(!aux_diff, "W=%d: the balance loss differs from one rank", W);
@@ -251,6 +262,9 @@ TEST(expert_parallel_equals_one_rank) {
     float *w;
     full_model(&full, &be, &w);
     for (int W = 1; W <= WMAX; W++) compare(W, &full, w);
+    grad_mode_ = MODEL_ACTS_RECOMPUTE; /* the recompute's dispatch is a collective too */
+    compare(3, &full, w);
+    grad_mode_ = 1;
     free(w);
     model_free(&full);
     be->destroy(be);
@@ -278,6 +292,98 @@ TEST(experts_on_the_wrong_rank_are_seen) {
     be->destroy(be);
 }
 
+/* a and b (m's layout) hold the same parameters, bit for bit (the padding between them aside) */
+static int same_params(const model *m, const float *a, const float *b) {
+    for (int i = 0; i < m->n_params; i++)
+        if (memcmp(a + m->params[i].off, b + m->params[i].off, (size_t)m->params[i].numel * 4)) return 0;
+    return 1;
+}
+
+/* One rank of a checkpoint's round trip: its slice of wfull, then (gather) the whole vector on
+ * rank 0, or (dir) its parameters read back from dir's safetensors into got. */
+typedef struct {
+    comm *c;
+    int W;
+    const model *full;
+    const float *wfull;
+    const char *dir; /* NULL: slice and gather */
+    float *whole; /* rank 0, gather: full->n_elems */
+    int rc, same;
+    char msg[256];
+} ck_job;
+
+static void *ck_main(void *p) {
+    ck_job *j = p;
+    eng_backend *be;
+    backend_cpu_create(&be, 0);
+    model_config c = cfg();
+    model_ep ep = {comm_rank(j->c), j->W, a2a_bytes, j->c};
+    model m;
+    j->rc = model_init_ep(&m, &c, be, &ep);
+    float *want = j->rc ? NULL : malloc((size_t)m.n_elems * 4), *got = j->rc ? NULL : malloc((size_t)m.n_elems * 4);
+    if (!j->rc) moe_ep_slice(&m, j->full, j->wfull, want);
+    if (!j->rc && !j->dir) j->rc = moe_ep_gather(&m, want, j->full, comm_rank(j->c) ? NULL : j->whole);
+    if (!j->rc && j->dir) j->rc = model_load_host(&m, j->dir, got);
+    if (!j->rc && j->dir) j->same = same_params(&m, got, want);
+    if (j->rc) {
+        snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+        comm_abort(j->c);
+    }
+    free(want);
+    free(got);
+    model_free(&m);
+    be->destroy(be);
+    return NULL;
+}
+
+static void ck_ranks(int W, const model *full, const float *wfull, const char *dir, float *whole, int *same) {
+    comm *cs[WMAX];
+    CHECK_EQ_INT(comm_cpu_group(W, cs), 0);
+    ck_job j[WMAX];
+    pthread_t th[WMAX];
+    for (int r = 0; r < W; r++) {
+        j[r] = (ck_job){.c = cs[r], .W = W, .full = full, .wfull = wfull, .dir = dir, .whole = whole};
+        pthread_create(&th[r], NULL, ck_main, &j[r]);
+    }
+    for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+    *same = 1;
+    for (int r = 0; r < W; r++) {
+        CHECK_MSG(j[r].rc == 0, "W=%d rank %d: %s", W, r, j[r].msg);
+        *same &= j[r].same;
+        comm_free(cs[r]);
+    }
+}
+
+TEST(checkpoint_gathers_and_loads_on_any_w) {
+    model full;
+    eng_backend *be;
+    float *w;
+    full_model(&full, &be, &w);
+    float *whole = calloc((size_t)full.n_elems, 4), *back = malloc((size_t)full.n_elems * 4);
+    int same;
+    ck_ranks(4, &full, w, NULL, whole, &same);
+    int gathered = same_params(&full, whole, w);
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/grpod_test_moe_ep_%d", (int)getpid());
+    mkdir(dir, 0700);
+    CHECK_MSG(model_save_host(&full, dir, whole, 0) == 0, "%s", err_msg());
+    ck_ranks(2, &full, w, dir, NULL, &same);
+    CHECK_MSG(model_load_host(&full, dir, back) == 0, "%s", err_msg());
+    int one = same_params(&full, back, w);
+    printf("  W=4 gathered: %s; read back on W=2: %s, on one rank: %s\n", gathered ? "bit-equal" : "DIFFERS",
+           same ? "bit-equal" : "DIFFERS", one ? "bit-equal" : "DIFFERS");
+    CHECK(gathered && same && one);
+    char path[256];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    free(whole);
+    free(back);
+    free(w);
+    model_free(&full);
+    be->destroy(be);
+}
+
 TEST(experts_that_do_not_split_are_refused) {
     model_config c = cfg();
     eng_backend *be;
@@ -293,6 +399,7 @@ TEST(experts_that_do_not_split_are_refused) {
 int main(void) {
     RUN(expert_parallel_equals_one_rank);
     RUN(experts_on_the_wrong_rank_are_seen);
+    RUN(checkpoint_gathers_and_loads_on_any_w);
     RUN(experts_that_do_not_split_are_refused);
     return CHECK_DONE();
 }
