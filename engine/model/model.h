@@ -85,10 +85,13 @@ typedef struct {
 } model_views;
 
 /* Expert parallelism (engine/model/moe_ep.h): the ranks' comm, reached through its
- * all-to-all-v (comm.h's, counts in bytes), since the model room does not include engine/dist. */
+ * all-to-all-v, all-gather and abort (comm.h's, counts in bytes), since the model room does not include
+ * engine/dist. */
 typedef struct {
     int rank, W;
     int (*all_to_all_v)(void *ctx, const void *in, const size_t *send, void *out, const size_t *recv);
+    int (*all_gather)(void *ctx, const void *in, void *out, size_t bytes);
+    void (*abort)(void *ctx); /* a rank that cannot take part ends the others' exchange */
     void *ctx;
 } model_ep;
 

@@ -5,7 +5,8 @@
  *   forward out   [ln2 row (C) | expert]          back  [ey row (C)]
  *   backward out  [ln2 row (C) | dout row (C) | w | expert]   back  [dx row (C)]
  * A rank receives the rows of ranks 0..W-1 one after another, and sends its answers back in the
- * order received, which the exchange's reversed counts return to their senders in plan order. */
+ * order received, which the exchange's reversed counts return to their senders in plan order.
+ * A rank that fails (memory, the comm) aborts the comm, so the others' exchanges fail too. */
 #include "engine/model/moe_ep.h"
 
 #include <stdio.h>
@@ -55,22 +56,39 @@ static int plan_make(const model *m, const int *topi, int T, ep_plan *p) {
     if (!rc) rc = m->ep.all_to_all_v(m->ep.ctx, p->send, one, p->recv, one);
     for (int q = 0; !rc && q < W; q++) p->R += p->recv[q];
     free(at);
-    if (rc) plan_free(p);
+    if (rc) {
+        plan_free(p);
+        m->ep.abort(m->ep.ctx);
+    }
     return rc;
 }
 
-/* The received rows' experts, local (row i's expert in column col of rows `width` wide). */
-static int *local_experts(const model *m, const float *rows, size_t R, int width, int col) {
-    int *ids = malloc(R * sizeof(int) + 1);
-    for (size_t i = 0; ids && i < R; i++) ids[i] = (int)rows[i * (size_t)width + (size_t)col] - m->ep_e0;
-    return ids;
+/* One allocation for a call's buffers: *bufs[i] gets len[i] floats, zeroed, and *ints ni ints
+ * (each rounded up by one, so none is empty). The base to free, or NULL (GE_NOMEM set). */
+static void *scratch(float **const *bufs, const size_t *len, int n, int **ints, size_t ni) {
+    size_t tot = ni + 1;
+    for (int i = 0; i < n; i++) tot += len[i] + 1;
+    float *base = calloc(tot, sizeof(float)), *p = base; /* ints are as wide as floats */
+    if (!base) {
+        err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB of rows)", tot * sizeof(float) >> 20);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        *bufs[i] = p;
+        p += len[i] + 1;
+    }
+    *ints = (int *)p;
+    return base;
 }
 
-/* Rows i of in (width wide), columns [c0, c0 + n), into out (R, n). */
-static float *columns(const float *in, size_t R, int width, int c0, int n) {
-    float *out = malloc(R * (size_t)n * sizeof(float) + 1);
-    for (size_t i = 0; out && i < R; i++) memcpy(out + i * (size_t)n, in + i * (size_t)width + c0, (size_t)n * sizeof(float));
-    return out;
+/* Columns [c0, c0 + n) of in's R rows (width wide) into out (R, n). */
+static void columns(float *out, const float *in, size_t R, int width, int c0, int n) {
+    for (size_t i = 0; i < R; i++) memcpy(out + i * (size_t)n, in + i * (size_t)width + c0, (size_t)n * sizeof(float));
+}
+
+/* The received rows' experts (column col of rows width wide), local to this rank. */
+static void local_experts(const model *m, int *ids, const float *rows, size_t R, int width, int col) {
+    for (size_t i = 0; i < R; i++) ids[i] = (int)rows[i * (size_t)width + (size_t)col] - m->ep_e0;
 }
 
 int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
@@ -80,38 +98,33 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
     ep_plan p;
     int rc = plan_make(m, A->topi, T, &p);
     if (rc) return rc;
-    float *snd = malloc((size_t)p.n * w1 * sizeof(float) + 1), *rcv = malloc(p.R * w1 * sizeof(float) + 1);
-    float *eg = malloc(p.R * Fm * sizeof(float) + 1), *eu = malloc(p.R * Fm * sizeof(float) + 1);
-    float *ey = malloc(p.R * C * sizeof(float) + 1), *back = malloc((size_t)p.n * C * sizeof(float) + 1);
-    float *one = malloc(p.R * sizeof(float) + 1), *xr = NULL;
-    int *ids = NULL;
-    if (!snd || !rcv || !eg || !eu || !ey || !back || !one) rc = err_set(GE_NOMEM, "moe_ep: out of memory");
-    for (int i = 0; !rc && i < p.n; i++) {
+    size_t R = p.R, n = (size_t)p.n;
+    float *snd, *rcv, *xr, *eg, *eu, *ey, *back, *one;
+    int *ids;
+    float **bufs[] = {&snd, &rcv, &xr, &eg, &eu, &ey, &back, &one};
+    size_t len[] = {n * w1, R * w1, R * C, R * Fm, R * Fm, R * C, n * C, R};
+    void *mem = scratch(bufs, len, 8, &ids, R);
+    if (!mem) rc = GE_NOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
         int ts = p.order[i];
-        memcpy(snd + (size_t)i * w1, ln2 + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
-        snd[(size_t)i * w1 + C] = (float)A->topi[ts];
+        memcpy(snd + i * w1, ln2 + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
+        snd[i * w1 + C] = (float)A->topi[ts];
     }
     if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, w1);
-    if (!rc && (!(ids = local_experts(m, rcv, p.R, w1, C)) || !(xr = columns(rcv, p.R, w1, 0, C))))
-        rc = err_set(GE_NOMEM, "moe_ep: out of memory");
-    for (size_t i = 0; !rc && i < p.R; i++) one[i] = 1.0f;
-    if (!rc && p.R)
-        be->moe_experts_fwd(be, NULL, eg, eu, ey, xr, NULL, ids, one, W->we_gate, W->we_up, W->we_down, (int)p.R, C, m->ep_E, 1,
-                            Fm, NULL);
+    if (!rc && R) {
+        local_experts(m, ids, rcv, R, w1, C);
+        columns(xr, rcv, R, w1, 0, C);
+        for (size_t i = 0; i < R; i++) one[i] = 1.0f;
+        be->moe_experts_fwd(be, NULL, eg, eu, ey, xr, NULL, ids, one, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm,
+                            NULL);
+    }
     if (!rc) rc = exchange(m, ey, p.recv, back, p.send, C);
-    for (int i = 0; !rc && i < p.n; i++)
-        memcpy((float *)A->ey + (size_t)p.order[i] * C, back + (size_t)i * C, (size_t)C * sizeof(float));
+    for (size_t i = 0; !rc && i < n; i++)
+        memcpy((float *)A->ey + (size_t)p.order[i] * C, back + i * C, (size_t)C * sizeof(float));
     if (!rc && out) moe_combine_cpu(out, A->ey, A->xm, A->topw, T, C, k);
-    free(snd);
-    free(rcv);
-    free(eg);
-    free(eu);
-    free(ey);
-    free(back);
-    free(one);
-    free(xr);
-    free(ids);
+    free(mem);
     plan_free(&p);
+    if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }
 
@@ -131,31 +144,29 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
     ep_plan p;
     int rc = plan_make(m, A->topi, T, &p);
     if (rc) return rc;
-    size_t R = p.R;
-    float *snd = malloc((size_t)p.n * w2 * sizeof(float) + 1), *rcv = malloc(R * w2 * sizeof(float) + 1);
-    float *eg = malloc(R * Fm * sizeof(float) + 1), *eu = malloc(R * Fm * sizeof(float) + 1),
-          *eyr = malloc(R * C * sizeof(float) + 1);
-    float *dg = malloc(R * Fm * sizeof(float) + 1), *du = malloc(R * Fm * sizeof(float) + 1), *dtw = malloc(R * sizeof(float) + 1);
-    float *dxr = calloc(R * C + 1, sizeof(float)), *back = malloc((size_t)p.n * C * sizeof(float) + 1);
-    float *xr = NULL, *dyr = NULL, *wr = NULL;
-    int *ids = NULL, *inv = malloc((size_t)p.n * sizeof(int) + 1);
-    if (!snd || !rcv || !eg || !eu || !eyr || !dg || !du || !dtw || !dxr || !back || !inv)
-        rc = err_set(GE_NOMEM, "moe_ep: out of memory");
-    for (int i = 0; !rc && i < p.n; i++) {
+    size_t R = p.R, n = (size_t)p.n;
+    float *snd, *rcv, *xr, *dyr, *wr, *eg, *eu, *eyr, *dg, *du, *dtw, *dxr, *back;
+    int *ints;
+    float **bufs[] = {&snd, &rcv, &xr, &dyr, &wr, &eg, &eu, &eyr, &dg, &du, &dtw, &dxr, &back};
+    size_t len[] = {n * w2, R * w2, R * C, R * C, R, R * Fm, R * Fm, R * C, R * Fm, R * Fm, R, R * C, n * C};
+    void *mem = scratch(bufs, len, 13, &ints, R + n);
+    if (!mem) rc = GE_NOMEM;
+    int *ids = ints, *inv = ints + R; /* inv[ts]: slot ts's row in the plan's order */
+    for (size_t i = 0; !rc && i < n; i++) {
         int ts = p.order[i];
-        float *row = snd + (size_t)i * w2;
+        float *row = snd + i * w2;
         memcpy(row, ln2 + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
         memcpy(row + C, dy + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
         row[2 * C] = A->topw[ts];
         row[2 * C + 1] = (float)A->topi[ts];
-        inv[ts] = i;
+        inv[ts] = (int)i;
     }
     if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, w2);
-    if (!rc &&
-        (!(ids = local_experts(m, rcv, R, w2, 2 * C + 1)) || !(xr = columns(rcv, R, w2, 0, C)) ||
-         !(dyr = columns(rcv, R, w2, C, C)) || !(wr = columns(rcv, R, w2, 2 * C, 1))))
-        rc = err_set(GE_NOMEM, "moe_ep: out of memory");
     if (!rc && R) {
+        local_experts(m, ids, rcv, R, w2, 2 * C + 1);
+        columns(xr, rcv, R, w2, 0, C);
+        columns(dyr, rcv, R, w2, C, C);
+        columns(wr, rcv, R, w2, 2 * C, 1);
         be->moe_experts_fwd(be, NULL, eg, eu, eyr, xr, NULL, ids, wr, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm,
                             NULL);
         be->moe_experts_bwd(be, dxr, G->we_gate, G->we_up, G->we_down, dtw, dg, du, dyr, xr, ids, wr, eg, eu, eyr, W->we_gate,
@@ -167,22 +178,9 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
             const float *b = back + (size_t)inv[t * k + s] * C;
             for (int c = 0; c < C; c++) dxo[(size_t)t * C + c] += b[c];
         }
-    free(snd);
-    free(rcv);
-    free(eg);
-    free(eu);
-    free(eyr);
-    free(dg);
-    free(du);
-    free(dtw);
-    free(dxr);
-    free(back);
-    free(xr);
-    free(dyr);
-    free(wr);
-    free(ids);
-    free(inv);
+    free(mem);
     plan_free(&p);
+    if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }
 
@@ -205,12 +203,12 @@ static void name_on_rank(const model *m, const model_param *p, int q, char *out,
     snprintf(out, len, "model.layers.%d.mlp.experts.%d.%s.weight", l, e - m->ep_e0 + q * m->ep_E, proj);
 }
 
-int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole) {
-    int W = m->ep.W, r = m->ep.rank;
+int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole, int all) {
+    int W = m->ep.W, r = m->ep.rank, here = all || r == 0;
     size_t n = 0, send[W], recv[W];
     for (int i = 0; i < m->n_params; i++) n += is_expert(&m->params[i]) ? (size_t)m->params[i].numel : 0;
-    float *out = malloc(n * sizeof(float) + 1), *in = r ? NULL : malloc((size_t)W * n * sizeof(float) + 1);
-    int rc = out && (r || in) ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB)", (size_t)W * n * 4 >> 20);
+    float *out = malloc(n * sizeof(float) + 1), *in = here ? malloc((size_t)W * n * sizeof(float) + 1) : NULL;
+    int rc = out && (!here || in) ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB)", (size_t)W * n * 4 >> 20);
     for (int i = 0, k = 0; !rc && i < m->n_params; i++) { /* this rank's experts, in its parameter order */
         const model_param *p = &m->params[i];
         if (!is_expert(p)) continue;
@@ -219,14 +217,14 @@ int moe_ep_gather(const model *m, const float *mine, const model *full, float *w
     }
     for (int q = 0; q < W; q++) {
         send[q] = q == 0 ? n * sizeof(float) : 0;
-        recv[q] = r == 0 ? n * sizeof(float) : 0;
+        recv[q] = here ? n * sizeof(float) : 0;
     }
-    /* a failed allocation still takes part, moving nothing, so no rank waits for it */
-    if (rc) memset(send, 0, sizeof send), memset(recv, 0, sizeof recv);
-    int xrc = m->ep.all_to_all_v(m->ep.ctx, out, send, in, recv);
-    rc = rc ? rc : xrc;
+    /* a failed allocation aborts the group (the hook's comm), so no rank waits for it */
+    if (!rc)
+        rc = all ? m->ep.all_gather(m->ep.ctx, out, in, n * sizeof(float)) : m->ep.all_to_all_v(m->ep.ctx, out, send, in, recv);
+    else m->ep.abort(m->ep.ctx);
     size_t at = 0; /* the next expert parameter's place among a rank's: the same on every rank */
-    for (int i = 0; !rc && !r && i < m->n_params; i++) {
+    for (int i = 0; !rc && here && i < m->n_params; i++) {
         const model_param *p = &m->params[i];
         if (!is_expert(p)) {
             memcpy(whole + named(full, p->name)->off, mine + p->off, (size_t)p->numel * sizeof(float));

@@ -17,7 +17,8 @@
  * Each call is a collective: every rank of the group runs every MoE layer's forward and
  * backward, in the same order, with any number of tokens (0 too). The cpu backend only (rows
  * are permuted in host memory); model_init_ep refuses another backend.
- * Errors (the comm's) are returned; the caller keeps the first. */
+ * Errors (memory, the comm's) are returned, the comm aborted on the failing rank so that the
+ * others' exchanges end too; the caller keeps the first (model_acts.ep_rc). */
 #ifndef GRPOD_MOE_EP_H
 #define GRPOD_MOE_EP_H
 #include "engine/model/model.h"
@@ -33,9 +34,12 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
 /* Checkpoints: one whole parameter-shaped vector (the weights, or an optimizer moment) in the
  * layout of `full`, the same config without expert parallelism, which a checkpoint writes and
  * any W reads by name (model_save_host, model_load_host).
- * moe_ep_gather: whole (full->n_elems, rank 0 only; NULL elsewhere) = rank 0's replicated
- * parameters and every rank's experts from mine (m->n_elems, each rank's). A collective.
+ * moe_ep_gather: whole (full->n_elems; on rank 0, or on every rank with all; NULL elsewhere) =
+ * this rank's replicated parameters and every rank's experts from mine (m->n_elems, each
+ * rank's). A collective. With all, every rank holds every expert after it: how rollouts run
+ * under expert parallelism (each rank decodes its own groups with the whole model, as without
+ * it, rather than dispatching every decode step's tokens, which would step all ranks together).
  * moe_ep_slice: mine = this rank's part of whole (no comm). */
-int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole);
+int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole, int all);
 void moe_ep_slice(const model *m, const model *full, const float *whole, float *mine);
 #endif

@@ -19,7 +19,8 @@
  *     experts of r + 1), the logprobs differ, so the comparison sees which expert ran where;
  *   - checkpoints: W = 4 ranks holding slices of random weights (moe_ep_slice) gather them to
  *     rank 0 (moe_ep_gather): the whole vector bit-equal to the one-rank weights; written as one
- *     HF safetensors file and read back by name on W = 2 and on one rank: bit-equal slices;
+ *     HF safetensors file and read back by name on W = 2 and on one rank: bit-equal slices; at
+ *     W = 3 every rank gathers every expert (rollouts): each whole vector bit-equal;
  *   - E not divisible by W is refused with one line naming both. */
 #include <math.h>
 #include <pthread.h>
@@ -113,9 +114,14 @@ static int run_mb(const model *m, const float *w, float *grad, const pack_group 
 
 /* ---------------------------------------------------------------- ranks */
 
+/* the comm hooks of model_ep (the model room does not include engine/dist) */
 static int a2a_bytes(void *ctx, const void *in, const size_t *send, void *out, const size_t *recv) {
     return comm_all_to_all_v(ctx, in, send, out, recv, COMM_U8);
 }
+static int gather_bytes(void *ctx, const void *in, void *out, size_t bytes) {
+    return comm_all_gather(ctx, in, out, bytes, COMM_U8);
+}
+static void abort_comm(void *ctx) { comm_abort(ctx); }
 
 typedef struct {
     comm *c;
@@ -141,7 +147,7 @@ static void *rank_main(void *p) {
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model_config c = cfg();
-    model_ep ep = {r, j->W, a2a_bytes, j->c};
+    model_ep ep = {r, j->W, a2a_bytes, gather_bytes, abort_comm, j->c};
     j->rc = model_init_ep(&j->m, &c, be, &ep);
     float *w = j->rc ? NULL : malloc((size_t)j->m.n_elems * 4);
     j->grad = j->rc ? NULL : calloc((size_t)j->m.n_elems, 4);
@@ -307,7 +313,8 @@ typedef struct {
     const model *full;
     const float *wfull;
     const char *dir; /* NULL: slice and gather */
-    float *whole; /* rank 0, gather: full->n_elems */
+    float *whole; /* rank 0 (every rank with all), gather: full->n_elems */
+    int all;
     int rc, same;
     char msg[256];
 } ck_job;
@@ -317,12 +324,13 @@ static void *ck_main(void *p) {
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model_config c = cfg();
-    model_ep ep = {comm_rank(j->c), j->W, a2a_bytes, j->c};
+    model_ep ep = {comm_rank(j->c), j->W, a2a_bytes, gather_bytes, abort_comm, j->c};
     model m;
     j->rc = model_init_ep(&m, &c, be, &ep);
     float *want = j->rc ? NULL : malloc((size_t)m.n_elems * 4), *got = j->rc ? NULL : malloc((size_t)m.n_elems * 4);
     if (!j->rc) moe_ep_slice(&m, j->full, j->wfull, want);
-    if (!j->rc && !j->dir) j->rc = moe_ep_gather(&m, want, j->full, comm_rank(j->c) ? NULL : j->whole);
+    if (!j->rc && !j->dir) j->rc = moe_ep_gather(&m, want, j->full, j->all || !comm_rank(j->c) ? j->whole : NULL, j->all);
+    if (!j->rc && j->all) j->same = same_params(j->full, j->whole, j->wfull);
     if (!j->rc && j->dir) j->rc = model_load_host(&m, j->dir, got);
     if (!j->rc && j->dir) j->same = same_params(&m, got, want);
     if (j->rc) {
@@ -336,13 +344,14 @@ static void *ck_main(void *p) {
     return NULL;
 }
 
-static void ck_ranks(int W, const model *full, const float *wfull, const char *dir, float *whole, int *same) {
+static void ck_ranks(int W, const model *full, const float *wfull, const char *dir, float *whole, int all, int *same) {
     comm *cs[WMAX];
     CHECK_EQ_INT(comm_cpu_group(W, cs), 0);
     ck_job j[WMAX];
     pthread_t th[WMAX];
     for (int r = 0; r < W; r++) {
-        j[r] = (ck_job){.c = cs[r], .W = W, .full = full, .wfull = wfull, .dir = dir, .whole = whole};
+        j[r] = (ck_job){.c = cs[r], .W = W, .full = full, .wfull = wfull, .dir = dir, .all = all};
+        j[r].whole = all ? calloc((size_t)full->n_elems, 4) : whole;
         pthread_create(&th[r], NULL, ck_main, &j[r]);
     }
     for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
@@ -350,6 +359,7 @@ static void ck_ranks(int W, const model *full, const float *wfull, const char *d
     for (int r = 0; r < W; r++) {
         CHECK_MSG(j[r].rc == 0, "W=%d rank %d: %s", W, r, j[r].msg);
         *same &= j[r].same;
+        if (all) free(j[r].whole);
         comm_free(cs[r]);
     }
 }
@@ -361,18 +371,21 @@ TEST(checkpoint_gathers_and_loads_on_any_w) {
     full_model(&full, &be, &w);
     float *whole = calloc((size_t)full.n_elems, 4), *back = malloc((size_t)full.n_elems * 4);
     int same;
-    ck_ranks(4, &full, w, NULL, whole, &same);
+    int every;
+    ck_ranks(3, &full, w, NULL, NULL, 1, &every); /* every expert to every rank: how rollouts run */
+    ck_ranks(4, &full, w, NULL, whole, 0, &same);
     int gathered = same_params(&full, whole, w);
     char dir[128];
     snprintf(dir, sizeof dir, "/tmp/grpod_test_moe_ep_%d", (int)getpid());
     mkdir(dir, 0700);
     CHECK_MSG(model_save_host(&full, dir, whole, 0) == 0, "%s", err_msg());
-    ck_ranks(2, &full, w, dir, NULL, &same);
+    ck_ranks(2, &full, w, dir, NULL, 0, &same);
     CHECK_MSG(model_load_host(&full, dir, back) == 0, "%s", err_msg());
     int one = same_params(&full, back, w);
-    printf("  W=4 gathered: %s; read back on W=2: %s, on one rank: %s\n", gathered ? "bit-equal" : "DIFFERS",
-           same ? "bit-equal" : "DIFFERS", one ? "bit-equal" : "DIFFERS");
-    CHECK(gathered && same && one);
+    printf("  W=3 every expert to every rank: %s; W=4 gathered: %s; read back on W=2: %s, on one rank: %s\n",
+           every ? "bit-equal" : "DIFFERS", gathered ? "bit-equal" : "DIFFERS", same ? "bit-equal" : "DIFFERS",
+           one ? "bit-equal" : "DIFFERS");
+    CHECK(every && gathered && same && one);
     char path[256];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     unlink(path);
@@ -389,7 +402,7 @@ TEST(experts_that_do_not_split_are_refused) {
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model m;
-    model_ep ep = {0, 5, a2a_bytes, NULL};
+    model_ep ep = {0, 5, a2a_bytes, gather_bytes, abort_comm, NULL};
     CHECK_EQ_INT(model_init_ep(&m, &c, be, &ep), GE_UNSUPPORTED);
     CHECK_MSG(strstr(err_msg(), "12 experts") && strstr(err_msg(), "5 ranks"), "%s", err_msg());
     model_free(&m);
