@@ -14,7 +14,8 @@
  *     experts' dx comes back per slot and is added to the token's row, where one rank adds the
  *     terms straight into it: fp32 rounding, 1e-7 relative, which the later layers carry);
  *   - the same at W = 3 with every layer recomputed in the backward (its experts' forward runs
- *     again, on every rank together);
+ *     again, on every rank together), and at W = 3 with rank 1 given no group (a rank without
+ *     tokens takes part in every exchange: its experts serve the others);
  *   - the control: with the ranks' experts shifted by one (rank r given the weights of the
  *     experts of r + 1), the logprobs differ, so the comparison sees which expert ran where;
  *   - checkpoints: W = 4 ranks holding slices of random weights (moe_ep_slice) gather them to
@@ -65,10 +66,13 @@ static void make_groups(int V) { /* once: the tests share them */
     }
 }
 
+static int idle_rank_ = -1; /* >= 0: this rank gets no group (its groups go to the next rank) */
+
 /* Rank r's groups of W, in order, into out; their count. */
 static int groups_of(int r, int W, pack_group *out) {
     int n = 0;
-    for (int g = r; g < NG; g += W) out[n++] = pg_[g];
+    for (int g = 0; g < NG; g++)
+        if ((g % W == idle_rank_ ? (g + 1) % W : g % W) == r) out[n++] = pg_[g];
     return n;
 }
 
@@ -240,9 +244,9 @@ static void compare(int W, const model *full, const float *wfull) {
         if (e > worst || isnan(e)) worst = e, worst_name = f->name;
         free(sum);
     }
-    printf("  W=%d%s: logprobs %s, balance loss %s, gradients worst rel L2 %.2e (%s)\n", W,
-           grad_mode_ == 1 ? "" : " (layers recomputed in the backward)", lp_diff ? "DIFFER" : "bit-equal",
-           aux_diff ? "DIFFERS" : "bit-equal", worst, worst_name);
+    printf("  W=%d%s%s: logprobs %s, balance loss %s, gradients worst rel L2 %.2e (%s)\n", W,
+           grad_mode_ == 1 ? "" : " (layers recomputed in the backward)", idle_rank_ < 0 ? "" : " (rank 1 without tokens)",
+           lp_diff ? "DIFFER" : "bit-equal", aux_diff ? "DIFFERS" : "bit-equal", worst, worst_name);
     CHECK_MSG(!lp_diff, "W=%d: logprobs differ from one rank", W);
     CHECK_MSG(!aux_diff, "W=%d: the balance loss differs from one rank", W);
     CHECK_MSG(experts_seen == 2 * 3 * cfg().E, "W=%d: %d expert tensors held, one each wanted", W, experts_seen);
@@ -271,6 +275,9 @@ TEST(expert_parallel_equals_one_rank) {
     grad_mode_ = MODEL_ACTS_RECOMPUTE; /* the recompute's dispatch is a collective too */
     compare(3, &full, w);
     grad_mode_ = 1;
+    idle_rank_ = 1; /* a rank without tokens still takes part in every exchange */
+    compare(3, &full, w);
+    idle_rank_ = -1;
     free(w);
     model_free(&full);
     be->destroy(be);
