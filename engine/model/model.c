@@ -47,20 +47,30 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
     add_param_at(m, name, ndim, d0, d1, 1);
 }
 
-/* An MLP_MOE layer's parameters as HF checkpoints name them: the router, then each of the three
- * projections of this rank's experts e0..e0+E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...),
- * then the shared expert's when the model has one. */
-static void add_moe_params(model *m, int l) {
+/* An MLP_MOE layer's parameters as HF checkpoints name them: the router (add_router), each of
+ * the three projections of this rank's experts e0..e0+E-1 stacked (add_experts:
+ * mlp.experts.{e}.gate_proj.weight, ...), then the shared expert's when the model has one
+ * (add_shared). With expert parallelism the experts of every layer come after all the
+ * replicated parameters instead (model.ep_n0). */
+static void add_router(model *m, int l) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+    add_param(m, n, 2, m->cfg.E, m->cfg.C);
+}
+static void add_experts(model *m, int l) {
     const model_config *c = &m->cfg;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     char n[96];
-    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
-    add_param(m, n, 2, c->E, c->C);
     for (int j = 0; j < 3; j++)
         for (int e = m->ep_e0; e < m->ep_e0 + m->ep_E; e++) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
             add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == m->ep_e0 + m->ep_E - 1);
         }
+}
+static void add_shared(model *m, int l) {
+    const model_config *c = &m->cfg;
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    char n[96];
     for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width F) and its gate */
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj[j]);
         add_param(m, n, 2, j < 2 ? c->F : c->C, j < 2 ? c->C : c->F);
@@ -142,7 +152,9 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
         }
         P("post_attention_layernorm.weight", 1, C, 0);
         if (c->mlp[l] == MLP_MOE) {
-            add_moe_params(m, l);
+            add_router(m, l);
+            if (!m->ep.W) add_experts(m, l);
+            add_shared(m, l);
             continue;
         }
         P("mlp.gate_proj.weight", 2, c->F, C);
@@ -152,6 +164,12 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
     }
     add_param(m, "model.norm.weight", 1, C, 0);
     if (!c->tied) add_param(m, "lm_head.weight", 2, c->V, C);
+    if (m->ep.W) { /* the replicated part splits into W shards of whole 16-element blocks */
+        long long blk = 16LL * m->ep.W;
+        m->n_elems = m->ep_n0 = (m->n_elems + blk - 1) / blk * blk;
+        for (int l = 0; l < c->L; l++)
+            if (c->mlp[l] == MLP_MOE) add_experts(m, l);
+    }
     for (int i = 0; i < m->n_params; i++) m->params[i].gain1 = is_gain1(c, m->params[i].name);
 
     /* partial rotary (R < D): the first R/2 frequencies of an R-dim rotation, the rest unused */

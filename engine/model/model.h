@@ -102,6 +102,9 @@ typedef struct {
      * expert parallelism, ep.W = 0); the parameter buffers hold only those */
     model_ep ep;
     int ep_e0, ep_E;
+    /* with ep.W: the replicated parameters are [0, ep_n0) (W shards of whole 16-element blocks),
+     * this rank's experts follow (the training state keeps them whole, never summed over ranks) */
+    long long ep_n0;
     model_param *params;
     int n_params;
     long long n_elems; /* elements of a flat parameter buffer */

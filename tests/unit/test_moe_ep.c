@@ -22,6 +22,8 @@
  *     rank 0 (moe_ep_gather): the whole vector bit-equal to the one-rank weights; written as one
  *     HF safetensors file and read back by name on W = 2 and on one rank: bit-equal slices; at
  *     W = 3 every rank gathers every expert (rollouts): each whole vector bit-equal;
+ *   - the layout: on every rank the replicated parameters fill [0, ep_n0) (a multiple of 16 W
+ *     elements) and its experts come after;
  *   - E not divisible by W is refused with one line naming both. */
 #include <math.h>
 #include <pthread.h>
@@ -145,6 +147,8 @@ static const model_param *param_named(const model *m, const char *name) {
     return NULL;
 }
 
+static int is_expert(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
+
 static void *rank_main(void *p) {
     rank_job *j = p;
     int r = comm_rank(j->c);
@@ -166,6 +170,11 @@ static void *rank_main(void *p) {
         const model_param *f = param_named(j->full, name);
         memcpy(w + q->off, j->wfull + f->off, (size_t)q->numel * 4);
     }
+    for (int i = 0; !j->rc && i < j->m.n_params; i++) { /* the layout: replicated first, then the experts */
+        const model_param *q = &j->m.params[i];
+        if (is_expert(q->name) ? q->off < j->m.ep_n0 : q->off + q->numel > j->m.ep_n0 || j->m.ep_n0 % (16 * j->W))
+            j->rc = err_set(GE_INTERNAL, "%s at %lld: on the wrong side of ep_n0 %lld", q->name, q->off, j->m.ep_n0);
+    }
     pack_group mine[NG];
     int n = groups_of(r, j->W, mine);
     if (!j->rc) j->rc = run_mb(&j->m, w, j->grad, mine, n, &j->o);
@@ -177,7 +186,6 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-static int is_expert(const char *name) { return strstr(name, ".mlp.experts.") != NULL; }
 
 /* The one-rank reference: W micro-batches (rank r's groups each) on `full`, the gradients
  * accumulated in gref (calloc'd here). */
