@@ -139,12 +139,12 @@ static int cpu_all_to_all_v(comm *c, const void *in, const size_t *send, void *o
     g->send[c->rank] = send;
     g->recv[c->rank] = recv;
     int rc = post(c, in, out), bad = rc ? 0 : comm_check_a2a_counts(g->send, g->recv, g->W);
-    char *dst = out;
+    size_t at = 0; /* bytes of out written; pointers formed only for parts that exist (out may be NULL) */
     for (int q = 0; !rc && !bad && q < g->W; q++) {
         size_t off = 0;
         for (int j = 0; j < c->rank; j++) off += g->send[q][j];
-        if (recv[q]) memcpy(dst, (const char *)g->in[q] + off * eb, recv[q] * eb);
-        dst += recv[q] * eb;
+        if (recv[q]) memcpy((char *)out + at, (const char *)g->in[q] + off * eb, recv[q] * eb);
+        at += recv[q] * eb;
     }
     if (!rc) rc = bar(g);
     return rc ? rc : bad;

@@ -628,17 +628,16 @@ static int tcp_all_to_all_v(comm *c, const void *in, const size_t *send, void *o
     for (int s = 0; s < W && !rc; s++) {
         for (int d = 0; d < W && !rc; d++) {
             size_t n = r ? (s == r ? send[d] : d == r ? recv[s] : 0) : cnt[(size_t)s * 2 * W + d], bytes = n * eb;
-            const char *src = (const char *)in + in_off * eb;
-            char *dst = (char *)out + out_off * eb;
+            size_t io = in_off * eb, oo = out_off * eb;
             if (s == r) in_off += n;
             if (d == r) out_off += n;
-            if (!bytes) continue;
+            if (!bytes) continue; /* in or out is touched only for a part of this rank's (either may be NULL) */
             if (s == d) {
-                if (s == r) memcpy(dst, src, bytes);
+                if (s == r) memcpy((char *)out + oo, (const char *)in + io, bytes);
             } else if (s == r) {
-                rc = send_all(g, r ? 0 : d, src, bytes);
+                rc = send_all(g, r ? 0 : d, (const char *)in + io, bytes);
             } else if (d == r) {
-                rc = recv_all(g, r ? 0 : s, dst, bytes);
+                rc = recv_all(g, r ? 0 : s, (char *)out + oo, bytes);
             } else if (!r) {
                 rc = relay(g, s, d, bytes);
             }
