@@ -15,7 +15,8 @@
  *     terms straight into it: fp32 rounding, 1e-7 relative, which the later layers carry);
  *   - the same at W = 3 with every layer recomputed in the backward (its experts' forward runs
  *     again, on every rank together), and at W = 3 with rank 1 given no group (a rank without
- *     tokens takes part in every exchange: its experts serve the others);
+ *     tokens takes part in every exchange: its experts serve the others), and at W = 2 with a
+ *     shared expert (qwen3_5_moe: replicated, beside the routed experts);
  *   - the control: with the ranks' experts shifted by one (rank r given the weights of the
  *     experts of r + 1), the logprobs differ, so the comparison sees which expert ran where;
  *   - checkpoints: W = 4 ranks holding slices of random weights (moe_ep_slice) gather them to
@@ -43,7 +44,12 @@
 #define NG 6
 #define WMAX 4
 
-static model_config cfg(void) { return moe_test_config(12, 1); }
+static int shared_ = 0; /* 1: a shared expert beside the routed ones (qwen3_5_moe), replicated */
+static model_config cfg(void) {
+    model_config c = moe_test_config(12, 1);
+    c.shared = shared_;
+    return c;
+}
 
 /* ---------------------------------------------------------------- inputs */
 
@@ -253,7 +259,10 @@ static void compare(int W, const model *full, const float *wfull) {
         free(sum);
     }
     printf("  W=%d%s%s: logprobs %s, balance loss %s, gradients worst rel L2 %.2e (%s)\n", W,
-           grad_mode_ == 1 ? "" : " (layers recomputed in the backward)", idle_rank_ < 0 ? "" : " (rank 1 without tokens)",
+           grad_mode_ == 1 ? "" : " (layers recomputed in the backward)",
+           idle_rank_ >= 0 ? " (rank 1 without tokens)"
+               : shared_   ? " (a shared expert)"
+                           : "",
            lp_diff ? "DIFFER" : "bit-equal", aux_diff ? "DIFFERS" : "bit-equal", worst, worst_name);
     CHECK_MSG(!lp_diff, "W=%d: logprobs differ from one rank", W);
     CHECK_MSG(!aux_diff, "W=%d: the balance loss differs from one rank", W);
@@ -286,6 +295,13 @@ TEST(expert_parallel_equals_one_rank) {
     idle_rank_ = 1; /* a rank without tokens still takes part in every exchange */
     compare(3, &full, w);
     idle_rank_ = -1;
+    free(w);
+    model_free(&full);
+    be->destroy(be);
+    shared_ = 1; /* the shared expert is replicated, like the router */
+    full_model(&full, &be, &w);
+    compare(2, &full, w);
+    shared_ = 0;
     free(w);
     model_free(&full);
     be->destroy(be);
