@@ -70,7 +70,7 @@ static void make_groups(int V) { /* once: the tests share them */
             for (int i = 0; i < R_[g][r]; i++) resp_[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 1));
             rp_[g][r] = resp_[g][r];
         }
-        pg_[g] = (pack_group){prompt_[g], P_[g], N_[g], rp_[g], R_[g]};
+        pg_[g] = (pack_group){.prompt = prompt_[g], .P = P_[g], .N = N_[g], .resp = rp_[g], .R = R_[g]};
     }
 }
 
