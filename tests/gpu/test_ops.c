@@ -1089,8 +1089,8 @@ static double rms_delta(const float *a, const float *a0, size_t n) {
     return sqrt(s / (double)(n ? n : 1));
 }
 static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
-    char sh[96];
-    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d%s%s", T, C, E, k, Fm, norm ? " norm" : "", counts ? " counts" : "");
+    char sh0[96], sh[128];
+    snprintf(sh0, sizeof sh0, "T=%d C=%d E=%d k=%d Fm=%d%s%s", T, C, E, k, Fm, norm ? " norm" : "", counts ? " counts" : "");
     size_t nx = (size_t)T * C, nk = (size_t)T * k, nw = (size_t)E * Fm * C, ns = MOE_STATS(E), ne = (size_t)T * E;
     unsigned long long sd = 700 + (unsigned long long)T * 31 + E;
     float *x = gc_rand(nx, 2.0f, sd), *wr = gc_rand((size_t)E * C, 0.2f, sd + 1), *res = gc_rand(nx, 1.0f, sd + 2);
@@ -1114,110 +1114,120 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     cpu->moe_router_bwd(cpu, rdx_c, dwr_c, dl_c, dtw_c, p_c, ti_c, x, wr, aux, cnt, T, C, E, k, norm);
     float *dx0e = gc_rand(nx, (float)rms_delta(dx_c, dx0, nx), sd + 15),
           *dx0r = gc_rand(nx, (float)rms_delta(rdx_c, dx0, nx), sd + 16);
-    /* GPU: the router on its own, then the rest on the CPU's routes */
-    void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
-    void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
-    float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
-    int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
-    gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, NULL, gcnt, T, C, E, k, norm);
-    float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
-    int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
-    double topi_off = 0;
-    for (size_t i = 0; i < nk; i++)
-        if (ti_g[i] != ti_c[i]) {
-            size_t t = i / k;
-            int ok = ti_g[i] >= 0 && ti_g[i] < E && fabsf(p_c[t * E + ti_g[i]] - p_c[t * E + ti_c[i]]) < 1e-5f;
-            topi_off += !ok;
-        }
-    gc_row("moe_router_fwd probs", sh, rel_l2(p_g, p_c, ne), 1e-4);
-    gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
-    gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
-    gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
-    { /* routing replay: given experts (k distinct per token, not the top-k) are taken as they are */
-        int *given = malloc(nk * 4), *ti_r = malloc(nk * 4);
-        float *tw_r = malloc(nk * 4);
-        unsigned long long rs = sd + 17;
-        for (int t = 0; t < T; t++)
-            for (int s = 0; s < k; s++) {
-                int e, dup;
-                do {
-                    e = (int)((check_randf(&rs, 0.5f) + 0.5f) * E) % E;
-                    dup = 0;
-                    for (int j = 0; j < s; j++) dup |= given[t * k + j] == e;
-                } while (dup);
-                given[t * k + s] = e;
+    /* GPU, once per variant of the experts' GEMMs (kernels/tune.h): the router on its own, then
+     * the rest on the CPU's routes */
+    static const int variants[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_FEW, TUNE_MOE_AUTO};
+    static const char *vname[] = {"tiles", "grouped", "few", "auto"};
+    for (int vi = 0; vi < 4; vi++) {
+        gpu->tune.moe = variants[vi];
+        snprintf(sh, sizeof sh, "%s %s", sh0, vname[vi]);
+        void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
+        void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
+        float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
+        int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
+        gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, NULL, gcnt, T, C, E, k, norm);
+        float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
+        int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
+        double topi_off = 0;
+        for (size_t i = 0; i < nk; i++)
+            if (ti_g[i] != ti_c[i]) {
+                size_t t = i / k;
+                int ok = ti_g[i] >= 0 && ti_g[i] < E && fabsf(p_c[t * E + ti_g[i]] - p_c[t * E + ti_c[i]]) < 1e-5f;
+                topi_off += !ok;
             }
-        cpu->moe_router_fwd(cpu, p_c, ti_r, tw_r, NULL, x, wr, given, cnt, T, C, E, k, norm);
-        int *ggv = gc_dev(gpu, given, nk * 4);
-        gpu->moe_router_fwd(gpu, gp, gti, gtw, NULL, gx, gwr, ggv, gcnt, T, C, E, k, norm);
-        float *twr_g = gc_get_f32(gpu, gtw, nk);
-        int *tir_g = (int *)gc_get_f32(gpu, gti, nk);
-        gc_row("moe_router_fwd replayed topi", sh, memcmp(tir_g, given, nk * 4) != 0 || memcmp(ti_r, given, nk * 4) != 0, 0);
-        gc_row("moe_router_fwd replayed topw", sh, rel_l2(twr_g, tw_r, nk), 1e-4);
-        free(given), free(ti_r), free(tw_r), free(twr_g), free(tir_g);
-        gpu->free(gpu, ggv);
+        gc_row("moe_router_fwd probs", sh, rel_l2(p_g, p_c, ne), 1e-4);
+        gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
+        gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
+        gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
+        { /* routing replay: given experts (k distinct per token, not the top-k) are taken as they are */
+            int *given = malloc(nk * 4), *ti_r = malloc(nk * 4);
+            float *tw_r = malloc(nk * 4);
+            unsigned long long rs = sd + 17;
+            for (int t = 0; t < T; t++)
+                for (int s = 0; s < k; s++) {
+                    int e, dup;
+                    do {
+                        e = (int)((check_randf(&rs, 0.5f) + 0.5f) * E) % E;
+                        dup = 0;
+                        for (int j = 0; j < s; j++) dup |= given[t * k + j] == e;
+                    } while (dup);
+                    given[t * k + s] = e;
+                }
+            cpu->moe_router_fwd(cpu, p_c, ti_r, tw_r, NULL, x, wr, given, cnt, T, C, E, k, norm);
+            int *ggv = gc_dev(gpu, given, nk * 4);
+            gpu->moe_router_fwd(gpu, gp, gti, gtw, NULL, gx, gwr, ggv, gcnt, T, C, E, k, norm);
+            float *twr_g = gc_get_f32(gpu, gtw, nk);
+            int *tir_g = (int *)gc_get_f32(gpu, gti, nk);
+            gc_row("moe_router_fwd replayed topi", sh, memcmp(tir_g, given, nk * 4) != 0 || memcmp(ti_r, given, nk * 4) != 0, 0);
+            gc_row("moe_router_fwd replayed topw", sh, rel_l2(twr_g, tw_r, nk), 1e-4);
+            free(given), free(ti_r), free(tw_r), free(twr_g), free(tir_g);
+            gpu->free(gpu, ggv);
+        }
+        /* the experts on the CPU's routes */
+        if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
+        void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
+        void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
+        gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
+        gc_moe_fwd_rows(gpu, "moe_experts_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c},
+                        nk, Fm, C, nx);
+        void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
+        float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
+        float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
+        float *gdtw = gpu->alloc(gpu, nk * 4);
+        gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
+                             E, k, Fm, NULL);
+        float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
+        float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
+        float *dwd_g = gc_get_f32(gpu, gdwd, nw);
+        gc_row("moe_experts_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
+        gc_row("moe_experts_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
+        gc_row("moe_experts_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
+        gc_row("moe_experts_bwd dinp", sh, gc_rel_delta(dx_g, dx0e, dx_c, dx0, nx), 1e-2);
+        gc_row("moe_experts_bwd dWgate", sh, gc_rel_delta(dwg_g, dwg0, dwg_c, dwg0, nw), 1e-2);
+        gc_row("moe_experts_bwd dWup", sh, gc_rel_delta(dwu_g, dwu0, dwu_c, dwu0, nw), 1e-2);
+        gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
+        /* again from the same state: the same bits; unrouted experts: their gradients untouched */
+        gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T,
+                             C, E, k, Fm, NULL);
+        float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
+        float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
+        double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;
+        differ += memcmp(dwg_2, dwg_g, nw * 4) != 0 || memcmp(dwu_2, dwu_g, nw * 4) != 0 || memcmp(dwd_2, dwd_g, nw * 4) != 0;
+        int unrouted = 0;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (size_t i = 0; i < nk && !used; i++) used = ti_c[i] == e;
+            if (used) continue;
+            unrouted++;
+            size_t o = (size_t)e * Fm * C, m = (size_t)Fm * C;
+            touched += memcmp(dwg_g + o, dwg0 + o, m * 4) != 0 || memcmp(dwu_g + o, dwu0 + o, m * 4) != 0 ||
+                memcmp(dwd_g + o, dwd0 + o, m * 4) != 0;
+        }
+        gc_row("moe_experts_bwd twice: outputs differ", sh, differ, 0);
+        char sh2[160];
+        snprintf(sh2, sizeof sh2, "%s, %d unrouted", sh, unrouted);
+        gc_row("moe_experts_bwd unrouted experts touched", sh2, touched, 0);
+        /* the router's backward on the CPU's probs, routes and dtopw */
+        void *grdx = gc_act(gpu, dx0r, nx);
+        float *gdwr = gc_dev(gpu, dwr0, (size_t)E * C * 4), *gdl = gpu->alloc(gpu, ne * 4), *gaux = gc_dev(gpu, aux, (size_t)E * 4);
+        if (gpu->to_dev(gpu, gp, p_c, ne * 4) || gpu->to_dev(gpu, gdtw, dtw_c, nk * 4)) gc_die(gpu, "router bwd inputs");
+        gpu->moe_router_bwd(gpu, grdx, gdwr, gdl, gdtw, gp, gti, gx, gwr, gaux, gcnt, T, C, E, k, norm);
+        float *rdx_g = gc_get_act(gpu, grdx, nx), *dwr_g = gc_get_f32(gpu, gdwr, (size_t)E * C), *dl_g = gc_get_f32(gpu, gdl, ne);
+        gc_row("moe_router_bwd dlogit", sh, rel_l2(dl_g, dl_c, ne), 1e-4);
+        gc_row("moe_router_bwd dinp", sh, gc_rel_delta(rdx_g, dx0r, rdx_c, dx0, nx), 1e-2);
+        gc_row("moe_router_bwd dWr", sh, gc_rel_delta(dwr_g, dwr0, dwr_c, dwr0, (size_t)E * C), 1e-2);
+        void *gbufs[] = {gx,  gwr, gres, gwg,  gwu,  gwd,  gdout, gp,    gtw,   gst,   gti,  gcnt, geg,  geu, gey, gout,
+                         gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
+        for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
+            if (gbufs[i]) gpu->free(gpu, gbufs[i]);
+        void *gh[] = {p_g,   tw_g,  st_g, ti_g,  dx_g,  dtw_g, dg_g,  du_g,  dwg_g,
+                      dwu_g, dwd_g, dx_2, dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+        for (size_t i = 0; i < sizeof gh / sizeof gh[0]; i++) free(gh[i]);
     }
-    /* the experts on the CPU's routes */
-    if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
-    void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
-    void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
-    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
-    gc_moe_fwd_rows(gpu, "moe_experts_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c}, nk,
-                    Fm, C, nx);
-    void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
-    float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
-    float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
-    float *gdtw = gpu->alloc(gpu, nk * 4);
-    gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
-                         k, Fm, NULL);
-    float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
-    float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
-    float *dwd_g = gc_get_f32(gpu, gdwd, nw);
-    gc_row("moe_experts_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
-    gc_row("moe_experts_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_bwd dinp", sh, gc_rel_delta(dx_g, dx0e, dx_c, dx0, nx), 1e-2);
-    gc_row("moe_experts_bwd dWgate", sh, gc_rel_delta(dwg_g, dwg0, dwg_c, dwg0, nw), 1e-2);
-    gc_row("moe_experts_bwd dWup", sh, gc_rel_delta(dwu_g, dwu0, dwu_c, dwu0, nw), 1e-2);
-    gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
-    /* again from the same state: the same bits; unrouted experts: their gradients untouched */
-    gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
-                         E, k, Fm, NULL);
-    float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
-    float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
-    double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;
-    differ += memcmp(dwg_2, dwg_g, nw * 4) != 0 || memcmp(dwu_2, dwu_g, nw * 4) != 0 || memcmp(dwd_2, dwd_g, nw * 4) != 0;
-    int unrouted = 0;
-    for (int e = 0; e < E; e++) {
-        int used = 0;
-        for (size_t i = 0; i < nk && !used; i++) used = ti_c[i] == e;
-        if (used) continue;
-        unrouted++;
-        size_t o = (size_t)e * Fm * C, m = (size_t)Fm * C;
-        touched += memcmp(dwg_g + o, dwg0 + o, m * 4) != 0 || memcmp(dwu_g + o, dwu0 + o, m * 4) != 0 ||
-            memcmp(dwd_g + o, dwd0 + o, m * 4) != 0;
-    }
-    gc_row("moe_experts_bwd twice: outputs differ", sh, differ, 0);
-    char sh2[128];
-    snprintf(sh2, sizeof sh2, "%s, %d unrouted", sh, unrouted);
-    gc_row("moe_experts_bwd unrouted experts touched", sh2, touched, 0);
-    /* the router's backward on the CPU's probs, routes and dtopw */
-    void *grdx = gc_act(gpu, dx0r, nx);
-    float *gdwr = gc_dev(gpu, dwr0, (size_t)E * C * 4), *gdl = gpu->alloc(gpu, ne * 4), *gaux = gc_dev(gpu, aux, (size_t)E * 4);
-    if (gpu->to_dev(gpu, gp, p_c, ne * 4) || gpu->to_dev(gpu, gdtw, dtw_c, nk * 4)) gc_die(gpu, "router bwd inputs");
-    gpu->moe_router_bwd(gpu, grdx, gdwr, gdl, gdtw, gp, gti, gx, gwr, gaux, gcnt, T, C, E, k, norm);
-    float *rdx_g = gc_get_act(gpu, grdx, nx), *dwr_g = gc_get_f32(gpu, gdwr, (size_t)E * C), *dl_g = gc_get_f32(gpu, gdl, ne);
-    gc_row("moe_router_bwd dlogit", sh, rel_l2(dl_g, dl_c, ne), 1e-4);
-    gc_row("moe_router_bwd dinp", sh, gc_rel_delta(rdx_g, dx0r, rdx_c, dx0, nx), 1e-2);
-    gc_row("moe_router_bwd dWr", sh, gc_rel_delta(dwr_g, dwr0, dwr_c, dwr0, (size_t)E * C), 1e-2);
-    void *gbufs[] = {gx,  gwr, gres, gwg,  gwu,  gwd,  gdout, gp,    gtw,   gst,   gti,  gcnt, geg,  geu, gey, gout,
-                     gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
-    for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
-        if (gbufs[i]) gpu->free(gpu, gbufs[i]);
-    void *hbufs[] = {dx0e,  dx0r,  x,     wr,    res,   wg,    wu,    wd,    dout,  dx0,   st0,  dwg0, dwu0,  dwd0,
-                     dwr0,  aux,   cnt,   p_c,   tw_c,  st_c,  ti_c,  eg_c,  eu_c,  ey_c,  o_c,  dx_c, dwg_c, dwu_c,
-                     dwd_c, dtw_c, dg_c,  du_c,  rdx_c, dwr_c, dl_c,  p_g,   tw_g,  st_g,  ti_g, dx_g, dtw_g, dg_g,
-                     du_g,  dwg_g, dwu_g, dwd_g, dx_2,  dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+    gpu->tune.moe = TUNE_MOE_AUTO;
+    void *hbufs[] = {dx0e, dx0r, x,     wr,    res,   wg,    wu,   wd,   dout,  dx0,   st0,  dwg0,
+                     dwu0, dwd0, dwr0,  aux,   cnt,   p_c,   tw_c, st_c, ti_c,  eg_c,  eu_c, ey_c,
+                     o_c,  dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, rdx_c, dwr_c, dl_c};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
