@@ -24,7 +24,8 @@
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
-#   (g2) with BENCH_MOE=1: bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
+#       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd)
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
@@ -68,7 +69,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
 PROGS="test_ops test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
-BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid"
+BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -210,6 +211,7 @@ fi
 # peer of one GRPO update at those dims (tests/gpu/peer_moe_step.py, BENCH_MOE_LAYERS layers: 4)
 if [ "${BENCH_MOE:-0}" = 1 ]; then
     {
+        timeout ${T_BENCH:-200} "$BIN/bench_moe"
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 1 1024 16 256
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 8 1024 16 256
         if [ "${PEER_MOE:-0}" = 1 ]; then PYTHONUNBUFFERED=1 timeout 400 python3 tests/gpu/peer_moe_step.py ${BENCH_MOE_LAYERS:-4}; fi
