@@ -18,7 +18,8 @@
  * (measured on the H200: gradients 4.0e-2 and 2.5e-2 against the CPU, max |Δ logprob| 0.45 on the
  * first); their gradient errors are printed. tests/gpu/test_model.c checks MoE gradients on
  * routes that cannot flip; so does the Qwen3.5 MoE fixture (qwen3_5_moe_text: logprob rows,
- * gradients printed). The Qwen3.5 fixtures (gated DeltaNet and gated attention layers,
+ * gradients printed; its logprobs against transformers are held to twice what rounding the weights
+ * to bf16 alone moves them by, at least 1e-2: measured 1.28e-2 on the H200, a route flipped). The Qwen3.5 fixtures (gated DeltaNet and gated attention layers,
  * tests/fixtures/make_hybrid_reference.py) hold the logprob tolerances; their gradients move by
  * 5.4e-2 and 8.0e-2 when the weights alone are rounded to bf16 (the recurrence compounds the
  * large random weights' rounding: the "weight rounding alone" line), and bf16 activations cost
@@ -155,7 +156,12 @@ int main(void) {
         int flips = config_n_moe(&cfg) > 0; /* routes may differ (the header says why): printed */
         double worst = 0;
         for (long long k = 0; k < M; k++) worst = fmax(worst, fabs(lp[k] - lref[k]));
-        gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M), 1e-2);
+        /* a hybrid MoE's weights rounded to bf16 already flip routes: held to twice what the rounding
+         * alone moves them by (the cpu on bf16 weights vs transformers), at least 1e-2 */
+        double lp_rounding = rel_l2(lp_c, lref, (size_t)M);
+        printf("# %s logprobs: cpu on bf16 weights vs transformers %.3e (weight rounding alone)\n", models[mi], lp_rounding);
+        gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M),
+               flips && cfg.arch == ARCH_QWEN3_5 ? fmax(1e-2, 2 * lp_rounding) : 1e-2);
         printf("# %s max |dlogprob| cuda vs transformers %.3e\n", models[mi], worst);
         /* gradients against autograd, all parameters together */
         const char *gf = js_get_str(root, "grads_file");
