@@ -146,7 +146,8 @@ fuzz: $(FUZZ_BIN)
 #               `make test` runs it).
 #   build/tsan  TSan over the code with threads: unit tests test_comm (cpu comm ranks),
 #               test_comm_tcp (TCP comm ranks, two processes), test_dp (engines on rank threads),
-#               test_update_atomic (the safety copy's thread), test_store (SQLite from threads);
+#               test_update_atomic (the safety copy's thread), test_store (SQLite from threads),
+#               test_moe_ep (expert-parallel ranks on threads);
 #               integration tests test_ranks (rank threads), test_batching (the worker thread
 #               beside the HTTP threads), test_lifecycle (signals, drain, shutdown), test_join
 #               (a leader's cluster calls and a follower's poller thread).
@@ -156,7 +157,7 @@ fuzz: $(FUZZ_BIN)
 SAN_ASAN   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 SAN_TSAN   := -fsanitize=thread
 ASAN_TESTS := $(filter-out %/test_torture.py,$(wildcard tests/integration/test_*.py))
-TSAN_UNITS := test_comm test_comm_tcp test_dp test_update_atomic test_store
+TSAN_UNITS := test_comm test_comm_tcp test_dp test_update_atomic test_store test_moe_ep
 TSAN_TESTS := $(addprefix tests/integration/,test_ranks.py test_batching.py test_lifecycle.py test_join.py)
 # -Wno-pass-failed: clang says each `omp simd` loop it leaves scalar under the sanitizers
 SAN_CFLAGS := -O2 -g -Wno-pass-failed

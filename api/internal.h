@@ -46,6 +46,7 @@ struct api_server {
     long long kv_rows; /* rollout KV pool rows (0 = unknown); set before the engine */
     long long state_rows; /* its recurrent-state rows (hybrid models; 0 = none or unknown) */
     long long mb_tokens, mb_tokens_max; /* the memory plan's micro-batch default and limit (0: none) */
+    int moe_layers; /* the model's MoE layers (api_model) */
     _Atomic int failed, stopping;
     char fail_msg[256];
     char load_msg[256]; /* why /readyz is 503 before api_set_engine ("" = loading) */

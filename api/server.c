@@ -63,6 +63,7 @@ eng *api_engine_or_reply(api_server *s, struct MHD_Connection *c, api_req *x, ap
         m->state_rows = s->state_rows;
         m->mb_tokens = s->mb_tokens;
         m->mb_tokens_max = s->mb_tokens_max;
+        m->moe_layers = s->moe_layers;
         m->tokenize = hook_tokenize;
         m->render_chat = hook_chat;
         m->ud = e;
@@ -283,6 +284,7 @@ void api_set_engine(api_server *s, eng *e) {
     s->max_pos = in.max_pos;
     s->mb_tokens = in.plan.micro_batch_tokens;
     s->mb_tokens_max = in.plan.micro_batch_tokens_max;
+    s->moe_layers = in.moe_layers;
     metrics_policy_version(in.policy_version);
     atomic_store(&s->engine, e);
 }

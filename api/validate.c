@@ -447,6 +447,13 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
         rc = api_fail(e, GE_INVALID, "rollout_job_id", "rollout_job_id must look like j_ + 16 hex digits");
         goto fail;
     }
+    if (!strcmp(json_object_get_string(json_object_object_get(algo, "routing_replay")), "rollout") &&
+        (!rid || (m && !m->moe_layers))) {
+        rc = api_fail(e, GE_INVALID, "algorithm.routing_replay",
+                      !rid ? "algorithm.routing_replay \"rollout\" replays the routes a rollout recorded: it needs rollout_job_id"
+                           : "algorithm.routing_replay \"rollout\" needs a mixture-of-experts model; this one has no MoE layers");
+        goto fail;
+    }
     int need_lp = strcmp(json_object_get_string(json_object_object_get(algo, "old_logprobs")), "rollout") == 0;
     if ((rc = rollout_corr_or_reply(algo, need_lp, e))) goto fail;
     const char *ris = json_object_get_string(json_object_object_get(algo, "rollout_is"));

@@ -44,6 +44,7 @@ typedef struct {
     /* max_tokens_per_micro_batch: the default (0: MB_TOKENS_DEFAULT) and the most an update's
      * activations hold on the device (0: no check), from the engine's memory plan */
     long long mb_tokens, mb_tokens_max;
+    int moe_layers; /* MoE layers (0: a dense model; routing replay is refused) */
     int (*tokenize)(void *ud, const char *text, size_t len, int add_special, int **ids, int *n);
     int (*render_chat)(void *ud, const char *const *roles, const char *const *contents, int n, int add_generation_prompt,
                        char **text);

@@ -23,6 +23,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "daemon/json_read.h"
+#include "daemon/moe_routes.h"
 #include "daemon/test_hooks.h"
 
 /* Token ids: a json array, or a packed one (api_packed_parse). */
@@ -183,6 +184,7 @@ struct jobs_rollout {
     int *gi; /* (ng) a follower's part: its groups' indices in the leader's
                                  * request (the payload's group_index); NULL: 0..ng-1 */
     long long prompt_tokens, policy_version;
+    int moe_layers, top_k; /* the model's (eng_info): a token's routes */
     double t0;
     ranks *rk;
     rollout_part *parts;
@@ -360,6 +362,8 @@ static int rollout_open(const jobs_env *env, const store_job *j, jobs_rollout **
     eng_info info;
     eng_get_info(env->e, &info);
     (*r)->policy_version = info.policy_version;
+    (*r)->moe_layers = info.moe_layers;
+    (*r)->top_k = info.top_k;
     (*r)->t0 = clock_mono_ms();
     long long want = field_int((*r)->p, "policy_version", -1);
     if (want >= 0 && want != info.policy_version) {
@@ -509,13 +513,24 @@ int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **re
     return rc ? rc : 1;
 }
 
+int jobs_rollout_keep_routes(const jobs_rollout *r, store *st, const char *id) {
+    void *blob;
+    size_t len;
+    int rc = moe_routes_encode(r->rg, r->out, r->ng, r->moe_layers, r->top_k, &blob, &len);
+    if (!rc && blob) rc = store_routes_put(st, id, blob, len);
+    free(blob);
+    return rc;
+}
+
 /* The one-job path (jobs_run): the same parse and result around eng_rollout. */
 static int run_rollout(const jobs_env *env, const store_job *j, char **result) {
     jobs_rollout *r;
     int rc = rollout_open(env, j, &r);
     if (rc) return rc;
     r->s.group_index = r->gi;
-    if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud))) rc = rollout_result(r, result);
+    if (!(rc = eng_rollout(env->e, r->rg, r->ng, &r->s, r->out, env->progress, env->progress_ud)) &&
+        !(rc = jobs_rollout_keep_routes(r, env->st, j->id)))
+        rc = rollout_result(r, result);
     jobs_rollout_free(r);
     return rc;
 }
@@ -642,12 +657,23 @@ static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
 }
 
 /* The update's engine call on every rank: groups (the payload's, or the named rollout's) → the
- * engine's structs → eng_update. The leader (run_update) and a follower (jobs_follow) both. */
+ * engine's structs → eng_update. The leader (run_update) and a follower (jobs_follow) both.
+ * routes (len bytes, routes.h; NULL: none): the named rollout's, replayed (routing_replay). */
 static int update_exec(const jobs_env *env, json_object *p, json_object *groups, const loss_config *algo, const eng_optim *opt,
-                       const char *call, eng_update_result *u) {
+                       const char *call, const void *routes, size_t len, eng_update_result *u) {
     seqs s = {0};
+    moe_routes rs = {0};
     int rc;
     if ((rc = seqs_from_json(groups, 1, algo->use_rollout_logprobs || rcorr_enabled(algo), &s))) goto done;
+    if (algo->routing_replay && !routes) {
+        rc = err_set(GE_UNSUPPORTED, "algorithm.routing_replay: the routes of the rollout are not here (a follower process)");
+        goto done;
+    }
+    if (routes) {
+        eng_info info;
+        eng_get_info(env->e, &info);
+        if ((rc = moe_routes_attach(routes, len, info.moe_layers, info.n_experts, info.top_k, s.g, s.n, &rs))) goto done;
+    }
     if (algo->adv == ADV_GIVEN)
         for (int i = 0; i < s.n; i++)
             if (!s.g[i].advantage) {
@@ -659,6 +685,7 @@ static int update_exec(const jobs_env *env, json_object *p, json_object *groups,
     rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, mt, u}, call);
 done:
     seqs_free(&s);
+    moe_routes_free(&rs);
     return rc;
 }
 
@@ -675,15 +702,26 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
                        expected, info.policy_version);
     json_object *src = NULL, *groups = field_get(p, "groups");
     char *call = NULL;
+    void *routes = NULL;
+    size_t rlen = 0;
     int oom = 0;
     const char *rid = field_str(p, "rollout_job_id", NULL);
+    if (rid && algo.routing_replay && (rc = store_routes_get(env->st, rid, &routes, &rlen)))
+        return rc == GE_NOT_FOUND ? err_set(GE_CONFLICT,
+                                            "algorithm.routing_replay: rollout_job_id %s has no recorded routes (a rollout of "
+                                            "a mixture-of-experts model, run in this process, records them)",
+                                            rid)
+                                  : rc;
     if (rid) {
         store_job rj = {0};
         if ((rc = store_get(env->st, rid, &rj))) return err_set(rc, "rollout_job_id %s: %s", rid, err_msg());
         src = rj.result && rj.status == JOB_DONE ? api_packed_parse(rj.result) : NULL;
         if (src) call = call_text(env, "update", payload, rj.result, NULL, 0, &oom); /* the rollout inlined */
         store_job_clear(&rj);
-        if (!src) return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
+        if (!src) {
+            free(routes);
+            return err_set(GE_CONFLICT, "rollout_job_id %s has no result", rid);
+        }
         groups = field_get(src, "groups");
     } else {
         call = call_text(env, "update", payload, NULL, NULL, 0, &oom);
@@ -693,7 +731,13 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
         rc = err_set(GE_NOMEM, "out of memory");
         goto done;
     }
-    if ((rc = update_exec(env, p, groups, &algo, &opt, call, &u))) goto done;
+    if (routes && call) {
+        rc = err_set(GE_UNSUPPORTED,
+                     "algorithm.routing_replay rollout: the ranks of other processes (a cluster) do not get "
+                     "the routes yet; run the update without it");
+        goto done;
+    }
+    if ((rc = update_exec(env, p, groups, &algo, &opt, call, routes, rlen, &u))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
     json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
@@ -763,6 +807,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     if (!(*result = to_text(res))) rc = GE_NOMEM;
 done:
     free(call);
+    free(routes);
     json_object_put(src);
     return rc;
 }
@@ -1001,7 +1046,7 @@ int jobs_follow(const jobs_env *env, const char *call) {
             eng_optim opt;
             eng_update_result u = {0};
             if (!(rc = update_params(p, &algo, &opt)))
-                rc = update_exec(env, p, src ? field_get(src, "groups") : field_get(p, "groups"), &algo, &opt, NULL, &u);
+                rc = update_exec(env, p, src ? field_get(src, "groups") : field_get(p, "groups"), &algo, &opt, NULL, NULL, 0, &u);
         } else {
             seqs s = {0};
             float **lp = NULL;

@@ -52,6 +52,10 @@ int jobs_follow(const jobs_env *env, const char *call);
 typedef struct jobs_rollout jobs_rollout;
 int jobs_rollout_start(const jobs_env *env, const store_job *j, jobs_rollout **out);
 int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **result);
+/* After poll returned 1: stores the rollout's MoE routes under its job id (daemon/moe_routes.h), for
+ * an update's routing replay; nothing for a dense model or when a part has none (a remote
+ * rank's). 0 or the store's error. */
+int jobs_rollout_keep_routes(const jobs_rollout *r, store *st, const char *id);
 void jobs_rollout_free(jobs_rollout *r);
 /* The responses sampled so far by rank 0's scheduler (the one this thread steps; peers' parts
  * are not read while they run): fn(ud, group in the request, response, tokens, logprobs, n). */

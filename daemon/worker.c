@@ -528,6 +528,7 @@ static void flights_poll(worker *w) {
         int started;
         err_clear();
         int st = jobs_rollout_poll(f->r, &progress, &started, &result);
+        if (st == 1 && jobs_rollout_keep_routes(f->r, w->st, f->job.id)) st = GE_STORE; /* before the result: replay finds them */
         int cancel = 0;
         if (st == 0 && now >= f->next_cancel_check) {
             f->next_cancel_check = now + 0.2;

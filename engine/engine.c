@@ -151,6 +151,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      e->be->no_hybrid ? e->be->no_hybrid : "LoRA adapters on hybrid models are not built yet");
         goto fail;
     }
+    if (e->be->max_head_dim && cfg.D > e->be->max_head_dim) {
+        rc = err_set(GE_UNSUPPORTED, "%s: attention head dim %d is above the %s backend's %d (run it with --backend cpu)",
+                     o->model_dir, cfg.D, e->be->name, e->be->max_head_dim);
+        goto fail;
+    }
     if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
@@ -314,6 +319,9 @@ void eng_get_info(eng *e, eng_info *o) {
     o->n_params = config_n_params(c);
     o->policy_version = e->policy_version;
     o->n_eos = c->n_eos;
+    o->moe_layers = config_n_moe(c);
+    o->top_k = o->moe_layers ? c->top_k : 0;
+    o->n_experts = o->moe_layers ? c->E : 0;
     if (e->m.lora_r) {
         o->lora_rank = e->m.lora_r;
         o->lora_alpha = e->m.lora_alpha;
@@ -437,10 +445,16 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
     return rc;
 }
 
-/* eng_update_group -> pack_group (shares the arrays). */
-static void to_pack_groups(const eng_update_group *g, int n, pack_group *pg) {
-    for (int i = 0; i < n; i++)
-        pg[i] = (pack_group){.prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R};
+pack_group eng_pack_group(const eng *e, const eng_update_group *g) {
+    return (pack_group){.prompt = g->prompt,
+                        .P = g->P,
+                        .N = g->n,
+                        .resp = g->resp,
+                        .R = g->R,
+                        .prompt_routes = g->prompt_routes,
+                        .resp_routes = g->resp_routes,
+                        .rl = config_n_moe(&e->m.cfg),
+                        .rk = e->m.cfg.top_k};
 }
 
 int eng_logprobs(eng *e, const eng_update_group *g, int n, int use_reference, float temperature, long long max_tokens,
@@ -466,7 +480,7 @@ int eng_logprobs_top(eng *e, const eng_update_group *g, int n, int use_reference
     float *all_lps = k ? malloc(mk * sizeof(float)) : NULL, **lps = k ? calloc(nr, sizeof *lps) : NULL;
     int rc = pg && all && res && (!k || (all_ids && ids && all_lps && lps)) ? 0 : err_set(GE_NOMEM, "logprobs: out of memory");
     if (!rc) {
-        to_pack_groups(g, n, pg);
+        for (int i = 0; i < n; i++) pg[i] = eng_pack_group(e, &g[i]);
         rc = eng_score(e, use_reference ? &e->rv : &e->wv, pg, n, max_tokens, temperature, all, NULL, k, all_ids, all_lps);
     }
     for (long long i = 0, q = 0, off = 0; !rc && i < n; i++)

@@ -110,6 +110,9 @@ typedef struct {
     float lora_alpha;
     char lora_targets[96]; /* PEFT module names, comma-separated */
     long long lora_params; /* trainable adapter parameters */
+    /* MoE layers, experts, experts per token (0: a dense model): a token's routes are
+     * moe_layers·top_k ints in [0, n_experts) */
+    int moe_layers, n_experts, top_k;
     eng_plan plan; /* the memory plan */
 } eng_info;
 void eng_get_info(eng *e, eng_info *out);
@@ -173,11 +176,19 @@ typedef struct {
     char *text;
     size_t text_len;
     eng_finish finish;
+    /* MoE models (else NULL): the experts each MoE layer chose for token i as an input, for
+     * routing replay (eng_update_group's routes; engine/rollout/routes.h): (n_tokens, Lm, k),
+     * Lm = eng_info.moe_layers, k = eng_info.top_k; the last token (never an input) is -1.
+     * Grown as the response decodes; NULL also when host memory ran out (nothing to replay) */
+    int *routes;
 } eng_response;
 typedef struct {
     eng_response *resp;
     int n;
     int cached_tokens; /* prompt ids whose K/V came from the scheduler's prefix cache, not prefilled */
+    /* MoE models (else NULL): (P, Lm, k) the prompt's routes; the cached_tokens first are -1 (the
+     * prefix cache keeps keys and values, not routes: the trainer routes those tokens itself) */
+    int *prompt_routes;
 } eng_group_result;
 
 /* Optional progress report, called on the engine thread: done of total tokens. */
@@ -286,6 +297,12 @@ typedef struct {
      * whose array is NULL). A 0 token is context (a tool's output): attended to, no loss
      * (loss.h loss_compute's tmask) */
     const unsigned char *const *loss_mask;
+    /* MoE routing replay (kernels/moe.h), or NULL: each token's experts as a rollout chose them
+     * (eng_response.routes, eng_group_result.prompt_routes), replayed by every pass instead of
+     * the router's top-k; (P, Lm, k) and n arrays (R[i], Lm, k); a token whose first is -1
+     * routes freely */
+    const int *prompt_routes;
+    const int *const *resp_routes;
 } eng_update_group;
 
 /* Data-parallel placement (engine/train/dp.c): rank[i] in 0..W-1 for each of n groups of

@@ -66,6 +66,8 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad);
  * (kernels/logprob.h logprob_top; ids -1 in a group too large for one micro-batch). */
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
               float *ent, int top_k, int *top_ids, float *top_lps);
+/* An update group as the packer takes it (sharing its arrays; routes sized for e's model). */
+pack_group eng_pack_group(const eng *e, const eng_update_group *g);
 /* rollout.c: the weights are about to change: the scheduler's prefix cache is emptied and its
  * KV pool given back when no rollout runs (the update has the memory). */
 void sched_forget(struct eng_sched *s);

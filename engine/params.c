@@ -66,6 +66,10 @@ static const eng_param loss_rows[] = {
      "logprobs of logits / temperature (match the rollout's)"},
     {"old_logprobs", PT_ENUM, 0, 0, PB_ROW, 0, 0, "recompute|rollout", 0, L_(use_rollout_logprobs), -1,
      "old logprobs from an old-policy pass (recompute) or from the responses (rollout)"},
+    {"routing_replay", PT_ENUM, 0, 0, PB_ROW, 0, 0, "off|rollout", 0, L_(routing_replay), -1,
+     "MoE models: rollout = every pass routes each token to the experts the rollout named by "
+     "rollout_job_id chose (R3, veRL's router_replay.mode R3); off = the router's own top-k (veRL's "
+     "disabled, its default)"},
     {"mask_truncated_completions", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, L_(mask_truncated), -1,
      "responses cut by max_tokens add no loss"},
     {"filter_groups", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, L_(filter_groups), -1,

@@ -1,31 +1,661 @@
-/* deltanet.cu — CUDA gated DeltaNet launchers (deltanet.cuh): not built yet. Each marks the
- * context failed with "not supported on cuda yet", so a call that got here anyway ends in a
- * clear sticky error at the next sync instead of wrong numbers. */
+/* deltanet.cu — the gated DeltaNet ops (deltanet.h) on CUDA: bf16 activations, fp32 state and
+ * accumulation, no float atomics (every sum has one owner and a fixed order: same bits twice).
+ * Legend as deltanet.h (T, Hk, Hv, Dk, Dv, Kc, Cc); NS = ⌈Dv/DN_BV⌉ column slices of a state.
+ *
+ * The rule is the recurrent form, walked token by token:
+ *   - dn_prep_kernel: per token the l2-normalised q (scaled by 1/sqrt(Dk)) and k of each key
+ *     head, g and β of each value head, fp32 (scratch in `states`).
+ *   - dn_rule_fwd_kernel: one block per (value head, slice of DN_BV state columns) — the columns
+ *     of S evolve independently — walking every token in order with its Dk × DN_BV part of S in
+ *     registers (thread (warp w, lane) owns column w·8 + lane%8 and rows lane/8 + 4i). A token
+ *     continues the state of deltanet_prev(): t - 1 in registers, or any earlier token through
+ *     state_after(), which replays its chain from the last checkpoint on it. The state after
+ *     every token t ≡ 63 (mod 64) is a checkpoint (`states`), so a replay is at most one
+ *     chunk of the response and one of its prompt: the prompt's final state continues into
+ *     each response without N copies of it.
+ *   - dn_rule_bwd_kernel: the same blocks walk the chunks of 64 tokens in reverse: recompute
+ *     the chunk's states into a buffer, then walk its tokens in reverse carrying dS (the
+ *     gradient of the state after the token) in registers. The gradient a token passes to a
+ *     predecessor that is not t - 1 (a response start to its prompt's last token) waits in a
+ *     pending slot until the walk reaches it, summed in reverse token order. Per token the
+ *     block writes its partial dq, dk (Dk), dβ and dg sums; dn_rule_qk_kernel and
+ *     dn_rule_gate_kernel sum them over slices and value heads in a fixed order and run the
+ *     l2 norms', softplus' and sigmoid's backward.
+ * Scratch (deltanet_scratch_cuda): `states` holds the checkpoints (T/64 + 1, Hv, Dk, Dv), the
+ * backward's chunk buffer (Hv, 64, Dk, Dv) and the prep values; `dstates` the pending slots
+ * (DN_PEND, Hv, Dk, Dv) and the per-slice partials — O(T/64) states, never (T, Hv, Dk, Dv).
+ * Invariants of a packed layout (engine/model/pack.h), asserted with __trap (a sticky error):
+ * a chain needs at most DN_CHAIN tokens of replay and at most DN_PEND prompts wait for their
+ * responses' gradients at once (a packed batch has one). This is the simple form; the chunked
+ * (WY) form on tensor cores is not built yet.
+ *
+ * The conv is one thread per (token, channel) forward; backward one thread per channel walking
+ * the tokens in order (the CPU's order), scattering into an fp32 copy of dx (ctx scratch) that
+ * is rounded to bf16 once. The gated norm is a warp per (token, head) row; its dw sums rows in
+ * fixed chunks, then the chunks in order. */
 #include "kernels/deltanet.cuh"
 
-static void deltanet_unsupported(cu_ctx *c, const char *op) { cu_fail(c, op, "not supported on cuda yet", __FILE__, __LINE__); }
+enum { DN_BV = 32, DN_NT = 128, DN_CHUNK = 64, DN_PEND = 8, DN_CHAIN = 256 };
+
+__device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float dn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* deltanet_prev() on device ranges */
+__device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
+    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t];
+    if (b1 > b0) return t > b0 ? t - 1 : (a1 > a0 ? a1 - 1 : -1);
+    return t > a0 ? t - 1 : -1;
+}
+
+/* ---------------------------------------------------------------- scratch layout */
+
+typedef struct {
+    float *ck, *buf, *qn, *kn, *g, *beta; /* states: (NCK,Hv,Dk,Dv) (Hv,64,Dk,Dv) (T,Hk,Dk) x2 (T,Hv) x2 */
+    float *pend, *pdq, *pdk, *pdb, *pdg; /* dstates: (DN_PEND,Hv,Dk,Dv) (T,Hv,NS,Dk) x2 (T,Hv,NS) x2 */
+} dn_scratch;
+
+static long long dn_nck(int T) { return T / DN_CHUNK + 1; }
+static int dn_ns(int Dv) { return (Dv + DN_BV - 1) / DN_BV; }
+
+void deltanet_scratch_cuda(long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
+    long long SZ = (long long)Hv * Dk * Dv, NS = dn_ns(Dv);
+    *states = (dn_nck(T) + DN_CHUNK) * SZ + 2LL * T * Hk * Dk + 2LL * T * Hv;
+    *dstates = DN_PEND * SZ + 2LL * T * Hv * NS * Dk + 2LL * T * Hv * NS;
+}
+
+static dn_scratch dn_carve(float *states, float *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
+    long long SZ = (long long)Hv * Dk * Dv, NS = dn_ns(Dv);
+    dn_scratch s;
+    s.ck = states;
+    s.buf = s.ck + dn_nck(T) * SZ;
+    s.qn = s.buf + DN_CHUNK * SZ;
+    s.kn = s.qn + (long long)T * Hk * Dk;
+    s.g = s.kn + (long long)T * Hk * Dk;
+    s.beta = s.g + (long long)T * Hv;
+    s.pend = dstates;
+    s.pdq = dstates ? s.pend + DN_PEND * SZ : NULL;
+    s.pdk = dstates ? s.pdq + (long long)T * Hv * NS * Dk : NULL;
+    s.pdb = dstates ? s.pdk + (long long)T * Hv * NS * Dk : NULL;
+    s.pdg = dstates ? s.pdb + (long long)T * Hv * NS : NULL;
+    return s;
+}
+
+/* ---------------------------------------------------------------- conv */
+
+/* hist[j] = the token Kc-1-j steps back from t along dn_prev (-1: before the start) */
+__device__ __forceinline__ void dn_conv_hist(int *hist, attn_ranges r, int t, int Kc) {
+    int s = t;
+    for (int j = Kc - 1; j >= 0; j--) {
+        hist[j] = s;
+        if (s >= 0) s = dn_prev(r, s);
+    }
+}
+
+enum { DN_KC_MAX = 16 };
+
+__global__ void dn_conv_fwd_kernel(bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)T * Cc) return;
+    int t = (int)(i / Cc), c = (int)(i % Cc), hist[DN_KC_MAX];
+    dn_conv_hist(hist, r, t, Kc);
+    float s = 0;
+    for (int j = 0; j < Kc; j++)
+        if (hist[j] >= 0) s += __bfloat162float(w[(size_t)c * Kc + j]) * __bfloat162float(x[(size_t)hist[j] * Cc + c]);
+    u[i] = __float2bfloat16(s * dn_sigmoid(s));
+}
+
+/* one thread per channel, tokens in order: dxf (T,Cc) fp32 zeroed before; dw += */
+__global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
+                                   int Cc, int Kc) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= Cc) return;
+    float wc[DN_KC_MAX], dwc[DN_KC_MAX];
+    int hist[DN_KC_MAX];
+    for (int j = 0; j < Kc; j++) {
+        wc[j] = __bfloat162float(w[(size_t)c * Kc + j]);
+        dwc[j] = 0;
+    }
+    for (int t = 0; t < T; t++) {
+        dn_conv_hist(hist, r, t, Kc);
+        float xs[DN_KC_MAX], p = 0;
+        for (int j = 0; j < Kc; j++) {
+            xs[j] = hist[j] >= 0 ? __bfloat162float(x[(size_t)hist[j] * Cc + c]) : 0.0f;
+            p += wc[j] * xs[j];
+        }
+        float sg = dn_sigmoid(p), dp = __bfloat162float(du[(size_t)t * Cc + c]) * (sg * (1.0f + p * (1.0f - sg)));
+        for (int j = 0; j < Kc; j++)
+            if (hist[j] >= 0) {
+                dwc[j] += dp * xs[j];
+                dxf[(size_t)hist[j] * Cc + c] += dp * wc[j];
+            }
+    }
+    for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
+}
+
+__global__ void dn_f32_to_bf16_kernel(bf16 *y, const float *x, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
+static int dn_conv_ok(cu_ctx *c, const char *op, int Kc) {
+    if (Kc >= 1 && Kc <= DN_KC_MAX) return 1;
+    char m[64];
+    snprintf(m, sizeof m, "conv kernel %d taps (1..%d)", Kc, DN_KC_MAX);
+    cu_fail(c, op, m, __FILE__, __LINE__);
+    return 0;
+}
 
 void deltanet_conv_fwd_cuda(cu_ctx *c, bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc) {
-    deltanet_unsupported(c, "deltanet_conv_fwd_cuda");
+    if (c->failed || T <= 0 || !dn_conv_ok(c, "deltanet_conv_fwd_cuda", Kc)) return;
+    dn_conv_fwd_kernel<<<cu_blocks((long long)T * Cc, 256), 256, 0, c->stream>>>(u, x, w, r, T, Cc, Kc);
+    CU_LAUNCHED(c, "dn_conv_fwd_kernel");
 }
+
 void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
                             int Cc, int Kc) {
-    deltanet_unsupported(c, "deltanet_conv_bwd_cuda");
+    if (c->failed || T <= 0 || !dn_conv_ok(c, "deltanet_conv_bwd_cuda", Kc)) return;
+    long long n = (long long)T * Cc;
+    float *dxf = (float *)cu_scratch(c, (size_t)n * sizeof(float));
+    if (!dxf) return;
+    CU_CK(c, cudaMemsetAsync(dxf, 0, (size_t)n * sizeof(float), c->stream));
+    dn_conv_bwd_kernel<<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, T, Cc, Kc);
+    CU_LAUNCHED(c, "dn_conv_bwd_kernel");
+    dn_f32_to_bf16_kernel<<<cu_blocks(n, 256), 256, 0, c->stream>>>(dx, dxf, n);
+    CU_LAUNCHED(c, "dn_f32_to_bf16_kernel");
 }
+
+/* ---------------------------------------------------------------- rule: inputs */
+
+/* one block per token: a warp per key head (q, k) then per value head (g, β) */
+__global__ void dn_prep_kernel(float *qn, float *kn, float *g, float *beta, const bf16 *u, const bf16 *a, const bf16 *b,
+                               const bf16 *A_log, const bf16 *dt_bias, int Hk, int Hv, int Dk, int Dv) {
+    int t = blockIdx.x, lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int Cc = 2 * Hk * Dk + Hv * Dv;
+    const bf16 *ut = u + (size_t)t * Cc;
+    float sc = rsqrtf((float)Dk);
+    for (int hh = wp; hh < 2 * Hk; hh += nw) { /* hh < Hk: q of key head hh; else k of hh - Hk */
+        const bf16 *x = ut + (size_t)hh * Dk;
+        float ss = 0;
+        for (int i = lane; i < Dk; i += 32) {
+            float v = __bfloat162float(x[i]);
+            ss += v * v;
+        }
+        float inv = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), s = hh < Hk ? inv * sc : inv;
+        float *y = (hh < Hk ? qn + ((size_t)t * Hk + hh) * Dk : kn + ((size_t)t * Hk + hh - Hk) * Dk);
+        for (int i = lane; i < Dk; i += 32) y[i] = __bfloat162float(x[i]) * s;
+    }
+    for (int h = threadIdx.x; h < Hv; h += blockDim.x) {
+        size_t th = (size_t)t * Hv + h;
+        float x = __bfloat162float(a[th]) + __bfloat162float(dt_bias[h]);
+        g[th] = -expf(__bfloat162float(A_log[h])) * dn_softplus(x);
+        beta[th] = dn_sigmoid(__bfloat162float(b[th]));
+    }
+}
+
+/* ---------------------------------------------------------------- rule: the walk */
+
+/* What a block of the walk reads: value head h, columns j (this thread's) of the state. */
+struct dn_walk {
+    attn_ranges r;
+    const float *qn, *kn, *g, *beta;
+    const bf16 *u;
+    float *ck;
+    int T, Hk, Hv, Dk, Dv, Cc, h, kh, j, rg;
+    size_t SZ; /* Dk * Dv */
+    __device__ size_t at(int i) const { return (size_t)i * Dv + j; } /* element (i, j) of a state */
+    __device__ float *ckpt(int t) const { return ck + ((size_t)(t / DN_CHUNK) * Hv + h) * SZ; }
+};
+
+/* One token: S = e^g S; δ = β (v - S^T k); S += k δ^T; returns o_j = (S^T q)_j (every row lane
+ * of the column gets it). KPT rows per thread: i = rg + 4 ii. */
+template <int KPT> __device__ __forceinline__ float dn_step(float *S, const dn_walk &w, int t) {
+    const float *k = w.kn + ((size_t)t * w.Hk + w.kh) * w.Dk, *q = w.qn + ((size_t)t * w.Hk + w.kh) * w.Dk;
+    size_t th = (size_t)t * w.Hv + w.h;
+    float eg = expf(w.g[th]), bt = w.beta[th];
+    float v = w.j < w.Dv ? __bfloat162float(w.u[(size_t)t * w.Cc + 2 * w.Hk * w.Dk + (size_t)w.h * w.Dv + w.j]) : 0.0f;
+    float kr[KPT], m = 0;
+#pragma unroll
+    for (int ii = 0; ii < KPT; ii++) {
+        int i = w.rg + 4 * ii;
+        kr[ii] = i < w.Dk ? k[i] : 0.0f;
+        S[ii] *= eg;
+        m += S[ii] * kr[ii];
+    }
+    m += __shfl_xor_sync(0xffffffffu, m, 8);
+    m += __shfl_xor_sync(0xffffffffu, m, 16);
+    float d = bt * (v - m), o = 0;
+#pragma unroll
+    for (int ii = 0; ii < KPT; ii++) {
+        int i = w.rg + 4 * ii;
+        S[ii] += kr[ii] * d;
+        o += S[ii] * (i < w.Dk ? q[i] : 0.0f);
+    }
+    o += __shfl_xor_sync(0xffffffffu, o, 8);
+    o += __shfl_xor_sync(0xffffffffu, o, 16);
+    return o;
+}
+
+template <int KPT> __device__ __forceinline__ void dn_load(float *S, const float *src, const dn_walk &w) {
+#pragma unroll
+    for (int ii = 0; ii < KPT; ii++) {
+        int i = w.rg + 4 * ii;
+        S[ii] = i < w.Dk && w.j < w.Dv ? src[w.at(i)] : 0.0f;
+    }
+}
+template <int KPT> __device__ __forceinline__ void dn_store(float *dst, const float *S, const dn_walk &w) {
+#pragma unroll
+    for (int ii = 0; ii < KPT; ii++) {
+        int i = w.rg + 4 * ii;
+        if (i < w.Dk && w.j < w.Dv) dst[w.at(i)] = S[ii];
+    }
+}
+
+/* S = the state after token p (zeros for p < 0): the last checkpoint on p's chain (a token
+ * ≡ 63 mod 64 at or before p, written by this block's walk earlier), then the chain's tokens
+ * after it replayed. The whole block calls it (it syncs); chain: DN_CHAIN ints of shared memory. */
+template <int KPT> __device__ void dn_state_after(float *S, int p, const dn_walk &w, int *chain) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0, s = p;
+        while (s >= 0 && s % DN_CHUNK != DN_CHUNK - 1) {
+            if (n == DN_CHAIN - 2) __trap(); /* a chain of more than two runs: not a packed layout */
+            chain[2 + n++] = s;
+            s = dn_prev(w.r, s);
+        }
+        chain[0] = n;
+        chain[1] = s;
+    }
+    __syncthreads();
+    int n = chain[0], s = chain[1];
+    if (s >= 0) dn_load<KPT>(S, w.ckpt(s), w);
+    else
+        for (int ii = 0; ii < KPT; ii++) S[ii] = 0;
+    for (int x = n - 1; x >= 0; x--) dn_step<KPT>(S, w, chain[2 + x]);
+}
+
+__device__ dn_walk dn_walk_init(attn_ranges r, const dn_scratch &s, const bf16 *u, int T, int Hk, int Hv, int Dk, int Dv) {
+    dn_walk w;
+    w.r = r;
+    w.qn = s.qn;
+    w.kn = s.kn;
+    w.g = s.g;
+    w.beta = s.beta;
+    w.u = u;
+    w.ck = s.ck;
+    w.T = T;
+    w.Hk = Hk;
+    w.Hv = Hv;
+    w.Dk = Dk;
+    w.Dv = Dv;
+    w.Cc = 2 * Hk * Dk + Hv * Dv;
+    w.h = blockIdx.x;
+    w.kh = w.h / (Hv / Hk);
+    int lane = threadIdx.x & 31;
+    w.j = blockIdx.y * DN_BV + (threadIdx.x >> 5) * 8 + (lane & 7);
+    w.rg = lane >> 3;
+    w.SZ = (size_t)Dk * Dv;
+    return w;
+}
+
+/* grid (Hv, NS), DN_NT threads; o (T,Hv,Dv) may be NULL (checkpoints only) */
+template <int KPT>
+__global__ void __launch_bounds__(DN_NT)
+    dn_rule_fwd_kernel(bf16 *o, dn_scratch s, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    __shared__ int chain[DN_CHAIN];
+    dn_walk w = dn_walk_init(r, s, u, T, Hk, Hv, Dk, Dv);
+    float S[KPT];
+    for (int ii = 0; ii < KPT; ii++) S[ii] = 0;
+    for (int t = 0; t < T; t++) {
+        int p = dn_prev(r, t);
+        if (p != t - 1 || t == 0) dn_state_after<KPT>(S, p, w, chain);
+        float ov = dn_step<KPT>(S, w, t);
+        if (o && w.rg == 0 && w.j < Dv) o[((size_t)t * Hv + w.h) * Dv + w.j] = __float2bfloat16(ov);
+        if (t % DN_CHUNK == DN_CHUNK - 1) dn_store<KPT>(w.ckpt(t), S, w);
+    }
+}
+
+/* grid (Hv, NS), DN_NT threads: the reverse walk (see the top). dv written to du's v slice;
+ * partial dq, dk (per slice, before the value-head sum), dβ, dg sums per (t, h, slice). */
+template <int KPT>
+__global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch s, const bf16 *dout, const bf16 *u,
+                                                            attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+    __shared__ int chain[DN_CHAIN];
+    __shared__ float red_q[DN_BV][33], red_k[DN_BV][33]; /* per column, a chunk of 32 rows (padded) */
+    __shared__ float red_b[DN_BV], red_g[DN_NT / 32];
+    dn_walk w = dn_walk_init(r, s, u, T, Hk, Hv, Dk, Dv);
+    int NS = gridDim.y, sl = blockIdx.y, col = threadIdx.x >> 5 << 3 | (threadIdx.x & 7), lane = threadIdx.x & 31;
+    float *buf = s.buf + (size_t)w.h * DN_CHUNK * w.SZ;
+    float dS[KPT], Sp[KPT], kr[KPT];
+    int ptok[DN_PEND];
+    for (int x = 0; x < DN_PEND; x++) ptok[x] = -1;
+    for (int ii = 0; ii < KPT; ii++) dS[ii] = 0;
+    for (int c0 = (T - 1) / DN_CHUNK * DN_CHUNK; c0 >= 0; c0 -= DN_CHUNK) {
+        int c1 = min(T, c0 + DN_CHUNK);
+        /* the chunk's states, forward */
+        for (int t = c0; t < c1; t++) {
+            int p = dn_prev(r, t);
+            if (t == c0 || p != t - 1) {
+                if (p >= c0) dn_load<KPT>(Sp, buf + (size_t)(p - c0) * w.SZ, w);
+                else dn_state_after<KPT>(Sp, p, w, chain);
+            }
+            dn_step<KPT>(Sp, w, t);
+            dn_store<KPT>(buf + (size_t)(t - c0) * w.SZ, Sp, w);
+        }
+        /* reverse */
+        for (int t = c1 - 1; t >= c0; t--) {
+            int p = dn_prev(r, t);
+            for (int x = 0; x < DN_PEND; x++)
+                if (ptok[x] == t) { /* the gradients of t's other successors */
+                    float *pe = s.pend + ((size_t)x * Hv + w.h) * w.SZ;
+                    for (int ii = 0; ii < KPT; ii++) {
+                        int i = w.rg + 4 * ii;
+                        if (i < Dk && w.j < Dv) dS[ii] += pe[w.at(i)];
+                    }
+                    ptok[x] = -1;
+                }
+            if (p < 0)
+                for (int ii = 0; ii < KPT; ii++) Sp[ii] = 0;
+            else if (p >= c0) dn_load<KPT>(Sp, buf + (size_t)(p - c0) * w.SZ, w);
+            else dn_state_after<KPT>(Sp, p, w, chain);
+            const float *q = w.qn + ((size_t)t * Hk + w.kh) * Dk, *k = w.kn + ((size_t)t * Hk + w.kh) * Dk;
+            const float *St = buf + (size_t)(t - c0) * w.SZ;
+            size_t th = (size_t)t * Hv + w.h;
+            float eg = expf(w.g[th]), bt = w.beta[th];
+            size_t vo = (size_t)t * w.Cc + 2 * Hk * Dk + (size_t)w.h * Dv + w.j;
+            float v = w.j < Dv ? __bfloat162float(u[vo]) : 0.0f;
+            float dy = w.j < Dv ? __bfloat162float(dout[th * Dv + w.j]) : 0.0f;
+            /* dS += q dy^T; dq = S dy; m = S'^T k */
+            float m = 0;
+            for (int ii = 0; ii < KPT; ii++) {
+                int i = w.rg + 4 * ii;
+                kr[ii] = i < Dk ? k[i] : 0.0f;
+                dS[ii] += (i < Dk ? q[i] : 0.0f) * dy;
+                m += eg * Sp[ii] * kr[ii];
+            }
+            m += __shfl_xor_sync(0xffffffffu, m, 8);
+            m += __shfl_xor_sync(0xffffffffu, m, 16);
+            float dlt = bt * (v - m), dd = 0;
+            for (int ii = 0; ii < KPT; ii++) dd += dS[ii] * kr[ii];
+            dd += __shfl_xor_sync(0xffffffffu, dd, 8);
+            dd += __shfl_xor_sync(0xffffffffu, dd, 16);
+            if (w.rg == 0 && w.j < Dv) du[vo] = __float2bfloat16(bt * dd);
+            float dm = -bt * dd, dgs = 0;
+            /* per row chunk of 32: this thread's column terms of dq_i and dk_i into shared
+             * memory, then 32 threads sum the block's columns in order */
+            for (int i0 = 0; i0 < Dk; i0 += 32) {
+                __syncthreads();
+#pragma unroll
+                for (int ii = 0; ii < KPT; ii++) {
+                    int i = w.rg + 4 * ii;
+                    if (i < i0 || i >= i0 + 32) continue;
+                    float st = i < Dk && w.j < Dv ? St[w.at(i)] : 0.0f;
+                    red_q[col][i - i0] = st * dy;
+                    red_k[col][i - i0] = dS[ii] * dlt + eg * Sp[ii] * dm;
+                }
+                __syncthreads();
+                if (threadIdx.x < 64) {
+                    int i = i0 + (threadIdx.x & 31);
+                    float acc = 0;
+                    if (threadIdx.x < 32)
+                        for (int cc = 0; cc < DN_BV; cc++) acc += red_q[cc][i - i0];
+                    else
+                        for (int cc = 0; cc < DN_BV; cc++) acc += red_k[cc][i - i0];
+                    if (i < Dk) (threadIdx.x < 32 ? s.pdq : s.pdk)[((size_t)th * NS + sl) * Dk + i] = acc;
+                }
+            }
+            /* dS' = dS + k dm^T; dg's sum; dS_prev += e^g dS' */
+            for (int ii = 0; ii < KPT; ii++) {
+                dS[ii] += kr[ii] * dm;
+                dgs += dS[ii] * Sp[ii];
+                dS[ii] *= eg;
+            }
+            __syncthreads();
+            if (w.rg == 0) red_b[col] = dd * (v - m);
+            dgs = warp_sum(dgs);
+            if (lane == 0) red_g[threadIdx.x >> 5] = dgs;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float sb = 0, sg = 0;
+                for (int cc = 0; cc < DN_BV; cc++) sb += red_b[cc];
+                for (int x = 0; x < DN_NT / 32; x++) sg += red_g[x];
+                s.pdb[th * NS + sl] = sb;
+                s.pdg[th * NS + sl] = sg;
+            }
+            if (p != t - 1) {
+                if (p >= 0) { /* hand e^g dS' to p through a pending slot */
+                    int x = 0;
+                    while (x < DN_PEND && ptok[x] != p) x++;
+                    int fresh = x == DN_PEND;
+                    if (fresh) {
+                        x = 0;
+                        while (x < DN_PEND && ptok[x] >= 0) x++;
+                        if (x == DN_PEND) __trap(); /* more than DN_PEND prompts awaiting their gradient */
+                        ptok[x] = p;
+                    }
+                    float *pe = s.pend + ((size_t)x * Hv + w.h) * w.SZ;
+                    for (int ii = 0; ii < KPT; ii++) {
+                        int i = w.rg + 4 * ii;
+                        if (i < Dk && w.j < Dv) pe[w.at(i)] = fresh ? dS[ii] : pe[w.at(i)] + dS[ii];
+                    }
+                }
+                for (int ii = 0; ii < KPT; ii++) dS[ii] = 0;
+            }
+        }
+    }
+}
+
+/* grid (T, Hk): dq, dk of key head kh summed over its value heads and the slices, in order,
+ * then the scale and the l2 norms' backward: dx = inv (dy - y (y · dy)), y = x inv */
+__global__ void dn_rule_qk_kernel(bf16 *du, dn_scratch s, const bf16 *u, int Hk, int Hv, int Dk, int Dv, int NS) {
+    __shared__ float gq[256], gk[256], red[32];
+    int t = blockIdx.x, kh = blockIdx.y, G = Hv / Hk, Cc = 2 * Hk * Dk + Hv * Dv;
+    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+        float aq = 0, ak = 0;
+        for (int h = kh * G; h < (kh + 1) * G; h++)
+            for (int sl = 0; sl < NS; sl++) {
+                size_t o = (((size_t)t * Hv + h) * NS + sl) * Dk + i;
+                aq += s.pdq[o];
+                ak += s.pdk[o];
+            }
+        gq[i] = aq * rsqrtf((float)Dk);
+        gk[i] = ak;
+    }
+    __syncthreads();
+    for (int part = 0; part < 2; part++) {
+        const bf16 *x = u + (size_t)t * Cc + (size_t)(part * Hk + kh) * Dk;
+        float *gy = part ? gk : gq;
+        float ss = 0, yd = 0;
+        for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
+            float v = __bfloat162float(x[i]);
+            ss += v * v;
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, red) + 1e-6f);
+        for (int i = threadIdx.x; i < Dk; i += blockDim.x) yd += __bfloat162float(x[i]) * inv * gy[i];
+        yd = block_sum(yd, red);
+        for (int i = threadIdx.x; i < Dk; i += blockDim.x)
+            du[(size_t)t * Cc + (size_t)(part * Hk + kh) * Dk + i] = __float2bfloat16(
+                inv * (gy[i] - __bfloat162float(x[i]) * inv * yd));
+    }
+}
+
+/* grid (Hv): per token dg = e^g Σ slices, through g = -exp(A_log) softplus(a + dt_bias), and
+ * dβ through the sigmoid; dA_log[h], ddt_bias[h] += their sums over tokens (fixed order) */
+__global__ void dn_rule_gate_kernel(bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, dn_scratch s, const bf16 *a,
+                                    const bf16 *A_log, const bf16 *dt_bias, int T, int Hv, int NS) {
+    __shared__ float red[32];
+    int h = blockIdx.x;
+    float al = -expf(__bfloat162float(A_log[h])), dt = __bfloat162float(dt_bias[h]), sdt = 0, sal = 0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        size_t th = (size_t)t * Hv + h;
+        float sg = 0, sb = 0;
+        for (int sl = 0; sl < NS; sl++) {
+            sg += s.pdg[th * NS + sl];
+            sb += s.pdb[th * NS + sl];
+        }
+        float g = s.g[th], dg = expf(g) * sg, bt = s.beta[th];
+        float dx = dg * al * dn_sigmoid(__bfloat162float(a[th]) + dt);
+        da[th] = __float2bfloat16(dx);
+        db[th] = __float2bfloat16(sb * bt * (1.0f - bt));
+        sdt += dx;
+        sal += dg * g;
+    }
+    sdt = block_sum(sdt, red);
+    sal = block_sum(sal, red);
+    if (threadIdx.x == 0) {
+        ddt_bias[h] += sdt;
+        dA_log[h] += sal;
+    }
+}
+
+/* ---------------------------------------------------------------- rule: launchers */
+
+/* KPT = rows of the state per thread (Dk / 4 rounded up to a power of two, 4..64) */
+static int dn_kpt(int Dk) { return Dk <= 16 ? 4 : Dk <= 32 ? 8 : Dk <= 64 ? 16 : Dk <= 128 ? 32 : Dk <= 256 ? 64 : 0; }
+
+static int dn_rule_ok(cu_ctx *c, const char *op, int Hk, int Hv, int Dk) {
+    if (dn_kpt(Dk) && Hk > 0 && Hv % Hk == 0) return 1;
+    char m[96];
+    snprintf(m, sizeof m, "key head dim %d (1..256), %d value heads over %d key heads", Dk, Hv, Hk);
+    cu_fail(c, op, m, __FILE__, __LINE__);
+    return 0;
+}
+
+static void dn_prep(cu_ctx *c, const dn_scratch &s, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
+                    const bf16 *dt_bias, int T, int Hk, int Hv, int Dk, int Dv) {
+    dn_prep_kernel<<<T, 256, 0, c->stream>>>(s.qn, s.kn, s.g, s.beta, u, a, b, A_log, dt_bias, Hk, Hv, Dk, Dv);
+    CU_LAUNCHED(c, "dn_prep_kernel");
+}
+
+static void dn_fwd_walk(cu_ctx *c, bf16 *o, const dn_scratch &s, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk,
+                        int Dv) {
+    dim3 grid(Hv, dn_ns(Dv));
+    switch (dn_kpt(Dk)) {
+    case 4: dn_rule_fwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 8: dn_rule_fwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 16: dn_rule_fwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 32: dn_rule_fwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    default: dn_rule_fwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    }
+    CU_LAUNCHED(c, "dn_rule_fwd_kernel");
+}
+
 void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
                             const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    deltanet_unsupported(c, "deltanet_rule_fwd_cuda");
+    if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_fwd_cuda", Hk, Hv, Dk)) return;
+    dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
+    dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
+    dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
 }
+
 void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, float *states,
                             float *dstates, const bf16 *dout, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
                             const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    deltanet_unsupported(c, "deltanet_rule_bwd_cuda");
+    if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_bwd_cuda", Hk, Hv, Dk)) return;
+    dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
+    int NS = dn_ns(Dv);
+    dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
+    dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv); /* the checkpoints */
+    dim3 grid(Hv, NS);
+    switch (dn_kpt(Dk)) {
+    case 4: dn_rule_bwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 8: dn_rule_bwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 16: dn_rule_bwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 32: dn_rule_bwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    default: dn_rule_bwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    }
+    CU_LAUNCHED(c, "dn_rule_bwd_kernel");
+    dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, NS);
+    CU_LAUNCHED(c, "dn_rule_qk_kernel");
+    dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, NS);
+    CU_LAUNCHED(c, "dn_rule_gate_kernel");
 }
+
+/* ---------------------------------------------------------------- gated norm */
+
+/* a warp per (token, head) row */
+__global__ void dn_norm_fwd_kernel(bf16 *y, float *rstd, const bf16 *o, const bf16 *z, const bf16 *w, long long rows, int Dv,
+                                   float eps) {
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const bf16 *x = o + row * Dv, *zr = z + row * Dv;
+    float ss = 0;
+    for (int i = lane; i < Dv; i += 32) {
+        float v = __bfloat162float(x[i]);
+        ss += v * v;
+    }
+    float r = rsqrtf(warp_sum(ss) / Dv + eps);
+    if (lane == 0) rstd[row] = r;
+    for (int i = lane; i < Dv; i += 32) {
+        float zv = __bfloat162float(zr[i]);
+        y[row * Dv + i] = __float2bfloat16(__bfloat162float(w[i]) * (__bfloat162float(x[i]) * r) * zv * dn_sigmoid(zv));
+    }
+}
+
+__global__ void dn_norm_bwd_kernel(bf16 *dout, bf16 *dz, const bf16 *dy, const bf16 *o, const bf16 *z, const bf16 *w,
+                                   const float *rstd, long long rows, int Dv) {
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const bf16 *x = o + row * Dv, *zr = z + row * Dv, *g = dy + row * Dv;
+    float r = rstd[row], s = 0;
+    for (int i = lane; i < Dv; i += 32) {
+        float n = __bfloat162float(x[i]) * r, zv = __bfloat162float(zr[i]), sg = dn_sigmoid(zv),
+              gw = __bfloat162float(g[i]) * __bfloat162float(w[i]);
+        dz[row * Dv + i] = __float2bfloat16(gw * n * (sg * (1.0f + zv * (1.0f - sg))));
+        s += gw * zv * sg * n;
+    }
+    float mean = warp_sum(s) / Dv;
+    for (int i = lane; i < Dv; i += 32) {
+        float n = __bfloat162float(x[i]) * r, zv = __bfloat162float(zr[i]);
+        float dn = __bfloat162float(g[i]) * __bfloat162float(w[i]) * zv * dn_sigmoid(zv);
+        dout[row * Dv + i] = __float2bfloat16(r * (dn - n * mean));
+    }
+}
+
+enum { DN_DW_CHUNKS = 128 };
+
+/* dw's partials: block b sums rows [b·per, (b+1)·per) of dy n silu(z), a thread per column */
+__global__ void dn_norm_dw_kernel(float *part, const bf16 *dy, const bf16 *o, const bf16 *z, const float *rstd, long long rows,
+                                  int Dv, long long per) {
+    long long r0 = blockIdx.x * per, r1 = min(rows, r0 + per);
+    for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
+        float acc = 0;
+        for (long long row = r0; row < r1; row++) {
+            float zv = __bfloat162float(z[row * Dv + i]);
+            acc += __bfloat162float(dy[row * Dv + i]) * (__bfloat162float(o[row * Dv + i]) * rstd[row]) * zv * dn_sigmoid(zv);
+        }
+        part[(size_t)blockIdx.x * Dv + i] = acc;
+    }
+}
+
+__global__ void dn_sum_parts_kernel(float *dw, const float *part, int nparts, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float acc = 0;
+    for (int b = 0; b < nparts; b++) acc += part[(size_t)b * n + i];
+    dw[i] += acc;
+}
+
 void deltanet_norm_fwd_cuda(cu_ctx *c, bf16 *y, float *rstd, const bf16 *o, const bf16 *z, const bf16 *w, int T, int Hv, int Dv,
                             float eps) {
-    deltanet_unsupported(c, "deltanet_norm_fwd_cuda");
+    long long rows = (long long)T * Hv;
+    if (c->failed || rows <= 0) return;
+    dn_norm_fwd_kernel<<<cu_blocks(rows * 32, 256), 256, 0, c->stream>>>(y, rstd, o, z, w, rows, Dv, eps);
+    CU_LAUNCHED(c, "dn_norm_fwd_kernel");
 }
+
 void deltanet_norm_bwd_cuda(cu_ctx *c, bf16 *dout, bf16 *dz, float *dw, const bf16 *dy, const bf16 *o, const bf16 *z,
                             const bf16 *w, const float *rstd, int T, int Hv, int Dv) {
-    deltanet_unsupported(c, "deltanet_norm_bwd_cuda");
+    long long rows = (long long)T * Hv, per = (rows + DN_DW_CHUNKS - 1) / DN_DW_CHUNKS;
+    if (c->failed || rows <= 0) return;
+    int nparts = (int)((rows + per - 1) / per);
+    float *part = (float *)cu_scratch(c, (size_t)nparts * Dv * sizeof(float));
+    if (!part) return;
+    dn_norm_bwd_kernel<<<cu_blocks(rows * 32, 256), 256, 0, c->stream>>>(dout, dz, dy, o, z, w, rstd, rows, Dv);
+    CU_LAUNCHED(c, "dn_norm_bwd_kernel");
+    dn_norm_dw_kernel<<<nparts, 128, 0, c->stream>>>(part, dy, o, z, rstd, rows, Dv, per);
+    CU_LAUNCHED(c, "dn_norm_dw_kernel");
+    dn_sum_parts_kernel<<<cu_blocks(Dv, 128), 128, 0, c->stream>>>(dw, part, nparts, Dv);
+    CU_LAUNCHED(c, "dn_sum_parts_kernel");
 }

@@ -1,13 +1,16 @@
 /* deltanet.cuh — the CUDA launchers of deltanet.cu. Legend as deltanet.h (T, Hk, Hv, Dk, Dv, Kc, Cc).
  * Same arguments as the deltanet.h reference with a `_cuda` suffix and a cu_ctx first; bf16
- * where the CPU has fp32 activations/weights. Not built yet: each launcher marks the context
- * failed ("not supported on cuda yet"), and the engine refuses a hybrid model on cuda at open
- * (eng_backend.no_hybrid), so they are never reached by a model. */
+ * where the CPU has fp32 activations/weights (A_log and dt_bias too: the model's weights),
+ * fp32 states and weight gradients. The rule's states/dstates are the scratch
+ * deltanet_scratch_cuda sizes (checkpoints, not every token's state). Limits, refused with a
+ * sticky error naming them: Kc <= 16, Dk <= 256, Hv a multiple of Hk. */
 #ifndef GRPOD_KERNELS_DELTANET_CUH
 #define GRPOD_KERNELS_DELTANET_CUH
 #include "kernels/common.cuh"
 #include "kernels/deltanet.h"
 
+/* the floats states and dstates must hold at T tokens */
+void deltanet_scratch_cuda(long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv);
 void deltanet_conv_fwd_cuda(cu_ctx *c, bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc);
 void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
                             int Cc, int Kc);

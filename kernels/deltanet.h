@@ -45,7 +45,9 @@ void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x
 void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float *a, const float *b, const float *A_log,
                            const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
 /* o (T,Hv,Dv) written; u (T,Cc) the conv's output; a, b (T,Hv) in_proj_a / in_proj_b outputs;
- * A_log, dt_bias (Hv); states (T,Hv,Dk,Dv) scratch: each token's state after it (written) */
+ * A_log, dt_bias (Hv); states (T,Hv,Dk,Dv) scratch: each token's state after it (written).
+ * The states/dstates sizes here are the reference's; a backend's are eng_backend.deltanet_scratch
+ * (CUDA keeps checkpoints every 64 tokens instead: kernels/deltanet.cu). */
 void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float *ddt_bias, float *states, float *dstates,
                            const float *dout, const float *u, const float *a, const float *b, const float *A_log,
                            const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);

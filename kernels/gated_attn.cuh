@@ -1,7 +1,7 @@
 /* gated_attn.cuh — the CUDA launchers of gated_attn.cu. Legend as gated_attn.h (T, H, K, D, R).
  * Same arguments as the gated_attn.h reference with a `_cuda` suffix and a cu_ctx first; bf16
- * where the CPU has fp32. Not built yet: each launcher marks the context failed ("not supported
- * on cuda yet"); the engine refuses a hybrid model on cuda at open (eng_backend.no_hybrid). */
+ * where the CPU has fp32 (the norm gains too), fp32 rstd and weight gradients. Limits, refused
+ * with a sticky error naming them: D <= 256, R even and <= D. */
 #ifndef GRPOD_KERNELS_GATED_ATTN_CUH
 #define GRPOD_KERNELS_GATED_ATTN_CUH
 #include "kernels/common.cuh"

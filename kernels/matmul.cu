@@ -130,16 +130,22 @@ __global__ void add_bias_kernel(bf16 *D, const bf16 *bias, int m, int n, int ldd
     }
 }
 
-static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, void *D,
-                          const bf16 *bias) {
+void *gemm_blas(cu_ctx *c) {
+    if (c->failed) return NULL;
     if (!c->blas) {
         cublasHandle_t h;
         LT_CK(c, cublasCreate(&h));
-        if (c->failed) return;
+        if (c->failed) return NULL;
         c->blas = h;
     }
-    cublasHandle_t h = (cublasHandle_t)c->blas;
-    LT_CK(c, cublasSetStream(h, c->stream));
+    LT_CK(c, cublasSetStream((cublasHandle_t)c->blas, c->stream));
+    return c->failed ? NULL : c->blas;
+}
+
+static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, void *D,
+                          const bf16 *bias) {
+    cublasHandle_t h = (cublasHandle_t)gemm_blas(c);
+    if (!h) return;
     LT_CK(c,
           cublasGemmEx(h, key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, key->transb ? CUBLAS_OP_T : CUBLAS_OP_N, key->m, key->n,
                        key->k, &alpha, A, CUDA_R_16BF, key->lda, B, CUDA_R_16BF, key->ldb, &beta, D,

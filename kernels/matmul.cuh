@@ -13,6 +13,8 @@
 void gemm_lt(cu_ctx *c, int transa, int transb, int m, int n, int k, float alpha, const void *A, int lda, const void *B, int ldb,
              float beta, void *D, int ldd, int d_is_f32, const bf16 *bias);
 void gemm_cache_free(cu_ctx *c); /* at context destruction */
+/* the context's cublasHandle_t (created at the first call) on its stream; NULL when failed */
+void *gemm_blas(cu_ctx *c);
 void matmul_fwd_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int T, int I, int O);
 /* the RMSNorm in front of matmul_fwd_n_cuda / mlp_in_fwd_cuda: weight (I), eps, ln (T, I) scratch */
 typedef struct {

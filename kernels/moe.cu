@@ -1,10 +1,17 @@
 /* moe.cu — the mixture-of-experts MLP (moe.h) on CUDA: the router, a permutation of the
- * (token, slot) pairs by expert, grouped expert GEMMs on tensor cores (bf16 in, fp32
- * accumulation), the weighted combine, and both backwards. Legend as moe.h (T, C, E, k, Fm);
+ * (token, slot) pairs by expert, the weighted combine, the experts' tiled GEMMs and the choice
+ * of the experts' variant (tune.moe, kernels/tune.h). Legend as moe.h (T, C, E, k, Fm);
  * S = T·k slots, slot ts = t·k + s.
  *
- * Everything is decided on the device, so a step never waits for the host (decode steps are
- * captured in CUDA graphs):
+ * The experts' variants, all on the permutation below:
+ *   - few (moe_few.cu): a weight stream per routed expert, decided on the device: decode steps
+ *     (captured in CUDA graphs) up to MOE_FEW_T tokens under auto;
+ *   - grouped (moe_gemm.cu): rows gathered by expert and cuBLAS grouped GEMMs, the counts read on
+ *     the host: training and prefill under auto, every backward;
+ *   - tiles (here): the first kernels, plain WMMA tiles over the slots gathered in place; kept as
+ *     the A/B of bench_moe and tests/gpu/test_ops.c, and because a row's sum order does not
+ *     depend on the batch (the grouped GEMMs' does).
+ * The kernels here:
  *   - moe_count_kernel / moe_perm_kernel: per expert, its slots in slot order (perm), their
  *     count and offset, and its tiles of BM rows (toff). One block per expert scans every slot,
  *     so the order inside an expert is the slot order whatever the launch.
@@ -12,7 +19,7 @@
  *     rows' inputs by slot (no permuted copy of x), multiplies by that expert's weights alone
  *     and scatters the result to the slots' rows. The grid is the bound Σ_e ⌈cnt_e/BM⌉ ≤
  *     ⌈S/BM⌉ + min(E, S); blocks past the real tile count return. Only routed experts' weights
- *     are read, so a decode step reads the active parameters.
+ *     are read.
  *   - moe_wgrad_kernel<MODE>: one block per (expert, BM×BN tile of its weight gradient), its
  *     slots summed in slot order; experts no slot chose are not touched.
  * No float atomics: every sum has one owner and a fixed order, so results are bit-identical
@@ -31,45 +38,13 @@
 
 #include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/moe_dev.cuh"
 
 using namespace nvcuda;
 
 enum { MOE_BM = 64, MOE_BN = 64, MOE_BK = 32, MOE_NT = 128 };
 
 /* ---------------------------------------------------------------- helpers */
-
-__device__ __forceinline__ float moe_silu(float x) { return x / (1.0f + __expf(-x)); }
-
-/* 8 bf16 of row[k..k+8) (zeros past K, or for a NULL row), raw */
-__device__ __forceinline__ uint4 ld8(const bf16 *row, int k, int K) {
-    if (row && k + 8 <= K && !(((uintptr_t)(row + k)) & 15)) return *(const uint4 *)(row + k);
-    union {
-        uint4 q;
-        bf16 h[8];
-    } v;
-    for (int j = 0; j < 8; j++) v.h[j] = row && k + j < K ? row[k + j] : __float2bfloat16(0.0f);
-    return v.q;
-}
-__device__ __forceinline__ void unpack8(uint4 q, float *f) {
-    const bf16 *h = (const bf16 *)&q;
-    for (int j = 0; j < 8; j++) f[j] = __bfloat162float(h[j]);
-}
-__device__ __forceinline__ uint4 pack8(const float *f) {
-    union {
-        uint4 q;
-        bf16 h[8];
-    } v;
-    for (int j = 0; j < 8; j++) v.h[j] = __float2bfloat16(f[j]);
-    return v.q;
-}
-/* silu(g) * u of 8 values, the SwiGLU output the down projection reads */
-__device__ __forceinline__ uint4 swiglu8(const bf16 *g, const bf16 *u, int k, int K) {
-    float a[8], b[8];
-    unpack8(ld8(g, k, K), a);
-    unpack8(ld8(u, k, K), b);
-    for (int j = 0; j < 8; j++) a[j] = moe_silu(a[j]) * b[j];
-    return pack8(a);
-}
 
 __device__ __forceinline__ int block_sum_int(int v, int *sh) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -369,24 +344,32 @@ template <int MODE> __global__ void __launch_bounds__(MOE_NT) moe_wgrad_kernel(m
 
 /* ---------------------------------------------------------------- per-token kernels */
 
-/* out[t] = res[t] + Σ_s w_ts ey[ts] (res NULL: 0), one fp32 sum rounded once */
-__global__ void moe_combine_kernel(bf16 *out, const bf16 *res, const bf16 *ey, const float *topw, int T, int C, int k) {
+/* out[t] = res[t] + Σ_s w_ts y[ts] (res NULL: 0), one fp32 sum rounded once, y[ts] the slot's
+ * row of ey, or of eyp at inv[ts] (the grouped path's rows by expert), then copied to ey
+ * (out NULL: the copy alone) */
+__global__ void moe_combine_kernel(bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw,
+                                   int T, int C, int k) {
     long long n = (long long)T * C;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         long long t = i / C, c = i - t * C;
         float v = res ? __bfloat162float(res[i]) : 0.0f;
-        for (int s = 0; s < k; s++) v += topw[t * k + s] * __bfloat162float(ey[(t * k + s) * C + c]);
-        out[i] = __float2bfloat16(v);
+        for (int s = 0; s < k; s++) {
+            long long ts = t * k + s;
+            bf16 y = inv ? eyp[(long long)inv[ts] * C + c] : ey[ts * C + c];
+            if (inv) ey[ts * C + c] = y;
+            v += topw[ts] * __bfloat162float(y);
+        }
+        if (out) out[i] = __float2bfloat16(v);
     }
 }
 
-/* dx[t] = bf16(dx[t] + Σ_s part[ts]) */
-__global__ void moe_dx_kernel(bf16 *dx, const float *part, int T, int C, int k) {
+/* dx[t] = bf16(dx[t] + Σ_s part[ts]), part's row of ts at inv[ts] (inv NULL: ts) */
+__global__ void moe_dx_kernel(bf16 *dx, const float *part, const int *inv, int T, int C, int k) {
     long long n = (long long)T * C;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         long long t = i / C, c = i - t * C;
         float v = 0;
-        for (int s = 0; s < k; s++) v += part[(t * k + s) * C + c];
+        for (int s = 0; s < k; s++) v += part[(inv ? (long long)inv[t * k + s] : t * k + s) * C + c];
         dx[i] = __float2bfloat16(__bfloat162float(dx[i]) + v);
     }
 }
@@ -402,9 +385,10 @@ __global__ void moe_dtopw_kernel(float *dtopw, const bf16 *dout, const bf16 *ey,
     if (lane == 0) dtopw[ts] = v;
 }
 
-/* probs (T, E) logits in, softmax out; top-k (largest first, the lower index on a tie) and the
- * routing weights (renormalised when norm). One warp per token. */
-__global__ void moe_topk_kernel(float *probs, int *topi, float *topw, int T, int E, int k, int norm) {
+/* probs (T, E) logits in, softmax out; top-k (largest first, the lower index on a tie), or the
+ * given experts (T, k; NULL: none; a token whose first is -1: its top-k), and the routing
+ * weights (renormalised when norm). One warp per token. */
+__global__ void moe_topk_kernel(float *probs, int *topi, float *topw, const int *given, int T, int E, int k, int norm) {
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= T) return;
     float *p = probs + (size_t)t * E, mx = -INFINITY, sum = 0;
@@ -415,17 +399,23 @@ __global__ void moe_topk_kernel(float *probs, int *topi, float *topw, int T, int
     for (int e = lane; e < E; e += 32) p[e] = expf(p[e] - mx) / sum;
     __syncwarp();
     int *ti = topi + (size_t)t * k;
+    const int *g = given && given[(size_t)t * k] >= 0 ? given + (size_t)t * k : NULL; /* the warp agrees */
+    __syncwarp(); /* every lane has read g[0] before lane 0 may write ti (given may be topi) */
     float *tw = topw + (size_t)t * k, sel = 0;
     for (int s = 0; s < k; s++) {
         float bv = -INFINITY;
         int bi = E;
-        for (int e = lane; e < E; e += 32) {
+        if (g) { /* replay: every lane reads the same expert, as the reduction below would leave it */
+            bi = g[s];
+            bv = p[bi];
+        }
+        for (int e = lane; e < E && !g; e += 32) {
             int taken = 0;
             for (int j = 0; j < s && !taken; j++) taken = ti[j] == e;
             float v = p[e];
             if (!taken && (bi == E || v > bv)) bv = v, bi = e;
         }
-        for (int o = 16; o > 0; o >>= 1) {
+        for (int o = 16; o > 0 && !g; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, bv, o);
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (oi < E && (bi == E || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
@@ -497,7 +487,7 @@ __global__ void moe_router_bwd_kernel(float *dlogit, bf16 *dlh, const float *dto
 
 /* ---------------------------------------------------------------- launchers */
 
-static int *moe_perm(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
+const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
     int *cnt = (int *)scratch, *off = cnt + E, *toff = off + E + 1, *perm = toff + E + 1;
     moe_count_kernel<<<E, 256, 0, c->stream>>>(cnt, topi, S);
     CU_LAUNCHED(c, "moe_count_kernel");
@@ -505,7 +495,22 @@ static int *moe_perm(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
     CU_LAUNCHED(c, "moe_perm_kernel");
     return cnt;
 }
-static size_t moe_perm_bytes(int S, int E) { return (((size_t)3 * E + 2 + S) * sizeof(int) + 255) & ~(size_t)255; }
+size_t moe_perm_bytes(int S, int E) { return (((size_t)3 * E + 2 + S) * sizeof(int) + 255) & ~(size_t)255; }
+void moe_combine_cuda(cu_ctx *c, bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw, int T,
+                      int C, int k) {
+    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
+    moe_combine_kernel<<<nb, 256, 0, c->stream>>>(out, res, ey, eyp, inv, topw, T, C, k);
+    CU_LAUNCHED(c, "moe_combine_kernel");
+}
+void moe_dx_cuda(cu_ctx *c, bf16 *dx, const float *part, const int *inv, int T, int C, int k) {
+    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
+    moe_dx_kernel<<<nb, 256, 0, c->stream>>>(dx, part, inv, T, C, k);
+    CU_LAUNCHED(c, "moe_dx_kernel");
+}
+void moe_dtopw_cuda(cu_ctx *c, float *dtopw, const bf16 *dout, const bf16 *ey, int S, int C, int k) {
+    moe_dtopw_kernel<<<cu_blocks(S, 8), 256, 0, c->stream>>>(dtopw, dout, ey, S, C, k);
+    CU_LAUNCHED(c, "moe_dtopw_kernel");
+}
 /* the arguments of a moe_rows_kernel over moe_perm's arrays (cnt first) */
 static moe_rows_args moe_rows_of(const int *cnt, int E, int k, int K, int N, const bf16 *a0, const bf16 *a1, const bf16 *w0,
                                  const bf16 *w1, bf16 *o0, bf16 *o1) {
@@ -535,10 +540,10 @@ static dim3 moe_rows_grid(int S, int E, int N, int z) {
 }
 
 void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float *stats, const bf16 *x, const bf16 *wr,
-                         const int *count, int T, int C, int E, int k, int norm) {
+                         const int *given, const int *count, int T, int C, int E, int k, int norm) {
     if (c->failed || T <= 0) return;
     gemm_lt(c, 1, 0, E, T, C, 1.0f, wr, C, x, C, 0.0f, probs, E, 1, NULL); /* logits (T, E) in fp32 */
-    moe_topk_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(probs, topi, topw, T, E, k, norm);
+    moe_topk_kernel<<<cu_blocks(T, 8), 256, 0, c->stream>>>(probs, topi, topw, given, T, E, k, norm);
     CU_LAUNCHED(c, "moe_topk_kernel");
     if (!stats) return;
     moe_stats_kernel<<<E + 1, 256, 0, c->stream>>>(stats, probs, topi, count, T, E, k);
@@ -556,14 +561,14 @@ static moe_lora_mat mat_b_rows(const void *B, size_t es, int r) { return (moe_lo
 static const moe_lora_src NO_SRC = {NULL, NULL, NULL, 0, 0, 0, 0};
 static const moe_lora_mat NO_MAT = {NULL, 0, 0, 0};
 
-void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
-                          const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
-                          const moe_lora *lr) {
+static void moe_experts_fwd_tiles(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res,
+                                  const int *topi, const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T,
+                                  int C, int E, int k, int Fm, const moe_lora *lr) {
     int S = T * k, rmax = lr ? (lr->rg > lr->rd ? lr->rg : lr->rd) : 0;
     size_t pb = moe_perm_bytes(S, E);
     char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * rmax * sizeof(float));
     if (!scr) return;
-    const int *cnt = moe_perm(c, topi, S, E, scr);
+    const int *cnt = moe_perm_cuda(c, topi, S, E, scr);
     float *h = (float *)(scr + pb); /* (S, r) X A^T of one adapter */
     moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, x, NULL, wg, wu, eg, eu);
     moe_rows_kernel<ROWS_GATE_UP><<<moe_rows_grid(S, E, Fm, 2), MOE_NT, 0, c->stream>>>(a);
@@ -582,26 +587,22 @@ void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, co
         moe_lora_dot_cuda(c, h, src_swiglu(eg, eu, Fm), mat_a(lr->ad, lr->rd, Fm), NO_SRC, NO_MAT, topi, S, k, lr->rd, Fm);
         moe_lora_add_cuda(c, ey, 0, C, h, mat_b_rows(lr->bd, (size_t)C * lr->rd, lr->rd), topi, S, C, lr->rd);
     }
-    if (!out) return;
-    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
-    moe_combine_kernel<<<nb, 256, 0, c->stream>>>(out, res, ey, topw, T, C, k);
-    CU_LAUNCHED(c, "moe_combine_kernel");
+    if (out) moe_combine_cuda(c, out, res, ey, NULL, NULL, topw, T, C, k);
 }
 
-void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
-                          const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
-                          const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
-                          const moe_lora *lr) {
+static void moe_experts_bwd_tiles(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
+                                  const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg,
+                                  const bf16 *eu, const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C,
+                                  int E, int k, int Fm, const moe_lora *lr) {
     int S = T * k, rg = lr && lr->agu ? lr->rg : 0, rd = lr && lr->ad ? lr->rd : 0;
     size_t pb = moe_perm_bytes(S, E);
     char *scr = c->failed || T <= 0 ? NULL : (char *)cu_scratch(c, pb + (size_t)S * (C + 2 * (rg + rd)) * sizeof(float));
     if (!scr) return;
-    const int *cnt = moe_perm(c, topi, S, E, scr);
+    const int *cnt = moe_perm_cuda(c, topi, S, E, scr);
     float *part = (float *)(scr + pb), *tg = part + (size_t)S * C, *hg = tg + (size_t)S * rg, *td = hg + (size_t)S * rg,
           *hd = td + (size_t)S * rd; /* (S, r) each: B^T of a gradient, X A^T */
     moe_lora_src dyw = {dout, NULL, topw, C, 1, 0, 0}; /* w dout[t] */
-    moe_dtopw_kernel<<<cu_blocks(S, 8), 256, 0, c->stream>>>(dtopw, dout, ey, S, C, k);
-    CU_LAUNCHED(c, "moe_dtopw_kernel");
+    moe_dtopw_cuda(c, dtopw, dout, ey, S, C, k);
     if (rd) /* td = w dout Bd_e (S, rd): the down adapter's part of da (moe_rows_kernel<DA>) */
         moe_lora_dot_cuda(c, td, dyw, mat_b_cols(lr->bd, (size_t)C * rd, rd), NO_SRC, NO_MAT, topi, S, k, rd, C);
     moe_rows_args a = moe_rows_of(cnt, E, k, C, Fm, dout, NULL, wd, NULL, dg, du); /* dg, du */
@@ -624,9 +625,7 @@ void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dw
                           topi, S, k, rg, Fm);
         moe_lora_add_cuda(c, part, 1, C, tg, (moe_lora_mat){(const bf16 *)lr->agu, (size_t)rg * C, 1, (size_t)C}, topi, S, C, rg);
     }
-    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
-    moe_dx_kernel<<<nb, 256, 0, c->stream>>>(dx, part, T, C, k);
-    CU_LAUNCHED(c, "moe_dx_kernel");
+    moe_dx_cuda(c, dx, part, NULL, T, C, k);
     if (dwd) {
         moe_wgrad_args g = {cnt + 3 * E + 2, cnt + E, cnt, k, C, Fm, dout, eg, eu, topw, dwd}; /* moe_perm's arrays */
         moe_wgrad_kernel<WG_DOWN><<<moe_wgrad_grid(C, Fm, E), MOE_NT, 0, c->stream>>>(g);
@@ -653,6 +652,42 @@ void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dw
         }
         moe_lora_wgrad_cuda(c, lr->gagu, (size_t)rg * C, src_slot(tg, rg, 1), src_tok(x, C), cnt, E, k, rg, C);
     }
+}
+
+/* The variant (kernels/tune.h, tune.moe): auto takes the few-slot kernels for a step of at most
+ * MOE_FEW_T tokens (decode; what a captured graph holds: they need no host) and the grouped
+ * GEMMs above; the tiled kernels are the batch-invariant variant kept for A/B, and the one that
+ * carries the experts' adapters (moe_lora.cu): with adapters every variant is tiles. A stream
+ * being captured never takes the grouped GEMMs (they read the counts on the host). */
+static int moe_variant(cu_ctx *c, int T, const moe_lora *lr) {
+    if (lr && (lr->agu || lr->ad)) return TUNE_MOE_TILES;
+    int v = c->tune ? c->tune->moe : TUNE_MOE_AUTO;
+    if (v == TUNE_MOE_AUTO) v = T <= MOE_FEW_T ? TUNE_MOE_FEW : TUNE_MOE_GROUPED;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (v == TUNE_MOE_GROUPED && cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
+        v = TUNE_MOE_FEW;
+    return v;
+}
+
+void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
+                          const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                          const moe_lora *lr) {
+    if (c->failed || T <= 0) return;
+    int v = moe_variant(c, T, lr);
+    if (v == TUNE_MOE_TILES) moe_experts_fwd_tiles(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm, lr);
+    else if (v == TUNE_MOE_FEW) moe_experts_fwd_few(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm);
+    else moe_experts_fwd_grouped(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm);
+}
+
+void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
+                          const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
+                          const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                          const moe_lora *lr) {
+    if (c->failed || T <= 0) return;
+    if (moe_variant(c, T, lr) == TUNE_MOE_TILES)
+        moe_experts_bwd_tiles(c, dx, dwg, dwu, dwd, dtopw, dg, du, dout, x, topi, topw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm, lr);
+    else
+        moe_experts_bwd_grouped(c, dx, dwg, dwu, dwd, dtopw, dg, du, dout, x, topi, topw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm);
 }
 
 void moe_router_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs, const int *topi,

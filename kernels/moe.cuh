@@ -28,7 +28,7 @@ void moe_lora_wgrad_cuda(cu_ctx *c, float *dw, size_t es, moe_lora_src u, moe_lo
                          int N);
 
 void moe_router_fwd_cuda(cu_ctx *c, float *probs, int *topi, float *topw, float *stats, const bf16 *x, const bf16 *wr,
-                         const int *count, int T, int C, int E, int k, int norm);
+                         const int *given, const int *count, int T, int C, int E, int k, int norm);
 void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
                           const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
                           const moe_lora *lr);
@@ -38,4 +38,26 @@ void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dw
                           const moe_lora *lr);
 void moe_router_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs, const int *topi,
                          const bf16 *x, const bf16 *wr, const float *aux_g, const int *count, int T, int C, int E, int k, int norm);
+
+/* ---- between the moe*.cu files: the experts' variants (moe.cu picks one, kernels/tune.h) and
+ * the pieces they share. S = T·k slots. */
+enum { MOE_FEW_T = 512 }; /* auto: the few-slot kernels up to this many tokens (decode.c's graphs hold at most 512) */
+/* cnt (E), off (E+1), toff (E+1), perm (S) at scratch (moe_perm_bytes of it): each expert's slots
+ * in slot order; returns cnt */
+const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch);
+size_t moe_perm_bytes(int S, int E);
+/* out = res + Σ_s w y (out NULL: none), y the slot's ey row, or eyp's row inv[ts] copied to ey */
+void moe_combine_cuda(cu_ctx *c, bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw, int T,
+                      int C, int k);
+void moe_dx_cuda(cu_ctx *c, bf16 *dx, const float *part, const int *inv, int T, int C, int k); /* dx += Σ_s part */
+void moe_dtopw_cuda(cu_ctx *c, float *dtopw, const bf16 *dout, const bf16 *ey, int S, int C, int k);
+/* moe_few.cu: a weight stream per routed expert (decode; no host involved) */
+void moe_experts_fwd_few(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
+                         const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
+/* moe_gemm.cu: rows gathered by expert, cuBLAS grouped GEMMs (the counts read on the host) */
+void moe_experts_fwd_grouped(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
+                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
+void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
+                             const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
+                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
 #endif

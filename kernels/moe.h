@@ -3,6 +3,7 @@
  *
  *   p   = softmax(x Wr^T)                  in fp32, (T, E)
  *   i_s = the top_k experts of p           largest first; equal probabilities: lower index first
+ *                                          (or the given experts: routing replay, below)
  *   w_s = p[i_s]                           divided by Σ_s p[i_s] when norm (norm_topk_prob)
  *   y_s = (silu(x Wg_i^T) * (x Wu_i^T)) Wd_i^T
  *   out = res + Σ_s w_s y_s
@@ -12,6 +13,11 @@
  * differentiated, as autograd does not differentiate topk's indices. The balance loss
  * (transformers' load_balancing_loss_func) is built from the statistics moe_router_fwd_cpu
  * sums, and its gradient enters moe_router_bwd_cpu as a per-expert term on p.
+ *
+ * Routing replay (R3): with given routes the router still computes p but takes i from them (the
+ * experts a rollout's sampler chose) instead of its own top-k; w is read from p at those experts,
+ * so the router is trained through the replayed experts' weights. Given the routes the top-k
+ * would choose, the results are the same bits as without them. The backward is the same op.
  *
  * Every token carries a count (NULL: 1 each): how many logical tokens it stands for in the
  * balance statistics. A packed prompt token shared by N responses counts N (engine/model/pack.h),
@@ -44,15 +50,21 @@ typedef struct {
     float *gagu, *gbgu, *gad, *gbd; /* += d A, d B' (backward only; NULL: not wanted) */
 } moe_lora;
 
-void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *count,
-                        int T, int C, int E, int k, int norm);
-/* probs (T,E), topi (T,k), topw (T,k) written; x (T,C), wr (E,C); stats NULL: none summed */
+void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *given,
+                        const int *count, int T, int C, int E, int k, int norm);
+/* probs (T,E), topi (T,k), topw (T,k) written; x (T,C), wr (E,C); stats NULL: none summed;
+ * given (T,k) distinct experts in [0, E) per token (may be topi itself), copied to topi in
+ * place of the top-k; a token whose first is -1 takes its top-k (given NULL: every token) */
 
 void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const float *x, const float *res, const int *topi,
                          const float *topw, const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm,
                          const moe_lora *lr);
 /* eg, eu (T,k,Fm) each slot's gate and up projections, ey (T,k,C) its expert's output (before w)
  * written; out (T,C) = res + Σ_s w_s ey_s (out NULL: not combined; res NULL: 0) */
+
+void moe_combine_cpu(float *out, const float *ey, const float *res, const float *topw, int T, int C, int k);
+/* out (T,C) = res + Σ_s w_s ey_s, the slots in order (res NULL: 0): moe_experts_fwd_cpu's last
+ * step, alone for a caller whose ey came from elsewhere (engine/model/moe_ep.c) */
 
 void moe_experts_bwd_cpu(float *dx, float *dwg, float *dwu, float *dwd, float *dtopw, float *dg, float *du, const float *dout,
                          const float *x, const int *topi, const float *topw, const float *eg, const float *eu, const float *ey,

@@ -18,8 +18,8 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---------------------------------------------------------------- router */
 
-void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *count,
-                        int T, int C, int E, int k, int norm) {
+void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, const float *x, const float *wr, const int *given,
+                        const int *count, int T, int C, int E, int k, int norm) {
     matmul_fwd_cpu(probs, x, wr, NULL, T, C, E);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
@@ -28,10 +28,11 @@ void moe_router_fwd_cpu(float *probs, int *topi, float *topw, float *stats, cons
         for (int e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
         for (int e = 0; e < E; e++) p[e] /= sum;
         int *ti = topi + (size_t)t * k;
+        const int *g = given && given[(size_t)t * k] >= 0 ? given + (size_t)t * k : NULL;
         float *tw = topw + (size_t)t * k, sel = 0;
         for (int s = 0; s < k; s++) { /* the largest not yet taken; the lower index on a tie */
-            int best = -1;
-            for (int e = 0; e < E; e++) {
+            int best = g ? g[s] : -1;
+            for (int e = 0; e < E && !g; e++) {
                 int taken = 0;
                 for (int j = 0; j < s && !taken; j++) taken = ti[j] == e;
                 if (!taken && (best < 0 || p[e] > p[best])) best = e;
@@ -125,7 +126,10 @@ void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const floa
         }
         free(a);
     }
-    if (!out) return;
+    if (out) moe_combine_cpu(out, ey, res, topw, T, C, k);
+}
+
+void moe_combine_cpu(float *out, const float *ey, const float *res, const float *topw, int T, int C, int k) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         float *o = out + (size_t)t * C;

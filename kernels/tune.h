@@ -12,6 +12,8 @@
 
 typedef enum { TUNE_ATTN_AUTO, TUNE_ATTN_SIMT } tune_attn;
 enum { TUNE_SKINNY_OFF = 0, TUNE_SKINNY_FORCE = 1, TUNE_SKINNY_AUTO = -1 };
+/* the experts' GEMMs (kernels/moe.cu): few is for tests (the decode kernel at any size) */
+enum { TUNE_MOE_AUTO = -1, TUNE_MOE_TILES = 0, TUNE_MOE_GROUPED = 1, TUNE_MOE_FEW = 2 };
 
 typedef struct {
     int graphs; /* GRPOD_TUNE_GRAPHS=0|1: decode steps captured and replayed as CUDA graphs */
@@ -20,10 +22,13 @@ typedef struct {
     tune_attn attn; /* GRPOD_TUNE_ATTN=auto|simt: simt runs the SIMT kernels at every head dim */
     int skinny; /* GRPOD_TUNE_SKINNY=auto|0|1: the few-row GEMM of matmul.cu: auto for
                          * T <= 16 and W up to 64M values, 0 never, 1 up to T = 64 and any size */
+    int moe; /* GRPOD_TUNE_MOE=auto|tiles|grouped: the MoE experts' GEMMs: auto the few-slot
+                      * kernel up to 512 tokens and cuBLAS grouped GEMMs above; tiles the tiled
+                      * kernels (batch-invariant); grouped the grouped GEMMs at every size */
 } tune_opts;
 
 static inline tune_opts tune_defaults(void) {
-    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO};
+    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO, TUNE_MOE_AUTO};
     return t;
 }
 #endif

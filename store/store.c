@@ -82,6 +82,11 @@ static const char *const migrations[] = {
     "  INSERT INTO job_counts VALUES (NEW.kind, NEW.status, 1)"
     "    ON CONFLICT (kind, status) DO UPDATE SET n = n + 1;"
     " END;",
+    /* v4: a rollout's MoE routes (routing replay), an opaque blob per job, deleted with it */
+    "CREATE TABLE routes (job_id TEXT PRIMARY KEY NOT NULL, data BLOB NOT NULL);"
+    "CREATE TRIGGER jobs_delete_routes AFTER DELETE ON jobs BEGIN"
+    "  DELETE FROM routes WHERE job_id = OLD.id;"
+    " END;",
 };
 #define N_MIGRATIONS ((int)(sizeof migrations / sizeof migrations[0]))
 
@@ -125,6 +130,8 @@ enum {
     Q_PRUNE_INPUTS,
     Q_RETAIN,
     Q_SIZE,
+    Q_ROUTES_PUT,
+    Q_ROUTES_GET,
     Q_N
 };
 static const char *const sql_text[Q_N] = {
@@ -194,6 +201,10 @@ static const char *const sql_text[Q_N] = {
                  "AND id NOT IN (SELECT id FROM jobs WHERE status IN ('done','failed','cancelled') "
                  "  ORDER BY finished_at DESC, rowid DESC LIMIT ?1)",
     [Q_SIZE] = "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+    /* a rollout run again after a crash before its done-write records its routes again */
+    [Q_ROUTES_PUT] = "INSERT INTO routes (job_id, data) VALUES (?1, ?2) "
+                     "ON CONFLICT (job_id) DO UPDATE SET data = excluded.data",
+    [Q_ROUTES_GET] = "SELECT data FROM routes WHERE job_id = ?1",
     [Q_PRUNE_INPUTS] = "UPDATE jobs SET payload = '{}' WHERE kind = 'update' AND status = 'done' "
                        "AND policy_version >= 0 AND policy_version <= ?1 AND payload <> '{}'",
     [Q_HIST_ADD] = "INSERT INTO history (at, kind, policy_version, stats) VALUES (?1, ?2, ?3, ?4)",
@@ -801,6 +812,38 @@ long long store_queue_depth(store *s) {
     long long n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : db_err(s, "counting queued jobs");
     q_done(st);
     return n;
+}
+
+/* ---------------------------------------------------------------- routes */
+
+int store_routes_put(store *s, const char *id, const void *data, size_t n) {
+    if (n > 0x7fffffff) return err_set(GE_TOO_LARGE, "store: routes of job %s are %zu bytes (at most 2 GiB)", id, n);
+    sqlite3_stmt *st = q_get(s, Q_ROUTES_PUT);
+    BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding routes");
+    BIND_OK(s, sqlite3_bind_blob(st, 2, data, (int)n, SQLITE_STATIC), "binding routes");
+    int r = q_exec(s, st, "storing routes");
+    return r < 0 ? r : 0;
+}
+
+int store_routes_get(store *s, const char *id, void **data, size_t *n) {
+    *data = NULL;
+    *n = 0;
+    sqlite3_stmt *st = q_get(s, Q_ROUTES_GET);
+    BIND_OK(s, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), "binding routes");
+    int rc = sqlite3_step(st), r = 0;
+    if (rc == SQLITE_ROW) {
+        size_t len = (size_t)sqlite3_column_bytes(st, 0);
+        const void *b = sqlite3_column_blob(st, 0);
+        if (!(*data = malloc(len ? len : 1))) r = err_set(GE_NOMEM, "store: out of memory for the routes of job %s", id);
+        else {
+            if (len) memcpy(*data, b, len);
+            *n = len;
+        }
+    } else {
+        r = rc == SQLITE_DONE ? err_set(GE_NOT_FOUND, "no routes recorded for job %s", id) : db_err(s, "reading routes");
+    }
+    q_done(st);
+    return r;
 }
 
 /* ---------------------------------------------------------------- checkpoints */

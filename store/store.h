@@ -8,6 +8,7 @@
  * file); SQLite serialises writers. Job ids are text ("j_" + 16 hex digits), unique. */
 #ifndef GRPOD_STORE_H
 #define GRPOD_STORE_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct store store;
@@ -75,6 +76,10 @@ int store_cancel_requested(store *s, const char *id); /* 1 flagged, 0 not, <0 er
 /* The engine stopped a flagged running job: running -> cancelled. GE_CONFLICT if not running. */
 int store_mark_cancelled(store *s, const char *id);
 int store_get(store *s, const char *id, store_job *j); /* GE_NOT_FOUND */
+/* A rollout's MoE routes (routing replay): an opaque blob (daemon/jobs.c's format), replaced
+ * when put again, deleted with the job. get: malloc'd copy (free it), GE_NOT_FOUND when none. */
+int store_routes_put(store *s, const char *id, const void *data, size_t n);
+int store_routes_get(store *s, const char *id, void **data, size_t *n);
 /* Lists newest first (insertion order); kind/status filters may be NULL; before > 0: only jobs
  * inserted before the one whose seq it is (the next page after a page ending there). Caller
  * frees with store_jobs_free. */

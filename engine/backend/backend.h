@@ -66,6 +66,7 @@ struct eng_backend {
     const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
     const char *no_moe_lora; /* NULL: moe_experts_* take adapters (moe_lora); else why not (LoRA on a MoE model is refused) */
     const char *no_hybrid; /* NULL: the linear-attention ops run; else why not (a hybrid model is refused with it) */
+    int max_head_dim; /* 0: any; else the attention ops' largest head dim (a model with a larger one is refused) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
     void *(*alloc)(eng_backend *b, size_t bytes);
@@ -155,7 +156,7 @@ struct eng_backend {
     /* mixture of experts (kernels/moe.h): the router (softmax, top-k, the balance statistics),
      * the experts' SwiGLU MLPs and their weighted sum, and the backward of each */
     void (*moe_router_fwd)(eng_backend *b, float *probs, int *topi, float *topw, float *stats, const void *x, const void *wr,
-                           const int *count, int T, int C, int E, int k, int norm);
+                           const int *given, const int *count, int T, int C, int E, int k, int norm);
     void (*moe_experts_fwd)(eng_backend *b, void *out, void *eg, void *eu, void *ey, const void *x, const void *res,
                             const int *topi, const float *topw, const void *wg, const void *wu, const void *wd, int T, int C,
                             int E, int k, int Fm, const moe_lora *lr);
@@ -176,6 +177,9 @@ struct eng_backend {
     void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc);
     void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
                               int T, int Cc, int Kc);
+    /* the floats of the rule's states and dstates scratch at T tokens: every token's state
+     * (T, Hv, Dk, Dv) on cpu; checkpoints and per-token partials on cuda (kernels/deltanet.cu) */
+    void (*deltanet_scratch)(eng_backend *b, long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_rule_fwd)(eng_backend *b, void *o, float *states, const void *u, const void *a, const void *bb,
                               const void *A_log, const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_rule_bwd)(eng_backend *b, void *du, void *da, void *db, float *dA_log, float *ddt_bias, float *states,

@@ -156,8 +156,8 @@ static void cpu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dl
     logprob_bwd_cpu(dh, dw, dlp, dent, h, op, ot, w, M, C, V, t);
 }
 static void cpu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
-                               const int *cnt, int T, int C, int E, int k, int norm) {
-    moe_router_fwd_cpu(p, ti, tw, st, x, wr, cnt, T, C, E, k, norm);
+                               const int *given, const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cpu(p, ti, tw, st, x, wr, given, cnt, T, C, E, k, norm);
 }
 static void cpu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                 const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
@@ -187,6 +187,9 @@ static void cpu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const 
 static void cpu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w,
                                   attn_ranges r, int T, int Cc, int Kc) {
     deltanet_conv_bwd_cpu(dx, dw, du, x, w, r, T, Cc, Kc);
+}
+static void cpu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
+    *st = *dst = (long long)T * Hv * Dk * Dv;
 }
 static void cpu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
                                   const void *al, const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
@@ -293,6 +296,7 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .moe_shared_gate_bwd = cpu_moe_shared_gate_bwd,
         .deltanet_conv_fwd = cpu_deltanet_conv_fwd,
         .deltanet_conv_bwd = cpu_deltanet_conv_bwd,
+        .deltanet_scratch = cpu_deltanet_scratch,
         .deltanet_rule_fwd = cpu_deltanet_rule_fwd,
         .deltanet_rule_bwd = cpu_deltanet_rule_bwd,
         .deltanet_norm_fwd = cpu_deltanet_norm_fwd,

@@ -200,8 +200,8 @@ static void cu_attention_bwd(eng_backend *b, void *dq, void *dk, void *dv, const
                        T, S, H, K, D);
 }
 static void cu_moe_router_fwd(eng_backend *b, float *p, int *ti, float *tw, float *st, const void *x, const void *wr,
-                              const int *cnt, int T, int C, int E, int k, int norm) {
-    moe_router_fwd_cuda(CTX(b), p, ti, tw, st, (cbf *)x, (cbf *)wr, cnt, T, C, E, k, norm);
+                              const int *given, const int *cnt, int T, int C, int E, int k, int norm) {
+    moe_router_fwd_cuda(CTX(b), p, ti, tw, st, (cbf *)x, (cbf *)wr, given, cnt, T, C, E, k, norm);
 }
 static void cu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void *ey, const void *x, const void *res,
                                const int *ti, const float *tw, const void *wg, const void *wu, const void *wd, int T, int C,
@@ -232,6 +232,9 @@ static void cu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const v
 static void cu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
                                  int T, int Cc, int Kc) {
     deltanet_conv_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)du, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
+}
+static void cu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_scratch_cuda(st, dst, T, Hk, Hv, Dk, Dv);
 }
 static void cu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb, const void *al,
                                  const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
@@ -499,6 +502,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->moe_shared_gate_bwd = cu_moe_shared_gate_bwd;
     b->deltanet_conv_fwd = cu_deltanet_conv_fwd;
     b->deltanet_conv_bwd = cu_deltanet_conv_bwd;
+    b->deltanet_scratch = cu_deltanet_scratch;
     b->deltanet_rule_fwd = cu_deltanet_rule_fwd;
     b->deltanet_rule_bwd = cu_deltanet_rule_bwd;
     b->deltanet_norm_fwd = cu_deltanet_norm_fwd;
@@ -509,7 +513,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
     b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;
     b->gated_attn_gate_bwd = cu_gated_attn_gate_bwd;
-    b->no_hybrid = "the cuda backend has no linear-attention (gated DeltaNet) kernels yet (run it with --backend cpu)";
+    b->max_head_dim = 128; /* kernels/attention.cu */
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;

@@ -35,6 +35,11 @@ int comm_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
     return rc ? rc : c->ops->broadcast(c, buf, n, t, root);
 }
 
+int comm_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    int rc = check_type(t, 0);
+    return rc ? rc : c->ops->all_to_all_v(c, in, send, out, recv, t);
+}
+
 int comm_barrier(comm *c) { return c->ops->barrier(c); }
 void comm_abort(comm *c) { c->ops->abort(c); }
 

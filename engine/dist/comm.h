@@ -14,6 +14,14 @@
  *                      out may be in + r*n (in place).
  *   all_gather         in (n), out (W * n): out[q*n .. q*n+n) = in of rank q. in may be out + r*n.
  *   broadcast          buf (n): root's buf to every rank.
+ *   all_to_all_v       in (Σ_q send[q]): rank r's parts for ranks 0..W-1, one after another;
+ *                      out (Σ_q recv[q]): the parts from ranks 0..W-1, one after another.
+ *                      Counts in elements of t, any of them 0; recv[q] on rank r must equal
+ *                      send[r] on rank q (exchange the counts first: an all-gather); the cpu
+ *                      and tcp comms check it (an error on every rank, naming the pair; the
+ *                      tcp group is then aborted), NCCL trusts it. A
+ *                      copy of bytes: every type, bit-exact on every comm. out must not
+ *                      overlap in.
  *   barrier            returns when every rank has entered it.
  * Sums: the cpu and tcp comms add in rank order 0..W-1 with an fp32 accumulator (int32 for
  * COMM_I32), so the result is bit-identical on every rank, from run to run and between the two,
@@ -43,6 +51,7 @@ int comm_all_reduce_sum(comm *c, void *buf, size_t n, comm_type t);
 int comm_reduce_scatter_sum(comm *c, const void *in, void *out, size_t n_per_rank, comm_type t);
 int comm_all_gather(comm *c, const void *in, void *out, size_t n_per_rank, comm_type t);
 int comm_broadcast(comm *c, void *buf, size_t n, comm_type t, int root);
+int comm_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t);
 int comm_barrier(comm *c);
 void comm_abort(comm *c);
 void comm_free(comm *c);
@@ -83,6 +92,7 @@ typedef struct {
     int (*reduce_scatter_sum)(comm *c, const void *in, void *out, size_t n, comm_type t);
     int (*all_gather)(comm *c, const void *in, void *out, size_t n, comm_type t);
     int (*broadcast)(comm *c, void *buf, size_t n, comm_type t, int root);
+    int (*all_to_all_v)(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t);
     int (*barrier)(comm *c);
     void (*abort)(comm *c);
     void (*free)(comm *c);

@@ -7,6 +7,9 @@
  * a rank writes only its own output, and where that aliases its input (all-reduce) it sums into
  * a private buffer first and copies after the second barrier.
  *
+ * An all-to-all-v posts its counts beside its buffers; every rank checks the whole matrix (the
+ * same verdict on every rank) and copies the parts addressed to it.
+ *
  * Abort: a flag under the group's mutex; the barrier wakes every waiter and returns GE_COMM, and
  * every later call returns it at once. A rank that aborts mid-collective may leave the others'
  * outputs half-written; they return GE_COMM and the caller must not use them.
@@ -28,6 +31,7 @@ typedef struct {
     unsigned gen;
     const void **in; /* (W) posted input pointers */
     void **out; /* (W) posted output pointers */
+    const size_t **send, **recv; /* (W) posted all-to-all-v counts */
 } cgroup;
 
 static int bar(cgroup *g) {
@@ -118,6 +122,34 @@ static int cpu_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
     return rc ? rc : bar(g);
 }
 
+int comm_check_a2a_counts(const size_t *const *send, const size_t *const *recv, int W) {
+    for (int r = 0; r < W; r++)
+        for (int q = 0; q < W; q++)
+            if (recv[r][q] != send[q][r])
+                return err_set(GE_INVALID, "comm: all-to-all-v: rank %d sends rank %d %zu elements, which expects %zu", q, r,
+                               send[q][r], recv[r][q]);
+    return 0;
+}
+
+/* Every rank checks the whole matrix of counts (the same verdict everywhere), then copies its
+ * part from each rank's input: rank q's part for r starts after q's parts for ranks < r. */
+static int cpu_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    cgroup *g = c->impl;
+    size_t eb = comm_type_bytes(t);
+    g->send[c->rank] = send;
+    g->recv[c->rank] = recv;
+    int rc = post(c, in, out), bad = rc ? 0 : comm_check_a2a_counts(g->send, g->recv, g->W);
+    size_t at = 0; /* bytes of out written; pointers formed only for parts that exist (out may be NULL) */
+    for (int q = 0; !rc && !bad && q < g->W; q++) {
+        size_t off = 0;
+        for (int j = 0; j < c->rank; j++) off += g->send[q][j];
+        if (recv[q]) memcpy((char *)out + at, (const char *)g->in[q] + off * eb, recv[q] * eb);
+        at += recv[q] * eb;
+    }
+    if (!rc) rc = bar(g);
+    return rc ? rc : bad;
+}
+
 static int cpu_barrier(comm *c) { return bar(c->impl); }
 
 static void cpu_abort(comm *c) {
@@ -137,6 +169,8 @@ static void group_unref(cgroup *g) {
     pthread_mutex_destroy(&g->mu);
     free(g->in);
     free(g->out);
+    free(g->send);
+    free(g->recv);
     free(g);
 }
 
@@ -145,8 +179,8 @@ static void cpu_free(comm *c) {
     free(c);
 }
 
-static const comm_ops cpu_ops = {cpu_all_reduce, cpu_reduce_scatter, cpu_all_gather, cpu_broadcast,
-                                 cpu_barrier,    cpu_abort,          cpu_free};
+static const comm_ops cpu_ops = {cpu_all_reduce,   cpu_reduce_scatter, cpu_all_gather, cpu_broadcast,
+                                 cpu_all_to_all_v, cpu_barrier,        cpu_abort,      cpu_free};
 
 int comm_cpu_group(int W, comm **out) {
     if (W < 1) return err_set(GE_INVALID, "comm: %d ranks", W);
@@ -155,9 +189,13 @@ int comm_cpu_group(int W, comm **out) {
     g->W = W;
     g->in = calloc((size_t)W, sizeof *g->in);
     g->out = calloc((size_t)W, sizeof *g->out);
-    if (!g->in || !g->out) {
+    g->send = calloc((size_t)W, sizeof *g->send);
+    g->recv = calloc((size_t)W, sizeof *g->recv);
+    if (!g->in || !g->out || !g->send || !g->recv) {
         free(g->in);
         free(g->out);
+        free(g->send);
+        free(g->recv);
         free(g);
         return err_set(GE_NOMEM, "comm: out of memory");
     }
@@ -172,6 +210,8 @@ int comm_cpu_group(int W, comm **out) {
                 pthread_mutex_destroy(&g->mu);
                 free(g->in);
                 free(g->out);
+                free(g->send);
+                free(g->recv);
                 free(g);
             }
             return err_set(GE_NOMEM, "comm: out of memory");

@@ -12,4 +12,9 @@
  * kernels/adamw.h). dst may alias one of the inputs only element for element. Not for COMM_U8.
  * (comm_cpu.c) */
 void comm_sum_ranks(void *dst, const void *const *in, int W, size_t off, size_t n, comm_type t);
+
+/* An all-to-all-v's counts agree when recv[r][q] = send[q][r] for every pair (send[q], recv[q]:
+ * rank q's W counts). 0, or GE_INVALID naming the first pair that does not (every rank that
+ * checks the same counts gets the same answer). (comm_cpu.c) */
+int comm_check_a2a_counts(const size_t *const *send, const size_t *const *recv, int W);
 #endif

@@ -106,6 +106,33 @@ static int nc_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
     return finish(x, ncclBroadcast(buf, buf, n * comm_type_bytes(t), ncclUint8, root, x->nc, x->stream), "broadcast");
 }
 
+/* Grouped point-to-point: a send and a receive per peer with a part (bytes), one group, so NCCL
+ * runs them together and no order of peers can deadlock; the rank's own part is a copy on the
+ * stream. */
+static int nc_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    nccl_impl *x = IMPL(c);
+    if (aborted(x)) return err_set(GE_COMM, "nccl: all-to-all-v: the communicator was aborted");
+    size_t eb = comm_type_bytes(t), so = 0, ro = 0;
+    const char *src = (const char *)in;
+    char *dst = (char *)out;
+    ncclResult_t r = ncclGroupStart();
+    for (int q = 0; q < c->size && (r == ncclSuccess || r == ncclInProgress); q++) {
+        if (q == c->rank) {
+            if (send[q] && cudaMemcpyAsync(dst + ro, src + so, send[q] * eb, cudaMemcpyDeviceToDevice, x->stream) != cudaSuccess)
+                r = ncclUnhandledCudaError;
+        } else {
+            if (send[q]) r = ncclSend(src + so, send[q] * eb, ncclUint8, q, x->nc, x->stream);
+            if (recv[q] && (r == ncclSuccess || r == ncclInProgress))
+                r = ncclRecv(dst + ro, recv[q] * eb, ncclUint8, q, x->nc, x->stream);
+        }
+        so += send[q] * eb;
+        ro += recv[q] * eb;
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress) r = e;
+    return finish(x, r, "all-to-all-v");
+}
+
 /* NCCL has no barrier: an all-reduce of one int is one. */
 static int nc_barrier(comm *c) {
     nccl_impl *x = IMPL(c);
@@ -138,7 +165,8 @@ static void nc_free(comm *c) {
     free(c);
 }
 
-static const comm_ops nccl_ops = {nc_all_reduce, nc_reduce_scatter, nc_all_gather, nc_broadcast, nc_barrier, nc_abort, nc_free};
+static const comm_ops nccl_ops = {nc_all_reduce,   nc_reduce_scatter, nc_all_gather, nc_broadcast,
+                                  nc_all_to_all_v, nc_barrier,        nc_abort,      nc_free};
 
 extern "C" int comm_nccl_unique_id(unsigned char id[128]) {
     static_assert(sizeof(ncclUniqueId) == 128, "ncclUniqueId is 128 bytes");

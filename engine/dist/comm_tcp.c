@@ -19,6 +19,12 @@
  * result chunk k, while rank 0 reads chunk k from every rank in rank order, computes, and sends
  * the results. Rank 0 holds W chunk buffers (O(chunk × W)), never W copies of a buffer; ranks
  * r > 0 stream straight from and into the caller's buffers. A barrier is the header round alone.
+ * An all-to-all-v (header n = W) has a second round after "go": every rank r > 0 sends its send
+ * and recv counts (2 W u64, little-endian), rank 0 checks the matrix and answers again. Then the
+ * parts move in one order that every rank walks, source s = 0..W-1, destination d = 0..W-1
+ * (empty parts skipped): s = d copies locally; s or d = 0 is a direct transfer; else rank 0
+ * relays the part chunk by chunk. Rank 0 works through the parts in that order, and every other
+ * rank waits only on a part rank 0 will reach, so no cycle of waits can form.
  *
  * Failures: any failed call aborts its comm (the stream is out of step after it). Rank 0 aborts
  * the group when a rank leaves or the headers disagree (after telling the ranks that wait for
@@ -50,13 +56,13 @@
 #endif
 
 #define TCP_MAGIC 0x43505247u /* "GRPC" */
-#define TCP_VERSION 1
+#define TCP_VERSION 2 /* 2: all_to_all_v */
 #define TCP_CHUNK ((size_t)4 << 20) /* bytes a rank sends before it reads its result */
 #define TCP_HDR 32
 #define TCP_MSG_MAX 512 /* longest error text in a REPLY */
 
-enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER, OP_HELLO, OP_WELCOME, OP_REPLY };
-static const char *op_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL, OP_BARRIER, OP_HELLO, OP_WELCOME, OP_REPLY };
+static const char *op_names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all_v",
                                  "barrier",    "hello",          "welcome",    "reply"};
 static const char *type_names[] = {"f32", "bf16", "i32", "u8"};
 
@@ -365,14 +371,20 @@ static int setup_connect(const char *host, int port, const int *cancel, double d
 
 /* The header round on a rank r > 0: its header to rank 0, then rank 0's answer ("go", or why
  * not). 0 or GE_COMM. */
+static int read_answer(tgroup *g, uint64_t seq);
 static int ask_root(tgroup *g, const hdr *me) {
-    hdr a;
     int rc = send_hdr(g, 0, me);
-    if (!rc) rc = recv_hdr(g, 0, &a);
+    return rc ? rc : read_answer(g, me->seq);
+}
+
+/* A rank r > 0 reads rank 0's answer to call seq: 0 for "go", else GE_COMM with rank 0's reason. */
+static int read_answer(tgroup *g, uint64_t seq) {
+    hdr a;
+    int rc = recv_hdr(g, 0, &a);
     if (rc) return rc;
-    if (a.magic != TCP_MAGIC || a.op != OP_REPLY || a.seq != me->seq)
-        return err_set(GE_COMM, "comm: rank 0 answered call %llu with op %u call %llu", (unsigned long long)me->seq,
-                       (unsigned)a.op, (unsigned long long)a.seq);
+    if (a.magic != TCP_MAGIC || a.op != OP_REPLY || a.seq != seq)
+        return err_set(GE_COMM, "comm: rank 0 answered call %llu with op %u call %llu", (unsigned long long)seq, (unsigned)a.op,
+                       (unsigned long long)a.seq);
     if (a.type == 0) return 0;
     char msg[TCP_MSG_MAX + 1] = "";
     size_t len = a.n < TCP_MSG_MAX ? (size_t)a.n : TCP_MSG_MAX;
@@ -412,15 +424,11 @@ static int gather_headers(tgroup *g, const hdr *me) {
     return rc;
 }
 
-/* The header round: rank 0 gathers and checks the headers, then answers every rank "go", or the
- * error (rc, err_msg()) to every rank still there (one yet to call reads it at its call; best
- * effort: the abort follows). 0 or GE_COMM. */
-static int start(tgroup *g, int op, comm_type t, size_t n, int root) {
-    if (is_aborted(g)) return err_set(GE_COMM, "comm: the group was aborted");
-    hdr me = {TCP_MAGIC, (uint32_t)op, (uint32_t)t, root, ++g->seq, n};
-    if (g->rank) return ask_root(g, &me);
-    int rc = gather_headers(g, &me);
-    hdr a = {TCP_MAGIC, OP_REPLY, rc != 0, 0, me.seq, 0};
+/* Rank 0 answers every rank "go" (rc 0) for call seq, or the error (rc, err_msg()) to every rank
+ * still there (one yet to call reads it at its call; best effort: the abort follows). Returns
+ * rc, or the error of a failed "go". */
+static int answer(tgroup *g, uint64_t seq, int rc) {
+    hdr a = {TCP_MAGIC, OP_REPLY, rc != 0, 0, seq, 0};
     char msg[TCP_MSG_MAX];
     if (rc) {
         snprintf(msg, sizeof msg, "%s", err_msg());
@@ -437,6 +445,16 @@ static int start(tgroup *g, int op, comm_type t, size_t n, int root) {
         }
     }
     return rc;
+}
+
+/* The header round: rank 0 gathers and checks the headers, then answers every rank "go", or the
+ * error (rc, err_msg()) to every rank still there (one yet to call reads it at its call; best
+ * effort: the abort follows). 0 or GE_COMM. */
+static int start(tgroup *g, int op, comm_type t, size_t n, int root) {
+    if (is_aborted(g)) return err_set(GE_COMM, "comm: the group was aborted");
+    hdr me = {TCP_MAGIC, (uint32_t)op, (uint32_t)t, root, ++g->seq, n};
+    if (g->rank) return ask_root(g, &me);
+    return answer(g, me.seq, gather_headers(g, &me));
 }
 
 /* Every failed collective aborts its comm (and on rank 0 the group): the stream is out of step. */
@@ -548,6 +566,87 @@ static int tcp_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
     return finish(g, rc);
 }
 
+/* The counts round of an all-to-all-v (after "go"): rank 0 gathers every rank's 2 W counts into
+ * cnt (W rows of send[W], recv[W]), checks the matrix and answers; ranks r > 0 send theirs and
+ * read the answer. A bad matrix fails every rank with GE_COMM carrying rank 0's reason. */
+static int a2a_counts(tgroup *g, const size_t *send, const size_t *recv, size_t *cnt) {
+    int W = g->W, rc = 0;
+    unsigned char *b = malloc((size_t)W * 16);
+    if (!b) return err_set(GE_NOMEM, "comm: out of memory");
+    if (g->rank) {
+        for (int q = 0; q < W; q++) {
+            put64(b + 8 * q, send[q]);
+            put64(b + 8 * (W + q), recv[q]);
+        }
+        rc = send_all(g, 0, b, (size_t)W * 16);
+        if (!rc) rc = read_answer(g, g->seq);
+        free(b);
+        return rc;
+    }
+    for (int q = 0; q < W; q++) {
+        cnt[q] = send[q];
+        cnt[W + q] = recv[q];
+    }
+    for (int q = 1; q < W && !rc; q++) {
+        rc = recv_all(g, q, b, (size_t)W * 16);
+        for (int j = 0; !rc && j < 2 * W; j++) cnt[(size_t)q * 2 * W + j] = (size_t)get64(b + 8 * j);
+    }
+    free(b);
+    if (rc) return rc;
+    const size_t **sp = malloc((size_t)W * sizeof *sp), **rp = malloc((size_t)W * sizeof *rp);
+    if (!sp || !rp) rc = err_set(GE_NOMEM, "comm: out of memory");
+    for (int q = 0; !rc && q < W; q++) {
+        sp[q] = cnt + (size_t)q * 2 * W;
+        rp[q] = cnt + (size_t)q * 2 * W + W;
+    }
+    if (!rc) rc = comm_check_a2a_counts(sp, rp, W);
+    free(sp);
+    free(rp);
+    return answer(g, g->seq, rc);
+}
+
+/* Rank 0 passes part s -> d (bytes) from rank s to rank d through its first chunk buffer. */
+static int relay(tgroup *g, int s, int d, size_t bytes) {
+    int rc = 0;
+    for (size_t off = 0; off < bytes && !rc; off += TCP_CHUNK) {
+        size_t m = bytes - off < TCP_CHUNK ? bytes - off : TCP_CHUNK;
+        rc = recv_all(g, s, g->chunks, m);
+        if (!rc) rc = send_all(g, d, g->chunks, m);
+    }
+    return rc;
+}
+
+static int tcp_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    tgroup *g = c->impl;
+    int W = g->W, r = g->rank;
+    size_t eb = comm_type_bytes(t), *cnt = r ? NULL : malloc((size_t)W * 2 * W * sizeof *cnt);
+    int rc = start(g, OP_ALL_TO_ALL, t, (size_t)W, 0);
+    if (!rc && !r && !cnt) rc = err_set(GE_NOMEM, "comm: out of memory");
+    if (!rc) rc = a2a_counts(g, send, recv, cnt);
+    /* a part's place: s's input after its parts for ranks < d; d's output after its parts from ranks < s */
+    size_t in_off = 0, out_off = 0;
+    for (int s = 0; s < W && !rc; s++) {
+        for (int d = 0; d < W && !rc; d++) {
+            size_t n = r ? (s == r ? send[d] : d == r ? recv[s] : 0) : cnt[(size_t)s * 2 * W + d], bytes = n * eb;
+            size_t io = in_off * eb, oo = out_off * eb;
+            if (s == r) in_off += n;
+            if (d == r) out_off += n;
+            if (!bytes) continue; /* in or out is touched only for a part of this rank's (either may be NULL) */
+            if (s == d) {
+                if (s == r) memcpy((char *)out + oo, (const char *)in + io, bytes);
+            } else if (s == r) {
+                rc = send_all(g, r ? 0 : d, (const char *)in + io, bytes);
+            } else if (d == r) {
+                rc = recv_all(g, r ? 0 : s, (char *)out + oo, bytes);
+            } else if (!r) {
+                rc = relay(g, s, d, bytes);
+            }
+        }
+    }
+    free(cnt);
+    return finish(g, rc);
+}
+
 static int tcp_barrier(comm *c) {
     tgroup *g = c->impl;
     return finish(g, start(g, OP_BARRIER, COMM_U8, 0, 0));
@@ -573,8 +672,8 @@ static void tcp_free(comm *c) {
     free(c);
 }
 
-static const comm_ops tcp_ops = {tcp_all_reduce, tcp_reduce_scatter, tcp_all_gather, tcp_broadcast,
-                                 tcp_barrier,    tcp_abort,          tcp_free};
+static const comm_ops tcp_ops = {tcp_all_reduce,   tcp_reduce_scatter, tcp_all_gather, tcp_broadcast,
+                                 tcp_all_to_all_v, tcp_barrier,        tcp_abort,      tcp_free};
 
 int comm_tcp_open(const char *host, int port, int rank, int W, int listen_fd, const int *cancel, double timeout_s, comm **out) {
     *out = NULL;

@@ -23,6 +23,7 @@
 #include "engine/format/safetensors.h"
 #include "engine/model/hybrid.h"
 #include "engine/model/lora.h"
+#include "engine/model/moe_ep.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 
@@ -46,20 +47,30 @@ static void add_param(model *m, const char *name, int ndim, long long d0, long l
     add_param_at(m, name, ndim, d0, d1, 1);
 }
 
-/* An MLP_MOE layer's parameters as HF checkpoints name them: the router, then each of the three
- * projections of expert 0..E-1 stacked (mlp.experts.{e}.gate_proj.weight, ...), then the shared
- * expert's when the model has one. */
-static void add_moe_params(model *m, int l) {
+/* An MLP_MOE layer's parameters as HF checkpoints name them: the router (add_router), each of
+ * the three projections of this rank's experts e0..e0+E-1 stacked (add_experts:
+ * mlp.experts.{e}.gate_proj.weight, ...), then the shared expert's when the model has one
+ * (add_shared). With expert parallelism the experts of every layer come after all the
+ * replicated parameters instead (model.ep_n0). */
+static void add_router(model *m, int l) {
+    char n[96];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+    add_param(m, n, 2, m->cfg.E, m->cfg.C);
+}
+static void add_experts(model *m, int l) {
     const model_config *c = &m->cfg;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     char n[96];
-    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
-    add_param(m, n, 2, c->E, c->C);
     for (int j = 0; j < 3; j++)
-        for (int e = 0; e < c->E; e++) {
+        for (int e = m->ep_e0; e < m->ep_e0 + m->ep_E; e++) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj[j]);
-            add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == c->E - 1);
+            add_param_at(m, n, 2, j < 2 ? c->Fm : c->C, j < 2 ? c->C : c->Fm, e == m->ep_e0 + m->ep_E - 1);
         }
+}
+static void add_shared(model *m, int l) {
+    const model_config *c = &m->cfg;
+    static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    char n[96];
     for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width F) and its gate */
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj[j]);
         add_param(m, n, 2, j < 2 ? c->F : c->C, j < 2 ? c->C : c->F);
@@ -100,10 +111,22 @@ static int is_gain1(const model_config *c, const char *name) {
 #undef ENDS
 }
 
-int model_init(model *m, const model_config *c, eng_backend *be) {
+int model_init(model *m, const model_config *c, eng_backend *be) { return model_init_ep(m, c, be, NULL); }
+
+int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_ep *ep) {
     memset(m, 0, sizeof *m);
     m->cfg = *c;
     m->be = be;
+    m->ep_E = c->E;
+    if (ep && config_n_moe(c) > 0) {
+        if (ep->W < 1 || c->E % ep->W)
+            return err_set(GE_UNSUPPORTED, "model: %d experts do not split evenly over %d ranks (expert parallelism)", c->E, ep->W);
+        if (strcmp(be->name, "cpu"))
+            return err_set(GE_UNSUPPORTED, "model: expert parallelism runs on the cpu backend only (not yet on %s)", be->name);
+        m->ep = *ep;
+        m->ep_E = c->E / ep->W;
+        m->ep_e0 = ep->rank * m->ep_E;
+    }
     m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (5 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
     long long C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D;
@@ -129,7 +152,9 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
         }
         P("post_attention_layernorm.weight", 1, C, 0);
         if (c->mlp[l] == MLP_MOE) {
-            add_moe_params(m, l);
+            add_router(m, l);
+            if (!m->ep.W) add_experts(m, l);
+            add_shared(m, l);
             continue;
         }
         P("mlp.gate_proj.weight", 2, c->F, C);
@@ -139,6 +164,12 @@ int model_init(model *m, const model_config *c, eng_backend *be) {
     }
     add_param(m, "model.norm.weight", 1, C, 0);
     if (!c->tied) add_param(m, "lm_head.weight", 2, c->V, C);
+    if (m->ep.W) { /* the replicated part splits into W shards of whole 16-element blocks */
+        long long blk = 16LL * m->ep.W;
+        m->n_elems = m->ep_n0 = (m->n_elems + blk - 1) / blk * blk;
+        for (int l = 0; l < c->L; l++)
+            if (c->mlp[l] == MLP_MOE) add_experts(m, l);
+    }
     for (int i = 0; i < m->n_params; i++) m->params[i].gain1 = is_gain1(c, m->params[i].name);
 
     /* partial rotary (R < D): the first R/2 frequencies of an R-dim rotation, the rest unused */
@@ -192,9 +223,12 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->w_up = V("mlp.up_proj.weight");
         L->w_down = V("mlp.down_proj.weight");
         L->router = V("mlp.gate.weight");
-        L->we_gate = V("mlp.experts.0.gate_proj.weight");
-        L->we_up = V("mlp.experts.0.up_proj.weight");
-        L->we_down = V("mlp.experts.0.down_proj.weight");
+        char ex[64];
+#define X(proj) (snprintf(ex, sizeof ex, "mlp.experts.%d.%s.weight", m->ep_e0, proj), V(ex))
+        L->we_gate = X("gate_proj");
+        L->we_up = X("up_proj");
+        L->we_down = X("down_proj");
+#undef X
         L->ws_gate = V("mlp.shared_expert.gate_proj.weight");
         L->ws_up = V("mlp.shared_expert.up_proj.weight");
         L->ws_down = V("mlp.shared_expert.down_proj.weight");
@@ -348,7 +382,8 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     int has_lin = config_n_linear(c) > 0, has_gated = 0;
     for (int l = 0; l < c->L; l++) has_gated |= c->attn[l] == ATTN_GATED;
     long long Cc = 2LL * c->lin_hk * c->lin_dk + (long long)c->lin_hv * c->lin_dv, VL = (long long)c->lin_hv * c->lin_dv,
-              Hv = c->lin_hv, ST = T * Hv * c->lin_dk * c->lin_dv;
+              Hv = c->lin_hv, ST = 0, DST = 0;
+    if (has_lin) m->be->deltanet_scratch(m->be, &ST, &DST, (int)T, c->lin_hk, c->lin_hv, c->lin_dk, c->lin_dv);
 #define TAKE(ptr, n, es) \
     do { \
         (ptr) = base ? (void *)(base + off) : NULL; \
@@ -390,7 +425,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
             TAKE(a->do_lin, T * VL, eb);
             TAKE(a->ddn_a, T * Hv, eb);
             TAKE(a->ddn_b, T * Hv, eb);
-            TAKE(a->dstates, ST, 4);
+            TAKE(a->dstates, DST, 4);
         }
         a->dg = a->da;
         a->dq0 = a->datt;
@@ -482,6 +517,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->dent, M, 4);
     TAKE(a->ints, 9 * T + 2 * M, 4);
     if (has_moe) {
+        TAKE(a->routes, (long long)config_n_moe(c) * T * k, 4);
         TAKE(a->moe_stats, MOE_STATS(E), 4);
         TAKE(a->aux_g, E, 4);
     }
@@ -686,7 +722,8 @@ void model_input_from_batch(model_input *in, const pack_batch *b) {
                         .M = b->M,
                         .out_pos = b->out_pos,
                         .out_tok = b->out_tok,
-                        .count = b->tok_count};
+                        .count = b->tok_count,
+                        .routes = b->routes};
 }
 
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d) {
@@ -704,6 +741,8 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
     int *op = p, *ot = p + a->cap_M;
     if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
     if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
+    size_t nr = (size_t)config_n_moe(&m->cfg) * T * m->cfg.top_k;
+    if (in->routes && nr && !rc) rc = be->to_dev(be, a->routes, in->routes, nr * sizeof(int));
     *d = (model_dev_input){.T = T,
                            .M = in->M,
                            .tokens = dst[0],
@@ -713,7 +752,22 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
                            .out_pos = op,
                            .out_tok = ot,
                            .r = {dst[2], dst[3], dst[4], dst[5]},
-                           .count = in->count ? dst[7] : NULL};
+                           .count = in->count ? dst[7] : NULL,
+                           .routes = a->routes,
+                           .replay = in->routes != NULL};
+    return rc;
+}
+
+int model_routes_get(const model *m, const model_acts *a, int T_fwd, int T, int *out) {
+    int Lm = config_n_moe(&m->cfg), k = m->cfg.top_k;
+    if (!Lm || !T) return 0;
+    int *h = malloc((size_t)Lm * T_fwd * k * sizeof(int)), rc;
+    if (!h) return err_set(GE_NOMEM, "model: out of memory for %d tokens' routes", T_fwd);
+    if (!(rc = m->be->sync(m->be)) && !(rc = m->be->to_host(m->be, h, a->routes, (size_t)Lm * T_fwd * k * sizeof(int))))
+        for (int t = 0; t < T; t++)
+            for (int l = 0; l < Lm; l++)
+                memcpy(out + ((size_t)t * Lm + l) * k, h + ((size_t)l * T_fwd + t) * k, (size_t)k * sizeof(int));
+    free(h);
     return rc;
 }
 
@@ -725,8 +779,10 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
     if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
     if (kv && m->cfg.arch == ARCH_QWEN3_5 && (!in->srow || !kv->cap_st))
         return err_set(GE_INTERNAL, "model_forward: a hybrid model's KV cache needs its state rows and srow");
+    a->ep_rc = 0;
     model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
-    return m->be->sync(m->be);
+    rc = m->be->sync(m->be);
+    return rc ? rc : a->ep_rc;
 }
 
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
@@ -827,21 +883,37 @@ static moe_lora moe_lora_of(const model *m, const model_layer_views *W, const mo
     return lr;
 }
 
+/* Layer l's place among the MoE layers: its slice of the routes (model_input.routes). */
+static int moe_index(const model_config *c, int l) {
+    int n = 0;
+    for (int j = 0; j < l; j++) n += c->mlp[j] == MLP_MOE;
+    return n;
+}
+
 /* Mixture of experts (kernels/moe.h) on ln2 = rmsnorm(xm). The experts always run (the backward
  * reads their outputs); the balance statistics are summed only by a forward that makes the
- * layer's output, so a recompute does not count its tokens twice. */
+ * layer's output, so a recompute does not count its tokens twice. With d->routes the router
+ * replays the given experts (d->replay) or the chosen ones are copied there (a record). */
 static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int l, void *out, const model_dev_input *d) {
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     int T = d->T, C = c->C;
     struct model_layer_acts *A = &a->l[l];
     const model_layer_views *W = &w->layers[l];
+    size_t nk = (size_t)T * c->top_k;
+    int *rt = d->routes ? d->routes + (size_t)moe_index(c, l) * nk : NULL;
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
-    be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->count, T, C, c->E,
-                       c->top_k, c->norm_topk);
-    moe_lora lr = moe_lora_of(m, W, NULL);
-    be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
-                        c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
+    be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->replay ? rt : NULL,
+                       d->count, T, C, c->E, c->top_k, c->norm_topk);
+    if (rt && !d->replay) be->copy(be, rt, A->topi, nk * sizeof(int));
+    if (m->ep.W) { /* expert parallelism: no adapters on the experts (LoRA refuses a comm) */
+        int rc = moe_ep_fwd(m, W, A, out, T);
+        a->ep_rc = a->ep_rc ? a->ep_rc : rc;
+    } else {
+        moe_lora lr = moe_lora_of(m, W, NULL);
+        be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
+                            c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
+    }
     if (c->shared && out) shared_fwd(m, W, A, out, T);
 }
 
@@ -882,10 +954,15 @@ static void mlp_moe_bwd(const model *m, const model_views *w, const model_views 
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * (size_t)be->act_bytes);
-    moe_lora lr = moe_lora_of(m, W, G);
-    be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi, A->topw,
-                        A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm,
-                        lr.agu || lr.ad ? &lr : NULL);
+    if (m->ep.W) {
+        int rc = moe_ep_bwd(m, W, G, A, a->dres, a->dln, a->dtopw, T);
+        a->ep_rc = a->ep_rc ? a->ep_rc : rc;
+    } else {
+        moe_lora lr = moe_lora_of(m, W, G);
+        be->moe_experts_bwd(be, a->dln, G->we_gate, G->we_up, G->we_down, a->dtopw, a->edg, a->edu, a->dres, A->ln2, A->topi,
+                            A->topw, A->eg, A->eu, A->ey, W->we_gate, W->we_up, W->we_down, T, C, c->E, c->top_k, c->Fm,
+                            lr.agu || lr.ad ? &lr : NULL);
+    }
     be->moe_router_bwd(be, a->dln, G->router, a->dlogit, a->dtopw, A->probs, A->topi, A->ln2, W->router, d->aux_g, d->count, T, C,
                        c->E, c->top_k, c->norm_topk);
     if (c->shared) shared_bwd(m, W, G, A, a, T);
@@ -1005,6 +1082,7 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
     const model_config *c = &m->cfg;
     eng_backend *be = m->be;
     if (!a->grad) return err_set(GE_INTERNAL, "model_backward: activations were made without grad");
+    a->ep_rc = 0;
     int T = in->T, M = in->M, C = c->C;
     size_t eb = (size_t)be->act_bytes;
     model_dev_input d;
@@ -1027,7 +1105,8 @@ int model_backward(const model *m, const model_views *w, const model_views *g, m
         model_layer_bwd(m, w, g, a, l, &d);
     }
     if (g->embed) be->embedding_bwd(be, g->embed, a->dres, d.tokens, T, C);
-    return be->sync(be);
+    rc = be->sync(be);
+    return rc ? rc : a->ep_rc;
 }
 
 /* Backward of an adapter term (mm_part.lr) given dY (T, O): gA, gB += their

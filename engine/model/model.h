@@ -84,9 +84,27 @@ typedef struct {
     model_layer_views *layers; /* (L) */
 } model_views;
 
+/* Expert parallelism (engine/model/moe_ep.h): the ranks' comm, reached through its
+ * all-to-all-v, all-gather and abort (comm.h's, counts in bytes), since the model room does not include
+ * engine/dist. */
+typedef struct {
+    int rank, W;
+    int (*all_to_all_v)(void *ctx, const void *in, const size_t *send, void *out, const size_t *recv);
+    int (*all_gather)(void *ctx, const void *in, void *out, size_t bytes);
+    void (*abort)(void *ctx); /* a rank that cannot take part ends the others' exchange */
+    void *ctx;
+} model_ep;
+
 typedef struct {
     model_config cfg;
     eng_backend *be;
+    /* the experts this rank holds in every MoE layer: [ep_e0, ep_e0 + ep_E) (0, E without
+     * expert parallelism, ep.W = 0); the parameter buffers hold only those */
+    model_ep ep;
+    int ep_e0, ep_E;
+    /* with ep.W: the replicated parameters are [0, ep_n0) (W shards of whole 16-element blocks),
+     * this rank's experts follow (the training state keeps them whole, never summed over ranks) */
+    long long ep_n0;
     model_param *params;
     int n_params;
     long long n_elems; /* elements of a flat parameter buffer */
@@ -101,6 +119,9 @@ typedef struct {
 } model;
 
 int model_init(model *m, const model_config *cfg, eng_backend *be);
+/* model_init with the experts split over ep->W ranks (ep NULL: model_init); one line when E
+ * does not split evenly or the backend is not the cpu. */
+int model_init_ep(model *m, const model_config *cfg, eng_backend *be, const model_ep *ep);
 void model_free(model *m);
 /* Views into a flat buffer whose elements are esize bytes (be->act_bytes or 4). */
 int model_views_make(const model *m, void *base, size_t esize, model_views *v);
@@ -148,6 +169,7 @@ typedef struct {
      * layers may share, and the gradients of rows [0, acc->S) are kept in acc (model_layer_bwd) */
     model_kv_acc *acc;
     size_t layer_bytes; /* one layer's saved activations: a block from l[l].x */
+    int ep_rc; /* the first error of an expert-parallel exchange (moe_ep.h) since model_forward/_backward began */
     struct model_layer_acts { /* act-typed (be->act_bytes) unless float */
         void *x; /* (T,C) the layer's input (residual stream) */
         void *ln1; /* (T,C) rmsnorm(x) */
@@ -179,6 +201,7 @@ typedef struct {
      * dz, dy, dob (T,VL), ddn_a, ddn_b (T,Hv) (act-typed) */
     float *states, *dstates;
     void *dqg, *dkg, *dx_qkv, *du_lin, *dz, *dy_lin, *do_lin, *ddn_a, *ddn_b;
+    int *routes; /* (Lm, T, k) the experts each MoE layer chose (or replayed) in the last forward of T tokens */
     float *moe_stats; /* (MOE_STATS(E)) the balance loss's statistics of the last forward, every MoE layer */
     float *aux_g; /* (E) its gradient per unit count (model_backward) */
     float *dtopw, *dlogit; /* (T,k), (T,E) MoE backward scratch */
@@ -264,6 +287,10 @@ typedef struct {
      * (0: the balance loss is not part of the loss) */
     const int *count; /* (T) or NULL */
     float aux_coef;
+    /* MoE only: routing replay (kernels/moe.h). The experts of each MoE layer (in layer order,
+     * Lm = config_n_moe) for each token, replayed instead of the router's top-k; a token whose
+     * first entry is -1 takes the top-k. NULL: every token takes the top-k. */
+    const int *routes; /* (Lm, T, k) or NULL */
 } model_input;
 
 /* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
@@ -284,6 +311,9 @@ typedef struct {
     attn_ranges r;
     int *count; /* NULL: 1 each */
     float *aux_g; /* (E) the balance loss's gradient per unit count; NULL: not in the loss */
+    /* MoE only (else NULL): (Lm, T, k) the routes, replayed (replay) or written by the forward */
+    int *routes;
+    int replay;
 } model_dev_input;
 int model_input_upload(const model *m, model_acts *a, const model_input *in, model_dev_input *d);
 void model_forward_dev(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_dev_input *d,
@@ -301,6 +331,10 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
+/* The routes of tokens [0, T) of the last forward on a, which ran T_fwd tokens (T <= T_fwd), into
+ * out (T, Lm, k) host, token-major (model_input.routes is layer-major); synchronous. 0 without
+ * MoE layers (nothing written). */
+int model_routes_get(const model *m, const model_acts *a, int T_fwd, int T, int *out);
 /* The router's balance loss of the last model_forward on a (transformers' load_balancing_loss_func
  * over every MoE layer's router, each token counted in->count times): 0 without MoE layers. */
 int model_aux_loss(const model *m, const model_acts *a, double *aux);

@@ -50,6 +50,8 @@ static void put_prompt(pack_batch *b, const pack_group *g, int c, int p0, int co
     for (int i = 0; i < g->P + c; i++) {
         int t = p0 + i;
         b->tokens[t] = i < g->P ? g->prompt[i] : g->resp[0][i - g->P];
+        if (b->routes)
+            pack_route_put(b->routes, b->T, t, i < g->P ? pack_route_src(g, -1, i) : pack_route_src(g, 0, i - g->P), g->rl, g->rk);
         b->tok_count[t] = count;
         b->pos[t] = i;
         b->kv_a0[t] = p0;
@@ -69,6 +71,7 @@ static void put_response(pack_batch *b, const pack_group *g, int c, int gi, int 
     for (int j = c; j < R; j++) {
         int t = s0 + j - c;
         b->tokens[t] = r[j];
+        if (b->routes) pack_route_put(b->routes, b->T, t, pack_route_src(g, ri, j), g->rl, g->rk);
         b->tok_count[t] = 1;
         b->pos[t] = P + j;
         b->kv_a0[t] = p0;
@@ -89,11 +92,12 @@ static void put_response(pack_batch *b, const pack_group *g, int c, int gi, int 
 
 int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout) {
     memset(b, 0, sizeof *b);
-    long long T = 0, M = 0;
+    long long T = 0, M = 0, rl = 0, rk = 0;
     int G = 0, S = 0;
     for (int k = 0; k < count; k++) {
         const pack_group *g = &groups[first + k];
         assert(g->P >= 1 && g->N >= 1);
+        if (pack_has_routes(g)) rl = g->rl, rk = g->rk;
         T += pack_group_tokens(g, layout);
         M += group_resp_tokens(g);
         S += g->N;
@@ -132,6 +136,13 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
 #undef TAKE_
     assert(q <= blk + (n_int ? n_int : 1));
     b->T = (int)T;
+    if (rl && !(b->routes = malloc((size_t)(rl * T * rk) * sizeof(int)))) {
+        free(blk);
+        return err_set(GE_NOMEM, "pack_build: routes for %lld tokens", T);
+    }
+    if (b->routes) memset(b->routes, 0xff, (size_t)(rl * T * rk) * sizeof(int)); /* -1: a group without routes routes freely */
+    for (int k = 0; b->routes && k < count; k++)
+        assert(!pack_has_routes(&groups[first + k]) || (groups[first + k].rl == rl && groups[first + k].rk == rk));
     b->G = G;
     b->S = S;
     b->M = (int)M;
@@ -180,6 +191,7 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
 void pack_batch_free(pack_batch *b) {
     if (!b) return;
     free(b->tokens);
+    free(b->routes);
     memset(b, 0, sizeof *b);
 }
 

@@ -20,6 +20,7 @@
  * Legend: T packed tokens, G groups, S response segments (all groups), M predicted tokens. */
 #ifndef GRPOD_PACK_H
 #define GRPOD_PACK_H
+#include <stddef.h>
 
 /* One prompt group as the engine receives it (the caller owns the arrays). */
 typedef struct {
@@ -28,6 +29,12 @@ typedef struct {
     int N; /* responses */
     const int *const *resp; /* N arrays, resp[i] of length R[i] */
     const int *R; /* (N) */
+    /* MoE routing replay (model.h model_input.routes), or NULL: each token's experts, W = rl·rk
+     * ints a token (rl MoE layers of rk each), token-major; a token whose first is -1 (or in an
+     * array that is NULL) takes the router's own top-k. Trunk tokens take response 0's. */
+    const int *prompt_routes; /* (P, W) */
+    const int *const *resp_routes; /* N arrays (R[i], W), an array NULL: none */
+    int rl, rk;
 } pack_group;
 
 typedef enum { PACK_PACKED = 0, PACK_STANDARD = 1 } pack_layout;
@@ -49,7 +56,21 @@ typedef struct {
     int *seg_out0; /* (S) index of the segment's first predicted token in out_* */
     int *out_pos; /* (M) packed token whose logits predict out_tok */
     int *out_tok; /* (M) target token id */
+    int *routes; /* (rl, T, rk) when a group has routes (pack_group), else NULL: model_input.routes */
 } pack_batch;
+
+/* Routing replay: the routes of response ri's token j (ri -1: the prompt's token j) of g, or NULL. */
+static inline const int *pack_route_src(const pack_group *g, int ri, int j) {
+    const int *a = ri < 0 ? g->prompt_routes : g->resp_routes ? g->resp_routes[ri] : NULL;
+    return a ? a + (size_t)j * g->rl * g->rk : NULL;
+}
+/* Token t of dst (rl, T, rk) takes src's routes (W ints, token-major); src NULL: left as it is
+ * (the -1s dst starts with: memset 0xff). */
+static inline void pack_route_put(int *dst, int T, int t, const int *src, int rl, int rk) {
+    for (int l = 0; src && l < rl; l++)
+        for (int s = 0; s < rk; s++) dst[((size_t)l * T + t) * rk + s] = src[l * rk + s];
+}
+static inline int pack_has_routes(const pack_group *g) { return g->rl > 0 && (g->prompt_routes || g->resp_routes); }
 
 /* Build one micro-batch from groups[first .. first + count) in the given layout.
  * Returns 0, or GE_NOMEM. The batch owns its arrays: pack_batch_free. */

@@ -53,8 +53,9 @@ typedef struct {
     int *mem;
 } host_input;
 
-static int input_alloc(host_input *h, int T, int M) {
-    int *p = malloc(((size_t)7 * T + 2 * (size_t)M + 1) * sizeof(int));
+static int input_alloc(host_input *h, int T, int M, const pack_group *g) {
+    size_t nr = pack_has_routes(g) ? (size_t)g->rl * T * g->rk : 0;
+    int *p = malloc(((size_t)7 * T + 2 * (size_t)M + 1 + nr) * sizeof(int));
     h->mem = p;
     if (!p) return err_set(GE_NOMEM, "split: out of memory");
     h->in = (model_input){.T = T,
@@ -67,7 +68,9 @@ static int input_alloc(host_input *h, int T, int M) {
                           .b1 = p + 5 * T,
                           .slot = p + 6 * T,
                           .out_pos = p + 7 * T,
-                          .out_tok = p + 7 * T + M};
+                          .out_tok = p + 7 * T + M,
+                          .routes = nr ? p + 7 * T + 2 * M : NULL};
+    if (nr) memset(p + 7 * T + 2 * M, 0xff, nr * sizeof(int)); /* -1: free (pack.h) */
     return 0;
 }
 
@@ -76,12 +79,13 @@ static int input_alloc(host_input *h, int T, int M) {
 static int prompt_input(host_input *h, const pack_group *g) {
     int M = 0;
     for (int r = 0; r < g->N; r++) M += g->R[r] > 0;
-    int rc = input_alloc(h, g->P, M);
+    int rc = input_alloc(h, g->P, M, g);
     if (rc) return rc;
     int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1, *b0 = (int *)h->in.b0,
         *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
     for (int i = 0; i < g->P; i++) {
         tok[i] = g->prompt[i];
+        if (h->in.routes) pack_route_put((int *)h->in.routes, g->P, i, pack_route_src(g, -1, i), g->rl, g->rk);
         pos[i] = i;
         slot[i] = i;
         a0[i] = 0;
@@ -106,7 +110,7 @@ static int resp_input(host_input *h, const pack_group *g, int r0, int r1) {
         T += g->R[r];
         M += g->R[r] > 0 ? g->R[r] - 1 : 0;
     }
-    int rc = input_alloc(h, T, M);
+    int rc = input_alloc(h, T, M, g);
     if (rc) return rc;
     int *tok = (int *)h->in.tokens, *pos = (int *)h->in.pos, *a0 = (int *)h->in.a0, *a1 = (int *)h->in.a1, *b0 = (int *)h->in.b0,
         *b1 = (int *)h->in.b1, *slot = (int *)h->in.slot;
@@ -115,6 +119,7 @@ static int resp_input(host_input *h, const pack_group *g, int r0, int r1) {
         for (int j = 0; j < g->R[r]; j++) {
             int t = s0 + j;
             tok[t] = g->resp[r][j];
+            if (h->in.routes) pack_route_put((int *)h->in.routes, T, t, pack_route_src(g, r, j), g->rl, g->rk);
             pos[t] = P + j;
             slot[t] = P + t;
             a0[t] = 0;

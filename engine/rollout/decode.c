@@ -150,7 +150,8 @@ static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
                           .pos = (int *)(b + L.pos),
                           .slot = (int *)(b + L.slot),
                           .srow = srow ? (int *)(b + L.srow) : NULL,
-                          .r = {(int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1)}};
+                          .r = {(int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1)},
+                          .routes = e->acts_ng.routes}; /* recorded (MoE; NULL for a dense model) */
     model_forward_dev(&e->m, &e->wv, &e->acts_ng, kv, &di, 1.0f, 0);
     be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), e->wv.lm_head, R, c->C, c->V);
     be->sample(be, (int *)(b + L.out_tok), (float *)(b + L.out_lp), d->dlogits, (sample_params *)(b + L.prm), (int *)(b + L.ban),
@@ -168,7 +169,7 @@ static int bucket_of(int T, int *Tb) {
 }
 
 int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
-             int n_ban, int *ids, float *lps) {
+             int n_ban, int *ids, float *lps, int *routes) {
     eng_backend *be = e->be;
     int T = in->T, rc;
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
@@ -176,7 +177,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
     if (!R) { /* a forward only */
         if ((rc = eng_acts_reserve(e, &e->acts_ng, T, 1, 0))) return rc;
-        return model_forward(&e->m, &e->wv, &e->acts_ng, kv, in, 1.0f, 0);
+        rc = model_forward(&e->m, &e->wv, &e->acts_ng, kv, in, 1.0f, 0);
+        return rc || !routes ? rc : model_routes_get(&e->m, &e->acts_ng, T, T, routes);
     }
     int Tb = T, bi = -1;
     int graphs = be->graph_begin && T <= DEC_GRAPH_T && R <= T && be->tune.graphs;
@@ -254,5 +256,5 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if ((rc = be->to_host(be, h + L.out_tok, d->d + L.out_tok, (size_t)d->cap_R * 8))) return rc;
     memcpy(ids, h + L.out_tok, (size_t)R * 4);
     memcpy(lps, h + L.out_lp, (size_t)R * 4);
-    return 0;
+    return routes ? model_routes_get(&e->m, &e->acts_ng, graphs ? Tb : T, T, routes) : 0;
 }

@@ -31,6 +31,7 @@
 #include "engine/engine_internal.h"
 #include "engine/model/kvpool.h"
 #include "engine/rollout/prefix.h"
+#include "engine/rollout/routes.h"
 
 void eng_group_result_free(eng_group_result *r) {
     if (!r || !r->resp) return;
@@ -38,8 +39,11 @@ void eng_group_result_free(eng_group_result *r) {
         free(r->resp[i].tokens);
         free(r->resp[i].logprobs);
         free(r->resp[i].text);
+        free(r->resp[i].routes);
     }
     free(r->resp);
+    free(r->prompt_routes);
+    r->prompt_routes = NULL;
     r->resp = NULL;
     r->n = 0;
 }
@@ -57,6 +61,7 @@ typedef struct {
     int base; /* first of its max_tokens cache rows */
     pfx_block *blk; /* those rows */
     int done;
+    int rcap; /* rows of out->routes (routes.h rt_row) */
     uint64_t rng; /* stream seed */
     eng_response *out;
 } stream;
@@ -117,6 +122,7 @@ struct eng_sched {
     void **items;
     char *taken;
     int cap_items;
+    rt_rec rt; /* a step's MoE routes and where each token's go (routes.h) */
 };
 
 static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_heap : j->ban; }
@@ -182,6 +188,7 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
         return err_set(GE_NOMEM, "KV pool: the budget holds no row (%lld bytes per row)", rb);
     }
     s->cap = (int)rows;
+    s->rt.W = config_n_moe(&e->m.cfg) * e->m.cfg.top_k;
     int rc = kvp_init(&s->pool, s->cap);
     if (!rc && s->cap_st && (rc = kvp_init(&s->spool, s->cap_st))) kvp_destroy(&s->pool);
     if (rc) {
@@ -212,6 +219,7 @@ long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *
 
 /* Grows the step buffers to T tokens, R rows and I partition items. */
 static int reserve(eng_sched *s, int T, int R, int I) {
+    if (rt_reserve(&s->rt, T)) return GE_NOMEM;
     if (T > s->cap_T) {
         int *p = realloc(s->ints, (size_t)T * 8 * sizeof(int));
         if (!p) return err_set(GE_NOMEM, "scheduler: out of memory for %d tokens", T);
@@ -321,6 +329,7 @@ static void finish_stream(eng_sched *s, stream *k) {
     eng_sched_job *j = G->job;
     eng_response *o = k->out;
     k->done = 1;
+    if (s->rt.W) rt_fit(&o->routes, &k->rcap, o->n_tokens, s->rt.W); /* the last row: -1, never fed */
     if (o->n_tokens > 0 && !s->cap_st &&
         pfx_keep(&s->pfx, &s->pool, j->groups[G->g].prompt, G->P, G->pblk, o->tokens, o->n_tokens - 1, k->blk))
         err_clear(); /* not kept: only a later prefill is lost */
@@ -429,6 +438,8 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     stream *st = calloc((size_t)RG->n, sizeof *st);
     eng_response *resp = calloc((size_t)RG->n, sizeof *resp);
     int ok = G && st && resp;
+    int W = s->rt.W, *proutes = rt_rows(W, RG->P);
+    ok = ok && (proutes || !W);
     for (r = 0; ok && r < RG->n; r++) {
         resp[r].tokens = malloc((size_t)maxt * sizeof(int));
         resp[r].logprobs = malloc((size_t)maxt * sizeof(float));
@@ -439,6 +450,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
             free(resp[r].tokens);
             free(resp[r].logprobs);
         }
+        free(proutes);
         untake(s, pb, rb, RG->n);
         if (st0 >= 0) kvp_release(&s->spool, st0, RG->n + 1);
         free(G);
@@ -457,7 +469,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
                   .n_live = RG->n,
                   .fresh = 1,
                   .st = st};
-    j->out[g] = (eng_group_result){.resp = resp, .n = RG->n, .cached_tokens = m};
+    j->out[g] = (eng_group_result){.resp = resp, .n = RG->n, .cached_tokens = m, .prompt_routes = proutes};
     if (st0 >= 0) model_kv_state_set(&s->e->m, &s->kv, st0, -1); /* the prompt starts with no history */
     for (r = 0; r < RG->n; r++) {
         /* the stream seed of (request seed, group index, response index), as it always was;
@@ -556,7 +568,9 @@ static int alive(const stream *k) { return !k->done && !k->grp->job->state; }
  * the call fails. */
 static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_job *ban) {
     s->dec_calls++;
-    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->ids, s->lps);
+    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->ids, s->lps,
+                      s->rt.W ? s->rt.buf : NULL);
+    if (!rc) rt_scatter(&s->rt, in->T);
     if (rc) {
         char msg[256];
         snprintf(msg, sizeof msg, "%s", err_msg());
@@ -607,6 +621,7 @@ static int prefill(eng_sched *s) {
             s->taken[i] = 1;
             for (int p = G->cached; p < G->P; p++, t++) {
                 tok[t] = G->job->groups[G->g].prompt[p];
+                if (s->rt.W) s->rt.dst[t] = G->job->out[G->g].prompt_routes + (size_t)p * s->rt.W;
                 pos[t] = p;
                 slot[t] = G->prompt0 + p;
                 srow[t] = G->st0;
@@ -664,6 +679,7 @@ static int decode(eng_sched *s) {
             int m = x->out->n_tokens;
             sgroup *G = x->grp;
             tok[B] = x->out->tokens[m - 1];
+            if (s->rt.W) s->rt.dst[B] = rt_row(&x->out->routes, &x->rcap, m - 1, s->rt.W);
             pos[B] = G->P + m - 1;
             slot[B] = x->base + m - 1;
             a0[B] = G->prompt0;
@@ -818,6 +834,7 @@ void eng_sched_close(eng_sched *s) {
     free(s->who);
     free(s->items);
     free(s->taken);
+    rt_free(&s->rt);
     free(s);
 }
 

@@ -69,6 +69,7 @@ typedef struct {
     int ppo_mini_batch_size; /* groups per optimizer step; 0 = all groups in one step */
     float temperature; /* logprobs of logits / temperature */
     int use_rollout_logprobs; /* old logprobs from the client instead of an old pass */
+    int routing_replay; /* 1: the daemon passes the rollout's recorded MoE routes (eng_update_group) */
     int mask_truncated; /* responses cut by max_tokens add no loss */
     int filter_groups; /* drop groups whose rewards are all equal (DAPO) */
     int loss_scale_factor; /* seq-mean-token-sum-norm divisor (Dr. GRPO's constant); 0: the

@@ -93,7 +93,7 @@ static void work_free(work *w) {
     free(w->grp_resp0);
 }
 
-static int work_make(work *w, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
+static int work_make(work *w, const eng *e, const eng_update_group *g, int n, const loss_config *a, int *filtered) {
     memset(w, 0, sizeof *w);
     int S = 0, any_mask = 0;
     long long M = 0;
@@ -131,7 +131,7 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
         int k = w->n_groups++;
         w->src[k] = i;
         w->grp_resp0[k] = s;
-        w->pg[k] = (pack_group){.prompt = g[i].prompt, .P = g[i].P, .N = g[i].n, .resp = g[i].resp, .R = g[i].R};
+        w->pg[k] = eng_pack_group(e, &g[i]);
         if (g[i].advantage) memcpy(w->adv + s, g[i].advantage, (size_t)g[i].n * sizeof(float));
         else loss_group_advantages(a, g[i].reward, g[i].n, w->adv + s);
         for (int r = 0; r < g[i].n; r++, s++) {
@@ -142,7 +142,8 @@ static int work_make(work *w, const eng_update_group *g, int n, const loss_confi
             else if (w->tmask) memset(w->tmask + off, 1, (size_t)g[i].R[r]);
             if (g[i].old_logprobs && a->use_rollout_logprobs)
                 memcpy(w->old + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
-            if (corr && !g[i].old_logprobs) return err_set(GE_INVALID, "update: a rollout correction needs every response's logprobs");
+            if (corr && !g[i].old_logprobs)
+                return err_set(GE_INVALID, "update: a rollout correction needs every response's logprobs");
             if (corr) memcpy(w->roll + off, g[i].old_logprobs[r], (size_t)g[i].R[r] * sizeof(float));
             off += g[i].R[r];
         }
@@ -423,7 +424,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         g = dpo.g;
         n_groups = dpo.n;
     }
-    if (!rc) rc = work_make(&w, g, n_groups, a, &out->groups_filtered);
+    if (!rc) rc = work_make(&w, e, g, n_groups, a, &out->groups_filtered);
     if (dp) out->groups_filtered = dpo.filtered;
     for (int i = 0; !rc && i < w.n_groups; i++) {
         out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         resp[n] = malloc((size_t)R * 4);
         for (int i = 0; i < R; i++) resp[n][i] = (i * 13 + n) % c.V;
     }
-    pack_group grp = {prompt, P, N, (const int *const *)resp, Rs};
+    pack_group grp = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
     /* matmul rate: a square-ish fp32 GEMM with the same kernel */
     int MT = 512, MI = 768, MO = 768;
     float *x = calloc((size_t)MT * MI, 4), *y = malloc((size_t)MT * MO * 4), *mw = calloc((size_t)MO * MI, 4);

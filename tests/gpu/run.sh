@@ -13,7 +13,7 @@
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims),
-#       for a dense and a Qwen3-MoE model
+#       for a dense and a Qwen3-MoE model (with routing replay on and off, and how often top-k differs)
 #   test_lora + peft_roundtrip.py: LoRA CUDA vs CPU, engine LoRA on cuda, the PEFT round trip
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
@@ -24,8 +24,10 @@
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
 #       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
-#   (g2) with BENCH_MOE=1: bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
+#       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
+#   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd)
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
 #   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
@@ -67,7 +69,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
 PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
-BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split"
+BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -211,6 +213,7 @@ fi
 # peer of one GRPO update at those dims (tests/gpu/peer_moe_step.py, BENCH_MOE_LAYERS layers: 4)
 if [ "${BENCH_MOE:-0}" = 1 ]; then
     {
+        timeout ${T_BENCH:-200} "$BIN/bench_moe"
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 1 1024 16 256
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 8 1024 16 256
         if [ "${PEER_MOE:-0}" = 1 ]; then PYTHONUNBUFFERED=1 timeout 400 python3 tests/gpu/peer_moe_step.py ${BENCH_MOE_LAYERS:-4}; fi
@@ -225,6 +228,13 @@ if [ "${BENCH_LAYER:-0}" = 1 ]; then
         if [ -n "${PEER_LAYER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER_LAYER"; fi
     } >"$OUT/bench_layer.log" 2>&1
     cat "$OUT/bench_layer.log"
+fi
+
+# ---- (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 DeltaNet + gated attention layer pair
+# fwd+bwd at the HF default text config's dims, P=4096 N=16 R=512 and P=1024 N=16 R=256)
+if [ "${BENCH_HYBRID:-0}" = 1 ]; then
+    timeout ${T_BENCH:-100} "$BIN/bench_hybrid" >"$OUT/bench_hybrid.log" 2>&1
+    cat "$OUT/bench_hybrid.log"
 fi
 
 # ---- (j) LoRA benchmark (optional): 8B dims; 32B dims where the device has the memory

@@ -16,6 +16,10 @@
  *       norms equal the one-GPU update's within 1e-2 (a SKIP line otherwise, neither pass nor fail);
  *       the weights' update is printed (2 H200s: 8.7e-3 relative L2, the other summation order
  *       through AdamW's normalised step on this tiny model; bench_dp checks it at 1.7B dims).
+ *   (e) all-to-all-v (grouped ncclSend/ncclRecv): at W = 1 the output is the input; at W = 2 on
+ *       two GPUs, one rank per thread, random payloads with uneven counts (zeros included, a
+ *       rank that keeps nothing, parts of 4099 and of ~5 M elements) in f32, bf16 and u8: each
+ *       rank gets exactly the parts addressed to it, in source order (bytes differing: 0).
  *   (d) failure: rank 0 of a W = 2 set-up that rank 1 never joins gives up with GE_COMM once
  *       its cancel flag is set (how a rank that failed to open releases the others); on two
  *       GPUs, rank 0 in an all-reduce that rank 1 never enters returns GE_COMM once comm_abort
@@ -372,8 +376,92 @@ static void failure_rows(void) {
     }
 }
 
+/* ---------------------------------------------------------------- (e) all-to-all-v */
+
+static const size_t a2a_mats[][4] = {
+    {3, 0, 5, 7}, {0, 4099, 1, 0}, {4099, 17, 0, 0}, {0, 0, 0, 0}, {5000011, 3000017, 2000003, 4000037}};
+
+/* Part (s, d)'s byte i: made from s, d and i (finite as f32 and bf16). */
+static unsigned char a2a_byte(int s, int d, size_t i, comm_type t) {
+    unsigned char b = (unsigned char)(i * 131 + (size_t)s * 17 + (size_t)d * 5 + 1);
+    return t == COMM_U8 || i % 2 == 0 ? b : (unsigned char)(b & 0x3f);
+}
+
+/* One rank on its own thread (its device stays current there): the backend, the comm, then for
+ * each type and each matrix cnt (W, W) of elements from s to d one all-to-all-v, its output
+ * compared with the parts addressed to it; bad = bytes differing (or -1: set-up failed). */
+typedef struct {
+    const unsigned char *id;
+    int rank, W;
+    long long bad;
+} a2a_rank;
+
+static long long a2a_one(eng_backend *be, comm *c, int W, int q, const size_t *cnt, comm_type t) {
+    size_t eb = comm_type_bytes(t), send[2], recv[2], ns = 0, nr = 0;
+    for (int d = 0; d < W; d++) ns += send[d] = cnt[q * W + d];
+    for (int s = 0; s < W; s++) nr += recv[s] = cnt[s * W + q];
+    unsigned char *h = malloc(ns * eb + 1), *back = malloc(nr * eb + 1);
+    for (size_t d = 0, o = 0; d < (size_t)W; o += send[d] * eb, d++)
+        for (size_t i = 0; i < send[d] * eb; i++) h[o + i] = a2a_byte(q, (int)d, i, t);
+    void *in = gc_dev(be, h, ns * eb + 1), *out = be->alloc(be, nr * eb + 1);
+    be->zero(be, out, nr * eb + 1);
+    long long bad = 0;
+    if (comm_all_to_all_v(c, in, send, out, recv, t) || be->sync(be) || be->to_host(be, back, out, nr * eb)) {
+        printf("a2a W=%d rank %d: %s\n", W, q, err_msg());
+        bad = (long long)(nr * eb) + 1;
+    }
+    for (size_t s = 0, o = 0; !bad && s < (size_t)W; o += recv[s] * eb, s++)
+        for (size_t i = 0; i < recv[s] * eb; i++) bad += back[o + i] != a2a_byte((int)s, q, i, t);
+    be->free(be, in);
+    be->free(be, out);
+    free(h);
+    free(back);
+    return bad;
+}
+
+static void *a2a_rank_main(void *p) {
+    a2a_rank *j = p;
+    eng_backend *be;
+    comm *c;
+    j->bad = -1;
+    if (backend_cuda_create(&be, j->rank)) return NULL;
+    if (comm_nccl_open(j->id, j->rank, j->W, be, NULL, &c)) {
+        be->destroy(be);
+        return NULL;
+    }
+    j->bad = 0;
+    for (int t = COMM_F32; t <= COMM_U8; t++)
+        for (size_t m = 0; t != COMM_I32 && m < sizeof a2a_mats / sizeof a2a_mats[0]; m++)
+            j->bad += a2a_one(be, c, j->W, j->rank, a2a_mats[m], (comm_type)t); /* W = 1: the rank's part to itself */
+    comm_free(c);
+    be->destroy(be);
+    return NULL;
+}
+
+static void a2a_rows(void) {
+    for (int W = 1; W <= 2; W++) {
+        char row[96];
+        snprintf(row, sizeof row, "nccl W=%d all-to-all-v", W);
+        if (W > eng_device_count()) {
+            printf("ROW|%s|%d GPU: needs %d|nan|0|SKIP\n", row, eng_device_count(), W);
+            continue;
+        }
+        unsigned char id[128];
+        if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+        a2a_rank r[2] = {{id, 0, W, 0}, {id, 1, W, 0}};
+        pthread_t th[2];
+        for (int q = 0; q < W; q++) pthread_create(&th[q], NULL, a2a_rank_main, &r[q]);
+        for (int q = 0; q < W; q++) pthread_join(th[q], NULL);
+        long long bad = 0;
+        for (int q = 0; q < W; q++) bad = r[q].bad < 0 || bad < 0 ? -1 : bad + r[q].bad;
+        gc_row(row, bad < 0 ? "set-up failed" : "f32/bf16/u8, uneven counts with zeros; bytes differing",
+               bad < 0 ? NAN : (double)bad, 0);
+    }
+}
+
 int main(void) {
     collectives_w1();
+    a2a_rows();
     engine_rows();
     failure_rows();
     return gc_failures ? 1 : 0;

@@ -17,7 +17,16 @@
  * token may go to another expert on the GPU and move that expert's gradient by the whole token
  * (measured on the H200: gradients 4.0e-2 and 2.5e-2 against the CPU, max |Δ logprob| 0.45 on the
  * first); their gradient errors are printed. tests/gpu/test_model.c checks MoE gradients on
- * routes that cannot flip.
+ * routes that cannot flip; so does the Qwen3.5 MoE fixture (qwen3_5_moe_text: logprob rows,
+ * gradients printed; its logprobs against transformers are held to twice what rounding the weights
+ * to bf16 alone moves them by, at least 1e-2: measured 1.28e-2 on the H200, a route flipped). The Qwen3.5 fixtures (gated DeltaNet and gated attention layers,
+ * tests/fixtures/make_hybrid_reference.py) hold the logprob tolerances; their gradients move by
+ * 5.4e-2 and 8.0e-2 when the weights alone are rounded to bf16 (the recurrence compounds the
+ * large random weights' rounding: the "weight rounding alone" line), and bf16 activations cost
+ * about as much again (measured on the H200, 2026-11-28: cuda vs cpu 4.9e-2 and 8.7e-2, vs
+ * autograd 7.5e-2 and 1.2e-1). So their gradient rows are held to that measured rounding r:
+ * cuda vs cpu <= 2r, cuda vs autograd <= 3r; tests/gpu/test_model.c holds a hybrid model at
+ * init scale to the dense 1e-2.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include "tests/gpu/gpu_check.h"
 
@@ -28,8 +37,9 @@
 
 #define FIX "tests/fixtures/data"
 
-static const char *models[] = {"qwen2_bias", "qwen3",          "qwen3_tied", "llama3",
-                               "qwen3_bf16", "llama3_sharded", "qwen3_moe",  "qwen3_moe_step2"};
+static const char *models[] = {"qwen2_bias",   "qwen3",          "qwen3_tied",      "llama3",
+                               "qwen3_bf16",   "llama3_sharded", "qwen3_moe",       "qwen3_moe_step2",
+                               "qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
 
 /* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
 static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl, float *lp,
@@ -144,11 +154,14 @@ int main(void) {
         }
         gc_row("hf model logprobs cuda vs cpu (bf16 w)", shape, rel_l2(lp, lp_c, (size_t)M), 1e-2);
         int flips = config_n_moe(&cfg) > 0; /* routes may differ (the header says why): printed */
-        if (flips) printf("# %s gradients cuda vs cpu (bf16 w) %.3e\n", models[mi], rel_l2(grad, g_c, n));
-        else gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), 2e-2);
         double worst = 0;
         for (long long k = 0; k < M; k++) worst = fmax(worst, fabs(lp[k] - lref[k]));
-        gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M), 1e-2);
+        /* a hybrid MoE's weights rounded to bf16 already flip routes: held to twice what the rounding
+         * alone moves them by (the cpu on bf16 weights vs transformers), at least 1e-2 */
+        double lp_rounding = rel_l2(lp_c, lref, (size_t)M);
+        printf("# %s logprobs: cpu on bf16 weights vs transformers %.3e (weight rounding alone)\n", models[mi], lp_rounding);
+        gc_row("hf logprobs cuda vs transformers", shape, rel_l2(lp, lref, (size_t)M),
+               flips && cfg.arch == ARCH_QWEN3_5 ? fmax(1e-2, 2 * lp_rounding) : 1e-2);
         printf("# %s max |dlogprob| cuda vs transformers %.3e\n", models[mi], worst);
         /* gradients against autograd, all parameters together */
         const char *gf = js_get_str(root, "grads_file");
@@ -163,9 +176,16 @@ int main(void) {
             const st_tensor *t = st_find(&gs, m.params[p].name);
             if (t) st_read_f32(t, gref + m.params[p].off, m.params[p].ndim, m.params[p].shape);
         }
-        printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi], rel_l2(g_c, gref, n));
-        if (flips) printf("# %s gradients cuda vs autograd %.3e\n", models[mi], rel_l2(grad, gref, n));
-        else gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), 3e-2);
+        double rounding = rel_l2(g_c, gref, n);
+        printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi], rounding);
+        int hybrid = cfg.arch == ARCH_QWEN3_5; /* tolerances scaled by the rounding (the header says why) */
+        if (flips) {
+            printf("# %s gradients cuda vs cpu (bf16 w) %.3e\n", models[mi], rel_l2(grad, g_c, n));
+            printf("# %s gradients cuda vs autograd %.3e\n", models[mi], rel_l2(grad, gref, n));
+        } else {
+            gc_row("hf model gradients cuda vs cpu (bf16 w)", shape, rel_l2(grad, g_c, n), hybrid ? 2 * rounding : 2e-2);
+            gc_row("hf gradients cuda vs autograd", shape, rel_l2(grad, gref, n), hybrid ? 3 * rounding : 3e-2);
+        }
         free(hb);
         free(lp_c);
         free(g_c);

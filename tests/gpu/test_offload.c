@@ -126,7 +126,7 @@ static void recompute_vs_full(eng_backend *be) {
         resp[r] = malloc((size_t)Rl * 4);
         for (int i = 0; i < Rl; i++) resp[r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * 4000);
     }
-    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
+    pack_group pg = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     model_input in;

@@ -6,7 +6,9 @@
  * (bf16 has 8 bits of mantissa: one rounding is up to 2^-9 = 2e-3 relative, a few in a row
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
  * The mixture-of-experts ops (t_moe) explain their own tolerances.
- * Usage: test_ops [small | attention | moe]   (small: the compute-sanitizer subset; attention, moe: their cases alone) */
+ * The hybrid model's ops (t_deltanet, t_gated_attn) explain theirs.
+ * Usage: test_ops [small | attention | moe | hybrid | hybrid-small]   (small: the compute-sanitizer subset; the
+ * others: their cases alone) */
 #include "engine/format/config.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
@@ -1087,8 +1089,8 @@ static double rms_delta(const float *a, const float *a0, size_t n) {
     return sqrt(s / (double)(n ? n : 1));
 }
 static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
-    char sh[96];
-    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d%s%s", T, C, E, k, Fm, norm ? " norm" : "", counts ? " counts" : "");
+    char sh0[96], sh[128];
+    snprintf(sh0, sizeof sh0, "T=%d C=%d E=%d k=%d Fm=%d%s%s", T, C, E, k, Fm, norm ? " norm" : "", counts ? " counts" : "");
     size_t nx = (size_t)T * C, nk = (size_t)T * k, nw = (size_t)E * Fm * C, ns = MOE_STATS(E), ne = (size_t)T * E;
     unsigned long long sd = 700 + (unsigned long long)T * 31 + E;
     float *x = gc_rand(nx, 2.0f, sd), *wr = gc_rand((size_t)E * C, 0.2f, sd + 1), *res = gc_rand(nx, 1.0f, sd + 2);
@@ -1105,93 +1107,127 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     float *dx_c = gc_copy(dx0, nx), *dwg_c = gc_copy(dwg0, nw), *dwu_c = gc_copy(dwu0, nw), *dwd_c = gc_copy(dwd0, nw);
     float *dtw_c = malloc(nk * 4), *dg_c = malloc(nk * Fm * 4), *du_c = malloc(nk * Fm * 4);
     float *rdx_c = gc_copy(dx0, nx), *dwr_c = gc_copy(dwr0, (size_t)E * C), *dl_c = malloc(ne * 4);
-    cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, cnt, T, C, E, k, norm);
+    cpu->moe_router_fwd(cpu, p_c, ti_c, tw_c, st_c, x, wr, NULL, cnt, T, C, E, k, norm);
     cpu->moe_experts_fwd(cpu, o_c, eg_c, eu_c, ey_c, x, res, ti_c, tw_c, wg, wu, wd, T, C, E, k, Fm, NULL);
     cpu->moe_experts_bwd(cpu, dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, dout, x, ti_c, tw_c, eg_c, eu_c, ey_c, wg, wu, wd, T,
                          C, E, k, Fm, NULL);
     cpu->moe_router_bwd(cpu, rdx_c, dwr_c, dl_c, dtw_c, p_c, ti_c, x, wr, aux, cnt, T, C, E, k, norm);
     float *dx0e = gc_rand(nx, (float)rms_delta(dx_c, dx0, nx), sd + 15),
           *dx0r = gc_rand(nx, (float)rms_delta(rdx_c, dx0, nx), sd + 16);
-    /* GPU: the router on its own, then the rest on the CPU's routes */
-    void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
-    void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
-    float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
-    int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
-    gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, gcnt, T, C, E, k, norm);
-    float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
-    int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
-    double topi_off = 0;
-    for (size_t i = 0; i < nk; i++)
-        if (ti_g[i] != ti_c[i]) {
-            size_t t = i / k;
-            int ok = ti_g[i] >= 0 && ti_g[i] < E && fabsf(p_c[t * E + ti_g[i]] - p_c[t * E + ti_c[i]]) < 1e-5f;
-            topi_off += !ok;
+    /* GPU, once per variant of the experts' GEMMs (kernels/tune.h): the router on its own, then
+     * the rest on the CPU's routes */
+    static const int variants[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_FEW, TUNE_MOE_AUTO};
+    static const char *vname[] = {"tiles", "grouped", "few", "auto"};
+    for (int vi = 0; vi < 4; vi++) {
+        gpu->tune.moe = variants[vi];
+        snprintf(sh, sizeof sh, "%s %s", sh0, vname[vi]);
+        void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
+        void *gwg = gc_act(gpu, wg, nw), *gwu = gc_act(gpu, wu, nw), *gwd = gc_act(gpu, wd, nw), *gdout = gc_act(gpu, dout, nx);
+        float *gp = gpu->alloc(gpu, ne * 4), *gtw = gpu->alloc(gpu, nk * 4), *gst = gc_dev(gpu, st0, ns * 4);
+        int *gti = gpu->alloc(gpu, nk * 4), *gcnt = cnt ? gc_dev(gpu, cnt, (size_t)T * 4) : NULL;
+        gpu->moe_router_fwd(gpu, gp, gti, gtw, gst, gx, gwr, NULL, gcnt, T, C, E, k, norm);
+        float *p_g = gc_get_f32(gpu, gp, ne), *tw_g = gc_get_f32(gpu, gtw, nk), *st_g = gc_get_f32(gpu, gst, ns);
+        int *ti_g = (int *)gc_get_f32(gpu, gti, nk);
+        double topi_off = 0;
+        for (size_t i = 0; i < nk; i++)
+            if (ti_g[i] != ti_c[i]) {
+                size_t t = i / k;
+                int ok = ti_g[i] >= 0 && ti_g[i] < E && fabsf(p_c[t * E + ti_g[i]] - p_c[t * E + ti_c[i]]) < 1e-5f;
+                topi_off += !ok;
+            }
+        gc_row("moe_router_fwd probs", sh, rel_l2(p_g, p_c, ne), 1e-4);
+        gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
+        gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
+        gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
+        { /* routing replay: given experts (k distinct per token, not the top-k) are taken as they are */
+            int *given = malloc(nk * 4), *ti_r = malloc(nk * 4);
+            float *tw_r = malloc(nk * 4);
+            unsigned long long rs = sd + 17;
+            for (int t = 0; t < T; t++)
+                for (int s = 0; s < k; s++) {
+                    int e, dup;
+                    do {
+                        e = (int)((check_randf(&rs, 0.5f) + 0.5f) * E) % E;
+                        dup = 0;
+                        for (int j = 0; j < s; j++) dup |= given[t * k + j] == e;
+                    } while (dup);
+                    given[t * k + s] = e;
+                }
+            cpu->moe_router_fwd(cpu, p_c, ti_r, tw_r, NULL, x, wr, given, cnt, T, C, E, k, norm);
+            int *ggv = gc_dev(gpu, given, nk * 4);
+            gpu->moe_router_fwd(gpu, gp, gti, gtw, NULL, gx, gwr, ggv, gcnt, T, C, E, k, norm);
+            float *twr_g = gc_get_f32(gpu, gtw, nk);
+            int *tir_g = (int *)gc_get_f32(gpu, gti, nk);
+            gc_row("moe_router_fwd replayed topi", sh, memcmp(tir_g, given, nk * 4) != 0 || memcmp(ti_r, given, nk * 4) != 0, 0);
+            gc_row("moe_router_fwd replayed topw", sh, rel_l2(twr_g, tw_r, nk), 1e-4);
+            free(given), free(ti_r), free(tw_r), free(twr_g), free(tir_g);
+            gpu->free(gpu, ggv);
         }
-    gc_row("moe_router_fwd probs", sh, rel_l2(p_g, p_c, ne), 1e-4);
-    gc_row("moe_router_fwd topi (beyond ties)", sh, topi_off, 0);
-    gc_row("moe_router_fwd topw", sh, topi_off ? 1 : rel_l2(tw_g, tw_c, nk), 1e-4);
-    gc_row("moe_router_fwd stats", sh, gc_rel_delta(st_g, st0, st_c, st0, ns), 1e-4);
-    /* the experts on the CPU's routes */
-    if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
-    void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
-    void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
-    gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
-    gc_moe_fwd_rows(gpu, "moe_experts_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c}, nk,
-                    Fm, C, nx);
-    void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
-    float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
-    float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
-    float *gdtw = gpu->alloc(gpu, nk * 4);
-    gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C, E,
-                         k, Fm, NULL);
-    float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
-    float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
-    float *dwd_g = gc_get_f32(gpu, gdwd, nw);
-    gc_row("moe_experts_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
-    gc_row("moe_experts_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
-    gc_row("moe_experts_bwd dinp", sh, gc_rel_delta(dx_g, dx0e, dx_c, dx0, nx), 1e-2);
-    gc_row("moe_experts_bwd dWgate", sh, gc_rel_delta(dwg_g, dwg0, dwg_c, dwg0, nw), 1e-2);
-    gc_row("moe_experts_bwd dWup", sh, gc_rel_delta(dwu_g, dwu0, dwu_c, dwu0, nw), 1e-2);
-    gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
-    /* again from the same state: the same bits; unrouted experts: their gradients untouched */
-    gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
-                         E, k, Fm, NULL);
-    float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
-    float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
-    double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;
-    differ += memcmp(dwg_2, dwg_g, nw * 4) != 0 || memcmp(dwu_2, dwu_g, nw * 4) != 0 || memcmp(dwd_2, dwd_g, nw * 4) != 0;
-    int unrouted = 0;
-    for (int e = 0; e < E; e++) {
-        int used = 0;
-        for (size_t i = 0; i < nk && !used; i++) used = ti_c[i] == e;
-        if (used) continue;
-        unrouted++;
-        size_t o = (size_t)e * Fm * C, m = (size_t)Fm * C;
-        touched += memcmp(dwg_g + o, dwg0 + o, m * 4) != 0 || memcmp(dwu_g + o, dwu0 + o, m * 4) != 0 ||
-            memcmp(dwd_g + o, dwd0 + o, m * 4) != 0;
+        /* the experts on the CPU's routes */
+        if (gpu->to_dev(gpu, gti, ti_c, nk * 4) || gpu->to_dev(gpu, gtw, tw_c, nk * 4)) gc_die(gpu, "routes");
+        void *geg = gpu->alloc(gpu, nk * Fm * 2), *geu = gpu->alloc(gpu, nk * Fm * 2), *gey = gpu->alloc(gpu, nk * C * 2);
+        void *gout = gpu->alloc(gpu, nx * 2), *gdg = gpu->alloc(gpu, nk * Fm * 2), *gdu = gpu->alloc(gpu, nk * Fm * 2);
+        gpu->moe_experts_fwd(gpu, gout, geg, geu, gey, gx, gres, gti, gtw, gwg, gwu, gwd, T, C, E, k, Fm, NULL);
+        gc_moe_fwd_rows(gpu, "moe_experts_fwd", sh, (void *[4]){geg, geu, gey, gout}, (const float *[4]){eg_c, eu_c, ey_c, o_c},
+                        nk, Fm, C, nx);
+        void *gdx = gc_act(gpu, dx0e, nx), *gdx2 = gc_act(gpu, dx0e, nx);
+        float *gdwg = gc_dev(gpu, dwg0, nw * 4), *gdwu = gc_dev(gpu, dwu0, nw * 4), *gdwd = gc_dev(gpu, dwd0, nw * 4);
+        float *gdwg2 = gc_dev(gpu, dwg0, nw * 4), *gdwu2 = gc_dev(gpu, dwu0, nw * 4), *gdwd2 = gc_dev(gpu, dwd0, nw * 4);
+        float *gdtw = gpu->alloc(gpu, nk * 4);
+        gpu->moe_experts_bwd(gpu, gdx, gdwg, gdwu, gdwd, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T, C,
+                             E, k, Fm, NULL);
+        float *dx_g = gc_get_act(gpu, gdx, nx), *dtw_g = gc_get_f32(gpu, gdtw, nk), *dg_g = gc_get_act(gpu, gdg, nk * Fm);
+        float *du_g = gc_get_act(gpu, gdu, nk * Fm), *dwg_g = gc_get_f32(gpu, gdwg, nw), *dwu_g = gc_get_f32(gpu, gdwu, nw);
+        float *dwd_g = gc_get_f32(gpu, gdwd, nw);
+        gc_row("moe_experts_bwd dtopw", sh, rel_l2(dtw_g, dtw_c, nk), 1e-2);
+        gc_row("moe_experts_bwd dgate", sh, rel_l2(dg_g, dg_c, nk * Fm), 1e-2);
+        gc_row("moe_experts_bwd dup", sh, rel_l2(du_g, du_c, nk * Fm), 1e-2);
+        gc_row("moe_experts_bwd dinp", sh, gc_rel_delta(dx_g, dx0e, dx_c, dx0, nx), 1e-2);
+        gc_row("moe_experts_bwd dWgate", sh, gc_rel_delta(dwg_g, dwg0, dwg_c, dwg0, nw), 1e-2);
+        gc_row("moe_experts_bwd dWup", sh, gc_rel_delta(dwu_g, dwu0, dwu_c, dwu0, nw), 1e-2);
+        gc_row("moe_experts_bwd dWdown", sh, gc_rel_delta(dwd_g, dwd0, dwd_c, dwd0, nw), 1e-2);
+        /* again from the same state: the same bits; unrouted experts: their gradients untouched */
+        gpu->moe_experts_bwd(gpu, gdx2, gdwg2, gdwu2, gdwd2, gdtw, gdg, gdu, gdout, gx, gti, gtw, geg, geu, gey, gwg, gwu, gwd, T,
+                             C, E, k, Fm, NULL);
+        float *dx_2 = gc_get_act(gpu, gdx2, nx), *dwg_2 = gc_get_f32(gpu, gdwg2, nw), *dwu_2 = gc_get_f32(gpu, gdwu2, nw);
+        float *dwd_2 = gc_get_f32(gpu, gdwd2, nw);
+        double differ = memcmp(dx_2, dx_g, nx * 4) != 0, touched = 0;
+        differ += memcmp(dwg_2, dwg_g, nw * 4) != 0 || memcmp(dwu_2, dwu_g, nw * 4) != 0 || memcmp(dwd_2, dwd_g, nw * 4) != 0;
+        int unrouted = 0;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (size_t i = 0; i < nk && !used; i++) used = ti_c[i] == e;
+            if (used) continue;
+            unrouted++;
+            size_t o = (size_t)e * Fm * C, m = (size_t)Fm * C;
+            touched += memcmp(dwg_g + o, dwg0 + o, m * 4) != 0 || memcmp(dwu_g + o, dwu0 + o, m * 4) != 0 ||
+                memcmp(dwd_g + o, dwd0 + o, m * 4) != 0;
+        }
+        gc_row("moe_experts_bwd twice: outputs differ", sh, differ, 0);
+        char sh2[160];
+        snprintf(sh2, sizeof sh2, "%s, %d unrouted", sh, unrouted);
+        gc_row("moe_experts_bwd unrouted experts touched", sh2, touched, 0);
+        /* the router's backward on the CPU's probs, routes and dtopw */
+        void *grdx = gc_act(gpu, dx0r, nx);
+        float *gdwr = gc_dev(gpu, dwr0, (size_t)E * C * 4), *gdl = gpu->alloc(gpu, ne * 4), *gaux = gc_dev(gpu, aux, (size_t)E * 4);
+        if (gpu->to_dev(gpu, gp, p_c, ne * 4) || gpu->to_dev(gpu, gdtw, dtw_c, nk * 4)) gc_die(gpu, "router bwd inputs");
+        gpu->moe_router_bwd(gpu, grdx, gdwr, gdl, gdtw, gp, gti, gx, gwr, gaux, gcnt, T, C, E, k, norm);
+        float *rdx_g = gc_get_act(gpu, grdx, nx), *dwr_g = gc_get_f32(gpu, gdwr, (size_t)E * C), *dl_g = gc_get_f32(gpu, gdl, ne);
+        gc_row("moe_router_bwd dlogit", sh, rel_l2(dl_g, dl_c, ne), 1e-4);
+        gc_row("moe_router_bwd dinp", sh, gc_rel_delta(rdx_g, dx0r, rdx_c, dx0, nx), 1e-2);
+        gc_row("moe_router_bwd dWr", sh, gc_rel_delta(dwr_g, dwr0, dwr_c, dwr0, (size_t)E * C), 1e-2);
+        void *gbufs[] = {gx,  gwr, gres, gwg,  gwu,  gwd,  gdout, gp,    gtw,   gst,   gti,  gcnt, geg,  geu, gey, gout,
+                         gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
+        for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
+            if (gbufs[i]) gpu->free(gpu, gbufs[i]);
+        void *gh[] = {p_g,   tw_g,  st_g, ti_g,  dx_g,  dtw_g, dg_g,  du_g,  dwg_g,
+                      dwu_g, dwd_g, dx_2, dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+        for (size_t i = 0; i < sizeof gh / sizeof gh[0]; i++) free(gh[i]);
     }
-    gc_row("moe_experts_bwd twice: outputs differ", sh, differ, 0);
-    char sh2[128];
-    snprintf(sh2, sizeof sh2, "%s, %d unrouted", sh, unrouted);
-    gc_row("moe_experts_bwd unrouted experts touched", sh2, touched, 0);
-    /* the router's backward on the CPU's probs, routes and dtopw */
-    void *grdx = gc_act(gpu, dx0r, nx);
-    float *gdwr = gc_dev(gpu, dwr0, (size_t)E * C * 4), *gdl = gpu->alloc(gpu, ne * 4), *gaux = gc_dev(gpu, aux, (size_t)E * 4);
-    if (gpu->to_dev(gpu, gp, p_c, ne * 4) || gpu->to_dev(gpu, gdtw, dtw_c, nk * 4)) gc_die(gpu, "router bwd inputs");
-    gpu->moe_router_bwd(gpu, grdx, gdwr, gdl, gdtw, gp, gti, gx, gwr, gaux, gcnt, T, C, E, k, norm);
-    float *rdx_g = gc_get_act(gpu, grdx, nx), *dwr_g = gc_get_f32(gpu, gdwr, (size_t)E * C), *dl_g = gc_get_f32(gpu, gdl, ne);
-    gc_row("moe_router_bwd dlogit", sh, rel_l2(dl_g, dl_c, ne), 1e-4);
-    gc_row("moe_router_bwd dinp", sh, gc_rel_delta(rdx_g, dx0r, rdx_c, dx0, nx), 1e-2);
-    gc_row("moe_router_bwd dWr", sh, gc_rel_delta(dwr_g, dwr0, dwr_c, dwr0, (size_t)E * C), 1e-2);
-    void *gbufs[] = {gx,  gwr, gres, gwg,  gwu,  gwd,  gdout, gp,    gtw,   gst,   gti,  gcnt, geg,  geu, gey, gout,
-                     gdg, gdu, gdx,  gdx2, gdwg, gdwu, gdwd,  gdwg2, gdwu2, gdwd2, gdtw, grdx, gdwr, gdl, gaux};
-    for (size_t i = 0; i < sizeof gbufs / sizeof gbufs[0]; i++)
-        if (gbufs[i]) gpu->free(gpu, gbufs[i]);
-    void *hbufs[] = {dx0e,  dx0r,  x,     wr,    res,   wg,    wu,    wd,    dout,  dx0,   st0,  dwg0, dwu0,  dwd0,
-                     dwr0,  aux,   cnt,   p_c,   tw_c,  st_c,  ti_c,  eg_c,  eu_c,  ey_c,  o_c,  dx_c, dwg_c, dwu_c,
-                     dwd_c, dtw_c, dg_c,  du_c,  rdx_c, dwr_c, dl_c,  p_g,   tw_g,  st_g,  ti_g, dx_g, dtw_g, dg_g,
-                     du_g,  dwg_g, dwu_g, dwd_g, dx_2,  dwg_2, dwu_2, dwd_2, rdx_g, dwr_g, dl_g};
+    gpu->tune.moe = TUNE_MOE_AUTO;
+    void *hbufs[] = {dx0e, dx0r, x,     wr,    res,   wg,    wu,   wd,   dout,  dx0,   st0,  dwg0,
+                     dwu0, dwd0, dwr0,  aux,   cnt,   p_c,   tw_c, st_c, ti_c,  eg_c,  eu_c, ey_c,
+                     o_c,  dx_c, dwg_c, dwu_c, dwd_c, dtw_c, dg_c, du_c, rdx_c, dwr_c, dl_c};
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
@@ -1203,6 +1239,206 @@ static void moe_suite(void) {
     t_moe(16, 512, 64, 8, 192, 1, 0); /* a decode step: few rows, most experts unrouted */
     t_moe(1024, 1024, 32, 4, 384, 1, 1); /* training-sized rows */
     t_moe(16, 2048, 32, 8, 768, 1, 0); /* Qwen3-30B-A3B's expert dims (32 of its 128 experts), a decode step */
+}
+
+/* ---------------------------------------------------------------- hybrid linear attention */
+
+/* The gated DeltaNet ops (kernels/deltanet.h) and the gated attention's (kernels/gated_attn.h)
+ * against the CPU backend on a packed layout: groups [P; R_1..R_N] whose prompts and responses
+ * cross the CUDA walk's 64-token checkpoints, a prompt shorter than the conv kernel, a response
+ * of one token, a group of a prompt alone; so the prompt's final state and conv tail feed every
+ * response, and the backward's pending slots collect the responses' state gradients. Inputs
+ * are bf16-rounded on both sides; every output passes through bf16 on CUDA: 1e-2 relative L2
+ * as the dense ops, rstd 1e-4 (fp32 of the same inputs). "+=" gradients start random and their
+ * increments are compared. The rule's backward run twice gives the same bits (no atomics). */
+typedef struct {
+    void *p[48];
+    int n;
+} gpu_bufs;
+static void *gb(gpu_bufs *b, void *p) { return b->p[b->n++] = p; }
+static void gb_free(gpu_bufs *b) {
+    for (int i = 0; i < b->n; i++) gpu->free(gpu, b->p[i]);
+}
+static double bits_differ(eng_backend *g, const void *a, const void *b, size_t bytes) {
+    char *x = malloc(bytes + 4), *y = malloc(bytes + 4);
+    if (g->sync(g) || g->to_host(g, x, a, bytes) || g->to_host(g, y, b, bytes)) gc_die(g, "download");
+    double d = memcmp(x, y, bytes) != 0;
+    free(x);
+    free(y);
+    return d;
+}
+
+static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
+    char sh[96];
+    int T = rg.T, Cc = 2 * Hk * Dk + Hv * Dv, VL = Hv * Dv;
+    snprintf(sh, sizeof sh, "T=%d Hk=%d Hv=%d Dk=%d Dv=%d Kc=%d", T, Hk, Hv, Dk, Dv, Kc);
+    size_t nx = (size_t)T * Cc, nh = (size_t)T * Hv, no = (size_t)T * VL;
+    unsigned long long sd = 900 + (unsigned long long)T * 7 + Dk;
+    float *x = gc_rand(nx, 1.0f, sd), *cw = gc_rand((size_t)Cc * Kc, 0.5f, sd + 1), *du = gc_rand(nx, 1.0f, sd + 2);
+    float *dcw0 = gc_rand((size_t)Cc * Kc, 1.0f, sd + 3), *u = gc_rand(nx, 1.0f, sd + 4), *a = gc_rand(nh, 2.0f, sd + 5);
+    float *b = gc_rand(nh, 2.0f, sd + 6), *alog = gc_rand((size_t)Hv, 1.0f, sd + 7), *dt = gc_rand((size_t)Hv, 1.0f, sd + 8);
+    float *dout = gc_rand(no, 1.0f, sd + 9), *dal0 = gc_rand((size_t)Hv, 1.0f, sd + 10), *ddt0 = gc_rand((size_t)Hv, 1.0f, sd + 11);
+    float *o = gc_rand(no, 1.0f, sd + 12), *z = gc_rand(no, 2.0f, sd + 13), *nw = gc_rand((size_t)Dv, 1.0f, sd + 14);
+    float *dy = gc_rand(no, 1.0f, sd + 15), *dnw0 = gc_rand((size_t)Dv, 1.0f, sd + 16);
+    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1};
+    /* CPU */
+    long long st, dst;
+    cpu->deltanet_scratch(cpu, &st, &dst, T, Hk, Hv, Dk, Dv);
+    float *states = malloc((size_t)st * 4), *dstates = malloc((size_t)dst * 4);
+    float *u_c = malloc(nx * 4), *dx_c = malloc(nx * 4), *dcw_c = gc_copy(dcw0, (size_t)Cc * Kc), *o_c = malloc(no * 4);
+    float *du_c = malloc(nx * 4), *da_c = malloc(nh * 4), *db_c = malloc(nh * 4), *dal_c = gc_copy(dal0, (size_t)Hv);
+    float *ddt_c = gc_copy(ddt0, (size_t)Hv), *y_c = malloc(no * 4), *r_c = malloc(nh * 4), *do_c = malloc(no * 4);
+    float *dz_c = malloc(no * 4), *dnw_c = gc_copy(dnw0, (size_t)Dv);
+    cpu->deltanet_conv_fwd(cpu, u_c, x, cw, rc, T, Cc, Kc);
+    cpu->deltanet_conv_bwd(cpu, dx_c, dcw_c, du, x, cw, rc, T, Cc, Kc);
+    cpu->deltanet_rule_fwd(cpu, o_c, states, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_rule_bwd(cpu, du_c, da_c, db_c, dal_c, ddt_c, states, dstates, dout, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_norm_fwd(cpu, y_c, r_c, o, z, nw, T, Hv, Dv, 1e-6f);
+    cpu->deltanet_norm_bwd(cpu, do_c, dz_c, dnw_c, dy, o, z, nw, r_c, T, Hv, Dv);
+    /* GPU */
+    gpu_bufs B = {{0}, 0};
+    gpu->deltanet_scratch(gpu, &st, &dst, T, Hk, Hv, Dk, Dv);
+    float *gst = gb(&B, gpu->alloc(gpu, (size_t)st * 4)), *gdst = gb(&B, gpu->alloc(gpu, (size_t)dst * 4));
+    void *gx = gb(&B, gc_act(gpu, x, nx)), *gcw = gb(&B, gc_act(gpu, cw, (size_t)Cc * Kc)), *gdu = gb(&B, gc_act(gpu, du, nx));
+    void *gu = gb(&B, gc_act(gpu, u, nx)), *ga = gb(&B, gc_act(gpu, a, nh)), *gb_ = gb(&B, gc_act(gpu, b, nh));
+    void *gal = gb(&B, gc_act(gpu, alog, (size_t)Hv)), *gdt = gb(&B, gc_act(gpu, dt, (size_t)Hv));
+    void *gdout = gb(&B, gc_act(gpu, dout, no)), *go_in = gb(&B, gc_act(gpu, o, no)), *gz = gb(&B, gc_act(gpu, z, no));
+    void *gnw = gb(&B, gc_act(gpu, nw, (size_t)Dv)), *gdy = gb(&B, gc_act(gpu, dy, no));
+    float *gdcw = gb(&B, gc_dev(gpu, dcw0, (size_t)Cc * Kc * 4)), *gdal = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4));
+    float *gddt = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdal2 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4));
+    float *gddt2 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdnw = gb(&B, gc_dev(gpu, dnw0, (size_t)Dv * 4));
+    void *gucv = gb(&B, gpu->alloc(gpu, nx * 2)), *gdx = gb(&B, gpu->alloc(gpu, nx * 2)), *go = gb(&B, gpu->alloc(gpu, no * 2));
+    void *gdur = gb(&B, gpu->alloc(gpu, nx * 2)), *gda = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb = gb(&B, gpu->alloc(gpu, nh * 2));
+    void *gdur2 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda2 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb2 = gb(&B, gpu->alloc(gpu, nh * 2));
+    void *gy = gb(&B, gpu->alloc(gpu, no * 2)), *gdo = gb(&B, gpu->alloc(gpu, no * 2)), *gdz = gb(&B, gpu->alloc(gpu, no * 2));
+    float *gr = gb(&B, gpu->alloc(gpu, nh * 4));
+    attn_ranges rgd = gc_dev_ranges(gpu, rg);
+    gb(&B, (void *)rgd.a0);
+    gb(&B, (void *)rgd.a1);
+    gb(&B, (void *)rgd.b0);
+    gb(&B, (void *)rgd.b1);
+    gpu->deltanet_conv_fwd(gpu, gucv, gx, gcw, rgd, T, Cc, Kc);
+    gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, T, Cc, Kc);
+    gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
+    gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
+    float *u_g = gc_get_act(gpu, gucv, nx), *dx_g = gc_get_act(gpu, gdx, nx), *dcw_g = gc_get_f32(gpu, gdcw, (size_t)Cc * Kc);
+    float *o_g = gc_get_act(gpu, go, no), *du_g = gc_get_act(gpu, gdur, nx), *da_g = gc_get_act(gpu, gda, nh);
+    float *db_g = gc_get_act(gpu, gdb, nh), *dal_g = gc_get_f32(gpu, gdal, (size_t)Hv), *ddt_g = gc_get_f32(gpu, gddt, (size_t)Hv);
+    float *y_g = gc_get_act(gpu, gy, no), *r_g = gc_get_f32(gpu, gr, nh), *do_g = gc_get_act(gpu, gdo, no);
+    float *dz_g = gc_get_act(gpu, gdz, no), *dnw_g = gc_get_f32(gpu, gdnw, (size_t)Dv);
+    gc_row("deltanet_conv_fwd", sh, rel_l2(u_g, u_c, nx), 1e-2);
+    gc_row("deltanet_conv_bwd dx", sh, rel_l2(dx_g, dx_c, nx), 1e-2);
+    gc_row("deltanet_conv_bwd dw", sh, gc_rel_delta(dcw_g, dcw0, dcw_c, dcw0, (size_t)Cc * Kc), 1e-2);
+    gc_row("deltanet_rule_fwd o", sh, rel_l2(o_g, o_c, no), 1e-2);
+    gc_row("deltanet_rule_bwd du", sh, rel_l2(du_g, du_c, nx), 1e-2);
+    gc_row("deltanet_rule_bwd da", sh, rel_l2(da_g, da_c, nh), 1e-2);
+    gc_row("deltanet_rule_bwd db", sh, rel_l2(db_g, db_c, nh), 1e-2);
+    gc_row("deltanet_rule_bwd dA_log", sh, gc_rel_delta(dal_g, dal0, dal_c, dal0, (size_t)Hv), 1e-2);
+    gc_row("deltanet_rule_bwd ddt_bias", sh, gc_rel_delta(ddt_g, ddt0, ddt_c, ddt0, (size_t)Hv), 1e-2);
+    double diff = bits_differ(gpu, gdur, gdur2, nx * 2) + bits_differ(gpu, gda, gda2, nh * 2) +
+        bits_differ(gpu, gdb, gdb2, nh * 2) + bits_differ(gpu, gdal, gdal2, (size_t)Hv * 4) +
+        bits_differ(gpu, gddt, gddt2, (size_t)Hv * 4);
+    gc_row("deltanet_rule_bwd twice: outputs differ", sh, diff, 0);
+    gc_row("deltanet_norm_fwd y", sh, rel_l2(y_g, y_c, no), 1e-2);
+    gc_row("deltanet_norm_fwd rstd", sh, rel_l2(r_g, r_c, nh), 1e-4);
+    gc_row("deltanet_norm_bwd dout", sh, rel_l2(do_g, do_c, no), 1e-2);
+    gc_row("deltanet_norm_bwd dz", sh, rel_l2(dz_g, dz_c, no), 1e-2);
+    gc_row("deltanet_norm_bwd dw", sh, gc_rel_delta(dnw_g, dnw0, dnw_c, dnw0, (size_t)Dv), 1e-2);
+    gb_free(&B);
+    void *h[] = {x,     cw,     du,      dcw0,  u,    a,     b,    alog, dt,    dout,  dal0,  ddt0,  o,    z,    nw,   dy,
+                 dnw0,  states, dstates, u_c,   dx_c, dcw_c, o_c,  du_c, da_c,  db_c,  dal_c, ddt_c, y_c,  r_c,  do_c, dz_c,
+                 dnw_c, u_g,    dx_g,    dcw_g, o_g,  du_g,  da_g, db_g, dal_g, ddt_g, y_g,   r_g,   do_g, dz_g, dnw_g};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
+}
+
+static void t_gated_attn(int T, int H, int K, int D, int R) {
+    char sh[96];
+    snprintf(sh, sizeof sh, "T=%d H=%d K=%d D=%d R=%d", T, H, K, D, R);
+    size_t nq = (size_t)T * H * D, nk = (size_t)T * K * D, ng = 2 * nq;
+    unsigned long long sd = 950 + (unsigned long long)T * 5 + D;
+    float *qg = gc_rand(ng, 2.0f, sd), *k0 = gc_rand(nk, 2.0f, sd + 1), *wq = gc_rand((size_t)D, 1.5f, sd + 2);
+    float *wk = gc_rand((size_t)D, 1.5f, sd + 3), *dq = gc_rand(nq, 1.0f, sd + 4), *dk = gc_rand(nk, 1.0f, sd + 5);
+    float *dwq0 = gc_rand((size_t)D, 1.0f, sd + 6), *dwk0 = gc_rand((size_t)D, 1.0f, sd + 7), *att = gc_rand(nq, 1.0f, sd + 8);
+    float *dy = gc_rand(nq, 1.0f, sd + 9), *dqg0 = gc_rand(ng, 1.0f, sd + 10), *f = malloc((size_t)R / 2 * 4 + 4);
+    int *pos = rand_ints(T, 0, 40000, sd + 11);
+    rope_inv_freq(f, R, 1e7f, 0, 0, 0, 0); /* Qwen3.5's rope_theta */
+    float *q_c = malloc(nq * 4), *k_c = malloc(nk * 4), *rq_c = malloc((size_t)T * H * 4), *rk_c = malloc((size_t)T * K * 4);
+    float *dqg_c = gc_copy(dqg0, ng), *dk0_c = malloc(nk * 4), *dwq_c = gc_copy(dwq0, (size_t)D), *dwk_c = gc_copy(dwk0, (size_t)D);
+    float *y_c = malloc(nq * 4), *datt_c = malloc(nq * 4);
+    cpu->gated_attn_qk_fwd(cpu, q_c, k_c, rq_c, rk_c, qg, k0, wq, wk, pos, f, T, H, K, D, R, 1e-6f);
+    cpu->gated_attn_qk_bwd(cpu, dqg_c, dk0_c, dwq_c, dwk_c, dq, dk, qg, k0, wq, wk, rq_c, rk_c, pos, f, T, H, K, D, R);
+    cpu->gated_attn_gate_fwd(cpu, y_c, att, qg, T, H, D);
+    cpu->gated_attn_gate_bwd(cpu, datt_c, dqg_c, dy, att, qg, T, H, D);
+    gpu_bufs B = {{0}, 0};
+    void *gqg = gb(&B, gc_act(gpu, qg, ng)), *gk0 = gb(&B, gc_act(gpu, k0, nk)), *gwq = gb(&B, gc_act(gpu, wq, (size_t)D));
+    void *gwk = gb(&B, gc_act(gpu, wk, (size_t)D)), *gdq = gb(&B, gc_act(gpu, dq, nq)), *gdk = gb(&B, gc_act(gpu, dk, nk));
+    void *gatt = gb(&B, gc_act(gpu, att, nq)), *gdqg = gb(&B, gc_act(gpu, dqg0, ng)), *gdy = gb(&B, gc_act(gpu, dy, nq));
+    void *gq = gb(&B, gpu->alloc(gpu, nq * 2)), *gk = gb(&B, gpu->alloc(gpu, nk * 2)), *gdk0 = gb(&B, gpu->alloc(gpu, nk * 2));
+    void *gy = gb(&B, gpu->alloc(gpu, nq * 2));
+    float *grq = gb(&B, gpu->alloc(gpu, (size_t)T * H * 4)), *grk = gb(&B, gpu->alloc(gpu, (size_t)T * K * 4));
+    float *gdwq = gb(&B, gc_dev(gpu, dwq0, (size_t)D * 4)), *gdwk = gb(&B, gc_dev(gpu, dwk0, (size_t)D * 4));
+    float *gf = gb(&B, gc_dev(gpu, f, (size_t)R / 2 * 4));
+    int *gpos = gb(&B, gc_dev(gpu, pos, (size_t)T * 4));
+    gpu->gated_attn_qk_fwd(gpu, gq, gk, grq, grk, gqg, gk0, gwq, gwk, gpos, gf, T, H, K, D, R, 1e-6f);
+    gpu->gated_attn_qk_bwd(gpu, gdqg, gdk0, gdwq, gdwk, gdq, gdk, gqg, gk0, gwq, gwk, grq, grk, gpos, gf, T, H, K, D, R);
+    gpu->gated_attn_gate_fwd(gpu, gy, gatt, gqg, T, H, D);
+    gpu->gated_attn_gate_bwd(gpu, gdy, gdqg, gdy, gatt, gqg, T, H, D); /* in place, as the model runs it */
+    float *q_g = gc_get_act(gpu, gq, nq), *k_g = gc_get_act(gpu, gk, nk), *rq_g = gc_get_f32(gpu, grq, (size_t)T * H);
+    float *rk_g = gc_get_f32(gpu, grk, (size_t)T * K), *dqg_g = gc_get_act(gpu, gdqg, ng), *dk0_g = gc_get_act(gpu, gdk0, nk);
+    float *dwq_g = gc_get_f32(gpu, gdwq, (size_t)D), *dwk_g = gc_get_f32(gpu, gdwk, (size_t)D), *y_g = gc_get_act(gpu, gy, nq);
+    float *datt_g = gc_get_act(gpu, gdy, nq);
+    gc_row("gated_attn_qk_fwd q", sh, rel_l2(q_g, q_c, nq), 1e-2);
+    gc_row("gated_attn_qk_fwd k", sh, rel_l2(k_g, k_c, nk), 1e-2);
+    gc_row("gated_attn_qk_fwd rstd", sh, rel_l2(rq_g, rq_c, (size_t)T * H) + rel_l2(rk_g, rk_c, (size_t)T * K), 1e-4);
+    gc_row("gated_attn_qk_bwd dqg (q and gate halves)", sh, rel_l2(dqg_g, dqg_c, ng), 1e-2);
+    gc_row("gated_attn_qk_bwd dk0", sh, rel_l2(dk0_g, dk0_c, nk), 1e-2);
+    gc_row("gated_attn_qk_bwd dwq", sh, gc_rel_delta(dwq_g, dwq0, dwq_c, dwq0, (size_t)D), 1e-2);
+    gc_row("gated_attn_qk_bwd dwk", sh, gc_rel_delta(dwk_g, dwk0, dwk_c, dwk0, (size_t)D), 1e-2);
+    gc_row("gated_attn_gate_fwd", sh, rel_l2(y_g, y_c, nq), 1e-2);
+    gc_row("gated_attn_gate_bwd datt (in place)", sh, rel_l2(datt_g, datt_c, nq), 1e-2);
+    gb_free(&B);
+    void *h[] = {qg,    k0,    wq,    wk,    dq,  dk,     dwq0, dwk0, att,  dy,   dqg0,  f,     pos,   q_c,   k_c, rq_c,  rk_c,
+                 dqg_c, dk0_c, dwq_c, dwk_c, y_c, datt_c, q_g,  k_g,  rq_g, rk_g, dqg_g, dk0_g, dwq_g, dwk_g, y_g, datt_g};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
+}
+
+/* packed groups for t_deltanet: G groups, prompt P[g], N[g] responses of the listed lengths */
+static ranges hybrid_layout(int G, const int *P, const int *N, const int *lens) {
+    const int *R[8];
+    for (int g = 0, o = 0; g < G; o += N[g], g++) R[g] = lens + o;
+    return make_ranges(G, P, N, R);
+}
+
+/* the compute-sanitizer subset: a prompt, three responses (one of one token), a checkpoint */
+static void hybrid_small(void) {
+    static const int P[] = {66, 2}, N[] = {3, 1}, L[] = {1, 4, 9, 3};
+    ranges r = hybrid_layout(2, P, N, L);
+    t_deltanet(r, 2, 4, 32, 40, 4);
+    free_ranges(r);
+    t_gated_attn(5, 3, 1, 64, 16);
+}
+
+static void hybrid_suite(void) {
+    static const int P1[] = {70, 3, 20}, N1[] = {3, 2, 0}, L1[] = {5, 80, 1, 2, 40};
+    ranges r1 = hybrid_layout(3, P1, N1, L1); /* 221 tokens: checkpoints inside a prompt and a response */
+    t_deltanet(r1, 2, 4, 32, 48, 4); /* two value heads a key head, Dv not a multiple of 32 */
+    t_deltanet(r1, 2, 2, 128, 128, 4); /* Qwen3.5's head dims */
+    t_deltanet(r1, 1, 3, 16, 16, 3);
+    free_ranges(r1);
+    static const int P2[] = {150}, N2[] = {8}, L2[] = {100, 1, 64, 63, 65, 7, 130, 2};
+    ranges r2 = hybrid_layout(1, P2, N2, L2); /* one group of 8: the prompt's state into each */
+    t_deltanet(r2, 4, 8, 128, 128, 4);
+    free_ranges(r2);
+    static const int P3[] = {1}, N3[] = {1}, L3[] = {1};
+    ranges r3 = hybrid_layout(1, P3, N3, L3); /* two tokens */
+    t_deltanet(r3, 2, 4, 64, 64, 4);
+    free_ranges(r3);
+    t_gated_attn(333, 8, 2, 256, 64); /* Qwen3.5's full attention: D 256, a quarter rotary */
+    t_gated_attn(77, 4, 4, 128, 128);
+    t_gated_attn(5, 3, 1, 64, 16);
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -1234,6 +1470,10 @@ int main(int argc, char **argv) {
         attention_suite();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* the mixture-of-experts cases alone */
         moe_suite();
+    } else if (argc > 1 && !strcmp(argv[1], "hybrid")) { /* the linear-attention model's ops alone */
+        hybrid_suite();
+    } else if (argc > 1 && !strcmp(argv[1], "hybrid-small")) { /* their compute-sanitizer subset */
+        hybrid_small();
     } else if (small_run) {
         t_embedding(37, 40, 50);
         t_rmsnorm(19, 136);
@@ -1260,6 +1500,7 @@ int main(int argc, char **argv) {
         t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
         t_moe(40, 100, 6, 3, 36, 1, 1);
+        hybrid_small();
     } else {
         t_embedding(333, 1024, 5000);
         t_embedding(77, 257, 1000);
@@ -1347,6 +1588,7 @@ int main(int argc, char **argv) {
         t_logprob(100, 600, 256, 5000, 1.0f, 1); /* repeated positions, across chunks */
         t_adamw(1000003, 5);
         moe_suite();
+        hybrid_suite();
         t_sticky_error();
     }
     cpu->destroy(cpu);

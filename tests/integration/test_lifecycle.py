@@ -85,8 +85,11 @@ def test_kill9_loses_no_accepted_job(make_daemon, tmp_path):
     for jid in ids:
         j = d2.wait_job(jid)
         assert j["status"] == "done", j
-    # none ran to completion twice: job_done once per id over both processes' logs
+    # none ran to completion twice: job_done at most once per id over both processes' logs (the
+    # daemon commits done to the store before it logs job_done, so a kill -9 between the two
+    # leaves a done job with no line)
     done = collections.Counter(json.loads(line).get("id") for line in (first_log + d2.stderr()).splitlines()
                                if line.startswith("{") and '"event":"job_done"' in line)
-    assert all(done[jid] == 1 for jid in ids), {jid: done[jid] for jid in ids}
+    assert all(done[jid] <= 1 for jid in ids), {jid: done[jid] for jid in ids}
+    assert sum(done.values()) >= len(ids) - 1, done  # at most the one the kill caught
     assert d2.stop() == 0

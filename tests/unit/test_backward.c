@@ -371,8 +371,8 @@ static void two_groups(pack_group pg[2]) {
     static int p0[3] = {1, 5, 9}, p1[2] = {40, 3}, r00[2] = {7, 8}, r01[3] = {2, 2, 30}, r10[2] = {11, 0};
     static const int *rs0[2] = {r00, r01}, *rs1[1] = {r10};
     static int R0[2] = {2, 3}, R1[1] = {2};
-    pg[0] = (pack_group){p0, 3, 2, rs0, R0};
-    pg[1] = (pack_group){p1, 2, 1, rs1, R1};
+    pg[0] = (pack_group){.prompt = p0, .P = 3, .N = 2, .resp = rs0, .R = R0};
+    pg[1] = (pack_group){.prompt = p1, .P = 2, .N = 1, .resp = rs1, .R = R1};
 }
 
 typedef struct {
@@ -511,7 +511,7 @@ TEST(recompute_equals_full) {
         int p0[4] = {1, 5, 9, 2}, r00[3] = {7, 8, 3}, r01[2] = {2, 30};
         const int *rs0[2] = {r00, r01};
         int R0[2] = {3, 2};
-        pack_group pg = {p0, 4, 2, rs0, R0};
+        pack_group pg = {.prompt = p0, .P = 4, .N = 2, .resp = rs0, .R = R0};
         pack_batch b;
         CHECK(pack_build(&b, &pg, 0, 1, PACK_PACKED) == 0);
         model_input in;

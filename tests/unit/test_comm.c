@@ -3,6 +3,9 @@
  *     i32; u8 for the copies) against a reference computed here in rank order: bit-equal (the
  *     comm promises sums in rank order with an fp32 accumulator, rounded once for bf16);
  *   - in-place reduce-scatter and all-gather give the same bits;
+ *   - all-to-all-v: W = 1..4, uneven random counts (zeros included, also a rank that keeps
+ *     nothing), each type: every rank gets exactly the parts addressed to it, in source order;
+ *     counts that disagree fail on every rank;
  *   - abort: ranks blocked in a collective wake with GE_COMM, and every later call fails. */
 #include <pthread.h>
 #include <stdint.h>
@@ -114,6 +117,18 @@ TEST(collectives_match_rank_order_reference) {
     }
 }
 
+TEST(all_to_all_v_moves_each_part) {
+    rng_state = 4242;
+    char why[320] = "";
+    for (int W = 1; W <= WMAX; W++) {
+        comm *cs[WMAX];
+        CHECK_EQ_INT(comm_cpu_group(W, cs), 0);
+        int bad = a2a_sweep(cs, W, why, sizeof why);
+        for (int q = 0; q < W; q++) comm_free(cs[q]);
+        CHECK_MSG(!bad, "%s", why);
+    }
+}
+
 TEST(sums_differ_from_another_order) {
     /* the reference above could pass by accident if order never mattered: show it does for
      * these inputs (fp32 addition is not associative), so bit-equality is a real check */
@@ -171,6 +186,7 @@ TEST(nccl_absent_or_checked) {
 
 int main(void) {
     RUN(collectives_match_rank_order_reference);
+    RUN(all_to_all_v_moves_each_part);
     RUN(sums_differ_from_another_order);
     RUN(u8_has_no_sum);
     RUN(abort_wakes_waiters);

@@ -3,6 +3,9 @@
  *   - W = 1..4 ranks as threads over loopback: every collective, each type (f32, bf16, i32; u8
  *     for the copies), odd sizes (1, 7, 4099) and in-place forms; at W = 3 buffers of ~10 M
  *     elements, which cross the 4 MiB chunks;
+ *   - all-to-all-v: W = 1..4, uneven random counts (zeros included), each type, and at W = 3
+ *     parts of ~12 MB relayed through rank 0 across its chunks: each rank gets exactly its parts;
+ *     counts that disagree fail on every rank, naming the pair;
  *   - abort: a rank blocked in a collective (another never calls) returns GE_COMM after
  *     comm_abort from another thread, also when the aborted comm is the blocked rank's own or
  *     rank 0's; a rank that closes its comm makes the others' next collective fail, naming it;
@@ -200,6 +203,18 @@ TEST(collectives_equal_the_cpu_comm) {
         }
         CHECK_MSG(!bad, "%s", why);
         printf("  W=%d: %d collectives bit-equal to the cpu comm\n", W, calls);
+    }
+}
+
+TEST(all_to_all_v_moves_each_part) {
+    rng_state = 99;
+    char why[320] = "";
+    for (int W = 1; W <= WMAX; W++) {
+        comm *cs[WMAX];
+        CHECK_MSG(tcp_group(W, cs) == 0, "W=%d: %s", W, err_msg());
+        int bad = a2a_sweep(cs, W, why, sizeof why);
+        for (int q = 0; q < W; q++) comm_free(cs[q]);
+        CHECK_MSG(!bad, "%s", why);
     }
 }
 
@@ -601,6 +616,7 @@ TEST(engine_update_over_tcp_equals_cpu_comm) {
 int main(void) {
     signal(SIGALRM, on_alarm);
     GUARD(collectives_equal_the_cpu_comm, 120);
+    GUARD(all_to_all_v_moves_each_part, 120);
     GUARD(abort_wakes_blocked_ranks, 30);
     GUARD(a_rank_that_leaves_fails_the_next_call, 30);
     GUARD(ranks_that_disagree_fail_the_call, 30);

@@ -112,7 +112,7 @@ static void fixture_make(fixture *f, model_arch arch, int L, unsigned long long 
             f->M += f->R[g][r];
         }
         f->Mg[g + 1] = f->M;
-        f->pg[g] = (pack_group){f->prompts[g], P, N, (const int *const *)f->resp[g], f->R[g]};
+        f->pg[g] = (pack_group){.prompt = f->prompts[g], .P = P, .N = N, .resp = (const int *const *)f->resp[g], .R = f->R[g]};
     }
 }
 

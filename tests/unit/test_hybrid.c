@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "reference_seq.h"
@@ -191,7 +192,7 @@ TEST(hybrid_packed_equals_standard) {
                 rp[g][r] = resp[g][r];
                 M += Rs[g][r];
             }
-            pg[g] = (pack_group){prompts[g], P[g], N[g], rp[g], Rs[g]};
+            pg[g] = (pack_group){.prompt = prompts[g], .P = P[g], .N = N[g], .resp = rp[g], .R = Rs[g]};
         }
         float *wl = malloc((size_t)M * 4), *lp_p, *g_p, *lp_s, *g_s;
         check_fill(wl, (size_t)M, 3501 + mi, 1.0f);
@@ -228,9 +229,9 @@ TEST(hybrid_packed_equals_standard) {
 TEST(hybrid_checkpoint_round_trip) {
     static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl", "qwen3_5_moe_text"};
     for (int mi = 0; mi < 3; mi++) {
-        char src[256], cmd[512];
+        char src[256], cmd[512], dir[64];
         snprintf(src, sizeof src, FIX "/%s", models[mi]);
-        const char *dir = "/tmp/grpod_test_hybrid_ckpt";
+        snprintf(dir, sizeof dir, "/tmp/grpod_test_hybrid_ckpt.%d", (int)getpid()); /* runs beside another's */
         snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
         CHECK(system(cmd) == 0);
         loaded x;
@@ -269,6 +270,8 @@ TEST(hybrid_checkpoint_round_trip) {
         st_close(&a), st_close(&b);
         unload(&x);
         unload(&y);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        CHECK(system(cmd) == 0);
     }
 }
 

@@ -75,7 +75,8 @@ TEST(zero_b_equals_base) {
         memset(f.lw + f.m.l_elems_a, 0, (size_t)(f.m.l_elems - f.m.l_elems_a) * 4);
         model_views base;
         model_views_make(&f.m, f.w, 4, &base);
-        pack_group pg[2] = {{p0, 3, 2, rs0, R0}, {p1, 2, 1, rs1, R1}};
+        pack_group pg[2] = {{.prompt = p0, .P = 3, .N = 2, .resp = rs0, .R = R0},
+                            {.prompt = p1, .P = 2, .N = 1, .resp = rs1, .R = R1}};
         pack_batch b;
         CHECK(pack_build(&b, pg, 0, 2, PACK_PACKED) == 0);
         model_input in;
@@ -119,7 +120,7 @@ TEST(packed_equals_standard_with_adapters) {
             for (int i = 0; i < R[g][r]; i++) resp[g][r][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (m->cfg.V - 1));
             M += R[g][r];
         }
-        pg[g] = (pack_group){prompts[g], P, N, (const int *const *)resp[g], R[g]};
+        pg[g] = (pack_group){.prompt = prompts[g], .P = P, .N = N, .resp = (const int *const *)resp[g], .R = R[g]};
     }
     float *wl = malloc((size_t)M * 4), *lp[2], *lg[2], sink[64];
     check_fill(wl, (size_t)M, 402, 1.0f);
@@ -169,7 +170,7 @@ TEST(recompute_equals_stored) {
     fixture f;
     CHECK(fixture_make(&f, ARCH_QWEN3, (1u << LORA_N) - 1, 4, 600) == 0);
     model *m = &f.m;
-    pack_group pg[2] = {{p0, 3, 2, rs0, R0}, {p1, 2, 1, rs1, R1}};
+    pack_group pg[2] = {{.prompt = p0, .P = 3, .N = 2, .resp = rs0, .R = R0}, {.prompt = p1, .P = 2, .N = 1, .resp = rs1, .R = R1}};
     pack_batch b;
     CHECK(pack_build(&b, pg, 0, 2, PACK_PACKED) == 0);
     model_input in;

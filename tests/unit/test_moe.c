@@ -23,6 +23,7 @@
 #include "engine/format/safetensors.h"
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
+#include "moe_config.h"
 
 #define FIX "tests/fixtures/data"
 
@@ -165,25 +166,7 @@ static void run_layout(model *m, const model_views *wv, const pack_group *pg, pa
 }
 
 static void packed_equals_standard(int norm, unsigned long long seed) {
-    model_config c = {.arch = ARCH_QWEN3_MOE,
-                      .arch_name = "qwen3_moe",
-                      .L = 3,
-                      .C = 32,
-                      .H = 4,
-                      .K = 2,
-                      .D = 8,
-                      .F = 48,
-                      .V = 61,
-                      .max_pos = 256,
-                      .eps = 1e-6f,
-                      .rope_theta = 10000.0f,
-                      .qk_norm = 1,
-                      .bos_id = -1,
-                      .E = 8,
-                      .top_k = 2,
-                      .Fm = 24,
-                      .norm_topk = norm,
-                      .mlp = {MLP_MOE, MLP_DENSE, MLP_MOE}};
+    model_config c = moe_test_config(8, norm);
     eng_backend *be;
     backend_cpu_create(&be, 0);
     model m;
@@ -207,7 +190,7 @@ static void packed_equals_standard(int norm, unsigned long long seed) {
             rp[g][r] = resp[g][r];
             M += Rs[g][r];
         }
-        pg[g] = (pack_group){prompts[g], P[g], N[g], rp[g], Rs[g]};
+        pg[g] = (pack_group){.prompt = prompts[g], .P = P[g], .N = N[g], .resp = rp[g], .R = Rs[g]};
     }
     float *wl = malloc((size_t)M * 4);
     check_fill(wl, (size_t)M, seed + 1, 1.0f);
@@ -288,7 +271,7 @@ TEST(moe_update_adds_the_balance_loss) {
     CHECK(model_load_host(&m, FIX "/qwen3_moe", w) == 0);
     model_views wv;
     model_views_make(&m, w, 4, &wv);
-    pack_group pg = {prompt, 5, 3, resp, R};
+    pack_group pg = {.prompt = prompt, .P = 5, .N = 3, .resp = resp, .R = R};
     pack_batch b;
     CHECK(pack_build(&b, &pg, 0, 1, PACK_STANDARD) == 0);
     model_acts ac;
@@ -315,6 +298,152 @@ TEST(moe_update_adds_the_balance_loss) {
     eng_close(e);
 }
 
+/* ---------------------------------------------------------------- routing replay
+ * One packed group (P 6, N 3, R 5/1/4) through a model whose layers 0 and 2 are MoE. Replaying
+ * the routes the router chose gives the same bits as routing freely (logprobs and every
+ * gradient), also when some tokens replay nothing (-1: their own top-k). Replaying other experts
+ * changes the logprobs, and with the experts fixed the loss is smooth in the weights: its
+ * gradient (the router's through the replayed experts' weights included) matches central
+ * differences. */
+typedef struct {
+    model m;
+    eng_backend *be;
+    float *w, *wl;
+    model_views wv;
+    pack_batch b;
+    size_t nr; /* Lm T k */
+} replay_fix;
+
+static void replay_open(replay_fix *f, int norm, unsigned long long seed) {
+    model_config c = moe_test_config(8, norm);
+    backend_cpu_create(&f->be, 0);
+    CHECK(model_init(&f->m, &c, f->be) == 0);
+    f->w = malloc((size_t)f->m.n_elems * 4);
+    check_fill(f->w, (size_t)f->m.n_elems, seed, 0.3f);
+    model_views_make(&f->m, f->w, 4, &f->wv);
+    static int prompt[6], r[3][5];
+    static const int R[3] = {5, 1, 4};
+    unsigned long long s = seed + 1;
+    for (int i = 0; i < 6; i++) prompt[i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < R[j]; i++) r[j][i] = (int)((check_randf(&s, 0.5f) + 0.5f) * (c.V - 1));
+    static const int *resp[3] = {r[0], r[1], r[2]};
+    pack_group pg = {.prompt = prompt, .P = 6, .N = 3, .resp = resp, .R = R};
+    CHECK(pack_build(&f->b, &pg, 0, 1, PACK_PACKED) == 0);
+    f->wl = malloc((size_t)f->b.M * 4);
+    check_fill(f->wl, (size_t)f->b.M, seed + 2, 1.0f);
+    f->nr = (size_t)config_n_moe(&c) * f->b.T * c.top_k;
+}
+
+static void replay_close(replay_fix *f) {
+    pack_batch_free(&f->b);
+    model_views_free(&f->wv);
+    model_free(&f->m);
+    f->be->destroy(f->be);
+    free(f->w), free(f->wl);
+}
+
+/* *sum_out = Σ wl·logp of f's batch with routes (NULL: free); logp (M), the routes the forward used
+ * (rec, nr; recorded when free), the gradient (grad, n_elems) when not NULL. */
+static void replay_run(replay_fix *f, const int *routes, float *logp, int *rec, float *grad, double *sum_out) {
+    model_acts a;
+    CHECK(model_acts_init(&f->m, &a, f->b.T, f->b.M, 1) == 0);
+    model_input in;
+    model_input_from_batch(&in, &f->b);
+    in.routes = routes;
+    CHECK(model_forward(&f->m, &f->wv, &a, NULL, &in, 1.0f, 0) == 0);
+    double sum = 0;
+    for (int i = 0; i < f->b.M; i++) sum += (double)f->wl[i] * a.logp[i];
+    if (logp) memcpy(logp, a.logp, (size_t)f->b.M * 4);
+    if (rec) memcpy(rec, a.routes, f->nr * sizeof(int));
+    if (grad) {
+        model_views gv;
+        memset(grad, 0, (size_t)f->m.n_elems * 4);
+        model_views_make(&f->m, grad, 4, &gv);
+        CHECK(model_backward(&f->m, &f->wv, &gv, &a, &in, f->wl, NULL, 1.0f) == 0);
+        model_views_free(&gv);
+    }
+    model_acts_free(&f->m, &a);
+    if (sum_out) *sum_out = sum;
+}
+
+TEST(moe_replay_own_routes_is_bit_equal) {
+    for (int norm = 0; norm < 2; norm++) {
+        replay_fix f;
+        replay_open(&f, norm, 3401 + norm);
+        size_t M = (size_t)f.b.M, n = (size_t)f.m.n_elems;
+        float *lp0 = malloc(M * 4), *lp1 = malloc(M * 4), *g0 = malloc(n * 4), *g1 = malloc(n * 4);
+        int *rec = malloc(f.nr * sizeof(int)), *rec1 = malloc(f.nr * sizeof(int));
+        replay_run(&f, NULL, lp0, rec, g0, NULL);
+        replay_run(&f, rec, lp1, rec1, g1, NULL);
+        CHECK(!memcmp(lp0, lp1, M * 4) && !memcmp(g0, g1, n * 4) && !memcmp(rec, rec1, f.nr * sizeof(int)));
+        int k = f.m.cfg.top_k, T = f.b.T, mixed = 0;
+        for (size_t i = 0; i < f.nr; i += (size_t)k) /* every third token of each layer routes freely */
+            if ((i / (size_t)k) % 3 == 1) rec[i] = -1, mixed++;
+        replay_run(&f, rec, lp1, NULL, g1, NULL);
+        CHECK(!memcmp(lp0, lp1, M * 4) && !memcmp(g0, g1, n * 4));
+        printf("  norm_topk %d: T %d, %zu routes replayed: logprobs and gradients bit-equal (also with %d tokens free)\n", norm,
+               T, f.nr / (size_t)k, mixed);
+        free(lp0), free(lp1), free(g0), free(g1), free(rec), free(rec1);
+        replay_close(&f);
+    }
+}
+
+/* The index of the largest |g| among the parameters whose name holds `part` */
+static long long largest_grad(const model *m, const float *g, const char *part) {
+    long long best = -1;
+    for (int p = 0; p < m->n_params; p++) {
+        if (!strstr(m->params[p].name, part)) continue;
+        for (long long i = m->params[p].off; i < m->params[p].off + m->params[p].numel; i++)
+            if (best < 0 || fabsf(g[i]) > fabsf(g[best])) best = i;
+    }
+    return best;
+}
+
+TEST(moe_replay_forces_other_routes) {
+    for (int norm = 0; norm < 2; norm++) {
+        replay_fix f;
+        replay_open(&f, norm, 3501 + norm);
+        size_t M = (size_t)f.b.M, n = (size_t)f.m.n_elems;
+        int k = f.m.cfg.top_k, E = f.m.cfg.E;
+        float *lp0 = malloc(M * 4), *lp1 = malloc(M * 4), *g = malloc(n * 4);
+        int *rec = malloc(f.nr * sizeof(int)), *other = malloc(f.nr * sizeof(int));
+        replay_run(&f, NULL, lp0, rec, NULL, NULL);
+        for (size_t i = 0; i < f.nr; i++) /* a shift mod E per token: still k distinct experts, none the same */
+            other[i] = (rec[i] + 1 + (int)(i / (size_t)k) % (E - 1)) % E;
+        int *used = malloc(f.nr * sizeof(int));
+        replay_run(&f, other, lp1, used, g, NULL);
+        double d_lp = rel_l2(lp1, lp0, M);
+        CHECK(!memcmp(used, other, f.nr * sizeof(int)));
+        CHECK_MSG(d_lp > 5e-4, "replaying other experts changed the logprobs by %.3g only", d_lp);
+        /* central differences of Σ wl·logp with the routes fixed, at the largest gradient of each
+         * kind; h = 1e-2 on weights of 0.3: fp32 rounding of the sum (~1e-6) over 2h is ~1e-4,
+         * the truncation h² f''' about as much, hence 2e-3 absolute + 2e-2 relative */
+        static const char *kinds[] = {"layers.0.mlp.gate.weight", "layers.2.mlp.gate.weight", "layers.0.mlp.experts",
+                                      "layers.2.mlp.experts",     "layers.1.mlp.up_proj",     "self_attn.q_proj"};
+        double worst = 0;
+        for (int j = 0; j < (int)(sizeof kinds / sizeof *kinds); j++) {
+            long long i = largest_grad(&f.m, g, kinds[j]);
+            CHECK(i >= 0);
+            float w0 = f.w[i], h = 1e-2f;
+            f.w[i] = w0 + h;
+            double up, dn;
+            replay_run(&f, other, NULL, NULL, NULL, &up);
+            f.w[i] = w0 - h;
+            replay_run(&f, other, NULL, NULL, NULL, &dn);
+            f.w[i] = w0;
+            double fd = (up - dn) / (2.0 * h), err = fabs(fd - g[i]) / (2e-3 + 2e-2 * fabs(g[i]));
+            if (err > worst) worst = err;
+            CHECK_MSG(err <= 1, "%s: gradient %.6g, central difference %.6g", kinds[j], g[i], fd);
+        }
+        printf("  norm_topk %d: other experts change the logprobs (rel L2 %.2e); gradient vs central differences: worst "
+               "%.2f of the tolerance\n",
+               norm, d_lp, worst);
+        free(lp0), free(lp1), free(g), free(rec), free(other), free(used);
+        replay_close(&f);
+    }
+}
+
 /* config.json round trip: what config_write writes for a MoE model reads back the same rows. */
 TEST(moe_config_round_trip) {
     model_config c;
@@ -338,5 +467,7 @@ int main(void) {
     RUN(moe_matches_transformers);
     RUN(moe_packed_equals_standard);
     RUN(moe_update_adds_the_balance_loss);
+    RUN(moe_replay_own_routes_is_bit_equal);
+    RUN(moe_replay_forces_other_routes);
     return CHECK_DONE();
 }

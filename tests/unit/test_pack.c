@@ -13,8 +13,8 @@ static const int g1p[] = {40, 41}, g1r0[] = {50, 51, 52};
 static const int *const g0r[] = {g0r0, g0r1}, *const g1r[] = {g1r0};
 static const int g0R[] = {2, 1}, g1R[] = {3};
 static const pack_group hand[2] = {
-    {g0p, 3, 2, g0r, g0R},
-    {g1p, 2, 1, g1r, g1R},
+    {.prompt = g0p, .P = 3, .N = 2, .resp = g0r, .R = g0R},
+    {.prompt = g1p, .P = 2, .N = 1, .resp = g1r, .R = g1R},
 };
 
 #define CHECK_ARR(arr, n, ...) \
@@ -157,7 +157,7 @@ TEST(test_plan_too_large) {
     }
     pack_group g[4];
     for (int i = 0; i < 3; i++) g[i] = hand[0];
-    g[3] = (pack_group){prompt, 1000, 8, rs, R};
+    g[3] = (pack_group){.prompt = prompt, .P = 1000, .N = 8, .resp = rs, .R = R};
     pack_plan p;
     /* packed: the group over the budget is a micro-batch of its own, run split (engine/model/split.h) */
     CHECK_EQ_INT(pack_plan_make(&p, g, 4, 8192, PACK_PACKED), 0);
@@ -273,7 +273,7 @@ TEST(test_random_layouts_agree) {
             trunks += c > 0;
             want_packed += P - (long long)(N - 1) * c;
             want_std += (long long)N * P;
-            g[k] = (pack_group){prompts[k], P, N, rptr[k], Rs[k]};
+            g[k] = (pack_group){.prompt = prompts[k], .P = P, .N = N, .resp = rptr[k], .R = Rs[k]};
         }
         pack_batch pk, st;
         CHECK_EQ_INT(pack_build(&pk, g, 0, ng, PACK_PACKED), 0);

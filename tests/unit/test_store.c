@@ -54,7 +54,7 @@ TEST(test_open_creates_dir_and_schema) {
     snprintf(mode, sizeof mode, "%s", (const char *)sqlite3_column_text(st, 0));
     sqlite3_finalize(st);
     sqlite3_close(db);
-    CHECK_EQ_INT(v, 3); /* migrations: v1 jobs/kv/checkpoints, v2 history, v3 job counts */
+    CHECK_EQ_INT(v, 4); /* migrations: v1 jobs/kv/checkpoints, v2 history, v3 job counts, v4 routes */
     CHECK_STR(mode, "wal");
     /* reopening an up-to-date database migrates nothing and works */
     r = store_open(dir, 0, &s);
@@ -106,6 +106,41 @@ TEST(test_submit_get) {
     CHECK_STR(j.payload, "{}");
     store_job_clear(&j);
     CHECK_STR(store_status_name(JOB_CANCELLED), "cancelled");
+    store_close(s);
+}
+
+/* A rollout's routes: a blob read back byte for byte (random bytes, NUL and 0xff included),
+ * replaced by a second put, and deleted with its job by retention. */
+TEST(test_routes) {
+    char dir[512], id[32], other[32];
+    store *s;
+    CHECK(store_open(fresh_dir(dir, sizeof dir, "routes"), 1, &s) == 0);
+    CHECK(store_submit(s, "rollout", "{}", 0, id) == 0);
+    CHECK(store_submit(s, "rollout", "{}", 0, other) == 0);
+    unsigned char blob[777];
+    unsigned long long seed = 91;
+    for (size_t i = 0; i < sizeof blob; i++) blob[i] = (unsigned char)((check_randf(&seed, 0.5f) + 0.5f) * 256);
+    blob[3] = 0, blob[4] = 0xff;
+    void *got;
+    size_t n;
+    CHECK_EQ_INT(store_routes_get(s, id, &got, &n), GE_NOT_FOUND);
+    CHECK(store_routes_put(s, id, blob, 500) == 0);
+    CHECK(store_routes_put(s, id, blob, sizeof blob) == 0); /* a rerun records them again */
+    CHECK(store_routes_put(s, other, blob, 10) == 0);
+    CHECK(store_routes_get(s, id, &got, &n) == 0);
+    CHECK(n == sizeof blob && !memcmp(got, blob, n));
+    free(got);
+    store_job j;
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT(store_claim(s, &j), 1);
+        store_job_clear(&j);
+    }
+    CHECK(store_finish(s, id, "{}", 0) == 0);
+    CHECK(store_finish(s, other, "{}", 0) == 0);
+    CHECK_EQ_INT(store_retain(s, 1), 1); /* the older one goes, its routes with it */
+    CHECK_EQ_INT(store_routes_get(s, id, &got, &n), GE_NOT_FOUND);
+    CHECK(store_routes_get(s, other, &got, &n) == 0 && n == 10);
+    free(got);
     store_close(s);
 }
 
@@ -275,7 +310,7 @@ TEST(test_counts_kept_equal_a_recount) {
     CHECK(sqlite3_open(file, &db) == SQLITE_OK);
     CHECK(sqlite3_exec(db,
                        "DROP TRIGGER jobs_count_insert; DROP TRIGGER jobs_count_delete; DROP TRIGGER jobs_count_status;"
-                       "DROP TABLE job_counts;"
+                       "DROP TABLE job_counts; DROP TRIGGER jobs_delete_routes; DROP TABLE routes;"
                        "INSERT INTO jobs (id, kind, status, payload, created_at) VALUES "
                        "('j_00000000000000a1', 'rollout', 'done', '{}', 1), ('j_00000000000000a2', 'update', 'failed', '{}', 2),"
                        "('j_00000000000000a3', 'rollout', 'done', '{}', 3), ('j_00000000000000a4', 'update', 'queued', '{}', 4);"
@@ -701,6 +736,7 @@ int main(void) {
     RUN(test_newer_schema_refused);
     RUN(test_submit_get);
     RUN(test_fifo_claim_finish_fail);
+    RUN(test_routes);
     RUN(test_cancel);
     RUN(test_list_counts);
     RUN(test_counts_kept_equal_a_recount);

@@ -5,7 +5,7 @@
 #include "engine/backend/backend.h"
 
 static void clear_env(void) {
-    const char *names[] = {"GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "ATTN_SIMD", "BOGUS"};
+    const char *names[] = {"GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "MOE", "ATTN_SIMD", "BOGUS"};
     char n[64];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(n, sizeof n, "GRPOD_TUNE_%s", names[i]);
@@ -23,6 +23,7 @@ TEST(tune_defaults_without_env) {
     CHECK_EQ_INT(t.attn_decode, 1);
     CHECK_EQ_INT(t.attn, TUNE_ATTN_AUTO);
     CHECK_EQ_INT(t.skinny, TUNE_SKINNY_AUTO);
+    CHECK_EQ_INT(t.moe, TUNE_MOE_AUTO);
 }
 
 TEST(tune_every_knob) {
@@ -32,6 +33,7 @@ TEST(tune_every_knob) {
     setenv("GRPOD_TUNE_ATTN_DECODE", "0", 1);
     setenv("GRPOD_TUNE_ATTN", "simt", 1);
     setenv("GRPOD_TUNE_SKINNY", "1", 1);
+    setenv("GRPOD_TUNE_MOE", "tiles", 1);
     tune_opts t;
     CHECK_EQ_INT(tune_from_env(&t), 0);
     CHECK_EQ_INT(t.graphs, 0);
@@ -39,6 +41,10 @@ TEST(tune_every_knob) {
     CHECK_EQ_INT(t.attn_decode, 0);
     CHECK_EQ_INT(t.attn, TUNE_ATTN_SIMT);
     CHECK_EQ_INT(t.skinny, TUNE_SKINNY_FORCE);
+    CHECK_EQ_INT(t.moe, TUNE_MOE_TILES);
+    setenv("GRPOD_TUNE_MOE", "grouped", 1);
+    CHECK_EQ_INT(tune_from_env(&t), 0);
+    CHECK_EQ_INT(t.moe, TUNE_MOE_GROUPED);
     setenv("GRPOD_TUNE_SKINNY", "0", 1);
     setenv("GRPOD_TUNE_ATTN", "auto", 1);
     CHECK_EQ_INT(tune_from_env(&t), 0);

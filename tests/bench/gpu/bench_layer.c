@@ -16,9 +16,7 @@
 #include <cuda_runtime_api.h>
 #include <time.h>
 
-#include "engine/model/model.h"
-#include "engine/model/pack.h"
-#include "tests/gpu/gpu_check.h"
+#include "tests/bench/gpu/bench_layer.h"
 
 enum { REPS = 7 };
 
@@ -39,58 +37,22 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
                       .tied = 1,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
-    model m;
-    if (model_init(&m, &c, be)) gc_die(be, "model_init");
-    size_t n = (size_t)m.n_elems;
-    void *w = be->alloc(be, n * 2);
-    float *gw = be->alloc(be, n * 4), *tmp = be->alloc(be, n * 4);
-    float *hw = gc_rand(n, 0.02f, 7);
-    for (int i = 0; i < m.n_params; i++) /* norm weights near 1, the rest small */
-        if (m.params[i].ndim == 1)
-            for (long long j = 0; j < m.params[i].numel; j++) hw[m.params[i].off + j] += 1.0f;
-    if (!w || !gw || !tmp || be->to_dev(be, tmp, hw, n * 4)) gc_die(be, "weights");
-    be->f32_to_act(be, w, tmp, n);
-    be->zero(be, gw, n * 4);
-    be->free(be, tmp);
-    free(hw);
-    model_views wv, gv;
-    model_views_make(&m, w, 2, &wv);
-    model_views_make(&m, gw, 4, &gv);
-
-    int *prompt = calloc((size_t)P, 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
-    for (int r = 0; r < N; r++) {
-        Rs[r] = R;
-        resp[r] = calloc((size_t)R, 4);
-    }
-    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
-    pack_batch b;
-    if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
-    int T = b.T, C = c.C;
-    model_acts a;
-    if (model_acts_init(&m, &a, T, 1, 1)) gc_die(be, "model_acts_init");
-    /* positions and key ranges in a->ints, as model_forward uploads them */
-    model_input in;
-    model_input_from_batch(&in, &b);
-    in.M = 0;
-    model_dev_input d;
-    if (model_input_upload(&m, &a, &in, &d)) gc_die(be, "model_input_upload");
-    float *hx = gc_rand((size_t)T * C, 1.0f, 11), *hdy = gc_rand((size_t)T * C, 1e-3f, 13);
-    void *x = gc_act(be, hx, (size_t)T * C), *dy = gc_act(be, hdy, (size_t)T * C);
-    free(hx);
-    free(hdy);
+    bench_layer_run r;
+    bench_layer_open(&r, be, &c, P, N, R);
+    int T = r.b.T, C = c.C;
     double t[REPS + 1], tf[REPS + 1];
     size_t used_peak = 0, total;
     for (int rep = 0; rep <= REPS; rep++) {
         /* the layer input and the upstream gradient, restored each rep (backward leaves dx in
          * dres) */
-        if (cudaMemcpy(a.l[0].x, x, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) ||
-            cudaMemcpy(a.dres, dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be))
+        if (cudaMemcpy(r.a.l[0].x, r.x, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) ||
+            cudaMemcpy(r.a.dres, r.dy, (size_t)T * C * 2, cudaMemcpyDeviceToDevice) || be->sync(be))
             gc_die(be, "setup");
         double t0 = gc_now();
-        model_layer_fwd(&m, &wv, &a, 0, a.xL, &d, NULL, NULL);
+        model_layer_fwd(&r.m, &r.wv, &r.a, 0, r.a.xL, &r.d, NULL, NULL);
         if (be->sync(be)) gc_die(be, "forward");
         double t1 = gc_now();
-        model_layer_bwd(&m, &wv, &gv, &a, 0, &d);
+        model_layer_bwd(&r.m, &r.wv, &r.gv, &r.a, 0, &r.d);
         if (be->sync(be)) gc_die(be, "backward");
         double t2 = gc_now();
         t[rep] = t2 - t0;
@@ -101,31 +63,15 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     }
     qsort(t + 1, REPS, sizeof(double), gc_cmpd);
     qsort(tf + 1, REPS, sizeof(double), gc_cmpd);
-    float *dx = gc_get_act(be, a.dres, (size_t)T * C);
-    double s = 0;
-    for (size_t i = 0; i < (size_t)T * C; i++) s += (double)dx[i] * dx[i];
-    free(dx);
     double lin = 6.0 * T * ((double)C * 32 * 128 + 2.0 * C * 8 * 128 + 32.0 * 128 * C + 3.0 * C * c.F);
     double att_f = 2.0 * P * P * 32 * 128 + 4.0 * N * R * (P + R / 2.0) * 32 * 128;
     double flop = lin + 3.5 * att_f;
     printf("grpod-cuda layer P=%d N=%d R=%d T=%d: fwd+bwd %.2f ms (min %.2f max %.2f; fwd %.2f) useful %.1f TFLOP "
            "-> %.0f TFLOP/s; peak %.2f GiB (device memory in use); |dx| %.3g\n",
            P, N, R, T, t[1 + REPS / 2] * 1e3, t[1] * 1e3, t[REPS] * 1e3, tf[1 + REPS / 2] * 1e3, flop / 1e12,
-           flop / t[1 + REPS / 2] / 1e12, used_peak / 1073741824.0, sqrt(s));
+           flop / t[1 + REPS / 2] / 1e12, used_peak / 1073741824.0, bench_layer_dx_norm(&r, be));
     fflush(stdout);
-    be->free(be, x);
-    be->free(be, dy);
-    be->free(be, w);
-    be->free(be, gw);
-    model_acts_free(&m, &a);
-    model_views_free(&wv);
-    model_views_free(&gv);
-    model_free(&m);
-    pack_batch_free(&b);
-    for (int r = 0; r < N; r++) free(resp[r]);
-    free(resp);
-    free(Rs);
-    free(prompt);
+    bench_layer_close(&r, be);
 }
 
 int main(int argc, char **argv) {

@@ -227,7 +227,7 @@ int main(int argc, char **argv) {
             resp[r] = malloc((size_t)R * 4);
             gc_random_ids(resp[r], R, &s);
         }
-        pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
+        pack_group pg = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
         run(&B, &pg, maxtok, 0);
         run(&B, &pg, maxtok, 1);
         if (P <= offload_max) run(&B, &pg, maxtok, 2);

@@ -157,7 +157,7 @@ int main(int argc, char **argv) {
         resp[r] = malloc((size_t)R * 4);
         gc_random_ids(resp[r], R, &s);
     }
-    pack_group pg = {prompt, P, N, (const int *const *)resp, Rs};
+    pack_group pg = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
     pack_batch b;
     if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
     model_acts a;

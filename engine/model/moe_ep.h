@@ -1,0 +1,45 @@
+/* moe_ep.h — expert parallelism for a mixture-of-experts layer (kernels/moe.h): the experts of
+ * every MoE layer are split over the W ranks of model.ep, rank r holding [r E/W, (r+1) E/W)
+ * (model.ep_e0, model.ep_E), and the tokens travel to them.
+ *
+ *   forward   each token's k slots, in (token, slot) order, are sent to their experts' ranks
+ *             (its ln2 row and the expert); each rank runs its experts on the rows it received
+ *             (sources in rank order), sends each output back, and the token's rank writes it
+ *             into ey (T,k,C) at the slot it came from, so the combine sums the slots in the
+ *             one-rank order: the forward gives the bits one rank with every expert gives.
+ *   backward  d ey's routing-weight gradient dtopw is the token's rank's (it holds ey); each
+ *             slot's row, its dout row and its routing weight go to the expert's rank, which
+ *             recomputes the expert's forward on them, adds the experts' weight gradients
+ *             (its rows in the order received: one rank's token order when the ranks' tokens
+ *             are read rank after rank) and sends each slot's dx back; the token's rank adds
+ *             them into dx in slot order (fp32 rounding from the one-rank sum, which
+ *             accumulates the slots' terms into dx directly).
+ * Each call is a collective: every rank of the group runs every MoE layer's forward and
+ * backward, in the same order, with any number of tokens (0 too). The cpu backend only (rows
+ * are permuted in host memory); model_init_ep refuses another backend.
+ * Errors (memory, the comm's) are returned, the comm aborted on the failing rank so that the
+ * others' exchanges end too; the caller keeps the first (model_acts.ep_rc). */
+#ifndef GRPOD_MOE_EP_H
+#define GRPOD_MOE_EP_H
+#include "engine/model/model.h"
+
+/* The experts of layer l on A->ln2 with A->topi, A->topw: A->ey written; out (T,C) = A->xm +
+ * Σ_s w_s ey_s when out is not NULL. */
+int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T);
+/* dx (T,C) += the experts' part of d ln2 for dout (T,C); dtopw (T,k) written; G's expert
+ * gradients (this rank's experts; NULL: frozen) += theirs. */
+int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, const struct model_layer_acts *A,
+               const void *dout, void *dx, float *dtopw, int T);
+
+/* Checkpoints: one whole parameter-shaped vector (the weights, or an optimizer moment) in the
+ * layout of `full`, the same config without expert parallelism, which a checkpoint writes and
+ * any W reads by name (model_save_host, model_load_host).
+ * moe_ep_gather: whole (full->n_elems; on rank 0, or on every rank with all; NULL elsewhere) =
+ * this rank's replicated parameters and every rank's experts from mine (m->n_elems, each
+ * rank's). A collective. With all, every rank holds every expert after it: how rollouts run
+ * under expert parallelism (each rank decodes its own groups with the whole model, as without
+ * it, rather than dispatching every decode step's tokens, which would step all ranks together).
+ * moe_ep_slice: mine = this rank's part of whole (no comm). */
+int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole, int all);
+void moe_ep_slice(const model *m, const model *full, const float *whole, float *mine);
+#endif

@@ -1,0 +1,319 @@
+/* moe_gemm.cu — the experts' forward and backward (moe.h) for many slots per expert, the
+ * training and prefill case: the slots' rows are gathered by expert into contiguous blocks
+ * (the permutation of moe.cu, in slot order inside an expert) and each GEMM of the layer is one
+ * cuBLAS grouped GEMM, an expert a group. The counts are read on the host (one stream
+ * synchronisation per op), which is why decode (captured in graphs) takes moe_few.cu instead.
+ * Legend as moe.h (T, C, E, k, Fm); S = T·k slots; a "P" buffer holds rows by expert (row i is
+ * slot perm[i]), inv[ts] the row of slot ts.
+ *
+ *   forward   xP = x[perm/k];  gP|uP = xP Wg|Wu_e^T;  eg, eu = scatter;  aP = silu(gP) uP;
+ *             eyP = aP Wd_e^T;  out = res + Σ_s w eyP[inv], ey = scatter
+ *   backward  dyP = dout[perm/k], wdyP = bf16(w dyP), aP again;  daP = dyP Wd_e (fp32);
+ *             dgP, duP (and dg, du) = SwiGLU' of w daP;  dWd_e += wdyP_e^T aP_e;
+ *             partP = dgP Wg_e + duP Wu_e (fp32);  dx += Σ_s partP[inv];  xP again;
+ *             dWg|dWu_e += dgP|duP_e^T xP_e
+ * The roundings are the tiled kernels' (eg, eu, a, ey, dg, du, w·dout in bf16; da, the per-slot
+ * dx and the weight gradients in fp32), so the variants differ by the GEMMs' sum order only.
+ * Deterministic: cuBLAS gives the same bits for the same shapes (no atomics in a GEMM), the
+ * scatters and the per-token dx sum have one owner and a fixed order. When the grouped call is
+ * refused (a cuBLAS without it for these types), the same problems run one cublasGemmEx each.
+ *
+ * Scratch: forward S·(2C + 6Fm) bytes, backward S·(4C + 10Fm) bytes, plus the permutation. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+
+#include "kernels/matmul.cuh"
+#include "kernels/moe.cuh"
+#include "kernels/moe_dev.cuh"
+
+/* ---------------------------------------------------------------- gathers and scatters */
+
+/* inv[perm[i]] = i */
+__global__ void moe_inv_kernel(int *inv, const int *perm, int S) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < S; i += gridDim.x * blockDim.x) inv[perm[i]] = i;
+}
+
+/* dst[i] = src[perm[i] / div] (K values a row), and dstw[i] = bf16(topw[perm[i]] · that) (dstw
+ * NULL: none); V (1 or 8, moe_gather's choice) values a thread */
+__global__ void moe_gather_kernel(bf16 *dst, bf16 *dstw, const bf16 *src, const int *perm, const float *topw, int S, int K,
+                                  int div, int V) {
+    int KV = K / V;
+    long long n = (long long)S * KV;
+    for (long long u = blockIdx.x * (long long)blockDim.x + threadIdx.x; u < n; u += (long long)gridDim.x * blockDim.x) {
+        long long i = u / KV, c = (u - i * KV) * V;
+        int ts = perm[i];
+        const bf16 *s = src + (long long)(ts / div) * K + c;
+        bf16 *d = dst + i * K + c;
+        if (V == 8) *(uint4 *)d = *(const uint4 *)s;
+        else *d = *s;
+        if (!dstw) continue;
+        float f[8], w = topw[ts];
+        if (V == 8) unpack8(*(const uint4 *)s, f);
+        else f[0] = __bfloat162float(*s);
+        for (int j = 0; j < V; j++) f[j] *= w;
+        if (V == 8) *(uint4 *)(dstw + i * K + c) = pack8(f);
+        else dstw[i * K + c] = __float2bfloat16(f[0]);
+    }
+}
+
+/* aP[i] = bf16(silu(g) u) of row i, g and u read at row i (by_slot 0) or at slot perm[i]
+ * (by_slot 1); go, uo NULL or the slot's rows to copy g, u to */
+__global__ void moe_act_kernel(bf16 *aP, bf16 *go, bf16 *uo, const bf16 *g, const bf16 *u, const int *perm, int by_slot, int S,
+                               int F) {
+    long long n = (long long)S * F;
+    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < n; v += (long long)gridDim.x * blockDim.x) {
+        long long i = v / F, f = v - i * F, ts = perm[i], r = (by_slot ? ts : i) * F + f;
+        bf16 gv = g[r], uv = u[r];
+        if (go) go[ts * F + f] = gv;
+        if (uo) uo[ts * F + f] = uv;
+        aP[v] = __float2bfloat16(moe_silu(__bfloat162float(gv)) * __bfloat162float(uv));
+    }
+}
+
+/* SwiGLU's backward of row i: da = w · daP[i]; dgP, duP[i] and dg, du[perm[i]] */
+__global__ void moe_swiglu_bwd_kernel(bf16 *dgP, bf16 *duP, bf16 *dg, bf16 *du, const float *daP, const bf16 *eg, const bf16 *eu,
+                                      const int *perm, const float *topw, int S, int F) {
+    long long n = (long long)S * F;
+    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < n; v += (long long)gridDim.x * blockDim.x) {
+        long long i = v / F, f = v - i * F, ts = perm[i], o = ts * F + f;
+        float da = topw[ts] * daP[v], g = __bfloat162float(eg[o]), u = __bfloat162float(eu[o]);
+        float sg = 1.0f / (1.0f + __expf(-g));
+        bf16 a = __float2bfloat16(da * u * (sg + g * sg * (1.0f - sg))), b = __float2bfloat16(da * g * sg);
+        dgP[v] = a;
+        duP[v] = b;
+        dg[o] = a;
+        du[o] = b;
+    }
+}
+
+/* ---------------------------------------------------------------- grouped GEMMs */
+
+/* An operand of expert e at element e·per_e + off_e·per_row of p (one of the two is 0). */
+typedef struct {
+    const void *p;
+    size_t per_e, per_row;
+} moe_opnd;
+
+/* Column-major D = op(A) op(B) + beta D for every expert with slots and each of np problems
+ * (gate and up share a group); m, n or k < 0: the expert's count. */
+typedef struct {
+    int ta, tb, m, n, k, lda, ldb, ldd, d_f32, np;
+    float beta;
+    moe_opnd a[2], b[2], d[2];
+} moe_gg;
+
+typedef struct {
+    cu_ctx *c;
+    const int *hcnt; /* (E) on the host */
+    int E;
+    void **dptr; /* device room for 3·2·E pointers */
+} moe_gg_ctx;
+
+static const char *moe_gg_ptr(const moe_opnd *o, int e, long long off, int es) {
+    return (const char *)o->p + ((size_t)e * o->per_e + (size_t)off * o->per_row) * (size_t)es;
+}
+
+static void moe_gg_run(const moe_gg_ctx *x, const moe_gg *g) {
+    cu_ctx *c = x->c;
+    cublasHandle_t h = (cublasHandle_t)gemm_blas(c);
+    if (!h) return;
+    int E = x->E, np = g->np, G = 0, des = g->d_f32 ? 4 : 2;
+    int *iv = (int *)malloc(sizeof(int) * 7 * (size_t)E);
+    cublasOperation_t *op = (cublasOperation_t *)malloc(sizeof *op * 2 * (size_t)E);
+    float *ab = (float *)malloc(sizeof(float) * 2 * (size_t)E);
+    const void **hp = (const void **)malloc(sizeof(void *) * 3 * 2 * (size_t)E);
+    if (!iv || !op || !ab || !hp) {
+        cu_fail(c, "malloc(moe grouped GEMM)", "out of host memory", __FILE__, __LINE__);
+        goto done;
+    }
+    {
+        int *m = iv, *n = iv + E, *kk = iv + 2 * E, *lda = iv + 3 * E, *ldb = iv + 4 * E, *ldd = iv + 5 * E, *gs = iv + 6 * E;
+        const void **pa = hp, **pb = hp + 2 * E, **pd = hp + 4 * E;
+        long long off = 0;
+        for (int e = 0; e < E; off += x->hcnt[e], e++) {
+            int ce = x->hcnt[e];
+            if (ce == 0) continue;
+            m[G] = g->m < 0 ? ce : g->m;
+            n[G] = g->n < 0 ? ce : g->n;
+            kk[G] = g->k < 0 ? ce : g->k;
+            lda[G] = g->lda;
+            ldb[G] = g->ldb;
+            ldd[G] = g->ldd;
+            gs[G] = np;
+            op[G] = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+            op[E + G] = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+            ab[G] = 1.0f;
+            ab[E + G] = g->beta;
+            for (int j = 0; j < np; j++) {
+                pa[G * np + j] = moe_gg_ptr(&g->a[j], e, off, 2);
+                pb[G * np + j] = moe_gg_ptr(&g->b[j], e, off, 2);
+                pd[G * np + j] = moe_gg_ptr(&g->d[j], e, off, des);
+            }
+            G++;
+        }
+        if (G == 0) goto done;
+        int P = G * np; /* problems; the device copy packs A, B, D pointers one after another */
+        const void **dp = (const void **)x->dptr;
+        memmove(hp + P, pb, sizeof(void *) * (size_t)P);
+        memmove(hp + 2 * P, pd, sizeof(void *) * (size_t)P);
+        CU_CK(c, cudaMemcpyAsync(dp, hp, sizeof(void *) * 3 * (size_t)P, cudaMemcpyHostToDevice, c->stream));
+        if (c->failed) goto done;
+        cudaDataType_t dt = g->d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+        cublasStatus_t st = cublasGemmGroupedBatchedEx(h, op, op + E, m, n, kk, ab, (const void *const *)dp, CUDA_R_16BF, lda,
+                                                       (const void *const *)(dp + P), CUDA_R_16BF, ldb, ab + E,
+                                                       (void *const *)(dp + 2 * P), dt, ldd, G, gs, CUBLAS_COMPUTE_32F);
+        if (st == CUBLAS_STATUS_SUCCESS) goto done;
+        (void)cudaGetLastError();
+        for (int i = 0; i < P && !c->failed; i++) { /* refused: the same problems one by one */
+            int gi = i / np;
+            LT_CK(c,
+                  cublasGemmEx(h, op[gi], op[E + gi], m[gi], n[gi], kk[gi], &ab[gi], hp[i], CUDA_R_16BF, lda[gi], hp[P + i],
+                               CUDA_R_16BF, ldb[gi], &ab[E + gi], (void *)hp[2 * P + i], dt, ldd[gi], CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+        }
+    }
+done:
+    free(iv);
+    free(op);
+    free(ab);
+    free(hp);
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+static int moe_al16(const void *p) { return !((uintptr_t)p & 15); }
+static void moe_gather(cu_ctx *c, bf16 *dst, bf16 *dstw, const bf16 *src, const int *perm, const float *topw, int S, int K,
+                       int div) {
+    int V = K % 8 == 0 && moe_al16(dst) && moe_al16(src) && (!dstw || moe_al16(dstw)) ? 8 : 1;
+    long long n = (long long)S * (K / V), cap = (long long)c->n_sm * 16;
+    moe_gather_kernel<<<(unsigned)(cu_blocks(n, 256) < cap ? cu_blocks(n, 256) : cap), 256, 0, c->stream>>>(dst, dstw, src, perm,
+                                                                                                            topw, S, K, div, V);
+    CU_LAUNCHED(c, "moe_gather_kernel");
+}
+
+static unsigned moe_grid(cu_ctx *c, long long n) {
+    unsigned b = cu_blocks(n, 256), cap = (unsigned)c->n_sm * 16;
+    return b < cap ? b : cap;
+}
+
+/* the permutation, inv and the counts on the host (synchronises the stream); NULL when failed */
+static int *moe_gg_setup(cu_ctx *c, const int *topi, int S, int E, char *scr, moe_gg_ctx *x, const int **perm, int **inv) {
+    const int *cnt = moe_perm_cuda(c, topi, S, E, scr);
+    *perm = cnt + 3 * E + 2;
+    size_t pb = moe_perm_bytes(S, E);
+    *inv = (int *)(scr + pb);
+    moe_inv_kernel<<<moe_grid(c, S), 256, 0, c->stream>>>(*inv, *perm, S);
+    CU_LAUNCHED(c, "moe_inv_kernel");
+    int *hc = (int *)malloc(sizeof(int) * (size_t)E);
+    if (!hc) {
+        cu_fail(c, "malloc(moe counts)", "out of host memory", __FILE__, __LINE__);
+        return NULL;
+    }
+    CU_CK(c, cudaMemcpyAsync(hc, cnt, sizeof(int) * (size_t)E, cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(c, cudaStreamSynchronize(c->stream));
+    if (c->failed) {
+        free(hc);
+        return NULL;
+    }
+    x->c = c;
+    x->hcnt = hc;
+    x->E = E;
+    x->dptr = (void **)(scr + pb + (((size_t)S * sizeof(int) + 255) & ~(size_t)255));
+    return hc;
+}
+/* bytes of moe_gg_setup's part of the scratch: the permutation, inv, the pointers */
+static size_t moe_gg_bytes(int S, int E) {
+    return moe_perm_bytes(S, E) + (((size_t)S * sizeof(int) + 255) & ~(size_t)255) +
+        ((6 * (size_t)E * sizeof(void *) + 255) & ~(size_t)255);
+}
+
+/* a grouped GEMM's shape (no problems yet) and its problems, one a call */
+static moe_gg moe_gg_shape(int ta, int tb, int m, int n, int k, int lda, int ldb, int ldd, int d_f32, float beta) {
+    moe_gg g;
+    memset(&g, 0, sizeof g);
+    g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb, g.ldd = ldd, g.d_f32 = d_f32, g.beta = beta;
+    return g;
+}
+static void moe_gg_add(moe_gg *g, moe_opnd a, moe_opnd b, moe_opnd d) {
+    g->a[g->np] = a;
+    g->b[g->np] = b;
+    g->d[g->np++] = d;
+}
+static moe_opnd moe_w(const void *p, size_t per_e) { return moe_opnd{p, per_e, 0}; } /* stacked weights */
+static moe_opnd moe_rows(const void *p, size_t row) { return moe_opnd{p, 0, row}; } /* rows by expert */
+
+void moe_experts_fwd_grouped(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
+                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
+    size_t S = (size_t)T * k, hb = moe_gg_bytes((int)S, E), nC = (S * C * 2 + 255) & ~(size_t)255;
+    size_t nF = (S * Fm * 2 + 255) & ~(size_t)255, W = (size_t)Fm * C;
+    char *scr = (char *)cu_scratch(c, hb + nC + 3 * nF);
+    if (!scr) return;
+    bf16 *xP = (bf16 *)(scr + hb), *eyP = xP; /* eyP reuses xP's room */
+    bf16 *gP = (bf16 *)(scr + hb + nC), *uP = (bf16 *)((char *)gP + nF), *aP = (bf16 *)((char *)uP + nF);
+    moe_gg_ctx gx;
+    const int *perm;
+    int *inv, *hc = moe_gg_setup(c, topi, (int)S, E, scr, &gx, &perm, &inv);
+    if (!hc) return;
+    moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);
+    moe_gg g = moe_gg_shape(1, 0, Fm, -1, C, C, C, Fm, 0, 0.0f); /* gP^T (Fm, cnt) = Wg_e^T' xP_e^T; up alike */
+    moe_gg_add(&g, moe_w(wg, W), moe_rows(xP, C), moe_rows(gP, Fm));
+    moe_gg_add(&g, moe_w(wu, W), moe_rows(xP, C), moe_rows(uP, Fm));
+    moe_gg_run(&gx, &g);
+    moe_act_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(aP, eg, eu, gP, uP, perm, 0, (int)S, Fm);
+    CU_LAUNCHED(c, "moe_act_kernel<fwd>");
+    g = moe_gg_shape(1, 0, C, -1, Fm, Fm, Fm, C, 0, 0.0f); /* eyP^T (C, cnt) = Wd_e^T' aP_e^T */
+    moe_gg_add(&g, moe_w(wd, W), moe_rows(aP, Fm), moe_rows(eyP, C));
+    moe_gg_run(&gx, &g);
+    moe_combine_cuda(c, out, res, ey, eyP, inv, topw, T, C, k);
+    free(hc);
+}
+
+void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
+                             const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
+                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
+    size_t S = (size_t)T * k, hb = moe_gg_bytes((int)S, E), n4 = (S * C * 4 + 255) & ~(size_t)255, W = (size_t)Fm * C;
+    size_t nF2 = (S * Fm * 2 + 255) & ~(size_t)255, nF4 = (S * Fm * 4 + 255) & ~(size_t)255;
+    char *scr = (char *)cu_scratch(c, hb + n4 + 3 * nF2 + nF4);
+    if (!scr) return;
+    /* R1 (S·C fp32): dyP | wdyP, then partP, then xP */
+    bf16 *dyP = (bf16 *)(scr + hb), *wdyP = dyP + S * C, *xP = dyP;
+    float *partP = (float *)(scr + hb);
+    bf16 *aP = (bf16 *)(scr + hb + n4), *dgP = (bf16 *)((char *)aP + nF2), *duP = (bf16 *)((char *)dgP + nF2);
+    float *daP = (float *)((char *)duP + nF2);
+    moe_dtopw_cuda(c, dtopw, dout, ey, (int)S, C, k);
+    moe_gg_ctx gx;
+    const int *perm;
+    int *inv, *hc = moe_gg_setup(c, topi, (int)S, E, scr, &gx, &perm, &inv);
+    if (!hc) return;
+    moe_gather(c, dyP, wdyP, dout, perm, topw, (int)S, C, k);
+    moe_act_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(aP, NULL, NULL, eg, eu, perm, 1, (int)S, Fm);
+    CU_LAUNCHED(c, "moe_act_kernel<bwd>");
+    moe_gg g = moe_gg_shape(0, 0, Fm, -1, C, Fm, C, Fm, 1, 0.0f); /* daP^T (Fm, cnt) = Wd_e-as-(Fm, C) dyP_e^T */
+    moe_gg_add(&g, moe_w(wd, W), moe_rows(dyP, C), moe_rows(daP, Fm));
+    moe_gg_run(&gx, &g);
+    moe_swiglu_bwd_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(dgP, duP, dg, du, daP, eg, eu, perm, topw,
+                                                                                 (int)S, Fm);
+    CU_LAUNCHED(c, "moe_swiglu_bwd_kernel");
+    if (dwd) { /* dWd_e^T (Fm, C) += aP_e^T (Fm, cnt) wdyP_e (cnt, C) */
+        g = moe_gg_shape(0, 1, Fm, C, -1, Fm, C, Fm, 1, 1.0f);
+        moe_gg_add(&g, moe_rows(aP, Fm), moe_rows(wdyP, C), moe_w(dwd, W));
+        moe_gg_run(&gx, &g);
+    }
+    for (int j = 0; j < 2; j++) { /* partP^T (C, cnt) = Wg_e-as-(C, Fm) dgP_e^T, then + Wu_e duP_e^T */
+        g = moe_gg_shape(0, 0, C, -1, Fm, C, Fm, C, 1, (float)j);
+        moe_gg_add(&g, moe_w(j ? wu : wg, W), moe_rows(j ? duP : dgP, Fm), moe_rows(partP, C));
+        moe_gg_run(&gx, &g);
+    }
+    moe_dx_cuda(c, dx, partP, inv, T, C, k);
+    if (dwg || dwu) { /* dWg_e^T (C, Fm) += xP_e^T (C, cnt) dgP_e (cnt, Fm); up alike */
+        moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);
+        g = moe_gg_shape(0, 1, C, Fm, -1, C, Fm, C, 1, 1.0f);
+        if (dwg) moe_gg_add(&g, moe_rows(xP, C), moe_rows(dgP, Fm), moe_w(dwg, W));
+        if (dwu) moe_gg_add(&g, moe_rows(xP, C), moe_rows(duP, Fm), moe_w(dwu, W));
+        moe_gg_run(&gx, &g);
+    }
+    free(hc);
+}

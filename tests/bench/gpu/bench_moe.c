@@ -1,0 +1,151 @@
+/* bench_moe.c — the MoE experts' GEMMs alone (kernels/moe.h) at Qwen3-30B-A3B dims (C=2048,
+ * Fm=768, E=128, top-8), each variant of kernels/tune.h's `moe` on the same routes:
+ *   training: moe_experts_fwd and moe_experts_bwd (every weight gradient) at T tokens, tiles vs
+ *             grouped; useful TFLOP/s (6·S·C·Fm forward, 12·S·C·Fm backward, S = T·k) beside a
+ *             dense cuBLASLt GEMM of the gate projection's shape (S×C by C×Fm): the ceiling;
+ *   decode:   moe_experts_fwd at T rows, tiles vs few; the routed experts' weight bytes (3·Fm·C·2
+ *             each touched expert) over the time, beside the device's copy bandwidth (read+write).
+ * Routes from the router op on random x and router weights (about uniform over the experts, as
+ * a random-weight model routes). Random bf16 inputs; host clock around a device sync, median of
+ * 5 after a warm-up (decode: of 20 calls, each on another layer's weights so that L2 holds none).
+ * Usage: bench_moe [T_train ...]   (default 9216 24576) */
+#include <cuda_runtime_api.h>
+
+#include "tests/gpu/gpu_check.h"
+
+enum { C = 2048, FM = 768, E = 128, K = 8, DEC_LAYERS = 8 };
+
+typedef struct {
+    eng_backend *be;
+    void *wg[DEC_LAYERS], *wu[DEC_LAYERS], *wd[DEC_LAYERS], *wr;
+} moe_w;
+
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof(double), gc_cmpd);
+    return t[n / 2];
+}
+
+/* routes of T random tokens: topi, topw on the device; touched = experts with a slot */
+static void routes(moe_w *w, int T, void **x, int **ti, float **tw, int *touched) {
+    eng_backend *be = w->be;
+    float *h = gc_rand((size_t)T * C, 1.0f, 100 + T);
+    *x = gc_act(be, h, (size_t)T * C);
+    free(h);
+    float *p = be->alloc(be, (size_t)T * E * 4);
+    *ti = be->alloc(be, (size_t)T * K * 4);
+    *tw = be->alloc(be, (size_t)T * K * 4);
+    be->moe_router_fwd(be, p, *ti, *tw, NULL, *x, w->wr, NULL, NULL, T, C, E, K, 1);
+    int *hi = (int *)gc_get_f32(be, *ti, (size_t)T * K), used[E] = {0};
+    *touched = 0;
+    for (int i = 0; i < T * K; i++) *touched += !used[hi[i]]++;
+    free(hi);
+    be->free(be, p);
+}
+
+static void bench_train(moe_w *w, int T) {
+    eng_backend *be = w->be;
+    size_t S = (size_t)T * K, nw = (size_t)E * FM * C;
+    void *x;
+    int *ti, touched;
+    float *tw;
+    routes(w, T, &x, &ti, &tw, &touched);
+    float *h = gc_rand((size_t)T * C, 1.0f, 7);
+    void *out = be->alloc(be, (size_t)T * C * 2), *dout = gc_act(be, h, (size_t)T * C), *dx = gc_act(be, h, (size_t)T * C);
+    free(h);
+    void *eg = be->alloc(be, S * FM * 2), *eu = be->alloc(be, S * FM * 2), *ey = be->alloc(be, S * C * 2);
+    void *dg = be->alloc(be, S * FM * 2), *du = be->alloc(be, S * FM * 2);
+    float *dtw = be->alloc(be, S * 4), *dwg = be->alloc(be, nw * 4), *dwu = be->alloc(be, nw * 4), *dwd = be->alloc(be, nw * 4);
+    if (!dwd || !dx || !ey) gc_die(be, "alloc");
+    double fl = 6.0 * S * C * FM;
+    static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED};
+    static const char *vn[] = {"tiles", "grouped"};
+    for (int v = 0; v < 2; v++) {
+        be->tune.moe = vs[v];
+        double tf[5], tb[5];
+        for (int i = 0; i < 6; i++) {
+            double t0 = gc_now();
+            be->moe_experts_fwd(be, out, eg, eu, ey, x, x, ti, tw, w->wg[0], w->wu[0], w->wd[0], T, C, E, K, FM, NULL);
+            if (be->sync(be)) gc_die(be, "fwd");
+            double t1 = gc_now();
+            be->moe_experts_bwd(be, dx, dwg, dwu, dwd, dtw, dg, du, dout, x, ti, tw, eg, eu, ey, w->wg[0], w->wu[0], w->wd[0], T,
+                                C, E, K, FM, NULL);
+            if (be->sync(be)) gc_die(be, "bwd");
+            if (i) tf[i - 1] = t1 - t0, tb[i - 1] = gc_now() - t1;
+        }
+        double f = median(tf, 5), b = median(tb, 5);
+        printf("moe experts T=%d (S=%zu, %d experts touched) %-8s fwd %8.2f ms %6.1f TFLOP/s   bwd %8.2f ms %6.1f TFLOP/s   "
+               "fwd+bwd %8.2f ms\n",
+               T, S, touched, vn[v], f * 1e3, fl / f / 1e12, b * 1e3, 2 * fl / b / 1e12, (f + b) * 1e3);
+    }
+    be->tune.moe = TUNE_MOE_AUTO;
+    /* the ceiling: one dense GEMM of the gate projection's shape, (S, C) x (C, Fm) */
+    double tg[5];
+    for (int i = 0; i < 6; i++) {
+        double t0 = gc_now();
+        be->matmul_fwd(be, ey, x, w->wg[0], NULL, (int)(S / 8), C, FM * 8); /* S/8 rows x 8 Fm outputs: same FLOPs */
+        if (be->sync(be)) gc_die(be, "dense");
+        if (i) tg[i - 1] = gc_now() - t0;
+    }
+    double g = median(tg, 5);
+    printf("dense cuBLASLt GEMM %zu x %d x %d (the ceiling): %.2f ms %.1f TFLOP/s\n", S / 8, FM * 8, C, g * 1e3,
+           2.0 * S * C * FM / g / 1e12);
+    void *bufs[] = {x, ti, tw, out, dout, dx, eg, eu, ey, dg, du, dtw, dwg, dwu, dwd};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
+static void bench_decode(moe_w *w, int T, double bw) {
+    eng_backend *be = w->be;
+    size_t S = (size_t)T * K;
+    void *x;
+    int *ti, touched;
+    float *tw;
+    routes(w, T, &x, &ti, &tw, &touched);
+    void *out = be->alloc(be, (size_t)T * C * 2), *eg = be->alloc(be, S * FM * 2), *eu = be->alloc(be, S * FM * 2);
+    void *ey = be->alloc(be, S * C * 2);
+    double bytes = (double)touched * 3 * FM * C * 2;
+    static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_FEW};
+    static const char *vn[] = {"tiles", "few"};
+    for (int v = 0; v < 2; v++) {
+        be->tune.moe = vs[v];
+        double t[20];
+        for (int i = 0; i < 21; i++) {
+            int l = i % DEC_LAYERS;
+            double t0 = gc_now();
+            be->moe_experts_fwd(be, out, eg, eu, ey, x, x, ti, tw, w->wg[l], w->wu[l], w->wd[l], T, C, E, K, FM, NULL);
+            if (be->sync(be)) gc_die(be, "decode");
+            if (i) t[i - 1] = gc_now() - t0;
+        }
+        double m = median(t, 20);
+        printf("moe decode T=%d (%d experts touched, %.0f MB) %-6s %7.1f us  %6.0f GB/s = %.2f of the copy bandwidth\n", T,
+               touched, bytes / 1e6, vn[v], m * 1e6, bytes / m / 1e9, bytes / m / bw);
+    }
+    be->tune.moe = TUNE_MOE_AUTO;
+    void *bufs[] = {x, ti, tw, out, eg, eu, ey};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->free(be, bufs[i]);
+}
+
+int main(int argc, char **argv) {
+    moe_w w;
+    if (backend_cuda_create(&w.be, 0)) gc_die(NULL, "backend_cuda_create");
+    size_t nw = (size_t)E * FM * C;
+    float *h = gc_rand(nw + 64, 0.02f, 1);
+    for (int l = 0; l < DEC_LAYERS; l++) {
+        w.wg[l] = gc_act(w.be, h + l, nw);
+        w.wu[l] = gc_act(w.be, h + 17 + l, nw);
+        w.wd[l] = gc_act(w.be, h + 33 + l, nw);
+    }
+    w.wr = gc_act(w.be, h + 50, (size_t)E * C);
+    free(h);
+    double bw = copy_bw();
+    printf("bench_moe: C=%d Fm=%d E=%d top-%d, copy bandwidth %.0f GB/s (read+write)\n", C, FM, E, K, bw / 1e9);
+    int dec[] = {16, 128};
+    for (int i = 0; i < 2; i++) bench_decode(&w, dec[i], bw);
+    if (argc > 1)
+        for (int i = 1; i < argc; i++) bench_train(&w, atoi(argv[i]));
+    else {
+        bench_train(&w, 9216);
+        bench_train(&w, 24576);
+    }
+    w.be->destroy(w.be);
+    return 0;
+}
