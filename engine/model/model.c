@@ -837,9 +837,11 @@ static void mlp_dense_fwd(const model *m, const model_views *w, model_acts *a, i
 }
 
 /* The shared expert (cfg.shared, kernels/moe_shared.h) on ln2: g, u = ln2 Ws^T, a = swiglu,
- * sy = a Wsd^T, sz = ln2 g^T; out += sigmoid(sz) sy. Its backward takes d out in a->dres and adds
- * d ln2 into a->dln, reusing the dense MLP's scratch (F is the shared expert's width). */
-static void shared_fwd_parts(const model *m, const model_layer_views *W, struct model_layer_acts *A, int T) {
+ * sy = a Wsd^T, sz = ln2 g^T; out += sigmoid(sz) sy (out NULL, a backward's recompute: g, u, sy,
+ * sz made, nothing added). Its backward takes d out in a->dres and adds d ln2 into a->dln; as the
+ * dense MLP's, it reads the kept g, u, sy, sz, recomputes only a (backward scratch, carve()), and
+ * reuses the dense MLP's scratch (F is the shared expert's width). */
+static void shared_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
     eng_backend *be = m->be;
     int C = m->cfg.C, F = m->cfg.F;
     be->matmul_fwd(be, A->g, A->ln2, W->ws_gate, NULL, T, C, F);
@@ -847,10 +849,7 @@ static void shared_fwd_parts(const model *m, const model_layer_views *W, struct 
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
     be->matmul_fwd(be, A->sy, A->a, W->ws_down, NULL, T, F, C);
     be->matmul_fwd(be, A->sz, A->ln2, W->ws_g, NULL, T, C, 1);
-}
-static void shared_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
-    shared_fwd_parts(m, W, A, T);
-    m->be->moe_shared_gate_fwd(m->be, out, A->sy, A->sz, T, m->cfg.C);
+    if (out) be->moe_shared_gate_fwd(be, out, A->sy, A->sz, T, C);
 }
 
 static void shared_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, struct model_layer_acts *A,
@@ -858,7 +857,7 @@ static void shared_bwd(const model *m, const model_layer_views *W, const model_l
     eng_backend *be = m->be;
     int C = m->cfg.C, F = m->cfg.F;
     size_t eb = (size_t)be->act_bytes;
-    shared_fwd_parts(m, W, A, T); /* recomputed: a forward may have stopped before it (out NULL) */
+    be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F); /* a is backward scratch (carve()): recomputed */
     be->moe_shared_gate_bwd(be, A->sy, A->sz, a->dres, T, C); /* sy := d sy, sz := d sz */
     be->zero(be, a->da, (size_t)T * F * eb);
     be->matmul_bwd(be, a->da, G->ws_down, NULL, A->sy, A->a, W->ws_down, T, F, C);
@@ -914,7 +913,7 @@ static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int
         be->moe_experts_fwd(be, out, A->eg, A->eu, A->ey, A->ln2, A->xm, A->topi, A->topw, W->we_gate, W->we_up, W->we_down, T, C,
                             c->E, c->top_k, c->Fm, lr.agu || lr.ad ? &lr : NULL);
     }
-    if (c->shared && out) shared_fwd(m, W, A, out, T);
+    if (c->shared) shared_fwd(m, W, A, out, T);
 }
 
 static void lora_bwd(const model *m, model_acts *a, const model_layer_views *W, const model_layer_views *G, int t, const void *dY,
