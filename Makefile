@@ -97,10 +97,11 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
-# Unit tests link the app and the engine; tests/unit/check.h is their harness.
+# Unit tests link the app and the engine; tests/unit/check.h is their harness; their scratch
+# files go under $(BUILD)/tmp (TEST_TMP), one folder a checkout and build.
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libapp.a $(BUILD)/libengine.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(filter %.c %.a,$^) $(APPLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -DTEST_TMP='"$(abspath $(BUILD))/tmp"' -o $@ $(filter %.c %.a,$^) $(APPLIBS) $(LDLIBS)
 
 deps:
 	@bash tools/deps.sh --test

@@ -9,6 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+/* TEST_TMP: the folder for a test's scratch files, BUILD/tmp (the Makefile passes it), so two
+ * checkouts running their tests on one machine at once never share a file; made at start. */
+#ifndef TEST_TMP
+#define TEST_TMP "/tmp"
+#endif
+__attribute__((constructor)) static void check_tmp_dir_(void) { mkdir(TEST_TMP, 0755); }
 
 static int check_failed_ = 0, check_cur_failed_ = 0;
 

@@ -468,7 +468,7 @@ TEST(two_processes) {
 
 /* ---------------------------------------------------------------- the engine over tcp */
 
-#define MODEL "/tmp/grpod_test_comm_tcp_model"
+#define MODEL TEST_TMP "/grpod_test_comm_tcp_model"
 #define NG 5
 static int V;
 static int P_[NG] = {5, 9, 3, 12, 7}, N_[NG] = {2, 3, 1, 4, 2};

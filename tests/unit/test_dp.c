@@ -37,8 +37,8 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 
-#define MODEL "/tmp/grpod_test_dp_model"
-#define CKPT "/tmp/grpod_test_dp_ckpt"
+#define MODEL TEST_TMP "/grpod_test_dp_model"
+#define CKPT TEST_TMP "/grpod_test_dp_ckpt"
 #define WMAX 4
 #define NG 7
 #define NCFG 5

@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "engine/engine.h"
 
-#define MODEL "/tmp/grpod_test_engine_model"
+#define MODEL TEST_TMP "/grpod_test_engine_model"
 
 static eng *open_default(void) { return default_engine(MODEL); }
 
@@ -136,8 +136,8 @@ TEST(update_moves_logprobs_by_advantage_and_checkpoint_reloads) {
     printf("  Δ sum logprob: good %+.3f bad %+.3f mid %+.3f; kl %.4f grad_norm %.3f\n", d[0], d[1], d[2], u.kl, u.grad_norm);
     CHECK_MSG(d[0] > 0.5 && d[1] < -0.5, "good moved %+.3f, bad %+.3f", d[0], d[1]);
     /* checkpoint, reopen from it: identical logprobs */
-    const char *ck = "/tmp/grpod_test_engine_ckpt";
-    CHECK(system("rm -rf /tmp/grpod_test_engine_ckpt") == 0);
+    const char *ck = TEST_TMP "/grpod_test_engine_ckpt";
+    CHECK(system("rm -rf " TEST_TMP "/grpod_test_engine_ckpt") == 0);
     CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
     eng *e2;
     eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu", .resume_dir = ck};
@@ -186,16 +186,16 @@ TEST(checkpoint_save_is_idempotent) {
     o.lr = 2e-3f;
     eng_update_result u;
     CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1 << 20, &u, NULL, NULL) == 0, "%s", err_msg());
-    const char *ck = "/tmp/grpod_test_engine_idem";
-    CHECK(system("rm -rf /tmp/grpod_test_engine_idem /tmp/grpod_test_engine_idem.tmp") == 0);
+    const char *ck = TEST_TMP "/grpod_test_engine_idem";
+    CHECK(system("rm -rf " TEST_TMP "/grpod_test_engine_idem " TEST_TMP "/grpod_test_engine_idem.tmp") == 0);
     CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
     CHECK(eng_checkpoint_matches(e, ck, 0) == 0);
-    long long m0 = file_mtime_ns("/tmp/grpod_test_engine_idem/manifest.json");
+    long long m0 = file_mtime_ns(TEST_TMP "/grpod_test_engine_idem/manifest.json");
     /* the same save again: kept, not rewritten */
     CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
-    CHECK(file_mtime_ns("/tmp/grpod_test_engine_idem/manifest.json") == m0);
+    CHECK(file_mtime_ns(TEST_TMP "/grpod_test_engine_idem/manifest.json") == m0);
     /* damaged (a flipped byte in the weights): replaced by a whole one */
-    FILE *f = fopen("/tmp/grpod_test_engine_idem/model.safetensors", "r+b");
+    FILE *f = fopen(TEST_TMP "/grpod_test_engine_idem/model.safetensors", "r+b");
     CHECK(f);
     fseek(f, -7, SEEK_END);
     int c = fgetc(f);
@@ -210,7 +210,7 @@ TEST(checkpoint_save_is_idempotent) {
     CHECK_EQ_INT(eng_checkpoint_matches(e, ck, 0), GE_CONFLICT);
     CHECK_MSG(eng_checkpoint_save(e, ck) == 0, "%s", err_msg());
     CHECK(eng_checkpoint_matches(e, ck, 0) == 0);
-    CHECK(access("/tmp/grpod_test_engine_idem.tmp", F_OK) != 0);
+    CHECK(access(TEST_TMP "/grpod_test_engine_idem.tmp", F_OK) != 0);
     eng *e2;
     eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu", .resume_dir = ck};
     CHECK_MSG(eng_open(&oo, &e2) == 0, "%s", err_msg());
@@ -219,7 +219,7 @@ TEST(checkpoint_save_is_idempotent) {
     CHECK_EQ_INT(i2.policy_version, 2);
     eng_close(e2);
     eng_close(e);
-    CHECK(system("rm -rf /tmp/grpod_test_engine_idem") == 0);
+    CHECK(system("rm -rf " TEST_TMP "/grpod_test_engine_idem") == 0);
 }
 
 TEST(group_over_budget_is_a_clear_error) {

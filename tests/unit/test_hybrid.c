@@ -231,7 +231,7 @@ TEST(hybrid_checkpoint_round_trip) {
     for (int mi = 0; mi < 3; mi++) {
         char src[256], cmd[512], dir[64];
         snprintf(src, sizeof src, FIX "/%s", models[mi]);
-        snprintf(dir, sizeof dir, "/tmp/grpod_test_hybrid_ckpt.%d", (int)getpid()); /* runs beside another's */
+        snprintf(dir, sizeof dir, TEST_TMP "/grpod_test_hybrid_ckpt.%d", (int)getpid()); /* runs beside another's */
         snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
         CHECK(system(cmd) == 0);
         loaded x;

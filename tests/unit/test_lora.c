@@ -226,7 +226,7 @@ TEST(targets_parse) {
 TEST(peft_files_round_trip) {
     fixture f;
     CHECK(fixture_make(&f, ARCH_QWEN3, 1u << LORA_Q | 1u << LORA_UP, 4, 500) == 0);
-    char dir[] = "/tmp/grpod_lora_XXXXXX";
+    char dir[] = TEST_TMP "/grpod_lora_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     CHECK(lora_save_peft(&f.m, dir, f.lw, "base/dir") == 0);
     int r;

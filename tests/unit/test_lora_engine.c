@@ -12,9 +12,9 @@
 #include "engine/train/train_testing.h"
 #include "common/err.h"
 
-#define MODEL "/tmp/grpod_test_lora_model"
-#define CKPT "/tmp/grpod_test_lora_ckpt"
-#define MERGED "/tmp/grpod_test_lora_merged"
+#define MODEL TEST_TMP "/grpod_test_lora_model"
+#define CKPT TEST_TMP "/grpod_test_lora_ckpt"
+#define MERGED TEST_TMP "/grpod_test_lora_merged"
 
 static eng *open_with(int rank, const char *resume, const char *init) {
     if (eng_ensure_default_model(MODEL)) {

@@ -26,7 +26,7 @@
 
 #define BASE "tests/fixtures/data/qwen3_moe"
 #define ADAPTER "tests/fixtures/data/qwen3_moe_lora"
-#define OUTDIR "/tmp/grpod_test_lora_moe"
+#define OUTDIR TEST_TMP "/grpod_test_lora_moe"
 
 typedef struct {
     eng_backend *be;

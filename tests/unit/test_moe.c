@@ -233,7 +233,7 @@ TEST(moe_packed_equals_standard) {
  * standard layout): one micro-batch, so transformers' loss over the batch. With LoRA the model
  * opens on the cpu backend. */
 TEST(moe_update_adds_the_balance_loss) {
-    const char *dir = "/tmp/grpod_test_moe_noaux";
+    const char *dir = TEST_TMP "/grpod_test_moe_noaux";
     char cmd[512];
     snprintf(cmd, sizeof cmd,
              "rm -rf %s && cp -r " FIX
@@ -450,7 +450,7 @@ TEST(moe_config_round_trip) {
     CHECK_MSG(config_load(FIX "/qwen3_moe_step2", &c) == 0, "%s", err_msg());
     CHECK(c.E == 8 && c.top_k == 2 && c.Fm == 48 && !c.norm_topk && c.L == 4);
     CHECK(c.mlp[0] == MLP_DENSE && c.mlp[1] == MLP_MOE && c.mlp[2] == MLP_DENSE && c.mlp[3] == MLP_MOE);
-    const char *dir = "/tmp/grpod_test_moe_cfg";
+    const char *dir = TEST_TMP "/grpod_test_moe_cfg";
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
     CHECK(system(cmd) == 0);

@@ -407,7 +407,7 @@ TEST(checkpoint_gathers_and_loads_on_any_w) {
     ck_ranks(4, &full, w, NULL, whole, 0, &same);
     int gathered = same_params(&full, whole, w);
     char dir[128];
-    snprintf(dir, sizeof dir, "/tmp/grpod_test_moe_ep_%d", (int)getpid());
+    snprintf(dir, sizeof dir, TEST_TMP "/grpod_test_moe_ep_%d", (int)getpid());
     mkdir(dir, 0700);
     CHECK_MSG(model_save_host(&full, dir, whole, 0) == 0, "%s", err_msg());
     ck_ranks(2, &full, w, dir, NULL, 0, &same);

@@ -21,8 +21,8 @@
 #include "common/bf16.h"
 #include "kernels/adamw.h"
 
-#define MODEL "/tmp/grpod_test_offload_model"
-#define CK "/tmp/grpod_test_offload_ck"
+#define MODEL TEST_TMP "/grpod_test_offload_model"
+#define CK TEST_TMP "/grpod_test_offload_ck"
 
 static uint64_t rng = 88172645463325252ULL;
 static float frand(float scale) { /* xorshift, uniform in [-scale, scale) */

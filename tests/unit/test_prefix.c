@@ -11,7 +11,7 @@
 #include "common/err.h"
 #include "engine/engine.h"
 
-#define MODEL "/tmp/grpod_test_prefix_model"
+#define MODEL TEST_TMP "/grpod_test_prefix_model"
 
 static eng *open_default(void) { return default_engine(MODEL); }
 

@@ -177,7 +177,7 @@ TEST(gradients_match_autograd) {
 /* A corrupt or truncated checkpoint is one clear error, never a crash. */
 TEST(corrupt_safetensors_are_errors) {
     char cmd[512];
-    const char *tmp = "/tmp/grpod_test_corrupt";
+    const char *tmp = TEST_TMP "/grpod_test_corrupt";
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s && cp " FIX "/qwen3/config.json %s/", tmp, tmp, tmp);
     CHECK(system(cmd) == 0);
     FILE *src = fopen(FIX "/qwen3/model.safetensors", "rb");

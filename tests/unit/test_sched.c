@@ -12,7 +12,7 @@
 #include "engine/engine.h"
 #include "engine/model/kvpool.h"
 
-#define MODEL "/tmp/grpod_test_sched_model"
+#define MODEL TEST_TMP "/grpod_test_sched_model"
 
 static eng *open_default(void) { return default_engine(MODEL); }
 

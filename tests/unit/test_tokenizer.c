@@ -212,17 +212,17 @@ TEST(unsupported_refused) {
     CHECK_EQ_INT(rc, GE_UNSUPPORTED);
     CHECK_MSG(strstr(err_msg(), "not one of the supported regexes"), "message: %s", err_msg());
     /* and from a directory on disk, as tok_load reads it */
-    FILE *f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w");
+    FILE *f = fopen(TEST_TMP "/grpod_test_tok_wp/tokenizer.json", "w");
     if (!f) {
-        CHECK(system("mkdir -p /tmp/grpod_test_tok_wp") == 0);
-        f = fopen("/tmp/grpod_test_tok_wp/tokenizer.json", "w");
+        CHECK(system("mkdir -p " TEST_TMP "/grpod_test_tok_wp") == 0);
+        f = fopen(TEST_TMP "/grpod_test_tok_wp/tokenizer.json", "w");
     }
     CHECK(f);
     fputs(wp, f);
     fclose(f);
     tok *t = NULL;
-    CHECK_EQ_INT(tok_load("/tmp/grpod_test_tok_wp", &t), GE_UNSUPPORTED);
-    CHECK_MSG(strstr(err_msg(), "WordPiece") && strstr(err_msg(), "/tmp/grpod_test_tok_wp"), "message: %s", err_msg());
+    CHECK_EQ_INT(tok_load(TEST_TMP "/grpod_test_tok_wp", &t), GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "WordPiece") && strstr(err_msg(), TEST_TMP "/grpod_test_tok_wp"), "message: %s", err_msg());
 }
 
 /* Issue 20: a vocab key or merge over 64 KiB overflowed a fixed scratch buffer at load, and a

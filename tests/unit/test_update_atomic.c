@@ -17,7 +17,7 @@
 #include "engine/engine.h"
 #include "common/err.h"
 
-#define MODEL "/tmp/grpod_test_atomic_model"
+#define MODEL TEST_TMP "/grpod_test_atomic_model"
 
 static eng *open_snap(int threads, const char *snapshot) {
     if (eng_ensure_default_model(MODEL)) {

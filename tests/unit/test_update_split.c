@@ -17,7 +17,7 @@
 #include "engine/engine.h"
 #include "common/err.h"
 
-#define MODEL "/tmp/grpod_test_split_model"
+#define MODEL TEST_TMP "/grpod_test_split_model"
 
 static eng *open_default(void) { return default_engine(MODEL); }
 
