@@ -47,17 +47,24 @@ static int get_real(const js *o, const char *key, const char *path, double dflt,
     return 0;
 }
 
-/* qwen3_moe's experts (Qwen3MoeConfig's defaults for absent keys) and which layers are sparse. */
-static int moe_from_json(const js *r, const char *path, model_config *c) {
+/* The defaults of absent MoE keys: num_experts, num_experts_per_tok, moe_intermediate_size,
+ * norm_topk_prob, as each model's transformers config has them. */
+typedef struct {
+    int E, k, Fm, norm;
+} moe_defaults;
+static const moe_defaults QWEN3_MOE = {128, 8, 768, 0}, QWEN3_NEXT = {512, 10, 512, 1};
+
+/* The experts (dflt for absent keys) and which layers are sparse. */
+static int moe_from_json(const js *r, const char *path, const moe_defaults *dflt, model_config *c) {
     int rc, step;
     /* transformers 5 writes num_local_experts (its attribute_map's name); Hub configs num_experts */
     const char *ne = js_get(r, "num_experts") || !js_get(r, "num_local_experts") ? "num_experts" : "num_local_experts";
-    if ((rc = get_int(r, ne, path, 128, 0, CFG_MAX_EXPERTS, &c->E)) ||
-        (rc = get_int(r, "num_experts_per_tok", path, 8, 1, c->E > 0 ? c->E : 1, &c->top_k)) ||
-        (rc = get_int(r, "moe_intermediate_size", path, 768, 1, CFG_MAX_FF, &c->Fm)) ||
+    if ((rc = get_int(r, ne, path, dflt->E, 0, CFG_MAX_EXPERTS, &c->E)) ||
+        (rc = get_int(r, "num_experts_per_tok", path, dflt->k, 1, c->E > 0 ? c->E : 1, &c->top_k)) ||
+        (rc = get_int(r, "moe_intermediate_size", path, dflt->Fm, 1, CFG_MAX_FF, &c->Fm)) ||
         (rc = get_int(r, "decoder_sparse_step", path, 1, 1, CFG_MAX_LAYERS, &step)))
         return rc;
-    c->norm_topk = js_get_bool(r, "norm_topk_prob", 0);
+    c->norm_topk = js_get_bool(r, "norm_topk_prob", dflt->norm);
     c->router_logits = js_get_bool(r, "output_router_logits", 0);
     const js *coef = js_get(r, "router_aux_loss_coef");
     double v = coef && coef->type != JS_NULL ? js_num(coef, NAN) : 0.001;
@@ -81,13 +88,29 @@ static int moe_from_json(const js *r, const char *path, model_config *c) {
  * and a shared expert of width shared_expert_intermediate_size (kept as F: no layer is dense). */
 static int shared_moe_from_json(const js *r, const char *path, model_config *c) {
     int rc;
-    if ((rc = moe_from_json(r, path, c)) || (rc = get_int(r, "shared_expert_intermediate_size", path, 512, 1, CFG_MAX_FF, &c->F)))
+    if ((rc = moe_from_json(r, path, &QWEN3_MOE, c)) ||
+        (rc = get_int(r, "shared_expert_intermediate_size", path, 512, 1, CFG_MAX_FF, &c->F)))
         return rc;
     if (config_n_moe(c) != c->L) return err_set(GE_FORMAT, "%s: qwen3_5_moe has no dense layers (num_experts > 0)", path);
     c->norm_topk = 1;
     c->shared = 1;
     return 0;
 }
+
+/* qwen3_next (Qwen3NextConfig): dense and sparse layers as qwen3_moe decides them, a shared expert
+ * of its own width in the sparse ones; the DeltaNet's fused projections. */
+static int next_moe_from_json(const js *r, const char *path, model_config *c) {
+    int rc;
+    if ((rc = moe_from_json(r, path, &QWEN3_NEXT, c)) ||
+        (rc = get_int(r, "shared_expert_intermediate_size", path, 512, 1, CFG_MAX_FF, &c->Fs)))
+        return rc;
+    c->shared = c->E > 0;
+    if (!c->shared) c->Fs = 0;
+    c->dn_fused = 1;
+    return 0;
+}
+
+int config_shared_ff(const model_config *c) { return c->Fs ? c->Fs : c->F; }
 
 int config_n_moe(const model_config *c) {
     int n = 0;
@@ -164,11 +187,11 @@ int config_from_json(const js *r, const char *path, model_config *c) {
     else if (!strcmp(mt, "qwen3")) c->arch = ARCH_QWEN3;
     else if (!strcmp(mt, "llama")) c->arch = ARCH_LLAMA;
     else if (!strcmp(mt, "qwen3_moe")) c->arch = ARCH_QWEN3_MOE;
-    else if (!strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe_text")) c->arch = ARCH_QWEN3_5;
+    else if (!strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe_text") || !strcmp(mt, "qwen3_next")) c->arch = ARCH_QWEN3_5;
     else {
         rc = err_set(GE_UNSUPPORTED,
                      "%s: unsupported architecture \"%s\" (grpod supports qwen2, qwen3, qwen3_moe, qwen3_5_text, qwen3_5, "
-                     "qwen3_5_moe_text, qwen3_5_moe, llama)",
+                     "qwen3_5_moe_text, qwen3_5_moe, qwen3_next, llama)",
                      path, mt);
         goto out;
     }
@@ -201,9 +224,10 @@ int config_from_json(const js *r, const char *path, model_config *c) {
         rc = err_set(GE_FORMAT, "%s: head_dim %d must be even", path, c->D);
         goto out;
     }
-    if (c->arch == ARCH_QWEN3_MOE && (rc = moe_from_json(r, path, c))) goto out;
+    if (c->arch == ARCH_QWEN3_MOE && (rc = moe_from_json(r, path, &QWEN3_MOE, c))) goto out;
     if (c->arch == ARCH_QWEN3_5 && (rc = hybrid_from_json(r, path, c))) goto out;
     if (moe5 && (rc = shared_moe_from_json(r, path, c))) goto out;
+    if (!strcmp(mt, "qwen3_next") && (rc = next_moe_from_json(r, path, c))) goto out;
     const char *act = js_get_str(r, "hidden_act");
     if (act && strcmp(act, "silu")) {
         rc = err_set(GE_UNSUPPORTED, "%s: hidden_act \"%s\" (only silu)", path, act);
@@ -290,7 +314,7 @@ long long config_n_params(const model_config *c) {
     if (c->o_bias) layer += C;
     if (c->qk_norm) layer += 2 * c->D;
     if (c->arch == ARCH_QWEN3_5) layer += HD * C; /* the gate half of q_proj */
-    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm + (c->shared ? 3 * C * F + C : 0);
+    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm + (c->shared ? 3 * C * config_shared_ff(c) + C : 0);
     long long n_lin = config_n_linear(c), KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv;
     long long lin = 2 * C + (2 * KL + VL) * (C + c->conv_k) + 2 * VL * C + 2LL * c->lin_hv * (C + 1) + c->lin_dv;
     return (long long)c->V * C * (c->tied ? 1 : 2) + C + (c->L - n_lin) * layer + n_lin * lin + (c->L - n_moe) * 3 * C * F +
@@ -300,7 +324,9 @@ long long config_n_params(const model_config *c) {
 int config_write(const char *dir, const model_config *c) {
     static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
                                        "Qwen3_5ForCausalLM"};
-    const char *cls = c->shared ? "Qwen3_5MoeForCausalLM" : arch_class[c->arch];
+    const char *cls = !strcmp(c->arch_name, "qwen3_next") ? "Qwen3NextForCausalLM"
+        : c->shared                                  ? "Qwen3_5MoeForCausalLM"
+                                                     : arch_class[c->arch];
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -318,14 +344,14 @@ int config_write(const char *dir, const model_config *c) {
                 "\"high_freq_factor\": %g, \"original_max_position_embeddings\": %d},\n",
                 c->rope_factor, c->rope_low, c->rope_high, c->rope_orig_max);
     else fprintf(f, "  \"rope_scaling\": null,\n");
-    if (c->shared) fprintf(f, "  \"shared_expert_intermediate_size\": %d,\n", c->F);
+    if (c->shared) fprintf(f, "  \"shared_expert_intermediate_size\": %d,\n", config_shared_ff(c));
     if (c->E > 0) {
         fprintf(f, "  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n", c->E, c->top_k,
                 c->Fm);
         fprintf(f, "  \"output_router_logits\": %s,\n  \"router_aux_loss_coef\": %.9g,\n", c->router_logits ? "true" : "false",
                 c->aux_coef);
     }
-    if (c->arch == ARCH_QWEN3_MOE) { /* which layers are sparse, as mlp_only_layers over a step of 1 */
+    if (c->arch == ARCH_QWEN3_MOE || c->dn_fused) { /* which layers are sparse, as mlp_only_layers over a step of 1 */
         fprintf(f, "  \"norm_topk_prob\": %s,\n", c->norm_topk ? "true" : "false");
         fprintf(f, "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [");
         for (int l = 0, k = 0; l < c->L; l++)

@@ -2,7 +2,8 @@
  * Qwen3 dense (q/k RMSNorm), Qwen3-MoE (Qwen3's attention, a mixture-of-experts MLP in the
  * layers transformers makes sparse), Qwen3.5 text (qwen3_5_text, or the text_config of a
  * qwen3_5 vision-language checkpoint: gated DeltaNet and gated full-attention layers as
- * layer_types says), Llama 3 (rope_scaling type llama3). Anything else is refused with a
+ * layer_types says), Qwen3-Next (qwen3_next: Qwen3.5's layers, the DeltaNet's projections fused
+ * per key head, dense and MoE MLPs mixed, a shared expert in the MoE ones), Llama 3 (rope_scaling type llama3). Anything else is refused with a
  * message naming the file and the setting. */
 #ifndef GRPOD_CONFIG_H
 #define GRPOD_CONFIG_H
@@ -54,8 +55,9 @@ typedef struct {
     int E, top_k; /* num_experts, num_experts_per_tok */
     int Fm; /* moe_intermediate_size: each expert's MLP dim */
     int norm_topk; /* norm_topk_prob: the top-k routing weights renormalised to sum 1 */
-    int shared; /* a shared expert beside the routed ones (qwen3_5_moe): a SwiGLU of width F on
-                 * every token (shared_expert_intermediate_size), scaled by sigmoid(x·g) */
+    int shared; /* a shared expert beside the routed ones (qwen3_5_moe, qwen3_next): a SwiGLU of
+                 * width config_shared_ff on every token, scaled by sigmoid(x·g) */
+    int Fs; /* shared_expert_intermediate_size (0: F; qwen3_5_moe keeps it as F, no layer is dense) */
     int router_logits; /* output_router_logits: the balance loss joins the training loss */
     float aux_coef; /* router_aux_loss_coef, its weight there */
     unsigned char mlp[CFG_MAX_LAYERS]; /* (L) mlp_kind of each layer */
@@ -66,12 +68,16 @@ typedef struct {
     int gain1;
     int lin_hk, lin_hv, lin_dk, lin_dv; /* linear_num_key_heads, _value_heads, linear_key/value_head_dim */
     int conv_k; /* linear_conv_kernel_dim */
+    int dn_fused; /* qwen3_next: the DeltaNet's in_proj_qkvz and in_proj_ba, rows interleaved per key
+                   * head on disk, held as Qwen3.5's [q; k; v; z] and [b; a] (model.h, rows) */
     int vision; /* config.json was a qwen3_5 vision-language one: its tensors are model.language_model.* */
     unsigned char attn[CFG_MAX_LAYERS]; /* (L) attn_kind of each layer */
 } model_config;
 
 /* Layers whose MLP is MLP_MOE. */
 int config_n_moe(const model_config *c);
+/* The shared expert's width (cfg.shared). */
+int config_shared_ff(const model_config *c);
 /* Layers whose attention is ATTN_DELTANET (any: the model needs the hybrid ops). */
 int config_n_linear(const model_config *c);
 

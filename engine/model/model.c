@@ -39,6 +39,7 @@ static void add_param_at(model *m, const char *name, int ndim, long long d0, lon
     p->shape[1] = d1;
     p->shape[2] = 0;
     p->gain1 = 0;
+    p->rows = PARAM_ROWS_SAME;
     p->numel = ndim == 1 ? d0 : d0 * d1;
     p->off = m->n_elems;
     m->n_elems += pad ? (p->numel + 15) & ~15LL : p->numel;
@@ -71,9 +72,10 @@ static void add_shared(model *m, int l) {
     const model_config *c = &m->cfg;
     static const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
     char n[96];
-    for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width F) and its gate */
+    long long Fs = config_shared_ff(c);
+    for (int j = 0; c->shared && j < 3; j++) { /* the shared expert (width Fs) and its gate */
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert.%s.weight", l, proj[j]);
-        add_param(m, n, 2, j < 2 ? c->F : c->C, j < 2 ? c->C : c->F);
+        add_param(m, n, 2, j < 2 ? Fs : c->C, j < 2 ? c->C : Fs);
     }
     if (c->shared) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert_gate.weight", l);
@@ -87,10 +89,17 @@ static void add_lin_params(model *m, int l) {
     long long C = c->C, KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv, Cc = 2 * KL + VL;
     char n[96];
 #define P(suffix, nd, a, b) (snprintf(n, sizeof n, "model.layers.%d.linear_attn.%s", l, suffix), add_param(m, n, nd, a, b))
-    P("in_proj_qkv.weight", 2, Cc, C);
-    P("in_proj_z.weight", 2, VL, C);
-    P("in_proj_b.weight", 2, c->lin_hv, C);
-    P("in_proj_a.weight", 2, c->lin_hv, C);
+    if (c->dn_fused) { /* qwen3_next: [q; k; v; z] and [b; a] in the buffers (model.h) */
+        P("in_proj_qkvz.weight", 2, Cc + VL, C);
+        m->params[m->n_params - 1].rows = PARAM_ROWS_QKVZ;
+        P("in_proj_ba.weight", 2, 2LL * c->lin_hv, C);
+        m->params[m->n_params - 1].rows = PARAM_ROWS_BA;
+    } else {
+        P("in_proj_qkv.weight", 2, Cc, C);
+        P("in_proj_z.weight", 2, VL, C);
+        P("in_proj_b.weight", 2, c->lin_hv, C);
+        P("in_proj_a.weight", 2, c->lin_hv, C);
+    }
     P("conv1d.weight", 2, Cc, c->conv_k);
     m->params[m->n_params - 1].ndim = 3; /* (Cc, 1, Kc) on disk, (Cc, Kc) in memory */
     m->params[m->n_params - 1].shape[1] = 1;
@@ -237,6 +246,13 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v) {
         L->dn_z = V("linear_attn.in_proj_z.weight");
         L->dn_b = V("linear_attn.in_proj_b.weight");
         L->dn_a = V("linear_attn.in_proj_a.weight");
+        if (c->dn_fused && c->attn[l] == ATTN_DELTANET) { /* the fused rows split as Qwen3.5's */
+            size_t Cc = 2 * (size_t)c->lin_hk * c->lin_dk + (size_t)c->lin_hv * c->lin_dv;
+            L->dn_qkv = V("linear_attn.in_proj_qkvz.weight");
+            L->dn_z = (char *)L->dn_qkv + Cc * (size_t)c->C * esize;
+            L->dn_b = V("linear_attn.in_proj_ba.weight");
+            L->dn_a = (char *)L->dn_b + (size_t)c->lin_hv * (size_t)c->C * esize;
+        }
         L->dn_conv = V("linear_attn.conv1d.weight");
         L->dn_dt = V("linear_attn.dt_bias");
         L->dn_alog = V("linear_attn.A_log");
@@ -281,6 +297,34 @@ int model_check_files(const model *m, const char *dir) {
     return rc;
 }
 
+/* The buffers' row of the checkpoint's row r of a fused qwen3_next projection (model.h): key head
+ * g's group on disk holds q_g (Dk rows), k_g (Dk), v_g (n·Dv), z_g (n·Dv), or b_g (n), a_g (n),
+ * n = value heads per key head; the buffers hold all q, all k, all v, all z (all b, all a). */
+static long long fused_row(const model_config *c, int kind, long long r) {
+    long long Dk = c->lin_dk, n = c->lin_hv / c->lin_hk, Dv = c->lin_dv, KL = c->lin_hk * Dk, VL = (long long)c->lin_hv * Dv;
+    if (kind == PARAM_ROWS_BA) {
+        long long g = r / (2 * n), o = r % (2 * n);
+        return o < n ? g * n + o : c->lin_hv + g * n + (o - n);
+    }
+    long long w = 2 * Dk + 2 * n * Dv, g = r / w, o = r % w;
+    if (o < Dk) return g * Dk + o;
+    if (o < 2 * Dk) return KL + g * Dk + (o - Dk);
+    if (o < 2 * Dk + n * Dv) return 2 * KL + g * n * Dv + (o - 2 * Dk);
+    return 2 * KL + VL + g * n * Dv + (o - 2 * Dk - n * Dv);
+}
+
+void model_param_reorder(const model *m, const model_param *p, const float *src, float *dst, int to_file) {
+    if (p->rows == PARAM_ROWS_SAME) {
+        memcpy(dst, src, (size_t)p->numel * sizeof(float));
+        return;
+    }
+    size_t cols = (size_t)p->shape[1];
+    for (long long r = 0; r < p->shape[0]; r++) {
+        long long b = fused_row(&m->cfg, p->rows, r);
+        memcpy(dst + (size_t)(to_file ? r : b) * cols, src + (size_t)(to_file ? b : r) * cols, cols * sizeof(float));
+    }
+}
+
 /* One pass over a converted tensor: NaN or Inf in weights makes every logprob -1e30 later. */
 static int check_finite(const float *x, long long n, const char *dir, const char *name) {
     long long bad = 0, first = -1;
@@ -299,6 +343,13 @@ static int read_param(const model *m, const model_param *p, const st_set *s, con
     if (!t) return missing_tensor(p, s, dir);
     int rc = st_read_f32(t, dst, p->ndim, p->shape);
     if (rc || (rc = check_finite(dst, p->numel, dir, p->name))) return rc;
+    if (p->rows != PARAM_ROWS_SAME) { /* the checkpoint's row order into the buffers' */
+        float *tmp = malloc((size_t)p->numel * sizeof(float));
+        if (!tmp) return err_set(GE_NOMEM, "model: out of memory");
+        memcpy(tmp, dst, (size_t)p->numel * sizeof(float));
+        model_param_reorder(m, p, tmp, dst, 0);
+        free(tmp);
+    }
     for (long long i = 0; p->gain1 && i < p->numel; i++) dst[i] += 1.0f;
     return 0;
 }
@@ -340,7 +391,8 @@ int model_load_act(const model *m, const char *dir, void *dst) {
 
 int model_save_host(const model *m, const char *dir, const float *host, int bf16) {
     st_out *o = calloc((size_t)m->n_params, sizeof *o);
-    float **back = calloc((size_t)m->n_params, sizeof *back); /* zero-centred norms written back as w = gain - 1 */
+    /* zero-centred norms written back as w = gain - 1, fused projections in the checkpoint's rows */
+    float **back = calloc((size_t)m->n_params, sizeof *back);
     int rc = o && back ? 0 : err_set(GE_NOMEM, "model: out of memory");
     for (int i = 0; i < m->n_params && !rc; i++) {
         const model_param *p = &m->params[i];
@@ -348,6 +400,10 @@ int model_save_host(const model *m, const char *dir, const float *host, int bf16
         if (p->gain1) {
             if (!(back[i] = malloc((size_t)p->numel * sizeof(float)))) rc = err_set(GE_NOMEM, "model: out of memory");
             for (long long j = 0; !rc && j < p->numel; j++) back[i][j] = d[j] - 1.0f;
+            d = back[i];
+        } else if (p->rows != PARAM_ROWS_SAME) {
+            if (!(back[i] = malloc((size_t)p->numel * sizeof(float)))) rc = err_set(GE_NOMEM, "model: out of memory");
+            else model_param_reorder(m, p, d, back[i], 1);
             d = back[i];
         }
         o[i] = (st_out){.name = p->name, .data = d, .ndim = p->ndim, .shape = {p->shape[0], p->shape[1], p->shape[2]}};
@@ -374,6 +430,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     const model_config *c = &m->cfg;
     size_t off = 0, eb = (size_t)m->be->act_bytes;
     long long T = a->cap_T, M = a->cap_M, C = c->C, HD = (long long)c->H * c->D, KD = (long long)c->K * c->D, F = c->F;
+    if (c->shared && config_shared_ff(c) > F) F = config_shared_ff(c); /* its g, u, a and scratch are the dense MLP's */
     /* every layer's block holds what each MLP kind in the model needs, so blocks are alike
      * (ring, the checkpointed layers' shared set) */
     long long E = c->E, k = c->top_k, Fm = c->Fm;
@@ -840,10 +897,10 @@ static void mlp_dense_fwd(const model *m, const model_views *w, model_acts *a, i
  * sy = a Wsd^T, sz = ln2 g^T; out += sigmoid(sz) sy (out NULL, a backward's recompute: g, u, sy,
  * sz made, nothing added). Its backward takes d out in a->dres and adds d ln2 into a->dln; as the
  * dense MLP's, it reads the kept g, u, sy, sz, recomputes only a (backward scratch, carve()), and
- * reuses the dense MLP's scratch (F is the shared expert's width). */
+ * reuses the dense MLP's scratch (carve() sizes it for the wider of the two). */
 static void shared_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
     eng_backend *be = m->be;
-    int C = m->cfg.C, F = m->cfg.F;
+    int C = m->cfg.C, F = config_shared_ff(&m->cfg);
     be->matmul_fwd(be, A->g, A->ln2, W->ws_gate, NULL, T, C, F);
     be->matmul_fwd(be, A->u, A->ln2, W->ws_up, NULL, T, C, F);
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F);
@@ -855,7 +912,7 @@ static void shared_fwd(const model *m, const model_layer_views *W, struct model_
 static void shared_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, struct model_layer_acts *A,
                        model_acts *a, int T) {
     eng_backend *be = m->be;
-    int C = m->cfg.C, F = m->cfg.F;
+    int C = m->cfg.C, F = config_shared_ff(&m->cfg);
     size_t eb = (size_t)be->act_bytes;
     be->swiglu_fwd(be, A->a, A->g, A->u, (long long)T * F); /* a is backward scratch (carve()): recomputed */
     be->moe_shared_gate_bwd(be, A->sy, A->sz, a->dres, T, C); /* sy := d sy, sz := d sz */

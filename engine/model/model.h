@@ -19,7 +19,12 @@
  * held as the gain 1 + w in every buffer and written back as w (model_param.gain1): the same
  * kernels run, and the gradient with respect to the gain is the gradient with respect to w.
  * (In fp32 the gain keeps w to 2^-24 absolute; a bf16 copy of it would keep w only to 2^-8
- * absolute, so a CUDA port applies the offset in its norm kernels rather than in the weights.) */
+ * absolute, so a CUDA port applies the offset in its norm kernels rather than in the weights.)
+ * Qwen3-Next's fused DeltaNet projections (cfg.dn_fused) are one parameter each, in_proj_qkvz
+ * and in_proj_ba, whose rows the checkpoint interleaves per key head ([q_g; k_g; v_g; z_g] for
+ * each key head g, [b_g; a_g]); every buffer holds them as Qwen3.5's [q; k; v; z] and [b; a]
+ * (model_param.rows), so the views split them into Qwen3.5's four projections and the layer
+ * runs Qwen3.5's ops; loading and saving (and a test reading HF-named gradients) reorder. */
 #ifndef GRPOD_MODEL_H
 #define GRPOD_MODEL_H
 #include <stddef.h>
@@ -34,7 +39,9 @@ typedef struct {
     long long shape[3];
     long long off, numel; /* elements into the flat buffer */
     int gain1; /* a zero-centred RMSNorm weight (config gain1): held as 1 + the checkpoint's value */
+    int rows; /* PARAM_ROWS_*: the checkpoint orders its rows otherwise than the buffers */
 } model_param;
+enum { PARAM_ROWS_SAME, PARAM_ROWS_QKVZ, PARAM_ROWS_BA };
 
 /* LoRA targets (engine/model/lora.h): the seven projections an adapter can ride on; in a MoE
  * layer gate+up and down are the experts' two adapters (PEFT's gate_up_proj and down_proj). */
@@ -128,6 +135,9 @@ int model_views_make(const model *m, void *base, size_t esize, model_views *v);
 void model_views_free(model_views *v);
 /* 0 when dir's safetensors hold every parameter with its shape (nothing is read or allocated). */
 int model_check_files(const model *m, const char *dir);
+/* p's values from the checkpoint's row order into the buffers' (to_file 0) or back (1); src and
+ * dst are p->numel floats, not overlapping. A plain copy for PARAM_ROWS_SAME. */
+void model_param_reorder(const model *m, const model_param *p, const float *src, float *dst, int to_file);
 /* Read every parameter from DIR's safetensors into host fp32 (n_elems floats). Missing,
  * misshapen or unsupported tensors, and NaN or Inf weights, are errors naming the file and
  * tensor. */

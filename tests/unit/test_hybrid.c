@@ -7,7 +7,10 @@
  * boundaries); the gradient of Σ w·logprob (relative L2 ≤ 1e-4 per tensor, every DeltaNet and
  * gated-attention weight included: A_log, dt_bias, the conv taps, the zero-centred norms). The
  * qwen3_5 vision-language form loads its text model and gives its logprobs. qwen3_5_moe_text: the
- * same layers with a mixture of experts and a sigmoid-gated shared expert in every MLP.
+ * same layers with a mixture of experts and a sigmoid-gated shared expert in every MLP. qwen3_next,
+ * qwen3_next_b (Qwen3-Next): the DeltaNet's fused per-key-head projections in_proj_qkvz and
+ * in_proj_ba, dense and MoE MLPs mixed, the shared expert of its own width, 2 and 3 value heads
+ * per key head, 2 and 4 query heads per KV head; gradients compared in the checkpoint's rows.
  *
  * Packed ≡ standard: [P; R_1..R_N] — each response starting from the prompt's final recurrent
  * state and conv tail — and N copies of [P; R_i] give the same logprobs and gradients (1e-5
@@ -85,7 +88,7 @@ static void run_reference(loaded *x, const js *root, float *g, double *worst_out
 }
 
 TEST(hybrid_matches_transformers) {
-    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text", "qwen3_next", "qwen3_next_b"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
@@ -111,9 +114,11 @@ TEST(hybrid_matches_transformers) {
             const model_param *pp = &x.m.params[p];
             const st_tensor *t = st_find(&gs, pp->name);
             CHECK_MSG(t, "%s: no gradient for %s", path, pp->name);
-            float *ref = malloc((size_t)t->numel * 4);
+            float *ref = malloc((size_t)t->numel * 4), *mine = malloc((size_t)t->numel * 4);
             CHECK(st_read_f32(t, ref, pp->ndim, pp->shape) == 0);
-            double e = rel_l2(g + pp->off, ref, (size_t)t->numel);
+            model_param_reorder(&x.m, pp, g + pp->off, mine, 1); /* into the checkpoint's rows */
+            double e = rel_l2(mine, ref, (size_t)t->numel);
+            free(mine);
             if (e > worst) worst = e, wn = pp->name;
             free(ref);
         }
@@ -172,7 +177,7 @@ static void run_layout(loaded *x, const pack_group *pg, pack_layout lay, int gra
 
 /* groups: P 9 with N 4 (ragged, R = 1 and R < the conv included), P 1 with N 1, P 5 with N 3 */
 TEST(hybrid_packed_equals_standard) {
-    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
+    static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text", "qwen3_next", "qwen3_next_b"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
@@ -225,10 +230,12 @@ TEST(hybrid_packed_equals_standard) {
 /* config.json and model.safetensors written by grpod read back the same rows and bits, the
  * zero-centred norms written as the checkpoint's w (not the gain 1 + w held in memory: w comes
  * back to within half an ulp of 1, 6e-8); the qwen3_5 vision-language form is written as its
- * text model; qwen3_5_moe_text keeps its experts and shared expert. */
+ * text model; qwen3_5_moe_text keeps its experts and shared expert; qwen3_next writes its fused
+ * projections in the checkpoint's interleaved rows. Every tensor but the zero-centred norms is
+ * the source checkpoint's, bit for bit, under its HF name. */
 TEST(hybrid_checkpoint_round_trip) {
-    static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl", "qwen3_5_moe_text"};
-    for (int mi = 0; mi < 3; mi++) {
+    static const char *models[] = {"qwen3_5_text_b", "qwen3_5_vl", "qwen3_5_moe_text", "qwen3_next", "qwen3_next_b"};
+    for (int mi = 0; mi < 5; mi++) {
         char src[256], cmd[512], dir[64];
         snprintf(src, sizeof src, FIX "/%s", models[mi]);
         snprintf(dir, sizeof dir, TEST_TMP "/grpod_test_hybrid_ckpt.%d", (int)getpid()); /* runs beside another's */
@@ -245,7 +252,8 @@ TEST(hybrid_checkpoint_round_trip) {
               y.cfg.lin_dv == x.cfg.lin_dv && y.cfg.tied == x.cfg.tied && !memcmp(y.cfg.attn, x.cfg.attn, (size_t)x.cfg.L));
         CHECK(y.cfg.E == x.cfg.E && y.cfg.top_k == x.cfg.top_k && y.cfg.Fm == x.cfg.Fm && y.cfg.norm_topk == x.cfg.norm_topk &&
               y.cfg.shared == x.cfg.shared && y.cfg.F == x.cfg.F && !memcmp(y.cfg.mlp, x.cfg.mlp, (size_t)x.cfg.L) &&
-              !strcmp(y.cfg.arch_name, x.cfg.arch_name));
+              !strcmp(y.cfg.arch_name, x.cfg.arch_name) && config_shared_ff(&y.cfg) == config_shared_ff(&x.cfg) &&
+              y.cfg.dn_fused == x.cfg.dn_fused);
         long long np = 0;
         for (int i = 0; i < x.m.n_params; i++) np += x.m.params[i].numel;
         CHECK_MSG(config_n_params(&y.cfg) == np && config_n_params(&x.cfg) == np, "config_n_params %lld, the tensors %lld",
@@ -267,6 +275,21 @@ TEST(hybrid_checkpoint_round_trip) {
         for (long long i = 0; i < C; i++) dn = fmax(dn, fabs(va[i] - vb[i]));
         CHECK_MSG(dn <= 6e-8, "model.norm.weight written back off by %.3g", dn);
         free(va), free(vb);
+        int fused = 0;
+        for (int i = 0; i < x.m.n_params; i++) { /* the other tensors: the source's bits */
+            const model_param *p = &x.m.params[i];
+            if (p->gain1) continue;
+            char sn[128];
+            snprintf(sn, sizeof sn, "model.language_model.%s", p->name + 6);
+            const st_tensor *t1 = st_find(&a, p->name), *t0 = st_find(&b, mi == 1 && !strncmp(p->name, "model.", 6) ? sn : p->name);
+            CHECK_MSG(t1 && t0, "%s: %s missing", models[mi], p->name);
+            float *v1 = malloc((size_t)p->numel * 4), *v0 = malloc((size_t)p->numel * 4);
+            CHECK(st_read_f32(t1, v1, p->ndim, p->shape) == 0 && st_read_f32(t0, v0, p->ndim, p->shape) == 0);
+            CHECK_MSG(!memcmp(v1, v0, (size_t)p->numel * 4), "%s: %s written back differs", models[mi], p->name);
+            fused += p->rows != PARAM_ROWS_SAME;
+            free(v1), free(v0);
+        }
+        CHECK(fused == (x.cfg.dn_fused ? 2 * config_n_linear(&x.cfg) : 0));
         st_close(&a), st_close(&b);
         unload(&x);
         unload(&y);
