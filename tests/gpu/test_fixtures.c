@@ -17,7 +17,8 @@
  * token may go to another expert on the GPU and move that expert's gradient by the whole token
  * (measured on the H200: gradients 4.0e-2 and 2.5e-2 against the CPU, max |Δ logprob| 0.45 on the
  * first); their gradient errors are printed. tests/gpu/test_model.c checks MoE gradients on
- * routes that cannot flip; so does the Qwen3.5 MoE fixture (qwen3_5_moe_text: logprob rows,
+ * routes that cannot flip; so do the Qwen3.5 MoE and Qwen3-Next fixtures (qwen3_5_moe_text,
+ * qwen3_next, qwen3_next_b: logprob rows,
  * gradients printed; its logprobs against transformers are held to twice what rounding the weights
  * to bf16 alone moves them by, at least 1e-2: measured 1.28e-2 on the H200, a route flipped). The Qwen3.5 fixtures (gated DeltaNet and gated attention layers,
  * tests/fixtures/make_hybrid_reference.py) hold the logprob tolerances; their gradients move by
@@ -39,7 +40,8 @@
 
 static const char *models[] = {"qwen2_bias",   "qwen3",          "qwen3_tied",      "llama3",
                                "qwen3_bf16",   "llama3_sharded", "qwen3_moe",       "qwen3_moe_step2",
-                               "qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text"};
+                               "qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text", "qwen3_next",
+                               "qwen3_next_b"};
 
 /* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
 static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl, float *lp,
@@ -171,11 +173,13 @@ int main(void) {
             printf("FATAL %s\n", err_msg());
             return 2;
         }
-        float *gref = calloc(n, 4);
-        for (int p = 0; p < m.n_params; p++) {
-            const st_tensor *t = st_find(&gs, m.params[p].name);
-            if (t) st_read_f32(t, gref + m.params[p].off, m.params[p].ndim, m.params[p].shape);
+        float *gref = calloc(n, 4), *tmp = malloc(n * 4);
+        for (int p = 0; p < m.n_params; p++) { /* a fused qwen3_next projection: into the buffers' rows */
+            const model_param *pp = &m.params[p];
+            const st_tensor *t = st_find(&gs, pp->name);
+            if (t && !st_read_f32(t, tmp, pp->ndim, pp->shape)) model_param_reorder(&m, pp, tmp, gref + pp->off, 0);
         }
+        free(tmp);
         double rounding = rel_l2(g_c, gref, n);
         printf("# %s gradients: cpu on bf16 weights vs autograd %.3e (weight rounding alone)\n", models[mi], rounding);
         int hybrid = cfg.arch == ARCH_QWEN3_5; /* tolerances scaled by the rounding (the header says why) */

@@ -5,7 +5,8 @@
  *
  * - every sampled token's logprob equals eng_logprobs' (the update's old pass) bit for bit, for
  *   each response scored alone and for the group packed [P; R_1..R_N]; prompts shorter than the
- *   conv (P = 1, 2), N = 1, R = 1 and ragged stops included, on the three text fixtures (one MoE);
+ *   conv (P = 1, 2), N = 1, R = 1 and ragged stops included, on the three Qwen3.5 text fixtures
+ *   (one MoE) and the two Qwen3-Next ones (fused DeltaNet projections, dense and MoE MLPs mixed);
  * - a group decoded beside other groups gives the tokens and bits it gives alone;
  * - the same seed gives the same tokens, another seed others;
  * - greedy decoding picks the teacher-forced argmax at every step;
@@ -113,11 +114,15 @@ static void rollout_vs_trainer(const char *dir) {
 
 /* qwen3_5_text: a 4-tap conv, 2 key heads of 4 value heads, untied; qwen3_5_text_b: a 3-tap
  * conv, 3 and 3, tied, two attention layers, a DeltaNet layer last; qwen3_5_moe_text: the first's
- * layers with 8 experts (top 2) and a gated shared expert in every MLP */
+ * layers with 8 experts (top 2) and a gated shared expert in every MLP; qwen3_next: the first's
+ * layers, dense and MoE MLPs alternating; qwen3_next_b: 3 value heads per key head, 4 query heads
+ * per KV head, two of five MLPs dense */
 TEST(hybrid_rollout_logprobs_are_the_trainers_bit_for_bit) {
     rollout_vs_trainer(FIX "qwen3_5_text");
     rollout_vs_trainer(FIX "qwen3_5_text_b");
     rollout_vs_trainer(FIX "qwen3_5_moe_text");
+    rollout_vs_trainer(FIX "qwen3_next");
+    rollout_vs_trainer(FIX "qwen3_next_b");
 }
 
 TEST(hybrid_rollout_is_seeded) {
