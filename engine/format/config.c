@@ -314,7 +314,8 @@ long long config_n_params(const model_config *c) {
     if (c->o_bias) layer += C;
     if (c->qk_norm) layer += 2 * c->D;
     if (c->arch == ARCH_QWEN3_5) layer += HD * C; /* the gate half of q_proj */
-    long long n_moe = config_n_moe(c), moe = (long long)c->E * C + 3LL * c->E * C * c->Fm + (c->shared ? 3 * C * config_shared_ff(c) + C : 0);
+    long long n_moe = config_n_moe(c),
+              moe = (long long)c->E * C + 3LL * c->E * C * c->Fm + (c->shared ? 3 * C * config_shared_ff(c) + C : 0);
     long long n_lin = config_n_linear(c), KL = (long long)c->lin_hk * c->lin_dk, VL = (long long)c->lin_hv * c->lin_dv;
     long long lin = 2 * C + (2 * KL + VL) * (C + c->conv_k) + 2 * VL * C + 2LL * c->lin_hv * (C + 1) + c->lin_dv;
     return (long long)c->V * C * (c->tied ? 1 : 2) + C + (c->L - n_lin) * layer + n_lin * lin + (c->L - n_moe) * 3 * C * F +
@@ -325,8 +326,8 @@ int config_write(const char *dir, const model_config *c) {
     static const char *arch_class[] = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
                                        "Qwen3_5ForCausalLM"};
     const char *cls = !strcmp(c->arch_name, "qwen3_next") ? "Qwen3NextForCausalLM"
-        : c->shared                                  ? "Qwen3_5MoeForCausalLM"
-                                                     : arch_class[c->arch];
+        : c->shared                                       ? "Qwen3_5MoeForCausalLM"
+                                                          : arch_class[c->arch];
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");

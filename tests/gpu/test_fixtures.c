@@ -38,10 +38,9 @@
 
 #define FIX "tests/fixtures/data"
 
-static const char *models[] = {"qwen2_bias",   "qwen3",          "qwen3_tied",      "llama3",
-                               "qwen3_bf16",   "llama3_sharded", "qwen3_moe",       "qwen3_moe_step2",
-                               "qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text", "qwen3_next",
-                               "qwen3_next_b"};
+static const char *models[] = {"qwen2_bias",       "qwen3",      "qwen3_tied",      "llama3",       "qwen3_bf16",
+                               "llama3_sharded",   "qwen3_moe",  "qwen3_moe_step2", "qwen3_5_text", "qwen3_5_text_b",
+                               "qwen3_5_moe_text", "qwen3_next", "qwen3_next_b"};
 
 /* logprobs (M) and gradients (n) of L on backend b with weights host (fp32 values). */
 static int run_on(eng_backend *b, const model_config *cfg, const float *host, const pack_batch *pb, const float *dl, float *lp,

@@ -353,6 +353,49 @@ TEST(hybrid_update_decays_w) {
     for (int i = 0; i < 3; i++) free(w[i]);
 }
 
+/* qwen3_next's config.json as Qwen3NextConfig reads it: absent MoE keys take its defaults (512
+ * experts, top 10, width 512, norm_topk_prob true), the shared expert its own width beside the
+ * dense layers' intermediate_size; no experts: every layer dense, no shared expert; the value
+ * heads a multiple of the key heads, or one line naming them. */
+TEST(next_config) {
+    static const char *base = "{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                              "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, "
+                              "\"intermediate_size\": 96, \"vocab_size\": 320, \"linear_num_key_heads\": 2, %s}";
+    static const struct {
+        const char *extra;
+        int E, k, Fm, norm, Fs, n_moe;
+        const char *err;
+    } rows[] = {
+        {"\"linear_num_value_heads\": 4, \"shared_expert_intermediate_size\": 40, \"decoder_sparse_step\": 2", 512, 10, 512, 1,
+         40, 2, NULL},
+        {"\"linear_num_value_heads\": 4, \"num_experts\": 8, \"num_experts_per_tok\": 2, \"norm_topk_prob\": false, "
+         "\"mlp_only_layers\": [0, 3]",
+         8, 2, 512, 0, 512, 2, NULL},
+        {"\"linear_num_value_heads\": 4, \"num_experts\": 0, \"num_experts_per_tok\": 1", 0, 0, 512, 1, 0, 0, NULL},
+        {"\"linear_num_value_heads\": 5", 0, 0, 0, 0, 0, 0, "linear_num_value_heads 5 is not a multiple"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, base, rows[i].extra);
+        js_doc *doc;
+        const js *root;
+        CHECK(js_parse(text, strlen(text), &doc, &root) == 0);
+        model_config c;
+        int rc = config_from_json(root, "config.json", &c);
+        js_doc_free(doc);
+        if (rows[i].err) {
+            CHECK_MSG(rc && strstr(err_msg(), rows[i].err), "row %zu: %s", i, rc ? err_msg() : "accepted");
+            continue;
+        }
+        CHECK_MSG(rc == 0, "row %zu: %s", i, err_msg());
+        CHECK_MSG(c.arch == ARCH_QWEN3_5 && c.dn_fused && c.gain1 && c.F == 96 && c.E == rows[i].E && c.top_k == rows[i].k &&
+                      c.Fm == rows[i].Fm && c.norm_topk == rows[i].norm && c.shared == (rows[i].E > 0) &&
+                      (!c.shared || config_shared_ff(&c) == rows[i].Fs) && config_n_moe(&c) == rows[i].n_moe && c.R == 4,
+                  "row %zu: E %d k %d Fm %d norm %d shared %d Fs %d n_moe %d R %d", i, c.E, c.top_k, c.Fm, c.norm_topk, c.shared,
+                  config_shared_ff(&c), config_n_moe(&c), c.R);
+    }
+}
+
 /* What is not built yet says so in one line: LoRA. (Rollouts: test_hybrid_decode.c.) */
 TEST(hybrid_refuses_what_is_not_built) {
     eng *e;
@@ -368,5 +411,6 @@ int main(void) {
     RUN(hybrid_checkpoint_round_trip);
     RUN(hybrid_update_decays_w);
     RUN(hybrid_refuses_what_is_not_built);
+    RUN(next_config);
     return CHECK_DONE();
 }
