@@ -156,7 +156,11 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      o->model_dir, cfg.D, e->be->name, e->be->max_head_dim);
         goto fail;
     }
-    if ((rc = model_init(&e->m, &cfg, e->be)) || (rc = model_check_files(&e->m, o->model_dir))) goto fail;
+    int off_on = o->optimizer_offload && !strcmp(o->optimizer_offload, "on");
+    if ((rc = o->expert_parallel ? ep_model_init(e, &cfg, o, lr_rank || (o->lora_init && *o->lora_init), off_on)
+                                 : model_init(&e->m, &cfg, e->be)) ||
+        (rc = model_check_files(&e->m, o->model_dir)))
+        goto fail;
     if (lr_rank && (rc = lora_init(&e->m, lr_rank, lr_alpha, lr_targets))) goto fail;
     size_t n = (size_t)e->m.n_elems;
     eng_backend *be = e->be;
@@ -192,19 +196,25 @@ int eng_open(const eng_open_opts *o, eng **out) {
         }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        long long S = e->dp ? (e->m.n_elems + e->W - 1) / e->W : 0, off = S * e->rank,
-                  valid = off >= e->m.n_elems ? 0 : (e->m.n_elems - off < S ? e->m.n_elems - off : S);
+        /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
+        long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;
+        long long S = e->dp ? (nr + e->W - 1) / e->W : 0, off = S * e->rank, valid = off >= nr ? 0 : (nr - off < S ? nr - off : S);
         e->sh_n = S;
         e->sh_off = off;
+        e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
         if ((rc = plan_offload(e, o->optimizer_offload, &e->offload))) goto fail;
+        if (e->ep_full && e->offload) {
+            rc = err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");
+            goto fail;
+        }
         if (e->dp) {
             /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
              * for this rank's shard, taken from the loaded (or resumed) weights; in host memory
              * with offload */
             if ((rc = dp_open(e))) goto fail;
-            size_t eb = (size_t)be->act_bytes, pad = (size_t)(S * e->W) - n;
-            e->w_act = be->alloc(be, (size_t)(S * e->W) * eb);
-            e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc(S) : be->alloc(be, (size_t)S * 4);
+            size_t eb = (size_t)be->act_bytes, whole = (size_t)(S * e->W + e->ep_n), pad = whole - n;
+            e->w_act = be->alloc(be, whole * eb);
+            e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc(S) : be->alloc(be, (size_t)(S + e->ep_n) * 4);
             if (!e->w_act || !e->w_master) {
                 rc = GE_NOMEM;
                 goto fail;
@@ -216,6 +226,8 @@ int eng_open(const eng_open_opts *o, eng **out) {
             } else {
                 be->zero(be, e->w_master, (size_t)S * 4);
                 if (valid && (rc = be->to_dev(be, e->w_master, host + off, (size_t)valid * 4))) goto fail;
+                /* this rank's experts, whole after the shard */
+                if (e->ep_n && (rc = be->to_dev(be, e->w_master + S, host + S * e->W, (size_t)e->ep_n * 4))) goto fail;
             }
         } else if (e->offload) {
             /* the master is host memory, never copied through the device */
@@ -292,6 +304,8 @@ void eng_close(eng *e) {
         model_views_free(&e->rv);
         model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
+        if (e->ep_full && e->ep_full->params) model_free(e->ep_full);
+        free(e->ep_full);
         snap_free(e);
         if (e->dp_buf) be->free(be, e->dp_buf);
         if (e->own_comm) comm_free(e->comm); /* before the stream it runs on goes */

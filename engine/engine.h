@@ -43,6 +43,13 @@ typedef struct {
      * eng_sampling.group_index set). Optimizer offload holds the rank's shard in host memory;
      * LoRA is refused with a comm. The caller owns the comm and frees it after eng_close. */
     comm *comm;
+    /* 1: expert parallelism (engine/train/ep.c; issue 38): a mixture-of-experts model's experts
+     * split over the comm's W ranks, rank r holding [r E/W, (r+1) E/W) of every MoE layer with
+     * their whole training state; the rest sharded as above. Needs a comm, a MoE model with E
+     * divisible by W, the cpu backend, full-parameter training without optimizer offload; else
+     * eng_open refuses with one line. Every MoE layer is then a collective: every rank runs every
+     * pass (empty micro-batches where it has fewer). Rollouts are refused (not built yet). */
+    int expert_parallel;
     int device; /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once
      * and handed to every rank), this rank and the world size. eng_open opens the communicator

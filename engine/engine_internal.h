@@ -22,6 +22,12 @@ struct eng {
      * grad W * sh_n (padded, the padding zero). dp_buf: device scratch of the small exchanges. */
     int dp;
     long long sh_n, sh_off;
+    /* expert parallelism (ep.c): this rank's expert elements, [sh_n W, sh_n W + ep_n) of its
+     * vectors (m.ep_n0 = sh_n W), held whole in the state after the shard (master, moments at
+     * [sh_n, sh_n + ep_n)), never summed over ranks; ep_full: the model without expert
+     * parallelism, whose layout checkpoints hold. 0 and NULL without. */
+    long long ep_n;
+    model *ep_full;
     void *dp_buf;
     model m;
     tok *tok; /* NULL when the directory has no tokenizer.json */
@@ -94,7 +100,11 @@ int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *
 /* plan.c: --optimizer-offload auto|on|off -> *on (eng_open, before the master is placed). */
 int plan_offload(eng *e, const char *mode, int *on);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
-static inline long long eng_state_n(const eng *e) { return e->dp ? e->sh_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems); }
+static inline long long eng_state_n(const eng *e) {
+    return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);
+}
+/* The model a checkpoint's files describe: without expert parallelism (ep_full), else e's. */
+static inline const model *eng_ckpt_model(const eng *e) { return e->ep_full ? e->ep_full : &e->m; }
 /* dp.c (with a comm only; every rank calls each, in the same order). dp_exchange: all-gather bytes
  * of host memory from every rank into all (W * bytes). dp_agree: 0 when every rank passed rc 0;
  * else this rank's rc (its message kept), or the first failing rank's code with a message
@@ -107,6 +117,22 @@ int dp_agree(eng *e, int rc);
 int dp_sum(eng *e, double x, double *sum);
 int dp_gather_to_host(eng *e, const float *shard, float *host);
 int dp_gather_act(eng *e);
+/* ep.c, expert parallelism (with eng_open_opts.expert_parallel; every rank calls each, in the
+ * same order). ep_model_init: e->m with the experts split over the comm's ranks and e->ep_full,
+ * or one line saying why not (no comm, dense model, LoRA, offload, E % W, backend).
+ * Lock-step: before a pass (or one mini-batch of it) of n micro-batches on this rank, ep_most
+ * gives the most any rank runs (exchanged: the others' layers wait for this rank's); after this
+ * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to
+ * most, so every MoE layer's exchange meets the others'. rc: this rank's result so far (a
+ * failure aborts the comm, so no rank waits in a layer's exchange). Both the identity without.
+ * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
+ * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
+ * (m.n_elems, zero where no parameter is). */
+int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload);
+int ep_most(eng *e, int n, int *most);
+int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
+int ep_whole(eng *e, const float *x, float *whole);
+void ep_slice(const eng *e, const float *whole, float *mine);
 /* checkpoint.c: a checkpoint's policy_version, optimizer step and AdamW state into e. */
 int eng_checkpoint_load_state(eng *e, const char *dir);
 #endif

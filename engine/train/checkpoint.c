@@ -249,14 +249,16 @@ struct eng_ckpt {
 static int save_files(const eng_ckpt *c, const char *tmp) {
     const eng *e = c->e;
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
-    size_t nt = (size_t)eng_train_n((eng *)e);
+    /* with expert parallelism the files hold the model without it (every expert; ep.c) */
+    const model *fm = eng_ckpt_model(e);
+    size_t nt = e->ep_full ? (size_t)fm->n_elems : (size_t)eng_train_n((eng *)e);
     int rc = 0;
     if (e->m.lora_r && !c->merged) {
         rc = lora_save_peft(&e->m, tmp, c->st[0], e->model_dir);
     } else {
         /* the policy's weights: the master, or with LoRA the base with the adapters merged in */
-        rc = config_write(tmp, &e->m.cfg);
-        if (!rc) rc = model_save_host(&e->m, tmp, c->merged_w ? c->merged_w : c->st[0], 0);
+        rc = config_write(tmp, &fm->cfg);
+        if (!rc) rc = model_save_host(fm, tmp, c->merged_w ? c->merged_w : c->st[0], 0);
         static const char *const tok_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
         for (int i = 0; i < 3 && !rc; i++) {
             snprintf(src, sizeof src, "%s/%s", e->model_dir, tok_files[i]);
@@ -385,11 +387,16 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
         return rc;
     }
     const char *names[2] = {"adam_m", "adam_v"};
+    /* with expert parallelism the file holds every expert (ep_full's layout): this rank's part */
+    long long dims[1] = {e->ep_full ? e->ep_full->n_elems : eng_train_n(e)};
+    float *whole = e->ep_full ? malloc((size_t)dims[0] * 4) : NULL;
+    if (e->ep_full && !whole) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%lld MiB)", dims[0] * 4 >> 20);
     for (int i = 0; i < 2 && !rc; i++) {
         const st_tensor *t = st_find(&s, names[i]);
-        long long dims[1] = {eng_train_n(e)};
-        rc = t ? st_read_f32(t, buf[i], 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        rc = t ? st_read_f32(t, whole ? whole : buf[i], 1, dims) : err_set(GE_FORMAT, "%s: no tensor %s", path, names[i]);
+        if (!rc && whole) ep_slice(e, whole, buf[i]);
     }
+    free(whole);
     int src = state_set_moments(e, buf, owned);
     st_close(&s);
     return rc ? rc : src;

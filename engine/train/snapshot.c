@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "engine/engine_internal.h"
+#include "engine/train/state.h"
 
 #define SNAP_PIECE ((size_t)64 << 20)
 
@@ -131,7 +132,10 @@ int snap_restore(eng *e) {
             rc = s->where == SNAP_HOST    ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
                 : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
                                           : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
-        if (!rc && act_t != (char *)a[0]) be->f32_to_act(be, act_t, a[0], n);
+        if (!rc && act_t != (char *)a[0] && !e->ep_n) be->f32_to_act(be, act_t, a[0], n);
+        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
+        for (int k = 0, np = e->ep_n ? state_pieces(e, p) : 0; !rc && k < np; k++)
+            be->f32_to_act(be, (char *)act + (size_t)p[k].vec * (size_t)be->act_bytes, a[0] + p[k].st, (size_t)p[k].n);
     }
     if (!rc) rc = be->sync(be);
     if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);

@@ -13,7 +13,7 @@
 int state_alloc(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W) * 4 : n;
+    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W + e->ep_n) * 4 : n;
     e->grad = be->alloc(be, ng);
     if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
     if (ng > n) be->zero(be, e->grad, ng); /* with a comm: the padding stays zero */
@@ -34,12 +34,22 @@ int state_alloc(eng *e) {
     return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
 }
 
+int state_pieces(const eng *e, state_piece p[2]) {
+    if (!e->dp) {
+        p[0] = (state_piece){0, 0, eng_train_n(e)};
+        return 1;
+    }
+    p[0] = (state_piece){e->sh_off, 0, e->sh_n};
+    p[1] = (state_piece){e->sh_n * e->W, e->sh_n, e->ep_n}; /* expert parallelism: this rank's experts */
+    return e->ep_n ? 2 : 1;
+}
+
 /* ---------------------------------------------------------------- gradients */
 
-/* The gradient this rank steps: its shard with a comm, else all of it. */
+/* The gradient this rank steps: its shard with a comm, else all of it (the first piece). */
 static float *grad_mine(eng *e) { return e->dp ? e->grad + e->sh_off : e->grad; }
 
-void state_grad_zero(eng *e) { e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W : eng_train_n(e)) * 4); }
+void state_grad_zero(eng *e) { e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W + e->ep_n : eng_train_n(e)) * 4); }
 
 int state_grad_reduce(eng *e, int rc) {
     if (!e->dp) return rc;
@@ -54,9 +64,20 @@ static int sumsq_global(eng *e, const float *x, int host, double *ss) {
     return e->dp ? dp_sum(e, *ss, ss) : 0;
 }
 
-int state_grad_sumsq(eng *e, double *ss) { return sumsq_global(e, grad_mine(e), 0, ss); }
+/* the experts' squares are added before the sum over ranks: each rank holds its own */
+int state_grad_sumsq(eng *e, double *ss) {
+    state_piece p[2];
+    int np = state_pieces(e, p);
+    *ss = 0;
+    for (int i = 0; i < np; i++) *ss += e->be->sumsq(e->be, e->grad + p[i].vec, p[i].n);
+    return e->dp ? dp_sum(e, *ss, ss) : 0;
+}
 
-void state_grad_scale(eng *e, float s) { e->be->scale(e->be, grad_mine(e), eng_state_n(e), s); }
+void state_grad_scale(eng *e, float s) {
+    state_piece p[2];
+    int np = state_pieces(e, p);
+    for (int i = 0; i < np; i++) e->be->scale(e->be, e->grad + p[i].vec, p[i].n, s);
+}
 
 /* ---------------------------------------------------------------- step */
 
@@ -68,7 +89,9 @@ static int gain1_decay(eng *e, float lr, float wd) {
     eng_backend *be = e->be;
     if (!m->cfg.gain1 || wd == 0 || m->lora_r) return 0;
     float add = 1.0f - (1.0f - lr * wd); /* the step's own decay factor, as adamw_consts_make rounds it */
-    long long lo = e->dp ? e->sh_off : 0, hi = e->dp ? e->sh_off + e->sh_n : m->n_elems;
+    state_piece pc[2]; /* the norms are replicated: in the first piece (the shard, or all) */
+    state_pieces(e, pc);
+    long long lo = pc[0].vec, hi = lo + pc[0].n;
     float *master = eng_train_master(e);
     void *act = e->offload || e->dp || eng_train_act(e) != (void *)master ? eng_train_act(e) : NULL;
     size_t eb = (size_t)be->act_bytes;
@@ -101,9 +124,12 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
         char *act = (char *)e->w_act + (e->dp ? (size_t)e->sh_off * eb : 0);
         rc = offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, act, grad_mine(e), lr, opt->beta1, opt->beta2, opt->eps,
                            opt->weight_decay, e->opt_step);
-    } else if (e->dp) { /* this rank's shard */
-        be->adamw(be, e->w_master, (char *)e->w_act + (size_t)e->sh_off * eb, grad_mine(e), e->adam_m, e->adam_v, e->sh_n, lr,
-                  opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
+    } else if (e->dp) { /* this rank's shard (and its experts: state_pieces) */
+        state_piece p[2];
+        int np = state_pieces(e, p);
+        for (int i = 0; i < np; i++)
+            be->adamw(be, e->w_master + p[i].st, (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, e->adam_m + p[i].st,
+                      e->adam_v + p[i].st, p[i].n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
     } else {
         float *master = eng_train_master(e);
         void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
@@ -136,7 +162,7 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         out[i] = NULL;
         owned[i] = 0;
     }
-    size_t n = (size_t)eng_train_n(e), whole = e->dp ? (size_t)(e->sh_n * e->W) : n;
+    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)e->ep_full->n_elems : e->dp ? (size_t)(e->sh_n * e->W) : n;
     if (e->offload && !e->dp) { /* host state of one rank: written from where it lives, no copy */
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;
@@ -150,7 +176,9 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         else owned[i] = 1;
     if (e->dp) { /* shards gathered into rank 0's host memory */
         rc = dp_agree(e, rc);
-        for (int i = 0; i < k && !rc; i++) rc = dp_agree(e, dp_gather_to_host(e, part[i], out[i]));
+        for (int i = 0; i < k && !rc; i++)
+            rc = e->ep_full ? ep_whole(e, part[i], out[i]) /* the experts too, in the layout without expert parallelism */
+                            : dp_agree(e, dp_gather_to_host(e, part[i], out[i]));
     } else {
         for (int i = 0; i < k && !rc; i++) rc = e->be->to_host(e->be, out[i], part[i], n * 4);
     }
@@ -183,14 +211,18 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
 }
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
-    size_t n = (size_t)eng_train_n(e), off = e->dp ? (size_t)e->sh_off : 0;
-    size_t cnt = !e->dp ? n : off >= n ? 0 : n - off < (size_t)e->sh_n ? n - off : (size_t)e->sh_n;
+    long long n = eng_train_n(e);
+    state_piece p[2];
+    int np = state_pieces(e, p);
     float *dst[2] = {e->adam_m, e->adam_v};
     int rc = 0;
-    for (int i = 0; i < 2 && !rc && cnt; i++) {
-        if (!owned[i]) continue; /* read in place */
-        if (e->offload) memcpy(dst[i], buf[i] + off, cnt * 4); /* a host shard */
-        else rc = e->be->to_dev(e->be, dst[i], buf[i] + off, cnt * 4);
+    for (int k = 0; k < np; k++) { /* the shard's padding past n is not in buf: stays zero */
+        long long cnt = p[k].vec >= n ? 0 : n - p[k].vec < p[k].n ? n - p[k].vec : p[k].n;
+        for (int i = 0; i < 2 && !rc && cnt; i++) {
+            if (!owned[i]) continue; /* read in place */
+            if (e->offload) memcpy(dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4); /* a host shard */
+            else rc = e->be->to_dev(e->be, dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4);
+        }
     }
     for (int i = 0; i < 2; i++)
         if (owned[i]) free(buf[i]);

@@ -6,6 +6,8 @@
  *   fp32 gradients            backend memory       backend memory             whole, padded to W shards
  *   act-typed weights         backend memory       backend memory             whole; the rank steps its shard,
  *                                                                             then all are gathered
+ * With expert parallelism (a comm, engine/train/ep.c) each rank's vectors end with its experts,
+ * whose gradients, master and moments the rank holds whole (after its shard), never summed.
  * The trainable parameters are the model's (full fine-tuning) or the adapters' (LoRA; one rank,
  * no offload). The update's safety copy of this state is snapshot.h; the memory plan that places
  * it is engine/plan.c. The update (update.c) and the checkpoints (checkpoint.c) call these and
@@ -15,6 +17,14 @@
 #define GRPOD_TRAIN_STATE_H
 #include "engine/engine_internal.h"
 
+/* The parts of the trainable vector this rank steps: elements [vec, vec + n) of the vector
+ * (weights, gradients), held at element st of the master and moments. One (all of it, or with a
+ * comm this rank's shard), or two with expert parallelism (the replicated shard, then this
+ * rank's experts, engine/train/ep.c). Returns the count. */
+typedef struct {
+    long long vec, st, n;
+} state_piece;
+int state_pieces(const eng *e, state_piece p[2]);
 /* Gradients and moments (zeroed), made once (the plan calls it at open); 0 or GE_NOMEM. */
 int state_alloc(eng *e);
 /* Zeroes the gradients before a mini-batch's micro-batches accumulate into them. */

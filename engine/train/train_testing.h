@@ -11,6 +11,7 @@
  * over the ranks. GE_UNSUPPORTED when the engine has no training state (no_training). */
 int eng_testing_grad(eng *e, float *out);
 /* The whole fp32 master and AdamW m, v, (n_train) each; NULL skips one. With a comm every rank
- * calls it (the shards are gathered) and only rank 0's buffers are written. */
+ * calls it (the shards are gathered) and only rank 0's buffers are written; with expert
+ * parallelism in the layout without it (every expert: one rank's n_params). */
 int eng_testing_state(eng *e, float *master, float *m, float *v);
 #endif

@@ -219,12 +219,13 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     double tok_denom = 0, seq_denom = 0;
     int max_len = 0;
     loss_count(s1 - s0, w->off + s0, w->len + s0, w->mask + s0, w->tmask, &tok_denom, &seq_denom, &max_len);
-    if (seq_denom == 0 || c1 <= c0) return 0; /* every response masked (or no share): nothing to learn from */
+    if (seq_denom == 0) return 0; /* every response masked: nothing to learn from (on every rank) */
     const loss_config *c = a;
     double aux_n = aux_tokens(&e->m, w->pg, g0, g1); /* 0: no balance loss */
-    pack_plan plan;
-    int rc = pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED);
-    if (rc) return rc;
+    pack_plan plan = {0};
+    /* no share: none of this rank's own (with expert parallelism its experts serve the others) */
+    int rc = c1 > c0 ? pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED) : 0, most = 0;
+    if (!rc) rc = ep_most(e, plan.n_mb, &most);
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         int first = c0 + plan.mb_first[k], count = plan.mb_count[k];
         int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
@@ -256,7 +257,8 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         (*n_micro)++;
         pack_batch_free(&b);
     }
-    pack_plan_free(&plan);
+    rc = ep_pad(e, &e->wv, plan.n_mb, most, 1, rc);
+    if (c1 > c0) pack_plan_free(&plan);
     return rc;
 }
 
@@ -387,12 +389,19 @@ static int correct_rollout(eng *e, work *w, const dp_order *dpo, const loss_conf
 /* The update's micro-batch plan: GE_TOO_LARGE for a group larger than the budget (checked before
  * any pass), else the tokens and predictions of its largest packed micro-batch (*T, *M; groups
  * split over micro-batches bring their own memory, model/split.h). */
-static int largest_micro_batch(const work *w, long long max_tokens, long long *T, long long *M) {
+static int largest_micro_batch(const eng *e, const work *w, long long max_tokens, long long *T, long long *M) {
     pack_plan plan;
     *T = *M = 0;
     int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, PACK_PACKED);
     if (rc) return rc;
     for (int k = 0; k < plan.n_mb; k++) {
+        if (plan.mb_split[k] && e->ep_full) { /* its chunks would not meet the other ranks' micro-batches */
+            rc = err_set(GE_TOO_LARGE,
+                         "update: group %d (%lld tokens) is larger than max_tokens %lld: groups split over "
+                         "micro-batches are not built with expert parallelism",
+                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], PACK_PACKED), max_tokens);
+            break;
+        }
         if (plan.mb_split[k]) continue;
         long long t = 0, m = 0;
         for (int i = plan.mb_first[k]; i < plan.mb_first[k] + plan.mb_count[k]; i++) {
@@ -403,7 +412,16 @@ static int largest_micro_batch(const work *w, long long max_tokens, long long *T
         if (m > *M) *M = m;
     }
     pack_plan_free(&plan);
-    return 0;
+    return rc;
+}
+
+/* The micro-batches eng_score runs for n groups (expert parallelism's lock-step). */
+static int score_micro_batches(const pack_group *pg, int n, long long max_tokens) {
+    pack_plan plan;
+    if (n <= 0 || pack_plan_make(&plan, pg, n, max_tokens, PACK_PACKED)) return 0;
+    int k = plan.n_mb;
+    pack_plan_free(&plan);
+    return k;
 }
 
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt, long long max_tokens,
@@ -432,7 +450,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     }
     /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
     long long mb_T = 0, mb_M = 0;
-    if (!rc && w.n_groups) rc = largest_micro_batch(&w, max_tokens, &mb_T, &mb_M);
+    if (!rc && w.n_groups) rc = largest_micro_batch(e, &w, max_tokens, &mb_T, &mb_M);
     /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
      * and meet in the same collectives (dp_agree is the identity with one rank) */
     if ((rc = dp_agree(e, rc))) {
@@ -462,17 +480,23 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* the old and reference passes: every group with one rank, the rank's shares with W */
     for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
         int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
-        if (c1 > c0)
+        int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens), most;
+        rc = ep_most(e, nm, &most);
+        if (!rc && c1 > c0)
             rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]],
                            w.ent_old + w.off[w.grp_resp0[c0]], 0, NULL, NULL);
+        rc = ep_pad(e, &e->wv, nm, most, 0, rc);
     }
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
     for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
         int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
-        if (c1 > c0)
+        int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens), most;
+        rc = ep_most(e, nm, &most);
+        if (!rc && c1 > c0)
             rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL, 0,
                            NULL, NULL);
+        rc = ep_pad(e, &e->rv, nm, most, 0, rc);
     }
     out->ms_ref = clock_mono_ms() - t;
     loss_metrics met = {0};

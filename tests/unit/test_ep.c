@@ -1,0 +1,457 @@
+/* test_ep.c — expert parallelism in the engine (eng_open_opts.expert_parallel, engine/train/ep.c)
+ * on cpu ranks as threads of this process, against one rank without a comm holding every expert.
+ *
+ * The model: the qwen3_moe fixture's config with E = 12 experts (so W = 2, 3 and 4 divide them),
+ * two MoE layers around a dense one, random weights, the balance loss on with coefficient 0.5
+ * (a visible part of the loss). Seven groups of 13..24 packed tokens and max_tokens 24: every
+ * micro-batch holds one group on one rank and on W, so the balance loss (a function of each
+ * micro-batch's tokens) is the same sum of terms on both.
+ *   - a whole update (the old pass, the reference pass with kl, three mini-batches of 3, 3, 1
+ *     groups — at W = 4 three ranks have no group in the last and run empty micro-batches —
+ *     two epochs, AdamW with the grad-norm clip active) and a second configuration replaying
+ *     given routes (routing replay) on W = 1 (a comm of one rank), 2, 3, 4 against the one-rank
+ *     update: the loss (balance loss included) and the grad norm within 1e-6 relative; the fp32
+ *     master and both AdamW moments gathered whole (every expert) relative L2 <= 1e-5, taken
+ *     apart for the experts and for the replicated parameters. The bound is fp32 rounding of
+ *     the same sums in another order (~1e-7 seen); an expert gradient summed over ranks
+ *     (doubled at W = 2) makes m's experts' error 1, a wrong shard or experts taken from another
+ *     rank's range makes it O(1), and a grad norm that left out or repeated the experts' squares
+ *     differs in its 3rd digit;
+ *   - the logprobs after the update (eng_logprobs: every rank scores every group in lock-step)
+ *     within 2e-5 of the one-rank engine's;
+ *   - checkpoints: saved by W = 4 (every expert gathered into one HF directory, the moments
+ *     too), loaded on W = 2 and on one rank without expert parallelism: logprobs bit-equal to
+ *     each other, and the next update from each equal as above (its moments compared too);
+ *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), rollouts,
+ *     a group larger than a micro-batch. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "common/err.h"
+#include "engine/engine.h"
+#include "engine/engine_testing.h"
+#include "engine/format/config.h"
+#include "engine/model/model.h"
+#include "engine/train/train_testing.h"
+
+#define FIX "tests/fixtures/data"
+#define MODEL "/tmp/grpod_test_ep_model"
+#define CKPT "/tmp/grpod_test_ep_ckpt"
+#define WMAX 4
+#define NG 7
+#define NCFG 2
+#define MB_TOKENS 24
+#define LM 2 /* MoE layers */
+#define TOPK 2
+#define EXPERTS 12
+
+/* ---------------------------------------------------------------- model and inputs */
+
+static uint64_t rs = 4242;
+static uint32_t rnd(void) {
+    rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(rs >> 33);
+}
+static float frand(void) { return (float)(rnd() % 100000) / 100000.0f; }
+
+static int V;
+static int P_[NG] = {5, 9, 3, 8, 7, 4, 10}, N_[NG] = {2, 3, 2, 4, 2, 3, 2};
+static int prompt_[NG][12], resp_[NG][4][9], R_[NG][4];
+static const int *respp_[NG][4];
+static float reward_[NG][4], old_[NG][4][9];
+static const float *oldp_[NG][4];
+static int proute_[NG][12 * LM * TOPK], rroute_[NG][4][9 * LM * TOPK];
+static const int *rroutep_[NG][4];
+
+static void random_routes(int *r, int n) { /* n tokens' LM x TOPK distinct experts each */
+    for (int t = 0; t < n * LM; t++) {
+        int a = (int)(rnd() % EXPERTS), b = (a + 1 + (int)(rnd() % (EXPERTS - 1))) % EXPERTS;
+        r[t * TOPK] = a;
+        r[t * TOPK + 1] = b;
+    }
+}
+
+static int make_model(void) {
+    model_config c;
+    if (config_load(FIX "/qwen3_moe", &c)) return -1;
+    c.E = EXPERTS;
+    c.aux_coef = 0.5f;
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) return -1;
+    float *w = calloc((size_t)m.n_elems, 4);
+    for (int i = 0; i < m.n_params; i++) {
+        const model_param *p = &m.params[i];
+        int norm = p->ndim == 1;
+        for (long long j = 0; j < p->numel; j++) w[p->off + j] = norm ? 1.0f + 0.1f * (frand() - 0.5f) : 0.2f * (frand() - 0.5f);
+    }
+    mkdir(MODEL, 0700);
+    int rc = config_write(MODEL, &c) || model_save_host(&m, MODEL, w, 0);
+    free(w);
+    model_free(&m);
+    be->destroy(be);
+    V = c.V;
+    return rc ? -1 : 0;
+}
+
+static void make_inputs(void) {
+    for (int i = 0; i < NG; i++) {
+        int tok = P_[i];
+        for (int t = 0; t < P_[i]; t++) prompt_[i][t] = 3 + (int)(rnd() % (unsigned)(V - 3));
+        random_routes(proute_[i], P_[i]);
+        for (int r = 0; r < N_[i]; r++) {
+            R_[i][r] = 1 + (int)(rnd() % 5);
+            tok += R_[i][r];
+            for (int t = 0; t < R_[i][r]; t++) {
+                resp_[i][r][t] = 3 + (int)(rnd() % (unsigned)(V - 3));
+                old_[i][r][t] = -5.7f - 0.5f * frand();
+            }
+            random_routes(rroute_[i][r], R_[i][r]);
+            respp_[i][r] = resp_[i][r];
+            oldp_[i][r] = old_[i][r];
+            rroutep_[i][r] = rroute_[i][r];
+            reward_[i][r] = frand();
+        }
+        while (tok < 13) { /* two groups never share a micro-batch of 24 */
+            R_[i][0]++;
+            resp_[i][0][R_[i][0] - 1] = 5;
+            tok++;
+        }
+        while (tok > MB_TOKENS) {
+            for (int r = 0; r < N_[i] && tok > MB_TOKENS; r++)
+                if (R_[i][r] > 1) R_[i][r]--, tok--;
+        }
+    }
+}
+
+static void groups(eng_update_group *g, int routes) {
+    for (int i = 0; i < NG; i++)
+        g[i] = (eng_update_group){.prompt = prompt_[i],
+                                  .P = P_[i],
+                                  .n = N_[i],
+                                  .resp = respp_[i],
+                                  .R = R_[i],
+                                  .reward = reward_[i],
+                                  .old_logprobs = oldp_[i],
+                                  .prompt_routes = routes ? proute_[i] : NULL,
+                                  .resp_routes = routes ? rroutep_[i] : NULL};
+}
+
+static int run_update(eng *e, int k, eng_update_result *u) {
+    loss_config a;
+    eng_optim o;
+    loss_config_default(&a);
+    eng_optim_default(&o);
+    o.lr = 2e-3f;
+    o.grad_clip = 0.05f;
+    a.adv = ADV_GRPO;
+    a.kl_coef = k ? 0 : 0.05f;
+    a.kl = KL_K3;
+    a.entropy_coeff = 0.01f;
+    a.ppo_mini_batch_size = 3;
+    a.ppo_epochs = k ? 1 : 2;
+    a.use_rollout_logprobs = k; /* 0: the old pass runs */
+    eng_update_group g[NG];
+    groups(g, k);
+    return eng_update(e, g, NG, &a, &o, MB_TOKENS, u, NULL, NULL);
+}
+
+#define NPROBE (NG * 4 * 9)
+static int probe(eng *e, float *out) {
+    eng_update_group g[NG];
+    groups(g, 0);
+    float **lp;
+    if (eng_logprobs(e, g, NG, 0, 1.0f, 1 << 20, &lp)) return -1;
+    int k = 0, s = 0;
+    for (int i = 0; i < NG; i++)
+        for (int r = 0; r < N_[i]; r++, s++)
+            for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
+    eng_logprobs_free(lp, g, NG);
+    return k;
+}
+
+static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
+    eng *e;
+    eng_open_opts o = {.model_dir = model, .backend = "cpu", .n_threads = 1, .comm = c, .resume_dir = resume, .expert_parallel = ep};
+    return eng_open(&o, &e) ? NULL : e;
+}
+
+/* ---------------------------------------------------------------- ranks as threads */
+
+typedef enum { OP_OPEN, OP_UPDATE, OP_STATE, OP_SAVE, OP_PROBE, OP_CLOSE } op_t;
+typedef struct {
+    comm *c;
+    eng *e;
+    op_t op;
+    int k;
+    const char *dir;
+    int rc;
+    char msg[256];
+    eng_update_result u;
+    float *st[3]; /* rank 0: the gathered master, m, v */
+    float lp[NPROBE];
+    int n_lp;
+} rank_job;
+
+static void *rank_main(void *p) {
+    rank_job *j = p;
+    j->rc = 0;
+    switch (j->op) {
+    case OP_OPEN:
+        j->e = open_one(j->c, MODEL, j->dir, 1);
+        j->rc = j->e ? 0 : -1;
+        break;
+    case OP_UPDATE: j->rc = run_update(j->e, j->k, &j->u); break;
+    case OP_STATE: j->rc = eng_testing_state(j->e, j->st[0], j->st[1], j->st[2]); break;
+    case OP_SAVE: j->rc = eng_checkpoint_save(j->e, j->dir); break;
+    case OP_PROBE:
+        j->n_lp = probe(j->e, j->lp);
+        j->rc = j->n_lp < 0;
+        break;
+    case OP_CLOSE:
+        eng_close(j->e);
+        j->e = NULL;
+        break;
+    }
+    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
+    return NULL;
+}
+
+static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) {
+    pthread_t th[WMAX];
+    for (int q = 0; q < W; q++) {
+        j[q].op = op;
+        j[q].k = k;
+        j[q].dir = dir;
+        pthread_create(&th[q], NULL, rank_main, &j[q]);
+    }
+    int bad = 0;
+    for (int q = 0; q < W; q++) {
+        pthread_join(th[q], NULL);
+        if (j[q].rc) {
+            printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
+static int open_world(int W, comm **cs, rank_job *j, const char *resume) {
+    memset(j, 0, (size_t)W * sizeof *j);
+    if (comm_cpu_group(W, cs)) return -1;
+    for (int q = 0; q < W; q++) j[q].c = cs[q];
+    return all_ranks(j, W, OP_OPEN, 0, resume) ? -1 : 0;
+}
+
+static void close_world(int W, comm **cs, rank_job *j) {
+    all_ranks(j, W, OP_CLOSE, 0, NULL);
+    for (int q = 0; q < W; q++) comm_free(cs[q]);
+}
+
+/* ---------------------------------------------------------------- comparisons */
+
+static long long N; /* elements of the whole model (every expert) */
+static const model *M; /* its layout: the one-rank engine's model */
+
+/* relative L2 of a against b over the expert parameters (experts = 1) or the others */
+static double part_err(const float *a, const float *b, int experts) {
+    double num = 0, den = 0;
+    for (int i = 0; i < M->n_params; i++) {
+        const model_param *p = &M->params[i];
+        if ((strstr(p->name, ".mlp.experts.") != NULL) != experts) continue;
+        for (long long j = p->off; j < p->off + p->numel; j++) {
+            double d = (double)a[j] - b[j];
+            num += d * d;
+            den += (double)b[j] * b[j];
+        }
+    }
+    return sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+static float *ref_st[NCFG][3];
+static eng_update_result ref_u[NCFG];
+static float ref_lp[NCFG][NPROBE];
+
+static int close_rel(double a, double b, double rel) { return fabs(a - b) <= 1e-6 + rel * fabs(b); }
+
+/* W ranks' update k against the one-rank reference; 0 when every bound holds. */
+static int compare_update(rank_job *j, int W, int k) {
+    static const char *what[3] = {"master", "adam_m", "adam_v"};
+    int bad = 0;
+    for (int q = 1; q < W; q++) bad |= j[q].u.loss != j[0].u.loss || j[q].u.grad_norm != j[0].u.grad_norm;
+    if (!close_rel(j[0].u.loss, ref_u[k].loss, 1e-6) || !close_rel(j[0].u.grad_norm, ref_u[k].grad_norm, 1e-6)) {
+        printf("  W=%d cfg %d: loss %.9g vs %.9g, grad_norm %.9g vs %.9g\n", W, k, j[0].u.loss, ref_u[k].loss, j[0].u.grad_norm,
+               ref_u[k].grad_norm);
+        bad = 1;
+    }
+    for (int i = 0; i < 3; i++) {
+        double ex = part_err(j[0].st[i], ref_st[k][i], 1), rp = part_err(j[0].st[i], ref_st[k][i], 0);
+        if (i > 0 || ex > 1e-7 || rp > 1e-7) printf("  W=%d cfg %d %s: rel L2 experts %.2e, replicated %.2e\n", W, k, what[i], ex, rp);
+        bad |= !(ex <= 1e-5 && rp <= 1e-5);
+    }
+    double mx = 0;
+    for (int i = 0; i < j[0].n_lp; i++) mx = fmax(mx, fabs(j[0].lp[i] - ref_lp[k][i]));
+    for (int q = 1; q < W; q++) bad |= memcmp(j[q].lp, j[0].lp, sizeof j[0].lp) != 0;
+    printf("  W=%d cfg %d: loss %.7f grad_norm %.6f, logprobs after max |d| %.2e\n", W, k, j[0].u.loss, j[0].u.grad_norm, mx);
+    return bad || mx > 2e-5;
+}
+
+static void alloc_st(float *st[3]) {
+    for (int i = 0; i < 3; i++) st[i] = calloc((size_t)N, 4);
+}
+static void free_st(float *st[3]) {
+    for (int i = 0; i < 3; i++) free(st[i]);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static eng *ref_e;
+
+TEST(one_rank_reference) {
+    CHECK_EQ_INT(make_model(), 0);
+    make_inputs();
+    for (int k = 0; k < NCFG; k++) {
+        ref_e = open_one(NULL, MODEL, NULL, 0);
+        CHECK_MSG(ref_e, "%s", err_msg());
+        eng_testing_info t;
+        eng_testing_get(ref_e, &t);
+        N = t.n_params;
+        CHECK_MSG(run_update(ref_e, k, &ref_u[k]) == 0, "%s", err_msg());
+        alloc_st(ref_st[k]);
+        CHECK(eng_testing_state(ref_e, ref_st[k][0], ref_st[k][1], ref_st[k][2]) == 0);
+        CHECK(probe(ref_e, ref_lp[k]) > 0);
+        printf("  cfg %d: loss %.7f grad_norm %.6f (clip 0.05) steps %d micro-batches %d\n", k, ref_u[k].loss, ref_u[k].grad_norm,
+               ref_u[k].optimizer_steps, ref_u[k].micro_batches);
+        if (k < NCFG - 1) eng_close(ref_e);
+    }
+    eng_testing_info t;
+    eng_testing_get(ref_e, &t);
+    M = t.m; /* kept open for its layout */
+}
+
+TEST(ep_update_equals_one_rank) {
+    for (int W = 1; W <= WMAX; W++)
+        for (int k = 0; k < NCFG; k++) {
+            comm *cs[WMAX];
+            rank_job j[WMAX];
+            CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open", W);
+            for (int q = 0; q < W; q++) alloc_st(j[q].st); /* every rank asks for the same vectors */
+            CHECK_MSG(all_ranks(j, W, OP_UPDATE, k, NULL) == 0, "W=%d cfg %d update", W, k);
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK_MSG(compare_update(j, W, k) == 0, "W=%d cfg %d differs from one rank", W, k);
+            for (int q = 0; q < W; q++) free_st(j[q].st);
+            close_world(W, cs, j);
+        }
+}
+
+/* The control: the bound sees an expert gradient counted twice (AdamW's m is linear in it). */
+TEST(control_doubled_expert_gradient) {
+    float *m2 = malloc((size_t)N * 4);
+    memcpy(m2, ref_st[0][1], (size_t)N * 4);
+    for (int i = 0; i < M->n_params; i++)
+        if (strstr(M->params[i].name, ".mlp.experts."))
+            for (long long j = M->params[i].off; j < M->params[i].off + M->params[i].numel; j++) m2[j] *= 2;
+    double ex = part_err(m2, ref_st[0][1], 1);
+    printf("  m with the experts' gradient doubled: rel L2 %.2f\n", ex);
+    CHECK(ex > 1e-5);
+    free(m2);
+}
+
+TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
+    comm *cs[WMAX];
+    rank_job j[WMAX];
+    CHECK(open_world(4, cs, j, NULL) == 0);
+    CHECK(all_ranks(j, 4, OP_UPDATE, 0, NULL) == 0);
+    CHECK(all_ranks(j, 4, OP_SAVE, 0, CKPT) == 0);
+    close_world(4, cs, j);
+    /* on W = 2 with expert parallelism */
+    CHECK(open_world(2, cs, j, CKPT) == 0);
+    CHECK(all_ranks(j, 2, OP_PROBE, 0, NULL) == 0);
+    float lp2[NPROBE];
+    memcpy(lp2, j[0].lp, sizeof lp2);
+    CHECK(all_ranks(j, 2, OP_UPDATE, 1, NULL) == 0);
+    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
+    CHECK(all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
+    CHECK(all_ranks(j, 2, OP_PROBE, 0, NULL) == 0);
+    /* on one rank without: the reference of the next update */
+    eng *e = open_one(NULL, MODEL, CKPT, 0);
+    CHECK_MSG(e, "%s", err_msg());
+    float lp1[NPROBE];
+    int n = probe(e, lp1);
+    CHECK(n > 0);
+    CHECK_MSG(memcmp(lp1, lp2, (size_t)n * 4) == 0, "logprobs of the checkpoint on W=2 and on one rank differ");
+    free_st(ref_st[1]);
+    alloc_st(ref_st[1]);
+    CHECK_MSG(run_update(e, 1, &ref_u[1]) == 0, "%s", err_msg());
+    CHECK(eng_testing_state(e, ref_st[1][0], ref_st[1][1], ref_st[1][2]) == 0);
+    CHECK(probe(e, ref_lp[1]) > 0);
+    CHECK_MSG(compare_update(j, 2, 1) == 0, "the next update after the checkpoint differs");
+    for (int q = 0; q < 2; q++) free_st(j[q].st);
+    close_world(2, cs, j);
+    eng_close(e);
+}
+
+TEST(refusals) {
+    eng *e;
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .expert_parallel = 1};
+    CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
+    printf("  no comm: %s\n", err_msg());
+    comm *c;
+    CHECK_EQ_INT(comm_cpu_group(1, &c), 0);
+    o.comm = c;
+    o.model_dir = FIX "/qwen3";
+    CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
+    printf("  dense: %s\n", err_msg());
+    CHECK(strstr(err_msg(), "mixture-of-experts") != NULL);
+    o.model_dir = MODEL;
+    CHECK_MSG(eng_open(&o, &e) == 0, "%s", err_msg());
+    /* the daemon opens its scheduler at start: that works; a rollout is refused */
+    eng_sched *s;
+    CHECK_MSG(eng_sched_open(e, NULL, &s) == 0, "%s", err_msg());
+    eng_sched_close(s);
+    eng_rollout_group rg = {prompt_[0], P_[0], 2};
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    eng_group_result gr;
+    CHECK_EQ_INT(eng_rollout(e, &rg, 1, &sp, &gr, NULL, NULL), GE_UNSUPPORTED);
+    printf("  rollouts: %s\n", err_msg());
+    /* a group larger than a micro-batch */
+    eng_update_group g[NG];
+    groups(g, 0);
+    loss_config a;
+    eng_optim op;
+    loss_config_default(&a);
+    eng_optim_default(&op);
+    eng_update_result u;
+    CHECK_EQ_INT(eng_update(e, g, NG, &a, &op, 12, &u, NULL, NULL), GE_TOO_LARGE);
+    printf("  split group: %s\n", err_msg());
+    eng_close(e);
+    comm_free(c);
+    comm *c3[3];
+    CHECK_EQ_INT(comm_cpu_group(3, c3), 0);
+    rank_job j[3];
+    memset(j, 0, sizeof j);
+    for (int q = 0; q < 3; q++) j[q].c = c3[q];
+    /* 8 experts on 3 ranks: every rank refuses alone (model_init_ep), before any collective */
+    o.comm = c3[0];
+    o.model_dir = FIX "/qwen3_moe";
+    CHECK_EQ_INT(eng_open(&o, &e), GE_UNSUPPORTED);
+    printf("  E %% W: %s\n", err_msg());
+    for (int q = 0; q < 3; q++) comm_free(c3[q]);
+    eng_close(ref_e);
+}
+
+int main(void) {
+    RUN(one_rank_reference);
+    RUN(ep_update_equals_one_rank);
+    RUN(control_doubled_expert_gradient);
+    RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
+    RUN(refusals);
+    return CHECK_DONE();
+}
