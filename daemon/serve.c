@@ -40,7 +40,7 @@ typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
     char allowed_hosts[1024], allowed_origins[1024];
     char optimizer_offload[8];
-    int insecure_no_auth, checkpoint_on_exit;
+    int insecure_no_auth, checkpoint_on_exit, expert_parallel;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
     long long lora_rank, lora_alpha;
@@ -103,6 +103,10 @@ static const opt_def opts[] = {
     {"gpus", O_STR, S_(gpus), 0, 0, 0, "",
      "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; "
      "the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
+    {"expert-parallel", O_BOOL, S_(expert_parallel), 0, 1, 0, "false",
+     "with --ranks N or --gpus: a mixture-of-experts model's experts split over the ranks (each holds E/N of them and their "
+     "training state; tokens travel to them), the rest sharded as data parallelism shards it; cpu backend, updates and "
+     "logprobs only (rollouts not built yet)"},
     {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0",
      "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K "
      "joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no "
@@ -285,6 +289,10 @@ static int check_rank_opts(serve_opts *o, char *why, size_t wl) {
     }
     if (o->ranks > 1 && strcmp(o->backend, "cpu")) {
         snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
+        return -1;
+    }
+    if (o->expert_parallel && (o->join[0] || o->followers > 0)) {
+        snprintf(why, wl, "--expert-parallel with --%s is not built: run the ranks in one process", o->join[0] ? "join" : "followers");
         return -1;
     }
     if (o->join[0] && o->followers > 0) {
@@ -766,6 +774,7 @@ int serve_main(int argc, char **argv) {
                         .model_dir = s.o.model,
                         .backend = s.o.backend,
                         .optimizer_offload = s.o.optimizer_offload,
+                        .expert_parallel = s.o.expert_parallel,
                         .n_threads = (int)s.o.engine_threads,
                         .ranks = s.o.n_gpus ? s.o.n_gpus : (int)s.o.ranks,
                         .devices = s.o.n_gpus ? s.o.gpu_dev : NULL,
