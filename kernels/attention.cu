@@ -9,8 +9,9 @@
  * forces the simple path (tests). The mma.sync kernels at D = 128, once an A/B switch against
  * wgmma, are no longer built (measured slower: docs/benchmarks.md, "attention on wgmma").
  *
- * Simple path (below; every even D up to 128, zero-padded to DM = 16, 32, 64 or 128): plain
- * SIMT fp32 kernels, the first version.
+ * Simple path (below; every even D up to 256, zero-padded to DM = 16, 32, 64, 128 or 256): plain
+ * SIMT fp32 kernels, the first version, and the only path at D > 128 (Qwen3.5's gated attention
+ * has D = 256; its shared arrays, 49-65 KB there, are dynamic: block_smem).
  * Forward: a block is 16 consecutive queries of one head (4 warps x 4 queries). The keys that
  * any of its queries sees, pass by pass (range a, then range b), are streamed through shared
  * memory in tiles of 32; lane j scores key j for the warp's 4 queries, an online softmax in
@@ -30,6 +31,25 @@
 #include "kernels/attention_tiles.cuh"
 
 enum { QT = 16, KT = 32, NT = 128, QB = 8 };
+
+/* A kernel's shared arrays S: static up to DM = 128 (within the 48 KB static limit), dynamic at
+ * DM = 256 (49-65 KB; the launch passes sizeof(S), smem_bytes raised the limit). */
+template <class S, int DM> __device__ __forceinline__ S &block_smem() {
+    if constexpr (DM > 128) {
+        extern __shared__ __align__(16) unsigned char attn_dyn_smem[];
+        return *reinterpret_cast<S *>(attn_dyn_smem);
+    } else {
+        __shared__ S s;
+        return s;
+    }
+}
+
+/* The dynamic shared bytes a launch of kernel<DM> passes: 0 up to DM = 128, else sizeof(S). */
+template <class S, int DM, typename Kernel> static size_t smem_bytes(cu_ctx *c, Kernel kernel, unsigned *done) {
+    if (DM <= 128) return 0;
+    cu_raise_smem(c, kernel, sizeof(S), done);
+    return sizeof(S);
+}
 
 /* One 32-key tile of k (and v) rows [j0, j0+32) into shared memory, rows past `end` and
  * columns past D zeroed. kp / vp: padded row strides in elements (DM + 2 keeps lanes on
@@ -79,14 +99,22 @@ __device__ __forceinline__ void load_ranges(int (*lo_s)[QT], int (*hi_s)[QT], in
     __syncthreads();
 }
 
+template <int DM> struct fwd_smem {
+    float q_s[QT][DM];
+    __align__(16) bf16 k_s[KT * (DM + 2)];
+    __align__(16) bf16 v_s[KT * DM];
+    int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+};
+
 template <int DM>
 __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                       attn_ranges r, int T, int H, int K, int D, float scale2) {
     constexpr int KP = DM + 2, NP = (DM + 63) / 64;
-    __shared__ float q_s[QT][DM];
-    __shared__ __align__(16) bf16 k_s[KT * KP];
-    __shared__ __align__(16) bf16 v_s[KT * DM];
-    __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+    fwd_smem<DM> &sm = block_smem<fwd_smem<DM>, DM>();
+    auto &q_s = sm.q_s;
+    bf16 *k_s = sm.k_s, *v_s = sm.v_s;
+    auto &lo_s = sm.lo_s, &hi_s = sm.hi_s;
+    int *blo = sm.blo, *bhi = sm.bhi;
     int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int i = threadIdx.x; i < QT * DM; i += NT) {
         int qi = i / DM, d = i % DM, t = t0 + qi;
@@ -173,15 +201,23 @@ __global__ void __launch_bounds__(NT) attn_fwd_kernel(bf16 *out, float *lse, con
 }
 
 /* dq = scale Σ_j P_j (dP_j - Dsum) k_j, dP_j = dout·v_j; also writes Dsum (T,H) for dk/dv. */
+template <int DM> struct dq_smem {
+    float q_s[QT][DM], do_s[QT][DM];
+    __align__(16) bf16 k_s[KT * (DM + 2)];
+    __align__(16) bf16 v_s[KT * (DM + 2)];
+    int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+};
+
 template <int DM>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dq_kernel(bf16 *dq, float *dsum, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out,
                        const float *lse, attn_ranges r, int T, int H, int K, int D, float scale2, float scale) {
     constexpr int KP = DM + 2, NP = (DM + 63) / 64;
-    __shared__ float q_s[QT][DM], do_s[QT][DM];
-    __shared__ __align__(16) bf16 k_s[KT * KP];
-    __shared__ __align__(16) bf16 v_s[KT * KP];
-    __shared__ int lo_s[2][QT], hi_s[2][QT], blo[2], bhi[2];
+    dq_smem<DM> &sm = block_smem<dq_smem<DM>, DM>();
+    auto &q_s = sm.q_s, &do_s = sm.do_s;
+    bf16 *k_s = sm.k_s, *v_s = sm.v_s;
+    auto &lo_s = sm.lo_s, &hi_s = sm.hi_s;
+    int *blo = sm.blo, *bhi = sm.bhi;
     int h = blockIdx.y, g = h / (H / K), t0 = blockIdx.x * QT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int i = threadIdx.x; i < QT * DM; i += NT) {
         int qi = i / DM, d = i % DM, t = t0 + qi;
@@ -304,18 +340,27 @@ void attn_tile_bounds_cuda(cu_ctx *c, int *qlo, int *qhi, attn_ranges r, int T, 
     CU_LAUNCHED(c, "attn_tile_bounds_kernel");
 }
 
+template <int DM> struct dkdv_smem {
+    __align__(16) bf16 k_s[KT * (DM + 2)];
+    __align__(16) bf16 v_s[KT * (DM + 2)];
+    float q_s[QB][DM], do_s[QB][DM];
+    float ps_s[4][QB][KT], pd_s[4][QB][KT];
+    float lse_s[QB], ds_s[QB];
+    int rg[QB][4];
+};
+
 template <int DM>
 __global__ void __launch_bounds__(NT)
     attn_bwd_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
                          const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, int D,
                          float scale2, float scale) {
     constexpr int KP = DM + 2, DW = DM / 4;
-    __shared__ __align__(16) bf16 k_s[KT * KP];
-    __shared__ __align__(16) bf16 v_s[KT * KP];
-    __shared__ float q_s[QB][DM], do_s[QB][DM];
-    __shared__ float ps_s[4][QB][KT], pd_s[4][QB][KT];
-    __shared__ float lse_s[QB], ds_s[QB];
-    __shared__ int rg[QB][4];
+    dkdv_smem<DM> &sm = block_smem<dkdv_smem<DM>, DM>();
+    bf16 *k_s = sm.k_s, *v_s = sm.v_s;
+    auto &q_s = sm.q_s, &do_s = sm.do_s;
+    auto &ps_s = sm.ps_s, &pd_s = sm.pd_s;
+    float *lse_s = sm.lse_s, *ds_s = sm.ds_s;
+    auto &rg = sm.rg;
     int kt = blockIdx.x, g = blockIdx.y, j0 = kt * KT, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int rep = H / K, d0 = warp * DW, j = j0 + lane, t_lo = qlo[kt], t_hi = qhi[kt];
     load_tile<DM>(k_s, KP, v_s, KP, k, v, j0, S, K, g, D);
@@ -396,14 +441,16 @@ __global__ void __launch_bounds__(NT)
     }
 }
 
-/* 0 when D is not an even head dim up to 128 (the context then holds the error). */
+/* 0 when D is not an even head dim up to ATTN_MAX_HEAD_DIM (the context then holds the error). */
 static int head_dim_ok(cu_ctx *c, int D) {
-    if (D >= 2 && D <= 128 && D % 2 == 0) return 1;
+    if (D >= 2 && D <= ATTN_MAX_HEAD_DIM && D % 2 == 0) return 1;
     char what[80];
-    snprintf(what, sizeof what, "head dim %d (supported: even, at most 128)", D);
+    snprintf(what, sizeof what, "head dim %d (supported: even, at most %d)", D, ATTN_MAX_HEAD_DIM);
     cu_fail(c, "attention", what, __FILE__, __LINE__);
     return 0;
 }
+
+static unsigned raised_fwd, raised_dq, raised_dkdv; /* smem_bytes' once-per-device bits (DM = 256) */
 
 static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT; }
 
@@ -412,7 +459,8 @@ static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune
         if ((D) <= 16) launch(16); \
         else if ((D) <= 32) launch(32); \
         else if ((D) <= 64) launch(64); \
-        else launch(128); \
+        else if ((D) <= 128) launch(128); \
+        else launch(256); \
     } while (0)
 
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
@@ -428,7 +476,9 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
         return;
     }
     dim3 grid((T + QT - 1) / QT, H);
-#define L_(DM) attn_fwd_kernel<DM><<<grid, NT, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, D, scale2)
+#define L_(DM) \
+    attn_fwd_kernel<DM><<<grid, NT, smem_bytes<fwd_smem<DM>, DM>(c, attn_fwd_kernel<DM>, &raised_fwd), c->stream>>>( \
+        out, lse, q, k, v, r, T, H, K, D, scale2)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_fwd_kernel");
@@ -451,14 +501,16 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
-#define L_(DM) attn_bwd_dq_kernel<DM><<<gq, NT, 0, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, D, scale2, scale)
+#define L_(DM) \
+    attn_bwd_dq_kernel<DM><<<gq, NT, smem_bytes<dq_smem<DM>, DM>(c, attn_bwd_dq_kernel<DM>, &raised_dq), c->stream>>>( \
+        dq, dsum, dout, q, k, v, out, lse, r, T, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, kt);
 #define L_(DM) \
-    attn_bwd_dkdv_kernel<DM> \
-        <<<gk, NT, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
+    attn_bwd_dkdv_kernel<DM><<<gk, NT, smem_bytes<dkdv_smem<DM>, DM>(c, attn_bwd_dkdv_kernel<DM>, &raised_dkdv), \
+                               c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");

@@ -9,7 +9,9 @@
 #include "kernels/common.cuh"
 #include "kernels/attention.h"
 
-/* D even, <= 128. Backward: S >= T key rows (S == T: keys are the tokens; S > T: queries that
+/* The largest head dim the launchers take (D = 256: the simple SIMT kernels, attention.cu). */
+enum { ATTN_MAX_HEAD_DIM = 256 };
+/* D even, <= ATTN_MAX_HEAD_DIM. Backward: S >= T key rows (S == T: keys are the tokens; S > T: queries that
  * attend to KV-cache rows other forwards wrote, engine/model/split.c), the dk/dv key tiles cover S. The ranges must not
  * be written by the kernel launched just before the forward: at decode sizes it reads them
  * before its dependent-launch wait (they come from host uploads). */

@@ -513,7 +513,7 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->gated_attn_qk_bwd = cu_gated_attn_qk_bwd;
     b->gated_attn_gate_fwd = cu_gated_attn_gate_fwd;
     b->gated_attn_gate_bwd = cu_gated_attn_gate_bwd;
-    b->max_head_dim = 128; /* kernels/attention.cu */
+    b->max_head_dim = ATTN_MAX_HEAD_DIM; /* kernels/attention.cuh */
     b->lm_head_rows = cu_lm_head_rows;
     b->sample = cu_sample;
     b->host_alloc = cu_host_alloc;

@@ -379,6 +379,14 @@ int main(int argc, char **argv) {
     qh.conv_k = 4;
     for (int l = 0; l < qh.L; l++) qh.attn[l] = l == 2 ? ATTN_GATED : ATTN_DELTANET;
     model_case("qwen3_5", &qh, 8008, 0.0f, 1e-2, 2e-2);
+    /* the released checkpoints' head dim: gated attention at D = 256 (attention.cu's simple path),
+     * 4 query heads a kv head, a quarter of D rotary */
+    model_config qd = qh;
+    qd.H = 4;
+    qd.K = 1;
+    qd.D = 256;
+    qd.R = 64;
+    model_case("qwen3_5 D=256", &qd, 8018, 0.0f, 1e-2, 2e-2);
     if (only_hybrid) {
         printf("%d failed\n", gc_failures);
         return gc_failures ? 1 : 0;

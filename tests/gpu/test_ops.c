@@ -732,6 +732,7 @@ static void attention_suite(void) {
     ranges r = make_ranges(1, P1, N1, R1);
     t_attention("causal", r, r.T, 4, 4, 64, 1);
     t_attention("causal", r, r.T, 4, 2, 128, 1); /* several query tiles a dkdv block, GQA */
+    t_attention("causal", r, r.T, 4, 1, 256, 1);  /* Qwen3.5's gated-attention head dim (simple path) */
     free_ranges(r);
     if (small_run) {
         int P[] = {21}, N[] = {2}, Ra[] = {9, 1};
@@ -739,6 +740,7 @@ static void attention_suite(void) {
         r = make_ranges(1, P, N, R);
         t_attention("shared-prefix", r, r.T, 4, 2, 128, 1);
         t_attention("shared-prefix", r, r.T, 4, 2, 16, 1);
+        t_attention("shared-prefix", r, r.T, 4, 2, 256, 1);
         free_ranges(r);
         int Pb[] = {70, 3}, Nb[] = {2, 1}, Rb1[] = {65, 1}, Rb2[] = {2};
         const int *Rb[] = {Rb1, Rb2};
@@ -753,6 +755,8 @@ static void attention_suite(void) {
     r = make_ranges(3, P2, N2, R2);
     t_attention("3 groups", r, r.T, 8, 2, 128, 1);
     t_attention("3 groups", r, r.T, 6, 3, 64, 1);
+    t_attention("3 groups", r, r.T, 8, 2, 256, 1);
+    t_attention("3 groups", r, r.T, 4, 4, 256, 1);
     free_ranges(r);
     /* a long prompt shared by 16 responses: the dK/dV sum over many queries */
     int P3[] = {300}, N3[] = {16}, Rd[16];
@@ -771,6 +775,7 @@ static void attention_suite(void) {
     }
     t_attention("kv cache S=200", d, 200, 8, 2, 128, 0);
     t_attention("kv cache S=200", d, 200, 8, 2, 32, 0);
+    t_attention("kv cache S=200", d, 200, 16, 4, 256, 0);
     free_ranges(d);
     /* a response micro-batch of the split schedule (engine/model/split.c): queries are responses at
      * cache rows P.., attending to a cached prompt [0, P) and causally to themselves; the backward
@@ -788,6 +793,7 @@ static void attention_suite(void) {
         t_attention("split S=P+T", k, Pk + Tk, 8, 2, 128, 1);
         t_attention("split S=P+T", k, Pk + Tk, 8, 2, 64, 1);
         t_attention("split S=P+T", k, Pk + Tk, 4, 2, 32, 1);
+        t_attention("split S=P+T", k, Pk + Tk, 8, 2, 256, 1);
         free_ranges(k);
     }
     /* tensor-core path, odd shapes: N = 1 with R = 1 and a prompt not a multiple of 64 */
@@ -804,6 +810,7 @@ static void attention_suite(void) {
     determ = 1;
     t_attention("6 groups", r, r.T, 8, 2, 64, 1);
     t_attention("6 groups", r, r.T, 4, 4, 128, 1);
+    t_attention("6 groups", r, r.T, 6, 2, 256, 1);
     determ = 0;
     /* the simple path: small head dims (fixture models), and forced at D = 128 */
     t_attention("6 groups", r, r.T, 4, 2, 16, 1);
