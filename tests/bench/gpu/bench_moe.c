@@ -1,7 +1,8 @@
 /* bench_moe.c — the MoE experts' GEMMs alone (kernels/moe.h) at Qwen3-30B-A3B dims (C=2048,
  * Fm=768, E=128, top-8), each variant of kernels/tune.h's `moe` on the same routes:
  *   training: moe_experts_fwd and moe_experts_bwd (every weight gradient) at T tokens, tiles vs
- *             grouped; useful TFLOP/s (6·S·C·Fm forward, 12·S·C·Fm backward, S = T·k) beside a
+ *             grouped, then the base frozen (no weight gradients) without and with LoRA r=16 on
+ *             the experts (the adapters' rows: FLOPs counted as the base's); useful TFLOP/s (6·S·C·Fm forward, 12·S·C·Fm backward, S = T·k) beside a
  *             dense cuBLASLt GEMM of the gate projection's shape (S×C by C×Fm): the ceiling;
  *   decode:   moe_experts_fwd at T rows, tiles vs few; the routed experts' weight bytes (3·Fm·C·2
  *             each touched expert) over the time, beside the device's copy bandwidth (read+write).
@@ -42,6 +43,35 @@ static void routes(moe_w *w, int T, void **x, int **ti, float **tw, int *touched
     be->free(be, p);
 }
 
+/* one training variant's row: fwd and bwd at T tokens on the buffers of b (dw NULL: frozen) */
+typedef struct {
+    void *x, *out, *dout, *dx, *eg, *eu, *ey, *dg, *du;
+    int *ti;
+    float *tw, *dtw;
+} train_bufs;
+
+static void train_row(moe_w *w, const train_bufs *b, const char *name, int T, int touched, float *dwg, float *dwu, float *dwd,
+                      const moe_lora *lr) {
+    eng_backend *be = w->be;
+    size_t S = (size_t)T * K;
+    double fl = 6.0 * S * C * FM, tf[5], tb[5];
+    for (int i = 0; i < 6; i++) {
+        double t0 = gc_now();
+        be->moe_experts_fwd(be, b->out, b->eg, b->eu, b->ey, b->x, b->x, b->ti, b->tw, w->wg[0], w->wu[0], w->wd[0], T, C, E, K,
+                            FM, lr);
+        if (be->sync(be)) gc_die(be, "fwd");
+        double t1 = gc_now();
+        be->moe_experts_bwd(be, b->dx, dwg, dwu, dwd, b->dtw, b->dg, b->du, b->dout, b->x, b->ti, b->tw, b->eg, b->eu, b->ey,
+                            w->wg[0], w->wu[0], w->wd[0], T, C, E, K, FM, lr);
+        if (be->sync(be)) gc_die(be, "bwd");
+        if (i) tf[i - 1] = t1 - t0, tb[i - 1] = gc_now() - t1;
+    }
+    double f = median(tf, 5), bw = median(tb, 5);
+    printf("moe experts T=%d (S=%zu, %d experts touched) %-8s fwd %8.2f ms %6.1f TFLOP/s   bwd %8.2f ms %6.1f TFLOP/s   "
+           "fwd+bwd %8.2f ms\n",
+           T, S, touched, name, f * 1e3, fl / f / 1e12, bw * 1e3, 2 * fl / bw / 1e12, (f + bw) * 1e3);
+}
+
 static void bench_train(moe_w *w, int T) {
     eng_backend *be = w->be;
     size_t S = (size_t)T * K, nw = (size_t)E * FM * C;
@@ -56,27 +86,30 @@ static void bench_train(moe_w *w, int T) {
     void *dg = be->alloc(be, S * FM * 2), *du = be->alloc(be, S * FM * 2);
     float *dtw = be->alloc(be, S * 4), *dwg = be->alloc(be, nw * 4), *dwu = be->alloc(be, nw * 4), *dwd = be->alloc(be, nw * 4);
     if (!dwd || !dx || !ey) gc_die(be, "alloc");
-    double fl = 6.0 * S * C * FM;
+    train_bufs b = {x, out, dout, dx, eg, eu, ey, dg, du, ti, tw, dtw};
     static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED};
     static const char *vn[] = {"tiles", "grouped"};
     for (int v = 0; v < 2; v++) {
         be->tune.moe = vs[v];
-        double tf[5], tb[5];
-        for (int i = 0; i < 6; i++) {
-            double t0 = gc_now();
-            be->moe_experts_fwd(be, out, eg, eu, ey, x, x, ti, tw, w->wg[0], w->wu[0], w->wd[0], T, C, E, K, FM, NULL);
-            if (be->sync(be)) gc_die(be, "fwd");
-            double t1 = gc_now();
-            be->moe_experts_bwd(be, dx, dwg, dwu, dwd, dtw, dg, du, dout, x, ti, tw, eg, eu, ey, w->wg[0], w->wu[0], w->wd[0], T,
-                                C, E, K, FM, NULL);
-            if (be->sync(be)) gc_die(be, "bwd");
-            if (i) tf[i - 1] = t1 - t0, tb[i - 1] = gc_now() - t1;
-        }
-        double f = median(tf, 5), b = median(tb, 5);
-        printf("moe experts T=%d (S=%zu, %d experts touched) %-8s fwd %8.2f ms %6.1f TFLOP/s   bwd %8.2f ms %6.1f TFLOP/s   "
-               "fwd+bwd %8.2f ms\n",
-               T, S, touched, vn[v], f * 1e3, fl / f / 1e12, b * 1e3, 2 * fl / b / 1e12, (f + b) * 1e3);
+        train_row(w, &b, vn[v], T, touched, dwg, dwu, dwd, NULL);
     }
+    /* LoRA r=16 on the experts as PEFT targets them (gate_up rank 2r, down rank r), the base
+     * frozen as LoRA trains it: beside the frozen base without adapters (the floor) */
+    enum { R = 16 };
+    moe_lora lr = {0};
+    float *hl = gc_rand((size_t)E * 2 * R * (C + 2 * FM) + 64, 0.02f, 11);
+    lr.rg = 2 * R, lr.rd = R;
+    size_t na = (size_t)E * 2 * R * C, nb = (size_t)E * 2 * FM * 2 * R, nad = (size_t)E * R * FM, nbd = (size_t)E * C * R;
+    lr.agu = gc_act(be, hl, na), lr.bgu = gc_act(be, hl + 1, nb), lr.ad = gc_act(be, hl + 2, nad), lr.bd = gc_act(be, hl + 3, nbd);
+    free(hl);
+    lr.gagu = be->alloc(be, na * 4), lr.gbgu = be->alloc(be, nb * 4), lr.gad = be->alloc(be, nad * 4), lr.gbd = be->alloc(be, nbd * 4);
+    if (!lr.gbd) gc_die(be, "alloc lora");
+    be->tune.moe = TUNE_MOE_GROUPED;
+    train_row(w, &b, "frozen", T, touched, NULL, NULL, NULL, NULL);
+    be->tune.moe = TUNE_MOE_AUTO;
+    train_row(w, &b, "lora16", T, touched, NULL, NULL, NULL, &lr);
+    void *lb[] = {(void *)lr.agu, (void *)lr.bgu, (void *)lr.ad, (void *)lr.bd, lr.gagu, lr.gbgu, lr.gad, lr.gbd};
+    for (size_t i = 0; i < sizeof lb / sizeof lb[0]; i++) be->free(be, lb[i]);
     be->tune.moe = TUNE_MOE_AUTO;
     /* the ceiling: one dense GEMM of the gate projection's shape, (S, C) x (C, Fm) */
     double tg[5];
