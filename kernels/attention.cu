@@ -466,6 +466,7 @@ static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune
 void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                         int H, int K, int D) {
     if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    if (c->tune->exact && attn_exact_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return; /* attention_exact.cu */
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cu) returns here
      * before the training kernels below. */
     if (use_flash(c, D) && attn_decode_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return;

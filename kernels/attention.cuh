@@ -42,4 +42,8 @@ void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, i
 /* attention_decode.cu: 1 when it took the forward (T small, D 64 / 128, H/K in {1, 2, 4, 8}) */
 int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                          int H, int K, int D);
+/* attention_exact.cu: the batch-invariant forward (tune.exact): every T, D 64 / 128, H/K <= 16;
+ * 1 (the context holds the error for other shapes) */
+int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                        int H, int K, int D);
 #endif

@@ -25,10 +25,12 @@ typedef struct {
     int moe; /* GRPOD_TUNE_MOE=auto|tiles|grouped: the MoE experts' GEMMs: auto the few-slot
                       * kernel up to 512 tokens and cuBLAS grouped GEMMs above; tiles the tiled
                       * kernels (batch-invariant); grouped the grouped GEMMs at every size */
+    int exact; /* GRPOD_TUNE_EXACT=0|1: batch-invariant kernels: a row's result does not depend
+                        * on the rows beside it (issue 36); rollout logprobs equal the trainer's */
 } tune_opts;
 
 static inline tune_opts tune_defaults(void) {
-    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO, TUNE_MOE_AUTO};
+    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO, TUNE_MOE_AUTO, 0};
     return t;
 }
 #endif

@@ -29,6 +29,7 @@ int tune_from_env(tune_opts *t) {
         {"ATTN", &attn, {"auto", "simt"}, {TUNE_ATTN_AUTO, TUNE_ATTN_SIMT}},
         {"SKINNY", &t->skinny, {"auto", "0", "1"}, {TUNE_SKINNY_AUTO, TUNE_SKINNY_OFF, TUNE_SKINNY_FORCE}},
         {"MOE", &t->moe, {"auto", "tiles", "grouped"}, {TUNE_MOE_AUTO, TUNE_MOE_TILES, TUNE_MOE_GROUPED}},
+        {"EXACT", &t->exact, {"0", "1"}, {0, 1}},
     };
     const size_t nk = sizeof knobs / sizeof knobs[0], np = strlen(TUNE_PREFIX);
     for (char **e = environ; e && *e; e++) {
@@ -39,7 +40,7 @@ int tune_from_env(tune_opts *t) {
         for (size_t i = 0; i < nk && !k; i++)
             if (strlen(knobs[i].name) == (size_t)(eq - name) && !strncmp(knobs[i].name, name, (size_t)(eq - name))) k = &knobs[i];
         if (!k)
-            return err_set(GE_INVALID, "unknown tuning knob %.*s (GRPOD_TUNE_: GRAPHS, PDL, ATTN_DECODE, ATTN, SKINNY, MOE)",
+            return err_set(GE_INVALID, "unknown tuning knob %.*s (GRPOD_TUNE_: GRAPHS, PDL, ATTN_DECODE, ATTN, SKINNY, MOE, EXACT)",
                            (int)(eq - *e), *e);
         int j = 0;
         while (j < 3 && k->words[j] && strcmp(k->words[j], eq + 1)) j++;

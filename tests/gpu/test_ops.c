@@ -7,7 +7,7 @@
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
  * The mixture-of-experts ops (t_moe) explain their own tolerances.
  * The hybrid model's ops (t_deltanet, t_gated_attn) explain theirs.
- * Usage: test_ops [small | attention | moe | hybrid | hybrid-small]   (small: the compute-sanitizer subset; the
+ * Usage: test_ops [small | attention | exact | moe | hybrid | hybrid-small]   (small: the compute-sanitizer subset; the
  * others: their cases alone) */
 #include "engine/format/config.h"
 #include "kernels/moe.h"
@@ -905,6 +905,166 @@ static void decode_attention_suite(void) {
     free_ranges(r);
 }
 
+/* ---------------------------------------------------------------- exact attention (issue 36) */
+
+/* Bits that differ between a (n) and b (n). */
+static size_t bits_differ(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
+/* The decode rows of a packed P+NR micro-batch's responses, as rollout lays them: each group's
+ * prompt and each response in its own range of KV-pool rows (placed in another order than the
+ * pack, with random rows between), one query a response at step js[i] (its token js[i] attends to
+ * the prompt and to tokens 0..js[i]). The training forward on the pack vs the decode forward on
+ * the pool, for those rows: out and lse bit for bit in exact mode, with every response's query
+ * decoded together and with each query alone; with exact = 0 the count that differ is printed
+ * (the test can fail). */
+static void t_exact_attention(const char *name, int G, const int *P, const int *N, const int *const *R, int H, int K, int D) {
+    char sh[96];
+    ranges tr = make_ranges(G, P, N, R);
+    int T = tr.T, nr = 0;
+    for (int g = 0; g < G; g++) nr += N[g];
+    snprintf(sh, sizeof sh, "%s T=%d rows=%d H=%d K=%d D=%d", name, T, nr, H, K, D);
+    /* pool: a gap of 7 random rows, then the groups from last to first, each group's responses
+     * in reverse order before its prompt, 3 random rows between ranges */
+    int S = 7 + T + 3 * (G + nr), *src = malloc((size_t)S * 4), *pos = malloc((size_t)T * 4);
+    for (int j = 0; j < S; j++) src[j] = -1;
+    int row = 7;
+    {
+        int t_end = T;
+        for (int g = G - 1; g >= 0; g--) {
+            int len = P[g];
+            for (int i = 0; i < N[g]; i++) len += R[g][i];
+            int t_beg = t_end - len, t = t_end;
+            for (int i = N[g] - 1; i >= 0; i--) {
+                t -= R[g][i];
+                for (int j = 0; j < R[g][i]; j++) pos[t + j] = row + j;
+                row += R[g][i] + 3;
+            }
+            for (int j = 0; j < P[g]; j++) pos[t_beg + j] = row + j;
+            row += P[g] + 3;
+            t_end = t_beg;
+        }
+    }
+    for (int t = 0; t < T; t++) src[pos[t]] = t;
+    /* decode queries: response i of group g at step js, the training row tq[i] */
+    ranges dr = {nr, malloc((size_t)nr * 4), malloc((size_t)nr * 4), malloc((size_t)nr * 4), malloc((size_t)nr * 4)};
+    int *tq = malloc((size_t)nr * 4), x = 0, t = 0;
+    unsigned long long seed = 0x9E3779B97F4A7C15ull * (unsigned)(T + D);
+    for (int g = 0; g < G; g++) {
+        int p0 = t;
+        t += P[g];
+        for (int i = 0; i < N[g]; i++, x++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            int js = (int)((seed >> 33) % (unsigned)R[g][i]);
+            tq[x] = t + js;
+            dr.a0[x] = pos[p0];
+            dr.a1[x] = pos[p0] + P[g];
+            dr.b0[x] = pos[t];
+            dr.b1[x] = pos[t] + js + 1;
+            t += R[g][i];
+        }
+    }
+    size_t nq = (size_t)T * H * D, nk = (size_t)S * K * D, rw = (size_t)H * D;
+    float *q = gc_rand(nq, 2.0f, 91), *k = gc_rand((size_t)T * K * D, 2.0f, 92), *v = gc_rand((size_t)T * K * D, 1.0f, 93);
+    float *pk = gc_rand(nk, 2.0f, 94), *pv = gc_rand(nk, 1.0f, 95), *dq = malloc((size_t)nr * rw * 4);
+    for (int j = 0; j < S; j++)
+        if (src[j] >= 0) {
+            memcpy(pk + (size_t)j * K * D, k + (size_t)src[j] * K * D, (size_t)K * D * 4);
+            memcpy(pv + (size_t)j * K * D, v + (size_t)src[j] * K * D, (size_t)K * D * 4);
+        }
+    for (int i = 0; i < nr; i++) memcpy(dq + i * rw, q + (size_t)tq[i] * rw, rw * 4);
+    void *gq = gc_act(gpu, q, nq), *gk = gc_act(gpu, k, (size_t)T * K * D), *gv = gc_act(gpu, v, (size_t)T * K * D);
+    void *gpk = gc_act(gpu, pk, nk), *gpv = gc_act(gpu, pv, nk), *gdq = gc_act(gpu, dq, (size_t)nr * rw);
+    void *go = gpu->alloc(gpu, nq * 2), *gdo = gpu->alloc(gpu, (size_t)nr * rw * 2);
+    float *gl = gpu->alloc(gpu, (size_t)T * H * 4), *gdl = gpu->alloc(gpu, (size_t)nr * H * 4);
+    attn_ranges tg = gc_dev_ranges(gpu, tr), dg = gc_dev_ranges(gpu, dr);
+    float *to = malloc((size_t)nr * rw * 4), *tl = malloc((size_t)nr * H * 4);
+    int saved = gpu->tune.exact;
+    for (int exact = 1; exact >= 0; exact--) {
+        gpu->tune.exact = exact;
+        gpu->attention_fwd(gpu, go, gl, gq, gk, gv, tg, T, H, K, D);
+        float *o = gc_get_act(gpu, go, nq), *l = gc_get_f32(gpu, gl, (size_t)T * H);
+        for (int i = 0; i < nr; i++) {
+            memcpy(to + i * rw, o + (size_t)tq[i] * rw, rw * 4);
+            memcpy(tl + (size_t)i * H, l + (size_t)tq[i] * H, (size_t)H * 4);
+        }
+        free(o);
+        free(l);
+        gpu->attention_fwd(gpu, gdo, gdl, gdq, gpk, gpv, dg, nr, H, K, D);
+        float *o2 = gc_get_act(gpu, gdo, (size_t)nr * rw), *l2 = gc_get_f32(gpu, gdl, (size_t)nr * H);
+        size_t d_o = bits_differ(o2, to, (size_t)nr * rw), d_l = bits_differ(l2, tl, (size_t)nr * H);
+        free(o2);
+        free(l2);
+        if (!exact) {
+            printf("exact=0: %zu of %zu out values and %zu of %zu lse differ (%s)\n", d_o, (size_t)nr * rw, d_l,
+                   (size_t)nr * H, sh);
+            gc_row("exact=0 decode vs train diffs (shows the test can fail; no limit)", sh, (double)(d_o + d_l), 1e30);
+            break;
+        }
+        gc_row("exact attention decode batch == train (out diffs)", sh, (double)d_o, 0);
+        gc_row("exact attention decode batch == train (lse diffs)", sh, (double)d_l, 0);
+        /* each query alone, and the last query beside the first */
+        size_t alone = 0;
+        for (int i = 0; i < nr; i++) {
+            attn_ranges one = {dg.a0 + i, dg.a1 + i, dg.b0 + i, dg.b1 + i};
+            gpu->attention_fwd(gpu, gdo, gdl, (char *)gdq + i * rw * 2, gpk, gpv, one, 1, H, K, D);
+            float *o1 = gc_get_act(gpu, gdo, rw), *l1 = gc_get_f32(gpu, gdl, (size_t)H);
+            alone += bits_differ(o1, to + i * rw, rw) + bits_differ(l1, tl + (size_t)i * H, (size_t)H);
+            free(o1);
+            free(l1);
+        }
+        gc_row("exact attention decode alone == train (diffs)", sh, (double)alone, 0);
+    }
+    gpu->tune.exact = saved;
+    void *fr[] = {gq, gk, gv, gpk, gpv, gdq, go, gdo, gl, gdl, (void *)tg.a0, (void *)tg.a1, (void *)tg.b0, (void *)tg.b1,
+                  (void *)dg.a0, (void *)dg.a1, (void *)dg.b0, (void *)dg.b1};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) gpu->free(gpu, fr[i]);
+    free(q);
+    free(k);
+    free(v);
+    free(pk);
+    free(pv);
+    free(dq);
+    free(to);
+    free(tl);
+    free(tq);
+    free(src);
+    free(pos);
+    free_ranges(tr);
+    free_ranges(dr);
+}
+
+/* Exact mode (tune.exact, attention_exact.cu): decode rows == training rows bit for bit, and the
+ * exact forward (with the unchanged backward on its lse) against the CPU reference. */
+static void exact_attention_suite(void) {
+    int P1[] = {300, 37, 129}, N1[] = {4, 3, 5};
+    int R1a[] = {20, 1, 45, 77}, R1b[] = {33, 7, 2}, R1c[] = {12, 64, 3, 29, 100};
+    const int *R1[] = {R1a, R1b, R1c};
+    t_exact_attention("3 groups", 3, P1, N1, R1, 16, 8, 128);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 32, 8, 128);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 16, 8, 64);
+    t_exact_attention("3 groups MHA", 3, P1, N1, R1, 4, 4, 128);
+    int P2[] = {1024}, N2[] = {16}, R2a[16];
+    for (int i = 0; i < 16; i++) R2a[i] = 30 + 37 * i;
+    const int *R2[] = {R2a};
+    t_exact_attention("P=1024 N=16", 1, P2, N2, R2, 16, 8, 128);
+    int saved = gpu->tune.exact;
+    gpu->tune.exact = 1;
+    ranges r = make_ranges(3, P1, N1, R1);
+    t_attention("exact: 3 groups", r, r.T, 16, 8, 128, 1);
+    t_attention("exact: 3 groups", r, r.T, 8, 2, 64, 1);
+    free_ranges(r);
+    int S;
+    int P3[] = {100, 37, 513}, N3[] = {16, 1, 5};
+    r = decode_ranges(3, P3, N3, 300, 75, &S);
+    t_attention("exact: decode 3 groups", r, S, 16, 8, 128, 0);
+    free_ranges(r);
+    gpu->tune.exact = saved;
+}
+
 /* ---------------------------------------------------------------- logprob head */
 
 /* logprob_top: the K best logprobs against the CPU's (values sorted, so a near-tie that bf16
@@ -1475,6 +1635,8 @@ int main(int argc, char **argv) {
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* the attention cases alone */
         attention_suite();
+    } else if (argc > 1 && !strcmp(argv[1], "exact")) { /* exact-mode attention alone (issue 36) */
+        exact_attention_suite();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* the mixture-of-experts cases alone */
         moe_suite();
     } else if (argc > 1 && !strcmp(argv[1], "hybrid")) { /* the linear-attention model's ops alone */
@@ -1589,6 +1751,7 @@ int main(int argc, char **argv) {
         t_elementwise(1000002); /* 4-byte vector path */
         attention_suite();
         decode_attention_suite();
+        exact_attention_suite();
         t_logprob(700, 600, 256, 5000, 0.7f, 1);
         t_logprob_top(700, 600, 256, 5000, 0.7f, 20); /* across chunks */
         t_logprob(300, 257, 128, 1003, 1.0f, 0);

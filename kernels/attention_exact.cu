@@ -1,0 +1,148 @@
+/* attention_exact.cu — the batch-invariant forward of attention.h (issue 36), taken by
+ * attention.cu for every T when tune.exact is set: a query row's out and lse have the same bits
+ * whatever the rows beside it, so decode's rows (few queries over the KV pool) equal the training
+ * forward's (the packed P+NR micro-batch) for the same query and keys.
+ *
+ * Why one kernel for both rather than a decode kernel matching the training one: the per-row
+ * arithmetic is then the same code by construction (same mma.sync m16n8k16 for Q·K^T and P·V,
+ * same online-softmax order, same normalisation), and nothing about it depends on T; the fast
+ * wgmma / split-KV kernels stay untouched for exact = 0.
+ *
+ * A block is one warp, one kv head g and QW consecutive queries (QW = 16 / HPG for many queries,
+ * 1 for decode sizes: only throughput differs), its m16 tile's rows = query-major (query, head)
+ * pairs, padded with zero rows. The warp splits its queries into segments: runs with the same
+ * range starts (a0, b0) (a response's tokens; each decode query is its own). For each segment it
+ * walks range a's keys in BN-key tiles from a0, then range b's from b0 — tiles aligned to the
+ * segment's starts, never to the packed index or the warp's place — to the largest end of the
+ * segment's rows; a row masks keys past its own end. A tile wholly past a row's end leaves its
+ * state unchanged bit for bit (max unchanged, correction exp2(0) = 1, P = 0, the MMA adds exact
+ * zeros), so a row's result is a function of its q, its ranges and those keys only. K/V rows
+ * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
+#include "kernels/attention_tiles.cuh"
+
+enum { EX_BN = 32, EX_DECODE_T = 256 };
+
+template <int D>
+__global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                        attn_ranges r, int T, int H, int K, int qw, float sc2) {
+    constexpr int ST = D + 8, NT = EX_BN / 8;
+    __shared__ __align__(16) bf16 q_s[16 * ST];
+    __shared__ __align__(16) bf16 k_s[EX_BN * ST];
+    __shared__ __align__(16) bf16 v_s[EX_BN * ST];
+    const int lane = threadIdx.x, g = blockIdx.y, hpg = H / K, t0 = blockIdx.x * qw;
+    const int nq = min(qw, T - t0), rows = nq * hpg;
+    for (int i = lane; i < 16 * (D / 8); i += 32) {
+        int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / hpg, h = g * hpg + row % hpg;
+        bool ok = row < rows;
+        fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)t * H + h) * D + c8 * 8 : q, ok);
+    }
+    fa_commit();
+    /* this thread's two rows (lane / 4 and + 8) and their queries */
+    const int r0 = lane >> 2, r1 = r0 + 8;
+    const int q0 = r0 < rows ? t0 + r0 / hpg : -1, q1 = r1 < rows ? t0 + r1 / hpg : -1;
+    for (int i = 0; i < nq;) {
+        const int t = t0 + i, a0 = r.a0[t], b0 = r.b0[t];
+        int j = i + 1, ahi = r.a1[t], bhi = r.b1[t];
+        while (j < nq && r.a0[t0 + j] == a0 && r.b0[t0 + j] == b0) {
+            ahi = max(ahi, r.a1[t0 + j]);
+            bhi = max(bhi, r.b1[t0 + j]);
+            j++;
+        }
+        /* rows of queries [t, t0 + j) */
+        const bool in0 = q0 >= t && q0 < t0 + j, in1 = q1 >= t && q1 < t0 + j;
+        float o[1][D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        fa_zero(o);
+        for (int s = 0; s < 2; s++) {
+            const int lo = s ? b0 : a0, hi = s ? bhi : ahi;
+            const int e0 = in0 ? (s ? r.b1[q0] : r.a1[q0]) : lo, e1 = in1 ? (s ? r.b1[q1] : r.a1[q1]) : lo;
+            for (int j0 = lo; j0 < hi; j0 += EX_BN) {
+                for (int x = lane; x < EX_BN * (D / 8); x += 32) {
+                    int kk = x / (D / 8), c8 = x % (D / 8), jj = j0 + kk;
+                    bool ok = jj < hi;
+                    size_t off = ok ? ((size_t)jj * K + g) * D + c8 * 8 : 0;
+                    fa_cp16(k_s + kk * ST + c8 * 8, k + off, ok);
+                    fa_cp16(v_s + kk * ST + c8 * 8, v + off, ok);
+                }
+                fa_commit();
+                fa_wait<0>();
+                __syncwarp();
+                float sa[1][NT][4];
+                fa_zero(sa);
+                mma_abt<1, NT, D>(sa, q_s, k_s, ST);
+                float mx0 = m[0], mx1 = m[1];
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int key = j0 + n * 8 + 2 * (lane & 3) + e;
+                        if (key >= e0) sa[0][n][e] = -INFINITY;
+                        if (key >= e1) sa[0][n][2 + e] = -INFINITY;
+                        mx0 = fmaxf(mx0, sa[0][n][e]);
+                        mx1 = fmaxf(mx1, sa[0][n][2 + e]);
+                    }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+                float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
+                float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
+                m[0] = mx0;
+                m[1] = mx1;
+                float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0));
+                    sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
+                    sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1));
+                    sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
+                    s0 += sa[0][n][0] + sa[0][n][1];
+                    s1 += sa[0][n][2] + sa[0][n][3];
+                }
+                l[0] = l[0] * c0 + s0;
+                l[1] = l[1] * c1 + s1;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    o[0][n][0] *= c0;
+                    o[0][n][1] *= c0;
+                    o[0][n][2] *= c1;
+                    o[0][n][3] *= c1;
+                }
+                mma_pb<1, NT / 2, D / 8>(o, sa, v_s, ST);
+                __syncwarp(); /* k_s / v_s are free */
+            }
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            float L = l[hf];
+            L += __shfl_xor_sync(FULL, L, 1);
+            L += __shfl_xor_sync(FULL, L, 2);
+            const int row = hf ? r1 : r0, qq = hf ? q1 : q0;
+            if (!(hf ? in1 : in0)) continue;
+            const size_t oi = (size_t)qq * H + g * hpg + row % hpg;
+            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+            bf162 *dst = (bf162 *)(out + oi * D) + (lane & 3);
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) dst[4 * n] = __floats2bfloat162_rn(o[0][n][2 * hf] * inv, o[0][n][2 * hf + 1] * inv);
+            if ((lane & 3) == 0) lse[oi] = m[hf] == -INFINITY ? -INFINITY : (m[hf] * sc2 + log2f(L)) * LN2;
+        }
+        i = j;
+    }
+}
+
+int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                        int H, int K, int D) {
+    const int hpg = K > 0 && H % K == 0 ? H / K : 0;
+    if ((D != 64 && D != 128) || hpg < 1 || hpg > 16) {
+        char what[96];
+        snprintf(what, sizeof what, "exact mode: head dim %d with %d query heads a kv head (supported: 64, 128; 1-16)", D, hpg);
+        cu_fail(c, "attention", what, __FILE__, __LINE__);
+        return 1;
+    }
+    const int qw = T <= EX_DECODE_T ? 1 : 16 / hpg;
+    const float sc2 = LOG2E / sqrtf((float)D);
+    const dim3 grid((T + qw - 1) / qw, K);
+    if (D == 64) attn_exact_kernel<64><<<grid, 32, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
+    else attn_exact_kernel<128><<<grid, 32, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
+    CU_LAUNCHED(c, "attn_exact_kernel");
+    return 1;
+}
