@@ -907,8 +907,8 @@ static void decode_attention_suite(void) {
 
 /* ---------------------------------------------------------------- exact attention (issue 36) */
 
-/* Bits that differ between a (n) and b (n). */
-static size_t bits_differ(const float *a, const float *b, size_t n) {
+/* Values of a and b (n each) whose bits differ. */
+static size_t values_differ(const float *a, const float *b, size_t n) {
     size_t d = 0;
     for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
     return d;
@@ -995,7 +995,7 @@ static void t_exact_attention(const char *name, int G, const int *P, const int *
         free(l);
         gpu->attention_fwd(gpu, gdo, gdl, gdq, gpk, gpv, dg, nr, H, K, D);
         float *o2 = gc_get_act(gpu, gdo, (size_t)nr * rw), *l2 = gc_get_f32(gpu, gdl, (size_t)nr * H);
-        size_t d_o = bits_differ(o2, to, (size_t)nr * rw), d_l = bits_differ(l2, tl, (size_t)nr * H);
+        size_t d_o = values_differ(o2, to, (size_t)nr * rw), d_l = values_differ(l2, tl, (size_t)nr * H);
         free(o2);
         free(l2);
         if (!exact) {
@@ -1012,7 +1012,7 @@ static void t_exact_attention(const char *name, int G, const int *P, const int *
             attn_ranges one = {dg.a0 + i, dg.a1 + i, dg.b0 + i, dg.b1 + i};
             gpu->attention_fwd(gpu, gdo, gdl, (char *)gdq + i * rw * 2, gpk, gpv, one, 1, H, K, D);
             float *o1 = gc_get_act(gpu, gdo, rw), *l1 = gc_get_f32(gpu, gdl, (size_t)H);
-            alone += bits_differ(o1, to + i * rw, rw) + bits_differ(l1, tl + (size_t)i * H, (size_t)H);
+            alone += values_differ(o1, to + i * rw, rw) + values_differ(l1, tl + (size_t)i * H, (size_t)H);
             free(o1);
             free(l1);
         }
