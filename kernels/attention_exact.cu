@@ -14,7 +14,8 @@
  * range starts (a0, b0) (a response's tokens; each decode query is its own). For each segment it
  * walks range a's keys in BN-key tiles from a0, then range b's from b0 — tiles aligned to the
  * segment's starts, never to the packed index or the warp's place — to the largest end of the
- * segment's rows; a row masks keys past its own end. A tile wholly past a row's end leaves its
+ * segment's rows (an empty range, whatever its start, matches any other empty one and is not
+ * walked); a row masks keys past its own end. A tile wholly past a row's end leaves its
  * state unchanged bit for bit (max unchanged, correction exp2(0) = 1, P = 0, the MMA adds exact
  * zeros), so a row's result is a function of its q, its ranges and those keys only. K/V rows
  * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
@@ -40,12 +41,17 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
     /* this thread's two rows (lane / 4 and + 8) and their queries */
     const int r0 = lane >> 2, r1 = r0 + 8;
     const int q0 = r0 < rows ? t0 + r0 / hpg : -1, q1 = r1 < rows ? t0 + r1 / hpg : -1;
+    /* a range's start, or INT_MIN when it is empty (pack.c gives empty ranges any start) */
+    auto start = [&](int t, int s) {
+        int lo = s ? r.b0[t] : r.a0[t], hi = s ? r.b1[t] : r.a1[t];
+        return hi > lo ? lo : INT_MIN;
+    };
     for (int i = 0; i < nq;) {
-        const int t = t0 + i, a0 = r.a0[t], b0 = r.b0[t];
-        int j = i + 1, ahi = r.a1[t], bhi = r.b1[t];
-        while (j < nq && r.a0[t0 + j] == a0 && r.b0[t0 + j] == b0) {
-            ahi = max(ahi, r.a1[t0 + j]);
-            bhi = max(bhi, r.b1[t0 + j]);
+        const int t = t0 + i, a0 = start(t, 0), b0 = start(t, 1);
+        int j = i + 1, ahi = a0 == INT_MIN ? a0 : r.a1[t], bhi = b0 == INT_MIN ? b0 : r.b1[t];
+        while (j < nq && start(t0 + j, 0) == a0 && start(t0 + j, 1) == b0) {
+            if (a0 != INT_MIN) ahi = max(ahi, r.a1[t0 + j]);
+            if (b0 != INT_MIN) bhi = max(bhi, r.b1[t0 + j]);
             j++;
         }
         /* rows of queries [t, t0 + j) */
