@@ -75,45 +75,9 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
                 float sa[1][NT][4];
                 fa_zero(sa);
                 mma_abt<1, NT, D>(sa, q_s, k_s, ST);
-                float mx0 = m[0], mx1 = m[1];
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        int key = j0 + n * 8 + 2 * (lane & 3) + e;
-                        if (key >= e0) sa[0][n][e] = -INFINITY;
-                        if (key >= e1) sa[0][n][2 + e] = -INFINITY;
-                        mx0 = fmaxf(mx0, sa[0][n][e]);
-                        mx1 = fmaxf(mx1, sa[0][n][2 + e]);
-                    }
-                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
-                mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
-                float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
-                float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
-                m[0] = mx0;
-                m[1] = mx1;
-                float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0));
-                    sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
-                    sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1));
-                    sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
-                    s0 += sa[0][n][0] + sa[0][n][1];
-                    s1 += sa[0][n][2] + sa[0][n][3];
-                }
-                l[0] = l[0] * c0 + s0;
-                l[1] = l[1] * c1 + s1;
-#pragma unroll
-                for (int n = 0; n < D / 8; n++) {
-                    o[0][n][0] *= c0;
-                    o[0][n][1] *= c0;
-                    o[0][n][2] *= c1;
-                    o[0][n][3] *= c1;
-                }
-                mma_pb<1, NT / 2, D / 8>(o, sa, v_s, ST);
+                fa_tile_step<NT, D>(o, sa, m, l, sc2, v_s, ST, [&](int n, int e, int hf) {
+                    return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0);
+                });
                 __syncwarp(); /* k_s / v_s are free */
             }
         }

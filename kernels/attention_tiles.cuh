@@ -122,6 +122,55 @@ template <int MR, int NT> __device__ __forceinline__ void fa_zero(float (&a)[MR]
         for (int n = 0; n < NT; n++) a[mi][n][0] = a[mi][n][1] = a[mi][n][2] = a[mi][n][3] = 0;
 }
 
+/* One warp's step over a tile of 8 NT keys for its 16 rows (two a thread: lane / 4 and + 8):
+ * sa holds the raw scores Q·K^T; keep(n, e, hf) says whether key 8n + 2 (lane % 4) + e counts
+ * for the thread's row hf (else its score becomes -inf). Updates the running max m (raw units)
+ * and the thread-partial sum l (log2 domain, scale sc2), rescales o and adds P·V (vs: the tile's
+ * V rows, stride st). A row with no key kept leaves m, l and o unchanged bit for bit (exp2(0) =
+ * 1 scales, P = 0 adds exact zeros). attention_decode.cu and attention_exact.cu. */
+template <int NT, int D, typename Keep>
+__device__ __forceinline__ void fa_tile_step(float (&o)[1][D / 8][4], float (&sa)[1][NT][4], float (&m)[2], float (&l)[2], float sc2,
+                                             const bf16 *vs, int st, Keep keep) {
+    float mx0 = m[0], mx1 = m[1];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (!keep(n, e, 0)) sa[0][n][e] = -INFINITY;
+            if (!keep(n, e, 1)) sa[0][n][2 + e] = -INFINITY;
+            mx0 = fmaxf(mx0, sa[0][n][e]);
+            mx1 = fmaxf(mx1, sa[0][n][2 + e]);
+        }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(FULL, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
+    float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
+    float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
+    m[0] = mx0;
+    m[1] = mx1;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        sa[0][n][0] = fa_ex2(fmaf(sa[0][n][0], sc2, -u0));
+        sa[0][n][1] = fa_ex2(fmaf(sa[0][n][1], sc2, -u0));
+        sa[0][n][2] = fa_ex2(fmaf(sa[0][n][2], sc2, -u1));
+        sa[0][n][3] = fa_ex2(fmaf(sa[0][n][3], sc2, -u1));
+        s0 += sa[0][n][0] + sa[0][n][1];
+        s1 += sa[0][n][2] + sa[0][n][3];
+    }
+    l[0] = l[0] * c0 + s0;
+    l[1] = l[1] * c1 + s1;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        o[0][n][0] *= c0;
+        o[0][n][1] *= c0;
+        o[0][n][2] *= c1;
+        o[0][n][3] *= c1;
+    }
+    mma_pb<1, NT / 2, D / 8>(o, sa, vs, st);
+}
+
 /* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into smem (stride D + 8);
  * rows >= end are zero-filled. */
 template <int D, int ROWS>
