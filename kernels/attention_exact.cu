@@ -15,7 +15,8 @@
  * walks range a's keys in BN-key tiles from a0, then range b's from b0 — tiles aligned to the
  * segment's starts, never to the packed index or the warp's place — to the largest end of the
  * segment's rows (an empty range, whatever its start, matches any other empty one and is not
- * walked); a row masks keys past its own end. A tile wholly past a row's end leaves its
+ * walked); a row masks keys past its own end. K/V tiles stream through a two-stage cp.async
+ * ring (the next tile loads while this one is computed). A tile wholly past a row's end leaves its
  * state unchanged bit for bit (max unchanged, correction exp2(0) = 1, P = 0, the MMA adds exact
  * zeros), so a row's result is a function of its q, its ranges and those keys only. K/V rows
  * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
@@ -28,8 +29,8 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
                                                         attn_ranges r, int T, int H, int K, int qw, float sc2) {
     constexpr int ST = D + 8, NT = EX_BN / 8;
     __shared__ __align__(16) bf16 q_s[16 * ST];
-    __shared__ __align__(16) bf16 k_s[EX_BN * ST];
-    __shared__ __align__(16) bf16 v_s[EX_BN * ST];
+    __shared__ __align__(16) bf16 k_s[2 * EX_BN * ST]; /* two stages */
+    __shared__ __align__(16) bf16 v_s[2 * EX_BN * ST];
     const int lane = threadIdx.x, g = blockIdx.y, hpg = H / K, t0 = blockIdx.x * qw;
     const int nq = min(qw, T - t0), rows = nq * hpg;
     for (int i = lane; i < 16 * (D / 8); i += 32) {
@@ -58,28 +59,52 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
         const bool in0 = q0 >= t && q0 < t0 + j, in1 = q1 >= t && q1 < t0 + j;
         float o[1][D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
         fa_zero(o);
-        for (int s = 0; s < 2; s++) {
-            const int lo = s ? b0 : a0, hi = s ? bhi : ahi;
-            const int e0 = in0 ? (s ? r.b1[q0] : r.a1[q0]) : lo, e1 = in1 ? (s ? r.b1[q1] : r.a1[q1]) : lo;
-            for (int j0 = lo; j0 < hi; j0 += EX_BN) {
-                for (int x = lane; x < EX_BN * (D / 8); x += 32) {
-                    int kk = x / (D / 8), c8 = x % (D / 8), jj = j0 + kk;
-                    bool ok = jj < hi;
-                    size_t off = ok ? ((size_t)jj * K + g) * D + c8 * 8 : 0;
-                    fa_cp16(k_s + kk * ST + c8 * 8, k + off, ok);
-                    fa_cp16(v_s + kk * ST + c8 * 8, v + off, ok);
+        /* the segment's tiles, pass s (0: a, 1: b) from its start; a row's end in each pass
+         * (INT_MIN for rows outside the segment: every key masked) */
+        const int ea0 = in0 ? r.a1[q0] : INT_MIN, ea1 = in1 ? r.a1[q1] : INT_MIN;
+        const int eb0 = in0 ? r.b1[q0] : INT_MIN, eb1 = in1 ? r.b1[q1] : INT_MIN;
+        auto to_pass = [&](int &s, int &j0) {
+            for (; s < 2; s++)
+                if ((s ? b0 : a0) < (s ? bhi : ahi)) {
+                    j0 = s ? b0 : a0;
+                    return;
                 }
-                fa_commit();
-                fa_wait<0>();
-                __syncwarp();
-                float sa[1][NT][4];
-                fa_zero(sa);
-                mma_abt<1, NT, D>(sa, q_s, k_s, ST);
-                fa_tile_step<NT, D>(o, sa, m, l, sc2, v_s, ST, [&](int n, int e, int hf) {
-                    return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0);
-                });
-                __syncwarp(); /* k_s / v_s are free */
+        };
+        auto issue = [&](int st, int s, int j0) {
+            const int hi = s ? bhi : ahi;
+            bf16 *ks = k_s + st * EX_BN * ST, *vs = v_s + st * EX_BN * ST;
+            for (int x = lane; x < EX_BN * (D / 8); x += 32) {
+                int kk = x / (D / 8), c8 = x % (D / 8), jj = j0 + kk;
+                bool ok = jj < hi;
+                size_t off = ok ? ((size_t)jj * K + g) * D + c8 * 8 : 0;
+                fa_cp16(ks + kk * ST + c8 * 8, k + off, ok);
+                fa_cp16(vs + kk * ST + c8 * 8, v + off, ok);
             }
+        };
+        int s = 0, j0 = 0, st = 0;
+        to_pass(s, j0);
+        if (s < 2) issue(0, s, j0);
+        fa_commit();
+        while (s < 2) { /* tile (s, j0) in stage st; the next one loads into st ^ 1 meanwhile */
+            int s2 = s, j2 = j0 + EX_BN;
+            if (j2 >= (s ? bhi : ahi)) {
+                s2++;
+                to_pass(s2, j2);
+            }
+            if (s2 < 2) issue(st ^ 1, s2, j2);
+            fa_commit();
+            fa_wait<1>();
+            __syncwarp();
+            float sa[1][NT][4];
+            fa_zero(sa);
+            mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
+            const int e0 = s ? eb0 : ea0, e1 = s ? eb1 : ea1;
+            fa_tile_step<NT, D>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
+                                [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
+            __syncwarp(); /* stage st is free */
+            s = s2;
+            j0 = j2;
+            st ^= 1;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {

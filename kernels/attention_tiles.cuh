@@ -129,8 +129,8 @@ template <int MR, int NT> __device__ __forceinline__ void fa_zero(float (&a)[MR]
  * V rows, stride st). A row with no key kept leaves m, l and o unchanged bit for bit (exp2(0) =
  * 1 scales, P = 0 adds exact zeros). attention_decode.cu and attention_exact.cu. */
 template <int NT, int D, typename Keep>
-__device__ __forceinline__ void fa_tile_step(float (&o)[1][D / 8][4], float (&sa)[1][NT][4], float (&m)[2], float (&l)[2], float sc2,
-                                             const bf16 *vs, int st, Keep keep) {
+__device__ __forceinline__ void fa_tile_step(float (&o)[1][D / 8][4], float (&sa)[1][NT][4], float (&m)[2], float (&l)[2],
+                                             float sc2, const bf16 *vs, int st, Keep keep) {
     float mx0 = m[0], mx1 = m[1];
 #pragma unroll
     for (int n = 0; n < NT; n++)

@@ -999,8 +999,8 @@ static void t_exact_attention(const char *name, int G, const int *P, const int *
         free(o2);
         free(l2);
         if (!exact) {
-            printf("exact=0: %zu of %zu out values and %zu of %zu lse differ (%s)\n", d_o, (size_t)nr * rw, d_l,
-                   (size_t)nr * H, sh);
+            printf("exact=0: %zu of %zu out values and %zu of %zu lse differ (%s)\n", d_o, (size_t)nr * rw, d_l, (size_t)nr * H,
+                   sh);
             gc_row("exact=0 decode vs train diffs (shows the test can fail; no limit)", sh, (double)(d_o + d_l), 1e30);
             break;
         }
@@ -1019,8 +1019,9 @@ static void t_exact_attention(const char *name, int G, const int *P, const int *
         gc_row("exact attention decode alone == train (diffs)", sh, (double)alone, 0);
     }
     gpu->tune.exact = saved;
-    void *fr[] = {gq, gk, gv, gpk, gpv, gdq, go, gdo, gl, gdl, (void *)tg.a0, (void *)tg.a1, (void *)tg.b0, (void *)tg.b1,
-                  (void *)dg.a0, (void *)dg.a1, (void *)dg.b0, (void *)dg.b1};
+    void *fr[] = {gq, gk, gv, gpk, gpv, gdq, go, gdo, gl, gdl};
+    const int *rr[] = {tg.a0, tg.a1, tg.b0, tg.b1, dg.a0, dg.a1, dg.b0, dg.b1};
+    for (size_t i = 0; i < sizeof rr / sizeof rr[0]; i++) gpu->free(gpu, (void *)rr[i]);
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) gpu->free(gpu, fr[i]);
     free(q);
     free(k);
