@@ -33,7 +33,7 @@
 #   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
 #       Qwen3-32B dims on a device with room for it)
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
-#       1.7B heads at (4096, 16, 512)), with PEER_ATTN=path/to/peer_attention.py the peer
+#       1.7B heads at (4096, 16, 512); also with GRPOD_TUNE_EXACT=1, and decode exact off/on), with PEER_ATTN=path/to/peer_attention.py the peer
 #   (k) with BENCH_DP=1 (issue 24, a machine with 2+ GPUs): test_comm_nccl (its W=2 rows) and
 #       bench_dp (Qwen3-1.7B dims: the update and rollouts on one GPU and on two, equality rows,
 #       scaling), daemon_gpus.py (grpod serve --gpus 0,1 vs --gpus 0 over HTTP, when ./grpod and
@@ -253,6 +253,14 @@ if [ "${BENCH_ATTN:-0}" = 1 ]; then
     {
         timeout ${T_BENCH:-100} "$BIN/bench_attn" 8192 8 1024
         timeout ${T_BENCH:-100} "$BIN/bench_attn" 4096 16 512 16 8 128
+        # issue 36: the batch-invariant kernel (attention_exact.cu) at the same shapes, and decode
+        # (1.7B heads, P=1024 N=16, one and eight groups) with exact off and on
+        GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_attn" 8192 8 1024
+        GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_attn" 4096 16 512 16 8 128
+        for e in 0 1; do
+            GRPOD_TUNE_EXACT=$e timeout 60 "$BIN/bench_attn" decode 1 1024 16 256
+            GRPOD_TUNE_EXACT=$e timeout 60 "$BIN/bench_attn" decode 8 1024 16 256
+        done
         if [ -n "${PEER_ATTN:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ATTN" 8192,8,1024; fi
     } >"$OUT/bench_attn.log" 2>&1
     cat "$OUT/bench_attn.log"

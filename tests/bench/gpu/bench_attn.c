@@ -8,7 +8,8 @@
  *        bench_attn decode G P N own [H K D]: the decode forward (attention_decode.cu) for G groups
  *        of N responses over a P-row prompt and `own` rows each, Qwen3-1.7B heads by default; 28
  *        calls (one per layer, each on its own KV cache: together more than L2) captured in one
- *        CUDA graph, us per call (median of 20 replays) and the KV bytes it must read. */
+ *        CUDA graph, us per call (median of 20 replays) and the KV bytes it must read.
+ * GRPOD_TUNE_EXACT=1 times the batch-invariant kernel (attention_exact.cu) instead. */
 #include <time.h>
 
 #include "engine/model/pack.h"
@@ -54,8 +55,8 @@ static int bench_decode(int argc, char **argv) {
     }
     qsort(t, 20, sizeof(double), gc_cmpd);
     double mb = (double)S * K * D * 2 * 2 / 1e6;
-    printf("decode attention G=%d P=%d N=%d own=%d H=%d K=%d D=%d: %.2f us per call, KV %.2f MB (%.0f GB/s)\n", G, P, N, own, H,
-           K, D, t[10], mb, mb * 1e3 / t[10]);
+    printf("decode attention%s G=%d P=%d N=%d own=%d H=%d K=%d D=%d: %.2f us per call, KV %.2f MB (%.0f GB/s)\n",
+           be->tune.exact ? " (exact)" : "", G, P, N, own, H, K, D, t[10], mb, mb * 1e3 / t[10]);
     be->graph_free(be, gr);
     be->destroy(be);
     free_ranges(rh);
@@ -107,9 +108,9 @@ int main(int argc, char **argv) {
     float *oh = gc_get_act(be, o, nq);
     double sum = 0;
     for (size_t i = 0; i < nq; i += 997) sum += oh[i];
-    printf("grpod-flash P=%d N=%d R=%d H=%d K=%d D=%d: fwd %.2f ms %.0f TFLOP/s | fwd+bwd %.2f ms %.0f TFLOP/s "
+    printf("grpod-%s P=%d N=%d R=%d H=%d K=%d D=%d: fwd %.2f ms %.0f TFLOP/s | fwd+bwd %.2f ms %.0f TFLOP/s "
            "(useful fwd %.2f TFLOP; checksum %.4g)\n",
-           P, N, R, H, K, D, mf, f / mf / 1e9, mb, 3.5 * f / mb / 1e9, f / 1e12, sum);
+           be->tune.exact ? "exact" : "flash", P, N, R, H, K, D, mf, f / mf / 1e9, mb, 3.5 * f / mb / 1e9, f / 1e12, sum);
     free(oh);
     be->destroy(be);
     free_ranges(rh);
