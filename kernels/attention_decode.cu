@@ -171,8 +171,9 @@ __device__ __forceinline__ void dec_pass(bf16 *q_s, bf16 *kv_s, const bf16 *q, c
             fa_zero(sa);
             mma_abt<1, NT, D>(sa, q_s + row0 * ST, ks, ST);
             const bool in0 = r_lo / HPG >= qa && r_lo / HPG < qb, in1 = (r_lo + 8) / HPG >= qa && (r_lo + 8) / HPG < qb;
-            fa_tile_step<NT, D>(o, sa, m, l, sc2, ks + TILE, ST,
-                                [&](int n, int e, int hf) { return kb + n * 8 + 2 * (lane & 3) + e < hi && (hf ? in1 : in0); });
+            fa_tile_step<NT, D, false>(o, sa, m, l, sc2, ks + TILE, ST, [&](int n, int e, int hf) {
+                return kb + n * 8 + 2 * (lane & 3) + e < hi && (hf ? in1 : in0);
+            });
         }
         __syncthreads(); /* stage st is free for the chunk after next */
         sg = sg2;

@@ -17,8 +17,10 @@
  * segment's rows (an empty range, whatever its start, matches any other empty one and is not
  * walked); a row masks keys past its own end. K/V tiles stream through a two-stage cp.async
  * ring (the next tile loads while this one is computed). A tile wholly past a row's end leaves its
- * state unchanged bit for bit (max unchanged, correction exp2(0) = 1, P = 0, the MMA adds exact
- * zeros), so a row's result is a function of its q, its ranges and those keys only. K/V rows
+ * state unchanged bit for bit (max unchanged, so the correction is set to exactly 1: fa_tile_step's
+ * NOOP; P = 0, the MMA adds exact zeros), so a row's result is a function of its q, its ranges and
+ * those keys only. (Without NOOP, exp2(m sc2 - u) with the product fused was 1 + ~1e-7 on such
+ * tiles: out still equal in bf16, but 6 of 256 lse values differed at P=1024 on the H200.) K/V rows
  * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
 #include "kernels/attention_tiles.cuh"
 
@@ -99,8 +101,8 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
             fa_zero(sa);
             mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
             const int e0 = s ? eb0 : ea0, e1 = s ? eb1 : ea1;
-            fa_tile_step<NT, D>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
-                                [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
+            fa_tile_step<NT, D, true>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
+                                      [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
             __syncwarp(); /* stage st is free */
             s = s2;
             j0 = j2;

@@ -126,9 +126,11 @@ template <int MR, int NT> __device__ __forceinline__ void fa_zero(float (&a)[MR]
  * sa holds the raw scores Q·K^T; keep(n, e, hf) says whether key 8n + 2 (lane % 4) + e counts
  * for the thread's row hf (else its score becomes -inf). Updates the running max m (raw units)
  * and the thread-partial sum l (log2 domain, scale sc2), rescales o and adds P·V (vs: the tile's
- * V rows, stride st). A row with no key kept leaves m, l and o unchanged bit for bit (exp2(0) =
- * 1 scales, P = 0 adds exact zeros). attention_decode.cu and attention_exact.cu. */
-template <int NT, int D, typename Keep>
+ * V rows, stride st). NOOP (attention_exact.cu): a row with no key kept leaves m, l and o
+ * unchanged bit for bit — its correction is exactly 1 when the max did not move (m sc2 - u may
+ * be contracted into an fma, which leaves m sc2's rounding error, and exp2 of it is not 1), and
+ * P = 0 adds exact zeros. attention_decode.cu (NOOP false) and attention_exact.cu. */
+template <int NT, int D, bool NOOP, typename Keep>
 __device__ __forceinline__ void fa_tile_step(float (&o)[1][D / 8][4], float (&sa)[1][NT][4], float (&m)[2], float (&l)[2],
                                              float sc2, const bf16 *vs, int st, Keep keep) {
     float mx0 = m[0], mx1 = m[1];
@@ -147,6 +149,10 @@ __device__ __forceinline__ void fa_tile_step(float (&o)[1][D / 8][4], float (&sa
     mx1 = fmaxf(mx1, __shfl_xor_sync(FULL, mx1, 2));
     float u0 = mx0 == -INFINITY ? 0.0f : mx0 * sc2, u1 = mx1 == -INFINITY ? 0.0f : mx1 * sc2;
     float c0 = fa_ex2(m[0] * sc2 - u0), c1 = fa_ex2(m[1] * sc2 - u1);
+    if (NOOP) {
+        c0 = mx0 == m[0] ? 1.0f : c0;
+        c1 = mx1 == m[1] ? 1.0f : c1;
+    }
     m[0] = mx0;
     m[1] = mx1;
     float s0 = 0.0f, s1 = 0.0f;
