@@ -36,6 +36,9 @@ typedef struct cu_ctx {
     char msg[512];
 } cu_ctx;
 
+/* Exact mode (tune.exact, issue 36): every op computes a row with one order for any row count. */
+static inline int cu_exact(const cu_ctx *c) { return c->tune && c->tune->exact; }
+
 /* Records the first failure: "call -> error (file:line)". */
 static inline void cu_fail(cu_ctx *c, const char *call, const char *what, const char *file, int line) {
     if (c->failed) return;

@@ -6,11 +6,12 @@
  * added into the rows at out_pos in a fixed order) and dW += dz^T · h_chunk (fp32, beta = 1).
  * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
 #include "kernels/logprob.cuh"
+#include "kernels/logprob_row.cuh"
 #include "kernels/matmul.cuh"
 
 #include <limits.h>
 
-enum { CH = LOGPROB_CHUNK, ROW_THREADS = 1024 };
+enum { CH = LOGPROB_CHUNK, ROW_THREADS = LOGPROB_ROW_THREADS };
 
 __global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
     int i = blockIdx.x;
@@ -18,35 +19,11 @@ __global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int
     for (int c = threadIdx.x; c < C; c += blockDim.x) dst[(size_t)i * C + c] = src[c];
 }
 
-/* (lse, E[z]) of row z (V) over the block. */
-__device__ void row_stats(const float *z, int V, float *lse_out, float *ez_out) {
-    __shared__ float sh[32];
-    float mx = -INFINITY, s = 0, sz = 0;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float x = z[j];
-        if (x > mx) {
-            float c = __expf(mx - x);
-            s *= c;
-            sz *= c;
-            mx = x;
-        }
-        float e = __expf(x - mx);
-        s += e;
-        sz += e * x;
-    }
-    float M = block_max(mx, sh);
-    float c = mx == -INFINITY ? 0.0f : __expf(mx - M);
-    float S = block_sum(s * c, sh);
-    float SZ = block_sum(sz * c, sh);
-    *lse_out = M + logf(S);
-    *ez_out = SZ / S;
-}
-
 __global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, const int *tok, int V) {
     int i = blockIdx.x;
     const float *zr = z + (size_t)i * V;
     float lse, ez;
-    row_stats(zr, V, &lse, &ez);
+    row_stats(zr, 1.0f, V, &lse, &ez);
     if (threadIdx.x == 0) {
         logp[i] = zr[tok[i]] - lse;
         if (ent) ent[i] = lse - ez;
@@ -99,7 +76,7 @@ __global__ void logprob_top_kernel(int *ids, float *lps, const float *z, int V, 
     int i = blockIdx.x;
     const float *zr = z + (size_t)i * V;
     float lse, ez;
-    row_stats(zr, V, &lse, &ez);
+    row_stats(zr, 1.0f, V, &lse, &ez);
     float pz = INFINITY;
     int pj = -1;
     for (int k = 0; k < K; k++) {
@@ -129,7 +106,7 @@ __global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok,
     int i = blockIdx.x;
     const float *zr = z + (size_t)i * V;
     float lse, ez;
-    row_stats(zr, V, &lse, &ez);
+    row_stats(zr, 1.0f, V, &lse, &ez);
     float gl = dlogp[i], ge = dent ? dent[i] : 0.0f;
     int target = tok[i];
     bf16 *d = dz + (size_t)i * V;

@@ -16,7 +16,14 @@
  * and a replayed update equals the original (docs/api.md "Crashes and replay"). No algorithm is
  * chosen by timing: the 16 candidates differ in their reduction order (13 of 159 on the tiny
  * model gave other bits), so a timed choice differed from one process to the next
- * (tests/gpu/test_determinism.c; docs/benchmarks.md, "CUDA replay bit-equal"). */
+ * (tests/gpu/test_determinism.c; docs/benchmarks.md, "CUDA replay bit-equal").
+ *
+ * Exact mode (tune.exact, issue 36): a GEMM whose columns are the batch (transb = 0: n = T rows
+ * of the row-major activations) runs ONE algorithm for every n: the heuristic's first choice for
+ * the shape at n = GEMM_EXACT_N, without split-K (reduction scheme none, split 1), alignment
+ * taken as 16 bytes, so each output row sees one tile shape and one K order whatever the batch
+ * beside it. A shape with no such algorithm runs exact_gemm_kernel (one thread an output, K in
+ * order), never cublasGemmEx, whose choice depends on n. The few-row kernel is off. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +36,7 @@
 #include "kernels/swiglu.cuh"
 
 typedef struct {
-    int transa, transb, m, n, k, lda, ldb, ldd, d_f32, bias, align;
+    int transa, transb, m, n, k, lda, ldb, ldd, d_f32, bias, align, exact;
 } gemm_key;
 
 typedef struct {
@@ -37,8 +44,10 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
-    int fallback; /* no cuBLASLt algorithm: cublasGemmEx */
+    int fallback; /* no cuBLASLt algorithm: cublasGemmEx (exact mode: exact_gemm_kernel) */
 } gemm_plan;
+
+enum { GEMM_EXACT_N = 4096 }; /* exact mode: the n whose algorithm every n runs */
 
 enum { GEMM_CACHE = 128 };
 typedef struct {
@@ -68,6 +77,20 @@ static int align_of(const void *p) {
     return al;
 }
 
+/* Exact mode: the algorithm without split-K (one split, no reduction), checked on the reference
+ * layouts; *found = 0 when cuBLASLt refuses it (then exact_gemm_kernel runs the shape). */
+static void exact_pin(cu_ctx *c, cublasLtMatmulAlgo_t *algo, const gemm_plan *p, cublasLtMatrixLayout_t b,
+                      cublasLtMatrixLayout_t d, int *found) {
+    int32_t one = 1;
+    uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulHeuristicResult_t r;
+    if (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof none) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoCheck(c->lt, p->op, p->a, b, d, d, algo, &r) != CUBLAS_STATUS_SUCCESS || r.workspaceSize > c->lt_ws_bytes)
+        *found = 0;
+}
+
 static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     if (!c->gemm_cache && !(c->gemm_cache = calloc(1, sizeof(gemm_cache)))) {
         cu_fail(c, "calloc(gemm_cache)", "out of host memory", __FILE__, __LINE__);
@@ -94,6 +117,12 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     LT_CK(c, cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, key->transa ? key->k : key->m, key->transa ? key->m : key->k, key->lda));
     LT_CK(c, cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, key->transb ? key->n : key->k, key->transb ? key->k : key->n, key->ldb));
     LT_CK(c, cublasLtMatrixLayoutCreate(&p.d, dt, key->m, key->n, key->ldd));
+    /* the layouts the algorithm is chosen on: exact mode's reference n, else the call's own */
+    cublasLtMatrixLayout_t hb = p.b, hd = p.d;
+    if (key->exact) {
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hb, CUDA_R_16BF, key->k, GEMM_EXACT_N, key->ldb));
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hd, dt, key->m, GEMM_EXACT_N, key->ldd));
+    }
     cublasLtMatmulPreference_t pref;
     LT_CK(c, cublasLtMatmulPreferenceCreate(&pref));
     if (c->failed) return NULL;
@@ -105,10 +134,17 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
     LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    if (key->exact) {
+        uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+        LT_CK(c, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof none));
+    }
     cublasLtMatmulHeuristicResult_t h;
     int found = 0;
-    LT_CK(c, cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found));
+    LT_CK(c, cublasLtMatmulAlgoGetHeuristic(c->lt, p.op, p.a, hb, hd, hd, pref, 1, &h, &found));
     cublasLtMatmulPreferenceDestroy(pref);
+    if (found >= 1 && key->exact && !c->failed) exact_pin(c, &h.algo, &p, hb, hd, &found);
+    if (hb != p.b) cublasLtMatrixLayoutDestroy(hb);
+    if (hd != p.d) cublasLtMatrixLayoutDestroy(hd);
     if (c->failed) return NULL;
     if (found < 1) p.fallback = 1;
     else p.algo = h.algo;
@@ -142,6 +178,35 @@ void *gemm_blas(cu_ctx *c) {
     return c->failed ? NULL : c->blas;
 }
 
+/* Exact mode's GEMM for shapes cuBLASLt has no pinned algorithm for: one thread an output of D
+ * (column-major, as cuBLAS), K summed in order in fp32, then alpha, beta C and the bias. */
+template <typename TD>
+__global__ void exact_gemm_kernel(gemm_key k, float alpha, const bf16 *A, const bf16 *B, float beta, const TD *Cm, TD *D,
+                                  const bf16 *bias) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (i >= k.m) return;
+    const size_t as = k.transa ? 1 : (size_t)k.lda, bs = k.transb ? (size_t)k.ldb : 1;
+    const bf16 *a = A + (k.transa ? (size_t)i * k.lda : (size_t)i), *b = B + (k.transb ? (size_t)j : (size_t)j * k.ldb);
+    float acc = 0;
+    for (int q = 0; q < k.k; q++) acc = fmaf(__bfloat162float(a[q * as]), __bfloat162float(b[q * bs]), acc);
+    float v = alpha * acc;
+    if (beta != 0.0f) v += beta * (float)Cm[(size_t)j * k.ldd + i];
+    if (bias) v += __bfloat162float(bias[i]);
+    D[(size_t)j * k.ldd + i] = (TD)v;
+}
+
+static void exact_gemm(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, const void *Cm,
+                       void *D, const bf16 *bias) {
+    dim3 grid(cu_blocks(key->m, 128), key->n);
+    if (key->d_f32)
+        exact_gemm_kernel<float><<<grid, 128, 0, c->stream>>>(*key, alpha, (const bf16 *)A, (const bf16 *)B, beta,
+                                                              (const float *)(Cm ? Cm : D), (float *)D, bias);
+    else
+        exact_gemm_kernel<bf16><<<grid, 128, 0, c->stream>>>(*key, alpha, (const bf16 *)A, (const bf16 *)B, beta,
+                                                             (const bf16 *)(Cm ? Cm : D), (bf16 *)D, bias);
+    CU_LAUNCHED(c, "exact_gemm_kernel");
+}
+
 static void gemm_fallback(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, void *D,
                           const bf16 *bias) {
     cublasHandle_t h = (cublasHandle_t)gemm_blas(c);
@@ -167,9 +232,15 @@ static void gemm_lt_c(cu_ctx *c, int transa, int transb, int m, int n, int k, fl
     if ((x = align_of(D)) < al) al = x;
     if (bias && (x = align_of(bias)) < al) al = x;
     if (Cm && (x = align_of(Cm)) < al) al = x;
-    gemm_key key = {transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al};
+    const int exact = cu_exact(c) && !transb;
+    if (exact && al > 16) al = 16; /* one algorithm for every buffer of a shape */
+    gemm_key key = {transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al, exact};
     gemm_plan *p = plan_get(c, &key);
     if (!p) return;
+    if (exact && p->fallback) {
+        exact_gemm(c, &p->key, alpha, A, B, beta, Cm, D, bias);
+        return;
+    }
     if (Cm && Cm != D && p->fallback) { /* GemmEx takes C = D: the beta term copied in first */
         CU_CK(c,
               cudaMemcpy2DAsync(D, (size_t)ldd * (d_is_f32 ? 4 : 2), Cm, (size_t)ldd * (d_is_f32 ? 4 : 2),
@@ -679,7 +750,7 @@ static int skinny_nt(int n_sm, const sk_args &a, int MT) {
  * the heuristic's first choice at T = 17..64 is not measured yet.) */
 static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int force = c->tune->skinny == TUNE_SKINNY_FORCE;
-    if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
+    if (c->tune->skinny == TUNE_SKINNY_OFF || cu_exact(c) || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !force) return 0;
     if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0; /* nw_s: 16-byte copies */
     int np = a.act ? 2 : a.n;

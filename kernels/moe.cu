@@ -657,10 +657,10 @@ static void moe_experts_bwd_tiles(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, f
 /* The variant (kernels/tune.h, tune.moe): auto takes the few-slot kernels for a step of at most
  * MOE_FEW_T tokens (decode; what a captured graph holds: they need no host) and the grouped
  * GEMMs above; the tiled kernels are the batch-invariant variant kept for A/B, and the one that
- * carries the experts' adapters (moe_lora.cu): with adapters every variant is tiles. A stream
+ * carries the experts' adapters (moe_lora.cu): with adapters, or in exact mode, every variant is tiles. A stream
  * being captured never takes the grouped GEMMs (they read the counts on the host). */
 static int moe_variant(cu_ctx *c, int T, const moe_lora *lr) {
-    if (lr && (lr->agu || lr->ad)) return TUNE_MOE_TILES;
+    if ((lr && (lr->agu || lr->ad)) || cu_exact(c)) return TUNE_MOE_TILES; /* exact mode: one variant at any T */
     int v = c->tune ? c->tune->moe : TUNE_MOE_AUTO;
     if (v == TUNE_MOE_AUTO) v = T <= MOE_FEW_T ? TUNE_MOE_FEW : TUNE_MOE_GROUPED;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;

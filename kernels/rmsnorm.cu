@@ -46,7 +46,8 @@ __global__ void rmsnorm_fwd_kernel(bf16 *out, float *rstd, const bf16 *inp, cons
 
 /* Few rows (decode, T <= RMS_SMALL_T): the same contract with a block of RMS_SMALL_NT threads
  * per row, so a step's handful of rows is spread over as many SMs instead of one warp each;
- * the row's V-chunks stay in registers between the two passes (C <= RMS_SMALL_NT V RMS_SMALL_K). */
+ * the row's V-chunks stay in registers between the two passes (C <= RMS_SMALL_NT V RMS_SMALL_K).
+ * Its sum order is not the warp kernel's: exact mode (tune.exact) runs the warp kernel at any T. */
 enum { RMS_SMALL_T = 64, RMS_SMALL_NT = 256, RMS_SMALL_K = 4 };
 template <int V>
 __global__ void __launch_bounds__(RMS_SMALL_NT)
@@ -263,7 +264,7 @@ __global__ void rmsnorm_dw_kernel(float *dw, const float *partial, int nb, int C
 static void fwd_launch(cu_ctx *c, bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, int T, int C, float eps) {
     if (c->failed || T <= 0) return;
     int vw = vec_width(C, out, inp, w, NULL, NULL);
-    if (T <= RMS_SMALL_T && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
+    if (T <= RMS_SMALL_T && !cu_exact(c) && vw >= 4 && C <= RMS_SMALL_NT * vw * RMS_SMALL_K) {
         cu_launch_pdl(c, "rmsnorm_fwd_small_kernel", vw == 8 ? rmsnorm_fwd_small_kernel<8> : rmsnorm_fwd_small_kernel<4>, dim3(T),
                       dim3(RMS_SMALL_NT), 0, out, rstd, inp, w, C, eps);
         return;

@@ -15,8 +15,11 @@
  *   draw:   Gumbel-max over the kept set, the last block writes tok and logprob.
  * Rows that a phase does not concern return at once. The grid depends only on R, so the op can
  * be captured in a CUDA graph; the per-row state lives in the context's scratch and is zeroed
- * (one memset) at the start of each call. Only tok and logprob (R ints, R floats) are written. */
+ * (one memset) at the start of each call. Only tok and logprob (R ints, R floats) are written.
+ * Exact mode (tune.exact): the chunks' merge depends on NB, hence on R, so the reported logprob
+ * is then recomputed by the logprob head's row order (logprob_row.cuh): the trainer's value. */
 #include "kernels/sampling.cuh"
+#include "kernels/logprob_row.cuh"
 
 enum { SAMP_THREADS = 256, SAMP_LOCAL_BAN = 64 };
 
@@ -323,6 +326,16 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
     logprob[r] = x[t] * (1.0f / T) - w->lse;
 }
 
+/* exact mode: logprob[r] = z_tok - lse as logprob_row_fwd_kernel computes it, z = logits / T */
+__global__ void samp_exact_logprob_kernel(float *logprob, const int *tok, const float *logits, const sample_params *prm, int V) {
+    const int r = blockIdx.x;
+    const float T = prm[r].temperature > 0 ? prm[r].temperature : 1.0f, inv = 1.0f / T;
+    const float *x = logits + (size_t)r * V;
+    float lse, ez;
+    row_stats(x, inv, V, &lse, &ez);
+    if (threadIdx.x == 0) logprob[r] = x[tok[r]] * inv - lse;
+}
+
 void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {
     if (c->failed || R <= 0) return;
     int nb = (4 * c->n_sm + R - 1) / R;
@@ -345,4 +358,7 @@ void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const
         }
     samp_draw_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(tok, logprob, st, part, logits, p, ban, V, chunk);
     CU_LAUNCHED(c, "samp_draw_kernel");
+    if (!cu_exact(c)) return;
+    samp_exact_logprob_kernel<<<R, LOGPROB_ROW_THREADS, 0, c->stream>>>(logprob, tok, logits, p, V);
+    CU_LAUNCHED(c, "samp_exact_logprob_kernel");
 }

@@ -29,6 +29,7 @@ typedef struct {
     int kv_cap, acts_cap, acts_capm; /* KV rows, activation tokens / predictions: the layouts
                                           inside kv and acts (a freed and reallocated pool can
                                           come back at the same address with another size) */
+    tune_opts tune; /* the knobs at capture: a test switching one (exact mode) re-captures */
 } dec_graph;
 
 struct dec_state {
@@ -217,7 +218,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
         const model_acts *A = &e->acts_ng;
         if (g->g &&
             (g->kv != kv->mem || g->st != kv->st_mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
-             g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head || g->logits != d->dlogits)) {
+             g->acts_capm != A->cap_M || g->w != e->wv.embed || g->lm != e->wv.lm_head || g->logits != d->dlogits ||
+             memcmp(&g->tune, &be->tune, sizeof be->tune))) {
             be->graph_free(be, g->g);
             g->g = NULL;
         }
@@ -248,7 +250,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
                              .logits = d->dlogits,
                              .kv_cap = kv->cap_S,
                              .acts_cap = e->acts_ng.cap_T,
-                             .acts_capm = e->acts_ng.cap_M};
+                             .acts_capm = e->acts_ng.cap_M,
+                             .tune = be->tune};
             if ((rc = be->graph_launch(be, g->g))) return rc < 0 ? rc : err_set(GE_INTERNAL, "decode: fresh graph stale");
         }
     }

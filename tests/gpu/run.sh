@@ -11,6 +11,8 @@
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
+#   test_invariant: exact mode (GRPOD_TUNE_EXACT, issue 36): a row's bits alone = inside batches of
+#       1..4096 rows for the forward ops; the sampler's logprob = logprob_fwd's
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims),
 #       for a dense and a Qwen3-MoE model (with routing replay on and off, and how often top-k differs)
@@ -68,7 +70,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # ---- build: engine library + test programs (tests/gpu/) + benchmarks (tests/bench/gpu/); a
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
-PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_greedy test_lora attn_dump"
+PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_invariant test_greedy test_lora attn_dump"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
@@ -109,6 +111,7 @@ if [ "${TESTS:-1}" = 1 ]; then
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
 timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit $?" >>"$OUT/ops.log"
+timeout ${T_INV:-180} "$BIN/test_invariant" >>"$OUT/ops.log" 2>&1; echo "test_invariant exit $?" >>"$OUT/ops.log"
 # the hybrid models' decode steps on their state rows (DeltaNet conv and rule) and the row scatter
 timeout 60 "$BIN/test_deltanet_decode" >>"$OUT/ops.log" 2>&1; echo "test_deltanet_decode exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
@@ -168,7 +171,7 @@ else
 fi
 else
     : >"$OUT/ops.log"; : >"$OUT/model.log"; : >"$OUT/memcheck.log"
-    SKIPPED="test_ops test_sampling test_deltanet_decode test_model test_fixtures test_greedy attn_vs_sdpa daemon_e2e memcheck"
+    SKIPPED="test_ops test_sampling test_invariant test_deltanet_decode test_model test_fixtures test_greedy attn_vs_sdpa daemon_e2e memcheck"
     echo "TESTS=0: skipping $SKIPPED"
 fi
 

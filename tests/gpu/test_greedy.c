@@ -19,6 +19,7 @@
  * "rollout" does): its mean and max, replay not wider than free routing, and the fraction of
  * (token, MoE layer) pairs whose top-k set the trainer chooses differently from the sampler
  * (a free forward of the standard layout against the recorded routes).
+ * Then the sampled rollout in exact mode (exact_rows): max |Δ| and the count of differing tokens.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
 
@@ -133,6 +134,41 @@ static void topk_differs(eng *e, const eng_update_group *ug, const eng_group_res
     pack_batch_free(&b);
 }
 
+/* Exact mode (tune.exact, issue 36): the sampled rollout again with batch-invariant kernels, its
+ * logprobs against eng_logprobs': the max |d| and the tokens whose bits differ. 0 is asserted only
+ * when the run sets GRPOD_TUNE_EXACT=1 (every kernel exact, attention included); else printed. */
+static void exact_rows(eng *e, const eng_rollout_group *g, int *const *prompt, const int *P, const eng_sampling *sp,
+                       const char *tag) {
+    eng_backend *be = e->be;
+    int asserted = be->tune.exact;
+    be->tune.exact = 1;
+    eng_group_result res[NG];
+    if (eng_rollout(e, g, NG, sp, res, NULL, NULL)) gc_die(be, "exact rollout");
+    double mx = 0;
+    long long cnt = 0, differ = 0;
+    for (int k = 0; k < NG; k++) {
+        const int *resp[N];
+        int R[N];
+        for (int r = 0; r < N; r++) resp[r] = res[k].resp[r].tokens, R[r] = res[k].resp[r].n_tokens;
+        eng_update_group ug = {.prompt = prompt[k], .P = P[k], .n = N, .resp = resp, .R = R};
+        float **lp;
+        if (eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp)) gc_die(be, "eng_logprobs");
+        for (int r = 0; r < N; r++)
+            for (int t = 0; t < R[r]; t++, cnt++) {
+                mx = fmax(mx, fabs((double)lp[r][t] - res[k].resp[r].logprobs[t]));
+                differ += memcmp(&lp[r][t], &res[k].resp[r].logprobs[t], 4) != 0;
+            }
+        eng_logprobs_free(lp, &ug, 1);
+        eng_group_result_free(&res[k]);
+    }
+    printf("exact mode: rollout vs training-path logprobs (T=1, %lld tokens): max |d| %.3e, %lld tokens differ\n", cnt, mx, differ);
+    char shape[128];
+    snprintf(shape, sizeof shape, "%s%lld sampled tokens, %lld differ%s", tag, cnt, differ,
+             asserted ? "" : " (GRPOD_TUNE_EXACT unset: printed)");
+    gc_row("rollout vs trainer logprob max abs diff, exact", shape, mx, asserted ? 0 : INFINITY);
+    be->tune.exact = asserted;
+}
+
 int main(int argc, char **argv) {
     int moe = argc > 1 && !strcmp(argv[1], "moe");
     const char *tag = moe ? "qwen3_moe E=32 k=4, " : "";
@@ -238,6 +274,7 @@ int main(int argc, char **argv) {
         snprintf(shape, sizeof shape, "%s%lld of %lld (token, layer) pairs", tag, differ, pairs);
         gc_row("rollout vs trainer top-k differs (fraction)", shape, (double)differ / (pairs ? pairs : 1), 1.0);
     }
+    exact_rows(e, g, prompt, P, &sp, tag);
     for (int k = 0; k < NG; k++) free(prompt[k]);
     model_acts_free(&e->m, &e->acts_ng);
     be->destroy(be);

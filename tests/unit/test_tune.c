@@ -38,6 +38,7 @@ TEST(tune_every_knob) {
     setenv("GRPOD_TUNE_EXACT", "1", 1);
     tune_opts t;
     CHECK_EQ_INT(tune_from_env(&t), 0);
+    CHECK_EQ_INT(t.exact, 1);
     CHECK_EQ_INT(t.graphs, 0);
     CHECK_EQ_INT(t.pdl, 0);
     CHECK_EQ_INT(t.attn_decode, 0);
