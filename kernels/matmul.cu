@@ -155,16 +155,22 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     if (found >= 1 && key->exact && !c->failed) exact_pin(c, &h.algo, &p, hb, hd, &found);
     if (key->exact && getenv("GRPOD_EXACT_LOG")) { /* EXPERIMENT (first GPU call) */
         int32_t v[8] = {0};
-        const cublasLtMatmulAlgoConfigAttributes_t at[8] = {CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID,
-                                                            CUBLASLT_ALGO_CONFIG_STAGES_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                                                            CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-                                                            CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+        const cublasLtMatmulAlgoConfigAttributes_t at[8] = {CUBLASLT_ALGO_CONFIG_ID,
+                                                            CUBLASLT_ALGO_CONFIG_TILE_ID,
+                                                            CUBLASLT_ALGO_CONFIG_STAGES_ID,
+                                                            CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                                                            CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                            CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                                            CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+                                                            CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
         for (int i = 0; i < 8; i++) {
             size_t w = 0;
             cublasLtMatmulAlgoConfigGetAttribute(&h.algo, at[i], &v[i], sizeof v[i], &w);
         }
-        fprintf(stderr, "exact gemm m=%d n=%d k=%d ta=%d found=%d: id %d tile %d stages %d splitk %d red %d swz %d custom %d cluster %d\n",
-                key->m, key->n, key->k, key->transa, found, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        fprintf(
+            stderr,
+            "exact gemm m=%d n=%d k=%d ta=%d found=%d: id %d tile %d stages %d splitk %d red %d swz %d custom %d cluster %d\n",
+            key->m, key->n, key->k, key->transa, found, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
     }
     if (hb != p.b) cublasLtMatrixLayoutDestroy(hb);
     if (hd != p.d) cublasLtMatrixLayoutDestroy(hd);
@@ -206,21 +212,24 @@ void *gemm_blas(cu_ctx *c) {
 template <typename TD>
 __global__ void exact_gemm_kernel(gemm_key k, float alpha, const bf16 *A, const bf16 *B, float beta, const TD *Cm, TD *D,
                                   const bf16 *bias) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= k.m) return;
     const size_t as = k.transa ? 1 : (size_t)k.lda, bs = k.transb ? (size_t)k.ldb : 1;
-    const bf16 *a = A + (k.transa ? (size_t)i * k.lda : (size_t)i), *b = B + (k.transb ? (size_t)j : (size_t)j * k.ldb);
-    float acc = 0;
-    for (int q = 0; q < k.k; q++) acc = fmaf(__bfloat162float(a[q * as]), __bfloat162float(b[q * bs]), acc);
-    float v = alpha * acc;
-    if (beta != 0.0f) v += beta * (float)Cm[(size_t)j * k.ldd + i];
-    if (bias) v += __bfloat162float(bias[i]);
-    D[(size_t)j * k.ldd + i] = (TD)v;
+    const bf16 *a = A + (k.transa ? (size_t)i * k.lda : (size_t)i);
+    for (int j = blockIdx.y; j < k.n; j += gridDim.y) {
+        const bf16 *b = B + (k.transb ? (size_t)j : (size_t)j * k.ldb);
+        float acc = 0;
+        for (int q = 0; q < k.k; q++) acc = fmaf(__bfloat162float(a[q * as]), __bfloat162float(b[q * bs]), acc);
+        float v = alpha * acc;
+        if (beta != 0.0f) v += beta * (float)Cm[(size_t)j * k.ldd + i];
+        if (bias) v += __bfloat162float(bias[i]);
+        D[(size_t)j * k.ldd + i] = (TD)v;
+    }
 }
 
 static void exact_gemm(cu_ctx *c, const gemm_key *key, float alpha, const void *A, const void *B, float beta, const void *Cm,
                        void *D, const bf16 *bias) {
-    dim3 grid(cu_blocks(key->m, 128), key->n);
+    dim3 grid(cu_blocks(key->m, 128), key->n < 65535 ? key->n : 65535);
     if (key->d_f32)
         exact_gemm_kernel<float><<<grid, 128, 0, c->stream>>>(*key, alpha, (const bf16 *)A, (const bf16 *)B, beta,
                                                               (const float *)(Cm ? Cm : D), (float *)D, bias);

@@ -1,7 +1,7 @@
 /* test_invariant.c (GPU) — batch invariance of the forward ops in exact mode (tune.exact, issue
  * 36): one fixed input row computed inside batches of M = 1, 3, 16, 64, 257, 4096 random rows, at
  * the first, middle and last position, must give the bits it gives alone — for the GEMMs
- * (matmul_fwd at two Qwen3-1.7B shapes, matmul_fwd_n with the norm in front, mlp_in_fwd), RMSNorm,
+ * (matmul_fwd at two Qwen3-1.7B shapes and an odd O, matmul_fwd_n with the norm in front, mlp_in_fwd), RMSNorm,
  * the logprob head (T = 1 and 0.7), the sampler (its token and reported logprob) and a MoE layer
  * (router + experts). A row per op and mode: exact on asserts 0 differing cases; exact off prints
  * its count (non-zero for the GEMMs: what the test would catch). Last, the sampler's reported
@@ -50,6 +50,7 @@ static float *op_matmul(eng_backend *g, int M, int pos, int *n, int I, int O, co
 }
 static float *op_up(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, C, F, W.w1); }
 static float *op_down(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, F, C, W.w2); }
+static float *op_odd(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, C, 1001, W.w1); } /* 2-byte rows */
 
 static float *op_qkv(eng_backend *g, int M, int pos, int *n) { /* q/k/v with the norm in front; k's row */
     void *x = batch(g, M, pos, C, 1.0f), *ln = g->alloc(g, (size_t)M * C * 2);
@@ -187,6 +188,7 @@ int main(void) {
     } ops[] = {
         {"matmul_fwd up", "I=2048 O=6144", op_up, 1},
         {"matmul_fwd down", "I=6144 O=2048", op_down, 1},
+        {"matmul_fwd odd O", "I=2048 O=1001", op_odd, 1},
         {"matmul_fwd_n q/k/v + norm", "I=2048 O=2048,1024,1024", op_qkv, 1},
         {"mlp_in_fwd + norm", "I=2048 F=6144", op_mlp, 1},
         {"rmsnorm_fwd", "C=2048", op_rmsnorm, 1},
