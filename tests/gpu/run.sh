@@ -12,7 +12,8 @@
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
 #   test_invariant: exact mode (GRPOD_TUNE_EXACT, issue 36): a row's bits alone = inside batches of
-#       1..4096 rows for the forward ops; the sampler's logprob = logprob_fwd's
+#       1..4096 rows for the forward ops; the sampler's logprob = logprob_fwd's. With EXACT=1,
+#       test_greedy (dense, moe) again with GRPOD_TUNE_EXACT=1: rollout vs trainer gap 0 asserted
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
 #   test_greedy: greedy rollout == teacher-forced argmax, rollout vs trainer logprobs (decode dims),
 #       for a dense and a Qwen3-MoE model (with routing replay on and off, and how often top-k differs)
@@ -131,6 +132,12 @@ timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_f
 # generation vs the training path at decode-kernel dims: greedy == teacher-forced argmax, logprob mismatch
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" >>"$OUT/model.log" 2>&1; echo "test_greedy exit $?" >>"$OUT/model.log"
 timeout ${T_GREEDY:-120} "$BIN/test_greedy" moe >>"$OUT/model.log" 2>&1; echo "test_greedy moe exit $?" >>"$OUT/model.log"
+if [ "${EXACT:-0}" = 1 ]; then # the whole model in exact mode: rollout logprobs = the trainer's, asserted
+    for m in "" moe; do
+        GRPOD_TUNE_EXACT=1 timeout ${T_GREEDY:-120} "$BIN/test_greedy" $m 2>&1 | sed 's/^ROW|/ROW|exact: /' >>"$OUT/model.log"
+        echo "test_greedy $m GRPOD_TUNE_EXACT=1 exit ${PIPESTATUS[0]}" >>"$OUT/model.log"
+    done
+fi
 # issue 19: the same update twice in one process and in two processes with other histories
 # (what replay after a crash needs), tensor by tensor; a rollout alone vs beside another group
 for m in tiny mid; do
