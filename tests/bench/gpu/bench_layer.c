@@ -12,7 +12,11 @@
  * x.grad.
  * Prints ms (median of REPS after a warm-up) and the peak device memory in use (cudaMemGetInfo
  * against the free memory after backend creation: weights, fp32 grads, activations, scratch).
- * Usage: bench_layer [P N R ...]   (default: the four configurations of issue 7) */
+ * `moe` first: a Qwen3-30B-A3B-shaped layer instead (C=2048, H=32, K=4, 128 experts of
+ * Fm=768, top-8 renormalised), its useful FLOP counted on the active parameters (the router and
+ * the eight routed experts a token).
+ * Usage: bench_layer [moe] [P N R ...]   (default: the four configurations of issue 7; with moe,
+ * one group P=1024 N=16 R=512) */
 #include <cuda_runtime_api.h>
 #include <time.h>
 
@@ -21,7 +25,7 @@
 enum { REPS = 7 };
 
 
-static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
+static void bench(eng_backend *be, size_t free0, int moe, int P, int N, int R) {
     model_config c = {.arch = ARCH_QWEN3,
                       .L = 1,
                       .C = 4096,
@@ -37,6 +41,17 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
                       .tied = 1,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
+    if (moe) {
+        c.arch = ARCH_QWEN3_MOE;
+        c.C = 2048;
+        c.K = 4;
+        c.E = 128;
+        c.top_k = 8;
+        c.Fm = 768;
+        c.norm_topk = 1;
+        c.mlp[0] = MLP_MOE;
+        snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
+    }
     bench_layer_run r;
     bench_layer_open(&r, be, &c, P, N, R);
     int T = r.b.T, C = c.C;
@@ -63,12 +78,13 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     }
     qsort(t + 1, REPS, sizeof(double), gc_cmpd);
     qsort(tf + 1, REPS, sizeof(double), gc_cmpd);
-    double lin = 6.0 * T * ((double)C * 32 * 128 + 2.0 * C * 8 * 128 + 32.0 * 128 * C + 3.0 * C * c.F);
+    double mlp = moe ? 3.0 * C * c.Fm * c.top_k + (double)C * c.E : 3.0 * C * c.F;
+    double lin = 6.0 * T * ((double)C * 32 * 128 + 2.0 * C * c.K * 128 + 32.0 * 128 * C + mlp);
     double att_f = 2.0 * P * P * 32 * 128 + 4.0 * N * R * (P + R / 2.0) * 32 * 128;
     double flop = lin + 3.5 * att_f;
-    printf("grpod-cuda layer P=%d N=%d R=%d T=%d: fwd+bwd %.2f ms (min %.2f max %.2f; fwd %.2f) useful %.1f TFLOP "
+    printf("grpod-cuda %slayer P=%d N=%d R=%d T=%d: fwd+bwd %.2f ms (min %.2f max %.2f; fwd %.2f) useful %.1f TFLOP "
            "-> %.0f TFLOP/s; peak %.2f GiB (device memory in use); |dx| %.3g\n",
-           P, N, R, T, t[1 + REPS / 2] * 1e3, t[1] * 1e3, t[REPS] * 1e3, tf[1 + REPS / 2] * 1e3, flop / 1e12,
+           moe ? "moe " : "", P, N, R, T, t[1 + REPS / 2] * 1e3, t[1] * 1e3, t[REPS] * 1e3, tf[1 + REPS / 2] * 1e3, flop / 1e12,
            flop / t[1 + REPS / 2] / 1e12, used_peak / 1073741824.0, bench_layer_dx_norm(&r, be));
     fflush(stdout);
     bench_layer_close(&r, be);
@@ -80,10 +96,13 @@ int main(int argc, char **argv) {
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     size_t free0, total;
     cudaMemGetInfo(&free0, &total);
-    if (argc > 3) {
-        for (int i = 1; i + 2 < argc; i += 3) bench(be, free0, atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]));
+    int moe = argc > 1 && !strcmp(argv[1], "moe"), a0 = 1 + moe;
+    if (argc > a0 + 2) {
+        for (int i = a0; i + 2 < argc; i += 3) bench(be, free0, moe, atoi(argv[i]), atoi(argv[i + 1]), atoi(argv[i + 2]));
+    } else if (moe) {
+        bench(be, free0, 1, 1024, 16, 512);
     } else {
-        for (int i = 0; i < nc; i++) bench(be, free0, cfg[i][0], cfg[i][1], cfg[i][2]);
+        for (int i = 0; i < nc; i++) bench(be, free0, 0, cfg[i][0], cfg[i][1], cfg[i][2]);
     }
     be->destroy(be);
     return 0;
