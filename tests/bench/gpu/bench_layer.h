@@ -36,16 +36,22 @@ static inline void bench_layer_open(bench_layer_run *r, eng_backend *be, const m
     free(hw);
     model_views_make(&r->m, r->w, 2, &r->wv);
     model_views_make(&r->m, r->gw, 4, &r->gv);
+    /* random ids: equal responses would share their tokens in the packed layout (a prefix tree,
+     * pack.h), and the layer would run on far fewer than P + NR tokens */
+    unsigned long long s = 17;
     r->N = N;
-    r->prompt = calloc((size_t)P, 4);
+    r->prompt = malloc((size_t)P * 4);
+    gc_random_ids(r->prompt, P, &s);
     r->resp = malloc((size_t)N * sizeof(int *));
     r->Rs = malloc((size_t)N * 4);
     for (int i = 0; i < N; i++) {
         r->Rs[i] = R;
-        r->resp[i] = calloc((size_t)R, 4);
+        r->resp[i] = malloc((size_t)R * 4);
+        gc_random_ids(r->resp[i], R, &s);
     }
     pack_group pg = {.prompt = r->prompt, .P = P, .N = N, .resp = (const int *const *)r->resp, .R = r->Rs};
     if (pack_build(&r->b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
+    if (r->b.T != P + N * R) gc_die(NULL, "bench_layer_open: the packed group is not P + NR tokens");
     int T = r->b.T, C = c->C;
     if (model_acts_init(&r->m, &r->a, T, 1, 1)) gc_die(be, "model_acts_init");
     /* positions and key ranges in a->ints, as model_forward uploads them */
