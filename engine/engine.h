@@ -43,7 +43,7 @@ typedef struct {
      * eng_sampling.group_index set). Optimizer offload holds the rank's shard in host memory;
      * LoRA is refused with a comm. The caller owns the comm and frees it after eng_close. */
     comm *comm;
-    /* 1: expert parallelism (engine/train/ep.c; issue 38): a mixture-of-experts model's experts
+    /* 1: expert parallelism (engine/train/ep.c): a mixture-of-experts model's experts
      * split over the comm's W ranks, rank r holding [r E/W, (r+1) E/W) of every MoE layer with
      * their whole training state; the rest sharded as above. Needs a comm, a MoE model with E
      * divisible by W, the cpu backend, full-parameter training without optimizer offload; else

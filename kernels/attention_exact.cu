@@ -1,4 +1,4 @@
-/* attention_exact.cu — the batch-invariant forward of attention.h (issue 36), taken by
+/* attention_exact.cu — the batch-invariant forward of attention.h, taken by
  * attention.cu for every T when tune.exact is set: a query row's out and lse have the same bits
  * whatever the rows beside it, so decode's rows (few queries over the KV pool) equal the training
  * forward's (the packed P+NR micro-batch) for the same query and keys.

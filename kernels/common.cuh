@@ -36,7 +36,7 @@ typedef struct cu_ctx {
     char msg[512];
 } cu_ctx;
 
-/* Exact mode (tune.exact, issue 36): every op computes a row with one order for any row count. */
+/* Exact mode (tune.exact): every op computes a row with one order for any row count. */
 static inline int cu_exact(const cu_ctx *c) { return c->tune && c->tune->exact; }
 
 /* Records the first failure: "call -> error (file:line)". */

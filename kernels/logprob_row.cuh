@@ -1,6 +1,6 @@
 /* logprob_row.cuh — the one order in which a row's log-softmax statistics are summed, shared by
  * the logprob head (logprob.cu) and, in exact mode, the sampler's reported logprob (sampling.cu),
- * so that a rollout's logprob equals the trainer's bit for bit (issue 36). One block of
+ * so that a rollout's logprob equals the trainer's bit for bit. One block of
  * LOGPROB_ROW_THREADS threads a row; the order depends on V only, never on the rows beside it. */
 #ifndef GRPOD_KERNELS_LOGPROB_ROW_CUH
 #define GRPOD_KERNELS_LOGPROB_ROW_CUH

@@ -18,7 +18,7 @@
  * model gave other bits), so a timed choice differed from one process to the next
  * (tests/gpu/test_determinism.c; docs/benchmarks.md, "CUDA replay bit-equal").
  *
- * Exact mode (tune.exact, issue 36): a GEMM whose columns are the batch (transb = 0: n = T rows
+ * Exact mode (tune.exact): a GEMM whose columns are the batch (transb = 0: n = T rows
  * of the row-major activations) runs ONE algorithm for every n: the heuristic's first choice for
  * the shape at n = GEMM_EXACT_N, without split-K (reduction scheme none, split 1), alignment
  * taken as 16 bytes, so each output row sees one tile shape and one K order whatever the batch

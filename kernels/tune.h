@@ -26,7 +26,7 @@ typedef struct {
                       * kernel up to 512 tokens and cuBLAS grouped GEMMs above; tiles the tiled
                       * kernels (batch-invariant); grouped the grouped GEMMs at every size */
     int exact; /* GRPOD_TUNE_EXACT=0|1: batch-invariant kernels: a row's result does not depend
-                        * on the rows beside it (issue 36); rollout logprobs equal the trainer's */
+                        * on the rows beside it; rollout logprobs equal the trainer's */
 } tune_opts;
 
 static inline tune_opts tune_defaults(void) {

@@ -25,7 +25,7 @@ if bash tools/check_floors.sh >"$log/floors.log" 2>&1; then
 else
   fail=$((fail + 1)); printf '%-28s %3d passed %3d failed\n' check_floors 0 1; sed 's/^/    /' "$log/floors.log"
 fi
-# Fuzz: each libFuzzer target briefly from its seed corpus (the reproducers of issue 20 among
+# Fuzz: each libFuzzer target briefly from its seed corpus (the hostile-input reproducers among
 # them): 20000 inputs or 10 s, whichever comes first. `make fuzz` runs them long.
 fuzz_names="request reward safetensors config tokenizer"
 if command -v clang >/dev/null 2>&1 && make -s $(printf 'build/fuzz_%s ' $fuzz_names) >"$log/fuzz-build.log" 2>&1; then

@@ -4,8 +4,8 @@
 # all → common; api reads the engine's public types (engine.h, train/loss.h, params.h) but never
 # kernels/. Inside engine/ the rooms have floors of their own (may_room below): a room includes
 # only the rooms beneath it, and the engine's own files (engine/*.h, the facade and the engine
-# object) are the top. Tests stay outside struct eng (below). Run by tests/run.sh, so `make test`
-# enforces it. Prints each offending line.
+# object) are the top. Tests stay outside struct eng (below), and no source names an issue number
+# (comments state contracts). Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
 set -u
 cd "$(dirname "$0")/.."
 # floor: the project directories its files may include ("" = only itself and common/)
@@ -68,5 +68,11 @@ for f in $(find tests -name '*.c' -o -name '*.h' | sort); do
   grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"engine/engine_internal\.h"' "$f" | while IFS=: read -r n _; do
     echo "$f:$n: tests may not include engine/engine_internal.h (use engine/engine_testing.h)"; done | grep . && bad=1
 done
-[ $bad = 0 ] && echo "floors: no upward include"
+# Comments state contracts, not history: no issue numbers in the source (they belong in commit
+# messages and docs/benchmarks.md). The committed fixtures' data is generated, not read as code.
+hist=$(grep -rnIiE 'issues? #?[0-9]' --include='*.c' --include='*.h' --include='*.cu' --include='*.cuh' \
+  --include='*.sh' --include='*.py' --include=Makefile common engine kernels api daemon store tests tools Makefile |
+  grep -v '^tests/fixtures/data/')
+[ -n "$hist" ] && { echo "$hist" | sed 's/$/   <- an issue number in the source (state the contract)/'; bad=1; }
+[ $bad = 0 ] && echo "floors: no upward include, no issue number in the source"
 exit $bad

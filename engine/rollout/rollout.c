@@ -715,7 +715,7 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
                   eng_sched_job **job) {
     *job = NULL;
     memset(out, 0, (size_t)n_groups * sizeof *out);
-    if (s->e->ep_full) /* each rank's decode would wait in every MoE layer for the others' (issue 38) */
+    if (s->e->ep_full) /* each rank's decode would wait in every MoE layer for the others' */
         return err_set(GE_UNSUPPORTED, "rollouts under expert parallelism are not built yet: generate without --expert-parallel");
     eng_sched_job *j = calloc(1, sizeof *j);
     if (!j) return err_set(GE_NOMEM, "scheduler: out of memory");

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hostile_inputs.py — issue 20's reproducers against a fresh daemon, with the time and memory
+"""hostile_inputs.py — the hostile-input reproducers against a fresh daemon, with the time and memory
 each costs: the 1 MB math-nesting request, regex bombs (validated, then scored on real
 responses), a cross-site text/plain POST, an 8 MiB update body (peak RSS and RSS after), and
 each broken model directory of tests/integration/test_hostile.py through `grpod info`

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""slow_clients.py — issue 20's slowloris measurement: N clients each send one byte of a request
+"""slow_clients.py — the slowloris measurement: N clients each send one byte of a request
 head every INTERVAL seconds (and reconnect at once when the daemon closes them, unless
 --no-reconnect), while a probe
 GETs /healthz every 0.5 s. Prints the probes' success and latency, and the daemon's RSS.
 
   python3 tests/bench/slow_clients.py --port 8780 --pid PID [--clients 3000] [--interval 3] [--seconds 60]
 
-Before issue 20's fix ~1,100 such clients made every /healthz probe time out."""
+The daemon must keep answering /healthz under them (docs/benchmarks.md, "Hostile inputs")."""
 import argparse
 import resource
 import selectors

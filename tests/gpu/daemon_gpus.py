@@ -1,4 +1,4 @@
-"""daemon_gpus.py — issue 24: the daemon on several GPUs of one host (`grpod serve --gpus 0,1`)
+"""daemon_gpus.py — the daemon on several GPUs of one host (`grpod serve --gpus 0,1`)
 against the same daemon on one (`--gpus 0`), on the embedded default model, driven over HTTP
 with the same seeded jobs: two rounds of four rollouts at once and an update on their results,
 then a probe scored by POST /v1/logprobs. Checks, as ROW lines for tests/gpu/run.sh:

@@ -11,7 +11,7 @@
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu
-#   test_invariant: exact mode (GRPOD_TUNE_EXACT, issue 36): a row's bits alone = inside batches of
+#   test_invariant: exact mode (GRPOD_TUNE_EXACT): a row's bits alone = inside batches of
 #       1..4096 rows for the forward ops; the sampler's logprob = logprob_fwd's. With EXACT=1,
 #       test_greedy (dense, moe) again with GRPOD_TUNE_EXACT=1: rollout vs trainer gap 0 asserted
 #   test_fixtures: the committed HF transformers fixtures on the CUDA backend
@@ -31,17 +31,17 @@
 #       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd)
-#   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, issue 7's four
+#   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, the four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
 #   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
 #       Qwen3-32B dims on a device with room for it)
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
 #       1.7B heads at (4096, 16, 512); also with GRPOD_TUNE_EXACT=1, and decode exact off/on), with PEER_ATTN=path/to/peer_attention.py the peer
-#   (k) with BENCH_DP=1 (issue 24, a machine with 2+ GPUs): test_comm_nccl (its W=2 rows) and
+#   (k) with BENCH_DP=1 (a machine with 2+ GPUs): test_comm_nccl (its W=2 rows) and
 #       bench_dp (Qwen3-1.7B dims: the update and rollouts on one GPU and on two, equality rows,
 #       scaling), daemon_gpus.py (grpod serve --gpus 0,1 vs --gpus 0 over HTTP, when ./grpod and
 #       .devlibs are carried), also with TESTS=0; the rows join the table
-#   (j) with BENCH_SPLIT=1: bench_split (long prompts, issue 22: Qwen3-1.7B dims, N=16 R=1024,
+#   (j) with BENCH_SPLIT=1: bench_split (long prompts: Qwen3-1.7B dims, N=16 R=1024,
 #       P = 8K..128K, split vs one graph), with PEER_FLEX=path/to/peer_step_flex.py the peer
 #   (l) with BENCH_DAEMON=1: bench_daemon.py (when ./grpod and .devlibs are carried): the GRPO loop
 #       through grpod serve's HTTP API at Qwen3-1.7B dims on a random checkpoint (rollout 8 groups x
@@ -74,7 +74,7 @@ BIN=$BUILD
 PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_invariant test_greedy test_lora attn_dump"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
-# engine library holds the NCCL comm then, and test_comm_nccl joins (issue 24)
+# engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
 NCCL_CF=${NCCL_FLAGS%%|*}; NCCL_LD=${NCCL_FLAGS#*|}
 [ -n "$NCCL_CF" ] && PROGS="$PROGS test_comm_nccl"
@@ -116,11 +116,11 @@ timeout ${T_INV:-180} "$BIN/test_invariant" >>"$OUT/ops.log" 2>&1; echo "test_in
 # the hybrid models' decode steps on their state rows (DeltaNet conv and rule) and the row scatter
 timeout 60 "$BIN/test_deltanet_decode" >>"$OUT/ops.log" 2>&1; echo "test_deltanet_decode exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
-# issue 21: offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
+# offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
 timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
 # the update's safety copy in each place the memory plan can put it: same bits, restored exactly
 timeout ${T_SNAPSHOT:-120} "$BIN/test_snapshot" >>"$OUT/model.log" 2>&1; echo "test_snapshot exit $?" >>"$OUT/model.log"
-# issue 24: the NCCL comm at world size 1 (every collective; the sharded update through it vs no
+# the NCCL comm at world size 1 (every collective; the sharded update through it vs no
 # comm), and at world size 2 when the machine has two GPUs (a SKIP row otherwise)
 if [ -n "$NCCL_CF" ]; then
     timeout ${T_NCCL:-120} "$BIN/test_comm_nccl" >>"$OUT/model.log" 2>&1; echo "test_comm_nccl exit $?" >>"$OUT/model.log"
@@ -138,7 +138,7 @@ if [ "${EXACT:-0}" = 1 ]; then # the whole model in exact mode: rollout logprobs
         echo "test_greedy $m GRPOD_TUNE_EXACT=1 exit ${PIPESTATUS[0]}" >>"$OUT/model.log"
     done
 fi
-# issue 19: the same update twice in one process and in two processes with other histories
+# replay: the same update twice in one process and in two processes with other histories
 # (what replay after a crash needs), tensor by tensor; a rollout alone vs beside another group
 for m in tiny mid; do
     x=; [ $m = mid ] && x=mid
@@ -191,7 +191,7 @@ if [ "${BENCH:-0}" = 1 ]; then
     grep -v '^rep' "$OUT/bench.log"
 fi
 
-# ---- (j) with BENCH_OFFLOAD=1 (issue 21): bench_step at 1.7B dims with the optimizer on the
+# ---- (j) with BENCH_OFFLOAD=1: bench_step at 1.7B dims with the optimizer on the
 # device, in host memory, and in host memory with the step held to 22 GiB (layers recomputed);
 # 8B dims in host memory within 76 GiB; with PEER=path/to/peer_step.py the peer at 1.7B; then one
 # end-to-end GRPO step at 8B dims through the engine (bench_grpo: rollout 8 x 16, then the update)
@@ -231,7 +231,7 @@ if [ "${BENCH_MOE:-0}" = 1 ]; then
     cat "$OUT/bench_moe.log"
 fi
 
-# ---- (h) decoder-layer benchmark (optional): Qwen3-8B layer shape, issue 7's configurations
+# ---- (h) decoder-layer benchmark (optional): Qwen3-8B layer shape, four (P, N, R) configurations
 if [ "${BENCH_LAYER:-0}" = 1 ]; then
     {
         timeout ${T_BENCH:-100} "$BIN/bench_layer"
@@ -263,7 +263,7 @@ if [ "${BENCH_ATTN:-0}" = 1 ]; then
     {
         timeout ${T_BENCH:-100} "$BIN/bench_attn" 8192 8 1024
         timeout ${T_BENCH:-100} "$BIN/bench_attn" 4096 16 512 16 8 128
-        # issue 36: the batch-invariant kernel (attention_exact.cu) at the same shapes, and decode
+        # exact mode: the batch-invariant kernel (attention_exact.cu) at the same shapes, and decode
         # (1.7B heads, P=1024 N=16, one and eight groups) with exact off and on
         GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_attn" 8192 8 1024
         GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_attn" 4096 16 512 16 8 128
@@ -287,7 +287,7 @@ if [ "${BENCH_SPLIT:-0}" = 1 ]; then
     cat "$OUT/bench_split.log"
 fi
 
-# ---- (k) several GPUs (optional, issue 24): the NCCL comm's rows (W=2 on two GPUs) and bench_dp
+# ---- (k) several GPUs (optional): the NCCL comm's rows (W=2 on two GPUs) and bench_dp
 : >"$OUT/dp.log"
 if [ "${BENCH_DP:-0}" = 1 ]; then
     {

@@ -6,12 +6,10 @@
  *       (reduce-scatter, shard norm exchange, AdamW on the shard, all-gather) even for one rank.
  *       Three updates on the embedded default model against the same updates without a comm:
  *       the first update's gradient (relative L2), loss and every grad norm (relative) <= 1e-2,
- *       the CUDA contract. Two runs without a comm are printed beside it: since issue 19's
- *       fixes the CUDA backward is deterministic, and on 2 H200s (2026-11-27) both that spread
- *       and NCCL W=1 against no comm were 0 in every value (gradient, loss, grad norm, weights).
- *       The rows keep the 1e-2 contract rather than bit-equality, which is a property of the
- *       kernels, not of the comm. (Before those fixes, 2026-11-25 on an H100: 2.24e-2 of the
- *       weights' update between no-comm runs, 2.32e-2 NCCL W=1 vs no comm.)
+ *       the CUDA contract. Two runs without a comm are printed beside it: the CUDA backward is
+ *       deterministic, so that spread is 0, and so is NCCL W=1 against no comm on the current
+ *       kernels (figures in docs/benchmarks.md). The rows keep the 1e-2 contract rather than
+ *       bit-equality, which is a property of the kernels, not of the comm.
  *   (c) world size 2, one engine per GPU on threads, when the machine has two GPUs: loss and grad
  *       norms equal the one-GPU update's within 1e-2 (a SKIP line otherwise, neither pass nor fail);
  *       the weights' update is printed (2 H200s: 8.7e-3 relative L2, the other summation order

@@ -1,4 +1,4 @@
-/* test_determinism.c — issue 19 on the GPU. Replay after a crash re-applies stored updates in a
+/* test_determinism.c — crash replay's contract on the GPU. Replay after a crash re-applies stored updates in a
  * new process (docs/api.md "Crashes and replay"), so a CUDA update must give the same bits from
  * the same state, in the same process and in another one. This program isolates what differs.
  *

@@ -9,7 +9,7 @@
  *     each other (a near tie that bf16 rounding can flip); any other difference fails.
  *   mismatch: the logprobs a sampled rollout (T = 1) reports for its tokens against
  *     eng_logprobs of the same tokens (the update's old pass): mean and max |Δ|. The mean must
- *     stay within 1e-2 (issue 8); the max is reported.
+ *     stay within 1e-2 (the decode-dims bound); the max is reported.
  * With the argument "moe" the model is Qwen3-MoE (32 experts, top-4; layer 1 dense): decode
  * runs the experts on few rows inside the CUDA graphs. Routes are chosen afresh on both paths
  * (no routing replay), so a near tie of the router can move a token to other experts: the
@@ -134,7 +134,7 @@ static void topk_differs(eng *e, const eng_update_group *ug, const eng_group_res
     pack_batch_free(&b);
 }
 
-/* Exact mode (tune.exact, issue 36): the sampled rollout again with batch-invariant kernels, its
+/* Exact mode (tune.exact): the sampled rollout again with batch-invariant kernels, its
  * logprobs against eng_logprobs': the max |d| and the tokens whose bits differ. 0 is asserted only
  * when the run sets GRPOD_TUNE_EXACT=1 (every kernel exact, attention included); else printed. */
 static void exact_rows(eng *e, const eng_rollout_group *g, int *const *prompt, const int *P, const eng_sampling *sp,

@@ -1,4 +1,4 @@
-/* test_offload.c — issue 21 on the GPU:
+/* test_offload.c — the optimizer in host memory on the GPU:
  *   (a) the offloaded optimizer (engine/train/offload.c: gradients down a copy lane, AdamW on the host,
  *       bf16 weights up another lane) against the on-GPU fused AdamW after 3 steps with fresh
  *       gradients each step: master, both moments <= 1e-6 relative (max |diff| / max |ref|, and

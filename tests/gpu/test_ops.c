@@ -905,7 +905,7 @@ static void decode_attention_suite(void) {
     free_ranges(r);
 }
 
-/* ---------------------------------------------------------------- exact attention (issue 36) */
+/* ---------------------------------------------------------------- exact attention */
 
 /* Values of a and b (n each) whose bits differ. */
 static size_t values_differ(const float *a, const float *b, size_t n) {
@@ -1636,7 +1636,7 @@ int main(int argc, char **argv) {
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* the attention cases alone */
         attention_suite();
-    } else if (argc > 1 && !strcmp(argv[1], "exact")) { /* exact-mode attention alone (issue 36) */
+    } else if (argc > 1 && !strcmp(argv[1], "exact")) { /* exact-mode attention alone */
         exact_attention_suite();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* the mixture-of-experts cases alone */
         moe_suite();

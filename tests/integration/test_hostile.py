@@ -1,4 +1,4 @@
-# test_hostile.py — issue 20: inputs that crashed, hung or bloated the daemon, each answered now
+# test_hostile.py — inputs that crashed, hung or bloated the daemon, each answered now
 # with a clear 4xx/5xx (or a one-line error for a model directory) while /healthz still answers.
 # Model directories are built here from the embedded default model, one defect each.
 import json

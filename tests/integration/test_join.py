@@ -1,4 +1,4 @@
-# test_join.py — ranks in several processes (issue 24, docs/data-parallel.md "Several hosts"): a
+# test_join.py — ranks in several processes (docs/data-parallel.md "Several hosts"): a
 # leader (`grpod serve --ranks 1 --followers 1`) and a follower (`grpod serve --ranks 1 --join
 # URL`) on loopback, their two ranks in one tcp communicator (engine/dist/comm_tcp.c), the leader
 # driving every update, logprobs and checkpoint on the follower's rank (daemon/cluster.h).

@@ -310,7 +310,7 @@ TEST(test_gsm8k) {
     printf("# %d GSM8K answers extracted and scored (%d with thousands separators)\n", n, with_commas);
 }
 
-/* Issue 20: a 1 MB math answer nesting \frac (or braces) 100,000 deep crashed the HTTP thread
+/* Hostile input: a 1 MB math answer nesting \frac (or braces) 100,000 deep crashed the HTTP thread
  * (unbounded recursion in normalize and a quadratic brace scan). Now fractions nest at most 16
  * deep and each input is scanned a bounded number of times: the spec is refused, not crashed. */
 static char *nested(const char *open, const char *mid, const char *close, int depth) {
@@ -364,7 +364,7 @@ TEST(test_math_nesting) {
     free(deep);
 }
 
-/* Issue 20: 25-37-byte patterns drove glibc regcomp to 4-7 GB; exponential backtracking is the
+/* Hostile input: 25-37-byte patterns drove glibc regcomp to 4-7 GB; exponential backtracking is the
  * other classic. With PCRE2 and its limits each pattern compiles or is refused, and each match
  * ends (as a match or a 0 score) within the match/heap limits. Time and memory are printed
  * (a benchmark figure for the notes, not asserted); the peak RSS is bounded loosely. */

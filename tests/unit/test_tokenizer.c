@@ -225,7 +225,7 @@ TEST(unsupported_refused) {
     CHECK_MSG(strstr(err_msg(), "WordPiece") && strstr(err_msg(), TEST_TMP "/grpod_test_tok_wp"), "message: %s", err_msg());
 }
 
-/* Issue 20: a vocab key or merge over 64 KiB overflowed a fixed scratch buffer at load, and a
+/* Hostile input: a vocab key or merge over 64 KiB overflowed a fixed scratch buffer at load, and a
  * message wrapping err_msg() ("%s: %s", dir, err_msg()) came out garbled. */
 TEST(long_keys_and_wrapped_messages) {
     char *j = tok_default_tokenizer_json();

@@ -1,4 +1,4 @@
-"""bench_exact.py — rollout logprobs against the trainer's through the daemon's API (issue 36):
+"""bench_exact.py — rollout logprobs against the trainer's through the daemon's API:
 --jobs rollout jobs of --groups x --n responses are submitted at once (their groups share decode
 steps: a mixed batch), then every group's sampled tokens are scored by POST /v1/logprobs (the
 training forward, packed [P; R_1..R_N]) at the rollout's temperature. json-c prints doubles with

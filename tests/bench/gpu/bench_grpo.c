@@ -1,4 +1,4 @@
-/* bench_grpo.c — one end-to-end GRPO step through the engine (issue 21 (c)): eng_rollout of G
+/* bench_grpo.c — one end-to-end GRPO step through the engine: eng_rollout of G
  * groups × N responses (P-token random prompts, `new` tokens each, temperature 1, ignore_eos),
  * then eng_update on what it sampled (random rewards, KL to the reference, one optimizer step,
  * on-policy: the old pass is the policy pass's own logprobs), at Qwen3-8B dims (untied) with

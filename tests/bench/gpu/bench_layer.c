@@ -15,7 +15,7 @@
  * `moe` first: a Qwen3-30B-A3B-shaped layer instead (C=2048, H=32, K=4, 128 experts of
  * Fm=768, top-8 renormalised), its useful FLOP counted on the active parameters (the router and
  * the eight routed experts a token).
- * Usage: bench_layer [moe] [P N R ...]   (default: the four configurations of issue 7; with moe,
+ * Usage: bench_layer [moe] [P N R ...]   (default: four (P, N, R) configurations; with moe,
  * one group P=1024 N=16 R=512) */
 #include <cuda_runtime_api.h>
 #include <time.h>

@@ -1,4 +1,4 @@
-/* bench_split.c — long prompts (issue 22): one GRPO step (old pass, reference pass, policy
+/* bench_split.c — long prompts: one GRPO step (old pass, reference pass, policy
  * forward + loss + backward, grad norm + AdamW) on the CUDA backend at Qwen3-1.7B dims with
  * random weights, one group [P; R_1..R_N], for each P given:
  *   one-graph  the packed layout in one micro-batch (P + NR tokens), as bench_step runs it,
