@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "rank_threads.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
@@ -198,76 +199,34 @@ static eng *open_rank(comm *c, const char *resume) {
 
 /* ---------------------------------------------------------------- ranks as threads */
 
-typedef enum { OP_OPEN, OP_UPDATE, OP_UNDO, OP_SAVE, OP_PROBE, OP_CLOSE } op_t;
+typedef enum { OP_OPEN = RANK_OPEN, OP_SAVE = RANK_SAVE, OP_CLOSE = RANK_CLOSE, OP_UPDATE = RANK_OPS, OP_UNDO, OP_PROBE } op_t;
 typedef struct {
-    comm *c;
-    eng *e;
-    op_t op;
-    int k;
-    const char *dir;
-    int rc;
-    char msg[256];
+    rank_head h; /* first: rank_threads.h */
     eng_update_result u;
     float lp[NPROBE];
     int n_lp;
 } rank_job;
 
-static void *rank_main(void *p) {
-    rank_job *j = p;
-    j->rc = 0;
-    switch (j->op) {
+static int rank_op(rank_head *h) {
+    rank_job *j = (rank_job *)h;
+    switch (h->op) {
     case OP_OPEN:
-        j->e = open_rank(j->c, j->dir);
-        j->rc = j->e ? 0 : -1;
-        break;
-    case OP_UPDATE: j->rc = run_update(j->e, j->k, &j->u); break;
-    case OP_UNDO: j->rc = eng_update_undo(j->e); break;
-    case OP_SAVE: j->rc = eng_checkpoint_save(j->e, j->dir); break;
+        h->e = open_rank(h->c, h->dir);
+        return h->e ? 0 : -1;
+    case OP_UPDATE: return run_update(h->e, h->k, &j->u);
+    case OP_UNDO: return eng_update_undo(h->e);
     case OP_PROBE:
-        j->n_lp = probe(j->e, j->lp);
-        j->rc = j->n_lp < 0;
-        break;
-    case OP_CLOSE:
-        eng_close(j->e);
-        j->e = NULL;
-        break;
+        j->n_lp = probe(h->e, j->lp);
+        return j->n_lp < 0;
     }
-    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
-    return NULL;
+    return -1;
 }
 
-/* Runs op on every rank at once; 0 when all returned 0. */
-static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) {
-    pthread_t th[WMAX];
-    for (int q = 0; q < W; q++) {
-        j[q].op = op;
-        j[q].k = k;
-        j[q].dir = dir;
-        pthread_create(&th[q], NULL, rank_main, &j[q]);
-    }
-    int bad = 0;
-    for (int q = 0; q < W; q++) {
-        pthread_join(th[q], NULL);
-        if (j[q].rc) {
-            printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg);
-            bad = 1;
-        }
-    }
-    return bad;
-}
-
-/* W ranks: a cpu comm group and an engine on each (resume: a checkpoint or NULL); 0 or -1. */
+static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) { return rank_all(j, sizeof *j, W, op, k, dir); }
 static int open_world(int W, comm **cs, rank_job *j, const char *resume) {
-    memset(j, 0, (size_t)W * sizeof *j);
-    if (comm_cpu_group(W, cs)) return -1;
-    for (int q = 0; q < W; q++) j[q].c = cs[q];
-    return all_ranks(j, W, OP_OPEN, 0, resume) ? -1 : 0;
+    return rank_open_world(j, sizeof *j, W, rank_op, cs, resume);
 }
-
-static void close_world(int W, comm **cs, rank_job *j) {
-    all_ranks(j, W, OP_CLOSE, 0, NULL);
-    for (int q = 0; q < W; q++) comm_free(cs[q]);
-}
+static void close_world(int W, comm **cs, rank_job *j) { rank_close_world(j, sizeof *j, W, cs); }
 
 /* ---------------------------------------------------------------- comparisons */
 
@@ -429,9 +388,9 @@ TEST(ranks_equal_one_rank) {
         comm *cs[WMAX];
         rank_job j[WMAX];
         CHECK_MSG(open_world(W, cs, j, NULL) == 0, "%s", err_msg());
-        long long n = n_elems(j[0].e);
+        long long n = n_elems(j[0].h.e);
         float *w0 = malloc((size_t)n * 4);
-        memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
+        memcpy(w0, weights(j[0].h.e, 0), (size_t)n * 4);
         w_err worst = {0, 0};
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
@@ -440,7 +399,7 @@ TEST(ranks_equal_one_rank) {
                 break;
             }
             for (int q = 0; q < W && !bad; q++) {
-                w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
+                w_err x = weight_err(weights(j[q].h.e, 0), ref_w[k], w0, n, LR);
                 if (x.rel_l2 > worst.rel_l2) worst.rel_l2 = x.rel_l2;
                 if (x.max_lr > worst.max_lr) worst.max_lr = x.max_lr;
                 if (!weights_ok(x)) {
@@ -459,7 +418,7 @@ TEST(ranks_equal_one_rank) {
             }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) {
+                if (memcmp(weights(j[q].h.e, 0), w0, (size_t)n * 4)) {
                     printf("  W=%d: undo did not restore rank %d\n", W, q);
                     bad = 1;
                 }
@@ -479,9 +438,9 @@ TEST(failure_is_global_and_atomic) {
     comm *cs[3];
     rank_job j[3];
     CHECK_MSG(open_world(3, cs, j, NULL) == 0, "%s", err_msg());
-    long long n = n_elems(j[0].e);
+    long long n = n_elems(j[0].h.e);
     float *w0 = malloc((size_t)n * 4);
-    memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
+    memcpy(w0, weights(j[0].h.e, 0), (size_t)n * 4);
     int gi = 4, ri = 0; /* config 3: given advantages, mini-batches of 4 groups; a response it does not mask */
     while (trunc_[gi][ri])
         if (++ri == N_[gi]) {
@@ -494,16 +453,16 @@ TEST(failure_is_global_and_atomic) {
     all_ranks(j, 3, OP_UPDATE, 3, NULL);
     adv_[gi][ri] = keep;
     for (int q = 0; q < 3; q++) {
-        CHECK_MSG(j[q].rc == GE_NON_FINITE, "rank %d: rc %d (%s)", q, j[q].rc, j[q].msg);
-        CHECK_MSG(strstr(j[q].msg, "step 2 of 2"), "rank %d: %s", q, j[q].msg);
-        CHECK_MSG(memcmp(weights(j[q].e, 0), w0, (size_t)n * 4) == 0, "rank %d's weights were not restored", q);
+        CHECK_MSG(j[q].h.rc == GE_NON_FINITE, "rank %d: rc %d (%s)", q, j[q].h.rc, j[q].h.msg);
+        CHECK_MSG(strstr(j[q].h.msg, "step 2 of 2"), "rank %d: %s", q, j[q].h.msg);
+        CHECK_MSG(memcmp(weights(j[q].h.e, 0), w0, (size_t)n * 4) == 0, "rank %d's weights were not restored", q);
         eng_info i;
-        eng_get_info(j[q].e, &i);
+        eng_get_info(j[q].h.e, &i);
         CHECK_EQ_INT(i.policy_version, 0);
     }
     /* and the next update is the one an untouched world makes */
     CHECK(all_ranks(j, 3, OP_UPDATE, 3, NULL) == 0);
-    w_err x = weight_err(weights(j[2].e, 0), ref_w[3], w0, n, LR);
+    w_err x = weight_err(weights(j[2].h.e, 0), ref_w[3], w0, n, LR);
     CHECK_MSG(weights_ok(x), "after the failure: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
     close_world(3, cs, j);
     free(w0);
@@ -532,7 +491,7 @@ TEST(checkpoints_cross_world_sizes) {
     eng_update_result u1;
     CHECK(run_update(one, 2, &u1) == 0);
     CHECK(all_ranks(j, 3, OP_UPDATE, 2, NULL) == 0);
-    w_err x = weight_err(weights(j[1].e, 0), weights(one, 1), w0, n, LR);
+    w_err x = weight_err(weights(j[1].h.e, 0), weights(one, 1), w0, n, LR);
     CHECK_MSG(weights_ok(x), "the update after W=3 -> 1 differs: rel L2 %.3g, max %.3g lr", x.rel_l2, x.max_lr);
     CHECK_EQ_INT(u1.policy_version_after, j[0].u.policy_version_after);
     /* one rank -> W = 3 */
@@ -547,7 +506,7 @@ TEST(checkpoints_cross_world_sizes) {
     CHECK(run_update(one, 4, &u1) == 0);
     CHECK(all_ranks(j, 3, OP_UPDATE, 4, NULL) == 0);
     for (int q = 0; q < 3; q++) {
-        x = weight_err(weights(j[q].e, 0), weights(one, 1), w0, n, LR);
+        x = weight_err(weights(j[q].h.e, 0), weights(one, 1), w0, n, LR);
         CHECK_MSG(weights_ok(x), "the update after 1 -> W=3 differs on rank %d: rel L2 %.3g, max %.3g lr", q, x.rel_l2, x.max_lr);
     }
     free(w0);
@@ -569,11 +528,11 @@ TEST(offload_on_ranks_equals_one_rank) {
         rank_job j[WMAX];
         CHECK_MSG(open_world(W, cs, j, NULL) == 0, "%s", err_msg());
         eng_testing_info ti;
-        eng_testing_get(j[0].e, &ti);
+        eng_testing_get(j[0].h.e, &ti);
         CHECK(ti.offload);
-        long long n = n_elems(j[0].e);
+        long long n = n_elems(j[0].h.e);
         float *w0 = malloc((size_t)n * 4);
-        memcpy(w0, weights(j[0].e, 0), (size_t)n * 4);
+        memcpy(w0, weights(j[0].h.e, 0), (size_t)n * 4);
         int bad = 0;
         for (int k = 0; k < NCFG && !bad; k++) {
             if (all_ranks(j, W, OP_UPDATE, k, NULL)) {
@@ -581,7 +540,7 @@ TEST(offload_on_ranks_equals_one_rank) {
                 break;
             }
             for (int q = 0; q < W && !bad; q++) {
-                w_err x = weight_err(weights(j[q].e, 0), ref_w[k], w0, n, LR);
+                w_err x = weight_err(weights(j[q].h.e, 0), ref_w[k], w0, n, LR);
                 if (!weights_ok(x)) {
                     printf("  offload W=%d config %d rank %d: rel L2 %.3g, max %.3g lr\n", W, k, q, x.rel_l2, x.max_lr);
                     bad = 1;
@@ -589,7 +548,7 @@ TEST(offload_on_ranks_equals_one_rank) {
             }
             if (!bad && all_ranks(j, W, OP_UNDO, 0, NULL)) bad = 1;
             for (int q = 0; q < W && !bad; q++)
-                if (memcmp(weights(j[q].e, 0), w0, (size_t)n * 4)) {
+                if (memcmp(weights(j[q].h.e, 0), w0, (size_t)n * 4)) {
                     printf("  offload W=%d: undo did not restore rank %d\n", W, q);
                     bad = 1;
                 }

@@ -32,6 +32,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "rank_threads.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
@@ -183,75 +184,35 @@ static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
 
 /* ---------------------------------------------------------------- ranks as threads */
 
-typedef enum { OP_OPEN, OP_UPDATE, OP_STATE, OP_SAVE, OP_PROBE, OP_CLOSE } op_t;
+typedef enum { OP_OPEN = RANK_OPEN, OP_SAVE = RANK_SAVE, OP_CLOSE = RANK_CLOSE, OP_UPDATE = RANK_OPS, OP_STATE, OP_PROBE } op_t;
 typedef struct {
-    comm *c;
-    eng *e;
-    op_t op;
-    int k;
-    const char *dir;
-    int rc;
-    char msg[256];
+    rank_head h; /* first: rank_threads.h */
     eng_update_result u;
     float *st[3]; /* rank 0: the gathered master, m, v */
     float lp[NPROBE];
     int n_lp;
 } rank_job;
 
-static void *rank_main(void *p) {
-    rank_job *j = p;
-    j->rc = 0;
-    switch (j->op) {
+static int rank_op(rank_head *h) {
+    rank_job *j = (rank_job *)h;
+    switch (h->op) {
     case OP_OPEN:
-        j->e = open_one(j->c, MODEL, j->dir, 1);
-        j->rc = j->e ? 0 : -1;
-        break;
-    case OP_UPDATE: j->rc = run_update(j->e, j->k, &j->u); break;
-    case OP_STATE: j->rc = eng_testing_state(j->e, j->st[0], j->st[1], j->st[2]); break;
-    case OP_SAVE: j->rc = eng_checkpoint_save(j->e, j->dir); break;
+        h->e = open_one(h->c, MODEL, h->dir, 1);
+        return h->e ? 0 : -1;
+    case OP_UPDATE: return run_update(h->e, h->k, &j->u);
+    case OP_STATE: return eng_testing_state(h->e, j->st[0], j->st[1], j->st[2]);
     case OP_PROBE:
-        j->n_lp = probe(j->e, j->lp);
-        j->rc = j->n_lp < 0;
-        break;
-    case OP_CLOSE:
-        eng_close(j->e);
-        j->e = NULL;
-        break;
+        j->n_lp = probe(h->e, j->lp);
+        return j->n_lp < 0;
     }
-    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
-    return NULL;
+    return -1;
 }
 
-static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) {
-    pthread_t th[WMAX];
-    for (int q = 0; q < W; q++) {
-        j[q].op = op;
-        j[q].k = k;
-        j[q].dir = dir;
-        pthread_create(&th[q], NULL, rank_main, &j[q]);
-    }
-    int bad = 0;
-    for (int q = 0; q < W; q++) {
-        pthread_join(th[q], NULL);
-        if (j[q].rc) {
-            printf("  rank %d op %d: rc %d: %s\n", q, (int)op, j[q].rc, j[q].msg);
-            bad = 1;
-        }
-    }
-    return bad;
-}
-
+static int all_ranks(rank_job *j, int W, op_t op, int k, const char *dir) { return rank_all(j, sizeof *j, W, op, k, dir); }
 static int open_world(int W, comm **cs, rank_job *j, const char *resume) {
-    memset(j, 0, (size_t)W * sizeof *j);
-    if (comm_cpu_group(W, cs)) return -1;
-    for (int q = 0; q < W; q++) j[q].c = cs[q];
-    return all_ranks(j, W, OP_OPEN, 0, resume) ? -1 : 0;
+    return rank_open_world(j, sizeof *j, W, rank_op, cs, resume);
 }
-
-static void close_world(int W, comm **cs, rank_job *j) {
-    all_ranks(j, W, OP_CLOSE, 0, NULL);
-    for (int q = 0; q < W; q++) comm_free(cs[q]);
-}
+static void close_world(int W, comm **cs, rank_job *j) { rank_close_world(j, sizeof *j, W, cs); }
 
 /* ---------------------------------------------------------------- comparisons */
 
@@ -435,9 +396,6 @@ TEST(refusals) {
     comm_free(c);
     comm *c3[3];
     CHECK_EQ_INT(comm_cpu_group(3, c3), 0);
-    rank_job j[3];
-    memset(j, 0, sizeof j);
-    for (int q = 0; q < 3; q++) j[q].c = c3[q];
     /* 8 experts on 3 ranks: every rank refuses alone (model_init_ep), before any collective */
     o.comm = c3[0];
     o.model_dir = FIX "/qwen3_moe";
