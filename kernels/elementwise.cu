@@ -31,6 +31,16 @@ __global__ void acc_f32_x2_kernel(float2 *acc, const __nv_bfloat162 *x, long lon
     }
 }
 
+static __global__ void gather_rows_kernel(bf16 *dst, const bf16 *src, const int *idx, int n, int row) {
+    pdl_wait();
+    pdl_trigger();
+    long long m = (long long)n * row;
+    GRID_STRIDE(i, m) {
+        long long t = i / row, e = i - t * row;
+        dst[i] = src[(size_t)idx[t] * row + e];
+    }
+}
+
 __global__ void scatter_rows_kernel(bf16 *dst, const bf16 *src, const int *slot, int T, int row) {
     pdl_wait();
     pdl_trigger();
@@ -61,6 +71,12 @@ void acc_f32_cuda(cu_ctx *c, float *acc, const bf16 *x, long long n) {
     }
     acc_f32_kernel<<<ew_blocks(c, n), 256, 0, c->stream>>>(acc, x, n);
     CU_LAUNCHED(c, "acc_f32_kernel");
+}
+
+void gather_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *idx, int n, int row) {
+    if (c->failed || n <= 0 || row <= 0) return;
+    cu_launch_pdl(c, "gather_rows_kernel", gather_rows_kernel, dim3(ew_blocks(c, (long long)n * row)), dim3(256), 0, dst, src,
+                  idx, n, row);
 }
 
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row) {

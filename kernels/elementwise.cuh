@@ -11,4 +11,5 @@ void f32_to_bf16_cuda(cu_ctx *c, bf16 *dst, const float *src, long long n);
 /* acc (n) fp32 += x (n) bf16: sums kept in fp32 across launches */
 void acc_f32_cuda(cu_ctx *c, float *acc, const bf16 *x, long long n);
 void scatter_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *slot, int T, int row);
+void gather_rows_cuda(cu_ctx *c, bf16 *dst, const bf16 *src, const int *idx, int n, int row);
 #endif

@@ -13,6 +13,10 @@ void acc_f32_cpu(float *acc, const float *x, long long n) {
     for (long long i = 0; i < n; i++) acc[i] += x[i];
 }
 
+void gather_rows_cpu(float *dst, const float *src, const int *idx, int n, int row) {
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * row, src + (size_t)idx[i] * row, (size_t)row * sizeof(float));
+}
+
 void scatter_rows_cpu(float *dst, const float *src, const int *slot, int T, int row) {
     for (int t = 0; t < T; t++) memcpy(dst + (size_t)slot[t] * row, src + (size_t)t * row, (size_t)row * sizeof(float));
 }

@@ -13,7 +13,7 @@
 
 enum { CH = LOGPROB_CHUNK, ROW_THREADS = LOGPROB_ROW_THREADS };
 
-__global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
+static __global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
     int i = blockIdx.x;
     const bf16 *src = h + (size_t)pos[i] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) dst[(size_t)i * C + c] = src[c];

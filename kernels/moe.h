@@ -66,6 +66,14 @@ void moe_combine_cpu(float *out, const float *ey, const float *res, const float 
 /* out (T,C) = res + Σ_s w_s ey_s, the slots in order (res NULL: 0): moe_experts_fwd_cpu's last
  * step, alone for a caller whose ey came from elsewhere (engine/model/moe_ep.c) */
 
+void moe_combine_rows_cpu(float *out, float *ey, const float *rows, const int *inv, const float *res, const float *topw, int T,
+                          int C, int k);
+/* ey (T,k,C) rows ts = rows' rows inv[ts], then out (T,C) = res + Σ_s w_s ey_s as moe_combine_cpu
+ * (out NULL: the copy alone): the answers of expert parallelism's ranks put back in slot order */
+
+void moe_dtopw_cpu(float *dtopw, const float *dout, const float *ey, int T, int C, int k);
+/* dtopw (T,k) = dout_t · ey_ts: the routing weights' gradient, as moe_experts_bwd_cpu sums it */
+
 void moe_experts_bwd_cpu(float *dx, float *dwg, float *dwu, float *dwd, float *dtopw, float *dg, float *du, const float *dout,
                          const float *x, const int *topi, const float *topw, const float *eg, const float *eu, const float *ey,
                          const float *wg, const float *wu, const float *wd, int T, int C, int E, int k, int Fm, const moe_lora *lr);

@@ -129,6 +129,22 @@ void moe_experts_fwd_cpu(float *out, float *eg, float *eu, float *ey, const floa
     if (out) moe_combine_cpu(out, ey, res, topw, T, C, k);
 }
 
+void moe_combine_rows_cpu(float *out, float *ey, const float *rows, const int *inv, const float *res, const float *topw, int T,
+                          int C, int k) {
+    for (long long ts = 0; ts < (long long)T * k; ts++)
+        memcpy(ey + ts * C, rows + (size_t)inv[ts] * C, (size_t)C * sizeof(float));
+    if (out) moe_combine_cpu(out, ey, res, topw, T, C, k);
+}
+
+void moe_dtopw_cpu(float *dtopw, const float *dout, const float *ey, int T, int C, int k) {
+    for (long long ts = 0; ts < (long long)T * k; ts++) {
+        const float *d = dout + (size_t)(ts / k) * C, *y = ey + (size_t)ts * C;
+        float dot = 0;
+        for (int c = 0; c < C; c++) dot += d[c] * y[c];
+        dtopw[ts] = dot;
+    }
+}
+
 void moe_combine_cpu(float *out, const float *ey, const float *res, const float *topw, int T, int C, int k) {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {

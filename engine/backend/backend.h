@@ -138,6 +138,8 @@ struct eng_backend {
     void (*acc_f32)(eng_backend *b, float *acc, const void *x, long long n); /* acc += x (act-typed) */
     /* dst rows slot[t] = src rows t (T rows of row elements, act-typed): KV-cache rows */
     void (*scatter_rows)(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row);
+    /* dst rows i = src rows idx[i] (n rows of row elements, act-typed): expert parallelism's send rows */
+    void (*gather_rows)(eng_backend *b, void *dst, const void *src, const int *idx, int n, int row);
     /* fused neighbours (kernels/rmsnorm.h): the backward of the q/k per-head norm then RoPE
      * (dinp written, not added) */
     /* between the q/k/v projections and attention (kernels/rmsnorm.h qkv_rope_io): q/k norm and
@@ -164,6 +166,11 @@ struct eng_backend {
                             const void *dout, const void *x, const int *topi, const float *topw, const void *eg, const void *eu,
                             const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm,
                             const moe_lora *lr);
+    /* expert parallelism (engine/model/moe_ep.c): ey (T,k,C) rows ts = rows' rows inv[ts], then
+     * out = res + Σ_s w_s ey_s (out NULL: the copy alone); dtopw (T,k) = dout_t · ey_ts */
+    void (*moe_combine_rows)(eng_backend *b, void *out, void *ey, const void *rows, const int *inv, const void *res,
+                             const float *topw, int T, int C, int k);
+    void (*moe_dtopw)(eng_backend *b, float *dtopw, const void *dout, const void *ey, int T, int C, int k);
     void (*moe_router_bwd)(eng_backend *b, void *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs,
                            const int *topi, const void *x, const void *wr, const float *aux_g, const int *count, int T, int C,
                            int E, int k, int norm);

@@ -135,6 +135,9 @@ static void cpu_add(eng_backend *b, void *o, const void *x, const void *y, long 
 static void cpu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
     scatter_rows_cpu(dst, src, slot, T, row);
 }
+static void cpu_gather_rows(eng_backend *b, void *dst, const void *src, const int *idx, int n, int row) {
+    gather_rows_cpu(dst, src, idx, n, row);
+}
 static void cpu_qkv_rope_fwd(eng_backend *b, const qkv_rope_io *io, const int *p, const float *f, int T, int H, int K, int D,
                              float eps) {
     qkv_rope_fwd_cpu(io, p, f, T, H, K, D, eps);
@@ -169,6 +172,13 @@ static void cpu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu
                                 const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k,
                                 int Fm, const moe_lora *lr) {
     moe_experts_bwd_cpu(dx, dwg, dwu, dwd, dtw, dg, du, dy, x, ti, tw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm, lr);
+}
+static void cpu_moe_combine_rows(eng_backend *b, void *o, void *ey, const void *rows, const int *inv, const void *res,
+                                 const float *tw, int T, int C, int k) {
+    moe_combine_rows_cpu(o, ey, rows, inv, res, tw, T, C, k);
+}
+static void cpu_moe_dtopw(eng_backend *b, float *dtw, const void *dy, const void *ey, int T, int C, int k) {
+    moe_dtopw_cpu(dtw, dy, ey, T, C, k);
 }
 static void cpu_moe_router_bwd(eng_backend *b, void *dx, float *dwr, float *dl, const float *dtw, const float *p, const int *ti,
                                const void *x, const void *wr, const float *ag, const int *cnt, int T, int C, int E, int k,
@@ -285,11 +295,14 @@ int backend_cpu_create(eng_backend **out, int n_threads) {
         .add = cpu_add,
         .acc_f32 = cpu_acc_f32,
         .scatter_rows = cpu_scatter_rows,
+        .gather_rows = cpu_gather_rows,
         .logprob_fwd = cpu_logprob_fwd,
         .logprob_top = cpu_logprob_top,
         .logprob_bwd = cpu_logprob_bwd,
         .moe_router_fwd = cpu_moe_router_fwd,
         .moe_experts_fwd = cpu_moe_experts_fwd,
+        .moe_combine_rows = cpu_moe_combine_rows,
+        .moe_dtopw = cpu_moe_dtopw,
         .moe_experts_bwd = cpu_moe_experts_bwd,
         .moe_router_bwd = cpu_moe_router_bwd,
         .moe_shared_gate_fwd = cpu_moe_shared_gate_fwd,

@@ -209,6 +209,13 @@ static void cu_moe_experts_fwd(eng_backend *b, void *o, void *eg, void *eu, void
     moe_experts_fwd_cuda(CTX(b), (bf16 *)o, (bf16 *)eg, (bf16 *)eu, (bf16 *)ey, (cbf *)x, (cbf *)res, ti, tw, (cbf *)wg,
                          (cbf *)wu, (cbf *)wd, T, C, E, k, Fm, lr);
 }
+static void cu_moe_combine_rows(eng_backend *b, void *o, void *ey, const void *rows, const int *inv, const void *res,
+                                const float *tw, int T, int C, int k) {
+    if (T > 0) moe_combine_cuda(CTX(b), (bf16 *)o, (cbf *)res, (bf16 *)ey, (cbf *)rows, inv, tw, T, C, k);
+}
+static void cu_moe_dtopw(eng_backend *b, float *dtw, const void *dy, const void *ey, int T, int C, int k) {
+    if (T > 0) moe_dtopw_cuda(CTX(b), dtw, (cbf *)dy, (cbf *)ey, T * k, C, k);
+}
 static void cu_moe_experts_bwd(eng_backend *b, void *dx, float *dwg, float *dwu, float *dwd, float *dtw, void *dg, void *du,
                                const void *dy, const void *x, const int *ti, const float *tw, const void *eg, const void *eu,
                                const void *ey, const void *wg, const void *wu, const void *wd, int T, int C, int E, int k, int Fm,
@@ -298,6 +305,9 @@ static void cu_swiglu_bwd(eng_backend *b, void *dg, void *du, const void *dy, co
 static void cu_acc_f32(eng_backend *b, float *acc, const void *x, long long n) { acc_f32_cuda(CTX(b), acc, (cbf *)x, n); }
 static void cu_scatter_rows(eng_backend *b, void *dst, const void *src, const int *slot, int T, int row) {
     scatter_rows_cuda(CTX(b), (bf16 *)dst, (cbf *)src, slot, T, row);
+}
+static void cu_gather_rows(eng_backend *b, void *dst, const void *src, const int *idx, int n, int row) {
+    gather_rows_cuda(CTX(b), (bf16 *)dst, (cbf *)src, idx, n, row);
 }
 static void cu_add(eng_backend *b, void *o, const void *x, const void *y, long long n) {
     add_cuda(CTX(b), (bf16 *)o, (cbf *)x, (cbf *)y, n);
@@ -491,11 +501,14 @@ extern "C" int backend_cuda_create(eng_backend **out, int device) {
     b->add = cu_add;
     b->acc_f32 = cu_acc_f32;
     b->scatter_rows = cu_scatter_rows;
+    b->gather_rows = cu_gather_rows;
     b->logprob_fwd = cu_logprob_fwd;
     b->logprob_top = cu_logprob_top;
     b->logprob_bwd = cu_logprob_bwd;
     b->moe_router_fwd = cu_moe_router_fwd;
     b->moe_experts_fwd = cu_moe_experts_fwd;
+    b->moe_combine_rows = cu_moe_combine_rows;
+    b->moe_dtopw = cu_moe_dtopw;
     b->moe_experts_bwd = cu_moe_experts_bwd;
     b->moe_router_bwd = cu_moe_router_bwd;
     b->moe_shared_gate_fwd = cu_moe_shared_gate_fwd;

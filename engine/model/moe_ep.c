@@ -1,9 +1,12 @@
-/* moe_ep.c — see moe_ep.h. A call's plan: slot ts = t k + s of this rank goes to rank
+/* moe_ep.c — see moe_ep.h. A call's plan, on the host from the routes (topi, T k ints; the
+ * activations stay in the backend's memory): slot ts = t k + s of this rank goes to rank
  * topi[ts] / ep_E; the slots are ordered by destination (a stable counting sort, so (t, s) order
- * within one), the counts exchanged, and rows of floats move in that order (the cpu backend's
- * activations are fp32; an expert index rides in a float, exact below 2^24):
- *   forward out   [ln2 row (C) | expert]          back  [ey row (C)]
- *   backward out  [ln2 row (C) | dout row (C) | w | expert]   back  [dx row (C)]
+ * within one), the counts exchanged, and the rows move in that order, each exchange one array:
+ *   forward out   ln2 rows (C), the experts (local to their rank)      back  ey rows (C)
+ *   backward out  ln2 rows, dout rows, routing weights, experts         back  dx rows (C)
+ * The rows are packed by gather_rows (row i = the token of slot order[i]) and put back in slot
+ * order by moe_combine_rows (slot ts's row = inv[ts], inv the order's inverse), backend ops, so
+ * the same code runs on the cpu (host memory) and on cuda (device memory, NCCL).
  * A rank receives the rows of ranks 0..W-1 one after another, and sends its answers back in the
  * order received, which the exchange's reversed counts return to their senders in plan order.
  * A rank that fails (memory, the comm) aborts the comm, so the others' exchanges fail too. */
@@ -16,114 +19,135 @@
 #include "common/err.h"
 #include "kernels/moe.h"
 
+/* A call's plan: host arrays, and their copies in the backend's memory (dev, one allocation) */
 typedef struct {
     int n; /* slots T k */
-    int *order; /* (n) slot of each row sent, by destination rank */
     size_t *send, *recv; /* (W) rows to / from each rank */
     size_t R; /* rows received */
+    int *host; /* (4n) src, inv, ids, then topi: the host copies */
+    float *w; /* (n) the routing weights in plan order (backward) */
+    void *dev; /* src (n), inv (n), ids (n) ints, then the call's buffers */
+    int *src, *inv, *ids; /* in dev: the token of each row sent, each slot's row, its expert on its rank */
 } ep_plan;
 
-static void plan_free(ep_plan *p) {
-    free(p->order);
+static void plan_free(const model *m, ep_plan *p) {
     free(p->send);
     free(p->recv);
+    free(p->host);
+    free(p->w);
+    if (p->dev) m->be->free(m->be, p->dev);
 }
 
-/* The rows' moves: the counts' exchange, then rows of `width` floats (bytes in the comm). */
-static int exchange(const model *m, const float *in, const size_t *send, float *out, const size_t *recv, int width) {
+static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Rows of `bytes` bytes each: send[q] rows to rank q, recv[q] from it. */
+static int exchange(const model *m, const void *in, const size_t *send, void *out, const size_t *recv, size_t bytes) {
     int W = m->ep.W;
     size_t sb[W], rb[W];
     for (int q = 0; q < W; q++) {
-        sb[q] = send[q] * (size_t)width * sizeof(float);
-        rb[q] = recv[q] * (size_t)width * sizeof(float);
+        sb[q] = send[q] * bytes;
+        rb[q] = recv[q] * bytes;
     }
     return m->ep.all_to_all_v(m->ep.ctx, in, sb, out, rb);
 }
 
-static int plan_make(const model *m, const int *topi, int T, ep_plan *p) {
-    int W = m->ep.W, k = m->cfg.top_k;
+/* The plan of routes topi (T,k, backend memory; topw NULL: p->w not wanted), its index arrays
+ * copied to the backend's memory. */
+static int plan_make(const model *m, const int *topi, const float *topw, int T, ep_plan *p) {
+    eng_backend *be = m->be;
+    int W = m->ep.W, k = m->cfg.top_k, n = T * k;
     memset(p, 0, sizeof *p);
-    p->n = T * k;
-    p->order = malloc((size_t)p->n * sizeof(int) + 1);
+    p->n = n;
     p->send = calloc((size_t)W, sizeof(size_t));
     p->recv = calloc((size_t)W, sizeof(size_t));
+    p->host = malloc(4 * (size_t)n * sizeof(int) + 1);
+    p->w = topw ? malloc((size_t)n * sizeof(float) + 1) : NULL;
     size_t *at = calloc((size_t)W + 1, sizeof(size_t)), one[W];
-    int rc = p->order && p->send && p->recv && at ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory");
-    for (int ts = 0; !rc && ts < p->n; ts++) p->send[topi[ts] / m->ep_E]++;
+    size_t *dcnt = be->alloc(be, 2 * (size_t)W * sizeof(size_t));
+    int rc = p->send && p->recv && p->host && (!topw || p->w) && at && dcnt ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory");
+    int *src = p->host, *inv = src + n, *ids = inv + n, *ti = ids + n;
+    float *tw = NULL;
+    if (!rc && n) rc = be->to_host(be, ti, topi, (size_t)n * sizeof(int));
+    for (int ts = 0; !rc && ts < n; ts++) p->send[ti[ts] / m->ep_E]++;
     for (int q = 0; !rc && q < W; q++) at[q + 1] = at[q] + p->send[q];
-    for (int ts = 0; !rc && ts < p->n; ts++) p->order[at[topi[ts] / m->ep_E]++] = ts;
+    for (int ts = 0; !rc && ts < n; ts++) {
+        int q = ti[ts] / m->ep_E, i = (int)at[q]++;
+        src[i] = ts / k;
+        inv[ts] = i;
+        ids[i] = ti[ts] - q * m->ep_E;
+    }
+    if (!rc && topw && n && !(tw = malloc((size_t)n * sizeof(float)))) rc = err_set(GE_NOMEM, "moe_ep: out of memory");
+    if (!rc && tw) rc = be->to_host(be, tw, topw, (size_t)n * sizeof(float));
+    for (int ts = 0; !rc && tw && ts < n; ts++) p->w[inv[ts]] = tw[ts];
+    free(tw);
+    /* the counts through the backend's memory, as the comm takes it (NCCL: the device's) */
     for (int q = 0; q < W; q++) one[q] = sizeof(size_t);
-    if (!rc) rc = m->ep.all_to_all_v(m->ep.ctx, p->send, one, p->recv, one);
+    if (!rc) rc = be->to_dev(be, dcnt, p->send, (size_t)W * sizeof(size_t));
+    if (!rc) rc = m->ep.all_to_all_v(m->ep.ctx, dcnt, one, dcnt + W, one);
+    if (!rc) rc = be->to_host(be, p->recv, dcnt + W, (size_t)W * sizeof(size_t));
     for (int q = 0; !rc && q < W; q++) p->R += p->recv[q];
+    if (!rc && !(p->dev = be->alloc(be, 3 * (size_t)n * sizeof(int) + 4))) rc = GE_NOMEM;
+    if (!rc) {
+        p->src = p->dev;
+        p->inv = p->src + n;
+        p->ids = p->inv + n;
+        if (n) rc = be->to_dev(be, p->dev, p->host, 3 * (size_t)n * sizeof(int));
+    }
     free(at);
+    if (dcnt) be->free(be, dcnt);
     if (rc) {
-        plan_free(p);
+        plan_free(m, p);
         m->ep.abort(m->ep.ctx);
     }
     return rc;
 }
 
-/* One allocation for a call's buffers: *bufs[i] gets len[i] floats, zeroed, and *ints ni ints
- * (each rounded up by one, so none is empty). The base to free, or NULL (GE_NOMEM set). */
-static void *scratch(float **const *bufs, const size_t *len, int n, int **ints, size_t ni) {
-    size_t tot = ni + 1;
-    for (int i = 0; i < n; i++) tot += len[i] + 1;
-    float *base = calloc(tot, sizeof(float)), *p = base; /* ints are as wide as floats */
-    if (!base) {
-        err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB of rows)", tot * sizeof(float) >> 20);
-        return NULL;
+/* One allocation of the backend's memory for a call's buffers: *ptr[i] gets len[i] bytes (each
+ * 256-byte aligned, none empty). The base to free, or NULL (GE_NOMEM set). */
+static void *buffers(eng_backend *be, void **const *ptr, const size_t *len, int n) {
+    size_t tot = 0;
+    for (int i = 0; i < n; i++) tot += up256(len[i] + 1);
+    char *base = be->alloc(be, tot), *at = base;
+    for (int i = 0; base && i < n; i++) {
+        *ptr[i] = at;
+        at += up256(len[i] + 1);
     }
-    for (int i = 0; i < n; i++) {
-        *bufs[i] = p;
-        p += len[i] + 1;
-    }
-    *ints = (int *)p;
     return base;
 }
 
-/* Columns [c0, c0 + n) of in's R rows (width wide) into out (R, n). */
-static void columns(float *out, const float *in, size_t R, int width, int c0, int n) {
-    for (size_t i = 0; i < R; i++) memcpy(out + i * (size_t)n, in + i * (size_t)width + c0, (size_t)n * sizeof(float));
-}
-
-/* The received rows' experts (column col of rows width wide), local to this rank. */
-static void local_experts(const model *m, int *ids, const float *rows, size_t R, int width, int col) {
-    for (size_t i = 0; i < R; i++) ids[i] = (int)rows[i * (size_t)width + (size_t)col] - m->ep_e0;
+/* dev (n floats, the backend's memory) = 1 */
+static int ones(eng_backend *be, float *dev, size_t n) {
+    float *h = malloc(n * sizeof(float) + 1);
+    if (!h) return err_set(GE_NOMEM, "moe_ep: out of memory");
+    for (size_t i = 0; i < n; i++) h[i] = 1.0f;
+    int rc = n ? be->to_dev(be, dev, h, n * sizeof(float)) : 0;
+    free(h);
+    return rc;
 }
 
 int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T) {
     eng_backend *be = m->be;
-    int C = m->cfg.C, k = m->cfg.top_k, Fm = m->cfg.Fm, w1 = C + 1;
-    const float *ln2 = A->ln2;
+    int C = m->cfg.C, k = m->cfg.top_k, Fm = m->cfg.Fm;
+    size_t ab = (size_t)be->act_bytes, row = ab * C;
     ep_plan p;
-    int rc = plan_make(m, A->topi, T, &p);
+    int rc = plan_make(m, A->topi, NULL, T, &p);
     if (rc) return rc;
     size_t R = p.R, n = (size_t)p.n;
-    float *snd, *rcv, *xr, *eg, *eu, *ey, *back, *one;
-    int *ids;
-    float **bufs[] = {&snd, &rcv, &xr, &eg, &eu, &ey, &back, &one};
-    size_t len[] = {n * w1, R * w1, R * C, R * Fm, R * Fm, R * C, n * C, R};
-    void *mem = scratch(bufs, len, 8, &ids, R);
-    if (!mem) rc = GE_NOMEM;
-    for (size_t i = 0; !rc && i < n; i++) {
-        int ts = p.order[i];
-        memcpy(snd + i * w1, ln2 + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
-        snd[i * w1 + C] = (float)A->topi[ts];
-    }
-    if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, w1);
-    if (!rc && R) {
-        local_experts(m, ids, rcv, R, w1, C);
-        columns(xr, rcv, R, w1, 0, C);
-        for (size_t i = 0; i < R; i++) one[i] = 1.0f;
-        be->moe_experts_fwd(be, NULL, eg, eu, ey, xr, NULL, ids, one, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm,
-                            NULL);
-    }
-    if (!rc) rc = exchange(m, ey, p.recv, back, p.send, C);
-    for (size_t i = 0; !rc && i < n; i++)
-        memcpy((float *)A->ey + (size_t)p.order[i] * C, back + i * C, (size_t)C * sizeof(float));
-    if (!rc && out) moe_combine_cpu(out, A->ey, A->xm, A->topw, T, C, k);
-    free(mem);
-    plan_free(&p);
+    void *snd, *back, *rcv, *eg, *eu, *ey, *ids, *one;
+    void **ptr[] = {&snd, &back, &rcv, &eg, &eu, &ey, &ids, &one};
+    size_t len[] = {n * row, n * row, R * row, R * ab * Fm, R * ab * Fm, R * row, R * 4, R * 4};
+    void *mem = buffers(be, ptr, len, 8);
+    rc = mem ? ones(be, one, R) : GE_NOMEM;
+    if (!rc) be->gather_rows(be, snd, A->ln2, p.src, (int)n, C);
+    if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, row);
+    if (!rc) rc = exchange(m, p.ids, p.send, ids, p.recv, sizeof(int));
+    if (!rc && R)
+        be->moe_experts_fwd(be, NULL, eg, eu, ey, rcv, NULL, ids, one, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1,
+                            Fm, NULL);
+    if (!rc) rc = exchange(m, ey, p.recv, back, p.send, row);
+    if (!rc) be->moe_combine_rows(be, out, A->ey, back, p.inv, A->xm, A->topw, T, C, k);
+    if (mem) be->free(be, mem);
+    plan_free(m, &p);
     if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }
@@ -131,55 +155,41 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
 int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, const struct model_layer_acts *A,
                const void *dout, void *dx, float *dtopw, int T) {
     eng_backend *be = m->be;
-    int C = m->cfg.C, k = m->cfg.top_k, Fm = m->cfg.Fm, w2 = 2 * C + 2;
-    const float *ln2 = A->ln2, *dy = dout, *ey = A->ey;
-    float *dxo = dx;
-    /* the routing weights' gradient, where ey is: as moe_experts_bwd_cpu computes it */
-    for (int ts = 0; ts < T * k; ts++) {
-        const float *d = dy + (size_t)(ts / k) * C, *y = ey + (size_t)ts * C;
-        float dot = 0;
-        for (int c = 0; c < C; c++) dot += d[c] * y[c];
-        dtopw[ts] = dot;
-    }
+    int C = m->cfg.C, k = m->cfg.top_k, Fm = m->cfg.Fm;
+    size_t ab = (size_t)be->act_bytes, row = ab * C, fm = ab * Fm;
+    /* the routing weights' gradient, where ey is */
+    be->moe_dtopw(be, dtopw, dout, A->ey, T, C, k);
     ep_plan p;
-    int rc = plan_make(m, A->topi, T, &p);
+    int rc = plan_make(m, A->topi, A->topw, T, &p);
     if (rc) return rc;
     size_t R = p.R, n = (size_t)p.n;
-    float *snd, *rcv, *xr, *dyr, *wr, *eg, *eu, *eyr, *dg, *du, *dtw, *dxr, *back;
-    int *ints;
-    float **bufs[] = {&snd, &rcv, &xr, &dyr, &wr, &eg, &eu, &eyr, &dg, &du, &dtw, &dxr, &back};
-    size_t len[] = {n * w2, R * w2, R * C, R * C, R, R * Fm, R * Fm, R * C, R * Fm, R * Fm, R, R * C, n * C};
-    void *mem = scratch(bufs, len, 13, &ints, R + n);
-    if (!mem) rc = GE_NOMEM;
-    int *ids = ints, *inv = ints + R; /* inv[ts]: slot ts's row in the plan's order */
-    for (size_t i = 0; !rc && i < n; i++) {
-        int ts = p.order[i];
-        float *row = snd + i * w2;
-        memcpy(row, ln2 + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
-        memcpy(row + C, dy + (size_t)(ts / k) * C, (size_t)C * sizeof(float));
-        row[2 * C] = A->topw[ts];
-        row[2 * C + 1] = (float)A->topi[ts];
-        inv[ts] = (int)i;
+    void *sx, *sdy, *back, *slot, *sw, *one, *x, *dy, *eg, *eu, *ey, *dg, *du, *dxr, *ids, *w, *dtw;
+    void **ptr[] = {&sx, &sdy, &back, &slot, &sw, &one, &x, &dy, &eg, &eu, &ey, &dg, &du, &dxr, &ids, &w, &dtw};
+    size_t len[] = {n * row, n * row, n * row, n * row, n * 4,   n * 4, R * row, R * row, R * fm,
+                    R * fm,  R * row, R * fm,  R * fm,  R * row, R * 4, R * 4,   R * 4};
+    void *mem = buffers(be, ptr, len, 17);
+    rc = mem ? ones(be, one, n) : GE_NOMEM;
+    if (!rc && n) rc = be->to_dev(be, sw, p.w, n * sizeof(float));
+    if (!rc) {
+        be->gather_rows(be, sx, A->ln2, p.src, (int)n, C);
+        be->gather_rows(be, sdy, dout, p.src, (int)n, C);
     }
-    if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, w2);
+    if (!rc) rc = exchange(m, sx, p.send, x, p.recv, row);
+    if (!rc) rc = exchange(m, sdy, p.send, dy, p.recv, row);
+    if (!rc) rc = exchange(m, sw, p.send, w, p.recv, sizeof(float));
+    if (!rc) rc = exchange(m, p.ids, p.send, ids, p.recv, sizeof(int));
     if (!rc && R) {
-        local_experts(m, ids, rcv, R, w2, 2 * C + 1);
-        columns(xr, rcv, R, w2, 0, C);
-        columns(dyr, rcv, R, w2, C, C);
-        columns(wr, rcv, R, w2, 2 * C, 1);
-        be->moe_experts_fwd(be, NULL, eg, eu, eyr, xr, NULL, ids, wr, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm,
+        be->zero(be, dxr, R * row); /* the experts' backward adds into it */
+        be->moe_experts_fwd(be, NULL, eg, eu, ey, x, NULL, ids, w, W->we_gate, W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm,
                             NULL);
-        be->moe_experts_bwd(be, dxr, G->we_gate, G->we_up, G->we_down, dtw, dg, du, dyr, xr, ids, wr, eg, eu, eyr, W->we_gate,
+        be->moe_experts_bwd(be, dxr, G->we_gate, G->we_up, G->we_down, dtw, dg, du, dy, x, ids, w, eg, eu, ey, W->we_gate,
                             W->we_up, W->we_down, (int)R, C, m->ep_E, 1, Fm, NULL);
     }
-    if (!rc) rc = exchange(m, dxr, p.recv, back, p.send, C);
-    for (int t = 0; !rc && t < T; t++) /* the slots in order, as one rank's accumulation runs */
-        for (int s = 0; s < k; s++) {
-            const float *b = back + (size_t)inv[t * k + s] * C;
-            for (int c = 0; c < C; c++) dxo[(size_t)t * C + c] += b[c];
-        }
-    free(mem);
-    plan_free(&p);
+    if (!rc) rc = exchange(m, dxr, p.recv, back, p.send, row);
+    /* dx += the slots' rows in slot order, weight 1: as one rank's accumulation runs */
+    if (!rc) be->moe_combine_rows(be, dx, slot, back, p.inv, dx, one, T, C, k);
+    if (mem) be->free(be, mem);
+    plan_free(m, &p);
     if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }

@@ -15,8 +15,11 @@
  *             them into dx in slot order (fp32 rounding from the one-rank sum, which
  *             accumulates the slots' terms into dx directly).
  * Each call is a collective: every rank of the group runs every MoE layer's forward and
- * backward, in the same order, with any number of tokens (0 too). The cpu backend only (rows
- * are permuted in host memory); model_init_ep refuses another backend.
+ * backward, in the same order, with any number of tokens (0 too). The rows stay in the
+ * backend's memory (packed and put back by backend ops: gather_rows, moe_combine_rows,
+ * moe_dtopw; only the routes, counts and routing weights visit the host), so the calls run on
+ * cuda with a comm on device pointers (NCCL) as on the cpu; the engine's EP (engine/train/ep.c)
+ * still refuses cuda: its training state is not placed on the device yet.
  * Errors (memory, the comm's) are returned, the comm aborted on the failing rank so that the
  * others' exchanges end too; the caller keeps the first (model_acts.ep_rc). */
 #ifndef GRPOD_MOE_EP_H

@@ -732,7 +732,7 @@ static void attention_suite(void) {
     ranges r = make_ranges(1, P1, N1, R1);
     t_attention("causal", r, r.T, 4, 4, 64, 1);
     t_attention("causal", r, r.T, 4, 2, 128, 1); /* several query tiles a dkdv block, GQA */
-    t_attention("causal", r, r.T, 4, 1, 256, 1);  /* Qwen3.5's gated-attention head dim (simple path) */
+    t_attention("causal", r, r.T, 4, 1, 256, 1); /* Qwen3.5's gated-attention head dim (simple path) */
     free_ranges(r);
     if (small_run) {
         int P[] = {21}, N[] = {2}, Ra[] = {9, 1};
@@ -1399,7 +1399,68 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
+/* Expert parallelism's row moves (engine/model/moe_ep.c) against the CPU backend: the send rows
+ * gathered by token (gather_rows), the answers put back in slot order and combined
+ * (moe_combine_rows, out NULL too: the copy alone), dx += the slots' rows at weight 1 in place
+ * (out = res), and the routing weights' gradient (moe_dtopw). The copies are exact; the sums
+ * round to bf16 once. */
+static void t_moe_ep_rows(int T, int C, int k) {
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d C=%d k=%d", T, C, k);
+    int n = T * k;
+    size_t nc = (size_t)n * C, tc = (size_t)T * C;
+    float *src = gc_rand(tc, 1.0f, 31), *rows = gc_rand(nc, 1.0f, 32), *res = gc_rand(tc, 1.0f, 33), *tw = gc_rand(n, 1.0f, 34);
+    float *dout = gc_rand(tc, 1.0f, 35), *ey_c = malloc(nc * 4), *out_c = malloc(tc * 4), *pk_c = malloc(nc * 4),
+          *dt_c = malloc(n * 4);
+    float *one = malloc(n * 4), *dx_c = gc_copy(res, tc);
+    int *idx = malloc((size_t)n * 4), *inv = malloc((size_t)n * 4);
+    for (int i = 0; i < n; i++) {
+        idx[i] = (i * 5 + 1) % T; /* tokens repeat, as a token's k slots do */
+        inv[i] = (int)(((long long)i * 7 + 2) % n); /* a permutation while 7 is prime to n */
+        one[i] = 1.0f;
+    }
+    cpu->gather_rows(cpu, pk_c, src, idx, n, C);
+    cpu->moe_combine_rows(cpu, out_c, ey_c, rows, inv, res, tw, T, C, k);
+    cpu->moe_dtopw(cpu, dt_c, dout, ey_c, T, C, k);
+    void *gsrc = gc_act(gpu, src, tc), *grows = gc_act(gpu, rows, nc), *gres = gc_act(gpu, res, tc), *gdout = gc_act(gpu, dout, tc);
+    float *gtw = gc_dev(gpu, tw, (size_t)n * 4), *gone = gc_dev(gpu, one, (size_t)n * 4), *gdt = gpu->alloc(gpu, (size_t)n * 4);
+    int *gidx = gc_dev(gpu, idx, (size_t)n * 4), *ginv = gc_dev(gpu, inv, (size_t)n * 4);
+    void *gpk = gpu->alloc(gpu, nc * 2), *gey = gpu->alloc(gpu, nc * 2), *gey2 = gpu->alloc(gpu, nc * 2),
+         *gout = gpu->alloc(gpu, tc * 2);
+    void *gdx = gc_act(gpu, res, tc);
+    gpu->gather_rows(gpu, gpk, gsrc, gidx, n, C);
+    gpu->moe_combine_rows(gpu, gout, gey, grows, ginv, gres, gtw, T, C, k);
+    gpu->moe_combine_rows(gpu, NULL, gey2, grows, ginv, NULL, gtw, T, C, k);
+    gpu->moe_dtopw(gpu, gdt, gdout, gey, T, C, k);
+    /* dx += Σ_s rows[inv[ts]]: the backward's use, in place */
+    float *sl_c = malloc(nc * 4);
+    cpu->moe_combine_rows(cpu, dx_c, sl_c, rows, inv, dx_c, one, T, C, k);
+    gpu->moe_combine_rows(gpu, gdx, gey2, grows, ginv, gdx, gone, T, C, k);
+    float *pk_g = gc_get_act(gpu, gpk, nc), *ey_g = gc_get_act(gpu, gey, nc), *out_g = gc_get_act(gpu, gout, tc);
+    float *dt_g = gc_get_f32(gpu, gdt, (size_t)n), *dx_g = gc_get_act(gpu, gdx, tc);
+    /* the cpu's packed rows from the bf16-rounded inputs the gpu moved: the copies are exact */
+    float *src_b = gc_get_act(gpu, gsrc, tc), *rows_b = gc_get_act(gpu, grows, nc), *pk_b = malloc(nc * 4), *ey_b = malloc(nc * 4);
+    cpu->gather_rows(cpu, pk_b, src_b, idx, n, C);
+    cpu->moe_combine_rows(cpu, NULL, ey_b, rows_b, inv, NULL, tw, T, C, k);
+    gc_row("gather_rows (bit-equal)", sh, rel_l2(pk_g, pk_b, nc), 0);
+    gc_row("moe_combine_rows ey (bit-equal)", sh, rel_l2(ey_g, ey_b, nc), 0);
+    gc_row("gather_rows", sh, rel_l2(pk_g, pk_c, nc), 1e-2);
+    gc_row("moe_combine_rows out", sh, rel_l2(out_g, out_c, tc), 1e-2);
+    gc_row("moe_combine_rows dx += rows", sh, rel_l2(dx_g, dx_c, tc), 1e-2);
+    gc_row("moe_dtopw", sh, rel_l2(dt_g, dt_c, (size_t)n), 1e-2);
+    void *g[] = {gsrc, grows, gres, gdout, gtw, gone, gdt, gidx, ginv, gpk, gey, gey2, gout, gdx};
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) gpu->free(gpu, g[i]);
+    float *h[] = {src,  rows, res,  tw,    dout, ey_c, out_c, pk_c,   dt_c, one, dx_c,
+                  sl_c, pk_g, ey_g, out_g, dt_g, dx_g, src_b, rows_b, pk_b, ey_b};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
+    free(idx);
+    free(inv);
+}
+
 static void moe_suite(void) {
+    t_moe_ep_rows(333, 256, 2);
+    t_moe_ep_rows(40, 100, 3); /* C not a multiple of 8 */
+    t_moe_ep_rows(64, 2048, 8); /* Qwen3-30B-A3B's width and top-8 */
     t_moe(333, 256, 8, 2, 136, 1, 1); /* several tiles per expert, Fm past a tile */
     t_moe(77, 200, 16, 4, 72, 0, 1); /* no renormalisation */
     t_moe(40, 100, 6, 3, 36, 1, 1); /* C, Fm not multiples of 8: the scalar loads; E < 32 */
@@ -1670,6 +1731,7 @@ int main(int argc, char **argv) {
         t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
         t_moe(40, 100, 6, 3, 36, 1, 1);
+        t_moe_ep_rows(40, 100, 3);
         hybrid_small();
     } else {
         t_embedding(333, 1024, 5000);
