@@ -10,7 +10,8 @@
  * same layers with a mixture of experts and a sigmoid-gated shared expert in every MLP. qwen3_next,
  * qwen3_next_b (Qwen3-Next): the DeltaNet's fused per-key-head projections in_proj_qkvz and
  * in_proj_ba, dense and MoE MLPs mixed, the shared expert of its own width, 2 and 3 value heads
- * per key head, 2 and 4 query heads per KV head; gradients compared in the checkpoint's rows.
+ * per key head, 2 and 4 query heads per KV head; gradients compared in the checkpoint's rows. Their
+ * balance loss per sequence (|Δ| ≤ 1e-5) and its gradient (≤ 1e-4) against transformers' aux_loss.
  *
  * Packed ≡ standard: [P; R_1..R_N] — each response starting from the prompt's final recurrent
  * state and conv tail — and N copies of [P; R_i] give the same logprobs and gradients (1e-5
@@ -87,15 +88,42 @@ static void run_reference(loaded *x, const js *root, float *g, double *worst_out
     *worst_out = worst;
 }
 
+/* *worst = the worst per-tensor relative L2 of g against the gradients in file (checkpoint names) */
+static void worst_grad(const loaded *x, const float *g, const char *file, double *worst_out, const char **worst_name) {
+    st_set gs = {0};
+    CHECK_MSG(st_open_file(&gs, file) == 0, "%s", err_msg());
+    double worst = 0;
+    for (int p = 0; p < x->m.n_params; p++) {
+        const model_param *pp = &x->m.params[p];
+        const st_tensor *t = st_find(&gs, pp->name);
+        CHECK_MSG(t, "%s: no gradient for %s", file, pp->name);
+        float *ref = malloc((size_t)t->numel * 4), *mine = malloc((size_t)t->numel * 4);
+        CHECK(st_read_f32(t, ref, pp->ndim, pp->shape) == 0);
+        model_param_reorder(&x->m, pp, g + pp->off, mine, 1); /* into the checkpoint's rows */
+        double e = rel_l2(mine, ref, (size_t)t->numel);
+        free(mine);
+        if (e > worst) worst = e, *worst_name = pp->name;
+        free(ref);
+    }
+    st_close(&gs);
+    *worst_out = worst;
+}
+
+/* dir (256 bytes) = the fixture's folder; its reference.json parsed into *doc, *root */
+static void open_reference(const char *name, char *dir, js_doc **doc, const js **root) {
+    char path[512];
+    snprintf(dir, 256, FIX "/%s", name);
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    CHECK_MSG(js_parse_file(path, doc, root) == 0, "%s", err_msg());
+}
+
 TEST(hybrid_matches_transformers) {
     static const char *models[] = {"qwen3_5_text", "qwen3_5_text_b", "qwen3_5_moe_text", "qwen3_next", "qwen3_next_b"};
     for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
         char dir[256], path[512];
-        snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
-        snprintf(path, sizeof path, "%s/reference.json", dir);
         js_doc *doc;
         const js *root;
-        CHECK_MSG(js_parse_file(path, &doc, &root) == 0, "%s", err_msg());
+        open_reference(models[mi], dir, &doc, &root);
         loaded x;
         load(&x, dir);
         const js *lt = js_get(root, "layer_types");
@@ -106,27 +134,72 @@ TEST(hybrid_matches_transformers) {
         double worst_lp;
         run_reference(&x, root, g, &worst_lp);
         snprintf(path, sizeof path, "%s/grads.safetensors", dir);
-        st_set gs = {0};
-        CHECK_MSG(st_open_file(&gs, path) == 0, "%s", err_msg());
-        double worst = 0;
+        double worst;
         const char *wn = "";
-        for (int p = 0; p < x.m.n_params; p++) {
-            const model_param *pp = &x.m.params[p];
-            const st_tensor *t = st_find(&gs, pp->name);
-            CHECK_MSG(t, "%s: no gradient for %s", path, pp->name);
-            float *ref = malloc((size_t)t->numel * 4), *mine = malloc((size_t)t->numel * 4);
-            CHECK(st_read_f32(t, ref, pp->ndim, pp->shape) == 0);
-            model_param_reorder(&x.m, pp, g + pp->off, mine, 1); /* into the checkpoint's rows */
-            double e = rel_l2(mine, ref, (size_t)t->numel);
-            free(mine);
-            if (e > worst) worst = e, wn = pp->name;
-            free(ref);
-        }
-        st_close(&gs);
+        worst_grad(&x, g, path, &worst, &wn);
         printf("  %-16s max |Δ logprob| %.2e, worst grad rel L2 %.2e (%s)\n", models[mi], worst_lp, worst, wn);
         CHECK_MSG(worst_lp <= 1e-4, "%s: max |Δ logprob| %.3g > 1e-4", models[mi], worst_lp);
         CHECK_MSG(worst <= 1e-4, "%s: gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, worst);
         free(g);
+        unload(&x);
+        js_doc_free(doc);
+    }
+}
+
+/* The balance loss of the Qwen3-Next models (hybrid + MoE) against transformers' aux_loss with
+ * output_router_logits (reference.json aux_losses, aux_grads.safetensors): each sequence alone,
+ * |Δ aux| <= 1e-5 as test_moe.c asks of qwen3_moe, and the gradient of Σ aux (the loss weights
+ * zero, aux_coef 1: the balance loss alone) within 1e-4 relative L2 per tensor, the routers' and
+ * every expert's included; a control shows the aux gradient is not the zero tensor. */
+TEST(next_aux_matches_transformers) {
+    static const char *models[] = {"qwen3_next", "qwen3_next_b"};
+    for (size_t mi = 0; mi < sizeof models / sizeof models[0]; mi++) {
+        char dir[256], path[512];
+        js_doc *doc;
+        const js *root;
+        open_reference(models[mi], dir, &doc, &root);
+        const js *seqs = js_get(root, "sequences"), *auxs = js_get(root, "aux_losses");
+        CHECK_MSG(auxs && auxs->n == seqs->n, "%s: no aux_losses", path);
+        loaded x;
+        load(&x, dir);
+        CHECK(x.cfg.E > 1 && config_n_moe(&x.cfg) > 0);
+        float *g = calloc((size_t)x.m.n_elems, 4);
+        model_views gv;
+        model_views_make(&x.m, g, 4, &gv);
+        double worst_aux = 0, aux_sum = 0;
+        for (int s = 0; s < seqs->n; s++) {
+            pack_batch b;
+            CHECK(reference_seq_pack(&seqs->items[s], &b) == 0);
+            model_acts a;
+            CHECK(model_acts_init(&x.m, &a, b.T, b.M, 1) == 0);
+            model_input in;
+            model_input_from_batch(&in, &b);
+            in.aux_coef = 1.0f;
+            float *zero = calloc((size_t)b.M, 4);
+            CHECK_MSG(model_forward(&x.m, &x.wv, &a, NULL, &in, 1.0f, 0) == 0, "%s", err_msg());
+            double aux;
+            CHECK(model_aux_loss(&x.m, &a, &aux) == 0);
+            double d = fabs(aux - auxs->items[s].num);
+            worst_aux = d > worst_aux ? d : worst_aux;
+            aux_sum += aux;
+            CHECK(model_backward(&x.m, &x.wv, &gv, &a, &in, zero, NULL, 1.0f) == 0);
+            free(zero);
+            model_acts_free(&x.m, &a);
+            pack_batch_free(&b);
+        }
+        double gn = 0;
+        for (long long i = 0; i < x.m.n_elems; i++) gn += (double)g[i] * g[i];
+        snprintf(path, sizeof path, "%s/aux_grads.safetensors", dir);
+        double worst;
+        const char *wn = "";
+        worst_grad(&x, g, path, &worst, &wn);
+        printf("  %-16s Σ aux %.6f, max |Δ aux| %.2e, |aux grad| %.3g, worst aux grad rel L2 %.2e (%s)\n", models[mi],
+               aux_sum, worst_aux, sqrt(gn), worst, wn);
+        CHECK_MSG(worst_aux <= 1e-5, "%s: max |Δ aux| %.3g > 1e-5", models[mi], worst_aux);
+        CHECK_MSG(gn > 1e-8, "%s: the aux gradient is zero", models[mi]);
+        CHECK_MSG(worst <= 1e-4, "%s: aux gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, worst);
+        free(g);
+        model_views_free(&gv);
         unload(&x);
         js_doc_free(doc);
     }
@@ -406,6 +479,7 @@ TEST(hybrid_refuses_what_is_not_built) {
 
 int main(void) {
     RUN(hybrid_matches_transformers);
+    RUN(next_aux_matches_transformers);
     RUN(hybrid_vision_language_checkpoint);
     RUN(hybrid_packed_equals_standard);
     RUN(hybrid_checkpoint_round_trip);
