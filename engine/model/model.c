@@ -627,9 +627,6 @@ static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gr
 
 int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring) {
     *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring};
-    if (m->cfg.arch == ARCH_QWEN3_5) /* a split group's responses would need the prompt's recurrent state */
-        return err_set(GE_UNSUPPORTED, "%s: a group split over micro-batches is not built yet: raise max_tokens_per_micro_batch",
-                       m->cfg.arch_name);
     return acts_alloc(m, a, cap_T, cap_M);
 }
 

@@ -220,6 +220,11 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     memset(x, 0, sizeof *x);
     x->m = m;
     x->g = g;
+    if (m->cfg.arch == ARCH_QWEN3_5) /* the responses would need the prompt's recurrent state and conv tail */
+        return err_set(GE_UNSUPPORTED,
+                       "%s: a group split over micro-batches (prompt of %d tokens, %d responses, max_tokens_per_micro_batch "
+                       "%lld) is not built yet for hybrid linear-attention models: raise max_tokens_per_micro_batch",
+                       m->cfg.arch_name, g->P, g->N, o->max_tokens);
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");

@@ -477,6 +477,35 @@ TEST(hybrid_refuses_what_is_not_built) {
     CHECK_MSG(strstr(err_msg(), "linear-attention"), "%s", err_msg());
 }
 
+/* A group larger than max_tokens_per_micro_batch would take the split schedule (engine/model/split.h),
+ * whose responses do not yet start from the prompt's recurrent state: eng_logprobs and eng_update
+ * refuse it with a line naming the budget, and the same group under a budget that holds it runs. */
+TEST(hybrid_split_is_refused) {
+    static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58, 32, 116, 104, 101};
+    static const int r0[7] = {52, 50, 46, 10, 258, 33, 63}, r1[5] = {120, 121, 122, 32, 49}, r2[1] = {65};
+    static const int *resp[3] = {r0, r1, r2};
+    static int R[3] = {7, 5, 1};
+    static float rew[3] = {1.0f, 0.2f, 0.6f};
+    eng *e;
+    eng_open_opts lo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu"};
+    CHECK_MSG(eng_open(&lo, &e) == 0, "%s", err_msg());
+    eng_update_group g = {.prompt = prompt, .P = 18, .n = 3, .resp = resp, .R = R, .reward = rew};
+    float **lp;
+    CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 7, &lp) == GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "raise max_tokens_per_micro_batch"), "%s", err_msg());
+    loss_config a;
+    loss_config_default(&a);
+    eng_optim o;
+    eng_optim_default(&o);
+    eng_update_result u;
+    CHECK(eng_update(e, &g, 1, &a, &o, 7, &u, NULL, NULL) == GE_UNSUPPORTED);
+    CHECK_MSG(strstr(err_msg(), "split over micro-batches"), "%s", err_msg());
+    CHECK_MSG(eng_logprobs(e, &g, 1, 0, 1.0f, 1000, &lp) == 0, "%s", err_msg());
+    eng_logprobs_free(lp, &g, 1);
+    CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1000, &u, NULL, NULL) == 0, "%s", err_msg());
+    eng_close(e);
+}
+
 int main(void) {
     RUN(hybrid_matches_transformers);
     RUN(next_aux_matches_transformers);
@@ -485,6 +514,7 @@ int main(void) {
     RUN(hybrid_checkpoint_round_trip);
     RUN(hybrid_update_decays_w);
     RUN(hybrid_refuses_what_is_not_built);
+    RUN(hybrid_split_is_refused);
     RUN(next_config);
     return CHECK_DONE();
 }
