@@ -259,6 +259,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
             goto fail;
     }
     if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
+    if ((rc = ep_decode_refresh(e))) goto fail; /* every rank opens together */
     double t1 = clock_mono_ms();
     if (!o->no_training && (rc = plan_make(e, o))) goto fail;
     e->plan.ms_load = t1 - t0;
@@ -304,6 +305,7 @@ void eng_close(eng *e) {
         model_views_free(&e->rv);
         model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
+        ep_decode_free(e);
         if (e->ep_full && e->ep_full->params) model_free(e->ep_full);
         free(e->ep_full);
         snap_free(e);

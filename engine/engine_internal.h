@@ -28,6 +28,9 @@ struct eng {
      * parallelism, whose layout checkpoints hold. 0 and NULL without. */
     long long ep_n;
     model *ep_full;
+    /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, fp32; NULL without */
+    float *ep_dact;
+    model_views ep_dv;
     void *dp_buf;
     model m;
     tok *tok; /* NULL when the directory has no tokenizer.json */
@@ -133,6 +136,13 @@ int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
 int ep_whole(eng *e, const float *x, float *whole);
 void ep_slice(const eng *e, const float *whole, float *mine);
+/* rollout/ep_decode.c: the decode copy gathered from every rank's act weights (a collective;
+ * nothing without expert parallelism), and freed. The scheduler decodes with eng_dec_model and
+ * eng_dec_views: the decode copy under expert parallelism, else the policy. */
+int ep_decode_refresh(eng *e);
+void ep_decode_free(eng *e);
+static inline const model *eng_dec_model(const eng *e) { return e->ep_full ? e->ep_full : &e->m; }
+static inline const model_views *eng_dec_views(const eng *e) { return e->ep_full ? &e->ep_dv : &e->wv; }
 /* checkpoint.c: a checkpoint's policy_version, optimizer step and AdamW state into e. */
 int eng_checkpoint_load_state(eng *e, const char *dir);
 #endif

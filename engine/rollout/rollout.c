@@ -175,8 +175,8 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
     if (!s) return err_set(GE_NOMEM, "scheduler: out of memory");
     s->e = e;
     eng_get_info(e, &s->info);
-    s->row_bytes = model_kv_row_bytes(&e->m);
-    s->st_bytes = model_state_row_bytes(&e->m);
+    s->row_bytes = model_kv_row_bytes(eng_dec_model(e));
+    s->st_bytes = model_state_row_bytes(eng_dec_model(e));
     s->max_prefill = o && o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 8192;
     s->max_running = o && o->max_running > 0 ? o->max_running : 1024;
     long long rows = size_pools(s, o);
@@ -188,7 +188,7 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
         return err_set(GE_NOMEM, "KV pool: the budget holds no row (%lld bytes per row)", rb);
     }
     s->cap = (int)rows;
-    s->rt.W = config_n_moe(&e->m.cfg) * e->m.cfg.top_k;
+    s->rt.W = config_n_moe(&eng_dec_model(e)->cfg) * e->m.cfg.top_k;
     int rc = kvp_init(&s->pool, s->cap);
     if (!rc && s->cap_st && (rc = kvp_init(&s->spool, s->cap_st))) kvp_destroy(&s->pool);
     if (rc) {
@@ -203,14 +203,14 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
 
 /* The device memory of the K/V rows and (hybrid models) the state rows. */
 static int kv_open(eng_sched *s) {
-    int rc = model_kv_init(&s->e->m, &s->kv, s->cap);
-    if (!rc && s->cap_st && (rc = model_kv_states_init(&s->e->m, &s->kv, s->cap_st))) model_kv_free(&s->e->m, &s->kv);
+    int rc = model_kv_init(eng_dec_model(s->e), &s->kv, s->cap);
+    if (!rc && s->cap_st && (rc = model_kv_states_init(eng_dec_model(s->e), &s->kv, s->cap_st))) model_kv_free(eng_dec_model(s->e), &s->kv);
     return rc;
 }
 
 void sched_forget(eng_sched *s) {
     pfx_clear(&s->pfx, &s->pool);
-    if (!eng_sched_busy(s) && s->kv.mem) model_kv_free(&s->e->m, &s->kv);
+    if (!eng_sched_busy(s) && s->kv.mem) model_kv_free(eng_dec_model(s->e), &s->kv);
 }
 
 long long eng_sched_rows_needed(const eng_rollout_group *g, const eng_sampling *sp) {
@@ -382,7 +382,7 @@ static void sweep(eng_sched *s) {
     s->n_live = w;
     for (eng_sched_job *j = s->jobs; j; j = j->next)
         if (!j->state && j->next_group == j->n_groups && !j->live_groups) j->state = 1;
-    if (!eng_sched_busy(s) && !s->pfx.n && s->kv.mem) model_kv_free(&s->e->m, &s->kv);
+    if (!eng_sched_busy(s) && !s->pfx.n && s->kv.mem) model_kv_free(eng_dec_model(s->e), &s->kv);
 }
 
 /* ---------------------------------------------------------------- admission */
@@ -427,8 +427,8 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     }
     if (m) { /* the hit's rows, in at most two runs */
         int n0 = m < src.seg_n[0] ? m : src.seg_n[0];
-        model_kv_copy_rows(&s->e->m, &s->kv, pb->start, src.seg[0]->start, n0);
-        if (m > n0) model_kv_copy_rows(&s->e->m, &s->kv, pb->start + n0, src.seg[1]->start, m - n0);
+        model_kv_copy_rows(eng_dec_model(s->e), &s->kv, pb->start, src.seg[0]->start, n0);
+        if (m > n0) model_kv_copy_rows(eng_dec_model(s->e), &s->kv, pb->start + n0, src.seg[1]->start, m - n0);
         s->pfx.hits++;
         s->pfx.hit_tokens += m;
     }
@@ -470,7 +470,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
                   .fresh = 1,
                   .st = st};
     j->out[g] = (eng_group_result){.resp = resp, .n = RG->n, .cached_tokens = m, .prompt_routes = proutes};
-    if (st0 >= 0) model_kv_state_set(&s->e->m, &s->kv, st0, -1); /* the prompt starts with no history */
+    if (st0 >= 0) model_kv_state_set(eng_dec_model(s->e), &s->kv, st0, -1); /* the prompt starts with no history */
     for (r = 0; r < RG->n; r++) {
         /* the stream seed of (request seed, group index, response index), as it always was;
          * the group index is its place in the original request when the caller split it */
@@ -641,7 +641,7 @@ static int prefill(eng_sched *s) {
         if ((err = run_call(s, &in, r, ban)) && !rc) rc = err;
         for (int i = 0; !err && s->cap_st && i < r; i++) /* each live response starts from its prompt's state */
             if (alive(s->who[i]))
-                model_kv_state_set(&s->e->m, &s->kv, s->who[i]->grp->st0 + 1 + s->who[i]->idx, s->who[i]->grp->st0);
+                model_kv_state_set(eng_dec_model(s->e), &s->kv, s->who[i]->grp->st0 + 1 + s->who[i]->idx, s->who[i]->grp->st0);
     }
     return rc;
 }
@@ -715,8 +715,6 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
                   eng_sched_job **job) {
     *job = NULL;
     memset(out, 0, (size_t)n_groups * sizeof *out);
-    if (s->e->ep_full) /* each rank's decode would wait in every MoE layer for the others' */
-        return err_set(GE_UNSUPPORTED, "rollouts under expert parallelism are not built yet: generate without --expert-parallel");
     eng_sched_job *j = calloc(1, sizeof *j);
     if (!j) return err_set(GE_NOMEM, "scheduler: out of memory");
     *j = (eng_sched_job){.groups = groups, .n_groups = n_groups, .sp = *sp, .out = out};
@@ -823,7 +821,7 @@ void eng_sched_close(eng_sched *s) {
     if (!s) return;
     while (s->jobs) eng_sched_job_release(s, s->jobs);
     pfx_destroy(&s->pfx, &s->pool);
-    if (s->kv.mem) model_kv_free(&s->e->m, &s->kv);
+    if (s->kv.mem) model_kv_free(eng_dec_model(s->e), &s->kv);
     kvp_destroy(&s->pool);
     if (s->cap_st) kvp_destroy(&s->spool);
     if (s->e->sched == s) s->e->sched = NULL;

@@ -50,7 +50,8 @@ static void weights_changing(eng *e) {
 int eng_update_undo(eng *e) {
     if (!e->snap.ok) return 0;
     weights_changing(e);
-    return snap_restore(e);
+    int rc = snap_restore(e);
+    return rc ? rc : ep_decode_refresh(e); /* the decode copy follows (a collective, as the undo is) */
 }
 
 /* Per-response bookkeeping of the kept groups, in pack order. */
@@ -595,6 +596,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;
         if (steps) e->policy_version++;
+        if (steps) rc = ep_decode_refresh(e); /* the decode copy follows the new weights */
         e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }

@@ -22,8 +22,13 @@
  *   - checkpoints: saved by W = 4 (every expert gathered into one HF directory, the moments
  *     too), loaded on W = 2 and on one rank without expert parallelism: logprobs bit-equal to
  *     each other, and the next update from each equal as above (its moments compared too);
- *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), rollouts,
- *     a group larger than a micro-batch. */
+ *   - rollouts (the decode copy, engine/rollout/ep_decode.c): on W = 2 and 3 every rank's
+ *     sampled rollouts of every group — tokens, logprobs and the recorded routes — bit-equal to
+ *     one rank's without a comm; after an update replaying routes and its checkpoint, bit-equal
+ *     to one rank resuming that checkpoint (the copy followed the new weights), and not equal
+ *     to the rollouts before (the check could fail);
+ *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), a group
+ *     larger than a micro-batch. */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -182,15 +187,56 @@ static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
     return eng_open(&o, &e) ? NULL : e;
 }
 
+/* Rollouts of every group (sampled, seed 7, 6 tokens, routes recorded): tokens, logprobs and
+ * routes flattened, -1 and NaN-free, to compare bit for bit. */
+#define RMAX (NG * 4 * (6 + 12 + 7 * LM * TOPK) * 4)
+struct roll {
+    int tok[RMAX], rt[RMAX * LM * TOPK];
+    float lp[RMAX];
+    int n_tok, n_rt;
+};
+static int rollout(eng *e, struct roll *r) {
+    eng_rollout_group g[NG];
+    for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.temperature = 1.0f;
+    sp.max_tokens = 6;
+    sp.ignore_eos = 1;
+    sp.seed = 7;
+    eng_group_result out[NG];
+    if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
+    r->n_tok = r->n_rt = 0;
+    for (int i = 0; i < NG; i++) {
+        for (int t = 0; out[i].prompt_routes && t < P_[i] * LM * TOPK; t++) r->rt[r->n_rt++] = out[i].prompt_routes[t];
+        for (int q = 0; q < out[i].n; q++) {
+            eng_response *x = &out[i].resp[q];
+            for (int t = 0; t < x->n_tokens; t++) {
+                r->tok[r->n_tok] = x->tokens[t];
+                r->lp[r->n_tok++] = x->logprobs[t];
+            }
+            for (int t = 0; x->routes && t < x->n_tokens * LM * TOPK; t++) r->rt[r->n_rt++] = x->routes[t];
+        }
+        eng_group_result_free(&out[i]);
+    }
+    return 0;
+}
+static int same_roll(const struct roll *a, const struct roll *b) {
+    return a->n_tok == b->n_tok && a->n_rt == b->n_rt && a->n_tok > 0 && a->n_rt > 0 &&
+           !memcmp(a->tok, b->tok, (size_t)a->n_tok * 4) && !memcmp(a->lp, b->lp, (size_t)a->n_tok * 4) &&
+           !memcmp(a->rt, b->rt, (size_t)a->n_rt * 4);
+}
+
 /* ---------------------------------------------------------------- ranks as threads */
 
-typedef enum { OP_OPEN = RANK_OPEN, OP_SAVE = RANK_SAVE, OP_CLOSE = RANK_CLOSE, OP_UPDATE = RANK_OPS, OP_STATE, OP_PROBE } op_t;
+typedef enum { OP_OPEN = RANK_OPEN, OP_SAVE = RANK_SAVE, OP_CLOSE = RANK_CLOSE, OP_UPDATE = RANK_OPS, OP_STATE, OP_PROBE, OP_ROLL } op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
     eng_update_result u;
     float *st[3]; /* rank 0: the gathered master, m, v */
     float lp[NPROBE];
     int n_lp;
+    struct roll *roll; /* OP_ROLL: the rollouts' tokens, logprobs and routes */
 } rank_job;
 
 static int rank_op(rank_head *h) {
@@ -204,6 +250,7 @@ static int rank_op(rank_head *h) {
     case OP_PROBE:
         j->n_lp = probe(h->e, j->lp);
         return j->n_lp < 0;
+    case OP_ROLL: return rollout(h->e, j->roll);
     }
     return -1;
 }
@@ -358,6 +405,44 @@ TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
     eng_close(e);
 }
 
+/* Rollouts under expert parallelism decode the gathered decode copy (rollout/ep_decode.c): on
+ * W = 2 and 3 every rank's rollouts of every group (sampled, routes recorded for routing
+ * replay) are bit-equal to one rank's without a comm; after an update (routing replay of those
+ * routes, with the balance loss) and its checkpoint, bit-equal to one rank resuming it, so the
+ * copy followed the new weights; and they differ from the rollouts before the update. */
+TEST(ep_rollouts_equal_one_rank) {
+    static struct roll ref, ref2, got[WMAX], before;
+    CHECK(system("rm -rf " CKPT "_roll2 " CKPT "_roll3") == 0);
+    eng *e = open_one(NULL, MODEL, NULL, 0);
+    CHECK_MSG(e, "%s", err_msg());
+    CHECK_MSG(rollout(e, &ref) == 0, "%s", err_msg());
+    eng_close(e);
+    printf("  one rank: %d tokens, %d route entries\n", ref.n_tok, ref.n_rt);
+    for (int W = 2; W <= 3; W++) {
+        comm *cs[WMAX];
+        rank_job j[WMAX];
+        CHECK(open_world(W, cs, j, NULL) == 0);
+        for (int q = 0; q < W; q++) j[q].roll = &got[q];
+        CHECK_MSG(all_ranks(j, W, OP_ROLL, 0, NULL) == 0, "%s", err_msg());
+        for (int q = 0; q < W; q++) CHECK_MSG(same_roll(&got[q], &ref), "W=%d rank %d: rollouts differ from one rank's", W, q);
+        before = got[0];
+        CHECK(all_ranks(j, W, OP_UPDATE, 1, NULL) == 0);
+        char dir[64]; /* a directory a W: a save of the same policy version into one is taken as done */
+        snprintf(dir, sizeof dir, "%s_roll%d", CKPT, W);
+        CHECK(all_ranks(j, W, OP_SAVE, 0, dir) == 0);
+        CHECK_MSG(all_ranks(j, W, OP_ROLL, 0, NULL) == 0, "%s", err_msg());
+        close_world(W, cs, j);
+        e = open_one(NULL, MODEL, dir, 0);
+        CHECK_MSG(e, "%s", err_msg());
+        CHECK_MSG(rollout(e, &ref2) == 0, "%s", err_msg());
+        eng_close(e);
+        CHECK_MSG(!same_roll(&ref2, &before), "the update changed no rollout: the test could not fail");
+        for (int q = 0; q < W; q++)
+            CHECK_MSG(same_roll(&got[q], &ref2), "W=%d rank %d: rollouts after the update differ from one rank's", W, q);
+        printf("  W=%d: every rank bit-equal to one rank, before and after an update\n", W);
+    }
+}
+
 TEST(refusals) {
     eng *e;
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .expert_parallel = 1};
@@ -372,16 +457,6 @@ TEST(refusals) {
     CHECK(strstr(err_msg(), "mixture-of-experts") != NULL);
     o.model_dir = MODEL;
     CHECK_MSG(eng_open(&o, &e) == 0, "%s", err_msg());
-    /* the daemon opens its scheduler at start: that works; a rollout is refused */
-    eng_sched *s;
-    CHECK_MSG(eng_sched_open(e, NULL, &s) == 0, "%s", err_msg());
-    eng_sched_close(s);
-    eng_rollout_group rg = {prompt_[0], P_[0], 2};
-    eng_sampling sp;
-    eng_sampling_default(&sp);
-    eng_group_result gr;
-    CHECK_EQ_INT(eng_rollout(e, &rg, 1, &sp, &gr, NULL, NULL), GE_UNSUPPORTED);
-    printf("  rollouts: %s\n", err_msg());
     /* a group larger than a micro-batch */
     eng_update_group g[NG];
     groups(g, 0);
@@ -410,6 +485,7 @@ int main(void) {
     RUN(ep_update_equals_one_rank);
     RUN(control_doubled_expert_gradient);
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
+    RUN(ep_rollouts_equal_one_rank);
     RUN(refusals);
     return CHECK_DONE();
 }
