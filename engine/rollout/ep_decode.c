@@ -6,15 +6,16 @@
  * opens and whenever the weights change (eng_update, eng_update_undo: all ranks there in
  * lock-step), so a rollout never waits on another rank. Memory: one whole act-typed model per
  * rank (61 GB in bf16 at Qwen3-30B-A3B), beside this rank's experts. The cpu backend only (the
- * act weights are fp32 host memory; ep_model_init refuses another backend). */
+ * act weights are fp32 host memory): on another no copy is made and eng_sched_add refuses. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/moe_ep.h"
 
 int ep_decode_refresh(eng *e) {
-    if (!e->ep_full) return 0;
+    if (!e->ep_full || strcmp(e->be->name, "cpu")) return 0; /* no copy: rollouts refused (rollout.c) */
     const model *f = e->ep_full;
     if (!e->ep_dact) {
         if (!(e->ep_dact = malloc((size_t)f->n_elems * sizeof(float))))
