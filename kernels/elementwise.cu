@@ -31,7 +31,7 @@ __global__ void acc_f32_x2_kernel(float2 *acc, const __nv_bfloat162 *x, long lon
     }
 }
 
-static __global__ void gather_rows_kernel(bf16 *dst, const bf16 *src, const int *idx, int n, int row) {
+__global__ void gather_rows_kernel(bf16 *dst, const bf16 *src, const int *idx, int n, int row) {
     pdl_wait();
     pdl_trigger();
     long long m = (long long)n * row;

@@ -5,6 +5,7 @@
  * each row into dlogits (bf16) in the same row kernel, then two GEMMs: dh_chunk = dz · W (fp32,
  * added into the rows at out_pos in a fixed order) and dW += dz^T · h_chunk (fp32, beta = 1).
  * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
+#include "kernels/elementwise.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/logprob_row.cuh"
 #include "kernels/matmul.cuh"
@@ -12,12 +13,6 @@
 #include <limits.h>
 
 enum { CH = LOGPROB_CHUNK, ROW_THREADS = LOGPROB_ROW_THREADS };
-
-static __global__ void gather_rows_kernel(bf16 *dst, const bf16 *h, const int *pos, int n, int C) {
-    int i = blockIdx.x;
-    const bf16 *src = h + (size_t)pos[i] * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[(size_t)i * C + c] = src[c];
-}
 
 __global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, const int *tok, int V) {
     int i = blockIdx.x;
@@ -168,8 +163,7 @@ static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
 /* logits chunk z (mc, V) = hc (mc, C) · W^T * alpha, after gathering hc from h at pos. */
 static void chunk_logits(cu_ctx *c, lp_scratch *s, const bf16 *h, const int *pos, const bf16 *w, int mc, int C, int V,
                          float alpha, float *z) {
-    gather_rows_kernel<<<mc, 256, 0, c->stream>>>(s->hc, h, pos, mc, C);
-    CU_LAUNCHED(c, "gather_rows_kernel");
+    gather_rows_cuda(c, s->hc, h, pos, mc, C);
     gemm_lt(c, 1, 0, V, mc, C, alpha, w, C, s->hc, C, 0.0f, z, V, 1, NULL);
 }
 

@@ -14,6 +14,7 @@
 
 #include "common/err.h"
 #include "engine/backend/backend.h"
+#include "engine/format/config.h"
 #include "tests/unit/check.h"
 
 static int gc_failures;
@@ -150,6 +151,22 @@ static inline double gc_rel_delta(const float *a, const float *a0, const float *
         den += db * db;
     }
     return sqrt(num) / (den > 1e-30 ? sqrt(den) : 1e-15);
+}
+/* Qwen3-30B-A3B's mixture-of-experts shape on layers [0, L) of c (the benchmarks' "30b-a3b"):
+ * hidden 2048, 32 query / 4 KV heads of 128, 128 experts of width 768, top-8 renormalised. The
+ * caller keeps the rest (L, V, tied, F of a dense layer). */
+static inline void gc_moe_30b_a3b(model_config *c, int L) {
+    c->arch = ARCH_QWEN3_MOE;
+    c->C = 2048;
+    c->H = 32;
+    c->K = 4;
+    c->D = 128;
+    c->E = 128;
+    c->top_k = 8;
+    c->Fm = 768;
+    c->norm_topk = 1;
+    for (int l = 0; l < L; l++) c->mlp[l] = MLP_MOE;
+    snprintf(c->arch_name, sizeof c->arch_name, "qwen3_moe");
 }
 /* The expert op's forward (kernels/moe.h) on the device against the CPU's: each slot's gate, up
  * and expert output and the combined out, rel L2 <= 1e-2 each (through bf16 activations). */

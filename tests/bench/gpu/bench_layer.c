@@ -41,17 +41,7 @@ static void bench(eng_backend *be, size_t free0, int moe, int P, int N, int R) {
                       .tied = 1,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
-    if (moe) {
-        c.arch = ARCH_QWEN3_MOE;
-        c.C = 2048;
-        c.K = 4;
-        c.E = 128;
-        c.top_k = 8;
-        c.Fm = 768;
-        c.norm_topk = 1;
-        c.mlp[0] = MLP_MOE;
-        snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
-    }
+    if (moe) gc_moe_30b_a3b(&c, 1);
     bench_layer_run r;
     bench_layer_open(&r, be, &c, P, N, R);
     int T = r.b.T, C = c.C;

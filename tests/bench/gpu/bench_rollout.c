@@ -165,8 +165,6 @@ int main(int argc, char **argv) {
     int moe = !strncmp(size, "30b-a3b", 7);
     if (moe) {
         L = size[7] == '-' && size[8] == 'l' ? atoi(size + 9) : 48;
-        H = 32;
-        K = 4;
         if (L < 1 || L > 48) gc_die(NULL, "30b-a3b-lL: L in 1..48");
     }
     model_config c = {.arch = ARCH_QWEN3,
@@ -185,14 +183,8 @@ int main(int argc, char **argv) {
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     if (moe) {
-        c.arch = ARCH_QWEN3_MOE;
+        gc_moe_30b_a3b(&c, L);
         c.tied = 0;
-        c.E = 128;
-        c.top_k = 8;
-        c.Fm = 768;
-        c.norm_topk = 1;
-        for (int l = 0; l < L; l++) c.mlp[l] = MLP_MOE;
-        snprintf(c.arch_name, sizeof c.arch_name, "qwen3_moe");
     }
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     if (argc > 2 && !strcmp(argv[2], "graphs")) return graph_check(&c);
@@ -242,14 +234,14 @@ int main(int argc, char **argv) {
 
     double wbytes = 2.0 * n;
     if (moe) { /* the experts a step is expected to touch instead of all of them; the embedding table is not read whole */
-        double expert = 3.0 * C * c.Fm * 2, rows = (double)G * N;
+        double expert = 3.0 * c.C * c.Fm * 2, rows = (double)G * N;
         double touched = c.E * (1 - pow(1 - (double)c.top_k / c.E, rows));
-        wbytes -= L * c.E * expert + 2.0 * c.V * C;
+        wbytes -= L * c.E * expert + 2.0 * c.V * c.C;
         wbytes += L * touched * expert;
         printf("grpod-cuda rollout %s: %d rows a step touch %.1f of %d experts a layer (expected at uniform routing)\n", size,
                G * N, touched, c.E);
     }
-    double kvbytes = 2.0 * L * K * D * 2 * ((double)G * P + (double)G * N * NEW / 2);
+    double kvbytes = 2.0 * L * c.K * c.D * 2 * ((double)G * P + (double)G * N * NEW / 2);
     double floor_ms = (wbytes + kvbytes) / bw * 1e3, floor3 = (wbytes + kvbytes) / 3.0e12 * 1e3;
     printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (%s): prefill %.1f ms, decode %.2f ms/step "
            "(median; mean %.2f over %d steps), total %.0f ms, %.0f tok/s (decode only %.0f tok/s), "
