@@ -142,7 +142,9 @@ static int reserve(eng *e, int T, int R) {
 static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
     dec_state *d = e->dec;
     eng_backend *be = e->be;
-    const model_config *c = &eng_dec_model(e)->cfg;
+    const model *m = eng_dec_model(e);
+    const model_views *wv = eng_dec_views(e);
+    const model_config *c = &m->cfg;
     dec_layout L = layout(d->cap_T, d->cap_R);
     char *b = d->d;
     model_dev_input di = {.T = T,
@@ -153,8 +155,8 @@ static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
                           .srow = srow ? (int *)(b + L.srow) : NULL,
                           .r = {(int *)(b + L.a0), (int *)(b + L.a1), (int *)(b + L.b0), (int *)(b + L.b1)},
                           .routes = e->acts_ng.routes}; /* recorded (MoE; NULL for a dense model) */
-    model_forward_dev(eng_dec_model(e), eng_dec_views(e), &e->acts_ng, kv, &di, 1.0f, 0);
-    be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), eng_dec_views(e)->lm_head, R, c->C, c->V);
+    model_forward_dev(m, wv, &e->acts_ng, kv, &di, 1.0f, 0);
+    be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), wv->lm_head, R, c->C, c->V);
     be->sample(be, (int *)(b + L.out_tok), (float *)(b + L.out_lp), d->dlogits, (sample_params *)(b + L.prm), (int *)(b + L.ban),
                R, c->V);
 }
@@ -172,14 +174,16 @@ static int bucket_of(int T, int *Tb) {
 int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
              int n_ban, int *ids, float *lps, int *routes) {
     eng_backend *be = e->be;
+    const model *m = eng_dec_model(e);
+    const model_views *wv = eng_dec_views(e);
     int T = in->T, rc;
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
     if (kv->cap_st && !in->srow) return err_set(GE_INTERNAL, "dec_step: a hybrid model's step needs its state rows");
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
     if (!R) { /* a forward only */
         if ((rc = eng_acts_reserve(e, &e->acts_ng, T, 1, 0))) return rc;
-        rc = model_forward(eng_dec_model(e), eng_dec_views(e), &e->acts_ng, kv, in, 1.0f, 0);
-        return rc || !routes ? rc : model_routes_get(eng_dec_model(e), &e->acts_ng, T, T, routes);
+        rc = model_forward(m, wv, &e->acts_ng, kv, in, 1.0f, 0);
+        return rc || !routes ? rc : model_routes_get(m, &e->acts_ng, T, T, routes);
     }
     int Tb = T, bi = -1;
     int graphs = be->graph_begin && T <= DEC_GRAPH_T && R <= T && be->tune.graphs;
@@ -218,7 +222,7 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
         const model_acts *A = &e->acts_ng;
         if (g->g &&
             (g->kv != kv->mem || g->st != kv->st_mem || g->kv_cap != kv->cap_S || g->acts != A->mem || g->acts_cap != A->cap_T ||
-             g->acts_capm != A->cap_M || g->w != eng_dec_views(e)->embed || g->lm != eng_dec_views(e)->lm_head || g->logits != d->dlogits ||
+             g->acts_capm != A->cap_M || g->w != wv->embed || g->lm != wv->lm_head || g->logits != d->dlogits ||
              memcmp(&g->tune, &be->tune, sizeof be->tune))) {
             be->graph_free(be, g->g);
             g->g = NULL;
@@ -245,8 +249,8 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
                              .kv = kv->mem,
                              .st = kv->st_mem,
                              .acts = e->acts_ng.mem,
-                             .w = eng_dec_views(e)->embed,
-                             .lm = eng_dec_views(e)->lm_head,
+                             .w = wv->embed,
+                             .lm = wv->lm_head,
                              .logits = d->dlogits,
                              .kv_cap = kv->cap_S,
                              .acts_cap = e->acts_ng.cap_T,
@@ -259,5 +263,5 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if ((rc = be->to_host(be, h + L.out_tok, d->d + L.out_tok, (size_t)d->cap_R * 8))) return rc;
     memcpy(ids, h + L.out_tok, (size_t)R * 4);
     memcpy(lps, h + L.out_lp, (size_t)R * 4);
-    return routes ? model_routes_get(eng_dec_model(e), &e->acts_ng, graphs ? Tb : T, T, routes) : 0;
+    return routes ? model_routes_get(m, &e->acts_ng, graphs ? Tb : T, T, routes) : 0;
 }

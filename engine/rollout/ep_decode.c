@@ -21,7 +21,11 @@ int ep_decode_refresh(eng *e) {
         if (!(e->ep_dact = malloc((size_t)f->n_elems * sizeof(float))))
             return err_set(GE_NOMEM, "expert parallelism: out of memory for the decode copy (%lld MiB)", f->n_elems * 4 >> 20);
         int rc = model_views_make(f, e->ep_dact, sizeof(float), &e->ep_dv);
-        if (rc) return rc;
+        if (rc) { /* no copy without its views: the next refresh starts again */
+            free(e->ep_dact);
+            e->ep_dact = NULL;
+            return rc;
+        }
     }
     int rc = moe_ep_gather(&e->m, (const float *)e->w_act, f, e->ep_dact, 1);
     if (rc) comm_abort(e->comm);

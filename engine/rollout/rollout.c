@@ -175,8 +175,9 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
     if (!s) return err_set(GE_NOMEM, "scheduler: out of memory");
     s->e = e;
     eng_get_info(e, &s->info);
-    s->row_bytes = model_kv_row_bytes(eng_dec_model(e));
-    s->st_bytes = model_state_row_bytes(eng_dec_model(e));
+    const model *dm = eng_dec_model(e);
+    s->row_bytes = model_kv_row_bytes(dm);
+    s->st_bytes = model_state_row_bytes(dm);
     s->max_prefill = o && o->max_prefill_tokens > 0 ? o->max_prefill_tokens : 8192;
     s->max_running = o && o->max_running > 0 ? o->max_running : 1024;
     long long rows = size_pools(s, o);
@@ -188,7 +189,7 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
         return err_set(GE_NOMEM, "KV pool: the budget holds no row (%lld bytes per row)", rb);
     }
     s->cap = (int)rows;
-    s->rt.W = config_n_moe(&eng_dec_model(e)->cfg) * e->m.cfg.top_k;
+    s->rt.W = config_n_moe(&dm->cfg) * dm->cfg.top_k;
     int rc = kvp_init(&s->pool, s->cap);
     if (!rc && s->cap_st && (rc = kvp_init(&s->spool, s->cap_st))) kvp_destroy(&s->pool);
     if (rc) {
@@ -203,8 +204,9 @@ int eng_sched_open(eng *e, const eng_sched_opts *o, eng_sched **out) {
 
 /* The device memory of the K/V rows and (hybrid models) the state rows. */
 static int kv_open(eng_sched *s) {
-    int rc = model_kv_init(eng_dec_model(s->e), &s->kv, s->cap);
-    if (!rc && s->cap_st && (rc = model_kv_states_init(eng_dec_model(s->e), &s->kv, s->cap_st))) model_kv_free(eng_dec_model(s->e), &s->kv);
+    const model *dm = eng_dec_model(s->e);
+    int rc = model_kv_init(dm, &s->kv, s->cap);
+    if (!rc && s->cap_st && (rc = model_kv_states_init(dm, &s->kv, s->cap_st))) model_kv_free(dm, &s->kv);
     return rc;
 }
 

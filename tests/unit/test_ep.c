@@ -229,7 +229,15 @@ static int same_roll(const struct roll *a, const struct roll *b) {
 
 /* ---------------------------------------------------------------- ranks as threads */
 
-typedef enum { OP_OPEN = RANK_OPEN, OP_SAVE = RANK_SAVE, OP_CLOSE = RANK_CLOSE, OP_UPDATE = RANK_OPS, OP_STATE, OP_PROBE, OP_ROLL } op_t;
+typedef enum {
+    OP_OPEN = RANK_OPEN,
+    OP_SAVE = RANK_SAVE,
+    OP_CLOSE = RANK_CLOSE,
+    OP_UPDATE = RANK_OPS,
+    OP_STATE,
+    OP_PROBE,
+    OP_ROLL
+} op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
     eng_update_result u;
