@@ -1,15 +1,17 @@
-/* attention_tiles.cuh — what the tensor-core attention kernels share: the mma.sync / ldmatrix /
- * cp.async wrappers, the two-range tile schedule (fa_sched, fa_next, fa_warp_vote, fa_mask), the
- * row stores and row scalars, and the tile constants. __device__ inline functions, templates and
+/* attention_tiles.cuh — what the tensor-core attention kernels share: the two-range tile
+ * schedule (fa_sched, fa_next, fa_warp_vote, fa_mask), the row stores and row scalars, and the
+ * tile constants. __device__ inline functions, templates and
  * constants only (no kernels): included by attention_mma.cu, attention_wgmma.cu,
  * attention_decode.cu, and by attention.cu for the constants. How the helpers are used is told
  * at the top of attention_mma.cu.
+ * The mma.sync / ldmatrix / cp.async wrappers themselves are kernels/mma.cuh's.
  * Legend: T queries (== key rows in backward), H query heads, K kv heads, D head dim. */
 #ifndef GRPOD_KERNELS_ATTENTION_TILES_CUH
 #define GRPOD_KERNELS_ATTENTION_TILES_CUH
 #include <limits.h>
 
 #include "kernels/attention.cuh"
+#include "kernels/mma.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -33,30 +35,6 @@ enum {
     FA_DKDV_NS = 3
 };
 
-__device__ __forceinline__ unsigned fa_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void fa_ldsm4(unsigned (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem(p)));
-}
-__device__ __forceinline__ void fa_ldsm4t(unsigned (&r)[4], const bf16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fa_smem(p)));
-}
-__device__ __forceinline__ void fa_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* 16 bytes global -> shared; zero-filled when !ok (src is then not read). */
-__device__ __forceinline__ void fa_cp16(bf16 *dst, const bf16 *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(fa_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void fa_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ __forceinline__ float fa_ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

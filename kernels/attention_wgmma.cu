@@ -2,16 +2,8 @@
  * ranges per query, head dim 128 (attention.cu dispatches); the tile schedule (fa_sched /
  * fa_next / fa_warp_vote / fa_mask) and row store are attention_tiles.cuh's.
  *
- * Shared-memory tiles: ROWS rows of D bf16 as D/64 column blocks of ROWS x 128 bytes, each row's
- * eight 16-byte chunks XOR-swizzled by row % 8 (wgmma's 128-byte swizzle), every block 1024-byte
- * aligned. One layout serves all three operand roles: K-major (A = Q, B = K: S = Q·K^T) with
- * SBO = 1024 (eight rows); MN-major (B = V in O = P·V, "transposed") with LBO = the column
- * block's size (next 64 dims) and SBO = 1024 (next eight keys). A k16 step advances the start
- * address 32 bytes inside a K-major row (a new column block every 4 steps), or 16 rows (2048
- * bytes) down an MN-major tile.
- * Accumulator and register-A fragments of m64nNk16 are mma.sync's m16n8k16 ones, warp w % 4 of the
- * warpgroup owning rows 16 (w % 4) .. + 15: d[n][0..1] row lane/4, cols 8n + 2 (lane % 4) + {0, 1};
- * d[n][2..3] the same cols, row + 8.
+ * Shared-memory tiles, descriptors and fragments are wgmma.cuh's: Q and K K-major (S = Q·K^T),
+ * V MN-major (B in O = P·V), D/64 column blocks a tile.
  * The three kernels (fwd, dq, dkdv) are warp-specialised, FlashAttention-3's layout with cp.async
  * in place of TMA (the key rows a query may read are bounded by its ranges, not by a tensor
  * extent the backend is given): 384 threads, warpgroup 0 the producer streaming tiles into
@@ -19,11 +11,7 @@
  * which never meet at a block barrier, so one's elementwise work runs under the other's
  * products. */
 #include "kernels/attention_tiles.cuh"
-
-/* byte offset of 16-byte chunk c of row `row` in a ROWS-row swizzled tile */
-template <int ROWS> __device__ __forceinline__ unsigned wg_off(int row, int c) {
-    return (c >> 3) * (ROWS * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4);
-}
+#include "kernels/wgmma.cuh"
 
 /* rows [r0, r0 + ROWS) of a (rows, heads, D) tensor at head `hd` into a swizzled tile, by NTH
  * threads (threadIdx.x % NTH); rows >= end are zero-filled (cp.async: the caller commits and
@@ -42,91 +30,6 @@ __device__ __forceinline__ void wg_load_rows(unsigned char *dst, const bf16 *src
         bool ok = r0 + row + it * RPI < end;
         fa_cp16((bf16 *)(d + it * RPI * 128), ok ? p + it * step : src, ok);
     }
-}
-
-/* wgmma shared-memory matrix descriptor, 128-byte swizzle */
-__device__ __forceinline__ unsigned long long wg_desc(const void *p, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((fa_smem(p) & 0x3FFFF) >> 4) | (unsigned long long)((lbo & 0x3FFFF) >> 4) << 16 |
-        (unsigned long long)((sbo & 0x3FFFF) >> 4) << 32 | 1ull << 62;
-}
-/* Descriptors of a tile's start; a k16 step adds a byte offset >> 4 to the address field:
- * K-major (A = Q, B = K) step kk: column block kk / 4, 32 bytes a step inside it; MN-major (B = V,
- * transposed) step kk: 16 rows (2048 bytes) down. */
-__device__ __forceinline__ unsigned long long wg_desc_k(const void *t) { return wg_desc(t, 16, 1024); }
-template <int ROWS> __device__ __forceinline__ unsigned long long wg_desc_mn(const void *t) {
-    return wg_desc(t, ROWS * 128, 1024);
-}
-template <int ROWS> __device__ __forceinline__ unsigned wg_step_k(int kk) {
-    return ((kk >> 2) * (ROWS * 128) + (kk & 3) * 32) >> 4;
-}
-__device__ __forceinline__ unsigned wg_step_mn(int kk) { return kk * 128; }
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* after a wait: the accumulators are (re)defined here for the compiler, so no use of them moves
- * above the wait */
-template <int NT> __device__ __forceinline__ void wg_keep(float (&d)[NT][4]) {
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
-}
-/* cp.async writes (generic proxy) -> wgmma reads (async proxy): each writer, before the barrier */
-__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/* d (64 x N) (+)= A (64 x 16) · B (16 x N): ss = A and B from descriptors (both K-major), rs = A
- * from registers (an m16n8k16 A fragment) and B MN-major. acc = 0: d = A·B. */
-__device__ __forceinline__ void wg_mma_ss64(float (&d)[8][4], unsigned long long da, unsigned long long db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-        "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(da), "l"(db), "r"(acc));
-}
-
-__device__ __forceinline__ void wg_mma_ss128(float (&d)[16][4], unsigned long long da, unsigned long long db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-                 "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-                 "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-                 "%57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-                   "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),
-                   "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),
-                   "+f"(d[15][3])
-                 : "l"(da), "l"(db), "r"(acc));
-}
-
-__device__ __forceinline__ void wg_mma_rs128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-                 "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
-                 "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
-                 "%57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-                   "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-                   "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-                   "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-                   "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]),
-                   "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),
-                   "+f"(d[15][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
 /* One tile's online softmax for a warp's 16 rows (two a thread): sa (raw scores, masked) becomes
@@ -188,31 +91,7 @@ template <int NT> __device__ __forceinline__ void wg_pack(unsigned (&p)[NT / 2][
  * (WG_DQ_NS stages of K and V); dkdv: 128-key blocks, WG_DKDV_NS stages of 64-query Q/dO. */
 enum { WG_BM = 128, WG_BN = 128, WG_DQ_BN = 64, WG_DQ_NS = 3, WG_KB = 128, WG_DKDV_NS = 3 };
 
-/* ---- the warp-specialised kernels: mbarriers, a producer warpgroup of cp.async loads */
-__device__ __forceinline__ void mb_init(unsigned long long *b, int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fa_smem(b)), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mb_arrive(unsigned long long *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fa_smem(b)) : "memory");
-}
-/* one arrival on b once every cp.async this thread issued so far has landed */
-__device__ __forceinline__ void mb_arrive_cp(unsigned long long *b) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fa_smem(b)) : "memory");
-}
-/* waits until the phase of parity `ph` has completed (a fresh barrier: parity 1 passes at once) */
-__device__ __forceinline__ void mb_wait(unsigned long long *b, unsigned ph) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(fa_smem(b)),
-        "r"(ph)
-        : "memory");
-}
-/* a consumer's wait on a full barrier: then the tile the producer's cp.async wrote (generic
- * proxy) may be read by wgmma (async proxy) */
-__device__ __forceinline__ void mb_acquire(unsigned long long *b, unsigned ph) {
-    mb_wait(b, ph);
-    wg_proxy_fence();
-}
-
+/* ---- the warp-specialised kernels: mbarriers (wgmma.cuh), a producer warpgroup of cp.async loads */
 /* fa_next with a warp vote instead of a block vote: every warp that walks the schedule gets
  * the same tiles (the producer's and each consumer's walk agree without a barrier). */
 template <int BM, int BN> __device__ __forceinline__ bool fa_next_warp(const fa_sched<BM> &sc, int &s, int &j0, int &full) {

@@ -664,7 +664,8 @@ static int moe_variant(cu_ctx *c, int T, const moe_lora *lr) {
     int v = c->tune ? c->tune->moe : TUNE_MOE_AUTO;
     if (v == TUNE_MOE_AUTO) v = T <= MOE_FEW_T ? TUNE_MOE_FEW : TUNE_MOE_GROUPED;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (v == TUNE_MOE_GROUPED && cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
+    if ((v == TUNE_MOE_GROUPED || v == TUNE_MOE_CUBLAS) && cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess &&
+        cs != cudaStreamCaptureStatusNone)
         v = TUNE_MOE_FEW;
     return v;
 }

@@ -1,8 +1,10 @@
 /* moe_gemm.cu — the experts' forward and backward (moe.h) for many slots per expert, the
  * training and prefill case: the slots' rows are gathered by expert into contiguous blocks
  * (the permutation of moe.cu, in slot order inside an expert) and each GEMM of the layer is one
- * cuBLAS grouped GEMM, an expert a group. The counts are read on the host (one stream
- * synchronisation per op), which is why decode (captured in graphs) takes moe_few.cu instead.
+ * grouped GEMM, an expert a group: gemm_grouped.cu's wgmma kernel where the shapes fit its
+ * rules (contiguous dimensions multiples of 8), else — and with tune.moe = cublas — cuBLAS's.
+ * The counts are read on the host (one stream synchronisation per op), which is why decode
+ * (captured in graphs) takes moe_few.cu instead.
  * Legend as moe.h (T, C, E, k, Fm); S = T·k slots; a "P" buffer holds rows by expert (row i is
  * slot perm[i]), inv[ts] the row of slot ts.
  *
@@ -10,11 +12,11 @@
  *             eyP = aP Wd_e^T;  out = res + Σ_s w eyP[inv], ey = scatter
  *   backward  dyP = dout[perm/k], wdyP = bf16(w dyP), aP again;  daP = dyP Wd_e (fp32);
  *             dgP, duP (and dg, du) = SwiGLU' of w daP;  dWd_e += wdyP_e^T aP_e;
- *             partP = dgP Wg_e + duP Wu_e (fp32);  dx += Σ_s partP[inv];  xP again;
- *             dWg|dWu_e += dgP|duP_e^T xP_e
+ *             partP = dgP Wg_e + duP Wu_e (fp32, one accumulator in house);  dx += Σ_s partP[inv];
+ *             xP again;  dWg|dWu_e += dgP|duP_e^T xP_e
  * The roundings are the tiled kernels' (eg, eu, a, ey, dg, du, w·dout in bf16; da, the per-slot
  * dx and the weight gradients in fp32), so the variants differ by the GEMMs' sum order only.
- * Deterministic: cuBLAS gives the same bits for the same shapes (no atomics in a GEMM), the
+ * Deterministic: both GEMMs give the same bits for the same shapes (no atomics in a GEMM), the
  * scatters and the per-token dx sum have one owner and a fixed order. When the grouped call is
  * refused (a cuBLAS without it for these types), the same problems run one cublasGemmEx each.
  *
@@ -25,6 +27,7 @@
 
 #include <cublas_v2.h>
 
+#include "kernels/gemm_grouped.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/moe_dev.cuh"
@@ -98,9 +101,10 @@ typedef struct {
 } moe_opnd;
 
 /* Column-major D = op(A) op(B) + beta D for every expert with slots and each of np problems
- * (gate and up share a group); m, n or k < 0: the expert's count. */
+ * (gate and up share a group); m, n or k < 0: the expert's count. sum: the two problems write
+ * one D, D = op(A0) op(B0) + op(A1) op(B1) + beta D. */
 typedef struct {
-    int ta, tb, m, n, k, lda, ldb, ldd, d_f32, np;
+    int ta, tb, m, n, k, lda, ldb, ldd, d_f32, np, sum;
     float beta;
     moe_opnd a[2], b[2], d[2];
 } moe_gg;
@@ -109,15 +113,66 @@ typedef struct {
     cu_ctx *c;
     const int *hcnt; /* (E) on the host */
     int E;
-    void **dptr; /* device room for 3·2·E pointers */
+    void *dptr; /* device room for 3·2·E pointers or 2·E gg_prob (moe_gg_room) */
 } moe_gg_ctx;
 
 static const char *moe_gg_ptr(const moe_opnd *o, int e, long long off, int es) {
     return (const char *)o->p + ((size_t)e * o->per_e + (size_t)off * o->per_row) * (size_t)es;
 }
 
+static size_t moe_gg_room(int E) {
+    size_t a = 6 * (size_t)E * sizeof(void *), b = gemm_grouped_bytes(2 * E);
+    return ((a > b ? a : b) + 255) & ~(size_t)255;
+}
+
+/* The problems in house (gemm_grouped.cu), unless tune.moe asks for cuBLAS or a problem does not
+ * fit its layout rules; 1 when run. Column-major D = op(A) op(B) is row-major D^T = op(B)^T
+ * op(A)^T: A' is B (K-major when B is not transposed), B' is A (K-major when A is). */
+static int moe_gg_own(const moe_gg_ctx *x, const moe_gg *g) {
+    cu_ctx *c = x->c;
+    if (c->tune && c->tune->moe == TUNE_MOE_CUBLAS) return 0;
+    gg_layout l = {!g->tb, g->ta, g->d_f32};
+    gg_prob *p = (gg_prob *)calloc(2 * (size_t)x->E, sizeof *p);
+    if (!p) return 0;
+    int P = 0, ok = 1;
+    long long off = 0;
+    for (int e = 0; e < x->E && ok; off += x->hcnt[e], e++) {
+        int ce = x->hcnt[e];
+        if (ce == 0) continue;
+        for (int j = 0; j < g->np && ok; j++) {
+            gg_prob *q = &p[P];
+            const bf16 *a = (const bf16 *)moe_gg_ptr(&g->b[j], e, off, 2), *b = (const bf16 *)moe_gg_ptr(&g->a[j], e, off, 2);
+            if (g->sum && j) { /* the second product of a sum */
+                q = &p[P - 1];
+                q->a2 = a, q->b2 = b, q->k2 = q->k;
+            } else {
+                q->a = a, q->b = b;
+                q->d = (void *)moe_gg_ptr(&g->d[j], e, off, g->d_f32 ? 4 : 2);
+                q->m = g->n < 0 ? ce : g->n;
+                q->n = g->m < 0 ? ce : g->m;
+                q->k = g->k < 0 ? ce : g->k;
+                q->lda = g->ldb, q->ldb = g->lda, q->ldd = g->ldd, q->beta = g->beta;
+                P++;
+            }
+            ok = gemm_grouped_fits(q, l);
+        }
+    }
+    if (ok) gemm_grouped_cuda(c, p, P, l, x->dptr);
+    free(p);
+    return ok;
+}
+
 static void moe_gg_run(const moe_gg_ctx *x, const moe_gg *g) {
     cu_ctx *c = x->c;
+    if (moe_gg_own(x, g)) return;
+    if (g->sum) { /* cuBLAS: the first product with beta, the second added */
+        moe_gg g0 = *g, g1 = *g;
+        g0.np = g1.np = 1, g0.sum = g1.sum = 0;
+        g1.a[0] = g->a[1], g1.b[0] = g->b[1], g1.d[0] = g->d[1], g1.beta = 1.0f;
+        moe_gg_run(x, &g0);
+        moe_gg_run(x, &g1);
+        return;
+    }
     cublasHandle_t h = (cublasHandle_t)gemm_blas(c);
     if (!h) return;
     int E = x->E, np = g->np, G = 0, des = g->d_f32 ? 4 : 2;
@@ -221,13 +276,12 @@ static int *moe_gg_setup(cu_ctx *c, const int *topi, int S, int E, char *scr, mo
     x->c = c;
     x->hcnt = hc;
     x->E = E;
-    x->dptr = (void **)(scr + pb + (((size_t)S * sizeof(int) + 255) & ~(size_t)255));
+    x->dptr = scr + pb + (((size_t)S * sizeof(int) + 255) & ~(size_t)255);
     return hc;
 }
 /* bytes of moe_gg_setup's part of the scratch: the permutation, inv, the pointers */
 static size_t moe_gg_bytes(int S, int E) {
-    return moe_perm_bytes(S, E) + (((size_t)S * sizeof(int) + 255) & ~(size_t)255) +
-        ((6 * (size_t)E * sizeof(void *) + 255) & ~(size_t)255);
+    return moe_perm_bytes(S, E) + (((size_t)S * sizeof(int) + 255) & ~(size_t)255) + moe_gg_room(E);
 }
 
 /* a grouped GEMM's shape (no problems yet) and its problems, one a call */
@@ -302,11 +356,11 @@ void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float 
         moe_gg_add(&g, moe_rows(aP, Fm), moe_rows(wdyP, C), moe_w(dwd, W));
         moe_gg_run(&gx, &g);
     }
-    for (int j = 0; j < 2; j++) { /* partP^T (C, cnt) = Wg_e-as-(C, Fm) dgP_e^T, then + Wu_e duP_e^T */
-        g = moe_gg_shape(0, 0, C, -1, Fm, C, Fm, C, 1, (float)j);
-        moe_gg_add(&g, moe_w(j ? wu : wg, W), moe_rows(j ? duP : dgP, Fm), moe_rows(partP, C));
-        moe_gg_run(&gx, &g);
-    }
+    g = moe_gg_shape(0, 0, C, -1, Fm, C, Fm, C, 1, 0.0f); /* partP^T (C, cnt) = Wg_e-as-(C, Fm) dgP_e^T + Wu_e duP_e^T */
+    g.sum = 1;
+    moe_gg_add(&g, moe_w(wg, W), moe_rows(dgP, Fm), moe_rows(partP, C));
+    moe_gg_add(&g, moe_w(wu, W), moe_rows(duP, Fm), moe_rows(partP, C));
+    moe_gg_run(&gx, &g);
     moe_dx_cuda(c, dx, partP, inv, T, C, k);
     if (dwg || dwu) { /* dWg_e^T (C, Fm) += xP_e^T (C, cnt) dgP_e (cnt, Fm); up alike */
         moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);

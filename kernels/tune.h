@@ -12,8 +12,9 @@
 
 typedef enum { TUNE_ATTN_AUTO, TUNE_ATTN_SIMT } tune_attn;
 enum { TUNE_SKINNY_OFF = 0, TUNE_SKINNY_FORCE = 1, TUNE_SKINNY_AUTO = -1 };
-/* the experts' GEMMs (kernels/moe.cu): few is for tests (the decode kernel at any size) */
-enum { TUNE_MOE_AUTO = -1, TUNE_MOE_TILES = 0, TUNE_MOE_GROUPED = 1, TUNE_MOE_FEW = 2 };
+/* the experts' GEMMs (kernels/moe.cu): few is for tests (the decode kernel at any size); cublas
+ * is grouped with cuBLAS's grouped GEMM for every problem instead of gemm_grouped.cu */
+enum { TUNE_MOE_AUTO = -1, TUNE_MOE_TILES = 0, TUNE_MOE_GROUPED = 1, TUNE_MOE_FEW = 2, TUNE_MOE_CUBLAS = 3 };
 
 typedef struct {
     int graphs; /* GRPOD_TUNE_GRAPHS=0|1: decode steps captured and replayed as CUDA graphs */
@@ -22,9 +23,10 @@ typedef struct {
     tune_attn attn; /* GRPOD_TUNE_ATTN=auto|simt: simt runs the SIMT kernels at every head dim */
     int skinny; /* GRPOD_TUNE_SKINNY=auto|0|1: the few-row GEMM of matmul.cu: auto for
                          * T <= 16 and W up to 64M values, 0 never, 1 up to T = 64 and any size */
-    int moe; /* GRPOD_TUNE_MOE=auto|tiles|grouped: the MoE experts' GEMMs: auto the few-slot
-                      * kernel up to 512 tokens and cuBLAS grouped GEMMs above; tiles the tiled
-                      * kernels (batch-invariant); grouped the grouped GEMMs at every size */
+    int moe; /* GRPOD_TUNE_MOE=auto|tiles|grouped|cublas: the MoE experts' GEMMs: auto the
+                      * few-slot kernel up to 512 tokens and grouped GEMMs above; tiles the tiled
+                      * kernels (batch-invariant); grouped the grouped GEMMs at every size;
+                      * cublas those on cuBLAS's grouped GEMM */
     int exact; /* GRPOD_TUNE_EXACT=0|1: batch-invariant kernels: a row's result does not depend
                         * on the rows beside it; rollout logprobs equal the trainer's */
 } tune_opts;

@@ -10,13 +10,14 @@
 extern char **environ;
 
 #define TUNE_PREFIX "GRPOD_TUNE_"
+enum { TUNE_WORDS = 4 };
 
 /* One knob: its name after the prefix, where it goes, the accepted words and their values. */
 typedef struct {
     const char *name;
     int *field;
-    const char *words[3];
-    int values[3];
+    const char *words[TUNE_WORDS];
+    int values[TUNE_WORDS];
 } tune_knob;
 
 int tune_from_env(tune_opts *t) {
@@ -28,7 +29,7 @@ int tune_from_env(tune_opts *t) {
         {"ATTN_DECODE", &t->attn_decode, {"0", "1"}, {0, 1}},
         {"ATTN", &attn, {"auto", "simt"}, {TUNE_ATTN_AUTO, TUNE_ATTN_SIMT}},
         {"SKINNY", &t->skinny, {"auto", "0", "1"}, {TUNE_SKINNY_AUTO, TUNE_SKINNY_OFF, TUNE_SKINNY_FORCE}},
-        {"MOE", &t->moe, {"auto", "tiles", "grouped"}, {TUNE_MOE_AUTO, TUNE_MOE_TILES, TUNE_MOE_GROUPED}},
+        {"MOE", &t->moe, {"auto", "tiles", "grouped", "cublas"}, {TUNE_MOE_AUTO, TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_CUBLAS}},
         {"EXACT", &t->exact, {"0", "1"}, {0, 1}},
     };
     const size_t nk = sizeof knobs / sizeof knobs[0], np = strlen(TUNE_PREFIX);
@@ -43,10 +44,10 @@ int tune_from_env(tune_opts *t) {
             return err_set(GE_INVALID, "unknown tuning knob %.*s (GRPOD_TUNE_: GRAPHS, PDL, ATTN_DECODE, ATTN, SKINNY, MOE, EXACT)",
                            (int)(eq - *e), *e);
         int j = 0;
-        while (j < 3 && k->words[j] && strcmp(k->words[j], eq + 1)) j++;
-        if (j == 3 || !k->words[j]) {
-            char ok[32] = "";
-            for (int w = 0; w < 3 && k->words[w]; w++)
+        while (j < TUNE_WORDS && k->words[j] && strcmp(k->words[j], eq + 1)) j++;
+        if (j == TUNE_WORDS || !k->words[j]) {
+            char ok[48] = "";
+            for (int w = 0; w < TUNE_WORDS && k->words[w]; w++)
                 snprintf(ok + strlen(ok), sizeof ok - strlen(ok), "%s%s", w ? "|" : "", k->words[w]);
             return err_set(GE_INVALID, "%s%s=%s: expected %s", TUNE_PREFIX, k->name, eq + 1, ok);
         }

@@ -1284,9 +1284,9 @@ static void t_moe(int T, int C, int E, int k, int Fm, int norm, int counts) {
           *dx0r = gc_rand(nx, (float)rms_delta(rdx_c, dx0, nx), sd + 16);
     /* GPU, once per variant of the experts' GEMMs (kernels/tune.h): the router on its own, then
      * the rest on the CPU's routes */
-    static const int variants[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_FEW, TUNE_MOE_AUTO};
-    static const char *vname[] = {"tiles", "grouped", "few", "auto"};
-    for (int vi = 0; vi < 4; vi++) {
+    static const int variants[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_CUBLAS, TUNE_MOE_FEW, TUNE_MOE_AUTO};
+    static const char *vname[] = {"tiles", "grouped", "cublas", "few", "auto"};
+    for (int vi = 0; vi < 5; vi++) {
         gpu->tune.moe = variants[vi];
         snprintf(sh, sizeof sh, "%s %s", sh0, vname[vi]);
         void *gx = gc_act(gpu, x, nx), *gwr = gc_act(gpu, wr, (size_t)E * C), *gres = gc_act(gpu, res, nx);
@@ -1731,6 +1731,7 @@ int main(int argc, char **argv) {
         t_logprob(50, 130, 64, 300, 1.0f, 1); /* repeated positions */
         t_adamw(999, 2);
         t_moe(40, 100, 6, 3, 36, 1, 1);
+        t_moe(77, 200, 16, 4, 72, 0, 1); /* the grouped GEMMs of gemm_grouped.cu under memcheck */
         t_moe_ep_rows(40, 100, 3);
         hybrid_small();
     } else {

@@ -49,6 +49,9 @@ TEST(tune_every_knob) {
     setenv("GRPOD_TUNE_MOE", "grouped", 1);
     CHECK_EQ_INT(tune_from_env(&t), 0);
     CHECK_EQ_INT(t.moe, TUNE_MOE_GROUPED);
+    setenv("GRPOD_TUNE_MOE", "cublas", 1); /* the fourth word of a knob */
+    CHECK_EQ_INT(tune_from_env(&t), 0);
+    CHECK_EQ_INT(t.moe, TUNE_MOE_CUBLAS);
     setenv("GRPOD_TUNE_SKINNY", "0", 1);
     setenv("GRPOD_TUNE_ATTN", "auto", 1);
     CHECK_EQ_INT(tune_from_env(&t), 0);

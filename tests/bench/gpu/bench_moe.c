@@ -1,9 +1,11 @@
 /* bench_moe.c — the MoE experts' GEMMs alone (kernels/moe.h) at Qwen3-30B-A3B dims (C=2048,
  * Fm=768, E=128, top-8), each variant of kernels/tune.h's `moe` on the same routes:
  *   training: moe_experts_fwd and moe_experts_bwd (every weight gradient) at T tokens, tiles vs
- *             grouped, then the base frozen (no weight gradients) without and with LoRA r=16 on
- *             the experts (the adapters' rows: FLOPs counted as the base's); useful TFLOP/s (6·S·C·Fm forward, 12·S·C·Fm backward, S = T·k) beside a
- *             dense cuBLASLt GEMM of the gate projection's shape (S×C by C×Fm): the ceiling;
+ *             grouped (gemm_grouped.cu) vs cublas (cuBLAS's grouped GEMM), then the base frozen
+ *             (no weight gradients, both grouped forms) and with LoRA r=16 on the experts (the
+ *             adapters' rows: FLOPs counted as the base's); useful TFLOP/s (6·S·C·Fm forward,
+ *             12·S·C·Fm backward, S = T·k) beside a dense cuBLASLt GEMM of the gate
+ *             projection's shape (S×C by C×Fm): the ceiling;
  *   decode:   moe_experts_fwd at T rows, tiles vs few; the routed experts' weight bytes (3·Fm·C·2
  *             each touched expert) over the time, beside the device's copy bandwidth (read+write).
  * Routes from the router op on random x and router weights (about uniform over the experts, as
@@ -67,7 +69,7 @@ static void train_row(moe_w *w, const train_bufs *b, const char *name, int T, in
         if (i) tf[i - 1] = t1 - t0, tb[i - 1] = gc_now() - t1;
     }
     double f = median(tf, 5), bw = median(tb, 5);
-    printf("moe experts T=%d (S=%zu, %d experts touched) %-8s fwd %8.2f ms %6.1f TFLOP/s   bwd %8.2f ms %6.1f TFLOP/s   "
+    printf("moe experts T=%d (S=%zu, %d experts touched) %-13s fwd %8.2f ms %6.1f TFLOP/s   bwd %8.2f ms %6.1f TFLOP/s   "
            "fwd+bwd %8.2f ms\n",
            T, S, touched, name, f * 1e3, fl / f / 1e12, bw * 1e3, 2 * fl / bw / 1e12, (f + bw) * 1e3);
 }
@@ -87,9 +89,9 @@ static void bench_train(moe_w *w, int T) {
     float *dtw = be->alloc(be, S * 4), *dwg = be->alloc(be, nw * 4), *dwu = be->alloc(be, nw * 4), *dwd = be->alloc(be, nw * 4);
     if (!dwd || !dx || !ey) gc_die(be, "alloc");
     train_bufs b = {x, out, dout, dx, eg, eu, ey, dg, du, ti, tw, dtw};
-    static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED};
-    static const char *vn[] = {"tiles", "grouped"};
-    for (int v = 0; v < 2; v++) {
+    static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_CUBLAS};
+    static const char *vn[] = {"tiles", "grouped", "cublas"};
+    for (int v = 0; v < 3; v++) {
         be->tune.moe = vs[v];
         train_row(w, &b, vn[v], T, touched, dwg, dwu, dwd, NULL);
     }
@@ -102,10 +104,13 @@ static void bench_train(moe_w *w, int T) {
     size_t na = (size_t)E * 2 * R * C, nb = (size_t)E * 2 * FM * 2 * R, nad = (size_t)E * R * FM, nbd = (size_t)E * C * R;
     lr.agu = gc_act(be, hl, na), lr.bgu = gc_act(be, hl + 1, nb), lr.ad = gc_act(be, hl + 2, nad), lr.bd = gc_act(be, hl + 3, nbd);
     free(hl);
-    lr.gagu = be->alloc(be, na * 4), lr.gbgu = be->alloc(be, nb * 4), lr.gad = be->alloc(be, nad * 4), lr.gbd = be->alloc(be, nbd * 4);
+    lr.gagu = be->alloc(be, na * 4), lr.gbgu = be->alloc(be, nb * 4), lr.gad = be->alloc(be, nad * 4),
+    lr.gbd = be->alloc(be, nbd * 4);
     if (!lr.gbd) gc_die(be, "alloc lora");
     be->tune.moe = TUNE_MOE_GROUPED;
     train_row(w, &b, "frozen", T, touched, NULL, NULL, NULL, NULL);
+    be->tune.moe = TUNE_MOE_CUBLAS;
+    train_row(w, &b, "frozen-cublas", T, touched, NULL, NULL, NULL, NULL);
     be->tune.moe = TUNE_MOE_AUTO;
     train_row(w, &b, "lora16", T, touched, NULL, NULL, NULL, &lr);
     void *lb[] = {(void *)lr.agu, (void *)lr.bgu, (void *)lr.ad, (void *)lr.bd, lr.gagu, lr.gbgu, lr.gad, lr.gbd};

@@ -1,0 +1,205 @@
+/* gemm_grouped.cu — gemm_grouped.cuh's many GEMMs in one launch, on Hopper's warpgroup MMA
+ * (wgmma m64n128k16, bf16 in, fp32 accumulate; sm_90a). Why in house: cuBLAS's grouped GEMM
+ * runs only the K-major x K-major problems (the MoE forward) as one grouped kernel; the
+ * backward's problems (an N-major weight, or both operands token-major for the weight
+ * gradients) ran as one kernel per expert, ~1,300 launches of ~8 us in one 30B-A3B layer's
+ * backward. Measured and dropped on the way (one H200, bench_moe 9216): an mma.sync form
+ * (128 x 128 x 32 tiles, ldmatrix.trans for the MN-major operands), a 4-stage ring at one
+ * block an SM, and a warp-specialised persistent form (a producer warpgroup, mbarriers): each
+ * no faster than this one.
+ *
+ * A block owns a 128 x 128 tile of one problem and walks its K range 64 deep at a time through
+ * a 3-stage cp.async ring; two blocks share an SM (128 registers a thread, 97 KB of shared
+ * memory each). An operand's tile sits in shared memory in its own layout, swizzled
+ * as wgmma.cuh says (K-major: 128 rows of 64 k; MN-major: 64 k-rows of 128), and the MN-major
+ * ones reach the MMA through the instruction's transpose flag. Blocks map to tiles through the
+ * problems' first-tile offsets (a binary search over at most a few hundred problems); a
+ * problem's tiles are consecutive, m-major. */
+#include <cuda_runtime.h>
+
+#include "kernels/gemm_grouped.cuh"
+#include "kernels/wgmma.cuh"
+
+enum { GG_BM = 128, GG_BN = 128, GG_BK = 64, GG_NS = 3, GG_NT = 256, GG_TILE = GG_BM * GG_BK * 2, GG_DST = GG_BN + 4 };
+static const int GG_SMEM = GG_NS * 2 * GG_TILE + 1024; /* + room to align the ring to 1024 bytes */
+static_assert(GG_BM * GG_DST * 4 <= GG_NS * 2 * GG_TILE, "the fp32 tile staged in the ring");
+
+/* one operand's 128 x 64 tile at (r0, k0) into the swizzled tile s: K-major as 128 rows of one
+ * column block, MN-major as 64 k-rows of two; rows past R and k past K are zero */
+template <int KMAJ, int NTH = GG_NT>
+__device__ __forceinline__ void gg_load(unsigned char *s, const bf16 *g, int ld, int r0, int R, int k0, int K) {
+#pragma unroll
+    for (int i = 0; i < GG_BM * GG_BK / 8 / NTH; i++) {
+        int ch = threadIdx.x % NTH + i * NTH;
+        if (KMAJ) {
+            int row = ch >> 3, c = ch & 7, r = r0 + row, k = k0 + c * 8;
+            bool ok = r < R && k < K;
+            fa_cp16((bf16 *)(s + wg_off<GG_BM>(row, c)), ok ? g + (size_t)r * ld + k : g, ok);
+        } else {
+            int row = ch >> 4, c = ch & 15, k = k0 + row, r = r0 + c * 8;
+            bool ok = r < R && k < K;
+            fa_cp16((bf16 *)(s + wg_off<GG_BK>(row, c)), ok ? g + (size_t)k * ld + r : g, ok);
+        }
+    }
+}
+
+/* the problem of tile t and the tile's first row and column */
+__device__ __forceinline__ const gg_prob *gg_find(const gg_prob *probs, int np, int t, int &m0, int &n0) {
+    int lo = 0, hi = np - 1;
+    while (lo < hi) { /* the last problem whose first tile is <= t */
+        int mid = (lo + hi + 1) >> 1;
+        if (probs[mid].tile0 <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    int local = t - probs[lo].tile0;
+    m0 = (local / probs[lo].tiles_n) * GG_BM, n0 = (local % probs[lo].tiles_n) * GG_BN;
+    return probs + lo;
+}
+
+/* The tile's accumulators (warpgroup wg: rows 64 wg + 16 (warp % 4) + lane / 4 and + 8, columns
+ * 8 j + 2 (lane % 4) + {0, 1}) into D at (m0, n0). D = acc directly, as bf16 or fp32; D = acc +
+ * beta D staged through shared memory (the ring, free once the last MMA is done), so that the
+ * read-modify-write runs as whole 512-byte rows with 16 loads in flight a thread (stored
+ * directly, each float2 load waited for before the next store, the weight gradients' epilogue
+ * took twice the MMAs' time). */
+template <int F32>
+__device__ __forceinline__ void gg_store(const gg_prob &p, const float (&acc)[16][4], unsigned char *ring, int m0, int n0) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2, rw = wg * 64 + (warp & 3) * 16 + (lane >> 2);
+    if (F32 && p.beta != 0.0f) {
+        float *st = (float *)ring;
+        __syncthreads(); /* every warpgroup's MMAs are done with the ring */
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                *(float2 *)(st + (rw + h * 8) * GG_DST + j * 8 + (lane & 3) * 2) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        __syncthreads();
+        constexpr int RS = GG_NT / 32; /* rows a pass: a warp a row, a lane 4 columns */
+        int col = n0 + lane * 4;
+        if (col >= p.n) return;
+        float4 old[GG_BM / RS];
+#pragma unroll
+        for (int i = 0; i < GG_BM / RS; i++) {
+            int r = m0 + warp + i * RS;
+            if (r < p.m) old[i] = *(const float4 *)((const float *)p.d + (size_t)r * p.ldd + col);
+        }
+#pragma unroll
+        for (int i = 0; i < GG_BM / RS; i++) {
+            int r = m0 + warp + i * RS;
+            if (r >= p.m) continue;
+            float4 v = *(const float4 *)(st + (warp + i * RS) * GG_DST + lane * 4);
+            v.x += p.beta * old[i].x, v.y += p.beta * old[i].y, v.z += p.beta * old[i].z, v.w += p.beta * old[i].w;
+            *(float4 *)((float *)p.d + (size_t)r * p.ldd + col) = v;
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = m0 + rw + h * 8;
+        if (r >= p.m) continue;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int col = n0 + j * 8 + (lane & 3) * 2;
+            if (col >= p.n) continue;
+            size_t o = (size_t)r * p.ldd + col;
+            if (F32) *(float2 *)((float *)p.d + o) = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+            else *(__nv_bfloat162 *)((bf16 *)p.d + o) = __floats2bfloat162_rn(acc[j][2 * h], acc[j][2 * h + 1]);
+        }
+    }
+}
+
+/* A warpgroup's descriptor of its 64 rows of A (wg 0 or 1), of B's 128 columns, and their k16
+ * steps */
+template <int KMAJ> __device__ __forceinline__ unsigned long long gg_desc_a(const unsigned char *s, int wg) {
+    return KMAJ ? wg_desc_k(s + wg * 64 * 128) : wg_desc_mn<GG_BK>(s + wg * GG_BK * 128);
+}
+template <int KMAJ> __device__ __forceinline__ unsigned long long gg_desc_b(const unsigned char *s) {
+    return KMAJ ? wg_desc_k(s) : wg_desc_mn<GG_BK>(s);
+}
+template <int KMAJ> __device__ __forceinline__ unsigned gg_step(int kk) { return KMAJ ? wg_step_k<GG_BM>(kk) : wg_step_mn(kk); }
+
+/* 8 warps: two warpgroups of 64 rows each, all threads loading. The ring: tile kt in stage
+ * kt % 3, loaded one tile ahead; a warpgroup keeps one tile's MMAs in flight (wait 1), so after
+ * the barrier of step kt no MMA reads stage (kt + 1) % 3 any more. */
+template <int AK, int BK, int F32>
+__global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *__restrict__ probs, int np) {
+    extern __shared__ __align__(1024) unsigned char gg_smem[];
+    unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
+    int m0, n0;
+    const gg_prob p = *gg_find(probs, np, blockIdx.x, m0, n0);
+    int wg = (threadIdx.x >> 5) >> 2;
+    float acc[16][4];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[j][r] = 0.0f;
+    int nk1 = (p.k + GG_BK - 1) / GG_BK, nk = nk1 + (p.a2 ? (p.k2 + GG_BK - 1) / GG_BK : 0);
+    auto load = [&](int s, int kt) { /* K tile kt of the first product, then of the second */
+                                     bool two = kt >= nk1;
+                                     int k0 = (two ? kt - nk1 : kt) * GG_BK, K = two ? p.k2 : p.k;
+                                     gg_load<AK>(sm + 2 * s * GG_TILE, two ? p.a2 : p.a, p.lda, m0, p.m, k0, K);
+                                     gg_load<BK>(sm + (2 * s + 1) * GG_TILE, two ? p.b2 : p.b, p.ldb, n0, p.n, k0, K);
+    };
+#pragma unroll
+    for (int s = 0; s < GG_NS - 2; s++) {
+        if (s < nk) load(s, s);
+        fa_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        fa_wait<GG_NS - 3>();
+        wg_proxy_fence();
+        __syncthreads();
+        int pf = kt + GG_NS - 2;
+        if (pf < nk) load(pf % GG_NS, pf);
+        fa_commit();
+        const unsigned char *sa = sm + 2 * (kt % GG_NS) * GG_TILE, *sb = sa + GG_TILE;
+        unsigned long long da = gg_desc_a<AK>(sa, wg), db = gg_desc_b<BK>(sb);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < GG_BK / 16; kk++) wg_mma_ss128<!AK, !BK>(acc, da + gg_step<AK>(kk), db + gg_step<BK>(kk), 1);
+        wg_commit();
+        wg_wait<1>();
+    }
+    wg_wait<0>();
+    wg_keep(acc);
+    fa_wait<0>();
+    gg_store<F32>(p, acc, sm, m0, n0);
+}
+
+static int gg_al16(const void *p) { return !((uintptr_t)p & 15); }
+
+int gemm_grouped_fits(const gg_prob *p, gg_layout l) {
+    int ca = l.a_kmaj ? p->k : p->m, cb = l.b_kmaj ? p->k : p->n;
+    int two = !p->a2 || ((!l.a_kmaj || p->k2 % 8 == 0) && (!l.b_kmaj || p->k2 % 8 == 0) && gg_al16(p->a2) && gg_al16(p->b2));
+    return ca % 8 == 0 && cb % 8 == 0 && p->lda % 8 == 0 && p->ldb % 8 == 0 && p->ldd % 8 == 0 && p->n % 8 == 0 &&
+        gg_al16(p->a) && gg_al16(p->b) && gg_al16(p->d) && (l.d_f32 || p->beta == 0.0f) && two;
+}
+
+typedef void (*gg_kernel_fn)(const gg_prob *, int);
+static gg_kernel_fn gg_pick(gg_layout l) {
+    static const gg_kernel_fn k[8] = {gemm_grouped_kernel<0, 0, 0>, gemm_grouped_kernel<0, 0, 1>, gemm_grouped_kernel<0, 1, 0>,
+                                      gemm_grouped_kernel<0, 1, 1>, gemm_grouped_kernel<1, 0, 0>, gemm_grouped_kernel<1, 0, 1>,
+                                      gemm_grouped_kernel<1, 1, 0>, gemm_grouped_kernel<1, 1, 1>};
+    return k[(l.a_kmaj ? 4 : 0) + (l.b_kmaj ? 2 : 0) + (l.d_f32 ? 1 : 0)];
+}
+
+void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
+    if (c->failed || np <= 0) return;
+    long long tiles = 0;
+    for (int i = 0; i < np; i++) {
+        p[i].tiles_n = (p[i].n + GG_BN - 1) / GG_BN;
+        p[i].tile0 = (int)tiles;
+        tiles += (long long)((p[i].m + GG_BM - 1) / GG_BM) * p[i].tiles_n;
+    }
+    if (tiles == 0) return;
+    if (tiles > 0x7fffffff) {
+        cu_fail(c, "gemm_grouped", "too many tiles", __FILE__, __LINE__);
+        return;
+    }
+    CU_CK(c, cudaMemcpyAsync(dev, p, gemm_grouped_bytes(np), cudaMemcpyHostToDevice, c->stream));
+    gg_kernel_fn k = gg_pick(l);
+    CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
+    if (c->failed) return;
+    k<<<(unsigned)tiles, GG_NT, GG_SMEM, c->stream>>>((const gg_prob *)dev, np);
+    CU_LAUNCHED(c, "gemm_grouped_kernel");
+}

@@ -1,0 +1,38 @@
+/* gemm_grouped.cuh — many independent bf16 GEMMs in one launch (tensor cores, fp32
+ * accumulation), for the MoE experts' grouped GEMMs (moe_gemm.cu): every problem is
+ *
+ *   D (m x n, row-major, ldd) = A (m x k) · B (k x n) [+ A2 (m x k2) · B2 (k2 x n)]
+ *                               [+ beta·D when D is fp32]
+ *
+ * with A read K-major (A(i,j) at a[i·lda + j]) or M-major (a[j·lda + i]) and B K-major
+ * (B(j,c) at b[c·ldb + j]) or N-major (b[j·ldb + c]); all problems of a launch share the three
+ * layouts. The operands' contiguous dimension must be a multiple of 8 and every operand 16-byte
+ * aligned (gemm_grouped_fits); the other dimensions are free (edges zero-filled).
+ * Deterministic: one block owns an output tile and runs its K range in one fixed order (no
+ * atomics, no split K), so the same problems give the same bits. */
+#ifndef GRPOD_KERNELS_GEMM_GROUPED_CUH
+#define GRPOD_KERNELS_GEMM_GROUPED_CUH
+#include "kernels/common.cuh"
+
+typedef struct {
+    const bf16 *a, *b;
+    const bf16 *a2, *b2; /* NULL, or a second product summed in: D = A·B + A2·B2 (k2 deep, same lds) */
+    void *d;
+    int m, n, k, k2, lda, ldb, ldd;
+    float beta;
+    int tile0; /* the problem's first tile in the launch (filled by gemm_grouped_cuda) */
+    int tiles_n; /* its tiles along n (filled alike) */
+} gg_prob;
+
+typedef struct {
+    int a_kmaj, b_kmaj, d_f32;
+} gg_layout;
+
+/* whether a problem can run here: contiguous dimensions multiples of 8, 16-byte pointers */
+int gemm_grouped_fits(const gg_prob *p, gg_layout l);
+
+/* Runs the np problems of p (host array; tile0 and tiles_n are written) on c's stream; dev
+ * is device room for np problems (gemm_grouped_bytes), reused once the launch is queued. */
+void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
+static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * sizeof(gg_prob); }
+#endif
