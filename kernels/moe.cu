@@ -36,6 +36,7 @@
 #include <mma.h>
 #include <type_traits>
 
+#include "kernels/bf16_vec.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/moe_dev.cuh"
@@ -346,31 +347,49 @@ template <int MODE> __global__ void __launch_bounds__(MOE_NT) moe_wgrad_kernel(m
 
 /* out[t] = res[t] + Σ_s w_ts y[ts] (res NULL: 0), one fp32 sum rounded once, y[ts] the slot's
  * row of ey, or of eyp at inv[ts] (the grouped path's rows by expert), then copied to ey
- * (out NULL: the copy alone) */
+ * (out NULL: the copy alone); V consecutive values a thread (bf16_vec.cuh) */
+template <int V>
 __global__ void moe_combine_kernel(bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw,
                                    int T, int C, int k) {
-    long long n = (long long)T * C;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        long long t = i / C, c = i - t * C;
-        float v = res ? __bfloat162float(res[i]) : 0.0f;
+    int CV = C / V;
+    GRID_STRIDE(u, (long long)T * CV) {
+        long long t = u / CV, c = (u - t * CV) * V, i = t * C + c;
+        float v[V], y[V];
+        if (res) vload<V>(v, res + i);
+        else
+#pragma unroll
+            for (int j = 0; j < V; j++) v[j] = 0.0f;
         for (int s = 0; s < k; s++) {
             long long ts = t * k + s;
-            bf16 y = inv ? eyp[(long long)inv[ts] * C + c] : ey[ts * C + c];
-            if (inv) ey[ts * C + c] = y;
-            v += topw[ts] * __bfloat162float(y);
+            const bf16 *src = inv ? eyp + (long long)inv[ts] * C + c : ey + ts * C + c;
+            if (inv) *(typename bf16_pack<V>::t *)(ey + ts * C + c) = *(const typename bf16_pack<V>::t *)src;
+            vload<V>(y, src);
+            float w = topw[ts];
+#pragma unroll
+            for (int j = 0; j < V; j++) v[j] += w * y[j];
         }
-        if (out) out[i] = __float2bfloat16(v);
+        if (out) vstore<V>(out + i, v);
     }
 }
 
-/* dx[t] = bf16(dx[t] + Σ_s part[ts]), part's row of ts at inv[ts] (inv NULL: ts) */
-__global__ void moe_dx_kernel(bf16 *dx, const float *part, const int *inv, int T, int C, int k) {
-    long long n = (long long)T * C;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        long long t = i / C, c = i - t * C;
-        float v = 0;
-        for (int s = 0; s < k; s++) v += part[(inv ? (long long)inv[t * k + s] : t * k + s) * C + c];
-        dx[i] = __float2bfloat16(__bfloat162float(dx[i]) + v);
+/* dx[t] = bf16(dx[t] + Σ_s part[ts]), part's row of ts at inv[ts] (inv NULL: ts); V values a
+ * thread */
+template <int V> __global__ void moe_dx_kernel(bf16 *dx, const float *part, const int *inv, int T, int C, int k) {
+    int CV = C / V;
+    GRID_STRIDE(u, (long long)T * CV) {
+        long long t = u / CV, c = (u - t * CV) * V, i = t * C + c;
+        float v[V], d[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) v[j] = 0.0f;
+        for (int s = 0; s < k; s++) {
+            const float *p = part + (inv ? (long long)inv[t * k + s] : t * k + s) * C + c;
+#pragma unroll
+            for (int j = 0; j < V; j++) v[j] += p[j];
+        }
+        vload<V>(d, dx + i);
+#pragma unroll
+        for (int j = 0; j < V; j++) d[j] += v[j];
+        vstore<V>(dx + i, d);
     }
 }
 
@@ -498,14 +517,13 @@ const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch
 size_t moe_perm_bytes(int S, int E) { return (((size_t)3 * E + 2 + S) * sizeof(int) + 255) & ~(size_t)255; }
 void moe_combine_cuda(cu_ctx *c, bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw, int T,
                       int C, int k) {
-    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
-    moe_combine_kernel<<<nb, 256, 0, c->stream>>>(out, res, ey, eyp, inv, topw, T, C, k);
-    CU_LAUNCHED(c, "moe_combine_kernel");
+    int v = vec_width(C, out, res, ey, eyp, NULL);
+    VEC_LAUNCH(moe_combine_kernel, v, (long long)T * C, out, res, ey, eyp, inv, topw, T, C, k);
 }
 void moe_dx_cuda(cu_ctx *c, bf16 *dx, const float *part, const int *inv, int T, int C, int k) {
-    unsigned b = cu_blocks((long long)T * C, 256), cap = (unsigned)c->n_sm * 8, nb = b < cap ? b : cap;
-    moe_dx_kernel<<<nb, 256, 0, c->stream>>>(dx, part, inv, T, C, k);
-    CU_LAUNCHED(c, "moe_dx_kernel");
+    int v = vec_width(C, dx, part, NULL, NULL, NULL);
+    while (v > 1 && (uintptr_t)part % (4u * v)) v >>= 1; /* part is fp32: 4 V bytes */
+    VEC_LAUNCH(moe_dx_kernel, v, (long long)T * C, dx, part, inv, T, C, k);
 }
 void moe_dtopw_cuda(cu_ctx *c, float *dtopw, const bf16 *dout, const bf16 *ey, int S, int C, int k) {
     moe_dtopw_kernel<<<cu_blocks(S, 8), 256, 0, c->stream>>>(dtopw, dout, ey, S, C, k);

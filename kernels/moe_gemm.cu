@@ -27,6 +27,7 @@
 
 #include <cublas_v2.h>
 
+#include "kernels/bf16_vec.cuh"
 #include "kernels/gemm_grouped.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/moe.cuh"
@@ -63,32 +64,46 @@ __global__ void moe_gather_kernel(bf16 *dst, bf16 *dstw, const bf16 *src, const 
 }
 
 /* aP[i] = bf16(silu(g) u) of row i, g and u read at row i (by_slot 0) or at slot perm[i]
- * (by_slot 1); go, uo NULL or the slot's rows to copy g, u to */
+ * (by_slot 1); go, uo NULL or the slot's rows to copy g, u to; V values a thread */
+template <int V>
 __global__ void moe_act_kernel(bf16 *aP, bf16 *go, bf16 *uo, const bf16 *g, const bf16 *u, const int *perm, int by_slot, int S,
                                int F) {
-    long long n = (long long)S * F;
-    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < n; v += (long long)gridDim.x * blockDim.x) {
-        long long i = v / F, f = v - i * F, ts = perm[i], r = (by_slot ? ts : i) * F + f;
-        bf16 gv = g[r], uv = u[r];
-        if (go) go[ts * F + f] = gv;
-        if (uo) uo[ts * F + f] = uv;
-        aP[v] = __float2bfloat16(moe_silu(__bfloat162float(gv)) * __bfloat162float(uv));
+    int FV = F / V;
+    GRID_STRIDE(w, (long long)S * FV) {
+        long long i = w / FV, f = (w - i * FV) * V, ts = perm[i], r = (by_slot ? ts : i) * F + f;
+        typedef typename bf16_pack<V>::t pk;
+        pk gq = *(const pk *)(g + r), uq = *(const pk *)(u + r);
+        if (go) *(pk *)(go + ts * F + f) = gq;
+        if (uo) *(pk *)(uo + ts * F + f) = uq;
+        float gv[V], uv[V];
+        vload<V>(gv, (const bf16 *)&gq);
+        vload<V>(uv, (const bf16 *)&uq);
+#pragma unroll
+        for (int j = 0; j < V; j++) gv[j] = moe_silu(gv[j]) * uv[j];
+        vstore<V>(aP + i * F + f, gv);
     }
 }
 
-/* SwiGLU's backward of row i: da = w · daP[i]; dgP, duP[i] and dg, du[perm[i]] */
+/* SwiGLU's backward of row i: da = w · daP[i]; dgP, duP[i] and dg, du[perm[i]]; V values a thread */
+template <int V>
 __global__ void moe_swiglu_bwd_kernel(bf16 *dgP, bf16 *duP, bf16 *dg, bf16 *du, const float *daP, const bf16 *eg, const bf16 *eu,
                                       const int *perm, const float *topw, int S, int F) {
-    long long n = (long long)S * F;
-    for (long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x; v < n; v += (long long)gridDim.x * blockDim.x) {
-        long long i = v / F, f = v - i * F, ts = perm[i], o = ts * F + f;
-        float da = topw[ts] * daP[v], g = __bfloat162float(eg[o]), u = __bfloat162float(eu[o]);
-        float sg = 1.0f / (1.0f + __expf(-g));
-        bf16 a = __float2bfloat16(da * u * (sg + g * sg * (1.0f - sg))), b = __float2bfloat16(da * g * sg);
-        dgP[v] = a;
-        duP[v] = b;
-        dg[o] = a;
-        du[o] = b;
+    int FV = F / V;
+    GRID_STRIDE(w, (long long)S * FV) {
+        long long i = w / FV, f = (w - i * FV) * V, ts = perm[i], o = ts * F + f, v = i * F + f;
+        float g[V], u[V], a[V], b[V], tw = topw[ts];
+        vload<V>(g, eg + o);
+        vload<V>(u, eu + o);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float da = tw * daP[v + j], sg = 1.0f / (1.0f + __expf(-g[j]));
+            a[j] = da * u[j] * (sg + g[j] * sg * (1.0f - sg));
+            b[j] = da * g[j] * sg;
+        }
+        vstore<V>(dgP + v, a);
+        vstore<V>(duP + v, b);
+        vstore<V>(dg + o, a);
+        vstore<V>(du + o, b);
     }
 }
 
@@ -316,8 +331,8 @@ void moe_experts_fwd_grouped(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey,
     moe_gg_add(&g, moe_w(wg, W), moe_rows(xP, C), moe_rows(gP, Fm));
     moe_gg_add(&g, moe_w(wu, W), moe_rows(xP, C), moe_rows(uP, Fm));
     moe_gg_run(&gx, &g);
-    moe_act_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(aP, eg, eu, gP, uP, perm, 0, (int)S, Fm);
-    CU_LAUNCHED(c, "moe_act_kernel<fwd>");
+    int va = vec_width(Fm, aP, eg, eu, gP, uP);
+    VEC_LAUNCH(moe_act_kernel, va, (long long)S * Fm, aP, eg, eu, gP, uP, perm, 0, (int)S, Fm);
     g = moe_gg_shape(1, 0, C, -1, Fm, Fm, Fm, C, 0, 0.0f); /* eyP^T (C, cnt) = Wd_e^T' aP_e^T */
     moe_gg_add(&g, moe_w(wd, W), moe_rows(aP, Fm), moe_rows(eyP, C));
     moe_gg_run(&gx, &g);
@@ -343,14 +358,14 @@ void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float 
     int *inv, *hc = moe_gg_setup(c, topi, (int)S, E, scr, &gx, &perm, &inv);
     if (!hc) return;
     moe_gather(c, dyP, wdyP, dout, perm, topw, (int)S, C, k);
-    moe_act_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(aP, NULL, NULL, eg, eu, perm, 1, (int)S, Fm);
-    CU_LAUNCHED(c, "moe_act_kernel<bwd>");
+    int va = vec_width(Fm, aP, eg, eu, NULL, NULL);
+    VEC_LAUNCH(moe_act_kernel, va, (long long)S * Fm, aP, (bf16 *)NULL, (bf16 *)NULL, eg, eu, perm, 1, (int)S, Fm);
     moe_gg g = moe_gg_shape(0, 0, Fm, -1, C, Fm, C, Fm, 1, 0.0f); /* daP^T (Fm, cnt) = Wd_e-as-(Fm, C) dyP_e^T */
     moe_gg_add(&g, moe_w(wd, W), moe_rows(dyP, C), moe_rows(daP, Fm));
     moe_gg_run(&gx, &g);
-    moe_swiglu_bwd_kernel<<<moe_grid(c, (long long)S * Fm), 256, 0, c->stream>>>(dgP, duP, dg, du, daP, eg, eu, perm, topw,
-                                                                                 (int)S, Fm);
-    CU_LAUNCHED(c, "moe_swiglu_bwd_kernel");
+    int vs = vec_width(Fm, dgP, duP, dg, du, eg);
+    if (vs > 1 && (uintptr_t)eu % (2u * vs)) vs = 1;
+    VEC_LAUNCH(moe_swiglu_bwd_kernel, vs, (long long)S * Fm, dgP, duP, dg, du, daP, eg, eu, perm, topw, (int)S, Fm);
     if (dwd) { /* dWd_e^T (Fm, C) += aP_e^T (Fm, cnt) wdyP_e (cnt, C) */
         g = moe_gg_shape(0, 1, Fm, C, -1, Fm, C, Fm, 1, 1.0f);
         moe_gg_add(&g, moe_rows(aP, Fm), moe_rows(wdyP, C), moe_w(dwd, W));

@@ -6,7 +6,8 @@
 #   step:   bench_step 1.7b P=4096 N=16 R=512, kernels of the first (warm-up) step
 #   layer:  bench_layer (8192, 8, 1024), one Qwen3-8B layer fwd+bwd
 #   moe:    bench_layer moe (1024, 16, 512), one Qwen3-30B-A3B layer fwd+bwd
-# Usage: tools/gpu/profile.sh [decode] [step] [layer] [moe]
+#   moestep: bench_step 30b-a3b-l4 (1024, 16, 512), a 4-layer 30B-A3B update's first step
+# Usage: tools/gpu/profile.sh [decode] [step] [layer] [moe] [moestep]
 # NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
 # wrote from L2, as they do in the step, instead of from a flushed cache).
 set -u
@@ -48,6 +49,7 @@ for what in "${@:-decode step layer}"; do
             step)   prof step 0 3000 "$B/bench_step" 1.7b 4096 16 512 ;;
             layer)  prof layer 0 400 "$B/bench_layer" 8192 8 1024 ;;
             moe)    prof moe 0 300 "$B/bench_layer" moe 1024 16 512 ;;
+            moestep) prof moestep 0 3000 "$B/bench_step" 30b-a3b-l4 1024 16 512 ;;
         esac
     done
 done

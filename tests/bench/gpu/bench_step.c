@@ -9,7 +9,9 @@
  * compute and waiting for copies); BUDGET_GIB=x caps the device memory of the whole step, the
  * activations taking what is left (layers recomputed as model_acts_init_budget picks). 8b is
  * Qwen3-8B's dims (36 layers, 4096, 32/8 heads, 12288, untied), random weights made here.
- * Usage: bench_step [0.6b|1.7b|4b|8b] [P N R] */
+ * 30b-a3b[-lL] is Qwen3-30B-A3B's dims on L layers (4 by default; untied; 128 experts top-8, FLOPs
+ * counted on the active parameters).
+ * Usage: bench_step [0.6b|1.7b|4b|8b|30b-a3b[-lL]] [P N R] */
 #include <cuda_runtime_api.h>
 #include <time.h>
 
@@ -52,6 +54,12 @@ int main(int argc, char **argv) {
         H = 32;
         tied = 0;
     }
+    int moe = !strncmp(size, "30b-a3b", 7);
+    if (moe) {
+        L = !strncmp(size, "30b-a3b-l", 9) ? atoi(size + 9) : 4;
+        if (L < 1 || L > 48) gc_die(NULL, "30b-a3b-lL: L in 1..48");
+        tied = 0;
+    }
     int offload = getenv("OFFLOAD") && atoi(getenv("OFFLOAD"));
     double budget_gib = getenv("BUDGET_GIB") ? atof(getenv("BUDGET_GIB")) : 0;
     model_config c = {.arch = ARCH_QWEN3,
@@ -69,6 +77,10 @@ int main(int argc, char **argv) {
                       .tied = tied,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
+    if (moe) {
+        gc_moe_30b_a3b(&c, L);
+        C = c.C, H = c.H, K = c.K;
+    }
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     size_t free0, total;
@@ -220,7 +232,8 @@ int main(int argc, char **argv) {
         med[k] = v[REPS / 2];
         if (k < 4) tot += med[k];
     }
-    double nonemb = (double)L * ((double)C * H * 128 + 2.0 * C * K * 128 + (double)H * 128 * C + 3.0 * C * F);
+    double mlp = moe ? 3.0 * C * c.Fm * c.top_k + (double)C * c.E : 3.0 * C * F; /* active */
+    double nonemb = (double)L * ((double)C * H * 128 + 2.0 * C * K * 128 + (double)H * 128 * C + mlp);
     double att = 2.0 * P * P * H * 128 + 4.0 * N * R * (P + R / 2.0) * H * 128;
     double fwd = 2 * nonemb * (P + (double)N * R) + 2.0 * C * c.V * N * R + L * att;
     double flops = 5 * fwd;
