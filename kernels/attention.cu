@@ -491,14 +491,17 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     if (S < T) S = T;
     int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (S + kt - 1) / kt;
     size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
-    char *s = (char *)cu_scratch(c, dsum_bytes + 2 * (size_t)ntiles * sizeof(int));
+    size_t tb = (2 * (size_t)ntiles * sizeof(int) + 255) & ~(size_t)255, xb = flash && D == 128 ? attn_wgmma_bwd_bytes(c, S) : 0;
+    char *s = (char *)cu_scratch(c, dsum_bytes + tb + xb);
     if (!s) return;
     float *dsum = (float *)s;
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
         if (D == 64) attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
-        else attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
+        else
+            attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, s + dsum_bytes + tb, dout, q, k, v, out, lse, r, T, S, H, K,
+                                scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);
@@ -510,8 +513,8 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     CU_LAUNCHED(c, "attn_bwd_dq_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, kt);
 #define L_(DM) \
-    attn_bwd_dkdv_kernel<DM><<<gk, NT, smem_bytes<dkdv_smem<DM>, DM>(c, attn_bwd_dkdv_kernel<DM>, &raised_dkdv), \
-                               c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
+    attn_bwd_dkdv_kernel<DM><<<gk, NT, smem_bytes<dkdv_smem<DM>, DM>(c, attn_bwd_dkdv_kernel<DM>, &raised_dkdv), c->stream>>>( \
+        dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, D, scale2, scale)
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");

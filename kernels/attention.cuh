@@ -36,7 +36,12 @@ void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int
 /* attention_wgmma.cu: warpgroup MMA (sm_90a), head dim 128 */
 void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                          int H, int K, float sc2);
-void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
+/* The backward's dk/dv splits the key blocks that see many more query tiles than the mean (a
+ * packed group's prompt, seen by all N responses) into up to ATTN_DKDV_SPLIT parts summed in a
+ * fixed order; xs is attn_wgmma_bwd_bytes(c, S) bytes of scratch for it. */
+enum { ATTN_DKDV_SPLIT = 4 };
+size_t attn_wgmma_bwd_bytes(cu_ctx *c, int S);
+void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, void *xs, const bf16 *dout,
                          const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T,
                          int S, int H, int K, float sc2, float scale);
 /* attention_decode.cu: 1 when it took the forward (T small, D 64 / 128, H/K in {1, 2, 4, 8}) */

@@ -283,8 +283,8 @@ __global__ void __launch_bounds__(384, 1) wg_fwd_ws_kernel(bf16 *out, float *lse
 template <int D>
 __global__ void __launch_bounds__(384, 1)
     wg_dkdv_ws_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
-                      const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, float sc2,
-                      float scale) {
+                      const float *dsum, const int *qlo, const int *qhi, const int *parts, const int *slot0, float *pbuf,
+                      attn_ranges r, int T, int S, int H, int K, float sc2, float scale) {
     static_assert(D == 128 && FA_Q == 64 && WG_KB == FA_BK, "wgmma dkdv: head dim 128, 64-query tiles, FA_BK keys");
     constexpr int BK = WG_KB, QT = FA_Q, NT = QT / 8, TK = BK * D * 2, TQ = QT * D * 2, NS = WG_DKDV_NS;
     extern __shared__ unsigned char wg_dyn[];
@@ -298,6 +298,9 @@ __global__ void __launch_bounds__(384, 1)
     int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + QT - 1) / QT, npair = ntile * rep;
+    int np = parts[kt], part = blockIdx.z; /* this block's pairs: [i0, i1) of the np parts */
+    if (part >= np) return;
+    int i0 = (int)((long long)npair * part / np), i1 = (int)((long long)npair * (part + 1) / np);
     if (threadIdx.x == 0) {
         mb_init(kv_full, 128);
         for (int i = 0; i < NS; i++) {
@@ -312,9 +315,9 @@ __global__ void __launch_bounds__(384, 1)
         wg_load_rows<D, BK, 128>(k_s, k, j0, S, K, g);
         wg_load_rows<D, BK, 128>(v_s, v, j0, S, K, g);
         mb_arrive_cp(kv_full);
-        for (int i = 0; i < npair; i++) {
-            int st = i % NS, tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
-            mb_wait(empty + st, ((i / NS) & 1) ^ 1);
+        for (int i = i0; i < i1; i++) {
+            int st = (i - i0) % NS, tb = t_lo + (i / rep) * QT, h = g * rep + i % rep;
+            mb_wait(empty + st, (((i - i0) / NS) & 1) ^ 1);
             wg_load_rows<D, QT, 128>(q_s + st * TQ, q, tb, t_hi, H, h);
             wg_load_rows<D, QT, 128>(do_s + st * TQ, dout, tb, t_hi, H, h);
             mb_arrive_cp(full + st);
@@ -353,9 +356,9 @@ __global__ void __launch_bounds__(384, 1)
     const unsigned long long dkd = wg_desc_k(k_s + (cw >> 2) * 64 * 128), dvd = wg_desc_k(v_s + (cw >> 2) * 64 * 128);
     const unsigned long long dqk = wg_desc_k(q_s), ddk = wg_desc_k(do_s), dqm = wg_desc_mn<QT>(q_s), ddm = wg_desc_mn<QT>(do_s);
     mb_acquire(kv_full, 0);
-    for (int i = 0; i < npair; i++) {
-        int st = i % NS;
-        mb_acquire(full + st, (i / NS) & 1);
+    for (int i = i0; i < i1; i++) {
+        int st = (i - i0) % NS;
+        mb_acquire(full + st, ((i - i0) / NS) & 1);
         const fa_qrows &x = qr[st];
         const unsigned so = st * (TQ >> 4);
         float sa[NT][4], dp[NT][4];
@@ -413,6 +416,19 @@ __global__ void __launch_bounds__(384, 1)
         wg_keep(dva[0]);
         wg_keep(dka[0]);
         mb_arrive(empty + st);
+    }
+    if (np > 1) { /* a part: the raw fp32 sums, [dk | dv][BK keys][D], for wg_dkdv_sum_kernel */
+        float *pk = pbuf + (size_t)(slot0[kt] + g * np + part) * 2 * BK * D, *pv = pk + BK * D;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            int jl = cw * 16 + (lane >> 2) + hf * 8;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                *(float2 *)(pk + jl * D + n * 8 + c2) = make_float2(dka[0][n][2 * hf], dka[0][n][2 * hf + 1]);
+                *(float2 *)(pv + jl * D + n * 8 + c2) = make_float2(dva[0][n][2 * hf], dva[0][n][2 * hf + 1]);
+            }
+        }
+        return;
     }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -560,7 +576,61 @@ void attn_wgmma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const 
     CU_LAUNCHED(c, "wg_fwd_ws_kernel");
 }
 
-void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout,
+/* The dk/dv split (attention.cuh): a key block (one of nkt tiles x K heads) whose (query tile,
+ * head) pairs number more than w* = (all blocks' pairs) / (2 n_sm) runs as
+ * min(ATTN_DKDV_SPLIT, ceil(pairs / w*)) parts, so that a few long blocks (a prompt's keys, seen
+ * by every response's queries) no longer set the pass's time. Fewer than 2 n_sm / K tiles can
+ * exceed w*, so the parts' slots fit in 2 n_sm ATTN_DKDV_SPLIT buffers. One block; slot0[kt]:
+ * the tile's first slot (K np of them). */
+__global__ void wg_dkdv_parts_kernel(int *parts, int *slot0, const int *qlo, const int *qhi, int nkt, int K, int rep, int n_sm) {
+    __shared__ long long tot;
+    if (threadIdx.x == 0) tot = 0;
+    __syncthreads();
+    long long mine = 0;
+    for (int kt = threadIdx.x; kt < nkt; kt += blockDim.x) mine += (long long)((qhi[kt] - qlo[kt] + FA_Q - 1) / FA_Q) * rep;
+    atomicAdd((unsigned long long *)&tot, (unsigned long long)mine);
+    __syncthreads();
+    long long w = tot * K / (2 * n_sm) + 1; /* a block's pairs at two blocks an SM */
+    for (int kt = threadIdx.x; kt < nkt; kt += blockDim.x) {
+        long long np = ((long long)((qhi[kt] - qlo[kt] + FA_Q - 1) / FA_Q) * rep + w - 1) / w;
+        parts[kt] = np < 1 ? 1 : np > ATTN_DKDV_SPLIT ? ATTN_DKDV_SPLIT : (int)np;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int kt = 0, s = 0; kt < nkt; kt++) {
+            slot0[kt] = s;
+            if (parts[kt] > 1) s += parts[kt] * K; /* slot0 + g np + part, g < K */
+        }
+}
+
+/* dk, dv (+)= the parts' sums in part order (dk scaled), for the split key blocks */
+__global__ void wg_dkdv_sum_kernel(bf16 *dk, bf16 *dv, const int *parts, const int *slot0, const float *pbuf, int S, int K,
+                                   float scale) {
+    constexpr int BK = WG_KB, D = 128;
+    int kt = blockIdx.x, g = blockIdx.y, np = parts[kt];
+    if (np <= 1) return;
+    const float *p0 = pbuf + (size_t)(slot0[kt] + g * np) * 2 * BK * D;
+    for (int e = threadIdx.x; e < BK * D; e += blockDim.x) {
+        int j = kt * BK + e / D, d = e % D;
+        if (j >= S) break;
+        float a = 0, b = 0;
+        for (int p = 0; p < np; p++) {
+            a += p0[(size_t)p * 2 * BK * D + e];
+            b += p0[(size_t)p * 2 * BK * D + BK * D + e];
+        }
+        size_t o = ((size_t)j * K + g) * D + d;
+        dk[o] = __float2bfloat16(__bfloat162float(dk[o]) + a * scale);
+        dv[o] = __float2bfloat16(__bfloat162float(dv[o]) + b);
+    }
+}
+
+size_t attn_wgmma_bwd_bytes(cu_ctx *c, int S) {
+    int nkt = (S + WG_KB - 1) / WG_KB;
+    return ((2 * (size_t)nkt * sizeof(int) + 255) & ~(size_t)255) +
+        (size_t)2 * c->n_sm * ATTN_DKDV_SPLIT * 2 * WG_KB * 128 * sizeof(float);
+}
+
+void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, void *xs, const bf16 *dout,
                          const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T,
                          int S, int H, int K, float sc2, float scale) {
     static unsigned raised_dq, raised_dkdv;
@@ -570,10 +640,16 @@ void attn_wgmma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, i
     dqk<<<dim3((T + WG_BM - 1) / WG_BM, H), 384, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2, scale);
     CU_LAUNCHED(c, "wg_dq_ws_kernel");
     attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
+    int nkt = (S + FA_BK - 1) / FA_BK, *parts = (int *)xs, *slot0 = parts + nkt;
+    float *pbuf = (float *)((char *)xs + ((2 * (size_t)nkt * sizeof(int) + 255) & ~(size_t)255));
+    wg_dkdv_parts_kernel<<<1, 1024, 0, c->stream>>>(parts, slot0, qlo, qhi, nkt, K, H / K, c->n_sm);
+    CU_LAUNCHED(c, "wg_dkdv_parts_kernel");
     auto dkv = wg_dkdv_ws_kernel<128>;
     size_t smk = 1024 + (size_t)(2 * WG_KB + 2 * WG_DKDV_NS * FA_Q) * 128 * sizeof(bf16);
     cu_raise_smem(c, dkv, smk, &raised_dkdv);
-    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, sc2,
-                                                                   scale);
+    dkv<<<dim3(nkt, K, ATTN_DKDV_SPLIT), 384, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, parts, slot0, pbuf, r,
+                                                                T, S, H, K, sc2, scale);
     CU_LAUNCHED(c, "wg_dkdv_ws_kernel");
+    wg_dkdv_sum_kernel<<<dim3(nkt, K), 256, 0, c->stream>>>(dk, dv, parts, slot0, pbuf, S, K, scale);
+    CU_LAUNCHED(c, "wg_dkdv_sum_kernel");
 }
