@@ -3,8 +3,12 @@
  * GEMM against W into an fp32 logits chunk (alpha = 1/temperature), then one block per row for
  * logsumexp, the target's logit and the entropy. Backward recomputes the chunk's logits, turns
  * each row into dlogits (bf16) in the same row kernel, then two GEMMs: dh_chunk = dz · W (fp32,
- * added into the rows at out_pos in a fixed order) and dW += dz^T · h_chunk (fp32, beta = 1).
- * Scratch per chunk: CH·C bf16 + CH·V fp32 + CH·V bf16 + CH·C fp32 (V = 152k: ~240 MB). */
+ * added into the rows at out_pos in a fixed order) and, once every LOGPROB_DW_CHUNKS chunks (and
+ * after the last), dW += dz^T · h over those chunks' rows (fp32, beta = 1): dW is V·C fp32
+ * (1.2 GB at 152k x 2048) and each accumulation reads and writes it whole, so at one chunk a
+ * pass it cost 0.93 ms a chunk of 256 rows on an H200 (ncu), 3.6x its products.
+ * Scratch: CH·C bf16 + CH·V fp32, and with gradients G·CH·C bf16 + G·CH·V bf16 + CH·C fp32,
+ * G = LOGPROB_DW_CHUNKS (V = 152k: ~470 MB). */
 #include "kernels/elementwise.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/logprob_row.cuh"
@@ -12,7 +16,7 @@
 
 #include <limits.h>
 
-enum { CH = LOGPROB_CHUNK, ROW_THREADS = LOGPROB_ROW_THREADS };
+enum { CH = LOGPROB_CHUNK, DWG = LOGPROB_DW_CHUNKS, ROW_THREADS = LOGPROB_ROW_THREADS };
 
 __global__ void logprob_row_fwd_kernel(float *logp, float *ent, const float *z, const int *tok, int V) {
     int i = blockIdx.x;
@@ -149,8 +153,8 @@ typedef struct {
 } lp_scratch;
 
 static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
-    size_t a = (((size_t)CH * C * 2) + 255) & ~(size_t)255, b = (((size_t)CH * V * 4) + 255) & ~(size_t)255;
-    size_t d = grad ? (((size_t)CH * V * 2) + 255) & ~(size_t)255 : 0, e = grad ? (size_t)CH * C * 4 : 0;
+    size_t g = grad ? DWG : 1, a = ((g * CH * C * 2) + 255) & ~(size_t)255, b = (((size_t)CH * V * 4) + 255) & ~(size_t)255;
+    size_t d = grad ? ((g * CH * V * 2) + 255) & ~(size_t)255 : 0, e = grad ? (size_t)CH * C * 4 : 0;
     char *p = (char *)cu_scratch(c, a + b + d + e);
     if (!p) return 0;
     s->hc = (bf16 *)p;
@@ -161,10 +165,10 @@ static int lp_scratch_get(cu_ctx *c, lp_scratch *s, int C, int V, int grad) {
 }
 
 /* logits chunk z (mc, V) = hc (mc, C) · W^T * alpha, after gathering hc from h at pos. */
-static void chunk_logits(cu_ctx *c, lp_scratch *s, const bf16 *h, const int *pos, const bf16 *w, int mc, int C, int V,
-                         float alpha, float *z) {
-    gather_rows_cuda(c, s->hc, h, pos, mc, C);
-    gemm_lt(c, 1, 0, V, mc, C, alpha, w, C, s->hc, C, 0.0f, z, V, 1, NULL);
+static void chunk_logits(cu_ctx *c, bf16 *hc, const bf16 *h, const int *pos, const bf16 *w, int mc, int C, int V, float alpha,
+                         float *z) {
+    gather_rows_cuda(c, hc, h, pos, mc, C);
+    gemm_lt(c, 1, 0, V, mc, C, alpha, w, C, hc, C, 0.0f, z, V, 1, NULL);
 }
 
 void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const int *out_pos, const int *out_tok, const bf16 *w,
@@ -173,7 +177,7 @@ void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const i
     if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
     for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
         int mc = M - m0 < CH ? M - m0 : CH;
-        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
+        chunk_logits(c, s.hc, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
         logprob_row_fwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(logp + m0, ent ? ent + m0 : NULL, s.z, out_tok + m0, V);
         CU_LAUNCHED(c, "logprob_row_fwd_kernel");
     }
@@ -185,18 +189,20 @@ void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const 
     if (c->failed || M <= 0 || !lp_scratch_get(c, &s, C, V, 1)) return;
     float inv_t = 1.0f / temperature;
     for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
-        int mc = M - m0 < CH ? M - m0 : CH;
-        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, inv_t, s.z);
-        logprob_row_bwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(s.dz, s.z, out_tok + m0, dlogp + m0, dent ? dent + m0 : NULL, V,
+        int mc = M - m0 < CH ? M - m0 : CH, j = (m0 / CH) % DWG; /* chunk j of the rows dW takes at once */
+        bf16 *hc = s.hc + (size_t)j * CH * C, *dz = s.dz + (size_t)j * CH * V;
+        chunk_logits(c, hc, h, out_pos + m0, w, mc, C, V, inv_t, s.z);
+        logprob_row_bwd_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(dz, s.z, out_tok + m0, dlogp + m0, dent ? dent + m0 : NULL, V,
                                                                   inv_t);
         CU_LAUNCHED(c, "logprob_row_bwd_kernel");
         /* dh_chunk^T (C, mc) = W^T (C, V) · dz^T (V, mc) */
-        gemm_lt(c, 0, 0, C, mc, V, 1.0f, w, C, s.dz, V, 0.0f, s.dhc, C, 1, NULL);
+        gemm_lt(c, 0, 0, C, mc, V, 1.0f, w, C, dz, V, 0.0f, s.dhc, C, 1, NULL);
         if (c->failed) return;
         scatter_add_rows_kernel<<<mc, 256, 0, c->stream>>>(dh, s.dhc, out_pos + m0, mc, C);
         CU_LAUNCHED(c, "scatter_add_rows_kernel");
-        /* dW^T (C, V) += hc^T (C, mc) · dz (mc, V) */
-        if (dw) gemm_lt(c, 0, 1, C, V, mc, 1.0f, s.hc, C, s.dz, V, 1.0f, dw, C, 1, NULL);
+        /* dW^T (C, V) += hc^T (C, rows) · dz (rows, V) over the chunks since the last */
+        if (dw && (j == DWG - 1 || m0 + mc >= M))
+            gemm_lt(c, 0, 1, C, V, j * CH + mc, 1.0f, s.hc, C, s.dz, V, 1.0f, dw, C, 1, NULL);
     }
 }
 
@@ -206,7 +212,7 @@ void logprob_top_cuda(cu_ctx *c, int *ids, float *lps, const bf16 *h, const int 
     if (c->failed || M <= 0 || K <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
     for (int m0 = 0; m0 < M && !c->failed; m0 += CH) {
         int mc = M - m0 < CH ? M - m0 : CH;
-        chunk_logits(c, &s, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
+        chunk_logits(c, s.hc, h, out_pos + m0, w, mc, C, V, 1.0f / temperature, s.z);
         logprob_top_kernel<<<mc, ROW_THREADS, 0, c->stream>>>(ids + (size_t)m0 * K, lps + (size_t)m0 * K, s.z, V, K);
         CU_LAUNCHED(c, "logprob_top_kernel");
     }
@@ -217,6 +223,6 @@ void lm_head_rows_cuda(cu_ctx *c, float *logits, const bf16 *h, const int *pos, 
     if (c->failed || R <= 0 || !lp_scratch_get(c, &s, C, V, 0)) return;
     for (int r0 = 0; r0 < R && !c->failed; r0 += CH) {
         int rc = R - r0 < CH ? R - r0 : CH;
-        chunk_logits(c, &s, h, pos + r0, w, rc, C, V, 1.0f, logits + (size_t)r0 * V);
+        chunk_logits(c, s.hc, h, pos + r0, w, rc, C, V, 1.0f, logits + (size_t)r0 * V);
     }
 }

@@ -8,7 +8,7 @@
 #include "kernels/common.cuh"
 #include "kernels/logprob.h"
 
-enum { LOGPROB_CHUNK = 256 };
+enum { LOGPROB_CHUNK = 256, LOGPROB_DW_CHUNKS = 4 }; /* rows a chunk; chunks a dW accumulation */
 void logprob_fwd_cuda(cu_ctx *c, float *logp, float *ent, const bf16 *h, const int *out_pos, const int *out_tok, const bf16 *w,
                       int M, int C, int V, float temperature);
 void logprob_bwd_cuda(cu_ctx *c, bf16 *dh, float *dw, const float *dlogp, const float *dent, const bf16 *h, const int *out_pos,
