@@ -126,19 +126,22 @@ __global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *_
     extern __shared__ __align__(1024) unsigned char gg_smem[];
     unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
     int m0, n0;
-    const gg_prob p = *gg_find(probs, np, blockIdx.x, m0, n0);
+    const gg_prob *pp = gg_find(probs, np, blockIdx.x, m0, n0); /* read in place: sources by index stay in memory */
+    const int M = pp->m, N = pp->n, ns = pp->ns;
     int wg = (threadIdx.x >> 5) >> 2;
     float acc[16][4];
 #pragma unroll
     for (int j = 0; j < 16; j++)
 #pragma unroll
         for (int r = 0; r < 4; r++) acc[j][r] = 0.0f;
-    int nk1 = (p.k + GG_BK - 1) / GG_BK, nk = nk1 + (p.a2 ? (p.k2 + GG_BK - 1) / GG_BK : 0);
-    auto load = [&](int s, int kt) { /* K tile kt of the first product, then of the second */
-                                     bool two = kt >= nk1;
-                                     int k0 = (two ? kt - nk1 : kt) * GG_BK, K = two ? p.k2 : p.k;
-                                     gg_load<AK>(sm + 2 * s * GG_TILE, two ? p.a2 : p.a, p.lda, m0, p.m, k0, K);
-                                     gg_load<BK>(sm + (2 * s + 1) * GG_TILE, two ? p.b2 : p.b, p.ldb, n0, p.n, k0, K);
+    int nk = 0;
+    for (int i = 0; i < ns; i++) nk += (pp->s[i].k + GG_BK - 1) / GG_BK;
+    auto load = [&](int st, int kt) { /* K tile kt of the products one after another */
+                                      int i = 0, nt;
+                                      while (kt >= (nt = (pp->s[i].k + GG_BK - 1) / GG_BK)) kt -= nt, i++;
+                                      const gg_src *q = &pp->s[i];
+                                      gg_load<AK>(sm + 2 * st * GG_TILE, q->a, q->lda, m0, M, kt * GG_BK, q->k);
+                                      gg_load<BK>(sm + (2 * st + 1) * GG_TILE, q->b, q->ldb, n0, N, kt * GG_BK, q->k);
     };
 #pragma unroll
     for (int s = 0; s < GG_NS - 2; s++) {
@@ -163,16 +166,19 @@ __global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *_
     wg_wait<0>();
     wg_keep(acc);
     fa_wait<0>();
-    gg_store<F32>(p, acc, sm, m0, n0);
+    gg_store<F32>(*pp, acc, sm, m0, n0);
 }
 
 static int gg_al16(const void *p) { return !((uintptr_t)p & 15); }
 
 int gemm_grouped_fits(const gg_prob *p, gg_layout l) {
-    int ca = l.a_kmaj ? p->k : p->m, cb = l.b_kmaj ? p->k : p->n;
-    int two = !p->a2 || ((!l.a_kmaj || p->k2 % 8 == 0) && (!l.b_kmaj || p->k2 % 8 == 0) && gg_al16(p->a2) && gg_al16(p->b2));
-    return ca % 8 == 0 && cb % 8 == 0 && p->lda % 8 == 0 && p->ldb % 8 == 0 && p->ldd % 8 == 0 && p->n % 8 == 0 &&
-        gg_al16(p->a) && gg_al16(p->b) && gg_al16(p->d) && (l.d_f32 || p->beta == 0.0f) && two;
+    int ok = p->ns >= 1 && p->ns <= GG_SRC && p->ldd % 8 == 0 && p->n % 8 == 0 && gg_al16(p->d) && (l.d_f32 || p->beta == 0.0f);
+    for (int i = 0; i < p->ns && ok; i++) {
+        const gg_src *q = &p->s[i];
+        int ca = l.a_kmaj ? q->k : p->m, cb = l.b_kmaj ? q->k : p->n;
+        ok = ca % 8 == 0 && cb % 8 == 0 && q->lda % 8 == 0 && q->ldb % 8 == 0 && gg_al16(q->a) && gg_al16(q->b);
+    }
+    return ok;
 }
 
 typedef void (*gg_kernel_fn)(const gg_prob *, int);

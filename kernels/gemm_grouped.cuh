@@ -1,12 +1,11 @@
 /* gemm_grouped.cuh — many independent bf16 GEMMs in one launch (tensor cores, fp32
  * accumulation), for the MoE experts' grouped GEMMs (moe_gemm.cu): every problem is
  *
- *   D (m x n, row-major, ldd) = A (m x k) · B (k x n) [+ A2 (m x k2) · B2 (k2 x n)]
- *                               [+ beta·D when D is fp32]
+ *   D (m x n, row-major, ldd) = Σ_i A_i (m x k_i) · B_i (k_i x n)   [+ beta·D when D is fp32]
  *
- * with A read K-major (A(i,j) at a[i·lda + j]) or M-major (a[j·lda + i]) and B K-major
- * (B(j,c) at b[c·ldb + j]) or N-major (b[j·ldb + c]); all problems of a launch share the three
- * layouts. The operands' contiguous dimension must be a multiple of 8 and every operand 16-byte
+ * over up to GG_SRC products, with A read K-major (A(i,j) at a[i·lda + j]) or M-major
+ * (a[j·lda + i]) and B K-major (B(j,c) at b[c·ldb + j]) or N-major (b[j·ldb + c]); all problems
+ * and products of a launch share the three layouts. The operands' contiguous dimension must be a multiple of 8 and every operand 16-byte
  * aligned (gemm_grouped_fits); the other dimensions are free (edges zero-filled).
  * Deterministic: one block owns an output tile and runs its K range in one fixed order (no
  * atomics, no split K), so the same problems give the same bits. */
@@ -14,11 +13,17 @@
 #define GRPOD_KERNELS_GEMM_GROUPED_CUH
 #include "kernels/common.cuh"
 
+enum { GG_SRC = 3 };
+/* one product A (m x k) · B (k x n) of a sum */
 typedef struct {
     const bf16 *a, *b;
-    const bf16 *a2, *b2; /* NULL, or a second product summed in: D = A·B + A2·B2 (k2 deep, same lds) */
+    int k, lda, ldb;
+} gg_src;
+typedef struct {
+    gg_src s[GG_SRC]; /* D = Σ_i s[i].a · s[i].b over the first ns, in one fp32 accumulator */
+    int ns;
     void *d;
-    int m, n, k, k2, lda, ldb, ldd;
+    int m, n, ldd;
     float beta;
     int tile0; /* the problem's first tile in the launch (filled by gemm_grouped_cuda) */
     int tiles_n; /* its tiles along n (filled alike) */

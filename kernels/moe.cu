@@ -674,17 +674,19 @@ static void moe_experts_bwd_tiles(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, f
 
 /* The variant (kernels/tune.h, tune.moe): auto takes the few-slot kernels for a step of at most
  * MOE_FEW_T tokens (decode; what a captured graph holds: they need no host) and the grouped
- * GEMMs above; the tiled kernels are the batch-invariant variant kept for A/B, and the one that
- * carries the experts' adapters (moe_lora.cu): with adapters, or in exact mode, every variant is tiles. A stream
- * being captured never takes the grouped GEMMs (they read the counts on the host). */
-static int moe_variant(cu_ctx *c, int T, const moe_lora *lr) {
-    if ((lr && (lr->agu || lr->ad)) || cu_exact(c)) return TUNE_MOE_TILES; /* exact mode: one variant at any T */
+ * GEMMs above; the tiled kernels are the batch-invariant variant kept for A/B, the one of exact
+ * mode, and the one that carries the experts' adapters (moe_lora.cu) where the grouped path
+ * cannot (few rows, cuBLAS, ranks or widths not multiples of 8). A stream being captured never
+ * takes the grouped GEMMs (they read the counts on the host). */
+static int moe_variant(cu_ctx *c, int T, int C, int Fm, const moe_lora *lr) {
+    if (cu_exact(c)) return TUNE_MOE_TILES; /* exact mode: one variant at any T */
     int v = c->tune ? c->tune->moe : TUNE_MOE_AUTO;
     if (v == TUNE_MOE_AUTO) v = T <= MOE_FEW_T ? TUNE_MOE_FEW : TUNE_MOE_GROUPED;
+    if (lr && (lr->agu || lr->ad) && (v != TUNE_MOE_GROUPED || !moe_lora_grouped_fits(C, Fm, lr))) return TUNE_MOE_TILES;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if ((v == TUNE_MOE_GROUPED || v == TUNE_MOE_CUBLAS) && cudaStreamIsCapturing(c->stream, &cs) == cudaSuccess &&
         cs != cudaStreamCaptureStatusNone)
-        v = TUNE_MOE_FEW;
+        v = lr && (lr->agu || lr->ad) ? TUNE_MOE_TILES : TUNE_MOE_FEW;
     return v;
 }
 
@@ -692,10 +694,10 @@ void moe_experts_fwd_cuda(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, co
                           const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
                           const moe_lora *lr) {
     if (c->failed || T <= 0) return;
-    int v = moe_variant(c, T, lr);
+    int v = moe_variant(c, T, C, Fm, lr);
     if (v == TUNE_MOE_TILES) moe_experts_fwd_tiles(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm, lr);
     else if (v == TUNE_MOE_FEW) moe_experts_fwd_few(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm);
-    else moe_experts_fwd_grouped(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm);
+    else moe_experts_fwd_grouped(c, out, eg, eu, ey, x, res, topi, topw, wg, wu, wd, T, C, E, k, Fm, lr);
 }
 
 void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
@@ -703,10 +705,11 @@ void moe_experts_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dw
                           const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
                           const moe_lora *lr) {
     if (c->failed || T <= 0) return;
-    if (moe_variant(c, T, lr) == TUNE_MOE_TILES)
+    if (moe_variant(c, T, C, Fm, lr) == TUNE_MOE_TILES)
         moe_experts_bwd_tiles(c, dx, dwg, dwu, dwd, dtopw, dg, du, dout, x, topi, topw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm, lr);
     else
-        moe_experts_bwd_grouped(c, dx, dwg, dwu, dwd, dtopw, dg, du, dout, x, topi, topw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm);
+        moe_experts_bwd_grouped(c, dx, dwg, dwu, dwd, dtopw, dg, du, dout, x, topi, topw, eg, eu, ey, wg, wu, wd, T, C, E, k, Fm,
+                                lr);
 }
 
 void moe_router_bwd_cuda(cu_ctx *c, bf16 *dx, float *dwr, float *dlogit, const float *dtopw, const float *probs, const int *topi,

@@ -54,10 +54,15 @@ void moe_dtopw_cuda(cu_ctx *c, float *dtopw, const bf16 *dout, const bf16 *ey, i
 /* moe_few.cu: a weight stream per routed expert (decode; no host involved) */
 void moe_experts_fwd_few(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
                          const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
-/* moe_gemm.cu: rows gathered by expert, cuBLAS grouped GEMMs (the counts read on the host) */
+/* moe_gemm.cu: rows gathered by expert, grouped GEMMs (the counts read on the host); the
+ * adapters (lr, NULL: none) on gemm_grouped.cu where moe_lora_grouped_fits */
 void moe_experts_fwd_grouped(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
-                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
+                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k,
+                             int Fm, const moe_lora *lr);
 void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
                              const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
-                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm);
+                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                             const moe_lora *lr);
+/* 1 when the adapters' GEMMs fit gemm_grouped.cu (C, Fm and the ranks multiples of 8) */
+int moe_lora_grouped_fits(int C, int Fm, const moe_lora *lr);
 #endif

@@ -128,7 +128,7 @@ typedef struct {
     cu_ctx *c;
     const int *hcnt; /* (E) on the host */
     int E;
-    void *dptr; /* device room for 3·2·E pointers or 2·E gg_prob (moe_gg_room) */
+    void *dptr; /* device room for 3·2·E pointers or 3·E gg_prob (moe_gg_room) */
 } moe_gg_ctx;
 
 static const char *moe_gg_ptr(const moe_opnd *o, int e, long long off, int es) {
@@ -136,7 +136,7 @@ static const char *moe_gg_ptr(const moe_opnd *o, int e, long long off, int es) {
 }
 
 static size_t moe_gg_room(int E) {
-    size_t a = 6 * (size_t)E * sizeof(void *), b = gemm_grouped_bytes(2 * E);
+    size_t a = 6 * (size_t)E * sizeof(void *), b = gemm_grouped_bytes(3 * E);
     return ((a > b ? a : b) + 255) & ~(size_t)255;
 }
 
@@ -159,14 +159,14 @@ static int moe_gg_own(const moe_gg_ctx *x, const moe_gg *g) {
             const bf16 *a = (const bf16 *)moe_gg_ptr(&g->b[j], e, off, 2), *b = (const bf16 *)moe_gg_ptr(&g->a[j], e, off, 2);
             if (g->sum && j) { /* the second product of a sum */
                 q = &p[P - 1];
-                q->a2 = a, q->b2 = b, q->k2 = q->k;
+                q->s[q->ns++] = (gg_src){a, b, q->s[0].k, g->ldb, g->lda};
             } else {
-                q->a = a, q->b = b;
                 q->d = (void *)moe_gg_ptr(&g->d[j], e, off, g->d_f32 ? 4 : 2);
                 q->m = g->n < 0 ? ce : g->n;
                 q->n = g->m < 0 ? ce : g->m;
-                q->k = g->k < 0 ? ce : g->k;
-                q->lda = g->ldb, q->ldb = g->lda, q->ldd = g->ldd, q->beta = g->beta;
+                q->s[0] = (gg_src){a, b, g->k < 0 ? ce : g->k, g->ldb, g->lda};
+                q->ns = 1;
+                q->ldd = g->ldd, q->beta = g->beta;
                 P++;
             }
             ok = gemm_grouped_fits(q, l);
@@ -252,6 +252,69 @@ done:
     free(hp);
 }
 
+/* ---------------------------------------------------------------- row-major problems (adapters) */
+
+/* The adapters' GEMMs, in house only (moe_lora_grouped_fits checked the shapes): per expert with
+ * slots, D_e (m x n, row-major) = Σ_i A_i,e B_i,e (+ beta D_e); m, n or k < 0: the expert's
+ * count. An operand is a moe_opnd and its leading dimension. */
+typedef struct {
+    moe_opnd a, b;
+    int lda, ldb, k;
+} moe_rs;
+typedef struct {
+    int m, n, ldd, ns;
+    float beta;
+    moe_opnd d;
+    moe_rs s[GG_SRC];
+} moe_rp;
+
+static moe_rp moe_rp_new(int m, int n, moe_opnd d, int ldd, float beta) {
+    moe_rp r;
+    memset(&r, 0, sizeof r);
+    r.m = m, r.n = n, r.d = d, r.ldd = ldd, r.beta = beta;
+    return r;
+}
+static void moe_rp_add(moe_rp *r, moe_opnd a, int lda, moe_opnd b, int ldb, int k) {
+    r->s[r->ns++] = (moe_rs){a, b, lda, ldb, k};
+}
+
+/* nr problems an expert (nr <= 3), one launch */
+static void moe_rp_run(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout l) {
+    cu_ctx *c = x->c;
+    gg_prob *p = (gg_prob *)calloc(3 * (size_t)x->E, sizeof *p);
+    if (!p) {
+        cu_fail(c, "calloc(moe adapters' GEMMs)", "out of host memory", __FILE__, __LINE__);
+        return;
+    }
+    int P = 0;
+    long long off = 0;
+    for (int e = 0; e < x->E; off += x->hcnt[e], e++) {
+        int ce = x->hcnt[e];
+        for (int j = 0; j < nr && ce; j++, P++) {
+            gg_prob *q = &p[P];
+            q->m = r[j].m < 0 ? ce : r[j].m, q->n = r[j].n < 0 ? ce : r[j].n;
+            q->d = (void *)moe_gg_ptr(&r[j].d, e, off, l.d_f32 ? 4 : 2), q->ldd = r[j].ldd, q->beta = r[j].beta;
+            q->ns = r[j].ns;
+            for (int i = 0; i < r[j].ns; i++) {
+                const moe_rs *u = &r[j].s[i];
+                q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2), (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
+                                   u->k < 0 ? ce : u->k, u->lda, u->ldb};
+            }
+            if (!gemm_grouped_fits(q, l)) {
+                cu_fail(c, "moe adapters' grouped GEMM", "a shape outside gemm_grouped's rules", __FILE__, __LINE__);
+                free(p);
+                return;
+            }
+        }
+    }
+    gemm_grouped_cuda(c, p, P, l, x->dptr);
+    free(p);
+}
+
+int moe_lora_grouped_fits(int C, int Fm, const moe_lora *lr) {
+    return C % 8 == 0 && Fm % 8 == 0 && (!lr->agu || lr->rg % 8 == 0) && (!lr->ad || lr->rd % 8 == 0);
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 static int moe_al16(const void *p) { return !((uintptr_t)p & 15); }
@@ -315,43 +378,77 @@ static moe_opnd moe_w(const void *p, size_t per_e) { return moe_opnd{p, per_e, 0
 static moe_opnd moe_rows(const void *p, size_t row) { return moe_opnd{p, 0, row}; } /* rows by expert */
 
 void moe_experts_fwd_grouped(cu_ctx *c, bf16 *out, bf16 *eg, bf16 *eu, bf16 *ey, const bf16 *x, const bf16 *res, const int *topi,
-                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
+                             const float *topw, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k,
+                             int Fm, const moe_lora *lr) {
+    int rg = lr && lr->agu ? lr->rg : 0, rd = lr && lr->ad ? lr->rd : 0, rm = rg > rd ? rg : rd;
     size_t S = (size_t)T * k, hb = moe_gg_bytes((int)S, E), nC = (S * C * 2 + 255) & ~(size_t)255;
-    size_t nF = (S * Fm * 2 + 255) & ~(size_t)255, W = (size_t)Fm * C;
-    char *scr = (char *)cu_scratch(c, hb + nC + 3 * nF);
+    size_t nF = (S * Fm * 2 + 255) & ~(size_t)255, W = (size_t)Fm * C, nH = (S * rm * 2 + 255) & ~(size_t)255;
+    char *scr = (char *)cu_scratch(c, hb + nC + 3 * nF + nH);
     if (!scr) return;
     bf16 *xP = (bf16 *)(scr + hb), *eyP = xP; /* eyP reuses xP's room */
     bf16 *gP = (bf16 *)(scr + hb + nC), *uP = (bf16 *)((char *)gP + nF), *aP = (bf16 *)((char *)uP + nF);
+    bf16 *hP = (bf16 *)((char *)aP + nF); /* (S, r): an adapter's x A^T */
     moe_gg_ctx gx;
     const int *perm;
     int *inv, *hc = moe_gg_setup(c, topi, (int)S, E, scr, &gx, &perm, &inv);
     if (!hc) return;
     moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);
-    moe_gg g = moe_gg_shape(1, 0, Fm, -1, C, C, C, Fm, 0, 0.0f); /* gP^T (Fm, cnt) = Wg_e^T' xP_e^T; up alike */
-    moe_gg_add(&g, moe_w(wg, W), moe_rows(xP, C), moe_rows(gP, Fm));
-    moe_gg_add(&g, moe_w(wu, W), moe_rows(xP, C), moe_rows(uP, Fm));
-    moe_gg_run(&gx, &g);
+    const gg_layout kk = {1, 1, 0}; /* row-major D = A B^T-stored: both K-major, bf16 out */
+    if (rg) { /* hP = xP Agu_e^T; gP, uP = xP Wg|Wu_e^T + hP Bg|Bu_e^T in one accumulator */
+        moe_rp r = moe_rp_new(-1, rg, moe_rows(hP, rg), rg, 0.0f), ru[2];
+        moe_rp_add(&r, moe_rows(xP, C), C, moe_w(lr->agu, (size_t)rg * C), C, C);
+        moe_rp_run(&gx, &r, 1, kk);
+        for (int j = 0; j < 2; j++) {
+            ru[j] = moe_rp_new(-1, Fm, moe_rows(j ? uP : gP, Fm), Fm, 0.0f);
+            moe_rp_add(&ru[j], moe_rows(xP, C), C, moe_w(j ? wu : wg, W), C, C);
+            moe_rp_add(&ru[j], moe_rows(hP, rg), rg, moe_w((const bf16 *)lr->bgu + (size_t)j * Fm * rg, (size_t)2 * Fm * rg), rg,
+                       rg);
+        }
+        moe_rp_run(&gx, ru, 2, kk);
+    } else {
+        moe_gg g = moe_gg_shape(1, 0, Fm, -1, C, C, C, Fm, 0, 0.0f); /* gP^T (Fm, cnt) = Wg_e^T' xP_e^T; up alike */
+        moe_gg_add(&g, moe_w(wg, W), moe_rows(xP, C), moe_rows(gP, Fm));
+        moe_gg_add(&g, moe_w(wu, W), moe_rows(xP, C), moe_rows(uP, Fm));
+        moe_gg_run(&gx, &g);
+    }
     int va = vec_width(Fm, aP, eg, eu, gP, uP);
     VEC_LAUNCH(moe_act_kernel, va, (long long)S * Fm, aP, eg, eu, gP, uP, perm, 0, (int)S, Fm);
-    g = moe_gg_shape(1, 0, C, -1, Fm, Fm, Fm, C, 0, 0.0f); /* eyP^T (C, cnt) = Wd_e^T' aP_e^T */
-    moe_gg_add(&g, moe_w(wd, W), moe_rows(aP, Fm), moe_rows(eyP, C));
-    moe_gg_run(&gx, &g);
+    if (rd) { /* hP = aP Ad_e^T; eyP = aP Wd_e^T + hP Bd_e^T */
+        moe_rp r = moe_rp_new(-1, rd, moe_rows(hP, rd), rd, 0.0f);
+        moe_rp_add(&r, moe_rows(aP, Fm), Fm, moe_w(lr->ad, (size_t)rd * Fm), Fm, Fm);
+        moe_rp_run(&gx, &r, 1, kk);
+        r = moe_rp_new(-1, C, moe_rows(eyP, C), C, 0.0f);
+        moe_rp_add(&r, moe_rows(aP, Fm), Fm, moe_w(wd, W), Fm, Fm);
+        moe_rp_add(&r, moe_rows(hP, rd), rd, moe_w(lr->bd, (size_t)C * rd), rd, rd);
+        moe_rp_run(&gx, &r, 1, kk);
+    } else {
+        moe_gg g = moe_gg_shape(1, 0, C, -1, Fm, Fm, Fm, C, 0, 0.0f); /* eyP^T (C, cnt) = Wd_e^T' aP_e^T */
+        moe_gg_add(&g, moe_w(wd, W), moe_rows(aP, Fm), moe_rows(eyP, C));
+        moe_gg_run(&gx, &g);
+    }
     moe_combine_cuda(c, out, res, ey, eyP, inv, topw, T, C, k);
     free(hc);
 }
 
 void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float *dwd, float *dtopw, bf16 *dg, bf16 *du,
                              const bf16 *dout, const bf16 *x, const int *topi, const float *topw, const bf16 *eg, const bf16 *eu,
-                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm) {
+                             const bf16 *ey, const bf16 *wg, const bf16 *wu, const bf16 *wd, int T, int C, int E, int k, int Fm,
+                             const moe_lora *lr) {
+    int rg = lr && lr->agu ? lr->rg : 0, rd = lr && lr->ad ? lr->rd : 0, rm = rg > rd ? rg : rd;
+    int ldg = rd && (lr->gad || lr->gbd), lgu = rg && (lr->gagu || lr->gbgu); /* adapter gradients wanted */
     size_t S = (size_t)T * k, hb = moe_gg_bytes((int)S, E), n4 = (S * C * 4 + 255) & ~(size_t)255, W = (size_t)Fm * C;
-    size_t nF2 = (S * Fm * 2 + 255) & ~(size_t)255, nF4 = (S * Fm * 4 + 255) & ~(size_t)255;
-    char *scr = (char *)cu_scratch(c, hb + n4 + 3 * nF2 + nF4);
+    size_t nF2 = (S * Fm * 2 + 255) & ~(size_t)255, nF4 = (S * Fm * 4 + 255) & ~(size_t)255, nH = (S * rm * 2 + 255) & ~(size_t)255;
+    char *scr = (char *)cu_scratch(c, hb + n4 + 3 * nF2 + nF4 + 4 * nH);
     if (!scr) return;
     /* R1 (S·C fp32): dyP | wdyP, then partP, then xP */
     bf16 *dyP = (bf16 *)(scr + hb), *wdyP = dyP + S * C, *xP = dyP;
     float *partP = (float *)(scr + hb);
     bf16 *aP = (bf16 *)(scr + hb + n4), *dgP = (bf16 *)((char *)aP + nF2), *duP = (bf16 *)((char *)dgP + nF2);
     float *daP = (float *)((char *)duP + nF2);
+    /* the adapters' (S, r) rows: dyP Bd_e, wdyP Bd_e, dgP Bg_e + duP Bu_e, an input's A^T */
+    bf16 *tdP = (bf16 *)((char *)daP + nF4), *twP = (bf16 *)((char *)tdP + nH), *tgP = (bf16 *)((char *)twP + nH),
+         *hP = (bf16 *)((char *)tgP + nH);
+    const gg_layout kk = {1, 1, 0}, kn = {1, 0, 0}, kn4 = {1, 0, 1}, mn4 = {0, 0, 1};
     moe_dtopw_cuda(c, dtopw, dout, ey, (int)S, C, k);
     moe_gg_ctx gx;
     const int *perm;
@@ -360,9 +457,23 @@ void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float 
     moe_gather(c, dyP, wdyP, dout, perm, topw, (int)S, C, k);
     int va = vec_width(Fm, aP, eg, eu, NULL, NULL);
     VEC_LAUNCH(moe_act_kernel, va, (long long)S * Fm, aP, (bf16 *)NULL, (bf16 *)NULL, eg, eu, perm, 1, (int)S, Fm);
-    moe_gg g = moe_gg_shape(0, 0, Fm, -1, C, Fm, C, Fm, 1, 0.0f); /* daP^T (Fm, cnt) = Wd_e-as-(Fm, C) dyP_e^T */
-    moe_gg_add(&g, moe_w(wd, W), moe_rows(dyP, C), moe_rows(daP, Fm));
-    moe_gg_run(&gx, &g);
+    moe_gg g;
+    if (rd) { /* tdP, twP = dyP, wdyP Bd_e; daP = dyP Wd_e + tdP Ad_e (fp32) */
+        moe_rp r[2];
+        for (int j = 0; j < 2; j++) {
+            r[j] = moe_rp_new(-1, rd, moe_rows(j ? twP : tdP, rd), rd, 0.0f);
+            moe_rp_add(&r[j], moe_rows(j ? wdyP : dyP, C), C, moe_w(lr->bd, (size_t)C * rd), rd, C);
+        }
+        moe_rp_run(&gx, r, 2, kn);
+        r[0] = moe_rp_new(-1, Fm, moe_rows(daP, Fm), Fm, 0.0f);
+        moe_rp_add(&r[0], moe_rows(dyP, C), C, moe_w(wd, W), Fm, C);
+        moe_rp_add(&r[0], moe_rows(tdP, rd), rd, moe_w(lr->ad, (size_t)rd * Fm), Fm, rd);
+        moe_rp_run(&gx, r, 1, kn4);
+    } else {
+        g = moe_gg_shape(0, 0, Fm, -1, C, Fm, C, Fm, 1, 0.0f); /* daP^T (Fm, cnt) = Wd_e-as-(Fm, C) dyP_e^T */
+        moe_gg_add(&g, moe_w(wd, W), moe_rows(dyP, C), moe_rows(daP, Fm));
+        moe_gg_run(&gx, &g);
+    }
     int vs = vec_width(Fm, dgP, duP, dg, du, eg);
     if (vs > 1 && (uintptr_t)eu % (2u * vs)) vs = 1;
     VEC_LAUNCH(moe_swiglu_bwd_kernel, vs, (long long)S * Fm, dgP, duP, dg, du, daP, eg, eu, perm, topw, (int)S, Fm);
@@ -371,18 +482,63 @@ void moe_experts_bwd_grouped(cu_ctx *c, bf16 *dx, float *dwg, float *dwu, float 
         moe_gg_add(&g, moe_rows(aP, Fm), moe_rows(wdyP, C), moe_w(dwd, W));
         moe_gg_run(&gx, &g);
     }
-    g = moe_gg_shape(0, 0, C, -1, Fm, C, Fm, C, 1, 0.0f); /* partP^T (C, cnt) = Wg_e-as-(C, Fm) dgP_e^T + Wu_e duP_e^T */
-    g.sum = 1;
-    moe_gg_add(&g, moe_w(wg, W), moe_rows(dgP, Fm), moe_rows(partP, C));
-    moe_gg_add(&g, moe_w(wu, W), moe_rows(duP, Fm), moe_rows(partP, C));
-    moe_gg_run(&gx, &g);
+    if (ldg) { /* hP = aP Ad_e^T; dBd_e (C, rd) += wdyP_e^T hP_e; dAd_e (rd, Fm) += twP_e^T aP_e (before partP takes R1) */
+        moe_rp r[2];
+        r[0] = moe_rp_new(-1, rd, moe_rows(hP, rd), rd, 0.0f);
+        moe_rp_add(&r[0], moe_rows(aP, Fm), Fm, moe_w(lr->ad, (size_t)rd * Fm), Fm, Fm);
+        moe_rp_run(&gx, r, 1, kk);
+        int n = 0;
+        if (lr->gbd) {
+            r[n] = moe_rp_new(C, rd, moe_w(lr->gbd, (size_t)C * rd), rd, 1.0f);
+            moe_rp_add(&r[n++], moe_rows(wdyP, C), C, moe_rows(hP, rd), rd, -1);
+        }
+        if (lr->gad) {
+            r[n] = moe_rp_new(rd, Fm, moe_w(lr->gad, (size_t)rd * Fm), Fm, 1.0f);
+            moe_rp_add(&r[n++], moe_rows(twP, rd), rd, moe_rows(aP, Fm), Fm, -1);
+        }
+        moe_rp_run(&gx, r, n, mn4);
+    }
+    if (rg) { /* tgP = dgP Bg_e + duP Bu_e; partP = dgP Wg_e + duP Wu_e + tgP Agu_e (fp32) */
+        moe_rp r = moe_rp_new(-1, rg, moe_rows(tgP, rg), rg, 0.0f);
+        for (int j = 0; j < 2; j++)
+            moe_rp_add(&r, moe_rows(j ? duP : dgP, Fm), Fm,
+                       moe_w((const bf16 *)lr->bgu + (size_t)j * Fm * rg, (size_t)2 * Fm * rg), rg, Fm);
+        moe_rp_run(&gx, &r, 1, kn);
+        r = moe_rp_new(-1, C, moe_rows(partP, C), C, 0.0f);
+        moe_rp_add(&r, moe_rows(dgP, Fm), Fm, moe_w(wg, W), C, Fm);
+        moe_rp_add(&r, moe_rows(duP, Fm), Fm, moe_w(wu, W), C, Fm);
+        moe_rp_add(&r, moe_rows(tgP, rg), rg, moe_w(lr->agu, (size_t)rg * C), C, rg);
+        moe_rp_run(&gx, &r, 1, kn4);
+    } else {
+        g = moe_gg_shape(0, 0, C, -1, Fm, C, Fm, C, 1, 0.0f); /* partP^T (C, cnt) = Wg_e-as-(C, Fm) dgP_e^T + Wu_e duP_e^T */
+        g.sum = 1;
+        moe_gg_add(&g, moe_w(wg, W), moe_rows(dgP, Fm), moe_rows(partP, C));
+        moe_gg_add(&g, moe_w(wu, W), moe_rows(duP, Fm), moe_rows(partP, C));
+        moe_gg_run(&gx, &g);
+    }
     moe_dx_cuda(c, dx, partP, inv, T, C, k);
+    if (dwg || dwu || lgu) moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);
     if (dwg || dwu) { /* dWg_e^T (C, Fm) += xP_e^T (C, cnt) dgP_e (cnt, Fm); up alike */
-        moe_gather(c, xP, NULL, x, perm, NULL, (int)S, C, k);
         g = moe_gg_shape(0, 1, C, Fm, -1, C, Fm, C, 1, 1.0f);
         if (dwg) moe_gg_add(&g, moe_rows(xP, C), moe_rows(dgP, Fm), moe_w(dwg, W));
         if (dwu) moe_gg_add(&g, moe_rows(xP, C), moe_rows(duP, Fm), moe_w(dwu, W));
         moe_gg_run(&gx, &g);
+    }
+    if (lgu) { /* hP = xP Agu_e^T; dBg|dBu_e (Fm, rg) += dgP|duP_e^T hP_e; dAgu_e (rg, C) += tgP_e^T xP_e */
+        moe_rp r[3];
+        r[0] = moe_rp_new(-1, rg, moe_rows(hP, rg), rg, 0.0f);
+        moe_rp_add(&r[0], moe_rows(xP, C), C, moe_w(lr->agu, (size_t)rg * C), C, C);
+        moe_rp_run(&gx, r, 1, kk);
+        int n = 0;
+        for (int j = 0; j < 2 && lr->gbgu; j++) {
+            r[n] = moe_rp_new(Fm, rg, moe_w(lr->gbgu + (size_t)j * Fm * rg, (size_t)2 * Fm * rg), rg, 1.0f);
+            moe_rp_add(&r[n++], moe_rows(j ? duP : dgP, Fm), Fm, moe_rows(hP, rg), rg, -1);
+        }
+        if (lr->gagu) {
+            r[n] = moe_rp_new(rg, C, moe_w(lr->gagu, (size_t)rg * C), C, 1.0f);
+            moe_rp_add(&r[n++], moe_rows(tgP, rg), rg, moe_rows(xP, C), C, -1);
+        }
+        moe_rp_run(&gx, r, n, mn4);
     }
     free(hc);
 }

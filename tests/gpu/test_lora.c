@@ -327,12 +327,14 @@ static void engine_level(const char *out) {
  * dx is bf16 on the GPU: a start of 0.5 rounded twice moved T = 1's small increment by 9.8e-2). Tolerance 1e-2 rel L2 as the
  * dense ops through bf16 activations. Then the backward twice from the same state: the same bits
  * (no atomics). Edge shapes: T = 1, an expert no slot chose (E > T·k), gate_up alone. */
-static void t_moe_lora(int T, int C, int E, int k, int Fm, int r, int with_down) {
-    char sh[96];
-    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d r=%d%s", T, C, E, k, Fm, r, with_down ? "" : " gate_up only");
+static void t_moe_lora(int T, int C, int E, int k, int Fm, int r, int with_down, int variant) {
+    char sh[112];
+    snprintf(sh, sizeof sh, "T=%d C=%d E=%d k=%d Fm=%d r=%d%s %s", T, C, E, k, Fm, r, with_down ? "" : " gate_up only",
+             variant == TUNE_MOE_GROUPED ? "grouped" : "tiles");
     eng_backend *cpu, *gpu;
     backend_cpu_create(&cpu, 0);
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
+    gpu->tune.moe = variant; /* grouped: gemm_grouped.cu where the ranks and widths are multiples of 8, else tiles */
     int rg = 2 * r, rd = r;
     size_t nx = (size_t)T * C, nk = (size_t)T * k, nw = (size_t)E * Fm * C;
     size_t nag = (size_t)E * rg * C, nbg = (size_t)E * 2 * Fm * rg, nad = (size_t)E * rd * Fm, nbd = (size_t)E * C * rd;
@@ -420,10 +422,14 @@ static void t_moe_lora(int T, int C, int E, int k, int Fm, int r, int with_down)
 }
 
 static void moe_level(void) {
-    t_moe_lora(1, 64, 8, 2, 48, 4, 1);
-    t_moe_lora(37, 128, 16, 4, 96, 8, 1); /* ragged tiles; E > 2k: experts 8..15 unchosen */
-    t_moe_lora(200, 256, 8, 2, 128, 16, 1);
-    t_moe_lora(50, 128, 8, 2, 64, 4, 0);
+    static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED};
+    for (int v = 0; v < 2; v++) {
+        t_moe_lora(1, 64, 8, 2, 48, 4, 1, vs[v]); /* grouped: rd = 4 is not a multiple of 8, tiles run */
+        t_moe_lora(37, 128, 16, 4, 96, 8, 1, vs[v]); /* ragged tiles; E > 2k: experts 8..15 unchosen */
+        t_moe_lora(200, 256, 8, 2, 128, 16, 1, vs[v]);
+        t_moe_lora(50, 128, 8, 2, 64, 4, 0, vs[v]);
+        t_moe_lora(300, 256, 16, 4, 136, 8, 1, vs[v]); /* several row tiles an expert, Fm past a tile */
+    }
 }
 
 int main(int argc, char **argv) {

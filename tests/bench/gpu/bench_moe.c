@@ -113,6 +113,8 @@ static void bench_train(moe_w *w, int T) {
     train_row(w, &b, "frozen-cublas", T, touched, NULL, NULL, NULL, NULL);
     be->tune.moe = TUNE_MOE_AUTO;
     train_row(w, &b, "lora16", T, touched, NULL, NULL, NULL, &lr);
+    be->tune.moe = TUNE_MOE_TILES;
+    train_row(w, &b, "lora16-tiles", T, touched, NULL, NULL, NULL, &lr);
     void *lb[] = {(void *)lr.agu, (void *)lr.bgu, (void *)lr.ad, (void *)lr.bd, lr.gagu, lr.gbgu, lr.gad, lr.gbd};
     for (size_t i = 0; i < sizeof lb / sizeof lb[0]; i++) be->free(be, lb[i]);
     be->tune.moe = TUNE_MOE_AUTO;
