@@ -16,8 +16,10 @@
  * its own). For each segment it walks range a's keys in BN-key tiles from a0, then range b's from
  * b0 — tiles aligned to the segment's starts, never to the packed index or the block's place — to
  * the largest end of the segment's rows (an empty range, whatever its start, matches any other
- * empty one and is not walked); a row masks keys past its own end. K/V tiles stream through a
- * two-stage cp.async ring (the next tile loads while this one is computed). A tile wholly past a row's end leaves its
+ * empty one and is not walked); a row masks keys past its own end. K/V tiles stream through an
+ * NS-stage cp.async ring (the NS - 1 tiles after this one load while it is computed: 4 for
+ * decode's lone warp, 2 for the shared blocks). The stages and warps change only when a tile
+ * arrives, never a row's arithmetic. A tile wholly past a row's end leaves its
  * state unchanged bit for bit (max unchanged, so the correction is set to exactly 1: fa_tile_step's
  * NOOP; P = 0, the MMA adds exact zeros), so a row's result is a function of its q, its ranges and
  * those keys only. (Without NOOP, exp2(m sc2 - u) with the product fused was 1 + ~1e-7 on such
@@ -25,11 +27,11 @@
  * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
 #include "kernels/attention_tiles.cuh"
 
-enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4 };
+enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_DEC_NS = 4 };
 
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
-    static size_t smem(int w) { return ((size_t)w * 16 + 4 * EX_BN) * ST * sizeof(bf16); }
+    static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
 };
 
 /* W warps a block: warp w takes queries [t0 + w qw, t0 + (w + 1) qw) (its 16 rows, its own Q tile);
@@ -38,15 +40,15 @@ template <int D> struct ex_attn_shape {
  * ring and read by each. A row sees the tiles a lone warp would give it (aligned to its range
  * starts) plus tiles wholly past its end, which leave it unchanged (NOOP): the same bits for any
  * W and any queries beside it. */
-template <int D, int W>
+template <int D, int W, int NS>
 __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                                             attn_ranges r, int T, int H, int K, int qw, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, NT = EX_BN / 8;
-    extern __shared__ __align__(16) bf16 ex_sm[]; /* q [W][16][ST], then k, v [2 stages][EX_BN][ST] */
+    extern __shared__ __align__(16) bf16 ex_sm[]; /* q [W][16][ST], then k, v [NS stages][EX_BN][ST] */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
     const int tb = blockIdx.x * W * qw, t0 = tb + wp * qw;
     const int nqb = min(W * qw, T - tb), nq = max(0, min(qw, T - t0)), rows = nq * hpg;
-    bf16 *const q_s = ex_sm + wp * 16 * ST, *const k_s = ex_sm + W * 16 * ST, *const v_s = k_s + 2 * EX_BN * ST;
+    bf16 *const q_s = ex_sm + wp * 16 * ST, *const k_s = ex_sm + W * 16 * ST, *const v_s = k_s + NS * EX_BN * ST;
     for (int i = lane; i < 16 * (D / 8); i += 32) {
         int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / hpg, h = g * hpg + row % hpg;
         bool ok = row < rows;
@@ -96,19 +98,34 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
                 fa_cp16(vs + kk * ST + c8 * 8, v + off, ok);
             }
         };
-        int s = 0, j0 = 0, st = 0;
-        to_pass(s, j0);
-        if (s < 2) issue(0, s, j0);
-        fa_commit();
-        while (s < 2) { /* tile (s, j0) in stage st; the next one loads into st ^ 1 meanwhile */
-            int s2 = s, j2 = j0 + EX_BN;
-            if (j2 >= (s ? bhi : ahi)) {
-                s2++;
-                to_pass(s2, j2);
+        /* the tile after (s, j0) in the walk */
+        auto advance = [&](int &s, int &j0) {
+            j0 += EX_BN;
+            if (j0 >= (s ? bhi : ahi)) {
+                s++;
+                to_pass(s, j0);
             }
-            if (s2 < 2) issue(st ^ 1, s2, j2);
+        };
+        /* the walk's first NS - 1 tiles in flight; then each tile's compute overlaps the loads
+         * of the NS - 1 after it */
+        int s = 0, j0 = 0, si, ji, st = 0;
+        to_pass(s, j0);
+        si = s, ji = j0; /* the next tile to load */
+#pragma unroll
+        for (int p = 0; p < NS - 1; p++) {
+            if (si < 2) {
+                issue(p, si, ji);
+                advance(si, ji);
+            }
             fa_commit();
-            fa_wait<1>();
+        }
+        while (s < 2) { /* tile (s, j0) in stage st */
+            if (si < 2) {
+                issue((st + NS - 1) % NS, si, ji);
+                advance(si, ji);
+            }
+            fa_commit();
+            fa_wait<NS - 1>();
             if (W > 1) __syncthreads();
             else __syncwarp();
             if (any) {
@@ -121,9 +138,8 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
             }
             if (W > 1) __syncthreads(); /* stage st is free */
             else __syncwarp();
-            s = s2;
-            j0 = j2;
-            st ^= 1;
+            advance(s, j0);
+            st = (st + 1) % NS;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -143,15 +159,15 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
     }
 }
 
-template <int D, int W>
+template <int D, int W, int NS>
 static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                               int H, int K, int qw, float sc2) {
     static unsigned done;
-    const size_t smem = ex_attn_shape<D>::smem(W);
-    cu_raise_smem(c, attn_exact_kernel<D, W>, smem, &done);
+    const size_t smem = ex_attn_shape<D>::smem(W, NS);
+    cu_raise_smem(c, attn_exact_kernel<D, W, NS>, smem, &done);
     if (c->failed) return;
     const dim3 grid((T + W * qw - 1) / (W * qw), K);
-    attn_exact_kernel<D, W><<<grid, 32 * W, smem, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
+    attn_exact_kernel<D, W, NS><<<grid, 32 * W, smem, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
     CU_LAUNCHED(c, "attn_exact_kernel");
 }
 
@@ -166,12 +182,12 @@ int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     }
     const int qw = T <= EX_DECODE_T ? 1 : 16 / hpg;
     const float sc2 = LOG2E / sqrtf((float)D);
-    if (T <= EX_DECODE_T) { /* decode: a block a query's heads */
-        if (D == 64) attn_exact_launch<64, 1>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, 1>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+    if (T <= EX_DECODE_T) { /* decode: a block a query's heads, its one warp EX_DEC_NS stages deep */
+        if (D == 64) attn_exact_launch<64, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        else attn_exact_launch<128, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
     } else { /* EX_WARPS warps a block sharing the K/V tiles */
-        if (D == 64) attn_exact_launch<64, EX_WARPS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, EX_WARPS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        if (D == 64) attn_exact_launch<64, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        else attn_exact_launch<128, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
     }
     return 1;
 }
