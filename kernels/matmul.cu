@@ -52,11 +52,18 @@ typedef struct {
     int fallback; /* no cuBLASLt algorithm: cublasGemmEx (exact mode: exact_gemm_kernel) */
 } gemm_plan;
 
-/* exact mode: the n whose algorithm every n runs. Measured on an H200 (Qwen3-1.7B dims; decode
- * G=1 P=1024 N=16, update P=4096 N=16 R=512): 4096 keeps the update at 590 ms (592 off) but
- * decodes at 6.61 ms/step (1.73 off: its tiles leave most SMs idle at 16 rows); 256 decodes at
- * 3.06 ms/step with the update at 723 ms; 64 at 6.28 ms/step. Rollout is most of an RL step. */
+/* exact mode: the n whose algorithm every n runs. Measured on an H200 when the linear layers ran
+ * it too (Qwen3-1.7B dims; decode G=1 P=1024 N=16, update P=4096 N=16 R=512): 4096 kept the update
+ * at 590 ms (592 off) but decoded at 6.61 ms/step (1.73 off: its tiles left most SMs idle at 16
+ * rows of a 2048-output layer); 256 decoded at 3.06 ms/step with the update at 723 ms; 64 at
+ * 6.28 ms/step. */
 enum { GEMM_EXACT_N = 256 };
+/* the reference n of a wide GEMM (m >= 32768 outputs: the logprob head), whose many m tiles fill
+ * the SMs at any n (an experiment's build sets it; the same for every T either way) */
+#ifndef GEMM_EXACT_N_WIDE
+#define GEMM_EXACT_N_WIDE GEMM_EXACT_N
+#endif
+static int exact_ref_n(int m) { return m >= 32768 ? GEMM_EXACT_N_WIDE : GEMM_EXACT_N; }
 
 enum { GEMM_CACHE = 128 };
 typedef struct {
@@ -129,8 +136,8 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     /* the layouts the algorithm is chosen on: exact mode's reference n, else the call's own */
     cublasLtMatrixLayout_t hb = p.b, hd = p.d;
     if (key->exact) {
-        LT_CK(c, cublasLtMatrixLayoutCreate(&hb, CUDA_R_16BF, key->k, GEMM_EXACT_N, key->ldb));
-        LT_CK(c, cublasLtMatrixLayoutCreate(&hd, dt, key->m, GEMM_EXACT_N, key->ldd));
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hb, CUDA_R_16BF, key->k, exact_ref_n(key->m), key->ldb));
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hd, dt, key->m, exact_ref_n(key->m), key->ldd));
     }
     cublasLtMatmulPreference_t pref;
     LT_CK(c, cublasLtMatmulPreferenceCreate(&pref));
