@@ -8,15 +8,18 @@
  * same online-softmax order, same normalisation), and nothing about it depends on T; the fast
  * wgmma / split-KV kernels stay untouched for exact = 0.
  *
- * A block is one warp, one kv head g and QW consecutive queries (QW = 16 / HPG for many queries,
+ * A warp takes one kv head g and QW consecutive queries (QW = 16 / HPG for many queries,
  * 1 for decode sizes: only throughput differs), its m16 tile's rows = query-major (query, head)
- * pairs, padded with zero rows. The warp splits its queries into segments: runs with the same
- * range starts (a0, b0) (a response's tokens; each decode query is its own). For each segment it
- * walks range a's keys in BN-key tiles from a0, then range b's from b0 — tiles aligned to the
- * segment's starts, never to the packed index or the warp's place — to the largest end of the
- * segment's rows (an empty range, whatever its start, matches any other empty one and is not
- * walked); a row masks keys past its own end. K/V tiles stream through a two-stage cp.async
- * ring (the next tile loads while this one is computed). A tile wholly past a row's end leaves its
+ * pairs, padded with zero rows; a block is one warp for decode sizes, EX_WARPS warps of
+ * consecutive queries for more (they share each K/V tile). The block splits its queries into
+ * segments: runs with the same range starts (a0, b0) (a response's tokens; each decode query is
+ * its own). For each segment it walks range a's keys in BN-key tiles from a0, then range b's from
+ * b0 — tiles aligned to the segment's starts, never to the packed index or the block's place — to
+ * the largest end of the segment's rows (an empty range, whatever its start, matches any other
+ * empty one and is not walked); a row masks keys past its own end. K/V tiles stream through an
+ * NS-stage cp.async ring (the NS - 1 tiles after this one load while it is computed: 4 for
+ * decode's lone warp, 2 for the shared blocks). The stages and warps change only when a tile
+ * arrives, never a row's arithmetic. A tile wholly past a row's end leaves its
  * state unchanged bit for bit (max unchanged, so the correction is set to exactly 1: fa_tile_step's
  * NOOP; P = 0, the MMA adds exact zeros), so a row's result is a function of its q, its ranges and
  * those keys only. (Without NOOP, exp2(m sc2 - u) with the product fused was 1 + ~1e-7 on such
@@ -24,17 +27,28 @@
  * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
 #include "kernels/attention_tiles.cuh"
 
-enum { EX_BN = 32, EX_DECODE_T = 256 };
+enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_DEC_NS = 4 };
 
-template <int D>
-__global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                                                        attn_ranges r, int T, int H, int K, int qw, float sc2) {
-    constexpr int ST = D + 8, NT = EX_BN / 8;
-    __shared__ __align__(16) bf16 q_s[16 * ST];
-    __shared__ __align__(16) bf16 k_s[2 * EX_BN * ST]; /* two stages */
-    __shared__ __align__(16) bf16 v_s[2 * EX_BN * ST];
-    const int lane = threadIdx.x, g = blockIdx.y, hpg = H / K, t0 = blockIdx.x * qw;
-    const int nq = min(qw, T - t0), rows = nq * hpg;
+template <int D> struct ex_attn_shape {
+    static constexpr int ST = D + 8;
+    static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
+};
+
+/* W warps a block: warp w takes queries [t0 + w qw, t0 + (w + 1) qw) (its 16 rows, its own Q tile);
+ * the segments are the block's (runs of equal range starts over all its queries), each walked
+ * to the largest end of its rows in the block; the K/V tiles are loaded by all W warps into one
+ * ring and read by each. A row sees the tiles a lone warp would give it (aligned to its range
+ * starts) plus tiles wholly past its end, which leave it unchanged (NOOP): the same bits for any
+ * W and any queries beside it. */
+template <int D, int W, int NS>
+__global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                                            attn_ranges r, int T, int H, int K, int qw, float sc2) {
+    constexpr int ST = ex_attn_shape<D>::ST, NT = EX_BN / 8;
+    extern __shared__ __align__(16) bf16 ex_sm[]; /* q [W][16][ST], then k, v [NS stages][EX_BN][ST] */
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
+    const int tb = blockIdx.x * W * qw, t0 = tb + wp * qw;
+    const int nqb = min(W * qw, T - tb), nq = max(0, min(qw, T - t0)), rows = nq * hpg;
+    bf16 *const q_s = ex_sm + wp * 16 * ST, *const k_s = ex_sm + W * 16 * ST, *const v_s = k_s + NS * EX_BN * ST;
     for (int i = lane; i < 16 * (D / 8); i += 32) {
         int row = i / (D / 8), c8 = i % (D / 8), t = t0 + row / hpg, h = g * hpg + row % hpg;
         bool ok = row < rows;
@@ -49,16 +63,17 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
         int lo = s ? r.b0[t] : r.a0[t], hi = s ? r.b1[t] : r.a1[t];
         return hi > lo ? lo : INT_MIN;
     };
-    for (int i = 0; i < nq;) {
-        const int t = t0 + i, a0 = start(t, 0), b0 = start(t, 1);
+    for (int i = 0; i < nqb;) {
+        const int t = tb + i, a0 = start(t, 0), b0 = start(t, 1);
         int j = i + 1, ahi = a0 == INT_MIN ? a0 : r.a1[t], bhi = b0 == INT_MIN ? b0 : r.b1[t];
-        while (j < nq && start(t0 + j, 0) == a0 && start(t0 + j, 1) == b0) {
-            if (a0 != INT_MIN) ahi = max(ahi, r.a1[t0 + j]);
-            if (b0 != INT_MIN) bhi = max(bhi, r.b1[t0 + j]);
+        while (j < nqb && start(tb + j, 0) == a0 && start(tb + j, 1) == b0) {
+            if (a0 != INT_MIN) ahi = max(ahi, r.a1[tb + j]);
+            if (b0 != INT_MIN) bhi = max(bhi, r.b1[tb + j]);
             j++;
         }
-        /* rows of queries [t, t0 + j) */
-        const bool in0 = q0 >= t && q0 < t0 + j, in1 = q1 >= t && q1 < t0 + j;
+        /* rows of queries [t, tb + j) */
+        const bool in0 = q0 >= t && q0 < tb + j, in1 = q1 >= t && q1 < tb + j;
+        const bool any = __any_sync(FULL, in0 || in1); /* this warp has rows in the segment */
         float o[1][D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
         fa_zero(o);
         /* the segment's tiles, pass s (0: a, 1: b) from its start; a row's end in each pass
@@ -75,7 +90,7 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
         auto issue = [&](int st, int s, int j0) {
             const int hi = s ? bhi : ahi;
             bf16 *ks = k_s + st * EX_BN * ST, *vs = v_s + st * EX_BN * ST;
-            for (int x = lane; x < EX_BN * (D / 8); x += 32) {
+            for (int x = tid; x < EX_BN * (D / 8); x += 32 * W) {
                 int kk = x / (D / 8), c8 = x % (D / 8), jj = j0 + kk;
                 bool ok = jj < hi;
                 size_t off = ok ? ((size_t)jj * K + g) * D + c8 * 8 : 0;
@@ -83,30 +98,48 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
                 fa_cp16(vs + kk * ST + c8 * 8, v + off, ok);
             }
         };
-        int s = 0, j0 = 0, st = 0;
-        to_pass(s, j0);
-        if (s < 2) issue(0, s, j0);
-        fa_commit();
-        while (s < 2) { /* tile (s, j0) in stage st; the next one loads into st ^ 1 meanwhile */
-            int s2 = s, j2 = j0 + EX_BN;
-            if (j2 >= (s ? bhi : ahi)) {
-                s2++;
-                to_pass(s2, j2);
+        /* the tile after (s, j0) in the walk */
+        auto advance = [&](int &s, int &j0) {
+            j0 += EX_BN;
+            if (j0 >= (s ? bhi : ahi)) {
+                s++;
+                to_pass(s, j0);
             }
-            if (s2 < 2) issue(st ^ 1, s2, j2);
+        };
+        /* the walk's first NS - 1 tiles in flight; then each tile's compute overlaps the loads
+         * of the NS - 1 after it */
+        int s = 0, j0 = 0, si, ji, st = 0;
+        to_pass(s, j0);
+        si = s, ji = j0; /* the next tile to load */
+#pragma unroll
+        for (int p = 0; p < NS - 1; p++) {
+            if (si < 2) {
+                issue(p, si, ji);
+                advance(si, ji);
+            }
             fa_commit();
-            fa_wait<1>();
-            __syncwarp();
-            float sa[1][NT][4];
-            fa_zero(sa);
-            mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
-            const int e0 = s ? eb0 : ea0, e1 = s ? eb1 : ea1;
-            fa_tile_step<NT, D, true>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
-                                      [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
-            __syncwarp(); /* stage st is free */
-            s = s2;
-            j0 = j2;
-            st ^= 1;
+        }
+        while (s < 2) { /* tile (s, j0) in stage st */
+            if (si < 2) {
+                issue((st + NS - 1) % NS, si, ji);
+                advance(si, ji);
+            }
+            fa_commit();
+            fa_wait<NS - 1>();
+            if (W > 1) __syncthreads();
+            else __syncwarp();
+            if (any) {
+                float sa[1][NT][4];
+                fa_zero(sa);
+                mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
+                const int e0 = s ? eb0 : ea0, e1 = s ? eb1 : ea1;
+                fa_tile_step<NT, D, true>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
+                                          [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
+            }
+            if (W > 1) __syncthreads(); /* stage st is free */
+            else __syncwarp();
+            advance(s, j0);
+            st = (st + 1) % NS;
         }
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -126,6 +159,18 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(bf16 *out, float *lse, c
     }
 }
 
+template <int D, int W, int NS>
+static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                              int H, int K, int qw, float sc2) {
+    static unsigned done;
+    const size_t smem = ex_attn_shape<D>::smem(W, NS);
+    cu_raise_smem(c, attn_exact_kernel<D, W, NS>, smem, &done);
+    if (c->failed) return;
+    const dim3 grid((T + W * qw - 1) / (W * qw), K);
+    attn_exact_kernel<D, W, NS><<<grid, 32 * W, smem, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
+    CU_LAUNCHED(c, "attn_exact_kernel");
+}
+
 int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                         int H, int K, int D) {
     const int hpg = K > 0 && H % K == 0 ? H / K : 0;
@@ -137,9 +182,12 @@ int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     }
     const int qw = T <= EX_DECODE_T ? 1 : 16 / hpg;
     const float sc2 = LOG2E / sqrtf((float)D);
-    const dim3 grid((T + qw - 1) / qw, K);
-    if (D == 64) attn_exact_kernel<64><<<grid, 32, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
-    else attn_exact_kernel<128><<<grid, 32, 0, c->stream>>>(out, lse, q, k, v, r, T, H, K, qw, sc2);
-    CU_LAUNCHED(c, "attn_exact_kernel");
+    if (T <= EX_DECODE_T) { /* decode: a block a query's heads, its one warp EX_DEC_NS stages deep */
+        if (D == 64) attn_exact_launch<64, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        else attn_exact_launch<128, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+    } else { /* EX_WARPS warps a block sharing the K/V tiles */
+        if (D == 64) attn_exact_launch<64, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        else attn_exact_launch<128, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+    }
     return 1;
 }

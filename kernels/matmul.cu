@@ -18,12 +18,16 @@
  * model gave other bits), so a timed choice differed from one process to the next
  * (tests/gpu/test_determinism.c; docs/benchmarks.md, "CUDA replay bit-equal").
  *
- * Exact mode (tune.exact): a GEMM whose columns are the batch (transb = 0: n = T rows
- * of the row-major activations) runs ONE algorithm for every n: the heuristic's first choice for
- * the shape at n = GEMM_EXACT_N, without split-K (reduction scheme none, split 1), alignment
- * taken as 16 bytes, so each output row sees one tile shape and one K order whatever the batch
- * beside it. A shape with no such algorithm runs exact_gemm_kernel (one thread an output, K in
- * order), never cublasGemmEx, whose choice depends on n. The few-row kernel is off. */
+ * Exact mode (tune.exact): the linear layers (matmul_fwd_n, mlp_in_fwd) run the in-house kernels
+ * of one reduction order, the few-row kernel for few rows and matmul_exact.cu for many
+ * (exact_fwd below). What else calls gemm_lt as a forward x W^T (transa = 1, transb = 0: n = T
+ * rows of the row-major activations: the logprob head, the MoE router, a low-rank term's second
+ * half) runs ONE algorithm for every n: the heuristic's first choice for the shape at
+ * n = GEMM_EXACT_N, without split-K (reduction scheme none, split 1), alignment taken as 16 bytes,
+ * so each output row sees one tile shape and one K order whatever the batch beside it. A shape
+ * with no such algorithm runs exact_gemm_kernel (one thread an output, K in order), never
+ * cublasGemmEx, whose choice depends on n. The backward's GEMMs (transa = 0 or transb = 1) are
+ * not on a row's logprob: they run as outside exact mode. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,7 @@
 
 #include "kernels/bf16_vec.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/matmul_order.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/swiglu.cuh"
 
@@ -47,11 +52,18 @@ typedef struct {
     int fallback; /* no cuBLASLt algorithm: cublasGemmEx (exact mode: exact_gemm_kernel) */
 } gemm_plan;
 
-/* exact mode: the n whose algorithm every n runs. Measured on an H200 (Qwen3-1.7B dims; decode
- * G=1 P=1024 N=16, update P=4096 N=16 R=512): 4096 keeps the update at 590 ms (592 off) but
- * decodes at 6.61 ms/step (1.73 off: its tiles leave most SMs idle at 16 rows); 256 decodes at
- * 3.06 ms/step with the update at 723 ms; 64 at 6.28 ms/step. Rollout is most of an RL step. */
+/* exact mode: the n whose algorithm every n runs. Measured on an H200 when the linear layers ran
+ * it too (Qwen3-1.7B dims; decode G=1 P=1024 N=16, update P=4096 N=16 R=512): 4096 kept the update
+ * at 590 ms (592 off) but decoded at 6.61 ms/step (1.73 off: its tiles left most SMs idle at 16
+ * rows of a 2048-output layer); 256 decoded at 3.06 ms/step with the update at 723 ms; 64 at
+ * 6.28 ms/step. */
 enum { GEMM_EXACT_N = 256 };
+/* the reference n of a wide GEMM (m >= 32768 outputs: the logprob head), whose many m tiles fill
+ * the SMs at any n (an experiment's build sets it; the same for every T either way) */
+#ifndef GEMM_EXACT_N_WIDE
+#define GEMM_EXACT_N_WIDE GEMM_EXACT_N
+#endif
+static int exact_ref_n(int m) { return m >= 32768 ? GEMM_EXACT_N_WIDE : GEMM_EXACT_N; }
 
 enum { GEMM_CACHE = 128 };
 typedef struct {
@@ -124,8 +136,8 @@ static gemm_plan *plan_get(cu_ctx *c, const gemm_key *key) {
     /* the layouts the algorithm is chosen on: exact mode's reference n, else the call's own */
     cublasLtMatrixLayout_t hb = p.b, hd = p.d;
     if (key->exact) {
-        LT_CK(c, cublasLtMatrixLayoutCreate(&hb, CUDA_R_16BF, key->k, GEMM_EXACT_N, key->ldb));
-        LT_CK(c, cublasLtMatrixLayoutCreate(&hd, dt, key->m, GEMM_EXACT_N, key->ldd));
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hb, CUDA_R_16BF, key->k, exact_ref_n(key->m), key->ldb));
+        LT_CK(c, cublasLtMatrixLayoutCreate(&hd, dt, key->m, exact_ref_n(key->m), key->ldd));
     }
     cublasLtMatmulPreference_t pref;
     LT_CK(c, cublasLtMatmulPreferenceCreate(&pref));
@@ -239,7 +251,7 @@ static void gemm_lt_c(cu_ctx *c, int transa, int transb, int m, int n, int k, fl
     if ((x = align_of(D)) < al) al = x;
     if (bias && (x = align_of(bias)) < al) al = x;
     if (Cm && (x = align_of(Cm)) < al) al = x;
-    const int exact = cu_exact(c) && !transb;
+    const int exact = cu_exact(c) && transa && !transb; /* the forward's x W^T (not the backward's) */
     if (exact && al > 16) al = 16; /* one algorithm for every buffer of a shape */
     gemm_key key = {transa, transb, m, n, k, lda, ldb, ldd, d_is_f32, bias != NULL, al, exact};
     gemm_plan *p = plan_get(c, &key);
@@ -299,19 +311,7 @@ __global__ void bias_grad_kernel(float *dbias, const bf16 *dout, int T, int O) {
  * the activation rows as the A operand (MT m16 tiles). The warps' fp32 partials are summed in a
  * fixed order through shared memory (deterministic), plus the bias and the residual, into bf16
  * (one rounding). */
-enum { SK_WARPS = 8, SK_KC = 64, SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 5120 };
-
-__device__ __forceinline__ void sk_cp16(uint4 *dst, const void *src, int bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+enum { SK_MAX_T = 64, SK_AUTO_T = 16, SK_NORM_I = 5120 };
 
 /* 8 bf16 of x -> bf16(w * (x * r)) */
 __device__ __forceinline__ uint4 sk_norm8(uint4 xv, uint4 wv, float r) {
@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
     bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
-    const int nch = I / SK_KC, c0 = wp * nch / SK_WARPS, n = (wp + 1) * nch / SK_WARPS - c0;
+    const int nch = I / SK_KC, c0 = sk_seg0(wp, nch), n = sk_seg0(wp + 1, nch) - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
     const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], b3 = a.b0[3], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
     const bf16 *const w_0 = a.w[0], *const w_1 = a.w[1], *const w_2 = a.w[2];
@@ -570,10 +570,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 for (int m = 0; m < MT; m++) {
                     const uint4 lo = xv[2 * m][h], hi = xv[2 * m + 1][h];
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++) {
-                        sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, wv[nt][h].x, wv[nt][h].y);
-                        sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, wv[nt][h].z, wv[nt][h].w);
-                    }
+                    for (int nt = 0; nt < NT; nt++) sk_mma8(acc[m][nt], lo, hi, wv[nt][h]);
                 }
         }
 
@@ -617,8 +614,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                     for (int nt = 0; nt < NT; nt++) {
                         const bool up = sw && nt >= NT / 2;
                         const uint4 lo = up ? uu[2 * m] : ug[2 * m], hi = up ? uu[2 * m + 1] : ug[2 * m + 1];
-                        sk_mma(acc[m][nt], lo.x, hi.x, lo.y, hi.y, bv[nt].x, bv[nt].y);
-                        sk_mma(acc[m][nt], lo.z, hi.z, lo.w, hi.w, bv[nt].z, bv[nt].w);
+                        sk_mma8(acc[m][nt], lo, hi, bv[nt]);
                     }
             }
         }
@@ -755,9 +751,13 @@ static int skinny_nt(int n_sm, const sk_args &a, int MT) {
  * T > 16 goes to cuBLASLt. tune.skinny 0 turns it off, 1 takes it up to T = 64 and any size.
  * (The cuBLASLt figures are of an algorithm chosen by timing, since removed for determinism;
  * the heuristic's first choice at T = 17..64 is not measured yet.) */
-static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
+static int exact_fwd(cu_ctx *c, sk_args a, const bf16 *inp, const cu_norm *norm, int T, int I);
+static const bf16 *norm_apart(cu_ctx *c, const cu_norm *nm, const bf16 *inp, int T, int I);
+static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I);
+static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, const cu_norm *norm, int T, int I) {
+    if (cu_exact(c)) return exact_fwd(c, a, inp, norm, T, I);
     int force = c->tune->skinny == TUNE_SKINNY_FORCE;
-    if (c->tune->skinny == TUNE_SKINNY_OFF || cu_exact(c) || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
+    if (c->tune->skinny == TUNE_SKINNY_OFF || T > SK_MAX_T || I % SK_KC || align_of(inp) < 16) return 0;
     if (T > SK_AUTO_T && !force) return 0;
     if (a.nw && (I > SK_NORM_I || align_of(a.nw) < 16)) return 0; /* nw_s: 16-byte copies */
     int np = a.act ? 2 : a.n;
@@ -767,6 +767,12 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     for (int i = 0; i < np; i++) {
         if (align_of(a.w[i]) < 16 || ((long long)a.O[i] * I > (144LL << 20) && !force)) return 0;
     }
+    skinny_run(c, a, inp, T, I);
+    return 1;
+}
+
+/* the few-row kernel's launch for T <= SK_MAX_T rows: MT m16 tiles, NT by skinny_nt */
+static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
@@ -784,6 +790,42 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
         else SK_L(4, 2);
     }
 #undef SK_L
+}
+
+/* Exact mode (tune.exact): the parts on the two kernels of one reduction order
+ * (matmul_order.cuh), so a row's bits do not depend on T: up to EX_SK_ROWS rows skinny_kernel, in
+ * slices of SK_MAX_T rows, the norm fused (rmsnorm_fwd's values); more rows exact_mm_cuda a part,
+ * after the norm apart (the warp kernel, at any T in exact mode) and SwiGLU after them. 0 when
+ * the shape is theirs at no T (a low-rank term, I not a multiple of SK_KC, x or a W not 16-byte
+ * aligned): the pinned cuBLASLt algorithm runs it at every T. Rows, on an H200 (docs/benchmarks.md):
+ * decode's 128 rows (8 groups) as two 64-row slices of the weight stream. */
+#ifndef EX_SK_ROWS
+#define EX_SK_ROWS 128
+#endif
+static int exact_fwd(cu_ctx *c, sk_args a, const bf16 *inp, const cu_norm *norm, int T, int I) {
+    const int np = a.act ? 2 : a.n;
+    if (I % SK_KC || align_of(inp) < 16) return 0;
+    for (int i = 0; i < np; i++)
+        if (a.la[i] || align_of(a.w[i]) < 16) return 0;
+    if (a.nw && (T > EX_SK_ROWS || I > SK_NORM_I || align_of(a.nw) < 16)) { /* the norm apart */
+        inp = norm_apart(c, norm, inp, T, I);
+        a.nw = NULL;
+        if (align_of(inp) < 16) return 0;
+    }
+    if (T > EX_SK_ROWS) {
+        for (int i = 0; i < np; i++) exact_mm_cuda(c, a.out[i], inp, a.w[i], a.bias[i], a.res[i], T, I, a.O[i]);
+        if (a.act) swiglu_fwd_cuda(c, a.act, a.out[0], a.out[1], (long long)T * a.O[0]);
+        return 1;
+    }
+    for (int t0 = 0; t0 < T; t0 += SK_MAX_T) {
+        sk_args s = a;
+        for (int i = 0; i < np; i++) {
+            s.out[i] += (size_t)t0 * a.O[i];
+            if (s.res[i]) s.res[i] += (size_t)t0 * a.O[i];
+        }
+        if (s.act) s.act += (size_t)t0 * a.O[0];
+        skinny_run(c, s, inp + (size_t)t0 * I, T - t0 < SK_MAX_T ? T - t0 : SK_MAX_T, I);
+    }
     return 1;
 }
 
@@ -850,7 +892,7 @@ void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const 
             a.res[i] = res[i];
             a.O[i] = O[i];
         }
-        if (sk_set_lowrank(a, lr, n) && skinny(c, a, inp, T, I)) return;
+        if (sk_set_lowrank(a, lr, n) && skinny(c, a, inp, norm, T, I)) return;
     }
     inp = norm_apart(c, norm, inp, T, I);
     lowrank_first_halves(c, lr, n, inp, T, I);
@@ -876,7 +918,7 @@ void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, co
     a.w[0] = wg;
     a.w[1] = wu;
     a.O[0] = a.O[1] = F;
-    if (sk_set_lowrank(a, lr, 2) && skinny(c, a, inp, T, I)) return;
+    if (sk_set_lowrank(a, lr, 2) && skinny(c, a, inp, norm, T, I)) return;
     inp = norm_apart(c, norm, inp, T, I);
     bf16 *const o[2] = {g, u};
     const bf16 *const w[2] = {wg, wu}, *const b[2] = {NULL, NULL};

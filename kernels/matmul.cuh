@@ -34,6 +34,10 @@ typedef struct {
  * all. */
 void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const bf16 *const *res,
                        const int *O, int n, const bf16 *inp, const cu_norm *norm, int T, int I, const cu_lowrank *lr);
+/* exact mode's many-row GEMM (matmul_exact.cu): out (T,O) = inp W^T + bias + res (NULL: none)
+ * in the few-row kernel's reduction order (matmul_order.cuh); I a multiple of 64, 16-byte
+ * aligned inp and W */
+void exact_mm_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp, const bf16 *w, int T,
                      int I, int O);
 void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg, const bf16 *wu,

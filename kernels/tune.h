@@ -22,7 +22,8 @@ typedef struct {
     int attn_decode; /* GRPOD_TUNE_ATTN_DECODE=0|1: attention_decode.cu for few queries */
     tune_attn attn; /* GRPOD_TUNE_ATTN=auto|simt: simt runs the SIMT kernels at every head dim */
     int skinny; /* GRPOD_TUNE_SKINNY=auto|0|1: the few-row GEMM of matmul.cu: auto for
-                         * T <= 16 and W up to 64M values, 0 never, 1 up to T = 64 and any size */
+                         * T <= 16 and W up to 64M values, 0 never, 1 up to T = 64 and any size
+                         * (exact mode runs it whatever this says: its order is exact mode's) */
     int moe; /* GRPOD_TUNE_MOE=auto|tiles|grouped|cublas: the MoE experts' GEMMs: auto the
                       * few-slot kernel up to 512 tokens and grouped GEMMs above; tiles the tiled
                       * kernels (batch-invariant); grouped the grouped GEMMs at every size;

@@ -23,10 +23,12 @@
 #   (e) compute-sanitizer memcheck over the small op cases
 # The optional benchmarks (f)-(l) are built from tests/bench/gpu/ with the tests; the profilers
 # that read their kernels are tools/gpu/ (profile.sh, ncu_decode_steps.py).
-#   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512), and with
+#   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512; with EXACT=1 1.7B
+#       in exact mode too), and with
 #       PEER=path/to/peer_step.py the PyTorch peer in the same call
 #   (g) with BENCH_ROLLOUT=1: bench_rollout (eng_rollout decode, Qwen3-1.7B dims, P=1024 N=16 256
-#       tokens), with PEER_ROLLOUT=path/to/peer_rollout.py the transformers peer in the same call
+#       tokens; with EXACT=1 in exact mode too), with PEER_ROLLOUT=path/to/peer_rollout.py the
+#       transformers peer in the same call
 #   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
 #       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
@@ -186,6 +188,8 @@ fi
 if [ "${BENCH:-0}" = 1 ]; then
     {
         for s in 0.6b 1.7b; do timeout ${T_BENCH:-100} "$BIN/bench_step" $s 4096 16 512; done
+        # with EXACT=1 the update in exact mode too (GRPOD_TUNE_EXACT=1)
+        if [ "${EXACT:-0}" = 1 ]; then GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 4096 16 512; fi
         if [ -n "${PEER:-}" ]; then PYTHONUNBUFFERED=1 timeout 400 python3 "$PEER" 1.7b 4096 16 512 4; fi
     } >"$OUT/bench.log" 2>&1
     grep -v '^rep' "$OUT/bench.log"
@@ -213,6 +217,9 @@ if [ "${BENCH_ROLLOUT:-0}" = 1 ]; then
     {
         timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b 1 1024 16 256
         timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b 8 1024 16 256
+        if [ "${EXACT:-0}" = 1 ]; then # exact mode's decode in the same call
+            for g in 1 8; do GRPOD_TUNE_EXACT=1 timeout ${T_BENCH:-100} "$BIN/bench_rollout" 1.7b $g 1024 16 256; done
+        fi
         if [ -n "${PEER_ROLLOUT:-}" ]; then PYTHONUNBUFFERED=1 timeout 300 python3 "$PEER_ROLLOUT" 1.7b; fi
     } >"$OUT/bench_rollout.log" 2>&1
     cat "$OUT/bench_rollout.log"

@@ -1,7 +1,8 @@
 /* test_invariant.c (GPU) — batch invariance of the forward ops in exact mode (tune.exact, issue
- * 36): one fixed input row computed inside batches of M = 1, 3, 16, 64, 257, 4096 random rows, at
+ * 36): one fixed input row computed inside batches of M = 1, 3, 7, 16, 64, 128, 257, 4096 random rows, at
  * the first, middle and last position, must give the bits it gives alone — for the GEMMs
- * (matmul_fwd at two Qwen3-1.7B shapes and an odd O, matmul_fwd_n with the norm in front, mlp_in_fwd), RMSNorm,
+ * (matmul_fwd at two Qwen3-1.7B shapes, an odd O and I = 192 (3 of the 8 K segments non-empty),
+ * matmul_fwd_n with the norm in front, and with a bias and the residual, mlp_in_fwd), RMSNorm,
  * the logprob head (T = 1 and 0.7), the sampler (its token and reported logprob) and a MoE layer
  * (router + experts). A row per op and mode: exact on asserts 0 differing cases; exact off prints
  * its count (non-zero for the GEMMs: what the test would catch). Last, the sampler's reported
@@ -11,23 +12,26 @@
 #include "tests/gpu/gpu_check.h"
 
 enum { C = 2048, F = 6144, V = 151936, MC = 1024, ME = 16, MK = 4, MF = 512 };
-static const int MS[] = {1, 3, 16, 64, 257, 4096};
+/* 7, 64: the few-row kernel; 128: two 64-row slices of it; 257, 4096: exact_mm_cuda's 32- and
+ * 128-row tiles */
+static const int MS[] = {1, 3, 7, 16, 64, 128, 257, 4096};
 
 typedef struct {
     void *w1, *w2, *wq, *wk, *wv, *nw, *wg, *wu, *lm, *wr, *eg, *eu, *ed;
 } weights;
 static weights W;
 
-/* M rows of I inputs: random neighbours (seeded by M and pos), the fixed row at pos */
-static void *batch(eng_backend *g, int M, int pos, int I, float scale) {
-    float *h = gc_rand((size_t)M * I, scale, 1000 + (unsigned long long)M * 7 + pos);
-    float *x = gc_rand((size_t)I, scale, 77);
+/* M rows of I inputs: random neighbours (seeded by M and pos), the fixed row (seed 77 + fix) at pos */
+static void *batch_fix(eng_backend *g, int M, int pos, int I, float scale, unsigned fix) {
+    float *h = gc_rand((size_t)M * I, scale, 1000 + (unsigned long long)M * 7 + pos + 31ULL * fix);
+    float *x = gc_rand((size_t)I, scale, 77 + fix);
     memcpy(h + (size_t)pos * I, x, (size_t)I * 4);
     void *d = gc_act(g, h, (size_t)M * I);
     free(h);
     free(x);
     return d;
 }
+static void *batch(eng_backend *g, int M, int pos, int I, float scale) { return batch_fix(g, M, pos, I, scale, 0); }
 
 /* one op: the output row at pos of a batch of M rows (n values, malloc'd) */
 typedef float *(*op_fn)(eng_backend *g, int M, int pos, int *n);
@@ -51,6 +55,16 @@ static float *op_matmul(eng_backend *g, int M, int pos, int *n, int I, int O, co
 static float *op_up(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, C, F, W.w1); }
 static float *op_down(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, F, C, W.w2); }
 static float *op_odd(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, C, 1001, W.w1); } /* 2-byte rows */
+static float *op_small(eng_backend *g, int M, int pos, int *n) { return op_matmul(g, M, pos, n, 192, 1001, W.w1); }
+
+static float *op_res(eng_backend *g, int M, int pos, int *n) { /* o_proj-like: + bias + the residual, in place */
+    void *x = batch(g, M, pos, C, 1.0f), *y = batch_fix(g, M, pos, C, 2.0f, 1);
+    mm_part p = {.out = y, .w = W.wq, .bias = W.nw, .res = y, .O = C};
+    g->matmul_fwd_n(g, &p, 1, x, NULL, M, C);
+    float *r = row_of(g, y, M, pos, C, n);
+    g->free(g, x), g->free(g, y);
+    return r;
+}
 
 static float *op_qkv(eng_backend *g, int M, int pos, int *n) { /* q/k/v with the norm in front; k's row */
     void *x = batch(g, M, pos, C, 1.0f), *ln = g->alloc(g, (size_t)M * C * 2);
@@ -189,6 +203,8 @@ int main(void) {
         {"matmul_fwd up", "I=2048 O=6144", op_up, 1},
         {"matmul_fwd down", "I=6144 O=2048", op_down, 1},
         {"matmul_fwd odd O", "I=2048 O=1001", op_odd, 1},
+        {"matmul_fwd small I", "I=192 O=1001", op_small, 1},
+        {"matmul_fwd_n + bias + residual", "I=2048 O=2048", op_res, 1},
         {"matmul_fwd_n q/k/v + norm", "I=2048 O=2048,1024,1024", op_qkv, 1},
         {"mlp_in_fwd + norm", "I=2048 F=6144", op_mlp, 1},
         {"rmsnorm_fwd", "C=2048", op_rmsnorm, 1},
