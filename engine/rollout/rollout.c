@@ -570,7 +570,7 @@ static int alive(const stream *k) { return !k->done && !k->grp->job->state; }
  * the call fails. */
 static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_job *ban) {
     s->dec_calls++;
-    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->ids, s->lps,
+    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, NULL, 0, s->ids, s->lps,
                       s->rt.W ? s->rt.buf : NULL);
     if (!rc) rt_scatter(&s->rt, in->T);
     if (rc) {
