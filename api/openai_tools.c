@@ -2,11 +2,12 @@
  * written as the chat template's tojson writes it, and the model's output parsed into tool_calls
  * as vLLM's hermes parser does (the <tool_call> format of Qwen2.5 and Qwen3). See openai.h.
  *
- * tool_choice "required" and a named function promise a call whatever the model would write.
- * grpod keeps it without a grammar: the answer starts with the call's opening (<tool_call>, the
- * name, "arguments": ), appended to the prompt, and the model writes the arguments. Required with
- * several tools first draws the name from the policy's own probabilities of the openings
- * (openai.c). The arguments are not constrained to the tool's parameters schema. */
+ * tool_choice "required" and a named function promise a call whatever the model would write:
+ * the answer starts with the call's opening (<tool_call>, the name, "arguments": ), appended to
+ * the prompt, and the model writes the arguments under a JSON grammar (sampling.guided, set by
+ * openai_request.c), so they parse. Required with several tools first draws the name from the
+ * policy's own probabilities of the openings (openai.c). The arguments are not checked against
+ * the tool's parameters schema. */
 #include "api/openai.h"
 
 #include <stdio.h>

@@ -161,12 +161,18 @@ typedef struct {
     const int *stop_token_ids;
     int n_stop_token_ids;
     uint64_t seed; /* same seed, same tokens */
+    /* constrained decoding (engine/text/json_grammar.h): ENG_GUIDED_JSON / _OBJECT: the response
+     * is a JSON value / object, then guided_suffix[0] (n_guided_suffix 0 or 1), then an end id */
+    int guided;
+    const char *const *guided_suffix;
+    int n_guided_suffix;
     /* (n_groups) or NULL: each group's index in the original request, which its responses'
      * stream seeds use (tokens depend only on seed, this index and the response index). NULL:
      * its position in the groups passed. Set when a request is split (across ranks)
      * so each share draws the tokens the whole request draws on one rank. */
     const int *group_index;
 } eng_sampling;
+enum { ENG_GUIDED_NONE, ENG_GUIDED_JSON, ENG_GUIDED_OBJECT }; /* eng_sampling.guided: the row's choices */
 void eng_sampling_default(eng_sampling *s); /* the sampling rows' defaults (params.c) */
 
 typedef struct {
