@@ -470,15 +470,21 @@ int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollou
 
 /* 0 while some part runs, 1 when all are done (merged into r->out, in the request's order),
  * or the first part's error. */
+/* A part's group k is the request's group idx[k]. */
+typedef struct {
+    const rollout_part *pt;
+    jobs_peek_cb fn;
+    void *ud;
+} peek_ctx;
+static void peek_part(void *ud, int k, int m, const int *tok, const float *lp, int n) {
+    peek_ctx *c = ud;
+    c->fn(c->ud, c->pt->idx[k], m, tok, lp, n);
+}
+
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud) {
     for (int i = 0; i < r->n_parts; i++) {
-        const rollout_part *pt = &r->parts[i];
-        if (pt->rank != 0 || !pt->job) continue;
-        for (int k = 0; k < pt->n; k++)
-            for (int m = 0; pt->out[k].resp && m < pt->out[k].n; m++) {
-                const eng_response *o = &pt->out[k].resp[m];
-                if (o->n_tokens > 0) fn(ud, pt->idx[k], m, o->tokens, o->logprobs, o->n_tokens);
-            }
+        peek_ctx c = {&r->parts[i], fn, ud};
+        if (r->parts[i].job) ranks_job_peek(r->rk, r->parts[i].job, peek_part, &c);
     }
 }
 

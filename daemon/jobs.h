@@ -57,8 +57,10 @@ int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **re
  * rank's). 0 or the store's error. */
 int jobs_rollout_keep_routes(const jobs_rollout *r, store *st, const char *id);
 void jobs_rollout_free(jobs_rollout *r);
-/* The responses sampled so far by rank 0's scheduler (the one this thread steps; peers' parts
- * are not read while they run): fn(ud, group in the request, response, tokens, logprobs, n). */
+/* The responses sampled so far, for a streaming reply: fn(ud, group in the request, response,
+ * tokens, logprobs, n). Rank 0's parts from its scheduler (the one this thread steps), a peer
+ * rank's from the copy it makes after each step once peeked (ranks_job_peek: fn runs under that
+ * peer's mutex), a follower's none. */
 typedef void (*jobs_peek_cb)(void *ud, int group, int resp, const int *tok, const float *lp, int n);
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud);
 /* A follower's share of a leader's rollout (daemon/cluster.c): desc, a rollout payload with
