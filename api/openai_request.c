@@ -272,7 +272,8 @@ static int keys_or_reply(json_object *req, int chat, api_error *e) {
     for (const char *const *k = chat ? chat_keys : completion_keys; *k; k++) keys[nk++] = *k;
     for (const char *const *k = oa_chat_prompt_keys; chat && *k; k++) keys[nk++] = *k;
     for (size_t i = 0; i < N_NEUTRAL; i++) keys[nk++] = neutral_rows[i].name;
-    for (int i = 0; i < eng_sampling_params.n && nk < 95; i++) keys[nk++] = eng_sampling_params.rows[i].name;
+    for (int i = 0; i < eng_sampling_params.n && nk < 95; i++)
+        if (chat || strcmp(eng_sampling_params.rows[i].name, "top_logprobs")) keys[nk++] = eng_sampling_params.rows[i].name;
     keys[nk] = NULL;
     return api_check_keys(req, "", keys, e);
 }
@@ -353,6 +354,8 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
                 api_put_copy(samp, k, v);
         }
         api_put_int(samp, "max_tokens", max_tokens > 0 ? max_tokens : 1);
+        json_object_object_del(samp, "top_logprobs"); /* OpenAI's own (chat), or not a completions field */
+        if (stream && lp > 0 && !echo) api_put_int(samp, "top_logprobs", lp); /* each chunk's alternatives, as they are sampled */
         guided_of(req, q, samp);
         rc = api_rollout_or_reply(nat, l, m, &q->rollout, e);
         if (rc) oa_rename_field(e, chat);

@@ -306,6 +306,15 @@ static int rollout_result(jobs_rollout *r, char **result) {
             json_object_object_add(o, "text", json_object_new_string_len(txt ? txt : "", (int)tl));
             free(txt);
             json_object_object_add(o, "logprobs", floats_json(x->logprobs, x->n_tokens));
+            if (x->top_ids) { /* sampling.top_logprobs: per position its k most likely tokens, as /v1/logprobs lists them */
+                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
+                for (int t = 0; t < x->n_tokens; t++) {
+                    json_object_array_add(ti, ints_json(x->top_ids + (size_t)t * s->top_logprobs, s->top_logprobs));
+                    json_object_array_add(tl, floats_json(x->top_lps + (size_t)t * s->top_logprobs, s->top_logprobs));
+                }
+                json_object_object_add(o, "top_ids", ti);
+                json_object_object_add(o, "top_logprobs", tl);
+            }
             json_object_object_add(o, "finish_reason", json_object_new_string(x->finish == FINISH_LENGTH ? "length" : "stop"));
             if (rw) {
                 float sc = reward_score(&spec, x->text ? x->text : "", x->n_tokens);
@@ -476,9 +485,9 @@ typedef struct {
     jobs_peek_cb fn;
     void *ud;
 } peek_ctx;
-static void peek_part(void *ud, int k, int m, const int *tok, const float *lp, int n) {
+static void peek_part(void *ud, int k, int m, const eng_response *x, int top_k) {
     peek_ctx *c = ud;
-    c->fn(c->ud, c->pt->idx[k], m, tok, lp, n);
+    c->fn(c->ud, c->pt->idx[k], m, x, top_k);
 }
 
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud) {

@@ -39,6 +39,8 @@ typedef struct cmd {
 typedef struct {
     int *tok;
     float *lp;
+    int *top_ids; /* (cap, k) with sampling.top_logprobs k */
+    float *top_lps;
     int n, cap;
 } tap_buf;
 
@@ -131,17 +133,27 @@ static int tap_copy(ranks_job *j, int *most) {
         for (int m = 0; j->out[k].resp && m < j->out[k].n; m++) {
             const eng_response *o = &j->out[k].resp[m];
             tap_buf *b = &j->tap[at + m];
+            size_t k = o->top_ids ? (size_t)j->sp->top_logprobs : 0, d = (size_t)(o->n_tokens - b->n);
             if (o->n_tokens <= b->n) continue;
             if (o->n_tokens > b->cap) {
                 int cap = 2 * o->n_tokens;
                 int *t = realloc(b->tok, sizeof *t * (size_t)cap);
                 if (t) b->tok = t;
                 float *l = t ? realloc(b->lp, sizeof *l * (size_t)cap) : NULL;
-                if (!l) continue;
-                b->lp = l, b->cap = cap;
+                if (l) b->lp = l;
+                int *ti = l && k ? realloc(b->top_ids, sizeof *ti * cap * k) : NULL;
+                if (ti) b->top_ids = ti;
+                float *tl = ti ? realloc(b->top_lps, sizeof *tl * cap * k) : NULL;
+                if (tl) b->top_lps = tl;
+                if (!l || (k && !tl)) continue;
+                b->cap = cap;
             }
-            memcpy(b->tok + b->n, o->tokens + b->n, sizeof *b->tok * (size_t)(o->n_tokens - b->n));
-            memcpy(b->lp + b->n, o->logprobs + b->n, sizeof *b->lp * (size_t)(o->n_tokens - b->n));
+            memcpy(b->tok + b->n, o->tokens + b->n, sizeof *b->tok * d);
+            memcpy(b->lp + b->n, o->logprobs + b->n, sizeof *b->lp * d);
+            if (k) {
+                memcpy(b->top_ids + b->n * k, o->top_ids + b->n * k, sizeof(int) * d * k);
+                memcpy(b->top_lps + b->n * k, o->top_lps + b->n * k, sizeof(float) * d * k);
+            }
             b->n = o->n_tokens;
             got = 1;
             if (b->n > *most) *most = b->n;
@@ -654,7 +666,7 @@ void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud) {
         for (int k = 0; j->j && k < j->n; k++)
             for (int m = 0; j->out[k].resp && m < j->out[k].n; m++) {
                 const eng_response *o = &j->out[k].resp[m];
-                if (o->n_tokens > 0) fn(ud, k, m, o->tokens, o->logprobs, o->n_tokens);
+                if (o->n_tokens > 0) fn(ud, k, m, o, o->top_ids ? j->sp->top_logprobs : 0);
             }
         return;
     }
@@ -664,8 +676,11 @@ void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud) {
     pthread_mutex_lock(&p->mu);
     if (!j->tap) j->tap = calloc((size_t)(total ? total : 1), sizeof *j->tap); /* NULL: nothing streams */
     for (int k = 0, at = 0; j->tap && k < j->n; at += j->g[k].n, k++)
-        for (int m = 0; m < j->g[k].n; m++)
-            if (j->tap[at + m].n > 0) fn(ud, k, m, j->tap[at + m].tok, j->tap[at + m].lp, j->tap[at + m].n);
+        for (int m = 0; m < j->g[k].n; m++) {
+            const tap_buf *b = &j->tap[at + m];
+            eng_response x = {.tokens = b->tok, .logprobs = b->lp, .n_tokens = b->n, .top_ids = b->top_ids, .top_lps = b->top_lps};
+            if (b->n > 0) fn(ud, k, m, &x, b->top_ids ? j->sp->top_logprobs : 0);
+        }
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -683,7 +698,7 @@ void ranks_job_release(ranks *rk, ranks_job *j) {
     if (j->tap) { /* the release above waited for the peer: it touches j no more */
         int total = 0;
         for (int k = 0; k < j->n; k++) total += j->g[k].n;
-        for (int i = 0; i < total; i++) free(j->tap[i].tok), free(j->tap[i].lp);
+        for (int i = 0; i < total; i++) free(j->tap[i].tok), free(j->tap[i].lp), free(j->tap[i].top_ids), free(j->tap[i].top_lps);
         free(j->tap);
     }
     free(j);

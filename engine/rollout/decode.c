@@ -40,6 +40,8 @@ struct dec_state {
     int pinned;
     float *dlogits; /* (cap_L, V) device */
     int cap_L;
+    int *dtop; /* device: cap_top positions, then (cap_top, ENG_TOP_MAX) ids and logprobs */
+    int cap_top;
     dec_graph graph[DEC_BUCKETS];
 };
 
@@ -97,6 +99,7 @@ void dec_free(eng *e) {
     drop_graphs(e);
     free_staging(e);
     if (d->dlogits) e->be->free(e->be, d->dlogits);
+    if (d->dtop) e->be->free(e->be, d->dtop);
     free(d);
     e->dec = NULL;
 }
@@ -166,6 +169,52 @@ static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
                d->cap_M ? (uint32_t *)(b + L.masks) : NULL, R, c->V);
 }
 
+/* The k most likely tokens of top's rows, from the step's final-norm output (still in the
+ * activations) through the logprob head's logprob_top: one call per temperature among them
+ * (1 when greedy), as eng_logprobs_top scores a position. */
+static int step_top(eng *e, const int *rows, const sample_params *p, const dec_top *top) {
+    eng_backend *be = e->be;
+    dec_state *d = e->dec;
+    const model_config *c = &eng_dec_model(e)->cfg;
+    int n = top->n, K = top->k, rc = 0;
+    if (n > d->cap_top) {
+        if (d->dtop) be->free(be, d->dtop);
+        d->cap_top = grow(d->cap_top, n, 16);
+        if (!(d->dtop = be->alloc(be, (size_t)d->cap_top * (1 + 2 * ENG_TOP_MAX) * 4))) {
+            d->cap_top = 0;
+            return err_set(GE_NOMEM, "decode: out of memory for the top tokens of %d rows", n);
+        }
+    }
+    int *dpos = d->dtop, *dids = dpos + d->cap_top;
+    float *dlps = (float *)(dids + (size_t)d->cap_top * ENG_TOP_MAX);
+    int *pos = malloc(sizeof(int) * (size_t)n * (2 + K)), *which = pos + n, *hid = which + n;
+    float *hlp = malloc(sizeof(float) * (size_t)n * K);
+    char *done = calloc((size_t)n, 1);
+    if (!pos || !hlp || !done) rc = err_set(GE_NOMEM, "decode: out of memory for the top tokens of %d rows", n);
+    for (int i = 0; !rc && i < n; i++) {
+        if (done[i]) continue;
+        float T = p[top->rows[i]].temperature;
+        int M = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && p[top->rows[j]].temperature == T) {
+                which[M] = j;
+                pos[M++] = rows[top->rows[j]];
+                done[j] = 1;
+            }
+        if ((rc = be->to_dev(be, dpos, pos, (size_t)M * 4))) break;
+        be->logprob_top(be, dids, dlps, e->acts_ng.lnf, dpos, eng_dec_views(e)->lm_head, M, c->C, c->V, T > 0 ? T : 1.0f, K);
+        if ((rc = be->to_host(be, hid, dids, (size_t)M * K * 4)) || (rc = be->to_host(be, hlp, dlps, (size_t)M * K * 4))) break;
+        for (int q = 0; q < M; q++) {
+            memcpy(top->ids + (size_t)which[q] * K, hid + (size_t)q * K, (size_t)K * 4);
+            memcpy(top->lps + (size_t)which[q] * K, hlp + (size_t)q * K, (size_t)K * 4);
+        }
+    }
+    free(pos);
+    free(hlp);
+    free(done);
+    return rc;
+}
+
 static int bucket_of(int T, int *Tb) {
     int i = 0, b = 1;
     while (b < T) {
@@ -177,7 +226,7 @@ static int bucket_of(int T, int *Tb) {
 }
 
 int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
-             int n_ban, const uint32_t *allow, int n_allow, int *ids, float *lps, int *routes) {
+             int n_ban, const uint32_t *allow, int n_allow, const dec_top *top, int *ids, float *lps, int *routes) {
     eng_backend *be = e->be;
     const model *m = eng_dec_model(e);
     const model_views *wv = eng_dec_views(e);
@@ -275,5 +324,6 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if ((rc = be->to_host(be, h + L.out_tok, d->d + L.out_tok, (size_t)d->cap_R * 8))) return rc;
     memcpy(ids, h + L.out_tok, (size_t)R * 4);
     memcpy(lps, h + L.out_lp, (size_t)R * 4);
+    if (top && top->n && (rc = step_top(e, rows, p, top))) return rc;
     return routes ? model_routes_get(m, &e->acts_ng, graphs ? Tb : T, T, routes) : 0;
 }

@@ -41,6 +41,8 @@ void eng_group_result_free(eng_group_result *r) {
         free(r->resp[i].logprobs);
         free(r->resp[i].text);
         free(r->resp[i].routes);
+        free(r->resp[i].top_ids);
+        free(r->resp[i].top_lps);
     }
     free(r->resp);
     free(r->prompt_routes);
@@ -128,6 +130,11 @@ struct eng_sched {
     int cap_items;
     rt_rec rt; /* a step's MoE routes and where each token's go (routes.h) */
     gd_masks masks; /* a call's allow masks, one per guided row (guided.h) */
+    /* a call's rows whose job wants top_logprobs: their row indices, and each row's place among
+     * them (-1: none); the top tokens (cap_R, ENG_TOP_MAX) */
+    int *top_rows, *top_at, n_top, top_k;
+    int *top_ids;
+    float *top_lps;
 };
 
 static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_heap : j->ban; }
@@ -242,8 +249,14 @@ static int reserve(eng_sched *s, int T, int R, int I) {
         sample_params *p = l ? realloc(s->rp, (size_t)R * sizeof(sample_params)) : NULL;
         if (p) s->rp = p;
         stream **w = p ? realloc(s->who, (size_t)R * sizeof(stream *)) : NULL;
-        if (!w) return err_set(GE_NOMEM, "scheduler: out of memory for %d rows", R);
-        s->who = w;
+        if (w) s->who = w;
+        int *tr = w ? realloc(s->top_rows, (size_t)R * 2 * sizeof(int)) : NULL;
+        if (tr) s->top_rows = tr, s->top_at = tr + R;
+        int *ti = tr ? realloc(s->top_ids, (size_t)R * ENG_TOP_MAX * sizeof(int)) : NULL;
+        if (ti) s->top_ids = ti;
+        float *tl = ti ? realloc(s->top_lps, (size_t)R * ENG_TOP_MAX * sizeof(float)) : NULL;
+        if (!tl) return err_set(GE_NOMEM, "scheduler: out of memory for %d rows", R);
+        s->top_lps = tl;
         s->cap_R = R;
     }
     if (I > s->cap_items) {
@@ -357,8 +370,9 @@ static void finish_stream(eng_sched *s, stream *k) {
     }
 }
 
-/* Records token id (logprob lp) of stream k and decides whether it is done. */
-static void record_token(eng_sched *s, stream *k, int id, float lp) {
+/* Records token id (logprob lp; top_ids / top_lps: its row's top tokens, at least the job's k of
+ * them, or NULL) of stream k and decides whether it is done. */
+static void record_token(eng_sched *s, stream *k, int id, float lp, const int *top_ids, const float *top_lps) {
     if (k->done || k->grp->job->state) return;
     const eng_sampling *sp = &k->grp->job->sp;
     const eng_info *info = &s->info;
@@ -366,6 +380,11 @@ static void record_token(eng_sched *s, stream *k, int id, float lp) {
     eng_sched_job *j = k->grp->job;
     o->tokens[o->n_tokens] = id;
     o->logprobs[o->n_tokens] = lp;
+    if (o->top_ids && top_ids) {
+        size_t kk = (size_t)sp->top_logprobs;
+        memcpy(o->top_ids + (size_t)o->n_tokens * kk, top_ids, sizeof(int) * kk);
+        memcpy(o->top_lps + (size_t)o->n_tokens * kk, top_lps, sizeof(float) * kk);
+    }
     o->n_tokens++;
     j->tok_done++;
     if (j->gram) gd_advance(s->e, j->gram, &k->gs, id);
@@ -450,15 +469,23 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     int ok = G && st && resp;
     int W = s->rt.W, *proutes = rt_rows(W, RG->P);
     ok = ok && (proutes || !W);
+    int tk = j->sp.top_logprobs;
     for (r = 0; ok && r < RG->n; r++) {
         resp[r].tokens = malloc((size_t)maxt * sizeof(int));
         resp[r].logprobs = malloc((size_t)maxt * sizeof(float));
         ok = resp[r].tokens && resp[r].logprobs;
+        if (ok && tk > 0) {
+            resp[r].top_ids = malloc((size_t)maxt * tk * sizeof(int));
+            resp[r].top_lps = malloc((size_t)maxt * tk * sizeof(float));
+            ok = resp[r].top_ids && resp[r].top_lps;
+        }
     }
     if (!ok) {
         for (r = 0; resp && r < RG->n; r++) {
             free(resp[r].tokens);
             free(resp[r].logprobs);
+            free(resp[r].top_ids);
+            free(resp[r].top_lps);
         }
         free(proutes);
         untake(s, pb, rb, RG->n);
@@ -563,6 +590,12 @@ static int set_row(eng_sched *s, int r, stream *k) {
     eng_sched_job *j = k->grp->job;
     s->rp[r] = row_of(k);
     s->who[r] = k;
+    s->top_at[r] = -1;
+    if (j->sp.top_logprobs > 0) {
+        s->top_at[r] = s->n_top;
+        s->top_rows[s->n_top++] = r;
+        if (j->sp.top_logprobs > s->top_k) s->top_k = j->sp.top_logprobs;
+    }
     if (!j->gram) return 0;
     int a = gd_row(s->e, &s->masks, j->gram, &k->gs, j->sp.max_tokens - k->out->n_tokens, job_ban(j), j->n_ban);
     if (a < 0) {
@@ -594,9 +627,11 @@ static int alive(const stream *k) { return !k->done && !k->grp->job->state; }
  * the call fails. */
 static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_job *ban) {
     s->dec_calls++;
+    dec_top top = {s->n_top, s->top_k, s->top_rows, s->top_ids, s->top_lps};
     int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->masks.m,
-                      s->masks.n, s->ids, s->lps, s->rt.W ? s->rt.buf : NULL);
-    s->masks.n = 0;
+                      s->masks.n, s->n_top ? &top : NULL, s->ids, s->lps, s->rt.W ? s->rt.buf : NULL);
+    int K = s->top_k;
+    s->masks.n = s->n_top = s->top_k = 0;
     if (!rc) rt_scatter(&s->rt, in->T);
     if (rc) {
         char msg[256];
@@ -604,7 +639,11 @@ static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_
         for (int i = 0; i < R; i++) job_stop(s, s->who[i]->grp->job, rc, msg);
         return rc;
     }
-    for (int i = 0; i < R; i++) record_token(s, s->who[i], s->ids[i], s->lps[i]);
+    for (int i = 0; i < R; i++) {
+        int t = s->top_at[i];
+        record_token(s, s->who[i], s->ids[i], s->lps[i], t < 0 ? NULL : s->top_ids + (size_t)t * K,
+                     t < 0 ? NULL : s->top_lps + (size_t)t * K);
+    }
     return 0;
 }
 
@@ -866,6 +905,9 @@ void eng_sched_close(eng_sched *s) {
     free(s->lps);
     free(s->rp);
     free(s->who);
+    free(s->top_rows);
+    free(s->top_ids);
+    free(s->top_lps);
     free(s->items);
     free(s->taken);
     rt_free(&s->rt);

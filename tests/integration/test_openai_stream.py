@@ -79,7 +79,7 @@ def test_stream_from_a_peer_rank(make_daemon, tmp_path):
     d.binary = HOOKS
     d.start()
     body = {"prompt": ["Once upon a time", "In a land far"], "max_tokens": 32, "ignore_eos": True, "seed": 5,
-            "stream": True}
+            "stream": True, "logprobs": 2}
     r = requests.post(d.url + "/v1/completions", json=body, timeout=120, stream=True)
     events = sse_events(r)
     before = []
@@ -94,12 +94,14 @@ def test_stream_from_a_peer_rank(make_daemon, tmp_path):
     assert ranks[1] == 1                  # the group is on rank 1, still running
     go.touch()
     after = [json.loads(e) for e in events if e != "[DONE]"]
-    texts = {0: "", 1: ""}
+    texts, tops = {0: "", 1: ""}, {0: [], 1: []}
     for ev in before + after:
         for c in ev["choices"]:
             texts[c["index"]] += c["text"]
+            tops[c["index"]] += (c["logprobs"] or {}).get("top_logprobs") or []
     full = d.post("/v1/completions", dict(body, stream=False)).json()
     assert [texts[0], texts[1]] == [c["text"] for c in full["choices"]]
+    assert [tops[0], tops[1]] == [c["logprobs"]["top_logprobs"] for c in full["choices"]]   # the peer's alternatives too
 
 
 def test_n2_stream_adds_up_to_the_reply(shared_daemon):
