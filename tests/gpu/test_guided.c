@@ -5,14 +5,12 @@
  * captured graphs too). An unguided job beside it is reported (equal to alone only in exact
  * mode on CUDA: the batch changes bf16 logits otherwise). Prints ROW lines for tests/gpu/run.sh. */
 #include "tests/gpu/gpu_check.h"
+#include "tests/unit/default_engine.h"
 #include "tests/unit/guided_run.h"
 
 int main(void) {
-    const char *dir = "build/gpu/guided_model";
-    if (eng_ensure_default_model(dir)) gc_die(NULL, "default model");
-    eng *e;
-    eng_open_opts o = {.model_dir = dir, .backend = "cuda"};
-    if (eng_open(&o, &e)) gc_die(NULL, "eng_open");
+    eng *e = default_engine_on("build/gpu/guided_model", "cuda");
+    if (!e) gc_die(NULL, "the default model on cuda");
     guided_result r;
     int rc = guided_run(e, &r);
     if (rc) printf("guided_run: %s\n", err_msg());
