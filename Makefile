@@ -82,7 +82,8 @@ grpod $(BUILD)/grpod: $(BUILD)/daemon/main.o $(BUILD)/libapp.a $(BUILD)/libengin
 $(BUILD)/hooks/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DGRPOD_TEST_HOOKS -c -o $@ $<
-$(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/hooks/daemon/jobs.o $(BUILD)/libapp.a $(BUILD)/libengine.a
+$(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/hooks/daemon/jobs.o $(BUILD)/hooks/daemon/ranks.o \
+		$(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c

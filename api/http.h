@@ -57,11 +57,20 @@ typedef int (*api_cluster_fn)(void *ud, int route, long long follower, long long
 void api_set_cluster_hook(api_server *s, api_cluster_fn fn, void *ud);
 void api_jobs_changed(api_server *s); /* a job changed state: wake long-pollers */
 void api_tick(api_server *s); /* resume long-pollers whose wait ran out */
+/* A response's tokens: n ids and their logprobs, and with k > 0 each one's k most likely
+ * tokens (top_ids, top_lps: (n, k); sampling.top_logprobs). */
+typedef struct {
+    const int *tok;
+    const float *lp;
+    const int *top_ids;
+    const float *top_lps;
+    int n, k;
+} api_tokens;
 /* Token taps (tap.c), from the worker: 1 when a streaming reply waits on job_id's tokens;
- * api_tap_put gives response resp of group its first n tokens (those past what the tap holds
+ * api_tap_put gives response resp of group its first x->n tokens (those past what the tap holds
  * are copied); api_tap_wake resumes the reply when something new was put. */
 int api_tap_wanted(api_server *s, const char *job_id);
-void api_tap_put(api_server *s, const char *job_id, int group, int resp, const int *tok, const float *lp, int n);
+void api_tap_put(api_server *s, const char *job_id, int group, int resp, const api_tokens *x);
 void api_tap_wake(api_server *s, const char *job_id);
 void api_quiesce(api_server *s); /* stop accepting; new /v1 posts get 503 */
 /* As api_quiesce but the server keeps accepting connections (a leader's followers must reach the

@@ -109,8 +109,9 @@ void api_resume_waiters(api_server *s, int all);
 /* ---------------------------------------------------------------- token taps (tap.c) */
 
 typedef struct api_tap api_tap;
-/* Tokens [from, from + n) of choice c (group * n + response) arrived; called under the tap's lock. */
-typedef void (*api_tap_cb)(void *ud, int c, const int *tok, const float *lp, int n);
+/* New tokens of choice c (group * n + response) arrived: x holds only them; called under the
+ * tap's lock. */
+typedef void (*api_tap_cb)(void *ud, int c, const api_tokens *x);
 enum { API_TAP_TOKENS = 1, API_TAP_CHANGED = 2 };
 /* Taps job_id's n_groups x n responses for connection c (NULL when out of memory). */
 api_tap *api_tap_open(api_server *s, const char *job_id, int n_groups, int n, struct MHD_Connection *c);

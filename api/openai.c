@@ -11,7 +11,8 @@
  * POST /v1/logprobs's; the first token has none. logprobs also carry token_ids (a token's text
  * can be part of a character); top_logprobs come from that scoring job too. A chat answer under
  * tool_choice auto is parsed into tool_calls (openai_tools.c); under required or a named
- * function it opens with the call (its opening joins the prompt), and required over several
+ * function it opens with the call (its opening joins the prompt, the arguments are decoded under
+ * a JSON grammar: sampling.guided), and required over several
  * tools first runs a logprobs job over each tool's opening to draw the name (choose). stream:
  * true is answered token by token by openai_stream.c, except echo with logprobs (it scores a
  * given text): its events are written here once the jobs are done.

@@ -59,10 +59,14 @@ json_object *oa_parse_tool_calls(const char *text, size_t *content_len, int max)
 
 /* tool_choice "required" or a named function: the answer starts with the call's opening, in
  * Qwen3's format (<tool_call>\n{"name": NAME, "arguments": ), which grpod appends to the prompt;
- * the model writes the arguments. malloc'd; NULL when out of memory. */
+ * the model writes the arguments (a JSON object under the grammar). malloc'd; NULL when out of
+ * memory. */
 char *oa_call_opening(const char *name);
+/* What the forced call's arguments are followed by: the call object's close and </tool_call>
+ * (sampling.guided_suffix: the arguments are decoded as a JSON object, then this). */
+#define OA_CALL_CLOSING "}\n</tool_call>"
 /* The calls of a forced answer: opening + text parsed as oa_parse_tool_calls does; when that
- * finds no well-formed call (the arguments the model wrote are not JSON), one call of name whose
+ * finds no well-formed call (max_tokens too small for the grammar to close them), one call of name whose
  * arguments are the text as written (OpenAI's arguments may be invalid JSON), the call's closing
  * brace and </tool_call> cut. Never NULL but when out of memory. */
 json_object *oa_forced_calls(const char *opening, const char *name, const char *text, int max);

@@ -56,11 +56,30 @@ static int neutral_or_reply(json_object *req, api_error *e) {
                         "prompt_logprobs is not supported: POST /v1/completions with echo and logprobs scores the prompt");
     if (json_object_object_get_ex(req, "response_format", &v) && v) {
         json_object *t;
-        if (!json_object_is_type(v, json_type_object) || !json_object_object_get_ex(v, "type", &t) ||
-            strcmp(json_object_get_string(t), "text"))
-            return api_fail(e, GE_INVALID, "response_format", "response_format must be {\"type\": \"text\"}");
+        const char *type = json_object_is_type(v, json_type_object) && json_object_object_get_ex(v, "type", &t)
+            ? json_object_get_string(t)
+            : "";
+        if (strcmp(type, "text") && strcmp(type, "json_object"))
+            return api_fail(e, GE_INVALID, "response_format",
+                            "response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
+                            "supported)");
     }
     return 0;
+}
+
+/* Constrained decoding (sampling.guided): response_format json_object makes the answer a JSON
+ * object (OpenAI's JSON mode); tool_choice required or a named function makes the arguments one
+ * (the call's opening is in the prompt), closed by the call's end, so the answer always parses. */
+static void guided_of(json_object *req, const oa_req *q, json_object *samp) {
+    json_object *rf = json_object_object_get(req, "response_format");
+    const char *type = json_object_get_string(json_object_object_get(rf, "type"));
+    if (q->tool_choice == OA_TOOLS_REQUIRED || q->tool_choice == OA_TOOLS_NAMED) {
+        api_put_str(samp, "guided", "json_object");
+        api_put_str(samp, "guided_suffix", OA_CALL_CLOSING);
+    } else if (type && !strcmp(type, "json_object")) {
+        api_put_str(samp, "guided", "json_object");
+        json_object_object_del(samp, "guided_suffix");
+    }
 }
 
 /* ---------------------------------------------------------------- prompts */
@@ -253,7 +272,8 @@ static int keys_or_reply(json_object *req, int chat, api_error *e) {
     for (const char *const *k = chat ? chat_keys : completion_keys; *k; k++) keys[nk++] = *k;
     for (const char *const *k = oa_chat_prompt_keys; chat && *k; k++) keys[nk++] = *k;
     for (size_t i = 0; i < N_NEUTRAL; i++) keys[nk++] = neutral_rows[i].name;
-    for (int i = 0; i < eng_sampling_params.n && nk < 95; i++) keys[nk++] = eng_sampling_params.rows[i].name;
+    for (int i = 0; i < eng_sampling_params.n && nk < 95; i++)
+        if (chat || strcmp(eng_sampling_params.rows[i].name, "top_logprobs")) keys[nk++] = eng_sampling_params.rows[i].name;
     keys[nk] = NULL;
     return api_check_keys(req, "", keys, e);
 }
@@ -334,6 +354,9 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
                 api_put_copy(samp, k, v);
         }
         api_put_int(samp, "max_tokens", max_tokens > 0 ? max_tokens : 1);
+        json_object_object_del(samp, "top_logprobs"); /* OpenAI's own (chat), or not a completions field */
+        if (stream && lp > 0 && !echo) api_put_int(samp, "top_logprobs", lp); /* each chunk's alternatives, as they are sampled */
+        guided_of(req, q, samp);
         rc = api_rollout_or_reply(nat, l, m, &q->rollout, e);
         if (rc) oa_rename_field(e, chat);
     }

@@ -11,12 +11,15 @@
  * or a named function all of it (the answer is the call). When the job
  * ends its stored result is the truth: each choice's rest of the text as the non-streaming reply
  * has it, its tool_calls (one delta), its finish_reason; then usage (stream_options.include_usage)
- * and [DONE]. logprobs ride with the chunk that releases their tokens' text.
+ * and [DONE]. logprobs ride with the chunk that releases their tokens' text, with top_logprobs
+ * k > 0 each token's k alternatives, which the rollout samples beside the token
+ * (sampling.top_logprobs, set by openai_request.c for a stream).
  *
  * A client that goes away is noticed at the next write; the response's free callback then
  * cancels the job if it still runs and closes the tap. Not here: echo with logprobs and
  * max_tokens 0 (openai.c answers those at the end: they score a given text). With W > 1 ranks
- * only rank 0's groups stream (daemon/jobs.c jobs_rollout_peek); the others come at the end.
+ * every rank of this process streams (daemon/jobs.c jobs_rollout_peek); a follower's groups come
+ * at the end.
  *
  * Threading: the reader and the free callback run on MHD's threads, one at a time per stream. */
 #define _GNU_SOURCE /* memmem */
@@ -37,7 +40,9 @@
 typedef struct {
     int *tok; /* (n) tokens taken from the tap */
     float *lp; /* (n) */
-    int n, cap;
+    int *top_ids; /* (n, k): top_logprobs k > 0, sampled beside the tokens (sampling.top_logprobs) */
+    float *top_lps;
+    int n, cap, k;
     size_t sent; /* bytes of text sent */
     int lp_sent; /* tokens whose logprobs were sent */
     size_t chars; /* completions' text_offset of the next logprob token */
@@ -83,8 +88,9 @@ static void chunk(oa_stream *o, int c, json_object *delta, const char *text, siz
     chunk_ids(o, c, delta, text, len, lp, fin, NULL, NULL);
 }
 
-/* logprobs of choice c's tokens [lp_sent, n) of ids/lps (json arrays), or NULL when not asked. */
-static json_object *logprobs_since(oa_stream *o, int c, json_object *ids, json_object *lps) {
+/* logprobs of choice c's tokens [lp_sent, n) of ids/lps (json arrays), or NULL when not asked;
+ * tops: their top_ids / top_logprobs (json arrays of arrays, the same positions), or NULL. */
+static json_object *logprobs_since(oa_stream *o, int c, json_object *ids, json_object *lps, const oa_tops *tops) {
     oa_choice *h = &o->ch[c];
     int n = (int)json_object_array_length(ids);
     if (o->q->logprobs < 0 || h->lp_sent >= n) return NULL;
@@ -94,10 +100,11 @@ static json_object *logprobs_since(oa_stream *o, int c, json_object *ids, json_o
         json_object_array_add(ni, json_object_get(json_object_array_get_idx(ids, (size_t)t)));
         json_object_array_add(nl, json_object_get(json_object_array_get_idx(lps, (size_t)t)));
     }
+    oa_tops tp = {tops ? tops->ids : NULL, tops ? tops->lps : NULL, h->lp_sent}; /* position t of the chunk is lp_sent + t */
     if (o->q->chat) {
-        r = oa_chat_logprobs(e, ni, nl, NULL);
+        r = oa_chat_logprobs(e, ni, nl, tp.ids ? &tp : NULL);
     } else {
-        r = oa_completion_logprobs(e, ni, nl, 0, h->chars, NULL);
+        r = oa_completion_logprobs(e, ni, nl, 0, h->chars, tp.ids ? &tp : NULL);
         json_object *tk = json_object_object_get(r, "tokens");
         for (size_t t = 0; t < json_object_array_length(tk); t++)
             for (const unsigned char *p = (const unsigned char *)json_object_get_string(json_object_array_get_idx(tk, t)); *p; p++)
@@ -110,10 +117,10 @@ static json_object *logprobs_since(oa_stream *o, int c, json_object *ids, json_o
 }
 
 /* A chunk of text [sent, upto) of choice c with the logprobs of its tokens so far. */
-static void text_chunk(oa_stream *o, int c, const char *text, size_t upto, json_object *ids, json_object *lps) {
+static void text_chunk(oa_stream *o, int c, const char *text, size_t upto, json_object *ids, json_object *lps, const oa_tops *tops) {
     oa_choice *h = &o->ch[c];
     while (h->sent < upto && ((unsigned char)text[h->sent] & 0xC0) == 0x80) h->sent++; /* never half a character */
-    json_object *lp = logprobs_since(o, c, ids, lps), *delta = NULL;
+    json_object *lp = logprobs_since(o, c, ids, lps, tops), *delta = NULL;
     if (o->q->chat) {
         delta = json_object_new_object();
         json_object_object_add(delta, "content", json_object_new_string_len(text + h->sent, (int)(upto - h->sent)));
@@ -124,22 +131,32 @@ static void text_chunk(oa_stream *o, int c, const char *text, size_t upto, json_
 
 /* ---------------------------------------------------------------- while it samples */
 
-static void take_tokens(void *ud, int c, const int *tok, const float *lp, int n) {
+static void take_tokens(void *ud, int c, const api_tokens *x) {
     oa_choice *h = &((oa_stream *)ud)->ch[c];
-    if (h->n + n > h->cap) {
+    int n = x->n, k = x->k;
+    if (h->n + n > h->cap || k != h->k) {
         int cap = 2 * (h->n + n);
         int *nt = realloc(h->tok, sizeof *nt * (size_t)cap);
         if (nt) h->tok = nt;
-        float *nl = realloc(h->lp, sizeof *nl * (size_t)cap);
+        float *nl = nt ? realloc(h->lp, sizeof *nl * (size_t)cap) : NULL;
         if (nl) h->lp = nl;
-        if (!nt || !nl) {
+        int *ti = nl && k ? realloc(h->top_ids, sizeof *ti * (size_t)cap * k) : NULL;
+        if (ti) h->top_ids = ti;
+        float *tl = ti ? realloc(h->top_lps, sizeof *tl * (size_t)cap * k) : NULL;
+        if (tl) h->top_lps = tl;
+        if (!nl || (k && !tl) || (h->n && k != h->k)) {
             h->oom = 1; /* the rest comes from the stored result */
             return;
         }
         h->cap = cap;
+        h->k = k;
     }
-    memcpy(h->tok + h->n, tok, sizeof *tok * (size_t)n);
-    memcpy(h->lp + h->n, lp, sizeof *lp * (size_t)n);
+    memcpy(h->tok + h->n, x->tok, sizeof *x->tok * (size_t)n);
+    memcpy(h->lp + h->n, x->lp, sizeof *x->lp * (size_t)n);
+    if (k) {
+        memcpy(h->top_ids + (size_t)h->n * k, x->top_ids, sizeof(int) * (size_t)n * k);
+        memcpy(h->top_lps + (size_t)h->n * k, x->top_lps, sizeof(float) * (size_t)n * k);
+    }
     h->n += n;
 }
 
@@ -192,13 +209,24 @@ static void send_new_text(oa_stream *o) {
         size_t k = t ? safe_len(o, t, sl) : 0;
         if (k > h->sent) {
             json_object *ids = json_object_new_array(), *lps = json_object_new_array();
+            oa_tops tops = {h->k ? json_object_new_array() : NULL, h->k ? json_object_new_array() : NULL, 0};
             for (int i = 0; o->q->logprobs >= 0 && i < h->n; i++) {
                 json_object_array_add(ids, json_object_new_int(h->tok[i]));
                 json_object_array_add(lps, json_object_new_double(h->lp[i]));
+                if (!h->k) continue;
+                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
+                for (int j = 0; j < h->k; j++) {
+                    json_object_array_add(ti, json_object_new_int(h->top_ids[(size_t)i * h->k + j]));
+                    json_object_array_add(tl, json_object_new_double(h->top_lps[(size_t)i * h->k + j]));
+                }
+                json_object_array_add(tops.ids, ti);
+                json_object_array_add(tops.lps, tl);
             }
-            text_chunk(o, c, t, k, ids, lps);
+            text_chunk(o, c, t, k, ids, lps, h->k ? &tops : NULL);
             json_object_put(ids);
             json_object_put(lps);
+            json_object_put(tops.ids);
+            json_object_put(tops.lps);
         }
         free(t);
     }
@@ -214,14 +242,16 @@ static void send_rest(oa_stream *o, long long *completion) {
         json_object *resp = oa_response(q, c / q->n, c % q->n);
         json_object *ids = resp ? json_object_object_get(resp, "token_ids") : NULL;
         json_object *lps = resp ? json_object_object_get(resp, "logprobs") : NULL;
+        oa_tops tops = {resp ? json_object_object_get(resp, "top_ids") : NULL,
+                        resp ? json_object_object_get(resp, "top_logprobs") : NULL, 0};
         const char *fin = resp ? json_object_get_string(json_object_object_get(resp, "finish_reason")) : NULL;
         char *text = resp ? oa_response_text(e, q, resp) : strdup("");
         size_t len = text ? strlen(text) : 0;
         json_object *calls = NULL;
         *completion += ids ? (long long)json_object_array_length(ids) : 0;
         if (q->chat && text) calls = oa_answer_calls(q, text, &len);
-        if (text && len > h->sent) text_chunk(o, c, text, len, ids, lps);
-        json_object *lp = ids ? logprobs_since(o, c, ids, lps) : NULL;
+        if (text && len > h->sent) text_chunk(o, c, text, len, ids, lps, tops.ids ? &tops : NULL);
+        json_object *lp = ids ? logprobs_since(o, c, ids, lps, tops.ids ? &tops : NULL) : NULL;
         if (calls) { /* one delta with every call, each with its index */
             json_object *delta = json_object_new_object();
             json_object_object_add(delta, "tool_calls", oa_streamed_calls(calls));
@@ -335,6 +365,8 @@ static void stream_free(void *cls) {
     for (int c = 0; c < o->n_choices; c++) {
         free(o->ch[c].tok);
         free(o->ch[c].lp);
+        free(o->ch[c].top_ids);
+        free(o->ch[c].top_lps);
     }
     free(o->ch);
     free(o->out.p);

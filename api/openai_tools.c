@@ -2,11 +2,12 @@
  * written as the chat template's tojson writes it, and the model's output parsed into tool_calls
  * as vLLM's hermes parser does (the <tool_call> format of Qwen2.5 and Qwen3). See openai.h.
  *
- * tool_choice "required" and a named function promise a call whatever the model would write.
- * grpod keeps it without a grammar: the answer starts with the call's opening (<tool_call>, the
- * name, "arguments": ), appended to the prompt, and the model writes the arguments. Required with
- * several tools first draws the name from the policy's own probabilities of the openings
- * (openai.c). The arguments are not constrained to the tool's parameters schema. */
+ * tool_choice "required" and a named function promise a call whatever the model would write:
+ * the answer starts with the call's opening (<tool_call>, the name, "arguments": ), appended to
+ * the prompt, and the model writes the arguments under a JSON grammar (sampling.guided, set by
+ * openai_request.c), so they parse. Required with several tools first draws the name from the
+ * policy's own probabilities of the openings (openai.c). The arguments are not checked against
+ * the tool's parameters schema. */
 #include "api/openai.h"
 
 #include <stdio.h>
@@ -272,6 +273,21 @@ json_object *oa_forced_calls(const char *opening, const char *name, const char *
     json_object *calls = b.oom ? NULL : oa_parse_tool_calls(b.p, &clen, max);
     free(b.p);
     if (calls) return calls;
+    /* the arguments as a JSON object at the start, closed by the call's brace (what the grammar
+     * writes), when a string in them holds "</tool_call>" and cut the hermes parse short */
+    json_tokener *tk = json_tokener_new();
+    json_object *args = tk ? json_tokener_parse_ex(tk, text, (int)strlen(text)) : NULL;
+    int whole = args && json_tokener_get_error(tk) == json_tokener_success && json_object_is_type(args, json_type_object) &&
+        text[json_tokener_get_parse_end(tk)] == '}';
+    char *dumped = whole ? oa_pydumps(args) : NULL;
+    json_tokener_free(tk);
+    json_object_put(args);
+    if (dumped) {
+        calls = json_object_new_array();
+        json_object_array_add(calls, new_call(name, dumped, strlen(dumped)));
+        free(dumped);
+        return calls;
+    }
     while (*text && strchr(" \t\r\n", *text)) text++;
     const char *end = strstr(text, CALL_CLOSE);
     size_t len = end ? (size_t)(end - text) : strlen(text);

@@ -153,11 +153,15 @@ static void close_objects(json_object *o) {
 
 /* The OpenAI routes take the sampling rows at the top level (api/openai.c), but for max_tokens
  * and logprobs, which OpenAI defines its own way: copy those rows' schemas into theirs. */
+/* The sampling rows join an OpenAI request's fields, but for completions top_logprobs: there
+ * OpenAI's logprobs k lists the alternatives (chat has its own top_logprobs). */
 static void oa_sampling(json_object *schemas, const char *name, json_object *sampling) {
     json_object *props = json_object_object_get(json_object_object_get(schemas, name), "properties");
-    json_object_object_foreach(json_object_object_get(sampling, "properties"), k,
-                               v) if (props && !json_object_object_get_ex(props, k, NULL))
-        json_object_object_add(props, k, json_object_get(v));
+    int completions = !strcmp(name, "CompletionRequest");
+    json_object_object_foreach(json_object_object_get(sampling, "properties"), k, v) {
+        if (props && !json_object_object_get_ex(props, k, NULL) && !(completions && !strcmp(k, "top_logprobs")))
+            json_object_object_add(props, k, json_object_get(v));
+    }
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

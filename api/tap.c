@@ -22,7 +22,9 @@
 typedef struct {
     int *tok; /* (len) */
     float *lp; /* (len) */
-    int len, cap, taken; /* taken: handed to the reader */
+    int *top_ids; /* (len, k) with sampling.top_logprobs k, else NULL */
+    float *top_lps;
+    int len, cap, taken, k; /* taken: handed to the reader */
 } tap_choice;
 
 struct api_tap {
@@ -83,6 +85,8 @@ void api_tap_close(api_server *s, api_tap *t) {
     for (int c = 0; c < t->n_groups * t->n; c++) {
         free(t->ch[c].tok);
         free(t->ch[c].lp);
+        free(t->ch[c].top_ids);
+        free(t->ch[c].top_lps);
     }
     free(t->ch);
     free(t);
@@ -100,7 +104,14 @@ int api_tap_poll(api_server *s, api_tap *t, api_tap_cb cb, void *ud) {
     t->fresh = t->changed = 0;
     for (int c = 0; c < t->n_groups * t->n; c++) {
         tap_choice *h = &t->ch[c];
-        if (h->len > h->taken) cb(ud, c, h->tok + h->taken, h->lp + h->taken, h->len - h->taken);
+        size_t at = (size_t)h->taken * h->k;
+        api_tokens x = {h->tok + h->taken,
+                        h->lp + h->taken,
+                        h->k ? h->top_ids + at : NULL,
+                        h->k ? h->top_lps + at : NULL,
+                        h->len - h->taken,
+                        h->k};
+        if (h->len > h->taken) cb(ud, c, &x);
         h->taken = h->len;
     }
     pthread_mutex_unlock(&s->tmu);
@@ -117,24 +128,41 @@ int api_tap_wanted(api_server *s, const char *job_id) {
     return yes;
 }
 
-void api_tap_put(api_server *s, const char *job_id, int group, int resp, const int *tok, const float *lp, int n) {
+/* Room for cap tokens (k alternatives each) in h: 0, or -1 when out of memory. */
+static int grow_choice(tap_choice *h, int cap, int k) {
+    int *nt = realloc(h->tok, sizeof *nt * (size_t)cap);
+    if (nt) h->tok = nt;
+    float *nl = nt ? realloc(h->lp, sizeof *nl * (size_t)cap) : NULL;
+    if (nl) h->lp = nl;
+    if (!nl) return -1;
+    if (k) {
+        int *ti = realloc(h->top_ids, sizeof *ti * (size_t)cap * k);
+        if (ti) h->top_ids = ti;
+        float *tl = ti ? realloc(h->top_lps, sizeof *tl * (size_t)cap * k) : NULL;
+        if (!tl) return -1;
+        h->top_lps = tl;
+    }
+    h->cap = cap;
+    h->k = k;
+    return 0;
+}
+
+void api_tap_put(api_server *s, const char *job_id, int group, int resp, const api_tokens *x) {
     if (!s) return;
     pthread_mutex_lock(&s->tmu);
     api_tap *t = find(s, job_id);
     if (t && group >= 0 && group < t->n_groups && resp >= 0 && resp < t->n) {
         tap_choice *h = &t->ch[group * t->n + resp];
-        if (n > h->cap) {
-            int cap = n > 2 * h->cap ? n : 2 * h->cap;
-            int *nt = realloc(h->tok, sizeof *nt * (size_t)cap);
-            if (nt) h->tok = nt;
-            float *nl = realloc(h->lp, sizeof *nl * (size_t)cap);
-            if (nl) h->lp = nl;
-            if (nt && nl) h->cap = cap;
-            else t->oom = 1;
-        }
-        if (n > h->len && n <= h->cap) {
-            memcpy(h->tok + h->len, tok + h->len, sizeof *tok * (size_t)(n - h->len));
-            memcpy(h->lp + h->len, lp + h->len, sizeof *lp * (size_t)(n - h->len));
+        int n = x->n, k = h->len ? h->k : x->k; /* k is the job's: the same at every put */
+        if ((n > h->cap || k != h->k) && grow_choice(h, n > 2 * h->cap ? n : 2 * h->cap, k)) t->oom = 1;
+        if (n > h->len && n <= h->cap && k == x->k) {
+            size_t m = (size_t)(n - h->len);
+            memcpy(h->tok + h->len, x->tok + h->len, sizeof *x->tok * m);
+            memcpy(h->lp + h->len, x->lp + h->len, sizeof *x->lp * m);
+            if (k) {
+                memcpy(h->top_ids + (size_t)h->len * k, x->top_ids + (size_t)h->len * k, sizeof(int) * m * k);
+                memcpy(h->top_lps + (size_t)h->len * k, x->top_lps + (size_t)h->len * k, sizeof(float) * m * k);
+            }
             h->len = n;
             t->fresh = 1;
         }

@@ -306,6 +306,15 @@ static int rollout_result(jobs_rollout *r, char **result) {
             json_object_object_add(o, "text", json_object_new_string_len(txt ? txt : "", (int)tl));
             free(txt);
             json_object_object_add(o, "logprobs", floats_json(x->logprobs, x->n_tokens));
+            if (x->top_ids) { /* sampling.top_logprobs: per position its k most likely tokens, as /v1/logprobs lists them */
+                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
+                for (int t = 0; t < x->n_tokens; t++) {
+                    json_object_array_add(ti, ints_json(x->top_ids + (size_t)t * s->top_logprobs, s->top_logprobs));
+                    json_object_array_add(tl, floats_json(x->top_lps + (size_t)t * s->top_logprobs, s->top_logprobs));
+                }
+                json_object_object_add(o, "top_ids", ti);
+                json_object_object_add(o, "top_logprobs", tl);
+            }
             json_object_object_add(o, "finish_reason", json_object_new_string(x->finish == FINISH_LENGTH ? "length" : "stop"));
             if (rw) {
                 float sc = reward_score(&spec, x->text ? x->text : "", x->n_tokens);
@@ -470,15 +479,21 @@ int jobs_part_start(const jobs_env *env, const char *desc, int rank, jobs_rollou
 
 /* 0 while some part runs, 1 when all are done (merged into r->out, in the request's order),
  * or the first part's error. */
+/* A part's group k is the request's group idx[k]. */
+typedef struct {
+    const rollout_part *pt;
+    jobs_peek_cb fn;
+    void *ud;
+} peek_ctx;
+static void peek_part(void *ud, int k, int m, const eng_response *x, int top_k) {
+    peek_ctx *c = ud;
+    c->fn(c->ud, c->pt->idx[k], m, x, top_k);
+}
+
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud) {
     for (int i = 0; i < r->n_parts; i++) {
-        const rollout_part *pt = &r->parts[i];
-        if (pt->rank != 0 || !pt->job) continue;
-        for (int k = 0; k < pt->n; k++)
-            for (int m = 0; pt->out[k].resp && m < pt->out[k].n; m++) {
-                const eng_response *o = &pt->out[k].resp[m];
-                if (o->n_tokens > 0) fn(ud, pt->idx[k], m, o->tokens, o->logprobs, o->n_tokens);
-            }
+        peek_ctx c = {&r->parts[i], fn, ud};
+        if (r->parts[i].job) ranks_job_peek(r->rk, r->parts[i].job, peek_part, &c);
     }
 }
 

@@ -57,9 +57,11 @@ int jobs_rollout_poll(jobs_rollout *r, double *progress, int *started, char **re
  * rank's). 0 or the store's error. */
 int jobs_rollout_keep_routes(const jobs_rollout *r, store *st, const char *id);
 void jobs_rollout_free(jobs_rollout *r);
-/* The responses sampled so far by rank 0's scheduler (the one this thread steps; peers' parts
- * are not read while they run): fn(ud, group in the request, response, tokens, logprobs, n). */
-typedef void (*jobs_peek_cb)(void *ud, int group, int resp, const int *tok, const float *lp, int n);
+/* The responses sampled so far, for a streaming reply: fn(ud, group in the request, response,
+ * its tokens so far, k: sampling.top_logprobs). Rank 0's parts from its scheduler (the one this thread steps), a peer
+ * rank's from the copy it makes after each step once peeked (ranks_job_peek: fn runs under that
+ * peer's mutex), a follower's none. */
+typedef void (*jobs_peek_cb)(void *ud, int group, int resp, const eng_response *x, int k);
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud);
 /* A follower's share of a leader's rollout (daemon/cluster.c): desc, a rollout payload with
  * the groups' indices in the leader's request ("group_index") and its policy version (another

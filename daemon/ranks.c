@@ -5,7 +5,9 @@
  * and a snapshot of its scheduler (busy, can admit, stats, each part's state) that it writes
  * after each step; both under the peer's mutex. Rank 0 never touches a peer's engine or
  * scheduler: a part's result arrays are written by the peer and read by rank 0 only after the
- * snapshot (read under the mutex) says the part is done. */
+ * snapshot (read under the mutex) says the part is done. A part that a reply streams
+ * (ranks_job_peek) also has a tap in the snapshot: each response's tokens so far, copied by the
+ * peer from its result arrays after each step and read by rank 0, both under the mutex. */
 #include "daemon/ranks.h"
 
 #include <pthread.h>
@@ -19,6 +21,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "daemon/test_hooks.h"
 
 typedef enum { CMD_ADD, CMD_RELEASE, CMD_CALL, CMD_STOP } cmd_kind;
 
@@ -31,6 +34,15 @@ typedef struct cmd {
     char msg[512];
     struct cmd *next;
 } cmd;
+
+/* A streamed peer part's copy of one response's tokens so far. */
+typedef struct {
+    int *tok;
+    float *lp;
+    int *top_ids; /* (cap, k) with sampling.top_logprobs k */
+    float *top_lps;
+    int n, cap;
+} tap_buf;
 
 struct ranks_job {
     int rank;
@@ -45,6 +57,7 @@ struct ranks_job {
     int state, started;
     double progress;
     char msg[512];
+    tap_buf *tap; /* (responses) once rank 0 peeked; the peer fills it after each step */
     struct ranks_job *next; /* the peer's list of parts (peer thread only) */
 };
 
@@ -111,9 +124,46 @@ static void peer_progress(void *ud, double f) {
     peer_beat(ud);
 }
 
+/* The tokens job j's responses sampled since the last step into its tap (peer thread, under
+ * the mutex): 1 when any arrived. A buffer that cannot grow keeps what it has (the stream gets
+ * the rest from the result). */
+static int tap_copy(ranks_job *j, int *most) {
+    int got = 0;
+    for (int k = 0, at = 0; k < j->n; at += j->g[k].n, k++)
+        for (int m = 0; j->out[k].resp && m < j->out[k].n; m++) {
+            const eng_response *o = &j->out[k].resp[m];
+            tap_buf *b = &j->tap[at + m];
+            size_t k = o->top_ids ? (size_t)j->sp->top_logprobs : 0, d = (size_t)(o->n_tokens - b->n);
+            if (o->n_tokens <= b->n) continue;
+            if (o->n_tokens > b->cap) {
+                int cap = 2 * o->n_tokens;
+                int *t = realloc(b->tok, sizeof *t * (size_t)cap);
+                if (t) b->tok = t;
+                float *l = t ? realloc(b->lp, sizeof *l * (size_t)cap) : NULL;
+                if (l) b->lp = l;
+                int *ti = l && k ? realloc(b->top_ids, sizeof *ti * cap * k) : NULL;
+                if (ti) b->top_ids = ti;
+                float *tl = ti ? realloc(b->top_lps, sizeof *tl * cap * k) : NULL;
+                if (tl) b->top_lps = tl;
+                if (!l || (k && !tl)) continue;
+                b->cap = cap;
+            }
+            memcpy(b->tok + b->n, o->tokens + b->n, sizeof *b->tok * d);
+            memcpy(b->lp + b->n, o->logprobs + b->n, sizeof *b->lp * d);
+            if (k) {
+                memcpy(b->top_ids + b->n * k, o->top_ids + b->n * k, sizeof(int) * d * k);
+                memcpy(b->top_lps + b->n * k, o->top_lps + b->n * k, sizeof(float) * d * k);
+            }
+            b->n = o->n_tokens;
+            got = 1;
+            if (b->n > *most) *most = b->n;
+        }
+    return got;
+}
+
 static void peer_snapshot(peer *p) {
     eng_sched_stats st;
-    int busy = 0, can = 0, changed = 0;
+    int busy = 0, can = 0, changed = 0, most = 0;
     if (p->sched) {
         eng_sched_get_stats(p->sched, &st);
         busy = eng_sched_busy(p->sched);
@@ -124,6 +174,7 @@ static void peer_snapshot(peer *p) {
     pthread_mutex_lock(&p->mu);
     for (ranks_job *j = p->parts; j; j = j->next) {
         if (!j->j || j->state) continue; /* failed at add, or finished: final */
+        if (j->tap) changed |= tap_copy(j, &most); /* a reply streams it: rank 0 wakes to send them */
         const char *msg = NULL;
         j->state = eng_sched_job_state(j->j, &j->progress, &j->started, &msg);
         if (j->state < 0) snprintf(j->msg, sizeof j->msg, "rank %d: %s", p->rank, msg ? msg : "");
@@ -135,6 +186,7 @@ static void peer_snapshot(peer *p) {
     p->can_admit = can;
     pthread_mutex_unlock(&p->mu);
     if (changed && p->rk->notify) p->rk->notify(p->rk->notify_ud);
+    if (most >= 4) test_hook_hold("peer_stream_tokens");
 }
 
 static void peer_run(peer *p, cmd *c) {
@@ -608,6 +660,30 @@ int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, con
     return st;
 }
 
+void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud) {
+    if (j->rank >= rk->W) return; /* a follower's: at the end */
+    if (j->rank == 0) {
+        for (int k = 0; j->j && k < j->n; k++)
+            for (int m = 0; j->out[k].resp && m < j->out[k].n; m++) {
+                const eng_response *o = &j->out[k].resp[m];
+                if (o->n_tokens > 0) fn(ud, k, m, o, o->top_ids ? j->sp->top_logprobs : 0);
+            }
+        return;
+    }
+    peer *p = &rk->peers[j->rank];
+    int total = 0;
+    for (int k = 0; k < j->n; k++) total += j->g[k].n;
+    pthread_mutex_lock(&p->mu);
+    if (!j->tap) j->tap = calloc((size_t)(total ? total : 1), sizeof *j->tap); /* NULL: nothing streams */
+    for (int k = 0, at = 0; j->tap && k < j->n; at += j->g[k].n, k++)
+        for (int m = 0; m < j->g[k].n; m++) {
+            const tap_buf *b = &j->tap[at + m];
+            eng_response x = {.tokens = b->tok, .logprobs = b->lp, .n_tokens = b->n, .top_ids = b->top_ids, .top_lps = b->top_lps};
+            if (b->n > 0) fn(ud, k, m, &x, b->top_ids ? j->sp->top_logprobs : 0);
+        }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void ranks_job_release(ranks *rk, ranks_job *j) {
     if (!j) return;
     if (j->rank >= rk->W) {
@@ -619,6 +695,12 @@ void ranks_job_release(ranks *rk, ranks_job *j) {
         post(&rk->peers[j->rank], &c, 1);
     }
     rk->load[j->rank] -= j->rows;
+    if (j->tap) { /* the release above waited for the peer: it touches j no more */
+        int total = 0;
+        for (int k = 0; k < j->n; k++) total += j->g[k].n;
+        for (int i = 0; i < total; i++) free(j->tap[i].tok), free(j->tap[i].lp), free(j->tap[i].top_ids), free(j->tap[i].top_lps);
+        free(j->tap);
+    }
     free(j);
 }
 

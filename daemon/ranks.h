@@ -135,6 +135,14 @@ void ranks_notify(ranks *rk);
 /* As eng_sched_job_state, for a part on any rank (a peer's state as of its last step). */
 int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, const char **msg);
 /* As eng_sched_job_release; on a peer it waits until the peer released it. */
+/* The tokens j's responses sampled so far, for a streaming reply: fn(ud, group in j, response,
+ * x: its tokens, logprobs and n_tokens, and with sampling.top_logprobs k > 0 its top_ids and
+ * top_lps) for each response with any, on the caller's thread. Rank 0's are read
+ * from its scheduler; a peer's from the copy the peer makes after each step once a part was
+ * peeked (so the first peek may see none), fn then running under the peer's mutex (it must not
+ * call ranks_*); a follower's none (its tokens come with its result). */
+typedef void (*ranks_peek_cb)(void *ud, int group, int resp, const eng_response *x, int k);
+void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud);
 void ranks_job_release(ranks *rk, ranks_job *j);
 
 /* Rank 0 steps its scheduler when busy (peers step theirs on their own threads). */

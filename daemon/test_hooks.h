@@ -11,7 +11,9 @@
  * wait until PATH exists (at most 120 s), so a test can see what runs meanwhile. Points:
  *   checkpoint_write     a checkpoint's writer thread, before it writes (daemon/jobs.c)
  *   stream_tokens        the worker, once a streamed rollout has a response of 4 tokens or
- *                        more, after handing them to the reply (daemon/worker.c) */
+ *                        more, after handing them to the reply (daemon/worker.c)
+ *   peer_stream_tokens   a peer rank's thread, once a streamed part of it has a response of 4
+ *                        tokens or more, after copying them for rank 0 (daemon/ranks.c) */
 #ifndef GRPOD_TEST_HOOKS_H
 #define GRPOD_TEST_HOOKS_H
 #ifdef GRPOD_TEST_HOOKS

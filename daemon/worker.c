@@ -512,10 +512,11 @@ typedef struct {
     const char *id;
     int most; /* the longest response's tokens */
 } tap_ctx;
-static void tap_put(void *ud, int group, int resp, const int *tok, const float *lp, int n) {
+static void tap_put(void *ud, int group, int resp, const eng_response *x, int k) {
     tap_ctx *t = ud;
-    api_tap_put(t->api, t->id, group, resp, tok, lp, n);
-    if (n > t->most) t->most = n;
+    api_tokens a = {x->tokens, x->logprobs, k ? x->top_ids : NULL, k ? x->top_lps : NULL, x->n_tokens, k};
+    api_tap_put(t->api, t->id, group, resp, &a);
+    if (x->n_tokens > t->most) t->most = x->n_tokens;
 }
 
 /* Polls every rollout in flight: stores finished ones and progress, drops cancelled ones. */

@@ -313,6 +313,7 @@ void eng_close(eng *e) {
         if (e->own_comm) comm_free(e->comm); /* before the stream it runs on goes */
         be->destroy(be);
     }
+    jg_vocab_free(e->jg_vocab);
     if (e->tok) tok_free(e->tok);
     free(e);
 }

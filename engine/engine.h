@@ -161,12 +161,22 @@ typedef struct {
     const int *stop_token_ids;
     int n_stop_token_ids;
     uint64_t seed; /* same seed, same tokens */
+    /* constrained decoding (engine/text/json_grammar.h): ENG_GUIDED_JSON / _OBJECT: the response
+     * is a JSON value / object, then guided_suffix[0] (n_guided_suffix 0 or 1), then an end id */
+    int guided;
+    const char *const *guided_suffix;
+    int n_guided_suffix;
+    /* 0..ENG_TOP_MAX: each sampled token's k most likely tokens (eng_response.top_ids), from the
+     * decode step's hidden state at the row's temperature (1 when greedy), as eng_logprobs_top
+     * lists them */
+    int top_logprobs;
     /* (n_groups) or NULL: each group's index in the original request, which its responses'
      * stream seeds use (tokens depend only on seed, this index and the response index). NULL:
      * its position in the groups passed. Set when a request is split (across ranks)
      * so each share draws the tokens the whole request draws on one rank. */
     const int *group_index;
 } eng_sampling;
+enum { ENG_GUIDED_NONE, ENG_GUIDED_JSON, ENG_GUIDED_OBJECT }; /* eng_sampling.guided: the row's choices */
 void eng_sampling_default(eng_sampling *s); /* the sampling rows' defaults (params.c) */
 
 typedef struct {
@@ -188,6 +198,10 @@ typedef struct {
      * Lm = eng_info.moe_layers, k = eng_info.top_k; the last token (never an input) is -1.
      * Grown as the response decodes; NULL also when host memory ran out (nothing to replay) */
     int *routes;
+    /* sampling.top_logprobs k > 0 (else NULL): (n_tokens, k) the k most likely tokens at each
+     * position, logprob descending, and their logprobs (as eng_logprobs_top) */
+    int *top_ids;
+    float *top_lps;
 } eng_response;
 typedef struct {
     eng_response *resp;

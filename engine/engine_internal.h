@@ -8,6 +8,7 @@
 #include "engine/model/model.h"
 #include "engine/train/offload.h"
 #include "engine/model/split.h"
+#include "engine/text/json_grammar.h"
 #include "engine/text/tokenizer.h"
 #include "engine/train/snapshot.h"
 
@@ -34,6 +35,8 @@ struct eng {
     void *dp_buf;
     model m;
     tok *tok; /* NULL when the directory has no tokenizer.json */
+    jg_vocab *jg_vocab; /* tok's tokens as bytes for guided decoding: built at the first
+                                  guided rollout (engine thread), freed with the engine */
     char model_dir[512];
     /* policy: act-typed weights used by the ops, fp32 master (== act on the cpu backend without
      * offload). With offload the master and the moments are host memory (offload.h). */

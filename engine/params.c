@@ -31,6 +31,13 @@ static const eng_param sampling_rows[] = {
     {"seed", PT_SEED, 0, 9223372036854775807.0, PB_ROW, 0, 0, NULL, 0, S_(seed), -1,
      "same seed, same tokens (per backend); drawn at submit and stored when absent"},
     {"ignore_eos", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(ignore_eos), -1, "keep sampling past EOS until max_tokens"},
+    {"guided", PT_ENUM, 0, 0, PB_ROW, 0, 0, "none|json|json_object", 0, S_(guided), -1,
+     "constrained decoding: every response is a JSON value (json) or object (json_object), then guided_suffix, then EOS, "
+     "closed in time to fit max_tokens (min_tokens is then not applied)"},
+    {"guided_suffix", PT_STRS, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(guided_suffix), S_(n_guided_suffix),
+     "with guided: the text every response writes right after its JSON value"},
+    {"top_logprobs", PT_INT, 0, 20, PB_ROW, 0, 0, NULL, 0, S_(top_logprobs), -1,
+     "each sampled token's k most likely tokens (a response's top_ids and top_logprobs) at the sampling temperature"},
     {"logprobs", PT_COMPAT, 0, 1, PB_ROW, 0, 0, NULL, 0, -1, -1,
      "accepted for vLLM compatibility; the sampled token's logprob is always returned"},
 };

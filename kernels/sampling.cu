@@ -63,7 +63,13 @@ __device__ int samp_local_ban(int *loc, int *n_s, const int *ban, int use, int c
     int k = *n_s;
     return k > SAMP_LOCAL_BAN ? -1 : k;
 }
-__device__ __forceinline__ bool samp_banned(int j, const int *loc, int nloc, const int *ban) {
+/* The row's allow mask (its W words), or NULL. */
+__device__ __forceinline__ const uint32_t *samp_mask(const uint32_t *allow, const sample_params &p, int V) {
+    return allow && p.allow > 0 ? allow + (size_t)(p.allow - 1) * sampling_mask_words(V) : NULL;
+}
+/* Banned (the ban list) or outside the row's allow mask. */
+__device__ __forceinline__ bool samp_banned(int j, const int *loc, int nloc, const int *ban, const uint32_t *mask) {
+    if (sampling_masked(mask, j)) return true;
     if (nloc == 0) return false;
     if (nloc > 0) {
         for (int i = 0; i < nloc; i++)
@@ -123,11 +129,12 @@ __device__ void block_best(float &v, int &i) {
 }
 
 __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp_part *part, const float *logits,
-                                  const sample_params *prm, const int *ban, int V, int chunk) {
+                                  const sample_params *prm, const int *ban, const uint32_t *allow, int V, int chunk) {
     __shared__ float red[32];
     __shared__ int loc[SAMP_LOCAL_BAN], nloc_s;
     const int r = blockIdx.y, nb = gridDim.x, c0 = blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     const sample_params p = prm[r];
+    const uint32_t *mask = samp_mask(allow, p, V);
     const float *x = logits + (size_t)r * V;
     const float T = p.temperature > 0 ? p.temperature : 1.0f;
     const bool gumbel = p.temperature > 0 && !sampling_truncates(&p, V);
@@ -140,7 +147,7 @@ __global__ void samp_stats_kernel(int *tok, float *logprob, samp_state *st, samp
             s = s * __expf(m - z) + 1.0f;
             m = z;
         } else if (z > -INFINITY) s += __expf(z - m);
-        if (samp_banned(j, loc, nloc, ban)) continue;
+        if (samp_banned(j, loc, nloc, ban, mask)) continue;
         if (ae < 0 || z > me) {
             me = z;
             ae = j;
@@ -244,12 +251,13 @@ __device__ void samp_select(samp_state *w, int pass, int mode, const sample_para
 }
 
 /* mode 0: top_k (count), mode 1: top_p (mass). */
-__global__ void samp_radix_kernel(samp_state *st, const float *logits, const sample_params *prm, const int *ban, int V, int chunk,
-                                  int pass, int mode) {
+__global__ void samp_radix_kernel(samp_state *st, const float *logits, const sample_params *prm, const int *ban,
+                                  const uint32_t *allow, int V, int chunk, int pass, int mode) {
     __shared__ unsigned long long hs[256];
     __shared__ int loc[SAMP_LOCAL_BAN], nloc_s;
     const int r = blockIdx.y, nb = gridDim.x, c0 = blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     const sample_params p = prm[r];
+    const uint32_t *mask = samp_mask(allow, p, V);
     if (!sampling_truncates(&p, V)) return;
     if (mode == 0 ? !(p.top_k > 0 && p.top_k < V) : !(p.top_p < 1.0f)) return;
     samp_state *w = &st[r];
@@ -265,7 +273,7 @@ __global__ void samp_radix_kernel(samp_state *st, const float *logits, const sam
         float z = x[j] * (1.0f / T);
         unsigned u = samp_key(z);
         if ((u & hmask) != prefix || z == -INFINITY) continue;
-        if (samp_banned(j, loc, nloc, ban)) continue;
+        if (samp_banned(j, loc, nloc, ban, mask)) continue;
         if (mode == 0) {
             atomicAdd(&hs[(u >> shift) & 255], 1ULL);
             continue;
@@ -285,10 +293,11 @@ __global__ void samp_radix_kernel(samp_state *st, const float *logits, const sam
 }
 
 __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_part *part, const float *logits,
-                                 const sample_params *prm, const int *ban, int V, int chunk) {
+                                 const sample_params *prm, const int *ban, const uint32_t *allow, int V, int chunk) {
     __shared__ int loc[SAMP_LOCAL_BAN], nloc_s;
     const int r = blockIdx.y, nb = gridDim.x, c0 = blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     const sample_params p = prm[r];
+    const uint32_t *mask = samp_mask(allow, p, V);
     if (!sampling_truncates(&p, V)) return;
     samp_state *w = &st[r];
     const float *x = logits + (size_t)r * V;
@@ -302,7 +311,7 @@ __global__ void samp_draw_kernel(int *tok, float *logprob, samp_state *st, samp_
         unsigned u = samp_key(z);
         if (z == -INFINITY || u < key_k || u < key_p) continue;
         if (p.min_p > 0 && expf(z - zmax) < p.min_p) continue;
-        if (samp_banned(j, loc, nloc, ban)) continue;
+        if (samp_banned(j, loc, nloc, ban, mask)) continue;
         float sc = z + sampling_gumbel(p.key, j);
         if (bi < 0 || sc > best) {
             best = sc;
@@ -336,7 +345,8 @@ __global__ void samp_exact_logprob_kernel(float *logprob, const int *tok, const 
     if (threadIdx.x == 0) logprob[r] = x[tok[r]] * inv - lse;
 }
 
-void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {
+void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban,
+                 const uint32_t *allow, int R, int V) {
     if (c->failed || R <= 0) return;
     int nb = (4 * c->n_sm + R - 1) / R;
     nb = nb < 4 ? 4 : nb > 32 ? 32 : nb;
@@ -349,14 +359,14 @@ void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const
     samp_part *part = (samp_part *)(s + st_bytes);
     CU_CK(c, cudaMemsetAsync(st, 0, (size_t)R * sizeof(samp_state), c->stream));
     dim3 grid(nb, R);
-    samp_stats_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(tok, logprob, st, part, logits, p, ban, V, chunk);
+    samp_stats_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(tok, logprob, st, part, logits, p, ban, allow, V, chunk);
     CU_LAUNCHED(c, "samp_stats_kernel");
     for (int mode = 0; mode < 2; mode++)
         for (int pass = 0; pass < 4; pass++) {
-            samp_radix_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(st, logits, p, ban, V, chunk, pass, mode);
+            samp_radix_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(st, logits, p, ban, allow, V, chunk, pass, mode);
             CU_LAUNCHED(c, "samp_radix_kernel");
         }
-    samp_draw_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(tok, logprob, st, part, logits, p, ban, V, chunk);
+    samp_draw_kernel<<<grid, SAMP_THREADS, 0, c->stream>>>(tok, logprob, st, part, logits, p, ban, allow, V, chunk);
     CU_LAUNCHED(c, "samp_draw_kernel");
     if (!cu_exact(c)) return;
     samp_exact_logprob_kernel<<<R, LOGPROB_ROW_THREADS, 0, c->stream>>>(logprob, tok, logits, p, V);

@@ -7,5 +7,6 @@
 #include "kernels/common.cuh"
 #include "kernels/sampling.h"
 
-void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V);
+void sample_cuda(cu_ctx *c, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban,
+                 const uint32_t *allow, int R, int V);
 #endif

@@ -1,6 +1,6 @@
 /* sampling_cpu.c — the reference of kernels/sampling.h, written plainly: per row, the
  * untruncated logsumexp of the logits times 1/temperature (the trainer's scaling, so a sampled
- * token's logprob is the trainer's bits), the eligible ids, the kept set by sorting (top_k,
+ * token's logprob is the trainer's bits), the eligible ids (not banned, inside the allow mask), the kept set by sorting (top_k,
  * min_p, top_p in that order), then Gumbel-max over the kept set. Rows in parallel. */
 #include <stdlib.h>
 
@@ -18,7 +18,8 @@ static int banned(const int *ban, int j) {
 }
 
 /* One row; z (V) scratch for the scaled logits, s (V) scratch for sorting. */
-static int draw_row(const float *x, const sample_params *p, const int *ban, int V, float *z, float *s, float *lp) {
+static int draw_row(const float *x, const sample_params *p, const int *ban, const uint32_t *mask, int V, float *z, float *s,
+                    float *lp) {
     float inv_t = 1.0f / (p->temperature > 0 ? p->temperature : 1.0f), mx = -INFINITY, mx_e = -INFINITY;
     for (int j = 0; j < V; j++) {
         z[j] = x[j] * inv_t;
@@ -27,11 +28,11 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
     double sum = 0;
     for (int j = 0; j < V; j++) sum += exp((double)(z[j] - mx));
     float lse = mx + (float)log(sum);
-    /* eligible: banned ids become -inf in z (their logprob is never reported) */
+    /* eligible: banned and masked ids become -inf in z (their logprob is never reported) */
     const int *bl = p->ban ? ban : NULL;
     int pick = -1;
     for (int j = 0; j < V; j++) {
-        if (bl && banned(bl, j)) {
+        if ((bl && banned(bl, j)) || sampling_masked(mask, j)) {
             z[j] = -INFINITY;
             continue;
         }
@@ -85,7 +86,8 @@ static int draw_row(const float *x, const sample_params *p, const int *ban, int 
     return pick;
 }
 
-void sample_cpu(int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R, int V) {
+void sample_cpu(int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, const uint32_t *allow,
+                int R, int V) {
 #pragma omp parallel
     {
         float *z = malloc((size_t)V * 2 * sizeof(float));
@@ -96,7 +98,8 @@ void sample_cpu(int *tok, float *logprob, const float *logits, const sample_para
                 logprob[r] = 0;
                 continue;
             }
-            tok[r] = draw_row(logits + (size_t)r * V, &p[r], ban, V, z, z + V, &logprob[r]);
+            const uint32_t *mask = allow && p[r].allow > 0 ? allow + (size_t)(p[r].allow - 1) * sampling_mask_words(V) : NULL;
+            tok[r] = draw_row(logits + (size_t)r * V, &p[r], ban, mask, V, z, z + V, &logprob[r]);
         }
         free(z);
     }

@@ -213,9 +213,10 @@ struct eng_backend {
                                 int H, int D);
     void (*lm_head_rows)(eng_backend *b, float *logits, const void *h, const int *pos, const void *w, int R, int C, int V);
     /* one token per row of logits (R, V) and its logprob (kernels/sampling.h): per-row params
-     * p (R); ban: ban[0] = n, then n ids (NULL: none) */
-    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban, int R,
-                   int V);
+     * p (R); ban: ban[0] = n, then n ids (NULL: none); allow (M, W): the rows' allow masks (NULL:
+     * none) */
+    void (*sample)(eng_backend *b, int *tok, float *logprob, const float *logits, const sample_params *p, const int *ban,
+                   const uint32_t *allow, int R, int V);
 
     /* optimizer on fp32 master weights; writes the act copy (NULL when the master is the act copy) */
     void (*adamw)(eng_backend *b, float *master, void *act_copy, const float *g, float *m, float *v, long long n, float lr,

@@ -246,8 +246,9 @@ static void cpu_gated_attn_gate_bwd(eng_backend *b, void *datt, void *dqg, const
 static void cpu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cpu(lg, h, pos, w, R, C, V);
 }
-static void cpu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R, int V) {
-    sample_cpu(tok, lp, lg, p, ban, R, V);
+static void cpu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban,
+                       const uint32_t *allow, int R, int V) {
+    sample_cpu(tok, lp, lg, p, ban, allow, R, V);
 }
 static void cpu_adamw(eng_backend *b, float *p, void *act, const float *g, float *m, float *v, long long n, float lr, float b1,
                       float b2, float eps, float wd, int step) {

@@ -335,8 +335,9 @@ static void cu_logprob_bwd(eng_backend *b, void *dh, float *dw, const float *dlp
 static void cu_lm_head_rows(eng_backend *b, float *lg, const void *h, const int *pos, const void *w, int R, int C, int V) {
     lm_head_rows_cuda(CTX(b), lg, (cbf *)h, pos, (cbf *)w, R, C, V);
 }
-static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban, int R, int V) {
-    sample_cuda(CTX(b), tok, lp, lg, p, ban, R, V);
+static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, const sample_params *p, const int *ban,
+                      const uint32_t *allow, int R, int V) {
+    sample_cuda(CTX(b), tok, lp, lg, p, ban, allow, R, V);
 }
 
 /* ---------------------------------------------------------------- pinned copies and graphs */

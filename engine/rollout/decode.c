@@ -1,8 +1,8 @@
 /* decode.c — one generation step: forward, lm head of the chosen rows, one draw per row, all on
  * the backend (op `sample`, kernels/sampling.h: per-row temperature / top_k / top_p / min_p /
- * ban, Gumbel-max keyed by the row's key). A step moves one packed staging buffer to the device
- * (tokens, positions, ranges, slots, rows, row parameters, the ban list) and R ids + R logprobs
- * back.
+ * ban / allow mask, Gumbel-max keyed by the row's key). A step moves one packed staging buffer to
+ * the device (tokens, positions, ranges, slots, rows, row parameters, the ban list; then the
+ * rows' allow masks, only as many as the step has) and R ids + R logprobs back.
  *
  * CUDA graphs (backends with graph ops, steps of at most DEC_GRAPH_T tokens): the step is padded
  * to a power-of-two bucket of tokens Tb (extra tokens repeat the last real one: same slot, same
@@ -33,21 +33,25 @@ typedef struct {
 } dec_graph;
 
 struct dec_state {
-    int cap_T, cap_R; /* staging capacity: tokens, rows */
+    int cap_T, cap_R, cap_M; /* staging capacity: tokens, rows, allow masks */
+    int mask_words; /* a mask's words (sampling_mask_words(V)) */
     size_t in_bytes; /* the uploaded part of the staging */
     char *h, *d; /* staging: host (pinned when the backend can) and device */
     int pinned;
     float *dlogits; /* (cap_L, V) device */
     int cap_L;
+    int *dtop; /* device: cap_top positions, then (cap_top, ENG_TOP_MAX) ids and logprobs */
+    int cap_top;
     dec_graph graph[DEC_BUCKETS];
 };
 
-/* Staging layout (byte offsets for capacities cT tokens, cR rows): 8 token arrays, rows, the ban
- * list, then the row params (32-byte aligned), then the outputs (tok, logprob). */
+/* Staging layout (byte offsets for capacities cT tokens, cR rows, cM masks of mw words): 8 token
+ * arrays, rows, the ban list, then the row params (32-byte aligned), then the outputs (tok,
+ * logprob), then the masks (uploaded apart, as many as a step has). */
 typedef struct {
-    size_t tok, pos, a0, a1, b0, b1, slot, srow, rows, ban, prm, out_tok, out_lp, in_bytes, total;
+    size_t tok, pos, a0, a1, b0, b1, slot, srow, rows, ban, prm, out_tok, out_lp, masks, in_bytes, total;
 } dec_layout;
-static dec_layout layout(int cT, int cR) {
+static dec_layout layout(int cT, int cR, int cM, int mw) {
     dec_layout L;
     size_t t = (size_t)cT * 4;
     L.tok = 0;
@@ -64,7 +68,8 @@ static dec_layout layout(int cT, int cR) {
     L.in_bytes = L.prm + (size_t)cR * sizeof(sample_params);
     L.out_tok = L.in_bytes;
     L.out_lp = L.out_tok + (size_t)cR * 4;
-    L.total = L.out_lp + (size_t)cR * 4;
+    L.masks = L.out_lp + (size_t)cR * 4;
+    L.total = L.masks + (size_t)cM * mw * 4;
     return L;
 }
 
@@ -94,6 +99,7 @@ void dec_free(eng *e) {
     drop_graphs(e);
     free_staging(e);
     if (d->dlogits) e->be->free(e->be, d->dlogits);
+    if (d->dtop) e->be->free(e->be, d->dtop);
     free(d);
     e->dec = NULL;
 }
@@ -104,24 +110,26 @@ static int grow(int have, int need, int first) {
     return c;
 }
 
-/* Room for T tokens and R rows (staging) and R rows of logits; growing drops the graphs. */
-static int reserve(eng *e, int T, int R) {
+/* Room for T tokens, R rows and M masks (staging) and R rows of logits; growing drops the graphs. */
+static int reserve(eng *e, int T, int R, int M) {
     eng_backend *be = e->be;
     if (!e->dec && !(e->dec = calloc(1, sizeof(dec_state)))) return err_set(GE_NOMEM, "decode: out of memory");
     dec_state *d = e->dec;
-    if (T > d->cap_T || R > d->cap_R) {
+    if (T > d->cap_T || R > d->cap_R || M > d->cap_M) {
         drop_graphs(e);
         free_staging(e);
         d->cap_T = grow(d->cap_T, T, DEC_GRAPH_T);
         d->cap_R = grow(d->cap_R, R, DEC_GRAPH_T);
-        dec_layout L = layout(d->cap_T, d->cap_R);
+        d->cap_M = M > d->cap_M ? grow(d->cap_M, M, 4) : d->cap_M;
+        d->mask_words = sampling_mask_words(eng_dec_model(e)->cfg.V);
+        dec_layout L = layout(d->cap_T, d->cap_R, d->cap_M, d->mask_words);
         d->in_bytes = L.in_bytes;
         d->pinned = be->host_alloc != NULL;
         d->h = d->pinned ? be->host_alloc(be, L.total) : malloc(L.total);
         d->d = be->alloc(be, L.total);
         if (!d->h || !d->d) {
             free_staging(e);
-            d->cap_T = d->cap_R = 0;
+            d->cap_T = d->cap_R = d->cap_M = 0;
             return err_set(GE_NOMEM, "decode: out of memory for a step of %d tokens, %d rows", T, R);
         }
     }
@@ -145,7 +153,7 @@ static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
     const model *m = eng_dec_model(e);
     const model_views *wv = eng_dec_views(e);
     const model_config *c = &m->cfg;
-    dec_layout L = layout(d->cap_T, d->cap_R);
+    dec_layout L = layout(d->cap_T, d->cap_R, d->cap_M, d->mask_words);
     char *b = d->d;
     model_dev_input di = {.T = T,
                           .M = 0,
@@ -158,7 +166,53 @@ static void queue_step(eng *e, model_kv *kv, int T, int R, int srow) {
     model_forward_dev(m, wv, &e->acts_ng, kv, &di, 1.0f, 0);
     be->lm_head_rows(be, d->dlogits, e->acts_ng.lnf, (int *)(b + L.rows), wv->lm_head, R, c->C, c->V);
     be->sample(be, (int *)(b + L.out_tok), (float *)(b + L.out_lp), d->dlogits, (sample_params *)(b + L.prm), (int *)(b + L.ban),
-               R, c->V);
+               d->cap_M ? (uint32_t *)(b + L.masks) : NULL, R, c->V);
+}
+
+/* The k most likely tokens of top's rows, from the step's final-norm output (still in the
+ * activations) through the logprob head's logprob_top: one call per temperature among them
+ * (1 when greedy), as eng_logprobs_top scores a position. */
+static int step_top(eng *e, const int *rows, const sample_params *p, const dec_top *top) {
+    eng_backend *be = e->be;
+    dec_state *d = e->dec;
+    const model_config *c = &eng_dec_model(e)->cfg;
+    int n = top->n, K = top->k, rc = 0;
+    if (n > d->cap_top) {
+        if (d->dtop) be->free(be, d->dtop);
+        d->cap_top = grow(d->cap_top, n, 16);
+        if (!(d->dtop = be->alloc(be, (size_t)d->cap_top * (1 + 2 * ENG_TOP_MAX) * 4))) {
+            d->cap_top = 0;
+            return err_set(GE_NOMEM, "decode: out of memory for the top tokens of %d rows", n);
+        }
+    }
+    int *dpos = d->dtop, *dids = dpos + d->cap_top;
+    float *dlps = (float *)(dids + (size_t)d->cap_top * ENG_TOP_MAX);
+    int *pos = malloc(sizeof(int) * (size_t)n * (2 + K)), *which = pos + n, *hid = which + n;
+    float *hlp = malloc(sizeof(float) * (size_t)n * K);
+    char *done = calloc((size_t)n, 1);
+    if (!pos || !hlp || !done) rc = err_set(GE_NOMEM, "decode: out of memory for the top tokens of %d rows", n);
+    for (int i = 0; !rc && i < n; i++) {
+        if (done[i]) continue;
+        float T = p[top->rows[i]].temperature;
+        int M = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && p[top->rows[j]].temperature == T) {
+                which[M] = j;
+                pos[M++] = rows[top->rows[j]];
+                done[j] = 1;
+            }
+        if ((rc = be->to_dev(be, dpos, pos, (size_t)M * 4))) break;
+        be->logprob_top(be, dids, dlps, e->acts_ng.lnf, dpos, eng_dec_views(e)->lm_head, M, c->C, c->V, T > 0 ? T : 1.0f, K);
+        if ((rc = be->to_host(be, hid, dids, (size_t)M * K * 4)) || (rc = be->to_host(be, hlp, dlps, (size_t)M * K * 4))) break;
+        for (int q = 0; q < M; q++) {
+            memcpy(top->ids + (size_t)which[q] * K, hid + (size_t)q * K, (size_t)K * 4);
+            memcpy(top->lps + (size_t)which[q] * K, hlp + (size_t)q * K, (size_t)K * 4);
+        }
+    }
+    free(pos);
+    free(hlp);
+    free(done);
+    return rc;
 }
 
 static int bucket_of(int T, int *Tb) {
@@ -172,7 +226,7 @@ static int bucket_of(int T, int *Tb) {
 }
 
 int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
-             int n_ban, int *ids, float *lps, int *routes) {
+             int n_ban, const uint32_t *allow, int n_allow, const dec_top *top, int *ids, float *lps, int *routes) {
     eng_backend *be = e->be;
     const model *m = eng_dec_model(e);
     const model_views *wv = eng_dec_views(e);
@@ -189,11 +243,11 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     int graphs = be->graph_begin && T <= DEC_GRAPH_T && R <= T && be->tune.graphs;
     if (graphs) bi = bucket_of(T, &Tb);
     int Rb = graphs ? Tb : R;
-    if ((rc = reserve(e, Tb, Rb)) || (rc = eng_acts_reserve(e, &e->acts_ng, Tb, 1, 0))) return rc;
+    if ((rc = reserve(e, Tb, Rb, allow ? n_allow : 0)) || (rc = eng_acts_reserve(e, &e->acts_ng, Tb, 1, 0))) return rc;
     dec_state *d = e->dec;
 
     /* stage the inputs (padded to the bucket) */
-    dec_layout L = layout(d->cap_T, d->cap_R);
+    dec_layout L = layout(d->cap_T, d->cap_R, d->cap_M, d->mask_words);
     char *h = d->h;
     const int *src[8] = {in->tokens, in->pos, in->a0, in->a1, in->b0, in->b1, in->slot, in->srow};
     size_t off[8] = {L.tok, L.pos, L.a0, L.a1, L.b0, L.b1, L.slot, L.srow};
@@ -214,6 +268,13 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if (ban && n_ban) memcpy(xb + 1, ban, (size_t)n_ban * 4);
     rc = be->to_dev_async ? be->to_dev_async(be, d->d, h, d->in_bytes) : be->to_dev(be, d->d, h, d->in_bytes);
     if (rc) return rc;
+    if (allow && n_allow) { /* the masks the step's rows name (p[i].allow), after the outputs */
+        size_t mb = (size_t)n_allow * d->mask_words * 4;
+        memcpy(h + L.masks, allow, mb);
+        rc = be->to_dev_async ? be->to_dev_async(be, d->d + L.masks, h + L.masks, mb)
+                              : be->to_dev(be, d->d + L.masks, h + L.masks, mb);
+        if (rc) return rc;
+    }
 
     if (!graphs) {
         queue_step(e, kv, T, R, in->srow != NULL);
@@ -263,5 +324,6 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if ((rc = be->to_host(be, h + L.out_tok, d->d + L.out_tok, (size_t)d->cap_R * 8))) return rc;
     memcpy(ids, h + L.out_tok, (size_t)R * 4);
     memcpy(lps, h + L.out_lp, (size_t)R * 4);
+    if (top && top->n && (rc = step_top(e, rows, p, top))) return rc;
     return routes ? model_routes_get(m, &e->acts_ng, graphs ? Tb : T, T, routes) : 0;
 }

@@ -37,9 +37,18 @@ void dec_free(eng *e);
 
 /* Forward of `in` (its tokens' K/V written to their cache rows in->slot; ranges index cache
  * rows) and one draw for each of R rows: rows[i] indexes in's tokens. ids and lps (R, host)
- * receive the tokens and their logprobs. ban (n_ban ids) applies to rows with p[i].ban.
+ * receive the tokens and their logprobs. ban (n_ban ids) applies to rows with p[i].ban; allow
+ * (n_allow masks of sampling_mask_words(V) words, host; NULL: none) to rows with p[i].allow.
  * routes (T, Lm, k) host, or NULL: the experts each MoE layer chose for in's tokens (model.h
  * model_routes_get; untouched for a dense model). */
+/* Rows that also want their k most likely tokens (logprob_top at the row's temperature, 1 when
+ * greedy): rows[0, n) index the step's R rows; ids, lps (n, k) host receive them. */
+typedef struct {
+    int n, k;
+    const int *rows;
+    int *ids;
+    float *lps;
+} dec_top;
 int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows, const sample_params *p, const int *ban,
-             int n_ban, int *ids, float *lps, int *routes);
+             int n_ban, const uint32_t *allow, int n_allow, const dec_top *top, int *ids, float *lps, int *routes);
 #endif

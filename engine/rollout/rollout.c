@@ -30,6 +30,7 @@
 #include "engine/rollout/decode.h"
 #include "engine/engine_internal.h"
 #include "engine/model/kvpool.h"
+#include "engine/rollout/guided.h"
 #include "engine/rollout/prefix.h"
 #include "engine/rollout/routes.h"
 
@@ -40,6 +41,8 @@ void eng_group_result_free(eng_group_result *r) {
         free(r->resp[i].logprobs);
         free(r->resp[i].text);
         free(r->resp[i].routes);
+        free(r->resp[i].top_ids);
+        free(r->resp[i].top_lps);
     }
     free(r->resp);
     free(r->prompt_routes);
@@ -63,6 +66,7 @@ typedef struct {
     int done;
     int rcap; /* rows of out->routes (routes.h rt_row) */
     uint64_t rng; /* stream seed */
+    jg_state gs; /* guided jobs: where the response is in the grammar */
     eng_response *out;
 } stream;
 
@@ -87,6 +91,8 @@ struct eng_sched_job {
     int ban[16 + 64];
     int n_ban; /* eos ids (unless ignore_eos) + stop token ids, for min_tokens */
     int *ban_heap; /* when they do not fit ban[] */
+    jg_spec *gram; /* sampling.guided: the grammar every response follows (NULL: none); the
+                      ban list is then its end ids */
     int next_group; /* groups [0, next_group) were admitted */
     int live_groups;
     long long tok_done, tok_total; /* progress: finished responses count max_tokens */
@@ -123,6 +129,12 @@ struct eng_sched {
     char *taken;
     int cap_items;
     rt_rec rt; /* a step's MoE routes and where each token's go (routes.h) */
+    gd_masks masks; /* a call's allow masks, one per guided row (guided.h) */
+    /* a call's rows whose job wants top_logprobs: their row indices, and each row's place among
+     * them (-1: none); the top tokens (cap_R, ENG_TOP_MAX) */
+    int *top_rows, *top_at, n_top, top_k;
+    int *top_ids;
+    float *top_lps;
 };
 
 static const int *job_ban(const eng_sched_job *j) { return j->ban_heap ? j->ban_heap : j->ban; }
@@ -237,8 +249,14 @@ static int reserve(eng_sched *s, int T, int R, int I) {
         sample_params *p = l ? realloc(s->rp, (size_t)R * sizeof(sample_params)) : NULL;
         if (p) s->rp = p;
         stream **w = p ? realloc(s->who, (size_t)R * sizeof(stream *)) : NULL;
-        if (!w) return err_set(GE_NOMEM, "scheduler: out of memory for %d rows", R);
-        s->who = w;
+        if (w) s->who = w;
+        int *tr = w ? realloc(s->top_rows, (size_t)R * 2 * sizeof(int)) : NULL;
+        if (tr) s->top_rows = tr, s->top_at = tr + R;
+        int *ti = tr ? realloc(s->top_ids, (size_t)R * ENG_TOP_MAX * sizeof(int)) : NULL;
+        if (ti) s->top_ids = ti;
+        float *tl = ti ? realloc(s->top_lps, (size_t)R * ENG_TOP_MAX * sizeof(float)) : NULL;
+        if (!tl) return err_set(GE_NOMEM, "scheduler: out of memory for %d rows", R);
+        s->top_lps = tl;
         s->cap_R = R;
     }
     if (I > s->cap_items) {
@@ -283,14 +301,14 @@ static int hit_stop_string(eng *e, eng_response *r, const eng_sampling *s) {
     return 0;
 }
 
-/* The draw parameters of stream k's next token. */
+/* The draw parameters of stream k's next token (a guided job's rows: no ban, the grammar ends them). */
 static sample_params row_of(const stream *k) {
     const eng_sampling *s = &k->grp->job->sp;
     return (sample_params){.temperature = s->temperature,
                            .top_k = s->top_k,
                            .top_p = s->top_p,
                            .min_p = s->min_p,
-                           .ban = k->out->n_tokens < s->min_tokens,
+                           .ban = !k->grp->job->gram && k->out->n_tokens < s->min_tokens,
                            .key = dec_key(k->rng, k->out->n_tokens)};
 }
 
@@ -352,17 +370,26 @@ static void finish_stream(eng_sched *s, stream *k) {
     }
 }
 
-/* Records token id (logprob lp) of stream k and decides whether it is done. */
-static void record_token(eng_sched *s, stream *k, int id, float lp) {
+/* Records token id (logprob lp; top_ids / top_lps: its row's top tokens, at least the job's k of
+ * them, or NULL) of stream k and decides whether it is done. */
+static void record_token(eng_sched *s, stream *k, int id, float lp, const int *top_ids, const float *top_lps) {
     if (k->done || k->grp->job->state) return;
     const eng_sampling *sp = &k->grp->job->sp;
     const eng_info *info = &s->info;
     eng_response *o = k->out;
+    eng_sched_job *j = k->grp->job;
     o->tokens[o->n_tokens] = id;
     o->logprobs[o->n_tokens] = lp;
+    if (o->top_ids && top_ids) {
+        size_t kk = (size_t)sp->top_logprobs;
+        memcpy(o->top_ids + (size_t)o->n_tokens * kk, top_ids, sizeof(int) * kk);
+        memcpy(o->top_lps + (size_t)o->n_tokens * kk, top_lps, sizeof(float) * kk);
+    }
     o->n_tokens++;
-    k->grp->job->tok_done++;
-    int stop = (!sp->ignore_eos && is_in(id, info->eos_ids, info->n_eos)) || is_in(id, sp->stop_token_ids, sp->n_stop_token_ids);
+    j->tok_done++;
+    if (j->gram) gd_advance(s->e, j->gram, &k->gs, id);
+    int stop = (!sp->ignore_eos && is_in(id, info->eos_ids, info->n_eos)) || is_in(id, sp->stop_token_ids, sp->n_stop_token_ids) ||
+        (j->gram && !j->n_ban && jg_complete(j->gram, &k->gs)); /* no end id to draw */
     if (stop || hit_stop_string(s->e, o, sp)) o->finish = FINISH_STOP;
     else if (o->n_tokens >= sp->max_tokens) o->finish = FINISH_LENGTH;
     else return;
@@ -442,15 +469,23 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     int ok = G && st && resp;
     int W = s->rt.W, *proutes = rt_rows(W, RG->P);
     ok = ok && (proutes || !W);
+    int tk = j->sp.top_logprobs;
     for (r = 0; ok && r < RG->n; r++) {
         resp[r].tokens = malloc((size_t)maxt * sizeof(int));
         resp[r].logprobs = malloc((size_t)maxt * sizeof(float));
         ok = resp[r].tokens && resp[r].logprobs;
+        if (ok && tk > 0) {
+            resp[r].top_ids = malloc((size_t)maxt * tk * sizeof(int));
+            resp[r].top_lps = malloc((size_t)maxt * tk * sizeof(float));
+            ok = resp[r].top_ids && resp[r].top_lps;
+        }
     }
     if (!ok) {
         for (r = 0; resp && r < RG->n; r++) {
             free(resp[r].tokens);
             free(resp[r].logprobs);
+            free(resp[r].top_ids);
+            free(resp[r].top_lps);
         }
         free(proutes);
         untake(s, pb, rb, RG->n);
@@ -484,6 +519,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
                          .out = &resp[r],
                          .rng = j->sp.seed ^ ((uint64_t)(gi + 1) * 0xD1B54A32D192ED03ULL) ^ ((uint64_t)(r + 1) << 32)};
         splitmix(&st[r].rng);
+        if (j->gram) jg_start(j->gram, &st[r].gs);
     }
     free(rb);
     s->live[s->n_live++] = G;
@@ -549,6 +585,27 @@ static void admit(eng_sched *s) {
 
 /* ---------------------------------------------------------------- the step */
 
+/* Row r of the call draws stream k's next token: its parameters, and a guided job's mask. */
+static int set_row(eng_sched *s, int r, stream *k) {
+    eng_sched_job *j = k->grp->job;
+    s->rp[r] = row_of(k);
+    s->who[r] = k;
+    s->top_at[r] = -1;
+    if (j->sp.top_logprobs > 0) {
+        s->top_at[r] = s->n_top;
+        s->top_rows[s->n_top++] = r;
+        if (j->sp.top_logprobs > s->top_k) s->top_k = j->sp.top_logprobs;
+    }
+    if (!j->gram) return 0;
+    int a = gd_row(s->e, &s->masks, j->gram, &k->gs, j->sp.max_tokens - k->out->n_tokens, job_ban(j), j->n_ban);
+    if (a < 0) {
+        job_stop(s, j, a, err_msg());
+        return a;
+    }
+    s->rp[r].allow = a;
+    return 0;
+}
+
 /* Every row carries its own draw parameters and key (sample_params), so all of a step's rows share
  * one dec_step; the only split left is the ban list, one per call: a row that bans (min_tokens
  * not reached) joins a call whose list is unset or equal to its job's. *ban is the job whose
@@ -570,8 +627,11 @@ static int alive(const stream *k) { return !k->done && !k->grp->job->state; }
  * the call fails. */
 static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_job *ban) {
     s->dec_calls++;
-    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->ids, s->lps,
-                      s->rt.W ? s->rt.buf : NULL);
+    dec_top top = {s->n_top, s->top_k, s->top_rows, s->top_ids, s->top_lps};
+    int rc = dec_step(s->e, &s->kv, in, R, s->rows, s->rp, ban ? job_ban(ban) : NULL, ban ? ban->n_ban : 0, s->masks.m,
+                      s->masks.n, s->n_top ? &top : NULL, s->ids, s->lps, s->rt.W ? s->rt.buf : NULL);
+    int K = s->top_k;
+    s->masks.n = s->n_top = s->top_k = 0;
     if (!rc) rt_scatter(&s->rt, in->T);
     if (rc) {
         char msg[256];
@@ -579,7 +639,11 @@ static int run_call(eng_sched *s, const model_input *in, int R, const eng_sched_
         for (int i = 0; i < R; i++) job_stop(s, s->who[i]->grp->job, rc, msg);
         return rc;
     }
-    for (int i = 0; i < R; i++) record_token(s, s->who[i], s->ids[i], s->lps[i]);
+    for (int i = 0; i < R; i++) {
+        int t = s->top_at[i];
+        record_token(s, s->who[i], s->ids[i], s->lps[i], t < 0 ? NULL : s->top_ids + (size_t)t * K,
+                     t < 0 ? NULL : s->top_lps + (size_t)t * K);
+    }
     return 0;
 }
 
@@ -633,8 +697,7 @@ static int prefill(eng_sched *s) {
             }
             for (int k = 0; k < G->n; k++, r++) {
                 s->rows[r] = t - 1;
-                s->rp[r] = row_of(&G->st[k]);
-                s->who[r] = &G->st[k];
+                set_row(s, r, &G->st[k]); /* on failure its job stopped: the row's draw is ignored */
             }
         }
         if (!t) continue;
@@ -690,8 +753,7 @@ static int decode(eng_sched *s) {
             b1[B] = x->base + m;
             srow[B] = G->st0 + 1 + x->idx;
             s->rows[B] = B;
-            s->rp[B] = row_of(x);
-            s->who[B] = x;
+            set_row(s, B, x);
             B++;
         }
         if (!B) continue;
@@ -741,11 +803,16 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
         }
         j->tok_total += (long long)groups[g].n * (sp->max_tokens > 0 ? sp->max_tokens : 0);
     }
-    int n_ban = (sp->ignore_eos ? 0 : s->info.n_eos) + sp->n_stop_token_ids;
+    int n_ban = (sp->ignore_eos ? 0 : s->info.n_eos) + sp->n_stop_token_ids, rc;
     int *ban = j->ban;
     if (n_ban > (int)(sizeof j->ban / sizeof j->ban[0]) && !(ban = j->ban_heap = malloc((size_t)n_ban * sizeof(int)))) {
         free(j);
         return err_set(GE_NOMEM, "scheduler: out of memory");
+    }
+    if ((rc = gd_spec_of(s->e, sp->guided, sp->n_guided_suffix ? sp->guided_suffix[0] : NULL, &j->gram))) {
+        free(j->ban_heap);
+        free(j);
+        return rc;
     }
     if (!sp->ignore_eos)
         for (int i = 0; i < s->info.n_eos; i++) ban[j->n_ban++] = s->info.eos_ids[i];
@@ -819,6 +886,7 @@ void eng_sched_job_release(eng_sched *s, eng_sched_job *j) {
         if (s->jobs_tail == j) s->jobs_tail = prev;
     }
     free(j->ban_heap);
+    free(j->gram);
     free(j);
 }
 
@@ -837,9 +905,13 @@ void eng_sched_close(eng_sched *s) {
     free(s->lps);
     free(s->rp);
     free(s->who);
+    free(s->top_rows);
+    free(s->top_ids);
+    free(s->top_lps);
     free(s->items);
     free(s->taken);
     rt_free(&s->rt);
+    gd_masks_free(&s->masks);
     free(s);
 }
 

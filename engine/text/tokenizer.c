@@ -570,6 +570,11 @@ const char *tok_bos(const tok *t) { return t->bos; }
 const char *tok_eos(const tok *t) { return t->eos; }
 const char *tok_chat_template(const tok *t) { return t->chat_template; }
 int tok_is_special(const tok *t, int id) { return id >= 0 && id < t->n_vocab && (t->flags[id] & TOKF_SPECIAL); }
+const char *tok_token_bytes(const tok *t, int id, size_t *n) {
+    if (id < 0 || id >= t->n_vocab || !t->raw[id].len) return NULL;
+    *n = t->dec[id].len;
+    return t->pool + t->dec[id].off;
+}
 int tok_token_id(const tok *t, const char *s) { return smap_get(&t->names, t->pool, t->raw, s, strlen(s)); }
 int tok_vocab_lookup(const tok *t, const char *s, size_t n) { return smap_get(&t->vocab, t->pool, t->model, s, n); }
 int tok_merge_rank(const tok *t, int a, int b, int *new_id) { return pmap_get(&t->merges, a, b, new_id); }

@@ -43,6 +43,9 @@ const char *tok_bos(const tok *t); /* from tokenizer_config.json, or NULL */
 const char *tok_eos(const tok *t);
 const char *tok_chat_template(const tok *t); /* or NULL */
 int tok_is_special(const tok *t, int id);
+/* The bytes id decodes to (raw bytes: a byte-level token may hold part of a UTF-8 character), *n
+ * their count; NULL for an unused or out-of-range id. Borrowed from t. */
+const char *tok_token_bytes(const tok *t, int id, size_t *n);
 
 /* The tokenizer of grpod's embedded default model: 256 byte tokens (id = byte value, spelled with
  * the GPT-2 byte-to-unicode mapping), no merges, and "<|endoftext|>" 256, "<|im_start|>" 257,

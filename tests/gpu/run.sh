@@ -10,7 +10,9 @@
 #       a failed update restored exactly, undo exact
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
 #   test_determinism: one update from one state gives the same bits in one process and in two
-#   test_sampling: the CUDA sample op vs softmax and sample_cpu
+#   test_sampling: the CUDA sample op vs softmax and sample_cpu (allow masks included)
+#   test_guided: guided (JSON) rollouts on the cuda backend complete and parse
+#   test_rollout_top: a rollout's top_logprobs (decode step) vs eng_logprobs_top (scoring pass)
 #   test_invariant: exact mode (GRPOD_TUNE_EXACT): a row's bits alone = inside batches of
 #       1..4096 rows for the forward ops; the sampler's logprob = logprob_fwd's. With EXACT=1,
 #       test_greedy (dense, moe) again with GRPOD_TUNE_EXACT=1: rollout vs trainer gap 0 asserted
@@ -73,7 +75,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # ---- build: engine library + test programs (tests/gpu/) + benchmarks (tests/bench/gpu/); a
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
-PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_invariant test_greedy test_lora attn_dump"
+PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
@@ -114,6 +116,10 @@ if [ "${TESTS:-1}" = 1 ]; then
 # ---- (a) ops, (b-d) model
 timeout ${T_OPS:-120} "$BIN/test_ops" >"$OUT/ops.log" 2>&1; echo "test_ops exit $?" >>"$OUT/ops.log"
 timeout 60 "$BIN/test_sampling" >>"$OUT/ops.log" 2>&1; echo "test_sampling exit $?" >>"$OUT/ops.log"
+# constrained decoding through the scheduler: guided responses parse (allow masks on the device)
+timeout 60 "$BIN/test_guided" >>"$OUT/ops.log" 2>&1; echo "test_guided exit $?" >>"$OUT/ops.log"
+# sampling.top_logprobs: the decode step's alternatives vs the scoring pass's
+timeout 60 "$BIN/test_rollout_top" >>"$OUT/ops.log" 2>&1; echo "test_rollout_top exit $?" >>"$OUT/ops.log"
 timeout ${T_INV:-180} "$BIN/test_invariant" >>"$OUT/ops.log" 2>&1; echo "test_invariant exit $?" >>"$OUT/ops.log"
 # the hybrid models' decode steps on their state rows (DeltaNet conv and rule) and the row scatter
 timeout 60 "$BIN/test_deltanet_decode" >>"$OUT/ops.log" 2>&1; echo "test_deltanet_decode exit $?" >>"$OUT/ops.log"

@@ -126,7 +126,7 @@ static void sample_rows(eng_backend *g, const void *h, int M, int pos, float tem
         sp[i] = (sample_params){.key = sampling_mix(i == pos ? 99 : 1000 + (unsigned long long)i), .temperature = temp, .top_p = 1};
     sample_params *dp = gc_dev(g, sp, sizeof *sp * (size_t)M);
     g->lm_head_rows(g, lg, h, p, W.lm, M, C, V);
-    g->sample(g, dt, dl, lg, dp, NULL, M, V);
+    g->sample(g, dt, dl, lg, dp, NULL, NULL, M, V);
     int *ht = malloc((size_t)M * 4);
     float *hl = gc_get_f32(g, dl, M);
     if (g->to_host(g, ht, dt, (size_t)M * 4) || g->sync(g)) gc_die(g, "sample");

@@ -2,7 +2,10 @@
  * and the CPU reference: chi-square of 20k draws of a small logits row for plain temperature,
  * top_k, top_p, min_p, a combination and a ban list (no draw outside the kept set; logprob of
  * the untruncated softmax); on a Qwen-sized vocabulary, greedy = argmax of the eligible ids, and
- * tokens / logprobs of plain and truncated rows against sample_cpu on the same fp32 logits.
+ * tokens / logprobs of plain and truncated rows against sample_cpu on the same fp32 logits;
+ * allow masks (constrained decoding): the mask of all but the ban list draws what the ban list
+ * draws, masked rows draw inside their masks (greedy: the masked argmax) and as sample_cpu does,
+ * and rows without a mask draw what they draw in a call without masks.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include "kernels/sampling.h"
 #include "tests/gpu/gpu_check.h"
@@ -10,20 +13,26 @@
 
 enum { V = 10, NS = 20000, R = 64, VB = 151936 };
 
-static void run(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban, int n, int nv) {
+static void run_masked(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban,
+                       const uint32_t *allow, int n_allow, int n, int nv) {
     float *dx = gc_dev(g, x, (size_t)n * nv * 4);
     sample_params *dp = gc_dev(g, p, (size_t)n * sizeof *p);
     int *db = ban ? gc_dev(g, ban, (size_t)(ban[0] + 1) * 4) : NULL;
+    uint32_t *da = allow ? gc_dev(g, allow, (size_t)n_allow * sampling_mask_words(nv) * 4) : NULL;
     int *dt = g->alloc(g, (size_t)n * 4);
     float *dl = g->alloc(g, (size_t)n * 4);
     if (!dt || !dl) gc_die(g, "alloc");
-    g->sample(g, dt, dl, dx, dp, db, n, nv);
+    g->sample(g, dt, dl, dx, dp, db, da, n, nv);
     if (g->to_host(g, tok, dt, (size_t)n * 4) || g->to_host(g, lp, dl, (size_t)n * 4) || g->sync(g)) gc_die(g, "sample");
     g->free(g, dx);
     g->free(g, dp);
     g->free(g, dt);
     g->free(g, dl);
     if (db) g->free(g, db);
+    if (da) g->free(g, da);
+}
+static void run(eng_backend *g, int *tok, float *lp, const float *x, const sample_params *p, const int *ban, int n, int nv) {
+    run_masked(g, tok, lp, x, p, ban, NULL, 0, n, nv);
 }
 
 int main(void) {
@@ -115,7 +124,7 @@ int main(void) {
                                     .top_k = mix[c].top_k,
                                     .ban = r % 5 == 0};
         run(g, tg, lg, big, bp, bb, R, VB);
-        sample_cpu(tc, lc, big, bp, bb, R, VB);
+        sample_cpu(tc, lc, big, bp, bb, NULL, R, VB);
         double lerr = 0;
         miss = 0;
         for (int r = 0; r < R; r++) {
@@ -128,6 +137,62 @@ int main(void) {
         snprintf(name, sizeof name, "sample %s logprob vs sample_cpu", mix[c].name);
         gc_row(name, "R=64 V=151936", lerr, 1e-4);
     }
+    /* (3) allow masks on the Qwen-sized rows: even rows masked (5% of ids each), odd rows not */
+    int W = sampling_mask_words(VB);
+    uint32_t *am = calloc((size_t)R / 2 * W, 4), *cm = malloc((size_t)W * 4);
+    for (int m = 0; m < R / 2; m++)
+        for (int j = 0; j < VB; j++)
+            if (sampling_mix(0xa11c + (unsigned long long)m * VB + j) % 100 < 5) am[(size_t)m * W + (j >> 5)] |= 1u << (j & 31);
+    for (int w = 0; w < W; w++) cm[w] = 0xffffffffu; /* all ids but the ban list's */
+    cm[bb[1] >> 5] &= ~(1u << (bb[1] & 31));
+    cm[bb[2] >> 5] &= ~(1u << (bb[2] & 31));
+    int t0[R];
+    float l0[R];
+    for (size_t c = 0; c < 3; c++) {
+        float temp = c == 0 ? 0 : 1.0f;
+        int k = c == 2 ? 50 : 0;
+        for (int r = 0; r < R; r++)
+            bp[r] = (sample_params){.key = sampling_mix(r + 77 * c), .temperature = temp, .top_p = 1, .top_k = k};
+        run(g, t0, l0, big, bp, NULL, R, VB);
+        for (int r = 0; r < R; r += 2) bp[r].allow = r / 2 + 1;
+        run_masked(g, tg, lg, big, bp, NULL, am, R / 2, R, VB);
+        sample_cpu(tc, lc, big, bp, NULL, am, R, VB);
+        int out = 0, odd = 0, greedy = 0, cpu = 0;
+        for (int r = 0; r < R; r++) {
+            if (r % 2) {
+                odd += tg[r] != t0[r] || lg[r] != l0[r];
+                continue;
+            }
+            const uint32_t *mr = am + (size_t)(r / 2) * W;
+            out += sampling_masked(mr, tg[r]);
+            cpu += tg[r] != tc[r];
+            if (c) continue;
+            int a = -1;
+            for (int j = 0; j < VB; j++)
+                if (!sampling_masked(mr, j) && (a < 0 || big[(size_t)r * VB + j] > big[(size_t)r * VB + a])) a = j;
+            greedy += tg[r] != a;
+        }
+        const char *cn[] = {"greedy", "T=1", "T=1 top_k=50"};
+        char name[96];
+        snprintf(name, sizeof name, "sample mask %s draws outside the mask", cn[c]);
+        gc_row(name, "R=64 V=151936, 5% allowed", out, 0);
+        snprintf(name, sizeof name, "sample mask %s unmasked rows != no-mask call", cn[c]);
+        gc_row(name, "R=64 V=151936", odd, 0);
+        snprintf(name, sizeof name, "sample mask %s tokens != sample_cpu (fraction)", cn[c]);
+        gc_row(name, "R=64 V=151936", (double)cpu / (R / 2), 0.05);
+        if (!c) gc_row("sample mask greedy != masked argmax", "R=64 V=151936", greedy, 0);
+        /* the mask of every id but the ban list = the ban list, draw for draw */
+        for (int r = 0; r < R; r++) bp[r].allow = 0, bp[r].ban = 1;
+        run(g, t0, l0, big, bp, bb, R, VB);
+        for (int r = 0; r < R; r++) bp[r].allow = 1, bp[r].ban = 0;
+        run_masked(g, tg, lg, big, bp, NULL, cm, 1, R, VB);
+        int diff = 0;
+        for (int r = 0; r < R; r++) diff += tg[r] != t0[r] || lg[r] != l0[r];
+        snprintf(name, sizeof name, "sample mask %s complement of bans != bans", cn[c]);
+        gc_row(name, "R=64 V=151936", diff, 0);
+    }
+    free(am);
+    free(cm);
     g->destroy(g);
     free(rows);
     free(lp);

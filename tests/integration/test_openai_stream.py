@@ -3,7 +3,9 @@
 # build/grpod-test-hooks holds the worker (GRPOD_TEST_HOLD_AT=stream_tokens) once a streamed
 # response has 4 tokens, and text must reach the client while the job still runs. Also: what the
 # chunks add up to is the non-streaming reply (text, logprobs, finish_reason, usage) for n > 1,
-# stop strings and chat; a client that goes away mid-stream leaves the daemon serving.
+# stop strings and chat; with --ranks 2 a group on rank 1 streams while rank 1 is held mid-way
+# (GRPOD_TEST_HOLD_AT=peer_stream_tokens); a client that goes away mid-stream leaves the daemon
+# serving.
 import json
 import os
 import socket
@@ -64,6 +66,42 @@ def test_first_chunk_arrives_while_the_job_runs(make_daemon, tmp_path):
     full = d.post("/v1/completions", dict(body, stream=False)).json()
     assert [texts[0], texts[1]] == [c["text"] for c in full["choices"]]
     assert [j["status"] for j in rollout_jobs(d)] == ["done", "done"]
+
+
+@pytest.mark.skipif(not os.path.exists(HOOKS), reason="build/grpod-test-hooks is not built")
+def test_stream_from_a_peer_rank(make_daemon, tmp_path):
+    """--ranks 2: two prompts, one group on each rank; rank 1's thread is held
+    (GRPOD_TEST_HOLD_AT=peer_stream_tokens) once its response has 4 tokens, and its text must
+    reach the client meanwhile, while the job runs (a peer's part streams as rank 0's does)."""
+    go = tmp_path / "go"
+    d = make_daemon(start=False, args=["--ranks", "2"],
+                    env={"GRPOD_TEST_HOLD_AT": "peer_stream_tokens", "GRPOD_TEST_HOLD_FILE": str(go)})
+    d.binary = HOOKS
+    d.start()
+    body = {"prompt": ["Once upon a time", "In a land far"], "max_tokens": 32, "ignore_eos": True, "seed": 5,
+            "stream": True, "logprobs": 2}
+    r = requests.post(d.url + "/v1/completions", json=body, timeout=120, stream=True)
+    events = sse_events(r)
+    before = []
+    for e in events:                      # rank 1 is held: its text now came mid-generation
+        ev = json.loads(e)
+        before.append(ev)
+        if any(c["index"] == 1 and c["text"] for c in ev["choices"]):
+            break
+    assert all(c["finish_reason"] is None for ev in before for c in ev["choices"])
+    assert [j["status"] for j in rollout_jobs(d)] == ["running"]
+    ranks = {x["rank"]: x["running_groups"] for x in d.get("/v1/model").json()["ranks"]}
+    assert ranks[1] == 1                  # the group is on rank 1, still running
+    go.touch()
+    after = [json.loads(e) for e in events if e != "[DONE]"]
+    texts, tops = {0: "", 1: ""}, {0: [], 1: []}
+    for ev in before + after:
+        for c in ev["choices"]:
+            texts[c["index"]] += c["text"]
+            tops[c["index"]] += (c["logprobs"] or {}).get("top_logprobs") or []
+    full = d.post("/v1/completions", dict(body, stream=False)).json()
+    assert [texts[0], texts[1]] == [c["text"] for c in full["choices"]]
+    assert [tops[0], tops[1]] == [c["logprobs"]["top_logprobs"] for c in full["choices"]]   # the peer's alternatives too
 
 
 def test_n2_stream_adds_up_to_the_reply(shared_daemon):

@@ -2,7 +2,8 @@
 # model (the embedded tiny one) carries a Qwen3 chat template: the tools and a tool-call history
 # (assistant tool_calls, tool results) rendered into the prompt in Qwen3's format, never dropped;
 # enable_thinking; tool_choice none / auto; required and a named function (the call's opening
-# forced, the name drawn by the policy's probabilities when several tools may be called). Then the policy is taught, through /v1/updates with given advantages, to
+# forced, the name drawn by the policy's probabilities when several tools may be called, the
+# arguments decoded under a JSON grammar so they always parse); response_format json_object. Then the policy is taught, through /v1/updates with given advantages, to
 # answer one prompt with a <tool_call>: its answer comes back parsed into tool_calls (as vLLM's
 # hermes parser parses it), streamed too, and as plain content under tool_choice none.
 import json
@@ -139,6 +140,77 @@ def test_forced_tool_choice(qwen3):
             content += cc.delta.content or ""
             finish = cc.finish_reason or finish
     assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")] and content == ""
+
+
+def test_forced_arguments_always_parse(qwen3):
+    """required and a named function decode the arguments under a JSON grammar (sampling.guided
+    json_object, then the call's close): the untaught model, which writes garbage unconstrained,
+    answers 20 seeds each with a call whose arguments are a JSON object, the response's text
+    being exactly arguments + "}\\n</tool_call>" + EOS; the grammar closes them inside max_tokens."""
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    eos = d.get("/v1/model").json()["eos_token_ids"]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        for seed in range(20):
+            c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=[WEATHER] + TOOLS,
+                                               tool_choice=choice, max_tokens=40, seed=seed, temperature=1.0,
+                                               extra_body={"return_token_ids": True})
+            ch = c.choices[0]
+            assert ch.finish_reason == "tool_calls", (choice, seed)
+            call = ch.message.tool_calls[0]
+            args = json.loads(call.function.arguments)
+            assert isinstance(args, dict), (choice, seed, call.function.arguments)
+            ids = ch.model_extra["token_ids"]
+            assert ids[-1] in eos and len(ids) <= 40
+            text = d.post("/detokenize", {"tokens": ids[:-1]}).json()["prompt"]
+            assert text.endswith("}\n</tool_call>") and json.loads(text[:-len("}\n</tool_call>")]) == args
+    # the same request unconstrained (auto) writes no call: the grammar is what makes it parse
+    c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=[WEATHER], max_tokens=40, seed=0,
+                                       temperature=1.0)
+    assert c.choices[0].finish_reason != "tool_calls"
+
+
+# sha256 of the token ids below, as main drew them before guided decoding existed (348f65a): rows
+# without a grammar draw the same tokens as before, bit for bit
+UNGUIDED_SHA256 = "df2138cb9e95bd04253678d87aca23273da422c24eba529686d926e6c368d309"
+
+
+def test_unguided_tokens_unchanged(qwen3):
+    import hashlib
+    d = qwen3
+    got = []
+    for seed in range(10):
+        c = d.post("/v1/chat/completions", {"messages": ASK, "tools": [WEATHER] + TOOLS, "max_tokens": 24, "seed": seed,
+                                            "n": 2, "return_token_ids": True})
+        assert c.status_code == 200, c.text
+        got += [ch["token_ids"] for ch in c.json()["choices"]]
+        c = d.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "seed": seed, "top_p": 0.9,
+                                       "return_token_ids": True, "temperature": 0 if seed == 9 else 0.8})
+        got += [ch["token_ids"] for ch in c.json()["choices"]]
+    h = hashlib.sha256(json.dumps(got).encode()).hexdigest()
+    assert h == UNGUIDED_SHA256, h
+
+
+def test_json_mode(qwen3):
+    """response_format json_object: every answer is a JSON object (OpenAI's JSON mode), 20 seeds,
+    streamed too; json_schema is refused by name."""
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    for seed in range(20):
+        c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=32, seed=seed,
+                                           response_format={"type": "json_object"})
+        assert isinstance(json.loads(c.choices[0].message.content), dict), c.choices[0].message.content
+        assert c.choices[0].finish_reason == "stop"
+    text = "".join(ev.choices[0].delta.content or "" for ev in client.chat.completions.create(
+        model="qwen3-tiny", messages=ASK, max_tokens=32, seed=5, stream=True, response_format={"type": "json_object"})
+        if ev.choices)
+    assert isinstance(json.loads(text), dict)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=4, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+    assert e.value.param == "response_format"
 
 
 def teach_the_call(d):

@@ -112,3 +112,39 @@ def test_sampled_top_logprobs(shared_daemon):
         assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-4)
     r = d.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+
+def test_streamed_top_logprobs_per_chunk(shared_daemon):
+    """stream: true with logprobs k: each chunk carries its tokens' k alternatives, sampled beside
+    them (sampling.top_logprobs: the decode step's hidden state through the logprob head), so
+    every chunk has them as it arrives; they add up to the non-streamed reply's (a logprobs job
+    after the rollout) and are each alternative's POST /v1/logprobs at the sampling temperature."""
+    d = shared_daemon
+    client = client_of(d)
+    prompt = d.post("/v1/tokenize", {"prompt": "Once upon"}).json()["tokens"]
+    body = dict(model="default-model", prompt=[prompt], max_tokens=16, temperature=0.8, seed=4, logprobs=3)
+    full = client.completions.create(**body).choices[0].logprobs
+    chunks = [c.choices[0].logprobs for c in client.completions.create(stream=True, **body) if c.choices and
+              c.choices[0].logprobs]
+    assert len(chunks) > 1                                     # several chunks, each with its own tokens' alternatives
+    tops = [t for c in chunks for t in c.top_logprobs]
+    assert all(len(c.top_logprobs) == len(c.tokens) for c in chunks)
+    assert [t for c in chunks for t in c.tokens] == full.tokens
+    assert tops == full.top_logprobs                           # bit-equal on the cpu backend
+    gen = full.model_extra["token_ids"]
+    r = d.post("/v1/logprobs", {"groups": [{"prompt_ids": prompt, "responses": [{"token_ids": gen}]}],
+                                "top_logprobs": 3, "temperature": 0.8}).json()["groups"][0]["responses"][0]
+    for t in range(len(gen)):
+        want = {}
+        for i, v in zip(r["top_ids"][t], r["top_logprobs"][t]):
+            want.setdefault(text_of(d, i), v)
+        want.setdefault(full.tokens[t], full.token_logprobs[t])
+        assert tops[t] == pytest.approx(want, abs=1e-6)
+    # chat: logprobs true, top_logprobs 4, streamed: each content entry with 4 alternatives
+    msgs = [{"role": "user", "content": "Hi"}]
+    ch = dict(model="default-model", messages=msgs, max_tokens=8, temperature=0.8, seed=2, logprobs=True, top_logprobs=4)
+    want = [(e.token, [(a.token, a.logprob) for a in e.top_logprobs]) for e in
+            client.chat.completions.create(**ch).choices[0].logprobs.content]
+    got = [(e.token, [(a.token, a.logprob) for a in e.top_logprobs]) for c in client.chat.completions.create(stream=True, **ch)
+           if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert got == want and all(len(a) == 4 for _, a in got)

@@ -124,6 +124,7 @@ TEST(test_forced_calls) {
         {"{\"city\": \"Paris\"}}\n</tool_call>", "{\"city\": \"Paris\"}", 1},
         {"{\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"h\", \"arguments\": {}}\n</tool_call>", "{\"a\": 1}", 2},
         {"{city: Paris}}\n</tool_call>", "{city: Paris}", 1},
+        {"{\"a\": \"x</tool_call>y\"}}\n</tool_call>", "{\"a\": \"x</tool_call>y\"}", 1}, /* the grammar's object */
         {"  unfinished {\"x", "unfinished {\"x", 1},
         {"", "", 1},
     };

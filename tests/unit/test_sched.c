@@ -2,7 +2,8 @@
  * row allocator against a bitmap, jobs joining a running batch at different steps giving the
  * tokens they give alone, admission waiting for rows and proceeding when they free, a group
  * that can never fit, cancellation giving rows back, and a request split into shares with
- * each group's original index (eng_sampling.group_index) drawing the whole request's tokens. */
+ * each group's original index (eng_sampling.group_index) drawing the whole request's tokens,
+ * and sampling.top_logprobs listing eng_logprobs_top's alternatives. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -345,13 +346,75 @@ TEST(split_request_with_group_index_matches_whole) {
     CHECK_MSG(d0 < 0, "a group moved without its group_index drew the same tokens: the check proves nothing");
 }
 
+/* sampling.top_logprobs: each sampled token's k alternatives come from the decode step; on the
+ * cpu backend they are eng_logprobs_top's of the same response (prompt + tokens), bit for bit,
+ * at the sampling temperature and greedy (temperature 1), with rows that do not ask beside them. */
+TEST(rollout_top_logprobs_are_the_scorers) {
+    eng *e = open_default();
+    CHECK_MSG(e, "%s", err_msg());
+    enum { K = 5, N = 3 };
+    static const int prompt[] = {72, 101, 108, 108, 111, 44, 32};
+    for (int greedy = 0; greedy < 2; greedy++) {
+        eng_rollout_group g[2] = {{prompt, 7, N}, {prompt + 2, 5, N}};
+        eng_sampling s;
+        eng_sampling_default(&s);
+        s.temperature = greedy ? 0 : 0.7f;
+        s.max_tokens = 12;
+        s.seed = 3;
+        s.ignore_eos = 1;
+        s.top_logprobs = K;
+        eng_sampling plain = s;
+        plain.top_logprobs = 0;
+        plain.seed = 9;
+        eng_group_result out[2], other[2];
+        eng_sched *sc;
+        eng_sched_opts o = {.kv_rows = 4096};
+        eng_sched_job *j1, *j2;
+        CHECK(eng_sched_open(e, &o, &sc) == 0);
+        CHECK(eng_sched_add(sc, g, 2, &s, out, &j1) == 0);
+        CHECK(eng_sched_add(sc, g, 2, &plain, other, &j2) == 0);
+        while (eng_sched_busy(sc)) eng_sched_step(sc);
+        CHECK_EQ_INT(eng_sched_job_state(j1, NULL, NULL, NULL), 1);
+        for (int i = 0; i < 2; i++) {
+            const int *resp[N];
+            int R[N];
+            for (int k = 0; k < N; k++) resp[k] = out[i].resp[k].tokens, R[k] = out[i].resp[k].n_tokens;
+            eng_update_group ug = {.prompt = g[i].prompt, .P = g[i].P, .n = N, .resp = resp, .R = R};
+            float **lp;
+            int **ids;
+            float **lps;
+            CHECK_MSG(eng_logprobs_top(e, &ug, 1, 0, greedy ? 1.0f : s.temperature, 1 << 20, K, &lp, &ids, &lps) == 0, "%s",
+                      err_msg());
+            int diff = 0, chosen = 0;
+            for (int k = 0; k < N; k++) {
+                const eng_response *x = &out[i].resp[k];
+                CHECK(x->top_ids && !other[i].resp[k].top_ids);
+                diff += memcmp(x->top_ids, ids[k], sizeof(int) * K * R[k]) != 0;
+                diff += memcmp(x->top_lps, lps[k], sizeof(float) * K * R[k]) != 0;
+                for (int t = 0; greedy && t < R[k]; t++) chosen += x->top_ids[t * K] == x->tokens[t];
+            }
+            CHECK_MSG(diff == 0, "group %d: %d responses' top tokens differ from the scorer's", i, diff);
+            if (greedy) CHECK_EQ_INT(chosen, N * 12); /* greedy draws the first alternative */
+            eng_logprobs_free(lp, &ug, 1);
+            eng_logprobs_top_free(ids, lps, &ug, 1);
+        }
+        eng_sched_job_release(sc, j1);
+        eng_sched_job_release(sc, j2);
+        eng_sched_close(sc);
+        for (int i = 0; i < 2; i++) eng_group_result_free(&out[i]), eng_group_result_free(&other[i]);
+    }
+    eng_close(e);
+}
+
 int main(void) {
     system("rm -rf " MODEL);
+    RUN(rollout_top_logprobs_are_the_scorers);
     RUN(kvpool_first_fit_coalesces);
     RUN(jobs_joining_at_different_steps_match_alone);
     RUN(admission_waits_for_rows_and_proceeds);
     RUN(group_that_never_fits_is_a_clear_error);
     RUN(cancel_frees_rows_and_others_go_on);
     RUN(split_request_with_group_index_matches_whole);
+    RUN(rollout_top_logprobs_are_the_scorers);
     return CHECK_DONE();
 }
