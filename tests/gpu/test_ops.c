@@ -1479,7 +1479,8 @@ static void moe_suite(void) {
  * response, and the backward's pending slots collect the responses' state gradients. Inputs
  * are bf16-rounded on both sides; every output passes through bf16 on CUDA: 1e-2 relative L2
  * as the dense ops, rstd 1e-4 (fp32 of the same inputs). "+=" gradients start random and their
- * increments are compared. The rule's backward run twice gives the same bits (no atomics). */
+ * increments are compared. The rule's forward (chunked for Dk <= 128, deltanet_chunk.cu) and
+ * backward run twice give the same bits (no float atomics). */
 typedef struct {
     void *p[48];
     int n;
@@ -1537,6 +1538,7 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *gddt = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdal2 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4));
     float *gddt2 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdnw = gb(&B, gc_dev(gpu, dnw0, (size_t)Dv * 4));
     void *gucv = gb(&B, gpu->alloc(gpu, nx * 2)), *gdx = gb(&B, gpu->alloc(gpu, nx * 2)), *go = gb(&B, gpu->alloc(gpu, no * 2));
+    void *go2 = gb(&B, gpu->alloc(gpu, no * 2));
     void *gdur = gb(&B, gpu->alloc(gpu, nx * 2)), *gda = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gdur2 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda2 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb2 = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gy = gb(&B, gpu->alloc(gpu, no * 2)), *gdo = gb(&B, gpu->alloc(gpu, no * 2)), *gdz = gb(&B, gpu->alloc(gpu, no * 2));
@@ -1550,6 +1552,7 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, T, Cc, Kc);
     gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_fwd(gpu, go2, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
     gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
@@ -1571,6 +1574,7 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
         bits_differ(gpu, gdb, gdb2, nh * 2) + bits_differ(gpu, gdal, gdal2, (size_t)Hv * 4) +
         bits_differ(gpu, gddt, gddt2, (size_t)Hv * 4);
     gc_row("deltanet_rule_bwd twice: outputs differ", sh, diff, 0);
+    gc_row("deltanet_rule_fwd twice: outputs differ", sh, bits_differ(gpu, go, go2, no * 2), 0);
     gc_row("deltanet_norm_fwd y", sh, rel_l2(y_g, y_c, no), 1e-2);
     gc_row("deltanet_norm_fwd rstd", sh, rel_l2(r_g, r_c, nh), 1e-4);
     gc_row("deltanet_norm_bwd dout", sh, rel_l2(do_g, do_c, no), 1e-2);
@@ -1656,6 +1660,7 @@ static void hybrid_suite(void) {
     t_deltanet(r1, 2, 4, 32, 48, 4); /* two value heads a key head, Dv not a multiple of 32 */
     t_deltanet(r1, 2, 2, 128, 128, 4); /* Qwen3.5's head dims */
     t_deltanet(r1, 1, 3, 16, 16, 3);
+    t_deltanet(r1, 1, 2, 192, 40, 4); /* Dk > 128: the forward's recurrent walk */
     free_ranges(r1);
     static const int P2[] = {150}, N2[] = {8}, L2[] = {100, 1, 64, 63, 65, 7, 130, 2};
     ranges r2 = hybrid_layout(1, P2, N2, L2); /* one group of 8: the prompt's state into each */
