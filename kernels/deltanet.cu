@@ -27,8 +27,9 @@
  * Invariants of a packed layout (engine/model/pack.h), asserted with __trap (a sticky error):
  * a chain needs at most DN_CHAIN tokens of replay and at most DN_PEND prompts wait for their
  * responses' gradients at once (a packed batch has one). The forward runs the chunked form
- * instead (deltanet_chunk.cu) when Dk <= 128; the backward's checkpoints still come from the
- * walk, and the chunked backward is not built yet.
+ * instead (deltanet_chunk.cu) when Dk <= 128, and so do the backward's checkpoints (its
+ * scratch in dstates, before the reverse walk writes its partials there); the chunked backward
+ * is not built yet.
  *
  * The conv is one thread per (token, channel) forward; backward one thread per channel walking
  * the tokens in order (the CPU's order), scattering into an fp32 copy of dx (ctx scratch) that
@@ -68,6 +69,7 @@ void deltanet_scratch_cuda(long long *states, long long *dstates, int T, int Hk,
     long long chunk = dn_chunk_ok(Dk) ? dn_chunk_at(T, Hk, Hv, Dk, Dv) + dn_chunk_floats(T, Hv, Dk, Dv) : 0;
     *states = walk > chunk ? walk : chunk;
     *dstates = DN_PEND * SZ + 2LL * T * Hv * NS * Dk + 2LL * T * Hv * NS;
+    if (dn_chunk_ok(Dk) && dn_chunk_floats(T, Hv, Dk, Dv) > *dstates) *dstates = dn_chunk_floats(T, Hv, Dk, Dv);
 }
 
 static dn_scratch dn_carve(float *states, float *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
@@ -552,7 +554,7 @@ void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, co
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
     if (dn_chunk_ok(Dk))
-        dn_chunk_fwd(c, o, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+        dn_chunk_fwd(c, o, NULL, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
     else dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
 }
 
@@ -563,7 +565,9 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
     int NS = dn_ns(Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv); /* the checkpoints */
+    if (dn_chunk_ok(Dk)) /* the checkpoints, by the chunked forward in dstates (its partials come later) */
+        dn_chunk_fwd(c, NULL, s.ck, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    else dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv);
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {
     case 4: dn_rule_bwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;

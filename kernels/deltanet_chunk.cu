@@ -14,9 +14,10 @@
  * is sequential, a matrix product per chunk instead of 64 dependent token updates.
  *
  *   - dc_plan_kernel (one block): the chunks. A run (deltanet_prev(t) != t - 1 starts one) is cut
- *     every 64 tokens from its start and after every token some later token continues (a prompt's
- *     last: its responses' first tokens continue it), so such a token ends a chunk and a prompt
- *     whose length is not a multiple of 64 ends in a partial chunk. Chunk starts (cst) and each
+ *     every 64 tokens from its start, at every multiple of 64 (so a token ≡ 63 mod 64 ends a chunk:
+ *     the recurrent backward's checkpoints) and after every token some later token continues (a
+ *     prompt's last: its responses' first tokens continue it), so such a token ends a chunk and a
+ *     prompt whose length is not a multiple of 64 ends in a partial chunk. Chunk starts (cst) and each
  *     continued token's ordinal (ref, -1: none) by a block-wide scan: same layout, same chunks.
  *   - dc_wy_kernel: grid (chunks, Hv): the cumulative G, the Gram matrices k·k and q·k of the
  *     chunk (32-wide tiles in shared memory), A and P, then U and W by forward substitution, one
@@ -26,7 +27,9 @@
  *     γ Q S0 + P δ, S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ. A chunk whose first token continues a
  *     token other than its predecessor starts from the state saved after that token (one of
  *     DC_SLOTS slots, by ordinal: a packed batch has one live prompt at a time; a slot reused
- *     before its responses are done traps, a sticky error) or from zeros.
+ *     before its responses are done traps, a sticky error) or from zeros. With `ck` it also writes
+ *     the state after every token ≡ 63 (mod 64) there: the backward's checkpoints (deltanet.cu),
+ *     without the output when o is NULL.
  * Scratch (dn_chunk_floats): W (T,Hv,Dk), U (T,Hv,Dv), P (T,Hv,64), G (T,Hv), the slots
  * (DC_SLOTS,Hv,Dk,Dv), then ints cst (T+1), nc, ref (T), flag (T+1). Every sum has one owner and
  * a fixed order (same bits twice). CUDA cores for now: the products are small (64 × Dk × 32 a
@@ -68,7 +71,7 @@ static dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
 /* ---------------------------------------------------------------- the chunks */
 
 __device__ __forceinline__ int dc_starts(const dc_scratch &s, attn_ranges r, int t) {
-    return t == 0 || dn_prev(r, t) != t - 1 || (t - dc_run0(r, t)) % DC_C == 0 || (s.flag[t] & 1);
+    return t % DC_C == 0 || dn_prev(r, t) != t - 1 || (t - dc_run0(r, t)) % DC_C == 0 || (s.flag[t] & 1);
 }
 
 __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ranges r, int T) {
@@ -197,8 +200,8 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 
 /* ---------------------------------------------------------------- the walk over chunks */
 
-__global__ void __launch_bounds__(DC_NT)
-    dc_walk_kernel(bf16 *o, dc_scratch s, const float *qn, const float *kn, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, dc_scratch s, const float *qn, const float *kn,
+                                                        attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float Ss[DC_DK][DC_BV], Ds[DC_C][DC_BV], X[DC_C][DC_TK + 1], Y[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int mode_s, slot_tok[DC_SLOTS];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -266,7 +269,7 @@ __global__ void __launch_bounds__(DC_NT)
 #pragma unroll
         for (int m = 0; m < 8; m++) {
             int t = w + 8 * m;
-            if (t < n && vj) o[((size_t)(t0 + t) * Hv + h) * Dv + jj] = __float2bfloat16(ao[m]);
+            if (o && t < n && vj) o[((size_t)(t0 + t) * Hv + h) * Dv + jj] = __float2bfloat16(ao[m]);
         }
         /* S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ: rows i0 + w + 8q of tile i0 */
         if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
@@ -294,16 +297,18 @@ __global__ void __launch_bounds__(DC_NT)
                 for (int i = w; i < Dk; i += 8) s.slot[(size_t)(sl * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
             if (tid == 0) slot_tok[sl] = last;
         }
+        if (ck && last % DC_C == DC_C - 1 && vj) /* the recurrent backward's checkpoint (deltanet.cu) */
+            for (int i = w; i < Dk; i += 8) ck[((size_t)(last / DC_C) * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
     }
 }
 
-void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
+void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
                   const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
     dc_scratch s = dc_carve(scr, T, Hv, Dk, Dv);
     dc_plan_kernel<<<1, DC_PLAN, 0, c->stream>>>(s, r, T);
     CU_LAUNCHED(c, "dc_plan_kernel");
     dc_wy_kernel<<<dim3(T < 4096 ? T : 4096, Hv), DC_NT, 0, c->stream>>>(s, qn, kn, g, beta, u, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_wy_kernel");
-    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, s, qn, kn, r, Hk, Hv, Dk, Dv);
+    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, s, qn, kn, r, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_walk_kernel");
 }

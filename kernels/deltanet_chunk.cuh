@@ -17,7 +17,8 @@ __device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
 int dn_chunk_ok(int Dk);
 /* the floats of its scratch at T tokens (laid out by dn_chunk_fwd from `scr`) */
 long long dn_chunk_floats(int T, int Hv, int Dk, int Dv);
-/* o (T,Hv,Dv) written from qn, kn (T,Hk,Dk), g, beta (T,Hv) (dn_prep_kernel's) and u's v slice */
-void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
+/* o (T,Hv,Dv) written (unless NULL) from qn, kn (T,Hk,Dk), g, beta (T,Hv) (dn_prep_kernel's) and
+ * u's v slice; ck (unless NULL): the state after each token ≡ 63 (mod 64), (T/64+1, Hv, Dk, Dv) */
+void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
                   const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
 #endif
