@@ -71,7 +71,7 @@ static dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
 /* ---------------------------------------------------------------- the chunks */
 
 __device__ __forceinline__ int dc_starts(const dc_scratch &s, attn_ranges r, int t) {
-    return t % DC_C == 0 || dn_prev(r, t) != t - 1 || (t - dc_run0(r, t)) % DC_C == 0 || (s.flag[t] & 1);
+    return t % DC_C == 0 || dn_prev(r, t) != t - 1 || (t - dc_run0(r, t)) % DC_C == 0 || (__ldcg(s.flag + t) & 1);
 }
 
 __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ranges r, int T) {
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ran
     int per = (T + DC_PLAN - 1) / DC_PLAN, a = tid * per, b = min(T, a + per), ns = 0, nr = 0;
     for (int t = a; t < b; t++) {
         ns += dc_starts(s, r, t);
-        nr += (s.flag[t] >> 1) & 1;
+        nr += (__ldcg(s.flag + t) >> 1) & 1; /* L2: the atomics' values */
     }
     cnt[tid] = ns;
     rcnt[tid] = nr;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ran
     nr = rcnt[tid];
     for (int t = a; t < b; t++) {
         if (dc_starts(s, r, t)) s.cst[ns++] = t;
-        s.ref[t] = (s.flag[t] & 2) ? nr++ : -1;
+        s.ref[t] = (__ldcg(s.flag + t) & 2) ? nr++ : -1;
     }
 }
 
