@@ -1670,6 +1670,13 @@ static void hybrid_suite(void) {
     ranges r3 = hybrid_layout(1, P3, N3, L3); /* two tokens */
     t_deltanet(r3, 2, 4, 64, 64, 4);
     free_ranges(r3);
+    static const int P4[] = {5, 70, 1, 64, 3, 130, 2, 9, 66, 4}, N4[] = {2, 2, 3, 2, 2, 2, 2, 2, 2, 2};
+    static const int L4[] = {3, 1, 65, 2, 1, 1, 7, 64, 2, 4, 5, 1, 1, 1, 2, 9, 63, 1, 8, 3, 2};
+    const int *R4[10];
+    for (int g = 0, o = 0; g < 10; o += N4[g], g++) R4[g] = L4 + o;
+    ranges r4 = make_ranges(10, P4, N4, R4); /* ten prompts of 2+ responses: the chunked forward's state slots reused */
+    t_deltanet(r4, 1, 2, 32, 32, 4);
+    free_ranges(r4);
     t_gated_attn(333, 8, 2, 256, 64); /* Qwen3.5's full attention: D 256, a quarter rotary */
     t_gated_attn(77, 4, 4, 128, 128);
     t_gated_attn(5, 3, 1, 64, 16);
