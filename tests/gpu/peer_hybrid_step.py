@@ -7,7 +7,7 @@
 # PyTorch user trains; fla has no shared-prefix state). SDPA for the full attention.
 # bench_hybrid's gated layer is H 32, K 8, D 128 (grpod's attention takes D <= 128): the same q, k
 # and v widths and attention FLOPs.
-# Usage: PYTHONPATH=<fla wheels unpacked> python3 peer_hybrid_step.py [P,N,R ...]  (default 4096,16,512)
+# Usage: PYTHONPATH=<fla-core + einops wheels unpacked> python3 peer_hybrid_step.py [P,N,R ...]  (default 4096,16,512)
 # Prints ms per layer and pass (median of timed iterations), peak GiB, and the projection to
 # Qwen3.5-9B's 32 layers (24 DeltaNet, 8 gated attention), layers only, as bench_hybrid does.
 import statistics

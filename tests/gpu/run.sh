@@ -254,9 +254,9 @@ fi
 if [ "${BENCH_HYBRID:-0}" = 1 ]; then
     timeout ${T_BENCH:-100} "$BIN/bench_hybrid" >"$OUT/bench_hybrid.log" 2>&1
     cat "$OUT/bench_hybrid.log"
-    if [ -n "${FLA_WHEELS:-}" ]; then # the wheels are pure Python: unpacked onto PYTHONPATH, no pip
-        rm -rf "$BUILD/fla" && mkdir -p "$BUILD/fla"
-        for w in "$FLA_WHEELS"/*.whl; do python3 -m zipfile -e "$w" "$BUILD/fla"; done
+    if [ -n "${FLA_WHEELS:-}" ]; then # pure Python wheels unpacked onto PYTHONPATH, no pip: fla-core
+        rm -rf "$BUILD/fla" && mkdir -p "$BUILD/fla" # (the kernels) and einops; fla's layers/models unused
+        for w in "$FLA_WHEELS"/fla_core-*.whl "$FLA_WHEELS"/einops-*.whl; do python3 -m zipfile -e "$w" "$BUILD/fla"; done
         HF_HUB_OFFLINE=1 PYTHONPATH="$BUILD/fla" timeout ${T_BENCH:-300} python3 tests/gpu/peer_hybrid_step.py 4096,16,512 \
             1024,16,256 >"$OUT/peer_hybrid.log" 2>&1
         echo "peer_hybrid_step exit $?" >>"$OUT/peer_hybrid.log"
