@@ -27,9 +27,11 @@
  * Invariants of a packed layout (engine/model/pack.h), asserted with __trap (a sticky error):
  * a chain needs at most DN_CHAIN tokens of replay and at most DN_PEND prompts wait for their
  * responses' gradients at once (a packed batch has one). The forward runs the chunked form
- * instead (deltanet_chunk.cu) when Dk <= 128, and so do the backward's checkpoints (its
- * scratch in dstates, before the reverse walk writes its partials there); the chunked backward
- * is not built yet.
+ * instead (deltanet_chunk.cu) when Dk <= 128, and so does the backward when Dk, Dv <= 128
+ * (deltanet_chunk_bwd.cu: its partials go through dn_rule_qk_kernel and dn_rule_gate_kernel as
+ * one slice) unless the layout has more chunks than its scratch holds; then the reverse walk
+ * here runs on checkpoints from the chunked forward (its scratch in dstates, before the walk
+ * writes its partials there).
  *
  * The conv is one thread per (token, channel) forward; backward one thread per channel walking
  * the tokens in order (the CPU's order), scattering into an fp32 copy of dx (ctx scratch) that
@@ -69,7 +71,10 @@ void deltanet_scratch_cuda(long long *states, long long *dstates, int T, int Hk,
     long long chunk = dn_chunk_ok(Dk) ? dn_chunk_at(T, Hk, Hv, Dk, Dv) + dn_chunk_floats(T, Hv, Dk, Dv) : 0;
     *states = walk > chunk ? walk : chunk;
     *dstates = DN_PEND * SZ + 2LL * T * Hv * NS * Dk + 2LL * T * Hv * NS;
-    if (dn_chunk_ok(Dk) && dn_chunk_floats(T, Hv, Dk, Dv) > *dstates) *dstates = dn_chunk_floats(T, Hv, Dk, Dv);
+    long long ch = dn_chunk_bwd_ok(Dk, Dv) ? dn_chunk_bwd_floats(T, Hv, Dk, Dv)
+        : dn_chunk_ok(Dk)                  ? dn_chunk_floats(T, Hv, Dk, Dv)
+                                           : 0;
+    if (ch > *dstates) *dstates = ch;
 }
 
 static dn_scratch dn_carve(float *states, float *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
@@ -487,10 +492,10 @@ __global__ void dn_rule_qk_kernel(bf16 *du, dn_scratch s, const bf16 *u, int Hk,
     }
 }
 
-/* grid (Hv): per token dg = e^g Σ slices, through g = -exp(A_log) softplus(a + dt_bias), and
+/* grid (Hv): per token dg = e^g Σ slices (direct: Σ slices is dg itself), through g = -exp(A_log) softplus(a + dt_bias), and
  * dβ through the sigmoid; dA_log[h], ddt_bias[h] += their sums over tokens (fixed order) */
 __global__ void dn_rule_gate_kernel(bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, dn_scratch s, const bf16 *a,
-                                    const bf16 *A_log, const bf16 *dt_bias, int T, int Hv, int NS) {
+                                    const bf16 *A_log, const bf16 *dt_bias, int T, int Hv, int NS, int direct) {
     __shared__ float red[32];
     int h = blockIdx.x;
     float al = -expf(__bfloat162float(A_log[h])), dt = __bfloat162float(dt_bias[h]), sdt = 0, sal = 0;
@@ -501,7 +506,7 @@ __global__ void dn_rule_gate_kernel(bf16 *da, bf16 *db, float *dA_log, float *dd
             sg += s.pdg[th * NS + sl];
             sb += s.pdb[th * NS + sl];
         }
-        float g = s.g[th], dg = expf(g) * sg, bt = s.beta[th];
+        float g = s.g[th], dg = direct ? sg : expf(g) * sg, bt = s.beta[th];
         float dx = dg * al * dn_sigmoid(__bfloat162float(a[th]) + dt);
         da[th] = __float2bfloat16(dx);
         db[th] = __float2bfloat16(sb * bt * (1.0f - bt));
@@ -554,7 +559,8 @@ void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, co
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
     if (dn_chunk_ok(Dk))
-        dn_chunk_fwd(c, o, NULL, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+        dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk,
+                     Dv);
     else dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
 }
 
@@ -565,8 +571,18 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
     int NS = dn_ns(Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunk_ok(Dk)) /* the checkpoints, by the chunked forward in dstates (its partials come later) */
-        dn_chunk_fwd(c, NULL, s.ck, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    if (dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
+        if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, T, Hk, Hv, Dk,
+                         Dv)) {
+            dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, 1);
+            CU_LAUNCHED(c, "dn_rule_qk_kernel");
+            dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, 1, 1);
+            CU_LAUNCHED(c, "dn_rule_gate_kernel");
+            return;
+        }
+        if (c->failed) return;
+        s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv); /* the recurrent backward's partials again */
+    } else if (dn_chunk_ok(Dk)) dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
     else dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv);
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {
@@ -579,7 +595,7 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     CU_LAUNCHED(c, "dn_rule_bwd_kernel");
     dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, NS);
     CU_LAUNCHED(c, "dn_rule_qk_kernel");
-    dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, NS);
+    dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, NS, 0);
     CU_LAUNCHED(c, "dn_rule_gate_kernel");
 }
 

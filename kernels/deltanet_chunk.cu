@@ -36,15 +36,9 @@
  * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it. */
 #include "kernels/deltanet_chunk.cuh"
 
-enum { DC_C = 64, DC_NT = 256, DC_BV = 32, DC_TK = 32, DC_DK = 128, DC_SLOTS = 8, DC_PLAN = 1024 };
 
 /* the first token of t's run */
 __device__ __forceinline__ int dc_run0(attn_ranges r, int t) { return r.b1[t] > r.b0[t] ? r.b0[t] : r.a0[t]; }
-
-typedef struct {
-    float *W, *U, *P, *G, *slot;
-    int *cst, *nc, *ref, *flag;
-} dc_scratch;
 
 int dn_chunk_ok(int Dk) { return Dk >= 1 && Dk <= DC_DK; }
 
@@ -53,7 +47,7 @@ long long dn_chunk_floats(int T, int Hv, int Dk, int Dv) {
     return TH * (Dk + Dv + DC_C + 1) + (long long)DC_SLOTS * Hv * Dk * Dv + 3LL * T + 3;
 }
 
-static dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
+dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
     long long TH = (long long)T * Hv;
     dc_scratch s;
     s.W = p;
@@ -200,8 +194,8 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 
 /* ---------------------------------------------------------------- the walk over chunks */
 
-__global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, dc_scratch s, const float *qn, const float *kn,
-                                                        attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn,
+                                                        const float *kn, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float Ss[DC_DK][DC_BV], Ds[DC_C][DC_BV], X[DC_C][DC_TK + 1], Y[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int mode_s, slot_tok[DC_SLOTS];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -223,6 +217,8 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, dc_s
         if (md != -2)
             for (int i = w; i < Dk; i += 8)
                 Ss[i][j] = md >= 0 && vj ? s.slot[(size_t)(md * Hv + h) * SZ + (size_t)i * Dv + jj] : 0.0f;
+        if (h0 && c < cap && vj) /* the chunk's initial state, for the chunked backward (own elements) */
+            for (int i = w; i < Dk; i += 8) h0[((size_t)c * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
         /* δ = U - W S0 and γ Q S0: rows t = w + 8m, column j */
         float ad[8], ao[8];
 #pragma unroll
@@ -302,13 +298,13 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, dc_s
     }
 }
 
-void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
-                  const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
+                  const float *beta, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
     dc_scratch s = dc_carve(scr, T, Hv, Dk, Dv);
     dc_plan_kernel<<<1, DC_PLAN, 0, c->stream>>>(s, r, T);
     CU_LAUNCHED(c, "dc_plan_kernel");
     dc_wy_kernel<<<dim3(T < 4096 ? T : 4096, Hv), DC_NT, 0, c->stream>>>(s, qn, kn, g, beta, u, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_wy_kernel");
-    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, s, qn, kn, r, Hk, Hv, Dk, Dv);
+    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, h0, cap, s, qn, kn, r, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_walk_kernel");
 }

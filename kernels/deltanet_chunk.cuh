@@ -13,12 +13,34 @@ __device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
     return t > a0 ? t - 1 : -1;
 }
 
+enum { DC_C = 64, DC_NT = 256, DC_BV = 32, DC_TK = 32, DC_DK = 128, DC_SLOTS = 8, DC_PLAN = 1024, DC_EXTRA = 64 };
+
+/* the chunked forward's scratch (deltanet_chunk.cu's top comment) */
+typedef struct {
+    float *W, *U, *P, *G, *slot;
+    int *cst, *nc, *ref, *flag;
+} dc_scratch;
+dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv);
+
 /* 1 when the chunked forward takes these dims (Dk <= 128; else the recurrent walk runs) */
 int dn_chunk_ok(int Dk);
 /* the floats of its scratch at T tokens (laid out by dn_chunk_fwd from `scr`) */
 long long dn_chunk_floats(int T, int Hv, int Dk, int Dv);
 /* o (T,Hv,Dv) written (unless NULL) from qn, kn (T,Hk,Dk), g, beta (T,Hv) (dn_prep_kernel's) and
- * u's v slice; ck (unless NULL): the state after each token ≡ 63 (mod 64), (T/64+1, Hv, Dk, Dv) */
-void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *scr, const float *qn, const float *kn, const float *g, const float *beta,
-                  const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+ * u's v slice; ck (unless NULL): the state after each token ≡ 63 (mod 64), (T/64+1, Hv, Dk, Dv);
+ * h0 (unless NULL): chunk c's initial state for c < cap, (cap, Hv, Dk, Dv) */
+void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
+                  const float *beta, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+
+/* The chunked backward (deltanet_chunk_bwd.cu): 1 when it takes these dims (Dk, Dv <= 128) */
+int dn_chunk_bwd_ok(int Dk, int Dv);
+/* the floats of its scratch (dstates) at T tokens */
+long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv);
+/* The forward again (ck: the recurrent backward's checkpoints, written in any case), then, when the
+ * layout's chunks fit the scratch (else 0 is returned: the caller runs the recurrent backward),
+ * dv into du's v slice and the partials the recurrent backward's reductions take with one slice:
+ * *pdq, *pdk (T,Hv,Dk) the gradients of qn and kn; *pdb (T,Hv) of β; *pdg (T,Hv) of g itself. */
+int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
+                 int Hk, int Hv, int Dk, int Dv);
 #endif

@@ -1480,7 +1480,9 @@ static void moe_suite(void) {
  * are bf16-rounded on both sides; every output passes through bf16 on CUDA: 1e-2 relative L2
  * as the dense ops, rstd 1e-4 (fp32 of the same inputs). "+=" gradients start random and their
  * increments are compared. The rule's forward (chunked for Dk <= 128, deltanet_chunk.cu) and
- * backward run twice give the same bits (no float atomics). */
+ * backward (chunked for Dk, Dv <= 128 and few enough chunks, deltanet_chunk_bwd.cu; the rows at
+ * Dk 192 and of 160 one-token runs take the recurrent walks) run twice give the same bits (no
+ * float atomics). */
 typedef struct {
     void *p[48];
     int n;
@@ -1677,6 +1679,12 @@ static void hybrid_suite(void) {
     ranges r4 = make_ranges(10, P4, N4, R4); /* ten prompts of 2+ responses: the chunked forward's state slots reused */
     t_deltanet(r4, 1, 2, 32, 32, 4);
     free_ranges(r4);
+    int P5[80], N5[80], L5[80];
+    const int *R5[80];
+    for (int g = 0; g < 80; g++) P5[g] = N5[g] = L5[g] = 1, R5[g] = L5 + g;
+    ranges r5 = make_ranges(80, P5, N5, R5); /* 160 one-token runs: more chunks than the chunked backward holds */
+    t_deltanet(r5, 1, 2, 16, 16, 3);
+    free_ranges(r5);
     t_gated_attn(333, 8, 2, 256, 64); /* Qwen3.5's full attention: D 256, a quarter rotary */
     t_gated_attn(77, 4, 4, 128, 128);
     t_gated_attn(5, 3, 1, 64, 16);
