@@ -138,12 +138,8 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
             for (int l = 0; l < 4; l++) kk[m][l] = qk[m][l] = 0;
         for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii, in = t < n && i < Dk;
-                size_t at = ((size_t)(t0 + t) * Hk + kh) * Dk + i;
-                Kt[t][ii] = in ? kn[at] : 0.0f;
-                Qt[t][ii] = in ? qn[at] : 0.0f;
-            }
+            dc_load_tile(Kt, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, NULL, 0);
+            dc_load_tile(Qt, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, NULL, 0);
             __syncthreads();
             for (int ii = 0; ii < DC_TK; ii++)
 #pragma unroll
@@ -226,21 +222,11 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
         for (int m = 0; m < 8; m++) ad[m] = ao[m] = 0;
         for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii, in = t < n && i < Dk;
-                X[t][ii] = in ? s.W[((size_t)(t0 + t) * Hv + h) * Dk + i] : 0.0f;
-                Y[t][ii] = in ? qn[((size_t)(t0 + t) * Hk + kh) * Dk + i] : 0.0f;
-            }
+            dc_load_tile(X, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, i0, Dk, NULL, 0);
+            dc_load_tile(Y, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, NULL, 0);
             __syncthreads();
-#pragma unroll 4
-            for (int ii = 0; ii < DC_TK; ii++) {
-                float sv = Ss[i0 + ii][j];
-#pragma unroll
-                for (int m = 0; m < 8; m++) {
-                    ad[m] += X[w + 8 * m][ii] * sv;
-                    ao[m] += Y[w + 8 * m][ii] * sv;
-                }
-            }
+            dc_rows_acc(ad, X, Ss + i0, w, j);
+            dc_rows_acc(ao, Y, Ss + i0, w, j);
         }
 #pragma unroll
         for (int m = 0; m < 8; m++) {
@@ -251,17 +237,9 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
         /* o = γ Q S0 + P δ */
         for (int s0 = 0; s0 < DC_C; s0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ss = e % DC_TK;
-                X[t][ss] = t < n ? s.P[((size_t)(t0 + t) * Hv + h) * DC_C + s0 + ss] : 0.0f;
-            }
+            dc_load_p(X, s, t0, n, h, Hv, s0);
             __syncthreads();
-#pragma unroll 4
-            for (int ss = 0; ss < DC_TK; ss++) {
-                float dv = Ds[s0 + ss][j];
-#pragma unroll
-                for (int m = 0; m < 8; m++) ao[m] += X[w + 8 * m][ss] * dv;
-            }
+            dc_rows_acc(ao, X, Ds + s0, w, j);
         }
 #pragma unroll
         for (int m = 0; m < 8; m++) {
@@ -273,18 +251,12 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
         float gl = expf(Gs[n - 1]);
         for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
-                X[t][ii] = t < n && i < Dk ? kn[((size_t)(t0 + t) * Hk + kh) * Dk + i] * Dec[t] : 0.0f;
-            }
+            dc_load_tile(X, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Dec, 0);
             __syncthreads();
 #pragma unroll
             for (int q = 0; q < DC_TK / 8; q++) {
                 int ii = w + 8 * q;
-                float acc = 0;
-#pragma unroll 8
-                for (int t = 0; t < DC_C; t++) acc += X[t][ii] * Ds[t][j];
-                Ss[i0 + ii][j] = gl * Ss[i0 + ii][j] + acc;
+                Ss[i0 + ii][j] = gl * Ss[i0 + ii][j] + dc_col_dot(X, Ds, ii, j);
             }
         }
         int last = t0 + n - 1, rf = s.ref[last];

@@ -22,6 +22,47 @@ typedef struct {
 } dc_scratch;
 dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv);
 
+/* The walks' two products on shared-memory tiles (X: 64 rows × a 32-wide tile; V: rows × 32
+ * columns, this thread's column j). Rows: acc[m] += Σ_ii X[w + 8m][ii] V[ii][j] (rows w + 8m of
+ * the 64, V the tile's 32 rows). Columns: Σ_t X[t][ii] V[t][j] over the 64 rows. */
+__device__ __forceinline__ void dc_rows_acc(float *acc, const float (*X)[DC_TK + 1], const float (*V)[DC_BV], int w, int j) {
+#pragma unroll 4
+    for (int ii = 0; ii < DC_TK; ii++) {
+        float sv = V[ii][j];
+#pragma unroll
+        for (int m = 0; m < 8; m++) acc[m] += X[w + 8 * m][ii] * sv;
+    }
+}
+__device__ __forceinline__ float dc_col_dot(const float (*X)[DC_TK + 1], const float (*V)[DC_BV], int ii, int j) {
+    float a = 0;
+#pragma unroll 8
+    for (int t = 0; t < DC_C; t++) a += X[t][ii] * V[t][j];
+    return a;
+}
+
+/* X[t][ii] = f_t · src[(t0 + t) ld + i0 + ii] for t < n and i0 + ii < D, else 0; f_t = 1 (f NULL),
+ * f[t], or e^{f[t]} (fexp): a 32-wide tile of a chunk's rows of q, k or W */
+__device__ __forceinline__ void dc_load_tile(float (*X)[DC_TK + 1], const float *src, size_t ld, int t0, int n, int i0, int D,
+                                             const float *f, int fexp) {
+    for (int e = threadIdx.x; e < DC_C * DC_TK; e += blockDim.x) {
+        int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
+        float v = 0;
+        if (t < n && i < D) {
+            v = src[(size_t)(t0 + t) * ld + i];
+            if (f) v = (fexp ? expf(f[t]) : f[t]) * v;
+        }
+        X[t][ii] = v;
+    }
+}
+
+/* X[t][ss] = P[t][c0 + ss] of the chunk at t0 (n rows, zeros below), value head h */
+__device__ __forceinline__ void dc_load_p(float (*X)[DC_TK + 1], const dc_scratch &s, int t0, int n, int h, int Hv, int c0) {
+    for (int e = threadIdx.x; e < DC_C * DC_TK; e += blockDim.x) {
+        int t = e / DC_TK, ss = e % DC_TK;
+        X[t][ss] = t < n ? s.P[((size_t)(t0 + t) * Hv + h) * DC_C + c0 + ss] : 0.0f;
+    }
+}
+
 /* 1 when the chunked forward takes these dims (Dk <= 128; else the recurrent walk runs) */
 int dn_chunk_ok(int Dk);
 /* the floats of its scratch at T tokens (laid out by dn_chunk_fwd from `scr`) */

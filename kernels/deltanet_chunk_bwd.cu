@@ -78,10 +78,7 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
 #pragma unroll
         for (int T0 = 0; T0 < DC_C; T0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int sx = e / DC_TK, tt = e % DC_TK;
-                X[sx][tt] = sx < n ? s.P[((size_t)(t0 + sx) * Hv + h) * DC_C + T0 + tt] : 0.0f;
-            }
+            dc_load_p(X, s, t0, n, h, Hv, T0);
             __syncthreads();
 #pragma unroll
             for (int m = 0; m < 8; m++)
@@ -90,17 +87,9 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
         }
         for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
-                X[t][ii] = t < n && i < Dk ? kn[((size_t)(t0 + t) * Hk + kh) * Dk + i] * Dec[t] : 0.0f;
-            }
+            dc_load_tile(X, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Dec, 0);
             __syncthreads();
-#pragma unroll 4
-            for (int ii = 0; ii < DC_TK; ii++) {
-                float sv = dS[i0 + ii][j];
-#pragma unroll
-                for (int m = 0; m < 8; m++) acc[m] += X[w + 8 * m][ii] * sv;
-            }
+            dc_rows_acc(acc, X, dS + i0, w, j);
         }
 #pragma unroll
         for (int m = 0; m < 8; m++) Dd[w + 8 * m][j] = w + 8 * m < n && vj ? acc[m] : 0.0f;
@@ -108,29 +97,17 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
         for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
             float a4[DC_TK / 8];
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
-                X[t][ii] = t < n && i < Dk ? expf(Gs[t]) * qn[((size_t)(t0 + t) * Hk + kh) * Dk + i] : 0.0f;
-            }
+            dc_load_tile(X, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Gs, 1);
             __syncthreads();
 #pragma unroll
-            for (int q = 0; q < DC_TK / 8; q++) {
-                float a = 0;
-                for (int t = 0; t < DC_C; t++) a += X[t][w + 8 * q] * Do[t][j];
-                a4[q] = a;
-            }
+            for (int q = 0; q < DC_TK / 8; q++) a4[q] = dc_col_dot(X, Do, w + 8 * q, j);
             __syncthreads();
-            for (int e = tid; e < DC_C * DC_TK; e += DC_NT) {
-                int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
-                X[t][ii] = t < n && i < Dk ? s.W[((size_t)(t0 + t) * Hv + h) * Dk + i] : 0.0f;
-            }
+            dc_load_tile(X, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, i0, Dk, NULL, 0);
             __syncthreads();
 #pragma unroll
             for (int q = 0; q < DC_TK / 8; q++) {
                 int ii = w + 8 * q;
-                float a = 0;
-                for (int t = 0; t < DC_C; t++) a += X[t][ii] * Dd[t][j];
-                dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - a);
+                dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - dc_col_dot(X, Dd, ii, j));
             }
         }
         if (md != -2) { /* dS0 is not the predecessor's: into token p's slot, or dropped (a fresh state) */
