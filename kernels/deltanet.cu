@@ -55,6 +55,9 @@ typedef struct {
 static long long dn_nck(int T) { return T / DN_CHUNK + 1; }
 static int dn_ns(int Dv) { return (Dv + DN_BV - 1) / DN_BV; }
 
+/* the chunked kernels unless GRPOD_TUNE_DELTANET=recurrent */
+static int dn_chunked(const cu_ctx *c, int Dk) { return dn_chunk_ok(Dk) && !(c->tune && c->tune->deltanet == TUNE_DN_RECURRENT); }
+
 static long long dn_walk_floats(int T, int Hk, int Hv, int Dk, int Dv) {
     return (dn_nck(T) + DN_CHUNK) * ((long long)Hv * Dk * Dv) + 2LL * T * Hk * Dk + 2LL * T * Hv;
 }
@@ -558,7 +561,7 @@ void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, co
     if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_fwd_cuda", Hk, Hv, Dk)) return;
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunk_ok(Dk))
+    if (dn_chunked(c, Dk))
         dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk,
                      Dv);
     else dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
@@ -571,7 +574,7 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
     int NS = dn_ns(Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
+    if (dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
         if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, T, Hk, Hv, Dk,
                          Dv)) {
             dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, 1);
@@ -582,7 +585,7 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
         }
         if (c->failed) return;
         s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv); /* the recurrent backward's partials again */
-    } else if (dn_chunk_ok(Dk)) dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    } else if (dn_chunked(c, Dk)) dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
     else dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv);
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {

@@ -1540,7 +1540,9 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *gddt = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdal2 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4));
     float *gddt2 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdnw = gb(&B, gc_dev(gpu, dnw0, (size_t)Dv * 4));
     void *gucv = gb(&B, gpu->alloc(gpu, nx * 2)), *gdx = gb(&B, gpu->alloc(gpu, nx * 2)), *go = gb(&B, gpu->alloc(gpu, no * 2));
-    void *go2 = gb(&B, gpu->alloc(gpu, no * 2));
+    void *go2 = gb(&B, gpu->alloc(gpu, no * 2)), *go3 = gb(&B, gpu->alloc(gpu, no * 2));
+    void *gdur3 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda3 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb3 = gb(&B, gpu->alloc(gpu, nh * 2));
+    float *gdal3 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4)), *gddt3 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4));
     void *gdur = gb(&B, gpu->alloc(gpu, nx * 2)), *gda = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gdur2 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda2 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb2 = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gy = gb(&B, gpu->alloc(gpu, no * 2)), *gdo = gb(&B, gpu->alloc(gpu, no * 2)), *gdz = gb(&B, gpu->alloc(gpu, no * 2));
@@ -1556,6 +1558,10 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_fwd(gpu, go2, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->tune.deltanet = TUNE_DN_RECURRENT; /* the path the chunked kernels replace */
+    gpu->deltanet_rule_fwd(gpu, go3, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur3, gda3, gdb3, gdal3, gddt3, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->tune.deltanet = TUNE_DN_CHUNKED;
     gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
     gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
     float *u_g = gc_get_act(gpu, gucv, nx), *dx_g = gc_get_act(gpu, gdx, nx), *dcw_g = gc_get_f32(gpu, gdcw, (size_t)Cc * Kc);
@@ -1577,6 +1583,18 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
         bits_differ(gpu, gddt, gddt2, (size_t)Hv * 4);
     gc_row("deltanet_rule_bwd twice: outputs differ", sh, diff, 0);
     gc_row("deltanet_rule_fwd twice: outputs differ", sh, bits_differ(gpu, go, go2, no * 2), 0);
+    float *o_r = gc_get_act(gpu, go3, no), *du_r = gc_get_act(gpu, gdur3, nx), *da_r = gc_get_act(gpu, gda3, nh);
+    float *db_r = gc_get_act(gpu, gdb3, nh), *dal_r = gc_get_f32(gpu, gdal3, (size_t)Hv);
+    gc_row("deltanet_rule_fwd chunked vs recurrent o", sh, rel_l2(o_g, o_r, no), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent du", sh, rel_l2(du_g, du_r, nx), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent da", sh, rel_l2(da_g, da_r, nh), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent db", sh, rel_l2(db_g, db_r, nh), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent dA_log", sh, gc_rel_delta(dal_g, dal0, dal_r, dal0, (size_t)Hv), 1e-2);
+    free(o_r);
+    free(du_r);
+    free(da_r);
+    free(db_r);
+    free(dal_r);
     gc_row("deltanet_norm_fwd y", sh, rel_l2(y_g, y_c, no), 1e-2);
     gc_row("deltanet_norm_fwd rstd", sh, rel_l2(r_g, r_c, nh), 1e-4);
     gc_row("deltanet_norm_bwd dout", sh, rel_l2(do_g, do_c, no), 1e-2);
