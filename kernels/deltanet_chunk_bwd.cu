@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(DC_NT)
             int t = e / DC_C, sx = e % DC_C;
             float kk = 0;
             if (t < n && sx < n)
+#pragma unroll 8
                 for (int i = 0; i < Dk; i++) kk += kn[KQ(t, i)] * kn[KQ(sx, i)];
             z.KK[t * L + sx] = kk;
             z.Am[t * L + sx] = sx < t && t < n ? z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kk : 0.0f;
@@ -183,12 +184,14 @@ __global__ void __launch_bounds__(DC_NT)
             float dl = 0, dd = 0, oo = 0;
             if (t < n) {
                 float ws = 0, qs = 0, ks = 0, dec = expf(z.Gs[n - 1] - z.Gs[t]);
+#pragma unroll 8
                 for (int i = 0; i < Dk; i++) {
                     float sv = S0[(size_t)i * Dv + j];
                     ws += s.W[TH(t) * Dk + i] * sv;
                     qs += qn[KQ(t, i)] * sv;
                     ks += kn[KQ(t, i)] * dS[(size_t)i * Dv + j];
                 }
+#pragma unroll 8
                 for (int sx = t; sx < n; sx++) dd += s.P[TH(sx) * DC_C + t] * DO(sx, j);
                 dl = s.U[TH(t) * Dv + j] - ws;
                 dd += dec * ks;
@@ -211,6 +214,7 @@ __global__ void __launch_bounds__(DC_NT)
             int t = e / DC_C, sx = e % DC_C;
             float a = 0;
             if (sx <= t && t < n)
+#pragma unroll 8
                 for (int j = 0; j < Dv; j++) a += DO(t, j) * z.D[sx * Dv + j];
             z.dP[t * L + sx] = a;
         }
@@ -218,6 +222,7 @@ __global__ void __launch_bounds__(DC_NT)
             int t = e / Dk, i = e % Dk;
             float dw = 0, dk = 0, dq = 0;
             if (t < n) {
+#pragma unroll 8
                 for (int j = 0; j < Dv; j++) {
                     float sv = S0[(size_t)i * Dv + j];
                     dw -= z.Ub[t * Dv + j] * sv;
@@ -253,7 +258,9 @@ __global__ void __launch_bounds__(DC_NT)
             int t = e / DC_C, sx = e % DC_C;
             float a = 0;
             if (sx < t && t < n) {
+#pragma unroll 8
                 for (int j = 0; j < Dv; j++) a += z.Ub[t * Dv + j] * s.U[TH(sx) * Dv + j];
+#pragma unroll 8
                 for (int i = 0; i < Dk; i++) a += z.Wb[t * Dk + i] * s.W[TH(sx) * Dk + i];
             }
             z.dA[t * L + sx] = -a;
@@ -304,6 +311,7 @@ __global__ void __launch_bounds__(DC_NT)
         for (int e = tid; e < n * Dk; e += DC_NT) {
             int t = e / Dk, i = e % Dk;
             float gt = expf(z.Gs[t]), dk = z.Bs[t] * gt * z.Wb[t * Dk + i], dq = pdq[TH(t) * Dk + i];
+#pragma unroll 8
             for (int sx = 0; sx < n; sx++) {
                 if (sx < t) dk += z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
                 if (sx > t) dk += z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]) * kn[KQ(sx, i)];
