@@ -33,7 +33,7 @@ def fla_rule():
 
 
 def bypass_triton_guard():
-    """fla 0.6 refuses its gated backward on Hopper with Triton >= 3.4, < 3.7.1 (fla issue 640: wrong
+    """fla 0.6 refuses its gated backward on Hopper with Triton >= 3.4, < 3.7.1 (wrong
     dq/dk/dg from a Triton bug). With PEER_FLA_TIMING_ONLY=1 the guard is lifted so the peer's time
     can be measured on such an image: its gradients are then not to be trusted, only its time."""
     import os
@@ -42,7 +42,7 @@ def bypass_triton_guard():
     if getattr(co, "TRITON_ABOVE_3_7_1", True) or os.environ.get("PEER_FLA_TIMING_ONLY") != "1":
         return
     co.TRITON_ABOVE_3_7_1 = True
-    print(f"peer-fla: triton {triton.__version__} is in fla's known-bad range on Hopper (fla issue 640); guard lifted "
+    print(f"peer-fla: triton {triton.__version__} is in fla's known-bad range on Hopper (a Triton bug in its gated backward); guard lifted "
           "(PEER_FLA_TIMING_ONLY=1): timing only, its dq/dk/dg may be wrong")
 
 
