@@ -2,7 +2,7 @@
  * accumulation, no float atomics (every sum has one owner and a fixed order: same bits twice).
  * Legend as deltanet.h (T, Hk, Hv, Dk, Dv, Kc, Cc); NS = ⌈Dv/DN_BV⌉ column slices of a state.
  *
- * The rule is the recurrent form, walked token by token:
+ * The rule's backward is the recurrent form, walked token by token (and its forward when Dk > 128):
  *   - dn_prep_kernel: per token the l2-normalised q (scaled by 1/sqrt(Dk)) and k of each key
  *     head, g and β of each value head, fp32 (scratch in `states`).
  *   - dn_rule_fwd_kernel: one block per (value head, slice of DN_BV state columns) — the columns
@@ -26,26 +26,24 @@
  * (DN_PEND, Hv, Dk, Dv) and the per-slice partials — O(T/64) states, never (T, Hv, Dk, Dv).
  * Invariants of a packed layout (engine/model/pack.h), asserted with __trap (a sticky error):
  * a chain needs at most DN_CHAIN tokens of replay and at most DN_PEND prompts wait for their
- * responses' gradients at once (a packed batch has one). This is the simple form; the chunked
- * (WY) form on tensor cores is not built yet.
+ * responses' gradients at once (a packed batch has one). The forward runs the chunked form
+ * instead (deltanet_chunk.cu) when Dk <= 128, and so does the backward when Dk, Dv <= 128
+ * (deltanet_chunk_bwd.cu: its partials go through dn_rule_qk_kernel and dn_rule_gate_kernel as
+ * one slice) unless the layout has more chunks than its scratch holds; then the reverse walk
+ * here runs on checkpoints from the chunked forward (its scratch in dstates, before the walk
+ * writes its partials there).
  *
  * The conv is one thread per (token, channel) forward; backward one thread per channel walking
  * the tokens in order (the CPU's order), scattering into an fp32 copy of dx (ctx scratch) that
  * is rounded to bf16 once. The gated norm is a warp per (token, head) row; its dw sums rows in
  * fixed chunks, then the chunks in order. */
 #include "kernels/deltanet.cuh"
+#include "kernels/deltanet_chunk.cuh"
 
 enum { DN_BV = 32, DN_NT = 128, DN_CHUNK = 64, DN_PEND = 8, DN_CHAIN = 256 };
 
 __device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float dn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-/* deltanet_prev() on device ranges */
-__device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
-    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t];
-    if (b1 > b0) return t > b0 ? t - 1 : (a1 > a0 ? a1 - 1 : -1);
-    return t > a0 ? t - 1 : -1;
-}
 
 /* ---------------------------------------------------------------- scratch layout */
 
@@ -57,10 +55,29 @@ typedef struct {
 static long long dn_nck(int T) { return T / DN_CHUNK + 1; }
 static int dn_ns(int Dv) { return (Dv + DN_BV - 1) / DN_BV; }
 
+/* the chunked kernels unless GRPOD_TUNE_DELTANET=recurrent */
+static int dn_chunked(const cu_ctx *c, int Dk) { return dn_chunk_ok(Dk) && !(c->tune && c->tune->deltanet == TUNE_DN_RECURRENT); }
+
+static long long dn_walk_floats(int T, int Hk, int Hv, int Dk, int Dv) {
+    return (dn_nck(T) + DN_CHUNK) * ((long long)Hv * Dk * Dv) + 2LL * T * Hk * Dk + 2LL * T * Hv;
+}
+
+/* where the chunked forward's scratch starts in `states`: over the checkpoints and the chunk
+ * buffer (which the forward does not use) when it fits there, else after the walk's layout */
+static long long dn_chunk_at(int T, int Hk, int Hv, int Dk, int Dv) {
+    long long spare = (dn_nck(T) + DN_CHUNK) * ((long long)Hv * Dk * Dv);
+    return dn_chunk_floats(T, Hv, Dk, Dv) <= spare ? 0 : dn_walk_floats(T, Hk, Hv, Dk, Dv);
+}
+
 void deltanet_scratch_cuda(long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
-    long long SZ = (long long)Hv * Dk * Dv, NS = dn_ns(Dv);
-    *states = (dn_nck(T) + DN_CHUNK) * SZ + 2LL * T * Hk * Dk + 2LL * T * Hv;
+    long long SZ = (long long)Hv * Dk * Dv, NS = dn_ns(Dv), walk = dn_walk_floats(T, Hk, Hv, Dk, Dv);
+    long long chunk = dn_chunk_ok(Dk) ? dn_chunk_at(T, Hk, Hv, Dk, Dv) + dn_chunk_floats(T, Hv, Dk, Dv) : 0;
+    *states = walk > chunk ? walk : chunk;
     *dstates = DN_PEND * SZ + 2LL * T * Hv * NS * Dk + 2LL * T * Hv * NS;
+    long long ch = dn_chunk_bwd_ok(Dk, Dv) ? dn_chunk_bwd_floats(T, Hv, Dk, Dv)
+        : dn_chunk_ok(Dk)                  ? dn_chunk_floats(T, Hv, Dk, Dv)
+                                           : 0;
+    if (ch > *dstates) *dstates = ch;
 }
 
 static dn_scratch dn_carve(float *states, float *dstates, int T, int Hk, int Hv, int Dk, int Dv) {
@@ -478,10 +495,10 @@ __global__ void dn_rule_qk_kernel(bf16 *du, dn_scratch s, const bf16 *u, int Hk,
     }
 }
 
-/* grid (Hv): per token dg = e^g Σ slices, through g = -exp(A_log) softplus(a + dt_bias), and
+/* grid (Hv): per token dg = e^g Σ slices (direct: Σ slices is dg itself), through g = -exp(A_log) softplus(a + dt_bias), and
  * dβ through the sigmoid; dA_log[h], ddt_bias[h] += their sums over tokens (fixed order) */
 __global__ void dn_rule_gate_kernel(bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, dn_scratch s, const bf16 *a,
-                                    const bf16 *A_log, const bf16 *dt_bias, int T, int Hv, int NS) {
+                                    const bf16 *A_log, const bf16 *dt_bias, int T, int Hv, int NS, int direct) {
     __shared__ float red[32];
     int h = blockIdx.x;
     float al = -expf(__bfloat162float(A_log[h])), dt = __bfloat162float(dt_bias[h]), sdt = 0, sal = 0;
@@ -492,7 +509,7 @@ __global__ void dn_rule_gate_kernel(bf16 *da, bf16 *db, float *dA_log, float *dd
             sg += s.pdg[th * NS + sl];
             sb += s.pdb[th * NS + sl];
         }
-        float g = s.g[th], dg = expf(g) * sg, bt = s.beta[th];
+        float g = s.g[th], dg = direct ? sg : expf(g) * sg, bt = s.beta[th];
         float dx = dg * al * dn_sigmoid(__bfloat162float(a[th]) + dt);
         da[th] = __float2bfloat16(dx);
         db[th] = __float2bfloat16(sb * bt * (1.0f - bt));
@@ -544,7 +561,10 @@ void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, co
     if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_fwd_cuda", Hk, Hv, Dk)) return;
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
+    if (dn_chunked(c, Dk))
+        dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk,
+                     Dv);
+    else dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
 }
 
 void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, float *states,
@@ -554,7 +574,19 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
     int NS = dn_ns(Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv); /* the checkpoints */
+    if (dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
+        if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, T, Hk, Hv, Dk,
+                         Dv)) {
+            dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, 1);
+            CU_LAUNCHED(c, "dn_rule_qk_kernel");
+            dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, 1, 1);
+            CU_LAUNCHED(c, "dn_rule_gate_kernel");
+            return;
+        }
+        if (c->failed) return;
+        s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv); /* the recurrent backward's partials again */
+    } else if (dn_chunked(c, Dk)) dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    else dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv);
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {
     case 4: dn_rule_bwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
@@ -566,7 +598,7 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     CU_LAUNCHED(c, "dn_rule_bwd_kernel");
     dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, NS);
     CU_LAUNCHED(c, "dn_rule_qk_kernel");
-    dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, NS);
+    dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, NS, 0);
     CU_LAUNCHED(c, "dn_rule_gate_kernel");
 }
 

@@ -11,7 +11,8 @@
  *
  * The rule is the recurrent form (one state update per token, what decode runs). transformers
  * trains with the chunked form (chunks of 64, a UT transform inside each); the two are the same
- * function, and tests/fixtures/make_hybrid_reference.py checks they agree to ~1e-7.
+ * function, and tests/fixtures/make_hybrid_reference.py checks they agree to ~1e-7. The CUDA
+ * forward is the chunked form (kernels/deltanet_chunk.cu), checked against this reference.
  *
  * Which state a token continues is read from the attention ranges (kernels/attention.h) of the
  * packed layout (engine/model/pack.h): a token whose own causal run [b0, b1) — or single range
@@ -47,7 +48,8 @@ void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float 
 /* o (T,Hv,Dv) written; u (T,Cc) the conv's output; a, b (T,Hv) in_proj_a / in_proj_b outputs;
  * A_log, dt_bias (Hv); states (T,Hv,Dk,Dv) scratch: each token's state after it (written).
  * The states/dstates sizes here are the reference's; a backend's are eng_backend.deltanet_scratch
- * (CUDA keeps checkpoints every 64 tokens instead: kernels/deltanet.cu). */
+ * (CUDA keeps checkpoints every 64 tokens and the chunked forward's U, W, P instead:
+ * kernels/deltanet.cu, kernels/deltanet_chunk.cu). */
 void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float *ddt_bias, float *states, float *dstates,
                            const float *dout, const float *u, const float *a, const float *b, const float *A_log,
                            const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);

@@ -15,6 +15,9 @@ enum { TUNE_SKINNY_OFF = 0, TUNE_SKINNY_FORCE = 1, TUNE_SKINNY_AUTO = -1 };
 /* the experts' GEMMs (kernels/moe.cu): few is for tests (the decode kernel at any size); cublas
  * is grouped with cuBLAS's grouped GEMM for every problem instead of gemm_grouped.cu */
 enum { TUNE_MOE_AUTO = -1, TUNE_MOE_TILES = 0, TUNE_MOE_GROUPED = 1, TUNE_MOE_FEW = 2, TUNE_MOE_CUBLAS = 3 };
+/* the gated delta rule's training kernels: chunked (kernels/deltanet_chunk*.cu, where the head
+ * dims allow) or the recurrent walk (kernels/deltanet.cu) */
+enum { TUNE_DN_CHUNKED = 0, TUNE_DN_RECURRENT = 1 };
 
 typedef struct {
     int graphs; /* GRPOD_TUNE_GRAPHS=0|1: decode steps captured and replayed as CUDA graphs */
@@ -30,10 +33,11 @@ typedef struct {
                       * cublas those on cuBLAS's grouped GEMM */
     int exact; /* GRPOD_TUNE_EXACT=0|1: batch-invariant kernels: a row's result does not depend
                         * on the rows beside it; rollout logprobs equal the trainer's */
+    int deltanet; /* GRPOD_TUNE_DELTANET=chunked|recurrent: the gated delta rule's training kernels */
 } tune_opts;
 
 static inline tune_opts tune_defaults(void) {
-    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO, TUNE_MOE_AUTO, 0};
+    tune_opts t = {1, 1, 1, TUNE_ATTN_AUTO, TUNE_SKINNY_AUTO, TUNE_MOE_AUTO, 0, TUNE_DN_CHUNKED};
     return t;
 }
 #endif

@@ -31,6 +31,7 @@ int tune_from_env(tune_opts *t) {
         {"SKINNY", &t->skinny, {"auto", "0", "1"}, {TUNE_SKINNY_AUTO, TUNE_SKINNY_OFF, TUNE_SKINNY_FORCE}},
         {"MOE", &t->moe, {"auto", "tiles", "grouped", "cublas"}, {TUNE_MOE_AUTO, TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_CUBLAS}},
         {"EXACT", &t->exact, {"0", "1"}, {0, 1}},
+        {"DELTANET", &t->deltanet, {"chunked", "recurrent"}, {TUNE_DN_CHUNKED, TUNE_DN_RECURRENT}},
     };
     const size_t nk = sizeof knobs / sizeof knobs[0], np = strlen(TUNE_PREFIX);
     for (char **e = environ; e && *e; e++) {
@@ -41,7 +42,8 @@ int tune_from_env(tune_opts *t) {
         for (size_t i = 0; i < nk && !k; i++)
             if (strlen(knobs[i].name) == (size_t)(eq - name) && !strncmp(knobs[i].name, name, (size_t)(eq - name))) k = &knobs[i];
         if (!k)
-            return err_set(GE_INVALID, "unknown tuning knob %.*s (GRPOD_TUNE_: GRAPHS, PDL, ATTN_DECODE, ATTN, SKINNY, MOE, EXACT)",
+            return err_set(GE_INVALID,
+                           "unknown tuning knob %.*s (GRPOD_TUNE_: GRAPHS, PDL, ATTN_DECODE, ATTN, SKINNY, MOE, EXACT, DELTANET)",
                            (int)(eq - *e), *e);
         int j = 0;
         while (j < TUNE_WORDS && k->words[j] && strcmp(k->words[j], eq + 1)) j++;

@@ -34,7 +34,9 @@
 #   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
 #       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
-#   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd)
+#   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd),
+#       with FLA_WHEELS=dir (fla-core, flash-linear-attention and einops wheels) the transformers +
+#       flash-linear-attention peer tests/gpu/peer_hybrid_step.py in the same call
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, the four
 #       (P, N, R)), with PEER_LAYER=path/to/peer_layer.py the PyTorch peer in the same call
 #   (j) with BENCH_LORA=1: bench_lora (LoRA r=32 GRPO update and decode at Qwen3-8B dims, and
@@ -258,6 +260,16 @@ fi
 if [ "${BENCH_HYBRID:-0}" = 1 ]; then
     timeout ${T_BENCH:-100} "$BIN/bench_hybrid" >"$OUT/bench_hybrid.log" 2>&1
     cat "$OUT/bench_hybrid.log"
+    if [ -n "${FLA_WHEELS:-}" ]; then # pure Python wheels unpacked onto PYTHONPATH, no pip: fla-core
+        rm -rf "$BUILD/fla" && mkdir -p "$BUILD/fla" # (the kernels) and einops; fla's layers/models unused
+        for w in "$FLA_WHEELS"/fla_core-*.whl "$FLA_WHEELS"/einops-*.whl; do python3 -m zipfile -e "$w" "$BUILD/fla"; done
+        # PEER_FLA_TIMING_ONLY: fla refuses its gated backward on Hopper with Triton 3.4-3.7.0 (the
+        # image's); lifted for the peer's time alone (peer_hybrid_step.py says so in its output)
+        PEER_FLA_TIMING_ONLY=1 HF_HUB_OFFLINE=1 PYTHONPATH="$BUILD/fla" timeout ${T_BENCH:-300} python3 tests/gpu/peer_hybrid_step.py 4096,16,512 \
+            1024,16,256 >"$OUT/peer_hybrid.log" 2>&1
+        echo "peer_hybrid_step exit $?" >>"$OUT/peer_hybrid.log"
+        cat "$OUT/peer_hybrid.log"
+    fi
 fi
 
 # ---- (j) LoRA benchmark (optional): 8B dims; 32B dims where the device has the memory

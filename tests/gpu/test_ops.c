@@ -1479,7 +1479,10 @@ static void moe_suite(void) {
  * response, and the backward's pending slots collect the responses' state gradients. Inputs
  * are bf16-rounded on both sides; every output passes through bf16 on CUDA: 1e-2 relative L2
  * as the dense ops, rstd 1e-4 (fp32 of the same inputs). "+=" gradients start random and their
- * increments are compared. The rule's backward run twice gives the same bits (no atomics). */
+ * increments are compared. The rule's forward (chunked for Dk <= 128, deltanet_chunk.cu) and
+ * backward (chunked for Dk, Dv <= 128 and few enough chunks, deltanet_chunk_bwd.cu; the rows at
+ * Dk 192 and of 160 one-token runs take the recurrent walks) run twice give the same bits (no
+ * float atomics). */
 typedef struct {
     void *p[48];
     int n;
@@ -1537,6 +1540,9 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *gddt = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdal2 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4));
     float *gddt2 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4)), *gdnw = gb(&B, gc_dev(gpu, dnw0, (size_t)Dv * 4));
     void *gucv = gb(&B, gpu->alloc(gpu, nx * 2)), *gdx = gb(&B, gpu->alloc(gpu, nx * 2)), *go = gb(&B, gpu->alloc(gpu, no * 2));
+    void *go2 = gb(&B, gpu->alloc(gpu, no * 2)), *go3 = gb(&B, gpu->alloc(gpu, no * 2));
+    void *gdur3 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda3 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb3 = gb(&B, gpu->alloc(gpu, nh * 2));
+    float *gdal3 = gb(&B, gc_dev(gpu, dal0, (size_t)Hv * 4)), *gddt3 = gb(&B, gc_dev(gpu, ddt0, (size_t)Hv * 4));
     void *gdur = gb(&B, gpu->alloc(gpu, nx * 2)), *gda = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gdur2 = gb(&B, gpu->alloc(gpu, nx * 2)), *gda2 = gb(&B, gpu->alloc(gpu, nh * 2)), *gdb2 = gb(&B, gpu->alloc(gpu, nh * 2));
     void *gy = gb(&B, gpu->alloc(gpu, no * 2)), *gdo = gb(&B, gpu->alloc(gpu, no * 2)), *gdz = gb(&B, gpu->alloc(gpu, no * 2));
@@ -1550,7 +1556,12 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, T, Cc, Kc);
     gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_fwd(gpu, go2, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
     gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->tune.deltanet = TUNE_DN_RECURRENT; /* the path the chunked kernels replace */
+    gpu->deltanet_rule_fwd(gpu, go3, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur3, gda3, gdb3, gdal3, gddt3, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->tune.deltanet = TUNE_DN_CHUNKED;
     gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
     gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
     float *u_g = gc_get_act(gpu, gucv, nx), *dx_g = gc_get_act(gpu, gdx, nx), *dcw_g = gc_get_f32(gpu, gdcw, (size_t)Cc * Kc);
@@ -1571,6 +1582,19 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
         bits_differ(gpu, gdb, gdb2, nh * 2) + bits_differ(gpu, gdal, gdal2, (size_t)Hv * 4) +
         bits_differ(gpu, gddt, gddt2, (size_t)Hv * 4);
     gc_row("deltanet_rule_bwd twice: outputs differ", sh, diff, 0);
+    gc_row("deltanet_rule_fwd twice: outputs differ", sh, bits_differ(gpu, go, go2, no * 2), 0);
+    float *o_r = gc_get_act(gpu, go3, no), *du_r = gc_get_act(gpu, gdur3, nx), *da_r = gc_get_act(gpu, gda3, nh);
+    float *db_r = gc_get_act(gpu, gdb3, nh), *dal_r = gc_get_f32(gpu, gdal3, (size_t)Hv);
+    gc_row("deltanet_rule_fwd chunked vs recurrent o", sh, rel_l2(o_g, o_r, no), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent du", sh, rel_l2(du_g, du_r, nx), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent da", sh, rel_l2(da_g, da_r, nh), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent db", sh, rel_l2(db_g, db_r, nh), 1e-2);
+    gc_row("deltanet_rule_bwd chunked vs recurrent dA_log", sh, gc_rel_delta(dal_g, dal0, dal_r, dal0, (size_t)Hv), 1e-2);
+    free(o_r);
+    free(du_r);
+    free(da_r);
+    free(db_r);
+    free(dal_r);
     gc_row("deltanet_norm_fwd y", sh, rel_l2(y_g, y_c, no), 1e-2);
     gc_row("deltanet_norm_fwd rstd", sh, rel_l2(r_g, r_c, nh), 1e-4);
     gc_row("deltanet_norm_bwd dout", sh, rel_l2(do_g, do_c, no), 1e-2);
@@ -1656,6 +1680,7 @@ static void hybrid_suite(void) {
     t_deltanet(r1, 2, 4, 32, 48, 4); /* two value heads a key head, Dv not a multiple of 32 */
     t_deltanet(r1, 2, 2, 128, 128, 4); /* Qwen3.5's head dims */
     t_deltanet(r1, 1, 3, 16, 16, 3);
+    t_deltanet(r1, 1, 2, 192, 40, 4); /* Dk > 128: the forward's recurrent walk */
     free_ranges(r1);
     static const int P2[] = {150}, N2[] = {8}, L2[] = {100, 1, 64, 63, 65, 7, 130, 2};
     ranges r2 = hybrid_layout(1, P2, N2, L2); /* one group of 8: the prompt's state into each */
@@ -1665,6 +1690,19 @@ static void hybrid_suite(void) {
     ranges r3 = hybrid_layout(1, P3, N3, L3); /* two tokens */
     t_deltanet(r3, 2, 4, 64, 64, 4);
     free_ranges(r3);
+    static const int P4[] = {5, 70, 1, 64, 3, 130, 2, 9, 66, 4}, N4[] = {2, 2, 3, 2, 2, 2, 2, 2, 2, 2};
+    static const int L4[] = {3, 1, 65, 2, 1, 1, 7, 64, 2, 4, 5, 1, 1, 1, 2, 9, 63, 1, 8, 3, 2};
+    const int *R4[10];
+    for (int g = 0, o = 0; g < 10; o += N4[g], g++) R4[g] = L4 + o;
+    ranges r4 = make_ranges(10, P4, N4, R4); /* ten prompts of 2+ responses: the chunked forward's state slots reused */
+    t_deltanet(r4, 1, 2, 32, 32, 4);
+    free_ranges(r4);
+    int P5[80], N5[80], L5[80];
+    const int *R5[80];
+    for (int g = 0; g < 80; g++) P5[g] = N5[g] = L5[g] = 1, R5[g] = L5 + g;
+    ranges r5 = make_ranges(80, P5, N5, R5); /* 160 one-token runs: more chunks than the chunked backward holds */
+    t_deltanet(r5, 1, 2, 16, 16, 3);
+    free_ranges(r5);
     t_gated_attn(333, 8, 2, 256, 64); /* Qwen3.5's full attention: D 256, a quarter rotary */
     t_gated_attn(77, 4, 4, 128, 128);
     t_gated_attn(5, 3, 1, 64, 16);

@@ -5,7 +5,7 @@
 #include "engine/backend/backend.h"
 
 static void clear_env(void) {
-    const char *names[] = {"GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "MOE", "EXACT", "ATTN_SIMD", "BOGUS"};
+    const char *names[] = {"GRAPHS", "PDL", "ATTN_DECODE", "ATTN", "SKINNY", "MOE", "EXACT", "DELTANET", "ATTN_SIMD", "BOGUS"};
     char n[64];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(n, sizeof n, "GRPOD_TUNE_%s", names[i]);
@@ -25,6 +25,7 @@ TEST(tune_defaults_without_env) {
     CHECK_EQ_INT(t.skinny, TUNE_SKINNY_AUTO);
     CHECK_EQ_INT(t.moe, TUNE_MOE_AUTO);
     CHECK_EQ_INT(t.exact, 0);
+    CHECK_EQ_INT(t.deltanet, TUNE_DN_CHUNKED);
 }
 
 TEST(tune_every_knob) {
@@ -36,6 +37,7 @@ TEST(tune_every_knob) {
     setenv("GRPOD_TUNE_SKINNY", "1", 1);
     setenv("GRPOD_TUNE_MOE", "tiles", 1);
     setenv("GRPOD_TUNE_EXACT", "1", 1);
+    setenv("GRPOD_TUNE_DELTANET", "recurrent", 1);
     tune_opts t;
     CHECK_EQ_INT(tune_from_env(&t), 0);
     CHECK_EQ_INT(t.exact, 1);
@@ -46,6 +48,7 @@ TEST(tune_every_knob) {
     CHECK_EQ_INT(t.skinny, TUNE_SKINNY_FORCE);
     CHECK_EQ_INT(t.moe, TUNE_MOE_TILES);
     CHECK_EQ_INT(t.exact, 1);
+    CHECK_EQ_INT(t.deltanet, TUNE_DN_RECURRENT);
     setenv("GRPOD_TUNE_MOE", "grouped", 1);
     CHECK_EQ_INT(tune_from_env(&t), 0);
     CHECK_EQ_INT(t.moe, TUNE_MOE_GROUPED);

@@ -7,7 +7,8 @@
  * engine/model/model.c's model_layer_fwd / model_layer_bwd on a 2-layer model (bench_layer.h's
  * set-up): a random bf16 input and upstream gradient, no embedding and no lm-head; fp32 weight
  * gradients accumulate. Prints ms per layer and pass (median of REPS after a warm-up) and the
- * peak device memory in use.
+ * peak device memory in use, and the projection to Qwen3.5-9B's 32 layers (24 DeltaNet, 8 gated:
+ * the config's 3:1 layer_types). tests/gpu/peer_hybrid_step.py is the PyTorch peer at the same dims.
  * Usage: bench_hybrid [P N R ...]   (default: 4096 16 512 and 1024 16 256) */
 #include <cuda_runtime_api.h>
 #include <time.h>
@@ -79,6 +80,9 @@ static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     printf("grpod-cuda qwen3.5 layer pair P=%d N=%d R=%d T=%d: fwd+bwd %.2f ms (deltanet fwd %.2f bwd %.2f; gated attn fwd "
            "%.2f bwd %.2f); peak %.2f GiB; |dx| %.3g\n",
            P, N, R, T, sum, med[0], med[3], med[1], med[2], used_peak / 1073741824.0, bench_layer_dx_norm(&r, be));
+    printf("grpod-cuda qwen3.5-9B projection P=%d N=%d R=%d: 24 DeltaNet + 8 gated attention layers fwd+bwd %.0f ms "
+           "(layers only: no embedding, lm head, loss or optimizer)\n",
+           P, N, R, 24 * (med[0] + med[3]) + 8 * (med[1] + med[2]));
     fflush(stdout);
     bench_layer_close(&r, be);
 }

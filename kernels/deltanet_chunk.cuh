@@ -1,0 +1,87 @@
+/* deltanet_chunk.cuh — the chunked forward of the gated delta rule (deltanet_chunk.cu), called by
+ * deltanet_rule_fwd_cuda (deltanet.cu) after its prep kernel. Not a public op: include it from
+ * deltanet.cu only. Legend as deltanet.h (T, Hk, Hv, Dk, Dv). */
+#ifndef GRPOD_KERNELS_DELTANET_CHUNK_CUH
+#define GRPOD_KERNELS_DELTANET_CHUNK_CUH
+#include "kernels/common.cuh"
+#include "kernels/deltanet.h"
+
+/* deltanet_prev() on device ranges */
+__device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
+    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t];
+    if (b1 > b0) return t > b0 ? t - 1 : (a1 > a0 ? a1 - 1 : -1);
+    return t > a0 ? t - 1 : -1;
+}
+
+enum { DC_C = 64, DC_NT = 256, DC_BV = 32, DC_TK = 32, DC_DK = 128, DC_SLOTS = 8, DC_PLAN = 1024, DC_EXTRA = 64 };
+
+/* the chunked forward's scratch (deltanet_chunk.cu's top comment) */
+typedef struct {
+    float *W, *U, *P, *G, *slot;
+    int *cst, *nc, *ref, *flag;
+} dc_scratch;
+dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv);
+
+/* The walks' two products on shared-memory tiles (X: 64 rows × a 32-wide tile; V: rows × 32
+ * columns, this thread's column j). Rows: acc[m] += Σ_ii X[w + 8m][ii] V[ii][j] (rows w + 8m of
+ * the 64, V the tile's 32 rows). Columns: Σ_t X[t][ii] V[t][j] over the 64 rows. */
+__device__ __forceinline__ void dc_rows_acc(float *acc, const float (*X)[DC_TK + 1], const float (*V)[DC_BV], int w, int j) {
+#pragma unroll 4
+    for (int ii = 0; ii < DC_TK; ii++) {
+        float sv = V[ii][j];
+#pragma unroll
+        for (int m = 0; m < 8; m++) acc[m] += X[w + 8 * m][ii] * sv;
+    }
+}
+__device__ __forceinline__ float dc_col_dot(const float (*X)[DC_TK + 1], const float (*V)[DC_BV], int ii, int j) {
+    float a = 0;
+#pragma unroll 8
+    for (int t = 0; t < DC_C; t++) a += X[t][ii] * V[t][j];
+    return a;
+}
+
+/* X[t][ii] = f_t · src[(t0 + t) ld + i0 + ii] for t < n and i0 + ii < D, else 0; f_t = 1 (f NULL),
+ * f[t], or e^{f[t]} (fexp): a 32-wide tile of a chunk's rows of q, k or W */
+__device__ __forceinline__ void dc_load_tile(float (*X)[DC_TK + 1], const float *src, size_t ld, int t0, int n, int i0, int D,
+                                             const float *f, int fexp) {
+    for (int e = threadIdx.x; e < DC_C * DC_TK; e += blockDim.x) {
+        int t = e / DC_TK, ii = e % DC_TK, i = i0 + ii;
+        float v = 0;
+        if (t < n && i < D) {
+            v = src[(size_t)(t0 + t) * ld + i];
+            if (f) v = (fexp ? expf(f[t]) : f[t]) * v;
+        }
+        X[t][ii] = v;
+    }
+}
+
+/* X[t][ss] = P[t][c0 + ss] of the chunk at t0 (n rows, zeros below), value head h */
+__device__ __forceinline__ void dc_load_p(float (*X)[DC_TK + 1], const dc_scratch &s, int t0, int n, int h, int Hv, int c0) {
+    for (int e = threadIdx.x; e < DC_C * DC_TK; e += blockDim.x) {
+        int t = e / DC_TK, ss = e % DC_TK;
+        X[t][ss] = t < n ? s.P[((size_t)(t0 + t) * Hv + h) * DC_C + c0 + ss] : 0.0f;
+    }
+}
+
+/* 1 when the chunked forward takes these dims (Dk <= 128; else the recurrent walk runs) */
+int dn_chunk_ok(int Dk);
+/* the floats of its scratch at T tokens (laid out by dn_chunk_fwd from `scr`) */
+long long dn_chunk_floats(int T, int Hv, int Dk, int Dv);
+/* o (T,Hv,Dv) written (unless NULL) from qn, kn (T,Hk,Dk), g, beta (T,Hv) (dn_prep_kernel's) and
+ * u's v slice; ck (unless NULL): the state after each token ≡ 63 (mod 64), (T/64+1, Hv, Dk, Dv);
+ * h0 (unless NULL): chunk c's initial state for c < cap, (cap, Hv, Dk, Dv) */
+void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
+                  const float *beta, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+
+/* The chunked backward (deltanet_chunk_bwd.cu): 1 when it takes these dims (Dk, Dv <= 128) */
+int dn_chunk_bwd_ok(int Dk, int Dv);
+/* the floats of its scratch (dstates) at T tokens */
+long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv);
+/* The forward again (ck: the recurrent backward's checkpoints, written in any case), then, when the
+ * layout's chunks fit the scratch (else 0 is returned: the caller runs the recurrent backward),
+ * dv into du's v slice and the partials the recurrent backward's reductions take with one slice:
+ * *pdq, *pdk (T,Hv,Dk) the gradients of qn and kn; *pdb (T,Hv) of β; *pdg (T,Hv) of g itself. */
+int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
+                 int Hk, int Hv, int Dk, int Dv);
+#endif

@@ -1,0 +1,357 @@
+/* deltanet_chunk_bwd.cu — the gated delta rule's backward in chunks, the adjoint of
+ * deltanet_chunk.cu's forward (whose notation this follows: per chunk G, γ, A, U, W, δ = U - W S0,
+ * P, K̃_s = e^{G_{n-1}-G_s} k_s; o = γ Q S0 + P δ, S_end = γ_{n-1} S0 + K̃^T δ). Given dO and dS_end:
+ *   dδ = P^T dO + K̃ dS_end,   dS0 = γ_{n-1} dS_end + (γ Q)^T dO - W^T dδ
+ *   dP = dO δ^T (lower),  dW = -dδ S0^T,  dK̃ = δ dS_end^T,  dq (direct) = γ dO S0^T
+ *   Ū = (I + A)^{-T} dδ,  W̄ = (I + A)^{-T} dW   (backward substitution),  dA = -(Ū U^T + W̄ W^T) (strictly lower)
+ *   dv = β Ū,  dβ = v·Ū + γ k·W̄ + Σ_s dA_ts e^{G_t-G_s} k_t·k_s,  dk, dq through A, P, W and K̃,
+ *   dG_t from γ in o and W, A, P, K̃ and (last token) γ_{n-1} S0, then dg = the reverse cumsum of dG.
+ *   - the forward again (deltanet_chunk.cu with ck and h0): U, W, P, G, every chunk's initial
+ *     state S0 (h0) and the recurrent backward's checkpoints (ck); the host reads the chunk count
+ *     (one stream sync) and takes the recurrent backward instead when the chunks exceed the
+ *     scratch (T/64 + 1 + DC_EXTRA of them: a packed batch of many short runs) or the stream is
+ *     being captured.
+ *   - dc_rev_kernel: grid (Hv, ⌈Dv/32⌉), the mirror of the forward's walk: the chunks in reverse
+ *     token order carrying dS (Dk × 32 columns in shared memory); a chunk's dS_end (saved: dSe) is
+ *     its successor's dS0 plus, for a token other runs continue (a prompt's last), the sum of those
+ *     runs' dS0 collected in a slot in reverse token order.
+ *   - dc_grad_kernel: grid (chunks, Hv), every chunk at once from S0 and dS_end: the rest of the
+ *     list above (dynamic shared memory: δ, dδ→Ū, dW→W̄, dK̃, k·k, A, dA, dP).
+ * Outputs are the recurrent backward's partials with one slice (deltanet.cu reduces them over the
+ * value heads of a key head and runs the norms', softplus' and sigmoid's backward), except that
+ * pdg is the gradient of g itself. Every sum has one owner and a fixed order (same bits twice). */
+#include "kernels/deltanet_chunk.cuh"
+
+int dn_chunk_bwd_ok(int Dk, int Dv) { return dn_chunk_ok(Dk) && Dv >= 1 && Dv <= DC_DK; }
+
+static int dc_cap(int T) { return T / DC_C + 1 + DC_EXTRA; }
+
+long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
+    long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
+    return dn_chunk_floats(T, Hv, Dk, Dv) + 2LL * dc_cap(T) * SZ + 2 * TH * Dk + 2 * TH;
+}
+
+/* ---------------------------------------------------------------- the reverse walk */
+
+__global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn,
+                                                       const bf16 *dout, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+    __shared__ float dS[DC_DK][DC_BV], Dd[DC_C][DC_BV], Do[DC_C][DC_BV], X[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
+    __shared__ int ptok[DC_SLOTS], info[3];
+    int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
+    int jj = blockIdx.y * DC_BV + j, vj = jj < Dv;
+    size_t SZ = (size_t)Dk * Dv;
+    for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) dS[e / DC_BV][e % DC_BV] = 0;
+    if (tid < DC_SLOTS) ptok[tid] = -1;
+    for (int c = nc - 1; c >= 0; c--) {
+        int t0 = s.cst[c], n = s.cst[c + 1] - t0, last = t0 + n - 1, rf = s.ref[last];
+        __syncthreads();
+        if (tid == 0) { /* md as the forward's; fresh: the first run to hand its dS0 to slot md */
+            int p = dn_prev(r, t0), md = t0 > 0 && p == t0 - 1 ? -2 : p < 0 ? -1 : s.ref[p] % DC_SLOTS, fresh = 0;
+            if (rf >= 0) {
+                if (ptok[rf % DC_SLOTS] != last) __trap(); /* a continued token none continued */
+                ptok[rf % DC_SLOTS] = -1;
+            }
+            if (md >= 0) {
+                if (ptok[md] >= 0 && ptok[md] != p) __trap(); /* the slot is taken: not a packed layout */
+                fresh = ptok[md] < 0;
+                ptok[md] = p;
+            }
+            info[0] = md;
+            info[1] = fresh;
+        }
+        if (tid < DC_C) Gs[tid] = tid < n ? s.G[(size_t)(t0 + tid) * Hv + h] : 0.0f;
+        for (int e = tid; e < DC_C * DC_BV; e += DC_NT) {
+            int t = e / DC_BV, jx = e % DC_BV, jc = blockIdx.y * DC_BV + jx;
+            Do[t][jx] = t < n && jc < Dv ? __bfloat162float(dout[((size_t)(t0 + t) * Hv + h) * Dv + jc]) : 0.0f;
+        }
+        __syncthreads();
+        int md = info[0], fresh = info[1];
+        if (rf >= 0 && vj) /* the other runs' dS0, collected in the slot (own elements) */
+            for (int i = w; i < Dk; i += 8) dS[i][j] += s.slot[((size_t)(rf % DC_SLOTS) * Hv + h) * SZ + (size_t)i * Dv + jj];
+        if (vj)
+            for (int i = w; i < Dk; i += 8) dSe[((size_t)c * Hv + h) * SZ + (size_t)i * Dv + jj] = dS[i][j];
+        if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
+        float gl = expf(Gs[n - 1]), acc[8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) acc[m] = 0;
+            /* dδ = P^T dO + K̃ dS: rows t = w + 8m, column j; P's columns T0.. in tiles of 32 */
+#pragma unroll
+        for (int T0 = 0; T0 < DC_C; T0 += DC_TK) {
+            __syncthreads();
+            dc_load_p(X, s, t0, n, h, Hv, T0);
+            __syncthreads();
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+                if ((m >> 2) == (T0 >> 5))
+                    for (int sx = 0; sx < DC_C; sx++) acc[m] += X[sx][w + 8 * m - T0] * Do[sx][j];
+        }
+        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
+            __syncthreads();
+            dc_load_tile(X, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Dec, 0);
+            __syncthreads();
+            dc_rows_acc(acc, X, dS + i0, w, j);
+        }
+#pragma unroll
+        for (int m = 0; m < 8; m++) Dd[w + 8 * m][j] = w + 8 * m < n && vj ? acc[m] : 0.0f;
+        /* dS0 = γ_{n-1} dS + (γ Q)^T dO - W^T dδ: rows i0 + w + 8q */
+        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
+            float a4[DC_TK / 8];
+            __syncthreads();
+            dc_load_tile(X, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Gs, 1);
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < DC_TK / 8; q++) a4[q] = dc_col_dot(X, Do, w + 8 * q, j);
+            __syncthreads();
+            dc_load_tile(X, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, i0, Dk, NULL, 0);
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < DC_TK / 8; q++) {
+                int ii = w + 8 * q;
+                dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - dc_col_dot(X, Dd, ii, j));
+            }
+        }
+        if (md != -2) { /* dS0 is not the predecessor's: into token p's slot, or dropped (a fresh state) */
+            if (md >= 0 && vj)
+                for (int i = w; i < Dk; i += 8) {
+                    float *pe = s.slot + ((size_t)md * Hv + h) * SZ + (size_t)i * Dv + jj;
+                    *pe = fresh ? dS[i][j] : *pe + dS[i][j];
+                }
+            for (int i = w; i < DC_DK; i += 8) dS[i][j] = 0;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- every chunk's gradients */
+
+struct dc_grad_smem { /* carved from dynamic shared memory; Mx = max(Dk, Dv) */
+    float *D, *Ub, *Wb, *KT, *KK, *Am, *dA, *dP, *Gs, *Bs, *dGo, *rk, *dB, *dGr, *red;
+};
+static size_t dc_grad_bytes(int Dk, int Dv) {
+    int Mx = Dk > Dv ? Dk : Dv;
+    return sizeof(float) * ((size_t)DC_C * (2 * Dv + Dk + Mx) + 4 * DC_C * (DC_C + 1) + 6 * DC_C + 32);
+}
+
+__global__ void __launch_bounds__(DC_NT)
+    dc_grad_kernel(bf16 *du, float *pdq, float *pdk, float *pdb, float *pdg, const float *h0, const float *dSe, dc_scratch s,
+                   const float *qn, const float *kn, const float *beta, const bf16 *dout, const bf16 *u, int Hk, int Hv, int Dk,
+                   int Dv) {
+    extern __shared__ float sm[];
+    const int L = DC_C + 1, Mx = Dk > Dv ? Dk : Dv;
+    dc_grad_smem z;
+    z.D = sm;
+    z.Ub = z.D + DC_C * Dv;
+    z.Wb = z.Ub + DC_C * Dv;
+    z.KT = z.Wb + DC_C * Dk;
+    z.KK = z.KT + DC_C * Mx;
+    z.Am = z.KK + DC_C * L;
+    z.dA = z.Am + DC_C * L;
+    z.dP = z.dA + DC_C * L;
+    z.Gs = z.dP + DC_C * L;
+    z.Bs = z.Gs + DC_C;
+    z.dGo = z.Bs + DC_C;
+    z.rk = z.dGo + DC_C;
+    z.dB = z.rk + DC_C;
+    z.dGr = z.dB + DC_C;
+    z.red = z.dGr + DC_C;
+    int h = blockIdx.y, kh = h / (Hv / Hk), tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, nc = *s.nc;
+    int Cc = 2 * Hk * Dk + Hv * Dv;
+    size_t SZ = (size_t)Dk * Dv;
+    for (int c = blockIdx.x; c < nc; c += gridDim.x) {
+        int t0 = s.cst[c], n = s.cst[c + 1] - t0;
+        const float *S0 = h0 + ((size_t)c * Hv + h) * SZ, *dS = dSe + ((size_t)c * Hv + h) * SZ;
+#define TH(t) ((size_t)(t0 + (t)) * Hv + h)
+#define KQ(t, i) (((size_t)(t0 + (t)) * Hk + kh) * Dk + (i))
+#define DO(t, j) __bfloat162float(dout[TH(t) * Dv + (j)])
+        __syncthreads();
+        if (tid < DC_C) {
+            z.Gs[tid] = tid < n ? s.G[TH(tid)] : 0.0f;
+            z.Bs[tid] = tid < n ? beta[TH(tid)] : 0.0f;
+        }
+        __syncthreads();
+        /* k·k and A */
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            float kk = 0;
+            if (t < n && sx < n)
+#pragma unroll 8
+                for (int i = 0; i < Dk; i++) kk += kn[KQ(t, i)] * kn[KQ(sx, i)];
+            z.KK[t * L + sx] = kk;
+            z.Am[t * L + sx] = sx < t && t < n ? z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kk : 0.0f;
+        }
+        /* δ, dδ, and dO ⊙ γ Q S0 (into KT, summed by rows below) */
+        for (int e = tid; e < DC_C * Dv; e += DC_NT) {
+            int t = e / Dv, j = e % Dv;
+            float dl = 0, dd = 0, oo = 0;
+            if (t < n) {
+                float ws = 0, qs = 0, ks = 0, dec = expf(z.Gs[n - 1] - z.Gs[t]);
+#pragma unroll 8
+                for (int i = 0; i < Dk; i++) {
+                    float sv = S0[(size_t)i * Dv + j];
+                    ws += s.W[TH(t) * Dk + i] * sv;
+                    qs += qn[KQ(t, i)] * sv;
+                    ks += kn[KQ(t, i)] * dS[(size_t)i * Dv + j];
+                }
+#pragma unroll 8
+                for (int sx = t; sx < n; sx++) dd += s.P[TH(sx) * DC_C + t] * DO(sx, j);
+                dl = s.U[TH(t) * Dv + j] - ws;
+                dd += dec * ks;
+                oo = DO(t, j) * (expf(z.Gs[t]) * qs);
+            }
+            z.D[t * Dv + j] = dl;
+            z.Ub[t * Dv + j] = dd;
+            z.KT[t * Dv + j] = oo;
+        }
+        __syncthreads();
+        for (int t = wp; t < DC_C; t += DC_NT / 32) {
+            float a = 0;
+            for (int j = lane; j < Dv; j += 32) a += z.KT[t * Dv + j];
+            a = warp_sum(a);
+            if (lane == 0) z.dGo[t] = a;
+        }
+        __syncthreads();
+        /* dP, dW (into Wb), dK̃ (into KT), dq's direct part (pdq), Σ dS ⊙ S0 */
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            float a = 0;
+            if (sx <= t && t < n)
+#pragma unroll 8
+                for (int j = 0; j < Dv; j++) a += DO(t, j) * z.D[sx * Dv + j];
+            z.dP[t * L + sx] = a;
+        }
+        for (int e = tid; e < DC_C * Dk; e += DC_NT) {
+            int t = e / Dk, i = e % Dk;
+            float dw = 0, dk = 0, dq = 0;
+            if (t < n) {
+#pragma unroll 8
+                for (int j = 0; j < Dv; j++) {
+                    float sv = S0[(size_t)i * Dv + j];
+                    dw -= z.Ub[t * Dv + j] * sv;
+                    dk += z.D[t * Dv + j] * dS[(size_t)i * Dv + j];
+                    dq += DO(t, j) * sv;
+                }
+                pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * dq;
+            }
+            z.Wb[t * Dk + i] = dw;
+            z.KT[t * Dk + i] = dk;
+        }
+        float sse = 0;
+        for (size_t e = tid; e < SZ; e += DC_NT) sse += dS[e] * S0[e];
+        sse = block_sum(sse, z.red);
+        __syncthreads();
+        /* Ū, W̄: backward substitution, a thread per column of [dδ | dW], the rows in registers */
+        for (int col = tid; col < Dv + Dk; col += DC_NT) {
+            float x[DC_C];
+            float *y = col < Dv ? z.Ub + col : z.Wb + (col - Dv);
+            int ld = col < Dv ? Dv : Dk;
+#pragma unroll
+            for (int t = DC_C - 1; t >= 0; t--) {
+                float a = t < n ? y[t * ld] : 0.0f;
+#pragma unroll
+                for (int sx = t + 1; sx < DC_C; sx++) a -= z.Am[sx * L + t] * x[sx];
+                x[t] = a;
+                if (t < n) y[t * ld] = a;
+            }
+        }
+        __syncthreads();
+        /* dA = -(Ū U^T + W̄ W^T), strictly lower */
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            float a = 0;
+            if (sx < t && t < n) {
+#pragma unroll 8
+                for (int j = 0; j < Dv; j++) a += z.Ub[t * Dv + j] * s.U[TH(sx) * Dv + j];
+#pragma unroll 8
+                for (int i = 0; i < Dk; i++) a += z.Wb[t * Dk + i] * s.W[TH(sx) * Dk + i];
+            }
+            z.dA[t * L + sx] = -a;
+        }
+        __syncthreads();
+        /* per token: dv, dβ, dG (a warp a row) */
+        for (int t = wp; t < n; t += DC_NT / 32) {
+            float uv = 0, kw = 0, ak = 0, aa = 0, pp = 0, kk2 = 0, gt = expf(z.Gs[t]), dec = expf(z.Gs[n - 1] - z.Gs[t]);
+            for (int j = lane; j < Dv; j += 32) {
+                size_t vo = (size_t)(t0 + t) * Cc + 2 * Hk * Dk + (size_t)h * Dv + j;
+                float ub = z.Ub[t * Dv + j];
+                uv += __bfloat162float(u[vo]) * ub;
+                du[vo] = __float2bfloat16(z.Bs[t] * ub);
+            }
+            for (int i = lane; i < Dk; i += 32) {
+                kw += kn[KQ(t, i)] * z.Wb[t * Dk + i];
+                kk2 += z.KT[t * Dk + i] * dec * kn[KQ(t, i)];
+            }
+            for (int sx = lane; sx < n; sx += 32) {
+                if (sx < t) ak += z.dA[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) * z.KK[t * L + sx];
+                aa += z.dA[t * L + sx] * z.Am[t * L + sx] - z.dA[sx * L + t] * z.Am[sx * L + t];
+                pp += z.dP[t * L + sx] * s.P[TH(t) * DC_C + sx] - z.dP[sx * L + t] * s.P[TH(sx) * DC_C + t];
+            }
+            uv = warp_sum(uv);
+            kw = warp_sum(kw);
+            ak = warp_sum(ak);
+            aa = warp_sum(aa);
+            pp = warp_sum(pp);
+            kk2 = warp_sum(kk2);
+            if (lane == 0) {
+                z.dB[t] = uv + gt * kw + ak;
+                z.dGr[t] = z.dGo[t] + z.Bs[t] * gt * kw + aa + pp - kk2;
+                z.rk[t] = kk2;
+            }
+        }
+        __syncthreads();
+        if (tid == 0) { /* the last token's G scales S0 and every K̃; dg = the reverse cumsum of dG */
+            float ex = expf(z.Gs[n - 1]) * sse, a = 0;
+            for (int t = 0; t < n; t++) ex += z.rk[t];
+            z.dGr[n - 1] += ex;
+            for (int t = n - 1; t >= 0; t--) {
+                a += z.dGr[t];
+                pdg[TH(t)] = a;
+                pdb[TH(t)] = z.dB[t];
+            }
+        }
+        /* dk, dq through A, P, W and K̃ */
+        for (int e = tid; e < n * Dk; e += DC_NT) {
+            int t = e / Dk, i = e % Dk;
+            float gt = expf(z.Gs[t]), dk = z.Bs[t] * gt * z.Wb[t * Dk + i], dq = pdq[TH(t) * Dk + i];
+#pragma unroll 8
+            for (int sx = 0; sx < n; sx++) {
+                if (sx < t) dk += z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
+                if (sx > t) dk += z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]) * kn[KQ(sx, i)];
+                if (sx >= t) dk += z.dP[sx * L + t] * expf(z.Gs[sx] - z.Gs[t]) * qn[KQ(sx, i)];
+                if (sx <= t) dq += z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
+            }
+            dk += expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
+            pdk[TH(t) * Dk + i] = dk;
+            pdq[TH(t) * Dk + i] = dq;
+        }
+#undef TH
+#undef KQ
+#undef DO
+    }
+}
+
+int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
+                 int Hk, int Hv, int Dk, int Dv) {
+    long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
+    int cap = dc_cap(T), nc = 0;
+    float *h0 = scr + dn_chunk_floats(T, Hv, Dk, Dv), *dSe = h0 + cap * SZ;
+    *pdq = dSe + cap * SZ;
+    *pdk = *pdq + TH * Dk;
+    *pdb = *pdk + TH * Dk;
+    *pdg = *pdb + TH;
+    dn_chunk_fwd(c, NULL, ck, h0, cap, scr, qn, kn, g, beta, u, r, T, Hk, Hv, Dk, Dv);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CU_CK(c, cudaStreamIsCapturing(c->stream, &cs));
+    if (c->failed || cs != cudaStreamCaptureStatusNone) return 0;
+    dc_scratch s = dc_carve(scr, T, Hv, Dk, Dv);
+    CU_CK(c, cudaMemcpyAsync(&nc, s.nc, sizeof nc, cudaMemcpyDeviceToHost, c->stream));
+    CU_CK(c, cudaStreamSynchronize(c->stream));
+    if (c->failed || nc > cap) return 0;
+    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, Hk, Hv, Dk, Dv);
+    CU_LAUNCHED(c, "dc_rev_kernel");
+    size_t bytes = dc_grad_bytes(Dk, Dv);
+    CU_CK(c, cudaFuncSetAttribute(dc_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    dc_grad_kernel<<<dim3(nc < 4096 ? nc : 4096, Hv), DC_NT, bytes, c->stream>>>(du, *pdq, *pdk, *pdb, *pdg, h0, dSe, s, qn, kn,
+                                                                                 beta, dout, u, Hk, Hv, Dk, Dv);
+    CU_LAUNCHED(c, "dc_grad_kernel");
+    return !c->failed;
+}
