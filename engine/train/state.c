@@ -10,6 +10,86 @@
 #include "engine/train/offload.h"
 #include "kernels/adamw.h"
 
+/* ---------------------------------------------------------------- placement */
+
+/* With a comm (dp.c): act weights whole (padded to W shards), the fp32 master only for this
+ * rank's shard [off, off + valid) of the loaded (or resumed) weights, and its experts whole after
+ * the shard; in host memory with offload. */
+static int place_shard(eng *e, const float *host, long long valid) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems, eb = (size_t)be->act_bytes, S = (size_t)e->sh_n, whole = S * (size_t)e->W + (size_t)e->ep_n,
+           pad = whole - n;
+    int rc = dp_open(e);
+    if (rc) return rc;
+    e->w_act = be->alloc(be, whole * eb);
+    e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)S) : be->alloc(be, (S + (size_t)e->ep_n) * 4);
+    if (!e->w_act || !e->w_master) return GE_NOMEM;
+    if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc;
+    if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
+    if (e->offload) { /* zeroed by offload_host_alloc */
+        if (valid) memcpy(e->w_master, host + e->sh_off, (size_t)valid * 4);
+        return 0;
+    }
+    be->zero(be, e->w_master, S * 4);
+    if (valid && (rc = be->to_dev(be, e->w_master, host + e->sh_off, (size_t)valid * 4))) return rc;
+    /* this rank's experts, whole after the shard */
+    if (e->ep_n && (rc = be->to_dev(be, e->w_master + S, host + S * (size_t)e->W, (size_t)e->ep_n * 4))) return rc;
+    return 0;
+}
+
+/* One rank, offload: the master is host memory, never copied through the device. */
+static int place_host(eng *e, const float *host) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems;
+    if (!(e->w_master = offload_host_alloc((long long)n))) return GE_NOMEM;
+    memcpy(e->w_master, host, n * sizeof(float));
+    e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+    if (!e->w_act) return GE_NOMEM;
+    return be->act_from_f32(be, e->w_act, e->w_master, n);
+}
+
+/* One rank on the device: the master, and the act weights (the master itself when fp32). */
+static int place_device(eng *e, const float *host) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems;
+    int rc;
+    if (!(e->w_master = be->alloc(be, n * sizeof(float)))) return GE_NOMEM;
+    if ((rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) return rc;
+    if (be->act_bytes == 4) {
+        e->w_act = e->w_master;
+        return 0;
+    }
+    e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+    if (!e->w_act) return GE_NOMEM;
+    return be->act_from_f32(be, e->w_act, host, n);
+}
+
+int state_open(eng *e, const float *host, const char *offload_mode) {
+    /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
+    long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;
+    long long S = e->dp ? (nr + e->W - 1) / e->W : 0, off = S * e->rank, valid = off >= nr ? 0 : (nr - off < S ? nr - off : S);
+    e->sh_n = S;
+    e->sh_off = off;
+    e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
+    int rc = plan_offload(e, offload_mode, &e->offload);
+    if (rc) return rc;
+    if (e->ep_full && e->offload)
+        return err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");
+    return e->dp ? place_shard(e, host, valid) : e->offload ? place_host(e, host) : place_device(e, host);
+}
+
+void state_free(eng *e) {
+    eng_backend *be = e->be;
+    float *v[3] = {e->w_master, e->adam_m, e->adam_v};
+    for (int i = 0; i < 3; i++) {
+        if (!v[i]) continue;
+        if (e->offload) free(v[i]);
+        else be->free(be, v[i]);
+    }
+    e->w_master = e->adam_m = e->adam_v = NULL;
+    offload_free(&e->off);
+}
+
 int state_alloc(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;

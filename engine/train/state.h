@@ -25,6 +25,15 @@ typedef struct {
     long long vec, st, n;
 } state_piece;
 int state_pieces(const eng *e, state_piece p[2]);
+/* At open (full-parameter training): the fp32 master and the act-typed weights from the
+ * weights loaded (or resumed) as host fp32 (host: the model's n_elems, experts after the
+ * replicated elements), placed where the plan's offload choice (offload_mode: eng_open_opts'
+ * optimizer_offload) and the comm put them; the shard geometry (sh_n, sh_off, ep_n) is set here.
+ * 0, GE_NOMEM, GE_UNSUPPORTED or the backend's error. */
+int state_open(eng *e, const float *host, const char *offload_mode);
+/* Frees the master and moments where they live and the offload's buffers (eng_close; the act
+ * weights and gradients are the engine's, freed by it before). */
+void state_free(eng *e);
 /* Gradients and moments (zeroed), made once (the plan calls it at open); 0 or GE_NOMEM. */
 int state_alloc(eng *e);
 /* Zeroes the gradients before a mini-batch's micro-batches accumulate into them. */
