@@ -132,6 +132,10 @@ static float *grad_mine(eng *e) { return e->dp ? e->grad + e->sh_off : e->grad; 
 void state_grad_zero(eng *e) { e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W + e->ep_n : eng_train_n(e)) * 4); }
 
 int state_grad_reduce(eng *e, int rc) {
+    const model *m = &e->m;
+    if (!rc && m->lora_r) /* B is held as B' = s B (lora.h): dL/dB = s dL/dB' */
+        e->be->scale(e->be, e->grad + m->l_elems_a, m->l_elems - m->l_elems_a, m->lora_alpha / (float)m->lora_r);
+    if (!rc) rc = e->be->sync(e->be);
     if (!e->dp) return rc;
     rc = dp_agree(e, rc);
     return rc ? rc : comm_reduce_scatter_sum(e->comm, e->grad, grad_mine(e), (size_t)e->sh_n, COMM_F32);
@@ -228,12 +232,34 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     return rc;
 }
 
+int state_act_from_master(eng *e, int rc) {
+    eng_backend *be = e->be;
+    size_t eb = (size_t)be->act_bytes;
+    long long n = eng_state_n(e);
+    float *master = eng_train_master(e);
+    char *act = eng_train_act(e), *mine = act + (e->dp ? (size_t)e->sh_off * eb : 0); /* all, or this rank's shard */
+    if (!rc && e->offload) { /* a host master: converted on its way to the device */
+        rc = be->act_from_f32(be, mine, master, (size_t)n);
+    } else if (!rc && !e->ep_n) {
+        if (mine != (char *)master) be->f32_to_act(be, mine, master, (size_t)n);
+    } else if (!rc) {
+        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
+        for (int k = 0, np = state_pieces(e, p); k < np; k++)
+            be->f32_to_act(be, act + (size_t)p[k].vec * eb, master + p[k].st, (size_t)p[k].n);
+    }
+    if (!rc) rc = be->sync(be);
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */
+    return rc;
+}
+
 int state_sumsq_after_step(eng *e, double *w2, double *v2) {
     int rc = sumsq_global(e, eng_train_master(e), e->offload, w2);
     return rc ? rc : sumsq_global(e, e->adam_v, e->offload, v2);
 }
 
 /* ---------------------------------------------------------------- whole vectors */
+
+long long state_whole_n(const eng *e) { return e->ep_full ? e->ep_full->n_elems : eng_train_n(e); }
 
 int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
     float *part[3] = {eng_train_master(e), e->adam_m, e->adam_v};
@@ -242,7 +268,7 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         out[i] = NULL;
         owned[i] = 0;
     }
-    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)e->ep_full->n_elems : e->dp ? (size_t)(e->sh_n * e->W) : n;
+    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)state_whole_n(e) : e->dp ? (size_t)(e->sh_n * e->W) : n;
     if (e->offload && !e->dp) { /* host state of one rank: written from where it lives, no copy */
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;

@@ -527,10 +527,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             t = clock_mono_ms();
             state_grad_zero(e);
             rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
-            if (!rc && e->m.lora_r) /* dL/dB = s dL/dB' */
-                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a, e->m.lora_alpha / (float)e->m.lora_r);
-            if (!rc) rc = e->be->sync(e->be);
-            rc = state_grad_reduce(e, rc); /* with a comm: every rank's gradients into each shard */
+            rc = state_grad_reduce(e, rc); /* the gradient the state steps; with a comm every rank's, in each shard */
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
