@@ -97,19 +97,11 @@ int plan_make(eng *e, const eng_open_opts *o) {
     eng_plan *p = &e->plan;
     eng_backend *be = e->be;
     memset(p, 0, sizeof *p);
-    long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
+    long long ns = eng_state_n(e);
     int rc = state_alloc(e);
     if (rc) return rc;
-    int dev_state = !e->offload && be->mem_info; /* master and moments in device memory */
-    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
-    p->reference = e->ref_act ? n * eb : 0;
-    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
-    if (e->offload) p->host_state = 3 * ns * 4;
-    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
-        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
-        p->moments = 2 * ns * 4;
-    }
-    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    int dev_state = state_footprint(e, p); /* master and moments in device memory */
+    p->reference = e->ref_act ? e->m.n_elems * be->act_bytes : 0;
     size_t fr = 0, tot = 0;
     if (be->mem_info && be->mem_info(be, &fr, &tot)) return err_code();
     p->device_total = (long long)tot;

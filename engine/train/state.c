@@ -2,6 +2,7 @@
  * lives (device, host with offload, a shard with a comm). */
 #include "engine/train/state.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +89,20 @@ void state_free(eng *e) {
     }
     e->w_master = e->adam_m = e->adam_v = NULL;
     offload_free(&e->off);
+}
+
+int state_footprint(const eng *e, eng_plan *p) {
+    const eng_backend *be = e->be;
+    long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
+    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
+    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
+    if (e->offload) p->host_state = 3 * ns * 4;
+    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
+        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
+        p->moments = 2 * ns * 4;
+    }
+    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    return !e->offload && be->mem_info;
 }
 
 int state_alloc(eng *e) {

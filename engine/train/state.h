@@ -34,6 +34,10 @@ int state_open(eng *e, const float *host, const char *offload_mode);
 /* Frees the master and moments where they live and the offload's buffers (eng_close; the act
  * weights and gradients are the engine's, freed by it before). */
 void state_free(eng *e);
+/* The memory plan's rows of the state (p->weights, gradients, master, moments, host_state,
+ * optimizer): what it occupies, and where. Returns 1 when the master and moments are in device
+ * memory (a backend that reports it), 0 when in host memory. */
+int state_footprint(const eng *e, eng_plan *p);
 /* Gradients and moments (zeroed), made once (the plan calls it at open); 0 or GE_NOMEM. */
 int state_alloc(eng *e);
 /* Zeroes the gradients before a mini-batch's micro-batches accumulate into them. */
