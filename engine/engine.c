@@ -178,11 +178,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
             (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
             goto fail;
     } else {
-        size_t fr = 0, tot = 0;
-        if (!e->dp && be->mem_info && !be->mem_info(be, &fr, &tot) &&
-            (rc = plan_full_fits((long long)n, be->act_bytes, (long long)tot, be->name, o->model_dir)))
-            goto fail;
-        err_clear();
+        if ((rc = state_fits(e, o->model_dir))) goto fail; /* before the weights are read */
         host = malloc(n * sizeof(float));
         if (!host) {
             rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20);
@@ -238,8 +234,7 @@ void eng_close(eng *e) {
         model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         ep_decode_free(e);
-        if (e->ep_full && e->ep_full->params) model_free(e->ep_full);
-        free(e->ep_full);
+        ep_model_free(e);
         snap_free(e);
         if (e->dp_buf) be->free(be, e->dp_buf);
         if (e->own_comm) comm_free(e->comm); /* before the stream it runs on goes */

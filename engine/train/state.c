@@ -65,6 +65,16 @@ static int place_device(eng *e, const float *host) {
     return be->act_from_f32(be, e->w_act, host, n);
 }
 
+int state_fits(eng *e, const char *model_dir) {
+    eng_backend *be = e->be;
+    size_t fr = 0, tot = 0;
+    int rc = 0;
+    if (!e->dp && be->mem_info && !be->mem_info(be, &fr, &tot)) /* one rank: the whole model on its device */
+        rc = plan_full_fits(e->m.n_elems, be->act_bytes, (long long)tot, be->name, model_dir);
+    if (!rc) err_clear();
+    return rc;
+}
+
 int state_open(eng *e, const float *host, const char *offload_mode) {
     /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
     long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;

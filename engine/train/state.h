@@ -25,6 +25,10 @@ typedef struct {
     long long vec, st, n;
 } state_piece;
 int state_pieces(const eng *e, state_piece p[2]);
+/* At open, before the weights are read (full-parameter training): GE_NOMEM, saying what to do,
+ * when one rank's device cannot hold the whole model's policy, reference and gradients (with a
+ * comm each rank's state is a shard: the plan checks it once placed). */
+int state_fits(eng *e, const char *model_dir);
 /* At open (full-parameter training): the fp32 master and the act-typed weights from the
  * weights loaded (or resumed) as host fp32 (host: the model's n_elems, experts after the
  * replicated elements), placed where the plan's offload choice (offload_mode: eng_open_opts'
