@@ -21,6 +21,7 @@ static double hi_of(const eng_param *p, const api_limits *l, const api_model *m,
     case PB_VOCAB: return m ? m->vocab : p->hi;
     case PB_MAX_TOKENS: return l ? l->max_tokens : p->hi;
     case PB_PREV: return (double)prev;
+    case PB_MAX_N: return l ? l->max_n : p->hi;
     default: return p->hi;
     }
 }
@@ -153,15 +154,28 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     case PT_INT: {
         long long dflt = (long long)p->dflt;
         if (p->hi_from == PB_MAX_TOKENS && dflt > (long long)hi) dflt = (long long)hi;
+        if (p->hi_from == PB_PLAN_MB && m && m->mb_tokens > 0) dflt = m->mb_tokens;
         if ((rc = api_get_int(in, path, p->name, (long long)p->lo, (long long)hi, dflt, &x, e))) return rc;
         if ((p->flags & PF_NEG_OFF) && x < 0) x = 0;
-        api_put_int(c, p->name, x);
+        /* written into the stored job, so a replay micro-batches as the first run did */
+        if (p->hi_from == PB_PLAN_MB && m && m->mb_tokens_max > 0 && x > m->mb_tokens_max)
+            return api_fail(e, GE_TOO_LARGE, f,
+                            "%s %lld is more than one micro-batch's activations can hold on this device "
+                            "(%lld tokens with every layer recomputed, GET /v1/model memory_plan): lower it or leave it out",
+                            f, x, m->mb_tokens_max);
+        if (!(p->flags & PF_OMIT_DFLT) || x != (long long)p->dflt) api_put_int(c, p->name, x);
         *prev = x;
+        return 0;
+    }
+    case PT_STR: {
+        const char *s;
+        if ((rc = api_get_str(in, path, p->name, 0, &s, e))) return rc;
+        if (s) api_put_str(c, p->name, s);
         return 0;
     }
     case PT_BOOL:
         if ((rc = api_get_bool(in, path, p->name, (int)p->dflt, &b, e))) return rc;
-        api_put_bool(c, p->name, b);
+        if (!(p->flags & PF_OMIT_DFLT) || b != (int)p->dflt) api_put_bool(c, p->name, b);
         return 0;
     case PT_ENUM: {
         const char *s;
@@ -227,6 +241,11 @@ done:
     return rc;
 }
 
+void api_params_move(json_object *dst, json_object *canon) {
+    json_object_object_foreach(canon, k, v) json_object_object_add(dst, k, json_object_get(v));
+    json_object_put(canon);
+}
+
 /* ---------------------------------------------------------------- canonical JSON → struct */
 
 int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
@@ -239,12 +258,17 @@ int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
         switch (p->type) {
         case PT_NUM: *(float *)(d + p->off) = (float)json_object_get_double(v); break;
         case PT_INT:
+            if (p->flags & PF_I64) *(long long *)(d + p->off) = json_object_get_int64(v);
+            else *(int *)(d + p->off) = (int)json_object_get_int64(v);
+            break;
         case PT_BOOL: *(int *)(d + p->off) = (int)json_object_get_int64(v); break;
+        case PT_STR: *(const char **)(d + p->off) = json_object_get_string(v); break;
         case PT_SEED: *(uint64_t *)(d + p->off) = (uint64_t)json_object_get_int64(v); break;
         case PT_ENUM: {
             int x = eng_param_choice(p, json_object_get_string(v));
             if (x < 0)
-                return err_set(GE_INVALID, "%s.%s: '%.64s' is not a known choice", t->name, p->name, json_object_get_string(v));
+                return err_set(GE_INVALID, "%s%s%s: '%.64s' is not a known choice", t->name, *t->name ? "." : "", p->name,
+                               json_object_get_string(v));
             *(int *)(d + p->off) = x;
             break;
         }
@@ -257,7 +281,8 @@ int api_params_to_struct(const eng_params *t, json_object *in, void *dst) {
         case PT_BOUNDS: {
             double lower = 0, upper = json_object_get_double(v);
             if (json_object_is_type(v, json_type_string) && bounds_parse(json_object_get_string(v), &lower, &upper))
-                return err_set(GE_INVALID, "%s.%s: '%.64s' is not a threshold", t->name, p->name, json_object_get_string(v));
+                return err_set(GE_INVALID, "%s%s%s: '%.64s' is not a threshold", t->name, *t->name ? "." : "", p->name,
+                               json_object_get_string(v));
             *(float *)(d + p->off) = (float)upper;
             *(float *)(d + p->off2) = (float)lower;
             break;
@@ -315,9 +340,11 @@ json_object *api_params_schema(const eng_params *t) {
             o = typed(p->type == PT_NUM ? "number" : "integer");
             if (p->flags & PF_LO_OPEN) api_put_num(o, "exclusiveMinimum", p->lo);
             else api_put_num(o, "minimum", p->lo);
-            if (p->hi_from == PB_ROW && p->type != PT_SEED) api_put_num(o, "maximum", p->hi);
-            if (p->type == PT_NUM || p->type == PT_INT) api_put_num(o, "default", p->dflt);
+            if ((p->hi_from == PB_ROW || p->hi_from == PB_PLAN_MB) && p->type != PT_SEED) api_put_num(o, "maximum", p->hi);
+            if ((p->type == PT_NUM || p->type == PT_INT) && p->hi_from != PB_PLAN_MB && p->dflt >= p->lo)
+                api_put_num(o, "default", p->dflt);
             break;
+        case PT_STR: o = typed("string"); break;
         case PT_BOOL:
             o = typed("boolean");
             api_put_bool(o, "default", (int)p->dflt);

@@ -24,6 +24,9 @@ int api_params_or_reply(const eng_params *t, json_object *in, const char *path, 
 int api_params_to_struct(const eng_params *t, json_object *in, void *dst);
 void api_params_free(const eng_params *t, void *dst);
 
+/* Moves every member of canon (a canonical section) into dst, in order, and frees canon. */
+void api_params_move(json_object *dst, json_object *canon);
+
 /* The OpenAPI 3.0 schema of the section: type, default, range, enum and doc of every row. */
 json_object *api_params_schema(const eng_params *t);
 #endif

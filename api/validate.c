@@ -18,11 +18,6 @@
 #include "common/err.h"
 #include "engine/engine.h"
 
-/* Largest max_tokens_per_micro_batch: 16 Mi tokens, far above what activations fit, and an int. */
-#define MAX_TOKENS_PER_MICRO_BATCH (1LL << 24)
-/* Its default without a memory plan (the cpu backend): the engine's own (engine/plan.c). */
-#define MB_TOKENS_DEFAULT 32768
-
 /* ---------------------------------------------------------------- prompts */
 
 /* messages: [{"role","content"}] → chat-template text (add_generation_prompt) → ids. */
@@ -123,19 +118,6 @@ static json_object *ids_json(const int *ids, int n) {
 
 /* ---------------------------------------------------------------- rollouts */
 
-/* DAPO overlong shaping: {"len": L, "penalty_factor": f}. */
-static int overlong_or_reply(json_object *o, const char *path, double *len, double *pen, api_error *e) {
-    static const char *const keys[] = {"len", "penalty_factor", NULL};
-    int rc;
-    *len = 0;
-    *pen = 0;
-    if (!o) return 0;
-    if ((rc = api_check_keys(o, path, keys, e)) || (rc = api_get_num(o, path, "len", 0, 1e7, 0, len, e)) ||
-        (rc = api_get_num(o, path, "penalty_factor", 0, 1e6, 1.0, pen, e)))
-        return rc;
-    return 0;
-}
-
 static int reward_or_reply(json_object *r, const char *path, double ol_len, double ol_pen, int max_tokens, json_object **out,
                            api_error *e) {
     static const char *const keys[] = {"type", "answer", "case_sensitive", NULL};
@@ -170,15 +152,16 @@ static int reward_or_reply(json_object *r, const char *path, double ol_len, doub
 int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
     static const char *const keys[] = {"groups", "sampling", "overlong_buffer", "metadata", NULL};
     static const char *const gkeys[] = {"prompt", "prompt_ids", "messages", "n", "reward", "metadata", NULL};
-    json_object *groups, *samp_in, *ol, *sampling = NULL, *out_groups = NULL, *meta;
-    double ol_len, ol_pen;
+    json_object *groups, *samp_in, *ol_in, *ol = NULL, *sampling = NULL, *out_groups = NULL, *gc = NULL, *meta;
+    eng_overlong ov;
     int rc;
     *payload = NULL;
     if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_arr(req, "", "groups", 1, 1, l->max_groups, &groups, e)) ||
-        (rc = api_get_obj(req, "", "sampling", &samp_in, e)) || (rc = api_get_obj(req, "", "overlong_buffer", &ol, e)) ||
-        (rc = overlong_or_reply(ol, "overlong_buffer", &ol_len, &ol_pen, e)) ||
+        (rc = api_get_obj(req, "", "sampling", &samp_in, e)) || (rc = api_get_obj(req, "", "overlong_buffer", &ol_in, e)) ||
+        (ol_in && (rc = api_params_or_reply(&eng_overlong_params, ol_in, "overlong_buffer", NULL, l, m, &ol, e))) ||
         (rc = api_params_or_reply(&eng_sampling_params, samp_in, "sampling", NULL, l, m, &sampling, e)))
         goto fail;
+    api_params_to_struct(&eng_overlong_params, ol, &ov); /* no enums: cannot fail */
     int max_tokens = json_object_get_int(json_object_object_get(sampling, "max_tokens"));
     out_groups = json_object_new_array();
     for (int i = 0; i < (int)json_object_array_length(groups); i++) {
@@ -189,14 +172,16 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
             rc = api_fail(e, GE_INVALID, p, "%s must be an object", p);
             goto fail;
         }
-        long long n;
-        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_get_int(g, p, "n", 1, l->max_n, 1, &n, e)) ||
+        eng_group_job gs;
+        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_params_or_reply(&eng_group_job_params, g, p, gkeys, l, m, &gc, e)) ||
             (rc = api_get_obj(g, p, "reward", &rw, e)))
             goto fail;
+        api_params_to_struct(&eng_group_job_params, gc, &gs);
+        long long n = gs.n;
         if (rw) {
             char rp[80];
             snprintf(rp, sizeof rp, "%s.reward", p);
-            if ((rc = reward_or_reply(rw, rp, ol_len, ol_pen, max_tokens, &reward, e))) goto fail;
+            if ((rc = reward_or_reply(rw, rp, ov.len, ov.penalty_factor, max_tokens, &reward, e))) goto fail;
         }
         int *ids = NULL, P = 0;
         if ((rc = prompt_or_reply(g, p, m, &ids, &P, e))) {
@@ -234,7 +219,8 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
         json_object *cg = json_object_new_object();
         json_object_object_add(cg, "prompt_ids", ids_json(ids, P));
         free(ids);
-        api_put_int(cg, "n", n);
+        api_params_move(cg, gc); /* n */
+        gc = NULL;
         if (reward) json_object_object_add(cg, "reward", reward);
         if (json_object_object_get_ex(g, "metadata", &meta)) api_put_copy(cg, "metadata", meta);
         json_object_array_add(out_groups, cg);
@@ -242,18 +228,19 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
     json_object *c = json_object_new_object();
     json_object_object_add(c, "groups", out_groups);
     json_object_object_add(c, "sampling", sampling);
-    if (ol_len > 0) {
-        json_object *o = json_object_new_object();
-        api_put_num(o, "len", ol_len);
-        api_put_num(o, "penalty_factor", ol_pen);
-        json_object_object_add(c, "overlong_buffer", o);
+    if (ol && json_object_get_double(json_object_object_get(ol, "len")) > 0) { /* len 0: shaping off, not stored */
+        json_object_object_add(c, "overlong_buffer", ol);
+        ol = NULL;
     }
+    json_object_put(ol);
     if (json_object_object_get_ex(req, "metadata", &meta)) api_put_copy(c, "metadata", meta);
     *payload = c;
     return 0;
 fail:
     json_object_put(out_groups);
     json_object_put(sampling);
+    json_object_put(ol);
+    json_object_put(gc);
     return rc;
 }
 
@@ -407,27 +394,12 @@ fail:
     return rc;
 }
 
-/* max_tokens_per_micro_batch: the memory plan's default when absent (written into the stored
- * job, so a replay micro-batches as the first run did); 413 above what the plan's activations
- * hold even with every layer recomputed. */
-static int micro_batch_tokens(json_object *req, const api_model *m, long long *out, api_error *e) {
-    long long dflt = m && m->mb_tokens > 0 ? m->mb_tokens : MB_TOKENS_DEFAULT;
-    int rc = api_get_int(req, "", "max_tokens_per_micro_batch", 1, MAX_TOKENS_PER_MICRO_BATCH, dflt, out, e);
-    if (!rc && m && m->mb_tokens_max > 0 && *out > m->mb_tokens_max)
-        rc = api_fail(e, GE_TOO_LARGE, "max_tokens_per_micro_batch",
-                      "max_tokens_per_micro_batch %lld is more than one micro-batch's activations can hold on this device "
-                      "(%lld tokens with every layer recomputed, GET /v1/model memory_plan): lower it or leave it out",
-                      *out, m->mb_tokens_max);
-    return rc;
-}
-
 int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
                         const char **rollout_job_id, long long *expected, api_error *e) {
     static const char *const keys[] = {
         "groups", "rollout_job_id", "algorithm", "optimizer", "max_tokens_per_micro_batch", "expected_policy_version", NULL};
-    json_object *a, *o, *algo = NULL, *opt = NULL, *groups = NULL;
-    const char *rid;
-    long long mtpmb;
+    json_object *a, *o, *algo = NULL, *opt = NULL, *job = NULL, *groups = NULL;
+    eng_update_job u;
     int rc;
     *payload = NULL;
     *rollout_job_id = NULL;
@@ -435,9 +407,11 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
         (rc = api_get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
         (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) ||
-        (rc = api_get_str(req, "", "rollout_job_id", 0, &rid, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
-        (rc = api_get_int(req, "", "expected_policy_version", 0, 1LL << 62, -1, expected, e)))
+        (rc = api_params_or_reply(&eng_update_job_params, req, "", keys, l, m, &job, e)))
         goto fail;
+    api_params_to_struct(&eng_update_job_params, job, &u); /* no enums: cannot fail */
+    const char *rid = u.rollout_job_id;
+    *expected = u.expected_policy_version;
     int has_g = json_object_object_get_ex(req, "groups", NULL);
     if ((rid != NULL) == has_g) {
         rc = api_fail(e, GE_INVALID, "groups", "give exactly one of groups, rollout_job_id");
@@ -460,55 +434,46 @@ int api_update_or_reply(json_object *req, const api_limits *l, const api_model *
     const char *rrs = json_object_get_string(json_object_object_get(algo, "rollout_rs"));
     if (!need_lp && (strcmp(ris, "none") || strcmp(rrs, "none"))) need_lp = 2;
     if (has_g && (rc = seq_groups_or_reply(req, l, m, 1, need_lp, &groups, e))) goto fail;
-    json_object *c = json_object_new_object();
+    /* the stored order: groups, rollout_job_id, algorithm, optimizer, max_tokens_per_micro_batch,
+     * expected_policy_version */
+    json_object *c = json_object_new_object(), *id = NULL;
     if (groups) json_object_object_add(c, "groups", groups);
-    if (rid) api_put_str(c, "rollout_job_id", rid);
+    if (json_object_object_get_ex(job, "rollout_job_id", &id)) json_object_object_add(c, "rollout_job_id", json_object_get(id));
+    json_object_object_del(job, "rollout_job_id"); /* rid still points into id, now c's */
     json_object_object_add(c, "algorithm", algo);
     json_object_object_add(c, "optimizer", opt);
-    api_put_int(c, "max_tokens_per_micro_batch", mtpmb);
-    if (*expected >= 0) api_put_int(c, "expected_policy_version", *expected);
+    api_params_move(c, job);
     if (rid) *rollout_job_id = json_object_get_string(json_object_object_get(c, "rollout_job_id"));
     *payload = c;
     return 0;
 fail:
     json_object_put(algo);
     json_object_put(opt);
+    json_object_put(job);
     return rc;
 }
 
 int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
     static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", "top_logprobs", NULL};
-    json_object *groups = NULL;
-    const char *model;
-    double temp;
-    long long mtpmb, top;
+    json_object *groups = NULL, *job = NULL;
     int rc;
     *payload = NULL;
-    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_str(req, "", "model", 0, &model, e)) ||
-        (rc = api_get_num(req, "", "temperature", 1e-3, 100, 1.0, &temp, e)) || (rc = micro_batch_tokens(req, m, &mtpmb, e)) ||
-        (rc = api_get_int(req, "", "top_logprobs", 0, ENG_TOP_MAX, 0, &top, e)))
+    if ((rc = api_check_keys(req, "", keys, e)) ||
+        (rc = api_params_or_reply(&eng_logprobs_job_params, req, "", keys, l, m, &job, e)))
         return rc;
-    if (model && strcmp(model, "policy") && strcmp(model, "reference"))
-        return api_fail(e, GE_INVALID, "model", "model must be policy or reference");
-    if ((rc = seq_groups_or_reply(req, l, m, 0, 0, &groups, e))) return rc;
+    if ((rc = seq_groups_or_reply(req, l, m, 0, 0, &groups, e))) {
+        json_object_put(job);
+        return rc;
+    }
     json_object *c = json_object_new_object();
     json_object_object_add(c, "groups", groups);
-    api_put_str(c, "model", model ? model : "policy");
-    api_put_num(c, "temperature", temp);
-    api_put_int(c, "max_tokens_per_micro_batch", mtpmb);
-    if (top) api_put_int(c, "top_logprobs", top);
+    api_params_move(c, job); /* model, temperature, max_tokens_per_micro_batch, top_logprobs (when > 0) */
     *payload = c;
     return 0;
 }
 
 int api_checkpoint_or_reply(json_object *req, json_object **payload, api_error *e) {
-    static const char *const keys[] = {"merged", NULL};
-    int merged = 0;
-    int rc = req ? api_check_keys(req, "", keys, e) : 0;
-    if (!rc && req) rc = api_get_bool(req, "", "merged", 0, &merged, e);
-    *payload = rc ? NULL : json_object_new_object();
-    if (merged) json_object_object_add(*payload, "merged", json_object_new_boolean(1));
-    return rc;
+    return api_params_or_reply(&eng_checkpoint_job_params, req, "", NULL, NULL, NULL, payload, e); /* {} or {"merged": true} */
 }
 
 /* ---------------------------------------------------------------- tokenizer endpoints */

@@ -251,9 +251,9 @@ static int rollout_parse(const store_job *j, jobs_rollout **out) {
             rc = err_set(GE_NOMEM, "out of memory");
             goto fail;
         }
-        long long n;
-        if ((rc = field_need_int(g, "n", &n))) goto fail;
-        r->rg[i].n = (int)n;
+        eng_group_job gj;
+        api_params_to_struct(&eng_group_job_params, g, &gj); /* no enums: cannot fail */
+        r->rg[i].n = gj.n;
         r->prompt_tokens += r->rg[i].P;
     }
     json_object *gi = field_get(p, "group_index"); /* a follower's part (part_desc) */
@@ -287,12 +287,14 @@ static int rollout_result(jobs_rollout *r, char **result) {
                     *meta = field_get(g, "metadata");
         json_object *og = json_object_new_object(), *rs = json_object_new_array();
         reward_spec spec = {0};
+        eng_overlong ov;
+        api_params_to_struct(&eng_overlong_params, ol, &ov); /* absent: len 0, shaping off */
         if (rw) {
             reward_parse_type(field_str(rw, "type", "none"), &spec.type);
             spec.answer = field_str(rw, "answer", NULL);
             spec.case_sensitive = field_bool(rw, "case_sensitive", 1);
-            spec.overlong_len = (float)field_num(ol, "len", 0);
-            spec.overlong_penalty = (float)field_num(ol, "penalty_factor", 0);
+            spec.overlong_len = ov.len;
+            spec.overlong_penalty = ov.penalty_factor;
             spec.max_tokens = s->max_tokens;
         }
         double sum = 0, sq = 0;
@@ -663,10 +665,12 @@ static int spmd_checkpoint(eng *e, int rank, eng_progress_cb cb, void *ud, void 
 
 /* ---------------------------------------------------------------- update */
 
-static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
+/* A stored update's sections and members, by the rows that validated them (engine/params.c). */
+static int update_params(json_object *p, loss_config *algo, eng_optim *opt, eng_update_job *job) {
     int rc;
     if ((rc = api_params_to_struct(&eng_loss_params, field_get(p, "algorithm"), algo)) ||
-        (rc = api_params_to_struct(&eng_optim_params, field_get(p, "optimizer"), opt)))
+        (rc = api_params_to_struct(&eng_optim_params, field_get(p, "optimizer"), opt)) ||
+        (rc = api_params_to_struct(&eng_update_job_params, p, job)))
         return err_set(rc, "job payload: %s", err_msg());
     return 0;
 }
@@ -674,8 +678,8 @@ static int update_params(json_object *p, loss_config *algo, eng_optim *opt) {
 /* The update's engine call on every rank: groups (the payload's, or the named rollout's) → the
  * engine's structs → eng_update. The leader (run_update) and a follower (jobs_follow) both.
  * routes (len bytes, routes.h; NULL: none): the named rollout's, replayed (routing_replay). */
-static int update_exec(const jobs_env *env, json_object *p, json_object *groups, const loss_config *algo, const eng_optim *opt,
-                       const char *call, const void *routes, size_t len, eng_update_result *u) {
+static int update_exec(const jobs_env *env, const eng_update_job *job, json_object *groups, const loss_config *algo,
+                       const eng_optim *opt, const char *call, const void *routes, size_t len, eng_update_result *u) {
     seqs s = {0};
     moe_routes rs = {0};
     int rc;
@@ -695,9 +699,7 @@ static int update_exec(const jobs_env *env, json_object *p, json_object *groups,
                 rc = err_set(GE_INVALID, "adv_estimator given needs advantages in groups[%d]", i);
                 goto done;
             }
-    long long mt;
-    if ((rc = field_need_int(p, "max_tokens_per_micro_batch", &mt))) goto done;
-    rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, mt, u}, call);
+    rc = spmd(env, spmd_update, &(spmd_update_args){s.g, s.n, algo, opt, job->max_tokens_per_micro_batch, u}, call);
 done:
     seqs_free(&s);
     moe_routes_free(&rs);
@@ -707,11 +709,12 @@ done:
 static int run_update(const jobs_env *env, json_object *p, const char *payload, char **result) {
     loss_config algo;
     eng_optim opt;
+    eng_update_job job;
     int rc;
-    if ((rc = update_params(p, &algo, &opt))) return rc;
+    if ((rc = update_params(p, &algo, &opt, &job))) return rc;
     eng_info info;
     eng_get_info(env->e, &info);
-    long long expected = field_int(p, "expected_policy_version", -1);
+    long long expected = job.expected_policy_version;
     if (expected >= 0 && expected != info.policy_version)
         return err_set(GE_CONFLICT, "expected_policy_version %lld does not match the policy_version %lld when the job ran",
                        expected, info.policy_version);
@@ -720,7 +723,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
     void *routes = NULL;
     size_t rlen = 0;
     int oom = 0;
-    const char *rid = field_str(p, "rollout_job_id", NULL);
+    const char *rid = job.rollout_job_id;
     if (rid && algo.routing_replay && (rc = store_routes_get(env->st, rid, &routes, &rlen)))
         return rc == GE_NOT_FOUND ? err_set(GE_CONFLICT,
                                             "algorithm.routing_replay: rollout_job_id %s has no recorded routes (a rollout of "
@@ -752,7 +755,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
                      "the routes yet; run the update without it");
         goto done;
     }
-    if ((rc = update_exec(env, p, groups, &algo, &opt, call, routes, rlen, &u))) goto done;
+    if ((rc = update_exec(env, &job, groups, &algo, &opt, call, routes, rlen, &u))) goto done;
     json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
                 *tm = json_object_new_object();
     json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
@@ -831,16 +834,14 @@ done:
 
 /* The logprobs call on every rank (the leader's run_logprobs and a follower's jobs_follow). */
 static int logprobs_exec(const jobs_env *env, json_object *p, const char *call, seqs *s, float ***lp, jobs_top *top, double *t0) {
+    eng_logprobs_job job;
     int rc;
-    const char *model;
-    double temp;
-    long long mt;
-    if ((rc = field_need_str(p, "model", &model)) || (rc = field_need_num(p, "temperature", &temp)) ||
-        (rc = field_need_int(p, "max_tokens_per_micro_batch", &mt)) || (rc = seqs_from_json(field_get(p, "groups"), 0, 0, s)))
+    if ((rc = api_params_to_struct(&eng_logprobs_job_params, p, &job)) || (rc = seqs_from_json(field_get(p, "groups"), 0, 0, s)))
         return rc;
     *t0 = clock_mono_ms();
-    int k = (int)field_int(p, "top_logprobs", 0);
-    return spmd(env, spmd_logprobs, &(spmd_logprobs_args){s->g, s->n, !strcmp(model, "reference"), (float)temp, mt, lp, k, top},
+    return spmd(env, spmd_logprobs,
+                &(spmd_logprobs_args){s->g, s->n, job.model == ENG_LP_REFERENCE, job.temperature, job.max_tokens_per_micro_batch,
+                                      lp, job.top_logprobs, top},
                 call);
 }
 
@@ -850,10 +851,14 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     int rc, oom;
     char *call = call_text(env, "logprobs", payload, NULL, NULL, 0, &oom);
     if (oom) return err_set(GE_NOMEM, "out of memory");
-    int ref = !strcmp(field_str(p, "model", ""), "reference"); /* present: logprobs_exec needs it */
+    eng_logprobs_job job;
+    if ((rc = api_params_to_struct(&eng_logprobs_job_params, p, &job))) {
+        free(call);
+        return rc;
+    }
+    int ref = job.model == ENG_LP_REFERENCE, top_k = job.top_logprobs;
     double t0 = 0;
     jobs_top top = {0};
-    int top_k = (int)field_int(p, "top_logprobs", 0);
     rc = logprobs_exec(env, p, call, &s, &lp, &top, &t0);
     free(call);
     if (rc) goto done;
@@ -931,8 +936,9 @@ int jobs_checkpoint_start(const jobs_env *env, const store_job *j, void (*wake)(
     if (!p) return err_set(GE_INVALID, "job %s: payload is not valid JSON", j->id);
     eng_info info;
     eng_get_info(env->e, &info);
-    json_object *mo;
-    int merged = json_object_object_get_ex(p, "merged", &mo) && json_object_get_boolean(mo) && info.lora_rank;
+    eng_checkpoint_job cj;
+    api_params_to_struct(&eng_checkpoint_job_params, p, &cj); /* no enums: cannot fail */
+    int merged = cj.merged && info.lora_rank;
     json_object_put(p);
     jobs_ckpt *c = calloc(1, sizeof *c);
     if (!c) return err_set(GE_NOMEM, "out of memory");
@@ -1059,9 +1065,11 @@ int jobs_follow(const jobs_env *env, const char *call) {
         if (!strcmp(op, "update")) {
             loss_config algo;
             eng_optim opt;
+            eng_update_job job;
             eng_update_result u = {0};
-            if (!(rc = update_params(p, &algo, &opt)))
-                rc = update_exec(env, p, src ? field_get(src, "groups") : field_get(p, "groups"), &algo, &opt, NULL, NULL, 0, &u);
+            if (!(rc = update_params(p, &algo, &opt, &job)))
+                rc = update_exec(env, &job, src ? field_get(src, "groups") : field_get(p, "groups"), &algo, &opt, NULL, NULL, 0,
+                                 &u);
         } else {
             seqs s = {0};
             float **lp = NULL;

@@ -19,6 +19,7 @@
 #include "engine/model/lora.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/split.h"
+#include "engine/train/state.h"
 
 /* ---------------------------------------------------------------- open / close */
 
@@ -177,11 +178,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
             (rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->rv)) || (rc = open_adapters(e, lr_from)))
             goto fail;
     } else {
-        size_t fr = 0, tot = 0;
-        if (!e->dp && be->mem_info && !be->mem_info(be, &fr, &tot) &&
-            (rc = plan_full_fits((long long)n, be->act_bytes, (long long)tot, be->name, o->model_dir)))
-            goto fail;
-        err_clear();
+        if ((rc = state_fits(e, o->model_dir))) goto fail; /* before the weights are read */
         host = malloc(n * sizeof(float));
         if (!host) {
             rc = err_set(GE_NOMEM, "engine: %zu MiB host buffer for the weights", n * 4 >> 20);
@@ -196,64 +193,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
         }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
-        long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;
-        long long S = e->dp ? (nr + e->W - 1) / e->W : 0, off = S * e->rank, valid = off >= nr ? 0 : (nr - off < S ? nr - off : S);
-        e->sh_n = S;
-        e->sh_off = off;
-        e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
-        if ((rc = plan_offload(e, o->optimizer_offload, &e->offload))) goto fail;
-        if (e->ep_full && e->offload) {
-            rc = err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");
-            goto fail;
-        }
-        if (e->dp) {
-            /* data-parallel (dp.c): act weights whole (padded to W shards), the fp32 master only
-             * for this rank's shard, taken from the loaded (or resumed) weights; in host memory
-             * with offload */
-            if ((rc = dp_open(e))) goto fail;
-            size_t eb = (size_t)be->act_bytes, whole = (size_t)(S * e->W + e->ep_n), pad = whole - n;
-            e->w_act = be->alloc(be, whole * eb);
-            e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc(S) : be->alloc(be, (size_t)(S + e->ep_n) * 4);
-            if (!e->w_act || !e->w_master) {
-                rc = GE_NOMEM;
-                goto fail;
-            }
-            if ((rc = be->act_from_f32(be, e->w_act, host, n))) goto fail;
-            if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
-            if (e->offload) { /* zeroed by offload_host_alloc */
-                if (valid) memcpy(e->w_master, host + off, (size_t)valid * 4);
-            } else {
-                be->zero(be, e->w_master, (size_t)S * 4);
-                if (valid && (rc = be->to_dev(be, e->w_master, host + off, (size_t)valid * 4))) goto fail;
-                /* this rank's experts, whole after the shard */
-                if (e->ep_n && (rc = be->to_dev(be, e->w_master + S, host + S * e->W, (size_t)e->ep_n * 4))) goto fail;
-            }
-        } else if (e->offload) {
-            /* the master is host memory, never copied through the device */
-            if (!(e->w_master = offload_host_alloc((long long)n))) {
-                rc = GE_NOMEM;
-                goto fail;
-            }
-            memcpy(e->w_master, host, n * sizeof(float));
-            e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, e->w_master, n))) {
-                rc = rc ? rc : GE_NOMEM;
-                goto fail;
-            }
-        } else if (!(e->w_master = be->alloc(be, n * sizeof(float))) ||
-                   (rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) {
-            rc = rc ? rc : GE_NOMEM;
-            goto fail;
-        } else if (be->act_bytes == 4) {
-            e->w_act = e->w_master;
-        } else {
-            e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
-            if (!e->w_act || (rc = be->act_from_f32(be, e->w_act, host, n))) {
-                rc = rc ? rc : GE_NOMEM;
-                goto fail;
-            }
-        }
+        if ((rc = state_open(e, host, o->optimizer_offload))) goto fail;
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
             goto fail;
@@ -284,30 +224,17 @@ void eng_close(eng *e) {
         model_acts_free(&e->m, &e->acts_g);
         dec_free(e);
         split_mem_free(be, &e->split);
-        void *bufs[] = {e->w_act != e->w_master ? e->w_act : NULL,
-                        e->ref_act,
-                        e->grad,
-                        e->offload ? NULL : e->w_master,
-                        e->offload ? NULL : e->adam_m,
-                        e->offload ? NULL : e->adam_v,
-                        e->lora_act != e->lora_master ? e->lora_act : NULL,
-                        e->lora_master,
-                        e->lora_sink};
+        void *bufs[] = {e->w_act != e->w_master ? e->w_act : NULL,          e->ref_act,     e->grad,
+                        e->lora_act != e->lora_master ? e->lora_act : NULL, e->lora_master, e->lora_sink};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             if (bufs[i]) be->free(be, bufs[i]);
-        if (e->offload) {
-            free(e->w_master);
-            free(e->adam_m);
-            free(e->adam_v);
-        }
-        offload_free(&e->off);
+        state_free(e); /* the master and moments, where they live */
         model_views_free(&e->wv);
         model_views_free(&e->rv);
         model_views_free(&e->gv);
         if (e->m.params) model_free(&e->m);
         ep_decode_free(e);
-        if (e->ep_full && e->ep_full->params) model_free(e->ep_full);
-        free(e->ep_full);
+        ep_model_free(e);
         snap_free(e);
         if (e->dp_buf) be->free(be, e->dp_buf);
         if (e->own_comm) comm_free(e->comm); /* before the stream it runs on goes */

@@ -133,8 +133,9 @@ int dp_gather_act(eng *e);
  * failure aborts the comm, so no rank waits in a layer's exchange). Both the identity without.
  * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
  * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
- * (m.n_elems, zero where no parameter is). */
+ * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */
 int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload);
+void ep_model_free(eng *e);
 int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
 int ep_whole(eng *e, const float *x, float *whole);

@@ -1,5 +1,6 @@
-/* params.c — the rows of params.h: sampling, algorithm (the loss), optimizer. A row's default
- * is the only default the knob has; the engine structs take theirs from here. */
+/* params.c — the rows of params.h: sampling, algorithm (the loss), optimizer, and the job-level
+ * members of updates, logprobs and rollouts. A row's default is the only default the knob has;
+ * the engine structs, the validator and the stored job's decoder take theirs from here. */
 #include "engine/params.h"
 
 #include <stdint.h>
@@ -11,6 +12,8 @@
 #define S_(f) (int)offsetof(eng_sampling, f)
 #define L_(f) (int)offsetof(loss_config, f)
 #define O_(f) (int)offsetof(eng_optim, f)
+#define U_(f) (int)offsetof(eng_update_job, f)
+#define LP_(f) (int)offsetof(eng_logprobs_job, f)
 
 /*  name, type, lo, hi, hi_from, dflt, dflt2, choices, flags, off, off2, doc */
 static const eng_param sampling_rows[] = {
@@ -111,10 +114,50 @@ static const eng_param optim_rows[] = {
     {"min_lr_ratio", PT_NUM, 0, 1, PB_ROW, 0.0, 0, NULL, 0, O_(min_lr_ratio), -1, "cosine floor as a fraction of lr"},
 };
 
+static const eng_param update_job_rows[] = {
+    {"rollout_job_id", PT_STR, 0, 0, PB_ROW, 0, 0, NULL, 0, U_(rollout_job_id), -1,
+     "train on this finished rollout's responses (instead of groups)"},
+    {"max_tokens_per_micro_batch", PT_INT, 1, ENG_MB_TOKENS_MAX, PB_PLAN_MB, ENG_MB_TOKENS_DEFAULT, 0, NULL, 0,
+     U_(max_tokens_per_micro_batch), -1, "default: the memory plan's (GET /v1/model memory_plan)"},
+    {"expected_policy_version", PT_INT, 0, 4611686018427387904.0, PB_ROW, -1, 0, NULL, PF_I64 | PF_OMIT_DFLT,
+     U_(expected_policy_version), -1, "refuse the update (409) unless the policy is at this version"},
+};
+
+static const eng_param logprobs_job_rows[] = {
+    {"model", PT_ENUM, 0, 0, PB_ROW, ENG_LP_POLICY, 0, "policy|reference", 0, LP_(model), -1,
+     "score under the policy or the frozen reference"},
+    {"temperature", PT_NUM, 1e-3, 100, PB_ROW, 1.0, 0, NULL, 0, LP_(temperature), -1, "logprobs of logits / temperature"},
+    {"max_tokens_per_micro_batch", PT_INT, 1, ENG_MB_TOKENS_MAX, PB_PLAN_MB, ENG_MB_TOKENS_DEFAULT, 0, NULL, 0,
+     LP_(max_tokens_per_micro_batch), -1, "default: the memory plan's (GET /v1/model memory_plan)"},
+    {"top_logprobs", PT_INT, 0, ENG_TOP_MAX, PB_ROW, 0, 0, NULL, PF_OMIT_DFLT, LP_(top_logprobs), -1,
+     "each position's k most likely tokens too"},
+};
+
+static const eng_param rollout_group_rows[] = {
+    {"n", PT_INT, 1, 0, PB_MAX_N, 1, 0, NULL, 0, (int)offsetof(eng_group_job, n), -1, "responses sampled for the prompt"},
+};
+
+static const eng_param overlong_rows[] = {
+    {"len", PT_NUM, 0, 1e7, PB_ROW, 0, 0, NULL, 0, (int)offsetof(eng_overlong, len), -1,
+     "DAPO overlong buffer: responses longer than max_tokens - len lose reward linearly; 0 = off"},
+    {"penalty_factor", PT_NUM, 0, 1e6, PB_ROW, 1.0, 0, NULL, 0, (int)offsetof(eng_overlong, penalty_factor), -1,
+     "the penalty at max_tokens"},
+};
+
+static const eng_param checkpoint_job_rows[] = {
+    {"merged", PT_BOOL, 0, 1, PB_ROW, 0, 0, NULL, PF_OMIT_DFLT, (int)offsetof(eng_checkpoint_job, merged), -1,
+     "LoRA: also write the adapters merged into the base (an HF directory for export)"},
+};
+
 #define N_(a) (int)(sizeof a / sizeof a[0])
 const eng_params eng_sampling_params = {"sampling", sampling_rows, N_(sampling_rows), sizeof(eng_sampling)};
 const eng_params eng_loss_params = {"algorithm", loss_rows, N_(loss_rows), sizeof(loss_config)};
 const eng_params eng_optim_params = {"optimizer", optim_rows, N_(optim_rows), sizeof(eng_optim)};
+const eng_params eng_update_job_params = {"", update_job_rows, N_(update_job_rows), sizeof(eng_update_job)};
+const eng_params eng_logprobs_job_params = {"", logprobs_job_rows, N_(logprobs_job_rows), sizeof(eng_logprobs_job)};
+const eng_params eng_group_job_params = {"groups[]", rollout_group_rows, N_(rollout_group_rows), sizeof(eng_group_job)};
+const eng_params eng_checkpoint_job_params = {"", checkpoint_job_rows, N_(checkpoint_job_rows), sizeof(eng_checkpoint_job)};
+const eng_params eng_overlong_params = {"overlong_buffer", overlong_rows, N_(overlong_rows), sizeof(eng_overlong)};
 
 void eng_params_default(const eng_params *t, void *dst) {
     char *d = dst;
@@ -124,6 +167,9 @@ void eng_params_default(const eng_params *t, void *dst) {
         switch (p->type) {
         case PT_NUM: *(float *)(d + p->off) = (float)p->dflt; break;
         case PT_INT:
+            if (p->flags & PF_I64) *(long long *)(d + p->off) = (long long)p->dflt;
+            else *(int *)(d + p->off) = (int)p->dflt;
+            break;
         case PT_BOOL:
         case PT_ENUM: *(int *)(d + p->off) = (int)p->dflt; break;
         case PT_PAIR:
@@ -131,7 +177,7 @@ void eng_params_default(const eng_params *t, void *dst) {
             *(float *)(d + p->off) = (float)p->dflt;
             *(float *)(d + p->off2) = (float)p->dflt2;
             break;
-        default: break; /* PT_SEED, PT_STRS, PT_IDS: zero; PT_COMPAT: not stored */
+        default: break; /* PT_SEED, PT_STRS, PT_IDS, PT_STR: zero; PT_COMPAT: not stored */
         }
     }
 }

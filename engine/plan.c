@@ -13,7 +13,7 @@
  *      the scheduler releases it when no rollout runs) and releases its activations when it
  *      ends, so its micro-batch may use all of it: micro_batch_tokens_max is the most tokens
  *      whose activations, every layer recomputed, and the no-grad passes' fit; the default
- *      micro-batch is the largest up to MB_DEFAULT_TOKENS that fits;
+ *      micro-batch is the largest up to ENG_MB_TOKENS_DEFAULT that fits;
  *   4. gives the KV pool half of what is left beside one default micro-batch's no-grad
  *      activations (a logprobs job runs between decode steps, with the pool held).
  * On the cpu backend (no device) only the state is sized and the snapshot placed; the budgets
@@ -23,12 +23,11 @@
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
+#include "engine/params.h"
 #include "engine/train/state.h"
 
 #define PLAN_HEADROOM ((long long)4 << 30) /* scratch, workspaces, decode buffers */
 #define SNAP_HOST_RESERVE ((long long)8 << 30) /* host memory left beside a host copy */
-#define MB_DEFAULT_TOKENS 32768 /* the default micro-batch where it fits */
-#define MB_MAX_TOKENS (16LL << 20)
 
 /* The plan's first choice, made in eng_open after the weights and the reference are placed:
  * eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
@@ -98,19 +97,11 @@ int plan_make(eng *e, const eng_open_opts *o) {
     eng_plan *p = &e->plan;
     eng_backend *be = e->be;
     memset(p, 0, sizeof *p);
-    long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
+    long long ns = eng_state_n(e);
     int rc = state_alloc(e);
     if (rc) return rc;
-    int dev_state = !e->offload && be->mem_info; /* master and moments in device memory */
-    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
-    p->reference = e->ref_act ? n * eb : 0;
-    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
-    if (e->offload) p->host_state = 3 * ns * 4;
-    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
-        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
-        p->moments = 2 * ns * 4;
-    }
-    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    int dev_state = state_footprint(e, p); /* master and moments in device memory */
+    p->reference = e->ref_act ? e->m.n_elems * be->act_bytes : 0;
     size_t fr = 0, tot = 0;
     if (be->mem_info && be->mem_info(be, &fr, &tot)) return err_code();
     p->device_total = (long long)tot;
@@ -142,19 +133,19 @@ int plan_make(eng *e, const eng_open_opts *o) {
     snprintf(p->snapshot_at, sizeof p->snapshot_at, "%s", snap_where_name(where));
 
     if (!be->mem_info) {
-        p->micro_batch_tokens = MB_DEFAULT_TOKENS;
+        p->micro_batch_tokens = ENG_MB_TOKENS_DEFAULT;
         return 0;
     }
     if (be->mem_info(be, &fr, &tot)) return err_code();
     long long left = (long long)fr - p->headroom;
     p->acts_bytes = left > 0 ? left : 0;
-    p->micro_batch_tokens_max = fit_tokens(&e->m, p->acts_bytes, MB_MAX_TOKENS);
+    p->micro_batch_tokens_max = fit_tokens(&e->m, p->acts_bytes, ENG_MB_TOKENS_MAX);
     if (p->micro_batch_tokens_max < 1)
         return err_set(GE_NOMEM,
                        "%s: no room on %s for the activations of one token once the weights and the training state "
                        "are placed (%lld MiB free): try --optimizer-offload on, LoRA, or more GPUs",
                        o->model_dir, be->name, (long long)fr >> 20);
-    p->micro_batch_tokens = p->micro_batch_tokens_max < MB_DEFAULT_TOKENS ? p->micro_batch_tokens_max : MB_DEFAULT_TOKENS;
+    p->micro_batch_tokens = p->micro_batch_tokens_max < ENG_MB_TOKENS_DEFAULT ? p->micro_batch_tokens_max : ENG_MB_TOKENS_DEFAULT;
     long long beside = (long long)model_acts_bytes(&e->m, (int)p->micro_batch_tokens, (int)p->micro_batch_tokens, 0, 0);
     p->kv_bytes = left > beside ? (left - beside) / 2 : 0;
     return 0;

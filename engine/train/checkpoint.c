@@ -251,7 +251,7 @@ static int save_files(const eng_ckpt *c, const char *tmp) {
     char path[PATH_MAX + 64], src[PATH_MAX + 64];
     /* with expert parallelism the files hold the model without it (every expert; ep.c) */
     const model *fm = eng_ckpt_model(e);
-    size_t nt = e->ep_full ? (size_t)fm->n_elems : (size_t)eng_train_n((eng *)e);
+    size_t nt = (size_t)state_whole_n(e);
     int rc = 0;
     if (e->m.lora_r && !c->merged) {
         rc = lora_save_peft(&e->m, tmp, c->st[0], e->model_dir);
@@ -388,7 +388,7 @@ int eng_checkpoint_load_state(eng *e, const char *dir) {
     }
     const char *names[2] = {"adam_m", "adam_v"};
     /* with expert parallelism the file holds every expert (ep_full's layout): this rank's part */
-    long long dims[1] = {e->ep_full ? e->ep_full->n_elems : eng_train_n(e)};
+    long long dims[1] = {state_whole_n(e)};
     float *whole = e->ep_full ? malloc((size_t)dims[0] * 4) : NULL;
     if (e->ep_full && !whole) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%lld MiB)", dims[0] * 4 >> 20);
     for (int i = 0; i < 2 && !rc; i++) {

@@ -29,6 +29,12 @@ static int gather_bytes(void *ctx, const void *in, void *out, size_t bytes) {
 }
 static void abort_comm(void *ctx) { comm_abort(ctx); }
 
+void ep_model_free(eng *e) {
+    if (e->ep_full && e->ep_full->params) model_free(e->ep_full);
+    free(e->ep_full);
+    e->ep_full = NULL;
+}
+
 int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload) {
     const char *no = !e->comm ? "it needs ranks (--ranks N; a comm)"
         : !config_n_moe(cfg)  ? "the model has no mixture-of-experts layer"

@@ -121,24 +121,11 @@ int snap_restore(eng *e) {
     float *a[3];
     state_arrays(e, a);
     size_t n = s->n;
-    void *act = eng_train_act(e);
-    /* the act weights to rewrite: all of them, or with a comm this rank's shard of them */
-    char *act_t = (char *)act + (e->dp ? (size_t)e->sh_off * (size_t)be->act_bytes : 0);
-    if (!rc && s->where == SNAP_HOST && e->offload) { /* host state: plain copies, then the device weights */
-        for (int i = 0; i < 3; i++) memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float));
-        rc = be->act_from_f32(be, act_t, a[0], n);
-    } else if (!rc) {
-        for (int i = 0; i < 3 && !rc; i++)
-            rc = s->where == SNAP_HOST    ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
-                : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
-                                          : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
-        if (!rc && act_t != (char *)a[0] && !e->ep_n) be->f32_to_act(be, act_t, a[0], n);
-        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
-        for (int k = 0, np = e->ep_n ? state_pieces(e, p) : 0; !rc && k < np; k++)
-            be->f32_to_act(be, (char *)act + (size_t)p[k].vec * (size_t)be->act_bytes, a[0] + p[k].st, (size_t)p[k].n);
-    }
-    if (!rc) rc = be->sync(be);
-    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e);
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = s->where == SNAP_HOST    ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
+            : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
+                                      : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
+    rc = state_act_from_master(e, rc);
     e->opt_step = s->opt_step;
     e->policy_version = s->version;
     return rc;

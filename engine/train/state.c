@@ -2,6 +2,7 @@
  * lives (device, host with offload, a shard with a comm). */
 #include "engine/train/state.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +10,110 @@
 #include "engine/model/lora.h"
 #include "engine/train/offload.h"
 #include "kernels/adamw.h"
+
+/* ---------------------------------------------------------------- placement */
+
+/* With a comm (dp.c): act weights whole (padded to W shards), the fp32 master only for this
+ * rank's shard [off, off + valid) of the loaded (or resumed) weights, and its experts whole after
+ * the shard; in host memory with offload. */
+static int place_shard(eng *e, const float *host, long long valid) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems, eb = (size_t)be->act_bytes, S = (size_t)e->sh_n, whole = S * (size_t)e->W + (size_t)e->ep_n,
+           pad = whole - n;
+    int rc = dp_open(e);
+    if (rc) return rc;
+    e->w_act = be->alloc(be, whole * eb);
+    e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)S) : be->alloc(be, (S + (size_t)e->ep_n) * 4);
+    if (!e->w_act || !e->w_master) return GE_NOMEM;
+    if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc;
+    if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
+    if (e->offload) { /* zeroed by offload_host_alloc */
+        if (valid) memcpy(e->w_master, host + e->sh_off, (size_t)valid * 4);
+        return 0;
+    }
+    be->zero(be, e->w_master, S * 4);
+    if (valid && (rc = be->to_dev(be, e->w_master, host + e->sh_off, (size_t)valid * 4))) return rc;
+    /* this rank's experts, whole after the shard */
+    if (e->ep_n && (rc = be->to_dev(be, e->w_master + S, host + S * (size_t)e->W, (size_t)e->ep_n * 4))) return rc;
+    return 0;
+}
+
+/* One rank, offload: the master is host memory, never copied through the device. */
+static int place_host(eng *e, const float *host) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems;
+    if (!(e->w_master = offload_host_alloc((long long)n))) return GE_NOMEM;
+    memcpy(e->w_master, host, n * sizeof(float));
+    e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+    if (!e->w_act) return GE_NOMEM;
+    return be->act_from_f32(be, e->w_act, e->w_master, n);
+}
+
+/* One rank on the device: the master, and the act weights (the master itself when fp32). */
+static int place_device(eng *e, const float *host) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems;
+    int rc;
+    if (!(e->w_master = be->alloc(be, n * sizeof(float)))) return GE_NOMEM;
+    if ((rc = be->to_dev(be, e->w_master, host, n * sizeof(float)))) return rc;
+    if (be->act_bytes == 4) {
+        e->w_act = e->w_master;
+        return 0;
+    }
+    e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
+    if (!e->w_act) return GE_NOMEM;
+    return be->act_from_f32(be, e->w_act, host, n);
+}
+
+int state_fits(eng *e, const char *model_dir) {
+    eng_backend *be = e->be;
+    size_t fr = 0, tot = 0;
+    int rc = 0;
+    if (!e->dp && be->mem_info && !be->mem_info(be, &fr, &tot)) /* one rank: the whole model on its device */
+        rc = plan_full_fits(e->m.n_elems, be->act_bytes, (long long)tot, be->name, model_dir);
+    if (!rc) err_clear();
+    return rc;
+}
+
+int state_open(eng *e, const float *host, const char *offload_mode) {
+    /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
+    long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;
+    long long S = e->dp ? (nr + e->W - 1) / e->W : 0, off = S * e->rank, valid = off >= nr ? 0 : (nr - off < S ? nr - off : S);
+    e->sh_n = S;
+    e->sh_off = off;
+    e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
+    int rc = plan_offload(e, offload_mode, &e->offload);
+    if (rc) return rc;
+    if (e->ep_full && e->offload)
+        return err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");
+    return e->dp ? place_shard(e, host, valid) : e->offload ? place_host(e, host) : place_device(e, host);
+}
+
+void state_free(eng *e) {
+    eng_backend *be = e->be;
+    float *v[3] = {e->w_master, e->adam_m, e->adam_v};
+    for (int i = 0; i < 3; i++) {
+        if (!v[i]) continue;
+        if (e->offload) free(v[i]);
+        else be->free(be, v[i]);
+    }
+    e->w_master = e->adam_m = e->adam_v = NULL;
+    offload_free(&e->off);
+}
+
+int state_footprint(const eng *e, eng_plan *p) {
+    const eng_backend *be = e->be;
+    long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
+    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
+    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
+    if (e->offload) p->host_state = 3 * ns * 4;
+    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
+        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
+        p->moments = 2 * ns * 4;
+    }
+    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    return !e->offload && be->mem_info;
+}
 
 int state_alloc(eng *e) {
     if (e->grad) return 0;
@@ -52,6 +157,10 @@ static float *grad_mine(eng *e) { return e->dp ? e->grad + e->sh_off : e->grad; 
 void state_grad_zero(eng *e) { e->be->zero(e->be, e->grad, (size_t)(e->dp ? e->sh_n * e->W + e->ep_n : eng_train_n(e)) * 4); }
 
 int state_grad_reduce(eng *e, int rc) {
+    const model *m = &e->m;
+    if (!rc && m->lora_r) /* B is held as B' = s B (lora.h): dL/dB = s dL/dB' */
+        e->be->scale(e->be, e->grad + m->l_elems_a, m->l_elems - m->l_elems_a, m->lora_alpha / (float)m->lora_r);
+    if (!rc) rc = e->be->sync(e->be);
     if (!e->dp) return rc;
     rc = dp_agree(e, rc);
     return rc ? rc : comm_reduce_scatter_sum(e->comm, e->grad, grad_mine(e), (size_t)e->sh_n, COMM_F32);
@@ -148,12 +257,34 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     return rc;
 }
 
+int state_act_from_master(eng *e, int rc) {
+    eng_backend *be = e->be;
+    size_t eb = (size_t)be->act_bytes;
+    long long n = eng_state_n(e);
+    float *master = eng_train_master(e);
+    char *act = eng_train_act(e), *mine = act + (e->dp ? (size_t)e->sh_off * eb : 0); /* all, or this rank's shard */
+    if (!rc && e->offload) { /* a host master: converted on its way to the device */
+        rc = be->act_from_f32(be, mine, master, (size_t)n);
+    } else if (!rc && !e->ep_n) {
+        if (mine != (char *)master) be->f32_to_act(be, mine, master, (size_t)n);
+    } else if (!rc) {
+        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
+        for (int k = 0, np = state_pieces(e, p); k < np; k++)
+            be->f32_to_act(be, act + (size_t)p[k].vec * eb, master + p[k].st, (size_t)p[k].n);
+    }
+    if (!rc) rc = be->sync(be);
+    if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */
+    return rc;
+}
+
 int state_sumsq_after_step(eng *e, double *w2, double *v2) {
     int rc = sumsq_global(e, eng_train_master(e), e->offload, w2);
     return rc ? rc : sumsq_global(e, e->adam_v, e->offload, v2);
 }
 
 /* ---------------------------------------------------------------- whole vectors */
+
+long long state_whole_n(const eng *e) { return e->ep_full ? e->ep_full->n_elems : eng_train_n(e); }
 
 int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
     float *part[3] = {eng_train_master(e), e->adam_m, e->adam_v};
@@ -162,7 +293,7 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         out[i] = NULL;
         owned[i] = 0;
     }
-    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)e->ep_full->n_elems : e->dp ? (size_t)(e->sh_n * e->W) : n;
+    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)state_whole_n(e) : e->dp ? (size_t)(e->sh_n * e->W) : n;
     if (e->offload && !e->dp) { /* host state of one rank: written from where it lives, no copy */
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;

@@ -25,12 +25,30 @@ typedef struct {
     long long vec, st, n;
 } state_piece;
 int state_pieces(const eng *e, state_piece p[2]);
+/* At open, before the weights are read (full-parameter training): GE_NOMEM, saying what to do,
+ * when one rank's device cannot hold the whole model's policy, reference and gradients (with a
+ * comm each rank's state is a shard: the plan checks it once placed). */
+int state_fits(eng *e, const char *model_dir);
+/* At open (full-parameter training): the fp32 master and the act-typed weights from the
+ * weights loaded (or resumed) as host fp32 (host: the model's n_elems, experts after the
+ * replicated elements), placed where the plan's offload choice (offload_mode: eng_open_opts'
+ * optimizer_offload) and the comm put them; the shard geometry (sh_n, sh_off, ep_n) is set here.
+ * 0, GE_NOMEM, GE_UNSUPPORTED or the backend's error. */
+int state_open(eng *e, const float *host, const char *offload_mode);
+/* Frees the master and moments where they live and the offload's buffers (eng_close; the act
+ * weights and gradients are the engine's, freed by it before). */
+void state_free(eng *e);
+/* The memory plan's rows of the state (p->weights, gradients, master, moments, host_state,
+ * optimizer): what it occupies, and where. Returns 1 when the master and moments are in device
+ * memory (a backend that reports it), 0 when in host memory. */
+int state_footprint(const eng *e, eng_plan *p);
 /* Gradients and moments (zeroed), made once (the plan calls it at open); 0 or GE_NOMEM. */
 int state_alloc(eng *e);
 /* Zeroes the gradients before a mini-batch's micro-batches accumulate into them. */
 void state_grad_zero(eng *e);
-/* After the micro-batches (rc: this rank's result so far): with a comm, every rank's gradients
- * summed into each rank's shard, once every rank passed. */
+/* After the micro-batches (rc: this rank's result so far): the gradient made the one the state
+ * steps (LoRA's B part scaled: its parametrization, lora.h), the backend synced, and with a comm
+ * every rank's gradients summed into each rank's shard, once every rank passed. */
 int state_grad_reduce(eng *e, int rc);
 /* The global gradient norm squared (shards' sums in rank order with a comm). */
 int state_grad_sumsq(eng *e, double *ss);
@@ -38,9 +56,15 @@ void state_grad_scale(eng *e, float s);
 /* One AdamW step over the state with lr; the act weights rewritten from the new master (with a
  * comm, gathered from every rank's shard). 0 or the backend's, the offload's or the comm's error. */
 int state_step(eng *e, const eng_optim *opt, float lr);
+/* After the master was written from elsewhere (a restore; rc: the result so far): this rank's act
+ * weights from it, then with a comm every rank's gathered. rc, or the backend's or comm's error. */
+int state_act_from_master(eng *e, int rc);
 /* The global sums of squares of the master and of v (a step can overflow them). */
 int state_sumsq_after_step(eng *e, double *w2, double *v2);
-/* The whole master, m and v as host fp32 (eng_train_n each) on rank 0, for a checkpoint: out[i]
+/* Elements of the whole trainable vector as the checkpoints hold it: eng_train_n, or with expert
+ * parallelism every expert's (the model without it, engine/train/ep.c). */
+long long state_whole_n(const eng *e);
+/* The whole master, m and v as host fp32 (state_whole_n each) on rank 0, for a checkpoint: out[i]
  * points into the state itself where it is host memory of one rank, else into buffers this
  * allocates (owned[i] = 1; free them with state_whole_free). Other ranks get NULLs. moments = 0:
  * the master only. */

@@ -20,7 +20,7 @@ int eng_testing_state(eng *e, float *master, float *m, float *v) {
     int rc = e->be->sync(e->be);
     if (!rc) rc = state_whole(e, moments, whole, owned);
     for (int i = 0; i < 3 && !rc; i++)
-        if (want[i] && whole[i]) memcpy(want[i], whole[i], (size_t)(e->ep_full ? e->ep_full->n_elems : eng_train_n(e)) * 4);
+        if (want[i] && whole[i]) memcpy(want[i], whole[i], (size_t)state_whole_n(e) * 4);
     if (!rc) state_whole_free(whole, owned);
     return rc;
 }

@@ -263,13 +263,17 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     return rc;
 }
 
-/* With a comm: the kept groups in the order the ranks train them. Mini-batches are cut over the kept
- * groups as with one rank; within each, the groups are placed on ranks by packed tokens
- * (eng_place_groups) and ordered rank 0's first, then rank 1's, ... (each in input order), so a
- * rank's share is one range [lo, hi) of its mini-batch. Every rank computes the same order. */
+/* The kept groups in the order the ranks train them (one rank, without a comm, is W = 1: the kept
+ * groups in input order). Mini-batches are cut over the kept groups; within each, the groups are
+ * placed on ranks by packed tokens (eng_place_groups) and ordered rank 0's first, then rank 1's,
+ * ... (each in input order), so a rank's share is one range [lo, hi) of its mini-batch. Every
+ * rank computes the same order. The passes without gradients (old, reference, the rollout
+ * correction) run over n_sc ranges [sc_lo, sc_hi): each mini-batch's share with W ranks, all
+ * the kept groups at once with one. */
 typedef struct {
     eng_update_group *g;
     int n, filtered, n_mb, *lo, *hi;
+    int n_sc, *sc_lo, *sc_hi, all[2];
 } dp_order;
 
 static void dp_order_free(dp_order *o) {
@@ -308,15 +312,21 @@ static int dp_order_make(eng *e, const eng_update_group *g, int n, const loss_co
             if (q == e->rank) o->hi[b] = at;
         }
     }
+    o->all[0] = 0;
+    o->all[1] = o->n;
+    o->n_sc = e->W > 1 ? o->n_mb : 1;
+    o->sc_lo = e->W > 1 ? o->lo : &o->all[0];
+    o->sc_hi = e->W > 1 ? o->hi : &o->all[1];
     free(kept);
     free(rank);
     free(tok);
     return rc;
 }
 
-/* With a comm: the loss metrics and micro-batch count of every rank, combined in rank order (sums;
- * ratio_max the max), so the result is the same on every rank. */
+/* The loss metrics and micro-batch count of every rank, combined in rank order (sums; ratio_max the
+ * max), so the result is the same on every rank; one rank's are already everyone's. */
 static int dp_metrics(eng *e, loss_metrics *met, int *n_micro) {
+    if (e->W <= 1) return 0;
     struct {
         loss_metrics m;
         double micro;
@@ -364,19 +374,17 @@ static void verl_entropy(const work *w, const loss_config *a, loss_metrics *met)
     if (seq > 0) met->entropy_agg = loss_agg(a, w->S, w->off, w->len, w->ent_old, w->mask, w->tmask, tok, seq);
 }
 
-/* The rollout correction (rollout_corr.h) of the responses this rank scored in the old pass (all
- * with one rank; with W, each mini-batch's share [lo, hi) of dpo): importance weights into
- * w->isw, rejections out of w->tmask, metrics into *m. With W ranks the rejections are exchanged
- * (each rank clears the tokens any rank rejected: only the owner rejects a token), so every rank
- * has the same loss mask and the same denominators. */
+/* The rollout correction (rollout_corr.h) of the responses this rank scored in the old pass (the
+ * ranges of dpo): importance weights into w->isw, rejections out of w->tmask, metrics into *m.
+ * With W ranks the rejections are exchanged (each rank clears the tokens any rank rejected: only
+ * the owner rejects a token), so every rank has the same loss mask and the same denominators. */
 static int correct_rollout(eng *e, work *w, const dp_order *dpo, const loss_config *a, rcorr_metrics *m) {
-    int nb = e->dp ? dpo->n_mb : 1;
-    for (int b = 0; b < nb; b++) {
-        int c0 = e->dp ? dpo->lo[b] : 0, c1 = e->dp ? dpo->hi[b] : w->n_groups;
+    for (int b = 0; b < dpo->n_sc; b++) {
+        int c0 = dpo->sc_lo[b], c1 = dpo->sc_hi[b];
         int s0 = c0 < w->n_groups ? w->grp_resp0[c0] : w->S, s1 = c1 < w->n_groups ? w->grp_resp0[c1] : w->S;
         rcorr_compute(a, s1 - s0, w->off + s0, w->len + s0, w->mask + s0, w->tmask, w->old, w->roll, w->isw, m);
     }
-    if (!e->dp || a->rollout_rs == RRS_NONE || e->W <= 1) return 0;
+    if (a->rollout_rs == RRS_NONE || e->W <= 1) return 0;
     size_t M = (size_t)w->M + 1;
     unsigned char *all = malloc(M * (size_t)e->W);
     if (!all) return err_set(GE_NOMEM, "update: out of memory");
@@ -438,13 +446,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         for (int r = 0; r < g[i].n; r++)
             if (g[i].R[r] > ac.loss_scale_factor) ac.loss_scale_factor = g[i].R[r];
     a = &ac;
-    int dp = e->dp, rc = state_alloc(e);
-    if (dp && !rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) {
+    int rc = state_alloc(e), none;
+    if (!rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { /* the kept groups: work_make filters none */
         g = dpo.g;
         n_groups = dpo.n;
     }
-    if (!rc) rc = work_make(&w, e, g, n_groups, a, &out->groups_filtered);
-    if (dp) out->groups_filtered = dpo.filtered;
+    if (!rc) rc = work_make(&w, e, g, n_groups, a, &none);
+    out->groups_filtered = dpo.filtered;
     for (int i = 0; !rc && i < w.n_groups; i++) {
         out->tokens_packed += pack_group_tokens(&w.pg[i], PACK_PACKED);
         out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
@@ -478,9 +486,9 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     for (int i = 0; !need_old && i < w.n_groups; i++) need_old = !g[w.src[i]].old_logprobs;
     /* a rollout correction reads the old logprobs before the passes: no on-policy shortcut */
     int old_from_policy = need_old && steps_total == 1 && !rcorr_enabled(a);
-    /* the old and reference passes: every group with one rank, the rank's shares with W */
-    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && need_old && !old_from_policy && !rc; b++) {
-        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
+    /* the old and reference passes: every kept group with one rank, the rank's shares with W */
+    for (int b = 0; b < dpo.n_sc && w.n_groups && need_old && !old_from_policy && !rc; b++) {
+        int c0 = dpo.sc_lo[b], c1 = dpo.sc_hi[b];
         int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens), most;
         rc = ep_most(e, nm, &most);
         if (!rc && c1 > c0)
@@ -490,8 +498,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     }
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
-    for (int b = 0; b < (dp ? dpo.n_mb : 1) && w.n_groups && a->kl_coef > 0 && !rc; b++) {
-        int c0 = dp ? dpo.lo[b] : 0, c1 = dp ? dpo.hi[b] : w.n_groups;
+    for (int b = 0; b < dpo.n_sc && w.n_groups && a->kl_coef > 0 && !rc; b++) {
+        int c0 = dpo.sc_lo[b], c1 = dpo.sc_hi[b];
         int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens), most;
         rc = ep_most(e, nm, &most);
         if (!rc && c1 > c0)
@@ -515,14 +523,11 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         w.ent_old_from_policy = ep == 0 && !old_pass;
         for (int g0 = 0; g0 < w.n_groups && !rc; g0 += mb) {
             int g1 = g0 + mb < w.n_groups ? g0 + mb : w.n_groups;
-            int c0 = dp ? dpo.lo[g0 / mb] : g0, c1 = dp ? dpo.hi[g0 / mb] : g1;
+            int c0 = dpo.lo[g0 / mb], c1 = dpo.hi[g0 / mb]; /* this rank's share of the mini-batch */
             t = clock_mono_ms();
             state_grad_zero(e);
             rc = run_minibatch(e, &w, g0, g1, c0, c1, a, max_tokens, old_from_policy, &met, &out->micro_batches);
-            if (!rc && e->m.lora_r) /* dL/dB = s dL/dB' */
-                e->be->scale(e->be, e->grad + e->m.l_elems_a, e->m.l_elems - e->m.l_elems_a, e->m.lora_alpha / (float)e->m.lora_r);
-            if (!rc) rc = e->be->sync(e->be);
-            rc = state_grad_reduce(e, rc); /* with a comm: every rank's gradients into each shard */
+            rc = state_grad_reduce(e, rc); /* the gradient the state steps; with a comm every rank's, in each shard */
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
@@ -560,7 +565,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         }
     }
     if (!rc && !rcorr_enabled(a)) verl_entropy(&w, a, &met);
-    if (dp && !rc) rc = dp_metrics(e, &met, &out->micro_batches);
+    if (!rc) rc = dp_metrics(e, &met, &out->micro_batches);
     if (rc && saved) {
         int code = err_code();
         char msg[512];

@@ -225,8 +225,9 @@ TEST(test_top_level_section) {
 }
 
 TEST(test_schema_lists_every_row) {
-    const eng_params *ts[] = {&eng_sampling_params, &eng_loss_params, &eng_optim_params};
-    for (int k = 0; k < 3; k++) {
+    const eng_params *ts[] = {&eng_sampling_params,     &eng_loss_params,      &eng_optim_params,    &eng_update_job_params,
+                              &eng_logprobs_job_params, &eng_group_job_params, &eng_overlong_params, &eng_checkpoint_job_params};
+    for (int k = 0; k < (int)(sizeof ts / sizeof ts[0]); k++) {
         json_object *s = api_params_schema(ts[k]), *props = json_object_object_get(s, "properties");
         CHECK_EQ_INT(json_object_object_length(props), ts[k]->n);
         for (int i = 0; i < ts[k]->n; i++) {
