@@ -1518,10 +1518,11 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *du_c = malloc(nx * 4), *da_c = malloc(nh * 4), *db_c = malloc(nh * 4), *dal_c = gc_copy(dal0, (size_t)Hv);
     float *ddt_c = gc_copy(ddt0, (size_t)Hv), *y_c = malloc(no * 4), *r_c = malloc(nh * 4), *do_c = malloc(no * 4);
     float *dz_c = malloc(no * 4), *dnw_c = gc_copy(dnw0, (size_t)Dv);
-    cpu->deltanet_conv_fwd(cpu, u_c, x, cw, rc, T, Cc, Kc);
-    cpu->deltanet_conv_bwd(cpu, dx_c, dcw_c, du, x, cw, rc, T, Cc, Kc);
-    cpu->deltanet_rule_fwd(cpu, o_c, states, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
-    cpu->deltanet_rule_bwd(cpu, du_c, da_c, db_c, dal_c, ddt_c, states, dstates, dout, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_conv_fwd(cpu, u_c, x, cw, rc, NULL, T, Cc, Kc);
+    cpu->deltanet_conv_bwd(cpu, dx_c, dcw_c, du, x, cw, rc, NULL, T, Cc, Kc);
+    cpu->deltanet_rule_fwd(cpu, o_c, states, u, a, b, alog, dt, rc, NULL, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_rule_bwd(cpu, du_c, da_c, db_c, dal_c, ddt_c, states, dstates, dout, u, a, b, alog, dt, rc, NULL, T, Hk, Hv, Dk,
+                           Dv);
     cpu->deltanet_norm_fwd(cpu, y_c, r_c, o, z, nw, T, Hv, Dv, 1e-6f);
     cpu->deltanet_norm_bwd(cpu, do_c, dz_c, dnw_c, dy, o, z, nw, r_c, T, Hv, Dv);
     /* GPU */
@@ -1546,11 +1547,12 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     gb(&B, (void *)rgd.a1);
     gb(&B, (void *)rgd.b0);
     gb(&B, (void *)rgd.b1);
-    gpu->deltanet_conv_fwd(gpu, gucv, gx, gcw, rgd, T, Cc, Kc);
-    gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, T, Cc, Kc);
-    gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_conv_fwd(gpu, gucv, gx, gcw, rgd, NULL, T, Cc, Kc);
+    gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, NULL, T, Cc, Kc);
+    gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv,
+                           Dk, Dv);
     gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
     gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
     float *u_g = gc_get_act(gpu, gucv, nx), *dx_g = gc_get_act(gpu, gdx, nx), *dcw_g = gc_get_f32(gpu, gdcw, (size_t)Cc * Kc);
