@@ -5,6 +5,10 @@
  * the gated attention layers read the cached prompt K/V and sum its gradients as full attention
  * does.
  *
+ * The ops first (deltanet_carry_equals_whole): the conv and rule with a carry across the
+ * schedule's passes against the whole packed run, conv widths 1, 2, 4, prompts shorter than the
+ * conv: the same forward bits, gradients within 1e-5.
+ *
  * Models: the fixtures of test_hybrid.c (qwen3_5_text, qwen3_5_text_b: other conv width and head
  * ratios, a DeltaNet last layer; qwen3_5_moe_text; qwen3_next, qwen3_next_b: MoE layers, fused
  * projections). Groups: P 9 (above the conv), P 2 (below it: the tail holds zeros before the
@@ -27,6 +31,7 @@
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
 #include "engine/model/split.h"
+#include "kernels/deltanet.h"
 
 #define FIX "tests/fixtures/data"
 
@@ -184,6 +189,117 @@ static void conv_bwd_drop(eng_backend *b, void *dx, float *dw, const void *du, c
     conv_bwd0(b, dx, dw, du, x, w, r, cy ? &c : NULL, T, Cc, Kc);
 }
 
+/* ---------------------------------------------------------------- the ops */
+
+/* The DeltaNet ops (kernels/deltanet.h) on [P; R_1 R_2 R_3] packed whole, against the split
+ * schedule's passes with a carry: the prompt (row0 0, handing its end on), responses {1, 2} and
+ * {3} (row0 P, cache rows). The forwards give the same bits (the carry holds copies of the values
+ * the whole run reads, summed in the same order); the gradients 1e-5 relative (a prompt row's
+ * gradient sums its successors' in another order). Conv widths 1 (no tail), 2 and 4; prompts of
+ * 1 and 2 tokens (shorter than the conv: zeros in the tail) and 9. */
+enum { DH_K = 2, DH_V = 4, DK = 8, DV = 6, DCC = 2 * DH_K * DK + DH_V * DV };
+typedef struct {
+    float *x, *u, *a, *b, *dy, *dux; /* per token: x, u, du (T,DCC); a, b (T,DH_V); dy (T,DH_V,DV) */
+} dn_tok;
+typedef struct {
+    float *uc, *dx, *o, *du, *da, *db; /* per token results, as dn_tok */
+    float dw[DCC * 4], dal[DH_V], ddt[DH_V];
+} dn_res;
+
+/* the four ops on tokens [t0, t0 + T) of in (ranges r), results into out at the same tokens */
+static void dn_ops(const dn_tok *in, dn_res *out, int t0, int T, attn_ranges r, const deltanet_carry *fw,
+                   const deltanet_carry *bw, const float *w, const float *alog, const float *dt, int Kc) {
+    size_t SZ = (size_t)DH_V * DK * DV;
+    float *st = malloc((size_t)T * SZ * 4), *dst = malloc((size_t)T * SZ * 4);
+    size_t c0 = (size_t)t0 * DCC, h0 = (size_t)t0 * DH_V, v0 = (size_t)t0 * DH_V * DV;
+    deltanet_conv_fwd_cpu(out->uc + c0, in->x + c0, w, r, fw, T, DCC, Kc);
+    deltanet_rule_fwd_cpu(out->o + v0, st, in->u + c0, in->a + h0, in->b + h0, alog, dt, r, fw, T, DH_K, DH_V, DK, DV);
+    deltanet_conv_bwd_cpu(out->dx + c0, out->dw, in->dux + c0, in->x + c0, w, r, bw, T, DCC, Kc);
+    deltanet_rule_bwd_cpu(out->du + c0, out->da + h0, out->db + h0, out->dal, out->ddt, st, dst, in->dy + v0, in->u + c0,
+                          in->a + h0, in->b + h0, alog, dt, r, bw, T, DH_K, DH_V, DK, DV);
+    free(st);
+    free(dst);
+}
+
+/* The ranges of tokens [t0, t0 + T) of [P; R_1 R_2 R_3]: the prompt causal on itself, a response
+ * over the prompt and causally over itself; over token indices (whole: row0 < 0) or, for a
+ * response micro-batch, over rows (its token t at row row0 + t, the prompt at rows [0, P)). */
+static attn_ranges dn_ranges(int *buf, int P, const int *R, int t0, int T, int row0) {
+    int *a0 = buf, *a1 = buf + T, *b0 = buf + 2 * T, *b1 = buf + 3 * T, off = row0 < 0 ? 0 : row0 - t0;
+    for (int t = 0; t < T; t++) {
+        int g = t0 + t, s = P; /* the token in [P; R..]; the start of its response */
+        for (int k = 0; k < 3 && g >= s + R[k]; k++) s += R[k];
+        a0[t] = 0;
+        a1[t] = g < P ? g + 1 : P;
+        b0[t] = g < P ? 0 : s + off;
+        b1[t] = g < P ? 0 : g + 1 + off;
+    }
+    return (attn_ranges){a0, a1, b0, b1};
+}
+
+TEST(deltanet_carry_equals_whole) {
+    static const int Ps[] = {1, 2, 9}, Ks[] = {1, 2, 4}, R[3] = {3, 1, 5};
+    size_t SZ = (size_t)DH_V * DK * DV;
+    for (int pi = 0; pi < 3; pi++)
+        for (int ki = 0; ki < 3; ki++) {
+            int P = Ps[pi], Kc = Ks[ki], T = P + R[0] + R[1] + R[2], TL = (Kc - 1) * DCC, buf[4 * 32];
+            unsigned long long sd = 7500 + (unsigned long long)(pi * 3 + ki) * 20;
+            dn_tok in;
+            float **f[] = {&in.x, &in.u, &in.a, &in.b, &in.dy, &in.dux};
+            size_t n[] = {(size_t)T * DCC,  (size_t)T * DCC,       (size_t)T * DH_V,
+                          (size_t)T * DH_V, (size_t)T * DH_V * DV, (size_t)T * DCC};
+            for (int i = 0; i < 6; i++) {
+                *f[i] = malloc(n[i] * 4);
+                check_fill(*f[i], n[i], sd + i, i == 2 || i == 3 ? 2.0f : 1.0f);
+            }
+            float w[DCC * 4], alog[DH_V], dt[DH_V];
+            check_fill(w, (size_t)DCC * Kc, sd + 7, 0.5f);
+            check_fill(alog, DH_V, sd + 8, 1.0f);
+            check_fill(dt, DH_V, sd + 9, 1.0f);
+            dn_res whole = {0}, split = {0}, *rs[] = {&whole, &split};
+            for (int k = 0; k < 2; k++) {
+                float **g[] = {&rs[k]->uc, &rs[k]->dx, &rs[k]->o, &rs[k]->du, &rs[k]->da, &rs[k]->db};
+                size_t m[] = {n[0], n[0], n[4], n[0], n[2], n[2]};
+                for (int i = 0; i < 6; i++) *g[i] = calloc(m[i], 4);
+            }
+            dn_ops(&in, &whole, 0, T, dn_ranges(buf, P, R, 0, T, -1), NULL, NULL, w, alog, dt, Kc);
+            /* split, in the schedule's order: the prompt's forward hands its end on; each response
+             * micro-batch starts from it and adds its gradients up; the prompt's backward takes them */
+            float *cs = malloc(SZ * 4), *ct = malloc((size_t)TL * 4 + 4), *ds = calloc(SZ, 4), *dtl = calloc((size_t)TL + 1, 4);
+            float *st = malloc((size_t)P * SZ * 4);
+            deltanet_carry out = {.row0 = 0, .s_out = cs, .tail_out = ct, .ds_out = ds, .dtail_out = dtl};
+            deltanet_carry inc = {.row0 = P, .s_in = cs, .tail_in = ct, .ds_in = ds, .dtail_in = dtl};
+            attn_ranges rp = dn_ranges(buf, P, R, 0, P, 0);
+            deltanet_conv_fwd_cpu(split.uc, in.x, w, rp, &out, P, DCC, Kc);
+            deltanet_rule_fwd_cpu(split.o, st, in.u, in.a, in.b, alog, dt, rp, &out, P, DH_K, DH_V, DK, DV);
+            int mb[3] = {P, P + R[0] + R[1], T}; /* response micro-batches [mb0, mb1), [mb1, mb2) */
+            for (int k = 0; k < 2; k++)
+                dn_ops(&in, &split, mb[k], mb[k + 1] - mb[k], dn_ranges(buf, P, R, mb[k], mb[k + 1] - mb[k], P), &inc, &inc, w,
+                       alog, dt, Kc);
+            out.s_out = out.tail_out = NULL; /* the forward again (the same bits), then the backward */
+            dn_ops(&in, &split, 0, P, dn_ranges(buf, P, R, 0, P, 0), &out, &out, w, alog, dt, Kc);
+            double e[] = {rel_l2(split.uc, whole.uc, n[0]),
+                          rel_l2(split.o, whole.o, n[4]),
+                          rel_l2(split.dx, whole.dx, n[0]),
+                          rel_l2(split.du, whole.du, n[0]),
+                          rel_l2(split.da, whole.da, n[2]),
+                          rel_l2(split.db, whole.db, n[2]),
+                          rel_l2(split.dw, whole.dw, (size_t)DCC * Kc),
+                          rel_l2(split.dal, whole.dal, DH_V),
+                          rel_l2(split.ddt, whole.ddt, DH_V)};
+            printf("  P %d Kc %d: u %.0e o %.0e | dx %.1e du %.1e da %.1e db %.1e dw %.1e dA_log %.1e ddt_bias %.1e\n", P, Kc,
+                   e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8]);
+            CHECK(e[0] == 0 && e[1] == 0);
+            for (int i = 2; i < 9; i++) CHECK_MSG(e[i] <= 1e-5, "P %d Kc %d: gradient %d rel L2 %.3g", P, Kc, i, e[i]);
+            for (int k = 0; k < 2; k++) {
+                float *g[] = {rs[k]->uc, rs[k]->dx, rs[k]->o, rs[k]->du, rs[k]->da, rs[k]->db};
+                for (int i = 0; i < 6; i++) free(g[i]);
+            }
+            for (int i = 0; i < 6; i++) free(*f[i]);
+            free(cs), free(ct), free(ds), free(dtl), free(st);
+        }
+}
+
 /* ---------------------------------------------------------------- model level */
 
 TEST(hybrid_split_equals_packed) {
@@ -265,6 +381,7 @@ TEST(hybrid_split_refused_without_a_carry) {
 }
 
 int main(void) {
+    RUN(deltanet_carry_equals_whole);
     RUN(hybrid_split_equals_packed);
     RUN(hybrid_split_refused_without_a_carry);
     return CHECK_DONE();
