@@ -178,6 +178,7 @@ typedef struct {
     model_kv kv, dkv; /* dkv: training only, one layer (P + capT rows) all layers share */
     model_kv_acc acc; /* training only: the prompt rows' dK/dV sums, fp32 */
     void *acc_mem;
+    size_t acc_bytes;
     /* hybrid models: the DeltaNet layers' carry (model.h), as the prompt's pass and the response
      * micro-batches' see it (the same buffers, row0 0 and P) */
     model_dn_carry cy_prompt, cy_resp;
@@ -200,7 +201,8 @@ static void ctx_free(split_ctx *x) {
     free(x->hbuf);
 }
 
-/* dkv: one layer of cap_S rows behind every layer's pointers; acc: (L) each (S, K, D) fp32. */
+/* dkv: one layer of cap_S rows behind every layer's pointers; acc: each layer with K/V in the
+ * cache (not a DeltaNet layer) (S, K, D) fp32, acc_bytes in all. */
 static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     const model *m = x->m;
     const model_config *c = &m->cfg;
@@ -213,12 +215,17 @@ static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     x->acc.k = calloc((size_t)c->L, sizeof(float *));
     x->acc.v = calloc((size_t)c->L, sizeof(float *));
     if (!x->dkv.k || !x->dkv.v || !x->acc.k || !x->acc.v) return err_set(GE_NOMEM, "split: out of memory");
-    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, per32 * 2 * (size_t)c->L))) return GE_NOMEM;
-    for (int l = 0; l < c->L; l++) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += x->kv.k[l] != NULL;
+    x->acc_bytes = per32 * 2 * (size_t)n;
+    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, x->acc_bytes + 16))) return GE_NOMEM;
+    for (int l = 0, i = 0; l < c->L; l++) {
         x->dkv.k[l] = x->dkv.mem;
         x->dkv.v[l] = (char *)x->dkv.mem + per;
-        x->acc.k[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l));
-        x->acc.v[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l + 1));
+        if (!x->kv.k[l]) continue;
+        x->acc.k[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * i));
+        x->acc.v[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * i + 1));
+        i++;
     }
     return 0;
 }
@@ -289,7 +296,8 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     const model_config *c = &m->cfg;
     double row_mib = (double)c->K * c->D * 2.0 / 1048576.0, S = g->P + x->capT;
     st->hot_mib = (double)model_kv_row_bytes(m) * S / 1048576.0 + (double)model_state_row_bytes(m) * (train ? 2 : 1) / 1048576.0;
-    if (train) st->hot_mib += row_mib * (4.0 * g->P * c->L + m->be->act_bytes * S);
+    if (train)
+        st->hot_mib += (double)model_kv_row_bytes(m) / m->be->act_bytes * 4.0 * g->P / 1048576.0 + row_mib * m->be->act_bytes * S;
     rc = model_kv_init(m, &x->kv, g->P + x->capT);
     if (!rc && train) rc = train_bufs_init(x, g->P + x->capT, g->P);
     if (!rc && hybrid) rc = carry_init(x, train);
@@ -519,7 +527,6 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     if (!st) st = &st0;
     memset(st, 0, sizeof *st);
     eng_backend *be = m->be;
-    const model_config *c = &m->cfg;
     split_ctx x;
     prompt_acts p = {0};
     model_acts as = {0};
@@ -545,7 +552,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     st->ms_prompt_fwd = clock_mono_ms() - t;
     t = clock_mono_ms();
     /* B: acc collects the prompt keys' gradients from every response micro-batch */
-    if (!rc) be->zero(be, x.acc_mem, (size_t)P * c->K * c->D * 4 * 2 * c->L);
+    if (!rc && x.acc_bytes) be->zero(be, x.acc_mem, x.acc_bytes);
     if (!rc && x.carry_grad_bytes) be->zero(be, (char *)x.carry_mem + x.carry_grad_bytes, x.carry_grad_bytes);
     for (int k = 0; k < x.nb && !rc; k++) {
         int r0 = x.first[k], r1 = x.first[k + 1];
