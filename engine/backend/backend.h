@@ -67,7 +67,6 @@ struct eng_backend {
     const char *no_moe; /* NULL: the moe ops run; else why they do not (a MoE model is refused with it) */
     const char *no_moe_lora; /* NULL: moe_experts_* take adapters (moe_lora); else why not (LoRA on a MoE model is refused) */
     const char *no_hybrid; /* NULL: the linear-attention ops run; else why not (a hybrid model is refused with it) */
-    const char *no_hybrid_split; /* NULL: the DeltaNet ops take a carry (a hybrid group may be split over micro-batches) */
     int max_head_dim; /* 0: any; else the attention ops' largest head dim (a model with a larger one is refused) */
 
     /* memory: alloc returns NULL with err_set(GE_NOMEM, ...) on failure */
@@ -182,8 +181,7 @@ struct eng_backend {
     void (*moe_shared_gate_bwd)(eng_backend *b, void *y, void *z, const void *dout, int T, int C);
     /* hybrid linear-attention models (kernels/deltanet.h, kernels/gated_attn.h): the gated
      * DeltaNet's conv, recurrent rule and gated norm; the gated full attention's q/k norm with
-     * partial RoPE and its output gate; the backward of each. cy: deltanet.h's carry (NULL: none;
-     * only where no_hybrid_split is NULL) */
+     * partial RoPE and its output gate; the backward of each. cy: deltanet.h's carry (NULL: none) */
     void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, const deltanet_carry *cy,
                               int T, int Cc, int Kc);
     void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,

@@ -266,11 +266,6 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     x->m = m;
     x->g = g;
     int hybrid = config_n_linear(&m->cfg) > 0;
-    if (hybrid && m->be->no_hybrid_split) /* its responses start from the prompt's recurrent state and conv tail */
-        return err_set(GE_UNSUPPORTED,
-                       "%s: a group split over micro-batches (prompt of %d tokens, %d responses, max_tokens_per_micro_batch "
-                       "%lld) cannot run on %s: %s; raise max_tokens_per_micro_batch",
-                       m->cfg.arch_name, g->P, g->N, o->max_tokens, m->be->name, m->be->no_hybrid_split);
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");

@@ -17,8 +17,7 @@
  * conv tail, not K/V rows. A writes each such layer's final state and tail (the carry, model.h
  * model_dn_carry: fp32, beside the hot set); every response micro-batch in B starts from them and
  * adds their gradients into fp32 sums; C's DeltaNet backwards take the sums as the gradient of the
- * prompt's last state and last conv inputs. A backend whose DeltaNet ops take no carry
- * (no_hybrid_split) refuses such a group in one line.
+ * prompt's last state and last conv inputs.
  *
  * The prompt's last token predicts each response's first token: those N predictions are made
  * in A and back-propagated in C. The backward is linear in its incoming gradients, so this

@@ -361,28 +361,8 @@ TEST(hybrid_split_equals_packed) {
     }
 }
 
-/* A backend whose DeltaNet ops take no carry (no_hybrid_split: cuda's today) refuses the split
- * in one line naming why and the budget to raise, for training and scoring alike. */
-TEST(hybrid_split_refused_without_a_carry) {
-    loaded x;
-    load(&x, "qwen3_5_text");
-    groups G;
-    groups_make(&G, x.cfg.V, 7401);
-    x.be->no_hybrid_split = "no carry here";
-    float *lp = malloc((size_t)G.M * 4);
-    split_opts so = {MT[0], 1.0f, 0, NULL};
-    CHECK(split_forward(&x.m, &x.wv, &G.pg[0], &so, lp, NULL, NULL) == GE_UNSUPPORTED);
-    CHECK_MSG(strstr(err_msg(), "no carry here") && strstr(err_msg(), "raise max_tokens_per_micro_batch"), "%s", err_msg());
-    CHECK(split_train(&x.m, &x.wv, &x.wv, &G.pg[0], &so, lp, NULL, lp, NULL, cb_loss, NULL, NULL) == GE_UNSUPPORTED);
-    x.be->no_hybrid_split = NULL;
-    free(lp);
-    groups_free(&G);
-    loaded_close(&x);
-}
-
 int main(void) {
     RUN(deltanet_carry_equals_whole);
     RUN(hybrid_split_equals_packed);
-    RUN(hybrid_split_refused_without_a_carry);
     return CHECK_DONE();
 }
