@@ -33,6 +33,13 @@
  * here runs on checkpoints from the chunked forward (its scratch in dstates, before the walk
  * writes its partials there).
  *
+ * A carry (deltanet.h): dn_prev_c names the carry's row (DN_CARRY) as one more predecessor, whose
+ * state is the carry's s_in (loaded where a checkpoint or zeros would be) and whose gradient
+ * each block adds into ds_in for its own elements when the walk leaves a token that continues
+ * it; ds_out is the reverse walk's starting dS, s_out the forward walk's last S. The conv reads
+ * the carry's tail as history entries before the call's tokens (tail_out: one more kernel) and
+ * adds their gradients to dtail_in in each channel's thread, dtail_out after the walk.
+ *
  * The conv is one thread per (token, channel) forward; backward one thread per channel walking
  * the tokens in order (the CPU's order), scattering into an fp32 copy of dx (ctx scratch) that
  * is rounded to bf16 once. The gated norm is a warp per (token, head) row; its dw sums rows in
@@ -44,6 +51,24 @@ enum { DN_BV = 32, DN_NT = 128, DN_CHUNK = 64, DN_PEND = 8, DN_CHAIN = 256 };
 
 __device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float dn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* deltanet_prev_row() on device ranges, token t at row row0 + t: the token of the call it
+ * continues, DN_NONE, or DN_CARRY (row row0 - 1: the carry's state, deltanet.h); dn_prev's
+ * answer when row0 is 0 */
+enum { DN_NONE = -1, DN_CARRY = -2 };
+__device__ __forceinline__ int dn_prev_c(attn_ranges r, int row0, int t) {
+    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t], row = row0 + t, p;
+    if (b1 > b0) p = row > b0 ? row - 1 : (a1 > a0 ? a1 - 1 : -1);
+    else p = row > a0 ? row - 1 : -1;
+    return p < 0 ? DN_NONE : p >= row0 ? p - row0 : DN_CARRY;
+}
+
+/* a carry by value for the kernels (NULL: none, every pointer NULL and row0 0) */
+static deltanet_carry dn_cy(const deltanet_carry *cy) {
+    deltanet_carry z;
+    memset(&z, 0, sizeof z);
+    return cy ? *cy : z;
+}
 
 /* ---------------------------------------------------------------- scratch layout */
 
@@ -99,31 +124,55 @@ static dn_scratch dn_carve(float *states, float *dstates, int T, int Hk, int Hv,
 
 /* ---------------------------------------------------------------- conv */
 
-/* hist[j] = the token Kc-1-j steps back from t along dn_prev (-1: before the start) */
-__device__ __forceinline__ void dn_conv_hist(int *hist, attn_ranges r, int t, int Kc) {
-    int s = t;
+/* hist[j] = the entry Kc-1-j steps back from t along dn_prev: a token (>= 0), none (-1), or
+ * the carry's tail entry i (-2 - i, oldest first), as deltanet_cpu.c walks it */
+__device__ __forceinline__ void dn_conv_hist(int *hist, attn_ranges r, int row0, int t, int Kc) {
+    int e = t;
     for (int j = Kc - 1; j >= 0; j--) {
-        hist[j] = s;
-        if (s >= 0) s = dn_prev(r, s);
+        hist[j] = e;
+        if (e >= 0) {
+            int p = dn_prev_c(r, row0, e);
+            e = p == DN_CARRY ? (Kc >= 2 ? -Kc : -1) : p;
+        } else if (e != -1) e = e <= -3 ? e + 1 : -1;
     }
+}
+
+/* channel c's input at history entry e (not -1) */
+__device__ __forceinline__ float dn_conv_in(const bf16 *x, const deltanet_carry &cy, int e, int c, int Cc) {
+    return e >= 0 ? __bfloat162float(x[(size_t)e * Cc + c]) : cy.tail_in[(size_t)(-2 - e) * Cc + c];
 }
 
 enum { DN_KC_MAX = 16 };
 
-__global__ void dn_conv_fwd_kernel(bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc) {
+__global__ void dn_conv_fwd_kernel(bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, deltanet_carry cy, int T, int Cc, int Kc) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)T * Cc) return;
     int t = (int)(i / Cc), c = (int)(i % Cc), hist[DN_KC_MAX];
-    dn_conv_hist(hist, r, t, Kc);
+    dn_conv_hist(hist, r, cy.row0, t, Kc);
     float s = 0;
     for (int j = 0; j < Kc; j++)
-        if (hist[j] >= 0) s += __bfloat162float(w[(size_t)c * Kc + j]) * __bfloat162float(x[(size_t)hist[j] * Cc + c]);
+        if (hist[j] != -1) s += __bfloat162float(w[(size_t)c * Kc + j]) * dn_conv_in(x, cy, hist[j], c, Cc);
     u[i] = __float2bfloat16(s * dn_sigmoid(s));
 }
 
+/* the carry's tail_out: the inputs of T - 1 and the Kc - 2 before it, a thread per (entry, channel) */
+__global__ void dn_conv_tail_kernel(const bf16 *x, attn_ranges r, deltanet_carry cy, int T, int Cc, int Kc) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)(Kc - 1) * Cc) return;
+    int j = (int)(i / Cc), c = (int)(i % Cc), hist[DN_KC_MAX];
+    dn_conv_hist(hist, r, cy.row0, T - 1, Kc);
+    cy.tail_out[i] = hist[j + 1] != -1 ? dn_conv_in(x, cy, hist[j + 1], c, Cc) : 0.0f;
+}
+
+/* d (channel c's input at entry e) += g: dxf for a token, the carry's dtail_in for its tail */
+__device__ __forceinline__ void dn_conv_in_add(float *dxf, const deltanet_carry &cy, int e, int c, int Cc, float g) {
+    if (e >= 0) dxf[(size_t)e * Cc + c] += g;
+    else if (cy.dtail_in) cy.dtail_in[(size_t)(-2 - e) * Cc + c] += g;
+}
+
 /* one thread per channel, tokens in order: dxf (T,Cc) fp32 zeroed before; dw += */
-__global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
-                                   int Cc, int Kc) {
+__global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r,
+                                   deltanet_carry cy, int T, int Cc, int Kc) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
     float wc[DN_KC_MAX], dwc[DN_KC_MAX];
@@ -133,20 +182,25 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
         dwc[j] = 0;
     }
     for (int t = 0; t < T; t++) {
-        dn_conv_hist(hist, r, t, Kc);
+        dn_conv_hist(hist, r, cy.row0, t, Kc);
         float xs[DN_KC_MAX], p = 0;
         for (int j = 0; j < Kc; j++) {
-            xs[j] = hist[j] >= 0 ? __bfloat162float(x[(size_t)hist[j] * Cc + c]) : 0.0f;
+            xs[j] = hist[j] != -1 ? dn_conv_in(x, cy, hist[j], c, Cc) : 0.0f;
             p += wc[j] * xs[j];
         }
         float sg = dn_sigmoid(p), dp = __bfloat162float(du[(size_t)t * Cc + c]) * (sg * (1.0f + p * (1.0f - sg)));
         for (int j = 0; j < Kc; j++)
-            if (hist[j] >= 0) {
+            if (hist[j] != -1) {
                 dwc[j] += dp * xs[j];
-                dxf[(size_t)hist[j] * Cc + c] += dp * wc[j];
+                dn_conv_in_add(dxf, cy, hist[j], c, Cc, dp * wc[j]);
             }
     }
     for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
+    if (cy.dtail_out) { /* the gradient of the carry's tail_out, from outside */
+        dn_conv_hist(hist, r, cy.row0, T - 1, Kc);
+        for (int j = 0; j + 1 < Kc; j++)
+            if (hist[j + 1] != -1) dn_conv_in_add(dxf, cy, hist[j + 1], c, Cc, cy.dtail_out[(size_t)j * Cc + c]);
+    }
 }
 
 __global__ void dn_f32_to_bf16_kernel(bf16 *y, const float *x, long long n) {
@@ -162,20 +216,26 @@ static int dn_conv_ok(cu_ctx *c, const char *op, int Kc) {
     return 0;
 }
 
-void deltanet_conv_fwd_cuda(cu_ctx *c, bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, int T, int Cc, int Kc) {
+void deltanet_conv_fwd_cuda(cu_ctx *c, bf16 *u, const bf16 *x, const bf16 *w, attn_ranges r, const deltanet_carry *cy, int T,
+                            int Cc, int Kc) {
     if (c->failed || T <= 0 || !dn_conv_ok(c, "deltanet_conv_fwd_cuda", Kc)) return;
-    dn_conv_fwd_kernel<<<cu_blocks((long long)T * Cc, 256), 256, 0, c->stream>>>(u, x, w, r, T, Cc, Kc);
+    deltanet_carry k = dn_cy(cy);
+    dn_conv_fwd_kernel<<<cu_blocks((long long)T * Cc, 256), 256, 0, c->stream>>>(u, x, w, r, k, T, Cc, Kc);
     CU_LAUNCHED(c, "dn_conv_fwd_kernel");
+    if (k.tail_out && Kc > 1) {
+        dn_conv_tail_kernel<<<cu_blocks((long long)(Kc - 1) * Cc, 256), 256, 0, c->stream>>>(x, r, k, T, Cc, Kc);
+        CU_LAUNCHED(c, "dn_conv_tail_kernel");
+    }
 }
 
-void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r, int T,
-                            int Cc, int Kc) {
+void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r,
+                            const deltanet_carry *cy, int T, int Cc, int Kc) {
     if (c->failed || T <= 0 || !dn_conv_ok(c, "deltanet_conv_bwd_cuda", Kc)) return;
     long long n = (long long)T * Cc;
     float *dxf = (float *)cu_scratch(c, (size_t)n * sizeof(float));
     if (!dxf) return;
     CU_CK(c, cudaMemsetAsync(dxf, 0, (size_t)n * sizeof(float), c->stream));
-    dn_conv_bwd_kernel<<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, T, Cc, Kc);
+    dn_conv_bwd_kernel<<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, dn_cy(cy), T, Cc, Kc);
     CU_LAUNCHED(c, "dn_conv_bwd_kernel");
     dn_f32_to_bf16_kernel<<<cu_blocks(n, 256), 256, 0, c->stream>>>(dx, dxf, n);
     CU_LAUNCHED(c, "dn_f32_to_bf16_kernel");
@@ -214,6 +274,8 @@ __global__ void dn_prep_kernel(float *qn, float *kn, float *g, float *beta, cons
 /* What a block of the walk reads: value head h, columns j (this thread's) of the state. */
 struct dn_walk {
     attn_ranges r;
+    int row0; /* the carry's (deltanet.h): token t is row row0 + t */
+    const float *s_in; /* the carry's state (Hv,Dk,Dv): the state of DN_CARRY */
     const float *qn, *kn, *g, *beta;
     const bf16 *u;
     float *ck;
@@ -266,10 +328,19 @@ template <int KPT> __device__ __forceinline__ void dn_store(float *dst, const fl
         if (i < w.Dk && w.j < w.Dv) dst[w.at(i)] = S[ii];
     }
 }
+/* dst += S, each element by its one owner thread */
+template <int KPT> __device__ __forceinline__ void dn_store_add(float *dst, const float *S, const dn_walk &w) {
+#pragma unroll
+    for (int ii = 0; ii < KPT; ii++) {
+        int i = w.rg + 4 * ii;
+        if (i < w.Dk && w.j < w.Dv) dst[w.at(i)] += S[ii];
+    }
+}
 
-/* S = the state after token p (zeros for p < 0): the last checkpoint on p's chain (a token
- * ≡ 63 mod 64 at or before p, written by this block's walk earlier), then the chain's tokens
- * after it replayed. The whole block calls it (it syncs); chain: DN_CHAIN ints of shared memory. */
+/* S = the state after token p (zeros for DN_NONE, the carry's s_in for DN_CARRY): the last
+ * checkpoint on p's chain (a token ≡ 63 mod 64 at or before p, written by this block's walk
+ * earlier) or the chain's start, then the chain's tokens after it replayed. The whole block
+ * calls it (it syncs); chain: DN_CHAIN ints of shared memory. */
 template <int KPT> __device__ void dn_state_after(float *S, int p, const dn_walk &w, int *chain) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -277,7 +348,7 @@ template <int KPT> __device__ void dn_state_after(float *S, int p, const dn_walk
         while (s >= 0 && s % DN_CHUNK != DN_CHUNK - 1) {
             if (n == DN_CHAIN - 2) __trap(); /* a chain of more than two runs: not a packed layout */
             chain[2 + n++] = s;
-            s = dn_prev(w.r, s);
+            s = dn_prev_c(w.r, w.row0, s);
         }
         chain[0] = n;
         chain[1] = s;
@@ -285,14 +356,18 @@ template <int KPT> __device__ void dn_state_after(float *S, int p, const dn_walk
     __syncthreads();
     int n = chain[0], s = chain[1];
     if (s >= 0) dn_load<KPT>(S, w.ckpt(s), w);
+    else if (s == DN_CARRY) dn_load<KPT>(S, w.s_in + (size_t)w.h * w.SZ, w);
     else
         for (int ii = 0; ii < KPT; ii++) S[ii] = 0;
     for (int x = n - 1; x >= 0; x--) dn_step<KPT>(S, w, chain[2 + x]);
 }
 
-__device__ dn_walk dn_walk_init(attn_ranges r, const dn_scratch &s, const bf16 *u, int T, int Hk, int Hv, int Dk, int Dv) {
+__device__ dn_walk dn_walk_init(attn_ranges r, const deltanet_carry &cy, const dn_scratch &s, const bf16 *u, int T, int Hk,
+                                int Hv, int Dk, int Dv) {
     dn_walk w;
     w.r = r;
+    w.row0 = cy.row0;
+    w.s_in = cy.s_in;
     w.qn = s.qn;
     w.kn = s.kn;
     w.g = s.g;
@@ -314,43 +389,47 @@ __device__ dn_walk dn_walk_init(attn_ranges r, const dn_scratch &s, const bf16 *
     return w;
 }
 
-/* grid (Hv, NS), DN_NT threads; o (T,Hv,Dv) may be NULL (checkpoints only) */
+/* grid (Hv, NS), DN_NT threads; o (T,Hv,Dv) may be NULL (checkpoints only); the state after
+ * T - 1 into cy.s_out when set */
 template <int KPT>
-__global__ void __launch_bounds__(DN_NT)
-    dn_rule_fwd_kernel(bf16 *o, dn_scratch s, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DN_NT) dn_rule_fwd_kernel(bf16 *o, dn_scratch s, const bf16 *u, attn_ranges r,
+                                                            deltanet_carry cy, int T, int Hk, int Hv, int Dk, int Dv) {
     __shared__ int chain[DN_CHAIN];
-    dn_walk w = dn_walk_init(r, s, u, T, Hk, Hv, Dk, Dv);
+    dn_walk w = dn_walk_init(r, cy, s, u, T, Hk, Hv, Dk, Dv);
     float S[KPT];
     for (int ii = 0; ii < KPT; ii++) S[ii] = 0;
     for (int t = 0; t < T; t++) {
-        int p = dn_prev(r, t);
+        int p = dn_prev_c(r, cy.row0, t);
         if (p != t - 1 || t == 0) dn_state_after<KPT>(S, p, w, chain);
         float ov = dn_step<KPT>(S, w, t);
         if (o && w.rg == 0 && w.j < Dv) o[((size_t)t * Hv + w.h) * Dv + w.j] = __float2bfloat16(ov);
         if (t % DN_CHUNK == DN_CHUNK - 1) dn_store<KPT>(w.ckpt(t), S, w);
     }
+    if (cy.s_out) dn_store<KPT>(cy.s_out + (size_t)w.h * w.SZ, S, w);
 }
 
 /* grid (Hv, NS), DN_NT threads: the reverse walk (see the top). dv written to du's v slice;
  * partial dq, dk (per slice, before the value-head sum), dβ, dg sums per (t, h, slice). */
 template <int KPT>
-__global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch s, const bf16 *dout, const bf16 *u,
-                                                            attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch s, const bf16 *dout, const bf16 *u, attn_ranges r,
+                                                            deltanet_carry cy, int T, int Hk, int Hv, int Dk, int Dv) {
     __shared__ int chain[DN_CHAIN];
     __shared__ float red_q[DN_BV][33], red_k[DN_BV][33]; /* per column, a chunk of 32 rows (padded) */
     __shared__ float red_b[DN_BV], red_g[DN_NT / 32];
-    dn_walk w = dn_walk_init(r, s, u, T, Hk, Hv, Dk, Dv);
+    dn_walk w = dn_walk_init(r, cy, s, u, T, Hk, Hv, Dk, Dv);
     int NS = gridDim.y, sl = blockIdx.y, col = threadIdx.x >> 5 << 3 | (threadIdx.x & 7), lane = threadIdx.x & 31;
     float *buf = s.buf + (size_t)w.h * DN_CHUNK * w.SZ;
     float dS[KPT], Sp[KPT], kr[KPT];
     int ptok[DN_PEND];
     for (int x = 0; x < DN_PEND; x++) ptok[x] = -1;
-    for (int ii = 0; ii < KPT; ii++) dS[ii] = 0;
+    if (cy.ds_out) dn_load<KPT>(dS, cy.ds_out + (size_t)w.h * w.SZ, w); /* the last state's gradient from outside */
+    else
+        for (int ii = 0; ii < KPT; ii++) dS[ii] = 0;
     for (int c0 = (T - 1) / DN_CHUNK * DN_CHUNK; c0 >= 0; c0 -= DN_CHUNK) {
         int c1 = min(T, c0 + DN_CHUNK);
         /* the chunk's states, forward */
         for (int t = c0; t < c1; t++) {
-            int p = dn_prev(r, t);
+            int p = dn_prev_c(r, cy.row0, t);
             if (t == c0 || p != t - 1) {
                 if (p >= c0) dn_load<KPT>(Sp, buf + (size_t)(p - c0) * w.SZ, w);
                 else dn_state_after<KPT>(Sp, p, w, chain);
@@ -360,7 +439,7 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch
         }
         /* reverse */
         for (int t = c1 - 1; t >= c0; t--) {
-            int p = dn_prev(r, t);
+            int p = dn_prev_c(r, cy.row0, t);
             for (int x = 0; x < DN_PEND; x++)
                 if (ptok[x] == t) { /* the gradients of t's other successors */
                     float *pe = s.pend + ((size_t)x * Hv + w.h) * w.SZ;
@@ -370,8 +449,9 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch
                     }
                     ptok[x] = -1;
                 }
-            if (p < 0)
+            if (p == DN_NONE)
                 for (int ii = 0; ii < KPT; ii++) Sp[ii] = 0;
+            else if (p == DN_CARRY) dn_load<KPT>(Sp, cy.s_in + (size_t)w.h * w.SZ, w);
             else if (p >= c0) dn_load<KPT>(Sp, buf + (size_t)(p - c0) * w.SZ, w);
             else dn_state_after<KPT>(Sp, p, w, chain);
             const float *q = w.qn + ((size_t)t * Hk + w.kh) * Dk, *k = w.kn + ((size_t)t * Hk + w.kh) * Dk;
@@ -454,7 +534,8 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch
                         int i = w.rg + 4 * ii;
                         if (i < Dk && w.j < Dv) pe[w.at(i)] = fresh ? dS[ii] : pe[w.at(i)] + dS[ii];
                     }
-                }
+                } else if (p == DN_CARRY && cy.ds_in) /* the carry's state: its gradient, added up */
+                    dn_store_add<KPT>(cy.ds_in + (size_t)w.h * w.SZ, dS, w);
                 for (int ii = 0; ii < KPT; ii++) dS[ii] = 0;
             }
         }
@@ -543,38 +624,40 @@ static void dn_prep(cu_ctx *c, const dn_scratch &s, const bf16 *u, const bf16 *a
     CU_LAUNCHED(c, "dn_prep_kernel");
 }
 
-static void dn_fwd_walk(cu_ctx *c, bf16 *o, const dn_scratch &s, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk,
-                        int Dv) {
+static void dn_fwd_walk(cu_ctx *c, bf16 *o, const dn_scratch &s, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T,
+                        int Hk, int Hv, int Dk, int Dv) {
     dim3 grid(Hv, dn_ns(Dv));
     switch (dn_kpt(Dk)) {
-    case 4: dn_rule_fwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 8: dn_rule_fwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 16: dn_rule_fwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 32: dn_rule_fwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
-    default: dn_rule_fwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 4: dn_rule_fwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, cy, T, Hk, Hv, Dk, Dv); break;
+    case 8: dn_rule_fwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, cy, T, Hk, Hv, Dk, Dv); break;
+    case 16: dn_rule_fwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, cy, T, Hk, Hv, Dk, Dv); break;
+    case 32: dn_rule_fwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, cy, T, Hk, Hv, Dk, Dv); break;
+    default: dn_rule_fwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(o, s, u, r, cy, T, Hk, Hv, Dk, Dv); break;
     }
     CU_LAUNCHED(c, "dn_rule_fwd_kernel");
 }
 
 void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
-                            const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                            const bf16 *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
     if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_fwd_cuda", Hk, Hv, Dk)) return;
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunked(c, Dk))
+    if (dn_chunked(c, Dk) && !cy) /* a carry runs the walk (the chunked kernels take none yet) */
         dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk,
                      Dv);
-    else dn_fwd_walk(c, o, s, u, r, T, Hk, Hv, Dk, Dv);
+    else dn_fwd_walk(c, o, s, u, r, dn_cy(cy), T, Hk, Hv, Dk, Dv);
 }
 
 void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_log, float *ddt_bias, float *states,
                             float *dstates, const bf16 *dout, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
-                            const bf16 *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                            const bf16 *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
     if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_bwd_cuda", Hk, Hv, Dk)) return;
     dn_scratch s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv);
     int NS = dn_ns(Dv);
+    deltanet_carry k = dn_cy(cy), kin = k;
+    kin.s_out = NULL; /* the recompute leaves the forward's outputs alone */
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
+    if (!cy && dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
         if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, T, Hk, Hv, Dk,
                          Dv)) {
             dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, 1);
@@ -585,15 +668,16 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
         }
         if (c->failed) return;
         s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv); /* the recurrent backward's partials again */
-    } else if (dn_chunked(c, Dk)) dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
-    else dn_fwd_walk(c, NULL, s, u, r, T, Hk, Hv, Dk, Dv);
+    } else if (!cy && dn_chunked(c, Dk))
+        dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    else dn_fwd_walk(c, NULL, s, u, r, kin, T, Hk, Hv, Dk, Dv); /* the checkpoints */
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {
-    case 4: dn_rule_bwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 8: dn_rule_bwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 16: dn_rule_bwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
-    case 32: dn_rule_bwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
-    default: dn_rule_bwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, T, Hk, Hv, Dk, Dv); break;
+    case 4: dn_rule_bwd_kernel<4><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, kin, T, Hk, Hv, Dk, Dv); break;
+    case 8: dn_rule_bwd_kernel<8><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, kin, T, Hk, Hv, Dk, Dv); break;
+    case 16: dn_rule_bwd_kernel<16><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, kin, T, Hk, Hv, Dk, Dv); break;
+    case 32: dn_rule_bwd_kernel<32><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, kin, T, Hk, Hv, Dk, Dv); break;
+    default: dn_rule_bwd_kernel<64><<<grid, DN_NT, 0, c->stream>>>(du, s, dout, u, r, kin, T, Hk, Hv, Dk, Dv); break;
     }
     CU_LAUNCHED(c, "dn_rule_bwd_kernel");
     dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, NS);

@@ -9,68 +9,120 @@
  *   m = S'^T k:            dS' = dS + k dm^T;  dk += S' dm
  *   S' = e^g S_prev:       dg = e^g Σ dS' ⊙ S_prev;  dS_prev += e^g dS'
  * then through g = -exp(A_log) softplus(a + dt_bias), β = dn_sigmoid(b) and the l2 norms. A key
- * head's q/k gradient sums its value heads in head order. */
+ * head's q/k gradient sums its value heads in head order.
+ *
+ * A carry (deltanet.h deltanet_carry) enters as one more kind of predecessor: a token whose
+ * run continues a row before the call reads the carry's state, and its conv history the
+ * carry's tail; their gradients go to the carry's ds_in / dtail_in as a predecessor token's
+ * would go to its dstates / dx. */
 #include "kernels/deltanet.h"
 #include "kernels/deltanet_cpu.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- conv */
 
-/* hist[j] = the token Kc-1-j steps back from t along deltanet_prev (-1: before the start) */
-static void conv_history(int *hist, attn_ranges r, int t, int Kc) {
-    int s = t;
+/* The predecessor of token t along deltanet_prev_row: a token of the call (>= 0), none (-1) or
+ * the carry's row row0 - 1 (DN_CARRY). */
+enum { DN_NONE = -1, DN_CARRY = -2 };
+static int prev_tok(attn_ranges r, const deltanet_carry *cy, int t) {
+    int row0 = cy ? cy->row0 : 0, p = deltanet_prev_row(r, t, row0);
+    if (p < 0) return DN_NONE;
+    if (p >= row0) return p - row0;
+    assert(p == row0 - 1 && cy->s_in && cy->tail_in);
+    return DN_CARRY;
+}
+
+/* A conv history entry: a token of the call (>= 0), none (-1), or the carry's tail entry i
+ * (-2 - i, i in [0, Kc-1): oldest first). */
+static int hist_prev(attn_ranges r, const deltanet_carry *cy, int e, int Kc) {
+    if (e >= 0) {
+        int p = prev_tok(r, cy, e);
+        return p == DN_CARRY ? (Kc >= 2 ? -2 - (Kc - 2) : -1) : p;
+    }
+    return e <= -3 ? e + 1 : -1; /* the tail entry before, none before entry 0 */
+}
+
+/* hist[j] = the entry Kc-1-j steps back from token t (hist[Kc-1] = t) */
+static void conv_history(int *hist, attn_ranges r, const deltanet_carry *cy, int t, int Kc) {
+    int e = t;
     for (int j = Kc - 1; j >= 0; j--) {
-        hist[j] = s;
-        if (s >= 0) s = deltanet_prev(r, s);
+        hist[j] = e;
+        if (e != -1) e = hist_prev(r, cy, e, Kc);
     }
 }
 
-static float conv_pre(const float *x, const float *wc, const int *hist, int c, int Cc, int Kc) {
+/* channel c's input at history entry e (not -1) */
+static float conv_in(const float *x, const deltanet_carry *cy, int e, int c, int Cc) {
+    return e >= 0 ? x[(size_t)e * Cc + c] : cy->tail_in[(size_t)(-2 - e) * Cc + c];
+}
+
+static float conv_pre(const float *x, const deltanet_carry *cy, const float *wc, const int *hist, int c, int Cc, int Kc) {
     float s = 0;
     for (int j = 0; j < Kc; j++)
-        if (hist[j] >= 0) s += wc[j] * x[(size_t)hist[j] * Cc + c];
+        if (hist[j] != -1) s += wc[j] * conv_in(x, cy, hist[j], c, Cc);
     return s;
 }
 
-void deltanet_conv_fwd_cpu(float *u, const float *x, const float *w, attn_ranges r, int T, int Cc, int Kc) {
+void deltanet_conv_fwd_cpu(float *u, const float *x, const float *w, attn_ranges r, const deltanet_carry *cy, int T, int Cc,
+                           int Kc) {
 #pragma omp parallel for
     for (int t = 0; t < T; t++) {
         int hist[64];
-        conv_history(hist, r, t, Kc);
-        for (int c = 0; c < Cc; c++) u[(size_t)t * Cc + c] = dn_silu(conv_pre(x, w + (size_t)c * Kc, hist, c, Cc, Kc));
+        conv_history(hist, r, cy, t, Kc);
+        for (int c = 0; c < Cc; c++) u[(size_t)t * Cc + c] = dn_silu(conv_pre(x, cy, w + (size_t)c * Kc, hist, c, Cc, Kc));
+    }
+    if (cy && cy->tail_out && T > 0) { /* the inputs of T - 1 and the Kc - 2 before it */
+        int hist[64];
+        conv_history(hist, r, cy, T - 1, Kc);
+        for (int j = 0; j + 1 < Kc; j++)
+            for (int c = 0; c < Cc; c++)
+                cy->tail_out[(size_t)j * Cc + c] = hist[j + 1] != -1 ? conv_in(x, cy, hist[j + 1], c, Cc) : 0;
     }
 }
 
-/* Channels are independent: each thread owns whole channels, summing their tokens in order. */
-void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x, const float *w, attn_ranges r, int T, int Cc,
-                           int Kc) {
+/* d (channel c's input at history entry e) += g: dx for a token, the carry's dtail_in for its tail */
+static void conv_in_add(float *dx, const deltanet_carry *cy, int e, int c, int Cc, float g) {
+    if (e >= 0) dx[(size_t)e * Cc + c] += g;
+    else if (cy->dtail_in) cy->dtail_in[(size_t)(-2 - e) * Cc + c] += g;
+}
+
+/* Channels are independent: each thread owns whole channels, summing their tokens in order,
+ * then the gradient from outside (dtail_out). */
+void deltanet_conv_bwd_cpu(float *dx, float *dw, const float *du, const float *x, const float *w, attn_ranges r,
+                           const deltanet_carry *cy, int T, int Cc, int Kc) {
     memset(dx, 0, (size_t)T * Cc * sizeof(float));
+    int hout[64];
+    if (cy && cy->dtail_out && T > 0) conv_history(hout, r, cy, T - 1, Kc);
 #pragma omp parallel for
     for (int c = 0; c < Cc; c++) {
         const float *wc = w + (size_t)c * Kc;
         float dwc[64] = {0};
         int hist[64];
         for (int t = 0; t < T; t++) {
-            conv_history(hist, r, t, Kc);
-            float p = conv_pre(x, wc, hist, c, Cc, Kc), sg = dn_sigmoid(p);
+            conv_history(hist, r, cy, t, Kc);
+            float p = conv_pre(x, cy, wc, hist, c, Cc, Kc), sg = dn_sigmoid(p);
             float dp = du[(size_t)t * Cc + c] * (sg * (1.0f + p * (1.0f - sg)));
             for (int j = 0; j < Kc; j++)
-                if (hist[j] >= 0) {
-                    dwc[j] += dp * x[(size_t)hist[j] * Cc + c];
-                    dx[(size_t)hist[j] * Cc + c] += dp * wc[j];
+                if (hist[j] != -1) {
+                    dwc[j] += dp * conv_in(x, cy, hist[j], c, Cc);
+                    conv_in_add(dx, cy, hist[j], c, Cc, dp * wc[j]);
                 }
         }
         for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
+        if (cy && cy->dtail_out && T > 0)
+            for (int j = 0; j + 1 < Kc; j++)
+                if (hout[j + 1] != -1) conv_in_add(dx, cy, hout[j + 1], c, Cc, cy->dtail_out[(size_t)j * Cc + c]);
     }
 }
 
 /* ---------------------------------------------------------------- rule */
 
 void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float *a, const float *b, const float *A_log,
-                           const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                           const float *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
     dn_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
     size_t SZ = (size_t)Dk * Dv;
 #pragma omp parallel for
@@ -79,10 +131,12 @@ void deltanet_rule_fwd_cpu(float *o, float *states, const float *u, const float 
         const float *v;
         for (int t = 0; t < T; t++) {
             dn_rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
-            int p = deltanet_prev(r, t);
-            dn_rule_step(states + ((size_t)t * Hv + h) * SZ, p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL,
-                         o + ((size_t)t * Hv + h) * Dv, q, k, v, eg, beta, Dk, Dv);
+            int p = prev_tok(r, cy, t);
+            const float *Sp = p >= 0 ? states + ((size_t)p * Hv + h) * SZ : p == DN_CARRY ? cy->s_in + (size_t)h * SZ : NULL;
+            dn_rule_step(states + ((size_t)t * Hv + h) * SZ, Sp, o + ((size_t)t * Hv + h) * Dv, q, k, v, eg, beta, Dk, Dv);
         }
+        if (cy && cy->s_out && T > 0)
+            memcpy(cy->s_out + (size_t)h * SZ, states + ((size_t)(T - 1) * Hv + h) * SZ, SZ * sizeof(float));
     }
 }
 
@@ -99,7 +153,7 @@ static void l2n_bwd(float *dx, const float *x, const float *dy, int n) {
  * scaled, normalised q and k; du's v slice, da, db written; dA_log[h], ddt_bias[h] +=. */
 static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float *ddt_bias, const float *states, float *dstates,
                           const float *dout, const float *u, const float *a, const float *b, const float *A_log,
-                          const float *dt_bias, attn_ranges r, int T, dn_dims n, int h) {
+                          const float *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, dn_dims n, int h) {
     int Dk = n.Dk, Dv = n.Dv, Hv = n.Hv;
     size_t SZ = (size_t)Dk * Dv;
     float q[1024], k[1024], m[1024], dd[1024], dm[1024], eg, beta, g, bp;
@@ -107,8 +161,9 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
     double dAl = 0, ddt = 0;
     for (int t = T - 1; t >= 0; t--) {
         dn_rule_inputs(q, k, &v, &eg, &beta, &g, &bp, u, a, b, A_log, dt_bias, n, t, h);
-        int p = deltanet_prev(r, t);
-        const float *S = states + ((size_t)t * Hv + h) * SZ, *Sp = p >= 0 ? states + ((size_t)p * Hv + h) * SZ : NULL;
+        int p = prev_tok(r, cy, t);
+        const float *S = states + ((size_t)t * Hv + h) * SZ;
+        const float *Sp = p >= 0 ? states + ((size_t)p * Hv + h) * SZ : p == DN_CARRY ? cy->s_in + (size_t)h * SZ : NULL;
         float *dS = dstates + ((size_t)t * Hv + h) * SZ;
         const float *dy = dout + ((size_t)t * Hv + h) * Dv;
         int kh = h / (Hv / n.Hk);
@@ -144,7 +199,9 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
         }
         /* dS' = dS + k dm^T; dk += S' dm; dg, dS_prev */
         float dgs = 0;
-        float *dSp = p >= 0 ? dstates + ((size_t)p * Hv + h) * SZ : NULL;
+        float *dSp = p >= 0              ? dstates + ((size_t)p * Hv + h) * SZ
+            : p == DN_CARRY && cy->ds_in ? cy->ds_in + (size_t)h * SZ
+                                         : NULL;
         for (int i = 0; i < Dk; i++) {
             float s = 0;
             for (int j = 0; j < Dv; j++) {
@@ -153,7 +210,7 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
                     float sp = Sp[(size_t)i * Dv + j];
                     s += eg * sp * dm[j];
                     dgs += dsp * sp;
-                    dSp[(size_t)i * Dv + j] += eg * dsp;
+                    if (dSp) dSp[(size_t)i * Dv + j] += eg * dsp;
                 }
             }
             dk[i] += s;
@@ -171,10 +228,14 @@ static void rule_bwd_head(float *du, float *da, float *db, float *dA_log, float 
 
 void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float *ddt_bias, float *states, float *dstates,
                            const float *dout, const float *u, const float *a, const float *b, const float *A_log,
-                           const float *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                           const float *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
     dn_dims n = {Hk, Hv, Dk, Dv, 2 * Hk * Dk + Hv * Dv};
-    deltanet_rule_fwd_cpu(dstates, states, u, a, b, A_log, dt_bias, r, T, Hk, Hv, Dk, Dv); /* dstates: o, discarded */
-    memset(dstates, 0, (size_t)T * Hv * Dk * Dv * sizeof(float));
+    deltanet_carry in = cy ? *cy : (deltanet_carry){0};
+    in.s_out = NULL; /* the recompute leaves the forward's outputs alone */
+    deltanet_rule_fwd_cpu(dstates, states, u, a, b, A_log, dt_bias, r, cy ? &in : NULL, T, Hk, Hv, Dk, Dv); /* dstates: o, discarded */
+    size_t SZ = (size_t)Hv * Dk * Dv;
+    memset(dstates, 0, (size_t)T * SZ * sizeof(float));
+    if (cy && cy->ds_out && T > 0) memcpy(dstates + (size_t)(T - 1) * SZ, cy->ds_out, SZ * sizeof(float)); /* from outside */
     int G = Hv / Hk;
     /* key head kh's value heads add their q/k gradients, in head order, into du's q/k slices
      * (pre-norm), then the l2 norms' backward runs in place */
@@ -185,7 +246,7 @@ void deltanet_rule_bwd_cpu(float *du, float *da, float *db, float *dA_log, float
             memset(du + (size_t)t * n.Cc + (size_t)(Hk + kh) * Dk, 0, (size_t)Dk * sizeof(float));
         }
         for (int h = kh * G; h < (kh + 1) * G; h++)
-            rule_bwd_head(du, da, db, dA_log + h, ddt_bias + h, states, dstates, dout, u, a, b, A_log, dt_bias, r, T, n, h);
+            rule_bwd_head(du, da, db, dA_log + h, ddt_bias + h, states, dstates, dout, u, a, b, A_log, dt_bias, r, cy, T, n, h);
         float sc = 1.0f / sqrtf((float)Dk), y[1024];
         for (int t = 0; t < T; t++) {
             float *gq = du + (size_t)t * n.Cc + (size_t)kh * Dk, *gk = du + (size_t)t * n.Cc + (size_t)(Hk + kh) * Dk;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "kernels/attention.h"
+#include "kernels/deltanet.h"
 #include "kernels/moe.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/sampling.h"
@@ -180,18 +181,20 @@ struct eng_backend {
     void (*moe_shared_gate_bwd)(eng_backend *b, void *y, void *z, const void *dout, int T, int C);
     /* hybrid linear-attention models (kernels/deltanet.h, kernels/gated_attn.h): the gated
      * DeltaNet's conv, recurrent rule and gated norm; the gated full attention's q/k norm with
-     * partial RoPE and its output gate; the backward of each */
-    void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc);
-    void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
+     * partial RoPE and its output gate; the backward of each. cy: deltanet.h's carry (NULL: none) */
+    void (*deltanet_conv_fwd)(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, const deltanet_carry *cy,
                               int T, int Cc, int Kc);
+    void (*deltanet_conv_bwd)(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
+                              const deltanet_carry *cy, int T, int Cc, int Kc);
     /* the floats of the rule's states and dstates scratch at T tokens: every token's state
      * (T, Hv, Dk, Dv) on cpu; checkpoints and per-token partials on cuda (kernels/deltanet.cu) */
     void (*deltanet_scratch)(eng_backend *b, long long *states, long long *dstates, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_rule_fwd)(eng_backend *b, void *o, float *states, const void *u, const void *a, const void *bb,
-                              const void *A_log, const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+                              const void *A_log, const void *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk,
+                              int Hv, int Dk, int Dv);
     void (*deltanet_rule_bwd)(eng_backend *b, void *du, void *da, void *db, float *dA_log, float *ddt_bias, float *states,
                               float *dstates, const void *dout, const void *u, const void *a, const void *bb, const void *A_log,
-                              const void *dt_bias, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+                              const void *dt_bias, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv);
     void (*deltanet_norm_fwd)(eng_backend *b, void *y, float *rstd, const void *o, const void *z, const void *w, int T, int Hv,
                               int Dv, float eps);
     void (*deltanet_norm_bwd)(eng_backend *b, void *dout, void *dz, float *dw, const void *dy, const void *o, const void *z,

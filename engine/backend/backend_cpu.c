@@ -191,24 +191,25 @@ static void cpu_moe_shared_gate_fwd(eng_backend *b, void *o, const void *y, cons
 static void cpu_moe_shared_gate_bwd(eng_backend *b, void *y, void *z, const void *dy, int T, int C) {
     moe_shared_gate_bwd_cpu(y, z, dy, T, C);
 }
-static void cpu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
-    deltanet_conv_fwd_cpu(u, x, w, r, T, Cc, Kc);
+static void cpu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, const deltanet_carry *cy,
+                                  int T, int Cc, int Kc) {
+    deltanet_conv_fwd_cpu(u, x, w, r, cy, T, Cc, Kc);
 }
 static void cpu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w,
-                                  attn_ranges r, int T, int Cc, int Kc) {
-    deltanet_conv_bwd_cpu(dx, dw, du, x, w, r, T, Cc, Kc);
+                                  attn_ranges r, const deltanet_carry *cy, int T, int Cc, int Kc) {
+    deltanet_conv_bwd_cpu(dx, dw, du, x, w, r, cy, T, Cc, Kc);
 }
 static void cpu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
     *st = *dst = (long long)T * Hv * Dk * Dv;
 }
-static void cpu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb,
-                                  const void *al, const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    deltanet_rule_fwd_cpu(o, st, u, a, bb, al, dt, r, T, Hk, Hv, Dk, Dv);
+static void cpu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb, const void *al,
+                                  const void *dt, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_fwd_cpu(o, st, u, a, bb, al, dt, r, cy, T, Hk, Hv, Dk, Dv);
 }
 static void cpu_deltanet_rule_bwd(eng_backend *b, void *du, void *da, void *db, float *dal, float *ddt, float *st, float *dst,
                                   const void *dy, const void *u, const void *a, const void *bb, const void *al, const void *dt,
-                                  attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    deltanet_rule_bwd_cpu(du, da, db, dal, ddt, st, dst, dy, u, a, bb, al, dt, r, T, Hk, Hv, Dk, Dv);
+                                  attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_bwd_cpu(du, da, db, dal, ddt, st, dst, dy, u, a, bb, al, dt, r, cy, T, Hk, Hv, Dk, Dv);
 }
 static void cpu_deltanet_norm_fwd(eng_backend *b, void *y, float *rs, const void *o, const void *z, const void *w, int T, int Hv,
                                   int Dv, float eps) {

@@ -233,25 +233,26 @@ static void cu_moe_shared_gate_fwd(eng_backend *b, void *o, const void *y, const
 static void cu_moe_shared_gate_bwd(eng_backend *b, void *y, void *z, const void *dy, int T, int C) {
     moe_shared_gate_bwd_cuda(CTX(b), (bf16 *)y, (bf16 *)z, (cbf *)dy, T, C);
 }
-static void cu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, int T, int Cc, int Kc) {
-    deltanet_conv_fwd_cuda(CTX(b), (bf16 *)u, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
+static void cu_deltanet_conv_fwd(eng_backend *b, void *u, const void *x, const void *w, attn_ranges r, const deltanet_carry *cy,
+                                 int T, int Cc, int Kc) {
+    deltanet_conv_fwd_cuda(CTX(b), (bf16 *)u, (cbf *)x, (cbf *)w, r, cy, T, Cc, Kc);
 }
 static void cu_deltanet_conv_bwd(eng_backend *b, void *dx, float *dw, const void *du, const void *x, const void *w, attn_ranges r,
-                                 int T, int Cc, int Kc) {
-    deltanet_conv_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)du, (cbf *)x, (cbf *)w, r, T, Cc, Kc);
+                                 const deltanet_carry *cy, int T, int Cc, int Kc) {
+    deltanet_conv_bwd_cuda(CTX(b), (bf16 *)dx, dw, (cbf *)du, (cbf *)x, (cbf *)w, r, cy, T, Cc, Kc);
 }
 static void cu_deltanet_scratch(eng_backend *b, long long *st, long long *dst, int T, int Hk, int Hv, int Dk, int Dv) {
     deltanet_scratch_cuda(st, dst, T, Hk, Hv, Dk, Dv);
 }
 static void cu_deltanet_rule_fwd(eng_backend *b, void *o, float *st, const void *u, const void *a, const void *bb, const void *al,
-                                 const void *dt, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
-    deltanet_rule_fwd_cuda(CTX(b), (bf16 *)o, st, (cbf *)u, (cbf *)a, (cbf *)bb, (cbf *)al, (cbf *)dt, r, T, Hk, Hv, Dk, Dv);
+                                 const void *dt, attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
+    deltanet_rule_fwd_cuda(CTX(b), (bf16 *)o, st, (cbf *)u, (cbf *)a, (cbf *)bb, (cbf *)al, (cbf *)dt, r, cy, T, Hk, Hv, Dk, Dv);
 }
 static void cu_deltanet_rule_bwd(eng_backend *b, void *du, void *da, void *db, float *dal, float *ddt, float *st, float *dst,
                                  const void *dy, const void *u, const void *a, const void *bb, const void *al, const void *dt,
-                                 attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                                 attn_ranges r, const deltanet_carry *cy, int T, int Hk, int Hv, int Dk, int Dv) {
     deltanet_rule_bwd_cuda(CTX(b), (bf16 *)du, (bf16 *)da, (bf16 *)db, dal, ddt, st, dst, (cbf *)dy, (cbf *)u, (cbf *)a,
-                           (cbf *)bb, (cbf *)al, (cbf *)dt, r, T, Hk, Hv, Dk, Dv);
+                           (cbf *)bb, (cbf *)al, (cbf *)dt, r, cy, T, Hk, Hv, Dk, Dv);
 }
 static void cu_deltanet_norm_fwd(eng_backend *b, void *y, float *rs, const void *o, const void *z, const void *w, int T, int Hv,
                                  int Dv, float eps) {

@@ -54,20 +54,42 @@ void hybrid_gated_bwd(const model *m, const model_views *w, const model_views *g
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, NULL, a->dres, A->ag, W->wo, T, HD, C);
     be->gated_attn_gate_bwd(be, a->datt, a->dqg, a->datt, A->att, A->qg, T, H, D); /* in place: d ag -> d att */
-    be->zero(be, a->dk, (size_t)T * KD * eb);
-    be->zero(be, a->dv, (size_t)T * KD * eb);
-    be->attention_bwd(be, a->dq, a->dk, a->dv, a->datt, A->q, A->k, A->v, A->att, A->lse, d->r, T, T, H, K, D);
-    be->gated_attn_qk_bwd(be, a->dqg, a->dkg, G->q_norm, G->k_norm, a->dq, a->dk, A->qg, A->k0, W->q_norm, W->k_norm, A->rstdq,
-                          A->rstdk, d->pos, m->inv_freq, T, H, K, D, c->R);
+    model_attn_keys ks; /* the T tokens' own keys, or KV-cache rows (a split group's) */
+    model_attn_keys_begin(m, a, l, T, &ks);
+    be->attention_bwd(be, a->dq, ks.dk, ks.dv, a->datt, A->q, ks.k, ks.v, A->att, A->lse, d->r, T, ks.S, H, K, D);
+    model_attn_keys_end(m, a, l, &ks);
+    be->gated_attn_qk_bwd(be, a->dqg, a->dkg, G->q_norm, G->k_norm, a->dq, ks.dk_own, A->qg, A->k0, W->q_norm, W->k_norm,
+                          A->rstdq, A->rstdk, d->pos, m->inv_freq, T, H, K, D, c->R);
     be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->wq, NULL, a->dqg, A->ln1, W->wq, T, C, 2 * HD);
     be->matmul_bwd(be, a->dln, G->wk, NULL, a->dkg, A->ln1, W->wk, T, C, KD);
-    be->matmul_bwd(be, a->dln, G->wv, NULL, a->dv, A->ln1, W->wv, T, C, KD);
+    be->matmul_bwd(be, a->dln, G->wv, NULL, ks.dv_own, A->ln1, W->wv, T, C, KD);
     be->rmsnorm_bwd(be, a->dres, G->attn_norm, a->dln, A->x, W->attn_norm, A->rstd1, T, C);
 }
 
 /* ---------------------------------------------------------------- gated DeltaNet */
+
+/* Layer l's carry across a split group's passes (model.h model_dn_carry) as the ops take it, in
+ * *cy; NULL without one. The prompt's pass (row0 0) hands its end on, a response micro-batch's
+ * starts from it. */
+static deltanet_carry *carry_of(const model_acts *a, int l, deltanet_carry *cy) {
+    const model_dn_carry *k = a->carry;
+    if (!k) return NULL;
+    *cy = (deltanet_carry){.row0 = k->row0};
+    if (k->row0 == 0) {
+        cy->s_out = k->state[l];
+        cy->tail_out = k->tail[l];
+        cy->ds_out = k->dstate ? k->dstate[l] : NULL;
+        cy->dtail_out = k->dtail ? k->dtail[l] : NULL;
+    } else {
+        cy->s_in = k->state[l];
+        cy->tail_in = k->tail[l];
+        cy->ds_in = k->dstate ? k->dstate[l] : NULL;
+        cy->dtail_in = k->dtail ? k->dtail[l] : NULL;
+    }
+    return cy;
+}
 
 void hybrid_deltanet_fwd(const model *m, const model_views *w, model_acts *a, int l, const model_dev_input *d, void *kv_k,
                          void *kv_v) {
@@ -87,8 +109,9 @@ void hybrid_deltanet_fwd(const model *m, const model_views *w, model_acts *a, in
         be->deltanet_conv_step(be, A->dn_u, kv_v, A->x_qkv, W->dn_conv, d->srow, T, Cc, c->conv_k);
         be->deltanet_rule_step(be, A->o, kv_k, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->srow, T, Hk, Hv, Dk, Dv);
     } else {
-        be->deltanet_conv_fwd(be, A->dn_u, A->x_qkv, W->dn_conv, d->r, T, Cc, c->conv_k);
-        be->deltanet_rule_fwd(be, A->o, a->states, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, T, Hk, Hv, Dk, Dv);
+        deltanet_carry cy, *cp = carry_of(a, l, &cy);
+        be->deltanet_conv_fwd(be, A->dn_u, A->x_qkv, W->dn_conv, d->r, cp, T, Cc, c->conv_k);
+        be->deltanet_rule_fwd(be, A->o, a->states, A->dn_u, A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, cp, T, Hk, Hv, Dk, Dv);
     }
     be->deltanet_norm_fwd(be, A->y, A->rstdn, A->o, A->z, W->dn_norm, T, Hv, Dv, c->eps);
     mm_part o = {A->xm, W->dn_out, NULL, C, A->x, {0}};
@@ -106,9 +129,10 @@ void hybrid_deltanet_bwd(const model *m, const model_views *w, const model_views
     be->zero(be, a->dy_lin, (size_t)T * VL * eb);
     be->matmul_bwd(be, a->dy_lin, G->dn_out, NULL, a->dres, A->y, W->dn_out, T, VL, C);
     be->deltanet_norm_bwd(be, a->do_lin, a->dz, G->dn_norm, a->dy_lin, A->o, A->z, W->dn_norm, A->rstdn, T, Hv, Dv);
+    deltanet_carry cy, *cp = carry_of(a, l, &cy);
     be->deltanet_rule_bwd(be, a->du_lin, a->ddn_a, a->ddn_b, G->dn_alog, G->dn_dt, a->states, a->dstates, a->do_lin, A->dn_u,
-                          A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, T, Hk, Hv, Dk, Dv);
-    be->deltanet_conv_bwd(be, a->dx_qkv, G->dn_conv, a->du_lin, A->x_qkv, W->dn_conv, d->r, T, Cc, c->conv_k);
+                          A->dn_a, A->dn_b, W->dn_alog, W->dn_dt, d->r, cp, T, Hk, Hv, Dk, Dv);
+    be->deltanet_conv_bwd(be, a->dx_qkv, G->dn_conv, a->du_lin, A->x_qkv, W->dn_conv, d->r, cp, T, Cc, c->conv_k);
     be->rmsnorm_fwd(be, A->ln1, A->rstd1, A->x, W->attn_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * eb);
     be->matmul_bwd(be, a->dln, G->dn_qkv, NULL, a->dx_qkv, A->ln1, W->dn_qkv, T, C, Cc);

@@ -5,7 +5,9 @@
  * leaves d A->x there, ADDING weight gradients into g. With a cache (decode, no grad) the gated
  * kind writes and reads K/V rows as full attention does, the DeltaNet kind its state rows
  * (kv_k the recurrent states, kv_v the conv tails: model.h's model_kv); the backwards are the
- * training pass's only. */
+ * training pass's only. In a split group's passes (engine/model/split.h) the gated kind reads and
+ * writes the KV cache as full attention does (model_attn_keys_begin), and the DeltaNet kind hands
+ * its prompt's end to the responses through a->carry (model.h model_dn_carry). */
 #ifndef GRPOD_HYBRID_H
 #define GRPOD_HYBRID_H
 #include "engine/model/model.h"

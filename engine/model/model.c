@@ -831,8 +831,8 @@ int model_forward(const model *m, const model_views *w, model_acts *a, model_kv 
     int rc = model_input_upload(m, a, in, &d);
     if (rc) return rc;
     if (kv && !in->slot) return err_set(GE_INTERNAL, "model_forward: a KV cache needs slots");
-    if (kv && m->cfg.arch == ARCH_QWEN3_5 && (!in->srow || !kv->cap_st))
-        return err_set(GE_INTERNAL, "model_forward: a hybrid model's KV cache needs its state rows and srow");
+    if (kv && m->cfg.arch == ARCH_QWEN3_5 && !a->carry && (!in->srow || !kv->cap_st))
+        return err_set(GE_INTERNAL, "model_forward: a hybrid model's KV cache needs its state rows and srow (or a carry)");
     a->ep_rc = 0;
     model_forward_dev(m, w, a, kv, &d, temperature, want_entropy);
     rc = m->be->sync(m->be);
@@ -1191,6 +1191,29 @@ static void acc_begin(const model *m, const model_acts *a, int l, int T) {
     }
 }
 
+void model_attn_keys_begin(const model *m, model_acts *a, int l, int T, model_attn_keys *o) {
+    eng_backend *be = m->be;
+    size_t KD = (size_t)m->cfg.K * m->cfg.D, eb = (size_t)be->act_bytes;
+    if (a->kv) {
+        *o = (model_attn_keys){a->kv->k[l], a->kv->v[l], a->dkv->k[l], a->dkv->v[l], NULL, NULL, a->kv_row0 + T};
+        if (a->acc) acc_begin(m, a, l, T);
+    } else {
+        *o = (model_attn_keys){a->l[l].k, a->l[l].v, a->dk, a->dv, NULL, NULL, T};
+        be->zero(be, a->dk, (size_t)T * KD * eb);
+        be->zero(be, a->dv, (size_t)T * KD * eb);
+    }
+    o->dk_own = (char *)o->dk + (size_t)a->kv_row0 * KD * eb;
+    o->dv_own = (char *)o->dv + (size_t)a->kv_row0 * KD * eb;
+}
+
+void model_attn_keys_end(const model *m, model_acts *a, int l, const model_attn_keys *o) {
+    size_t KD = (size_t)m->cfg.K * m->cfg.D;
+    if (a->acc && a->kv_row0 > 0) {
+        m->be->acc_f32(m->be, a->acc->k[l], o->dk, (long long)a->acc->S * KD);
+        m->be->acc_f32(m->be, a->acc->v[l], o->dv, (long long)a->acc->S * KD);
+    }
+}
+
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d) {
     const model_config *c = &m->cfg;
     mlp_kinds[c->mlp[l]].bwd(m, w, g, a, l, d);
@@ -1209,26 +1232,12 @@ static void attn_full_bwd(const model *m, const model_views *w, const model_view
     be->zero(be, a->datt, (size_t)T * HD * eb);
     be->matmul_bwd(be, a->datt, G->wo, G->bo, a->dres, A->att, W->wo, T, HD, C);
     lora_bwd(m, a, W, G, LORA_O, a->dres, A->att, a->datt, T, HD, C);
-    /* keys: the T tokens' own (dk, dv zeroed here), or KV-cache rows (model_acts_init_kv: the
-     * gradients of every row seen go to dkv, this micro-batch's own rows start at kv_row0) */
-    const void *keys = A->k, *vals = A->v;
-    void *dkeys = a->dk, *dvals = a->dv;
-    if (a->kv) {
-        keys = a->kv->k[l];
-        vals = a->kv->v[l];
-        dkeys = a->dkv->k[l];
-        dvals = a->dkv->v[l];
-        if (a->acc) acc_begin(m, a, l, T);
-    } else {
-        be->zero(be, a->dk, (size_t)T * KD * eb);
-        be->zero(be, a->dv, (size_t)T * KD * eb);
-    }
-    be->attention_bwd(be, a->dq, dkeys, dvals, a->datt, A->q, keys, vals, A->att, A->lse, d->r, T, a->kv_row0 + T, H, K, D);
-    if (a->acc && a->kv_row0 > 0) {
-        be->acc_f32(be, a->acc->k[l], dkeys, (long long)a->acc->S * KD);
-        be->acc_f32(be, a->acc->v[l], dvals, (long long)a->acc->S * KD);
-    }
-    void *dq = a->dq, *dk = (char *)dkeys + (size_t)a->kv_row0 * KD * eb, *dv = (char *)dvals + (size_t)a->kv_row0 * KD * eb;
+    /* keys: the T tokens' own, or KV-cache rows (model_attn_keys_begin) */
+    model_attn_keys ks;
+    model_attn_keys_begin(m, a, l, T, &ks);
+    be->attention_bwd(be, a->dq, ks.dk, ks.dv, a->datt, A->q, ks.k, ks.v, A->att, A->lse, d->r, T, ks.S, H, K, D);
+    model_attn_keys_end(m, a, l, &ks);
+    void *dq = a->dq, *dk = ks.dk_own, *dv = ks.dv_own;
     if (c->qk_norm) {
         be->qk_norm_rope_bwd(be, a->dq0, G->q_norm, a->dq, A->q0, W->q_norm, A->rstdq, d->pos, m->inv_freq, T, H, D);
         be->qk_norm_rope_bwd(be, a->dk0, G->k_norm, dk, A->k0, W->k_norm, A->rstdk, d->pos, m->inv_freq, T, K, D);

@@ -167,6 +167,17 @@ typedef struct {
     int S;
     float **k, **v;
 } model_kv_acc;
+/* A split group's DeltaNet carry (engine/model/split.c), per layer (L; NULL in the other layers),
+ * fp32: the prompt's final recurrent state (Hv,Dk,Dv) and conv tail (Kc-1,Cc) (kernels/deltanet.h
+ * deltanet_carry), and the sums of their gradients over the response micro-batches (NULL
+ * without grad). row0 0: the prompt's own pass (its forward writes state and tail, its backward
+ * takes dstate and dtail as gradient from outside); row0 P: a response micro-batch's (its tokens
+ * at rows P.., each run starting from state and tail; its backward ADDS their gradients into
+ * dstate and dtail). */
+typedef struct {
+    int row0;
+    float **state, **tail, **dstate, **dtail;
+} model_dn_carry;
 typedef struct {
     int cap_T, cap_M, grad; /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE */
     int n_ckpt; /* layers that keep only x (grad only) */
@@ -178,6 +189,8 @@ typedef struct {
     /* set by the caller after model_acts_init_kv (else NULL): dkv is then scratch that all
      * layers may share, and the gradients of rows [0, acc->S) are kept in acc (model_layer_bwd) */
     model_kv_acc *acc;
+    /* set by the caller (else NULL): the DeltaNet layers' carry across a split group's passes */
+    const model_dn_carry *carry;
     size_t layer_bytes; /* one layer's saved activations: a block from l[l].x */
     int ep_rc; /* the first error of an expert-parallel exchange (moe_ep.h) since model_forward/_backward began */
     struct model_layer_acts { /* act-typed (be->act_bytes) unless float */
@@ -341,6 +354,18 @@ void model_layer_fwd(const model *m, const model_views *w, model_acts *a, int l,
 /* Backward of model_layer_fwd (grad mode, queued): a->dres holds d(layer output) on entry and
  * d(A->x) on return; weight gradients are added into g; a's backward scratch is overwritten. */
 void model_layer_bwd(const model *m, const model_views *w, const model_views *g, model_acts *a, int l, const model_dev_input *d);
+/* For the softmax attention kinds' backwards (model.c, hybrid.c): the keys and values layer l's
+ * attention read in the forward and where their gradients go: the T tokens' own (A->k, A->v;
+ * a->dk, a->dv zeroed), or with a KV cache (model_acts_init_kv) the cache rows [0, S) and dkv,
+ * started as model_acts_init_kv says; own: the T tokens' rows in dk, dv. After the attention
+ * backward model_attn_keys_end adds the accumulated rows' gradients into a->acc. */
+typedef struct {
+    const void *k, *v;
+    void *dk, *dv, *dk_own, *dv_own;
+    int S;
+} model_attn_keys;
+void model_attn_keys_begin(const model *m, model_acts *a, int l, int T, model_attn_keys *o);
+void model_attn_keys_end(const model *m, model_acts *a, int l, const model_attn_keys *o);
 /* The routes of tokens [0, T) of the last forward on a, which ran T_fwd tokens (T <= T_fwd), into
  * out (T, Lm, k) host, token-major (model_input.routes is layer-major); synchronous. 0 without
  * MoE layers (nothing written). */

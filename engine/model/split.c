@@ -178,6 +178,12 @@ typedef struct {
     model_kv kv, dkv; /* dkv: training only, one layer (P + capT rows) all layers share */
     model_kv_acc acc; /* training only: the prompt rows' dK/dV sums, fp32 */
     void *acc_mem;
+    size_t acc_bytes;
+    /* hybrid models: the DeltaNet layers' carry (model.h), as the prompt's pass and the response
+     * micro-batches' see it (the same buffers, row0 0 and P) */
+    model_dn_carry cy_prompt, cy_resp;
+    void *carry_mem;
+    size_t carry_grad_bytes; /* dstate, dtail: the tail of carry_mem */
     float *hbuf; /* (M) host scratch: one micro-batch's logprobs / gradients */
 } split_ctx;
 
@@ -185,6 +191,8 @@ static void ctx_free(split_ctx *x) {
     if (x->kv.mem) model_kv_free(x->m, &x->kv);
     if (x->dkv.mem) model_kv_free(x->m, &x->dkv);
     if (x->acc_mem) x->m->be->free(x->m->be, x->acc_mem);
+    if (x->carry_mem) x->m->be->free(x->m->be, x->carry_mem);
+    free(x->cy_prompt.state);
     free(x->acc.k);
     free(x->acc.v);
     free(x->first);
@@ -193,7 +201,8 @@ static void ctx_free(split_ctx *x) {
     free(x->hbuf);
 }
 
-/* dkv: one layer of cap_S rows behind every layer's pointers; acc: (L) each (S, K, D) fp32. */
+/* dkv: one layer of cap_S rows behind every layer's pointers; acc: each layer with K/V in the
+ * cache (not a DeltaNet layer) (S, K, D) fp32, acc_bytes in all. */
 static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     const model *m = x->m;
     const model_config *c = &m->cfg;
@@ -206,13 +215,49 @@ static int train_bufs_init(split_ctx *x, int cap_S, int S) {
     x->acc.k = calloc((size_t)c->L, sizeof(float *));
     x->acc.v = calloc((size_t)c->L, sizeof(float *));
     if (!x->dkv.k || !x->dkv.v || !x->acc.k || !x->acc.v) return err_set(GE_NOMEM, "split: out of memory");
-    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, per32 * 2 * (size_t)c->L))) return GE_NOMEM;
-    for (int l = 0; l < c->L; l++) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += x->kv.k[l] != NULL;
+    x->acc_bytes = per32 * 2 * (size_t)n;
+    if (!(x->dkv.mem = be->alloc(be, per * 2)) || !(x->acc_mem = be->alloc(be, x->acc_bytes + 16))) return GE_NOMEM;
+    for (int l = 0, i = 0; l < c->L; l++) {
         x->dkv.k[l] = x->dkv.mem;
         x->dkv.v[l] = (char *)x->dkv.mem + per;
-        x->acc.k[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l));
-        x->acc.v[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * l + 1));
+        if (!x->kv.k[l]) continue;
+        x->acc.k[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * i));
+        x->acc.v[l] = (float *)((char *)x->acc_mem + per32 * (size_t)(2 * i + 1));
+        i++;
     }
+    return 0;
+}
+
+/* The DeltaNet layers' carry: per layer state (Hv,Dk,Dv) and tail (Kc-1,Cc), and when training
+ * dstate, dtail after all of them; one pointer array (4L) behind both views. */
+static int carry_init(split_ctx *x, int train) {
+    const model_config *c = &x->m->cfg;
+    eng_backend *be = x->m->be;
+    int L = c->L, nl = config_n_linear(c);
+    size_t SZ = (size_t)c->lin_hv * c->lin_dk * c->lin_dv,
+           TL = (size_t)(c->conv_k - 1) * (2 * c->lin_hk * c->lin_dk + c->lin_hv * c->lin_dv);
+    size_t one = (SZ + TL) * (size_t)nl * sizeof(float);
+    float **p = calloc((size_t)4 * L, sizeof(float *));
+    if (!p) return err_set(GE_NOMEM, "split: out of memory");
+    model_dn_carry *k = &x->cy_prompt;
+    *k = (model_dn_carry){0, p, p + L, train ? p + 2 * L : NULL, train ? p + 3 * L : NULL};
+    x->carry_grad_bytes = train ? one : 0;
+    if (!(x->carry_mem = be->alloc(be, one + x->carry_grad_bytes))) return GE_NOMEM;
+    float *f = x->carry_mem;
+    for (int l = 0; l < L; l++)
+        if (c->attn[l] == ATTN_DELTANET) {
+            k->state[l] = f;
+            k->tail[l] = f + SZ;
+            if (train) {
+                k->dstate[l] = (float *)((char *)f + one);
+                k->dtail[l] = k->dstate[l] + SZ;
+            }
+            f += SZ + TL;
+        }
+    x->cy_resp = *k;
+    x->cy_resp.row0 = x->g->P;
     return 0;
 }
 
@@ -220,11 +265,7 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     memset(x, 0, sizeof *x);
     x->m = m;
     x->g = g;
-    if (m->cfg.arch == ARCH_QWEN3_5) /* the responses would need the prompt's recurrent state and conv tail */
-        return err_set(GE_UNSUPPORTED,
-                       "%s: a group split over micro-batches (prompt of %d tokens, %d responses, max_tokens_per_micro_batch "
-                       "%lld) is not built yet for hybrid linear-attention models: raise max_tokens_per_micro_batch",
-                       m->cfg.arch_name, g->P, g->N, o->max_tokens);
+    int hybrid = config_n_linear(&m->cfg) > 0;
     x->first = malloc(((size_t)g->N + 1) * sizeof(int));
     x->off = resp_offsets(g);
     if (!x->first || !x->off) return err_set(GE_NOMEM, "split: out of memory");
@@ -245,14 +286,16 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
                        "prompt of %d tokens + response of %d exceed the model's context "
                        "(max_position_embeddings %d)",
                        g->P, maxR, m->cfg.max_pos);
-    /* the hot set: the prompt's K/V of every layer (and when training their gradients' fp32
-     * sums, and one layer of dK/dV scratch) */
+    /* the hot set: the prompt's K/V of every softmax-attention layer (and when training their
+     * gradients' fp32 sums, and one layer of dK/dV scratch); a DeltaNet layer's carry */
     const model_config *c = &m->cfg;
     double row_mib = (double)c->K * c->D * 2.0 / 1048576.0, S = g->P + x->capT;
-    st->hot_mib = row_mib * m->be->act_bytes * S * c->L;
-    if (train) st->hot_mib += row_mib * (4.0 * g->P * c->L + m->be->act_bytes * S);
+    st->hot_mib = (double)model_kv_row_bytes(m) * S / 1048576.0 + (double)model_state_row_bytes(m) * (train ? 2 : 1) / 1048576.0;
+    if (train)
+        st->hot_mib += (double)model_kv_row_bytes(m) / m->be->act_bytes * 4.0 * g->P / 1048576.0 + row_mib * m->be->act_bytes * S;
     rc = model_kv_init(m, &x->kv, g->P + x->capT);
     if (!rc && train) rc = train_bufs_init(x, g->P + x->capT, g->P);
+    if (!rc && hybrid) rc = carry_init(x, train);
     if (rc)
         return err_set(GE_TOO_LARGE,
                        "prompt of %d tokens: its keys and values in every layer (the hot set: %.0f MiB%s) "
@@ -276,7 +319,8 @@ int split_forward(const model *m, const model_views *w, const pack_group *g, con
     int rc = ctx_init(&x, m, g, o, 0, st);
     int capT = g->P > x.capT ? g->P : x.capT;
     if (!rc) rc = model_acts_init(m, &a, capT, x.capM, 0);
-    /* A: the prompt once, its K/V into cache rows [0, P) */
+    /* A: the prompt once, its K/V into cache rows [0, P) (its final DeltaNet states into the carry) */
+    a.carry = x.carry_mem ? &x.cy_prompt : NULL;
     if (!rc) rc = model_forward(m, w, &a, &x.kv, &x.hp.in, o->temperature, ent != NULL);
     if (!rc && x.hp.in.M) rc = be->to_host(be, x.hbuf, a.logp, (size_t)x.hp.in.M * 4);
     if (!rc) first_scatter(g, x.off, x.hbuf, logp);
@@ -285,6 +329,7 @@ int split_forward(const model *m, const model_views *w, const pack_group *g, con
     st->ms_prompt_fwd = clock_mono_ms() - t;
     t = clock_mono_ms();
     /* B: the responses on the cached prompt */
+    a.carry = x.carry_mem ? &x.cy_resp : NULL;
     for (int k = 0; k < x.nb && !rc; k++) {
         int r0 = x.first[k], r1 = x.first[k + 1];
         if ((rc = resp_input(&hr, g, r0, r1))) break;
@@ -477,7 +522,6 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     if (!st) st = &st0;
     memset(st, 0, sizeof *st);
     eng_backend *be = m->be;
-    const model_config *c = &m->cfg;
     split_ctx x;
     prompt_acts p = {0};
     model_acts as = {0};
@@ -489,6 +533,10 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     if (!rc) rc = model_acts_init_kv(m, &as, x.capT, x.capM, &x.kv, &x.dkv, P, 0);
     if (!rc) rc = pacts_init(m, &p, &x, o->offload, o->mem, st);
     as.acc = p.a.acc = &x.acc;
+    if (x.carry_mem) { /* the DeltaNet layers: the prompt's end carried to every response micro-batch */
+        p.a.carry = &x.cy_prompt;
+        as.carry = &x.cy_resp;
+    }
     /* A */
     if (!rc) rc = model_input_upload(m, &p.a, &x.hp.in, &dp);
     if (!rc) rc = prompt_forward(m, w, &p, &x, &dp, o->temperature, want_ent);
@@ -499,7 +547,8 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     st->ms_prompt_fwd = clock_mono_ms() - t;
     t = clock_mono_ms();
     /* B: acc collects the prompt keys' gradients from every response micro-batch */
-    if (!rc) be->zero(be, x.acc_mem, (size_t)P * c->K * c->D * 4 * 2 * c->L);
+    if (!rc && x.acc_bytes) be->zero(be, x.acc_mem, x.acc_bytes);
+    if (!rc && x.carry_grad_bytes) be->zero(be, (char *)x.carry_mem + x.carry_grad_bytes, x.carry_grad_bytes);
     for (int k = 0; k < x.nb && !rc; k++) {
         int r0 = x.first[k], r1 = x.first[k + 1];
         if ((rc = resp_input(&hr, g, r0, r1))) break;

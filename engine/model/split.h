@@ -13,6 +13,12 @@
  *   C  the prompt's backward once, its dormant set brought back a few layers ahead of use, dK/dV
  *      cast once from the sums, its own attention backward adding its keys' gradients to them.
  *
+ * Hybrid models (gated DeltaNet layers): a DeltaNet layer's past is its recurrent state and
+ * conv tail, not K/V rows. A writes each such layer's final state and tail (the carry, model.h
+ * model_dn_carry: fp32, beside the hot set); every response micro-batch in B starts from them and
+ * adds their gradients into fp32 sums; C's DeltaNet backwards take the sums as the gradient of the
+ * prompt's last state and last conv inputs.
+ *
  * The prompt's last token predicts each response's first token: those N predictions are made
  * in A and back-propagated in C. The backward is linear in its incoming gradients, so this
  * equals the one-graph packed layout (and the standard one) up to rounding. The forward-only

@@ -17,7 +17,8 @@
  * Qwen3-MoE models (MoE and dense layers) run (b)-(e) too, (b) and (c) with the balance loss in
  * the backward and its value compared (1e-2 relative); main() says why the top-4-of-16 model's
  * gradients have a wider tolerance. Qwen3.5 (gated DeltaNet and gated attention layers) runs
- * (b)-(d) with the dense tolerances. */
+ * (b)-(e) with the dense tolerances: (e) with each response micro-batch starting from the
+ * prompt's final recurrent states and conv tails (the carry, kernels/deltanet.h). */
 #include "engine/model/model.h"
 #include "engine/model/pack.h"
 #include "engine/model/split.h"
@@ -365,7 +366,7 @@ int main(int argc, char **argv) {
     }
     /* Qwen3.5: DeltaNet, DeltaNet, gated attention, DeltaNet; two value heads a key head, Dv not
      * a multiple of the CUDA walk's 32 columns, a quarter of D rotary; the groups' prompts of 40
-     * and 96 tokens cross the walk's 64-token checkpoints (the split schedule refuses hybrids) */
+     * and 96 tokens cross the walk's 64-token checkpoints */
     model_config qh = q3;
     qh.arch = ARCH_QWEN3_5;
     snprintf(qh.arch_name, sizeof qh.arch_name, "qwen3_5_text");
@@ -392,6 +393,12 @@ int main(int argc, char **argv) {
     qd.D = 256;
     qd.R = 64;
     model_case("qwen3_5 D=256", &qd, 8018, 0.0f, 1e-2, 3e-2);
+    /* (e) on the hybrid: 5 layers (the dormant ring moves real ones), a DeltaNet layer last */
+    model_config qs = qh;
+    qs.L = 5;
+    qs.attn[4] = ATTN_DELTANET;
+    qs.mlp[4] = qs.mlp[3];
+    split_case("qwen3_5", &qs, 9009);
     if (only_hybrid) {
         printf("%d failed\n", gc_failures);
         return gc_failures ? 1 : 0;

@@ -1521,10 +1521,11 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *du_c = malloc(nx * 4), *da_c = malloc(nh * 4), *db_c = malloc(nh * 4), *dal_c = gc_copy(dal0, (size_t)Hv);
     float *ddt_c = gc_copy(ddt0, (size_t)Hv), *y_c = malloc(no * 4), *r_c = malloc(nh * 4), *do_c = malloc(no * 4);
     float *dz_c = malloc(no * 4), *dnw_c = gc_copy(dnw0, (size_t)Dv);
-    cpu->deltanet_conv_fwd(cpu, u_c, x, cw, rc, T, Cc, Kc);
-    cpu->deltanet_conv_bwd(cpu, dx_c, dcw_c, du, x, cw, rc, T, Cc, Kc);
-    cpu->deltanet_rule_fwd(cpu, o_c, states, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
-    cpu->deltanet_rule_bwd(cpu, du_c, da_c, db_c, dal_c, ddt_c, states, dstates, dout, u, a, b, alog, dt, rc, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_conv_fwd(cpu, u_c, x, cw, rc, NULL, T, Cc, Kc);
+    cpu->deltanet_conv_bwd(cpu, dx_c, dcw_c, du, x, cw, rc, NULL, T, Cc, Kc);
+    cpu->deltanet_rule_fwd(cpu, o_c, states, u, a, b, alog, dt, rc, NULL, T, Hk, Hv, Dk, Dv);
+    cpu->deltanet_rule_bwd(cpu, du_c, da_c, db_c, dal_c, ddt_c, states, dstates, dout, u, a, b, alog, dt, rc, NULL, T, Hk, Hv, Dk,
+                           Dv);
     cpu->deltanet_norm_fwd(cpu, y_c, r_c, o, z, nw, T, Hv, Dv, 1e-6f);
     cpu->deltanet_norm_bwd(cpu, do_c, dz_c, dnw_c, dy, o, z, nw, r_c, T, Hv, Dv);
     /* GPU */
@@ -1552,15 +1553,17 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     gb(&B, (void *)rgd.a1);
     gb(&B, (void *)rgd.b0);
     gb(&B, (void *)rgd.b1);
-    gpu->deltanet_conv_fwd(gpu, gucv, gx, gcw, rgd, T, Cc, Kc);
-    gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, T, Cc, Kc);
-    gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_fwd(gpu, go2, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_conv_fwd(gpu, gucv, gx, gcw, rgd, NULL, T, Cc, Kc);
+    gpu->deltanet_conv_bwd(gpu, gdx, gdcw, gdu, gx, gcw, rgd, NULL, T, Cc, Kc);
+    gpu->deltanet_rule_fwd(gpu, go, gst, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur, gda, gdb, gdal, gddt, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_fwd(gpu, go2, gst, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur2, gda2, gdb2, gdal2, gddt2, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv,
+                           Dk, Dv);
     gpu->tune.deltanet = TUNE_DN_RECURRENT; /* the path the chunked kernels replace */
-    gpu->deltanet_rule_fwd(gpu, go3, gst, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
-    gpu->deltanet_rule_bwd(gpu, gdur3, gda3, gdb3, gdal3, gddt3, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_fwd(gpu, go3, gst, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv, Dk, Dv);
+    gpu->deltanet_rule_bwd(gpu, gdur3, gda3, gdb3, gdal3, gddt3, gst, gdst, gdout, gu, ga, gb_, gal, gdt, rgd, NULL, T, Hk, Hv,
+                           Dk, Dv);
     gpu->tune.deltanet = TUNE_DN_CHUNKED;
     gpu->deltanet_norm_fwd(gpu, gy, gr, go_in, gz, gnw, T, Hv, Dv, 1e-6f);
     gpu->deltanet_norm_bwd(gpu, gdo, gdz, gdnw, gdy, go_in, gz, gnw, gr, T, Hv, Dv);
@@ -1658,6 +1661,160 @@ static void t_gated_attn(int T, int H, int K, int D, int R) {
     for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
 }
 
+/* The DeltaNet ops with a carry (deltanet.h deltanet_carry: a split group's prompt handing its
+ * final state and conv tail to its response micro-batches), CUDA against the CPU backend on the
+ * same inputs, the two passes of the split schedule (engine/model/split.c):
+ *   prompt (P tokens, row0 0): s_out, tail_out written; ds_out, dtail_out taken by the backwards;
+ *   responses (row0 P, ranges over cache rows): s_in, tail_in read; ds_in, dtail_in += .
+ * Responses of one token and across the walk's 64-token checkpoints; a prompt shorter than the
+ * conv kernel (its tail holds zeros). Tolerances as t_deltanet's; the carry is fp32 both sides. */
+typedef struct {
+    float *u, *dx, *dw, *o, *du, *da, *db, *dal, *ddt, *s, *tail; /* host results; s, tail: the carry's out or d in */
+} dn_out;
+
+static void *dn_up(eng_backend *be, const float *h, size_t n) {
+    void *p = be->alloc(be, n * (size_t)be->act_bytes + 16);
+    if (!p || be->act_from_f32(be, p, h, n)) gc_die(be, "upload act");
+    return p;
+}
+
+/* The four ops on backend be; in: x, u (T,Cc) a, b (T,Hv), dout (T,Hv,Dv), du (T,Cc), the weights;
+ * carry buffers from host (cs, ct: s_in/tail_in or ds_out/dtail_out; ds0, dt0: ds_in/dtail_in's
+ * start) */
+static dn_out dn_carry_run(eng_backend *be, ranges rg, int row0, float **in, const float *cs, const float *ct, const float *ds0,
+                           const float *dt0, int Hk, int Hv, int Dk, int Dv, int Kc) {
+    int T = rg.T, Cc = 2 * Hk * Dk + Hv * Dv;
+    size_t nx = (size_t)T * Cc, nh = (size_t)T * Hv, no = (size_t)T * Hv * Dv, SZ = (size_t)Hv * Dk * Dv,
+           TL = (size_t)(Kc - 1) * Cc;
+    enum { X, U, A, B, DOUT, DU, CW, ALOG, DT, DCW0, DAL0, DDT0 };
+    size_t nin[] = {nx, nx, nh, nh, no, nx, (size_t)Cc * Kc, (size_t)Hv, (size_t)Hv};
+    void *d[9];
+    for (int i = 0; i < 9; i++) d[i] = dn_up(be, in[i], nin[i]);
+    float *dcw = gc_dev(be, in[DCW0], (size_t)Cc * Kc * 4), *dal = gc_dev(be, in[DAL0], (size_t)Hv * 4);
+    float *ddt = gc_dev(be, in[DDT0], (size_t)Hv * 4);
+    float *cs_d = gc_dev(be, cs, SZ * 4), *ct_d = gc_dev(be, ct, TL * 4 + 4);
+    float *so = be->alloc(be, SZ * 4), *to = be->alloc(be, TL * 4 + 4);
+    deltanet_carry k = {.row0 = row0};
+    if (row0)
+        k = (deltanet_carry){row0, cs_d, ct_d, gc_dev(be, ds0, SZ * 4), gc_dev(be, dt0, TL * 4 + 4), NULL, NULL, NULL, NULL};
+    else k = (deltanet_carry){0, NULL, NULL, NULL, NULL, so, to, cs_d, ct_d};
+    long long st, dst;
+    be->deltanet_scratch(be, &st, &dst, T, Hk, Hv, Dk, Dv);
+    float *gst = be->alloc(be, (size_t)st * 4), *gdst = be->alloc(be, (size_t)dst * 4);
+    void *u = be->alloc(be, nx * be->act_bytes), *dx = be->alloc(be, nx * be->act_bytes), *o = be->alloc(be, no * be->act_bytes);
+    void *du = be->alloc(be, nx * be->act_bytes), *da = be->alloc(be, nh * be->act_bytes), *db = be->alloc(be, nh * be->act_bytes);
+    attn_ranges r = gc_dev_ranges(be, rg);
+    be->deltanet_conv_fwd(be, u, d[X], d[CW], r, &k, T, Cc, Kc);
+    be->deltanet_conv_bwd(be, dx, dcw, d[DU], d[X], d[CW], r, &k, T, Cc, Kc);
+    be->deltanet_rule_fwd(be, o, gst, d[U], d[A], d[B], d[ALOG], d[DT], r, &k, T, Hk, Hv, Dk, Dv);
+    be->deltanet_rule_bwd(be, du, da, db, dal, ddt, gst, gdst, d[DOUT], d[U], d[A], d[B], d[ALOG], d[DT], r, &k, T, Hk, Hv, Dk, Dv);
+    dn_out out = {gc_get_act(be, u, nx),
+                  gc_get_act(be, dx, nx),
+                  gc_get_f32(be, dcw, (size_t)Cc * Kc),
+                  gc_get_act(be, o, no),
+                  gc_get_act(be, du, nx),
+                  gc_get_act(be, da, nh),
+                  gc_get_act(be, db, nh),
+                  gc_get_f32(be, dal, (size_t)Hv),
+                  gc_get_f32(be, ddt, (size_t)Hv),
+                  gc_get_f32(be, row0 ? k.ds_in : so, SZ),
+                  gc_get_f32(be, row0 ? k.dtail_in : to, TL + 1)};
+    void *fr[] = {dcw,
+                  dal,
+                  ddt,
+                  cs_d,
+                  ct_d,
+                  so,
+                  to,
+                  gst,
+                  gdst,
+                  u,
+                  dx,
+                  o,
+                  du,
+                  da,
+                  db,
+                  (void *)r.a0,
+                  (void *)r.a1,
+                  (void *)r.b0,
+                  (void *)r.b1,
+                  row0 ? k.ds_in : NULL,
+                  row0 ? k.dtail_in : NULL};
+    for (int i = 0; i < 9; i++) be->free(be, d[i]);
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)
+        if (fr[i]) be->free(be, fr[i]);
+    return out;
+}
+
+static void dn_out_free(dn_out *o) {
+    float *p[] = {o->u, o->dx, o->dw, o->o, o->du, o->da, o->db, o->dal, o->ddt, o->s, o->tail};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+}
+
+static void t_deltanet_carry(int P, int N, const int *lens, int Hk, int Hv, int Dk, int Dv, int Kc) {
+    int Cc = 2 * Hk * Dk + Hv * Dv;
+    size_t SZ = (size_t)Hv * Dk * Dv, TL = (size_t)(Kc - 1) * Cc;
+    for (int pass = 0; pass < 2; pass++) { /* the prompt's, then a response micro-batch's */
+        int T = 0;
+        for (int i = 0; i < N; i++) T += lens[i];
+        if (!pass) T = P;
+        ranges rg = {T, malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4), malloc((size_t)T * 4)};
+        for (int t = 0; !pass && t < T; t++) { /* the prompt: causal on itself */
+            rg.a0[t] = 0;
+            rg.a1[t] = rg.b0[t] = rg.b1[t] = t + 1;
+        }
+        for (int i = 0, t = 0; pass && i < N; i++)
+            for (int j = 0, s0 = t; j < lens[i]; j++, t++) {
+                rg.a0[t] = 0;
+                rg.a1[t] = P;
+                rg.b0[t] = P + s0;
+                rg.b1[t] = P + t + 1;
+            }
+        size_t nx = (size_t)T * Cc, nh = (size_t)T * Hv, no = (size_t)T * Hv * Dv;
+        unsigned long long sd = 1700 + (unsigned long long)T * 11 + Dk + pass;
+        float *in[12] = {gc_rand(nx, 1.0f, sd),
+                         gc_rand(nx, 1.0f, sd + 1),
+                         gc_rand(nh, 2.0f, sd + 2),
+                         gc_rand(nh, 2.0f, sd + 3),
+                         gc_rand(no, 1.0f, sd + 4),
+                         gc_rand(nx, 1.0f, sd + 5),
+                         gc_rand((size_t)Cc * Kc, 0.5f, sd + 6),
+                         gc_rand((size_t)Hv, 1.0f, sd + 7),
+                         gc_rand((size_t)Hv, 1.0f, sd + 8),
+                         gc_rand((size_t)Cc * Kc, 1.0f, sd + 9),
+                         gc_rand((size_t)Hv, 1.0f, sd + 10),
+                         gc_rand((size_t)Hv, 1.0f, sd + 11)};
+        /* the carry's state is a sum of many rank-one updates: of the order of a real one */
+        float *cs = gc_rand(SZ, 0.5f, sd + 12), *ct = gc_rand(TL + 1, 1.0f, sd + 13), *ds0 = gc_rand(SZ, 1.0f, sd + 14),
+              *dt0 = gc_rand(TL + 1, 1.0f, sd + 15);
+        dn_out c = dn_carry_run(cpu, rg, pass ? P : 0, in, cs, ct, ds0, dt0, Hk, Hv, Dk, Dv, Kc);
+        dn_out g = dn_carry_run(gpu, rg, pass ? P : 0, in, cs, ct, ds0, dt0, Hk, Hv, Dk, Dv, Kc);
+        char sh[128];
+        snprintf(sh, sizeof sh, "%s P=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d Kc=%d", pass ? "responses" : "prompt", P, T, Hk, Hv, Dk, Dv,
+                 Kc);
+        gc_row("deltanet carry conv_fwd u", sh, rel_l2(g.u, c.u, nx), 1e-2);
+        gc_row("deltanet carry conv_bwd dx", sh, rel_l2(g.dx, c.dx, nx), 1e-2);
+        gc_row("deltanet carry conv_bwd dw", sh, gc_rel_delta(g.dw, in[9], c.dw, in[9], (size_t)Cc * Kc), 1e-2);
+        gc_row("deltanet carry rule_fwd o", sh, rel_l2(g.o, c.o, no), 1e-2);
+        gc_row("deltanet carry rule_bwd du", sh, rel_l2(g.du, c.du, nx), 1e-2);
+        gc_row("deltanet carry rule_bwd da", sh, rel_l2(g.da, c.da, nh), 1e-2);
+        gc_row("deltanet carry rule_bwd db", sh, rel_l2(g.db, c.db, nh), 1e-2);
+        gc_row("deltanet carry rule_bwd dA_log", sh, gc_rel_delta(g.dal, in[10], c.dal, in[10], (size_t)Hv), 1e-2);
+        if (pass) {
+            gc_row("deltanet carry rule_bwd ds_in +=", sh, gc_rel_delta(g.s, ds0, c.s, ds0, SZ), 1e-2);
+            if (TL) gc_row("deltanet carry conv_bwd dtail_in +=", sh, gc_rel_delta(g.tail, dt0, c.tail, dt0, TL), 1e-2);
+        } else {
+            gc_row("deltanet carry rule_fwd s_out", sh, rel_l2(g.s, c.s, SZ), 1e-2);
+            if (TL) gc_row("deltanet carry conv_fwd tail_out", sh, rel_l2(g.tail, c.tail, TL), 1e-2);
+        }
+        dn_out_free(&c);
+        dn_out_free(&g);
+        for (int i = 0; i < 12; i++) free(in[i]);
+        free(cs), free(ct), free(ds0), free(dt0);
+        free_ranges(rg);
+    }
+}
+
 /* packed groups for t_deltanet: G groups, prompt P[g], N[g] responses of the listed lengths */
 static ranges hybrid_layout(int G, const int *P, const int *N, const int *lens) {
     const int *R[8];
@@ -1671,6 +1828,8 @@ static void hybrid_small(void) {
     ranges r = hybrid_layout(2, P, N, L);
     t_deltanet(r, 2, 4, 32, 40, 4);
     free_ranges(r);
+    static const int Lc[] = {1, 4};
+    t_deltanet_carry(3, 2, Lc, 2, 4, 32, 40, 4);
     t_gated_attn(5, 3, 1, 64, 16);
 }
 
@@ -1703,6 +1862,10 @@ static void hybrid_suite(void) {
     ranges r5 = make_ranges(80, P5, N5, R5); /* 160 one-token runs: more chunks than the chunked backward holds */
     t_deltanet(r5, 1, 2, 16, 16, 3);
     free_ranges(r5);
+    static const int Lc1[] = {1, 70, 3}, Lc2[] = {2, 5};
+    t_deltanet_carry(70, 3, Lc1, 2, 4, 32, 48, 4); /* a response across a checkpoint, one of one token */
+    t_deltanet_carry(2, 2, Lc2, 2, 2, 128, 128, 4); /* a prompt shorter than the conv: zeros in its tail */
+    t_deltanet_carry(5, 2, Lc2, 1, 3, 16, 16, 2);
     t_gated_attn(333, 8, 2, 256, 64); /* Qwen3.5's full attention: D 256, a quarter rotary */
     t_gated_attn(77, 4, 4, 128, 128);
     t_gated_attn(5, 3, 1, 64, 16);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "loaded_model.h"
 #include "reference_seq.h"
 #include "common/err.h"
 #include "engine/engine.h"
@@ -33,30 +34,6 @@
 #include "engine/model/pack.h"
 
 #define FIX "tests/fixtures/data"
-
-typedef struct {
-    model_config cfg;
-    eng_backend *be;
-    model m;
-    float *w;
-    model_views wv;
-} loaded;
-
-static void load(loaded *x, const char *dir) {
-    CHECK_MSG(config_load(dir, &x->cfg) == 0, "%s", err_msg());
-    backend_cpu_create(&x->be, 0);
-    CHECK(model_init(&x->m, &x->cfg, x->be) == 0);
-    x->w = malloc((size_t)x->m.n_elems * 4);
-    CHECK_MSG(model_load_host(&x->m, dir, x->w) == 0, "%s", err_msg());
-    model_views_make(&x->m, x->w, 4, &x->wv);
-}
-
-static void unload(loaded *x) {
-    free(x->w);
-    model_views_free(&x->wv);
-    model_free(&x->m);
-    x->be->destroy(x->be);
-}
 
 /* Each sequence of reference.json alone, as transformers ran it: *worst = the worst |Δ logprob|,
  * and with g the gradient of Σ w·logprob added into g. */
@@ -125,7 +102,7 @@ TEST(hybrid_matches_transformers) {
         const js *root;
         open_reference(models[mi], dir, &doc, &root);
         loaded x;
-        load(&x, dir);
+        loaded_open(&x, dir);
         const js *lt = js_get(root, "layer_types");
         CHECK(x.cfg.arch == ARCH_QWEN3_5 && lt->n == x.cfg.L);
         for (int l = 0; l < lt->n; l++)
@@ -141,7 +118,7 @@ TEST(hybrid_matches_transformers) {
         CHECK_MSG(worst_lp <= 1e-4, "%s: max |Δ logprob| %.3g > 1e-4", models[mi], worst_lp);
         CHECK_MSG(worst <= 1e-4, "%s: gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, worst);
         free(g);
-        unload(&x);
+        loaded_close(&x);
         js_doc_free(doc);
     }
 }
@@ -161,7 +138,7 @@ TEST(next_aux_matches_transformers) {
         const js *seqs = js_get(root, "sequences"), *auxs = js_get(root, "aux_losses");
         CHECK_MSG(auxs && auxs->n == seqs->n, "%s: no aux_losses", path);
         loaded x;
-        load(&x, dir);
+        loaded_open(&x, dir);
         CHECK(x.cfg.E > 1 && config_n_moe(&x.cfg) > 0);
         float *g = calloc((size_t)x.m.n_elems, 4);
         model_views gv;
@@ -193,14 +170,14 @@ TEST(next_aux_matches_transformers) {
         double worst;
         const char *wn = "";
         worst_grad(&x, g, path, &worst, &wn);
-        printf("  %-16s Σ aux %.6f, max |Δ aux| %.2e, |aux grad| %.3g, worst aux grad rel L2 %.2e (%s)\n", models[mi],
-               aux_sum, worst_aux, sqrt(gn), worst, wn);
+        printf("  %-16s Σ aux %.6f, max |Δ aux| %.2e, |aux grad| %.3g, worst aux grad rel L2 %.2e (%s)\n", models[mi], aux_sum,
+               worst_aux, sqrt(gn), worst, wn);
         CHECK_MSG(worst_aux <= 1e-5, "%s: max |Δ aux| %.3g > 1e-5", models[mi], worst_aux);
         CHECK_MSG(gn > 1e-8, "%s: the aux gradient is zero", models[mi]);
         CHECK_MSG(worst <= 1e-4, "%s: aux gradient of %s rel L2 %.3g > 1e-4", models[mi], wn, worst);
         free(g);
         model_views_free(&gv);
-        unload(&x);
+        loaded_close(&x);
         js_doc_free(doc);
     }
 }
@@ -212,13 +189,13 @@ TEST(hybrid_vision_language_checkpoint) {
     const js *root;
     CHECK(js_parse_file(FIX "/qwen3_5_vl/reference.json", &doc, &root) == 0);
     loaded x;
-    load(&x, FIX "/qwen3_5_vl");
+    loaded_open(&x, FIX "/qwen3_5_vl");
     CHECK(x.cfg.vision && x.cfg.arch == ARCH_QWEN3_5 && !strcmp(x.cfg.arch_name, "qwen3_5_text"));
     double worst;
     run_reference(&x, root, NULL, &worst);
     printf("  qwen3_5_vl       max |Δ logprob| %.2e\n", worst);
     CHECK_MSG(worst <= 1e-4, "max |Δ logprob| %.3g > 1e-4", worst);
-    unload(&x);
+    loaded_close(&x);
     js_doc_free(doc);
 }
 
@@ -255,7 +232,7 @@ TEST(hybrid_packed_equals_standard) {
         char dir[256];
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
         loaded x;
-        load(&x, dir);
+        loaded_open(&x, dir);
         static const int P[NG] = {9, 1, 5}, N[NG] = {4, 1, 3}, Rs[NG][4] = {{1, 6, 3, 8}, {5}, {4, 2, 7}};
         unsigned long long s = 3401 + mi;
         int *prompts[NG], *resp[NG][4], M = 0;
@@ -294,7 +271,7 @@ TEST(hybrid_packed_equals_standard) {
             for (int r = 0; r < N[g]; r++) free(resp[g][r]);
             free(prompts[g]);
         }
-        unload(&x);
+        loaded_close(&x);
     }
 }
 
@@ -315,11 +292,11 @@ TEST(hybrid_checkpoint_round_trip) {
         snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", dir, dir);
         CHECK(system(cmd) == 0);
         loaded x;
-        load(&x, src);
+        loaded_open(&x, src);
         CHECK(config_write(dir, &x.cfg) == 0);
         CHECK(model_save_host(&x.m, dir, x.w, 0) == 0);
         loaded y;
-        load(&y, dir);
+        loaded_open(&y, dir);
         CHECK(!y.cfg.vision && y.cfg.R == x.cfg.R && y.cfg.gain1 && y.cfg.conv_k == x.cfg.conv_k &&
               y.cfg.lin_hk == x.cfg.lin_hk && y.cfg.lin_hv == x.cfg.lin_hv && y.cfg.lin_dk == x.cfg.lin_dk &&
               y.cfg.lin_dv == x.cfg.lin_dv && y.cfg.tied == x.cfg.tied && !memcmp(y.cfg.attn, x.cfg.attn, (size_t)x.cfg.L));
@@ -364,8 +341,8 @@ TEST(hybrid_checkpoint_round_trip) {
         }
         CHECK(fused == (x.cfg.dn_fused ? 2 * config_n_linear(&x.cfg) : 0));
         st_close(&a), st_close(&b);
-        unload(&x);
-        unload(&y);
+        loaded_close(&x);
+        loaded_close(&y);
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         CHECK(system(cmd) == 0);
     }
@@ -469,41 +446,13 @@ TEST(next_config) {
     }
 }
 
-/* What is not built yet says so in one line: LoRA. (Rollouts: test_hybrid_decode.c.) */
+/* What is not built yet says so in one line: LoRA. (Rollouts: test_hybrid_decode.c; a group split over
+ * micro-batches: test_hybrid_split.c.) */
 TEST(hybrid_refuses_what_is_not_built) {
     eng *e;
     eng_open_opts lo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu", .lora_rank = 4};
     CHECK(eng_open(&lo, &e) == GE_UNSUPPORTED);
     CHECK_MSG(strstr(err_msg(), "linear-attention"), "%s", err_msg());
-}
-
-/* A group larger than max_tokens_per_micro_batch would take the split schedule (engine/model/split.h),
- * whose responses do not yet start from the prompt's recurrent state: eng_logprobs and eng_update
- * refuse it with a line naming the budget, and the same group under a budget that holds it runs. */
-TEST(hybrid_split_is_refused) {
-    static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58, 32, 116, 104, 101};
-    static const int r0[7] = {52, 50, 46, 10, 258, 33, 63}, r1[5] = {120, 121, 122, 32, 49}, r2[1] = {65};
-    static const int *resp[3] = {r0, r1, r2};
-    static int R[3] = {7, 5, 1};
-    static float rew[3] = {1.0f, 0.2f, 0.6f};
-    eng *e;
-    eng_open_opts lo = {.model_dir = FIX "/qwen3_5_text", .backend = "cpu"};
-    CHECK_MSG(eng_open(&lo, &e) == 0, "%s", err_msg());
-    eng_update_group g = {.prompt = prompt, .P = 18, .n = 3, .resp = resp, .R = R, .reward = rew};
-    float **lp;
-    CHECK(eng_logprobs(e, &g, 1, 0, 1.0f, 7, &lp) == GE_UNSUPPORTED);
-    CHECK_MSG(strstr(err_msg(), "raise max_tokens_per_micro_batch"), "%s", err_msg());
-    loss_config a;
-    loss_config_default(&a);
-    eng_optim o;
-    eng_optim_default(&o);
-    eng_update_result u;
-    CHECK(eng_update(e, &g, 1, &a, &o, 7, &u, NULL, NULL) == GE_UNSUPPORTED);
-    CHECK_MSG(strstr(err_msg(), "split over micro-batches"), "%s", err_msg());
-    CHECK_MSG(eng_logprobs(e, &g, 1, 0, 1.0f, 1000, &lp) == 0, "%s", err_msg());
-    eng_logprobs_free(lp, &g, 1);
-    CHECK_MSG(eng_update(e, &g, 1, &a, &o, 1000, &u, NULL, NULL) == 0, "%s", err_msg());
-    eng_close(e);
 }
 
 int main(void) {
@@ -514,7 +463,6 @@ int main(void) {
     RUN(hybrid_checkpoint_round_trip);
     RUN(hybrid_update_decays_w);
     RUN(hybrid_refuses_what_is_not_built);
-    RUN(hybrid_split_is_refused);
     RUN(next_config);
     return CHECK_DONE();
 }

@@ -7,7 +7,10 @@
  * Tolerances 1e-4: after the first AdamW step the two runs' weights differ by fp32 rounding,
  * which the second step's lr 2e-3 carries into the metrics. (The model-level equality, 1e-5, is
  * tests/unit/test_equivalence.c.) The same with loss masks (context tokens inside responses, one
- * response all context); and a mask of all ones gives the unmasked updates bit for bit. */
+ * response all context); and a mask of all ones gives the unmasked updates bit for bit. The same
+ * on hybrid models (qwen3_5_text; qwen3_next with masks and MoE layers), whose response
+ * micro-batches start from the prompt's recurrent states (tests/unit/test_hybrid_split.c: the
+ * model-level equality, 1e-5). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +22,16 @@
 
 #define MODEL TEST_TMP "/grpod_test_split_model"
 
-static eng *open_default(void) { return default_engine(MODEL); }
+/* dir NULL: the default model */
+static eng *open_model(const char *dir) {
+    if (!dir) return default_engine(MODEL);
+    eng *e;
+    eng_open_opts o = {.model_dir = dir, .backend = "cpu"};
+    if (!eng_open(&o, &e)) return e;
+    printf("%s: %s\n", dir, err_msg());
+    return NULL;
+}
+static eng *open_default(void) { return open_model(NULL); }
 
 static const int prompt[] = {84, 104, 101, 32, 97, 110, 115, 119, 101, 114, 32, 105, 115, 58, 32, 116, 104, 101};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
@@ -63,8 +75,8 @@ static float **train(eng *e, long long mt, int masks, eng_update_result *u) {
     return eng_logprobs(e, g, 2, 0, 1.0f, mt, &lp) ? NULL : lp;
 }
 
-static void split_case(int masks) {
-    eng *e1 = open_default(), *e2 = open_default();
+static void split_case(const char *dir, int masks) {
+    eng *e1 = open_model(dir), *e2 = open_model(dir);
     CHECK(e1 && e2);
     if (!e1 || !e2) return;
     eng_update_result u1, u2;
@@ -75,8 +87,8 @@ static void split_case(int masks) {
         int lens[7] = {7, 5, 6, 1, 4, 2, 5};
         for (int i = 0; i < 7; i++)
             for (int t = 0; t < lens[i]; t++) d = fmax(d, fabs((double)a[i][t] - b[i][t]));
-        printf("  micro-batches %d vs %d; loss %.9g vs %.9g; grad norm %.9g vs %.9g; logprobs after max |d| %.2e\n",
-               u1.micro_batches, u2.micro_batches, u1.loss, u2.loss, u1.grad_norm, u2.grad_norm, d);
+        printf("  %s: micro-batches %d vs %d; loss %.9g vs %.9g; grad norm %.9g vs %.9g; logprobs after max |d| %.2e\n",
+               dir ? dir : "default model", u1.micro_batches, u2.micro_batches, u1.loss, u2.loss, u1.grad_norm, u2.grad_norm, d);
         CHECK_EQ_INT(u1.micro_batches, 2); /* both groups in one micro-batch per epoch */
         CHECK(u2.micro_batches > 4);
         CHECK_CLOSE(u1.loss, u2.loss, 1e-6, 1e-4);
@@ -91,8 +103,13 @@ static void split_case(int masks) {
     eng_close(e2);
 }
 
-TEST(update_split_by_the_budget_equals_one_graph) { split_case(NO_MASK); }
-TEST(update_split_with_loss_masks) { split_case(MASKED); }
+TEST(update_split_by_the_budget_equals_one_graph) { split_case(NULL, NO_MASK); }
+TEST(update_split_with_loss_masks) { split_case(NULL, MASKED); }
+/* hybrid models: each response micro-batch starts from the prompt's DeltaNet states (model/split.h) */
+TEST(update_split_hybrid) {
+    split_case("tests/fixtures/data/qwen3_5_text", NO_MASK);
+    split_case("tests/fixtures/data/qwen3_next", MASKED);
+}
 
 /* A loss mask of all ones trains exactly what no mask does: the same loss, gradient norm and
  * weights (the logprobs after), bit for bit, packed and split; and a real mask changes them. */
@@ -128,6 +145,7 @@ int main(void) {
     system("rm -rf " MODEL);
     RUN(update_split_by_the_budget_equals_one_graph);
     RUN(update_split_with_loss_masks);
+    RUN(update_split_hybrid);
     RUN(update_all_ones_mask_is_no_mask);
     return CHECK_DONE();
 }
