@@ -1,0 +1,355 @@
+/* test_ep_cuda.c — expert parallelism on the cuda backend (engine/model/moe_ep.c over the NCCL
+ * comm, engine/train/ep.c, engine/rollout/ep_decode.c), against the cuda engine without it.
+ *
+ * The model: the qwen3_moe fixture's config (3 layers, layer 1 dense, 8 experts, top-2) with the
+ * balance loss at coefficient 0.1, random weights (norms 1 + noise, the rest +-0.1). Six groups,
+ * one a micro-batch (max_tokens the largest group's, every group above half of it), two updates
+ * (GRPO advantages, kl 0.02 with the reference pass, entropy, clip on): the micro-batches, hence
+ * the balance-loss terms, are the same with and without EP and on any W.
+ *   (a) W = 1 (a one-rank NCCL comm, expert_parallel = 1) against no comm and no EP:
+ *       - one empty micro-batch (T = 0: what a rank with fewer micro-batches runs, ep_pad)
+ *         forward and backward before the updates, which must then still agree;
+ *       - rollouts before any update (the decode copy, gathered by moe_ep_gather_act): sampled
+ *         tokens and logprobs bit-equal (0 differing; the copy holds the same bf16 bytes and
+ *         decode runs the same kernels);
+ *       - the logprobs before the update (moe_ep's gather / experts / combine instead of the
+ *         one-rank MoE op): mean |d| <= 1e-2, the CUDA contract of the dp rows;
+ *       - both updates' loss and grad norm: relative <= 1e-2 (test_comm_nccl's dp rows);
+ *         the weights' update is printed (AdamW's normalised step magnifies rounding);
+ *       - the checkpoint the EP engine saves (its experts gathered through the device in chunks,
+ *         moe_ep_gather) resumed by an engine without EP: its master and both moments bit-equal
+ *         to the EP engine's gathered state (eng_testing_state), and its rollouts bit-equal to
+ *         the EP engine's after the updates (the decode copy followed the new weights).
+ *   (b) W = 2, one rank a GPU on threads, when two GPUs are visible (one line saying it skipped
+ *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
+ *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
+ *       without EP within 1e-2, its rollouts before the update bit-equal.
+ * Prints ROW lines for tests/gpu/run.sh. */
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/dist/comm.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+#include "engine/model/model.h"
+#include "engine/train/train_testing.h"
+#include "tests/gpu/gpu_check.h"
+#include "tests/unit/logprobs_flat.h"
+
+#define FIX "tests/fixtures/data/qwen3_moe"
+#define MODEL "/tmp/grpod_gpu_ep_model"
+#define CKPT "/tmp/grpod_gpu_ep_ckpt"
+#define NG 6
+#define NSTEP 2
+#define NEW 8 /* rollout tokens */
+
+/* ---------------------------------------------------------------- model and inputs */
+
+static long long n_whole; /* elements of the model without EP (every expert) */
+static int V;
+
+static void make_model(void) {
+    model_config c;
+    if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
+    c.aux_coef = 0.1f;
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "model_init");
+    float *w = gc_rand((size_t)m.n_elems, 0.1f, 4242);
+    for (int i = 0; i < m.n_params; i++)
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
+    mkdir(MODEL, 0700);
+    if (config_write(MODEL, &c) || model_save_host(&m, MODEL, w, 0)) gc_die(NULL, "model write");
+    free(w);
+    n_whole = m.n_elems;
+    V = c.V;
+    model_free(&m);
+    be->destroy(be);
+}
+
+static int P_[NG] = {11, 5, 17, 8, 13, 6}, N_[NG] = {4, 2, 3, 2, 4, 3};
+static int prompt_[NG][17], resp_[NG][4][12], R_[NG][4];
+static const int *respp_[NG][4];
+static float reward_[NG][4];
+static int mb_tokens; /* max_tokens of a micro-batch: one group each */
+
+static void make_inputs(void) {
+    unsigned long long s = 91;
+    for (int i = 0; i < NG; i++) {
+        for (int t = 0; t < P_[i]; t++) prompt_[i][t] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 4));
+        for (int r = 0; r < N_[i]; r++) {
+            R_[i][r] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * 9);
+            for (int t = 0; t < R_[i][r]; t++) resp_[i][r][t] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 4));
+            respp_[i][r] = resp_[i][r];
+            reward_[i][r] = check_randf(&s, 0.5f) + 0.5f;
+        }
+    }
+    /* one group a micro-batch on every W: max_tokens = the largest group, every group above half of it */
+    int tok[NG];
+    for (int i = 0; i < NG; i++) {
+        tok[i] = P_[i];
+        for (int r = 0; r < N_[i]; r++) tok[i] += R_[i][r];
+        if (tok[i] > mb_tokens) mb_tokens = tok[i];
+    }
+    for (int i = 0; i < NG; i++)
+        for (int r = 0; r < N_[i] && 2 * tok[i] <= mb_tokens; r++)
+            while (R_[i][r] < 12 && 2 * tok[i] <= mb_tokens) resp_[i][r][R_[i][r]++] = 5, tok[i]++;
+    for (int i = 0; i < NG; i++)
+        if (2 * tok[i] <= mb_tokens) gc_die(NULL, "inputs: a group below half a micro-batch");
+}
+
+static void groups(eng_update_group *g) {
+    for (int i = 0; i < NG; i++)
+        g[i] = (eng_update_group){.prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i], .reward = reward_[i]};
+}
+
+static int update(eng *e, eng_update_result *u) {
+    loss_config a;
+    eng_optim o;
+    loss_config_default(&a);
+    eng_optim_default(&o);
+    o.lr = 1e-3f;
+    o.grad_clip = 1.0f;
+    a.adv = ADV_GRPO;
+    a.kl_coef = 0.02f;
+    a.kl = KL_K3;
+    a.entropy_coeff = 0.01f;
+    eng_update_group g[NG];
+    groups(g);
+    return eng_update(e, g, NG, &a, &o, mb_tokens, u, NULL, NULL);
+}
+
+#define NPROBE (NG * 4 * 12)
+/* Logprobs of every response under the policy, flattened (returns the count, or -1). */
+static int probe(eng *e, float *out) {
+    eng_update_group g[NG];
+    groups(g);
+    return logprobs_flat(e, g, NG, out);
+}
+
+/* sampled rollouts of every group (seed 7): tokens and logprobs, flattened */
+#define RMAX (NG * 4 * NEW)
+typedef struct {
+    int tok[RMAX];
+    float lp[RMAX];
+    int n;
+} roll;
+static int rollout(eng *e, roll *r) {
+    eng_rollout_group g[NG];
+    for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.temperature = 1.0f;
+    sp.max_tokens = NEW;
+    sp.ignore_eos = 1;
+    sp.seed = 7;
+    eng_group_result out[NG];
+    if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
+    r->n = 0;
+    for (int i = 0; i < NG; i++) {
+        for (int q = 0; q < out[i].n; q++)
+            for (int t = 0; t < out[i].resp[q].n_tokens && r->n < RMAX; t++) {
+                r->tok[r->n] = out[i].resp[q].tokens[t];
+                r->lp[r->n++] = out[i].resp[q].logprobs[t];
+            }
+        eng_group_result_free(&out[i]);
+    }
+    return 0;
+}
+/* tokens or logprobs differing (and a length mismatch counted whole) */
+static double roll_diff(const roll *a, const roll *b) {
+    if (a->n != b->n || a->n == 0) return (double)(a->n > b->n ? a->n : b->n) + 1;
+    long long d = 0;
+    for (int i = 0; i < a->n; i++) d += a->tok[i] != b->tok[i] || memcmp(&a->lp[i], &b->lp[i], 4) != 0;
+    return (double)d;
+}
+
+/* ---------------------------------------------------------------- one engine's run */
+
+typedef struct {
+    const unsigned char *id; /* NULL: no comm, no EP */
+    int rank, world, device, train, save, pad;
+    int pad_rc; /* ep_pad: one empty micro-batch (T = 0), forward and backward */
+    const char *resume;
+    int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
+    eng *e;
+    roll r0, r1; /* before and after the updates */
+    float lp0[NPROBE];
+    int n_lp;
+    eng_update_result u[NSTEP];
+    float *st[3]; /* the whole master, m, v after the updates (rank 0) */
+    int rc;
+    char msg[256];
+} run_job;
+
+static void *run_main(void *p) {
+    run_job *j = p;
+    eng_open_opts o = {.model_dir = MODEL,
+                       .backend = "cuda",
+                       .device = j->device,
+                       .nccl_id = j->id,
+                       .rank = j->rank,
+                       .world = j->world,
+                       .expert_parallel = j->id != NULL,
+                       .resume_dir = j->resume,
+                       .nccl_cancel = j->cancel};
+    j->rc = eng_open(&o, &j->e);
+    if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
+    if (!j->rc) j->rc = rollout(j->e, &j->r0);
+    if (!j->rc && j->pad && (j->pad_rc = ep_pad(j->e, &j->e->wv, 0, 1, 1, 0))) j->rc = j->pad_rc;
+    if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
+    for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
+    if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
+    for (int i = 0; i < 3; i++) j->st[i] = calloc((size_t)n_whole, 4);
+    if (!j->rc) j->rc = eng_testing_state(j->e, j->st[0], j->st[1], j->st[2]);
+    if (!j->rc && j->save) j->rc = eng_checkpoint_save(j->e, CKPT);
+    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
+    return NULL;
+}
+
+static void run_free(run_job *j) {
+    if (j->e) eng_close(j->e);
+    for (int i = 0; i < 3; i++) free(j->st[i]);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
+
+static double update_rel_l2(const float *a, const float *b, const float *w0, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i], u = (double)b[i] - (w0 ? w0[i] : 0);
+        num += d * d;
+        den += u * u;
+    }
+    return sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+/* the worst relative loss / grad norm difference of x's updates from r's */
+static double update_diff(const run_job *x, const run_job *r, const char *what) {
+    double worst = 0;
+    for (int s = 0; s < NSTEP; s++) {
+        printf("%s update %d: loss %.7f vs %.7f, grad_norm %.6f vs %.6f\n", what, s, x->u[s].loss, r->u[s].loss,
+               x->u[s].grad_norm, r->u[s].grad_norm);
+        worst = fmax(worst, fmax(rel(x->u[s].loss, r->u[s].loss), rel(x->u[s].grad_norm, r->u[s].grad_norm)));
+    }
+    return worst;
+}
+
+/* ---------------------------------------------------------------- (a) W = 1 */
+
+static void w1_rows(const run_job *ref, const float *w0) {
+    unsigned char id[128];
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    eng_remove_tree(CKPT);
+    run_job x = {.id = id, .world = 1, .train = 1, .save = 1, .pad = 1};
+    run_main(&x);
+    gc_row("ep W=1 cuda: an empty micro-batch (T = 0)", "ep_pad forward+backward before the updates; 0 = ran",
+           (double)(x.pad_rc != 0), 0);
+    if (x.rc) {
+        printf("ep W=1 engine: %s\n", x.msg);
+        gc_row("ep W=1 cuda vs no EP", "engine failed", NAN, 0);
+        run_free(&x);
+        return;
+    }
+    gc_row("ep W=1 cuda: rollouts before the update", "decode copy vs no EP; tokens+logprobs differing",
+           roll_diff(&x.r0, &ref->r0), 0);
+    double mean = 0, mx = 0;
+    for (int i = 0; i < x.n_lp; i++) {
+        double d = fabs(x.lp0[i] - ref->lp0[i]);
+        mean += d / x.n_lp;
+        mx = fmax(mx, d);
+    }
+    printf("ep W=1 logprobs vs no EP: mean |d| %.3e, max |d| %.3e (%d tokens)\n", mean, mx, x.n_lp);
+    gc_row("ep W=1 cuda: logprobs", "moe_ep vs the MoE op; mean |d|", x.n_lp == ref->n_lp ? mean : NAN, 1e-2);
+    gc_row("ep W=1 cuda: loss and grad_norm", "2 updates, aux 0.1, max relative difference", update_diff(&x, ref, "ep W=1"), 1e-2);
+    printf("ep W=1 weights' update vs no EP: rel L2 %.3e\n", update_rel_l2(x.st[0], ref->st[0], w0, (size_t)n_whole));
+
+    /* its checkpoint on an engine without EP: the state bit-equal, the rollouts too */
+    run_job y = {.resume = CKPT};
+    run_main(&y);
+    if (y.rc) {
+        printf("resume without EP: %s\n", y.msg);
+        gc_row("ep W=1 cuda: checkpoint resumed without EP", "engine failed", NAN, 0);
+    } else {
+        long long d = 0;
+        for (int i = 0; i < 3; i++) d += memcmp(x.st[i], y.st[i], (size_t)n_whole * 4) != 0;
+        gc_row("ep W=1 cuda: checkpoint resumed without EP", "master, m, v vectors not bit-equal", (double)d, 0);
+        gc_row("ep W=1 cuda: rollouts after the update", "decode copy vs its checkpoint without EP; differing",
+               roll_diff(&x.r1, &y.r0), 0);
+        gc_row("ep W=1 cuda: the rollouts changed", "after vs before the update; 0 = changed",
+               (double)(roll_diff(&x.r1, &x.r0) == 0), 0);
+    }
+    run_free(&y);
+    run_free(&x);
+}
+
+/* ---------------------------------------------------------------- (b) W = 2 */
+
+static void w2_rows(const run_job *ref) {
+    /* EP_SAME_GPU=1 on one GPU: try both ranks on device 0 (NCCL usually refuses: a SKIP row
+     * with its message) */
+    int same = eng_device_count() < 2 && getenv("EP_SAME_GPU") && eng_device_count() == 1;
+    if (eng_device_count() < 2 && !same) {
+        printf("ROW|ep W=2 cuda (NCCL all-to-all-v)|%d GPU visible: needs 2 (NCCL refuses two ranks on one)|nan|1e-02|SKIP\n",
+               eng_device_count());
+        return;
+    }
+    unsigned char id[128];
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    int cancel = 0;
+    run_job j[2] = {{.id = id, .rank = 0, .world = 2, .device = 0, .train = 1, .cancel = &cancel},
+                    {.id = id, .rank = 1, .world = 2, .device = same ? 0 : 1, .train = 1, .cancel = &cancel}};
+    pthread_t th[2];
+    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
+    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    if (same && (!j[0].e || !j[1].e)) {
+        printf("ep W=2 on one GPU: %s / %s\n", j[0].msg, j[1].msg);
+        printf("ROW|ep W=2 cuda, both ranks on GPU 0|NCCL would not open two ranks on one GPU|nan|1e-02|SKIP\n");
+        for (int q = 0; q < 2; q++) run_free(&j[q]);
+        return;
+    }
+    for (int q = 0; q < 2; q++) {
+        char what[64];
+        snprintf(what, sizeof what, "ep W=2 cuda rank %d", q);
+        if (j[q].rc) {
+            printf("%s: %s\n", what, j[q].msg);
+            gc_row(what, "engine failed", NAN, 1e-2);
+            continue;
+        }
+        char row[96];
+        snprintf(row, sizeof row, "%s: loss and grad_norm", what);
+        gc_row(row, "2 updates vs one GPU without EP", update_diff(&j[q], ref, what), 1e-2);
+        snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        gc_row(row, "decode copy (NCCL gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
+    }
+    for (int q = 0; q < 2; q++) run_free(&j[q]);
+}
+
+int main(void) {
+    make_model();
+    make_inputs();
+    /* the initial weights (the weights' update is measured from them) */
+    run_job init = {0};
+    run_main(&init);
+    if (init.rc) {
+        printf("engine without EP: %s\n", init.msg);
+        gc_die(NULL, "reference");
+    }
+    float *w0 = init.st[0];
+    init.st[0] = NULL;
+    run_free(&init);
+    run_job ref = {.train = 1};
+    run_main(&ref);
+    if (ref.rc) {
+        printf("engine without EP: %s\n", ref.msg);
+        gc_die(NULL, "reference");
+    }
+    w1_rows(&ref, w0);
+    w2_rows(&ref);
+    run_free(&ref);
+    free(w0);
+    return gc_failures ? 1 : 0;
+}
