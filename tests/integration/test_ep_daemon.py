@@ -134,3 +134,41 @@ def test_leader_and_follower_equal_two_ranks(make_daemon, tmp_path):
     bad = follower(tmp_path, "bad", L.url, "--model", model, "--expert-parallel")
     assert bad.proc.wait(timeout=30) != 0
     assert "--expert-parallel is the leader's flag" in bad.stderr(), bad.stderr()[-2000:]
+
+
+SCORED = {"groups": [{"prompt_ids": p, "responses": [{"token_ids": r, "reward": w} for r, w in (
+    ([4, 5, 6], 1.0), ([7, 8], 0.0), ([9, 10, 11, 12], 0.5))]} for p in PROMPTS], "optimizer": {"lr": 1e-2}}
+
+
+def test_balance_loss_is_per_micro_batch(make_daemon, tmp_path):
+    """The balance loss is transformers' load_balancing_loss_func of each micro-batch (Megatron's
+    "aux_loss"), the micro-batches' losses weighted by their logical tokens: one rank packs the two
+    groups into one micro-batch, two ranks into one each, so their balance losses are different
+    functions and so are the updates (grad_norm 4.4771 vs 4.4913 here; 0.042 vs 0.0705 in the
+    first test's update, whose rewards are all equal: its advantages are 0 and the balance loss is
+    the whole gradient). Without the balance loss (output_router_logits false) the same update on
+    one rank and on two with expert parallelism agrees to fp32 rounding (2e-8 relative): the
+    difference is the definition of the loss, not expert parallelism (docs/data-parallel.md).
+    Scored responses with unequal rewards, so the policy loss has a gradient of its own."""
+    got = {}
+    for aux in (True, False):
+        model = tmp_path / ("aux" if aux else "noaux")
+        shutil.copytree(MOE, model)
+        cfg = json.loads((model / "config.json").read_text())
+        cfg["output_router_logits"] = aux
+        (model / "config.json").write_text(json.dumps(cfg))
+        for ranks in (1, 2):
+            args = ["--model", str(model), "--ranks", str(ranks)] + (["--expert-parallel"] if ranks == 2 else [])
+            d = make_daemon(tmp_path / ("d%d%d" % (aux, ranks)), args=args)
+            j = d.wait_job(d.submit("/v1/updates", SCORED))
+            assert j["status"] == "done", json.dumps(j)[:1500]
+            m = j["result"]["metrics"]
+            got[aux, ranks] = m
+            d.stop()
+    on1, on2, off1, off2 = got[True, 1], got[True, 2], got[False, 1], got[False, 2]
+    assert (on1["micro_batches"], on2["micro_batches"]) == (1, 2), (on1, on2)
+    assert abs(on1["grad_norm"] - on2["grad_norm"]) > 1e-3 * on2["grad_norm"], (on1, on2)
+    assert abs(off1["grad_norm"] - off2["grad_norm"]) <= 1e-5 * off2["grad_norm"], (off1, off2)
+    assert abs(off1["loss"] - off2["loss"]) <= 1e-5 * abs(off2["loss"]) + 1e-7, (off1, off2)
+    print("grad_norm with the balance loss: 1 rank %.9g, 2 ranks %.9g; without: %.9g, %.9g"
+          % (on1["grad_norm"], on2["grad_norm"], off1["grad_norm"], off2["grad_norm"]))
