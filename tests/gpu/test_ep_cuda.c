@@ -24,6 +24,7 @@
  *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
  *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
  *       without EP within 1e-2, its rollouts before the update bit-equal.
+ * With the argument "bench": the EP path's cost on one GPU at 30B-A3B layer dims (see bench_one).
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <pthread.h>
 #include <sys/stat.h>
@@ -328,7 +329,115 @@ static void w2_rows(const run_job *ref) {
     for (int q = 0; q < 2; q++) run_free(&j[q]);
 }
 
-int main(void) {
+/* ---------------------------------------------------------------- bench */
+
+/* `test_ep_cuda bench`: the cost of the EP path on one GPU (W = 1: its exchanges are copies, its
+ * plan a host round trip a layer) at Qwen3-30B-A3B's layer dims (C 2048, 32 heads, 4 kv, E 128,
+ * top-8, Fm 768) with 2 MoE layers and a 32K vocabulary: one update of 4 groups (P 1024, N 16,
+ * R 256: 20,480 packed tokens, one micro-batch) and a rollout of 4 groups x 16 x 64 tokens, with
+ * and without expert parallelism (medians of 3 after a warm-up). Figures only, no rows. */
+#define BMODEL "/tmp/grpod_gpu_ep_bench"
+enum { BG = 4, BP = 1024, BN = 16, BR = 256, BNEW = 64 };
+static int bprompt[BG][BP], bresp[BG][BN][BR], bR[BG][BN];
+static const int *brespp[BG][BN];
+static float breward[BG][BN];
+
+static void bench_model(void) {
+    model_config c;
+    if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
+    c.L = 2, c.C = 2048, c.H = 32, c.K = 4, c.D = 128, c.E = 128, c.top_k = 8, c.Fm = 768, c.V = 32768, c.max_pos = 4096;
+    c.aux_coef = 0.001f;
+    for (int l = 0; l < c.L; l++) c.mlp[l] = MLP_MOE;
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "bench model_init");
+    float *w = gc_rand((size_t)m.n_elems, 0.02f, 77);
+    for (int i = 0; i < m.n_params; i++)
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
+    mkdir(BMODEL, 0700);
+    if (config_write(BMODEL, &c) || model_save_host(&m, BMODEL, w, 1)) gc_die(NULL, "bench model write");
+    printf("bench model: %.2fB parameters (2 MoE layers at 30B-A3B dims, V 32768)\n", (double)m.n_elems / 1e9);
+    free(w);
+    model_free(&m);
+    be->destroy(be);
+    unsigned long long sd = 5;
+    for (int i = 0; i < BG; i++) {
+        for (int t = 0; t < BP; t++) bprompt[i][t] = 3 + (int)((check_randf(&sd, 0.5f) + 0.5f) * 32000);
+        for (int r = 0; r < BN; r++) {
+            bR[i][r] = BR;
+            for (int t = 0; t < BR; t++) bresp[i][r][t] = 3 + (int)((check_randf(&sd, 0.5f) + 0.5f) * 32000);
+            brespp[i][r] = bresp[i][r];
+            breward[i][r] = check_randf(&sd, 0.5f) + 0.5f;
+        }
+    }
+}
+
+static double bench_median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof(double), gc_cmpd);
+    return t[n / 2];
+}
+
+static void bench_one(int ep) {
+    unsigned char id[128];
+    if (ep && comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    eng_open_opts o = {
+        .model_dir = BMODEL, .backend = "cuda", .nccl_id = ep ? id : NULL, .world = 1, .expert_parallel = ep, .snapshot = "none"};
+    eng *e;
+    if (eng_open(&o, &e)) {
+        printf("bench %s: %s\n", ep ? "ep W=1" : "no EP", err_msg());
+        return;
+    }
+    eng_update_group g[BG];
+    for (int i = 0; i < BG; i++)
+        g[i] = (eng_update_group){.prompt = bprompt[i], .P = BP, .n = BN, .resp = brespp[i], .R = bR[i], .reward = breward[i]};
+    loss_config a;
+    eng_optim opt;
+    loss_config_default(&a);
+    eng_optim_default(&opt);
+    a.adv = ADV_GRPO;
+    double tu[4], tr[4];
+    eng_update_result u;
+    for (int k = 0; k < 4; k++) {
+        double t0 = gc_now();
+        if (eng_update(e, g, BG, &a, &opt, 1 << 16, &u, NULL, NULL)) {
+            printf("bench update: %s\n", err_msg());
+            break;
+        }
+        tu[k] = gc_now() - t0;
+        eng_rollout_group rg[BG];
+        for (int i = 0; i < BG; i++) rg[i] = (eng_rollout_group){bprompt[i], BP, BN};
+        eng_sampling sp;
+        eng_sampling_default(&sp);
+        sp.max_tokens = BNEW;
+        sp.ignore_eos = 1;
+        sp.seed = 3;
+        eng_group_result out[BG];
+        t0 = gc_now();
+        if (eng_rollout(e, rg, BG, &sp, out, NULL, NULL)) {
+            printf("bench rollout: %s\n", err_msg());
+            break;
+        }
+        tr[k] = gc_now() - t0;
+        for (int i = 0; i < BG; i++) eng_group_result_free(&out[i]);
+    }
+    size_t fr = 0, tot = 0;
+    if (e->be->mem_info) e->be->mem_info(e->be, &fr, &tot);
+    printf("bench %-7s update %.1f ms (%.0f packed tokens/s), rollout %.1f ms (%d x %d x %d tokens), device in use %.1f GiB\n",
+           ep ? "ep W=1" : "no EP", 1e3 * bench_median(tu + 1, 3), BG * (BP + BN * BR) / bench_median(tu + 1, 3),
+           1e3 * bench_median(tr + 1, 3), BG, BN, BNEW, (double)(tot - fr) / (1 << 30));
+    eng_close(e);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "bench")) {
+        bench_model();
+        bench_one(0);
+        bench_one(1);
+        eng_remove_tree(BMODEL);
+        return 0;
+    }
     make_model();
     make_inputs();
     /* the initial weights (the weights' update is measured from them) */
