@@ -34,7 +34,8 @@
 #       tokens; with EXACT=1 in exact mode too), with PEER_ROLLOUT=path/to/peer_rollout.py the
 #       transformers peer in the same call
 #   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
-#       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#       copy bandwidth), bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#       test_ep_cuda bench (expert parallelism over a one-rank NCCL comm vs none, 30B-A3B layer dims),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd),
 #       with FLA_WHEELS=dir (fla-core, flash-linear-attention and einops wheels) the transformers +
@@ -246,6 +247,8 @@ if [ "${BENCH_MOE:-0}" = 1 ]; then
         timeout ${T_BENCH:-200} "$BIN/bench_moe"
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 1 1024 16 256
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 8 1024 16 256
+        # expert parallelism's cost on one GPU (W = 1 over NCCL vs none) at 30B-A3B layer dims
+        [ -x "$BIN/test_ep_cuda" ] && timeout ${T_BENCH:-200} "$BIN/test_ep_cuda" bench
         if [ "${PEER_MOE:-0}" = 1 ]; then PYTHONUNBUFFERED=1 timeout 400 python3 tests/gpu/peer_moe_step.py ${BENCH_MOE_LAYERS:-4}; fi
     } >"$OUT/bench_moe.log" 2>&1
     cat "$OUT/bench_moe.log"
