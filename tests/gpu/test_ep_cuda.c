@@ -20,12 +20,17 @@
  *         moe_ep_gather) resumed by an engine without EP: its master and both moments bit-equal
  *         to the EP engine's gathered state (eng_testing_state), and its rollouts bit-equal to
  *         the EP engine's after the updates (the decode copy followed the new weights).
+ *   (c) W = 2 on one GPU, the ranks on threads over a staged comm (the cpu comm on host copies of
+ *       the device buffers; NCCL refuses two ranks on one device): each rank's loss and grad norm
+ *       against the engine without EP within 1e-2, logprobs mean |d| <= 1e-2, rollouts before
+ *       the update bit-equal (the decode copy gathered across the ranks);
  *   (b) W = 2, one rank a GPU on threads, when two GPUs are visible (one line saying it skipped
  *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
  *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
  *       without EP within 1e-2, its rollouts before the update bit-equal.
  * With the argument "bench": the EP path's cost on one GPU at 30B-A3B layer dims (see bench_one).
  * Prints ROW lines for tests/gpu/run.sh. */
+#include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -171,11 +176,13 @@ static double roll_diff(const roll *a, const roll *b) {
 /* ---------------------------------------------------------------- one engine's run */
 
 typedef struct {
-    const unsigned char *id; /* NULL: no comm, no EP */
+    const unsigned char *id; /* NCCL's (EP over it), or NULL */
+    comm *c; /* or a comm of the caller's (EP over it: the staged comm below); both NULL: no EP */
     int rank, world, device, train, save, pad;
     int pad_rc; /* ep_pad: one empty micro-batch (T = 0), forward and backward */
     const char *resume;
     int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
+    pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
     eng *e;
     roll r0, r1; /* before and after the updates */
     float lp0[NPROBE];
@@ -192,18 +199,21 @@ static void *run_main(void *p) {
                        .backend = "cuda",
                        .device = j->device,
                        .nccl_id = j->id,
+                       .comm = j->c,
                        .rank = j->rank,
                        .world = j->world,
-                       .expert_parallel = j->id != NULL,
+                       .expert_parallel = j->id || j->c,
                        .resume_dir = j->resume,
                        .nccl_cancel = j->cancel};
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
+    if (j->bar) pthread_barrier_wait(j->bar);
     if (!j->rc && j->pad && (j->pad_rc = ep_pad(j->e, &j->e->wv, 0, 1, 1, 0))) j->rc = j->pad_rc;
     if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
     for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
     if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
+    if (j->bar && j->train) pthread_barrier_wait(j->bar);
     for (int i = 0; i < 3; i++) j->st[i] = calloc((size_t)n_whole, 4);
     if (!j->rc) j->rc = eng_testing_state(j->e, j->st[0], j->st[1], j->st[2]);
     if (!j->rc && j->save) j->rc = eng_checkpoint_save(j->e, CKPT);
@@ -327,6 +337,131 @@ static void w2_rows(const run_job *ref) {
         gc_row(row, "decode copy (NCCL gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
     }
     for (int q = 0; q < 2; q++) run_free(&j[q]);
+}
+
+/* ---------------------------------------------------------------- (c) W = 2 on one GPU */
+
+/* NCCL refuses two ranks on one device, so this comm (tests only) runs the cpu comm's
+ * collectives (comm_cpu.c: the same meaning, rank-order sums) on host copies of the ranks'
+ * device buffers: the whole device's work is finished first (cudaDeviceSynchronize: both ranks'
+ * streams), the inputs copied down, the outputs up. It exercises every exchange of expert
+ * parallelism on cuda between two ranks (plans, row packing, the experts on received rows, the
+ * combine) except NCCL's transport, which test_comm_nccl covers. A device synchronization while
+ * the other rank captures a decode graph would break its capture: the ranks meet after each
+ * rollout (run_job.bar), so comm calls never overlap a rollout. */
+typedef struct {
+    comm *inner;
+} staged;
+
+static int st_down(void **h, const void *d, size_t b) {
+    *h = malloc(b + 1);
+    if (!*h) return err_set(GE_NOMEM, "staged comm: out of memory");
+    if (cudaDeviceSynchronize() != cudaSuccess || (b && cudaMemcpy(*h, d, b, cudaMemcpyDeviceToHost) != cudaSuccess))
+        return err_set(GE_COMM, "staged comm: %s", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+}
+static int st_up(void *d, const void *h, size_t b, int rc) {
+    /* the engine's stream is non-blocking: wait for the copy itself before it runs on */
+    if (!rc && b && (cudaMemcpy(d, h, b, cudaMemcpyHostToDevice) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess))
+        rc = err_set(GE_COMM, "staged comm: %s", cudaGetErrorString(cudaGetLastError()));
+    return rc;
+}
+#define INNER(c) (((staged *)(c)->impl)->inner)
+
+static int st_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h;
+    int rc = st_down(&h, buf, b);
+    rc = st_up(buf, h, b, rc ? rc : comm_all_reduce_sum(INNER(c), h, n, t));
+    free(h);
+    return rc;
+}
+static int st_reduce_scatter(comm *c, const void *in, void *out, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h, *o = malloc(b + 1);
+    int rc = st_down(&h, in, b * (size_t)c->size);
+    rc = st_up(out, o, b, rc ? rc : comm_reduce_scatter_sum(INNER(c), h, o, n, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_all_gather(comm *c, const void *in, void *out, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h, *o = malloc(b * (size_t)c->size + 1);
+    int rc = st_down(&h, in, b);
+    rc = st_up(out, o, b * (size_t)c->size, rc ? rc : comm_all_gather(INNER(c), h, o, n, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
+    size_t b = n * comm_type_bytes(t);
+    void *h;
+    int rc = st_down(&h, buf, b);
+    rc = st_up(buf, h, b, rc ? rc : comm_broadcast(INNER(c), h, n, t, root));
+    free(h);
+    return rc;
+}
+static int st_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    size_t eb = comm_type_bytes(t), ns = 0, nr = 0;
+    for (int q = 0; q < c->size; q++) ns += send[q], nr += recv[q];
+    void *h, *o = malloc(nr * eb + 1);
+    int rc = st_down(&h, in, ns * eb);
+    rc = st_up(out, o, nr * eb, rc ? rc : comm_all_to_all_v(INNER(c), h, send, o, recv, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_barrier(comm *c) { return comm_barrier(INNER(c)); }
+static void st_abort(comm *c) { comm_abort(INNER(c)); }
+static void st_free(comm *c) {
+    comm_free(INNER(c));
+    free(c->impl);
+    free(c);
+}
+static const comm_ops staged_ops = {st_all_reduce,   st_reduce_scatter, st_all_gather, st_broadcast,
+                                    st_all_to_all_v, st_barrier,        st_abort,      st_free};
+
+static void staged_rows(const run_job *ref) {
+    comm *inner[2], *c[2];
+    if (comm_cpu_group(2, inner)) gc_die(NULL, "cpu comm");
+    for (int q = 0; q < 2; q++) {
+        c[q] = calloc(1, sizeof *c[q]);
+        staged *x = calloc(1, sizeof *x);
+        x->inner = inner[q];
+        *c[q] = (comm){&staged_ops, q, 2, x};
+    }
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    run_job j[2] = {{.c = c[0], .rank = 0, .world = 2, .train = 1, .bar = &bar},
+                    {.c = c[1], .rank = 1, .world = 2, .train = 1, .bar = &bar}};
+    pthread_t th[2];
+    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
+    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    for (int q = 0; q < 2; q++) {
+        char what[64], row[96];
+        snprintf(what, sizeof what, "ep W=2 cuda, one GPU, rank %d", q);
+        if (j[q].rc) {
+            printf("%s: %s\n", what, j[q].msg);
+            gc_row(what, "engine failed (staged cpu comm)", NAN, 1e-2);
+            continue;
+        }
+        snprintf(row, sizeof row, "%s: loss and grad_norm", what);
+        gc_row(row, "2 updates vs no EP (staged cpu comm)", update_diff(&j[q], ref, what), 1e-2);
+        snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        gc_row(row, "decode copy (gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
+        double mean = 0;
+        for (int i = 0; i < j[q].n_lp; i++) mean += fabs(j[q].lp0[i] - ref->lp0[i]) / j[q].n_lp;
+        snprintf(row, sizeof row, "%s: logprobs", what);
+        gc_row(row, "moe_ep over 2 ranks vs the MoE op; mean |d|", j[q].n_lp == ref->n_lp ? mean : NAN, 1e-2);
+    }
+    if (!j[0].rc && !j[1].rc)
+        printf("ep W=2 one GPU: the ranks' losses %s, rollouts after the update %s\n",
+               j[0].u[0].loss == j[1].u[0].loss && j[0].u[1].grad_norm == j[1].u[1].grad_norm ? "bit-equal" : "DIFFER",
+               roll_diff(&j[0].r1, &j[1].r1) == 0 ? "bit-equal between the ranks" : "DIFFER between the ranks");
+    for (int q = 0; q < 2; q++) run_free(&j[q]);
+    for (int q = 0; q < 2; q++) comm_free(c[q]);
+    pthread_barrier_destroy(&bar);
 }
 
 /* ---------------------------------------------------------------- bench */
@@ -457,6 +592,7 @@ int main(int argc, char **argv) {
         gc_die(NULL, "reference");
     }
     w1_rows(&ref, w0);
+    staged_rows(&ref);
     w2_rows(&ref);
     run_free(&ref);
     free(w0);
