@@ -4,11 +4,11 @@
  * The model: the qwen3_moe fixture's config (3 layers, layer 1 dense, 8 experts, top-2) with the
  * balance loss at coefficient 0.1, random weights (norms 1 + noise, the rest +-0.1). Six groups,
  * one a micro-batch (max_tokens the largest group's, every group above half of it), two updates
- * (GRPO advantages, kl 0.02 with the reference pass, entropy, clip on): the micro-batches, hence
- * the balance-loss terms, are the same with and without EP and on any W.
+ * of two mini-batches of 3 groups (GRPO advantages, kl 0.02 with the reference pass, entropy,
+ * clip on): the micro-batches, hence the balance-loss terms, are the same with and without EP
+ * and on any W; on 2 ranks a mini-batch's 3 groups are placed 2 + 1, so one rank runs an empty
+ * micro-batch (T = 0) in each pass while the other's exchanges need its experts.
  *   (a) W = 1 (a one-rank NCCL comm, expert_parallel = 1) against no comm and no EP:
- *       - one empty micro-batch (T = 0: what a rank with fewer micro-batches runs, ep_pad)
- *         forward and backward before the updates, which must then still agree;
  *       - rollouts before any update (the decode copy, gathered by moe_ep_gather_act): sampled
  *         tokens and logprobs bit-equal (0 differing; the copy holds the same bf16 bytes and
  *         decode runs the same kernels);
@@ -37,7 +37,6 @@
 
 #include "engine/dist/comm.h"
 #include "engine/engine.h"
-#include "engine/engine_internal.h"
 #include "engine/model/model.h"
 #include "engine/train/train_testing.h"
 #include "tests/gpu/gpu_check.h"
@@ -123,6 +122,7 @@ static int update(eng *e, eng_update_result *u) {
     a.kl_coef = 0.02f;
     a.kl = KL_K3;
     a.entropy_coeff = 0.01f;
+    a.ppo_mini_batch_size = 3; /* two optimizer steps; on 2 ranks 2 + 1 groups: one empty micro-batch */
     eng_update_group g[NG];
     groups(g);
     return eng_update(e, g, NG, &a, &o, mb_tokens, u, NULL, NULL);
@@ -178,8 +178,7 @@ static double roll_diff(const roll *a, const roll *b) {
 typedef struct {
     const unsigned char *id; /* NCCL's (EP over it), or NULL */
     comm *c; /* or a comm of the caller's (EP over it: the staged comm below); both NULL: no EP */
-    int rank, world, device, train, save, pad;
-    int pad_rc; /* ep_pad: one empty micro-batch (T = 0), forward and backward */
+    int rank, world, device, train, save;
     const char *resume;
     int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
     pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
@@ -209,7 +208,6 @@ static void *run_main(void *p) {
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
     if (j->bar) pthread_barrier_wait(j->bar);
-    if (!j->rc && j->pad && (j->pad_rc = ep_pad(j->e, &j->e->wv, 0, 1, 1, 0))) j->rc = j->pad_rc;
     if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
     for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
     if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
@@ -242,8 +240,8 @@ static double update_rel_l2(const float *a, const float *b, const float *w0, siz
 static double update_diff(const run_job *x, const run_job *r, const char *what) {
     double worst = 0;
     for (int s = 0; s < NSTEP; s++) {
-        printf("%s update %d: loss %.7f vs %.7f, grad_norm %.6f vs %.6f\n", what, s, x->u[s].loss, r->u[s].loss,
-               x->u[s].grad_norm, r->u[s].grad_norm);
+        printf("%s update %d: loss %.7f vs %.7f, grad_norm %.6f vs %.6f, micro-batches %d vs %d\n", what, s, x->u[s].loss,
+               r->u[s].loss, x->u[s].grad_norm, r->u[s].grad_norm, x->u[s].micro_batches, r->u[s].micro_batches);
         worst = fmax(worst, fmax(rel(x->u[s].loss, r->u[s].loss), rel(x->u[s].grad_norm, r->u[s].grad_norm)));
     }
     return worst;
@@ -255,10 +253,8 @@ static void w1_rows(const run_job *ref, const float *w0) {
     unsigned char id[128];
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
     eng_remove_tree(CKPT);
-    run_job x = {.id = id, .world = 1, .train = 1, .save = 1, .pad = 1};
+    run_job x = {.id = id, .world = 1, .train = 1, .save = 1};
     run_main(&x);
-    gc_row("ep W=1 cuda: an empty micro-batch (T = 0)", "ep_pad forward+backward before the updates; 0 = ran",
-           (double)(x.pad_rc != 0), 0);
     if (x.rc) {
         printf("ep W=1 engine: %s\n", x.msg);
         gc_row("ep W=1 cuda vs no EP", "engine failed", NAN, 0);
@@ -558,7 +554,7 @@ static void bench_one(int ep) {
         for (int i = 0; i < BG; i++) eng_group_result_free(&out[i]);
     }
     size_t fr = 0, tot = 0;
-    if (e->be->mem_info) e->be->mem_info(e->be, &fr, &tot);
+    cudaMemGetInfo(&fr, &tot);
     printf("bench %-7s update %.1f ms (%.0f packed tokens/s), rollout %.1f ms (%d x %d x %d tokens), device in use %.1f GiB\n",
            ep ? "ep W=1" : "no EP", 1e3 * bench_median(tu + 1, 3), BG * (BP + BN * BR) / bench_median(tu + 1, 3),
            1e3 * bench_median(tr + 1, 3), BG, BN, BNEW, (double)(tot - fr) / (1 << 30));
