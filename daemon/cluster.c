@@ -61,7 +61,7 @@ struct cluster {
     follower f[MAX_FOLLOWERS];
     long long epoch, next_id;
     int formed; /* cluster_form made the world: joins get it */
-    char world_json[512]; /* the world's common part */
+    char world_json[2048]; /* the world's common part (a resume path of up to 1200 bytes, the comm) */
     int world, W0;
     char backend[16];
     long long seq; /* the current (or last) call */
@@ -218,7 +218,8 @@ static void base64(const unsigned char *in, size_t n, char *out) {
     out[o] = 0;
 }
 
-int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, const _Atomic int *stop, ranks_world *wd) {
+int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, int expert_parallel, const _Atomic int *stop,
+                 ranks_world *wd) {
     memset(wd, 0, sizeof *wd);
     wd->listen_fd = -1;
     pthread_mutex_lock(&cl->mu);
@@ -266,8 +267,9 @@ int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, c
         wd->listen_fd = fd;
     }
     json_object *r = json_object_new_string(resume ? resume : "");
-    snprintf(cl->world_json, sizeof cl->world_json, "\"epoch\":%lld,\"world\":%d,\"comm\":%s,\"resume\":%s,\"lost_s\":%g",
-             cl->epoch, world, comm, json_object_to_json_string(r), cl->cfg.lost_s);
+    snprintf(cl->world_json, sizeof cl->world_json,
+             "\"epoch\":%lld,\"world\":%d,\"comm\":%s,\"resume\":%s,\"lost_s\":%g,\"expert_parallel\":%s", cl->epoch, world, comm,
+             json_object_to_json_string(r), cl->cfg.lost_s, expert_parallel ? "true" : "false");
     json_object_put(r);
     wd->base = 0;
     wd->world = cl->world = world;

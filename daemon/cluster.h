@@ -48,8 +48,11 @@ int cluster_hook(void *ud, int route, long long follower, long long after, const
 /* Engine thread: waits until every follower joined (GE_UNAVAILABLE when *stop became non-zero),
  * makes the rendezvous (cpu: comm_tcp_listen; cuda: an NCCL unique id) and the world: this
  * process's W0 ranks are 0..W0-1, the followers' next in join order. resume: the checkpoint the
- * engines open from (the followers open it too: it must be readable at that path on their hosts). */
-int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, const _Atomic int *stop, ranks_world *wd);
+ * engines open from (the followers open it too: it must be readable at that path on their hosts).
+ * expert_parallel: the leader's --expert-parallel, which the world hands to every follower (its
+ * engines must split the experts as the leader's do). */
+int cluster_form(cluster *cl, int W0, const char *backend, const char *resume, int expert_parallel, const _Atomic int *stop,
+                 ranks_world *wd);
 /* rk's SPMD calls from now on reach the followers (ranks_set_remote); detach before ranks_close. */
 void cluster_attach(cluster *cl, ranks *rk);
 void cluster_detach(cluster *cl);

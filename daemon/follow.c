@@ -156,6 +156,7 @@ typedef struct {
     unsigned char nccl_id[128];
     char resume[1200];
     double lost_s;
+    int expert_parallel; /* the leader's --expert-parallel: this process's engines follow it */
 } world_info;
 
 static int unbase64(const char *s, unsigned char *out, size_t n) {
@@ -189,6 +190,7 @@ static int parse_world(const char *body, world_info *w) {
     w->rank0 = (int)field_int(o, "rank0", 0);
     w->world = (int)field_int(o, "world", 0);
     w->lost_s = field_num(o, "lost_s", 10);
+    w->expert_parallel = field_bool(o, "expert_parallel", 0);
     snprintf(w->resume, sizeof w->resume, "%s", field_str(o, "resume", ""));
     snprintf(w->kind, sizeof w->kind, "%s", field_str(c, "kind", ""));
     if (!strcmp(w->kind, "tcp")) {
@@ -506,7 +508,8 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
                        .backend = backend,
                        .resume_dir = w->resume[0] ? w->resume : NULL,
                        .n_threads = threads / W > 0 ? threads / W : 1,
-                       .optimizer_offload = c->optimizer_offload};
+                       .optimizer_offload = c->optimizer_offload,
+                       .expert_parallel = w->expert_parallel};
     eng_sched_opts so = {.kv_bytes = c->kv_budget_mib << 20};
     ranks_world wd = {.base = w->rank0,
                       .world = w->world,
@@ -515,8 +518,9 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
                       .listen_fd = -1,
                       .nccl_id = w->nccl_id,
                       .timeout_s = 120};
-    log_event(LOG_INFO, "follower_opening", "\"follower\":%lld,\"ranks\":\"%d..%d\",\"world\":%d,\"comm\":\"%s\",\"resume\":\"%s\"",
-              w->id, w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume);
+    log_event(LOG_INFO, "follower_opening",
+              "\"follower\":%lld,\"ranks\":\"%d..%d\",\"world\":%d,\"comm\":\"%s\",\"resume\":\"%s\",\"expert_parallel\":%s",
+              w->id, w->rank0, w->rank0 + W - 1, w->world, w->kind, w->resume, w->expert_parallel ? "true" : "false");
     epoch ep = {.L = L, .id = w->id, .lost_s = w->lost_s > 0 ? w->lost_s : 10, .last_ok = clock_mono_s()};
     pthread_mutex_init(&ep.mu, NULL);
     pthread_cond_init(&ep.cv, NULL);

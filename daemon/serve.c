@@ -104,9 +104,9 @@ static const opt_def opts[] = {
      "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; "
      "the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
     {"expert-parallel", O_BOOL, S_(expert_parallel), 0, 1, 0, "false",
-     "with --ranks N or --gpus: a mixture-of-experts model's experts split over the ranks (each holds E/N of them and their "
-     "training state; tokens travel to them), the rest sharded as data parallelism shards it; cpu backend, updates and "
-     "logprobs only (rollouts not built yet)"},
+     "with --ranks N, --gpus or --followers: a mixture-of-experts model's experts split over the ranks (each holds E/N of them and their "
+     "training state; tokens travel to them), the rest sharded as data parallelism shards it; rollouts decode from a whole "
+     "copy of the model each rank holds"},
     {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0",
      "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K "
      "joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no "
@@ -291,8 +291,8 @@ static int check_rank_opts(serve_opts *o, char *why, size_t wl) {
         snprintf(why, wl, "--ranks %lld needs --backend cpu (it runs CPU ranks in one process)", o->ranks);
         return -1;
     }
-    if (o->expert_parallel && (o->join[0] || o->followers > 0)) {
-        snprintf(why, wl, "--expert-parallel with --%s is not built: run the ranks in one process", o->join[0] ? "join" : "followers");
+    if (o->expert_parallel && o->join[0]) { /* the leader decides for every rank of its world */
+        snprintf(why, wl, "--expert-parallel is the leader's flag: a follower (--join) takes it from the world it joins");
         return -1;
     }
     if (o->join[0] && o->followers > 0) {

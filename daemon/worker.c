@@ -249,7 +249,8 @@ static int open_engine(worker *w) {
     ranks *rk;
     ranks_world wd, *world = NULL;
     if (w->cfg.cluster) { /* the followers' ranks join ours: one communicator for the world */
-        if ((rc = cluster_form(w->cfg.cluster, W, eng_backend_resolve(w->backend), resume[0] ? resume : NULL, &w->stop, &wd)))
+        if ((rc = cluster_form(w->cfg.cluster, W, eng_backend_resolve(w->backend), resume[0] ? resume : NULL,
+                               w->cfg.expert_parallel, &w->stop, &wd)))
             return rc;
         world = &wd;
     }

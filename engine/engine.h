@@ -46,9 +46,11 @@ typedef struct {
     /* 1: expert parallelism (engine/train/ep.c): a mixture-of-experts model's experts
      * split over the comm's W ranks, rank r holding [r E/W, (r+1) E/W) of every MoE layer with
      * their whole training state; the rest sharded as above. Needs a comm, a MoE model with E
-     * divisible by W, the cpu backend, full-parameter training without optimizer offload; else
-     * eng_open refuses with one line. Every MoE layer is then a collective: every rank runs every
-     * pass (empty micro-batches where it has fewer). Rollouts are refused (not built yet). */
+     * divisible by W, full-parameter training without optimizer offload (cpu, or cuda with the
+     * NCCL comm below); else eng_open refuses with one line. Every MoE layer is then a
+     * collective: every rank runs every pass (empty micro-batches where it has fewer). Rollouts
+     * decode from a whole act-typed copy of the model each rank holds (engine/rollout/ep_decode.c),
+     * refreshed by every update: no comm during a rollout. */
     int expert_parallel;
     int device; /* CUDA device index (0 default); unused on cpu */
     /* NCCL on the cuda backend (instead of comm): the unique id (comm_nccl_unique_id, made once
@@ -90,7 +92,8 @@ const char *eng_backend_resolve(const char *name);
  * On the cpu backend (host memory) only the sizes of the state are given. */
 typedef struct {
     long long device_total; /* bytes of the device (0: cpu) */
-    long long weights, reference; /* act-typed policy weights; the frozen reference (0 with LoRA) */
+    long long weights, reference; /* act-typed policy weights (and the decode copy under expert
+                                   * parallelism); the frozen reference (0 with LoRA) */
     long long master, gradients, moments; /* fp32 training state on the device */
     long long snapshot; /* the update's safety copy (engine/train/snapshot.h), where it lives */
     long long host_state; /* master + moments in host memory (optimizer offload) */

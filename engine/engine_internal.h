@@ -29,8 +29,9 @@ struct eng {
      * parallelism, whose layout checkpoints hold. 0 and NULL without. */
     long long ep_n;
     model *ep_full;
-    /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, fp32; NULL without */
-    float *ep_dact;
+    /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, act-typed in the
+     * backend's memory; NULL without */
+    void *ep_dact;
     model_views ep_dv;
     void *dp_buf;
     model m;
@@ -125,7 +126,7 @@ int dp_gather_to_host(eng *e, const float *shard, float *host);
 int dp_gather_act(eng *e);
 /* ep.c, expert parallelism (with eng_open_opts.expert_parallel; every rank calls each, in the
  * same order). ep_model_init: e->m with the experts split over the comm's ranks and e->ep_full,
- * or one line saying why not (no comm, dense model, LoRA, offload, E % W, backend).
+ * or one line saying why not (no comm, dense model, LoRA, offload, E % W).
  * Lock-step: before a pass (or one mini-batch of it) of n micro-batches on this rank, ep_most
  * gives the most any rank runs (exchanged: the others' layers wait for this rank's); after this
  * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to

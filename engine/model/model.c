@@ -130,8 +130,6 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
     if (ep && config_n_moe(c) > 0) {
         if (ep->W < 1 || c->E % ep->W)
             return err_set(GE_UNSUPPORTED, "model: %d experts do not split evenly over %d ranks (expert parallelism)", c->E, ep->W);
-        if (strcmp(be->name, "cpu"))
-            return err_set(GE_UNSUPPORTED, "model: expert parallelism runs on the cpu backend only (not yet on %s)", be->name);
         m->ep = *ep;
         m->ep_E = c->E / ep->W;
         m->ep_e0 = ep->rank * m->ep_E;

@@ -92,8 +92,8 @@ typedef struct {
 } model_views;
 
 /* Expert parallelism (engine/model/moe_ep.h): the ranks' comm, reached through its
- * all-to-all-v, all-gather and abort (comm.h's, counts in bytes), since the model room does not include
- * engine/dist. */
+ * all-to-all-v, all-gather and abort (comm.h's, counts in bytes, buffers in the backend's
+ * memory), since the model room does not include engine/dist. */
 typedef struct {
     int rank, W;
     int (*all_to_all_v)(void *ctx, const void *in, const size_t *send, void *out, const size_t *recv);
@@ -127,7 +127,8 @@ typedef struct {
 
 int model_init(model *m, const model_config *cfg, eng_backend *be);
 /* model_init with the experts split over ep->W ranks (ep NULL: model_init); one line when E
- * does not split evenly or the backend is not the cpu. */
+ * does not split evenly. The comm's buffers are the backend's memory (host on cpu, device on
+ * cuda: NCCL). */
 int model_init_ep(model *m, const model_config *cfg, eng_backend *be, const model_ep *ep);
 void model_free(model *m);
 /* Views into a flat buffer whose elements are esize bytes (be->act_bytes or 4). */

@@ -204,35 +204,61 @@ static const model_param *named(const model *m, const char *name) {
 
 static int is_expert(const model_param *p) { return strstr(p->name, ".mlp.experts.") != NULL; }
 
-/* Rank q's name of this rank's expert parameter p: the same layer and projection, its expert
- * index moved from this rank's range to rank q's. */
-static void name_on_rank(const model *m, const model_param *p, int q, char *out, size_t len) {
-    int l, e;
+/* p's name (an expert parameter) with its expert index set to e: the same layer and projection. */
+static void name_expert(const model_param *p, int e, char *out, size_t len) {
+    int l, e_;
     char proj[32];
-    sscanf(p->name, "model.layers.%d.mlp.experts.%d.%31[a-z_]", &l, &e, proj);
-    snprintf(out, len, "model.layers.%d.mlp.experts.%d.%s.weight", l, e - m->ep_e0 + q * m->ep_E, proj);
+    sscanf(p->name, "model.layers.%d.mlp.experts.%d.%31[a-z_]", &l, &e_, proj);
+    snprintf(out, len, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, proj);
 }
 
+/* p's expert index */
+static int expert_of(const model_param *p) {
+    int l, e;
+    sscanf(p->name, "model.layers.%d.mlp.experts.%d.", &l, &e);
+    return e;
+}
+
+/* Rank q's name of this rank's expert parameter p: its expert index moved from this rank's
+ * range to rank q's. */
+static void name_on_rank(const model *m, const model_param *p, int q, char *out, size_t len) {
+    name_expert(p, expert_of(p) - m->ep_e0 + q * m->ep_E, out, len);
+}
+
+/* The comm's buffers are the backend's memory: the experts go through it in chunks of this
+ * many floats (W + 1 of them there at once). */
+#define GATHER_CHUNK ((size_t)1 << 22)
+
 int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole, int all) {
+    eng_backend *be = m->be;
     int W = m->ep.W, r = m->ep.rank, here = all || r == 0;
     size_t n = 0, send[W], recv[W];
     for (int i = 0; i < m->n_params; i++) n += is_expert(&m->params[i]) ? (size_t)m->params[i].numel : 0;
+    size_t ch = n < GATHER_CHUNK ? n : GATHER_CHUNK;
     float *out = malloc(n * sizeof(float) + 1), *in = here ? malloc((size_t)W * n * sizeof(float) + 1) : NULL;
-    int rc = out && (!here || in) ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB)", (size_t)W * n * 4 >> 20);
+    float *dout = be->alloc(be, ((size_t)W + 1) * ch * sizeof(float) + 4), *din = dout ? dout + ch : NULL;
+    int rc = out && (!here || in) && dout ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB)", (size_t)W * n * 4 >> 20);
     for (int i = 0, k = 0; !rc && i < m->n_params; i++) { /* this rank's experts, in its parameter order */
         const model_param *p = &m->params[i];
         if (!is_expert(p)) continue;
         memcpy(out + k, mine + p->off, (size_t)p->numel * sizeof(float));
         k += (int)p->numel;
     }
-    for (int q = 0; q < W; q++) {
-        send[q] = q == 0 ? n * sizeof(float) : 0;
-        recv[q] = here ? n * sizeof(float) : 0;
+    /* in[q n + j ..] = rank q's out[j ..], chunk after chunk (the same count on every rank) */
+    for (size_t j = 0; !rc && j < n; j += ch) {
+        size_t c = n - j < ch ? n - j : ch;
+        for (int q = 0; q < W; q++) {
+            send[q] = q == 0 ? c * sizeof(float) : 0;
+            recv[q] = here ? c * sizeof(float) : 0;
+        }
+        rc = be->to_dev(be, dout, out + j, c * sizeof(float));
+        if (rc) break;
+        rc = all ? m->ep.all_gather(m->ep.ctx, dout, din, c * sizeof(float)) : m->ep.all_to_all_v(m->ep.ctx, dout, send, din, recv);
+        for (int q = 0; !rc && here && q < W; q++)
+            rc = be->to_host(be, in + (size_t)q * n + j, din + (size_t)q * c, c * sizeof(float));
     }
-    /* a failed allocation aborts the group (the hook's comm), so no rank waits for it */
-    if (!rc)
-        rc = all ? m->ep.all_gather(m->ep.ctx, out, in, n * sizeof(float)) : m->ep.all_to_all_v(m->ep.ctx, out, send, in, recv);
-    else m->ep.abort(m->ep.ctx);
+    /* a failure of this rank's aborts the group (the hook's comm), so no rank waits for it */
+    if (rc) m->ep.abort(m->ep.ctx);
     size_t at = 0; /* the next expert parameter's place among a rank's: the same on every rank */
     for (int i = 0; !rc && here && i < m->n_params; i++) {
         const model_param *p = &m->params[i];
@@ -249,6 +275,31 @@ int moe_ep_gather(const model *m, const float *mine, const model *full, float *w
     }
     free(out);
     free(in);
+    if (dout) be->free(be, dout);
+    return rc;
+}
+
+int moe_ep_gather_act(const model *m, const void *act, const model *full, void *whole) {
+    eng_backend *be = m->be;
+    size_t eb = (size_t)be->act_bytes;
+    int rc = 0;
+    for (int i = 0; !rc && i < m->n_params; i++) {
+        const model_param *p = &m->params[i];
+        char name[96];
+        if (!is_expert(p)) { /* replicated: this rank's copy is every rank's */
+            be->copy(be, (char *)whole + (size_t)named(full, p->name)->off * eb, (const char *)act + (size_t)p->off * eb,
+                     (size_t)p->numel * eb);
+            continue;
+        }
+        if (expert_of(p) != m->ep_e0) continue; /* one exchange per layer and projection, from its first expert */
+        /* this rank's block of ep_E experts is contiguous (padding after the last only), and so
+         * is the projection's E in full: rank q's block lands at expert q ep_E */
+        name_expert(p, 0, name, sizeof name);
+        rc = m->ep.all_gather(m->ep.ctx, (const char *)act + (size_t)p->off * eb,
+                              (char *)whole + (size_t)named(full, name)->off * eb, (size_t)m->ep_E * (size_t)p->numel * eb);
+    }
+    if (!rc) rc = be->sync(be);
+    if (rc) m->ep.abort(m->ep.ctx);
     return rc;
 }
 

@@ -18,8 +18,7 @@
  * backward, in the same order, with any number of tokens (0 too). The rows stay in the
  * backend's memory (packed and put back by backend ops: gather_rows, moe_combine_rows,
  * moe_dtopw; only the routes, counts and routing weights visit the host), so the calls run on
- * cuda with a comm on device pointers (NCCL) as on the cpu; the engine's EP (engine/train/ep.c)
- * still refuses cuda: its training state is not placed on the device yet.
+ * cuda with a comm on device pointers (NCCL) as on the cpu.
  * Errors (memory, the comm's) are returned, the comm aborted on the failing rank so that the
  * others' exchanges end too; the caller keeps the first (model_acts.ep_rc). */
 #ifndef GRPOD_MOE_EP_H
@@ -37,12 +36,17 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
 /* Checkpoints: one whole parameter-shaped vector (the weights, or an optimizer moment) in the
  * layout of `full`, the same config without expert parallelism, which a checkpoint writes and
  * any W reads by name (model_save_host, model_load_host).
- * moe_ep_gather: whole (full->n_elems; on rank 0, or on every rank with all; NULL elsewhere) =
- * this rank's replicated parameters and every rank's experts from mine (m->n_elems, each
- * rank's). A collective. With all, every rank holds every expert after it: how rollouts run
- * under expert parallelism (each rank decodes its own groups with the whole model, as without
- * it, rather than dispatching every decode step's tokens, which would step all ranks together).
+ * moe_ep_gather: whole (full->n_elems, host; on rank 0, or on every rank with all; NULL
+ * elsewhere) = this rank's replicated parameters and every rank's experts from mine
+ * (m->n_elems, host, each rank's). A collective; the experts go through the backend's memory
+ * (the comm's) in chunks of 16 MiB a rank.
+ * moe_ep_gather_act: the same for act-typed weights in the backend's memory, all of it there:
+ * whole (full->n_elems act elements, on every rank) from act (m->n_elems, each rank's), one
+ * all-gather per MoE layer and projection straight into place. How rollouts run under expert
+ * parallelism (each rank decodes its own groups with the whole model, as without it, rather
+ * than dispatching every decode step's tokens, which would step all ranks together).
  * moe_ep_slice: mine = this rank's part of whole (no comm). */
 int moe_ep_gather(const model *m, const float *mine, const model *full, float *whole, int all);
+int moe_ep_gather_act(const model *m, const void *act, const model *full, void *whole);
 void moe_ep_slice(const model *m, const model *full, const float *whole, float *mine);
 #endif

@@ -779,9 +779,6 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
                   eng_sched_job **job) {
     *job = NULL;
     memset(out, 0, (size_t)n_groups * sizeof *out);
-    if (s->e->ep_full && !s->e->ep_dact) /* the decode copy (ep_decode.c) is built on the cpu backend only */
-        return err_set(GE_UNSUPPORTED, "rollouts under expert parallelism are built on the cpu backend only, not %s",
-                       s->e->be->name);
     eng_sched_job *j = calloc(1, sizeof *j);
     if (!j) return err_set(GE_NOMEM, "scheduler: out of memory");
     *j = (eng_sched_job){.groups = groups, .n_groups = n_groups, .sp = *sp, .out = out};

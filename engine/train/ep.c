@@ -43,7 +43,7 @@ int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int l
                               : NULL;
     if (no) return err_set(GE_UNSUPPORTED, "%s: expert parallelism cannot apply: %s", o->model_dir, no);
     model_ep ep = {e->rank, e->W, a2a_bytes, gather_bytes, abort_comm, e->comm};
-    int rc = model_init_ep(&e->m, cfg, e->be, &ep); /* E % W and the backend: one line there */
+    int rc = model_init_ep(&e->m, cfg, e->be, &ep); /* E % W: one line there */
     if (!rc && !(e->ep_full = calloc(1, sizeof *e->ep_full))) rc = err_set(GE_NOMEM, "engine: out of memory");
     if (!rc) rc = model_init(e->ep_full, cfg, e->be);
     return rc;

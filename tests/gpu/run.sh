@@ -9,6 +9,8 @@
 #   test_snapshot: the update's safety copy on the device, pinned, host and none: same bits,
 #       a failed update restored exactly, undo exact
 #   test_comm_nccl: the NCCL comm at world size 1 (and 2 on two GPUs), the sharded update through it
+#   test_ep_cuda: expert parallelism on cuda over NCCL at world size 1 (and 2 on two GPUs) vs the
+#       engine without it: rollouts from the decode copy, logprobs, updates, its checkpoint
 #   test_determinism: one update from one state gives the same bits in one process and in two
 #   test_sampling: the CUDA sample op vs softmax and sample_cpu (allow masks included)
 #   test_guided: guided (JSON) rollouts on the cuda backend complete and parse
@@ -32,7 +34,8 @@
 #       tokens; with EXACT=1 in exact mode too), with PEER_ROLLOUT=path/to/peer_rollout.py the
 #       transformers peer in the same call
 #   (g2) with BENCH_MOE=1: bench_moe (the experts' GEMMs alone, each variant, vs a dense GEMM and the
-#       copy bandwidth) and bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#       copy bandwidth), bench_rollout at Qwen3-30B-A3B dims (decode vs the routed-bytes floor),
+#       test_ep_cuda bench (expert parallelism over a one-rank NCCL comm vs none, 30B-A3B layer dims),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd),
 #       with FLA_WHEELS=dir (fla-core, flash-linear-attention and einops wheels) the transformers +
@@ -43,7 +46,7 @@
 #       Qwen3-32B dims on a device with room for it)
 #   (i) with BENCH_ATTN=1: bench_attn (attention alone, Qwen3-8B heads at (8192, 8, 1024) and
 #       1.7B heads at (4096, 16, 512); also with GRPOD_TUNE_EXACT=1, and decode exact off/on), with PEER_ATTN=path/to/peer_attention.py the peer
-#   (k) with BENCH_DP=1 (a machine with 2+ GPUs): test_comm_nccl (its W=2 rows) and
+#   (k) with BENCH_DP=1 (a machine with 2+ GPUs): test_comm_nccl and test_ep_cuda (their W=2 rows) and
 #       bench_dp (Qwen3-1.7B dims: the update and rollouts on one GPU and on two, equality rows,
 #       scaling), daemon_gpus.py (grpod serve --gpus 0,1 vs --gpus 0 over HTTP, when ./grpod and
 #       .devlibs are carried), also with TESTS=0; the rows join the table
@@ -83,7 +86,7 @@ BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer ben
 # engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
 NCCL_CF=${NCCL_FLAGS%%|*}; NCCL_LD=${NCCL_FLAGS#*|}
-[ -n "$NCCL_CF" ] && PROGS="$PROGS test_comm_nccl"
+[ -n "$NCCL_CF" ] && PROGS="$PROGS test_comm_nccl test_ep_cuda"
 {
     echo "nccl: ${NCCL_FLAGS:-not found}"
     make -j"$JOBS" BUILD=$BUILD NVCC="$NVCC" $BUILD/libengine.a &&
@@ -134,8 +137,11 @@ timeout ${T_SNAPSHOT:-120} "$BIN/test_snapshot" >>"$OUT/model.log" 2>&1; echo "t
 # comm), and at world size 2 when the machine has two GPUs (a SKIP row otherwise)
 if [ -n "$NCCL_CF" ]; then
     timeout ${T_NCCL:-120} "$BIN/test_comm_nccl" >>"$OUT/model.log" 2>&1; echo "test_comm_nccl exit $?" >>"$OUT/model.log"
+    # expert parallelism on cuda (W = 1; W = 2 on two GPUs, a SKIP row otherwise)
+    timeout ${T_EP:-120} "$BIN/test_ep_cuda" >>"$OUT/model.log" 2>&1; echo "test_ep_cuda exit $?" >>"$OUT/model.log"
 else
     echo "ROW|test_comm_nccl|nccl.h not found (set NCCL_HOME): not run|nan|0|SKIP" >>"$OUT/model.log"
+    echo "ROW|test_ep_cuda|nccl.h not found (set NCCL_HOME): not run|nan|0|SKIP" >>"$OUT/model.log"
 fi
 # HF transformers fixtures on the CUDA backend (logprobs and gradients vs autograd)
 timeout ${T_FIX:-120} "$BIN/test_fixtures" >>"$OUT/model.log" 2>&1; echo "test_fixtures exit $?" >>"$OUT/model.log"
@@ -241,6 +247,8 @@ if [ "${BENCH_MOE:-0}" = 1 ]; then
         timeout ${T_BENCH:-200} "$BIN/bench_moe"
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 1 1024 16 256
         timeout ${T_BENCH:-200} "$BIN/bench_rollout" 30b-a3b 8 1024 16 256
+        # expert parallelism's cost on one GPU (W = 1 over NCCL vs none) at 30B-A3B layer dims
+        [ -x "$BIN/test_ep_cuda" ] && timeout ${T_BENCH:-200} "$BIN/test_ep_cuda" bench
         if [ "${PEER_MOE:-0}" = 1 ]; then PYTHONUNBUFFERED=1 timeout 400 python3 tests/gpu/peer_moe_step.py ${BENCH_MOE_LAYERS:-4}; fi
     } >"$OUT/bench_moe.log" 2>&1
     cat "$OUT/bench_moe.log"
@@ -318,6 +326,7 @@ if [ "${BENCH_DP:-0}" = 1 ]; then
     {
         if [ "${TESTS:-1}" != 1 ] && [ -n "$NCCL_CF" ]; then
             timeout ${T_NCCL:-120} "$BIN/test_comm_nccl"; echo "test_comm_nccl exit $?"
+            timeout ${T_EP:-120} "$BIN/test_ep_cuda"; echo "test_ep_cuda exit $?"
         fi
         nvidia-smi topo -m
         timeout ${T_DP:-300} "$BIN/bench_dp" ${DP_ARGS:-}; echo "bench_dp exit $?"

@@ -2,8 +2,9 @@
 # --expert-parallel; each rank holds half the experts of the tiny random Qwen3-MoE fixture,
 # tests/fixtures/data/qwen3_moe: 8 experts, top-2) against daemons without it: rollout -> update
 # (routing replay of the rollout's routes) -> rollout gives the same tokens, logprobs and policy
-# versions (the decode copy, engine/rollout/ep_decode.c, follows the update), and an update
-# accepted before kill -9 is replayed on restart to the same weights.
+# versions (the decode copy, engine/rollout/ep_decode.c, follows the update), an update
+# accepted before kill -9 is replayed on restart to the same weights, and a leader with one
+# follower process (--followers / --join, a tcp comm) equals the two ranks in one process.
 import json
 import shutil
 
@@ -24,14 +25,14 @@ def daemon(make_daemon, tmp_path, name, ep, ranks=2):
 
 def rollout(d):
     j = d.wait_job(d.submit("/v1/rollouts", BODY))
-    assert j["status"] == "done", j
+    assert j["status"] == "done", json.dumps(j)[:1500]
     return j
 
 
-def update(d, rid):
-    body = {"rollout_job_id": rid, "algorithm": {"routing_replay": "rollout"}, "optimizer": {"lr": 1e-2}}
+def update(d, rid, replay=True):
+    body = {"rollout_job_id": rid, "algorithm": {"routing_replay": "rollout" if replay else "off"}, "optimizer": {"lr": 1e-2}}
     j = d.wait_job(d.submit("/v1/updates", body))
-    assert j["status"] == "done", j
+    assert j["status"] == "done", json.dumps(j)[:1500]
     return j
 
 
@@ -43,9 +44,9 @@ def close(a, b, tol):
     return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b))
 
 
-def run(d):
+def run(d, replay=True):
     r1 = rollout(d)
-    u = update(d, r1["id"])
+    u = update(d, r1["id"], replay)
     r2 = rollout(d)
     return r1, u, r2
 
@@ -93,3 +94,81 @@ def test_replay_after_kill9_under_ep(make_daemon, tmp_path):
     again = rollout(d2)
     for a, b in zip(responses(after), responses(again)):
         assert a["token_ids"] == b["token_ids"] and a["logprobs"] == b["logprobs"], (a, b)
+
+
+def test_leader_and_follower_equal_two_ranks(make_daemon, tmp_path):
+    """A leader (`--ranks 1 --followers 1 --expert-parallel`) and a follower (`--ranks 1 --join
+    URL`: the world it joins carries the leader's --expert-parallel) on loopback, one tcp comm of
+    two ranks, each holding half the experts: rollout -> update -> rollout and the logprobs after
+    are bit-equal to one process with `--ranks 2 --expert-parallel` (the tcp comm moves the
+    experts' rows as bytes and sums in rank order as the cpu comm does, each rank has one engine
+    thread in both). The update does not replay the rollout's routes: those of the groups decoded
+    on the follower's rank are not sent back to the leader (a conflict naming the rollout job).
+    A follower given --expert-parallel itself is refused with one line."""
+    from test_join import follower, leader
+    ref_d = daemon(make_daemon, tmp_path, "ref", True)
+    ref = run(ref_d, replay=False)
+    ref_lp = ref_d.post("/v1/logprobs", PROBE).json()
+    model = str(tmp_path / "model")
+    L = leader(make_daemon, tmp_path / "leader", "--model", model, "--expert-parallel")
+    F = follower(tmp_path, "follower", L.url, "--model", model)
+    try:
+        L.wait_ready()
+        got = run(L, replay=False)
+        for a, b in zip(ref, got):
+            if a is ref[1]:
+                assert a["result"]["policy_version_after"] == b["result"]["policy_version_after"] == 1
+                continue
+            for x, y in zip(responses(a), responses(b)):
+                assert x["token_ids"] == y["token_ids"] and x["logprobs"] == y["logprobs"], (x, y)
+        assert ref[1]["result"]["metrics"] == got[1]["result"]["metrics"], (ref[1]["result"], got[1]["result"])
+        lp = L.post("/v1/logprobs", PROBE).json()
+        assert lp["groups"] == ref_lp["groups"] and lp["policy_version"] == 1
+        flog = F.stderr()
+        assert '"follower_opening"' in flog and '"expert_parallel":true' in flog, flog[-3000:]
+        assert '"follower_ready"' in flog, flog[-3000:]
+    finally:
+        F.stop()
+        if F.proc.poll() is None:
+            F.kill9()
+    bad = follower(tmp_path, "bad", L.url, "--model", model, "--expert-parallel")
+    assert bad.proc.wait(timeout=30) != 0
+    assert "--expert-parallel is the leader's flag" in bad.stderr(), bad.stderr()[-2000:]
+
+
+SCORED = {"groups": [{"prompt_ids": p, "responses": [{"token_ids": r, "reward": w} for r, w in (
+    ([4, 5, 6], 1.0), ([7, 8], 0.0), ([9, 10, 11, 12], 0.5))]} for p in PROMPTS], "optimizer": {"lr": 1e-2}}
+
+
+def test_balance_loss_is_per_micro_batch(make_daemon, tmp_path):
+    """The balance loss is transformers' load_balancing_loss_func of each micro-batch (Megatron's
+    "aux_loss"), the micro-batches' losses weighted by their logical tokens: one rank packs the two
+    groups into one micro-batch, two ranks into one each, so their balance losses are different
+    functions and so are the updates (grad_norm 4.4771 vs 4.4913 here; 0.042 vs 0.0705 in the
+    first test's update, whose rewards are all equal: its advantages are 0 and the balance loss is
+    the whole gradient). Without the balance loss (output_router_logits false) the same update on
+    one rank and on two with expert parallelism agrees to fp32 rounding (2e-8 relative): the
+    difference is the definition of the loss, not expert parallelism (docs/data-parallel.md).
+    Scored responses with unequal rewards, so the policy loss has a gradient of its own."""
+    got = {}
+    for aux in (True, False):
+        model = tmp_path / ("aux" if aux else "noaux")
+        shutil.copytree(MOE, model)
+        cfg = json.loads((model / "config.json").read_text())
+        cfg["output_router_logits"] = aux
+        (model / "config.json").write_text(json.dumps(cfg))
+        for ranks in (1, 2):
+            args = ["--model", str(model), "--ranks", str(ranks)] + (["--expert-parallel"] if ranks == 2 else [])
+            d = make_daemon(tmp_path / ("d%d%d" % (aux, ranks)), args=args)
+            j = d.wait_job(d.submit("/v1/updates", SCORED))
+            assert j["status"] == "done", json.dumps(j)[:1500]
+            m = j["result"]["metrics"]
+            got[aux, ranks] = m
+            d.stop()
+    on1, on2, off1, off2 = got[True, 1], got[True, 2], got[False, 1], got[False, 2]
+    assert (on1["micro_batches"], on2["micro_batches"]) == (1, 2), (on1, on2)
+    assert abs(on1["grad_norm"] - on2["grad_norm"]) > 1e-3 * on2["grad_norm"], (on1, on2)
+    assert abs(off1["grad_norm"] - off2["grad_norm"]) <= 1e-5 * off2["grad_norm"], (off1, off2)
+    assert abs(off1["loss"] - off2["loss"]) <= 1e-5 * abs(off2["loss"]) + 1e-7, (off1, off2)
+    print("grad_norm with the balance loss: 1 rank %.9g, 2 ranks %.9g; without: %.9g, %.9g"
+          % (on1["grad_norm"], on2["grad_norm"], off1["grad_norm"], off2["grad_norm"]))

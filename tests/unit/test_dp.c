@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "logprobs_flat.h"
 #include "rank_threads.h"
 #include "common/err.h"
 #include "engine/engine.h"
@@ -177,14 +178,7 @@ static int run_update(eng *e, int k, eng_update_result *u) {
 static int probe(eng *e, float *out) {
     eng_update_group g[NG];
     groups(g, 0);
-    float **lp;
-    if (eng_logprobs(e, g, NG, 0, 1.0f, 1 << 20, &lp)) return -1;
-    int k = 0, s = 0;
-    for (int i = 0; i < NG; i++)
-        for (int r = 0; r < N_[i]; r++, s++)
-            for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
-    eng_logprobs_free(lp, g, NG);
-    return k;
+    return logprobs_flat(e, g, NG, out);
 }
 #define NPROBE (NG * 4 * 9)
 

@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "logprobs_flat.h"
 #include "rank_threads.h"
 #include "common/err.h"
 #include "engine/engine.h"
@@ -168,17 +169,11 @@ static int run_update(eng *e, int k, eng_update_result *u) {
 }
 
 #define NPROBE (NG * 4 * 9)
+/* Logprobs of every response under the policy, flattened (returns the count, or -1). */
 static int probe(eng *e, float *out) {
     eng_update_group g[NG];
     groups(g, 0);
-    float **lp;
-    if (eng_logprobs(e, g, NG, 0, 1.0f, 1 << 20, &lp)) return -1;
-    int k = 0, s = 0;
-    for (int i = 0; i < NG; i++)
-        for (int r = 0; r < N_[i]; r++, s++)
-            for (int t = 0; t < R_[i][r]; t++) out[k++] = lp[s][t];
-    eng_logprobs_free(lp, g, NG);
-    return k;
+    return logprobs_flat(e, g, NG, out);
 }
 
 static eng *open_one(comm *c, const char *model, const char *resume, int ep) {

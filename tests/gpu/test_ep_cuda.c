@@ -1,0 +1,602 @@
+/* test_ep_cuda.c — expert parallelism on the cuda backend (engine/model/moe_ep.c over the NCCL
+ * comm, engine/train/ep.c, engine/rollout/ep_decode.c), against the cuda engine without it.
+ *
+ * The model: the qwen3_moe fixture's config (3 layers, layer 1 dense, 8 experts, top-2) with the
+ * balance loss at coefficient 0.1, random weights (norms 1 + noise, the rest +-0.1). Six groups,
+ * one a micro-batch (max_tokens the largest group's, every group above half of it), two updates
+ * of two mini-batches of 3 groups (GRPO advantages, kl 0.02 with the reference pass, entropy,
+ * clip on): the micro-batches, hence the balance-loss terms, are the same with and without EP
+ * and on any W; on 2 ranks a mini-batch's 3 groups are placed 2 + 1, so one rank runs an empty
+ * micro-batch (T = 0) in each pass while the other's exchanges need its experts.
+ *   (a) W = 1 (a one-rank NCCL comm, expert_parallel = 1) against no comm and no EP:
+ *       - rollouts before any update (the decode copy, gathered by moe_ep_gather_act): sampled
+ *         tokens and logprobs bit-equal (0 differing; the copy holds the same bf16 bytes and
+ *         decode runs the same kernels);
+ *       - the logprobs before the update (moe_ep's gather / experts / combine instead of the
+ *         one-rank MoE op): mean |d| <= 1e-2, the CUDA contract of the dp rows;
+ *       - both updates' loss and grad norm: relative <= 1e-2 (test_comm_nccl's dp rows);
+ *         the weights' update is printed (AdamW's normalised step magnifies rounding);
+ *       - the checkpoint the EP engine saves (its experts gathered through the device in chunks,
+ *         moe_ep_gather) resumed by an engine without EP: its master and both moments bit-equal
+ *         to the EP engine's gathered state (eng_testing_state), and its rollouts bit-equal to
+ *         the EP engine's after the updates (the decode copy followed the new weights).
+ *   (c) W = 2 on one GPU, the ranks on threads over a staged comm (the cpu comm on host copies of
+ *       the device buffers; NCCL refuses two ranks on one device): each rank's loss and grad norm
+ *       against the engine without EP within 1e-2, logprobs mean |d| <= 1e-2, rollouts before
+ *       the update bit-equal (the decode copy gathered across the ranks);
+ *   (b) W = 2, one rank a GPU on threads, when two GPUs are visible (one line saying it skipped
+ *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
+ *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
+ *       without EP within 1e-2, its rollouts before the update bit-equal.
+ * With the argument "bench": the EP path's cost on one GPU at 30B-A3B layer dims (see bench_one).
+ * Prints ROW lines for tests/gpu/run.sh. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/dist/comm.h"
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "engine/train/train_testing.h"
+#include "tests/gpu/gpu_check.h"
+#include "tests/unit/logprobs_flat.h"
+
+#define FIX "tests/fixtures/data/qwen3_moe"
+#define MODEL "/tmp/grpod_gpu_ep_model"
+#define CKPT "/tmp/grpod_gpu_ep_ckpt"
+#define NG 6
+#define NSTEP 2
+#define NEW 8 /* rollout tokens */
+/* loss and grad norm of 2 updates x 2 mini-batches (4 AdamW steps) vs the engine without EP:
+ * the dp rows' 1e-2 is for one step an update; 1.3e-2 was measured here (H200) after the later
+ * steps, the logprobs before them equal (mean abs difference 0): the backward's rounding, moved
+ * through AdamW's normalised steps */
+#define LOSS_TOL 2e-2
+
+/* ---------------------------------------------------------------- model and inputs */
+
+static long long n_whole; /* elements of the model without EP (every expert) */
+static int V;
+
+static void make_model(void) {
+    model_config c;
+    if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
+    c.aux_coef = 0.1f;
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "model_init");
+    float *w = gc_rand((size_t)m.n_elems, 0.1f, 4242);
+    for (int i = 0; i < m.n_params; i++)
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
+    mkdir(MODEL, 0700);
+    if (config_write(MODEL, &c) || model_save_host(&m, MODEL, w, 0)) gc_die(NULL, "model write");
+    free(w);
+    n_whole = m.n_elems;
+    V = c.V;
+    model_free(&m);
+    be->destroy(be);
+}
+
+static int P_[NG] = {11, 5, 17, 8, 13, 6}, N_[NG] = {4, 2, 3, 2, 4, 3};
+static int prompt_[NG][17], resp_[NG][4][12], R_[NG][4];
+static const int *respp_[NG][4];
+static float reward_[NG][4];
+static int mb_tokens; /* max_tokens of a micro-batch: one group each */
+
+static void make_inputs(void) {
+    unsigned long long s = 91;
+    for (int i = 0; i < NG; i++) {
+        for (int t = 0; t < P_[i]; t++) prompt_[i][t] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 4));
+        for (int r = 0; r < N_[i]; r++) {
+            R_[i][r] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * 9);
+            for (int t = 0; t < R_[i][r]; t++) resp_[i][r][t] = 3 + (int)((check_randf(&s, 0.5f) + 0.5f) * (V - 4));
+            respp_[i][r] = resp_[i][r];
+            reward_[i][r] = check_randf(&s, 0.5f) + 0.5f;
+        }
+    }
+    /* one group a micro-batch on every W: max_tokens = the largest group, every group above half of it */
+    int tok[NG];
+    for (int i = 0; i < NG; i++) {
+        tok[i] = P_[i];
+        for (int r = 0; r < N_[i]; r++) tok[i] += R_[i][r];
+        if (tok[i] > mb_tokens) mb_tokens = tok[i];
+    }
+    for (int i = 0; i < NG; i++)
+        for (int r = 0; r < N_[i] && 2 * tok[i] <= mb_tokens; r++)
+            while (R_[i][r] < 12 && 2 * tok[i] <= mb_tokens) resp_[i][r][R_[i][r]++] = 5, tok[i]++;
+    for (int i = 0; i < NG; i++)
+        if (2 * tok[i] <= mb_tokens) gc_die(NULL, "inputs: a group below half a micro-batch");
+}
+
+static void groups(eng_update_group *g) {
+    for (int i = 0; i < NG; i++)
+        g[i] = (eng_update_group){.prompt = prompt_[i], .P = P_[i], .n = N_[i], .resp = respp_[i], .R = R_[i], .reward = reward_[i]};
+}
+
+static int update(eng *e, eng_update_result *u) {
+    loss_config a;
+    eng_optim o;
+    loss_config_default(&a);
+    eng_optim_default(&o);
+    o.lr = 1e-3f;
+    o.grad_clip = 1.0f;
+    a.adv = ADV_GRPO;
+    a.kl_coef = 0.02f;
+    a.kl = KL_K3;
+    a.entropy_coeff = 0.01f;
+    a.ppo_mini_batch_size = 3; /* two optimizer steps; on 2 ranks 2 + 1 groups: one empty micro-batch */
+    eng_update_group g[NG];
+    groups(g);
+    return eng_update(e, g, NG, &a, &o, mb_tokens, u, NULL, NULL);
+}
+
+#define NPROBE (NG * 4 * 12)
+/* Logprobs of every response under the policy, flattened (returns the count, or -1). */
+static int probe(eng *e, float *out) {
+    eng_update_group g[NG];
+    groups(g);
+    return logprobs_flat(e, g, NG, out);
+}
+
+/* sampled rollouts of every group (seed 7): tokens and logprobs, flattened */
+#define RMAX (NG * 4 * NEW)
+typedef struct {
+    int tok[RMAX];
+    float lp[RMAX];
+    int n;
+} roll;
+static int rollout(eng *e, roll *r) {
+    eng_rollout_group g[NG];
+    for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
+    eng_sampling sp;
+    eng_sampling_default(&sp);
+    sp.temperature = 1.0f;
+    sp.max_tokens = NEW;
+    sp.ignore_eos = 1;
+    sp.seed = 7;
+    eng_group_result out[NG];
+    if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
+    r->n = 0;
+    for (int i = 0; i < NG; i++) {
+        for (int q = 0; q < out[i].n; q++)
+            for (int t = 0; t < out[i].resp[q].n_tokens && r->n < RMAX; t++) {
+                r->tok[r->n] = out[i].resp[q].tokens[t];
+                r->lp[r->n++] = out[i].resp[q].logprobs[t];
+            }
+        eng_group_result_free(&out[i]);
+    }
+    return 0;
+}
+/* tokens or logprobs differing (and a length mismatch counted whole) */
+static double roll_diff(const roll *a, const roll *b) {
+    if (a->n != b->n || a->n == 0) return (double)(a->n > b->n ? a->n : b->n) + 1;
+    long long d = 0;
+    for (int i = 0; i < a->n; i++) d += a->tok[i] != b->tok[i] || memcmp(&a->lp[i], &b->lp[i], 4) != 0;
+    return (double)d;
+}
+
+/* ---------------------------------------------------------------- one engine's run */
+
+typedef struct {
+    const unsigned char *id; /* NCCL's (EP over it), or NULL */
+    comm *c; /* or a comm of the caller's (EP over it: the staged comm below); both NULL: no EP */
+    int rank, world, device, train, save;
+    const char *resume;
+    int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
+    pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
+    eng *e;
+    roll r0, r1; /* before and after the updates */
+    float lp0[NPROBE];
+    int n_lp;
+    eng_update_result u[NSTEP];
+    float *st[3]; /* the whole master, m, v after the updates (rank 0) */
+    int rc;
+    char msg[256];
+} run_job;
+
+static void *run_main(void *p) {
+    run_job *j = p;
+    eng_open_opts o = {.model_dir = MODEL,
+                       .backend = "cuda",
+                       .device = j->device,
+                       .nccl_id = j->id,
+                       .comm = j->c,
+                       .rank = j->rank,
+                       .world = j->world,
+                       .expert_parallel = j->id || j->c,
+                       .resume_dir = j->resume,
+                       .nccl_cancel = j->cancel};
+    j->rc = eng_open(&o, &j->e);
+    if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
+    if (!j->rc) j->rc = rollout(j->e, &j->r0);
+    if (j->bar) pthread_barrier_wait(j->bar);
+    if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
+    for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
+    if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
+    if (j->bar && j->train) pthread_barrier_wait(j->bar);
+    for (int i = 0; i < 3; i++) j->st[i] = calloc((size_t)n_whole, 4);
+    if (!j->rc) j->rc = eng_testing_state(j->e, j->st[0], j->st[1], j->st[2]);
+    if (!j->rc && j->save) j->rc = eng_checkpoint_save(j->e, CKPT);
+    snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
+    return NULL;
+}
+
+static void run_free(run_job *j) {
+    if (j->e) eng_close(j->e);
+    for (int i = 0; i < 3; i++) free(j->st[i]);
+}
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
+
+static double update_rel_l2(const float *a, const float *b, const float *w0, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i], u = (double)b[i] - (w0 ? w0[i] : 0);
+        num += d * d;
+        den += u * u;
+    }
+    return sqrt(num / (den > 0 ? den : 1e-30));
+}
+
+/* the worst relative loss / grad norm difference of x's updates from r's */
+static double update_diff(const run_job *x, const run_job *r, const char *what) {
+    double worst = 0;
+    for (int s = 0; s < NSTEP; s++) {
+        printf("%s update %d: loss %.7f vs %.7f, grad_norm %.6f vs %.6f, micro-batches %d vs %d\n", what, s, x->u[s].loss,
+               r->u[s].loss, x->u[s].grad_norm, r->u[s].grad_norm, x->u[s].micro_batches, r->u[s].micro_batches);
+        worst = fmax(worst, fmax(rel(x->u[s].loss, r->u[s].loss), rel(x->u[s].grad_norm, r->u[s].grad_norm)));
+    }
+    return worst;
+}
+
+/* ---------------------------------------------------------------- (a) W = 1 */
+
+static void w1_rows(const run_job *ref, const float *w0) {
+    unsigned char id[128];
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    eng_remove_tree(CKPT);
+    run_job x = {.id = id, .world = 1, .train = 1, .save = 1};
+    run_main(&x);
+    if (x.rc) {
+        printf("ep W=1 engine: %s\n", x.msg);
+        gc_row("ep W=1 cuda vs no EP", "engine failed", NAN, 0);
+        run_free(&x);
+        return;
+    }
+    gc_row("ep W=1 cuda: rollouts before the update", "decode copy vs no EP; tokens+logprobs differing",
+           roll_diff(&x.r0, &ref->r0), 0);
+    double mean = 0, mx = 0;
+    for (int i = 0; i < x.n_lp; i++) {
+        double d = fabs(x.lp0[i] - ref->lp0[i]);
+        mean += d / x.n_lp;
+        mx = fmax(mx, d);
+    }
+    printf("ep W=1 logprobs vs no EP: mean |d| %.3e, max |d| %.3e (%d tokens)\n", mean, mx, x.n_lp);
+    gc_row("ep W=1 cuda: logprobs", "moe_ep vs the MoE op; mean abs difference", x.n_lp == ref->n_lp ? mean : NAN, 1e-2);
+    gc_row("ep W=1 cuda: loss and grad_norm", "2 updates, aux 0.1, max relative difference", update_diff(&x, ref, "ep W=1"),
+           LOSS_TOL);
+    printf("ep W=1 weights' update vs no EP: rel L2 %.3e\n", update_rel_l2(x.st[0], ref->st[0], w0, (size_t)n_whole));
+
+    /* its checkpoint on an engine without EP: the state bit-equal, the rollouts too */
+    run_job y = {.resume = CKPT};
+    run_main(&y);
+    if (y.rc) {
+        printf("resume without EP: %s\n", y.msg);
+        gc_row("ep W=1 cuda: checkpoint resumed without EP", "engine failed", NAN, 0);
+    } else {
+        long long d = 0;
+        for (int i = 0; i < 3; i++) d += memcmp(x.st[i], y.st[i], (size_t)n_whole * 4) != 0;
+        gc_row("ep W=1 cuda: checkpoint resumed without EP", "master, m, v vectors not bit-equal", (double)d, 0);
+        gc_row("ep W=1 cuda: rollouts after the update", "decode copy vs its checkpoint without EP; differing",
+               roll_diff(&x.r1, &y.r0), 0);
+        gc_row("ep W=1 cuda: the rollouts changed", "after vs before the update; 0 = changed",
+               (double)(roll_diff(&x.r1, &x.r0) == 0), 0);
+    }
+    run_free(&y);
+    run_free(&x);
+}
+
+/* ---------------------------------------------------------------- (b) W = 2 */
+
+static void w2_rows(const run_job *ref) {
+    /* EP_SAME_GPU=1 on one GPU: try both ranks on device 0 (NCCL usually refuses: a SKIP row
+     * with its message) */
+    int same = eng_device_count() < 2 && getenv("EP_SAME_GPU") && eng_device_count() == 1;
+    if (eng_device_count() < 2 && !same) {
+        printf("ROW|ep W=2 cuda (NCCL all-to-all-v)|%d GPU visible: needs 2 (NCCL refuses two ranks on one)|nan|1e-02|SKIP\n",
+               eng_device_count());
+        return;
+    }
+    unsigned char id[128];
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    int cancel = 0;
+    run_job j[2] = {{.id = id, .rank = 0, .world = 2, .device = 0, .train = 1, .cancel = &cancel},
+                    {.id = id, .rank = 1, .world = 2, .device = same ? 0 : 1, .train = 1, .cancel = &cancel}};
+    pthread_t th[2];
+    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
+    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    if (same && (!j[0].e || !j[1].e)) {
+        printf("ep W=2 on one GPU: %s / %s\n", j[0].msg, j[1].msg);
+        printf("ROW|ep W=2 cuda, both ranks on GPU 0|NCCL would not open two ranks on one GPU|nan|1e-02|SKIP\n");
+        for (int q = 0; q < 2; q++) run_free(&j[q]);
+        return;
+    }
+    for (int q = 0; q < 2; q++) {
+        char what[64];
+        snprintf(what, sizeof what, "ep W=2 cuda rank %d", q);
+        if (j[q].rc) {
+            printf("%s: %s\n", what, j[q].msg);
+            gc_row(what, "engine failed", NAN, 1e-2);
+            continue;
+        }
+        char row[96];
+        snprintf(row, sizeof row, "%s: loss and grad_norm", what);
+        gc_row(row, "2 updates vs one GPU without EP", update_diff(&j[q], ref, what), LOSS_TOL);
+        snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        gc_row(row, "decode copy (NCCL gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
+    }
+    for (int q = 0; q < 2; q++) run_free(&j[q]);
+}
+
+/* ---------------------------------------------------------------- (c) W = 2 on one GPU */
+
+/* NCCL refuses two ranks on one device, so this comm (tests only) runs the cpu comm's
+ * collectives (comm_cpu.c: the same meaning, rank-order sums) on host copies of the ranks'
+ * device buffers: the whole device's work is finished first (cudaDeviceSynchronize: both ranks'
+ * streams), the inputs copied down, the outputs up. It exercises every exchange of expert
+ * parallelism on cuda between two ranks (plans, row packing, the experts on received rows, the
+ * combine) except NCCL's transport, which test_comm_nccl covers. A device synchronization while
+ * the other rank captures a decode graph would break its capture: the ranks meet after each
+ * rollout (run_job.bar), so comm calls never overlap a rollout. */
+typedef struct {
+    comm *inner;
+} staged;
+
+static int st_down(void **h, const void *d, size_t b) {
+    *h = malloc(b + 1);
+    if (!*h) return err_set(GE_NOMEM, "staged comm: out of memory");
+    if (cudaDeviceSynchronize() != cudaSuccess || (b && cudaMemcpy(*h, d, b, cudaMemcpyDeviceToHost) != cudaSuccess))
+        return err_set(GE_COMM, "staged comm: %s", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+}
+static int st_up(void *d, const void *h, size_t b, int rc) {
+    /* the engine's stream is non-blocking: wait for the copy itself before it runs on */
+    if (!rc && b && (cudaMemcpy(d, h, b, cudaMemcpyHostToDevice) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess))
+        rc = err_set(GE_COMM, "staged comm: %s", cudaGetErrorString(cudaGetLastError()));
+    return rc;
+}
+#define INNER(c) (((staged *)(c)->impl)->inner)
+
+static int st_all_reduce(comm *c, void *buf, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h;
+    int rc = st_down(&h, buf, b);
+    rc = st_up(buf, h, b, rc ? rc : comm_all_reduce_sum(INNER(c), h, n, t));
+    free(h);
+    return rc;
+}
+static int st_reduce_scatter(comm *c, const void *in, void *out, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h, *o = malloc(b + 1);
+    int rc = st_down(&h, in, b * (size_t)c->size);
+    rc = st_up(out, o, b, rc ? rc : comm_reduce_scatter_sum(INNER(c), h, o, n, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_all_gather(comm *c, const void *in, void *out, size_t n, comm_type t) {
+    size_t b = n * comm_type_bytes(t);
+    void *h, *o = malloc(b * (size_t)c->size + 1);
+    int rc = st_down(&h, in, b);
+    rc = st_up(out, o, b * (size_t)c->size, rc ? rc : comm_all_gather(INNER(c), h, o, n, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_broadcast(comm *c, void *buf, size_t n, comm_type t, int root) {
+    size_t b = n * comm_type_bytes(t);
+    void *h;
+    int rc = st_down(&h, buf, b);
+    rc = st_up(buf, h, b, rc ? rc : comm_broadcast(INNER(c), h, n, t, root));
+    free(h);
+    return rc;
+}
+static int st_all_to_all_v(comm *c, const void *in, const size_t *send, void *out, const size_t *recv, comm_type t) {
+    size_t eb = comm_type_bytes(t), ns = 0, nr = 0;
+    for (int q = 0; q < c->size; q++) ns += send[q], nr += recv[q];
+    void *h, *o = malloc(nr * eb + 1);
+    int rc = st_down(&h, in, ns * eb);
+    rc = st_up(out, o, nr * eb, rc ? rc : comm_all_to_all_v(INNER(c), h, send, o, recv, t));
+    free(h);
+    free(o);
+    return rc;
+}
+static int st_barrier(comm *c) { return comm_barrier(INNER(c)); }
+static void st_abort(comm *c) { comm_abort(INNER(c)); }
+static void st_free(comm *c) {
+    comm_free(INNER(c));
+    free(c->impl);
+    free(c);
+}
+static const comm_ops staged_ops = {st_all_reduce,   st_reduce_scatter, st_all_gather, st_broadcast,
+                                    st_all_to_all_v, st_barrier,        st_abort,      st_free};
+
+static void staged_rows(const run_job *ref) {
+    comm *inner[2], *c[2];
+    if (comm_cpu_group(2, inner)) gc_die(NULL, "cpu comm");
+    for (int q = 0; q < 2; q++) {
+        c[q] = calloc(1, sizeof *c[q]);
+        staged *x = calloc(1, sizeof *x);
+        x->inner = inner[q];
+        *c[q] = (comm){&staged_ops, q, 2, x};
+    }
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    run_job j[2] = {{.c = c[0], .rank = 0, .world = 2, .train = 1, .bar = &bar},
+                    {.c = c[1], .rank = 1, .world = 2, .train = 1, .bar = &bar}};
+    pthread_t th[2];
+    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
+    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    for (int q = 0; q < 2; q++) {
+        char what[64], row[96];
+        snprintf(what, sizeof what, "ep W=2 cuda, one GPU, rank %d", q);
+        if (j[q].rc) {
+            printf("%s: %s\n", what, j[q].msg);
+            gc_row(what, "engine failed (staged cpu comm)", NAN, 1e-2);
+            continue;
+        }
+        snprintf(row, sizeof row, "%s: loss and grad_norm", what);
+        gc_row(row, "2 updates vs no EP (staged cpu comm)", update_diff(&j[q], ref, what), LOSS_TOL);
+        snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        gc_row(row, "decode copy (gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
+        double mean = 0;
+        for (int i = 0; i < j[q].n_lp; i++) mean += fabs(j[q].lp0[i] - ref->lp0[i]) / j[q].n_lp;
+        snprintf(row, sizeof row, "%s: logprobs", what);
+        gc_row(row, "moe_ep over 2 ranks vs the MoE op; mean abs difference", j[q].n_lp == ref->n_lp ? mean : NAN, 1e-2);
+    }
+    if (!j[0].rc && !j[1].rc)
+        printf("ep W=2 one GPU: the ranks' losses %s, rollouts after the update %s\n",
+               j[0].u[0].loss == j[1].u[0].loss && j[0].u[1].grad_norm == j[1].u[1].grad_norm ? "bit-equal" : "DIFFER",
+               roll_diff(&j[0].r1, &j[1].r1) == 0 ? "bit-equal between the ranks" : "DIFFER between the ranks");
+    for (int q = 0; q < 2; q++) run_free(&j[q]);
+    for (int q = 0; q < 2; q++) comm_free(c[q]);
+    pthread_barrier_destroy(&bar);
+}
+
+/* ---------------------------------------------------------------- bench */
+
+/* `test_ep_cuda bench`: the cost of the EP path on one GPU (W = 1: its exchanges are copies, its
+ * plan a host round trip a layer) at Qwen3-30B-A3B's layer dims (C 2048, 32 heads, 4 kv, E 128,
+ * top-8, Fm 768) with 2 MoE layers and a 32K vocabulary: one update of 4 groups (P 1024, N 16,
+ * R 256: 20,480 packed tokens, one micro-batch) and a rollout of 4 groups x 16 x 64 tokens, with
+ * and without expert parallelism (medians of 3 after a warm-up). Figures only, no rows. */
+#define BMODEL "/tmp/grpod_gpu_ep_bench"
+enum { BG = 4, BP = 1024, BN = 16, BR = 256, BNEW = 64 };
+static int bprompt[BG][BP], bresp[BG][BN][BR], bR[BG][BN];
+static const int *brespp[BG][BN];
+static float breward[BG][BN];
+
+static void bench_model(void) {
+    model_config c;
+    if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
+    c.L = 2, c.C = 2048, c.H = 32, c.K = 4, c.D = 128, c.E = 128, c.top_k = 8, c.Fm = 768, c.V = 32768, c.max_pos = 4096;
+    c.aux_coef = 0.001f;
+    for (int l = 0; l < c.L; l++) c.mlp[l] = MLP_MOE;
+    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "bench model_init");
+    float *w = gc_rand((size_t)m.n_elems, 0.02f, 77);
+    for (int i = 0; i < m.n_params; i++)
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
+    mkdir(BMODEL, 0700);
+    if (config_write(BMODEL, &c) || model_save_host(&m, BMODEL, w, 1)) gc_die(NULL, "bench model write");
+    printf("bench model: %.2fB parameters (2 MoE layers at 30B-A3B dims, V 32768)\n", (double)m.n_elems / 1e9);
+    free(w);
+    model_free(&m);
+    be->destroy(be);
+    unsigned long long sd = 5;
+    for (int i = 0; i < BG; i++) {
+        for (int t = 0; t < BP; t++) bprompt[i][t] = 3 + (int)((check_randf(&sd, 0.5f) + 0.5f) * 32000);
+        for (int r = 0; r < BN; r++) {
+            bR[i][r] = BR;
+            for (int t = 0; t < BR; t++) bresp[i][r][t] = 3 + (int)((check_randf(&sd, 0.5f) + 0.5f) * 32000);
+            brespp[i][r] = bresp[i][r];
+            breward[i][r] = check_randf(&sd, 0.5f) + 0.5f;
+        }
+    }
+}
+
+static double bench_median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof(double), gc_cmpd);
+    return t[n / 2];
+}
+
+static void bench_one(int ep) {
+    unsigned char id[128];
+    if (ep && comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    eng_open_opts o = {
+        .model_dir = BMODEL, .backend = "cuda", .nccl_id = ep ? id : NULL, .world = 1, .expert_parallel = ep, .snapshot = "none"};
+    eng *e;
+    if (eng_open(&o, &e)) {
+        printf("bench %s: %s\n", ep ? "ep W=1" : "no EP", err_msg());
+        return;
+    }
+    eng_update_group g[BG];
+    for (int i = 0; i < BG; i++)
+        g[i] = (eng_update_group){.prompt = bprompt[i], .P = BP, .n = BN, .resp = brespp[i], .R = bR[i], .reward = breward[i]};
+    loss_config a;
+    eng_optim opt;
+    loss_config_default(&a);
+    eng_optim_default(&opt);
+    a.adv = ADV_GRPO;
+    double tu[4], tr[4];
+    eng_update_result u;
+    for (int k = 0; k < 4; k++) {
+        double t0 = gc_now();
+        if (eng_update(e, g, BG, &a, &opt, 1 << 16, &u, NULL, NULL)) {
+            printf("bench update: %s\n", err_msg());
+            break;
+        }
+        tu[k] = gc_now() - t0;
+        eng_rollout_group rg[BG];
+        for (int i = 0; i < BG; i++) rg[i] = (eng_rollout_group){bprompt[i], BP, BN};
+        eng_sampling sp;
+        eng_sampling_default(&sp);
+        sp.max_tokens = BNEW;
+        sp.ignore_eos = 1;
+        sp.seed = 3;
+        eng_group_result out[BG];
+        t0 = gc_now();
+        if (eng_rollout(e, rg, BG, &sp, out, NULL, NULL)) {
+            printf("bench rollout: %s\n", err_msg());
+            break;
+        }
+        tr[k] = gc_now() - t0;
+        for (int i = 0; i < BG; i++) eng_group_result_free(&out[i]);
+    }
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    printf("bench %-7s update %.1f ms (%.0f packed tokens/s), rollout %.1f ms (%d x %d x %d tokens), device in use %.1f GiB\n",
+           ep ? "ep W=1" : "no EP", 1e3 * bench_median(tu + 1, 3), BG * (BP + BN * BR) / bench_median(tu + 1, 3),
+           1e3 * bench_median(tr + 1, 3), BG, BN, BNEW, (double)(tot - fr) / (1 << 30));
+    eng_close(e);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "bench")) {
+        bench_model();
+        bench_one(0);
+        bench_one(1);
+        eng_remove_tree(BMODEL);
+        return 0;
+    }
+    make_model();
+    make_inputs();
+    /* the initial weights (the weights' update is measured from them) */
+    run_job init = {0};
+    run_main(&init);
+    if (init.rc) {
+        printf("engine without EP: %s\n", init.msg);
+        gc_die(NULL, "reference");
+    }
+    float *w0 = init.st[0];
+    init.st[0] = NULL;
+    run_free(&init);
+    run_job ref = {.train = 1};
+    run_main(&ref);
+    if (ref.rc) {
+        printf("engine without EP: %s\n", ref.msg);
+        gc_die(NULL, "reference");
+    }
+    w1_rows(&ref, w0);
+    staged_rows(&ref);
+    w2_rows(&ref);
+    run_free(&ref);
+    free(w0);
+    return gc_failures ? 1 : 0;
+}
