@@ -104,14 +104,16 @@ int api_tap_poll(api_server *s, api_tap *t, api_tap_cb cb, void *ud) {
     t->fresh = t->changed = 0;
     for (int c = 0; c < t->n_groups * t->n; c++) {
         tap_choice *h = &t->ch[c];
-        size_t at = (size_t)h->taken * h->k;
-        api_tokens x = {h->tok + h->taken,
-                        h->lp + h->taken,
-                        h->k ? h->top_ids + at : NULL,
-                        h->k ? h->top_lps + at : NULL,
-                        h->len - h->taken,
-                        h->k};
-        if (h->len > h->taken) cb(ud, c, &x);
+        if (h->len > h->taken) { /* only then are the arrays there (no offset on NULL) */
+            size_t at = (size_t)h->taken * h->k;
+            api_tokens x = {h->tok + h->taken,
+                            h->lp + h->taken,
+                            h->k ? h->top_ids + at : NULL,
+                            h->k ? h->top_lps + at : NULL,
+                            h->len - h->taken,
+                            h->k};
+            cb(ud, c, &x);
+        }
         h->taken = h->len;
     }
     pthread_mutex_unlock(&s->tmu);
