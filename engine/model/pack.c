@@ -69,7 +69,8 @@ static void put_rows(lay *L, const int *S, int nS, int d, int n, int root_p, con
         int t = s0 + u, j = d + u - root_p; /* j < 0: prompt token P + j */
         b->tokens[t] = j < 0 ? g->prompt[root_p + j] : r0[j];
         if (b->routes)
-            pack_route_put(b->routes, b->T, t, j < 0 ? pack_route_src(g, -1, root_p + j) : pack_route_src(g, S[0], j), g->rl, g->rk);
+            pack_route_put(b->routes, b->T, t, j < 0 ? pack_route_src(g, -1, root_p + j) : pack_route_src(g, S[0], j), g->rl,
+                           g->rk);
         b->tok_count[t] = nS;
         b->pos[t] = g->P + j;
         if (na) {

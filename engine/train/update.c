@@ -408,7 +408,8 @@ static int largest_micro_batch(const eng *e, const work *w, long long max_tokens
             rc = err_set(GE_TOO_LARGE,
                          "update: group %d (%lld tokens) is larger than max_tokens %lld: groups split over "
                          "micro-batches are not built with expert parallelism",
-                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], model_pack_layout(&e->m)), max_tokens);
+                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], model_pack_layout(&e->m)),
+                         max_tokens);
             break;
         }
         if (plan.mb_split[k]) continue;

@@ -335,9 +335,10 @@ static void model_case(model_arch arch, unsigned long long seed) {
     CHECK(run_layout(&m, &wv, g, ng, PACK_STANDARD, wl, NULL, &st) == 0);
     double el = rel_l2(tr.logp, st.logp, (size_t)M), eg = rel_l2(tr.grad, st.grad, (size_t)m.n_elems);
     double elp = rel_l2(tr.logp, pk.logp, (size_t)M), egp = rel_l2(tr.grad, pk.grad, (size_t)m.n_elems);
-    printf("  %s: tree %lld, trunk only %lld, standard %lld tokens; tree vs standard: logprobs %.2e gradients %.2e; vs trunk only: "
-           "%.2e %.2e\n",
-           c.arch_name, tr.T, pk.T, st.T, el, eg, elp, egp);
+    printf(
+        "  %s: tree %lld, trunk only %lld, standard %lld tokens; tree vs standard: logprobs %.2e gradients %.2e; vs trunk only: "
+        "%.2e %.2e\n",
+        c.arch_name, tr.T, pk.T, st.T, el, eg, elp, egp);
     CHECK(tr.T < pk.T && pk.T < st.T);
     CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "tree vs standard: logprobs %.3g gradients %.3g > 1e-5", el, eg);
     CHECK_MSG(elp <= 1e-5 && egp <= 1e-5, "tree vs trunk only: logprobs %.3g gradients %.3g > 1e-5", elp, egp);
