@@ -24,7 +24,9 @@
  *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
  * A key inside both ranges of a query counts twice, as in the CPU reference.
  * Backward: S key rows (S >= T; S > T when queries attend to KV-cache rows that other forwards
- * wrote, engine/model/split.c), the key tiles cover all S. */
+ * wrote, engine/model/split.c), the key tiles cover all S.
+ * Extra ranges (a prefix tree's, attn_ranges.nx > 0): further launches of the paths above, two
+ * ranges each, merged by their softmax weights (the last banner). */
 #include <limits.h>
 
 #include "kernels/attention.cuh"
