@@ -1,5 +1,5 @@
 /* attention_cpu.c — fp32 reference of attention.h: one query at a time, exact softmax, its key
- * ranges in order (a, b, then the extras).
+ * ranges in order (a, the extras, b).
  * Forward is parallel over (token, head); backward over kv heads, so each thread owns the
  * dk/dv rows it adds into and the sums do not depend on the thread count. */
 #include "kernels/attention.h"
@@ -9,20 +9,22 @@
 
 enum { NR = 2 + ATTN_XR_MAX };
 
-/* The keys query t sees, as 2 + nx ranges (a, b, then the extras), T queries in all; returns
- * how many keys. */
+/* The keys query t sees, as 2 + nx ranges in the order a, the extras, b (T queries in all):
+ * a prefix tree's ancestors in packed order, then the token's own segment, so the keys come in
+ * position order as in the flat layout and in decode, and a row's sums take the same order
+ * (bit-equal logprobs across layouts and batches); returns how many keys. */
 static inline int ranges_of(attn_ranges r, int t, int T, int lo[NR], int hi[NR]) {
     lo[0] = r.a0[t];
     hi[0] = r.a1[t];
-    lo[1] = r.b0[t];
-    hi[1] = r.b1[t];
-    int n = (hi[0] - lo[0]) + (hi[1] - lo[1]);
+    int n = hi[0] - lo[0];
     for (int x = 0; x < r.nx; x++) {
-        lo[2 + x] = r.x0[(size_t)x * T + t];
-        hi[2 + x] = r.x1[(size_t)x * T + t];
-        n += hi[2 + x] - lo[2 + x];
+        lo[1 + x] = r.x0[(size_t)x * T + t];
+        hi[1 + x] = r.x1[(size_t)x * T + t];
+        n += hi[1 + x] - lo[1 + x];
     }
-    return n;
+    lo[1 + r.nx] = r.b0[t];
+    hi[1 + r.nx] = r.b1[t];
+    return n + hi[1 + r.nx] - lo[1 + r.nx];
 }
 
 static inline float dotd(const float *a, const float *b, int D) {

@@ -762,7 +762,9 @@ void model_kv_free(const model *m, model_kv *kv) {
 
 /* ---------------------------------------------------------------- forward */
 
-pack_layout model_pack_layout(const model *m) { return config_n_linear(&m->cfg) > 0 ? PACK_PACKED : PACK_TREE; }
+pack_layout model_pack_layout(const model *m) {
+    return config_n_linear(&m->cfg) > 0 || m->be->tune.exact ? PACK_PACKED : PACK_TREE;
+}
 
 void model_input_from_batch(model_input *in, const pack_batch *b) {
     *in = (model_input){.T = b->T,

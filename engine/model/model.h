@@ -322,7 +322,8 @@ typedef struct {
 
 /* The packed layout a model trains and scores in: PACK_TREE (every shared segment of a group's
  * responses once), or PACK_PACKED (the trunk only) for a model with DeltaNet layers, whose
- * recurrent state runs along ranges a and b only. */
+ * recurrent state runs along ranges a and b only, and in exact mode (tune.exact), where a row
+ * must sum in decode's order and CUDA merges a tree's extra ranges from separate launches. */
 pack_layout model_pack_layout(const model *m);
 /* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
 void model_input_from_batch(model_input *in, const pack_batch *b);

@@ -10,7 +10,8 @@
  * (P + the distinct prefixes of the responses short of their last token + one last token each),
  * and a group whose trie is one trunk must be laid out bit for bit as PACK_PACKED lays it out.
  * Model: tree ≡ standard on the fp32 reference, logprobs and every parameter gradient within
- * 1e-5 relative L2 (the layouts sum the same terms in other orders: fp32 rounding only). */
+ * 1e-5 relative L2 (the layouts sum the same terms in other orders: fp32 rounding only), and
+ * the logprobs bit for bit (each row's keys are summed in position order on every layout). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,6 +344,9 @@ static void model_case(model_config c, unsigned long long seed) {
         c.arch_name, tr.T, pk.T, st.T, el, eg, elp, egp);
     CHECK(tr.T < pk.T && pk.T < st.T);
     CHECK_MSG(el <= 1e-5 && eg <= 1e-5, "tree vs standard: logprobs %.3g gradients %.3g > 1e-5", el, eg);
+    /* a row's keys in position order on every layout (attention_cpu.c): the forward's bits too,
+     * which a rollout's logprobs equal to /v1/logprobs' rely on */
+    CHECK_MSG(memcmp(tr.logp, st.logp, (size_t)M * 4) == 0, "tree vs standard: logprobs not bit-equal");
     CHECK_MSG(elp <= 1e-5 && egp <= 1e-5, "tree vs trunk only: logprobs %.3g gradients %.3g > 1e-5", elp, egp);
     for (int i = 0; i < m.n_params; i++) {
         double e = rel_l2(tr.grad + m.params[i].off, st.grad + m.params[i].off, (size_t)m.params[i].numel);
