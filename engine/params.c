@@ -41,7 +41,7 @@ static const eng_param sampling_rows[] = {
      "with guided: the text every response writes right after its JSON value"},
     {"guided_schema", PT_STR, 0, 0, PB_ROW, 0, 0, NULL, 0, S_(guided_schema), -1,
      "with guided: a JSON Schema (as text) the value keeps to: type, properties (in their order), required, enum, const, "
-     "items, additionalProperties; other validation keywords are refused"},
+     "items, additionalProperties, anyOf of types; other validation keywords are refused"},
     {"top_logprobs", PT_INT, 0, 20, PB_ROW, 0, 0, NULL, 0, S_(top_logprobs), -1,
      "each sampled token's k most likely tokens (a response's top_ids and top_logprobs) at the sampling temperature"},
     {"logprobs", PT_COMPAT, 0, 1, PB_ROW, 0, 0, NULL, 0, -1, -1,

@@ -5,10 +5,12 @@
  * properties (written in their order, each at most once; no other key), required, enum and
  * const (the value written as json.dumps writes it), items (one schema for every element),
  * additionalProperties (false, or, on an object without properties, the schema of every value).
+ * anyOf whose branches only name types (pydantic's Optional[X]: [{"type": X}, {"type": "null"}])
+ * is the union of those types; other anyOf is refused.
  * Ignored (annotations): title, description, default, examples, format, $schema, $id, $comment,
  * deprecated, readOnly, writeOnly, and keywords this table does not know. Refused (GE_INVALID,
- * the keyword's path named): validation keywords the automaton does not enforce — $ref, anyOf,
- * oneOf, allOf, not, if/then/else, pattern, min/max lengths, items and properties counts, ranges,
+ * the keyword's path named): validation keywords the automaton does not enforce — $ref, other
+ * anyOf, oneOf, allOf, not, if/then/else, pattern, min/max lengths, items and properties counts, ranges,
  * multipleOf, uniqueItems, prefixItems, patternProperties, ... — so an output never breaks a
  * schema that was accepted. A missing type is inferred: object with properties, array with
  * items, any value otherwise. */
@@ -22,7 +24,7 @@
 
 enum { MAX_NODES = 4096, MAX_PROPS = 255, MAX_KEY = 255, MAX_LIT = 1024 };
 
-static const char *const refused[] = {"$ref", "$defs", "definitions", "anyOf", "oneOf", "allOf", "not", "if", "then", "else",
+static const char *const refused[] = {"$ref", "$defs", "definitions", "oneOf", "allOf", "not", "if", "then", "else",
                                       "pattern", "patternProperties", "minLength", "maxLength", "minimum", "maximum",
                                       "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
                                       "uniqueItems", "prefixItems", "contains", "minContains", "maxContains",
@@ -160,6 +162,36 @@ static int types_of(build *b, const js *t, int *bits) {
     return *bits ? 0 : fail(b, "type lists no type");
 }
 
+static int is_annotation(const char *k) {
+    static const char *const names[] = {"title",   "description", "default",  "examples",  "format", "$schema",
+                                        "$id",     "$comment",    "deprecated", "readOnly", "writeOnly", NULL};
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(k, names[i])) return 1;
+    return 0;
+}
+
+/* anyOf [{"type": ...}, ...] (branches that name types and nothing else; true or {} is any):
+ * the union of their types. */
+static int any_of(build *b, const js *a, int *bits) {
+    size_t at = push_path(b, "anyOf");
+    int rc = 0;
+    *bits = 0;
+    if (a->type != JS_ARR || !a->n) rc = fail(b, "anyOf must be a non-empty array of schemas");
+    for (int i = 0; !rc && i < a->n; i++) {
+        const js *br = &a->items[i];
+        int t = JG_T_ANY;
+        for (int k = 0; br->type == JS_OBJ && !rc && k < br->n; k++) {
+            if (!strcmp(br->keys[k], "type")) rc = types_of(b, &br->items[k], &t);
+            else if (!is_annotation(br->keys[k]))
+                rc = fail(b, "not supported: anyOf is kept only when each branch names types and nothing else");
+        }
+        if (!rc && br->type != JS_OBJ && br->type != JS_TRUE) rc = fail(b, "anyOf's branches must be schemas");
+        *bits |= t;
+    }
+    if (!rc) b->path[at] = 0;
+    return rc;
+}
+
 static int enum_of(build *b, jg_node *nd, const js *vals, int n) {
     jg_schema *s = b->s;
     nd->lit0 = s->n_lits;
@@ -244,18 +276,22 @@ static int compile(build *b, const js *v, int depth, int *out) {
         for (int j = 0; refused[j]; j++)
             if (!strcmp(v->keys[i], refused[j])) {
                 size_t at = push_path(b, refused[j]);
-                rc = fail(b, "not supported: constrained decoding enforces type, properties, required, enum, const, items "
-                             "and additionalProperties only");
+                rc = fail(b, "not supported: constrained decoding enforces type, properties, required, enum, const, items, "
+                             "additionalProperties and anyOf of types only");
                 b->path[at] = 0;
                 return rc;
             }
     if ((rc = new_node(b, &self))) return rc;
     const js *type = js_get(v, "type"), *props = js_get(v, "properties"), *req = js_get(v, "required");
     const js *items = js_get(v, "items"), *en = js_get(v, "enum"), *cn = js_get(v, "const"), *ap = js_get(v, "additionalProperties");
-    int bits = JG_T_ANY;
+    const js *any = js_get(v, "anyOf");
+    int bits = JG_T_ANY, union_bits;
     if (type && (rc = types_of(b, type, &bits))) return rc;
-    if (!type && props) bits = JG_T_OBJ;
-    if (!type && !props && items) bits = JG_T_ARR;
+    if (any && (rc = any_of(b, any, &union_bits))) return rc;
+    if (any) bits = type ? bits & union_bits : union_bits;
+    if (!bits) return fail(b, "type and anyOf leave no type");
+    if (!type && !any && props) bits = JG_T_OBJ;
+    if (!type && !any && !props && items) bits = JG_T_ARR;
     b->s->nodes[self].types = (unsigned char)bits;
     if (props && props->type != JS_OBJ) return fail(b, "properties must be an object");
     if (req && req->type != JS_ARR) return fail(b, "required must be an array of names");

@@ -162,19 +162,22 @@ static void gen_schema(tbuf *b, unsigned long long *s, int depth) {
                                        "{}",
                                        "{\"type\": \"object\", \"additionalProperties\": false}",
                                        "{\"type\": \"integer\", \"enum\": [7, -3]}",
-                                       "true"};
-    unsigned k = check_randu(s) % (depth >= 3 ? 13u : 17u);
-    if (k < 13) {
+                                       "true",
+                                       "{\"anyOf\": [{\"type\": \"integer\", \"title\": \"I\"}, {\"type\": \"null\"}]}",
+                                       "{\"type\": [\"string\", \"integer\"], \"anyOf\": [{\"type\": \"string\"}, "
+                                       "{\"type\": \"boolean\"}]}"};
+    unsigned k = check_randu(s) % (depth >= 3 ? 15u : 19u);
+    if (k < 15) {
         tput(b, leaf[k]);
         return;
     }
-    if (k == 13) {
+    if (k == 15) {
         tput(b, "{\"type\": \"array\", \"items\": ");
         gen_schema(b, s, depth + 1);
         tput(b, "}");
         return;
     }
-    if (k == 14) {
+    if (k == 16) {
         tput(b, "{\"type\": \"object\", \"additionalProperties\": ");
         gen_schema(b, s, depth + 1);
         tput(b, "}");
@@ -220,6 +223,11 @@ static int valid(json_object *sc, json_object *v) {
                   (!strcmp(name, "boolean") && vt == json_type_boolean) || (!strcmp(name, "null") && vt == json_type_null) ||
                   (!strcmp(name, "object") && vt == json_type_object) || (!strcmp(name, "array") && vt == json_type_array);
         }
+        if (!ok) return 0;
+    }
+    if (json_object_object_get_ex(sc, "anyOf", &x)) {
+        int ok = 0;
+        for (size_t i = 0; i < json_object_array_length(x); i++) ok |= valid(json_object_array_get_idx(x, i), v);
         if (!ok) return 0;
     }
     if (json_object_object_get_ex(sc, "const", &x) && !json_object_equal(x, v)) return 0;
@@ -292,7 +300,10 @@ TEST(test_schema_refusals) {
     static const struct {
         const char *schema, *path;
     } bad[] = {
-        {"{\"type\": \"object\", \"properties\": {\"a\": {\"anyOf\": [{\"type\": \"string\"}]}}}", "properties.a.anyOf"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"anyOf\": [{\"type\": \"string\", \"minLength\": 1}]}}}",
+         "properties.a.anyOf"},
+        {"{\"oneOf\": [{\"type\": \"string\"}]}", "oneOf"},
+        {"{\"type\": \"string\", \"anyOf\": [{\"type\": \"null\"}]}", "no type"},
         {"{\"$ref\": \"#/$defs/x\"}", "$ref"},
         {"{\"type\": \"array\", \"items\": {\"type\": \"string\", \"minLength\": 2}}", "items.minLength"},
         {"{\"type\": \"strin\"}", "type must be"},
