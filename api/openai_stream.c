@@ -18,8 +18,8 @@
  * A client that goes away is noticed at the next write; the response's free callback then
  * cancels the job if it still runs and closes the tap. Not here: echo with logprobs and
  * max_tokens 0 (openai.c answers those at the end: they score a given text). With W > 1 ranks
- * every rank of this process streams (daemon/jobs.c jobs_rollout_peek); a follower's groups come
- * at the end.
+ * every rank of this process streams (daemon/jobs.c jobs_rollout_peek), and a follower's groups
+ * as the follower posts their tokens (daemon/cluster.c part_peek).
  *
  * Threading: the reader and the free callback run on MHD's threads, one at a time per stream. */
 #define _GNU_SOURCE /* memmem */
