@@ -192,23 +192,23 @@ static int forced_or_reply(eng *en, const oa_tools *t, oa_req *q, json_object *n
             free(open);
             return api_fail(e, GE_INTERNAL, "tool_choice", "cannot tokenize the call's opening: %s", err_msg());
         }
-        json_object *c = json_object_new_object(), *a = json_object_new_array_ext(n);
-        for (int k = 0; k < n; k++) json_object_array_add(a, json_object_new_int(ids[k]));
-        api_put_str(c, "name", t->names[i]);
-        json_object_object_add(c, "ids", a);
+        free(open);
         if (t->params[i] && eng_guided_schema_check(t->params[i])) { /* the arguments are decoded under it */
             char f[64];
             snprintf(f, sizeof f, "tools[%d].function.parameters", i);
-            json_object_put(c);
+            free(ids);
             int rc = api_fail(e, GE_INVALID, f, "%s: %s", f, err_msg());
             err_clear();
             return rc;
         }
+        json_object *c = json_object_new_object(), *a = json_object_new_array_ext(n);
+        for (int k = 0; k < n; k++) json_object_array_add(a, json_object_new_int(ids[k]));
+        api_put_str(c, "name", t->names[i]);
+        json_object_object_add(c, "ids", a);
         if (t->params[i]) api_put_str(c, "schema", t->params[i]);
         json_object_array_add(q->cands, c);
         longest = n > longest ? n : longest;
         free(ids);
-        free(open);
     }
     *P += longest;
     if (one < 0) {

@@ -201,8 +201,8 @@ static size_t safe_len(const oa_stream *o, const char *text, size_t len) {
     return k;
 }
 
-/* A delta with one tool call's entry: its index, and id, type and name when it begins (call
- * NULL: an arguments piece). */
+/* A delta with one tool call's entry: its index, and id, type and name when it begins (name
+ * NULL: an arguments piece); lp (taken, may be NULL) rides with it. */
 static void call_chunk(oa_stream *o, int c, int i, const char *id, const char *name, const char *args, size_t len, json_object *lp) {
     json_object *one = json_object_new_object(), *fn = json_object_new_object(), *a = json_object_new_array();
     json_object *delta = json_object_new_object();
