@@ -7,7 +7,8 @@
  * top logprobs, metadata, empty groups, texts with NULs; logprobs of either model) go through
  * both, and their texts must be equal byte for byte. Then GET /metrics: a child process writes
  * a batch of results with the old writers, another with the rows, and each renders /metrics;
- * the two texts must be equal (the rows feed the counters the old writers fed by hand). */
+ * the two texts must be equal (the rows feed the counters the old writers fed by hand). Last,
+ * the dashboard's history points (daemon/history.c, also rows now) read from those results. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/metrics.h"
+#include "daemon/history.h"
 #include "daemon/results.h"
 #include "engine/params.h"
 #include "tests/unit/check.h"
@@ -221,6 +223,68 @@ static char *old_checkpoint(const results_checkpoint *c) {
     json_object_object_add(res, "path", json_object_new_string(c->path));
     json_object_object_add(res, "policy_version", json_object_new_int64(c->policy_version));
     return to_text(res);
+}
+
+
+/* daemon/history.c's points as they were: the result JSON read back, its stats put by hand. */
+static double num(json_object *o, const char *k1, const char *k2) {
+    json_object *v = NULL;
+    if (!json_object_object_get_ex(o, k1, &v)) return 0;
+    if (k2 && !json_object_object_get_ex(v, k2, &v)) return 0;
+    return json_object_get_double(v);
+}
+static void put(json_object *o, const char *k, double v) {
+    json_object_object_add(o, k, json_object_new_double(isfinite(v) ? v : 0));
+}
+static json_object *old_rollout_stats(json_object *res) {
+    json_object *groups, *st = json_object_new_object();
+    double sum = 0, sq = 0, tokens = 0;
+    long long scored = 0, responses = 0;
+    if (json_object_object_get_ex(res, "groups", &groups))
+        for (size_t i = 0; i < json_object_array_length(groups); i++) {
+            json_object *rs = json_object_object_get(json_object_array_get_idx(groups, i), "responses");
+            for (size_t k = 0; k < json_object_array_length(rs); k++) {
+                json_object *r = json_object_array_get_idx(rs, k), *rw = json_object_object_get(r, "reward");
+                responses++;
+                if (!rw) continue;
+                double x = json_object_get_double(rw);
+                sum += x;
+                sq += x * x;
+                scored++;
+            }
+        }
+    tokens = num(res, "usage", "completion_tokens");
+    double ms = num(res, "timings_ms", "total");
+    if (scored) {
+        double mean = sum / (double)scored, var = sq / (double)scored - mean * mean;
+        put(st, "reward_mean", mean);
+        put(st, "reward_std", var > 0 ? sqrt(var) : 0);
+    }
+    json_object_object_add(st, "responses", json_object_new_int64(responses));
+    put(st, "completion_tokens", tokens);
+    put(st, "ms", ms);
+    put(st, "tokens_per_s", ms > 0 ? tokens / (ms / 1e3) : 0);
+    return st;
+}
+static json_object *old_update_stats(json_object *res) {
+    json_object *st = json_object_new_object();
+    static const char *const m[] = {"loss", "kl", "entropy", "clip_frac", "grad_norm", "lr", NULL};
+    for (int i = 0; m[i]; i++) put(st, m[i], num(res, "metrics", m[i]));
+    double packed = num(res, "tokens", "packed"), standard = num(res, "tokens", "standard"), ms = num(res, "timings_ms", "total");
+    put(st, "tokens_packed", packed);
+    put(st, "tokens_standard", standard);
+    put(st, "ms", ms);
+    put(st, "tokens_per_s", ms > 0 ? standard / (ms / 1e3) : 0);
+    return st;
+}
+static char *old_history_point(const char *kind, const char *result, long long policy_version, long long *v) {
+    int update = !strcmp(kind, "update");
+    json_object *res = json_tokener_parse(result);
+    if (!res) return NULL;
+    json_object *stats = update ? old_update_stats(res) : old_rollout_stats(res);
+    *v = update ? (long long)num(res, "policy_version_after", NULL) : policy_version;
+    json_object_put(res);
+    return to_text(stats);
 }
 
 /* ---------------------------------------------------------------- random results */
@@ -475,8 +539,38 @@ TEST(test_metrics_unchanged) {
     CHECK_MSG(same, "/metrics after the same results differs between the old writers and the rows");
 }
 
+/* The dashboard's history points (daemon/history.c), read from the results the old writers
+ * wrote, by the rows and by hand. */
+TEST(test_history_points_unchanged) {
+    arena a = {0};
+    int differ = 0;
+    for (int i = 0; i < JOBS; i++) {
+        eng_update_result u;
+        results_rollout r;
+        random_update(&u);
+        random_rollout(&a, &r);
+        char *res[2] = {old_update(&u), old_rollout(&r)};
+        const char *kind[2] = {"update", "rollout"};
+        for (int k = 0; k < 2; k++) {
+            long long v0 = -7, v1 = -7, pv = rnd(100);
+            char *old = old_history_point(kind[k], res[k], pv, &v0), *now = history_point(kind[k], res[k], pv, &v1);
+            if (!old || !now || strcmp(old, now) || v0 != v1) {
+                if (!differ++) printf("old %s %lld\nnow %s %lld\n", old ? old : "(null)", v0, now ? now : "(null)", v1);
+            }
+            free(old);
+            free(now);
+            free(res[k]);
+        }
+        arena_free(&a);
+    }
+    long long v;
+    CHECK(!history_point("logprobs", "{}", 1, &v) && !history_point("update", "not json", 1, &v));
+    CHECK_MSG(!differ, "%d of %d history points differ from the old ones", differ, 2 * JOBS);
+}
+
 int main(void) {
     RUN(test_result_bytes_unchanged);
     RUN(test_metrics_unchanged);
+    RUN(test_history_points_unchanged);
     return CHECK_DONE();
 }
