@@ -266,12 +266,10 @@ void eng_get_info(eng *e, eng_info *o) {
     o->moe_layers = config_n_moe(c);
     o->top_k = o->moe_layers ? c->top_k : 0;
     o->n_experts = o->moe_layers ? c->E : 0;
-    if (e->m.lora_r) {
-        o->lora_rank = e->m.lora_r;
-        o->lora_alpha = e->m.lora_alpha;
-        lora_targets_str(e->m.lora_targets, o->lora_targets, sizeof o->lora_targets);
-        for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
-    }
+    o->lora_rank = e->m.lora_r; /* all 0 and "" without adapters */
+    o->lora_alpha = e->m.lora_alpha;
+    lora_targets_str(e->m.lora_targets, o->lora_targets, sizeof o->lora_targets);
+    for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
     memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
     o->plan = e->plan;
     if (e->tok) { /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */

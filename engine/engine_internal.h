@@ -104,8 +104,9 @@ int plan_make(eng *e, const eng_open_opts *o);
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming
  * the bytes, the limit and the ways out (LoRA, more GPUs). eng_open, before any weight is placed. */
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir);
-/* plan.c: --optimizer-offload auto|on|off -> *on (eng_open, before the master is placed). */
-int plan_offload(eng *e, const char *mode, int *on);
+/* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
+ * state_n: the elements of master and moments this rank will hold (state.h). */
+int plan_offload(eng *e, const char *mode, long long state_n, int *on);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);

@@ -9,7 +9,7 @@ void eng_testing_get(eng *e, eng_testing_info *out) {
     memset(out, 0, sizeof *out);
     out->n_params = e->m.n_elems;
     out->n_train = eng_train_n(e);
-    out->n_lora_a = e->m.lora_r ? e->m.l_elems_a : 0;
+    out->n_lora_a = e->m.l_elems_a; /* 0 without LoRA */
     out->offload = e->offload;
     out->own_reference = e->ref_act != NULL;
     out->rank = e->rank;
