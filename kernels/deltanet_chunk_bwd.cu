@@ -34,7 +34,8 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
 /* ---------------------------------------------------------------- the reverse walk */
 
 __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn,
-                                                       const bf16 *dout, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+                                                       const bf16 *dout, attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk,
+                                                       int Dv) {
     __shared__ float dS[DC_DK][DC_BV], Dd[DC_C][DC_BV], Do[DC_C][DC_BV], X[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int ptok[DC_SLOTS], info[3];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -42,11 +43,14 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
     size_t SZ = (size_t)Dk * Dv;
     for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) dS[e / DC_BV][e % DC_BV] = 0;
     if (tid < DC_SLOTS) ptok[tid] = -1;
+    __syncthreads();
+    if (cy.ds_out && vj) /* the last state's gradient from outside (own elements) */
+        for (int i = w; i < Dk; i += 8) dS[i][j] = cy.ds_out[h * SZ + (size_t)i * Dv + jj];
     for (int c = nc - 1; c >= 0; c--) {
         int t0 = s.cst[c], n = s.cst[c + 1] - t0, last = t0 + n - 1, rf = s.ref[last];
         __syncthreads();
         if (tid == 0) { /* md as the forward's; fresh: the first run to hand its dS0 to slot md */
-            int p = dn_prev(r, t0), md = t0 > 0 && p == t0 - 1 ? -2 : p < 0 ? -1 : s.ref[p] % DC_SLOTS, fresh = 0;
+            int p, md = dc_mode(s, r, cy.row0, t0, &p), fresh = 0;
             if (rf >= 0) {
                 if (ptok[rf % DC_SLOTS] != last) __trap(); /* a continued token none continued */
                 ptok[rf % DC_SLOTS] = -1;
@@ -110,12 +114,14 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
                 dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - dc_col_dot(X, Dd, ii, j));
             }
         }
-        if (md != -2) { /* dS0 is not the predecessor's: into token p's slot, or dropped (a fresh state) */
+        if (md != DC_CONT) { /* dS0 is not the predecessor's: into token p's slot, the carry's ds_in, or dropped (zeros) */
             if (md >= 0 && vj)
                 for (int i = w; i < Dk; i += 8) {
                     float *pe = s.slot + ((size_t)md * Hv + h) * SZ + (size_t)i * Dv + jj;
                     *pe = fresh ? dS[i][j] : *pe + dS[i][j];
                 }
+            if (md == DC_CARRY && cy.ds_in && vj)
+                for (int i = w; i < Dk; i += 8) cy.ds_in[h * SZ + (size_t)i * Dv + jj] += dS[i][j];
             for (int i = w; i < DC_DK; i += 8) dS[i][j] = 0;
         }
     }
@@ -329,8 +335,8 @@ __global__ void __launch_bounds__(DC_NT)
 }
 
 int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
-                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
-                 int Hk, int Hv, int Dk, int Dv) {
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r,
+                 const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv) {
     long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
     int cap = dc_cap(T), nc = 0;
     float *h0 = scr + dn_chunk_floats(T, Hv, Dk, Dv), *dSe = h0 + cap * SZ;
@@ -338,7 +344,9 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     *pdk = *pdq + TH * Dk;
     *pdb = *pdk + TH * Dk;
     *pdg = *pdb + TH;
-    dn_chunk_fwd(c, NULL, ck, h0, cap, scr, qn, kn, g, beta, u, r, T, Hk, Hv, Dk, Dv);
+    deltanet_carry kin = cy;
+    kin.s_out = NULL; /* the recompute leaves the forward's outputs alone */
+    dn_chunk_fwd(c, NULL, ck, h0, cap, scr, qn, kn, g, beta, u, r, kin, T, Hk, Hv, Dk, Dv);
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CU_CK(c, cudaStreamIsCapturing(c->stream, &cs));
     if (c->failed || cs != cudaStreamCaptureStatusNone) return 0;
@@ -346,7 +354,7 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     CU_CK(c, cudaMemcpyAsync(&nc, s.nc, sizeof nc, cudaMemcpyDeviceToHost, c->stream));
     CU_CK(c, cudaStreamSynchronize(c->stream));
     if (c->failed || nc > cap) return 0;
-    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, Hk, Hv, Dk, Dv);
+    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, cy, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_rev_kernel");
     size_t bytes = dc_grad_bytes(Dk, Dv);
     CU_CK(c, cudaFuncSetAttribute(dc_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
