@@ -34,6 +34,64 @@ __device__ __forceinline__ int dc_mode(const dc_scratch &s, attn_ranges r, int r
     return t0 > 0 && p == t0 - 1 ? DC_CONT : p < 0 ? p : s.ref[p] % DC_SLOTS;
 }
 
+/* ---------------------------------------------------------------- tensor cores, fp32-exact
+ * C = A B on the block's warps with mma.sync m16n8k8 tf32 and fp32 accumulation, each operand
+ * split into a tf32 head and a tf32 tail (x = h + l, |l| <= 2^-11 |x|) and the three products
+ * that matter summed (l_a h_b + h_a l_b, then h_a h_b): fp32's accuracy (the tail's own product,
+ * 2^-22 relative, is dropped) at tensor-core speed. A(m, k), B(k, n) are functors returning the
+ * element (0 outside the matrices: they check their bounds), out(m, n, v) is called once per
+ * element of the padded M x N (16 x 8 tiles; it checks its bounds); K is stepped by 8. A tile's
+ * owner and its order over k depend only on (M, N): an element's sum is the same bits every run,
+ * and two calls of the same M, N give an element to the same thread. */
+__device__ __forceinline__ unsigned dc_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void dc_mma8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <class FA, class FB, class FO> __device__ __forceinline__ void dc_mm(int M, int N, int K, FA A, FB B, FO out) {
+#ifdef DC_MM_SIMT /* bench_dn_rule's reference build: the same products on CUDA cores, an element a thread */
+    for (int e = threadIdx.x; e < M * N; e += blockDim.x) {
+        int m = e / N, n = e % N;
+        float a = 0;
+        for (int k = 0; k < K; k++) a += A(m, k) * B(k, n);
+        out(m, n, a);
+    }
+    return;
+#endif
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, tn = (N + 7) / 8, nt = (M + 15) / 16 * tn;
+    for (int tile = threadIdx.x >> 5; tile < nt; tile += blockDim.x >> 5) {
+        int m0 = tile / tn * 16, n0 = tile % tn * 8;
+        float c[4] = {0, 0, 0, 0};
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            float av[4] = {A(m0 + g, k0 + q), A(m0 + g + 8, k0 + q), A(m0 + g, k0 + q + 4), A(m0 + g + 8, k0 + q + 4)};
+            float bv[2] = {B(k0 + q, n0 + g), B(k0 + q + 4, n0 + g)};
+            unsigned ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                ah[e] = dc_tf32(av[e]);
+                al[e] = dc_tf32(av[e] - __uint_as_float(ah[e]));
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                bh[e] = dc_tf32(bv[e]);
+                bl[e] = dc_tf32(bv[e] - __uint_as_float(bh[e]));
+            }
+            dc_mma8(c, al, bh);
+            dc_mma8(c, ah, bl);
+            dc_mma8(c, ah, bh);
+        }
+        out(m0 + g, n0 + 2 * q, c[0]);
+        out(m0 + g, n0 + 2 * q + 1, c[1]);
+        out(m0 + g + 8, n0 + 2 * q, c[2]);
+        out(m0 + g + 8, n0 + 2 * q + 1, c[3]);
+    }
+}
+
 /* The walks' two products on shared-memory tiles (X: 64 rows × a 32-wide tile; V: rows × 32
  * columns, this thread's column j). Rows: acc[m] += Σ_ii X[w + 8m][ii] V[ii][j] (rows w + 8m of
  * the 64, V the tile's 32 rows). Columns: Σ_t X[t][ii] V[t][j] over the 64 rows. */

@@ -174,39 +174,35 @@ __global__ void __launch_bounds__(DC_NT)
             z.Bs[tid] = tid < n ? beta[TH(tid)] : 0.0f;
         }
         __syncthreads();
+        /* the products on tensor cores (dc_mm); operands from global memory (L2) and shared */
+        auto Kr = [&](int t, int i) { return t < n && i < Dk ? __ldg(kn + KQ(t, i)) : 0.0f; }; /* K (t, i) */
+        auto Kc = [&](int i, int t) { return t < n && i < Dk ? __ldg(kn + KQ(t, i)) : 0.0f; }; /* K^T (i, t) */
+        auto S0r = [&](int i, int j) { return i < Dk && j < Dv ? __ldg(S0 + (size_t)i * Dv + j) : 0.0f; }; /* S0 (i, j) */
+        auto S0c = [&](int j, int i) { return i < Dk && j < Dv ? __ldg(S0 + (size_t)i * Dv + j) : 0.0f; }; /* S0^T (j, i) */
+        auto dSr = [&](int i, int j) { return i < Dk && j < Dv ? __ldg(dS + (size_t)i * Dv + j) : 0.0f; };
+        auto dSc = [&](int j, int i) { return i < Dk && j < Dv ? __ldg(dS + (size_t)i * Dv + j) : 0.0f; };
+        auto dOr = [&](int t, int j) { return t < n && j < Dv ? DO(t, j) : 0.0f; };
         /* k·k and A */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float kk = 0;
-            if (t < n && sx < n)
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) kk += kn[KQ(t, i)] * kn[KQ(sx, i)];
+        dc_mm(DC_C, DC_C, Dk, Kr, Kc, [&](int t, int sx, float kk) {
             z.KK[t * L + sx] = kk;
             z.Am[t * L + sx] = sx < t && t < n ? z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kk : 0.0f;
-        }
-        /* δ, dδ, and dO ⊙ γ Q S0 (into KT, summed by rows below) */
-        for (int e = tid; e < DC_C * Dv; e += DC_NT) {
-            int t = e / Dv, j = e % Dv;
-            float dl = 0, dd = 0, oo = 0;
-            if (t < n) {
-                float ws = 0, qs = 0, ks = 0, dec = expf(z.Gs[n - 1] - z.Gs[t]);
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) {
-                    float sv = S0[(size_t)i * Dv + j];
-                    ws += s.W[TH(t) * Dk + i] * sv;
-                    qs += qn[KQ(t, i)] * sv;
-                    ks += kn[KQ(t, i)] * dS[(size_t)i * Dv + j];
-                }
-#pragma unroll 8
-                for (int sx = t; sx < n; sx++) dd += s.P[TH(sx) * DC_C + t] * DO(sx, j);
-                dl = s.U[TH(t) * Dv + j] - ws;
-                dd += dec * ks;
-                oo = DO(t, j) * (expf(z.Gs[t]) * qs);
-            }
-            z.D[t * Dv + j] = dl;
-            z.Ub[t * Dv + j] = dd;
-            z.KT[t * Dv + j] = oo;
-        }
+        });
+        /* δ = U - W S0; dO ⊙ γ Q S0 (into KT, summed by rows below); dδ = P^T dO + K̃ dS */
+        dc_mm(DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(s.W + TH(t) * Dk + i) : 0.0f; }, S0r,
+              [&](int t, int j, float ws) {
+                  if (j < Dv) z.D[t * Dv + j] = t < n ? s.U[TH(t) * Dv + j] - ws : 0.0f;
+              });
+        dc_mm(DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(qn + KQ(t, i)) : 0.0f; }, S0r,
+              [&](int t, int j, float qs) {
+                  if (j < Dv) z.KT[t * Dv + j] = t < n ? DO(t, j) * (expf(z.Gs[t]) * qs) : 0.0f;
+              });
+        dc_mm(DC_C, Dv, DC_C, [&](int t, int sx) { return sx < n && t < DC_C ? __ldg(s.P + TH(sx) * DC_C + t) : 0.0f; }, dOr,
+              [&](int t, int j, float pd) {
+                  if (j < Dv) z.Ub[t * Dv + j] = t < n ? pd : 0.0f;
+              });
+        dc_mm(DC_C, Dv, Dk, Kr, dSr, [&](int t, int j, float ks) { /* the same owners as the product before */
+            if (j < Dv && t < n) z.Ub[t * Dv + j] += expf(z.Gs[n - 1] - z.Gs[t]) * ks;
+        });
         __syncthreads();
         for (int t = wp; t < DC_C; t += DC_NT / 32) {
             float a = 0;
@@ -215,31 +211,20 @@ __global__ void __launch_bounds__(DC_NT)
             if (lane == 0) z.dGo[t] = a;
         }
         __syncthreads();
-        /* dP, dW (into Wb), dK̃ (into KT), dq's direct part (pdq), Σ dS ⊙ S0 */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float a = 0;
-            if (sx <= t && t < n)
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) a += DO(t, j) * z.D[sx * Dv + j];
-            z.dP[t * L + sx] = a;
-        }
-        for (int e = tid; e < DC_C * Dk; e += DC_NT) {
-            int t = e / Dk, i = e % Dk;
-            float dw = 0, dk = 0, dq = 0;
-            if (t < n) {
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) {
-                    float sv = S0[(size_t)i * Dv + j];
-                    dw -= z.Ub[t * Dv + j] * sv;
-                    dk += z.D[t * Dv + j] * dS[(size_t)i * Dv + j];
-                    dq += DO(t, j) * sv;
-                }
-                pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * dq;
-            }
-            z.Wb[t * Dk + i] = dw;
-            z.KT[t * Dk + i] = dk;
-        }
+        /* dP (lower), dW = -dδ S0^T (into Wb), dK̃ = δ dS^T (into KT), dq's direct part γ dO S0^T (pdq) */
+        dc_mm(DC_C, DC_C, Dv, dOr, [&](int j, int sx) { return j < Dv ? z.D[sx * Dv + j] : 0.0f; },
+              [&](int t, int sx, float a) { z.dP[t * L + sx] = sx <= t && t < n ? a : 0.0f; });
+        dc_mm(DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.Ub[t * Dv + j] : 0.0f; }, S0c,
+              [&](int t, int i, float a) {
+                  if (i < Dk) z.Wb[t * Dk + i] = t < n ? -a : 0.0f;
+              });
+        dc_mm(DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.D[t * Dv + j] : 0.0f; }, dSc,
+              [&](int t, int i, float a) {
+                  if (i < Dk) z.KT[t * Dk + i] = t < n ? a : 0.0f;
+              });
+        dc_mm(DC_C, Dk, Dv, dOr, S0c, [&](int t, int i, float a) {
+            if (i < Dk && t < n) pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * a;
+        });
         float sse = 0;
         for (size_t e = tid; e < SZ; e += DC_NT) sse += dS[e] * S0[e];
         sse = block_sum(sse, z.red);
@@ -259,18 +244,13 @@ __global__ void __launch_bounds__(DC_NT)
             }
         }
         __syncthreads();
-        /* dA = -(Ū U^T + W̄ W^T), strictly lower */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float a = 0;
-            if (sx < t && t < n) {
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) a += z.Ub[t * Dv + j] * s.U[TH(sx) * Dv + j];
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) a += z.Wb[t * Dk + i] * s.W[TH(sx) * Dk + i];
-            }
-            z.dA[t * L + sx] = -a;
-        }
+        /* dA = -(Ū U^T + W̄ W^T), strictly lower: one product over [Ū | W̄] and [U | W] */
+        dc_mm(DC_C, DC_C, Dv + Dk,
+              [&](int t, int k) { return k < Dv ? z.Ub[t * Dv + k] : k < Dv + Dk ? z.Wb[t * Dk + k - Dv] : 0.0f; },
+              [&](int k, int sx) {
+                  return sx >= n ? 0.0f : k < Dv ? __ldg(s.U + TH(sx) * Dv + k) : k < Dv + Dk ? __ldg(s.W + TH(sx) * Dk + k - Dv) : 0.0f;
+              },
+              [&](int t, int sx, float a) { z.dA[t * L + sx] = sx < t && t < n ? -a : 0.0f; });
         __syncthreads();
         /* per token: dv, dβ, dG (a warp a row) */
         for (int t = wp; t < n; t += DC_NT / 32) {
@@ -313,21 +293,35 @@ __global__ void __launch_bounds__(DC_NT)
                 pdb[TH(t)] = z.dB[t];
             }
         }
-        /* dk, dq through A, P, W and K̃ */
-        for (int e = tid; e < n * Dk; e += DC_NT) {
-            int t = e / Dk, i = e % Dk;
-            float gt = expf(z.Gs[t]), dk = z.Bs[t] * gt * z.Wb[t * Dk + i], dq = pdq[TH(t) * Dk + i];
-#pragma unroll 8
-            for (int sx = 0; sx < n; sx++) {
-                if (sx < t) dk += z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
-                if (sx > t) dk += z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]) * kn[KQ(sx, i)];
-                if (sx >= t) dk += z.dP[sx * L + t] * expf(z.Gs[sx] - z.Gs[t]) * qn[KQ(sx, i)];
-                if (sx <= t) dq += z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
+        __syncthreads();
+        /* dk, dq through A, P, W and K̃: the coefficients of K and Q in dk (KK, Am: free now), of K in dq (dA) */
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            float m1 = 0, m2 = 0;
+            if (t < n && sx < n) {
+                if (sx < t) m1 = z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]);
+                if (sx > t) m1 = z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]);
+                if (sx >= t) m2 = z.dP[sx * L + t] * expf(z.Gs[sx] - z.Gs[t]);
             }
-            dk += expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
-            pdk[TH(t) * Dk + i] = dk;
-            pdq[TH(t) * Dk + i] = dq;
+            z.KK[t * L + sx] = m1;
+            z.Am[t * L + sx] = m2;
         }
+        __syncthreads();
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            z.dA[t * L + sx] = t < n && sx <= t ? z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) : 0.0f;
+        }
+        __syncthreads();
+        dc_mm(DC_C, Dk, 2 * DC_C, [&](int t, int s2) { return s2 < DC_C ? z.KK[t * L + s2] : z.Am[t * L + s2 - DC_C]; },
+              [&](int s2, int i) { return s2 < DC_C ? Kr(s2, i) : s2 - DC_C < n && i < Dk ? __ldg(qn + KQ(s2 - DC_C, i)) : 0.0f; },
+              [&](int t, int i, float a) {
+                  if (t < n && i < Dk)
+                      pdk[TH(t) * Dk + i] = a + z.Bs[t] * expf(z.Gs[t]) * z.Wb[t * Dk + i] +
+                          expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
+              });
+        dc_mm(DC_C, Dk, DC_C, [&](int t, int sx) { return z.dA[t * L + sx]; }, Kr, [&](int t, int i, float a) {
+            if (t < n && i < Dk) pdq[TH(t) * Dk + i] += a; /* the owner of the direct part's product (same M, N) */
+        });
 #undef TH
 #undef KQ
 #undef DO
