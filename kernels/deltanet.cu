@@ -29,7 +29,7 @@
  * responses' gradients at once (a packed batch has one). The forward runs the chunked form
  * instead (deltanet_chunk.cu) when Dk <= 128, and so does the backward when Dk, Dv <= 128
  * (deltanet_chunk_bwd.cu: its partials go through dn_rule_qk_kernel and dn_rule_gate_kernel as
- * one slice) unless the layout has more chunks than its scratch holds; then the reverse walk
+ * one slice) unless the layout has more chunks than its scratch holds, with a carry or without; then the reverse walk
  * here runs on checkpoints from the chunked forward (its scratch in dstates, before the walk
  * writes its partials there).
  *

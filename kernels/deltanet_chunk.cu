@@ -27,14 +27,17 @@
  *     γ Q S0 + P δ, S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ. A chunk whose first token continues a
  *     token other than its predecessor starts from the state saved after that token (one of
  *     DC_SLOTS slots, by ordinal: a packed batch has one live prompt at a time; a slot reused
- *     before its responses are done traps, a sticky error) or from zeros. With `ck` it also writes
+ *     before its responses are done traps, a sticky error), from the carry's s_in (a token
+ *     continuing a row below the carry's row0: deltanet.h) or from zeros; the carry's s_out gets
+ *     the state after the last chunk. With `ck` it also writes
  *     the state after every token ≡ 63 (mod 64) there: the recurrent backward's checkpoints
  *     (deltanet.cu), without the output when o is NULL; with h0, each chunk's initial state (the
  *     chunked backward's, deltanet_chunk_bwd.cu).
  * Scratch (dn_chunk_floats): W (T,Hv,Dk), U (T,Hv,Dv), P (T,Hv,64), G (T,Hv), the slots
  * (DC_SLOTS,Hv,Dk,Dv), then ints cst (T+1), nc, ref (T), flag (T+1). Every sum has one owner and
- * a fixed order (same bits twice). CUDA cores for now: the products are small (64 × Dk × 32 a
- * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it. */
+ * a fixed order (same bits twice). CUDA cores here: the products are small (64 × Dk × 32 a
+ * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it; the backward's
+ * per-chunk products run on tensor cores (dc_mm, deltanet_chunk.cuh). */
 #include "kernels/deltanet_chunk.cuh"
 
 

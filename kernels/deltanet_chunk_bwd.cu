@@ -14,9 +14,13 @@
  *   - dc_rev_kernel: grid (Hv, ⌈Dv/32⌉), the mirror of the forward's walk: the chunks in reverse
  *     token order carrying dS (Dk × 32 columns in shared memory); a chunk's dS_end (saved: dSe) is
  *     its successor's dS0 plus, for a token other runs continue (a prompt's last), the sum of those
- *     runs' dS0 collected in a slot in reverse token order.
+ *     runs' dS0 collected in a slot in reverse token order. With a carry (deltanet.h) the last
+ *     chunk's dS_end starts from ds_out, and a chunk continuing the carry's state adds its dS0 into
+ *     ds_in (its own elements, in reverse token order).
  *   - dc_grad_kernel: grid (chunks, Hv), every chunk at once from S0 and dS_end: the rest of the
- *     list above (dynamic shared memory: δ, dδ→Ū, dW→W̄, dK̃, k·k, A, dA, dP).
+ *     list above (dynamic shared memory: δ, dδ→Ū, dW→W̄, dK̃, k·k, A, dA, dP), its matrix
+ *     products on tensor cores at fp32 accuracy (dc_mm: 3xTF32), the backward substitution and
+ *     the per-token sums on CUDA cores.
  * Outputs are the recurrent backward's partials with one slice (deltanet.cu reduces them over the
  * value heads of a key head and runs the norms', softplus' and sigmoid's backward), except that
  * pdg is the gradient of g itself. Every sum has one owner and a fixed order (same bits twice). */
