@@ -14,8 +14,8 @@
  * is sequential, a matrix product per chunk instead of 64 dependent token updates.
  *
  *   - dc_plan_kernel (one block): the chunks. A run (deltanet_prev(t) != t - 1 starts one) is cut
- *     every 64 tokens from its start, at every multiple of 64 (so a token ≡ 63 mod 64 ends a chunk:
- *     the recurrent backward's checkpoints) and after every token some later token continues (a
+ *     at every multiple of 64 (so no chunk is longer, and a token ≡ 63 mod 64 ends a chunk: the
+ *     recurrent backward's checkpoints) and after every token some later token continues (a
  *     prompt's last: its responses' first tokens continue it), so such a token ends a chunk and a
  *     prompt whose length is not a multiple of 64 ends in a partial chunk. Chunk starts (cst) and each
  *     continued token's ordinal (ref, -1: none) by a block-wide scan: same layout, same chunks.
@@ -40,9 +40,6 @@
  * per-chunk products run on tensor cores (dc_mm, deltanet_chunk.cuh). */
 #include "kernels/deltanet_chunk.cuh"
 
-
-/* the first token of t's run */
-__device__ __forceinline__ int dc_run0(attn_ranges r, int t) { return r.b1[t] > r.b0[t] ? r.b0[t] : r.a0[t]; }
 
 int dn_chunk_ok(int Dk) { return Dk >= 1 && Dk <= DC_DK; }
 
@@ -70,7 +67,7 @@ dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
 
 /* row0: the carry's (token t is row row0 + t; the ranges index rows) */
 __device__ __forceinline__ int dc_starts(const dc_scratch &s, attn_ranges r, int row0, int t) {
-    return t % DC_C == 0 || dn_prev(r, row0, t) != t - 1 || (row0 + t - dc_run0(r, t)) % DC_C == 0 || (__ldcg(s.flag + t) & 1);
+    return t % DC_C == 0 || dn_prev(r, row0, t) != t - 1 || (__ldcg(s.flag + t) & 1);
 }
 
 __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ranges r, int row0, int T) {
@@ -195,9 +192,9 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 
 /* ---------------------------------------------------------------- the walk over chunks */
 
-__global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn,
-                                                        const float *kn, attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk,
-                                                        int Dv) {
+__global__ void __launch_bounds__(DC_NT)
+    dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn, const float *kn, attn_ranges r,
+                   deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float Ss[DC_DK][DC_BV], Ds[DC_C][DC_BV], X[DC_C][DC_TK + 1], Y[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int mode_s, slot_tok[DC_SLOTS];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -280,8 +277,7 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
 }
 
 void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
-                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk,
-                  int Dv) {
+                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv) {
     dc_scratch s = dc_carve(scr, T, Hv, Dk, Dv);
     dc_plan_kernel<<<1, DC_PLAN, 0, c->stream>>>(s, r, cy.row0, T);
     CU_LAUNCHED(c, "dc_plan_kernel");

@@ -54,15 +54,6 @@ __device__ __forceinline__ void dc_mma8(float (&c)[4], const unsigned (&a)[4], c
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 template <class FA, class FB, class FO> __device__ __forceinline__ void dc_mm(int M, int N, int K, FA A, FB B, FO out) {
-#ifdef DC_MM_SIMT /* bench_dn_rule's reference build: the same products on CUDA cores, an element a thread */
-    for (int e = threadIdx.x; e < M * N; e += blockDim.x) {
-        int m = e / N, n = e % N;
-        float a = 0;
-        for (int k = 0; k < K; k++) a += A(m, k) * B(k, n);
-        out(m, n, a);
-    }
-    return;
-#endif
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, tn = (N + 7) / 8, nt = (M + 15) / 16 * tn;
     for (int tile = threadIdx.x >> 5; tile < nt; tile += blockDim.x >> 5) {
         int m0 = tile / tn * 16, n0 = tile % tn * 8;
@@ -142,8 +133,7 @@ long long dn_chunk_floats(int T, int Hv, int Dk, int Dv);
  * h0 (unless NULL): chunk c's initial state for c < cap, (cap, Hv, Dk, Dv); cy (deltanet.h, every
  * pointer NULL and row0 0 without one): row0, s_in read, s_out written */
 void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
-                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk,
-                  int Dv);
+                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv);
 
 /* The chunked backward (deltanet_chunk_bwd.cu): 1 when it takes these dims (Dk, Dv <= 128) */
 int dn_chunk_bwd_ok(int Dk, int Dv);

@@ -9,7 +9,8 @@
  *   - the forward again (deltanet_chunk.cu with ck and h0): U, W, P, G, every chunk's initial
  *     state S0 (h0) and the recurrent backward's checkpoints (ck); the host reads the chunk count
  *     (one stream sync) and takes the recurrent backward instead when the chunks exceed the
- *     scratch (T/64 + 1 + DC_EXTRA of them: a packed batch of many short runs) or the stream is
+ *     scratch (T/64 + T/128 + 1 + DC_EXTRA of them: a run's start or a continued token cuts
+ *     one more, so a packed batch of many short runs may have more) or the stream is
  *     being captured.
  *   - dc_rev_kernel: grid (Hv, ⌈Dv/32⌉), the mirror of the forward's walk: the chunks in reverse
  *     token order carrying dS (Dk × 32 columns in shared memory); a chunk's dS_end (saved: dSe) is
@@ -28,7 +29,7 @@
 
 int dn_chunk_bwd_ok(int Dk, int Dv) { return dn_chunk_ok(Dk) && Dv >= 1 && Dv <= DC_DK; }
 
-static int dc_cap(int T) { return T / DC_C + 1 + DC_EXTRA; }
+static int dc_cap(int T) { return T / DC_C + T / (2 * DC_C) + 1 + DC_EXTRA; }
 
 long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
     long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
@@ -37,9 +38,8 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
 
 /* ---------------------------------------------------------------- the reverse walk */
 
-__global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn,
-                                                       const bf16 *dout, attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk,
-                                                       int Dv) {
+__global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn, const bf16 *dout,
+                                                       attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float dS[DC_DK][DC_BV], Dd[DC_C][DC_BV], Do[DC_C][DC_BV], X[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int ptok[DC_SLOTS], info[3];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -192,20 +192,24 @@ __global__ void __launch_bounds__(DC_NT)
             z.Am[t * L + sx] = sx < t && t < n ? z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kk : 0.0f;
         });
         /* δ = U - W S0; dO ⊙ γ Q S0 (into KT, summed by rows below); dδ = P^T dO + K̃ dS */
-        dc_mm(DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(s.W + TH(t) * Dk + i) : 0.0f; }, S0r,
-              [&](int t, int j, float ws) {
-                  if (j < Dv) z.D[t * Dv + j] = t < n ? s.U[TH(t) * Dv + j] - ws : 0.0f;
-              });
-        dc_mm(DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(qn + KQ(t, i)) : 0.0f; }, S0r,
-              [&](int t, int j, float qs) {
-                  if (j < Dv) z.KT[t * Dv + j] = t < n ? DO(t, j) * (expf(z.Gs[t]) * qs) : 0.0f;
-              });
-        dc_mm(DC_C, Dv, DC_C, [&](int t, int sx) { return sx < n && t < DC_C ? __ldg(s.P + TH(sx) * DC_C + t) : 0.0f; }, dOr,
-              [&](int t, int j, float pd) {
-                  if (j < Dv) z.Ub[t * Dv + j] = t < n ? pd : 0.0f;
-              });
+        dc_mm(
+            DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(s.W + TH(t) * Dk + i) : 0.0f; }, S0r,
+            [&](int t, int j, float ws) {
+                if (j < Dv) z.D[t * Dv + j] = t < n ? s.U[TH(t) * Dv + j] - ws : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(qn + KQ(t, i)) : 0.0f; }, S0r,
+            [&](int t, int j, float qs) {
+                if (j < Dv) z.KT[t * Dv + j] = t < n ? DO(t, j) * (expf(z.Gs[t]) * qs) : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dv, DC_C, [&](int t, int sx) { return sx < n && t < DC_C ? __ldg(s.P + TH(sx) * DC_C + t) : 0.0f; }, dOr,
+            [&](int t, int j, float pd) {
+                if (j < Dv) z.Ub[t * Dv + j] = t < n ? pd : 0.0f;
+            });
         dc_mm(DC_C, Dv, Dk, Kr, dSr, [&](int t, int j, float ks) { /* the same owners as the product before */
-            if (j < Dv && t < n) z.Ub[t * Dv + j] += expf(z.Gs[n - 1] - z.Gs[t]) * ks;
+                                                                   if (j < Dv && t < n)
+                                                                       z.Ub[t * Dv + j] += expf(z.Gs[n - 1] - z.Gs[t]) * ks;
         });
         __syncthreads();
         for (int t = wp; t < DC_C; t += DC_NT / 32) {
@@ -216,16 +220,19 @@ __global__ void __launch_bounds__(DC_NT)
         }
         __syncthreads();
         /* dP (lower), dW = -dδ S0^T (into Wb), dK̃ = δ dS^T (into KT), dq's direct part γ dO S0^T (pdq) */
-        dc_mm(DC_C, DC_C, Dv, dOr, [&](int j, int sx) { return j < Dv ? z.D[sx * Dv + j] : 0.0f; },
-              [&](int t, int sx, float a) { z.dP[t * L + sx] = sx <= t && t < n ? a : 0.0f; });
-        dc_mm(DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.Ub[t * Dv + j] : 0.0f; }, S0c,
-              [&](int t, int i, float a) {
-                  if (i < Dk) z.Wb[t * Dk + i] = t < n ? -a : 0.0f;
-              });
-        dc_mm(DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.D[t * Dv + j] : 0.0f; }, dSc,
-              [&](int t, int i, float a) {
-                  if (i < Dk) z.KT[t * Dk + i] = t < n ? a : 0.0f;
-              });
+        dc_mm(
+            DC_C, DC_C, Dv, dOr, [&](int j, int sx) { return j < Dv ? z.D[sx * Dv + j] : 0.0f; },
+            [&](int t, int sx, float a) { z.dP[t * L + sx] = sx <= t && t < n ? a : 0.0f; });
+        dc_mm(
+            DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.Ub[t * Dv + j] : 0.0f; }, S0c,
+            [&](int t, int i, float a) {
+                if (i < Dk) z.Wb[t * Dk + i] = t < n ? -a : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.D[t * Dv + j] : 0.0f; }, dSc,
+            [&](int t, int i, float a) {
+                if (i < Dk) z.KT[t * Dk + i] = t < n ? a : 0.0f;
+            });
         dc_mm(DC_C, Dk, Dv, dOr, S0c, [&](int t, int i, float a) {
             if (i < Dk && t < n) pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * a;
         });
@@ -249,12 +256,18 @@ __global__ void __launch_bounds__(DC_NT)
         }
         __syncthreads();
         /* dA = -(Ū U^T + W̄ W^T), strictly lower: one product over [Ū | W̄] and [U | W] */
-        dc_mm(DC_C, DC_C, Dv + Dk,
-              [&](int t, int k) { return k < Dv ? z.Ub[t * Dv + k] : k < Dv + Dk ? z.Wb[t * Dk + k - Dv] : 0.0f; },
-              [&](int k, int sx) {
-                  return sx >= n ? 0.0f : k < Dv ? __ldg(s.U + TH(sx) * Dv + k) : k < Dv + Dk ? __ldg(s.W + TH(sx) * Dk + k - Dv) : 0.0f;
-              },
-              [&](int t, int sx, float a) { z.dA[t * L + sx] = sx < t && t < n ? -a : 0.0f; });
+        dc_mm(
+            DC_C, DC_C, Dv + Dk,
+            [&](int t, int k) { return k < Dv     ? z.Ub[t * Dv + k]
+                                    : k < Dv + Dk ? z.Wb[t * Dk + k - Dv]
+                                                  : 0.0f; },
+            [&](int k, int sx) {
+                return sx >= n    ? 0.0f
+                    : k < Dv      ? __ldg(s.U + TH(sx) * Dv + k)
+                    : k < Dv + Dk ? __ldg(s.W + TH(sx) * Dk + k - Dv)
+                                  : 0.0f;
+            },
+            [&](int t, int sx, float a) { z.dA[t * L + sx] = sx < t && t < n ? -a : 0.0f; });
         __syncthreads();
         /* per token: dv, dβ, dG (a warp a row) */
         for (int t = wp; t < n; t += DC_NT / 32) {
@@ -316,16 +329,21 @@ __global__ void __launch_bounds__(DC_NT)
             z.dA[t * L + sx] = t < n && sx <= t ? z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) : 0.0f;
         }
         __syncthreads();
-        dc_mm(DC_C, Dk, 2 * DC_C, [&](int t, int s2) { return s2 < DC_C ? z.KK[t * L + s2] : z.Am[t * L + s2 - DC_C]; },
-              [&](int s2, int i) { return s2 < DC_C ? Kr(s2, i) : s2 - DC_C < n && i < Dk ? __ldg(qn + KQ(s2 - DC_C, i)) : 0.0f; },
-              [&](int t, int i, float a) {
-                  if (t < n && i < Dk)
-                      pdk[TH(t) * Dk + i] = a + z.Bs[t] * expf(z.Gs[t]) * z.Wb[t * Dk + i] +
-                          expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
-              });
-        dc_mm(DC_C, Dk, DC_C, [&](int t, int sx) { return z.dA[t * L + sx]; }, Kr, [&](int t, int i, float a) {
-            if (t < n && i < Dk) pdq[TH(t) * Dk + i] += a; /* the owner of the direct part's product (same M, N) */
-        });
+        dc_mm(
+            DC_C, Dk, 2 * DC_C, [&](int t, int s2) { return s2 < DC_C ? z.KK[t * L + s2] : z.Am[t * L + s2 - DC_C]; },
+            [&](int s2, int i) { return s2 < DC_C              ? Kr(s2, i)
+                                     : s2 - DC_C < n && i < Dk ? __ldg(qn + KQ(s2 - DC_C, i))
+                                                               : 0.0f; },
+            [&](int t, int i, float a) {
+                if (t < n && i < Dk)
+                    pdk[TH(t) * Dk + i] = a + z.Bs[t] * expf(z.Gs[t]) * z.Wb[t * Dk + i] +
+                        expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
+            });
+        dc_mm(
+            DC_C, Dk, DC_C, [&](int t, int sx) { return z.dA[t * L + sx]; }, Kr,
+            [&](int t, int i, float a) {
+                if (t < n && i < Dk) pdq[TH(t) * Dk + i] += a; /* the owner of the direct part's product (same M, N) */
+            });
 #undef TH
 #undef KQ
 #undef DO

@@ -108,8 +108,8 @@ struct res {
 static const int CC = 2 * HK * DK + HV * DV;
 
 static void fwd(cu_ctx *c, run_in &x, int t0, int T, attn_ranges r, const deltanet_carry *cy) {
-    deltanet_rule_fwd_cuda(c, x.o + (size_t)t0 * HV * DV, x.st, x.u + (size_t)t0 * CC, x.a + (size_t)t0 * HV, x.b + (size_t)t0 * HV,
-                           x.alog, x.dt, r, cy, T, HK, HV, DK, DV);
+    deltanet_rule_fwd_cuda(c, x.o + (size_t)t0 * HV * DV, x.st, x.u + (size_t)t0 * CC, x.a + (size_t)t0 * HV,
+                           x.b + (size_t)t0 * HV, x.alog, x.dt, r, cy, T, HK, HV, DK, DV);
 }
 static void bwd(cu_ctx *c, run_in &x, int t0, int T, attn_ranges r, const deltanet_carry *cy) {
     size_t th = (size_t)t0 * HV;
@@ -140,14 +140,16 @@ static double msince(cudaEvent_t a, cudaEvent_t b) {
 }
 
 static void check(const char *what, const char *shape, const res &g, const res &w, double tol, int control) {
-    double e[6] = {rel_l2(g.o, w.o), rel_l2(g.du, w.du), rel_l2(g.da, w.da), rel_l2(g.db, w.db), rel_l2(g.dal, w.dal),
-                   rel_l2(g.ddt, w.ddt)};
+    double e[6] = {rel_l2(g.o, w.o),   rel_l2(g.du, w.du),   rel_l2(g.da, w.da),
+                   rel_l2(g.db, w.db), rel_l2(g.dal, w.dal), rel_l2(g.ddt, w.ddt)};
     const char *nm[6] = {"o", "du", "da", "db", "dA_log", "dt_bias"};
     for (int i = 0; i < 6; i++) {
         int bad = control ? 0 : e[i] > tol;
         failures += bad;
         printf("CHECK %-40s %-8s %-22s %.3e  tol %.0e  %s\n", what, nm[i], shape, e[i], tol,
-               control ? (e[i] > tol ? "control: exceeds (good)" : "control") : bad ? "FAIL" : "ok");
+               control   ? (e[i] > tol ? "control: exceeds (good)" : "control")
+                   : bad ? "FAIL"
+                         : "ok");
     }
     if (control) {
         double mx = *std::max_element(e, e + 6);
