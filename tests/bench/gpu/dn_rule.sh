@@ -1,6 +1,7 @@
 #!/bin/bash
 # tests/bench/gpu/dn_rule.sh — builds bench_dn_rule (the gated delta rule's kernels alone, nvcc on
-# kernels/deltanet*.cu: no engine library, a minute's build) and runs it; NCU=1 adds a per-kernel
+# kernels/deltanet*.cu, or linked with tests/gpu/run.sh's libengine.a when it is there: no engine
+# library needed, a minute's build) and runs it; NCU=1 adds a per-kernel
 # time breakdown of one chunked forward + backward under Nsight Compute. Logs to $OUT.
 # Usage: OUT=dir [NCU=1] tests/bench/gpu/dn_rule.sh [P N R [M]]
 set -u
@@ -10,7 +11,11 @@ B=build/dn
 mkdir -p "$OUT" "$B"
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
 NF="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall"
+LIB=${ENGINE_LIB:-build/gpu/libengine.a} # tests/gpu/run.sh's build: link its deltanet objects, compile the bench alone
 {
+    if [ -f "$LIB" ]; then
+        "$NVCC" $NF -o "$B/bench_dn_rule" tests/bench/gpu/bench_dn_rule.cu "$LIB"
+    else
     pids=""
     for f in kernels/deltanet.cu kernels/deltanet_chunk.cu kernels/deltanet_chunk_bwd.cu tests/bench/gpu/bench_dn_rule.cu; do
         "$NVCC" $NF -c -o "$B/$(basename "$f" .cu).o" "$f" & pids="$pids $!"
@@ -18,6 +23,7 @@ NF="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I. -Xcompiler -Wall"
     rc=0
     for p in $pids; do wait "$p" || rc=1; done
     [ $rc = 0 ] && "$NVCC" $NF -o "$B/bench_dn_rule" "$B"/deltanet.o "$B"/deltanet_chunk.o "$B"/deltanet_chunk_bwd.o "$B"/bench_dn_rule.o
+    fi
 } >"$OUT/dn_build.log" 2>&1
 rc=$?
 echo "bench_dn_rule build exit $rc"
