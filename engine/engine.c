@@ -308,6 +308,14 @@ int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text,
 _Static_assert(sizeof(eng_message) == sizeof(chat_msg) && sizeof(eng_tool_call) == sizeof(chat_tool_call) &&
                    sizeof(eng_chat_opts) == sizeof(chat_opts),
                "eng_message/eng_chat_opts must mirror chat_msg/chat_opts");
+_Static_assert((int)ENG_TOOLS_HERMES == (int)CHAT_TOOLS_HERMES && (int)ENG_TOOLS_LLAMA3 == (int)CHAT_TOOLS_LLAMA3, "tool formats");
+int eng_tool_format(eng *e) { return need_tok(e) ? (err_clear(), ENG_TOOLS_NONE) : chat_tool_format(e->tok); }
+int eng_guided_schema_check(const char *schema) {
+    jg_schema *g = NULL;
+    int rc = jg_schema_compile(schema, strlen(schema), &g);
+    jg_schema_free(g);
+    return rc;
+}
 int eng_render_chat(eng *e, const eng_message *m, int n, int agp, const eng_chat_opts *o, char **text) {
     int rc = need_tok(e);
     return rc ? rc : chat_render_opts(e->tok, (const chat_msg *)m, n, agp, (const chat_opts *)o, text);
