@@ -38,6 +38,7 @@
 #       test_ep_cuda bench (expert parallelism over a one-rank NCCL comm vs none, 30B-A3B layer dims),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd),
+#       bench_dn_rule (tests/bench/gpu/dn_rule.sh: the gated delta rule's kernels alone, split vs whole),
 #       with FLA_WHEELS=dir (fla-core, flash-linear-attention and einops wheels) the transformers +
 #       flash-linear-attention peer tests/gpu/peer_hybrid_step.py in the same call
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, the four
@@ -268,6 +269,8 @@ fi
 if [ "${BENCH_HYBRID:-0}" = 1 ]; then
     timeout ${T_BENCH:-100} "$BIN/bench_hybrid" >"$OUT/bench_hybrid.log" 2>&1
     cat "$OUT/bench_hybrid.log"
+    # the rule's kernels alone (ragged responses, split vs whole with the carry): tests/bench/gpu/dn_rule.sh
+    OUT="$OUT" timeout 200 bash tests/bench/gpu/dn_rule.sh 4096 16 512 4 | tail -40
     if [ -n "${FLA_WHEELS:-}" ]; then # pure Python wheels unpacked onto PYTHONPATH, no pip: fla-core
         rm -rf "$BUILD/fla" && mkdir -p "$BUILD/fla" # (the kernels) and einops; fla's layers/models unused
         for w in "$FLA_WHEELS"/fla_core-*.whl "$FLA_WHEELS"/einops-*.whl; do python3 -m zipfile -e "$w" "$BUILD/fla"; done
