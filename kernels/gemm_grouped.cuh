@@ -37,7 +37,9 @@ typedef struct {
 int gemm_grouped_fits(const gg_prob *p, gg_layout l);
 
 /* Runs the np problems of p (host array; tile0 and tiles_n are written) on c's stream; dev
- * is device room for np problems (gemm_grouped_bytes), reused once the launch is queued. */
+ * is device room for np problems (gemm_grouped_bytes), 64-byte aligned, reused once the launch
+ * is queued. */
 void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
-static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * sizeof(gg_prob); }
+/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product */
+static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + 2 * GG_SRC * 128); }
 #endif
