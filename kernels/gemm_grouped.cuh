@@ -5,9 +5,11 @@
  *
  * over up to GG_SRC products, with A read K-major (A(i,j) at a[i·lda + j]) or M-major
  * (a[j·lda + i]) and B K-major (B(j,c) at b[c·ldb + j]) or N-major (b[j·ldb + c]); all problems
- * and products of a launch share the three layouts. The operands' contiguous dimension must be a multiple of 8 and every operand 16-byte
- * aligned (gemm_grouped_fits); the other dimensions are free (edges zero-filled).
- * Deterministic: one block owns an output tile and runs its K range in one fixed order (no
+ * and products of a launch share the three layouts. The operands' contiguous dimension must be
+ * a multiple of 8 and every operand 16-byte aligned (gemm_grouped_fits); the other dimensions
+ * are free (edges zero-filled). Two forms inside (gemm_grouped.cu: TMA where every problem is
+ * wider than 128 columns, cp.async otherwise), the same sum order in both.
+ * Deterministic: one block computes an output tile and runs its K range in one fixed order (no
  * atomics, no split K), so the same problems give the same bits. */
 #ifndef GRPOD_KERNELS_GEMM_GROUPED_CUH
 #define GRPOD_KERNELS_GEMM_GROUPED_CUH
