@@ -22,6 +22,12 @@ int eng_testing_weights(eng *e, float *out) {
     return rc ? rc : e->be->act_to_f32(e->be, out, e->w_act, (size_t)e->m.n_elems);
 }
 
+int eng_testing_dec_weights(eng *e, float *out) {
+    int rc = e->be->sync(e->be);
+    const void *w = e->ep_full ? e->ep_dact : e->w_act;
+    return rc ? rc : e->be->act_to_f32(e->be, out, w, (size_t)eng_dec_model(e)->n_elems);
+}
+
 tune_opts *eng_testing_tune(eng *e) { return &e->be->tune; }
 
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name) {

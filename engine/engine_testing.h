@@ -22,6 +22,9 @@ typedef struct {
 void eng_testing_get(eng *e, eng_testing_info *out);
 /* The act-typed weights (bf16 on cuda; fp32 on cpu, bit for bit) as fp32, (n_params). */
 int eng_testing_weights(eng *e, float *out);
+/* The weights rollouts decode with, as fp32: under expert parallelism the decode copy (every
+ * expert, in the layout without it: that model's n_elems), else eng_testing_weights'. */
+int eng_testing_dec_weights(eng *e, float *out);
 /* plan.c's refusal of full-parameter training on a device of dev_total bytes (engine_internal.h
  * plan_full_fits), for a test without such a device. */
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name);

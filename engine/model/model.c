@@ -133,6 +133,7 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
         m->ep = *ep;
         m->ep_E = c->E / ep->W;
         m->ep_e0 = ep->rank * m->ep_E;
+        if (!(m->ep_ws = calloc(1, sizeof *m->ep_ws))) return err_set(GE_NOMEM, "model: out of memory");
     }
     m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (5 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
@@ -190,6 +191,7 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
 }
 
 void model_free(model *m) {
+    moe_ep_ws_free(m);
     if (m->inv_freq) m->be->free(m->be, m->inv_freq);
     free(m->params);
     free(m->lparams);

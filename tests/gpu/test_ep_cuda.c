@@ -37,6 +37,7 @@
 
 #include "engine/dist/comm.h"
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "engine/model/model.h"
 #include "engine/train/train_testing.h"
 #include "tests/gpu/gpu_check.h"
@@ -189,6 +190,8 @@ typedef struct {
     pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
     eng *e;
     roll r0, r1; /* before and after the updates */
+    roll rs; /* with a barrier: a rollout before the updates, the other ranks idle meanwhile */
+    float *dw; /* the weights rollouts decode with (n_whole), after the open */
     float lp0[NPROBE];
     int n_lp;
     eng_update_result u[NSTEP];
@@ -211,8 +214,13 @@ static void *run_main(void *p) {
                        .nccl_cancel = j->cancel};
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
+    if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
     if (j->bar) pthread_barrier_wait(j->bar);
+    for (int q = 0; j->bar && q < j->world; q++) { /* one rank at a time */
+        if (q == j->rank && !j->rc) j->rc = rollout(j->e, &j->rs);
+        pthread_barrier_wait(j->bar);
+    }
     if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
     for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
     if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
@@ -227,6 +235,7 @@ static void *run_main(void *p) {
 static void run_free(run_job *j) {
     if (j->e) eng_close(j->e);
     for (int i = 0; i < 3; i++) free(j->st[i]);
+    free(j->dw);
 }
 
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
@@ -424,10 +433,12 @@ static void st_free(comm *c) {
 static const comm_ops staged_ops = {st_all_reduce,   st_reduce_scatter, st_all_gather, st_broadcast,
                                     st_all_to_all_v, st_barrier,        st_abort,      st_free};
 
-static void staged_rows(const run_job *ref) {
-    comm *inner[2], *c[2];
-    if (comm_cpu_group(2, inner)) gc_die(NULL, "cpu comm");
-    for (int q = 0; q < 2; q++) {
+/* Two ranks on threads on one GPU: with ep, expert parallelism over the staged comm; without,
+ * two engines without it at once (no comm). train 0: the rollouts alone. */
+static void staged_rows(const run_job *ref, int ep, int train) {
+    comm *inner[2], *c[2] = {NULL, NULL};
+    if (ep && comm_cpu_group(2, inner)) gc_die(NULL, "cpu comm");
+    for (int q = 0; ep && q < 2; q++) {
         c[q] = calloc(1, sizeof *c[q]);
         staged *x = calloc(1, sizeof *x);
         x->inner = inner[q];
@@ -435,34 +446,42 @@ static void staged_rows(const run_job *ref) {
     }
     pthread_barrier_t bar;
     pthread_barrier_init(&bar, NULL, 2);
-    run_job j[2] = {{.c = c[0], .rank = 0, .world = 2, .train = 1, .bar = &bar},
-                    {.c = c[1], .rank = 1, .world = 2, .train = 1, .bar = &bar}};
+    run_job j[2] = {{.c = c[0], .rank = 0, .world = 2, .train = train, .bar = &bar},
+                    {.c = c[1], .rank = 1, .world = 2, .train = train, .bar = &bar}};
     pthread_t th[2];
     for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
     for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
     for (int q = 0; q < 2; q++) {
         char what[64], row[96];
-        snprintf(what, sizeof what, "ep W=2 cuda, one GPU, rank %d", q);
+        snprintf(what, sizeof what, ep ? "ep W=2 cuda, one GPU, rank %d" : "no EP, two engines on one GPU, #%d", q);
         if (j[q].rc) {
             printf("%s: %s\n", what, j[q].msg);
-            gc_row(what, "engine failed (staged cpu comm)", NAN, 1e-2);
+            gc_row(what, ep ? "engine failed (staged cpu comm)" : "engine failed", NAN, 1e-2);
             continue;
         }
+        long long dw = 0;
+        for (long long i = 0; i < n_whole; i++) dw += memcmp(&j[q].dw[i], &ref->dw[i], 4) != 0;
+        snprintf(row, sizeof row, "%s: decode weights", what);
+        gc_row(row, ep ? "decode copy vs the weights without EP; differing" : "vs one engine; differing", (double)dw, 0);
+        snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        gc_row(row, ep ? "decode copy (gathered) vs no EP; differing" : "both at once vs one engine; differing",
+               roll_diff(&j[q].r0, &ref->r0), 0);
+        snprintf(row, sizeof row, "%s: rollouts one at a time", what);
+        gc_row(row, "the other rank idle, vs no EP; differing", roll_diff(&j[q].rs, &ref->r0), 0);
+        if (!train) continue;
         snprintf(row, sizeof row, "%s: loss and grad_norm", what);
         gc_row(row, "2 updates vs no EP (staged cpu comm)", update_diff(&j[q], ref, what), LOSS_TOL);
-        snprintf(row, sizeof row, "%s: rollouts before the update", what);
-        gc_row(row, "decode copy (gathered) vs no EP; differing", roll_diff(&j[q].r0, &ref->r0), 0);
         double mean = 0;
         for (int i = 0; i < j[q].n_lp; i++) mean += fabs(j[q].lp0[i] - ref->lp0[i]) / j[q].n_lp;
         snprintf(row, sizeof row, "%s: logprobs", what);
         gc_row(row, "moe_ep over 2 ranks vs the MoE op; mean abs difference", j[q].n_lp == ref->n_lp ? mean : NAN, 1e-2);
     }
-    if (!j[0].rc && !j[1].rc)
+    if (train && !j[0].rc && !j[1].rc)
         printf("ep W=2 one GPU: the ranks' losses %s, rollouts after the update %s\n",
                j[0].u[0].loss == j[1].u[0].loss && j[0].u[1].grad_norm == j[1].u[1].grad_norm ? "bit-equal" : "DIFFER",
                roll_diff(&j[0].r1, &j[1].r1) == 0 ? "bit-equal between the ranks" : "DIFFER between the ranks");
     for (int q = 0; q < 2; q++) run_free(&j[q]);
-    for (int q = 0; q < 2; q++) comm_free(c[q]);
+    for (int q = 0; ep && q < 2; q++) comm_free(c[q]);
     pthread_barrier_destroy(&bar);
 }
 
@@ -577,6 +596,15 @@ int main(int argc, char **argv) {
     }
     make_model();
     make_inputs();
+    if (argc > 1 && !strcmp(argv[1], "rollouts")) { /* the rollout rows alone, no update */
+        run_job one = {0};
+        run_main(&one);
+        if (one.rc) gc_die(NULL, "reference");
+        staged_rows(&one, 0, 0);
+        staged_rows(&one, 1, 0);
+        run_free(&one);
+        return gc_failures ? 1 : 0;
+    }
     /* the initial weights (the weights' update is measured from them) */
     run_job init = {0};
     run_main(&init);
@@ -594,7 +622,7 @@ int main(int argc, char **argv) {
         gc_die(NULL, "reference");
     }
     w1_rows(&ref, w0);
-    staged_rows(&ref);
+    staged_rows(&ref, 1, 1);
     w2_rows(&ref);
     run_free(&ref);
     free(w0);
