@@ -15,6 +15,7 @@ typedef struct {
     int offload; /* 1: master and moments in host memory (optimizer offload) */
     int own_reference; /* 1: a frozen reference copy of its own (0 with LoRA: the base is it) */
     int rank, world; /* this rank and the world size (0 and 1 without a comm) */
+    int dec_in_grad; /* expert parallelism: 1 when the decode copy lies in the gradient buffer */
     const model *m; /* the model: its parameters' names, shapes and offsets into the
                                  * flat vectors (params[p].off; with LoRA lparams, A before B) */
 } eng_testing_info;

@@ -601,10 +601,10 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         out->grad_norm = steps ? grad_norm_sum / steps : 0;
         out->optimizer_steps = steps;
         if (steps) e->policy_version++;
-        if (steps) rc = ep_decode_refresh(e); /* the decode copy follows the new weights */
         e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
+    rc = ep_decode_after_update(e, steps, rc); /* the decode copy follows the weights, or the backward overwrote it */
     out->ms_policy = ms_policy;
     out->ms_optimizer = ms_opt;
     out->ms_total = clock_mono_ms() - t0;
