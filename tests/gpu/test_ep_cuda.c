@@ -42,6 +42,7 @@
 #include "engine/train/train_testing.h"
 #include "tests/gpu/gpu_check.h"
 #include "tests/unit/logprobs_flat.h"
+#include "tests/unit/run_config.h"
 
 #define FIX "tests/fixtures/data/qwen3_moe"
 #define MODEL "/tmp/grpod_gpu_ep_model"
@@ -60,25 +61,32 @@
 static long long n_whole; /* elements of the model without EP (every expert) */
 static int V;
 
+/* Writes c (dtype bfloat16; the tensors in bf16 when bf16, else fp32) to dir with random weights
+ * (+-scale from seed, the norms 1 + that); returns the model's elements. */
+static long long write_model(model_config *c, const char *dir, float scale, unsigned long long seed, int bf16) {
+    snprintf(c->dtype, sizeof c->dtype, "bfloat16");
+    eng_backend *be;
+    model m;
+    if (backend_cpu_create(&be, 1) || model_init(&m, c, be)) gc_die(NULL, "model_init");
+    float *w = gc_rand((size_t)m.n_elems, scale, seed);
+    for (int i = 0; i < m.n_params; i++)
+        if (m.params[i].ndim == 1)
+            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
+    mkdir(dir, 0700);
+    if (config_write(dir, c) || model_save_host(&m, dir, w, bf16)) gc_die(NULL, "model write");
+    free(w);
+    long long n = m.n_elems;
+    model_free(&m);
+    be->destroy(be);
+    return n;
+}
+
 static void make_model(void) {
     model_config c;
     if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
     c.aux_coef = 0.1f;
-    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
-    eng_backend *be;
-    model m;
-    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "model_init");
-    float *w = gc_rand((size_t)m.n_elems, 0.1f, 4242);
-    for (int i = 0; i < m.n_params; i++)
-        if (m.params[i].ndim == 1)
-            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
-    mkdir(MODEL, 0700);
-    if (config_write(MODEL, &c) || model_save_host(&m, MODEL, w, 0)) gc_die(NULL, "model write");
-    free(w);
-    n_whole = m.n_elems;
+    n_whole = write_model(&c, MODEL, 0.1f, 4242, 0);
     V = c.V;
-    model_free(&m);
-    be->destroy(be);
 }
 
 static int P_[NG] = {11, 5, 17, 8, 13, 6}, N_[NG] = {4, 2, 3, 2, 4, 3};
@@ -120,15 +128,7 @@ static void groups(eng_update_group *g) {
 static int update(eng *e, eng_update_result *u) {
     loss_config a;
     eng_optim o;
-    loss_config_default(&a);
-    eng_optim_default(&o);
-    o.lr = 1e-3f;
-    o.grad_clip = 1.0f;
-    a.adv = ADV_GRPO;
-    a.kl_coef = 0.02f;
-    a.kl = KL_K3;
-    a.entropy_coeff = 0.01f;
-    a.ppo_mini_batch_size = 3; /* two optimizer steps; on 2 ranks 2 + 1 groups: one empty micro-batch */
+    grpo_update_config(&a, &o, 1e-3f, 1.0f, 0.02f); /* mini-batches of 3: on 2 ranks 2 + 1 groups, one empty micro-batch */
     eng_update_group g[NG];
     groups(g);
     return eng_update(e, g, NG, &a, &o, mb_tokens, u, NULL, NULL);
@@ -153,11 +153,7 @@ static int rollout(eng *e, roll *r) {
     eng_rollout_group g[NG];
     for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
     eng_sampling sp;
-    eng_sampling_default(&sp);
-    sp.temperature = 1.0f;
-    sp.max_tokens = NEW;
-    sp.ignore_eos = 1;
-    sp.seed = 7;
+    fixed_sampling(&sp, 1.0f, NEW, 7);
     eng_group_result out[NG];
     if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
     r->n = 0;
@@ -324,9 +320,7 @@ static void w2_rows(const run_job *ref) {
     int cancel = 0;
     run_job j[2] = {{.id = id, .rank = 0, .world = 2, .device = 0, .train = 1, .cancel = &cancel},
                     {.id = id, .rank = 1, .world = 2, .device = same ? 0 : 1, .train = 1, .cancel = &cancel}};
-    pthread_t th[2];
-    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
-    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    gc_threads(run_main, j, sizeof j[0], 2);
     if (same && (!j[0].e || !j[1].e)) {
         printf("ep W=2 on one GPU: %s / %s\n", j[0].msg, j[1].msg);
         printf("ROW|ep W=2 cuda, both ranks on GPU 0|NCCL would not open two ranks on one GPU|nan|1e-02|SKIP\n");
@@ -448,9 +442,7 @@ static void staged_rows(const run_job *ref, int ep, int train) {
     pthread_barrier_init(&bar, NULL, 2);
     run_job j[2] = {{.c = c[0], .rank = 0, .world = 2, .train = train, .bar = &bar},
                     {.c = c[1], .rank = 1, .world = 2, .train = train, .bar = &bar}};
-    pthread_t th[2];
-    for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
-    for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+    gc_threads(run_main, j, sizeof j[0], 2);
     for (int q = 0; q < 2; q++) {
         char what[64], row[96];
         snprintf(what, sizeof what, ep ? "ep W=2 cuda, one GPU, rank %d" : "no EP, two engines on one GPU, #%d", q);
@@ -504,20 +496,7 @@ static void bench_model(void) {
     c.L = 2, c.C = 2048, c.H = 32, c.K = 4, c.D = 128, c.E = 128, c.top_k = 8, c.Fm = 768, c.V = 32768, c.max_pos = 4096;
     c.aux_coef = 0.001f;
     for (int l = 0; l < c.L; l++) c.mlp[l] = MLP_MOE;
-    snprintf(c.dtype, sizeof c.dtype, "bfloat16");
-    eng_backend *be;
-    model m;
-    if (backend_cpu_create(&be, 1) || model_init(&m, &c, be)) gc_die(NULL, "bench model_init");
-    float *w = gc_rand((size_t)m.n_elems, 0.02f, 77);
-    for (int i = 0; i < m.n_params; i++)
-        if (m.params[i].ndim == 1)
-            for (long long j = 0; j < m.params[i].numel; j++) w[m.params[i].off + j] += 1.0f;
-    mkdir(BMODEL, 0700);
-    if (config_write(BMODEL, &c) || model_save_host(&m, BMODEL, w, 1)) gc_die(NULL, "bench model write");
-    printf("bench model: %.2fB parameters (2 MoE layers at 30B-A3B dims, V 32768)\n", (double)m.n_elems / 1e9);
-    free(w);
-    model_free(&m);
-    be->destroy(be);
+    printf("bench model: %.2fB parameters (2 MoE layers at 30B-A3B dims, V 32768)\n", write_model(&c, BMODEL, 0.02f, 77, 1) / 1e9);
     unsigned long long sd = 5;
     for (int i = 0; i < BG; i++) {
         for (int t = 0; t < BP; t++) bprompt[i][t] = 3 + (int)((check_randf(&sd, 0.5f) + 0.5f) * 32000);
@@ -565,10 +544,7 @@ static void bench_one(int ep) {
         eng_rollout_group rg[BG];
         for (int i = 0; i < BG; i++) rg[i] = (eng_rollout_group){bprompt[i], BP, BN};
         eng_sampling sp;
-        eng_sampling_default(&sp);
-        sp.max_tokens = BNEW;
-        sp.ignore_eos = 1;
-        sp.seed = 3;
+        fixed_sampling(&sp, 1.0f, BNEW, 3);
         eng_group_result out[BG];
         t0 = gc_now();
         if (eng_rollout(e, rg, BG, &sp, out, NULL, NULL)) {

@@ -39,6 +39,7 @@
 #include "check.h"
 #include "logprobs_flat.h"
 #include "rank_threads.h"
+#include "run_config.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
@@ -152,15 +153,7 @@ static void groups(eng_update_group *g, int routes) {
 static int run_update(eng *e, int k, eng_update_result *u) {
     loss_config a;
     eng_optim o;
-    loss_config_default(&a);
-    eng_optim_default(&o);
-    o.lr = 2e-3f;
-    o.grad_clip = 0.05f;
-    a.adv = ADV_GRPO;
-    a.kl_coef = k ? 0 : 0.05f;
-    a.kl = KL_K3;
-    a.entropy_coeff = 0.01f;
-    a.ppo_mini_batch_size = 3;
+    grpo_update_config(&a, &o, 2e-3f, 0.05f, k ? 0 : 0.05f);
     a.ppo_epochs = k ? 1 : 2;
     a.use_rollout_logprobs = k; /* 0: the old pass runs */
     eng_update_group g[NG];
@@ -194,11 +187,7 @@ static int rollout(eng *e, struct roll *r) {
     eng_rollout_group g[NG];
     for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
     eng_sampling sp;
-    eng_sampling_default(&sp);
-    sp.temperature = 1.0f;
-    sp.max_tokens = 6;
-    sp.ignore_eos = 1;
-    sp.seed = 7;
+    fixed_sampling(&sp, 1.0f, 6, 7);
     eng_group_result out[NG];
     if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
     r->n_tok = r->n_rt = 0;
