@@ -53,11 +53,18 @@ static void *ws_take(const model *m, int i, size_t bytes) {
     return w->mem[i];
 }
 
-void moe_ep_ws_free(const model *m) {
+void moe_ep_ws_release(const model *m) {
     struct moe_ep_ws *w = m->ep_ws;
-    for (int i = 0; w && i < 2; i++)
+    for (int i = 0; w && i < 2; i++) {
         if (w->mem[i]) m->be->free(m->be, w->mem[i]);
-    free(w);
+        w->mem[i] = NULL;
+        w->cap[i] = 0;
+    }
+}
+
+void moe_ep_ws_free(const model *m) {
+    moe_ep_ws_release(m);
+    free(m->ep_ws);
 }
 
 /* Rows of `bytes` bytes each: send[q] rows to rank q, recv[q] from it. */

@@ -34,6 +34,7 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/lora.h"
+#include "engine/model/moe_ep.h"
 #include "engine/train/optim.h"
 #include "engine/train/rollout_corr.h"
 #include "engine/model/split.h"
@@ -579,6 +580,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* the activations go back to the plan (the next rollout's KV pool has their room) */
     model_acts_free(&e->m, &e->acts_g);
     model_acts_free(&e->m, &e->acts_ng);
+    moe_ep_ws_release(&e->m); /* expert parallelism's exchange buffers too */
     if (!rc) {
         loss_finish(&met, steps ? steps : 1);
         out->loss = met.loss;
