@@ -53,8 +53,9 @@ int ep_decode_after_update(eng *e, int stepped, int rc) {
 
 int ep_decode_ready(const eng *e) {
     if (!e->ep_full || (e->ep_dact && !e->ep_dec_lost)) return 0;
-    return err_set(GE_COMM, "expert parallelism: the decode copy was not gathered again after an update failed (%s); "
-                            "rollouts need the ranks' comm: restart the ranks",
+    return err_set(GE_COMM,
+                   "expert parallelism: the decode copy was not gathered again after an update failed (%s); "
+                   "rollouts need the ranks' comm: restart the ranks",
                    e->ep_dact ? "the comm is down" : "no memory for it");
 }
 
