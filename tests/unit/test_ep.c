@@ -419,7 +419,7 @@ TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
  * copy followed the new weights; and they differ from the rollouts before the update. */
 TEST(ep_rollouts_equal_one_rank) {
     static struct roll ref, ref2, got[WMAX], before;
-    CHECK(system("rm -rf " CKPT "_roll2 " CKPT "_roll3") == 0);
+    CHECK(system("rm -rf " CKPT "_roll1 " CKPT "_roll2 " CKPT "_roll3") == 0);
     eng *e = open_one(NULL, MODEL, NULL, 0);
     CHECK_MSG(e, "%s", err_msg());
     CHECK_MSG(rollout(e, &ref) == 0, "%s", err_msg());
