@@ -199,7 +199,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
             goto fail;
     }
     if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
-    if ((rc = ep_decode_refresh(e))) goto fail; /* every rank opens together */
+    /* the plan's gradients first (the decode copy may lie in them), then the copy: every rank opens together */
+    if (e->ep_full && !o->no_training && (rc = state_alloc(e))) goto fail;
+    if ((rc = ep_decode_refresh(e))) goto fail;
     double t1 = clock_mono_ms();
     if (!o->no_training && (rc = plan_make(e, o))) goto fail;
     e->plan.ms_load = t1 - t0;

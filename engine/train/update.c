@@ -34,6 +34,7 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/lora.h"
+#include "engine/model/moe_ep.h"
 #include "engine/train/optim.h"
 #include "engine/train/rollout_corr.h"
 #include "engine/model/split.h"
@@ -621,13 +622,14 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* the activations go back to the plan (the next rollout's KV pool has their room) */
     model_acts_free(&e->m, &e->acts_g);
     model_acts_free(&e->m, &e->acts_ng);
+    moe_ep_ws_release(&e->m); /* expert parallelism's exchange buffers too */
     if (!rc) {
         result_metrics(out, &met, a, steps, grad_norm_sum);
         if (steps) e->policy_version++;
-        if (steps) rc = ep_decode_refresh(e); /* the decode copy follows the new weights */
         e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
+    rc = ep_decode_after_update(e, steps, rc); /* the decode copy follows the weights, or the backward overwrote it */
     out->ms_policy = ms_policy;
     out->ms_optimizer = ms_opt;
     out->ms_total = clock_mono_ms() - t0;
