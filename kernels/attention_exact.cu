@@ -171,23 +171,33 @@ static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, c
     CU_LAUNCHED(c, "attn_exact_kernel");
 }
 
+/* the head dims exact mode runs (the m16n8k16 steps want D % 16 == 0), a launcher each */
+template <int D>
+static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                           int K, int qw, float sc2) {
+    if (T <= EX_DECODE_T) attn_exact_launch<D, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2); /* a block a query's heads */
+    else attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2); /* EX_WARPS warps share the K/V tiles */
+}
+typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int, int, float);
+static const struct {
+    int D;
+    attn_exact_fn run;
+} ex_dims[] = {{16, attn_exact_run<16>}, {32, attn_exact_run<32>}, {64, attn_exact_run<64>}, {128, attn_exact_run<128>},
+               {256, attn_exact_run<256>}};
+
 int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                         int H, int K, int D) {
     const int hpg = K > 0 && H % K == 0 ? H / K : 0;
-    if ((D != 64 && D != 128) || hpg < 1 || hpg > 16) {
-        char what[96];
-        snprintf(what, sizeof what, "exact mode: head dim %d with %d query heads a kv head (supported: 64, 128; 1-16)", D, hpg);
+    attn_exact_fn run = NULL;
+    for (size_t i = 0; i < sizeof ex_dims / sizeof ex_dims[0]; i++)
+        if (ex_dims[i].D == D) run = ex_dims[i].run;
+    if (!run || hpg < 1 || hpg > 16) {
+        char what[112];
+        snprintf(what, sizeof what, "exact mode: head dim %d with %d query heads a kv head (supported: 16, 32, 64, 128, 256; 1-16)", D,
+                 hpg);
         cu_fail(c, "attention", what, __FILE__, __LINE__);
         return 1;
     }
-    const int qw = T <= EX_DECODE_T ? 1 : 16 / hpg;
-    const float sc2 = LOG2E / sqrtf((float)D);
-    if (T <= EX_DECODE_T) { /* decode: a block a query's heads, its one warp EX_DEC_NS stages deep */
-        if (D == 64) attn_exact_launch<64, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-    } else { /* EX_WARPS warps a block sharing the K/V tiles */
-        if (D == 64) attn_exact_launch<64, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-    }
+    run(c, out, lse, q, k, v, r, T, H, K, T <= EX_DECODE_T ? 1 : 16 / hpg, LOG2E / sqrtf((float)D));
     return 1;
 }
