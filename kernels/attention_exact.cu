@@ -343,6 +343,12 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
         return;
     }
+    static int dec_t = -1; /* A/B for one measurement: EXACT_DEC_T=0 runs decode on the training kernel, one warp a block */
+    if (dec_t < 0) dec_t = getenv("EXACT_DEC_T") ? atoi(getenv("EXACT_DEC_T")) : EX_DECODE_T;
+    if (T > dec_t) {
+        attn_exact_launch<D, 1, 4>(c, out, lse, q, k, v, r, T, H, K, 1, sc2);
+        return;
+    }
     static unsigned done;
     cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
     if (c->failed) return;
