@@ -35,14 +35,13 @@ template <int D> struct ex_attn_shape {
     static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
     /* the decode kernel: Q, w warps' K/V rings, then w span slots of 32 lanes x SL floats */
     static constexpr int SL = D / 2 + 4, DEC_W = D > 128 ? 2 : 4;
-    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * EX_DEC_NS * EX_BN) * ST * sizeof(bf16) + (size_t)DEC_W * SL * 32 * 4;
+    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * EX_DEC_NS * EX_BN) * ST * sizeof(bf16) +
+        (size_t)DEC_W * SL * 32 * 4;
 };
 
 /* One thread's online-softmax state for its two rows (lane / 4 and + 8): the accumulator o, the
  * running max m (raw units, the same in a row's four lanes) and the thread-partial sum l. */
-template <int D> struct ex_state {
-    float o[1][D / 8][4], m[2], l[2];
-};
+template <int D> struct ex_state { float o[1][D / 8][4], m[2], l[2]; };
 template <int D> __device__ __forceinline__ void ex_fresh(ex_state<D> &s) {
     fa_zero(s.o);
     s.m[0] = s.m[1] = -INFINITY;
@@ -64,7 +63,8 @@ template <int D> __device__ __forceinline__ void ex_merge(ex_state<D> &r, const 
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) r.o[0][n][2 * hf + e] = __fmaf_rn(s.o[0][n][2 * hf + e], as, __fmul_rn(r.o[0][n][2 * hf + e], ar));
+            for (int e = 0; e < 2; e++)
+                r.o[0][n][2 * hf + e] = __fmaf_rn(s.o[0][n][2 * hf + e], as, __fmul_rn(r.o[0][n][2 * hf + e], ar));
         r.m[hf] = M;
     }
 }
@@ -93,10 +93,13 @@ __device__ __forceinline__ void ex_store(const ex_state<D> &s, const bool (&in)[
  * to the largest end of its rows in the block; the K/V tiles are loaded by all W warps into one
  * ring and read by each. A row sees the tiles a lone warp would give it (aligned to its range
  * starts) plus tiles wholly past its end, which leave it unchanged (NOOP): the same bits for any
- * W and any queries beside it. */
+ * W and any queries beside it. Three blocks an SM up to D = 128 (168 registers): the running
+ * state, touched once a span, is what the compiler spills (376 bytes at D = 128; 254 registers
+ * and two blocks an SM without the bound). */
 template <int D, int W, int NS>
-__global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                                                            attn_ranges r, int T, int H, int K, int qw, float sc2) {
+__global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
+    attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
+                      int qw, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, NT = EX_BN / 8;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [W][16][ST], then k, v [NS stages][EX_BN][ST] */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
@@ -218,7 +221,8 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
  * DEC_W spans rather than one tile after another. */
 template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
-    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int H, int K, float sc2) {
+    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int H, int K,
+                          float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
@@ -293,8 +297,9 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
                 fa_zero(sa);
                 mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
                 const int j0 = cw.j0;
-                fa_tile_step<NT, D, true>(sp.o, sa, sp.m, sp.l, sc2, v_s + st * EX_BN * ST, ST,
-                                          [&](int nn, int ee, int hf) { return j0 + nn * 8 + 2 * (lane & 3) + ee < (hf ? e1 : e0); });
+                fa_tile_step<NT, D, true>(sp.o, sa, sp.m, sp.l, sc2, v_s + st * EX_BN * ST, ST, [&](int nn, int ee, int hf) {
+                    return j0 + nn * 8 + 2 * (lane & 3) + ee < (hf ? e1 : e0);
+                });
                 __syncwarp(); /* stage st is free */
                 advance(cw);
                 st = (st + 1) % NS;
@@ -337,30 +342,28 @@ static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, c
 
 /* the head dims exact mode runs (the m16n8k16 steps want D % 16 == 0), a launcher each */
 template <int D>
-static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
-                           int K, int qw, float sc2) {
+static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                           int H, int K, int qw, float sc2) {
     if (T > EX_DECODE_T) { /* EX_WARPS warps share the K/V tiles */
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        return;
-    }
-    static int dec_t = -1; /* A/B for one measurement: EXACT_DEC_T=0 runs decode on the training kernel, one warp a block */
-    if (dec_t < 0) dec_t = getenv("EXACT_DEC_T") ? atoi(getenv("EXACT_DEC_T")) : EX_DECODE_T;
-    if (T > dec_t) {
-        attn_exact_launch<D, 1, 4>(c, out, lse, q, k, v, r, T, H, K, 1, sc2);
         return;
     }
     static unsigned done;
     cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
     if (c->failed) return;
-    attn_exact_dec_kernel<D><<<dim3(T, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(out, lse, q, k, v, r,
-                                                                                                                  H, K, sc2);
+    attn_exact_dec_kernel<D>
+        <<<dim3(T, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(out, lse, q, k, v, r, H, K, sc2);
     CU_LAUNCHED(c, "attn_exact_dec_kernel");
 }
-typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int, int, float);
+typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
+                              int, float);
 static const struct {
     int D;
     attn_exact_fn run;
-} ex_dims[] = {{16, attn_exact_run<16>}, {32, attn_exact_run<32>}, {64, attn_exact_run<64>}, {128, attn_exact_run<128>},
+} ex_dims[] = {{16, attn_exact_run<16>},
+               {32, attn_exact_run<32>},
+               {64, attn_exact_run<64>},
+               {128, attn_exact_run<128>},
                {256, attn_exact_run<256>}};
 
 int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
@@ -371,8 +374,8 @@ int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
         if (ex_dims[i].D == D) run = ex_dims[i].run;
     if (!run || hpg < 1 || hpg > 16) {
         char what[112];
-        snprintf(what, sizeof what, "exact mode: head dim %d with %d query heads a kv head (supported: 16, 32, 64, 128, 256; 1-16)", D,
-                 hpg);
+        snprintf(what, sizeof what,
+                 "exact mode: head dim %d with %d query heads a kv head (supported: 16, 32, 64, 128, 256; 1-16)", D, hpg);
         cu_fail(c, "attention", what, __FILE__, __LINE__);
         return 1;
     }

@@ -131,21 +131,22 @@ static void exact_mm_launch(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, 
  * the same order, as the tile above. */
 enum { XB_BM = 128, XB_BN = 256, XB_KH = 32, XB_ST = 4, XB_NTH = 256, XB_ACC = 128 };
 enum : size_t {
-    XB_STAGE = (size_t)(XB_BM + XB_BN) * XB_KH * 2,   /* bytes */
+    XB_STAGE = (size_t)(XB_BM + XB_BN) * XB_KH * 2, /* bytes */
     XB_SMEM = XB_STAGE * XB_ST + (size_t)XB_ACC * XB_NTH * 4, /* the ring, then the closed sums */
 };
 
 __global__ void __launch_bounds__(XB_NTH, 1)
     exact_mm_wide_kernel(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O) {
     constexpr int PA = XB_BM * 4, PB = XB_BN * 4; /* 16-byte pieces a stage */
-    extern __shared__ uint4 xb_ring[];          /* [XB_ST][PA + PB], then float sums[XB_ACC][XB_NTH] */
+    extern __shared__ uint4 xb_ring[]; /* [XB_ST][PA + PB], then float sums[XB_ACC][XB_NTH] */
     float *const sums = (float *)(xb_ring + (size_t)XB_ST * (PA + PB));
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int wm = wp >> 2, wn = wp & 3, t0 = blockIdx.y * XB_BM, o0 = blockIdx.x * XB_BN;
     const int nch = I / SK_KC, nh = 2 * nch;
     pdl_wait();
     pdl_trigger();
-    auto issue = [&](int s) { /* k-half s: k = s XB_KH .. + XB_KH */
+    /* k-half s: k = s XB_KH .. + XB_KH */
+    auto issue = [&](int s) {
         uint4 *st = xb_ring + (size_t)(s % XB_ST) * (PA + PB);
         const int k = s * XB_KH;
 #pragma unroll
@@ -237,9 +238,7 @@ __global__ void __launch_bounds__(XB_NTH, 1)
 void exact_mm_cuda(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O) {
     if (c->failed || T <= 0) return;
     const long long wide = (long long)((T + XB_BM - 1) / XB_BM) * ((O + XB_BN - 1) / XB_BN);
-    static int force = -1; /* A/B for one measurement: EXACT_MM_WIDE=1 takes the wide tile at any size */
-    if (force < 0) force = getenv("EXACT_MM_WIDE") ? atoi(getenv("EXACT_MM_WIDE")) : 0;
-    if (2 * wide < c->n_sm && !force) {
+    if (2 * wide < c->n_sm) {
         exact_mm_launch<1>(c, out, x, w, bias, res, T, I, O);
         return;
     }

@@ -58,10 +58,10 @@ __global__ void __launch_bounds__(128) probe_kernel(float *out, const bf16 *A, c
             const bf16 *ar0 = a + r0 * 16, *ar1 = a + r1 * 16;
             bf16 zz[2] = {__float2bfloat16(0.0f), __float2bfloat16(0.0f)};
             auto frag = [&](const bf16 *row, int p) -> unsigned { /* positions p, p + 1 */
-                __nv_bfloat162 v;
-                v.x = keep(p) ? row[kat(p)] : zz[0];
-                v.y = keep(p + 1) ? row[kat(p + 1)] : zz[1];
-                return *(unsigned *)&v;
+                                                                  __nv_bfloat162 v;
+                                                                  v.x = keep(p) ? row[kat(p)] : zz[0];
+                                                                  v.y = keep(p + 1) ? row[kat(p + 1)] : zz[1];
+                                                                  return *(unsigned *)&v;
             };
             unsigned af[4] = {frag(ar0, 2 * q), frag(ar1, 2 * q), frag(ar0, 8 + 2 * q), frag(ar1, 8 + 2 * q)};
             for (int n = 0; n < 8; n++) {
@@ -120,8 +120,12 @@ int main(void) {
         printf("probe_mma_order: kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
-    static const char *name[6] = {"mma.sync natural", "mma.sync k reversed", "mma.sync k8 halves interleaved",
-                                  "wgmma m64n64k16 (smem, swizzled)", "two k8 steps (low half first)", "two k8 steps (high half first)"};
+    static const char *name[6] = {"mma.sync natural",
+                                  "mma.sync k reversed",
+                                  "mma.sync k8 halves interleaved",
+                                  "wgmma m64n64k16 (smem, swizzled)",
+                                  "two k8 steps (low half first)",
+                                  "two k8 steps (high half first)"};
     int fail = 0;
     for (int v = 1; v < 6; v++) {
         size_t diff = 0;

@@ -24,7 +24,8 @@ static double mm_us(eng_backend *be, void *y, const void *x, const void *w, int 
 }
 
 int main(int argc, char **argv) {
-    static const int SH[][2] = {{2048, 2048}, {2048, 6144}, {6144, 2048}, {4096, 4096}, {4096, 1024}, {4096, 12288}, {12288, 4096}};
+    static const int SH[][2] = {{2048, 2048}, {2048, 6144},  {6144, 2048}, {4096, 4096},
+                                {4096, 1024}, {4096, 12288}, {12288, 4096}};
     int Ts[8] = {1024, 4096, 12288}, nT = 3;
     if (argc > 1) {
         nT = 0;
