@@ -25,10 +25,15 @@
  * values differed at P=1024 on the H200.) K/V rows past the segment's end are zero-filled, never
  * read. Empty rows: out 0, lse -inf.
  *
- * Decode (T <= EX_DECODE_T): attn_exact_dec_kernel, the spans of one query at once (below). */
+ * Decode (T <= EX_DECODE_T): while its blocks (a query and kv head each) fit the SMs twice,
+ * attn_exact_dec_kernel, the spans of one query at once (below); more decode rows (8 groups of
+ * 16) have parallelism enough in their queries: the kernel above with one warp a block (QW = 1),
+ * EX_DEC_NS1 tiles deep, as decode ran before the spans (its blocks hold a third of the span
+ * kernel's shared memory; three an SM keep nine tiles in flight against its four). Unmeasured:
+ * the one call's logs of the A/B did not come back; the same bits either way. */
 #include "kernels/attention_tiles.cuh"
 
-enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 };
+enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2, EX_DEC_NS1 = 4 };
 
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
@@ -346,6 +351,10 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
                            int H, int K, int qw, float sc2) {
     if (T > EX_DECODE_T) { /* EX_WARPS warps share the K/V tiles */
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        return;
+    }
+    if ((long long)T * K > 2LL * c->n_sm) { /* many decode rows: one warp a block, EX_DEC_NS1 stages deep */
+        attn_exact_launch<D, 1, EX_DEC_NS1>(c, out, lse, q, k, v, r, T, H, K, 1, sc2);
         return;
     }
     static unsigned done;

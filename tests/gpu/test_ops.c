@@ -1055,6 +1055,12 @@ static void exact_attention_suite(void) {
     for (int i = 0; i < 16; i++) R2a[i] = 30 + 37 * i;
     const int *R2[] = {R2a};
     t_exact_attention("P=1024 N=16", 1, P2, N2, R2, 16, 8, 128);
+    /* 40 decode rows x 8 kv heads: past twice the SMs, decode on one warp a block (alone: the
+     * span kernel) */
+    int P4[] = {300}, N4[] = {40}, R4a[40];
+    for (int i = 0; i < 40; i++) R4a[i] = 20 + 7 * i;
+    const int *R4[] = {R4a};
+    t_exact_attention("P=300 N=40", 1, P4, N4, R4, 16, 8, 128);
     int saved = gpu->tune.exact;
     gpu->tune.exact = 1;
     ranges r = make_ranges(3, P1, N1, R1);
