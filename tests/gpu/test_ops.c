@@ -1048,20 +1048,33 @@ static void exact_attention_suite(void) {
     t_exact_attention("3 groups", 3, P1, N1, R1, 32, 8, 128);
     t_exact_attention("3 groups", 3, P1, N1, R1, 16, 8, 64);
     t_exact_attention("3 groups MHA", 3, P1, N1, R1, 4, 4, 128);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 4, 2, 16); /* the head dims past 64 and 128 */
+    t_exact_attention("3 groups", 3, P1, N1, R1, 8, 2, 32);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 8, 2, 256);
     int P2[] = {1024}, N2[] = {16}, R2a[16];
     for (int i = 0; i < 16; i++) R2a[i] = 30 + 37 * i;
     const int *R2[] = {R2a};
     t_exact_attention("P=1024 N=16", 1, P2, N2, R2, 16, 8, 128);
+    /* 40 decode rows x 8 kv heads: past twice the SMs, decode on one warp a block (alone: the
+     * span kernel) */
+    int P4[] = {300}, N4[] = {40}, R4a[40];
+    for (int i = 0; i < 40; i++) R4a[i] = 20 + 7 * i;
+    const int *R4[] = {R4a};
+    t_exact_attention("P=300 N=40", 1, P4, N4, R4, 16, 8, 128);
     int saved = gpu->tune.exact;
     gpu->tune.exact = 1;
     ranges r = make_ranges(3, P1, N1, R1);
     t_attention("exact: 3 groups", r, r.T, 16, 8, 128, 1);
     t_attention("exact: 3 groups", r, r.T, 8, 2, 64, 1);
+    t_attention("exact: 3 groups", r, r.T, 4, 2, 16, 1);
+    t_attention("exact: 3 groups", r, r.T, 8, 2, 256, 1);
     free_ranges(r);
     int S;
     int P3[] = {100, 37, 513}, N3[] = {16, 1, 5};
     r = decode_ranges(3, P3, N3, 300, 75, &S);
     t_attention("exact: decode 3 groups", r, S, 16, 8, 128, 0);
+    t_attention("exact: decode 3 groups", r, S, 4, 2, 16, 0);
+    t_attention("exact: decode 3 groups", r, S, 8, 2, 256, 0);
     free_ranges(r);
     gpu->tune.exact = saved;
 }
