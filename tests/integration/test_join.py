@@ -265,7 +265,7 @@ def test_stream_from_follower(make_daemon, tmp_path):
     F = follower(tmp_path, "f1", L.url)
     try:
         L.wait_ready()
-        body = {"prompt": ["Once upon a time", "The weather"], "max_tokens": 200, "ignore_eos": True, "seed": 3,
+        body = {"prompt": ["Once upon a time", "The weather"], "max_tokens": 400, "ignore_eos": True, "seed": 3,
                 "temperature": 1.0}
         whole = L.post("/v1/completions", body)
         assert whole.status_code == 200, whole.text
@@ -278,7 +278,9 @@ def test_stream_from_follower(make_daemon, tmp_path):
                         pieces[ch["index"]].append(ch["text"])
         assert [c["text"] for c in whole.json()["choices"]] == ["".join(pieces[0]), "".join(pieces[1])]
         assert len(re.findall(r'"part_done".*"code":"ok"', F.stderr())) >= 2, F.stderr()[-3000:]  # one share each
-        assert min(len(pieces[0]), len(pieces[1])) >= 3, {k: len(v) for k, v in pieces.items()}
+        # more than the one final chunk a follower's share came in before; how many more depends on
+        # the machine's speed (2 on a busy one), so no more is asked
+        assert min(len(pieces[0]), len(pieces[1])) >= 2, {k: len(v) for k, v in pieces.items()}
         assert L.stop() == 0
     finally:
         F.stop()
