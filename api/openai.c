@@ -272,9 +272,9 @@ json_object *oa_answer_calls(const oa_req *q, const char *text, size_t *content_
     int max = q->parallel_tool_calls ? 0 : 1;
     if (q->forced) {
         *content_len = 0;
-        return oa_forced_calls(q->forced, q->forced_name, text, max);
+        return oa_forced_calls(q->tool_format, q->forced, q->forced_name, text, max);
     }
-    return q->tool_choice == OA_TOOLS_AUTO ? oa_parse_tool_calls(text, content_len, max) : NULL;
+    return q->tool_choice == OA_TOOLS_AUTO ? oa_parse_tool_calls(q->tool_format, text, content_len, max) : NULL;
 }
 
 /* A chat message {"role", "content", "tool_calls"}: the model's calls (oa_answer_calls; *called
@@ -532,7 +532,7 @@ static int choose(oa_req *q, json_object *res) {
         for (pick = 0; pick < n - 1; pick++)
             if ((acc += exp(L[pick] - top) / sum) > u) break;
     }
-    return oa_force(q, json_object_object_get(q->rollout, "groups"), pick);
+    return oa_force(q, q->rollout, pick);
 }
 
 /* Submits the next job of q (rollout, then the scoring) or moves to done. Replies only errors. */

@@ -37,6 +37,7 @@ typedef enum { OA_TOOLS_NONE, OA_TOOLS_AUTO, OA_TOOLS_REQUIRED, OA_TOOLS_NAMED }
 typedef struct {
     char **json; /* n of them, malloc'd */
     char **names; /* n function names, malloc'd */
+    char **params; /* n: each one's parameters as JSON text (json.dumps), or NULL */
     int n;
     oa_tool_choice choice;
     int named; /* tool_choice names a function: its index in names; else -1 */
@@ -51,25 +52,39 @@ void oa_tools_free(oa_tools *t);
  * order kept): what HF's tojson filter puts into a prompt. malloc'd; NULL when out of memory. */
 char *oa_pydumps(json_object *v);
 
-/* The model's text parsed as vLLM's hermes parser does (Qwen's <tool_call>{"name", "arguments"}
- * </tool_call>): a new array of OpenAI tool_calls ({id, type: "function", function: {name,
- * arguments: JSON text}}) with *content_len the length of the text before the first call; NULL
- * when the text holds no well-formed call (then all of it is content). max: 1 keeps the first. */
-json_object *oa_parse_tool_calls(const char *text, size_t *content_len, int max);
+/* The model's text parsed as vLLM's parser of the template's family parses it (format: eng.h's
+ * ENG_TOOLS_*): hermes (Qwen's <tool_call>{"name", "arguments"}</tool_call>, the text before
+ * the first call its content) or llama3_json (a text that opens with {"name", "parameters"} —
+ * or "arguments" —, calls separated by ';', no content). A new array of OpenAI tool_calls ({id,
+ * type: "function", function: {name, arguments: JSON text}}) with *content_len the content's
+ * length; NULL when the text holds no well-formed call (then all of it is content). max: 1
+ * keeps the first. arguments: oa_canon_json of the arguments as written. */
+json_object *oa_parse_tool_calls(int format, const char *text, size_t *content_len, int max);
+/* JSON text as json.dumps(json.loads(text), ensure_ascii=False) writes it, numbers as written; a
+ * prefix of the text gives a prefix of the form (an escape not finished is left out). malloc'd. */
+char *oa_canon_json(const char *text, size_t n);
+/* The calls of a text being written (a stream's): each call's name once its string is closed
+ * and its arguments' form so far (oa_canon_json of what is written; each a prefix of the next
+ * one's and of the parsed reply's), NULL while not begun; both malloc'd. Returns how many calls
+ * have begun (at most cap), -1 when what is written is not a call. */
+typedef struct {
+    char *name, *args;
+} oa_call_progress;
+int oa_calls_progress(int format, const char *text, oa_call_progress *out, int cap);
 
-/* tool_choice "required" or a named function: the answer starts with the call's opening, in
- * Qwen3's format (<tool_call>\n{"name": NAME, "arguments": ), which grpod appends to the prompt;
- * the model writes the arguments (a JSON object under the grammar). malloc'd; NULL when out of
- * memory. */
-char *oa_call_opening(const char *name);
-/* What the forced call's arguments are followed by: the call object's close and </tool_call>
+/* tool_choice "required" or a named function: the answer starts with the call's opening in the
+ * template's format (<tool_call>\n{"name": NAME, "arguments":  or {"name": NAME, "parameters": ),
+ * which grpod appends to the prompt; the model writes the arguments (a JSON object under the
+ * grammar). malloc'd; NULL when out of memory. */
+char *oa_call_opening(int format, const char *name);
+/* What the forced call's arguments are followed by: the call object's close (and </tool_call>)
  * (sampling.guided_suffix: the arguments are decoded as a JSON object, then this). */
-#define OA_CALL_CLOSING "}\n</tool_call>"
+const char *oa_call_closing(int format);
 /* The calls of a forced answer: opening + text parsed as oa_parse_tool_calls does; when that
- * finds no well-formed call (max_tokens too small for the grammar to close them), one call of name whose
- * arguments are the text as written (OpenAI's arguments may be invalid JSON), the call's closing
- * brace and </tool_call> cut. Never NULL but when out of memory. */
-json_object *oa_forced_calls(const char *opening, const char *name, const char *text, int max);
+ * finds no well-formed call (max_tokens too small for the grammar to close them), one call of
+ * name whose arguments are the form of the JSON prefix written (what a stream sent), or the text
+ * as written less the call's close when it is not JSON. Never NULL but when out of memory. */
+json_object *oa_forced_calls(int format, const char *opening, const char *name, const char *text, int max);
 
 /* ---------------------------------------------------------------- requests (openai_request.c) */
 
@@ -82,6 +97,7 @@ typedef struct {
     int skip_special, include_stop; /* skip_special_tokens, include_stop_str_in_output */
     int return_ids; /* vLLM's return_token_ids: the prompt's and each choice's token ids */
     oa_tool_choice tool_choice; /* none: the output is content; auto: parsed into tool_calls */
+    int tool_format; /* the template's (ENG_TOOLS_*): how calls are written and parsed */
     int parallel_tool_calls;
     /* required / named: the forced call's name and opening (malloc'd; appended to the prompt ids);
      * NULL until chosen. Required with several tools: each tool's opening as ids (cands: an array
@@ -102,9 +118,10 @@ typedef struct {
 /* Reads a completions (chat 0) or chat completions request into q, with its native rollout
  * payload validated by api_rollout_or_reply (q->rollout). Errors name the request's fields. */
 int oa_parse_or_reply(eng *e, json_object *req, int chat, const api_limits *l, const api_model *m, oa_req *q, api_error *err);
-/* Forces candidate i of q->cands: its ids appended to groups[0].prompt_ids (groups: a rollout
- * request's), q->forced and q->forced_name set, q->choosing cleared. 0, or GE_NOMEM. */
-int oa_force(oa_req *q, json_object *groups, int i);
+/* Forces candidate i of q->cands: its ids appended to the rollout request's groups[0].prompt_ids,
+ * its tool's parameters (when it has them) its sampling.guided_schema, q->forced and
+ * q->forced_name set, q->choosing cleared. 0, or GE_NOMEM. */
+int oa_force(oa_req *q, json_object *rollout, int i);
 /* The tool calls of an answer's text under q's tool_choice (NULL: none; *content_len then
  * unchanged): auto parses them out, required and named (q->forced) always return the forced
  * call (oa_forced_calls) with no content. */

@@ -59,26 +59,49 @@ static int neutral_or_reply(json_object *req, api_error *e) {
         const char *type = json_object_is_type(v, json_type_object) && json_object_object_get_ex(v, "type", &t)
             ? json_object_get_string(t)
             : "";
-        if (strcmp(type, "text") && strcmp(type, "json_object"))
+        if (strcmp(type, "text") && strcmp(type, "json_object") && strcmp(type, "json_schema"))
             return api_fail(e, GE_INVALID, "response_format",
-                            "response_format must be {\"type\": \"text\"} or {\"type\": \"json_object\"} (json_schema is not "
-                            "supported)");
+                            "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
+                            "\"json_schema\", \"json_schema\": {\"name\", \"schema\"}}");
+        json_object *js = json_object_object_get(v, "json_schema"), *sc = json_object_object_get(js, "schema");
+        if (!strcmp(type, "json_schema") && !json_object_is_type(js, json_type_object))
+            return api_fail(e, GE_INVALID, "response_format.json_schema", "response_format.json_schema must be an object");
+        if (sc) {
+            char *text = oa_pydumps(sc);
+            int bad = !text || eng_guided_schema_check(text);
+            free(text);
+            if (bad) {
+                int rc = api_fail(e, GE_INVALID, "response_format.json_schema.schema", "response_format.json_schema.schema: %s",
+                                  err_msg());
+                err_clear();
+                return rc;
+            }
+        }
     }
     return 0;
 }
 
 /* Constrained decoding (sampling.guided): response_format json_object makes the answer a JSON
- * object (OpenAI's JSON mode); tool_choice required or a named function makes the arguments one
- * (the call's opening is in the prompt), closed by the call's end, so the answer always parses. */
+ * object (OpenAI's JSON mode), json_schema a JSON value that keeps to its schema (the grammar's
+ * subset: sampling.guided_schema); tool_choice required or a named function makes the arguments
+ * an object (the call's opening is in the prompt) that keeps to the tool's parameters (oa_force),
+ * closed by the call's end, so the answer always parses. */
 static void guided_of(json_object *req, const oa_req *q, json_object *samp) {
     json_object *rf = json_object_object_get(req, "response_format");
     const char *type = json_object_get_string(json_object_object_get(rf, "type"));
     if (q->tool_choice == OA_TOOLS_REQUIRED || q->tool_choice == OA_TOOLS_NAMED) {
         api_put_str(samp, "guided", "json_object");
-        api_put_str(samp, "guided_suffix", OA_CALL_CLOSING);
+        api_put_str(samp, "guided_suffix", oa_call_closing(q->tool_format));
     } else if (type && !strcmp(type, "json_object")) {
         api_put_str(samp, "guided", "json_object");
         json_object_object_del(samp, "guided_suffix");
+    } else if (type && !strcmp(type, "json_schema")) { /* a JSON value that keeps to the schema (none: any) */
+        json_object *sc = json_object_object_get(json_object_object_get(rf, "json_schema"), "schema");
+        char *text = sc ? oa_pydumps(sc) : NULL;
+        api_put_str(samp, "guided", "json");
+        json_object_object_del(samp, "guided_suffix");
+        if (text) api_put_str(samp, "guided_schema", text);
+        free(text);
     }
 }
 
@@ -139,15 +162,17 @@ static int chat_group_or_reply(eng *en, json_object *req, const oa_tools *t, int
     return 0;
 }
 
-int oa_force(oa_req *q, json_object *groups, int i) {
-    json_object *c = json_object_array_get_idx(q->cands, (size_t)i), *ids = json_object_object_get(c, "ids");
-    json_object *pid = json_object_object_get(json_object_array_get_idx(groups, 0), "prompt_ids");
+int oa_force(oa_req *q, json_object *rollout, int i) {
+    json_object *c = json_object_array_get_idx(q->cands, (size_t)i), *ids = json_object_object_get(c, "ids"), *schema;
+    json_object *pid = json_object_object_get(json_object_array_get_idx(json_object_object_get(rollout, "groups"), 0), "prompt_ids");
     for (size_t k = 0; k < json_object_array_length(ids); k++)
         json_object_array_add(pid, json_object_get(json_object_array_get_idx(ids, k)));
+    if (json_object_object_get_ex(c, "schema", &schema)) /* the arguments keep to the tool's parameters */
+        api_put_copy(json_object_object_get(rollout, "sampling"), "guided_schema", schema);
     free(q->forced_name);
     free(q->forced);
     q->forced_name = strdup(json_object_get_string(json_object_object_get(c, "name")));
-    q->forced = q->forced_name ? oa_call_opening(q->forced_name) : NULL;
+    q->forced = q->forced_name ? oa_call_opening(q->tool_format, q->forced_name) : NULL;
     q->choosing = 0;
     return q->forced ? 0 : err_set(GE_NOMEM, "out of memory");
 }
@@ -155,33 +180,42 @@ int oa_force(oa_req *q, json_object *groups, int i) {
 /* tool_choice required / named: each candidate call's opening as ids in q->cands; with one
  * candidate (named, or one tool) it joins the prompt now, with several q->choosing is set and
  * openai.c picks one first. *P grows by the longest opening, so max_tokens leaves room for it. */
-static int forced_or_reply(eng *en, const oa_tools *t, oa_req *q, json_object *groups, int *P, api_error *e) {
+static int forced_or_reply(eng *en, const oa_tools *t, oa_req *q, json_object *nat, int *P, api_error *e) {
     if (t->choice != OA_TOOLS_REQUIRED && t->choice != OA_TOOLS_NAMED) return 0;
     int one = t->named >= 0 ? t->named : t->n == 1 ? 0 : -1, longest = 0;
     q->cands = json_object_new_array();
     for (int i = 0; i < t->n; i++) {
         if (one >= 0 && i != one) continue;
-        char *open = oa_call_opening(t->names[i]);
+        char *open = oa_call_opening(q->tool_format, t->names[i]);
         int *ids = NULL, n = 0;
         if (!open || eng_tokenize(en, open, strlen(open), 0, &ids, &n)) {
             free(open);
             return api_fail(e, GE_INTERNAL, "tool_choice", "cannot tokenize the call's opening: %s", err_msg());
         }
+        free(open);
+        if (t->params[i] && eng_guided_schema_check(t->params[i])) { /* the arguments are decoded under it */
+            char f[64];
+            snprintf(f, sizeof f, "tools[%d].function.parameters", i);
+            free(ids);
+            int rc = api_fail(e, GE_INVALID, f, "%s: %s", f, err_msg());
+            err_clear();
+            return rc;
+        }
         json_object *c = json_object_new_object(), *a = json_object_new_array_ext(n);
         for (int k = 0; k < n; k++) json_object_array_add(a, json_object_new_int(ids[k]));
         api_put_str(c, "name", t->names[i]);
         json_object_object_add(c, "ids", a);
+        if (t->params[i]) api_put_str(c, "schema", t->params[i]);
         json_object_array_add(q->cands, c);
         longest = n > longest ? n : longest;
         free(ids);
-        free(open);
     }
     *P += longest;
     if (one < 0) {
         q->choosing = 1;
         return 0;
     }
-    return oa_force(q, groups, 0) ? api_fail(e, GE_NOMEM, "tool_choice", "out of memory") : 0;
+    return oa_force(q, nat, 0) ? api_fail(e, GE_NOMEM, "tool_choice", "out of memory") : 0;
 }
 
 /* The length of a native name at s: "sampling." (a prefix, renamed to nothing) or
@@ -332,6 +366,7 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
     if (chat && (rc = oa_tools_or_reply(req, &t, e))) return rc;
     q->tool_choice = t.choice;
     q->parallel_tool_calls = t.parallel;
+    q->tool_format = eng_tool_format(en);
 
     /* the native rollout request: the prompts as ids, sampling from the top-level members that
      * are sampling rows (max_tokens and logprobs are OpenAI's own) */
@@ -343,7 +378,7 @@ int oa_parse_or_reply(eng *en, json_object *req, int chat, const api_limits *l, 
     json_object_object_add(nat, "metadata", meta);
     if (chat) rc = chat_group_or_reply(en, req, &t, (int)n, groups, &P, e);
     else rc = prompts_or_reply(json_object_object_get(req, "prompt"), (int)n, add_special, l->max_groups, m, groups, e);
-    if (!rc && chat) rc = forced_or_reply(en, &t, q, groups, &P, e);
+    if (!rc && chat) rc = forced_or_reply(en, &t, q, nat, &P, e);
     oa_tools_free(&t);
     if (!rc) rc = max_tokens_or_reply(req, chat, P, l, m, &max_tokens, e);
     if (!rc && !chat && max_tokens == 0 && !echo) rc = api_fail(e, GE_INVALID, "max_tokens", "max_tokens 0 needs echo: true");

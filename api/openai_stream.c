@@ -18,8 +18,8 @@
  * A client that goes away is noticed at the next write; the response's free callback then
  * cancels the job if it still runs and closes the tap. Not here: echo with logprobs and
  * max_tokens 0 (openai.c answers those at the end: they score a given text). With W > 1 ranks
- * every rank of this process streams (daemon/jobs.c jobs_rollout_peek); a follower's groups come
- * at the end.
+ * every rank of this process streams (daemon/jobs.c jobs_rollout_peek), and a follower's groups
+ * as the follower posts their tokens (daemon/cluster.c part_peek).
  *
  * Threading: the reader and the free callback run on MHD's threads, one at a time per stream. */
 #define _GNU_SOURCE /* memmem */
@@ -36,6 +36,8 @@
 #include "common/log.h"
 
 #define TOOL_OPEN "<tool_call>"
+#define PYTHON_TAG "<|python_tag|>"
+enum { OA_STREAM_CALLS = 64 }; /* calls streamed piece by piece per choice (the rest come whole at the end) */
 
 typedef struct {
     int *tok; /* (n) tokens taken from the tap */
@@ -47,6 +49,11 @@ typedef struct {
     int lp_sent; /* tokens whose logprobs were sent */
     size_t chars; /* completions' text_offset of the next logprob token */
     int oom;
+    struct {
+        char id[64];
+        size_t args_sent; /* bytes of its arguments sent */
+    } calls[OA_STREAM_CALLS]; /* the tool calls begun in deltas */
+    int n_calls;
 } oa_choice;
 
 typedef struct {
@@ -173,8 +180,11 @@ static size_t whole_chars(const char *text, size_t len) {
 /* How much of the (valid UTF-8) text[0, len) can be sent now (see the opening). */
 static size_t safe_len(const oa_stream *o, const char *text, size_t len) {
     size_t k = len;
-    if (o->q->forced) return 0; /* the whole answer is the forced call: sent at the end */
-    if (o->q->chat && o->q->tool_choice == OA_TOOLS_AUTO) {
+    if (o->q->forced) return 0; /* the whole answer is the forced call: sent as tool_calls deltas */
+    if (o->q->chat && o->q->tool_choice == OA_TOOLS_AUTO && o->q->tool_format == ENG_TOOLS_LLAMA3) {
+        size_t m = len < strlen(PYTHON_TAG) ? len : strlen(PYTHON_TAG); /* an answer that opens with a call is all calls */
+        if (!len || text[0] == '{' || !memcmp(text, PYTHON_TAG, m)) return 0;
+    } else if (o->q->chat && o->q->tool_choice == OA_TOOLS_AUTO) {
         const char *at = memmem(text, k, TOOL_OPEN, strlen(TOOL_OPEN));
         if (at) k = (size_t)(at - text);
         else
@@ -189,6 +199,53 @@ static size_t safe_len(const oa_stream *o, const char *text, size_t len) {
     k = k > o->hold ? k - o->hold : 0;
     while (k > 0 && ((unsigned char)text[k] & 0xC0) == 0x80) k--; /* a character boundary */
     return k;
+}
+
+/* A delta with one tool call's entry: its index, and id, type and name when it begins (name
+ * NULL: an arguments piece); lp (taken, may be NULL) rides with it. */
+static void call_chunk(oa_stream *o, int c, int i, const char *id, const char *name, const char *args, size_t len, json_object *lp) {
+    json_object *one = json_object_new_object(), *fn = json_object_new_object(), *a = json_object_new_array();
+    json_object *delta = json_object_new_object();
+    api_put_int(one, "index", i);
+    if (name) {
+        api_put_str(one, "id", id);
+        api_put_str(one, "type", "function");
+        api_put_str(fn, "name", name);
+    }
+    json_object_object_add(fn, "arguments", json_object_new_string_len(args, (int)len));
+    json_object_object_add(one, "function", fn);
+    json_object_array_add(a, one);
+    json_object_object_add(delta, "tool_calls", a);
+    chunk(o, c, delta, "", 0, lp, NULL);
+}
+
+/* The tool calls of choice c's text so far as OpenAI streams them: a call's first delta when its
+ * name is written (id, type, name, arguments ""), then its arguments piece by piece (their
+ * json.dumps form so far: oa_calls_progress), calls in order. */
+static void stream_calls(oa_stream *o, int c, const char *text) {
+    const oa_req *q = o->q;
+    oa_choice *h = &o->ch[c];
+    api_sbuf full = {0};
+    size_t n = strlen(text);
+    while (n >= 3 && !memcmp(text + n - 3, "\xEF\xBF\xBD", 3)) n -= 3; /* as safe_len: bytes the next tokens may complete */
+    api_sb_str(&full, q->forced ? q->forced : "");
+    api_sb_printf(&full, "%.*s", (int)n, text);
+    oa_call_progress pr[OA_STREAM_CALLS] = {{0}};
+    int k = full.oom ? 0 : oa_calls_progress(q->tool_format, full.p, pr, q->parallel_tool_calls ? OA_STREAM_CALLS : 1);
+    free(full.p);
+    for (int i = 0; i < k; i++) {
+        if (pr[i].name && i == h->n_calls) {
+            oa_new_id(h->calls[i].id, sizeof h->calls[i].id, "chatcmpl-tool-");
+            call_chunk(o, c, i, h->calls[i].id, pr[i].name, "", 0, NULL);
+            h->n_calls++;
+        }
+        size_t len = pr[i].args ? strlen(pr[i].args) : 0;
+        if (i < h->n_calls && len > h->calls[i].args_sent) {
+            call_chunk(o, c, i, NULL, NULL, pr[i].args + h->calls[i].args_sent, len - h->calls[i].args_sent, NULL);
+            h->calls[i].args_sent = len;
+        }
+    }
+    for (int i = 0; i < k; i++) free(pr[i].name), free(pr[i].args);
 }
 
 static void send_new_text(oa_stream *o) {
@@ -228,6 +285,7 @@ static void send_new_text(oa_stream *o) {
             json_object_put(tops.ids);
             json_object_put(tops.lps);
         }
+        if (t && o->q->chat && o->q->tool_choice != OA_TOOLS_NONE) stream_calls(o, c, t);
         free(t);
     }
 }
@@ -252,11 +310,21 @@ static void send_rest(oa_stream *o, long long *completion) {
         if (q->chat && text) calls = oa_answer_calls(q, text, &len);
         if (text && len > h->sent) text_chunk(o, c, text, len, ids, lps, tops.ids ? &tops : NULL);
         json_object *lp = ids ? logprobs_since(o, c, ids, lps, tops.ids ? &tops : NULL) : NULL;
-        if (calls) { /* one delta with every call, each with its index */
-            json_object *delta = json_object_new_object();
-            json_object_object_add(delta, "tool_calls", oa_streamed_calls(calls));
-            chunk(o, c, delta, "", 0, lp, NULL);
-            lp = NULL;
+        for (int i = 0; calls && i < (int)json_object_array_length(calls); i++) {
+            /* the rest of each call: the arguments' unsent tail of one begun, a call not begun whole */
+            json_object *call = json_object_array_get_idx(calls, (size_t)i), *fn = json_object_object_get(call, "function");
+            const char *args = json_object_get_string(json_object_object_get(fn, "arguments"));
+            size_t len = strlen(args), from = i < h->n_calls ? h->calls[i].args_sent : 0;
+            int last = i + 1 == (int)json_object_array_length(calls);
+            int send = i >= h->n_calls || len > from || (last && lp);
+            if (i >= h->n_calls)
+                call_chunk(o, c, i, json_object_get_string(json_object_object_get(call, "id")),
+                           json_object_get_string(json_object_object_get(fn, "name")), args, len, last ? lp : NULL);
+            else if (send)
+                call_chunk(o, c, i, NULL, NULL, args + (len > from ? from : len), len > from ? len - from : 0, last ? lp : NULL);
+            if (last && send) lp = NULL;
+        }
+        if (calls) {
             fin = "tool_calls";
             json_object_put(calls);
         }

@@ -27,6 +27,13 @@
 
 typedef enum { PH_WAITING, PH_FORMED, PH_LOST } phase;
 
+/* One response of a streamed part as the follower last posted it. */
+typedef struct {
+    int group, resp, n;
+    int *tok;
+    float *lp;
+} cprog;
+
 /* A rollout part on a follower's rank (ranks_remote.part_add): handed out once by `next`, its
  * groups back by `done` {"part", "rc", "msg", "result"} into out. */
 typedef struct cpart {
@@ -38,6 +45,11 @@ typedef struct cpart {
     char msg[512];
     eng_group_result *out;
     int n;
+    /* a tapped part (part_peek): 1 until `next` asks the follower to stream it, then 2; its
+     * responses so far as the follower last posted them (done {"part", "progress"}) */
+    int stream;
+    cprog *prog;
+    int n_prog;
     struct cpart *next;
 } cpart;
 
@@ -101,8 +113,14 @@ int cluster_open(const cluster_config *c, cluster **out) {
     return 0;
 }
 
+static void prog_free(cprog *g, int n) {
+    for (int i = 0; i < n; i++) free(g[i].tok), free(g[i].lp);
+    free(g);
+}
+
 static void part_free(cpart *p) {
     free(p->desc);
+    prog_free(p->prog, p->n_prog);
     free(p);
 }
 
@@ -402,15 +420,31 @@ static void part_release(void *ud, long long id) {
     pthread_mutex_unlock(&cl->mu);
 }
 
-/* Under mu: a part for f to take or to cancel. */
+/* A tapped part: what the follower posted so far; the first call asks it to stream (`next`). */
+static void part_peek(void *ud, long long id, ranks_peek_cb fn, void *fn_ud) {
+    cluster *cl = ud;
+    pthread_mutex_lock(&cl->mu);
+    cpart *p = part_find(cl, id, NULL);
+    if (p && !p->stream) {
+        p->stream = 1;
+        pthread_cond_broadcast(&cl->cv);
+    }
+    for (int i = 0; p && i < p->n_prog; i++) {
+        eng_response x = {.tokens = p->prog[i].tok, .logprobs = p->prog[i].lp, .n_tokens = p->prog[i].n};
+        if (x.n_tokens > 0) fn(fn_ud, p->prog[i].group, p->prog[i].resp, &x, 0);
+    }
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* Under mu: a part for f to take, to cancel or to stream. */
 static int parts_for(cluster *cl, const follower *f) {
     for (cpart *p = cl->parts; p; p = p->next)
-        if (p->follower == f->id && (p->desc || p->cancel)) return 1;
+        if (p->follower == f->id && (p->desc || p->cancel || p->stream == 1)) return 1;
     return 0;
 }
 
-/* Under mu: `next`'s "parts" and "cancel" members for f (hands the parts out, forgets the
- * cancelled ones); "" when none. */
+/* Under mu: `next`'s "parts", "stream" and "cancel" members for f (hands the parts out, asks
+ * for the tapped ones' tokens as they are sampled, forgets the cancelled ones); "" when none. */
 static char *parts_json(cluster *cl, const follower *f) {
     char *buf = NULL;
     size_t len = 0;
@@ -424,6 +458,13 @@ static char *parts_json(cluster *cl, const follower *f) {
             p->desc = NULL;
         }
     if (np) fputc(']', m);
+    int ns = 0;
+    for (cpart *p = cl->parts; p; p = p->next)
+        if (p->follower == f->id && p->stream == 1 && !p->desc) {
+            fprintf(m, "%s%lld", ns++ ? "," : ",\"stream\":[", p->id);
+            p->stream = 2;
+        }
+    if (ns) fputc(']', m);
     for (cpart **pp = &cl->parts; *pp;) {
         cpart *p = *pp;
         if (p->follower == f->id && p->cancel) {
@@ -492,8 +533,46 @@ static int done_code(json_object *b) {
 
 /* POST /v1/cluster/done {"part", "rc", "msg", "result"} (b parsed, mu not held): the groups are
  * read before the lock, then moved into the part's out unless it was released meanwhile. */
+/* done {"part", "progress": [[group, response, [token ids], [logprobs]], ...]}: a streamed
+ * part's responses so far (each with all its tokens), kept for part_peek. */
+static int part_progress(cluster *cl, long long fid, long long id, json_object *pg, char **out) {
+    int n = json_object_is_type(pg, json_type_array) ? (int)json_object_array_length(pg) : 0;
+    cprog *g = calloc((size_t)(n ? n : 1), sizeof *g);
+    for (int i = 0; g && i < n; i++) {
+        json_object *e = json_object_array_get_idx(pg, (size_t)i), *t = json_object_array_get_idx(e, 2),
+                    *l = json_object_array_get_idx(e, 3);
+        int nt = json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : 0;
+        if (!json_object_is_type(l, json_type_array) || (int)json_object_array_length(l) != nt) nt = 0;
+        g[i].group = json_object_get_int(json_object_array_get_idx(e, 0));
+        g[i].resp = json_object_get_int(json_object_array_get_idx(e, 1));
+        g[i].tok = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
+        g[i].lp = malloc(sizeof(float) * (size_t)(nt ? nt : 1));
+        if (!g[i].tok || !g[i].lp) nt = 0;
+        for (int q = 0; q < nt; q++) {
+            g[i].tok[q] = json_object_get_int(json_object_array_get_idx(t, (size_t)q));
+            g[i].lp[q] = (float)json_object_get_double(json_object_array_get_idx(l, (size_t)q));
+        }
+        g[i].n = nt;
+    }
+    pthread_mutex_lock(&cl->mu);
+    cpart *p = part_find(cl, id, NULL);
+    int taken = g && p && p->follower == fid && !p->cancel && !p->state;
+    for (int i = 0; taken && i < n; i++)
+        if (g[i].group < 0 || g[i].group >= p->n || g[i].resp < 0) taken = 0; /* not this part's */
+    if (taken) {
+        prog_free(p->prog, p->n_prog);
+        p->prog = g, p->n_prog = n;
+        if (cl->rk) ranks_notify(cl->rk); /* the worker peeks at its next poll */
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (!taken) prog_free(g, g ? n : 0);
+    return reply(out, 200, "{\"status\":\"%s\"}", taken ? "ok" : "ignored");
+}
+
 static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
     long long id = field_int(b, "part", -1);
+    json_object *pg = field_get(b, "progress");
+    if (pg) return part_progress(cl, fid, id, pg, out);
     int rc = done_code(b);
     int n = 0;
     pthread_mutex_lock(&cl->mu);
@@ -525,7 +604,7 @@ static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
 void cluster_attach(cluster *cl, ranks *rk) {
     pthread_mutex_lock(&cl->mu);
     cl->rk = rk;
-    ranks_set_remote(rk, &(ranks_remote){remote_post, remote_wait, part_add, part_state, part_release, cl});
+    ranks_set_remote(rk, &(ranks_remote){remote_post, remote_wait, part_add, part_state, part_release, part_peek, cl});
     if (cl->ph == PH_LOST) ranks_abort(rk);
     pthread_mutex_unlock(&cl->mu);
 }
@@ -629,7 +708,8 @@ int cluster_hook(void *ud, int route, long long id, long long after, const char 
             st = reply(out, 200, "{\"status\":\"ok\",\"seq\":%lld}", cl->seq);
         } else if (route == API_CLUSTER_NEXT) {
             /* {"seq", "call"} when a call is pending for it, "parts" [{"id", "rank", "desc"}]
-             * handed out and "cancel" [ids] released; 204 when none of them came within a second */
+             * handed out, "stream" [ids] tapped and "cancel" [ids] released; 204 when none of
+             * them came within a second */
             if (!(cl->call && cl->seq > after && f->done_seq < cl->seq) && !parts_for(cl, f)) {
                 wait_for(cl, 1.0);
                 if (!(f = find(cl, id))) { /* check() may compact the table while mu is free */

@@ -247,6 +247,9 @@ typedef struct fpart {
     int rank;
     char *desc; /* until started */
     jobs_rollout *r; /* once started (main thread) */
+    int stream; /* the leader streams it: post its tokens as they are sampled */
+    long long posted; /* tokens in the last progress posted */
+    double next_post;
     struct fpart *next;
 } fpart;
 
@@ -266,7 +269,21 @@ typedef struct {
     fpart *parts; /* parts to start */
     long long *cancel; /* parts released by the leader (n_cancel of them, room for cap) */
     int n_cancel, cap_cancel, wake;
+    long long *stream; /* parts the leader streams (n_stream, room for cap_stream) */
+    int n_stream, cap_stream;
 } epoch;
+
+/* Appends v to a[n] (room for *cap): 0, or -1 when out of memory. */
+static int ids_add(long long **a, int *n, int *cap, long long v) {
+    if (*n == *cap) {
+        int c = *cap ? 2 * *cap : 16;
+        long long *q = realloc(*a, sizeof *q * (size_t)c);
+        if (!q) return -1;
+        *a = q, *cap = c;
+    }
+    (*a)[(*n)++] = v;
+    return 0;
+}
 
 static void gone(epoch *ep, const char *why) {
     if (atomic_exchange(&ep->gone, 1)) return;
@@ -318,7 +335,7 @@ static void *poll_main(void *arg) {
         int st = http(ep->L, "GET", path, NULL, 10, &resp);
         if (st == 200) {
             json_object *o = json_tokener_parse(resp ? resp : ""), *co = field_get(o, "call"), *ps = field_get(o, "parts"),
-                        *cs = field_get(o, "cancel");
+                        *cs = field_get(o, "cancel"), *ss = field_get(o, "stream");
             long long seq = field_int(o, "seq", -1);
             pthread_mutex_lock(&ep->mu);
             if (co && seq > after) {
@@ -338,16 +355,12 @@ static void *poll_main(void *arg) {
                 while (*pp) pp = &(*pp)->next;
                 *pp = p;
             }
-            for (size_t i = 0; cs && i < json_object_array_length(cs); i++) {
-                if (ep->n_cancel == ep->cap_cancel) {
-                    int cap = ep->cap_cancel ? 2 * ep->cap_cancel : 16;
-                    long long *nc = realloc(ep->cancel, sizeof *nc * (size_t)cap);
-                    if (!nc) break;
-                    ep->cancel = nc;
-                    ep->cap_cancel = cap;
-                }
-                ep->cancel[ep->n_cancel++] = json_object_get_int64(json_object_array_get_idx(cs, i));
-            }
+            for (size_t i = 0; cs && i < json_object_array_length(cs); i++)
+                if (ids_add(&ep->cancel, &ep->n_cancel, &ep->cap_cancel, json_object_get_int64(json_object_array_get_idx(cs, i))))
+                    break;
+            for (size_t i = 0; ss && i < json_object_array_length(ss); i++)
+                if (ids_add(&ep->stream, &ep->n_stream, &ep->cap_stream, json_object_get_int64(json_object_array_get_idx(ss, i))))
+                    break;
             ep->wake = 1;
             pthread_cond_signal(&ep->cv);
             pthread_mutex_unlock(&ep->mu);
@@ -389,6 +402,45 @@ static void post_part(epoch *ep, long long id, int rc, const char *result) {
     json_object_put(m);
 }
 
+/* A streamed part's responses so far as done {"part", "progress": [[group, response, [token
+ * ids], [logprobs]], ...]} (jobs_rollout_peek: those with tokens, each whole). */
+typedef struct {
+    FILE *m;
+    int n;
+    long long tokens;
+} progress_ctx;
+static void progress_put(void *ud, int group, int resp, const eng_response *x, int k) {
+    progress_ctx *c = ud;
+    (void)k; /* the alternatives come with the result */
+    fprintf(c->m, "%s[%d,%d,[", c->n++ ? "," : "", group, resp);
+    for (int i = 0; i < x->n_tokens; i++) fprintf(c->m, i ? ",%d" : "%d", x->tokens[i]);
+    fputs("],[", c->m);
+    for (int i = 0; i < x->n_tokens; i++) fprintf(c->m, i ? ",%.9g" : "%.9g", (double)x->logprobs[i]);
+    fputs("]]", c->m);
+    c->tokens += x->n_tokens;
+}
+
+/* Posts p's new tokens when the leader streams it, at most every 20 ms (the main thread's
+ * steps wait for the post). */
+static void post_progress(epoch *ep, fpart *p) {
+    double now = clock_mono_s();
+    if (!p->stream || now < p->next_post) return;
+    char *body = NULL;
+    size_t len = 0;
+    progress_ctx c = {open_memstream(&body, &len), 0, 0};
+    if (!c.m) return;
+    fprintf(c.m, "{\"part\":%lld,\"progress\":[", p->id);
+    jobs_rollout_peek(p->r, progress_put, &c);
+    fputs("]}", c.m);
+    fclose(c.m);
+    if (c.tokens > p->posted) {
+        post_done(ep, body, 10);
+        p->posted = c.tokens;
+        p->next_post = now + 0.02;
+    }
+    free(body);
+}
+
 /* Runs one SPMD call (jobs_follow) and posts its outcome. */
 static void run_call(epoch *ep, const jobs_env *env, const char *call, long long seq) {
     err_clear();
@@ -413,12 +465,12 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
         char *call = ep->call;
         long long seq = ep->call_seq;
         fpart *fresh = ep->parts;
-        long long *cancel = ep->cancel;
-        int nc = ep->n_cancel;
+        long long *cancel = ep->cancel, *stream = ep->stream;
+        int nc = ep->n_cancel, ns = ep->n_stream;
         ep->call = NULL;
         ep->parts = NULL;
-        ep->cancel = NULL;
-        ep->n_cancel = ep->cap_cancel = 0;
+        ep->cancel = ep->stream = NULL;
+        ep->n_cancel = ep->cap_cancel = ep->n_stream = ep->cap_stream = 0;
         ep->wake = 0;
         pthread_mutex_unlock(&ep->mu);
         int did = call || fresh || nc;
@@ -448,6 +500,9 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
                     break;
                 }
         free(cancel);
+        for (int i = 0; i < ns; i++)
+            for (fpart *p = run; p; p = p->next) p->stream |= p->id == stream[i];
+        free(stream);
         if (call) {
             run_call(ep, env, call, seq);
             free(call);
@@ -456,6 +511,7 @@ static void serve_epoch(epoch *ep, const jobs_env *env, eng_sched *sched0) {
             ranks_step(env->rk);
             did = 1;
         }
+        for (fpart *p = run; p; p = p->next) post_progress(ep, p);
         for (fpart **pp = &run; *pp;) {
             fpart *p = *pp;
             char *result = NULL;
@@ -557,7 +613,8 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
         free(ep.call);
         ep.call = NULL;
         free(ep.cancel);
-        ep.cancel = NULL;
+        free(ep.stream);
+        ep.cancel = ep.stream = NULL;
         while (ep.parts) {
             fpart *p = ep.parts;
             ep.parts = p->next;

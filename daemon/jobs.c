@@ -1,5 +1,6 @@
 /* jobs.c — one job kind per function: rollout, update, logprobs, checkpoint; see jobs.h.
- * Layers: payload → engine structs (owned by a seqs set), result writers, the four runners. */
+ * Layers: payload → engine structs (owned by a seqs set), the four runners; each fills its result's
+ * struct and daemon/results.h writes it by rows. */
 #include "daemon/jobs.h"
 
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include "common/log.h"
 #include "daemon/json_read.h"
 #include "daemon/moe_routes.h"
+#include "daemon/results.h"
 #include "daemon/test_hooks.h"
 
 /* Token ids: a json array, or a packed one (api_packed_parse). */
@@ -39,11 +41,6 @@ static int *int_array(json_object *a, int *n) {
 static json_object *ints_json(const int *x, int n) {
     json_object *a = json_object_new_array_ext(n);
     for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_int(x[i]));
-    return a;
-}
-static json_object *floats_json(const float *x, int n) {
-    json_object *a = json_object_new_array_ext(n);
-    for (int i = 0; i < n; i++) json_object_array_add(a, json_object_new_double(isfinite(x[i]) ? x[i] : -1e30));
     return a;
 }
 
@@ -275,94 +272,85 @@ fail:
     return rc;
 }
 
-/* The result JSON of a finished rollout (rewards scored here). */
+/* The result of a finished rollout: its responses scored here (the group's reward spec), then
+ * written by the rows (daemon/results.h). */
+static const char no_text[] = ""; /* a response's text when sanitizing it ran out of memory */
 static int rollout_result(jobs_rollout *r, char **result) {
     json_object *groups = field_get(r->p, "groups"), *ol = field_get(r->p, "overlong_buffer");
-    const eng_sampling *s = &r->s;
-    double ms = clock_mono_ms() - r->t0;
-    json_object *res = json_object_new_object(), *rgs = json_object_new_array();
-    long long completion = 0, cached = 0;
-    for (int i = 0; i < r->ng; i++) {
-        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward"),
-                    *meta = field_get(g, "metadata");
-        json_object *og = json_object_new_object(), *rs = json_object_new_array();
+    results_rollout v = {.policy_version = r->policy_version,
+                         .n_groups = r->ng,
+                         .prompt_tokens = r->prompt_tokens,
+                         .ms_total = clock_mono_ms() - r->t0};
+    results_group *gs = calloc((size_t)r->ng, sizeof *gs);
+    int rc = gs ? 0 : err_set(GE_NOMEM, "out of memory");
+    eng_overlong ov;
+    api_params_to_struct(&eng_overlong_params, ol, &ov); /* absent: len 0, shaping off */
+    for (int i = 0; !rc && i < r->ng; i++) {
+        json_object *g = json_object_array_get_idx(groups, (size_t)i), *rw = field_get(g, "reward");
+        const eng_group_result *out = &r->out[i];
+        results_group *vg = &gs[i];
+        results_response *rs = calloc((size_t)out->n + 1, sizeof *rs);
+        if (!rs) {
+            rc = err_set(GE_NOMEM, "out of memory");
+            break;
+        }
+        *vg = (results_group){.prompt = r->rg[i].prompt,
+                              .P = r->rg[i].P,
+                              .cached_tokens = out->cached_tokens,
+                              .scored = rw && out->n > 0,
+                              .metadata = field_get(g, "metadata"),
+                              .resp = rs,
+                              .n = out->n};
         reward_spec spec = {0};
-        eng_overlong ov;
-        api_params_to_struct(&eng_overlong_params, ol, &ov); /* absent: len 0, shaping off */
         if (rw) {
             reward_parse_type(field_str(rw, "type", "none"), &spec.type);
             spec.answer = field_str(rw, "answer", NULL);
             spec.case_sensitive = field_bool(rw, "case_sensitive", 1);
             spec.overlong_len = ov.len;
             spec.overlong_penalty = ov.penalty_factor;
-            spec.max_tokens = s->max_tokens;
+            spec.max_tokens = r->s.max_tokens;
         }
         double sum = 0, sq = 0;
-        eng_group_result *out = &r->out[i];
         for (int k = 0; k < out->n; k++) {
-            eng_response *x = &out->resp[k];
-            json_object *o = json_object_new_object();
-            json_object_object_add(o, "token_ids", ints_json(x->tokens, x->n_tokens));
+            const eng_response *x = &out->resp[k];
+            results_response *o = &rs[k];
             size_t tl = 0;
             char *txt = api_utf8_sanitize(x->text ? x->text : "", x->text ? x->text_len : 0, &tl);
-            json_object_object_add(o, "text", json_object_new_string_len(txt ? txt : "", (int)tl));
-            free(txt);
-            json_object_object_add(o, "logprobs", floats_json(x->logprobs, x->n_tokens));
-            if (x->top_ids) { /* sampling.top_logprobs: per position its k most likely tokens, as /v1/logprobs lists them */
-                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
-                for (int t = 0; t < x->n_tokens; t++) {
-                    json_object_array_add(ti, ints_json(x->top_ids + (size_t)t * s->top_logprobs, s->top_logprobs));
-                    json_object_array_add(tl, floats_json(x->top_lps + (size_t)t * s->top_logprobs, s->top_logprobs));
-                }
-                json_object_object_add(o, "top_ids", ti);
-                json_object_object_add(o, "top_logprobs", tl);
-            }
-            json_object_object_add(o, "finish_reason", json_object_new_string(x->finish == FINISH_LENGTH ? "length" : "stop"));
+            *o = (results_response){.tokens = x->tokens,
+                                    .n_tokens = x->n_tokens,
+                                    .text = txt ? txt : no_text,
+                                    .text_len = tl,
+                                    .logprobs = x->logprobs,
+                                    .top_ids = x->top_ids,
+                                    .top_lps = x->top_lps,
+                                    .top_k = x->top_ids ? r->s.top_logprobs : 0,
+                                    .finish = x->finish,
+                                    .scored = rw != NULL};
             if (rw) {
                 float sc = reward_score(&spec, x->text ? x->text : "", x->n_tokens);
                 sum += sc;
                 sq += (double)sc * sc;
-                json_object_object_add(o, "reward", json_object_new_double(sc));
-            } else {
-                json_object_object_add(o, "reward", NULL);
+                o->reward = sc;
             }
-            completion += x->n_tokens;
-            json_object_array_add(rs, o);
+            v.completion_tokens += x->n_tokens;
         }
-        json_object_object_add(og, "prompt_ids", ints_json(r->rg[i].prompt, r->rg[i].P));
-        json_object_object_add(og, "cached_tokens", json_object_new_int(out->cached_tokens));
-        cached += out->cached_tokens;
         int n = out->n;
-        if (rw && n > 0) {
+        if (vg->scored) {
             double mean = sum / n, var = n > 1 ? (sq - n * mean * mean) / (n - 1) : 0;
-            json_object_object_add(og, "reward_mean", json_object_new_double(mean));
-            json_object_object_add(og, "reward_std", json_object_new_double(var > 0 ? sqrt(var) : 0));
-        } else {
-            json_object_object_add(og, "reward_mean", NULL);
-            json_object_object_add(og, "reward_std", NULL);
+            vg->reward_mean = mean;
+            vg->reward_std = var > 0 ? sqrt(var) : 0;
         }
-        if (meta) {
-            json_object *c = NULL;
-            if (!json_object_deep_copy(meta, &c, NULL)) json_object_object_add(og, "metadata", c);
-        }
-        json_object_object_add(og, "responses", rs);
-        json_object_array_add(rgs, og);
+        v.cached_tokens += out->cached_tokens;
     }
-    json_object *usage = json_object_new_object(), *tm = json_object_new_object();
-    json_object_object_add(usage, "prompt_tokens", json_object_new_int64(r->prompt_tokens));
-    json_object_object_add(usage, "completion_tokens", json_object_new_int64(completion));
-    json_object *ptd = json_object_new_object();
-    json_object_object_add(ptd, "cached_tokens", json_object_new_int64(cached));
-    json_object_object_add(usage, "prompt_tokens_details", ptd);
-    json_object_object_add(tm, "total", json_object_new_double(ms));
-    json_object_object_add(res, "policy_version", json_object_new_int64(r->policy_version));
-    json_object_object_add(res, "groups", rgs);
-    json_object_object_add(res, "usage", usage);
-    json_object_object_add(res, "timings_ms", tm);
-    metrics_tokens(MT_ROLLOUT_PROMPT, r->prompt_tokens);
-    metrics_tokens(MT_ROLLOUT_COMPLETION, completion);
-    metrics_seconds(MS_ROLLOUT, ms / 1e3);
-    return (*result = to_text(res)) ? 0 : GE_NOMEM;
+    v.groups = gs;
+    if (!rc && !(*result = results_text(&results_rollout_rows, &v))) rc = GE_NOMEM;
+    for (int i = 0; gs && i < r->ng; i++) {
+        for (int k = 0; gs[i].resp && k < gs[i].n; k++)
+            if (gs[i].resp[k].text != no_text) free((void *)gs[i].resp[k].text);
+        free((void *)gs[i].resp);
+    }
+    free(gs);
+    return rc;
 }
 
 /* Parses job j into *r and stamps the policy version it runs under and its start time. A
@@ -756,73 +744,7 @@ static int run_update(const jobs_env *env, json_object *p, const char *payload, 
         goto done;
     }
     if ((rc = update_exec(env, &job, groups, &algo, &opt, call, routes, rlen, &u))) goto done;
-    json_object *res = json_object_new_object(), *m = json_object_new_object(), *t = json_object_new_object(),
-                *tm = json_object_new_object();
-    json_object_object_add(res, "policy_version_before", json_object_new_int64(u.policy_version_before));
-    json_object_object_add(res, "policy_version_after", json_object_new_int64(u.policy_version_after));
-#define M_(k) json_object_object_add(m, #k, json_object_new_double(isfinite(u.k) ? u.k : 0))
-    M_(loss);
-    M_(pg_loss);
-    M_(kl);
-    M_(entropy);
-    M_(clip_frac);
-    M_(clip_frac_low);
-    M_(clip_frac_high);
-    M_(ratio_mean);
-    M_(ratio_max);
-    M_(grad_norm);
-    M_(lr);
-#undef M_
-#define V_(name, k) json_object_object_add(m, name, json_object_new_double(isfinite(u.k) ? u.k : 0))
-    V_("actor/pg_clipfrac", pg_clipfrac);
-    V_("actor/pg_clipfrac_lower", pg_clipfrac_lower);
-    V_("actor/ppo_kl", ppo_kl);
-    V_("actor/kl_loss", kl_loss);
-    V_("actor/entropy", verl_entropy);
-    if (u.rollout_corr) { /* veRL's rollout_corr/ metrics, and grpod's |old - rollout| */
-        V_("rollout_corr/kl", rc.kl);
-        V_("rollout_corr/k3_kl", rc.k3_kl);
-        V_("rollout_corr/chi2_token", rc.chi2_token);
-        V_("rollout_corr/log_ppl_diff", rc.log_ppl_diff);
-        V_("rollout_corr/training_log_ppl", rc.training_log_ppl);
-        V_("rollout_corr/rollout_log_ppl", rc.rollout_log_ppl);
-        V_("rollout_corr/logprob_abs_diff_mean", rc.abs_diff_mean);
-        V_("rollout_corr/logprob_abs_diff_max", rc.abs_diff_max);
-        V_("rollout_corr/rollout_is_mean", rc.is_mean);
-        V_("rollout_corr/rollout_is_max", rc.is_max);
-        V_("rollout_corr/rollout_is_ratio_fraction_high", rc.is_ratio_fraction_high);
-        V_("rollout_corr/rollout_is_ratio_fraction_low", rc.is_ratio_fraction_low);
-        V_("rollout_corr/rollout_is_oob_ratio", rc.is_oob_ratio);
-        V_("rollout_corr/rollout_rs_masked_fraction", rc.rs_masked_fraction);
-        V_("rollout_corr/rollout_rs_seq_masked_fraction", rc.rs_seq_masked_fraction);
-    }
-#undef V_
-    json_object_object_add(m, "loss_scale_factor", json_object_new_int(u.loss_scale_factor));
-    json_object_object_add(m, "groups_filtered", json_object_new_int(u.groups_filtered));
-    json_object_object_add(m, "optimizer_steps", json_object_new_int(u.optimizer_steps));
-    json_object_object_add(m, "micro_batches", json_object_new_int(u.micro_batches));
-    json_object_object_add(res, "metrics", m);
-    json_object_object_add(t, "packed", json_object_new_int64(u.tokens_packed));
-    json_object_object_add(t, "standard", json_object_new_int64(u.tokens_standard));
-    json_object_object_add(t, "ratio",
-                           json_object_new_double(u.tokens_packed ? (double)u.tokens_standard / (double)u.tokens_packed : 0));
-    json_object_object_add(res, "tokens", t);
-    json_object_object_add(tm, "old", json_object_new_double(u.ms_old));
-    json_object_object_add(tm, "ref", json_object_new_double(u.ms_ref));
-    json_object_object_add(tm, "policy", json_object_new_double(u.ms_policy));
-    json_object_object_add(tm, "optimizer", json_object_new_double(u.ms_optimizer));
-    json_object_object_add(tm, "snapshot_wait", json_object_new_double(u.ms_snapshot_wait));
-    json_object_object_add(tm, "total", json_object_new_double(u.ms_total));
-    json_object_object_add(res, "timings_ms", tm);
-    metrics_tokens(MT_UPDATE_PACKED, u.tokens_packed);
-    metrics_tokens(MT_UPDATE_STANDARD, u.tokens_standard);
-    metrics_seconds(MS_OLD, u.ms_old / 1e3);
-    metrics_seconds(MS_REF, u.ms_ref / 1e3);
-    metrics_seconds(MS_POLICY, u.ms_policy / 1e3);
-    metrics_seconds(MS_OPTIMIZER, u.ms_optimizer / 1e3);
-    metrics_groups_filtered(u.groups_filtered);
-    metrics_policy_version(u.policy_version_after);
-    if (!(*result = to_text(res))) rc = GE_NOMEM;
+    if (!(*result = results_text(&results_update_rows, &u))) rc = GE_NOMEM;
 done:
     free(call);
     free(routes);
@@ -856,7 +778,7 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
         free(call);
         return rc;
     }
-    int ref = job.model == ENG_LP_REFERENCE, top_k = job.top_logprobs;
+    int top_k = job.top_logprobs;
     double t0 = 0;
     jobs_top top = {0};
     rc = logprobs_exec(env, p, call, &s, &lp, &top, &t0);
@@ -865,36 +787,25 @@ static int run_logprobs(const jobs_env *env, json_object *p, const char *payload
     metrics_seconds(MS_LOGPROBS, (clock_mono_ms() - t0) / 1e3);
     eng_info info;
     eng_get_info(env->e, &info);
-    json_object *res = json_object_new_object(), *gs = json_object_new_array();
+    results_logprobs v = {.n_groups = s.n, .model = job.model, .policy_version = info.policy_version};
+    int n_resp = 0;
+    for (int i = 0; i < s.n; i++) n_resp += s.g[i].n;
+    results_scored_group *gs = calloc((size_t)s.n + 1, sizeof *gs);
+    results_scored *rs = calloc((size_t)n_resp + 1, sizeof *rs);
     long long toks = 0;
-    int idx = 0;
-    for (int i = 0; i < s.n; i++) {
-        json_object *g = json_object_new_object(), *rs = json_object_new_array();
+    if (!gs || !rs) rc = err_set(GE_NOMEM, "out of memory");
+    for (int i = 0, idx = 0; !rc && i < s.n; i++) {
+        gs[i] = (results_scored_group){rs + idx, s.g[i].n};
         for (int k = 0; k < s.g[i].n; k++, idx++) {
-            json_object *r = json_object_new_object();
-            json_object_object_add(r, "logprobs", floats_json(lp[idx], s.g[i].R[k]));
-            if (top_k > 0) { /* per position its top_k most likely tokens: ids and logprobs */
-                json_object *ti = json_object_new_array(), *tl = json_object_new_array();
-                for (int t = 0; t < s.g[i].R[k]; t++) {
-                    json_object_array_add(ti, ints_json(top.ids[idx] + (size_t)t * top_k, top_k));
-                    json_object_array_add(tl, floats_json(top.lps[idx] + (size_t)t * top_k, top_k));
-                }
-                json_object_object_add(r, "top_ids", ti);
-                json_object_object_add(r, "top_logprobs", tl);
-            }
-            json_object_array_add(rs, r);
+            rs[idx] = (results_scored){lp[idx], top_k ? top.ids[idx] : NULL, top_k ? top.lps[idx] : NULL, s.g[i].R[k], top_k};
             toks += s.g[i].R[k];
         }
-        json_object_object_add(g, "responses", rs);
-        json_object_array_add(gs, g);
     }
-    json_object_object_add(res, "groups", gs);
-    json_object_object_add(res, "model", json_object_new_string(ref ? "reference" : "policy"));
-    json_object_object_add(res, "policy_version", json_object_new_int64(info.policy_version));
-    metrics_tokens(MT_LOGPROBS, toks);
-    eng_logprobs_free(lp, s.g, s.n);
-    lp = NULL;
-    if (!(*result = to_text(res))) rc = GE_NOMEM;
+    v.groups = gs;
+    if (!rc) metrics_tokens(MT_LOGPROBS, toks);
+    if (!rc && !(*result = results_text(&results_logprobs_rows, &v))) rc = GE_NOMEM;
+    free(gs);
+    free(rs);
 done:
     if (lp) eng_logprobs_free(lp, s.g, s.n);
     eng_logprobs_top_free(top.ids, top.lps, s.g, s.n);
@@ -1000,13 +911,10 @@ int jobs_checkpoint_poll(const jobs_env *env, jobs_ckpt *c, char **result) {
     test_hook_kill("checkpoint_renamed");
     int rc;
     if (!c->merged && (rc = store_checkpoint_add(env->st, c->id, c->dir, c->version))) return rc;
-    json_object *res = json_object_new_object();
-    json_object_object_add(res, "id", json_object_new_string(c->id));
-    json_object_object_add(res, "path", json_object_new_string(c->dir));
-    json_object_object_add(res, "policy_version", json_object_new_int64(c->version));
+    results_checkpoint res = {c->id, c->dir, c->version};
     log_event(LOG_INFO, "checkpoint_saved", "\"id\":\"%s\",\"policy_version\":%lld,\"ms\":%.1f", c->id, c->version,
               clock_mono_ms() - c->t0);
-    return (*result = to_text(res)) ? 1 : GE_NOMEM;
+    return (*result = results_text(&results_checkpoint_rows, &res)) ? 1 : GE_NOMEM;
 }
 
 void jobs_checkpoint_free(jobs_ckpt *c) {

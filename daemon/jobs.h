@@ -60,7 +60,7 @@ void jobs_rollout_free(jobs_rollout *r);
 /* The responses sampled so far, for a streaming reply: fn(ud, group in the request, response,
  * its tokens so far, k: sampling.top_logprobs). Rank 0's parts from its scheduler (the one this thread steps), a peer
  * rank's from the copy it makes after each step once peeked (ranks_job_peek: fn runs under that
- * peer's mutex), a follower's none. */
+ * peer's mutex), a follower's from what it posted so far. */
 typedef void (*jobs_peek_cb)(void *ud, int group, int resp, const eng_response *x, int k);
 void jobs_rollout_peek(const jobs_rollout *r, jobs_peek_cb fn, void *ud);
 /* A follower's share of a leader's rollout (daemon/cluster.c): desc, a rollout payload with

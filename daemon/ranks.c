@@ -661,7 +661,10 @@ int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, con
 }
 
 void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud) {
-    if (j->rank >= rk->W) return; /* a follower's: at the end */
+    if (j->rank >= rk->W) { /* a follower's: what it sent so far */
+        if (rk->remote.part_peek) rk->remote.part_peek(rk->remote.ud, j->remote_id, fn, ud);
+        return;
+    }
     if (j->rank == 0) {
         for (int k = 0; j->j && k < j->n; k++)
             for (int m = 0; j->out[k].resp && m < j->out[k].n; m++) {

@@ -98,13 +98,17 @@ int ranks_diverged(const ranks *rk);
  * (desc: a rollout payload of its groups, daemon/jobs.c) to the follower that holds rank, which
  * decodes it on its own ranks and sends the groups back into out (n of them); part_state is 0
  * while it runs, 1 once out is filled, or a negative GE_* code with msg (GE_RANK_LOST when the
- * follower was lost); part_release forgets it (a running one is cancelled on the follower). */
+ * follower was lost); part_release forgets it (a running one is cancelled on the follower);
+ * part_peek hands fn the tokens the follower sent so far (its first call asks the follower to
+ * send them as it samples: a streaming reply taps the job). */
+typedef void (*ranks_peek_cb)(void *ud, int group, int resp, const eng_response *x, int k);
 typedef struct {
     int (*post)(void *ud, const char *call, long long *seq);
     int (*wait)(void *ud, long long seq, char *msg, size_t n);
     int (*part_add)(void *ud, int rank, const char *desc, eng_group_result *out, int n, long long *id);
     int (*part_state)(void *ud, long long id, char *msg, size_t n);
     void (*part_release)(void *ud, long long id);
+    void (*part_peek)(void *ud, long long id, ranks_peek_cb fn, void *fn_ud);
     void *ud;
 } ranks_remote;
 void ranks_set_remote(ranks *rk, const ranks_remote *r);
@@ -140,8 +144,8 @@ int ranks_job_state(ranks *rk, ranks_job *j, double *progress, int *started, con
  * top_lps) for each response with any, on the caller's thread. Rank 0's are read
  * from its scheduler; a peer's from the copy the peer makes after each step once a part was
  * peeked (so the first peek may see none), fn then running under the peer's mutex (it must not
- * call ranks_*); a follower's none (its tokens come with its result). */
-typedef void (*ranks_peek_cb)(void *ud, int group, int resp, const eng_response *x, int k);
+ * call ranks_*); a follower's from what it posted so far (ranks_remote.part_peek: the first
+ * peek asks it to post them as it samples; fn then runs under the cluster's mutex). */
 void ranks_job_peek(ranks *rk, ranks_job *j, ranks_peek_cb fn, void *ud);
 void ranks_job_release(ranks *rk, ranks_job *j);
 

@@ -670,44 +670,143 @@ static int serve_follow(const serve_opts *o, const char *key) {
     return rc;
 }
 
-int serve_main(int argc, char **argv) {
-    serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
-    char why[1200], key[API_KEY_FILE_MAX] = "", esc[1300];
-    int help, rc = 1;
-    if (resolve_opts(argc, argv, &s.o, &help, why, sizeof why)) {
+/* The checks before anything opens: the options (*help: --help), the log level, the listen
+ * address and its authentication, the API key (key: API_KEY_FILE_MAX). 0, or the exit status 2
+ * with the reason on stderr. */
+static int serve_check(serve_state *s, int *help, char *key, struct sockaddr_storage *ss, int *sl, int *loopback) {
+    char why[1200];
+    if (resolve_opts(s->argc, s->argv, &s->o, help, why, sizeof why) || (!*help && check_ranks(&s->o, why, sizeof why))) {
         fprintf(stderr, "grpod serve: %s\n", why);
         return 2;
     }
-    if (help) {
-        usage(stdout);
-        return 0;
-    }
-    if (check_ranks(&s.o, why, sizeof why)) {
-        fprintf(stderr, "grpod serve: %s\n", why);
-        return 2;
-    }
+    if (*help) return 0;
     log_level lv;
-    log_parse_level(s.o.log_level, &lv);
+    log_parse_level(s->o.log_level, &lv);
     log_set_level(lv);
-
-    struct sockaddr_storage ss;
-    int sl, loopback;
-    if (api_parse_listen(s.o.listen, &ss, &sl, &loopback)) {
+    if (api_parse_listen(s->o.listen, ss, sl, loopback)) {
         fprintf(stderr, "grpod serve: %s\n", err_msg());
         return 2;
     }
-    if (!loopback && !s.o.api_key_file[0] && !s.o.insecure_no_auth) {
+    if (!*loopback && !s->o.api_key_file[0] && !s->o.insecure_no_auth) {
         fprintf(stderr,
                 "grpod serve: refusing to listen on %s (not loopback) without authentication.\n"
                 "  Fix: put a secret in a file and pass --api-key-file FILE (clients then send\n"
                 "  Authorization: Bearer <key>), or listen on 127.0.0.1, or pass --insecure-no-auth\n"
                 "  if something in front of grpod authenticates.\n",
-                s.o.listen);
+                s->o.listen);
         return 2;
     }
-    if (s.o.api_key_file[0] && read_key_file(s.o.api_key_file, key, sizeof key, why, sizeof why)) {
+    if (s->o.api_key_file[0] && read_key_file(s->o.api_key_file, key, API_KEY_FILE_MAX, why, sizeof why)) {
         fprintf(stderr, "grpod serve: %s\n", why);
         return 2;
+    }
+    return 0;
+}
+
+/* The data directory claimed (*lock_fd, the lock held until exit), the port checked, and the
+ * job store opened with recovery (jobs a crash left 'running' go back to the queue before
+ * anything serves). 0, or the exit status 1 with the reason on stderr. */
+static int open_data_dir(serve_state *s, const struct sockaddr_storage *ss, int sl, int *lock_fd) {
+    char why[1200], resc[700];
+    *lock_fd = claim_data_dir(s->o.data_dir); /* the database, checkpoints and directories: 0600 / 0700 */
+    if (*lock_fd < 0) return 1;
+    if (port_in_use(ss, sl, why, sizeof why)) {
+        fprintf(stderr, "grpod serve: %s\n", why);
+        close(*lock_fd);
+        return 1;
+    }
+    /* a disk that filled while grpod was down: the reserve gives the store room to open */
+    if (reserve_keep(s->o.data_dir))
+        log_event(LOG_WARN, "disk_reserve_missing", "\"message\":%s", log_str(resc, sizeof resc, err_msg()));
+    int src = store_open(s->o.data_dir, 1, &s->st);
+    if (src && reserve_release(s->o.data_dir)) {
+        log_event(LOG_WARN, "disk_reserve_released", "\"bytes\":%d,\"message\":%s", RESERVE_BYTES,
+                  log_str(resc, sizeof resc, err_msg()));
+        src = store_open(s->o.data_dir, 1, &s->st);
+    }
+    if (src) {
+        fprintf(stderr, "grpod serve: %s\n", err_msg());
+        close(*lock_fd);
+        return 1;
+    }
+    int exhausted = store_fail_exhausted(s->st, STORE_MAX_ATTEMPTS);
+    if (exhausted > 0) log_event(LOG_WARN, "jobs_failed_after_crashes", "\"count\":%d", exhausted);
+    log_event(LOG_INFO, "starting", "\"listen\":\"%s\",\"data_dir\":\"%s\",\"model\":\"%s\",\"backend\":\"%s\",\"queued\":%lld",
+              s->o.listen, s->o.data_dir, s->o.model[0] ? s->o.model : "(default)", s->o.backend, store_queue_depth(s->st));
+    return 0;
+}
+
+/* The HTTP server's and the engine thread's configurations from the options. */
+static void configs_of(serve_state *s, const char *key, api_config *ac, worker_config *wc) {
+    *ac = (api_config){.listen = s->o.listen,
+                       .data_dir = s->o.data_dir,
+                       .api_key = key[0] ? key : NULL,
+                       .allowed_hosts = s->o.allowed_hosts,
+                       .allowed_origins = s->o.allowed_origins,
+                       .threads = (int)s->o.http_threads,
+                       .max_wait_s = 60,
+                       .max_connections = (int)s->o.max_connections,
+                       .max_per_client = (int)s->o.max_connections_per_client,
+                       .request_timeout_s = (double)s->o.request_timeout};
+    limits_of(&s->o, &ac->limits);
+    *wc = (worker_config){.data_dir = s->o.data_dir,
+                          .model_dir = s->o.model,
+                          .backend = s->o.backend,
+                          .optimizer_offload = s->o.optimizer_offload,
+                          .expert_parallel = s->o.expert_parallel,
+                          .n_threads = (int)s->o.engine_threads,
+                          .ranks = s->o.n_gpus ? s->o.n_gpus : (int)s->o.ranks,
+                          .devices = s->o.n_gpus ? s->o.gpu_dev : NULL,
+                          .checkpoint_on_exit = s->o.checkpoint_on_exit,
+                          .kv_budget_mib = s->o.kv_budget_mib,
+                          .lora_rank = (int)s->o.lora_rank,
+                          .lora_alpha = (float)s->o.lora_alpha,
+                          .lora_targets = s->o.lora_targets,
+                          .lora_init = s->o.lora_init,
+                          .keep_checkpoints = s->o.keep_checkpoints,
+                          .retain_jobs = s->o.retain_jobs,
+                          .notify = on_worker_notify,
+                          .ud = &s->wake};
+}
+
+/* The loop's signals (SIGTERM/SIGINT drain, SIGHUP reload) and timers (the 200 ms tick, the
+ * systemd watchdog when it asks for one); unwatch closes them. */
+static void watch(serve_state *s) {
+    uv_signal_init(s->loop, &s->sig_term);
+    s->sig_term.data = s;
+    uv_signal_start(&s->sig_term, on_term, SIGTERM);
+    uv_signal_init(s->loop, &s->sig_int);
+    s->sig_int.data = s;
+    uv_signal_start(&s->sig_int, on_term, SIGINT);
+    uv_signal_init(s->loop, &s->sig_hup);
+    s->sig_hup.data = s;
+    uv_signal_start(&s->sig_hup, on_hup, SIGHUP);
+    uv_timer_init(s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 200, 200);
+    unsigned long long wd = sdn_watchdog_usec();
+    uv_timer_init(s->loop, &s->watchdog);
+    s->watchdog.data = s;
+    if (wd) {
+        s->watchdog_s = (double)wd / 1e6;
+        uv_timer_start(&s->watchdog, on_watchdog, wd / 2000 ? wd / 2000 : 1, wd / 2000 ? wd / 2000 : 1);
+    }
+}
+static void unwatch(serve_state *s) {
+    uv_handle_t *h[] = {(uv_handle_t *)&s->sig_term, (uv_handle_t *)&s->sig_int, (uv_handle_t *)&s->sig_hup,
+                        (uv_handle_t *)&s->tick, (uv_handle_t *)&s->watchdog};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) uv_close(h[i], close_cb);
+}
+
+int serve_main(int argc, char **argv) {
+    serve_state s = {.argc = argc, .argv = argv, .last_version = -2, .last_depth = -2};
+    char key[API_KEY_FILE_MAX] = "", esc[1300];
+    struct sockaddr_storage ss;
+    int help = 0, sl, loopback, lock_fd, rc = serve_check(&s, &help, key, &ss, &sl, &loopback);
+    if (rc) return rc;
+    if (help) {
+        usage(stdout);
+        return 0;
     }
     if (s.o.join[0]) return serve_follow(&s.o, key);
     char cluster_host[256] = "";
@@ -728,66 +827,15 @@ int serve_main(int argc, char **argv) {
     sdn_init();
     if (sdn_init_note()[0]) log_event(LOG_WARN, "sd_notify", "\"note\":%s", log_str(esc, sizeof esc, sdn_init_note()));
 
-    int lock_fd = claim_data_dir(s.o.data_dir); /* the database, checkpoints and directories: 0600 / 0700 */
-    if (lock_fd < 0) return 1;
-    if (port_in_use(&ss, sl, why, sizeof why)) {
-        fprintf(stderr, "grpod serve: %s\n", why);
-        close(lock_fd);
-        return 1;
-    }
-    /* recover=1: jobs a crash left 'running' go back to the queue before anything serves */
-    /* a disk that filled while grpod was down: the reserve gives the store room to open */
-    char resc[700];
-    if (reserve_keep(s.o.data_dir))
-        log_event(LOG_WARN, "disk_reserve_missing", "\"message\":%s", log_str(resc, sizeof resc, err_msg()));
-    int src = store_open(s.o.data_dir, 1, &s.st);
-    if (src && reserve_release(s.o.data_dir)) {
-        log_event(LOG_WARN, "disk_reserve_released", "\"bytes\":%d,\"message\":%s", RESERVE_BYTES,
-                  log_str(resc, sizeof resc, err_msg()));
-        src = store_open(s.o.data_dir, 1, &s.st);
-    }
-    if (src) {
-        fprintf(stderr, "grpod serve: %s\n", err_msg());
-        close(lock_fd);
-        return 1;
-    }
-    int exhausted = store_fail_exhausted(s.st, STORE_MAX_ATTEMPTS);
-    if (exhausted > 0) log_event(LOG_WARN, "jobs_failed_after_crashes", "\"count\":%d", exhausted);
-    log_event(LOG_INFO, "starting", "\"listen\":\"%s\",\"data_dir\":\"%s\",\"model\":\"%s\",\"backend\":\"%s\",\"queued\":%lld",
-              s.o.listen, s.o.data_dir, s.o.model[0] ? s.o.model : "(default)", s.o.backend, store_queue_depth(s.st));
+    if ((rc = open_data_dir(&s, &ss, sl, &lock_fd))) return rc;
+    rc = 1;
 
     s.loop = uv_default_loop();
     uv_async_init(s.loop, &s.wake, on_wake);
     s.wake.data = &s;
-    api_config ac = {.listen = s.o.listen,
-                     .data_dir = s.o.data_dir,
-                     .api_key = key[0] ? key : NULL,
-                     .allowed_hosts = s.o.allowed_hosts,
-                     .allowed_origins = s.o.allowed_origins,
-                     .threads = (int)s.o.http_threads,
-                     .max_wait_s = 60,
-                     .max_connections = (int)s.o.max_connections,
-                     .max_per_client = (int)s.o.max_connections_per_client,
-                     .request_timeout_s = (double)s.o.request_timeout};
-    limits_of(&s.o, &ac.limits);
-    worker_config wc = {.data_dir = s.o.data_dir,
-                        .model_dir = s.o.model,
-                        .backend = s.o.backend,
-                        .optimizer_offload = s.o.optimizer_offload,
-                        .expert_parallel = s.o.expert_parallel,
-                        .n_threads = (int)s.o.engine_threads,
-                        .ranks = s.o.n_gpus ? s.o.n_gpus : (int)s.o.ranks,
-                        .devices = s.o.n_gpus ? s.o.gpu_dev : NULL,
-                        .checkpoint_on_exit = s.o.checkpoint_on_exit,
-                        .kv_budget_mib = s.o.kv_budget_mib,
-                        .lora_rank = (int)s.o.lora_rank,
-                        .lora_alpha = (float)s.o.lora_alpha,
-                        .lora_targets = s.o.lora_targets,
-                        .lora_init = s.o.lora_init,
-                        .keep_checkpoints = s.o.keep_checkpoints,
-                        .retain_jobs = s.o.retain_jobs,
-                        .notify = on_worker_notify,
-                        .ud = &s.wake};
+    api_config ac;
+    worker_config wc;
+    configs_of(&s, key, &ac, &wc);
     if (api_start(&ac, &s.api)) {
         log_event(LOG_ERROR, "listen_failed", "\"message\":%s", log_str(esc, sizeof esc, err_msg()));
         goto fail_api;
@@ -817,25 +865,7 @@ int serve_main(int argc, char **argv) {
     /* the api's submit hook needs the worker, which needs the api: wire it now */
     api_set_submit_hook(s.api, on_job_submitted, s.w);
 
-    uv_signal_init(s.loop, &s.sig_term);
-    s.sig_term.data = &s;
-    uv_signal_start(&s.sig_term, on_term, SIGTERM);
-    uv_signal_init(s.loop, &s.sig_int);
-    s.sig_int.data = &s;
-    uv_signal_start(&s.sig_int, on_term, SIGINT);
-    uv_signal_init(s.loop, &s.sig_hup);
-    s.sig_hup.data = &s;
-    uv_signal_start(&s.sig_hup, on_hup, SIGHUP);
-    uv_timer_init(s.loop, &s.tick);
-    s.tick.data = &s;
-    uv_timer_start(&s.tick, on_tick, 200, 200);
-    unsigned long long wd = sdn_watchdog_usec();
-    uv_timer_init(s.loop, &s.watchdog);
-    s.watchdog.data = &s;
-    if (wd) {
-        s.watchdog_s = (double)wd / 1e6;
-        uv_timer_start(&s.watchdog, on_watchdog, wd / 2000 ? wd / 2000 : 1, wd / 2000 ? wd / 2000 : 1);
-    }
+    watch(&s);
     status_update(&s, 1);
     uv_run(s.loop, UV_RUN_DEFAULT);
 
@@ -845,11 +875,7 @@ int serve_main(int argc, char **argv) {
     worker_join(s.w);
     s.w = NULL;
     rc = !s.cl || !cluster_lost(s.cl) ? 0 : cluster_restart_wanted(s.cl) ? SERVE_REEXEC : CLUSTER_EXIT_RESTART;
-    uv_close((uv_handle_t *)&s.sig_term, close_cb);
-    uv_close((uv_handle_t *)&s.sig_int, close_cb);
-    uv_close((uv_handle_t *)&s.sig_hup, close_cb);
-    uv_close((uv_handle_t *)&s.tick, close_cb);
-    uv_close((uv_handle_t *)&s.watchdog, close_cb);
+    unwatch(&s);
 fail_worker:
     uv_close((uv_handle_t *)&s.restart, close_cb);
     api_set_cluster_hook(s.api, NULL, NULL);

@@ -199,7 +199,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
             goto fail;
     }
     if (o->resume_dir && *o->resume_dir && (rc = eng_checkpoint_load_state(e, o->resume_dir))) goto fail;
-    if ((rc = ep_decode_refresh(e))) goto fail; /* every rank opens together */
+    /* the plan's gradients first (the decode copy may lie in them), then the copy: every rank opens together */
+    if (e->ep_full && !o->no_training && (rc = state_alloc(e))) goto fail;
+    if ((rc = ep_decode_refresh(e))) goto fail;
     double t1 = clock_mono_ms();
     if (!o->no_training && (rc = plan_make(e, o))) goto fail;
     e->plan.ms_load = t1 - t0;
@@ -266,12 +268,10 @@ void eng_get_info(eng *e, eng_info *o) {
     o->moe_layers = config_n_moe(c);
     o->top_k = o->moe_layers ? c->top_k : 0;
     o->n_experts = o->moe_layers ? c->E : 0;
-    if (e->m.lora_r) {
-        o->lora_rank = e->m.lora_r;
-        o->lora_alpha = e->m.lora_alpha;
-        lora_targets_str(e->m.lora_targets, o->lora_targets, sizeof o->lora_targets);
-        for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
-    }
+    o->lora_rank = e->m.lora_r; /* all 0 and "" without adapters */
+    o->lora_alpha = e->m.lora_alpha;
+    lora_targets_str(e->m.lora_targets, o->lora_targets, sizeof o->lora_targets);
+    for (int i = 0; i < e->m.n_lparams; i++) o->lora_params += e->m.lparams[i].numel;
     memcpy(o->eos_ids, c->eos_ids, sizeof o->eos_ids);
     o->plan = e->plan;
     if (e->tok) { /* the tokenizer's eos (e.g. <|im_end|> for chat models) ends responses too */
@@ -308,6 +308,14 @@ int eng_detokenize(eng *e, const int *ids, int n, int skip_special, char **text,
 _Static_assert(sizeof(eng_message) == sizeof(chat_msg) && sizeof(eng_tool_call) == sizeof(chat_tool_call) &&
                    sizeof(eng_chat_opts) == sizeof(chat_opts),
                "eng_message/eng_chat_opts must mirror chat_msg/chat_opts");
+_Static_assert((int)ENG_TOOLS_HERMES == (int)CHAT_TOOLS_HERMES && (int)ENG_TOOLS_LLAMA3 == (int)CHAT_TOOLS_LLAMA3, "tool formats");
+int eng_tool_format(eng *e) { return need_tok(e) ? (err_clear(), ENG_TOOLS_NONE) : chat_tool_format(e->tok); }
+int eng_guided_schema_check(const char *schema) {
+    jg_schema *g = NULL;
+    int rc = jg_schema_compile(schema, strlen(schema), &g);
+    jg_schema_free(g);
+    return rc;
+}
 int eng_render_chat(eng *e, const eng_message *m, int n, int agp, const eng_chat_opts *o, char **text) {
     int rc = need_tok(e);
     return rc ? rc : chat_render_opts(e->tok, (const chat_msg *)m, n, agp, (const chat_opts *)o, text);

@@ -148,6 +148,12 @@ typedef struct {
     int thinking_off; /* enable_thinking false */
 } eng_chat_opts;
 int eng_render_chat(eng *e, const eng_message *m, int n, int add_generation_prompt, const eng_chat_opts *o, char **text);
+/* How the chat template writes tool calls, so how the model writes them (chat.h's CHAT_TOOLS_*). */
+enum { ENG_TOOLS_NONE, ENG_TOOLS_HERMES, ENG_TOOLS_LLAMA3 };
+int eng_tool_format(eng *e);
+/* 0 when schema (JSON text) is one guided decoding enforces; else GE_INVALID, err_msg naming the
+ * keyword's path in it (properties.city.anyOf). */
+int eng_guided_schema_check(const char *schema);
 
 /* ---------------------------------------------------------------- rollout */
 
@@ -169,6 +175,7 @@ typedef struct {
     int guided;
     const char *const *guided_suffix;
     int n_guided_suffix;
+    const char *guided_schema; /* NULL, or a JSON Schema (text) the value keeps to (json_schema.c's subset) */
     /* 0..ENG_TOP_MAX: each sampled token's k most likely tokens (eng_response.top_ids), from the
      * decode step's hidden state at the row's temperature (1 when greedy), as eng_logprobs_top
      * lists them */

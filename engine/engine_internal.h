@@ -30,9 +30,12 @@ struct eng {
     long long ep_n;
     model *ep_full;
     /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, act-typed in the
-     * backend's memory; NULL without */
+     * backend's memory; NULL without. ep_dec_grad: it lies in the gradient buffer (idle between
+     * updates), which each update's backward overwrites; ep_dec_lost: gathering it again after
+     * an update failed (the comm down), so rollouts are refused until a refresh succeeds. */
     void *ep_dact;
     model_views ep_dv;
+    int ep_dec_grad, ep_dec_lost;
     void *dp_buf;
     model m;
     tok *tok; /* NULL when the directory has no tokenizer.json */
@@ -104,8 +107,9 @@ int plan_make(eng *e, const eng_open_opts *o);
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming
  * the bytes, the limit and the ways out (LoRA, more GPUs). eng_open, before any weight is placed. */
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir);
-/* plan.c: --optimizer-offload auto|on|off -> *on (eng_open, before the master is placed). */
-int plan_offload(eng *e, const char *mode, int *on);
+/* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
+ * state_n: the elements of master and moments this rank will hold (state.h). */
+int plan_offload(eng *e, const char *mode, long long state_n, int *on);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);
@@ -145,6 +149,12 @@ void ep_slice(const eng *e, const float *whole, float *mine);
  * nothing without expert parallelism), and freed. The scheduler decodes with eng_dec_model and
  * eng_dec_views: the decode copy under expert parallelism, else the policy. */
 int ep_decode_refresh(eng *e);
+/* The end of eng_update (every rank, stepped: optimizer steps taken, rc: its result so far):
+ * the copy gathered again where the weights changed or the backward overwrote it. Returns rc,
+ * or the refresh's error. */
+int ep_decode_after_update(eng *e, int stepped, int rc);
+/* 0, or why the copy cannot decode now (err_set) */
+int ep_decode_ready(const eng *e);
 void ep_decode_free(eng *e);
 static inline const model *eng_dec_model(const eng *e) { return e->ep_full ? e->ep_full : &e->m; }
 static inline const model_views *eng_dec_views(const eng *e) { return e->ep_full ? &e->ep_dv : &e->wv; }

@@ -39,6 +39,9 @@ static const eng_param sampling_rows[] = {
      "closed in time to fit max_tokens (min_tokens is then not applied)"},
     {"guided_suffix", PT_STRS, 0, 1, PB_ROW, 0, 0, NULL, 0, S_(guided_suffix), S_(n_guided_suffix),
      "with guided: the text every response writes right after its JSON value"},
+    {"guided_schema", PT_STR, 0, 0, PB_ROW, 0, 0, NULL, 0, S_(guided_schema), -1,
+     "with guided: a JSON Schema (as text) the value keeps to: type, properties (in their order), required, enum, const, "
+     "items, additionalProperties, anyOf of types; other validation keywords are refused"},
     {"top_logprobs", PT_INT, 0, 20, PB_ROW, 0, 0, NULL, 0, S_(top_logprobs), -1,
      "each sampled token's k most likely tokens (a response's top_ids and top_logprobs) at the sampling temperature"},
     {"logprobs", PT_COMPAT, 0, 1, PB_ROW, 0, 0, NULL, 0, -1, -1,

@@ -32,7 +32,7 @@
 /* The plan's first choice, made in eng_open after the weights and the reference are placed:
  * eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
  * moments (16 bytes a parameter) would leave less than a quarter of the device's memory free. */
-int plan_offload(eng *e, const char *mode, int *on) {
+int plan_offload(eng *e, const char *mode, long long state_n, int *on) {
     eng_backend *be = e->be;
     *on = 0;
     if (mode && !strcmp(mode, "on")) {
@@ -46,8 +46,7 @@ int plan_offload(eng *e, const char *mode, int *on) {
         err_clear();
         return 0;
     }
-    /* with a comm the master and moments are this rank's shard (engine/train/dp.c) */
-    double n = (double)e->m.n_elems, st = e->dp ? (double)e->sh_n : n;
+    double n = (double)e->m.n_elems, st = (double)state_n;
     double need = 4.0 * n + 12.0 * st + n * be->act_bytes; /* + the policy's act copy */
     *on = need > (double)fr - (double)tot / 4;
     return 0;

@@ -3,46 +3,108 @@
  * whatever the rows beside it, so decode's rows (few queries over the KV pool) equal the training
  * forward's (the packed P+NR micro-batch) for the same query and keys.
  *
- * Why one kernel for both rather than a decode kernel matching the training one: the per-row
- * arithmetic is then the same code by construction (same mma.sync m16n8k16 for Q·K^T and P·V,
- * same online-softmax order, same normalisation), and nothing about it depends on T; the fast
- * wgmma / split-KV kernels stay untouched for exact = 0.
+ * A row's arithmetic, in both kernels below: its keys in spans of EX_SPAN tiles of EX_BN keys —
+ * range a's from a0, then range b's from b0 (aligned to the range starts, never to the packed
+ * index or the block's place) — each span's online softmax from a fresh state (same mma.sync
+ * m16n8k16 for Q·K^T and P·V, fa_tile_step), the spans' states merged in that order (ex_merge),
+ * then normalised (ex_store). Nothing about it depends on T, the rows beside it or the kernel;
+ * the fast wgmma / split-KV kernels stay untouched for exact = 0.
  *
- * A warp takes one kv head g and QW consecutive queries (QW = 16 / HPG for many queries,
- * 1 for decode sizes: only throughput differs), its m16 tile's rows = query-major (query, head)
- * pairs, padded with zero rows; a block is one warp for decode sizes, EX_WARPS warps of
- * consecutive queries for more (they share each K/V tile). The block splits its queries into
- * segments: runs with the same range starts (a0, b0) (a response's tokens; each decode query is
- * its own). For each segment it walks range a's keys in BN-key tiles from a0, then range b's from
- * b0 — tiles aligned to the segment's starts, never to the packed index or the block's place — to
- * the largest end of the segment's rows (an empty range, whatever its start, matches any other
- * empty one and is not walked); a row masks keys past its own end. K/V tiles stream through an
- * NS-stage cp.async ring (the NS - 1 tiles after this one load while it is computed: 4 for
- * decode's lone warp, 2 for the shared blocks). The stages and warps change only when a tile
- * arrives, never a row's arithmetic. A tile wholly past a row's end leaves its
- * state unchanged bit for bit (max unchanged, so the correction is set to exactly 1: fa_tile_step's
- * NOOP; P = 0, the MMA adds exact zeros), so a row's result is a function of its q, its ranges and
- * those keys only. (Without NOOP, exp2(m sc2 - u) with the product fused was 1 + ~1e-7 on such
- * tiles: out still equal in bf16, but 6 of 256 lse values differed at P=1024 on the H200.) K/V rows
- * past the segment's end are zero-filled, never read. Empty rows: out 0, lse -inf. */
+ * Training (T > EX_DECODE_T): a warp takes one kv head g and QW = 16 / HPG consecutive queries,
+ * its m16 tile's rows = query-major (query, head) pairs, padded with zero rows; a block is
+ * EX_WARPS warps of consecutive queries (they share each K/V tile). The block splits its queries
+ * into segments: runs with the same range starts (a0, b0) (a response's tokens). For each segment
+ * it walks range a's tiles, then range b's, to the largest end of the segment's rows (an empty
+ * range, whatever its start, matches any other empty one and is not walked), closing a span at
+ * each span boundary; a row masks keys past its own end. K/V tiles stream through a 2-stage
+ * cp.async ring. A tile wholly past a row's end leaves its state unchanged bit for bit (max
+ * unchanged, so the correction is set to exactly 1: fa_tile_step's NOOP; P = 0, the MMA adds
+ * exact zeros), and so does a span wholly past it (ex_merge skips a row with no key), so a row's
+ * result is a function of its q, its ranges and those keys only. (Without NOOP, exp2(m sc2 - u)
+ * with the product fused was 1 + ~1e-7 on such tiles: out still equal in bf16, but 6 of 256 lse
+ * values differed at P=1024 on the H200.) K/V rows past the segment's end are zero-filled, never
+ * read. Empty rows: out 0, lse -inf.
+ *
+ * Decode (T <= EX_DECODE_T): while its blocks (a query and kv head each) fit the SMs twice,
+ * attn_exact_dec_kernel, the spans of one query at once (below); more decode rows (8 groups of
+ * 16) have parallelism enough in their queries: the kernel above with one warp a block (QW = 1),
+ * EX_DEC_NS1 tiles deep, as decode ran before the spans (its blocks hold a third of the span
+ * kernel's shared memory; three an SM keep nine tiles in flight against its four). Unmeasured:
+ * the one call's logs of the A/B did not come back; the same bits either way. */
 #include "kernels/attention_tiles.cuh"
 
-enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_DEC_NS = 4 };
+enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2, EX_DEC_NS1 = 4 };
 
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
     static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
+    /* the decode kernel: Q, w warps' K/V rings, then w span slots of 32 lanes x SL floats */
+    static constexpr int SL = D / 2 + 4, DEC_W = D > 128 ? 2 : 4;
+    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * EX_DEC_NS * EX_BN) * ST * sizeof(bf16) +
+        (size_t)DEC_W * SL * 32 * 4;
 };
+
+/* One thread's online-softmax state for its two rows (lane / 4 and + 8): the accumulator o, the
+ * running max m (raw units, the same in a row's four lanes) and the thread-partial sum l. */
+template <int D> struct ex_state { float o[1][D / 8][4], m[2], l[2]; };
+template <int D> __device__ __forceinline__ void ex_fresh(ex_state<D> &s) {
+    fa_zero(s.o);
+    s.m[0] = s.m[1] = -INFINITY;
+    s.l[0] = s.l[1] = 0.0f;
+}
+
+/* r = r (+) s, a span's state merged into the running one, row by row: a row of s with no key
+ * (max -inf) leaves r's row unchanged bit for bit; else both rescale to the larger max (a side
+ * already there by exactly 1). The roundings are spelled out (no contraction left to the
+ * compiler), so the training and decode kernels merge with the same arithmetic. */
+template <int D> __device__ __forceinline__ void ex_merge(ex_state<D> &r, const ex_state<D> &s, float sc2) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        if (s.m[hf] == -INFINITY) continue;
+        const float M = fmaxf(r.m[hf], s.m[hf]), u = __fmul_rn(M, sc2);
+        const float ar = r.m[hf] == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(r.m[hf], sc2), u));
+        const float as = s.m[hf] == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(s.m[hf], sc2), u));
+        r.l[hf] = __fmaf_rn(s.l[hf], as, __fmul_rn(r.l[hf], ar));
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                r.o[0][n][2 * hf + e] = __fmaf_rn(s.o[0][n][2 * hf + e], as, __fmul_rn(r.o[0][n][2 * hf + e], ar));
+        r.m[hf] = M;
+    }
+}
+
+/* out and lse of the thread's rows in (row hf's output index oi[hf]); all 32 lanes call it */
+template <int D>
+__device__ __forceinline__ void ex_store(const ex_state<D> &s, const bool (&in)[2], const size_t (&oi)[2], bf16 *out, float *lse,
+                                         float sc2) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float L = s.l[hf];
+        L += __shfl_xor_sync(FULL, L, 1);
+        L += __shfl_xor_sync(FULL, L, 2);
+        if (!in[hf]) continue;
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        bf162 *dst = (bf162 *)(out + oi[hf] * D) + (lane & 3);
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) dst[4 * n] = __floats2bfloat162_rn(s.o[0][n][2 * hf] * inv, s.o[0][n][2 * hf + 1] * inv);
+        if ((lane & 3) == 0) lse[oi[hf]] = s.m[hf] == -INFINITY ? -INFINITY : __fmul_rn(__fmaf_rn(s.m[hf], sc2, log2f(L)), LN2);
+    }
+}
 
 /* W warps a block: warp w takes queries [t0 + w qw, t0 + (w + 1) qw) (its 16 rows, its own Q tile);
  * the segments are the block's (runs of equal range starts over all its queries), each walked
  * to the largest end of its rows in the block; the K/V tiles are loaded by all W warps into one
  * ring and read by each. A row sees the tiles a lone warp would give it (aligned to its range
  * starts) plus tiles wholly past its end, which leave it unchanged (NOOP): the same bits for any
- * W and any queries beside it. */
+ * W and any queries beside it. Three blocks an SM up to D = 128 (168 registers): the running
+ * state, touched once a span, is what the compiler spills (376 bytes at D = 128; 254 registers
+ * and two blocks an SM without the bound). */
 template <int D, int W, int NS>
-__global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                                                            attn_ranges r, int T, int H, int K, int qw, float sc2) {
+__global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
+    attn_exact_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
+                      int qw, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, NT = EX_BN / 8;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [W][16][ST], then k, v [NS stages][EX_BN][ST] */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
@@ -74,8 +136,9 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
         /* rows of queries [t, tb + j) */
         const bool in0 = q0 >= t && q0 < tb + j, in1 = q1 >= t && q1 < tb + j;
         const bool any = __any_sync(FULL, in0 || in1); /* this warp has rows in the segment */
-        float o[1][D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-        fa_zero(o);
+        ex_state<D> run, sp; /* the merged spans; the span being walked */
+        ex_fresh(run);
+        ex_fresh(sp);
         /* the segment's tiles, pass s (0: a, 1: b) from its start; a row's end in each pass
          * (INT_MIN for rows outside the segment: every key masked) */
         const int ea0 = in0 ? r.a1[q0] : INT_MIN, ea1 = in1 ? r.a1[q1] : INT_MIN;
@@ -129,11 +192,15 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
             if (W > 1) __syncthreads();
             else __syncwarp();
             if (any) {
+                if ((j0 - (s ? b0 : a0)) / EX_BN % EX_SPAN == 0) { /* a span starts */
+                    ex_merge(run, sp, sc2);
+                    ex_fresh(sp);
+                }
                 float sa[1][NT][4];
                 fa_zero(sa);
                 mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
                 const int e0 = s ? eb0 : ea0, e1 = s ? eb1 : ea1;
-                fa_tile_step<NT, D, true>(o, sa, m, l, sc2, v_s + st * EX_BN * ST, ST,
+                fa_tile_step<NT, D, true>(sp.o, sa, sp.m, sp.l, sc2, v_s + st * EX_BN * ST, ST,
                                           [&](int n, int e, int hf) { return j0 + n * 8 + 2 * (lane & 3) + e < (hf ? e1 : e0); });
             }
             if (W > 1) __syncthreads(); /* stage st is free */
@@ -141,21 +208,128 @@ __global__ void __launch_bounds__(32 * W) attn_exact_kernel(bf16 *out, float *ls
             advance(s, j0);
             st = (st + 1) % NS;
         }
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            float L = l[hf];
-            L += __shfl_xor_sync(FULL, L, 1);
-            L += __shfl_xor_sync(FULL, L, 2);
-            const int row = hf ? r1 : r0, qq = hf ? q1 : q0;
-            if (!(hf ? in1 : in0)) continue;
-            const size_t oi = (size_t)qq * H + g * hpg + row % hpg;
-            const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-            bf162 *dst = (bf162 *)(out + oi * D) + (lane & 3);
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) dst[4 * n] = __floats2bfloat162_rn(o[0][n][2 * hf] * inv, o[0][n][2 * hf + 1] * inv);
-            if ((lane & 3) == 0) lse[oi] = m[hf] == -INFINITY ? -INFINITY : (m[hf] * sc2 + log2f(L)) * LN2;
-        }
+        ex_merge(run, sp, sc2);
+        const bool in[2] = {in0, in1};
+        const size_t oi[2] = {(size_t)q0 * H + g * hpg + r0 % hpg, (size_t)q1 * H + g * hpg + r1 % hpg};
+        ex_store(run, in, oi, out, lse, sc2);
         i = j;
+    }
+}
+
+/* Decode (few queries): a block a query and kv head, its DEC_W warps walking the query's spans
+ * at once — the spans of range a, then of range b, EX_SPAN tiles each from the range's start as
+ * in the kernel above — warp w the spans w, w + DEC_W, ..., each through its own EX_DEC_NS-stage
+ * ring, each from a fresh state; after each round of DEC_W spans warp 0 merges their states
+ * (passed through shared memory, lane by lane) into the running state in span order. The same
+ * tiles, tile steps and merges as the training kernel's walk gives the row (which adds only
+ * tiles and spans past the row's end, which leave it unchanged): the same bits, in rounds of
+ * DEC_W spans rather than one tile after another. */
+template <int D>
+__global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
+    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int H, int K,
+                          float sc2) {
+    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
+    constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
+    extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, t = blockIdx.x, g = blockIdx.y, hpg = H / K;
+    bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
+    float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
+    for (int i = tid; i < 16 * (D / 8); i += 32 * W) {
+        const int row = i / (D / 8), c8 = i % (D / 8);
+        const bool ok = row < hpg;
+        fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)t * H + g * hpg + row) * D + c8 * 8 : q, ok);
+    }
+    fa_commit();
+    const int a0 = r.a0[t], a1 = r.a1[t], b0 = r.b0[t], b1 = r.b1[t];
+    const int na = a1 > a0 ? (a1 - a0 + SK - 1) / SK : 0, n = na + (b1 > b0 ? (b1 - b0 + SK - 1) / SK : 0);
+    const int r0 = lane >> 2, r1 = r0 + 8;
+    const bool in[2] = {r0 < hpg, r1 < hpg};
+    /* a walk over this warp's tiles: span sp (sp >= n: done), tile j0, the span's end je */
+    struct walk {
+        int sp, j0, je;
+    };
+    auto span_at = [&](walk &w, int sp) {
+        w.sp = sp;
+        if (sp >= n) return;
+        const int lo = sp < na ? a0 + sp * SK : b0 + (sp - na) * SK, hi = sp < na ? a1 : b1;
+        w.j0 = lo;
+        w.je = min(lo + SK, hi);
+    };
+    auto advance = [&](walk &w) {
+        w.j0 += EX_BN;
+        if (w.j0 >= w.je) span_at(w, w.sp + W);
+    };
+    auto issue = [&](int st, const walk &w) {
+        bf16 *ks = k_s + st * EX_BN * ST, *vs = v_s + st * EX_BN * ST;
+        for (int x = lane; x < EX_BN * (D / 8); x += 32) {
+            const int kk = x / (D / 8), c8 = x % (D / 8), jj = w.j0 + kk;
+            const bool ok = jj < w.je;
+            const size_t off = ok ? ((size_t)jj * K + g) * D + c8 * 8 : 0;
+            fa_cp16(ks + kk * ST + c8 * 8, k + off, ok);
+            fa_cp16(vs + kk * ST + c8 * 8, v + off, ok);
+        }
+    };
+    walk ld, cw; /* the next tile to load; the tile to compute */
+    span_at(ld, wp);
+    span_at(cw, wp);
+#pragma unroll
+    for (int p = 0; p < NS - 1; p++) {
+        if (ld.sp < n) {
+            issue(p, ld);
+            advance(ld);
+        }
+        fa_commit();
+    }
+    fa_wait<NS - 1>(); /* Q landed (the oldest group), its rows loaded by every warp */
+    __syncthreads();
+    ex_state<D> run, sp;
+    ex_fresh(run);
+    int st = 0;
+    for (int base = 0; base < n; base += W) {
+        const int mine = base + wp;
+        if (mine < n) {
+            ex_fresh(sp);
+            const int e = mine < na ? a1 : b1, e0 = in[0] ? e : INT_MIN, e1 = in[1] ? e : INT_MIN;
+            while (cw.sp == mine) {
+                if (ld.sp < n) {
+                    issue((st + NS - 1) % NS, ld);
+                    advance(ld);
+                }
+                fa_commit();
+                fa_wait<NS - 1>();
+                __syncwarp();
+                float sa[1][NT][4];
+                fa_zero(sa);
+                mma_abt<1, NT, D>(sa, q_s, k_s + st * EX_BN * ST, ST);
+                const int j0 = cw.j0;
+                fa_tile_step<NT, D, true>(sp.o, sa, sp.m, sp.l, sc2, v_s + st * EX_BN * ST, ST, [&](int nn, int ee, int hf) {
+                    return j0 + nn * 8 + 2 * (lane & 3) + ee < (hf ? e1 : e0);
+                });
+                __syncwarp(); /* stage st is free */
+                advance(cw);
+                st = (st + 1) % NS;
+            }
+            float *sl = slots + (size_t)wp * SL * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < D / 2; i++) sl[i * 32] = sp.o[0][i / 4][i % 4];
+            sl[(D / 2) * 32] = sp.m[0], sl[(D / 2 + 1) * 32] = sp.m[1];
+            sl[(D / 2 + 2) * 32] = sp.l[0], sl[(D / 2 + 3) * 32] = sp.l[1];
+        }
+        __syncthreads(); /* the round's spans are in their slots */
+        if (wp == 0)
+            for (int w = 0; w < W && base + w < n; w++) {
+                const float *sl = slots + (size_t)w * SL * 32 + lane;
+#pragma unroll
+                for (int i = 0; i < D / 2; i++) sp.o[0][i / 4][i % 4] = sl[i * 32];
+                sp.m[0] = sl[(D / 2) * 32], sp.m[1] = sl[(D / 2 + 1) * 32];
+                sp.l[0] = sl[(D / 2 + 2) * 32], sp.l[1] = sl[(D / 2 + 3) * 32];
+                ex_merge(run, sp, sc2);
+            }
+        __syncthreads(); /* the slots are free */
+    }
+    if (wp == 0) {
+        const size_t oi[2] = {(size_t)t * H + g * hpg + r0, (size_t)t * H + g * hpg + r1};
+        ex_store(run, in, oi, out, lse, sc2);
     }
 }
 
@@ -171,23 +345,49 @@ static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, c
     CU_LAUNCHED(c, "attn_exact_kernel");
 }
 
+/* the head dims exact mode runs (the m16n8k16 steps want D % 16 == 0), a launcher each */
+template <int D>
+static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                           int H, int K, int qw, float sc2) {
+    if (T > EX_DECODE_T) { /* EX_WARPS warps share the K/V tiles */
+        attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
+        return;
+    }
+    if ((long long)T * K > 2LL * c->n_sm) { /* many decode rows: one warp a block, EX_DEC_NS1 stages deep */
+        attn_exact_launch<D, 1, EX_DEC_NS1>(c, out, lse, q, k, v, r, T, H, K, 1, sc2);
+        return;
+    }
+    static unsigned done;
+    cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
+    if (c->failed) return;
+    attn_exact_dec_kernel<D>
+        <<<dim3(T, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(out, lse, q, k, v, r, H, K, sc2);
+    CU_LAUNCHED(c, "attn_exact_dec_kernel");
+}
+typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
+                              int, float);
+static const struct {
+    int D;
+    attn_exact_fn run;
+} ex_dims[] = {{16, attn_exact_run<16>},
+               {32, attn_exact_run<32>},
+               {64, attn_exact_run<64>},
+               {128, attn_exact_run<128>},
+               {256, attn_exact_run<256>}};
+
 int attn_exact_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                         int H, int K, int D) {
     const int hpg = K > 0 && H % K == 0 ? H / K : 0;
-    if ((D != 64 && D != 128) || hpg < 1 || hpg > 16) {
-        char what[96];
-        snprintf(what, sizeof what, "exact mode: head dim %d with %d query heads a kv head (supported: 64, 128; 1-16)", D, hpg);
+    attn_exact_fn run = NULL;
+    for (size_t i = 0; i < sizeof ex_dims / sizeof ex_dims[0]; i++)
+        if (ex_dims[i].D == D) run = ex_dims[i].run;
+    if (!run || hpg < 1 || hpg > 16) {
+        char what[112];
+        snprintf(what, sizeof what,
+                 "exact mode: head dim %d with %d query heads a kv head (supported: 16, 32, 64, 128, 256; 1-16)", D, hpg);
         cu_fail(c, "attention", what, __FILE__, __LINE__);
         return 1;
     }
-    const int qw = T <= EX_DECODE_T ? 1 : 16 / hpg;
-    const float sc2 = LOG2E / sqrtf((float)D);
-    if (T <= EX_DECODE_T) { /* decode: a block a query's heads, its one warp EX_DEC_NS stages deep */
-        if (D == 64) attn_exact_launch<64, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, 1, EX_DEC_NS>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-    } else { /* EX_WARPS warps a block sharing the K/V tiles */
-        if (D == 64) attn_exact_launch<64, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-        else attn_exact_launch<128, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
-    }
+    run(c, out, lse, q, k, v, r, T, H, K, 16 / hpg, LOG2E / sqrtf((float)D));
     return 1;
 }

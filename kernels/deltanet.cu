@@ -29,11 +29,11 @@
  * responses' gradients at once (a packed batch has one). The forward runs the chunked form
  * instead (deltanet_chunk.cu) when Dk <= 128, and so does the backward when Dk, Dv <= 128
  * (deltanet_chunk_bwd.cu: its partials go through dn_rule_qk_kernel and dn_rule_gate_kernel as
- * one slice) unless the layout has more chunks than its scratch holds; then the reverse walk
+ * one slice) unless the layout has more chunks than its scratch holds, with a carry or without; then the reverse walk
  * here runs on checkpoints from the chunked forward (its scratch in dstates, before the walk
  * writes its partials there).
  *
- * A carry (deltanet.h): dn_prev_c names the carry's row (DN_CARRY) as one more predecessor, whose
+ * A carry (deltanet.h): dn_prev names the carry's row (DN_CARRY) as one more predecessor, whose
  * state is the carry's s_in (loaded where a checkpoint or zeros would be) and whose gradient
  * each block adds into ds_in for its own elements when the walk leaves a token that continues
  * it; ds_out is the reverse walk's starting dS, s_out the forward walk's last S. The conv reads
@@ -52,16 +52,8 @@ enum { DN_BV = 32, DN_NT = 128, DN_CHUNK = 64, DN_PEND = 8, DN_CHAIN = 256 };
 __device__ __forceinline__ float dn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float dn_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-/* deltanet_prev_row() on device ranges, token t at row row0 + t: the token of the call it
- * continues, DN_NONE, or DN_CARRY (row row0 - 1: the carry's state, deltanet.h); dn_prev's
- * answer when row0 is 0 */
-enum { DN_NONE = -1, DN_CARRY = -2 };
-__device__ __forceinline__ int dn_prev_c(attn_ranges r, int row0, int t) {
-    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t], row = row0 + t, p;
-    if (b1 > b0) p = row > b0 ? row - 1 : (a1 > a0 ? a1 - 1 : -1);
-    else p = row > a0 ? row - 1 : -1;
-    return p < 0 ? DN_NONE : p >= row0 ? p - row0 : DN_CARRY;
-}
+/* dn_prev (deltanet_chunk.cuh): the token of the call t continues, DN_NONE, or DN_CARRY */
+enum { DN_NONE = DC_NONE, DN_CARRY = DC_CARRY };
 
 /* a carry by value for the kernels (NULL: none, every pointer NULL and row0 0) */
 static deltanet_carry dn_cy(const deltanet_carry *cy) {
@@ -131,7 +123,7 @@ __device__ __forceinline__ void dn_conv_hist(int *hist, attn_ranges r, int row0,
     for (int j = Kc - 1; j >= 0; j--) {
         hist[j] = e;
         if (e >= 0) {
-            int p = dn_prev_c(r, row0, e);
+            int p = dn_prev(r, row0, e);
             e = p == DN_CARRY ? (Kc >= 2 ? -Kc : -1) : p;
         } else if (e != -1) e = e <= -3 ? e + 1 : -1;
     }
@@ -348,7 +340,7 @@ template <int KPT> __device__ void dn_state_after(float *S, int p, const dn_walk
         while (s >= 0 && s % DN_CHUNK != DN_CHUNK - 1) {
             if (n == DN_CHAIN - 2) __trap(); /* a chain of more than two runs: not a packed layout */
             chain[2 + n++] = s;
-            s = dn_prev_c(w.r, w.row0, s);
+            s = dn_prev(w.r, w.row0, s);
         }
         chain[0] = n;
         chain[1] = s;
@@ -399,7 +391,7 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_fwd_kernel(bf16 *o, dn_scratch 
     float S[KPT];
     for (int ii = 0; ii < KPT; ii++) S[ii] = 0;
     for (int t = 0; t < T; t++) {
-        int p = dn_prev_c(r, cy.row0, t);
+        int p = dn_prev(r, cy.row0, t);
         if (p != t - 1 || t == 0) dn_state_after<KPT>(S, p, w, chain);
         float ov = dn_step<KPT>(S, w, t);
         if (o && w.rg == 0 && w.j < Dv) o[((size_t)t * Hv + w.h) * Dv + w.j] = __float2bfloat16(ov);
@@ -429,7 +421,7 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch
         int c1 = min(T, c0 + DN_CHUNK);
         /* the chunk's states, forward */
         for (int t = c0; t < c1; t++) {
-            int p = dn_prev_c(r, cy.row0, t);
+            int p = dn_prev(r, cy.row0, t);
             if (t == c0 || p != t - 1) {
                 if (p >= c0) dn_load<KPT>(Sp, buf + (size_t)(p - c0) * w.SZ, w);
                 else dn_state_after<KPT>(Sp, p, w, chain);
@@ -439,7 +431,7 @@ __global__ void __launch_bounds__(DN_NT) dn_rule_bwd_kernel(bf16 *du, dn_scratch
         }
         /* reverse */
         for (int t = c1 - 1; t >= c0; t--) {
-            int p = dn_prev_c(r, cy.row0, t);
+            int p = dn_prev(r, cy.row0, t);
             for (int x = 0; x < DN_PEND; x++)
                 if (ptok[x] == t) { /* the gradients of t's other successors */
                     float *pe = s.pend + ((size_t)x * Hv + w.h) * w.SZ;
@@ -642,9 +634,9 @@ void deltanet_rule_fwd_cuda(cu_ctx *c, bf16 *o, float *states, const bf16 *u, co
     if (c->failed || T <= 0 || !dn_rule_ok(c, "deltanet_rule_fwd_cuda", Hk, Hv, Dk)) return;
     dn_scratch s = dn_carve(states, NULL, T, Hk, Hv, Dk, Dv);
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (dn_chunked(c, Dk) && !cy) /* a carry runs the walk (the chunked kernels take none yet) */
-        dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk,
-                     Dv);
+    if (dn_chunked(c, Dk))
+        dn_chunk_fwd(c, o, NULL, NULL, 0, states + dn_chunk_at(T, Hk, Hv, Dk, Dv), s.qn, s.kn, s.g, s.beta, u, r, dn_cy(cy), T,
+                     Hk, Hv, Dk, Dv);
     else dn_fwd_walk(c, o, s, u, r, dn_cy(cy), T, Hk, Hv, Dk, Dv);
 }
 
@@ -657,9 +649,9 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
     deltanet_carry k = dn_cy(cy), kin = k;
     kin.s_out = NULL; /* the recompute leaves the forward's outputs alone */
     dn_prep(c, s, u, a, b, A_log, dt_bias, T, Hk, Hv, Dk, Dv);
-    if (!cy && dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
-        if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, T, Hk, Hv, Dk,
-                         Dv)) {
+    if (dn_chunked(c, Dk) && dn_chunk_bwd_ok(Dk, Dv)) { /* chunked (the checkpoints written in any case, in dstates) */
+        if (dn_chunk_bwd(c, du, &s.pdq, &s.pdk, &s.pdb, &s.pdg, s.ck, dstates, s.qn, s.kn, s.g, s.beta, dout, u, r, k, T, Hk, Hv,
+                         Dk, Dv)) {
             dn_rule_qk_kernel<<<dim3(T, Hk), 128, 0, c->stream>>>(du, s, u, Hk, Hv, Dk, Dv, 1);
             CU_LAUNCHED(c, "dn_rule_qk_kernel");
             dn_rule_gate_kernel<<<Hv, 256, 0, c->stream>>>(da, db, dA_log, ddt_bias, s, a, A_log, dt_bias, T, Hv, 1, 1);
@@ -668,8 +660,8 @@ void deltanet_rule_bwd_cuda(cu_ctx *c, bf16 *du, bf16 *da, bf16 *db, float *dA_l
         }
         if (c->failed) return;
         s = dn_carve(states, dstates, T, Hk, Hv, Dk, Dv); /* the recurrent backward's partials again */
-    } else if (!cy && dn_chunked(c, Dk))
-        dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, T, Hk, Hv, Dk, Dv);
+    } else if (dn_chunked(c, Dk))
+        dn_chunk_fwd(c, NULL, s.ck, NULL, 0, dstates, s.qn, s.kn, s.g, s.beta, u, r, kin, T, Hk, Hv, Dk, Dv);
     else dn_fwd_walk(c, NULL, s, u, r, kin, T, Hk, Hv, Dk, Dv); /* the checkpoints */
     dim3 grid(Hv, NS);
     switch (dn_kpt(Dk)) {

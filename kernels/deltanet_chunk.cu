@@ -14,8 +14,8 @@
  * is sequential, a matrix product per chunk instead of 64 dependent token updates.
  *
  *   - dc_plan_kernel (one block): the chunks. A run (deltanet_prev(t) != t - 1 starts one) is cut
- *     every 64 tokens from its start, at every multiple of 64 (so a token ≡ 63 mod 64 ends a chunk:
- *     the recurrent backward's checkpoints) and after every token some later token continues (a
+ *     at every multiple of 64 (so no chunk is longer, and a token ≡ 63 mod 64 ends a chunk: the
+ *     recurrent backward's checkpoints) and after every token some later token continues (a
  *     prompt's last: its responses' first tokens continue it), so such a token ends a chunk and a
  *     prompt whose length is not a multiple of 64 ends in a partial chunk. Chunk starts (cst) and each
  *     continued token's ordinal (ref, -1: none) by a block-wide scan: same layout, same chunks.
@@ -27,19 +27,19 @@
  *     γ Q S0 + P δ, S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ. A chunk whose first token continues a
  *     token other than its predecessor starts from the state saved after that token (one of
  *     DC_SLOTS slots, by ordinal: a packed batch has one live prompt at a time; a slot reused
- *     before its responses are done traps, a sticky error) or from zeros. With `ck` it also writes
+ *     before its responses are done traps, a sticky error), from the carry's s_in (a token
+ *     continuing a row below the carry's row0: deltanet.h) or from zeros; the carry's s_out gets
+ *     the state after the last chunk. With `ck` it also writes
  *     the state after every token ≡ 63 (mod 64) there: the recurrent backward's checkpoints
  *     (deltanet.cu), without the output when o is NULL; with h0, each chunk's initial state (the
  *     chunked backward's, deltanet_chunk_bwd.cu).
  * Scratch (dn_chunk_floats): W (T,Hv,Dk), U (T,Hv,Dv), P (T,Hv,64), G (T,Hv), the slots
  * (DC_SLOTS,Hv,Dk,Dv), then ints cst (T+1), nc, ref (T), flag (T+1). Every sum has one owner and
- * a fixed order (same bits twice). CUDA cores for now: the products are small (64 × Dk × 32 a
- * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it. */
+ * a fixed order (same bits twice). CUDA cores here: the products are small (64 × Dk × 32 a
+ * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it; the backward's
+ * per-chunk products run on tensor cores (dc_mm, deltanet_chunk.cuh). */
 #include "kernels/deltanet_chunk.cuh"
 
-
-/* the first token of t's run */
-__device__ __forceinline__ int dc_run0(attn_ranges r, int t) { return r.b1[t] > r.b0[t] ? r.b0[t] : r.a0[t]; }
 
 int dn_chunk_ok(int Dk) { return Dk >= 1 && Dk <= DC_DK; }
 
@@ -65,17 +65,18 @@ dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv) {
 
 /* ---------------------------------------------------------------- the chunks */
 
-__device__ __forceinline__ int dc_starts(const dc_scratch &s, attn_ranges r, int t) {
-    return t % DC_C == 0 || dn_prev(r, t) != t - 1 || (t - dc_run0(r, t)) % DC_C == 0 || (__ldcg(s.flag + t) & 1);
+/* row0: the carry's (token t is row row0 + t; the ranges index rows) */
+__device__ __forceinline__ int dc_starts(const dc_scratch &s, attn_ranges r, int row0, int t) {
+    return t % DC_C == 0 || dn_prev(r, row0, t) != t - 1 || (__ldcg(s.flag + t) & 1);
 }
 
-__global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ranges r, int T) {
+__global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ranges r, int row0, int T) {
     __shared__ int cnt[DC_PLAN], rcnt[DC_PLAN];
     int tid = threadIdx.x;
     for (int t = tid; t <= T; t += DC_PLAN) s.flag[t] = 0;
     __syncthreads();
     for (int t = tid; t < T; t += DC_PLAN) { /* flag bit 0: a chunk starts here; bit 1: continued */
-        int p = dn_prev(r, t);
+        int p = dn_prev(r, row0, t);
         if (p >= 0 && p != t - 1) {
             atomicOr(s.flag + p + 1, 1);
             atomicOr(s.flag + p, 2);
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ran
     __syncthreads();
     int per = (T + DC_PLAN - 1) / DC_PLAN, a = tid * per, b = min(T, a + per), ns = 0, nr = 0;
     for (int t = a; t < b; t++) {
-        ns += dc_starts(s, r, t);
+        ns += dc_starts(s, r, row0, t);
         nr += (__ldcg(s.flag + t) >> 1) & 1; /* L2: the atomics' values */
     }
     cnt[tid] = ns;
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(DC_PLAN) dc_plan_kernel(dc_scratch s, attn_ran
     ns = cnt[tid];
     nr = rcnt[tid];
     for (int t = a; t < b; t++) {
-        if (dc_starts(s, r, t)) s.cst[ns++] = t;
+        if (dc_starts(s, r, row0, t)) s.cst[ns++] = t;
         s.ref[t] = (__ldcg(s.flag + t) & 2) ? nr++ : -1;
     }
 }
@@ -191,8 +192,9 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 
 /* ---------------------------------------------------------------- the walk over chunks */
 
-__global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn,
-                                                        const float *kn, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DC_NT)
+    dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn, const float *kn, attn_ranges r,
+                   deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float Ss[DC_DK][DC_BV], Ds[DC_C][DC_BV], X[DC_C][DC_TK + 1], Y[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int mode_s, slot_tok[DC_SLOTS];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -203,17 +205,18 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
     for (int c = 0; c < nc; c++) {
         int t0 = s.cst[c], n = s.cst[c + 1] - t0;
         __syncthreads();
-        if (tid == 0) { /* -2: continue the state in Ss; -1: zeros; else the slot of token p */
-            int p = dn_prev(r, t0), md = t0 > 0 && p == t0 - 1 ? -2 : p < 0 ? -1 : s.ref[p] % DC_SLOTS;
+        if (tid == 0) { /* dc_mode's */
+            int p, md = dc_mode(s, r, cy.row0, t0, &p);
             if (md >= 0 && slot_tok[md] != p) __trap(); /* the slot was reused: not a packed layout */
             mode_s = md;
         }
         if (tid < DC_C) Gs[tid] = tid < n ? s.G[(size_t)(t0 + tid) * Hv + h] : 0.0f;
         __syncthreads();
         int md = mode_s;
-        if (md != -2)
-            for (int i = w; i < Dk; i += 8)
-                Ss[i][j] = md >= 0 && vj ? s.slot[(size_t)(md * Hv + h) * SZ + (size_t)i * Dv + jj] : 0.0f;
+        if (md != DC_CONT) {
+            const float *src = md >= 0 ? s.slot + (size_t)(md * Hv + h) * SZ : md == DC_CARRY ? cy.s_in + h * SZ : NULL;
+            for (int i = w; i < Dk; i += 8) Ss[i][j] = src && vj ? src[(size_t)i * Dv + jj] : 0.0f;
+        }
         if (h0 && c < cap && vj) /* the chunk's initial state, for the chunked backward (own elements) */
             for (int i = w; i < Dk; i += 8) h0[((size_t)c * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
         /* δ = U - W S0 and γ Q S0: rows t = w + 8m, column j */
@@ -269,15 +272,17 @@ __global__ void __launch_bounds__(DC_NT) dc_walk_kernel(bf16 *o, float *ck, floa
         if (ck && last % DC_C == DC_C - 1 && vj) /* the recurrent backward's checkpoint (deltanet.cu) */
             for (int i = w; i < Dk; i += 8) ck[((size_t)(last / DC_C) * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
     }
+    if (cy.s_out && vj) /* the state after the call's last token (own elements) */
+        for (int i = w; i < Dk; i += 8) cy.s_out[h * SZ + (size_t)i * Dv + jj] = Ss[i][j];
 }
 
 void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
-                  const float *beta, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv) {
+                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv) {
     dc_scratch s = dc_carve(scr, T, Hv, Dk, Dv);
-    dc_plan_kernel<<<1, DC_PLAN, 0, c->stream>>>(s, r, T);
+    dc_plan_kernel<<<1, DC_PLAN, 0, c->stream>>>(s, r, cy.row0, T);
     CU_LAUNCHED(c, "dc_plan_kernel");
     dc_wy_kernel<<<dim3(T < 4096 ? T : 4096, Hv), DC_NT, 0, c->stream>>>(s, qn, kn, g, beta, u, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_wy_kernel");
-    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, h0, cap, s, qn, kn, r, Hk, Hv, Dk, Dv);
+    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, h0, cap, s, qn, kn, r, cy, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_walk_kernel");
 }

@@ -6,11 +6,14 @@
 #include "kernels/common.cuh"
 #include "kernels/deltanet.h"
 
-/* deltanet_prev() on device ranges */
-__device__ __forceinline__ int dn_prev(attn_ranges r, int t) {
-    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t];
-    if (b1 > b0) return t > b0 ? t - 1 : (a1 > a0 ? a1 - 1 : -1);
-    return t > a0 ? t - 1 : -1;
+/* deltanet_prev_row() on device ranges, token t at row row0 + t (a carry's, deltanet.h): the
+ * token of the call it continues, DC_NONE, or DC_CARRY (a row below row0: the carry's state) */
+enum { DC_NONE = -1, DC_CARRY = -2 };
+__device__ __forceinline__ int dn_prev(attn_ranges r, int row0, int t) {
+    int b0 = r.b0[t], b1 = r.b1[t], a0 = r.a0[t], a1 = r.a1[t], row = row0 + t, p;
+    if (b1 > b0) p = row > b0 ? row - 1 : (a1 > a0 ? a1 - 1 : -1);
+    else p = row > a0 ? row - 1 : -1;
+    return p < 0 ? DC_NONE : p >= row0 ? p - row0 : DC_CARRY;
 }
 
 enum { DC_C = 64, DC_NT = 256, DC_BV = 32, DC_TK = 32, DC_DK = 128, DC_SLOTS = 8, DC_PLAN = 1024, DC_EXTRA = 64 };
@@ -21,6 +24,64 @@ typedef struct {
     int *cst, *nc, *ref, *flag;
 } dc_scratch;
 dc_scratch dc_carve(float *p, int T, int Hv, int Dk, int Dv);
+
+/* where the chunk starting at t0 starts from: DC_CONT (the state the walk holds), DC_NONE
+ * (zeros), DC_CARRY (the carry's s_in), else the slot holding the state after token *pp */
+enum { DC_CONT = -3 };
+__device__ __forceinline__ int dc_mode(const dc_scratch &s, attn_ranges r, int row0, int t0, int *pp) {
+    int p = dn_prev(r, row0, t0);
+    *pp = p;
+    return t0 > 0 && p == t0 - 1 ? DC_CONT : p < 0 ? p : s.ref[p] % DC_SLOTS;
+}
+
+/* ---------------------------------------------------------------- tensor cores, fp32-exact
+ * C = A B on the block's warps with mma.sync m16n8k8 tf32 and fp32 accumulation, each operand
+ * split into a tf32 head and a tf32 tail (x = h + l, |l| <= 2^-11 |x|) and the three products
+ * that matter summed (l_a h_b + h_a l_b, then h_a h_b): fp32's accuracy (the tail's own product,
+ * 2^-22 relative, is dropped) at tensor-core speed. A(m, k), B(k, n) are functors returning the
+ * element (0 outside the matrices: they check their bounds), out(m, n, v) is called once per
+ * element of the padded M x N (16 x 8 tiles; it checks its bounds); K is stepped by 8. A tile's
+ * owner and its order over k depend only on (M, N): an element's sum is the same bits every run,
+ * and two calls of the same M, N give an element to the same thread. */
+__device__ __forceinline__ unsigned dc_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void dc_mma8(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <class FA, class FB, class FO> __device__ __forceinline__ void dc_mm(int M, int N, int K, FA A, FB B, FO out) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, tn = (N + 7) / 8, nt = (M + 15) / 16 * tn;
+    for (int tile = threadIdx.x >> 5; tile < nt; tile += blockDim.x >> 5) {
+        int m0 = tile / tn * 16, n0 = tile % tn * 8;
+        float c[4] = {0, 0, 0, 0};
+        for (int k0 = 0; k0 < K; k0 += 8) {
+            float av[4] = {A(m0 + g, k0 + q), A(m0 + g + 8, k0 + q), A(m0 + g, k0 + q + 4), A(m0 + g + 8, k0 + q + 4)};
+            float bv[2] = {B(k0 + q, n0 + g), B(k0 + q + 4, n0 + g)};
+            unsigned ah[4], al[4], bh[2], bl[2];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                ah[e] = dc_tf32(av[e]);
+                al[e] = dc_tf32(av[e] - __uint_as_float(ah[e]));
+            }
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                bh[e] = dc_tf32(bv[e]);
+                bl[e] = dc_tf32(bv[e] - __uint_as_float(bh[e]));
+            }
+            dc_mma8(c, al, bh);
+            dc_mma8(c, ah, bl);
+            dc_mma8(c, ah, bh);
+        }
+        out(m0 + g, n0 + 2 * q, c[0]);
+        out(m0 + g, n0 + 2 * q + 1, c[1]);
+        out(m0 + g + 8, n0 + 2 * q, c[2]);
+        out(m0 + g + 8, n0 + 2 * q + 1, c[3]);
+    }
+}
 
 /* The walks' two products on shared-memory tiles (X: 64 rows × a 32-wide tile; V: rows × 32
  * columns, this thread's column j). Rows: acc[m] += Σ_ii X[w + 8m][ii] V[ii][j] (rows w + 8m of
@@ -69,9 +130,10 @@ int dn_chunk_ok(int Dk);
 long long dn_chunk_floats(int T, int Hv, int Dk, int Dv);
 /* o (T,Hv,Dv) written (unless NULL) from qn, kn (T,Hk,Dk), g, beta (T,Hv) (dn_prep_kernel's) and
  * u's v slice; ck (unless NULL): the state after each token ≡ 63 (mod 64), (T/64+1, Hv, Dk, Dv);
- * h0 (unless NULL): chunk c's initial state for c < cap, (cap, Hv, Dk, Dv) */
+ * h0 (unless NULL): chunk c's initial state for c < cap, (cap, Hv, Dk, Dv); cy (deltanet.h, every
+ * pointer NULL and row0 0 without one): row0, s_in read, s_out written */
 void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr, const float *qn, const float *kn, const float *g,
-                  const float *beta, const bf16 *u, attn_ranges r, int T, int Hk, int Hv, int Dk, int Dv);
+                  const float *beta, const bf16 *u, attn_ranges r, const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv);
 
 /* The chunked backward (deltanet_chunk_bwd.cu): 1 when it takes these dims (Dk, Dv <= 128) */
 int dn_chunk_bwd_ok(int Dk, int Dv);
@@ -80,8 +142,9 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv);
 /* The forward again (ck: the recurrent backward's checkpoints, written in any case), then, when the
  * layout's chunks fit the scratch (else 0 is returned: the caller runs the recurrent backward),
  * dv into du's v slice and the partials the recurrent backward's reductions take with one slice:
- * *pdq, *pdk (T,Hv,Dk) the gradients of qn and kn; *pdb (T,Hv) of β; *pdg (T,Hv) of g itself. */
+ * *pdq, *pdk (T,Hv,Dk) the gradients of qn and kn; *pdb (T,Hv) of β; *pdg (T,Hv) of g itself.
+ * cy: row0, s_in read, ds_out taken, ds_in += (s_out not written) */
 int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
-                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
-                 int Hk, int Hv, int Dk, int Dv);
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r,
+                 const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv);
 #endif

@@ -9,14 +9,19 @@
  *   - the forward again (deltanet_chunk.cu with ck and h0): U, W, P, G, every chunk's initial
  *     state S0 (h0) and the recurrent backward's checkpoints (ck); the host reads the chunk count
  *     (one stream sync) and takes the recurrent backward instead when the chunks exceed the
- *     scratch (T/64 + 1 + DC_EXTRA of them: a packed batch of many short runs) or the stream is
+ *     scratch (T/64 + T/128 + 1 + DC_EXTRA of them: a run's start or a continued token cuts
+ *     one more, so a packed batch of many short runs may have more) or the stream is
  *     being captured.
  *   - dc_rev_kernel: grid (Hv, ⌈Dv/32⌉), the mirror of the forward's walk: the chunks in reverse
  *     token order carrying dS (Dk × 32 columns in shared memory); a chunk's dS_end (saved: dSe) is
  *     its successor's dS0 plus, for a token other runs continue (a prompt's last), the sum of those
- *     runs' dS0 collected in a slot in reverse token order.
+ *     runs' dS0 collected in a slot in reverse token order. With a carry (deltanet.h) the last
+ *     chunk's dS_end starts from ds_out, and a chunk continuing the carry's state adds its dS0 into
+ *     ds_in (its own elements, in reverse token order).
  *   - dc_grad_kernel: grid (chunks, Hv), every chunk at once from S0 and dS_end: the rest of the
- *     list above (dynamic shared memory: δ, dδ→Ū, dW→W̄, dK̃, k·k, A, dA, dP).
+ *     list above (dynamic shared memory: δ, dδ→Ū, dW→W̄, dK̃, k·k, A, dA, dP), its matrix
+ *     products on tensor cores at fp32 accuracy (dc_mm: 3xTF32), the backward substitution and
+ *     the per-token sums on CUDA cores.
  * Outputs are the recurrent backward's partials with one slice (deltanet.cu reduces them over the
  * value heads of a key head and runs the norms', softplus' and sigmoid's backward), except that
  * pdg is the gradient of g itself. Every sum has one owner and a fixed order (same bits twice). */
@@ -24,7 +29,7 @@
 
 int dn_chunk_bwd_ok(int Dk, int Dv) { return dn_chunk_ok(Dk) && Dv >= 1 && Dv <= DC_DK; }
 
-static int dc_cap(int T) { return T / DC_C + 1 + DC_EXTRA; }
+static int dc_cap(int T) { return T / DC_C + T / (2 * DC_C) + 1 + DC_EXTRA; }
 
 long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
     long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
@@ -33,8 +38,8 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
 
 /* ---------------------------------------------------------------- the reverse walk */
 
-__global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn,
-                                                       const bf16 *dout, attn_ranges r, int Hk, int Hv, int Dk, int Dv) {
+__global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn, const bf16 *dout,
+                                                       attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
     __shared__ float dS[DC_DK][DC_BV], Dd[DC_C][DC_BV], Do[DC_C][DC_BV], X[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
     __shared__ int ptok[DC_SLOTS], info[3];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
@@ -42,11 +47,14 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
     size_t SZ = (size_t)Dk * Dv;
     for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) dS[e / DC_BV][e % DC_BV] = 0;
     if (tid < DC_SLOTS) ptok[tid] = -1;
+    __syncthreads();
+    if (cy.ds_out && vj) /* the last state's gradient from outside (own elements) */
+        for (int i = w; i < Dk; i += 8) dS[i][j] = cy.ds_out[h * SZ + (size_t)i * Dv + jj];
     for (int c = nc - 1; c >= 0; c--) {
         int t0 = s.cst[c], n = s.cst[c + 1] - t0, last = t0 + n - 1, rf = s.ref[last];
         __syncthreads();
         if (tid == 0) { /* md as the forward's; fresh: the first run to hand its dS0 to slot md */
-            int p = dn_prev(r, t0), md = t0 > 0 && p == t0 - 1 ? -2 : p < 0 ? -1 : s.ref[p] % DC_SLOTS, fresh = 0;
+            int p, md = dc_mode(s, r, cy.row0, t0, &p), fresh = 0;
             if (rf >= 0) {
                 if (ptok[rf % DC_SLOTS] != last) __trap(); /* a continued token none continued */
                 ptok[rf % DC_SLOTS] = -1;
@@ -110,12 +118,14 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
                 dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - dc_col_dot(X, Dd, ii, j));
             }
         }
-        if (md != -2) { /* dS0 is not the predecessor's: into token p's slot, or dropped (a fresh state) */
+        if (md != DC_CONT) { /* dS0 is not the predecessor's: into token p's slot, the carry's ds_in, or dropped (zeros) */
             if (md >= 0 && vj)
                 for (int i = w; i < Dk; i += 8) {
                     float *pe = s.slot + ((size_t)md * Hv + h) * SZ + (size_t)i * Dv + jj;
                     *pe = fresh ? dS[i][j] : *pe + dS[i][j];
                 }
+            if (md == DC_CARRY && cy.ds_in && vj)
+                for (int i = w; i < Dk; i += 8) cy.ds_in[h * SZ + (size_t)i * Dv + jj] += dS[i][j];
             for (int i = w; i < DC_DK; i += 8) dS[i][j] = 0;
         }
     }
@@ -168,39 +178,39 @@ __global__ void __launch_bounds__(DC_NT)
             z.Bs[tid] = tid < n ? beta[TH(tid)] : 0.0f;
         }
         __syncthreads();
+        /* the products on tensor cores (dc_mm); operands from global memory (L2) and shared */
+        auto Kr = [&](int t, int i) { return t < n && i < Dk ? __ldg(kn + KQ(t, i)) : 0.0f; }; /* K (t, i) */
+        auto Kc = [&](int i, int t) { return t < n && i < Dk ? __ldg(kn + KQ(t, i)) : 0.0f; }; /* K^T (i, t) */
+        auto S0r = [&](int i, int j) { return i < Dk && j < Dv ? __ldg(S0 + (size_t)i * Dv + j) : 0.0f; }; /* S0 (i, j) */
+        auto S0c = [&](int j, int i) { return i < Dk && j < Dv ? __ldg(S0 + (size_t)i * Dv + j) : 0.0f; }; /* S0^T (j, i) */
+        auto dSr = [&](int i, int j) { return i < Dk && j < Dv ? __ldg(dS + (size_t)i * Dv + j) : 0.0f; };
+        auto dSc = [&](int j, int i) { return i < Dk && j < Dv ? __ldg(dS + (size_t)i * Dv + j) : 0.0f; };
+        auto dOr = [&](int t, int j) { return t < n && j < Dv ? DO(t, j) : 0.0f; };
         /* k·k and A */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float kk = 0;
-            if (t < n && sx < n)
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) kk += kn[KQ(t, i)] * kn[KQ(sx, i)];
+        dc_mm(DC_C, DC_C, Dk, Kr, Kc, [&](int t, int sx, float kk) {
             z.KK[t * L + sx] = kk;
             z.Am[t * L + sx] = sx < t && t < n ? z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kk : 0.0f;
-        }
-        /* δ, dδ, and dO ⊙ γ Q S0 (into KT, summed by rows below) */
-        for (int e = tid; e < DC_C * Dv; e += DC_NT) {
-            int t = e / Dv, j = e % Dv;
-            float dl = 0, dd = 0, oo = 0;
-            if (t < n) {
-                float ws = 0, qs = 0, ks = 0, dec = expf(z.Gs[n - 1] - z.Gs[t]);
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) {
-                    float sv = S0[(size_t)i * Dv + j];
-                    ws += s.W[TH(t) * Dk + i] * sv;
-                    qs += qn[KQ(t, i)] * sv;
-                    ks += kn[KQ(t, i)] * dS[(size_t)i * Dv + j];
-                }
-#pragma unroll 8
-                for (int sx = t; sx < n; sx++) dd += s.P[TH(sx) * DC_C + t] * DO(sx, j);
-                dl = s.U[TH(t) * Dv + j] - ws;
-                dd += dec * ks;
-                oo = DO(t, j) * (expf(z.Gs[t]) * qs);
-            }
-            z.D[t * Dv + j] = dl;
-            z.Ub[t * Dv + j] = dd;
-            z.KT[t * Dv + j] = oo;
-        }
+        });
+        /* δ = U - W S0; dO ⊙ γ Q S0 (into KT, summed by rows below); dδ = P^T dO + K̃ dS */
+        dc_mm(
+            DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(s.W + TH(t) * Dk + i) : 0.0f; }, S0r,
+            [&](int t, int j, float ws) {
+                if (j < Dv) z.D[t * Dv + j] = t < n ? s.U[TH(t) * Dv + j] - ws : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dv, Dk, [&](int t, int i) { return t < n && i < Dk ? __ldg(qn + KQ(t, i)) : 0.0f; }, S0r,
+            [&](int t, int j, float qs) {
+                if (j < Dv) z.KT[t * Dv + j] = t < n ? DO(t, j) * (expf(z.Gs[t]) * qs) : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dv, DC_C, [&](int t, int sx) { return sx < n && t < DC_C ? __ldg(s.P + TH(sx) * DC_C + t) : 0.0f; }, dOr,
+            [&](int t, int j, float pd) {
+                if (j < Dv) z.Ub[t * Dv + j] = t < n ? pd : 0.0f;
+            });
+        dc_mm(DC_C, Dv, Dk, Kr, dSr, [&](int t, int j, float ks) { /* the same owners as the product before */
+                                                                   if (j < Dv && t < n)
+                                                                       z.Ub[t * Dv + j] += expf(z.Gs[n - 1] - z.Gs[t]) * ks;
+        });
         __syncthreads();
         for (int t = wp; t < DC_C; t += DC_NT / 32) {
             float a = 0;
@@ -209,31 +219,23 @@ __global__ void __launch_bounds__(DC_NT)
             if (lane == 0) z.dGo[t] = a;
         }
         __syncthreads();
-        /* dP, dW (into Wb), dK̃ (into KT), dq's direct part (pdq), Σ dS ⊙ S0 */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float a = 0;
-            if (sx <= t && t < n)
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) a += DO(t, j) * z.D[sx * Dv + j];
-            z.dP[t * L + sx] = a;
-        }
-        for (int e = tid; e < DC_C * Dk; e += DC_NT) {
-            int t = e / Dk, i = e % Dk;
-            float dw = 0, dk = 0, dq = 0;
-            if (t < n) {
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) {
-                    float sv = S0[(size_t)i * Dv + j];
-                    dw -= z.Ub[t * Dv + j] * sv;
-                    dk += z.D[t * Dv + j] * dS[(size_t)i * Dv + j];
-                    dq += DO(t, j) * sv;
-                }
-                pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * dq;
-            }
-            z.Wb[t * Dk + i] = dw;
-            z.KT[t * Dk + i] = dk;
-        }
+        /* dP (lower), dW = -dδ S0^T (into Wb), dK̃ = δ dS^T (into KT), dq's direct part γ dO S0^T (pdq) */
+        dc_mm(
+            DC_C, DC_C, Dv, dOr, [&](int j, int sx) { return j < Dv ? z.D[sx * Dv + j] : 0.0f; },
+            [&](int t, int sx, float a) { z.dP[t * L + sx] = sx <= t && t < n ? a : 0.0f; });
+        dc_mm(
+            DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.Ub[t * Dv + j] : 0.0f; }, S0c,
+            [&](int t, int i, float a) {
+                if (i < Dk) z.Wb[t * Dk + i] = t < n ? -a : 0.0f;
+            });
+        dc_mm(
+            DC_C, Dk, Dv, [&](int t, int j) { return j < Dv ? z.D[t * Dv + j] : 0.0f; }, dSc,
+            [&](int t, int i, float a) {
+                if (i < Dk) z.KT[t * Dk + i] = t < n ? a : 0.0f;
+            });
+        dc_mm(DC_C, Dk, Dv, dOr, S0c, [&](int t, int i, float a) {
+            if (i < Dk && t < n) pdq[TH(t) * Dk + i] = expf(z.Gs[t]) * a;
+        });
         float sse = 0;
         for (size_t e = tid; e < SZ; e += DC_NT) sse += dS[e] * S0[e];
         sse = block_sum(sse, z.red);
@@ -253,18 +255,19 @@ __global__ void __launch_bounds__(DC_NT)
             }
         }
         __syncthreads();
-        /* dA = -(Ū U^T + W̄ W^T), strictly lower */
-        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
-            int t = e / DC_C, sx = e % DC_C;
-            float a = 0;
-            if (sx < t && t < n) {
-#pragma unroll 8
-                for (int j = 0; j < Dv; j++) a += z.Ub[t * Dv + j] * s.U[TH(sx) * Dv + j];
-#pragma unroll 8
-                for (int i = 0; i < Dk; i++) a += z.Wb[t * Dk + i] * s.W[TH(sx) * Dk + i];
-            }
-            z.dA[t * L + sx] = -a;
-        }
+        /* dA = -(Ū U^T + W̄ W^T), strictly lower: one product over [Ū | W̄] and [U | W] */
+        dc_mm(
+            DC_C, DC_C, Dv + Dk,
+            [&](int t, int k) { return k < Dv     ? z.Ub[t * Dv + k]
+                                    : k < Dv + Dk ? z.Wb[t * Dk + k - Dv]
+                                                  : 0.0f; },
+            [&](int k, int sx) {
+                return sx >= n    ? 0.0f
+                    : k < Dv      ? __ldg(s.U + TH(sx) * Dv + k)
+                    : k < Dv + Dk ? __ldg(s.W + TH(sx) * Dk + k - Dv)
+                                  : 0.0f;
+            },
+            [&](int t, int sx, float a) { z.dA[t * L + sx] = sx < t && t < n ? -a : 0.0f; });
         __syncthreads();
         /* per token: dv, dβ, dG (a warp a row) */
         for (int t = wp; t < n; t += DC_NT / 32) {
@@ -307,21 +310,40 @@ __global__ void __launch_bounds__(DC_NT)
                 pdb[TH(t)] = z.dB[t];
             }
         }
-        /* dk, dq through A, P, W and K̃ */
-        for (int e = tid; e < n * Dk; e += DC_NT) {
-            int t = e / Dk, i = e % Dk;
-            float gt = expf(z.Gs[t]), dk = z.Bs[t] * gt * z.Wb[t * Dk + i], dq = pdq[TH(t) * Dk + i];
-#pragma unroll 8
-            for (int sx = 0; sx < n; sx++) {
-                if (sx < t) dk += z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
-                if (sx > t) dk += z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]) * kn[KQ(sx, i)];
-                if (sx >= t) dk += z.dP[sx * L + t] * expf(z.Gs[sx] - z.Gs[t]) * qn[KQ(sx, i)];
-                if (sx <= t) dq += z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) * kn[KQ(sx, i)];
+        __syncthreads();
+        /* dk, dq through A, P, W and K̃: the coefficients of K and Q in dk (KK, Am: free now), of K in dq (dA) */
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            float m1 = 0, m2 = 0;
+            if (t < n && sx < n) {
+                if (sx < t) m1 = z.dA[t * L + sx] * z.Bs[t] * expf(z.Gs[t] - z.Gs[sx]);
+                if (sx > t) m1 = z.dA[sx * L + t] * z.Bs[sx] * expf(z.Gs[sx] - z.Gs[t]);
+                if (sx >= t) m2 = z.dP[sx * L + t] * expf(z.Gs[sx] - z.Gs[t]);
             }
-            dk += expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
-            pdk[TH(t) * Dk + i] = dk;
-            pdq[TH(t) * Dk + i] = dq;
+            z.KK[t * L + sx] = m1;
+            z.Am[t * L + sx] = m2;
         }
+        __syncthreads();
+        for (int e = tid; e < DC_C * DC_C; e += DC_NT) {
+            int t = e / DC_C, sx = e % DC_C;
+            z.dA[t * L + sx] = t < n && sx <= t ? z.dP[t * L + sx] * expf(z.Gs[t] - z.Gs[sx]) : 0.0f;
+        }
+        __syncthreads();
+        dc_mm(
+            DC_C, Dk, 2 * DC_C, [&](int t, int s2) { return s2 < DC_C ? z.KK[t * L + s2] : z.Am[t * L + s2 - DC_C]; },
+            [&](int s2, int i) { return s2 < DC_C              ? Kr(s2, i)
+                                     : s2 - DC_C < n && i < Dk ? __ldg(qn + KQ(s2 - DC_C, i))
+                                                               : 0.0f; },
+            [&](int t, int i, float a) {
+                if (t < n && i < Dk)
+                    pdk[TH(t) * Dk + i] = a + z.Bs[t] * expf(z.Gs[t]) * z.Wb[t * Dk + i] +
+                        expf(z.Gs[n - 1] - z.Gs[t]) * z.KT[t * Dk + i];
+            });
+        dc_mm(
+            DC_C, Dk, DC_C, [&](int t, int sx) { return z.dA[t * L + sx]; }, Kr,
+            [&](int t, int i, float a) {
+                if (t < n && i < Dk) pdq[TH(t) * Dk + i] += a; /* the owner of the direct part's product (same M, N) */
+            });
 #undef TH
 #undef KQ
 #undef DO
@@ -329,8 +351,8 @@ __global__ void __launch_bounds__(DC_NT)
 }
 
 int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, float **pdg, float *ck, float *scr, const float *qn,
-                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r, int T,
-                 int Hk, int Hv, int Dk, int Dv) {
+                 const float *kn, const float *g, const float *beta, const bf16 *dout, const bf16 *u, attn_ranges r,
+                 const deltanet_carry &cy, int T, int Hk, int Hv, int Dk, int Dv) {
     long long SZ = (long long)Hv * Dk * Dv, TH = (long long)T * Hv;
     int cap = dc_cap(T), nc = 0;
     float *h0 = scr + dn_chunk_floats(T, Hv, Dk, Dv), *dSe = h0 + cap * SZ;
@@ -338,7 +360,9 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     *pdk = *pdq + TH * Dk;
     *pdb = *pdk + TH * Dk;
     *pdg = *pdb + TH;
-    dn_chunk_fwd(c, NULL, ck, h0, cap, scr, qn, kn, g, beta, u, r, T, Hk, Hv, Dk, Dv);
+    deltanet_carry kin = cy;
+    kin.s_out = NULL; /* the recompute leaves the forward's outputs alone */
+    dn_chunk_fwd(c, NULL, ck, h0, cap, scr, qn, kn, g, beta, u, r, kin, T, Hk, Hv, Dk, Dv);
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CU_CK(c, cudaStreamIsCapturing(c->stream, &cs));
     if (c->failed || cs != cudaStreamCaptureStatusNone) return 0;
@@ -346,7 +370,7 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     CU_CK(c, cudaMemcpyAsync(&nc, s.nc, sizeof nc, cudaMemcpyDeviceToHost, c->stream));
     CU_CK(c, cudaStreamSynchronize(c->stream));
     if (c->failed || nc > cap) return 0;
-    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, Hk, Hv, Dk, Dv);
+    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, cy, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_rev_kernel");
     size_t bytes = dc_grad_bytes(Dk, Dv);
     CU_CK(c, cudaFuncSetAttribute(dc_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));

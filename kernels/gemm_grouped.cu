@@ -1,21 +1,31 @@
 /* gemm_grouped.cu — gemm_grouped.cuh's many GEMMs in one launch, on Hopper's warpgroup MMA
- * (wgmma m64n128k16, bf16 in, fp32 accumulate; sm_90a). Why in house: cuBLAS's grouped GEMM
- * runs only the K-major x K-major problems (the MoE forward) as one grouped kernel; the
- * backward's problems (an N-major weight, or both operands token-major for the weight
- * gradients) ran as one kernel per expert, ~1,300 launches of ~8 us in one 30B-A3B layer's
- * backward. Measured and dropped on the way (one H200, bench_moe 9216): an mma.sync form
- * (128 x 128 x 32 tiles, ldmatrix.trans for the MN-major operands), a 4-stage ring at one
- * block an SM, and a warp-specialised persistent form (a producer warpgroup, mbarriers): each
- * no faster than this one.
+ * (wgmma, bf16 in, fp32 accumulate; sm_90a). Why in house: cuBLAS's grouped GEMM runs only the
+ * K-major x K-major problems (the MoE forward) as one grouped kernel; the backward's problems
+ * (an N-major weight, or both operands token-major for the weight gradients) ran as one kernel
+ * per expert, ~1,300 launches of ~8 us in one 30B-A3B layer's backward.
  *
- * A block owns a 128 x 128 tile of one problem and walks its K range 64 deep at a time through
- * a 3-stage cp.async ring; two blocks share an SM (128 registers a thread, 97 KB of shared
- * memory each). An operand's tile sits in shared memory in its own layout, swizzled
- * as wgmma.cuh says (K-major: 128 rows of 64 k; MN-major: 64 k-rows of 128), and the MN-major
- * ones reach the MMA through the instruction's transpose flag. Blocks map to tiles through the
- * problems' first-tile offsets (a binary search over at most a few hundred problems); a
- * problem's tiles are consecutive, m-major. */
+ * Two forms, the same sums: each output's K range runs in one fixed order, 16 at a time, into
+ * one fp32 accumulator, so a problem gives the same values in either (bench_moe measured the
+ * two within 1e-5 at 30B-A3B dims).
+ *   The TMA form (launches whose problems are all wider than 128 columns: the experts' own
+ *   GEMMs): 128 x 256 tiles, a persistent block an SM, a producer warpgroup issuing TMA loads
+ *   from per-problem tensor maps into a 4-stage mbarrier ring, two consumer warpgroups on
+ *   m64n256k16; below.
+ *   The cp.async form (any width; the adapters' rank-wide problems): a block owns a 128 x 128
+ *   tile of one problem and walks its K range 64 deep at a time through a 3-stage cp.async
+ *   ring; two blocks share an SM (128 registers a thread, 97 KB of shared memory each).
+ * An operand's tile sits in shared memory in its own layout, swizzled as wgmma.cuh says
+ * (K-major: rows of 64 k; MN-major: 64 k-rows of 64-column blocks), and the MN-major ones reach
+ * the MMA through the instruction's transpose flag. Blocks map to tiles through the problems'
+ * first-tile offsets (a binary search over at most a few hundred problems); a problem's tiles
+ * are consecutive, m-major. Measured and dropped on the way to the cp.async form (one H200,
+ * bench_moe 9216): an mma.sync form (128 x 128 x 32 tiles, ldmatrix.trans for the MN-major
+ * operands), a 4-stage ring at one block an SM, and a cp.async warp-specialised persistent form. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/gemm_grouped.cuh"
 #include "kernels/wgmma.cuh"
@@ -43,7 +53,8 @@ __device__ __forceinline__ void gg_load(unsigned char *s, const bf16 *g, int ld,
     }
 }
 
-/* the problem of tile t and the tile's first row and column */
+/* the problem of tile t (BM x BN tiles) and the tile's first row and column */
+template <int BM = GG_BM, int BN = GG_BN>
 __device__ __forceinline__ const gg_prob *gg_find(const gg_prob *probs, int np, int t, int &m0, int &n0) {
     int lo = 0, hi = np - 1;
     while (lo < hi) { /* the last problem whose first tile is <= t */
@@ -52,7 +63,7 @@ __device__ __forceinline__ const gg_prob *gg_find(const gg_prob *probs, int np, 
         else hi = mid - 1;
     }
     int local = t - probs[lo].tile0;
-    m0 = (local / probs[lo].tiles_n) * GG_BM, n0 = (local % probs[lo].tiles_n) * GG_BN;
+    m0 = (local / probs[lo].tiles_n) * BM, n0 = (local % probs[lo].tiles_n) * BN;
     return probs + lo;
 }
 
@@ -169,6 +180,215 @@ __global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *_
     gg_store<F32>(*pp, acc, sm, m0, n0);
 }
 
+/* The TMA form: 128 x 256 tiles 64 deep, a persistent block an SM walking tiles blockIdx.x,
+ * + gridDim.x, ... Warpgroup 0 is the producer (40 registers): one thread loads each K tile of
+ * A (128 x 64) and B (256 x 64) with TMA (the problem's tensor maps; edges arrive as zeros)
+ * into a 4-stage ring of 48 KB stages, signalling "full"; warpgroups 1 and 2 (232 registers)
+ * each own 64 rows x 256 columns (one m64n256k16 accumulator, 128 registers a thread), wait
+ * "full", run the stage's MMAs, and release the stage before ("empty") once the MMAs of the
+ * next stage are issued. The epilogue writes from registers (beta: a row's 16 float2 loads in
+ * flight before its stores) while the producer already fills the next tile's stages. Beside
+ * this one in one call (a GPU shared with other jobs, so within its noise): 3 stages, two
+ * m64n128k16 a k step, a block a tile instead of persistent blocks, none faster. */
+enum {
+    GW_BM = 128,
+    GW_BN = 256,
+    GW_BK = 64,
+    GW_NS = 4,
+    GW_NT = 384,
+    GW_A = GW_BM * GW_BK * 2,
+    GW_B = GW_BN * GW_BK * 2,
+    GW_STAGE = GW_A + GW_B,
+    GG_MAP = 128
+};
+static const int GW_SMEM = GW_NS * GW_STAGE + 1024 + 2 * GW_NS * 8;
+
+template <int F32> __device__ __forceinline__ void gw_store(const gg_prob &p, const float (&acc)[32][4], int m0, int n0) {
+    int lane = threadIdx.x & 31, r0 = m0 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2), c0 = n0 + (lane & 3) * 2;
+    const bool beta = F32 && p.beta != 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        int r = r0 + hr * 8;
+        if (r >= p.m) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 old[16];
+            if (beta) {
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    int col = c0 + h * 128 + j * 8;
+                    old[j] = col < p.n ? *(const float2 *)((const float *)p.d + (size_t)r * p.ldd + col) : make_float2(0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                int col = c0 + h * 128 + j * 8;
+                if (col >= p.n) continue;
+                size_t o = (size_t)r * p.ldd + col;
+                float x = acc[16 * h + j][2 * hr], y = acc[16 * h + j][2 * hr + 1];
+                if (beta) x += p.beta * old[j].x, y += p.beta * old[j].y;
+                if (F32) *(float2 *)((float *)p.d + o) = make_float2(x, y);
+                else *(__nv_bfloat162 *)((bf16 *)p.d + o) = __floats2bfloat162_rn(x, y);
+            }
+        }
+    }
+}
+
+template <int AK, int BK, int F32>
+__global__ void __launch_bounds__(GW_NT, 1)
+    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, int np, int tiles) {
+    extern __shared__ __align__(1024) unsigned char gg_smem[];
+    unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
+    unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE), *empty = full + GW_NS;
+    const int wg = threadIdx.x >> 7;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GW_NS; s++) mb_init(&full[s], 1), mb_init(&empty[s], 2 * 128);
+        mb_init_fence();
+    }
+    __syncthreads();
+    int s = 0;
+    unsigned ph = 0;
+    if (wg == 0) { /* the producer */
+        wg_regs_dec<40>();
+        if (threadIdx.x != 0) return;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            int m0, n0;
+            const gg_prob *pp = gg_find<GW_BM, GW_BN>(probs, np, t, m0, n0);
+            const CUtensorMap *pm = maps + (size_t)(pp - probs) * GG_SRC * 2;
+            for (int i = 0; i < pp->ns; i++) {
+                const CUtensorMap *ma = pm + 2 * i, *mb = ma + 1;
+                tma_map_acquire(ma);
+                tma_map_acquire(mb);
+                for (int k0 = 0; k0 < pp->s[i].k; k0 += GW_BK) {
+                    mb_wait(&empty[s], ph ^ 1);
+                    unsigned char *sa = sm + s * GW_STAGE, *sb = sa + GW_A;
+                    mb_expect(&full[s], GW_STAGE);
+                    if (AK) tma_load_2d(sa, ma, k0, m0, &full[s]);
+                    else
+#pragma unroll
+                        for (int j = 0; j < GW_BM / 64; j++)
+                            tma_load_2d(sa + j * (GW_A * 64 / GW_BM), ma, m0 + 64 * j, k0, &full[s]);
+                    if (BK) tma_load_2d(sb, mb, k0, n0, &full[s]);
+                    else
+#pragma unroll
+                        for (int j = 0; j < GW_BN / 64; j++)
+                            tma_load_2d(sb + j * (GW_B * 64 / GW_BN), mb, n0 + 64 * j, k0, &full[s]);
+                    if (++s == GW_NS) s = 0, ph ^= 1;
+                }
+            }
+        }
+        return;
+    }
+    wg_regs_inc<232>();
+    const int cw = wg - 1;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        const gg_prob *pp = gg_find<GW_BM, GW_BN>(probs, np, t, m0, n0);
+        float acc[32][4];
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[j][r] = 0.0f;
+        int nk = 0, prev = -1;
+        for (int i = 0; i < pp->ns; i++) nk += (pp->s[i].k + GW_BK - 1) / GW_BK;
+        for (int kt = 0; kt < nk; kt++) {
+            mb_wait(&full[s], ph);
+            const unsigned char *sa = sm + s * GW_STAGE, *sb = sa + GW_A;
+            unsigned long long da = gg_desc_a<AK>(sa, cw), db = gg_desc_b<BK>(sb);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < GW_BK / 16; kk++) wg_mma_ss256<!AK, !BK>(acc, da + gg_step<AK>(kk), db + gg_step<BK>(kk), 1);
+            wg_commit();
+            wg_wait<1>();
+            if (prev >= 0) mb_arrive(&empty[prev]);
+            prev = s;
+            if (++s == GW_NS) s = 0, ph ^= 1;
+        }
+        wg_wait<0>();
+        wg_keep(acc);
+        if (prev >= 0) mb_arrive(&empty[prev]);
+        gw_store<F32>(*pp, acc, m0 + 64 * cw, n0);
+    }
+}
+
+/* cuTensorMapEncodeTiled through the runtime (no link to the driver library); NULL where the
+ * driver has none */
+static PFN_cuTensorMapEncodeTiled_v12000 gw_encoder(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        return (PFN_cuTensorMapEncodeTiled_v12000)f;
+    }();
+    return fn;
+}
+
+/* a bf16 matrix of `outer` rows of `inner` contiguous elements, ld apart, read in boxes of
+ * 64 x box_outer with the 128-byte swizzle wgmma.cuh's tiles use */
+static int gw_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16 *p, int inner, int outer, int ld,
+                  int box_outer) {
+    cuuint64_t dim[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, stride[1] = {(cuuint64_t)ld * 2};
+    cuuint32_t box[2] = {64, (cuuint32_t)box_outer}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+typedef void (*gw_kernel_fn)(const gg_prob *, const CUtensorMap *, int, int);
+static gw_kernel_fn gw_pick(gg_layout l) {
+    static const gw_kernel_fn k[8] = {gemm_grouped_tma_kernel<0, 0, 0>, gemm_grouped_tma_kernel<0, 0, 1>,
+                                      gemm_grouped_tma_kernel<0, 1, 0>, gemm_grouped_tma_kernel<0, 1, 1>,
+                                      gemm_grouped_tma_kernel<1, 0, 0>, gemm_grouped_tma_kernel<1, 0, 1>,
+                                      gemm_grouped_tma_kernel<1, 1, 0>, gemm_grouped_tma_kernel<1, 1, 1>};
+    return k[(l.a_kmaj ? 4 : 0) + (l.b_kmaj ? 2 : 0) + (l.d_f32 ? 1 : 0)];
+}
+
+/* The launch in the TMA form; 0 (nothing queued) where it does not apply: a problem 128
+ * columns wide or less, no encoder, a map the driver refuses. */
+static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = gw_encoder();
+    if (!enc) return 0;
+    for (int i = 0; i < np; i++)
+        if (p[i].n <= GG_BN) return 0;
+    size_t mb = (size_t)np * GG_SRC * 2 * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
+    unsigned char *h = (unsigned char *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!h) return 0;
+    CUtensorMap *maps = (CUtensorMap *)h;
+    memset(h, 0, mb);
+    int ok = 1;
+    long long tiles = 0;
+    for (int i = 0; i < np && ok; i++) {
+        for (int j = 0; j < p[i].ns && ok; j++) {
+            const gg_src *q = &p[i].s[j];
+            CUtensorMap *m = maps + ((size_t)i * GG_SRC + j) * 2;
+            ok = (l.a_kmaj ? gw_map(enc, m, q->a, q->k, p[i].m, q->lda, GW_BM) : gw_map(enc, m, q->a, p[i].m, q->k, q->lda, 64)) &&
+                (l.b_kmaj ? gw_map(enc, m + 1, q->b, q->k, p[i].n, q->ldb, GW_BN)
+                          : gw_map(enc, m + 1, q->b, p[i].n, q->k, q->ldb, 64));
+        }
+        p[i].tiles_n = (p[i].n + GW_BN - 1) / GW_BN;
+        p[i].tile0 = (int)tiles;
+        tiles += (long long)((p[i].m + GW_BM - 1) / GW_BM) * p[i].tiles_n;
+    }
+    if (!ok || tiles > 0x7fffffff) {
+        free(h);
+        return 0;
+    }
+    memcpy(h + mb, p, (size_t)np * sizeof(gg_prob));
+    if (tiles > 0) {
+        CU_CK(c, cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, c->stream));
+        gw_kernel_fn k = gw_pick(l);
+        CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GW_SMEM));
+        if (!c->failed) {
+            int grid = c->n_sm > 0 && c->n_sm < tiles ? c->n_sm : (int)tiles;
+            k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, np, (int)tiles);
+            CU_LAUNCHED(c, "gemm_grouped_tma_kernel");
+        }
+    }
+    free(h);
+    return 1;
+}
+
 static int gg_al16(const void *p) { return !((uintptr_t)p & 15); }
 
 int gemm_grouped_fits(const gg_prob *p, gg_layout l) {
@@ -190,7 +410,7 @@ static gg_kernel_fn gg_pick(gg_layout l) {
 }
 
 void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
-    if (c->failed || np <= 0) return;
+    if (c->failed || np <= 0 || gw_run(c, p, np, l, dev)) return;
     long long tiles = 0;
     for (int i = 0; i < np; i++) {
         p[i].tiles_n = (p[i].n + GG_BN - 1) / GG_BN;

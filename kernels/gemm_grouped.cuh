@@ -5,9 +5,11 @@
  *
  * over up to GG_SRC products, with A read K-major (A(i,j) at a[i·lda + j]) or M-major
  * (a[j·lda + i]) and B K-major (B(j,c) at b[c·ldb + j]) or N-major (b[j·ldb + c]); all problems
- * and products of a launch share the three layouts. The operands' contiguous dimension must be a multiple of 8 and every operand 16-byte
- * aligned (gemm_grouped_fits); the other dimensions are free (edges zero-filled).
- * Deterministic: one block owns an output tile and runs its K range in one fixed order (no
+ * and products of a launch share the three layouts. The operands' contiguous dimension must be
+ * a multiple of 8 and every operand 16-byte aligned (gemm_grouped_fits); the other dimensions
+ * are free (edges zero-filled). Two forms inside (gemm_grouped.cu: TMA where every problem is
+ * wider than 128 columns, cp.async otherwise), the same sum order in both.
+ * Deterministic: one block computes an output tile and runs its K range in one fixed order (no
  * atomics, no split K), so the same problems give the same bits. */
 #ifndef GRPOD_KERNELS_GEMM_GROUPED_CUH
 #define GRPOD_KERNELS_GEMM_GROUPED_CUH
@@ -37,7 +39,9 @@ typedef struct {
 int gemm_grouped_fits(const gg_prob *p, gg_layout l);
 
 /* Runs the np problems of p (host array; tile0 and tiles_n are written) on c's stream; dev
- * is device room for np problems (gemm_grouped_bytes), reused once the launch is queued. */
+ * is device room for np problems (gemm_grouped_bytes), 64-byte aligned, reused once the launch
+ * is queued. */
 void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
-static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * sizeof(gg_prob); }
+/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product */
+static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + 2 * GG_SRC * 128); }
 #endif

@@ -1,9 +1,11 @@
 /* matmul_exact.cu — exact mode's GEMM for many rows (tune.exact): y (T,O) = x (T,I) W^T
  * + b (+ res), each output with the few-row kernel's reduction order (matmul_order.cuh), so a row
- * of a 4096-row training forward has the bits the same row gets in a 16-row decode step.
+ * of a 4096-row training forward has the bits the same row gets in a 16-row decode step. Two
+ * tiles of that order: a narrow one (32 rows x 128 outputs) while the wide one would not fill half
+ * the SMs, and the wide one (128 x 256, below) for training and prefill.
  *
- * A block is EX_BM = 32 WM rows x EX_BN = 128 outputs, 8 warps as 2 x 4, a warp 16 WM rows x 32
- * outputs (WM m16 tiles, 4 n8 tiles). K streams in SK_KC-wide chunks through an EX_ST-stage
+ * The narrow tile: EX_BM = 32 WM rows x EX_BN = 128 outputs, 8 warps as 2 x 4, a warp 16 WM rows
+ * x 32 outputs (WM m16 tiles, 4 n8 tiles). K streams in SK_KC-wide chunks through an EX_ST-stage
  * cp.async ring (one barrier a chunk); a warp keeps two sets of accumulators: the segment's
  * partial, from 0 at each segment's start, and the sum of the segments closed so far, to which
  * the partial is added when its segment ends — the few-row kernel's sum over its warps, in the
@@ -119,10 +121,130 @@ static void exact_mm_launch(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, 
     cu_launch_pdl(c, "exact_mm_kernel", exact_mm_kernel<WM>, grid, dim3(EX_NTH), ex_shape<WM>::SMEM, out, x, w, bias, res, T, I, O);
 }
 
-/* Tiles of 128 rows once they fill the SMs twice over, else 32 (more blocks for few rows). */
+/* The wide tile for many rows: a block XB_BM = 128 rows x XB_BN = 256 outputs, 8 warps as 2 x 4,
+ * a warp 64 x 64 (4 m16 x 8 n8 tiles: 16 fragment loads feed 64 MMAs a k-half, twice the reuse
+ * of the tile above). The ring holds k-halves (32 wide: the h of matmul_order.cuh), rows of four
+ * 16-byte pieces, unswizzled (a quarter warp's loads cover two whole 64-byte rows). Only one
+ * accumulator set lives in registers: a segment's partial; the sum of the closed segments
+ * (segments 0 .. SK_WARPS - 2) is kept in shared memory, a thread's 128 values at stride
+ * XB_NTH, and the last segment's partial is added to it in the epilogue: the same additions, in
+ * the same order, as the tile above. */
+enum { XB_BM = 128, XB_BN = 256, XB_KH = 32, XB_ST = 4, XB_NTH = 256, XB_ACC = 128 };
+enum : size_t {
+    XB_STAGE = (size_t)(XB_BM + XB_BN) * XB_KH * 2, /* bytes */
+    XB_SMEM = XB_STAGE * XB_ST + (size_t)XB_ACC * XB_NTH * 4, /* the ring, then the closed sums */
+};
+
+__global__ void __launch_bounds__(XB_NTH, 1)
+    exact_mm_wide_kernel(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O) {
+    constexpr int PA = XB_BM * 4, PB = XB_BN * 4; /* 16-byte pieces a stage */
+    extern __shared__ uint4 xb_ring[]; /* [XB_ST][PA + PB], then float sums[XB_ACC][XB_NTH] */
+    float *const sums = (float *)(xb_ring + (size_t)XB_ST * (PA + PB));
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int wm = wp >> 2, wn = wp & 3, t0 = blockIdx.y * XB_BM, o0 = blockIdx.x * XB_BN;
+    const int nch = I / SK_KC, nh = 2 * nch;
+    pdl_wait();
+    pdl_trigger();
+    /* k-half s: k = s XB_KH .. + XB_KH */
+    auto issue = [&](int s) {
+        uint4 *st = xb_ring + (size_t)(s % XB_ST) * (PA + PB);
+        const int k = s * XB_KH;
+#pragma unroll
+        for (int i = tid; i < PA; i += XB_NTH) {
+            const int t = t0 + (i >> 2);
+            sk_cp16(st + i, x + (size_t)(t < T ? t : 0) * I + k + (i & 3) * 8, t < T ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = tid; i < PB; i += XB_NTH) {
+            const int o = o0 + (i >> 2);
+            sk_cp16(st + PA + i, w + (size_t)(o < O ? o : 0) * I + k + (i & 3) * 8, o < O ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < XB_ST - 1; s++) {
+        if (s < nh) issue(s);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    float acc[4][8][4];
+    float *const af = &acc[0][0][0];
+#pragma unroll
+    for (int i = 0; i < XB_ACC; i++) af[i] = 0.0f;
+    int seg = 0; /* segments [0, seg) are closed into sums */
+    /* close every segment but the last that ends at chunk c (empty ones add 0) */
+    auto close_to = [&](int c) {
+        while (seg < SK_WARPS - 1 && sk_seg0(seg + 1, nch) <= c) {
+#pragma unroll
+            for (int i = 0; i < XB_ACC; i++) {
+                float *p = sums + (size_t)i * XB_NTH + tid;
+                *p = (seg ? *p : 0.0f) + af[i];
+                af[i] = 0.0f;
+            }
+            seg++;
+        }
+    };
+    close_to(0);
+    for (int s = 0; s < nh; s++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(XB_ST - 2));
+        __syncthreads(); /* k-half s landed for all; the stage of s - 1 is free */
+        if (s + XB_ST - 1 < nh) issue(s + XB_ST - 1);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint4 *sa = xb_ring + (size_t)(s % XB_ST) * (PA + PB), *sb = sa + PA;
+        uint4 lo[4], hi[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const int r = wm * 64 + m * 16 + g;
+            lo[m] = sa[r * 4 + q];
+            hi[m] = sa[(r + 8) * 4 + q];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            const uint4 wv = sb[(wn * 64 + nt * 8 + g) * 4 + q];
+#pragma unroll
+            for (int m = 0; m < 4; m++) sk_mma8(acc[m][nt], lo[m], hi[m], wv);
+        }
+        if (s & 1) close_to((s >> 1) + 1);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int t = t0 + wm * 64 + m * 16 + g + 8 * hf, o = o0 + wn * 64 + nt * 8 + 2 * q;
+                if (t >= T || o >= O) continue;
+                float v[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int i = (m * 8 + nt) * 4 + 2 * hf + e;
+                    float s = sums[(size_t)i * XB_NTH + tid] + af[i]; /* the last segment */
+                    if (o + e < O) {
+                        if (bias) s += __bfloat162float(bias[o + e]);
+                        if (res) s += __bfloat162float(res[(size_t)t * O + o + e]);
+                    }
+                    v[e] = s;
+                }
+                bf16 *d = out + (size_t)t * O + o;
+                if (!(O & 1) && o + 1 < O) *(__nv_bfloat162 *)d = __floats2bfloat162_rn(v[0], v[1]);
+                else {
+                    d[0] = __float2bfloat16(v[0]);
+                    if (o + 1 < O) d[1] = __float2bfloat16(v[1]);
+                }
+            }
+}
+
+/* The wide tile once its blocks fill half the SMs (a single wave of it beats the narrow tile's
+ * two), else the 32-row tile (more blocks for few rows). */
 void exact_mm_cuda(cu_ctx *c, bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O) {
     if (c->failed || T <= 0) return;
-    const long long big = (long long)((T + 127) / 128) * ((O + EX_BN - 1) / EX_BN);
-    if (big >= 2LL * c->n_sm) exact_mm_launch<4>(c, out, x, w, bias, res, T, I, O);
-    else exact_mm_launch<1>(c, out, x, w, bias, res, T, I, O);
+    const long long wide = (long long)((T + XB_BM - 1) / XB_BM) * ((O + XB_BN - 1) / XB_BN);
+    if (2 * wide < c->n_sm) {
+        exact_mm_launch<1>(c, out, x, w, bias, res, T, I, O);
+        return;
+    }
+    static unsigned done;
+    cu_raise_smem(c, exact_mm_wide_kernel, XB_SMEM, &done);
+    if (c->failed) return;
+    const dim3 grid((O + XB_BN - 1) / XB_BN, (T + XB_BM - 1) / XB_BM);
+    cu_launch_pdl(c, "exact_mm_wide_kernel", exact_mm_wide_kernel, grid, dim3(XB_NTH), XB_SMEM, out, x, w, bias, res, T, I, O);
 }

@@ -140,39 +140,84 @@ static size_t moe_gg_room(int E) {
     return ((a > b ? a : b) + 255) & ~(size_t)255;
 }
 
-/* The problems in house (gemm_grouped.cu), unless tune.moe asks for cuBLAS or a problem does not
- * fit its layout rules; 1 when run. Column-major D = op(A) op(B) is row-major D^T = op(B)^T
- * op(A)^T: A' is B (K-major when B is not transposed), B' is A (K-major when A is). */
-static int moe_gg_own(const moe_gg_ctx *x, const moe_gg *g) {
-    cu_ctx *c = x->c;
-    if (c->tune && c->tune->moe == TUNE_MOE_CUBLAS) return 0;
-    gg_layout l = {!g->tb, g->ta, g->d_f32};
-    gg_prob *p = (gg_prob *)calloc(2 * (size_t)x->E, sizeof *p);
-    if (!p) return 0;
-    int P = 0, ok = 1;
+/* ---------------------------------------------------------------- row-major problems */
+
+/* Grouped GEMMs in house (gemm_grouped.cu): per expert with slots, D_e (m x n, row-major) =
+ * Σ_i A_i,e B_i,e (+ beta D_e); m, n or k < 0: the expert's count. An operand is a moe_opnd and
+ * its leading dimension. */
+typedef struct {
+    moe_opnd a, b;
+    int lda, ldb, k;
+} moe_rs;
+typedef struct {
+    int m, n, ldd, ns;
+    float beta;
+    moe_opnd d;
+    moe_rs s[GG_SRC];
+} moe_rp;
+
+static moe_rp moe_rp_new(int m, int n, moe_opnd d, int ldd, float beta) {
+    moe_rp r;
+    memset(&r, 0, sizeof r);
+    r.m = m, r.n = n, r.d = d, r.ldd = ldd, r.beta = beta;
+    return r;
+}
+static void moe_rp_add(moe_rp *r, moe_opnd a, int lda, moe_opnd b, int ldb, int k) {
+    r->s[r->ns++] = (moe_rs){a, b, lda, ldb, k};
+}
+
+/* nr problems an expert (nr <= 3) as gemm_grouped's problems, expert by expert: *P of them in
+ * *out (the caller frees it); 0, or -1 where one is outside gemm_grouped's rules or the host
+ * has no memory. */
+static int moe_rp_probs(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout l, gg_prob **out, int *P) {
+    gg_prob *p = (gg_prob *)calloc(3 * (size_t)x->E, sizeof *p);
+    *out = p, *P = 0;
+    if (!p) return -1;
     long long off = 0;
-    for (int e = 0; e < x->E && ok; off += x->hcnt[e], e++) {
+    for (int e = 0; e < x->E; off += x->hcnt[e], e++) {
         int ce = x->hcnt[e];
-        if (ce == 0) continue;
-        for (int j = 0; j < g->np && ok; j++) {
-            gg_prob *q = &p[P];
-            const bf16 *a = (const bf16 *)moe_gg_ptr(&g->b[j], e, off, 2), *b = (const bf16 *)moe_gg_ptr(&g->a[j], e, off, 2);
-            if (g->sum && j) { /* the second product of a sum */
-                q = &p[P - 1];
-                q->s[q->ns++] = (gg_src){a, b, q->s[0].k, g->ldb, g->lda};
-            } else {
-                q->d = (void *)moe_gg_ptr(&g->d[j], e, off, g->d_f32 ? 4 : 2);
-                q->m = g->n < 0 ? ce : g->n;
-                q->n = g->m < 0 ? ce : g->m;
-                q->s[0] = (gg_src){a, b, g->k < 0 ? ce : g->k, g->ldb, g->lda};
-                q->ns = 1;
-                q->ldd = g->ldd, q->beta = g->beta;
-                P++;
+        for (int j = 0; j < nr && ce; j++) {
+            gg_prob *q = &p[(*P)++];
+            q->m = r[j].m < 0 ? ce : r[j].m, q->n = r[j].n < 0 ? ce : r[j].n;
+            q->d = (void *)moe_gg_ptr(&r[j].d, e, off, l.d_f32 ? 4 : 2), q->ldd = r[j].ldd, q->beta = r[j].beta;
+            q->ns = r[j].ns;
+            for (int i = 0; i < r[j].ns; i++) {
+                const moe_rs *u = &r[j].s[i];
+                q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2), (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
+                                   u->k < 0 ? ce : u->k, u->lda, u->ldb};
             }
-            ok = gemm_grouped_fits(q, l);
+            if (!gemm_grouped_fits(q, l)) return -1;
         }
     }
-    if (ok) gemm_grouped_cuda(c, p, P, l, x->dptr);
+    return 0;
+}
+
+/* The adapters' problems (moe_lora_grouped_fits checked their shapes), one launch. */
+static void moe_rp_run(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout l) {
+    gg_prob *p;
+    int P;
+    if (moe_rp_probs(x, r, nr, l, &p, &P))
+        cu_fail(x->c, "moe adapters' grouped GEMM", "a shape outside gemm_grouped's rules, or no host memory", __FILE__, __LINE__);
+    else gemm_grouped_cuda(x->c, p, P, l, x->dptr);
+    free(p);
+}
+
+/* A column-major moe_gg in house, unless tune.moe asks for cuBLAS or a problem is outside
+ * gemm_grouped's rules; 1 when run. Column-major D = op(A) op(B) is row-major D^T = op(B)^T
+ * op(A)^T: A' is B (K-major when B is not transposed), B' is A (K-major when A is); a sum is
+ * one problem of two products. */
+static int moe_gg_own(const moe_gg_ctx *x, const moe_gg *g) {
+    if (x->c->tune && x->c->tune->moe == TUNE_MOE_CUBLAS) return 0;
+    moe_rp r[2];
+    int nr = 0;
+    for (int j = 0; j < g->np; j++) {
+        if (!g->sum || !j) r[nr++] = moe_rp_new(g->n, g->m, g->d[j], g->ldd, g->beta);
+        moe_rp_add(&r[nr - 1], g->b[j], g->ldb, g->a[j], g->lda, g->k);
+    }
+    gg_layout l = {!g->tb, g->ta, g->d_f32};
+    gg_prob *p;
+    int P, ok = !moe_rp_probs(x, r, nr, l, &p, &P);
+    if (ok) gemm_grouped_cuda(x->c, p, P, l, x->dptr);
     free(p);
     return ok;
 }
@@ -250,65 +295,6 @@ done:
     free(op);
     free(ab);
     free(hp);
-}
-
-/* ---------------------------------------------------------------- row-major problems (adapters) */
-
-/* The adapters' GEMMs, in house only (moe_lora_grouped_fits checked the shapes): per expert with
- * slots, D_e (m x n, row-major) = Σ_i A_i,e B_i,e (+ beta D_e); m, n or k < 0: the expert's
- * count. An operand is a moe_opnd and its leading dimension. */
-typedef struct {
-    moe_opnd a, b;
-    int lda, ldb, k;
-} moe_rs;
-typedef struct {
-    int m, n, ldd, ns;
-    float beta;
-    moe_opnd d;
-    moe_rs s[GG_SRC];
-} moe_rp;
-
-static moe_rp moe_rp_new(int m, int n, moe_opnd d, int ldd, float beta) {
-    moe_rp r;
-    memset(&r, 0, sizeof r);
-    r.m = m, r.n = n, r.d = d, r.ldd = ldd, r.beta = beta;
-    return r;
-}
-static void moe_rp_add(moe_rp *r, moe_opnd a, int lda, moe_opnd b, int ldb, int k) {
-    r->s[r->ns++] = (moe_rs){a, b, lda, ldb, k};
-}
-
-/* nr problems an expert (nr <= 3), one launch */
-static void moe_rp_run(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout l) {
-    cu_ctx *c = x->c;
-    gg_prob *p = (gg_prob *)calloc(3 * (size_t)x->E, sizeof *p);
-    if (!p) {
-        cu_fail(c, "calloc(moe adapters' GEMMs)", "out of host memory", __FILE__, __LINE__);
-        return;
-    }
-    int P = 0;
-    long long off = 0;
-    for (int e = 0; e < x->E; off += x->hcnt[e], e++) {
-        int ce = x->hcnt[e];
-        for (int j = 0; j < nr && ce; j++, P++) {
-            gg_prob *q = &p[P];
-            q->m = r[j].m < 0 ? ce : r[j].m, q->n = r[j].n < 0 ? ce : r[j].n;
-            q->d = (void *)moe_gg_ptr(&r[j].d, e, off, l.d_f32 ? 4 : 2), q->ldd = r[j].ldd, q->beta = r[j].beta;
-            q->ns = r[j].ns;
-            for (int i = 0; i < r[j].ns; i++) {
-                const moe_rs *u = &r[j].s[i];
-                q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2), (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
-                                   u->k < 0 ? ce : u->k, u->lda, u->ldb};
-            }
-            if (!gemm_grouped_fits(q, l)) {
-                cu_fail(c, "moe adapters' grouped GEMM", "a shape outside gemm_grouped's rules", __FILE__, __LINE__);
-                free(p);
-                return;
-            }
-        }
-    }
-    gemm_grouped_cuda(c, p, P, l, x->dptr);
-    free(p);
 }
 
 int moe_lora_grouped_fits(int C, int Fm, const moe_lora *lr) {

@@ -1,8 +1,8 @@
 /* wgmma.cuh — the Hopper warpgroup-MMA (wgmma, sm_90a) building blocks shared by
  * attention_wgmma.cu and gemm_grouped.cu: the 128-byte-swizzled shared-memory tile layout,
  * its matrix descriptors (K-major and MN-major) and k16 steps, the async-group fences, and the
- * m64n64k16 / m64n128k16 bf16 MMAs with fp32 accumulators, and the mbarriers of a
- * producer / consumer ring.
+ * m64n64k16 / m64n128k16 / m64n256k16 bf16 MMAs with fp32 accumulators, and the mbarriers,
+ * TMA loads and register budgets of a producer / consumer ring.
  *
  * Shared-memory tiles: ROWS rows as column blocks of ROWS x 128 bytes (64 bf16 of the row's
  * contiguous dimension), each row's eight 16-byte chunks XOR-swizzled by row % 8, every block
@@ -90,6 +90,30 @@ __device__ __forceinline__ void wg_mma_ss128(float (&d)[16][4], unsigned long lo
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
+/* d (64 x 256) (+)= A (64 x 16) · B (16 x 256), both from descriptors (TA / TB as wg_mma_ss128's);
+ * the template lists the 128 accumulators 16 (four n8 fragments) a line */
+#define WG_F4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+template <int TA = 0, int TB = 0>
+__device__ __forceinline__ void wg_mma_ss256(float (&d)[32][4], unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : WG_F4(0), WG_F4(1), WG_F4(2), WG_F4(3), WG_F4(4), WG_F4(5), WG_F4(6), WG_F4(7), WG_F4(8), WG_F4(9), WG_F4(10),
+                   WG_F4(11), WG_F4(12), WG_F4(13), WG_F4(14), WG_F4(15), WG_F4(16), WG_F4(17), WG_F4(18), WG_F4(19), WG_F4(20),
+                   WG_F4(21), WG_F4(22), WG_F4(23), WG_F4(24), WG_F4(25), WG_F4(26), WG_F4(27), WG_F4(28), WG_F4(29), WG_F4(30),
+                   WG_F4(31)
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+#undef WG_F4
+
 __device__ __forceinline__ void wg_mma_rs128(float (&d)[16][4], const unsigned (&a)[4], unsigned long long db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
@@ -128,6 +152,29 @@ __device__ __forceinline__ void mb_wait(unsigned long long *b, unsigned ph) {
         "r"(ph)
         : "memory");
 }
+/* one arrival on b that also expects `bytes` more of asynchronous (TMA) writes */
+__device__ __forceinline__ void mb_expect(unsigned long long *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(fa_smem(b)), "r"(bytes) : "memory");
+}
+/* the barriers' initialisation, visible to the asynchronous proxy (TMA) before the block's barrier */
+__device__ __forceinline__ void mb_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+/* TMA: the box at (c0 inner, c1 outer) of the 2-D tensor map m (in global memory) into
+ * shared memory at dst, completing `bytes` on b; out-of-bounds elements arrive as zeros */
+__device__ __forceinline__ void tma_load_2d(void *dst, const void *m, int c0, int c1, unsigned long long *b) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                     fa_smem(dst)),
+                 "l"(m), "r"(c0), "r"(c1), "r"(fa_smem(b))
+                 : "memory");
+}
+/* a tensor map written by a copy (generic proxy) before it is used by TMA (tensormap proxy) */
+__device__ __forceinline__ void tma_map_acquire(const void *m) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(m) : "memory");
+}
+/* warp-specialised register budgets: a producer gives registers back, consumers take them */
+template <int R> __device__ __forceinline__ void wg_regs_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void wg_regs_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
 /* a consumer's wait on a full barrier: then the tile the producer's cp.async wrote (generic
  * proxy) may be read by wgmma (async proxy) */
 __device__ __forceinline__ void mb_acquire(unsigned long long *b, unsigned ph) {

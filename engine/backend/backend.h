@@ -96,8 +96,8 @@ struct eng_backend {
     /* Optional (NULL on cpu, whose memory is the host's): copies that overlap the ops, for state
      * kept in host memory (engine/train/offload.c). Lane 0 is the op stream, lane 1 a device -> host
      * copy stream, lane 2 a host -> device one, lane 3 the update's safety copy (any direction,
-     * engine/train/snapshot.c; on cuda its device -> host copies are stored by a few thread
-     * blocks, so the copy engines stay free for the other lanes). copy_async queues a copy
+     * engine/train/snapshot.c, which feeds it a piece at a time: a copy engine works through its
+     * queue in order, and the op stream's own copies share it). copy_async queues a copy
      * between device and pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
      * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
      * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and

@@ -19,37 +19,9 @@ typedef struct {
 
 static int lane_ok(int lane) { return lane >= 0 && lane < BE_LANES; }
 
-/* The snapshot lane's device -> host copies are made by SNAP_BLOCKS thread blocks storing into
- * the pinned (mapped) host memory, not by a copy engine: a copy engine works through its queue
- * in order, so a long copy there would hold back every small download the op stream makes
- * meanwhile (a pass's logprobs after each micro-batch). A few SMs keep PCIe busy instead. */
-enum { SNAP_BLOCKS = 8, SNAP_THREADS = 1024 };
-__global__ void snap_copy_k(int4 *dst, const int4 *src, size_t n16, char *dst_tail, const char *src_tail, int tail) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
-    for (; i < n16; i += stride) dst[i] = src[i];
-    if (blockIdx.x == 0 && (int)threadIdx.x < tail) dst_tail[threadIdx.x] = src_tail[threadIdx.x];
-}
-
-static int is_host(const void *p) {
-    cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError();
-        return 1;
-    }
-    return a.type == cudaMemoryTypeHost || a.type == cudaMemoryTypeUnregistered;
-}
-
 static int xf_copy(eng_backend *b, int lane, void *dst, const void *src, size_t n) {
     cu_ctx *c = CTX(b);
-    if (c->failed || !n || !lane_ok(lane)) {
-    } else if (lane == BE_LANE_SNAP && !is_host(src) && is_host(dst) && !((uintptr_t)dst % 16) && !((uintptr_t)src % 16)) {
-        size_t n16 = n / 16;
-        snap_copy_k<<<SNAP_BLOCKS, SNAP_THREADS, 0, XF(b)->lane[lane]>>>(
-            (int4 *)dst, (const int4 *)src, n16, (char *)dst + n16 * 16, (const char *)src + n16 * 16, (int)(n - n16 * 16));
-        CU_CK(c, cudaGetLastError());
-    } else {
-        CU_CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, XF(b)->lane[lane]));
-    }
+    if (!c->failed && n && lane_ok(lane)) CU_CK(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, XF(b)->lane[lane]));
     return c->failed ? err_set(GE_CUDA, "cuda backend failed: %s", c->msg) : 0;
 }
 static void xf_mark(eng_backend *b, int lane, int ev) {

@@ -133,6 +133,7 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
         m->ep = *ep;
         m->ep_E = c->E / ep->W;
         m->ep_e0 = ep->rank * m->ep_E;
+        if (!(m->ep_ws = calloc(1, sizeof *m->ep_ws))) return err_set(GE_NOMEM, "model: out of memory");
     }
     m->params = calloc((size_t)(4 + 16 * c->L + (long long)config_n_moe(c) * (5 + 3 * c->E)), sizeof *m->params);
     if (!m->params) return err_set(GE_NOMEM, "model: out of memory");
@@ -190,6 +191,7 @@ int model_init_ep(model *m, const model_config *c, eng_backend *be, const model_
 }
 
 void model_free(model *m) {
+    moe_ep_ws_free(m);
     if (m->inv_freq) m->be->free(m->be, m->inv_freq);
     free(m->params);
     free(m->lparams);
@@ -967,7 +969,7 @@ static void mlp_moe_fwd(const model *m, const model_views *w, model_acts *a, int
     be->moe_router_fwd(be, A->probs, A->topi, A->topw, out ? a->moe_stats : NULL, A->ln2, W->router, d->replay ? rt : NULL,
                        d->count, T, C, c->E, c->top_k, c->norm_topk);
     if (rt && !d->replay) be->copy(be, rt, A->topi, nk * sizeof(int));
-    if (m->ep.W) { /* expert parallelism: no adapters on the experts (LoRA refuses a comm) */
+    if (m->ep.W > 1) { /* expert parallelism: no adapters on the experts (LoRA refuses a comm); one rank holds them all */
         int rc = moe_ep_fwd(m, W, A, out, T);
         a->ep_rc = a->ep_rc ? a->ep_rc : rc;
     } else {
@@ -1015,7 +1017,7 @@ static void mlp_moe_bwd(const model *m, const model_views *w, const model_views 
     const model_layer_views *W = &w->layers[l], *G = &g->layers[l];
     be->rmsnorm_fwd(be, A->ln2, A->rstd2, A->xm, W->mlp_norm, T, C, c->eps);
     be->zero(be, a->dln, (size_t)T * C * (size_t)be->act_bytes);
-    if (m->ep.W) {
+    if (m->ep.W > 1) {
         int rc = moe_ep_bwd(m, W, G, A, a->dres, a->dln, a->dtopw, T);
         a->ep_rc = a->ep_rc ? a->ep_rc : rc;
     } else {

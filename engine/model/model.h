@@ -112,6 +112,7 @@ typedef struct {
     /* with ep.W: the replicated parameters are [0, ep_n0) (W shards of whole 16-element blocks),
      * this rank's experts follow (the training state keeps them whole, never summed over ranks) */
     long long ep_n0;
+    struct moe_ep_ws *ep_ws; /* with ep.W: the exchanges' buffers, kept between calls (moe_ep.c) */
     model_param *params;
     int n_params;
     long long n_elems; /* elements of a flat parameter buffer */

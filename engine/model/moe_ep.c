@@ -26,19 +26,46 @@ typedef struct {
     size_t R; /* rows received */
     int *host; /* (4n) src, inv, ids, then topi: the host copies */
     float *w; /* (n) the routing weights in plan order (backward) */
-    void *dev; /* src (n), inv (n), ids (n) ints, then the call's buffers */
-    int *src, *inv, *ids; /* in dev: the token of each row sent, each slot's row, its expert on its rank */
+    int *src, *inv, *ids; /* in the backend's memory: the token of each row sent, each slot's row, its expert on its rank */
 } ep_plan;
 
-static void plan_free(const model *m, ep_plan *p) {
+static void plan_free(ep_plan *p) {
     free(p->send);
     free(p->recv);
     free(p->host);
     free(p->w);
-    if (p->dev) m->be->free(m->be, p->dev);
 }
 
 static size_t up256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Workspace i of the model's (0: a plan's, 1: a call's buffers) with room for bytes: grown (the
+ * old one freed first) only when a call needs more than any before, so the exchanges do not
+ * allocate and free the backend's memory a layer. NULL: out of memory (GE_NOMEM set). */
+static void *ws_take(const model *m, int i, size_t bytes) {
+    struct moe_ep_ws *w = m->ep_ws;
+    if (bytes <= w->cap[i]) return w->mem[i];
+    if (w->mem[i]) m->be->free(m->be, w->mem[i]);
+    w->cap[i] = bytes + bytes / 8; /* room for a somewhat larger call next */
+    if (!(w->mem[i] = m->be->alloc(m->be, w->cap[i]))) {
+        w->cap[i] = 0;
+        err_set(GE_NOMEM, "moe_ep: out of memory (%zu MiB of buffers)", bytes >> 20);
+    }
+    return w->mem[i];
+}
+
+void moe_ep_ws_release(const model *m) {
+    struct moe_ep_ws *w = m->ep_ws;
+    for (int i = 0; w && i < 2; i++) {
+        if (w->mem[i]) m->be->free(m->be, w->mem[i]);
+        w->mem[i] = NULL;
+        w->cap[i] = 0;
+    }
+}
+
+void moe_ep_ws_free(const model *m) {
+    moe_ep_ws_release(m);
+    free(m->ep_ws);
+}
 
 /* Rows of `bytes` bytes each: send[q] rows to rank q, recv[q] from it. */
 static int exchange(const model *m, const void *in, const size_t *send, void *out, const size_t *recv, size_t bytes) {
@@ -62,9 +89,11 @@ static int plan_make(const model *m, const int *topi, const float *topw, int T, 
     p->recv = calloc((size_t)W, sizeof(size_t));
     p->host = malloc(4 * (size_t)n * sizeof(int) + 1);
     p->w = topw ? malloc((size_t)n * sizeof(float) + 1) : NULL;
-    size_t *at = calloc((size_t)W + 1, sizeof(size_t)), one[W];
-    size_t *dcnt = be->alloc(be, 2 * (size_t)W * sizeof(size_t));
-    int rc = p->send && p->recv && p->host && (!topw || p->w) && at && dcnt ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory");
+    size_t *at = calloc((size_t)W + 1, sizeof(size_t)), one[W], cb = up256(2 * (size_t)W * sizeof(size_t));
+    char *dws = ws_take(m, 0, cb + 3 * (size_t)n * sizeof(int) + 4); /* the counts, then src, inv, ids */
+    size_t *dcnt = (size_t *)dws;
+    int rc = p->send && p->recv && p->host && (!topw || p->w) && at ? 0 : err_set(GE_NOMEM, "moe_ep: out of memory");
+    if (!rc && !dws) rc = GE_NOMEM;
     int *src = p->host, *inv = src + n, *ids = inv + n, *ti = ids + n;
     float *tw = NULL;
     if (!rc && n) rc = be->to_host(be, ti, topi, (size_t)n * sizeof(int));
@@ -86,28 +115,26 @@ static int plan_make(const model *m, const int *topi, const float *topw, int T, 
     if (!rc) rc = m->ep.all_to_all_v(m->ep.ctx, dcnt, one, dcnt + W, one);
     if (!rc) rc = be->to_host(be, p->recv, dcnt + W, (size_t)W * sizeof(size_t));
     for (int q = 0; !rc && q < W; q++) p->R += p->recv[q];
-    if (!rc && !(p->dev = be->alloc(be, 3 * (size_t)n * sizeof(int) + 4))) rc = GE_NOMEM;
     if (!rc) {
-        p->src = p->dev;
+        p->src = (int *)(dws + cb);
         p->inv = p->src + n;
         p->ids = p->inv + n;
-        if (n) rc = be->to_dev(be, p->dev, p->host, 3 * (size_t)n * sizeof(int));
+        if (n) rc = be->to_dev(be, p->src, p->host, 3 * (size_t)n * sizeof(int));
     }
     free(at);
-    if (dcnt) be->free(be, dcnt);
     if (rc) {
-        plan_free(m, p);
+        plan_free(p);
         m->ep.abort(m->ep.ctx);
     }
     return rc;
 }
 
-/* One allocation of the backend's memory for a call's buffers: *ptr[i] gets len[i] bytes (each
- * 256-byte aligned, none empty). The base to free, or NULL (GE_NOMEM set). */
-static void *buffers(eng_backend *be, void **const *ptr, const size_t *len, int n) {
+/* A call's buffers in the model's workspace: *ptr[i] gets len[i] bytes (each 256-byte aligned,
+ * none empty). The base, or NULL (GE_NOMEM set). */
+static void *buffers(const model *m, void **const *ptr, const size_t *len, int n) {
     size_t tot = 0;
     for (int i = 0; i < n; i++) tot += up256(len[i] + 1);
-    char *base = be->alloc(be, tot), *at = base;
+    char *base = ws_take(m, 1, tot), *at = base;
     for (int i = 0; base && i < n; i++) {
         *ptr[i] = at;
         at += up256(len[i] + 1);
@@ -136,7 +163,7 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
     void *snd, *back, *rcv, *eg, *eu, *ey, *ids, *one;
     void **ptr[] = {&snd, &back, &rcv, &eg, &eu, &ey, &ids, &one};
     size_t len[] = {n * row, n * row, R * row, R * ab * Fm, R * ab * Fm, R * row, R * 4, R * 4};
-    void *mem = buffers(be, ptr, len, 8);
+    void *mem = buffers(m, ptr, len, 8);
     rc = mem ? ones(be, one, R) : GE_NOMEM;
     if (!rc) be->gather_rows(be, snd, A->ln2, p.src, (int)n, C);
     if (!rc) rc = exchange(m, snd, p.send, rcv, p.recv, row);
@@ -146,8 +173,7 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
                             Fm, NULL);
     if (!rc) rc = exchange(m, ey, p.recv, back, p.send, row);
     if (!rc) be->moe_combine_rows(be, out, A->ey, back, p.inv, A->xm, A->topw, T, C, k);
-    if (mem) be->free(be, mem);
-    plan_free(m, &p);
+    plan_free(&p);
     if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }
@@ -167,7 +193,7 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
     void **ptr[] = {&sx, &sdy, &back, &slot, &sw, &one, &x, &dy, &eg, &eu, &ey, &dg, &du, &dxr, &ids, &w, &dtw};
     size_t len[] = {n * row, n * row, n * row, n * row, n * 4,   n * 4, R * row, R * row, R * fm,
                     R * fm,  R * row, R * fm,  R * fm,  R * row, R * 4, R * 4,   R * 4};
-    void *mem = buffers(be, ptr, len, 17);
+    void *mem = buffers(m, ptr, len, 17);
     rc = mem ? ones(be, one, n) : GE_NOMEM;
     if (!rc && n) rc = be->to_dev(be, sw, p.w, n * sizeof(float));
     if (!rc) {
@@ -188,8 +214,7 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
     if (!rc) rc = exchange(m, dxr, p.recv, back, p.send, row);
     /* dx += the slots' rows in slot order, weight 1: as one rank's accumulation runs */
     if (!rc) be->moe_combine_rows(be, dx, slot, back, p.inv, dx, one, T, C, k);
-    if (mem) be->free(be, mem);
-    plan_free(m, &p);
+    plan_free(&p);
     if (rc) m->ep.abort(m->ep.ctx); /* the others' exchanges end instead of waiting for this rank */
     return rc;
 }

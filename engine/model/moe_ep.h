@@ -27,6 +27,17 @@
 
 /* The experts of layer l on A->ln2 with A->topi, A->topw: A->ey written; out (T,C) = A->xm +
  * Σ_s w_s ey_s when out is not NULL. */
+/* The exchanges' buffers in the backend's memory (model.ep_ws): a plan's and a call's, each
+ * grown to the largest call so far and kept until released (moe_ep_ws_release: the memory
+ * back, as an update's end gives its activations back to the plan) or model_free
+ * (moe_ep_ws_free). */
+struct moe_ep_ws {
+    void *mem[2];
+    size_t cap[2];
+};
+void moe_ep_ws_release(const model *m);
+void moe_ep_ws_free(const model *m);
+
 int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T);
 /* dx (T,C) += the experts' part of d ln2 for dout (T,C); dtopw (T,k) written; G's expert
  * gradients (this rank's experts; NULL: frozen) += theirs. */

@@ -234,6 +234,7 @@ int dec_step(eng *e, model_kv *kv, const model_input *in, int R, const int *rows
     if (!kv || !in->slot) return err_set(GE_INTERNAL, "dec_step: needs a KV cache and slots");
     if (kv->cap_st && !in->srow) return err_set(GE_INTERNAL, "dec_step: a hybrid model's step needs its state rows");
     if (n_ban > DEC_BAN_CAP) return err_set(GE_INVALID, "decode: %d banned ids (at most %d)", n_ban, DEC_BAN_CAP);
+    if ((rc = ep_decode_ready(e))) return rc;
     if (!R) { /* a forward only */
         if ((rc = eng_acts_reserve(e, &e->acts_ng, T, 1, 0))) return rc;
         rc = model_forward(m, wv, &e->acts_ng, kv, in, 1.0f, 0);

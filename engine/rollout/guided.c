@@ -2,6 +2,7 @@
 #include "engine/rollout/guided.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
@@ -11,7 +12,12 @@ void gd_masks_free(gd_masks *k) {
     *k = (gd_masks){0};
 }
 
-int gd_spec_of(eng *e, int guided, const char *suffix, jg_spec **out) {
+void gd_spec_free(jg_spec *g) {
+    if (g) jg_schema_free((jg_schema *)g->schema);
+    free(g);
+}
+
+int gd_spec_of(eng *e, int guided, const char *suffix, const char *schema, jg_spec **out) {
     *out = NULL;
     if (guided == ENG_GUIDED_NONE) return 0;
     if (!e->tok) return err_set(GE_UNSUPPORTED, "sampling.guided needs the model's tokenizer (tokenizer.json)");
@@ -19,10 +25,13 @@ int gd_spec_of(eng *e, int guided, const char *suffix, jg_spec **out) {
     if (!e->jg_vocab && (rc = jg_vocab_build(e->tok, V, &e->jg_vocab))) return rc;
     jg_spec *g = malloc(sizeof *g);
     if (!g) return err_set(GE_NOMEM, "guided decoding: out of memory");
-    if ((rc = jg_spec_init(g, guided == ENG_GUIDED_OBJECT, suffix))) {
+    jg_schema *sc = NULL;
+    if ((rc = jg_spec_init(g, guided == ENG_GUIDED_OBJECT, suffix)) ||
+        (schema && (rc = jg_schema_compile(schema, strlen(schema), &sc)))) {
         free(g);
-        return rc;
+        return schema && rc == GE_INVALID ? err_set(GE_INVALID, "sampling.guided_schema: %s", err_msg()) : rc;
     }
+    g->schema = sc;
     *out = g;
     return 0;
 }

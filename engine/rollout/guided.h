@@ -21,7 +21,8 @@ void gd_masks_free(gd_masks *k);
 
 /* The grammar of a job whose sampling has guided (*out NULL when it has none): malloc'd, or
  * GE_UNSUPPORTED when the model has no tokenizer. Builds the engine's token bytes once. */
-int gd_spec_of(eng *e, int guided, const char *suffix, jg_spec **out);
+int gd_spec_of(eng *e, int guided, const char *suffix, const char *schema, jg_spec **out);
+void gd_spec_free(jg_spec *g); /* with its schema */
 /* The next mask of the step for a row in state st with `left` tokens left (this one included)
  * and end ids end[0, n_end): its index + 1 (a sample_params.allow), or < 0 (out of memory). */
 int gd_row(eng *e, gd_masks *k, const jg_spec *g, const jg_state *st, int left, const int *end, int n_end);

@@ -806,7 +806,7 @@ int eng_sched_add(eng_sched *s, const eng_rollout_group *groups, int n_groups, c
         free(j);
         return err_set(GE_NOMEM, "scheduler: out of memory");
     }
-    if ((rc = gd_spec_of(s->e, sp->guided, sp->n_guided_suffix ? sp->guided_suffix[0] : NULL, &j->gram))) {
+    if ((rc = gd_spec_of(s->e, sp->guided, sp->n_guided_suffix ? sp->guided_suffix[0] : NULL, sp->guided_schema, &j->gram))) {
         free(j->ban_heap);
         free(j);
         return rc;
@@ -883,7 +883,7 @@ void eng_sched_job_release(eng_sched *s, eng_sched_job *j) {
         if (s->jobs_tail == j) s->jobs_tail = prev;
     }
     free(j->ban_heap);
-    free(j->gram);
+    gd_spec_free(j->gram);
     free(j);
 }
 

@@ -10,6 +10,9 @@
  *              read again after the value
  *   LIT        true / false / null (sub: which, at: letters matched)
  *   SUFFIX     the suffix's next byte;  END: nothing (the sequence's end)
+ *   PKEY       a schema object's property name after its '"' (cand: the first property whose
+ *              name starts with the lat bytes written), then '"'
+ *   ENUM       an enum / const value (cand: the first text that starts with the lat bytes)
  * A value that ends with the stack empty goes to SUFFIX (and, with an empty suffix, END), so the
  * suffix follows the value at once: no whitespace between them.
  *
@@ -25,7 +28,8 @@
 
 #include "common/err.h"
 
-enum { M_VALUE, M_ARR_FIRST, M_OBJ_FIRST, M_KEY, M_COLON, M_AFTER, M_STRING, M_ESC, M_UHEX, M_NUM, M_LIT, M_SUFFIX, M_END };
+enum { M_VALUE, M_ARR_FIRST, M_OBJ_FIRST, M_KEY, M_COLON, M_AFTER, M_STRING, M_ESC, M_UHEX, M_NUM, M_LIT, M_SUFFIX, M_END,
+       M_PKEY, M_ENUM };
 enum { NUM_MINUS, NUM_ZERO, NUM_INT, NUM_DOT, NUM_FRAC, NUM_E, NUM_ESIGN, NUM_EXP };
 static const char *const lits[] = {"true", "false", "null"};
 
@@ -45,10 +49,41 @@ int jg_spec_init(jg_spec *g, int object, const char *suffix) {
 }
 
 void jg_start(const jg_spec *g, jg_state *s) {
-    (void)g;
     memset(s, 0, sizeof *s);
     s->mode = M_VALUE;
+    s->vnode = g->schema ? (uint16_t)g->schema->root : 0;
 }
+
+/* ---------------------------------------------------------------- schema nodes */
+
+static const jg_node any_node = {.types = JG_T_ANY, .min = 1};
+static const jg_node *node_of(const jg_spec *g, int i) { return g->schema ? &g->schema->nodes[i] : &any_node; }
+static const jg_prop *prop_of(const jg_spec *g, const jg_node *n, int j) { return &g->schema->props[n->prop0 + j]; }
+static const jg_lit *lit_of(const jg_spec *g, const jg_node *n, int j) { return &g->schema->lits[n->lit0 + j]; }
+static const jg_node *top_node(const jg_spec *g, const jg_state *s) { return node_of(g, s->node[s->depth - 1]); }
+
+/* An object's bytes from its property pos on to its close: the required properties' shortest
+ * "key":min, with a comma before each but the first when nothing is written yet, then '}'. */
+static int rest(const jg_spec *g, const jg_node *n, int pos, int has_member) {
+    int suf = pos < n->n_props ? prop_of(g, n, pos)->suf : 0;
+    return suf + 1 - (!has_member && suf > 0);
+}
+/* The last property index a key may take from pos on: the first required one, or the last. */
+static int key_hi(const jg_spec *g, const jg_node *n, int pos) {
+    for (int j = pos; j < n->n_props; j++)
+        if (prop_of(g, n, j)->required) return j;
+    return n->n_props - 1;
+}
+/* The shortest value of node i (an object when the root must be one). */
+static int value_min(const jg_spec *g, const jg_state *s, int i) {
+    const jg_node *n = node_of(g, i);
+    if (g->object && s->depth == 0 && !n->n_lits) return 1 + rest(g, n, 0, 0);
+    return n->min;
+}
+/* Candidate j of a property name (from) or enum text matches the lat bytes of candidate cand. */
+static int same_prefix(const char *a, int alen, const char *b, int lat) { return alen >= lat && !memcmp(a, b, (size_t)lat); }
+
+static int enum_need(const jg_spec *g, const jg_state *s);
 
 /* ---------------------------------------------------------------- the automaton */
 
@@ -72,19 +107,62 @@ static void value_done(const jg_spec *g, jg_state *s) {
     else s->mode = g->suffix_len ? M_SUFFIX : M_END;
 }
 
-static int open_container(jg_state *s, unsigned char c) {
+static int open_container(const jg_spec *g, jg_state *s, unsigned char c) {
     if (s->depth >= JG_DEPTH) return -1;
+    s->node[s->depth] = s->vnode;
+    s->pos[s->depth] = 0;
     s->stack[s->depth++] = c;
     s->mode = c == '{' ? M_OBJ_FIRST : M_ARR_FIRST;
+    if (c == '[') s->vnode = (uint16_t)node_of(g, s->vnode)->items;
     s->ws = 0;
     return 0;
 }
 
-/* The first byte of a value. */
+/* An enum text's next byte: 1 when c continues a candidate, 0 when the text written is one of
+ * them whole and c is not part of it, -1 when c cannot follow. */
+static int enum_byte(const jg_spec *g, jg_state *s, unsigned char c) {
+    const jg_node *n = node_of(g, s->vnode);
+    const jg_lit *cur = lit_of(g, n, s->cand);
+    for (int j = s->cand; j < n->n_lits; j++) {
+        const jg_lit *l = lit_of(g, n, j);
+        if (same_prefix(l->text, l->len, cur->text, s->lat) && l->len > s->lat && (unsigned char)l->text[s->lat] == c) {
+            s->cand = (uint16_t)j, s->lat++;
+            return 1;
+        }
+    }
+    for (int j = s->cand; j < n->n_lits; j++) {
+        const jg_lit *l = lit_of(g, n, j);
+        if (l->len == s->lat && same_prefix(l->text, l->len, cur->text, s->lat)) return 0;
+    }
+    return -1;
+}
+/* 1 when no candidate goes on past the lat bytes written (the text is whole). */
+static int enum_whole(const jg_spec *g, const jg_state *s) {
+    const jg_node *n = node_of(g, s->vnode);
+    const jg_lit *cur = lit_of(g, n, s->cand);
+    if (cur->len != s->lat) return 0;
+    for (int j = s->cand + 1; j < n->n_lits; j++) {
+        const jg_lit *l = lit_of(g, n, j);
+        if (l->len > s->lat && same_prefix(l->text, l->len, cur->text, s->lat)) return 0;
+    }
+    return 1;
+}
+
+/* The first byte of a value (of node vnode: its types, or its enum's texts). */
 static int value_byte(const jg_spec *g, jg_state *s, unsigned char c) {
     if (g->object && s->depth == 0 && c != '{') return -1;
+    const jg_node *n = node_of(g, s->vnode);
     s->ws = 0;
-    if (c == '{' || c == '[') return open_container(s, c);
+    if (n->n_lits) {
+        s->mode = M_ENUM, s->cand = 0, s->lat = 0;
+        if (enum_byte(g, s, c) != 1) return -1;
+        if (enum_whole(g, s)) value_done(g, s);
+        return 0;
+    }
+    int t = c == '{' ? JG_T_OBJ : c == '[' ? JG_T_ARR : c == '"' ? JG_T_STR : c == '-' || is_digit(c) ? JG_T_INT | JG_T_NUM
+          : c == 't' || c == 'f' ? JG_T_BOOL : c == 'n' ? JG_T_NULL : 0;
+    if (!(n->types & t)) return -1;
+    if (c == '{' || c == '[') return open_container(g, s, c);
     if (c == '"') {
         s->mode = M_STRING, s->key = 0, s->sub = 0;
         return 0;
@@ -92,6 +170,7 @@ static int value_byte(const jg_spec *g, jg_state *s, unsigned char c) {
     if (c == '-' || is_digit(c)) {
         s->mode = M_NUM;
         s->sub = c == '-' ? NUM_MINUS : c == '0' ? NUM_ZERO : NUM_INT;
+        s->at = !(n->types & JG_T_NUM); /* an integer: no fraction, no exponent */
         return 0;
     }
     for (int i = 0; i < 3; i++)
@@ -100,6 +179,47 @@ static int value_byte(const jg_spec *g, jg_state *s, unsigned char c) {
             return 0;
         }
     return -1;
+}
+
+/* A key's opening '"' in an object: a property name under a schema with properties (none left
+ * to take: refused), any string otherwise (none on a closed object). */
+static int key_open(const jg_spec *g, jg_state *s) {
+    const jg_node *n = top_node(g, s);
+    if (n->closed) return -1;
+    if (!n->n_props) {
+        s->mode = M_STRING, s->key = 1, s->sub = 0;
+        return 0;
+    }
+    if (s->pos[s->depth - 1] >= n->n_props) return -1;
+    s->mode = M_PKEY, s->cand = s->pos[s->depth - 1], s->lat = 0;
+    return 0;
+}
+
+/* A property name's next byte (PKEY): the closing '"' takes the candidate written whole. */
+static int pkey_byte(const jg_spec *g, jg_state *s, unsigned char c) {
+    const jg_node *n = top_node(g, s);
+    const jg_prop *cur = prop_of(g, n, s->cand);
+    int hi = key_hi(g, n, s->pos[s->depth - 1]);
+    for (int j = s->cand; j <= hi; j++) {
+        const jg_prop *p = prop_of(g, n, j);
+        if (!same_prefix(p->key, p->klen, cur->key, s->lat)) continue;
+        if (c == '"' && p->klen == s->lat) {
+            s->pos[s->depth - 1] = (uint8_t)(j + 1);
+            s->vnode = (uint16_t)p->node;
+            s->mode = M_COLON, s->ws = 0;
+            return 0;
+        }
+        if (p->klen > s->lat && (unsigned char)p->key[s->lat] == c) { /* a '"' in a name is escaped: never a close */
+            s->cand = (uint16_t)j, s->lat++;
+            return 0;
+        }
+    }
+    return -1;
+}
+/* '}' may close the top object: no required property is left. */
+static int may_close(const jg_spec *g, const jg_state *s) {
+    const jg_node *n = top_node(g, s);
+    return rest(g, n, s->pos[s->depth - 1], 1) == 1;
 }
 
 /* Whitespace: at most JG_WS_MAX bytes in a row, none before the root value (the answer starts
@@ -114,6 +234,7 @@ static int num_byte(jg_state *s, unsigned char c) {
     case NUM_ZERO:
     case NUM_INT:
         if (s->sub == NUM_INT && is_digit(c)) return 1;
+        if (s->at && (c == '.' || c == 'e' || c == 'E')) return 0; /* an integer ends here */
         if (c == '.') return s->sub = NUM_DOT, 1;
         if (c == 'e' || c == 'E') return s->sub = NUM_E, 1;
         return is_digit(c) ? -1 : 0; /* no leading zeros */
@@ -140,7 +261,7 @@ static int string_byte(const jg_spec *g, jg_state *s, unsigned char c) {
         return 0;
     }
     if (c == '"') {
-        if (s->key) s->mode = M_COLON, s->ws = 0;
+        if (s->key) s->mode = M_COLON, s->ws = 0, s->vnode = (uint16_t)top_node(g, s)->items;
         else value_done(g, s);
         return 0;
     }
@@ -165,16 +286,24 @@ static int feed_byte(const jg_spec *g, jg_state *s, unsigned char c) {
     case M_OBJ_FIRST:
     case M_KEY:
         if (is_ws(c)) return whitespace(s);
-        if (c == '"') {
-            s->mode = M_STRING, s->key = 1, s->sub = 0;
-            return 0;
-        }
-        if (s->mode == M_OBJ_FIRST && c == '}') {
+        if (c == '"') return key_open(g, s);
+        if (s->mode == M_OBJ_FIRST && c == '}' && may_close(g, s)) {
             s->depth--;
             value_done(g, s);
             return 0;
         }
         return -1;
+    case M_PKEY: return pkey_byte(g, s, c);
+    case M_ENUM: {
+        int r = enum_byte(g, s, c);
+        if (r > 0) {
+            if (enum_whole(g, s)) value_done(g, s);
+            return 0;
+        }
+        if (r < 0) return -1;
+        value_done(g, s); /* c ends the text: read it after the value */
+        return feed_byte(g, s, c);
+    }
     case M_COLON:
         if (is_ws(c)) return whitespace(s);
         if (c != ':') return -1;
@@ -183,11 +312,14 @@ static int feed_byte(const jg_spec *g, jg_state *s, unsigned char c) {
     case M_AFTER: {
         if (is_ws(c)) return whitespace(s);
         unsigned char top = s->stack[s->depth - 1];
+        const jg_node *n = top_node(g, s);
         if (c == ',') {
+            if (top == '{' && n->n_props && s->pos[s->depth - 1] >= n->n_props) return -1; /* no property left */
             s->mode = top == '{' ? M_KEY : M_VALUE, s->ws = 0;
+            if (top == '[') s->vnode = (uint16_t)n->items;
             return 0;
         }
-        if (c != (top == '{' ? '}' : ']')) return -1;
+        if (c != (top == '{' ? '}' : ']') || (top == '{' && !may_close(g, s))) return -1;
         s->depth--;
         value_done(g, s);
         return 0;
@@ -234,23 +366,61 @@ int jg_feed(const jg_spec *g, jg_state *s, const char *bytes, size_t n) {
 
 int jg_complete(const jg_spec *g, const jg_state *s) {
     /* a number at the root with no suffix ends wherever the sequence does */
-    return s->mode == M_END || (s->mode == M_NUM && s->depth == 0 && !g->suffix_len && num_complete(s));
+    return s->mode == M_END || (s->mode == M_NUM && s->depth == 0 && !g->suffix_len && num_complete(s)) ||
+           (s->mode == M_ENUM && s->depth == 0 && !g->suffix_len && enum_need(g, s) == 0);
+}
+
+/* Bytes that close the open containers (each with a member written) and write the suffix. */
+static int close_all(const jg_spec *g, const jg_state *s) {
+    int n = g->suffix_len;
+    for (int d = 0; d < s->depth; d++) n += s->stack[d] == '[' ? 1 : rest(g, node_of(g, s->node[d]), s->pos[d], 1);
+    return n;
+}
+
+/* The top object's bytes from a key (the name's lat bytes written, candidates from cand; PKEY)
+ * or from a key owed (KEY: lat -1) to its close: the cheapest property to take. */
+static int key_need(const jg_spec *g, const jg_state *s, int lat) {
+    const jg_node *n = top_node(g, s);
+    int pos = s->pos[s->depth - 1], best = 1 << 30;
+    if (!n->n_props) return 4 + 1; /* "":0 then '}' */
+    const jg_prop *cur = lat >= 0 ? prop_of(g, n, s->cand) : NULL;
+    for (int j = lat >= 0 ? s->cand : pos, hi = key_hi(g, n, pos); j <= hi; j++) {
+        const jg_prop *p = prop_of(g, n, j);
+        if (cur && !same_prefix(p->key, p->klen, cur->key, lat)) continue;
+        int c = (lat >= 0 ? p->klen - lat + 1 : p->klen + 2) + 1 + node_of(g, p->node)->min + rest(g, n, j + 1, 1);
+        if (c < best) best = c;
+    }
+    return best;
+}
+
+static int enum_need(const jg_spec *g, const jg_state *s) {
+    const jg_node *n = node_of(g, s->vnode);
+    const jg_lit *cur = lit_of(g, n, s->cand);
+    int best = 1 << 30;
+    for (int j = s->cand; j < n->n_lits; j++) {
+        const jg_lit *l = lit_of(g, n, j);
+        if (same_prefix(l->text, l->len, cur->text, s->lat) && l->len - s->lat < best) best = l->len - s->lat;
+    }
+    return best;
 }
 
 int jg_need(const jg_spec *g, const jg_state *s) {
-    int close = s->depth + g->suffix_len, n;
+    int close = s->mode == M_SUFFIX || s->mode == M_END ? 0 : close_all(g, s), n;
+    int top = s->depth && s->stack[s->depth - 1] == '{' ? rest(g, top_node(g, s), s->pos[s->depth - 1], 1) : 0;
     switch (s->mode) {
-    case M_VALUE: n = (g->object && s->depth == 0 ? 2 : 1) + close; break;
+    case M_VALUE: n = value_min(g, s, s->vnode) + close; break;
     case M_ARR_FIRST:
-    case M_OBJ_FIRST:
     case M_AFTER: n = close; break;
-    case M_KEY: n = 4 + close; break;
-    case M_COLON: n = 2 + close; break;
-    case M_STRING: n = s->sub + 1 + (s->key ? 2 : 0) + close; break;
-    case M_ESC: n = 2 + (s->key ? 2 : 0) + close; break;
-    case M_UHEX: n = s->sub + 1 + (s->key ? 2 : 0) + close; break;
+    case M_OBJ_FIRST: n = close - top + rest(g, top_node(g, s), s->pos[s->depth - 1], 0); break;
+    case M_KEY: n = close - top + key_need(g, s, -1); break;
+    case M_PKEY: n = close - top + key_need(g, s, s->lat); break;
+    case M_COLON: n = 1 + node_of(g, s->vnode)->min + close; break;
+    case M_STRING: n = s->sub + 1 + (s->key ? 1 + node_of(g, top_node(g, s)->items)->min : 0) + close; break;
+    case M_ESC: n = 2 + (s->key ? 1 + node_of(g, top_node(g, s)->items)->min : 0) + close; break;
+    case M_UHEX: n = s->sub + 1 + (s->key ? 1 + node_of(g, top_node(g, s)->items)->min : 0) + close; break;
     case M_NUM: n = (num_complete(s) ? 0 : 1) + close; break;
     case M_LIT: n = (int)strlen(lits[s->sub]) - s->at + close; break;
+    case M_ENUM: n = enum_need(g, s) + close; break;
     case M_SUFFIX: n = g->suffix_len - s->suffix_at; break;
     default: n = 0;
     }

@@ -14,8 +14,12 @@
  * BPE does: Qwen, Llama 3, grpod's default model). The need is exact along its own completion
  * (each of its bytes lowers it by one), so the budget never leaves a state with no way out.
  *
- * Not here: JSON Schema (keys and types are not checked, only the syntax and the root's kind).
- * Threading: a jg_vocab is immutable once built; everything else is the caller's. */
+ * With a schema (json_schema.c: a JSON Schema subset compiled into nodes) the automaton also
+ * keeps each value to its node: the types its first byte may open, an object's keys (its
+ * properties in their order, each at most once, the required ones never skipped) and an enum's
+ * texts; the shortest completion then writes the required properties' shortest values, so the
+ * need stays exact.
+ * Threading: a jg_vocab and a jg_schema are immutable once built; everything else is the caller's. */
 #ifndef GRPOD_JSON_GRAMMAR_H
 #define GRPOD_JSON_GRAMMAR_H
 #include <stddef.h>
@@ -25,8 +29,38 @@
 
 enum { JG_DEPTH = 32, JG_WS_MAX = 8, JG_SUFFIX_MAX = 256 };
 
+/* A compiled schema (json_schema.c). Node 0 is any value. */
+enum { JG_T_STR = 1, JG_T_INT = 2, JG_T_NUM = 4, JG_T_BOOL = 8, JG_T_NULL = 16, JG_T_OBJ = 32, JG_T_ARR = 64, JG_T_ANY = 127 };
+typedef struct {
+    unsigned char types; /* JG_T_* a value may be (JG_T_NUM: a fraction or exponent allowed) */
+    unsigned char closed; /* an object with no properties that takes no key ({} only) */
+    int items; /* an array's elements' node; an object without properties: its values' node */
+    int prop0, n_props; /* an object's properties (props[prop0, +n_props)); none: any keys */
+    int lit0, n_lits; /* enum / const: the texts a value may be (lits[lit0, +n_lits)) */
+    int min; /* bytes of the node's shortest value */
+} jg_node;
+typedef struct {
+    char *key; /* the name as written between its quotes (json.dumps' escapes) */
+    int klen, node, required;
+    int suf; /* bytes of "key":min, for each required property from this one on */
+} jg_prop;
+typedef struct {
+    char *text; /* a value as json.dumps writes it */
+    int len;
+} jg_lit;
+typedef struct {
+    jg_node *nodes;
+    jg_prop *props;
+    jg_lit *lits;
+    int n_nodes, n_props, n_lits, root;
+} jg_schema;
+/* GE_INVALID naming the keyword's path (properties.city.anyOf) for what the subset refuses. */
+int jg_schema_compile(const char *json, size_t len, jg_schema **out);
+void jg_schema_free(jg_schema *s);
+
 typedef struct {
     int object; /* 1: the value must be an object */
+    const jg_schema *schema; /* NULL: any value; not owned */
     char suffix[JG_SUFFIX_MAX + 1]; /* written after the value */
     int suffix_len;
 } jg_spec;
@@ -40,6 +74,11 @@ typedef struct {
     uint8_t key; /* in a string: 1 when it is an object's key */
     uint8_t ws; /* whitespace bytes in a row */
     uint16_t suffix_at; /* suffix bytes written */
+    /* with a schema: each open container's node and (objects) the index of its next property;
+     * the next value's node; a property name's or an enum text's candidate and bytes matched */
+    uint16_t node[JG_DEPTH];
+    uint8_t pos[JG_DEPTH];
+    uint16_t vnode, cand, lat;
 } jg_state;
 
 /* spec's suffix is copied (GE_INVALID past JG_SUFFIX_MAX bytes). */

@@ -197,8 +197,12 @@ static int verify_dir(const char *dir, int need_state) {
 
 int eng_checkpoint_verify(const char *dir) { return verify_dir(dir, 1); }
 
-/* A merged export has no training state: its files alone say whether it is whole. */
-static int is_export(const eng *e, int merged) { return merged && e->m.lora_r; }
+/* What a checkpoint holds, decided once: the full weights and state (no LoRA), the adapters in
+ * PEFT's files and their state (LoRA), or on request with LoRA an export, an HF directory of the
+ * base with the adapters merged in. An export has no training state: its files alone say
+ * whether it is whole. */
+typedef enum { CKPT_FULL, CKPT_ADAPTERS, CKPT_EXPORT } ckpt_form;
+static ckpt_form form_of(const eng *e, int merged) { return !e->m.lora_r ? CKPT_FULL : merged ? CKPT_EXPORT : CKPT_ADAPTERS; }
 
 /* policy_version and optimizer step of dir's grpod_state.json (-1 where absent); GE_FORMAT, naming
  * the file, when it cannot be read. */
@@ -227,19 +231,20 @@ static int matches_state(const char *dir, int export, long long v, long long ste
 }
 
 int eng_checkpoint_matches(eng *e, const char *dir, int merged) {
-    return matches_state(dir, is_export(e, merged), (long long)e->policy_version, e->opt_step);
+    return matches_state(dir, form_of(e, merged) == CKPT_EXPORT, (long long)e->policy_version, e->opt_step);
 }
 
 /* ---------------------------------------------------------------- save */
 
 /* What a save writes, taken from the engine at one moment (eng_checkpoint_capture): the whole
- * master (the adapters with LoRA), m and v as host fp32 (state_whole), with LoRA merged the
+ * master (the adapters with LoRA), m and v as host fp32 (state_whole), for an export the
  * policy's merged weights, and the version they are. */
 struct eng_ckpt {
     eng *e; /* its model description, model_dir and LoRA layout: fixed for the engine's life */
-    int merged, owned[3];
+    ckpt_form form;
+    int owned[3];
     float *st[3];
-    float *merged_w; /* an export's or a LoRA full save's merged weights (owned), else NULL */
+    float *merged_w; /* an export's merged weights (owned), else NULL */
     long long version, step;
 };
 
@@ -253,7 +258,7 @@ static int save_files(const eng_ckpt *c, const char *tmp) {
     const model *fm = eng_ckpt_model(e);
     size_t nt = (size_t)state_whole_n(e);
     int rc = 0;
-    if (e->m.lora_r && !c->merged) {
+    if (c->form == CKPT_ADAPTERS) {
         rc = lora_save_peft(&e->m, tmp, c->st[0], e->model_dir);
     } else {
         /* the policy's weights: the master, or with LoRA the base with the adapters merged in */
@@ -272,7 +277,7 @@ static int save_files(const eng_ckpt *c, const char *tmp) {
         snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
         rc = st_write(path, o, 2, ST_F32);
     }
-    if (!rc && !is_export(e, c->merged)) {
+    if (!rc && c->form != CKPT_EXPORT) {
         char state[256];
         snprintf(state, sizeof state, "{\"format\": \"grpod-checkpoint-v1\", \"policy_version\": %lld, \"optimizer_step\": %lld}\n",
                  c->version, c->step);
@@ -294,8 +299,7 @@ static int save_dir(const eng_ckpt *c, const char *dir) {
     else snprintf(parent, sizeof parent, ".");
     struct stat sb;
     int replace = stat(dir, &sb) == 0;
-    if (replace && matches_state(dir, is_export(c->e, c->merged), c->version, c->step) == 0)
-        return 0; /* this save's own result */
+    if (replace && matches_state(dir, c->form == CKPT_EXPORT, c->version, c->step) == 0) return 0; /* this save's own result */
     eng_remove_tree(tmp); /* a leftover of a crash during the same save */
     int rc = mkdir(tmp, 0700) ? err_set(GE_IO, "%s: cannot create: %s", tmp, strerror(errno)) : 0;
     if (!rc) rc = save_files(c, tmp);
@@ -324,12 +328,12 @@ int eng_checkpoint_capture(eng *e, int merged, eng_ckpt **out) {
     int rc = c ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory");
     if (!rc) {
         c->e = e;
-        c->merged = merged;
+        c->form = form_of(e, merged);
         c->version = (long long)e->policy_version;
         c->step = e->opt_step;
-        rc = state_whole(e, e->adam_m && !is_export(e, merged), c->st, c->owned);
+        rc = state_whole(e, e->adam_m && c->form != CKPT_EXPORT, c->st, c->owned);
     }
-    if (!rc && e->rank == 0 && e->m.lora_r && merged) {
+    if (!rc && e->rank == 0 && c->form == CKPT_EXPORT) {
         /* the base with the adapters merged in, read off the device now */
         if (!(c->merged_w = malloc((size_t)e->m.n_elems * 4))) rc = err_set(GE_NOMEM, "checkpoint: out of memory");
         if (!rc && !(rc = e->be->act_to_f32(e->be, c->merged_w, e->w_act, (size_t)e->m.n_elems)))

@@ -11,14 +11,17 @@
  * first optimizer step, waits for what is left of it. Where the copy lives is the memory plan's
  * choice (engine/plan.c), made once at open:
  *   SNAP_DEVICE  device memory: a device-to-device copy (milliseconds at 1.7B dims);
- *   SNAP_PINNED  pinned host memory: a copy on the backend's snapshot lane (BE_LANE_SNAP);
+ *   SNAP_PINNED  pinned host memory: a copy on the backend's snapshot lane (BE_LANE_SNAP), fed
+ *                a piece at a time by a helper thread, so the passes' own copies on the copy
+ *                engines never wait behind more than one piece;
  *   SNAP_HOST    host memory, for host state (offload, or the cpu backend): memcpy, on a helper
  *                thread when the state is the cuda backend's offloaded state, else in snap_wait;
  *   SNAP_NONE    no room anywhere: no copy. The gradient norm is checked before the first step,
  *                so only a failure after a step (a non-finite step, a later mini-batch's
  *                failure, a backend error) or a take-back finds the state changed: those
  *                return GE_STATE_LOST, and the daemon stops and recovers by replay.
- * Only the engine thread calls these. */
+ * Only the engine thread calls these; while a copy is busy on a helper thread, that thread alone
+ * uses the snapshot lane and the event BE_EV_SNAP. */
 #ifndef GRPOD_SNAPSHOT_H
 #define GRPOD_SNAPSHOT_H
 #include <pthread.h>
@@ -31,9 +34,11 @@ typedef struct {
     float *buf; /* 3 n floats: master, m, v */
     size_t n; /* floats of each of the three */
     int busy; /* a copy was begun and not yet waited for */
-    int thread; /* busy on the helper thread th (SNAP_HOST on cuda) */
+    int thread; /* busy on the helper thread th (SNAP_HOST on cuda, SNAP_PINNED) */
     pthread_t th;
     const float *src[3]; /* what the helper thread copies */
+    struct eng_backend *be; /* the helper thread's backend (SNAP_PINNED) */
+    int rc; /* the helper thread's result (SNAP_PINNED) */
     int ok; /* buf holds the state before the last successful update */
     int opt_step;
     long long version;

@@ -82,7 +82,7 @@ int state_open(eng *e, const float *host, const char *offload_mode) {
     e->sh_n = S;
     e->sh_off = off;
     e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
-    int rc = plan_offload(e, offload_mode, &e->offload);
+    int rc = plan_offload(e, offload_mode, e->dp ? S : e->m.n_elems, &e->offload); /* a comm's: this rank's shard */
     if (rc) return rc;
     if (e->ep_full && e->offload)
         return err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");

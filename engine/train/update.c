@@ -34,6 +34,7 @@
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/lora.h"
+#include "engine/model/moe_ep.h"
 #include "engine/train/optim.h"
 #include "engine/train/rollout_corr.h"
 #include "engine/model/split.h"
@@ -434,6 +435,109 @@ static int score_micro_batches(const pack_group *pg, int n, long long max_tokens
     return k;
 }
 
+/* Before any pass: the groups this rank keeps, in the ranks' order (dp_order, whose g the
+ * update reads from here on), their packed work and token counts, and the largest micro-batch
+ * checked against the plan (a group larger than the budget fails here, not midway) and its
+ * activations reserved. With a comm every failure from here on is agreed on where it happens,
+ * so all ranks stop together and meet in the same collectives (dp_agree is the identity with
+ * one rank). */
+static int update_prepare(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, long long max_tokens, work *w,
+                          dp_order *dpo, eng_update_result *out) {
+    int rc = state_alloc(e), none;
+    if (!rc && !(rc = dp_order_make(e, g, n_groups, a, dpo))) { /* the kept groups: work_make filters none */
+        g = dpo->g;
+        n_groups = dpo->n;
+    }
+    if (!rc) rc = work_make(w, e, g, n_groups, a, &none);
+    out->groups_filtered = dpo->filtered;
+    for (int i = 0; !rc && i < w->n_groups; i++) {
+        out->tokens_packed += pack_group_tokens(&w->pg[i], model_pack_layout(&e->m));
+        out->tokens_standard += pack_group_tokens(&w->pg[i], PACK_STANDARD);
+    }
+    long long mb_T = 0, mb_M = 0;
+    if (!rc && w->n_groups) rc = largest_micro_batch(e, w, max_tokens, &mb_T, &mb_M);
+    if ((rc = dp_agree(e, rc))) return rc;
+    /* The largest micro-batch's activations are reserved before the safety copy starts (a
+     * reservation that grows midway frees device memory, and cudaFree waits for every stream,
+     * the copy's too), then the copy runs beside the passes and is complete before the first step */
+    if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
+    if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
+    return dp_agree(e, rc);
+}
+
+/* A no-gradient pass (the old policy's or the reference's) over every kept group: with a comm
+ * this rank's shares, each padded to the ranks' most micro-batches (expert parallelism's
+ * lock-step). lp, ent (may be NULL): (M), filled at each group's responses. */
+static int score_pass(eng *e, const model_views *v, const work *w, const dp_order *dpo, long long max_tokens, float temperature,
+                      float *lp, float *ent) {
+    int rc = 0;
+    for (int b = 0; b < dpo->n_sc && !rc; b++) {
+        int c0 = dpo->sc_lo[b], c1 = dpo->sc_hi[b];
+        int nm = score_micro_batches(w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)), most;
+        long long at = c1 > c0 ? w->off[w->grp_resp0[c0]] : 0;
+        rc = ep_most(e, nm, &most);
+        if (!rc && c1 > c0)
+            rc = eng_score(e, v, w->pg + c0, c1 - c0, max_tokens, temperature, lp + at, ent ? ent + at : NULL, 0, NULL, NULL);
+        rc = ep_pad(e, v, nm, most, 0, rc);
+    }
+    return rc;
+}
+
+/* One optimizer step over the reduced gradient (step of steps_total, from 1): its norm
+ * (GE_NON_FINITE when not finite), the safety copy awaited before the first step (*saved set
+ * once it is complete), torch's clip_grad_norm_, the scheduled lr, the state's AdamW step, and
+ * a check that the step left the weights and second moments finite. */
+static int optimizer_step(eng *e, const eng_optim *opt, int step, int steps_total, int *saved, double *norm, float *lr) {
+    double ss, wn, vn;
+    int rc = state_grad_sumsq(e, &ss);
+    if (rc) return rc;
+    *norm = sqrt(ss);
+    if (!isfinite(*norm))
+        return err_set(GE_NON_FINITE,
+                       "update: the gradient norm is %g at optimizer step %d of %d (loss or "
+                       "gradient not finite); the update is not applied",
+                       *norm, step, steps_total);
+    if (!*saved && (rc = dp_agree(e, snap_wait(e)))) return rc;
+    *saved = 1;
+    double clip = grad_clip_coef(*norm, opt->grad_clip);
+    if (clip < 1.0) state_grad_scale(e, (float)clip);
+    e->opt_step++;
+    *lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
+    rc = state_step(e, opt, *lr);
+    /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
+     * geometrically) or the second moments (no clipping): check before going on */
+    if (!rc && !(rc = state_sumsq_after_step(e, &wn, &vn)) && (!isfinite(wn) || !isfinite(vn)))
+        rc = err_set(GE_NON_FINITE,
+                     "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
+                     "the update is not applied",
+                     step, steps_total, isfinite(wn) ? "second moments" : "weights", opt->lr, opt->weight_decay);
+    return rc;
+}
+
+/* The loss metrics of a finished update (summed over its steps) into out. */
+static void result_metrics(eng_update_result *out, loss_metrics *met, const loss_config *a, int steps, double grad_norm_sum) {
+    loss_finish(met, steps ? steps : 1);
+    out->loss = met->loss;
+    out->pg_loss = met->pg_loss;
+    out->kl = met->kl;
+    out->entropy = met->entropy;
+    out->clip_frac = met->clip_frac;
+    out->clip_frac_low = met->clip_frac_low;
+    out->clip_frac_high = met->clip_frac_high;
+    out->ratio_mean = met->ratio_mean;
+    out->ratio_max = met->ratio_max;
+    out->pg_clipfrac = met->pg_clipfrac;
+    out->pg_clipfrac_lower = met->pg_clipfrac_lower;
+    out->ppo_kl = met->ppo_kl;
+    out->kl_loss = met->kl_loss;
+    out->verl_entropy = met->entropy_agg;
+    out->rollout_corr = rcorr_enabled(a);
+    if (out->rollout_corr) rcorr_finish(a, &met->rc, &out->rc);
+    out->loss_scale_factor = a->loss_scale_factor;
+    out->grad_norm = steps ? grad_norm_sum / steps : 0;
+    out->optimizer_steps = steps;
+}
+
 int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_config *a, const eng_optim *opt, long long max_tokens,
                eng_update_result *out, eng_progress_cb cb, void *ud) {
     double t0 = clock_mono_ms();
@@ -447,37 +551,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         for (int r = 0; r < g[i].n; r++)
             if (g[i].R[r] > ac.loss_scale_factor) ac.loss_scale_factor = g[i].R[r];
     a = &ac;
-    int rc = state_alloc(e), none;
-    if (!rc && !(rc = dp_order_make(e, g, n_groups, a, &dpo))) { /* the kept groups: work_make filters none */
-        g = dpo.g;
-        n_groups = dpo.n;
-    }
-    if (!rc) rc = work_make(&w, e, g, n_groups, a, &none);
-    out->groups_filtered = dpo.filtered;
-    for (int i = 0; !rc && i < w.n_groups; i++) {
-        out->tokens_packed += pack_group_tokens(&w.pg[i], model_pack_layout(&e->m));
-        out->tokens_standard += pack_group_tokens(&w.pg[i], PACK_STANDARD);
-    }
-    /* Check the plan before any pass: a group larger than the budget fails here, not midway. */
-    long long mb_T = 0, mb_M = 0;
-    if (!rc && w.n_groups) rc = largest_micro_batch(e, &w, max_tokens, &mb_T, &mb_M);
-    /* With a comm: from here on every failure is agreed on where it happens, so all ranks stop together
-     * and meet in the same collectives (dp_agree is the identity with one rank) */
-    if ((rc = dp_agree(e, rc))) {
+    int rc = update_prepare(e, g, n_groups, a, max_tokens, &w, &dpo, out);
+    if (rc) {
         work_free(&w);
         dp_order_free(&dpo);
         return rc;
     }
-    /* The largest micro-batch's activations are reserved before the safety copy starts (a
-     * reservation that grows midway frees device memory, and cudaFree waits for every stream,
-     * the copy's too), then the copy runs beside the passes and is complete before the first step */
-    if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
-    if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
-    if ((rc = dp_agree(e, rc))) {
-        work_free(&w);
-        dp_order_free(&dpo);
-        return rc;
-    }
+    g = dpo.g;
     rc = snap_begin(e);
 
     double t = clock_mono_ms();
@@ -488,26 +568,11 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* a rollout correction reads the old logprobs before the passes: no on-policy shortcut */
     int old_from_policy = need_old && steps_total == 1 && !rcorr_enabled(a);
     /* the old and reference passes: every kept group with one rank, the rank's shares with W */
-    for (int b = 0; b < dpo.n_sc && w.n_groups && need_old && !old_from_policy && !rc; b++) {
-        int c0 = dpo.sc_lo[b], c1 = dpo.sc_hi[b];
-        int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)), most;
-        rc = ep_most(e, nm, &most);
-        if (!rc && c1 > c0)
-            rc = eng_score(e, &e->wv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.old + w.off[w.grp_resp0[c0]],
-                           w.ent_old + w.off[w.grp_resp0[c0]], 0, NULL, NULL);
-        rc = ep_pad(e, &e->wv, nm, most, 0, rc);
-    }
+    if (w.n_groups && need_old && !old_from_policy && !rc)
+        rc = score_pass(e, &e->wv, &w, &dpo, max_tokens, a->temperature, w.old, w.ent_old);
     out->ms_old = clock_mono_ms() - t;
     t = clock_mono_ms();
-    for (int b = 0; b < dpo.n_sc && w.n_groups && a->kl_coef > 0 && !rc; b++) {
-        int c0 = dpo.sc_lo[b], c1 = dpo.sc_hi[b];
-        int nm = score_micro_batches(w.pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)), most;
-        rc = ep_most(e, nm, &most);
-        if (!rc && c1 > c0)
-            rc = eng_score(e, &e->rv, w.pg + c0, c1 - c0, max_tokens, a->temperature, w.ref + w.off[w.grp_resp0[c0]], NULL, 0,
-                           NULL, NULL);
-        rc = ep_pad(e, &e->rv, nm, most, 0, rc);
-    }
+    if (w.n_groups && a->kl_coef > 0 && !rc) rc = score_pass(e, &e->rv, &w, &dpo, max_tokens, a->temperature, w.ref, NULL);
     out->ms_ref = clock_mono_ms() - t;
     loss_metrics met = {0};
     if (!rc && rcorr_enabled(a) && w.n_groups) { /* veRL takes actor/entropy in the old pass, before rejection */
@@ -532,35 +597,13 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
             ms_policy += clock_mono_ms() - t;
             if (rc) break;
             t = clock_mono_ms();
-            double ss;
-            if ((rc = state_grad_sumsq(e, &ss))) break;
-            double norm = sqrt(ss);
-            grad_norm_sum += norm;
-            if (!isfinite(norm)) {
-                rc = err_set(GE_NON_FINITE,
-                             "update: the gradient norm is %g at optimizer step %d of %d (loss or "
-                             "gradient not finite); the update is not applied",
-                             norm, steps + 1, steps_total);
-                break;
-            }
-            if (!saved && (rc = dp_agree(e, snap_wait(e)))) break;
-            saved = 1;
-            double clip = grad_clip_coef(norm, opt->grad_clip); /* torch's clip_grad_norm_ */
-            if (clip < 1.0) state_grad_scale(e, (float)clip);
-            e->opt_step++;
-            float lr = lr_schedule(opt->lr, e->opt_step, opt->warmup_steps, opt->schedule, opt->total_steps, opt->min_lr_ratio);
-            out->lr = lr;
-            rc = state_step(e, opt, lr);
-            /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
-             * geometrically) or the second moments (no clipping): check before going on */
-            double wn, vn;
-            if (!rc && !(rc = state_sumsq_after_step(e, &wn, &vn)) && (!isfinite(wn) || !isfinite(vn)))
-                rc = err_set(GE_NON_FINITE,
-                             "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
-                             "the update is not applied",
-                             steps + 1, steps_total, isfinite(wn) ? "second moments" : "weights", opt->lr, opt->weight_decay);
+            double norm = 0;
+            float lr = 0;
+            rc = optimizer_step(e, opt, steps + 1, steps_total, &saved, &norm, &lr);
             ms_opt += clock_mono_ms() - t;
             if (rc) break;
+            grad_norm_sum += norm;
+            out->lr = lr;
             steps++;
             if (cb) cb(ud, 0.2 + 0.8 * steps / (steps_total ? steps_total : 1));
         }
@@ -580,32 +623,14 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     /* the activations go back to the plan (the next rollout's KV pool has their room) */
     model_acts_free(&e->m, &e->acts_g);
     model_acts_free(&e->m, &e->acts_ng);
+    moe_ep_ws_release(&e->m); /* expert parallelism's exchange buffers too */
     if (!rc) {
-        loss_finish(&met, steps ? steps : 1);
-        out->loss = met.loss;
-        out->pg_loss = met.pg_loss;
-        out->kl = met.kl;
-        out->entropy = met.entropy;
-        out->clip_frac = met.clip_frac;
-        out->clip_frac_low = met.clip_frac_low;
-        out->clip_frac_high = met.clip_frac_high;
-        out->ratio_mean = met.ratio_mean;
-        out->ratio_max = met.ratio_max;
-        out->pg_clipfrac = met.pg_clipfrac;
-        out->pg_clipfrac_lower = met.pg_clipfrac_lower;
-        out->ppo_kl = met.ppo_kl;
-        out->kl_loss = met.kl_loss;
-        out->verl_entropy = met.entropy_agg;
-        out->rollout_corr = rcorr_enabled(a);
-        if (out->rollout_corr) rcorr_finish(a, &met.rc, &out->rc);
-        out->loss_scale_factor = a->loss_scale_factor;
-        out->grad_norm = steps ? grad_norm_sum / steps : 0;
-        out->optimizer_steps = steps;
+        result_metrics(out, &met, a, steps, grad_norm_sum);
         if (steps) e->policy_version++;
-        if (steps) rc = ep_decode_refresh(e); /* the decode copy follows the new weights */
         e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
+    rc = ep_decode_after_update(e, steps, rc); /* the decode copy follows the weights, or the backward overwrote it */
     out->ms_policy = ms_policy;
     out->ms_optimizer = ms_opt;
     out->ms_total = clock_mono_ms() - t0;

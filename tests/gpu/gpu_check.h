@@ -6,6 +6,7 @@
 #ifndef GRPOD_GPU_CHECK_H
 #define GRPOD_GPU_CHECK_H
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,12 @@ static inline double gc_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+/* fn on each of n jobs (size bytes apart, at most 8) at once, one thread each; returns when all end. */
+static inline void gc_threads(void *(*fn)(void *), void *jobs, size_t size, int n) {
+    pthread_t th[8];
+    for (int q = 0; q < n && q < 8; q++) pthread_create(&th[q], NULL, fn, (char *)jobs + (size_t)q * size);
+    for (int q = 0; q < n && q < 8; q++) pthread_join(th[q], NULL);
 }
 /* qsort comparator for doubles, ascending (medians). */
 static inline int gc_cmpd(const void *a, const void *b) {

@@ -25,7 +25,8 @@
 #   attn_vs_sdpa.py: packed attention (attn_dump) vs PyTorch SDPA on the unpacked N(P+R) layout
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
-# The optional benchmarks (f)-(l) are built from tests/bench/gpu/ with the tests; the profilers
+# The optional benchmarks (f)-(l) are built from tests/bench/gpu/ with the tests (bench_exact_mm,
+# exact mode's many-row GEMM vs cuBLASLt, is built too, run by hand); the profilers
 # that read their kernels are tools/gpu/ (profile.sh, ncu_decode_steps.py).
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512; with EXACT=1 1.7B
 #       in exact mode too), and with
@@ -38,6 +39,7 @@
 #       test_ep_cuda bench (expert parallelism over a one-rank NCCL comm vs none, 30B-A3B layer dims),
 #       with PEER_MOE=1 tests/gpu/peer_moe_step.py (the transformers / FlexAttention MoE update)
 #   (h2) with BENCH_HYBRID=1: bench_hybrid (a Qwen3.5 layer pair, DeltaNet + gated attention, fwd+bwd),
+#       bench_dn_rule (tests/bench/gpu/dn_rule.sh: the gated delta rule's kernels alone, split vs whole),
 #       with FLA_WHEELS=dir (fla-core, flash-linear-attention and einops wheels) the transformers +
 #       flash-linear-attention peer tests/gpu/peer_hybrid_step.py in the same call
 #   (h) with BENCH_LAYER=1: bench_layer (one Qwen3-8B-shaped decoder layer fwd+bwd, the four
@@ -81,7 +83,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
 PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump test_tree"
-BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe"
+BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe bench_exact_mm"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
@@ -270,6 +272,8 @@ fi
 if [ "${BENCH_HYBRID:-0}" = 1 ]; then
     timeout ${T_BENCH:-100} "$BIN/bench_hybrid" >"$OUT/bench_hybrid.log" 2>&1
     cat "$OUT/bench_hybrid.log"
+    # the rule's kernels alone (ragged responses, split vs whole with the carry): tests/bench/gpu/dn_rule.sh
+    OUT="$OUT" timeout 200 bash tests/bench/gpu/dn_rule.sh 4096 16 512 4 | tail -40
     if [ -n "${FLA_WHEELS:-}" ]; then # pure Python wheels unpacked onto PYTHONPATH, no pip: fla-core
         rm -rf "$BUILD/fla" && mkdir -p "$BUILD/fla" # (the kernels) and einops; fla's layers/models unused
         for w in "$FLA_WHEELS"/fla_core-*.whl "$FLA_WHEELS"/einops-*.whl; do python3 -m zipfile -e "$w" "$BUILD/fla"; done

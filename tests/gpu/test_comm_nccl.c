@@ -251,9 +251,7 @@ static void engine_rows(void) {
     } else {
         if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
         run_job j[2] = {{.id = id, .rank = 0, .world = 2, .device = 0}, {.id = id, .rank = 1, .world = 2, .device = 1}};
-        pthread_t th[2];
-        for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, run_main, &j[q]);
-        for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
+        gc_threads(run_main, j, sizeof j[0], 2);
         for (int q = 0; q < 2; q++) {
             char what[32];
             snprintf(what, sizeof what, "nccl W=2 rank %d", q);
@@ -447,9 +445,7 @@ static void a2a_rows(void) {
         unsigned char id[128];
         if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
         a2a_rank r[2] = {{id, 0, W, 0}, {id, 1, W, 0}};
-        pthread_t th[2];
-        for (int q = 0; q < W; q++) pthread_create(&th[q], NULL, a2a_rank_main, &r[q]);
-        for (int q = 0; q < W; q++) pthread_join(th[q], NULL);
+        gc_threads(a2a_rank_main, r, sizeof r[0], W);
         long long bad = 0;
         for (int q = 0; q < W; q++) bad = r[q].bad < 0 || bad < 0 ? -1 : bad + r[q].bad;
         gc_row(row, bad < 0 ? "set-up failed" : "f32/bf16/u8, uneven counts with zeros; bytes differing",

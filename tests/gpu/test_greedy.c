@@ -25,6 +25,7 @@
 
 #include "engine/engine_internal.h"
 #include "tests/gpu/gpu_check.h"
+#include "tests/unit/run_config.h"
 
 enum { NG = 2, N = 4, NEW = 48 };
 
@@ -184,13 +185,7 @@ int main(int argc, char **argv) {
         g[k] = (eng_rollout_group){prompt[k], P[k], N};
     }
     eng_sampling sp;
-    eng_sampling_default(&sp);
-    sp.ignore_eos = 1;
-    sp.max_tokens = NEW;
-    sp.seed = 4321;
-
-    /* greedy vs teacher-forced argmax */
-    sp.temperature = 0;
+    fixed_sampling(&sp, 0, NEW, 4321); /* greedy vs teacher-forced argmax */
     eng_group_result res[NG];
     if (eng_rollout(e, g, NG, &sp, res, NULL, NULL)) gc_die(be, "greedy rollout");
     int checked = 0, equal = 0, ties = 0, bad = 0, same_in_group = 1;

@@ -12,8 +12,8 @@
 #include "tests/gpu/gpu_check.h"
 
 enum { C = 2048, F = 6144, V = 151936, MC = 1024, ME = 16, MK = 4, MF = 512 };
-/* 7, 64: the few-row kernel; 128: two 64-row slices of it; 257, 4096: exact_mm_cuda's 32- and
- * 128-row tiles */
+/* 7, 64: the few-row kernel; 128: two 64-row slices of it; 257: exact_mm_cuda's 32-row tile;
+ * 4096: its 128 x 256 tile (every GEMM here, the odd O and I = 192 too) */
 static const int MS[] = {1, 3, 7, 16, 64, 128, 257, 4096};
 
 typedef struct {

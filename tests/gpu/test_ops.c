@@ -1048,20 +1048,33 @@ static void exact_attention_suite(void) {
     t_exact_attention("3 groups", 3, P1, N1, R1, 32, 8, 128);
     t_exact_attention("3 groups", 3, P1, N1, R1, 16, 8, 64);
     t_exact_attention("3 groups MHA", 3, P1, N1, R1, 4, 4, 128);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 4, 2, 16); /* the head dims past 64 and 128 */
+    t_exact_attention("3 groups", 3, P1, N1, R1, 8, 2, 32);
+    t_exact_attention("3 groups", 3, P1, N1, R1, 8, 2, 256);
     int P2[] = {1024}, N2[] = {16}, R2a[16];
     for (int i = 0; i < 16; i++) R2a[i] = 30 + 37 * i;
     const int *R2[] = {R2a};
     t_exact_attention("P=1024 N=16", 1, P2, N2, R2, 16, 8, 128);
+    /* 40 decode rows x 8 kv heads: past twice the SMs, decode on one warp a block (alone: the
+     * span kernel) */
+    int P4[] = {300}, N4[] = {40}, R4a[40];
+    for (int i = 0; i < 40; i++) R4a[i] = 20 + 7 * i;
+    const int *R4[] = {R4a};
+    t_exact_attention("P=300 N=40", 1, P4, N4, R4, 16, 8, 128);
     int saved = gpu->tune.exact;
     gpu->tune.exact = 1;
     ranges r = make_ranges(3, P1, N1, R1);
     t_attention("exact: 3 groups", r, r.T, 16, 8, 128, 1);
     t_attention("exact: 3 groups", r, r.T, 8, 2, 64, 1);
+    t_attention("exact: 3 groups", r, r.T, 4, 2, 16, 1);
+    t_attention("exact: 3 groups", r, r.T, 8, 2, 256, 1);
     free_ranges(r);
     int S;
     int P3[] = {100, 37, 513}, N3[] = {16, 1, 5};
     r = decode_ranges(3, P3, N3, 300, 75, &S);
     t_attention("exact: decode 3 groups", r, S, 16, 8, 128, 0);
+    t_attention("exact: decode 3 groups", r, S, 4, 2, 16, 0);
+    t_attention("exact: decode 3 groups", r, S, 8, 2, 256, 0);
     free_ranges(r);
     gpu->tune.exact = saved;
 }
@@ -1667,7 +1680,9 @@ static void t_gated_attn(int T, int H, int K, int D, int R) {
  *   prompt (P tokens, row0 0): s_out, tail_out written; ds_out, dtail_out taken by the backwards;
  *   responses (row0 P, ranges over cache rows): s_in, tail_in read; ds_in, dtail_in += .
  * Responses of one token and across the walk's 64-token checkpoints; a prompt shorter than the
- * conv kernel (its tail holds zeros). Tolerances as t_deltanet's; the carry is fp32 both sides. */
+ * conv kernel (its tail holds zeros). Tolerances as t_deltanet's; the carry is fp32 both sides.
+ * CUDA runs the chunked kernels (the carry enters their plan and walks) and, as the path they
+ * replace, the recurrent walk (GRPOD_TUNE_DELTANET=recurrent) on the same inputs. */
 typedef struct {
     float *u, *dx, *dw, *o, *du, *da, *db, *dal, *ddt, *s, *tail; /* host results; s, tail: the carry's out or d in */
 } dn_out;
@@ -1789,6 +1804,9 @@ static void t_deltanet_carry(int P, int N, const int *lens, int Hk, int Hv, int 
               *dt0 = gc_rand(TL + 1, 1.0f, sd + 15);
         dn_out c = dn_carry_run(cpu, rg, pass ? P : 0, in, cs, ct, ds0, dt0, Hk, Hv, Dk, Dv, Kc);
         dn_out g = dn_carry_run(gpu, rg, pass ? P : 0, in, cs, ct, ds0, dt0, Hk, Hv, Dk, Dv, Kc);
+        gpu->tune.deltanet = TUNE_DN_RECURRENT;
+        dn_out w = dn_carry_run(gpu, rg, pass ? P : 0, in, cs, ct, ds0, dt0, Hk, Hv, Dk, Dv, Kc);
+        gpu->tune.deltanet = TUNE_DN_CHUNKED;
         char sh[128];
         snprintf(sh, sizeof sh, "%s P=%d T=%d Hk=%d Hv=%d Dk=%d Dv=%d Kc=%d", pass ? "responses" : "prompt", P, T, Hk, Hv, Dk, Dv,
                  Kc);
@@ -1800,6 +1818,11 @@ static void t_deltanet_carry(int P, int N, const int *lens, int Hk, int Hv, int 
         gc_row("deltanet carry rule_bwd da", sh, rel_l2(g.da, c.da, nh), 1e-2);
         gc_row("deltanet carry rule_bwd db", sh, rel_l2(g.db, c.db, nh), 1e-2);
         gc_row("deltanet carry rule_bwd dA_log", sh, gc_rel_delta(g.dal, in[10], c.dal, in[10], (size_t)Hv), 1e-2);
+        gc_row("deltanet carry chunked vs recurrent o", sh, rel_l2(g.o, w.o, no), 1e-2);
+        gc_row("deltanet carry chunked vs recurrent du", sh, rel_l2(g.du, w.du, nx), 1e-2);
+        gc_row("deltanet carry chunked vs recurrent da", sh, rel_l2(g.da, w.da, nh), 1e-2);
+        gc_row(pass ? "deltanet carry chunked vs recurrent ds_in +=" : "deltanet carry chunked vs recurrent s_out", sh,
+               pass ? gc_rel_delta(g.s, ds0, w.s, ds0, SZ) : rel_l2(g.s, w.s, SZ), 1e-2);
         if (pass) {
             gc_row("deltanet carry rule_bwd ds_in +=", sh, gc_rel_delta(g.s, ds0, c.s, ds0, SZ), 1e-2);
             if (TL) gc_row("deltanet carry conv_bwd dtail_in +=", sh, gc_rel_delta(g.tail, dt0, c.tail, dt0, TL), 1e-2);
@@ -1809,6 +1832,7 @@ static void t_deltanet_carry(int P, int N, const int *lens, int Hk, int Hv, int 
         }
         dn_out_free(&c);
         dn_out_free(&g);
+        dn_out_free(&w);
         for (int i = 0; i < 12; i++) free(in[i]);
         free(cs), free(ct), free(ds0), free(dt0);
         free_ranges(rg);

@@ -1,7 +1,9 @@
 # conftest.py — runs real `./grpod serve` processes for the integration tests: a free loopback
 # port, a temp data dir, the embedded tiny model, CPU backend. Skips only while the daemon's
 # CLI is missing (`./grpod serve --help` without --data-dir).
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -128,6 +130,29 @@ class Daemon:
             if j["status"] not in ("queued", "running"):
                 return j
         raise AssertionError("job %s not finished" % job_id)
+
+
+def daemon_with_template(root, name, template):
+    """A started daemon on a copy (root/name) of the embedded model whose tokenizer_config.json
+    has chat_template template; its bos_token (a string, or "") as d.bos."""
+    first = Daemon(str(root / "data0")).start()
+    first.stop()
+    model = root / name
+    shutil.copytree(os.path.join(first.data_dir, "default-model"), str(model))
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg))
+    d = Daemon(str(root / "data"), ["--model", str(model)]).start()
+    d.bos = cfg.get("bos_token") if isinstance(cfg.get("bos_token"), str) else ""
+    return d
+
+
+def rendered(d, body):
+    """The chat prompt text d renders for body (messages, tools, ...): /tokenize then /detokenize."""
+    t = d.post("/tokenize", body)
+    assert t.status_code == 200, t.text
+    return d.post("/detokenize", {"tokens": t.json()["tokens"]}).json()["prompt"]
 
 
 @pytest.fixture(scope="session")

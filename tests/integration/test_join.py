@@ -15,12 +15,14 @@
 # follower joining again makes the leader stop and exec itself again (crash-only, in place: no
 # service manager needed), the new image replays, the follower's retried join gets the new
 # epoch, and the failed update, requeued, runs.
+import json
 import re
 import signal
 import subprocess
 import time
 
 import pytest
+import requests
 
 from conftest import GRPOD, Daemon
 from test_ranks import probe, rollout, run_round, session
@@ -252,3 +254,35 @@ def test_join_flag_checks(tmp_path):
     assert r.returncode == 2 and "pass --cluster-host" in r.stderr, r.stderr
     r = serve("--backend", "cpu", "--followers", "1", "--lora-rank", "4")
     assert r.returncode == 2 and "LoRA trains on one rank only" in r.stderr, r.stderr
+
+
+def test_stream_from_follower(make_daemon, tmp_path):
+    """A streamed completion whose groups are placed on both ranks: the follower's share streams
+    too — once the reply taps the job the leader asks the follower (in `next`) to post its part's
+    tokens as it samples them, and the reply hands them out as rank 0's — so each choice's text
+    comes in several chunks, and the chunks add up to the non-streamed reply (same seed)."""
+    L = leader(make_daemon, tmp_path / "leader")
+    F = follower(tmp_path, "f1", L.url)
+    try:
+        L.wait_ready()
+        body = {"prompt": ["Once upon a time", "The weather"], "max_tokens": 400, "ignore_eos": True, "seed": 3,
+                "temperature": 1.0}
+        whole = L.post("/v1/completions", body)
+        assert whole.status_code == 200, whole.text
+        r = requests.post(L.url + "/v1/completions", json=dict(body, stream=True), stream=True, timeout=120)
+        pieces = {0: [], 1: []}
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                for ch in json.loads(line[6:])["choices"]:
+                    if ch["text"]:
+                        pieces[ch["index"]].append(ch["text"])
+        assert [c["text"] for c in whole.json()["choices"]] == ["".join(pieces[0]), "".join(pieces[1])]
+        assert len(re.findall(r'"part_done".*"code":"ok"', F.stderr())) >= 2, F.stderr()[-3000:]  # one share each
+        # more than the one final chunk a follower's share came in before; how many more depends on
+        # the machine's speed (2 on a busy one), so no more is asked
+        assert min(len(pieces[0]), len(pieces[1])) >= 2, {k: len(v) for k, v in pieces.items()}
+        assert L.stop() == 0
+    finally:
+        F.stop()
+        if F.proc.poll() is None:
+            F.kill9()

@@ -5,15 +5,14 @@
 # forced, the name drawn by the policy's probabilities when several tools may be called, the
 # arguments decoded under a JSON grammar so they always parse); response_format json_object. Then the policy is taught, through /v1/updates with given advantages, to
 # answer one prompt with a <tool_call>: its answer comes back parsed into tool_calls (as vLLM's
-# hermes parser parses it), streamed too, and as plain content under tool_choice none.
+# hermes parser parses it), streamed too (name first, then the arguments piece by piece), and as
+# plain content under tool_choice none.
 import json
-import os
-import shutil
 
 import pytest
 import requests
 
-from conftest import Daemon
+from conftest import daemon_with_template, rendered
 
 TOOLS = [{"type": "function", "function": {"name": "f"}}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
@@ -27,27 +26,13 @@ CALL = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
 def qwen3(grpod_available, tmp_path_factory):
     """A daemon on a copy of the embedded model whose chat_template is Qwen3's (grpod recognises a
     template by its markers and renders it with built-in code: engine/text/chat.h)."""
-    root = tmp_path_factory.mktemp("qwen3")
-    first = Daemon(str(root / "data0")).start()
-    first.stop()
-    model = root / "qwen3-tiny"
-    shutil.copytree(os.path.join(first.data_dir, "default-model"), str(model))
-    cfg_path = model / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = ("{#- Qwen3: <|im_start|>, message.reasoning_content, tools, <tool_call>, "
-                            "enable_thinking; rendered by grpod's built-in Qwen3 renderer #}")
-    cfg_path.write_text(json.dumps(cfg))
-    d = Daemon(str(root / "data"), ["--model", str(model)]).start()
+    d = daemon_with_template(tmp_path_factory.mktemp("qwen3"), "qwen3-tiny",
+                             "{#- Qwen3: <|im_start|>, message.reasoning_content, tools, <tool_call>, "
+                             "enable_thinking; rendered by grpod's built-in Qwen3 renderer #}")
     yield d
     d.stop()
     if d.proc.poll() is None:
         d.proc.kill()
-
-
-def rendered(d, body):
-    t = d.post("/tokenize", body)
-    assert t.status_code == 200, t.text
-    return d.post("/detokenize", {"tokens": t.json()["tokens"]}).json()["prompt"]
 
 
 def test_tools_and_history_rendered(qwen3):
@@ -133,20 +118,26 @@ def test_forced_tool_choice(qwen3):
                                        max_tokens=6, temperature=0)
     assert c.choices[0].message.tool_calls[0].function.name == best
     calls, content, finish = [], "", None
-    for ev in client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, max_tokens=8, stream=True,
-                                             tool_choice={"type": "function", "function": {"name": "f"}}):
+    kw = dict(model="qwen3-tiny", messages=ASK, tools=TOOLS, max_tokens=8, seed=1,
+              tool_choice={"type": "function", "function": {"name": "f"}})
+    for ev in client.chat.completions.create(stream=True, **kw):
         for cc in ev.choices:
             calls += cc.delta.tool_calls or []
             content += cc.delta.content or ""
             finish = cc.finish_reason or finish
-    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")] and content == ""
+    # the call's first delta names it, then its arguments come piece by piece, adding up to the reply's
+    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls if t.function.name] == [(0, "f")]
+    assert calls[0].function.name == "f" and content == "" and all(t.index == 0 for t in calls)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0].function.arguments
+    assert "".join(t.function.arguments or "" for t in calls) == whole
 
 
 def test_forced_arguments_always_parse(qwen3):
     """required and a named function decode the arguments under a JSON grammar (sampling.guided
     json_object, then the call's close): the untaught model, which writes garbage unconstrained,
-    answers 20 seeds each with a call whose arguments are a JSON object, the response's text
-    being exactly arguments + "}\\n</tool_call>" + EOS; the grammar closes them inside max_tokens."""
+    answers 20 seeds each with a call whose arguments are a JSON object that keeps to the tool's
+    parameters schema, the response's text being exactly arguments + "}\\n</tool_call>" + EOS;
+    the grammar closes them inside max_tokens."""
     openai = pytest.importorskip("openai")
     d = qwen3
     client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -161,6 +152,8 @@ def test_forced_arguments_always_parse(qwen3):
             call = ch.message.tool_calls[0]
             args = json.loads(call.function.arguments)
             assert isinstance(args, dict), (choice, seed, call.function.arguments)
+            if call.function.name == "get_weather":  # the tool's parameters schema: city, a string, required, alone
+                assert list(args) == ["city"] and isinstance(args["city"], str), (seed, args)
             ids = ch.model_extra["token_ids"]
             assert ids[-1] in eos and len(ids) <= 40
             text = d.post("/detokenize", {"tokens": ids[:-1]}).json()["prompt"]
@@ -194,7 +187,8 @@ def test_unguided_tokens_unchanged(qwen3):
 
 def test_json_mode(qwen3):
     """response_format json_object: every answer is a JSON object (OpenAI's JSON mode), 20 seeds,
-    streamed too; json_schema is refused by name."""
+    streamed too; a schema outside the grammar's subset is refused by name (json_schema's, a
+    forced tool's parameters)."""
     openai = pytest.importorskip("openai")
     d = qwen3
     client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -209,8 +203,42 @@ def test_json_mode(qwen3):
     assert isinstance(json.loads(text), dict)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=4, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-    assert e.value.param == "response_format"
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+                "a": {"$ref": "#/$defs/a"}}}}})
+    assert e.value.param == "response_format.json_schema.schema" and "properties.a.$ref" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=4, tools=[dict(WEATHER, function=dict(
+            WEATHER["function"], parameters={"type": "object", "properties": {"city": {"type": "string", "minLength": 2}}}))],
+            tool_choice="required")
+    assert e.value.param == "tools[0].function.parameters" and "properties.city.minLength" in str(e.value)
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}},
+                                           "ok": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}},
+          "required": ["age", "tags"]}
+
+
+def test_json_schema(qwen3):
+    """response_format json_schema: every answer keeps to the schema (the grammar's subset: types,
+    properties in their order, required, enum, items, anyOf of types), 20 seeds, streamed too."""
+    openai = pytest.importorskip("openai")
+    d = qwen3
+    client = openai.OpenAI(base_url=d.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+
+    def check(text):
+        v = json.loads(text)
+        assert isinstance(v, dict) and set(v) <= set(SCHEMA["properties"]) and {"age", "tags"} <= set(v), text
+        keys = [k for k in SCHEMA["properties"] if k in v]
+        assert list(v) == keys, text  # in the schema's order
+        assert isinstance(v["age"], int) and all(t in ("a", "b", 3) for t in v["tags"]), text
+        assert isinstance(v.get("name", ""), str) and v.get("ok") in (True, False, None), text
+    for seed in range(20):
+        c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, max_tokens=64, seed=seed, response_format=rf)
+        check(c.choices[0].message.content)
+    check("".join(ev.choices[0].delta.content or "" for ev in client.chat.completions.create(
+        model="qwen3-tiny", messages=ASK, max_tokens=64, seed=5, stream=True, response_format=rf) if ev.choices))
 
 
 def teach_the_call(d):
@@ -252,7 +280,8 @@ def test_learned_tool_call_parsed_and_streamed(qwen3):
             calls += cc.delta.tool_calls or []
             content += cc.delta.content or ""
             finish = cc.finish_reason or finish
-    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls] == [(0, "f")]
+    assert finish == "tool_calls" and [(t.index, t.function.name) for t in calls if t.function.name] == [(0, "f")]
+    assert "".join(t.function.arguments or "" for t in calls) == "{}"
     assert "<tool_call>" not in content and content.strip() == ""
     # required (one tool: the call forced): the learned arguments, parsed
     c = client.chat.completions.create(model="qwen3-tiny", messages=ASK, tools=TOOLS, tool_choice="required",

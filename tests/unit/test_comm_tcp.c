@@ -27,6 +27,7 @@
 
 #include "check.h"
 #include "comm_harness.h"
+#include "run_config.h"
 #include "common/err.h"
 #include "engine/dist/comm.h"
 #include "engine/engine.h"
@@ -500,15 +501,7 @@ static void make_inputs(void) {
 static int run_update(eng *e, eng_update_result *u) {
     loss_config a;
     eng_optim o;
-    loss_config_default(&a);
-    eng_optim_default(&o);
-    o.lr = 2e-3f;
-    o.grad_clip = 0.05f;
-    a.adv = ADV_GRPO;
-    a.kl_coef = 0.05f;
-    a.kl = KL_K3;
-    a.entropy_coeff = 0.01f;
-    a.ppo_mini_batch_size = 3;
+    grpo_update_config(&a, &o, 2e-3f, 0.05f, 0.05f);
     a.ppo_epochs = 2;
     a.use_rollout_logprobs = 1;
     eng_update_group g[NG];

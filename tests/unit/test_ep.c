@@ -39,6 +39,7 @@
 #include "check.h"
 #include "logprobs_flat.h"
 #include "rank_threads.h"
+#include "run_config.h"
 #include "common/err.h"
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
@@ -152,15 +153,7 @@ static void groups(eng_update_group *g, int routes) {
 static int run_update(eng *e, int k, eng_update_result *u) {
     loss_config a;
     eng_optim o;
-    loss_config_default(&a);
-    eng_optim_default(&o);
-    o.lr = 2e-3f;
-    o.grad_clip = 0.05f;
-    a.adv = ADV_GRPO;
-    a.kl_coef = k ? 0 : 0.05f;
-    a.kl = KL_K3;
-    a.entropy_coeff = 0.01f;
-    a.ppo_mini_batch_size = 3;
+    grpo_update_config(&a, &o, 2e-3f, 0.05f, k ? 0 : 0.05f);
     a.ppo_epochs = k ? 1 : 2;
     a.use_rollout_logprobs = k; /* 0: the old pass runs */
     eng_update_group g[NG];
@@ -194,11 +187,7 @@ static int rollout(eng *e, struct roll *r) {
     eng_rollout_group g[NG];
     for (int i = 0; i < NG; i++) g[i] = (eng_rollout_group){prompt_[i], P_[i], N_[i]};
     eng_sampling sp;
-    eng_sampling_default(&sp);
-    sp.temperature = 1.0f;
-    sp.max_tokens = 6;
-    sp.ignore_eos = 1;
-    sp.seed = 7;
+    fixed_sampling(&sp, 1.0f, 6, 7);
     eng_group_result out[NG];
     if (eng_rollout(e, g, NG, &sp, out, NULL, NULL)) return -1;
     r->n_tok = r->n_rt = 0;
@@ -309,6 +298,21 @@ static int compare_update(rank_job *j, int W, int k) {
     for (int i = 0; i < j[0].n_lp; i++) mx = fmax(mx, fabs(j[0].lp[i] - ref_lp[k][i]));
     for (int q = 1; q < W; q++) bad |= memcmp(j[q].lp, j[0].lp, sizeof j[0].lp) != 0;
     printf("  W=%d cfg %d: loss %.7f grad_norm %.6f, logprobs after max |d| %.2e\n", W, k, j[0].u.loss, j[0].u.grad_norm, mx);
+    /* one rank holds every expert: the MoE op itself runs, the same bits as without expert
+     * parallelism (the grad norm aside: its squares are summed in two pieces, the shard's and the
+     * experts', within the bound above) */
+    if (W == 1) {
+        int same = j[0].u.loss == ref_u[k].loss &&
+                   !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4);
+        for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ref_st[k][i], (size_t)N * 4);
+        if (!same)
+            printf("  W=1 cfg %d: not bit-equal to the engine without expert parallelism (equal: loss %d logprobs %d master %d "
+                   "m %d v %d)\n",
+                   k, j[0].u.loss == ref_u[k].loss,
+                   !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4), !memcmp(j[0].st[0], ref_st[k][0], (size_t)N * 4),
+                   !memcmp(j[0].st[1], ref_st[k][1], (size_t)N * 4), !memcmp(j[0].st[2], ref_st[k][2], (size_t)N * 4));
+        bad |= !same;
+    }
     return bad || mx > 2e-5;
 }
 
@@ -415,16 +419,20 @@ TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
  * copy followed the new weights; and they differ from the rollouts before the update. */
 TEST(ep_rollouts_equal_one_rank) {
     static struct roll ref, ref2, got[WMAX], before;
-    CHECK(system("rm -rf " CKPT "_roll2 " CKPT "_roll3") == 0);
+    CHECK(system("rm -rf " CKPT "_roll1 " CKPT "_roll2 " CKPT "_roll3") == 0);
     eng *e = open_one(NULL, MODEL, NULL, 0);
     CHECK_MSG(e, "%s", err_msg());
     CHECK_MSG(rollout(e, &ref) == 0, "%s", err_msg());
     eng_close(e);
     printf("  one rank: %d tokens, %d route entries\n", ref.n_tok, ref.n_rt);
-    for (int W = 2; W <= 3; W++) {
+    for (int W = 1; W <= 3; W++) {
         comm *cs[WMAX];
         rank_job j[WMAX];
         CHECK(open_world(W, cs, j, NULL) == 0);
+        eng_testing_info t;
+        eng_testing_get(j[0].h.e, &t);
+        printf("  W=%d: the decode copy in %s\n", W, t.dec_in_grad ? "the gradient buffer" : "its own buffer");
+        CHECK_MSG(t.dec_in_grad == (W == 1), "W=%d: the copy (fp32 on cpu) fits the gradients at W = 1 only", W);
         for (int q = 0; q < W; q++) j[q].roll = &got[q];
         CHECK_MSG(all_ranks(j, W, OP_ROLL, 0, NULL) == 0, "%s", err_msg());
         for (int q = 0; q < W; q++) CHECK_MSG(same_roll(&got[q], &ref), "W=%d rank %d: rollouts differ from one rank's", W, q);

@@ -3,7 +3,10 @@
  * tokenizers 0.23), round trips, special-token switches, invalid UTF-8 in decode, the default
  * model's tokenizer, chat rendering, and refusal of what is not supported (WordPiece, Unigram,
  * unknown regexes). The full HF parity run is tests/tokenizer/test_parity.py. */
+#include <stdio.h>
+
 #include "common/err.h"
+#include "engine/format/json.h"
 #include "engine/text/chat.h"
 #include "engine/text/tokenizer.h"
 #include "tests/unit/check.h"
@@ -186,6 +189,86 @@ TEST(chat_qwen3_tools) {
     err_clear();
 }
 
+/* Llama 3.1's tool format (the date header, tools as json.dumps(indent=4) in the first user
+ * message, a call as {"name", "parameters"}, a result as an ipython turn holding a JSON string),
+ * on the Llama 3 tokenizer with tests/integration/llama31_tools.jinja as its template; the
+ * expected text is jinja2's rendering of that template (test_openai_llama3.py renders it live). */
+TEST(chat_llama31_tools) {
+    FILE *f = fopen(LLAMA "/tokenizer.json", "rb"), *j = fopen("tests/integration/llama31_tools.jinja", "rb");
+    CHECK(f && j);
+    if (!f || !j) return;
+    char *tj = NULL, *tpl = NULL, *cfg = NULL;
+    size_t tn = 0, pn = 0, cn = 0;
+    FILE *m = open_memstream(&tj, &tn), *c;
+    for (int ch; (ch = fgetc(f)) != EOF;) fputc(ch, m);
+    fclose(m);
+    m = open_memstream(&tpl, &pn);
+    for (int ch; (ch = fgetc(j)) != EOF;) fputc(ch, m);
+    fclose(m);
+    fclose(f);
+    fclose(j);
+    c = open_memstream(&cfg, &cn);
+    fputs("{\"bos_token\": \"<|begin_of_text|>\", \"chat_template\": ", c);
+    js_write_str(c, tpl, pn);
+    fputs("}", c);
+    fclose(c);
+    tok *t = NULL;
+    CHECK_EQ_INT(tok_load_json_cfg(tj, tn, cfg, cn, &t), 0);
+    free(tj), free(tpl), free(cfg);
+    if (!t) return;
+    CHECK_EQ_INT(chat_tool_format(t), CHAT_TOOLS_LLAMA3);
+    CHECK_EQ_INT(chat_tool_format(llama), CHAT_TOOLS_NONE);
+    CHECK_EQ_INT(chat_tool_format(qwen), CHAT_TOOLS_HERMES);
+    static const chat_tool_call call[] = {{"get", "{\"city\": \"Paris\", \"n\": 2}"}};
+    chat_msg msgs[] = {{.role = "system", .content = " S "},
+                       {.role = "user", .content = "Q\n"},
+                       {.role = "assistant", .content = "", .tool_calls = call, .n_tool_calls = 1},
+                       {.role = "tool", .content = "sunny \"22\"\n"},
+                       {.role = "assistant", .content = " ok "},
+                       {.role = "user", .content = "again"}};
+    const char *tools[] = {"{\"type\": \"function\", \"function\": {\"name\": \"get\", \"description\": \"Weather \xc3\xa9\", "
+                           "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"n\": "
+                           "{\"type\": \"integer\"}}, \"required\": [\"city\"], \"x\": [], \"y\": {}}}}",
+                           "{\"type\": \"function\", \"function\": {\"name\": \"noop\"}}"};
+    chat_opts o = {.tools = tools, .n_tools = 2};
+    char *p = NULL;
+    CHECK_EQ_INT(chat_render_opts(t, msgs, 6, 1, &o, &p), 0);
+    CHECK_STR(p,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: "
+              "December 2023\nToday Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nGiven the "
+              "following functions, please respond with a JSON for a function call with its proper arguments that best "
+              "answers the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of "
+              "argument name and its value}.Do not use variables.\n\n{\n    \"type\": \"function\",\n    \"function\": {\n"
+              "        \"name\": \"get\",\n        \"description\": \"Weather \xc3\xa9\",\n        \"parameters\": {\n"
+              "            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n"
+              "                    \"type\": \"string\"\n                },\n                \"n\": {\n"
+              "                    \"type\": \"integer\"\n                }\n            },\n            \"required\": [\n"
+              "                \"city\"\n            ],\n            \"x\": [],\n            \"y\": {}\n        }\n    }\n}\n\n"
+              "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"noop\"\n    }\n}\n\nQ<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get\", \"parameters\": {\"city\": \"Paris\", "
+              "\"n\": 2}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n\"sunny \\\"22\\\"\\n\"<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\nok<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+              "again<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(p);
+    p = NULL;
+    CHECK_EQ_INT(chat_render_opts(t, msgs + 1, 1, 1, NULL, &p), 0); /* no tools: no Environment line, no system text */
+    CHECK_STR(p,
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday "
+              "Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    free(p);
+    p = NULL;
+    static const chat_tool_call two[] = {{"get", "{}"}, {"noop", "{}"}};
+    chat_msg bad[] = {{.role = "user", .content = "Q"}, {.role = "assistant", .content = "", .tool_calls = two, .n_tool_calls = 2}};
+    CHECK_EQ_INT(chat_render_opts(t, bad, 2, 1, &o, &p), GE_UNSUPPORTED); /* one call per turn */
+    bad[1].n_tool_calls = 1, bad[1].content = "text";
+    CHECK_EQ_INT(chat_render_opts(t, bad, 2, 1, &o, &p), GE_UNSUPPORTED); /* content beside it would be dropped */
+    CHECK_EQ_INT(chat_render_opts(t, msgs, 1, 1, &o, &p), GE_UNSUPPORTED); /* tools and no user message */
+    CHECK(p == NULL);
+    err_clear();
+    tok_free(t);
+}
+
 static int load_text(const char *json) {
     tok *t = NULL;
     int rc = tok_load_json(json, strlen(json), &t);
@@ -272,6 +355,7 @@ int main(void) {
     RUN(default_tokenizer);
     RUN(chat_qwen3_and_llama3);
     RUN(chat_qwen3_tools);
+    RUN(chat_llama31_tools);
     RUN(unsupported_refused);
     RUN(long_keys_and_wrapped_messages);
     tok_free(qwen);

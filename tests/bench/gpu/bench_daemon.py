@@ -467,6 +467,8 @@ def update_body(a, idx, rollout_result):
             rs.append(x)
         groups.append({"prompt_ids": g["prompt_ids"], "responses": rs})
     body = {"groups": groups, "algorithm": {"old_logprobs": a.old_logprobs}}
+    if a.micro_batch:
+        body["max_tokens_per_micro_batch"] = a.micro_batch
     if a.lr is not None:
         body["optimizer"] = {"lr": a.lr}
     return body
@@ -673,6 +675,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, help="response tokens (512; tiny 32)")
     ap.add_argument("--old-logprobs", default="rollout", choices=["rollout", "recompute"])
     ap.add_argument("--lr", type=float, help="optimizer lr (default: the daemon's)")
+    ap.add_argument("--micro-batch", type=int, help="the update's max_tokens_per_micro_batch (default: the daemon's plan)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="extra grpod serve argument (repeat; write --serve-arg=--flag=value)")

@@ -11,6 +11,8 @@
  * Routes from the router op on random x and router weights (about uniform over the experts, as
  * a random-weight model routes). Random bf16 inputs; host clock around a device sync, median of
  * 5 after a warm-up (decode: of 20 calls, each on another layer's weights so that L2 holds none).
+ * Before the training rows, ROW lines: grouped vs cublas outputs on the same inputs (exit 1 when
+ * one fails).
  * Usage: bench_moe [T_train ...]   (default 9216 24576) */
 #include <cuda_runtime_api.h>
 
@@ -74,6 +76,43 @@ static void train_row(moe_w *w, const train_bufs *b, const char *name, int T, in
            T, S, touched, name, f * 1e3, fl / f / 1e12, bw * 1e3, 2 * fl / bw / 1e12, (f + bw) * 1e3);
 }
 
+/* The in-house grouped GEMMs against cuBLAS's grouped GEMM on the same inputs at these dims
+ * (fwd, then bwd with every weight gradient; "+=" outputs from the same random start): out,
+ * dx, dWg, dWu, dWd within 1e-2 (relative L2; the bf16 activations' rounding between two sum
+ * orders). test_ops' moe rows hold both against the CPU backend at small dims. */
+static void grouped_rows(moe_w *w, const train_bufs *b, int T, float *dwg, float *dwu, float *dwd) {
+    eng_backend *be = w->be;
+    size_t S = (size_t)T * K, nw = (size_t)E * FM * C, nx = (size_t)T * C;
+    float *h = gc_rand(nx, 1.0f, 7), *w0 = gc_rand(nw, 0.01f, 21);
+    float *got[2][5];
+    for (int f = 0; f < 2; f++) {
+        be->tune.moe = f ? TUNE_MOE_CUBLAS : TUNE_MOE_GROUPED;
+        if (be->act_from_f32(be, b->dx, h, nx) || be->to_dev(be, dwg, w0, nw * 4) || be->to_dev(be, dwu, w0, nw * 4) ||
+            be->to_dev(be, dwd, w0, nw * 4))
+            gc_die(be, "reset");
+        be->moe_experts_fwd(be, b->out, b->eg, b->eu, b->ey, b->x, b->x, b->ti, b->tw, w->wg[0], w->wu[0], w->wd[0], T, C, E, K,
+                            FM, NULL);
+        be->moe_experts_bwd(be, b->dx, dwg, dwu, dwd, b->dtw, b->dg, b->du, b->dout, b->x, b->ti, b->tw, b->eg, b->eu, b->ey,
+                            w->wg[0], w->wu[0], w->wd[0], T, C, E, K, FM, NULL);
+        got[f][0] = gc_get_act(be, b->out, nx), got[f][1] = gc_get_act(be, b->dx, nx);
+        got[f][2] = gc_get_f32(be, dwg, nw), got[f][3] = gc_get_f32(be, dwu, nw), got[f][4] = gc_get_f32(be, dwd, nw);
+    }
+    be->tune.moe = TUNE_MOE_AUTO;
+    static const char *on[5] = {"out", "dx", "dWg", "dWu", "dWd"};
+    size_t nn[5] = {nx, nx, nw, nw, nw};
+    char sh[64];
+    snprintf(sh, sizeof sh, "T=%d S=%zu C=%d Fm=%d E=%d", T, S, C, FM, E);
+    for (int o = 0; o < 5; o++) {
+        char t[64];
+        snprintf(t, sizeof t, "moe grouped vs cublas %s", on[o]);
+        gc_row(t, sh, rel_l2(got[0][o], got[1][o], nn[o]), 1e-2);
+    }
+    for (int f = 0; f < 2; f++)
+        for (int o = 0; o < 5; o++) free(got[f][o]);
+    free(h);
+    free(w0);
+}
+
 static void bench_train(moe_w *w, int T) {
     eng_backend *be = w->be;
     size_t S = (size_t)T * K, nw = (size_t)E * FM * C;
@@ -89,6 +128,7 @@ static void bench_train(moe_w *w, int T) {
     float *dtw = be->alloc(be, S * 4), *dwg = be->alloc(be, nw * 4), *dwu = be->alloc(be, nw * 4), *dwd = be->alloc(be, nw * 4);
     if (!dwd || !dx || !ey) gc_die(be, "alloc");
     train_bufs b = {x, out, dout, dx, eg, eu, ey, dg, du, ti, tw, dtw};
+    grouped_rows(w, &b, T, dwg, dwu, dwd);
     static const int vs[] = {TUNE_MOE_TILES, TUNE_MOE_GROUPED, TUNE_MOE_CUBLAS};
     static const char *vn[] = {"tiles", "grouped", "cublas"};
     for (int v = 0; v < 3; v++) {
@@ -187,5 +227,5 @@ int main(int argc, char **argv) {
         bench_train(&w, 24576);
     }
     w.be->destroy(w.be);
-    return 0;
+    return gc_failures != 0;
 }
