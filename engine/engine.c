@@ -364,7 +364,7 @@ static int score_top(eng *e, const model_views *w, const model_input *in, int M,
 int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, long long max_tokens, float temperature, float *out,
               float *ent, int top_k, int *top_ids, float *top_lps) {
     pack_plan plan;
-    int rc = pack_plan_make(&plan, groups, n, max_tokens, PACK_PACKED);
+    int rc = pack_plan_make(&plan, groups, n, max_tokens, model_pack_layout(&e->m));
     if (rc) return rc;
     long long done = 0;
     for (int k = 0; k < plan.n_mb && !rc; k++) {
@@ -381,7 +381,7 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
             continue;
         }
         pack_batch b;
-        if ((rc = pack_build(&b, groups, plan.mb_first[k], plan.mb_count[k], PACK_PACKED))) break;
+        if ((rc = pack_build(&b, groups, plan.mb_first[k], plan.mb_count[k], model_pack_layout(&e->m)))) break;
         model_input in;
         model_input_from_batch(&in, &b);
         rc = eng_acts_reserve(e, &e->acts_ng, b.T, b.M, 0);

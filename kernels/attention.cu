@@ -24,7 +24,9 @@
  *          so the N responses' contributions to a shared prompt's keys are summed in fp32.
  * A key inside both ranges of a query counts twice, as in the CPU reference.
  * Backward: S key rows (S >= T; S > T when queries attend to KV-cache rows that other forwards
- * wrote, engine/model/split.c), the key tiles cover all S. */
+ * wrote, engine/model/split.c), the key tiles cover all S.
+ * Extra ranges (a prefix tree's, attn_ranges.nx > 0): further launches of the paths above, two
+ * ranges each, merged by their softmax weights (the last banner). */
 #include <limits.h>
 
 #include "kernels/attention.cuh"
@@ -463,9 +465,9 @@ static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune
         else launch(256); \
     } while (0)
 
-void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
-                        int H, int K, int D) {
-    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+/* The forward of ranges a and b (r.nx ignored): the family's dispatch. */
+static void fwd_pair(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                     int K, int D) {
     if (c->tune->exact && attn_exact_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return; /* attention_exact.cu */
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cu) returns here
      * before the training kernels below. */
@@ -485,14 +487,21 @@ void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const b
     CU_LAUNCHED(c, "attn_fwd_kernel");
 }
 
-void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
-                        const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
-    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
-    if (S < T) S = T;
-    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles = (S + kt - 1) / kt;
-    size_t dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
-    size_t tb = (2 * (size_t)ntiles * sizeof(int) + 255) & ~(size_t)255, xb = flash && D == 128 ? attn_wgmma_bwd_bytes(c, S) : 0;
-    char *s = (char *)cu_scratch(c, dsum_bytes + tb + xb);
+/* The scratch bwd_pair takes: Dsum (T, H), the key tiles' query bounds, wgmma's split parts. */
+static size_t bwd_scratch_bytes(cu_ctx *c, int T, int S, int H, int D, size_t *dsum_bytes, size_t *tb, int *ntiles) {
+    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT;
+    *ntiles = (S + kt - 1) / kt;
+    *dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
+    *tb = (2 * (size_t)*ntiles * sizeof(int) + 255) & ~(size_t)255;
+    return *dsum_bytes + *tb + (flash && D == 128 ? attn_wgmma_bwd_bytes(c, S) : 0);
+}
+
+/* The backward of ranges a and b (r.nx ignored; S >= T): dq overwritten, dk/dv +=. */
+static void bwd_pair(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                     const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
+    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles;
+    size_t dsum_bytes, tb;
+    char *s = (char *)cu_scratch(c, bwd_scratch_bytes(c, T, S, H, D, &dsum_bytes, &tb, &ntiles));
     if (!s) return;
     float *dsum = (float *)s;
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
@@ -518,4 +527,83 @@ void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dou
     SIMPLE_DM(D, L_);
 #undef L_
     CU_LAUNCHED(c, "attn_bwd_dkdv_kernel");
+}
+
+/* ---------------------------------------------------------------- extra ranges (prefix trees)
+ * A query with extra ranges (attn_ranges.nx > 0) runs as 1 + ceil(nx / 2) launches of the
+ * two-range paths above: ranges (a, b), then the extras two at a time. Forward: each later
+ * launch's output and lse (scratch) merge into out and lse by their softmax weights. Backward:
+ * every launch gets the merged out and lse, so its P = exp(s - lse) and Dsum = dout·out are the
+ * whole softmax's and its dq / dk / dv are exactly its keys' share: dk, dv add up (+=), dq from
+ * the later launches is added into the first one's. With nx = 0 nothing here runs. */
+
+/* The two-range view of extras x and x + 1 (or x alone: b empty) of r. */
+static attn_ranges extra_pair(attn_ranges r, int x, int T) {
+    const int *lo = r.x0 + (size_t)x * T, *hi = r.x1 + (size_t)x * T;
+    int two = x + 1 < r.nx;
+    return (attn_ranges){lo, hi, two ? lo + T : hi, two ? hi + T : hi, NULL, NULL, 0};
+}
+
+/* One warp per (t, h) row: out, lse := the softmax merge of (out, lse) and (o2, l2). */
+__global__ void attn_merge_kernel(bf16 *out, float *lse, const bf16 *o2, const float *l2, long long rows, int D) {
+    long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    float L1 = lse[row], L2 = l2[row];
+    if (L2 == -INFINITY) return; /* no key in these ranges */
+    float M = fmaxf(L1, L2), w1 = L1 == -INFINITY ? 0.0f : expf(L1 - M), w2 = expf(L2 - M), inv = 1.0f / (w1 + w2);
+    bf162 *o = (bf162 *)(out + row * D);
+    const bf162 *p = (const bf162 *)(o2 + row * D);
+    for (int d = lane; d < D / 2; d += 32) {
+        float2 a = __bfloat1622float2(o[d]), b = __bfloat1622float2(p[d]);
+        o[d] = __floats2bfloat162_rn((a.x * w1 + b.x * w2) * inv, (a.y * w1 + b.y * w2) * inv);
+    }
+    if (lane == 0) lse[row] = M + logf(w1 + w2);
+}
+
+/* dq += d2 (n elements, even) */
+__global__ void attn_add_kernel(bf16 *dq, const bf16 *d2, long long n2) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n2; i += (long long)gridDim.x * blockDim.x) {
+        float2 a = __bfloat1622float2(((bf162 *)dq)[i]), b = __bfloat1622float2(((const bf162 *)d2)[i]);
+        ((bf162 *)dq)[i] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+    }
+}
+
+void attention_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
+                        int H, int K, int D) {
+    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    fwd_pair(c, out, lse, q, k, v, r, T, H, K, D);
+    if (r.nx <= 0) return;
+    long long rows = (long long)T * H;
+    size_t ob = ((size_t)rows * D * sizeof(bf16) + 255) & ~(size_t)255;
+    char *s = (char *)cu_scratch(c, ob + (size_t)rows * sizeof(float));
+    if (!s) return;
+    bf16 *o2 = (bf16 *)s;
+    float *l2 = (float *)(s + ob);
+    for (int x = 0; x < r.nx; x += 2) {
+        fwd_pair(c, o2, l2, q, k, v, extra_pair(r, x, T), T, H, K, D);
+        attn_merge_kernel<<<cu_blocks(rows, 8), 256, 0, c->stream>>>(out, lse, o2, l2, rows, D);
+        CU_LAUNCHED(c, "attn_merge_kernel");
+    }
+}
+
+void attention_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
+    if (c->failed || T <= 0 || !head_dim_ok(c, D)) return;
+    if (S < T) S = T;
+    bwd_pair(c, dq, dk, dv, dout, q, k, v, out, lse, r, T, S, H, K, D);
+    if (r.nx <= 0) return;
+    /* dq2 after bwd_pair's own scratch, which it then finds in place */
+    size_t dsum_bytes, tb;
+    int ntiles;
+    size_t inner = (bwd_scratch_bytes(c, T, S, H, D, &dsum_bytes, &tb, &ntiles) + 255) & ~(size_t)255;
+    long long n = (long long)T * H * D;
+    char *s = (char *)cu_scratch(c, inner + (size_t)n * sizeof(bf16));
+    if (!s) return;
+    bf16 *dq2 = (bf16 *)(s + inner);
+    for (int x = 0; x < r.nx; x += 2) {
+        bwd_pair(c, dq2, dk, dv, dout, q, k, v, out, lse, extra_pair(r, x, T), T, S, H, K, D);
+        attn_add_kernel<<<cu_blocks(n / 2, 256) < 4096 ? cu_blocks(n / 2, 256) : 4096, 256, 0, c->stream>>>(dq, dq2, n / 2);
+        CU_LAUNCHED(c, "attn_add_kernel");
+    }
 }

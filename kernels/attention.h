@@ -1,6 +1,7 @@
 /* attention.h — grouped-query attention over packed micro-batches with two key ranges per query.
  *
- * Query t attends to keys [a0[t], a1[t]) and [b0[t], b1[t]) (packed token indices), which
+ * Query t attends to keys [a0[t], a1[t]) and [b0[t], b1[t]) (packed token indices), and to nx
+ * extra ranges (below; a token of a prefix tree sees its ancestors' runs), which
  * expresses causal attention, prefix self-attention and the shared-prefix two-region pattern
  * alike (engine/model/pack.h builds the ranges): a response token sees its group's prompt (range a)
  * and its own response causally (range b), never another response. Scale 1/sqrt(D); query
@@ -13,9 +14,14 @@
 #ifndef GRPOD_ATTENTION_H
 #define GRPOD_ATTENTION_H
 
+/* Extra ranges (prefix trees, engine/model/pack.h): nx more per query, [x0[i T + t], x1[i T + t])
+ * for i < nx, nx <= ATTN_XR_MAX. Callers that leave them out (nx 0, x0 x1 NULL) get two. */
+enum { ATTN_XR_MAX = 4 };
 typedef struct {
-    const int *a0, *a1, *b0, *b1;
-} attn_ranges; /* each (T) */
+    const int *a0, *a1, *b0, *b1; /* each (T) */
+    const int *x0, *x1; /* each (nx, T), or NULL */
+    int nx;
+} attn_ranges;
 
 void attention_fwd_cpu(float *out, float *lse, const float *q, const float *k, const float *v, attn_ranges r, int T, int H, int K,
                        int D);

@@ -572,7 +572,7 @@ static size_t carve(const model *m, model_acts *a, char *base) {
     TAKE(a->ent, M, 4);
     TAKE(a->dlogp, M, 4);
     TAKE(a->dent, M, 4);
-    TAKE(a->ints, 9 * T + 2 * M, 4);
+    TAKE(a->ints, (9 + 2 * ATTN_XR_MAX) * T + 2 * M, 4);
     if (has_moe) {
         TAKE(a->routes, (long long)config_n_moe(c) * T * k, 4);
         TAKE(a->moe_stats, MOE_STATS(E), 4);
@@ -764,6 +764,10 @@ void model_kv_free(const model *m, model_kv *kv) {
 
 /* ---------------------------------------------------------------- forward */
 
+pack_layout model_pack_layout(const model *m) {
+    return config_n_linear(&m->cfg) > 0 || m->be->tune.exact ? PACK_PACKED : PACK_TREE;
+}
+
 void model_input_from_batch(model_input *in, const pack_batch *b) {
     *in = (model_input){.T = b->T,
                         .tokens = b->tokens,
@@ -772,6 +776,9 @@ void model_input_from_batch(model_input *in, const pack_batch *b) {
                         .a1 = b->kv_a1,
                         .b0 = b->kv_b0,
                         .b1 = b->kv_b1,
+                        .x0 = b->kv_x0,
+                        .x1 = b->kv_x1,
+                        .nx = b->nx,
                         .slot = NULL,
                         .M = b->M,
                         .out_pos = b->out_pos,
@@ -792,9 +799,12 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
         dst[i] = p;
         if (src[i] && T && !rc) rc = be->to_dev(be, p, src[i], (size_t)T * sizeof(int));
     }
-    int *op = p, *ot = p + a->cap_M;
+    int *op = p, *ot = p + a->cap_M, *x0 = ot + a->cap_M, *x1 = x0 + (size_t)ATTN_XR_MAX * a->cap_T;
     if (in->M && !rc) rc = be->to_dev(be, op, in->out_pos, (size_t)in->M * sizeof(int));
     if (in->M && !rc) rc = be->to_dev(be, ot, in->out_tok, (size_t)in->M * sizeof(int));
+    if (in->nx > ATTN_XR_MAX) return err_set(GE_INTERNAL, "model: %d extra key ranges > %d", in->nx, (int)ATTN_XR_MAX);
+    if (in->nx && !rc) rc = be->to_dev(be, x0, in->x0, (size_t)in->nx * T * sizeof(int));
+    if (in->nx && !rc) rc = be->to_dev(be, x1, in->x1, (size_t)in->nx * T * sizeof(int));
     size_t nr = (size_t)config_n_moe(&m->cfg) * T * m->cfg.top_k;
     if (in->routes && nr && !rc) rc = be->to_dev(be, a->routes, in->routes, nr * sizeof(int));
     *d = (model_dev_input){.T = T,
@@ -805,7 +815,7 @@ int model_input_upload(const model *m, model_acts *a, const model_input *in, mod
                            .srow = in->srow ? dst[8] : NULL,
                            .out_pos = op,
                            .out_tok = ot,
-                           .r = {dst[2], dst[3], dst[4], dst[5]},
+                           .r = {dst[2], dst[3], dst[4], dst[5], in->nx ? x0 : NULL, in->nx ? x1 : NULL, in->nx},
                            .count = in->count ? dst[7] : NULL,
                            .routes = a->routes,
                            .replay = in->routes != NULL};

@@ -236,7 +236,8 @@ typedef struct {
     void *xL, *lnf; /* (T,C) last layer's output, final norm of it */
     float *rstdf; /* (T) */
     float *logp, *ent, *dlogp, *dent; /* (M) */
-    int *ints; /* batch arrays: tokens, pos, a0, a1, b0, b1, slot, count (T each), out_pos, out_tok (M) */
+    int *ints; /* batch arrays: tokens, pos, a0, a1, b0, b1, slot, count, srow (T each), out_pos, out_tok (M),
+                * x0, x1 (ATTN_XR_MAX T each) */
     /* backward scratch, act-typed */
     void *dres, *dlnf, *dln; /* (T,C) */
     void *dq, *dq0, *datt; /* (T,HD) */
@@ -301,6 +302,8 @@ typedef struct {
     int T;
     const int *tokens, *pos; /* (T) */
     const int *a0, *a1, *b0, *b1; /* (T) */
+    const int *x0, *x1; /* (nx, T) extra key ranges (a prefix tree's, pack.h), or NULL */
+    int nx; /* <= ATTN_XR_MAX; 0 in a model with DeltaNet layers (model_pack_layout) */
     const int *slot; /* (T) or NULL */
     /* with state rows (kv->cap_st): the state row each token continues, the tokens of one row
      * contiguous and in order (kernels/deltanet_decode.h); NULL otherwise */
@@ -318,6 +321,11 @@ typedef struct {
     const int *routes; /* (Lm, T, k) or NULL */
 } model_input;
 
+/* The packed layout a model trains and scores in: PACK_TREE (every shared segment of a group's
+ * responses once), or PACK_PACKED (the trunk only) for a model with DeltaNet layers, whose
+ * recurrent state runs along ranges a and b only, and in exact mode (tune.exact), where a row
+ * must sum in decode's order and CUDA merges a tree's extra ranges from separate launches. */
+pack_layout model_pack_layout(const model *m);
 /* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
 void model_input_from_batch(model_input *in, const pack_batch *b);
 

@@ -1,9 +1,10 @@
 /* pack.c — the P + NR packing of prompt groups into micro-batches (contract in pack.h).
  *
- * One layout builder serves both layouts: the STANDARD layout is the packed layout applied to
- * "groups" of one response each, every one carrying its own copy of the prompt. Everything the
- * model needs to run a micro-batch (token ids, RoPE positions, the two key ranges of every
- * query, the positions whose logits predict response tokens) is computed here once, on the host.
+ * One layout builder serves every layout: a unit's token trie (below) laid out depth first. The
+ * STANDARD layout is it applied to "groups" of one response each, every one carrying its own
+ * copy of the prompt; PACKED shares the trunk only, TREE every shared segment. Everything the
+ * model needs to run a micro-batch (token ids, RoPE positions, the key ranges of every query,
+ * the positions whose logits predict response tokens) is computed here once, on the host.
  *
  * Legend: T packed tokens, G groups (packed units), S response segments, M predicted tokens. */
 #include "engine/model/pack.h"
@@ -22,91 +23,201 @@ static long long group_resp_tokens(const pack_group *g) {
     return r;
 }
 
-/* The leading tokens every response of a group has in common (the trunk of a tree of turns),
- * at most the shortest response less one token, so each response keeps a segment of its own;
- * 0 for a group of one. */
-static int group_trunk(const pack_group *g) {
-    if (g->N < 2) return 0;
-    int c = g->R[0];
-    for (int i = 1; i < g->N; i++)
-        if (g->R[i] < c) c = g->R[i];
-    for (int j = 0; j < c - 1; j++)
-        for (int i = 1; i < g->N; i++)
-            if (g->resp[i][j] != g->resp[0][j]) return j;
-    return c > 0 ? c - 1 : 0;
+/* ---------- the layout of one unit: a token trie ----------
+ *
+ * A unit (a packed group, or one response with its copy of the prompt) is laid out depth first:
+ * the root segment (prompt, then the leading tokens the unit's responses all share), then each
+ * child in the order of its first response. A child is either a shared node (the responses that
+ * go on with the same token: their common tokens past that point, then its own children) or a
+ * leaf (one response's tokens past its parent). Every response keeps at least its last token in
+ * a leaf of its own (a shared node never holds a response's last token), so a group whose trie
+ * is one trunk is laid out as the one-trunk layout was, bit for bit.
+ *
+ * Attention: a token sees the runs of its ancestors' segments (consecutive ones merged: a first
+ * child follows its parent) and its own segment causally. The first run is range a, its own
+ * segment range b (empty for root tokens, whose own segment is range a), further runs the
+ * extras. A shared node is made only where its descendants' runs fit in 1 + ATTN_XR_MAX; past
+ * that its responses become leaves (less sharing, the same result). */
+
+typedef struct {
+    int lo, hi;
+} run;
+
+typedef struct {
+    const pack_group *g;
+    pack_batch *b; /* NULL: count tokens and runs only */
+    int tree; /* 0: the root's trunk only (every child a leaf) */
+    int gi, p0, t; /* source group, packed start of the unit, next free packed index */
+    int s_base; /* the unit's first segment index */
+    const int *m0; /* (N) out_* index of each response's first prediction */
+    int *tmp, *tmp2; /* (N) scratch for the grouping */
+    int nx; /* the most extra runs a token of the unit needs */
+    int root_len; /* tokens of the last unit's root segment (prompt and trunk) */
+} lay;
+
+/* Rows [t, t + n) of a segment holding tokens d .. d + n - 1 of responses S (root: prompt first,
+ * root_p = P, else 0) with ancestor runs `anc`. */
+static void put_rows(lay *L, const int *S, int nS, int d, int n, int root_p, const run *anc, int na) {
+    const pack_group *g = L->g;
+    pack_batch *b = L->b;
+    int s0 = L->t;
+    if (na - 1 > L->nx) L->nx = na - 1;
+    L->t += root_p + n;
+    if (!b) return;
+    const int *r0 = g->resp[S[0]];
+    for (int u = 0; u < root_p + n; u++) {
+        int t = s0 + u, j = d + u - root_p; /* j < 0: prompt token P + j */
+        b->tokens[t] = j < 0 ? g->prompt[root_p + j] : r0[j];
+        if (b->routes)
+            pack_route_put(b->routes, b->T, t, j < 0 ? pack_route_src(g, -1, root_p + j) : pack_route_src(g, S[0], j), g->rl,
+                           g->rk);
+        b->tok_count[t] = nS;
+        b->pos[t] = g->P + j;
+        if (na) {
+            b->kv_a0[t] = anc[0].lo;
+            b->kv_a1[t] = anc[0].hi;
+            b->kv_b0[t] = s0;
+        } else { /* a root token: causal in range a, b empty */
+            b->kv_a0[t] = s0;
+            b->kv_a1[t] = t + 1;
+            b->kv_b0[t] = t + 1;
+        }
+        b->kv_b1[t] = t + 1;
+        for (int x = 0; x < b->nx; x++) {
+            b->kv_x0[(size_t)x * b->T + t] = x + 1 < na ? anc[x + 1].lo : t + 1;
+            b->kv_x1[(size_t)x * b->T + t] = x + 1 < na ? anc[x + 1].hi : t + 1;
+        }
+        /* this row predicts token j + 1 of each response it stands for */
+        for (int k = 0; j >= -1 && k < nS; k++)
+            if (j + 1 < g->R[S[k]]) b->out_pos[L->m0[S[k]] + j + 1] = t;
+    }
+}
+
+/* anc ⊕ [lo, hi): the runs below a segment at [lo, hi); returns their number (out holds them). */
+static int runs_after(const run *anc, int na, int lo, int hi, run *out) {
+    for (int i = 0; i < na; i++) out[i] = anc[i];
+    if (na && out[na - 1].hi == lo) {
+        out[na - 1].hi = hi;
+        return na;
+    }
+    out[na] = (run){lo, hi};
+    return na + 1;
+}
+
+/* Leaf: response i's tokens d .. R - 1 under ancestors anc. */
+static void put_leaf(lay *L, int i, int d, const run *anc, int na) {
+    int s = L->s_base + i, n = L->g->R[i] - d;
+    if (L->b) {
+        L->b->seg_start[s] = L->t;
+        L->b->seg_len[s] = n;
+        L->b->seg_group[s] = L->gi;
+        L->b->seg_resp[s] = i;
+        L->b->seg_out0[s] = L->m0[i];
+    }
+    put_rows(L, &i, 1, d, n, 0, anc, na);
+}
+
+/* The key that groups response i under a node whose children start at token e: its token at e,
+ * or -1 when it must be a leaf there (its last token is at e, or the layout shares no deeper). */
+static int child_key(const lay *L, int i, int e) { return L->tree && e < L->g->R[i] - 1 ? L->g->resp[i][e] : -1; }
+
+/* The node of responses S (nS >= 1, ascending) whose tokens before d its ancestors hold; root:
+ * the unit's prompt goes first. The node takes the tokens all of S share from d on, short of
+ * each one's last; its children follow. S is reordered in place: children become consecutive
+ * slices (in order of their first response), which the recursion reorders within themselves. */
+static void put_node(lay *L, int *S, int nS, int d, int root, const run *anc, int na) {
+    const pack_group *g = L->g;
+    int n = 0;
+    if (nS > 1)
+        for (;; n++) {
+            int ok = 1;
+            for (int k = 0; ok && k < nS; k++) ok = d + n < g->R[S[k]] - 1 && g->resp[S[k]][d + n] == g->resp[S[0]][d + n];
+            if (!ok) break;
+        }
+    int lo = L->t, e = d + n;
+    if (root) L->root_len = g->P + n;
+    put_rows(L, S, nS, d, n, root ? g->P : 0, anc, na);
+    run below[ATTN_XR_MAX + 3];
+    int nb = runs_after(anc, na, lo, L->t, below);
+    /* stable partition by child_key (a -1 alone), scratch only before any recursion */
+    int *out = L->tmp, *taken = L->tmp2, no = 0;
+    for (int k = 0; k < nS; k++) taken[k] = 0;
+    for (int k = 0; L->tree && k < nS; k++) {
+        if (taken[k]) continue;
+        int key = child_key(L, S[k], e);
+        for (int q = k; q < nS; q++)
+            if (!taken[q] && (q == k || (key >= 0 && child_key(L, S[q], e) == key))) {
+                out[no++] = S[q];
+                taken[q] = 1;
+            }
+    }
+    if (L->tree) memcpy(S, out, (size_t)nS * sizeof(int));
+    for (int k = 0; k < nS;) {
+        int key = child_key(L, S[k], e), c = 1;
+        while (key >= 0 && k + c < nS && child_key(L, S[k + c], e) == key) c++;
+        run tmp[ATTN_XR_MAX + 3];
+        if (c > 1 && runs_after(below, nb, L->t, L->t + 1, tmp) <= 1 + ATTN_XR_MAX) {
+            put_node(L, S + k, c, e, 0, below, nb);
+        } else {
+            for (int q = k; q < k + c; q++) put_leaf(L, S[q], e, below, nb);
+        }
+        k += c;
+    }
+}
+
+/* Lays out responses [r0, r0 + n) of g as one unit at packed index L->t (scratch: 3n ints). */
+static void put_unit(lay *L, int r0, int n, int *scratch) {
+    int *S = scratch;
+    L->tmp = scratch + n;
+    L->tmp2 = scratch + 2 * n;
+    for (int k = 0; k < n; k++) S[k] = r0 + k;
+    L->p0 = L->t;
+    put_node(L, S, n, 0, 1, NULL, 0);
+}
+
+/* The tokens of g's units in a layout and the extra runs they need (*nx); -1 when out of memory. */
+static long long group_count(const pack_group *g, pack_layout layout, int *nx) {
+    int *scratch = malloc((size_t)3 * (g->N > 0 ? g->N : 1) * sizeof(int));
+    if (!scratch) return -1;
+    lay L = {.g = g, .tree = layout == PACK_TREE};
+    if (layout == PACK_STANDARD)
+        for (int i = 0; i < g->N; i++) put_unit(&L, i, 1, scratch);
+    else put_unit(&L, 0, g->N, scratch);
+    free(scratch);
+    if (nx) *nx = L.nx;
+    return L.t;
 }
 
 long long pack_group_tokens(const pack_group *g, pack_layout layout) {
-    long long r = group_resp_tokens(g);
-    return layout == PACK_PACKED ? (long long)g->P + r - (long long)(g->N - 1) * group_trunk(g) : (long long)g->N * g->P + r;
+    if (layout == PACK_STANDARD) return (long long)g->N * g->P + group_resp_tokens(g);
+    long long t = group_count(g, layout, NULL);
+    return t >= 0 ? t : (long long)g->N * g->P + group_resp_tokens(g); /* out of memory: the most it can be */
 }
 
 /* ---------- building one micro-batch ---------- */
 
-/* Writes the prompt of a packed unit at packed index p0, and after it the first c tokens of its
- * responses (the trunk, c = 0 in the standard layout): causal self-attention, positions
- * 0..P+c-1. */
-static void put_prompt(pack_batch *b, const pack_group *g, int c, int p0, int count) {
-    for (int i = 0; i < g->P + c; i++) {
-        int t = p0 + i;
-        b->tokens[t] = i < g->P ? g->prompt[i] : g->resp[0][i - g->P];
-        if (b->routes)
-            pack_route_put(b->routes, b->T, t, i < g->P ? pack_route_src(g, -1, i) : pack_route_src(g, 0, i - g->P), g->rl, g->rk);
-        b->tok_count[t] = count;
-        b->pos[t] = i;
-        b->kv_a0[t] = p0;
-        b->kv_a1[t] = p0 + i + 1;
-        b->kv_b0[t] = b->kv_b1[t] = p0 + i + 1; /* empty */
-    }
-}
-
-/* Writes response `ri` of group `gi` past its first c tokens (the trunk, written with the prompt)
- * as segment `s` starting at packed index s0, attending to the prompt and trunk at
- * [p0, p0 + P + c) and causally to itself; positions go on from P + c. All its R predictions go
- * to out_*[m0 ..): token j is predicted by its predecessor, in the prompt and trunk for j <= c,
- * else in the segment. */
-static void put_response(pack_batch *b, const pack_group *g, int c, int gi, int ri, int s, int p0, int s0, int m0) {
-    int P = g->P, R = g->R[ri];
-    const int *r = g->resp[ri];
-    for (int j = c; j < R; j++) {
-        int t = s0 + j - c;
-        b->tokens[t] = r[j];
-        if (b->routes) pack_route_put(b->routes, b->T, t, pack_route_src(g, ri, j), g->rl, g->rk);
-        b->tok_count[t] = 1;
-        b->pos[t] = P + j;
-        b->kv_a0[t] = p0;
-        b->kv_a1[t] = p0 + P + c;
-        b->kv_b0[t] = s0;
-        b->kv_b1[t] = t + 1;
-    }
-    for (int j = 0; j < R; j++) {
-        b->out_pos[m0 + j] = j <= c ? p0 + P + j - 1 : s0 + j - c - 1;
-        b->out_tok[m0 + j] = r[j];
-    }
-    b->seg_start[s] = s0;
-    b->seg_len[s] = R - c;
-    b->seg_group[s] = gi;
-    b->seg_resp[s] = ri;
-    b->seg_out0[s] = m0;
-}
-
 int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout) {
     memset(b, 0, sizeof *b);
     long long T = 0, M = 0, rl = 0, rk = 0;
-    int G = 0, S = 0;
+    int G = 0, S = 0, nx = 0, maxN = 1;
     for (int k = 0; k < count; k++) {
         const pack_group *g = &groups[first + k];
         assert(g->P >= 1 && g->N >= 1);
         if (pack_has_routes(g)) rl = g->rl, rk = g->rk;
-        T += pack_group_tokens(g, layout);
+        int gx = 0;
+        long long t = group_count(g, layout, &gx);
+        if (t < 0) return err_set(GE_NOMEM, "pack_build: the trie of a group of %d responses", g->N);
+        T += t;
+        nx = gx > nx ? gx : nx;
         M += group_resp_tokens(g);
         S += g->N;
-        G += layout == PACK_PACKED ? 1 : g->N;
+        G += layout == PACK_STANDARD ? g->N : 1;
+        maxN = g->N > maxN ? g->N : maxN;
     }
     if (T > 0x7fffffffLL) return err_set(GE_TOO_LARGE, "micro-batch of %lld tokens exceeds the int index range", T);
 
     /* One block holds every array; tokens is its start, so pack_batch_free frees it. */
-    size_t n_int = (size_t)7 * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M;
+    size_t n_int = (size_t)(7 + 2 * nx) * T + (size_t)(G + 1) + (size_t)4 * G + (size_t)6 * S + (size_t)2 * M + (size_t)4 * maxN;
     int *blk = calloc(n_int ? n_int : 1, sizeof(int));
     if (!blk) return err_set(GE_NOMEM, "pack_build: %zu ints for %lld tokens", n_int, T);
     int *q = blk;
@@ -133,9 +244,14 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
     TAKE_(seg_out0, S);
     TAKE_(out_pos, M);
     TAKE_(out_tok, M);
+    TAKE_(kv_x0, (size_t)nx * T);
+    TAKE_(kv_x1, (size_t)nx * T);
 #undef TAKE_
-    assert(q <= blk + (n_int ? n_int : 1));
+    int *m0 = q, *scratch = q + maxN; /* (maxN) each response's first prediction; (3 maxN) trie scratch */
+    assert(scratch + 3 * maxN <= blk + (n_int ? n_int : 1));
+    if (!nx) b->kv_x0 = b->kv_x1 = NULL;
     b->T = (int)T;
+    b->nx = nx;
     if (rl && !(b->routes = malloc((size_t)(rl * T * rk) * sizeof(int)))) {
         free(blk);
         return err_set(GE_NOMEM, "pack_build: routes for %lld tokens", T);
@@ -151,37 +267,22 @@ int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pa
     for (int k = 0; k < count; k++) {
         int gi = first + k;
         const pack_group *g = &groups[gi];
-        if (layout == PACK_PACKED) {
-            int p0 = t, c = group_trunk(g);
-            b->cu_seqlens[gu] = p0;
-            b->grp_plen[gu] = g->P + c;
-            b->grp_seg0[gu] = s;
-            b->grp_nseg[gu] = g->N;
-            put_prompt(b, g, c, p0, g->N);
-            t += g->P + c;
-            for (int i = 0; i < g->N; i++) {
-                put_response(b, g, c, gi, i, s, p0, t, m);
-                t += g->R[i] - c;
-                m += g->R[i];
-                s++;
-            }
-            gu++;
-        } else {
-            for (int i = 0; i < g->N; i++) {
-                int p0 = t;
-                b->cu_seqlens[gu] = p0;
-                b->grp_plen[gu] = g->P;
-                b->grp_seg0[gu] = s;
-                b->grp_nseg[gu] = 1;
-                put_prompt(b, g, 0, p0, 1);
-                t += g->P;
-                put_response(b, g, 0, gi, i, s, p0, t, m);
-                t += g->R[i];
-                m += g->R[i];
-                s++;
-                gu++;
-            }
+        for (int i = 0; i < g->N; i++) {
+            m0[i] = m;
+            for (int j = 0; j < g->R[i]; j++) b->out_tok[m + j] = g->resp[i][j];
+            m += g->R[i];
         }
+        lay L = {.g = g, .b = b, .tree = layout == PACK_TREE, .gi = gi, .t = t, .s_base = s, .m0 = m0};
+        int units = layout == PACK_STANDARD ? g->N : 1, per = layout == PACK_STANDARD ? 1 : g->N;
+        for (int u = 0; u < units; u++, gu++) {
+            b->cu_seqlens[gu] = L.t;
+            b->grp_seg0[gu] = s + u * per;
+            b->grp_nseg[gu] = per;
+            put_unit(&L, u * per, per, scratch);
+            b->grp_plen[gu] = L.root_len;
+        }
+        t = L.t;
+        s += g->N;
     }
     b->cu_seqlens[G] = t;
     assert(t == b->T && gu == G && s == S && m == b->M);
@@ -203,7 +304,7 @@ int pack_plan_make(pack_plan *p, const pack_group *groups, int n_groups, long lo
         const pack_group *g = &groups[i];
         long long need = pack_group_tokens(g, layout);
         if (need <= max_tokens) continue;
-        if (layout != PACK_PACKED)
+        if (layout == PACK_STANDARD)
             return err_set(GE_TOO_LARGE,
                            "group %d needs %lld tokens (P=%d, N=%d, R total %lld) > "
                            "max_tokens_per_micro_batch %lld",

@@ -2,18 +2,27 @@
  *
  * A micro-batch holds whole groups. Group g is laid out [P_g; R_g1; ...; R_gN] in packed order
  * (P + ΣR tokens, not N(P+R)). Positions: prompt 0..P-1, every response restarts at P.
- * Trees: when every response of a group begins with the same c tokens (an agent's turns that
- * its trajectories share before they branch; c at most the shortest response less one), those c
- * tokens are laid out once, after the prompt, as part of it: [P_g, trunk; R_g1[c:]; ...], and
- * each response's predictions of its first c + 1 tokens read the trunk's rows (several
- * predictions may read one row; the logprob head's backward adds them): P + c + Σ(R - c) tokens.
+ * Trees (PACK_TREE): the responses of a group form a token trie: the tokens several responses
+ * share beyond the prompt (turns in common, then branches, at any depth) are laid out once. A
+ * unit is laid out depth first: the root segment [P_g, trunk] (the tokens all responses share),
+ * then each child in the order of its first response — a shared node (the tokens a subset
+ * shares, then its own children) or a leaf (one response's own tokens, always at least its
+ * last). Each response's prediction of token j reads the row of its token j - 1 wherever that
+ * row sits (several predictions may read one row; the logprob head's backward adds them).
+ * PACK_PACKED shares the trunk only (every child of the root a leaf: [P_g, trunk; R_g1[c:]; ...]),
+ * the layout for models whose recurrent layers carry state along ranges a and b only.
  * The STANDARD layout is the same struct with each response in a group of its own that carries
- * a copy of the prompt (N(P+R) tokens): the equivalence tests run one code path on both.
+ * a copy of the prompt (N(P+R) tokens): the equivalence tests run one code path on all three.
  *
- * Attention semantics, per packed token t: t attends to the keys in [kv_a0[t], kv_a1[t]) and in
- * [kv_b0[t], kv_b1[t]) (packed indices; either range may be empty).
- *   prompt (or trunk) token i of g:  a = [p0, p0 + i + 1),    b = empty
- *   response token j of s:           a = [p0, p0 + P + c),  b = [s0, s0 + j - c + 1)
+ * Attention semantics, per packed token t: t attends to the keys in [kv_a0[t], kv_a1[t]), in
+ * [kv_b0[t], kv_b1[t]) and in the nx extra ranges [kv_x0[x T + t], kv_x1[x T + t]) (packed
+ * indices; any range may be empty): its ancestors' segments, consecutive ones merged into one
+ * run (a first child follows its parent), and itself causally.
+ *   root (prompt or trunk) token i of g:  a = [p0, p0 + i + 1),  b = empty, extras empty
+ *   any other token at offset u of its segment s0:  a = the first run (from p0), b = [s0, s0 + u + 1),
+ *                                                   extras = the further runs, in packed order
+ * A shared node is made only where the runs below it fit in 1 + ATTN_XR_MAX; past that its
+ * responses become leaves (less sharing, the same result).
  * Logits are needed only where they predict a response token: out_pos[m] is the packed token
  * whose hidden state predicts out_tok[m] (the last prompt token for a response's first token).
  *
@@ -21,6 +30,8 @@
 #ifndef GRPOD_PACK_H
 #define GRPOD_PACK_H
 #include <stddef.h>
+
+#include "kernels/attention.h"
 
 /* One prompt group as the engine receives it (the caller owns the arrays). */
 typedef struct {
@@ -31,13 +42,13 @@ typedef struct {
     const int *R; /* (N) */
     /* MoE routing replay (model.h model_input.routes), or NULL: each token's experts, W = rl·rk
      * ints a token (rl MoE layers of rk each), token-major; a token whose first is -1 (or in an
-     * array that is NULL) takes the router's own top-k. Trunk tokens take response 0's. */
+     * array that is NULL) takes the router's own top-k. A shared token takes its first response's. */
     const int *prompt_routes; /* (P, W) */
     const int *const *resp_routes; /* N arrays (R[i], W), an array NULL: none */
     int rl, rk;
 } pack_group;
 
-typedef enum { PACK_PACKED = 0, PACK_STANDARD = 1 } pack_layout;
+typedef enum { PACK_PACKED = 0, PACK_STANDARD = 1, PACK_TREE = 2 } pack_layout;
 
 typedef struct {
     int T, G, S, M;
@@ -45,12 +56,14 @@ typedef struct {
     int *pos; /* (T) RoPE positions */
     int *kv_a0, *kv_a1; /* (T) first key range, packed indices [a0, a1) */
     int *kv_b0, *kv_b1; /* (T) second key range [b0, b1), empty when b0 == b1 */
+    int nx; /* extra key ranges a token (PACK_TREE; 0 otherwise), at most ATTN_XR_MAX */
+    int *kv_x0, *kv_x1; /* (nx, T) the extra ranges [x0, x1), NULL when nx == 0 */
     int *tok_count; /* (T) the tokens of the standard layout each one stands for: N for a prompt
                      * token of a packed group of N responses, else 1 (the MoE balance statistics) */
     int *cu_seqlens; /* (G + 1) packed start of each group, cu_seqlens[G] == T */
-    int *grp_plen; /* (G) prompt length of each group, its trunk included (P + c) */
+    int *grp_plen; /* (G) root segment of each group: its prompt and trunk (P + c) */
     int *grp_seg0, *grp_nseg; /* (G) first segment index and number of responses */
-    int *seg_start, *seg_len; /* (S) packed start and length R - c of each response (past the trunk) */
+    int *seg_start, *seg_len; /* (S) packed start and length of each response's leaf (its own tokens) */
     int *seg_group; /* (S) source group index (into the caller's pack_group array) */
     int *seg_resp; /* (S) response index within that source group */
     int *seg_out0; /* (S) index of the segment's first predicted token in out_* */
@@ -77,14 +90,15 @@ static inline int pack_has_routes(const pack_group *g) { return g->rl > 0 && (g-
 int pack_build(pack_batch *b, const pack_group *groups, int first, int count, pack_layout layout);
 void pack_batch_free(pack_batch *b);
 
-/* Tokens a group occupies in a layout: P + ΣR - (N-1)·c (packed) or N·P + ΣR (standard). */
+/* Tokens a group occupies in a layout: P + ΣR - (N-1)·c (packed), P + the trie's segments (tree),
+ * or N·P + ΣR (standard). */
 long long pack_group_tokens(const pack_group *g, pack_layout layout);
 
 /* Micro-batch plan: consecutive runs of whole groups whose tokens fit max_tokens.
  * mb_first[k], mb_count[k] for k < n_mb. A group larger than max_tokens is a micro-batch of its
- * own with mb_split[k] = 1 (packed layout): engine/model/split.h runs it as its prompt once and its
+ * own with mb_split[k] = 1 (packed and tree layouts): engine/model/split.h runs it as its prompt once and its
  * responses in micro-batches of at most max_tokens response tokens each, attending to the
- * prompt's cached keys. A response longer than max_tokens (a response is never cut), or any
+ * prompt's cached keys (without sharing its responses' common tokens). A response longer than max_tokens (a response is never cut), or any
  * group over max_tokens in the standard layout, is GE_TOO_LARGE with a message naming the group
  * and its size. The plan owns its arrays: pack_plan_free. */
 typedef struct {

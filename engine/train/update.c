@@ -226,7 +226,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     double aux_n = aux_tokens(&e->m, w->pg, g0, g1); /* 0: no balance loss */
     pack_plan plan = {0};
     /* no share: none of this rank's own (with expert parallelism its experts serve the others) */
-    int rc = c1 > c0 ? pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, PACK_PACKED) : 0, most = 0;
+    int rc = c1 > c0 ? pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)) : 0, most = 0;
     if (!rc) rc = ep_most(e, plan.n_mb, &most);
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         int first = c0 + plan.mb_first[k], count = plan.mb_count[k];
@@ -242,7 +242,7 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
             continue;
         }
         pack_batch b;
-        if ((rc = pack_build(&b, w->pg, first, count, PACK_PACKED))) break;
+        if ((rc = pack_build(&b, w->pg, first, count, model_pack_layout(&e->m)))) break;
         model_input in;
         model_input_from_batch(&in, &b);
         if (aux_n > 0) in.aux_coef = (float)(e->m.cfg.aux_coef * aux_tokens(&e->m, w->pg, first, first + count) / aux_n);
@@ -402,20 +402,21 @@ static int correct_rollout(eng *e, work *w, const dp_order *dpo, const loss_conf
 static int largest_micro_batch(const eng *e, const work *w, long long max_tokens, long long *T, long long *M) {
     pack_plan plan;
     *T = *M = 0;
-    int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, PACK_PACKED);
+    int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, model_pack_layout(&e->m));
     if (rc) return rc;
     for (int k = 0; k < plan.n_mb; k++) {
         if (plan.mb_split[k] && e->ep_full) { /* its chunks would not meet the other ranks' micro-batches */
             rc = err_set(GE_TOO_LARGE,
                          "update: group %d (%lld tokens) is larger than max_tokens %lld: groups split over "
                          "micro-batches are not built with expert parallelism",
-                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], PACK_PACKED), max_tokens);
+                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], model_pack_layout(&e->m)),
+                         max_tokens);
             break;
         }
         if (plan.mb_split[k]) continue;
         long long t = 0, m = 0;
         for (int i = plan.mb_first[k]; i < plan.mb_first[k] + plan.mb_count[k]; i++) {
-            t += pack_group_tokens(&w->pg[i], PACK_PACKED);
+            t += pack_group_tokens(&w->pg[i], model_pack_layout(&e->m));
             for (int r = 0; r < w->pg[i].N; r++) m += w->pg[i].R[r];
         }
         if (t > *T) *T = t;
@@ -426,9 +427,9 @@ static int largest_micro_batch(const eng *e, const work *w, long long max_tokens
 }
 
 /* The micro-batches eng_score runs for n groups (expert parallelism's lock-step). */
-static int score_micro_batches(const pack_group *pg, int n, long long max_tokens) {
+static int score_micro_batches(const pack_group *pg, int n, long long max_tokens, pack_layout layout) {
     pack_plan plan;
-    if (n <= 0 || pack_plan_make(&plan, pg, n, max_tokens, PACK_PACKED)) return 0;
+    if (n <= 0 || pack_plan_make(&plan, pg, n, max_tokens, layout)) return 0;
     int k = plan.n_mb;
     pack_plan_free(&plan);
     return k;
@@ -450,7 +451,7 @@ static int update_prepare(eng *e, const eng_update_group *g, int n_groups, const
     if (!rc) rc = work_make(w, e, g, n_groups, a, &none);
     out->groups_filtered = dpo->filtered;
     for (int i = 0; !rc && i < w->n_groups; i++) {
-        out->tokens_packed += pack_group_tokens(&w->pg[i], PACK_PACKED);
+        out->tokens_packed += pack_group_tokens(&w->pg[i], model_pack_layout(&e->m));
         out->tokens_standard += pack_group_tokens(&w->pg[i], PACK_STANDARD);
     }
     long long mb_T = 0, mb_M = 0;
@@ -472,7 +473,7 @@ static int score_pass(eng *e, const model_views *v, const work *w, const dp_orde
     int rc = 0;
     for (int b = 0; b < dpo->n_sc && !rc; b++) {
         int c0 = dpo->sc_lo[b], c1 = dpo->sc_hi[b];
-        int nm = score_micro_batches(w->pg + c0, c1 - c0, max_tokens), most;
+        int nm = score_micro_batches(w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)), most;
         long long at = c1 > c0 ? w->off[w->grp_resp0[c0]] : 0;
         rc = ep_most(e, nm, &most);
         if (!rc && c1 > c0)

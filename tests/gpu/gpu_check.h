@@ -144,8 +144,13 @@ static inline void free_ranges(ranges r) {
 }
 /* the ranges uploaded for a backend's attention ops */
 static inline attn_ranges gc_dev_ranges(eng_backend *g, ranges r) {
-    attn_ranges d = {(const int *)gc_dev(g, r.a0, (size_t)r.T * 4), (const int *)gc_dev(g, r.a1, (size_t)r.T * 4),
-                     (const int *)gc_dev(g, r.b0, (size_t)r.T * 4), (const int *)gc_dev(g, r.b1, (size_t)r.T * 4)};
+    attn_ranges d = {(const int *)gc_dev(g, r.a0, (size_t)r.T * 4),
+                     (const int *)gc_dev(g, r.a1, (size_t)r.T * 4),
+                     (const int *)gc_dev(g, r.b0, (size_t)r.T * 4),
+                     (const int *)gc_dev(g, r.b1, (size_t)r.T * 4),
+                     NULL,
+                     NULL,
+                     0};
     return d;
 }
 /* Relative L2 error of the increments (a - a0) against (b - b0): for "+=" outputs, so that an

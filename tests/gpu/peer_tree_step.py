@@ -6,6 +6,9 @@
 #               branch); trunk logprobs computed once and used by every trajectory's loss
 #   flex-flat : [P; (T B)_1..(T B)_N] (the trunk repeated in each response: peer_step's layout)
 # Per group: the old pass, the reference pass, the policy forward + backward; then one AdamW step.
+# The agentic workload (8 trajectories x 4 turns, turns 1-2 shared) in the flat layout is flex-flat
+# with T = turn 1 and B = turns 2-4: the peer has no tree deeper than one trunk. PEER_FORMS=flat
+# (or tree) runs that form alone.
 # Usage: python3 peer_tree_step.py PEER_STEP_DIR [1.7b] [G N P T B]   default 8 8 1024 1024 512
 import sys, os, statistics, torch
 
@@ -104,5 +107,7 @@ def run(name, tree, reps=2):
 
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), f"{size} G={G} N={N} P={P} trunk {T} branch {B}", flush=True)
-    tt, tf = run("flex-tree", True), run("flex-flat", False)
+    forms = os.environ.get("PEER_FORMS", "tree,flat").split(",")
+    tt = run("flex-tree", True) if "tree" in forms else None
+    tf = run("flex-flat", False) if "flat" in forms else None
     if tt and tf: print(f"flex: tree / flat = {tt / tf:.2f}", flush=True)

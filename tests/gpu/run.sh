@@ -82,7 +82,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 # ---- build: engine library + test programs (tests/gpu/) + benchmarks (tests/bench/gpu/); a
 # failed build is a failure. Every program is one .c file named as its binary.
 BIN=$BUILD
-PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump"
+PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump test_tree"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe bench_exact_mm"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
@@ -131,6 +131,8 @@ timeout ${T_INV:-180} "$BIN/test_invariant" >>"$OUT/ops.log" 2>&1; echo "test_in
 # the hybrid models' decode steps on their state rows (DeltaNet conv and rule) and the row scatter
 timeout 60 "$BIN/test_deltanet_decode" >>"$OUT/ops.log" 2>&1; echo "test_deltanet_decode exit $?" >>"$OUT/ops.log"
 timeout ${T_MODEL:-120} "$BIN/test_model" >"$OUT/model.log" 2>&1; echo "test_model exit $?" >>"$OUT/model.log"
+# prefix trees deeper than one trunk: the extra key ranges' attention, the model on a tree
+timeout 120 "$BIN/test_tree" >>"$OUT/model.log" 2>&1; echo "test_tree exit $?" >>"$OUT/model.log"
 # offloaded AdamW vs the on-GPU one, recomputed layers vs the full activations
 timeout ${T_OFFLOAD:-120} "$BIN/test_offload" >>"$OUT/model.log" 2>&1; echo "test_offload exit $?" >>"$OUT/model.log"
 # the update's safety copy in each place the memory plan can put it: same bits, restored exactly
@@ -293,6 +295,22 @@ if [ "${BENCH_LORA:-0}" = 1 ]; then
         fi
     } >"$OUT/bench_lora.log" 2>&1
     grep -v '^rep' "$OUT/bench_lora.log"
+fi
+
+# ---- (h3) with BENCH_TREE=1: an agent's tree of turns at 1.7B dims (8 trajectories x 4 turns of
+# 512 ids, turn 1 shared by all, turn 2 by pairs; P 1024), one update step laid out as its trie,
+# as the trunk alone, and flat (P + NR); with PEER_TREE=dir/of/peer_step.py the FlexAttention peer
+# on the flat layout (tests/gpu/peer_tree_step.py)
+if [ "${BENCH_TREE:-0}" = 1 ]; then
+    {
+        for lay in tree trunk flat; do
+            TURNS=512,512,512,512 SHARE=8,2,1,1 LAYOUT=$lay timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 1024 8 2048
+        done
+        if [ -n "${PEER_TREE:-}" ]; then
+            PEER_FORMS=flat PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/peer_tree_step.py "$PEER_TREE" 1.7b 1 8 1024 512 1536
+        fi
+    } >"$OUT/bench_tree.log" 2>&1
+    grep -v '^rep' "$OUT/bench_tree.log"
 fi
 
 # ---- (i) attention alone (optional)

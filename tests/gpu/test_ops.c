@@ -654,7 +654,7 @@ static void t_attention(const char *name, ranges rg, int S, int H, int K, int D,
     float *dk0 = gc_rand(nk, 0.1f, 65), *dv0 = gc_rand(nk, 0.1f, 66);
     float *o_c = malloc(nq * 4), *l_c = malloc((size_t)T * H * 4), *dq_c = malloc(nq * 4);
     float *dk_c = gc_copy(dk0, nk), *dv_c = gc_copy(dv0, nk);
-    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1};
+    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1, NULL, NULL, 0};
     cpu->attention_fwd(cpu, o_c, l_c, q, k, v, rc, T, H, K, D);
     /* the backward reads the forward's output as bf16 storage would hold it */
     for (size_t i = 0; i < nq; i++) o_c[i] = gc_bf16(o_c[i]);
@@ -1009,7 +1009,7 @@ static void t_exact_attention(const char *name, int G, const int *P, const int *
         /* each query alone, and the last query beside the first */
         size_t alone = 0;
         for (int i = 0; i < nr; i++) {
-            attn_ranges one = {dg.a0 + i, dg.a1 + i, dg.b0 + i, dg.b1 + i};
+            attn_ranges one = {dg.a0 + i, dg.a1 + i, dg.b0 + i, dg.b1 + i, NULL, NULL, 0};
             gpu->attention_fwd(gpu, gdo, gdl, (char *)gdq + i * rw * 2, gpk, gpv, one, 1, H, K, D);
             float *o1 = gc_get_act(gpu, gdo, rw), *l1 = gc_get_f32(gpu, gdl, (size_t)H);
             alone += values_differ(o1, to + i * rw, rw) + values_differ(l1, tl + (size_t)i * H, (size_t)H);
@@ -1525,7 +1525,7 @@ static void t_deltanet(ranges rg, int Hk, int Hv, int Dk, int Dv, int Kc) {
     float *dout = gc_rand(no, 1.0f, sd + 9), *dal0 = gc_rand((size_t)Hv, 1.0f, sd + 10), *ddt0 = gc_rand((size_t)Hv, 1.0f, sd + 11);
     float *o = gc_rand(no, 1.0f, sd + 12), *z = gc_rand(no, 2.0f, sd + 13), *nw = gc_rand((size_t)Dv, 1.0f, sd + 14);
     float *dy = gc_rand(no, 1.0f, sd + 15), *dnw0 = gc_rand((size_t)Dv, 1.0f, sd + 16);
-    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1};
+    attn_ranges rc = {rg.a0, rg.a1, rg.b0, rg.b1, NULL, NULL, 0};
     /* CPU */
     long long st, dst;
     cpu->deltanet_scratch(cpu, &st, &dst, T, Hk, Hv, Dk, Dv);
@@ -1902,7 +1902,7 @@ static void t_sticky_error(void) {
     eng_backend *b;
     if (backend_cuda_create(&b, 0)) gc_die(NULL, "backend_cuda_create");
     int a[1] = {0};
-    attn_ranges r = {a, a, a, a};
+    attn_ranges r = {a, a, a, a, NULL, NULL, 0};
     b->attention_fwd(b, NULL, NULL, NULL, NULL, NULL, r, 1, 1, 1, 97);
     int rc = b->sync(b);
     const char *msg = err_msg();

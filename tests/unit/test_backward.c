@@ -206,7 +206,7 @@ TEST(attention_backward_shared_prefix) {
                  malloc(nq * 4),
                  malloc(T * H * 4),
                  malloc(nq * 4),
-                 {a0, a1, b0, b1},
+                 {a0, a1, b0, b1, NULL, NULL, 0},
                  T,
                  H,
                  K,

@@ -233,6 +233,7 @@ TEST(hybrid_packed_equals_standard) {
         snprintf(dir, sizeof dir, FIX "/%s", models[mi]);
         loaded x;
         loaded_open(&x, dir);
+        CHECK(model_pack_layout(&x.m) == PACK_PACKED); /* DeltaNet state runs along ranges a and b: the trunk only */
         static const int P[NG] = {9, 1, 5}, N[NG] = {4, 1, 3}, Rs[NG][4] = {{1, 6, 3, 8}, {5}, {4, 2, 7}};
         unsigned long long s = 3401 + mi;
         int *prompts[NG], *resp[NG][4], M = 0;

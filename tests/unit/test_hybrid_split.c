@@ -234,7 +234,7 @@ static attn_ranges dn_ranges(int *buf, int P, const int *R, int t0, int T, int r
         b0[t] = g < P ? 0 : s + off;
         b1[t] = g < P ? 0 : g + 1 + off;
     }
-    return (attn_ranges){a0, a1, b0, b1};
+    return (attn_ranges){a0, a1, b0, b1, NULL, NULL, 0};
 }
 
 TEST(deltanet_carry_equals_whole) {

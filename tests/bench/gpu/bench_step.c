@@ -11,6 +11,12 @@
  * Qwen3-8B's dims (36 layers, 4096, 32/8 heads, 12288, untied), random weights made here.
  * 30b-a3b[-lL] is Qwen3-30B-A3B's dims on L layers (4 by default; untied; 128 experts top-8, FLOPs
  * counted on the active parameters).
+ * TURNS=t1,t2,.. makes each response turns of those lengths (R their sum) and SHARE=s1,s2,.. says
+ * how many responses share each turn (turn k of response i is shared by the responses i / s_k
+ * picks: 8,2,1,1 = turn 1 shared by all eight, turn 2 by pairs, turns 3-4 each its own); LAYOUT=
+ * tree (the trie once, engine/model/pack.h PACK_TREE), trunk (the turns all share, once: PACK_PACKED)
+ * or flat (P + NR: the same lengths, each response's first id its own, so nothing is shared past
+ * the prompt). The FLOP count is the flat form's in every layout (the work the step stands for).
  * Usage: bench_step [0.6b|1.7b|4b|8b|30b-a3b[-lL]] [P N R] */
 #include <cuda_runtime_api.h>
 #include <time.h>
@@ -161,6 +167,15 @@ int main(int argc, char **argv) {
     model_views_make(&m, wref, 2, &rv);
     model_views_make(&m, g, 4, &gv);
 
+    int tl[16], sh[16], nt = 0, k_ = 0;
+    const char *lay = getenv("LAYOUT") ? getenv("LAYOUT") : "flat";
+    for (char *e = getenv("TURNS"), *q; e && *e && nt < 16; e = *q ? q + 1 : q) tl[nt++] = (int)strtol(e, &q, 10);
+    for (int k = 0; k < nt; k++) sh[k] = 1;
+    for (char *e = getenv("SHARE"), *q; e && *e && k_ < nt; e = *q ? q + 1 : q) sh[k_++] = (int)strtol(e, &q, 10);
+    if (nt) {
+        R = 0;
+        for (int k = 0; k < nt; k++) R += tl[k];
+    }
     int *prompt = malloc((size_t)P * 4), **resp = malloc((size_t)N * sizeof(int *)), *Rs = malloc((size_t)N * 4);
     unsigned long long s = 5;
     gc_random_ids(prompt, P, &s);
@@ -168,10 +183,16 @@ int main(int argc, char **argv) {
         Rs[r] = R;
         resp[r] = malloc((size_t)R * 4);
         gc_random_ids(resp[r], R, &s);
+        for (int k = 0, off = 0; k < nt; off += tl[k], k++) /* a shared turn: its first sharer's ids */
+            if (r % sh[k]) memcpy(resp[r] + off, resp[r - r % sh[k]] + off, (size_t)tl[k] * 4);
+        if (!strcmp(lay, "flat") && R > 0) resp[r][0] = (resp[0][0] + r) % 151643; /* nothing shared past P */
     }
     pack_group pg = {.prompt = prompt, .P = P, .N = N, .resp = (const int *const *)resp, .R = Rs};
     pack_batch b;
-    if (pack_build(&b, &pg, 0, 1, PACK_PACKED)) gc_die(NULL, "pack_build");
+    if (pack_build(&b, &pg, 0, 1, !strcmp(lay, "tree") ? PACK_TREE : PACK_PACKED)) gc_die(NULL, "pack_build");
+    if (nt)
+        printf("grpod-cuda %s: %d turns, layout %s: T=%d packed tokens (flat P + NR %d, standard %d), %d extra key ranges\n",
+               size, nt, lay, b.T, P + N * R, N * (P + R), b.nx);
     model_acts a;
     size_t fr_now, act_budget = 0;
     cudaMemGetInfo(&fr_now, &total);
@@ -252,12 +273,15 @@ int main(int argc, char **argv) {
     {
         int T = b.T;
         struct model_layer_acts *A = &a.l[0];
-        attn_ranges rg;
+        attn_ranges rg = {0};
         int *ints = a.ints;
         rg.a0 = ints + 2 * a.cap_T;
         rg.a1 = ints + 3 * a.cap_T;
         rg.b0 = ints + 4 * a.cap_T;
         rg.b1 = ints + 5 * a.cap_T;
+        rg.x0 = b.nx ? ints + 9 * a.cap_T + 2 * a.cap_M : NULL; /* model_input_upload's places */
+        rg.x1 = b.nx ? rg.x0 + (size_t)ATTN_XR_MAX * a.cap_T : NULL;
+        rg.nx = b.nx;
         double f0 = gc_now();
         for (int i = 0; i < 3; i++) be->attention_fwd(be, A->att, A->lse, A->q, A->k, A->v, rg, T, H, K, 128);
         be->sync(be);

@@ -9,6 +9,10 @@ alternating; the table has the daemon's timings_ms (ref, policy, total) and toke
 standard) as medians. Random client rewards; the checkpoint and daemon plumbing are
 bench_daemon.py's (the same --dims, --model-cache, --serve-arg).
 
+--turns L1,L2,.. --share S1,S2,.. instead makes each trajectory turns of those lengths, turn k shared
+by the trajectories i // S_k picks (8,2,1,1 with --n 8: turn 1 by all, turn 2 by pairs, turns 3-4
+each its own): a prefix tree deeper than one trunk, which the daemon lays out as its trie.
+
 Usage: LD_LIBRARY_PATH=.devlibs python3 tests/bench/gpu/bench_trees.py ./grpod OUTDIR --dims 1.7b
          [--groups 8 --n 8 --prompt 1024 --trunk 1024 --branch 512 --reps 3]
        on the CPU: python3 tests/bench/gpu/bench_trees.py ./grpod /tmp/bt --dims tiny --backend cpu
@@ -22,9 +26,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_daemon as bd  # noqa: E402
 
 
+def turns_group(a, rnd, hi, tree):
+    """--turns/--share: trajectories of shared and own turns; flat: each one's first id its own"""
+    rs = [[] for _ in range(a.n)]
+    for tl, sh in zip(a.turns, a.share):
+        ts = [[rnd.randrange(hi) for _ in range(tl)] for _ in range((a.n + sh - 1) // sh)]
+        for i in range(a.n):
+            rs[i] += ts[i // sh]
+    for i, ids in enumerate(rs):
+        if not tree:
+            ids[0] = (rs[0][0] + 1 + i) % hi
+    return [{"token_ids": ids, "reward": round(rnd.random(), 4)} for ids in rs]
+
+
 def body(a, rnd, hi, tree):
     groups = []
     for _ in range(a.groups):
+        if a.turns:
+            groups.append({"prompt_ids": [rnd.randrange(hi) for _ in range(a.prompt)], "responses": turns_group(a, rnd, hi, tree)})
+            continue
         trunk = [rnd.randrange(hi) for _ in range(a.trunk)]
         rs = []
         for i in range(a.n):
@@ -44,8 +64,15 @@ def main():
     ap.add_argument("--prompt", type=int, help="(1024; tiny 32)")
     ap.add_argument("--trunk", type=int, help="ids every trajectory of a group shares (1024; tiny 32)")
     ap.add_argument("--branch", type=int, help="ids of each trajectory's own (512; tiny 16)")
+    ap.add_argument("--turns", help="L1,L2,..: turn lengths (a tree of turns instead of trunk + branch)")
+    ap.add_argument("--share", help="S1,S2,..: how many trajectories share each turn (default all, then own)")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
+    a.turns = [int(x) for x in a.turns.split(",")] if a.turns else None
+    if a.turns:
+        a.share = [int(x) for x in a.share.split(",")] if a.share else [a.n] + [1] * (len(a.turns) - 1)
+        if len(a.share) != len(a.turns):
+            ap.error("--share needs one number per turn")
     tiny = a.dims.startswith("tiny")
     a.prompt = a.prompt or (32 if tiny else 1024)
     a.trunk = a.trunk or (32 if tiny else 1024)
@@ -75,8 +102,9 @@ def main():
             shutil.rmtree(data, ignore_errors=True)
     med = {f: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for f, rs in res.items() if rs}
     bd.log("")
-    bd.log("bench_trees %s on %s: %d groups x %d trajectories, P=%d, trunk %d + branch %d ids, median of %d" % (
-        a.dims, bd.device_name(), a.groups, a.n, a.prompt, a.trunk, a.branch, a.reps))
+    shape = ("turns %s shared by %s" % (a.turns, a.share)) if a.turns else "trunk %d + branch %d ids" % (a.trunk, a.branch)
+    bd.log("bench_trees %s on %s: %d groups x %d trajectories, P=%d, %s, median of %d" % (
+        a.dims, bd.device_name(), a.groups, a.n, a.prompt, shape, a.reps))
     bd.log("%5s %9s %9s %9s %10s %10s" % ("form", "ref ms", "policy ms", "total ms", "packed", "standard"))
     for f, m in med.items():
         bd.log("%5s %9.1f %9.1f %9.1f %10d %10d" % (f, m["ref"], m["policy"], m["total"], m["packed"], m["standard"]))
@@ -84,8 +112,8 @@ def main():
         bd.row("tree_update", "%s %s" % (a.dims, err or "incomplete"), 0, 0, False)
         return 1
     t, f = med["tree"], med["flat"]
-    bd.row("tree_update", "%s G%dxN%d P%d trunk %d branch %d: packed %d vs %d tokens, flat %.1f ms" % (
-        a.dims, a.groups, a.n, a.prompt, a.trunk, a.branch, t["packed"], f["packed"], f["total"]),
+    bd.row("tree_update", "%s G%dxN%d P%d %s: packed %d vs %d tokens, flat %.1f ms" % (
+        a.dims, a.groups, a.n, a.prompt, shape, t["packed"], f["packed"], f["total"]),
         t["total"], f["total"], t["packed"] < f["packed"], fmt="%.1f")
     return 0
 
