@@ -52,9 +52,11 @@ static json_object *value_json(const results_row *r, const char *s) {
         feed(r, n, (double)n);
         return json_object_new_int64(n);
     }
-    case RT_NUM:
-        feed(r, (long long)AT_(double, s, r->off), AT_(double, s, r->off));
-        return json_object_new_double(AT_(double, s, r->off));
+    case RT_NUM: {
+        double v = AT_(double, s, r->off); /* the integer view only where it exists (not inf, nan, huge) */
+        feed(r, isfinite(v) && fabs(v) < 9e18 ? (long long)v : 0, v);
+        return json_object_new_double(v);
+    }
     case RT_FINITE: return json_object_new_double(finite_or(AT_(double, s, r->off), 0));
     case RT_QUOT: {
         long long a = AT_(long long, s, r->off), b = AT_(long long, s, r->n_off);
