@@ -30,12 +30,11 @@ struct eng {
     long long ep_n;
     model *ep_full;
     /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, act-typed in the
-     * backend's memory; NULL without. ep_dec_grad: it lies in the gradient buffer (idle between
-     * updates), which each update's backward overwrites; ep_dec_lost: gathering it again after
-     * an update failed (the comm down), so rollouts are refused until a refresh succeeds. */
+     * backend's memory; NULL without. ep_dec_lost: gathering it again after an update failed
+     * (the comm down), so rollouts are refused until a refresh succeeds. */
     void *ep_dact;
     model_views ep_dv;
-    int ep_dec_grad, ep_dec_lost;
+    int ep_dec_lost;
     void *dp_buf;
     model m;
     tok *tok; /* NULL when the directory has no tokenizer.json */
@@ -150,8 +149,7 @@ void ep_slice(const eng *e, const float *whole, float *mine);
  * eng_dec_views: the decode copy under expert parallelism, else the policy. */
 int ep_decode_refresh(eng *e);
 /* The end of eng_update (every rank, stepped: optimizer steps taken, rc: its result so far):
- * the copy gathered again where the weights changed or the backward overwrote it. Returns rc,
- * or the refresh's error. */
+ * the copy gathered again where the weights changed. Returns rc, or the refresh's error. */
 int ep_decode_after_update(eng *e, int stepped, int rc);
 /* 0, or why the copy cannot decode now (err_set) */
 int ep_decode_ready(const eng *e);

@@ -14,7 +14,7 @@ void eng_testing_get(eng *e, eng_testing_info *out) {
     out->own_reference = e->ref_act != NULL;
     out->rank = e->rank;
     out->world = e->W;
-    out->dec_in_grad = e->ep_dec_grad;
+    out->dec_in_grad = e->ep_dact && e->ep_dact == (void *)e->grad;
     out->m = &e->m;
 }
 

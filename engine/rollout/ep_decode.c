@@ -5,30 +5,22 @@
  * in the act type and the backend's memory, gathered from every rank's act weights with
  * moe_ep_gather_act when the engine opens and at the end of every update (eng_update,
  * eng_update_undo: all ranks there in lock-step), so a rollout never waits on another rank.
- * Where: a buffer of its own, one whole act-typed model per rank beside its experts. place()
- * can put it in the fp32 gradient buffer (4 bytes a parameter of this rank's against 2 of the
- * whole model at W <= 2; rollouts and updates never overlap, and each update then ends with a
- * gather), but does not yet (see place). */
+ * Memory: one whole act-typed model per rank (61 GB in bf16 at Qwen3-30B-A3B, on the device
+ * with cuda), beside this rank's experts. In the idle fp32 gradient buffer it would cost nothing
+ * at W <= 2, but with it there cuda's rollouts after an update differed from the checkpoint's
+ * without EP (test_ep_cuda W=1: 118 tokens; the cpu's were equal); the cause is not found. */
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/moe_ep.h"
 
-/* The copy's bytes in place: the gradient buffer when it holds them, else its own buffer. */
+/* The copy's own buffer and its views, once. */
 static int place(eng *e) {
     const model *f = e->ep_full;
     eng_backend *be = e->be;
+    if (e->ep_dact) return 0;
     size_t need = (size_t)f->n_elems * (size_t)be->act_bytes;
-    /* Not the gradient buffer for now: with the copy there, cuda's rollouts after an update
-     * differed from the checkpoint's without EP (test_ep_cuda W=1: 118 tokens; the cpu's are
-     * equal); the cause is not found. */
-    size_t room = 0;
-    void *to = room >= need ? (void *)e->grad : NULL;
-    if (e->ep_dact && (e->ep_dact == to || (!to && !e->ep_dec_grad))) return 0;
-    ep_decode_free(e); /* its own buffer, now that the gradients hold it */
-    if (!to && !(to = be->alloc(be, need)))
+    if (!(e->ep_dact = be->alloc(be, need)))
         return err_set(GE_NOMEM, "expert parallelism: the decode copy (%zu MiB) does not fit on %s", need >> 20, be->name);
-    e->ep_dact = to;
-    e->ep_dec_grad = to == (void *)e->grad;
     int rc = model_views_make(f, e->ep_dact, (size_t)be->act_bytes, &e->ep_dv);
     if (rc) ep_decode_free(e); /* no copy without its views: the next refresh starts again */
     return rc;
@@ -47,10 +39,8 @@ int ep_decode_refresh(eng *e) {
 }
 
 int ep_decode_after_update(eng *e, int stepped, int rc) {
-    if (!e->ep_full || !(stepped || e->ep_dec_grad)) return rc; /* its own buffer holds the weights still */
-    if (rc && !e->ep_dec_grad) return rc; /* restored weights, unchanged copy */
-    int r2 = ep_decode_refresh(e); /* every rank: the backward overwrote it, or the weights moved */
-    return rc ? rc : r2;
+    if (!e->ep_full || !stepped || rc) return rc; /* unchanged (or restored) weights: the copy holds them */
+    return ep_decode_refresh(e); /* every rank: the weights moved */
 }
 
 int ep_decode_ready(const eng *e) {
@@ -64,7 +54,6 @@ int ep_decode_ready(const eng *e) {
 void ep_decode_free(eng *e) {
     if (!e->ep_dact) return;
     model_views_free(&e->ep_dv);
-    if (!e->ep_dec_grad) e->be->free(e->be, e->ep_dact);
+    e->be->free(e->be, e->ep_dact);
     e->ep_dact = NULL;
-    e->ep_dec_grad = 0;
 }

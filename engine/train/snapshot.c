@@ -91,10 +91,10 @@ int snap_begin(eng *e) {
     s->version = e->policy_version;
     s->busy = 1;
     s->thread = 0;
+    for (int i = 0; i < 3; i++) s->src[i] = a[i];
     if (s->where == SNAP_HOST) {
         /* host state: a helper thread where the engine thread then waits on the GPU, else in snap_wait */
         if (!be->copy_async) return 0;
-        for (int i = 0; i < 3; i++) s->src[i] = a[i];
         if (pthread_create(&s->th, NULL, copy_thread, s)) return 0; /* snap_wait copies instead */
         s->thread = 1;
         return 0;
@@ -104,7 +104,6 @@ int snap_begin(eng *e) {
      * may wait for the whole device meanwhile: the update reserves its activations before it
      * begins the copy (cudaFree waits for every stream). */
     int rc = be->sync(be);
-    for (int i = 0; i < 3; i++) s->src[i] = a[i];
     s->be = be;
     s->rc = 0;
     if (!rc && s->where == SNAP_PINNED && !pthread_create(&s->th, NULL, pinned_thread, s)) {

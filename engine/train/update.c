@@ -630,7 +630,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
         e->snap.ok = steps > 0;
         out->policy_version_after = e->policy_version;
     }
-    rc = ep_decode_after_update(e, steps, rc); /* the decode copy follows the weights, or the backward overwrote it */
+    rc = ep_decode_after_update(e, steps, rc); /* the decode copy follows the weights */
     out->ms_policy = ms_policy;
     out->ms_optimizer = ms_opt;
     out->ms_total = clock_mono_ms() - t0;
