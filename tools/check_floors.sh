@@ -6,8 +6,10 @@
 # only the rooms beneath it, and the engine's own files (engine/*.h, the facade and the engine
 # object) are the top. Tests stay outside struct eng (below), and no source names an issue number
 # (comments state contracts). Run by tests/run.sh, so `make test` enforces it. Prints each offending line.
+# Usage: check_floors.sh [ROOT] — ROOT is the tree to check (default: this repository; the test
+# tests/tools/test_check_floors.py checks a copy with an upward include injected).
 set -u
-cd "$(dirname "$0")/.."
+cd "${1:-$(dirname "$0")/..}" || exit 2
 # floor: the project directories its files may include ("" = only itself and common/)
 declare -A may=(
   [common]="common"
