@@ -219,18 +219,24 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     return 0;
 }
 
-int api_params_or_reply(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
-                        const api_limits *l, const api_model *m, json_object **out, api_error *e) {
+int api_params_check_keys(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
+                          api_error *e) {
     const char *keys[64];
-    int k = 0, rc = 0;
+    int k = 0;
     for (int i = 0; i < t->n && k < 63; i++) keys[k++] = t->rows[i].name;
     for (int i = 0; also_allowed && also_allowed[i] && k < 63; i++) keys[k++] = also_allowed[i];
     keys[k] = NULL;
+    return api_check_keys(in, path, keys, e);
+}
+
+int api_params_or_reply(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
+                        const api_limits *l, const api_model *m, json_object **out, api_error *e) {
+    int rc = 0;
     json_object *empty = NULL, *c = json_object_new_object();
     if (!in) in = empty = json_object_new_object();
     *out = NULL;
     long long prev = 0;
-    if ((rc = api_check_keys(in, path, keys, e))) goto done;
+    if ((rc = api_params_check_keys(t, in, path, also_allowed, e))) goto done;
     for (int i = 0; i < t->n; i++)
         if ((rc = row_or_reply(&t->rows[i], in, path, l, m, &prev, c, e))) goto done;
     *out = c;

@@ -151,7 +151,7 @@ static int reward_or_reply(json_object *r, const char *path, double ol_len, doub
 
 int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
     static const char *const keys[] = {"groups", "sampling", "overlong_buffer", "metadata", NULL};
-    static const char *const gkeys[] = {"prompt", "prompt_ids", "messages", "n", "reward", "metadata", NULL};
+    static const char *const gkeys[] = {"prompt", "prompt_ids", "messages", "reward", "metadata", NULL}; /* and the rows' */
     json_object *groups, *samp_in, *ol_in, *ol = NULL, *sampling = NULL, *out_groups = NULL, *gc = NULL, *meta;
     eng_overlong ov;
     int rc;
@@ -173,7 +173,7 @@ int api_rollout_or_reply(json_object *req, const api_limits *l, const api_model 
             goto fail;
         }
         eng_group_job gs;
-        if ((rc = api_check_keys(g, p, gkeys, e)) || (rc = api_params_or_reply(&eng_group_job_params, g, p, gkeys, l, m, &gc, e)) ||
+        if ((rc = api_params_or_reply(&eng_group_job_params, g, p, gkeys, l, m, &gc, e)) ||
             (rc = api_get_obj(g, p, "reward", &rw, e)))
             goto fail;
         api_params_to_struct(&eng_group_job_params, gc, &gs);
@@ -396,15 +396,14 @@ fail:
 
 int api_update_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload,
                         const char **rollout_job_id, long long *expected, api_error *e) {
-    static const char *const keys[] = {
-        "groups", "rollout_job_id", "algorithm", "optimizer", "max_tokens_per_micro_batch", "expected_policy_version", NULL};
+    static const char *const keys[] = {"groups", "algorithm", "optimizer", NULL}; /* and the rows' */
     json_object *a, *o, *algo = NULL, *opt = NULL, *job = NULL, *groups = NULL;
     eng_update_job u;
     int rc;
     *payload = NULL;
     *rollout_job_id = NULL;
-    if ((rc = api_check_keys(req, "", keys, e)) || (rc = api_get_obj(req, "", "algorithm", &a, e)) ||
-        (rc = api_get_obj(req, "", "optimizer", &o, e)) ||
+    if ((rc = api_params_check_keys(&eng_update_job_params, req, "", keys, e)) ||
+        (rc = api_get_obj(req, "", "algorithm", &a, e)) || (rc = api_get_obj(req, "", "optimizer", &o, e)) ||
         (rc = api_params_or_reply(&eng_loss_params, a, "algorithm", NULL, NULL, NULL, &algo, e)) ||
         (rc = api_params_or_reply(&eng_optim_params, o, "optimizer", NULL, NULL, NULL, &opt, e)) ||
         (rc = api_params_or_reply(&eng_update_job_params, req, "", keys, l, m, &job, e)))
@@ -454,13 +453,11 @@ fail:
 }
 
 int api_logprobs_or_reply(json_object *req, const api_limits *l, const api_model *m, json_object **payload, api_error *e) {
-    static const char *const keys[] = {"groups", "model", "temperature", "max_tokens_per_micro_batch", "top_logprobs", NULL};
+    static const char *const keys[] = {"groups", NULL}; /* and the rows' */
     json_object *groups = NULL, *job = NULL;
     int rc;
     *payload = NULL;
-    if ((rc = api_check_keys(req, "", keys, e)) ||
-        (rc = api_params_or_reply(&eng_logprobs_job_params, req, "", keys, l, m, &job, e)))
-        return rc;
+    if ((rc = api_params_or_reply(&eng_logprobs_job_params, req, "", keys, l, m, &job, e))) return rc;
     if ((rc = seq_groups_or_reply(req, l, m, 0, 0, &groups, e))) {
         json_object_put(job);
         return rc;

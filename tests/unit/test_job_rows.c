@@ -305,9 +305,43 @@ TEST(test_stored_job_decodes) {
     }
 }
 
+/* An unknown member is named before any error in the members around it, at the top level and in
+ * a rollout group, whether the bad member is a row (max_tokens_per_micro_batch, temperature, n)
+ * or read by hand (algorithm); the validators' own key lists name only what is not a row. */
+TEST(test_unknown_member_named_first) {
+    static const struct {
+        int kind; /* 0 update, 1 logprobs, 2 rollout */
+        const char *req, *field;
+    } cases[] = {
+        {0, "{\"algorithm\": 5, \"max_tokens_per_micro_batch\": 0, \"zz\": 1, \"rollout_job_id\": \"j_0123456789abcdef\"}", "zz"},
+        {0, "{\"expected_policy_version\": -3, \"groups\": 1, \"top_logprobs\": 2}", "top_logprobs"},
+        {0, "{\"rollout_job_id\": \"j_0123456789abcdef\", \"max_tokens_per_micro_batch\": 0}", "max_tokens_per_micro_batch"},
+        {1, "{\"groups\": 3, \"temperature\": -1, \"max_tokens_per_micro_batch\": 0, \"expected_policy_version\": 1}",
+         "expected_policy_version"},
+        {1, "{\"temperature\": -1, \"groups\": []}", "temperature"},
+        {2, "{\"groups\": [{\"prompt_ids\": [5], \"n\": 0, \"temperature\": 1}], \"sampling\": {\"max_tokens\": 8}}",
+         "groups[0].temperature"},
+        {2, "{\"groups\": [{\"prompt_ids\": [5], \"n\": 0, \"reward\": 1}], \"sampling\": {\"max_tokens\": 8}}", "groups[0].n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_object *req = json_tokener_parse(cases[i].req), *payload = NULL;
+        api_error e = {0};
+        const char *rid;
+        long long expected;
+        int rc = cases[i].kind == 0   ? api_update_or_reply(req, &limits, &model, &payload, &rid, &expected, &e)
+                 : cases[i].kind == 1 ? api_logprobs_or_reply(req, &limits, &model, &payload, &e)
+                                      : api_rollout_or_reply(req, &limits, &model, &payload, &e);
+        CHECK_MSG(rc == GE_INVALID && !strcmp(e.field, cases[i].field), "case %zu: rc %d field '%s' (%s), want '%s'", i, rc,
+                  e.field, e.message, cases[i].field);
+        json_object_put(payload);
+        json_object_put(req);
+    }
+}
+
 int main(void) {
     RUN(test_job_members_unchanged);
     RUN(test_model_checked_first);
     RUN(test_stored_job_decodes);
+    RUN(test_unknown_member_named_first);
     return CHECK_DONE();
 }
