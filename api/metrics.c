@@ -105,136 +105,121 @@ int metrics_ranks_get(metrics_sched_gauges *per_rank, int max) {
     return n;
 }
 
+/* What one scrape renders: the caller's values and, under the mutex, the counters above. */
+typedef struct {
+    const metrics_job_count *jobs;
+    int n_jobs;
+    long long queue_depth, store_bytes, ready, engine_failed, policy_version, replay_total, replay_done, ranks, groups_filtered;
+    metrics_sched_gauges s;
+} scrape;
+
+typedef struct series series;
+/* Appends a family's samples (the lines after its HELP and TYPE). */
+typedef void put_samples(api_sbuf *b, const series *r, const scrape *x);
+/* One metric family: grpod_NAME, its type and help, and where its value sits: a long long at
+ * off in the scrape, unless put writes labelled samples or a number of another kind. */
+struct series {
+    const char *name, *type, *help;
+    size_t off;
+    put_samples *put;
+    int omit_negative; /* the family is left out while its value is -1 (not read yet) */
+};
+
+static void put_jobs(api_sbuf *b, const series *r, const scrape *x) {
+    for (int i = 0; i < x->n_jobs; i++)
+        api_sb_printf(b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", x->jobs[i].kind, x->jobs[i].status, x->jobs[i].n);
+}
+/* a rank gauge: off is its member of metrics_sched_gauges */
+static void put_rank(api_sbuf *b, const series *r, const scrape *x) {
+    for (int k = 0; k < n_ranks; k++)
+        api_sb_printf(b, "grpod_%s{rank=\"%d\"} %lld\n", r->name, k, *(const long long *)((const char *)&rank_sched[k] + r->off));
+}
+static void put_tokens(api_sbuf *b, const series *r, const scrape *x) {
+    for (int i = 0; i < MT_N_TOKEN_PHASES; i++) api_sb_printf(b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
+}
+static void put_packed_ratio(api_sbuf *b, const series *r, const scrape *x) {
+    double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;
+    api_sb_printf(b, "grpod_packed_token_ratio %.4f\n", ratio);
+}
+static void put_seconds(api_sbuf *b, const series *r, const scrape *x) {
+    for (int i = 0; i < MS_N_PHASES; i++) api_sb_printf(b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
+}
+static void put_http(api_sbuf *b, const series *r, const scrape *x) {
+    for (int i = 0; i < n_http; i++)
+        api_sb_printf(b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method, http[i].route,
+                      http[i].status, http[i].n);
+}
+
+#define X_(m) .off = offsetof(scrape, m)
+#define G_(m) .off = offsetof(scrape, s.m)
+#define R_(m) .off = offsetof(metrics_sched_gauges, m), .put = put_rank
+/* The exposition, in the order it is written. */
+static const series families[] = {
+    {"jobs", "gauge", "Jobs in the store by kind and status.", .put = put_jobs},
+    {"queue_depth", "gauge", "Jobs waiting to run.", X_(queue_depth)},
+    {"store_bytes", "gauge", "Size of the job store (grpod.db) in bytes.", X_(store_bytes), .omit_negative = 1},
+    {"ready", "gauge", "1 when the model is loaded and the engine healthy.", X_(ready)},
+    {"engine_failed", "gauge", "1 when the engine hit a fatal error.", X_(engine_failed)},
+    {"policy_version", "gauge", "Current policy version (updates applied).", X_(policy_version)},
+    {"replay_updates_total", "gauge", "Completed updates to re-apply at start (after the newest valid checkpoint).",
+     X_(replay_total)},
+    {"replay_updates_done", "gauge", "Of those, re-applied so far.", X_(replay_done)},
+    {"rollout_jobs_running", "gauge", "Rollout jobs in the continuous-batching scheduler.", G_(jobs)},
+    {"rollout_running_groups", "gauge", "Prompt groups admitted and decoding.", G_(running_groups)},
+    {"rollout_running_responses", "gauge", "Responses decoding in the batch.", G_(running_responses)},
+    {"rollout_waiting_groups", "gauge", "Groups of running jobs waiting for KV rows.", G_(waiting_groups)},
+    {"kv_rows_used", "gauge", "KV cache rows held by running groups.", G_(kv_rows_used)},
+    {"kv_rows_capacity", "gauge", "Rows of the rollout KV pool.", G_(kv_rows_capacity)},
+    {"kv_row_bytes", "gauge", "Device bytes of one KV row (all layers, K and V).", G_(kv_row_bytes)},
+    {"state_rows_used", "gauge",
+     "Recurrent-state rows (hybrid models) held by running groups: a prompt's and one per response.", G_(state_rows_used)},
+    {"state_rows_capacity", "gauge", "Recurrent-state rows beside the KV pool (0: the model has no linear attention).",
+     G_(state_rows_capacity)},
+    {"state_row_bytes", "gauge", "Device bytes of one state row (every DeltaNet layer's state and conv tail).",
+     G_(state_row_bytes)},
+    {"rollout_steps_total", "counter", "Scheduler steps (one batched decode each).", G_(steps)},
+    {"prefix_cache_entries", "gauge", "Finished responses whose KV rows the prefix cache keeps.", G_(prefix_entries)},
+    {"prefix_cache_queries_total", "counter", "Prompt tokens of admitted groups, looked up in the prefix cache.",
+     G_(prefix_query_tokens)},
+    {"prefix_cache_hits_total", "counter", "Of those, tokens whose K/V were copied from it, not prefilled.",
+     G_(prefix_hit_tokens)},
+    {"ranks", "gauge", "Engines of this deployment (one per GPU, or --ranks on the CPU backend).", X_(ranks)},
+    {"rank_kv_rows_used", "gauge", "KV cache rows held by running groups, per rank.", R_(kv_rows_used)},
+    {"rank_kv_rows_capacity", "gauge", "Rows of each rank's rollout KV pool.", R_(kv_rows_capacity)},
+    {"rank_running_groups", "gauge", "Prompt groups decoding on each rank.", R_(running_groups)},
+    {"rank_waiting_groups", "gauge", "Groups waiting for KV rows on each rank.", R_(waiting_groups)},
+    {"rank_steps", "gauge", "Scheduler steps each rank took (a counter).", R_(steps)},
+    {"tokens_total", "counter", "Tokens processed by phase.", .put = put_tokens},
+    {"packed_token_ratio", "gauge", "Standard N(P+R) over packed P+NR tokens, over all updates.", .put = put_packed_ratio},
+    {"seconds_total", "counter", "Engine seconds by phase.", .put = put_seconds},
+    {"groups_filtered_total", "counter", "Groups dropped by filter_groups (all rewards equal).", X_(groups_filtered)},
+    {"http_requests_total", "counter", "HTTP requests by method, route and status code.", .put = put_http},
+};
+
 int metrics_render(const metrics_job_count *jobs, int n_jobs, long long queue_depth, int ready, int engine_failed, char **out,
                    size_t *len) {
     api_sbuf b = {0};
-    api_sb_printf(&b, "# HELP grpod_jobs Jobs in the store by kind and status.\n# TYPE grpod_jobs gauge\n");
-    for (int i = 0; i < n_jobs; i++)
-        api_sb_printf(&b, "grpod_jobs{kind=\"%s\",status=\"%s\"} %lld\n", jobs[i].kind, jobs[i].status, jobs[i].n);
-    api_sb_printf(&b,
-                  "# HELP grpod_queue_depth Jobs waiting to run.\n# TYPE grpod_queue_depth gauge\n"
-                  "grpod_queue_depth %lld\n",
-                  queue_depth);
     pthread_mutex_lock(&mu);
-    long long sbytes = store_bytes;
-    pthread_mutex_unlock(&mu);
-    if (sbytes >= 0)
-        api_sb_printf(&b,
-                      "# HELP grpod_store_bytes Size of the job store (grpod.db) in bytes.\n# TYPE grpod_store_bytes gauge\n"
-                      "grpod_store_bytes %lld\n",
-                      sbytes);
-    api_sb_printf(&b,
-                  "# HELP grpod_ready 1 when the model is loaded and the engine healthy.\n# TYPE grpod_ready gauge\n"
-                  "grpod_ready %d\n",
-                  ready && !engine_failed);
-    api_sb_printf(&b,
-                  "# HELP grpod_engine_failed 1 when the engine hit a fatal error.\n# TYPE grpod_engine_failed gauge\n"
-                  "grpod_engine_failed %d\n",
-                  engine_failed);
-    pthread_mutex_lock(&mu);
-    api_sb_printf(&b,
-                  "# HELP grpod_policy_version Current policy version (updates applied).\n"
-                  "# TYPE grpod_policy_version gauge\ngrpod_policy_version %lld\n",
-                  policy_version);
-    api_sb_printf(
-        &b,
-        "# HELP grpod_replay_updates_total Completed updates to re-apply at start (after the newest valid checkpoint).\n"
-        "# TYPE grpod_replay_updates_total gauge\ngrpod_replay_updates_total %lld\n"
-        "# HELP grpod_replay_updates_done Of those, re-applied so far.\n"
-        "# TYPE grpod_replay_updates_done gauge\ngrpod_replay_updates_done %lld\n",
-        replay_total, replay_done);
-    api_sb_printf(&b,
-                  "# HELP grpod_rollout_jobs_running Rollout jobs in the continuous-batching scheduler.\n"
-                  "# TYPE grpod_rollout_jobs_running gauge\ngrpod_rollout_jobs_running %lld\n",
-                  sched.jobs);
-    api_sb_printf(&b,
-                  "# HELP grpod_rollout_running_groups Prompt groups admitted and decoding.\n"
-                  "# TYPE grpod_rollout_running_groups gauge\ngrpod_rollout_running_groups %lld\n",
-                  sched.running_groups);
-    api_sb_printf(&b,
-                  "# HELP grpod_rollout_running_responses Responses decoding in the batch.\n"
-                  "# TYPE grpod_rollout_running_responses gauge\ngrpod_rollout_running_responses %lld\n",
-                  sched.running_responses);
-    api_sb_printf(&b,
-                  "# HELP grpod_rollout_waiting_groups Groups of running jobs waiting for KV rows.\n"
-                  "# TYPE grpod_rollout_waiting_groups gauge\ngrpod_rollout_waiting_groups %lld\n",
-                  sched.waiting_groups);
-    api_sb_printf(&b,
-                  "# HELP grpod_kv_rows_used KV cache rows held by running groups.\n"
-                  "# TYPE grpod_kv_rows_used gauge\ngrpod_kv_rows_used %lld\n",
-                  sched.kv_rows_used);
-    api_sb_printf(&b,
-                  "# HELP grpod_kv_rows_capacity Rows of the rollout KV pool.\n"
-                  "# TYPE grpod_kv_rows_capacity gauge\ngrpod_kv_rows_capacity %lld\n",
-                  sched.kv_rows_capacity);
-    api_sb_printf(&b,
-                  "# HELP grpod_kv_row_bytes Device bytes of one KV row (all layers, K and V).\n"
-                  "# TYPE grpod_kv_row_bytes gauge\ngrpod_kv_row_bytes %lld\n",
-                  sched.kv_row_bytes);
-    api_sb_printf(&b,
-                  "# HELP grpod_state_rows_used Recurrent-state rows (hybrid models) held by running groups: a prompt's and "
-                  "one per response.\n"
-                  "# TYPE grpod_state_rows_used gauge\ngrpod_state_rows_used %lld\n"
-                  "# HELP grpod_state_rows_capacity Recurrent-state rows beside the KV pool (0: the model has no linear "
-                  "attention).\n"
-                  "# TYPE grpod_state_rows_capacity gauge\ngrpod_state_rows_capacity %lld\n"
-                  "# HELP grpod_state_row_bytes Device bytes of one state row (every DeltaNet layer's state and conv tail).\n"
-                  "# TYPE grpod_state_row_bytes gauge\ngrpod_state_row_bytes %lld\n",
-                  sched.state_rows_used, sched.state_rows_capacity, sched.state_row_bytes);
-    api_sb_printf(&b,
-                  "# HELP grpod_rollout_steps_total Scheduler steps (one batched decode each).\n"
-                  "# TYPE grpod_rollout_steps_total counter\ngrpod_rollout_steps_total %lld\n",
-                  sched.steps);
-    api_sb_printf(&b,
-                  "# HELP grpod_prefix_cache_entries Finished responses whose KV rows the prefix cache keeps.\n"
-                  "# TYPE grpod_prefix_cache_entries gauge\ngrpod_prefix_cache_entries %lld\n"
-                  "# HELP grpod_prefix_cache_queries_total Prompt tokens of admitted groups, looked up in the prefix cache.\n"
-                  "# TYPE grpod_prefix_cache_queries_total counter\ngrpod_prefix_cache_queries_total %lld\n"
-                  "# HELP grpod_prefix_cache_hits_total Of those, tokens whose K/V were copied from it, not prefilled.\n"
-                  "# TYPE grpod_prefix_cache_hits_total counter\ngrpod_prefix_cache_hits_total %lld\n",
-                  sched.prefix_entries, sched.prefix_query_tokens, sched.prefix_hit_tokens);
-    api_sb_printf(&b,
-                  "# HELP grpod_ranks Engines of this deployment (one per GPU, or --ranks on the CPU backend).\n"
-                  "# TYPE grpod_ranks gauge\ngrpod_ranks %d\n",
-                  n_ranks);
-    static const struct {
-        const char *name, *help;
-        size_t off;
-    } rank_gauges[] = {
-        {"kv_rows_used", "KV cache rows held by running groups, per rank.", offsetof(metrics_sched_gauges, kv_rows_used)},
-        {"kv_rows_capacity", "Rows of each rank's rollout KV pool.", offsetof(metrics_sched_gauges, kv_rows_capacity)},
-        {"running_groups", "Prompt groups decoding on each rank.", offsetof(metrics_sched_gauges, running_groups)},
-        {"waiting_groups", "Groups waiting for KV rows on each rank.", offsetof(metrics_sched_gauges, waiting_groups)},
-        {"steps", "Scheduler steps each rank took (a counter).", offsetof(metrics_sched_gauges, steps)},
-    };
-    for (size_t k = 0; k < sizeof rank_gauges / sizeof rank_gauges[0]; k++) {
-        api_sb_printf(&b, "# HELP grpod_rank_%s %s\n# TYPE grpod_rank_%s gauge\n", rank_gauges[k].name, rank_gauges[k].help,
-                      rank_gauges[k].name);
-        for (int r = 0; r < n_ranks; r++)
-            api_sb_printf(&b, "grpod_rank_%s{rank=\"%d\"} %lld\n", rank_gauges[k].name, r,
-                          *(const long long *)((const char *)&rank_sched[r] + rank_gauges[k].off));
+    scrape x = {.jobs = jobs,
+                .n_jobs = n_jobs,
+                .queue_depth = queue_depth,
+                .store_bytes = store_bytes,
+                .ready = ready && !engine_failed,
+                .engine_failed = engine_failed,
+                .policy_version = policy_version,
+                .replay_total = replay_total,
+                .replay_done = replay_done,
+                .ranks = n_ranks,
+                .groups_filtered = groups_filtered,
+                .s = sched};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        const series *r = &families[i];
+        long long v = r->put ? 0 : *(const long long *)((const char *)&x + r->off);
+        if (r->omit_negative && v < 0) continue;
+        api_sb_printf(&b, "# HELP grpod_%s %s\n# TYPE grpod_%s %s\n", r->name, r->help, r->name, r->type);
+        if (r->put) r->put(&b, r, &x);
+        else api_sb_printf(&b, "grpod_%s %lld\n", r->name, v);
     }
-    api_sb_printf(&b, "# HELP grpod_tokens_total Tokens processed by phase.\n# TYPE grpod_tokens_total counter\n");
-    for (int i = 0; i < MT_N_TOKEN_PHASES; i++)
-        api_sb_printf(&b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
-    double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;
-    api_sb_printf(&b,
-                  "# HELP grpod_packed_token_ratio Standard N(P+R) over packed P+NR tokens, over all updates.\n"
-                  "# TYPE grpod_packed_token_ratio gauge\ngrpod_packed_token_ratio %.4f\n",
-                  ratio);
-    api_sb_printf(&b, "# HELP grpod_seconds_total Engine seconds by phase.\n# TYPE grpod_seconds_total counter\n");
-    for (int i = 0; i < MS_N_PHASES; i++)
-        api_sb_printf(&b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
-    api_sb_printf(&b,
-                  "# HELP grpod_groups_filtered_total Groups dropped by filter_groups (all rewards equal).\n"
-                  "# TYPE grpod_groups_filtered_total counter\ngrpod_groups_filtered_total %lld\n",
-                  groups_filtered);
-    api_sb_printf(&b,
-                  "# HELP grpod_http_requests_total HTTP requests by method, route and status code.\n"
-                  "# TYPE grpod_http_requests_total counter\n");
-    for (int i = 0; i < n_http; i++)
-        api_sb_printf(&b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method,
-                      http[i].route, http[i].status, http[i].n);
     pthread_mutex_unlock(&mu);
     if (b.oom) {
         free(b.p);
