@@ -36,6 +36,42 @@ else
   echo "  (skipped: Universal Ctags not found)"
 fi
 
+echo "## include cycles between modules (x.c, x.h, x.cu, x.cuh and x_internal.h are one module)"
+python3 - $floors <<'PY'
+import os, re, subprocess, sys
+files = [f for f in subprocess.run(["git", "ls-files"] + sys.argv[1:], capture_output=True, text=True).stdout.split()
+         if re.search(r"\.(c|h|cu|cuh)$", f)]
+inc = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+def mod(p): return re.sub(r"_internal$", "", re.sub(r"\.(c|h|cu|cuh)$", "", p))
+g = {}
+for f in files:
+    for h in inc.findall(open(f, errors="replace").read()):
+        w = mod(h if "/" in h else os.path.join(os.path.dirname(f), h))
+        g.setdefault(mod(f), set()).add(w)
+for v in list(g): g[v] = {w for w in g[v] if w in g and w != v}
+idx, low, st, on, cycles = {}, {}, [], set(), []
+def visit(v):  # Tarjan's strongly connected components, iteratively
+    work = [(v, iter(sorted(g[v])))]
+    idx[v] = low[v] = len(idx); st.append(v); on.add(v)
+    while work:
+        u, it = work[-1]
+        w = next(it, None)
+        if w is None:
+            work.pop()
+            if work: low[work[-1][0]] = min(low[work[-1][0]], low[u])
+            if low[u] == idx[u]:
+                c = []
+                while not c or c[-1] != u: c.append(st.pop()); on.discard(c[-1])
+                if len(c) > 1: cycles.append(sorted(c))
+        elif w not in idx:
+            idx[w] = low[w] = len(idx); st.append(w); on.add(w); work.append((w, iter(sorted(g[w]))))
+        elif w in on: low[u] = min(low[u], idx[w])
+for v in sorted(g):
+    if v not in idx: visit(v)
+print("cycles: %d" % len(cycles))
+for c in sorted(cycles, key=lambda c: (-len(c), c)): print("  %d: %s" % (len(c), " ".join(c)))
+PY
+
 echo "## branches on where the state lives, outside engine/train/state.c and engine/dist/"
 dp=$(git grep -nE 'e->dp\b|e->offload\b|lora_r\b' -- 'engine/*.c' | grep -v -e engine/train/state.c -e engine/dist/)
 echo "e->dp, e->offload, lora_r: $(printf '%s' "$dp" | grep -c .)"
@@ -43,6 +79,10 @@ printf '%s\n' "$dp" | grep . | cut -d: -f1 | sort | uniq -c | sort -rn | sed 's/
 ep=$(git grep -nE 'e->ep(_full)?\b' -- 'engine/*.c' | grep -v -e engine/train/state.c -e engine/train/ep.c -e engine/dist/)
 echo "e->ep, e->ep_full (also outside engine/train/ep.c): $(printf '%s' "$ep" | grep -c .)"
 printf '%s\n' "$ep" | grep . | cut -d: -f1 | sort | uniq -c | sort -rn | sed 's/^ */  /'
+inside=$(git grep -l '#include "engine/engine_internal.h"' -- 'engine/*/*')
+echo "files in the rooms that see struct eng (engine_internal.h): $(echo "$inside" | grep -c .)" \
+  "($(echo "$inside" | cut -d/ -f2 | sort | uniq -c | awk '{ printf "%s%s %d", (NR > 1 ? ", " : ""), $2, $1 }'));" \
+  "its members: $(sed -n '/^struct eng {/,/^};/p' engine/engine_internal.h | grep -cE '^[[:space:]]+[a-z_]+[ *]+[a-z_]')"
 echo "'dp ? … :' at the call sites (engine.c, plan.c, update.c, checkpoint.c, snapshot.c):" \
   "$(grep -nE '\bdp \?|e->dp \?|e->offload \?' engine/engine.c engine/plan.c \
     engine/train/update.c engine/train/checkpoint.c engine/train/snapshot.c | wc -l)"
