@@ -135,19 +135,21 @@ static void put_rank(api_sbuf *b, const series *r, const scrape *x) {
         api_sb_printf(b, "grpod_%s{rank=\"%d\"} %lld\n", r->name, k, *(const long long *)((const char *)&rank_sched[k] + r->off));
 }
 static void put_tokens(api_sbuf *b, const series *r, const scrape *x) {
-    for (int i = 0; i < MT_N_TOKEN_PHASES; i++) api_sb_printf(b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
+    for (int i = 0; i < MT_N_TOKEN_PHASES; i++)
+        api_sb_printf(b, "grpod_tokens_total{phase=\"%s\"} %lld\n", token_names[i], tokens[i]);
 }
 static void put_packed_ratio(api_sbuf *b, const series *r, const scrape *x) {
     double ratio = tokens[MT_UPDATE_PACKED] ? (double)tokens[MT_UPDATE_STANDARD] / (double)tokens[MT_UPDATE_PACKED] : 0;
     api_sb_printf(b, "grpod_packed_token_ratio %.4f\n", ratio);
 }
 static void put_seconds(api_sbuf *b, const series *r, const scrape *x) {
-    for (int i = 0; i < MS_N_PHASES; i++) api_sb_printf(b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
+    for (int i = 0; i < MS_N_PHASES; i++)
+        api_sb_printf(b, "grpod_seconds_total{phase=\"%s\"} %.6f\n", phase_names[i], seconds[i]);
 }
 static void put_http(api_sbuf *b, const series *r, const scrape *x) {
     for (int i = 0; i < n_http; i++)
-        api_sb_printf(b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method, http[i].route,
-                      http[i].status, http[i].n);
+        api_sb_printf(b, "grpod_http_requests_total{method=\"%s\",route=\"%s\",code=\"%d\"} %lld\n", http[i].method,
+                      http[i].route, http[i].status, http[i].n);
 }
 
 #define X_(m) .off = offsetof(scrape, m)
@@ -171,18 +173,16 @@ static const series families[] = {
     {"kv_rows_used", "gauge", "KV cache rows held by running groups.", G_(kv_rows_used)},
     {"kv_rows_capacity", "gauge", "Rows of the rollout KV pool.", G_(kv_rows_capacity)},
     {"kv_row_bytes", "gauge", "Device bytes of one KV row (all layers, K and V).", G_(kv_row_bytes)},
-    {"state_rows_used", "gauge",
-     "Recurrent-state rows (hybrid models) held by running groups: a prompt's and one per response.", G_(state_rows_used)},
+    {"state_rows_used", "gauge", "Recurrent-state rows (hybrid models) held by running groups: a prompt's and one per response.",
+     G_(state_rows_used)},
     {"state_rows_capacity", "gauge", "Recurrent-state rows beside the KV pool (0: the model has no linear attention).",
      G_(state_rows_capacity)},
-    {"state_row_bytes", "gauge", "Device bytes of one state row (every DeltaNet layer's state and conv tail).",
-     G_(state_row_bytes)},
+    {"state_row_bytes", "gauge", "Device bytes of one state row (every DeltaNet layer's state and conv tail).", G_(state_row_bytes)},
     {"rollout_steps_total", "counter", "Scheduler steps (one batched decode each).", G_(steps)},
     {"prefix_cache_entries", "gauge", "Finished responses whose KV rows the prefix cache keeps.", G_(prefix_entries)},
     {"prefix_cache_queries_total", "counter", "Prompt tokens of admitted groups, looked up in the prefix cache.",
      G_(prefix_query_tokens)},
-    {"prefix_cache_hits_total", "counter", "Of those, tokens whose K/V were copied from it, not prefilled.",
-     G_(prefix_hit_tokens)},
+    {"prefix_cache_hits_total", "counter", "Of those, tokens whose K/V were copied from it, not prefilled.", G_(prefix_hit_tokens)},
     {"ranks", "gauge", "Engines of this deployment (one per GPU, or --ranks on the CPU backend).", X_(ranks)},
     {"rank_kv_rows_used", "gauge", "KV cache rows held by running groups, per rank.", R_(kv_rows_used)},
     {"rank_kv_rows_capacity", "gauge", "Rows of each rank's rollout KV pool.", R_(kv_rows_capacity)},

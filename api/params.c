@@ -219,8 +219,7 @@ static int row_or_reply(const eng_param *p, json_object *in, const char *path, c
     return 0;
 }
 
-int api_params_check_keys(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
-                          api_error *e) {
+int api_params_check_keys(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed, api_error *e) {
     const char *keys[64];
     int k = 0;
     for (int i = 0; i < t->n && k < 63; i++) keys[k++] = t->rows[i].name;

@@ -20,8 +20,7 @@ int api_params_or_reply(const eng_params *t, json_object *in, const char *path, 
 /* The unknown-member check of api_params_or_reply alone, for a caller that reports unknown members
  * before it reads the others: every member of in must be a row of t or named by also_allowed. So
  * a caller's list of its own members never repeats the rows' names. */
-int api_params_check_keys(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed,
-                          api_error *e);
+int api_params_check_keys(const eng_params *t, json_object *in, const char *path, const char *const *also_allowed, api_error *e);
 
 /* A canonical section (from api_params_or_reply, as stored) → dst, the engine struct of t.
  * Absent members keep the rows' defaults. PT_STRS/PT_IDS arrays are malloc'd (free with

@@ -328,9 +328,9 @@ TEST(test_unknown_member_named_first) {
         api_error e = {0};
         const char *rid;
         long long expected;
-        int rc = cases[i].kind == 0   ? api_update_or_reply(req, &limits, &model, &payload, &rid, &expected, &e)
-                 : cases[i].kind == 1 ? api_logprobs_or_reply(req, &limits, &model, &payload, &e)
-                                      : api_rollout_or_reply(req, &limits, &model, &payload, &e);
+        int rc = cases[i].kind == 0 ? api_update_or_reply(req, &limits, &model, &payload, &rid, &expected, &e)
+            : cases[i].kind == 1    ? api_logprobs_or_reply(req, &limits, &model, &payload, &e)
+                                    : api_rollout_or_reply(req, &limits, &model, &payload, &e);
         CHECK_MSG(rc == GE_INVALID && !strcmp(e.field, cases[i].field), "case %zu: rc %d field '%s' (%s), want '%s'", i, rc,
                   e.field, e.message, cases[i].field);
         json_object_put(payload);
