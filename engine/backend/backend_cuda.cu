@@ -14,6 +14,7 @@
 extern "C" {
 #include "common/err.h"
 #include "engine/backend/backend.h"
+#include "engine/backend/host_pages.h"
 }
 #include <cublas_v2.h>
 
@@ -343,11 +344,15 @@ static void cu_sample(eng_backend *b, int *tok, float *lp, const float *lg, cons
 
 /* ---------------------------------------------------------------- pinned copies and graphs */
 
+/* Pinned host memory: pages made present by all cores, then registered (host_pages.h). */
 static void *cu_host_alloc(eng_backend *b, size_t n) {
-    void *p = NULL;
-    if (cudaMallocHost(&p, n ? n : 256) != cudaSuccess) {
+    if (!n) n = 256;
+    void *p = host_pages_map(n);
+    if (!p) return NULL;
+    if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) {
         cudaGetLastError();
-        err_set(GE_NOMEM, "cuda: cannot allocate %zu bytes of pinned host memory", n);
+        host_pages_unmap(p);
+        err_set(GE_NOMEM, "cuda: cannot pin %zu bytes of host memory", n);
         return NULL;
     }
     return p;
@@ -355,7 +360,8 @@ static void *cu_host_alloc(eng_backend *b, size_t n) {
 static void cu_host_free(eng_backend *b, void *p) {
     if (!p) return;
     CU_CK(CTX(b), cudaStreamSynchronize(CTX(b)->stream));
-    CU_CK(CTX(b), cudaFreeHost(p));
+    CU_CK(CTX(b), cudaHostUnregister(p));
+    host_pages_unmap(p);
 }
 static int cu_to_dev_async(eng_backend *b, void *d, const void *s, size_t n) {
     cu_ctx *c = CTX(b);
