@@ -8,9 +8,13 @@
 # Per group: the old pass, the reference pass, the policy forward + backward; then one AdamW step.
 # The agentic workload (8 trajectories x 4 turns, turns 1-2 shared) in the flat layout is flex-flat
 # with T = turn 1 and B = turns 2-4: the peer has no tree deeper than one trunk. PEER_FORMS=flat
-# (or tree) runs that form alone.
+# (or tree) runs that form alone. The weights are made on the GPU (random, as peer_step's), and the
+# seconds to import, build and compile are printed on stderr (tests/bench/gpu/tree_step.sh fits the
+# whole comparison in a minute).
 # Usage: python3 peer_tree_step.py PEER_STEP_DIR [1.7b] [G N P T B]   default 8 8 1024 1024 512
-import sys, os, statistics, torch
+import sys, os, statistics, time, torch
+
+t_start = time.time()
 
 peer_dir = sys.argv[1]
 size = sys.argv[2] if len(sys.argv) > 2 else "1.7b"
@@ -86,12 +90,16 @@ def step(model, ref, opt, tree, lay):
 
 def run(name, tree, reps=2):
     torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-    model, ref = ps.Packed().to(dev, torch.bfloat16), ps.Packed().to(dev, torch.bfloat16).eval()
+    t0 = time.time()
+    with torch.device(dev):
+        model, ref = ps.Packed().to(torch.bfloat16), ps.Packed().to(torch.bfloat16).eval()
     for p_ in ref.parameters(): p_.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     lay = layout(tree)
     try:
-        step(model, ref, opt, tree, lay)
+        torch.cuda.synchronize(); t1 = time.time()
+        step(model, ref, opt, tree, lay)  # warm-up: compiles flex
+        print(f"{name}: weights {t1 - t0:.1f} s, warm-up step (compiles) {time.time() - t1:.1f} s", file=sys.stderr, flush=True)
         res = [step(model, ref, opt, tree, lay) for _ in range(reps)]
     except torch.OutOfMemoryError:
         print(f"{name}: OOM", flush=True); return None
@@ -107,6 +115,7 @@ def run(name, tree, reps=2):
 
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(), f"{size} G={G} N={N} P={P} trunk {T} branch {B}", flush=True)
+    print(f"imports {time.time() - t_start:.1f} s", file=sys.stderr, flush=True)
     forms = os.environ.get("PEER_FORMS", "tree,flat").split(",")
     tt = run("flex-tree", True) if "tree" in forms else None
     tf = run("flex-flat", False) if "flat" in forms else None

@@ -299,18 +299,10 @@ fi
 
 # ---- (h3) with BENCH_TREE=1: an agent's tree of turns at 1.7B dims (8 trajectories x 4 turns of
 # 512 ids, turn 1 shared by all, turn 2 by pairs; P 1024), one update step laid out as its trie,
-# as the trunk alone, and flat (P + NR); with PEER_TREE=dir/of/peer_step.py the FlexAttention peer
-# on the flat layout (tests/gpu/peer_tree_step.py)
+# as the trunk alone, and flat (P + NR), then the FlexAttention peer on the flat layout
+# (tests/bench/gpu/tree_step.sh; PEER_TREE=dir/of/peer_step.py, else it looks in shared/bench)
 if [ "${BENCH_TREE:-0}" = 1 ]; then
-    {
-        for lay in tree trunk flat; do
-            TURNS=512,512,512,512 SHARE=8,2,1,1 LAYOUT=$lay timeout ${T_BENCH:-100} "$BIN/bench_step" 1.7b 1024 8 2048
-        done
-        if [ -n "${PEER_TREE:-}" ]; then
-            PEER_FORMS=flat PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/peer_tree_step.py "$PEER_TREE" 1.7b 1 8 1024 512 1536
-        fi
-    } >"$OUT/bench_tree.log" 2>&1
-    grep -v '^rep' "$OUT/bench_tree.log"
+    OUT="$OUT" bash tests/bench/gpu/tree_step.sh "$BIN"
 fi
 
 # ---- (i) attention alone (optional)

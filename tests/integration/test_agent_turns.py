@@ -4,7 +4,8 @@
 # prefills only the rest. The result says how many prompt ids came from the cache (per group
 # and in usage.prompt_tokens_details.cached_tokens, as OpenAI and vLLM report it), /metrics
 # counts them, the tokens and logprobs are those a daemon without the cache gives (bit for bit
-# on the cpu), and an update empties the cache.
+# on the cpu), and an update empties the cache. The same turns through the OpenAI completions
+# route (ids as the prompt, return_token_ids) are served from the cache too.
 import re
 
 P0 = [72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100, 33, 32]
@@ -51,3 +52,29 @@ def test_turns_reuse_the_cached_prefix(make_daemon, tmp_path):
     assert metric(d, "grpod_prefix_cache_entries") == 0
     again = rollout(d, prompts[2], 7)
     assert again["groups"][0]["cached_tokens"] == 0
+
+
+def test_openai_turns_reuse_the_cached_prefix(make_daemon, tmp_path):
+    """The same turns through the OpenAI completions route, token in / token out: the prompt is
+    the previous prompt's ids, the choice's token_ids (return_token_ids) and the tool's ids; the
+    cache serves the shared ids (/metrics), and the sampled tokens and logprobs are a fresh
+    daemon's, which prefills all of them."""
+    def turn(d, prompt, seed):
+        r = d.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0.8, "seed": seed,
+                                       "logprobs": 0, "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert ch["prompt_token_ids"] == prompt and len(ch["logprobs"]["token_logprobs"]) == len(ch["token_ids"]) > 0, ch
+        return ch
+
+    d = make_daemon(tmp_path / "a")
+    prompts, choices = [P0], [turn(d, P0, 5)]
+    for k, tool in enumerate(TOOL):
+        prompts.append(prompts[-1] + choices[-1]["token_ids"] + tool)
+        choices.append(turn(d, prompts[-1], 6 + k))
+    want = sum(len(prompts[i]) + len(choices[i]["token_ids"]) - 1 for i in range(2))
+    assert metric(d, "grpod_prefix_cache_hits_total") == want
+    assert metric(d, "grpod_prefix_cache_queries_total") == sum(len(p) for p in prompts)
+
+    fresh = turn(make_daemon(tmp_path / "b"), prompts[2], 7)
+    assert fresh["token_ids"] == choices[2]["token_ids"] and fresh["logprobs"] == choices[2]["logprobs"], (fresh, choices[2])
