@@ -43,7 +43,6 @@
  * chunk) and the walk's parallelism (Hv × Dv/32 blocks) is what bounds it; the backward's
  * per-chunk products run on tensor cores (dc_mm, deltanet_chunk.cuh). */
 #include "kernels/deltanet_chunk.cuh"
-#include "kernels/mma.cuh"
 
 
 int dn_chunk_ok(int Dk) { return Dk >= 1 && Dk <= DC_DK; }
@@ -204,41 +203,24 @@ enum { DW_S = 0, DW_D = DW_S + DC_DK * DC_BV, DW_U = DW_D + DC_C * DC_BV, DW_W =
        DW_K = DW_Q + DC_C * DC_DK, DW_P = DW_K + DC_C * DC_DK, DW_G = DW_P + DC_C * DC_C, DW_E = DW_G + DC_C,
        DW_FLOATS = DW_E + DC_C };
 
-/* dst[t][i] = src[(t0 + t) ld + i] for t < n, i < D (dst's rows ldd apart), zeros for rows t >= n:
- * 16-byte cp.async when `vec` (D, ld and src 16-byte aligned, the caller's check), else plain
- * loads. The copies land at the caller's next cp.async wait. */
-__device__ __forceinline__ void dc_stage(float *dst, int ldd, const float *src, size_t ld, int t0, int n, int D, bool vec) {
-    if (vec) {
-        int q4 = D / 4;
-        for (int e = threadIdx.x; e < DC_C * q4; e += blockDim.x) {
-            int t = e / q4, i = e % q4 * 4;
-            if (t < n) fa_cp16((bf16 *)(dst + t * ldd + i), (const bf16 *)(src + (size_t)(t0 + t) * ld + i), true);
-            else *(float4 *)(dst + t * ldd + i) = make_float4(0, 0, 0, 0);
-        }
-    } else {
-        for (int e = threadIdx.x; e < DC_C * D; e += blockDim.x) {
-            int t = e / D, i = e % D;
-            dst[t * ldd + i] = t < n ? src[(size_t)(t0 + t) * ld + i] : 0.0f;
-        }
-    }
-}
-
-/* the loads of chunk c's operands (o NULL: W, U and k only); `head`: the ones the chunk's first
- * phase reads (U, W, q, P), else k. One cp.async group either way. */
+/* the loads of chunk c's operands (nothing when c >= nc; o NULL: U, W and k only): `head`, the
+ * ones the chunk's first phase reads (U's slice, W, q, P), else k. One cp.async group either way. */
 __device__ __forceinline__ void dc_walk_issue(float *sm, const dc_scratch &s, const float *qn, const float *kn, bool out, int c,
-                                              int nc, int h, int kh, int jb, int Hk, int Hv, int Dk, int Dv, bool vec,
-                                              bool vu, bool vp, bool head) {
+                                              int nc, int h, int kh, int jb, int Hk, int Hv, int Dk, int Dv, bool head) {
     if (c < nc) {
-        int t0 = s.cst[c], n = s.cst[c + 1] - t0;
+        int t0 = s.cst[c], n = s.cst[c + 1] - t0, nv = min(DC_BV, Dv - jb);
+        const float *pk = kn + (size_t)kh * Dk, *pu = s.U + (size_t)h * Dv + jb, *pw = s.W + (size_t)h * Dk;
+        const float *pq = qn + (size_t)kh * Dk, *pp = s.P + (size_t)h * DC_C;
+        size_t lk = (size_t)Hk * Dk, lw = (size_t)Hv * Dk, lu = (size_t)Hv * Dv, lp = (size_t)Hv * DC_C;
         if (head) {
-            dc_stage(sm + DW_U, DC_BV, s.U + (size_t)h * Dv + jb, (size_t)Hv * Dv, t0, n, min(DC_BV, Dv - jb), vu);
-            dc_stage(sm + DW_W, DC_DK, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, Dk, vec);
+            dc_stage(sm + DW_U, DC_BV, pu, lu, t0, n, nv, dc_vec(pu, lu, nv));
+            dc_stage(sm + DW_W, DC_DK, pw, lw, t0, n, Dk, dc_vec(pw, lw, Dk));
             if (out) {
-                dc_stage(sm + DW_Q, DC_DK, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, Dk, vec);
-                dc_stage(sm + DW_P, DC_C, s.P + (size_t)h * DC_C, (size_t)Hv * DC_C, t0, n, DC_C, vp);
+                dc_stage(sm + DW_Q, DC_DK, pq, lk, t0, n, Dk, dc_vec(pq, lk, Dk));
+                dc_stage(sm + DW_P, DC_C, pp, lp, t0, n, DC_C, dc_vec(pp, lp, DC_C));
             }
         } else {
-            dc_stage(sm + DW_K, DC_DK, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, Dk, vec);
+            dc_stage(sm + DW_K, DC_DK, pk, lk, t0, n, Dk, dc_vec(pk, lk, Dk));
         }
     }
     fa_commit();
@@ -258,14 +240,11 @@ __global__ void __launch_bounds__(DC_NT)
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
     int jb = blockIdx.y * DC_BV, jj = jb + j, vj = jj < Dv;
     bool out = o != NULL;
-    /* 16-byte copies where aligned: rows of q, k, W (Dk floats), U's slice (DC_BV or the rest), P (DC_C) */
-    bool vec = Dk % 4 == 0 && !(((uintptr_t)qn | (uintptr_t)kn | (uintptr_t)s.W) & 15);
-    bool vu = Dv % 4 == 0 && !((uintptr_t)s.U & 15), vp = !((uintptr_t)s.P & 15);
     size_t SZ = (size_t)Dk * Dv;
     for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) Ss[e / DC_BV][e % DC_BV] = 0;
     if (tid < DC_SLOTS) slot_tok[tid] = -1;
-    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, vec, vu, vp, true);
-    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, vec, vu, vp, false);
+    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, true);
+    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, false);
     for (int c = 0; c < nc; c++) {
         int t0 = s.cst[c], n = s.cst[c + 1] - t0;
         __syncthreads();
@@ -328,7 +307,7 @@ __global__ void __launch_bounds__(DC_NT)
             }
         }
         __syncthreads(); /* U, W, q and P are read: the next chunk's go in */
-        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, vec, vu, vp, true);
+        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, true);
         /* S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ: rows w + 8q */
         if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
         float gl = expf(Gs[n - 1]);
@@ -341,7 +320,7 @@ __global__ void __launch_bounds__(DC_NT)
             Ss[i][j] = gl * Ss[i][j] + a;
         }
         __syncthreads(); /* k is read: the next chunk's goes in */
-        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, vec, vu, vp, false);
+        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, false);
         int last = t0 + n - 1, rf = s.ref[last];
         if (rf >= 0) { /* a later run continues this token: save the state (own elements) */
             int sl = rf % DC_SLOTS;
