@@ -95,6 +95,7 @@ def step_main(argv):
         m.config.use_cache = False
         return m
 
+    t00 = time.time()
     model, ref = build(), build().eval()
     for p_ in ref.parameters():
         p_.requires_grad_(False)
@@ -137,11 +138,13 @@ def step_main(argv):
         _, t["optim"] = timed(optim)
         return t
 
+    print(f"peer-fla step: models built in {time.time() - t00:.1f} s", flush=True)
     torch.cuda.reset_peak_memory_stats()
     try:
         t0 = time.time()
-        one()  # warm-up: Triton compiles and autotunes fla's kernels here
-        print(f"peer-fla step warm-up {time.time() - t0:.1f} s (Triton compile + autotune)", flush=True)
+        w = one()  # warm-up: Triton compiles and autotunes fla's kernels here
+        print(f"peer-fla step warm-up {time.time() - t0:.1f} s (Triton compile + autotune; old {w['old']:.1f} s, ref "
+              f"{w['ref']:.1f}, policy {w['policy']:.1f})", flush=True)
         res = [one() for _ in range(3)]
     except torch.OutOfMemoryError:
         print(f"peer-fla step L={L} P={P} N={N} R={R}: out of memory")
