@@ -737,14 +737,6 @@ __global__ void dn_norm_dw_kernel(float *part, const bf16 *dy, const bf16 *o, co
     }
 }
 
-__global__ void dn_sum_parts_kernel(float *dw, const float *part, int nparts, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float acc = 0;
-    for (int b = 0; b < nparts; b++) acc += part[(size_t)b * n + i];
-    dw[i] += acc;
-}
-
 void deltanet_norm_fwd_cuda(cu_ctx *c, bf16 *y, float *rstd, const bf16 *o, const bf16 *z, const bf16 *w, int T, int Hv, int Dv,
                             float eps) {
     long long rows = (long long)T * Hv;
@@ -764,6 +756,6 @@ void deltanet_norm_bwd_cuda(cu_ctx *c, bf16 *dout, bf16 *dz, float *dw, const bf
     CU_LAUNCHED(c, "dn_norm_bwd_kernel");
     dn_norm_dw_kernel<<<nparts, 128, 0, c->stream>>>(part, dy, o, z, rstd, rows, Dv, per);
     CU_LAUNCHED(c, "dn_norm_dw_kernel");
-    dn_sum_parts_kernel<<<cu_blocks(Dv, 128), 128, 0, c->stream>>>(dw, part, nparts, Dv);
-    CU_LAUNCHED(c, "dn_sum_parts_kernel");
+    cu_sum_parts_kernel<<<cu_blocks(Dv, 128), 128, 0, c->stream>>>(dw, part, nparts, Dv);
+    CU_LAUNCHED(c, "cu_sum_parts_kernel");
 }

@@ -132,13 +132,6 @@ __global__ void ga_dw_kernel(float *part, const bf16 *dy, const bf16 *x, const f
         part[(size_t)blockIdx.y * D + i] = t;
     }
 }
-__global__ void ga_dw_sum_kernel(float *dw, const float *part, int nb, int D) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= D) return;
-    float t = 0;
-    for (int b = 0; b < nb; b++) t += part[(size_t)b * D + i];
-    dw[i] += t;
-}
 static void ga_dw(cu_ctx *c, float *dw, const bf16 *dy, const bf16 *x, const float *rstd, const int *pos, const float *inv_freq,
                   int T, int NH, int D, int R, int xstride) {
     int nb = (int)(((long long)T * NH + GA_DW_RB - 1) / GA_DW_RB);
@@ -146,8 +139,8 @@ static void ga_dw(cu_ctx *c, float *dw, const bf16 *dy, const bf16 *x, const flo
     if (!part) return;
     ga_dw_kernel<<<dim3((D + 31) / 32, nb), dim3(32, 8), 0, c->stream>>>(part, dy, x, rstd, pos, inv_freq, T, NH, D, R, xstride);
     CU_LAUNCHED(c, "ga_dw_kernel");
-    ga_dw_sum_kernel<<<(D + 127) / 128, 128, 0, c->stream>>>(dw, part, nb, D);
-    CU_LAUNCHED(c, "ga_dw_sum_kernel");
+    cu_sum_parts_kernel<<<cu_blocks(D, 128), 128, 0, c->stream>>>(dw, part, nb, D);
+    CU_LAUNCHED(c, "cu_sum_parts_kernel");
 }
 
 __global__ void ga_gate_fwd_kernel(bf16 *y, const bf16 *att, const bf16 *qg, long long n, int D) {
