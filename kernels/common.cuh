@@ -173,5 +173,14 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
     v = lane < nw ? sh[lane] : -INFINITY;
     return warp_max(v);
 }
+/* dw[i] += Σ_b part[b n + i] over b in order, a thread per i (the second pass of a weight
+ * gradient summed over row blocks: a fixed order, no atomics). A template: one per unit. */
+template <int = 0> __global__ void cu_sum_parts_kernel(float *dw, const float *part, int nparts, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float acc = 0;
+    for (int b = 0; b < nparts; b++) acc += part[(size_t)b * n + i];
+    dw[i] += acc;
+}
 #endif
 #endif

@@ -162,34 +162,91 @@ __device__ __forceinline__ void dn_conv_in_add(float *dxf, const deltanet_carry 
     else if (cy.dtail_in) cy.dtail_in[(size_t)(-2 - e) * Cc + c] += g;
 }
 
-/* one thread per channel, tokens in order: dxf (T,Cc) fp32 zeroed before; dw += */
+/* the value at history entry e (not -1) of the input's gradient: dxf for a token, the carry's
+ * dtail_in for its tail entries (0 without one); dn_conv_in_put writes it back (dropped then) */
+__device__ __forceinline__ float dn_conv_in_get(const float *dxf, const deltanet_carry &cy, int e, int c, int Cc) {
+    return e >= 0 ? dxf[(size_t)e * Cc + c] : cy.dtail_in ? cy.dtail_in[(size_t)(-2 - e) * Cc + c] : 0.0f;
+}
+__device__ __forceinline__ void dn_conv_in_put(float *dxf, const deltanet_carry &cy, int e, int c, int Cc, float v) {
+    if (e >= 0) dxf[(size_t)e * Cc + c] = v;
+    else if (cy.dtail_in) cy.dtail_in[(size_t)(-2 - e) * Cc + c] = v;
+}
+
+/* one thread per channel, tokens in order: dxf (T,Cc) fp32 zeroed before; dw +=. The Kc entries
+ * of a token's history live in registers (its inputs xs, the gradients acc being summed) while
+ * tokens continue their predecessor (dn_prev(t) = t - 1: the history shifts by one, the entry
+ * leaving it written back); another token writes the window back and reads its own from memory.
+ * Each entry's gradient takes the same additions in the same order as one read-modify-write per
+ * addition would: the same bits, without a global memory round trip per token and tap. The next
+ * token's predecessor, input and upstream gradient are loaded one token ahead. KC: Kc known at
+ * compile time (the arrays in registers), 0: any Kc <= DN_KC_MAX. */
+template <int KC>
 __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const bf16 *x, const bf16 *w, attn_ranges r,
-                                   deltanet_carry cy, int T, int Cc, int Kc) {
+                                   deltanet_carry cy, int T, int Cc, int Kc_) {
+    const int Kc = KC ? KC : Kc_;
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= Cc) return;
-    float wc[DN_KC_MAX], dwc[DN_KC_MAX];
-    int hist[DN_KC_MAX];
+    float wc[DN_KC_MAX], dwc[DN_KC_MAX], xs[DN_KC_MAX], acc[DN_KC_MAX];
+    int hist[DN_KC_MAX], have = 0;
+    #pragma unroll
     for (int j = 0; j < Kc; j++) {
         wc[j] = __bfloat162float(w[(size_t)c * Kc + j]);
         dwc[j] = 0;
     }
+    int pn = T > 0 ? dn_prev(r, cy.row0, 0) : DN_NONE;
+    float xn = T > 0 ? __bfloat162float(x[c]) : 0.0f, dun = T > 0 ? __bfloat162float(du[c]) : 0.0f;
     for (int t = 0; t < T; t++) {
-        dn_conv_hist(hist, r, cy.row0, t, Kc);
-        float xs[DN_KC_MAX], p = 0;
-        for (int j = 0; j < Kc; j++) {
-            xs[j] = hist[j] != -1 ? dn_conv_in(x, cy, hist[j], c, Cc) : 0.0f;
-            p += wc[j] * xs[j];
+        int pt = pn;
+        float xt = xn, dut = dun;
+        if (t + 1 < T) { /* one token ahead */
+            pn = dn_prev(r, cy.row0, t + 1);
+            xn = __bfloat162float(x[(size_t)(t + 1) * Cc + c]);
+            dun = __bfloat162float(du[(size_t)(t + 1) * Cc + c]);
         }
-        float sg = dn_sigmoid(p), dp = __bfloat162float(du[(size_t)t * Cc + c]) * (sg * (1.0f + p * (1.0f - sg)));
+        if (have && pt == t - 1) { /* the window shifts: its oldest entry is done with this run */
+            if (hist[0] != -1) dn_conv_in_put(dxf, cy, hist[0], c, Cc, acc[0]);
+            #pragma unroll
+            for (int j = 0; j + 1 < Kc; j++) {
+                hist[j] = hist[j + 1];
+                xs[j] = xs[j + 1];
+                acc[j] = acc[j + 1];
+            }
+            hist[Kc - 1] = t;
+            xs[Kc - 1] = xt;
+            acc[Kc - 1] = dxf[(size_t)t * Cc + c];
+        } else {
+            if (have)
+                #pragma unroll
+                for (int j = 0; j < Kc; j++)
+                    if (hist[j] != -1) dn_conv_in_put(dxf, cy, hist[j], c, Cc, acc[j]);
+            dn_conv_hist(hist, r, cy.row0, t, Kc);
+            #pragma unroll
+            for (int j = 0; j < Kc; j++) {
+                xs[j] = hist[j] != -1 ? dn_conv_in(x, cy, hist[j], c, Cc) : 0.0f;
+                acc[j] = hist[j] != -1 ? dn_conv_in_get(dxf, cy, hist[j], c, Cc) : 0.0f;
+            }
+            have = 1;
+        }
+        float p = 0;
+        #pragma unroll
+        for (int j = 0; j < Kc; j++) p += wc[j] * xs[j];
+        float sg = dn_sigmoid(p), dp = dut * (sg * (1.0f + p * (1.0f - sg)));
+        #pragma unroll
         for (int j = 0; j < Kc; j++)
             if (hist[j] != -1) {
                 dwc[j] += dp * xs[j];
-                dn_conv_in_add(dxf, cy, hist[j], c, Cc, dp * wc[j]);
+                acc[j] += dp * wc[j];
             }
     }
+    if (have)
+        #pragma unroll
+        for (int j = 0; j < Kc; j++)
+            if (hist[j] != -1) dn_conv_in_put(dxf, cy, hist[j], c, Cc, acc[j]);
+    #pragma unroll
     for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
     if (cy.dtail_out) { /* the gradient of the carry's tail_out, from outside */
         dn_conv_hist(hist, r, cy.row0, T - 1, Kc);
+        #pragma unroll
         for (int j = 0; j + 1 < Kc; j++)
             if (hist[j + 1] != -1) dn_conv_in_add(dxf, cy, hist[j + 1], c, Cc, cy.dtail_out[(size_t)j * Cc + c]);
     }
@@ -227,7 +284,8 @@ void deltanet_conv_bwd_cuda(cu_ctx *c, bf16 *dx, float *dw, const bf16 *du, cons
     float *dxf = (float *)cu_scratch(c, (size_t)n * sizeof(float));
     if (!dxf) return;
     CU_CK(c, cudaMemsetAsync(dxf, 0, (size_t)n * sizeof(float), c->stream));
-    dn_conv_bwd_kernel<<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, dn_cy(cy), T, Cc, Kc);
+    if (Kc == 4) dn_conv_bwd_kernel<4><<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, dn_cy(cy), T, Cc, Kc);
+    else dn_conv_bwd_kernel<0><<<cu_blocks(Cc, 64), 64, 0, c->stream>>>(dxf, dw, du, x, w, r, dn_cy(cy), T, Cc, Kc);
     CU_LAUNCHED(c, "dn_conv_bwd_kernel");
     dn_f32_to_bf16_kernel<<<cu_blocks(n, 256), 256, 0, c->stream>>>(dx, dxf, n);
     CU_LAUNCHED(c, "dn_f32_to_bf16_kernel");
@@ -737,14 +795,6 @@ __global__ void dn_norm_dw_kernel(float *part, const bf16 *dy, const bf16 *o, co
     }
 }
 
-__global__ void dn_sum_parts_kernel(float *dw, const float *part, int nparts, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float acc = 0;
-    for (int b = 0; b < nparts; b++) acc += part[(size_t)b * n + i];
-    dw[i] += acc;
-}
-
 void deltanet_norm_fwd_cuda(cu_ctx *c, bf16 *y, float *rstd, const bf16 *o, const bf16 *z, const bf16 *w, int T, int Hv, int Dv,
                             float eps) {
     long long rows = (long long)T * Hv;
@@ -764,6 +814,6 @@ void deltanet_norm_bwd_cuda(cu_ctx *c, bf16 *dout, bf16 *dz, float *dw, const bf
     CU_LAUNCHED(c, "dn_norm_bwd_kernel");
     dn_norm_dw_kernel<<<nparts, 128, 0, c->stream>>>(part, dy, o, z, rstd, rows, Dv, per);
     CU_LAUNCHED(c, "dn_norm_dw_kernel");
-    dn_sum_parts_kernel<<<cu_blocks(Dv, 128), 128, 0, c->stream>>>(dw, part, nparts, Dv);
-    CU_LAUNCHED(c, "dn_sum_parts_kernel");
+    cu_sum_parts_kernel<<<cu_blocks(Dv, 128), 128, 0, c->stream>>>(dw, part, nparts, Dv);
+    CU_LAUNCHED(c, "cu_sum_parts_kernel");
 }

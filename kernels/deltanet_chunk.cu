@@ -23,8 +23,12 @@
  *     chunk (32-wide tiles in shared memory), A and P, then U and W by forward substitution, one
  *     thread per column of [v | k], the 64 rows in registers.
  *   - dc_walk_kernel: grid (Hv, ⌈Dv/32⌉): a block walks the chunks in token order with its
- *     Dk × 32 columns of S in shared memory: δ = U - W S0 and γ Q S0 (tiles of W and Q), o =
- *     γ Q S0 + P δ, S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ. A chunk whose first token continues a
+ *     Dk × 32 columns of S in shared memory: δ = U - W S0 and γ Q S0, o = γ Q S0 + P δ (both
+ *     skipped without o: the backward's recompute), S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ. A
+ *     chunk's operands (U's slice, W, q, P, then k) are staged whole in shared memory by cp.async,
+ *     each set issued as soon as the chunk before has read its own, so they load while that chunk
+ *     computes (the walk had waited for each 32-wide tile: latency-bound). The same sums in the
+ *     same order as the tile-by-tile walk: the same bits. A chunk whose first token continues a
  *     token other than its predecessor starts from the state saved after that token (one of
  *     DC_SLOTS slots, by ordinal: a packed batch has one live prompt at a time; a slot reused
  *     before its responses are done traps, a sticky error), from the carry's s_in (a token
@@ -192,16 +196,55 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 
 /* ---------------------------------------------------------------- the walk over chunks */
 
+/* The walk's shared memory (floats, dynamic): the state slice S (DC_DK × DC_BV), δ (DC_C × DC_BV),
+ * then the chunk's operands staged whole: U's slice (DC_C × DC_BV), W, q, k (DC_C × DC_DK each), P
+ * (DC_C × DC_C), G and the decays (DC_C each). */
+enum { DW_S = 0, DW_D = DW_S + DC_DK * DC_BV, DW_U = DW_D + DC_C * DC_BV, DW_W = DW_U + DC_C * DC_BV, DW_Q = DW_W + DC_C * DC_DK,
+       DW_K = DW_Q + DC_C * DC_DK, DW_P = DW_K + DC_C * DC_DK, DW_G = DW_P + DC_C * DC_C, DW_E = DW_G + DC_C,
+       DW_FLOATS = DW_E + DC_C };
+
+/* the loads of chunk c's operands (nothing when c >= nc; o NULL: U, W and k only): `head`, the
+ * ones the chunk's first phase reads (U's slice, W, q, P), else k. One cp.async group either way. */
+__device__ __forceinline__ void dc_walk_issue(float *sm, const dc_scratch &s, const float *qn, const float *kn, bool out, int c,
+                                              int nc, int h, int kh, int jb, int Hk, int Hv, int Dk, int Dv, bool head) {
+    if (c < nc) {
+        int t0 = s.cst[c], n = s.cst[c + 1] - t0, nv = min(DC_BV, Dv - jb);
+        const float *pk = kn + (size_t)kh * Dk, *pu = s.U + (size_t)h * Dv + jb, *pw = s.W + (size_t)h * Dk;
+        const float *pq = qn + (size_t)kh * Dk, *pp = s.P + (size_t)h * DC_C;
+        size_t lk = (size_t)Hk * Dk, lw = (size_t)Hv * Dk, lu = (size_t)Hv * Dv, lp = (size_t)Hv * DC_C;
+        if (head) {
+            dc_stage(sm + DW_U, DC_BV, pu, lu, t0, n, nv, dc_vec(pu, lu, nv));
+            dc_stage(sm + DW_W, DC_DK, pw, lw, t0, n, Dk, dc_vec(pw, lw, Dk));
+            if (out) {
+                dc_stage(sm + DW_Q, DC_DK, pq, lk, t0, n, Dk, dc_vec(pq, lk, Dk));
+                dc_stage(sm + DW_P, DC_C, pp, lp, t0, n, DC_C, dc_vec(pp, lp, DC_C));
+            }
+        } else {
+            dc_stage(sm + DW_K, DC_DK, pk, lk, t0, n, Dk, dc_vec(pk, lk, Dk));
+        }
+    }
+    fa_commit();
+}
+
+static size_t dc_walk_bytes(void) { return DW_FLOATS * sizeof(float); }
+
 __global__ void __launch_bounds__(DC_NT)
     dc_walk_kernel(bf16 *o, float *ck, float *h0, int cap, dc_scratch s, const float *qn, const float *kn, attn_ranges r,
                    deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
-    __shared__ float Ss[DC_DK][DC_BV], Ds[DC_C][DC_BV], X[DC_C][DC_TK + 1], Y[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
+    extern __shared__ __align__(16) float sm[];
+    float(*Ss)[DC_BV] = (float(*)[DC_BV])(sm + DW_S), (*Ds)[DC_BV] = (float(*)[DC_BV])(sm + DW_D);
+    float(*Us)[DC_BV] = (float(*)[DC_BV])(sm + DW_U), (*Ws)[DC_DK] = (float(*)[DC_DK])(sm + DW_W);
+    float(*Qs)[DC_DK] = (float(*)[DC_DK])(sm + DW_Q), (*Ks)[DC_DK] = (float(*)[DC_DK])(sm + DW_K);
+    float(*Ps)[DC_C] = (float(*)[DC_C])(sm + DW_P), *Gs = sm + DW_G, *Dec = sm + DW_E;
     __shared__ int mode_s, slot_tok[DC_SLOTS];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
-    int jj = blockIdx.y * DC_BV + j, vj = jj < Dv;
+    int jb = blockIdx.y * DC_BV, jj = jb + j, vj = jj < Dv;
+    bool out = o != NULL;
     size_t SZ = (size_t)Dk * Dv;
     for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) Ss[e / DC_BV][e % DC_BV] = 0;
     if (tid < DC_SLOTS) slot_tok[tid] = -1;
+    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, true);
+    dc_walk_issue(sm, s, qn, kn, out, 0, nc, h, kh, jb, Hk, Hv, Dk, Dv, false);
     for (int c = 0; c < nc; c++) {
         int t0 = s.cst[c], n = s.cst[c + 1] - t0;
         __syncthreads();
@@ -219,49 +262,65 @@ __global__ void __launch_bounds__(DC_NT)
         }
         if (h0 && c < cap && vj) /* the chunk's initial state, for the chunked backward (own elements) */
             for (int i = w; i < Dk; i += 8) h0[((size_t)c * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
-        /* δ = U - W S0 and γ Q S0: rows t = w + 8m, column j */
+        fa_wait<1>(); /* this chunk's U, W, q, P (its k may still be in flight) */
+        __syncthreads();
+        /* δ = U - W S0 and γ Q S0: rows t = w + 8m, column j (the sums over i in order) */
         float ad[8], ao[8];
 #pragma unroll
         for (int m = 0; m < 8; m++) ad[m] = ao[m] = 0;
-        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
-            __syncthreads();
-            dc_load_tile(X, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, i0, Dk, NULL, 0);
-            dc_load_tile(Y, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, NULL, 0);
-            __syncthreads();
-            dc_rows_acc(ad, X, Ss + i0, w, j);
-            dc_rows_acc(ao, Y, Ss + i0, w, j);
-        }
+        if (out) {
+#pragma unroll 4
+            for (int i = 0; i < Dk; i++) {
+                float sv = Ss[i][j];
 #pragma unroll
-        for (int m = 0; m < 8; m++) {
-            int t = w + 8 * m;
-            Ds[t][j] = t < n && vj ? s.U[((size_t)(t0 + t) * Hv + h) * Dv + jj] - ad[m] : 0.0f;
-            ao[m] *= expf(Gs[t]);
-        }
-        /* o = γ Q S0 + P δ */
-        for (int s0 = 0; s0 < DC_C; s0 += DC_TK) {
-            __syncthreads();
-            dc_load_p(X, s, t0, n, h, Hv, s0);
-            __syncthreads();
-            dc_rows_acc(ao, X, Ds + s0, w, j);
-        }
+                for (int m = 0; m < 8; m++) {
+                    ad[m] += Ws[w + 8 * m][i] * sv;
+                    ao[m] += Qs[w + 8 * m][i] * sv;
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int i = 0; i < Dk; i++) {
+                float sv = Ss[i][j];
 #pragma unroll
-        for (int m = 0; m < 8; m++) {
-            int t = w + 8 * m;
-            if (o && t < n && vj) o[((size_t)(t0 + t) * Hv + h) * Dv + jj] = __float2bfloat16(ao[m]);
-        }
-        /* S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ: rows i0 + w + 8q of tile i0 */
-        if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
-        float gl = expf(Gs[n - 1]);
-        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
-            __syncthreads();
-            dc_load_tile(X, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Dec, 0);
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < DC_TK / 8; q++) {
-                int ii = w + 8 * q;
-                Ss[i0 + ii][j] = gl * Ss[i0 + ii][j] + dc_col_dot(X, Ds, ii, j);
+                for (int m = 0; m < 8; m++) ad[m] += Ws[w + 8 * m][i] * sv;
             }
         }
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            int t = w + 8 * m;
+            Ds[t][j] = t < n && vj ? Us[t][j] - ad[m] : 0.0f;
+            ao[m] *= expf(Gs[t]);
+        }
+        __syncthreads();
+        if (out) { /* o = γ Q S0 + P δ */
+#pragma unroll 4
+            for (int s0 = 0; s0 < DC_C; s0++) {
+                float dv = Ds[s0][j];
+#pragma unroll
+                for (int m = 0; m < 8; m++) ao[m] += Ps[w + 8 * m][s0] * dv;
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int t = w + 8 * m;
+                if (t < n && vj) o[((size_t)(t0 + t) * Hv + h) * Dv + jj] = __float2bfloat16(ao[m]);
+            }
+        }
+        __syncthreads(); /* U, W, q and P are read: the next chunk's go in */
+        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, true);
+        /* S = γ_{n-1} S0 + (e^{G_{n-1}-G} k)^T δ: rows w + 8q */
+        if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
+        float gl = expf(Gs[n - 1]);
+        fa_wait<1>(); /* this chunk's k (the next chunk's head may be in flight) */
+        __syncthreads();
+        for (int i = w; i < Dk; i += 8) {
+            float a = 0;
+#pragma unroll 8
+            for (int t = 0; t < DC_C; t++) a += Dec[t] * Ks[t][i] * Ds[t][j];
+            Ss[i][j] = gl * Ss[i][j] + a;
+        }
+        __syncthreads(); /* k is read: the next chunk's goes in */
+        dc_walk_issue(sm, s, qn, kn, out, c + 1, nc, h, kh, jb, Hk, Hv, Dk, Dv, false);
         int last = t0 + n - 1, rf = s.ref[last];
         if (rf >= 0) { /* a later run continues this token: save the state (own elements) */
             int sl = rf % DC_SLOTS;
@@ -272,6 +331,7 @@ __global__ void __launch_bounds__(DC_NT)
         if (ck && last % DC_C == DC_C - 1 && vj) /* the recurrent backward's checkpoint (deltanet.cu) */
             for (int i = w; i < Dk; i += 8) ck[((size_t)(last / DC_C) * Hv + h) * SZ + (size_t)i * Dv + jj] = Ss[i][j];
     }
+    fa_wait<0>();
     if (cy.s_out && vj) /* the state after the call's last token (own elements) */
         for (int i = w; i < Dk; i += 8) cy.s_out[h * SZ + (size_t)i * Dv + jj] = Ss[i][j];
 }
@@ -283,6 +343,8 @@ void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr,
     CU_LAUNCHED(c, "dc_plan_kernel");
     dc_wy_kernel<<<dim3(T < 4096 ? T : 4096, Hv), DC_NT, 0, c->stream>>>(s, qn, kn, g, beta, u, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_wy_kernel");
-    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(o, ck, h0, cap, s, qn, kn, r, cy, Hk, Hv, Dk, Dv);
+    CU_CK(c, cudaFuncSetAttribute(dc_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dc_walk_bytes()));
+    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, dc_walk_bytes(), c->stream>>>(o, ck, h0, cap, s, qn, kn, r, cy, Hk,
+                                                                                             Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_walk_kernel");
 }

@@ -5,6 +5,7 @@
 #define GRPOD_KERNELS_DELTANET_CHUNK_CUH
 #include "kernels/common.cuh"
 #include "kernels/deltanet.h"
+#include "kernels/mma.cuh"
 
 /* deltanet_prev_row() on device ranges, token t at row row0 + t (a carry's, deltanet.h): the
  * token of the call it continues, DC_NONE, or DC_CARRY (a row below row0: the carry's state) */
@@ -122,6 +123,30 @@ __device__ __forceinline__ void dc_load_p(float (*X)[DC_TK + 1], const dc_scratc
         int t = e / DC_TK, ss = e % DC_TK;
         X[t][ss] = t < n ? s.P[((size_t)(t0 + t) * Hv + h) * DC_C + c0 + ss] : 0.0f;
     }
+}
+
+/* dst[t][i] = src[(t0 + t) ld + i] for t < n, i < D (dst's rows ldd apart), zeros for rows t >= n:
+ * 16-byte cp.async when `vec` (D, ld and src 16-byte aligned, the caller's check), else plain
+ * loads. The copies land at the caller's next cp.async wait (the walks' staged operands). */
+template <class E>
+__device__ __forceinline__ void dc_stage(E *dst, int ldd, const E *src, size_t ld, int t0, int n, int D, bool vec) {
+    if (vec) {
+        int per = 16 / (int)sizeof(E), q4 = D / per;
+        for (int e = threadIdx.x; e < DC_C * q4; e += blockDim.x) {
+            int t = e / q4, i = e % q4 * per;
+            if (t < n) fa_cp16((bf16 *)(dst + t * ldd + i), (const bf16 *)(src + (size_t)(t0 + t) * ld + i), true);
+            else *(float4 *)(dst + t * ldd + i) = make_float4(0, 0, 0, 0);
+        }
+    } else {
+        for (int e = threadIdx.x; e < DC_C * D; e += blockDim.x) {
+            int t = e / D, i = e % D;
+            dst[t * ldd + i] = t < n ? src[(size_t)(t0 + t) * ld + i] : (E)0.0f;
+        }
+    }
+}
+/* 16-byte copies of rows of `D` elements `ld` apart from p */
+template <class E> __device__ __forceinline__ bool dc_vec(const E *p, size_t ld, int D) {
+    return (D * sizeof(E)) % 16 == 0 && (ld * sizeof(E)) % 16 == 0 && !((uintptr_t)p & 15);
 }
 
 /* 1 when the chunked forward takes these dims (Dk <= 128; else the recurrent walk runs) */

@@ -13,7 +13,8 @@
  *     one more, so a packed batch of many short runs may have more) or the stream is
  *     being captured.
  *   - dc_rev_kernel: grid (Hv, ⌈Dv/32⌉), the mirror of the forward's walk: the chunks in reverse
- *     token order carrying dS (Dk × 32 columns in shared memory); a chunk's dS_end (saved: dSe) is
+ *     token order carrying dS (Dk × 32 columns in shared memory), each chunk's operands (dO's
+ *     slice, P, k, then q, W) staged whole by cp.async while the chunk after it computes; a chunk's dS_end (saved: dSe) is
  *     its successor's dS0 plus, for a token other runs continue (a prompt's last), the sum of those
  *     runs' dS0 collected in a slot in reverse token order. With a carry (deltanet.h) the last
  *     chunk's dS_end starts from ds_out, and a chunk continuing the carry's state adds its dS0 into
@@ -38,15 +39,51 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
 
 /* ---------------------------------------------------------------- the reverse walk */
 
+/* The reverse walk's shared memory (floats, dynamic): dS (DC_DK × DC_BV), dδ and dO's slice (DC_C ×
+ * DC_BV each), dO's slice as loaded (bf16), then the chunk's operands staged whole: P (DC_C × DC_C),
+ * k, q, W (DC_C × DC_DK each); G, the decays e^{G_{n-1}-G} and e^{G} (DC_C each). */
+enum { DR_S = 0, DR_D = DR_S + DC_DK * DC_BV, DR_O = DR_D + DC_C * DC_BV, DR_OB = DR_O + DC_C * DC_BV,
+       DR_P = DR_OB + DC_C * DC_BV / 2, DR_K = DR_P + DC_C * DC_C, DR_Q = DR_K + DC_C * DC_DK, DR_W = DR_Q + DC_C * DC_DK,
+       DR_G = DR_W + DC_C * DC_DK, DR_E = DR_G + DC_C, DR_EG = DR_E + DC_C, DR_FLOATS = DR_EG + DC_C };
+static size_t dc_rev_bytes(void) { return DR_FLOATS * sizeof(float); }
+
+/* the loads of chunk c's operands (nothing when c < 0): `head`, the ones the chunk's first phase
+ * reads (dO's slice, P, k), else q and W. One cp.async group either way. */
+__device__ __forceinline__ void dc_rev_issue(float *sm, const dc_scratch &s, const float *qn, const float *kn, const bf16 *dout,
+                                             int c, int h, int kh, int jb, int Hk, int Hv, int Dk, int Dv, bool head) {
+    if (c >= 0) {
+        int t0 = s.cst[c], n = s.cst[c + 1] - t0, nv = min(DC_BV, Dv - jb);
+        if (head) {
+            const bf16 *po = dout + (size_t)h * Dv + jb;
+            dc_stage((bf16 *)(sm + DR_OB), DC_BV, po, (size_t)Hv * Dv, t0, n, nv, dc_vec(po, (size_t)Hv * Dv, nv));
+            const float *pp = s.P + (size_t)h * DC_C, *pk = kn + (size_t)kh * Dk;
+            dc_stage(sm + DR_P, DC_C, pp, (size_t)Hv * DC_C, t0, n, DC_C, dc_vec(pp, (size_t)Hv * DC_C, DC_C));
+            dc_stage(sm + DR_K, DC_DK, pk, (size_t)Hk * Dk, t0, n, Dk, dc_vec(pk, (size_t)Hk * Dk, Dk));
+        } else {
+            const float *pq = qn + (size_t)kh * Dk, *pw = s.W + (size_t)h * Dk;
+            dc_stage(sm + DR_Q, DC_DK, pq, (size_t)Hk * Dk, t0, n, Dk, dc_vec(pq, (size_t)Hk * Dk, Dk));
+            dc_stage(sm + DR_W, DC_DK, pw, (size_t)Hv * Dk, t0, n, Dk, dc_vec(pw, (size_t)Hv * Dk, Dk));
+        }
+    }
+    fa_commit();
+}
+
 __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s, const float *qn, const float *kn, const bf16 *dout,
                                                        attn_ranges r, deltanet_carry cy, int Hk, int Hv, int Dk, int Dv) {
-    __shared__ float dS[DC_DK][DC_BV], Dd[DC_C][DC_BV], Do[DC_C][DC_BV], X[DC_C][DC_TK + 1], Gs[DC_C], Dec[DC_C];
+    extern __shared__ __align__(16) float sm[];
+    float(*dS)[DC_BV] = (float(*)[DC_BV])(sm + DR_S), (*Dd)[DC_BV] = (float(*)[DC_BV])(sm + DR_D);
+    float(*Do)[DC_BV] = (float(*)[DC_BV])(sm + DR_O), (*Ps)[DC_C] = (float(*)[DC_C])(sm + DR_P);
+    float(*Ks)[DC_DK] = (float(*)[DC_DK])(sm + DR_K), (*Qs)[DC_DK] = (float(*)[DC_DK])(sm + DR_Q);
+    float(*Ws)[DC_DK] = (float(*)[DC_DK])(sm + DR_W), *Gs = sm + DR_G, *Dec = sm + DR_E, *Eg = sm + DR_EG;
+    const bf16(*Ob)[DC_BV] = (const bf16(*)[DC_BV])(sm + DR_OB);
     __shared__ int ptok[DC_SLOTS], info[3];
     int h = blockIdx.x, kh = h / (Hv / Hk), tid = threadIdx.x, j = tid & 31, w = tid >> 5, nc = *s.nc;
-    int jj = blockIdx.y * DC_BV + j, vj = jj < Dv;
+    int jb = blockIdx.y * DC_BV, jj = jb + j, vj = jj < Dv;
     size_t SZ = (size_t)Dk * Dv;
     for (int e = tid; e < DC_DK * DC_BV; e += DC_NT) dS[e / DC_BV][e % DC_BV] = 0;
     if (tid < DC_SLOTS) ptok[tid] = -1;
+    dc_rev_issue(sm, s, qn, kn, dout, nc - 1, h, kh, jb, Hk, Hv, Dk, Dv, true);
+    dc_rev_issue(sm, s, qn, kn, dout, nc - 1, h, kh, jb, Hk, Hv, Dk, Dv, false);
     __syncthreads();
     if (cy.ds_out && vj) /* the last state's gradient from outside (own elements) */
         for (int i = w; i < Dk; i += 8) dS[i][j] = cy.ds_out[h * SZ + (size_t)i * Dv + jj];
@@ -68,56 +105,52 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
             info[1] = fresh;
         }
         if (tid < DC_C) Gs[tid] = tid < n ? s.G[(size_t)(t0 + tid) * Hv + h] : 0.0f;
-        for (int e = tid; e < DC_C * DC_BV; e += DC_NT) {
-            int t = e / DC_BV, jx = e % DC_BV, jc = blockIdx.y * DC_BV + jx;
-            Do[t][jx] = t < n && jc < Dv ? __bfloat162float(dout[((size_t)(t0 + t) * Hv + h) * Dv + jc]) : 0.0f;
-        }
+        fa_wait<1>(); /* this chunk's dO, P and k (its q and W may still be in flight) */
         __syncthreads();
+        for (int e = tid; e < DC_C * DC_BV; e += DC_NT) {
+            int t = e / DC_BV, jx = e % DC_BV;
+            Do[t][jx] = t < n && jb + jx < Dv ? __bfloat162float(Ob[t][jx]) : 0.0f;
+        }
         int md = info[0], fresh = info[1];
         if (rf >= 0 && vj) /* the other runs' dS0, collected in the slot (own elements) */
             for (int i = w; i < Dk; i += 8) dS[i][j] += s.slot[((size_t)(rf % DC_SLOTS) * Hv + h) * SZ + (size_t)i * Dv + jj];
         if (vj)
             for (int i = w; i < Dk; i += 8) dSe[((size_t)c * Hv + h) * SZ + (size_t)i * Dv + jj] = dS[i][j];
-        if (tid < DC_C) Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
+        if (tid < DC_C) {
+            Dec[tid] = tid < n ? expf(Gs[n - 1] - Gs[tid]) : 0.0f;
+            Eg[tid] = expf(Gs[tid]);
+        }
         float gl = expf(Gs[n - 1]), acc[8];
 #pragma unroll
         for (int m = 0; m < 8; m++) acc[m] = 0;
-            /* dδ = P^T dO + K̃ dS: rows t = w + 8m, column j; P's columns T0.. in tiles of 32 */
+        __syncthreads();
+        /* dδ = P^T dO + K̃ dS: rows t = w + 8m, column j (sums over s, then i, in order) */
 #pragma unroll
-        for (int T0 = 0; T0 < DC_C; T0 += DC_TK) {
-            __syncthreads();
-            dc_load_p(X, s, t0, n, h, Hv, T0);
-            __syncthreads();
+        for (int m = 0; m < 8; m++)
+            for (int sx = 0; sx < DC_C; sx++) acc[m] += Ps[sx][w + 8 * m] * Do[sx][j];
+#pragma unroll 4
+        for (int i = 0; i < Dk; i++) {
+            float sv = dS[i][j];
 #pragma unroll
-            for (int m = 0; m < 8; m++)
-                if ((m >> 2) == (T0 >> 5))
-                    for (int sx = 0; sx < DC_C; sx++) acc[m] += X[sx][w + 8 * m - T0] * Do[sx][j];
-        }
-        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
-            __syncthreads();
-            dc_load_tile(X, kn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Dec, 0);
-            __syncthreads();
-            dc_rows_acc(acc, X, dS + i0, w, j);
+            for (int m = 0; m < 8; m++) acc[m] += Dec[w + 8 * m] * Ks[w + 8 * m][i] * sv;
         }
 #pragma unroll
         for (int m = 0; m < 8; m++) Dd[w + 8 * m][j] = w + 8 * m < n && vj ? acc[m] : 0.0f;
-        /* dS0 = γ_{n-1} dS + (γ Q)^T dO - W^T dδ: rows i0 + w + 8q */
-        for (int i0 = 0; i0 < Dk; i0 += DC_TK) {
-            float a4[DC_TK / 8];
-            __syncthreads();
-            dc_load_tile(X, qn + (size_t)kh * Dk, (size_t)Hk * Dk, t0, n, i0, Dk, Gs, 1);
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < DC_TK / 8; q++) a4[q] = dc_col_dot(X, Do, w + 8 * q, j);
-            __syncthreads();
-            dc_load_tile(X, s.W + (size_t)h * Dk, (size_t)Hv * Dk, t0, n, i0, Dk, NULL, 0);
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < DC_TK / 8; q++) {
-                int ii = w + 8 * q;
-                dS[i0 + ii][j] = gl * dS[i0 + ii][j] + (a4[q] - dc_col_dot(X, Dd, ii, j));
-            }
+        __syncthreads(); /* dO's bf16 slice, P and k are read: the next chunk's go in */
+        dc_rev_issue(sm, s, qn, kn, dout, c - 1, h, kh, jb, Hk, Hv, Dk, Dv, true);
+        fa_wait<1>(); /* this chunk's q and W */
+        __syncthreads();
+        /* dS0 = γ_{n-1} dS + (γ Q)^T dO - W^T dδ: rows w + 8q (sums over t in order) */
+        for (int i = w; i < Dk; i += 8) {
+            float a = 0, b = 0;
+#pragma unroll 8
+            for (int t = 0; t < DC_C; t++) a += Eg[t] * Qs[t][i] * Do[t][j];
+#pragma unroll 8
+            for (int t = 0; t < DC_C; t++) b += Ws[t][i] * Dd[t][j];
+            dS[i][j] = gl * dS[i][j] + (a - b);
         }
+        __syncthreads(); /* q and W are read: the next chunk's go in */
+        dc_rev_issue(sm, s, qn, kn, dout, c - 1, h, kh, jb, Hk, Hv, Dk, Dv, false);
         if (md != DC_CONT) { /* dS0 is not the predecessor's: into token p's slot, the carry's ds_in, or dropped (zeros) */
             if (md >= 0 && vj)
                 for (int i = w; i < Dk; i += 8) {
@@ -129,6 +162,7 @@ __global__ void __launch_bounds__(DC_NT) dc_rev_kernel(float *dSe, dc_scratch s,
             for (int i = w; i < DC_DK; i += 8) dS[i][j] = 0;
         }
     }
+    fa_wait<0>();
 }
 
 /* ---------------------------------------------------------------- every chunk's gradients */
@@ -370,7 +404,9 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     CU_CK(c, cudaMemcpyAsync(&nc, s.nc, sizeof nc, cudaMemcpyDeviceToHost, c->stream));
     CU_CK(c, cudaStreamSynchronize(c->stream));
     if (c->failed || nc > cap) return 0;
-    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, 0, c->stream>>>(dSe, s, qn, kn, dout, r, cy, Hk, Hv, Dk, Dv);
+    CU_CK(c, cudaFuncSetAttribute(dc_rev_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dc_rev_bytes()));
+    dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, dc_rev_bytes(), c->stream>>>(dSe, s, qn, kn, dout, r, cy, Hk, Hv,
+                                                                                           Dk, Dv);
     CU_LAUNCHED(c, "dc_rev_kernel");
     size_t bytes = dc_grad_bytes(Dk, Dv);
     CU_CK(c, cudaFuncSetAttribute(dc_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));

@@ -4,8 +4,8 @@
  * q/k: a warp per (token, head) row, q rows then k rows in one grid: the per-head RMSNorm, the
  * gain, then the rotation of the first R dims (angle pos·inv_freq in fp32, cos/sin in double,
  * as the CPU reference). Backward: a warp per row un-rotates dy into shared memory, then the
- * norm's backward; dw sums rows in a fixed order (a block per 32 columns, 8 row lanes summed in
- * order at the end): no atomics, the same bits twice. The gate is elementwise (its backward may
+ * norm's backward; dw sums rows in a fixed order (blocks of 512 rows per 32 columns, then their
+ * parts in order): no atomics, the same bits twice. The gate is elementwise (its backward may
  * run in place: datt == dy). */
 #include "kernels/gated_attn.cuh"
 
@@ -95,16 +95,21 @@ __global__ void ga_qk_bwd_kernel(bf16 *dqg, bf16 *dk0, const bf16 *dq, const bf1
         dx[i] = __float2bfloat16(r * (__bfloat162float(w[i]) * d[i] - __bfloat162float(g.x[i]) * r * mean));
 }
 
-/* dw (D) += Σ_rows un-rotated dy ⊙ x r over NH heads of each token; block (32, 8): columns
- * blockIdx.x·32 + x, row lane y takes rows y, y + 8, ...; the 8 lanes summed in order */
-__global__ void ga_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, const float *rstd, const int *pos, const float *inv_freq,
+/* dw (D) += Σ_rows un-rotated dy ⊙ x r over NH heads of each token, in two passes (the rows are
+ * T·NH, 393,216 for a 9B-class q at T 12,288: one block per 32 columns walking all of them was
+ * most of the gated layer's backward). Pass 1, block (32, 8) of grid (⌈D/32⌉, ⌈rows/GA_DW_RB⌉):
+ * columns blockIdx.x·32 + x over the block's GA_DW_RB rows, row lane y taking rows y, y + 8, ...,
+ * the 8 lanes summed in order into part[blockIdx.y][column]; pass 2 adds the parts in block
+ * order. A fixed order: the same bits twice. */
+enum { GA_DW_RB = 512 };
+__global__ void ga_dw_kernel(float *part, const bf16 *dy, const bf16 *x, const float *rstd, const int *pos, const float *inv_freq,
                              int T, int NH, int D, int R, int xstride) {
     __shared__ float acc[8][32];
     int i = blockIdx.x * 32 + threadIdx.x, half = R / 2;
     float s = 0;
     if (i < D) {
-        long long rows = (long long)T * NH;
-        for (long long row = threadIdx.y; row < rows; row += 8) {
+        long long rows = (long long)T * NH, r0 = (long long)blockIdx.y * GA_DW_RB, r1 = r0 + GA_DW_RB < rows ? r0 + GA_DW_RB : rows;
+        for (long long row = r0 + threadIdx.y; row < r1; row += 8) {
             const bf16 *d = dy + row * D;
             float v;
             if (i < R) {
@@ -124,8 +129,18 @@ __global__ void ga_dw_kernel(float *dw, const bf16 *dy, const bf16 *x, const flo
     if (threadIdx.y == 0 && i < D) {
         float t = 0;
         for (int y = 0; y < 8; y++) t += acc[y][threadIdx.x];
-        dw[i] += t;
+        part[(size_t)blockIdx.y * D + i] = t;
     }
+}
+static void ga_dw(cu_ctx *c, float *dw, const bf16 *dy, const bf16 *x, const float *rstd, const int *pos, const float *inv_freq,
+                  int T, int NH, int D, int R, int xstride) {
+    int nb = (int)(((long long)T * NH + GA_DW_RB - 1) / GA_DW_RB);
+    float *part = (float *)cu_scratch(c, (size_t)nb * D * sizeof(float));
+    if (!part) return;
+    ga_dw_kernel<<<dim3((D + 31) / 32, nb), dim3(32, 8), 0, c->stream>>>(part, dy, x, rstd, pos, inv_freq, T, NH, D, R, xstride);
+    CU_LAUNCHED(c, "ga_dw_kernel");
+    cu_sum_parts_kernel<<<cu_blocks(D, 128), 128, 0, c->stream>>>(dw, part, nb, D);
+    CU_LAUNCHED(c, "cu_sum_parts_kernel");
 }
 
 __global__ void ga_gate_fwd_kernel(bf16 *y, const bf16 *att, const bf16 *qg, long long n, int D) {
@@ -173,11 +188,8 @@ void gated_attn_qk_bwd_cuda(cu_ctx *c, bf16 *dqg, bf16 *dk0, float *dwq, float *
     ga_qk_bwd_kernel<<<cu_blocks(rows * 32, GA_NT), GA_NT, 0, c->stream>>>(dqg, dk0, dq, dk, qg, k0, wq, wk, rstdq, rstdk, pos,
                                                                            inv_freq, T, H, K, D, R);
     CU_LAUNCHED(c, "ga_qk_bwd_kernel");
-    dim3 blk(32, 8), grid((D + 31) / 32);
-    ga_dw_kernel<<<grid, blk, 0, c->stream>>>(dwq, dq, qg, rstdq, pos, inv_freq, T, H, D, R, 2 * D);
-    CU_LAUNCHED(c, "ga_dw_kernel");
-    ga_dw_kernel<<<grid, blk, 0, c->stream>>>(dwk, dk, k0, rstdk, pos, inv_freq, T, K, D, R, D);
-    CU_LAUNCHED(c, "ga_dw_kernel");
+    ga_dw(c, dwq, dq, qg, rstdq, pos, inv_freq, T, H, D, R, 2 * D);
+    ga_dw(c, dwk, dk, k0, rstdk, pos, inv_freq, T, K, D, R, D);
 }
 
 void gated_attn_gate_fwd_cuda(cu_ctx *c, bf16 *y, const bf16 *att, const bf16 *qg, int T, int H, int D) {

@@ -180,6 +180,37 @@ static inline void gc_moe_30b_a3b(model_config *c, int L) {
     for (int l = 0; l < L; l++) c->mlp[l] = MLP_MOE;
     snprintf(c->arch_name, sizeof c->arch_name, "qwen3_moe");
 }
+/* The HF default Qwen3.5 text config (Qwen3.5-9B; transformers' Qwen3_5TextConfig) on L layers of
+ * c (the benchmarks' "qwen3.5-9b"): hidden 4096, MLP 12288, vocabulary 248,320 untied; gated
+ * DeltaNet 16 key / 32 value heads of 128, 4 conv taps; every fourth layer gated attention (the
+ * config's layer_types), 16 query / 4 KV heads of 256, a quarter rotary. d128: the gated layers
+ * run 32 / 8 heads of 128 (the same q, k and v widths and attention FLOPs, on the tensor-core
+ * attention kernels; D 256 takes the SIMT ones). */
+static inline void gc_qwen3_5_9b(model_config *c, int L, int d128) {
+    if (L < 1 || L > 32) gc_die(NULL, "qwen3.5-9b: L in 1..32");
+    *c = (model_config){.arch = ARCH_QWEN3_5,
+                        .L = L,
+                        .C = 4096,
+                        .H = d128 ? 32 : 16,
+                        .K = d128 ? 8 : 4,
+                        .D = d128 ? 128 : 256,
+                        .R = d128 ? 32 : 64,
+                        .F = 12288,
+                        .V = 248320,
+                        .max_pos = 262144,
+                        .eps = 1e-6f,
+                        .rope_theta = 1e7f,
+                        .qk_norm = 1,
+                        .gain1 = 1,
+                        .lin_hk = 16,
+                        .lin_hv = 32,
+                        .lin_dk = 128,
+                        .lin_dv = 128,
+                        .conv_k = 4,
+                        .bos_id = -1};
+    for (int l = 0; l < L; l++) c->attn[l] = l % 4 == 3 ? ATTN_GATED : ATTN_DELTANET;
+    snprintf(c->arch_name, sizeof c->arch_name, "qwen3_5_text");
+}
 /* The expert op's forward (kernels/moe.h) on the device against the CPU's: each slot's gate, up
  * and expert output and the combined out, rel L2 <= 1e-2 each (through bf16 activations). */
 static inline void gc_moe_fwd_rows(eng_backend *g, const char *op, const char *sh, void *const dev[4], const float *const cpu[4],

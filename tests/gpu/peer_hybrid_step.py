@@ -12,6 +12,12 @@
 #        Hopper (bypass_triton_guard): the time is measured, the gradients are not to be trusted
 # Prints ms per layer and pass (median of timed iterations), peak GiB, and the projection to
 # Qwen3.5-9B's 32 layers (24 DeltaNet, 8 gated attention), layers only, as bench_hybrid does.
+# Step mode: python3 peer_hybrid_step.py step [L [P N R [MB]]]  (default 4 4096 16 512 4): one whole
+# GRPO update step (old pass + ref pass + policy fwd/bwd + clip + fused AdamW) of
+# transformers' Qwen3_5ForCausalLM at the HF default text config (Qwen3.5-9B) on L layers (every
+# fourth full attention, as layer_types), random weights, fla's chunk_gated_delta_rule, N sequences
+# [P; R_i] in micro-batches of MB with gradient checkpointing and logits only at the response
+# positions (TRL's form; peer_step.py's hf-std), beside `bench_step qwen3.5-9b-lL P N R`.
 import statistics
 import sys
 
@@ -46,10 +52,8 @@ def bypass_triton_guard():
           "(PEER_FLA_TIMING_ONLY=1): timing only, its dq/dk/dg may be wrong")
 
 
-def main():
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
-
+def patch_fla(mq, model_layers):
+    """Every gated DeltaNet layer of transformers' Qwen3.5 module calls fla's chunked rule (counted)"""
     rule, calls = fla_rule(), [0]
 
     def fla(query, key, value, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
@@ -60,13 +64,108 @@ def main():
                     cu_seqlens=cu_seqlens)
 
     mq.torch_chunk_gated_delta_rule = fla  # the name the layer's forward calls (transformers 5)
+    for l in model_layers:
+        if hasattr(l, "linear_attn") and hasattr(l.linear_attn, "chunk_gated_delta_rule"):
+            l.linear_attn.chunk_gated_delta_rule = fla  # older transformers: an attribute of the layer
+    return calls
+
+
+def step_main(argv):
+    """The whole GRPO update step at Qwen3.5-9B dims on L layers (see the header)"""
+    import time
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
+    L = int(argv[0]) if argv else 4
+    P, N, R = (int(v) for v in argv[1:4]) if len(argv) > 3 else (4096, 16, 512)
+    MB = int(argv[4]) if len(argv) > 4 else 4
+    cfg = Qwen3_5TextConfig(num_hidden_layers=L,
+                            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(L)])
+    cfg._attn_implementation = "sdpa"
+    V = cfg.vocab_size
+    print(f"peer-fla step config: L={L} C={cfg.hidden_size} F={cfg.intermediate_size} V={V} tied={cfg.tie_word_embeddings}"
+          f" lin heads {cfg.linear_num_key_heads}/{cfg.linear_num_value_heads} attn H={cfg.num_attention_heads}"
+          f" K={cfg.num_key_value_heads} D={cfg.head_dim}; P={P} N={N} R={R} MB={MB}; torch {torch.__version__}", flush=True)
+
+    def build():
+        torch.manual_seed(0)
+        with torch.device(dev):
+            m = mq.Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        m.config.use_cache = False
+        return m
+
+    t00 = time.time()
+    model, ref = build(), build().eval()
+    for p_ in ref.parameters():
+        p_.requires_grad_(False)
+    calls = patch_fla(mq, list(model.model.layers) + list(ref.model.layers))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    g = torch.Generator(device=dev).manual_seed(1)
+    prompt = torch.randint(0, 150000, (P,), device=dev, generator=g)
+    resp = torch.randint(0, 150000, (N, R), device=dev, generator=g)
+    adv = torch.randn(N, device=dev, generator=g)
+    seqs = torch.cat([prompt[None].expand(N, P), resp], 1)
+
+    def lps(m, s):
+        logits = m(input_ids=s, logits_to_keep=R + 1).logits[:, :-1].float()
+        return torch.gather(logits, 2, s[:, P:, None]).squeeze(2) - torch.logsumexp(logits, 2)
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t = time.time()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, time.time() - t
+
+    def one():
+        t = {}
+        with torch.no_grad():
+            old, t["old"] = timed(lambda: torch.cat([lps(model, seqs[i:i + MB]) for i in range(0, N, MB)]))
+            _, t["ref"] = timed(lambda: torch.cat([lps(ref, seqs[i:i + MB]) for i in range(0, N, MB)]))
+
+        def pol():
+            for i in range(0, N, MB):
+                ratio = torch.exp(lps(model, seqs[i:i + MB]) - old[i:i + MB])
+                a = adv[i:i + MB, None]
+                (-torch.min(ratio * a, ratio.clamp(0.8, 1.28) * a).mean() * MB / N).backward()
+        _, t["policy"] = timed(pol)
+
+        def optim():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _, t["optim"] = timed(optim)
+        return t
+
+    print(f"peer-fla step: models built in {time.time() - t00:.1f} s", flush=True)
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        t0 = time.time()
+        w = one()  # warm-up: Triton compiles and autotunes fla's kernels here
+        print(f"peer-fla step warm-up {time.time() - t0:.1f} s (Triton compile + autotune; old {w['old']:.1f} s, ref "
+              f"{w['ref']:.1f}, policy {w['policy']:.1f})", flush=True)
+        res = [one() for _ in range(3)]
+    except torch.OutOfMemoryError:
+        print(f"peer-fla step L={L} P={P} N={N} R={R}: out of memory")
+        return
+    med = {k: statistics.median(r[k] for r in res) for k in res[0]}
+    print(f"peer-fla step qwen3.5-9b-l{L} P={P} N={N} R={R} N(P+R)={N * (P + R)}: total {sum(med.values()) * 1e3:.0f} ms  "
+          + "  ".join(f"{k} {v * 1e3:.0f}" for k, v in med.items())
+          + f"  peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB; fla calls {calls[0]}", flush=True)
+
+
+def main():
+    if sys.argv[1:2] == ["step"]:
+        return step_main(sys.argv[2:])
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+
     cfg = Qwen3_5TextConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"], vocab_size=256)
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     layers = [mq.Qwen3_5DecoderLayer(cfg, i).to(dev, torch.bfloat16) for i in range(2)]
-    for l in layers:
-        if hasattr(l, "linear_attn") and hasattr(l.linear_attn, "chunk_gated_delta_rule"):
-            l.linear_attn.chunk_gated_delta_rule = fla  # older transformers: an attribute of the layer
+    calls = patch_fla(mq, layers)
     rot = mq.Qwen3_5TextRotaryEmbedding(cfg).to(dev)
     C = cfg.hidden_size
     print(f"peer config: C={C} F={cfg.intermediate_size} lin heads {cfg.linear_num_key_heads}/{cfg.linear_num_value_heads}"

@@ -16,6 +16,8 @@
  *     cut at other tokens);
  *   - two controls that must exceed the tolerance (the check can fail): the responses started from
  *     zeros instead of the carry's state, and the prompt's backward without ds_out.
+ * DN_DUMP=path writes the chunked whole group's o, du, da, db, dA_log and dt_bias grads there (raw
+ * floats, in that order): two builds of the kernels compared with cmp (the same bits or not).
  * Usage: bench_dn_rule [P N R [M]]   (default 4096 16 512 4) */
 #include <algorithm>
 #include <math.h>
@@ -218,6 +220,12 @@ int main(int argc, char **argv) {
                tf[REPS / 2], tb[REPS / 2], REPS);
     }
     check("chunked vs recurrent (whole)", shape, whole[0], whole[1], 1e-2, 0);
+    if (getenv("DN_DUMP")) {
+        FILE *f = fopen(getenv("DN_DUMP"), "wb");
+        for (const std::vector<float> *v : {&whole[0].o, &whole[0].du, &whole[0].da, &whole[0].db, &whole[0].dal, &whole[0].ddt})
+            if (!f || fwrite(v->data(), 4, v->size(), f) != v->size()) die(&c, "DN_DUMP");
+        fclose(f);
+    }
 
     /* the split schedule: prompt, M micro-batches of responses, their backwards, the prompt's */
     size_t SZ = (size_t)HV * DK * DV;

@@ -18,27 +18,9 @@
 enum { REPS = 5 };
 
 static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
-    model_config c = {.arch = ARCH_QWEN3_5,
-                      .L = 2,
-                      .C = 4096,
-                      .H = 32,
-                      .K = 8,
-                      .D = 128,
-                      .R = 32,
-                      .F = 12288,
-                      .V = 256,
-                      .max_pos = 262144,
-                      .eps = 1e-6f,
-                      .rope_theta = 1e7f,
-                      .qk_norm = 1,
-                      .gain1 = 1,
-                      .lin_hk = 16,
-                      .lin_hv = 32,
-                      .lin_dk = 128,
-                      .lin_dv = 128,
-                      .conv_k = 4,
-                      .bos_id = -1};
-    snprintf(c.arch_name, sizeof c.arch_name, "qwen3_5_text");
+    model_config c;
+    gc_qwen3_5_9b(&c, 2, 1); /* the V of a layer-only run does not matter: no embedding or lm head */
+    c.V = 256;
     c.attn[0] = ATTN_DELTANET;
     c.attn[1] = ATTN_GATED;
     bench_layer_run r;

@@ -10,7 +10,11 @@
  * 30b-a3b[-lL]: Qwen3-30B-A3B dims (48 layers, or L), untied head, 128 experts top-8: the floor
  * counts the non-expert weights and the experts a step is expected to touch when G·N rows each
  * pick 8 of 128 uniformly (E (1 - (1 - k/E)^rows) per layer; random weights route near uniformly).
- * Usage: bench_rollout [0.6b|1.7b|30b-a3b[-lL]] [G P N new]
+ * qwen3.5-9b[-d128][-lL]: the HF default Qwen3.5 text config (gc_qwen3_5_9b, 32 layers or L): the
+ * floor counts the weights but the embedding table (untied: a step reads G·N of its rows), the
+ * gated layers' KV (K 4 x D 256) and each response's fp32 recurrent state in every DeltaNet layer,
+ * read and written (Hv·Dk·Dv·4 B twice a row a layer; the conv tails are a few KB).
+ * Usage: bench_rollout [0.6b|1.7b|30b-a3b[-lL]|qwen3.5-9b[-d128][-lL]] [G P N new]
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
  *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
@@ -186,6 +190,12 @@ int main(int argc, char **argv) {
         gc_moe_30b_a3b(&c, L);
         c.tied = 0;
     }
+    int hyb = !strncmp(size, "qwen3.5-9b", 10);
+    if (hyb) {
+        const char *l = strstr(size, "-l");
+        gc_qwen3_5_9b(&c, l ? atoi(l + 2) : 32, strstr(size, "-d128") != NULL);
+        L = c.L;
+    }
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     if (argc > 2 && !strcmp(argv[2], "graphs")) return graph_check(&c);
     double bw = copy_bw();
@@ -242,6 +252,12 @@ int main(int argc, char **argv) {
                G * N, touched, c.E);
     }
     double kvbytes = 2.0 * L * c.K * c.D * 2 * ((double)G * P + (double)G * N * NEW / 2);
+    if (hyb) {
+        int lin = 0;
+        for (int l = 0; l < L; l++) lin += c.attn[l] == ATTN_DELTANET;
+        wbytes -= 2.0 * c.V * c.C;
+        kvbytes = kvbytes * (L - lin) / L + 2.0 * lin * G * N * ((double)c.lin_hv * c.lin_dk * c.lin_dv * 4);
+    }
     double floor_ms = (wbytes + kvbytes) / bw * 1e3, floor3 = (wbytes + kvbytes) / 3.0e12 * 1e3;
     printf("grpod-cuda rollout %s G=%d P=%d N=%d new=%d (%s): prefill %.1f ms, decode %.2f ms/step "
            "(median; mean %.2f over %d steps), total %.0f ms, %.0f tok/s (decode only %.0f tok/s), "

@@ -10,14 +10,17 @@
  * activations taking what is left (layers recomputed as model_acts_init_budget picks). 8b is
  * Qwen3-8B's dims (36 layers, 4096, 32/8 heads, 12288, untied), random weights made here.
  * 30b-a3b[-lL] is Qwen3-30B-A3B's dims on L layers (4 by default; untied; 128 experts top-8, FLOPs
- * counted on the active parameters).
+ * counted on the active parameters). qwen3.5-9b[-d128][-lL] is the HF default Qwen3.5 text config
+ * (Qwen3.5-9B) on L layers (4 by default), every fourth a gated attention layer, the rest gated
+ * DeltaNet (layer_types' 3:1); -d128 gives the gated layers H 32, K 8, D 128 (the q, k, v widths
+ * and attention FLOPs of H 16, K 4, D 256, on the tensor-core attention kernels); no FLOP line.
  * TURNS=t1,t2,.. makes each response turns of those lengths (R their sum) and SHARE=s1,s2,.. says
  * how many responses share each turn (turn k of response i is shared by the responses i / s_k
  * picks: 8,2,1,1 = turn 1 shared by all eight, turn 2 by pairs, turns 3-4 each its own); LAYOUT=
  * tree (the trie once, engine/model/pack.h PACK_TREE), trunk (the turns all share, once: PACK_PACKED)
  * or flat (P + NR: the same lengths, each response's first id its own, so nothing is shared past
  * the prompt). The FLOP count is the flat form's in every layout (the work the step stands for).
- * Usage: bench_step [0.6b|1.7b|4b|8b|30b-a3b[-lL]] [P N R] */
+ * Usage: bench_step [0.6b|1.7b|4b|8b|30b-a3b[-lL]|qwen3.5-9b[-d128][-lL]] [P N R] */
 #include <cuda_runtime_api.h>
 #include <time.h>
 
@@ -86,6 +89,12 @@ int main(int argc, char **argv) {
     if (moe) {
         gc_moe_30b_a3b(&c, L);
         C = c.C, H = c.H, K = c.K;
+    }
+    int hyb = !strncmp(size, "qwen3.5-9b", 10);
+    if (hyb) {
+        const char *l = strstr(size, "-l");
+        gc_qwen3_5_9b(&c, l ? atoi(l + 2) : 4, strstr(size, "-d128") != NULL);
+        C = c.C, H = c.H, K = c.K, L = c.L;
     }
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
@@ -267,10 +276,12 @@ int main(int argc, char **argv) {
            "%.2fx; optim %.0f ms = host AdamW %.0f + waiting for copies %.0f + clip/tail %.0f; host RSS %.1f GiB (peak %.1f)\n",
            size, offload ? "offloaded" : "on device", a.n_ckpt, L, comp * 1e3, tot / comp, med[3] * 1e3, med[4] * 1e3,
            med[5] * 1e3, (med[3] - med[4] - med[5]) * 1e3, rss, hwm);
-    printf("grpod-cuda %s: %.0f packed tokens/s per pass-set; useful %.0f TFLOP -> %.0f TFLOP/s (%.0f%% of 793)\n", size,
-           b.T / tot, flops / 1e12, flops / tot / 1e12, flops / tot / 793e12 * 100);
+    if (hyb) printf("grpod-cuda %s: %.0f packed tokens/s per pass-set\n", size, b.T / tot);
+    else
+        printf("grpod-cuda %s: %.0f packed tokens/s per pass-set; useful %.0f TFLOP -> %.0f TFLOP/s (%.0f%% of 793)\n", size,
+               b.T / tot, flops / 1e12, flops / tot / 1e12, flops / tot / 793e12 * 100);
     /* where the time goes: one layer's attention forward and backward on this batch */
-    {
+    if (!hyb) {
         int T = b.T;
         struct model_layer_acts *A = &a.l[0];
         attn_ranges rg = {0};
