@@ -2,15 +2,19 @@
 # make deps: install the Debian and Python packages grpod's build and tests need.
 # Idempotent: does nothing when everything is present. tools/deps.sh --test adds what only the
 # tests need.
-set -eu
+set -euf # -f: no globbing (pip specs hold brackets)
 debs="libmicrohttpd-dev libjson-c-dev libuv1-dev libsqlite3-dev libpcre2-dev pkg-config curl clang libclang-rt-14-dev systemd"
 pips="tokenizers pytest requests numpy"
 # --test (make test, make deps, make sanitize; not make run): chromium, the dashboard test's
 # headless browser (tests/integration/test_dashboard.py), libomp-14-dev (OpenMP for clang, which
-# builds make sanitize's variants) and the official openai client (test_openai.py)
+# builds make sanitize's variants), the official openai client (test_openai.py) and
+# lm-evaluation-harness with its API extra (test_lm_eval.py: its OpenAI models need no torch;
+# about 1 min and 0.6 GB on a fresh machine).
+# A pip entry is MODULES=SPEC where the import names differ from the package's (MODULES: what
+# must import, comma-separated), else one name for both.
 if [ "${1:-}" = --test ]; then
   debs="$debs chromium libomp-14-dev"
-  pips="$pips openai"
+  pips="$pips openai lm_eval.models.openai_completions,tenacity=lm-eval[api]==0.4.13"
 fi
 missing=""
 for p in $debs; do
@@ -24,7 +28,7 @@ if [ -n "$missing" ]; then
 fi
 pmissing=""
 for p in $pips; do
-  python3 -c "import $p" 2>/dev/null || pmissing="$pmissing $p"
+  python3 -c "import ${p%%=*}" 2>/dev/null || pmissing="$pmissing ${p#*=}"
 done
 if [ -n "$pmissing" ]; then
   echo "deps: installing Python packages:$pmissing"

@@ -5,9 +5,9 @@
 # must be the ones computed directly: acc from /v1/logprobs of each choice, is_greedy from
 # /v1/logprobs' most likely token at each position, exact_match from greedy /v1/completions.
 #
-# lm-eval pulls torch and is not among make deps' packages: the test runs where `import lm_eval`
-# works, in this Python or in the one GRPOD_LM_EVAL_PYTHON names (a venv of it), and skips
-# elsewhere.
+# lm-eval with its API extra (no torch) is among make test's packages (tools/deps.sh --test): the
+# test runs where `import lm_eval` works, in this Python or in the one GRPOD_LM_EVAL_PYTHON names
+# (a venv of it), and skips elsewhere (a bare pytest run without make deps).
 import glob
 import json
 import os
