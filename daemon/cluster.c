@@ -29,9 +29,11 @@ typedef enum { PH_WAITING, PH_FORMED, PH_LOST } phase;
 
 /* One response of a streamed part as the follower last posted it. */
 typedef struct {
-    int group, resp, n;
+    int group, resp, n, k;
     int *tok;
     float *lp;
+    int *top_ids; /* (n, k) with k > 0, else NULL */
+    float *top_lps;
 } cprog;
 
 /* A rollout part on a follower's rank (ranks_remote.part_add): handed out once by `next`, its
@@ -114,7 +116,7 @@ int cluster_open(const cluster_config *c, cluster **out) {
 }
 
 static void prog_free(cprog *g, int n) {
-    for (int i = 0; i < n; i++) free(g[i].tok), free(g[i].lp);
+    for (int i = 0; i < n; i++) free(g[i].tok), free(g[i].lp), free(g[i].top_ids), free(g[i].top_lps);
     free(g);
 }
 
@@ -430,8 +432,9 @@ static void part_peek(void *ud, long long id, ranks_peek_cb fn, void *fn_ud) {
         pthread_cond_broadcast(&cl->cv);
     }
     for (int i = 0; p && i < p->n_prog; i++) {
-        eng_response x = {.tokens = p->prog[i].tok, .logprobs = p->prog[i].lp, .n_tokens = p->prog[i].n};
-        if (x.n_tokens > 0) fn(fn_ud, p->prog[i].group, p->prog[i].resp, &x, 0);
+        const cprog *g = &p->prog[i];
+        eng_response x = {.tokens = g->tok, .logprobs = g->lp, .n_tokens = g->n, .top_ids = g->top_ids, .top_lps = g->top_lps};
+        if (x.n_tokens > 0) fn(fn_ud, g->group, g->resp, &x, g->k);
     }
     pthread_mutex_unlock(&cl->mu);
 }
@@ -480,8 +483,37 @@ static char *parts_json(cluster *cl, const follower *f) {
     return buf;
 }
 
+/* Response x's "top_ids" and "top_logprobs" ((nt, k) arrays of arrays, as jobs.c writes them
+ * with sampling.top_logprobs k) into r, flat: 0, also when x has none or nt is 0; -1 when they do
+ * not parse or memory ran out. */
+static int part_tops(json_object *x, int nt, eng_response *r) {
+    json_object *ti = field_get(x, "top_ids"), *tl = field_get(x, "top_logprobs");
+    if ((!ti && !tl) || !nt) return 0; /* none, or [] for no tokens */
+    if (!json_object_is_type(ti, json_type_array) || !json_object_is_type(tl, json_type_array) ||
+        (int)json_object_array_length(ti) != nt || (int)json_object_array_length(tl) != nt)
+        return -1;
+    json_object *r0 = json_object_array_get_idx(ti, 0);
+    int k = json_object_is_type(r0, json_type_array) ? (int)json_object_array_length(r0) : 0;
+    if (k < 1 || k > ENG_TOP_MAX) return -1;
+    r->top_ids = malloc(sizeof(int) * (size_t)nt * k);
+    r->top_lps = malloc(sizeof(float) * (size_t)nt * k);
+    if (!r->top_ids || !r->top_lps) return -1;
+    for (int q = 0; q < nt; q++) {
+        json_object *a = json_object_array_get_idx(ti, (size_t)q), *b = json_object_array_get_idx(tl, (size_t)q);
+        if (!json_object_is_type(a, json_type_array) || !json_object_is_type(b, json_type_array) ||
+            (int)json_object_array_length(a) != k || (int)json_object_array_length(b) != k)
+            return -1;
+        for (int c = 0; c < k; c++) {
+            r->top_ids[(size_t)q * k + c] = json_object_get_int(json_object_array_get_idx(a, (size_t)c));
+            r->top_lps[(size_t)q * k + c] = (float)json_object_get_double(json_object_array_get_idx(b, (size_t)c));
+        }
+    }
+    return 0;
+}
+
 /* A part's groups from the follower's rollout result ({"groups": [{"responses": [{"token_ids",
- * "logprobs", "text", "finish_reason"}]}]}, as jobs.c writes it) into out[n]. */
+ * "logprobs", "top_ids"?, "top_logprobs"?, "text", "finish_reason"}]}]}, as jobs.c writes it)
+ * into out[n]. */
 static int part_groups(json_object *res, eng_group_result *out, int n) {
     int rc = 0;
     json_object *gs = field_get(res, "groups");
@@ -511,6 +543,10 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
                 r->logprobs[q] = (float)json_object_get_double(json_object_array_get_idx(l, (size_t)q));
             }
             r->n_tokens = nt;
+            if (part_tops(x, nt, r)) {
+                rc = err_set(GE_FORMAT, "rollout part: group %d response %d: top_ids and top_logprobs not (%d, k) alike", i, k, nt);
+                goto fail;
+            }
             if (tl) memcpy(r->text, json_object_get_string(tx), tl);
             r->text[tl] = 0;
             r->text_len = tl;
@@ -531,28 +567,43 @@ static int done_code(json_object *b) {
     return rc > 0 || rc <= -GE_COUNT_ ? GE_INTERNAL : (int)rc;
 }
 
+/* Entry e's array at i of n numbers into *out (n > 0, malloc'd; ints or floats): 0, or -1 when it
+ * is not such an array or memory ran out. */
+static int prog_array(json_object *e, int i, size_t n, int floats, void **out) {
+    json_object *a = json_object_array_get_idx(e, (size_t)i);
+    if (!json_object_is_type(a, json_type_array) || json_object_array_length(a) != n) return -1;
+    int *ip = floats ? NULL : malloc(sizeof *ip * n);
+    float *fp = floats ? malloc(sizeof *fp * n) : NULL;
+    if (!ip && !fp) return -1;
+    for (size_t q = 0; q < n; q++) {
+        json_object *v = json_object_array_get_idx(a, q);
+        if (fp) fp[q] = (float)json_object_get_double(v);
+        else ip[q] = json_object_get_int(v);
+    }
+    *out = fp ? (void *)fp : (void *)ip;
+    return 0;
+}
+
 /* POST /v1/cluster/done {"part", "rc", "msg", "result"} (b parsed, mu not held): the groups are
  * read before the lock, then moved into the part's out unless it was released meanwhile. */
-/* done {"part", "progress": [[group, response, [token ids], [logprobs]], ...]}: a streamed
- * part's responses so far (each with all its tokens), kept for part_peek. */
+/* done {"part", "progress": [[group, response, [token ids], [logprobs], k?, [top ids]?, [top
+ * logprobs]?], ...]} (daemon/follow.c progress_put): a streamed part's responses so far (each
+ * with all its tokens), kept for part_peek; an entry that does not parse counts no tokens. */
 static int part_progress(cluster *cl, long long fid, long long id, json_object *pg, char **out) {
     int n = json_object_is_type(pg, json_type_array) ? (int)json_object_array_length(pg) : 0;
     cprog *g = calloc((size_t)(n ? n : 1), sizeof *g);
     for (int i = 0; g && i < n; i++) {
-        json_object *e = json_object_array_get_idx(pg, (size_t)i), *t = json_object_array_get_idx(e, 2),
-                    *l = json_object_array_get_idx(e, 3);
-        int nt = json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : 0;
-        if (!json_object_is_type(l, json_type_array) || (int)json_object_array_length(l) != nt) nt = 0;
+        json_object *e = json_object_array_get_idx(pg, (size_t)i), *t = json_object_array_get_idx(e, 2);
+        size_t nt = json_object_is_type(t, json_type_array) ? json_object_array_length(t) : 0;
+        int k = json_object_get_int(json_object_array_get_idx(e, 4));
         g[i].group = json_object_get_int(json_object_array_get_idx(e, 0));
         g[i].resp = json_object_get_int(json_object_array_get_idx(e, 1));
-        g[i].tok = malloc(sizeof(int) * (size_t)(nt ? nt : 1));
-        g[i].lp = malloc(sizeof(float) * (size_t)(nt ? nt : 1));
-        if (!g[i].tok || !g[i].lp) nt = 0;
-        for (int q = 0; q < nt; q++) {
-            g[i].tok[q] = json_object_get_int(json_object_array_get_idx(t, (size_t)q));
-            g[i].lp[q] = (float)json_object_get_double(json_object_array_get_idx(l, (size_t)q));
-        }
-        g[i].n = nt;
+        if (!nt || k < 0 || k > ENG_TOP_MAX || prog_array(e, 2, nt, 0, (void **)&g[i].tok) ||
+            prog_array(e, 3, nt, 1, (void **)&g[i].lp) ||
+            (k && (prog_array(e, 5, nt * k, 0, (void **)&g[i].top_ids) || prog_array(e, 6, nt * k, 1, (void **)&g[i].top_lps))))
+            continue; /* n stays 0: part_peek skips it */
+        g[i].n = (int)nt;
+        g[i].k = k;
     }
     pthread_mutex_lock(&cl->mu);
     cpart *p = part_find(cl, id, NULL);

@@ -403,7 +403,8 @@ static void post_part(epoch *ep, long long id, int rc, const char *result) {
 }
 
 /* A streamed part's responses so far as done {"part", "progress": [[group, response, [token
- * ids], [logprobs]], ...]} (jobs_rollout_peek: those with tokens, each whole). */
+ * ids], [logprobs], k, [top ids], [top logprobs]], ...]} (jobs_rollout_peek: those with tokens,
+ * each whole; the last three with sampling.top_logprobs k > 0: (n, k) each, row by row). */
 typedef struct {
     FILE *m;
     int n;
@@ -411,11 +412,17 @@ typedef struct {
 } progress_ctx;
 static void progress_put(void *ud, int group, int resp, const eng_response *x, int k) {
     progress_ctx *c = ud;
-    (void)k; /* the alternatives come with the result */
     fprintf(c->m, "%s[%d,%d,[", c->n++ ? "," : "", group, resp);
     for (int i = 0; i < x->n_tokens; i++) fprintf(c->m, i ? ",%d" : "%d", x->tokens[i]);
     fputs("],[", c->m);
     for (int i = 0; i < x->n_tokens; i++) fprintf(c->m, i ? ",%.9g" : "%.9g", (double)x->logprobs[i]);
+    if (k && x->top_ids) {
+        size_t m = (size_t)x->n_tokens * k;
+        fprintf(c->m, "],%d,[", k);
+        for (size_t i = 0; i < m; i++) fprintf(c->m, i ? ",%d" : "%d", x->top_ids[i]);
+        fputs("],[", c->m);
+        for (size_t i = 0; i < m; i++) fprintf(c->m, i ? ",%.9g" : "%.9g", (double)x->top_lps[i]);
+    }
     fputs("]]", c->m);
     c->tokens += x->n_tokens;
 }

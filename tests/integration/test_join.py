@@ -260,23 +260,28 @@ def test_stream_from_follower(make_daemon, tmp_path):
     """A streamed completion whose groups are placed on both ranks: the follower's share streams
     too — once the reply taps the job the leader asks the follower (in `next`) to post its part's
     tokens as it samples them, and the reply hands them out as rank 0's — so each choice's text
-    comes in several chunks, and the chunks add up to the non-streamed reply (same seed)."""
+    comes in several chunks, and the chunks add up to the non-streamed reply (same seed), the
+    logprobs' top_logprobs included (the follower posts each token's alternatives with it)."""
     L = leader(make_daemon, tmp_path / "leader")
     F = follower(tmp_path, "f1", L.url)
     try:
         L.wait_ready()
         body = {"prompt": ["Once upon a time", "The weather"], "max_tokens": 400, "ignore_eos": True, "seed": 3,
-                "temperature": 1.0}
+                "temperature": 1.0, "logprobs": 3}
         whole = L.post("/v1/completions", body)
         assert whole.status_code == 200, whole.text
         r = requests.post(L.url + "/v1/completions", json=dict(body, stream=True), stream=True, timeout=120)
-        pieces = {0: [], 1: []}
+        pieces, tops = {0: [], 1: []}, {0: [], 1: []}
         for line in r.iter_lines():
             if line.startswith(b"data: {"):
                 for ch in json.loads(line[6:])["choices"]:
                     if ch["text"]:
                         pieces[ch["index"]].append(ch["text"])
+                        tops[ch["index"]] += ch["logprobs"]["top_logprobs"]
         assert [c["text"] for c in whole.json()["choices"]] == ["".join(pieces[0]), "".join(pieces[1])]
+        # the non-streamed reply's alternatives come from a logprobs job over the prompt and the
+        # completion; the stream's from the follower's sampler, as it sampled
+        assert [c["logprobs"]["top_logprobs"] for c in whole.json()["choices"]] == [tops[0], tops[1]]
         assert len(re.findall(r'"part_done".*"code":"ok"', F.stderr())) >= 2, F.stderr()[-3000:]  # one share each
         # more than the one final chunk a follower's share came in before; how many more depends on
         # the machine's speed (2 on a busy one), so no more is asked
