@@ -34,6 +34,10 @@ def jinja_render(messages, tools, bos):
     jinja2 = pytest.importorskip("jinja2")
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # as HF's apply_chat_template
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+
+    def raise_exception(msg):  # as HF's: the template refuses what Meta's template refuses
+        raise ValueError(msg)
+    env.globals["raise_exception"] = raise_exception
     kw = {"messages": messages, "bos_token": bos or "", "add_generation_prompt": True}
     if tools is not None:
         kw["tools"] = tools
@@ -52,9 +56,15 @@ def test_rendered_as_the_template(llama):
     ref[2] = {"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
     assert rendered(d, {"messages": msgs, "tools": [WEATHER, NOOP]}) == jinja_render(ref, [WEATHER, NOOP], d.bos)
     assert rendered(d, {"messages": ASK}) == jinja_render(ASK, None, d.bos)
-    two = dict(msgs[2], tool_calls=msgs[2]["tool_calls"] * 2)  # the template renders one call per turn
-    r = d.post("/tokenize", {"messages": msgs[:2] + [two], "tools": [WEATHER]})
-    assert r.status_code == 400, r.text
+    # what the template (as Meta's) refuses, grpod refuses: two calls in one assistant turn, and
+    # tools with no user message to carry them
+    two = dict(msgs[2], tool_calls=msgs[2]["tool_calls"] * 2)
+    ref_two = dict(ref[2], tool_calls=ref[2]["tool_calls"] * 2)
+    for sent, ref_sent in ((msgs[:2] + [two], ref[:2] + [ref_two]), (msgs[:1], ref[:1])):
+        with pytest.raises(ValueError):
+            jinja_render(ref_sent, [WEATHER], d.bos)
+        r = d.post("/tokenize", {"messages": sent, "tools": [WEATHER]})
+        assert r.status_code == 400, r.text
 
 
 def stream_calls(client, **kw):
