@@ -47,6 +47,7 @@ typedef struct cpart {
     char msg[512];
     eng_group_result *out;
     int n;
+    int top; /* the request's sampling.top_logprobs: what a response's rows must hold (0: none) */
     /* a tapped part (part_peek): 1 until `next` asks the follower to stream it, then 2; its
      * responses so far as the follower last posted them (done {"part", "progress"}) */
     int stream;
@@ -369,7 +370,7 @@ static cpart *part_find(cluster *cl, long long id, cpart ***link) {
     return NULL;
 }
 
-static int part_add(void *ud, int rank, const char *desc, eng_group_result *out, int n, long long *id) {
+static int part_add(void *ud, int rank, const char *desc, int top, eng_group_result *out, int n, long long *id) {
     cluster *cl = ud;
     pthread_mutex_lock(&cl->mu);
     int rc = 0;
@@ -390,6 +391,7 @@ static int part_add(void *ud, int rank, const char *desc, eng_group_result *out,
     p->rank = rank - f->base;
     p->out = out;
     p->n = n;
+    p->top = top;
     p->next = cl->parts;
     cl->parts = p;
     pthread_cond_broadcast(&cl->cv);
@@ -486,7 +488,7 @@ static char *parts_json(cluster *cl, const follower *f) {
 /* Response x's "top_ids" and "top_logprobs" ((nt, k) arrays of arrays, as jobs.c writes them
  * with sampling.top_logprobs k) into r, flat: 0, also when x has none or nt is 0; -1 when they do
  * not parse or memory ran out. */
-static int part_tops(json_object *x, int nt, eng_response *r) {
+static int part_tops(json_object *x, int nt, int top, eng_response *r) {
     json_object *ti = field_get(x, "top_ids"), *tl = field_get(x, "top_logprobs");
     if ((!ti && !tl) || !nt) return 0; /* none, or [] for no tokens */
     if (!json_object_is_type(ti, json_type_array) || !json_object_is_type(tl, json_type_array) ||
@@ -494,7 +496,7 @@ static int part_tops(json_object *x, int nt, eng_response *r) {
         return -1;
     json_object *r0 = json_object_array_get_idx(ti, 0);
     int k = json_object_is_type(r0, json_type_array) ? (int)json_object_array_length(r0) : 0;
-    if (k < 1 || k > ENG_TOP_MAX) return -1;
+    if (k != top) return -1; /* the job's readers take the request's count */
     r->top_ids = malloc(sizeof(int) * (size_t)nt * k);
     r->top_lps = malloc(sizeof(float) * (size_t)nt * k);
     if (!r->top_ids || !r->top_lps) return -1;
@@ -514,7 +516,7 @@ static int part_tops(json_object *x, int nt, eng_response *r) {
 /* A part's groups from the follower's rollout result ({"groups": [{"responses": [{"token_ids",
  * "logprobs", "top_ids"?, "top_logprobs"?, "text", "finish_reason"}]}]}, as jobs.c writes it)
  * into out[n]. */
-static int part_groups(json_object *res, eng_group_result *out, int n) {
+static int part_groups(json_object *res, int top, eng_group_result *out, int n) {
     int rc = 0;
     json_object *gs = field_get(res, "groups");
     if (!gs || !json_object_is_type(gs, json_type_array) || (int)json_object_array_length(gs) != n)
@@ -543,8 +545,8 @@ static int part_groups(json_object *res, eng_group_result *out, int n) {
                 r->logprobs[q] = (float)json_object_get_double(json_object_array_get_idx(l, (size_t)q));
             }
             r->n_tokens = nt;
-            if (part_tops(x, nt, r)) {
-                rc = err_set(GE_FORMAT, "rollout part: group %d response %d: top_ids and top_logprobs not (%d, k) alike", i, k, nt);
+            if (part_tops(x, nt, top, r)) {
+                rc = err_set(GE_FORMAT, "rollout part: group %d response %d: top_ids and top_logprobs not (%d, %d)", i, k, nt, top);
                 goto fail;
             }
             if (tl) memcpy(r->text, json_object_get_string(tx), tl);
@@ -609,7 +611,8 @@ static int part_progress(cluster *cl, long long fid, long long id, json_object *
     cpart *p = part_find(cl, id, NULL);
     int taken = g && p && p->follower == fid && !p->cancel && !p->state;
     for (int i = 0; taken && i < n; i++)
-        if (g[i].group < 0 || g[i].group >= p->n || g[i].resp < 0) taken = 0; /* not this part's */
+        if (g[i].group < 0 || g[i].group >= p->n || g[i].resp < 0 || (g[i].k && g[i].k != p->top))
+            taken = 0; /* not this part's */
     if (taken) {
         prog_free(p->prog, p->n_prog);
         p->prog = g, p->n_prog = n;
@@ -625,16 +628,16 @@ static int part_done(cluster *cl, long long fid, json_object *b, char **out) {
     json_object *pg = field_get(b, "progress");
     if (pg) return part_progress(cl, fid, id, pg, out);
     int rc = done_code(b);
-    int n = 0;
+    int n = 0, top = 0;
     pthread_mutex_lock(&cl->mu);
     cpart *p = part_find(cl, id, NULL);
-    if (p && p->follower == fid && !p->cancel && !p->state) n = p->n;
+    if (p && p->follower == fid && !p->cancel && !p->state) n = p->n, top = p->top;
     pthread_mutex_unlock(&cl->mu);
     if (!n) return reply(out, 200, "{\"status\":\"ignored\"}"); /* released, or not this follower's */
     eng_group_result *g = calloc((size_t)n, sizeof *g);
     char msg[400] = "out of memory";
     if (!g) rc = GE_NOMEM;
-    else if (!rc && (rc = part_groups(field_get(b, "result"), g, n))) snprintf(msg, sizeof msg, "%s", err_msg());
+    else if (!rc && (rc = part_groups(field_get(b, "result"), top, g, n))) snprintf(msg, sizeof msg, "%s", err_msg());
     else if (rc) snprintf(msg, sizeof msg, "%s", field_str(b, "msg", ""));
     pthread_mutex_lock(&cl->mu);
     p = part_find(cl, id, NULL);

@@ -615,7 +615,7 @@ int ranks_add(ranks *rk, int r, const eng_rollout_group *g, int n, const eng_sam
     if (!j) return err_set(GE_NOMEM, "ranks: out of memory");
     *j = (ranks_job){.rank = r, .rows = rows, .g = g, .n = n, .sp = sp, .out = out};
     if (r >= rk->W) {
-        int rc = rk->remote.part_add(rk->remote.ud, r, desc, out, n, &j->remote_id);
+        int rc = rk->remote.part_add(rk->remote.ud, r, desc, sp->top_logprobs, out, n, &j->remote_id);
         if (rc) {
             free(j);
             return rc;

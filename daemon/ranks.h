@@ -105,7 +105,7 @@ typedef void (*ranks_peek_cb)(void *ud, int group, int resp, const eng_response 
 typedef struct {
     int (*post)(void *ud, const char *call, long long *seq);
     int (*wait)(void *ud, long long seq, char *msg, size_t n);
-    int (*part_add)(void *ud, int rank, const char *desc, eng_group_result *out, int n, long long *id);
+    int (*part_add)(void *ud, int rank, const char *desc, int top, eng_group_result *out, int n, long long *id);
     int (*part_state)(void *ud, long long id, char *msg, size_t n);
     void (*part_release)(void *ud, long long id);
     void (*part_peek)(void *ud, long long id, ranks_peek_cb fn, void *fn_ud);
