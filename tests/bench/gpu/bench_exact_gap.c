@@ -73,7 +73,10 @@ static eng *random_engine(int big, int tiny, int train) {
     model_views_make(&e->m, e->w_act, (int)ab, &e->wv);
     if (train) {
         model_views_make(&e->m, e->ref_act, (int)ab, &e->rv);
-        if (snap_alloc(e, tiny ? SNAP_HOST : SNAP_DEVICE)) gc_die(be, "safety copy");
+        /* the safety copy eng_update_undo restores: on the device, else pinned host memory */
+        if (tiny ? snap_alloc(e, SNAP_HOST) : snap_alloc(e, SNAP_DEVICE) && snap_alloc(e, SNAP_PINNED))
+            gc_die(be, "safety copy");
+        printf("safety copy: %s\n", snap_where_name(e->snap.where));
     }
     snprintf(e->model_dir, sizeof e->model_dir, big ? "random-8b" : "random-1.7b");
     return e;
