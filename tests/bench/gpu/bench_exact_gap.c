@@ -259,6 +259,7 @@ static void update_rows(eng *e, const batch *b, const char *dims, int exact) {
                "%.0f ms (old %.0f ref %.0f policy %.0f optimizer %.0f), grad norm %.17g, loss %.17g\n",
                dims, exact, UG, u[k].tokens_packed, u[k].optimizer_steps, k ? "from the rollout" : "recomputed", u[k].ms_total,
                u[k].ms_old, u[k].ms_ref, u[k].ms_policy, u[k].ms_optimizer, u[k].grad_norm, u[k].loss);
+        fflush(stdout);
     }
     printf("exact-gap %s exact=%d: update, old pass skipped / recomputed: %.0f / %.0f ms (%.2fx); after each: master "
            "%lld of %zu differ (max |d| %.3e), AdamW m %lld differ (max |d| %.3e)\n",
