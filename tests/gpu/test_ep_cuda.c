@@ -155,6 +155,7 @@ static int probe(eng *e, float *out) {
 typedef struct {
     int tok[RMAX];
     float lp[RMAX];
+    unsigned char at[RMAX][3]; /* group, response, token index of each entry */
     int n;
 } roll;
 static int rollout(eng *e, roll *r) {
@@ -169,6 +170,7 @@ static int rollout(eng *e, roll *r) {
         for (int q = 0; q < out[i].n; q++)
             for (int t = 0; t < out[i].resp[q].n_tokens && r->n < RMAX; t++) {
                 r->tok[r->n] = out[i].resp[q].tokens[t];
+                r->at[r->n][0] = (unsigned char)i, r->at[r->n][1] = (unsigned char)q, r->at[r->n][2] = (unsigned char)t;
                 r->lp[r->n++] = out[i].resp[q].logprobs[t];
             }
         eng_group_result_free(&out[i]);
@@ -181,6 +183,31 @@ static double roll_diff(const roll *a, const roll *b) {
     long long d = 0;
     for (int i = 0; i < a->n; i++) d += a->tok[i] != b->tok[i] || memcmp(&a->lp[i], &b->lp[i], 4) != 0;
     return (double)d;
+}
+
+/* where a and b differ, printed when they do: the first entry's group, response and token, the
+ * tokens that differ, the entries with equal tokens and other logprob bits, and the largest
+ * logprob difference among those (a rounding-sized one is another sum order, a large one other
+ * inputs) */
+static void roll_where(const char *what, const roll *a, const roll *b) {
+    if (roll_diff(a, b) == 0) return;
+    if (a->n != b->n) {
+        printf("%s: %d vs %d entries\n", what, a->n, b->n);
+        return;
+    }
+    int first = -1, ntok = 0, nlp = 0, g0 = 0;
+    double mx = 0;
+    for (int i = 0; i < a->n; i++) {
+        int dt = a->tok[i] != b->tok[i], dl = !dt && memcmp(&a->lp[i], &b->lp[i], 4) != 0;
+        if ((dt || dl) && first < 0) first = i;
+        if ((dt || dl) && a->at[i][2] == 0) g0++;
+        ntok += dt;
+        nlp += dl;
+        if (dl) mx = fmax(mx, fabs((double)a->lp[i] - b->lp[i]));
+    }
+    printf("%s: first difference at group %d response %d token %d; %d tokens differ, %d logprobs alone (max |d| %.3e); "
+           "%d of the differing are first tokens\n",
+           what, a->at[first][0], a->at[first][1], a->at[first][2], ntok, nlp, mx, g0);
 }
 
 /* ---------------------------------------------------------------- one engine's run */
@@ -219,6 +246,7 @@ static void *run_main(void *p) {
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
+    if (j->bar && getenv("EP_OPEN_BARRIER")) pthread_barrier_wait(j->bar); /* diagnosis: no open overlaps a rollout */
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
     if (j->bar) pthread_barrier_wait(j->bar);
     for (int q = 0; j->bar && q < j->world; q++) { /* one rank at a time */
@@ -464,8 +492,11 @@ static void staged_rows(const run_job *ref, int ep, int train) {
         snprintf(row, sizeof row, "%s: decode weights", what);
         gc_row(row, ep ? "decode copy vs the weights without EP; differing" : "vs one engine; differing", (double)dw, 0);
         snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        roll_where(row, &j[q].rs, &ref->r0);
         gc_row(row, ep ? "one rank at a time, decode copy vs no EP; differing" : "one at a time vs one engine; differing",
                roll_diff(&j[q].rs, &ref->r0), 0);
+        snprintf(row, sizeof row, "%s: rollouts both at once", what);
+        roll_where(row, &j[q].r0, &ref->r0);
         if (!train) { /* `rollouts`: two engines decoding together on one GPU, as a row */
             snprintf(row, sizeof row, "%s: rollouts both at once", what);
             gc_row(row, "two engines decoding together on one GPU vs one; differing", roll_diff(&j[q].r0, &ref->r0), 0);
@@ -585,9 +616,13 @@ int main(int argc, char **argv) {
     make_model();
     make_inputs();
     if (argc > 1 && !strcmp(argv[1], "rollouts")) { /* the rollout rows alone, no update */
-        run_job one = {0};
+        run_job one = {0}, two = {0};
         run_main(&one);
         if (one.rc) gc_die(NULL, "reference");
+        run_main(&two); /* the control: one engine alone again */
+        roll_where("one engine alone, twice", &two.r0, &one.r0);
+        gc_row("one engine alone, twice: rollouts", "second vs first; differing", two.rc ? NAN : roll_diff(&two.r0, &one.r0), 0);
+        run_free(&two);
         staged_rows(&one, 0, 0);
         staged_rows(&one, 1, 0);
         run_free(&one);
