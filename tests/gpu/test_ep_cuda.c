@@ -225,6 +225,7 @@ typedef struct {
     roll r0, r1; /* before and after the updates */
     roll rs; /* with a barrier: a rollout before the updates, the other ranks idle meanwhile */
     float *dw; /* the weights rollouts decode with (n_whole), after the open */
+    long long dw_moved; /* of them, read again after the rollouts before the updates: differing (-1: not read) */
     float lp0[NPROBE];
     int n_lp;
     eng_update_result u[NSTEP];
@@ -255,6 +256,13 @@ static void *run_main(void *p) {
         if (q == j->rank && !j->rc) j->rc = rollout(j->e, &j->rs);
         pthread_barrier_wait(j->bar);
     }
+    j->dw_moved = -1;
+    float *again = j->dw && !j->rc ? calloc((size_t)n_whole, 4) : NULL;
+    if (again && !(j->rc = eng_testing_dec_weights(j->e, again))) { /* did a rollout write into the weights? */
+        j->dw_moved = 0;
+        for (long long i = 0; i < n_whole; i++) j->dw_moved += memcmp(&again[i], &j->dw[i], 4) != 0;
+    }
+    free(again);
     if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
     for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
     if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
@@ -493,6 +501,8 @@ static void staged_rows(const run_job *ref, int ep, int train) {
         for (long long i = 0; i < n_whole; i++) dw += memcmp(&j[q].dw[i], &ref->dw[i], 4) != 0;
         snprintf(row, sizeof row, "%s: decode weights", what);
         gc_row(row, ep ? "decode copy vs the weights without EP; differing" : "vs one engine; differing", (double)dw, 0);
+        snprintf(row, sizeof row, "%s: decode weights after rollouts", what);
+        gc_row(row, "read again after the rollouts vs after the open; differing", (double)j[q].dw_moved, 0);
         snprintf(row, sizeof row, "%s: rollouts before the update", what);
         roll_where(row, &j[q].rs, &ref->r0);
         gc_row(row, ep ? "one rank at a time, decode copy vs no EP; differing" : "one at a time vs one engine; differing",
