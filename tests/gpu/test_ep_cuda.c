@@ -221,6 +221,7 @@ typedef struct {
     const char *resume;
     int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
     pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
+    int poison; /* fill the memory the KV pool will take with NaN before the first rollout */
     eng *e;
     roll r0, r1; /* before and after the updates */
     roll rs; /* with a barrier: a rollout before the updates, the other ranks idle meanwhile */
@@ -233,6 +234,28 @@ typedef struct {
     int rc;
     char msg[256];
 } run_job;
+
+/* The KV pool's budget (the memory plan's) allocated, filled with 0xff bytes (bf16 NaN) and freed
+ * again, so that the rollout's pool most likely lands on it: rows no step wrote then hold NaN
+ * unless the scheduler zeroed them (model_kv_clean_to), as memory an update or another engine
+ * of the process freed can. */
+static void poison_kv(eng *e) {
+    eng_info inf;
+    eng_get_info(e, &inf);
+    size_t fr = 0, tot = 0, n = (size_t)inf.plan.kv_bytes;
+    cudaMemGetInfo(&fr, &tot);
+    if (n < fr / 8) n = fr / 8; /* the pool's budget as the scheduler takes it (rollout.c pool_budget) */
+    if (n > fr / 10 * 9) n = fr / 10 * 9;
+    void *p = NULL;
+    if (cudaMalloc(&p, n) != cudaSuccess) {
+        cudaGetLastError();
+        printf("poison: no room for %zu MiB\n", n >> 20);
+        return;
+    }
+    cudaMemset(p, 0xff, n);
+    cudaDeviceSynchronize();
+    cudaFree(p);
+}
 
 static void *run_main(void *p) {
     run_job *j = p;
@@ -252,6 +275,7 @@ static void *run_main(void *p) {
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
     if (j->bar && getenv("EP_OPEN_BARRIER")) pthread_barrier_wait(j->bar); /* diagnosis: no open overlaps a rollout */
+    if (!j->rc && j->poison) poison_kv(j->e);
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
     if (j->bar) pthread_barrier_wait(j->bar);
     for (int q = 0; j->bar && q < j->world; q++) { /* one rank at a time */
@@ -349,6 +373,17 @@ static void w1_rows(const run_job *ref, const float *w0) {
                (double)(roll_diff(&x.r1, &x.r0) == 0), 0);
     }
     run_free(&y);
+    run_free(&x);
+}
+
+/* One engine whose rollout's KV pool lands on memory filled with NaN: its rollouts equal the
+ * reference's (the scheduler zeroes every row before a step can load it). */
+static void poison_rows(const run_job *ref) {
+    run_job x = {.poison = 1};
+    run_main(&x);
+    if (x.rc) printf("poisoned engine: %s\n", x.msg);
+    roll_where("KV pool on NaN-filled memory", &x.r0, &ref->r0);
+    gc_row("rollouts, KV pool on NaN-filled memory", "vs one engine; differing", x.rc ? NAN : roll_diff(&x.r0, &ref->r0), 0);
     run_free(&x);
 }
 
@@ -824,6 +859,7 @@ int main(int argc, char **argv) {
         roll_where("one engine alone, twice", &two.r0, &one.r0);
         gc_row("one engine alone, twice: rollouts", "second vs first; differing", two.rc ? NAN : roll_diff(&two.r0, &one.r0), 0);
         run_free(&two);
+        poison_rows(&one);
         staged_rows(&one, 0, 0);
         staged_rows(&one, 1, 0);
         run_free(&one);
@@ -845,6 +881,7 @@ int main(int argc, char **argv) {
         printf("engine without EP: %s\n", ref.msg);
         gc_die(NULL, "reference");
     }
+    poison_rows(&ref);
     if (!getenv("EP_ONLY_STAGED")) w1_rows(&ref, w0); /* diagnosis: the staged rows without the NCCL engines before */
     staged_rows(&ref, 1, 1);
     w2_rows(&ref);
