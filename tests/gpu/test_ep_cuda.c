@@ -27,10 +27,12 @@
  *       before the update, run one rank at a time, bit-equal to the engine without EP. The
  *       ranks' first rollouts run at once on the one GPU (two engines of one process decoding
  *       together, which no deployment does: one rank a GPU) and are printed beside them, not
- *       a row: the session-18 suite saw 110 tokens of rank 1's differ there, with the same
- *       weights and the same groups in the same rows, and none with GRPOD_TUNE_GRAPHS=0;
- *       `test_ep_cuda rollouts` runs those comparisons as rows, with two engines without EP at
- *       once beside them (is it expert parallelism or two engines on one GPU?);
+ *       a row (`test_ep_cuda rollouts` makes them rows, with two engines without EP beside).
+ *       They differed now and then (105-110 tokens) until the scheduler zeroed the KV rows it
+ *       hands out (model_kv_clean_to): a rollout's pool on memory freed by the engines before
+ *       held NaN in rows the attention tiles load and weight by 0;
+ *   (d) one engine whose rollout's KV pool lands on memory filled with NaN (poison_kv): its
+ *       rollouts equal the reference's;
  *   (b) W = 2, one rank a GPU on threads, when two GPUs are visible (one line saying it skipped
  *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
  *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
