@@ -1,6 +1,6 @@
 #!/bin/bash
-# tests/gpu/ep_multi.sh — expert parallelism's multi-GPU figures (issue 38's Must show) on the GPUs
-# of one host, from the repository root: `OUT=dir bash tests/gpu/ep_multi.sh`.
+# tests/gpu/ep_multi.sh — expert parallelism's multi-GPU figures (step time, tokens/s/GPU, MFU,
+# device peak) on the GPUs of one host, from the repository root: `OUT=dir bash tests/gpu/ep_multi.sh`.
 #
 # Engine (build/gpu/test_ep_cuda scale W L V G P N R NEW; one engine a GPU on its own thread,
 # one NCCL comm; random weights at Qwen3-30B-A3B's dims, every layer MoE, V 151936):
