@@ -276,7 +276,6 @@ static void *run_main(void *p) {
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
-    if (j->bar && getenv("EP_OPEN_BARRIER")) pthread_barrier_wait(j->bar); /* diagnosis: no open overlaps a rollout */
     if (!j->rc && j->poison) poison_kv(j->e);
     if (!j->rc) j->rc = rollout(j->e, &j->r0);
     if (j->bar) pthread_barrier_wait(j->bar);
@@ -884,7 +883,7 @@ int main(int argc, char **argv) {
         gc_die(NULL, "reference");
     }
     poison_rows(&ref);
-    if (!getenv("EP_ONLY_STAGED")) w1_rows(&ref, w0); /* diagnosis: the staged rows without the NCCL engines before */
+    w1_rows(&ref, w0);
     staged_rows(&ref, 1, 1);
     w2_rows(&ref);
     run_free(&ref);
