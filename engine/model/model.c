@@ -752,6 +752,19 @@ void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n) {
     }
 }
 
+void model_kv_clean_to(const model *m, model_kv *kv, int end) {
+    const model_config *c = &m->cfg;
+    size_t row = (size_t)c->K * c->D * (size_t)m->be->act_bytes;
+    if (end > kv->cap_S) end = kv->cap_S;
+    if (end <= kv->clean) return;
+    for (int l = 0; l < c->L; l++) {
+        if (!kv->k[l]) continue;
+        m->be->zero(m->be, (char *)kv->k[l] + row * (size_t)kv->clean, row * (size_t)(end - kv->clean));
+        m->be->zero(m->be, (char *)kv->v[l] + row * (size_t)kv->clean, row * (size_t)(end - kv->clean));
+    }
+    kv->clean = end;
+}
+
 void model_kv_free(const model *m, model_kv *kv) {
     if (kv->mem) m->be->free(m->be, kv->mem);
     if (kv->st_mem) m->be->free(m->be, kv->st_mem);

@@ -258,6 +258,7 @@ void model_acts_free(const model *m, model_acts *a);
  * per sequence its recurrent state and conv tail (kernels/deltanet_decode.h), fp32. */
 struct model_kv {
     int cap_S;
+    int clean; /* rows [0, clean) hold zeros or written keys and values (model_kv_clean_to) */
     void *mem; /* one backend allocation */
     void **k, **v; /* (L) each (S,K,D), NULL in DeltaNet layers */
     int cap_st; /* state rows (0: none) */
@@ -293,6 +294,11 @@ void model_kv_state_set(const model *m, model_kv *kv, int dst, int src);
 /* Rows [src, src + n) of every layer's keys and values copied to [dst, dst + n) (not overlapping),
  * queued on the backend like an op. */
 void model_kv_copy_rows(const model *m, model_kv *kv, int dst, int src, int n);
+/* Zeroes rows [kv->clean, end) of every layer's keys and values (queued like an op) and moves
+ * kv->clean to end; nothing when end <= clean. A caller hands out rows below kv->clean only: the
+ * attention kernels load whole tiles of keys, rows no query of the tile attends to included, and
+ * weight those by 0; a never-written row is whatever the memory held before (0 x NaN = NaN). */
+void model_kv_clean_to(const model *m, model_kv *kv, int end);
 
 /* One forward input: T tokens with positions, key ranges and (with a KV cache) the cache
  * slot each token's k/v is written to; ranges then index cache rows. Host arrays: they are

@@ -8,7 +8,9 @@
  * Memory: one whole act-typed model per rank (61 GB in bf16 at Qwen3-30B-A3B, on the device
  * with cuda), beside this rank's experts. In the idle fp32 gradient buffer it would cost nothing
  * at W <= 2, but with it there cuda's rollouts after an update differed from the checkpoint's
- * without EP (test_ep_cuda W=1: 118 tokens; the cpu's were equal); the cause is not found. */
+ * without EP (test_ep_cuda W=1: 118 tokens; the cpu's were equal). Likely the KV pool's
+ * never-written rows (NaN on recycled memory, zeroed since by model_kv_clean_to), whose place
+ * the copy's own buffer moved; not tried again on a GPU. */
 #include "common/err.h"
 #include "engine/engine_internal.h"
 #include "engine/model/moe_ep.h"

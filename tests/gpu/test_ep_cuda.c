@@ -24,18 +24,20 @@
  *       the device buffers; NCCL refuses two ranks on one device): each rank's loss and grad norm
  *       against the engine without EP within 1e-2, logprobs mean |d| <= 1e-2; each rank's decode
  *       copy (gathered across the ranks) bit-equal to the weights without EP, and its rollouts
- *       before the update, run one rank at a time, bit-equal to the engine without EP. The
- *       ranks' first rollouts run at once on the one GPU (two engines of one process decoding
- *       together, which no deployment does: one rank a GPU) and are printed beside them, not
- *       a row: the session-18 suite saw 110 tokens of rank 1's differ there, with the same
- *       weights and the same groups in the same rows, and none with GRPOD_TUNE_GRAPHS=0;
- *       `test_ep_cuda rollouts` runs those comparisons as rows, with two engines without EP at
- *       once beside them (is it expert parallelism or two engines on one GPU?);
+ *       before the update, run one rank at a time, bit-equal to the engine without EP, and
+ *       their first rollouts, both ranks decoding at once on the one GPU, bit-equal too. Those
+ *       first rollouts differed (105 tokens, in every whole run of two helper calls) until the
+ *       scheduler zeroed the KV rows it hands out (model_kv_clean_to): their pools lay on the
+ *       memory the W = 1 engines freed, and rows the attention tiles load and weight by 0 held
+ *       NaN there. `test_ep_cuda rollouts` runs the rollout rows alone, with two engines without
+ *       EP beside them;
  *   (b) W = 2, one rank a GPU on threads, when two GPUs are visible (one line saying it skipped
  *       otherwise: NCCL refuses two ranks on one device; EP_SAME_GPU=1 tries them on GPU 0 and
  *       says whether NCCL opened): each rank's loss and grad norm against the one-GPU engine
  *       without EP within 1e-2, its rollouts before the update bit-equal.
  * With the argument "bench": the EP path's cost on one GPU at 30B-A3B layer dims (see bench_one).
+ * With "scale W L ...": EP over W GPUs at Qwen3-30B-A3B dims on L layers (see scale_run;
+ * tests/gpu/ep_multi.sh runs it).
  * With "rollouts": the rollout rows of (c) alone, and the same with two engines without EP.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
@@ -155,6 +157,7 @@ static int probe(eng *e, float *out) {
 typedef struct {
     int tok[RMAX];
     float lp[RMAX];
+    unsigned char at[RMAX][3]; /* group, response, token index of each entry */
     int n;
 } roll;
 static int rollout(eng *e, roll *r) {
@@ -169,6 +172,7 @@ static int rollout(eng *e, roll *r) {
         for (int q = 0; q < out[i].n; q++)
             for (int t = 0; t < out[i].resp[q].n_tokens && r->n < RMAX; t++) {
                 r->tok[r->n] = out[i].resp[q].tokens[t];
+                r->at[r->n][0] = (unsigned char)i, r->at[r->n][1] = (unsigned char)q, r->at[r->n][2] = (unsigned char)t;
                 r->lp[r->n++] = out[i].resp[q].logprobs[t];
             }
         eng_group_result_free(&out[i]);
@@ -181,6 +185,31 @@ static double roll_diff(const roll *a, const roll *b) {
     long long d = 0;
     for (int i = 0; i < a->n; i++) d += a->tok[i] != b->tok[i] || memcmp(&a->lp[i], &b->lp[i], 4) != 0;
     return (double)d;
+}
+
+/* where a and b differ, printed when they do: the first entry's group, response and token, the
+ * tokens that differ, the entries with equal tokens and other logprob bits, and the largest
+ * logprob difference among those (a rounding-sized one is another sum order, a large one other
+ * inputs) */
+static void roll_where(const char *what, const roll *a, const roll *b) {
+    if (roll_diff(a, b) == 0) return;
+    if (a->n != b->n) {
+        printf("%s: %d vs %d entries\n", what, a->n, b->n);
+        return;
+    }
+    int first = -1, ntok = 0, nlp = 0, g0 = 0;
+    double mx = 0;
+    for (int i = 0; i < a->n; i++) {
+        int dt = a->tok[i] != b->tok[i], dl = !dt && memcmp(&a->lp[i], &b->lp[i], 4) != 0;
+        if ((dt || dl) && first < 0) first = i;
+        if ((dt || dl) && a->at[i][2] == 0) g0++;
+        ntok += dt;
+        nlp += dl;
+        if (dl) mx = fmax(mx, fabs((double)a->lp[i] - b->lp[i]));
+    }
+    printf("%s: first difference at group %d response %d token %d; %d tokens differ, %d logprobs alone (max |d| %.3e); "
+           "%d of the differing are first tokens\n",
+           what, a->at[first][0], a->at[first][1], a->at[first][2], ntok, nlp, mx, g0);
 }
 
 /* ---------------------------------------------------------------- one engine's run */
@@ -196,6 +225,7 @@ typedef struct {
     roll r0, r1; /* before and after the updates */
     roll rs; /* with a barrier: a rollout before the updates, the other ranks idle meanwhile */
     float *dw; /* the weights rollouts decode with (n_whole), after the open */
+    long long dw_moved; /* of them, read again after the rollouts before the updates: differing (-1: not read) */
     float lp0[NPROBE];
     int n_lp;
     eng_update_result u[NSTEP];
@@ -215,7 +245,9 @@ static void *run_main(void *p) {
                        .world = j->world,
                        .expert_parallel = j->id || j->c,
                        .resume_dir = j->resume,
-                       .nccl_cancel = j->cancel};
+                       .nccl_cancel = j->cancel,
+                       .optimizer_offload = "off"}; /* not the plan's: a GPU shared with other programs
+                                                      * would move it to the host, which EP refuses */
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
@@ -225,6 +257,13 @@ static void *run_main(void *p) {
         if (q == j->rank && !j->rc) j->rc = rollout(j->e, &j->rs);
         pthread_barrier_wait(j->bar);
     }
+    j->dw_moved = -1;
+    float *again = j->dw && !j->rc ? calloc((size_t)n_whole, 4) : NULL;
+    if (again && !(j->rc = eng_testing_dec_weights(j->e, again))) { /* did a rollout write into the weights? */
+        j->dw_moved = 0;
+        for (long long i = 0; i < n_whole; i++) j->dw_moved += memcmp(&again[i], &j->dw[i], 4) != 0;
+    }
+    free(again);
     if (!j->rc && j->train) j->rc = (j->n_lp = probe(j->e, j->lp0)) < 0;
     for (int s = 0; s < NSTEP && !j->rc && j->train; s++) j->rc = update(j->e, &j->u[s]);
     if (!j->rc && j->train) j->rc = rollout(j->e, &j->r1);
@@ -463,16 +502,16 @@ static void staged_rows(const run_job *ref, int ep, int train) {
         for (long long i = 0; i < n_whole; i++) dw += memcmp(&j[q].dw[i], &ref->dw[i], 4) != 0;
         snprintf(row, sizeof row, "%s: decode weights", what);
         gc_row(row, ep ? "decode copy vs the weights without EP; differing" : "vs one engine; differing", (double)dw, 0);
+        snprintf(row, sizeof row, "%s: decode weights after rollouts", what);
+        gc_row(row, "read again after the rollouts vs after the open; differing", (double)j[q].dw_moved, 0);
         snprintf(row, sizeof row, "%s: rollouts before the update", what);
+        roll_where(row, &j[q].rs, &ref->r0);
         gc_row(row, ep ? "one rank at a time, decode copy vs no EP; differing" : "one at a time vs one engine; differing",
                roll_diff(&j[q].rs, &ref->r0), 0);
-        if (!train) { /* `rollouts`: two engines decoding together on one GPU, as a row */
-            snprintf(row, sizeof row, "%s: rollouts both at once", what);
-            gc_row(row, "two engines decoding together on one GPU vs one; differing", roll_diff(&j[q].r0, &ref->r0), 0);
-            continue;
-        }
-        printf("%s: rollouts with both ranks decoding at once on the GPU: %.0f differing from no EP\n", what,
-               roll_diff(&j[q].r0, &ref->r0));
+        snprintf(row, sizeof row, "%s: rollouts both at once", what);
+        roll_where(row, &j[q].r0, &ref->r0);
+        gc_row(row, "two engines decoding together on one GPU vs one; differing", roll_diff(&j[q].r0, &ref->r0), 0);
+        if (!train) continue;
         snprintf(row, sizeof row, "%s: loss and grad_norm", what);
         gc_row(row, "2 updates vs no EP (staged cpu comm)", update_diff(&j[q], ref, what), LOSS_TOL);
         double mean = 0;
@@ -574,7 +613,194 @@ static void bench_one(int ep) {
     eng_close(e);
 }
 
+
+/* ---------------------------------------------------------------- scale */
+
+/* `test_ep_cuda scale W L [V G P N R NEW]`: expert parallelism over W GPUs of this host (one
+ * engine a GPU on its own thread, one NCCL comm; W = 1 also runs the engine without EP) on a
+ * random model of Qwen3-30B-A3B's dims with L MoE layers (every layer MoE, vocabulary V,
+ * default 151936, untied). Each rank makes the same update of G groups [P; N x R] (GRPO, kl 0.001
+ * to the reference pass, one optimizer step, the memory plan's micro-batches) and decodes its
+ * share of G groups x N x NEW tokens (temperature 1). Step 0 warms up; the median of steps 1..3
+ * of the slowest rank is reported: update and rollout time, packed tokens/s/GPU (P + NR) and
+ * N(P + R) tokens/s/GPU, MFU on the active parameters (old + reference forward and the policy's
+ * forward + backward = 5 forward passes over the packed tokens, attention included, against
+ * 989 TFLOP/s bf16 dense a GPU), and the most device memory in use on any rank. One SCALE| line
+ * a configuration; figures only, no rows. tests/gpu/ep_multi.sh runs it over W = 1, 2, 4. */
+#define SMODEL "/tmp/grpod_gpu_ep_scale"
+enum { SREPS = 4 };
+static int sW = 1, sL = 2, sV = 151936, sG = 8, sP = 1024, sN = 16, sR = 512, sNEW = 64;
+static int **sprompt, *sRv;
+static const int **sresp;
+static float *sreward;
+static model_config scfg;
+
+static void scale_model(void) {
+    model_config c;
+    if (config_load(FIX, &c)) gc_die(NULL, "fixture config");
+    c.L = sL, c.V = sV, c.max_pos = 40960, c.tied = 0, c.aux_coef = 0.001f;
+    gc_moe_30b_a3b(&c, sL);
+    double t0 = gc_now();
+    long long n = write_model(&c, SMODEL, 0.02f, 77, 1);
+    printf("scale model: %.2fB parameters (%d MoE layers at Qwen3-30B-A3B dims, V %d), written in %.0f s\n", n / 1e9, sL, sV,
+           gc_now() - t0);
+    scfg = c;
+    unsigned long long sd = 5;
+    sprompt = malloc((size_t)sG * sizeof *sprompt);
+    sresp = malloc((size_t)sG * sN * sizeof *sresp);
+    sRv = malloc((size_t)sG * sN * sizeof *sRv);
+    sreward = malloc((size_t)sG * sN * sizeof *sreward);
+    for (int i = 0; i < sG; i++) {
+        gc_random_ids(sprompt[i] = malloc((size_t)sP * 4), sP, &sd);
+        for (int r = 0; r < sN; r++) {
+            int *x = malloc((size_t)sR * 4);
+            gc_random_ids(x, sR, &sd);
+            sresp[i * sN + r] = x;
+            sRv[i * sN + r] = sR;
+            sreward[i * sN + r] = check_randf(&sd, 0.5f) + 0.5f;
+        }
+    }
+}
+
+typedef struct {
+    const unsigned char *id; /* NULL: the engine without EP (W = 1) */
+    int rank, W;
+    pthread_barrier_t *bar;
+    int *stop; /* shared: set by a rank that failed; the others end at the next barrier */
+    double tu[SREPS], tr[SREPS], peak;
+    int rc;
+    char msg[256];
+} scale_job;
+
+static double mem_in_use(void) {
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return (double)(tot - fr);
+}
+
+static void *scale_main(void *p) {
+    scale_job *j = p;
+    eng_open_opts o = {.model_dir = SMODEL,
+                       .backend = "cuda",
+                       .device = j->rank,
+                       .nccl_id = j->id,
+                       .rank = j->rank,
+                       .world = j->W,
+                       .expert_parallel = j->id != NULL,
+                       .snapshot = "none",
+                       .nccl_cancel = j->stop};
+    eng *e = NULL;
+    if ((j->rc = eng_open(&o, &e))) __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+    eng_update_group *g = calloc((size_t)sG, sizeof *g);
+    eng_rollout_group *rg = calloc((size_t)sG, sizeof *rg);
+    eng_group_result *out = calloc((size_t)sG, sizeof *out);
+    int *gi = calloc((size_t)sG, sizeof *gi), *at = calloc((size_t)sG, sizeof *at), nr = 0;
+    long long *kv = calloc((size_t)sG, sizeof *kv);
+    for (int i = 0; i < sG; i++) {
+        g[i] = (eng_update_group){.prompt = sprompt[i], .P = sP, .n = sN, .resp = sresp + i * sN, .R = sRv + i * sN, .reward = sreward + i * sN};
+        kv[i] = sP + (long long)sN * sNEW;
+    }
+    eng_place_groups(kv, sG, j->W, at); /* this rank's rollouts: its share, each with its request index */
+    for (int i = 0; i < sG; i++)
+        if (at[i] == j->rank) gi[nr] = i, rg[nr++] = (eng_rollout_group){sprompt[i], sP, sN};
+    loss_config a;
+    eng_optim opt;
+    loss_config_default(&a);
+    eng_optim_default(&opt);
+    a.adv = ADV_GRPO;
+    a.kl_coef = 0.001f;
+    opt.lr = 1e-5f;
+    eng_info inf = {0};
+    if (e) eng_get_info(e, &inf);
+    long long mbt = sP + (long long)sN * sR; /* a group in one micro-batch (EP does not split groups) */
+    if (inf.plan.micro_batch_tokens > mbt) mbt = inf.plan.micro_batch_tokens;
+    for (int k = 0; k < SREPS; k++) {
+        pthread_barrier_wait(j->bar); /* every rank meets here each step, a failed one too */
+        if (__atomic_load_n(j->stop, __ATOMIC_ACQUIRE)) break;
+        double t0 = gc_now();
+        eng_update_result u;
+        eng_sampling sp;
+        fixed_sampling(&sp, 1.0f, sNEW, 3);
+        sp.group_index = gi;
+        if (!(j->rc = eng_update(e, g, sG, &a, &opt, mbt, &u, NULL, NULL))) {
+            j->tu[k] = gc_now() - t0;
+            j->peak = fmax(j->peak, mem_in_use());
+            t0 = gc_now();
+            j->rc = eng_rollout(e, rg, nr, &sp, out, NULL, NULL);
+        }
+        if (j->rc) {
+            snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+            __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+            continue;
+        }
+        j->tr[k] = gc_now() - t0;
+        j->peak = fmax(j->peak, mem_in_use());
+        for (int i = 0; i < nr; i++) eng_group_result_free(&out[i]);
+    }
+    if (j->rc && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+    if (e) eng_close(e);
+    free(g), free(rg), free(out), free(gi), free(at), free(kv);
+    return NULL;
+}
+
+/* forward FLOPs of G groups on the active parameters, attention included (bench_step's count) */
+static double scale_fwd_flops(void) {
+    const model_config *c = &scfg;
+    double hd = (double)c->H * c->D, mlp = 3.0 * c->C * c->Fm * c->top_k + (double)c->C * c->E;
+    double lay = (double)c->C * hd * 2 + 2.0 * c->C * c->K * c->D + mlp;
+    double att = 2.0 * sP * sP * hd + 4.0 * sN * sR * (sP + sR / 2.0) * hd;
+    return sG * (2 * lay * c->L * (sP + (double)sN * sR) + 2.0 * c->C * c->V * sN * sR + c->L * att);
+}
+
+static void scale_run(int W, int ep) {
+    unsigned char id[128];
+    if (ep && comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)W);
+    int stop = 0;
+    scale_job *j = calloc((size_t)W, sizeof *j);
+    for (int q = 0; q < W; q++) j[q] = (scale_job){.id = ep ? id : NULL, .rank = q, .W = W, .bar = &bar, .stop = &stop};
+    gc_threads(scale_main, j, sizeof *j, W);
+    double tu[SREPS - 1], tr[SREPS - 1], peak = 0;
+    int bad = 0;
+    for (int k = 1; k < SREPS; k++) {
+        tu[k - 1] = tr[k - 1] = 0;
+        for (int q = 0; q < W; q++) tu[k - 1] = fmax(tu[k - 1], j[q].tu[k]), tr[k - 1] = fmax(tr[k - 1], j[q].tr[k]);
+    }
+    for (int q = 0; q < W; q++) {
+        peak = fmax(peak, j[q].peak);
+        if (j[q].rc || stop) printf("scale W=%d rank %d: %s\n", W, q, j[q].msg), bad = 1;
+    }
+    const char *what = ep ? "EP" : "no EP";
+    if (bad) {
+        printf("SCALE|%s W=%d L=%d|P %d N %d R %d G %d|failed\n", what, W, sL, sP, sN, sR, sG);
+    } else {
+        double u = bench_median(tu, SREPS - 1), r = bench_median(tr, SREPS - 1);
+        double packed = (double)sG * (sP + (double)sN * sR), full = (double)sG * sN * (sP + sR);
+        printf("SCALE|%s W=%d L=%d|P %d N %d R %d G %d|update %.1f ms|%.0f P+NR tok/s/GPU|%.0f N(P+R) tok/s/GPU|MFU %.1f%%|"
+               "rollout %.1f ms (%.0f tok/s/GPU)|peak %.1f GiB\n",
+               what, W, sL, sP, sN, sR, sG, 1e3 * u, packed / u / W, full / u / W, 100 * 5 * scale_fwd_flops() / u / W / 989e12,
+               1e3 * r, (double)sG * sN * sNEW / r / W, peak / (1 << 30));
+    }
+    fflush(stdout);
+    pthread_barrier_destroy(&bar);
+    free(j);
+}
+
+static int scale_main_args(int argc, char **argv) {
+    int *v[] = {&sW, &sL, &sV, &sG, &sP, &sN, &sR, &sNEW};
+    for (int i = 2; i < argc && i < 10; i++) *v[i - 2] = atoi(argv[i]);
+    if (sW < 1 || sW > eng_device_count() || sL < 1 || sL > 48 || 128 % sW)
+        gc_die(NULL, "scale W L: W GPUs (at most the visible ones, dividing 128 experts), L in 1..48");
+    scale_model();
+    if (sW == 1) scale_run(1, 0);
+    scale_run(sW, 1);
+    eng_remove_tree(SMODEL);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "scale")) return scale_main_args(argc, argv);
     if (argc > 1 && !strcmp(argv[1], "bench")) {
         bench_model();
         bench_one(0);
@@ -585,9 +811,13 @@ int main(int argc, char **argv) {
     make_model();
     make_inputs();
     if (argc > 1 && !strcmp(argv[1], "rollouts")) { /* the rollout rows alone, no update */
-        run_job one = {0};
+        run_job one = {0}, two = {0};
         run_main(&one);
         if (one.rc) gc_die(NULL, "reference");
+        run_main(&two); /* the control: one engine alone again */
+        roll_where("one engine alone, twice", &two.r0, &one.r0);
+        gc_row("one engine alone, twice: rollouts", "second vs first; differing", two.rc ? NAN : roll_diff(&two.r0, &one.r0), 0);
+        run_free(&two);
         staged_rows(&one, 0, 0);
         staged_rows(&one, 1, 0);
         run_free(&one);
