@@ -456,7 +456,7 @@ static int admit_group(eng_sched *s, eng_sched_job *j, int g) {
     }
     int end = pb->start + RG->P; /* the rows a step of this group can load: none left as they were */
     for (r = 0; r < RG->n; r++) end = rb[r]->start + maxt > end ? rb[r]->start + maxt : end;
-    model_kv_clean_to(eng_dec_model(s->e), &s->kv, end);
+    model_kv_clean_to(eng_dec_model(s->e), &s->kv, (end + 255) & ~255); /* to a whole tile past the last */
     if (m) { /* the hit's rows, in at most two runs */
         int n0 = m < src.seg_n[0] ? m : src.seg_n[0];
         model_kv_copy_rows(eng_dec_model(s->e), &s->kv, pb->start, src.seg[0]->start, n0);
