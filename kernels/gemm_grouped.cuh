@@ -20,6 +20,8 @@ enum { GG_SRC = 3 };
 typedef struct {
     const bf16 *a, *b;
     int k, lda, ldb;
+    int kept; /* bit 0: a, bit 1: b stays at its address across launches (a weight): its TMA
+               * tensor map is worth keeping (gemm_grouped_free) */
 } gg_src;
 typedef struct {
     gg_src s[GG_SRC]; /* D = Σ_i s[i].a · s[i].b over the first ns, in one fp32 accumulator */
@@ -42,6 +44,9 @@ int gemm_grouped_fits(const gg_prob *p, gg_layout l);
  * is device room for np problems (gemm_grouped_bytes), 64-byte aligned, reused once the launch
  * is queued. */
 void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
+/* the host state gemm_grouped_cuda keeps in c (kept tensor maps, pinned staging), at context
+ * destruction */
+void gemm_grouped_free(cu_ctx *c);
 /* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product */
 static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + 2 * GG_SRC * 128); }
 #endif
