@@ -201,7 +201,66 @@ enum {
     GW_STAGE = GW_A + GW_B,
     GG_MAP = 128
 };
-static const int GW_SMEM = GW_NS * GW_STAGE + 1024 + 2 * GW_NS * 8;
+/* + the TMA-store epilogue's staging: two 8 KB boxes a consumer warpgroup */
+enum { GW_BOX = 8192, GW_EPI = 2 * 2 * GW_BOX };
+static const int GW_SMEM = GW_NS * GW_STAGE + GW_EPI + 1024 + 2 * GW_NS * 8;
+
+/* TMA stores of a staged box (64 rows x 128 bytes, 128-byte swizzle) at (c0 inner, c1 outer)
+ * of map m: written, or added to what is there (fp32: D + box in L2, one add an element) */
+__device__ __forceinline__ void tma_store_2d(const void *m, const void *src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(m), "r"(c0), "r"(c1),
+                 "r"(fa_smem(src))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_add_2d(const void *m, const void *src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(m),
+                 "r"(c0), "r"(c1), "r"(fa_smem(src))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* until at most N of this thread's store groups still read shared memory / are not yet done */
+template <int N> __device__ __forceinline__ void tma_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void tma_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+/* the 128 threads of consumer warpgroup cw (named barriers 1 and 2) */
+__device__ __forceinline__ void gw_bar(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(cw + 1) : "memory"); }
+
+/* The epilogue by TMA stores: the warpgroup's 64 x 256 accumulator goes out in boxes of 64 rows
+ * x 128 bytes (fp32: 8 boxes of 32 columns, bf16: 4 of 64), each written into one of two
+ * staging buffers (128-byte swizzle: 16-byte chunk q of row r at chunk q ^ (r % 8)) and stored
+ * by the warpgroup's first thread, or added (beta 1: fp32 D + acc in L2, the sum the register
+ * epilogue computes) while the warpgroup goes on to its next tile. The map clips rows past m
+ * and columns past n. A buffer is written again once its store two boxes before has read it. */
+template <int F32>
+__device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, const float (&acc)[32][4], unsigned char *stg, int cw,
+                                             int m0, int n0) {
+    constexpr int CB = F32 ? 32 : 64, NB = 256 / CB, JB = CB / 8; /* columns a box, boxes, accumulator blocks a box */
+    const int t = threadIdx.x & 127, lane = t & 31, r = (t >> 5) * 16 + (lane >> 2);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        unsigned char *buf = stg + (b & 1) * GW_BOX;
+        if (t == 0) tma_wait_read<1>();
+        gw_bar(cw);
+#pragma unroll
+        for (int j = 0; j < JB; j++) {
+            int col = j * 8 + (lane & 3) * 2; /* within the box */
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                int row = r + hr * 8, byte = col * (F32 ? 4 : 2);
+                unsigned char *d = buf + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+                float x = acc[b * JB + j][2 * hr], y = acc[b * JB + j][2 * hr + 1];
+                if (F32) *(float2 *)d = make_float2(x, y);
+                else *(__nv_bfloat162 *)d = __floats2bfloat162_rn(x, y);
+            }
+        }
+        wg_proxy_fence();
+        gw_bar(cw);
+        if (t == 0) {
+            if (add) tma_add_2d(dm, buf, n0 + b * CB, m0);
+            else tma_store_2d(dm, buf, n0 + b * CB, m0);
+            tma_commit();
+        }
+    }
+}
 
 template <int F32> __device__ __forceinline__ void gw_store(const gg_prob &p, const float (&acc)[32][4], int m0, int n0) {
     int lane = threadIdx.x & 31, r0 = m0 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2), c0 = n0 + (lane & 3) * 2;
@@ -236,10 +295,11 @@ template <int F32> __device__ __forceinline__ void gw_store(const gg_prob &p, co
 
 template <int AK, int BK, int F32>
 __global__ void __launch_bounds__(GW_NT, 1)
-    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, int np, int tiles) {
+    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, const CUtensorMap *dmaps, int np,
+                            int tiles) {
     extern __shared__ __align__(1024) unsigned char gg_smem[];
     unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
-    unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE), *empty = full + GW_NS;
+    unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE + GW_EPI), *empty = full + GW_NS;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GW_NS; s++) mb_init(&full[s], 1), mb_init(&empty[s], 2 * 128);
@@ -307,8 +367,13 @@ __global__ void __launch_bounds__(GW_NT, 1)
         wg_wait<0>();
         wg_keep(acc);
         if (prev >= 0) mb_arrive(&empty[prev]);
-        gw_store<F32>(*pp, acc, m0 + 64 * cw, n0);
+        if (dmaps) {
+            const CUtensorMap *dm = dmaps + (pp - probs);
+            tma_map_acquire(dm);
+            gw_store_tma<F32>(dm, F32 && pp->beta != 0.0f, acc, sm + GW_NS * GW_STAGE + cw * 2 * GW_BOX, cw, m0 + 64 * cw, n0);
+        } else gw_store<F32>(*pp, acc, m0 + 64 * cw, n0);
     }
+    if (dmaps && (threadIdx.x & 127) == 0) tma_wait<0>();
 }
 
 /* cuTensorMapEncodeTiled through the runtime (no link to the driver library); NULL where the
@@ -327,15 +392,18 @@ static PFN_cuTensorMapEncodeTiled_v12000 gw_encoder(void) {
 
 /* a bf16 matrix of `outer` rows of `inner` contiguous elements, ld apart, read in boxes of
  * 64 x box_outer with the 128-byte swizzle wgmma.cuh's tiles use */
-static int gw_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16 *p, int inner, int outer, int ld,
+static int gw_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *p, int inner, int outer, int ld,
                   int box_outer) {
-    cuuint64_t dim[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, stride[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)box_outer}, es[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    /* box_outer < 0: an output, 64 rows of 128 bytes (gw_store_tma), fp32 (-1) or bf16 (-2) */
+    int f32 = box_outer == -1, es = f32 ? 4 : 2;
+    cuuint64_t dim[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, stride[1] = {(cuuint64_t)ld * es};
+    cuuint32_t box[2] = {(cuuint32_t)(128 / es), (cuuint32_t)(box_outer < 0 ? 64 : box_outer)}, estr[2] = {1, 1};
+    return enc(m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-typedef void (*gw_kernel_fn)(const gg_prob *, const CUtensorMap *, int, int);
+typedef void (*gw_kernel_fn)(const gg_prob *, const CUtensorMap *, const CUtensorMap *, int, int);
 static gw_kernel_fn gw_pick(gg_layout l) {
     static const gw_kernel_fn k[8] = {gemm_grouped_tma_kernel<0, 0, 0>, gemm_grouped_tma_kernel<0, 0, 1>,
                                       gemm_grouped_tma_kernel<0, 1, 0>, gemm_grouped_tma_kernel<0, 1, 1>,
@@ -385,14 +453,10 @@ void gemm_grouped_free(cu_ctx *c) {
 }
 
 /* EXPERIMENT (this call only, removed after): GRPOD_GG_EXP=1 encodes every map, 2 stages
- * through a pageable buffer a launch, 3 both (the code before) */
+ * through a pageable buffer a launch, 4 the register epilogue; 7 = the code before */
 static int gw_exp(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("GRPOD_GG_EXP");
-        v = e ? atoi(e) : 0;
-    }
-    return v;
+    const char *e = getenv("GRPOD_GG_EXP");
+    return e ? atoi(e) : 0;
 }
 
 static gw_host *gw_state(cu_ctx *c) {
@@ -443,7 +507,7 @@ static void gw_staged(cu_ctx *c, int slot, void *dev, size_t bytes, unsigned cha
 }
 
 /* gw_map through the kept maps when keep (a weight), else encoded */
-static int gw_map_kept(cu_ctx *c, PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16 *p, int inner, int outer,
+static int gw_map_kept(cu_ctx *c, PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *p, int inner, int outer,
                        int ld, int box, int keep) {
     gw_host *h = keep && !(gw_exp() & 1) ? gw_state(c) : NULL;
     if (!h) return gw_map(enc, m, p, inner, outer, ld, box);
@@ -480,7 +544,10 @@ static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
     if (!enc) return 0;
     for (int i = 0; i < np; i++)
         if (p[i].n <= GG_BN) return 0;
-    size_t mb = (size_t)np * GG_SRC * 2 * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
+    /* the epilogue by TMA stores where every problem writes D or adds to it (beta 0, or 1 in fp32) */
+    int st = !(gw_exp() & 4);
+    for (int i = 0; i < np && st; i++) st = p[i].beta == 0.0f || (l.d_f32 && p[i].beta == 1.0f);
+    size_t mb = (size_t)np * (GG_SRC * 2 + 1) * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
     int slot;
     unsigned char *h = gw_stage(c, bytes, &slot);
     if (!h) return 0;
@@ -497,6 +564,9 @@ static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
                 (l.b_kmaj ? gw_map_kept(c, enc, m + 1, q->b, q->k, p[i].n, q->ldb, GW_BN, kb)
                           : gw_map_kept(c, enc, m + 1, q->b, p[i].n, q->k, q->ldb, 64, kb));
         }
+        if (st && ok)
+            ok = gw_map_kept(c, enc, maps + (size_t)np * GG_SRC * 2 + i, p[i].d, p[i].n, p[i].m, p[i].ldd, l.d_f32 ? -1 : -2,
+                             p[i].d_kept);
         p[i].tiles_n = (p[i].n + GW_BN - 1) / GW_BN;
         p[i].tile0 = (int)tiles;
         tiles += (long long)((p[i].m + GW_BM - 1) / GW_BM) * p[i].tiles_n;
@@ -512,7 +582,9 @@ static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
         CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GW_SMEM));
         if (!c->failed) {
             int grid = c->n_sm > 0 && c->n_sm < tiles ? c->n_sm : (int)tiles;
-            k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, np, (int)tiles);
+            const CUtensorMap *dm = st ? (const CUtensorMap *)dev + (size_t)np * GG_SRC * 2 : NULL;
+            k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, dm, np,
+                                                   (int)tiles);
             CU_LAUNCHED(c, "gemm_grouped_tma_kernel");
         }
     } else if (slot < 0) free(h);

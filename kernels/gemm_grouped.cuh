@@ -31,6 +31,7 @@ typedef struct {
     float beta;
     int tile0; /* the problem's first tile in the launch (filled by gemm_grouped_cuda) */
     int tiles_n; /* its tiles along n (filled alike) */
+    int d_kept; /* d stays at its address across launches (a weight's gradient), as gg_src.kept */
 } gg_prob;
 
 typedef struct {
@@ -47,6 +48,7 @@ void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
 /* the host state gemm_grouped_cuda keeps in c (kept tensor maps, pinned staging), at context
  * destruction */
 void gemm_grouped_free(cu_ctx *c);
-/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product */
-static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + 2 * GG_SRC * 128); }
+/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product
+ * and for the output */
+static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + (2 * GG_SRC + 1) * 128); }
 #endif

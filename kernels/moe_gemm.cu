@@ -183,6 +183,7 @@ static int moe_rp_probs(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout 
             gg_prob *q = &p[(*P)++];
             q->m = r[j].m < 0 ? ce : r[j].m, q->n = r[j].n < 0 ? ce : r[j].n;
             q->d = (void *)moe_gg_ptr(&r[j].d, e, off, l.d_f32 ? 4 : 2), q->ldd = r[j].ldd, q->beta = r[j].beta;
+            q->d_kept = moe_kept(&r[j].d);
             q->ns = r[j].ns;
             for (int i = 0; i < r[j].ns; i++) {
                 const moe_rs *u = &r[j].s[i];
