@@ -86,9 +86,11 @@ static void grouped_rows(moe_w *w, const train_bufs *b, int T, float *dwg, float
     pair_rows(w, b, T, dwg, dwu, dwd, "grouped vs cublas", NULL, 1e-2);
 }
 /* The TMA form's epilogue by TMA stores (and adds, for the weight gradients' +=) against its
- * register epilogue (GRPOD_GG_EXP=4) on the same inputs: the same sums, so the same bits. */
+ * register epilogue (GRPOD_GG_EXP=4), and the permutation by a counting sort against the
+ * per-expert scans (8), on the same inputs: the same sums, so the same bits. */
 static void epilogue_rows(moe_w *w, const train_bufs *b, int T, float *dwg, float *dwu, float *dwd) {
     pair_rows(w, b, T, dwg, dwu, dwd, "TMA-store vs register epilogue", "4", 0.0);
+    pair_rows(w, b, T, dwg, dwu, dwd, "counting-sort vs per-expert permutation", "8", 0.0);
 }
 
 /* grouped (as configured) vs, second, cuBLAS grouped (exp NULL) or grouped with GRPOD_GG_EXP=exp */
