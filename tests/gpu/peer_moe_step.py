@@ -138,7 +138,8 @@ def step(name, model, ref, opt, group):
 def run(name, build, group, reps=int(os.environ.get("PEER_MOE_REPS", "2"))):
     if os.environ.get("PEER_MOE_ONLY", name) != name: return None
     torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-    model, ref = randomize(build()), randomize(build()).eval()
+    with torch.device(dev):  # the modules' own init on the device (randomize overwrites it): seconds, not a minute
+        model, ref = randomize(build()), randomize(build()).eval()
     for p_ in ref.parameters(): p_.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     try:
