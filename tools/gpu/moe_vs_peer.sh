@@ -7,11 +7,14 @@
 # repository root after tests/gpu/run.sh (or a build of bench_step in $BIN). Prints three lines.
 set -u
 B=${BIN:-build/gpu}
-s=$(timeout ${STEP_S:-25} "$B/bench_step" 30b-a3b-l4 1024 16 512 2>/dev/null | grep -o 'total [0-9]* ms  old [0-9]*  ref [0-9]*  policy [0-9]*  optim [0-9]*')
-p=$(PEER_MOE_ONLY=flex-packed PEER_MOE_REPS=${PEER_REPS:-1} timeout ${PEER_S:-40} python3 tests/gpu/peer_moe_step.py 4 2>/dev/null |
-    grep -o '^flex-packed: total [0-9]* ms  old [0-9]*  ref [0-9]*  policy [0-9]*  optim [0-9]*')
-echo "grpod bench_step 30b-a3b-l4, a group: ${s:-none}"
-echo "peer ${p:-none}"
+t=$(mktemp)
+timeout ${STEP_S:-25} "$B/bench_step" 30b-a3b-l4 1024 16 512 >"$t" 2>&1
+s=$(grep -o 'total [0-9]* ms  old [0-9]*  ref [0-9]*  policy [0-9]*  optim [0-9]*' "$t")
+echo "grpod bench_step 30b-a3b-l4, a group: ${s:-none: $(tail -1 "$t" | cut -c1-120)}"
+PEER_MOE_ONLY=flex-packed PEER_MOE_REPS=${PEER_REPS:-1} timeout ${PEER_S:-40} python3 tests/gpu/peer_moe_step.py 4 >"$t" 2>&1
+p=$(grep -o '^flex-packed: total [0-9]* ms  old [0-9]*  ref [0-9]*  policy [0-9]*  optim [0-9]*' "$t")
+echo "peer ${p:-none: $(tail -1 "$t" | cut -c1-120)}"
+rm -f "$t"
 python3 - "$s" "$p" <<'PY'
 import re, sys
 def ph(t): return {k: float(v) for k, v in re.findall(r"(old|ref|policy|optim) (\d+)", t)}
