@@ -7,10 +7,10 @@
  * Two forms, the same sums: each output's K range runs in one fixed order, 16 at a time, into
  * one fp32 accumulator, so a problem gives the same values in either (bench_moe measured the
  * two within 1e-5 at 30B-A3B dims).
- *   The TMA form (launches whose problems are all wider than 128 columns: the experts' own
- *   GEMMs): 128 x 256 tiles, a persistent block an SM, a producer warpgroup issuing TMA loads
- *   from per-problem tensor maps into a 4-stage mbarrier ring, two consumer warpgroups on
- *   m64n256k16; below.
+ *   The TMA form (launches whose problems are all wider than 128 columns, with beta 0 or, in
+ *   fp32, 1: the experts' own GEMMs): 128 x 256 tiles, a persistent block an SM, a producer
+ *   warpgroup issuing TMA loads from per-problem tensor maps into a 4-stage mbarrier ring, two
+ *   consumer warpgroups on m64n256k16, the tile stored (or added) by TMA; below.
  *   The cp.async form (any width; the adapters' rank-wide problems): a block owns a 128 x 128
  *   tile of one problem and walks its K range 64 deep at a time through a 3-stage cp.async
  *   ring; two blocks share an SM (128 registers a thread, 97 KB of shared memory each).
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *_
  * into a 4-stage ring of 48 KB stages, signalling "full"; warpgroups 1 and 2 (232 registers)
  * each own 64 rows x 256 columns (one m64n256k16 accumulator, 128 registers a thread), wait
  * "full", run the stage's MMAs, and release the stage before ("empty") once the MMAs of the
- * next stage are issued. The epilogue writes from registers (beta: a row's 16 float2 loads in
- * flight before its stores) while the producer already fills the next tile's stages. Beside
+ * next stage are issued. The epilogue goes out by TMA stores (gw_store_tma), as the producer
+ * already fills the next tile's stages and the warpgroup starts on them. Beside
  * this one in one call (a GPU shared with other jobs, so within its noise): 3 stages, two
  * m64n128k16 a k step, a block a tile instead of persistent blocks, none faster. */
 enum {
@@ -258,37 +258,6 @@ __device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, con
             if (add) tma_add_2d(dm, buf, n0 + b * CB, m0);
             else tma_store_2d(dm, buf, n0 + b * CB, m0);
             tma_commit();
-        }
-    }
-}
-
-template <int F32> __device__ __forceinline__ void gw_store(const gg_prob &p, const float (&acc)[32][4], int m0, int n0) {
-    int lane = threadIdx.x & 31, r0 = m0 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2), c0 = n0 + (lane & 3) * 2;
-    const bool beta = F32 && p.beta != 0.0f;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int r = r0 + hr * 8;
-        if (r >= p.m) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float2 old[16];
-            if (beta) {
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    int col = c0 + h * 128 + j * 8;
-                    old[j] = col < p.n ? *(const float2 *)((const float *)p.d + (size_t)r * p.ldd + col) : make_float2(0.0f, 0.0f);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                int col = c0 + h * 128 + j * 8;
-                if (col >= p.n) continue;
-                size_t o = (size_t)r * p.ldd + col;
-                float x = acc[16 * h + j][2 * hr], y = acc[16 * h + j][2 * hr + 1];
-                if (beta) x += p.beta * old[j].x, y += p.beta * old[j].y;
-                if (F32) *(float2 *)((float *)p.d + o) = make_float2(x, y);
-                else *(__nv_bfloat162 *)((bf16 *)p.d + o) = __floats2bfloat162_rn(x, y);
-            }
         }
     }
 }
@@ -367,13 +336,11 @@ __global__ void __launch_bounds__(GW_NT, 1)
         wg_wait<0>();
         wg_keep(acc);
         if (prev >= 0) mb_arrive(&empty[prev]);
-        if (dmaps) {
-            const CUtensorMap *dm = dmaps + (pp - probs);
-            tma_map_acquire(dm);
-            gw_store_tma<F32>(dm, F32 && pp->beta != 0.0f, acc, sm + GW_NS * GW_STAGE + cw * 2 * GW_BOX, cw, m0 + 64 * cw, n0);
-        } else gw_store<F32>(*pp, acc, m0 + 64 * cw, n0);
+        const CUtensorMap *dm = dmaps + (pp - probs);
+        tma_map_acquire(dm);
+        gw_store_tma<F32>(dm, F32 && pp->beta != 0.0f, acc, sm + GW_NS * GW_STAGE + cw * 2 * GW_BOX, cw, m0 + 64 * cw, n0);
     }
-    if (dmaps && (threadIdx.x & 127) == 0) tma_wait<0>();
+    if ((threadIdx.x & 127) == 0) tma_wait<0>(); /* the stores done before the block ends */
 }
 
 /* cuTensorMapEncodeTiled through the runtime (no link to the driver library); NULL where the
@@ -452,13 +419,6 @@ void gemm_grouped_free(cu_ctx *c) {
     c->gg_host = NULL;
 }
 
-/* EXPERIMENT (this call only, removed after): GRPOD_GG_EXP=1 encodes every map, 2 stages
- * through a pageable buffer a launch, 4 the register epilogue; 7 = the code before */
-static int gw_exp(void) {
-    const char *e = getenv("GRPOD_GG_EXP");
-    return e ? atoi(e) : 0;
-}
-
 static gw_host *gw_state(cu_ctx *c) {
     if (!c->gg_host) {
         gw_host *h = (gw_host *)calloc(1, sizeof *h);
@@ -472,12 +432,6 @@ static gw_host *gw_state(cu_ctx *c) {
 /* a pinned staging buffer of at least `bytes` whose last copy is done; NULL on failure. *slot
  * is its ring index (gw_staged records its copy). */
 static unsigned char *gw_stage(cu_ctx *c, size_t bytes, int *slot) {
-    if (gw_exp() & 2) {
-        *slot = -1;
-        unsigned char *b = (unsigned char *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        if (b) memset(b, 0, bytes);
-        return b;
-    }
     gw_host *h = gw_state(c);
     if (!h) return NULL;
     int i = h->next;
@@ -495,12 +449,7 @@ static unsigned char *gw_stage(cu_ctx *c, size_t bytes, int *slot) {
     return c->failed ? NULL : h->stage[i];
 }
 /* the copy of `bytes` from staging slot `slot` to dev, queued, and the slot's event after it */
-static void gw_staged(cu_ctx *c, int slot, void *dev, size_t bytes, unsigned char *buf) {
-    if (slot < 0) {
-        CU_CK(c, cudaMemcpyAsync(dev, buf, bytes, cudaMemcpyHostToDevice, c->stream));
-        free(buf);
-        return;
-    }
+static void gw_staged(cu_ctx *c, int slot, void *dev, size_t bytes) {
     gw_host *h = (gw_host *)c->gg_host;
     CU_CK(c, cudaMemcpyAsync(dev, h->stage[slot], bytes, cudaMemcpyHostToDevice, c->stream));
     CU_CK(c, cudaEventRecord(h->done[slot], c->stream));
@@ -509,7 +458,7 @@ static void gw_staged(cu_ctx *c, int slot, void *dev, size_t bytes, unsigned cha
 /* gw_map through the kept maps when keep (a weight), else encoded */
 static int gw_map_kept(cu_ctx *c, PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *p, int inner, int outer,
                        int ld, int box, int keep) {
-    gw_host *h = keep && !(gw_exp() & 1) ? gw_state(c) : NULL;
+    gw_host *h = keep ? gw_state(c) : NULL;
     if (!h) return gw_map(enc, m, p, inner, outer, ld, box);
     gw_key k = {p, inner, outer, ld, box};
     unsigned long long x = (unsigned long long)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
@@ -542,11 +491,8 @@ static int gw_map_kept(cu_ctx *c, PFN_cuTensorMapEncodeTiled_v12000 enc, CUtenso
 static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = gw_encoder();
     if (!enc) return 0;
-    for (int i = 0; i < np; i++)
-        if (p[i].n <= GG_BN) return 0;
-    /* the epilogue by TMA stores where every problem writes D or adds to it (beta 0, or 1 in fp32) */
-    int st = !(gw_exp() & 4);
-    for (int i = 0; i < np && st; i++) st = p[i].beta == 0.0f || (l.d_f32 && p[i].beta == 1.0f);
+    for (int i = 0; i < np; i++) /* the epilogue stores D or adds to it: beta 0, or 1 in fp32 */
+        if (p[i].n <= GG_BN || (p[i].beta != 0.0f && !(l.d_f32 && p[i].beta == 1.0f))) return 0;
     size_t mb = (size_t)np * (GG_SRC * 2 + 1) * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
     int slot;
     unsigned char *h = gw_stage(c, bytes, &slot);
@@ -564,30 +510,27 @@ static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
                 (l.b_kmaj ? gw_map_kept(c, enc, m + 1, q->b, q->k, p[i].n, q->ldb, GW_BN, kb)
                           : gw_map_kept(c, enc, m + 1, q->b, p[i].n, q->k, q->ldb, 64, kb));
         }
-        if (st && ok)
+        if (ok)
             ok = gw_map_kept(c, enc, maps + (size_t)np * GG_SRC * 2 + i, p[i].d, p[i].n, p[i].m, p[i].ldd, l.d_f32 ? -1 : -2,
                              p[i].d_kept);
         p[i].tiles_n = (p[i].n + GW_BN - 1) / GW_BN;
         p[i].tile0 = (int)tiles;
         tiles += (long long)((p[i].m + GW_BM - 1) / GW_BM) * p[i].tiles_n;
     }
-    if (!ok || tiles > 0x7fffffff) {
-        if (slot < 0) free(h);
-        return 0;
-    }
+    if (!ok || tiles > 0x7fffffff) return 0;
     memcpy(h + mb, p, (size_t)np * sizeof(gg_prob));
     if (tiles > 0) {
-        gw_staged(c, slot, dev, bytes, h);
+        gw_staged(c, slot, dev, bytes);
         gw_kernel_fn k = gw_pick(l);
         CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GW_SMEM));
         if (!c->failed) {
             int grid = c->n_sm > 0 && c->n_sm < tiles ? c->n_sm : (int)tiles;
-            const CUtensorMap *dm = st ? (const CUtensorMap *)dev + (size_t)np * GG_SRC * 2 : NULL;
+            const CUtensorMap *dm = (const CUtensorMap *)dev + (size_t)np * GG_SRC * 2;
             k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, dm, np,
                                                    (int)tiles);
             CU_LAUNCHED(c, "gemm_grouped_tma_kernel");
         }
-    } else if (slot < 0) free(h);
+    }
     return 1;
 }
 
@@ -629,7 +572,7 @@ void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
     unsigned char *h = gw_stage(c, bytes, &slot);
     if (!h) return;
     memcpy(h, p, bytes);
-    gw_staged(c, slot, dev, bytes, h);
+    gw_staged(c, slot, dev, bytes);
     gg_kernel_fn k = gg_pick(l);
     CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
     if (c->failed) return;

@@ -8,7 +8,8 @@
  * and products of a launch share the three layouts. The operands' contiguous dimension must be
  * a multiple of 8 and every operand 16-byte aligned (gemm_grouped_fits); the other dimensions
  * are free (edges zero-filled). Two forms inside (gemm_grouped.cu: TMA where every problem is
- * wider than 128 columns, cp.async otherwise), the same sum order in both.
+ * wider than 128 columns with beta 0, or 1 in fp32; cp.async otherwise), the same sum order in
+ * both.
  * Deterministic: one block computes an output tile and runs its K range in one fixed order (no
  * atomics, no split K), so the same problems give the same bits. */
 #ifndef GRPOD_KERNELS_GEMM_GROUPED_CUH

@@ -575,9 +575,7 @@ __global__ void moe_router_bwd_kernel(float *dlogit, bf16 *dlh, const float *dto
 static int moe_nch(int S) { return (S + MOE_CH - 1) / MOE_CH; }
 const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
     int *cnt = (int *)scratch, *off = cnt + E, *toff = off + E + 1, *perm = toff + E + 1, *hist = perm + S, nch = moe_nch(S);
-    const char *x = getenv("GRPOD_GG_EXP"); /* EXPERIMENT (this call only): 8 = the per-expert scans */
-    int many = (size_t)(MOE_CH / 32) * E * sizeof(int) > 48 * 1024; /* more than moe_place_kernel's shared memory holds */
-    if (((x ? atoi(x) : 0) & 8) || many) {
+    if ((size_t)(MOE_CH / 32) * E * sizeof(int) > 48 * 1024) { /* more experts than moe_place_kernel holds */
         moe_count_kernel<<<E, 256, 0, c->stream>>>(cnt, topi, S);
         CU_LAUNCHED(c, "moe_count_kernel");
         moe_perm_kernel<<<E, 256, 0, c->stream>>>(perm, off, toff, cnt, topi, S, E);
