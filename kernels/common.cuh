@@ -28,6 +28,7 @@ typedef struct cu_ctx {
     size_t scratch_bytes;
     double *red; /* (CU_RED_SLOTS) sumsq's per-block partials */
     void *gemm_cache; /* matmul.cu's plans for this context (gemm_cache_free) */
+    void *gg_host; /* gemm_grouped.cu's kept tensor maps and staging (gemm_grouped_free) */
     int rms_smem_raised; /* rmsnorm_bwd_kernel's shared-memory limit raised */
     unsigned *sk_sync; /* (2) device: the few-row kernel's grid-wide counters (matmul.cu), 0 at rest */
     int n_sm;

@@ -7,10 +7,10 @@
  * Two forms, the same sums: each output's K range runs in one fixed order, 16 at a time, into
  * one fp32 accumulator, so a problem gives the same values in either (bench_moe measured the
  * two within 1e-5 at 30B-A3B dims).
- *   The TMA form (launches whose problems are all wider than 128 columns: the experts' own
- *   GEMMs): 128 x 256 tiles, a persistent block an SM, a producer warpgroup issuing TMA loads
- *   from per-problem tensor maps into a 4-stage mbarrier ring, two consumer warpgroups on
- *   m64n256k16; below.
+ *   The TMA form (launches whose problems are all wider than 128 columns, with beta 0 or, in
+ *   fp32, 1: the experts' own GEMMs): 128 x 256 tiles, a persistent block an SM, a producer
+ *   warpgroup issuing TMA loads from per-problem tensor maps into a 4-stage mbarrier ring, two
+ *   consumer warpgroups on m64n256k16, the tile stored (or added) by TMA; below.
  *   The cp.async form (any width; the adapters' rank-wide problems): a block owns a 128 x 128
  *   tile of one problem and walks its K range 64 deep at a time through a 3-stage cp.async
  *   ring; two blocks share an SM (128 registers a thread, 97 KB of shared memory each).
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(GG_NT, 2) gemm_grouped_kernel(const gg_prob *_
  * into a 4-stage ring of 48 KB stages, signalling "full"; warpgroups 1 and 2 (232 registers)
  * each own 64 rows x 256 columns (one m64n256k16 accumulator, 128 registers a thread), wait
  * "full", run the stage's MMAs, and release the stage before ("empty") once the MMAs of the
- * next stage are issued. The epilogue writes from registers (beta: a row's 16 float2 loads in
- * flight before its stores) while the producer already fills the next tile's stages. Beside
+ * next stage are issued. The epilogue goes out by TMA stores (gw_store_tma), as the producer
+ * already fills the next tile's stages and the warpgroup starts on them. Beside
  * this one in one call (a GPU shared with other jobs, so within its noise): 3 stages, two
  * m64n128k16 a k step, a block a tile instead of persistent blocks, none faster. */
 enum {
@@ -201,45 +201,74 @@ enum {
     GW_STAGE = GW_A + GW_B,
     GG_MAP = 128
 };
-static const int GW_SMEM = GW_NS * GW_STAGE + 1024 + 2 * GW_NS * 8;
+/* + the TMA-store epilogue's staging: two 8 KB boxes a consumer warpgroup */
+enum { GW_BOX = 8192, GW_EPI = 2 * 2 * GW_BOX };
+static const int GW_SMEM = GW_NS * GW_STAGE + GW_EPI + 1024 + 2 * GW_NS * 8;
 
-template <int F32> __device__ __forceinline__ void gw_store(const gg_prob &p, const float (&acc)[32][4], int m0, int n0) {
-    int lane = threadIdx.x & 31, r0 = m0 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2), c0 = n0 + (lane & 3) * 2;
-    const bool beta = F32 && p.beta != 0.0f;
+/* TMA stores of a staged box (64 rows x 128 bytes, 128-byte swizzle) at (c0 inner, c1 outer)
+ * of map m: written, or added to what is there (fp32: D + box in L2, one add an element) */
+__device__ __forceinline__ void tma_store_2d(const void *m, const void *src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(m), "r"(c0), "r"(c1),
+                 "r"(fa_smem(src))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_add_2d(const void *m, const void *src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(m),
+                 "r"(c0), "r"(c1), "r"(fa_smem(src))
+                 : "memory");
+}
+__device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/* until at most N of this thread's store groups still read shared memory / are not yet done */
+template <int N> __device__ __forceinline__ void tma_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void tma_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+/* the 128 threads of consumer warpgroup cw (named barriers 1 and 2) */
+__device__ __forceinline__ void gw_bar(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(cw + 1) : "memory"); }
+
+/* The epilogue by TMA stores: the warpgroup's 64 x 256 accumulator goes out in boxes of 64 rows
+ * x 128 bytes (fp32: 8 boxes of 32 columns, bf16: 4 of 64), each written into one of two
+ * staging buffers (128-byte swizzle: 16-byte chunk q of row r at chunk q ^ (r % 8)) and stored
+ * by the warpgroup's first thread, or added (beta 1: fp32 D + acc in L2, the sum the register
+ * epilogue computes) while the warpgroup goes on to its next tile. The map clips rows past m
+ * and columns past n. A buffer is written again once its store two boxes before has read it. */
+template <int F32>
+__device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, const float (&acc)[32][4], unsigned char *stg, int cw,
+                                             int m0, int n0) {
+    constexpr int CB = F32 ? 32 : 64, NB = 256 / CB, JB = CB / 8; /* columns a box, boxes, accumulator blocks a box */
+    const int t = threadIdx.x & 127, lane = t & 31, r = (t >> 5) * 16 + (lane >> 2);
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        int r = r0 + hr * 8;
-        if (r >= p.m) continue;
+    for (int b = 0; b < NB; b++) {
+        unsigned char *buf = stg + (b & 1) * GW_BOX;
+        if (t == 0) tma_wait_read<1>();
+        gw_bar(cw);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float2 old[16];
-            if (beta) {
+        for (int j = 0; j < JB; j++) {
+            int col = j * 8 + (lane & 3) * 2; /* within the box */
 #pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    int col = c0 + h * 128 + j * 8;
-                    old[j] = col < p.n ? *(const float2 *)((const float *)p.d + (size_t)r * p.ldd + col) : make_float2(0.0f, 0.0f);
-                }
+            for (int hr = 0; hr < 2; hr++) {
+                int row = r + hr * 8, byte = col * (F32 ? 4 : 2);
+                unsigned char *d = buf + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+                float x = acc[b * JB + j][2 * hr], y = acc[b * JB + j][2 * hr + 1];
+                if (F32) *(float2 *)d = make_float2(x, y);
+                else *(__nv_bfloat162 *)d = __floats2bfloat162_rn(x, y);
             }
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-                int col = c0 + h * 128 + j * 8;
-                if (col >= p.n) continue;
-                size_t o = (size_t)r * p.ldd + col;
-                float x = acc[16 * h + j][2 * hr], y = acc[16 * h + j][2 * hr + 1];
-                if (beta) x += p.beta * old[j].x, y += p.beta * old[j].y;
-                if (F32) *(float2 *)((float *)p.d + o) = make_float2(x, y);
-                else *(__nv_bfloat162 *)((bf16 *)p.d + o) = __floats2bfloat162_rn(x, y);
-            }
+        }
+        wg_proxy_fence();
+        gw_bar(cw);
+        if (t == 0) {
+            if (add) tma_add_2d(dm, buf, n0 + b * CB, m0);
+            else tma_store_2d(dm, buf, n0 + b * CB, m0);
+            tma_commit();
         }
     }
 }
 
 template <int AK, int BK, int F32>
 __global__ void __launch_bounds__(GW_NT, 1)
-    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, int np, int tiles) {
+    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, const CUtensorMap *dmaps, int np,
+                            int tiles) {
     extern __shared__ __align__(1024) unsigned char gg_smem[];
     unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
-    unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE), *empty = full + GW_NS;
+    unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE + GW_EPI), *empty = full + GW_NS;
     const int wg = threadIdx.x >> 7;
     if (threadIdx.x == 0) {
         for (int s = 0; s < GW_NS; s++) mb_init(&full[s], 1), mb_init(&empty[s], 2 * 128);
@@ -307,8 +336,11 @@ __global__ void __launch_bounds__(GW_NT, 1)
         wg_wait<0>();
         wg_keep(acc);
         if (prev >= 0) mb_arrive(&empty[prev]);
-        gw_store<F32>(*pp, acc, m0 + 64 * cw, n0);
+        const CUtensorMap *dm = dmaps + (pp - probs);
+        tma_map_acquire(dm);
+        gw_store_tma<F32>(dm, F32 && pp->beta != 0.0f, acc, sm + GW_NS * GW_STAGE + cw * 2 * GW_BOX, cw, m0 + 64 * cw, n0);
     }
+    if ((threadIdx.x & 127) == 0) tma_wait<0>(); /* the stores done before the block ends */
 }
 
 /* cuTensorMapEncodeTiled through the runtime (no link to the driver library); NULL where the
@@ -327,15 +359,18 @@ static PFN_cuTensorMapEncodeTiled_v12000 gw_encoder(void) {
 
 /* a bf16 matrix of `outer` rows of `inner` contiguous elements, ld apart, read in boxes of
  * 64 x box_outer with the 128-byte swizzle wgmma.cuh's tiles use */
-static int gw_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const bf16 *p, int inner, int outer, int ld,
+static int gw_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *p, int inner, int outer, int ld,
                   int box_outer) {
-    cuuint64_t dim[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, stride[1] = {(cuuint64_t)ld * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)box_outer}, es[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    /* box_outer < 0: an output, 64 rows of 128 bytes (gw_store_tma), fp32 (-1) or bf16 (-2) */
+    int f32 = box_outer == -1, es = f32 ? 4 : 2;
+    cuuint64_t dim[2] = {(cuuint64_t)inner, (cuuint64_t)outer}, stride[1] = {(cuuint64_t)ld * es};
+    cuuint32_t box[2] = {(cuuint32_t)(128 / es), (cuuint32_t)(box_outer < 0 ? 64 : box_outer)}, estr[2] = {1, 1};
+    return enc(m, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dim, stride, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-typedef void (*gw_kernel_fn)(const gg_prob *, const CUtensorMap *, int, int);
+typedef void (*gw_kernel_fn)(const gg_prob *, const CUtensorMap *, const CUtensorMap *, int, int);
 static gw_kernel_fn gw_pick(gg_layout l) {
     static const gw_kernel_fn k[8] = {gemm_grouped_tma_kernel<0, 0, 0>, gemm_grouped_tma_kernel<0, 0, 1>,
                                       gemm_grouped_tma_kernel<0, 1, 0>, gemm_grouped_tma_kernel<0, 1, 1>,
@@ -344,48 +379,158 @@ static gw_kernel_fn gw_pick(gg_layout l) {
     return k[(l.a_kmaj ? 4 : 0) + (l.b_kmaj ? 2 : 0) + (l.d_f32 ? 1 : 0)];
 }
 
+/* The host state a context keeps between launches (c->gg_host, its thread only):
+ *   kept maps: an open-addressed table of encoded tensor maps by their arguments, for the
+ *     operands marked kept (the experts' weights: the same maps every launch, layer and group);
+ *     an entry is the map encoding its key would give, so a hit is exact; emptied when 3/4 full;
+ *   staging: a ring of pinned buffers the problems (and maps) are written to and copied from, so
+ *     that the copy is queued without staging through pageable memory; a buffer is written again
+ *     once the event after its copy has passed (a launch or more later).
+ * Before (measured in the twentieth session's call): every launch encoded all of its maps,
+ * allocated, cleared and freed a pageable buffer and copied from it. */
+enum { GW_KEEP = 1 << 15, GW_RING = 8 };
+typedef struct {
+    const void *p;
+    int inner, outer, ld, box;
+} gw_key;
+typedef struct {
+    gw_key k;
+    int used;
+    CUtensorMap m;
+} gw_entry;
+typedef struct {
+    gw_entry *keep;
+    int n_keep;
+    unsigned char *stage[GW_RING];
+    size_t stage_bytes[GW_RING];
+    cudaEvent_t done[GW_RING];
+    int next;
+} gw_host;
+
+void gemm_grouped_free(cu_ctx *c) {
+    gw_host *h = (gw_host *)c->gg_host;
+    if (!h) return;
+    for (int i = 0; i < GW_RING; i++) {
+        if (h->done[i]) cudaEventSynchronize(h->done[i]), cudaEventDestroy(h->done[i]);
+        if (h->stage[i]) cudaFreeHost(h->stage[i]);
+    }
+    free(h->keep);
+    free(h);
+    c->gg_host = NULL;
+}
+
+static gw_host *gw_state(cu_ctx *c) {
+    if (!c->gg_host) {
+        gw_host *h = (gw_host *)calloc(1, sizeof *h);
+        if (h && !(h->keep = (gw_entry *)calloc(GW_KEEP, sizeof *h->keep))) free(h), h = NULL;
+        if (!h) cu_fail(c, "calloc(gemm_grouped host state)", "out of host memory", __FILE__, __LINE__);
+        c->gg_host = h;
+    }
+    return (gw_host *)c->gg_host;
+}
+
+/* a pinned staging buffer of at least `bytes` whose last copy is done; NULL on failure. *slot
+ * is its ring index (gw_staged records its copy). */
+static unsigned char *gw_stage(cu_ctx *c, size_t bytes, int *slot) {
+    gw_host *h = gw_state(c);
+    if (!h) return NULL;
+    int i = h->next;
+    h->next = (i + 1) % GW_RING;
+    if (!h->done[i]) CU_CK(c, cudaEventCreateWithFlags(&h->done[i], cudaEventDisableTiming));
+    else CU_CK(c, cudaEventSynchronize(h->done[i]));
+    if (!c->failed && h->stage_bytes[i] < bytes) {
+        if (h->stage[i]) CU_CK(c, cudaFreeHost(h->stage[i]));
+        h->stage[i] = NULL, h->stage_bytes[i] = 0;
+        size_t n = (bytes + (1u << 16) - 1) & ~(size_t)((1u << 16) - 1);
+        CU_CK(c, cudaHostAlloc((void **)&h->stage[i], n, cudaHostAllocDefault));
+        if (!c->failed) h->stage_bytes[i] = n;
+    }
+    *slot = i;
+    return c->failed ? NULL : h->stage[i];
+}
+/* the copy of `bytes` from staging slot `slot` to dev, queued, and the slot's event after it */
+static void gw_staged(cu_ctx *c, int slot, void *dev, size_t bytes) {
+    gw_host *h = (gw_host *)c->gg_host;
+    CU_CK(c, cudaMemcpyAsync(dev, h->stage[slot], bytes, cudaMemcpyHostToDevice, c->stream));
+    CU_CK(c, cudaEventRecord(h->done[slot], c->stream));
+}
+
+/* gw_map through the kept maps when keep (a weight), else encoded */
+static int gw_map_kept(cu_ctx *c, PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const void *p, int inner, int outer,
+                       int ld, int box, int keep) {
+    gw_host *h = keep ? gw_state(c) : NULL;
+    if (!h) return gw_map(enc, m, p, inner, outer, ld, box);
+    gw_key k = {p, inner, outer, ld, box};
+    unsigned long long x = (unsigned long long)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
+    x ^= ((unsigned long long)(unsigned)inner << 32 | (unsigned)outer) * 0xC2B2AE3D27D4EB4Full;
+    x ^= ((unsigned long long)(unsigned)ld << 32 | (unsigned)box) * 0x165667B19E3779F9ull;
+    unsigned i = (unsigned)((x ^ (x >> 29)) & (GW_KEEP - 1));
+    for (;; i = (i + 1) & (GW_KEEP - 1)) {
+        gw_entry *e = &h->keep[i];
+        if (!e->used) break;
+        if (!memcmp(&e->k, &k, sizeof k)) {
+            *m = e->m;
+            return 1;
+        }
+    }
+    if (!gw_map(enc, m, p, inner, outer, ld, box)) return 0;
+    if (h->n_keep >= GW_KEEP / 4 * 3) { /* full: start again (the next launches refill it) */
+        memset(h->keep, 0, GW_KEEP * sizeof *h->keep);
+        h->n_keep = 0;
+        return 1;
+    }
+    gw_entry *e = &h->keep[i];
+    memset(&e->k, 0, sizeof e->k); /* the key's padding too: keys compare by bytes */
+    e->k = k, e->used = 1, e->m = *m;
+    h->n_keep++;
+    return 1;
+}
+
 /* The launch in the TMA form; 0 (nothing queued) where it does not apply: a problem 128
  * columns wide or less, no encoder, a map the driver refuses. */
 static int gw_run(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
     PFN_cuTensorMapEncodeTiled_v12000 enc = gw_encoder();
     if (!enc) return 0;
-    for (int i = 0; i < np; i++)
-        if (p[i].n <= GG_BN) return 0;
-    size_t mb = (size_t)np * GG_SRC * 2 * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
-    unsigned char *h = (unsigned char *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    for (int i = 0; i < np; i++) /* the epilogue stores D or adds to it: beta 0, or 1 in fp32 */
+        if (p[i].n <= GG_BN || (p[i].beta != 0.0f && !(l.d_f32 && p[i].beta == 1.0f))) return 0;
+    size_t mb = (size_t)np * (GG_SRC * 2 + 1) * GG_MAP, bytes = mb + (size_t)np * sizeof(gg_prob);
+    int slot;
+    unsigned char *h = gw_stage(c, bytes, &slot);
     if (!h) return 0;
     CUtensorMap *maps = (CUtensorMap *)h;
-    memset(h, 0, mb);
     int ok = 1;
     long long tiles = 0;
     for (int i = 0; i < np && ok; i++) {
         for (int j = 0; j < p[i].ns && ok; j++) {
             const gg_src *q = &p[i].s[j];
             CUtensorMap *m = maps + ((size_t)i * GG_SRC + j) * 2;
-            ok = (l.a_kmaj ? gw_map(enc, m, q->a, q->k, p[i].m, q->lda, GW_BM) : gw_map(enc, m, q->a, p[i].m, q->k, q->lda, 64)) &&
-                (l.b_kmaj ? gw_map(enc, m + 1, q->b, q->k, p[i].n, q->ldb, GW_BN)
-                          : gw_map(enc, m + 1, q->b, p[i].n, q->k, q->ldb, 64));
+            int ka = q->kept & 1, kb = q->kept & 2;
+            ok = (l.a_kmaj ? gw_map_kept(c, enc, m, q->a, q->k, p[i].m, q->lda, GW_BM, ka)
+                           : gw_map_kept(c, enc, m, q->a, p[i].m, q->k, q->lda, 64, ka)) &&
+                (l.b_kmaj ? gw_map_kept(c, enc, m + 1, q->b, q->k, p[i].n, q->ldb, GW_BN, kb)
+                          : gw_map_kept(c, enc, m + 1, q->b, p[i].n, q->k, q->ldb, 64, kb));
         }
+        if (ok)
+            ok = gw_map_kept(c, enc, maps + (size_t)np * GG_SRC * 2 + i, p[i].d, p[i].n, p[i].m, p[i].ldd, l.d_f32 ? -1 : -2,
+                             p[i].d_kept);
         p[i].tiles_n = (p[i].n + GW_BN - 1) / GW_BN;
         p[i].tile0 = (int)tiles;
         tiles += (long long)((p[i].m + GW_BM - 1) / GW_BM) * p[i].tiles_n;
     }
-    if (!ok || tiles > 0x7fffffff) {
-        free(h);
-        return 0;
-    }
+    if (!ok || tiles > 0x7fffffff) return 0;
     memcpy(h + mb, p, (size_t)np * sizeof(gg_prob));
     if (tiles > 0) {
-        CU_CK(c, cudaMemcpyAsync(dev, h, bytes, cudaMemcpyHostToDevice, c->stream));
+        gw_staged(c, slot, dev, bytes);
         gw_kernel_fn k = gw_pick(l);
         CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GW_SMEM));
         if (!c->failed) {
             int grid = c->n_sm > 0 && c->n_sm < tiles ? c->n_sm : (int)tiles;
-            k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, np, (int)tiles);
+            const CUtensorMap *dm = (const CUtensorMap *)dev + (size_t)np * GG_SRC * 2;
+            k<<<grid, GW_NT, GW_SMEM, c->stream>>>((const gg_prob *)((char *)dev + mb), (const CUtensorMap *)dev, dm, np,
+                                                   (int)tiles);
             CU_LAUNCHED(c, "gemm_grouped_tma_kernel");
         }
     }
-    free(h);
     return 1;
 }
 
@@ -422,7 +567,12 @@ void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev) {
         cu_fail(c, "gemm_grouped", "too many tiles", __FILE__, __LINE__);
         return;
     }
-    CU_CK(c, cudaMemcpyAsync(dev, p, gemm_grouped_bytes(np), cudaMemcpyHostToDevice, c->stream));
+    size_t bytes = (size_t)np * sizeof(gg_prob);
+    int slot;
+    unsigned char *h = gw_stage(c, bytes, &slot);
+    if (!h) return;
+    memcpy(h, p, bytes);
+    gw_staged(c, slot, dev, bytes);
     gg_kernel_fn k = gg_pick(l);
     CU_CK(c, cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, GG_SMEM));
     if (c->failed) return;

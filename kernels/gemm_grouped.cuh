@@ -8,7 +8,8 @@
  * and products of a launch share the three layouts. The operands' contiguous dimension must be
  * a multiple of 8 and every operand 16-byte aligned (gemm_grouped_fits); the other dimensions
  * are free (edges zero-filled). Two forms inside (gemm_grouped.cu: TMA where every problem is
- * wider than 128 columns, cp.async otherwise), the same sum order in both.
+ * wider than 128 columns with beta 0, or 1 in fp32; cp.async otherwise), the same sum order in
+ * both.
  * Deterministic: one block computes an output tile and runs its K range in one fixed order (no
  * atomics, no split K), so the same problems give the same bits. */
 #ifndef GRPOD_KERNELS_GEMM_GROUPED_CUH
@@ -20,6 +21,8 @@ enum { GG_SRC = 3 };
 typedef struct {
     const bf16 *a, *b;
     int k, lda, ldb;
+    int kept; /* bit 0: a, bit 1: b stays at its address across launches (a weight): its TMA
+               * tensor map is worth keeping (gemm_grouped_free) */
 } gg_src;
 typedef struct {
     gg_src s[GG_SRC]; /* D = Σ_i s[i].a · s[i].b over the first ns, in one fp32 accumulator */
@@ -29,6 +32,7 @@ typedef struct {
     float beta;
     int tile0; /* the problem's first tile in the launch (filled by gemm_grouped_cuda) */
     int tiles_n; /* its tiles along n (filled alike) */
+    int d_kept; /* d stays at its address across launches (a weight's gradient), as gg_src.kept */
 } gg_prob;
 
 typedef struct {
@@ -42,6 +46,10 @@ int gemm_grouped_fits(const gg_prob *p, gg_layout l);
  * is device room for np problems (gemm_grouped_bytes), 64-byte aligned, reused once the launch
  * is queued. */
 void gemm_grouped_cuda(cu_ctx *c, gg_prob *p, int np, gg_layout l, void *dev);
-/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product */
-static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + 2 * GG_SRC * 128); }
+/* the host state gemm_grouped_cuda keeps in c (kept tensor maps, pinned staging), at context
+ * destruction */
+void gemm_grouped_free(cu_ctx *c);
+/* the problems and, for the TMA form, a tensor map (128 bytes) for each operand of each product
+ * and for the output */
+static inline size_t gemm_grouped_bytes(int np) { return (size_t)np * (sizeof(gg_prob) + (2 * GG_SRC + 1) * 128); }
 #endif

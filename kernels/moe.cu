@@ -12,9 +12,10 @@
  *     the A/B of bench_moe and tests/gpu/test_ops.c, and because a row's sum order does not
  *     depend on the batch (the grouped GEMMs' does).
  * The kernels here:
- *   - moe_count_kernel / moe_perm_kernel: per expert, its slots in slot order (perm), their
- *     count and offset, and its tiles of BM rows (toff). One block per expert scans every slot,
- *     so the order inside an expert is the slot order whatever the launch.
+ *   - moe_hist_kernel / moe_scan_kernel / moe_place_kernel: per expert, its slots in slot order
+ *     (perm), their count and offset, and its tiles of BM rows (toff), by a stable counting sort
+ *     over chunks of slots; moe_count_kernel / moe_perm_kernel (one block per expert scanning
+ *     every slot) give the same arrays where the experts are too many for the first.
  *   - moe_rows_kernel<MODE>: one block per (expert tile of BM slots, BN outputs). It gathers its
  *     rows' inputs by slot (no permuted copy of x), multiplies by that expert's weights alone
  *     and scatters the result to the slots' rows. The grid is the bound Σ_e ⌈cnt_e/BM⌉ ≤
@@ -31,6 +32,7 @@
  * rounded to bf16 as the A operand of dWd; the router's logits are fp32 out of a bf16 GEMM and
  * d logit goes to bf16 for its two GEMMs, as autograd's bf16 nn.Linear backward does. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mma.h>
@@ -104,6 +106,70 @@ __global__ void moe_perm_kernel(int *perm, int *off, int *toff, const int *cnt, 
         if (threadIdx.x == blockDim.x - 1) base_sh = before + __popc(m);
         __syncthreads();
     }
+}
+
+/* The same arrays in three short kernels over chunks of MOE_CH slots (a counting sort, stable):
+ *   moe_hist_kernel: hist[ch][e] = the slots of chunk ch that chose e;
+ *   moe_scan_kernel (one block): cnt, off, toff, and hist[ch][e] turned into the place of chunk
+ *     ch's first slot of e (off[e] + the slots of e in the chunks before);
+ *   moe_place_kernel: each slot at its chunk's place for its expert + the slots of the same
+ *     expert before it in the chunk (the warps before it, then its lanes before it).
+ * So perm is the same as moe_perm_kernel's, slot order inside an expert; no atomics reach the
+ * arrays (the chunk's histogram counts in shared memory, whose sum has no order). */
+enum { MOE_CH = 512 };
+__global__ void moe_hist_kernel(int *hist, const int *topi, int S, int E) {
+    extern __shared__ int h[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = 0;
+    __syncthreads();
+    int i = blockIdx.x * MOE_CH + threadIdx.x;
+    if (i < S) {
+        int e = topi[i];
+        if (e >= 0 && e < E) atomicAdd(&h[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[(size_t)blockIdx.x * E + e] = h[e];
+}
+__global__ void moe_scan_kernel(int *hist, int *cnt, int *off, int *toff, int nch, int E) {
+    extern __shared__ int h[]; /* (E) the counts */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int ch = 0; ch < nch; ch++) {
+            int v = hist[(size_t)ch * E + e];
+            hist[(size_t)ch * E + e] = run;
+            run += v;
+        }
+        h[e] = cnt[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* E is small: one thread */
+        int o = 0, to = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o, toff[e] = to;
+            int n = h[e];
+            h[e] = o;
+            o += n, to += (n + MOE_BM - 1) / MOE_BM;
+        }
+        off[E] = o, toff[E] = to;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int ch = 0; ch < nch; ch++) hist[(size_t)ch * E + e] += h[e];
+}
+__global__ void __launch_bounds__(MOE_CH) moe_place_kernel(int *perm, const int *hist, const int *topi, int S, int E) {
+    extern __shared__ int wc[]; /* (MOE_CH / 32, E): a warp's slots of each expert */
+    const int NW = MOE_CH / 32, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int j = threadIdx.x; j < NW * E; j += blockDim.x) wc[j] = 0;
+    __syncthreads();
+    int i = blockIdx.x * MOE_CH + threadIdx.x, e = i < S ? topi[i] : -1;
+    if (e < 0 || e >= E) e = -1;
+    unsigned peers = __match_any_sync(0xffffffffu, e);
+    int rank = __popc(peers & ((1u << lane) - 1u));
+    if (e >= 0 && rank == 0) wc[w * E + e] = __popc(peers);
+    __syncthreads();
+    if (e < 0) return;
+    int before = rank;
+    for (int j = 0; j < w; j++) before += wc[j * E + e];
+    perm[hist[(size_t)blockIdx.x * E + e] + before] = i;
 }
 
 /* ---------------------------------------------------------------- grouped GEMMs over slots */
@@ -506,15 +572,32 @@ __global__ void moe_router_bwd_kernel(float *dlogit, bf16 *dlh, const float *dto
 
 /* ---------------------------------------------------------------- launchers */
 
+static int moe_nch(int S) { return (S + MOE_CH - 1) / MOE_CH; }
 const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch) {
-    int *cnt = (int *)scratch, *off = cnt + E, *toff = off + E + 1, *perm = toff + E + 1;
-    moe_count_kernel<<<E, 256, 0, c->stream>>>(cnt, topi, S);
-    CU_LAUNCHED(c, "moe_count_kernel");
-    moe_perm_kernel<<<E, 256, 0, c->stream>>>(perm, off, toff, cnt, topi, S, E);
-    CU_LAUNCHED(c, "moe_perm_kernel");
+    int *cnt = (int *)scratch, *off = cnt + E, *toff = off + E + 1, *perm = toff + E + 1, *hist = perm + S, nch = moe_nch(S);
+    if ((size_t)(MOE_CH / 32) * E * sizeof(int) > 48 * 1024) { /* more experts than moe_place_kernel holds */
+        moe_count_kernel<<<E, 256, 0, c->stream>>>(cnt, topi, S);
+        CU_LAUNCHED(c, "moe_count_kernel");
+        moe_perm_kernel<<<E, 256, 0, c->stream>>>(perm, off, toff, cnt, topi, S, E);
+        CU_LAUNCHED(c, "moe_perm_kernel");
+        return cnt;
+    }
+    if (S <= 0) { /* no slots: zero counts and offsets */
+        CU_CK(c, cudaMemsetAsync(cnt, 0, sizeof(int) * (3 * (size_t)E + 2), c->stream));
+        return cnt;
+    }
+    moe_hist_kernel<<<nch, MOE_CH, sizeof(int) * E, c->stream>>>(hist, topi, S, E);
+    CU_LAUNCHED(c, "moe_hist_kernel");
+    moe_scan_kernel<<<1, E < 1024 ? E : 1024, sizeof(int) * E, c->stream>>>(hist, cnt, off, toff, nch, E);
+    CU_LAUNCHED(c, "moe_scan_kernel");
+    moe_place_kernel<<<nch, MOE_CH, sizeof(int) * (MOE_CH / 32) * E, c->stream>>>(perm, hist, topi, S, E);
+    CU_LAUNCHED(c, "moe_place_kernel");
     return cnt;
 }
-size_t moe_perm_bytes(int S, int E) { return (((size_t)3 * E + 2 + S) * sizeof(int) + 255) & ~(size_t)255; }
+/* cnt, off, toff, perm, then the chunks' histograms (moe_perm_cuda's own) */
+size_t moe_perm_bytes(int S, int E) {
+    return (((size_t)3 * E + 2 + S + (size_t)moe_nch(S) * E) * sizeof(int) + 255) & ~(size_t)255;
+}
 void moe_combine_cuda(cu_ctx *c, bf16 *out, const bf16 *res, bf16 *ey, const bf16 *eyp, const int *inv, const float *topw, int T,
                       int C, int k) {
     int v = vec_width(C, out, res, ey, eyp, NULL);

@@ -166,6 +166,9 @@ static void moe_rp_add(moe_rp *r, moe_opnd a, int lda, moe_opnd b, int ldb, int 
     r->s[r->ns++] = (moe_rs){a, b, lda, ldb, k};
 }
 
+/* 1 for a stacked weight (the same address every call), 0 for rows by expert */
+static int moe_kept(const moe_opnd *o) { return o->per_row == 0; }
+
 /* nr problems an expert (nr <= 3) as gemm_grouped's problems, expert by expert: *P of them in
  * *out (the caller frees it); 0, or -1 where one is outside gemm_grouped's rules or the host
  * has no memory. */
@@ -180,11 +183,12 @@ static int moe_rp_probs(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout 
             gg_prob *q = &p[(*P)++];
             q->m = r[j].m < 0 ? ce : r[j].m, q->n = r[j].n < 0 ? ce : r[j].n;
             q->d = (void *)moe_gg_ptr(&r[j].d, e, off, l.d_f32 ? 4 : 2), q->ldd = r[j].ldd, q->beta = r[j].beta;
+            q->d_kept = moe_kept(&r[j].d);
             q->ns = r[j].ns;
             for (int i = 0; i < r[j].ns; i++) {
                 const moe_rs *u = &r[j].s[i];
                 q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2), (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
-                                   u->k < 0 ? ce : u->k, u->lda, u->ldb};
+                                   u->k < 0 ? ce : u->k, u->lda, u->ldb, moe_kept(&u->a) | moe_kept(&u->b) << 1};
             }
             if (!gemm_grouped_fits(q, l)) return -1;
         }

@@ -24,6 +24,7 @@ extern "C" {
 #include "kernels/deltanet.cuh"
 #include "kernels/deltanet_decode.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/gemm_grouped.cuh"
 #include "kernels/gated_attn.cuh"
 #include "kernels/logprob.cuh"
 #include "kernels/matmul.cuh"
@@ -134,6 +135,7 @@ static void cu_destroy(eng_backend *b) {
         if (c->red) cudaFree(c->red);
         if (c->sk_sync) cudaFree(c->sk_sync);
         gemm_cache_free(c);
+        gemm_grouped_free(c);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
         if (c->stream) cudaStreamDestroy(c->stream);

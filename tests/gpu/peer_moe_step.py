@@ -10,7 +10,8 @@
 # the checkpoint asks for it. L layers of the model's 48 (default 4: bench_daemon.py's 30b-a3b-l4);
 # the whole model's training state does not fit one GPU.
 # Usage: python3 peer_moe_step.py [L] [P N R MB G]   default 4  1024 16 512 4 8
-import sys, time, statistics, torch, torch.nn as nn, torch.nn.functional as F
+# PEER_MOE_ONLY=flex-packed (or hf-std) runs that peer alone; PEER_MOE_REPS timed steps (2).
+import os, sys, time, statistics, torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.nn.attention.flex_attention import flex_attention, create_block_mask
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -134,9 +135,11 @@ def step(name, model, ref, opt, group):
     return times
 
 
-def run(name, build, group, reps=2):
+def run(name, build, group, reps=int(os.environ.get("PEER_MOE_REPS", "2"))):
+    if os.environ.get("PEER_MOE_ONLY", name) != name: return None
     torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-    model, ref = randomize(build()), randomize(build()).eval()
+    with torch.device(dev):  # the modules' own init on the device (randomize overwrites it): seconds, not a minute
+        model, ref = randomize(build()), randomize(build()).eval()
     for p_ in ref.parameters(): p_.requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     try:

@@ -8,7 +8,7 @@
 #   moe:    bench_layer moe (1024, 16, 512), one Qwen3-30B-A3B layer fwd+bwd
 #   moestep: bench_step 30b-a3b-l4 (1024, 16, 512), a 4-layer 30B-A3B update's first step
 # Usage: tools/gpu/profile.sh [decode] [step] [layer] [moe] [moestep]
-# NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
+# COUNT: moestep's launches (3000); NCU_TIMEOUT: seconds (300). NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
 # wrote from L2, as they do in the step, instead of from a flushed cache).
 set -u
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prof() {   # name skip count cmd...
     local name=$1 skip=$2 count=$3; shift 3
-    timeout 300 "$NCU" --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --print-summary per-kernel \
+    timeout ${NCU_TIMEOUT:-300} "$NCU" --clock-control none ${NCU_EXTRA:-} --metrics gpu__time_duration.sum --print-summary per-kernel \
         --launch-skip "$skip" --launch-count "$count" "$@" >"$OUT/prof_$name.raw" 2>&1
     # name, calls, mean ns -> table sorted by total time
     python3 - "$OUT/prof_$name.raw" >"$OUT/prof_$name.txt" <<'PY'
@@ -49,7 +49,7 @@ for what in "${@:-decode step layer}"; do
             step)   prof step 0 3000 "$B/bench_step" 1.7b 4096 16 512 ;;
             layer)  prof layer 0 400 "$B/bench_layer" 8192 8 1024 ;;
             moe)    prof moe 0 300 "$B/bench_layer" moe 1024 16 512 ;;
-            moestep) prof moestep 0 3000 "$B/bench_step" 30b-a3b-l4 1024 16 512 ;;
+            moestep) prof moestep 0 ${COUNT:-3000} "$B/bench_step" 30b-a3b-l4 1024 16 512 ;;
         esac
     done
 done
