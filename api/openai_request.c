@@ -164,7 +164,8 @@ static int chat_group_or_reply(eng *en, json_object *req, const oa_tools *t, int
 
 int oa_force(oa_req *q, json_object *rollout, int i) {
     json_object *c = json_object_array_get_idx(q->cands, (size_t)i), *ids = json_object_object_get(c, "ids"), *schema;
-    json_object *pid = json_object_object_get(json_object_array_get_idx(json_object_object_get(rollout, "groups"), 0), "prompt_ids");
+    json_object *pid = json_object_object_get(json_object_array_get_idx(json_object_object_get(rollout, "groups"), 0),
+                                              "prompt_ids");
     for (size_t k = 0; k < json_object_array_length(ids); k++)
         json_object_array_add(pid, json_object_get(json_object_array_get_idx(ids, k)));
     if (json_object_object_get_ex(c, "schema", &schema)) /* the arguments keep to the tool's parameters */

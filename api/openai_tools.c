@@ -144,8 +144,9 @@ int oa_tools_or_reply(json_object *req, oa_tools *t, api_error *err) {
         return rc;
     int n = tools ? (int)json_object_array_length(tools) : 0;
     t->named = -1;
-    if (n && (!(t->json = calloc((size_t)n, sizeof *t->json)) || !(t->names = calloc((size_t)n, sizeof *t->names)) ||
-              !(t->params = calloc((size_t)n, sizeof *t->params)))) {
+    if (n &&
+        (!(t->json = calloc((size_t)n, sizeof *t->json)) || !(t->names = calloc((size_t)n, sizeof *t->names)) ||
+         !(t->params = calloc((size_t)n, sizeof *t->params)))) {
         free(t->json);
         free(t->names);
         return api_fail(err, GE_NOMEM, "tools", "out of memory");
@@ -317,7 +318,7 @@ static void scan_call(int f, const char *p, size_t n, call_scan *c) {
         int is_name = klen == 4 && !memcmp(p + k0, "name", 4);
         const char *ak = fmts[f].args_key;
         int is_args = (klen == strlen(ak) && !memcmp(p + k0, ak, klen)) ||
-                      (f == ENG_TOOLS_LLAMA3 && klen == 9 && !memcmp(p + k0, "arguments", 9)); /* as vLLM's llama3_json */
+            (f == ENG_TOOLS_LLAMA3 && klen == 9 && !memcmp(p + k0, "arguments", 9)); /* as vLLM's llama3_json */
         if (is_args) c->has_args = 1, c->args_at = i, c->args_end = n, c->args_key_llama = klen == 9 && f == ENG_TOOLS_LLAMA3;
         size_t end;
         int r = value_end(p + i, n - i, &end);
@@ -457,7 +458,7 @@ static json_object *call_of(int f, const char *body, const call_scan *c) {
     json_tokener_free(tk);
     json_object *name = json_object_object_get(o, "name");
     int ok = whole && json_object_is_type(o, json_type_object) && json_object_is_type(name, json_type_string) &&
-             json_object_object_get_ex(o, c->args_key_llama ? "arguments" : fmts[f].args_key, NULL) && c->args_done;
+        json_object_object_get_ex(o, c->args_key_llama ? "arguments" : fmts[f].args_key, NULL) && c->args_done;
     json_object *call = NULL;
     if (ok) {
         char *a = oa_canon_json(body + c->args_at, c->args_end - c->args_at);

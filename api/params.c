@@ -129,7 +129,7 @@ static int bounds_or_reply(const eng_param *p, json_object *in, const char *path
     if (api_is_num(v)) upper = json_object_get_double(v);
     else if (ok) ok = bounds_parse(json_object_get_string(v), &lower, &upper) == 0;
     ok = ok && upper > p->lo && upper <= p->hi && (lower == 0 || (lower > p->lo && lower <= upper)) &&
-         !(json_object_is_type(v, json_type_string) && strchr(json_object_get_string(v), '_') && lower == 0);
+        !(json_object_is_type(v, json_type_string) && strchr(json_object_get_string(v), '_') && lower == 0);
     if (!ok)
         return api_fail(e, GE_INVALID, f, "%s must be a number in (%g, %g] or a string \"lower_upper\" of two, lower <= upper", f,
                         p->lo, p->hi);

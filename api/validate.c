@@ -281,9 +281,9 @@ static int rollout_corr_or_reply(json_object *algo, int old_from_rollout, api_er
                         "logprobs (veRL's decoupled mode)",
                         on_is ? "rollout_is" : "rollout_rs");
     if (on_rs && !th)
-        return api_fail(e, GE_INVALID, "algorithm.rollout_rs_threshold", "algorithm.rollout_rs_threshold is required with rollout_rs");
-    if (on_rs && json_object_is_type(th, json_type_string) && strchr(json_object_get_string(th), '_') &&
-        rrs[strlen(rrs) - 1] != '1')
+        return api_fail(e, GE_INVALID, "algorithm.rollout_rs_threshold",
+                        "algorithm.rollout_rs_threshold is required with rollout_rs");
+    if (on_rs && json_object_is_type(th, json_type_string) && strchr(json_object_get_string(th), '_') && rrs[strlen(rrs) - 1] != '1')
         return api_fail(e, GE_INVALID, "algorithm.rollout_rs_threshold",
                         "algorithm.rollout_rs_threshold: %s takes one upper bound; \"lower_upper\" is for the k1 options", rrs);
     return 0;
@@ -293,7 +293,8 @@ static int rollout_corr_or_reply(json_object *algo, int old_from_rollout, api_er
 static int seq_groups_or_reply(json_object *req, const api_limits *l, const api_model *m, int with_scores, int need_logprobs,
                                json_object **out, api_error *e) {
     static const char *const gkeys[] = {"prompt_ids", "responses", "metadata", "reward_mean", "reward_std", NULL};
-    static const char *const rkeys[] = {"token_ids", "reward", "advantage", "logprobs", "finish_reason", "text", "loss_mask", NULL};
+    static const char *const rkeys[] = {"token_ids",     "reward", "advantage", "logprobs",
+                                        "finish_reason", "text",   "loss_mask", NULL};
     static const char *const rkeys_lp[] = {"token_ids", NULL};
     json_object *groups, *og = json_object_new_array();
     int rc;

@@ -104,7 +104,8 @@ static const opt_def opts[] = {
      "CUDA devices to run on, one data-parallel rank each in this process: all, or indices like 0,1,2 (implies --backend cuda; "
      "the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
     {"expert-parallel", O_BOOL, S_(expert_parallel), 0, 1, 0, "false",
-     "with --ranks N, --gpus or --followers: a mixture-of-experts model's experts split over the ranks (each holds E/N of them and their "
+     "with --ranks N, --gpus or --followers: a mixture-of-experts model's experts split over the ranks (each holds E/N of them "
+     "and their "
      "training state; tokens travel to them), the rest sharded as data parallelism shards it; rollouts decode from a whole "
      "copy of the model each rank holds"},
     {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0",

@@ -188,7 +188,7 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
     if (c >= Cc) return;
     float wc[DN_KC_MAX], dwc[DN_KC_MAX], xs[DN_KC_MAX], acc[DN_KC_MAX];
     int hist[DN_KC_MAX], have = 0;
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < Kc; j++) {
         wc[j] = __bfloat162float(w[(size_t)c * Kc + j]);
         dwc[j] = 0;
@@ -205,7 +205,7 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
         }
         if (have && pt == t - 1) { /* the window shifts: its oldest entry is done with this run */
             if (hist[0] != -1) dn_conv_in_put(dxf, cy, hist[0], c, Cc, acc[0]);
-            #pragma unroll
+#pragma unroll
             for (int j = 0; j + 1 < Kc; j++) {
                 hist[j] = hist[j + 1];
                 xs[j] = xs[j + 1];
@@ -216,11 +216,11 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
             acc[Kc - 1] = dxf[(size_t)t * Cc + c];
         } else {
             if (have)
-                #pragma unroll
+#pragma unroll
                 for (int j = 0; j < Kc; j++)
                     if (hist[j] != -1) dn_conv_in_put(dxf, cy, hist[j], c, Cc, acc[j]);
             dn_conv_hist(hist, r, cy.row0, t, Kc);
-            #pragma unroll
+#pragma unroll
             for (int j = 0; j < Kc; j++) {
                 xs[j] = hist[j] != -1 ? dn_conv_in(x, cy, hist[j], c, Cc) : 0.0f;
                 acc[j] = hist[j] != -1 ? dn_conv_in_get(dxf, cy, hist[j], c, Cc) : 0.0f;
@@ -228,10 +228,10 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
             have = 1;
         }
         float p = 0;
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < Kc; j++) p += wc[j] * xs[j];
         float sg = dn_sigmoid(p), dp = dut * (sg * (1.0f + p * (1.0f - sg)));
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < Kc; j++)
             if (hist[j] != -1) {
                 dwc[j] += dp * xs[j];
@@ -239,14 +239,14 @@ __global__ void dn_conv_bwd_kernel(float *dxf, float *dw, const bf16 *du, const 
             }
     }
     if (have)
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j < Kc; j++)
             if (hist[j] != -1) dn_conv_in_put(dxf, cy, hist[j], c, Cc, acc[j]);
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < Kc; j++) dw[(size_t)c * Kc + j] += dwc[j];
     if (cy.dtail_out) { /* the gradient of the carry's tail_out, from outside */
         dn_conv_hist(hist, r, cy.row0, T - 1, Kc);
-        #pragma unroll
+#pragma unroll
         for (int j = 0; j + 1 < Kc; j++)
             if (hist[j + 1] != -1) dn_conv_in_add(dxf, cy, hist[j + 1], c, Cc, cy.dtail_out[(size_t)j * Cc + c]);
     }

@@ -199,9 +199,18 @@ __global__ void __launch_bounds__(DC_NT) dc_wy_kernel(dc_scratch s, const float 
 /* The walk's shared memory (floats, dynamic): the state slice S (DC_DK × DC_BV), δ (DC_C × DC_BV),
  * then the chunk's operands staged whole: U's slice (DC_C × DC_BV), W, q, k (DC_C × DC_DK each), P
  * (DC_C × DC_C), G and the decays (DC_C each). */
-enum { DW_S = 0, DW_D = DW_S + DC_DK * DC_BV, DW_U = DW_D + DC_C * DC_BV, DW_W = DW_U + DC_C * DC_BV, DW_Q = DW_W + DC_C * DC_DK,
-       DW_K = DW_Q + DC_C * DC_DK, DW_P = DW_K + DC_C * DC_DK, DW_G = DW_P + DC_C * DC_C, DW_E = DW_G + DC_C,
-       DW_FLOATS = DW_E + DC_C };
+enum {
+    DW_S = 0,
+    DW_D = DW_S + DC_DK * DC_BV,
+    DW_U = DW_D + DC_C * DC_BV,
+    DW_W = DW_U + DC_C * DC_BV,
+    DW_Q = DW_W + DC_C * DC_DK,
+    DW_K = DW_Q + DC_C * DC_DK,
+    DW_P = DW_K + DC_C * DC_DK,
+    DW_G = DW_P + DC_C * DC_C,
+    DW_E = DW_G + DC_C,
+    DW_FLOATS = DW_E + DC_C
+};
 
 /* the loads of chunk c's operands (nothing when c >= nc; o NULL: U, W and k only): `head`, the
  * ones the chunk's first phase reads (U's slice, W, q, P), else k. One cp.async group either way. */
@@ -344,7 +353,7 @@ void dn_chunk_fwd(cu_ctx *c, bf16 *o, float *ck, float *h0, int cap, float *scr,
     dc_wy_kernel<<<dim3(T < 4096 ? T : 4096, Hv), DC_NT, 0, c->stream>>>(s, qn, kn, g, beta, u, Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_wy_kernel");
     CU_CK(c, cudaFuncSetAttribute(dc_walk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dc_walk_bytes()));
-    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, dc_walk_bytes(), c->stream>>>(o, ck, h0, cap, s, qn, kn, r, cy, Hk,
-                                                                                             Hv, Dk, Dv);
+    dc_walk_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, dc_walk_bytes(), c->stream>>>(o, ck, h0, cap, s, qn, kn, r, cy,
+                                                                                              Hk, Hv, Dk, Dv);
     CU_LAUNCHED(c, "dc_walk_kernel");
 }

@@ -42,9 +42,20 @@ long long dn_chunk_bwd_floats(int T, int Hv, int Dk, int Dv) {
 /* The reverse walk's shared memory (floats, dynamic): dS (DC_DK × DC_BV), dδ and dO's slice (DC_C ×
  * DC_BV each), dO's slice as loaded (bf16), then the chunk's operands staged whole: P (DC_C × DC_C),
  * k, q, W (DC_C × DC_DK each); G, the decays e^{G_{n-1}-G} and e^{G} (DC_C each). */
-enum { DR_S = 0, DR_D = DR_S + DC_DK * DC_BV, DR_O = DR_D + DC_C * DC_BV, DR_OB = DR_O + DC_C * DC_BV,
-       DR_P = DR_OB + DC_C * DC_BV / 2, DR_K = DR_P + DC_C * DC_C, DR_Q = DR_K + DC_C * DC_DK, DR_W = DR_Q + DC_C * DC_DK,
-       DR_G = DR_W + DC_C * DC_DK, DR_E = DR_G + DC_C, DR_EG = DR_E + DC_C, DR_FLOATS = DR_EG + DC_C };
+enum {
+    DR_S = 0,
+    DR_D = DR_S + DC_DK * DC_BV,
+    DR_O = DR_D + DC_C * DC_BV,
+    DR_OB = DR_O + DC_C * DC_BV,
+    DR_P = DR_OB + DC_C * DC_BV / 2,
+    DR_K = DR_P + DC_C * DC_C,
+    DR_Q = DR_K + DC_C * DC_DK,
+    DR_W = DR_Q + DC_C * DC_DK,
+    DR_G = DR_W + DC_C * DC_DK,
+    DR_E = DR_G + DC_C,
+    DR_EG = DR_E + DC_C,
+    DR_FLOATS = DR_EG + DC_C
+};
 static size_t dc_rev_bytes(void) { return DR_FLOATS * sizeof(float); }
 
 /* the loads of chunk c's operands (nothing when c < 0): `head`, the ones the chunk's first phase
@@ -406,7 +417,7 @@ int dn_chunk_bwd(cu_ctx *c, bf16 *du, float **pdq, float **pdk, float **pdb, flo
     if (c->failed || nc > cap) return 0;
     CU_CK(c, cudaFuncSetAttribute(dc_rev_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dc_rev_bytes()));
     dc_rev_kernel<<<dim3(Hv, (Dv + DC_BV - 1) / DC_BV), DC_NT, dc_rev_bytes(), c->stream>>>(dSe, s, qn, kn, dout, r, cy, Hk, Hv,
-                                                                                           Dk, Dv);
+                                                                                            Dk, Dv);
     CU_LAUNCHED(c, "dc_rev_kernel");
     size_t bytes = dc_grad_bytes(Dk, Dv);
     CU_CK(c, cudaFuncSetAttribute(dc_grad_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));

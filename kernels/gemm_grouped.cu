@@ -219,8 +219,12 @@ __device__ __forceinline__ void tma_add_2d(const void *m, const void *src, int c
 }
 __device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 /* until at most N of this thread's store groups still read shared memory / are not yet done */
-template <int N> __device__ __forceinline__ void tma_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
-template <int N> __device__ __forceinline__ void tma_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void tma_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void tma_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 /* the 128 threads of consumer warpgroup cw (named barriers 1 and 2) */
 __device__ __forceinline__ void gw_bar(int cw) { asm volatile("bar.sync %0, 128;\n" ::"r"(cw + 1) : "memory"); }
 
@@ -231,8 +235,8 @@ __device__ __forceinline__ void gw_bar(int cw) { asm volatile("bar.sync %0, 128;
  * epilogue computes) while the warpgroup goes on to its next tile. The map clips rows past m
  * and columns past n. A buffer is written again once its store two boxes before has read it. */
 template <int F32>
-__device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, const float (&acc)[32][4], unsigned char *stg, int cw,
-                                             int m0, int n0) {
+__device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, const float (&acc)[32][4], unsigned char *stg,
+                                             int cw, int m0, int n0) {
     constexpr int CB = F32 ? 32 : 64, NB = 256 / CB, JB = CB / 8; /* columns a box, boxes, accumulator blocks a box */
     const int t = threadIdx.x & 127, lane = t & 31, r = (t >> 5) * 16 + (lane >> 2);
 #pragma unroll
@@ -263,9 +267,8 @@ __device__ __forceinline__ void gw_store_tma(const CUtensorMap *dm, int add, con
 }
 
 template <int AK, int BK, int F32>
-__global__ void __launch_bounds__(GW_NT, 1)
-    gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps, const CUtensorMap *dmaps, int np,
-                            int tiles) {
+__global__ void __launch_bounds__(GW_NT, 1) gemm_grouped_tma_kernel(const gg_prob *__restrict__ probs, const CUtensorMap *maps,
+                                                                    const CUtensorMap *dmaps, int np, int tiles) {
     extern __shared__ __align__(1024) unsigned char gg_smem[];
     unsigned char *sm = gg_smem + ((1024 - (fa_smem(gg_smem) & 1023)) & 1023);
     unsigned long long *full = (unsigned long long *)(sm + GW_NS * GW_STAGE + GW_EPI), *empty = full + GW_NS;

@@ -588,7 +588,8 @@ const int *moe_perm_cuda(cu_ctx *c, const int *topi, int S, int E, void *scratch
     }
     moe_hist_kernel<<<nch, MOE_CH, sizeof(int) * E, c->stream>>>(hist, topi, S, E);
     CU_LAUNCHED(c, "moe_hist_kernel");
-    moe_scan_kernel<<<1, E < 1024 ? E : 1024, sizeof(int) * E, c->stream>>>(hist, cnt, off, toff, nch, E);
+    const int scan_threads = E < 1024 ? E : 1024;
+    moe_scan_kernel<<<1, scan_threads, sizeof(int) * E, c->stream>>>(hist, cnt, off, toff, nch, E);
     CU_LAUNCHED(c, "moe_scan_kernel");
     moe_place_kernel<<<nch, MOE_CH, sizeof(int) * (MOE_CH / 32) * E, c->stream>>>(perm, hist, topi, S, E);
     CU_LAUNCHED(c, "moe_place_kernel");

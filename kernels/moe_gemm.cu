@@ -187,8 +187,12 @@ static int moe_rp_probs(const moe_gg_ctx *x, const moe_rp *r, int nr, gg_layout 
             q->ns = r[j].ns;
             for (int i = 0; i < r[j].ns; i++) {
                 const moe_rs *u = &r[j].s[i];
-                q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2), (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
-                                   u->k < 0 ? ce : u->k, u->lda, u->ldb, moe_kept(&u->a) | moe_kept(&u->b) << 1};
+                q->s[i] = (gg_src){(const bf16 *)moe_gg_ptr(&u->a, e, off, 2),
+                                   (const bf16 *)moe_gg_ptr(&u->b, e, off, 2),
+                                   u->k < 0 ? ce : u->k,
+                                   u->lda,
+                                   u->ldb,
+                                   moe_kept(&u->a) | moe_kept(&u->b) << 1};
             }
             if (!gemm_grouped_fits(q, l)) return -1;
         }

@@ -66,8 +66,7 @@ static int common(const pfx_entry *e, const int *tok, int n) {
 
 int pfx_keep(pfx_cache *c, kvp *p, const int *a, int na, pfx_block *pa, const int *b, int nb, pfx_block *pb) {
     for (int i = 0; i < c->n; i++) /* held already (a response equal to another) */
-        if (c->e[i].n >= na + nb && common(&c->e[i], a, na) == na &&
-            (!nb || !memcmp(c->e[i].tok + na, b, (size_t)nb * sizeof(int))))
+        if (c->e[i].n >= na + nb && common(&c->e[i], a, na) == na && (!nb || !memcmp(c->e[i].tok + na, b, (size_t)nb * sizeof(int))))
             return 0;
     if (c->n >= PFX_MAX_ENTRIES) evict_one(c, p);
     if (c->n == c->cap) {

@@ -273,7 +273,8 @@ static int render_llama31(tt_buf *b, const tok *t, const char *tpl, const chat_m
     tt_put(b, sys.p, sys.n);
     tt_str(b, "<|eot_id|>");
     if (o->n_tools) {
-        if (n < 1) return err_set(GE_UNSUPPORTED, "chat: Llama 3.1's template puts the tools in the first user message: there is none");
+        if (n < 1)
+            return err_set(GE_UNSUPPORTED, "chat: Llama 3.1's template puts the tools in the first user message: there is none");
         view first = strip_ws(V(m[0].content), 1, 1);
         tt_str(b,
                "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
@@ -291,8 +292,9 @@ static int render_llama31(tt_buf *b, const tok *t, const char *tpl, const chat_m
         view c = V(m[i].content);
         if (m[i].n_tool_calls) {
             if (m[i].n_tool_calls > 1 || c.n)
-                return err_set(GE_UNSUPPORTED, "chat: Llama 3.1's template renders one tool call per assistant turn and no "
-                                               "content beside it");
+                return err_set(GE_UNSUPPORTED,
+                               "chat: Llama 3.1's template renders one tool call per assistant turn and no "
+                               "content beside it");
             tt_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
             tt_str(b, m[i].tool_calls[0].name);
             tt_str(b, "\", \"parameters\": ");
@@ -362,8 +364,9 @@ int chat_render_opts(const tok *t, const chat_msg *msgs, int n, int add_generati
         }
     } else if (strstr(tpl, "<|start_header_id|>")) {
         if (strstr(tpl, "tools"))
-            return err_set(GE_UNSUPPORTED, "chat: this Llama 3 chat template (tools without the 3.1 date header) is not "
-                                           "supported; only Llama 3's and 3.1's");
+            return err_set(GE_UNSUPPORTED,
+                           "chat: this Llama 3 chat template (tools without the 3.1 date header) is not "
+                           "supported; only Llama 3's and 3.1's");
         render_llama3(&b, t, msgs, n, add_generation_prompt, !strstr(tpl, "add_generation_prompt"));
     } else {
         return err_set(GE_UNSUPPORTED,

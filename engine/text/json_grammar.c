@@ -28,8 +28,23 @@
 
 #include "common/err.h"
 
-enum { M_VALUE, M_ARR_FIRST, M_OBJ_FIRST, M_KEY, M_COLON, M_AFTER, M_STRING, M_ESC, M_UHEX, M_NUM, M_LIT, M_SUFFIX, M_END,
-       M_PKEY, M_ENUM };
+enum {
+    M_VALUE,
+    M_ARR_FIRST,
+    M_OBJ_FIRST,
+    M_KEY,
+    M_COLON,
+    M_AFTER,
+    M_STRING,
+    M_ESC,
+    M_UHEX,
+    M_NUM,
+    M_LIT,
+    M_SUFFIX,
+    M_END,
+    M_PKEY,
+    M_ENUM
+};
 enum { NUM_MINUS, NUM_ZERO, NUM_INT, NUM_DOT, NUM_FRAC, NUM_E, NUM_ESIGN, NUM_EXP };
 static const char *const lits[] = {"true", "false", "null"};
 
@@ -159,8 +174,13 @@ static int value_byte(const jg_spec *g, jg_state *s, unsigned char c) {
         if (enum_whole(g, s)) value_done(g, s);
         return 0;
     }
-    int t = c == '{' ? JG_T_OBJ : c == '[' ? JG_T_ARR : c == '"' ? JG_T_STR : c == '-' || is_digit(c) ? JG_T_INT | JG_T_NUM
-          : c == 't' || c == 'f' ? JG_T_BOOL : c == 'n' ? JG_T_NULL : 0;
+    int t = c == '{'              ? JG_T_OBJ
+        : c == '['                ? JG_T_ARR
+        : c == '"'                ? JG_T_STR
+        : c == '-' || is_digit(c) ? JG_T_INT | JG_T_NUM
+        : c == 't' || c == 'f'    ? JG_T_BOOL
+        : c == 'n'                ? JG_T_NULL
+                                  : 0;
     if (!(n->types & t)) return -1;
     if (c == '{' || c == '[') return open_container(g, s, c);
     if (c == '"') {
@@ -367,7 +387,7 @@ int jg_feed(const jg_spec *g, jg_state *s, const char *bytes, size_t n) {
 int jg_complete(const jg_spec *g, const jg_state *s) {
     /* a number at the root with no suffix ends wherever the sequence does */
     return s->mode == M_END || (s->mode == M_NUM && s->depth == 0 && !g->suffix_len && num_complete(s)) ||
-           (s->mode == M_ENUM && s->depth == 0 && !g->suffix_len && enum_need(g, s) == 0);
+        (s->mode == M_ENUM && s->depth == 0 && !g->suffix_len && enum_need(g, s) == 0);
 }
 
 /* Bytes that close the open containers (each with a member written) and write the suffix. */

@@ -24,18 +24,47 @@
 
 enum { MAX_NODES = 4096, MAX_PROPS = 255, MAX_KEY = 255, MAX_LIT = 1024 };
 
-static const char *const refused[] = {"$ref", "$defs", "definitions", "oneOf", "allOf", "not", "if", "then", "else",
-                                      "pattern", "patternProperties", "minLength", "maxLength", "minimum", "maximum",
-                                      "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
-                                      "uniqueItems", "prefixItems", "contains", "minContains", "maxContains",
-                                      "minProperties", "maxProperties", "propertyNames", "dependentRequired",
-                                      "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
-                                      "additionalItems", NULL};
+static const char *const refused[] = {"$ref",
+                                      "$defs",
+                                      "definitions",
+                                      "oneOf",
+                                      "allOf",
+                                      "not",
+                                      "if",
+                                      "then",
+                                      "else",
+                                      "pattern",
+                                      "patternProperties",
+                                      "minLength",
+                                      "maxLength",
+                                      "minimum",
+                                      "maximum",
+                                      "exclusiveMinimum",
+                                      "exclusiveMaximum",
+                                      "multipleOf",
+                                      "minItems",
+                                      "maxItems",
+                                      "uniqueItems",
+                                      "prefixItems",
+                                      "contains",
+                                      "minContains",
+                                      "maxContains",
+                                      "minProperties",
+                                      "maxProperties",
+                                      "propertyNames",
+                                      "dependentRequired",
+                                      "dependentSchemas",
+                                      "dependencies",
+                                      "unevaluatedProperties",
+                                      "unevaluatedItems",
+                                      "additionalItems",
+                                      NULL};
 static const struct {
     const char *name;
     int bits;
-} type_names[] = {{"string", JG_T_STR}, {"integer", JG_T_INT},   {"number", JG_T_INT | JG_T_NUM}, {"boolean", JG_T_BOOL},
-                  {"null", JG_T_NULL},  {"object", JG_T_OBJ}, {"array", JG_T_ARR}};
+} type_names[] = {{"string", JG_T_STR},   {"integer", JG_T_INT}, {"number", JG_T_INT | JG_T_NUM},
+                  {"boolean", JG_T_BOOL}, {"null", JG_T_NULL},   {"object", JG_T_OBJ},
+                  {"array", JG_T_ARR}};
 
 typedef struct {
     jg_schema *s;
@@ -90,7 +119,8 @@ static void dump(sb *b, const js *v) {
     case JS_FALSE: puts_(b, "false"); break;
     case JS_TRUE: puts_(b, "true"); break;
     case JS_NUM:
-        if (v->num == (double)(long long)v->num && v->num > -1e15 && v->num < 1e15) snprintf(num, sizeof num, "%lld", (long long)v->num);
+        if (v->num == (double)(long long)v->num && v->num > -1e15 && v->num < 1e15)
+            snprintf(num, sizeof num, "%lld", (long long)v->num);
         else snprintf(num, sizeof num, "%.17g", v->num);
         puts_(b, num);
         break;
@@ -163,8 +193,8 @@ static int types_of(build *b, const js *t, int *bits) {
 }
 
 static int is_annotation(const char *k) {
-    static const char *const names[] = {"title",   "description", "default",  "examples",  "format", "$schema",
-                                        "$id",     "$comment",    "deprecated", "readOnly", "writeOnly", NULL};
+    static const char *const names[] = {"title", "description", "default",    "examples", "format",    "$schema",
+                                        "$id",   "$comment",    "deprecated", "readOnly", "writeOnly", NULL};
     for (int i = 0; names[i]; i++)
         if (!strcmp(k, names[i])) return 1;
     return 0;
@@ -276,14 +306,16 @@ static int compile(build *b, const js *v, int depth, int *out) {
         for (int j = 0; refused[j]; j++)
             if (!strcmp(v->keys[i], refused[j])) {
                 size_t at = push_path(b, refused[j]);
-                rc = fail(b, "not supported: constrained decoding enforces type, properties, required, enum, const, items, "
-                             "additionalProperties and anyOf of types only");
+                rc = fail(b,
+                          "not supported: constrained decoding enforces type, properties, required, enum, const, items, "
+                          "additionalProperties and anyOf of types only");
                 b->path[at] = 0;
                 return rc;
             }
     if ((rc = new_node(b, &self))) return rc;
     const js *type = js_get(v, "type"), *props = js_get(v, "properties"), *req = js_get(v, "required");
-    const js *items = js_get(v, "items"), *en = js_get(v, "enum"), *cn = js_get(v, "const"), *ap = js_get(v, "additionalProperties");
+    const js *items = js_get(v, "items"), *en = js_get(v, "enum"), *cn = js_get(v, "const"),
+             *ap = js_get(v, "additionalProperties");
     const js *any = js_get(v, "anyOf");
     int bits = JG_T_ANY, union_bits;
     if (type && (rc = types_of(b, type, &bits))) return rc;

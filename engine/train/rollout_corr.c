@@ -91,7 +91,8 @@ void rcorr_compute(const loss_config *c, int S, const int *off, const int *len, 
             }
             for (int j = 0; j < L; j++) {
                 int t = o + j;
-                double raw = c->rollout_is == RIS_TOKEN ? exp(clampd((double)old[t] - roll[t], -SAFETY_BOUND, SAFETY_BOUND)) : seq_w;
+                double raw = c->rollout_is == RIS_TOKEN ? exp(clampd((double)old[t] - roll[t], -SAFETY_BOUND, SAFETY_BOUND))
+                                                        : seq_w;
                 if (!TRAINED(t)) raw = 0; /* veRL: raw weights * response_mask */
                 double w = lo > 0 ? (raw >= lo && raw <= up ? raw : 0.0) : (raw < up ? raw : up);
                 isw[t] = (float)w;
@@ -115,7 +116,8 @@ void rcorr_compute(const loss_config *c, int S, const int *off, const int *len, 
             for (int j = 0; j < L; j++) {
                 int t = o + j;
                 if (!TRAINED(t)) continue;
-                int keep = c->rollout_rs >= RRS_SEQ_SUM_K1 ? seq_keep : rs_keep(c, rs_token_stat(c->rollout_rs, (double)old[t] - roll[t]));
+                int keep = c->rollout_rs >= RRS_SEQ_SUM_K1 ? seq_keep
+                                                           : rs_keep(c, rs_token_stat(c->rollout_rs, (double)old[t] - roll[t]));
                 if (!keep) {
                     tmask[t] = 0;
                     m->rs_tok += 1;

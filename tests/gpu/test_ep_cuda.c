@@ -697,7 +697,8 @@ static void *scale_main(void *p) {
     int *gi = calloc((size_t)sG, sizeof *gi), *at = calloc((size_t)sG, sizeof *at), nr = 0;
     long long *kv = calloc((size_t)sG, sizeof *kv);
     for (int i = 0; i < sG; i++) {
-        g[i] = (eng_update_group){.prompt = sprompt[i], .P = sP, .n = sN, .resp = sresp + i * sN, .R = sRv + i * sN, .reward = sreward + i * sN};
+        g[i] = (eng_update_group){
+            .prompt = sprompt[i], .P = sP, .n = sN, .resp = sresp + i * sN, .R = sRv + i * sN, .reward = sreward + i * sN};
         kv[i] = sP + (long long)sN * sNEW;
     }
     eng_place_groups(kv, sG, j->W, at); /* this rank's rollouts: its share, each with its request index */

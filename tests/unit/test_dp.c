@@ -204,14 +204,10 @@ typedef struct {
 static int rank_op(rank_head *h) {
     rank_job *j = (rank_job *)h;
     switch (h->op) {
-    case OP_OPEN:
-        h->e = open_rank(h->c, h->dir);
-        return h->e ? 0 : -1;
+    case OP_OPEN: h->e = open_rank(h->c, h->dir); return h->e ? 0 : -1;
     case OP_UPDATE: return run_update(h->e, h->k, &j->u);
     case OP_UNDO: return eng_update_undo(h->e);
-    case OP_PROBE:
-        j->n_lp = probe(h->e, j->lp);
-        return j->n_lp < 0;
+    case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     }
     return -1;
 }
@@ -288,10 +284,10 @@ static const char *close_result(const eng_update_result *a, const eng_update_res
     if (a->groups_filtered != b->groups_filtered || a->optimizer_steps != b->optimizer_steps) return "steps";
     if (a->policy_version_after != b->policy_version_after) return "policy_version";
     /* the rollout correction's metrics: from the old pass, before any step: sums in rank order */
-    const double p[] = {a->rc.kl, a->rc.k3_kl, a->rc.abs_diff_mean, a->rc.abs_diff_max, a->rc.is_mean, a->rc.is_max,
-                        a->rc.rs_masked_fraction, a->rc.rs_seq_masked_fraction},
-                 q[] = {b->rc.kl, b->rc.k3_kl, b->rc.abs_diff_mean, b->rc.abs_diff_max, b->rc.is_mean, b->rc.is_max,
-                        b->rc.rs_masked_fraction, b->rc.rs_seq_masked_fraction};
+    const double p[] = {a->rc.kl,      a->rc.k3_kl,  a->rc.abs_diff_mean,      a->rc.abs_diff_max,
+                        a->rc.is_mean, a->rc.is_max, a->rc.rs_masked_fraction, a->rc.rs_seq_masked_fraction},
+                 q[] = {b->rc.kl,      b->rc.k3_kl,  b->rc.abs_diff_mean,      b->rc.abs_diff_max,
+                        b->rc.is_mean, b->rc.is_max, b->rc.rs_masked_fraction, b->rc.rs_seq_masked_fraction};
     for (int i = 0; i < 8; i++)
         if (a->rollout_corr != b->rollout_corr || fabs(p[i] - q[i]) > 1e-6 + rel * fabs(q[i])) return "rollout_corr";
     return NULL;

@@ -207,8 +207,8 @@ static int rollout(eng *e, struct roll *r) {
 }
 static int same_roll(const struct roll *a, const struct roll *b) {
     return a->n_tok == b->n_tok && a->n_rt == b->n_rt && a->n_tok > 0 && a->n_rt > 0 &&
-           !memcmp(a->tok, b->tok, (size_t)a->n_tok * 4) && !memcmp(a->lp, b->lp, (size_t)a->n_tok * 4) &&
-           !memcmp(a->rt, b->rt, (size_t)a->n_rt * 4);
+        !memcmp(a->tok, b->tok, (size_t)a->n_tok * 4) && !memcmp(a->lp, b->lp, (size_t)a->n_tok * 4) &&
+        !memcmp(a->rt, b->rt, (size_t)a->n_rt * 4);
 }
 
 /* ---------------------------------------------------------------- ranks as threads */
@@ -234,14 +234,10 @@ typedef struct {
 static int rank_op(rank_head *h) {
     rank_job *j = (rank_job *)h;
     switch (h->op) {
-    case OP_OPEN:
-        h->e = open_one(h->c, MODEL, h->dir, 1);
-        return h->e ? 0 : -1;
+    case OP_OPEN: h->e = open_one(h->c, MODEL, h->dir, 1); return h->e ? 0 : -1;
     case OP_UPDATE: return run_update(h->e, h->k, &j->u);
     case OP_STATE: return eng_testing_state(h->e, j->st[0], j->st[1], j->st[2]);
-    case OP_PROBE:
-        j->n_lp = probe(h->e, j->lp);
-        return j->n_lp < 0;
+    case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     case OP_ROLL: return rollout(h->e, j->roll);
     }
     return -1;
@@ -291,7 +287,8 @@ static int compare_update(rank_job *j, int W, int k) {
     }
     for (int i = 0; i < 3; i++) {
         double ex = part_err(j[0].st[i], ref_st[k][i], 1), rp = part_err(j[0].st[i], ref_st[k][i], 0);
-        if (i > 0 || ex > 1e-7 || rp > 1e-7) printf("  W=%d cfg %d %s: rel L2 experts %.2e, replicated %.2e\n", W, k, what[i], ex, rp);
+        if (i > 0 || ex > 1e-7 || rp > 1e-7)
+            printf("  W=%d cfg %d %s: rel L2 experts %.2e, replicated %.2e\n", W, k, what[i], ex, rp);
         bad |= !(ex <= 1e-5 && rp <= 1e-5);
     }
     double mx = 0;
@@ -302,15 +299,14 @@ static int compare_update(rank_job *j, int W, int k) {
      * parallelism (the grad norm aside: its squares are summed in two pieces, the shard's and the
      * experts', within the bound above) */
     if (W == 1) {
-        int same = j[0].u.loss == ref_u[k].loss &&
-                   !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4);
+        int same = j[0].u.loss == ref_u[k].loss && !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4);
         for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ref_st[k][i], (size_t)N * 4);
         if (!same)
             printf("  W=1 cfg %d: not bit-equal to the engine without expert parallelism (equal: loss %d logprobs %d master %d "
                    "m %d v %d)\n",
-                   k, j[0].u.loss == ref_u[k].loss,
-                   !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4), !memcmp(j[0].st[0], ref_st[k][0], (size_t)N * 4),
-                   !memcmp(j[0].st[1], ref_st[k][1], (size_t)N * 4), !memcmp(j[0].st[2], ref_st[k][2], (size_t)N * 4));
+                   k, j[0].u.loss == ref_u[k].loss, !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4),
+                   !memcmp(j[0].st[0], ref_st[k][0], (size_t)N * 4), !memcmp(j[0].st[1], ref_st[k][1], (size_t)N * 4),
+                   !memcmp(j[0].st[2], ref_st[k][2], (size_t)N * 4));
         bad |= !same;
     }
     return bad || mx > 2e-5;

@@ -216,12 +216,13 @@ static int valid(json_object *sc, json_object *v) {
     if (t) {
         int ok = 0, n = json_object_is_type(t, json_type_array) ? (int)json_object_array_length(t) : 1;
         for (int i = 0; i < n; i++) {
-            const char *name = json_object_get_string(json_object_is_type(t, json_type_array) ? json_object_array_get_idx(t, (size_t)i) : t);
+            const char *name = json_object_get_string(
+                json_object_is_type(t, json_type_array) ? json_object_array_get_idx(t, (size_t)i) : t);
             json_type vt = json_object_get_type(v);
             ok |= (!strcmp(name, "string") && vt == json_type_string) || (!strcmp(name, "integer") && vt == json_type_int) ||
-                  (!strcmp(name, "number") && (vt == json_type_int || vt == json_type_double)) ||
-                  (!strcmp(name, "boolean") && vt == json_type_boolean) || (!strcmp(name, "null") && vt == json_type_null) ||
-                  (!strcmp(name, "object") && vt == json_type_object) || (!strcmp(name, "array") && vt == json_type_array);
+                (!strcmp(name, "number") && (vt == json_type_int || vt == json_type_double)) ||
+                (!strcmp(name, "boolean") && vt == json_type_boolean) || (!strcmp(name, "null") && vt == json_type_null) ||
+                (!strcmp(name, "object") && vt == json_type_object) || (!strcmp(name, "array") && vt == json_type_array);
         }
         if (!ok) return 0;
     }
@@ -325,7 +326,8 @@ TEST(test_schema_refusals) {
     jg_spec g;
     jg_spec_init(&g, 1, "");
     g.schema = sc;
-    const char *good[] = {"{}", "{\"a\": \"x\"}", "{ \"a\" : \"\\u00e9\" }"}, *no[] = {"{\"b\": 1}", "{\"a\": 1}", "{\"a\": \"x\", \"a\": \"y\"}"};
+    const char *good[] = {"{}", "{\"a\": \"x\"}", "{ \"a\" : \"\\u00e9\" }"},
+               *no[] = {"{\"b\": 1}", "{\"a\": 1}", "{\"a\": \"x\", \"a\": \"y\"}"};
     for (int i = 0; i < 3; i++) {
         CHECK_MSG(run(&g, good[i]) == 1, "rejected %s", good[i]);
         CHECK_MSG(run(&g, no[i]) == -1, "accepted %s", no[i]);

@@ -174,8 +174,8 @@ TEST(test_verl_cases) {
         float dlogp[REF_M], dent[REF_M];
         loss_metrics m;
         memset(&m, 0, sizeof m);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tmask, NULL, tok,
-                                   seq, dlogp, dent, &m);
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, REF_LOGP, REF_OLD, REF_REF, REF_ENT, REF_LOSS_ADV, mask, tmask, NULL,
+                                   tok, seq, dlogp, dent, &m);
         loss_finish(&m, 1);
         const double got[REF_NV] = {m.loss,           m.pg_loss,      m.pg_clipfrac, m.pg_clipfrac_lower, m.ppo_kl,
                                     m.kl_loss,        m.entropy_loss, m.kl,          m.entropy,           m.clip_frac_low,
@@ -198,7 +198,9 @@ TEST(test_verl_cases) {
         worst_loss = fmax(worst_loss, el);
         worst_grad = fmax(worst_grad, fmax(eg, ee));
         printf("# | %s | %s | %s | %s | %s | %.1e | %.1e | %.1e |\n", MODE_NAMES[rc->mode], AGG_NAMES[rc->agg], KL_NAMES[rc->kl],
-               rc->masked == 2 ? "loss_mask" : rc->masked ? "yes" : "no",
+               rc->masked == 2  ? "loss_mask"
+                   : rc->masked ? "yes"
+                                : "no",
                rc->agg != 4    ? "-"
                    : rc->scale ? "9"
                                : "default (6)",
@@ -227,8 +229,8 @@ TEST(test_verl_head_temperature) {
         double tok = 0, seq = 0;
         int mx = 0;
         loss_count(REF_S, off, REF_LENS, mask, NULL, &tok, &seq, &mx);
-        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, NULL, NULL, tok, seq,
-                                   dlogp, dent, NULL);
+        double loss = loss_compute(&c, REF_S, off, REF_LENS, logp, REF_HOLD, REF_REF, ent, REF_LOSS_ADV, mask, NULL, NULL, tok,
+                                   seq, dlogp, dent, NULL);
         memset(dh, 0, sizeof dh);
         memset(dw, 0, sizeof dw);
         logprob_bwd_cpu(dh, dw, dlogp, dent, REF_H, out_pos, REF_HTOK, REF_HW, REF_M, REF_HC, REF_HV, REF_TEMP);
@@ -312,8 +314,8 @@ static int near_kink(const loss_config *c, const rand_case *rc, int s, int t, do
 
 static double eval_loss(const loss_config *c, const rand_case *rc, double tok, double seq) {
     static float d1[RM], d2[RM];
-    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, rc->tmask, NULL, tok, seq, d1, d2,
-                        NULL);
+    return loss_compute(c, rc->S, rc->off, rc->len, rc->logp, rc->old, rc->ref, rc->ent, rc->adv, rc->mask, rc->tmask, NULL, tok,
+                        seq, d1, d2, NULL);
 }
 
 TEST(test_grad_fd_vanilla) {
@@ -333,8 +335,8 @@ TEST(test_grad_fd_vanilla) {
             int mx = 0;
             loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq, dlogp, dent,
-                         NULL);
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq,
+                         dlogp, dent, NULL);
             for (int s = 0; s < rc.S; s++)
                 for (int j = 0; j < rc.len[s]; j++) {
                     int t = rc.off[s] + j;
@@ -394,8 +396,8 @@ TEST(test_grad_fd_gspo) {
             int mx = 0;
             loss_count(rc.S, rc.off, rc.len, rc.mask, rc.tmask, &tok, &seq, &mx);
             float dlogp[RM], dent[RM];
-            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq, dlogp, dent,
-                         NULL);
+            loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq,
+                         dlogp, dent, NULL);
             for (int s = 0; s < rc.S; s++) {
                 double mean = 0;
                 int n = 0;
@@ -454,16 +456,17 @@ TEST(test_microbatch_additivity) {
             loss_metrics m1, m2;
             memset(&m1, 0, sizeof m1);
             memset(&m2, 0, sizeof m2);
-            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok,
-                                        seq, d_all, e_all, &m1);
+            double whole = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask,
+                                        NULL, tok, seq, d_all, e_all, &m1);
             /* two micro-batches, each with its own token arrays starting at 0 */
             int cut = 4, o1 = rc.off[cut];
             int off2[RS];
             for (int s = cut; s < rc.S; s++) off2[s - cut] = rc.off[s] - o1;
-            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL, tok, seq,
-                                       d_mb, e_mb, &m2);
+            double part = loss_compute(&c, cut, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, rc.tmask, NULL,
+                                       tok, seq, d_mb, e_mb, &m2);
             part += loss_compute(&c, rc.S - cut, off2, rc.len + cut, rc.logp + o1, rc.old + o1, rc.ref + o1, rc.ent + o1,
-                                 rc.adv + cut, rc.mask + cut, rc.tmask ? rc.tmask + o1 : NULL, NULL, tok, seq, d_mb + o1, e_mb + o1, &m2);
+                                 rc.adv + cut, rc.mask + cut, rc.tmask ? rc.tmask + o1 : NULL, NULL, tok, seq, d_mb + o1,
+                                 e_mb + o1, &m2);
             CHECK_MSG(fabs(part - whole) <= 1e-13 * (1 + fabs(whole)), "mode %d agg %d: %.17g vs %.17g", mode, agg, part, whole);
             CHECK_CLOSE(m2.loss, m1.loss, 1e-13, 1e-12);
             CHECK_CLOSE(m2.pg_loss, m1.pg_loss, 1e-13, 1e-12);
@@ -538,8 +541,8 @@ TEST(test_all_ones_mask) {
             for (int k = 0; k < 2; k++) {
                 const unsigned char *tm = k ? ones : NULL;
                 loss_count(rc.S, rc.off, rc.len, rc.mask, tm, &tok[k], &seq[k], &mx[k]);
-                loss[k] = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tm, NULL, tok[k],
-                                       seq[k], d[k], e[k], &m[k]);
+                loss[k] = loss_compute(&c, rc.S, rc.off, rc.len, rc.logp, rc.old, rc.ref, rc.ent, rc.adv, rc.mask, tm, NULL,
+                                       tok[k], seq[k], d[k], e[k], &m[k]);
             }
             CHECK(tok[0] == tok[1] && seq[0] == seq[1] && mx[0] == mx[1]);
             CHECK(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0);

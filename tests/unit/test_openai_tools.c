@@ -39,7 +39,8 @@ TEST(test_parse_calls_after_content) {
 
 TEST(test_parse_unclosed_and_malformed) {
     size_t clen = 99;
-    json_object *calls = oa_parse_tool_calls(ENG_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}\n", &clen, 0);
+    json_object *calls = oa_parse_tool_calls(ENG_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}\n",
+                                             &clen, 0);
     CHECK(calls != NULL);
     CHECK_EQ_INT((int)clen, 0);
     CHECK_STR(json_object_get_string(
@@ -205,8 +206,22 @@ static void put_ws(api_sbuf *b, unsigned long long *s) {
  * integers (no -0: its json.dumps is 0) and literals. */
 static void gen(api_sbuf *b, unsigned long long *s, int depth) {
     unsigned k = rnd(s, depth > 3 ? 4 : 6);
-    static const char *const pieces[] = {"a", "Paris", " ", "\\n", "\\\"", "\\\\", "\\/", "\\u00e9", "\\ud83d\\ude00",
-                                         "\xc3\xa9", "\xf0\x9f\x98\x80", "\\t", "\\u0001", "</tool_call>", "\\u2028", "{"};
+    static const char *const pieces[] = {"a",
+                                         "Paris",
+                                         " ",
+                                         "\\n",
+                                         "\\\"",
+                                         "\\\\",
+                                         "\\/",
+                                         "\\u00e9",
+                                         "\\ud83d\\ude00",
+                                         "\xc3\xa9",
+                                         "\xf0\x9f\x98\x80",
+                                         "\\t",
+                                         "\\u0001",
+                                         "</tool_call>",
+                                         "\\u2028",
+                                         "{"};
     if (k == 0) {
         api_sb_str(b, "\"");
         for (unsigned i = rnd(s, 6); i; i--) api_sb_str(b, pieces[rnd(s, 16)]);
@@ -308,8 +323,8 @@ TEST(test_progress_adds_up_to_the_reply) {
                 char name[8];
                 snprintf(name, sizeof name, "f%d", i);
                 CHECK_MSG(!pr[i].name || !strcmp(pr[i].name, name), "prefix %zu: name %s", L, pr[i].name);
-                CHECK_MSG(!pr[i].args || is_prefix(pr[i].args, want[i]), "prefix %zu of %s: args %s not a prefix of %s", L,
-                          b.p, pr[i].args, want[i]);
+                CHECK_MSG(!pr[i].args || is_prefix(pr[i].args, want[i]), "prefix %zu of %s: args %s not a prefix of %s", L, b.p,
+                          pr[i].args, want[i]);
                 if (L == len) CHECK_MSG(pr[i].name && pr[i].args && !strcmp(pr[i].args, want[i]), "end: %s", pr[i].args);
                 free(pr[i].name), free(pr[i].args);
             }

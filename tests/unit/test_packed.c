@@ -414,15 +414,16 @@ TEST(test_loss_mask_fields) {
                 CHECK_MSG(rc == 0, "case %zu: %s", i, e.message);
                 json_object *lm = json_object_object_get(
                     json_object_array_get_idx(
-                        json_object_object_get(json_object_array_get_idx(json_object_object_get(p, "groups"), 1), "responses"),
-                        1),
+                        json_object_object_get(json_object_array_get_idx(json_object_object_get(p, "groups"), 1), "responses"), 1),
                     "loss_mask");
                 CHECK(api_packed_len(lm) == 20 && api_packed_int(lm, 1) == 0 && api_packed_int(lm, 0) == 1);
-                if (packed) CHECK(api_packed_of(json_object_object_get(
-                    json_object_array_get_idx(json_object_object_get(json_object_array_get_idx(json_object_object_get(r, "groups"), 1),
-                                                                     "responses"),
-                                              1),
-                    "loss_mask")) != NULL);
+                if (packed)
+                    CHECK(api_packed_of(json_object_object_get(
+                              json_object_array_get_idx(
+                                  json_object_object_get(json_object_array_get_idx(json_object_object_get(r, "groups"), 1),
+                                                         "responses"),
+                                  1),
+                              "loss_mask")) != NULL);
             } else {
                 CHECK_MSG(rc != 0 && e.status == 400 && !strcmp(e.field, c[i].field) && strstr(e.message, c[i].msg),
                           "case %zu: rc %d status %d field %s: %s", i, rc, e.status, e.field, e.message);

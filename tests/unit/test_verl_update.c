@@ -82,7 +82,8 @@ static void batch_make(batch *b, json_object *groups, json_object *old, json_obj
             if (lmask) {
                 json_object *o = json_object_array_get_idx(lmask, (size_t)k);
                 b->lm[i][r] = malloc((size_t)b->R[i][r]);
-                for (int t = 0; t < b->R[i][r]; t++) b->lm[i][r][t] = (unsigned char)json_object_get_int(json_object_array_get_idx(o, (size_t)t));
+                for (int t = 0; t < b->R[i][r]; t++)
+                    b->lm[i][r][t] = (unsigned char)json_object_get_int(json_object_array_get_idx(o, (size_t)t));
                 b->lmp[i][r] = b->lm[i][r];
             }
         }
@@ -138,8 +139,8 @@ static double mean_of(json_object *steps, const char *key) {
  * gradient noise into a sizeable part of lr (one such element among 8k moved a tensor's change
  * by 1.8e-3). */
 #define ADAM_ILL 1e-7
-static double rel_l2_params(const model *m, const float *a, const float *base, const st_set *st, const char *cfg, const char *kind,
-                            int *skip) {
+static double rel_l2_params(const model *m, const float *a, const float *base, const st_set *st, const char *cfg,
+                            const char *kind, int *skip) {
     double num = 0, den = 0;
     for (int p = 0; p < m->n_params; p++) {
         double n0 = num, d0 = den;
@@ -233,7 +234,9 @@ TEST(updates_match_verl) {
                  {"actor/kl_loss", u.kl_loss, 1e-6},
                  {"grad_norm", u.grad_norm, 1e-6}};
         double loss_rel = 0;
-        if (getenv("VERL_UPDATE_DEBUG")) printf("  %s: loss %.9g pg %.9g kl_loss %.9g steps %d rs %g k3 %g\n", name, u.loss, u.pg_loss, u.kl_loss, u.optimizer_steps, u.rc.rs_masked_fraction, u.rc.k3_kl);
+        if (getenv("VERL_UPDATE_DEBUG"))
+            printf("  %s: loss %.9g pg %.9g kl_loss %.9g steps %d rs %g k3 %g\n", name, u.loss, u.pg_loss, u.kl_loss,
+                   u.optimizer_steps, u.rc.rs_masked_fraction, u.rc.k3_kl);
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
             double want = mean_of(steps, v[i].key), err = fabs(v[i].got - want);
             CHECK_MSG(err <= v[i].floor + PARITY_TOL * fabs(want), "%s: %s = %.9g, verl %.9g", name, v[i].key, v[i].got, want);

@@ -65,8 +65,9 @@ static eng *random_engine(int big, int tiny, int train) {
     for (size_t off = 0; off < n; off += blk) {
         size_t k = n - off < blk ? n - off : blk;
         if (be->act_from_f32(be, (char *)e->w_act + off * ab, hb, k)) gc_die(be, "upload");
-        if (train && ((ab != 4 && be->to_dev(be, e->w_master + off, hb, k * 4)) ||
-                      be->act_from_f32(be, (char *)e->ref_act + off * ab, hb, k)))
+        if (train &&
+            ((ab != 4 && be->to_dev(be, e->w_master + off, hb, k * 4)) ||
+             be->act_from_f32(be, (char *)e->ref_act + off * ab, hb, k)))
             gc_die(be, "upload");
     }
     free(hb);
@@ -74,8 +75,7 @@ static eng *random_engine(int big, int tiny, int train) {
     if (train) {
         model_views_make(&e->m, e->ref_act, (int)ab, &e->rv);
         /* the safety copy eng_update_undo restores: on the device, else pinned host memory */
-        if (tiny ? snap_alloc(e, SNAP_HOST) : snap_alloc(e, SNAP_DEVICE) && snap_alloc(e, SNAP_PINNED))
-            gc_die(be, "safety copy");
+        if (tiny ? snap_alloc(e, SNAP_HOST) : snap_alloc(e, SNAP_DEVICE) && snap_alloc(e, SNAP_PINNED)) gc_die(be, "safety copy");
         printf("safety copy: %s\n", snap_where_name(e->snap.where));
     }
     snprintf(e->model_dir, sizeof e->model_dir, big ? "random-8b" : "random-1.7b");
@@ -150,8 +150,8 @@ static eng_update_group ugroup(const batch *b, int i, const int **resp, int *R, 
         olp[r] = b->res[i].resp[r].logprobs;
         if (rew) rew[r] = (float)((r * 7 + i * 3) % 5 < 2);
     }
-    return (eng_update_group){.prompt = b->prompt[i], .P = b->g[i].P, .n = NR, .resp = resp, .R = R, .reward = rew,
-                              .old_logprobs = olp};
+    return (eng_update_group){
+        .prompt = b->prompt[i], .P = b->g[i].P, .n = NR, .resp = resp, .R = R, .reward = rew, .old_logprobs = olp};
 }
 
 /* The trainer's logprobs of every sampled token against the rollout's. */
@@ -289,8 +289,7 @@ int main(int argc, char **argv) {
     mixed_rollout(e, &b, &ms, &full);
     printf("exact-gap %s exact=%d: mixed rollout, %d + %d groups x %d, %d / %d new tokens: %lld tokens in %.2f s, decode "
            "%.2f ms/step (median of %d steps with all %d rows)\n",
-           dims, exact, GA, GB, NR, b.sp[0].max_tokens, b.sp[1].max_tokens, b.tokens, gc_now() - t0, ms, full,
-           (GA + GB) * NR);
+           dims, exact, GA, GB, NR, b.sp[0].max_tokens, b.sp[1].max_tokens, b.tokens, gc_now() - t0, ms, full, (GA + GB) * NR);
     fflush(stdout);
     trainer_rows(e, &b, dims, exact);
     alone_rows(e, &b, dims, exact);
