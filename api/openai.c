@@ -363,6 +363,9 @@ json_object *oa_usage(const oa_req *q, long long completion) {
     api_put_int(u, "prompt_tokens", p);
     api_put_int(u, "completion_tokens", completion);
     api_put_int(u, "total_tokens", p + completion);
+    /* the prompt ids the KV pool's prefix cache already held (the rollout's usage, as vLLM) */
+    json_object *d = json_object_object_get(json_object_object_get(q->sampled, "usage"), "prompt_tokens_details");
+    if (d) api_put_copy(u, "prompt_tokens_details", d);
     return u;
 }
 

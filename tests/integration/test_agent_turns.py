@@ -65,7 +65,10 @@ def test_openai_turns_reuse_the_cached_prefix(make_daemon, tmp_path):
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
         assert ch["prompt_token_ids"] == prompt and len(ch["logprobs"]["token_logprobs"]) == len(ch["token_ids"]) > 0, ch
+        cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
         return ch
+
+    cached = []
 
     d = make_daemon(tmp_path / "a")
     prompts, choices = [P0], [turn(d, P0, 5)]
@@ -75,6 +78,10 @@ def test_openai_turns_reuse_the_cached_prefix(make_daemon, tmp_path):
     want = sum(len(prompts[i]) + len(choices[i]["token_ids"]) - 1 for i in range(2))
     assert metric(d, "grpod_prefix_cache_hits_total") == want
     assert metric(d, "grpod_prefix_cache_queries_total") == sum(len(p) for p in prompts)
+    # each turn's usage names the ids the cache served: the turn before's prompt and its answer
+    # but the answer's last id, whose keys the sampler never computed
+    assert cached == [0] + [len(prompts[i]) + len(choices[i]["token_ids"]) - 1 for i in range(2)], cached
 
     fresh = turn(make_daemon(tmp_path / "b"), prompts[2], 7)
+    assert cached[-1] == 0, cached
     assert fresh["token_ids"] == choices[2]["token_ids"] and fresh["logprobs"] == choices[2]["logprobs"], (fresh, choices[2])
