@@ -105,9 +105,8 @@ static const opt_def opts[] = {
      "the ranks share one NCCL communicator, the optimizer state sharded across them; empty = one rank on device 0)"},
     {"expert-parallel", O_BOOL, S_(expert_parallel), 0, 1, 0, "false",
      "with --ranks N, --gpus or --followers: a mixture-of-experts model's experts split over the ranks (each holds E/N of them "
-     "and their "
-     "training state; tokens travel to them), the rest sharded as data parallelism shards it; rollouts decode from a whole "
-     "copy of the model each rank holds"},
+     "and their training state; tokens travel to them), the rest sharded as data parallelism shards it; rollouts decode from "
+     "a whole copy of the model each rank holds"},
     {"followers", O_INT, S_(followers), 0, RANKS_MAX - 1, 0, "0",
      "lead K followers (grpod serve --join) whose ranks join this process's in one communicator: the engines open once all K "
      "joined, and every update, logprobs and checkpoint runs on every rank (rollouts on this process's ranks only); 0 = no "
