@@ -294,6 +294,9 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     if (train)
         st->hot_mib += (double)model_kv_row_bytes(m) / m->be->act_bytes * 4.0 * g->P / 1048576.0 + row_mib * m->be->act_bytes * S;
     rc = model_kv_init(m, &x->kv, g->P + x->capT);
+    /* attention loads whole key tiles and weights keys outside a query's ranges by 0: rows no
+     * micro-batch has written yet must hold numbers, not recycled memory's NaNs (0 x NaN) */
+    if (!rc) model_kv_clean_to(m, &x->kv, x->kv.cap_S);
     if (!rc && train) rc = train_bufs_init(x, g->P + x->capT, g->P);
     if (!rc && hybrid) rc = carry_init(x, train);
     if (rc)

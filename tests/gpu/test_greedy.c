@@ -56,6 +56,7 @@ static eng *open_random(int moe) {
     }
     snprintf(c.dtype, sizeof c.dtype, "bfloat16");
     eng *e = calloc(1, sizeof *e);
+    e->W = 1; /* one rank, as eng_open sets it without a comm */
     if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
     eng_backend *be = e->be;
     if (model_init(&e->m, &c, be)) gc_die(be, "model_init");

@@ -41,6 +41,7 @@ static eng *random_engine(int small) {
     c.n_eos = 1;
     c.eos_ids[0] = 151645;
     eng *e = calloc(1, sizeof *e);
+    e->W = 1; /* one rank, as eng_open sets it without a comm */
     if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
     eng_backend *be = e->be;
     if (model_init(&e->m, &c, be)) gc_die(be, "model_init");

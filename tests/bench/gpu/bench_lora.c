@@ -40,6 +40,7 @@ static void on_progress(void *ud, double frac) {
  * adapters: the state eng_open makes with --lora-rank. */
 static eng *lora_engine(const model_config *c, int r) {
     eng *e = calloc(1, sizeof *e);
+    e->W = 1; /* one rank, as eng_open sets it without a comm */
     if (backend_cuda_create(&e->be, 0)) gc_die(NULL, "backend_cuda_create");
     eng_backend *be = e->be;
     if (model_init(&e->m, c, be) || lora_init(&e->m, r, 2.0f * r, (1u << LORA_N) - 1)) gc_die(be, "model_init");
