@@ -129,7 +129,7 @@ int dp_gather_to_host(eng *e, const float *shard, float *host);
 int dp_gather_act(eng *e);
 /* ep.c, expert parallelism (with eng_open_opts.expert_parallel; every rank calls each, in the
  * same order). ep_model_init: e->m with the experts split over the comm's ranks and e->ep_full,
- * or one line saying why not (no comm, dense model, LoRA, offload, E % W).
+ * or one line saying why not (no comm, dense model, LoRA, E % W).
  * Lock-step: before a pass (or one mini-batch of it) of n micro-batches on this rank, ep_most
  * gives the most any rank runs (exchanged: the others' layers wait for this rank's); after this
  * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to
@@ -138,7 +138,7 @@ int dp_gather_act(eng *e);
  * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
  * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
  * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */
-int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload);
+int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora);
 void ep_model_free(eng *e);
 int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
