@@ -29,11 +29,14 @@ struct eng {
      * parallelism, whose layout checkpoints hold. 0 and NULL without. */
     long long ep_n;
     model *ep_full;
-    /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, act-typed in the
-     * backend's memory; NULL without. ep_dec_lost: gathering it again after an update failed
-     * (the comm down), so rollouts are refused until a refresh succeeds. */
+    /* the decode views (rollout/ep_decode.c): ep_full's model, the replicated parameters in
+     * w_act, every expert's stacks copied into the gradient buffer (ep_dec_grad bytes of it) and
+     * ep_dact (ep_dec_own bytes, the rest; NULL when none); ep_dv.layers NULL without. ep_dec_lost: gathering the
+     * stacks again after an update failed (the comm down), so rollouts are refused until a
+     * refresh succeeds. */
     void *ep_dact;
     model_views ep_dv;
+    long long ep_dec_grad, ep_dec_own;
     int ep_dec_lost;
     void *dp_buf;
     model m;
@@ -144,10 +147,12 @@ int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
 int ep_whole(eng *e, const float *x, float *whole);
 void ep_slice(const eng *e, const float *whole, float *mine);
-/* rollout/ep_decode.c: the decode copy gathered from every rank's act weights (a collective;
- * nothing without expert parallelism), and freed. The scheduler decodes with eng_dec_model and
- * eng_dec_views: the decode copy under expert parallelism, else the policy. */
+/* rollout/ep_decode.c: the decode views' expert stacks gathered from every rank's act weights
+ * (a collective; nothing without expert parallelism), and freed. The scheduler decodes with
+ * eng_dec_model and eng_dec_views: the decode views under expert parallelism, else the policy.
+ * ep_decode_param: where the decode views hold p (a parameter of ep_full), act-typed. */
 int ep_decode_refresh(eng *e);
+void *ep_decode_param(const eng *e, const model_param *p);
 /* The end of eng_update (every rank, stepped: optimizer steps taken, rc: its result so far):
  * the copy gathered again where the weights changed. Returns rc, or the refresh's error. */
 int ep_decode_after_update(eng *e, int stepped, int rc);

@@ -104,8 +104,10 @@ void state_free(eng *e) {
 int state_footprint(const eng *e, eng_plan *p) {
     const eng_backend *be = e->be;
     long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
-    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
-    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
+    long long vec = e->dp ? e->sh_n * e->W + e->ep_n : 0; /* a comm's vectors: the shards, then the experts */
+    /* + the decode views' expert stacks beyond the gradient buffer (expert parallelism) */
+    p->weights = (e->dp ? vec : n) * eb + (e->m.lora_r ? nt * eb : 0) + e->ep_dec_own;
+    p->gradients = (e->dp ? vec : nt) * 4;
     if (e->offload) p->host_state = 3 * ns * 4;
     else { /* the backend's memory (the host's on cpu, where the master is the weights) */
         p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;

@@ -503,8 +503,10 @@ TEST(ep_rollouts_equal_one_rank) {
         CHECK(open_world(W, cs, j, NULL) == 0);
         eng_testing_info t;
         eng_testing_get(j[0].h.e, &t);
-        printf("  W=%d: the decode copy in %s\n", W, t.dec_in_grad ? "the gradient buffer" : "its own buffer");
-        CHECK_MSG(!t.dec_in_grad, "W=%d: the copy is in a buffer of its own (ep_decode.c place)", W);
+        printf("  W=%d: the decode views' expert stacks: %lld bytes in the gradient buffer, %lld in their own\n", W,
+               t.dec_grad_bytes, t.dec_own_bytes);
+        CHECK_MSG(t.dec_grad_bytes > 0, "W=%d: the gradient buffer holds no stack", W);
+        CHECK_MSG(W == 1 || t.dec_own_bytes > 0, "W=%d: every stack in the gradients (the test covers both places)", W);
         for (int q = 0; q < W; q++) j[q].roll = &got[q];
         CHECK_MSG(all_ranks(j, W, OP_ROLL, 0, NULL) == 0, "%s", err_msg());
         for (int q = 0; q < W; q++) CHECK_MSG(same_roll(&got[q], &ref), "W=%d rank %d: rollouts differ from one rank's", W, q);
