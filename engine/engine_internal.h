@@ -112,6 +112,12 @@ int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *
 /* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
  * state_n: the elements of master and moments this rank will hold (state.h). */
 int plan_offload(eng *e, const char *mode, long long state_n, int *on);
+/* plan.c: with offload, before the host state is placed: 0 when the bytes of host state of the
+ * ranks on this host (this rank's `bytes`, exchanged with a comm, summed over the ranks with
+ * this host's name) fit in its MemAvailable beside the host reserve; else GE_NOMEM naming both
+ * (plan_host_state_fits; every rank returns it). */
+int plan_host_state(eng *e, long long bytes);
+int plan_host_state_fits(long long need, int ranks, long long avail);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);

@@ -44,3 +44,5 @@ tune_opts *eng_testing_tune(eng *e) { return &e->be->tune; }
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name) {
     return plan_full_fits(n, act_bytes, dev_total, dev_name, "MODEL");
 }
+
+int eng_testing_host_state_fits(long long need, int ranks, long long avail) { return plan_host_state_fits(need, ranks, avail); }

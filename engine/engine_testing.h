@@ -30,6 +30,9 @@ int eng_testing_dec_weights(eng *e, float *out);
 /* plan.c's refusal of full-parameter training on a device of dev_total bytes (engine_internal.h
  * plan_full_fits), for a test without such a device. */
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name);
+/* plan.c's refusal of host state (optimizer offload) beyond a host's available memory
+ * (engine_internal.h plan_host_state_fits), for a test without such a host. */
+int eng_testing_host_state_fits(long long need, int ranks, long long avail);
 /* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
 tune_opts *eng_testing_tune(eng *e);
 #endif

@@ -19,7 +19,9 @@
  * On the cpu backend (no device) only the state is sized and the snapshot placed; the budgets
  * stay 0 ("no limit": the scheduler's cpu default, activations on demand). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
@@ -73,6 +75,35 @@ static long long host_available(void) {
         if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
     fclose(f);
     return kb < 0 ? -1 : kb * 1024;
+}
+
+int plan_host_state_fits(long long need, int ranks, long long avail) {
+    if (avail < 0 || need + SNAP_HOST_RESERVE <= avail) return 0;
+    return err_set(GE_NOMEM,
+                   "optimizer offload: the fp32 master and AdamW moments of the %d rank%s on this host need %lld GiB of host "
+                   "memory (12 bytes a parameter), beyond the %lld GiB available less %lld GiB kept free: spread the model "
+                   "over more GPUs or hosts (expert parallelism), or train LoRA adapters",
+                   ranks, ranks == 1 ? "" : "s", need >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30);
+}
+
+int plan_host_state(eng *e, long long bytes) {
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    unsigned long long h = 1469598103934665603ULL; /* FNV-1a of the host's name */
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    struct {
+        unsigned long long host;
+        long long bytes;
+    } mine = {h, bytes}, *all = calloc((size_t)e->W, sizeof mine);
+    int rc = all ? 0 : err_set(GE_NOMEM, "plan: out of memory"), ranks = 0;
+    if (!rc && e->dp) rc = dp_exchange(e, &mine, all, sizeof mine);
+    else if (!rc) all[0] = mine;
+    long long need = 0;
+    for (int q = 0; !rc && q < (e->dp ? e->W : 1); q++)
+        if (all[q].host == h) need += all[q].bytes, ranks++;
+    free(all);
+    if (!rc) rc = plan_host_state_fits(need, ranks, host_available());
+    return e->dp ? dp_agree(e, rc) : rc;
 }
 
 /* Device bytes of one micro-batch of T tokens: its grad activations with every layer

@@ -20,10 +20,11 @@ static int place_shard(eng *e, const float *host, long long valid) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems, eb = (size_t)be->act_bytes, S = (size_t)e->sh_n, whole = S * (size_t)e->W + (size_t)e->ep_n,
            pad = whole - n;
+    size_t ns = S + (size_t)e->ep_n;
     int rc = dp_open(e);
+    if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * 12); /* every rank of this host together */
     if (rc) return rc;
     e->w_act = be->alloc(be, whole * eb);
-    size_t ns = S + (size_t)e->ep_n;
     e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)ns) : be->alloc(be, ns * 4);
     if (!e->w_act || !e->w_master) return GE_NOMEM;
     if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc;
@@ -44,6 +45,8 @@ static int place_shard(eng *e, const float *host, long long valid) {
 static int place_host(eng *e, const float *host) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems;
+    int rc = plan_host_state(e, (long long)n * 12);
+    if (rc) return rc;
     if (!(e->w_master = offload_host_alloc((long long)n))) return GE_NOMEM;
     memcpy(e->w_master, host, n * sizeof(float));
     e->w_act = be->alloc(be, n * (size_t)be->act_bytes);

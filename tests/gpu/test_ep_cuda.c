@@ -736,9 +736,25 @@ static void *scale_main(void *p) {
                        .world = j->W,
                        .expert_parallel = j->id != NULL,
                        .snapshot = "none",
+                       .optimizer_offload = getenv("EP_OFFLOAD"), /* on / off (unset: the plan's choice) */
                        .nccl_cancel = j->stop};
     eng *e = NULL;
-    if ((j->rc = eng_open(&o, &e))) __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+    if ((j->rc = eng_open(&o, &e))) {
+        __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+        snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+    }
+    if (e && j->rank == 0) { /* the engine's memory plan of rank 0 (every rank's is the same size) */
+        eng_info in;
+        eng_get_info(e, &in);
+        const eng_plan *pl = &in.plan;
+        printf("SCALE plan|%s W=%d L=%d|weights %.1f GiB (decode stacks past the gradients included)|reference %.1f|gradients "
+               "%.1f|master %.1f, moments %.1f on the device|host state %.1f|optimizer %s|activations budget %.1f, KV %.1f|"
+               "micro-batch %lld tokens\n",
+               j->id ? "EP" : "no EP", j->W, sL, pl->weights / 1073741824.0, pl->reference / 1073741824.0,
+               pl->gradients / 1073741824.0, pl->master / 1073741824.0, pl->moments / 1073741824.0, pl->host_state / 1073741824.0,
+               pl->optimizer, pl->acts_bytes / 1073741824.0, pl->kv_bytes / 1073741824.0, pl->micro_batch_tokens);
+        fflush(stdout);
+    }
     eng_update_group *g = calloc((size_t)sG, sizeof *g);
     eng_rollout_group *rg = calloc((size_t)sG, sizeof *rg);
     eng_group_result *out = calloc((size_t)sG, sizeof *out);
