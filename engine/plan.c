@@ -8,8 +8,8 @@
  *   2. places the update's safety copy (train/snapshot.h): on the device when it takes at most
  *      a quarter of what is free beside the headroom; else in pinned host memory when the host
  *      has room for it (with the copies of the other ranks on this host) and SNAP_HOST_RESERVE
- *      beside it; else nowhere. Host state (offload, or
- *      the cpu backend) takes a host copy under the same host rule;
+ *      beside it; else nowhere. Host state (offload, or the cpu backend) takes a host copy under
+ *      the same host rule;
  *   3. reads what is left, less the headroom: acts_bytes. An update runs alone (no KV pool:
  *      the scheduler releases it when no rollout runs) and releases its activations when it
  *      ends, so its micro-batch may use all of it: micro_batch_tokens_max is the most tokens
