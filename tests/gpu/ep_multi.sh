@@ -26,7 +26,7 @@
 #   9,216-token micro-batch); the full case writes a 61 GB bf16 model (122 GB of host memory
 #   while written) to /tmp first.
 # Knobs: GPUS (default: all visible), CASES ("weak strong long full daemon"), SKIP_BUILD=1, FULL_W, FULL_L,
-#   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64) make a quick check
+#   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64), V (151936) make a quick check
 #   smaller. Every figure here is a benchmark: nothing is asserted on time.
 # Exit 0 when the build and every run succeeded, 1 otherwise; a summary table is printed last.
 set -u
@@ -43,6 +43,7 @@ LPG=${LPG:-4}
 G=${G:-8}
 R=${R:-512}
 NEW=${NEW:-64}
+V=${V:-151936}
 T=$B/test_ep_cuda
 rc_all=0
 sum="$OUT/ep_multi_summary.txt"
@@ -82,12 +83,12 @@ for w in 1 2 4; do [ "$w" -le "$NGPU" ] && ws="$ws $w"; done
 wmax=${ws##* }
 for c in $CASES; do
     case $c in
-    weak) for w in $ws; do scale "weak_w$w" "$w" $((LPG * w)) 151936 "$G" 1024 16 "$R" "$NEW"; done ;;
-    strong) for w in $ws; do [ "$w" -gt 1 ] && scale "strong_w$w" "$w" "$LPG" 151936 "$G" 1024 16 "$R" "$NEW"; done ;;
-    long) scale "long_w$wmax" "$wmax" $((LPG * wmax)) 151936 "$G" 4096 16 "$R" "$NEW" ;;
+    weak) for w in $ws; do scale "weak_w$w" "$w" $((LPG * w)) "$V" "$G" 1024 16 "$R" "$NEW"; done ;;
+    strong) for w in $ws; do [ "$w" -gt 1 ] && scale "strong_w$w" "$w" "$LPG" "$V" "$G" 1024 16 "$R" "$NEW"; done ;;
+    long) scale "long_w$wmax" "$wmax" $((LPG * wmax)) "$V" "$G" 4096 16 "$R" "$NEW" ;;
     full)
         fw=${FULL_W:-$wmax}
-        EP_OFFLOAD=on scale "full_w$fw" "$fw" "${FULL_L:-48}" 151936 "$G" 1024 16 "$R" "$NEW"
+        EP_OFFLOAD=on scale "full_w$fw" "$fw" "${FULL_L:-48}" "$V" "$G" 1024 16 "$R" "$NEW"
         grep -h '^SCALE plan|' "$OUT/ep_full_w$fw.log" >>"$sum"
         ;;
     daemon)
