@@ -700,9 +700,11 @@ static void scale_model(void) {
     sreward = malloc((size_t)sG * sN * sizeof *sreward);
     for (int i = 0; i < sG; i++) {
         gc_random_ids(sprompt[i] = malloc((size_t)sP * 4), sP, &sd);
+        for (int t = 0; t < sP; t++) sprompt[i][t] %= sV; /* a smaller vocabulary (ep_multi.sh V) */
         for (int r = 0; r < sN; r++) {
             int *x = malloc((size_t)sR * 4);
             gc_random_ids(x, sR, &sd);
+            for (int t = 0; t < sR; t++) x[t] %= sV;
             sresp[i * sN + r] = x;
             sRv[i * sN + r] = sR;
             sreward[i * sN + r] = check_randf(&sd, 0.5f) + 0.5f;
