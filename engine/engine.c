@@ -157,8 +157,7 @@ int eng_open(const eng_open_opts *o, eng **out) {
                      o->model_dir, cfg.D, e->be->name, e->be->max_head_dim);
         goto fail;
     }
-    int off_on = o->optimizer_offload && !strcmp(o->optimizer_offload, "on");
-    if ((rc = o->expert_parallel ? ep_model_init(e, &cfg, o, lr_rank || (o->lora_init && *o->lora_init), off_on)
+    if ((rc = o->expert_parallel ? ep_model_init(e, &cfg, o, lr_rank || (o->lora_init && *o->lora_init))
                                  : model_init(&e->m, &cfg, e->be)) ||
         (rc = model_check_files(&e->m, o->model_dir)))
         goto fail;

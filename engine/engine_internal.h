@@ -29,11 +29,14 @@ struct eng {
      * parallelism, whose layout checkpoints hold. 0 and NULL without. */
     long long ep_n;
     model *ep_full;
-    /* the decode copy (rollout/ep_decode.c): every expert, ep_full's layout, act-typed in the
-     * backend's memory; NULL without. ep_dec_lost: gathering it again after an update failed
-     * (the comm down), so rollouts are refused until a refresh succeeds. */
+    /* the decode views (rollout/ep_decode.c): ep_full's model, the replicated parameters in
+     * w_act, every expert's stacks copied into the gradient buffer (ep_dec_grad bytes of it) and
+     * ep_dact (ep_dec_own bytes, the rest; NULL when none); ep_dv.layers NULL without. ep_dec_lost: gathering the
+     * stacks again after an update failed (the comm down), so rollouts are refused until a
+     * refresh succeeds. */
     void *ep_dact;
     model_views ep_dv;
+    long long ep_dec_grad, ep_dec_own;
     int ep_dec_lost;
     void *dp_buf;
     model m;
@@ -109,6 +112,12 @@ int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *
 /* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
  * state_n: the elements of master and moments this rank will hold (state.h). */
 int plan_offload(eng *e, const char *mode, long long state_n, int *on);
+/* plan.c: with offload, before the host state is placed: 0 when the bytes of host state of the
+ * ranks on this host (this rank's `bytes`, exchanged with a comm, summed over the ranks with
+ * this host's name) fit in its MemAvailable beside the host reserve; else GE_NOMEM naming both
+ * (plan_host_state_fits; every rank returns it). */
+int plan_host_state(eng *e, long long bytes);
+int plan_host_state_fits(long long need, int ranks, long long avail);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);
@@ -129,7 +138,7 @@ int dp_gather_to_host(eng *e, const float *shard, float *host);
 int dp_gather_act(eng *e);
 /* ep.c, expert parallelism (with eng_open_opts.expert_parallel; every rank calls each, in the
  * same order). ep_model_init: e->m with the experts split over the comm's ranks and e->ep_full,
- * or one line saying why not (no comm, dense model, LoRA, offload, E % W).
+ * or one line saying why not (no comm, dense model, LoRA, E % W).
  * Lock-step: before a pass (or one mini-batch of it) of n micro-batches on this rank, ep_most
  * gives the most any rank runs (exchanged: the others' layers wait for this rank's); after this
  * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to
@@ -138,16 +147,18 @@ int dp_gather_act(eng *e);
  * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
  * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
  * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */
-int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload);
+int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora);
 void ep_model_free(eng *e);
 int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
 int ep_whole(eng *e, const float *x, float *whole);
 void ep_slice(const eng *e, const float *whole, float *mine);
-/* rollout/ep_decode.c: the decode copy gathered from every rank's act weights (a collective;
- * nothing without expert parallelism), and freed. The scheduler decodes with eng_dec_model and
- * eng_dec_views: the decode copy under expert parallelism, else the policy. */
+/* rollout/ep_decode.c: the decode views' expert stacks gathered from every rank's act weights
+ * (a collective; nothing without expert parallelism), and freed. The scheduler decodes with
+ * eng_dec_model and eng_dec_views: the decode views under expert parallelism, else the policy.
+ * ep_decode_param: where the decode views hold p (a parameter of ep_full), act-typed. */
 int ep_decode_refresh(eng *e);
+void *ep_decode_param(const eng *e, const model_param *p);
 /* The end of eng_update (every rank, stepped: optimizer steps taken, rc: its result so far):
  * the copy gathered again where the weights changed. Returns rc, or the refresh's error. */
 int ep_decode_after_update(eng *e, int stepped, int rc);

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "common/err.h"
+
 #include "engine/engine_internal.h"
 
 void eng_testing_get(eng *e, eng_testing_info *out) {
@@ -14,7 +16,8 @@ void eng_testing_get(eng *e, eng_testing_info *out) {
     out->own_reference = e->ref_act != NULL;
     out->rank = e->rank;
     out->world = e->W;
-    out->dec_in_grad = e->ep_dact && e->ep_dact == (void *)e->grad;
+    out->dec_grad_bytes = e->ep_dec_grad;
+    out->dec_own_bytes = e->ep_dec_own;
     out->m = &e->m;
 }
 
@@ -25,8 +28,15 @@ int eng_testing_weights(eng *e, float *out) {
 
 int eng_testing_dec_weights(eng *e, float *out) {
     int rc = e->be->sync(e->be);
-    const void *w = e->ep_full ? e->ep_dact : e->w_act;
-    return rc ? rc : e->be->act_to_f32(e->be, out, w, (size_t)eng_dec_model(e)->n_elems);
+    if (rc || !e->ep_full) return rc ? rc : e->be->act_to_f32(e->be, out, e->w_act, (size_t)e->m.n_elems);
+    const model *f = e->ep_full; /* parameter by parameter from where the decode views hold it */
+    memset(out, 0, (size_t)f->n_elems * sizeof(float));
+    for (int i = 0; i < f->n_params && !rc; i++) {
+        const void *w = ep_decode_param(e, &f->params[i]);
+        rc = w ? e->be->act_to_f32(e->be, out + f->params[i].off, w, (size_t)f->params[i].numel)
+               : err_set(GE_INTERNAL, "decode views: no %s", f->params[i].name);
+    }
+    return rc;
 }
 
 tune_opts *eng_testing_tune(eng *e) { return &e->be->tune; }
@@ -34,3 +44,5 @@ tune_opts *eng_testing_tune(eng *e) { return &e->be->tune; }
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name) {
     return plan_full_fits(n, act_bytes, dev_total, dev_name, "MODEL");
 }
+
+int eng_testing_host_state_fits(long long need, int ranks, long long avail) { return plan_host_state_fits(need, ranks, avail); }

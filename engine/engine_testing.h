@@ -15,7 +15,8 @@ typedef struct {
     int offload; /* 1: master and moments in host memory (optimizer offload) */
     int own_reference; /* 1: a frozen reference copy of its own (0 with LoRA: the base is it) */
     int rank, world; /* this rank and the world size (0 and 1 without a comm) */
-    int dec_in_grad; /* expert parallelism: 1 when the decode copy lies in the gradient buffer */
+    long long dec_grad_bytes, dec_own_bytes; /* expert parallelism: the decode views' expert
+                                              * stacks in the gradient buffer, in their own */
     const model *m; /* the model: its parameters' names, shapes and offsets into the
                                  * flat vectors (params[p].off; with LoRA lparams, A before B) */
 } eng_testing_info;
@@ -23,12 +24,15 @@ typedef struct {
 void eng_testing_get(eng *e, eng_testing_info *out);
 /* The act-typed weights (bf16 on cuda; fp32 on cpu, bit for bit) as fp32, (n_params). */
 int eng_testing_weights(eng *e, float *out);
-/* The weights rollouts decode with, as fp32: under expert parallelism the decode copy (every
+/* The weights rollouts decode with, as fp32: under expert parallelism the decode views' (every
  * expert, in the layout without it: that model's n_elems), else eng_testing_weights'. */
 int eng_testing_dec_weights(eng *e, float *out);
 /* plan.c's refusal of full-parameter training on a device of dev_total bytes (engine_internal.h
  * plan_full_fits), for a test without such a device. */
 int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name);
+/* plan.c's refusal of host state (optimizer offload) beyond a host's available memory
+ * (engine_internal.h plan_host_state_fits), for a test without such a host. */
+int eng_testing_host_state_fits(long long need, int ranks, long long avail);
 /* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
 tune_opts *eng_testing_tune(eng *e);
 #endif

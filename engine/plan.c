@@ -7,8 +7,9 @@
  *      the free memory it reads next is what every later job shares;
  *   2. places the update's safety copy (train/snapshot.h): on the device when it takes at most
  *      a quarter of what is free beside the headroom; else in pinned host memory when the host
- *      has room for it and SNAP_HOST_RESERVE beside it; else nowhere. Host state (offload, or
- *      the cpu backend) takes a host copy under the same host rule;
+ *      has room for it (with the copies of the other ranks on this host) and SNAP_HOST_RESERVE
+ *      beside it; else nowhere. Host state (offload, or the cpu backend) takes a host copy under
+ *      the same host rule;
  *   3. reads what is left, less the headroom: acts_bytes. An update runs alone (no KV pool:
  *      the scheduler releases it when no rollout runs) and releases its activations when it
  *      ends, so its micro-batch may use all of it: micro_batch_tokens_max is the most tokens
@@ -19,7 +20,9 @@
  * On the cpu backend (no device) only the state is sized and the snapshot placed; the budgets
  * stay 0 ("no limit": the scheduler's cpu default, activations on demand). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
@@ -75,6 +78,43 @@ static long long host_available(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
+int plan_host_state_fits(long long need, int ranks, long long avail) {
+    if (avail < 0 || need + SNAP_HOST_RESERVE <= avail) return 0;
+    return err_set(GE_NOMEM,
+                   "optimizer offload: the fp32 master and AdamW moments of the %d rank%s on this host need %lld GiB of host "
+                   "memory (12 bytes a parameter), beyond the %lld GiB available less %lld GiB kept free: spread the model "
+                   "over more GPUs or hosts (expert parallelism), or train LoRA adapters",
+                   ranks, ranks == 1 ? "" : "s", need >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30);
+}
+
+/* The bytes of host memory the ranks on this host ask for together (*need, *ranks), this rank
+ * asking for `bytes`: exchanged with a comm, summed over the ranks with this host's name. */
+static int host_need(eng *e, long long bytes, long long *need, int *ranks) {
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    unsigned long long h = 1469598103934665603ULL; /* FNV-1a of the host's name */
+    for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    struct {
+        unsigned long long host;
+        long long bytes;
+    } mine = {h, bytes}, *all = calloc((size_t)e->W, sizeof mine);
+    int rc = all ? 0 : err_set(GE_NOMEM, "plan: out of memory");
+    if (!rc && e->dp) rc = dp_exchange(e, &mine, all, sizeof mine);
+    else if (!rc) all[0] = mine;
+    *need = *ranks = 0;
+    for (int q = 0; !rc && q < (e->dp ? e->W : 1); q++)
+        if (all[q].host == h) *need += all[q].bytes, ++*ranks;
+    free(all);
+    return rc;
+}
+
+int plan_host_state(eng *e, long long bytes) {
+    long long need;
+    int ranks, rc = host_need(e, bytes, &need, &ranks);
+    if (!rc) rc = plan_host_state_fits(need, ranks, host_available());
+    return e->dp ? dp_agree(e, rc) : rc;
+}
+
 /* Device bytes of one micro-batch of T tokens: its grad activations with every layer
  * recomputed, beside the no-grad passes' (old, reference) activations. */
 static long long micro_batch_bytes(const model *m, long long T) {
@@ -106,9 +146,12 @@ int plan_make(eng *e, const eng_open_opts *o) {
     p->device_total = (long long)tot;
     p->headroom = be->mem_info ? PLAN_HEADROOM : 0;
 
-    long long snap = 3 * ns * 4, host = host_available();
+    long long snap = 3 * ns * 4, snap_host = snap; /* the ranks of this host each place theirs */
+    int ranks;
+    if ((rc = host_need(e, snap, &snap_host, &ranks))) return rc;
+    long long host = host_available();
     int where = SNAP_NONE;
-    int host_fits = host < 0 || host - snap >= SNAP_HOST_RESERVE;
+    int host_fits = host < 0 || host - snap_host >= SNAP_HOST_RESERVE;
     if (dev_state) {
         long long room = (long long)fr - p->headroom;
         where = snap <= room / 4 ? SNAP_DEVICE : host_fits && be->host_alloc ? SNAP_PINNED : SNAP_NONE;

@@ -5,7 +5,9 @@
  *   state       the replicated parameters [0, m.ep_n0) are sharded as data parallelism shards
  *               them (sh_n = ep_n0 / W, reduce-scattered, the act copy all-gathered); this rank's
  *               experts [ep_n0, n_elems) follow in every vector and in the state after the shard
- *               (train/state.c's pieces), their gradients never summed over ranks.
+ *               (train/state.c's pieces), their gradients never summed over ranks; with
+ *               optimizer offload the shard's and the experts' master and moments are host
+ *               memory, stepped there piece by piece (offload.h).
  *   lock-step   every MoE layer's forward and backward is an exchange among all ranks, so every
  *               rank runs as many micro-batches as the rank that runs most (ep_most, ep_pad).
  *   whole       a state vector to the checkpoints' layout on rank 0 (ep_whole), and back
@@ -35,11 +37,10 @@ void ep_model_free(eng *e) {
     e->ep_full = NULL;
 }
 
-int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora, int offload) {
+int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora) {
     const char *no = !e->comm ? "it needs ranks (--ranks N; a comm)"
         : !config_n_moe(cfg)  ? "the model has no mixture-of-experts layer"
         : lora                ? "LoRA adapters are not built with it"
-        : offload             ? "optimizer offload is not built with it (--optimizer-offload off)"
                               : NULL;
     if (no) return err_set(GE_UNSUPPORTED, "%s: expert parallelism cannot apply: %s", o->model_dir, no);
     model_ep ep = {e->rank, e->W, a2a_bytes, gather_bytes, abort_comm, e->comm};
@@ -96,7 +97,9 @@ int ep_whole(eng *e, const float *x, float *whole) {
     float *mine = calloc(n + 1, sizeof(float)); /* this rank's layout: the replicated part on rank 0 only */
     int rc = dp_agree(e, mine ? 0 : err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", n * 4 >> 20));
     if (!rc) rc = dp_gather_to_host(e, x, e->rank == 0 ? mine : NULL);
-    if (!rc) rc = dp_agree(e, e->be->to_host(e->be, mine + rep, x + e->sh_n, (size_t)e->ep_n * 4));
+    size_t ex = (size_t)e->ep_n * 4; /* the experts after the shard: host memory with offload */
+    if (!rc && e->offload) memcpy(mine + rep, x + e->sh_n, ex);
+    if (!rc) rc = dp_agree(e, e->offload ? 0 : e->be->to_host(e->be, mine + rep, x + e->sh_n, ex));
     if (!rc) rc = moe_ep_gather(&e->m, mine, e->ep_full, whole, 0);
     free(mine);
     return rc;

@@ -20,15 +20,18 @@ static int place_shard(eng *e, const float *host, long long valid) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems, eb = (size_t)be->act_bytes, S = (size_t)e->sh_n, whole = S * (size_t)e->W + (size_t)e->ep_n,
            pad = whole - n;
+    size_t ns = S + (size_t)e->ep_n;
     int rc = dp_open(e);
+    if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * 12); /* every rank of this host together */
     if (rc) return rc;
     e->w_act = be->alloc(be, whole * eb);
-    e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)S) : be->alloc(be, (S + (size_t)e->ep_n) * 4);
+    e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)ns) : be->alloc(be, ns * 4);
     if (!e->w_act || !e->w_master) return GE_NOMEM;
     if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc;
     if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
-    if (e->offload) { /* zeroed by offload_host_alloc */
+    if (e->offload) { /* zeroed by offload_host_alloc; this rank's experts whole after the shard */
         if (valid) memcpy(e->w_master, host + e->sh_off, (size_t)valid * 4);
+        if (e->ep_n) memcpy(e->w_master + S, host + S * (size_t)e->W, (size_t)e->ep_n * 4);
         return 0;
     }
     be->zero(be, e->w_master, S * 4);
@@ -42,6 +45,8 @@ static int place_shard(eng *e, const float *host, long long valid) {
 static int place_host(eng *e, const float *host) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems;
+    int rc = plan_host_state(e, (long long)n * 12);
+    if (rc) return rc;
     if (!(e->w_master = offload_host_alloc((long long)n))) return GE_NOMEM;
     memcpy(e->w_master, host, n * sizeof(float));
     e->w_act = be->alloc(be, n * (size_t)be->act_bytes);
@@ -82,10 +87,8 @@ int state_open(eng *e, const float *host, const char *offload_mode) {
     e->sh_n = S;
     e->sh_off = off;
     e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
-    int rc = plan_offload(e, offload_mode, e->dp ? S : e->m.n_elems, &e->offload); /* a comm's: this rank's shard */
+    int rc = plan_offload(e, offload_mode, e->dp ? S + e->ep_n : e->m.n_elems, &e->offload); /* a comm's: this rank's shard */
     if (rc) return rc;
-    if (e->ep_full && e->offload)
-        return err_set(GE_UNSUPPORTED, "expert parallelism with optimizer offload is not built: --optimizer-offload off");
     return e->dp ? place_shard(e, host, valid) : e->offload ? place_host(e, host) : place_device(e, host);
 }
 
@@ -104,8 +107,10 @@ void state_free(eng *e) {
 int state_footprint(const eng *e, eng_plan *p) {
     const eng_backend *be = e->be;
     long long n = e->m.n_elems, nt = eng_train_n(e), ns = eng_state_n(e), eb = be->act_bytes;
-    p->weights = (e->dp ? e->sh_n * e->W : n) * eb + (e->m.lora_r ? nt * eb : 0);
-    p->gradients = (e->dp ? e->sh_n * e->W : nt) * 4;
+    long long vec = e->dp ? e->sh_n * e->W + e->ep_n : 0; /* a comm's vectors: the shards, then the experts */
+    /* + the decode views' expert stacks beyond the gradient buffer (expert parallelism) */
+    p->weights = (e->dp ? vec : n) * eb + (e->m.lora_r ? nt * eb : 0) + e->ep_dec_own;
+    p->gradients = (e->dp ? vec : nt) * 4;
     if (e->offload) p->host_state = 3 * ns * 4;
     else { /* the backend's memory (the host's on cpu, where the master is the weights) */
         p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
@@ -229,10 +234,17 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
     size_t eb = (size_t)be->act_bytes;
     int rc = 0;
-    if (e->offload) { /* all of it, or this rank's shard, on the host */
-        char *act = (char *)e->w_act + (e->dp ? (size_t)e->sh_off * eb : 0);
-        rc = offload_adamw(&e->off, e->w_master, e->adam_m, e->adam_v, act, grad_mine(e), lr, opt->beta1, opt->beta2, opt->eps,
-                           opt->weight_decay, e->opt_step);
+    if (e->offload) { /* all of it, or this rank's shard (and its experts: state_pieces), on the host */
+        state_piece p[2];
+        int np = state_pieces(e, p);
+        long long all = e->off.n;
+        for (int i = 0; i < np && !rc; i++) {
+            e->off.n = p[i].n; /* a part of the state offload_init sized */
+            rc = offload_adamw(&e->off, e->w_master + p[i].st, e->adam_m + p[i].st, e->adam_v + p[i].st,
+                               (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, lr, opt->beta1, opt->beta2, opt->eps,
+                               opt->weight_decay, e->opt_step);
+        }
+        e->off.n = all;
     } else if (e->dp) { /* this rank's shard (and its experts: state_pieces) */
         state_piece p[2];
         int np = state_pieces(e, p);
@@ -263,8 +275,12 @@ int state_act_from_master(eng *e, int rc) {
     long long n = eng_state_n(e);
     float *master = eng_train_master(e);
     char *act = eng_train_act(e), *mine = act + (e->dp ? (size_t)e->sh_off * eb : 0); /* all, or this rank's shard */
-    if (!rc && e->offload) { /* a host master: converted on its way to the device */
+    if (!rc && e->offload && !e->ep_n) { /* a host master: converted on its way to the device */
         rc = be->act_from_f32(be, mine, master, (size_t)n);
+    } else if (!rc && e->offload) {
+        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
+        for (int k = 0, np = state_pieces(e, p); k < np && !rc; k++)
+            rc = be->act_from_f32(be, act + (size_t)p[k].vec * eb, master + p[k].st, (size_t)p[k].n);
     } else if (!rc && !e->ep_n) {
         if (mine != (char *)master) be->f32_to_act(be, mine, master, (size_t)n);
     } else if (!rc) {

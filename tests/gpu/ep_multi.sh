@@ -8,6 +8,13 @@
 #           so the step's tokens/s/GPU should hold as W grows (W = 1 also without EP)
 #   strong  L = 4 on W = 2, 4: the same model spread wider
 #   long    the largest W with P = 4096 (the longer-prompt case)
+#   full    all 48 layers (full-parameter Qwen3-30B-A3B dims, 30.5 B parameters) on the largest W
+#           (FULL_W; FULL_L layers, 48) with the optimizer offloaded (EP_OFFLOAD=on: each rank's
+#           shard and experts' fp32 master and moments in host memory) and the decode views'
+#           expert stacks in the gradient buffer; its `SCALE plan|` line is the engine's memory
+#           plan of rank 0. Where the host cannot hold the ranks' host state (2 H200s with 256 GiB:
+#           366 GB of master and moments) the engine refuses naming both figures, and the line
+#           says so (tests/unit/test_ep_plan.c prints the whole plan for W = 1, 2, 4, 8).
 #   Each prints a SCALE| line: update time (8 groups, P 1024, N 16, R 512 unless long), tokens/s/GPU
 #   counted P + NR and N(P + R), MFU on the active parameters against 989 TFLOP/s a GPU, the
 #   rollout (each rank its share of the groups, 64 tokens) and the most device memory in use.
@@ -15,11 +22,11 @@
 #   one GPU without EP, then --gpus 0..W-1 --expert-parallel on every W > 1: the GRPO loop over
 #   HTTP (rollout 8 x 16, P 1024, 512 tokens, then the update), tokens/s/GPU beside NeMo-RL's
 #   published 1,102 tokens/s/GPU (Qwen3-30B-A3B, 32 H100s, 4K, on-policy, all 48 layers).
-# Not run, and why: all 48 layers. Under EP a rank keeps its experts' fp32 master and moments
-#   on the device (optimizer offload is not built with EP) and a whole bf16 decode copy (61 GB), so
-#   48 layers need 8 H200s; 4 W layers a GPU is what fits beside a 9,216-token micro-batch.
-# Knobs: GPUS (default: all visible), CASES ("weak strong long daemon"), SKIP_BUILD=1,
-#   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64) make a quick check
+# The weak and strong cases keep the optimizer on the device (4 W layers a GPU fit beside a
+#   9,216-token micro-batch); the full case writes a 61 GB bf16 model (122 GB of host memory
+#   while written) to /tmp first.
+# Knobs: GPUS (default: all visible), CASES ("weak strong long full daemon"), SKIP_BUILD=1, FULL_W, FULL_L,
+#   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64), V (151936) make a quick check
 #   smaller. Every figure here is a benchmark: nothing is asserted on time.
 # Exit 0 when the build and every run succeeded, 1 otherwise; a summary table is printed last.
 set -u
@@ -30,12 +37,13 @@ B=build/gpu
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
 NGPU=${GPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
-CASES=${CASES:-weak strong long daemon}
+CASES=${CASES:-weak strong long full daemon}
 STEPS=${STEPS:-4}
 LPG=${LPG:-4}
 G=${G:-8}
 R=${R:-512}
 NEW=${NEW:-64}
+V=${V:-151936}
 T=$B/test_ep_cuda
 rc_all=0
 sum="$OUT/ep_multi_summary.txt"
@@ -75,9 +83,14 @@ for w in 1 2 4; do [ "$w" -le "$NGPU" ] && ws="$ws $w"; done
 wmax=${ws##* }
 for c in $CASES; do
     case $c in
-    weak) for w in $ws; do scale "weak_w$w" "$w" $((LPG * w)) 151936 "$G" 1024 16 "$R" "$NEW"; done ;;
-    strong) for w in $ws; do [ "$w" -gt 1 ] && scale "strong_w$w" "$w" "$LPG" 151936 "$G" 1024 16 "$R" "$NEW"; done ;;
-    long) scale "long_w$wmax" "$wmax" $((LPG * wmax)) 151936 "$G" 4096 16 "$R" "$NEW" ;;
+    weak) for w in $ws; do scale "weak_w$w" "$w" $((LPG * w)) "$V" "$G" 1024 16 "$R" "$NEW"; done ;;
+    strong) for w in $ws; do [ "$w" -gt 1 ] && scale "strong_w$w" "$w" "$LPG" "$V" "$G" 1024 16 "$R" "$NEW"; done ;;
+    long) scale "long_w$wmax" "$wmax" $((LPG * wmax)) "$V" "$G" 4096 16 "$R" "$NEW" ;;
+    full)
+        fw=${FULL_W:-$wmax}
+        EP_OFFLOAD=on scale "full_w$fw" "$fw" "${FULL_L:-48}" "$V" "$G" 1024 16 "$R" "$NEW"
+        grep -h '^SCALE plan|' "$OUT/ep_full_w$fw.log" >>"$sum"
+        ;;
     daemon)
         if [ ! -x ./grpod ] || [ ! -d .devlibs ]; then
             echo "daemon: ./grpod and .devlibs not here (carry them): skipped" | tee -a "$sum"

@@ -218,6 +218,7 @@ typedef struct {
     const unsigned char *id; /* NCCL's (EP over it), or NULL */
     comm *c; /* or a comm of the caller's (EP over it: the staged comm below); both NULL: no EP */
     int rank, world, device, train, save;
+    int offload; /* 1: the optimizer state in host memory (--optimizer-offload on) */
     const char *resume;
     int *cancel; /* set when this rank fails to open: the other's NCCL set-up ends (may be NULL) */
     pthread_barrier_t *bar; /* staged comm: the ranks meet after each rollout (may be NULL) */
@@ -246,8 +247,8 @@ static void *run_main(void *p) {
                        .expert_parallel = j->id || j->c,
                        .resume_dir = j->resume,
                        .nccl_cancel = j->cancel,
-                       .optimizer_offload = "off"}; /* not the plan's: a GPU shared with other programs
-                                                      * would move it to the host, which EP refuses */
+                       .optimizer_offload = j->offload ? "on" : "off"}; /* not the plan's: a GPU shared with
+                                                                        * other programs would move it */
     j->rc = eng_open(&o, &j->e);
     if (j->rc && j->cancel) __atomic_store_n(j->cancel, 1, __ATOMIC_RELEASE);
     if (!j->rc && (j->dw = calloc((size_t)n_whole, 4))) j->rc = eng_testing_dec_weights(j->e, j->dw);
@@ -306,6 +307,52 @@ static double update_diff(const run_job *x, const run_job *r, const char *what) 
 
 /* ---------------------------------------------------------------- (a) W = 1 */
 
+/* (a) with the optimizer offloaded (train/state.c: the shard's and the experts' master and
+ * moments in host memory, AdamW on the host): the same two updates against the EP engine x with
+ * the state on the device — loss and grad norm within LOSS_TOL, the weights' update and both
+ * moments within 2e-2 relative L2 (the host AdamW rounds without nvcc's fused multiply-adds,
+ * test_offload's 1e-6 a step, magnified by the normalised steps as above; a shard's state
+ * stepped at the wrong place is O(1)); its checkpoint resumed without EP bit-equal (master, m,
+ * v) and its rollouts after the update bit-equal to that checkpoint's (the bf16 weights the host
+ * uploaded are the master's rounding). */
+static void w1_offload_rows(const run_job *x, const float *w0) {
+    unsigned char id[128];
+    if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
+    eng_remove_tree(CKPT);
+    run_job o = {.id = id, .world = 1, .train = 1, .save = 1, .offload = 1};
+    run_main(&o);
+    eng_info in = {0};
+    if (!o.rc) eng_get_info(o.e, &in);
+    if (o.rc || strcmp(in.plan.optimizer, "host")) {
+        printf("ep W=1 offload engine: %s (optimizer %s)\n", o.msg, in.plan.optimizer);
+        gc_row("ep W=1 cuda offload", "engine failed or optimizer not on the host", NAN, 0);
+        run_free(&o);
+        return;
+    }
+    gc_row("ep W=1 cuda offload: loss and grad_norm", "2 updates vs EP on the device, max relative difference",
+           update_diff(&o, x, "ep W=1 offload"), LOSS_TOL);
+    double dw = update_rel_l2(o.st[0], x->st[0], w0, (size_t)n_whole), dm = rel_l2(o.st[1], x->st[1], (size_t)n_whole),
+           dv = rel_l2(o.st[2], x->st[2], (size_t)n_whole);
+    printf("ep W=1 offload vs on the device: weights' update rel L2 %.3e, m %.3e, v %.3e\n", dw, dm, dv);
+    gc_row("ep W=1 cuda offload: master, m, v", "vs EP on the device; worst rel L2 (update for the master)",
+           fmax(dw, fmax(dm, dv)), 2e-2);
+    run_job y = {.resume = CKPT};
+    run_main(&y);
+    if (y.rc) {
+        printf("resume without EP: %s\n", y.msg);
+        gc_row("ep W=1 cuda offload: checkpoint resumed without EP", "engine failed", NAN, 0);
+    } else {
+        long long d = 0;
+        for (int i = 0; i < 3; i++) d += memcmp(o.st[i], y.st[i], (size_t)n_whole * 4) != 0;
+        gc_row("ep W=1 cuda offload: checkpoint resumed without EP", "master, m, v vectors not bit-equal", (double)d, 0);
+        roll_where("ep W=1 cuda offload: rollouts after the update", &o.r1, &y.r0);
+        gc_row("ep W=1 cuda offload: rollouts after the update", "decode copy vs its checkpoint without EP; differing",
+               roll_diff(&o.r1, &y.r0), 0);
+    }
+    run_free(&y);
+    run_free(&o);
+}
+
 static void w1_rows(const run_job *ref, const float *w0) {
     unsigned char id[128];
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
@@ -348,6 +395,7 @@ static void w1_rows(const run_job *ref, const float *w0) {
                (double)(roll_diff(&x.r1, &x.r0) == 0), 0);
     }
     run_free(&y);
+    w1_offload_rows(&x, w0);
     run_free(&x);
 }
 
@@ -652,9 +700,11 @@ static void scale_model(void) {
     sreward = malloc((size_t)sG * sN * sizeof *sreward);
     for (int i = 0; i < sG; i++) {
         gc_random_ids(sprompt[i] = malloc((size_t)sP * 4), sP, &sd);
+        for (int t = 0; t < sP; t++) sprompt[i][t] %= sV; /* a smaller vocabulary (ep_multi.sh V) */
         for (int r = 0; r < sN; r++) {
             int *x = malloc((size_t)sR * 4);
             gc_random_ids(x, sR, &sd);
+            for (int t = 0; t < sR; t++) x[t] %= sV;
             sresp[i * sN + r] = x;
             sRv[i * sN + r] = sR;
             sreward[i * sN + r] = check_randf(&sd, 0.5f) + 0.5f;
@@ -688,9 +738,25 @@ static void *scale_main(void *p) {
                        .world = j->W,
                        .expert_parallel = j->id != NULL,
                        .snapshot = "none",
+                       .optimizer_offload = getenv("EP_OFFLOAD"), /* on / off (unset: the plan's choice) */
                        .nccl_cancel = j->stop};
     eng *e = NULL;
-    if ((j->rc = eng_open(&o, &e))) __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+    if ((j->rc = eng_open(&o, &e))) {
+        __atomic_store_n(j->stop, 1, __ATOMIC_RELEASE);
+        snprintf(j->msg, sizeof j->msg, "%s", err_msg());
+    }
+    if (e && j->rank == 0) { /* the engine's memory plan of rank 0 (every rank's is the same size) */
+        eng_info in;
+        eng_get_info(e, &in);
+        const eng_plan *pl = &in.plan;
+        printf("SCALE plan|%s W=%d L=%d|weights %.1f GiB (decode stacks past the gradients included)|reference %.1f|gradients "
+               "%.1f|master %.1f, moments %.1f on the device|host state %.1f|optimizer %s|activations budget %.1f, KV %.1f|"
+               "micro-batch %lld tokens\n",
+               j->id ? "EP" : "no EP", j->W, sL, pl->weights / 1073741824.0, pl->reference / 1073741824.0,
+               pl->gradients / 1073741824.0, pl->master / 1073741824.0, pl->moments / 1073741824.0, pl->host_state / 1073741824.0,
+               pl->optimizer, pl->acts_bytes / 1073741824.0, pl->kv_bytes / 1073741824.0, pl->micro_batch_tokens);
+        fflush(stdout);
+    }
     eng_update_group *g = calloc((size_t)sG, sizeof *g);
     eng_rollout_group *rg = calloc((size_t)sG, sizeof *rg);
     eng_group_result *out = calloc((size_t)sG, sizeof *out);

@@ -15,11 +15,11 @@ BODY = {"groups": [{"prompt_ids": p, "n": 3, "reward": {"type": "regex", "answer
 PROBE = {"groups": [{"prompt_ids": p, "responses": [{"token_ids": [7, 8, 9, 10]}]} for p in PROMPTS]}
 
 
-def daemon(make_daemon, tmp_path, name, ep, ranks=2):
+def daemon(make_daemon, tmp_path, name, ep, ranks=2, extra=()):
     model = tmp_path / "model"
     if not model.exists():
         shutil.copytree(MOE, model)
-    args = ["--model", str(model), "--ranks", str(ranks)] + (["--expert-parallel"] if ep else [])
+    args = ["--model", str(model), "--ranks", str(ranks)] + (["--expert-parallel"] if ep else []) + list(extra)
     return make_daemon(tmp_path / name, args=args)
 
 
@@ -72,6 +72,24 @@ def test_rollout_update_rollout_equals_one_rank(make_daemon, tmp_path):
     assert [x["logprobs"] for x in responses(ep[0])] != [x["logprobs"] for x in responses(ep[2])]
     for j in (dp[2], ep[2]):
         assert j["result"]["policy_version"] == 1, json.dumps(j["result"])[:300]
+
+
+def test_ep_with_the_optimizer_offloaded(make_daemon, tmp_path):
+    """--expert-parallel with --optimizer-offload on (each rank's shard and experts' fp32 master
+    and moments in host memory, AdamW there): rollout -> update -> rollout bit-equal to expert
+    parallelism with the state in the backend's memory (the cpu backend's host AdamW is its own
+    arithmetic), the update's loss and grad norm too; /v1/model's memory plan says where the
+    optimizer is."""
+    dev = daemon(make_daemon, tmp_path, "dev", True)
+    off = daemon(make_daemon, tmp_path, "off", True, extra=["--optimizer-offload", "on"])
+    a, b = run(dev), run(off)
+    for x, y in zip(responses(a[0]) + responses(a[2]), responses(b[0]) + responses(b[2])):
+        assert x["token_ids"] == y["token_ids"] and x["logprobs"] == y["logprobs"], (x, y)
+    for k in ("loss", "grad_norm"):
+        assert a[1]["result"]["metrics"][k] == b[1]["result"]["metrics"][k], (k, a[1]["result"], b[1]["result"])
+    assert [x["logprobs"] for x in responses(b[0])] != [x["logprobs"] for x in responses(b[2])]
+    assert dev.get("/v1/model").json()["memory_plan"]["optimizer"] == "device"
+    assert off.get("/v1/model").json()["memory_plan"]["optimizer"] == "host"
 
 
 def test_replay_after_kill9_under_ep(make_daemon, tmp_path):

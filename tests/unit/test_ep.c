@@ -169,9 +169,16 @@ static int probe(eng *e, float *out) {
     return logprobs_flat(e, g, NG, out);
 }
 
+static const char *offload_ = "off"; /* --optimizer-offload of the ranks the tests open */
 static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
     eng *e;
-    eng_open_opts o = {.model_dir = model, .backend = "cpu", .n_threads = 1, .comm = c, .resume_dir = resume, .expert_parallel = ep};
+    eng_open_opts o = {.model_dir = model,
+                       .backend = "cpu",
+                       .n_threads = 1,
+                       .comm = c,
+                       .resume_dir = resume,
+                       .expert_parallel = ep,
+                       .optimizer_offload = c ? offload_ : "off"};
     return eng_open(&o, &e) ? NULL : e;
 }
 
@@ -345,6 +352,12 @@ TEST(one_rank_reference) {
     M = t.m; /* kept open for its layout */
 }
 
+/* rank 0's results at W = 1..3 without offload: what the offloaded ranks must give bit for bit */
+#define WOFF 3
+static float *ep_st[WOFF + 1][NCFG][3];
+static eng_update_result ep_u[WOFF + 1][NCFG];
+static float ep_lp[WOFF + 1][NCFG][NPROBE];
+
 TEST(ep_update_equals_one_rank) {
     for (int W = 1; W <= WMAX; W++)
         for (int k = 0; k < NCFG; k++) {
@@ -356,9 +369,72 @@ TEST(ep_update_equals_one_rank) {
             CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
             CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
             CHECK_MSG(compare_update(j, W, k) == 0, "W=%d cfg %d differs from one rank", W, k);
+            if (W <= WOFF) { /* kept for the offloaded ranks */
+                memcpy(ep_st[W][k], j[0].st, sizeof j[0].st);
+                ep_u[W][k] = j[0].u;
+                memcpy(ep_lp[W][k], j[0].lp, sizeof j[0].lp);
+            }
+            for (int q = W <= WOFF; q < W; q++) free_st(j[q].st);
+            close_world(W, cs, j);
+        }
+}
+
+/* Optimizer offload under expert parallelism (train/state.c: the shard's and the experts'
+ * master and moments in host memory, stepped there piece by piece): on the cpu backend the host
+ * AdamW is the backend's own arithmetic, so W = 1, 2, 3 offloaded ranks give the bits of the
+ * same W without offload — the loss, the grad norm, the logprobs after, and the master and
+ * both moments gathered whole (every expert) — and so equal one rank as above. A shard's or an
+ * expert piece's state stepped at the wrong place, left unstepped, or gathered from the wrong
+ * memory changes those bits. Then a checkpoint saved by the offloaded W = 3 resumes on offloaded
+ * W = 2 with the same master and moments (gathered back whole, bit for bit). */
+TEST(ep_offload_equals_ep) {
+    static const char *what[3] = {"master", "adam_m", "adam_v"};
+    offload_ = "on";
+    for (int W = 1; W <= WOFF; W++)
+        for (int k = 0; k < NCFG; k++) {
+            comm *cs[WMAX];
+            rank_job j[WMAX];
+            CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open with offload", W);
+            eng_info in;
+            eng_get_info(j[0].h.e, &in);
+            CHECK_MSG(!strcmp(in.plan.optimizer, "host"), "W=%d: the optimizer is on the %s", W, in.plan.optimizer);
+            for (int q = 0; q < W; q++) alloc_st(j[q].st);
+            CHECK_MSG(all_ranks(j, W, OP_UPDATE, k, NULL) == 0, "W=%d cfg %d offloaded update", W, k);
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            int same = j[0].u.loss == ep_u[W][k].loss && j[0].u.grad_norm == ep_u[W][k].grad_norm &&
+                !memcmp(j[0].lp, ep_lp[W][k], sizeof j[0].lp);
+            for (int i = 0; i < 3; i++) {
+                int eq = !memcmp(j[0].st[i], ep_st[W][k][i], (size_t)N * 4);
+                if (!eq)
+                    printf("  W=%d cfg %d %s: rel L2 experts %.2e, replicated %.2e from the ranks without offload\n", W, k,
+                           what[i], part_err(j[0].st[i], ep_st[W][k][i], 1), part_err(j[0].st[i], ep_st[W][k][i], 0));
+                same &= eq;
+            }
+            printf("  W=%d cfg %d offloaded: %s the same W without offload\n", W, k, same ? "bit-equal to" : "DIFFERS from");
+            CHECK_MSG(same, "W=%d cfg %d: the offloaded update differs from the one on the device", W, k);
+            CHECK_MSG(compare_update(j, W, k) == 0, "W=%d cfg %d offloaded differs from one rank", W, k);
+            if (W == WOFF && k == 0) { /* its checkpoint, resumed on W = 2 */
+                CHECK(system("rm -rf " CKPT "_off") == 0);
+                CHECK(all_ranks(j, W, OP_SAVE, 0, CKPT "_off") == 0);
+            }
             for (int q = 0; q < W; q++) free_st(j[q].st);
             close_world(W, cs, j);
         }
+    comm *cs[WMAX];
+    rank_job j[WMAX];
+    CHECK(open_world(2, cs, j, CKPT "_off") == 0);
+    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
+    CHECK(all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
+    int same = 1;
+    for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ep_st[WOFF][0][i], (size_t)N * 4);
+    printf("  checkpoint of offloaded W=3 on offloaded W=2: master and moments %s\n", same ? "bit-equal" : "DIFFER");
+    CHECK_MSG(same, "the offloaded W=3 checkpoint resumed on W=2 differs");
+    for (int q = 0; q < 2; q++) free_st(j[q].st);
+    close_world(2, cs, j);
+    offload_ = "off";
+    for (int W = 1; W <= WOFF; W++)
+        for (int k = 0; k < NCFG; k++) free_st(ep_st[W][k]);
 }
 
 /* The control: the bound sees an expert gradient counted twice (AdamW's m is linear in it). */
@@ -427,8 +503,10 @@ TEST(ep_rollouts_equal_one_rank) {
         CHECK(open_world(W, cs, j, NULL) == 0);
         eng_testing_info t;
         eng_testing_get(j[0].h.e, &t);
-        printf("  W=%d: the decode copy in %s\n", W, t.dec_in_grad ? "the gradient buffer" : "its own buffer");
-        CHECK_MSG(!t.dec_in_grad, "W=%d: the copy is in a buffer of its own (ep_decode.c place)", W);
+        printf("  W=%d: the decode views' expert stacks: %lld bytes in the gradient buffer, %lld in their own\n", W,
+               t.dec_grad_bytes, t.dec_own_bytes);
+        CHECK_MSG(t.dec_grad_bytes > 0, "W=%d: the gradient buffer holds no stack", W);
+        CHECK_MSG(W == 1 || t.dec_own_bytes > 0, "W=%d: every stack in the gradients (the test covers both places)", W);
         for (int q = 0; q < W; q++) j[q].roll = &got[q];
         CHECK_MSG(all_ranks(j, W, OP_ROLL, 0, NULL) == 0, "%s", err_msg());
         for (int q = 0; q < W; q++) CHECK_MSG(same_roll(&got[q], &ref), "W=%d rank %d: rollouts differ from one rank's", W, q);
@@ -490,6 +568,7 @@ TEST(refusals) {
 int main(void) {
     RUN(one_rank_reference);
     RUN(ep_update_equals_one_rank);
+    RUN(ep_offload_equals_ep);
     RUN(control_doubled_expert_gradient);
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
     RUN(ep_rollouts_equal_one_rank);
