@@ -367,6 +367,7 @@ typedef struct {
     int groups_filtered, optimizer_steps, micro_batches;
     double ms_old, ms_ref, ms_policy, ms_optimizer, ms_total;
     double ms_snapshot_wait; /* of ms_optimizer: waiting for the safety copy (train/snapshot.h) */
+    double ms_prepare; /* of ms_total, before the passes: the plan check, activations, the copy's start */
 } eng_update_result;
 
 /* Atomic: 0 with the update applied, or an error with weights, optimizer state, opt_step and

@@ -99,6 +99,13 @@ __global__ void logprob_top_kernel(int *ids, float *lps, const float *z, int V, 
     }
 }
 
+static __device__ __forceinline__ bf16 dz_of(float x, int j, int target, float lse, float ez, float gl, float ge, float inv_t) {
+    float p = __expf(x - lse);
+    float g = -gl * p - ge * p * (x - ez);
+    if (j == target) g += gl;
+    return __float2bfloat16(g * inv_t);
+}
+
 /* dz_j = (dlogp (1[j = tok] - p_j) - dent p_j (z_j - E z)) / temperature, as bf16 for the GEMMs. */
 __global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok, const float *dlogp, const float *dent, int V,
                                        float inv_t) {
@@ -109,12 +116,13 @@ __global__ void logprob_row_bwd_kernel(bf16 *dz, const float *z, const int *tok,
     float gl = dlogp[i], ge = dent ? dent[i] : 0.0f;
     int target = tok[i];
     bf16 *d = dz + (size_t)i * V;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float x = zr[j], p = __expf(x - lse);
-        float g = -gl * p - ge * p * (x - ez);
-        if (j == target) g += gl;
-        d[j] = __float2bfloat16(g * inv_t);
+    int B = blockDim.x, j = threadIdx.x;
+    for (; j + 3 * B < V; j += 4 * B) { /* four loads in flight (row_stats) */
+        float x[4] = {zr[j], zr[j + B], zr[j + 2 * B], zr[j + 3 * B]};
+#pragma unroll
+        for (int u = 0; u < 4; u++) d[j + u * B] = dz_of(x[u], j + u * B, target, lse, ez, gl, ge, inv_t);
     }
+    for (; j < V; j += B) d[j] = dz_of(zr[j], j, target, lse, ez, gl, ge, inv_t);
 }
 
 /* dh rows at pos += src rows (n of them), in a fixed order and without atomics: positions repeat

@@ -561,6 +561,7 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     rc = snap_begin(e);
 
     double t = clock_mono_ms();
+    out->ms_prepare = t - t0;
     int mb = a->ppo_mini_batch_size > 0 ? a->ppo_mini_batch_size : (w.n_groups ? w.n_groups : 1);
     int epochs = a->ppo_epochs > 0 ? a->ppo_epochs : 1, steps_total = epochs * ((w.n_groups + mb - 1) / mb), steps = 0;
     int need_old = !(a->use_rollout_logprobs) || rcorr_enabled(a);

@@ -26,7 +26,8 @@
 #   daemon_e2e.py: grpod serve --backend cuda over HTTP (when ./grpod and .devlibs are carried)
 #   (e) compute-sanitizer memcheck over the small op cases
 # The optional benchmarks (f)-(l) are built from tests/bench/gpu/ with the tests (bench_exact_mm,
-# exact mode's many-row GEMM vs cuBLASLt, is built too, run by hand); the profilers
+# exact mode's many-row GEMM vs cuBLASLt, and bench_moe_update, the daemon's 30B-A3B update
+# without HTTP, are built too, run by hand); the profilers
 # that read their kernels are tools/gpu/ (profile.sh, ncu_decode_steps.py).
 #   (f) with BENCH=1: bench_step (Qwen3-0.6B and 1.7B dims, P=4096 N=16 R=512; with EXACT=1 1.7B
 #       in exact mode too), and with
@@ -84,6 +85,7 @@ echo "device: $(head -1 "$OUT/device.txt")"
 BIN=$BUILD
 PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump test_tree"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe bench_exact_mm bench_exact_gap"
+BENCHES="$BENCHES bench_moe_update"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
