@@ -4,9 +4,8 @@
  * Fast path: tensor-core flash kernels for D = 64, 128 and 256, forward and a deterministic
  * backward (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cu) for D = 128,
  * mma.sync (attention_mma.cu) for D = 64 and 256; a few queries (decode) go to
- * attention_decode.cu first. Used
- * for every call with those head dims (training and prefill; the forward reads key rows only
- * inside the queries' ranges, so a KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT
+ * attention_decode.cu first. Used for every call with those head dims (training and prefill; the
+ * forward reads key rows only inside the queries' ranges, so a KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT
  * forces the simple path (tests). The mma.sync kernels at D = 128, once an A/B switch against
  * wgmma, are no longer built (measured slower: docs/benchmarks.md, "attention on wgmma").
  *
