@@ -1,17 +1,17 @@
 /* attention.cu — CUDA attention with attention.h's two key ranges per query: the dispatch of
  * the family's paths, and the simple path's kernels.
  *
- * Fast path: tensor-core flash kernels for D = 64 and 128, forward and a deterministic backward
- * (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cu) for D = 128, mma.sync
- * (attention_mma.cu) for D = 64; a few queries (decode) go to attention_decode.cu first. Used
- * for every call with those head dims (training and prefill; the forward reads key rows only
- * inside the queries' ranges, so a KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT
+ * Fast path: tensor-core flash kernels for D = 64, 128 and 256, forward and a deterministic
+ * backward (dq pass + dk/dv pass, no atomics): warpgroup MMA (attention_wgmma.cu) for D = 128,
+ * mma.sync (attention_mma.cu) for D = 64 and 256; a few queries (decode) go to
+ * attention_decode.cu first. Used for every call with those head dims (training and prefill; the
+ * forward reads key rows only inside the queries' ranges, so a KV cache with S != T works too). tune.attn = TUNE_ATTN_SIMT
  * forces the simple path (tests). The mma.sync kernels at D = 128, once an A/B switch against
  * wgmma, are no longer built (measured slower: docs/benchmarks.md, "attention on wgmma").
  *
  * Simple path (below; every even D up to 256, zero-padded to DM = 16, 32, 64, 128 or 256): plain
- * SIMT fp32 kernels, the first version, and the only path at D > 128 (Qwen3.5's gated attention
- * has D = 256; its shared arrays, 49-65 KB there, are dynamic: block_smem).
+ * SIMT fp32 kernels, the first version, and the path for the other head dims (at DM = 256 its
+ * shared arrays, 49-65 KB, are dynamic: block_smem).
  * Forward: a block is 16 consecutive queries of one head (4 warps x 4 queries). The keys that
  * any of its queries sees, pass by pass (range a, then range b), are streamed through shared
  * memory in tiles of 32; lane j scores key j for the warp's 4 queries, an online softmax in
@@ -454,7 +454,12 @@ static int head_dim_ok(cu_ctx *c, int D) {
 
 static unsigned raised_fwd, raised_dq, raised_dkdv; /* smem_bytes' once-per-device bits (DM = 256) */
 
-static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128) && c->tune->attn != TUNE_ATTN_SIMT; }
+static int use_flash(cu_ctx *c, int D) { return (D == 64 || D == 128 || D == 256) && c->tune->attn != TUNE_ATTN_SIMT; }
+
+/* The key tile of the backward's dk/dv pass (and of its qlo / qhi bounds). */
+static int key_tile(cu_ctx *c, int D) {
+    return !use_flash(c, D) ? (int)KT : D == 256 ? (int)ATTN_FLASH_BK_D256 : (int)ATTN_FLASH_BK;
+}
 
 #define SIMPLE_DM(D, launch) \
     do { \
@@ -474,8 +479,8 @@ static void fwd_pair(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16
     if (use_flash(c, D) && attn_decode_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return;
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(c, D)) {
-        if (D == 64) attn_mma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);
-        else attn_wgmma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);
+        if (D == 128) attn_wgmma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);
+        else attn_mma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D, scale2);
         return;
     }
     dim3 grid((T + QT - 1) / QT, H);
@@ -489,7 +494,7 @@ static void fwd_pair(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16
 
 /* The scratch bwd_pair takes: Dsum (T, H), the key tiles' query bounds, wgmma's split parts. */
 static size_t bwd_scratch_bytes(cu_ctx *c, int T, int S, int H, int D, size_t *dsum_bytes, size_t *tb, int *ntiles) {
-    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT;
+    int flash = use_flash(c, D), kt = key_tile(c, D);
     *ntiles = (S + kt - 1) / kt;
     *dsum_bytes = (((size_t)T * H * sizeof(float)) + 255) & ~(size_t)255;
     *tb = (2 * (size_t)*ntiles * sizeof(int) + 255) & ~(size_t)255;
@@ -499,7 +504,7 @@ static size_t bwd_scratch_bytes(cu_ctx *c, int T, int S, int H, int D, size_t *d
 /* The backward of ranges a and b (r.nx ignored; S >= T): dq overwritten, dk/dv +=. */
 static void bwd_pair(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                      const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K, int D) {
-    int flash = use_flash(c, D), kt = flash ? (int)ATTN_FLASH_BK : (int)KT, ntiles;
+    int flash = use_flash(c, D), kt = key_tile(c, D), ntiles;
     size_t dsum_bytes, tb;
     char *s = (char *)cu_scratch(c, bwd_scratch_bytes(c, T, S, H, D, &dsum_bytes, &tb, &ntiles));
     if (!s) return;
@@ -507,10 +512,10 @@ static void bwd_pair(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, 
     int *qlo = (int *)(s + dsum_bytes), *qhi = qlo + ntiles;
     float scale = 1.0f / sqrtf((float)D), scale2 = LOG2E * scale;
     if (flash) {
-        if (D == 64) attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, scale2, scale);
-        else
+        if (D == 128)
             attn_wgmma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, s + dsum_bytes + tb, dout, q, k, v, out, lse, r, T, S, H, K,
                                 scale2, scale);
+        else attn_mma_bwd_cuda(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, D, scale2, scale);
         return;
     }
     dim3 gq((T + QT - 1) / QT, H), gk(ntiles, K);

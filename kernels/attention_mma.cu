@@ -1,6 +1,6 @@
 /* attention_mma.cu — tensor-core attention (FlashAttention-2 style) for attention.h's two key
- * ranges per query on mma.sync, head dim 64 (attention.cu dispatches; head dim 128 runs on the
- * wgmma kernels of attention_wgmma.cu). The helpers named below and the schedule
+ * ranges per query on mma.sync, head dims 64 and 256 (attention.cu dispatches; head dim 128 runs
+ * on the wgmma kernels of attention_wgmma.cu). The tile shapes per head dim are fa_cfg (below). The helpers named below and the schedule
  * (fa_sched, fa_next, fa_warp_vote, fa_mask, fa_store_rows, fa_dsum_rows) are
  * attention_tiles.cuh, shared with the wgmma and decode kernels.
  *
@@ -19,6 +19,7 @@
  * any other tile is kept only if some query needs it (a block vote), and each warp then checks
  * its own rows (skip / no mask / mask per element with the query's own range — queries of one
  * tile may belong to different responses or groups).
+ *   (the block sizes below are D 64's; D 256's are half as many rows: fa_cfg)
  *   fwd:  block = 256 queries x one head, 8 warps x 32 rows, 64-key tiles; online softmax in fp32
  *         (log2 domain, scale folded into the exp2's FMA); writes out and lse.
  *   dq:   block = 128 queries x one head, 4 warps x 32 rows, 32-key tiles; recomputes P from
@@ -185,19 +186,21 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW)
     fa_store_rows<D, MR>(dq, q_s, acc, sc_, t0, row0, T, H, h); /* the warp's own q_s rows */
 }
 
-/* dkdv, FlashAttention-2 layout: block = 128 keys x one kv head, 8 warps as 4 key groups (32
- * keys) x 2 halves. Phase 1: warp (kg, hf) computes S^T and dP^T for its 32 keys x 32 queries
- * (hf's half of the 64-query tile) and writes P^T and dS^T (bf16) to shared memory; a named
- * barrier joins the two warps of the key group; phase 2: warp (kg, hf) accumulates dV and dK for
- * its 32 keys x D/2 dims (hf's half) over all 64 queries. Every Q/dO fragment read from shared
- * memory feeds 2 mmas (the one-warp-per-16-keys layout feeds 1), and the accumulators are half
- * as many. 3-stage Q/dO pipeline; deterministic. */
-template <int D, int NS>
+/* dkdv, FlashAttention-2 layout: block = 32 (8 / NH) keys x one kv head, 8 warps as 8 / NH key
+ * groups (32 keys) x NH parts (NH 2: 128 keys, 4 groups x 2 halves; NH 4 at D 256: 64 keys, 2
+ * groups x 4 quarters, so that dK and dV of a warp's 32 keys x D / NH dims stay 128 registers).
+ * Phase 1: warp (kg, hf) computes S^T and dP^T for its 32 keys x 64 / NH queries (hf's part of
+ * the 64-query tile) and writes P^T and dS^T (bf16) to shared memory; a named barrier joins the
+ * NH warps of the key group; phase 2: warp (kg, hf) accumulates dV and dK for its 32 keys x
+ * D / NH dims (hf's part) over all 64 queries. Every Q/dO fragment read from shared memory feeds
+ * 2 mmas (the one-warp-per-16-keys layout feeds 1). NS-stage Q/dO pipeline; deterministic. */
+template <int D, int NH, int NS>
 __global__ void __launch_bounds__(256, 1)
     fa_dkdv2_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
                     const float *dsum, const int *qlo, const int *qhi, attn_ranges r, int T, int S, int H, int K, float sc2,
                     float scale) {
-    constexpr int ST = D + 8, BK = FA_BK, TILE = FA_Q * ST, PS = FA_Q + 8;
+    /* NH warps a key group: phase 1 splits the tile's queries NH ways (QW each), phase 2 D (DW) */
+    constexpr int ST = D + 8, BK = 32 * (8 / NH), TILE = FA_Q * ST, PS = FA_Q + 8, QW = FA_Q / NH, DW = D / NH;
     extern __shared__ __align__(16) unsigned char fa_dyn[];
     bf16 *k_s = (bf16 *)fa_dyn, *v_s = k_s + BK * ST, *q_s = v_s + BK * ST, *do_s = q_s + NS * TILE;
     bf16 *pt_s = do_s + NS * TILE, *dst_s = pt_s + BK * PS;
@@ -205,11 +208,11 @@ __global__ void __launch_bounds__(256, 1)
     int lin = blockIdx.x + blockIdx.y * gridDim.x;
     int kt = lin / K, g = lin % K, j0 = kt * BK, rep = H / K;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, gr = lane >> 2, c2 = 2 * (lane & 3);
-    int kg = w >> 1, hf = w & 1, kw0 = j0 + kg * 32; /* the group's keys: kw0 .. kw0 + 31 */
+    int kg = w / NH, hf = w % NH, kw0 = j0 + kg * 32; /* the group's keys: kw0 .. kw0 + 31 */
     int t_lo = qlo[kt], t_hi = qhi[kt], ntile = (t_hi - t_lo + FA_Q - 1) / FA_Q, npair = ntile * rep;
     fa_load_rows<D, BK>(k_s, k, j0, S, K, g);
     fa_load_rows<D, BK>(v_s, v, j0, S, K, g);
-    float dka[2][D / 16][4], dva[2][D / 16][4];
+    float dka[2][DW / 8][4], dva[2][DW / 8][4];
     fa_zero(dka);
     fa_zero(dva);
     float xl2 = INFINITY, xds = 0;
@@ -275,18 +278,18 @@ __global__ void __launch_bounds__(256, 1)
         int full = __all_sync(FULL, cover);
         const bf16 *qt = q_s + b * TILE, *dt = do_s + b * TILE;
         if (need) {
-            float sa[2][4][4], dp[2][4][4];
+            float sa[2][QW / 8][4], dp[2][QW / 8][4];
             fa_zero(sa);
             fa_zero(dp);
-            mma_abt<2, 4, D>(sa, k_s + kg * 32 * ST, qt + hf * 32 * ST, ST); /* S^T: rows keys, cols queries */
-            mma_abt<2, 4, D>(dp, v_s + kg * 32 * ST, dt + hf * 32 * ST, ST);
+            mma_abt<2, QW / 8, D>(sa, k_s + kg * 32 * ST, qt + hf * QW * ST, ST); /* S^T: rows keys, cols queries */
+            mma_abt<2, QW / 8, D>(dp, v_s + kg * 32 * ST, dt + hf * QW * ST, ST);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int n = 0; n < 4; n++)
+                for (int n = 0; n < QW / 8; n++)
 #pragma unroll
                     for (int e2 = 0; e2 < 2; e2++) {
-                        int row = kg * 32 + mi * 16 + gr + e2 * 8, col = hf * 32 + n * 8 + c2, j = j0 + row;
+                        int row = kg * 32 + mi * 16 + gr + e2 * 8, col = hf * QW + n * 8 + c2, j = j0 + row;
                         float pv[2], dv2[2];
 #pragma unroll
                         for (int e1 = 0; e1 < 2; e1++) {
@@ -301,12 +304,12 @@ __global__ void __launch_bounds__(256, 1)
                         *(bf162 *)(dst_s + row * PS + col) = __floats2bfloat162_rn(dv2[0], dv2[1]);
                     }
         }
-        /* P^T / dS^T written -> read: the group's two warps (named barrier 1 + kg), every pair
+        /* P^T / dS^T written -> read: the group's NH warps (named barrier 1 + kg), every pair
          * whether or not the group needs it */
-        asm volatile("bar.sync %0, 64;\n" ::"r"(1 + kg) : "memory");
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + kg), "n"(32 * NH) : "memory");
         if (need) {
-            mma_ab<2, FA_Q / 16, D / 16>(dva, pt_s + kg * 32 * PS, PS, dt + hf * (D / 2), ST);
-            mma_ab<2, FA_Q / 16, D / 16>(dka, dst_s + kg * 32 * PS, PS, qt + hf * (D / 2), ST);
+            mma_ab<2, FA_Q / 16, DW / 8>(dva, pt_s + kg * 32 * PS, PS, dt + hf * DW, ST);
+            mma_ab<2, FA_Q / 16, DW / 8>(dka, dst_s + kg * 32 * PS, PS, qt + hf * DW, ST);
         }
         if (nx < npair) store_rows(nb);
     }
@@ -317,9 +320,9 @@ __global__ void __launch_bounds__(256, 1)
         for (int e2 = 0; e2 < 2; e2++) {
             int j = kw0 + mi * 16 + gr + e2 * 8;
             if (j >= S) continue;
-            bf16 *dkr = dk + ((size_t)j * K + g) * D + hf * (D / 2), *dvr = dv + ((size_t)j * K + g) * D + hf * (D / 2);
+            bf16 *dkr = dk + ((size_t)j * K + g) * D + hf * DW, *dvr = dv + ((size_t)j * K + g) * D + hf * DW;
 #pragma unroll
-            for (int n = 0; n < D / 16; n++) {
+            for (int n = 0; n < DW / 8; n++) {
                 bf162 *pk = (bf162 *)(dkr + n * 8 + c2), *pv = (bf162 *)(dvr + n * 8 + c2);
                 float2 a = __bfloat1622float2(*pk), bb = __bfloat1622float2(*pv);
                 *pk = __floats2bfloat162_rn(a.x + dka[mi][n][2 * e2] * scale, a.y + dka[mi][n][2 * e2 + 1] * scale);
@@ -328,39 +331,68 @@ __global__ void __launch_bounds__(256, 1)
         }
 }
 
-/* ---------------------------------------------------------------- launchers (D = 64) */
+/* ---------------------------------------------------------------- launchers (D = 64, 256) */
 
-/* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8. */
-template <typename F> static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D) {
-    size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16);
+/* Tile shapes by head dim. D 64: fwd MR 2, 8 warps (256 queries), 64-key tiles, 2 stages
+ * (measured faster than 3 on H100, 1 block an SM either way); dq MR 2, 4 warps (128 queries),
+ * 32-key tiles, 2 stages (2 blocks an SM); dkdv 128-key blocks (NH 2), 3 stages. D 256: one m16
+ * atom a warp (MR 1: a row block's D / 8 x 4 fp32 accumulators are 128 registers), 8 warps (128
+ * queries) in fwd and dq, dkdv 64-key blocks (NH 4), 2 stages everywhere: each kernel's shared
+ * memory is 203-224 KB of the 227 KB an SM has. */
+template <int D> struct fa_cfg;
+template <> struct fa_cfg<64> {
+    enum { MR = 2, FWD_NW = 8, FWD_BN = 64, FWD_NS = 2, DQ_NW = 4, DQ_BN = 32, NH = 2, DKDV_NS = 3 };
+};
+template <> struct fa_cfg<256> {
+    enum { MR = 1, FWD_NW = 8, FWD_BN = 64, FWD_NS = 2, DQ_NW = 8, DQ_BN = 32, NH = 4, DKDV_NS = 2 };
+};
+
+/* Sets a flash kernel's dynamic shared memory limit to `rows` rows of stride D + 8, plus `extra` bytes. */
+template <typename F> static size_t flash_smem(cu_ctx *c, F *kernel, int rows, int D, size_t extra) {
+    size_t bytes = (size_t)rows * (D + 8) * sizeof(bf16) + extra;
     CU_CK(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return bytes;
 }
 
-/* fwd: 2 stages (measured faster than 3 on H100, 1 block an SM either way) */
-void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
-                       int K, float sc2) {
-    constexpr int D = 64, BM = 16 * FA_MR * FA_NW;
-    auto kern = fa_fwd_kernel<D, FA_MR, FA_NW, FA_FWD_BN, FA_FWD_NS>;
-    size_t sm = flash_smem(c, kern, BM + 2 * FA_FWD_NS * FA_FWD_BN, D);
-    kern<<<dim3((T + BM - 1) / BM, H), 32 * FA_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
+template <int D>
+static void mma_fwd(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                    int K, float sc2) {
+    typedef fa_cfg<D> F;
+    constexpr int BM = 16 * F::MR * F::FWD_NW;
+    auto kern = fa_fwd_kernel<D, F::MR, F::FWD_NW, F::FWD_BN, F::FWD_NS>;
+    size_t sm = flash_smem(c, kern, BM + 2 * F::FWD_NS * F::FWD_BN, D, 0);
+    kern<<<dim3((T + BM - 1) / BM, H), 32 * F::FWD_NW, sm, c->stream>>>(out, lse, q, k, v, r, T, H, K, sc2);
     CU_LAUNCHED(c, "fa_fwd_kernel");
+}
+
+template <int D>
+static void mma_bwd(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout, const bf16 *q,
+                    const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
+                    float sc2, float scale) {
+    typedef fa_cfg<D> F;
+    constexpr int BM = 16 * F::MR * F::DQ_NW, BK = 32 * (8 / F::NH), NS = F::DKDV_NS;
+    static_assert(BK == ATTN_FLASH_BK || (D == 256 && BK == ATTN_FLASH_BK_D256), "dkdv key tile: attention.cuh's");
+    auto dqk = fa_dq_kernel<D, F::MR, F::DQ_NW, F::DQ_BN, 2>;
+    size_t sm = flash_smem(c, dqk, 2 * BM + 4 * F::DQ_BN, D, 0);
+    dqk<<<dim3((T + BM - 1) / BM, H), 32 * F::DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2, scale);
+    CU_LAUNCHED(c, "fa_dq_kernel");
+    attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, BK);
+    /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
+    auto dkv = fa_dkdv2_kernel<D, F::NH, NS>;
+    size_t smk = flash_smem(c, dkv, 2 * BK + 2 * NS * FA_Q, D, 2 * BK * (FA_Q + 8) * sizeof(bf16));
+    dkv<<<dim3((S + BK - 1) / BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, sc2, scale);
+    CU_LAUNCHED(c, "fa_dkdv2_kernel");
+}
+
+void attn_mma_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                       int K, int D, float sc2) {
+    if (D == 64) mma_fwd<64>(c, out, lse, q, k, v, r, T, H, K, sc2);
+    else mma_fwd<256>(c, out, lse, q, k, v, r, T, H, K, sc2);
 }
 
 void attn_mma_bwd_cuda(cu_ctx *c, bf16 *dq, bf16 *dk, bf16 *dv, float *dsum, int *qlo, int *qhi, const bf16 *dout, const bf16 *q,
                        const bf16 *k, const bf16 *v, const bf16 *out, const float *lse, attn_ranges r, int T, int S, int H, int K,
-                       float sc2, float scale) {
-    constexpr int D = 64, BM = 16 * FA_MR * FA_DQ_NW;
-    auto dqk = fa_dq_kernel<D, FA_MR, FA_DQ_NW, FA_DQ_BN, 2>; /* 2 stages: 2 blocks an SM */
-    size_t sm = flash_smem(c, dqk, 2 * BM + 4 * FA_DQ_BN, D);
-    dqk<<<dim3((T + BM - 1) / BM, H), 32 * FA_DQ_NW, sm, c->stream>>>(dq, dsum, dout, q, k, v, out, lse, r, T, H, K, sc2, scale);
-    CU_LAUNCHED(c, "fa_dq_kernel");
-    attn_tile_bounds_cuda(c, qlo, qhi, r, T, S, FA_BK);
-    /* K, V, NS Q/dO stages, and the P^T / dS^T tiles (BK rows of FA_Q + 8) */
-    auto dkv = fa_dkdv2_kernel<D, FA_DKDV_NS>;
-    size_t smk = (size_t)(2 * FA_BK + 2 * FA_DKDV_NS * FA_Q) * (D + 8) * sizeof(bf16) + 2 * FA_BK * (FA_Q + 8) * sizeof(bf16);
-    CU_CK(c, cudaFuncSetAttribute(dkv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smk));
-    dkv<<<dim3((S + FA_BK - 1) / FA_BK, K), 256, smk, c->stream>>>(dk, dv, dout, q, k, v, lse, dsum, qlo, qhi, r, T, S, H, K, sc2,
-                                                                   scale);
-    CU_LAUNCHED(c, "fa_dkdv2_kernel");
+                       int D, float sc2, float scale) {
+    if (D == 64) mma_bwd<64>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, sc2, scale);
+    else mma_bwd<256>(c, dq, dk, dv, dsum, qlo, qhi, dout, q, k, v, out, lse, r, T, S, H, K, sc2, scale);
 }

@@ -19,21 +19,9 @@
 
 typedef __nv_bfloat162 bf162;
 
-/* fwd: MR 2, 8 warps (256 queries), 64-key tiles, 2 stages; dq: MR 2, 4 warps (128 queries),
- * 32-key tiles, 2 stages (2 blocks an SM); dkdv: 8 warps as 4 key groups x 2 (FA_BK keys a
- * block) against FA_Q-query tiles, 3 stages. Chosen by H100 timings (fwd 3 stages and dkdv with 2
- * stages were measured slower). */
-enum {
-    FA_FWD_BN = 64,
-    FA_DQ_BN = 32,
-    FA_NW = 8,
-    FA_DQ_NW = 4,
-    FA_MR = 2,
-    FA_BK = ATTN_FLASH_BK,
-    FA_Q = 64,
-    FA_FWD_NS = 2,
-    FA_DKDV_NS = 3
-};
+/* dkdv's key block (wgmma; mma.sync at D 64) and the query tile every dkdv walks; the mma.sync
+ * kernels' other tile shapes, per head dim, are attention_mma.cu's fa_cfg. */
+enum { FA_BK = ATTN_FLASH_BK, FA_Q = 64 };
 
 __device__ __forceinline__ float fa_ex2(float x) {
     float y;

@@ -41,9 +41,11 @@ __device__ __forceinline__ int dc_mode(const dc_scratch &s, attn_ranges r, int r
  * that matter summed (l_a h_b + h_a l_b, then h_a h_b): fp32's accuracy (the tail's own product,
  * 2^-22 relative, is dropped) at tensor-core speed. A(m, k), B(k, n) are functors returning the
  * element (0 outside the matrices: they check their bounds), out(m, n, v) is called once per
- * element of the padded M x N (16 x 8 tiles; it checks its bounds); K is stepped by 8. A tile's
- * owner and its order over k depend only on (M, N): an element's sum is the same bits every run,
- * and two calls of the same M, N give an element to the same thread. */
+ * element of the padded M x N (16 x 8 tiles, a warp's task NB of them side by side: the A
+ * fragment's loads and tf32 split serve NB tiles, and NB tiles' loads are in flight at once; it
+ * checks its bounds); K is stepped by 8. A tile's owner and its order over k depend only on
+ * (M, N): an element's sum is the same bits every run, and two calls of the same M, N give an
+ * element to the same thread. */
 __device__ __forceinline__ unsigned dc_tf32(float x) {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
@@ -55,32 +57,51 @@ __device__ __forceinline__ void dc_mma8(float (&c)[4], const unsigned (&a)[4], c
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 template <class FA, class FB, class FO> __device__ __forceinline__ void dc_mm(int M, int N, int K, FA A, FB B, FO out) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, tn = (N + 7) / 8, nt = (M + 15) / 16 * tn;
-    for (int tile = threadIdx.x >> 5; tile < nt; tile += blockDim.x >> 5) {
-        int m0 = tile / tn * 16, n0 = tile % tn * 8;
-        float c[4] = {0, 0, 0, 0};
+    constexpr int NB = 4; /* a warp's task: 16 rows x NB 8-column tiles, each A fragment feeding NB tiles */
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3, tn = (N + 7) / 8, tg = (tn + NB - 1) / NB;
+    int ntask = (M + 15) / 16 * tg;
+    for (int task = threadIdx.x >> 5; task < ntask; task += blockDim.x >> 5) {
+        int m0 = task / tg * 16, b0 = task % tg * NB, nb = min(NB, tn - b0);
+        float c[NB][4] = {};
+#pragma unroll 2
         for (int k0 = 0; k0 < K; k0 += 8) {
             float av[4] = {A(m0 + g, k0 + q), A(m0 + g + 8, k0 + q), A(m0 + g, k0 + q + 4), A(m0 + g + 8, k0 + q + 4)};
-            float bv[2] = {B(k0 + q, n0 + g), B(k0 + q + 4, n0 + g)};
-            unsigned ah[4], al[4], bh[2], bl[2];
+            float bv[NB][2];
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+                if (b < nb) {
+                    bv[b][0] = B(k0 + q, (b0 + b) * 8 + g);
+                    bv[b][1] = B(k0 + q + 4, (b0 + b) * 8 + g);
+                }
+            unsigned ah[4], al[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 ah[e] = dc_tf32(av[e]);
                 al[e] = dc_tf32(av[e] - __uint_as_float(ah[e]));
             }
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                bh[e] = dc_tf32(bv[e]);
-                bl[e] = dc_tf32(bv[e] - __uint_as_float(bh[e]));
-            }
-            dc_mma8(c, al, bh);
-            dc_mma8(c, ah, bl);
-            dc_mma8(c, ah, bh);
+            for (int b = 0; b < NB; b++)
+                if (b < nb) {
+                    unsigned bh[2], bl[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        bh[e] = dc_tf32(bv[b][e]);
+                        bl[e] = dc_tf32(bv[b][e] - __uint_as_float(bh[e]));
+                    }
+                    dc_mma8(c[b], al, bh);
+                    dc_mma8(c[b], ah, bl);
+                    dc_mma8(c[b], ah, bh);
+                }
         }
-        out(m0 + g, n0 + 2 * q, c[0]);
-        out(m0 + g, n0 + 2 * q + 1, c[1]);
-        out(m0 + g + 8, n0 + 2 * q, c[2]);
-        out(m0 + g + 8, n0 + 2 * q + 1, c[3]);
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+            if (b < nb) {
+                int n0 = (b0 + b) * 8;
+                out(m0 + g, n0 + 2 * q, c[b][0]);
+                out(m0 + g, n0 + 2 * q + 1, c[b][1]);
+                out(m0 + g + 8, n0 + 2 * q, c[b][2]);
+                out(m0 + g + 8, n0 + 2 * q + 1, c[b][3]);
+            }
     }
 }
 

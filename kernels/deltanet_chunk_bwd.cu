@@ -186,7 +186,7 @@ static size_t dc_grad_bytes(int Dk, int Dv) {
     return sizeof(float) * ((size_t)DC_C * (2 * Dv + Dk + Mx) + 4 * DC_C * (DC_C + 1) + 6 * DC_C + 32);
 }
 
-__global__ void __launch_bounds__(DC_NT)
+__global__ void __launch_bounds__(DC_NT, 1)
     dc_grad_kernel(bf16 *du, float *pdq, float *pdk, float *pdb, float *pdg, const float *h0, const float *dSe, dc_scratch s,
                    const float *qn, const float *kn, const float *beta, const bf16 *dout, const bf16 *u, int Hk, int Hv, int Dk,
                    int Dv) {

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 # (name, H, K, D, [(P, [R_1 .. R_N]) per group]): odd P and R, P below a tile, R = 1, N = 1,
-# several groups with different P in one call, head dim 64, and a step-like shape
+# several groups with different P in one call, head dims 64 and 256, and a step-like shape
 CASES = [
     ("P=300 N=4, odd R", 8, 2, 128, [(300, [77, 1, 130, 64])]),
     ("P<tile N=1 R=1", 4, 1, 128, [(37, [1])]),
@@ -28,6 +28,7 @@ CASES = [
     ("3 groups, P 129/1/513", 8, 4, 128, [(129, [5, 64]), (1, [3]), (513, [200, 17, 1])]),
     ("D=64", 6, 3, 64, [(100, [33, 70])]),
     ("P=1024 N=8 R=256", 16, 8, 128, [(1024, [256] * 8)]),
+    ("D=256 Qwen3.5 heads", 16, 4, 256, [(300, [77, 1, 130, 64]), (65, [3, 200])]),
 ]
 
 

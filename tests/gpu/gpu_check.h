@@ -184,8 +184,8 @@ static inline void gc_moe_30b_a3b(model_config *c, int L) {
  * c (the benchmarks' "qwen3.5-9b"): hidden 4096, MLP 12288, vocabulary 248,320 untied; gated
  * DeltaNet 16 key / 32 value heads of 128, 4 conv taps; every fourth layer gated attention (the
  * config's layer_types), 16 query / 4 KV heads of 256, a quarter rotary. d128: the gated layers
- * run 32 / 8 heads of 128 (the same q, k and v widths and attention FLOPs, on the tensor-core
- * attention kernels; D 256 takes the SIMT ones). */
+ * run 32 / 8 heads of 128 (the same q, k and v widths and attention FLOPs; D 128 runs the wgmma
+ * attention kernels, D 256 the mma.sync ones). */
 static inline void gc_qwen3_5_9b(model_config *c, int L, int d128) {
     if (L < 1 || L > 32) gc_die(NULL, "qwen3.5-9b: L in 1..32");
     *c = (model_config){.arch = ARCH_QWEN3_5,

@@ -5,8 +5,7 @@
 # flash-linear-attention's chunk_gated_delta_rule (Triton) in place of transformers' torch
 # fallback, on the N(P+R) layout: N sequences [P; R_i], the prompt replicated N times (the form a
 # PyTorch user trains; fla has no shared-prefix state). SDPA for the full attention.
-# bench_hybrid's gated layer is H 32, K 8, D 128 (grpod's attention takes D <= 128): the same q, k
-# and v widths and attention FLOPs.
+# bench_hybrid's gated layer is the same (H 16, K 4, D 256).
 # Usage: PYTHONPATH=<fla-core + einops wheels unpacked> [PEER_FLA_TIMING_ONLY=1] python3 peer_hybrid_step.py
 #        [P,N,R ...]  (default 4096,16,512); PEER_FLA_TIMING_ONLY=1 lifts fla's refusal of Triton 3.4-3.7.0 on
 #        Hopper (bypass_triton_guard): the time is measured, the gradients are not to be trusted

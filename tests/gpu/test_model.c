@@ -385,7 +385,7 @@ int main(int argc, char **argv) {
      * 6.19e-3 both, the chunked kernels within 1e-4 of the recurrent ones on the same inputs:
      * test_ops hybrid) */
     model_case("qwen3_5", &qh, 8008, 0.0f, 1e-2, 3e-2);
-    /* the released checkpoints' head dim: gated attention at D = 256 (attention.cu's simple path),
+    /* the released checkpoints' head dim: gated attention at D = 256 (attention_mma.cu's kernels),
      * 4 query heads a kv head, a quarter of D rotary */
     model_config qd = qh;
     qd.H = 4;

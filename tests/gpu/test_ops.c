@@ -732,7 +732,7 @@ static void attention_suite(void) {
     ranges r = make_ranges(1, P1, N1, R1);
     t_attention("causal", r, r.T, 4, 4, 64, 1);
     t_attention("causal", r, r.T, 4, 2, 128, 1); /* several query tiles a dkdv block, GQA */
-    t_attention("causal", r, r.T, 4, 1, 256, 1); /* Qwen3.5's gated-attention head dim (simple path) */
+    t_attention("causal", r, r.T, 4, 1, 256, 1); /* Qwen3.5's gated-attention head dim (mma.sync) */
     free_ranges(r);
     if (small_run) {
         int P[] = {21}, N[] = {2}, Ra[] = {9, 1};
@@ -764,6 +764,7 @@ static void attention_suite(void) {
     const int *R3[] = {Rd};
     r = make_ranges(1, P3, N3, R3);
     t_attention("P=300 N=16", r, r.T, 16, 8, 128, 1);
+    t_attention("P=300 N=16", r, r.T, 16, 4, 256, 1); /* Qwen3.5-9B's heads: 16 / 4 */
     free_ranges(r);
     /* decode-style forward: 5 queries over a KV cache of 200 rows */
     ranges d = {5, malloc(20), malloc(20), malloc(20), malloc(20)};
@@ -801,6 +802,7 @@ static void attention_suite(void) {
     const int *R4[] = {Re};
     r = make_ranges(1, P4, N4, R4);
     t_attention("P=130 N=1 R=1", r, r.T, 4, 1, 128, 1);
+    t_attention("P=130 N=1 R=1", r, r.T, 4, 2, 256, 1);
     free_ranges(r);
     /* many groups with different P (smaller than, equal to, just over a 64-row tile) */
     int P5[] = {64, 1, 129, 200, 63, 17}, N5[] = {2, 1, 3, 1, 2, 4};
@@ -818,6 +820,7 @@ static void attention_suite(void) {
     t_attention("6 groups", r, r.T, 2, 1, 48, 1);
     gpu->tune.attn = TUNE_ATTN_SIMT;
     t_attention("6 groups, simple path", r, r.T, 4, 4, 128, 1);
+    t_attention("6 groups, simple path", r, r.T, 6, 2, 256, 1);
     gpu->tune.attn = TUNE_ATTN_AUTO;
     free_ranges(r);
     /* a longer prompt: whole tiles inside every query's range (the unmasked path) */
@@ -826,6 +829,7 @@ static void attention_suite(void) {
     r = make_ranges(1, P6, N6, R6);
     t_attention("P=1000 N=4", r, r.T, 4, 2, 128, 1);
     t_attention("P=1000 N=4", r, r.T, 4, 1, 64, 1);
+    t_attention("P=1000 N=4", r, r.T, 16, 4, 256, 1);
     free_ranges(r);
     /* random, overlapping ranges: a key inside both counts twice, as in the reference */
     int T7 = 301;
@@ -843,6 +847,8 @@ static void attention_suite(void) {
     }
     t_attention("random overlapping ranges", x, T7, 4, 2, 64, 1);
     t_attention("random overlapping ranges", x, T7, 4, 2, 128, 1);
+    t_attention("random overlapping ranges", x, T7, 4, 2, 256, 1);
+    t_attention("random overlapping ranges", x, T7, 8, 1, 256, 1);
     free_ranges(x);
 }
 

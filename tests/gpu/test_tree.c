@@ -2,7 +2,7 @@
  * extra key ranges of kernels/attention.h, which kernels/attention.cu runs as further two-range
  * launches merged by their softmax weights).
  *   (a) attention with extra ranges, forward and backward, CUDA vs the CPU reference on the same
- *       bf16 inputs: the wgmma path (D 128), mma.sync (D 64), the SIMT kernels (D 256, and D 128
+ *       bf16 inputs: the wgmma path (D 128), mma.sync (D 64 and 256), the SIMT kernels (D 128
  *       forced), a few queries (the decode kernel's forward); rel L2 <= 1e-2 (lse 1e-4), dk/dv as
  *       increments (+=) — test_ops' attention tolerances;
  *   (b) the model on a tree of 8 trajectories x 4 turns (turn 1 shared by all, turn 2 by pairs,

@@ -1,9 +1,8 @@
 /* bench_hybrid.c — one Qwen3.5 layer pair, a gated DeltaNet layer then a gated attention layer,
  * forward+backward on the CUDA backend at the HF default text config's dims (Qwen3.5-9B class:
  * C=4096, F=12288; DeltaNet 16 key heads, 32 value heads, Dk = Dv = 128, 4 conv taps) on one
- * packed group [P; R_1..R_N]. The config's attention is H=16, K=4, D=256; the CUDA attention
- * kernels take D <= 128, so the gated layer here runs H=32, K=8, D=128 (the same q, k and v
- * widths, a quarter rotary) until they take 256. As bench_layer.c:
+ * packed group [P; R_1..R_N]; the gated attention layer at the config's H=16, K=4, D=256 (the
+ * mma.sync kernels of kernels/attention_mma.cu). As bench_layer.c:
  * engine/model/model.c's model_layer_fwd / model_layer_bwd on a 2-layer model (bench_layer.h's
  * set-up): a random bf16 input and upstream gradient, no embedding and no lm-head; fp32 weight
  * gradients accumulate. Prints ms per layer and pass (median of REPS after a warm-up) and the
@@ -19,7 +18,7 @@ enum { REPS = 5 };
 
 static void bench(eng_backend *be, size_t free0, int P, int N, int R) {
     model_config c;
-    gc_qwen3_5_9b(&c, 2, 1); /* the V of a layer-only run does not matter: no embedding or lm head */
+    gc_qwen3_5_9b(&c, 2, 0); /* the V of a layer-only run does not matter: no embedding or lm head */
     c.V = 256;
     c.attn[0] = ATTN_DELTANET;
     c.attn[1] = ATTN_GATED;
