@@ -7,7 +7,7 @@
  * segments of SK_KC-wide chunks, fixed by I alone) becomes a split over blocks. A cluster of
  * SK_WARPS blocks takes one tile of BN outputs and all T rows; block s of it (its cluster rank)
  * walks segment s's chunks through an XF_ST-stage cp.async ring (x and W, swizzled as
- * ex_piece), its 8 warps side by side over the outputs (each all MT m16 tiles x NTW n8 tiles),
+ * ex_piece), its 8 warps as 2 (rows) x 4 (outputs), a warp MT / 2 m16 tiles x NTW n8 tiles,
  * into a partial from 0 — the same m16n8k16 steps in the same order as the few-row kernel's warp
  * s. Then each block leaves its partial in its shared memory, and after a cluster barrier block
  * s sums a slice of the tile's outputs over the SK_WARPS partials in segment order from 0.0f
@@ -27,18 +27,18 @@ typedef struct {
 } xf_args;
 
 template <int MT, int NTW> struct xf_shape {
-    static constexpr int BM = 16 * MT, BN = SK_WARPS * 8 * NTW;
+    static constexpr int BM = 16 * MT, BN = 4 * 8 * NTW, WMT = MT / 2; /* WMT m16 tiles a warp */
     static constexpr size_t STAGE = (size_t)(BM + BN) * SK_KC * 2; /* bytes */
     static constexpr size_t RED = (size_t)BM * BN * 4; /* the block's partial, over the ring */
     static constexpr size_t SMEM = STAGE * XF_ST > RED ? STAGE * XF_ST : RED;
 };
 
 template <int MT, int NTW>
-__global__ void __launch_bounds__(XF_NTH) exact_few_kernel(const xf_args a, const bf16 *x, int T, int I) {
-    constexpr int BM = xf_shape<MT, NTW>::BM, BN = xf_shape<MT, NTW>::BN;
+__global__ void __launch_bounds__(XF_NTH, 2) exact_few_kernel(const xf_args a, const bf16 *x, int T, int I) {
+    constexpr int BM = xf_shape<MT, NTW>::BM, BN = xf_shape<MT, NTW>::BN, WMT = xf_shape<MT, NTW>::WMT;
     constexpr int PA = BM * SK_KC / 8, PB = BN * SK_KC / 8; /* 16-byte pieces a stage */
     extern __shared__ uint4 xf_ring[]; /* [XF_ST][PA + PB]; at the end the partial [BM][BN] floats */
-    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3, wm = wp >> 2, wn = wp & 3;
     const int s = (int)blockIdx.x % SK_WARPS, tile = (int)blockIdx.x / SK_WARPS;
     const int pi = (tile >= a.b0[1]) + (tile >= a.b0[2]), o0 = (tile - a.b0[pi]) * BN, O = a.O[pi];
     const bf16 *const w = a.w[pi];
@@ -73,9 +73,9 @@ __global__ void __launch_bounds__(XF_NTH) exact_few_kernel(const xf_args a, cons
         if (j < n) issue_x(j);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    float acc[MT][NTW][4];
+    float acc[WMT][NTW][4];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int m = 0; m < WMT; m++)
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
@@ -93,10 +93,11 @@ __global__ void __launch_bounds__(XF_NTH) exact_few_kernel(const xf_args a, cons
         for (int h = 0; h < 2; h++) {
             uint4 wv[NTW];
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) wv[nt] = sb[ex_piece((wp * NTW + nt) * 8 + g, 4 * h + q)];
+            for (int nt = 0; nt < NTW; nt++) wv[nt] = sb[ex_piece((wn * NTW + nt) * 8 + g, 4 * h + q)];
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const uint4 lo = sa[ex_piece(m * 16 + g, 4 * h + q)], hi = sa[ex_piece(m * 16 + g + 8, 4 * h + q)];
+            for (int m = 0; m < WMT; m++) {
+                const int rw = (wm * WMT + m) * 16 + g;
+                const uint4 lo = sa[ex_piece(rw, 4 * h + q)], hi = sa[ex_piece(rw + 8, 4 * h + q)];
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) sk_mma8(acc[m][nt], lo, hi, wv[nt]);
             }
@@ -106,12 +107,12 @@ __global__ void __launch_bounds__(XF_NTH) exact_few_kernel(const xf_args a, cons
     __syncthreads(); /* the ring is free: the partial goes over it */
     float *const red = (float *)xf_ring;
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int m = 0; m < WMT; m++)
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++)
-                *(float2 *)(red + (size_t)(m * 16 + g + 8 * hf) * BN + (wp * NTW + nt) * 8 + 2 * q) =
+                *(float2 *)(red + (size_t)((wm * WMT + m) * 16 + g + 8 * hf) * BN + (wn * NTW + nt) * 8 + 2 * q) =
                     make_float2(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -157,8 +158,9 @@ template <int MT, int NTW> static void exact_few_launch(cu_ctx *c, xf_args a, in
                  xf_shape<MT, NTW>::SMEM, SK_WARPS, a, x, T, I);
 }
 
-/* MT m16 tiles for T rows; NTW (outputs a tile: 64 NTW) the widest whose clusters still give
- * every SM a block (fewer, wider tiles read x fewer times), at most 16 m16 x n8 tiles a warp */
+/* MT m16 tiles for T rows; NTW (outputs a tile: 32 NTW) the widest whose clusters still give
+ * the SMs one and a half blocks each (fewer, wider tiles read x fewer times and load fewer
+ * fragments a product), at most 16 m16 x n8 tiles a warp */
 int exact_few_cuda(cu_ctx *c, int n, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const bf16 *const *res,
                    const int *O, const bf16 *x, int T, int I) {
     if (T > XF_MAX_T || n > XF_PARTS || I % SK_KC) return 0;
@@ -175,8 +177,8 @@ int exact_few_cuda(cu_ctx *c, int n, bf16 *const *out, const bf16 *const *w, con
     int ntw = 1;
     for (int cand = 4; cand > 1; cand /= 2) {
         long long tiles = 0;
-        for (int i = 0; i < n; i++) tiles += (O[i] + SK_WARPS * 8 * cand - 1) / (SK_WARPS * 8 * cand);
-        if (MT * cand <= 16 && SK_WARPS * tiles >= c->n_sm) {
+        for (int i = 0; i < n; i++) tiles += (O[i] + 32 * cand - 1) / (32 * cand);
+        if (MT / 2 * cand <= 16 && 2LL * SK_WARPS * tiles >= 3LL * c->n_sm) {
             ntw = cand;
             break;
         }
@@ -191,10 +193,12 @@ int exact_few_cuda(cu_ctx *c, int n, bf16 *const *out, const bf16 *const *w, con
         else if (ntw == 2) XF_L(4, 2);
         else XF_L(4, 1);
     } else if (MT == 8) {
-        if (ntw == 2) XF_L(8, 2);
+        if (ntw == 4) XF_L(8, 4);
+        else if (ntw == 2) XF_L(8, 2);
         else XF_L(8, 1);
     } else {
-        XF_L(16, 1);
+        if (ntw == 2) XF_L(16, 2);
+        else XF_L(16, 1);
     }
 #undef XF_L
     return 1;
