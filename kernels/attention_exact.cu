@@ -29,8 +29,6 @@
  * once: one query a block while those blocks fill the SMs twice, else (8 groups of 16) the
  * queries that fill an m16 tile, whose shared prompt is then read once a block, not once a
  * query (it replaces the kernel above with one warp a query walking every tile in turn). */
-#include <cooperative_groups.h>
-
 #include "kernels/attention_tiles.cuh"
 
 enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 };
@@ -227,10 +225,7 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
  * is masked: its state stays fresh, and the merge skips it). So a row sees its range a's spans,
  * then its range b's, with the tiles, tile steps and merges the training kernel's walk gives it
  * (which adds only tiles and spans past the row's end, which leave it unchanged): the same bits,
- * and the queries of a group read their shared prompt's tiles once. Too few such blocks to fill
- * the SMs (one group): a cluster of cs blocks shares the block's spans, a round being cs DEC_W
- * spans (block r's warp w the span r DEC_W + w of it), whose states block 0's warp 0 merges in
- * span order from the cluster's slots (distributed shared memory). */
+ * and the queries of a group read their shared prompt's tiles once. */
 enum { EX_DEC_SEG = 32 }; /* segments a block: two a query */
 template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
@@ -238,16 +233,11 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
                           int K, int qb, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    const int cs = (int)cl.num_blocks(), rank = (int)cl.block_rank(), RW = W * cs; /* spans a round */
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
     __shared__ int seg_lo[EX_DEC_SEG], seg_hi[EX_DEC_SEG], seg_cum[EX_DEC_SEG + 1];
     __shared__ unsigned seg_mask[EX_DEC_SEG]; /* bit i: query t0 + i takes part; bit 31: a range-b segment */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
-    const int t0 = (int)blockIdx.x / cs * qb, nq = min(qb, T - t0), rows = nq * hpg;
-    pdl_wait(); /* q, k, v: the kernels before */
-    pdl_trigger();
+    const int t0 = blockIdx.x * qb, nq = min(qb, T - t0), rows = nq * hpg;
     bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
     float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
     for (int i = tid; i < 16 * (D / 8); i += 32 * W) {
@@ -294,7 +284,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     };
     auto advance = [&](walk &w) {
         w.j0 += EX_BN;
-        if (w.j0 >= w.je) span_at(w, w.sp + RW);
+        if (w.j0 >= w.je) span_at(w, w.sp + W);
     };
     /* a row's end in segment sg (INT_MIN: not its segment, every key masked) */
     auto row_end = [&](int sg, bool ok, int i) {
@@ -313,8 +303,8 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
         }
     };
     walk ld, cw; /* the next tile to load; the tile to compute */
-    span_at(ld, rank * W + wp);
-    span_at(cw, rank * W + wp);
+    span_at(ld, wp);
+    span_at(cw, wp);
 #pragma unroll
     for (int p = 0; p < NS - 1; p++) {
         if (ld.sp < n) {
@@ -328,8 +318,8 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     ex_state<D> run, sp;
     ex_fresh(run);
     int st = 0;
-    for (int base = 0; base < n; base += RW) {
-        const int mine = base + rank * W + wp;
+    for (int base = 0; base < n; base += W) {
+        const int mine = base + wp;
         if (mine < n) {
             ex_fresh(sp);
             const int e0 = row_end(cw.sg, in[0], i0), e1 = row_end(cw.sg, in[1], i1);
@@ -358,19 +348,19 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
             sl[(D / 2) * 32] = sp.m[0], sl[(D / 2 + 1) * 32] = sp.m[1];
             sl[(D / 2 + 2) * 32] = sp.l[0], sl[(D / 2 + 3) * 32] = sp.l[1];
         }
-        cl.sync(); /* the round's spans are in their slots */
-        if (rank == 0 && wp == 0)
-            for (int w = 0; w < RW && base + w < n; w++) {
-                const float *sl = cl.map_shared_rank(slots, w / W) + (size_t)(w % W) * SL * 32 + lane;
+        __syncthreads(); /* the round's spans are in their slots */
+        if (wp == 0)
+            for (int w = 0; w < W && base + w < n; w++) {
+                const float *sl = slots + (size_t)w * SL * 32 + lane;
 #pragma unroll
                 for (int i = 0; i < D / 2; i++) sp.o[0][i / 4][i % 4] = sl[i * 32];
                 sp.m[0] = sl[(D / 2) * 32], sp.m[1] = sl[(D / 2 + 1) * 32];
                 sp.l[0] = sl[(D / 2 + 2) * 32], sp.l[1] = sl[(D / 2 + 3) * 32];
                 ex_merge(run, sp, sc2);
             }
-        cl.sync(); /* the slots are free */
+        __syncthreads(); /* the slots are free */
     }
-    if (rank == 0 && wp == 0) {
+    if (wp == 0) {
         const size_t oi[2] = {(size_t)(t0 + i0) * H + g * hpg + r0 % hpg, (size_t)(t0 + i1) * H + g * hpg + r1 % hpg};
         ex_store(run, in, oi, out, lse, sc2);
     }
@@ -396,16 +386,15 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
         return;
     }
-    /* qw queries a block (a group's responses share their prompt's tiles), in clusters of the
-     * most blocks (up to 8) that still fit the SMs in one wave */
-    const int qb = T < qw ? T : qw, nb = (T + qb - 1) / qb * K;
-    int cs = 1;
-    while (cs < 8 && 2LL * cs * nb <= c->n_sm) cs *= 2;
+    /* a query a block while those blocks fit the SMs twice; more decode rows: qw queries a block
+     * (a group's responses share their prompt's tiles) */
+    const int qb = (long long)T * K > 2LL * c->n_sm ? qw : 1;
     static unsigned done;
     cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
     if (c->failed) return;
-    cu_launch_ex(c, "attn_exact_dec_kernel", attn_exact_dec_kernel<D>, dim3((T + qb - 1) / qb * cs, K), dim3(32 * ex_attn_shape<D>::DEC_W),
-                 ex_attn_shape<D>::DEC_SMEM, cs, out, lse, q, k, v, r, T, H, K, qb, sc2);
+    attn_exact_dec_kernel<D><<<dim3((T + qb - 1) / qb, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(
+        out, lse, q, k, v, r, T, H, K, qb, sc2);
+    CU_LAUNCHED(c, "attn_exact_dec_kernel");
 }
 typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
                               int, float);
