@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
 enum { EX_DEC_SEG = 32 }; /* segments a block: two a query */
 template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
-    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
-                          int qb, float sc2) {
+    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                          int K, int qb, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
@@ -238,8 +238,6 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     __shared__ unsigned seg_mask[EX_DEC_SEG]; /* bit i: query t0 + i takes part; bit 31: a range-b segment */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
     const int t0 = blockIdx.x * qb, nq = min(qb, T - t0), rows = nq * hpg;
-    pdl_wait(); /* q, k, v: the kernels before */
-    pdl_trigger();
     bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
     float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
     for (int i = tid; i < 16 * (D / 8); i += 32 * W) {
@@ -394,8 +392,9 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
     static unsigned done;
     cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
     if (c->failed) return;
-    cu_launch_pdl(c, "attn_exact_dec_kernel", attn_exact_dec_kernel<D>, dim3((T + qb - 1) / qb, K),
-                  dim3(32 * ex_attn_shape<D>::DEC_W), ex_attn_shape<D>::DEC_SMEM, out, lse, q, k, v, r, T, H, K, qb, sc2);
+    attn_exact_dec_kernel<D><<<dim3((T + qb - 1) / qb, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(
+        out, lse, q, k, v, r, T, H, K, qb, sc2);
+    CU_LAUNCHED(c, "attn_exact_dec_kernel");
 }
 typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
                               int, float);
