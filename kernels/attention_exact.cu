@@ -25,15 +25,13 @@
  * values differed at P=1024 on the H200.) K/V rows past the segment's end are zero-filled, never
  * read. Empty rows: out 0, lse -inf.
  *
- * Decode (T <= EX_DECODE_T): while its blocks (a query and kv head each) fit the SMs twice,
- * attn_exact_dec_kernel, the spans of one query at once (below); more decode rows (8 groups of
- * 16) have parallelism enough in their queries: the kernel above with one warp a block (QW = 1),
- * EX_DEC_NS1 tiles deep, as decode ran before the spans (its blocks hold a third of the span
- * kernel's shared memory; three an SM keep nine tiles in flight against its four). Unmeasured:
- * the one call's logs of the A/B did not come back; the same bits either way. */
+ * Decode (T <= EX_DECODE_T): attn_exact_dec_kernel (below), the spans of a block's queries at
+ * once: one query a block while those blocks fill the SMs twice, else (8 groups of 16) the
+ * queries that fill an m16 tile, whose shared prompt is then read once a block, not once a
+ * query (it replaces the kernel above with one warp a query walking every tile in turn). */
 #include "kernels/attention_tiles.cuh"
 
-enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2, EX_DEC_NS1 = 4 };
+enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 };
 
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
@@ -216,48 +214,83 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
     }
 }
 
-/* Decode (few queries): a block a query and kv head, its DEC_W warps walking the query's spans
- * at once — the spans of range a, then of range b, EX_SPAN tiles each from the range's start as
- * in the kernel above — warp w the spans w, w + DEC_W, ..., each through its own EX_DEC_NS-stage
- * ring, each from a fresh state; after each round of DEC_W spans warp 0 merges their states
- * (passed through shared memory, lane by lane) into the running state in span order. The same
- * tiles, tile steps and merges as the training kernel's walk gives the row (which adds only
- * tiles and spans past the row's end, which leave it unchanged): the same bits, in rounds of
- * DEC_W spans rather than one tile after another. */
+/* Decode (few queries): a block qb consecutive queries (1, or 16 / HPG to fill the m16 tile's
+ * rows: a group's responses) and a kv head, its DEC_W warps walking the block's spans at once —
+ * warp w the spans w, w + DEC_W, ..., each through its own EX_DEC_NS-stage ring, each from a
+ * fresh state; after each round of DEC_W spans warp 0 merges their states (passed through shared
+ * memory, lane by lane) into the running state in span order. The spans are those of the block's
+ * segments: the runs of its queries with equal range-a starts, then those with equal range-b
+ * starts (an empty range is not walked), EX_SPAN tiles each from the segment's start up to the
+ * largest end of its queries; a row takes part in its own segments only (in the others every key
+ * is masked: its state stays fresh, and the merge skips it). So a row sees its range a's spans,
+ * then its range b's, with the tiles, tile steps and merges the training kernel's walk gives it
+ * (which adds only tiles and spans past the row's end, which leave it unchanged): the same bits,
+ * and the queries of a group read their shared prompt's tiles once. */
+enum { EX_DEC_SEG = 32 }; /* segments a block: two a query */
 template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
-    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int H, int K,
-                          float sc2) {
+    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
+                          int K, int qb, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
-    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, t = blockIdx.x, g = blockIdx.y, hpg = H / K;
+    __shared__ int seg_lo[EX_DEC_SEG], seg_hi[EX_DEC_SEG], seg_cum[EX_DEC_SEG + 1];
+    __shared__ unsigned seg_mask[EX_DEC_SEG]; /* bit i: query t0 + i takes part; bit 31: a range-b segment */
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
+    const int t0 = blockIdx.x * qb, nq = min(qb, T - t0), rows = nq * hpg;
     bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
     float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
     for (int i = tid; i < 16 * (D / 8); i += 32 * W) {
         const int row = i / (D / 8), c8 = i % (D / 8);
-        const bool ok = row < hpg;
-        fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)t * H + g * hpg + row) * D + c8 * 8 : q, ok);
+        const bool ok = row < rows;
+        fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)(t0 + row / hpg) * H + g * hpg + row % hpg) * D + c8 * 8 : q, ok);
     }
     fa_commit();
-    const int a0 = r.a0[t], a1 = r.a1[t], b0 = r.b0[t], b1 = r.b1[t];
-    const int na = a1 > a0 ? (a1 - a0 + SK - 1) / SK : 0, n = na + (b1 > b0 ? (b1 - b0 + SK - 1) / SK : 0);
+    if (tid == 0) { /* the segments and their first span's index */
+        int ns = 0;
+        seg_cum[0] = 0;
+        for (int s = 0; s < 2; s++)
+            for (int i = 0; i < nq; i++) {
+                const int lo = s ? r.b0[t0 + i] : r.a0[t0 + i], hi = s ? r.b1[t0 + i] : r.a1[t0 + i];
+                if (hi <= lo) continue;
+                if (ns && (seg_mask[ns - 1] >> 31) == (unsigned)s && seg_lo[ns - 1] == lo) {
+                    seg_mask[ns - 1] |= 1u << i;
+                    seg_hi[ns - 1] = max(seg_hi[ns - 1], hi);
+                } else {
+                    seg_lo[ns] = lo, seg_hi[ns] = hi, seg_mask[ns] = (unsigned)s << 31 | 1u << i;
+                    ns++;
+                }
+            }
+        for (int j = 0; j < ns; j++) seg_cum[j + 1] = seg_cum[j] + (seg_hi[j] - seg_lo[j] + SK - 1) / SK;
+        for (int j = ns; j < EX_DEC_SEG; j++) seg_cum[j + 1] = seg_cum[j];
+    }
+    __syncthreads();
+    const int n = seg_cum[EX_DEC_SEG];
     const int r0 = lane >> 2, r1 = r0 + 8;
-    const bool in[2] = {r0 < hpg, r1 < hpg};
-    /* a walk over this warp's tiles: span sp (sp >= n: done), tile j0, the span's end je */
+    const bool in[2] = {r0 < rows, r1 < rows};
+    const int i0 = r0 / hpg, i1 = r1 / hpg; /* the rows' queries in the block */
+    /* a walk over this warp's tiles: span sp (sp >= n: done) of segment sg, tile j0, the span's end je */
     struct walk {
-        int sp, j0, je;
+        int sp, sg, j0, je;
     };
     auto span_at = [&](walk &w, int sp) {
         w.sp = sp;
         if (sp >= n) return;
-        const int lo = sp < na ? a0 + sp * SK : b0 + (sp - na) * SK, hi = sp < na ? a1 : b1;
-        w.j0 = lo;
-        w.je = min(lo + SK, hi);
+        int j = 0;
+        while (seg_cum[j + 1] <= sp) j++;
+        w.sg = j;
+        w.j0 = seg_lo[j] + (sp - seg_cum[j]) * SK;
+        w.je = min(w.j0 + SK, seg_hi[j]);
     };
     auto advance = [&](walk &w) {
         w.j0 += EX_BN;
         if (w.j0 >= w.je) span_at(w, w.sp + W);
+    };
+    /* a row's end in segment sg (INT_MIN: not its segment, every key masked) */
+    auto row_end = [&](int sg, bool ok, int i) {
+        const unsigned m = seg_mask[sg];
+        if (!ok || !(m >> i & 1u)) return INT_MIN;
+        return m >> 31 ? r.b1[t0 + i] : r.a1[t0 + i];
     };
     auto issue = [&](int st, const walk &w) {
         bf16 *ks = k_s + st * EX_BN * ST, *vs = v_s + st * EX_BN * ST;
@@ -289,7 +322,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
         const int mine = base + wp;
         if (mine < n) {
             ex_fresh(sp);
-            const int e = mine < na ? a1 : b1, e0 = in[0] ? e : INT_MIN, e1 = in[1] ? e : INT_MIN;
+            const int e0 = row_end(cw.sg, in[0], i0), e1 = row_end(cw.sg, in[1], i1);
             while (cw.sp == mine) {
                 if (ld.sp < n) {
                     issue((st + NS - 1) % NS, ld);
@@ -328,7 +361,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
         __syncthreads(); /* the slots are free */
     }
     if (wp == 0) {
-        const size_t oi[2] = {(size_t)t * H + g * hpg + r0, (size_t)t * H + g * hpg + r1};
+        const size_t oi[2] = {(size_t)(t0 + i0) * H + g * hpg + r0 % hpg, (size_t)(t0 + i1) * H + g * hpg + r1 % hpg};
         ex_store(run, in, oi, out, lse, sc2);
     }
 }
@@ -353,15 +386,14 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
         return;
     }
-    if ((long long)T * K > 2LL * c->n_sm) { /* many decode rows: one warp a block, EX_DEC_NS1 stages deep */
-        attn_exact_launch<D, 1, EX_DEC_NS1>(c, out, lse, q, k, v, r, T, H, K, 1, sc2);
-        return;
-    }
+    /* a query a block while those blocks fit the SMs twice; more decode rows: qw queries a block
+     * (a group's responses share their prompt's tiles) */
+    const int qb = (long long)T * K > 2LL * c->n_sm ? qw : 1;
     static unsigned done;
     cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
     if (c->failed) return;
-    attn_exact_dec_kernel<D>
-        <<<dim3(T, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(out, lse, q, k, v, r, H, K, sc2);
+    attn_exact_dec_kernel<D><<<dim3((T + qb - 1) / qb, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(
+        out, lse, q, k, v, r, T, H, K, qb, sc2);
     CU_LAUNCHED(c, "attn_exact_dec_kernel");
 }
 typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,

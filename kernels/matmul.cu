@@ -792,40 +792,30 @@ static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int 
 #undef SK_L
 }
 
-/* Exact mode (tune.exact): the parts on the two kernels of one reduction order
- * (matmul_order.cuh), so a row's bits do not depend on T: up to EX_SK_ROWS rows skinny_kernel, in
- * slices of SK_MAX_T rows, the norm fused (rmsnorm_fwd's values); more rows exact_mm_cuda a part,
- * after the norm apart (the warp kernel, at any T in exact mode) and SwiGLU after them. 0 when
- * the shape is theirs at no T (a low-rank term, I not a multiple of SK_KC, x or a W not 16-byte
- * aligned): the pinned cuBLASLt algorithm runs it at every T. Rows, on an H200 (docs/benchmarks.md):
- * decode's 128 rows (8 groups) as two 64-row slices of the weight stream. */
-#ifndef EX_SK_ROWS
-#define EX_SK_ROWS 128
-#endif
+/* Exact mode (tune.exact): the parts on the kernels of one reduction order (matmul_order.cuh),
+ * so a row's bits do not depend on T: up to SK_AUTO_T rows skinny_kernel, the norm fused
+ * (rmsnorm_fwd's values); up to XF_MAX_T rows exact_few_cuda (all parts in one launch, each
+ * weight read once), more rows exact_mm_cuda a part, both after the norm apart (the warp kernel,
+ * at any T in exact mode) and SwiGLU after them. 0 when the shape is theirs at no T (a low-rank
+ * term, I not a multiple of SK_KC, x or a W not 16-byte aligned): the pinned cuBLASLt algorithm
+ * runs it at every T. (exact_few_cuda for one group's 16 rows too: 4.10 against 3.56 ms a decode
+ * step, Qwen3-1.7B dims on a shared H200.) */
 static int exact_fwd(cu_ctx *c, sk_args a, const bf16 *inp, const cu_norm *norm, int T, int I) {
     const int np = a.act ? 2 : a.n;
     if (I % SK_KC || align_of(inp) < 16) return 0;
     for (int i = 0; i < np; i++)
         if (a.la[i] || align_of(a.w[i]) < 16) return 0;
-    if (a.nw && (T > EX_SK_ROWS || I > SK_NORM_I || align_of(a.nw) < 16)) { /* the norm apart */
-        inp = norm_apart(c, norm, inp, T, I);
-        a.nw = NULL;
-        if (align_of(inp) < 16) return 0;
-    }
-    if (T > EX_SK_ROWS) {
-        for (int i = 0; i < np; i++) exact_mm_cuda(c, a.out[i], inp, a.w[i], a.bias[i], a.res[i], T, I, a.O[i]);
-        if (a.act) swiglu_fwd_cuda(c, a.act, a.out[0], a.out[1], (long long)T * a.O[0]);
+    if (T <= SK_AUTO_T && (!a.nw || (I <= SK_NORM_I && align_of(a.nw) >= 16))) {
+        skinny_run(c, a, inp, T, I);
         return 1;
     }
-    for (int t0 = 0; t0 < T; t0 += SK_MAX_T) {
-        sk_args s = a;
-        for (int i = 0; i < np; i++) {
-            s.out[i] += (size_t)t0 * a.O[i];
-            if (s.res[i]) s.res[i] += (size_t)t0 * a.O[i];
-        }
-        if (s.act) s.act += (size_t)t0 * a.O[0];
-        skinny_run(c, s, inp + (size_t)t0 * I, T - t0 < SK_MAX_T ? T - t0 : SK_MAX_T, I);
+    if (a.nw) { /* the norm apart */
+        inp = norm_apart(c, norm, inp, T, I);
+        if (align_of(inp) < 16) return 0;
     }
+    if (!exact_few_cuda(c, np, a.out, a.w, a.bias, a.res, a.O, inp, T, I))
+        for (int i = 0; i < np; i++) exact_mm_cuda(c, a.out[i], inp, a.w[i], a.bias[i], a.res[i], T, I, a.O[i]);
+    if (a.act) swiglu_fwd_cuda(c, a.act, a.out[0], a.out[1], (long long)T * a.O[0]);
     return 1;
 }
 

@@ -38,6 +38,12 @@ void matmul_fwd_n_cuda(cu_ctx *c, bf16 *const *out, const bf16 *const *w, const 
  * in the few-row kernel's reduction order (matmul_order.cuh); I a multiple of 64, 16-byte
  * aligned inp and W */
 void exact_mm_cuda(cu_ctx *c, bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O);
+/* exact mode's GEMM for decode's rows (matmul_exact_few.cu): out[i] (T,O[i]) = inp w[i]^T + bias[i]
+ * (+ res[i]) for n <= XF_PARTS weights (bias, res NULL or arrays of n, entries NULL: none), each
+ * weight read once; 0 when the shape is not its (T > 256, I not a multiple of 64) */
+enum { XF_PARTS = 3 };
+int exact_few_cuda(cu_ctx *c, int n, bf16 *const *out, const bf16 *const *w, const bf16 *const *bias, const bf16 *const *res,
+                   const int *O, const bf16 *inp, int T, int I);
 void matmul_bwd_cuda(cu_ctx *c, bf16 *dinp, float *dw, float *dbias, const bf16 *dout, const bf16 *inp, const bf16 *w, int T,
                      int I, int O);
 void mlp_in_fwd_cuda(cu_ctx *c, bf16 *act, bf16 *g, bf16 *u, const bf16 *inp, const cu_norm *norm, const bf16 *wg, const bf16 *wu,

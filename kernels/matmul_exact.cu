@@ -23,9 +23,6 @@ template <int WM> struct ex_shape {
     static constexpr size_t SMEM = STAGE * EX_ST;
 };
 
-/* piece p (16 bytes) of row r of a [rows][SK_KC] bf16 tile */
-__device__ __forceinline__ int ex_piece(int r, int p) { return r * (SK_KC / 8) + (p ^ ((r & 1) << 2)); }
-
 template <int WM>
 __global__ void __launch_bounds__(EX_NTH, 1)
     exact_mm_kernel(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, const bf16 *res, int T, int I, int O) {

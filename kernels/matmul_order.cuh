@@ -30,6 +30,10 @@ __device__ __forceinline__ void sk_mma(float (&d)[4], unsigned a0, unsigned a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* piece p (16 bytes) of row r of a [rows][SK_KC] bf16 tile in shared memory, swizzled so that a
+ * quarter warp's fragment loads (rows g, g + 1; pieces q of one k-half) fall in distinct banks */
+__device__ __forceinline__ int ex_piece(int r, int p) { return r * (SK_KC / 8) + (p ^ ((r & 1) << 2)); }
+
 /* one k-half of a chunk: rows lo (g) and hi (g + 8) of an m16 tile against n8 tile w */
 __device__ __forceinline__ void sk_mma8(float (&d)[4], const uint4 &lo, const uint4 &hi, const uint4 &w) {
     sk_mma(d, lo.x, hi.x, lo.y, hi.y, w.x, w.y);

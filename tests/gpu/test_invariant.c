@@ -1,5 +1,5 @@
 /* test_invariant.c (GPU) — batch invariance of the forward ops in exact mode (tune.exact, issue
- * 36): one fixed input row computed inside batches of M = 1, 3, 7, 16, 64, 128, 257, 4096 random rows, at
+ * 36): one fixed input row computed inside batches of M = 1 .. 4096 random rows (MS below), at
  * the first, middle and last position, must give the bits it gives alone — for the GEMMs
  * (matmul_fwd at two Qwen3-1.7B shapes, an odd O and I = 192 (3 of the 8 K segments non-empty),
  * matmul_fwd_n with the norm in front, and with a bias and the residual, mlp_in_fwd), RMSNorm,
@@ -12,9 +12,10 @@
 #include "tests/gpu/gpu_check.h"
 
 enum { C = 2048, F = 6144, V = 151936, MC = 1024, ME = 16, MK = 4, MF = 512 };
-/* 7, 64: the few-row kernel; 128: two 64-row slices of it; 257: exact_mm_cuda's 32-row tile;
- * 4096: its 128 x 256 tile (every GEMM here, the odd O and I = 192 too) */
-static const int MS[] = {1, 3, 7, 16, 64, 128, 257, 4096};
+/* 1-16: the few-row kernel; 24, 64, 128, 200: exact_few_cuda's split over K (2, 4, 8, 16 m16
+ * tiles); 257: exact_mm_cuda's 32-row tile; 4096: its 128 x 256 tile (every GEMM here, the odd O
+ * and I = 192 too) */
+static const int MS[] = {1, 3, 7, 16, 24, 64, 128, 200, 257, 4096};
 
 typedef struct {
     void *w1, *w2, *wq, *wk, *wv, *nw, *wg, *wu, *lm, *wr, *eg, *eu, *ed;

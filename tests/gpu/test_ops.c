@@ -1061,12 +1061,19 @@ static void exact_attention_suite(void) {
     for (int i = 0; i < 16; i++) R2a[i] = 30 + 37 * i;
     const int *R2[] = {R2a};
     t_exact_attention("P=1024 N=16", 1, P2, N2, R2, 16, 8, 128);
-    /* 40 decode rows x 8 kv heads: past twice the SMs, decode on one warp a block (alone: the
-     * span kernel) */
+    /* 40 decode rows x 8 kv heads: past twice the SMs, 16 / HPG queries a block (alone: one) */
     int P4[] = {300}, N4[] = {40}, R4a[40];
     for (int i = 0; i < 40; i++) R4a[i] = 20 + 7 * i;
     const int *R4[] = {R4a};
     t_exact_attention("P=300 N=40", 1, P4, N4, R4, 16, 8, 128);
+    /* 48 decode rows of three groups: blocks of 16 / HPG queries straddle the groups (two
+     * prompts' segments in one block) */
+    int P5[] = {300, 37, 129}, N5[] = {20, 13, 15}, R5a[20];
+    for (int i = 0; i < 20; i++) R5a[i] = 3 + 11 * i;
+    const int *R5[] = {R5a, R5a + 4, R5a + 2};
+    t_exact_attention("3 groups, 48 rows", 3, P5, N5, R5, 16, 8, 128);
+    t_exact_attention("3 groups, 48 rows", 3, P5, N5, R5, 32, 8, 128);
+    t_exact_attention("3 groups, 48 rows", 3, P5, N5, R5, 64, 8, 64);
     int saved = gpu->tune.exact;
     gpu->tune.exact = 1;
     ranges r = make_ranges(3, P1, N1, R1);

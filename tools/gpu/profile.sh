@@ -2,12 +2,12 @@
 # tools/gpu/profile.sh — per-kernel time breakdown with Nsight Compute (one metric: kernel
 # duration), for deciding what to optimise. Run from the repository root on the GPU machine
 # after tests/gpu/run.sh has built build/gpu (or with BUILD_FIRST=1). Writes $OUT/prof_*.txt.
-#   decode: bench_rollout 1.7b, 1 group P=1024 N=16, kernels of a few decode steps
+#   decode: bench_rollout 1.7b, 1 group P=1024 N=16, kernels of a few decode steps (decode8: 8 groups)
 #   step:   bench_step 1.7b P=4096 N=16 R=512, kernels of the first (warm-up) step
 #   layer:  bench_layer (8192, 8, 1024), one Qwen3-8B layer fwd+bwd
 #   moe:    bench_layer moe (1024, 16, 512), one Qwen3-30B-A3B layer fwd+bwd
 #   moestep: bench_step 30b-a3b-l4 (1024, 16, 512), a 4-layer 30B-A3B update's first step
-# Usage: tools/gpu/profile.sh [decode] [step] [layer] [moe] [moestep]
+# Usage: tools/gpu/profile.sh [decode] [decode8] [step] [layer] [moe] [moestep]
 # COUNT: moestep's launches (3000); NCU_TIMEOUT: seconds (300). NCU_EXTRA adds ncu flags (e.g. "--cache-control none": small kernels read what the one before
 # wrote from L2, as they do in the step, instead of from a flushed cache).
 set -u
@@ -46,6 +46,7 @@ for what in "${@:-decode step layer}"; do
     for w in $what; do
         case $w in
             decode) prof decode 4000 1200 "$B/bench_rollout" 1.7b 1 1024 16 32 ;;
+            decode8) prof decode8 4000 1200 "$B/bench_rollout" 1.7b 8 1024 16 32 ;;
             step)   prof step 0 3000 "$B/bench_step" 1.7b 4096 16 512 ;;
             layer)  prof layer 0 400 "$B/bench_layer" 8192 8 1024 ;;
             moe)    prof moe 0 300 "$B/bench_layer" moe 1024 16 512 ;;

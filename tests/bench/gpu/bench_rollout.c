@@ -7,6 +7,8 @@
  * (median and mean), tokens/s, and the HBM floor per step: bf16 weights + KV (each prompt's KV
  * once, each response's own KV at its mean length) over the device-to-device copy bandwidth
  * measured here (bytes read + written by cudaMemcpy), and at the issue's 3.0 TB/s.
+ * 8b: Qwen3-8B dims (36 layers, 4096, 32 / 8 heads, 12288), untied: the floor leaves out the
+ * embedding table (a step reads G·N of its rows).
  * 30b-a3b[-lL]: Qwen3-30B-A3B dims (48 layers, or L), untied head, 128 experts top-8: the floor
  * counts the non-expert weights and the experts a step is expected to touch when G·N rows each
  * pick 8 of 128 uniformly (E (1 - (1 - k/E)^rows) per layer; random weights route near uniformly).
@@ -14,7 +16,7 @@
  * floor counts the weights but the embedding table (untied: a step reads G·N of its rows), the
  * gated layers' KV (K 4 x D 256) and each response's fp32 recurrent state in every DeltaNet layer,
  * read and written (Hv·Dk·Dv·4 B twice a row a layer; the conv tails are a few KB).
- * Usage: bench_rollout [0.6b|1.7b|30b-a3b[-lL]|qwen3.5-9b[-d128][-lL]] [G P N new]
+ * Usage: bench_rollout [0.6b|1.7b|8b|30b-a3b[-lL]|qwen3.5-9b[-d128][-lL]] [G P N new]
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
  *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
@@ -166,6 +168,13 @@ int main(int argc, char **argv) {
         C = 1024;
         F = 3072;
     }
+    const int b8 = !strcmp(size, "8b"); /* Qwen3-8B dims, untied */
+    if (b8) {
+        C = 4096;
+        F = 12288;
+        L = 36;
+        H = 32;
+    }
     int moe = !strncmp(size, "30b-a3b", 7);
     if (moe) {
         L = size[7] == '-' && size[8] == 'l' ? atoi(size + 9) : 48;
@@ -183,7 +192,7 @@ int main(int argc, char **argv) {
                       .eps = 1e-6f,
                       .rope_theta = 1000000.0f,
                       .qk_norm = 1,
-                      .tied = 1,
+                      .tied = !b8,
                       .bos_id = -1};
     snprintf(c.arch_name, sizeof c.arch_name, "qwen3");
     if (moe) {
@@ -243,6 +252,7 @@ int main(int argc, char **argv) {
     double prefill = st.t[0] - t0, dec_mean = nd > 0 ? (st.t[st.n - 1] - st.t[0]) / nd : 0, dec_med = nd > 0 ? d[nd / 2] : 0;
 
     double wbytes = 2.0 * n;
+    if (b8) wbytes -= 2.0 * c.V * c.C; /* the untied embedding table is not read whole */
     if (moe) { /* the experts a step is expected to touch instead of all of them; the embedding table is not read whole */
         double expert = 3.0 * c.C * c.Fm * 2, rows = (double)G * N;
         double touched = c.E * (1 - pow(1 - (double)c.top_k / c.E, rows));
