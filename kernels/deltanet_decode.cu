@@ -50,9 +50,9 @@ __global__ void deltanet_conv_step_kernel(bf16 *__restrict__ u, float *__restric
  * (rg, j) owns column j of the state's rows rg*NR .. rg*NR+NR-1 in registers: the row's state is
  * read once at the run's start and written once at its end, however long the run. Per token:
  * q, k of the token l2-normalised (warp sums, then the warps' partials in order), m_j = S^T k and
- * o_j = S^T q. ONE (a single row group, Dk <= NR): a thread owns a whole column, sums over i in
- * order and writes o_j itself: one barrier a token (q and k double-buffered by token parity).
- * Else RG partial sums over row groups combined in order through shared memory: three barriers.
+ * o_j = S^T q (a thread's rows in four interleaved sums, added pairwise). ONE (a single row
+ * group, Dk <= NR): a thread owns a whole column and writes o_j itself: one barrier a token (q
+ * and k double-buffered by token parity). Else RG partial sums over row groups combined in order through shared memory: three barriers.
  * The next token's inputs load while this one computes. Deterministic (fixed owners and orders). */
 template <int NR, bool ONE>
 __global__ void __launch_bounds__(ONE ? 256 : 1024)
@@ -120,28 +120,30 @@ __global__ void __launch_bounds__(ONE ? 256 : 1024)
             ssk += sk[w];
         }
         float iq = rsqrtf(ssq + 1e-6f) * rsqrtf((float)Dk), ik = rsqrtf(ssk + 1e-6f);
-        float eg = __expf(-__expf(al) * dd_softplus(at + dt)), beta = dd_sigmoid(bt), m = 0;
+        float eg = __expf(-__expf(al) * dd_softplus(at + dt)), beta = dd_sigmoid(bt), m4[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
+        for (int r = 0; r < NR; r++) { /* four interleaved sums: a dependent chain of NR / 4 */
             int i = rg * NR + r;
             st[r] *= eg;
-            if (i < Dk) m += st[r] * (ks[i] * ik);
+            if (i < Dk) m4[r & 3] += st[r] * (ks[i] * ik);
         }
+        float m = (m4[0] + m4[1]) + (m4[2] + m4[3]);
         if (!ONE) {
             if (own) pm[rg * Dv + j] = m;
             __syncthreads();
             m = 0;
             for (int g = 0; g < RG; g++) m += pm[g * Dv + j];
         }
-        float d = beta * (vj - m), acc = 0;
+        float d = beta * (vj - m), a4[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             int i = rg * NR + r;
             if (i < Dk) {
                 st[r] += (ks[i] * ik) * d;
-                acc += st[r] * (qs[i] * iq);
+                a4[r & 3] += st[r] * (qs[i] * iq);
             }
         }
+        float acc = (a4[0] + a4[1]) + (a4[2] + a4[3]);
         if (ONE) {
             if (own) o[((size_t)t * Hv + h) * Dv + j] = __float2bfloat16(acc);
             continue;
