@@ -50,22 +50,20 @@ __global__ void deltanet_conv_step_kernel(bf16 *__restrict__ u, float *__restric
  * (rg, j) owns column j of the state's rows rg*NR .. rg*NR+NR-1 in registers: the row's state is
  * read once at the run's start and written once at its end, however long the run. Per token:
  * q, k of the token l2-normalised (warp sums, then the warps' partials in order), m_j = S^T k and
- * o_j = S^T q (a thread's rows in four interleaved sums, added pairwise). ONE (a single row
- * group, Dk <= NR): a thread owns a whole column and writes o_j itself: one barrier a token (q
- * and k double-buffered by token parity). Else RG partial sums over row groups combined in order through shared memory: three barriers.
- * The next token's inputs load while this one computes. Deterministic (fixed owners and orders). */
-template <int NR, bool ONE>
-__global__ void __launch_bounds__(ONE ? 256 : 1024)
+ * o_j = S^T q as RG partial sums over row groups combined in order through shared memory. The
+ * next token's inputs load while this one computes. Deterministic (fixed owners and orders). */
+template <int NR>
+__global__ void __launch_bounds__(1024)
     deltanet_rule_step_kernel(bf16 *__restrict__ o, float *__restrict__ state, const bf16 *__restrict__ u,
                               const bf16 *__restrict__ a, const bf16 *__restrict__ b, const bf16 *__restrict__ A_log,
                               const bf16 *__restrict__ dt_bias, const int *__restrict__ srow, int T, int Hk, int Hv, int Dk,
                               int Dv) {
-    extern __shared__ float dd_sm[]; /* q[2][Dk], k[2][Dk], sq[2][32], sk[2][32], pm[RG][Dv], po[RG][Dv] */
+    extern __shared__ float dd_sm[]; /* q[Dk], k[Dk], sq[32], sk[32], pm[RG][Dv], po[RG][Dv] */
     int t0 = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, kh = h / (Hv / Hk), Cc = 2 * Hk * Dk + Hv * Dv;
     if (!dd_run_start(srow, t0) || srow[t0] < 0) return;
     int RG = (Dk + NR - 1) / NR, j = tid % Dv, rg = tid / Dv, own = rg < RG, lane = tid & 31, wid = tid >> 5;
     int nw = (Dk + 31) / 32, row = srow[t0];
-    float *qb = dd_sm, *kb = qb + 2 * Dk, *sqb = kb + 2 * Dk, *skb = sqb + 64, *pm = skb + 64, *po = pm + RG * Dv;
+    float *qs = dd_sm, *ks = qs + Dk, *sq = ks + Dk, *sk = sq + 32, *pm = sk + 32, *po = pm + RG * Dv;
     float *S = state + ((size_t)row * Hv + h) * Dk * Dv + j;
     float st[NR];
 #pragma unroll
@@ -86,8 +84,8 @@ __global__ void __launch_bounds__(ONE ? 256 : 1024)
         na = __bfloat162float(a[(size_t)t0 * Hv + h]);
         nb = __bfloat162float(b[(size_t)t0 * Hv + h]);
     }
-    for (int t = t0, par = 0; t < T && srow[t] == row; t++, par ^= 1) {
-        float vj = nv, at = na, bt = nb, *qs = qb + par * Dk, *ks = kb + par * Dk, *sq = sqb + par * 32, *sk = skb + par * 32;
+    for (int t = t0; t < T && srow[t] == row; t++) {
+        float vj = nv, at = na, bt = nb;
         if (tid < Dk) {
             qs[tid] = nq;
             ks[tid] = nk;
@@ -120,33 +118,25 @@ __global__ void __launch_bounds__(ONE ? 256 : 1024)
             ssk += sk[w];
         }
         float iq = rsqrtf(ssq + 1e-6f) * rsqrtf((float)Dk), ik = rsqrtf(ssk + 1e-6f);
-        float eg = __expf(-__expf(al) * dd_softplus(at + dt)), beta = dd_sigmoid(bt), m4[4] = {0, 0, 0, 0};
+        float eg = __expf(-__expf(al) * dd_softplus(at + dt)), beta = dd_sigmoid(bt), m = 0;
 #pragma unroll
-        for (int r = 0; r < NR; r++) { /* four interleaved sums: a dependent chain of NR / 4 */
+        for (int r = 0; r < NR; r++) {
             int i = rg * NR + r;
             st[r] *= eg;
-            if (i < Dk) m4[r & 3] += st[r] * (ks[i] * ik);
+            if (i < Dk) m += st[r] * (ks[i] * ik);
         }
-        float m = (m4[0] + m4[1]) + (m4[2] + m4[3]);
-        if (!ONE) {
-            if (own) pm[rg * Dv + j] = m;
-            __syncthreads();
-            m = 0;
-            for (int g = 0; g < RG; g++) m += pm[g * Dv + j];
-        }
-        float d = beta * (vj - m), a4[4] = {0, 0, 0, 0};
+        if (own) pm[rg * Dv + j] = m;
+        __syncthreads();
+        m = 0;
+        for (int g = 0; g < RG; g++) m += pm[g * Dv + j];
+        float d = beta * (vj - m), acc = 0;
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             int i = rg * NR + r;
             if (i < Dk) {
                 st[r] += (ks[i] * ik) * d;
-                a4[r & 3] += st[r] * (qs[i] * iq);
+                acc += st[r] * (qs[i] * iq);
             }
-        }
-        float acc = (a4[0] + a4[1]) + (a4[2] + a4[3]);
-        if (ONE) {
-            if (own) o[((size_t)t * Hv + h) * Dv + j] = __float2bfloat16(acc);
-            continue;
         }
         if (own) po[rg * Dv + j] = acc;
         __syncthreads();
@@ -155,10 +145,9 @@ __global__ void __launch_bounds__(ONE ? 256 : 1024)
             for (int g = 0; g < RG; g++) acc += po[g * Dv + j];
             o[((size_t)t * Hv + h) * Dv + j] = __float2bfloat16(acc);
         }
-        /* the next token writes the other q, k, sq, sk (this token's are rewritten two tokens
-         * on, past a barrier that every reader here reaches first), pm after its first barrier
-         * (pm's readers here are past the last) and po after its second (po's readers here
-         * reach the first before it) */
+        /* the next token writes qs, ks, sq, sk (all read before the last barrier), pm after its
+         * first barrier (pm's readers here are past the last) and po after its second (po's
+         * readers here reach the first before it) */
     }
 #pragma unroll
     for (int r = 0; r < NR; r++) {
@@ -180,31 +169,24 @@ void deltanet_conv_step_cuda(cu_ctx *c, bf16 *u, float *tail, const bf16 *x, con
 void deltanet_rule_step_cuda(cu_ctx *c, bf16 *o, float *state, const bf16 *u, const bf16 *a, const bf16 *b, const bf16 *A_log,
                              const bf16 *dt_bias, const int *srow, int T, int Hk, int Hv, int Dk, int Dv) {
     if (c->failed || T <= 0) return;
-    /* rows a thread holds: a whole column (one row group) when Dk <= 128 and Dv <= 256, else the
-     * fewest of 32, 64, 128, 256 that fit the (row group, column) threads in one block */
-    int one = Dk <= 128 && Dv <= 256, nr = 32;
-    if (one) nr = Dk <= 32 ? 32 : Dk <= 64 ? 64 : 128;
-    else
-        while (nr < 256 && (Dk + nr - 1) / nr * Dv > 1024) nr *= 2;
+    /* rows a thread holds: the fewest of 32, 64, 128, 256 that fit the (row group, column)
+     * threads in one block */
+    int nr = 32;
+    while (nr < 256 && (Dk + nr - 1) / nr * Dv > 1024) nr *= 2;
     if (Dk > 256 || (Dk + nr - 1) / nr * Dv > 1024) {
         cu_fail(c, "deltanet_rule_step_cuda", "head dims beyond Dk 256 / Dv 1024", __FILE__, __LINE__);
         return;
     }
     int rg = (Dk + nr - 1) / nr, threads = (rg * Dv + 31) / 32 * 32;
     if (threads < Dk) threads = (Dk + 31) / 32 * 32; /* a thread per key element for the norms */
-    size_t smem = (size_t)(4 * Dk + 128 + 2 * rg * Dv) * sizeof(float);
+    size_t smem = (size_t)(2 * Dk + 64 + 2 * rg * Dv) * sizeof(float);
     dim3 grid(T, Hv);
-#define DD_L(NR, ONE) \
-    deltanet_rule_step_kernel<NR, ONE> \
-        <<<grid, threads, smem, c->stream>>>(o, state, u, a, b, A_log, dt_bias, srow, T, Hk, Hv, Dk, Dv)
-    if (one) {
-        if (nr == 32) DD_L(32, true);
-        else if (nr == 64) DD_L(64, true);
-        else DD_L(128, true);
-    } else if (nr == 32) DD_L(32, false);
-    else if (nr == 64) DD_L(64, false);
-    else if (nr == 128) DD_L(128, false);
-    else DD_L(256, false);
+#define DD_L(NR) \
+    deltanet_rule_step_kernel<NR><<<grid, threads, smem, c->stream>>>(o, state, u, a, b, A_log, dt_bias, srow, T, Hk, Hv, Dk, Dv)
+    if (nr == 32) DD_L(32);
+    else if (nr == 64) DD_L(64);
+    else if (nr == 128) DD_L(128);
+    else DD_L(256);
 #undef DD_L
     CU_LAUNCHED(c, "deltanet_rule_step_kernel");
 }
