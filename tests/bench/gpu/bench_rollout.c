@@ -14,12 +14,12 @@
  * floor counts the weights but the embedding table (untied: a step reads G·N of its rows), the
  * gated layers' KV (K 4 x D 256) and each response's fp32 recurrent state in every DeltaNet layer,
  * read and written (Hv·Dk·Dv·4 B twice a row a layer; the conv tails are a few KB).
- * Last, every model: the sampled tokens' logprobs against eng_logprobs' (the training forward).
  * Usage: bench_rollout [0.6b|1.7b|30b-a3b[-lL]|qwen3.5-9b[-d128][-lL]] [G P N new]
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
  *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
- *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W. */
+ *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W.
+ * Last, every model: the sampled tokens' logprobs against eng_logprobs' (the training forward). */
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
