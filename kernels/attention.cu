@@ -476,7 +476,9 @@ static void fwd_pair(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16
     if (c->tune->exact && attn_exact_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return; /* attention_exact.cu */
     /* ---- decode dispatch point: a small-T decode kernel (attention_decode.cu) returns here
      * before the training kernels below. */
-    if (use_flash(c, D) && attn_decode_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D)) return;
+    if ((use_flash(c, D) || (D == 256 && c->tune->attn != TUNE_ATTN_SIMT)) &&
+        attn_decode_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, D))
+        return;
     float scale2 = LOG2E / sqrtf((float)D);
     if (use_flash(c, D)) {
         if (D == 128) attn_wgmma_fwd_cuda(c, out, lse, q, k, v, r, T, H, K, scale2);

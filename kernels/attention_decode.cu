@@ -26,7 +26,9 @@
  * there is no merge kernel. Empty rows give out = 0, lse = -inf, as the CPU reference.
  *
  * The grid depends only on T (and the model dims): ranges are read from device memory, so the
- * launch can be captured in a CUDA graph. Used for D = 64 / 128 and H/K in {1, 2, 4, 8}. */
+ * launch can be captured in a CUDA graph. Used for D = 64 / 128 / 256 and H/K in {1, 2, 4, 8}; at
+ * D = 256 (Qwen3.5's gated layers) a block needs ~150 KB (one an SM) and a thread's accumulator
+ * of 16 rows x 256 is 128 registers. */
 #include <cooperative_groups.h>
 
 #include "kernels/attention_tiles.cuh"
@@ -334,10 +336,10 @@ static void attn_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, con
                  lse, q, k, v, r, T, H, K, sc2);
 }
 
-/* 1 when the decode kernels took the call (T small, D 64 / 128, H/K in {1, 2, 4, 8}). */
+/* 1 when the decode kernels took the call (T small, D 64 / 128 / 256, H/K in {1, 2, 4, 8}). */
 int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
                          int H, int K, int D) {
-    if (T > DEC_MAX_T || (D != 64 && D != 128) || H % K || !c->tune->attn_decode) return 0;
+    if (T > DEC_MAX_T || (D != 64 && D != 128 && D != 256) || H % K || !c->tune->attn_decode) return 0;
     int hpg = H / K;
     if (hpg != 1 && hpg != 2 && hpg != 4 && hpg != 8) return 0;
     float sc2 = LOG2E / sqrtf((float)D);
@@ -347,11 +349,16 @@ int attn_decode_fwd_cuda(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const 
         else if (hpg == 2) DEC_L(64, 2);
         else if (hpg == 4) DEC_L(64, 4);
         else DEC_L(64, 8);
-    } else {
+    } else if (D == 128) {
         if (hpg == 1) DEC_L(128, 1);
         else if (hpg == 2) DEC_L(128, 2);
         else if (hpg == 4) DEC_L(128, 4);
         else DEC_L(128, 8);
+    } else {
+        if (hpg == 1) DEC_L(256, 1);
+        else if (hpg == 2) DEC_L(256, 2);
+        else if (hpg == 4) DEC_L(256, 4);
+        else DEC_L(256, 8);
     }
 #undef DEC_L
     return 1;

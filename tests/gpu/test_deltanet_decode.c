@@ -4,7 +4,8 @@
  * scheduler sends: a prefill run of several tokens on one row, a run shorter than the conv,
  * single decode tokens on other rows in scattered order, a padding token (row -1) that must
  * change nothing, and a row no token names. Twice in a row, so the second call reads the
- * first's updated rows. Tolerances: 1e-2 relative L2 for the bf16 outputs u and o (tests/gpu/
+ * first's updated rows. Also a long call: a 300-token prefill run and a 70-token run (the state
+ * held in registers across the run) beside single tokens. Tolerances: 1e-2 relative L2 for the bf16 outputs u and o (tests/gpu/
  * test_ops.c's reasoning); 1e-4 for the fp32 state (the same fp32 operations from the same
  * bf16 inputs, only the l2 norm's sum in another order and precision); 0 for the conv tails
  * and the scatter (copies of bf16 values).
@@ -13,15 +14,18 @@
 
 static eng_backend *cpu, *gpu;
 
-/* srow of the mixed call: rows 0 (5 tokens), 3 (2), 1, 5, 2, then padding; row 4 untouched */
-static const int SROW[] = {0, 0, 0, 0, 0, 3, 3, 1, 5, 2, -1};
-enum { NT = sizeof SROW / sizeof SROW[0], NS = 6 };
+/* srow of the mixed call: rows 0 (5 tokens), 3 (2), 1, 5, 2, then padding; row 4 untouched.
+ * The long call (a prompt's prefill beside a continued run): row 0 LONG0 tokens, row 3 LONG3,
+ * then 1, 5, 2 and padding. */
+static const int SHORT[] = {0, 0, 0, 0, 0, 3, 3, 1, 5, 2, -1};
+enum { NS = 6, LONG0 = 300, LONG3 = 70, NLONG = LONG0 + LONG3 + 4 };
+static int LONG[NLONG];
 
 static double rel_l2_rows(const float *a, const float *b, int T, size_t row) {
     return rel_l2(a, b, (size_t)(T - 1) * row); /* the padding token's outputs are not defined */
 }
 
-static void t_steps(int Hk, int Hv, int Dk, int Dv, int Kc) {
+static void t_steps(const int *SROW, int NT, int Hk, int Hv, int Dk, int Dv, int Kc) {
     char sh[96];
     snprintf(sh, sizeof sh, "Hk=%d Hv=%d Dk=%d Dv=%d Kc=%d T=%d", Hk, Hv, Dk, Dv, Kc, NT);
     int T = NT, Cc = 2 * Hk * Dk + Hv * Dv, Kt = Kc - 1;
@@ -38,7 +42,7 @@ static void t_steps(int Hk, int Hv, int Dk, int Dv, int Kc) {
          *gdt = gc_act(gpu, dt, Hv);
     void *guo = gpu->alloc(gpu, (size_t)T * Cc * 2), *go = gpu->alloc(gpu, (size_t)T * Hv * Dv * 2);
     float *gst = gc_dev(gpu, st, nst * 4), *gtl = gc_dev(gpu, tl, ntl * 4);
-    int *gsrow = gc_dev(gpu, SROW, sizeof SROW);
+    int *gsrow = gc_dev(gpu, SROW, (size_t)NT * sizeof *SROW);
     for (int pass = 0; pass < 2; pass++) {
         cpu->deltanet_conv_step(cpu, uc, tlc, x, w, SROW, T, Cc, Kc);
         cpu->deltanet_rule_step(cpu, oc, stc, u, a, b, al, dt, SROW, T, Hk, Hv, Dk, Dv);
@@ -95,8 +99,14 @@ static void t_scatter_rows(int T, int row, int S) {
 int main(void) {
     backend_cpu_create(&cpu, 0);
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
-    t_steps(16, 32, 128, 128, 4); /* Qwen3.5-9B */
-    t_steps(2, 6, 16, 40, 3); /* small, Dv not a warp multiple, 3 value heads a key head */
+    int ns = sizeof SHORT / sizeof SHORT[0];
+    for (int t = 0; t < NLONG; t++) LONG[t] = t < LONG0 ? 0 : t < LONG0 + LONG3 ? 3 : (int[]){1, 5, 2, -1}[t - LONG0 - LONG3];
+    t_steps(SHORT, ns, 16, 32, 128, 128, 4); /* Qwen3.5-9B */
+    t_steps(LONG, NLONG, 16, 32, 128, 128, 4);
+    t_steps(SHORT, ns, 2, 6, 16, 40, 3); /* small, Dv not a warp multiple, 3 value heads a key head */
+    t_steps(LONG, NLONG, 2, 6, 16, 40, 3);
+    t_steps(SHORT, ns, 4, 8, 256, 128, 4); /* Dk 256: eight row groups of 32, 1024 threads */
+    t_steps(SHORT, ns, 1, 2, 64, 1024, 2); /* Dv 1024: one row group of 64 */
     t_scatter_rows(13, 256, 50);
     cpu->destroy(cpu);
     gpu->destroy(gpu);

@@ -7,7 +7,7 @@
  * stay under 1e-2); 1e-4 for fp32 results of fp32 math (logprobs, statistics); 0 for copies.
  * The mixture-of-experts ops (t_moe) explain their own tolerances.
  * The hybrid model's ops (t_deltanet, t_gated_attn) explain theirs.
- * Usage: test_ops [small | attention | exact | moe | hybrid | hybrid-small]   (small: the compute-sanitizer subset; the
+ * Usage: test_ops [small | attention | decode | exact | moe | hybrid | hybrid-small]   (small: the compute-sanitizer subset; the
  * others: their cases alone) */
 #include "engine/format/config.h"
 #include "kernels/moe.h"
@@ -887,6 +887,7 @@ static void decode_attention_suite(void) {
     t_attention("decode P=1024 N=16", r, S, 16, 8, 128, 0);
     t_attention("decode P=1024 N=16", r, S, 32, 8, 128, 0);
     t_attention("decode P=1024 N=16", r, S, 16, 8, 64, 0);
+    t_attention("decode P=1024 N=16", r, S, 16, 4, 256, 0); /* Qwen3.5-9B's gated layers */
     free_ranges(r);
     if (small_run) return;
     int P2[] = {100, 37, 513, 1, 260}, N2[] = {16, 1, 5, 3, 16};
@@ -896,6 +897,10 @@ static void decode_attention_suite(void) {
     t_attention("decode 5 groups", r, S, 32, 8, 64, 0);
     t_attention("decode 5 groups", r, S, 8, 8, 64, 0);
     t_attention("decode 5 groups", r, S, 64, 8, 128, 0);
+    t_attention("decode 5 groups", r, S, 8, 8, 256, 0);
+    t_attention("decode 5 groups", r, S, 16, 8, 256, 0);
+    t_attention("decode 5 groups", r, S, 32, 4, 256, 0);
+    t_attention("decode 5 groups", r, S, 64, 8, 256, 0);
     free_ranges(r);
     int P3[] = {700, 90, 33}, N3[] = {1, 1, 1};
     r = decode_ranges(3, P3, N3, 40, 73, &S);
@@ -1935,6 +1940,8 @@ int main(int argc, char **argv) {
     if (backend_cuda_create(&gpu, 0)) gc_die(NULL, "backend_cuda_create");
     if (argc > 1 && !strcmp(argv[1], "attention")) { /* the attention cases alone */
         attention_suite();
+    } else if (argc > 1 && !strcmp(argv[1], "decode")) { /* the decode attention cases alone */
+        decode_attention_suite();
     } else if (argc > 1 && !strcmp(argv[1], "exact")) { /* exact-mode attention alone */
         exact_attention_suite();
     } else if (argc > 1 && !strcmp(argv[1], "moe")) { /* the mixture-of-experts cases alone */

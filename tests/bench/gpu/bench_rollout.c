@@ -20,7 +20,8 @@
  *        bench_rollout 1.7b graphs: the graph-validity check (ROW line; exit 1 on a mismatch)
  *        bench_rollout gemm: the few-row GEMMs of a Qwen3-1.7B decode step (and the lm head), the
  *        skinny kernel of matmul.cu vs cuBLASLt's tuned choice (tune.skinny = 0), us per call
- *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W. */
+ *        (a CUDA graph of 40 calls over weight copies that do not fit in L2) and GB/s of W.
+ * Last, every model: the sampled tokens' logprobs against eng_logprobs' (the training forward). */
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
@@ -277,6 +278,34 @@ int main(int argc, char **argv) {
     printf("grpod-cuda rollout %s: HBM floor %.3f ms/step at the measured copy bandwidth %.2f TB/s "
            "(weights %.2f GB + KV %.2f GB), %.3f ms/step at 3.0 TB/s; decode/floor %.2fx\n",
            size, floor_ms, bw / 1e12, wbytes / 1e9, kvbytes / 1e9, floor3, dec_med / floor_ms);
+    /* rollout vs trainer: the sampled tokens' logprobs against the training forward's
+     * (eng_logprobs: the packed [P; R_1..R_N] pass, chunked DeltaNet), each group */
+    double lsum = 0, lmax = 0;
+    long long lcnt = 0;
+    for (int g = 0; g < G; g++) {
+        const int **rs = malloc((size_t)N * sizeof *rs);
+        int *R = malloc((size_t)N * sizeof *R);
+        for (int r = 0; r < N; r++) {
+            rs[r] = res[g].resp[r].tokens;
+            R[r] = res[g].resp[r].n_tokens;
+        }
+        eng_update_group ug = {.prompt = prompt[g], .P = P, .n = N, .resp = rs, .R = R};
+        float **lp;
+        if (eng_logprobs(e, &ug, 1, 0, 1.0f, 1 << 20, &lp)) gc_die(be, "eng_logprobs");
+        for (int r = 0; r < N; r++)
+            for (int t = 0; t < R[r]; t++) {
+                double dd = fabs((double)lp[r][t] - res[g].resp[r].logprobs[t]);
+                lsum += dd;
+                lmax = dd > lmax ? dd : lmax;
+                lcnt++;
+            }
+        eng_logprobs_free(lp, &ug, 1);
+        free(rs);
+        free(R);
+    }
+    printf("grpod-cuda rollout %s: rollout vs trainer logprobs over %lld tokens: mean |d| %.3e, max |d| %.3e (random weights "
+           "uniform +-0.02: near-flat logits)\n",
+           size, lcnt, lsum / (lcnt ? lcnt : 1), lmax);
     for (int g = 0; g < G; g++) eng_group_result_free(&res[g]);
     model_acts_free(&e->m, &e->acts_ng);
     be->destroy(be);
