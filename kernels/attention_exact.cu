@@ -229,8 +229,8 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
 enum { EX_DEC_SEG = 32 }; /* segments a block: two a query */
 template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
-    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H,
-                          int K, int qb, float sc2) {
+    attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
+                          int qb, float sc2) {
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */

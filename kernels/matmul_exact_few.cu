@@ -30,7 +30,7 @@ template <int MT, int NTW> struct xf_shape {
     static constexpr int BM = 16 * MT, BN = 4 * 8 * NTW, WMT = MT / 2; /* WMT m16 tiles a warp */
     static constexpr size_t STAGE = (size_t)(BM + BN) * SK_KC * 2; /* bytes */
     static constexpr size_t RED = (size_t)BM * BN * 4; /* the block's partial, over the ring */
-    static constexpr size_t SMEM = STAGE * XF_ST > RED ? STAGE * XF_ST : RED;
+    static constexpr size_t SMEM = STAGE * XF_ST > RED ? STAGE *XF_ST : RED;
 };
 
 template <int MT, int NTW>
@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(XF_NTH, 2) exact_few_kernel(const xf_args a, c
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int hf = 0; hf < 2; hf++)
-                *(float2 *)(red + (size_t)((wm * WMT + m) * 16 + g + 8 * hf) * BN + (wn * NTW + nt) * 8 + 2 * q) =
-                    make_float2(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
+                *(float2 *)(red + (size_t)((wm * WMT + m) * 16 + g + 8 * hf) * BN + (wn * NTW + nt) * 8 +
+                            2 * q) = make_float2(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();
