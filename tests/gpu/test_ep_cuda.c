@@ -315,6 +315,27 @@ static double update_diff(const run_job *x, const run_job *r, const char *what) 
  * stepped at the wrong place is O(1)); its checkpoint resumed without EP bit-equal (master, m,
  * v) and its rollouts after the update bit-equal to that checkpoint's (the bf16 weights the host
  * uploaded are the master's rounding). */
+/* The checkpoint x saved, resumed by an engine without EP: master, m and v bit-equal to x's,
+ * and its rollouts equal to x's after the update (rows named "<tag>: ...") */
+static void resume_rows(const char *tag, const run_job *x) {
+    char name[2][160];
+    snprintf(name[0], sizeof name[0], "%s: checkpoint resumed without EP", tag);
+    snprintf(name[1], sizeof name[1], "%s: rollouts after the update", tag);
+    run_job y = {.resume = CKPT};
+    run_main(&y);
+    if (y.rc) {
+        printf("resume without EP: %s\n", y.msg);
+        gc_row(name[0], "engine failed", NAN, 0);
+    } else {
+        long long d = 0;
+        for (int i = 0; i < 3; i++) d += memcmp(x->st[i], y.st[i], (size_t)n_whole * 4) != 0;
+        gc_row(name[0], "master, m, v vectors not bit-equal", (double)d, 0);
+        roll_where(name[1], &x->r1, &y.r0);
+        gc_row(name[1], "decode copy vs its checkpoint without EP; differing", roll_diff(&x->r1, &y.r0), 0);
+    }
+    run_free(&y);
+}
+
 static void w1_offload_rows(const run_job *x, const float *w0) {
     unsigned char id[128];
     if (comm_nccl_unique_id(id)) gc_die(NULL, "unique id");
@@ -336,20 +357,7 @@ static void w1_offload_rows(const run_job *x, const float *w0) {
     printf("ep W=1 offload vs on the device: weights' update rel L2 %.3e, m %.3e, v %.3e\n", dw, dm, dv);
     gc_row("ep W=1 cuda offload: master, m, v", "vs EP on the device; worst rel L2 (update for the master)",
            fmax(dw, fmax(dm, dv)), 2e-2);
-    run_job y = {.resume = CKPT};
-    run_main(&y);
-    if (y.rc) {
-        printf("resume without EP: %s\n", y.msg);
-        gc_row("ep W=1 cuda offload: checkpoint resumed without EP", "engine failed", NAN, 0);
-    } else {
-        long long d = 0;
-        for (int i = 0; i < 3; i++) d += memcmp(o.st[i], y.st[i], (size_t)n_whole * 4) != 0;
-        gc_row("ep W=1 cuda offload: checkpoint resumed without EP", "master, m, v vectors not bit-equal", (double)d, 0);
-        roll_where("ep W=1 cuda offload: rollouts after the update", &o.r1, &y.r0);
-        gc_row("ep W=1 cuda offload: rollouts after the update", "decode copy vs its checkpoint without EP; differing",
-               roll_diff(&o.r1, &y.r0), 0);
-    }
-    run_free(&y);
+    resume_rows("ep W=1 cuda offload", &o);
     run_free(&o);
 }
 
@@ -380,21 +388,9 @@ static void w1_rows(const run_job *ref, const float *w0) {
     printf("ep W=1 weights' update vs no EP: rel L2 %.3e\n", update_rel_l2(x.st[0], ref->st[0], w0, (size_t)n_whole));
 
     /* its checkpoint on an engine without EP: the state bit-equal, the rollouts too */
-    run_job y = {.resume = CKPT};
-    run_main(&y);
-    if (y.rc) {
-        printf("resume without EP: %s\n", y.msg);
-        gc_row("ep W=1 cuda: checkpoint resumed without EP", "engine failed", NAN, 0);
-    } else {
-        long long d = 0;
-        for (int i = 0; i < 3; i++) d += memcmp(x.st[i], y.st[i], (size_t)n_whole * 4) != 0;
-        gc_row("ep W=1 cuda: checkpoint resumed without EP", "master, m, v vectors not bit-equal", (double)d, 0);
-        gc_row("ep W=1 cuda: rollouts after the update", "decode copy vs its checkpoint without EP; differing",
-               roll_diff(&x.r1, &y.r0), 0);
-        gc_row("ep W=1 cuda: the rollouts changed", "after vs before the update; 0 = changed",
-               (double)(roll_diff(&x.r1, &x.r0) == 0), 0);
-    }
-    run_free(&y);
+    resume_rows("ep W=1 cuda", &x);
+    gc_row("ep W=1 cuda: the rollouts changed", "after vs before the update; 0 = changed", (double)(roll_diff(&x.r1, &x.r0) == 0),
+           0);
     w1_offload_rows(&x, w0);
     run_free(&x);
 }
