@@ -245,7 +245,10 @@ int api_start(const api_config *cfg, api_server **out) {
                           .request_timeout_s = cfg->request_timeout_s > 0 ? cfg->request_timeout_s : 30};
     if ((rc = api_conns_create(&cl, &s->conns))) goto fail;
     raise_fd_limit((rlim_t)max_conn + 256);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    /* poll(), not epoll: libmicrohttpd 0.9.75's MHD_quiesce_daemon removes the listening socket
+     * from each pool thread's epoll set while that thread may remove it too, and panics on the
+     * loser's ENOENT (an abort at SIGTERM, seen once in make test); with poll it only wakes them */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     MHD_set_panic_func(on_mhd_panic, NULL);
     s->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,

@@ -530,7 +530,8 @@ static void *eng_main(void *p) {
     j->rc = eng_open(&o, &j->e);
     if (!j->rc) j->rc = run_update(j->e, &j->u);
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
-    j->u.ms_old = j->u.ms_ref = j->u.ms_policy = j->u.ms_optimizer = j->u.ms_total = j->u.ms_snapshot_wait = 0; /* timings differ */
+    j->u.ms_old = j->u.ms_ref = j->u.ms_policy = j->u.ms_optimizer = j->u.ms_total = j->u.ms_snapshot_wait = j->u.ms_prepare =
+        0; /* timings differ */
     return NULL;
 }
 

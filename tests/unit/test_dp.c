@@ -366,6 +366,7 @@ TEST(one_rank_comm_is_no_comm) {
         u.ms_optimizer = ref_u[k].ms_optimizer;
         u.ms_total = ref_u[k].ms_total;
         u.ms_snapshot_wait = ref_u[k].ms_snapshot_wait;
+        u.ms_prepare = ref_u[k].ms_prepare;
         CHECK_MSG(memcmp(&u, &ref_u[k], sizeof u) == 0, "config %d: result differs", k);
         CHECK(eng_update_undo(e) == 0);
     }
