@@ -80,9 +80,9 @@ void offload_free(eng_offload *o) {
 }
 
 /* Queue (or, without lanes, do) the download of gradient chunk i into its stage. */
-static int fetch(eng_offload *o, const float *grad, long long i) {
+static int fetch(eng_offload *o, long long n, const float *grad, long long i) {
     eng_backend *be = o->be;
-    long long off = i * o->chunk, len = o->n - off < o->chunk ? o->n - off : o->chunk;
+    long long off = i * o->chunk, len = n - off < o->chunk ? n - off : o->chunk;
     int s = (int)(i % OFFLOAD_STAGES);
     if (!be->copy_async) return be->to_host(be, o->gstage[s], grad + off, (size_t)len * 4);
     int rc = be->copy_async(be, BE_LANE_D2H, o->gstage[s], grad + off, (size_t)len * 4);
@@ -90,11 +90,11 @@ static int fetch(eng_offload *o, const float *grad, long long i) {
     return rc;
 }
 
-int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr, float beta1,
-                  float beta2, float eps, float wd, int step) {
+int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
+                  float beta1, float beta2, float eps, float wd, int step) {
     eng_backend *be = o->be;
     const int lanes = be->copy_async != NULL, eb = be->act_bytes;
-    long long nch = (o->n + o->chunk - 1) / o->chunk;
+    long long nch = (n + o->chunk - 1) / o->chunk;
     int rc = 0;
     o->ms_host = o->ms_wait = 0;
     if (lanes) {
@@ -104,12 +104,12 @@ int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act
         be->wait(be, BE_LANE_D2H, EV_READY);
         be->wait(be, BE_LANE_H2D, EV_READY);
     }
-    for (long long i = 0; i < nch && i < OFFLOAD_STAGES - 1 && !rc; i++) rc = fetch(o, grad, i);
+    for (long long i = 0; i < nch && i < OFFLOAD_STAGES - 1 && !rc; i++) rc = fetch(o, n, grad, i);
     for (long long i = 0; i < nch && !rc; i++) {
         int s = (int)(i % OFFLOAD_STAGES);
         /* the stage of chunk i + S - 1 held chunk i - 1, done on the host by now */
-        if (i + OFFLOAD_STAGES - 1 < nch && (rc = fetch(o, grad, i + OFFLOAD_STAGES - 1))) break;
-        long long off = i * o->chunk, len = o->n - off < o->chunk ? o->n - off : o->chunk;
+        if (i + OFFLOAD_STAGES - 1 < nch && (rc = fetch(o, n, grad, i + OFFLOAD_STAGES - 1))) break;
+        long long off = i * o->chunk, len = n - off < o->chunk ? n - off : o->chunk;
         double t = clock_mono_ms();
         if (lanes && ((rc = be->wait(be, BE_LANE_HOST, EV_D2H + s)) || (rc = be->wait(be, BE_LANE_HOST, EV_H2D + s)))) break;
         double t1 = clock_mono_ms();

@@ -42,11 +42,12 @@ typedef struct {
 /* chunk <= 0: the default (OFFLOAD_CHUNK). Fails with GE_NOMEM. */
 int offload_init(eng_offload *o, eng_backend *be, long long n, long long chunk);
 void offload_free(eng_offload *o);
-/* One AdamW step: master, m, v (n) in host memory, updated in place; grad (n) fp32 in device
- * memory (already clipped); w_act (n) device act-typed weights, rewritten from the new master.
+/* One AdamW step over n elements (at most the n offload_init sized: a state may step in
+ * pieces): master, m, v (n) in host memory, updated in place; grad (n) fp32 in device memory
+ * (already clipped); w_act (n) device act-typed weights, rewritten from the new master.
  * The op stream is ordered after the upload; returns 0 or the backend's error. */
-int offload_adamw(eng_offload *o, float *master, float *m, float *v, void *w_act, const float *grad, float lr, float beta1,
-                  float beta2, float eps, float wd, int step);
+int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
+                  float beta1, float beta2, float eps, float wd, int step);
 /* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by
  * the threads that will update each part (NUMA placement); free() it. NULL with GE_NOMEM. */
 float *offload_host_alloc(long long n);

@@ -237,14 +237,10 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     if (e->offload) { /* all of it, or this rank's shard (and its experts: state_pieces), on the host */
         state_piece p[2];
         int np = state_pieces(e, p);
-        long long all = e->off.n;
-        for (int i = 0; i < np && !rc; i++) {
-            e->off.n = p[i].n; /* a part of the state offload_init sized */
-            rc = offload_adamw(&e->off, e->w_master + p[i].st, e->adam_m + p[i].st, e->adam_v + p[i].st,
+        for (int i = 0; i < np && !rc; i++)
+            rc = offload_adamw(&e->off, p[i].n, e->w_master + p[i].st, e->adam_m + p[i].st, e->adam_v + p[i].st,
                                (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, lr, opt->beta1, opt->beta2, opt->eps,
                                opt->weight_decay, e->opt_step);
-        }
-        e->off.n = all;
     } else if (e->dp) { /* this rank's shard (and its experts: state_pieces) */
         state_piece p[2];
         int np = state_pieces(e, p);

@@ -49,7 +49,7 @@ static void offload_vs_gpu(eng_backend *be) {
         for (long long i = 0; i < n; i += 1009) g[i] *= 50; /* some large gradients */
         if (be->to_dev(be, g_d, g, (size_t)n * 4)) gc_die(be, "grad upload");
         be->adamw(be, master_d, act_gpu, g_d, m_d, v_d, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
-        if (offload_adamw(&o, master_h, m_h, v_h, act_off, g_d, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step) || be->sync(be))
+        if (offload_adamw(&o, n, master_h, m_h, v_h, act_off, g_d, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step) || be->sync(be))
             gc_die(be, "offload_adamw");
         free(g);
     }

@@ -87,7 +87,7 @@ TEST(pipeline_equals_backend_adamw) {
     for (int step = 1; step <= 5; step++) {
         for (long long i = 0; i < n; i++) g[i] = frand(3e-2f);
         be->adamw(be, p1, NULL, g, m1, v1, n, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
-        CHECK(offload_adamw(&o, p2, m2, v2, act, g, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
+        CHECK(offload_adamw(&o, n, p2, m2, v2, act, g, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
     }
     CHECK(!memcmp(p1, p2, n * 4) && !memcmp(m1, m2, n * 4) && !memcmp(v1, v2, n * 4));
     CHECK(!memcmp(act, p2, n * 4)); /* the act copy (fp32 on cpu) is the new master */

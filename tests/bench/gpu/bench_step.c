@@ -236,7 +236,7 @@ int main(int argc, char **argv) {
         double norm = sqrt(be->sumsq(be, g, (long long)n));
         if (norm > 1.0) be->scale(be, g, (long long)n, (float)(1.0 / (norm + 1e-6)));
         if (offload) {
-            if (offload_adamw(&off, master, mo, ve, w, g, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1)) gc_die(be, "offload");
+            if (offload_adamw(&off, n, master, mo, ve, w, g, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1)) gc_die(be, "offload");
         } else {
             be->adamw(be, master, w, g, mo, ve, (long long)n, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1);
         }
