@@ -3,8 +3,9 @@ orchestrator runs it (standard library only in this process; the checkpoint make
 the GPU when it is there, else numpy).
 
 1. A random Qwen3 checkpoint at --dims (tiny | 0.6b | 1.7b | 8b | MoE: tiny-moe, 30b-a3b-l4, 30b-a3b
-   whole): config.json and bf16 safetensors with every tensor grpod loads (engine/model/model.c),
-   normal(0, 0.02), norms 1 +- 0.02; one
+   whole | Qwen3.5 hybrid: tiny-hybrid, qwen3.5-9b-l4, qwen3.5-9b): config.json and bf16
+   safetensors with every tensor grpod loads (engine/model/model.c), normal(0, 0.02), norms 1 +-
+   0.02 (Qwen3.5's zero-centred norms 0 +- 0.02); one
    file, or shards of <= 5 GB with model.safetensors.index.json. Made tensor by tensor in a child
    process (its CUDA context gone before the daemon starts), cached in --model-cache
    (/tmp/grpod-bench-DIMS) and reused when its marker matches.
@@ -78,6 +79,25 @@ DIMS = {
 # frozen and the reference, adapters on attention and experts); its checkpoint needs 61 GB of disk
 # for --model-cache beside the daemon's data dir
 DIMS["30b-a3b"] = dict(DIMS["30b-a3b-l4"], num_hidden_layers=48)
+# Qwen3.5-9B (the HF default Qwen3.5 text config: every fourth layer gated full attention at head
+# dim 256, the others gated DeltaNet); -l4: 3 DeltaNet + 1 attention layer, 2.9B parameters (the
+# untied 248,320-row embedding and head are 2.0B of them)
+DIMS["qwen3.5-9b"] = dict(model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], hidden_size=4096,
+                          num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                          intermediate_size=12288, linear_num_key_heads=16, linear_num_value_heads=32,
+                          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                           "partial_rotary_factor": 0.25},
+                          rope_theta=10000000.0, max_position_embeddings=262144, vocab_size=248320,
+                          tie_word_embeddings=False, eos_token_id=248044, bos_token_id=None)
+DIMS["qwen3.5-9b-l4"] = dict(DIMS["qwen3.5-9b"], num_hidden_layers=4)
+DIMS["tiny-hybrid"] = dict(DIMS["qwen3.5-9b"], hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, intermediate_size=96, linear_num_key_heads=2,
+                           linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
+                           max_position_embeddings=4096, vocab_size=1000, eos_token_id=999)
+for _d in ("qwen3.5-9b", "qwen3.5-9b-l4", "tiny-hybrid"):
+    DIMS[_d]["layer_types"] = ["full_attention" if l % 4 == 3 else "linear_attention"
+                               for l in range(DIMS[_d]["num_hidden_layers"])]
 LORA_HELP = ("train LoRA adapters of this rank (grpod serve --lora-rank; alpha 2 x rank, all targets: on a MoE "
              "model attention and the experts, as PEFT): the base frozen and the reference")
 SHARD_BYTES = int(os.environ.get("BENCH_SHARD_BYTES", 5 * 10**9))   # env: to try sharding at tiny dims
@@ -110,16 +130,32 @@ def tensor_list(c):
     C, H, K, D, F, V = (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                         c["intermediate_size"], c["vocab_size"])
     t = [("model.embed_tokens.weight", [V, C], "w")]
+    hybrid = c["model_type"] == "qwen3_5_text"
+    g = "w" if hybrid else "n"  # Qwen3.5's RMSNorm weights are zero-centred (1 + w)
     for l in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % l
-        t += [(p + "input_layernorm.weight", [C], "n"),
-              (p + "self_attn.q_proj.weight", [H * D, C], "w"),
+        if hybrid and c["layer_types"][l] == "linear_attention":
+            KL, VL, hv = (c["linear_num_key_heads"] * c["linear_key_head_dim"],
+                          c["linear_num_value_heads"] * c["linear_value_head_dim"], c["linear_num_value_heads"])
+            a = p + "linear_attn."
+            t += [(p + "input_layernorm.weight", [C], g),
+                  (a + "in_proj_qkv.weight", [2 * KL + VL, C], "w"), (a + "in_proj_z.weight", [VL, C], "w"),
+                  (a + "in_proj_b.weight", [hv, C], "w"), (a + "in_proj_a.weight", [hv, C], "w"),
+                  (a + "conv1d.weight", [2 * KL + VL, 1, c["linear_conv_kernel_dim"]], "w"),
+                  (a + "dt_bias", [hv], "w"), (a + "A_log", [hv], "w"),
+                  (a + "norm.weight", [c["linear_value_head_dim"]], "n"), (a + "out_proj.weight", [C, VL], "w"),
+                  (p + "post_attention_layernorm.weight", [C], g),
+                  (p + "mlp.gate_proj.weight", [F, C], "w"), (p + "mlp.up_proj.weight", [F, C], "w"),
+                  (p + "mlp.down_proj.weight", [C, F], "w")]
+            continue
+        t += [(p + "input_layernorm.weight", [C], g),
+              (p + "self_attn.q_proj.weight", [(2 if hybrid else 1) * H * D, C], "w"),
               (p + "self_attn.k_proj.weight", [K * D, C], "w"),
               (p + "self_attn.v_proj.weight", [K * D, C], "w"),
               (p + "self_attn.o_proj.weight", [C, H * D], "w"),
-              (p + "self_attn.q_norm.weight", [D], "n"),
-              (p + "self_attn.k_norm.weight", [D], "n"),
-              (p + "post_attention_layernorm.weight", [C], "n")]
+              (p + "self_attn.q_norm.weight", [D], g),
+              (p + "self_attn.k_norm.weight", [D], g),
+              (p + "post_attention_layernorm.weight", [C], g)]
         E = c.get("num_experts", 0)
         if E:
             Fm = c["moe_intermediate_size"]
@@ -132,7 +168,7 @@ def tensor_list(c):
             t += [(p + "mlp.gate_proj.weight", [F, C], "w"),
                   (p + "mlp.up_proj.weight", [F, C], "w"),
                   (p + "mlp.down_proj.weight", [C, F], "w")]
-    t.append(("model.norm.weight", [C], "n"))
+    t.append(("model.norm.weight", [C], g))
     if not c["tie_word_embeddings"]:
         t.append(("lm_head.weight", [V, C], "w"))
     return t
