@@ -373,6 +373,9 @@ class Daemon:
                 if r != last:
                     last = r
                     log("#   readyz %d %s (%.1f s)" % (code, json.dumps(r)[:200], time.time() - self.t0))
+                why = ((r or {}).get("error") or {}).get("message", "") if isinstance(r, dict) else ""
+                if why.startswith("engine failed"):  # the daemon stays up; the engine will not open
+                    raise RuntimeError("%s (after %.1f s)" % (why, time.time() - self.t0))
             except (OSError, urllib.error.URLError):
                 pass
             time.sleep(0.2)
