@@ -375,7 +375,18 @@ typedef struct {
     bf16 *au[SK_PARTS];
     int na, nA, art;
     unsigned *sync; /* (2) adapter tiles done, blocks done; 0 between launches */
+    int pf, hint; /* experiment: L2 prefetch distance in chunks; W copies with the L2::256B hint */
 } sk_args;
+
+/* experiment knobs (bench_skinny): outputs per tile (0: skinny_nt's), L2 prefetch distance, hint */
+extern "C" {
+int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0;
+}
+
+__device__ __forceinline__ void sk_cp16_256(void *dst, const void *src, int bytes) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
+}
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
  * stream bypasses L1, so they stay there until the tile's epilogue */
@@ -406,7 +417,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const lb_0 = a.lb[0], *const lb_1 = a.lb[1], *const lb_2 = a.lb[2];
     const bf16 *const aw_0 = a.aw[0], *const aw_1 = a.aw[1], *const aw_2 = a.aw[2];
     bf16 *const au_0 = a.au[0], *const au_1 = a.au[1], *const au_2 = a.au[2];
-    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art;
+    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art, pf = a.pf, hint = a.hint;
     bool u_done = false; /* every adapter tile's u written (a term warp waited once) */
     const bool sw = act != nullptr;
     const int ntiles = nA + (np == 1 ? b1 : np == 2 ? b2 : b3);
@@ -459,8 +470,28 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             const bool up = sw && nt >= NT / 2;
             const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
             const bf16 *p = (up ? w_1 : wp0) + (size_t)(o < O ? o : 0) * I + k;
-            sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
-            sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
+            if (hint) {
+                sk_cp16_256(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
+                sk_cp16_256(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
+            } else {
+                sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
+                sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
+            }
+        }
+    };
+    /* chunk f's W lines (128 bytes a row) into L2, ahead of the ring */
+    auto pref_w = [&](int f) {
+        if (f >= total || q) return;
+        int pi, o0;
+        tile(f / n, pi, o0);
+        if (LORA && pi < 0) return;
+        const int O = SK_SEL(O_, pi), k = (c0 + f % n) * SK_KC;
+        const bf16 *wp0 = SK_SEL(w_, pi);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const bool up = sw && nt >= NT / 2;
+            const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
+            if (o < O) asm volatile("prefetch.global.L2 [%0];\n" ::"l"((up ? w_1 : wp0) + (size_t)o * I + k));
         }
     };
     auto issue_x = [&](int f) {
@@ -480,6 +511,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
     for (int f = 0; f < S - 1; f++)
         if (f < total) issue_w(f);
+    for (int f = S - 1; f < S - 1 + pf; f++) pref_w(f);
     if (nw) /* the norm weight too (first commit group): written by nothing in flight */
         for (int i = tid; i < I / 8; i += NTH) sk_cp16((uint4 *)nw_s + i, nw + (size_t)i * 8, 16);
     pdl_wait();
@@ -559,6 +591,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 }
             }
             /* the stage read for chunk f - 1 is free: its values were consumed by its mma */
+            if (pf) pref_w(f + S - 1 + pf);
             if (f + S - 1 < total) {
                 issue_w(f + S - 1);
                 issue_x(f + S - 1);
@@ -711,6 +744,8 @@ template <int MT, int NT> static void skinny_launch(cu_ctx *c, sk_args a, const 
         a.art = 8 * NT;
     }
     a.sync = c->sk_sync;
+    a.pf = sk_tune_pf;
+    a.hint = sk_tune_hint;
     const int tiles = a.nA + base, blocks = tiles < c->n_sm ? tiles : c->n_sm;
     cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
@@ -774,6 +809,9 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, const cu_norm *n
 /* the few-row kernel's launch for T <= SK_MAX_T rows: MT m16 tiles, NT by skinny_nt */
 static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
+    if (sk_tune_nt && MT * sk_tune_nt <= 8 && !(a.act && sk_tune_nt % 2) && (MT == 1 || sk_tune_nt <= 4) && sk_tune_nt != 3 &&
+        sk_tune_nt != 5 && sk_tune_nt != 7)
+        nt = sk_tune_nt;
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1);
