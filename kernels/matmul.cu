@@ -323,10 +323,13 @@ __device__ __forceinline__ uint4 sk_norm8(uint4 xv, uint4 wv, float r) {
     return y;
 }
 
-template <int MT, int NT> struct sk_shape {
-    static constexpr int L = 2 * NT + 4 * MT; /* 16-byte slots per thread per stage */
+/* XI > 0: x held whole in shared memory (up to XI inputs, its 16 MT rows XR bytes apart, normed
+ * once as it is loaded), the ring W's alone */
+template <int MT, int NT, int XI = 0> struct sk_shape {
+    static constexpr int L = 2 * NT + (XI ? 0 : 4 * MT); /* 16-byte slots per thread per stage */
     static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4; /* the warps' partial sums */
-    static constexpr size_t NW = (size_t)SK_NORM_I * 2; /* the norm weight */
+    static constexpr int XR = XI * 2 + 64; /* a row of x in shared memory: odd rows 64 bytes over (banks) */
+    static constexpr size_t NW = XI ? (size_t)16 * MT * XR : (size_t)SK_NORM_I * 2; /* x, or the norm weight */
     static constexpr int SFIT = (int)((227 * 1024 - RED - NW) / ((size_t)L * 32 * SK_WARPS * 16));
     static constexpr int S0 = 48 / L > 2 ? 48 / L : 2; /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
@@ -380,7 +383,7 @@ typedef struct {
 
 /* experiment knobs (bench_skinny): outputs per tile (0: skinny_nt's), L2 prefetch distance, hint */
 extern "C" {
-int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0;
+int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0, sk_tune_xs = 0;
 }
 
 __device__ __forceinline__ void sk_cp16_256(void *dst, const void *src, int bytes) {
@@ -398,13 +401,14 @@ __device__ __forceinline__ void sk_prefetch_rows(const bf16 *b, int o0, int n, i
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
  * on across the block's tiles, so the loads of the next tile are in flight during a tile's
  * reduction and no SM waits for a second wave to start. */
-template <int MT, int NT, bool LORA>
+template <int MT, int NT, bool LORA, int XI = 0>
 __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
-    constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
+    constexpr int L = sk_shape<MT, NT, XI>::L, S = sk_shape<MT, NT, XI>::S, NTH = 32 * SK_WARPS, XR = sk_shape<MT, NT, XI>::XR;
     constexpr int RW = MT * 16, CW = NT * 8;
     extern __shared__ uint4 sk_ring[]; /* [S][L][NTH], then red[warp][row RW][col CW] */
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
-    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw */
+    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw; XI: x [16 MT][XR / 2] */
+    char *const x_s = (char *)nw_s;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
     const int nch = I / SK_KC, c0 = sk_seg0(wp, nch), n = sk_seg0(wp + 1, nch) - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
@@ -495,6 +499,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
         }
     };
     auto issue_x = [&](int f) {
+        if (XI) return;
         const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
 #pragma unroll
@@ -512,7 +517,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     for (int f = 0; f < S - 1; f++)
         if (f < total) issue_w(f);
     for (int f = S - 1; f < S - 1 + pf; f++) pref_w(f);
-    if (nw) /* the norm weight too (first commit group): written by nothing in flight */
+    if (nw && !XI) /* the norm weight too (first commit group): written by nothing in flight */
         for (int i = tid; i < I / 8; i += NTH) sk_cp16((uint4 *)nw_s + i, nw + (size_t)i * 8, 16);
     pdl_wait();
     pdl_trigger();
@@ -545,7 +550,26 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             ss = warp_sum(ss);
             if (lane == 0) rstd_s[t] = rsqrtf(ss / I + a.eps);
         }
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2)); /* nw_s (the chunk loop waits as much) */
+        if (!XI) asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2)); /* nw_s (the chunk loop waits as much) */
+        __syncthreads();
+    }
+    if (XI) { /* x into shared memory once, normed as the chunk loop below would norm it */
+        for (int e0 = 0; e0 < 16 * MT * (I / 8); e0 += 8 * NTH) { /* 8 pieces a thread in flight */
+            uint4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = e0 + u * NTH + tid, t = e / (I / 8), k = e % (I / 8) * 8;
+                v[u] = make_uint4(0, 0, 0, 0);
+                if (t < T && e < 16 * MT * (I / 8)) v[u] = __ldcg((const uint4 *)(x + (size_t)t * I + k));
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int e = e0 + u * NTH + tid, t = e / (I / 8), k = e % (I / 8) * 8;
+                if (e >= 16 * MT * (I / 8)) break;
+                if (nw) v[u] = sk_norm8(v[u], __ldg((const uint4 *)(nw + k)), t < T ? rstd_s[t] : 0.0f);
+                *(uint4 *)(x_s + (size_t)t * XR + k * 2) = v[u];
+            }
+        }
         __syncthreads();
     }
 
@@ -576,10 +600,16 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             }
 #pragma unroll
             for (int r = 0; r < 2 * MT; r++) {
-                xv[r][0] = b[(2 * NT + 2 * r) * NTH];
-                xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH];
+                if (XI) {
+                    const int t = (r >> 1) * 16 + g + 8 * (r & 1), k = (c0 + i) * SK_KC + q * 8;
+                    xv[r][0] = *(const uint4 *)(x_s + (size_t)t * XR + k * 2);
+                    xv[r][1] = *(const uint4 *)(x_s + (size_t)t * XR + k * 2 + 64);
+                } else {
+                    xv[r][0] = b[(2 * NT + 2 * r) * NTH];
+                    xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH];
+                }
             }
-            if (nw) { /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
+            if (nw && !XI) { /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
                 const int k = (c0 + i) * SK_KC + q * 8;
                 const uint4 w0 = *(const uint4 *)(nw_s + k), w1 = *(const uint4 *)(nw_s + k + 32);
 #pragma unroll
@@ -716,11 +746,11 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 }
 #undef SK_SEL
 
-template <int MT, int NT> static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
-    const size_t smem = sk_shape<MT, NT>::SMEM;
+template <int MT, int NT, int XI = 0> static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
+    const size_t smem = sk_shape<MT, NT, XI>::SMEM;
     static unsigned done[2];
     const bool lora = a.la[0] || a.la[1] || a.la[2];
-    auto *kern = lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
+    auto *kern = XI ? skinny_kernel<MT, NT, false, XI> : lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
     cu_raise_smem(c, kern, smem, &done[lora]);
     if (c->failed) return;
     a.b0[0] = 0;
@@ -812,6 +842,21 @@ static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int 
     if (sk_tune_nt && MT * sk_tune_nt <= 8 && !(a.act && sk_tune_nt % 2) && (MT == 1 || sk_tune_nt <= 4) && sk_tune_nt != 3 &&
         sk_tune_nt != 5 && sk_tune_nt != 7)
         nt = sk_tune_nt;
+    const bool lora = a.la[0] || a.la[1] || a.la[2];
+    if (sk_tune_xs && MT == 1 && !lora && I <= 4096 && nt <= 4) { /* x held in shared memory */
+#define SK_X(N, X) skinny_launch<1, N, X>(c, a, inp, T, I)
+        if (I <= 2048) {
+            if (nt == 1) SK_X(1, 2048);
+            else if (nt == 2) SK_X(2, 2048);
+            else SK_X(4, 2048);
+        } else {
+            if (nt == 1) SK_X(1, 4096);
+            else if (nt == 2) SK_X(2, 4096);
+            else SK_X(4, 4096);
+        }
+#undef SK_X
+        return;
+    }
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1);
