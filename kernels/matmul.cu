@@ -330,7 +330,7 @@ template <int MT, int NT, int XI = 0> struct sk_shape {
     static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4; /* the warps' partial sums */
     static constexpr int XR = XI * 2 + 64; /* a row of x in shared memory: odd rows 64 bytes over (banks) */
     static constexpr size_t NW = XI ? (size_t)16 * MT * XR : (size_t)SK_NORM_I * 2; /* x, or the norm weight */
-    static constexpr int SFIT = (int)((227 * 1024 - RED - NW) / ((size_t)L * 32 * SK_WARPS * 16));
+    static constexpr int SFIT = (int)((227 * 1024 - RED - NW - (XI ? 4096 : 0)) / ((size_t)L * 32 * SK_WARPS * 16));
     static constexpr int S0 = 48 / L > 2 ? 48 / L : 2; /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
     static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW;
@@ -378,18 +378,42 @@ typedef struct {
     bf16 *au[SK_PARTS];
     int na, nA, art;
     unsigned *sync; /* (2) adapter tiles done, blocks done; 0 between launches */
-    int pf, hint; /* experiment: L2 prefetch distance in chunks; W copies with the L2::256B hint */
+    int pf, hint, tma; /* experiment: L2 prefetch distance in chunks; W copies with the L2::256B hint */
 } sk_args;
 
 /* experiment knobs (bench_skinny): outputs per tile (0: skinny_nt's), L2 prefetch distance, hint */
 extern "C" {
-int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0, sk_tune_xs = 0;
+int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0, sk_tune_xs = 0, sk_tune_tma = 0;
 }
 
 __device__ __forceinline__ void sk_cp16_256(void *dst, const void *src, int bytes) {
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
 }
+
+/* the bulk-copy (TMA) form of the W stream: a warp's chunk lands through an mbarrier */
+__device__ __forceinline__ unsigned sk_sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void sk_bar_init(unsigned long long *b) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(sk_sa(b)) : "memory");
+}
+__device__ __forceinline__ void sk_bar_expect(unsigned long long *b, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sk_sa(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void sk_bulk(void *dst, const void *src, unsigned bytes, unsigned long long *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(sk_sa(dst)),
+                 "l"(src), "r"(bytes), "r"(sk_sa(b))
+                 : "memory");
+}
+__device__ __forceinline__ void sk_bar_wait(unsigned long long *b, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(sk_sa(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+enum { SK_BARS = 32 };
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
  * stream bypasses L1, so they stay there until the tile's epilogue */
@@ -410,6 +434,14 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw; XI: x [16 MT][XR / 2] */
     char *const x_s = (char *)nw_s;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
+    __shared__ __align__(8) unsigned long long sk_bar[XI ? SK_WARPS : 1][XI ? SK_BARS : 1];
+    const bool tma = XI && a.tma;
+    if (tma) { /* the warp's own barriers, one a stage */
+        if (lane == 0)
+            for (int st = 0; st < S; st++) sk_bar_init(&sk_bar[wp][st]);
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+    }
     const int nch = I / SK_KC, c0 = sk_seg0(wp, nch), n = sk_seg0(wp + 1, nch) - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
     const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], b3 = a.b0[3], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
@@ -446,6 +478,23 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto issue_w = [&](int f) {
         int pi, o0;
         tile(f / n, pi, o0);
+        if (XI && tma) { /* 8 NT rows of 128 bytes, each as two 64-byte halves, odd rows' halves swapped (banks) */
+            char *reg = (char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * L * 32);
+            unsigned long long *bar = &sk_bar[wp][(f % S) & (SK_BARS - 1)];
+            const int O = SK_SEL(O_, pi), kc = (c0 + f % n) * SK_KC;
+            const bf16 *wp0 = SK_SEL(w_, pi);
+            __syncwarp(); /* every lane has read the stage's last chunk */
+            if (lane == 0) sk_bar_expect(bar, 16 * NT * 64);
+            __syncwarp();
+            for (int j = lane; j < 16 * NT; j += 32) {
+                const int r = j >> 1, h = j & 1, nt = r >> 3;
+                const bool up = sw && nt >= NT / 2;
+                const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + (r & 7);
+                const bf16 *p = (up ? w_1 : wp0) + (size_t)(o < O ? o : 0) * I + kc + 32 * h;
+                sk_bulk(reg + r * 128 + ((h ^ (r & 1)) << 6), p, 64, bar);
+            }
+            return;
+        }
         const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
         if (LORA && pi < 0) { /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
@@ -593,10 +642,21 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
             const uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
             uint4 wv[NT][2], xv[2 * MT][2];
+            if (XI && tma) {
+                sk_bar_wait(&sk_bar[wp][(f % S) & (SK_BARS - 1)], (unsigned)(f / S) & 1u);
+                const char *reg = (const char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * L * 32);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                wv[nt][0] = b[(2 * nt) * NTH];
-                wv[nt][1] = b[(2 * nt + 1) * NTH];
+                for (int nt = 0; nt < NT; nt++) {
+                    const int r = nt * 8 + g;
+                    wv[nt][0] = *(const uint4 *)(reg + r * 128 + ((r & 1) << 6) + q * 16);
+                    wv[nt][1] = *(const uint4 *)(reg + r * 128 + ((1 ^ (r & 1)) << 6) + q * 16);
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    wv[nt][0] = b[(2 * nt) * NTH];
+                    wv[nt][1] = b[(2 * nt + 1) * NTH];
+                }
             }
 #pragma unroll
             for (int r = 0; r < 2 * MT; r++) {
@@ -776,6 +836,7 @@ template <int MT, int NT, int XI = 0> static void skinny_launch(cu_ctx *c, sk_ar
     a.sync = c->sk_sync;
     a.pf = sk_tune_pf;
     a.hint = sk_tune_hint;
+    a.tma = XI && sk_tune_tma && sk_shape<MT, NT, XI>::S <= SK_BARS;
     const int tiles = a.nA + base, blocks = tiles < c->n_sm ? tiles : c->n_sm;
     cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }

@@ -8,14 +8,14 @@
  * floor of W at 4.2 TB/s. Last on each line the FNV-1a hash of the outputs' bf16 bits on copy 0
  * (random inputs, fixed seeds): the same on every build whose reduction order is the same.
  * Usage: bench_skinny [model|all] [T ...]   (model: 1.7b, 8b, qwen3.5-9b)
- * Env SK_NT, SK_PF, SK_HINT, SK_XS: the kernel's experiment knobs when the library has them. */
+ * Env SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA: the kernel's experiment knobs when the library has them. */
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
 #include "tests/gpu/gpu_check.h"
 
 extern int sk_tune_nt __attribute__((weak)), sk_tune_pf __attribute__((weak)), sk_tune_hint __attribute__((weak)),
-    sk_tune_xs __attribute__((weak));
+    sk_tune_xs __attribute__((weak)), sk_tune_tma __attribute__((weak));
 
 enum { K_PROJ, K_RES, K_MLP }; /* parts with the norm in front; one part + residual; gate/up SwiGLU */
 typedef struct {
@@ -123,7 +123,9 @@ int main(int argc, char **argv) {
         if ((e = getenv("SK_PF"))) sk_tune_pf = atoi(e);
         if ((e = getenv("SK_HINT"))) sk_tune_hint = atoi(e);
         if ((e = getenv("SK_XS")) && &sk_tune_xs) sk_tune_xs = atoi(e);
-        printf("knobs: nt %d pf %d hint %d xs %d\n", sk_tune_nt, sk_tune_pf, sk_tune_hint, &sk_tune_xs ? sk_tune_xs : -1);
+        if ((e = getenv("SK_TMA")) && &sk_tune_tma) sk_tune_tma = atoi(e);
+        printf("knobs: nt %d pf %d hint %d xs %d tma %d\n", sk_tune_nt, sk_tune_pf, sk_tune_hint, &sk_tune_xs ? sk_tune_xs : -1,
+               &sk_tune_tma ? sk_tune_tma : -1);
     }
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
