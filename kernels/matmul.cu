@@ -330,10 +330,10 @@ template <int MT, int NT, int XI = 0> struct sk_shape {
     static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4; /* the warps' partial sums */
     static constexpr int XR = XI * 2 + 64; /* a row of x in shared memory: odd rows 64 bytes over (banks) */
     static constexpr size_t NW = XI ? (size_t)16 * MT * XR : (size_t)SK_NORM_I * 2; /* x, or the norm weight */
-    static constexpr int SFIT = (int)((227 * 1024 - RED - NW - (XI ? 4096 : 0)) / ((size_t)L * 32 * SK_WARPS * 16));
+    static constexpr int SFIT = (int)((227 * 1024 - RED - NW - 512) / ((size_t)L * 32 * SK_WARPS * 16));
     static constexpr int S0 = 48 / L > 2 ? 48 / L : 2; /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
-    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW;
+    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW + (size_t)SK_WARPS * 8 * S; /* + mbarriers */
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
@@ -413,7 +413,6 @@ __device__ __forceinline__ void sk_bar_wait(unsigned long long *b, unsigned pari
                      : "memory");
     } while (!done);
 }
-enum { SK_BARS = 32 };
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
  * stream bypasses L1, so they stay there until the tile's epilogue */
@@ -434,11 +433,12 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw; XI: x [16 MT][XR / 2] */
     char *const x_s = (char *)nw_s;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
-    __shared__ __align__(8) unsigned long long sk_bar[XI ? SK_WARPS : 1][XI ? SK_BARS : 1];
-    const bool tma = XI && a.tma;
+    /* the bulk-copy W stream's barriers: warp w's stage s at sk_bar[w S + s] */
+    unsigned long long *const sk_bar = (unsigned long long *)(x_s + sk_shape<MT, NT, XI>::NW);
+    const bool tma = !LORA && a.tma;
     if (tma) { /* the warp's own barriers, one a stage */
         if (lane == 0)
-            for (int st = 0; st < S; st++) sk_bar_init(&sk_bar[wp][st]);
+            for (int st = 0; st < S; st++) sk_bar_init(&sk_bar[wp * S + st]);
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
         __syncwarp();
     }
@@ -478,9 +478,9 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto issue_w = [&](int f) {
         int pi, o0;
         tile(f / n, pi, o0);
-        if (XI && tma) { /* 8 NT rows of 128 bytes, each as two 64-byte halves, odd rows' halves swapped (banks) */
-            char *reg = (char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * L * 32);
-            unsigned long long *bar = &sk_bar[wp][(f % S) & (SK_BARS - 1)];
+        if (!LORA && tma) { /* 8 NT rows of 128 bytes, each as two 64-byte halves, odd rows' halves swapped (banks) */
+            char *reg = (char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * 2 * NT * 32);
+            unsigned long long *bar = &sk_bar[wp * S + f % S];
             const int O = SK_SEL(O_, pi), kc = (c0 + f % n) * SK_KC;
             const bf16 *wp0 = SK_SEL(w_, pi);
             __syncwarp(); /* every lane has read the stage's last chunk */
@@ -642,9 +642,9 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
             const uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
             uint4 wv[NT][2], xv[2 * MT][2];
-            if (XI && tma) {
-                sk_bar_wait(&sk_bar[wp][(f % S) & (SK_BARS - 1)], (unsigned)(f / S) & 1u);
-                const char *reg = (const char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * L * 32);
+            if (!LORA && tma) {
+                sk_bar_wait(&sk_bar[wp * S + f % S], (unsigned)(f / S) & 1u);
+                const char *reg = (const char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * 2 * NT * 32);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int r = nt * 8 + g;
@@ -836,7 +836,7 @@ template <int MT, int NT, int XI = 0> static void skinny_launch(cu_ctx *c, sk_ar
     a.sync = c->sk_sync;
     a.pf = sk_tune_pf;
     a.hint = sk_tune_hint;
-    a.tma = XI && sk_tune_tma && sk_shape<MT, NT, XI>::S <= SK_BARS;
+    a.tma = !lora && sk_tune_tma;
     const int tiles = a.nA + base, blocks = tiles < c->n_sm ? tiles : c->n_sm;
     cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
@@ -898,12 +898,44 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, const cu_norm *n
 }
 
 /* the few-row kernel's launch for T <= SK_MAX_T rows: MT m16 tiles, NT by skinny_nt */
+/* experiment: the knobs from the environment (SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA), once */
+static int sk_env(void) {
+    const char *e;
+    if ((e = getenv("SK_NT"))) sk_tune_nt = atoi(e);
+    if ((e = getenv("SK_PF"))) sk_tune_pf = atoi(e);
+    if ((e = getenv("SK_HINT"))) sk_tune_hint = atoi(e);
+    if ((e = getenv("SK_XS"))) sk_tune_xs = atoi(e);
+    if ((e = getenv("SK_TMA"))) sk_tune_tma = atoi(e);
+    return 1;
+}
+/* x held in shared memory: the ring streams W alone, so a tile costs its 8 NT rows of W; the
+ * least rounds x rows, ties to NT = 2 (more stages than 4, less epilogue than 1) */
+static int skinny_nt_xs(int n_sm, const sk_args &a) {
+    static const int cand[] = {2, 1, 4};
+    int best = 2;
+    long long bc = -1;
+    for (int i = 0; i < 3; i++) {
+        int nt = cand[i], w = a.act ? 4 * nt : 8 * nt;
+        if (a.act && nt % 2) continue;
+        long long blocks = 0;
+        for (int p = 0; p < a.n; p++) blocks += (a.O[p] + w - 1) / w;
+        long long cost = (blocks + n_sm - 1) / n_sm * nt;
+        if (bc < 0 || cost < bc) {
+            bc = cost;
+            best = nt;
+        }
+    }
+    return best;
+}
 static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
+    static int env = sk_env();
+    (void)env;
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
+    const bool lora = a.la[0] || a.la[1] || a.la[2];
+    if (sk_tune_xs && MT == 1 && !lora && I <= 4096) nt = skinny_nt_xs(c->n_sm, a);
     if (sk_tune_nt && MT * sk_tune_nt <= 8 && !(a.act && sk_tune_nt % 2) && (MT == 1 || sk_tune_nt <= 4) && sk_tune_nt != 3 &&
         sk_tune_nt != 5 && sk_tune_nt != 7)
         nt = sk_tune_nt;
-    const bool lora = a.la[0] || a.la[1] || a.la[2];
     if (sk_tune_xs && MT == 1 && !lora && I <= 4096 && nt <= 4) { /* x held in shared memory */
 #define SK_X(N, X) skinny_launch<1, N, X>(c, a, inp, T, I)
         if (I <= 2048) {

@@ -8,7 +8,7 @@
  * floor of W at 4.2 TB/s. Last on each line the FNV-1a hash of the outputs' bf16 bits on copy 0
  * (random inputs, fixed seeds): the same on every build whose reduction order is the same.
  * Usage: bench_skinny [model|all] [T ...]   (model: 1.7b, 8b, qwen3.5-9b)
- * Env SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA: the kernel's experiment knobs when the library has them. */
+ * Env SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA: the kernel's experiment knobs (read by the library). */
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
@@ -117,16 +117,6 @@ int main(int argc, char **argv) {
         nT = 0;
         for (int i = 2; i < argc && nT < 8; i++) Ts[nT++] = atoi(argv[i]);
     }
-    if (&sk_tune_nt) {
-        const char *e;
-        if ((e = getenv("SK_NT"))) sk_tune_nt = atoi(e);
-        if ((e = getenv("SK_PF"))) sk_tune_pf = atoi(e);
-        if ((e = getenv("SK_HINT"))) sk_tune_hint = atoi(e);
-        if ((e = getenv("SK_XS")) && &sk_tune_xs) sk_tune_xs = atoi(e);
-        if ((e = getenv("SK_TMA")) && &sk_tune_tma) sk_tune_tma = atoi(e);
-        printf("knobs: nt %d pf %d hint %d xs %d tma %d\n", sk_tune_nt, sk_tune_pf, sk_tune_hint, &sk_tune_xs ? sk_tune_xs : -1,
-               &sk_tune_tma ? sk_tune_tma : -1);
-    }
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     be->tune.skinny = TUNE_SKINNY_FORCE;
@@ -154,6 +144,8 @@ int main(int argc, char **argv) {
         if (strcmp(want, "all") && strcmp(want, SH[i].model)) continue;
         for (int j = 0; j < nT; j++) one(be, &SH[i], &b, Ts[j]);
     }
+    if (&sk_tune_nt && &sk_tune_tma) /* the library read SK_* from the environment at its first call */
+        printf("knobs: nt %d pf %d hint %d xs %d tma %d\n", sk_tune_nt, sk_tune_pf, sk_tune_hint, sk_tune_xs, sk_tune_tma);
     be->destroy(be);
     return 0;
 }
