@@ -323,17 +323,14 @@ __device__ __forceinline__ uint4 sk_norm8(uint4 xv, uint4 wv, float r) {
     return y;
 }
 
-/* XI > 0: x held whole in shared memory (up to XI inputs, its 16 MT rows XR bytes apart, normed
- * once as it is loaded), the ring W's alone */
-template <int MT, int NT, int XI = 0> struct sk_shape {
-    static constexpr int L = 2 * NT + (XI ? 0 : 4 * MT); /* 16-byte slots per thread per stage */
+template <int MT, int NT> struct sk_shape {
+    static constexpr int L = 2 * NT + 4 * MT; /* 16-byte slots per thread per stage */
     static constexpr size_t RED = (size_t)SK_WARPS * MT * 16 * NT * 8 * 4; /* the warps' partial sums */
-    static constexpr int XR = XI * 2 + 64; /* a row of x in shared memory: odd rows 64 bytes over (banks) */
-    static constexpr size_t NW = XI ? (size_t)16 * MT * XR : (size_t)SK_NORM_I * 2; /* x, or the norm weight */
-    static constexpr int SFIT = (int)((227 * 1024 - RED - NW - 512) / ((size_t)L * 32 * SK_WARPS * 16));
+    static constexpr size_t NW = (size_t)SK_NORM_I * 2; /* the norm weight */
+    static constexpr int SFIT = (int)((227 * 1024 - RED - NW) / ((size_t)L * 32 * SK_WARPS * 16));
     static constexpr int S0 = 48 / L > 2 ? 48 / L : 2; /* stages: ~48 slots per thread */
     static constexpr int S = S0 < SFIT ? S0 : SFIT;
-    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW + (size_t)SK_WARPS * 8 * S; /* + mbarriers */
+    static constexpr size_t SMEM = (size_t)S * L * 32 * SK_WARPS * 16 + RED + NW;
 };
 
 /* Up to SK_PARTS weights sharing the input x, one launch: part i owns tiles [b0[i], b0[i + 1])
@@ -378,41 +375,7 @@ typedef struct {
     bf16 *au[SK_PARTS];
     int na, nA, art;
     unsigned *sync; /* (2) adapter tiles done, blocks done; 0 between launches */
-    int pf, hint, tma; /* experiment: L2 prefetch distance in chunks; W copies with the L2::256B hint */
 } sk_args;
-
-/* experiment knobs (bench_skinny): outputs per tile (0: skinny_nt's), L2 prefetch distance, hint */
-extern "C" {
-int sk_tune_nt = 0, sk_tune_pf = 0, sk_tune_hint = 0, sk_tune_xs = 0, sk_tune_tma = 0;
-}
-
-__device__ __forceinline__ void sk_cp16_256(void *dst, const void *src, int bytes) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
-}
-
-/* the bulk-copy (TMA) form of the W stream: a warp's chunk lands through an mbarrier */
-__device__ __forceinline__ unsigned sk_sa(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void sk_bar_init(unsigned long long *b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(sk_sa(b)) : "memory");
-}
-__device__ __forceinline__ void sk_bar_expect(unsigned long long *b, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sk_sa(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void sk_bulk(void *dst, const void *src, unsigned bytes, unsigned long long *b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(sk_sa(dst)),
-                 "l"(src), "r"(bytes), "r"(sk_sa(b))
-                 : "memory");
-}
-__device__ __forceinline__ void sk_bar_wait(unsigned long long *b, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(sk_sa(b)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
 
 /* rows [o0, o0 + n) of b (O, lr) into L1 (128-byte lines over the block's threads): the cp.async
  * stream bypasses L1, so they stay there until the tile's epilogue */
@@ -424,24 +387,14 @@ __device__ __forceinline__ void sk_prefetch_rows(const bf16 *b, int o0, int n, i
 /* Persistent: block b takes tiles b, b + gridDim.x, ... (one block an SM); each warp's ring runs
  * on across the block's tiles, so the loads of the next tile are in flight during a tile's
  * reduction and no SM waits for a second wave to start. */
-template <int MT, int NT, bool LORA, int XI = 0>
+template <int MT, int NT, bool LORA>
 __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args a, const bf16 *x, int T, int I) {
-    constexpr int L = sk_shape<MT, NT, XI>::L, S = sk_shape<MT, NT, XI>::S, NTH = 32 * SK_WARPS, XR = sk_shape<MT, NT, XI>::XR;
+    constexpr int L = sk_shape<MT, NT>::L, S = sk_shape<MT, NT>::S, NTH = 32 * SK_WARPS;
     constexpr int RW = MT * 16, CW = NT * 8;
     extern __shared__ uint4 sk_ring[]; /* [S][L][NTH], then red[warp][row RW][col CW] */
     float *red = (float *)(sk_ring + (size_t)S * L * NTH);
-    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw; XI: x [16 MT][XR / 2] */
-    char *const x_s = (char *)nw_s;
+    bf16 *nw_s = (bf16 *)(red + (size_t)RW * CW * SK_WARPS); /* [I] when nw */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3;
-    /* the bulk-copy W stream's barriers: warp w's stage s at sk_bar[w S + s] */
-    unsigned long long *const sk_bar = (unsigned long long *)(x_s + sk_shape<MT, NT, XI>::NW);
-    const bool tma = !LORA && a.tma;
-    if (tma) { /* the warp's own barriers, one a stage */
-        if (lane == 0)
-            for (int st = 0; st < S; st++) sk_bar_init(&sk_bar[wp * S + st]);
-        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncwarp();
-    }
     const int nch = I / SK_KC, c0 = sk_seg0(wp, nch), n = sk_seg0(wp + 1, nch) - c0;
     /* the parts in registers (the lambdas would otherwise take a's address: a local copy) */
     const int np = a.n, b1 = a.b0[1], b2 = a.b0[2], b3 = a.b0[3], O_0 = a.O[0], O_1 = a.O[1], O_2 = a.O[2];
@@ -453,7 +406,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     const bf16 *const lb_0 = a.lb[0], *const lb_1 = a.lb[1], *const lb_2 = a.lb[2];
     const bf16 *const aw_0 = a.aw[0], *const aw_1 = a.aw[1], *const aw_2 = a.aw[2];
     bf16 *const au_0 = a.au[0], *const au_1 = a.au[1], *const au_2 = a.au[2];
-    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art, pf = a.pf, hint = a.hint;
+    const int nA = LORA ? a.nA : 0, lr = a.lr, arows = a.na * a.lr, art = a.art;
     bool u_done = false; /* every adapter tile's u written (a term warp waited once) */
     const bool sw = act != nullptr;
     const int ntiles = nA + (np == 1 ? b1 : np == 2 ? b2 : b3);
@@ -478,23 +431,6 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
     auto issue_w = [&](int f) {
         int pi, o0;
         tile(f / n, pi, o0);
-        if (!LORA && tma) { /* 8 NT rows of 128 bytes, each as two 64-byte halves, odd rows' halves swapped (banks) */
-            char *reg = (char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * 2 * NT * 32);
-            unsigned long long *bar = &sk_bar[wp * S + f % S];
-            const int O = SK_SEL(O_, pi), kc = (c0 + f % n) * SK_KC;
-            const bf16 *wp0 = SK_SEL(w_, pi);
-            __syncwarp(); /* every lane has read the stage's last chunk */
-            if (lane == 0) sk_bar_expect(bar, 16 * NT * 64);
-            __syncwarp();
-            for (int j = lane; j < 16 * NT; j += 32) {
-                const int r = j >> 1, h = j & 1, nt = r >> 3;
-                const bool up = sw && nt >= NT / 2;
-                const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + (r & 7);
-                const bf16 *p = (up ? w_1 : wp0) + (size_t)(o < O ? o : 0) * I + kc + 32 * h;
-                sk_bulk(reg + r * 128 + ((h ^ (r & 1)) << 6), p, 64, bar);
-            }
-            return;
-        }
         const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
         if (LORA && pi < 0) { /* adapter tile: row o of the stacked A's is row o - ai lr of A number ai (na <= 3) */
@@ -523,32 +459,11 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             const bool up = sw && nt >= NT / 2;
             const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
             const bf16 *p = (up ? w_1 : wp0) + (size_t)(o < O ? o : 0) * I + k;
-            if (hint) {
-                sk_cp16_256(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
-                sk_cp16_256(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
-            } else {
-                sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
-                sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
-            }
-        }
-    };
-    /* chunk f's W lines (128 bytes a row) into L2, ahead of the ring */
-    auto pref_w = [&](int f) {
-        if (f >= total || q) return;
-        int pi, o0;
-        tile(f / n, pi, o0);
-        if (LORA && pi < 0) return;
-        const int O = SK_SEL(O_, pi), k = (c0 + f % n) * SK_KC;
-        const bf16 *wp0 = SK_SEL(w_, pi);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const bool up = sw && nt >= NT / 2;
-            const int o = o0 + (up ? nt - NT / 2 : nt) * 8 + g;
-            if (o < O) asm volatile("prefetch.global.L2 [%0];\n" ::"l"((up ? w_1 : wp0) + (size_t)o * I + k));
+            sk_cp16(b + (2 * nt) * NTH, p, o < O ? 16 : 0);
+            sk_cp16(b + (2 * nt + 1) * NTH, p + 32, o < O ? 16 : 0);
         }
     };
     auto issue_x = [&](int f) {
-        if (XI) return;
         const int k = (c0 + f % n) * SK_KC + q * 8;
         uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
 #pragma unroll
@@ -565,8 +480,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 #pragma unroll
     for (int f = 0; f < S - 1; f++)
         if (f < total) issue_w(f);
-    for (int f = S - 1; f < S - 1 + pf; f++) pref_w(f);
-    if (nw && !XI) /* the norm weight too (first commit group): written by nothing in flight */
+    if (nw) /* the norm weight too (first commit group): written by nothing in flight */
         for (int i = tid; i < I / 8; i += NTH) sk_cp16((uint4 *)nw_s + i, nw + (size_t)i * 8, 16);
     pdl_wait();
     pdl_trigger();
@@ -599,26 +513,7 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             ss = warp_sum(ss);
             if (lane == 0) rstd_s[t] = rsqrtf(ss / I + a.eps);
         }
-        if (!XI) asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2)); /* nw_s (the chunk loop waits as much) */
-        __syncthreads();
-    }
-    if (XI) { /* x into shared memory once, normed as the chunk loop below would norm it */
-        for (int e0 = 0; e0 < 16 * MT * (I / 8); e0 += 8 * NTH) { /* 8 pieces a thread in flight */
-            uint4 v[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int e = e0 + u * NTH + tid, t = e / (I / 8), k = e % (I / 8) * 8;
-                v[u] = make_uint4(0, 0, 0, 0);
-                if (t < T && e < 16 * MT * (I / 8)) v[u] = __ldcg((const uint4 *)(x + (size_t)t * I + k));
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int e = e0 + u * NTH + tid, t = e / (I / 8), k = e % (I / 8) * 8;
-                if (e >= 16 * MT * (I / 8)) break;
-                if (nw) v[u] = sk_norm8(v[u], __ldg((const uint4 *)(nw + k)), t < T ? rstd_s[t] : 0.0f);
-                *(uint4 *)(x_s + (size_t)t * XR + k * 2) = v[u];
-            }
-        }
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2)); /* nw_s (the chunk loop waits as much) */
         __syncthreads();
     }
 
@@ -642,34 +537,17 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
             asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
             const uint4 *b = sk_ring + (size_t)(f % S) * L * NTH + tid;
             uint4 wv[NT][2], xv[2 * MT][2];
-            if (!LORA && tma) {
-                sk_bar_wait(&sk_bar[wp * S + f % S], (unsigned)(f / S) & 1u);
-                const char *reg = (const char *)(sk_ring + (size_t)(f % S) * L * NTH + (size_t)wp * 2 * NT * 32);
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int r = nt * 8 + g;
-                    wv[nt][0] = *(const uint4 *)(reg + r * 128 + ((r & 1) << 6) + q * 16);
-                    wv[nt][1] = *(const uint4 *)(reg + r * 128 + ((1 ^ (r & 1)) << 6) + q * 16);
-                }
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    wv[nt][0] = b[(2 * nt) * NTH];
-                    wv[nt][1] = b[(2 * nt + 1) * NTH];
-                }
+            for (int nt = 0; nt < NT; nt++) {
+                wv[nt][0] = b[(2 * nt) * NTH];
+                wv[nt][1] = b[(2 * nt + 1) * NTH];
             }
 #pragma unroll
             for (int r = 0; r < 2 * MT; r++) {
-                if (XI) {
-                    const int t = (r >> 1) * 16 + g + 8 * (r & 1), k = (c0 + i) * SK_KC + q * 8;
-                    xv[r][0] = *(const uint4 *)(x_s + (size_t)t * XR + k * 2);
-                    xv[r][1] = *(const uint4 *)(x_s + (size_t)t * XR + k * 2 + 64);
-                } else {
-                    xv[r][0] = b[(2 * NT + 2 * r) * NTH];
-                    xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH];
-                }
+                xv[r][0] = b[(2 * NT + 2 * r) * NTH];
+                xv[r][1] = b[(2 * NT + 2 * r + 1) * NTH];
             }
-            if (nw && !XI) { /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
+            if (nw) { /* x -> w * (x * rstd), rounded to bf16 as the norm kernels store it */
                 const int k = (c0 + i) * SK_KC + q * 8;
                 const uint4 w0 = *(const uint4 *)(nw_s + k), w1 = *(const uint4 *)(nw_s + k + 32);
 #pragma unroll
@@ -681,7 +559,6 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
                 }
             }
             /* the stage read for chunk f - 1 is free: its values were consumed by its mma */
-            if (pf) pref_w(f + S - 1 + pf);
             if (f + S - 1 < total) {
                 issue_w(f + S - 1);
                 issue_x(f + S - 1);
@@ -806,11 +683,11 @@ __global__ void __launch_bounds__(32 * SK_WARPS, 1) skinny_kernel(const sk_args 
 }
 #undef SK_SEL
 
-template <int MT, int NT, int XI = 0> static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
-    const size_t smem = sk_shape<MT, NT, XI>::SMEM;
+template <int MT, int NT> static void skinny_launch(cu_ctx *c, sk_args a, const bf16 *inp, int T, int I) {
+    const size_t smem = sk_shape<MT, NT>::SMEM;
     static unsigned done[2];
     const bool lora = a.la[0] || a.la[1] || a.la[2];
-    auto *kern = XI ? skinny_kernel<MT, NT, false, XI> : lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
+    auto *kern = lora ? skinny_kernel<MT, NT, true> : skinny_kernel<MT, NT, false>;
     cu_raise_smem(c, kern, smem, &done[lora]);
     if (c->failed) return;
     a.b0[0] = 0;
@@ -834,9 +711,6 @@ template <int MT, int NT, int XI = 0> static void skinny_launch(cu_ctx *c, sk_ar
         a.art = 8 * NT;
     }
     a.sync = c->sk_sync;
-    a.pf = sk_tune_pf;
-    a.hint = sk_tune_hint;
-    a.tma = !lora && sk_tune_tma;
     const int tiles = a.nA + base, blocks = tiles < c->n_sm ? tiles : c->n_sm;
     cu_launch_pdl(c, "skinny_kernel", kern, dim3(blocks), dim3(32 * SK_WARPS), smem, a, inp, T, I);
 }
@@ -898,58 +772,8 @@ static int skinny(cu_ctx *c, const sk_args &a, const bf16 *inp, const cu_norm *n
 }
 
 /* the few-row kernel's launch for T <= SK_MAX_T rows: MT m16 tiles, NT by skinny_nt */
-/* experiment: the knobs from the environment (SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA), once */
-static int sk_env(void) {
-    const char *e;
-    if ((e = getenv("SK_NT"))) sk_tune_nt = atoi(e);
-    if ((e = getenv("SK_PF"))) sk_tune_pf = atoi(e);
-    if ((e = getenv("SK_HINT"))) sk_tune_hint = atoi(e);
-    if ((e = getenv("SK_XS"))) sk_tune_xs = atoi(e);
-    if ((e = getenv("SK_TMA"))) sk_tune_tma = atoi(e);
-    return 1;
-}
-/* x held in shared memory: the ring streams W alone, so a tile costs its 8 NT rows of W; the
- * least rounds x rows, ties to NT = 2 (more stages than 4, less epilogue than 1) */
-static int skinny_nt_xs(int n_sm, const sk_args &a) {
-    static const int cand[] = {2, 1, 4};
-    int best = 2;
-    long long bc = -1;
-    for (int i = 0; i < 3; i++) {
-        int nt = cand[i], w = a.act ? 4 * nt : 8 * nt;
-        if (a.act && nt % 2) continue;
-        long long blocks = 0;
-        for (int p = 0; p < a.n; p++) blocks += (a.O[p] + w - 1) / w;
-        long long cost = (blocks + n_sm - 1) / n_sm * nt;
-        if (bc < 0 || cost < bc) {
-            bc = cost;
-            best = nt;
-        }
-    }
-    return best;
-}
 static void skinny_run(cu_ctx *c, const sk_args &a, const bf16 *inp, int T, int I) {
-    static int env = sk_env();
-    (void)env;
     int MT = T <= 16 ? 1 : T <= 32 ? 2 : 4, nt = skinny_nt(c->n_sm, a, MT);
-    const bool lora = a.la[0] || a.la[1] || a.la[2];
-    if (sk_tune_xs && MT == 1 && !lora && I <= 4096) nt = skinny_nt_xs(c->n_sm, a);
-    if (sk_tune_nt && MT * sk_tune_nt <= 8 && !(a.act && sk_tune_nt % 2) && (MT == 1 || sk_tune_nt <= 4) && sk_tune_nt != 3 &&
-        sk_tune_nt != 5 && sk_tune_nt != 7)
-        nt = sk_tune_nt;
-    if (sk_tune_xs && MT == 1 && !lora && I <= 4096 && nt <= 4) { /* x held in shared memory */
-#define SK_X(N, X) skinny_launch<1, N, X>(c, a, inp, T, I)
-        if (I <= 2048) {
-            if (nt == 1) SK_X(1, 2048);
-            else if (nt == 2) SK_X(2, 2048);
-            else SK_X(4, 2048);
-        } else {
-            if (nt == 1) SK_X(1, 4096);
-            else if (nt == 2) SK_X(2, 4096);
-            else SK_X(4, 4096);
-        }
-#undef SK_X
-        return;
-    }
 #define SK_L(M, N) skinny_launch<M, N>(c, a, inp, T, I)
     if (MT == 1) {
         if (nt == 1) SK_L(1, 1);

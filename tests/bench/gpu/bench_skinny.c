@@ -7,15 +7,11 @@
  * of 5 replays, us per call; TB/s of the bytes a call must read (W, x, the residual) and the HBM
  * floor of W at 4.2 TB/s. Last on each line the FNV-1a hash of the outputs' bf16 bits on copy 0
  * (random inputs, fixed seeds): the same on every build whose reduction order is the same.
- * Usage: bench_skinny [model|all] [T ...]   (model: 1.7b, 8b, qwen3.5-9b)
- * Env SK_NT, SK_PF, SK_HINT, SK_XS, SK_TMA: the kernel's experiment knobs (read by the library). */
+ * Usage: bench_skinny [model|all] [T ...]   (model: 1.7b, 8b, qwen3.5-9b) */
 #include <cuda_runtime_api.h>
 
 #include "common/clock.h"
 #include "tests/gpu/gpu_check.h"
-
-extern int sk_tune_nt __attribute__((weak)), sk_tune_pf __attribute__((weak)), sk_tune_hint __attribute__((weak)),
-    sk_tune_xs __attribute__((weak)), sk_tune_tma __attribute__((weak));
 
 enum { K_PROJ, K_RES, K_MLP }; /* parts with the norm in front; one part + residual; gate/up SwiGLU */
 typedef struct {
@@ -144,8 +140,6 @@ int main(int argc, char **argv) {
         if (strcmp(want, "all") && strcmp(want, SH[i].model)) continue;
         for (int j = 0; j < nT; j++) one(be, &SH[i], &b, Ts[j]);
     }
-    if (&sk_tune_nt && &sk_tune_tma) /* the library read SK_* from the environment at its first call */
-        printf("knobs: nt %d pf %d hint %d xs %d tma %d\n", sk_tune_nt, sk_tune_pf, sk_tune_hint, sk_tune_xs, sk_tune_tma);
     be->destroy(be);
     return 0;
 }
