@@ -1,7 +1,7 @@
 /* bench_skinny.c — the few-row decode GEMM (skinny_kernel, kernels/matmul.cu) alone, at the
  * linear layers of a decode step: Qwen3-1.7B, Qwen3-8B and Qwen3.5-9B dims, T = 1, 4, 16, 64 rows
  * (64: tune.skinny forced; the default takes it up to 16). Each op as the model calls it: q/k/v
- * (and Qwen3.5's DeltaNet in-projection) with the norm in front, o_proj and down with the
+ * with the norm in front (Qwen3.5's DeltaNet in-projection after its norm apart), o_proj and down with the
  * residual, gate/up in SwiGLU mode with the norm. Time: a CUDA graph of 40 calls, each on another
  * copy of the weights (the copies together well past L2, as a decode step's layers are), median
  * of 5 replays, us per call; TB/s of the bytes a call must read (W, x, the residual) and the HBM
@@ -13,18 +13,24 @@
 #include "common/clock.h"
 #include "tests/gpu/gpu_check.h"
 
-enum { K_PROJ, K_RES, K_MLP }; /* parts with the norm in front; one part + residual; gate/up SwiGLU */
+enum { K_PROJ, K_PLAIN, K_RES, K_MLP }; /* parts with the norm in front; without; one part + residual; gate/up SwiGLU */
 typedef struct {
     const char *model, *op;
     int kind, I, n, O[3];
 } shape;
 static const shape SH[] = {
-    {"1.7b", "qkv", K_PROJ, 2048, 3, {2048, 1024, 1024}}, {"1.7b", "o_proj", K_RES, 2048, 1, {2048}},
-    {"1.7b", "gate/up", K_MLP, 2048, 1, {6144}},          {"1.7b", "down", K_RES, 6144, 1, {2048}},
-    {"8b", "qkv", K_PROJ, 4096, 3, {4096, 1024, 1024}},   {"8b", "o_proj", K_RES, 4096, 1, {4096}},
-    {"8b", "gate/up", K_MLP, 4096, 1, {12288}},           {"8b", "down", K_RES, 12288, 1, {4096}},
-    {"qwen3.5-9b", "dn_in", K_PROJ, 4096, 2, {8192, 4096}}, {"qwen3.5-9b", "attn_qkv", K_PROJ, 4096, 3, {8192, 1024, 1024}},
-    {"qwen3.5-9b", "out", K_RES, 4096, 1, {4096}},        {"qwen3.5-9b", "gate/up", K_MLP, 4096, 1, {12288}},
+    {"1.7b", "qkv", K_PROJ, 2048, 3, {2048, 1024, 1024}},
+    {"1.7b", "o_proj", K_RES, 2048, 1, {2048}},
+    {"1.7b", "gate/up", K_MLP, 2048, 1, {6144}},
+    {"1.7b", "down", K_RES, 6144, 1, {2048}},
+    {"8b", "qkv", K_PROJ, 4096, 3, {4096, 1024, 1024}},
+    {"8b", "o_proj", K_RES, 4096, 1, {4096}},
+    {"8b", "gate/up", K_MLP, 4096, 1, {12288}},
+    {"8b", "down", K_RES, 12288, 1, {4096}},
+    {"qwen3.5-9b", "dn_in", K_PLAIN, 4096, 2, {8192, 4096}},
+    {"qwen3.5-9b", "attn_qkv", K_PROJ, 4096, 3, {8192, 1024, 1024}},
+    {"qwen3.5-9b", "out", K_RES, 4096, 1, {4096}},
+    {"qwen3.5-9b", "gate/up", K_MLP, 4096, 1, {12288}},
     {"qwen3.5-9b", "down", K_RES, 12288, 1, {4096}},
 };
 
@@ -101,7 +107,8 @@ static void one(eng_backend *be, const shape *s, bufs *b, int T) {
     char os[48];
     if (s->kind == K_MLP) snprintf(os, sizeof os, "2x%d", s->O[0]);
     else if (s->n == 1) snprintf(os, sizeof os, "%d", s->O[0]);
-    else snprintf(os, sizeof os, "%d+%d%s%d", s->O[0], s->O[1], s->n > 2 ? "+" : "", s->n > 2 ? s->O[2] : 0);
+    else if (s->n == 2) snprintf(os, sizeof os, "%d+%d", s->O[0], s->O[1]);
+    else snprintf(os, sizeof os, "%d+%d+%d", s->O[0], s->O[1], s->O[2]);
     printf("SK %-10s %-8s T=%-2d I=%-5d O=%-15s %8.2f us %5.2f TB/s  floor %6.2f us  x%.2f  hash %016llx\n", s->model, s->op, T,
            s->I, os, t[2], rd / t[2] / 1e6, wb / 4.2e6, t[2] / (wb / 4.2e6), h);
 }
@@ -126,7 +133,8 @@ int main(int argc, char **argv) {
     if (!b.w || !b.x || !b.nw || !b.ln || !b.res || !b.out[0] || !b.out[1] || !b.out[2] || !b.act) gc_die(be, "alloc");
     size_t blk = (size_t)1 << 24;
     float *hb = gc_rand(blk, 0.02f, 3);
-    for (size_t off = 0; off < b.wcap / 2; off += blk) be->act_from_f32(be, b.w + off * 2, hb, b.wcap / 2 - off < blk ? b.wcap / 2 - off : blk);
+    for (size_t off = 0; off < b.wcap / 2; off += blk)
+        be->act_from_f32(be, b.w + off * 2, hb, b.wcap / 2 - off < blk ? b.wcap / 2 - off : blk);
     free(hb);
     float *hx = gc_rand((size_t)64 * 12288, 1.0f, 5), *hn = gc_rand(12288, 0.1f, 6);
     for (int i = 0; i < 12288; i++) hn[i] += 1.0f;
