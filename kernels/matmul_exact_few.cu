@@ -39,7 +39,7 @@ template <int MT, int NTW> struct xf_shape {
  * of segment s of each, one sequence f = (the cluster's tile, chunk) through the ring, so the
  * loads of a tile's first chunks overlap the tile before's last ones and its sums. */
 template <int MT, int NTW>
-__global__ void __launch_bounds__(XF_NTH, 1) exact_few_kernel(const xf_args a, const bf16 *x, int T, int I) {
+__global__ void __launch_bounds__(XF_NTH, 2) exact_few_kernel(const xf_args a, const bf16 *x, int T, int I) {
     constexpr int BM = xf_shape<MT, NTW>::BM, BN = xf_shape<MT, NTW>::BN, WMT = xf_shape<MT, NTW>::WMT;
     constexpr int PA = BM * SK_KC / 8, PB = BN * SK_KC / 8; /* 16-byte pieces a stage */
     extern __shared__ uint4 xf_ring[]; /* [XF_ST][PA + PB], then the partial [BM][BN] floats */
