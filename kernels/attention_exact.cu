@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
     constexpr int CS = EX_DEC_CS, S = CS * W, NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     /* the merge: 16 rows x 4 lanes of a quad x PT slices of NPT column groups (8 wide) each */
-    constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT;
+    constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT, MB = 8; /* MB: spans a load batch */
+    static_assert(S % MB == 0, "attn_exact_dec_kernel: whole load batches");
     static_assert(16 * 4 * PT <= 32 * S, "attn_exact_dec_kernel: a merge item a thread");
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -388,22 +389,34 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
             sl[(D / 2 + 2) * 32] = sp.l[0], sl[(D / 2 + 3) * 32] = sp.l[1];
         }
         cl.sync(); /* the round's spans are in their slots */
+        /* span base + x: warp x / CS of block x % CS; MB spans' values loaded at once (a slot
+         * no warp filled this round is read but not used) */
         if (mine)
+            for (int x0 = 0; x0 < S && base + x0 < n; x0 += MB) {
+                float vm[MB], vl[MB][4], vo[MB][NPT][2];
 #pragma unroll
-            for (int x = 0; x < S; x++) { /* span base + x: warp x / CS of block x % CS */
-                if (base + x >= n) break;
-                const float *sl = cl.map_shared_rank(slots, x % CS) + (size_t)(x / CS) * SL * 32 + mlane;
-                const float sm = sl[(D / 2 + mhf) * 32];
-                if (sm == -INFINITY) continue;
-                float ar, as;
-                rm = ex_scales(rm, sm, sc2, ar, as);
+                for (int y = 0; y < MB; y++) {
+                    const float *sl = cl.map_shared_rank(slots, (x0 + y) % CS) + (size_t)((x0 + y) / CS) * SL * 32 + mlane;
+                    vm[y] = sl[(D / 2 + mhf) * 32];
 #pragma unroll
-                for (int c = 0; c < 4; c++) rl[c] = ex_fold(rl[c], sl[(D / 2 + 2 + mhf) * 32 + c], ar, as);
+                    for (int c = 0; c < 4; c++) vl[y][c] = sl[(D / 2 + 2 + mhf) * 32 + c];
 #pragma unroll
-                for (int j = 0; j < NPT; j++)
+                    for (int j = 0; j < NPT; j++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        ro[j][e] = ex_fold(ro[j][e], sl[((mp * NPT + j) * 4 + 2 * mhf + e) * 32 + mc], ar, as);
+                        for (int e = 0; e < 2; e++) vo[y][j][e] = sl[((mp * NPT + j) * 4 + 2 * mhf + e) * 32 + mc];
+                }
+#pragma unroll
+                for (int y = 0; y < MB; y++) {
+                    if (base + x0 + y >= n || vm[y] == -INFINITY) continue;
+                    float ar, as;
+                    rm = ex_scales(rm, vm[y], sc2, ar, as);
+#pragma unroll
+                    for (int c = 0; c < 4; c++) rl[c] = ex_fold(rl[c], vl[y][c], ar, as);
+#pragma unroll
+                    for (int j = 0; j < NPT; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) ro[j][e] = ex_fold(ro[j][e], vo[y][j][e], ar, as);
+                }
             }
         cl.sync(); /* the slots are free */
     }
