@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     for (int j = 0; j < NPT; j++) ro[j][0] = ro[j][1] = 0.0f;
     int st = 0;
     for (int base = 0; base < n; base += S) {
-        if (cw.sp == base + slot) {
+        if (base + slot < n) { /* (then cw.sp == base + slot) */
             ex_state<D> sp;
             ex_fresh(sp);
             const int e0 = row_end(cw.sg, in[0], i0), e1 = row_end(cw.sg, in[1], i1), my = cw.sp;

@@ -5,15 +5,13 @@
  *
  * Each weight is read once, over all the SMs, whatever T: the K split of the order (SK_WARPS
  * segments of SK_KC-wide chunks, fixed by I alone) becomes a split over blocks. A cluster of
- * SK_WARPS blocks takes tiles of BN outputs and all T rows, one after another (as many clusters
- * as stay resident, each walking every nc-th tile); block s of it (its cluster rank) walks
- * segment s's chunks of each through one XF_ST-stage cp.async ring (x and W, swizzled as
- * ex_piece) that runs on across its tiles, its 8 warps as 2 (rows) x 4 (outputs), a warp MT / 2
- * m16 tiles x NTW n8 tiles, into a partial from 0 — the same m16n8k16 steps in the same order as
- * the few-row kernel's warp s. Then each block leaves its partial in its shared memory (past the
- * ring), and after a cluster barrier block s sums a slice of the tile's outputs over the SK_WARPS
- * partials in segment order from 0.0f (distributed shared memory), + bias, + residual, one
- * rounding: the few-row kernel's epilogue; the next tile's first chunks are in flight meanwhile.
+ * SK_WARPS blocks takes one tile of BN outputs and all T rows; block s of it (its cluster rank)
+ * walks segment s's chunks through an XF_ST-stage cp.async ring (x and W, swizzled as
+ * ex_piece), its 8 warps as 2 (rows) x 4 (outputs), a warp MT / 2 m16 tiles x NTW n8 tiles,
+ * into a partial from 0 — the same m16n8k16 steps in the same order as the few-row kernel's warp
+ * s. Then each block leaves its partial in its shared memory, and after a cluster barrier block
+ * s sums a slice of the tile's outputs over the SK_WARPS partials in segment order from 0.0f
+ * (distributed shared memory), + bias, + residual, one rounding: the few-row kernel's epilogue.
  * No partial goes through global memory. x is read once a tile (from L2). */
 #include <cooperative_groups.h>
 
@@ -31,43 +29,32 @@ typedef struct {
 template <int MT, int NTW> struct xf_shape {
     static constexpr int BM = 16 * MT, BN = 4 * 8 * NTW, WMT = MT / 2; /* WMT m16 tiles a warp */
     static constexpr size_t STAGE = (size_t)(BM + BN) * SK_KC * 2; /* bytes */
-    static constexpr size_t RED = (size_t)BM * BN * 4; /* the block's partial, past the ring */
-    static constexpr size_t SMEM = STAGE * XF_ST + RED;
+    static constexpr size_t RED = (size_t)BM * BN * 4; /* the block's partial, over the ring */
+    static constexpr size_t SMEM = STAGE * XF_ST > RED ? STAGE *XF_ST : RED;
 };
 
-/* A cluster walks tiles c, c + nc, ... (c: its index, nc: the clusters); its block s the chunks
- * of segment s of each, one sequence f = (the cluster's tile, chunk) through the ring, so the
- * loads of a tile's first chunks overlap the tile before's last ones and its sums. */
 template <int MT, int NTW>
 __global__ void __launch_bounds__(XF_NTH, 2) exact_few_kernel(const xf_args a, const bf16 *x, int T, int I) {
     constexpr int BM = xf_shape<MT, NTW>::BM, BN = xf_shape<MT, NTW>::BN, WMT = xf_shape<MT, NTW>::WMT;
     constexpr int PA = BM * SK_KC / 8, PB = BN * SK_KC / 8; /* 16-byte pieces a stage */
-    extern __shared__ uint4 xf_ring[]; /* [XF_ST][PA + PB], then the partial [BM][BN] floats */
+    extern __shared__ uint4 xf_ring[]; /* [XF_ST][PA + PB]; at the end the partial [BM][BN] floats */
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = lane >> 2, q = lane & 3, wm = wp >> 2, wn = wp & 3;
-    const int s = (int)blockIdx.x % SK_WARPS, c = (int)blockIdx.x / SK_WARPS, nc = (int)gridDim.x / SK_WARPS;
-    const int ntiles = a.b0[XF_PARTS], mine = c < ntiles ? (ntiles - c + nc - 1) / nc : 0;
-    const int nch = I / SK_KC, c0 = sk_seg0(s, nch), n = sk_seg0(s + 1, nch) - c0, nf = mine * n;
-    /* tile tl's part, first output and output count */
-    auto part = [&](int tl, int &o0, int &O) {
-        const int pi = (tl >= a.b0[1]) + (tl >= a.b0[2]);
-        o0 = (tl - a.b0[pi]) * BN;
-        O = a.O[pi];
-        return pi;
-    };
-    auto issue_w = [&](int f) {
-        uint4 *st = xf_ring + (size_t)(f % XF_ST) * (PA + PB) + PA;
-        int o0, O;
-        const bf16 *const w = a.w[part(c + f / n * nc, o0, O)];
-        const int k = (c0 + f % n) * SK_KC;
+    const int s = (int)blockIdx.x % SK_WARPS, tile = (int)blockIdx.x / SK_WARPS;
+    const int pi = (tile >= a.b0[1]) + (tile >= a.b0[2]), o0 = (tile - a.b0[pi]) * BN, O = a.O[pi];
+    const bf16 *const w = a.w[pi];
+    const int nch = I / SK_KC, c0 = sk_seg0(s, nch), n = sk_seg0(s + 1, nch) - c0;
+    auto issue_w = [&](int j) {
+        uint4 *st = xf_ring + (size_t)(j % XF_ST) * (PA + PB) + PA;
+        const int k = (c0 + j) * SK_KC;
 #pragma unroll
         for (int i = tid; i < PB; i += XF_NTH) {
             const int r = i >> 3, p = i & 7, o = o0 + r;
             sk_cp16(st + ex_piece(r, p), w + (size_t)(o < O ? o : 0) * I + k + p * 8, o < O ? 16 : 0);
         }
     };
-    auto issue_x = [&](int f) {
-        uint4 *st = xf_ring + (size_t)(f % XF_ST) * (PA + PB);
-        const int k = (c0 + f % n) * SK_KC;
+    auto issue_x = [&](int j) {
+        uint4 *st = xf_ring + (size_t)(j % XF_ST) * (PA + PB);
+        const int k = (c0 + j) * SK_KC;
 #pragma unroll
         for (int i = tid; i < PA; i += XF_NTH) {
             const int r = i >> 3, p = i & 7;
@@ -78,120 +65,97 @@ __global__ void __launch_bounds__(XF_NTH, 2) exact_few_kernel(const xf_args a, c
      * output; W is written by nothing in flight) */
 #pragma unroll
     for (int j = 0; j < XF_ST - 1; j++)
-        if (j < nf) issue_w(j);
+        if (j < n) issue_w(j);
     pdl_wait();
     pdl_trigger();
 #pragma unroll
     for (int j = 0; j < XF_ST - 1; j++) {
-        if (j < nf) issue_x(j);
+        if (j < n) issue_x(j);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    float *const red = (float *)(xf_ring + (size_t)XF_ST * (PA + PB));
-    for (int u = 0, f = 0; u < mine; u++) {
-        float acc[WMT][NTW][4];
+    float acc[WMT][NTW][4];
 #pragma unroll
-        for (int m = 0; m < WMT; m++)
+    for (int m = 0; m < WMT; m++)
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
-        for (int j = 0; j < n; j++, f++) {
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(XF_ST - 2));
-            __syncthreads(); /* chunk f landed for all; the stage of chunk f - 1 is free */
-            if (f + XF_ST - 1 < nf) {
-                issue_w(f + XF_ST - 1);
-                issue_x(f + XF_ST - 1);
-            }
-            asm volatile("cp.async.commit_group;\n" ::);
-            const uint4 *sa = xf_ring + (size_t)(f % XF_ST) * (PA + PB), *sb = sa + PA;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                uint4 wv[NTW];
-#pragma unroll
-                for (int nt = 0; nt < NTW; nt++) wv[nt] = sb[ex_piece((wn * NTW + nt) * 8 + g, 4 * h + q)];
-#pragma unroll
-                for (int m = 0; m < WMT; m++) {
-                    const int rw = (wm * WMT + m) * 16 + g;
-                    const uint4 lo = sa[ex_piece(rw, 4 * h + q)], hi = sa[ex_piece(rw + 8, 4 * h + q)];
-#pragma unroll
-                    for (int nt = 0; nt < NTW; nt++) sk_mma8(acc[m][nt], lo, hi, wv[nt]);
-                }
-            }
+            for (int e = 0; e < 4; e++) acc[m][nt][e] = 0.0f;
+    for (int j = 0; j < n; j++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(XF_ST - 2));
+        __syncthreads(); /* chunk j landed for all; the stage of chunk j - 1 is free */
+        if (j + XF_ST - 1 < n) {
+            issue_w(j + XF_ST - 1);
+            issue_x(j + XF_ST - 1);
         }
-        if (u) cl.sync(); /* the cluster has read the tile before's partials */
+        asm volatile("cp.async.commit_group;\n" ::);
+        const uint4 *sa = xf_ring + (size_t)(j % XF_ST) * (PA + PB), *sb = sa + PA;
 #pragma unroll
-        for (int m = 0; m < WMT; m++)
+        for (int h = 0; h < 2; h++) {
+            uint4 wv[NTW];
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++)
+            for (int nt = 0; nt < NTW; nt++) wv[nt] = sb[ex_piece((wn * NTW + nt) * 8 + g, 4 * h + q)];
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++)
-                    *(float2 *)(red + (size_t)((wm * WMT + m) * 16 + g + 8 * hf) * BN + (wn * NTW + nt) * 8 +
-                                2 * q) = make_float2(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
-        cl.sync();
-        /* block s: elements [s E8, (s + 1) E8) of the tile, four outputs a thread at a time */
-        constexpr int E8 = BM * BN / SK_WARPS;
-        int o0, O;
-        const int pi = part(c + u * nc, o0, O);
-        const bf16 *const bias = a.bias[pi], *const res = a.res[pi];
-        bf16 *const out = a.out[pi];
-        for (int i = 4 * tid; i < E8; i += 4 * XF_NTH) {
-            const int e = s * E8 + i, t = e / BN, oc = o0 + e % BN;
-            if (t >= T || oc >= O) continue;
-            float4 sm = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int m = 0; m < WMT; m++) {
+                const int rw = (wm * WMT + m) * 16 + g;
+                const uint4 lo = sa[ex_piece(rw, 4 * h + q)], hi = sa[ex_piece(rw + 8, 4 * h + q)];
 #pragma unroll
-            for (int r = 0; r < SK_WARPS; r++) {
-                const float4 v = *(const float4 *)(cl.map_shared_rank(red, r) + e);
-                sm.x += v.x;
-                sm.y += v.y;
-                sm.z += v.z;
-                sm.w += v.w;
-            }
-            const float sv[4] = {sm.x, sm.y, sm.z, sm.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int o = oc + k;
-                if (o >= O) break;
-                float v = sv[k];
-                if (bias) v += __bfloat162float(bias[o]);
-                if (res) v += __bfloat162float(res[(size_t)t * O + o]);
-                out[(size_t)t * O + o] = __float2bfloat16(v);
+                for (int nt = 0; nt < NTW; nt++) sk_mma8(acc[m][nt], lo, hi, wv[nt]);
             }
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* the ring is free: the partial goes over it */
+    float *const red = (float *)xf_ring;
+#pragma unroll
+    for (int m = 0; m < WMT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+                *(float2 *)(red + (size_t)((wm * WMT + m) * 16 + g + 8 * hf) * BN + (wn * NTW + nt) * 8 +
+                            2 * q) = make_float2(acc[m][nt][2 * hf], acc[m][nt][2 * hf + 1]);
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    /* block s: elements [s E8, (s + 1) E8) of the tile, four outputs a thread at a time */
+    constexpr int E8 = BM * BN / SK_WARPS;
+    const bf16 *const bias = a.bias[pi], *const res = a.res[pi];
+    bf16 *const out = a.out[pi];
+    for (int i = 4 * tid; i < E8; i += 4 * XF_NTH) {
+        const int e = s * E8 + i, t = e / BN, oc = o0 + e % BN;
+        if (t >= T || oc >= O) continue;
+        float4 sm = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int r = 0; r < SK_WARPS; r++) {
+            const float4 v = *(const float4 *)(cl.map_shared_rank(red, r) + e);
+            sm.x += v.x;
+            sm.y += v.y;
+            sm.z += v.z;
+            sm.w += v.w;
+        }
+        const float sv[4] = {sm.x, sm.y, sm.z, sm.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int o = oc + u;
+            if (o >= O) break;
+            float v = sv[u];
+            if (bias) v += __bfloat162float(bias[o]);
+            if (res) v += __bfloat162float(res[(size_t)t * O + o]);
+            out[(size_t)t * O + o] = __float2bfloat16(v);
+        }
+    }
     cl.sync(); /* every block's partial stays alive until the cluster has read it */
 }
 
-/* as many clusters as stay resident at once (at most one a tile) */
 template <int MT, int NTW> static void exact_few_launch(cu_ctx *c, xf_args a, int n, const bf16 *x, int T, int I) {
     constexpr int BN = xf_shape<MT, NTW>::BN;
     static unsigned done;
-    static int fit; /* resident clusters (the same device kind for every context of the process) */
     cu_raise_smem(c, exact_few_kernel<MT, NTW>, xf_shape<MT, NTW>::SMEM, &done);
     if (c->failed) return;
-    if (!__atomic_load_n(&fit, __ATOMIC_ACQUIRE)) {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute at;
-        at.id = cudaLaunchAttributeClusterDimension;
-        at.val.clusterDim.x = SK_WARPS;
-        at.val.clusterDim.y = at.val.clusterDim.z = 1;
-        cfg.gridDim = dim3(SK_WARPS * c->n_sm);
-        cfg.blockDim = dim3(XF_NTH);
-        cfg.dynamicSmemBytes = xf_shape<MT, NTW>::SMEM;
-        cfg.attrs = &at;
-        cfg.numAttrs = 1;
-        int k = 0;
-        CU_CK(c, cudaOccupancyMaxActiveClusters(&k, exact_few_kernel<MT, NTW>, &cfg));
-        if (c->failed) return;
-        __atomic_store_n(&fit, k > 0 ? k : 1, __ATOMIC_RELEASE);
-    }
     a.b0[0] = 0;
     for (int i = 0; i < XF_PARTS; i++) a.b0[i + 1] = a.b0[i] + (i < n ? (a.O[i] + BN - 1) / BN : 0);
-    const int nc = a.b0[XF_PARTS] < fit ? a.b0[XF_PARTS] : fit;
-    cu_launch_ex(c, "exact_few_kernel", exact_few_kernel<MT, NTW>, dim3(SK_WARPS * nc), dim3(XF_NTH), xf_shape<MT, NTW>::SMEM,
-                 SK_WARPS, a, x, T, I);
+    cu_launch_ex(c, "exact_few_kernel", exact_few_kernel<MT, NTW>, dim3(SK_WARPS * a.b0[XF_PARTS]), dim3(XF_NTH),
+                 xf_shape<MT, NTW>::SMEM, SK_WARPS, a, x, T, I);
 }
 
 /* MT m16 tiles for T rows; NTW (outputs a tile: 32 NTW) the widest whose clusters still give
