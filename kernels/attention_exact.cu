@@ -39,9 +39,8 @@ template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
     static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
     /* the decode kernel: Q, DEC_W warps' K/V rings, then DEC_W span slots of 32 lanes x SL floats */
-    static constexpr int SL = D / 2 + 4, DEC_W = 2;
-    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * EX_DEC_NS * EX_BN) * ST * sizeof(bf16) +
-        (size_t)DEC_W * SL * 32 * 4;
+    static constexpr int SL = D / 2 + 4, DEC_W = 2, DEC_NS = D > 128 ? 2 : EX_DEC_NS;
+    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * DEC_NS * EX_BN) * ST * sizeof(bf16) + (size_t)DEC_W * SL * 32 * 4;
 };
 
 /* One thread's online-softmax state for its two rows (lane / 4 and + 8): the accumulator o, the
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
 /* Decode (T <= EX_DECODE_T): a cluster of EX_DEC_CS blocks takes a tile of qb = 16 / HPG
  * consecutive queries (the m16 tile's rows: a group's responses) and a kv head; its EX_DEC_CS x
  * DEC_W warps walk the tile's spans at once — span sp by warp (sp / CS) % W of block sp % CS,
- * each through the warp's own EX_DEC_NS-stage ring and from a fresh state, so a group's prompt
+ * each through the warp's own DEC_NS-stage ring and from a fresh state, so a group's prompt
  * spans go to as many SMs as there are spans and each prompt tile is read once a tile. The spans
  * are those of the tile's segments: the runs of its queries with equal range-a starts, then
  * those with equal range-b starts (an empty range is not walked), EX_SPAN tiles each from the
@@ -251,7 +250,7 @@ template <int D>
 __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
                           int qb, float sc2) {
-    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
+    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = ex_attn_shape<D>::DEC_NS;
     constexpr int CS = EX_DEC_CS, S = CS * W, NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     /* the merge: 16 rows x 4 lanes of a quad x PT slices of NPT column groups (8 wide) each */
     constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT, MB = 8; /* MB: spans a load batch */
