@@ -38,9 +38,13 @@ enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 }
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
     static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
-    /* the decode kernel: Q, DEC_W warps' K/V rings, then DEC_W span slots of 32 lanes x SL floats */
-    static constexpr int SL = D / 2 + 4, DEC_W = 2, DEC_NS = D > 128 ? 2 : EX_DEC_NS;
-    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * DEC_NS * EX_BN) * ST * sizeof(bf16) + (size_t)DEC_W * SL * 32 * 4;
+    /* the decode kernel with clusters of cs blocks: Q, dec_w warps' K/V rings, then dec_w span
+     * slots of 32 lanes x SL floats (one block an SM at cs = 1, two else up to D = 128) */
+    static constexpr int SL = D / 2 + 4, DEC_NS = D > 128 ? 2 : EX_DEC_NS;
+    __host__ __device__ static constexpr int dec_w(int cs) { return cs > 1 || D > 128 ? 2 : 4; }
+    static constexpr size_t dec_smem(int cs) {
+        return ((size_t)16 + 2 * dec_w(cs) * DEC_NS * EX_BN) * ST * sizeof(bf16) + (size_t)dec_w(cs) * SL * 32 * 4;
+    }
 };
 
 /* One thread's online-softmax state for its two rows (lane / 4 and + 8): the accumulator o, the
@@ -228,11 +232,12 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
     }
 }
 
-/* Decode (T <= EX_DECODE_T): a cluster of EX_DEC_CS blocks takes a tile of qb = 16 / HPG
- * consecutive queries (the m16 tile's rows: a group's responses) and a kv head; its EX_DEC_CS x
- * DEC_W warps walk the tile's spans at once — span sp by warp (sp / CS) % W of block sp % CS,
- * each through the warp's own DEC_NS-stage ring and from a fresh state, so a group's prompt
- * spans go to as many SMs as there are spans and each prompt tile is read once a tile. The spans
+/* Decode (T <= EX_DECODE_T): a cluster of CS blocks (8, 4, 2: the widest whose blocks fit the
+ * SMs in one wave; 1 past that) takes a tile of qb = 16 / HPG consecutive queries (the m16
+ * tile's rows: a group's responses) and a kv head; its CS x W warps walk the tile's spans at
+ * once — span sp by warp (sp / CS) % W of block sp % CS, each through the warp's own
+ * DEC_NS-stage ring and from a fresh state, so one group's prompt spans go to as many SMs as
+ * there are spans and each prompt tile is read once a tile. The spans
  * are those of the tile's segments: the runs of its queries with equal range-a starts, then
  * those with equal range-b starts (an empty range is not walked), EX_SPAN tiles each from the
  * segment's start up to the largest end of its queries; a row takes part in its own segments
@@ -245,23 +250,30 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
  * b's, with the tiles, tile steps and merges the training kernel's walk gives it (which adds
  * only tiles and spans past the row's end, which leave it unchanged): the same bits for any
  * tile, cluster or batch. */
-enum { EX_DEC_SEG = 32, EX_DEC_CS = 8 }; /* segments a tile (two a query); blocks a cluster */
-template <int D>
-__global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
+enum { EX_DEC_SEG = 32 }; /* segments a tile (two a query) */
+template <int D, int CS>
+__global__ void __launch_bounds__(32 * ex_attn_shape<D>::dec_w(CS))
     attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
                           int qb, float sc2) {
-    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = ex_attn_shape<D>::DEC_NS;
-    constexpr int CS = EX_DEC_CS, S = CS * W, NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
+    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::dec_w(CS),
+                  NS = ex_attn_shape<D>::DEC_NS;
+    constexpr int S = CS * W, NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
     /* the merge: 16 rows x 4 lanes of a quad x PT slices of NPT column groups (8 wide) each */
-    constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT, MB = 8; /* MB: spans a load batch */
+    constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT, MB = S < 8 ? S : 8; /* MB: spans a load batch */
     static_assert(S % MB == 0, "attn_exact_dec_kernel: whole load batches");
     static_assert(16 * 4 * PT <= 32 * S, "attn_exact_dec_kernel: a merge item a thread");
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
+    /* the cluster's barrier (the block's alone), block x's slots (this block's alone) */
+    auto csync = [&] {
+        if constexpr (CS > 1) cl.sync();
+        else __syncthreads();
+    };
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
     __shared__ int seg_lo[EX_DEC_SEG], seg_hi[EX_DEC_SEG], seg_cum[EX_DEC_SEG + 1], rng[2][16][2];
     __shared__ unsigned seg_mask[EX_DEC_SEG]; /* bit i: query t0 + i takes part; bit 31: a range-b segment */
-    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, rank = (int)cl.block_rank(), g = blockIdx.y, hpg = H / K;
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, rank = CS > 1 ? (int)cl.block_rank() : 0, g = blockIdx.y,
+              hpg = H / K;
     const int t0 = blockIdx.x / CS * qb, nq = min(qb, T - t0), rows = nq * hpg;
     bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
     float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
@@ -387,7 +399,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
             sl[(D / 2) * 32] = sp.m[0], sl[(D / 2 + 1) * 32] = sp.m[1];
             sl[(D / 2 + 2) * 32] = sp.l[0], sl[(D / 2 + 3) * 32] = sp.l[1];
         }
-        cl.sync(); /* the round's spans are in their slots */
+        csync(); /* the round's spans are in their slots */
         /* span base + x: warp x / CS of block x % CS; MB spans' values loaded at once (a slot
          * no warp filled this round is read but not used) */
         if (mine)
@@ -395,7 +407,8 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
                 float vm[MB], vl[MB][4], vo[MB][NPT][2];
 #pragma unroll
                 for (int y = 0; y < MB; y++) {
-                    const float *sl = cl.map_shared_rank(slots, (x0 + y) % CS) + (size_t)((x0 + y) / CS) * SL * 32 + mlane;
+                    const float *sl = (CS > 1 ? cl.map_shared_rank(slots, (x0 + y) % CS) : slots) +
+                        (size_t)((x0 + y) / CS) * SL * 32 + mlane;
                     vm[y] = sl[(D / 2 + mhf) * 32];
 #pragma unroll
                     for (int c = 0; c < 4; c++) vl[y][c] = sl[(D / 2 + 2 + mhf) * 32 + c];
@@ -417,7 +430,7 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
                         for (int e = 0; e < 2; e++) ro[j][e] = ex_fold(ro[j][e], vo[y][j][e], ar, as);
                 }
             }
-        cl.sync(); /* the slots are free */
+        csync(); /* the slots are free */
     }
     if (mine) {
         const float L = (rl[0] + rl[1]) + (rl[2] + rl[3]), inv = ex_inv(L);
@@ -441,6 +454,20 @@ static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, c
     CU_LAUNCHED(c, "attn_exact_kernel");
 }
 
+typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
+                              int, float);
+
+template <int D, int CS>
+static void attn_exact_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
+                                  int T, int H, int K, int qw, float sc2) {
+    static unsigned done;
+    constexpr size_t smem = ex_attn_shape<D>::dec_smem(CS);
+    cu_raise_smem(c, attn_exact_dec_kernel<D, CS>, smem, &done);
+    if (c->failed) return;
+    cu_launch_ex(c, "attn_exact_dec_kernel", attn_exact_dec_kernel<D, CS>, dim3((T + qw - 1) / qw * CS, K),
+                 dim3(32 * ex_attn_shape<D>::dec_w(CS)), smem, CS, out, lse, q, k, v, r, T, H, K, qw, sc2);
+}
+
 /* the head dims exact mode runs (the m16n8k16 steps want D % 16 == 0), a launcher each */
 template <int D>
 static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
@@ -449,14 +476,14 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
         return;
     }
-    static unsigned done;
-    cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
-    if (c->failed) return;
-    cu_launch_ex(c, "attn_exact_dec_kernel", attn_exact_dec_kernel<D>, dim3((T + qw - 1) / qw * EX_DEC_CS, K),
-                 dim3(32 * ex_attn_shape<D>::DEC_W), ex_attn_shape<D>::DEC_SMEM, EX_DEC_CS, out, lse, q, k, v, r, T, H, K, qw, sc2);
+    /* clusters as wide as fit the SMs in one wave (two blocks an SM), down to one block a tile */
+    static const attn_exact_fn dec[] = {attn_exact_dec_launch<D, 8>, attn_exact_dec_launch<D, 4>, attn_exact_dec_launch<D, 2>,
+                                        attn_exact_dec_launch<D, 1>};
+    const long long tiles = (long long)((T + qw - 1) / qw) * K;
+    int i = 0;
+    while (i < 3 && tiles * (8 >> i) > 2LL * c->n_sm) i++;
+    dec[i](c, out, lse, q, k, v, r, T, H, K, qw, sc2);
 }
-typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
-                              int, float);
 static const struct {
     int D;
     attn_exact_fn run;
