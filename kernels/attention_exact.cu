@@ -237,11 +237,11 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
  * tile's rows: a group's responses) and a kv head; its CS x W warps walk the tile's spans at
  * once — span sp by warp (sp / CS) % W of block sp % CS, each through the warp's own
  * DEC_NS-stage ring and from a fresh state, so one group's prompt spans go to as many SMs as
- * there are spans and each prompt tile is read once a tile. The spans
- * are those of the tile's segments: the runs of its queries with equal range-a starts, then
- * those with equal range-b starts (an empty range is not walked), EX_SPAN tiles each from the
- * segment's start up to the largest end of its queries; a row takes part in its own segments
- * only (in the others every key is masked: its state stays fresh, and the merge skips it).
+ * there are spans and each prompt tile is read once a tile. The spans are those of the tile's
+ * segments: the runs of its queries with equal range-a starts, then those with equal range-b
+ * starts (an empty range is not walked), EX_SPAN tiles each from the segment's start up to the
+ * largest end of its queries; a row takes part in its own segments only (in the others every
+ * key is masked: its state stays fresh, and the merge skips it).
  * After each round of CS x W spans the states wait in their warps' slots, and the cluster's
  * threads merge them in span order through distributed shared memory, each thread one row's
  * lane of a quad and a slice of its columns (the scales depend on the maxima only, so the slices
