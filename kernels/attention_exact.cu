@@ -25,10 +25,12 @@
  * values differed at P=1024 on the H200.) K/V rows past the segment's end are zero-filled, never
  * read. Empty rows: out 0, lse -inf.
  *
- * Decode (T <= EX_DECODE_T): attn_exact_dec_kernel (below), the spans of a block's queries at
- * once: one query a block while those blocks fill the SMs twice, else (8 groups of 16) the
- * queries that fill an m16 tile, whose shared prompt is then read once a block, not once a
- * query (it replaces the kernel above with one warp a query walking every tile in turn). */
+ * Decode (T <= EX_DECODE_T): attn_exact_dec_kernel (below): a tile of the queries that fill
+ * an m16 tile and a kv head a cluster, the tile's spans spread over the cluster's warps (a
+ * group's prompt tiles read once a tile, its spans walked on as many SMs), their states merged
+ * in span order through distributed shared memory. */
+#include <cooperative_groups.h>
+
 #include "kernels/attention_tiles.cuh"
 
 enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 };
@@ -36,10 +38,13 @@ enum { EX_BN = 32, EX_DECODE_T = 256, EX_WARPS = 4, EX_SPAN = 4, EX_DEC_NS = 2 }
 template <int D> struct ex_attn_shape {
     static constexpr int ST = D + 8;
     static size_t smem(int w, int ns) { return ((size_t)w * 16 + 2 * ns * EX_BN) * ST * sizeof(bf16); }
-    /* the decode kernel: Q, w warps' K/V rings, then w span slots of 32 lanes x SL floats */
-    static constexpr int SL = D / 2 + 4, DEC_W = D > 128 ? 2 : 4;
-    static constexpr size_t DEC_SMEM = ((size_t)16 + 2 * DEC_W * EX_DEC_NS * EX_BN) * ST * sizeof(bf16) +
-        (size_t)DEC_W * SL * 32 * 4;
+    /* the decode kernel with clusters of cs blocks: Q, dec_w warps' K/V rings, then dec_w span
+     * slots of 32 lanes x SL floats (one block an SM at cs = 1, two else up to D = 128) */
+    static constexpr int SL = D / 2 + 4, DEC_NS = D > 128 ? 2 : EX_DEC_NS;
+    __host__ __device__ static constexpr int dec_w(int cs) { return cs > 1 || D > 128 ? 2 : 4; }
+    static constexpr size_t dec_smem(int cs) {
+        return ((size_t)16 + 2 * dec_w(cs) * DEC_NS * EX_BN) * ST * sizeof(bf16) + (size_t)dec_w(cs) * SL * 32 * 4;
+    }
 };
 
 /* One thread's online-softmax state for its two rows (lane / 4 and + 8): the accumulator o, the
@@ -51,25 +56,38 @@ template <int D> __device__ __forceinline__ void ex_fresh(ex_state<D> &s) {
     s.l[0] = s.l[1] = 0.0f;
 }
 
+/* A merge's scales for one row, running max rm and span max sm (not -inf): the larger max M
+ * (returned), ar for the running side, as for the span's (a side already at M by exactly 1). The
+ * roundings are spelled out (no contraction left to the compiler), so every merge — the training
+ * kernel's, the decode kernel's split over a cluster — does the same arithmetic. */
+__device__ __forceinline__ float ex_scales(float rm, float sm, float sc2, float &ar, float &as) {
+    const float M = fmaxf(rm, sm), u = __fmul_rn(M, sc2);
+    ar = rm == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(rm, sc2), u));
+    as = sm == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(sm, sc2), u));
+    return M;
+}
+__device__ __forceinline__ float ex_fold(float r, float s, float ar, float as) { return __fmaf_rn(s, as, __fmul_rn(r, ar)); }
+
 /* r = r (+) s, a span's state merged into the running one, row by row: a row of s with no key
- * (max -inf) leaves r's row unchanged bit for bit; else both rescale to the larger max (a side
- * already there by exactly 1). The roundings are spelled out (no contraction left to the
- * compiler), so the training and decode kernels merge with the same arithmetic. */
+ * (max -inf) leaves r's row unchanged bit for bit; else both rescale to the larger max. */
 template <int D> __device__ __forceinline__ void ex_merge(ex_state<D> &r, const ex_state<D> &s, float sc2) {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         if (s.m[hf] == -INFINITY) continue;
-        const float M = fmaxf(r.m[hf], s.m[hf]), u = __fmul_rn(M, sc2);
-        const float ar = r.m[hf] == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(r.m[hf], sc2), u));
-        const float as = s.m[hf] == M ? 1.0f : fa_ex2(__fsub_rn(__fmul_rn(s.m[hf], sc2), u));
-        r.l[hf] = __fmaf_rn(s.l[hf], as, __fmul_rn(r.l[hf], ar));
+        float ar, as;
+        r.m[hf] = ex_scales(r.m[hf], s.m[hf], sc2, ar, as);
+        r.l[hf] = ex_fold(r.l[hf], s.l[hf], ar, as);
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 2; e++)
-                r.o[0][n][2 * hf + e] = __fmaf_rn(s.o[0][n][2 * hf + e], as, __fmul_rn(r.o[0][n][2 * hf + e], ar));
-        r.m[hf] = M;
+            for (int e = 0; e < 2; e++) r.o[0][n][2 * hf + e] = ex_fold(r.o[0][n][2 * hf + e], s.o[0][n][2 * hf + e], ar, as);
     }
+}
+
+/* a row's 1 / L and lse from its max m and its four lanes' sums summed as ex_store's shuffles do */
+__device__ __forceinline__ float ex_inv(float L) { return L > 0.0f ? 1.0f / L : 0.0f; }
+__device__ __forceinline__ float ex_lse(float m, float L, float sc2) {
+    return m == -INFINITY ? -INFINITY : __fmul_rn(__fmaf_rn(m, sc2, log2f(L)), LN2);
 }
 
 /* out and lse of the thread's rows in (row hf's output index oi[hf]); all 32 lanes call it */
@@ -83,11 +101,11 @@ __device__ __forceinline__ void ex_store(const ex_state<D> &s, const bool (&in)[
         L += __shfl_xor_sync(FULL, L, 1);
         L += __shfl_xor_sync(FULL, L, 2);
         if (!in[hf]) continue;
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        const float inv = ex_inv(L);
         bf162 *dst = (bf162 *)(out + oi[hf] * D) + (lane & 3);
 #pragma unroll
         for (int n = 0; n < D / 8; n++) dst[4 * n] = __floats2bfloat162_rn(s.o[0][n][2 * hf] * inv, s.o[0][n][2 * hf + 1] * inv);
-        if ((lane & 3) == 0) lse[oi[hf]] = s.m[hf] == -INFINITY ? -INFINITY : __fmul_rn(__fmaf_rn(s.m[hf], sc2, log2f(L)), LN2);
+        if ((lane & 3) == 0) lse[oi[hf]] = ex_lse(s.m[hf], L, sc2);
     }
 }
 
@@ -214,44 +232,72 @@ __global__ void __launch_bounds__(32 * W, D <= 128 ? 3 : 1)
     }
 }
 
-/* Decode (few queries): a block qb consecutive queries (1, or 16 / HPG to fill the m16 tile's
- * rows: a group's responses) and a kv head, its DEC_W warps walking the block's spans at once —
- * warp w the spans w, w + DEC_W, ..., each through its own EX_DEC_NS-stage ring, each from a
- * fresh state; after each round of DEC_W spans warp 0 merges their states (passed through shared
- * memory, lane by lane) into the running state in span order. The spans are those of the block's
+/* Decode (T <= EX_DECODE_T): a cluster of CS blocks (8, 4, 2: the widest whose blocks fit the
+ * SMs in one wave; 1 past that) takes a tile of qb = 16 / HPG consecutive queries (the m16
+ * tile's rows: a group's responses) and a kv head; its CS x W warps walk the tile's spans at
+ * once — span sp by warp (sp / CS) % W of block sp % CS, each through the warp's own
+ * DEC_NS-stage ring and from a fresh state, so one group's prompt spans go to as many SMs as
+ * there are spans and each prompt tile is read once a tile. The spans are those of the tile's
  * segments: the runs of its queries with equal range-a starts, then those with equal range-b
  * starts (an empty range is not walked), EX_SPAN tiles each from the segment's start up to the
- * largest end of its queries; a row takes part in its own segments only (in the others every key
- * is masked: its state stays fresh, and the merge skips it). So a row sees its range a's spans,
- * then its range b's, with the tiles, tile steps and merges the training kernel's walk gives it
- * (which adds only tiles and spans past the row's end, which leave it unchanged): the same bits,
- * and the queries of a group read their shared prompt's tiles once. */
-enum { EX_DEC_SEG = 32 }; /* segments a block: two a query */
-template <int D>
-__global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
+ * largest end of its queries; a row takes part in its own segments only (in the others every
+ * key is masked: its state stays fresh, and the merge skips it).
+ * After each round of CS x W spans the states wait in their warps' slots, and the cluster's
+ * threads merge them in span order through distributed shared memory, each thread one row's
+ * lane of a quad and a slice of its columns (the scales depend on the maxima only, so the slices
+ * share them), with ex_merge's arithmetic, into running states they hold; after the last round
+ * they store out and lse as ex_store does. So a row sees its range a's spans, then its range
+ * b's, with the tiles, tile steps and merges the training kernel's walk gives it (which adds
+ * only tiles and spans past the row's end, which leave it unchanged): the same bits for any
+ * tile, cluster or batch. */
+enum { EX_DEC_SEG = 32 }; /* segments a tile (two a query) */
+template <int D, int CS>
+__global__ void __launch_bounds__(32 * ex_attn_shape<D>::dec_w(CS))
     attn_exact_dec_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T, int H, int K,
                           int qb, float sc2) {
-    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::DEC_W, NS = EX_DEC_NS;
-    constexpr int NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
+    constexpr int ST = ex_attn_shape<D>::ST, SL = ex_attn_shape<D>::SL, W = ex_attn_shape<D>::dec_w(CS),
+                  NS = ex_attn_shape<D>::DEC_NS;
+    constexpr int S = CS * W, NT = EX_BN / 8, SK = EX_SPAN * EX_BN;
+    /* the merge: 16 rows x 4 lanes of a quad x PT slices of NPT column groups (8 wide) each */
+    constexpr int PT = S / 2 < D / 8 ? S / 2 : D / 8, NPT = D / 8 / PT, MB = S < 8 ? S : 8; /* MB: spans a load batch */
+    static_assert(S % MB == 0, "attn_exact_dec_kernel: whole load batches");
+    static_assert(16 * 4 * PT <= 32 * S, "attn_exact_dec_kernel: a merge item a thread");
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    /* the cluster's barrier (the block's alone), block x's slots (this block's alone) */
+    auto csync = [&] {
+        if constexpr (CS > 1) cl.sync();
+        else __syncthreads();
+    };
     extern __shared__ __align__(16) bf16 ex_sm[]; /* q [16][ST], k [W][NS][EX_BN][ST], v likewise, slots [W][SL][32] floats */
-    __shared__ int seg_lo[EX_DEC_SEG], seg_hi[EX_DEC_SEG], seg_cum[EX_DEC_SEG + 1];
+    __shared__ int seg_lo[EX_DEC_SEG], seg_hi[EX_DEC_SEG], seg_cum[EX_DEC_SEG + 1], rng[2][16][2];
     __shared__ unsigned seg_mask[EX_DEC_SEG]; /* bit i: query t0 + i takes part; bit 31: a range-b segment */
-    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, g = blockIdx.y, hpg = H / K;
-    const int t0 = blockIdx.x * qb, nq = min(qb, T - t0), rows = nq * hpg;
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5, rank = CS > 1 ? (int)cl.block_rank() : 0, g = blockIdx.y,
+              hpg = H / K;
+    const int t0 = blockIdx.x / CS * qb, nq = min(qb, T - t0), rows = nq * hpg;
     bf16 *const q_s = ex_sm, *const k_s = q_s + 16 * ST + wp * NS * EX_BN * ST, *const v_s = k_s + W * NS * EX_BN * ST;
     float *const slots = (float *)(ex_sm + 16 * ST + 2 * W * NS * EX_BN * ST);
+    /* the tile's ranges (written by nothing in flight), read before the wait */
+    if (tid < 2 * qb) {
+        const int p = tid / qb, i = tid % qb;
+        rng[p][i][0] = i < nq ? (p ? r.b0[t0 + i] : r.a0[t0 + i]) : 0;
+        rng[p][i][1] = i < nq ? (p ? r.b1[t0 + i] : r.a1[t0 + i]) : 0;
+    }
+    pdl_wait();
+    pdl_trigger();
     for (int i = tid; i < 16 * (D / 8); i += 32 * W) {
         const int row = i / (D / 8), c8 = i % (D / 8);
         const bool ok = row < rows;
         fa_cp16(q_s + row * ST + c8 * 8, ok ? q + ((size_t)(t0 + row / hpg) * H + g * hpg + row % hpg) * D + c8 * 8 : q, ok);
     }
     fa_commit();
+    __syncthreads();
     if (tid == 0) { /* the segments and their first span's index */
         int ns = 0;
         seg_cum[0] = 0;
         for (int s = 0; s < 2; s++)
             for (int i = 0; i < nq; i++) {
-                const int lo = s ? r.b0[t0 + i] : r.a0[t0 + i], hi = s ? r.b1[t0 + i] : r.a1[t0 + i];
+                const int lo = rng[s][i][0], hi = rng[s][i][1];
                 if (hi <= lo) continue;
                 if (ns && (seg_mask[ns - 1] >> 31) == (unsigned)s && seg_lo[ns - 1] == lo) {
                     seg_mask[ns - 1] |= 1u << i;
@@ -265,10 +311,10 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
         for (int j = ns; j < EX_DEC_SEG; j++) seg_cum[j + 1] = seg_cum[j];
     }
     __syncthreads();
-    const int n = seg_cum[EX_DEC_SEG];
+    const int n = seg_cum[EX_DEC_SEG], slot = wp * CS + rank;
     const int r0 = lane >> 2, r1 = r0 + 8;
     const bool in[2] = {r0 < rows, r1 < rows};
-    const int i0 = r0 / hpg, i1 = r1 / hpg; /* the rows' queries in the block */
+    const int i0 = r0 / hpg, i1 = r1 / hpg; /* the rows' queries in the tile */
     /* a walk over this warp's tiles: span sp (sp >= n: done) of segment sg, tile j0, the span's end je */
     struct walk {
         int sp, sg, j0, je;
@@ -284,13 +330,13 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     };
     auto advance = [&](walk &w) {
         w.j0 += EX_BN;
-        if (w.j0 >= w.je) span_at(w, w.sp + W);
+        if (w.j0 >= w.je) span_at(w, w.sp + S);
     };
     /* a row's end in segment sg (INT_MIN: not its segment, every key masked) */
     auto row_end = [&](int sg, bool ok, int i) {
         const unsigned m = seg_mask[sg];
         if (!ok || !(m >> i & 1u)) return INT_MIN;
-        return m >> 31 ? r.b1[t0 + i] : r.a1[t0 + i];
+        return m >> 31 ? rng[1][i][1] : rng[0][i][1];
     };
     auto issue = [&](int st, const walk &w) {
         bf16 *ks = k_s + st * EX_BN * ST, *vs = v_s + st * EX_BN * ST;
@@ -303,8 +349,8 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
         }
     };
     walk ld, cw; /* the next tile to load; the tile to compute */
-    span_at(ld, wp);
-    span_at(cw, wp);
+    span_at(ld, slot);
+    span_at(cw, slot);
 #pragma unroll
     for (int p = 0; p < NS - 1; p++) {
         if (ld.sp < n) {
@@ -315,15 +361,20 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
     }
     fa_wait<NS - 1>(); /* Q landed (the oldest group), its rows loaded by every warp */
     __syncthreads();
-    ex_state<D> run, sp;
-    ex_fresh(run);
+    /* this thread's merge item: row mr (lane ml of its quad), column groups [mp NPT, + NPT) */
+    const int it = rank * 32 * W + tid, mr = it / (4 * PT), mc = it / PT % 4, mp = it % PT;
+    const bool mine = mr < rows; /* (it < 64 PT, as rows <= 16) */
+    const int mlane = (mr & 7) * 4, mhf = mr >> 3;
+    float rm = -INFINITY, rl[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ro[NPT][2];
+#pragma unroll
+    for (int j = 0; j < NPT; j++) ro[j][0] = ro[j][1] = 0.0f;
     int st = 0;
-    for (int base = 0; base < n; base += W) {
-        const int mine = base + wp;
-        if (mine < n) {
+    for (int base = 0; base < n; base += S) {
+        if (base + slot < n) { /* (then cw.sp == base + slot) */
+            ex_state<D> sp;
             ex_fresh(sp);
-            const int e0 = row_end(cw.sg, in[0], i0), e1 = row_end(cw.sg, in[1], i1);
-            while (cw.sp == mine) {
+            const int e0 = row_end(cw.sg, in[0], i0), e1 = row_end(cw.sg, in[1], i1), my = cw.sp;
+            while (cw.sp == my) {
                 if (ld.sp < n) {
                     issue((st + NS - 1) % NS, ld);
                     advance(ld);
@@ -348,21 +399,46 @@ __global__ void __launch_bounds__(32 * ex_attn_shape<D>::DEC_W)
             sl[(D / 2) * 32] = sp.m[0], sl[(D / 2 + 1) * 32] = sp.m[1];
             sl[(D / 2 + 2) * 32] = sp.l[0], sl[(D / 2 + 3) * 32] = sp.l[1];
         }
-        __syncthreads(); /* the round's spans are in their slots */
-        if (wp == 0)
-            for (int w = 0; w < W && base + w < n; w++) {
-                const float *sl = slots + (size_t)w * SL * 32 + lane;
+        csync(); /* the round's spans are in their slots */
+        /* span base + x: warp x / CS of block x % CS; MB spans' values loaded at once (a slot
+         * no warp filled this round is read but not used) */
+        if (mine)
+            for (int x0 = 0; x0 < S && base + x0 < n; x0 += MB) {
+                float vm[MB], vl[MB][4], vo[MB][NPT][2];
 #pragma unroll
-                for (int i = 0; i < D / 2; i++) sp.o[0][i / 4][i % 4] = sl[i * 32];
-                sp.m[0] = sl[(D / 2) * 32], sp.m[1] = sl[(D / 2 + 1) * 32];
-                sp.l[0] = sl[(D / 2 + 2) * 32], sp.l[1] = sl[(D / 2 + 3) * 32];
-                ex_merge(run, sp, sc2);
+                for (int y = 0; y < MB; y++) {
+                    const float *sl = (CS > 1 ? cl.map_shared_rank(slots, (x0 + y) % CS) : slots) +
+                        (size_t)((x0 + y) / CS) * SL * 32 + mlane;
+                    vm[y] = sl[(D / 2 + mhf) * 32];
+#pragma unroll
+                    for (int c = 0; c < 4; c++) vl[y][c] = sl[(D / 2 + 2 + mhf) * 32 + c];
+#pragma unroll
+                    for (int j = 0; j < NPT; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) vo[y][j][e] = sl[((mp * NPT + j) * 4 + 2 * mhf + e) * 32 + mc];
+                }
+#pragma unroll
+                for (int y = 0; y < MB; y++) {
+                    if (base + x0 + y >= n || vm[y] == -INFINITY) continue;
+                    float ar, as;
+                    rm = ex_scales(rm, vm[y], sc2, ar, as);
+#pragma unroll
+                    for (int c = 0; c < 4; c++) rl[c] = ex_fold(rl[c], vl[y][c], ar, as);
+#pragma unroll
+                    for (int j = 0; j < NPT; j++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) ro[j][e] = ex_fold(ro[j][e], vo[y][j][e], ar, as);
+                }
             }
-        __syncthreads(); /* the slots are free */
+        csync(); /* the slots are free */
     }
-    if (wp == 0) {
-        const size_t oi[2] = {(size_t)(t0 + i0) * H + g * hpg + r0 % hpg, (size_t)(t0 + i1) * H + g * hpg + r1 % hpg};
-        ex_store(run, in, oi, out, lse, sc2);
+    if (mine) {
+        const float L = (rl[0] + rl[1]) + (rl[2] + rl[3]), inv = ex_inv(L);
+        const size_t oi = (size_t)(t0 + mr / hpg) * H + g * hpg + mr % hpg;
+        bf162 *dst = (bf162 *)(out + oi * D) + mc;
+#pragma unroll
+        for (int j = 0; j < NPT; j++) dst[4 * (mp * NPT + j)] = __floats2bfloat162_rn(ro[j][0] * inv, ro[j][1] * inv);
+        if (mc == 0 && mp == 0) lse[oi] = ex_lse(rm, L, sc2);
     }
 }
 
@@ -378,6 +454,20 @@ static void attn_exact_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, c
     CU_LAUNCHED(c, "attn_exact_kernel");
 }
 
+typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
+                              int, float);
+
+template <int D, int CS>
+static void attn_exact_dec_launch(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r,
+                                  int T, int H, int K, int qw, float sc2) {
+    static unsigned done;
+    constexpr size_t smem = ex_attn_shape<D>::dec_smem(CS);
+    cu_raise_smem(c, attn_exact_dec_kernel<D, CS>, smem, &done);
+    if (c->failed) return;
+    cu_launch_ex(c, "attn_exact_dec_kernel", attn_exact_dec_kernel<D, CS>, dim3((T + qw - 1) / qw * CS, K),
+                 dim3(32 * ex_attn_shape<D>::dec_w(CS)), smem, CS, out, lse, q, k, v, r, T, H, K, qw, sc2);
+}
+
 /* the head dims exact mode runs (the m16n8k16 steps want D % 16 == 0), a launcher each */
 template <int D>
 static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, attn_ranges r, int T,
@@ -386,18 +476,14 @@ static void attn_exact_run(cu_ctx *c, bf16 *out, float *lse, const bf16 *q, cons
         attn_exact_launch<D, EX_WARPS, 2>(c, out, lse, q, k, v, r, T, H, K, qw, sc2);
         return;
     }
-    /* a query a block while those blocks fit the SMs twice; more decode rows: qw queries a block
-     * (a group's responses share their prompt's tiles) */
-    const int qb = (long long)T * K > 2LL * c->n_sm ? qw : 1;
-    static unsigned done;
-    cu_raise_smem(c, attn_exact_dec_kernel<D>, ex_attn_shape<D>::DEC_SMEM, &done);
-    if (c->failed) return;
-    attn_exact_dec_kernel<D><<<dim3((T + qb - 1) / qb, K), 32 * ex_attn_shape<D>::DEC_W, ex_attn_shape<D>::DEC_SMEM, c->stream>>>(
-        out, lse, q, k, v, r, T, H, K, qb, sc2);
-    CU_LAUNCHED(c, "attn_exact_dec_kernel");
+    /* clusters as wide as fit the SMs in one wave (two blocks an SM), down to one block a tile */
+    static const attn_exact_fn dec[] = {attn_exact_dec_launch<D, 8>, attn_exact_dec_launch<D, 4>, attn_exact_dec_launch<D, 2>,
+                                        attn_exact_dec_launch<D, 1>};
+    const long long tiles = (long long)((T + qw - 1) / qw) * K;
+    int i = 0;
+    while (i < 3 && tiles * (8 >> i) > 2LL * c->n_sm) i++;
+    dec[i](c, out, lse, q, k, v, r, T, H, K, qw, sc2);
 }
-typedef void (*attn_exact_fn)(cu_ctx *, bf16 *, float *, const bf16 *, const bf16 *, const bf16 *, attn_ranges, int, int, int,
-                              int, float);
 static const struct {
     int D;
     attn_exact_fn run;
