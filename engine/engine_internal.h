@@ -49,6 +49,11 @@ struct eng {
     void *w_act;
     float *w_master;
     int offload; /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
+    /* a split (offload 0, one rank, full-parameter): elements [0, n - host_n) of the master and
+     * moments on the device (w_master, adam_m, adam_v), [n - host_n, n) in host memory
+     * (host_part: master, m, v of host_n each); host_n 0 without one */
+    long long host_n;
+    float *host_part[3];
     eng_offload off; /* staging of the host optimizer (offload) */
     model_views wv; /* views into w_act (and the adapters) */
     /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */
@@ -109,9 +114,11 @@ int plan_make(eng *e, const eng_open_opts *o);
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming
  * the bytes, the limit and the ways out (LoRA, more GPUs). eng_open, before any weight is placed. */
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir);
-/* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
+/* plan.c: --optimizer-offload auto|on|off|FRACTION -> *host_n, the elements of the master and
+ * moments this rank holds in host memory (0: all on the device; state_n: all in host memory;
+ * between: a split, one rank only), state_open's choice before the master is placed;
  * state_n: the elements of master and moments this rank will hold (state.h). */
-int plan_offload(eng *e, const char *mode, long long state_n, int *on);
+int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n);
 /* plan.c: with offload, before the host state is placed: 0 when the bytes of host state of the
  * ranks on this host (this rank's `bytes`, exchanged with a comm, summed over the ranks with
  * this host's name) fit in its MemAvailable beside the host reserve; else GE_NOMEM naming both
