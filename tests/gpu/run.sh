@@ -86,6 +86,7 @@ BIN=$BUILD
 PROGS="test_ops test_deltanet_decode test_model test_offload test_snapshot test_determinism test_fixtures test_sampling test_guided test_rollout_top test_invariant test_greedy test_lora attn_dump test_tree"
 BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer bench_attn bench_split bench_hybrid bench_moe bench_exact_mm bench_exact_gap"
 BENCHES="$BENCHES bench_moe_update"
+BENCHES="$BENCHES bench_offload_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)
