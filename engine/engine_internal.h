@@ -49,11 +49,12 @@ struct eng {
     void *w_act;
     float *w_master;
     int offload; /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
-    /* a split (offload 0, one rank, full-parameter): elements [0, n - host_n) of the master and
-     * moments on the device (w_master, adam_m, adam_v), [n - host_n, n) in host memory
-     * (host_part: master, m, v of host_n each); host_n 0 without one */
+    /* a split (offload 0, one rank, full-parameter): elements [0, d = n - host_n) of the master
+     * and moments on the device (w_master, adam_m, adam_v), [d, n) in host memory: the tails of
+     * host_whole's master, m, v (n floats each; [0, d) untouched but as a checkpoint's buffer,
+     * state.c); host_n 0 without one */
     long long host_n;
-    float *host_part[3];
+    float *host_whole[3];
     eng_offload off; /* staging of the host optimizer (offload) */
     model_views wv; /* views into w_act (and the adapters) */
     /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */

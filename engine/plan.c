@@ -73,13 +73,16 @@ int eng_offload_mode_check(const char *mode, double *frac) {
 }
 
 /* auto, when the whole host state does not fit this host: as much of it as the host holds (its
- * MemAvailable less SNAP_HOST_RESERVE), the rest on the device, when that leaves the device room
- * for one micro-batch of PLAN_SPLIT_MB_TOKENS tokens; else the host's refusal, naming both. */
+ * MemAvailable less SNAP_HOST_RESERVE and PLAN_SPLIT_SLACK, so that the placement's own check a
+ * moment later passes), the rest on the device, when that leaves the device room for one
+ * micro-batch of PLAN_SPLIT_MB_TOKENS tokens (a 1024-token prompt and six 512-token responses);
+ * else a refusal naming both. */
 #define PLAN_SPLIT_MB_TOKENS 4096
+#define PLAN_SPLIT_SLACK ((long long)1 << 30)
 static int split_auto(eng *e, long long n, long long fr, long long *host_n) {
     long long avail = host_available();
     if (avail < 0 || !plan_host_state_fits(12 * n, 1, avail)) return 0; /* all of it fits the host: *host_n = n */
-    long long cap = (avail - SNAP_HOST_RESERVE) / 12;
+    long long cap = (avail - SNAP_HOST_RESERVE - PLAN_SPLIT_SLACK) / 12;
     if (cap <= 0) return err_code(); /* no room on the host at all: its refusal */
     err_clear();
     long long d = n - cap, dev = n * e->be->act_bytes + 4 * n + 12 * d; /* the policy, the gradients, the device part */

@@ -77,8 +77,8 @@ static int place_split(eng *e, const float *host) {
     size_t n = (size_t)e->m.n_elems, hn = (size_t)e->host_n, d = n - hn;
     int rc = plan_host_state(e, (long long)hn * 12);
     if (rc) return rc;
-    if (!(e->host_part[0] = offload_host_alloc((long long)hn))) return GE_NOMEM;
-    memcpy(e->host_part[0], host + d, hn * sizeof(float));
+    if (!(e->host_whole[0] = offload_host_alloc_from((long long)n, (long long)d))) return GE_NOMEM;
+    memcpy(e->host_whole[0] + d, host + d, hn * sizeof(float));
     if (!(e->w_master = be->alloc(be, d * sizeof(float)))) return GE_NOMEM;
     if ((rc = be->to_dev(be, e->w_master, host, d * sizeof(float)))) return rc;
     if (!(e->w_act = be->alloc(be, n * (size_t)be->act_bytes))) return GE_NOMEM;
@@ -96,7 +96,8 @@ typedef struct {
 static int state_parts(const eng *e, state_part q[2]) {
     long long n = eng_train_n(e), d = n - e->host_n;
     q[0] = (state_part){0, d, {eng_train_master(e), e->adam_m, e->adam_v}, e->offload};
-    q[1] = (state_part){d, e->host_n, {e->host_part[0], e->host_part[1], e->host_part[2]}, 1};
+    q[1] = (state_part){d, e->host_n, {0}, 1};
+    for (int i = 0; i < 3; i++) q[1].x[i] = e->host_whole[i] ? e->host_whole[i] + d : NULL;
     return e->host_n ? 2 : 1;
 }
 
@@ -138,8 +139,8 @@ void state_free(eng *e) {
     }
     e->w_master = e->adam_m = e->adam_v = NULL;
     for (int i = 0; i < 3; i++) { /* a split's host part */
-        free(e->host_part[i]);
-        e->host_part[i] = NULL;
+        free(e->host_whole[i]);
+        e->host_whole[i] = NULL;
     }
     offload_free(&e->off);
 }
@@ -185,7 +186,9 @@ int state_alloc(eng *e) {
     if (e->host_n) { /* a split's host moments, zeroed, and the offload's staging for its part */
         int rc = offload_init(&e->off, be, e->host_n, 0);
         if (rc) return rc;
-        if (!(e->host_part[1] = offload_host_alloc(e->host_n)) || !(e->host_part[2] = offload_host_alloc(e->host_n)))
+        long long ns = eng_state_n(e);
+        if (!(e->host_whole[1] = offload_host_alloc_from(ns, ns - e->host_n)) ||
+            !(e->host_whole[2] = offload_host_alloc_from(ns, ns - e->host_n)))
             return GE_NOMEM;
     }
     return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
@@ -389,6 +392,18 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;
     }
+    if (e->host_n) { /* a split: the host part where it lives, the device's copied in front of it */
+        for (int i = 0; i < k && !rc; i++) {
+            out[i] = e->host_whole[i];
+            /* touched over the threads first (see below: pageable first faults inside a copy) */
+            long long d = (long long)n - e->host_n, blk = 1LL << 22;
+#pragma omp parallel for schedule(static)
+            for (long long b = 0; b < (d + blk - 1) / blk; b++)
+                memset(out[i] + b * blk, 0, (size_t)((d - b * blk < blk ? d - b * blk : blk) * 4));
+            rc = e->be->to_host(e->be, out[i], part[i], (n - (size_t)e->host_n) * 4);
+        }
+        return rc;
+    }
     for (int i = 0; i < k && e->rank == 0 && !rc; i++)
         /* touched over the threads before the copy (offload_host_alloc): a copy from the device
          * into untouched pageable memory pays each page's first fault inside it, one at a time
@@ -425,8 +440,8 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
     int rc = state_alloc(e);
     size_t n = (size_t)eng_train_n(e);
     for (int i = 0; i < 2; i++) {
-        owned[i] = !(e->offload && !e->dp);
-        buf[i] = rc ? NULL : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
+        owned[i] = !(e->offload && !e->dp) && !e->host_n; /* host state of one rank: read in place */
+        buf[i] = rc ? NULL : e->host_n ? e->host_whole[1 + i] : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
         if (!rc && !buf[i]) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", n * 4 >> 20);
     }
     if (rc)
@@ -440,15 +455,13 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     long long n = eng_train_n(e);
-    if (e->host_n) { /* a split (one rank; owned): each part to where it lives */
-        state_part q[2];
+    if (e->host_n) { /* a split (one rank): read into host_whole; the device's part moved there */
+        long long d = n - e->host_n;
         int rc = 0;
-        for (int k = 0, nq = state_parts(e, q); k < nq; k++)
-            for (int i = 0; i < 2 && !rc; i++) {
-                if (q[k].host) memcpy(q[k].x[1 + i], buf[i] + q[k].at, (size_t)q[k].n * 4);
-                else rc = e->be->to_dev(e->be, q[k].x[1 + i], buf[i] + q[k].at, (size_t)q[k].n * 4);
-            }
-        for (int i = 0; i < 2; i++) free(buf[i]);
+        for (int i = 0; i < 2 && !rc; i++) {
+            rc = e->be->to_dev(e->be, i ? e->adam_v : e->adam_m, buf[i], (size_t)d * 4);
+            offload_host_release(buf[i], d);
+        }
         return rc;
     }
     state_piece p[2];
