@@ -126,6 +126,12 @@ int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n)
  * (plan_host_state_fits; every rank returns it). */
 int plan_host_state(eng *e, long long bytes);
 int plan_host_state_fits(long long need, int ranks, long long avail);
+/* plan.c, auto with one rank when the state must leave the device: *host_n of the n elements
+ * of the master and moments in host memory (n when all fit avail, MemAvailable's bytes; else as
+ * many as fit, the rest on the device of fr free bytes beside the act policy and the fp32
+ * gradients, when that leaves mb bytes, a micro-batch's activations); else GE_NOMEM naming both. */
+int plan_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, const char *dev_name,
+                    long long *host_n);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);

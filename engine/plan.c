@@ -79,21 +79,22 @@ int eng_offload_mode_check(const char *mode, double *frac) {
  * else a refusal naming both. */
 #define PLAN_SPLIT_MB_TOKENS 4096
 #define PLAN_SPLIT_SLACK ((long long)1 << 30)
-static int split_auto(eng *e, long long n, long long fr, long long *host_n) {
-    long long avail = host_available();
-    if (avail < 0 || !plan_host_state_fits(12 * n, 1, avail)) return 0; /* all of it fits the host: *host_n = n */
+int plan_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, const char *dev_name,
+                    long long *host_n) {
+    *host_n = n;
+    if (avail < 0 || !plan_host_state_fits(12 * n, 1, avail)) return 0; /* all of it fits the host */
     long long cap = (avail - SNAP_HOST_RESERVE - PLAN_SPLIT_SLACK) / 12;
     if (cap <= 0) return err_code(); /* no room on the host at all: its refusal */
     err_clear();
-    long long d = n - cap, dev = n * e->be->act_bytes + 4 * n + 12 * d; /* the policy, the gradients, the device part */
-    long long left = fr - dev - PLAN_HEADROOM, mb = micro_batch_bytes(&e->m, PLAN_SPLIT_MB_TOKENS);
+    long long d = n - cap, dev = n * act_bytes + 4 * n + 12 * d; /* the policy, the gradients, the device part */
+    long long left = fr - dev - PLAN_HEADROOM;
     if (left < mb)
         return err_set(GE_NOMEM,
                        "optimizer offload: the fp32 master and AdamW moments need %lld GiB (12 bytes a parameter); the "
                        "host holds %lld GiB of them (%lld GiB available less %lld GiB kept free) and the rest on %s would "
                        "leave %lld MiB there, less than the %lld MiB of a %d-token micro-batch: spread the model over more "
                        "GPUs or hosts, or train LoRA adapters",
-                       12 * n >> 30, 12 * cap >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30, e->be->name, left >> 20, mb >> 20,
+                       12 * n >> 30, 12 * cap >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30, dev_name, left >> 20, mb >> 20,
                        PLAN_SPLIT_MB_TOKENS);
     *host_n = cap;
     return 0;
@@ -104,7 +105,7 @@ static int split_auto(eng *e, long long n, long long fr, long long *host_n) {
  * round(f n) elements in host memory. auto: all on the device unless the fp32 master, gradients
  * and moments (16 bytes a parameter) would leave less than a quarter of the device's memory
  * free; then all in host memory, or with one rank, when the host cannot hold all of it, a split
- * (split_auto). */
+ * (plan_split_fits). */
 int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n) {
     eng_backend *be = e->be;
     double f;
@@ -130,7 +131,9 @@ int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n)
     double need = 4.0 * n + 12.0 * st + n * be->act_bytes; /* + the policy's act copy */
     if (need <= (double)fr - (double)tot / 4) return 0;
     *host_n = state_n;
-    return e->dp ? 0 : split_auto(e, state_n, (long long)fr, host_n);
+    return e->dp ? 0
+                 : plan_split_fits(state_n, be->act_bytes, (long long)fr, host_available(),
+                                   micro_batch_bytes(&e->m, PLAN_SPLIT_MB_TOKENS), be->name, host_n);
 }
 
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir) {

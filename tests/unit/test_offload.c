@@ -342,6 +342,29 @@ TEST(engine_split_refusals) {
     eng_close(e);
 }
 
+/* The auto rule at Qwen3.5-9B dims on one H200 (139.8 GiB, the reference placed) and the
+ * 125 GiB host where the whole host state was refused (90 GiB available): the host takes what
+ * it holds less 9 GiB, the device the rest with room for a 4096-token micro-batch (30.5 GiB,
+ * model_acts_bytes at these dims); a host with less room, or a smaller device, that would leave
+ * the device without that micro-batch's room is refused naming both; a host that holds it all
+ * takes it; a host without room at all gives the host's refusal. */
+TEST(engine_split_auto_rule) {
+    const long long G = 1LL << 30, n = 8953803264LL, fr = (long long)(139.8 * G) - G - 2 * n, mb = (long long)(30.52 * G);
+    long long hn = -1;
+    CHECK(eng_testing_split_fits(n, 2, fr, 90 * G, mb, &hn) == 0);
+    CHECK_MSG(hn == (90 * G - 9 * G) / 12 && hn < n, "host_n %lld", hn);
+    long long d = n - hn, left = fr - (2 * n + 4 * n + 12 * d) - 4 * G;
+    printf("  9B: %.2fB elements on the host (%lld GiB), %.2fB on the device (%lld GiB), %lld GiB left for activations\n",
+           hn / 1e9, 12 * hn / G, d / 1e9, 12 * d / G, left / G);
+    CHECK(left >= mb);
+    CHECK(eng_testing_split_fits(n, 2, fr, 60 * G, mb, &hn) == GE_NOMEM); /* the device part would crowd out the micro-batch */
+    CHECK(strstr(err_msg(), "micro-batch") != NULL && strstr(err_msg(), "host holds") != NULL);
+    CHECK(eng_testing_split_fits(n, 2, 6 * n + 40 * G, 90 * G, mb, &hn) == GE_NOMEM); /* a smaller device: 40 GiB spare */
+    CHECK(eng_testing_split_fits(n, 2, fr, 125 * G, mb, &hn) == 0 && hn == n); /* 100 GiB + 8 fits: all on the host */
+    CHECK(eng_testing_split_fits(n, 2, fr, 5 * G, mb, &hn) == GE_NOMEM); /* no host room at all: the host's refusal */
+    CHECK(strstr(err_msg(), "host memory") != NULL);
+}
+
 int main(void) {
     system("rm -rf " MODEL);
     RUN(bf16_rounding_matches_cuda);
@@ -351,6 +374,7 @@ int main(void) {
     RUN(engine_split_equals_unsplit);
     RUN(engine_split_checkpoints_cross);
     RUN(engine_split_refusals);
+    RUN(engine_split_auto_rule);
     system("rm -rf " MODEL);
     return CHECK_DONE();
 }
