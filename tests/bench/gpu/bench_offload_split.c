@@ -23,7 +23,8 @@ int main(int argc, char **argv) {
     float *master_h = offload_host_alloc(n), *m_h = offload_host_alloc(n), *v_h = offload_host_alloc(n);
     float *g = malloc((size_t)1 << 26);
     if (!master_d || !m_d || !v_d || !g_d || !act || !master_h || !m_h || !v_h || !g) gc_die(be, "alloc");
-    for (long long i = 0; i < (1LL << 24); i++) g[i] = (float)((i * 2654435761LL) % 2001 - 1000) * 1e-5f; /* a pattern, not zeros */
+    for (long long i = 0; i < (1LL << 24); i++)
+        g[i] = (float)((i * 2654435761LL) % 2001 - 1000) * 1e-5f; /* a pattern, not zeros */
     for (long long o = 0; o < n; o += 1LL << 24) {
         size_t k = (size_t)(n - o < (1LL << 24) ? n - o : 1LL << 24) * 4;
         if (be->to_dev(be, g_d + o, g, k) || be->to_dev(be, master_d + o, g, k)) gc_die(be, "upload");
@@ -45,8 +46,9 @@ int main(int argc, char **argv) {
             double t0 = gc_now();
             ++step;
             if (d) be->adamw(be, master_d, act, g_d, m_d, v_d, d, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
-            if (hn && offload_adamw(&off, hn, master_h + d, m_h + d, v_h + d, (char *)act + (size_t)d * 2, g_d + d, 1e-4f, 0.9f,
-                                    0.999f, 1e-8f, 0.01f, step))
+            if (hn &&
+                offload_adamw(&off, hn, master_h + d, m_h + d, v_h + d, (char *)act + (size_t)d * 2, g_d + d, 1e-4f, 0.9f, 0.999f,
+                              1e-8f, 0.01f, step))
                 gc_die(be, "offload_adamw");
             if (be->sync(be)) gc_die(be, "sync");
             t[r] = (gc_now() - t0) * 1e3;
