@@ -90,7 +90,7 @@ struct ranks {
     eng *e0;
     eng_sched *sched0;
     long long load[RANKS_MAX]; /* KV rows placed and not released, per rank (rank 0's thread) */
-    char model_dir[1024], backend[16], resume_dir[1024], lora_targets[128], lora_init[1024], offload[8];
+    char model_dir[1024], backend[16], resume_dir[1024], lora_targets[128], lora_init[1024], offload[16];
     peer *peers; /* [W], 0 unused */
     /* the communicator (W > 1 only): cpu, rank r's comm is comms[r], ours to free after every
      * engine closed; cuda, the NCCL id every rank's eng_open joins (the engines own their

@@ -39,7 +39,7 @@
 typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
     char allowed_hosts[1024], allowed_origins[1024];
-    char optimizer_offload[8];
+    char optimizer_offload[16];
     int insecure_no_auth, checkpoint_on_exit, expert_parallel;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
@@ -73,8 +73,9 @@ static const opt_def opts[] = {
     {"data-dir", O_STR, S_(data_dir), 0, 0, 0, "./grpod-data", "state DIR: grpod.db, checkpoints/, default-model/"},
     {"listen", O_STR, S_(listen), 0, 0, 0, "127.0.0.1:8780", "HOST:PORT to serve HTTP on ([::1]:PORT for IPv6)"},
     {"backend", O_STR, S_(backend), 0, 0, 0, "auto", "auto|cpu|cuda"},
-    {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0,
-     "auto", "auto|on|off: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of the GPU free)"},
+    {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0, "auto",
+     "auto|on|off|FRACTION: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of "
+     "the GPU free; split with the GPU when the host cannot hold them; FRACTION: that part in host memory, one rank)"},
     {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "",
      "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
     {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "",
@@ -393,8 +394,10 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
         return -1;
     }
     if (check_rank_opts(o, why, wl)) return -1;
-    if (strcmp(o->optimizer_offload, "auto") && strcmp(o->optimizer_offload, "on") && strcmp(o->optimizer_offload, "off")) {
-        snprintf(why, wl, "--optimizer-offload '%s' must be auto|on|off", o->optimizer_offload);
+    double frac;
+    if (eng_offload_mode_check(o->optimizer_offload, &frac)) {
+        snprintf(why, wl, "--optimizer-offload '%s' must be auto|on|off or a fraction in [0, 1] (of the state in host memory)",
+                 o->optimizer_offload);
         return -1;
     }
     return 0;

@@ -44,7 +44,7 @@
 
 struct worker {
     worker_config cfg;
-    char data_dir[1024], model_dir[1024], backend[16], lora_targets[128], lora_init[1024], optimizer_offload[8];
+    char data_dir[1024], model_dir[1024], backend[16], lora_targets[128], lora_init[1024], optimizer_offload[16];
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -33,7 +33,8 @@ typedef struct {
     /* "auto" (NULL) | "on" | "off": fp32 master weights and AdamW moments in host memory
      * (engine/train/offload.h). auto: on when, on the device, they and the gradients would leave less
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
-    const char *optimizer_offload;
+    const char *optimizer_offload; /* or a fraction (0 to 1) of them in host memory, the rest
+                                    * on the device: one rank (eng_offload_mode_check) */
     /* Several ranks (engine/dist/comm.h, engine/train/dp.c): NULL = one rank, exactly as before.
      * With a comm of W ranks (W = 1 too: the same path, bit-equal to none on cpu), each rank's
      * engine thread makes the same eng_update, eng_update_undo, eng_logprobs and
@@ -69,6 +70,9 @@ typedef struct {
 } eng_open_opts;
 
 int eng_open(const eng_open_opts *o, eng **out);
+/* 0 when mode is a valid optimizer_offload (NULL, "", auto, on, off or a fraction in [0, 1]),
+ * *frac its fraction in host memory (-1: auto); else GE_INVALID naming the field. */
+int eng_offload_mode_check(const char *mode, double *frac);
 /* Create grpod's embedded default model in dir once (a tiny Qwen3 with a byte-level
  * tokenizer, random weights from a fixed seed, written as an ordinary HF directory); does
  * nothing when dir/config.json exists. Safe against a crash midway (written then renamed). */
@@ -102,7 +106,7 @@ typedef struct {
     long long acts_bytes; /* an update's activations: what is free once the state is placed */
     long long micro_batch_tokens; /* default max_tokens_per_micro_batch: fits acts_bytes */
     long long micro_batch_tokens_max; /* the most that fits, every layer recomputed (0: no limit) */
-    char optimizer[8]; /* "device" or "host" (offload) */
+    char optimizer[8]; /* "device", "host" (offload) or "split" (host_state: the host's part) */
     char snapshot_at[8]; /* "device", "pinned", "host" or "none" */
     double ms_load, ms_plan; /* eng_open's time: weights read and placed; this plan's allocations */
 } eng_plan;

@@ -49,6 +49,12 @@ struct eng {
     void *w_act;
     float *w_master;
     int offload; /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
+    /* a split (offload 0, one rank, full-parameter): elements [0, d = n - host_n) of the master
+     * and moments on the device (w_master, adam_m, adam_v), [d, n) in host memory: the tails of
+     * host_whole's master, m, v (n floats each; [0, d) untouched but as a checkpoint's buffer,
+     * state.c); host_n 0 without one */
+    long long host_n;
+    float *host_whole[3];
     eng_offload off; /* staging of the host optimizer (offload) */
     model_views wv; /* views into w_act (and the adapters) */
     /* frozen reference (act-typed); with LoRA ref_act is NULL and rv views the policy's base */
@@ -109,15 +115,23 @@ int plan_make(eng *e, const eng_open_opts *o);
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming
  * the bytes, the limit and the ways out (LoRA, more GPUs). eng_open, before any weight is placed. */
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir);
-/* plan.c: --optimizer-offload auto|on|off -> *on (state_open, before the master is placed);
+/* plan.c: --optimizer-offload auto|on|off|FRACTION -> *host_n, the elements of the master and
+ * moments this rank holds in host memory (0: all on the device; state_n: all in host memory;
+ * between: a split, one rank only), state_open's choice before the master is placed;
  * state_n: the elements of master and moments this rank will hold (state.h). */
-int plan_offload(eng *e, const char *mode, long long state_n, int *on);
+int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n);
 /* plan.c: with offload, before the host state is placed: 0 when the bytes of host state of the
  * ranks on this host (this rank's `bytes`, exchanged with a comm, summed over the ranks with
  * this host's name) fit in its MemAvailable beside the host reserve; else GE_NOMEM naming both
  * (plan_host_state_fits; every rank returns it). */
 int plan_host_state(eng *e, long long bytes);
 int plan_host_state_fits(long long need, int ranks, long long avail);
+/* plan.c, auto with one rank when the state must leave the device: *host_n of the n elements
+ * of the master and moments in host memory (n when all fit avail, MemAvailable's bytes; else as
+ * many as fit, the rest on the device of fr free bytes beside the act policy and the fp32
+ * gradients, when that leaves mb bytes, a micro-batch's activations); else GE_NOMEM naming both. */
+int plan_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, const char *dev_name,
+                    long long *host_n);
 /* Elements of the optimizer state this rank holds: the shard with a comm, else all trainable. */
 static inline long long eng_state_n(const eng *e) {
     return e->dp ? e->sh_n + e->ep_n : (e->m.lora_r ? e->m.l_elems : e->m.n_elems);

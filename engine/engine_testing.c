@@ -46,3 +46,6 @@ int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const
 }
 
 int eng_testing_host_state_fits(long long need, int ranks, long long avail) { return plan_host_state_fits(need, ranks, avail); }
+int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, long long *host_n) {
+    return plan_split_fits(n, act_bytes, fr, avail, mb, "the device", host_n);
+}

@@ -33,6 +33,9 @@ int eng_testing_full_fits(long long n, int act_bytes, long long dev_total, const
 /* plan.c's refusal of host state (optimizer offload) beyond a host's available memory
  * (engine_internal.h plan_host_state_fits), for a test without such a host. */
 int eng_testing_host_state_fits(long long need, int ranks, long long avail);
+/* plan.c's auto split of the optimizer state (engine_internal.h plan_split_fits), for a test
+ * without such a device and host. */
+int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, long long *host_n);
 /* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
 tune_opts *eng_testing_tune(eng *e);
 #endif

@@ -9,7 +9,7 @@
  *      a quarter of what is free beside the headroom; else in pinned host memory when the host
  *      has room for it (with the copies of the other ranks on this host) and SNAP_HOST_RESERVE
  *      beside it; else nowhere. Host state (offload, or the cpu backend) takes a host copy under
- *      the same host rule;
+ *      the same host rule; a split state (part device, part host) none;
  *   3. reads what is left, less the headroom: acts_bytes. An update runs alone (no KV pool:
  *      the scheduler releases it when no rollout runs) and releases its activations when it
  *      ends, so its micro-batch may use all of it: micro_batch_tokens_max is the most tokens
@@ -32,18 +32,96 @@
 #define PLAN_HEADROOM ((long long)4 << 30) /* scratch, workspaces, decode buffers */
 #define SNAP_HOST_RESERVE ((long long)8 << 30) /* host memory left beside a host copy */
 
+/* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
+static long long host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Device bytes of one micro-batch of T tokens: its grad activations with every layer
+ * recomputed, beside the no-grad passes' (old, reference) activations. */
+static long long micro_batch_bytes(const model *m, long long T) {
+    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0);
+}
+
+int eng_offload_mode_check(const char *mode, double *frac) {
+    static const struct {
+        const char *name;
+        double frac; /* the fraction in host memory; < 0: auto */
+    } named[] = {{"auto", -1}, {"", -1}, {"on", 1}, {"off", 0}};
+    *frac = -1;
+    for (size_t k = 0; k < sizeof named / sizeof named[0]; k++)
+        if (!mode || !strcmp(mode, named[k].name)) {
+            *frac = mode ? named[k].frac : -1;
+            return 0;
+        }
+    char *end = NULL;
+    double f = strtod(mode, &end);
+    if (end == mode || *end || !(f >= 0 && f <= 1) || strlen(mode) > 15)
+        return err_set(GE_INVALID,
+                       "optimizer_offload \"%.32s\": auto, on, off, or the fraction of the optimizer state in host memory "
+                       "(0 to 1, e.g. 0.6)",
+                       mode);
+    *frac = f;
+    return 0;
+}
+
+/* auto, when the whole host state does not fit this host: as much of it as the host holds (its
+ * MemAvailable less SNAP_HOST_RESERVE and PLAN_SPLIT_SLACK, so that the placement's own check a
+ * moment later passes), the rest on the device, when that leaves the device room for one
+ * micro-batch of PLAN_SPLIT_MB_TOKENS tokens (a 1024-token prompt and six 512-token responses);
+ * else a refusal naming both. */
+#define PLAN_SPLIT_MB_TOKENS 4096
+#define PLAN_SPLIT_SLACK ((long long)1 << 30)
+int plan_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, const char *dev_name,
+                    long long *host_n) {
+    *host_n = n;
+    if (avail < 0 || !plan_host_state_fits(12 * n, 1, avail)) return 0; /* all of it fits the host */
+    long long cap = (avail - SNAP_HOST_RESERVE - PLAN_SPLIT_SLACK) / 12;
+    if (cap <= 0) return err_code(); /* no room on the host at all: its refusal */
+    err_clear();
+    long long d = n - cap, dev = n * act_bytes + 4 * n + 12 * d; /* the policy, the gradients, the device part */
+    long long left = fr - dev - PLAN_HEADROOM;
+    if (left < mb)
+        return err_set(GE_NOMEM,
+                       "optimizer offload: the fp32 master and AdamW moments need %lld GiB (12 bytes a parameter); the "
+                       "host holds %lld GiB of them (%lld GiB available less %lld GiB kept free) and the rest on %s would "
+                       "leave %lld MiB there, less than the %lld MiB of a %d-token micro-batch: spread the model over more "
+                       "GPUs or hosts, or train LoRA adapters",
+                       12 * n >> 30, 12 * cap >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30, dev_name, left >> 20, mb >> 20,
+                       PLAN_SPLIT_MB_TOKENS);
+    *host_n = cap;
+    return 0;
+}
+
 /* The plan's first choice, made in eng_open after the weights and the reference are placed:
- * eng_open_opts.optimizer_offload -> *on. auto: offload when the fp32 master, gradients and
- * moments (16 bytes a parameter) would leave less than a quarter of the device's memory free. */
-int plan_offload(eng *e, const char *mode, long long state_n, int *on) {
+ * eng_open_opts.optimizer_offload -> *host_n (engine_internal.h). A fraction f puts the last
+ * round(f n) elements in host memory. auto: all on the device unless the fp32 master, gradients
+ * and moments (16 bytes a parameter) would leave less than a quarter of the device's memory
+ * free; then all in host memory, or with one rank, when the host cannot hold all of it, a split
+ * (plan_split_fits). */
+int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n) {
     eng_backend *be = e->be;
-    *on = 0;
-    if (mode && !strcmp(mode, "on")) {
-        *on = 1;
+    double f;
+    *host_n = 0;
+    int rc = eng_offload_mode_check(mode, &f);
+    if (rc) return rc;
+    if (f >= 0) {
+        *host_n = (long long)(f * (double)state_n + 0.5);
+        if (*host_n > state_n) *host_n = state_n;
+        if (e->dp && *host_n && *host_n < state_n)
+            return err_set(GE_UNSUPPORTED,
+                           "optimizer_offload %s: a state split between the device and host memory needs one rank "
+                           "(no --world, no expert parallelism): use on or off",
+                           mode);
         return 0;
     }
-    if (mode && !strcmp(mode, "off")) return 0;
-    if (mode && *mode && strcmp(mode, "auto")) return err_set(GE_INVALID, "optimizer offload \"%s\": auto, on or off", mode);
     size_t fr = 0, tot = 0;
     if (!be->mem_info || be->mem_info(be, &fr, &tot)) {
         err_clear();
@@ -51,8 +129,11 @@ int plan_offload(eng *e, const char *mode, long long state_n, int *on) {
     }
     double n = (double)e->m.n_elems, st = (double)state_n;
     double need = 4.0 * n + 12.0 * st + n * be->act_bytes; /* + the policy's act copy */
-    *on = need > (double)fr - (double)tot / 4;
-    return 0;
+    if (need <= (double)fr - (double)tot / 4) return 0;
+    *host_n = state_n;
+    return e->dp ? 0
+                 : plan_split_fits(state_n, be->act_bytes, (long long)fr, host_available(),
+                                   micro_batch_bytes(&e->m, PLAN_SPLIT_MB_TOKENS), be->name, host_n);
 }
 
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir) {
@@ -64,18 +145,6 @@ int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *
                    "memory with --optimizer-offload on), beyond its %lld GiB: train LoRA adapters (--lora-rank N; the "
                    "base is then the reference) or spread the model over more GPUs",
                    model_dir, (double)n / 1e9, (need + PLAN_HEADROOM) >> 30, dev_name, opt >> 30, dev_total >> 30);
-}
-
-/* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
-static long long host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return -1;
-    char line[256];
-    long long kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    fclose(f);
-    return kb < 0 ? -1 : kb * 1024;
 }
 
 int plan_host_state_fits(long long need, int ranks, long long avail) {
@@ -115,12 +184,6 @@ int plan_host_state(eng *e, long long bytes) {
     return e->dp ? dp_agree(e, rc) : rc;
 }
 
-/* Device bytes of one micro-batch of T tokens: its grad activations with every layer
- * recomputed, beside the no-grad passes' (old, reference) activations. */
-static long long micro_batch_bytes(const model *m, long long T) {
-    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0);
-}
-
 /* The most tokens in [1, hi] whose micro-batch fits budget; 0 when not even one does. */
 static long long fit_tokens(const model *m, long long budget, long long hi) {
     long long lo = 0;
@@ -152,7 +215,9 @@ int plan_make(eng *e, const eng_open_opts *o) {
     long long host = host_available();
     int where = SNAP_NONE;
     int host_fits = host < 0 || host - snap_host >= SNAP_HOST_RESERVE;
-    if (dev_state) {
+    if (e->host_n) {
+        where = SNAP_NONE; /* a split: the copy (snapshot.c) holds one place's state */
+    } else if (dev_state) {
         long long room = (long long)fr - p->headroom;
         where = snap <= room / 4 ? SNAP_DEVICE : host_fits && be->host_alloc ? SNAP_PINNED : SNAP_NONE;
     } else if (host_fits) {
@@ -163,9 +228,11 @@ int plan_make(eng *e, const eng_open_opts *o) {
         for (int k = SNAP_NONE; k <= SNAP_HOST; k++)
             if (!strcmp(o->snapshot, snap_where_name(k))) where = k;
         int on_dev = where == SNAP_DEVICE || where == SNAP_PINNED;
-        if (where < 0 || (where == SNAP_HOST && dev_state) || (on_dev && !dev_state))
+        if (where < 0 || (where == SNAP_HOST && dev_state) || (on_dev && !dev_state) || (e->host_n && where != SNAP_NONE))
             return err_set(GE_INVALID, "snapshot \"%s\": auto, none, or where the state is (%s)", o->snapshot,
-                           dev_state ? "device or pinned" : "host");
+                           e->host_n       ? "none with a split optimizer state"
+                               : dev_state ? "device or pinned"
+                                           : "host");
         if (where != SNAP_NONE && (rc = snap_alloc(e, where))) return rc;
     } else if (where != SNAP_NONE && snap_alloc(e, where)) {
         err_clear(); /* no room after all: the update runs without a copy (snapshot.h) */

@@ -12,7 +12,9 @@
 
 enum { EV_READY = 0, EV_D2H = 1, EV_H2D = 1 + OFFLOAD_STAGES, EV_DONE = 1 + 2 * OFFLOAD_STAGES };
 
-float *offload_host_alloc(long long n) {
+float *offload_host_alloc(long long n) { return offload_host_alloc_from(n, 0); }
+
+float *offload_host_alloc_from(long long n, long long from) {
     /* 2 MiB pages where the kernel gives them, zeroed here by all cores: left to the first
      * AdamW step, 4 KiB page faults on 64 GiB of moments cost ~30 s (measured at 8B dims) */
     const size_t huge = 2u << 20, bytes = ((size_t)(n > 0 ? n : 1) * 4 + huge - 1) & ~(huge - 1);
@@ -28,7 +30,7 @@ float *offload_host_alloc(long long n) {
      * in static blocks of 16 Ki elements), so that on a NUMA host each page sits beside the
      * thread that updates it */
     const long long chunk = OFFLOAD_CHUNK, blk = 16384, total = (long long)(bytes / 4);
-    for (long long c0 = 0; c0 < total; c0 += chunk) {
+    for (long long c0 = from; c0 < total; c0 += chunk) { /* the chunks of a state stepped from `from` */
         long long len = total - c0 < chunk ? total - c0 : chunk, nb = (len + blk - 1) / blk;
 #pragma omp parallel for schedule(static)
         for (long long b = 0; b < nb; b++) {
@@ -137,4 +139,9 @@ int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v
         if (!rc) rc = r2;
     }
     return rc;
+}
+
+void offload_host_release(float *p, long long n) {
+    const uintptr_t huge = 2u << 20, a = ((uintptr_t)p + huge - 1) & ~(huge - 1), b = ((uintptr_t)(p + n)) & ~(huge - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }

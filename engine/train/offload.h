@@ -51,4 +51,10 @@ int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v
 /* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by
  * the threads that will update each part (NUMA placement); free() it. NULL with GE_NOMEM. */
 float *offload_host_alloc(long long n);
+/* The same with only [from, n) zeroed (touched) here, for a state whose host part is the tail
+ * of a whole vector's buffer: [0, from) costs no memory until something writes it. */
+float *offload_host_alloc_from(long long n, long long from);
+/* Gives the pages wholly inside [p, p + n) of such a buffer back to the kernel (they read as
+ * zeros after). */
+void offload_host_release(float *p, long long n);
 #endif

@@ -70,6 +70,37 @@ static int place_device(eng *e, const float *host) {
     return be->act_from_f32(be, e->w_act, host, n);
 }
 
+/* One rank, a split (state.h): the master's first d elements on the device, the rest in host
+ * memory; the act weights whole and apart from the master (on cpu too). */
+static int place_split(eng *e, const float *host) {
+    eng_backend *be = e->be;
+    size_t n = (size_t)e->m.n_elems, hn = (size_t)e->host_n, d = n - hn;
+    int rc = plan_host_state(e, (long long)hn * 12);
+    if (rc) return rc;
+    if (!(e->host_whole[0] = offload_host_alloc_from((long long)n, (long long)d))) return GE_NOMEM;
+    memcpy(e->host_whole[0] + d, host + d, hn * sizeof(float));
+    if (!(e->w_master = be->alloc(be, d * sizeof(float)))) return GE_NOMEM;
+    if ((rc = be->to_dev(be, e->w_master, host, d * sizeof(float)))) return rc;
+    if (!(e->w_act = be->alloc(be, n * (size_t)be->act_bytes))) return GE_NOMEM;
+    return be->act_from_f32(be, e->w_act, host, n);
+}
+
+/* The master and moments of one rank without a comm, in element order: [0, n - host_n) where
+ * the backend's state lives (all of it without a split), then the host part of a split.
+ * Returns the count. */
+typedef struct {
+    long long at, n;
+    float *x[3]; /* master, m, v */
+    int host; /* 1: host memory */
+} state_part;
+static int state_parts(const eng *e, state_part q[2]) {
+    long long n = eng_train_n(e), d = n - e->host_n;
+    q[0] = (state_part){0, d, {eng_train_master(e), e->adam_m, e->adam_v}, e->offload};
+    q[1] = (state_part){d, e->host_n, {0}, 1};
+    for (int i = 0; i < 3; i++) q[1].x[i] = e->host_whole[i] ? e->host_whole[i] + d : NULL;
+    return e->host_n ? 2 : 1;
+}
+
 int state_fits(eng *e, const char *model_dir) {
     eng_backend *be = e->be;
     size_t fr = 0, tot = 0;
@@ -87,9 +118,15 @@ int state_open(eng *e, const float *host, const char *offload_mode) {
     e->sh_n = S;
     e->sh_off = off;
     e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
-    int rc = plan_offload(e, offload_mode, e->dp ? S + e->ep_n : e->m.n_elems, &e->offload); /* a comm's: this rank's shard */
+    long long ns = e->dp ? S + e->ep_n : e->m.n_elems, hn; /* a comm's: this rank's shard */
+    int rc = plan_offload(e, offload_mode, ns, &hn);
     if (rc) return rc;
-    return e->dp ? place_shard(e, host, valid) : e->offload ? place_host(e, host) : place_device(e, host);
+    e->offload = hn && hn == ns;
+    e->host_n = e->offload ? 0 : hn; /* a split: one rank (plan_offload) */
+    return e->dp     ? place_shard(e, host, valid)
+        : e->offload ? place_host(e, host)
+        : e->host_n  ? place_split(e, host)
+                     : place_device(e, host);
 }
 
 void state_free(eng *e) {
@@ -101,6 +138,10 @@ void state_free(eng *e) {
         else be->free(be, v[i]);
     }
     e->w_master = e->adam_m = e->adam_v = NULL;
+    for (int i = 0; i < 3; i++) { /* a split's host part */
+        free(e->host_whole[i]);
+        e->host_whole[i] = NULL;
+    }
     offload_free(&e->off);
 }
 
@@ -111,19 +152,20 @@ int state_footprint(const eng *e, eng_plan *p) {
     /* + the decode views' expert stacks beyond the gradient buffer (expert parallelism) */
     p->weights = (e->dp ? vec : n) * eb + (e->m.lora_r ? nt * eb : 0) + e->ep_dec_own;
     p->gradients = (e->dp ? vec : nt) * 4;
-    if (e->offload) p->host_state = 3 * ns * 4;
-    else { /* the backend's memory (the host's on cpu, where the master is the weights) */
-        p->master = eb == 4 && !e->m.lora_r ? 0 : ns * 4;
-        p->moments = 2 * ns * 4;
-    }
-    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : "device");
+    long long hn = e->offload ? ns : e->host_n, dn = ns - hn; /* in host memory; in the backend's */
+    p->host_state = 3 * hn * 4;
+    /* the backend's memory (the host's on cpu, where the master is the weights but with a split) */
+    p->master = eb == 4 && !e->m.lora_r && !e->host_n ? 0 : dn * 4;
+    p->moments = 2 * dn * 4;
+    snprintf(p->optimizer, sizeof p->optimizer, "%s", e->offload ? "host" : e->host_n ? "split" : "device");
     return !e->offload && be->mem_info;
 }
 
 int state_alloc(eng *e) {
     if (e->grad) return 0;
     eng_backend *be = e->be;
-    size_t n = (size_t)eng_state_n(e) * 4, ng = e->dp ? (size_t)(e->sh_n * e->W + e->ep_n) * 4 : n;
+    size_t ng = e->dp ? (size_t)(e->sh_n * e->W + e->ep_n) * 4 : (size_t)eng_state_n(e) * 4;
+    size_t n = (size_t)(eng_state_n(e) - e->host_n) * 4; /* the moments in the backend's memory */
     e->grad = be->alloc(be, ng);
     if (!e->grad) return err_set(GE_NOMEM, "gradients (%zu MiB) do not fit on %s", ng >> 20, be->name);
     if (ng > n) be->zero(be, e->grad, ng); /* with a comm: the padding stays zero */
@@ -140,6 +182,14 @@ int state_alloc(eng *e) {
                            be->name);
         be->zero(be, e->adam_m, n);
         be->zero(be, e->adam_v, n);
+    }
+    if (e->host_n) { /* a split's host moments, zeroed, and the offload's staging for its part */
+        int rc = offload_init(&e->off, be, e->host_n, 0);
+        if (rc) return rc;
+        long long ns = eng_state_n(e);
+        if (!(e->host_whole[1] = offload_host_alloc_from(ns, ns - e->host_n)) ||
+            !(e->host_whole[2] = offload_host_alloc_from(ns, ns - e->host_n)))
+            return GE_NOMEM;
     }
     return e->m.lora_r ? lora_grad_views(&e->m, e->grad, e->lora_sink, &e->gv) : model_views_make(&e->m, e->grad, 4, &e->gv);
 }
@@ -205,23 +255,27 @@ static int gain1_decay(eng *e, float lr, float wd) {
     float add = 1.0f - (1.0f - lr * wd); /* the step's own decay factor, as adamw_consts_make rounds it */
     state_piece pc[2]; /* the norms are replicated: in the first piece (the shard, or all) */
     state_pieces(e, pc);
-    long long lo = pc[0].vec, hi = lo + pc[0].n;
     float *master = eng_train_master(e);
     void *act = e->offload || e->dp || eng_train_act(e) != (void *)master ? eng_train_act(e) : NULL;
     size_t eb = (size_t)be->act_bytes;
-    int rc = 0;
-    for (int i = 0; i < m->n_params && !rc; i++) {
-        const model_param *p = &m->params[i];
-        long long a = p->off > lo ? p->off : lo, b = p->off + p->numel < hi ? p->off + p->numel : hi;
-        if (!p->gain1 || a >= b) continue;
-        size_t n = (size_t)(b - a);
-        float *mp = master + (a - lo), *h = e->offload ? mp : malloc(n * sizeof(float));
-        if (!h) return err_set(GE_NOMEM, "state: out of memory");
-        if (!e->offload) rc = be->to_host(be, h, mp, n * sizeof(float));
-        for (size_t j = 0; !rc && j < n; j++) h[j] += add;
-        if (!rc && !e->offload) rc = be->to_dev(be, mp, h, n * sizeof(float));
-        if (!rc && act) rc = be->act_from_f32(be, (char *)act + (size_t)a * eb, h, n);
-        if (!e->offload) free(h);
+    state_part q[2] = {{pc[0].vec, pc[0].n, {master}, e->offload}}; /* with a comm: the shard */
+    int nq = e->dp ? 1 : state_parts(e, q), rc = 0;
+    for (int k = 0; k < nq; k++) {
+        long long lo = q[k].at, hi = lo + q[k].n;
+        int host = q[k].host;
+        for (int i = 0; i < m->n_params && !rc; i++) {
+            const model_param *p = &m->params[i];
+            long long a = p->off > lo ? p->off : lo, b = p->off + p->numel < hi ? p->off + p->numel : hi;
+            if (!p->gain1 || a >= b) continue;
+            size_t n = (size_t)(b - a);
+            float *mp = q[k].x[0] + (a - lo), *h = host ? mp : malloc(n * sizeof(float));
+            if (!h) return err_set(GE_NOMEM, "state: out of memory");
+            if (!host) rc = be->to_host(be, h, mp, n * sizeof(float));
+            for (size_t j = 0; !rc && j < n; j++) h[j] += add;
+            if (!rc && !host) rc = be->to_dev(be, mp, h, n * sizeof(float));
+            if (!rc && act) rc = be->act_from_f32(be, (char *)act + (size_t)a * eb, h, n);
+            if (!host) free(h);
+        }
     }
     return rc;
 }
@@ -241,6 +295,18 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
             rc = offload_adamw(&e->off, p[i].n, e->w_master + p[i].st, e->adam_m + p[i].st, e->adam_v + p[i].st,
                                (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, lr, opt->beta1, opt->beta2, opt->eps,
                                opt->weight_decay, e->opt_step);
+    } else if (e->host_n) { /* a split: the device's part by the backend, the host's offloaded */
+        state_part q[2];
+        for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
+            char *act = (char *)e->w_act + (size_t)q[k].at * eb;
+            const float *g = e->grad + q[k].at;
+            if (q[k].host)
+                rc = offload_adamw(&e->off, q[k].n, q[k].x[0], q[k].x[1], q[k].x[2], act, g, lr, opt->beta1, opt->beta2, opt->eps,
+                                   opt->weight_decay, e->opt_step);
+            else
+                be->adamw(be, q[k].x[0], act, g, q[k].x[1], q[k].x[2], q[k].n, lr, opt->beta1, opt->beta2, opt->eps,
+                          opt->weight_decay, e->opt_step);
+        }
     } else if (e->dp) { /* this rank's shard (and its experts: state_pieces) */
         state_piece p[2];
         int np = state_pieces(e, p);
@@ -271,7 +337,14 @@ int state_act_from_master(eng *e, int rc) {
     long long n = eng_state_n(e);
     float *master = eng_train_master(e);
     char *act = eng_train_act(e), *mine = act + (e->dp ? (size_t)e->sh_off * eb : 0); /* all, or this rank's shard */
-    if (!rc && e->offload && !e->ep_n) { /* a host master: converted on its way to the device */
+    if (!rc && e->host_n) { /* a split: each part from where it lives */
+        state_part q[2];
+        for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
+            char *a = act + (size_t)q[k].at * eb;
+            if (q[k].host) rc = be->act_from_f32(be, a, q[k].x[0], (size_t)q[k].n);
+            else be->f32_to_act(be, a, q[k].x[0], (size_t)q[k].n);
+        }
+    } else if (!rc && e->offload && !e->ep_n) { /* a host master: converted on its way to the device */
         rc = be->act_from_f32(be, mine, master, (size_t)n);
     } else if (!rc && e->offload) {
         state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
@@ -290,6 +363,15 @@ int state_act_from_master(eng *e, int rc) {
 }
 
 int state_sumsq_after_step(eng *e, double *w2, double *v2) {
+    if (e->host_n) { /* a split (one rank): the parts' sums */
+        state_part q[2];
+        *w2 = *v2 = 0;
+        for (int k = 0, nq = state_parts(e, q); k < nq; k++) {
+            *w2 += q[k].host ? sumsq_cpu(q[k].x[0], q[k].n) : e->be->sumsq(e->be, q[k].x[0], q[k].n);
+            *v2 += q[k].host ? sumsq_cpu(q[k].x[2], q[k].n) : e->be->sumsq(e->be, q[k].x[2], q[k].n);
+        }
+        return 0;
+    }
     int rc = sumsq_global(e, eng_train_master(e), e->offload, w2);
     return rc ? rc : sumsq_global(e, e->adam_v, e->offload, v2);
 }
@@ -310,6 +392,18 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         for (int i = 0; i < k; i++) out[i] = part[i];
         return 0;
     }
+    if (e->host_n) { /* a split: the host part where it lives, the device's copied in front of it */
+        for (int i = 0; i < k && !rc; i++) {
+            out[i] = e->host_whole[i];
+            /* touched over the threads first (see below: pageable first faults inside a copy) */
+            long long d = (long long)n - e->host_n, blk = 1LL << 22;
+#pragma omp parallel for schedule(static)
+            for (long long b = 0; b < (d + blk - 1) / blk; b++)
+                memset(out[i] + b * blk, 0, (size_t)((d - b * blk < blk ? d - b * blk : blk) * 4));
+            rc = e->be->to_host(e->be, out[i], part[i], (n - (size_t)e->host_n) * 4);
+        }
+        return rc;
+    }
     for (int i = 0; i < k && e->rank == 0 && !rc; i++)
         /* touched over the threads before the copy (offload_host_alloc): a copy from the device
          * into untouched pageable memory pays each page's first fault inside it, one at a time
@@ -322,8 +416,14 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         for (int i = 0; i < k && !rc; i++)
             rc = e->ep_full ? ep_whole(e, part[i], out[i]) /* the experts too, in the layout without expert parallelism */
                             : dp_agree(e, dp_gather_to_host(e, part[i], out[i]));
-    } else {
-        for (int i = 0; i < k && !rc; i++) rc = e->be->to_host(e->be, out[i], part[i], n * 4);
+    } else { /* one rank: each part from where it lives (a split: two) */
+        state_part q[2];
+        for (int j = 0, nq = state_parts(e, q); j < nq && !rc; j++)
+            for (int i = 0; i < k && !rc; i++) {
+                float *dst = out[i] + q[j].at;
+                if (q[j].host) memcpy(dst, q[j].x[i], (size_t)q[j].n * 4);
+                else rc = e->be->to_host(e->be, dst, q[j].x[i], (size_t)q[j].n * 4);
+            }
     }
     if (rc) state_whole_free(out, owned);
     return rc;
@@ -340,8 +440,8 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
     int rc = state_alloc(e);
     size_t n = (size_t)eng_train_n(e);
     for (int i = 0; i < 2; i++) {
-        owned[i] = !(e->offload && !e->dp);
-        buf[i] = rc ? NULL : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
+        owned[i] = !(e->offload && !e->dp) && !e->host_n; /* host state of one rank: read in place */
+        buf[i] = rc ? NULL : e->host_n ? e->host_whole[1 + i] : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
         if (!rc && !buf[i]) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", n * 4 >> 20);
     }
     if (rc)
@@ -355,6 +455,15 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     long long n = eng_train_n(e);
+    if (e->host_n) { /* a split (one rank): read into host_whole; the device's part moved there */
+        long long d = n - e->host_n;
+        int rc = 0;
+        for (int i = 0; i < 2 && !rc; i++) {
+            rc = e->be->to_dev(e->be, i ? e->adam_v : e->adam_m, buf[i], (size_t)d * 4);
+            offload_host_release(buf[i], d);
+        }
+        return rc;
+    }
     state_piece p[2];
     int np = state_pieces(e, p);
     float *dst[2] = {e->adam_m, e->adam_v};

@@ -6,6 +6,10 @@
  *   fp32 gradients            backend memory       backend memory             whole, padded to W shards
  *   act-typed weights         backend memory       backend memory             whole; the rank steps its shard,
  *                                                                             then all are gathered
+ * A split (one rank, no comm; --optimizer-offload FRACTION, or auto when the host cannot hold all
+ * of it, engine/plan.c): elements [0, d) of the master and moments in backend memory, stepped by
+ * be->adamw, [d, n) in host memory, stepped by the offload (offload.h); the act weights whole
+ * (apart from the master, on cpu too). Each function below handles the two parts.
  * With expert parallelism (a comm, engine/train/ep.c) each rank's vectors end with its experts,
  * whose gradients, master and moments the rank holds whole (after its shard), never summed.
  * The trainable parameters are the model's (full fine-tuning) or the adapters' (LoRA; one rank,

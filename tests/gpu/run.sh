@@ -88,6 +88,7 @@ BENCHES="bench_grpo bench_dp bench_lora bench_step bench_rollout bench_layer ben
 BENCHES="$BENCHES bench_moe_update"
 # the few-row decode GEMM alone (skinny_kernel at the decode shapes), run by hand
 BENCHES="$BENCHES bench_skinny"
+BENCHES="$BENCHES bench_offload_split"
 # NCCL as the Makefile finds it (NCCL_HOME, then the CUDA and system include directories): the
 # engine library holds the NCCL comm then, and test_comm_nccl joins
 NCCL_FLAGS=$(make -s NVCC="$NVCC" nccl-flags 2>/dev/null)

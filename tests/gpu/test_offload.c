@@ -12,10 +12,17 @@
  *       atomics (ninth session: the spread of two full-activation backwards, printed, went from
  *       0 to 2.6e-3 to 0, and so did the recompute's); the rows keep the contract's tolerance.
  *       A recompute that went wrong is off by O(1) (the cpu test_backward.c shows it).
+ *   (c) a split optimizer state (--optimizer-offload FRACTION: the master and moments' first d
+ *       elements on the GPU, stepped by its fused AdamW, the rest in host memory, stepped by the
+ *       offloaded one) against the state all on the GPU, through the engine (the default model,
+ *       one update of one optimizer step on the same gradients): master and moments within (a)'s
+ *       1e-6 relative, the bf16 weights within one bf16 step; the GPU's part bit-equal.
  * Prints ROW lines for tests/gpu/run.sh. */
 #include <cuda_runtime_api.h>
 
+#include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/train/train_testing.h"
 #include "engine/train/offload.h"
 #include "engine/model/pack.h"
 #include "kernels/adamw.h"
@@ -208,12 +215,89 @@ static void recompute_vs_full(eng_backend *be) {
     free(prompt);
 }
 
+#define SPLIT_MODEL "/tmp/grpod_gpu_offload_split_model"
+
+/* One update (one group, one mini-batch: one optimizer step) on an engine opened with `offload`;
+ * its master, m, v and act weights as host fp32 (n each, malloc'd into out[4]). */
+static void split_run(const char *offload, long long n, float *out[4]) {
+    static const int prompt[] = {71, 114, 97, 100, 105, 101, 110, 116, 115, 32, 103, 111, 32, 100, 111, 119, 110, 58};
+    static const int ra[] = {49, 50, 51, 10}, rb[] = {97, 98, 99, 100, 101, 102}, rc_[] = {33, 63}, rd[] = {111, 107, 46, 32};
+    static const int *resp[4] = {ra, rb, rc_, rd};
+    static int R[4] = {4, 6, 2, 4};
+    static float rew[4] = {1.0f, 0.0f, 0.7f, 0.2f};
+    loss_config a;
+    eng_optim opt;
+    loss_config_default(&a);
+    eng_optim_default(&opt);
+    a.kl_coef = 0.01f, opt.lr = 2e-3f;
+    eng *e;
+    eng_open_opts o = {.model_dir = SPLIT_MODEL, .backend = "cuda", .optimizer_offload = offload};
+    if (eng_open(&o, &e)) gc_die(NULL, "eng_open (split)");
+    eng_info in;
+    eng_get_info(e, &in);
+    printf("  optimizer_offload %s: plan optimizer %s, host state %lld bytes\n", offload, in.plan.optimizer, in.plan.host_state);
+    eng_update_group g = {.prompt = prompt, .P = 18, .n = 4, .resp = resp, .R = R, .reward = rew};
+    eng_update_result u;
+    if (eng_update(e, &g, 1, &a, &opt, 1 << 20, &u, NULL, NULL) || u.optimizer_steps != 1) gc_die(NULL, "eng_update (split)");
+    for (int i = 0; i < 4; i++)
+        if (!(out[i] = malloc((size_t)n * 4))) gc_die(NULL, "alloc");
+    if (eng_testing_state(e, out[0], out[1], out[2]) || eng_testing_weights(e, out[3])) gc_die(NULL, "state (split)");
+    eng_close(e);
+}
+
+static void split_vs_device(void) {
+    if (eng_ensure_default_model(SPLIT_MODEL)) gc_die(NULL, "default model");
+    eng *e;
+    eng_open_opts o = {.model_dir = SPLIT_MODEL, .backend = "cuda", .optimizer_offload = "off", .no_training = 1};
+    if (eng_open(&o, &e)) gc_die(NULL, "eng_open");
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    long long n = ti.n_params, d = ti.m->params[1].off + ti.m->params[1].numel / 3; /* inside the second tensor */
+    eng_close(e);
+    char frac[24];
+    snprintf(frac, sizeof frac, "%.12g", (double)(n - d) / (double)n);
+    float *dev[4], *spl[4], *again[4];
+    split_run("off", n, dev);
+    split_run("off", n, again); /* the update's own run-to-run spread: 0 when it is deterministic */
+    long long spread = 0;
+    for (int i = 0; i < 4; i++) {
+        spread += memcmp(again[i], dev[i], (size_t)n * 4) != 0;
+        free(again[i]);
+    }
+    printf("  device vs device again: %lld of 4 arrays differ (the floor of the rows below)\n", spread);
+    split_run(frac, n, spl);
+    char shape[96];
+    snprintf(shape, sizeof shape, "default model, d=%lld of n=%lld, 1 step", d, n);
+    static const char *names[3] = {"split vs device master (max rel)", "split vs device m (max rel)",
+                                   "split vs device v (max rel)"};
+    long long dev_part_diff = 0, flips = 0;
+    for (int i = 0; i < 3; i++) {
+        gc_row(names[i], shape, max_rel(spl[i], dev[i], (size_t)n), 1e-6);
+        dev_part_diff += memcmp(spl[i], dev[i], (size_t)d * 4) != 0;
+    }
+    gc_row("split vs device: GPU part (arrays differing)", shape, (double)dev_part_diff, 0);
+    double worst = 0;
+    for (long long i = 0; i < n; i++) {
+        double r = fabs((double)spl[3][i] - dev[3][i]) / (fabs(dev[3][i]) > 1e-30 ? fabs(dev[3][i]) : 1e-30);
+        if (r > worst) worst = r;
+        flips += spl[3][i] != dev[3][i];
+    }
+    printf("  split vs device bf16 weights: %lld of %lld differ (%.2e)\n", flips, n, worst);
+    gc_row("split vs device bf16 weights (max rel)", shape, worst, 7.9e-3);
+    gc_row("split vs device bf16 weights (fraction differing)", shape, (double)flips / n, 1e-4);
+    for (int i = 0; i < 4; i++) {
+        free(dev[i]);
+        free(spl[i]);
+    }
+}
+
 int main(void) {
     eng_backend *be;
     if (backend_cuda_create(&be, 0)) gc_die(NULL, "backend_cuda_create");
     offload_vs_gpu(be);
     recompute_vs_full(be);
     be->destroy(be);
+    split_vs_device();
     printf("test_offload: %d failed\n", gc_failures);
     return gc_failures ? 1 : 0;
 }

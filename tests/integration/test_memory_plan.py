@@ -76,3 +76,24 @@ def test_exit_checkpoint_that_cannot_fit_is_refused_at_start(make_daemon, tmp_pa
         d2.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_split_optimizer_state_shows_in_the_plan(make_daemon, tmp_path):
+    # --optimizer-offload 0.25: the last quarter of the fp32 master and AdamW moments in host
+    # memory, the rest in the backend's (engine/train/state.h's split); a split has no safety copy
+    d = make_daemon(args=["--optimizer-offload", "0.25"])
+    m = d.get("/v1/model").json()
+    p, n = m["memory_plan"], m["n_params"]
+    h = int(0.25 * n + 0.5)
+    assert p["optimizer"] == "split" and p["host_state_bytes"] == 12 * h, p
+    assert p["master_bytes"] == 4 * (n - h) and p["moments_bytes"] == 8 * (n - h) and p["snapshot"] == "none", p
+    jid = d.submit("/v1/updates", {"groups": [{"prompt_ids": [5, 6, 7],
+                                               "responses": [{"token_ids": [8, 9], "reward": 1.0},
+                                                             {"token_ids": [10, 11, 12], "reward": 0.0}]}]})
+    assert d.wait_job(jid)["status"] == "done"
+    d.stop()
+    # a bad fraction: refused at start, naming the flag
+    for bad in ("1.5", "-0.1", "half"):
+        r = subprocess.run([GRPOD, "serve", "--optimizer-offload", bad, "--data-dir", str(tmp_path / "bad")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "--optimizer-offload" in r.stderr, (bad, r.returncode, r.stderr)

@@ -5,7 +5,14 @@
  *     be->adamw call bit for bit after several steps, on the cpu backend;
  *   the engine: updates with --optimizer-offload on and off give byte-identical checkpoints
  *     (master weights and both moments) over several optimizer steps with clipping, and a
- *     checkpoint written with offload resumes to the same place with or without it.
+ *     checkpoint written with offload resumes to the same place with or without it;
+ *   a split state (--optimizer-offload FRACTION: elements [0, d) on the device, [d, n) in host
+ *     memory): byte-identical checkpoints and act weights to the unsplit state at d = n, 0,
+ *     inside a tensor and at a tensor's edge, on the default model and on a Qwen3.5 model whose
+ *     zero-centred norm gains (their decay's correction) straddle d; a checkpoint saved split
+ *     resumes unsplit and the other way round, byte-identical; the plan says "split" with the
+ *     host's bytes and no safety copy (an explicit one refused); bad values refused, naming the
+ *     field.
  * Bit-equality is the contract on the cpu backend (the same element math on the same inputs);
  * the CUDA comparison (<= 1e-6 relative) is tests/gpu/test_offload.c. */
 #include <stdint.h>
@@ -16,6 +23,7 @@
 #include "check.h"
 #include "engine/backend/backend.h"
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "common/err.h"
 #include "engine/train/offload.h"
 #include "common/bf16.h"
@@ -111,15 +119,16 @@ static const int *resp[4] = {ra, rb, rc_, rd};
 static int R[4] = {4, 6, 2, 5};
 static float rew1[4] = {1.0f, 0.0f, 0.7f, 0.2f}, rew2[4] = {0.1f, 0.9f, 0.0f, 0.5f};
 
-static eng *open_engine(const char *offload, const char *resume) {
+static eng *open_model(const char *dir, const char *offload, const char *resume) {
     eng *e;
-    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume};
+    eng_open_opts o = {.model_dir = dir, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume};
     if (eng_open(&o, &e)) {
         printf("open: %s\n", err_msg());
         return NULL;
     }
     return e;
 }
+static eng *open_engine(const char *offload, const char *resume) { return open_model(MODEL, offload, resume); }
 
 /* `updates` updates of two groups, one optimizer step per group, two epochs: 4 steps each */
 static int train(eng *e, int updates) {
@@ -197,8 +206,163 @@ TEST(engine_offload_on_equals_off) {
     eng *bad;
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = "sometimes"};
     CHECK(eng_open(&o, &bad) == GE_INVALID);
-    CHECK(strstr(err_msg(), "auto, on or off") != NULL);
+    CHECK(strstr(err_msg(), "optimizer_offload") != NULL);
     system("rm -rf " CK "*");
+}
+
+#define QWEN35 "tests/fixtures/data/qwen3_5_text"
+
+/* The fraction string that puts the last n - d of n elements in host memory (d: the device's). */
+static void frac_of(char out[24], long long n, long long d) { snprintf(out, 24, "%.12g", (double)(n - d) / (double)n); }
+
+/* Opened split at d: 1 when the plan says so (host_state 12 (n - d), no safety copy). */
+static eng *open_split(const char *dir, long long n, long long d, const char *resume) {
+    char f[24];
+    frac_of(f, n, d);
+    eng *e = open_model(dir, f, resume);
+    if (!e) return NULL;
+    eng_info in;
+    eng_get_info(e, &in);
+    int split = d > 0 && d < n,
+        ok = in.plan.host_state == 12 * (n - d) &&
+        !strcmp(in.plan.optimizer,
+                split   ? "split"
+                    : d ? "device"
+                        : "host") &&
+        (!split || !strcmp(in.plan.snapshot_at, "none"));
+    if (!ok)
+        printf("  d=%lld of %lld (%s): plan %s, host_state %lld, snapshot %s\n", d, n, f, in.plan.optimizer, in.plan.host_state,
+               in.plan.snapshot_at);
+    if (!ok) eng_close(e);
+    return ok ? e : NULL;
+}
+
+/* 1 when a's and b's act weights are the same bytes */
+static int same_weights(eng *a, eng *b) {
+    eng_testing_info ti;
+    eng_testing_get(a, &ti);
+    size_t n = (size_t)ti.n_params;
+    float *wa = malloc(n * 4), *wb = malloc(n * 4);
+    int same = wa && wb && !eng_testing_weights(a, wa) && !eng_testing_weights(b, wb) && !memcmp(wa, wb, n * 4);
+    free(wa);
+    free(wb);
+    return same;
+}
+
+/* The model's n and the d's to try: n, 0, inside the parameter named `in` (a third of the way),
+ * at its start. */
+static int split_points(const char *dir, const char *in, long long *n, long long d[4]) {
+    eng *e = open_model(dir, "off", NULL);
+    if (!e) return -1;
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    *n = ti.n_params;
+    int found = 0;
+    for (int i = 0; i < ti.m->n_params; i++)
+        if (!strcmp(ti.m->params[i].name, in)) {
+            d[2] = ti.m->params[i].off + ti.m->params[i].numel / 3;
+            d[3] = ti.m->params[i].off;
+            found = ti.m->params[i].numel >= 3 && d[3] > 0;
+        }
+    d[0] = *n;
+    d[1] = 0;
+    eng_close(e);
+    return found ? 0 : -1;
+}
+
+/* the unsplit state's checkpoint after two updates, and each split's beside it */
+static void split_equals_unsplit(const char *dir, const char *param) {
+    long long n, d[4];
+    CHECK(split_points(dir, param, &n, d) == 0);
+    eng *ref = open_model(dir, "off", NULL);
+    CHECK(ref && train(ref, 2) == 0 && eng_checkpoint_save(ref, CK "_ref") == 0);
+    for (int k = 0; k < 4; k++) {
+        eng *s = open_split(dir, n, d[k], NULL);
+        CHECK_MSG(s != NULL, "%s: open at d=%lld", dir, d[k]);
+        if (!s) continue;
+        CHECK(train(s, 2) == 0 && eng_checkpoint_save(s, CK "_split") == 0);
+        CHECK_MSG(same_checkpoint(CK "_ref", CK "_split", 1), "%s: d=%lld of %lld", dir, d[k], n);
+        CHECK_MSG(same_weights(ref, s), "%s: act weights, d=%lld", dir, d[k]);
+        eng_close(s);
+    }
+    eng_close(ref);
+}
+
+TEST(engine_split_equals_unsplit) {
+    system("rm -rf " CK "*");
+    CHECK(eng_ensure_default_model(MODEL) == 0);
+    split_equals_unsplit(MODEL, "model.layers.0.mlp.up_proj.weight");
+    split_equals_unsplit(QWEN35, "model.layers.1.input_layernorm.weight"); /* a zero-centred gain */
+    system("rm -rf " CK "*");
+}
+
+TEST(engine_split_checkpoints_cross) {
+    system("rm -rf " CK "*");
+    long long n, d[4];
+    CHECK(split_points(QWEN35, "model.layers.2.post_attention_layernorm.weight", &n, d) == 0);
+    eng *s = open_split(QWEN35, n, d[2], NULL), *u = open_model(QWEN35, "off", NULL);
+    CHECK(s && u && train(s, 1) == 0 && train(u, 1) == 0);
+    CHECK(eng_checkpoint_save(s, CK "_s") == 0 && eng_checkpoint_save(u, CK "_u") == 0);
+    CHECK(same_checkpoint(CK "_s", CK "_u", 1));
+    eng_close(s);
+    eng_close(u);
+    /* split -> unsplit, unsplit -> split (elsewhere), split -> host: one more update each */
+    eng *r[3] = {open_model(QWEN35, "off", CK "_s"), open_split(QWEN35, n, d[3], CK "_u"), open_model(QWEN35, "on", CK "_s")};
+    const char *out[3] = {CK "_r0", CK "_r1", CK "_r2"};
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(r[i] && train(r[i], 1) == 0 && eng_checkpoint_save(r[i], out[i]) == 0, "resume %d", i);
+        if (i) CHECK_MSG(same_checkpoint(out[0], out[i], 1), "resume %d", i);
+        if (i) CHECK_MSG(r[0] && r[i] && same_weights(r[0], r[i]), "resume %d: act weights", i);
+    }
+    CHECK(!same_checkpoint(out[0], CK "_s", 0));
+    for (int i = 0; i < 3; i++) eng_close(r[i]);
+    system("rm -rf " CK "*");
+}
+
+TEST(engine_split_refusals) {
+    CHECK(eng_ensure_default_model(MODEL) == 0);
+    static const char *bad[] = {"1.5", "-0.25", "0.5x", "nan", "abc", "1e400", "0.5 ", "0.1234567890123456"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        eng *e = NULL;
+        eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = bad[i]};
+        CHECK_MSG(eng_open(&o, &e) == GE_INVALID, "\"%s\" accepted", bad[i]);
+        CHECK_MSG(strstr(err_msg(), "optimizer_offload") != NULL, "\"%s\": %s", bad[i], err_msg());
+        eng_close(e);
+    }
+    static const char *good[] = {"0", "1", "0.5", "1e-3", "auto", "on", "off", ""};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        double f;
+        CHECK_MSG(eng_offload_mode_check(good[i], &f) == 0, "\"%s\" refused", good[i]);
+    }
+    /* a split has no safety copy: asking for one is refused, naming why */
+    eng *e = NULL;
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = "0.5", .snapshot = "host"};
+    CHECK(eng_open(&o, &e) == GE_INVALID);
+    CHECK(strstr(err_msg(), "split") != NULL);
+    eng_close(e);
+}
+
+/* The auto rule at Qwen3.5-9B dims on one H200 (139.8 GiB, the reference placed) and the
+ * 125 GiB host where the whole host state was refused (90 GiB available): the host takes what
+ * it holds less 9 GiB, the device the rest with room for a 4096-token micro-batch (30.5 GiB,
+ * model_acts_bytes at these dims); a host with less room, or a smaller device, that would leave
+ * the device without that micro-batch's room is refused naming both; a host that holds it all
+ * takes it; a host without room at all gives the host's refusal. */
+TEST(engine_split_auto_rule) {
+    const long long G = 1LL << 30, n = 8953803264LL, fr = (long long)(139.8 * G) - G - 2 * n, mb = (long long)(30.52 * G);
+    long long hn = -1;
+    CHECK(eng_testing_split_fits(n, 2, fr, 90 * G, mb, &hn) == 0);
+    CHECK_MSG(hn == (90 * G - 9 * G) / 12 && hn < n, "host_n %lld", hn);
+    long long d = n - hn, left = fr - (2 * n + 4 * n + 12 * d) - 4 * G;
+    printf("  9B: %.2fB elements on the host (%lld GiB), %.2fB on the device (%lld GiB), %lld GiB left for activations\n",
+           hn / 1e9, 12 * hn / G, d / 1e9, 12 * d / G, left / G);
+    CHECK(left >= mb);
+    CHECK(eng_testing_split_fits(n, 2, fr, 60 * G, mb, &hn) == GE_NOMEM); /* the device part would crowd out the micro-batch */
+    CHECK(strstr(err_msg(), "micro-batch") != NULL && strstr(err_msg(), "host holds") != NULL);
+    CHECK(eng_testing_split_fits(n, 2, 6 * n + 40 * G, 90 * G, mb, &hn) == GE_NOMEM); /* a smaller device: 40 GiB spare */
+    CHECK(eng_testing_split_fits(n, 2, fr, 125 * G, mb, &hn) == 0 && hn == n); /* 100 GiB + 8 fits: all on the host */
+    CHECK(eng_testing_split_fits(n, 2, fr, 5 * G, mb, &hn) == GE_NOMEM); /* no host room at all: the host's refusal */
+    CHECK(strstr(err_msg(), "host memory") != NULL);
 }
 
 int main(void) {
@@ -207,6 +371,10 @@ int main(void) {
     RUN(host_adamw_equals_reference);
     RUN(pipeline_equals_backend_adamw);
     RUN(engine_offload_on_equals_off);
+    RUN(engine_split_equals_unsplit);
+    RUN(engine_split_checkpoints_cross);
+    RUN(engine_split_refusals);
+    RUN(engine_split_auto_rule);
     system("rm -rf " MODEL);
     return CHECK_DONE();
 }
