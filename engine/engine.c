@@ -193,6 +193,8 @@ int eng_open(const eng_open_opts *o, eng **out) {
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
         if ((rc = state_open(e, host, o->optimizer_offload))) goto fail;
+        free(host); /* placed: its n floats of host memory are free before the moments are read */
+        host = NULL;
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))
             goto fail;
