@@ -626,7 +626,7 @@ static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gr
 }
 
 int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring) {
-    *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring};
+    *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring > 0 ? ring : 0, .n_ckpt = ring < 0 ? m->cfg.L : 0};
     return acts_alloc(m, a, cap_T, cap_M);
 }
 

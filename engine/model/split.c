@@ -386,22 +386,26 @@ static size_t host_avail_bytes(void) {
     return (size_t)kb * 1024;
 }
 
-static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
+/* The dormant set not kept: each layer's input only, the rest refilled by a forward of the layer
+ * before its backward in C (model_acts_init_kv's ring < 0). */
+static int pacts_recompute(const model *m, prompt_acts *p, split_ctx *x, split_stats *st) {
+    int rc = model_acts_init_kv(m, &p->a, x->g->P, x->hp.in.M, &x->kv, &x->dkv, 0, -1);
+    if (rc) return rc;
+    st->recomputed = 1;
+    st->dormant_mib = p->a.layer_bytes * (double)m->cfg.L / 1048576.0;
+    return 0;
+}
+
+/* The dormant set through host memory: `ring` layers of it on the device. RING when the free
+ * device memory (mem_info) holds the extra slots beside RING_MARGIN: the backward fetches
+ * RING - 1 layers ahead. Else 2, the fewest the forward needs (a layer writes the next one's
+ * input): the backward fetches one layer ahead into the slot it has just left, no memory beyond
+ * the forward's spent on prefetching. */
+static int pacts_host(const model *m, prompt_acts *p, split_ctx *x, split_mem *mem, split_stats *st) {
     eng_backend *be = m->be;
     int L = m->cfg.L, P = x->g->P, M = x->hp.in.M;
-    memset(p, 0, sizeof *p);
-    int rc = GE_NOMEM;
-    if (offload <= 0 || L <= RING) rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 0);
-    if (!rc || offload == 0 || L <= RING) {
-        if (!rc) st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
-        return rc;
-    }
-    /* The dormant set does not fit (or host memory was asked for): `ring` layers of it on the
-     * device. RING when the free device memory (mem_info) holds the extra slots beside
-     * RING_MARGIN: the backward fetches RING - 1 layers ahead. Else 2, the fewest the forward
-     * needs (a layer writes the next one's input): the backward fetches one layer ahead into the
-     * slot it has just left, no memory beyond the forward's spent on prefetching. */
-    if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 2))) return rc;
+    int rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 2);
+    if (rc) return rc;
     p->ring = 2;
     size_t fr = 0, tot = 0;
     if (!be->mem_info || (!be->mem_info(be, &fr, &tot) && fr >= (RING - 2) * p->a.layer_bytes + RING_MARGIN)) {
@@ -435,6 +439,25 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
                        P, st->dormant_mib, be->name);
     st->offloaded = 1;
     return 0;
+}
+
+/* The prompt's saved activations where o->offload says (split.h): on the device, through host
+ * memory, or recomputed; asked for none (-1), the first of the three that fits. */
+static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
+    int L = m->cfg.L, rc = GE_NOMEM;
+    memset(p, 0, sizeof *p);
+    if (offload == SPLIT_RECOMPUTE) return pacts_recompute(m, p, x, st);
+    if (offload <= 0 || L <= RING) rc = model_acts_init_kv(m, &p->a, x->g->P, x->hp.in.M, &x->kv, &x->dkv, 0, 0);
+    if (!rc) st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
+    if (!rc || offload == 0) return rc;
+    if (L > RING) {
+        rc = pacts_host(m, p, x, mem, st);
+        if (!rc || offload > 0) return rc;
+        pacts_free(m, p);
+        st->ring = 0;
+        st->ms_host_alloc = 0;
+    }
+    return pacts_recompute(m, p, x, st);
 }
 
 /* Events of the backend's copy lanes (backend.h; offload.c has 0..7): the ops so far, the copy
@@ -512,6 +535,7 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
         int f = l + 1 - R; /* fetched now into layer l + 1's slot, used R - 1 layers later */
         if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0);
         if (!rc && R && l < L - R) rc = pacts_wait(m, p, l, 0);
+        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, d, NULL, NULL); /* refill the shared set */
         model_layer_bwd(m, w, g, a, l, d);
     }
     if (rc) return rc;

@@ -5,7 +5,8 @@
  *      backward reads (the dormant set) stays on the device when it fits; otherwise (or when
  *      asked) it moves to host memory layer by layer as the forward goes and comes back layer
  *      by layer ahead of the backward, and only `ring` layers of it are on the device at a time
- *      (3, fetching two layers ahead, when the free device memory holds them; else 2).
+ *      (3, fetching two layers ahead, when the free device memory holds them; else 2). When
+ *      neither holds it, each layer keeps its input only and runs its forward again in C.
  *   B  the responses, in micro-batches of at most max_tokens response tokens: each attends to
  *      the cached prompt K/V (cache rows [0, P)) and causally to itself (rows P + its tokens);
  *      forward, loss, backward. The gradient of every prompt K/V row accumulates in fp32 dK/dV
@@ -39,10 +40,15 @@ typedef struct {
 } split_mem;
 void split_mem_free(eng_backend *be, split_mem *s);
 
+/* split_opts.offload: the dormant set not kept at all: each layer's input stays on the device
+ * (C tokens' activations a layer), the rest is a forward of the layer again before its backward
+ * in C (one more prompt forward, less the down projections; the gradients are the same). */
+enum { SPLIT_RECOMPUTE = 2 };
+
 typedef struct {
     long long max_tokens; /* response tokens per micro-batch (each R_r <= max_tokens) */
     float temperature;
-    int offload; /* dormant set: -1 host when the device has no room, 0 device, 1 host */
+    int offload; /* dormant set: 0 device, 1 host, SPLIT_RECOMPUTE; -1 the first that fits */
     split_mem *mem; /* NULL: host memory allocated for the call */
 } split_opts;
 
@@ -50,6 +56,7 @@ typedef struct {
     int n_micro; /* response micro-batches */
     int offloaded; /* the dormant set went to host memory */
     int ring; /* then: its layers on the device at a time (2 or 3: by free memory) */
+    int recomputed; /* the dormant set was not kept (SPLIT_RECOMPUTE) */
     double hot_mib, dormant_mib; /* prompt K/V (+ dK/dV when training); prompt saved activations */
     double ms_prompt_fwd, ms_resp, ms_prompt_bwd; /* phases A, B, C (each ends in a sync) */
     double ms_host_alloc; /* of phase A: allocating (pinning) the dormant set's host memory */
