@@ -19,7 +19,8 @@
  * process held at start, i.e. weights, optimizer state and activations) and the host memory
  * pinned for the dormant set and the optimizer's stages. First a table of the predicted bytes
  * (the engine's own activation sizes, model_acts_bytes). Prints a table line per run.
- * Usage: bench_split [DIMS] N R MAXTOK P [P ...]   (OFFLOAD_MAX env, default 16384) */
+ * Usage: bench_split [DIMS] N R MAXTOK P [P ...]   (OFFLOAD_MAX env, default 16384; PREDICT_ONLY=1:
+ * the table alone) */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <time.h>
@@ -266,6 +267,7 @@ int main(int argc, char **argv) {
            B.opt_off ? "in host memory" : "on the device", tot / 1073741824.0, fr / 1073741824.0);
     for (int a = a0 + 3; a < argc; a++) predict(&B, atoi(argv[a]), N, maxtok);
     fflush(stdout);
+    if (getenv("PREDICT_ONLY")) return 0; /* the table alone */
     double t0 = gc_now();
     B.w = be->alloc(be, n * 2);
     B.wref = be->alloc(be, n * 2);
