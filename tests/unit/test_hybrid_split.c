@@ -132,7 +132,7 @@ static int cb_loss(void *ud, int r0, int r1) {
 }
 
 /* Every group through split_train at its budget (dormant set on the device, through host
- * memory, or recomputed), and through split_forward: o->ent holds the forward-only logprobs. *micro: the
+ * memory, or recomputed with the layers' inputs on the device or through host memory), and through split_forward: o->ent holds the forward-only logprobs. *micro: the
  * response micro-batches of each group, at least. */
 static void run_split(loaded *x, const groups *G, const float *wl, const float *we, int offload, run_out *o, int *micro) {
     size_t M = (size_t)G->M;
@@ -153,8 +153,8 @@ static void run_split(loaded *x, const groups *G, const float *wl, const float *
         CHECK_MSG(split_train(&x->m, &x->wv, &gv, pg, &so, o->logp + o0, ent + o0, dl + o0, de + o0, cb_loss, &u, &ss) == 0,
                   "split_train: %s", err_msg());
         CHECK_EQ_INT(u.calls, ss.n_micro);
-        CHECK_EQ_INT(ss.offloaded, offload == 1);
-        CHECK_EQ_INT(ss.recomputed, offload == SPLIT_RECOMPUTE);
+        CHECK_EQ_INT(ss.offloaded, offload == SPLIT_HOST || offload == SPLIT_RECOMPUTE_HOST);
+        CHECK_EQ_INT(ss.recomputed, offload >= SPLIT_RECOMPUTE);
         *micro = ss.n_micro < *micro ? ss.n_micro : *micro;
         CHECK_MSG(split_forward(&x->m, &x->wv, pg, &so, o->ent + o0, NULL, &fs) == 0, "split_forward: %s", err_msg());
         CHECK_EQ_INT(fs.n_micro, ss.n_micro);
@@ -316,8 +316,8 @@ TEST(hybrid_split_equals_packed) {
         check_fill(we, M, 7301 + mi, 1.0f);
         run_out pk = {0};
         run_packed(&x, &G, wl, we, &pk);
-        static const char *where[] = {"on device", "dormant via host", "recomputed"};
-        for (int offload = 0; offload <= SPLIT_RECOMPUTE; offload++) {
+        static const char *where[] = {"on device", "dormant via host", "recomputed", "recomputed, inputs via host"};
+        for (int offload = SPLIT_DEVICE; offload <= SPLIT_RECOMPUTE_HOST; offload++) {
             run_out sp;
             int micro;
             run_split(&x, &G, wl, we, offload, &sp, &micro);

@@ -10,7 +10,8 @@
  *              recomputed;
  *   offload    split with the dormant set forced through host memory (at P <= OFFLOAD_MAX):
  *              its step time minus split's is the exposed transfer time;
- *   recompute  split with the dormant set not kept (SPLIT_RECOMPUTE).
+ *   recompute  split with the dormant set not kept (SPLIT_RECOMPUTE): each layer's input only;
+ *   recompute-host  the same with those inputs through host memory (SPLIT_RECOMPUTE_HOST).
  * DIMS: 1.7b (Qwen3-1.7B, tied; the default) or qwen3.5-9b[-lL] (the HF default Qwen3.5 text
  * config on L layers, 32 by default; tests/gpu/gpu_check.h). The optimizer state is in host
  * memory (engine/train/offload.h) with OPT_OFFLOAD=1, the default for qwen3.5-9b.
@@ -142,10 +143,10 @@ static int split_step(bench *B, const pack_group *pg, long long maxtok, int offl
     return rc;
 }
 
-enum { M_ONE, M_SPLIT, M_OFFLOAD, M_RECOMPUTE, N_MODES };
-static const char *mode_names[N_MODES] = {"one-graph", "split", "split+offload", "split+recompute"};
-static const char *mode_keys[N_MODES] = {"one-graph", "split", "offload", "recompute"};
-static const int mode_offload[N_MODES] = {0, -1, 1, SPLIT_RECOMPUTE};
+enum { M_ONE, M_SPLIT, M_OFFLOAD, M_RECOMPUTE, M_RECOMPUTE_HOST, N_MODES };
+static const char *mode_names[N_MODES] = {"one-graph", "split", "split+offload", "split+recompute", "split+recompute-host"};
+static const char *mode_keys[N_MODES] = {"one-graph", "split", "offload", "recompute", "recompute-host"};
+static const int mode_offload[N_MODES] = {0, -1, SPLIT_HOST, SPLIT_RECOMPUTE, SPLIT_RECOMPUTE_HOST};
 
 /* reps steps (warm-up, timed) of one mode; prints a line. */
 static void run(bench *B, const pack_group *pg, long long maxtok, int mode, int reps) {
@@ -170,14 +171,12 @@ static void run(bench *B, const pack_group *pg, long long maxtok, int mode, int 
            mode_names[mode], pg->P, pg->N, pg->R[0], t.total, t.old, t.ref, t.policy, t.optim, peak, pinned);
     if (mode)
         printf("; policy phases: prompt fwd %.0f (old pass's, no saves or copies: %.0f), %d response micro-batches %.0f, "
-               "prompt bwd %.0f ms; hot %.0f MiB, dormant %.0f MiB %s, %d layers of it on the device (pinning it: %.0f ms, "
-               "in prompt fwd)",
+               "prompt bwd %.0f ms; hot %.0f MiB, dormant %.0f MiB%s %s, %d layers of it on the device (pinning it: %.0f "
+               "ms, in prompt fwd)",
                t.st.ms_prompt_fwd, t.old_st.ms_prompt_fwd, t.st.n_micro, t.st.ms_resp, t.st.ms_prompt_bwd, t.st.hot_mib,
-               t.st.dormant_mib,
-               t.st.offloaded    ? "in pinned host memory"
-                   : t.st.recomputed ? "recomputed (each layer's input kept)"
-                                     : "on the device",
-               t.st.offloaded ? t.st.ring : t.st.recomputed ? 0 : B->m.cfg.L, t.st.ms_host_alloc);
+               t.st.dormant_mib, t.st.recomputed ? " (the layers' inputs; the rest recomputed)" : "",
+               t.st.offloaded ? "in pinned host memory" : "on the device", t.st.offloaded ? t.st.ring : B->m.cfg.L,
+               t.st.ms_host_alloc);
     printf("\n");
     fflush(stdout);
 }
@@ -195,12 +194,13 @@ static void predict(const bench *B, int P, int N, long long maxtok) {
     double x = 2.0 * c->C * P / G, block = (full - ck) / (L - 1) + x; /* one layer's saved set at P */
     double resp = model_acts_bytes(m, (int)maxtok, (int)maxtok, 1, 0) / G;
     double kvrow = (double)model_kv_row_bytes(m), hot = (kvrow * S + kvrow / eb * 4 * P + 2.0 * c->K * c->D * eb * S) / G;
-    double dev = full, ring = ck - (L - 1) * x + 2 * block, rec = ck;
-    printf("predict P=%-6d device (fixed %.1f + hot %.1f + response micro-batch %.1f +): all kept %.1f = %.1f GiB | "
-           "via host (3 layers) %.1f = %.1f GiB, host %.1f + %.1f pinned | recomputed %.1f = %.1f GiB; "
-           "a layer's saved set %.2f GiB (%.1f KiB a token), its input %.1f KiB a token\n",
-           P, fixed, hot, resp, dev, fixed + hot + resp + dev, ring, fixed + hot + resp + ring, host, (L - 3) * block, rec,
-           fixed + hot + resp + rec, block, block * G / P / 1024, x * G / P / 1024);
+    double dev = full, ring = ck - (L - 1) * x + 2 * block, rec = ck, rech = ck - (L - 3) * x, all = fixed + hot + resp;
+    printf("predict P=%-6d GiB: device fixed %.1f + hot %.1f + a response micro-batch %.1f + the prompt's: all kept %.1f "
+           "(device %.1f) | via host, 3 layers %.1f (device %.1f; host %.1f pinned + %.1f) | recomputed %.1f (device %.1f) | "
+           "recomputed, inputs via host %.1f (device %.1f; host %.1f pinned + %.1f); a layer's saved set %.1f KiB a token, "
+           "its input %.1f\n",
+           P, fixed, hot, resp, dev, all + dev, ring, all + ring, (L - 3) * block, host, rec, all + rec, rech, all + rech,
+           (L - 3) * x, host, block * G / P / 1024, x * G / P / 1024);
 }
 
 int main(int argc, char **argv) {
@@ -216,11 +216,11 @@ int main(int argc, char **argv) {
     int reps = getenv("REPS") ? atoi(getenv("REPS")) : 2, hyb = !strncmp(dims, "qwen3.5-9b", 10);
     int modes[N_MODES] = {0}, nm = 0;
     const char *ml = getenv("MODES") ? getenv("MODES") : "one-graph,split,offload";
-    for (int k = 0; k < N_MODES; k++) {
-        const char *f = strstr(ml, mode_keys[k]);
-        size_t n = strlen(mode_keys[k]);
-        modes[k] = f && (f == ml || f[-1] == ',') && (f[n] == ',' || !f[n]);
-        nm += modes[k];
+    for (const char *f = ml; *f; f += *f == ',') {
+        size_t n = strcspn(f, ",");
+        for (int k = 0; k < N_MODES; k++)
+            if (strlen(mode_keys[k]) == n && !strncmp(f, mode_keys[k], n)) nm += modes[k] = 1;
+        f += n;
     }
     if (!nm || reps < 1) {
         fprintf(stderr, "MODES: a comma list of one-graph, split, offload, recompute; REPS >= 1\n");
