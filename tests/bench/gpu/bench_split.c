@@ -287,10 +287,14 @@ int main(int argc, char **argv) {
      * the bf16 copies when the master is on the host) */
     size_t blk = (size_t)1 << 24;
     float *hb = gc_rand(blk, 0.02f, 7);
+    if (B.opt_off) {
+#pragma omp parallel for schedule(static)
+        for (long long off = 0; off < (long long)n; off += (long long)blk)
+            memcpy(B.master + off, hb, ((long long)n - off < (long long)blk ? (size_t)((long long)n - off) : blk) * 4);
+    }
     for (size_t off = 0; off < n; off += blk) {
         size_t k = n - off < blk ? n - off : blk;
         if (B.opt_off) {
-            memcpy(B.master + off, hb, k * 4);
             if (be->to_dev(be, B.g, hb, k * 4)) gc_die(be, "upload");
             be->f32_to_act(be, (char *)B.w + off * 2, B.g, k);
             be->f32_to_act(be, (char *)B.wref + off * 2, B.g, k);
