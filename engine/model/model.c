@@ -625,9 +625,12 @@ static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gr
     return acts_alloc(m, a, cap_T, cap_M);
 }
 
-int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring) {
-    *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring};
-    return acts_alloc(m, a, cap_T, cap_M);
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring,
+                       int recompute) {
+    *a = (model_acts){.grad = 1, .kv = kv, .dkv = dkv, .kv_row0 = row0, .ring = ring, .n_ckpt = recompute ? m->cfg.L : 0};
+    int rc = acts_alloc(m, a, cap_T, cap_M);
+    if (!rc && ring && recompute) a->layer_bytes = (size_t)a->cap_T * m->cfg.C * (size_t)m->be->act_bytes; /* the input alone */
+    return rc;
 }
 
 /* carve() with a->grad, kv, ring set */

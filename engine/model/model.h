@@ -278,8 +278,12 @@ struct model_kv {
  * from acc, cast to the act type once, for the attention backward to add to.
  * ring > 0 keeps the saved activations of `ring` layers only (l[l] aliases l[l % ring]): each
  * layer's block (layer_bytes from l[l].x) must be moved out after its forward and back before
- * its backward by the caller; 0 keeps every layer. */
-int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring);
+ * its backward by the caller; 0 keeps every layer. recompute: each layer keeps its input x only
+ * and one set of the rest that all layers share (n_ckpt = L), which the caller refills before
+ * each layer's backward with model_layer_fwd(.., out NULL, kv_k, kv_v NULL) as model_backward
+ * does; with ring > 0 too, the inputs alone are in `ring` slots (layer_bytes: one input). */
+int model_acts_init_kv(const model *m, model_acts *a, int cap_T, int cap_M, const model_kv *kv, model_kv *dkv, int row0, int ring,
+                       int recompute);
 int model_kv_init(const model *m, model_kv *kv, int cap_S);
 void model_kv_free(const model *m, model_kv *kv);
 /* Bytes of one KV row over the layers that keep K/V; of one state row over the DeltaNet layers

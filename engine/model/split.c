@@ -386,30 +386,35 @@ static size_t host_avail_bytes(void) {
     return (size_t)kb * 1024;
 }
 
-static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
+/* The dormant set on the device: every layer's whole, or (recompute) each layer's input and one
+ * set of the rest that all layers share, refilled by a forward of the layer before its backward
+ * in C. */
+static int pacts_device(const model *m, prompt_acts *p, split_ctx *x, int recompute, split_stats *st) {
+    int rc = model_acts_init_kv(m, &p->a, x->g->P, x->hp.in.M, &x->kv, &x->dkv, 0, 0, recompute);
+    if (rc) return rc;
+    size_t in = (size_t)x->g->P * m->cfg.C * (size_t)m->be->act_bytes;
+    st->dormant_mib = (recompute ? in : p->a.layer_bytes) * (double)m->cfg.L / 1048576.0;
+    st->recomputed = recompute;
+    return 0;
+}
+
+/* The dormant set (or with recompute each layer's input) through host memory: `ring` layers of
+ * it on the device. RING when the free device memory (mem_info) holds the extra slots beside
+ * RING_MARGIN: the backward fetches RING - 1 layers ahead. Else 2, the fewest the forward needs
+ * (a layer writes the next one's input): the backward fetches one layer ahead into the slot it
+ * has just left, no memory beyond the forward's spent on prefetching. */
+static int pacts_host(const model *m, prompt_acts *p, split_ctx *x, int recompute, split_mem *mem, split_stats *st) {
     eng_backend *be = m->be;
     int L = m->cfg.L, P = x->g->P, M = x->hp.in.M;
-    memset(p, 0, sizeof *p);
-    int rc = GE_NOMEM;
-    if (offload <= 0 || L <= RING) rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 0);
-    if (!rc || offload == 0 || L <= RING) {
-        if (!rc) st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
-        return rc;
-    }
-    /* The dormant set does not fit (or host memory was asked for): `ring` layers of it on the
-     * device. RING when the free device memory (mem_info) holds the extra slots beside
-     * RING_MARGIN: the backward fetches RING - 1 layers ahead. Else 2, the fewest the forward
-     * needs (a layer writes the next one's input): the backward fetches one layer ahead into the
-     * slot it has just left, no memory beyond the forward's spent on prefetching. */
-    if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 2))) return rc;
+    int rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, 2, recompute);
+    if (rc) return rc;
     p->ring = 2;
     size_t fr = 0, tot = 0;
     if (!be->mem_info || (!be->mem_info(be, &fr, &tot) && fr >= (RING - 2) * p->a.layer_bytes + RING_MARGIN)) {
         model_acts_free(m, &p->a);
-        if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, RING))) return rc;
+        if ((rc = model_acts_init_kv(m, &p->a, P, M, &x->kv, &x->dkv, 0, RING, recompute))) return rc;
         p->ring = RING;
     }
-    st->ring = p->ring;
     size_t bytes = p->a.layer_bytes * (size_t)(L - p->ring);
     st->dormant_mib = p->a.layer_bytes * (double)L / 1048576.0;
     split_mem *s = mem ? mem : &p->own;
@@ -417,9 +422,10 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
     size_t avail = host_avail_bytes();
     if (s->bytes < bytes && avail && bytes > (avail + s->bytes) / 10 * 9)
         return err_set(GE_TOO_LARGE,
-                       "prompt of %d tokens: its saved activations (%.0f MiB, %.0f to move out) fit "
+                       "prompt of %d tokens: its saved activations (%.0f MiB%s, %.0f to move out) fit "
                        "neither on %s nor in the host memory left (%.0f MiB)",
-                       P, st->dormant_mib, bytes / 1048576.0, be->name, (avail + s->bytes) / 1048576.0);
+                       P, st->dormant_mib, recompute ? ", the layers' inputs alone" : "", bytes / 1048576.0, be->name,
+                       (avail + s->bytes) / 1048576.0);
     if (s->bytes < bytes) {
         double t = clock_mono_ms();
         split_mem_free(be, s);
@@ -434,7 +440,25 @@ static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload,
                        "in host memory",
                        P, st->dormant_mib, be->name);
     st->offloaded = 1;
+    st->ring = p->ring;
+    st->recomputed = recompute;
     return 0;
+}
+
+/* The prompt's saved activations where `offload` says (split.h: SPLIT_DEVICE .. SPLIT_RECOMPUTE_HOST),
+ * or for -1 the first of those that fits. With L <= RING nothing would move: the host forms are
+ * the device ones. */
+static int pacts_init(const model *m, prompt_acts *p, split_ctx *x, int offload, split_mem *mem, split_stats *st) {
+    int rc = GE_NOMEM;
+    for (int k = SPLIT_DEVICE; k <= SPLIT_RECOMPUTE_HOST && rc; k++) {
+        if (offload >= 0 && k != offload) continue;
+        pacts_free(m, p);
+        st->dormant_mib = st->ms_host_alloc = 0;
+        st->offloaded = st->ring = st->recomputed = 0;
+        int host = k == SPLIT_HOST || k == SPLIT_RECOMPUTE_HOST, rec = k >= SPLIT_RECOMPUTE;
+        rc = host && m->cfg.L > RING ? pacts_host(m, p, x, rec, mem, st) : pacts_device(m, p, x, rec, st);
+    }
+    return rc;
 }
 
 /* Events of the backend's copy lanes (backend.h; offload.c has 0..7): the ops so far, the copy
@@ -512,6 +536,7 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
         int f = l + 1 - R; /* fetched now into layer l + 1's slot, used R - 1 layers later */
         if (R && f >= 0 && f < L - R) rc = pacts_copy(m, p, f, 0);
         if (!rc && R && l < L - R) rc = pacts_wait(m, p, l, 0);
+        if (l < a->n_ckpt) model_layer_fwd(m, w, a, l, NULL, d, NULL, NULL); /* refill the shared set */
         model_layer_bwd(m, w, g, a, l, d);
     }
     if (rc) return rc;
@@ -533,7 +558,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     int P = g->P, want_ent = ent != NULL;
     double t = clock_mono_ms();
     int rc = ctx_init(&x, m, g, o, 1, st);
-    if (!rc) rc = model_acts_init_kv(m, &as, x.capT, x.capM, &x.kv, &x.dkv, P, 0);
+    if (!rc) rc = model_acts_init_kv(m, &as, x.capT, x.capM, &x.kv, &x.dkv, P, 0, 0);
     if (!rc) rc = pacts_init(m, &p, &x, o->offload, o->mem, st);
     as.acc = p.a.acc = &x.acc;
     if (x.carry_mem) { /* the DeltaNet layers: the prompt's end carried to every response micro-batch */

@@ -5,7 +5,9 @@
  *      backward reads (the dormant set) stays on the device when it fits; otherwise (or when
  *      asked) it moves to host memory layer by layer as the forward goes and comes back layer
  *      by layer ahead of the backward, and only `ring` layers of it are on the device at a time
- *      (3, fetching two layers ahead, when the free device memory holds them; else 2).
+ *      (3, fetching two layers ahead, when the free device memory holds them; else 2). When
+ *      neither holds it, each layer keeps its input only (on the device, else through host
+ *      memory as above) and runs its forward again in C.
  *   B  the responses, in micro-batches of at most max_tokens response tokens: each attends to
  *      the cached prompt K/V (cache rows [0, P)) and causally to itself (rows P + its tokens);
  *      forward, loss, backward. The gradient of every prompt K/V row accumulates in fp32 dK/dV
@@ -39,18 +41,25 @@ typedef struct {
 } split_mem;
 void split_mem_free(eng_backend *be, split_mem *s);
 
+/* split_opts.offload, where the dormant set goes: kept on the device; through host memory;
+ * recomputed (each layer keeps its input, C values a token, and runs its forward again before
+ * its backward in C: one more prompt forward less the down projections, the same gradients);
+ * recomputed with the inputs through host memory. */
+enum { SPLIT_DEVICE, SPLIT_HOST, SPLIT_RECOMPUTE, SPLIT_RECOMPUTE_HOST };
+
 typedef struct {
     long long max_tokens; /* response tokens per micro-batch (each R_r <= max_tokens) */
     float temperature;
-    int offload; /* dormant set: -1 host when the device has no room, 0 device, 1 host */
+    int offload; /* SPLIT_DEVICE .. SPLIT_RECOMPUTE_HOST; -1: the first of them that fits */
     split_mem *mem; /* NULL: host memory allocated for the call */
 } split_opts;
 
 typedef struct {
     int n_micro; /* response micro-batches */
-    int offloaded; /* the dormant set went to host memory */
+    int offloaded; /* the dormant set (or the layers' inputs) went to host memory */
     int ring; /* then: its layers on the device at a time (2 or 3: by free memory) */
-    double hot_mib, dormant_mib; /* prompt K/V (+ dK/dV when training); prompt saved activations */
+    int recomputed; /* the layers' inputs were kept, the rest recomputed */
+    double hot_mib, dormant_mib; /* prompt K/V (+ dK/dV when training); prompt saved activations (all layers) */
     double ms_prompt_fwd, ms_resp, ms_prompt_bwd; /* phases A, B, C (each ends in a sync) */
     double ms_host_alloc; /* of phase A: allocating (pinning) the dormant set's host memory */
 } split_stats;

@@ -248,10 +248,12 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
     mrun_step(&rc, &pk, dlogp, dent, lp_c, en_c, g_c);
     mrun_step(&rg, &pk, dlogp, dent, lp_g, en_g, g_g);
     int (*mem_info)(eng_backend *, size_t *, size_t *) = gpu->mem_info;
-    for (int off = 0; off < 3; off++) { /* dormant on the device, via host (3 slots), via host (2) */
+    /* dormant on the device, via host (3 slots), via host (2), recomputed, recomputed with the inputs via host */
+    static const int where[] = {SPLIT_DEVICE, SPLIT_HOST, SPLIT_HOST, SPLIT_RECOMPUTE, SPLIT_RECOMPUTE_HOST};
+    for (int off = 0; off < 5; off++) {
         gpu->zero(gpu, rg.g, n * 4);
         gpu->mem_info = off == 2 ? no_room : mem_info;
-        int micro = 0, offloaded = 0, ring = 0;
+        int micro = 0, offloaded = 0, ring = 0, recomputed = 0, host = where[off] == SPLIT_HOST || off == 4;
         for (int g = 0, o = 0; g < gs.G; g++) {
             const pack_group *pg = &gs.pg[g];
             int maxR = 0, tot = 0;
@@ -259,12 +261,13 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
                 maxR = pg->R[r] > maxR ? pg->R[r] : maxR;
                 tot += pg->R[r];
             }
-            split_opts so = {maxR, 0.9f, off > 0, NULL};
+            split_opts so = {maxR, 0.9f, where[off], NULL};
             split_stats st;
             if (split_train(&rg.m, &rg.wv, &rg.gv, pg, &so, lp_x + o, en_x + o, dlogp + o, dent + o, no_loss, NULL, &st))
                 gc_die(gpu, "split_train");
             micro += st.n_micro;
             offloaded += st.offloaded;
+            recomputed += st.recomputed;
             ring = st.ring;
             if (split_forward(&rg.m, &rg.wv, pg, &so, fl_x + o, NULL, NULL)) gc_die(gpu, "split_forward");
             o += tot;
@@ -272,17 +275,20 @@ static void split_case(const char *name, const model_config *c, unsigned long lo
         if (gpu->to_host(gpu, g_x, rg.g, n * 4)) gc_die(gpu, "grad");
         char sh[160];
         snprintf(sh, sizeof sh, "%s L=%d D=%d %d micro-batches, dormant %s", name, c->L, c->D, micro,
-                 off == 2  ? "via host, 2 slots"
-                     : off ? "via host, 3 slots"
-                           : "on device");
+                 off == 4       ? "recomputed, inputs via host"
+                     : off == 3 ? "recomputed"
+                     : off == 2 ? "via host, 2 slots"
+                     : off      ? "via host, 3 slots"
+                                : "on device");
         gc_row("split logprobs vs gpu one graph", sh, rel_l2(lp_x, lp_g, (size_t)M), 1e-2);
         gc_row("split entropy vs gpu one graph", sh, rel_l2(en_x, en_g, (size_t)M), 1e-2);
         gc_row("split forward-only logprobs vs gpu", sh, rel_l2(fl_x, lp_g, (size_t)M), 1e-2);
         gc_row("split gradients vs gpu one graph", sh, rel_l2(g_x, g_g, n), 1e-2);
         gc_row("split logprobs vs cpu one graph", sh, rel_l2(lp_x, lp_c, (size_t)M), 1e-2);
         gc_row("split gradients vs cpu one graph", sh, rel_l2(g_x, g_c, n), 1e-2);
-        gc_row("split groups not offloaded as asked", sh, offloaded != (off ? gs.G : 0), 0);
-        gc_row("split ring slots not as mem_info allows", sh, ring != (off == 2 ? 2 : off ? 3 : 0), 0);
+        gc_row("split groups not offloaded as asked", sh, offloaded != (host ? gs.G : 0), 0);
+        gc_row("split groups not recomputed as asked", sh, recomputed != (off >= 3 ? gs.G : 0), 0);
+        gc_row("split ring slots not as mem_info allows", sh, ring != (off == 2 ? 2 : off == 1 || off == 4 ? 3 : 0), 0);
     }
     gpu->mem_info = mem_info;
     mrun_free(&rc);

@@ -131,8 +131,8 @@ static int cb_loss(void *ud, int r0, int r1) {
     return 0;
 }
 
-/* Every group through split_train at its budget (dormant set on the device, or through host
- * memory), and through split_forward: o->ent holds the forward-only logprobs. *micro: the
+/* Every group through split_train at its budget (dormant set on the device, through host
+ * memory, or recomputed with the layers' inputs on the device or through host memory), and through split_forward: o->ent holds the forward-only logprobs. *micro: the
  * response micro-batches of each group, at least. */
 static void run_split(loaded *x, const groups *G, const float *wl, const float *we, int offload, run_out *o, int *micro) {
     size_t M = (size_t)G->M;
@@ -153,7 +153,8 @@ static void run_split(loaded *x, const groups *G, const float *wl, const float *
         CHECK_MSG(split_train(&x->m, &x->wv, &gv, pg, &so, o->logp + o0, ent + o0, dl + o0, de + o0, cb_loss, &u, &ss) == 0,
                   "split_train: %s", err_msg());
         CHECK_EQ_INT(u.calls, ss.n_micro);
-        CHECK_EQ_INT(ss.offloaded, offload);
+        CHECK_EQ_INT(ss.offloaded, offload == SPLIT_HOST || offload == SPLIT_RECOMPUTE_HOST);
+        CHECK_EQ_INT(ss.recomputed, offload >= SPLIT_RECOMPUTE);
         *micro = ss.n_micro < *micro ? ss.n_micro : *micro;
         CHECK_MSG(split_forward(&x->m, &x->wv, pg, &so, o->ent + o0, NULL, &fs) == 0, "split_forward: %s", err_msg());
         CHECK_EQ_INT(fs.n_micro, ss.n_micro);
@@ -315,7 +316,8 @@ TEST(hybrid_split_equals_packed) {
         check_fill(we, M, 7301 + mi, 1.0f);
         run_out pk = {0};
         run_packed(&x, &G, wl, we, &pk);
-        for (int offload = 0; offload < 2; offload++) {
+        static const char *where[] = {"on device", "dormant via host", "recomputed", "recomputed, inputs via host"};
+        for (int offload = SPLIT_DEVICE; offload <= SPLIT_RECOMPUTE_HOST; offload++) {
             run_out sp;
             int micro;
             run_split(&x, &G, wl, we, offload, &sp, &micro);
@@ -328,7 +330,7 @@ TEST(hybrid_split_equals_packed) {
             }
             printf("  %-16s %s: >= %d micro-batches a group; vs one graph: logprobs %.2e forward-only %.2e gradients %.2e "
                    "(worst tensor %.2e %s)\n",
-                   models[mi], offload ? "dormant via host" : "on device", micro, el, ef, eg, worst, wn);
+                   models[mi], where[offload], micro, el, ef, eg, worst, wn);
             CHECK(micro >= 3);
             CHECK_MSG(el <= 1e-5 && ef <= 1e-5 && eg <= 1e-5, "%s: split differs: %.3g %.3g %.3g", models[mi], el, ef, eg);
             CHECK_MSG(worst <= 1e-5, "%s: %s rel L2 %.3g", models[mi], wn, worst);
