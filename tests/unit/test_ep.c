@@ -227,7 +227,8 @@ typedef enum {
     OP_UPDATE = RANK_OPS,
     OP_STATE,
     OP_PROBE,
-    OP_ROLL
+    OP_ROLL,
+    OP_UNDO
 } op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
@@ -246,6 +247,7 @@ static int rank_op(rank_head *h) {
     case OP_STATE: return eng_testing_state(h->e, j->st[0], j->st[1], j->st[2]);
     case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     case OP_ROLL: return rollout(h->e, j->roll);
+    case OP_UNDO: return eng_update_undo(h->e);
     }
     return -1;
 }
@@ -528,6 +530,55 @@ TEST(ep_rollouts_equal_one_rank) {
     }
 }
 
+/* An update taken back (eng_update_undo: the safety copy of the master and moments restored,
+ * the act weights made again from the master piece by piece — the shard's and this rank's
+ * experts', train/state.c state_act_from_master — then the decode copy gathered again) leaves
+ * W = 2 and 3 ranks, the optimizer on the device and offloaded, as they were before it, bit for
+ * bit: the master and both moments gathered whole, the logprobs and every rank's rollouts. The
+ * update itself changed the logprobs (the check could fail); act weights of the experts left
+ * as the update made them change them again. */
+TEST(ep_undo_restores_the_state) {
+    static struct roll before[WMAX], after[WMAX];
+    static const char *modes[2] = {"off", "on"};
+    for (int o = 0; o < 2; o++)
+        for (int W = 2; W <= 3; W++) {
+            offload_ = modes[o];
+            comm *cs[WMAX];
+            rank_job j[WMAX];
+            float *st0[3], lp0[NPROBE];
+            CHECK(open_world(W, cs, j, NULL) == 0);
+            alloc_st(st0);
+            for (int q = 0; q < W; q++) {
+                alloc_st(j[q].st);
+                j[q].roll = &before[q];
+            }
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_ROLL, 0, NULL) == 0);
+            for (int i = 0; i < 3; i++) memcpy(st0[i], j[0].st[i], (size_t)N * 4);
+            memcpy(lp0, j[0].lp, sizeof lp0);
+            CHECK(all_ranks(j, W, OP_UPDATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK_MSG(memcmp(lp0, j[0].lp, sizeof lp0) != 0, "W=%d: the update changed no logprob: the test could not fail", W);
+            CHECK_MSG(all_ranks(j, W, OP_UNDO, 0, NULL) == 0, "W=%d offload %s: undo", W, modes[o]);
+            for (int q = 0; q < W; q++) j[q].roll = &after[q];
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_ROLL, 0, NULL) == 0);
+            int same_st = 1, same_roll_all = 1;
+            for (int i = 0; i < 3; i++) same_st &= !memcmp(st0[i], j[0].st[i], (size_t)N * 4);
+            for (int q = 0; q < W; q++) same_roll_all &= same_roll(&before[q], &after[q]);
+            int same_lp = !memcmp(lp0, j[0].lp, sizeof lp0);
+            printf("  W=%d offload %s: after the undo state %s, logprobs %s, rollouts %s\n", W, modes[o],
+                   same_st ? "bit-equal" : "DIFFERS", same_lp ? "bit-equal" : "DIFFER", same_roll_all ? "bit-equal" : "DIFFER");
+            CHECK_MSG(same_st && same_lp && same_roll_all, "W=%d offload %s: the undo did not restore the state", W, modes[o]);
+            free_st(st0);
+            for (int q = 0; q < W; q++) free_st(j[q].st);
+            close_world(W, cs, j);
+        }
+    offload_ = "off";
+}
+
 TEST(refusals) {
     eng *e;
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .expert_parallel = 1};
@@ -572,6 +623,7 @@ int main(void) {
     RUN(control_doubled_expert_gradient);
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
     RUN(ep_rollouts_equal_one_rank);
+    RUN(ep_undo_restores_the_state);
     RUN(refusals);
     return CHECK_DONE();
 }
