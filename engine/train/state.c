@@ -22,6 +22,7 @@ static int place_shard(eng *e, const float *host, long long valid) {
            pad = whole - n;
     size_t ns = S + (size_t)e->ep_n;
     int rc = dp_open(e);
+    if (!rc) rc = plan_host_peers(e); /* one exchange of the host names, for the plan */
     if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * 12); /* every rank of this host together */
     if (rc) return rc;
     e->w_act = be->alloc(be, whole * eb);
