@@ -228,7 +228,8 @@ typedef enum {
     OP_STATE,
     OP_PROBE,
     OP_ROLL,
-    OP_UNDO
+    OP_UNDO,
+    OP_STRAY
 } op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
@@ -248,6 +249,7 @@ static int rank_op(rank_head *h) {
     case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     case OP_ROLL: return rollout(h->e, j->roll);
     case OP_UNDO: return eng_update_undo(h->e);
+    case OP_STRAY: return h->c && comm_rank(h->c) == 0 ? comm_barrier(h->c) : 0; /* the others never enter it */
     }
     return -1;
 }
@@ -396,6 +398,7 @@ TEST(ep_offload_equals_ep) {
         for (int k = 0; k < NCFG; k++) {
             comm *cs[WMAX];
             rank_job j[WMAX];
+            CHECK_MSG(ep_st[W][k][0], "W=%d cfg %d: no result of ep_update_equals_one_rank to compare with", W, k);
             CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open with offload", W);
             eng_info in;
             eng_get_info(j[0].h.e, &in);
@@ -579,6 +582,29 @@ TEST(ep_undo_restores_the_state) {
     offload_ = "off";
 }
 
+/* A rank left waiting in a collective the others never enter (as when a code path gathers on
+ * some ranks only) fails the op in bounded time instead of hanging the binary (rank_threads.h:
+ * the group is aborted past the bound, the waiting rank returns GE_COMM). */
+TEST(a_rank_left_waiting_fails) {
+    comm *cs[2];
+    rank_job j[2];
+    memset(j, 0, sizeof j);
+    CHECK(comm_cpu_group(2, cs) == 0);
+    for (int q = 0; q < 2; q++) {
+        j[q].h.c = cs[q];
+        j[q].h.fn = rank_op;
+    }
+    int keep = rank_bound_s;
+    rank_bound_s = 1;
+    int bad = all_ranks(j, 2, OP_STRAY, 0, NULL);
+    rank_bound_s = keep;
+    rank_hung = 0; /* on purpose: the next tests keep the whole bound */
+    CHECK_MSG(bad, "the stray collective passed");
+    CHECK_EQ_INT(j[0].h.rc, GE_COMM);
+    CHECK_EQ_INT(j[1].h.rc, 0);
+    for (int q = 0; q < 2; q++) comm_free(cs[q]);
+}
+
 TEST(refusals) {
     eng *e;
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .expert_parallel = 1};
@@ -624,6 +650,7 @@ int main(void) {
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
     RUN(ep_rollouts_equal_one_rank);
     RUN(ep_undo_restores_the_state);
+    RUN(a_rank_left_waiting_fails);
     RUN(refusals);
     return CHECK_DONE();
 }
