@@ -27,6 +27,9 @@
  *     one rank's without a comm; after an update replaying routes and its checkpoint, bit-equal
  *     to one rank resuming that checkpoint (the copy followed the new weights), and not equal
  *     to the rollouts before (the check could fail);
+ *   - an update taken back (eng_update_undo) on W = 2 and 3, the optimizer on the device and
+ *     offloaded: the state, the logprobs and every rank's rollouts bit-equal to before it;
+ *   - a rank left alone in a collective fails its op in bounded time (rank_threads.h);
  *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), a group
  *     larger than a micro-batch. */
 #include <math.h>
