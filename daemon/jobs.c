@@ -27,6 +27,7 @@
 #include "daemon/moe_routes.h"
 #include "daemon/results.h"
 #include "daemon/test_hooks.h"
+#include "engine/dist/comm.h"
 
 /* Token ids: a json array, or a packed one (api_packed_parse). */
 static int *int_array(json_object *a, int *n) {
@@ -583,6 +584,7 @@ typedef struct {
 static int spmd_update(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
     spmd_update_args *a = arg;
     eng_update_result mine;
+    if (rank && test_hook_once("GRPOD_TEST_COMM_DOWN_AT", "update")) comm_abort(eng_comm(e));
     return eng_update(e, a->g, a->n, a->algo, a->opt, a->max_tokens, rank ? &mine : a->out, cb, ud);
 }
 

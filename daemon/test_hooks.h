@@ -13,7 +13,12 @@
  *   stream_tokens        the worker, once a streamed rollout has a response of 4 tokens or
  *                        more, after handing them to the reply (daemon/worker.c)
  *   peer_stream_tokens   a peer rank's thread, once a streamed part of it has a response of 4
- *                        tokens or more, after copying them for rank 0 (daemon/ranks.c) */
+ *                        tokens or more, after copying them for rank 0 (daemon/ranks.c)
+ *
+ * GRPOD_TEST_COMM_DOWN_AT=POINT makes test_hook_once true the first time a thread reaches POINT,
+ * for the caller to take the ranks' communicator down there, as a rank whose collective failed
+ * would. Points:
+ *   update               a peer rank, as it starts an update (daemon/jobs.c spmd_update) */
 #ifndef GRPOD_TEST_HOOKS_H
 #define GRPOD_TEST_HOOKS_H
 #ifdef GRPOD_TEST_HOOKS
@@ -37,8 +42,21 @@ static inline void test_hook_hold(const char *point) {
     log_event(LOG_WARN, "test_hold", "\"at\":\"%s\"", point);
     for (int i = 0; i < 12000 && access(file, F_OK); i++) usleep(10000);
 }
+
+static inline int test_hook_once(const char *var, const char *point) {
+    static int fired;
+    const char *at = getenv(var);
+    if (!at || strcmp(at, point) || __atomic_exchange_n(&fired, 1, __ATOMIC_ACQ_REL)) return 0;
+    log_event(LOG_WARN, "test_once", "\"var\":\"%s\",\"at\":\"%s\"", var, point);
+    return 1;
+}
 #else
 static inline void test_hook_kill(const char *point) { (void)point; }
 static inline void test_hook_hold(const char *point) { (void)point; }
+static inline int test_hook_once(const char *var, const char *point) {
+    (void)var;
+    (void)point;
+    return 0;
+}
 #endif
 #endif

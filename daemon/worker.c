@@ -398,7 +398,7 @@ static void checkpoint_saved(worker *w) {
  * before it ran. */
 static void job_ended(worker *w, const store_job *j, int rc, const char *result, double ms, long long v0) {
     char esc[700], lost[600] = "";
-    if (rc == GE_RANK_LOST || rc == GE_STATE_LOST) snprintf(lost, sizeof lost, "%s", err_msg());
+    if (rc) snprintf(lost, sizeof lost, "%s", err_msg()); /* before the store's calls */
     int cancelled = strcmp(j->kind, "update") && store_cancel_requested(w->st, j->id) == 1;
     if (cancelled) {
         if (store_mark_cancelled(w->st, j->id))
@@ -413,6 +413,17 @@ static void job_ended(worker *w, const store_job *j, int rc, const char *result,
      * changed the state with no safety copy to restore (engine/train/snapshot.h): no more work
      * until the restart (replay makes the policy whole again) */
     if ((rc == GE_RANK_LOST || rc == GE_STATE_LOST) && !w->halted) halt(w, lost);
+    /* the ranks' communicator is down (GE_COMM: aborted for good, engine/dist/comm.h), or the
+     * ranks came back unlike each other (ranks.h ranks_diverged): no update, and under expert
+     * parallelism no rollout (its decode copy is gathered by every update), can run again */
+    if (rc && (rc == GE_COMM || (w->rk && ranks_diverged(w->rk))) && !w->halted) {
+        char why[900];
+        snprintf(why, sizeof why,
+                 "job %s: %s (%s): the ranks must restart together; restart grpod (queued jobs wait for it, replay "
+                 "recovers the policy)",
+                 j->id, rc == GE_COMM ? "the ranks' communicator is down" : "the ranks disagree", lost);
+        halt(w, why);
+    }
     job_changed(w);
 }
 

@@ -17,6 +17,7 @@ struct eng {
     comm *comm; /* NULL: one rank (eng_open_opts.comm, not owned; or NCCL, owned) */
     int own_comm;
     int rank, W; /* this rank and the world size (0 and 1 without a comm) */
+    int host_peers; /* the other ranks on this rank's host (plan_host_peers; 0 without a comm) */
     /* dp: the sharded path (dp.c), taken whenever a comm was given, also of one rank (so the
      * collectives run, and a one-rank comm is checked bit-equal to none). This rank's shard of the trainable vector, [sh_off, sh_off + sh_n), sh_n =
      * ceil(n / W), sh_off = rank * sh_n. w_master, adam_m, adam_v hold sh_n elements; w_act and
@@ -120,10 +121,14 @@ int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *
  * between: a split, one rank only), state_open's choice before the master is placed;
  * state_n: the elements of master and moments this rank will hold (state.h). */
 int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n);
-/* plan.c: with offload, before the host state is placed: 0 when the bytes of host state of the
- * ranks on this host (this rank's `bytes`, exchanged with a comm, summed over the ranks with
- * this host's name) fit in its MemAvailable beside the host reserve; else GE_NOMEM naming both
- * (plan_host_state_fits; every rank returns it). */
+/* plan.c, with a comm, when the state is placed (every rank): e->host_peers, the other ranks
+ * whose host has this rank's host name, from one exchange of the names. The host memory the plan
+ * gives a rank (host state, a host safety copy) is asked for by each of them alike: equal
+ * shards, E / W experts each. */
+int plan_host_peers(eng *e);
+/* plan.c: with offload, before the host state is placed: 0 when the host state of the ranks on
+ * this host (`bytes` each, 1 + host_peers of them) fits in its MemAvailable beside the host reserve;
+ * else GE_NOMEM naming both (plan_host_state_fits; every rank returns it). */
 int plan_host_state(eng *e, long long bytes);
 int plan_host_state_fits(long long need, int ranks, long long avail);
 /* plan.c, auto with one rank when the state must leave the device: *host_n of the n elements

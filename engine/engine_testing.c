@@ -18,6 +18,7 @@ void eng_testing_get(eng *e, eng_testing_info *out) {
     out->world = e->W;
     out->dec_grad_bytes = e->ep_dec_grad;
     out->dec_own_bytes = e->ep_dec_own;
+    out->host_peers = e->host_peers;
     out->m = &e->m;
 }
 

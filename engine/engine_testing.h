@@ -17,6 +17,7 @@ typedef struct {
     int rank, world; /* this rank and the world size (0 and 1 without a comm) */
     long long dec_grad_bytes, dec_own_bytes; /* expert parallelism: the decode views' expert
                                               * stacks in the gradient buffer, in their own */
+    int host_peers; /* the other ranks on this rank's host, as the memory plan counts them */
     const model *m; /* the model: its parameters' names, shapes and offsets into the
                                  * flat vectors (params[p].off; with LoRA lparams, A before B) */
 } eng_testing_info;

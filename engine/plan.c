@@ -156,31 +156,24 @@ int plan_host_state_fits(long long need, int ranks, long long avail) {
                    ranks, ranks == 1 ? "" : "s", need >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30);
 }
 
-/* The bytes of host memory the ranks on this host ask for together (*need, *ranks), this rank
- * asking for `bytes`: exchanged with a comm, summed over the ranks with this host's name. */
-static int host_need(eng *e, long long bytes, long long *need, int *ranks) {
+int plan_host_peers(eng *e) {
     char name[256] = "";
     gethostname(name, sizeof name - 1);
-    unsigned long long h = 1469598103934665603ULL; /* FNV-1a of the host's name */
+    unsigned long long h = 1469598103934665603ULL, *all = calloc((size_t)e->W, sizeof h); /* FNV-1a of the name */
     for (const char *c = name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ULL;
-    struct {
-        unsigned long long host;
-        long long bytes;
-    } mine = {h, bytes}, *all = calloc((size_t)e->W, sizeof mine);
-    int rc = all ? 0 : err_set(GE_NOMEM, "plan: out of memory");
-    if (!rc && e->dp) rc = dp_exchange(e, &mine, all, sizeof mine);
-    else if (!rc) all[0] = mine;
-    *need = *ranks = 0;
-    for (int q = 0; !rc && q < (e->dp ? e->W : 1); q++)
-        if (all[q].host == h) *need += all[q].bytes, ++*ranks;
+    if (!all) { /* the others wait in the exchange: end it */
+        comm_abort(e->comm);
+        return err_set(GE_NOMEM, "plan: out of memory");
+    }
+    int rc = dp_exchange(e, &h, all, sizeof h);
+    e->host_peers = 0;
+    for (int q = 0; !rc && q < e->W; q++) e->host_peers += q != e->rank && all[q] == h;
     free(all);
     return rc;
 }
 
 int plan_host_state(eng *e, long long bytes) {
-    long long need;
-    int ranks, rc = host_need(e, bytes, &need, &ranks);
-    if (!rc) rc = plan_host_state_fits(need, ranks, host_available());
+    int ranks = 1 + e->host_peers, rc = plan_host_state_fits(bytes * ranks, ranks, host_available());
     return e->dp ? dp_agree(e, rc) : rc;
 }
 
@@ -209,9 +202,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
     p->device_total = (long long)tot;
     p->headroom = be->mem_info ? PLAN_HEADROOM : 0;
 
-    long long snap = 3 * ns * 4, snap_host = snap; /* the ranks of this host each place theirs */
-    int ranks;
-    if ((rc = host_need(e, snap, &snap_host, &ranks))) return rc;
+    long long snap = 3 * ns * 4, snap_host = snap * (1 + e->host_peers); /* the ranks of this host each place theirs */
     long long host = host_available();
     int where = SNAP_NONE;
     int host_fits = host < 0 || host - snap_host >= SNAP_HOST_RESERVE;

@@ -13,8 +13,8 @@
  * are 58 GB: the gradients (4 bytes a parameter of the rank's) hold all of them at W <= 2 and 35
  * of them at W = 4, so a rank adds 0 and 23 GB to its training state, against 61 GB for a whole
  * copy. An update overwrites the gradient buffer, so with a stack there every update ends with
- * a gather, failed ones too; if that gather fails (the comm down), rollouts are refused until
- * one succeeds (ep_decode_ready). */
+ * a gather, failed ones too; if that gather fails (the comm down, which stays down once
+ * aborted: engine/dist/comm.h), rollouts are refused until the ranks restart (ep_decode_ready). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -22,6 +22,7 @@ static int place_shard(eng *e, const float *host, long long valid) {
            pad = whole - n;
     size_t ns = S + (size_t)e->ep_n;
     int rc = dp_open(e);
+    if (!rc) rc = plan_host_peers(e); /* one exchange of the host names, for the plan */
     if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * 12); /* every rank of this host together */
     if (rc) return rc;
     e->w_act = be->alloc(be, whole * eb);
@@ -334,9 +335,8 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
 int state_act_from_master(eng *e, int rc) {
     eng_backend *be = e->be;
     size_t eb = (size_t)be->act_bytes;
-    long long n = eng_state_n(e);
     float *master = eng_train_master(e);
-    char *act = eng_train_act(e), *mine = act + (e->dp ? (size_t)e->sh_off * eb : 0); /* all, or this rank's shard */
+    char *act = eng_train_act(e);
     if (!rc && e->host_n) { /* a split: each part from where it lives */
         state_part q[2];
         for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
@@ -344,18 +344,14 @@ int state_act_from_master(eng *e, int rc) {
             if (q[k].host) rc = be->act_from_f32(be, a, q[k].x[0], (size_t)q[k].n);
             else be->f32_to_act(be, a, q[k].x[0], (size_t)q[k].n);
         }
-    } else if (!rc && e->offload && !e->ep_n) { /* a host master: converted on its way to the device */
-        rc = be->act_from_f32(be, mine, master, (size_t)n);
-    } else if (!rc && e->offload) {
-        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
-        for (int k = 0, np = state_pieces(e, p); k < np && !rc; k++)
-            rc = be->act_from_f32(be, act + (size_t)p[k].vec * eb, master + p[k].st, (size_t)p[k].n);
-    } else if (!rc && !e->ep_n) {
-        if (mine != (char *)master) be->f32_to_act(be, mine, master, (size_t)n);
-    } else if (!rc) {
-        state_piece p[2]; /* expert parallelism: the shard's and the experts' weights apart */
-        for (int k = 0, np = state_pieces(e, p); k < np; k++)
-            be->f32_to_act(be, act + (size_t)p[k].vec * eb, master + p[k].st, (size_t)p[k].n);
+    } else {
+        state_piece p[2]; /* all, or this rank's shard (and its experts) */
+        for (int k = 0, np = state_pieces(e, p); k < np && !rc; k++) {
+            char *to = act + (size_t)p[k].vec * eb;
+            const float *from = master + p[k].st;
+            if (e->offload) rc = be->act_from_f32(be, to, from, (size_t)p[k].n); /* a host master, converted on its way */
+            else if (to != (const char *)from) be->f32_to_act(be, to, from, (size_t)p[k].n); /* not the fp32 master itself */
+        }
     }
     if (!rc) rc = be->sync(be);
     if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */

@@ -6,8 +6,12 @@
 # accepted before kill -9 is replayed on restart to the same weights, and a leader with one
 # follower process (--followers / --join, a tcp comm) equals the two ranks in one process.
 import json
+import os
 import shutil
 
+import pytest
+
+from conftest import ROOT
 from test_routing_replay import MOE, PROMPTS
 
 BODY = {"groups": [{"prompt_ids": p, "n": 3, "reward": {"type": "regex", "answer": ".*"}} for p in PROMPTS],
@@ -152,6 +156,45 @@ def test_leader_and_follower_equal_two_ranks(make_daemon, tmp_path):
     bad = follower(tmp_path, "bad", L.url, "--model", model, "--expert-parallel")
     assert bad.proc.wait(timeout=30) != 0
     assert "--expert-parallel is the leader's flag" in bad.stderr(), bad.stderr()[-2000:]
+
+
+HOOKS = os.path.join(ROOT, "build", "grpod-test-hooks")
+
+
+@pytest.mark.skipif(not os.path.exists(HOOKS), reason="build/grpod-test-hooks is not built")
+def test_comm_down_stops_work_until_the_restart(make_daemon, tmp_path):
+    """An update whose ranks' communicator goes down (the test-hooks daemon has rank 1 abort it as
+    the update starts, as a rank whose collective failed would) fails naming the comm. A comm once
+    aborted stays down (engine/dist/comm.h), and under expert parallelism every update gathers the
+    decode copy of the experts again, so no update and no rollout can run until the ranks restart:
+    the daemon says so on /readyz (503, naming the cause and the restart) and refuses new jobs
+    (503), stays up, and the rollout accepted behind the update stays queued. Restarted (no hook),
+    it runs that rollout to the same tokens as the first one: the failed update changed nothing."""
+    data = tmp_path / "data"
+    shutil.copytree(MOE, tmp_path / "model")
+    args = ["--model", str(tmp_path / "model"), "--ranks", "2", "--expert-parallel"]
+    d = make_daemon(data, args=args, env={"GRPOD_TEST_COMM_DOWN_AT": "update"}, start=False)
+    d.binary = HOOKS
+    d.start()
+    first = rollout(d)
+    up = d.submit("/v1/updates", {"rollout_job_id": first["id"], "optimizer": {"lr": 1e-2}})
+    behind = d.submit("/v1/rollouts", BODY)
+    u = d.wait_job(up)
+    assert u["status"] == "failed" and u["error"]["code"] == "comm_error", json.dumps(u)[:1500]
+    r = d.get("/readyz")
+    assert r.status_code == 503 and "communicator is down" in r.text and "restart" in r.text, r.text
+    assert d.get("/healthz").status_code == 200
+    assert d.post("/v1/rollouts", BODY).status_code == 503
+    assert d.get("/v1/jobs/" + behind).json()["status"] == "queued"
+    assert '"halted"' in d.stderr(), d.stderr()[-3000:]
+    print("the update: %s\n/readyz: %s" % (u["error"]["message"], r.text))
+    assert d.stop() == 0
+    d2 = make_daemon(data, args=args)
+    again = d2.wait_job(behind)
+    assert again["status"] == "done", json.dumps(again)[:1500]
+    assert again["result"]["policy_version"] == 0
+    for a, b in zip(responses(first), responses(again)):
+        assert a["token_ids"] == b["token_ids"] and a["logprobs"] == b["logprobs"], (a, b)
 
 
 SCORED = {"groups": [{"prompt_ids": p, "responses": [{"token_ids": r, "reward": w} for r, w in (

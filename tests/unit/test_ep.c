@@ -27,6 +27,9 @@
  *     one rank's without a comm; after an update replaying routes and its checkpoint, bit-equal
  *     to one rank resuming that checkpoint (the copy followed the new weights), and not equal
  *     to the rollouts before (the check could fail);
+ *   - an update taken back (eng_update_undo) on W = 2 and 3, the optimizer on the device and
+ *     offloaded: the state, the logprobs and every rank's rollouts bit-equal to before it;
+ *   - a rank left alone in a collective fails its op in bounded time (rank_threads.h);
  *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), a group
  *     larger than a micro-batch. */
 #include <math.h>
@@ -227,7 +230,9 @@ typedef enum {
     OP_UPDATE = RANK_OPS,
     OP_STATE,
     OP_PROBE,
-    OP_ROLL
+    OP_ROLL,
+    OP_UNDO,
+    OP_STRAY
 } op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
@@ -246,6 +251,8 @@ static int rank_op(rank_head *h) {
     case OP_STATE: return eng_testing_state(h->e, j->st[0], j->st[1], j->st[2]);
     case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     case OP_ROLL: return rollout(h->e, j->roll);
+    case OP_UNDO: return eng_update_undo(h->e);
+    case OP_STRAY: return h->c && comm_rank(h->c) == 0 ? comm_barrier(h->c) : 0; /* the others never enter it */
     }
     return -1;
 }
@@ -394,6 +401,7 @@ TEST(ep_offload_equals_ep) {
         for (int k = 0; k < NCFG; k++) {
             comm *cs[WMAX];
             rank_job j[WMAX];
+            CHECK_MSG(ep_st[W][k][0], "W=%d cfg %d: no result of ep_update_equals_one_rank to compare with", W, k);
             CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open with offload", W);
             eng_info in;
             eng_get_info(j[0].h.e, &in);
@@ -528,6 +536,78 @@ TEST(ep_rollouts_equal_one_rank) {
     }
 }
 
+/* An update taken back (eng_update_undo: the safety copy of the master and moments restored,
+ * the act weights made again from the master piece by piece — the shard's and this rank's
+ * experts', train/state.c state_act_from_master — then the decode copy gathered again) leaves
+ * W = 2 and 3 ranks, the optimizer on the device and offloaded, as they were before it, bit for
+ * bit: the master and both moments gathered whole, the logprobs and every rank's rollouts. The
+ * update itself changed the logprobs (the check could fail); act weights of the experts left
+ * as the update made them change them again. */
+TEST(ep_undo_restores_the_state) {
+    static struct roll before[WMAX], after[WMAX];
+    static const char *modes[2] = {"off", "on"};
+    for (int o = 0; o < 2; o++)
+        for (int W = 2; W <= 3; W++) {
+            offload_ = modes[o];
+            comm *cs[WMAX];
+            rank_job j[WMAX];
+            float *st0[3], lp0[NPROBE];
+            CHECK(open_world(W, cs, j, NULL) == 0);
+            alloc_st(st0);
+            for (int q = 0; q < W; q++) {
+                alloc_st(j[q].st);
+                j[q].roll = &before[q];
+            }
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_ROLL, 0, NULL) == 0);
+            for (int i = 0; i < 3; i++) memcpy(st0[i], j[0].st[i], (size_t)N * 4);
+            memcpy(lp0, j[0].lp, sizeof lp0);
+            CHECK(all_ranks(j, W, OP_UPDATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK_MSG(memcmp(lp0, j[0].lp, sizeof lp0) != 0, "W=%d: the update changed no logprob: the test could not fail", W);
+            CHECK_MSG(all_ranks(j, W, OP_UNDO, 0, NULL) == 0, "W=%d offload %s: undo", W, modes[o]);
+            for (int q = 0; q < W; q++) j[q].roll = &after[q];
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_ROLL, 0, NULL) == 0);
+            int same_st = 1, same_roll_all = 1;
+            for (int i = 0; i < 3; i++) same_st &= !memcmp(st0[i], j[0].st[i], (size_t)N * 4);
+            for (int q = 0; q < W; q++) same_roll_all &= same_roll(&before[q], &after[q]);
+            int same_lp = !memcmp(lp0, j[0].lp, sizeof lp0);
+            printf("  W=%d offload %s: after the undo state %s, logprobs %s, rollouts %s\n", W, modes[o],
+                   same_st ? "bit-equal" : "DIFFERS", same_lp ? "bit-equal" : "DIFFER", same_roll_all ? "bit-equal" : "DIFFER");
+            CHECK_MSG(same_st && same_lp && same_roll_all, "W=%d offload %s: the undo did not restore the state", W, modes[o]);
+            free_st(st0);
+            for (int q = 0; q < W; q++) free_st(j[q].st);
+            close_world(W, cs, j);
+        }
+    offload_ = "off";
+}
+
+/* A rank left waiting in a collective the others never enter (as when a code path gathers on
+ * some ranks only) fails the op in bounded time instead of hanging the binary (rank_threads.h:
+ * the group is aborted past the bound, the waiting rank returns GE_COMM). */
+TEST(a_rank_left_waiting_fails) {
+    comm *cs[2];
+    rank_job j[2];
+    memset(j, 0, sizeof j);
+    CHECK(comm_cpu_group(2, cs) == 0);
+    for (int q = 0; q < 2; q++) {
+        j[q].h.c = cs[q];
+        j[q].h.fn = rank_op;
+    }
+    int keep = rank_bound_s;
+    rank_bound_s = 1;
+    int bad = all_ranks(j, 2, OP_STRAY, 0, NULL);
+    rank_bound_s = keep;
+    rank_hung = 0; /* on purpose: the next tests keep the whole bound */
+    CHECK_MSG(bad, "the stray collective passed");
+    CHECK_EQ_INT(j[0].h.rc, GE_COMM);
+    CHECK_EQ_INT(j[1].h.rc, 0);
+    for (int q = 0; q < 2; q++) comm_free(cs[q]);
+}
+
 TEST(refusals) {
     eng *e;
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .n_threads = 1, .expert_parallel = 1};
@@ -572,6 +652,8 @@ int main(void) {
     RUN(control_doubled_expert_gradient);
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
     RUN(ep_rollouts_equal_one_rank);
+    RUN(ep_undo_restores_the_state);
+    RUN(a_rank_left_waiting_fails);
     RUN(refusals);
     return CHECK_DONE();
 }

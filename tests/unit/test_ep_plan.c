@@ -12,7 +12,8 @@
  *   rank's share of 8 groups (P + N x 64 new tokens), plan.c's 4 GiB headroom.
  *   The tie to the engine: two cpu ranks of the qwen3_moe fixture with expert parallelism and
  *   the optimizer offloaded report the same weights (the decode part included), gradients and
- *   host state in their eng_info.plan as this test's arithmetic for that model.
+ *   host state in their eng_info.plan as this test's arithmetic for that model, and count each
+ *   other as a rank of their host (the names exchanged once at open, plan.c plan_host_peers).
  *   The host rows go through plan.c's own check (plan_host_state_fits) with the memory of the
  *   machines lent (2 H200s: 256 GiB; 4: 512 GiB; 8: 560 GiB): W = 2 is refused with a line naming
  *   both figures, W = 4 and 8 fit. No timing anywhere. */
@@ -76,6 +77,7 @@ static int plan_of(eng_backend *be, const model_config *c, int W, int eb, int T,
 typedef struct {
     comm *c;
     eng_info in;
+    int host_peers; /* eng_testing_info's */
     int rc;
     char msg[256];
 } rank_job;
@@ -92,6 +94,9 @@ static void *open_rank(void *p) {
                        .snapshot = "none"};
     if (!(j->rc = eng_open(&o, &e))) {
         eng_get_info(e, &j->in);
+        eng_testing_info t;
+        eng_testing_get(e, &t);
+        j->host_peers = t.host_peers;
         eng_close(e);
     }
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
@@ -120,6 +125,9 @@ TEST(engine_plan_matches_the_arithmetic) {
         CHECK(e->gradients == (long long)p.grads);
         CHECK(e->host_state == (long long)p.state);
         CHECK(!strcmp(e->optimizer, "host"));
+        /* the ranks' host names, exchanged once at open: threads of one process share a host */
+        for (int q = 0; q < W; q++)
+            CHECK_MSG(j[q].host_peers == W - 1, "W=%d rank %d: %d other ranks on its host", W, q, j[q].host_peers);
         for (int q = 0; q < W; q++) comm_free(cs[q]);
     }
     be->destroy(be);
