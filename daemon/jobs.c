@@ -584,7 +584,10 @@ typedef struct {
 static int spmd_update(eng *e, int rank, eng_progress_cb cb, void *ud, void *arg) {
     spmd_update_args *a = arg;
     eng_update_result mine;
-    if (rank && test_hook_once("GRPOD_TEST_COMM_DOWN_AT", "update")) comm_abort(eng_comm(e));
+    if (rank && test_hook_once("GRPOD_TEST_COMM_DOWN_AT", "update")) {
+        test_hook_hold("comm_down");
+        comm_abort(eng_comm(e));
+    }
     return eng_update(e, a->g, a->n, a->algo, a->opt, a->max_tokens, rank ? &mine : a->out, cb, ud);
 }
 

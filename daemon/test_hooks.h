@@ -14,6 +14,8 @@
  *                        more, after handing them to the reply (daemon/worker.c)
  *   peer_stream_tokens   a peer rank's thread, once a streamed part of it has a response of 4
  *                        tokens or more, after copying them for rank 0 (daemon/ranks.c)
+ *   comm_down            the peer rank of GRPOD_TEST_COMM_DOWN_AT=update, before it takes the
+ *                        communicator down (so a test can queue jobs behind the update first)
  *
  * GRPOD_TEST_COMM_DOWN_AT=POINT makes test_hook_once true the first time a thread reaches POINT,
  * for the caller to take the ranks' communicator down there, as a rank whose collective failed

@@ -173,12 +173,15 @@ def test_comm_down_stops_work_until_the_restart(make_daemon, tmp_path):
     data = tmp_path / "data"
     shutil.copytree(MOE, tmp_path / "model")
     args = ["--model", str(tmp_path / "model"), "--ranks", "2", "--expert-parallel"]
-    d = make_daemon(data, args=args, env={"GRPOD_TEST_COMM_DOWN_AT": "update"}, start=False)
+    hold = tmp_path / "hold"  # the peer rank takes the comm down only once `behind` is queued
+    env = {"GRPOD_TEST_COMM_DOWN_AT": "update", "GRPOD_TEST_HOLD_AT": "comm_down", "GRPOD_TEST_HOLD_FILE": str(hold)}
+    d = make_daemon(data, args=args, env=env, start=False)
     d.binary = HOOKS
     d.start()
     first = rollout(d)
     up = d.submit("/v1/updates", {"rollout_job_id": first["id"], "optimizer": {"lr": 1e-2}})
     behind = d.submit("/v1/rollouts", BODY)
+    hold.write_text("")
     u = d.wait_job(up)
     assert u["status"] == "failed" and u["error"]["code"] == "comm_error", json.dumps(u)[:1500]
     r = d.get("/readyz")
