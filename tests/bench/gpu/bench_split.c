@@ -74,7 +74,8 @@ static int optim_step(bench *B, int rep, double t0, double t1, double t2, double
     if (norm > 1.0) be->scale(be, B->g, (long long)B->n, (float)(1.0 / (norm + 1e-6)));
     int rc = 0;
     if (B->opt_off)
-        rc = offload_adamw(&B->off, (long long)B->n, B->master, B->mo, B->ve, B->w, B->g, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1);
+        rc = offload_adamw(&B->off, (long long)B->n, B->master, B->mo, B->ve, B->w, B->g, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f,
+                           rep + 1);
     else be->adamw(be, B->master, B->w, B->g, B->mo, B->ve, (long long)B->n, 1e-6f, 0.9f, 0.999f, 1e-8f, 0.01f, rep + 1);
     if (!rc) rc = be->sync(be);
     double t4 = gc_now();
