@@ -92,8 +92,11 @@ int ep_decode_refresh(eng *e) {
 int ep_decode_after_update(eng *e, int stepped, int rc) {
     if (!e->ep_full) return rc;
     if (!e->ep_dec_grad && (!stepped || rc)) return rc; /* unchanged (or restored) weights, copy untouched */
-    int r2 = ep_decode_refresh(e); /* every rank: the weights moved, or the update overwrote the gradients */
-    return rc ? rc : r2;
+    if (!rc) return ep_decode_refresh(e); /* every rank: the weights moved, or the update overwrote the gradients */
+    char why[512]; /* the refresh's own errors (a comm aborted by this failure) must not hide the cause */
+    snprintf(why, sizeof why, "%s", err_msg());
+    ep_decode_refresh(e);
+    return err_set(rc, "%s", why);
 }
 
 int ep_decode_ready(const eng *e) {
