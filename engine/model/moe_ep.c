@@ -178,6 +178,23 @@ int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_ac
     return rc;
 }
 
+/* The backward's buffers for n slots sent and R rows received (rows of `row` bytes, the experts'
+ * hidden rows of fm), in moe_ep_bwd's order: its ptr[] list. */
+enum { BWD_BUFS = 17 };
+static void bwd_lens(size_t n, size_t R, size_t row, size_t fm, size_t *len) {
+    const size_t l[BWD_BUFS] = {n * row, n * row, n * row, n * row, n * 4,   n * 4, R * row, R * row, R * fm,
+                                R * fm,  R * row, R * fm,  R * fm,  R * row, R * 4, R * 4,   R * 4};
+    memcpy(len, l, sizeof l);
+}
+
+size_t moe_ep_call_bytes(const model *m, long long T) {
+    size_t ab = (size_t)m->be->act_bytes, n = (size_t)(T > 0 ? T : 0) * (size_t)m->cfg.top_k, R = 2 * n, len[BWD_BUFS];
+    size_t tot = 0;
+    bwd_lens(n, R, ab * m->cfg.C, ab * m->cfg.Fm, len);
+    for (int i = 0; i < BWD_BUFS; i++) tot += up256(len[i] + 1);
+    return tot + tot / 8; /* ws_take's eighth */
+}
+
 int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, const struct model_layer_acts *A,
                const void *dout, void *dx, float *dtopw, int T) {
     eng_backend *be = m->be;
@@ -188,12 +205,11 @@ int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_vie
     ep_plan p;
     int rc = plan_make(m, A->topi, A->topw, T, &p);
     if (rc) return rc;
-    size_t R = p.R, n = (size_t)p.n;
+    size_t R = p.R, n = (size_t)p.n, len[BWD_BUFS];
     void *sx, *sdy, *back, *slot, *sw, *one, *x, *dy, *eg, *eu, *ey, *dg, *du, *dxr, *ids, *w, *dtw;
-    void **ptr[] = {&sx, &sdy, &back, &slot, &sw, &one, &x, &dy, &eg, &eu, &ey, &dg, &du, &dxr, &ids, &w, &dtw};
-    size_t len[] = {n * row, n * row, n * row, n * row, n * 4,   n * 4, R * row, R * row, R * fm,
-                    R * fm,  R * row, R * fm,  R * fm,  R * row, R * 4, R * 4,   R * 4};
-    void *mem = buffers(m, ptr, len, 17);
+    void **ptr[BWD_BUFS] = {&sx, &sdy, &back, &slot, &sw, &one, &x, &dy, &eg, &eu, &ey, &dg, &du, &dxr, &ids, &w, &dtw};
+    bwd_lens(n, R, row, fm, len);
+    void *mem = buffers(m, ptr, len, BWD_BUFS);
     rc = mem ? ones(be, one, n) : GE_NOMEM;
     if (!rc && n) rc = be->to_dev(be, sw, p.w, n * sizeof(float));
     if (!rc) {

@@ -36,6 +36,10 @@ struct moe_ep_ws {
     size_t cap[2];
 };
 void moe_ep_ws_release(const model *m);
+/* The most a layer's exchange buffers take at T tokens on this rank (a call's workspace): the
+ * backward's, with twice this rank's share of rows received (routing is never even), and
+ * ws_take's eighth more. eng_acts_reserve keeps it free beside the activations. */
+size_t moe_ep_call_bytes(const model *m, long long T);
 void moe_ep_ws_free(const model *m);
 
 int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T);

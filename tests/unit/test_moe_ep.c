@@ -23,6 +23,8 @@
  *     rank 0 (moe_ep_gather): the whole vector bit-equal to the one-rank weights; written as one
  *     HF safetensors file and read back by name on W = 2 and on one rank: bit-equal slices; at
  *     W = 3 every rank gathers every expert (rollouts): each whole vector bit-equal;
+ *   - the exchange's buffers after a micro-batch fit in moe_ep_call_bytes at its tokens (what
+ *     eng_acts_reserve keeps free beside the activations on a device);
  *   - the layout: on every rank the replicated parameters fill [0, ep_n0) (a multiple of 16 W
  *     elements) and its experts come after;
  *   - E not divisible by W is refused with one line naming both. */
@@ -268,6 +270,26 @@ static void compare(int W, const model *full, const float *wfull) {
     CHECK_MSG(!aux_diff, "W=%d: the balance loss differs from one rank", W);
     CHECK_MSG(experts_seen == 2 * 3 * cfg().E, "W=%d: %d expert tensors held, one each wanted", W, experts_seen);
     CHECK_MSG(worst <= 1e-5, "W=%d: %s rel L2 %.3g", W, worst_name, worst);
+    /* the buffers eng_acts_reserve keeps free cover what ran, on the ranks whose micro-batch is at
+     * least half the largest (the estimate counts twice a rank's share received; the daemon
+     * places groups by tokens, so the ranks' micro-batches are near equal there) */
+    int T[WMAX], most = 0, checked = 0;
+    for (int r = 0; r < W; r++) {
+        pack_group mine[NG];
+        pack_batch b;
+        CHECK_EQ_INT(pack_build(&b, mine, 0, groups_of(r, W, mine), PACK_PACKED), 0);
+        T[r] = b.T;
+        most = T[r] > most ? T[r] : most;
+        pack_batch_free(&b);
+    }
+    for (int r = 0; r < W && W > 1; r++) {
+        if (2 * T[r] < most) continue;
+        size_t used = j[r].m.ep_ws->cap[1], kept = moe_ep_call_bytes(&j[r].m, T[r]);
+        CHECK_MSG(used > 0 && used <= kept, "W=%d rank %d: the exchange took %zu bytes, %zu kept free for %d tokens", W, r, used,
+                  kept, T[r]);
+        checked++;
+    }
+    CHECK_MSG(W == 1 || checked > 0, "W=%d: no rank's buffers checked", W);
     ranks_free(W, j);
     for (int r = 0; r < W; r++) free(ref[r].logp);
     free(gref);
