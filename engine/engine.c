@@ -17,7 +17,6 @@
 #include "engine/engine_internal.h"
 #include "engine/format/json.h"
 #include "engine/model/lora.h"
-#include "engine/model/moe_ep.h"
 #include "engine/format/safetensors.h"
 #include "engine/model/split.h"
 #include "engine/train/state.h"
@@ -336,13 +335,7 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     model_acts_free(&e->m, a);
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
-    /* expert parallelism: its exchange buffers and the experts' backward scratch on the rows
-     * received (kernels/moe_gemm.cu: S (4 C + 10 Fm) bytes for S rows, here 2 T k) are not in
-     * the activations. At Qwen3-30B-A3B dims and 18,432 tokens a rank they are ~13 GB: the
-     * headroom alone ran the first update at 48 layers on 4 H200s out of memory there. */
-    const model_config *c = &e->m.cfg;
-    size_t head = ACTS_HEADROOM, budget = 0;
-    if (e->ep_full) head += moe_ep_call_bytes(&e->m, cT) + 2 * (size_t)cT * c->top_k * (4 * (size_t)c->C + 10 * (size_t)c->Fm);
+    size_t budget = 0, head = ACTS_HEADROOM + (size_t)plan_ep_beside(e, cT);
     if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot)) budget = fr > head ? fr - head : 1;
     err_clear();
     return model_acts_init_budget(&e->m, a, cT, cM, budget);

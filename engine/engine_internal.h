@@ -111,6 +111,13 @@ void snap_free(eng *e);
 /* plan.c: the memory plan at the end of eng_open (the training state and the safety copy
  * allocated, the budgets set in e->plan). */
 int plan_make(eng *e, const eng_open_opts *o);
+/* plan.c: device bytes an update's micro-batch of T tokens takes beside its activations under
+ * expert parallelism (0 without): each MoE layer's exchange buffers (moe_ep_call_bytes) and the
+ * experts' backward scratch on the rows received (kernels/moe_gemm.cu: S (4 C + 10 Fm) bytes for
+ * S rows, here 2 T k). ~13 GB at Qwen3-30B-A3B dims and 18,432 tokens a rank: with the 4 GiB
+ * headroom alone the first update at 48 layers on 4 H200s ran out of memory in the scratch.
+ * The plan's micro-batch fit and eng_acts_reserve keep it free. */
+long long plan_ep_beside(const eng *e, long long T);
 /* plan.c: 0 when full-parameter training of n parameters can place its device minimum (the act
  * policy and reference, act_bytes each, and fp32 gradients, 4 bytes a parameter, plus the
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming

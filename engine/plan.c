@@ -26,6 +26,7 @@
 
 #include "common/err.h"
 #include "engine/engine_internal.h"
+#include "engine/model/moe_ep.h"
 #include "engine/params.h"
 #include "engine/train/state.h"
 
@@ -44,10 +45,19 @@ static long long host_available(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
+long long plan_ep_beside(const eng *e, long long T) {
+    if (!e->ep_full) return 0;
+    const model_config *c = &e->m.cfg;
+    return (long long)moe_ep_call_bytes(&e->m, T) + 2 * T * c->top_k * (4LL * c->C + 10LL * c->Fm);
+}
+
 /* Device bytes of one micro-batch of T tokens: its grad activations with every layer
- * recomputed, beside the no-grad passes' (old, reference) activations. */
-static long long micro_batch_bytes(const model *m, long long T) {
-    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0);
+ * recomputed, beside the no-grad passes' (old, reference) activations and, under expert
+ * parallelism, the exchange's buffers and scratch. */
+static long long micro_batch_bytes(const eng *e, long long T) {
+    const model *m = &e->m;
+    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0) +
+        plan_ep_beside(e, T);
 }
 
 int eng_offload_mode_check(const char *mode, double *frac) {
@@ -133,7 +143,7 @@ int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n)
     *host_n = state_n;
     return e->dp ? 0
                  : plan_split_fits(state_n, be->act_bytes, (long long)fr, host_available(),
-                                   micro_batch_bytes(&e->m, PLAN_SPLIT_MB_TOKENS), be->name, host_n);
+                                   micro_batch_bytes(e, PLAN_SPLIT_MB_TOKENS), be->name, host_n);
 }
 
 int plan_full_fits(long long n, int act_bytes, long long dev_total, const char *dev_name, const char *model_dir) {
@@ -178,11 +188,11 @@ int plan_host_state(eng *e, long long bytes) {
 }
 
 /* The most tokens in [1, hi] whose micro-batch fits budget; 0 when not even one does. */
-static long long fit_tokens(const model *m, long long budget, long long hi) {
+static long long fit_tokens(const eng *e, long long budget, long long hi) {
     long long lo = 0;
     while (lo < hi) {
         long long mid = lo + (hi - lo + 1) / 2;
-        if (micro_batch_bytes(m, mid) <= budget) lo = mid;
+        if (micro_batch_bytes(e, mid) <= budget) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -239,7 +249,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
     if (be->mem_info(be, &fr, &tot)) return err_code();
     long long left = (long long)fr - p->headroom;
     p->acts_bytes = left > 0 ? left : 0;
-    p->micro_batch_tokens_max = fit_tokens(&e->m, p->acts_bytes, ENG_MB_TOKENS_MAX);
+    p->micro_batch_tokens_max = fit_tokens(e, p->acts_bytes, ENG_MB_TOKENS_MAX);
     if (p->micro_batch_tokens_max < 1)
         return err_set(GE_NOMEM,
                        "%s: no room on %s for the activations of one token once the weights and the training state "

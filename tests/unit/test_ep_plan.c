@@ -29,6 +29,7 @@
 #include "engine/engine_testing.h"
 #include "engine/format/config.h"
 #include "engine/model/model.h"
+#include "engine/model/moe_ep.h"
 
 #define FIX "tests/fixtures/data/qwen3_moe"
 #define GIB 1073741824.0
@@ -64,6 +65,8 @@ static int plan_of(eng_backend *be, const model_config *c, int W, int eb, int T,
     long long in_grad = (long long)(p->grads / stack), stacks = 3LL * n_moe;
     p->dec_own = W ? (double)(stacks > in_grad ? stacks - in_grad : 0) * stack : 0;
     p->acts = (double)model_acts_bytes(&m, T, T, 1, c->L) + (double)model_acts_bytes(&m, T, T, 0, 0);
+    if (W) /* the exchange's buffers and the experts' backward scratch beside them (plan_ep_beside) */
+        p->acts += (double)moe_ep_call_bytes(&m, T) + 2.0 * T * c->top_k * (4.0 * c->C + 10.0 * c->Fm);
     int mine = (groups + (W ? W : 1) - 1) / (W ? W : 1);
     p->kv = (double)mine * (P + (double)N * NEW) * c->L * 2.0 * c->K * c->D * eb;
     model_free(&m);
