@@ -14,7 +14,8 @@
 #           expert stacks in the gradient buffer; its `SCALE plan|` line is the engine's memory
 #           plan of rank 0. Where the host cannot hold the ranks' host state (2 H200s with 256 GiB:
 #           366 GB of master and moments) the engine refuses naming both figures, and the line
-#           says so (tests/unit/test_ep_plan.c prints the whole plan for W = 1, 2, 4, 8).
+#           says so (tests/unit/test_ep_plan.c prints the whole plan for W = 1, 2, 4, 8). The model
+#           is drawn on every core (~100 s) and written to /tmp (~110 s for 61 GB).
 #   Each prints a SCALE| line: update time (8 groups, P 1024, N 16, R 512 unless long), tokens/s/GPU
 #   counted P + NR and N(P + R), MFU on the active parameters against 989 TFLOP/s a GPU, the
 #   rollout (each rank its share of the groups, 64 tokens) and the most device memory in use.
@@ -25,6 +26,8 @@
 # The weak and strong cases keep the optimizer on the device (4 W layers a GPU fit beside a
 #   9,216-token micro-batch); the full case writes a 61 GB bf16 model (122 GB of host memory
 #   while written) to /tmp first.
+# daemon-full (not in the default cases): bench_daemon.py --dims 30b-a3b (all 48 layers, a 61 GB
+#   checkpoint written first) over --gpus 0..W-1 --expert-parallel on the largest W, FULL_STEPS (2).
 # Knobs: GPUS (default: all visible), CASES ("weak strong long full daemon"), SKIP_BUILD=1, FULL_W, FULL_L,
 #   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64), V (151936) make a quick check
 #   smaller. Every figure here is a benchmark: nothing is asserted on time.
@@ -108,6 +111,22 @@ for c in $CASES; do
                 tee -a "$sum"
             [ $r -eq 0 ] || rc_all=1
         done
+        ;;
+    daemon-full) # all 48 layers through the daemon on the largest W (its plan puts the optimizer in host memory)
+        if [ ! -x ./grpod ] || [ ! -d .devlibs ]; then
+            echo "daemon-full: ./grpod and .devlibs not here (carry them): skipped" | tee -a "$sum"
+            continue
+        fi
+        gp=$(seq -s, 0 $((wmax - 1)))
+        LD_LIBRARY_PATH=.devlibs timeout "${T_DAEMON:-900}" python3 tests/bench/gpu/bench_daemon.py ./grpod "$OUT/daemon_full" \
+            --dims 30b-a3b --steps "${FULL_STEPS:-2}" --port 18910 --ready-timeout 600 --job-timeout 600 \
+            --serve-arg=--checkpoint-on-exit=false --serve-arg=--gpus="$gp" --serve-arg=--expert-parallel \
+            >"$OUT/ep_daemon_full.log" 2>&1
+        r=$?
+        s=$(grep -h 'steady tokens/s/GPU' "$OUT/ep_daemon_full.log" | tail -1)
+        echo "daemon-full W=$wmax (48 layers): exit $r; ${s:-no steady figure} (NeMo-RL: 1,102 tok/s/GPU, 48 layers, 32 H100s, 4K)" |
+            tee -a "$sum"
+        [ $r -eq 0 ] || rc_all=1
         ;;
     *) echo "unknown case $c" | tee -a "$sum" ;;
     esac
