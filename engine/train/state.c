@@ -429,28 +429,19 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     long long n = eng_train_n(e);
-    if (e->host_n) { /* a split (one rank): read into host_whole; the device's part moved there */
-        long long d = n - e->host_n;
-        int rc = 0;
-        for (int i = 0; i < 2 && !rc; i++) {
-            rc = e->be->to_dev(e->be, i ? e->adam_v : e->adam_m, buf[i], (size_t)d * 4);
-            offload_host_release(buf[i], d);
-        }
-        return rc;
-    }
-    state_piece p[2];
-    int np = state_pieces(e, p);
-    float *dst[2] = {e->adam_m, e->adam_v};
+    state_part q[2];
     int rc = 0;
-    for (int k = 0; k < np; k++) { /* the shard's padding past n is not in buf: stays zero */
-        long long cnt = p[k].vec >= n ? 0 : n - p[k].vec < p[k].n ? n - p[k].vec : p[k].n;
+    for (int k = 0, nq = state_parts(e, q); k < nq; k++) { /* the shard's padding past n is not in buf: stays zero */
+        long long cnt = q[k].at >= n ? 0 : n - q[k].at < q[k].n ? n - q[k].at : q[k].n;
         for (int i = 0; i < 2 && !rc && cnt; i++) {
-            if (!owned[i]) continue; /* read in place */
-            if (e->offload) memcpy(dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4); /* a host shard */
-            else rc = e->be->to_dev(e->be, dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4);
+            float *dst = q[k].x[1 + i], *src = buf[i] + q[k].at;
+            if (dst == src) continue; /* read in place */
+            if (q[k].host) memcpy(dst, src, (size_t)cnt * 4);
+            else rc = e->be->to_dev(e->be, dst, src, (size_t)cnt * 4);
         }
     }
     for (int i = 0; i < 2; i++)
         if (owned[i]) free(buf[i]);
+        else if (e->host_n) offload_host_release(buf[i], n - e->host_n); /* a split's device part, moved */
     return rc;
 }
