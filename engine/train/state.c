@@ -1,5 +1,7 @@
-/* state.c — the training state (state.h): each function decides here, once, where the state
- * lives (device, host with offload, a shard with a comm). */
+/* state.c — the training state (state.h): where it lives is decided here, once. state_open
+ * places it (device, host with offload, a shard with a comm, a split of device and host);
+ * state_parts describes this rank's optimizer state part by part, and each function below loops
+ * over those parts, or over the gradients' pieces (state_pieces), without asking again. */
 #include "engine/train/state.h"
 
 #include <stdio.h>
@@ -86,20 +88,36 @@ static int place_split(eng *e, const float *host) {
     return be->act_from_f32(be, e->w_act, host, n);
 }
 
-/* The master and moments of one rank without a comm, in element order: [0, n - host_n) where
- * the backend's state lives (all of it without a split), then the host part of a split.
- * Returns the count. */
+/* Where this rank's optimizer state lives, described once for every function below: elements
+ * [at, at + n) of the trainable vector (weights, gradients) with their master, m and v at x[0..2]
+ * (the moments NULL before state_alloc), in host memory when host. The pieces (state_pieces: all,
+ * or with a comm the shard and then this rank's experts) where e->offload puts them; a split's
+ * single piece cut at d = n - host_n, [d, n) being the tails of host_whole. Returns the count. */
 typedef struct {
     long long at, n;
     float *x[3]; /* master, m, v */
     int host; /* 1: host memory */
 } state_part;
 static int state_parts(const eng *e, state_part q[2]) {
-    long long n = eng_train_n(e), d = n - e->host_n;
-    q[0] = (state_part){0, d, {eng_train_master(e), e->adam_m, e->adam_v}, e->offload};
-    q[1] = (state_part){d, e->host_n, {0}, 1};
-    for (int i = 0; i < 3; i++) q[1].x[i] = e->host_whole[i] ? e->host_whole[i] + d : NULL;
-    return e->host_n ? 2 : 1;
+    float *base[3] = {eng_train_master(e), e->adam_m, e->adam_v};
+    state_piece p[2];
+    int np = state_pieces(e, p);
+    p[0].n -= e->host_n;
+    for (int k = 0; k < np; k++) {
+        q[k] = (state_part){p[k].vec, p[k].n, {0}, e->offload};
+        for (int i = 0; i < 3; i++) q[k].x[i] = base[i] ? base[i] + p[k].st : NULL;
+    }
+    if (!e->host_n) return np;
+    q[1] = (state_part){p[0].n, e->host_n, {0}, 1}; /* a split: one rank, one piece */
+    for (int i = 0; i < 3; i++) q[1].x[i] = e->host_whole[i] ? e->host_whole[i] + p[0].n : NULL;
+    return 2;
+}
+
+/* The act-typed weights of part q, NULL where they are its fp32 master itself (one rank on a
+ * fp32 backend, the state on it). */
+static char *part_act(const eng *e, const state_part *q) {
+    char *a = (char *)eng_train_act(e) + (size_t)q->at * (size_t)e->be->act_bytes;
+    return a == (char *)q->x[0] ? NULL : a;
 }
 
 int state_fits(eng *e, const char *model_dir) {
@@ -222,13 +240,6 @@ int state_grad_reduce(eng *e, int rc) {
     return rc ? rc : comm_reduce_scatter_sum(e->comm, e->grad, grad_mine(e), (size_t)e->sh_n, COMM_F32);
 }
 
-/* Sum of squares of this rank's x (its state's memory), then over the ranks in rank order. */
-static int sumsq_global(eng *e, const float *x, int host, double *ss) {
-    long long n = eng_state_n(e);
-    *ss = host ? sumsq_cpu(x, n) : e->be->sumsq(e->be, x, n);
-    return e->dp ? dp_sum(e, *ss, ss) : 0;
-}
-
 /* the experts' squares are added before the sum over ranks: each rank holds its own */
 int state_grad_sumsq(eng *e, double *ss) {
     state_piece p[2];
@@ -254,16 +265,13 @@ static int gain1_decay(eng *e, float lr, float wd) {
     eng_backend *be = e->be;
     if (!m->cfg.gain1 || wd == 0 || m->lora_r) return 0;
     float add = 1.0f - (1.0f - lr * wd); /* the step's own decay factor, as adamw_consts_make rounds it */
-    state_piece pc[2]; /* the norms are replicated: in the first piece (the shard, or all) */
-    state_pieces(e, pc);
-    float *master = eng_train_master(e);
-    void *act = e->offload || e->dp || eng_train_act(e) != (void *)master ? eng_train_act(e) : NULL;
     size_t eb = (size_t)be->act_bytes;
-    state_part q[2] = {{pc[0].vec, pc[0].n, {master}, e->offload}}; /* with a comm: the shard */
-    int nq = e->dp ? 1 : state_parts(e, q), rc = 0;
-    for (int k = 0; k < nq; k++) {
+    state_part q[2];
+    int rc = 0;
+    for (int k = 0, nq = state_parts(e, q); k < nq; k++) {
         long long lo = q[k].at, hi = lo + q[k].n;
         int host = q[k].host;
+        char *act = part_act(e, &q[k]);
         for (int i = 0; i < m->n_params && !rc; i++) {
             const model_param *p = &m->params[i];
             long long a = p->off > lo ? p->off : lo, b = p->off + p->numel < hi ? p->off + p->numel : hi;
@@ -274,57 +282,38 @@ static int gain1_decay(eng *e, float lr, float wd) {
             if (!host) rc = be->to_host(be, h, mp, n * sizeof(float));
             for (size_t j = 0; !rc && j < n; j++) h[j] += add;
             if (!rc && !host) rc = be->to_dev(be, mp, h, n * sizeof(float));
-            if (!rc && act) rc = be->act_from_f32(be, (char *)act + (size_t)a * eb, h, n);
+            if (!rc && act) rc = be->act_from_f32(be, act + (size_t)(a - lo) * eb, h, n);
             if (!host) free(h);
         }
     }
     return rc;
 }
 
-/* AdamW over the trainable parameters. With LoRA the B part is held as B' = s B (lora.h):
- * stepping it with lr s and weight decay wd / s on the true gradient s dL/dB' (made so before
- * the norm) is AdamW on B exactly. With offload (full-parameter only) the step runs on the
- * host (offload.h). */
+/* AdamW over elements [a, a + n) of part q, where it lives: in host memory by the offload
+ * (offload.h), else by the backend. */
+static int part_adamw(eng *e, const state_part *q, long long a, long long n, const eng_optim *opt, float lr, float wd) {
+    eng_backend *be = e->be;
+    char *act = part_act(e, q);
+    float *x = q->x[0] + a, *m = q->x[1] + a, *v = q->x[2] + a;
+    const float *g = e->grad + q->at + a;
+    if (act) act += (size_t)a * (size_t)be->act_bytes;
+    if (q->host) return offload_adamw(&e->off, n, x, m, v, act, g, lr, opt->beta1, opt->beta2, opt->eps, wd, e->opt_step);
+    be->adamw(be, x, act, g, m, v, n, lr, opt->beta1, opt->beta2, opt->eps, wd, e->opt_step);
+    return 0;
+}
+
+/* AdamW over the trainable parameters, each part where it lives. With LoRA the B part is held
+ * as B' = s B (lora.h): stepping it with lr s and weight decay wd / s on the true gradient
+ * s dL/dB' (made so before the norm) is AdamW on B exactly (LoRA: one rank, one part). */
 int state_step(eng *e, const eng_optim *opt, float lr) {
     eng_backend *be = e->be;
-    size_t eb = (size_t)be->act_bytes;
+    float s = e->m.lora_r ? e->m.lora_alpha / (float)e->m.lora_r : 1;
+    state_part q[2];
     int rc = 0;
-    if (e->offload) { /* all of it, or this rank's shard (and its experts: state_pieces), on the host */
-        state_piece p[2];
-        int np = state_pieces(e, p);
-        for (int i = 0; i < np && !rc; i++)
-            rc = offload_adamw(&e->off, p[i].n, e->w_master + p[i].st, e->adam_m + p[i].st, e->adam_v + p[i].st,
-                               (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, lr, opt->beta1, opt->beta2, opt->eps,
-                               opt->weight_decay, e->opt_step);
-    } else if (e->host_n) { /* a split: the device's part by the backend, the host's offloaded */
-        state_part q[2];
-        for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
-            char *act = (char *)e->w_act + (size_t)q[k].at * eb;
-            const float *g = e->grad + q[k].at;
-            if (q[k].host)
-                rc = offload_adamw(&e->off, q[k].n, q[k].x[0], q[k].x[1], q[k].x[2], act, g, lr, opt->beta1, opt->beta2, opt->eps,
-                                   opt->weight_decay, e->opt_step);
-            else
-                be->adamw(be, q[k].x[0], act, g, q[k].x[1], q[k].x[2], q[k].n, lr, opt->beta1, opt->beta2, opt->eps,
-                          opt->weight_decay, e->opt_step);
-        }
-    } else if (e->dp) { /* this rank's shard (and its experts: state_pieces) */
-        state_piece p[2];
-        int np = state_pieces(e, p);
-        for (int i = 0; i < np; i++)
-            be->adamw(be, e->w_master + p[i].st, (char *)e->w_act + (size_t)p[i].vec * eb, e->grad + p[i].vec, e->adam_m + p[i].st,
-                      e->adam_v + p[i].st, p[i].n, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, e->opt_step);
-    } else {
-        float *master = eng_train_master(e);
-        void *act = eng_train_act(e) == master ? NULL : eng_train_act(e);
-        long long n = eng_train_n(e), na = e->m.lora_r ? e->m.l_elems_a : n;
-        be->adamw(be, master, act, e->grad, e->adam_m, e->adam_v, na, lr, opt->beta1, opt->beta2, opt->eps, opt->weight_decay,
-                  e->opt_step);
-        if (na < n) {
-            float s = e->m.lora_alpha / (float)e->m.lora_r;
-            be->adamw(be, master + na, act ? (char *)act + (size_t)na * eb : NULL, e->grad + na, e->adam_m + na, e->adam_v + na,
-                      n - na, lr * s, opt->beta1, opt->beta2, opt->eps, opt->weight_decay / s, e->opt_step);
-        }
+    for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
+        long long na = e->m.lora_r ? e->m.l_elems_a : q[k].n; /* from na: LoRA's B part */
+        rc = part_adamw(e, &q[k], 0, na, opt, lr, opt->weight_decay);
+        if (!rc && na < q[k].n) rc = part_adamw(e, &q[k], na, q[k].n - na, opt, lr * s, opt->weight_decay / s);
     }
     if (!rc) rc = gain1_decay(e, lr, opt->weight_decay);
     if (!rc) rc = be->sync(be);
@@ -334,93 +323,82 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
 
 int state_act_from_master(eng *e, int rc) {
     eng_backend *be = e->be;
-    size_t eb = (size_t)be->act_bytes;
-    float *master = eng_train_master(e);
-    char *act = eng_train_act(e);
-    if (!rc && e->host_n) { /* a split: each part from where it lives */
-        state_part q[2];
-        for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
-            char *a = act + (size_t)q[k].at * eb;
-            if (q[k].host) rc = be->act_from_f32(be, a, q[k].x[0], (size_t)q[k].n);
-            else be->f32_to_act(be, a, q[k].x[0], (size_t)q[k].n);
-        }
-    } else {
-        state_piece p[2]; /* all, or this rank's shard (and its experts) */
-        for (int k = 0, np = state_pieces(e, p); k < np && !rc; k++) {
-            char *to = act + (size_t)p[k].vec * eb;
-            const float *from = master + p[k].st;
-            if (e->offload) rc = be->act_from_f32(be, to, from, (size_t)p[k].n); /* a host master, converted on its way */
-            else if (to != (const char *)from) be->f32_to_act(be, to, from, (size_t)p[k].n); /* not the fp32 master itself */
-        }
+    state_part q[2];
+    for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
+        char *act = part_act(e, &q[k]);
+        if (q[k].host) rc = be->act_from_f32(be, act, q[k].x[0], (size_t)q[k].n); /* converted on its way */
+        else if (act) be->f32_to_act(be, act, q[k].x[0], (size_t)q[k].n); /* not the fp32 master itself */
     }
     if (!rc) rc = be->sync(be);
     if (e->dp && !(rc = dp_agree(e, rc))) rc = dp_gather_act(e); /* every rank's shard of the act weights */
     return rc;
 }
 
+/* Each run of parts adjacent in memory (a rank's shard and experts) is summed as one: a sum's
+ * rounding depends on where it is cut. Then over the ranks in rank order. */
 int state_sumsq_after_step(eng *e, double *w2, double *v2) {
-    if (e->host_n) { /* a split (one rank): the parts' sums */
-        state_part q[2];
-        *w2 = *v2 = 0;
-        for (int k = 0, nq = state_parts(e, q); k < nq; k++) {
-            *w2 += q[k].host ? sumsq_cpu(q[k].x[0], q[k].n) : e->be->sumsq(e->be, q[k].x[0], q[k].n);
-            *v2 += q[k].host ? sumsq_cpu(q[k].x[2], q[k].n) : e->be->sumsq(e->be, q[k].x[2], q[k].n);
-        }
-        return 0;
+    state_part q[2];
+    int nq = state_parts(e, q);
+    *w2 = *v2 = 0;
+    for (int k = 0, j; k < nq; k = j) {
+        long long n = q[k].n;
+        for (j = k + 1; j < nq && q[j].host == q[k].host && q[j].x[0] == q[k].x[0] + n; j++) n += q[j].n;
+        *w2 += q[k].host ? sumsq_cpu(q[k].x[0], n) : e->be->sumsq(e->be, q[k].x[0], n);
+        *v2 += q[k].host ? sumsq_cpu(q[k].x[2], n) : e->be->sumsq(e->be, q[k].x[2], n);
     }
-    int rc = sumsq_global(e, eng_train_master(e), e->offload, w2);
-    return rc ? rc : sumsq_global(e, e->adam_v, e->offload, v2);
+    int rc = e->dp ? dp_sum(e, *w2, w2) : 0;
+    return rc || !e->dp ? rc : dp_sum(e, *v2, v2);
 }
 
 /* ---------------------------------------------------------------- whole vectors */
 
 long long state_whole_n(const eng *e) { return e->ep_full ? e->ep_full->n_elems : eng_train_n(e); }
 
+/* Rank 0's host buffer for the whole vector i (0 master, 1 m, 2 v) of state_whole, touched over
+ * the threads where the device's part will be copied in: a copy from the device into untouched
+ * pageable memory pays each page's first fault inside it, one at a time (a 20 GB capture took
+ * 17.9 s on an H200 host). One rank's host state is itself the buffer, a split's host_whole
+ * holds its host part in place, else a new one (offload_host_alloc touches it: *owned = 1). */
+static float *whole_buf(eng *e, const state_part *q, int i, size_t whole, int *owned) {
+    if (e->offload && !e->dp) return q->x[i];
+    if (e->host_n) {
+        float *p = e->host_whole[i];
+        long long d = q->n, blk = 1LL << 22; /* the device's part, in front */
+#pragma omp parallel for schedule(static)
+        for (long long b = 0; b < (d + blk - 1) / blk; b++)
+            memset(p + b * blk, 0, (size_t)((d - b * blk < blk ? d - b * blk : blk) * 4));
+        return p;
+    }
+    float *p = offload_host_alloc((long long)whole);
+    if (!p) err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", whole * 4 >> 20);
+    *owned = !!p;
+    return p;
+}
+
 int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
-    float *part[3] = {eng_train_master(e), e->adam_m, e->adam_v};
     int k = moments ? 3 : 1, rc = 0;
     for (int i = 0; i < 3; i++) {
         out[i] = NULL;
         owned[i] = 0;
     }
-    size_t n = (size_t)eng_train_n(e), whole = e->ep_full ? (size_t)state_whole_n(e) : e->dp ? (size_t)(e->sh_n * e->W) : n;
-    if (e->offload && !e->dp) { /* host state of one rank: written from where it lives, no copy */
-        for (int i = 0; i < k; i++) out[i] = part[i];
-        return 0;
-    }
-    if (e->host_n) { /* a split: the host part where it lives, the device's copied in front of it */
-        for (int i = 0; i < k && !rc; i++) {
-            out[i] = e->host_whole[i];
-            /* touched over the threads first (see below: pageable first faults inside a copy) */
-            long long d = (long long)n - e->host_n, blk = 1LL << 22;
-#pragma omp parallel for schedule(static)
-            for (long long b = 0; b < (d + blk - 1) / blk; b++)
-                memset(out[i] + b * blk, 0, (size_t)((d - b * blk < blk ? d - b * blk : blk) * 4));
-            rc = e->be->to_host(e->be, out[i], part[i], (n - (size_t)e->host_n) * 4);
-        }
-        return rc;
-    }
+    size_t whole = e->ep_full ? (size_t)state_whole_n(e) : e->dp ? (size_t)(e->sh_n * e->W) : (size_t)eng_train_n(e);
+    state_part q[2];
+    int nq = state_parts(e, q);
     for (int i = 0; i < k && e->rank == 0 && !rc; i++)
-        /* touched over the threads before the copy (offload_host_alloc): a copy from the device
-         * into untouched pageable memory pays each page's first fault inside it, one at a time
-         * (a 20 GB capture took 17.9 s on an H200 host) */
-        if (!(out[i] = offload_host_alloc((long long)whole)))
-            rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", whole * 4 >> 20);
-        else owned[i] = 1;
-    if (e->dp) { /* shards gathered into rank 0's host memory */
+        if (!(out[i] = whole_buf(e, &q[0], i, whole, &owned[i]))) rc = GE_NOMEM;
+    if (e->dp) { /* shards gathered into rank 0's host memory, from the start of this rank's state */
         rc = dp_agree(e, rc);
         for (int i = 0; i < k && !rc; i++)
-            rc = e->ep_full ? ep_whole(e, part[i], out[i]) /* the experts too, in the layout without expert parallelism */
-                            : dp_agree(e, dp_gather_to_host(e, part[i], out[i]));
-    } else { /* one rank: each part from where it lives (a split: two) */
-        state_part q[2];
-        for (int j = 0, nq = state_parts(e, q); j < nq && !rc; j++)
+            rc = e->ep_full ? ep_whole(e, q[0].x[i], out[i]) /* the experts too, in the layout without expert parallelism */
+                            : dp_agree(e, dp_gather_to_host(e, q[0].x[i], out[i]));
+    } else /* one rank: each part not already in place, from where it lives */
+        for (int j = 0; j < nq && !rc; j++)
             for (int i = 0; i < k && !rc; i++) {
                 float *dst = out[i] + q[j].at;
+                if (dst == q[j].x[i]) continue;
                 if (q[j].host) memcpy(dst, q[j].x[i], (size_t)q[j].n * 4);
                 else rc = e->be->to_host(e->be, dst, q[j].x[i], (size_t)q[j].n * 4);
             }
-    }
     if (rc) state_whole_free(out, owned);
     return rc;
 }
@@ -451,28 +429,19 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
 
 int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     long long n = eng_train_n(e);
-    if (e->host_n) { /* a split (one rank): read into host_whole; the device's part moved there */
-        long long d = n - e->host_n;
-        int rc = 0;
-        for (int i = 0; i < 2 && !rc; i++) {
-            rc = e->be->to_dev(e->be, i ? e->adam_v : e->adam_m, buf[i], (size_t)d * 4);
-            offload_host_release(buf[i], d);
-        }
-        return rc;
-    }
-    state_piece p[2];
-    int np = state_pieces(e, p);
-    float *dst[2] = {e->adam_m, e->adam_v};
+    state_part q[2];
     int rc = 0;
-    for (int k = 0; k < np; k++) { /* the shard's padding past n is not in buf: stays zero */
-        long long cnt = p[k].vec >= n ? 0 : n - p[k].vec < p[k].n ? n - p[k].vec : p[k].n;
+    for (int k = 0, nq = state_parts(e, q); k < nq; k++) { /* the shard's padding past n is not in buf: stays zero */
+        long long cnt = q[k].at >= n ? 0 : n - q[k].at < q[k].n ? n - q[k].at : q[k].n;
         for (int i = 0; i < 2 && !rc && cnt; i++) {
-            if (!owned[i]) continue; /* read in place */
-            if (e->offload) memcpy(dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4); /* a host shard */
-            else rc = e->be->to_dev(e->be, dst[i] + p[k].st, buf[i] + p[k].vec, (size_t)cnt * 4);
+            float *dst = q[k].x[1 + i], *src = buf[i] + q[k].at;
+            if (dst == src) continue; /* read in place */
+            if (q[k].host) memcpy(dst, src, (size_t)cnt * 4);
+            else rc = e->be->to_dev(e->be, dst, src, (size_t)cnt * 4);
         }
     }
     for (int i = 0; i < 2; i++)
         if (owned[i]) free(buf[i]);
+        else if (e->host_n) offload_host_release(buf[i], n - e->host_n); /* a split's device part, moved */
     return rc;
 }
