@@ -83,6 +83,7 @@ $(BUILD)/hooks/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DGRPOD_TEST_HOOKS -c -o $@ $<
 $(HOOKS_BIN): $(BUILD)/daemon/main.o $(BUILD)/hooks/daemon/worker.o $(BUILD)/hooks/daemon/jobs.o $(BUILD)/hooks/daemon/ranks.o \
+		$(BUILD)/hooks/daemon/follow.o \
 		$(BUILD)/libapp.a $(BUILD)/libengine.a
 	$(CC) -o $@ $^ $(APPLIBS) $(LDLIBS)
 

@@ -24,6 +24,7 @@
 #include "daemon/jobs.h"
 #include "daemon/json_read.h"
 #include "daemon/ranks.h"
+#include "daemon/test_hooks.h"
 #include "daemon/sdnotify.h"
 #include "daemon/worker.h"
 #include "engine/engine.h"
@@ -444,6 +445,7 @@ static void post_progress(epoch *ep, fpart *p) {
         post_done(ep, body, 10);
         p->posted = c.tokens;
         p->next_post = now + 0.02;
+        if (c.tokens >= 4) test_hook_hold("follower_stream_tokens");
     }
     free(body);
 }

@@ -14,6 +14,8 @@
  *                        more, after handing them to the reply (daemon/worker.c)
  *   peer_stream_tokens   a peer rank's thread, once a streamed part of it has a response of 4
  *                        tokens or more, after copying them for rank 0 (daemon/ranks.c)
+ *   follower_stream_tokens  a follower's main thread, once it posted 4 or more tokens of a part
+ *                        the leader streams (daemon/follow.c; its sampling waits too)
  *   comm_down            the peer rank of GRPOD_TEST_COMM_DOWN_AT=update, before it takes the
  *                        communicator down (so a test can queue jobs behind the update first)
  *

@@ -16,6 +16,7 @@
 # service manager needed), the new image replays, the follower's retried join gets the new
 # epoch, and the failed update, requeued, runs.
 import json
+import os
 import re
 import signal
 import subprocess
@@ -24,8 +25,10 @@ import time
 import pytest
 import requests
 
-from conftest import GRPOD, Daemon
+from conftest import GRPOD, ROOT, Daemon
 from test_ranks import probe, rollout, run_round, session
+
+HOOKS = os.path.join(ROOT, "build", "grpod-test-hooks")
 
 
 def leader(make_daemon, data, *extra):
@@ -256,36 +259,47 @@ def test_join_flag_checks(tmp_path):
     assert r.returncode == 2 and "LoRA trains on one rank only" in r.stderr, r.stderr
 
 
+@pytest.mark.skipif(not os.path.exists(HOOKS), reason="build/grpod-test-hooks is not built")
 def test_stream_from_follower(make_daemon, tmp_path):
     """A streamed completion whose groups are placed on both ranks: the follower's share streams
     too — once the reply taps the job the leader asks the follower (in `next`) to post its part's
-    tokens as it samples them, and the reply hands them out as rank 0's — so each choice's text
-    comes in several chunks, and the chunks add up to the non-streamed reply (same seed), the
-    logprobs' top_logprobs included (the follower posts each token's alternatives with it)."""
+    tokens as it samples them, and the reply hands them out as rank 0's — and the chunks add up to
+    the non-streamed reply (same seed), the logprobs' top_logprobs included (the follower posts each
+    token's alternatives with it). Ordered, not timed: the follower (build/grpod-test-hooks) holds
+    once it posted 4 tokens (GRPOD_TEST_HOLD_AT=follower_stream_tokens) until the client has them,
+    so its share (group 1, placed on rank 1) comes in at least two chunks whatever the machine's
+    speed. (Rank 0's own share streams as test_openai_stream checks.)"""
+    go = tmp_path / "go"
     L = leader(make_daemon, tmp_path / "leader")
-    F = follower(tmp_path, "f1", L.url)
+    F = Daemon(str(tmp_path / "f1"), ["--engine-threads", "1", "--join", L.url],
+               env={"GRPOD_TEST_HOLD_AT": "follower_stream_tokens", "GRPOD_TEST_HOLD_FILE": str(go)})
+    F.binary = HOOKS
+    F.start(wait_ready=False)
     try:
         L.wait_ready()
         body = {"prompt": ["Once upon a time", "The weather"], "max_tokens": 400, "ignore_eos": True, "seed": 3,
                 "temperature": 1.0, "logprobs": 3}
-        whole = L.post("/v1/completions", body)
+        whole = L.post("/v1/completions", body)    # not streamed: the follower posts no progress, no hold
         assert whole.status_code == 200, whole.text
         r = requests.post(L.url + "/v1/completions", json=dict(body, stream=True), stream=True, timeout=120)
         pieces, tops = {0: [], 1: []}, {0: [], 1: []}
+        held = 0
         for line in r.iter_lines():
             if line.startswith(b"data: {"):
                 for ch in json.loads(line[6:])["choices"]:
                     if ch["text"]:
                         pieces[ch["index"]].append(ch["text"])
                         tops[ch["index"]] += ch["logprobs"]["top_logprobs"]
+            if pieces[1] and not go.exists():   # the follower's first post came while it is held
+                held = len(pieces[1])
+                go.touch()
         assert [c["text"] for c in whole.json()["choices"]] == ["".join(pieces[0]), "".join(pieces[1])]
         # the non-streamed reply's alternatives come from a logprobs job over the prompt and the
         # completion; the stream's from the follower's sampler, as it sampled
         assert [c["logprobs"]["top_logprobs"] for c in whole.json()["choices"]] == [tops[0], tops[1]]
         assert len(re.findall(r'"part_done".*"code":"ok"', F.stderr())) >= 2, F.stderr()[-3000:]  # one share each
-        # more than the one final chunk a follower's share came in before; how many more depends on
-        # the machine's speed (2 on a busy one), so no more is asked
-        assert min(len(pieces[0]), len(pieces[1])) >= 2, {k: len(v) for k, v in pieces.items()}
+        assert '"test_hold"' in F.stderr(), F.stderr()[-3000:]                  # the follower held its share
+        assert held >= 1 and len(pieces[1]) > held, {k: len(v) for k, v in pieces.items()}  # text after the hold too
         assert L.stop() == 0
     finally:
         F.stop()
