@@ -574,6 +574,7 @@ static void run_epoch(const leader *L, const follow_config *c, const char *backe
                        .resume_dir = w->resume[0] ? w->resume : NULL,
                        .n_threads = threads / W > 0 ? threads / W : 1,
                        .optimizer_offload = c->optimizer_offload,
+                       .optimizer_moments = c->moments_bf16 ? "bf16" : NULL,
                        .expert_parallel = w->expert_parallel};
     eng_sched_opts so = {.kv_bytes = c->kv_budget_mib << 20};
     ranks_world wd = {.base = w->rank0,

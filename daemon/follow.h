@@ -15,6 +15,7 @@ typedef struct {
     const char *model_dir;
     const char *backend; /* cpu | cuda (auto resolved by the caller) */
     const char *optimizer_offload;
+    int moments_bf16; /* --optimizer-moments bf16 */
     int ranks; /* local ranks */
     const int *devices; /* cuda: the devices of the local ranks, or NULL */
     int n_threads; /* CPU threads in all (0: the default) */

@@ -39,7 +39,7 @@
 typedef struct {
     char model[1024], data_dir[1024], listen[256], backend[16], api_key_file[1024], log_level[16], config[1024];
     char allowed_hosts[1024], allowed_origins[1024];
-    char optimizer_offload[16];
+    char optimizer_offload[16], optimizer_moments[8];
     int insecure_no_auth, checkpoint_on_exit, expert_parallel;
     long long max_body_bytes, max_n, max_tokens, max_queued_jobs, http_threads, engine_threads;
     long long kv_budget_mib;
@@ -76,6 +76,9 @@ static const opt_def opts[] = {
     {"optimizer-offload", O_STR, S_(optimizer_offload), 0, 0, 0, "auto",
      "auto|on|off|FRACTION: fp32 master weights and AdamW moments in host memory (auto: when they would not leave a quarter of "
      "the GPU free; split with the GPU when the host cannot hold them; FRACTION: that part in host memory, one rank)"},
+    {"optimizer-moments", O_STR, S_(optimizer_moments), 0, 0, 0, "fp32",
+     "fp32|bf16: AdamW's m and v as bf16 in host memory (8 bytes of host state a parameter, not 12; the optimizer in host "
+     "memory: --optimizer-offload auto means on)"},
     {"api-key-file", O_STR, S_(api_key_file), 0, 0, 0, "",
      "FILE holding the API key; /v1 requests then need Authorization: Bearer KEY"},
     {"allowed-hosts", O_STR, S_(allowed_hosts), 0, 0, 0, "",
@@ -400,6 +403,11 @@ static int resolve_opts(int argc, char **argv, serve_opts *o, int *help, char *w
                  o->optimizer_offload);
         return -1;
     }
+    int m16;
+    if (eng_moments_check(o->optimizer_moments, &m16)) {
+        snprintf(why, wl, "--optimizer-moments '%s' must be fp32 or bf16", o->optimizer_moments);
+        return -1;
+    }
     return 0;
 }
 
@@ -664,6 +672,7 @@ static int serve_follow(const serve_opts *o, const char *key) {
                         .model_dir = o->model,
                         .backend = o->backend,
                         .optimizer_offload = o->optimizer_offload,
+                        .moments_bf16 = !strcmp(o->optimizer_moments, "bf16"),
                         .ranks = o->n_gpus ? o->n_gpus : (int)o->ranks,
                         .devices = o->n_gpus ? o->gpu_dev : NULL,
                         .n_threads = (int)o->engine_threads,
@@ -756,6 +765,7 @@ static void configs_of(serve_state *s, const char *key, api_config *ac, worker_c
                           .model_dir = s->o.model,
                           .backend = s->o.backend,
                           .optimizer_offload = s->o.optimizer_offload,
+                          .moments_bf16 = !strcmp(s->o.optimizer_moments, "bf16"),
                           .expert_parallel = s->o.expert_parallel,
                           .n_threads = (int)s->o.engine_threads,
                           .ranks = s->o.n_gpus ? s->o.n_gpus : (int)s->o.ranks,

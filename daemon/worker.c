@@ -241,6 +241,7 @@ static int open_engine(worker *w) {
                        .lora_targets = w->lora_targets,
                        .lora_init = w->lora_init,
                        .optimizer_offload = w->optimizer_offload,
+                       .optimizer_moments = w->cfg.moments_bf16 ? "bf16" : NULL,
                        .expert_parallel = w->cfg.expert_parallel};
     eng_sched_opts so = {.kv_bytes = w->cfg.kv_budget_mib << 20};
     log_event(LOG_INFO, "engine_opening", "\"model\":\"%s\",\"backend\":\"%s\",\"resume\":\"%s\",\"threads\":%d,\"ranks\":%d",

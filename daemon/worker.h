@@ -18,6 +18,7 @@ typedef struct {
     const char *model_dir; /* NULL or "": the embedded default model in data_dir */
     const char *backend;
     const char *optimizer_offload; /* "auto" (NULL) | "on" | "off" (eng_open_opts) */
+    int moments_bf16; /* eng_open_opts.optimizer_moments "bf16" (--optimizer-moments bf16) */
     int expert_parallel; /* eng_open_opts.expert_parallel (--expert-parallel) */
     int n_threads; /* CPU threads in all; each of the ranks gets an equal share */
     int ranks; /* W engines in this process (daemon/ranks.h); 0 or 1 = one */

@@ -114,6 +114,9 @@ int eng_open(const eng_open_opts *o, eng **out) {
     unsigned lr_targets;
     const char *lr_from;
     int rc = lora_settings(o, &lr_rank, &lr_alpha, &lr_targets, &lr_from);
+    if (!rc) rc = eng_moments_check(o->optimizer_moments, &e->m16);
+    if (!rc && e->m16 && lr_rank)
+        rc = err_set(GE_UNSUPPORTED, "optimizer_moments bf16: the adapters' optimizer state stays fp32 (LoRA); drop one of them");
     if (!rc) rc = config_load(o->model_dir, &cfg);
     if (rc) goto fail;
     if (cfg.vision) /* a qwen3_5 vision-language checkpoint: its text model is what runs */
@@ -192,8 +195,8 @@ int eng_open(const eng_open_opts *o, eng **out) {
         }
         if ((rc = be->act_from_f32(be, e->ref_act, host, n))) goto fail;
         if (o->resume_dir && *o->resume_dir && (rc = model_load_host(&e->m, o->resume_dir, host))) goto fail;
-        if ((rc = state_open(e, host, o->optimizer_offload))) goto fail;
-        free(host); /* placed: its n floats of host memory are free before the moments are read */
+        if ((rc = state_open(e, &host, o->optimizer_offload))) goto fail;
+        free(host); /* placed (or taken as the master): free before the moments are read */
         host = NULL;
         if ((rc = model_views_make(&e->m, e->w_act, (size_t)be->act_bytes, &e->wv)) ||
             (rc = model_views_make(&e->m, e->ref_act, (size_t)be->act_bytes, &e->rv)))

@@ -35,6 +35,11 @@ typedef struct {
      * than a quarter of its memory for activations and the rollout KV pool; off on cpu and with LoRA. */
     const char *optimizer_offload; /* or a fraction (0 to 1) of them in host memory, the rest
                                     * on the device: one rank (eng_offload_mode_check) */
+    /* "fp32" (NULL) | "bf16": AdamW's m and v held as bf16 in host memory (adamw_m16_cpu, as
+     * Megatron's precision-aware optimizer with exp_avg(_sq)_dtype bf16): 8 bytes of host state a
+     * parameter, not 12. Needs the whole optimizer state in host memory (optimizer_offload on;
+     * auto is then on) and full-parameter training; checkpoints still hold fp32 moments. */
+    const char *optimizer_moments;
     /* Several ranks (engine/dist/comm.h, engine/train/dp.c): NULL = one rank, exactly as before.
      * With a comm of W ranks (W = 1 too: the same path, bit-equal to none on cpu), each rank's
      * engine thread makes the same eng_update, eng_update_undo, eng_logprobs and
@@ -73,6 +78,9 @@ int eng_open(const eng_open_opts *o, eng **out);
 /* 0 when mode is a valid optimizer_offload (NULL, "", auto, on, off or a fraction in [0, 1]),
  * *frac its fraction in host memory (-1: auto); else GE_INVALID naming the field. */
 int eng_offload_mode_check(const char *mode, double *frac);
+/* 0 when m is a valid optimizer_moments (NULL, "", fp32 or bf16), *m16 1 for bf16; else
+ * GE_INVALID naming the field. */
+int eng_moments_check(const char *m, int *m16);
 /* Create grpod's embedded default model in dir once (a tiny Qwen3 with a byte-level
  * tokenizer, random weights from a fixed seed, written as an ordinary HF directory); does
  * nothing when dir/config.json exists. Safe against a crash midway (written then renamed). */

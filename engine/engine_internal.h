@@ -50,6 +50,7 @@ struct eng {
     void *w_act;
     float *w_master;
     int offload; /* 1: w_master, adam_m, adam_v in host memory (full-parameter only) */
+    int m16; /* 1: adam_m, adam_v hold bf16 bits (--optimizer-moments bf16; with offload only) */
     /* a split (offload 0, one rank, full-parameter): elements [0, d = n - host_n) of the master
      * and moments on the device (w_master, adam_m, adam_v), [d, n) in host memory: the tails of
      * host_whole's master, m, v (n floats each; [0, d) untouched but as a checkpoint's buffer,
@@ -67,8 +68,9 @@ struct eng {
     void *lora_act;
     float *lora_sink;
     /* training state over the trainable parameters (eng_train_n: the adapters with LoRA),
-     * allocated on the first update */
-    float *grad, *adam_m, *adam_v;
+     * allocated on the first update; the moments fp32, or bf16 bits with m16 */
+    float *grad;
+    void *adam_m, *adam_v;
     model_views gv; /* views into grad */
     int opt_step; /* AdamW steps taken (1-based bias correction) */
     snap_state snap; /* the update's safety copy (train/snapshot.h) */
@@ -134,9 +136,11 @@ int plan_offload(eng *e, const char *mode, long long state_n, long long *host_n)
  * shards, E / W experts each. */
 int plan_host_peers(eng *e);
 /* plan.c: with offload, before the host state is placed: 0 when the host state of the ranks on
- * this host (`bytes` each, 1 + host_peers of them) fits in its MemAvailable beside the host reserve;
- * else GE_NOMEM naming both (plan_host_state_fits; every rank returns it). */
-int plan_host_state(eng *e, long long bytes);
+ * this host (`bytes` each, 1 + host_peers of them) fits in its MemAvailable beside the host reserve,
+ * counting the `held` bytes each rank holds now and frees before its moments are allocated (the
+ * loaded weights), and their masters (`master` bytes each) fit beside those; else GE_NOMEM naming
+ * both (plan_host_state_fits; every rank returns it). */
+int plan_host_state(eng *e, long long bytes, long long held, long long master);
 int plan_host_state_fits(long long need, int ranks, long long avail);
 /* plan.c, auto with one rank when the state must leave the device: *host_n of the n elements
  * of the master and moments in host memory (n when all fit avail, MemAvailable's bytes; else as

@@ -82,6 +82,12 @@ int eng_offload_mode_check(const char *mode, double *frac) {
     return 0;
 }
 
+int eng_moments_check(const char *m, int *m16) {
+    *m16 = m && !strcmp(m, "bf16");
+    if (!m || !*m || *m16 || !strcmp(m, "fp32")) return 0;
+    return err_set(GE_INVALID, "optimizer_moments \"%.32s\": fp32 or bf16 (AdamW's m and v in host memory)", m);
+}
+
 /* auto, when the whole host state does not fit this host: as much of it as the host holds (its
  * MemAvailable less SNAP_HOST_RESERVE and PLAN_SPLIT_SLACK, so that the placement's own check a
  * moment later passes), the rest on the device, when that leaves the device room for one
@@ -161,8 +167,9 @@ int plan_host_state_fits(long long need, int ranks, long long avail) {
     if (avail < 0 || need + SNAP_HOST_RESERVE <= avail) return 0;
     return err_set(GE_NOMEM,
                    "optimizer offload: the fp32 master and AdamW moments of the %d rank%s on this host need %lld GiB of host "
-                   "memory (12 bytes a parameter), beyond the %lld GiB available less %lld GiB kept free: spread the model "
-                   "over more GPUs or hosts (expert parallelism), or train LoRA adapters",
+                   "memory, beyond the %lld GiB available less %lld GiB kept free: spread the model over more GPUs or hosts "
+                   "(expert parallelism), hold the moments as bf16 (--optimizer-moments bf16: 8 bytes a parameter, not 12), "
+                   "or train LoRA adapters",
                    ranks, ranks == 1 ? "" : "s", need >> 30, avail >> 30, SNAP_HOST_RESERVE >> 30);
 }
 
@@ -182,8 +189,12 @@ int plan_host_peers(eng *e) {
     return rc;
 }
 
-int plan_host_state(eng *e, long long bytes) {
-    int ranks = 1 + e->host_peers, rc = plan_host_state_fits(bytes * ranks, ranks, host_available());
+int plan_host_state(eng *e, long long bytes, long long held, long long master) {
+    int ranks = 1 + e->host_peers;
+    long long avail = host_available();
+    /* measured before any rank places its state (dp_agree waits for all): the loaded weights held */
+    int rc = plan_host_state_fits(bytes * ranks, ranks, avail < 0 ? avail : avail + held * ranks);
+    if (!rc) rc = plan_host_state_fits(master * ranks, ranks, avail);
     return e->dp ? dp_agree(e, rc) : rc;
 }
 
@@ -212,7 +223,7 @@ int plan_make(eng *e, const eng_open_opts *o) {
     p->device_total = (long long)tot;
     p->headroom = be->mem_info ? PLAN_HEADROOM : 0;
 
-    long long snap = 3 * ns * 4, snap_host = snap * (1 + e->host_peers); /* the ranks of this host each place theirs */
+    long long snap = ns * state_elem_bytes(e), snap_host = snap * (1 + e->host_peers); /* the ranks of this host each place theirs */
     long long host = host_available();
     int where = SNAP_NONE;
     int host_fits = host < 0 || host - snap_host >= SNAP_HOST_RESERVE;

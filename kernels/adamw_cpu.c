@@ -7,16 +7,15 @@
 
 #include <math.h>
 
-/* One element: torch's eager order of operations (lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_). */
-#define ADAMW_ELEM(k, p, g, m, v, i, pnew) \
+/* One element: torch's eager order of operations (lerp_, mul_/addcmul_, sqrt/div/add, addcdiv_),
+ * from the moments' old values mo, vo; the new ones in mi_, vi_ for the caller to store. */
+#define ADAMW_ELEM(k, p, g, mo, vo, i, pnew) \
     float pi_ = (p)[i] * (k).decay; \
     float gi_ = (g)[i]; \
-    float mi_ = (m)[i] + (k).w1 * (gi_ - (m)[i]); /* lerp_(g, 1 - beta1) */ \
-    float vi_ = (v)[i] * (k).b2f + (k).w2 * gi_ * gi_; /* mul_(beta2).addcmul_(g, g, 1 - beta2) */ \
+    float mi_ = (mo) + (k).w1 * (gi_ - (mo)); /* lerp_(g, 1 - beta1) */ \
+    float vi_ = (vo) * (k).b2f + (k).w2 * gi_ * gi_; /* mul_(beta2).addcmul_(g, g, 1 - beta2) */ \
     float denom_ = sqrtf(vi_) / (k).bc2_sqrt + (k).eps; \
-    float pnew = pi_ - (k).step_size * (mi_ / denom_); /* addcdiv_(m, denom, -step_size) */ \
-    (m)[i] = mi_; \
-    (v)[i] = vi_;
+    float pnew = pi_ - (k).step_size * (mi_ / denom_); /* addcdiv_(m, denom, -step_size) */
 
 /* Elements [i0, i1) of one step; act NULL: no bf16 copy. The Makefile builds this file with
  * -fno-math-errno so that sqrtf vectorizes (sqrtps rounds correctly, as sqrtss: the same bits;
@@ -27,27 +26,47 @@ static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *res
     if (act) {
 #pragma omp simd
         for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, m, v, i, pn)
+            ADAMW_ELEM(k, p, g, m[i], v[i], i, pn)
+            m[i] = mi_;
+            v[i] = vi_;
             p[i] = pn;
             act[i] = bf16_from_f32(pn);
         }
     } else {
 #pragma omp simd
         for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, m, v, i, pn)
+            ADAMW_ELEM(k, p, g, m[i], v[i], i, pn)
+            m[i] = mi_;
+            v[i] = vi_;
             p[i] = pn;
         }
     }
 }
 
-/* static blocks of 64 KiB-aligned ranges, one call of adamw_range each */
-static void adamw_run(const adamw_consts *k, float *p, uint16_t *act, const float *g, float *m, float *v, long long n) {
+/* The same with bf16 moments: read exactly, stepped in fp32, the weights moved by the fp32 new
+ * moments, then stored rounded to nearest even (adamw_m16_cpu). */
+static void adamw_range_m16(const adamw_consts *kp, float *restrict p, uint16_t *restrict act, const float *restrict g,
+                            uint16_t *restrict m, uint16_t *restrict v, long long i0, long long i1) {
+    const adamw_consts k = *kp;
+#pragma omp simd
+    for (long long i = i0; i < i1; i++) {
+        ADAMW_ELEM(k, p, g, f32_from_bf16(m[i]), f32_from_bf16(v[i]), i, pn)
+        m[i] = bf16_from_f32(mi_);
+        v[i] = bf16_from_f32(vi_);
+        p[i] = pn;
+        if (act) act[i] = bf16_from_f32(pn);
+    }
+}
+
+/* static blocks of 64 KiB-aligned ranges, one call of adamw_range each (m16: m, v are bf16) */
+static void adamw_run(const adamw_consts *k, float *p, uint16_t *act, const float *g, void *m, void *v, int m16, long long n) {
     const long long blk = 16384;
     long long nb = (n + blk - 1) / blk;
 #pragma omp parallel for schedule(static)
     for (long long b = 0; b < nb; b++) {
         long long i0 = b * blk, i1 = i0 + blk < n ? i0 + blk : n;
-        adamw_range(k, p, act, g, m, v, i0, i1);
+        if (m16) adamw_range_m16(k, p, act, g, m, v, i0, i1);
+        else adamw_range(k, p, act, g, m, v, i0, i1);
     }
 }
 
@@ -56,17 +75,24 @@ void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float 
     /* scalars as torch computes them: in double from the decimals the user wrote, applied in
      * fp32 (torch casts a Python scalar to the tensor's fp32) */
     const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
-    adamw_run(&k, p, NULL, g, m, v, n);
+    adamw_run(&k, p, NULL, g, m, v, 0, n);
 }
 
 void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2,
                     float eps, float wd, int step) {
     const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
-    adamw_run(&k, p, act, g, m, v, n);
+    adamw_run(&k, p, act, g, m, v, 0, n);
+}
+
+void adamw_m16_cpu(float *p, uint16_t *act, const float *g, uint16_t *m, uint16_t *v, long long n, float lr, float beta1,
+                   float beta2, float eps, float wd, int step) {
+    const adamw_consts k = adamw_consts_make(lr, beta1, beta2, eps, wd, step);
+    adamw_run(&k, p, act, g, m, v, 1, n);
 }
 
 #define SUMSQ_BLOCKS 256
-double sumsq_cpu(const float *x, long long n) {
+/* x as fp32 (m16 0) or bf16 bits (m16 1) */
+static double sumsq_any(const void *x, int m16, long long n) {
     /* fixed blocks, each summed in order, then the blocks in order: the result does not depend
      * on the number of threads */
     double part[SUMSQ_BLOCKS];
@@ -75,13 +101,19 @@ double sumsq_cpu(const float *x, long long n) {
     for (int b = 0; b < SUMSQ_BLOCKS; b++) {
         long long i0 = (long long)b * bs, i1 = i0 + bs < n ? i0 + bs : n;
         double s = 0;
-        for (long long i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        for (long long i = i0; i < i1; i++) {
+            double xi = m16 ? f32_from_bf16(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+            s += xi * xi;
+        }
         part[b] = s;
     }
     double s = 0;
     for (int b = 0; b < SUMSQ_BLOCKS; b++) s += part[b];
     return s;
 }
+
+double sumsq_cpu(const float *x, long long n) { return sumsq_any(x, 0, n); }
+double sumsq_bf16_cpu(const uint16_t *x, long long n) { return sumsq_any(x, 1, n); }
 
 void scale_cpu(float *x, long long n, float s) {
 #pragma omp parallel for schedule(static)

@@ -92,7 +92,7 @@ static int fetch(eng_offload *o, long long n, const float *grad, long long i) {
     return rc;
 }
 
-int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
+int offload_adamw(eng_offload *o, long long n, float *master, void *m, void *v, void *w_act, const float *grad, float lr,
                   float beta1, float beta2, float eps, float wd, int step) {
     eng_backend *be = o->be;
     const int lanes = be->copy_async != NULL, eb = be->act_bytes;
@@ -116,13 +116,15 @@ int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v
         if (lanes && ((rc = be->wait(be, BE_LANE_HOST, EV_D2H + s)) || (rc = be->wait(be, BE_LANE_HOST, EV_H2D + s)))) break;
         double t1 = clock_mono_ms();
         o->ms_wait += t1 - t;
-        if (eb == 2) {
-            adamw_bf16_cpu(master + off, (uint16_t *)o->astage[s], o->gstage[s], m + off, v + off, len, lr, beta1, beta2, eps, wd,
+        uint16_t *act = eb == 2 ? o->astage[s] : NULL;
+        if (o->m16)
+            adamw_m16_cpu(master + off, act, o->gstage[s], (uint16_t *)m + off, (uint16_t *)v + off, len, lr, beta1, beta2, eps,
+                          wd, step);
+        else if (act)
+            adamw_bf16_cpu(master + off, act, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps, wd,
                            step);
-        } else {
-            adamw_cpu(master + off, o->gstage[s], m + off, v + off, len, lr, beta1, beta2, eps, wd, step);
-            memcpy(o->astage[s], master + off, (size_t)len * 4);
-        }
+        else adamw_cpu(master + off, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps, wd, step);
+        if (!act) memcpy(o->astage[s], master + off, (size_t)len * 4);
         o->ms_host += clock_mono_ms() - t1;
         char *dst = (char *)w_act + (size_t)off * (size_t)eb;
         if (!lanes) {

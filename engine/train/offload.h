@@ -2,7 +2,8 @@
  *
  * Where each buffer lives (n parameters):
  *   device: bf16 weights the ops read (2n bytes), fp32 gradients (4n; see below), reference.
- *   host:   fp32 master weights and both AdamW moments (12n), in ordinary memory: the GPU never
+ *   host:   fp32 master weights and both AdamW moments (12n; 8n with bf16 moments,
+ *           --optimizer-moments bf16), in ordinary memory: the GPU never
  *           reads them, so they need no pinning; only the staging ring below is pinned.
  * One step (offload_adamw), after the backward and the clip, which stay on the device:
  *   gradient chunk i   ──lane 1 (D2H)──►  pinned stage g[i % S]
@@ -36,6 +37,7 @@ typedef struct {
     long long n, chunk; /* parameters; elements per transfer */
     float *gstage[OFFLOAD_STAGES]; /* (chunk) fp32 gradients, pinned */
     void *astage[OFFLOAD_STAGES]; /* (chunk) act-typed weights, pinned */
+    int m16; /* the moments are bf16 (--optimizer-moments bf16: adamw_m16_cpu), else fp32 */
     double ms_host, ms_wait; /* last step: AdamW on the host, waiting for copies */
 } eng_offload;
 
@@ -43,10 +45,10 @@ typedef struct {
 int offload_init(eng_offload *o, eng_backend *be, long long n, long long chunk);
 void offload_free(eng_offload *o);
 /* One AdamW step over n elements (at most the n offload_init sized: a state may step in
- * pieces): master, m, v (n) in host memory, updated in place; grad (n) fp32 in device memory
+ * pieces): master (n fp32), m, v (n fp32, or bf16 with m16) in host memory, updated in place; grad (n) fp32 in device memory
  * (already clipped); w_act (n) device act-typed weights, rewritten from the new master.
  * The op stream is ordered after the upload; returns 0 or the backend's error. */
-int offload_adamw(eng_offload *o, long long n, float *master, float *m, float *v, void *w_act, const float *grad, float lr,
+int offload_adamw(eng_offload *o, long long n, float *master, void *m, void *v, void *w_act, const float *grad, float lr,
                   float beta1, float beta2, float eps, float wd, int step);
 /* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by
  * the threads that will update each part (NUMA placement); free() it. NULL with GE_NOMEM. */

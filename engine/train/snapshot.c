@@ -19,18 +19,22 @@ const char *snap_where_name(int where) {
 }
 
 /* The three arrays the copy covers, in buf's order. */
-static void state_arrays(eng *e, float *a[3]) {
+static void state_arrays(eng *e, void *a[3]) {
     a[0] = eng_train_master(e);
     a[1] = e->adam_m;
     a[2] = e->adam_v;
 }
+/* Where array i starts in buf. */
+static size_t buf_at(const snap_state *s, int i) { return i == 0 ? 0 : i == 1 ? s->sz[0] : s->sz[0] + s->sz[1]; }
 
 int snap_alloc(eng *e, int where) {
     snap_state *s = &e->snap;
     eng_backend *be = e->be;
-    s->n = (size_t)eng_state_n(e);
+    size_t n = (size_t)eng_state_n(e);
+    s->sz[0] = n * 4;
+    s->sz[1] = s->sz[2] = n * (size_t)(state_elem_bytes(e) - 4) / 2;
     s->where = where;
-    size_t bytes = 3 * s->n * sizeof(float);
+    size_t bytes = s->sz[0] + s->sz[1] + s->sz[2];
     if (where == SNAP_DEVICE) s->buf = be->alloc(be, bytes);
     else if (where == SNAP_PINNED) s->buf = be->host_alloc ? be->host_alloc(be, bytes) : NULL;
     else if (where == SNAP_HOST) s->buf = malloc(bytes);
@@ -45,19 +49,19 @@ int snap_alloc(eng *e, int where) {
 
 /* The host copy in 64 pieces an array, over the OpenMP threads (one thread copies ~10 GB/s; the
  * state at 8B dims is ~100 GB). */
-static void host_copy(float *dst, const float *const src[3], size_t n) {
+static void host_copy(const snap_state *s, const void *const src[3]) {
     enum { PIECES = 64 };
-    size_t step = (n + PIECES - 1) / PIECES;
 #pragma omp parallel for schedule(dynamic)
     for (int k = 0; k < 3 * PIECES; k++) {
-        size_t i = (size_t)(k / PIECES), a = (size_t)(k % PIECES) * step, b = a + step < n ? a + step : n;
-        if (a < b) memcpy(dst + i * n + a, src[i] + a, (b - a) * sizeof(float));
+        int i = k / PIECES;
+        size_t n = s->sz[i], step = (n + PIECES - 1) / PIECES, a = (size_t)(k % PIECES) * step, b = a + step < n ? a + step : n;
+        if (a < b) memcpy(s->buf + buf_at(s, i) + a, (const char *)src[i] + a, b - a);
     }
 }
 
 static void *copy_thread(void *arg) {
     snap_state *s = arg;
-    host_copy(s->buf, s->src, s->n);
+    host_copy(s, s->src);
     return NULL;
 }
 
@@ -67,12 +71,11 @@ static void *copy_thread(void *arg) {
 static void *pinned_thread(void *arg) {
     snap_state *s = arg;
     eng_backend *be = s->be;
-    size_t piece = SNAP_PIECE / sizeof(float);
     int rc = 0;
     for (int i = 0; i < 3 && !rc; i++)
-        for (size_t o = 0; o < s->n && !rc; o += piece) {
-            rc = be->copy_async(be, BE_LANE_SNAP, s->buf + (size_t)i * s->n + o, s->src[i] + o,
-                                (s->n - o < piece ? s->n - o : piece) * sizeof(float));
+        for (size_t o = 0, n = s->sz[i]; o < n && !rc; o += SNAP_PIECE) {
+            rc = be->copy_async(be, BE_LANE_SNAP, s->buf + buf_at(s, i) + o, (const char *)s->src[i] + o,
+                                n - o < SNAP_PIECE ? n - o : SNAP_PIECE);
             if (!rc) be->mark(be, BE_LANE_SNAP, BE_EV_SNAP);
             if (!rc) rc = be->wait(be, BE_LANE_HOST, BE_EV_SNAP);
         }
@@ -85,7 +88,7 @@ int snap_begin(eng *e) {
     eng_backend *be = e->be;
     s->ok = 0;
     if (s->where == SNAP_NONE || s->busy) return 0;
-    float *a[3];
+    void *a[3];
     state_arrays(e, a);
     s->opt_step = e->opt_step;
     s->version = e->policy_version;
@@ -110,11 +113,10 @@ int snap_begin(eng *e) {
         s->thread = 1;
         return 0;
     }
-    size_t piece = SNAP_PIECE / sizeof(float);
     for (int i = 0; i < 3 && !rc; i++)
-        for (size_t o = 0; o < s->n && !rc; o += piece)
-            rc = be->copy_async(be, BE_LANE_SNAP, s->buf + (size_t)i * s->n + o, a[i] + o,
-                                (s->n - o < piece ? s->n - o : piece) * sizeof(float));
+        for (size_t o = 0, n = s->sz[i]; o < n && !rc; o += SNAP_PIECE)
+            rc = be->copy_async(be, BE_LANE_SNAP, s->buf + buf_at(s, i) + o, (char *)a[i] + o,
+                                n - o < SNAP_PIECE ? n - o : SNAP_PIECE);
     if (!rc) be->mark(be, BE_LANE_SNAP, BE_EV_SNAP);
     return rc;
 }
@@ -129,9 +131,9 @@ int snap_wait(eng *e) {
         pthread_join(s->th, NULL);
         rc = s->rc;
     } else if (s->where == SNAP_HOST) {
-        float *a[3];
+        void *a[3];
         state_arrays(e, a);
-        host_copy(s->buf, (const float *const *)a, s->n);
+        host_copy(s, (const void *const *)a);
     } else rc = be->wait(be, BE_LANE_HOST, BE_EV_SNAP);
     s->busy = s->thread = 0;
     s->ms_wait = clock_mono_ms() - t;
@@ -147,13 +149,15 @@ int snap_restore(eng *e) {
                        "the training state changed and there is no safety copy to restore it from "
                        "(the memory plan found no room for one): restart to recover by replay");
     int rc = snap_wait(e);
-    float *a[3];
+    void *a[3];
     state_arrays(e, a);
-    size_t n = s->n;
-    for (int i = 0; i < 3 && !rc; i++)
-        rc = s->where == SNAP_HOST    ? (memcpy(a[i], s->buf + (size_t)i * n, n * sizeof(float)), 0)
-            : s->where == SNAP_PINNED ? be->to_dev(be, a[i], s->buf + (size_t)i * n, n * sizeof(float))
-                                      : be->copy_async(be, BE_LANE_OPS, a[i], s->buf + (size_t)i * n, n * sizeof(float));
+    for (int i = 0; i < 3 && !rc; i++) {
+        char *b = s->buf + buf_at(s, i);
+        size_t n = s->sz[i];
+        rc = s->where == SNAP_HOST    ? (memcpy(a[i], b, n), 0)
+            : s->where == SNAP_PINNED ? be->to_dev(be, a[i], b, n)
+                                      : be->copy_async(be, BE_LANE_OPS, a[i], b, n);
+    }
     rc = state_act_from_master(e, rc);
     e->opt_step = s->opt_step;
     e->policy_version = s->version;

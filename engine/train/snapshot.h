@@ -31,12 +31,12 @@ enum { SNAP_NONE, SNAP_DEVICE, SNAP_PINNED, SNAP_HOST };
 
 typedef struct {
     int where; /* SNAP_* */
-    float *buf; /* 3 n floats: master, m, v */
-    size_t n; /* floats of each of the three */
+    char *buf; /* master, m, v one after another (sz[0] + sz[1] + sz[2] bytes) */
+    size_t sz[3]; /* bytes of each: n fp32, n moments (fp32, or bf16 with bf16 moments) */
     int busy; /* a copy was begun and not yet waited for */
     int thread; /* busy on the helper thread th (SNAP_HOST on cuda, SNAP_PINNED) */
     pthread_t th;
-    const float *src[3]; /* what the helper thread copies */
+    const void *src[3]; /* what the helper thread copies */
     struct eng_backend *be; /* the helper thread's backend (SNAP_PINNED) */
     int rc; /* the helper thread's result (SNAP_PINNED) */
     int ok; /* buf holds the state before the last successful update */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bf16.h"
 #include "common/err.h"
 #include "engine/model/lora.h"
 #include "engine/train/offload.h"
@@ -17,26 +18,35 @@
 
 /* With a comm (dp.c): act weights whole (padded to W shards), the fp32 master only for this
  * rank's shard [off, off + valid) of the loaded (or resumed) weights, and its experts whole after
- * the shard; in host memory with offload. */
-static int place_shard(eng *e, const float *host, long long valid) {
+ * the shard; in host memory with offload, where the loaded weights' buffer (*host, taken: set to
+ * NULL) becomes the master in place, so that opening never holds both (at 30B-A3B dims on 2 GPUs
+ * that is 57 GiB a rank). */
+static int place_shard(eng *e, float **hostp, long long valid) {
+    const float *host = *hostp;
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems, eb = (size_t)be->act_bytes, S = (size_t)e->sh_n, whole = S * (size_t)e->W + (size_t)e->ep_n,
            pad = whole - n;
     size_t ns = S + (size_t)e->ep_n;
     int rc = dp_open(e);
     if (!rc) rc = plan_host_peers(e); /* one exchange of the host names, for the plan */
-    if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * 12); /* every rank of this host together */
+    /* every rank of this host together; the loaded weights (n floats, the master's room) are held */
+    if (!rc && e->offload) rc = plan_host_state(e, (long long)ns * state_elem_bytes(e), (long long)n * 4, 0);
     if (rc) return rc;
     e->w_act = be->alloc(be, whole * eb);
-    e->w_master = !e->w_act ? NULL : e->offload ? offload_host_alloc((long long)ns) : be->alloc(be, ns * 4);
-    if (!e->w_act || !e->w_master) return GE_NOMEM;
-    if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc;
+    if (!e->w_act) return GE_NOMEM;
+    if ((rc = be->act_from_f32(be, e->w_act, host, n))) return rc; /* synchronous: host may change after */
     if (pad) be->zero(be, (char *)e->w_act + n * eb, pad * eb);
-    if (e->offload) { /* zeroed by offload_host_alloc; this rank's experts whole after the shard */
-        if (valid) memcpy(e->w_master, host + e->sh_off, (size_t)valid * 4);
-        if (e->ep_n) memcpy(e->w_master + S, host + S * (size_t)e->W, (size_t)e->ep_n * 4);
+    if (e->offload) { /* the shard to the front, zero-padded, then this rank's experts whole */
+        float *h = *hostp;
+        memmove(h, h + e->sh_off, (size_t)valid * 4);
+        memset(h + valid, 0, (S - (size_t)valid) * 4);
+        if (e->ep_n) memmove(h + S, h + S * (size_t)e->W, (size_t)e->ep_n * 4);
+        float *m = ns <= n ? realloc(h, ns * 4) : NULL; /* a shrink: in place */
+        e->w_master = m ? m : h;
+        *hostp = NULL;
         return 0;
     }
+    if (!(e->w_master = be->alloc(be, ns * 4))) return GE_NOMEM;
     be->zero(be, e->w_master, S * 4);
     if (valid && (rc = be->to_dev(be, e->w_master, host + e->sh_off, (size_t)valid * 4))) return rc;
     /* this rank's experts, whole after the shard */
@@ -48,7 +58,7 @@ static int place_shard(eng *e, const float *host, long long valid) {
 static int place_host(eng *e, const float *host) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems;
-    int rc = plan_host_state(e, (long long)n * 12);
+    int rc = plan_host_state(e, (long long)n * state_elem_bytes(e), (long long)n * 4, (long long)n * 4);
     if (rc) return rc;
     if (!(e->w_master = offload_host_alloc((long long)n))) return GE_NOMEM;
     memcpy(e->w_master, host, n * sizeof(float));
@@ -78,7 +88,7 @@ static int place_device(eng *e, const float *host) {
 static int place_split(eng *e, const float *host) {
     eng_backend *be = e->be;
     size_t n = (size_t)e->m.n_elems, hn = (size_t)e->host_n, d = n - hn;
-    int rc = plan_host_state(e, (long long)hn * 12);
+    int rc = plan_host_state(e, (long long)hn * 12, (long long)n * 4, (long long)hn * 4);
     if (rc) return rc;
     if (!(e->host_whole[0] = offload_host_alloc_from((long long)n, (long long)d))) return GE_NOMEM;
     memcpy(e->host_whole[0] + d, host + d, hn * sizeof(float));
@@ -95,22 +105,49 @@ static int place_split(eng *e, const float *host) {
  * single piece cut at d = n - host_n, [d, n) being the tails of host_whole. Returns the count. */
 typedef struct {
     long long at, n;
-    float *x[3]; /* master, m, v */
+    void *x[3]; /* master (fp32), m, v (fp32, or bf16 bits with e->m16: state_at) */
     int host; /* 1: host memory */
 } state_part;
+/* Element i of vector x (0 master, 1 m, 2 v) whose element 0 is at p. */
+static void *state_at(const eng *e, void *p, int x, long long i) {
+    return p ? (char *)p + (size_t)i * (x && e->m16 ? 2 : 4) : NULL;
+}
 static int state_parts(const eng *e, state_part q[2]) {
-    float *base[3] = {eng_train_master(e), e->adam_m, e->adam_v};
+    void *base[3] = {eng_train_master(e), e->adam_m, e->adam_v};
     state_piece p[2];
     int np = state_pieces(e, p);
     p[0].n -= e->host_n;
     for (int k = 0; k < np; k++) {
         q[k] = (state_part){p[k].vec, p[k].n, {0}, e->offload};
-        for (int i = 0; i < 3; i++) q[k].x[i] = base[i] ? base[i] + p[k].st : NULL;
+        for (int i = 0; i < 3; i++) q[k].x[i] = state_at(e, base[i], i, p[k].st);
     }
     if (!e->host_n) return np;
     q[1] = (state_part){p[0].n, e->host_n, {0}, 1}; /* a split: one rank, one piece */
     for (int i = 0; i < 3; i++) q[1].x[i] = e->host_whole[i] ? e->host_whole[i] + p[0].n : NULL;
     return 2;
+}
+
+int state_elem_bytes(const eng *e) { return e->m16 ? 8 : 12; }
+
+/* n elements of host vector x (0 master, 1 m, 2 v) at src into dst as fp32, over the threads. */
+static void host_to_f32(const eng *e, int x, float *dst, const void *src, long long n) {
+    if (!x || !e->m16) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *h = src;
+#pragma omp parallel for schedule(static)
+    for (long long i = 0; i < n; i++) dst[i] = f32_from_bf16(h[i]);
+}
+/* n fp32 moments into dst (fp32, or rounded to nearest even into bf16 bits with e->m16). */
+static void moments_from_f32(const eng *e, void *dst, const float *src, long long n) {
+    if (!e->m16) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    uint16_t *h = dst;
+#pragma omp parallel for schedule(static)
+    for (long long i = 0; i < n; i++) h[i] = bf16_from_f32(src[i]);
 }
 
 /* The act-typed weights of part q, NULL where they are its fp32 master itself (one rank on a
@@ -130,7 +167,7 @@ int state_fits(eng *e, const char *model_dir) {
     return rc;
 }
 
-int state_open(eng *e, const float *host, const char *offload_mode) {
+int state_open(eng *e, float **host, const char *offload_mode) {
     /* the replicated elements (all without expert parallelism; its experts follow, ep.c) */
     long long nr = e->ep_full ? e->m.ep_n0 : e->m.n_elems;
     long long S = e->dp ? (nr + e->W - 1) / e->W : 0, off = S * e->rank, valid = off >= nr ? 0 : (nr - off < S ? nr - off : S);
@@ -138,14 +175,20 @@ int state_open(eng *e, const float *host, const char *offload_mode) {
     e->sh_off = off;
     e->ep_n = e->ep_full ? e->m.n_elems - nr : 0;
     long long ns = e->dp ? S + e->ep_n : e->m.n_elems, hn; /* a comm's: this rank's shard */
-    int rc = plan_offload(e, offload_mode, ns, &hn);
+    const char *auto_on = offload_mode && *offload_mode && strcmp(offload_mode, "auto") ? offload_mode : "on";
+    int rc = plan_offload(e, e->m16 ? auto_on : offload_mode, ns, &hn); /* bf16 moments: auto is on */
     if (rc) return rc;
     e->offload = hn && hn == ns;
     e->host_n = e->offload ? 0 : hn; /* a split: one rank (plan_offload) */
+    if (e->m16 && !e->offload)
+        return err_set(GE_UNSUPPORTED,
+                       "optimizer_moments bf16: the bf16 moments are kept in host memory only, and this "
+                       "state is %s: use it with optimizer_offload on",
+                       e->host_n ? "split between the device and the host" : "on the device");
     return e->dp     ? place_shard(e, host, valid)
-        : e->offload ? place_host(e, host)
-        : e->host_n  ? place_split(e, host)
-                     : place_device(e, host);
+        : e->offload ? place_host(e, *host)
+        : e->host_n  ? place_split(e, *host)
+                     : place_device(e, *host);
 }
 
 void state_free(eng *e) {
@@ -172,7 +215,7 @@ int state_footprint(const eng *e, eng_plan *p) {
     p->weights = (e->dp ? vec : n) * eb + (e->m.lora_r ? nt * eb : 0) + e->ep_dec_own;
     p->gradients = (e->dp ? vec : nt) * 4;
     long long hn = e->offload ? ns : e->host_n, dn = ns - hn; /* in host memory; in the backend's */
-    p->host_state = 3 * hn * 4;
+    p->host_state = hn * state_elem_bytes(e);
     /* the backend's memory (the host's on cpu, where the master is the weights but with a split) */
     p->master = eb == 4 && !e->m.lora_r && !e->host_n ? 0 : dn * 4;
     p->moments = 2 * dn * 4;
@@ -192,7 +235,9 @@ int state_alloc(eng *e) {
         long long ns = eng_state_n(e); /* with a comm: this rank's shard */
         int rc = offload_init(&e->off, be, ns, 0);
         if (rc) return rc;
-        if (!(e->adam_m = offload_host_alloc(ns)) || !(e->adam_v = offload_host_alloc(ns))) return GE_NOMEM;
+        e->off.m16 = e->m16;
+        long long nf = e->m16 ? (ns + 1) / 2 : ns; /* floats' room for ns moments */
+        if (!(e->adam_m = offload_host_alloc(nf)) || !(e->adam_v = offload_host_alloc(nf))) return GE_NOMEM;
     } else {
         e->adam_m = be->alloc(be, n);
         e->adam_v = be->alloc(be, n);
@@ -277,7 +322,7 @@ static int gain1_decay(eng *e, float lr, float wd) {
             long long a = p->off > lo ? p->off : lo, b = p->off + p->numel < hi ? p->off + p->numel : hi;
             if (!p->gain1 || a >= b) continue;
             size_t n = (size_t)(b - a);
-            float *mp = q[k].x[0] + (a - lo), *h = host ? mp : malloc(n * sizeof(float));
+            float *mp = (float *)q[k].x[0] + (a - lo), *h = host ? mp : malloc(n * sizeof(float));
             if (!h) return err_set(GE_NOMEM, "state: out of memory");
             if (!host) rc = be->to_host(be, h, mp, n * sizeof(float));
             for (size_t j = 0; !rc && j < n; j++) h[j] += add;
@@ -294,7 +339,8 @@ static int gain1_decay(eng *e, float lr, float wd) {
 static int part_adamw(eng *e, const state_part *q, long long a, long long n, const eng_optim *opt, float lr, float wd) {
     eng_backend *be = e->be;
     char *act = part_act(e, q);
-    float *x = q->x[0] + a, *m = q->x[1] + a, *v = q->x[2] + a;
+    float *x = (float *)q->x[0] + a;
+    void *m = state_at(e, q->x[1], 1, a), *v = state_at(e, q->x[2], 2, a);
     const float *g = e->grad + q->at + a;
     if (act) act += (size_t)a * (size_t)be->act_bytes;
     if (q->host) return offload_adamw(&e->off, n, x, m, v, act, g, lr, opt->beta1, opt->beta2, opt->eps, wd, e->opt_step);
@@ -342,9 +388,9 @@ int state_sumsq_after_step(eng *e, double *w2, double *v2) {
     *w2 = *v2 = 0;
     for (int k = 0, j; k < nq; k = j) {
         long long n = q[k].n;
-        for (j = k + 1; j < nq && q[j].host == q[k].host && q[j].x[0] == q[k].x[0] + n; j++) n += q[j].n;
+        for (j = k + 1; j < nq && q[j].host == q[k].host && q[j].x[0] == (float *)q[k].x[0] + n; j++) n += q[j].n;
         *w2 += q[k].host ? sumsq_cpu(q[k].x[0], n) : e->be->sumsq(e->be, q[k].x[0], n);
-        *v2 += q[k].host ? sumsq_cpu(q[k].x[2], n) : e->be->sumsq(e->be, q[k].x[2], n);
+        *v2 += !q[k].host ? e->be->sumsq(e->be, q[k].x[2], n) : e->m16 ? sumsq_bf16_cpu(q[k].x[2], n) : sumsq_cpu(q[k].x[2], n);
     }
     int rc = e->dp ? dp_sum(e, *w2, w2) : 0;
     return rc || !e->dp ? rc : dp_sum(e, *v2, v2);
@@ -360,7 +406,7 @@ long long state_whole_n(const eng *e) { return e->ep_full ? e->ep_full->n_elems 
  * 17.9 s on an H200 host). One rank's host state is itself the buffer, a split's host_whole
  * holds its host part in place, else a new one (offload_host_alloc touches it: *owned = 1). */
 static float *whole_buf(eng *e, const state_part *q, int i, size_t whole, int *owned) {
-    if (e->offload && !e->dp) return q->x[i];
+    if (e->offload && !e->dp && !(i && e->m16)) return q->x[i];
     if (e->host_n) {
         float *p = e->host_whole[i];
         long long d = q->n, blk = 1LL << 22; /* the device's part, in front */
@@ -388,15 +434,24 @@ int state_whole(eng *e, int moments, float *out[3], int owned[3]) {
         if (!(out[i] = whole_buf(e, &q[0], i, whole, &owned[i]))) rc = GE_NOMEM;
     if (e->dp) { /* shards gathered into rank 0's host memory, from the start of this rank's state */
         rc = dp_agree(e, rc);
-        for (int i = 0; i < k && !rc; i++)
-            rc = e->ep_full ? ep_whole(e, q[0].x[i], out[i]) /* the experts too, in the layout without expert parallelism */
-                            : dp_agree(e, dp_gather_to_host(e, q[0].x[i], out[i]));
+        for (int i = 0; i < k && !rc; i++) {
+            float *src = q[0].x[i];
+            long long ns = eng_state_n(e);
+            if (i && e->m16) { /* bf16 moments: this rank's as fp32 first */
+                if ((src = malloc((size_t)ns * 4))) host_to_f32(e, i, src, q[0].x[i], ns);
+                else err_set(GE_NOMEM, "checkpoint: out of memory (%lld MiB)", ns * 4 >> 20);
+                if ((rc = dp_agree(e, src ? 0 : GE_NOMEM))) break;
+            }
+            rc = e->ep_full ? ep_whole(e, src, out[i]) /* the experts too, in the layout without expert parallelism */
+                            : dp_agree(e, dp_gather_to_host(e, src, out[i]));
+            if (src != q[0].x[i]) free(src);
+        }
     } else /* one rank: each part not already in place, from where it lives */
         for (int j = 0; j < nq && !rc; j++)
             for (int i = 0; i < k && !rc; i++) {
                 float *dst = out[i] + q[j].at;
                 if (dst == q[j].x[i]) continue;
-                if (q[j].host) memcpy(dst, q[j].x[i], (size_t)q[j].n * 4);
+                if (q[j].host) host_to_f32(e, i, dst, q[j].x[i], q[j].n);
                 else rc = e->be->to_host(e->be, dst, q[j].x[i], (size_t)q[j].n * 4);
             }
     if (rc) state_whole_free(out, owned);
@@ -414,7 +469,7 @@ int state_moments_in(eng *e, float *buf[2], int owned[2]) {
     int rc = state_alloc(e);
     size_t n = (size_t)eng_train_n(e);
     for (int i = 0; i < 2; i++) {
-        owned[i] = !(e->offload && !e->dp) && !e->host_n; /* host state of one rank: read in place */
+        owned[i] = !(e->offload && !e->dp && !e->m16) && !e->host_n; /* fp32 host state of one rank: read in place */
         buf[i] = rc ? NULL : e->host_n ? e->host_whole[1 + i] : !owned[i] ? (i ? e->adam_v : e->adam_m) : malloc(n * 4);
         if (!rc && !buf[i]) rc = err_set(GE_NOMEM, "checkpoint: out of memory (%zu MiB)", n * 4 >> 20);
     }
@@ -434,9 +489,10 @@ int state_set_moments(eng *e, float *buf[2], const int owned[2]) {
     for (int k = 0, nq = state_parts(e, q); k < nq; k++) { /* the shard's padding past n is not in buf: stays zero */
         long long cnt = q[k].at >= n ? 0 : n - q[k].at < q[k].n ? n - q[k].at : q[k].n;
         for (int i = 0; i < 2 && !rc && cnt; i++) {
-            float *dst = q[k].x[1 + i], *src = buf[i] + q[k].at;
+            void *dst = q[k].x[1 + i];
+            float *src = buf[i] + q[k].at;
             if (dst == src) continue; /* read in place */
-            if (q[k].host) memcpy(dst, src, (size_t)cnt * 4);
+            if (q[k].host) moments_from_f32(e, dst, src, cnt);
             else rc = e->be->to_dev(e->be, dst, src, (size_t)cnt * 4);
         }
     }

@@ -6,6 +6,10 @@
  *   fp32 gradients            backend memory       backend memory             whole, padded to W shards
  *   act-typed weights         backend memory       backend memory             whole; the rank steps its shard,
  *                                                                             then all are gathered
+ * With --optimizer-moments bf16 (eng_open_opts.optimizer_moments; host memory only) m and v are
+ * held as bf16 bits (adamw_m16_cpu): 8 bytes a parameter of host state, not 12; checkpoints and
+ * every function below still see them as fp32 (exact: bf16 widens exactly, and a value read
+ * back rounds to itself).
  * A split (one rank, no comm; --optimizer-offload FRACTION, or auto when the host cannot hold all
  * of it, engine/plan.c): elements [0, d) of the master and moments in backend memory, stepped by
  * be->adamw, [d, n) in host memory, stepped by the offload (offload.h); the act weights whole
@@ -37,8 +41,9 @@ int state_fits(eng *e, const char *model_dir);
  * weights loaded (or resumed) as host fp32 (host: the model's n_elems, experts after the
  * replicated elements), placed where the plan's offload choice (offload_mode: eng_open_opts'
  * optimizer_offload) and the comm put them; the shard geometry (sh_n, sh_off, ep_n) is set here.
- * 0, GE_NOMEM, GE_UNSUPPORTED or the backend's error. */
-int state_open(eng *e, const float *host, const char *offload_mode);
+ * With a comm and offload the buffer becomes this rank's master (*host set to NULL; the caller
+ * frees *host after). 0, GE_NOMEM, GE_UNSUPPORTED or the backend's error. */
+int state_open(eng *e, float **host, const char *offload_mode);
 /* Frees the master and moments where they live and the offload's buffers (eng_close; the act
  * weights and gradients are the engine's, freed by it before). */
 void state_free(eng *e);
@@ -65,6 +70,8 @@ int state_step(eng *e, const eng_optim *opt, float lr);
 int state_act_from_master(eng *e, int rc);
 /* The global sums of squares of the master and of v (a step can overflow them). */
 int state_sumsq_after_step(eng *e, double *w2, double *v2);
+/* Bytes of master and moments an element of the state holds: 12, or 8 with bf16 moments. */
+int state_elem_bytes(const eng *e);
 /* Elements of the whole trainable vector as the checkpoints hold it: eng_train_n, or with expert
  * parallelism every expert's (the model without it, engine/train/ep.c). */
 long long state_whole_n(const eng *e);

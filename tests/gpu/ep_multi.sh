@@ -28,6 +28,8 @@
 #   while written) to /tmp first.
 # daemon-full (not in the default cases): bench_daemon.py --dims 30b-a3b (all 48 layers, a 61 GB
 #   checkpoint written first) over --gpus 0..W-1 --expert-parallel on the largest W, FULL_STEPS (2).
+# MOMENTS=bf16: the full and daemon-full cases hold AdamW's moments as bf16 (--optimizer-moments bf16:
+#   8 bytes of host state a parameter, 227 GiB at 48 layers, which 2 H200s' 256 GiB host holds).
 # Knobs: GPUS (default: all visible), CASES ("weak strong long full daemon"), SKIP_BUILD=1, FULL_W, FULL_L,
 #   STEPS (daemon steps, 4); LPG (layers a GPU, 4), G (8), R (512), NEW (64), V (151936) make a quick check
 #   smaller. Every figure here is a benchmark: nothing is asserted on time.
@@ -91,7 +93,7 @@ for c in $CASES; do
     long) scale "long_w$wmax" "$wmax" $((LPG * wmax)) "$V" "$G" 4096 16 "$R" "$NEW" ;;
     full)
         fw=${FULL_W:-$wmax}
-        EP_OFFLOAD=on scale "full_w$fw" "$fw" "${FULL_L:-48}" "$V" "$G" 1024 16 "$R" "$NEW"
+        EP_OFFLOAD=on EP_MOMENTS=${MOMENTS:-fp32} scale "full_w$fw" "$fw" "${FULL_L:-48}" "$V" "$G" 1024 16 "$R" "$NEW"
         grep -h '^SCALE plan|' "$OUT/ep_full_w$fw.log" >>"$sum"
         ;;
     daemon)
@@ -121,6 +123,7 @@ for c in $CASES; do
         LD_LIBRARY_PATH=.devlibs timeout "${T_DAEMON:-900}" python3 tests/bench/gpu/bench_daemon.py ./grpod "$OUT/daemon_full" \
             --dims 30b-a3b --steps "${FULL_STEPS:-2}" --port 18910 --ready-timeout 600 --job-timeout 600 \
             --serve-arg=--checkpoint-on-exit=false --serve-arg=--gpus="$gp" --serve-arg=--expert-parallel \
+            --serve-arg=--optimizer-moments="${MOMENTS:-fp32}" \
             >"$OUT/ep_daemon_full.log" 2>&1
         r=$?
         s=$(grep -h 'steady tokens/s/GPU' "$OUT/ep_daemon_full.log" | tail -1)

@@ -750,6 +750,7 @@ static void *scale_main(void *p) {
                        .expert_parallel = j->id != NULL,
                        .snapshot = "none",
                        .optimizer_offload = getenv("EP_OFFLOAD"), /* on / off (unset: the plan's choice) */
+                       .optimizer_moments = getenv("EP_MOMENTS"), /* fp32 / bf16 (unset: fp32) */
                        .nccl_cancel = j->stop};
     eng *e = NULL;
     if ((j->rc = eng_open(&o, &e))) {

@@ -97,3 +97,21 @@ def test_split_optimizer_state_shows_in_the_plan(make_daemon, tmp_path):
         r = subprocess.run([GRPOD, "serve", "--optimizer-offload", bad, "--data-dir", str(tmp_path / "bad")],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and "--optimizer-offload" in r.stderr, (bad, r.returncode, r.stderr)
+
+
+def test_bf16_moments_show_in_the_plan(make_daemon, tmp_path):
+    # --optimizer-moments bf16: the optimizer in host memory (auto means on) at 8 bytes a
+    # parameter (fp32 master, bf16 m and v); an update runs on it, and a bad value or a state
+    # kept on the device is refused at start, naming the flag
+    d = make_daemon(args=["--optimizer-moments", "bf16"])
+    m = d.get("/v1/model").json()
+    p, n = m["memory_plan"], m["n_params"]
+    assert p["optimizer"] == "host" and p["host_state_bytes"] == 8 * n, p
+    jid = d.submit("/v1/updates", {"groups": [{"prompt_ids": [5, 6, 7],
+                                               "responses": [{"token_ids": [8, 9], "reward": 1.0},
+                                                             {"token_ids": [10, 11, 12], "reward": 0.0}]}]})
+    assert d.wait_job(jid)["status"] == "done"
+    d.stop()
+    r = subprocess.run([GRPOD, "serve", "--optimizer-moments", "fp16", "--data-dir", str(tmp_path / "bad")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--optimizer-moments" in r.stderr, (r.returncode, r.stderr)

@@ -40,6 +40,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "common/bf16.h"
 #include "logprobs_flat.h"
 #include "rank_threads.h"
 #include "run_config.h"
@@ -173,6 +174,7 @@ static int probe(eng *e, float *out) {
 }
 
 static const char *offload_ = "off"; /* --optimizer-offload of the ranks the tests open */
+static const char *moments_; /* --optimizer-moments of the ranks the tests open (NULL: fp32) */
 static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
     eng *e;
     eng_open_opts o = {.model_dir = model,
@@ -181,7 +183,8 @@ static eng *open_one(comm *c, const char *model, const char *resume, int ep) {
                        .comm = c,
                        .resume_dir = resume,
                        .expert_parallel = ep,
-                       .optimizer_offload = c ? offload_ : "off"};
+                       .optimizer_offload = c ? offload_ : "off",
+                       .optimizer_moments = c ? moments_ : NULL};
     return eng_open(&o, &e) ? NULL : e;
 }
 
@@ -492,6 +495,58 @@ TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
     eng_close(e);
 }
 
+/* bf16 moments (--optimizer-moments bf16, the offloaded state of 8 bytes a parameter) under
+ * expert parallelism: after an update on W = 2 the moments are bf16 values near the fp32 ones
+ * of the same update; its checkpoint resumes on W = 3 and on W = 1 to the same master and
+ * moments bit for bit (each rank's bf16 shard and experts gathered, then scattered again). */
+TEST(ep_bf16_moments_checkpoint_crosses_w) {
+    comm *cs[WMAX];
+    rank_job j[WMAX];
+    float *f32[3], *b16[3];
+    offload_ = "on";
+    CHECK(open_world(2, cs, j, NULL) == 0);
+    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
+    CHECK(all_ranks(j, 2, OP_UPDATE, 0, NULL) == 0 && all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
+    alloc_st(f32);
+    for (int i = 0; i < 3; i++) memcpy(f32[i], j[0].st[i], (size_t)N * 4);
+    for (int q = 0; q < 2; q++) free_st(j[q].st);
+    close_world(2, cs, j);
+    moments_ = "bf16";
+    CHECK(open_world(2, cs, j, NULL) == 0);
+    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
+    CHECK(all_ranks(j, 2, OP_UPDATE, 0, NULL) == 0 && all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
+    CHECK(system("rm -rf " CKPT "_m16") == 0);
+    CHECK(all_ranks(j, 2, OP_SAVE, 0, CKPT "_m16") == 0);
+    alloc_st(b16);
+    for (int i = 0; i < 3; i++) memcpy(b16[i], j[0].st[i], (size_t)N * 4);
+    long long not_bf16 = 0, nonzero = 0;
+    for (int i = 1; i < 3; i++)
+        for (long long k = 0; k < N; k++) {
+            not_bf16 += b16[i][k] != f32_from_bf16(bf16_from_f32(b16[i][k]));
+            nonzero += b16[i][k] != 0;
+        }
+    double e_m = rel_l2(b16[1], f32[1], N), e_v = rel_l2(b16[2], f32[2], N);
+    printf("  W=2 bf16 moments vs fp32: m %.2e, v %.2e rel L2; %lld not bf16 values, %lld nonzero\n", e_m, e_v, not_bf16, nonzero);
+    CHECK(not_bf16 == 0 && nonzero > N / 2 && e_m > 0 && e_m < 1e-2 && e_v < 1e-2);
+    for (int q = 0; q < 2; q++) free_st(j[q].st);
+    close_world(2, cs, j);
+    for (int W = 3; W >= 1; W -= 2) {
+        CHECK_MSG(open_world(W, cs, j, CKPT "_m16") == 0, "W=%d resume", W);
+        for (int q = 0; q < W; q++) alloc_st(j[q].st);
+        CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+        int same = 1;
+        for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], b16[i], (size_t)N * 4);
+        printf("  the W=2 bf16 checkpoint on W=%d: master and moments %s\n", W, same ? "bit-equal" : "DIFFER");
+        CHECK_MSG(same, "W=%d: the resumed state differs", W);
+        for (int q = 0; q < W; q++) free_st(j[q].st);
+        close_world(W, cs, j);
+    }
+    free_st(f32);
+    free_st(b16);
+    moments_ = NULL;
+    offload_ = "off";
+}
+
 /* Rollouts under expert parallelism decode the gathered decode copy (rollout/ep_decode.c): on
  * W = 2 and 3 every rank's rollouts of every group (sampled, routes recorded for routing
  * replay) are bit-equal to one rank's without a comm; after an update (routing replay of those
@@ -649,6 +704,7 @@ int main(void) {
     RUN(one_rank_reference);
     RUN(ep_update_equals_one_rank);
     RUN(ep_offload_equals_ep);
+    RUN(ep_bf16_moments_checkpoint_crosses_w);
     RUN(control_doubled_expert_gradient);
     RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
     RUN(ep_rollouts_equal_one_rank);

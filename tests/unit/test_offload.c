@@ -13,8 +13,15 @@
  *     resumes unsplit and the other way round, byte-identical; the plan says "split" with the
  *     host's bytes and no safety copy (an explicit one refused); bad values refused, naming the
  *     field.
+ * bf16 moments (--optimizer-moments bf16): adamw_m16_cpu equals adamw_cpu on moments rounded to
+ *   bf16 before each step, bit for bit (weights, and the moments it stores are that reference's
+ *   rounded), through the staging pipeline too; the engine's plan counts 8 bytes a parameter,
+ *   its checkpoint's moments are bf16 values near the fp32 engine's, a resume continues bit for
+ *   bit, an undo restores the state bit for bit; where the state is not in host memory it is
+ *   refused, naming the field.
  * Bit-equality is the contract on the cpu backend (the same element math on the same inputs);
  * the CUDA comparison (<= 1e-6 relative) is tests/gpu/test_offload.c. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +33,7 @@
 #include "engine/engine_testing.h"
 #include "common/err.h"
 #include "engine/train/offload.h"
+#include "engine/train/train_testing.h"
 #include "common/bf16.h"
 #include "kernels/adamw.h"
 
@@ -82,34 +90,65 @@ TEST(host_adamw_equals_reference) {
     }
 }
 
-TEST(pipeline_equals_backend_adamw) {
+/* The reference for bf16 moments: adamw_cpu on fp32 moments rounded to bf16 before each step. */
+static void round_bf16(float *x, long long n) {
+    for (long long i = 0; i < n; i++) x[i] = f32_from_bf16(bf16_from_f32(x[i]));
+}
+TEST(host_adamw_bf16_moments) {
+    enum { N = 4099 };
+    static float p1[N], p2[N], p3[N], g[N], m1[N], v1[N];
+    static uint16_t m2[N], v2[N], m3[N], v3[N], act[N];
+    for (int i = 0; i < N; i++) {
+        p1[i] = p2[i] = p3[i] = frand(0.5f);
+        m1[i] = v1[i] = 0;
+        m2[i] = v2[i] = m3[i] = v3[i] = 0;
+    }
+    int moved = 0;
+    for (int step = 1; step <= 5; step++) {
+        for (int i = 0; i < N; i++) g[i] = frand(1e-2f) * (i % 97 == 0 ? 100 : 1);
+        round_bf16(m1, N);
+        round_bf16(v1, N);
+        adamw_cpu(p1, g, m1, v1, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, step);
+        adamw_m16_cpu(p2, act, g, m2, v2, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, step);
+        adamw_m16_cpu(p3, NULL, g, m3, v3, N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.01f, step);
+        CHECK_MSG(!memcmp(p1, p2, sizeof p1) && !memcmp(p2, p3, sizeof p2), "step %d: weights", step);
+        for (int i = 0; i < N; i++) {
+            CHECK_MSG(m2[i] == bf16_from_f32(m1[i]) && v2[i] == bf16_from_f32(v1[i]), "step %d, element %d: moments", step, i);
+            CHECK_MSG(act[i] == bf16_from_f32(p2[i]) && m3[i] == m2[i] && v3[i] == v2[i], "step %d, element %d", step, i);
+            moved += m1[i] != f32_from_bf16(m2[i]); /* the rounding acts: the test could fail */
+        }
+    }
+    CHECK_MSG(moved > N, "only %d moments were changed by their rounding", moved);
+}
+
+/* offload_adamw over 11 chunks of 1000 through 3 stages (the ring wraps) against one call of the
+ * reference: be->adamw with fp32 moments, adamw_m16_cpu with bf16 ones (mb: bytes a moment). */
+static void pipeline_case(int mb) {
     eng_backend *be;
     CHECK(backend_cpu_create(&be, 0) == 0);
-    const long long n = 10007; /* 11 chunks of 1000 through 3 stages: the ring wraps */
+    const long long n = 10007;
     float *p1 = malloc(n * 4), *p2 = malloc(n * 4), *act = malloc(n * 4), *g = malloc(n * 4);
-    float *m1 = calloc(n, 4), *m2 = calloc(n, 4), *v1 = calloc(n, 4), *v2 = calloc(n, 4);
+    void *m1 = calloc(n, mb), *m2 = calloc(n, mb), *v1 = calloc(n, mb), *v2 = calloc(n, mb);
     CHECK(p1 && p2 && act && g && m1 && m2 && v1 && v2);
     for (long long i = 0; i < n; i++) p1[i] = p2[i] = act[i] = frand(0.3f);
     eng_offload o;
     CHECK(offload_init(&o, be, n, 1000) == 0);
+    o.m16 = mb == 2;
     for (int step = 1; step <= 5; step++) {
         for (long long i = 0; i < n; i++) g[i] = frand(3e-2f);
-        be->adamw(be, p1, NULL, g, m1, v1, n, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        if (o.m16) adamw_m16_cpu(p1, NULL, g, m1, v1, n, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        else be->adamw(be, p1, NULL, g, m1, v1, n, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         CHECK(offload_adamw(&o, n, p2, m2, v2, act, g, 2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step) == 0);
     }
-    CHECK(!memcmp(p1, p2, n * 4) && !memcmp(m1, m2, n * 4) && !memcmp(v1, v2, n * 4));
+    CHECK_MSG(!memcmp(p1, p2, n * 4) && !memcmp(m1, m2, n * mb) && !memcmp(v1, v2, n * mb), "%d-byte moments", mb);
     CHECK(!memcmp(act, p2, n * 4)); /* the act copy (fp32 on cpu) is the new master */
     offload_free(&o);
     be->destroy(be);
-    free(p1);
-    free(p2);
-    free(act);
-    free(g);
-    free(m1);
-    free(m2);
-    free(v1);
-    free(v2);
+    void *all[] = {p1, p2, act, g, m1, m2, v1, v2};
+    for (int i = 0; i < 8; i++) free(all[i]);
 }
+TEST(pipeline_equals_backend_adamw) { pipeline_case(4); }
+TEST(pipeline_bf16_moments) { pipeline_case(2); }
 
 /* two groups over the default model's byte vocabulary: one shared prompt tail, ragged responses */
 static const int prompt[] = {71, 114, 97, 100, 105, 101, 110, 116, 115, 32, 103, 111, 32, 100, 111, 119, 110, 58};
@@ -119,9 +158,11 @@ static const int *resp[4] = {ra, rb, rc_, rd};
 static int R[4] = {4, 6, 2, 5};
 static float rew1[4] = {1.0f, 0.0f, 0.7f, 0.2f}, rew2[4] = {0.1f, 0.9f, 0.0f, 0.5f};
 
+static const char *moments_; /* optimizer_moments of the engines opened next (NULL: fp32) */
 static eng *open_model(const char *dir, const char *offload, const char *resume) {
     eng *e;
-    eng_open_opts o = {.model_dir = dir, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume};
+    eng_open_opts o = {
+        .model_dir = dir, .backend = "cpu", .optimizer_offload = offload, .resume_dir = resume, .optimizer_moments = moments_};
     if (eng_open(&o, &e)) {
         printf("open: %s\n", err_msg());
         return NULL;
@@ -207,6 +248,91 @@ TEST(engine_offload_on_equals_off) {
     eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = "sometimes"};
     CHECK(eng_open(&o, &bad) == GE_INVALID);
     CHECK(strstr(err_msg(), "optimizer_offload") != NULL);
+    system("rm -rf " CK "*");
+}
+
+/* The whole master and moments of e (n each) into st[3]. */
+static int state_of(eng *e, float *st[3], long long *n) {
+    eng_testing_info ti;
+    eng_testing_get(e, &ti);
+    *n = ti.n_params;
+    for (int i = 0; i < 3; i++) st[i] = malloc((size_t)*n * 4);
+    return !st[0] || !st[1] || !st[2] || eng_testing_state(e, st[0], st[1], st[2]);
+}
+
+TEST(engine_bf16_moments) {
+    system("rm -rf " CK "*");
+    CHECK(eng_ensure_default_model(MODEL) == 0);
+    eng *f = open_engine("on", NULL);
+    moments_ = "bf16";
+    eng *b = open_engine("on", NULL), *a = open_engine(NULL, NULL); /* auto: on, for bf16 moments */
+    CHECK(f && b && a);
+    eng_info in;
+    eng_testing_info ti;
+    eng_testing_get(b, &ti);
+    eng_get_info(b, &in);
+    CHECK_MSG(in.plan.host_state == 8 * ti.n_params && !strcmp(in.plan.optimizer, "host"), "plan: %s, host_state %lld of %lld",
+              in.plan.optimizer, in.plan.host_state, ti.n_params);
+    eng_get_info(a, &in);
+    CHECK_MSG(!strcmp(in.plan.optimizer, "host"), "auto with bf16 moments: the optimizer is on the %s", in.plan.optimizer);
+    eng_close(a);
+    /* two updates each: the moments are bf16 values, near the fp32 engine's, and so is the step */
+    float *sf[3], *sb[3], *s0[3], *s1[3];
+    long long n;
+    CHECK(state_of(f, s0, &n) == 0);
+    CHECK(train(f, 2) == 0 && train(b, 2) == 0);
+    CHECK(state_of(f, sf, &n) == 0 && state_of(b, sb, &n) == 0);
+    double moved = 0, off = 0; /* |master - fp32's| against |fp32's - the initial weights| */
+    for (long long k = 0; k < n; k++) {
+        moved += ((double)sf[0][k] - s0[0][k]) * ((double)sf[0][k] - s0[0][k]);
+        off += ((double)sb[0][k] - sf[0][k]) * ((double)sb[0][k] - sf[0][k]);
+    }
+    long long not_bf16 = 0, nonzero = 0;
+    for (int i = 1; i < 3; i++)
+        for (long long k = 0; k < n; k++) {
+            not_bf16 += sb[i][k] != f32_from_bf16(bf16_from_f32(sb[i][k]));
+            nonzero += sb[i][k] != 0;
+        }
+    double e_w = sqrt(off / moved), e_m = rel_l2(sb[1], sf[1], (size_t)n), e_v = rel_l2(sb[2], sf[2], (size_t)n);
+    printf("  bf16 moments vs fp32 after 8 steps: the weights' change %.2e off (rel L2), m %.2e, v %.2e; %lld moments not "
+           "bf16 values, %lld nonzero\n",
+           e_w, e_m, e_v, not_bf16, nonzero);
+    CHECK(not_bf16 == 0 && nonzero > n);
+    CHECK(e_w > 0 && e_w < 1e-2 && e_m < 2e-2 && e_v < 2e-2);
+    for (int i = 0; i < 3; i++) {
+        free(sf[i]);
+        free(s0[i]);
+    }
+    eng_close(f);
+    /* a checkpoint resumes bit for bit: one more update on the engine and on its resumed copy */
+    CHECK(eng_checkpoint_save(b, CK "_b") == 0);
+    eng *r = open_engine("on", CK "_b");
+    CHECK(r && train(b, 1) == 0 && train(r, 1) == 0);
+    CHECK(eng_checkpoint_save(b, CK "_b1") == 0 && eng_checkpoint_save(r, CK "_r1") == 0);
+    CHECK(same_checkpoint(CK "_b1", CK "_r1", 1));
+    eng_close(r);
+    /* an undo restores the state (the safety copy holds bf16 moments) */
+    CHECK(state_of(b, s0, &n) == 0);
+    CHECK(train(b, 1) == 0 && eng_update_undo(b) == 0);
+    CHECK(state_of(b, s1, &n) == 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(!memcmp(s0[i], s1[i], (size_t)n * 4), "undo: array %d differs", i);
+        free(s0[i]);
+        free(s1[i]);
+        free(sb[i]);
+    }
+    eng_close(b);
+    /* refused where the moments would not be in host memory; a bad value names the field */
+    eng *bad;
+    const char *where[2] = {"off", "0.5"};
+    for (int k = 0; k < 2; k++) {
+        eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_offload = where[k], .optimizer_moments = "bf16"};
+        CHECK_MSG(eng_open(&o, &bad) == GE_UNSUPPORTED && strstr(err_msg(), "optimizer_moments"), "offload %s: %s", where[k],
+                  err_msg());
+    }
+    eng_open_opts o = {.model_dir = MODEL, .backend = "cpu", .optimizer_moments = "fp16"};
+    CHECK(eng_open(&o, &bad) == GE_INVALID && strstr(err_msg(), "optimizer_moments"));
+    moments_ = NULL;
     system("rm -rf " CK "*");
 }
 
@@ -371,12 +497,15 @@ int main(void) {
     system("rm -rf " MODEL);
     RUN(bf16_rounding_matches_cuda);
     RUN(host_adamw_equals_reference);
+    RUN(host_adamw_bf16_moments);
+    RUN(pipeline_bf16_moments);
     RUN(pipeline_equals_backend_adamw);
     RUN(engine_offload_on_equals_off);
     RUN(engine_split_equals_unsplit);
     RUN(engine_split_checkpoints_cross);
     RUN(engine_split_refusals);
     RUN(engine_split_auto_rule);
+    RUN(engine_bf16_moments);
     system("rm -rf " MODEL);
     return CHECK_DONE();
 }
