@@ -338,10 +338,16 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     model_acts_free(&e->m, a);
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
-    size_t budget = 0, head = ACTS_HEADROOM + (size_t)plan_ep_beside(e, cT);
+    size_t budget = 0, beside = (size_t)plan_ep_beside(e, cT), head = ACTS_HEADROOM + beside;
     if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot)) budget = fr > head ? fr - head : 1;
     err_clear();
-    return model_acts_init_budget(&e->m, a, cT, cM, budget);
+    int rc = model_acts_init_budget(&e->m, a, cT, cM, budget);
+    if (rc == GE_NOMEM && budget) /* what the plan counted against what is free now, for whoever reads the failure */
+        err_set(rc,
+                "%s (free now %zu MiB, kept free beside: %zu MiB of headroom, %zu MiB of expert-parallel buffers; the plan "
+                "gave activations %lld MiB for up to %lld tokens)",
+                err_msg(), fr >> 20, ACTS_HEADROOM >> 20, beside >> 20, e->plan.acts_bytes >> 20, e->plan.micro_batch_tokens_max);
+    return rc;
 }
 
 /* The top_k most likely tokens of the micro-batch model_forward just ran (its final norm's output

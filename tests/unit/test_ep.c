@@ -464,17 +464,28 @@ TEST(control_doubled_expert_gradient) {
 TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
     comm *cs[WMAX];
     rank_job j[WMAX];
+    float *st4[3];
     CHECK(open_world(4, cs, j, NULL) == 0);
+    for (int q = 0; q < 4; q++) alloc_st(j[q].st);
     CHECK(all_ranks(j, 4, OP_UPDATE, 0, NULL) == 0);
+    CHECK(all_ranks(j, 4, OP_STATE, 0, NULL) == 0);
+    alloc_st(st4);
+    for (int i = 0; i < 3; i++) memcpy(st4[i], j[0].st[i], (size_t)N * 4);
     CHECK(all_ranks(j, 4, OP_SAVE, 0, CKPT) == 0);
+    for (int q = 0; q < 4; q++) free_st(j[q].st);
     close_world(4, cs, j);
-    /* on W = 2 with expert parallelism */
+    /* on W = 2 with expert parallelism: the master and both moments as W = 4 left them (each
+     * rank's shard and experts read back), then the next update */
     CHECK(open_world(2, cs, j, CKPT) == 0);
+    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
+    CHECK(all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(!memcmp(j[0].st[i], st4[i], (size_t)N * 4), "W=4's checkpoint on W=2: array %d (0 master, 1 m, 2 v) differs", i);
+    free_st(st4);
     CHECK(all_ranks(j, 2, OP_PROBE, 0, NULL) == 0);
     float lp2[NPROBE];
     memcpy(lp2, j[0].lp, sizeof lp2);
     CHECK(all_ranks(j, 2, OP_UPDATE, 1, NULL) == 0);
-    for (int q = 0; q < 2; q++) alloc_st(j[q].st);
     CHECK(all_ranks(j, 2, OP_STATE, 0, NULL) == 0);
     CHECK(all_ranks(j, 2, OP_PROBE, 0, NULL) == 0);
     /* on one rank without: the reference of the next update */
