@@ -460,6 +460,10 @@ static int update_prepare(eng *e, const eng_update_group *g, int n_groups, const
     /* The largest micro-batch's activations are reserved before the safety copy starts (a
      * reservation that grows midway frees device memory, and cudaFree waits for every stream,
      * the copy's too), then the copy runs beside the passes and is complete before the first step */
+    /* what the rollouts grew (a prefill's activations, the exchanges' buffers of a scoring pass)
+     * goes back first: the plan counted this update's own sizes only */
+    model_acts_free(&e->m, &e->acts_ng);
+    moe_ep_ws_release(&e->m);
     if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
     if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
     return dp_agree(e, rc);
