@@ -311,6 +311,17 @@ TEST(engine_bf16_moments) {
     CHECK(eng_checkpoint_save(b, CK "_b1") == 0 && eng_checkpoint_save(r, CK "_r1") == 0);
     CHECK(same_checkpoint(CK "_b1", CK "_r1", 1));
     eng_close(r);
+    /* the same checkpoint on an engine with fp32 moments: the moments it holds are those values */
+    moments_ = NULL;
+    eng *r32 = open_engine("on", CK "_b");
+    float *s32[3];
+    CHECK(r32 && state_of(r32, s32, &n) == 0);
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(!memcmp(s32[i], sb[i], (size_t)n * 4), "the bf16 checkpoint on fp32 moments: array %d differs", i);
+        free(s32[i]);
+    }
+    eng_close(r32);
+    moments_ = "bf16";
     /* an undo restores the state (the safety copy holds bf16 moments) */
     CHECK(state_of(b, s0, &n) == 0);
     CHECK(train(b, 1) == 0 && eng_update_undo(b) == 0);
