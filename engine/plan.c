@@ -47,8 +47,7 @@ static long long host_available(void) {
 
 long long plan_ep_beside(const eng *e, long long T) {
     if (!e->ep_full) return 0;
-    const model_config *c = &e->m.cfg;
-    return (long long)moe_ep_call_bytes(&e->m, T) + 2 * T * c->top_k * (4LL * c->C + 10LL * c->Fm);
+    return (long long)moe_ep_beside_bytes(&e->m, T);
 }
 
 /* Device bytes of one micro-batch of T tokens: its grad activations with every layer

@@ -195,6 +195,11 @@ size_t moe_ep_call_bytes(const model *m, long long T) {
     return tot + tot / 8; /* ws_take's eighth */
 }
 
+size_t moe_ep_beside_bytes(const model *m, long long T) {
+    const model_config *c = &m->cfg;
+    return moe_ep_call_bytes(m, T) + (size_t)(2 * T * c->top_k * (4LL * c->C + 10LL * c->Fm));
+}
+
 int moe_ep_bwd(const model *m, const model_layer_views *W, const model_layer_views *G, const struct model_layer_acts *A,
                const void *dout, void *dx, float *dtopw, int T) {
     eng_backend *be = m->be;

@@ -40,6 +40,10 @@ void moe_ep_ws_release(const model *m);
  * backward's, with twice this rank's share of rows received (routing is never even), and
  * ws_take's eighth more. eng_acts_reserve keeps it free beside the activations. */
 size_t moe_ep_call_bytes(const model *m, long long T);
+/* That and the experts' backward scratch on the rows received (kernels/moe_gemm.cu's S (4C + 10
+ * Fm) bytes, S = 2 T k: twice this rank's share): what an update keeps free beside its
+ * activations at T tokens (engine/plan.c plan_ep_beside). */
+size_t moe_ep_beside_bytes(const model *m, long long T);
 void moe_ep_ws_free(const model *m);
 
 int moe_ep_fwd(const model *m, const model_layer_views *W, struct model_layer_acts *A, void *out, int T);

@@ -66,7 +66,7 @@ static int plan_of(eng_backend *be, const model_config *c, int W, int eb, int T,
     p->dec_own = W ? (double)(stacks > in_grad ? stacks - in_grad : 0) * stack : 0;
     p->acts = (double)model_acts_bytes(&m, T, T, 1, c->L) + (double)model_acts_bytes(&m, T, T, 0, 0);
     if (W) /* the exchange's buffers and the experts' backward scratch beside them (plan_ep_beside) */
-        p->acts += (double)moe_ep_call_bytes(&m, T) + 2.0 * T * c->top_k * (4.0 * c->C + 10.0 * c->Fm);
+        p->acts += (double)moe_ep_beside_bytes(&m, T);
     int mine = (groups + (W ? W : 1) - 1) / (W ? W : 1);
     p->kv = (double)mine * (P + (double)N * NEW) * c->L * 2.0 * c->K * c->D * eb;
     model_free(&m);
