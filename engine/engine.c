@@ -2,6 +2,7 @@
  * scoring (eng_logprobs). Rollouts are rollout/, the update step and checkpoints train/. */
 #include <errno.h>
 #include <limits.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,12 @@ const char *eng_backend_resolve(const char *name) {
 static int open_backend(const char *name, int n_threads, int device, eng_backend **be) {
     name = eng_backend_resolve(name);
     if (!strcmp(name, "cpu")) return backend_cpu_create(be, n_threads);
-    if (!strcmp(name, "cuda")) return backend_cuda_create(be, device);
+    if (!strcmp(name, "cuda")) {
+        /* the host's part (the offloaded AdamW, conversions) on n_threads OpenMP threads of this
+         * engine's thread, as on cpu: ranks of one process then share the cores, not each take all */
+        if (n_threads > 0) omp_set_num_threads(n_threads);
+        return backend_cuda_create(be, device);
+    }
     return err_set(GE_INVALID, "unknown backend \"%s\" (auto, cpu or cuda)", name);
 }
 
