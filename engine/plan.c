@@ -30,7 +30,12 @@
 #include "engine/params.h"
 #include "engine/train/state.h"
 
-#define PLAN_HEADROOM ((long long)4 << 30) /* scratch, workspaces, decode buffers */
+/* The room the plan leaves beside the activations: the 4 GiB an update keeps free as it runs
+ * (engine.c ACTS_HEADROOM, the ops' own scratch), and 1 GiB for what the first steps allocate
+ * after the plan is made (kernels loaded on first use, the libraries' workspaces, the decode's
+ * buffers and graphs). With 4 GiB counted at both ends nothing was left for those: a 48-layer
+ * Qwen3-30B-A3B update on 2 H200s fell 204 MiB short of a micro-batch the plan had allowed. */
+#define PLAN_HEADROOM ((long long)5 << 30)
 #define SNAP_HOST_RESERVE ((long long)8 << 30) /* host memory left beside a host copy */
 
 /* MemAvailable of /proc/meminfo in bytes; -1 when unknown. */
