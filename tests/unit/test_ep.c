@@ -52,8 +52,11 @@
 #include "engine/train/train_testing.h"
 
 #define FIX "tests/fixtures/data"
-#define MODEL "/tmp/grpod_test_ep_model"
-#define CKPT "/tmp/grpod_test_ep_ckpt"
+/* under the build's scratch folder: a checkpoint directory that already holds the same version
+ * is kept as that save's own result (checkpoint.c save_dir), so one shared across runs and builds
+ * would be resumed stale */
+#define MODEL TEST_TMP "/grpod_test_ep_model"
+#define CKPT TEST_TMP "/grpod_test_ep_ckpt"
 #define WMAX 4
 #define NG 7
 #define NCFG 2
@@ -471,6 +474,7 @@ TEST(checkpoint_w4_resumes_on_w2_and_one_rank) {
     CHECK(all_ranks(j, 4, OP_STATE, 0, NULL) == 0);
     alloc_st(st4);
     for (int i = 0; i < 3; i++) memcpy(st4[i], j[0].st[i], (size_t)N * 4);
+    CHECK(system("rm -rf " CKPT) == 0);
     CHECK(all_ranks(j, 4, OP_SAVE, 0, CKPT) == 0);
     for (int q = 0; q < 4; q++) free_st(j[q].st);
     close_world(4, cs, j);
