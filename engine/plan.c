@@ -198,7 +198,7 @@ int plan_host_state(eng *e, long long bytes, long long held, long long master) {
     long long avail = host_available();
     /* measured before any rank places its state (dp_agree waits for all): the loaded weights held */
     int rc = plan_host_state_fits(bytes * ranks, ranks, avail < 0 ? avail : avail + held * ranks);
-    if (!rc) rc = plan_host_state_fits(master * ranks, ranks, avail);
+    if (!rc && master) rc = plan_host_state_fits(master * ranks, ranks, avail); /* beside the loaded ones */
     return e->dp ? dp_agree(e, rc) : rc;
 }
 
