@@ -26,30 +26,36 @@
 #define ADAMW_CLONES
 #endif
 
+/* fp32 moments read and stored as they are (bf16 ones: f32_from_bf16, bf16_from_f32) */
+static inline float f32_same(float x) { return x; }
+
+/* One loop over [i0, i1) of one step: moments read by LD, stored by ST, and the weights' bf16
+ * copy written where act is not NULL (two loops, so each vectorizes without a branch). */
+#define ADAMW_LOOPS(LD, ST) \
+    if (act) { \
+        _Pragma("omp simd") for (long long i = i0; i < i1; i++) { \
+            ADAMW_ELEM(k, p, g, LD(m[i]), LD(v[i]), i, pn) \
+            m[i] = ST(mi_); \
+            v[i] = ST(vi_); \
+            p[i] = pn; \
+            act[i] = bf16_from_f32(pn); \
+        } \
+    } else { \
+        _Pragma("omp simd") for (long long i = i0; i < i1; i++) { \
+            ADAMW_ELEM(k, p, g, LD(m[i]), LD(v[i]), i, pn) \
+            m[i] = ST(mi_); \
+            v[i] = ST(vi_); \
+            p[i] = pn; \
+        } \
+    }
+
 /* Elements [i0, i1) of one step; act NULL: no bf16 copy. The Makefile builds this file with
  * -fno-math-errno so that sqrtf vectorizes (sqrtps rounds correctly, as sqrtss: the same bits;
  * there is no other library call here). */
 ADAMW_CLONES static void adamw_range(const adamw_consts *kp, float *restrict p, uint16_t *restrict act, const float *restrict g,
                                      float *restrict m, float *restrict v, long long i0, long long i1) {
     const adamw_consts k = *kp;
-    if (act) {
-#pragma omp simd
-        for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, m[i], v[i], i, pn)
-            m[i] = mi_;
-            v[i] = vi_;
-            p[i] = pn;
-            act[i] = bf16_from_f32(pn);
-        }
-    } else {
-#pragma omp simd
-        for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, m[i], v[i], i, pn)
-            m[i] = mi_;
-            v[i] = vi_;
-            p[i] = pn;
-        }
-    }
+    ADAMW_LOOPS(f32_same, f32_same)
 }
 
 /* The same with bf16 moments: read exactly, stepped in fp32, the weights moved by the fp32 new
@@ -57,24 +63,7 @@ ADAMW_CLONES static void adamw_range(const adamw_consts *kp, float *restrict p, 
 ADAMW_CLONES static void adamw_range_m16(const adamw_consts *kp, float *restrict p, uint16_t *restrict act, const float *restrict g,
                                          uint16_t *restrict m, uint16_t *restrict v, long long i0, long long i1) {
     const adamw_consts k = *kp;
-    if (act) {
-#pragma omp simd
-        for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, f32_from_bf16(m[i]), f32_from_bf16(v[i]), i, pn)
-            m[i] = bf16_from_f32(mi_);
-            v[i] = bf16_from_f32(vi_);
-            p[i] = pn;
-            act[i] = bf16_from_f32(pn);
-        }
-    } else {
-#pragma omp simd
-        for (long long i = i0; i < i1; i++) {
-            ADAMW_ELEM(k, p, g, f32_from_bf16(m[i]), f32_from_bf16(v[i]), i, pn)
-            m[i] = bf16_from_f32(mi_);
-            v[i] = bf16_from_f32(vi_);
-            p[i] = pn;
-        }
-    }
+    ADAMW_LOOPS(f32_from_bf16, bf16_from_f32)
 }
 
 /* static blocks of 64 KiB-aligned ranges, one call of adamw_range each (m16: m, v are bf16) */
