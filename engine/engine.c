@@ -341,18 +341,21 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     if (a->mem && a->cap_T >= T && a->cap_M >= M) return 0;
     int cT = a->cap_T > T ? a->cap_T : T, cM = a->cap_M > M ? a->cap_M : M;
     size_t fr = 0, tot = 0;
+    if (a == &e->acts_g && e->acts_ng.borrowed) model_acts_free(&e->m, &e->acts_ng); /* its memory goes */
     model_acts_free(&e->m, a);
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
-    size_t budget = 0, beside = (size_t)plan_ep_beside(e, cT), head = ACTS_HEADROOM + beside;
+    size_t held = e->be->scratch_held ? e->be->scratch_held(e->be) : 0;
+    size_t budget = 0, beside = (size_t)plan_ep_beside(e, cT, held), head = ACTS_HEADROOM + beside;
     if (e->be->mem_info && !e->be->mem_info(e->be, &fr, &tot)) budget = fr > head ? fr - head : 1;
     err_clear();
     int rc = model_acts_init_budget(&e->m, a, cT, cM, budget);
     if (rc == GE_NOMEM && budget) /* what the plan counted against what is free now, for whoever reads the failure */
         err_set(rc,
-                "%s (free now %zu MiB, kept free beside: %zu MiB of headroom, %zu MiB of expert-parallel buffers; the plan "
-                "gave activations %lld MiB for up to %lld tokens)",
-                err_msg(), fr >> 20, ACTS_HEADROOM >> 20, beside >> 20, e->plan.acts_bytes >> 20, e->plan.micro_batch_tokens_max);
+                "%s (free now %zu MiB, kept free beside: %zu MiB of headroom, %zu MiB of expert-parallel buffers; "
+                "ops' scratch held %zu MiB; the plan gave activations %lld MiB for up to %lld tokens)",
+                err_msg(), fr >> 20, ACTS_HEADROOM >> 20, beside >> 20, held >> 20, e->plan.acts_bytes >> 20,
+                e->plan.micro_batch_tokens_max);
     return rc;
 }
 

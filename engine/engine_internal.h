@@ -118,8 +118,11 @@ int plan_make(eng *e, const eng_open_opts *o);
  * experts' backward scratch on the rows received (kernels/moe_gemm.cu: S (4 C + 10 Fm) bytes for
  * S rows, here 2 T k). ~13 GB at Qwen3-30B-A3B dims and 18,432 tokens a rank: with the 4 GiB
  * headroom alone the first update at 48 layers on 4 H200s ran out of memory in the scratch.
- * The plan's micro-batch fit and eng_acts_reserve keep it free. */
-long long plan_ep_beside(const eng *e, long long T);
+ * The plan's micro-batch fit and eng_acts_reserve keep it free; the scratch is the backend's
+ * own, kept once grown (backend.h scratch_held): held bytes count toward it, else an update after
+ * the first would keep the room twice (at 12,288 tokens 2.9 GiB: the 48-layer update at P=4096
+ * on 2 H200s ran once, then fell 1.2 GiB short). */
+long long plan_ep_beside(const eng *e, long long T, size_t held);
 /* plan.c: 0 when full-parameter training of n parameters can place its device minimum (the act
  * policy and reference, act_bytes each, and fp32 gradients, 4 bytes a parameter, plus the
  * headroom) on a device of dev_total bytes (<= 0: unknown, taken as room); else GE_NOMEM naming

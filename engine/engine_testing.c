@@ -50,3 +50,4 @@ int eng_testing_host_state_fits(long long need, int ranks, long long avail) { re
 int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, long long *host_n) {
     return plan_split_fits(n, act_bytes, fr, avail, mb, "the device", host_n);
 }
+long long eng_testing_ep_beside(const eng *e, long long T, size_t held) { return plan_ep_beside(e, T, held); }

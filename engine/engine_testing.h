@@ -37,6 +37,9 @@ int eng_testing_host_state_fits(long long need, int ranks, long long avail);
 /* plan.c's auto split of the optimizer state (engine_internal.h plan_split_fits), for a test
  * without such a device and host. */
 int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long avail, long long mb, long long *host_n);
+/* What an update keeps free beside its activations at T tokens under expert parallelism when the
+ * backend already holds `held` bytes of ops' scratch (engine_internal.h plan_ep_beside). */
+long long eng_testing_ep_beside(const eng *e, long long T, size_t held);
 /* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
 tune_opts *eng_testing_tune(eng *e);
 #endif

@@ -50,18 +50,17 @@ static long long host_available(void) {
     return kb < 0 ? -1 : kb * 1024;
 }
 
-long long plan_ep_beside(const eng *e, long long T) {
+long long plan_ep_beside(const eng *e, long long T, size_t held) {
     if (!e->ep_full) return 0;
-    return (long long)moe_ep_beside_bytes(&e->m, T);
+    size_t call = moe_ep_call_bytes(&e->m, T), scr = moe_ep_beside_bytes(&e->m, T) - call;
+    return (long long)(call + (scr > held ? scr - held : 0));
 }
 
 /* Device bytes of one micro-batch of T tokens: its grad activations with every layer
- * recomputed, beside the no-grad passes' (old, reference) activations and, under expert
- * parallelism, the exchange's buffers and scratch. */
+ * recomputed, the no-grad passes' (old, reference) within them where they fit, and, under
+ * expert parallelism, the exchange's buffers and scratch. */
 static long long micro_batch_bytes(const eng *e, long long T) {
-    const model *m = &e->m;
-    return (long long)model_acts_bytes(m, (int)T, (int)T, 1, m->cfg.L) + (long long)model_acts_bytes(m, (int)T, (int)T, 0, 0) +
-        plan_ep_beside(e, T);
+    return (long long)model_acts_update_bytes(&e->m, (int)T) + plan_ep_beside(e, T, 0);
 }
 
 int eng_offload_mode_check(const char *mode, double *frac) {

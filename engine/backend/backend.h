@@ -101,12 +101,14 @@ struct eng_backend {
      * between device and pinned host memory (either direction) on a lane; mark records event ev (0 <= ev <
      * BE_EVENTS) on a lane after what is queued there; wait makes a lane wait for ev's last
      * mark, lane -1 the calling thread (blocks; returns the sticky error). mem_info: free and
-     * total device bytes. Events 0-7 are engine/train/offload.c's, 8-15 engine/model/split.c's, BE_EV_SNAP
+     * total device bytes. scratch_held: the bytes of the ops' scratch held now (grown to the
+     * largest op's so far and kept; NULL: none kept). Events 0-7 are engine/train/offload.c's, 8-15 engine/model/split.c's, BE_EV_SNAP
      * engine/train/snapshot.c's. */
     int (*copy_async)(eng_backend *b, int lane, void *dst, const void *src, size_t bytes);
     void (*mark)(eng_backend *b, int lane, int ev);
     int (*wait)(eng_backend *b, int lane, int ev);
     int (*mem_info)(eng_backend *b, size_t *free_bytes, size_t *total_bytes);
+    size_t (*scratch_held)(eng_backend *b);
     void *xfer; /* the lanes' state (cuda) */
 
     /* ops (kernels/NAME.h) */

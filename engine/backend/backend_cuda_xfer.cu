@@ -1,5 +1,5 @@
 /* backend_cuda_xfer.cu — the cuda backend's copy lanes and device-memory query (backend.h:
- * copy_async, mark, wait, mem_info): three copy streams beside the op stream and a fixed table of
+ * copy_async, mark, wait, mem_info, scratch_held): three copy streams beside the op stream and a fixed table of
  * events, so that host-resident state (engine/train/offload.c) moves while the GPU computes. Copies
  * use cudaMemcpyDefault (unified addressing tells the direction); host memory must be pinned
  * for them to be asynchronous. Only the engine thread calls these. */
@@ -45,6 +45,8 @@ static int xf_mem_info(eng_backend *b, size_t *fr, size_t *tot) {
     return 0;
 }
 
+static size_t xf_scratch_held(eng_backend *b) { return CTX(b)->scratch_bytes; }
+
 /* Called by backend_cuda_create once the op stream exists; 0 or GE_CUDA. */
 int cu_xfer_init(eng_backend *b) {
     cu_ctx *c = CTX(b);
@@ -59,6 +61,7 @@ int cu_xfer_init(eng_backend *b) {
     b->mark = xf_mark;
     b->wait = xf_wait;
     b->mem_info = xf_mem_info;
+    b->scratch_held = xf_scratch_held;
     return 0;
 }
 

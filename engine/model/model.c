@@ -596,6 +596,24 @@ size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ck
     return bytes;
 }
 
+size_t model_acts_update_bytes(const model *m, int T) {
+    size_t g = model_acts_bytes(m, T, T, 1, m->cfg.L), ng = model_acts_bytes(m, T, T, 0, 0);
+    return ng <= g ? g : g + ng;
+}
+
+int model_acts_init_in(const model *m, model_acts *a, int cap_T, int cap_M, const model_acts *owner) {
+    memset(a, 0, sizeof *a);
+    size_t bytes = model_acts_bytes(m, cap_T, cap_M, 0, 0);
+    if (!owner->mem || bytes > owner->bytes || !(a->l = calloc((size_t)m->cfg.L, sizeof *a->l))) return 1;
+    a->cap_T = cap_T > 0 ? cap_T : 1;
+    a->cap_M = cap_M > 0 ? cap_M : 1;
+    a->mem = owner->mem;
+    a->bytes = bytes;
+    a->borrowed = 1;
+    carve(m, a, a->mem);
+    return 0;
+}
+
 static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt);
 
 int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad) {
@@ -641,6 +659,7 @@ static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M) {
     if (!a->l) return err_set(GE_NOMEM, "model: out of memory");
     size_t bytes = carve(m, a, NULL);
     a->mem = m->be->alloc(m->be, bytes);
+    a->bytes = bytes;
     if (!a->mem) {
         free(a->l);
         a->l = NULL;
@@ -652,7 +671,7 @@ static int acts_alloc(const model *m, model_acts *a, int cap_T, int cap_M) {
 }
 
 void model_acts_free(const model *m, model_acts *a) {
-    if (a->mem) m->be->free(m->be, a->mem);
+    if (a->mem && !a->borrowed) m->be->free(m->be, a->mem);
     free(a->l);
     memset(a, 0, sizeof *a);
 }

@@ -184,6 +184,8 @@ typedef struct {
     int cap_T, cap_M, grad; /* grad: 0, 1, or MODEL_ACTS_RECOMPUTE */
     int n_ckpt; /* layers that keep only x (grad only) */
     void *mem; /* one backend allocation */
+    size_t bytes; /* its size */
+    int borrowed; /* mem is another model_acts' (model_acts_init_in): model_acts_free leaves it */
     /* model_acts_init_kv only (else NULL / 0): keys and values in a KV cache, gradients into dkv */
     const model_kv *kv;
     model_kv *dkv;
@@ -251,6 +253,14 @@ int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gra
 int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, size_t budget);
 /* The bytes model_acts_init_budget would allocate with n_ckpt checkpointed layers. */
 size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt);
+/* No-grad activations carved in owner's memory (an update's gradient activations: its no-grad
+ * passes, the old policy's and the reference's, run before its policy pass and never beside
+ * it), nothing allocated; model_acts_free leaves the memory to owner, which must outlive a.
+ * 1 (a zeroed) when they do not fit there. */
+int model_acts_init_in(const model *m, model_acts *a, int cap_T, int cap_M, const model_acts *owner);
+/* An update's activations at T tokens and T predictions with every layer recomputed: the
+ * gradient set, its no-grad set inside it when that fits (model_acts_init_in), else beside. */
+size_t model_acts_update_bytes(const model *m, int T);
 void model_acts_free(const model *m, model_acts *a);
 
 /* A KV cache: per softmax-attention layer k, v (S,K,D) act-typed, in backend memory; a gated

@@ -464,8 +464,11 @@ static int update_prepare(eng *e, const eng_update_group *g, int n_groups, const
      * goes back first: the plan counted this update's own sizes only */
     model_acts_free(&e->m, &e->acts_ng);
     moe_ep_ws_release(&e->m);
-    if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
-    if (mb_T > 0 && !rc) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
+    if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
+    /* the no-grad passes (old, reference) run before the policy's, never beside it: their
+     * activations in the gradient ones' memory (the plan counts the larger, plan.c) */
+    if (mb_T > 0 && !rc && model_acts_init_in(&e->m, &e->acts_ng, (int)mb_T, (int)mb_M, &e->acts_g))
+        rc = eng_acts_reserve(e, &e->acts_ng, (int)mb_T, (int)mb_M, 0);
     return dp_agree(e, rc);
 }
 
@@ -626,8 +629,8 @@ int eng_update(eng *e, const eng_update_group *g, int n_groups, const loss_confi
     }
     out->ms_snapshot_wait = e->snap.ms_wait;
     /* the activations go back to the plan (the next rollout's KV pool has their room) */
+    model_acts_free(&e->m, &e->acts_ng); /* first: it may live in acts_g's memory */
     model_acts_free(&e->m, &e->acts_g);
-    model_acts_free(&e->m, &e->acts_ng);
     moe_ep_ws_release(&e->m); /* expert parallelism's exchange buffers too */
     if (!rc) {
         result_metrics(out, &met, a, steps, grad_norm_sum);

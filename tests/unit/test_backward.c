@@ -541,6 +541,42 @@ TEST(recompute_equals_full) {
         CHECK(model_acts_bytes(&m, b.T, b.M, 1, 4) < model_acts_bytes(&m, b.T, b.M, 1, 2));
         model_acts a;
         CHECK(model_acts_init_budget(&m, &a, b.T, b.M, model_acts_bytes(&m, b.T, b.M, 1, 4) - 1) == GE_NOMEM);
+        /* An update's no-grad passes carve their activations in its gradient ones' memory
+         * (model_acts_init_in): a forward there gives the bits of its own allocation, though the
+         * memory holds a backward's leftovers; freeing it leaves the owner's memory (ASan: the
+         * owner's next pass and free), which still trains to the same gradients; an owner too
+         * small refuses. */
+        model_acts own, ng, mine, small;
+        float *gq = calloc((size_t)m.n_elems, 4), *lq[2] = {malloc((size_t)b.M * 4), malloc((size_t)b.M * 4)};
+        model_views qv;
+        model_views_make(&m, gq, 4, &qv);
+        CHECK(model_acts_init_budget(&m, &own, b.T, b.M, model_acts_bytes(&m, b.T, b.M, 1, 4)) == 0);
+        CHECK(model_acts_update_bytes(&m, b.T) == model_acts_bytes(&m, b.T, b.T, 1, 4));
+        CHECK(model_forward(&m, &wv, &own, NULL, &in, 0.9f, 1) == 0);
+        CHECK(model_backward(&m, &wv, &qv, &own, &in, wl, we, 0.9f) == 0);
+        CHECK(model_acts_init(&m, &mine, b.T, b.M, 0) == 0);
+        CHECK(model_acts_init_in(&m, &ng, b.T, b.M, &own) == 0);
+        CHECK(ng.borrowed && ng.mem == own.mem && !ng.grad);
+        for (int j = 0; j < 2; j++) {
+            model_acts *x = j ? &ng : &mine;
+            CHECK(model_forward(&m, &wv, x, NULL, &in, 0.9f, 1) == 0);
+            memcpy(lq[j], x->logp, (size_t)b.M * 4);
+        }
+        CHECK_MSG(!memcmp(lq[0], lq[1], (size_t)b.M * 4), "%s: no-grad logprobs in the owner's memory", cfg.arch_name);
+        model_acts_free(&m, &ng);
+        model_acts_free(&m, &mine);
+        memset(gq, 0, (size_t)m.n_elems * 4);
+        CHECK(model_forward(&m, &wv, &own, NULL, &in, 0.9f, 1) == 0);
+        CHECK(model_backward(&m, &wv, &qv, &own, &in, wl, we, 0.9f) == 0);
+        CHECK_MSG(!memcmp(g[0], gq, (size_t)m.n_elems * 4), "%s: gradients after a borrower", cfg.arch_name);
+        CHECK(model_acts_init(&m, &small, 1, 1, 0) == 0);
+        CHECK(model_acts_init_in(&m, &ng, b.T, b.M, &small) == 1 && !ng.mem && !ng.l);
+        model_acts_free(&m, &small);
+        model_acts_free(&m, &own);
+        model_views_free(&qv);
+        free(gq);
+        free(lq[0]);
+        free(lq[1]);
         for (int k = 0; k < 3; k++) {
             model_views_free(&gv[k]);
             free(g[k]);

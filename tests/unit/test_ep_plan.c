@@ -8,7 +8,7 @@
  *   Every size is the engine's own arithmetic: the rank's layout from model_init_ep (the
  *   replicated part in W shards of 16-element blocks, its E/W experts), the activations of one
  *   update micro-batch from model_acts_bytes (one group, P + N R = 9,216 tokens, every layer
- *   recomputed, beside the no-grad passes' as plan.c's micro_batch_bytes), the rollout KV of the
+ *   recomputed, the no-grad passes' within them as plan.c's micro_batch_bytes), the rollout KV of the
  *   rank's share of 8 groups (P + N x 64 new tokens), plan.c's 5 GiB headroom.
  *   The tie to the engine: two cpu ranks of the qwen3_moe fixture with expert parallelism and
  *   the optimizer offloaded report the same weights (the decode part included), gradients and
@@ -64,7 +64,7 @@ static int plan_of(eng_backend *be, const model_config *c, int W, int eb, int T,
     for (int l = 0; l < c->L; l++) n_moe += c->mlp[l] == MLP_MOE;
     long long in_grad = (long long)(p->grads / stack), stacks = 3LL * n_moe;
     p->dec_own = W ? (double)(stacks > in_grad ? stacks - in_grad : 0) * stack : 0;
-    p->acts = (double)model_acts_bytes(&m, T, T, 1, c->L) + (double)model_acts_bytes(&m, T, T, 0, 0);
+    p->acts = (double)model_acts_update_bytes(&m, T);
     if (W) /* the exchange's buffers and the experts' backward scratch beside them (plan_ep_beside) */
         p->acts += (double)moe_ep_beside_bytes(&m, T);
     int mine = (groups + (W ? W : 1) - 1) / (W ? W : 1);
@@ -81,6 +81,7 @@ typedef struct {
     comm *c;
     eng_info in;
     int host_peers; /* eng_testing_info's */
+    int beside_ok; /* the room kept beside the activations counts the scratch held (W > 1) */
     int rc;
     char msg[256];
 } rank_job;
@@ -100,6 +101,12 @@ static void *open_rank(void *p) {
         eng_testing_info t;
         eng_testing_get(e, &t);
         j->host_peers = t.host_peers;
+        /* the experts' scratch the backend already holds (grown in an earlier update) is not kept
+         * free again: the exchange's buffers always, the scratch less what is held */
+        long long T = 4096, call = (long long)moe_ep_call_bytes(t.m, T), all = (long long)moe_ep_beside_bytes(t.m, T);
+        j->beside_ok = t.world < 2 ||
+            (eng_testing_ep_beside(e, T, 0) == all && eng_testing_ep_beside(e, T, 1000) == all - 1000 &&
+             eng_testing_ep_beside(e, T, (size_t)1 << 40) == call && call < all);
         eng_close(e);
     }
     snprintf(j->msg, sizeof j->msg, "%s", j->rc ? err_msg() : "");
@@ -129,6 +136,7 @@ TEST(engine_plan_matches_the_arithmetic) {
         CHECK(e->host_state == (long long)p.state);
         CHECK(!strcmp(e->optimizer, "host"));
         /* the ranks' host names, exchanged once at open: threads of one process share a host */
+        CHECK_MSG(j[0].beside_ok, "W=%d: the room beside the activations with the ops' scratch held", W);
         for (int q = 0; q < W; q++)
             CHECK_MSG(j[q].host_peers == W - 1, "W=%d rank %d: %d other ranks on its host", W, q, j[q].host_peers);
         for (int q = 0; q < W; q++) comm_free(cs[q]);

@@ -285,8 +285,7 @@ TEST(qwen3_30b_a3b_memory_plan) {
     CHECK(lora_init(&m, 16, 32, (1u << LORA_N) - 1) == 0);
     long long a = m.l_elems, T = 32768, kv = 8LL * (1024 + 16 * 512) * c.L * 2 * c.K * c.D * 2;
     long long base = 2 * n, adapters = 2 * a + 4 * a + 4 * a + 8 * a + 12 * a; /* act, master, grads, moments, snapshot */
-    long long acts = (long long)model_acts_bytes(&m, (int)T, (int)T, 1, c.L) +
-        (long long)model_acts_bytes(&m, (int)T, (int)T, 0, 0);
+    long long acts = (long long)model_acts_update_bytes(&m, (int)T);
     long long total = base + adapters + acts + 4 * gib + kv;
     printf("  30B-A3B: %.2fB params, base %.1f GB; LoRA r=16 %.3fB adapters, state + snapshot %.1f GB; micro-batch of %lld "
            "tokens %.1f GB; headroom 4.3 GB; KV of 8 groups %.1f GB: %.1f of %.1f GB\n",
