@@ -344,6 +344,7 @@ int eng_acts_reserve(eng *e, model_acts *a, int T, int M, int grad) {
     if (a == &e->acts_g && e->acts_ng.borrowed) model_acts_free(&e->m, &e->acts_ng); /* its memory goes */
     model_acts_free(&e->m, a);
     if (!grad) return model_acts_init(&e->m, a, cT, cM, 0);
+    if (e->test_ckpt) return model_acts_init_ckpt(&e->m, a, cT, cM, e->test_ckpt - 1);
     /* as many layers kept whole as the free device memory holds (model.h); all on cpu */
     size_t held = e->be->scratch_held ? e->be->scratch_held(e->be) : 0;
     size_t budget = 0, beside = (size_t)plan_ep_beside(e, cT, held), head = ACTS_HEADROOM + beside;

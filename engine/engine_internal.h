@@ -80,6 +80,7 @@ struct eng {
     struct eng_sched *sched; /* the first scheduler opened on e (rollout.c), NULL when closed */
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
+    int test_ckpt; /* tests only (eng_testing_acts_ckpt): n + 1 forces acts_g's n_ckpt to n; 0: by memory */
     struct dec_state *dec; /* generation step buffers (decode.c), made on first use */
     split_mem split; /* pinned host memory of split groups' dormant sets (split.h) */
 };
@@ -177,6 +178,9 @@ int dp_gather_act(eng *e);
  * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to
  * most, so every MoE layer's exchange meets the others'. rc: this rank's result so far (a
  * failure aborts the comm, so no rank waits in a layer's exchange). Both the identity without.
+ * ep_agree_ckpt: the gradient activations a (reserved on every rank) re-made with the most
+ * recomputed layers any rank's memory chose (model_backward's refill of a checkpointed MoE layer
+ * is a forward exchange: ranks that recompute different layers would meet in different ones).
  * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
  * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
  * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */
@@ -184,6 +188,7 @@ int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int l
 void ep_model_free(eng *e);
 int ep_most(eng *e, int n, int *most);
 int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
+int ep_agree_ckpt(eng *e, model_acts *a);
 int ep_whole(eng *e, const float *x, float *whole);
 void ep_slice(const eng *e, const float *whole, float *mine);
 /* rollout/ep_decode.c: the decode views' expert stacks gathered from every rank's act weights

@@ -51,3 +51,4 @@ int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long a
     return plan_split_fits(n, act_bytes, fr, avail, mb, "the device", host_n);
 }
 long long eng_testing_ep_beside(const eng *e, long long T, size_t held) { return plan_ep_beside(e, T, held); }
+void eng_testing_acts_ckpt(eng *e, int n) { e->test_ckpt = n + 1; }

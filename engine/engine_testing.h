@@ -40,6 +40,9 @@ int eng_testing_split_fits(long long n, int act_bytes, long long fr, long long a
 /* What an update keeps free beside its activations at T tokens under expert parallelism when the
  * backend already holds `held` bytes of ops' scratch (engine_internal.h plan_ep_beside). */
 long long eng_testing_ep_beside(const eng *e, long long T, size_t held);
+/* The gradient activations' checkpointed layers forced to n (-1: chosen by memory, the default),
+ * for a test of ranks whose memory chose differently. */
+void eng_testing_acts_ckpt(eng *e, int n);
 /* The backend's tuning knobs (kernels/tune.h), which a test may change between calls. */
 tune_opts *eng_testing_tune(eng *e);
 #endif

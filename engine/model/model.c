@@ -636,6 +636,10 @@ int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, 
     return acts_init(m, a, cap_T, cap_M, 1, k);
 }
 
+int model_acts_init_ckpt(const model *m, model_acts *a, int cap_T, int cap_M, int n_ckpt) {
+    return acts_init(m, a, cap_T, cap_M, 1, n_ckpt);
+}
+
 static int acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int grad, int n_ckpt) {
     memset(a, 0, sizeof *a);
     a->grad = grad;

@@ -251,6 +251,8 @@ int model_acts_init(const model *m, model_acts *a, int cap_T, int cap_M, int gra
 /* Grad activations within budget bytes (0: no limit, every layer kept whole): the fewest
  * checkpointed layers that fit; GE_NOMEM naming the bytes when even all of them do not. */
 int model_acts_init_budget(const model *m, model_acts *a, int cap_T, int cap_M, size_t budget);
+/* Grad activations with layers [0, n_ckpt) checkpointed (0..L). */
+int model_acts_init_ckpt(const model *m, model_acts *a, int cap_T, int cap_M, int n_ckpt);
 /* The bytes model_acts_init_budget would allocate with n_ckpt checkpointed layers. */
 size_t model_acts_bytes(const model *m, int cap_T, int cap_M, int grad, int n_ckpt);
 /* No-grad activations carved in owner's memory (an update's gradient activations: its no-grad

@@ -9,7 +9,8 @@
  *               optimizer offload the shard's and the experts' master and moments are host
  *               memory, stepped there piece by piece (offload.h).
  *   lock-step   every MoE layer's forward and backward is an exchange among all ranks, so every
- *               rank runs as many micro-batches as the rank that runs most (ep_most, ep_pad).
+ *               rank runs as many micro-batches as the rank that runs most (ep_most, ep_pad)
+ *               and recomputes the same layers in their backwards (ep_agree_ckpt).
  *   whole       a state vector to the checkpoints' layout on rank 0 (ep_whole), and back
  *               (ep_slice). */
 #include <stdlib.h>
@@ -88,6 +89,14 @@ int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc) {
     }
     if (rc) comm_abort(e->comm);
     return rc;
+}
+
+int ep_agree_ckpt(eng *e, model_acts *a) {
+    int most = 0, rc = e->ep_full ? ep_most(e, a->n_ckpt, &most) : 0;
+    if (rc || most <= a->n_ckpt) return rc;
+    int T = a->cap_T, M = a->cap_M;
+    model_acts_free(&e->m, a);
+    return model_acts_init_ckpt(&e->m, a, T, M, most); /* fewer bytes than the rank's own choice */
 }
 
 /* ---------------------------------------------------------------- whole vectors */

@@ -465,6 +465,7 @@ static int update_prepare(eng *e, const eng_update_group *g, int n_groups, const
     model_acts_free(&e->m, &e->acts_ng);
     moe_ep_ws_release(&e->m);
     if (mb_T > 0) rc = eng_acts_reserve(e, &e->acts_g, (int)mb_T, (int)mb_M, 1);
+    if (mb_T > 0 && !(rc = dp_agree(e, rc))) rc = ep_agree_ckpt(e, &e->acts_g); /* ranks recompute alike */
     /* the no-grad passes (old, reference) run before the policy's, never beside it: their
      * activations in the gradient ones' memory (the plan counts the larger, plan.c) */
     if (mb_T > 0 && !rc && model_acts_init_in(&e->m, &e->acts_ng, (int)mb_T, (int)mb_M, &e->acts_g))

@@ -19,6 +19,8 @@
  *     differs in its 3rd digit;
  *   - the logprobs after the update (eng_logprobs: every rank scores every group in lock-step)
  *     within 2e-5 of the one-rank engine's;
+ *   - ranks whose memory chose different recomputed layers (the last rank every layer): the
+ *     same bits as that W without the difference (ep_agree_ckpt);
  *   - checkpoints: saved by W = 4 (every expert gathered into one HF directory, the moments
  *     too), loaded on W = 2 and on one rank without expert parallelism: logprobs bit-equal to
  *     each other, and the next update from each equal as above (its moments compared too);
@@ -238,7 +240,8 @@ typedef enum {
     OP_PROBE,
     OP_ROLL,
     OP_UNDO,
-    OP_STRAY
+    OP_STRAY,
+    OP_RECOMPUTE
 } op_t;
 typedef struct {
     rank_head h; /* first: rank_threads.h */
@@ -259,6 +262,12 @@ static int rank_op(rank_head *h) {
     case OP_ROLL: return rollout(h->e, j->roll);
     case OP_UNDO: return eng_update_undo(h->e);
     case OP_STRAY: return h->c && comm_rank(h->c) == 0 ? comm_barrier(h->c) : 0; /* the others never enter it */
+    case OP_RECOMPUTE: { /* the last rank's memory recomputes every layer, the others' none */
+        eng_testing_info t;
+        eng_testing_get(h->e, &t);
+        if (t.rank == t.world - 1) eng_testing_acts_ckpt(h->e, t.m->cfg.L);
+        return 0;
+    }
     }
     return -1;
 }
@@ -390,6 +399,32 @@ TEST(ep_update_equals_one_rank) {
             for (int q = W <= WOFF; q < W; q++) free_st(j[q].st);
             close_world(W, cs, j);
         }
+}
+
+/* Ranks whose memory chose different checkpointed layers (here the last recomputes every layer,
+ * the others none): model_backward's refill of a checkpointed MoE layer is a forward exchange,
+ * so the ranks agree on the most (ep_agree_ckpt) and the update is bit-equal to the same W
+ * without the difference (recomputing gives the kept activations' bits). Without the agreement
+ * a rank's backward exchange meets another's forward one: the op fails or hangs (bounded). */
+TEST(ep_ranks_recompute_alike) {
+    for (int W = 2; W <= WOFF; W++) {
+        comm *cs[WMAX];
+        rank_job j[WMAX];
+        CHECK_MSG(ep_st[W][0][0], "W=%d: no result of ep_update_equals_one_rank to compare with", W);
+        CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open", W);
+        for (int q = 0; q < W; q++) alloc_st(j[q].st);
+        CHECK(all_ranks(j, W, OP_RECOMPUTE, 0, NULL) == 0);
+        CHECK_MSG(all_ranks(j, W, OP_UPDATE, 0, NULL) == 0, "W=%d update with the last rank recomputing", W);
+        CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+        CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+        int same = j[0].u.loss == ep_u[W][0].loss && j[0].u.grad_norm == ep_u[W][0].grad_norm &&
+            !memcmp(j[0].lp, ep_lp[W][0], sizeof j[0].lp);
+        for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ep_st[W][0][i], (size_t)N * 4);
+        printf("  W=%d, the last rank recomputing every layer: %s the same W without\n", W, same ? "bit-equal to" : "DIFFERS from");
+        CHECK_MSG(same, "W=%d: ranks recomputing different layers changed the update", W);
+        for (int q = 0; q < W; q++) free_st(j[q].st);
+        close_world(W, cs, j);
+    }
 }
 
 /* Optimizer offload under expert parallelism (train/state.c: the shard's and the experts'
@@ -718,6 +753,7 @@ TEST(refusals) {
 int main(void) {
     RUN(one_rank_reference);
     RUN(ep_update_equals_one_rank);
+    RUN(ep_ranks_recompute_alike);
     RUN(ep_offload_equals_ep);
     RUN(ep_bf16_moments_checkpoint_crosses_w);
     RUN(control_doubled_expert_gradient);
