@@ -750,17 +750,26 @@ TEST(refusals) {
     eng_close(ref_e);
 }
 
+/* Each test starts from the default options: one that fails before it sets them back (a CHECK
+ * returns) leaves no offload or bf16 moments to the tests after it. */
+#define RUN_EP(name) \
+    do { \
+        offload_ = "off"; \
+        moments_ = NULL; \
+        RUN(name); \
+    } while (0)
+
 int main(void) {
-    RUN(one_rank_reference);
-    RUN(ep_update_equals_one_rank);
-    RUN(ep_ranks_recompute_alike);
-    RUN(ep_offload_equals_ep);
-    RUN(ep_bf16_moments_checkpoint_crosses_w);
-    RUN(control_doubled_expert_gradient);
-    RUN(checkpoint_w4_resumes_on_w2_and_one_rank);
-    RUN(ep_rollouts_equal_one_rank);
-    RUN(ep_undo_restores_the_state);
-    RUN(a_rank_left_waiting_fails);
-    RUN(refusals);
+    RUN_EP(one_rank_reference);
+    RUN_EP(ep_update_equals_one_rank);
+    RUN_EP(ep_ranks_recompute_alike);
+    RUN_EP(ep_offload_equals_ep);
+    RUN_EP(ep_bf16_moments_checkpoint_crosses_w);
+    RUN_EP(control_doubled_expert_gradient);
+    RUN_EP(checkpoint_w4_resumes_on_w2_and_one_rank);
+    RUN_EP(ep_rollouts_equal_one_rank);
+    RUN_EP(ep_undo_restores_the_state);
+    RUN_EP(a_rank_left_waiting_fails);
+    RUN_EP(refusals);
     return CHECK_DONE();
 }
