@@ -47,29 +47,33 @@ static inline adamw_consts adamw_consts_make(float lr, float beta1, float beta2,
     return k;
 }
 
+/* What a host step counts as it goes (no second pass over memory): the elements whose new weight
+ * (w) or stored second moment (v) is not finite; both 0 on a sound step. */
+typedef struct {
+    long long w, v;
+} adamw_bad;
+
 /* One AdamW step over n fp32 parameters. p, m, v (n) updated in place; g (n). step is 1-based. */
-void adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps, float wd,
-               int step);
+adamw_bad adamw_cpu(float *p, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2, float eps,
+                    float wd, int step);
 
 /* adamw_cpu (the same element math, bit for bit) that also writes the new weights' bf16 bits
  * into act (n), rounded to nearest even as CUDA's __float2bfloat16: the host half of the
  * offloaded optimizer (engine/train/offload.h), one pass over memory, OpenMP + SIMD. */
-void adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1, float beta2,
-                    float eps, float wd, int step);
+adamw_bad adamw_bf16_cpu(float *p, uint16_t *act, const float *g, float *m, float *v, long long n, float lr, float beta1,
+                         float beta2, float eps, float wd, int step);
 /* The same step with the moments held as bf16 (m, v: n bf16 bits each), Megatron's precision-
  * aware optimizer's choice (exp_avg / exp_avg_sq dtype bf16): each moment read exactly, the
  * element math in fp32 as above, the weights moved by the fp32 new moments, which are then
  * stored rounded to nearest even. act NULL: no bf16 copy of the weights. From zero moments the
  * first step's weights are adamw_cpu's bit for bit. 8 bytes of state a parameter, not 12. */
-void adamw_m16_cpu(float *p, uint16_t *act, const float *g, uint16_t *m, uint16_t *v, long long n, float lr, float beta1,
-                   float beta2, float eps, float wd, int step);
+adamw_bad adamw_m16_cpu(float *p, uint16_t *act, const float *g, uint16_t *m, uint16_t *v, long long n, float lr, float beta1,
+                        float beta2, float eps, float wd, int step);
 
 
 /* Sum of squares of x (n) in double, for the global grad norm sqrt(sum over tensors).
  * Deterministic: fixed blocks summed in a fixed order, whatever the thread count. */
 double sumsq_cpu(const float *x, long long n);
-/* The same over bf16 bits (each read exactly). */
-double sumsq_bf16_cpu(const uint16_t *x, long long n);
 
 /* x (n) *= s (gradient clipping). */
 void scale_cpu(float *x, long long n, float s);

@@ -117,13 +117,16 @@ int offload_adamw(eng_offload *o, long long n, float *master, void *m, void *v, 
         double t1 = clock_mono_ms();
         o->ms_wait += t1 - t;
         uint16_t *act = eb == 2 ? o->astage[s] : NULL;
+        adamw_bad b;
         if (o->m16)
-            adamw_m16_cpu(master + off, act, o->gstage[s], (uint16_t *)m + off, (uint16_t *)v + off, len, lr, beta1, beta2, eps,
-                          wd, step);
+            b = adamw_m16_cpu(master + off, act, o->gstage[s], (uint16_t *)m + off, (uint16_t *)v + off, len, lr, beta1, beta2,
+                              eps, wd, step);
         else if (act)
-            adamw_bf16_cpu(master + off, act, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps, wd,
-                           step);
-        else adamw_cpu(master + off, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps, wd, step);
+            b = adamw_bf16_cpu(master + off, act, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps,
+                               wd, step);
+        else b = adamw_cpu(master + off, o->gstage[s], (float *)m + off, (float *)v + off, len, lr, beta1, beta2, eps, wd, step);
+        o->bad.w += b.w;
+        o->bad.v += b.v;
         if (!act) memcpy(o->astage[s], master + off, (size_t)len * 4);
         o->ms_host += clock_mono_ms() - t1;
         char *dst = (char *)w_act + (size_t)off * (size_t)eb;

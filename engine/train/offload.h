@@ -28,6 +28,7 @@
 #ifndef GRPOD_OFFLOAD_H
 #define GRPOD_OFFLOAD_H
 #include "engine/backend/backend.h"
+#include "kernels/adamw.h"
 
 enum { OFFLOAD_STAGES = 3 };
 #define OFFLOAD_CHUNK (16LL << 20) /* elements per transfer by default */
@@ -39,6 +40,7 @@ typedef struct {
     void *astage[OFFLOAD_STAGES]; /* (chunk) act-typed weights, pinned */
     int m16; /* the moments are bf16 (--optimizer-moments bf16: adamw_m16_cpu), else fp32 */
     double ms_host, ms_wait; /* last step: AdamW on the host, waiting for copies */
+    adamw_bad bad; /* the elements stepped not finite (kernels/adamw.h), added to by each call */
 } eng_offload;
 
 /* chunk <= 0: the default (OFFLOAD_CHUNK). Fails with GE_NOMEM. */
@@ -47,7 +49,8 @@ void offload_free(eng_offload *o);
 /* One AdamW step over n elements (at most the n offload_init sized: a state may step in
  * pieces): master (n fp32), m, v (n fp32, or bf16 with m16) in host memory, updated in place; grad (n) fp32 in device memory
  * (already clipped); w_act (n) device act-typed weights, rewritten from the new master.
- * The op stream is ordered after the upload; returns 0 or the backend's error. */
+ * The op stream is ordered after the upload; returns 0 or the backend's error. The elements
+ * whose new weight or second moment is not finite are added into o->bad. */
 int offload_adamw(eng_offload *o, long long n, float *master, void *m, void *v, void *w_act, const float *grad, float lr,
                   float beta1, float beta2, float eps, float wd, int step);
 /* Host memory for master / moments (n floats): 2 MiB pages where the kernel allows, zeroed by

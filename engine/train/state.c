@@ -4,6 +4,7 @@
  * over those parts, or over the gradients' pieces (state_pieces), without asking again. */
 #include "engine/train/state.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +357,7 @@ int state_step(eng *e, const eng_optim *opt, float lr) {
     float s = e->m.lora_r ? e->m.lora_alpha / (float)e->m.lora_r : 1;
     state_part q[2];
     int rc = 0;
+    e->off.bad = (adamw_bad){0, 0}; /* the host parts' steps count into it */
     for (int k = 0, nq = state_parts(e, q); k < nq && !rc; k++) {
         long long na = e->m.lora_r ? e->m.l_elems_a : q[k].n; /* from na: LoRA's B part */
         rc = part_adamw(e, &q[k], 0, na, opt, lr, opt->weight_decay);
@@ -380,20 +382,20 @@ int state_act_from_master(eng *e, int rc) {
     return rc;
 }
 
-/* Each run of parts adjacent in memory (a rank's shard and experts) is summed as one: a sum's
- * rounding depends on where it is cut. Then over the ranks in rank order. */
-int state_sumsq_after_step(eng *e, double *w2, double *v2) {
+int state_check_after_step(eng *e, int *bad_w, int *bad_v) {
     state_part q[2];
     int nq = state_parts(e, q);
-    *w2 = *v2 = 0;
-    for (int k = 0, j; k < nq; k = j) {
-        long long n = q[k].n;
-        for (j = k + 1; j < nq && q[j].host == q[k].host && q[j].x[0] == (float *)q[k].x[0] + n; j++) n += q[j].n;
-        *w2 += q[k].host ? sumsq_cpu(q[k].x[0], n) : e->be->sumsq(e->be, q[k].x[0], n);
-        *v2 += !q[k].host ? e->be->sumsq(e->be, q[k].x[2], n) : e->m16 ? sumsq_bf16_cpu(q[k].x[2], n) : sumsq_cpu(q[k].x[2], n);
-    }
-    int rc = e->dp ? dp_sum(e, *w2, w2) : 0;
-    return rc || !e->dp ? rc : dp_sum(e, *v2, v2);
+    double w = e->off.bad.w > 0, v = e->off.bad.v > 0;
+    for (int k = 0; k < nq; k++)
+        if (!q[k].host) {
+            w += !isfinite(e->be->sumsq(e->be, q[k].x[0], q[k].n));
+            v += !isfinite(e->be->sumsq(e->be, q[k].x[2], q[k].n));
+        }
+    int rc = e->dp ? dp_sum(e, w, &w) : 0;
+    if (!rc && e->dp) rc = dp_sum(e, v, &v);
+    *bad_w = w > 0;
+    *bad_v = v > 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------- whole vectors */

@@ -68,8 +68,10 @@ int state_step(eng *e, const eng_optim *opt, float lr);
 /* After the master was written from elsewhere (a restore; rc: the result so far): this rank's act
  * weights from it, then with a comm every rank's gathered. rc, or the backend's or comm's error. */
 int state_act_from_master(eng *e, int rc);
-/* The global sums of squares of the master and of v (a step can overflow them). */
-int state_sumsq_after_step(eng *e, double *w2, double *v2);
+/* Whether the last step left any master weight (*bad_w) or second moment (*bad_v) not finite, on
+ * any rank (a step can overflow them): the parts in host memory as their step counted them
+ * (offload.h eng_offload.bad, no second pass), the others by the backend's sum of squares. */
+int state_check_after_step(eng *e, int *bad_w, int *bad_v);
 /* Bytes of master and moments an element of the state holds: 12, or 8 with bf16 moments. */
 int state_elem_bytes(const eng *e);
 /* Elements of the whole trainable vector as the checkpoints hold it: eng_train_n, or with expert

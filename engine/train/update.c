@@ -496,7 +496,8 @@ static int score_pass(eng *e, const model_views *v, const work *w, const dp_orde
  * once it is complete), torch's clip_grad_norm_, the scheduled lr, the state's AdamW step, and
  * a check that the step left the weights and second moments finite. */
 static int optimizer_step(eng *e, const eng_optim *opt, int step, int steps_total, int *saved, double *norm, float *lr) {
-    double ss, wn, vn;
+    double ss;
+    int bad_w, bad_v;
     int rc = state_grad_sumsq(e, &ss);
     if (rc) return rc;
     *norm = sqrt(ss);
@@ -514,11 +515,11 @@ static int optimizer_step(eng *e, const eng_optim *opt, int step, int steps_tota
     rc = state_step(e, opt, *lr);
     /* a finite gradient can still overflow the weights (lr x weight_decay > 2 grows them
      * geometrically) or the second moments (no clipping): check before going on */
-    if (!rc && !(rc = state_sumsq_after_step(e, &wn, &vn)) && (!isfinite(wn) || !isfinite(vn)))
+    if (!rc && !(rc = state_check_after_step(e, &bad_w, &bad_v)) && (bad_w || bad_v))
         rc = err_set(GE_NON_FINITE,
                      "update: optimizer step %d of %d made the %s non-finite (lr %g, weight_decay %g); "
                      "the update is not applied",
-                     step, steps_total, isfinite(wn) ? "second moments" : "weights", opt->lr, opt->weight_decay);
+                     step, steps_total, bad_w ? "weights" : "second moments", opt->lr, opt->weight_decay);
     return rc;
 }
 

@@ -98,6 +98,40 @@ TEST(failure_after_a_step_restores_everything) {
     eng_close(ref);
 }
 
+/* A step that overflows the weights (lr x weight_decay huge) or the second moments (advantages of
+ * 1e30, no clip: g^2 past fp32) fails naming which, and leaves the state as it was, with the
+ * optimizer on the device and in host memory (whose step counts what it made not finite as it
+ * goes, adamw.h adamw_bad, rather than reading the state again). */
+TEST(an_overflowing_step_is_named_and_undone) {
+    static const char *offload[2] = {"off", "on"};
+    for (int o = 0; o < 2; o++)
+        for (int k = 0; k < 2; k++) {
+            eng *e;
+            eng_open_opts oo = {.model_dir = MODEL, .backend = "cpu", .n_threads = 2, .optimizer_offload = offload[o]};
+            CHECK(eng_open(&oo, &e) == 0);
+            float a0[2] = {0.8f, -0.8f}, big[2] = {1e30f, -1e30f};
+            eng_update_group g = {.prompt = p0, .P = 6, .n = 2, .resp = resp0, .R = R0, .advantage = k ? big : a0};
+            loss_config a;
+            loss_config_default(&a);
+            a.adv = ADV_GIVEN;
+            eng_optim opt;
+            eng_optim_default(&opt);
+            opt.lr = k ? 1e-3f : 1e38f;
+            opt.weight_decay = k ? 0.0f : 1e10f;
+            opt.grad_clip = 0;
+            float before[NPROBE], after[NPROBE];
+            CHECK(probe(e, before) == NPROBE);
+            eng_update_result u;
+            CHECK_EQ_INT(eng_update(e, &g, 1, &a, &opt, 1 << 20, &u, NULL, NULL), GE_NON_FINITE);
+            printf("  offload %s: %s\n", offload[o], err_msg());
+            CHECK_MSG(strstr(err_msg(), k ? "made the second moments non-finite" : "made the weights non-finite"), "%s", err_msg());
+            CHECK_EQ_INT(version(e), 0);
+            CHECK(probe(e, after) == NPROBE);
+            CHECK(memcmp(before, after, sizeof before) == 0);
+            eng_close(e);
+        }
+}
+
 TEST(undo_takes_back_an_update) {
     eng *e = open_default(2), *ref = open_default(2);
     CHECK(e && ref);
@@ -176,6 +210,7 @@ TEST(without_a_snapshot_a_changed_state_is_lost) {
 
 int main(void) {
     RUN(failure_after_a_step_restores_everything);
+    RUN(an_overflowing_step_is_named_and_undone);
     RUN(undo_takes_back_an_update);
     RUN(same_bits_on_any_thread_count);
     RUN(without_a_snapshot_a_changed_state_is_lost);
