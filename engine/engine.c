@@ -234,6 +234,7 @@ void eng_close(eng *e) {
     if (be) {
         model_acts_free(&e->m, &e->acts_ng);
         model_acts_free(&e->m, &e->acts_g);
+        model_acts_free(&e->m, &e->acts_pad);
         dec_free(e);
         split_mem_free(be, &e->split);
         void *bufs[] = {e->w_act != e->w_master ? e->w_act : NULL,          e->ref_act,     e->grad,
@@ -387,10 +388,11 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
     int rc = pack_plan_make(&plan, groups, n, max_tokens, model_pack_layout(&e->m));
     if (rc) return rc;
     long long done = 0;
+    ep_gate_ud gu = {e, w};
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         if (plan.mb_split[k]) { /* too large for a micro-batch: the prompt once (engine/model/split.h) */
             const pack_group *g = &groups[plan.mb_first[k]];
-            split_opts so = {max_tokens, temperature, -1, &e->split};
+            split_opts so = {max_tokens, temperature, -1, &e->split, e->ep_full ? ep_gate_split : NULL, &gu};
             rc = split_forward(&e->m, w, g, &so, out + done, ent ? ent + done : NULL, NULL);
             long long m0 = done;
             for (int r = 0; r < g->N; r++) done += g->R[r];
@@ -405,6 +407,7 @@ int eng_score(eng *e, const model_views *w, const pack_group *groups, int n, lon
         model_input in;
         model_input_from_batch(&in, &b);
         rc = eng_acts_reserve(e, &e->acts_ng, b.T, b.M, 0);
+        if (!rc) rc = ep_gate(e, w, MODEL_PASS_FWD); /* expert parallelism: meets the other ranks' pass */
         if (!rc) rc = model_forward(&e->m, w, &e->acts_ng, NULL, &in, temperature, ent != NULL);
         if (!rc) rc = e->be->to_host(e->be, out + done, e->acts_ng.logp, (size_t)b.M * 4);
         if (!rc && ent) rc = e->be->to_host(e->be, ent + done, e->acts_ng.ent, (size_t)b.M * 4);
@@ -455,6 +458,7 @@ int eng_logprobs_top(eng *e, const eng_update_group *g, int n, int use_reference
         for (int i = 0; i < n; i++) pg[i] = eng_pack_group(e, &g[i]);
         rc = eng_score(e, use_reference ? &e->rv : &e->wv, pg, n, max_tokens, temperature, all, NULL, k, all_ids, all_lps);
     }
+    rc = ep_gate_end(e, use_reference ? &e->rv : &e->wv, rc); /* every rank scored the same passes */
     for (long long i = 0, q = 0, off = 0; !rc && i < n; i++)
         for (int r = 0; r < g[i].n; r++, q++) {
             size_t R = (size_t)g[i].R[r];

@@ -80,6 +80,7 @@ struct eng {
     struct eng_sched *sched; /* the first scheduler opened on e (rollout.c), NULL when closed */
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
+    model_acts acts_pad; /* expert parallelism: one token's, for the empty passes of ep_gate */
     int test_ckpt; /* tests only (eng_testing_acts_ckpt): n + 1 forces acts_g's n_ckpt to n; 0: by memory */
     struct dec_state *dec; /* generation step buffers (decode.c), made on first use */
     split_mem split; /* pinned host memory of split groups' dormant sets (split.h) */
@@ -173,11 +174,15 @@ int dp_gather_act(eng *e);
 /* ep.c, expert parallelism (with eng_open_opts.expert_parallel; every rank calls each, in the
  * same order). ep_model_init: e->m with the experts split over the comm's ranks and e->ep_full,
  * or one line saying why not (no comm, dense model, LoRA, E % W).
- * Lock-step: before a pass (or one mini-batch of it) of n micro-batches on this rank, ep_most
- * gives the most any rank runs (exchanged: the others' layers wait for this rank's); after this
- * rank's n, ep_pad runs empty ones (T = 0; with grad forward and backward) under views w up to
- * most, so every MoE layer's exchange meets the others'. rc: this rank's result so far (a
- * failure aborts the comm, so no rank waits in a layer's exchange). Both the identity without.
+ * Lock-step: every pass over the layers (model.h MODEL_PASS_*: a forward, or a backward that
+ * recomputes some layers) is a run of MoE exchanges that must meet the other ranks' passes of
+ * the same kind. Before each of its passes a rank calls ep_gate with the pass's kind: the ranks
+ * exchange the kinds they want next, the most wanted (the lowest on a tie) runs, and a rank that
+ * wants another runs an empty one of that kind (T = 0 under views w: its experts serve the
+ * others' rows) and asks again, until its own runs. Whatever a rank runs, micro-batches or split
+ * groups (model/split.h, split_opts.gate = ep_gate_split), the others meet it. After its last
+ * pass (rc: its result so far) ep_gate_end runs empty ones until every rank is done; a failure
+ * aborts the comm instead, so no rank waits in an exchange. Both the identity without.
  * ep_agree_ckpt: the gradient activations a (reserved on every rank) re-made with the most
  * recomputed layers any rank's memory chose (model_backward's refill of a checkpointed MoE layer
  * is a forward exchange: ranks that recompute different layers would meet in different ones).
@@ -186,8 +191,14 @@ int dp_gather_act(eng *e);
  * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */
 int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int lora);
 void ep_model_free(eng *e);
-int ep_most(eng *e, int n, int *most);
-int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc);
+int ep_gate(eng *e, const model_views *w, int kind);
+int ep_gate_end(eng *e, const model_views *w, int rc);
+/* split_opts.gate for ep_gate: ud an ep_gate_ud */
+typedef struct {
+    eng *e;
+    const model_views *w;
+} ep_gate_ud;
+int ep_gate_split(void *ud, int kind);
 int ep_agree_ckpt(eng *e, model_acts *a);
 int ep_whole(eng *e, const float *x, float *whole);
 void ep_slice(const eng *e, const float *whole, float *mine);

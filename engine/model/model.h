@@ -351,6 +351,12 @@ pack_layout model_pack_layout(const model *m);
 /* Fill a model_input from a packed micro-batch (pointers into b; aux_coef 0). */
 void model_input_from_batch(model_input *in, const pack_batch *b);
 
+/* The kinds of pass over the layers whose MoE exchanges must meet other ranks' passes of the same
+ * kind under expert parallelism (moe_ep.h): a forward (every layer in order), or a backward whose
+ * refills recompute layers [0, c) (MODEL_PASS_BWD + c: from the last layer, each refilled layer's
+ * forward before its backward; c = a->n_ckpt). */
+enum { MODEL_PASS_FWD = 0, MODEL_PASS_BWD = 1 };
+
 /* Forward: the final-norm hidden states land in a->lnf; with in->M > 0 also a->logp (and
  * a->ent when want_entropy) at temperature. kv may be NULL. */
 int model_forward(const model *m, const model_views *w, model_acts *a, model_kv *kv, const model_input *in, float temperature,

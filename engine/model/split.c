@@ -307,6 +307,9 @@ static int ctx_init(split_ctx *x, const model *m, const pack_group *g, const spl
     return 0;
 }
 
+/* the caller's gate before a pass (split_opts.gate), 0 without one */
+static int gate(const split_opts *o, int kind) { return o->gate ? o->gate(o->gate_ud, kind) : 0; }
+
 /* ---------------------------------------------------------------- forward only */
 
 int split_forward(const model *m, const model_views *w, const pack_group *g, const split_opts *o, float *logp, float *ent,
@@ -324,6 +327,7 @@ int split_forward(const model *m, const model_views *w, const pack_group *g, con
     if (!rc) rc = model_acts_init(m, &a, capT, x.capM, 0);
     /* A: the prompt once, its K/V into cache rows [0, P) (its final DeltaNet states into the carry) */
     a.carry = x.carry_mem ? &x.cy_prompt : NULL;
+    if (!rc) rc = gate(o, MODEL_PASS_FWD);
     if (!rc) rc = model_forward(m, w, &a, &x.kv, &x.hp.in, o->temperature, ent != NULL);
     if (!rc && x.hp.in.M) rc = be->to_host(be, x.hbuf, a.logp, (size_t)x.hp.in.M * 4);
     if (!rc) first_scatter(g, x.off, x.hbuf, logp);
@@ -336,7 +340,8 @@ int split_forward(const model *m, const model_views *w, const pack_group *g, con
     for (int k = 0; k < x.nb && !rc; k++) {
         int r0 = x.first[k], r1 = x.first[k + 1];
         if ((rc = resp_input(&hr, g, r0, r1))) break;
-        rc = model_forward(m, w, &a, &x.kv, &hr.in, o->temperature, ent != NULL);
+        rc = gate(o, MODEL_PASS_FWD);
+        if (!rc) rc = model_forward(m, w, &a, &x.kv, &hr.in, o->temperature, ent != NULL);
         if (!rc && hr.in.M) rc = be->to_host(be, x.hbuf, a.logp, (size_t)hr.in.M * 4);
         if (!rc) rest_scatter(g, x.off, r0, r1, x.hbuf, logp);
         if (!rc && ent && hr.in.M) rc = be->to_host(be, x.hbuf, a.ent, (size_t)hr.in.M * 4);
@@ -494,6 +499,7 @@ static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, 
     eng_backend *be = m->be;
     model_acts *a = &p->a;
     int R = p->ring, rc = 0;
+    a->ep_rc = 0;
     be->embedding_fwd(be, a->l[0].x, d->tokens, w->embed, d->T, c->C);
     for (int l = 0; l < c->L && !rc; l++) {
         if (R && l + 1 - R >= 0 && l + 1 - R < c->L - R) rc = pacts_wait(m, p, l + 1 - R, 1);
@@ -512,7 +518,8 @@ static int prompt_forward(const model *m, const model_views *w, prompt_acts *p, 
     if (d->M)
         be->logprob_fwd(be, a->logp, want_entropy ? a->ent : NULL, a->lnf, d->out_pos, d->out_tok, w->lm_head, d->M, c->C, c->V,
                         temperature);
-    return be->sync(be);
+    rc = be->sync(be);
+    return rc ? rc : a->ep_rc; /* an expert-parallel exchange's failure (moe_ep.h) */
 }
 
 /* C: the prompt's backward from its own predictions' dlogp/dent (host, M) and dkv's rows [0, P). */
@@ -523,6 +530,7 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     model_acts *a = &p->a;
     int T = d->T, M = d->M, C = c->C, L = c->L, R = p->ring, rc = 0;
     size_t eb = (size_t)be->act_bytes;
+    a->ep_rc = 0;
     if (M) rc = be->to_dev(be, a->dlogp, dlogp, (size_t)M * 4);
     if (!rc && M && dent) rc = be->to_dev(be, a->dent, dent, (size_t)M * 4);
     if (rc) return rc;
@@ -541,7 +549,8 @@ static int prompt_backward(const model *m, const model_views *w, const model_vie
     }
     if (rc) return rc;
     be->embedding_bwd(be, g->embed, a->dres, d->tokens, T, C);
-    return be->sync(be);
+    rc = be->sync(be);
+    return rc ? rc : a->ep_rc;
 }
 
 int split_train(const model *m, const model_views *w, const model_views *g_out, const pack_group *g, const split_opts *o,
@@ -567,6 +576,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     }
     /* A */
     if (!rc) rc = model_input_upload(m, &p.a, &x.hp.in, &dp);
+    if (!rc) rc = gate(o, MODEL_PASS_FWD);
     if (!rc) rc = prompt_forward(m, w, &p, &x, &dp, o->temperature, want_ent);
     if (!rc && dp.M) rc = be->to_host(be, x.hbuf, p.a.logp, (size_t)dp.M * 4);
     if (!rc) first_scatter(g, x.off, x.hbuf, logp);
@@ -581,7 +591,8 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
         int r0 = x.first[k], r1 = x.first[k + 1];
         if ((rc = resp_input(&hr, g, r0, r1))) break;
         int M = hr.in.M;
-        rc = model_forward(m, w, &as, &x.kv, &hr.in, o->temperature, want_ent);
+        rc = gate(o, MODEL_PASS_FWD);
+        if (!rc) rc = model_forward(m, w, &as, &x.kv, &hr.in, o->temperature, want_ent);
         if (!rc && M) rc = be->to_host(be, x.hbuf, as.logp, (size_t)M * 4);
         if (!rc) rest_scatter(g, x.off, r0, r1, x.hbuf, logp);
         if (!rc && want_ent && M) rc = be->to_host(be, x.hbuf, as.ent, (size_t)M * 4);
@@ -595,6 +606,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
             if (!de) rc = err_set(GE_NOMEM, "split: out of memory");
             else rest_gather(g, x.off, r0, r1, dent, de);
         }
+        if (!rc) rc = gate(o, MODEL_PASS_BWD + as.n_ckpt);
         if (!rc) {
             rest_gather(g, x.off, r0, r1, dlogp, x.hbuf);
             rc = model_backward(m, w, g_out, &as, &hr.in, x.hbuf, de, o->temperature);
@@ -609,6 +621,7 @@ int split_train(const model *m, const model_views *w, const model_views *g_out, 
     /* C: the prompt's backward, its first-token predictions' gradients and dK/dV in */
     float *de = NULL;
     if (!rc && dent && !(de = malloc(((size_t)g->N + 1) * sizeof(float)))) rc = err_set(GE_NOMEM, "split: out of memory");
+    if (!rc) rc = gate(o, MODEL_PASS_BWD + p.a.n_ckpt);
     if (!rc) {
         first_gather(g, x.off, dlogp, x.hbuf);
         if (de) first_gather(g, x.off, dent, de);

@@ -52,6 +52,10 @@ typedef struct {
     float temperature;
     int offload; /* SPLIT_DEVICE .. SPLIT_RECOMPUTE_HOST; -1: the first of them that fits */
     split_mem *mem; /* NULL: host memory allocated for the call */
+    /* NULL, or called before each pass over the layers with its kind (model.h MODEL_PASS_*): under
+     * expert parallelism the ranks' passes meet there (engine/train/ep.c ep_gate); nonzero stops */
+    int (*gate)(void *ud, int kind);
+    void *gate_ud;
 } split_opts;
 
 typedef struct {

@@ -8,9 +8,10 @@
  *               (train/state.c's pieces), their gradients never summed over ranks; with
  *               optimizer offload the shard's and the experts' master and moments are host
  *               memory, stepped there piece by piece (offload.h).
- *   lock-step   every MoE layer's forward and backward is an exchange among all ranks, so every
- *               rank runs as many micro-batches as the rank that runs most (ep_most, ep_pad)
- *               and recomputes the same layers in their backwards (ep_agree_ckpt).
+ *   lock-step   every MoE layer's forward and backward is an exchange among all ranks, so each
+ *               rank's pass over the layers meets another's of the same kind (ep_gate: empty
+ *               passes fill in, split groups included) and the ranks recompute the same layers
+ *               in their micro-batches' backwards (ep_agree_ckpt).
  *   whole       a state vector to the checkpoints' layout on rank 0 (ep_whole), and back
  *               (ep_slice). */
 #include <stdlib.h>
@@ -53,46 +54,67 @@ int ep_model_init(eng *e, const model_config *cfg, const eng_open_opts *o, int l
 
 /* ---------------------------------------------------------------- lock-step */
 
-int ep_most(eng *e, int n, int *most) {
-    *most = n;
-    if (!e->ep_full) return 0;
-    int *all = malloc((size_t)e->W * sizeof(int));
-    if (!all) {
-        comm_abort(e->comm);
-        return err_set(GE_NOMEM, "ep: out of memory");
+enum { EP_DONE = -1 };
+
+/* An empty pass of kind (T = 0): this rank's experts serve the other ranks' rows. A backward
+ * (with the policy's gradients) recomputes the layers its kind says, as the others' does. */
+static int empty_pass(eng *e, const model_views *w, int kind) {
+    int c = kind - MODEL_PASS_BWD, rc = 0;
+    model_acts *a = &e->acts_pad;
+    if (!a->mem || (kind > MODEL_PASS_FWD && a->n_ckpt != c)) {
+        model_acts_free(&e->m, a);
+        if ((rc = model_acts_init_ckpt(&e->m, a, 1, 1, c > 0 ? c : 0))) return rc;
     }
-    int rc = dp_exchange(e, &n, all, sizeof n);
-    for (int q = 0; !rc && q < e->W; q++)
-        if (all[q] > *most) *most = all[q];
-    free(all);
+    pack_group none = {0};
+    pack_batch b;
+    if ((rc = pack_build(&b, &none, 0, 0, PACK_PACKED))) return rc;
+    model_input in;
+    model_input_from_batch(&in, &b);
+    float zero = 0;
+    if (kind == MODEL_PASS_FWD) rc = model_forward(&e->m, w, a, NULL, &in, 1.0f, 0);
+    else rc = model_backward(&e->m, w, &e->gv, a, &in, &zero, NULL, 1.0f);
+    pack_batch_free(&b);
     return rc;
 }
 
-int ep_pad(eng *e, const model_views *w, int n, int most, int grad, int rc) {
+int ep_gate(eng *e, const model_views *w, int kind) {
+    if (!e->ep_full) return 0;
+    int *all = malloc((size_t)e->W * sizeof(int)), rc = all ? 0 : err_set(GE_NOMEM, "ep: out of memory");
+    while (!rc && !(rc = dp_exchange(e, &kind, all, sizeof kind))) {
+        int pick = EP_DONE, most = 0;
+        for (int q = 0; q < e->W; q++) { /* the kind most ranks want, the lowest on a tie */
+            int n = 0;
+            for (int r = 0; all[q] != EP_DONE && r < e->W; r++) n += all[r] == all[q];
+            if (n > most || (n == most && n && all[q] < pick)) most = n, pick = all[q];
+        }
+        if (pick == kind) break; /* this rank's own pass runs (or every rank is done) */
+        rc = empty_pass(e, w, pick);
+    }
+    free(all);
+    if (rc) comm_abort(e->comm); /* the others may wait inside a layer's exchange: end it */
+    return rc;
+}
+
+int ep_gate_end(eng *e, const model_views *w, int rc) {
     if (!e->ep_full) return rc;
-    if (rc) { /* the others may wait inside a layer's exchange: end it */
+    if (rc) {
         comm_abort(e->comm);
         return rc;
     }
-    pack_group none = {0};
-    float zero = 0;
-    model_acts *a = grad ? &e->acts_g : &e->acts_ng;
-    for (int k = n; !rc && k < most; k++) { /* T = 0: this rank's experts serve the others' rows */
-        pack_batch b;
-        if ((rc = pack_build(&b, &none, 0, 0, PACK_PACKED))) break;
-        model_input in;
-        model_input_from_batch(&in, &b);
-        rc = eng_acts_reserve(e, a, 1, 1, grad);
-        if (!rc) rc = model_forward(&e->m, w, a, NULL, &in, 1.0f, 0);
-        if (!rc && grad) rc = model_backward(&e->m, w, &e->gv, a, &in, &zero, NULL, 1.0f);
-        pack_batch_free(&b);
-    }
-    if (rc) comm_abort(e->comm);
-    return rc;
+    return ep_gate(e, w, EP_DONE);
+}
+
+int ep_gate_split(void *ud, int kind) {
+    ep_gate_ud *g = ud;
+    return ep_gate(g->e, g->w, kind);
 }
 
 int ep_agree_ckpt(eng *e, model_acts *a) {
-    int most = 0, rc = e->ep_full ? ep_most(e, a->n_ckpt, &most) : 0;
+    if (!e->ep_full) return 0;
+    int *all = malloc((size_t)e->W * sizeof(int)), most = a->n_ckpt;
+    int rc = all ? dp_exchange(e, &a->n_ckpt, all, sizeof(int)) : err_set(GE_NOMEM, "ep: out of memory");
+    for (int q = 0; !rc && q < e->W; q++) most = all[q] > most ? all[q] : most;
+    free(all);
     if (rc || most <= a->n_ckpt) return rc;
     int T = a->cap_T, M = a->cap_M;
     model_acts_free(&e->m, a);

@@ -226,15 +226,15 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
     double aux_n = aux_tokens(&e->m, w->pg, g0, g1); /* 0: no balance loss */
     pack_plan plan = {0};
     /* no share: none of this rank's own (with expert parallelism its experts serve the others) */
-    int rc = c1 > c0 ? pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)) : 0, most = 0;
-    if (!rc) rc = ep_most(e, plan.n_mb, &most);
+    int rc = c1 > c0 ? pack_plan_make(&plan, w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)) : 0;
+    ep_gate_ud gu = {e, &e->wv};
     for (int k = 0; k < plan.n_mb && !rc; k++) {
         int first = c0 + plan.mb_first[k], count = plan.mb_count[k];
         int ms0 = w->grp_resp0[first], ms1 = first + count < w->n_groups ? w->grp_resp0[first + count] : w->S;
         long long m0 = w->off[ms0];
         if (plan.mb_split[k]) {
             split_loss_ud u = {w, c, ms0, old_from_policy, tok_denom, seq_denom, met};
-            split_opts so = {max_tokens, a->temperature, -1, &e->split};
+            split_opts so = {max_tokens, a->temperature, -1, &e->split, e->ep_full ? ep_gate_split : NULL, &gu};
             split_stats st;
             rc = split_train(&e->m, &e->wv, &e->gv, &w->pg[first], &so, w->logp + m0, w->ent + m0, w->dlogp + m0,
                              a->entropy_coeff != 0 ? w->dent + m0 : NULL, split_loss, &u, &st);
@@ -247,19 +247,21 @@ static int run_minibatch(eng *e, work *w, int g0, int g1, int c0, int c1, const 
         model_input_from_batch(&in, &b);
         if (aux_n > 0) in.aux_coef = (float)(e->m.cfg.aux_coef * aux_tokens(&e->m, w->pg, first, first + count) / aux_n);
         rc = eng_acts_reserve(e, &e->acts_g, b.T, b.M, 1);
+        if (!rc) rc = ep_gate(e, &e->wv, MODEL_PASS_FWD);
         if (!rc) rc = model_forward(&e->m, &e->wv, &e->acts_g, NULL, &in, a->temperature, 1);
         if (!rc && aux_n > 0) rc = add_aux_loss(&e->m, &e->acts_g, in.aux_coef, met);
         if (!rc) rc = e->be->to_host(e->be, w->logp + m0, e->acts_g.logp, (size_t)b.M * 4);
         if (!rc) rc = e->be->to_host(e->be, w->ent + m0, e->acts_g.ent, (size_t)b.M * 4);
         if (!rc && old_from_policy) memcpy(w->old + m0, w->logp + m0, (size_t)b.M * 4);
         if (!rc) rc = loss_range(w, c, ms0, ms1, tok_denom, seq_denom, met);
+        if (!rc) rc = ep_gate(e, &e->wv, MODEL_PASS_BWD + e->acts_g.n_ckpt);
         if (!rc)
             rc = model_backward(&e->m, &e->wv, &e->gv, &e->acts_g, &in, w->dlogp + m0,
                                 a->entropy_coeff != 0 ? w->dent + m0 : NULL, a->temperature);
         (*n_micro)++;
         pack_batch_free(&b);
     }
-    rc = ep_pad(e, &e->wv, plan.n_mb, most, 1, rc);
+    rc = ep_gate_end(e, &e->wv, rc);
     if (c1 > c0) pack_plan_free(&plan);
     return rc;
 }
@@ -405,14 +407,6 @@ static int largest_micro_batch(const eng *e, const work *w, long long max_tokens
     int rc = pack_plan_make(&plan, w->pg, w->n_groups, max_tokens, model_pack_layout(&e->m));
     if (rc) return rc;
     for (int k = 0; k < plan.n_mb; k++) {
-        if (plan.mb_split[k] && e->ep_full) { /* its chunks would not meet the other ranks' micro-batches */
-            rc = err_set(GE_TOO_LARGE,
-                         "update: group %d (%lld tokens) is larger than max_tokens %lld: groups split over "
-                         "micro-batches are not built with expert parallelism",
-                         w->src[plan.mb_first[k]], pack_group_tokens(&w->pg[plan.mb_first[k]], model_pack_layout(&e->m)),
-                         max_tokens);
-            break;
-        }
         if (plan.mb_split[k]) continue;
         long long t = 0, m = 0;
         for (int i = plan.mb_first[k]; i < plan.mb_first[k] + plan.mb_count[k]; i++) {
@@ -424,15 +418,6 @@ static int largest_micro_batch(const eng *e, const work *w, long long max_tokens
     }
     pack_plan_free(&plan);
     return rc;
-}
-
-/* The micro-batches eng_score runs for n groups (expert parallelism's lock-step). */
-static int score_micro_batches(const pack_group *pg, int n, long long max_tokens, pack_layout layout) {
-    pack_plan plan;
-    if (n <= 0 || pack_plan_make(&plan, pg, n, max_tokens, layout)) return 0;
-    int k = plan.n_mb;
-    pack_plan_free(&plan);
-    return k;
 }
 
 /* Before any pass: the groups this rank keeps, in the ranks' order (dp_order, whose g the
@@ -481,12 +466,10 @@ static int score_pass(eng *e, const model_views *v, const work *w, const dp_orde
     int rc = 0;
     for (int b = 0; b < dpo->n_sc && !rc; b++) {
         int c0 = dpo->sc_lo[b], c1 = dpo->sc_hi[b];
-        int nm = score_micro_batches(w->pg + c0, c1 - c0, max_tokens, model_pack_layout(&e->m)), most;
         long long at = c1 > c0 ? w->off[w->grp_resp0[c0]] : 0;
-        rc = ep_most(e, nm, &most);
-        if (!rc && c1 > c0)
+        if (c1 > c0)
             rc = eng_score(e, v, w->pg + c0, c1 - c0, max_tokens, temperature, lp + at, ent ? ent + at : NULL, 0, NULL, NULL);
-        rc = ep_pad(e, v, nm, most, 0, rc);
+        rc = ep_gate_end(e, v, rc);
     }
     return rc;
 }

@@ -32,8 +32,9 @@
  *   - an update taken back (eng_update_undo) on W = 2 and 3, the optimizer on the device and
  *     offloaded: the state, the logprobs and every rank's rollouts bit-equal to before it;
  *   - a rank left alone in a collective fails its op in bounded time (rank_threads.h);
- *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks), a group
- *     larger than a micro-batch. */
+ *   - groups larger than a micro-batch (split, model/split.h) beside whole ones on W = 2, 3, 4
+ *     equal one rank splitting the same groups;
+ *   - refusals with one line: no comm, a dense model, E % W (8 experts on 3 ranks). */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -159,6 +160,7 @@ static void groups(eng_update_group *g, int routes) {
                                   .resp_routes = routes ? rroutep_[i] : NULL};
 }
 
+static long long mb_tokens_ = MB_TOKENS; /* the updates' max_tokens */
 static int run_update(eng *e, int k, eng_update_result *u) {
     loss_config a;
     eng_optim o;
@@ -167,7 +169,7 @@ static int run_update(eng *e, int k, eng_update_result *u) {
     a.use_rollout_logprobs = k; /* 0: the old pass runs */
     eng_update_group g[NG];
     groups(g, k);
-    return eng_update(e, g, NG, &a, &o, MB_TOKENS, u, NULL, NULL);
+    return eng_update(e, g, NG, &a, &o, mb_tokens_, u, NULL, NULL);
 }
 
 #define NPROBE (NG * 4 * 9)
@@ -304,42 +306,45 @@ static float ref_lp[NCFG][NPROBE];
 
 static int close_rel(double a, double b, double rel) { return fabs(a - b) <= 1e-6 + rel * fabs(b); }
 
-/* W ranks' update k against the one-rank reference; 0 when every bound holds. */
-static int compare_update(rank_job *j, int W, int k) {
+/* W ranks' update k against a one-rank reference (ru, rst, rlp); 0 when every bound holds. */
+static int compare_update_to(rank_job *j, int W, int k, const eng_update_result *ru, float *const rst[3], const float *rlp) {
     static const char *what[3] = {"master", "adam_m", "adam_v"};
     int bad = 0;
     for (int q = 1; q < W; q++) bad |= j[q].u.loss != j[0].u.loss || j[q].u.grad_norm != j[0].u.grad_norm;
-    if (!close_rel(j[0].u.loss, ref_u[k].loss, 1e-6) || !close_rel(j[0].u.grad_norm, ref_u[k].grad_norm, 1e-6)) {
-        printf("  W=%d cfg %d: loss %.9g vs %.9g, grad_norm %.9g vs %.9g\n", W, k, j[0].u.loss, ref_u[k].loss, j[0].u.grad_norm,
-               ref_u[k].grad_norm);
+    if (!close_rel(j[0].u.loss, ru->loss, 1e-6) || !close_rel(j[0].u.grad_norm, ru->grad_norm, 1e-6)) {
+        printf("  W=%d cfg %d: loss %.9g vs %.9g, grad_norm %.9g vs %.9g\n", W, k, j[0].u.loss, ru->loss, j[0].u.grad_norm,
+               ru->grad_norm);
         bad = 1;
     }
     for (int i = 0; i < 3; i++) {
-        double ex = part_err(j[0].st[i], ref_st[k][i], 1), rp = part_err(j[0].st[i], ref_st[k][i], 0);
+        double ex = part_err(j[0].st[i], rst[i], 1), rp = part_err(j[0].st[i], rst[i], 0);
         if (i > 0 || ex > 1e-7 || rp > 1e-7)
             printf("  W=%d cfg %d %s: rel L2 experts %.2e, replicated %.2e\n", W, k, what[i], ex, rp);
         bad |= !(ex <= 1e-5 && rp <= 1e-5);
     }
     double mx = 0;
-    for (int i = 0; i < j[0].n_lp; i++) mx = fmax(mx, fabs(j[0].lp[i] - ref_lp[k][i]));
+    for (int i = 0; i < j[0].n_lp; i++) mx = fmax(mx, fabs(j[0].lp[i] - rlp[i]));
     for (int q = 1; q < W; q++) bad |= memcmp(j[q].lp, j[0].lp, sizeof j[0].lp) != 0;
     printf("  W=%d cfg %d: loss %.7f grad_norm %.6f, logprobs after max |d| %.2e\n", W, k, j[0].u.loss, j[0].u.grad_norm, mx);
     /* one rank holds every expert: the MoE op itself runs, the same bits as without expert
      * parallelism (the grad norm aside: its squares are summed in two pieces, the shard's and the
      * experts', within the bound above) */
     if (W == 1) {
-        int same = j[0].u.loss == ref_u[k].loss && !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4);
-        for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ref_st[k][i], (size_t)N * 4);
+        int same = j[0].u.loss == ru->loss && !memcmp(j[0].lp, rlp, (size_t)j[0].n_lp * 4);
+        for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], rst[i], (size_t)N * 4);
         if (!same)
             printf("  W=1 cfg %d: not bit-equal to the engine without expert parallelism (equal: loss %d logprobs %d master %d "
                    "m %d v %d)\n",
-                   k, j[0].u.loss == ref_u[k].loss, !memcmp(j[0].lp, ref_lp[k], (size_t)j[0].n_lp * 4),
-                   !memcmp(j[0].st[0], ref_st[k][0], (size_t)N * 4), !memcmp(j[0].st[1], ref_st[k][1], (size_t)N * 4),
-                   !memcmp(j[0].st[2], ref_st[k][2], (size_t)N * 4));
+                   k, j[0].u.loss == ru->loss, !memcmp(j[0].lp, rlp, (size_t)j[0].n_lp * 4),
+                   !memcmp(j[0].st[0], rst[0], (size_t)N * 4), !memcmp(j[0].st[1], rst[1], (size_t)N * 4),
+                   !memcmp(j[0].st[2], rst[2], (size_t)N * 4));
         bad |= !same;
     }
     return bad || mx > 2e-5;
 }
+
+/* ... against the one-rank reference of one_rank_reference */
+static int compare_update(rank_job *j, int W, int k) { return compare_update_to(j, W, k, &ref_u[k], ref_st[k], ref_lp[k]); }
 
 static void alloc_st(float *st[3]) {
     for (int i = 0; i < 3; i++) st[i] = calloc((size_t)N, 4);
@@ -424,6 +429,51 @@ TEST(ep_ranks_recompute_alike) {
         CHECK_MSG(same, "W=%d: ranks recomputing different layers changed the update", W);
         for (int q = 0; q < W; q++) free_st(j[q].st);
         close_world(W, cs, j);
+    }
+}
+
+/* Groups larger than a micro-batch (model/split.h: the prompt once, the responses in chunks) under
+ * expert parallelism: with max_tokens the smallest group's tokens, the larger groups split and
+ * the smallest stay whole, so ranks run passes of different kinds and counts (split groups' prompt forward,
+ * response chunks and prompt backward beside whole micro-batches, or nothing); ep_gate meets
+ * each rank's pass with the others' (empty ones filling in). W = 2, 3, 4 against one rank
+ * without expert parallelism that splits the same groups: the same bounds as the updates above.
+ * Before the gate such an update was refused. */
+TEST(ep_split_groups_equal_one_rank) {
+    int tok[NG], lo = 1 << 30, hi = 0, split = 0;
+    for (int i = 0; i < NG; i++) {
+        tok[i] = P_[i];
+        for (int r = 0; r < N_[i]; r++) tok[i] += R_[i][r];
+        lo = tok[i] < lo ? tok[i] : lo;
+        hi = tok[i] > hi ? tok[i] : hi;
+    }
+    mb_tokens_ = lo; /* every group larger than the smallest splits */
+    for (int i = 0; i < NG; i++) split += tok[i] > mb_tokens_;
+    printf("  groups of %d..%d tokens: %d of %d split at max_tokens %lld\n", lo, hi, split, NG, mb_tokens_);
+    CHECK(split > 0 && split < NG);
+    for (int k = 0; k < NCFG; k++) {
+        eng *one = open_one(NULL, MODEL, NULL, 0);
+        CHECK_MSG(one, "%s", err_msg());
+        eng_update_result ru;
+        float *rst[3], rlp[NPROBE];
+        alloc_st(rst);
+        CHECK_MSG(run_update(one, k, &ru) == 0, "one rank, cfg %d: %s", k, err_msg());
+        CHECK(eng_testing_state(one, rst[0], rst[1], rst[2]) == 0);
+        CHECK(probe(one, rlp) > 0);
+        eng_close(one);
+        for (int W = 2; W <= WMAX; W++) {
+            comm *cs[WMAX];
+            rank_job j[WMAX];
+            CHECK_MSG(open_world(W, cs, j, NULL) == 0, "W=%d open", W);
+            for (int q = 0; q < W; q++) alloc_st(j[q].st);
+            CHECK_MSG(all_ranks(j, W, OP_UPDATE, k, NULL) == 0, "W=%d cfg %d update with split groups", W, k);
+            CHECK(all_ranks(j, W, OP_STATE, 0, NULL) == 0);
+            CHECK(all_ranks(j, W, OP_PROBE, 0, NULL) == 0);
+            CHECK_MSG(compare_update_to(j, W, k, &ru, rst, rlp) == 0, "W=%d cfg %d with split groups differs from one rank", W, k);
+            for (int q = 0; q < W; q++) free_st(j[q].st);
+            close_world(W, cs, j);
+        }
+        free_st(rst);
     }
 }
 
@@ -727,16 +777,6 @@ TEST(refusals) {
     CHECK(strstr(err_msg(), "mixture-of-experts") != NULL);
     o.model_dir = MODEL;
     CHECK_MSG(eng_open(&o, &e) == 0, "%s", err_msg());
-    /* a group larger than a micro-batch */
-    eng_update_group g[NG];
-    groups(g, 0);
-    loss_config a;
-    eng_optim op;
-    loss_config_default(&a);
-    eng_optim_default(&op);
-    eng_update_result u;
-    CHECK_EQ_INT(eng_update(e, g, NG, &a, &op, 12, &u, NULL, NULL), GE_TOO_LARGE);
-    printf("  split group: %s\n", err_msg());
     eng_close(e);
     comm_free(c);
     comm *c3[3];
@@ -756,6 +796,7 @@ TEST(refusals) {
     do { \
         offload_ = "off"; \
         moments_ = NULL; \
+        mb_tokens_ = MB_TOKENS; \
         RUN(name); \
     } while (0)
 
@@ -763,6 +804,7 @@ int main(void) {
     RUN_EP(one_rank_reference);
     RUN_EP(ep_update_equals_one_rank);
     RUN_EP(ep_ranks_recompute_alike);
+    RUN_EP(ep_split_groups_equal_one_rank);
     RUN_EP(ep_offload_equals_ep);
     RUN_EP(ep_bf16_moments_checkpoint_crosses_w);
     RUN_EP(control_doubled_expert_gradient);
