@@ -81,6 +81,7 @@ struct eng {
     /* activations, grown on demand (no-grad and grad) */
     model_acts acts_ng, acts_g;
     model_acts acts_pad; /* expert parallelism: one token's, for the empty passes of ep_gate */
+    long long ep_empty; /* the empty passes ep_gate ran, since open */
     int test_ckpt; /* tests only (eng_testing_acts_ckpt): n + 1 forces acts_g's n_ckpt to n; 0: by memory */
     struct dec_state *dec; /* generation step buffers (decode.c), made on first use */
     split_mem split; /* pinned host memory of split groups' dormant sets (split.h) */
@@ -185,7 +186,8 @@ int dp_gather_act(eng *e);
  * aborts the comm instead, so no rank waits in an exchange. Both the identity without.
  * ep_agree_ckpt: the gradient activations a (reserved on every rank) re-made with the most
  * recomputed layers any rank's memory chose (model_backward's refill of a checkpointed MoE layer
- * is a forward exchange: ranks that recompute different layers would meet in different ones).
+ * is a forward exchange, so backwards that recompute different layers are passes of different
+ * kinds: the gate would meet each with an empty one, every micro-batch's backward run twice).
  * ep_whole: this rank's state vector x (eng_state_n) gathered into whole (ep_full's n_elems,
  * rank 0; NULL elsewhere). ep_slice: a whole vector in ep_full's layout to this rank's part
  * (m.n_elems, zero where no parameter is). ep_model_free: e->ep_full's (eng_close; none: nothing). */

@@ -19,6 +19,7 @@ void eng_testing_get(eng *e, eng_testing_info *out) {
     out->dec_grad_bytes = e->ep_dec_grad;
     out->dec_own_bytes = e->ep_dec_own;
     out->host_peers = e->host_peers;
+    out->ep_empty = e->ep_empty;
     out->m = &e->m;
 }
 

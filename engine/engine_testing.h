@@ -18,6 +18,7 @@ typedef struct {
     long long dec_grad_bytes, dec_own_bytes; /* expert parallelism: the decode views' expert
                                               * stacks in the gradient buffer, in their own */
     int host_peers; /* the other ranks on this rank's host, as the memory plan counts them */
+    long long ep_empty; /* expert parallelism: the empty passes its lock-step ran (train/ep.c) */
     const model *m; /* the model: its parameters' names, shapes and offsets into the
                                  * flat vectors (params[p].off; with LoRA lparams, A before B) */
 } eng_testing_info;

@@ -71,6 +71,7 @@ static int empty_pass(eng *e, const model_views *w, int kind) {
     model_input in;
     model_input_from_batch(&in, &b);
     float zero = 0;
+    e->ep_empty++;
     if (kind == MODEL_PASS_FWD) rc = model_forward(&e->m, w, a, NULL, &in, 1.0f, 0);
     else rc = model_backward(&e->m, w, &e->gv, a, &in, &zero, NULL, 1.0f);
     pack_batch_free(&b);

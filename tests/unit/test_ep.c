@@ -249,6 +249,7 @@ typedef struct {
     rank_head h; /* first: rank_threads.h */
     eng_update_result u;
     float *st[3]; /* rank 0: the gathered master, m, v */
+    long long empty; /* OP_UPDATE: the empty passes the rank's lock-step ran */
     float lp[NPROBE];
     int n_lp;
     struct roll *roll; /* OP_ROLL: the rollouts' tokens, logprobs and routes */
@@ -258,7 +259,13 @@ static int rank_op(rank_head *h) {
     rank_job *j = (rank_job *)h;
     switch (h->op) {
     case OP_OPEN: h->e = open_one(h->c, MODEL, h->dir, 1); return h->e ? 0 : -1;
-    case OP_UPDATE: return run_update(h->e, h->k, &j->u);
+    case OP_UPDATE: {
+        int rc = run_update(h->e, h->k, &j->u);
+        eng_testing_info t;
+        eng_testing_get(h->e, &t);
+        j->empty = t.ep_empty;
+        return rc;
+    }
     case OP_STATE: return eng_testing_state(h->e, j->st[0], j->st[1], j->st[2]);
     case OP_PROBE: j->n_lp = probe(h->e, j->lp); return j->n_lp < 0;
     case OP_ROLL: return rollout(h->e, j->roll);
@@ -384,6 +391,7 @@ TEST(one_rank_reference) {
 static float *ep_st[WOFF + 1][NCFG][3];
 static eng_update_result ep_u[WOFF + 1][NCFG];
 static float ep_lp[WOFF + 1][NCFG][NPROBE];
+static long long ep_empty[WOFF + 1][WMAX]; /* cfg 0: each rank's empty passes */
 
 TEST(ep_update_equals_one_rank) {
     for (int W = 1; W <= WMAX; W++)
@@ -400,6 +408,7 @@ TEST(ep_update_equals_one_rank) {
                 memcpy(ep_st[W][k], j[0].st, sizeof j[0].st);
                 ep_u[W][k] = j[0].u;
                 memcpy(ep_lp[W][k], j[0].lp, sizeof j[0].lp);
+                for (int q = 0; q < W && k == 0; q++) ep_empty[W][q] = j[q].empty;
             }
             for (int q = W <= WOFF; q < W; q++) free_st(j[q].st);
             close_world(W, cs, j);
@@ -409,8 +418,9 @@ TEST(ep_update_equals_one_rank) {
 /* Ranks whose memory chose different checkpointed layers (here the last recomputes every layer,
  * the others none): model_backward's refill of a checkpointed MoE layer is a forward exchange,
  * so the ranks agree on the most (ep_agree_ckpt) and the update is bit-equal to the same W
- * without the difference (recomputing gives the kept activations' bits). Without the agreement
- * a rank's backward exchange meets another's forward one: the op fails or hangs (bounded). */
+ * without the difference (recomputing gives the kept activations' bits), with the same empty
+ * passes on every rank. Without the agreement the backwards are passes of different kinds: the
+ * gate (ep_gate) still meets them, each with an empty one, and the counts grow. */
 TEST(ep_ranks_recompute_alike) {
     for (int W = 2; W <= WOFF; W++) {
         comm *cs[WMAX];
@@ -427,6 +437,9 @@ TEST(ep_ranks_recompute_alike) {
         for (int i = 0; i < 3; i++) same &= !memcmp(j[0].st[i], ep_st[W][0][i], (size_t)N * 4);
         printf("  W=%d, the last rank recomputing every layer: %s the same W without\n", W, same ? "bit-equal to" : "DIFFERS from");
         CHECK_MSG(same, "W=%d: ranks recomputing different layers changed the update", W);
+        for (int q = 0; q < W; q++)
+            CHECK_MSG(j[q].empty == ep_empty[W][q], "W=%d rank %d: %lld empty passes, %lld without the difference", W, q,
+                      j[q].empty, ep_empty[W][q]);
         for (int q = 0; q < W; q++) free_st(j[q].st);
         close_world(W, cs, j);
     }
